@@ -1,0 +1,89 @@
+"""The ``tuner`` command line: a Click group whose subcommands load lazily.
+
+Each subcommand lives in ``tuner/cli/<name>.py`` and only parses flags and calls a stage module;
+only :func:`main` turns a :class:`~tuner.errors.TunerError` into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+__all__ = ["main", "cli"]
+
+import importlib
+import logging
+import sys
+
+import click
+
+from tuner import __version__
+from tuner.errors import TunerError
+
+# name -> "module:attribute"; modules are imported only when the command runs (fast --help).
+_COMMANDS: dict[str, str] = {
+    "source": "tuner.cli.source_cmd:source",
+    "archs": "tuner.cli.archs_cmd:archs",
+    "estimate": "tuner.cli.archs_cmd:estimate",
+    "model": "tuner.cli.model_cmd:model",
+    "render": "tuner.cli.render_cmd:render",
+    "build": "tuner.cli.build_cmd:build",
+    "toolchain": "tuner.cli.build_cmd:toolchain",
+    "bench": "tuner.cli.bench_cmd:bench",
+    "compare": "tuner.cli.bench_cmd:compare",
+    "report": "tuner.cli.bench_cmd:report",
+    "check": "tuner.cli.bench_cmd:check",
+    "search": "tuner.cli.search_cmd:search",
+    "worker": "tuner.cli.search_cmd:worker",
+    "export": "tuner.cli.export_cmd:export",
+    "validate": "tuner.cli.export_cmd:validate",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        mod_name, attr = target.split(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as err:
+            if err.name == mod_name:  # not written yet in this checkout
+                return None
+            raise
+        return getattr(mod, attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tuner")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv: debug).")
+def cli(verbose: int) -> None:
+    """Find the fastest way to build and run llama.cpp on a given GPU.
+
+    tuner renders CMake flag sets and FlashAttention kernel parameters, builds llama.cpp
+    variants, benchmarks them with llama-bench across context depths and lets Optuna search
+    the build, compile-time and runtime knobs. Numbers it prints are measured on this machine;
+    AMD targets without an AMD GPU are rendered, constraint-checked and compile-checked only.
+    """
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("scikit_build_core", "optuna"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING if verbose < 2 else level))
+
+
+def main() -> None:
+    """Console-script entry point: run the CLI and map TunerError to its exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except TunerError as err:
+        click.echo(f"tuner: error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("tuner: aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)

@@ -1,0 +1,69 @@
+"""User-facing progress lines on stderr: steps with timings, warnings, notices.
+
+Library code logs through ``logging``; this module is for what a person watches while waiting.
+"""
+
+from __future__ import annotations
+
+__all__ = ["step", "info", "warning", "notice", "progress", "table"]
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+import click
+
+_TTY = sys.stderr.isatty()
+
+
+def _style(text: str, **kw: object) -> str:
+    return click.style(text, **kw) if _TTY else text  # type: ignore[arg-type]
+
+
+def info(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def notice(msg: str) -> None:
+    click.echo(_style("note: ", fg="cyan") + msg, err=True)
+
+
+def warning(msg: str) -> None:
+    click.echo(_style("warning: ", fg="yellow", bold=True) + msg, err=True)
+
+
+def progress(msg: str) -> None:
+    """A transient progress line: overwritten in a terminal, one line per call otherwise."""
+    if _TTY:
+        click.echo("\r\033[K" + msg[:200], err=True, nl=False)
+    else:
+        click.echo(msg, err=True)
+
+
+@contextlib.contextmanager
+def step(title: str) -> Iterator[None]:
+    """Print ``title...``, run the block, then ``✓ 12.3s`` or ``✕ 0.4s``."""
+    click.echo(_style("==> ", fg="blue", bold=True) + title, err=True)
+    start = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        if _TTY:
+            click.echo("\r\033[K", err=True, nl=False)
+        click.echo(_style(f"    ✕ {time.monotonic() - start:.1f}s", fg="red"), err=True)
+        raise
+    if _TTY:
+        click.echo("\r\033[K", err=True, nl=False)
+    click.echo(_style(f"    ✓ {time.monotonic() - start:.1f}s", fg="green"), err=True)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Render a plain Markdown table (pastes into a pull request as is)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
+    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in cells[1:]:
+        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    return "\n".join(out)
