@@ -1,0 +1,58 @@
+"""``tuner export`` and ``tuner validate``."""
+
+from __future__ import annotations
+
+__all__ = ["export", "validate"]
+
+import sys
+from pathlib import Path
+
+import click
+
+from tuner import log
+
+
+@click.command()
+@click.option("--study", required=True, help="Study name (as printed by tuner search).")
+@click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory of the study (default ./tuner-runs/<study>).")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Result folder, e.g. results/<arch>/<model>/.")
+def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path) -> None:
+    """Export a study's winner: config.toml, tuned.patch, CMakePresets.json, run.env, report.md, depth.png."""
+    from tuner.errors import UsageError
+    from tuner.export import export_study
+    from tuner.search import default_run_dir
+
+    if storage is None:
+        db = (run_dir or default_run_dir(study)) / "study.db"
+        if not db.is_file():
+            raise UsageError(f"no study database at {db}. Pass --storage URL or --run-dir DIR of the search.")
+        storage = f"sqlite:///{db.resolve()}"
+    export_study(study, storage=storage, out_dir=out_dir)
+    click.echo(str(out_dir))
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
+@click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
+def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool) -> None:
+    """Validate stored winners (default: results/). Non-zero exit if any check fails."""
+    from tuner.validate import validate_paths
+
+    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench)
+    if not checks:
+        log.warning("no results found (no config.toml under the given paths)")
+    bad = 0
+    for c in checks:
+        mark = "ok " if c.ok else "FAIL"
+        click.echo(f"{mark} {c.path}")
+        for f in c.findings:
+            if not f.ok or f.detail:
+                click.echo(f"     {'✓' if f.ok else '✕'} {f.check}{': ' + f.detail if f.detail else ''}")
+        bad += not c.ok
+    click.echo(f"{len(checks) - bad} passed, {bad} failed")
+    if bad:
+        sys.exit(1)

@@ -1,0 +1,175 @@
+"""``tuner search`` and ``tuner worker``."""
+
+from __future__ import annotations
+
+__all__ = ["search", "worker"]
+
+from pathlib import Path
+
+import click
+
+from tuner import log
+from tuner.errors import UsageError
+
+# The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
+# Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
+CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 10}
+GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 16384, 32768), "pp": 512, "tg": 128, "trials": 40}
+
+
+def _depths(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        ds = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384") from None
+    if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
+        raise click.BadParameter("depths must be between 0 and 1048576 tokens")
+    return ds
+
+
+def _sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for s in values:
+        if "=" not in s:
+            raise UsageError(f"--set {s!r} is not KNOB=VALUE. Example: --set variant=cuda-no-graphs")
+        k, v = s.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _common(f):  # type: ignore[no-untyped-def]
+    opts = [
+        click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
+        click.option("--source", "source_spec", default=None, help="llama.cpp SPEC (default pypi:llama-cpp-python==0.3.36)."),
+        click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
+        click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
+        click.option("--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."),
+        click.option("--depths", callback=_depths, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
+        click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
+        click.option("--tg", type=click.IntRange(1, 4096), default=None, help="Generated tokens per tg test."),
+        click.option("--trials", type=click.IntRange(1, 100000), default=None, help="Trials the study should reach."),
+        click.option("--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."),
+        click.option("--profile", type=click.Choice(["decode", "prefill", "balanced"]), default="balanced", show_default=True),
+        click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study."),
+        click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
+        click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default ./tuner-runs/<study>."),
+        click.option("--target-ci", type=click.FloatRange(0.1, 50), default=3.0, show_default=True, help="Stop repeating at this CI half-width (%)."),
+        click.option("--max-reps", type=click.IntRange(2, 200), default=10, show_default=True),
+        click.option("--jobs", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs."),
+        click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
+        click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
+        click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@click.command()
+@_common
+@click.option("--dry-run", is_flag=True, help="Render, constraint-check and compile-check the space; benchmark nothing.")
+@click.option("--replay", "replay", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Run the search logic on recorded llama-bench results instead of live runs.")
+@click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to export the winner (default: <run-dir>/export).")
+def search(dry_run: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
+    """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
+
+    With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
+    synthetic model and a SQLite study in ./tuner-runs/. Rerunning the same command resumes the study.
+    """
+    from tuner.search import resolve_arch
+
+    arch = resolve_arch(kw.get("arch"), dry_run=dry_run, replay=bool(replay))  # type: ignore[arg-type]
+    if dry_run:
+        from tuner.dryrun import run_dry_run
+
+        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"])  # type: ignore[arg-type]
+        return
+    if replay:
+        from tuner.replay import run_replay
+
+        run_replay(list(replay), profile=str(kw["profile"]), seed=int(kw["seed"]))  # type: ignore[arg-type]
+        return
+    _run(arch, worker=False, export_dir=export_dir, **kw)
+
+
+@click.command()
+@_common
+def worker(**kw: object) -> None:
+    """Join a shared study (``--storage postgresql://... --study NAME``) and run trials until the budget."""
+    from tuner.search import resolve_arch
+
+    if not kw.get("storage") or not kw.get("study"):
+        raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
+    arch = resolve_arch(kw.get("arch"))  # type: ignore[arg-type]
+    _run(arch, worker=True, export_dir=None, **kw)
+
+
+def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
+    from tuner.search import SearchConfig, default_run_dir, describe, run_search
+    from tuner.source import DEFAULT_SPEC, fetch_source
+
+    defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
+    spec = str(kw.get("source_spec") or DEFAULT_SPEC)
+    source = fetch_source(spec)
+    model = kw.get("model")
+    like = kw.get("like") or (None if model else defaults["like"])
+    if model is not None and kw.get("like"):
+        raise UsageError("give either --model GGUF or --like NAME, not both.")
+    if model is None:
+        from tuner.models import synth_cached
+
+        model = synth_cached(str(like), source=source, quant=kw.get("quant"), arch=arch)  # type: ignore[arg-type]
+    elif not Path(model).is_file():  # type: ignore[arg-type]
+        raise UsageError(f"--model {model} does not exist. Pass a GGUF file or use --like NAME to synthesize one.")
+    model = Path(model)  # type: ignore[arg-type]
+    study = str(kw.get("study") or f"{arch}-{model.stem}-{source.era}")
+    run_dir = Path(kw.get("run_dir") or default_run_dir(study))  # type: ignore[arg-type]
+    sets = _sets(kw["sets"])  # type: ignore[arg-type]
+    cfg = SearchConfig(
+        arch=arch,
+        source_spec=spec,
+        model=model.resolve(),
+        depths=tuple(kw.get("depths") or defaults["depths"]),  # type: ignore[arg-type]
+        pp=int(kw.get("pp") or defaults["pp"]),  # type: ignore[arg-type]
+        tg=int(kw.get("tg") or defaults["tg"]),  # type: ignore[arg-type]
+        trials=kw.get("trials") or (None if kw.get("time_budget") else defaults["trials"]),  # type: ignore[arg-type]
+        time_budget=kw.get("time_budget"),  # type: ignore[arg-type]
+        profile=str(kw["profile"]),
+        storage=kw.get("storage"),  # type: ignore[arg-type]
+        study=study,
+        run_dir=run_dir,
+        target_ci=float(kw["target_ci"]),  # type: ignore[arg-type]
+        max_reps=int(kw["max_reps"]),  # type: ignore[arg-type]
+        jobs=kw.get("jobs"),  # type: ignore[arg-type]
+        seed=int(kw["seed"]),  # type: ignore[arg-type]
+        gate=not kw.get("no_gate"),
+        variants=tuple(kw["variants"]) or None,  # type: ignore[arg-type]
+        fixed=sets,
+        worker=worker,
+    )
+    log.info(
+        f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
+        f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}, profile {cfg.profile}\n"
+        f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}"
+    )
+    outcome = run_search(cfg)
+    import optuna
+
+    st = optuna.load_study(study_name=study, storage=cfg.storage_url)
+    log.info(
+        f"\nDone: {outcome.n_trials} trials ({outcome.n_complete} complete, {outcome.n_failed} failed, "
+        f"{outcome.n_pruned} pruned); builds {outcome.builds_new} new, {outcome.builds_cached} cached; "
+        f"{outcome.seconds:.0f}s.\n"
+    )
+    click.echo(describe(st))
+    if not worker:
+        from tuner.export import export_study
+
+        out = export_dir or (run_dir / "export")
+        export_study(study, storage=cfg.storage_url, out_dir=out)
+        log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")

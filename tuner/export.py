@@ -1,0 +1,317 @@
+"""``tuner export``: turn a finished study into a reviewable, reproducible result folder.
+
+Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the chosen values baked in
+as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time),
+``CMakePresets.json``, ``run.env`` + command lines, ``report.md`` and ``depth.png``.
+
+Choice of the winner (see :mod:`tuner.select`):
+
+1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
+   than the baseline beyond noise at any point; the baseline when none is;
+2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
+   trials that share G's build and process-wide settings (they may differ only in the per-phase
+   FlashAttention rule), so the buckets combine into one binary and one command line.
+"""
+
+from __future__ import annotations
+
+__all__ = ["export_study", "Winner", "choose_winner", "RULE_KINDS"]
+
+import dataclasses
+import hashlib
+import json
+import math
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+
+RULE_KINDS = ("rule",)
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Winner:
+    global_config: str
+    """``baseline`` or ``trial<N>``."""
+    values: Mapping[str, Any]
+    """All knob values of G (variant, compile-time, runtime)."""
+    rules: tuple[str, ...]
+    """``phase:lo-hi=KERNEL`` FlashAttention rules per bucket (GGML_TUNER_FA_RULES syntax)."""
+    buckets: tuple[Mapping[str, Any], ...]
+    """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
+    rejected: Mapping[str, str]
+
+
+def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
+    if cfg == "baseline":
+        t = min((t for t in study.trials if t.user_attrs.get("values")), key=lambda t: t.number, default=None)
+        base = dict(t.user_attrs["values"]) if t is not None else {}
+        # trial 0 is the enqueued upstream default; fall back to its params
+        return base
+    n = int(cfg.removeprefix("trial"))
+    return dict(study.trials[n].user_attrs.get("values", {}))
+
+
+def choose_winner(study: Any, space: Any) -> Winner:
+    """Apply the global pick + per-bucket selection described in the module docstring."""
+    import optuna
+
+    from tuner.search import study_results
+    from tuner.select import select_winners
+    from tuner.stats import compare
+
+    results, base = study_results(study)
+    if not results.get(base):
+        raise TunerError(
+            f"study {study.study_name!r} has no baseline measurement yet, so there is nothing to export. "
+            "Run `tuner search` (it measures the baseline first)."
+        )
+    rule_names = {k.name: k for k in space.runtime_knobs if k.kind in RULE_KINDS}
+
+    def admissible_everywhere(cfg: str) -> bool:
+        pts = results[cfg]
+        if set(pts) != set(results[base]):
+            return False
+        return all(compare(results[base][p].samples, pts[p].samples).verdict != "slower" for p in pts)
+
+    cands = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        cfg = f"trial{t.number}"
+        if cfg in results and t.value is not None and math.isfinite(t.value) and admissible_everywhere(cfg):
+            cands.append((t.value, -t.number, cfg))
+    g = max(cands)[2] if cands else base
+    g_vals = _trial_values(study, g) if g != base else _trial_values(study, base)
+
+    def family(cfg: str, phase: str) -> bool:
+        if cfg == g:
+            return True
+        if cfg == base:
+            return g == base
+        v = _trial_values(study, cfg)
+        return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
+
+    sel = select_winners(results, base, eligible=family, fallback=g)
+    rules: list[str] = []
+    buckets: list[dict[str, Any]] = []
+    for b in sel.buckets:
+        vals = _trial_values(study, b.config) if b.config != base else g_vals
+        rule_val = None
+        for name, k in rule_names.items():
+            if k.meta.get("phase", "decode") == ("decode" if b.phase == "tg" else "prefill"):
+                v = vals.get(name, k.default)
+                if v not in (None, "auto", k.default):
+                    rule_val = v
+        same_phase = [x for x in sel.buckets if x.phase == b.phase]
+        i = same_phase.index(b)
+        lo = 0 if i == 0 else b.depths[0]
+        hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
+        rule = None
+        if rule_val is not None:
+            phase = "decode" if b.phase == "tg" else "prefill"
+            rule = f"{phase}:{lo}-{'' if hi is None else hi}={rule_val}"
+            rules.append(rule)
+        buckets.append(
+            {
+                "phase": b.phase,
+                "depths": list(b.depths),
+                "kv_range": [lo, hi],
+                "config": b.config,
+                "rule": rule or "upstream selection",
+                "reason": b.reason,
+                "worst_regret": round(b.worst_regret, 4),
+                "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
+            }
+        )
+    return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
+
+
+def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float):
+            out[k] = round(v, 4) if math.isfinite(v) else str(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
+    """Write the result folder for ``study_name``; returns ``out_dir``.
+
+    Raises:
+        UsageError: the study does not exist in ``storage``.
+        TunerError: the study has no baseline measurement yet.
+    """
+    import optuna
+    import tomli_w
+
+    from tuner.render import render_presets, render_variant
+    from tuner.search import runtime_env_and_args
+    from tuner.source import fetch_source
+    from tuner.space import load_space
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as err:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+    a = study.user_attrs
+    source = fetch_source(a["source_spec"])
+    if source.source_id != a["source_id"]:
+        raise TunerError(
+            f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+            f"{source.source_id}. Export needs the exact tree the numbers came from."
+        )
+    space = load_space(a["arch"], a["era"])
+    w = choose_winner(study, space)
+    vals = dict(w.values)
+    variant = vals.get("variant") or space.variants[0]
+    compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+    non_rule = [k for k in space.runtime_knobs if k.kind not in RULE_KINDS]
+    env, args = runtime_env_and_args(non_rule, vals)
+    fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
+    run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
+    baked = {"rules": list(w.rules), "env": fa_env}
+    rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tuned.patch").write_text(rv.patch)
+    preset_name = f"tuned-{a['arch'].replace('_', '')}"
+    (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=preset_name))
+    model = Path(a["model"])
+    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, a["depths"])), *args]
+    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
+    (out_dir / "run.env").write_text(
+        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    )
+    trial0 = next((t for t in study.trials if t.user_attrs.get("build_id")), None)
+    g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
+    config = {
+        "schema": SCHEMA_VERSION,
+        "source": {
+            "spec": source.spec,
+            "source_id": source.source_id,
+            "commit": source.commit or "",
+            "era": source.era,
+        },
+        "hashes": {
+            "patch_sha256": _sha(rv.patch),
+            "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True)),
+        },
+        "target": {
+            "arch": a["arch"],
+            "measured_on": _device_name(study),
+            "host": platform.node(),
+            "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
+        },
+        "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
+        "choice": {
+            "variant": variant,
+            "global_config": w.global_config,
+            "compile": compile_values,
+            "runtime_env": run_env,
+            "fa_env": fa_env,
+            "bench_args": args,
+            "fa_rules": list(w.rules),
+        },
+        "defines": dict(rv.defines),
+        "buckets": list(w.buckets),
+        "gate": (g_trial.user_attrs.get("gate") if g_trial else None) or {"status": "unknown"},
+        "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
+    }
+    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
+    _write_report(study, w, out_dir)
+    log.info(f"exported {study_name} -> {out_dir}")
+    return out_dir
+
+
+def _server_args(args: list[str]) -> list[str]:
+    # llama-bench and llama-server share -ub/-b/-t spellings; anything else is bench-only.
+    out = []
+    for i in range(0, len(args) - 1, 2):
+        if args[i] in ("-ub", "-b", "-t", "-ctk", "-ctv"):
+            out += [args[i], args[i + 1]]
+    return out
+
+
+def _device_name(study: Any) -> str:
+    for t in study.trials:
+        d = t.user_attrs.get("device")
+        if d:
+            return str(d)
+    return str(study.user_attrs.get("device", "unknown"))
+
+
+def _toolchain_of(study: Any) -> dict[str, str]:
+    return dict(study.user_attrs.get("toolchain", {}))
+
+
+def _tomlable(x: Any) -> Any:
+    """TOML has no null: drop None values, stringify the rest that TOML cannot hold."""
+    if isinstance(x, Mapping):
+        return {str(k): _tomlable(v) for k, v in x.items() if v is not None}
+    if isinstance(x, (list, tuple)):
+        return [_tomlable(v) if v is not None else "none" for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+def _write_report(study: Any, w: Winner, out_dir: Path) -> None:
+    """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
+    import pandas as pd
+
+    from tuner.report import plot_depth, render_report
+    from tuner.search import study_results
+
+    results, base = study_results(study)
+    a = study.user_attrs
+    rows = {"baseline": [], "tuned": []}
+    for b in w.buckets:
+        ph = b["phase"]
+        for d in b["depths"]:
+            for label, cfg in (("baseline", base), ("tuned", b["config"])):
+                m = results[cfg][(ph, d)]
+                rows[label].append(_row(label, ph, d, m.samples, a))
+    frames = {k: pd.DataFrame(v) for k, v in rows.items()}
+    md = render_report(frames, baseline="baseline")
+    header = (
+        f"# tuner result: {a['arch']} / {Path(a['model']).name}\n\n"
+        f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
+        f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
+        f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
+    )
+    (out_dir / "report.md").write_text(header + md)
+    plot_depth(frames, out_dir / "depth.png")
+
+
+def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapping[str, Any]) -> dict[str, Any]:
+    from tuner.stats import bootstrap_median_ci
+
+    s = sorted(samples)
+    med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    lo, hi = bootstrap_median_ci(samples)
+    n_tok = a["pp"] if phase == "pp" else a["tg"]
+    return {
+        "label": label,
+        "test": f"{phase}{n_tok}",
+        "phase": phase,
+        "depth": depth,
+        "n": len(samples),
+        "median_ts": med,
+        "ci_low": lo,
+        "ci_high": hi,
+        "min_ts": s[0],
+        "max_ts": s[-1],
+        "samples": list(samples),
+    }
