@@ -110,6 +110,8 @@ def run(
             proc.kill()
             rc = proc.wait()
     finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
         if fh:
             fh.close()
     seconds = time.monotonic() - start

@@ -423,8 +423,11 @@ class _Searcher:
             arch=self.cfg.arch,
         )
         rows = df[df["phase"] == phase]
-        if rows.empty:
-            raise TunerError(f"llama-bench returned no {phase} row at depth {depth}; log {df.attrs.get('log_file')}")
+        if rows.empty or rows.iloc[0].get("status", "ok") != "ok" or not len(rows.iloc[0]["samples"]):
+            err = rows.iloc[0].get("error") if not rows.empty else "no row"
+            raise TunerError(
+                f"llama-bench failed for {phase} at depth {depth}: {err}. Log: {df.attrs.get('log_file')}"
+            )
         return rows.iloc[0]
 
     def _anchor(self) -> dict[str, list[float]]:

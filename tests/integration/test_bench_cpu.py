@@ -1,0 +1,123 @@
+"""Benchmarks on the real CPU build of llama.cpp with a tiny random-weight model.
+
+Binary directory: $TUNER_TEST_BIN_DIR (default /tmp/sd/bcpu/bin). About 1 minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.bench import COLUMNS, load_results, run_bench
+from tuner.check import params_for_model, run_check, run_gate
+from tuner.report import plot_depth, render_report
+from tuner.stats import compare_frames
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(os.environ.get("TUNER_TEST_BIN_DIR", "/tmp/sd/bcpu/bin"))
+# -t 1: the CI box has 2 shared cores; one thread keeps llama-bench from fighting itself.
+ARGS = ("-t", "1")
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    if not (BIN / "llama-bench").is_file() or not (BIN / "test-backend-ops").is_file():
+        pytest.skip(f"no llama.cpp CPU build at {BIN} (set TUNER_TEST_BIN_DIR)")
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tuner_home: Path) -> Path:
+    from _bench_tiny_model import VOCAB, make_tiny_llama
+
+    if not VOCAB.is_file():
+        pytest.skip(f"vocab GGUF {VOCAB} not present")
+    return make_tiny_llama(tuner_home / "models" / "bench-tiny-llama-f16.gguf")
+
+
+@pytest.fixture(scope="session")
+def run_a(bin_dir: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("bench-a")
+    df = run_bench(bin_dir, tiny_model, depths=(0, 256), pp=64, tg=16, reps=2, target_ci=50.0, max_reps=4,
+                   extra_args=ARGS, log_dir=out / "logs", label="A")
+    return df, out
+
+
+def test_run_bench_real_schema_and_stats(run_a) -> None:
+    df, out = run_a
+    assert list(df.columns) == list(COLUMNS)
+    assert sorted(zip(df["test"], df["depth"])) == [("pp64", 0), ("pp64", 256), ("tg16", 0), ("tg16", 256)]
+    for r in df.itertuples():
+        assert r.status == "ok", r.error
+        assert 2 <= r.n <= 4 and len(r.samples) == r.n
+        assert r.warmup_discarded == r.n_batches >= 1
+        assert r.median_ts > 0 and r.min_ts <= r.median_ts <= r.max_ts
+        assert r.ci_low <= r.median_ts <= r.ci_high
+        assert r.flash_attn == 1 and r.backends == "CPU" and r.build_commit
+        assert r.model_size > 0 and r.n_params > 0 and r.type_k == "f16"
+        assert r.cpu_util_mean > 0  # the observer saw llama-bench working
+        assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
+        assert math.isnan(r.roofline_pct) and r.roofline_note
+        assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}
+        log = Path(r.log_file).read_text()
+        assert log.startswith("$ ") and '"samples_ts"' in log
+
+
+def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
+    from tuner.bench import save_results
+    from tuner.cli.bench_cmd import bench
+
+    df_a, _ = run_a
+    save_results(df_a, tmp_path / "A")
+    r = CliRunner().invoke(bench, ["--build", str(bin_dir), "--label", "B", "--model", str(tiny_model),
+                                   "--depths", "0,256", "--pp", "64", "--tg", "16", "--reps", "3",
+                                   "-o", str(tmp_path / "runB"), "--", *ARGS])
+    assert r.exit_code == 0, r.output
+    assert "| B " in r.output
+    df_b = load_results(tmp_path / "runB" / "B.jsonl")
+    assert (tmp_path / "runB" / "B.parquet").is_file()
+    assert (df_b["n"] == 3).all()
+
+    cmp = compare_frames(df_a, df_b)
+    assert len(cmp) == 4 and set(cmp["verdict"]) <= {"faster", "slower", "no difference"}
+    assert cmp["delta_pct"].notna().all()
+
+    md = render_report({"A": df_a, "B": df_b}, "A")
+    assert "pp64 @ d256" in md and "Δ% B" in md and "(n=3)" in md
+    png = plot_depth({"A": df_a, "B": df_b}, tmp_path / "depth.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_roofline_columns_real(bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
+    # The CPU arch has no known bandwidth; a measured-by-hand figure is passed instead.
+    df = run_bench(bin_dir, tiny_model, depths=(0,), pp=0, tg=8, reps=2, extra_args=ARGS, log_dir=tmp_path,
+                   arch="cpu", bandwidth=20.0, label="roof")
+    r = df.iloc[0]
+    assert r.status == "ok" and r.bytes_per_token > 60e6  # ~68 MB of F16 weights per token
+    assert r.roofline_tps == pytest.approx(20e9 / r.bytes_per_token, rel=0.01)
+    assert 0 < r.roofline_pct == pytest.approx(100 * r.median_ts / r.roofline_tps)
+    assert "model estimate" in r.roofline_note
+
+
+def test_run_check_cpu_real(bin_dir: Path, tmp_path: Path) -> None:
+    # With -b CPU, test-backend-ops compares the CPU backend against the CPU reference: real work.
+    params = params_for_model(64, "f16").replace("hsv=64,", r"hsv=64,nh=4,nr23=\[4,1\],kv=512,nb=1,")
+    r = run_check(bin_dir, backend="CPU", params=params, jobs=2, log_dir=tmp_path)
+    assert r.passed and r.n_ok == 8 and r.n_fail == 0 and r.failing == ()
+    assert "8/8" in r.summary and r.log_file.read_text().count("\x1b[1;32mOK") >= 8
+
+    g = run_gate(bin_dir, ["VEC"], backend="CPU", params=params, log_dir=tmp_path)
+    assert g.passed and set(g.per_kernel) == {"VEC"} and g.per_kernel["VEC"].n_ok == 8
+
+
+def test_run_check_missing_backend_is_usage_error(bin_dir: Path, tmp_path: Path) -> None:
+    from tuner.errors import UsageError
+
+    with pytest.raises(UsageError, match="no device 'CUDA0'"):
+        run_check(bin_dir, backend="CUDA0", params=r"hsk=64,hsv=64,nh=4,nr23=\[4,1\],kv=512,nb=1,", log_dir=tmp_path)

@@ -1,0 +1,216 @@
+"""``tuner bench``, ``tuner compare``, ``tuner report`` and ``tuner check``."""
+
+from __future__ import annotations
+
+__all__ = ["bench", "check", "compare", "report"]
+
+import datetime as _dt
+import math
+from pathlib import Path
+
+import click
+
+from tuner import log
+from tuner.errors import UsageError
+
+
+def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        ds = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384") from None
+    if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
+        raise click.BadParameter("depths must be between 0 and 1048576 tokens")
+    return ds
+
+
+def _env(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for s in values:
+        if "=" not in s:
+            raise UsageError(f"--env {s!r} is not NAME=VALUE. Example: --env GGML_CUDA_DISABLE_GRAPHS=1")
+        k, v = s.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _bin_dir(path: Path, exe: str = "llama-bench") -> Path:
+    """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin."""
+    for cand in (path, path / "bin", path / "build" / "bin"):
+        if (cand / exe).is_file():
+            return cand
+    raise UsageError(
+        f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
+        "directory or its bin directory (`tuner build` prints it)."
+    )
+
+
+def _default_run_dir(kind: str) -> Path:
+    from tuner.paths import tuner_home
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return tuner_home() / "runs" / f"{kind}-{stamp}"
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--build", "builds", multiple=True, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Build (or bin) directory; repeat to interleave variants with the first as baseline anchor.")
+@click.option("--label", "labels", multiple=True, help="Variant name per --build (default: directory name).")
+@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
+@click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=_depths, help="KV depths.")
+@click.option("--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp).")
+@click.option("--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg).")
+@click.option("--reps", type=click.IntRange(1, 10000), default=None, help="Kept repetitions per test (default 5).")
+@click.option("--target-ci", type=click.FloatRange(0.01, 99.99), default=None, help="Repeat until the median's CI half-width is within PCT %.")
+@click.option("--max-reps", type=click.IntRange(1, 10000), default=20, show_default=True)
+@click.option("--env", "envs", multiple=True, help="NAME=VALUE for llama-bench (repeatable).")
+@click.option("--era", type=click.Choice(["mma", "rocwmma"]), default=None, help="-fa spelling (default: detect).")
+@click.option("--no-fa", is_flag=True, help="Run with -fa off.")
+@click.option("--arch", default=None, help="Arch for the roofline columns (see `tuner archs`).")
+@click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline.")
+@click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
+          reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,
+          no_fa: bool, arch: str | None, bandwidth: float | None, timeout: float, out_dir: Path | None,
+          extra: tuple[str, ...]) -> None:
+    """Benchmark builds with llama-bench: pp and tg at every depth, with noise control.
+
+    Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
+    Results go to OUT/<label>.jsonl (and .parquet); logs to OUT/logs.
+    """
+    from tuner.bench import BenchTarget, render_table, run_bench, run_interleaved, save_results
+
+    if labels and len(labels) != len(builds):
+        raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
+    bins = [_bin_dir(b) for b in builds]
+    names = list(labels) or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name
+                             for b in builds]
+    if len(set(names)) != len(names):
+        names = [f"{n}-{i}" for i, n in enumerate(names)]
+    out = out_dir or _default_run_dir("bench")
+    kw = dict(depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps, timeout=timeout,
+              era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth)
+    env = _env(envs)
+    frames = {}
+    with log.step(f"Benchmarking {', '.join(names)} on {model.name} (depths {','.join(map(str, depths))})"):
+        if len(bins) == 1:
+            frames[names[0]] = run_bench(bins[0], model, env=env, extra_args=extra, log_dir=out / "logs",
+                                         label=names[0], **kw)
+        else:
+            targets = [BenchTarget(label=n, bin_dir=b, env=env, extra_args=tuple(extra)) for n, b in zip(names, bins)]
+            res = run_interleaved(targets[1:], targets[0], model, log_dir=out / "logs", **kw)
+            frames = {t.label: res.frames[t.label] for t in targets}
+            save_results(res.anchors, out / "anchors")
+            save_results(res.drift, out / "drift")
+    written = []
+    for name, df in frames.items():
+        written += save_results(df, out / name)
+    import pandas as pd
+
+    click.echo(render_table(pd.concat(frames.values(), ignore_index=True)))
+    log.info("results: " + ", ".join(str(p) for p in written))
+
+
+@click.command()
+@click.argument("a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+@click.option("--min-effect", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="A change must exceed this many percent to count.")
+def compare(a: Path, b: Path, confidence: float, min_effect: float) -> None:
+    """Compare bench results B against A per (test, depth): Δ%, CI and verdict."""
+    from tuner.bench import load_results
+    from tuner.report import MARKS
+    from tuner.stats import compare_frames
+
+    da, db = load_results(a), load_results(b)
+    res = compare_frames(da, db, confidence=confidence, min_effect_pct=min_effect)
+
+    def f(x: float, spec: str) -> str:
+        return format(x, spec) if isinstance(x, float) and math.isfinite(x) else "-"
+
+    rows = [[r["test"], int(r["depth"]), f(r["median_a"], ".2f"), f(r["median_b"], ".2f"),
+             f(r["delta_pct"], "+.2f"), f"[{f(r['ci_low'], '+.1f')}, {f(r['ci_high'], '+.1f')}]",
+             f(r["p_value"], ".3g"), f"{r['n_a']}/{r['n_b']}",
+             f"{MARKS.get(r['verdict'], '')} {r['verdict']}".strip()]
+            for _, r in res.iterrows()]
+    la = str(da["label"].iloc[0]) if len(da) else a.stem
+    lb = str(db["label"].iloc[0]) if len(db) else b.stem
+    click.echo(log.table(["test", "depth", f"{la} t/s", f"{lb} t/s", "Δ%", f"{confidence:.0%} CI of Δ%",
+                          "p (MWU)", "n a/b", "verdict"], rows))
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--baseline", default=None, help="Baseline variant label (default: the first file's).")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write report.md and depth.png here.")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, confidence: float) -> None:
+    """Markdown report (pp and tg per depth, Δ% vs baseline with significance) and a depth plot."""
+    from tuner.bench import load_results
+    from tuner.report import plot_depth, render_report
+
+    frames = {}
+    for p in files:
+        df = load_results(p)
+        for label, grp in df.groupby("label", sort=False):
+            name = str(label)
+            if name in frames:
+                name = f"{name}@{p.stem}"
+            frames[name] = grp.reset_index(drop=True)
+    base = baseline or next(iter(frames))
+    text = render_report(frames, base, confidence=confidence)
+    click.echo(text)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "report.md").write_text(text, encoding="utf-8")
+        png = plot_depth(frames, out_dir / "depth.png")
+        log.info(f"wrote {out_dir / 'report.md'} and {png}")
+
+
+@click.command()
+@click.option("--build", "build_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Build (or bin) directory holding test-backend-ops.")
+@click.option("--backend", default="CUDA0", show_default=True, help="Device name: CUDA0, ROCm0, CPU...")
+@click.option("--ops", "ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable).")
+@click.option("--params", default=None, help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")
+@click.option("--head-dim", type=click.IntRange(1, 1024), default=None, help="Build --params for this head size.")
+@click.option("--kv-type", default=None, help="With --head-dim: KV type to select (f16, q8_0...).")
+@click.option("--kernels", default=None, help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None, help="test-backend-ops -j.")
+@click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | None, head_dim: int | None,
+          kv_type: str | None, kernels: str | None, jobs: int | None, timeout: float, out_dir: Path | None) -> None:
+    """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""
+    from tuner.check import params_for_model, run_check, run_gate
+
+    bin_dir = _bin_dir(build_dir, "test-backend-ops")
+    if head_dim is not None:
+        if params is not None:
+            raise UsageError("Give --params or --head-dim/--kv-type, not both.")
+        params = params_for_model(head_dim, kv_type)
+    elif kv_type is not None:
+        raise UsageError("--kv-type needs --head-dim (e.g. --head-dim 64 --kv-type f16).")
+    out = out_dir or _default_run_dir("check")
+    if kernels:
+        ks = [k.strip() for k in kernels.split(",") if k.strip()]
+        res = run_gate(bin_dir, ks, ops=ops, backend=backend, params=params, jobs=jobs, log_dir=out, timeout=timeout)
+        for k, r in res.per_kernel.items():
+            click.echo(f"{k}: {'PASS' if r.passed else 'FAIL'}  {r.summary}  (log {r.log_file})")
+        ok, failing, summary = res.passed, res.failing, res.summary
+    else:
+        with log.step(f"test-backend-ops {','.join(ops)} on {backend}"):
+            r = run_check(bin_dir, ops=ops, backend=backend, params=params, jobs=jobs, log_dir=out, timeout=timeout)
+        click.echo(f"{'PASS' if r.passed else 'FAIL'}  {r.summary}  (log {r.log_file})")
+        ok, failing, summary = r.passed, r.failing, r.summary
+    for name in failing[:50]:
+        click.echo(f"  failing: {name}")
+    if not ok:
+        from tuner.errors import TunerError
+
+        raise TunerError(f"Correctness check failed: {summary}. Inspect the log above; a failing candidate is infeasible.")

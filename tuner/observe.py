@@ -1,0 +1,237 @@
+"""Observers that sample CPU and GPU utilization while a benchmark runs.
+
+Seed 004's question is whether decode is host-bound: the CPU pegged at 100% while the GPU idles
+between tokens. Each llama-bench call runs under an :class:`Observer`, a daemon thread that every
+~100 ms records
+
+- CPU utilization of this process's child tree (llama-bench and anything it spawns), from psutil
+  CPU-time deltas, in percent of one core (``top`` style: 200 = two busy cores);
+- GPU utilization (percent, the busiest device) and device memory in use, through NVML
+  (``pynvml`` from nvidia-ml-py) or AMD SMI (``amdsmi``) when importable and a GPU is present.
+
+Without a GPU library or device the GPU fields are NaN; nothing fails. Samples are timestamped so a
+caller can split one llama-bench call into per-test windows (:meth:`Observer.summary`).
+Memory is reported as the peak device memory used above the level seen when the observer started,
+so other processes' allocations are not counted (approximately: they may change meanwhile).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Observation", "Observer", "find_gpu_probe"]
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+INTERVAL_S = 0.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """Summary of the samples inside one time window."""
+
+    cpu_util_mean: float = math.nan
+    """Mean CPU utilization of the child process tree, percent of one core."""
+    cpu_util_max: float = math.nan
+    gpu_util_mean: float = math.nan
+    """Mean GPU utilization (busiest device per sample), percent; NaN without NVML/AMD SMI."""
+    gpu_util_max: float = math.nan
+    gpu_mem_mb: float = math.nan
+    """Peak device memory above the level at observer start, MiB; NaN without NVML/AMD SMI."""
+    n_samples: int = 0
+    gpu_source: str = ""
+    """``nvml``, ``amdsmi`` or '' (no GPU observer)."""
+
+
+class _GpuProbe(Protocol):
+    name: str
+
+    def read(self) -> tuple[float, float]:
+        """(utilization percent of the busiest device, total memory used MiB)."""
+
+    def close(self) -> None: ...
+
+
+class _NvmlProbe:
+    name = "nvml"
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        nvml.nvmlInit()
+        count = nvml.nvmlDeviceGetCount()
+        if count == 0:
+            nvml.nvmlShutdown()
+            raise RuntimeError("no NVIDIA device")
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+
+    def read(self) -> tuple[float, float]:
+        util = max(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles)
+        mem = sum(float(self._nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles) / 2**20
+        return util, mem
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - shutting down a monitor must never fail a benchmark
+            pass
+
+
+class _AmdSmiProbe:
+    name = "amdsmi"
+
+    def __init__(self, amdsmi: Any) -> None:
+        self._smi = amdsmi
+        amdsmi.amdsmi_init()
+        self._handles = list(amdsmi.amdsmi_get_processor_handles())
+        if not self._handles:
+            amdsmi.amdsmi_shut_down()
+            raise RuntimeError("no AMD device")
+
+    def read(self) -> tuple[float, float]:
+        util = max(float(self._smi.amdsmi_get_gpu_activity(h)["gfx_activity"]) for h in self._handles)
+        mem = sum(float(self._smi.amdsmi_get_gpu_vram_usage(h)["vram_used"]) for h in self._handles)
+        return util, mem
+
+    def close(self) -> None:
+        try:
+            self._smi.amdsmi_shut_down()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def find_gpu_probe() -> _GpuProbe | None:
+    """An NVML or AMD SMI reader when the library imports and sees a device, else None."""
+    try:
+        import pynvml
+
+        return _NvmlProbe(pynvml)
+    except Exception as err:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, no device...
+        logger.debug("NVML observer unavailable: %s", err)
+    try:
+        import amdsmi  # type: ignore[import-not-found]
+
+        return _AmdSmiProbe(amdsmi)
+    except Exception as err:  # noqa: BLE001
+        logger.debug("AMD SMI observer unavailable: %s", err)
+    return None
+
+
+class Observer:
+    """Background sampler; use as a context manager around a subprocess call.
+
+    Example:
+        >>> with Observer() as obs:
+        ...     run_something()
+        >>> obs.summary().cpu_util_mean
+    """
+
+    def __init__(self, *, interval: float = INTERVAL_S, gpu: bool = True) -> None:
+        self.interval = interval
+        self._gpu = find_gpu_probe() if gpu else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # (monotonic time, cpu percent or nan, gpu util or nan, gpu mem MiB or nan)
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._cpu_seen: dict[tuple[int, float], float] = {}
+        self._last_t: float | None = None
+        self._mem0 = math.nan
+
+    def __enter__(self) -> Observer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._gpu is not None:
+            try:
+                self._mem0 = self._gpu.read()[1]
+            except Exception:  # noqa: BLE001
+                self._mem0 = math.nan
+        self._sample()  # baseline for CPU-time deltas
+        self._thread = threading.Thread(target=self._loop, name="tuner-observer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._sample()
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu_name = self._gpu.name
+            self._gpu = None
+
+    @property
+    def gpu_source(self) -> str:
+        if self._gpu is not None:
+            return self._gpu.name
+        return getattr(self, "_gpu_name", "")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _cpu_seconds(self) -> float | None:
+        """Total CPU seconds of the live child tree since the last sample (None on first call)."""
+        import psutil
+
+        delta = 0.0
+        try:
+            children = psutil.Process(os.getpid()).children(recursive=True)
+        except psutil.Error:
+            children = []
+        for proc in children:
+            try:
+                with proc.oneshot():
+                    # (pid, create_time) survives pid reuse.
+                    key = (proc.pid, proc.create_time())
+                    times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total = times.user + times.system
+            prev = self._cpu_seen.get(key)
+            # A process first seen now: count the CPU time it used since it started.
+            delta += total - (prev if prev is not None else 0.0)
+            self._cpu_seen[key] = total
+        return delta
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        cpu = math.nan
+        secs = self._cpu_seconds()
+        if self._last_t is not None and secs is not None and now > self._last_t:
+            cpu = 100.0 * secs / (now - self._last_t)
+        self._last_t = now
+        util = mem = math.nan
+        if self._gpu is not None:
+            try:
+                util, mem = self._gpu.read()
+            except Exception as err:  # noqa: BLE001
+                logger.debug("GPU observer read failed: %s", err)
+        self.samples.append((now, cpu, util, mem))
+
+    def summary(self, t0: float | None = None, t1: float | None = None) -> Observation:
+        """Summarize samples with ``t0 < t <= t1`` (monotonic clock; None = unbounded)."""
+        window = [s for s in self.samples
+                  if (t0 is None or s[0] > t0) and (t1 is None or s[0] <= t1)]
+
+        def stats(vals: list[float]) -> tuple[float, float]:
+            vals = [v for v in vals if math.isfinite(v)]
+            return (sum(vals) / len(vals), max(vals)) if vals else (math.nan, math.nan)
+
+        cpu_mean, cpu_max = stats([s[1] for s in window])
+        gpu_mean, gpu_max = stats([s[2] for s in window])
+        _, mem_max = stats([s[3] for s in window])
+        if math.isfinite(mem_max) and math.isfinite(self._mem0):
+            mem_max = max(0.0, mem_max - self._mem0)
+        return Observation(cpu_util_mean=cpu_mean, cpu_util_max=cpu_max, gpu_util_mean=gpu_mean,
+                           gpu_util_max=gpu_max, gpu_mem_mb=mem_max, n_samples=len(window),
+                           gpu_source=self.gpu_source)
