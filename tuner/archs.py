@@ -1,0 +1,350 @@
+"""The arch database: GPU families, their limits, math units, llama.cpp kernel paths and products.
+
+Data lives in ``tuner/data/archs.toml``; every figure there carries a ``source`` string. This module
+loads and validates it (a broken data file is a :class:`~tuner.errors.TunerError` naming the file,
+the arch and the key) and resolves user spellings such as ``sm89``, ``8.9`` or ``strix-halo``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Arch",
+    "Product",
+    "load_archs",
+    "load_arch",
+    "detect_local_archs",
+    "normalize_arch_name",
+    "MATH_KEYS",
+    "PRODUCT_FIGURES",
+]
+
+import dataclasses
+import functools
+import logging
+import re
+import shutil
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.paths import package_data
+
+logger = logging.getLogger(__name__)
+
+MATH_KEYS = ("dp4a", "int8_mma", "int8_wmma", "int8_mfma", "fp16_mma", "fp16_wmma", "fp16_mfma", "fast_fp16")
+"""Hardware math-unit flags every arch must state (``mma`` = NVIDIA mma.sync tensor cores,
+``wmma`` = AMD RDNA WMMA or nvcuda::wmma, ``mfma`` = AMD CDNA MFMA)."""
+
+PRODUCT_FIGURES = ("bandwidth_gbps", "fp16_tflops", "int8_tops", "fp32_tflops", "units", "memory_gb")
+"""Optional numeric product fields; each one present needs an entry in the product's ``sources``."""
+
+_VENDORS = ("nvidia", "amd", "cpu")
+_ERA_KEYS = ("quant_matmul", "fa_decode", "fa_prefill", "source")
+_ARCH_KEYS = {
+    "vendor", "family", "cc", "gfx", "wave_size", "smem_static", "smem_optin", "aliases", "source",
+    "math", "kernel_paths", "products",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Product:
+    """A named GPU (or host) of an arch, with the peaks the roofline estimate uses."""
+
+    name: str
+    bandwidth_gbps: float | None = None
+    """Peak memory bandwidth in GB/s (1e9 bytes/s); None when unknown (CPU: pass --bandwidth)."""
+    fp16_tflops: float | None = None
+    """Dense FP16 peak (tensor/matrix units where present, FP32 accumulate on GeForce)."""
+    int8_tops: float | None = None
+    """Dense INT8 peak (tensor/matrix units or dp4a)."""
+    fp32_tflops: float | None = None
+    units: int | None = None
+    """SMs (NVIDIA) or CUs (AMD)."""
+    memory_gb: float | None = None
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Field name -> where the figure comes from."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Arch:
+    """One GPU architecture (or ``cpu``) as llama.cpp sees it."""
+
+    name: str
+    """Canonical name: ``sm_89``, ``gfx1151``, ``cpu``."""
+    vendor: str
+    """``nvidia``, ``amd`` or ``cpu``."""
+    family: str
+    wave_size: int
+    smem_static: int
+    """Static shared memory (NVIDIA) / LDS (AMD) per block in bytes."""
+    smem_optin: int
+    """Dynamic opt-in shared memory per block in bytes (AMD: the LDS size)."""
+    cc: int | None = None
+    """NVIDIA compute capability times 100 (llama.cpp's ``cc``), e.g. 890."""
+    gfx: str | None = None
+    math: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    kernel_paths: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    """Era (``mma``/``rocwmma``) -> quant_matmul, fa_decode, fa_prefill, source (+ extras)."""
+    products: tuple[Product, ...] = ()
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    """Where cc, wave_size and the shared-memory figures come from."""
+
+    def product(self, name: str | None = None) -> Product:
+        """The named product (case-insensitive substring), or the first one listed.
+
+        Raises:
+            UsageError: No product matches ``name``.
+        """
+        if name is None:
+            return self.products[0]
+        want = name.lower()
+        for p in self.products:
+            if want == p.name.lower() or want in p.name.lower():
+                return p
+        names = [p.name for p in self.products]
+        msg = (
+            f"Arch {self.name} has no product matching {name!r}.{close_matches(name, names)} "
+            f"Known products: {', '.join(names)}."
+        )
+        raise UsageError(msg)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (what ``tuner archs show --json`` prints)."""
+        d = dataclasses.asdict(self)
+        d["math"] = dict(self.math)
+        d["kernel_paths"] = {k: dict(v) for k, v in self.kernel_paths.items()}
+        d["products"] = [{**dataclasses.asdict(p), "sources": dict(p.sources)} for p in self.products]
+        d["aliases"] = list(self.aliases)
+        return d
+
+
+def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
+    return TunerError(
+        f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, "
+        "family, wave_size, smem_static, smem_optin, source, [math], [kernel_paths.<era>] and "
+        "[[products]]); see the comment at its top."
+    )
+
+
+def _need(tbl: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: Path, arch: str) -> Any:
+    if key not in tbl:
+        raise _bad(path, arch, key, "missing")
+    val = tbl[key]
+    # bool is an int subclass; never accept it where a number is wanted.
+    if not isinstance(val, typ) or (isinstance(val, bool) and typ is not bool):
+        raise _bad(path, arch, key, f"expected {getattr(typ, '__name__', typ)}, got {val!r}")
+    return val
+
+
+def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Product:
+    where = f"products[{i}]"
+    name = _need(raw, "name", str, path, arch)
+    sources = raw.get("sources", {})
+    if not isinstance(sources, dict):
+        raise _bad(path, arch, f"{where}.sources", "expected a table")
+    unknown = set(raw) - {"name", "sources", *PRODUCT_FIGURES}
+    if unknown:
+        raise _bad(path, arch, f"{where}.{sorted(unknown)[0]}", "unknown key")
+    figures: dict[str, Any] = {}
+    for key in PRODUCT_FIGURES:
+        if key not in raw:
+            continue
+        val = raw[key]
+        if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
+            raise _bad(path, arch, f"{where}.{key}", f"expected a positive number, got {val!r}")
+        if not isinstance(sources.get(key), str) or not sources[key].strip():
+            raise _bad(path, arch, f"{where}.sources.{key}", "every figure needs a source string")
+        figures[key] = int(val) if key == "units" else float(val)
+    return Product(name=name, sources=dict(sources), **figures)
+
+
+def _parse_arch(name: str, raw: Mapping[str, Any], path: Path) -> Arch:
+    unknown = set(raw) - _ARCH_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise _bad(path, name, key, f"unknown key{close_matches(key, _ARCH_KEYS)}")
+    vendor = _need(raw, "vendor", str, path, name)
+    if vendor not in _VENDORS:
+        raise _bad(path, name, "vendor", f"must be one of {_VENDORS}, got {vendor!r}")
+    family = _need(raw, "family", str, path, name)
+    wave = _need(raw, "wave_size", int, path, name)
+    smem_static = _need(raw, "smem_static", int, path, name)
+    smem_optin = _need(raw, "smem_optin", int, path, name)
+    source = _need(raw, "source", str, path, name)
+    if wave not in (1, 32, 64):
+        raise _bad(path, name, "wave_size", f"must be 32 or 64 (1 for cpu), got {wave}")
+    if smem_optin < smem_static:
+        raise _bad(path, name, "smem_optin", f"{smem_optin} is below smem_static {smem_static}")
+    cc = gfx = None
+    if vendor == "nvidia":
+        cc = _need(raw, "cc", int, path, name)
+        if name != f"sm_{cc // 10}":
+            raise _bad(path, name, "cc", f"{cc} does not match the arch name (sm_XY means cc XY0)")
+    elif vendor == "amd":
+        gfx = _need(raw, "gfx", str, path, name)
+        if gfx != name:
+            raise _bad(path, name, "gfx", f"{gfx!r} does not match the arch name")
+    math = _need(raw, "math", dict, path, name)
+    for key in MATH_KEYS:
+        _need(math, key, bool, path, f"{name}.math")
+    _need(math, "source", str, path, f"{name}.math")
+    kp_raw = _need(raw, "kernel_paths", dict, path, name)
+    if not kp_raw:
+        raise _bad(path, name, "kernel_paths", "needs at least one era table")
+    kernel_paths: dict[str, dict[str, str]] = {}
+    for era, tbl in kp_raw.items():
+        if not isinstance(tbl, dict):
+            raise _bad(path, name, f"kernel_paths.{era}", "expected a table")
+        for key in _ERA_KEYS:
+            _need(tbl, key, str, path, f"{name}.kernel_paths.{era}")
+        kernel_paths[era] = {str(k): str(v) for k, v in tbl.items()}
+    products_raw = _need(raw, "products", list, path, name)
+    if not products_raw:
+        raise _bad(path, name, "products", "needs at least one product")
+    products = tuple(_parse_product(p, path, name, i) for i, p in enumerate(products_raw))
+    aliases = raw.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise _bad(path, name, "aliases", "expected a list of strings")
+    return Arch(
+        name=name, vendor=vendor, family=family, wave_size=wave, smem_static=smem_static,
+        smem_optin=smem_optin, cc=cc, gfx=gfx, math=dict(math), kernel_paths=kernel_paths,
+        products=products, aliases=tuple(a.lower() for a in aliases), source=source,
+    )
+
+
+def load_archs(path: Path | None = None) -> dict[str, Arch]:
+    """Load and validate the arch database.
+
+    Args:
+        path: A TOML file in the ``archs.toml`` format; default the packaged one.
+
+    Returns:
+        Canonical arch name -> Arch, in file order.
+
+    Raises:
+        TunerError: The file is unreadable or an arch lacks a key or has a bad value.
+    """
+    return dict(_load_cached(path or package_data("archs.toml")))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: Path) -> tuple[tuple[str, Arch], ...]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise TunerError(f"Cannot read the arch database {path}: {err}. Reinstall tuner or fix the file.") from err
+    archs = data.get("archs")
+    if not isinstance(archs, dict) or not archs:
+        raise TunerError(f"{path}: no [archs.<name>] tables. Reinstall tuner or fix the file.")
+    out = tuple((name, _parse_arch(name, raw, path)) for name, raw in archs.items())
+    seen: dict[str, str] = {}
+    for name, arch in out:
+        for alias in arch.aliases:
+            if alias in seen or alias in archs:
+                raise _bad(path, name, "aliases", f"alias {alias!r} is already used by {seen.get(alias, alias)!r}")
+            seen[alias] = name
+    return out
+
+
+_SM_RE = re.compile(r"^(?:sm|compute|cc)?[_-]?(\d{2,3})[a-z]?$")
+_DOTTED_RE = re.compile(r"^(\d{1,2})\.(\d)$")
+
+
+def normalize_arch_name(name: str) -> str:
+    """Canonical spelling of a user-typed arch: ``SM89``/``sm_89``/``89``/``8.9`` -> ``sm_89``.
+
+    Names that are not NVIDIA spellings are only lower-cased (``GFX1151`` -> ``gfx1151``).
+    """
+    s = name.strip().lower()
+    if m := _DOTTED_RE.match(s):
+        return f"sm_{m.group(1)}{m.group(2)}"
+    if m := _SM_RE.match(s):
+        return f"sm_{m.group(1)}"
+    return s
+
+
+def load_arch(name: str) -> Arch:
+    """Look up one arch by name or alias (case-insensitive).
+
+    Args:
+        name: ``sm_89``, ``sm89``, ``8.9``, ``gfx1151``, an alias such as ``strix-halo``, or ``cpu``.
+
+    Raises:
+        UsageError: Unknown arch; the message lists the closest names.
+    """
+    archs = load_archs()
+    key = normalize_arch_name(name)
+    if key in archs:
+        return archs[key]
+    for arch in archs.values():
+        if key in arch.aliases:
+            return arch
+    choices = list(archs) + [a for arch in archs.values() for a in arch.aliases]
+    msg = (
+        f"Unknown arch {name!r}.{close_matches(key, choices)} Known archs: {', '.join(archs)}. "
+        "Run `tuner archs` for the table."
+    )
+    raise UsageError(msg)
+
+
+_GFX_RE = re.compile(r"\b(gfx[0-9a-f]{3,4})\b")
+
+
+def _detect_nvidia() -> list[str]:
+    try:
+        import pynvml  # from nvidia-ml-py (optional extra)
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVIDIA GPU here
+        logger.info("NVML not usable: %s", err)
+        return []
+    found = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            found.append(f"sm_{major}{minor}")
+    except Exception as err:
+        logger.info("NVML query failed: %s", err)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # shutting down a half-initialised NVML must not hide what we found
+            pass
+    return found
+
+
+def _detect_amd() -> list[str]:
+    exe = shutil.which("rocminfo")
+    if exe is None:
+        return []
+    from tuner import _run
+
+    try:
+        res = _run.run([exe], check=False, timeout=60, what="rocminfo")
+    except TunerError as err:
+        logger.info("rocminfo failed: %s", err)
+        return []
+    if res.returncode != 0:
+        return []
+    return _GFX_RE.findall(res.output)
+
+
+def detect_local_archs() -> list[str]:
+    """Archs of the GPUs in this machine: NVML for NVIDIA (``sm_XY``), ``rocminfo`` for AMD (``gfx...``).
+
+    Returns:
+        Canonical names, each once, in device order; ``[]`` when no GPU (or no tool) is found.
+        Names not in the database are returned too, so the caller can say so.
+    """
+    out: list[str] = []
+    for name in _detect_nvidia() + _detect_amd():
+        name = normalize_arch_name(name)
+        if name not in out:
+            out.append(name)
+    return out

@@ -1,0 +1,627 @@
+"""Model shapes and random-weight GGUF models with exactly those shapes.
+
+Random weights keep a dense model's speed (same tensors, types and sizes, so the same kernels and
+bytes moved), not its output quality. Shapes live in ``tuner/data/models.toml``; tensor names and
+ggml shapes follow llama.cpp's loaders (tree A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``;
+knobs.md §7). Tokenizer fields are copied from the vocab-only GGUF in the llama.cpp tree's
+``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ModelShape",
+    "TensorSpec",
+    "GGUFTensor",
+    "SynthResult",
+    "WEIGHT_TYPES",
+    "QUANT_TYPES",
+    "load_models",
+    "load_model_shape",
+    "plan_tensors",
+    "find_vocab",
+    "synth_model",
+    "run_quantize",
+    "load_gguf_shape",
+    "load_gguf_tensors",
+]
+
+import dataclasses
+import functools
+import math
+import os
+import struct
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.paths import package_data
+
+WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
+"""Weight types plan_tensors knows; synth writes f16 and q8_0 itself (q4_k_m needs llama-quantize)."""
+
+QUANT_TYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
+)
+"""llama-quantize type names accepted by ``model synth --quant``."""
+
+_INT_KEYS = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length")
+_CHUNK_ELEMS = 1 << 23  # 8M values per write: bounded memory even for a 1 GB token_embd
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """The hyper-parameters that fix a dense llama-style model's tensors."""
+
+    name: str
+    arch: str
+    """llama.cpp architecture string (``llama``, ``qwen2``)."""
+    n_layers: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_output: bool
+    """True: no ``output.weight``; llama.cpp reuses ``token_embd`` as the LM head."""
+    qkv_bias: bool = False
+    rope_freq_base: float = 10000.0
+    rms_eps: float = 1e-5
+    context_length: int = 4096
+    vocab: str = "llama-bpe"
+    """Vocab GGUF name in the llama.cpp tree: ``models/ggml-vocab-<vocab>.gguf``."""
+    rope_scaling: Mapping[str, Any] | None = None
+    source: str = ""
+
+    @property
+    def gqa(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TensorSpec:
+    """One tensor as llama.cpp expects it."""
+
+    name: str
+    ne: tuple[int, ...]
+    """ggml order: ne[0] is the contiguous (row) dimension."""
+    kind: str
+    """``embd``, ``matmul``, ``output``, ``norm``, ``bias`` or ``rope``."""
+    ggml_type: str
+    """``F32``, ``F16``, ``Q8_0``, ``Q4_K``, ... (gguf.GGMLQuantizationType name)."""
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.ne)
+
+    @property
+    def n_bytes(self) -> int:
+        import gguf
+
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
+        return self.n_elements // block * size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GGUFTensor:
+    """A tensor read from a GGUF file."""
+
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: str
+    n_elements: int
+    n_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SynthResult:
+    """What ``synth_model`` wrote."""
+
+    path: Path
+    shape: ModelShape
+    weight_type: str
+    n_tensors: int
+    n_params: int
+    n_bytes: int
+    seconds: float
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def _model_error(path: Path, name: str, key: str, why: str) -> TunerError:
+    return TunerError(f"{path}: model {name!r}, key {key!r}: {why}. Fix the data file.")
+
+
+def _parse_shape(name: str, raw: Mapping[str, Any], path: Path) -> ModelShape:
+    fields = {f.name for f in dataclasses.fields(ModelShape)} - {"name"}
+    unknown = set(raw) - fields
+    if unknown:
+        key = sorted(unknown)[0]
+        raise _model_error(path, name, key, f"unknown key{close_matches(key, fields)}")
+    for key in (*_INT_KEYS, "arch", "tied_output", "vocab", "source"):
+        if key not in raw:
+            raise _model_error(path, name, key, "missing")
+    for key in _INT_KEYS:
+        val = raw[key]
+        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+            raise _model_error(path, name, key, f"expected a positive integer, got {val!r}")
+    if raw["n_heads"] % raw["n_kv_heads"]:
+        raise _model_error(path, name, "n_kv_heads", "must divide n_heads")
+    if raw["head_dim"] % 2:
+        raise _model_error(path, name, "head_dim", "must be even (RoPE rotates pairs)")
+    for key in ("tied_output", "qkv_bias"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise _model_error(path, name, key, f"expected true/false, got {raw[key]!r}")
+    for key in ("rope_freq_base", "rms_eps"):
+        if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
+            raise _model_error(path, name, key, f"expected a positive number, got {raw[key]!r}")
+    rs = raw.get("rope_scaling")
+    if rs is not None:
+        need = ("type", "factor", "low_freq_factor", "high_freq_factor", "original_context_length")
+        if not isinstance(rs, dict) or rs.get("type") != "llama3" or any(k not in rs for k in need):
+            raise _model_error(path, name, "rope_scaling", f"expected a llama3 table with {need}")
+    vals = dict(raw)
+    for key in ("rope_freq_base", "rms_eps"):
+        if key in vals:
+            vals[key] = float(vals[key])
+    return ModelShape(name=name, **vals)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: Path) -> tuple[tuple[str, ModelShape], ...]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise TunerError(f"Cannot read the model database {path}: {err}. Reinstall tuner or fix the file.") from err
+    return tuple((name, _parse_shape(name, raw, path)) for name, raw in data.items())
+
+
+def load_models(path: Path | None = None) -> dict[str, ModelShape]:
+    """Load and validate the model-shape database.
+
+    Args:
+        path: A TOML file in the ``models.toml`` format; default the packaged one.
+
+    Raises:
+        TunerError: A model lacks a key or has a bad value (the message names file, model and key).
+    """
+    return dict(_load_cached(path or package_data("models.toml")))
+
+
+def load_model_shape(name: str) -> ModelShape:
+    """One model shape by name (case-insensitive).
+
+    Raises:
+        UsageError: Unknown name; the message suggests the closest ones.
+    """
+    models = load_models()
+    key = name.strip().lower()
+    if key in models:
+        return models[key]
+    msg = (
+        f"Unknown model {name!r}.{close_matches(key, models)} Known models: {', '.join(models)}. "
+        "Pass one of them to --like."
+    )
+    raise UsageError(msg)
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama-quant.cpp use_more_bits(): first and last eighth plus every third layer between.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fallback(qtype: str, ncols: int) -> str:
+    # llama-quant.cpp tensor_type_fallback(): 256-wide K-quants on rows not divisible by 256.
+    if qtype in ("Q4_K", "Q5_K", "Q6_K") and ncols % 256:
+        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}[qtype]
+    return qtype
+
+
+def _weight_type(spec_kind: str, name: str, ncols: int, layer: int, shape: ModelShape, weight_type: str) -> str:
+    if weight_type == "f16":
+        return "F16"
+    if weight_type == "q8_0":
+        return "Q8_0" if ncols % 32 == 0 else "F16"
+    # q4_k_m: the llama_tensor_get_type() rules of tree A src/llama-quant.cpp for LLAMA_FTYPE_MOSTLY_Q4_K_M.
+    if spec_kind == "output" or (spec_kind == "embd" and shape.tied_output):
+        return "Q6_K" if ncols % 256 == 0 else "Q8_0"
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, shape.n_layers):
+        return _fallback("Q6_K", ncols)
+    return _fallback("Q4_K", ncols)
+
+
+def plan_tensors(shape: ModelShape, weight_type: str = "f16") -> list[TensorSpec]:
+    """Every tensor llama.cpp loads for ``shape``, in write order, with its storage type.
+
+    1-D tensors (norms, biases, rope factors) stay F32, as convert_hf_to_gguf.py writes them.
+    ``q4_k_m`` follows llama-quantize's per-tensor rules (Q6_K for the tied/untied LM head and for
+    attn_v/ffn_down on "more bits" layers, Q4_K elsewhere, with its fallbacks), so estimates from a
+    shape match the file llama-quantize would write.
+
+    Raises:
+        UsageError: Unknown ``weight_type``.
+    """
+    if weight_type not in WEIGHT_TYPES:
+        raise UsageError(f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}.")
+    d, kv = shape.d_model, shape.n_kv_heads * shape.head_dim
+    q = shape.n_heads * shape.head_dim
+    specs: list[TensorSpec] = []
+
+    def add(name: str, ne: tuple[int, ...], kind: str, layer: int = -1) -> None:
+        if kind in ("norm", "bias", "rope"):
+            gtype = "F32"
+        else:
+            gtype = _weight_type(kind, name, ne[0], layer, shape, weight_type)
+        specs.append(TensorSpec(name=name, ne=ne, kind=kind, ggml_type=gtype))
+
+    add("token_embd.weight", (d, shape.vocab_size), "embd")
+    if shape.rope_scaling is not None:
+        add("rope_freqs.weight", (shape.head_dim // 2,), "rope")
+    for i in range(shape.n_layers):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", (d,), "norm", i)
+        add(b + "attn_q.weight", (d, q), "matmul", i)
+        add(b + "attn_k.weight", (d, kv), "matmul", i)
+        add(b + "attn_v.weight", (d, kv), "matmul", i)
+        if shape.qkv_bias:
+            add(b + "attn_q.bias", (q,), "bias", i)
+            add(b + "attn_k.bias", (kv,), "bias", i)
+            add(b + "attn_v.bias", (kv,), "bias", i)
+        add(b + "attn_output.weight", (q, d), "matmul", i)
+        add(b + "ffn_norm.weight", (d,), "norm", i)
+        add(b + "ffn_gate.weight", (d, shape.d_ff), "matmul", i)
+        add(b + "ffn_up.weight", (d, shape.d_ff), "matmul", i)
+        add(b + "ffn_down.weight", (shape.d_ff, d), "matmul", i)
+    add("output_norm.weight", (d,), "norm")
+    if not shape.tied_output:
+        add("output.weight", (d, shape.vocab_size), "output")
+    return specs
+
+
+def _llama3_rope_factors(shape: ModelShape) -> np.ndarray:
+    # Same formula as convert_hf_to_gguf.py LlamaModel.generate_extra_tensors (rope_type llama3).
+    rs = shape.rope_scaling or {}
+    dim, base = shape.head_dim, shape.rope_freq_base
+    factor = float(rs["factor"])
+    lo, hi = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old_ctx = float(rs["original_context_length"])
+    low_wl, high_wl = old_ctx / lo, old_ctx / hi
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / float(f)
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wl - lo) / (hi - lo)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+class _StreamedTensor:
+    """Duck-typed stand-in for an ndarray that GGUFWriter.write_tensor_data writes in chunks.
+
+    write_tensor_data only reads ``.nbytes`` and calls ``.tofile(fout)``; generating the values
+    chunk by chunk there keeps memory bounded (llama-3.1-8b's token_embd is 1 GB in F16).
+    """
+
+    def __init__(self, spec: TensorSpec, rng: np.random.Generator, shape: ModelShape) -> None:
+        self.spec, self.rng, self.shape = spec, rng, shape
+        self.nbytes = spec.n_bytes
+
+    def tofile(self, fout: IO[bytes]) -> None:
+        import gguf
+
+        spec = self.spec
+        if spec.kind == "norm":
+            np.ones(spec.ne, dtype=np.float32).tofile(fout)
+            return
+        if spec.kind == "rope":
+            _llama3_rope_factors(self.shape).tofile(fout)
+            return
+        if spec.kind == "bias":
+            (self.rng.standard_normal(spec.n_elements, dtype=np.float32) * 0.02).tofile(fout)
+            return
+        ncols, nrows = spec.ne[0], math.prod(spec.ne[1:])
+        rows = max(1, _CHUNK_ELEMS // ncols)
+        for start in range(0, nrows, rows):
+            n = min(rows, nrows - start)
+            block = self.rng.standard_normal((n, ncols), dtype=np.float32)
+            block *= 0.02
+            if spec.ggml_type == "F16":
+                block.astype(np.float16).tofile(fout)
+            else:
+                gguf.quants.quantize(block, gguf.GGMLQuantizationType[spec.ggml_type]).tofile(fout)
+
+
+def find_vocab(source_root: Path, name: str) -> Path | None:
+    """The vocab-only GGUF ``models/ggml-vocab-<name>.gguf`` of a llama.cpp tree, or None."""
+    path = Path(source_root) / "models" / f"ggml-vocab-{name}.gguf"
+    return path if path.is_file() else None
+
+
+_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+def _parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
+    """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
+
+    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the
+    llama-bpe vocab on 2 cores); this struct walk over an mmap of the header takes well under a
+    second and never reads tensor data.
+    """
+    import mmap
+    import struct
+
+    import gguf
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("bad magic (not a GGUF file)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        off = 24
+
+        def string() -> str:
+            nonlocal off
+            (n,) = struct.unpack_from("<Q", buf, off)
+            s = buf[off + 8 : off + 8 + n].decode("utf-8", errors="surrogateescape")
+            off += 8 + n
+            return s
+
+        def scalar(t: int) -> Any:
+            nonlocal off
+            if t == 8:
+                return string()
+            fmt = _SCALAR_FMT[t]
+            (v,) = struct.unpack_from(fmt, buf, off)
+            off += struct.calcsize(fmt)
+            return v
+
+        kv: dict[str, tuple[int, int | None, Any]] = {}
+        for _ in range(n_kv):
+            key = string()
+            (t,) = struct.unpack_from("<I", buf, off)
+            off += 4
+            if t != 9:
+                kv[key] = (t, None, scalar(t))
+                continue
+            sub, n = struct.unpack_from("<IQ", buf, off)
+            off += 12
+            if sub in _NP_DTYPE:
+                dt = np.dtype(_NP_DTYPE[sub])
+                # struct (not np.frombuffer) so no buffer export outlives the mmap
+                kv[key] = (t, sub, list(struct.unpack_from(f"<{n}{dt.char}", buf, off)) if n else [])
+                off += n * dt.itemsize
+            elif sub == 8:
+                kv[key] = (t, sub, [string() for _ in range(n)])
+            else:
+                raise ValueError(f"key {key!r}: nested arrays are not supported")
+        infos: list[GGUFTensor] = []
+        if tensors:
+            for _ in range(n_tensors):
+                name = string()
+                (n_dims,) = struct.unpack_from("<I", buf, off)
+                ne = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+                gtype, _offset = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+                off += 4 + 8 * n_dims + 12
+                qtype = gguf.GGMLQuantizationType(gtype)
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                n_el = math.prod(ne)
+                infos.append(GGUFTensor(name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_el // block * size))
+    return kv, infos
+
+
+def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
+    import gguf
+
+    try:
+        kv, _ = _parse_gguf(vocab_path)
+    except (OSError, ValueError, KeyError, struct.error) as err:
+        raise UsageError(f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder.") from err
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise UsageError(f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf.")
+    if len(tokens[2]) != shape.vocab_size:
+        raise UsageError(
+            f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
+            f"Use models/ggml-vocab-{shape.vocab}.gguf."
+        )
+    for key, (vtype, sub, val) in kv.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if sub is None:
+            writer.add_key_value(key, val, gguf.GGUFValueType(vtype))
+        else:
+            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=gguf.GGUFValueType(sub))
+
+
+def synth_model(
+    shape: ModelShape,
+    out: Path,
+    *,
+    vocab_path: Path,
+    weight_type: str = "f16",
+    seed: int = 0,
+    on_tensor: Callable[[int, int, str], None] | None = None,
+) -> SynthResult:
+    """Write a random-weight GGUF with ``shape``'s exact tensors and metadata.
+
+    Weights are N(0, 0.02), norms 1, biases N(0, 0.02) in F32; values are a pure function of
+    ``seed`` and the tensor's index. Tensors are generated and written one at a time (and big ones
+    in chunks), so memory stays far below the file size. The file appears under its final name
+    only when complete.
+
+    Args:
+        shape: The model shape.
+        out: Output GGUF path.
+        vocab_path: Vocab-only GGUF whose ``tokenizer.*`` fields are copied.
+        weight_type: ``f16`` or ``q8_0`` (for Q4_K_M, quantize the f16 file with run_quantize).
+        seed: Random seed.
+        on_tensor: Progress callback ``(index, count, name)``.
+
+    Raises:
+        UsageError: Bad weight type or seed, or a vocab file that does not fit the shape.
+        TunerError: The file could not be written.
+    """
+    import gguf
+
+    if weight_type not in ("f16", "q8_0"):
+        raise UsageError(f"synth writes f16 or q8_0 weights, not {weight_type!r}. For K-quants, synth f16 and quantize it with llama-quantize (--quant Q4_K_M --quantize-with PATH).")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise UsageError(f"Seed must be an integer in [0, 2^63), got {seed!r}.")
+    start = time.monotonic()
+    specs = plan_tensors(shape, weight_type)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    a = shape.arch
+    writer = gguf.GGUFWriter(tmp, a)
+    writer.add_name(f"tuner-random-{shape.name}")
+    writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
+    writer.add_uint32(f"{a}.context_length", shape.context_length)
+    writer.add_uint32(f"{a}.embedding_length", shape.d_model)
+    writer.add_uint32(f"{a}.block_count", shape.n_layers)
+    writer.add_uint32(f"{a}.feed_forward_length", shape.d_ff)
+    writer.add_uint32(f"{a}.attention.head_count", shape.n_heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", shape.n_kv_heads)
+    writer.add_uint32(f"{a}.attention.key_length", shape.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", shape.head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.rms_eps)
+    writer.add_float32(f"{a}.rope.freq_base", shape.rope_freq_base)
+    writer.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    writer.add_uint32(f"{a}.vocab_size", shape.vocab_size)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if weight_type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _copy_tokenizer(writer, vocab_path, shape)
+    for spec in specs:
+        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
+        np_shape = tuple(reversed(spec.ne))
+        if spec.ggml_type in ("F32", "F16"):
+            writer.add_tensor_info(spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes)
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
+            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, spec in enumerate(specs):
+            if on_tensor:
+                on_tensor(i, len(specs), spec.name)
+            rng = np.random.default_rng([seed, i])
+            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))  # type: ignore[arg-type]
+        writer.close()
+        os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise TunerError(f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB).") from err
+    return SynthResult(
+        path=out, shape=shape, weight_type=weight_type, n_tensors=len(specs),
+        n_params=sum(s.n_elements for s in specs), n_bytes=out.stat().st_size,
+        seconds=time.monotonic() - start,
+    )
+
+
+def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None, threads: int | None = None) -> Path:
+    """Quantize ``src`` into ``dst`` with a llama.cpp ``llama-quantize`` binary.
+
+    Raises:
+        UsageError: Unknown quant type or missing binary.
+        TunerError: llama-quantize failed (the message carries its last log lines).
+    """
+    from tuner import _run
+
+    q = quant.upper()
+    if q not in QUANT_TYPES:
+        raise UsageError(f"Unknown quant type {quant!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}.")
+    exe = Path(quantize_bin)
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with.")
+    cmd: list[str | os.PathLike[str]] = [exe, src, dst, q]
+    if threads:
+        cmd.append(str(threads))
+    _run.run(cmd, log_file=log_file, timeout=3600, what="llama-quantize")
+    return Path(dst)
+
+
+# ----------------------------------------------------------------------------- reading GGUF
+
+
+def _read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"Model file {p} does not exist. Pass a .gguf path, or use --like NAME for a known shape.")
+    try:
+        return _parse_gguf(p, tensors=True)
+    except (OSError, ValueError, KeyError, struct.error) as err:  # bad magic, unknown type, truncation
+        raise UsageError(f"{p} is not a readable GGUF file ({err}). Pass a llama.cpp GGUF model.") from err
+
+
+def load_gguf_tensors(path: Path) -> list[GGUFTensor]:
+    """Every tensor of a GGUF file with its real stored size (read from the header only).
+
+    Raises:
+        UsageError: Missing or unreadable file.
+    """
+    return _read_gguf(path)[1]
+
+
+def load_gguf_shape(path: Path) -> ModelShape:
+    """The ModelShape of a llama.cpp GGUF (dense llama-style archs), read from its metadata.
+
+    Raises:
+        UsageError: Missing/unreadable file or metadata this estimate cannot use.
+    """
+    kv, tensors = _read_gguf(path)
+
+    def get(key: str, default: Any = None) -> Any:
+        return kv[key][2] if key in kv else default
+
+    arch = get("general.architecture")
+    if not isinstance(arch, str):
+        raise UsageError(f"{path} has no general.architecture; it is not a llama.cpp model GGUF.")
+    need = {
+        "n_layers": f"{arch}.block_count", "d_model": f"{arch}.embedding_length",
+        "d_ff": f"{arch}.feed_forward_length", "n_heads": f"{arch}.attention.head_count",
+    }
+    vals: dict[str, Any] = {}
+    for k, key in need.items():
+        v = get(key)
+        if isinstance(v, list):  # per-layer arrays (some archs): use the first layer's value
+            v = v[0] if v else None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise UsageError(f"{path}: metadata {key} is missing or not a positive integer; tuner estimates dense llama-style models only.")
+        vals[k] = v
+    n_kv = get(f"{arch}.attention.head_count_kv", vals["n_heads"])
+    if isinstance(n_kv, list):
+        n_kv = n_kv[0]
+    head_dim = get(f"{arch}.attention.key_length", vals["d_model"] // vals["n_heads"])
+    names = {t.name: t for t in tensors}
+    embd = names.get("token_embd.weight")
+    vocab = embd.ne[1] if embd is not None and len(embd.ne) > 1 else int(get(f"{arch}.vocab_size", 0) or 0)
+    return ModelShape(
+        name=Path(path).name, arch=arch, n_kv_heads=int(n_kv), head_dim=int(head_dim),
+        vocab_size=vocab, tied_output="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        rope_freq_base=float(get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        context_length=int(get(f"{arch}.context_length", 4096)),
+        source=f"GGUF metadata of {path}", **vals,
+    )
