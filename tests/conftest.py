@@ -35,3 +35,37 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("TUNER_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def tree_a(tuner_home: Path):
+    """The pinned llama.cpp of era ``mma`` (llama-cpp-python==0.3.36), fetched through tuner."""
+    from tuner.source import DEFAULT_SPEC, fetch_source
+
+    return fetch_source(DEFAULT_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tree_b(tuner_home: Path):
+    """The pinned llama.cpp of era ``rocwmma`` (llama-cpp-python==0.3.16)."""
+    from tuner.source import fetch_source
+
+    return fetch_source("pypi:llama-cpp-python==0.3.16")
+
+
+@pytest.fixture(scope="session")
+def cpu_build(tree_a):
+    """A real CPU build of llama-bench, test-backend-ops and llama-quantize from tree A (cached)."""
+    from tuner.build import build_variant
+    from tuner.render import render_variant
+
+    rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
+    return build_variant(rv, targets=("llama-bench", "test-backend-ops", "llama-quantize"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tree_a) -> Path:
+    """The `tiny` synthetic model (llama arch, head size 64, GQA 4), made once."""
+    from tuner.models import synth_cached
+
+    return synth_cached("tiny", source=tree_a)

@@ -95,37 +95,40 @@ def choose_winner(study: Any, space: Any) -> Winner:
         return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
 
     sel = select_winners(results, base, eligible=family, fallback=g)
-    rules: list[str] = []
+    rule_vals: dict[str, Any] = {}
     buckets: list[dict[str, Any]] = []
     for b in sel.buckets:
         vals = _trial_values(study, b.config) if b.config != base else g_vals
-        rule_val = None
-        for name, k in rule_names.items():
-            if k.meta.get("phase", "decode") == ("decode" if b.phase == "tg" else "prefill"):
-                v = vals.get(name, k.default)
-                if v not in (None, "auto", k.default):
-                    rule_val = v
         same_phase = [x for x in sel.buckets if x.phase == b.phase]
         i = same_phase.index(b)
         lo = 0 if i == 0 else b.depths[0]
         hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
-        rule = None
-        if rule_val is not None:
-            phase = "decode" if b.phase == "tg" else "prefill"
-            rule = f"{phase}:{lo}-{'' if hi is None else hi}={rule_val}"
-            rules.append(rule)
+        fa_phase = "decode" if b.phase == "tg" else "prefill"
+        # The space's rule knobs cover fixed n_kv ranges; each takes the value of the bucket that
+        # holds its lower bound, so buckets with different picks never contradict each other.
+        taken = []
+        for name, k in rule_names.items():
+            klo = int(k.meta.get("lo", 0))
+            if k.meta.get("phase") == fa_phase and klo >= lo and (hi is None or klo < hi):
+                rule_vals[name] = vals.get(name, k.default)
+                if rule_vals[name] != k.default:
+                    taken.append(f"{name}={rule_vals[name]}")
         buckets.append(
             {
                 "phase": b.phase,
                 "depths": list(b.depths),
-                "kv_range": [lo, hi],
+                "kv_range": [lo, hi if hi is not None else "inf"],
                 "config": b.config,
-                "rule": rule or "upstream selection",
+                "rules": taken or ["upstream selection"],
                 "reason": b.reason,
                 "worst_regret": round(b.worst_regret, 4),
                 "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
             }
         )
+    from tuner.space import render_runtime
+
+    rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
+    rules = [r for r in rt.env.get("GGML_TUNER_FA_RULES", "").split(",") if r]
     return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
 
 
@@ -175,8 +178,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
     vals = dict(w.values)
     variant = vals.get("variant") or space.variants[0]
     compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
-    non_rule = [k for k in space.runtime_knobs if k.kind not in RULE_KINDS]
-    env, args = runtime_env_and_args(non_rule, vals)
+    env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     baked = {"rules": list(w.rules), "env": fa_env}

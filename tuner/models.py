@@ -24,6 +24,8 @@ __all__ = [
     "run_quantize",
     "load_gguf_shape",
     "load_gguf_tensors",
+    "read_shape",
+    "synth_cached",
 ]
 
 import dataclasses
@@ -625,3 +627,54 @@ def load_gguf_shape(path: Path) -> ModelShape:
         context_length=int(get(f"{arch}.context_length", 4096)),
         source=f"GGUF metadata of {path}", **vals,
     )
+
+
+def read_shape(path: Path) -> dict[str, int]:
+    """Head size, GQA ratio and sizes of a GGUF, as plain ints (for constraints and the gate)."""
+    s = load_gguf_shape(Path(path))
+    return {
+        "head_dim": s.head_dim,
+        "gqa": s.gqa,
+        "n_layers": s.n_layers,
+        "n_heads": s.n_heads,
+        "n_kv_heads": s.n_kv_heads,
+        "d_model": s.d_model,
+    }
+
+
+def synth_cached(like: str, *, source: Any, quant: str | None = None, quantize_bin: Path | None = None,
+                 weight_type: str = "f16", seed: int = 0) -> Path:
+    """A synthesized (and optionally quantized) model under ``$TUNER_HOME/models``, made once.
+
+    The file name carries the shape, type, seed and source id, so a cached file is reused only
+    for exactly the same request.
+
+    Raises:
+        UsageError: unknown model name, or ``quant`` without a ``quantize_bin``.
+    """
+    from tuner import log
+    from tuner.paths import tuner_home
+
+    shape = load_model_shape(like)
+    models = tuner_home() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    base = models / f"{shape.name}-{weight_type}-s{seed}-{source.source_id[:8]}.gguf"
+    if not base.is_file():
+        vocab = find_vocab(source.root, shape.vocab)
+        if vocab is None:
+            raise UsageError(
+                f"the llama.cpp tree {source.root} has no models/ggml-vocab-{shape.vocab}.gguf, which "
+                f"{shape.name} copies its tokenizer from. Use a full (untrimmed) source."
+            )
+        with log.step(f"Synthesizing a random-weight {shape.name} ({weight_type}) -> {base.name}"):
+            synth_model(shape, base, vocab_path=vocab, weight_type=weight_type, seed=seed)
+    if not quant:
+        return base
+    out = base.with_name(base.stem.replace(f"-{weight_type}-", f"-{quant.lower()}-") + ".gguf")
+    if out.is_file():
+        return out
+    if quantize_bin is None:
+        raise UsageError(f"--quant {quant} needs a built llama-quantize; build a variant first.")
+    with log.step(f"Quantizing {base.name} to {quant}"):
+        run_quantize(base, out, quant, quantize_bin=quantize_bin, log_file=models / f"{out.stem}.quantize.log")
+    return out

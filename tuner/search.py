@@ -152,39 +152,16 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
 # --------------------------------------------------------------------------------------------
 
 
-def runtime_env_and_args(
-    knobs: Sequence[Any], values: Mapping[str, Any]
-) -> tuple[dict[str, str], list[str]]:
-    """Turn runtime knob values into env vars and llama-bench flags.
+def runtime_env_and_args(space: Any, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Runtime knob values -> (env vars, llama-bench args); see :func:`tuner.space.render_runtime`.
 
-    ``rule`` knobs force a FlashAttention kernel for a phase (``GGML_TUNER_FA_RULES``);
-    ``threshold`` and ``env`` knobs set an environment variable; ``bench_flag`` knobs add a
-    llama-bench flag. The knob's upstream default adds nothing, so the baseline runs pristine.
+    Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
     """
-    env: dict[str, str] = {}
-    args: list[str] = []
-    rules: list[str] = []
-    for k in knobs:
-        if k.name not in values:
-            continue
-        v = values[k.name]
-        if v == k.default or v is None or v == "auto":
-            continue
-        meta = k.meta
-        if k.kind == "rule":
-            phase = meta.get("phase", "decode")
-            lo = int(meta.get("kv_min", 0))
-            hi = meta.get("kv_max")
-            rules.append(f"{phase}:{lo}-{'' if hi is None else int(hi)}={v}")
-        elif k.kind in ("threshold", "env"):
-            env[str(meta["env"])] = str(v)
-        elif k.kind == "bench_flag":
-            args += [str(meta["flag"]), str(v)]
-        else:
-            raise TunerError(f"runtime knob {k.name!r} has kind {k.kind!r}, which is not a runtime kind")
-    if rules:
-        env["GGML_TUNER_FA_RULES"] = ",".join(rules)
-    return env, args
+    from tuner.space import render_runtime
+
+    names = {k.name for k in space.runtime_knobs}
+    rt = render_runtime(space, {k: v for k, v in values.items() if k in names})
+    return dict(rt.env), list(rt.bench_args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +333,7 @@ class _Searcher:
         return {k.name: vals[k.name] for k in self.space.compile_knobs if vals.get(k.name) != k.default}
 
     def _runtime(self, vals: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-        return runtime_env_and_args(self.space.runtime_knobs, vals)
+        return runtime_env_and_args(self.space, vals)
 
     def _build(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
         from tuner.build import build_variant

@@ -109,6 +109,18 @@ def worker(**kw: object) -> None:
     _run(arch, worker=True, export_dir=None, **kw)
 
 
+def _baseline_build(arch: str, source: object) -> object:
+    """The upstream-default variant's build (for llama-quantize); cached like every build."""
+    from tuner.archs import detect_local_archs
+    from tuner.build import build_variant
+    from tuner.render import render_variant
+    from tuner.space import load_space
+
+    space = load_space(arch, source.era)  # type: ignore[attr-defined]
+    rv = render_variant(source, arch, space.variants[0], local_archs=detect_local_archs())  # type: ignore[arg-type]
+    return build_variant(rv)
+
+
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
     from tuner.search import SearchConfig, default_run_dir, describe, run_search
     from tuner.source import DEFAULT_SPEC, fetch_source
@@ -123,7 +135,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     if model is None:
         from tuner.models import synth_cached
 
-        model = synth_cached(str(like), source=source, quant=kw.get("quant"), arch=arch)  # type: ignore[arg-type]
+        quant = kw.get("quant")
+        qbin = _baseline_build(arch, source).exe("llama-quantize") if quant else None
+        model = synth_cached(str(like), source=source, quant=quant, quantize_bin=qbin)  # type: ignore[arg-type]
     elif not Path(model).is_file():  # type: ignore[arg-type]
         raise UsageError(f"--model {model} does not exist. Pass a GGUF file or use --like NAME to synthesize one.")
     model = Path(model)  # type: ignore[arg-type]

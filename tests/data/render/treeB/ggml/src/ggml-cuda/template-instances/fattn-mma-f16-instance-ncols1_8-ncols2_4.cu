@@ -1,0 +1,1 @@
+// empty stand-in (tests/data/render)

@@ -1,0 +1,120 @@
+"""render against the real fetched trees: `git apply --check` of every patch, and one real nvcc compile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tuner import render
+from tuner._run import run
+
+pytestmark = [
+    pytest.mark.integration,
+]
+
+SPEC_A = "pypi:llama-cpp-python==0.3.36"
+SPEC_B = "pypi:llama-cpp-python==0.3.16"
+
+
+@pytest.fixture(scope="session")
+def tree_a(tuner_home: Path):  # type: ignore[no-untyped-def]
+    from tuner.source import fetch_source
+
+    return fetch_source(SPEC_A)
+
+
+@pytest.fixture(scope="session")
+def tree_b(tuner_home: Path):  # type: ignore[no-untyped-def]
+    from tuner.source import fetch_source
+
+    return fetch_source(SPEC_B)
+
+
+def _git_apply_check(rv: render.RenderedVariant, work: Path) -> str:
+    """Copy the pristine files the patch touches into a fresh git repo and `git apply --check` there."""
+    repo = work / "repo"
+    for rel in rv.files:
+        dst = repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(rv.source_root / rel, dst)
+    run(["git", "init", "-q"], cwd=repo, what="git init")
+    (work / "tuned.patch").write_text(rv.patch)
+    res = run(["git", "apply", "--check", "-v", str(work / "tuned.patch")], cwd=repo, what="git apply --check")
+    run(["git", "apply", str(work / "tuned.patch")], cwd=repo, what="git apply")
+    for rel, text in rv.files.items():  # the patch reproduces exactly the rendered files
+        assert (repo / rel).read_text() == text, rel
+    return res.output
+
+
+@pytest.mark.parametrize(("arch", "variant", "values", "baked"), [
+    ("sm_90", "cuda", {}, None),
+    ("sm_89", "cuda-force-cublas", {"mma.ampere.d128.c64.nbatch_fa": 128}, None),
+    ("gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, None),
+    ("sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {"GGML_TUNER_FA_RULES": "decode:8192-=MMA", "GGML_TUNER_FA_T3": 4096}),
+])
+def test_patch_applies_to_tree_a(tree_a, tmp_path: Path, arch: str, variant: str, values: dict, baked: dict | None) -> None:  # type: ignore[no-untyped-def]
+    assert tree_a.era == "mma"
+    rv = render.render_variant(tree_a, arch, variant, compile_values=values, baked_runtime=baked)
+    out = _git_apply_check(rv, tmp_path)
+    assert "ggml/src/ggml-cuda/fattn.cu" in out
+    if baked is None:
+        assert len(rv.tu_headers) == 33
+        assert sum(1 for t in rv.tu_headers.values() if t) == (1 if values else 0)
+
+
+@pytest.mark.parametrize(("arch", "variant"), [("gfx1151", "hip-rocwmma"), ("gfx1100", "hip"), ("sm_90", "cuda")])
+def test_patch_applies_to_tree_b(tree_b, tmp_path: Path, arch: str, variant: str) -> None:  # type: ignore[no-untyped-def]
+    assert tree_b.era == "rocwmma"
+    values = {"wmma.nwarps": 8, "wmma.kq_stride": 128} if arch.startswith("gfx") else {}
+    rv = render.render_variant(tree_b, arch, variant, compile_values=values)
+    out = _git_apply_check(rv, tmp_path)
+    assert "ggml/src/ggml-cuda/fattn-wmma-f16.cu" in out
+    assert "GGML_TUNER_WMMA_NWARPS 8" in rv.tu_headers["ggml/src/ggml-cuda/fattn-wmma-f16.cu"] or not values
+
+
+def _cublas_include() -> Path | None:
+    cands = [os.environ.get("TUNER_TEST_CUBLAS_INCLUDE", "")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(nvcc).resolve().parent.parent
+        cands += [str(real / "include"), "/usr/local/cuda/include", "/usr/local/cuda/targets/x86_64-linux/include"]
+    for c in cands:
+        if c and (Path(c) / "cublas_v2.h").is_file():
+            return Path(c)
+    return None
+
+
+_FA_TYPES = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16")
+_FA_DEFAULT = {("Q4_0", "Q4_0"), ("Q8_0", "Q8_0"), ("F16", "F16"), ("BF16", "BF16")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The runtime hook compiles: nvcc -c of the patched fattn.cu for sm_90, without new warnings."""
+    inc = _cublas_include()
+    if inc is None:
+        pytest.skip("cublas_v2.h not found (set TUNER_TEST_CUBLAS_INCLUDE to a cuBLAS include dir)")
+    rv = render.render_variant(tree_a, "sm_90", "cuda")
+    # Overlay: the patched files in their own ggml-cuda dir, everything else from the pristine tree.
+    overlay = tmp_path / "ggml" / "src" / "ggml-cuda"
+    overlay.mkdir(parents=True)
+    for rel, text in rv.files.items():
+        if rel.startswith("ggml/src/ggml-cuda/") and rel.endswith((".cu", ".cuh")):
+            (overlay / Path(rel).name).write_text(text)
+    root = tree_a.root / "ggml"
+    defs = [f"-DGGML_CUDA_FA_{k}_{v}={int((k, v) in _FA_DEFAULT)}" for k in _FA_TYPES for v in _FA_TYPES]
+    cmd = [
+        "nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--generate-code=arch=compute_90,code=[sm_90]", "-use_fast_math",
+        "-extended-lambda", "-DGGML_CUDA_USE_GRAPHS", "-DGGML_SHARED", "-DGGML_BACKEND_SHARED", "-DGGML_BACKEND_BUILD",
+        *defs, f"-I{overlay}", f"-I{root / 'src' / 'ggml-cuda'}", f"-I{root / 'src'}", f"-I{root / 'include'}", f"-I{inc}",
+        "-Xcompiler", "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
+        "-x", "cu", "-c", str(overlay / "fattn.cu"), "-o", str(tmp_path / "fattn.o"),
+    ]
+    res = run(cmd, cwd=tmp_path, what="nvcc fattn.cu", timeout=600)
+    assert (tmp_path / "fattn.o").stat().st_size > 100_000
+    tuner_lines = [ln for ln in res.output.splitlines() if "warning" in ln and "fattn.cu" in ln]
+    assert tuner_lines == []

@@ -1,0 +1,113 @@
+"""``tuner render``: show or write what one variant (plus knob values) turns into, without compiling."""
+
+from __future__ import annotations
+
+__all__ = ["render"]
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+
+DEFAULT_SPEC = "pypi:llama-cpp-python==0.3.36"
+
+
+def _load_source(spec: str) -> Any:
+    """Fetch (or reuse) the llama.cpp tree for SPEC through tuner.source."""
+    try:
+        from tuner.source import fetch_source  # type: ignore[attr-defined]
+    except ImportError as err:
+        raise TunerError("tuner.source is not available in this checkout; `tuner render` needs it to fetch SPEC.") from err
+    return fetch_source(spec)
+
+
+@click.command("render")
+@click.option("--arch", required=True, help="Target arch (sm_90, sm_89, gfx1151, cpu...).")
+@click.option("--source", "spec", default=DEFAULT_SPEC, show_default=True, help="llama.cpp source SPEC (see `tuner source`).")
+@click.option("--variant", default=None, help="Build variant; default: the first of the arch's search space.")
+@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="A knob value (repeatable); checked against the space.")
+@click.option("--baked", is_flag=True, help="Compile the values into the patch (export form) instead of env + per-TU headers.")
+@click.option("--local-arch", "local_archs", multiple=True, metavar="ARCH", help="This machine's GPU arch (decides 89-real vs 89-virtual).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Directory to write into (default ./render-ARCH-VARIANT).")
+@click.option("--dry-run", is_flag=True, help="Print everything to stdout and write nothing.")
+def render(
+    arch: str,
+    spec: str,
+    variant: str | None,
+    sets: tuple[str, ...],
+    baked: bool,
+    local_archs: tuple[str, ...],
+    output: Path | None,
+    dry_run: bool,
+) -> None:
+    """Render CMake defines, the kernel patch and per-TU headers for one variant.
+
+    Values given with --set are type/range-checked against search_spaces/ARCH.toml and
+    constraint-checked; an illegal candidate is rejected (exit 2) before anything compiles.
+    Writes cmake-args.txt, CMakeUserPresets.json, tuned.patch, tu/*.h, runtime.env and bench-args.txt.
+    """
+    from tuner import render as render_mod
+    from tuner import space as space_mod
+
+    src = _load_source(spec)
+    sp = None
+    try:
+        sp = space_mod.load_space(arch, src.era)
+    except space_mod.SpaceNotFound:
+        if sets:
+            raise
+    if variant is None:
+        if sp is None:
+            raise UsageError(f"No search space for {arch!r}; pass --variant ({', '.join(render_mod.VARIANTS)}).")
+        variant = sp.variants[0]
+    compile_values: dict[str, int] = {}
+    runtime_values: dict[str, int | str] = {}
+    if sets:
+        assert sp is not None
+        compile_values, runtime_values = space_mod.parse_set_values(sp, sets)
+    runtime = space_mod.render_runtime(sp, runtime_values) if sp is not None else space_mod.RuntimeSettings(env={}, bench_args=())
+    baked_runtime = {k: v for k, v in runtime.env.items() if k.startswith("GGML_TUNER_")} if baked else None
+    rv = render_mod.render_variant(
+        src, arch, variant, compile_values=compile_values, baked_runtime=baked_runtime,
+        local_archs=list(local_archs) or None,
+    )
+    for w in rv.warnings:
+        log.warning(w)
+    env = {k: v for k, v in runtime.env.items() if not (baked and k.startswith("GGML_TUNER_"))}
+    cmake_args = [f"-D{k}={v}" for k, v in rv.defines.items()]
+    preset = render_mod.render_preset(rv)
+    overrides = {tu: text for tu, text in rv.tu_headers.items() if text}
+    if dry_run:
+        click.echo(f"# {rv.short} (era {rv.era}, source {rv.source_id})")
+        click.echo("# cmake args\n" + " ".join(shlex.quote(a) for a in cmake_args))
+        click.echo("# CMakeUserPresets.json\n" + json.dumps(preset, indent=2))
+        if rv.tu_headers:
+            click.echo(f"# per-TU headers: {len(rv.tu_headers)} hooked TUs, {len(overrides)} with overrides "
+                       "(configure with -DGGML_TUNER_TU_DIR=<dir holding them>)")
+            for tu, text in sorted(overrides.items()):
+                click.echo(f"## {render_mod.tu_header_name(tu)}  ({tu})\n{text}", nl=False)
+        click.echo("# runtime env\n" + "".join(f"{k}={v}\n" for k, v in env.items()), nl=False)
+        click.echo("# llama-bench args\n" + " ".join(runtime.bench_args))
+        click.echo("# tuned.patch\n" + rv.patch, nl=False)
+        return
+    out = output or Path(f"render-{arch}-{variant}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cmake-args.txt").write_text("\n".join(cmake_args) + "\n")
+    (out / "CMakeUserPresets.json").write_text(json.dumps(preset, indent=2) + "\n")
+    (out / "tuned.patch").write_text(rv.patch)
+    (out / "runtime.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    (out / "bench-args.txt").write_text(" ".join(runtime.bench_args) + "\n")
+    if rv.tu_headers:
+        tu_dir = out / "tu"
+        tu_dir.mkdir(exist_ok=True)
+        for tu, text in rv.tu_headers.items():
+            (tu_dir / render_mod.tu_header_name(tu)).write_text(text)
+    log.info(
+        f"Wrote {out}: {len(cmake_args)} CMake defines, patch of {len(rv.files)} files, "
+        f"{len(overrides)} TU override(s), {len(env)} env var(s)."
+    )
