@@ -1,13 +1,13 @@
 """Benchmarks on the real CPU build of llama.cpp with a tiny random-weight model.
 
-Binary directory: $TUNER_TEST_BIN_DIR (default /tmp/sd/bcpu/bin). About 1 minute on 2 cores.
+Uses the session's real CPU build (tests/conftest.py ``cpu_build``) and the ``tiny`` synthetic
+model. About 1 minute on 2 cores once the build is cached.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -20,25 +20,13 @@ from tuner.stats import compare_frames
 
 pytestmark = pytest.mark.integration
 
-BIN = Path(os.environ.get("TUNER_TEST_BIN_DIR", "/tmp/sd/bcpu/bin"))
 # -t 1: the CI box has 2 shared cores; one thread keeps llama-bench from fighting itself.
 ARGS = ("-t", "1")
 
 
 @pytest.fixture(scope="session")
-def bin_dir() -> Path:
-    if not (BIN / "llama-bench").is_file() or not (BIN / "test-backend-ops").is_file():
-        pytest.skip(f"no llama.cpp CPU build at {BIN} (set TUNER_TEST_BIN_DIR)")
-    return BIN
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tuner_home: Path) -> Path:
-    from _bench_tiny_model import VOCAB, make_tiny_llama
-
-    if not VOCAB.is_file():
-        pytest.skip(f"vocab GGUF {VOCAB} not present")
-    return make_tiny_llama(tuner_home / "models" / "bench-tiny-llama-f16.gguf")
+def bin_dir(cpu_build) -> Path:
+    return cpu_build.bin_dir
 
 
 @pytest.fixture(scope="session")

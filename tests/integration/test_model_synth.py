@@ -1,14 +1,12 @@
 """Real runs: synthesize GGUFs and load them with llama.cpp's CPU llama-bench / llama-quantize.
 
-Binaries come from $TUNER_TEST_LLAMA_BENCH / $TUNER_TEST_LLAMA_QUANTIZE (default: the CPU build in
-/tmp/sd/bcpu); the vocab GGUFs from the llama.cpp tree in $TUNER_TEST_LLAMA_SRC (default: the
-extracted llama-cpp-python 0.3.36 sdist). Tests skip, saying why, when those are missing.
+Binaries come from the session's real CPU build (tests/conftest.py ``cpu_build``); the vocab GGUFs
+from the pinned llama.cpp tree (``tree_a``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import gguf
@@ -24,22 +22,15 @@ pytestmark = [
     pytest.mark.integration,
 ]
 
-_SRC = Path(os.environ.get("TUNER_TEST_LLAMA_SRC", "/tmp/sd/x0.3.36/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-_BENCH = Path(os.environ.get("TUNER_TEST_LLAMA_BENCH", "/tmp/sd/bcpu/bin/llama-bench"))
-_QUANTIZE = Path(os.environ.get("TUNER_TEST_LLAMA_QUANTIZE", str(_BENCH.parent / "llama-quantize")))
+@pytest.fixture(scope="session")
+def _src(tree_a) -> Path:
+    return tree_a.root
 
 
-def _vocab(name: str) -> Path:
-    path = find_vocab(_SRC, name)
-    if path is None:
-        pytest.skip(f"no models/ggml-vocab-{name}.gguf under {_SRC}; set TUNER_TEST_LLAMA_SRC to a llama.cpp tree")
+def _vocab_in(root: Path, name: str) -> Path:
+    path = find_vocab(root, name)
+    assert path is not None, f"the pinned tree {root} lacks models/ggml-vocab-{name}.gguf"
     return path
-
-
-def _need(binary: Path, var: str) -> Path:
-    if not (binary.is_file() and os.access(binary, os.X_OK)):
-        pytest.skip(f"{binary} not found; set {var} to a llama.cpp CPU build's binary")
-    return binary
 
 
 def _synth(args: list[str]) -> dict:
@@ -49,27 +40,26 @@ def _synth(args: list[str]) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_f16(tuner_home: Path) -> Path:
+def tiny_f16(tuner_home: Path, _src: Path) -> Path:
     out = tuner_home / "models" / "tiny-f16-seed0.gguf"
     if not out.is_file():
-        _synth(["--like", "tiny", "--vocab", str(_vocab("llama-bpe")), "-o", str(out)])
+        _synth(["--like", "tiny", "--vocab", str(_vocab_in(_src, "llama-bpe")), "-o", str(out)])
     return out
 
 
-def _bench_rows(model: Path, tmp_path: Path) -> list[dict]:
-    bench = _need(_BENCH, "TUNER_TEST_LLAMA_BENCH")
+def _bench_rows(model: Path, tmp_path: Path, bench: Path) -> list[dict]:
     res = _run.run([bench, "-m", model, "-p", "16", "-n", "4", "-r", "1", "-t", "2", "-o", "jsonl"],
                    log_file=tmp_path / "bench.log", timeout=300, what="llama-bench")
     assert res.returncode == 0
     return [json.loads(line) for line in (tmp_path / "bench.log").read_text().splitlines() if line.startswith("{")]
 
 
-def test_tiny_loads_in_llama_bench(tiny_f16: Path, tmp_path: Path) -> None:
+def test_tiny_loads_in_llama_bench(tiny_f16: Path, tmp_path: Path, cpu_build) -> None:
     shape = load_model_shape("tiny")
     kv, tensors = _parse_gguf(tiny_f16, tensors=True)
     assert [t.name for t in tensors] == [t.name for t in plan_tensors(shape)] and len(tensors) == 20
     assert len(kv["tokenizer.ggml.tokens"][2]) == 128256 and kv["tokenizer.ggml.pre"][2] == "llama-bpe"
-    rows = _bench_rows(tiny_f16, tmp_path)
+    rows = _bench_rows(tiny_f16, tmp_path, cpu_build.exe("llama-bench"))
     assert [(row["n_prompt"], row["n_gen"]) for row in rows] == [(16, 0), (0, 4)]  # one row per test
     params = sum(t.n_elements for t in plan_tensors(shape))
     for row in rows:
@@ -77,10 +67,10 @@ def test_tiny_loads_in_llama_bench(tiny_f16: Path, tmp_path: Path) -> None:
         assert row["avg_ts"] > 0 and row["type_k"] == "f16"
 
 
-def test_quantize_path_matches_q4_k_m_plan(tiny_f16: Path, tmp_path: Path) -> None:
-    quantize = _need(_QUANTIZE, "TUNER_TEST_LLAMA_QUANTIZE")
+def test_quantize_path_matches_q4_k_m_plan(tiny_f16: Path, tmp_path: Path, cpu_build, _src: Path) -> None:
+    quantize = cpu_build.exe("llama-quantize")
     out = tmp_path / "tiny-q4_k_m.gguf"
-    summary = _synth(["--like", "tiny", "--vocab", str(_vocab("llama-bpe")), "--quant", "Q4_K_M",
+    summary = _synth(["--like", "tiny", "--vocab", str(_vocab_in(_src, "llama-bpe")), "--quant", "Q4_K_M",
                       "--quantize-with", str(quantize), "-o", str(out)])
     assert summary["type"] == "Q4_K_M" and not out.with_name(out.name + ".f16.gguf").exists()
     real = {t.name: t.ggml_type for t in load_gguf_tensors(out)}
@@ -88,22 +78,22 @@ def test_quantize_path_matches_q4_k_m_plan(tiny_f16: Path, tmp_path: Path) -> No
     assert real == planned  # our llama-quantize type rules agree with llama-quantize itself
     shape_est = bytes_per_token(load_model_shape("tiny"), 512, weight_type="q4_k_m")
     assert bytes_per_token(out, 512) == {**shape_est, "weights_source": f"GGUF tensor sizes of {out}"}
-    rows = _bench_rows(out, tmp_path)
+    rows = _bench_rows(out, tmp_path, cpu_build.exe("llama-bench"))
     assert len(rows) == 2 and "Q4_K" in rows[0]["model_type"]
 
 
-def test_qwen_shape_vocab_is_consistent() -> None:
+def test_qwen_shape_vocab_is_consistent(_src: Path) -> None:
     # The qwen2 vocab file must hold exactly the 151936 tokens the shape's token_embd has.
-    vocab = _vocab("qwen2")
+    vocab = _vocab_in(_src, "qwen2")
     kv, _ = _parse_gguf(vocab)
     assert len(kv["tokenizer.ggml.tokens"][2]) == load_model_shape("qwen2.5-0.5b").vocab_size
     assert kv["tokenizer.ggml.pre"][2] == "qwen2"
 
 
 @pytest.mark.slow
-def test_llama_3_2_1b_full_size(tmp_path: Path) -> None:
+def test_llama_3_2_1b_full_size(tmp_path: Path, _src: Path) -> None:
     out = tmp_path / "llama-3.2-1b-f16.gguf"
-    summary = _synth(["--like", "llama-3.2-1b", "--vocab", str(_vocab("llama-bpe")), "-o", str(out)])
+    summary = _synth(["--like", "llama-3.2-1b", "--vocab", str(_vocab_in(_src, "llama-bpe")), "-o", str(out)])
     r = gguf.GGUFReader(out)
     assert len(r.tensors) == summary["tensors"] == 147
     assert sum(int(t.n_elements) for t in r.tensors) == summary["params"] == 1_235_814_432

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import types
 from pathlib import Path
 
@@ -17,8 +16,6 @@ from tuner.errors import TunerError, UsageError
 DATA = Path(__file__).resolve().parent.parent / "data" / "render"
 TREE_A = DATA / "treeA"
 TREE_B = DATA / "treeB"
-REAL_A = Path(os.environ.get("TUNER_TEST_TREE_A", "/tmp/sd/x0.3.36/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-REAL_B = Path(os.environ.get("TUNER_TEST_TREE_B", "/tmp/sd/x0.3.16/llama_cpp_python-0.3.16/vendor/llama.cpp"))
 MMA_16_4 = "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu"
 
 
@@ -246,18 +243,19 @@ def test_preset_inherits_tree_presets() -> None:
 # ---------------------------------------------------------------- real trees (skipped when absent)
 
 
-@pytest.mark.skipif(not REAL_A.is_dir(), reason=f"tree A not extracted at {REAL_A} (set TUNER_TEST_TREE_A)")
+@pytest.mark.integration
 @pytest.mark.parametrize("variant", ["cuda", "hip"])
-def test_anchors_match_real_tree_a(variant: str) -> None:
+def test_anchors_match_real_tree_a(variant: str, tree_a) -> None:
     arch = "sm_90" if variant == "cuda" else "gfx1151"
-    rv = render.render_variant(src(REAL_A, "mma"), arch, variant)
+    rv = render.render_variant(src(tree_a.root, "mma"), arch, variant)
     assert len(rv.files) == 5
     fixture = render.render_variant(src(TREE_A, "mma"), arch, variant)
     assert rv.files["ggml/src/ggml-cuda/fattn.cu"] == fixture.files["ggml/src/ggml-cuda/fattn.cu"]
 
 
-@pytest.mark.skipif(not REAL_B.is_dir(), reason=f"tree B not extracted at {REAL_B} (set TUNER_TEST_TREE_B)")
-def test_anchors_match_real_tree_b() -> None:
+@pytest.mark.integration
+def test_anchors_match_real_tree_b(tree_b) -> None:
+    REAL_B = tree_b.root
     rv = render.render_variant(src(REAL_B, "rocwmma"), "gfx1151", "hip-rocwmma")
     assert len(rv.files) == 4
     with pytest.raises(TunerError, match="occurs 0 times|lacks"):
