@@ -69,3 +69,24 @@ def tiny_model(tree_a) -> Path:
     from tuner.models import synth_cached
 
     return synth_cached("tiny", source=tree_a)
+
+
+@pytest.fixture(scope="session")
+def hip_toolchain(tuner_home: Path):
+    """The HIP compile-check toolchain (clang-19 + Debian ROCm headers), set up on first use.
+
+    Setting it up needs root for apt-get (CI runs as root); elsewhere the test is skipped with the
+    command that sets it up.
+    """
+    from tuner.errors import TunerError
+    from tuner.hip import find_hip_toolchain, run_hip_setup
+
+    tc = find_hip_toolchain()
+    if tc is not None:
+        return tc
+    if os.geteuid() != 0:
+        pytest.skip(f"HIP toolchain not set up; run `TUNER_HOME={tuner_home} tuner toolchain hip` as root")
+    try:
+        return run_hip_setup()[0]
+    except TunerError as err:  # registry unreachable: say why instead of failing unrelated tests
+        pytest.skip(f"HIP toolchain setup failed: {err}")

@@ -449,7 +449,7 @@ class _Searcher:
                 return "complete", t.value
 
         compile_values = self._compile_values(vals)
-        violations = check_constraints(self.cfg.arch, self.source.era, compile_values, model=_model_shape(self.cfg.model))
+        violations = check_constraints(self.cfg.arch, self.source.era, compile_values, model_shape=_model_shape(self.cfg.model) or None, space=self.space)
         if violations:
             trial.set_user_attr("status", "infeasible")
             trial.set_user_attr("reason", "; ".join(str(v) for v in violations))

@@ -1,0 +1,1 @@
+int toy_tile() { return TOY_TILE; }

@@ -1,0 +1,92 @@
+"""Real builds on this machine: a toy CMake project (seconds) and llama-bench from tree A (minutes, cached)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner import _run
+from tuner.build import build_variant
+from tuner.errors import TunerError
+from tuner.variant import RenderedVariant
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "build"
+TOY = DATA / "toy"
+TU = "ggml/src/ggml-cuda/fattn.cu"
+
+
+def toy_rv(*, rows: int | None = None, core: str | None = None) -> RenderedVariant:
+    files = {"CMakeLists.txt": (TOY / "CMakeLists.txt").read_text() + (DATA / "toy_hook.cmake").read_text()}
+    if core is not None:
+        files["core.cpp"] = core
+    return RenderedVariant(
+        arch="cpu", variant="toy", era="mma", source_id="toy", source_root=TOY,
+        defines={"TOY_TILE": "128", "CMAKE_BUILD_RPATH_USE_ORIGIN": "ON"}, patch=f"hook+{core!r}", files=files,
+        tu_headers={TU: f"#define TOY_ROWS {rows}\n"} if rows is not None else {},
+    )
+
+
+def run_exe(exe: Path, *args: str) -> str:
+    return _run.run([exe, *args], cwd=exe.parent.parent, timeout=60).output
+
+
+def test_toy_build_runs_and_rebuilds_one_tu(isolated_home: Path) -> None:
+    base = build_variant(toy_rv(), targets=["llama-bench"], jobs=2)
+    assert not base.cached and base.meta["rebuilt_count"] == 3
+    assert json.loads(run_exe(base.exe("llama-bench"))) == {"tile": 128, "rows": 1}
+
+    cand = build_variant(toy_rv(rows=7), targets=["llama-bench"], jobs=2)
+    assert cand.build_dir == base.build_dir and cand.bin_dir != base.bin_dir
+    assert cand.meta["rebuilt_tus"] == ["CMakeFiles/toy-core.dir/ggml/src/ggml-cuda/fattn.cu.o"]
+    assert json.loads(run_exe(cand.exe("llama-bench"))) == {"tile": 128, "rows": 7}
+    assert json.loads(run_exe(base.exe("llama-bench"))) == {"tile": 128, "rows": 1}  # artifacts are copies
+
+    check = build_variant(toy_rv(rows=7), compile_only=True, objects=[TU], jobs=2)
+    assert check.compile_only and check.cached  # nothing to recompile for the same header
+
+
+def test_toy_broken_build_is_recorded(isolated_home: Path) -> None:
+    rv = toy_rv(core="int toy_tile() { return TOY_TILE }\n")
+    with pytest.raises(TunerError) as info:
+        build_variant(rv, targets=["llama-bench"], jobs=2)
+    msg = str(info.value)
+    assert rv.short in msg
+    log = Path(re.search(r"Full log: (\S+)\.", msg).group(1))
+    assert log.is_file() and "expected ';'" in msg.replace("\u2018", "'").replace("\u2019", "'")
+    root = isolated_home / "builds" / rv.key
+    rec = json.loads((root / "build.json").read_text())
+    assert rec["status"] == "failed" and rec["log"] == str(log)
+    assert not (root / "artifacts").exists()
+
+
+def test_llama_bench_cpu_build_relocatable_and_cached(cpu_build, tree_a, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.render import render_variant
+
+    rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
+    targets = ("llama-bench", "test-backend-ops", "llama-quantize")
+    b = build_variant(rv, targets=targets)  # the session fixture built it (~6 min the first time)
+    rec = json.loads((b.bin_dir.parent / "build.json").read_text())
+    assert rec["status"] == "ok" and rec["toolchain"]["cxx"].startswith(("c++", "g++", "x86_64"))
+    dyn = _run.run(["readelf", "-d", b.exe("llama-bench")], timeout=60).output
+    assert "$ORIGIN" in dyn and str(b.build_dir) not in dyn
+
+    moved = tmp_path / "moved"
+    shutil.copytree(b.bin_dir, moved, symlinks=True)
+    assert "usage:" in run_exe(moved / "llama-bench", "--help")
+    assert "Available devices" in run_exe(moved / "llama-bench", "--list-devices")
+
+    def fail_on_call(*args, **kwargs):
+        raise AssertionError("a cached build must not start a process")
+
+    monkeypatch.setattr(_run, "run", fail_on_call)
+    t0 = time.monotonic()
+    again = build_variant(rv, targets=targets)
+    assert again.cached and again.bin_dir == b.bin_dir and time.monotonic() - t0 < 1.0

@@ -1,0 +1,116 @@
+"""``tuner build`` and ``tuner toolchain``: flags in, stage calls out."""
+
+from __future__ import annotations
+
+__all__ = ["build", "toolchain", "parse_sets"]
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, int]:
+    """``["KNOB=VALUE", ...]`` -> ``{"KNOB": VALUE}``; values are integers (compile-time knobs)."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--set {item!r} is not KNOB=VALUE, e.g. --set tile_nthreads=128.")
+        try:
+            out[name] = int(value.strip(), 0)
+        except ValueError:
+            raise UsageError(f"--set {item!r}: the value must be an integer, not {value.strip()!r}.") from None
+    return out
+
+
+def _default_variant(arch: str) -> str:
+    if arch == "cpu":
+        return "cpu"
+    return "hip" if arch.startswith("gfx") else "cuda"
+
+
+@click.command("build")
+@click.option("--arch", required=True, help="Target from the arch database: cpu, sm_89, sm_90, gfx1151, ...")
+@click.option("--source", "spec", default=None, help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist).")
+@click.option("--variant", default=None, help="Variant family (default: cpu / cuda / hip by arch).")
+@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Compile-time knob value (repeatable).")
+@click.option("--targets", default=None, help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].")
+@click.option("--jobs", "-j", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs [default: CPU count].")
+@click.option("--compile-only", is_flag=True, help="Configure and compile only the FA translation units the variant touches; no link.")
+@click.option("--object", "objects", multiple=True, metavar="PATH", help="With --compile-only: a TU path relative to the tree (repeatable).")
+def build(arch: str, spec: str | None, variant: str | None, sets: tuple[str, ...], targets: str | None,
+          jobs: int | None, compile_only: bool, objects: tuple[str, ...]) -> None:
+    """Render and build one llama.cpp variant; print where its binaries are.
+
+    A repeated build of the same candidate does no work. For AMD targets use --compile-only (this
+    machine cannot run HIP code); it needs `tuner toolchain hip` once.
+    """
+    from tuner import build as build_stage  # noqa: PLC0415 - keep `tuner --help` fast
+    from tuner import render, source  # noqa: PLC0415
+
+    if objects and not compile_only:
+        raise UsageError("--object only applies with --compile-only.")
+    values = parse_sets(sets)
+    src = source.fetch_source(spec) if spec else source.fetch_source()
+    rv = render.render_variant(src, arch, variant or _default_variant(arch), compile_values=values)
+    for w in rv.warnings:
+        log.warning(w)
+    tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)
+    what = "Compile-checking" if compile_only else "Building"
+    with log.step(f"{what} {rv.short} from {src.spec}"):
+        b = build_stage.build_variant(rv, targets=tlist, jobs=jobs, compile_only=compile_only,
+                                      objects=list(objects) or None)
+    rows = [
+        ("variant", rv.short),
+        ("build dir", b.build_dir),
+        ("bin dir", "(compile-only: no binaries)" if b.compile_only else b.bin_dir),
+        ("cached", "yes" if b.cached else "no"),
+        ("seconds", f"{b.seconds:.1f}"),
+        ("rebuilt TUs", b.meta.get("rebuilt_count", 0)),
+        ("log", b.log_file),
+    ]
+    if b.compile_only:
+        for obj, archs in (b.meta.get("offload_targets") or {}).items():
+            rows.append((f"code objects in {Path(obj).name}", ", ".join(archs)))
+    click.echo(log.table(["", ""], rows))
+
+
+@click.group("toolchain")
+def toolchain() -> None:
+    """Set up extra compilers tuner needs (the AMD HIP compile-check toolchain)."""
+
+
+@toolchain.command("hip")
+@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to put it [default: $TUNER_HOME/toolchains/hip].")
+@click.option("--check", is_flag=True, help="Also compile a small HIP kernel for gfx1151, gfx1100, gfx1201 and gfx942.")
+def toolchain_hip(prefix: Path | None, check: bool) -> None:
+    """clang-19 + Debian's ROCm 6.4 headers, to compile-check HIP variants without an AMD GPU.
+
+    Installs clang-19 from Debian bookworm with apt-get (root), unpacks HIP/hipBLAS/rocBLAS -dev
+    packages from sid and device libraries from trixie into the prefix through a private APT
+    configuration (the system's sources are not touched), and puts cmake<4 in a venv. A second run
+    does no work.
+    """
+    from tuner import hip  # noqa: PLC0415
+
+    tc, did_work = hip.run_hip_setup(prefix)
+    click.echo(log.table(["", ""], [
+        ("prefix", tc.prefix),
+        ("status", "set up now" if did_work else "already set up (no work)"),
+        ("HIP", tc.hip_version),
+        ("compiler", tc.clangxx),
+        ("cmake", tc.cmake),
+        ("device libraries for", ", ".join(tc.device_archs)),
+        ("shell setup", tc.prefix / "env.sh"),
+    ]))
+    if check:
+        results = hip.run_hip_check(tc)
+        click.echo(log.table(["arch", "compile check"], sorted(results.items())))
+        if not results.get("gfx1151", "").startswith("ok"):
+            raise TunerError(f"The HIP toolchain in {tc.prefix} cannot compile for gfx1151: {results.get('gfx1151')}.")
