@@ -49,12 +49,13 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
         assert r.ci_low <= r.median_ts <= r.ci_high
         assert r.flash_attn == 1 and r.backends == "CPU" and r.build_commit
         assert r.model_size > 0 and r.n_params > 0 and r.type_k == "f16"
-        assert r.cpu_util_mean > 0  # the observer saw llama-bench working
+        assert r.cpu_util_mean > 0 or math.isnan(r.cpu_util_mean)  # NaN when a test ends between samples
         assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
         assert math.isnan(r.roofline_pct) and r.roofline_note
         assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}
         log = Path(r.log_file).read_text()
         assert log.startswith("$ ") and '"samples_ts"' in log
+    assert any(r.cpu_util_mean > 0 for r in df.itertuples())  # the observer saw llama-bench working
 
 
 def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:

@@ -362,3 +362,13 @@ def test_observer_counts_child_cpu() -> None:
         time.sleep(0.06)
     s = obs.summary()
     assert s.cpu_util_mean > 5 and s.cpu_util_max > 15  # lenient: the CI box is shared
+
+
+def test_parse_real_h100_llama_bench() -> None:
+    recs = parse_bench_jsonl((DATA / "h100" / "llama-bench-tg-default.jsonl").read_text())
+    assert [(r["test"], r["n_depth"], len(r["samples_ts"])) for r in recs] == [
+        ("tg128", d, 6) for d in (0, 4096, 16384, 32768)]
+    assert all("H100" in r["gpu_info"] and r["backends"] == "CUDA" for r in recs)
+    # decode slows down with depth on the real GPU (KV reads grow): the parse kept the order
+    meds = [sorted(r["samples_ts"])[3] for r in recs]
+    assert meds == sorted(meds, reverse=True)

@@ -146,3 +146,30 @@ def test_run_gate_forces_each_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_run_gate_rejects_unknown_kernel(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="Did you mean 'MMA'"):
         run_gate(_fake_bin(tmp_path), ["MMAA"], log_dir=tmp_path)
+
+
+H100 = DATA / "h100"
+
+
+@pytest.mark.parametrize("kernel", ["VEC", "MMA"])
+def test_parse_real_h100_gate_output(kernel: str) -> None:
+    import gzip
+
+    text = gzip.decompress((H100 / f"tbo-hsk64-{kernel}.log.gz").read_bytes()).decode()
+    r = parse_check_output(text, backend="CUDA0")
+    # recorded on the H100: every D=64 FLASH_ATTN_EXT case passed with the kernel forced
+    assert (r.passed, r.n_ok, r.n_fail, r.n_not_supported, r.backend_ran, bool(r.crashed)) == (
+        True, 1813, 0, 227, True, False)
+
+
+def test_real_h100_output_with_one_failure_is_infeasible() -> None:
+    import gzip
+    import re
+
+    text = gzip.decompress((H100 / "tbo-hsk64-MMA.log.gz").read_bytes()).decode()
+    case = re.search(r"^  (FLASH_ATTN_EXT\(.*\)): .*OK.*$", text, flags=re.M)
+    assert case is not None
+    broken = text.replace(case.group(0), f"  {case.group(1)}: FAIL", 1)
+    broken = broken.replace("1813/1813 tests passed", "1812/1813 tests passed")
+    r = parse_check_output(broken, backend="CUDA0")
+    assert not r.passed and r.n_fail == 1 and list(r.failing) == [case.group(1)]
