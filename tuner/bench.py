@@ -325,8 +325,14 @@ def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path
             return bpt, nan, "prompt-processing roofline needs --arch (compute peaks)"
         assert bandwidth is not None
         return bpt, bandwidth * 1e9 / bpt, f"model estimate: {bandwidth:g} GB/s (given) / bytes per token"
-    rows = roofline.estimate(arch, model, (depth,), pp=ntok if phase == "pp" else 0,
-                             tg=ntok if phase == "tg" else 0, kv_type=kv, bandwidth=bandwidth)
+    try:
+        rows = roofline.estimate(arch, model, (depth,), pp=ntok if phase == "pp" else 0,
+                                 tg=ntok if phase == "tg" else 0, kv_type=kv, bandwidth=bandwidth)
+    except UsageError as err:
+        if bandwidth is not None:
+            raise
+        # e.g. `cpu`: no bandwidth is known for an arbitrary host; keep the row, without a roofline.
+        return bpt, nan, f"no roofline: {err}"
     bound = rows[0].get("bound_tps") if rows else None
     note = f"model estimate: {rows[0].get('limit', '')}" if rows else "model estimate unavailable"
     return bpt, float(bound) if bound else nan, note

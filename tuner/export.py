@@ -64,6 +64,8 @@ def choose_winner(study: Any, space: Any) -> Winner:
     from tuner.select import select_winners
     from tuner.stats import compare
 
+    from tuner.search import anchor_drift
+
     results, base = study_results(study)
     if not results.get(base):
         raise TunerError(
@@ -76,7 +78,12 @@ def choose_winner(study: Any, space: Any) -> Winner:
         pts = results[cfg]
         if set(pts) != set(results[base]):
             return False
-        return all(compare(results[base][p].samples, pts[p].samples).verdict != "slower" for p in pts)
+        floor = anchor_drift(study)
+        return all(
+            compare(results[base][p].samples, pts[p].samples, min_effect_pct=max(2.0, floor.get(p, 0.0))).verdict
+            != "slower"
+            for p in pts
+        )
 
     cands = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
@@ -94,7 +101,9 @@ def choose_winner(study: Any, space: Any) -> Winner:
         v = _trial_values(study, cfg)
         return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
 
-    sel = select_winners(results, base, eligible=family, fallback=g)
+    from tuner.search import anchor_drift
+
+    sel = select_winners(results, base, eligible=family, fallback=g, noise_floor=anchor_drift(study))
     rule_vals: dict[str, Any] = {}
     buckets: list[dict[str, Any]] = []
     for b in sel.buckets:
@@ -304,7 +313,12 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapp
     med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
     lo, hi = bootstrap_median_ci(samples)
     n_tok = a["pp"] if phase == "pp" else a["tg"]
-    return {
+    from tuner.bench import COLUMNS
+
+    row: dict[str, Any] = {c: math.nan for c in COLUMNS}
+    row.update({"build_commit": a.get("commit") or "", "backends": "", "gpu_info": "", "status": "ok",
+                "model_filename": Path(a["model"]).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
+    return row | {
         "label": label,
         "test": f"{phase}{n_tok}",
         "phase": phase,

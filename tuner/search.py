@@ -38,8 +38,10 @@ import json
 import logging
 import math
 import os
+import platform
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -205,13 +207,16 @@ def _make_storage(url: str) -> Any:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     try:
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=10,
-            grace_period=60,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2),
-            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
-        )
+        with warnings.catch_warnings():
+            # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=10,
+                grace_period=60,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+                engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+            )
     except ImportError as err:
         raise UsageError(
             f"storage {url!r} needs a database driver that is not installed ({err}). For PostgreSQL "
@@ -247,7 +252,9 @@ class _Searcher:
         self.storage = _make_storage(cfg.storage_url)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=6, multivariate=True)
-        pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            pruner = optuna.pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
         self.study = optuna.create_study(
             study_name=cfg.study,
             storage=self.storage,
@@ -384,6 +391,13 @@ class _Searcher:
     ) -> Any:
         from tuner.bench import run_bench
 
+        # -fa is a knob on some spaces, but run_bench owns the flag (its spelling differs by era).
+        args = list(args)
+        fa = True
+        if "-fa" in args:
+            i = args.index("-fa")
+            fa = args[i + 1] in ("on", "1", "true")
+            del args[i : i + 2]
         df = run_bench(
             build.bin_dir,
             self.cfg.model,
@@ -398,6 +412,8 @@ class _Searcher:
             log_dir=self.cfg.run_dir / "logs",
             label=label,
             arch=self.cfg.arch,
+            era=self.source.era,
+            flash_attn=fa,
         )
         rows = df[df["phase"] == phase]
         if rows.empty or rows.iloc[0].get("status", "ok") != "ok" or not len(rows.iloc[0]["samples"]):
@@ -415,6 +431,10 @@ class _Searcher:
         for ph, d in self.points:
             row = self._bench_point(build, ph, d, {}, [], "baseline")
             out[point_key(ph, d)] = [float(x) for x in row["samples"]]
+            if "device" not in self.study.user_attrs:
+                gpu = str(row.get("gpu_info") or "")
+                self.study.set_user_attr("device", gpu or f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)")
+                self.study.set_user_attr("toolchain", dict(build.meta.get("toolchain", {})))
         anchors = list(self.study.user_attrs.get("anchors", []))
         anchors.append({"t": time.time(), "samples": out})
         self.study.set_user_attr("anchors", anchors)
@@ -530,8 +550,13 @@ class _Searcher:
         started = 0
         since_anchor = 0
         while self._budget_left(started):
-            optuna.storages.fail_stale_trials(self.study)
-            trial = self.study.ask(dists)
+            with warnings.catch_warnings():
+                # Stale-trial handling is experimental in Optuna 5, and Optuna expects heartbeats
+                # only from optimize(); _Heartbeat below records them for our ask/tell loop.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+                optuna.storages.fail_stale_trials(self.study)
+                trial = self.study.ask(dists)
             started += 1
             with _Heartbeat(self.storage, trial._trial_id):
                 try:
@@ -668,29 +693,39 @@ def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], st
     return results, "baseline"
 
 
-def describe(study: Any) -> str:
-    """Human summary: per bucket, baseline vs pick, delta and verdict (used at the end of a search)."""
-    from tuner.select import select_winners
+def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
+    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
+    meds: dict[str, list[float]] = {}
+    for a in study.user_attrs.get("anchors", []):
+        for k, v in a["samples"].items():
+            if v:
+                meds.setdefault(k, []).append(_median(v))
+    return {parse_point_key(k): 100.0 * (max(m) - min(m)) / min(m) for k, m in meds.items() if len(m) > 1 and min(m) > 0}
+
+
+def describe(study: Any, space: Any) -> str:
+    """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
+    from tuner.export import choose_winner
 
     results, base = study_results(study)
-    if len(results) < 1 or not results.get(base):
+    if not results.get(base):
         return "no measurements yet"
-    sel = select_winners(results, base)
+    w = choose_winner(study, space)
     rows = []
-    for b in sel.buckets:
-        for d in b.depths:
-            p = b.per_point[d]
+    for b in w.buckets:
+        for d, p in b["evidence"].items():
             rows.append(
                 [
-                    f"{b.phase} d{d}",
+                    f"{b['phase']} d{d}",
                     f"{p['base_median']:.1f}",
                     f"{p['pick_median']:.1f}",
                     f"{p['delta_pct']:+.1f}%",
-                    f"{p['verdict']} (p={p['p_value']:.3f})",
-                    b.config,
+                    f"{p['verdict']} (p={p['p_value']:.3f}, floor {p['noise_floor_pct']:.1f}%)",
+                    b["config"],
                 ]
             )
-    return log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
+    head = f"Global pick: {w.global_config}; FA rules: {', '.join(w.rules) or 'upstream selection'}\n"
+    return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
 
 
 def dump_json(obj: Any) -> str:

@@ -93,6 +93,8 @@ def select_winners(
     *,
     eligible: Callable[[str, str], bool] | None = None,
     fallback: str | None = None,
+    noise_floor: Mapping[Point, float] | None = None,
+    min_effect_pct: float = 2.0,
     tau: float = 0.05,
     confidence: float = 0.95,
     seed: int = 0,
@@ -107,6 +109,10 @@ def select_winners(
             The baseline stays the reference of the no-harm rule even when it is not eligible.
         fallback: The config a bucket keeps when no eligible config beats the baseline beyond noise
             there (default: the baseline itself).
+        noise_floor: Per point, the run-to-run drift (percent) seen between baseline anchors; a
+            verdict needs an effect beyond it (identical H100 runs minutes apart differed by up to
+            14% at pp d0, so a confidence interval from one run alone is not enough).
+        min_effect_pct: The noise floor where no anchor drift was measured (percent).
         tau: A phase is split into more buckets only if that lowers the worst regret by more than
             this fraction.
         confidence: Confidence level of the per-point verdicts.
@@ -121,7 +127,8 @@ def select_winners(
         for p, m in pts.items():
             if p not in base:
                 continue
-            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed)
+            floor = max(min_effect_pct, (noise_floor or {}).get(p, 0.0))
+            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed, min_effect_pct=floor)
             verdicts[(cfg, p)] = {
                 "delta_pct": v.delta_pct,
                 "ci_low": v.ci_low,
@@ -132,6 +139,7 @@ def select_winners(
                 "pick_median": m.median,
                 "n_base": len(base[p].samples),
                 "n_pick": len(m.samples),
+                "noise_floor_pct": floor,
             }
 
     rejected: dict[str, str] = {}

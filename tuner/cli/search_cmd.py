@@ -83,7 +83,7 @@ def search(dry_run: bool, replay: tuple[Path, ...], export_dir: Path | None, **k
     """
     from tuner.search import resolve_arch
 
-    arch = resolve_arch(kw.get("arch"), dry_run=dry_run, replay=bool(replay))  # type: ignore[arg-type]
+    arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay))  # type: ignore[arg-type]
     if dry_run:
         from tuner.dryrun import run_dry_run
 
@@ -105,7 +105,7 @@ def worker(**kw: object) -> None:
 
     if not kw.get("storage") or not kw.get("study"):
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
-    arch = resolve_arch(kw.get("arch"))  # type: ignore[arg-type]
+    arch = resolve_arch(kw.pop("arch"))  # type: ignore[arg-type]
     _run(arch, worker=True, export_dir=None, **kw)
 
 
@@ -180,7 +180,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         f"{outcome.n_pruned} pruned); builds {outcome.builds_new} new, {outcome.builds_cached} cached; "
         f"{outcome.seconds:.0f}s.\n"
     )
-    click.echo(describe(st))
+    from tuner.space import load_space
+
+    click.echo(describe(st, load_space(arch, source.era)))
     if not worker:
         from tuner.export import export_study
 
