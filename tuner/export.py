@@ -15,7 +15,7 @@ Choice of the winner (see :mod:`tuner.select`):
 
 from __future__ import annotations
 
-__all__ = ["export_study", "Winner", "choose_winner", "RULE_KINDS"]
+__all__ = ["export_study", "Winner", "choose_winner", "baked_runtime", "RULE_KINDS"]
 
 import dataclasses
 import hashlib
@@ -190,7 +190,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
     env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    baked = {"rules": list(w.rules), "env": fa_env}
+    baked = baked_runtime(list(w.rules), fa_env)
     rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -244,6 +244,15 @@ def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
     _write_report(study, w, out_dir)
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
+
+
+def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]:
+    """The hook's env values to compile in (render's ``baked_runtime``); export and validate share it."""
+    out = dict(fa_env)
+    out.pop("GGML_TUNER_FA_RULES", None)
+    if rules:
+        out["GGML_TUNER_FA_RULES"] = ",".join(rules)
+    return out
 
 
 def _server_args(args: list[str]) -> list[str]:

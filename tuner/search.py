@@ -539,9 +539,30 @@ class _Searcher:
             return len(done) < self.cfg.trials
         return True
 
+    def _reap_dead_local_trials(self) -> None:
+        """Fail (and re-enqueue) RUNNING trials whose worker process on this host is gone.
+
+        A ``kill -9`` leaves its trial RUNNING; heartbeats notice that only after the grace period,
+        but a process on the same host can tell at once that the owner no longer exists.
+        """
+        import optuna
+
+        host = platform.node()
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            owner = t.user_attrs.get("worker", "")
+            h, _, pid = owner.rpartition(":")
+            if h != host or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            self.storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+            self.storage.set_trial_user_attr(t._trial_id, "reason", f"worker {owner} died (killed?) during the trial")
+            self.storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL)
+            self.study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            log.notice(f"trial {t.number} was left RUNNING by {owner}, which is gone: marked FAIL and queued again")
+
     def loop(self) -> None:
         import optuna
 
+        self._reap_dead_local_trials()
         self._enqueue_baseline()
         if not self.study.user_attrs.get("anchors"):
             with log.step("Measuring the baseline (upstream default) at every point"):
@@ -557,6 +578,7 @@ class _Searcher:
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
                 optuna.storages.fail_stale_trials(self.study)
                 trial = self.study.ask(dists)
+            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
             started += 1
             with _Heartbeat(self.storage, trial._trial_id):
                 try:
@@ -600,6 +622,16 @@ class _Searcher:
             f"[trial {number}] {val}{why} | done {n_ok} ok, {n_fail} failed, {n_pruned} pruned | "
             f"builds {self.builds_new} new, {self.builds_cached} cached{best}"
         )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _median(xs: Sequence[float]) -> float:

@@ -110,6 +110,7 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     """Run every check on one result folder; failures are findings, not exceptions."""
     from tuner._run import run
     from tuner.constraints import check_constraints
+    from tuner.export import baked_runtime
     from tuner.render import render_variant
     from tuner.source import fetch_source
 
@@ -162,7 +163,7 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
             arch,
             choice["variant"],
             compile_values=dict(choice["compile"]),
-            baked_runtime={"rules": list(choice["fa_rules"]), "env": dict(choice["fa_env"])},
+            baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])),
         )
     except TunerError as err:
         f.append(Finding(check="re-render", ok=False, detail=str(err)))

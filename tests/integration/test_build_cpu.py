@@ -90,3 +90,26 @@ def test_llama_bench_cpu_build_relocatable_and_cached(cpu_build, tree_a, tmp_pat
     t0 = time.monotonic()
     again = build_variant(rv, targets=targets)
     assert again.cached and again.bin_dir == b.bin_dir and time.monotonic() - t0 < 1.0
+
+
+def test_two_processes_build_one_variant_once(tmp_path: Path) -> None:
+    """Two workers on one host ask for the same build at once: one builds, the other waits and reuses it."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]);"
+        "from test_build_cpu import toy_rv; from tuner.build import build_variant;"
+        "b = build_variant(toy_rv(rows=3), targets=['llama-bench'], jobs=1);"
+        "print(json.dumps({'cached': b.cached, 'bin': str(b.bin_dir)}))"
+    )
+    env = {**os.environ, "TUNER_HOME": str(tmp_path / "home")}
+    here = str(Path(__file__).parent)
+    procs = [subprocess.Popen([sys.executable, "-c", script, here], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert sorted(g["cached"] for g in got) == [False, True]  # built exactly once
+    assert got[0]["bin"] == got[1]["bin"]
