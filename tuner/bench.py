@@ -325,6 +325,9 @@ def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path
             return bpt, nan, "prompt-processing roofline needs --arch (compute peaks)"
         assert bandwidth is not None
         return bpt, bandwidth * 1e9 / bpt, f"model estimate: {bandwidth:g} GB/s (given) / bytes per token"
+    from tuner.archs import load_arch
+
+    load_arch(arch)  # an unknown arch is the user's error, not a missing roofline
     try:
         rows = roofline.estimate(arch, model, (depth,), pp=ntok if phase == "pp" else 0,
                                  tg=ntok if phase == "tg" else 0, kv_type=kv, bandwidth=bandwidth)

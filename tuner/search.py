@@ -249,6 +249,11 @@ class _Searcher:
                 f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
                 f"for era {self.source.era}; it has {self.space.variants}."
             )
+        # --set values arrive as strings: type- and range-check them against the space.
+        fixed = {k: (v if k == "variant" else self.space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
+        if "variant" in fixed and fixed["variant"] not in self.space.variants:
+            raise UsageError(f"--set variant={fixed['variant']} is not a variant of {cfg.arch}: {self.space.variants}")
+        self.cfg = cfg = dataclasses.replace(cfg, fixed=fixed)
         self.storage = _make_storage(cfg.storage_url)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=6, multivariate=True)
