@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,16 +73,18 @@ def choose_winner(study: Any, space: Any) -> Winner:
         )
     rule_names = {k.name: k for k in space.runtime_knobs if k.kind in RULE_KINDS}
 
+    floor = anchor_drift(study)
+
     def admissible_everywhere(cfg: str) -> bool:
+        """Not slower beyond noise at any point, and faster beyond noise at one at least."""
         pts = results[cfg]
         if set(pts) != set(results[base]):
             return False
-        floor = anchor_drift(study)
-        return all(
+        verdicts = [
             compare(results[base][p].samples, pts[p].samples, min_effect_pct=max(2.0, floor.get(p, 0.0))).verdict
-            != "slower"
             for p in pts
-        )
+        ]
+        return "slower" not in verdicts and "faster" in verdicts
 
     cands = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
@@ -155,7 +156,8 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
+def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
+                 weight_type: str | None = None) -> Path:
     """Write the result folder for ``study_name``; returns ``out_dir``.
 
     Raises:
@@ -222,7 +224,6 @@ def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
         "target": {
             "arch": a["arch"],
             "measured_on": _device_name(study),
-            "host": platform.node(),
             "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
         },
         "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
@@ -241,7 +242,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path) -> Path:
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
-    _write_report(study, w, out_dir)
+    _write_report(study, w, out_dir, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
@@ -287,7 +288,27 @@ def _tomlable(x: Any) -> Any:
     return x
 
 
-def _write_report(study: Any, w: Winner, out_dir: Path) -> None:
+def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | None) -> Any:
+    """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
+    from tuner.models import load_model_shape
+    from tuner.roofline import estimate
+
+    model: Any = Path(a["model"])
+    kw: dict[str, Any] = {}
+    if not model.is_file():
+        if not like:
+            return None
+        model = load_model_shape(like)
+        kw["weight_type"] = weight_type or "f16"
+    try:
+        rows = estimate(a["arch"], model, tuple(a["depths"]), pp=a["pp"], tg=a["tg"], **kw)
+    except TunerError:
+        return None  # e.g. cpu: no bandwidth known for an arbitrary host
+    return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
+
+
+def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = None,
+                  weight_type: str | None = None) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
 
@@ -296,13 +317,24 @@ def _write_report(study: Any, w: Winner, out_dir: Path) -> None:
 
     results, base = study_results(study)
     a = study.user_attrs
-    rows = {"baseline": [], "tuned": []}
+    roof = _roofline_for(a, like, weight_type) or {}
+    rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
+    sel_rows = []
     for b in w.buckets:
         ph = b["phase"]
         for d in b["depths"]:
             for label, cfg in (("baseline", base), ("tuned", b["config"])):
                 m = results[cfg][(ph, d)]
-                rows[label].append(_row(label, ph, d, m.samples, a))
+                r = _row(label, ph, d, m.samples, a)
+                bound = roof.get((ph, d))
+                if bound:
+                    r["roofline_tps"] = float(bound)
+                    r["roofline_pct"] = 100.0 * r["median_ts"] / float(bound)
+                rows[label].append(r)
+            e = b["evidence"][str(d)]
+            sel_rows.append([f"{ph} d{d}", f"{e['delta_pct']:+.1f}%", f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}]",
+                             f"{e['noise_floor_pct']:.1f}%", f"{e['verdict']} (p={e['p_value']:.3g})", b["config"],
+                             ", ".join(b["rules"])])
     frames = {k: pd.DataFrame(v) for k, v in rows.items()}
     md = render_report(frames, baseline="baseline")
     header = (
@@ -311,7 +343,15 @@ def _write_report(study: Any, w: Winner, out_dir: Path) -> None:
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
         f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
     )
-    (out_dir / "report.md").write_text(header + md)
+    selection = (
+        "\n## Selection (what the export is based on)\n\n"
+        "A verdict needs the 95% CI of the change to clear the noise floor: the run-to-run drift of the "
+        "baseline re-measured as an anchor during the search (at least 2%). The marks in the tables "
+        "above compare within one run only and do not account for that drift.\n\n"
+        + log.table(["point", "Δ tuned", "95% CI", "noise floor", "verdict", "config", "rules"], sel_rows)
+        + "\n"
+    )
+    (out_dir / "report.md").write_text(header + md + selection)
     plot_depth(frames, out_dir / "depth.png")
 
 

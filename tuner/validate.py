@@ -108,7 +108,6 @@ def _sha(text: str) -> str:
 
 def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions."""
-    from tuner._run import run
     from tuner.constraints import check_constraints
     from tuner.export import baked_runtime
     from tuner.render import render_variant
@@ -182,12 +181,7 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
 
     if patch:
-        res = run(
-            ["git", "apply", "--check", "--verbose", str(patch_file.resolve())],
-            cwd=source.root,
-            check=False,
-            what="git apply --check",
-        )
+        res = _git_apply_check(patch_file, source.root)
         f.append(
             Finding(
                 check="patch applies",
@@ -203,6 +197,28 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     if bench:
         f.append(_bench_check(folder, cfg))
     return ResultCheck(path=folder, findings=tuple(f))
+
+
+def _git_apply_check(patch_file: Path, root: Path) -> Any:
+    """``git apply --check`` against pristine copies of the files the patch touches.
+
+    Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a submodule that
+    does not exist here, which makes git refuse to work in it.
+    """
+    import re
+    import shutil
+    import tempfile
+
+    from tuner._run import run
+
+    with tempfile.TemporaryDirectory(prefix="tuner-apply-") as tmp:
+        for rel in sorted(set(re.findall(r"^--- a/(\S+)$", patch_file.read_text(), flags=re.M))):
+            src = root / rel
+            if src.is_file():
+                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, Path(tmp) / rel)
+        return run(["git", "apply", "--check", "--verbose", str(patch_file.resolve())], cwd=Path(tmp),
+                   check=False, what="git apply --check")
 
 
 def _compile_check(rv: Any) -> Finding:

@@ -19,7 +19,10 @@ from tuner import log
               help="Run directory of the study (default ./tuner-runs/<study>).")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Result folder, e.g. results/<arch>/<model>/.")
-def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path) -> None:
+@click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
+@click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
+def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None,
+           weight_type: str | None) -> None:
     """Export a study's winner: config.toml, tuned.patch, CMakePresets.json, run.env, report.md, depth.png."""
     from tuner.errors import UsageError
     from tuner.export import export_study
@@ -30,7 +33,7 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path)
         if not db.is_file():
             raise UsageError(f"no study database at {db}. Pass --storage URL or --run-dir DIR of the search.")
         storage = f"sqlite:///{db.resolve()}"
-    export_study(study, storage=storage, out_dir=out_dir)
+    export_study(study, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
     click.echo(str(out_dir))
 
 
