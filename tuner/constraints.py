@@ -118,6 +118,9 @@ class Violation:
     message: str
     """Human text with the numbers and the upstream location."""
 
+    def __str__(self) -> str:
+        return f"{self.message} [{self.rule}]"
+
 
 # --------------------------------------------------------------------------------------------------
 # Table rows

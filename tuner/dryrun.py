@@ -139,12 +139,13 @@ def plan_estimate(vendor: str, *, n_variants: int, n_compile_samples: int, n_run
     }
 
 
-def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, Any], vendor: str) -> dict[str, Any]:
+def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, Any], vendor: str, *,
+                    only_selector: bool = False) -> dict[str, Any]:
     from tuner.build import build_variant, default_check_objects
     from tuner.render import render_variant
 
     rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
-    objs = default_check_objects(rv)
+    objs = default_check_objects(rv)[:1] if only_selector else default_check_objects(rv)
     if vendor == "amd":
         from tuner.hip import find_hip_toolchain
 
@@ -204,11 +205,17 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
         for r in rows:
             if r["sample_legal"]:
                 samples.update(r["sample_legal"])
+        first = True
         for v, st in vstatus.items():
             if st != "ok":
                 continue
-            with log.step(f"Compile-checking {v} (upstream + one legal candidate per row)"):
-                checks.append(_compile_sample(source, a.name, v, samples, a.vendor))
+            # The first variant compiles the sample candidates' TUs too; the others differ only in
+            # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
+            what = "upstream + one legal candidate per row" if first else "the patched selector TU"
+            with log.step(f"Compile-checking {v} ({what})"):
+                checks.append(_compile_sample(source, a.name, v, samples if first else {}, a.vendor,
+                                              only_selector=not first))
+            first = False
     plan = plan_estimate(
         a.vendor,
         n_variants=sum(1 for s in vstatus.values() if s == "ok"),

@@ -71,11 +71,12 @@ def _common(f):  # type: ignore[no-untyped-def]
 @click.command()
 @_common
 @click.option("--dry-run", is_flag=True, help="Render, constraint-check and compile-check the space; benchmark nothing.")
-@click.option("--replay", "replay", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Run the search logic on recorded llama-bench results instead of live runs.")
+@click.option("--replay", "replay_mode", is_flag=True,
+              help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.")
+@click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to export the winner (default: <run-dir>/export).")
-def search(dry_run: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
+def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
     """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
 
     With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
@@ -83,6 +84,8 @@ def search(dry_run: bool, replay: tuple[Path, ...], export_dir: Path | None, **k
     """
     from tuner.search import resolve_arch
 
+    if bool(replay) != replay_mode:
+        raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
     arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay))  # type: ignore[arg-type]
     if dry_run:
         from tuner.dryrun import run_dry_run
