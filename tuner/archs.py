@@ -23,7 +23,7 @@ import functools
 import logging
 import re
 import shutil
-import tomllib
+from tuner._compat import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -34,7 +34,7 @@ import math
 import os
 import struct
 import time
-import tomllib
+from tuner._compat import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any

@@ -33,7 +33,7 @@ import functools
 import json
 import logging
 import re
-import tomllib
+from tuner._compat import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

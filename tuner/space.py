@@ -29,7 +29,7 @@ __all__ = [
 import dataclasses
 import functools
 import re
-import tomllib
+from tuner._compat import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any

@@ -15,16 +15,11 @@ __all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_
 import dataclasses
 import hashlib
 import json
-import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
+from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError
 
 REQUIRED = {

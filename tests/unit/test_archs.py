@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-import tomllib
+from tuner._compat import tomllib
 from pathlib import Path
 
 import pytest

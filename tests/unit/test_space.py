@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
+from tuner._compat import tomllib
 from pathlib import Path
 
 import optuna.distributions as od
