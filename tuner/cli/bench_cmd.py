@@ -10,28 +10,14 @@ from pathlib import Path
 
 import click
 
+from tuner.cli._params import depths_option, parse_pairs
+
 from tuner import log
 from tuner.errors import UsageError
 
 
-def _depths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        ds = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384") from None
-    if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
-        raise click.BadParameter("depths must be between 0 and 1048576 tokens")
-    return ds
-
-
 def _env(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for s in values:
-        if "=" not in s:
-            raise UsageError(f"--env {s!r} is not NAME=VALUE. Example: --env GGML_CUDA_DISABLE_GRAPHS=1")
-        k, v = s.split("=", 1)
-        out[k] = v
-    return out
+    return parse_pairs(values, "--env", "GGML_CUDA_DISABLE_GRAPHS=1")
 
 
 def _bin_dir(path: Path, exe: str = "llama-bench") -> Path:
@@ -57,7 +43,7 @@ def _default_run_dir(kind: str) -> Path:
               help="Build (or bin) directory; repeat to interleave variants with the first as baseline anchor.")
 @click.option("--label", "labels", multiple=True, help="Variant name per --build (default: directory name).")
 @click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
-@click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=_depths, help="KV depths.")
+@click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=depths_option, help="KV depths.")
 @click.option("--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp).")
 @click.option("--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg).")
 @click.option("--reps", type=click.IntRange(1, 10000), default=None, help="Kept repetitions per test (default 5).")

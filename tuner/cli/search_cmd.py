@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from tuner.cli._params import depths_option, parse_pairs
+
 from tuner import log
 from tuner.errors import UsageError
 
@@ -17,26 +19,8 @@ CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, 
 GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 16384, 32768), "pp": 512, "tg": 128, "trials": 40}
 
 
-def _depths(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        ds = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384") from None
-    if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
-        raise click.BadParameter("depths must be between 0 and 1048576 tokens")
-    return ds
-
-
 def _sets(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for s in values:
-        if "=" not in s:
-            raise UsageError(f"--set {s!r} is not KNOB=VALUE. Example: --set variant=cuda-no-graphs")
-        k, v = s.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+    return parse_pairs(values, "--set", "variant=cuda-no-graphs")
 
 
 def _common(f):  # type: ignore[no-untyped-def]
@@ -46,7 +30,7 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
         click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
         click.option("--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."),
-        click.option("--depths", callback=_depths, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
+        click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
         click.option("--tg", type=click.IntRange(1, 4096), default=None, help="Generated tokens per tg test."),
         click.option("--trials", type=click.IntRange(1, 100000), default=None, help="Trials the study should reach."),
