@@ -19,9 +19,13 @@ def test_gfx1151_dry_run_both_eras(spec: str, hip_toolchain, tree_a, tree_b) -> 
     from tuner.dryrun import run_dry_run
 
     rep = run_dry_run(arch="gfx1151", source_spec=spec)
-    assert rep.total > rep.legal > 0
-    # illegal candidates are counted with the rule they break, never compiled
-    assert any(r["illegal_rules"] for r in rep.rows)
+    assert rep.total >= rep.legal > 0
+    if rep.era == "mma":
+        # illegal candidates are counted with the rule they break, never compiled
+        assert rep.total > rep.legal and any("tile.smem" in r["illegal_rules"] for r in rep.rows)
+    else:
+        # the seed-003 WMMA knobs: nwarps {4,8} x min blocks {1,2} x KQ stride {128,256}, all legal at wave 32
+        assert rep.total == 8
     assert rep.compile_checks and all(c["status"] == "ok" for c in rep.compile_checks), rep.compile_checks
     # every compiled object with device code holds real gfx1151 code
     for c in rep.compile_checks:
