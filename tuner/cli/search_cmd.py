@@ -15,7 +15,9 @@ from tuner.errors import UsageError
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
-CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 10}
+# One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
+# --variant cpu --variant cpu-no-native to search both.
+CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 10, "variants": ("cpu",)}
 GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 16384, 32768), "pp": 512, "tg": 128, "trials": 40}
 
 
@@ -149,7 +151,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         jobs=kw.get("jobs"),  # type: ignore[arg-type]
         seed=int(kw["seed"]),  # type: ignore[arg-type]
         gate=not kw.get("no_gate"),
-        variants=tuple(kw["variants"]) or None,  # type: ignore[arg-type]
+        variants=tuple(kw["variants"]) or defaults.get("variants"),  # type: ignore[arg-type]
         fixed=sets,
         worker=worker,
     )
