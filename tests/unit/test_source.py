@@ -149,8 +149,12 @@ def test_commit_of_vendor_tree_next_to_sdist_changelog(tmp_path: Path, no_git: N
 
 
 def _fake_sdist(path: Path, *, tree: Path = MMA, version: str = "0.3.36", evil: bool = False) -> Path:
+    import gzip
+
     top = f"llama_cpp_python-{version}"
-    with tarfile.open(path, "w:gz") as tar:
+    # Deterministic bytes (gzip mtime 0), like a real sdist downloaded twice: same content, same sha.
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         tar.add(DATA / f"CHANGELOG-{version}.md", arcname=f"{top}/CHANGELOG.md")
         tar.add(tree, arcname=f"{top}/vendor/llama.cpp")
         tar.add(DATA / "CHANGELOG-0.3.16.md", arcname=f"{top}/docs/not-extracted.md")
