@@ -119,7 +119,9 @@ def postgres():
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
         if os.geteuid() == 0 and shutil.which("apt-get"):
-            subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=False, capture_output=True)
+            subprocess.run(["apt-get", "update"], check=False, capture_output=True)
+            subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=False, capture_output=True,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
             initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         if not (initdb and pg_ctl):
             pytest.skip("PostgreSQL server binaries not found (apt-get install postgresql)")
