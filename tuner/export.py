@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,11 @@ class Winner:
 
 def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
     if cfg == "baseline":
-        t = min((t for t in study.trials if t.user_attrs.get("values")), key=lambda t: t.number, default=None)
-        base = dict(t.user_attrs["values"]) if t is not None else {}
-        # trial 0 is the enqueued upstream default; fall back to its params
-        return base
+        from tuner.search import BASELINE_PARAMS_ATTR
+
+        # the enqueued upstream-default trial carries the baseline's full knob values
+        t = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+        return dict(t.user_attrs.get("values", {})) if t is not None else {}
     n = int(cfg.removeprefix("trial"))
     return dict(study.trials[n].user_attrs.get("values", {}))
 
@@ -359,7 +361,7 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapp
     from tuner.stats import bootstrap_median_ci
 
     s = sorted(samples)
-    med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
     n_tok = a["pp"] if phase == "pp" else a["tg"]
     from tuner.bench import COLUMNS

@@ -34,11 +34,11 @@ __all__ = [
 ]
 
 import dataclasses
-import json
 import logging
 import math
 import os
 import platform
+import statistics
 import threading
 import time
 import warnings
@@ -640,11 +640,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    if n == 0:
-        return float("nan")
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return float(statistics.median(xs)) if len(xs) else float("nan")
 
 
 def _objective(ratios: Mapping[str, float], weights: Mapping[str, float]) -> float:
@@ -790,10 +786,6 @@ def describe(study: Any, space: Any) -> str:
             )
     head = f"Global pick: {w.global_config}; FA rules: {', '.join(w.rules) or 'upstream selection'}\n"
     return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)
 
 
 def default_run_dir(study: str) -> Path:

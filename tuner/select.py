@@ -21,6 +21,7 @@ __all__ = ["Point", "Measurement", "BucketPick", "Selection", "select_winners", 
 import dataclasses
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from tuner.stats import compare
@@ -39,9 +40,7 @@ class Measurement:
 
     @property
     def median(self) -> float:
-        s = sorted(self.samples)
-        n = len(s)
-        return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        return float(statistics.median(self.samples))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
