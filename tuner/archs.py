@@ -293,11 +293,29 @@ def load_arch(name: str) -> Arch:
 _GFX_RE = re.compile(r"\b(gfx[0-9a-f]{3,4})\b")
 
 
+def _detect_nvidia_smi() -> list[str]:
+    """``nvidia-smi --query-gpu=compute_cap``: the driver ships it, so it works without pynvml."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    from tuner import _run
+
+    try:
+        res = _run.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], check=False, timeout=60,
+                       what="nvidia-smi")
+    except TunerError as err:
+        logger.info("nvidia-smi failed: %s", err)
+        return []
+    if res.returncode != 0:
+        return []
+    return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", res.output, re.M)]
+
+
 def _detect_nvidia() -> list[str]:
     try:
         import pynvml  # from nvidia-ml-py (optional extra)
     except ImportError:
-        return []
+        return _detect_nvidia_smi()
     try:
         pynvml.nvmlInit()
     except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVIDIA GPU here
@@ -336,7 +354,7 @@ def _detect_amd() -> list[str]:
 
 
 def detect_local_archs() -> list[str]:
-    """Archs of the GPUs in this machine: NVML for NVIDIA (``sm_XY``), ``rocminfo`` for AMD (``gfx...``).
+    """Archs of the GPUs in this machine: NVML (else nvidia-smi) for NVIDIA, ``rocminfo`` for AMD.
 
     Returns:
         Canonical names, each once, in device order; ``[]`` when no GPU (or no tool) is found.

@@ -177,3 +177,21 @@ def test_detect_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setattr(archs_mod.shutil, "which", lambda name: None)
     assert detect_local_archs() == []
+
+
+def test_detect_nvidia_smi_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from tuner import _run
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(archs_mod.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    seen = []
+
+    def fake_run(cmd: list[str], **kw: object) -> _run.RunResult:
+        seen.append(cmd)
+        return _run.RunResult(returncode=0, output="9.0\n8.9\n", seconds=0.1)
+
+    monkeypatch.setattr(_run, "run", fake_run)
+    assert detect_local_archs() == ["sm_90", "sm_89"]
+    assert seen[0][1:] == ["--query-gpu=compute_cap", "--format=csv,noheader"]

@@ -52,12 +52,15 @@ def build(arch: str, spec: str | None, variant: str | None, sets: tuple[str, ...
     """
     from tuner import build as build_stage  # noqa: PLC0415 - keep `tuner --help` fast
     from tuner import render, source  # noqa: PLC0415
+    from tuner.archs import detect_local_archs  # noqa: PLC0415
 
     if objects and not compile_only:
         raise UsageError("--object only applies with --compile-only.")
     values = parse_sets(sets)
     src = source.fetch_source(spec) if spec else source.fetch_source()
-    rv = render.render_variant(src, arch, variant or _default_variant(arch), compile_values=values)
+    # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.
+    local = [] if compile_only else detect_local_archs()
+    rv = render.render_variant(src, arch, variant or _default_variant(arch), compile_values=values, local_archs=local)
     for w in rv.warnings:
         log.warning(w)
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)
