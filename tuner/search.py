@@ -125,8 +125,12 @@ class SearchOutcome:
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool = False) -> str:
+def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool = False, ptx_jit: bool = False) -> str:
     """The arch to tune for: the requested one if present here, else the local GPU, else ``cpu``.
+
+    ``ptx_jit`` lets an NVIDIA target run on a newer local NVIDIA GPU through ``<cc>-virtual`` PTX
+    (e.g. sm_89 code on an H100): the kernels are the target's, the clocks and memory are the
+    local GPU's, and every report names the GPU that was measured.
 
     Raises:
         UsageError: ``--arch X`` names a GPU this machine does not have (and no --dry-run/--replay).
@@ -139,14 +143,35 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
     arch = load_arch(requested)  # unknown -> UsageError with suggestions
     if arch.name == "cpu" or dry_run or replay or arch.name in local:
         return arch.name
+    newer = [a for a in local if a.startswith("sm_") and _cc_of(a) > (arch.cc or 0)] if arch.vendor == "nvidia" else []
+    if ptx_jit and newer:
+        log.warning(
+            f"{arch.name} code runs here as {arch.cc // 10}-virtual PTX JIT-compiled for {newer[0]}: the kernels "
+            f"and their legality are {arch.name}'s, the speed is {newer[0]}'s (clocks, bandwidth, SM count)."
+        )
+        return arch.name
     found = ", ".join(local) if local else "no GPU (only the CPU backend)"
+    hint = (
+        f" To run {arch.name}'s kernels on this newer GPU anyway (PTX JIT, measured speed is this GPU's), "
+        "add --ptx-jit." if newer else ""
+    )
     msg = (
         f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "
         f"{found}. tuner never benchmarks one device and reports it as another. Use "
         f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check "
-        f"the whole space here, or run the same command on a machine with that GPU."
+        f"the whole space here, or run the same command on a machine with that GPU.{hint}"
     )
     raise UsageError(msg)
+
+
+def _cc_of(name: str) -> int:
+    from tuner.archs import load_arch
+
+    try:
+        return load_arch(name).cc or 0
+    except UsageError:  # a GPU newer than the database: sm_XY -> XY0
+        digits = name.removeprefix("sm_")
+        return int(digits) * 10 if digits.isdigit() else 0
 
 
 # --------------------------------------------------------------------------------------------

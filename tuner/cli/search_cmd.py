@@ -48,6 +48,8 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
         click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--ptx-jit", is_flag=True,
+                     help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -72,7 +74,7 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 
     if bool(replay) != replay_mode:
         raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
-    arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay))  # type: ignore[arg-type]
+    arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     if dry_run:
         from tuner.dryrun import run_dry_run
 
@@ -94,7 +96,7 @@ def worker(**kw: object) -> None:
 
     if not kw.get("storage") or not kw.get("study"):
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
-    arch = resolve_arch(kw.pop("arch"))  # type: ignore[arg-type]
+    arch = resolve_arch(kw.pop("arch"), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     _run(arch, worker=True, export_dir=None, **kw)
 
 
