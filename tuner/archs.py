@@ -13,6 +13,7 @@ __all__ = [
     "load_archs",
     "load_arch",
     "detect_local_archs",
+    "find_product",
     "normalize_arch_name",
     "MATH_KEYS",
     "PRODUCT_FIGURES",
@@ -288,6 +289,21 @@ def load_arch(name: str) -> Arch:
         "Run `tuner archs` for the table."
     )
     raise UsageError(msg)
+
+
+def find_product(device: str) -> tuple[str, str] | None:
+    """(arch, product) whose model number names ``device`` (e.g. "NVIDIA H100 80GB HBM3" -> H100 SXM5).
+
+    A product's model number is the first word of its name with a digit in it ("H100", "4060");
+    it must appear as a word of the device string. ``None`` when no product matches.
+    """
+    words = set(re.findall(r"[a-z0-9]+", device.lower()))
+    for arch in load_archs().values():
+        for p in arch.products:
+            model = next((w for w in re.findall(r"[a-z0-9]+", p.name.lower()) if re.search(r"\d", w)), None)
+            if model and model in words:
+                return arch.name, p.name
+    return None
 
 
 _GFX_RE = re.compile(r"\b(gfx[0-9a-f]{3,4})\b")

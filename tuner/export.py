@@ -226,6 +226,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
         "target": {
             "arch": a["arch"],
             "measured_on": _device_name(study),
+            "measured_arch": _measured(study)[0],
             "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
         },
         "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
@@ -290,7 +291,17 @@ def _tomlable(x: Any) -> Any:
     return x
 
 
-def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | None) -> Any:
+def _measured(study: Any) -> tuple[str, str | None]:
+    """(arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the
+    target's when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)."""
+    from tuner.archs import find_product
+
+    found = find_product(_device_name(study))
+    return found if found else (str(study.user_attrs["arch"]), None)
+
+
+def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | None,
+                  measured: tuple[str, str | None] | None = None) -> Any:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
     from tuner.models import load_model_shape
     from tuner.roofline import estimate
@@ -303,7 +314,8 @@ def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | Non
         model = load_model_shape(like)
         kw["weight_type"] = weight_type or "f16"
     try:
-        rows = estimate(a["arch"], model, tuple(a["depths"]), pp=a["pp"], tg=a["tg"], **kw)
+        arch, product = measured or (a["arch"], None)
+        rows = estimate(arch, model, tuple(a["depths"]), pp=a["pp"], tg=a["tg"], product=product, **kw)
     except TunerError:
         return None  # e.g. cpu: no bandwidth known for an arbitrary host
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
@@ -319,7 +331,8 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
 
     results, base = study_results(study)
     a = study.user_attrs
-    roof = _roofline_for(a, like, weight_type) or {}
+    measured = _measured(study)
+    roof = _roofline_for(a, like, weight_type, measured) or {}
     rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
     sel_rows = []
     for b in w.buckets:
@@ -343,7 +356,11 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
         f"# tuner result: {a['arch']} / {Path(a['model']).name}\n\n"
         f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
-        f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
+        + (f"**{a['arch']} code, measured on the {measured[0]} GPU named above** ({a['arch']} kernels built as PTX and JIT-compiled "
+           f"for it): kernel legality and code paths are {a['arch']}'s; speeds, clocks, bandwidth and roofline % "
+           f"are the {measured[0]} GPU's ({measured[1]}), not an {a['arch']} card's.\n\n"
+           if measured[0] != a["arch"] else "")
+        + f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
     )
     selection = (
         "\n## Selection (what the export is based on)\n\n"
@@ -353,8 +370,31 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
         + log.table(["point", "Δ tuned", "95% CI", "noise floor", "verdict", "config", "rules"], sel_rows)
         + "\n"
     )
-    (out_dir / "report.md").write_text(header + md + selection)
+    (out_dir / "report.md").write_text(header + md + selection + _trials_section(study))
     plot_depth(frames, out_dir / "depth.png")
+
+
+def _trials_section(study: Any) -> str:
+    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried."""
+    from tuner.search import BASELINE_PARAMS_ATTR
+
+    base = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+    ref = dict(base.params) if base else {}
+    rows = []
+    for t in study.trials:
+        status = str(t.user_attrs.get("status") or t.state.name.lower())
+        score = f"{t.value:.3f}x" if t.value is not None else "-"
+        changed = [f"{k}={v}" for k, v in sorted(t.params.items()) if k in ref and ref[k] != v]
+        note = "upstream defaults" if base is not None and t.number == base.number else ", ".join(changed) or "-"
+        if status not in ("ok", "pruned") and t.user_attrs.get("reason"):
+            note += f" ({str(t.user_attrs['reason'])[:90]})"
+        rows.append([f"trial{t.number}", status, score, note])
+    return (
+        "\n## Trials\n\nscore: geometric mean of candidate/baseline t/s over the points measured (weights of the "
+        "profile); a pruned trial stopped early, scored on the points it reached; the score alone picks "
+        "nothing, the selection above does.\n\n"
+        + log.table(["trial", "status", "score", "changed from upstream"], rows) + "\n"
+    )
 
 
 def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapping[str, Any]) -> dict[str, Any]:
@@ -367,7 +407,9 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapp
     from tuner.bench import COLUMNS
 
     row: dict[str, Any] = {c: math.nan for c in COLUMNS}
-    row.update({"build_commit": a.get("commit") or "", "backends": "", "gpu_info": "", "status": "ok",
+    arch = str(a.get("arch", ""))
+    backend = "CUDA" if arch.startswith("sm_") else "ROCm" if arch.startswith("gfx") else "CPU" if arch == "cpu" else ""
+    row.update({"build_commit": a.get("commit") or "", "backends": backend, "gpu_info": "", "status": "ok",
                 "model_filename": Path(a["model"]).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
     return row | {
         "label": label,

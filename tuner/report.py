@@ -150,7 +150,7 @@ def render_report(
                      "pp: compute peak). A model estimate, not a measurement.")
     else:
         notes.append("roofline %: not available (run `tuner bench` with --arch or --bandwidth).")
-    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].fillna(False).astype(bool).any()]
+    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
     if drifted:
         notes.append("Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".")
     out += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
