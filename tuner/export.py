@@ -356,10 +356,7 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
         f"# tuner result: {a['arch']} / {Path(a['model']).name}\n\n"
         f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
-        + (f"**{a['arch']} code, measured on the {measured[0]} GPU named above** ({a['arch']} kernels built as PTX and JIT-compiled "
-           f"for it): kernel legality and code paths are {a['arch']}'s; speeds, clocks, bandwidth and roofline % "
-           f"are the {measured[0]} GPU's ({measured[1]}), not an {a['arch']} card's.\n\n"
-           if measured[0] != a["arch"] else "")
+        + (_ptx_jit_note(a, measured, like, weight_type) if measured[0] != a["arch"] else "")
         + f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
     )
     selection = (
@@ -372,6 +369,29 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
     )
     (out_dir / "report.md").write_text(header + md + selection + _trials_section(study))
     plot_depth(frames, out_dir / "depth.png")
+
+
+def _ptx_jit_note(a: Mapping[str, Any], measured: tuple[str, str | None], like: str | None,
+                  weight_type: str | None) -> str:
+    """What a result measured through --ptx-jit says, and does not say, about a real target card."""
+    from tuner.archs import load_arch
+
+    target = load_arch(a["arch"])
+    prod = target.products[0] if target.products else None
+    note = (
+        f"**{a['arch']} code, measured on the {measured[0]} GPU named above** ({a['arch']} kernels built as PTX and "
+        f"JIT-compiled for it): kernel legality and device code are {a['arch']}'s; speeds, clocks, bandwidth and "
+        f"roofline % are the {measured[0]} GPU's ({measured[1]}), not an {a['arch']} card's. Host-side code sees "
+        f"the {measured[0]} GPU's compute capability, so branches that single out {a['arch']} take the "
+        f"{measured[0]} path. Which candidate wins can differ on a real card; rerun the search there.\n\n"
+    )
+    roof = _roofline_for(a, like, weight_type, (target.name, prod.name if prod else None)) or {}
+    tg = [(d, roof[("tg", d)]) for d in a["depths"] if roof.get(("tg", d))]
+    if prod and tg:
+        bounds = ", ".join(f"d{d} {b:.0f}" for d, b in tg)
+        note += (f"For scale, the decode roofline of a {prod.name} ({prod.bandwidth_gbps:g} GB/s) is {bounds} t/s "
+                 f"(a model estimate, not a measurement).\n\n")
+    return note
 
 
 def _trials_section(study: Any) -> str:

@@ -390,6 +390,10 @@ class _Searcher:
         """Correctness gate once per build: test-backend-ops FLASH_ATTN_EXT per selectable kernel."""
         if build.build_id in self._gated:
             return self._gated[build.build_id]
+        stored = stored_gate(self.study.get_trials(deepcopy=False), build.build_id)
+        if stored is not None:  # a resumed study: this build passed (or failed) the gate in an earlier run
+            self._gated[build.build_id] = stored
+            return stored
         from tuner.archs import load_arch
 
         arch = load_arch(self.cfg.arch)
@@ -666,6 +670,16 @@ def _pid_alive(pid: int) -> bool:
 
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if len(xs) else float("nan")
+
+
+def stored_gate(trials: Sequence[Any], build_id: str) -> dict[str, Any] | None:
+    """The gate verdict an earlier trial recorded for ``build_id`` (a study is tied to one model, so
+    the same build means the same test-backend-ops cases); ``None`` if no trial ran it."""
+    for t in trials:
+        g = t.user_attrs.get("gate")
+        if t.user_attrs.get("build_id") == build_id and isinstance(g, dict) and g.get("status") in ("pass", "fail"):
+            return dict(g)
+    return None
 
 
 def _objective(ratios: Mapping[str, float], weights: Mapping[str, float]) -> float:

@@ -1,6 +1,8 @@
-"""Which arch a search runs for: never another GPU's name on this one, except sm_89 code by --ptx-jit."""
+"""Which arch a search runs for (never another GPU's name on this one, except older NVIDIA code by --ptx-jit); resume details."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,18 @@ def test_ptx_jit_cannot_run_amd_or_newer_targets(on_h100: None) -> None:
         with pytest.raises(UsageError) as e:
             resolve_arch(target, ptx_jit=True)
         assert "tuner never benchmarks one device" in str(e.value) and "--ptx-jit" not in str(e.value)
+
+
+def test_resumed_study_reuses_the_recorded_gate() -> None:
+    # The H100 8B study: trial0 gated the upstream build; a later run must not gate it again (60 s there).
+    import optuna
+
+    from tuner.search import stored_gate
+
+    db = Path(__file__).resolve().parents[2] / "docs" / "h100" / "session3" / "sm90-l8b-study.db"
+    study = optuna.load_study(study_name="sm90-llama-3.1-8b-q4km", storage=f"sqlite:///{db}")
+    trials = study.get_trials(deepcopy=False)
+    first = trials[0].user_attrs
+    g = stored_gate(trials, first["build_id"])
+    assert g is not None and g["status"] == "pass" and g == first["gate"]
+    assert stored_gate(trials, "no-such-build") is None
