@@ -403,16 +403,21 @@ def _trials_section(study: Any) -> str:
     rows = []
     for t in study.trials:
         status = str(t.user_attrs.get("status") or t.state.name.lower())
-        score = f"{t.value:.3f}x" if t.value is not None else "-"
+        ratios = t.user_attrs.get("ratios") or {}
+        if status == "pruned" and ratios:
+            last = list(ratios)[-1]  # the Wilcoxon pruner stops on per-point ratios
+            score = f"{ratios[last]:.3f}x at {last} ({len(ratios)} points)"
+        else:
+            score = f"{t.value:.3f}x" if t.value is not None else "-"
         changed = [f"{k}={v}" for k, v in sorted(t.params.items()) if k in ref and ref[k] != v]
         note = "upstream defaults" if base is not None and t.number == base.number else ", ".join(changed) or "-"
         if status not in ("ok", "pruned") and t.user_attrs.get("reason"):
             note += f" ({str(t.user_attrs['reason'])[:90]})"
         rows.append([f"trial{t.number}", status, score, note])
     return (
-        "\n## Trials\n\nscore: geometric mean of candidate/baseline t/s over the points measured (weights of the "
-        "profile); a pruned trial stopped early, scored on the points it reached; the score alone picks "
-        "nothing, the selection above does.\n\n"
+        "\n## Trials\n\nscore: candidate/baseline t/s, the search's objective (weighted geometric mean over all "
+        "points) for a finished trial; for a pruned one, the ratio at the point where the pruner stopped it. "
+        "The score alone picks nothing; the selection above does.\n\n"
         + log.table(["trial", "status", "score", "changed from upstream"], rows) + "\n"
     )
 
