@@ -1,5 +1,7 @@
 # Session 3 of issue 7 on the lent H100 (source this after docs/h100/env.sh).
-#   machine 1:  s3_setup (build sm_90, llama-3.1-8b shape, threshold demo), then s3_search8b SECONDS (resumable)
+#   machine 1:  s3_setup (build sm_90, llama-3.1-8b shape, threshold demo), then s3_search8b SECONDS [--set ...]
+#               (resumable; the third call pinned the D=128 row at upstream with
+#               --set mma.ampere.d128.c64.nthreads=128 --set mma.ampere.d128.c64.occupancy=2)
 #   machine 2:  s3_sm89_setup (build sm_89 as 89-virtual, llama-3.2-1b shape, JIT timing), then s3_sm89 SECONDS
 # Every step leaves its logs and the study database under $OUT.
 M8=$TUNER_HOME/models/l8b-q4km.gguf
@@ -39,9 +41,9 @@ s3_setup() {
 s3_search8b() {
   python3 -m tuner search --arch sm_90 --variant cuda --model "$M8" --depths 0,4096,16384,32768 \
     --study sm90-llama-3.1-8b-q4km --run-dir "$TUNER_RUNS/sm90-l8b" --trials 500 --time-budget "$1" \
-    --jobs 16 $(_pin_rows) 2>&1 | tee "$OUT/search8b.txt"
+    --jobs 16 $(_pin_rows "${@:2}") 2>&1 | tee "$OUT/search8b.txt"
   cp "$TUNER_RUNS"/sm90-l8b/*.db "$OUT/" 2>/dev/null
-  tar czf "$OUT/search8b-logs.tgz" -C "$TUNER_RUNS" sm90-l8b --exclude '*.db' 2>/dev/null
+  tar czf "$OUT/search8b-logs.tgz" --exclude '*.db' -C "$TUNER_RUNS" sm90-l8b 2>/dev/null
 }
 
 # sm_89 on the H100: 89-virtual (PTX, JIT-compiled for the H100 at first use; `tuner build` and
@@ -68,5 +70,5 @@ s3_sm89() {
     --trials 500 --time-budget "$1" --jobs 16 \
     $(_pin_rows --set mma.ampere.d128.c64.nthreads=128 --set mma.ampere.d128.c64.occupancy=2) 2>&1 | tee "$OUT/search89.txt"
   cp "$TUNER_RUNS"/sm89-l1b/*.db "$OUT/" 2>/dev/null
-  tar czf "$OUT/search89-logs.tgz" -C "$TUNER_RUNS" sm89-l1b --exclude '*.db' 2>/dev/null
+  tar czf "$OUT/search89-logs.tgz" --exclude '*.db' -C "$TUNER_RUNS" sm89-l1b 2>/dev/null
 }
