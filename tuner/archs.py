@@ -14,6 +14,7 @@ __all__ = [
     "load_arch",
     "detect_local_archs",
     "find_product",
+    "newer_nvidia",
     "normalize_arch_name",
     "MATH_KEYS",
     "PRODUCT_FIGURES",
@@ -25,7 +26,7 @@ import logging
 import re
 import shutil
 from tuner._compat import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,11 @@ class Arch:
     aliases: tuple[str, ...] = ()
     source: str = ""
     """Where cc, wave_size and the shared-memory figures come from."""
+
+    @property
+    def backend(self) -> str:
+        """ggml's backend name for this arch: ``CUDA``, ``ROCm`` or ``CPU`` (device 0 is ``CUDA0``...)."""
+        return {"nvidia": "CUDA", "amd": "ROCm"}.get(self.vendor, "CPU")
 
     def product(self, name: str | None = None) -> Product:
         """The named product (case-insensitive substring), or the first one listed.
@@ -306,25 +312,47 @@ def find_product(device: str) -> tuple[str, str] | None:
     return None
 
 
+def newer_nvidia(cc: int, local: Sequence[str]) -> list[str]:
+    """The local NVIDIA GPUs (``sm_XY`` names) newer than compute capability ``cc`` (e.g. 890).
+
+    A GPU the database does not know yet counts by its name (``sm_100`` -> 1000).
+    """
+    out = []
+    for name in local:
+        if not name.startswith("sm_"):
+            continue
+        try:
+            local_cc = load_arch(name).cc or 0
+        except UsageError:
+            digits = name.removeprefix("sm_")
+            local_cc = int(digits) * 10 if digits.isdigit() else 0
+        if local_cc > cc:
+            out.append(name)
+    return out
+
+
 _GFX_RE = re.compile(r"\b(gfx[0-9a-f]{3,4})\b")
+
+
+def _tool_output(name: str, *args: str) -> str:
+    """Output of a GPU query tool on PATH; ``""`` when it is missing or fails (then there is no such GPU)."""
+    exe = shutil.which(name)
+    if exe is None:
+        return ""
+    from tuner import _run
+
+    try:
+        res = _run.run([exe, *args], check=False, timeout=60, what=name)
+    except TunerError as err:
+        logger.info("%s failed: %s", name, err)
+        return ""
+    return res.output if res.returncode == 0 else ""
 
 
 def _detect_nvidia_smi() -> list[str]:
     """``nvidia-smi --query-gpu=compute_cap``: the driver ships it, so it works without pynvml."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    from tuner import _run
-
-    try:
-        res = _run.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], check=False, timeout=60,
-                       what="nvidia-smi")
-    except TunerError as err:
-        logger.info("nvidia-smi failed: %s", err)
-        return []
-    if res.returncode != 0:
-        return []
-    return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", res.output, re.M)]
+    out = _tool_output("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
+    return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
 
 
 def _detect_nvidia() -> list[str]:
@@ -354,19 +382,7 @@ def _detect_nvidia() -> list[str]:
 
 
 def _detect_amd() -> list[str]:
-    exe = shutil.which("rocminfo")
-    if exe is None:
-        return []
-    from tuner import _run
-
-    try:
-        res = _run.run([exe], check=False, timeout=60, what="rocminfo")
-    except TunerError as err:
-        logger.info("rocminfo failed: %s", err)
-        return []
-    if res.returncode != 0:
-        return []
-    return _GFX_RE.findall(res.output)
+    return _GFX_RE.findall(_tool_output("rocminfo"))
 
 
 def detect_local_archs() -> list[str]:

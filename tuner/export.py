@@ -211,6 +211,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
     )
     trial0 = next((t for t in study.trials if t.user_attrs.get("build_id")), None)
     g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
+    measured = _measured(study)
     config = {
         "schema": SCHEMA_VERSION,
         "source": {
@@ -226,7 +227,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
         "target": {
             "arch": a["arch"],
             "measured_on": _device_name(study),
-            "measured_arch": _measured(study)[0],
+            "measured_arch": measured[0],
             "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
         },
         "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
@@ -245,7 +246,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
-    _write_report(study, w, out_dir, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
+    _write_report(study, w, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
@@ -321,8 +322,8 @@ def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | Non
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
 
 
-def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = None,
-                  weight_type: str | None = None) -> None:
+def _write_report(study: Any, w: Winner, out_dir: Path, measured: tuple[str, str | None], *,
+                  like: str | None = None, weight_type: str | None = None) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
 
@@ -331,7 +332,6 @@ def _write_report(study: Any, w: Winner, out_dir: Path, *, like: str | None = No
 
     results, base = study_results(study)
     a = study.user_attrs
-    measured = _measured(study)
     roof = _roofline_for(a, like, weight_type, measured) or {}
     rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
     sel_rows = []
@@ -432,9 +432,9 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapp
     from tuner.bench import COLUMNS
 
     row: dict[str, Any] = {c: math.nan for c in COLUMNS}
-    arch = str(a.get("arch", ""))
-    backend = "CUDA" if arch.startswith("sm_") else "ROCm" if arch.startswith("gfx") else "CPU" if arch == "cpu" else ""
-    row.update({"build_commit": a.get("commit") or "", "backends": backend, "gpu_info": "", "status": "ok",
+    from tuner.archs import load_arch
+
+    row.update({"build_commit": a.get("commit") or "", "backends": load_arch(a["arch"]).backend, "gpu_info": "", "status": "ok",
                 "model_filename": Path(a["model"]).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
     return row | {
         "label": label,

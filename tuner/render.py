@@ -172,9 +172,9 @@ def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | 
     major = str(arch.cc // 10)
     if not local_archs or arch.name in local_archs:
         return f"{major}-real", []
-    local_cc = [constraints.load_arch_limits(a).cc for a in local_archs if a.startswith("sm_")]
-    newer = [c for c in local_cc if c > arch.cc]
-    if newer:
+    from tuner.archs import newer_nvidia
+
+    if newer_nvidia(arch.cc, local_archs):
         warn = (
             f"{arch.name} was requested but this machine's GPU is {', '.join(local_archs)}: building "
             f"CMAKE_CUDA_ARCHITECTURES={major}-virtual (PTX, JIT-compiled at first run) so it can run here. "

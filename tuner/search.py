@@ -135,7 +135,7 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
     Raises:
         UsageError: ``--arch X`` names a GPU this machine does not have (and no --dry-run/--replay).
     """
-    from tuner.archs import detect_local_archs, load_arch
+    from tuner.archs import detect_local_archs, load_arch, newer_nvidia
 
     local = detect_local_archs()
     if requested is None:
@@ -143,7 +143,7 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
     arch = load_arch(requested)  # unknown -> UsageError with suggestions
     if arch.name == "cpu" or dry_run or replay or arch.name in local:
         return arch.name
-    newer = [a for a in local if a.startswith("sm_") and _cc_of(a) > (arch.cc or 0)] if arch.vendor == "nvidia" else []
+    newer = newer_nvidia(arch.cc or 0, local) if arch.vendor == "nvidia" else []
     if ptx_jit and newer:
         log.warning(
             f"{arch.name} code runs here as {arch.cc // 10}-virtual PTX JIT-compiled for {newer[0]}: the kernels "
@@ -162,16 +162,6 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
         f"the whole space here, or run the same command on a machine with that GPU.{hint}"
     )
     raise UsageError(msg)
-
-
-def _cc_of(name: str) -> int:
-    from tuner.archs import load_arch
-
-    try:
-        return load_arch(name).cc or 0
-    except UsageError:  # a GPU newer than the database: sm_XY -> XY0
-        digits = name.removeprefix("sm_")
-        return int(digits) * 10 if digits.isdigit() else 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -407,7 +397,7 @@ class _Searcher:
             gate = run_gate(
                 build.bin_dir,
                 kernels=kernels,
-                backend="CUDA0" if arch.vendor == "nvidia" else "ROCm0",
+                backend=f"{arch.backend}0",
                 params=params_for_model(shape.get("head_dim", 64), "f16"),
                 log_dir=self.cfg.run_dir / "logs",
             )
