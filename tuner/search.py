@@ -100,6 +100,18 @@ class SearchConfig:
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Knob values pinned by the user (``--set``)."""
     worker: bool = False
+    # screen -> compose -> tune -> confirm (tuner.pipeline)
+    min_rounds: int = 3
+    max_rounds: int = 6
+    ci_target: float = 1.0
+    """Percent half-width of a paired 95% CI at which rounds stop."""
+    refine: int = 1
+    """Bisection steps at kernel boundaries."""
+    confirm_extra: int = 2
+    """Depths the confirm stage adds between ladder depths."""
+    reps_pp: int = 8
+    reps_tg: int = 3
+    """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
 
     @property
     def storage_url(self) -> str:

@@ -11,14 +11,17 @@ import click
 from tuner.cli._params import depths_option, parse_pairs
 
 from tuner import log
-from tuner.errors import UsageError
+from tuner.errors import TunerError, UsageError
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
 # One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
 # --variant cpu --variant cpu-no-native to search both.
-CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 10, "variants": ("cpu",)}
-GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 16384, 32768), "pp": 512, "tg": 128, "trials": 40}
+CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 4, "variants": ("cpu",),
+                "max_rounds": 4, "refine": 0}
+# The depth ladder of issue 15, capped by the model's context length.
+GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 8192, 16384, 32768, 65536), "pp": 512, "tg": 128,
+                "trials": 6, "max_rounds": 6, "refine": 1}
 
 
 def _sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -48,6 +51,14 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
         click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True,
+                     help="Paired, interleaved rounds at least (screen and confirm)."),
+        click.option("--max-rounds", type=click.IntRange(2, 100), default=None,
+                     help="Rounds at most (default 6 on a GPU, 4 on the CPU)."),
+        click.option("--ci-target", type=click.FloatRange(0.1, 50), default=1.0, show_default=True,
+                     help="Stop adding rounds when every paired 95%% CI half-width is within this many percent."),
+        click.option("--refine", type=click.IntRange(0, 10), default=None,
+                     help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU)."),
         click.option("--ptx-jit", is_flag=True,
                      help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100)."),
     ]
@@ -113,7 +124,7 @@ def _baseline_build(arch: str, source: object) -> object:
 
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
-    from tuner.search import SearchConfig, default_run_dir, describe, run_search
+    from tuner.search import SearchConfig, default_run_dir, run_search
     from tuner.source import DEFAULT_SPEC, fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
@@ -135,14 +146,16 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     study = str(kw.get("study") or f"{arch}-{model.stem}-{source.era}")
     run_dir = Path(kw.get("run_dir") or default_run_dir(study))  # type: ignore[arg-type]
     sets = _sets(kw["sets"])  # type: ignore[arg-type]
+    ctx = _context_length(model)
+    depths = tuple(kw.get("depths") or [d for d in defaults["depths"] if not ctx or d <= ctx])  # type: ignore[union-attr]
     cfg = SearchConfig(
         arch=arch,
         source_spec=spec,
         model=model.resolve(),
-        depths=tuple(kw.get("depths") or defaults["depths"]),  # type: ignore[arg-type]
+        depths=depths,
         pp=int(kw.get("pp") or defaults["pp"]),  # type: ignore[arg-type]
         tg=int(kw.get("tg") or defaults["tg"]),  # type: ignore[arg-type]
-        trials=kw.get("trials") or (None if kw.get("time_budget") else defaults["trials"]),  # type: ignore[arg-type]
+        trials=kw.get("trials") if kw.get("trials") is not None else defaults["trials"],  # type: ignore[arg-type]
         time_budget=kw.get("time_budget"),  # type: ignore[arg-type]
         profile=str(kw["profile"]),
         storage=kw.get("storage"),  # type: ignore[arg-type]
@@ -156,27 +169,40 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         variants=tuple(kw["variants"]) or defaults.get("variants"),  # type: ignore[arg-type]
         fixed=sets,
         worker=worker,
+        min_rounds=int(kw["min_rounds"]),  # type: ignore[arg-type]
+        max_rounds=max(int(kw["min_rounds"]), int(kw.get("max_rounds") or defaults["max_rounds"])),  # type: ignore[arg-type]
+        ci_target=float(kw["ci_target"]),  # type: ignore[arg-type]
+        refine=int(kw["refine"] if kw.get("refine") is not None else defaults["refine"]),  # type: ignore[arg-type]
     )
     log.info(
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
-        f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}, profile {cfg.profile}\n"
-        f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}"
+        f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
+        f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}\n"
+        f"  open it live with: optuna-dashboard {cfg.storage_url}"
     )
-    outcome = run_search(cfg)
-    import optuna
+    if worker:
+        outcome = run_search(cfg)
+        log.info(f"\nDone: {outcome.n_trials} trials ({outcome.n_complete} complete, {outcome.n_failed} failed).")
+        return
+    import time
 
-    st = optuna.load_study(study_name=study, storage=cfg.storage_url)
-    log.info(
-        f"\nDone: {outcome.n_trials} trials ({outcome.n_complete} complete, {outcome.n_failed} failed, "
-        f"{outcome.n_pruned} pruned); builds {outcome.builds_new} new, {outcome.builds_cached} cached; "
-        f"{outcome.seconds:.0f}s.\n"
-    )
-    from tuner.space import load_space
+    from tuner.pipeline.run import run_pipeline
 
-    click.echo(describe(st, load_space(arch, source.era)))
-    if not worker:
-        from tuner.export import export_study
+    t0 = time.monotonic()
+    result = run_pipeline(cfg)
+    log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
+    from tuner.pipeline.exporting import export_pipeline, summary_line
 
-        out = export_dir or (run_dir / "export")
-        export_study(study, storage=cfg.storage_url, out_dir=out)
-        log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
+    out = export_dir or (run_dir / "export")
+    export_pipeline(study, storage=cfg.storage_url, out_dir=out)
+    log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
+    click.echo(summary_line(result))
+
+
+def _context_length(model: Path) -> int | None:
+    from tuner.models import load_gguf_shape
+
+    try:
+        return int(load_gguf_shape(model).context_length)
+    except TunerError:
+        return None

@@ -1,0 +1,93 @@
+"""Paired statistics over interleaved rounds.
+
+Within one round every config is measured once, back to back, in a rotated order; the effect of a
+candidate is the ratio candidate / upstream *within* a round, so machine drift between rounds cancels.
+Over rounds the log-ratios are summarized by their mean and a Student-t interval (rounds are few,
+3-8, so a normal or bootstrap interval would be too narrow).
+
+An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
+whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Effect", "paired_effect", "noise_pct", "verdict", "rotated"]
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from scipy import stats as _stats
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Effect:
+    """A paired effect: candidate / reference over ``n`` rounds."""
+
+    n: int
+    ratio: float
+    """Geometric mean of the per-round ratios (1.0 = as fast as the reference)."""
+    ci_low: float
+    ci_high: float
+    """Confidence interval of ``ratio`` (NaN when n < 2)."""
+
+    @property
+    def pct(self) -> float:
+        return 100.0 * (self.ratio - 1.0)
+
+    @property
+    def halfwidth_pct(self) -> float:
+        """Half-width of the interval in percent of the ratio (inf when unknown)."""
+        if not (math.isfinite(self.ci_low) and math.isfinite(self.ci_high)) or self.ratio <= 0:
+            return math.inf
+        return 100.0 * (self.ci_high - self.ci_low) / 2.0 / self.ratio
+
+    def as_dict(self) -> dict[str, float]:
+        return {"n": self.n, "ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+
+def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, confidence: float = 0.95) -> Effect:
+    """Effect of ``candidate`` over ``reference``, paired by index (one entry per round).
+
+    Rounds where either side is missing or not positive are skipped.
+    """
+    logs = [math.log(c / r) for c, r in zip(candidate, reference)
+            if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)]
+    n = len(logs)
+    if n == 0:
+        return Effect(n=0, ratio=math.nan, ci_low=math.nan, ci_high=math.nan)
+    mean = sum(logs) / n
+    if n < 2:
+        return Effect(n=1, ratio=math.exp(mean), ci_low=math.nan, ci_high=math.nan)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = float(_stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
+    return Effect(n=n, ratio=math.exp(mean), ci_low=math.exp(mean - half), ci_high=math.exp(mean + half))
+
+
+def noise_pct(aa: Effect) -> float:
+    """The noise an A/A pair measured, in percent: how far its interval reaches from 1.0.
+
+    Unknown (fewer than 2 rounds) is infinite, so nothing can be claimed against it.
+    """
+    if not (math.isfinite(aa.ci_low) and math.isfinite(aa.ci_high)):
+        return math.inf
+    return 100.0 * max(abs(aa.ci_high - 1.0), abs(1.0 - aa.ci_low))
+
+
+def verdict(effect: Effect, noise: float) -> str:
+    """``faster`` / ``slower`` when the whole interval clears the A/A noise, else ``no difference``."""
+    if not (math.isfinite(effect.ci_low) and math.isfinite(effect.ci_high) and math.isfinite(noise)):
+        return "no difference"
+    if effect.ci_low > 1.0 + noise / 100.0:
+        return "faster"
+    if effect.ci_high < 1.0 - noise / 100.0:
+        return "slower"
+    return "no difference"
+
+
+def rotated(items: Sequence[str], round_index: int) -> list[str]:
+    """The order of one round: ``items`` rotated left by the round's index (A B C, B C A, C A B...)."""
+    if not items:
+        return []
+    k = round_index % len(items)
+    return list(items[k:]) + list(items[:k])

@@ -1,0 +1,54 @@
+"""Tune: Optuna only for what really is a joint search, with the composed rules fixed.
+
+The dimensions are the space's compile-time rows (tile/MMA config rows, occupancy, WMMA knobs: one
+translation unit rebuilt per candidate) and process-wide knobs (CUDA graph/PDL/fusion env, -ub,
+threads); kernel rules and selector thresholds are the screen's job and stay out. TPE samples with
+``constraints_func`` (a candidate the constraint check rejects is recorded as infeasible, never built).
+
+Each knob declares the phases it can affect (``phases = ["pp"]`` in the space file; both by default);
+a trial measures only those phases, each against the composed reference in one paired round (the
+order alternates between trials), and reports one objective per phase (geometric mean of the
+per-depth ratios; 1.0 for a phase the trial cannot change). No pruning across phases: a prefill
+result never stops a decode measurement. The best trial is only a proposal: confirm decides.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick"]
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
+
+
+def tunable_knobs(space: Any, fixed: Mapping[str, Any]) -> list[Any]:
+    """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set."""
+    return [k for k in (*space.compile_knobs, *space.runtime_knobs) if k.kind in TUNE_KINDS and k.name not in fixed]
+
+
+def knob_phases(knob: Any) -> tuple[str, ...]:
+    ph = knob.meta.get("phases") if hasattr(knob, "meta") else None
+    return tuple(ph) if ph else ("pp", "tg")
+
+
+def geomean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x and math.isfinite(x) and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) -> Any | None:
+    """The trial worth confirming: no phase objective below ``floor`` and the product of the
+    objectives at least ``min_gain``; the best such by that product. None when no trial qualifies."""
+    best, best_v = None, min_gain
+    for t in trials:
+        vals = getattr(t, "values", None)
+        if not vals or any(v is None or not math.isfinite(v) for v in vals):
+            continue
+        if min(vals) < floor:
+            continue
+        v = math.prod(vals)
+        if v >= best_v:
+            best, best_v = t, v
+    return best
