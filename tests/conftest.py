@@ -56,8 +56,8 @@ def tree_b(tuner_home: Path):
 @pytest.fixture(scope="session")
 def cpu_build(tree_a):
     """A real CPU build of llama-bench, test-backend-ops and llama-quantize from tree A (cached)."""
-    from tuner.build import build_variant
-    from tuner.render import render_variant
+    from tuner.build.cmake import build_variant
+    from tuner.plan.render import render_variant
 
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
     return build_variant(rv, targets=("llama-bench", "test-backend-ops", "llama-quantize"))
@@ -66,7 +66,7 @@ def cpu_build(tree_a):
 @pytest.fixture(scope="session")
 def tiny_model(tree_a) -> Path:
     """The `tiny` synthetic model (llama arch, head size 64, GQA 4), made once."""
-    from tuner.models import synth_cached
+    from tuner.targets.models import synth_cached
 
     return synth_cached("tiny", source=tree_a)
 
@@ -79,7 +79,7 @@ def hip_toolchain(tuner_home: Path):
     command that sets it up.
     """
     from tuner.errors import TunerError
-    from tuner.hip import find_hip_toolchain, run_hip_setup
+    from tuner.build.hip import find_hip_toolchain, run_hip_setup
 
     tc = find_hip_toolchain()
     if tc is not None:

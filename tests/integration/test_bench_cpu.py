@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tuner.bench import COLUMNS, load_results, run_bench
-from tuner.check import params_for_model, run_check, run_gate
-from tuner.report import plot_depth, render_report
-from tuner.stats import compare_frames
+from tuner.measure.bench import COLUMNS, load_results, run_bench
+from tuner.measure.gate import params_for_model, run_check, run_gate
+from tuner.result.report import plot_depth, render_report
+from tuner.measure.stats import compare_frames
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
 
 
 def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
-    from tuner.bench import save_results
+    from tuner.measure.bench import save_results
     from tuner.cli.bench_cmd import bench
 
     df_a, _ = run_a

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.build import build_variant
+from tuner.build.cmake import build_variant
 from tuner.errors import TunerError
-from tuner.variant import RenderedVariant
+from tuner.plan.variant import RenderedVariant
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_toy_broken_build_is_recorded(isolated_home: Path) -> None:
 
 def test_llama_bench_cpu_build_relocatable_and_cached(cpu_build, tree_a, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.render import render_variant
+    from tuner.plan.render import render_variant
 
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
     targets = ("llama-bench", "test-backend-ops", "llama-quantize")
@@ -100,7 +100,7 @@ def test_two_processes_build_one_variant_once(tmp_path: Path) -> None:
 
     script = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from test_build_cpu import toy_rv; from tuner.build import build_variant;"
+        "from test_build_cpu import toy_rv; from tuner.build.cmake import build_variant;"
         "b = build_variant(toy_rv(rows=3), targets=['llama-bench'], jobs=1);"
         "print(json.dumps({'cached': b.cached, 'bin': str(b.bin_dir)}))"
     )

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.build import build_variant, default_check_objects
-from tuner.hip import find_hip_toolchain, load_offload_targets
-from tuner.variant import RenderedVariant
+from tuner.build.cmake import build_variant, default_check_objects
+from tuner.build.hip import find_hip_toolchain, load_offload_targets
+from tuner.plan.variant import RenderedVariant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from tuner import _run
 from tuner.cli import cli
-from tuner.models import _parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
-from tuner.roofline import bytes_per_token
+from tuner.targets.models import _parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
+from tuner.targets.roofline import bytes_per_token
 
 pytestmark = [
     pytest.mark.integration,

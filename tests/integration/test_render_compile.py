@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import render
+from tuner.plan import render
 from tuner._run import run
 
 pytestmark = [

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from tuner import source as S
+from tuner.source import fetch as F
+from tuner.source import tree as T
 from tuner._run import run
 from tuner.errors import UsageError
 
@@ -40,7 +42,7 @@ def _fail(*args: object, **kw: object) -> None:
 def fetched(tuner_home: Path) -> dict[str, S.Source]:
     out = {}
     for era, spec in SPECS.items():
-        S._index_file(spec).unlink(missing_ok=True)
+        F._index_file(spec).unlink(missing_ok=True)
         out[era] = S.fetch_source(spec)
     return out
 
@@ -63,9 +65,10 @@ def test_pinned_sdists(fetched: dict[str, S.Source], tuner_home: Path) -> None:
 
 
 def test_second_fetch_does_no_work(fetched: dict[str, S.Source], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(S, "run", _fail)
-    monkeypatch.setattr(S, "run_pip_download", _fail)
-    monkeypatch.setattr(S, "_extract_vendor_tree", _fail)
+    for mod in (F, T):
+        monkeypatch.setattr(mod, "run", _fail)
+    monkeypatch.setattr(F, "run_pip_download", _fail)
+    monkeypatch.setattr(F, "_extract_vendor_tree", _fail)
     for era, spec in SPECS.items():
         start = time.monotonic()
         again = S.fetch_source(spec)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
-from tuner.validate import validate_result
+from tuner.result.validate import validate_result
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def test_stale_hash_fails(copy: Path) -> None:
 
 
 def test_patch_for_the_other_era_fails(copy: Path, tree_b) -> None:
-    from tuner.render import render_variant
+    from tuner.plan.render import render_variant
 
     other = render_variant(tree_b, "gfx1151", "hip-rocwmma", local_archs=[]).patch
     (copy / "tuned.patch").write_text(other)

@@ -26,7 +26,7 @@ def archs(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from tuner.archs import load_archs
+    from tuner.targets.archs import load_archs
 
     all_archs = load_archs()
     if as_json:
@@ -48,7 +48,7 @@ def show(arch: str, as_json: bool) -> None:
 
     ARCH is e.g. sm_89, sm89, 8.9, gfx1151, strix-halo or cpu.
     """
-    from tuner.archs import MATH_KEYS, PRODUCT_FIGURES, load_arch
+    from tuner.targets.archs import MATH_KEYS, PRODUCT_FIGURES, load_arch
 
     a = load_arch(arch)
     if as_json:
@@ -99,9 +99,9 @@ def estimate(arch_name: str, model_path: Path | None, like: str | None, depths: 
     / FLOPs per token. Method of seeds 000/001; see tuner/roofline.py.
     """
     from tuner.errors import UsageError
-    from tuner.models import load_model_shape
-    from tuner.roofline import ESTIMATE_LABEL
-    from tuner.roofline import estimate as run_estimate
+    from tuner.targets.models import load_model_shape
+    from tuner.targets.roofline import ESTIMATE_LABEL
+    from tuner.targets.roofline import estimate as run_estimate
 
     if (model_path is None) == (like is None):
         raise UsageError("Pass exactly one of --model GGUF (a real file) or --like NAME (a known shape).")

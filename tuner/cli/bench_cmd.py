@@ -67,7 +67,7 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
     Results go to OUT/<label>.jsonl (and .parquet); logs to OUT/logs.
     """
-    from tuner.bench import BenchTarget, render_table, run_bench, run_interleaved, save_results
+    from tuner.measure.bench import BenchTarget, render_table, run_bench, run_interleaved, save_results
 
     if labels and len(labels) != len(builds):
         raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
@@ -108,9 +108,9 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
               help="A change must exceed this many percent to count.")
 def compare(a: Path, b: Path, confidence: float, min_effect: float) -> None:
     """Compare bench results B against A per (test, depth): Δ%, CI and verdict."""
-    from tuner.bench import load_results
-    from tuner.report import MARKS
-    from tuner.stats import compare_frames
+    from tuner.measure.bench import load_results
+    from tuner.result.report import MARKS
+    from tuner.measure.stats import compare_frames
 
     da, db = load_results(a), load_results(b)
     res = compare_frames(da, db, confidence=confidence, min_effect_pct=min_effect)
@@ -137,8 +137,8 @@ def compare(a: Path, b: Path, confidence: float, min_effect: float) -> None:
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, confidence: float) -> None:
     """Markdown report (pp and tg per depth, Δ% vs baseline with significance) and a depth plot."""
-    from tuner.bench import load_results
-    from tuner.report import plot_depth, render_report
+    from tuner.measure.bench import load_results
+    from tuner.result.report import plot_depth, render_report
 
     frames = {}
     for p in files:
@@ -173,7 +173,7 @@ def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, 
 def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | None, head_dim: int | None,
           kv_type: str | None, kernels: str | None, jobs: int | None, timeout: float, out_dir: Path | None) -> None:
     """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""
-    from tuner.check import params_for_model, run_check, run_gate
+    from tuner.measure.gate import params_for_model, run_check, run_gate
 
     bin_dir = _bin_dir(build_dir, "test-backend-ops")
     if head_dim is not None:

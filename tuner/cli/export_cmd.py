@@ -25,8 +25,8 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
            weight_type: str | None) -> None:
     """Export a study's winner: config.toml, tuned.patch, CMakePresets.json, run.env, report.md, depth.png."""
     from tuner.errors import UsageError
-    from tuner.export import export_study
-    from tuner.search import default_run_dir
+    from tuner.result.export import export_study
+    from tuner.search.study import default_run_dir
 
     if storage is None:
         db = (run_dir or default_run_dir(study)) / "study.db"
@@ -43,7 +43,7 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
 def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool) -> None:
     """Validate stored winners (default: results/). Non-zero exit if any check fails."""
-    from tuner.validate import validate_paths
+    from tuner.result.validate import validate_paths
 
     checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench)
     if not checks:

@@ -36,7 +36,7 @@ def synth(like: str, weight_type: str, quant: str | None, quantize_with: Path | 
     generates is noise. Use it for benchmarks, never for quality checks.
     """
     from tuner.errors import TunerError, UsageError
-    from tuner.models import find_vocab, load_model_shape, run_quantize, synth_model
+    from tuner.targets.models import find_vocab, load_model_shape, run_quantize, synth_model
 
     shape = load_model_shape(like)
     if weight_type not in ("f16", "q8_0"):

@@ -51,8 +51,8 @@ def render(
     constraint-checked; an illegal candidate is rejected (exit 2) before anything compiles.
     Writes cmake-args.txt, CMakeUserPresets.json, tuned.patch, tu/*.h, runtime.env and bench-args.txt.
     """
-    from tuner import render as render_mod
-    from tuner import space as space_mod
+    from tuner.plan import render as render_mod
+    from tuner.plan import space as space_mod
 
     src = _load_source(spec)
     sp = None

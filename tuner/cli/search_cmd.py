@@ -81,18 +81,18 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
     With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
     synthetic model and a SQLite study in ./tuner-runs/. Rerunning the same command resumes the study.
     """
-    from tuner.search import resolve_arch
+    from tuner.search.study import resolve_arch
 
     if bool(replay) != replay_mode:
         raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
     arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     if dry_run:
-        from tuner.dryrun import run_dry_run
+        from tuner.search.dryrun import run_dry_run
 
         run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"])  # type: ignore[arg-type]
         return
     if replay:
-        from tuner.replay import run_replay
+        from tuner.search.replay import run_replay
 
         run_replay(list(replay), profile=str(kw["profile"]), seed=int(kw["seed"]))  # type: ignore[arg-type]
         return
@@ -103,7 +103,7 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 @_common
 def worker(**kw: object) -> None:
     """Join a shared study (``--storage postgresql://... --study NAME``) and run trials until the budget."""
-    from tuner.search import resolve_arch
+    from tuner.search.study import resolve_arch
 
     if not kw.get("storage") or not kw.get("study"):
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
@@ -113,10 +113,10 @@ def worker(**kw: object) -> None:
 
 def _baseline_build(arch: str, source: object) -> object:
     """The upstream-default variant's build (for llama-quantize); cached like every build."""
-    from tuner.archs import detect_local_archs
-    from tuner.build import build_variant
-    from tuner.render import render_variant
-    from tuner.space import load_space
+    from tuner.targets.archs import detect_local_archs
+    from tuner.build.cmake import build_variant
+    from tuner.plan.render import render_variant
+    from tuner.plan.space import load_space
 
     space = load_space(arch, source.era)  # type: ignore[attr-defined]
     rv = render_variant(source, arch, space.variants[0], local_archs=detect_local_archs())  # type: ignore[arg-type]
@@ -135,7 +135,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     if model is not None and kw.get("like"):
         raise UsageError("give either --model GGUF or --like NAME, not both.")
     if model is None:
-        from tuner.models import synth_cached
+        from tuner.targets.models import synth_cached
 
         quant = kw.get("quant")
         qbin = _baseline_build(arch, source).exe("llama-quantize") if quant else None
@@ -186,12 +186,12 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         return
     import time
 
-    from tuner.pipeline.run import run_pipeline
+    from tuner.search.pipeline import run_pipeline
 
     t0 = time.monotonic()
     result = run_pipeline(cfg)
     log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
-    from tuner.pipeline.exporting import export_pipeline, summary_line
+    from tuner.result.pipeline_export import export_pipeline, summary_line
 
     out = export_dir or (run_dir / "export")
     export_pipeline(study, storage=cfg.storage_url, out_dir=out)
@@ -200,7 +200,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
 
 
 def _context_length(model: Path) -> int | None:
-    from tuner.models import load_gguf_shape
+    from tuner.targets.models import load_gguf_shape
 
     try:
         return int(load_gguf_shape(model).context_length)

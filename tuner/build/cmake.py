@@ -1,0 +1,701 @@
+"""Build stage: configure and compile one RenderedVariant into relocatable binaries.
+
+Layout under ``$TUNER_HOME/builds/<rv.key>/`` (one directory per source + patch + defines)::
+
+    src/                      private copy of the tree: hard links, real files for patched ones
+    build/                    CMake (Ninja) build directory, shared by the key's candidates
+    tu/<stem>.h               per-TU override headers force-included by the patch's CMake hook
+    logs/                     configure.log, build-<artifact_key>.log
+    artifacts/<artifact_key>/ bin/ (executables + shared libraries) and build.json
+    build.json                record of the latest attempt (ok or failed)
+
+Every scikit-build-core import of tuner lives in this module (its CMake API is not documented as
+stable; one place to fix on upgrade).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "BuildTools",
+    "build_variant",
+    "default_check_objects",
+    "find_build_tools",
+    "load_build_record",
+    "parse_ninja_progress",
+    "parse_ninja_log",
+    "quantize_model",
+]
+
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from scikit_build_core.cmake import CMake, CMaker
+from scikit_build_core.errors import CMakeConfigError, CMakeNotFoundError
+from scikit_build_core.file_api.query import stateless_query
+from scikit_build_core.program_search import best_program, get_ninja_programs
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.paths import tuner_home
+from tuner._hash import stable_hash
+from tuner.plan.variant import Build, RenderedVariant
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGETS = ("llama-bench", "test-backend-ops", "llama-quantize")
+_CMAKE_SPEC = ">=3.28"
+_HIP_CMAKE_SPEC = ">=3.28,<4"
+_NINJA_SPEC = ">=1.10"
+_TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,100}$")
+_PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+_CUDA_DIR = Path("ggml/src/ggml-cuda")
+# llama-quantize's type names (tools/quantize/quantize.cpp QUANT_OPTIONS), the ones worth offering.
+_QTYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BuildTools:
+    """CMake and Ninja picked for a build (scikit-build-core's search)."""
+
+    cmake: CMake
+    """CMake found by ``CMake.default_search`` (``$CMAKE_EXECUTABLE`` > PyPI wheel > PATH)."""
+    ninja: Path
+    """Ninja found by scikit-build-core's ninja search."""
+
+
+@functools.cache
+def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMAKE_SPEC) -> BuildTools:
+    """Find CMake and Ninja.
+
+    Args:
+        cmake_executable: Use this CMake (the HIP toolchain's cmake<4) instead of searching.
+        cmake_spec: Version requirement.
+
+    Raises:
+        TunerError: None found; the message says what to install.
+    """
+    env: Mapping[str, str] = dict(os.environ)
+    if cmake_executable:
+        env = {**env, "CMAKE_EXECUTABLE": cmake_executable}
+    try:
+        cmake = CMake.default_search(version=SpecifierSet(cmake_spec), env=env)
+    except CMakeNotFoundError as err:
+        msg = f"{err}. Install it with `pip install 'cmake{cmake_spec}'` or set CMAKE_EXECUTABLE."
+        raise TunerError(msg) from err
+    ninja = best_program(get_ninja_programs(), version=SpecifierSet(_NINJA_SPEC))
+    if ninja is None:
+        msg = f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`."
+        raise TunerError(msg)
+    return BuildTools(cmake=cmake, ninja=ninja.path)
+
+
+def _on(value: str | None) -> bool:
+    return str(value).upper() in {"ON", "1", "TRUE", "YES", "Y"}
+
+
+def _hip_targets(defines: Mapping[str, str]) -> list[str]:
+    raw = defines.get("GPU_TARGETS") or defines.get("AMDGPU_TARGETS") or defines.get("CMAKE_HIP_ARCHITECTURES") or ""
+    return [t for t in re.split(r"[;,\s]+", raw) if t]
+
+
+def default_check_objects(rv: RenderedVariant) -> list[str]:
+    """Translation units a ``--compile-only`` check compiles by default (paths relative to the tree).
+
+    The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC
+    hs64 instance (era ``rocwmma``), plus every TU the variant's compile-time knobs give a header.
+    """
+    base = [_CUDA_DIR / "fattn.cu"]
+    inst = _CUDA_DIR / "template-instances"
+    if rv.era == "rocwmma":
+        base += [_CUDA_DIR / "fattn-tile-f16.cu", inst / "fattn-vec-f16-instance-hs64-f16-f16.cu"]
+    else:
+        base += [inst / "fattn-tile-instance-dkq64-dv64.cu", inst / "fattn-mma-f16-instance-ncols1_16-ncols2_4.cu"]
+    out = [p.as_posix() for p in base]
+    out += [k for k, v in sorted(rv.tu_headers.items()) if v.strip() and k not in out]
+    return out
+
+
+# --------------------------------------------------------------------------- toolchain identity
+
+
+def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
+    if not prog:
+        return None
+    found = shutil.which(os.fspath(prog))
+    return Path(found).resolve() if found else None
+
+
+def _fingerprint(path: Path | None) -> list[Any]:
+    # Cheap identity without running anything: a cache hit must not start a process.
+    if path is None:
+        return [None]
+    try:
+        st = path.stat()
+    except OSError:
+        return [str(path), None]
+    return [str(path), st.st_size, st.st_mtime_ns]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Toolchain:
+    tools: BuildTools
+    compilers: Mapping[str, Path | None]
+    hip: Any | None  # tuner.build.hip.HipToolchain
+
+    @property
+    def identity(self) -> list[Any]:
+        items = {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
+        return [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
+
+
+def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
+    d = rv.defines
+    if _on(d.get("GGML_HIP")):
+        from tuner.build import hip  # noqa: PLC0415 - only HIP variants need it
+
+        targets = _hip_targets(d)
+        tc = hip.require_hip_toolchain()
+        for t in targets:
+            tc.require_arch(t)
+        tools = find_build_tools(str(tc.cmake), _HIP_CMAKE_SPEC)
+        return _Toolchain(tools=tools, hip=tc,
+                          compilers={"cc": tc.clang, "cxx": tc.clangxx, "hip": tc.clangxx})
+    tools = find_build_tools()
+    compilers: dict[str, Path | None] = {
+        "cc": _resolve(d.get("CMAKE_C_COMPILER") or os.environ.get("CC") or "cc"),
+        "cxx": _resolve(d.get("CMAKE_CXX_COMPILER") or os.environ.get("CXX") or "c++"),
+    }
+    if _on(d.get("GGML_CUDA")):
+        nvcc = d.get("CMAKE_CUDA_COMPILER") or os.environ.get("CUDACXX") or shutil.which("nvcc")
+        compilers["nvcc"] = _resolve(nvcc or "/usr/local/cuda/bin/nvcc")
+    return _Toolchain(tools=tools, compilers=compilers, hip=None)
+
+
+@functools.cache
+def _version_line(path: str) -> str:
+    res = _run.run([path, "--version"], check=False, timeout=60, what=f"{Path(path).name} --version")
+    lines = [ln.strip() for ln in res.output.splitlines() if ln.strip()]
+    release = [ln for ln in lines if "release" in ln.lower()]  # nvcc's first line names no version
+    return (release or lines or ["unknown"])[0]
+
+
+def _tool_versions(tc: _Toolchain) -> dict[str, str]:
+    items = {"cmake": tc.tools.cmake.cmake_path, "ninja": tc.tools.ninja, **tc.compilers}
+    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(items.items())}
+
+
+# --------------------------------------------------------------------------- tree, headers
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
+    """Private copy of the pristine tree with the variant's files, written atomically."""
+    if (dest / ".tuner-src.json").exists():
+        return
+    pristine = Path(rv.source_root)
+    if not (pristine / "CMakeLists.txt").is_file():
+        msg = f"{pristine} is not a llama.cpp source tree (no CMakeLists.txt). Fetch it again with `tuner source fetch`."
+        raise TunerError(msg)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # an interrupted copy is redone from scratch
+    for dirpath, dirnames, filenames in os.walk(pristine):
+        dirnames[:] = [n for n in dirnames if n != ".git"]
+        rel = Path(dirpath).relative_to(pristine)
+        (tmp / rel).mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            s = Path(dirpath) / name
+            if s.is_symlink():
+                os.symlink(os.readlink(s), tmp / rel / name)
+            else:
+                _link_or_copy(s, tmp / rel / name)
+    for rel, text in rv.files.items():
+        target = tmp / rel
+        if not target.resolve().is_relative_to(tmp.resolve()):
+            raise UsageError(f"Patched file path {rel!r} leaves the source tree.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)  # never write through a hard link into the pristine tree
+        target.write_text(text)
+    (tmp / ".tuner-src.json").write_text(json.dumps({"source_id": rv.source_id, "patch": stable_hash(rv.patch)}))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def _has_tu_hook(rv: RenderedVariant) -> bool:
+    return any("GGML_TUNER_TU_DIR" in text for text in rv.files.values())
+
+
+def _write_tu_headers(rv: RenderedVariant, src: Path, tu_dir: Path) -> list[str]:
+    """Write ``tu/<stem>.h`` for every TU the hook may include; return the headers that changed.
+
+    A header is only rewritten when its text changes, so Ninja's depfile check rebuilds exactly the
+    TUs whose override changed.
+    """
+    for rel in rv.tu_headers:
+        if not (src / rel).is_file():
+            raise UsageError(f"tu_headers names {rel!r}, which is not a file of the source tree {rv.source_root}.")
+    known = {p.relative_to(src).as_posix() for p in (src / _CUDA_DIR).rglob("*.cu")} | set(rv.tu_headers)
+    tu_dir.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for rel in sorted(known):
+        header = tu_dir / f"{Path(rel).stem}.h"
+        text = rv.tu_headers.get(rel, "")
+        try:
+            if header.read_text() == text:
+                continue
+        except OSError:
+            pass
+        tmp = header.with_suffix(".h.tmp")
+        tmp.write_text(text)
+        tmp.replace(header)
+        changed.append(rel)
+    return changed
+
+
+# --------------------------------------------------------------------------- ninja helpers
+
+
+def parse_ninja_progress(line: str) -> tuple[int, int] | None:
+    """``(done, total)`` from a Ninja status line such as ``[57/145] Building CXX object ...``."""
+    m = _PROGRESS_RE.match(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def parse_ninja_log(text: str) -> list[tuple[str, str]]:
+    """Entries of a ``.ninja_log`` (v5..v7): ``(output, full line)`` pairs, header skipped."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) >= 5:
+            out.append((parts[3], line))
+    return out
+
+
+def _ninja_log_lines(build_dir: Path) -> set[str]:
+    try:
+        return {ln for _, ln in parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))}
+    except OSError:
+        return set()
+
+
+def _rebuilt_objects(build_dir: Path, before: set[str]) -> list[str]:
+    # New lines since the snapshot = outputs built by this run. A set difference (rather than a byte
+    # offset or timestamps) survives Ninja recompacting the log.
+    try:
+        entries = parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))
+    except OSError:
+        return []
+    return sorted({o for o, ln in entries if ln not in before and o.endswith((".o", ".obj"))})
+
+
+class _Progress:
+    def __init__(self, short: str) -> None:
+        self.short = short
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, line: str) -> None:
+        got = parse_ninja_progress(line)
+        if got is None:
+            return
+        n, total = got
+        now = time.monotonic()
+        if now - self.last < 1.0 and n != total:  # a line per second is plenty in a log
+            return
+        self.last = now
+        secs = int(now - self.start)
+        log.progress(f"building {self.short}: {n}/{total} ({secs // 60}:{secs % 60:02d})")
+
+
+# --------------------------------------------------------------------------- records
+
+
+def load_build_record(path: Path) -> dict[str, Any] | None:
+    """A ``build.json`` (a build directory's latest attempt, or an artifact's record); None if absent."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    # Parallel search workers may build candidates of one key; they share build/ and must take turns.
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _cached(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
+    rec = load_build_record(art / "build.json")
+    if not rec or rec.get("build_id") != build_id or rec.get("status") != "ok":
+        return None
+    if not all((art / "bin" / t).is_file() for t in targets):
+        return None
+    return rec
+
+
+# --------------------------------------------------------------------------- configure / build
+
+
+def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path,
+               logs: Path, *, compile_only: bool) -> dict[str, str]:
+    defines: dict[str, str | os.PathLike[str] | bool] = {}
+    if tc.hip is not None:
+        defines.update(tc.hip.defines())
+    defines.update(rv.defines)
+    defines.setdefault("CMAKE_BUILD_RPATH_USE_ORIGIN", "ON")  # artifacts must run from any directory
+    defines["CMAKE_EXPORT_COMPILE_COMMANDS"] = "ON"  # compile-only finds object targets here
+    defines["CMAKE_MAKE_PROGRAM"] = tc.tools.ninja
+    if rv.tu_headers or _has_tu_hook(rv):
+        # Passed even for candidates without overrides (empty headers): identical compile flags for
+        # every candidate of a key, so switching candidates rebuilds only TUs whose header changed.
+        defines["GGML_TUNER_TU_DIR"] = tu_dir
+    ggml_cmake = src / "ggml" / "CMakeLists.txt"
+    if ggml_cmake.is_file() and "GGML_CCACHE" in ggml_cmake.read_text(errors="replace"):
+        defines["GGML_CCACHE"] = "ON" if shutil.which("ccache") else "OFF"  # OFF: no "not found" warning
+    notes: dict[str, str] = {}
+    if compile_only and tc.hip is not None and _on(str(defines.get("GGML_HIP_ROCWMMA_FATTN"))):
+        if not (tc.hip.rocm_path / "include" / "rocwmma" / "rocwmma.hpp").is_file():
+            msg = ("rocWMMA headers are not available from any package registry reachable here (Debian "
+                   "experimental's librocwmma-dev lacks rocwmma/internal/*), so fattn-wmma-f16.cu cannot be "
+                   "compile-checked; checking the non-rocWMMA TUs with GGML_HIP_ROCWMMA_FATTN=OFF instead.")
+            log.warning(msg)
+            notes["rocwmma"] = msg
+            defines["GGML_HIP_ROCWMMA_FATTN"] = "OFF"
+
+    stamp_file = build_dir / ".tuner-configure.json"
+    stamp = {"defines": {k: str(v) for k, v in defines.items()}, "toolchain": tc.identity}
+    old = load_build_record(stamp_file)
+    if old == stamp and (build_dir / "build.ninja").is_file():
+        return notes
+    try:
+        # CMaker validates the dirs, writes the file-API query and wipes a stale cache (source dir or
+        # skbc install moved; fresh=True when the toolchain changed under an existing cache).
+        cmaker = CMaker(tc.tools.cmake, source_dir=src, build_dir=build_dir, build_type="Release",
+                        fresh=bool(old) and old.get("toolchain") != tc.identity)
+    except CMakeConfigError as err:
+        raise TunerError(f"{err}. Remove {build_dir.parent} and rerun.") from err
+    stateless_query(build_dir)
+    # CMaker.configure() runs cmake through skbc's Run.live(), which inherits our stdout and cannot
+    # write a log file. We need configure output in logs/configure.log (and its tail in errors), so
+    # we run the same command line (CMaker's -D encoding) through tuner._run instead.
+    args = [f"-S{src}", f"-B{build_dir}", f"-DCMAKE_BUILD_TYPE:STRING={cmaker.build_type}"]
+    for key, value in defines.items():
+        if isinstance(value, bool):
+            args.append(f"-D{key}:BOOL={'ON' if value else 'OFF'}")
+        elif isinstance(value, os.PathLike):
+            args.append(f"-D{key}:PATH={os.fspath(value)}")
+        else:
+            args.append(f"-D{key}={value}")
+    env = tc.hip.env(cmaker.env) if tc.hip is not None else cmaker.env
+    log_file = logs / "configure.log"
+    log_file.unlink(missing_ok=True)
+    stamp_file.unlink(missing_ok=True)
+    _run.run([tc.tools.cmake.cmake_path, *args, "-GNinja"], env=env, log_file=log_file, timeout=900,
+             what=f"CMake configure of {rv.short}")
+    _write_json(stamp_file, stamp)
+    return notes
+
+
+def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[str]:
+    try:
+        entries = json.loads((build_dir / "compile_commands.json").read_text())
+    except (OSError, ValueError) as err:
+        raise TunerError(f"{build_dir}/compile_commands.json is missing or unreadable; rerun the build.") from err
+    by_file: dict[str, str] = {}
+    for e in entries:
+        f = Path(e["directory"], e["file"])
+        with contextlib.suppress(ValueError):
+            rel = os.path.relpath(os.path.normpath(f), src)
+            out = e.get("output") or ""
+            by_file[Path(rel).as_posix()] = os.path.relpath(os.path.normpath(Path(e["directory"], out)), build_dir)
+    targets = []
+    for obj in objects:
+        if obj not in by_file:
+            msg = (f"{obj!r} is not compiled by this configuration (not in {build_dir}/compile_commands.json)."
+                   f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree.")
+            raise UsageError(msg)
+        targets.append(by_file[obj])
+    return targets
+
+
+def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> None:
+    """Copy the targets' executables and all shared libraries, then rename into place."""
+    bin_src = build_dir / "bin"
+    for stale in art.parent.glob(art.name + ".partial-*"):  # left by a killed build; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = art.with_name(art.name + f".partial-{os.getpid()}")
+    (tmp / "bin").mkdir(parents=True)
+    for t in targets:
+        exe = bin_src / t
+        if not exe.is_file():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise TunerError(f"The build finished but {exe} does not exist; is {t!r} an executable target?")
+        shutil.copy2(exe, tmp / "bin" / t)
+    for lib in sorted(bin_src.glob("lib*.so*")):
+        if lib.is_symlink():
+            os.symlink(os.readlink(lib), tmp / "bin" / lib.name)
+        else:
+            shutil.copy2(lib, tmp / "bin" / lib.name)
+    _write_json(tmp / "build.json", record)
+    shutil.rmtree(art, ignore_errors=True)
+    art.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(art)
+
+
+def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[str]) -> dict[str, list[str]]:
+    """gfx targets in each object's offload bundle; fail unless the requested ones are really there.
+
+    A TU without any ``__global__`` kernel (tree B's ``fattn.cu`` is host dispatch only) gets no bundle
+    at all; that is recorded as ``[]``. An object *with* a bundle that lacks a requested target, or
+    no object holding any code for it, is an error.
+    """
+    from tuner.build.hip import load_offload_targets  # noqa: PLC0415
+
+    found: dict[str, list[str]] = {}
+    for t in obj_targets:
+        path = build_dir / t
+        got = load_offload_targets(path)
+        has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
+        missing = [a for a in archs if a not in got]
+        if has_bundle and missing:
+            msg = (f"{path} compiled, but its HIP offload bundle has no code object for {', '.join(missing)} "
+                   f"(found: {', '.join(got) or 'none'}). The HIP flags did not reach this TU; check "
+                   "GPU_TARGETS and the configure log.")
+            raise TunerError(msg)
+        found[t] = got
+    for a in archs:
+        if not any(a in got for got in found.values()):
+            msg = (f"None of the compiled objects ({', '.join(Path(t).name for t in obj_targets)}) holds a {a} "
+                   f"code object, so nothing was really compiled for {a}. Add a TU with device code "
+                   "(e.g. a fattn-tile or fattn-vec instance) or check GPU_TARGETS in the configure log.")
+            raise TunerError(msg)
+    return found
+
+
+def build_variant(
+    rv: RenderedVariant,
+    *,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    jobs: int | None = None,
+    compile_only: bool = False,
+    objects: Sequence[str] | None = None,
+) -> Build:
+    """Configure and build one variant candidate; reuse finished artifacts.
+
+    Args:
+        rv: The rendered variant (from :func:`tuner.plan.render.render_variant`).
+        targets: Executable targets to build and copy into the artifact's ``bin/``.
+        jobs: Parallel compile jobs; default the CPU count.
+        compile_only: Configure, then compile only ``objects`` (no link, no artifacts). For HIP the
+            objects' offload bundles must hold code for every GPU target.
+        objects: Source paths relative to the tree (``ggml/src/ggml-cuda/fattn.cu``) for
+            ``compile_only``; default :func:`default_check_objects`.
+
+    Returns:
+        The Build. ``cached`` is True when the artifact already existed for this toolchain (no process
+        is started then) or, for compile-only, when Ninja had nothing to do.
+
+    Raises:
+        UsageError: Bad targets, jobs or objects.
+        TunerError: Configure or compile failed (names the variant, the log and its last lines);
+            the failure is also recorded in ``build.json``.
+    """
+    start = time.monotonic()
+    targets = list(targets)
+    for t in targets:
+        if not isinstance(t, str) or not _TARGET_RE.match(t):
+            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
+    if not targets and not compile_only:
+        raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 1024:
+        raise UsageError(f"--jobs must be an integer from 1 to 1024, not {jobs!r}.")
+    if objects is not None and not compile_only:
+        raise UsageError("objects= only applies to compile_only=True builds.")
+    objs = list(objects) if objects is not None else (default_check_objects(rv) if compile_only else [])
+    for o in objs:
+        if not isinstance(o, str) or o.startswith("/") or ".." in Path(o).parts:
+            raise UsageError(f"Object source {o!r} must be a path relative to the llama.cpp tree.")
+
+    tc = _find_toolchain(rv)
+    build_id = stable_hash(rv.artifact_key, tc.identity)
+    root = tuner_home() / "builds" / rv.key
+    art = root / "artifacts" / rv.artifact_key
+    build_dir, logs, src, tu_dir = root / "build", root / "logs", root / "src", root / "tu"
+
+    def _done(rec: Mapping[str, Any], cached: bool) -> Build:
+        return Build(build_id=build_id, build_dir=build_dir, bin_dir=art / "bin",
+                     log_file=Path(rec.get("log", logs / "build.log")), cached=cached,
+                     seconds=time.monotonic() - start, compile_only=False, meta=dict(rec))
+
+    if not compile_only and (rec := _cached(art, build_id, targets)):
+        return _done(rec, True)
+
+    with _locked(root):
+        if not compile_only and (rec := _cached(art, build_id, targets)):  # another worker built it
+            return _done(rec, True)
+        log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
+        record: dict[str, Any] = {
+            "build_id": build_id,
+            "key": rv.key,
+            "artifact_key": rv.artifact_key,
+            "arch": rv.arch,
+            "variant": rv.variant,
+            "era": rv.era,
+            "source_id": rv.source_id,
+            "defines": dict(rv.defines),
+            "patch_hash": stable_hash(rv.patch),
+            "compile_values": dict(rv.compile_values),
+            "tu_headers": sorted(k for k, v in rv.tu_headers.items() if v),
+            "targets": targets,
+            "objects": objs,
+            "compile_only": compile_only,
+            "jobs": jobs,
+            "log": str(log_file),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        rebuilt: list[str] = []
+        try:
+            _prepare_src(rv, src)
+            changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
+            if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
+                msg = (f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
+                       "CMake hook, so they would be silently ignored. Render the variant with the "
+                       "tile/MMA hook patch.")
+                raise UsageError(msg)
+            record["toolchain"] = _tool_versions(tc)
+            record["headers_changed"] = changed
+            logs.mkdir(parents=True, exist_ok=True)
+            record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
+            before = _ninja_log_lines(build_dir)
+            log_file.unlink(missing_ok=True)
+            build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
+            if compile_only and not build_targets:
+                raise UsageError("compile_only=True needs at least one object to compile.")
+            progress = _Progress(rv.short)
+            _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
+                      "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
+                     on_line=progress, what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
+            rebuilt = _rebuilt_objects(build_dir, before)
+            record["rebuilt_tus"] = rebuilt
+            record["rebuilt_count"] = len(rebuilt)
+            if compile_only and tc.hip is not None:
+                record["offload_targets"] = _check_offload(build_dir, build_targets, _hip_targets(rv.defines))
+            record["seconds"] = round(time.monotonic() - start, 3)
+            record["status"] = "ok"
+            if not compile_only:
+                _copy_artifacts(build_dir, art, targets, record)
+        except TunerError as err:
+            record["status"] = "failed"
+            record["error"] = str(err)
+            record["seconds"] = round(time.monotonic() - start, 3)
+            if root.is_dir():
+                _write_json(root / "build.json", record)
+            if isinstance(err, UsageError):
+                raise
+            msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
+            raise TunerError(msg) from err
+        _write_json(root / "build.json", record)
+    if compile_only:
+        return Build(build_id=build_id, build_dir=build_dir, bin_dir=build_dir / "bin", log_file=log_file,
+                     cached=not rebuilt, seconds=time.monotonic() - start, compile_only=True, meta=record)
+    return _done(record, False)
+
+
+# --------------------------------------------------------------------------- quantize
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
+    """Quantize a GGUF with the build's ``llama-quantize``; cached by output path and input hash.
+
+    Args:
+        build: A build that includes the ``llama-quantize`` target.
+        src_gguf: Input model (F32/F16/BF16 GGUF).
+        dst_gguf: Output path; written atomically, with a ``.tuner.json`` sidecar recording the input hash.
+        qtype: llama-quantize type name, e.g. ``Q4_K_M``, ``Q8_0``.
+
+    Returns:
+        ``dst_gguf``.
+
+    Raises:
+        UsageError: Unknown qtype, missing input, or the build lacks llama-quantize.
+        TunerError: llama-quantize failed (log path and last lines).
+    """
+    qtype = qtype.upper()
+    if qtype not in _QTYPES:
+        raise UsageError(f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} "
+                         f"Known: {', '.join(_QTYPES)}.")
+    src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
+    if not src_gguf.is_file():
+        raise UsageError(f"Model {src_gguf} does not exist. Create one with `tuner model synth`.")
+    exe = build.exe("llama-quantize")
+    if not exe.is_file():
+        raise UsageError(f"{exe} does not exist; build with targets including llama-quantize.")
+    sidecar = dst_gguf.with_name(dst_gguf.name + ".tuner.json")
+    st = src_gguf.stat()
+    stat_key = [str(src_gguf.resolve()), st.st_size, st.st_mtime_ns]
+    side = load_build_record(sidecar) or {}
+    # Hashing a multi-GB model costs seconds; reuse the recorded hash while size and mtime are unchanged.
+    in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else _file_sha256(src_gguf)
+    if dst_gguf.is_file() and side.get("input_sha256") == in_hash and side.get("qtype") == qtype:
+        if side.get("input_stat") != stat_key:
+            _write_json(sidecar, {**side, "input_stat": stat_key})
+        return dst_gguf
+    dst_gguf.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst_gguf.with_name(dst_gguf.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    log_file = dst_gguf.with_name(dst_gguf.name + ".quantize.log")
+    log_file.unlink(missing_ok=True)
+    with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
+        _run.run([exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)], log_file=log_file,
+                 cwd=build.bin_dir, what=f"llama-quantize {qtype}")
+    tmp.replace(dst_gguf)
+    _write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
+                          "qtype": qtype, "build_id": build.build_id, "log": str(log_file)})
+    return dst_gguf

@@ -1,0 +1,807 @@
+"""Benchmarks you can trust: llama-bench across context depths, with noise control.
+
+:func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) as
+separate llama-bench tests at every depth (``-d``), reads ``-o jsonl`` by field name (both eras'
+field sets, see knobs.md §5.1), and returns one row per ``(label, test, depth)``.
+
+Noise control (device.md: two identical runs differed by up to 12%, and the first prompt rep after
+llama-bench's own warm-up is often 30% slow):
+
+- llama-bench's warm-up run is kept on, and additionally the first repetition of every llama-bench
+  call is discarded (``warmup_discarded`` counts them);
+- with ``target_ci``, repetitions are added in batches (``-r k``, samples pooled) until the
+  bootstrap CI of the median is within ``target_ci`` percent of the median (half-width) or
+  ``max_reps`` kept samples are reached;
+- :func:`run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
+  reports anchor drift, and rescales candidates by the local anchor ratio when drift exceeds the
+  noise (Metal tuner's anchor rule, anchors.md §3).
+
+A failed llama-bench call is data: its rows carry ``status="failed"``, ``n=0``, NaN statistics and
+the error text; nothing is invented.
+
+DataFrame schema (one row per (label, test, depth))
+----------------------------------------------------
+=================  ==========================================================================
+label              variant name given by the caller
+test               llama-bench test name: ``pp512`` (prompt) or ``tg128`` (generation)
+phase              ``pp`` or ``tg``
+depth              KV-cache depth ``-d`` (tokens, prefilled untimed)
+n                  kept samples (repetitions after discarding warm-ups)
+median_ts          median tokens/s of the kept samples
+mean_ts            mean tokens/s
+stddev_ts          sample standard deviation (ddof=1; NaN for n<2)
+ci_low, ci_high    seeded percentile-bootstrap CI of the median (``confidence``, default 95%)
+ci_pct             CI half-width as % of the median
+min_ts, max_ts     extremes of the kept samples
+samples            list of kept tokens/s samples, in measurement order
+n_batches          llama-bench calls pooled into this row
+warmup_discarded   repetitions discarded (one per call)
+status             ``ok`` or ``failed``
+error              error text for failed (or partly failed) rows, else ''
+build_commit       from llama-bench (``llama_commit()``)
+backends           registered non-CPU backends, e.g. ``CUDA`` (``CPU`` on a CPU build)
+gpu_info           GPU description(s)
+model_filename     model path as llama-bench saw it
+model_size         model weight bytes
+n_params           model parameters
+n_ubatch           micro-batch size
+type_k             K-cache type
+flash_attn         -1/0/1 (era ``rocwmma`` bools are mapped to 0/1)
+env                JSON object of the environment overrides given to this run
+cmd                command line of the last llama-bench call for this row
+log_file           log of that call (stdout+stderr)
+cpu_util_mean      mean CPU use of the llama-bench process tree during the test, % of one core
+cpu_util_max       peak of the same
+gpu_util_mean      mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
+gpu_util_max       peak of the same
+gpu_mem_mb         peak device memory above the level before the call, MiB (NaN without GPU)
+bytes_per_token    model estimate of bytes read per token at the test's mean depth (tuner.targets.roofline)
+roofline_tps       model estimate: tg = bandwidth / bytes per token; pp = compute peak bound
+roofline_pct       100 * median_ts / roofline_tps
+roofline_note      how the roofline was obtained, or why it is missing
+anchor_ratio       run_interleaved: reference / local anchor median (applied only if drift_corrected)
+drift_corrected    run_interleaved: True when samples were rescaled by ``anchor_ratio``
+timestamp          UTC time (ISO 8601) the row was finished
+=================  ==========================================================================
+
+Observer columns cover the whole test inside the llama-bench call (warm-up and, for the first
+test, model load included), split at the moment each JSONL line is printed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "COLUMNS",
+    "BenchTarget",
+    "InterleavedResult",
+    "compare",
+    "load_results",
+    "parse_bench_jsonl",
+    "render_table",
+    "run_bench",
+    "run_interleaved",
+    "save_results",
+]
+
+import dataclasses
+import datetime as _dt
+import functools
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError
+from tuner.measure.observe import Observation, Observer
+from tuner.measure.stats import bootstrap_median_ci, ci_halfwidth_pct, compare_frames
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+COLUMNS: tuple[str, ...] = (
+    "label", "test", "phase", "depth", "n", "median_ts", "mean_ts", "stddev_ts", "ci_low",
+    "ci_high", "ci_pct", "min_ts", "max_ts", "samples", "n_batches", "warmup_discarded", "status",
+    "error", "build_commit", "backends", "gpu_info", "model_filename", "model_size", "n_params",
+    "n_ubatch", "type_k", "flash_attn", "env", "cmd", "log_file", "cpu_util_mean", "cpu_util_max",
+    "gpu_util_mean", "gpu_util_max", "gpu_mem_mb", "bytes_per_token", "roofline_tps",
+    "roofline_pct", "roofline_note", "anchor_ratio", "drift_corrected", "timestamp",
+)
+
+DEFAULT_REPS = 5
+"""Kept samples per (test, depth) when neither ``reps`` nor ``target_ci`` says otherwise."""
+
+# Flags run_bench sets itself; passing them through extra_args would desynchronize the parser.
+_OWN_FLAGS = {
+    "-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-d", "--n-depth", "-r",
+    "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MAX_TOKENS = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing
+# ---------------------------------------------------------------------------------------------
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    return int(v)
+
+
+def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
+    """Parse llama-bench ``-o jsonl`` output (either era) by field name.
+
+    Lines that are not JSON objects (log lines mixed into the stream) are skipped. ``flash_attn``
+    is returned as an int (era ``rocwmma`` prints a bool); ``samples_ts`` is derived from
+    ``samples_ns`` when missing.
+
+    Args:
+        text: llama-bench stdout (possibly with stderr lines interleaved).
+
+    Returns:
+        One dict per test with keys ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` and the
+        metadata fields of the schema (absent fields are None).
+    """
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            rec = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict) or "n_prompt" not in rec or "n_gen" not in rec:
+            continue
+        parsed = _normalize_record(rec)
+        if parsed is not None:
+            out.append(parsed)
+    return out
+
+
+def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    try:
+        n_prompt, n_gen = _as_int(rec["n_prompt"]), _as_int(rec["n_gen"])
+        n_depth = _as_int(rec.get("n_depth", 0))
+    except (TypeError, ValueError):
+        logger.warning("llama-bench row with non-integer n_prompt/n_gen/n_depth skipped: %r", rec)
+        return None
+    samples = rec.get("samples_ts")
+    if samples is None and rec.get("samples_ns") is not None:
+        samples = [1e9 * (n_prompt + n_gen) / float(ns) for ns in rec["samples_ns"] if float(ns) > 0]
+    samples = [float(x) for x in (samples or [])]
+    if n_gen == 0:
+        test, phase = f"pp{n_prompt}", "pp"
+    elif n_prompt == 0:
+        test, phase = f"tg{n_gen}", "tg"
+    else:
+        test, phase = f"pp{n_prompt}+tg{n_gen}", "pg"
+    fa = rec.get("flash_attn")
+    return {
+        "test": test,
+        "phase": phase,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": n_depth,
+        "samples_ts": samples,
+        "avg_ts": rec.get("avg_ts"),
+        "stddev_ts": rec.get("stddev_ts"),
+        "build_commit": rec.get("build_commit"),
+        "backends": rec.get("backends"),
+        "gpu_info": rec.get("gpu_info"),
+        "model_filename": rec.get("model_filename"),
+        "model_size": rec.get("model_size"),
+        "n_params": rec.get("model_n_params"),
+        "n_ubatch": rec.get("n_ubatch"),
+        "type_k": rec.get("type_k"),
+        "flash_attn": None if fa is None else _as_int(fa),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics of one row
+# ---------------------------------------------------------------------------------------------
+
+def _summarize(samples: Sequence[float], *, confidence: float, seed: int) -> dict[str, Any]:
+    arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=float)
+    if arr.size == 0:
+        nan = math.nan
+        return dict(n=0, median_ts=nan, mean_ts=nan, stddev_ts=nan, ci_low=nan, ci_high=nan,
+                    ci_pct=nan, min_ts=nan, max_ts=nan, samples=[])
+    med = float(np.median(arr))
+    low, high = bootstrap_median_ci(arr, confidence=confidence, seed=seed)
+    return dict(
+        n=int(arr.size), median_ts=med, mean_ts=float(arr.mean()),
+        stddev_ts=float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
+        ci_low=low, ci_high=high, ci_pct=ci_halfwidth_pct(med, low, high),
+        min_ts=float(arr.min()), max_ts=float(arr.max()), samples=[float(x) for x in arr],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {value!r}).")
+    return int(value)
+
+
+def _check_env(env: Mapping[str, str]) -> dict[str, str]:
+    out = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise UsageError(f"Environment variable name {k!r} is invalid; use letters, digits and _.")
+        if not isinstance(v, str) or "\0" in v:
+            raise UsageError(f"Environment value for {k} must be a string without NUL (got {v!r}).")
+        out[k] = v
+    return out
+
+
+def _check_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
+    args = tuple(extra_args)
+    for a in args:
+        if not isinstance(a, str):
+            raise UsageError(f"llama-bench extra arguments must be strings (got {a!r}).")
+        if a in _OWN_FLAGS:
+            raise UsageError(
+                f"llama-bench flag {a} is set by tuner bench itself (model, -p/-n/-d/-r, -o, -fa); "
+                "use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead."
+            )
+    return args
+
+
+def _find_exe(bin_dir: Path, name: str) -> Path:
+    exe = Path(bin_dir) / name
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(
+            f"{name} not found in {bin_dir}. Point --build at a build's bin directory (it must "
+            f"contain {name}; `tuner build` builds it), or build llama.cpp with that target."
+        )
+    return exe
+
+
+@functools.lru_cache(maxsize=32)
+def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
+    """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
+    res = _run.run([exe, "--help"], check=False, timeout=60, what="llama-bench --help")
+    m = re.search(r"--flash-attn\s+<([^>]*)>", res.output)
+    if m and "on" in m.group(1).split("|"):
+        return ("on", "off")
+    return ("1", "0")
+
+
+def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
+    if flash_attn is None:
+        return []
+    if era is None:
+        on, off = _fa_values(str(exe), exe.stat().st_mtime)
+    elif era == "mma":
+        on, off = "on", "off"
+    elif era == "rocwmma":
+        on, off = "1", "0"
+    else:
+        raise UsageError(f"Unknown era {era!r}; use 'mma' or 'rocwmma' (or leave it out to detect).")
+    return ["-fa", on if flash_attn else off]
+
+
+# ---------------------------------------------------------------------------------------------
+# roofline (tuner.targets.roofline is written by another stage; guarded until it lands)
+# ---------------------------------------------------------------------------------------------
+
+def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path, depth: int,
+              ntok: int, kv_type: str | None) -> tuple[float, float, str]:
+    """(bytes_per_token, roofline t/s, note) for one row; NaNs and a note when unavailable.
+
+    Uses tuner.targets.roofline.estimate (tg: bandwidth / bytes per token at the run's mean depth; pp:
+    FP16/INT8 compute peak). With only a bandwidth (no arch) the tg bound is computed from
+    ``bytes_per_token`` directly and pp stays NaN. Raises UsageError for a bad arch/bandwidth.
+    """
+    nan = math.nan
+    if arch is None and bandwidth is None:
+        return nan, nan, "no --arch or --bandwidth given"
+    try:
+        from tuner.targets import roofline
+    except ImportError:
+        return nan, nan, "roofline module not available in this checkout"
+    kv = kv_type if kv_type in roofline.KV_TYPES else "f16"
+    mid = depth + ntok // 2  # llama-bench's tokens sit between depth and depth + ntok
+    bpt = float(roofline.bytes_per_token(model, mid, kv)["total_bytes"])
+    if arch is None:
+        if phase != "tg":
+            return bpt, nan, "prompt-processing roofline needs --arch (compute peaks)"
+        assert bandwidth is not None
+        return bpt, bandwidth * 1e9 / bpt, f"model estimate: {bandwidth:g} GB/s (given) / bytes per token"
+    from tuner.targets.archs import load_arch
+
+    load_arch(arch)  # an unknown arch is the user's error, not a missing roofline
+    try:
+        rows = roofline.estimate(arch, model, (depth,), pp=ntok if phase == "pp" else 0,
+                                 tg=ntok if phase == "tg" else 0, kv_type=kv, bandwidth=bandwidth)
+    except UsageError as err:
+        if bandwidth is not None:
+            raise
+        # e.g. `cpu`: no bandwidth is known for an arbitrary host; keep the row, without a roofline.
+        return bpt, nan, f"no roofline: {err}"
+    bound = rows[0].get("bound_tps") if rows else None
+    note = f"model estimate: {rows[0].get('limit', '')}" if rows else "model estimate unavailable"
+    return bpt, float(bound) if bound else nan, note
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(kw_only=True)
+class _Acc:
+    """Mutable accumulator for one (phase, depth) across batches."""
+
+    samples: list[float] = dataclasses.field(default_factory=list)
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    obs: list[Observation] = dataclasses.field(default_factory=list)
+    n_batches: int = 0
+    discarded: int = 0
+    error: str = ""
+    cmd: str = ""
+    log_file: str = ""
+
+
+def _run_call(
+    exe: Path, cmd: list[str], *, env: Mapping[str, str], log_file: Path, timeout: float,
+    observe: bool,
+) -> tuple[list[tuple[float, dict[str, Any]]], Observer | None, str, float]:
+    """One llama-bench call: (timestamped parsed records, observer, error text, start time)."""
+    records: list[tuple[float, dict[str, Any]]] = []
+
+    def on_line(line: str) -> None:
+        if "{" in line and "n_prompt" in line:
+            for rec in parse_bench_jsonl(line):
+                records.append((time.monotonic(), rec))
+
+    error = ""
+    full_env = dict(os.environ)
+    full_env.update(env)
+    obs = Observer() if observe else None
+    t0 = time.monotonic()
+    if obs is not None:
+        obs.start()
+    try:
+        res = _run.run(cmd, env=full_env, log_file=log_file, timeout=timeout, check=False,
+                       on_line=on_line, what="llama-bench")
+        if res.returncode != 0:
+            error = (f"llama-bench exited with code {res.returncode}; see {log_file}. "
+                     f"Last lines: {_run.tail(log_file, 5)}")
+    except TunerError as err:  # timeout or missing executable: data, not a crash
+        error = str(err)
+    finally:
+        if obs is not None:
+            obs.stop()
+    return records, obs, error, t0
+
+
+def _mean(vals: Sequence[float]) -> float:
+    vals = [v for v in vals if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _max(vals: Sequence[float]) -> float:
+    vals = [v for v in vals if math.isfinite(v)]
+    return max(vals) if vals else math.nan
+
+
+def run_bench(
+    bin_dir: Path,
+    model: Path,
+    *,
+    depths: Sequence[int] = (0, 4096, 16384, 32768),
+    pp: int = 512,
+    tg: int = 128,
+    reps: int | None = None,
+    target_ci: float | None = None,
+    max_reps: int = 20,
+    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    extra_args: Sequence[str] = (),
+    log_dir: Path,
+    label: str = "",
+    timeout: float = 900.0,
+    era: str | None = None,
+    flash_attn: bool | None = True,
+    arch: str | None = None,
+    bandwidth: float | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    observe: bool = True,
+) -> pd.DataFrame:
+    """Benchmark one build on one model: pp and tg at every depth.
+
+    Args:
+        bin_dir: Directory holding ``llama-bench`` (``Build.bin_dir``).
+        model: GGUF model file.
+        depths: KV depths (``-d``) to measure at.
+        pp: Prompt tokens of the pp test; 0 skips pp.
+        tg: Generated tokens of the tg test; 0 skips tg.
+        reps: Kept samples per (test, depth) in the first batch (default 5). One more repetition
+            is run and discarded per llama-bench call.
+        target_ci: Stop adding batches once the bootstrap CI half-width of the median is within
+            this many percent of the median (None: one batch).
+        max_reps: Upper bound on kept samples per (test, depth) when ``target_ci`` is set.
+        env: Environment overrides for llama-bench (e.g. ``GGML_TUNER_FA_RULES``).
+        extra_args: Extra llama-bench flags (``-ngl 99``, ``-ctk q8_0``...).
+        log_dir: Where the per-call logs go.
+        label: Variant name stored in every row (default: the bin dir's parent name).
+        timeout: Seconds per llama-bench call.
+        era: ``mma`` (``-fa on``) or ``rocwmma`` (``-fa 1``); None detects from ``--help``.
+        flash_attn: True/False for ``-fa``; None leaves llama-bench's default.
+        arch: Arch name for the roofline columns.
+        bandwidth: Memory bandwidth in GB/s for the roofline (overrides the arch's).
+        confidence: Coverage of the CI columns.
+        seed: Bootstrap seed.
+        observe: Sample CPU/GPU utilization during each call.
+
+    Returns:
+        A DataFrame with the module docstring's schema; ``df.attrs`` holds ``log_file`` (the
+        last log) and ``errors``.
+
+    Raises:
+        UsageError: Bad arguments or a missing llama-bench/model (before anything runs).
+    """
+    import pandas as pd
+
+    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
+    exe = _find_exe(bin_dir, "llama-bench")
+    if not model.is_file():
+        raise UsageError(f"Model file {model} does not exist. Pass a GGUF file "
+                         "(`tuner model synth --like tiny` makes a small random-weight one).")
+    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
+    if not depths or len(set(depths)) != len(depths):
+        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
+    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
+    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
+    if pp == 0 and tg == 0:
+        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
+    max_reps = _check_int("max_reps", max_reps, 1, 10000)
+    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
+    want = min(want, max_reps)
+    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
+        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
+    if timeout <= 0:
+        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
+    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
+        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
+    env = _check_env(env)
+    extra = _check_extra_args(extra_args)
+    fa = _fa_args(exe, era, flash_attn)
+    label = label or bin_dir.parent.name or "bench"
+    if not re.match(r"^[\w.@+-]+$", label):
+        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
+    if arch is not None or bandwidth is not None:
+        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
+        for ph, n in (("pp", pp), ("tg", tg)):
+            if n > 0:
+                _roofline(ph, arch, bandwidth, model, depths[0], n, None)
+
+    accs: dict[tuple[str, int], _Acc] = {}
+    phases = [(ph, n) for ph, n in (("pp", pp), ("tg", tg)) if n > 0]
+    last_log = ""
+    for phase, ntok in phases:
+        pending = list(depths)
+        k = want
+        log_file = log_dir / f"{label}-{phase}.log"
+        for d in depths:
+            accs[(phase, d)] = _Acc()
+        while pending:
+            cmd = [str(exe), "-m", str(model),
+                   "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
+                   "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
+                   *fa, *extra]
+            log.progress(f"  {label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
+            records, obs, error, t_prev = _run_call(exe, cmd, env=env, log_file=log_file,
+                                                    timeout=timeout, observe=observe)
+            last_log = str(log_file)
+            seen = set()
+            for t_rec, rec in records:
+                d = rec["n_depth"]
+                acc = accs.get((phase, d))
+                if acc is None or d in seen or rec["phase"] != phase:
+                    continue
+                seen.add(d)
+                # The first repetition of each call is discarded (warm-up, device.md).
+                acc.samples.extend(rec["samples_ts"][1:])
+                acc.discarded += min(1, len(rec["samples_ts"]))
+                acc.n_batches += 1
+                acc.meta = rec
+                acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+                if obs is not None:
+                    acc.obs.append(obs.summary(t_prev, t_rec))
+                t_prev = t_rec
+            next_pending = []
+            for d in pending:
+                acc = accs[(phase, d)]
+                if d not in seen:
+                    acc.error = error or f"llama-bench printed no result for depth {d}; see {log_file}."
+                    acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+                    continue
+                if error and not acc.error:
+                    acc.error = error
+                if target_ci is None or len(acc.samples) >= max_reps:
+                    continue
+                st = _summarize(acc.samples, confidence=confidence, seed=seed)
+                if not (st["ci_pct"] <= target_ci):
+                    next_pending.append(d)
+            pending = next_pending
+            if pending:
+                room = min(max_reps - len(accs[(phase, d)].samples) for d in pending)
+                k = max(2, min(want, room))
+
+    rows = []
+    for (phase, d), acc in accs.items():
+        st = _summarize(acc.samples, confidence=confidence, seed=seed)
+        ntok = pp if phase == "pp" else tg
+        meta = acc.meta
+        try:
+            bpt, roof, note = _roofline(phase, arch, bandwidth, model, d, ntok, meta.get("type_k"))
+        except TunerError as err:  # e.g. an unreadable GGUF: the measurement still stands
+            bpt, roof, note = math.nan, math.nan, f"roofline unavailable: {err}"
+        row: dict[str, Any] = {
+            "label": label, "test": f"{phase}{ntok}", "phase": phase, "depth": d, **st,
+            "n_batches": acc.n_batches, "warmup_discarded": acc.discarded,
+            "status": "ok" if st["n"] > 0 else "failed", "error": acc.error,
+            "build_commit": meta.get("build_commit"), "backends": meta.get("backends"),
+            "gpu_info": meta.get("gpu_info"), "model_filename": meta.get("model_filename", str(model)),
+            "model_size": meta.get("model_size"), "n_params": meta.get("n_params"),
+            "n_ubatch": meta.get("n_ubatch"), "type_k": meta.get("type_k"),
+            "flash_attn": meta.get("flash_attn"), "env": json.dumps(env, sort_keys=True),
+            "cmd": acc.cmd, "log_file": acc.log_file,
+            "cpu_util_mean": _mean([o.cpu_util_mean for o in acc.obs]),
+            "cpu_util_max": _max([o.cpu_util_max for o in acc.obs]),
+            "gpu_util_mean": _mean([o.gpu_util_mean for o in acc.obs]),
+            "gpu_util_max": _max([o.gpu_util_max for o in acc.obs]),
+            "gpu_mem_mb": _max([o.gpu_mem_mb for o in acc.obs]),
+            "bytes_per_token": bpt, "roofline_tps": roof,
+            "roofline_pct": 100.0 * st["median_ts"] / roof if roof and math.isfinite(roof) else math.nan,
+            "roofline_note": note, "anchor_ratio": math.nan, "drift_corrected": False,
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    df.attrs["log_file"] = last_log
+    df.attrs["errors"] = [r["error"] for r in rows if r["error"]]
+    for r in rows:
+        if r["status"] != "ok":
+            log.warning(f"{label} {r['test']} @ d{r['depth']} failed: {r['error']}")
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# interleaved anchors
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchTarget:
+    """One thing to benchmark: a build's bin dir plus runtime settings."""
+
+    label: str
+    bin_dir: Path
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterleavedResult:
+    """Outcome of :func:`run_interleaved`."""
+
+    frames: dict[str, Any]
+    """label -> DataFrame: candidates (drift-corrected where flagged) and the baseline (pooled anchors)."""
+    anchors: Any
+    """Every anchor measurement: bench rows plus ``anchor_index``."""
+    drift: Any
+    """Per (test, depth): ``drift_pct``, ``noise_pct``, ``flagged``, ``reference_ts``."""
+
+
+def run_interleaved(
+    candidates: Sequence[BenchTarget],
+    baseline: BenchTarget,
+    model: Path,
+    *,
+    log_dir: Path,
+    drift_factor: float = 2.0,
+    **bench_kwargs: Any,
+) -> InterleavedResult:
+    """Measure candidates between baseline anchors: A B A C A ... A.
+
+    Drift of a (test, depth) is ``(max - min) / reference`` of the anchor medians (reference = the
+    median of anchor medians); noise is the largest anchor CI half-width (%). When drift exceeds
+    ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
+    samples are multiplied by ``reference / local`` where local is the geometric mean of the two
+    anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
+
+    Args:
+        candidates: Targets to measure, in order.
+        baseline: The anchor target.
+        model: GGUF model.
+        log_dir: Log directory.
+        drift_factor: Drift/noise ratio that triggers correction.
+        **bench_kwargs: Passed to :func:`run_bench` (depths, pp, tg, reps, target_ci, ...).
+
+    Returns:
+        An InterleavedResult.
+    """
+    import pandas as pd
+
+    if not candidates:
+        raise UsageError("run_interleaved needs at least one candidate besides the baseline.")
+    labels = [c.label for c in candidates]
+    if baseline.label in labels or len(set(labels)) != len(labels):
+        raise UsageError(f"Labels must be distinct (baseline {baseline.label!r}, candidates {labels}).")
+    confidence = bench_kwargs.get("confidence", 0.95)
+    seed = bench_kwargs.get("seed", 0)
+
+    def bench(t: BenchTarget) -> pd.DataFrame:
+        return run_bench(t.bin_dir, model, env=t.env, extra_args=t.extra_args, log_dir=log_dir,
+                         label=t.label, **bench_kwargs)
+
+    anchors = [bench(baseline)]
+    cands = []
+    for c in candidates:
+        cands.append(bench(c))
+        anchors.append(bench(baseline))
+    for i, a in enumerate(anchors):
+        a["anchor_index"] = i
+    anchor_df = pd.concat(anchors, ignore_index=True)
+
+    def med(df: pd.DataFrame, test: str, depth: int) -> float:
+        r = df[(df["test"] == test) & (df["depth"] == depth)]
+        return float(r["median_ts"].iloc[0]) if len(r) else math.nan
+
+    drift_rows = []
+    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+        meds = grp["median_ts"].to_numpy(dtype=float)
+        ok = meds[np.isfinite(meds)]
+        ref = float(np.median(ok)) if ok.size else math.nan
+        drift = 100.0 * (ok.max() - ok.min()) / ref if ok.size > 1 and ref > 0 else math.nan
+        noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
+        flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
+        drift_rows.append({"test": test, "phase": grp["phase"].iloc[0], "depth": int(depth),
+                           "n_anchors": int(ok.size), "reference_ts": ref, "drift_pct": drift,
+                           "noise_pct": noise, "flagged": flagged})
+    drift_df = pd.DataFrame(drift_rows)
+    for r in drift_rows:
+        if r["flagged"]:
+            log.warning(f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
+                        f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio")
+
+    def rescale(row: pd.Series, factor: float) -> dict[str, Any]:
+        new = row.to_dict()
+        new.update(_summarize([s * factor for s in row["samples"]], confidence=confidence, seed=seed))
+        new["anchor_ratio"], new["drift_corrected"] = factor, True
+        if math.isfinite(new.get("roofline_tps", math.nan)) and new["roofline_tps"]:
+            new["roofline_pct"] = 100.0 * new["median_ts"] / new["roofline_tps"]
+        return new
+
+    frames: dict[str, Any] = {}
+    for i, (c, df) in enumerate(zip(candidates, cands)):
+        rows = []
+        for _, row in df.iterrows():
+            dr = next((r for r in drift_rows if r["test"] == row["test"] and r["depth"] == row["depth"]), None)
+            local = math.sqrt(med(anchors[i], row["test"], row["depth"]) *
+                              med(anchors[i + 1], row["test"], row["depth"]))
+            factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
+            if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
+                rows.append(rescale(row, factor))
+            else:
+                new = row.to_dict()
+                new["anchor_ratio"] = factor
+                rows.append(new)
+        frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
+
+    base_rows = []
+    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+        dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
+        pooled: list[float] = []
+        for _, a in grp.iterrows():
+            f = dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
+            pooled.extend(s * f for s in a["samples"])
+        first = grp.iloc[-1].to_dict()
+        first.update(_summarize(pooled, confidence=confidence, seed=seed))
+        first.update(n_batches=int(grp["n_batches"].sum()),
+                     warmup_discarded=int(grp["warmup_discarded"].sum()),
+                     drift_corrected=dr["flagged"], anchor_ratio=math.nan,
+                     status="ok" if pooled else "failed")
+        if math.isfinite(first.get("roofline_tps", math.nan)) and first["roofline_tps"]:
+            first["roofline_pct"] = 100.0 * first["median_ts"] / first["roofline_tps"]
+        base_rows.append(first)
+    frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
+    return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)
+
+
+# ---------------------------------------------------------------------------------------------
+# files and tables
+# ---------------------------------------------------------------------------------------------
+
+def compare(a: pd.DataFrame, b: pd.DataFrame, **kw: Any) -> pd.DataFrame:
+    """Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
+    return compare_frames(a, b, **kw)
+
+
+def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports).
+
+    Returns:
+        The files written.
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = [stem.with_suffix(".jsonl")]
+    df.to_json(out[0], orient="records", lines=True, force_ascii=False)
+    try:
+        import pyarrow  # noqa: F401
+
+        pq = stem.with_suffix(".parquet")
+        df.to_parquet(pq, index=False)
+        out.append(pq)
+    except ImportError:
+        pass
+    return out
+
+
+def load_results(path: Path) -> pd.DataFrame:
+    """Read a bench frame written by :func:`save_results` (``.jsonl`` or ``.parquet``).
+
+    Raises:
+        UsageError: Missing file, unknown suffix, or a file without the bench columns.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"Bench results file {path} does not exist; pass a .jsonl/.parquet from `tuner bench`.")
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif path.suffix in (".jsonl", ".json"):
+            df = pd.read_json(path, orient="records", lines=True)
+        else:
+            raise UsageError(f"{path}: unknown results format {path.suffix!r}; use .jsonl or .parquet.")
+    except (ValueError, OSError) as err:
+        raise UsageError(f"{path} is not a readable bench results file ({err}). "
+                         "Re-run `tuner bench` to produce one.") from err
+    missing = {"label", "test", "phase", "depth", "median_ts", "samples", "n"} - set(df.columns)
+    if missing:
+        raise UsageError(f"{path} lacks bench columns {sorted(missing)}; is it llama-bench's raw output? "
+                         "tuner compare/report read the files `tuner bench` writes.")
+    df["samples"] = [list(s) if s is not None else [] for s in df["samples"]]
+    df["depth"] = df["depth"].astype(int)
+    return df
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    try:
+        xf = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return format(xf, spec) if math.isfinite(xf) else "-"
+
+
+def render_table(df: pd.DataFrame) -> str:
+    """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
+    headers = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %",
+               "roofline %", "status"]
+    rows = []
+    for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
+        rows.append([r["label"], r["test"], int(r["depth"]), _fmt(r["median_ts"]), _fmt(r["ci_pct"], ".1f"),
+                     int(r["n"]), f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}", _fmt(r["cpu_util_mean"], ".0f"),
+                     _fmt(r["gpu_util_mean"], ".0f"), _fmt(r["roofline_pct"], ".1f"), r["status"]])
+    return log.table(headers, rows)

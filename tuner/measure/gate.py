@@ -1,0 +1,352 @@
+"""Correctness gate: llama.cpp's test-backend-ops on a candidate build.
+
+``test-backend-ops test -o OP -b BACKEND [-p REGEX]`` evaluates every case of an op on the backend
+and on the CPU reference and compares them by NMSE (FA threshold 5e-4). With ``-b CPU`` the CPU
+backend is compared against the CPU *reference* implementation, so it does real work there too.
+
+Console format (knobs.md §5.2; both eras): per case ``  OP(params): OK|FAIL|not supported [..]``,
+where ``[OP] ERR = x > y`` / ``[OP] NMSE = x > y`` text can precede the status (and, with ``-j``,
+interleave with other lines); a summary ``  N/M tests passed``; era ``mma`` also lists
+``Failing tests:``. A backend the binary does not have is printed as ``Skipping`` and counts as
+passed, so :func:`run_check` insists that the requested backend actually ran.
+
+:func:`run_gate` runs the check once per FlashAttention kernel the candidate can select, forcing
+it through ``GGML_TUNER_FA_RULES="decode:0-=K,prefill:0-=K"`` (design.md runtime hook), so a broken
+tile config of a kernel the default heuristics would not pick for the test shapes is still caught.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KERNELS",
+    "CheckResult",
+    "GateResult",
+    "params_for_model",
+    "parse_check_output",
+    "run_check",
+    "run_gate",
+]
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError, close_matches
+
+KERNELS = ("VEC", "TILE", "MMA")
+"""Kernels the era-``mma`` runtime hook can force."""
+
+# ggml type names test-backend-ops prints for type_K/type_V.
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CASE = re.compile(r"(?P<case>[A-Z][A-Z0-9_]*\((?:[^()]|\([^()]*\))*\)): (?P<rest>.*)$")
+_SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed")
+_BACKEND_INIT = re.compile(r"^Backend (\d+)/(\d+): (\S+)")
+_BACKEND_STATUS = re.compile(r"^\s*Backend (\S+): (OK|FAIL)\s*$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    """Outcome of test-backend-ops for one or more ops on one backend."""
+
+    passed: bool
+    """True only if the backend ran, at least one case ran, and none failed or crashed."""
+    n_ok: int
+    n_fail: int
+    n_not_supported: int
+    failing: tuple[str, ...]
+    """Names of failed cases, ``OP(params)``; a crash adds the case being printed when it died."""
+    log_file: Path | None
+    summary: str
+    """One line for people: counts, or what went wrong."""
+    backend_ran: bool = True
+    returncode: int = 0
+    seconds: float = 0.0
+    crashed: str = ""
+    """The case whose line was open when the process died, if it died."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GateResult:
+    """Outcome of :func:`run_gate`: one CheckResult per forced kernel."""
+
+    passed: bool
+    per_kernel: Mapping[str, CheckResult]
+    failing: tuple[str, ...]
+    """``KERNEL: case`` for every failed case."""
+    summary: str
+    log_file: Path | None
+
+    @property
+    def feasible(self) -> bool:
+        return self.passed
+
+
+def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
+    """Parse test-backend-ops console output (``test`` mode).
+
+    Args:
+        text: Combined stdout/stderr (ANSI colours are stripped).
+        backend: The ``-b`` device; when given, output where it was skipped counts as not run.
+
+    Returns:
+        A CheckResult with ``log_file=None`` and ``returncode=0`` (the caller fills those in).
+    """
+    n_ok = n_fail = n_ns = 0
+    failing: list[str] = []
+    summary_counts: list[tuple[int, int]] = []
+    devices: list[str] = []
+    ran: set[str] = set()
+    statuses: dict[str, str] = {}
+    in_failing = False
+    open_case = ""
+    lines = _ANSI.sub("", text).splitlines()
+    for i, line in enumerate(lines):
+        if in_failing:
+            if line.startswith("  ") and "(" in line:
+                name = line.strip()
+                if name not in failing:
+                    failing.append(name)
+                continue
+            in_failing = False
+        if line.strip() == "Failing tests:":
+            in_failing = True
+            continue
+        m = _BACKEND_INIT.match(line)
+        if m:
+            devices.append(m.group(3))
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if not nxt.startswith("Skipping"):
+                ran.add(m.group(3))
+            continue
+        m = _BACKEND_STATUS.match(line)
+        if m:
+            statuses[m.group(1)] = m.group(2)
+            continue
+        m = _SUMMARY.match(line)
+        if m:
+            summary_counts.append((int(m.group(1)), int(m.group(2))))
+            continue
+        m = _CASE.search(line)
+        if m:
+            rest = m.group("rest").rstrip()
+            case = m.group("case")
+            if rest.startswith("not supported") or rest.startswith("skipping"):
+                n_ns += 1
+                open_case = ""
+            elif rest.endswith("FAIL"):
+                n_fail += 1
+                if case not in failing:
+                    failing.append(case)
+                open_case = ""
+            elif rest.endswith("OK"):
+                n_ok += 1
+                open_case = ""
+            else:
+                open_case = case  # printed, status pending (or the process died here)
+    if summary_counts:
+        # The summary is authoritative (per-case lines can be garbled by -j interleaving).
+        n_ok = sum(p for p, _ in summary_counts)
+        n_fail = sum(t - p for p, t in summary_counts)
+    backend_ran = bool(ran) if backend is None else backend in ran
+    passed = backend_ran and bool(summary_counts) and n_fail == 0 and not failing and (n_ok > 0)
+    if not backend_ran:
+        summ = f"backend {backend or '?'} did not run (devices: {', '.join(devices) or 'none'})"
+    elif not summary_counts:
+        summ = f"no summary line: test-backend-ops stopped early ({n_ok} OK, {n_fail} FAIL so far)"
+    else:
+        summ = f"{n_ok}/{n_ok + n_fail} cases passed, {n_ns} not supported"
+        if n_ok + n_fail == 0:
+            summ += " (no case matched the filter)"
+    return CheckResult(passed=passed, n_ok=n_ok, n_fail=n_fail, n_not_supported=n_ns,
+                       failing=tuple(failing), log_file=None, summary=summ, backend_ran=backend_ran,
+                       crashed=open_case)
+
+
+def params_for_model(head_dim: int, kv_type: str | None = None, *, head_dim_v: int | None = None) -> str:
+    """A ``-p`` regex selecting FLASH_ATTN_EXT cases of a model's attention shape.
+
+    Args:
+        head_dim: K head size (``hsk``), e.g. 64 for Llama-3.2-1B.
+        kv_type: KV-cache type (``f16``, ``q8_0``...); None keeps every type.
+        head_dim_v: V head size (``hsv``); defaults to ``head_dim``.
+
+    Returns:
+        E.g. ``hsk=64,hsv=64,.*type_K=f16,type_V=f16``.
+
+    Example:
+        >>> params_for_model(64)
+        'hsk=64,hsv=64,'
+    """
+    hv = head_dim if head_dim_v is None else head_dim_v
+    for name, v in (("head_dim", head_dim), ("head_dim_v", hv)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1024:
+            raise UsageError(f"{name} must be an integer in [1, 1024] (got {v!r}).")
+    rx = f"hsk={head_dim},hsv={hv},"
+    if kv_type is not None:
+        if kv_type not in KV_TYPES:
+            raise UsageError(f"Unknown KV type {kv_type!r}; use one of {', '.join(KV_TYPES)}."
+                             + close_matches(kv_type, KV_TYPES))
+        rx += f".*type_K={kv_type},type_V={kv_type},"
+    return rx
+
+
+def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | None) -> None:
+    if not ops:
+        raise UsageError("No ops given; pass at least one, e.g. --ops FLASH_ATTN_EXT.")
+    for op in ops:
+        if not isinstance(op, str) or not op or "," in op or "\0" in op:
+            raise UsageError(f"Op {op!r} is invalid; give op names like FLASH_ATTN_EXT, one per --ops.")
+    if not _NAME.match(backend):
+        raise UsageError(f"Backend {backend!r} is invalid; use a device name like CUDA0, ROCm0 or CPU.")
+    if params is not None:
+        try:
+            re.compile(params)
+        except re.error as err:
+            raise UsageError(f"--params {params!r} is not a valid regex ({err}).") from err
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256):
+        raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
+
+
+def run_check(
+    bin_dir: Path,
+    *,
+    ops: Sequence[str] = ("FLASH_ATTN_EXT",),
+    backend: str = "CUDA0",
+    params: str | None = None,
+    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    jobs: int | None = None,
+    log_dir: Path,
+    timeout: float = 3600.0,
+    label: str = "check",
+) -> CheckResult:
+    """Run ``test-backend-ops test`` for each op on one backend and aggregate.
+
+    Args:
+        bin_dir: Directory holding ``test-backend-ops``.
+        ops: Op names (exact) or regexes, one test-backend-ops call each.
+        backend: Device name, e.g. ``CUDA0``, ``ROCm0``, ``CPU``.
+        params: ``-p`` regex over case parameters (see :func:`params_for_model`).
+        env: Environment overrides (e.g. ``GGML_TUNER_FA_RULES``).
+        jobs: ``-j`` worker threads (era ``mma`` only).
+        log_dir: Where ``<label>.log`` goes (all ops appended).
+        timeout: Seconds per call.
+        label: Log file stem.
+
+    Returns:
+        A CheckResult; a failing or crashing case is data (``passed=False``), not an exception.
+
+    Raises:
+        UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
+    """
+    from tuner.measure.bench import _check_env, _find_exe
+
+    exe = _find_exe(Path(bin_dir), "test-backend-ops")
+    _validate(ops, backend, params, jobs)
+    env = _check_env(env)
+    log_file = Path(log_dir) / f"{label}.log"
+    full_env = dict(os.environ)
+    full_env.update(env)
+    parts: list[CheckResult] = []
+    start = time.monotonic()
+    rc_max = 0
+    for op in ops:
+        cmd = [str(exe), "test", "-o", op, "-b", backend]
+        if params is not None:
+            cmd += ["-p", params]
+        if jobs is not None:
+            cmd += ["-j", str(jobs)]
+        lines: list[str] = []
+        try:
+            res = _run.run(cmd, env=full_env, log_file=log_file, timeout=timeout, check=False,
+                           on_line=lines.append, what="test-backend-ops")
+            rc = res.returncode
+        except TunerError as err:  # timeout: a result, not a crash
+            parts.append(CheckResult(passed=False, n_ok=0, n_fail=0, n_not_supported=0, failing=(),
+                                     log_file=log_file, summary=f"{op}: {err}", returncode=-1))
+            rc_max = -1
+            continue
+        part = parse_check_output("\n".join(lines), backend=backend)
+        if not part.backend_ran:
+            raise UsageError(
+                f"test-backend-ops in {bin_dir} has no device {backend!r}: {part.summary}. "
+                "Pass --backend with one of those devices, or check the build has that backend."
+            )
+        if rc != 0 and part.passed:
+            part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
+        if rc != 0 and part.crashed and part.crashed not in part.failing:
+            part = dataclasses.replace(part, failing=part.failing + (part.crashed,),
+                                       summary=part.summary + f"; died during {part.crashed}")
+        parts.append(dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc,
+                                         log_file=log_file))
+        rc_max = rc if rc != 0 else rc_max
+    failing: list[str] = []
+    for p in parts:
+        failing.extend(f for f in p.failing if f not in failing)
+    return CheckResult(
+        passed=all(p.passed for p in parts),
+        n_ok=sum(p.n_ok for p in parts), n_fail=sum(p.n_fail for p in parts),
+        n_not_supported=sum(p.n_not_supported for p in parts), failing=tuple(failing),
+        log_file=log_file, summary="; ".join(p.summary for p in parts), backend_ran=True,
+        returncode=rc_max, seconds=time.monotonic() - start,
+        crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
+    )
+
+
+def run_gate(
+    bin_dir: Path,
+    kernels: Sequence[str] = KERNELS,
+    *,
+    ops: Sequence[str] = ("FLASH_ATTN_EXT",),
+    backend: str = "CUDA0",
+    params: str | None = None,
+    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    jobs: int | None = None,
+    log_dir: Path,
+    timeout: float = 3600.0,
+) -> GateResult:
+    """Check a candidate once per kernel it can select, forcing each through the runtime hook.
+
+    Args:
+        bin_dir: Candidate build's bin directory (era ``mma`` patched ``fattn.cu``).
+        kernels: Subset of ``VEC``, ``TILE``, ``MMA``.
+        ops, backend, params, env, jobs, log_dir, timeout: As in :func:`run_check`; ``env`` must
+            not set ``GGML_TUNER_FA_RULES`` itself.
+
+    Returns:
+        A GateResult; ``passed`` False (infeasible) names the kernel and case that failed.
+    """
+    ks = []
+    for k in kernels:
+        ku = str(k).upper()
+        if ku not in KERNELS:
+            raise UsageError(f"Unknown kernel {k!r}; use {', '.join(KERNELS)}." + close_matches(ku, KERNELS))
+        if ku not in ks:
+            ks.append(ku)
+    if not ks:
+        raise UsageError("No kernels given; use e.g. --kernels VEC,TILE,MMA.")
+    if "GGML_TUNER_FA_RULES" in env:
+        raise UsageError("run_gate sets GGML_TUNER_FA_RULES itself (one forced kernel per run); drop it from env.")
+    per: dict[str, CheckResult] = {}
+    for k in ks:
+        kenv = dict(env)
+        kenv["GGML_TUNER_FA_RULES"] = f"decode:0-={k},prefill:0-={k}"
+        with log.step(f"test-backend-ops {','.join(ops)} on {backend}, kernel forced to {k}"):
+            per[k] = run_check(bin_dir, ops=ops, backend=backend, params=params, env=kenv, jobs=jobs,
+                               log_dir=log_dir, timeout=timeout, label=f"check-{k}")
+    failing = tuple(f"{k}: {c}" for k, r in per.items() for c in r.failing)
+    bad = [k for k, r in per.items() if not r.passed]
+    if bad:
+        first = per[bad[0]]
+        where = f", first failing case {first.failing[0]}" if first.failing else f" ({first.summary})"
+        summary = f"infeasible: kernel {bad[0]} fails{where}"
+    else:
+        summary = "; ".join(f"{k}: {r.summary}" for k, r in per.items())
+    return GateResult(passed=not bad, per_kernel=per, failing=failing, summary=summary,
+                      log_file=per[ks[-1]].log_file)

@@ -1,0 +1,216 @@
+"""Statistics for benchmark samples: bootstrap CIs of the median and A/B verdicts.
+
+Throughput samples (tokens/s per llama-bench repetition) are few, skewed and sometimes bimodal
+(device.md: the first prompt rep is often 30% slow), so everything here is rank- or
+resampling-based: the median with a seeded percentile-bootstrap CI, the ratio of medians with a
+bootstrap CI, and a two-sided Mann-Whitney U test. A verdict needs both: the CI of the change must
+exclude zero *and* the rank test must reject at the same level. With 3 samples per side the exact
+U test cannot reach p < 0.05, which is the point: three reps do not decide a 5% question.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Verdict",
+    "bootstrap_median_ci",
+    "ci_halfwidth_pct",
+    "compare",
+    "compare_frames",
+]
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from tuner.errors import UsageError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+N_BOOT = 4000
+"""Bootstrap resamples; 4000 keeps the 2.5%/97.5% percentiles stable to ~1% of the CI width."""
+
+
+def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.5 <= confidence < 1.0:
+        raise UsageError(
+            f"confidence must be in [0.5, 1) (got {confidence!r}); use e.g. 0.95 for a 95% interval."
+        )
+
+
+def bootstrap_median_ci(
+    samples: Sequence[float] | np.ndarray,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median.
+
+    Args:
+        samples: Measurements (non-finite values are dropped).
+        confidence: Two-sided coverage, e.g. 0.95.
+        n_boot: Number of resamples.
+        seed: Seed of the resampling generator (same samples and seed -> same interval).
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` without samples, ``(x, x)`` for a single sample.
+    """
+    _check_confidence(confidence)
+    arr = _clean(samples)
+    if arr.size == 0:
+        return (math.nan, math.nan)
+    if arr.size == 1:
+        return (float(arr[0]), float(arr[0]))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
+    meds = np.median(arr[idx], axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(meds, [alpha / 2, 1 - alpha / 2])
+    return (float(low), float(high))
+
+
+def ci_halfwidth_pct(median: float, ci_low: float, ci_high: float) -> float:
+    """Half the CI width as a percentage of the median (the ``--target-ci`` quantity)."""
+    if not (math.isfinite(median) and median > 0 and math.isfinite(ci_low) and math.isfinite(ci_high)):
+        return math.nan
+    return 100.0 * (ci_high - ci_low) / 2.0 / median
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Outcome of comparing B against A (A is the reference, B the candidate)."""
+
+    delta_pct: float
+    """``100 * (median(B) / median(A) - 1)``: positive means B has more tokens/s."""
+    ci_low: float
+    """Lower end of the bootstrap CI of ``delta_pct``."""
+    ci_high: float
+    """Upper end of the bootstrap CI of ``delta_pct``."""
+    p_value: float
+    """Two-sided Mann-Whitney U p-value (nan with fewer than 2 samples a side)."""
+    verdict: Literal["faster", "slower", "no difference"]
+    """``faster``/``slower`` only when the CI excludes 0 and ``p_value < 1 - confidence``."""
+    confidence: float
+    n_a: int = 0
+    n_b: int = 0
+
+
+def compare(
+    a_samples: Sequence[float] | np.ndarray,
+    b_samples: Sequence[float] | np.ndarray,
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    n_boot: int = N_BOOT,
+    min_effect_pct: float = 0.0,
+) -> Verdict:
+    """Compare candidate samples B against reference samples A (both tokens/s, higher is better).
+
+    Args:
+        a_samples: Reference (baseline) measurements.
+        b_samples: Candidate measurements.
+        confidence: Coverage of the CI; the rank test uses ``alpha = 1 - confidence``.
+        seed: Bootstrap seed.
+        n_boot: Bootstrap resamples.
+        min_effect_pct: A change must also exceed this many percent (CI entirely beyond it)
+            to count; 0 accepts any statistically clear change.
+
+    Returns:
+        A Verdict.
+
+    Example:
+        >>> compare([100, 101, 99, 100, 102], [110, 111, 109, 112, 110]).verdict
+        'faster'
+    """
+    from scipy import stats as sps
+
+    _check_confidence(confidence)
+    a, b = _clean(a_samples), _clean(b_samples)
+    if a.size == 0 or b.size == 0 or np.median(a) <= 0:
+        return Verdict(delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan,
+                       verdict="no difference", confidence=confidence, n_a=int(a.size), n_b=int(b.size))
+    delta = 100.0 * (float(np.median(b)) / float(np.median(a)) - 1.0)
+    rng = np.random.default_rng(seed)
+    med_a = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+    med_b = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    ratios = 100.0 * (med_b / med_a - 1.0)
+    alpha = 1.0 - confidence
+    low, high = (float(x) for x in np.quantile(ratios, [alpha / 2, 1 - alpha / 2]))
+    p = math.nan
+    if a.size >= 2 and b.size >= 2:
+        with warnings.catch_warnings():
+            # All-equal samples make the normal approximation degenerate; p is then 1.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
+        if not math.isfinite(p):
+            p = 1.0
+    significant = math.isfinite(p) and p < alpha
+    verdict: Literal["faster", "slower", "no difference"] = "no difference"
+    if significant and low > min_effect_pct:
+        verdict = "faster"
+    elif significant and high < -min_effect_pct:
+        verdict = "slower"
+    return Verdict(delta_pct=delta, ci_low=low, ci_high=high, p_value=p, verdict=verdict,
+                   confidence=confidence, n_a=int(a.size), n_b=int(b.size))
+
+
+def compare_frames(
+    df_a: pd.DataFrame,
+    df_b: pd.DataFrame,
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+    min_effect_pct: float = 0.0,
+) -> pd.DataFrame:
+    """Compare two bench frames (see tuner.measure.bench) per ``(test, depth)``.
+
+    Rows present in only one frame are kept with ``verdict = "missing"`` so nothing is silently
+    dropped.
+
+    Args:
+        df_a: Reference frame.
+        df_b: Candidate frame.
+        confidence: See :func:`compare`.
+        seed: Bootstrap seed.
+        min_effect_pct: See :func:`compare`.
+
+    Returns:
+        Columns ``test, phase, depth, median_a, median_b, n_a, n_b, delta_pct, ci_low, ci_high,
+        p_value, verdict``, sorted by phase, test and depth.
+    """
+    import pandas as pd
+
+    def by_key(df: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
+        return {(str(r["test"]), int(r["depth"])): r for _, r in df.iterrows()}
+
+    rows_a, rows_b = by_key(df_a), by_key(df_b)
+    out = []
+    for key in sorted(set(rows_a) | set(rows_b), key=lambda k: (k[0][:2], k[0], k[1])):
+        ra, rb = rows_a.get(key), rows_b.get(key)
+        row: dict[str, object] = {"test": key[0], "depth": key[1]}
+        row["phase"] = (ra if ra is not None else rb)["phase"]  # type: ignore[index]
+        row["median_a"] = float(ra["median_ts"]) if ra is not None else math.nan
+        row["median_b"] = float(rb["median_ts"]) if rb is not None else math.nan
+        if ra is None or rb is None:
+            row.update(n_a=0 if ra is None else int(ra["n"]), n_b=0 if rb is None else int(rb["n"]),
+                       delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan,
+                       verdict="missing")
+        else:
+            v = compare(list(ra["samples"]), list(rb["samples"]), confidence=confidence, seed=seed,
+                        min_effect_pct=min_effect_pct)
+            row.update(n_a=v.n_a, n_b=v.n_b, delta_pct=v.delta_pct, ci_low=v.ci_low,
+                       ci_high=v.ci_high, p_value=v.p_value, verdict=v.verdict)
+        out.append(row)
+    cols = ["test", "phase", "depth", "median_a", "median_b", "n_a", "n_b", "delta_pct",
+            "ci_low", "ci_high", "p_value", "verdict"]
+    return pd.DataFrame(out, columns=cols)

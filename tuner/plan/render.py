@@ -1,0 +1,693 @@
+"""Render one build variant: CMake defines from ``templates/cmake`` and kernel patches from ``templates/patches``.
+
+A variant is a CMake define set (``templates/cmake/<variant>.j2``) plus, for GPU variants, the era's
+patch manifests (``templates/patches/<era>/*.toml``): edits anchored on exact text of the pristine tree.
+Compile-time knob values become per-TU override headers (``RenderedVariant.tu_headers``) that the
+CMake hook force-includes, so a candidate rebuilds only the translation units it changes. In baked
+mode (``tuner export``) the same values are written into the sources instead and no env is read.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "VARIANTS",
+    "Edit",
+    "PatchManifest",
+    "find_hooked_tus",
+    "load_manifests",
+    "parse_define_lines",
+    "render_defines",
+    "render_patch",
+    "render_preset",
+    "render_presets",
+    "render_tu_headers",
+    "render_variant",
+    "tu_header_name",
+    "unified_diff",
+    "variant_family",
+]
+
+import dataclasses
+import difflib
+import functools
+import json
+import logging
+import re
+from tuner._compat import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+from tuner.plan import constraints
+from tuner.plan import space as space_mod
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.paths import data_dir
+from tuner.plan.variant import RenderedVariant
+
+if TYPE_CHECKING:
+    from tuner.plan.space import SearchSpace
+
+logger = logging.getLogger(__name__)
+
+VARIANTS: dict[str, str] = {
+    "cpu": "CPU backend, -march=native (GGML_NATIVE=ON)",
+    "cpu-no-native": "CPU backend without -march=native (portable baseline)",
+    "cuda": "CUDA, upstream defaults for the arch",
+    "cuda-force-mmq": "CUDA with GGML_CUDA_FORCE_MMQ=ON (a no-op on Turing+ for MMQ types)",
+    "cuda-force-cublas": "CUDA with GGML_CUDA_FORCE_CUBLAS=ON (never MMQ)",
+    "cuda-no-graphs": "CUDA with GGML_CUDA_GRAPHS=OFF",
+    "hip": "HIP, upstream defaults for the arch",
+    "hip-rocwmma": "HIP with the rocWMMA FlashAttention kernel (era rocwmma only)",
+    "hip-force-mmq": "HIP with GGML_CUDA_FORCE_MMQ=ON",
+    "hip-no-mmq-mfma": "HIP with GGML_HIP_MMQ_MFMA=OFF (also removes the CDNA MMA-FA path)",
+}
+"""Variant name -> one-line description; each has ``templates/cmake/<name>.j2``."""
+
+_ERA_ONLY = {"hip-rocwmma": "rocwmma"}
+
+# CMake builtins a template may set besides the options the tree declares.
+_CMAKE_BUILTINS = frozenset(
+    {
+        "CMAKE_BUILD_TYPE",
+        "CMAKE_CUDA_ARCHITECTURES",
+        "CMAKE_HIP_ARCHITECTURES",
+        "CMAKE_BUILD_RPATH_USE_ORIGIN",
+        "CMAKE_POSITION_INDEPENDENT_CODE",
+        "CMAKE_EXPORT_COMPILE_COMMANDS",
+    }
+)
+# Plain variables (not option()/CACHE) that ggml-hip/CMakeLists.txt reads; allowed only where referenced.
+_HIP_TARGET_VARS = ("GPU_TARGETS", "AMDGPU_TARGETS")
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.;+\-]*$")
+_MODES = ("replace", "insert_before", "insert_after")
+_THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
+_INT_MAX = 2147483647
+
+
+def variant_family(variant: str) -> str:
+    """``cuda-force-mmq`` -> ``cuda``; the family picks the patch manifests."""
+    return variant.split("-", 1)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def _env_for(folder: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _env() -> jinja2.Environment:
+    return _env_for(str(data_dir("templates")))
+
+
+def _render(template: str, context: Mapping[str, Any], *, what: str) -> str:
+    try:
+        return _env().get_template(template).render(**context)
+    except jinja2.TemplateNotFound as err:
+        raise TunerError(f"Template {template!r} ({what}) was not found under {data_dir('templates')}.") from err
+    except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as err:
+        raise TunerError(f"Template {template!r} ({what}) failed to render: {err}. Fix the template.") from err
+
+
+# --------------------------------------------------------------------------------------------------
+# CMake defines
+
+
+def _declared_options(root: Path) -> set[str]:
+    """Names of every option()/CACHE entry the tree declares (tuner.source when it is available)."""
+    top = root / "CMakeLists.txt"
+    stamp = top.stat().st_mtime_ns if top.is_file() else 0
+    return set(_declared_options_cached(str(root), stamp))
+
+
+@functools.lru_cache(maxsize=8)
+def _declared_options_cached(root_s: str, stamp: int) -> frozenset[str]:
+    root = Path(root_s)
+    names: set[str] = set()
+    try:
+        from tuner.source import load_cmake_options  # type: ignore[attr-defined]
+    except ImportError:
+        load_cmake_options = None
+    if load_cmake_options is not None:
+        names.update(load_cmake_options(root))
+    else:
+        opt = re.compile(r"\boption\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)")
+        cache = re.compile(r"\bset\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s[^)]*\bCACHE\b")
+        files = [root / "CMakeLists.txt", *root.glob("ggml/**/CMakeLists.txt"), *root.glob("ggml/cmake/*.cmake")]
+        for f in files:
+            if f.is_file():
+                text = f.read_text(errors="replace")
+                names.update(opt.findall(text))
+                names.update(cache.findall(text))
+    hip = root / "ggml" / "src" / "ggml-hip" / "CMakeLists.txt"
+    if hip.is_file():
+        text = hip.read_text(errors="replace")
+        names.update(v for v in _HIP_TARGET_VARS if re.search(rf"\b{v}\b", text))
+    return frozenset(names)
+
+
+def parse_define_lines(text: str, *, template: str) -> dict[str, str]:
+    """Parse the ``NAME=VALUE`` lines a CMake template renders (``#`` comments and blanks ignored)."""
+    out: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise TunerError(f"Template {template!r} line {n} renders {raw!r}, not NAME=VALUE. Fix the template.")
+        if name in out and out[name] != value:
+            raise TunerError(f"Template {template!r} sets {name} twice ({out[name]!r}, {value!r}). Fix the template.")
+        out[name] = value
+    return out
+
+
+def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | None) -> tuple[str, list[str]]:
+    """``90-real``; a non-local Ada/Hopper target on a newer local GPU becomes ``-virtual`` (PTX JIT)."""
+    major = str(arch.cc // 10)
+    if not local_archs or arch.name in local_archs:
+        return f"{major}-real", []
+    from tuner.targets.archs import newer_nvidia
+
+    if newer_nvidia(arch.cc, local_archs):
+        warn = (
+            f"{arch.name} was requested but this machine's GPU is {', '.join(local_archs)}: building "
+            f"CMAKE_CUDA_ARCHITECTURES={major}-virtual (PTX, JIT-compiled at first run) so it can run here. "
+            f"Host logic sees the real GPU; set CUDA_CACHE_MAXSIZE high so the JIT result is cached."
+        )
+        return f"{major}-virtual", [warn]
+    warn = f"{arch.name} binaries ({major}-real) will not run on this machine's GPU ({', '.join(local_archs)})."
+    return f"{major}-real", [warn]
+
+
+def render_defines(
+    source_root: Path,
+    arch: str,
+    variant: str,
+    era: str,
+    *,
+    local_archs: Sequence[str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    """Render ``templates/cmake/<variant>.j2`` into CMake cache entries, checked against the tree.
+
+    Args:
+        source_root: The llama.cpp tree (only options it declares may be set).
+        arch: Arch name (``sm_90``, ``gfx1151``, ``cpu``).
+        variant: A name from :data:`VARIANTS`.
+        era: ``mma`` or ``rocwmma``.
+        local_archs: Arch names of this machine's GPUs; decides ``89-real`` vs ``89-virtual``.
+
+    Returns:
+        ``(defines, warnings)``.
+
+    Raises:
+        UsageError: Unknown variant, or a variant that does not fit the arch or era.
+        TunerError: A template sets an option the tree does not declare, or an unsafe value.
+    """
+    if variant not in VARIANTS:
+        raise UsageError(f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}.")
+    limits = constraints.load_arch_limits(arch)
+    family = variant_family(variant)
+    want_vendor = {"cpu": "cpu", "cuda": "nvidia", "hip": "amd"}[family]
+    if limits.vendor != want_vendor:
+        raise UsageError(
+            f"Variant {variant!r} builds for {want_vendor} but arch {arch!r} is {limits.vendor}. "
+            f"Pick a {limits.vendor} variant (e.g. {'cuda' if limits.vendor == 'nvidia' else 'hip' if limits.vendor == 'amd' else 'cpu'})."
+        )
+    need_era = _ERA_ONLY.get(variant)
+    if need_era and era != need_era:
+        raise TunerError(
+            f"Variant {variant!r} needs the rocWMMA FlashAttention kernel, which upstream removed in PR #26046 "
+            f"(\"HIP: remove rocWMMA FlashAttention\"); this source is era {era!r}. Use "
+            f"--source pypi:llama-cpp-python==0.3.16 (a 2025-08 llama.cpp that still has GGML_HIP_ROCWMMA_FATTN), "
+            f"or pick variant 'hip'."
+        )
+    warnings: list[str] = []
+    cuda_arch = ""
+    if limits.vendor == "nvidia":
+        cuda_arch, warnings = _cuda_arch_value(limits, local_archs)
+    declared = _declared_options(source_root)
+    template = f"cmake/{variant}.j2"
+    text = _render(
+        template,
+        {
+            "arch": arch,
+            "era": era,
+            "cuda_arch": cuda_arch,
+            "gpu_target": limits.gfx or "",
+            "declared": sorted(declared),
+        },
+        what=f"CMake defines for variant {variant}",
+    )
+    defines = parse_define_lines(text, template=template)
+    for name, value in defines.items():
+        if name not in declared and name not in _CMAKE_BUILTINS:
+            raise TunerError(
+                f"Template {template!r} sets {name}, which the llama.cpp tree at {source_root} does not declare "
+                f"(era {era}).{close_matches(name, declared)} Guard it with {{% if {name!r} in declared %}} or remove it."
+            )
+        if not _SAFE_VALUE.match(value):
+            raise TunerError(f"Template {template!r} renders {name}={value!r}; values may only use [A-Za-z0-9_.;+-].")
+    return defines, warnings
+
+
+def render_preset(
+    rv: RenderedVariant, *, name: str | None = None, tree_presets: Path | None = None
+) -> dict[str, Any]:
+    """A ``CMakeUserPresets.json`` document with one configure preset for ``rv``.
+
+    The schema version follows the tree's ``CMakePresets.json``, and the preset inherits the tree's
+    ``base`` and ``release`` presets when they exist, so it can be dropped next to llama.cpp's own file.
+    """
+    tree_presets = tree_presets or rv.source_root / "CMakePresets.json"
+    version, inherits = 4, []
+    if tree_presets.is_file():
+        try:
+            doc = json.loads(tree_presets.read_text())
+        except json.JSONDecodeError as err:
+            raise TunerError(f"{tree_presets} is not valid JSON ({err}).") from err
+        version = int(doc.get("version", 4))
+        names = {p.get("name") for p in doc.get("configurePresets", [])}
+        inherits = [n for n in ("base", "release") if n in names]
+    preset: dict[str, Any] = {
+        "name": name or f"tuner-{rv.arch}-{rv.variant}",
+        "displayName": f"tuner {rv.arch} {rv.variant} ({rv.era})",
+        "cacheVariables": dict(rv.defines),
+    }
+    if inherits:
+        preset["inherits"] = inherits
+    else:
+        preset["generator"] = "Ninja"
+        preset["binaryDir"] = "${sourceDir}/build-${presetName}"
+    return {"version": version, "configurePresets": [preset]}
+
+
+def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
+    """:func:`render_preset` as JSON text (what ``tuner export`` writes)."""
+    return json.dumps(render_preset(rv, name=name), indent=2) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Patch manifests
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Edit:
+    """One anchored edit of a pristine file."""
+
+    file: str
+    """Path relative to the llama.cpp root."""
+    mode: str
+    """``replace``, ``insert_before`` or ``insert_after``."""
+    anchor: str
+    """Exact text that must occur exactly once in the pristine file."""
+    template: str
+    """Jinja fragment, relative to ``templates/``."""
+    vars: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Extra template variables for this edit."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatchManifest:
+    """A ``templates/patches/<era>/<name>.toml`` file."""
+
+    name: str
+    era: str
+    path: Path
+    description: str
+    families: tuple[str, ...]
+    edits: tuple[Edit, ...]
+
+
+def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]:
+    """Load every patch manifest of an era, sorted by name.
+
+    Raises:
+        TunerError: A manifest has unknown keys, a bad mode or a missing template.
+    """
+    root = (base or data_dir("templates")) / "patches"
+    era_dir = root / era
+    if not era_dir.is_dir():
+        raise TunerError(f"No patch manifests for era {era!r} in {era_dir}.")
+    out = []
+    for path in sorted(era_dir.glob("*.toml")):
+        try:
+            doc = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise TunerError(f"Patch manifest {path} is not valid TOML: {err}.") from err
+        for key in doc:
+            if key not in ("description", "families", "edit"):
+                raise TunerError(f"Unknown key {key!r} in {path}.{close_matches(key, ['description', 'families', 'edit'])}")
+        edits = []
+        for i, e in enumerate(doc.get("edit", [])):
+            for key in e:
+                if key not in ("file", "mode", "anchor", "template", "vars"):
+                    raise TunerError(
+                        f"Unknown key {key!r} in edit {i + 1} of {path}."
+                        f"{close_matches(key, ['file', 'mode', 'anchor', 'template', 'vars'])}"
+                    )
+            if e.get("mode") not in _MODES:
+                raise TunerError(f"Edit {i + 1} of {path}: mode {e.get('mode')!r} is not one of {', '.join(_MODES)}.")
+            tpl = e["template"]
+            rel = f"patches/{era}/{tpl}" if (era_dir / tpl).is_file() else f"patches/common/{tpl}"
+            if not (root.parent / rel).is_file():
+                raise TunerError(f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}.")
+            edits.append(Edit(file=e["file"], mode=e["mode"], anchor=e["anchor"], template=rel, vars=e.get("vars", {})))
+        out.append(
+            PatchManifest(
+                name=path.stem,
+                era=era,
+                path=path,
+                description=doc.get("description", ""),
+                families=tuple(doc.get("families", ())),
+                edits=tuple(edits),
+            )
+        )
+    return out
+
+
+def _apply_edits(
+    root: Path, era: str, manifests: Sequence[PatchManifest], context: Mapping[str, Any]
+) -> dict[str, str]:
+    """Apply every edit in memory to pristine text; return relpath -> new text of changed files."""
+    by_file: dict[str, list[tuple[int, int, str, PatchManifest, Edit]]] = {}
+    pristine: dict[str, str] = {}
+    for m in manifests:
+        for e in m.edits:
+            path = root / e.file
+            if e.file not in pristine:
+                if not path.is_file():
+                    raise TunerError(
+                        f"Patch template {m.name!r} (era {era}, {m.path}) edits {e.file}, which this tree lacks. "
+                        f"The template targets a different llama.cpp version; fix the manifest or the --source."
+                    )
+                pristine[e.file] = path.read_text()
+            text = pristine[e.file]
+            count = text.count(e.anchor)
+            if count != 1:
+                first = e.anchor.strip().splitlines()[0] if e.anchor.strip() else e.anchor
+                raise TunerError(
+                    f"Patch template {m.name!r} (era {era}, {m.path}): the anchor starting {first[:80]!r} occurs "
+                    f"{count} times in {e.file}; it must occur exactly once. The tree does not match the template's "
+                    f"llama.cpp version; fix the anchor or use a source of era {era}."
+                )
+            fragment = _render(e.template, {**context, **e.vars}, what=f"edit of {e.file} in {m.name}")
+            start = text.index(e.anchor)
+            end = start + len(e.anchor)
+            if e.mode == "replace":
+                span = (start, end)
+            else:
+                if not fragment:
+                    continue  # nothing to insert in this mode (e.g. a hook that only exists in tune mode)
+                pos = start if e.mode == "insert_before" else end
+                if e.mode == "insert_after" and not e.anchor.endswith("\n") and text[pos : pos + 1] == "\n":
+                    pos += 1  # insert whole lines after the anchor's line
+                span = (pos, pos)
+            by_file.setdefault(e.file, []).append((span[0], span[1], fragment, m, e))
+    files: dict[str, str] = {}
+    for rel, edits in by_file.items():
+        edits.sort(key=lambda t: (t[0], t[1]))
+        for (s0, e0, _, m0, _), (s1, _, _, m1, _) in zip(edits, edits[1:]):
+            if s1 < e0:
+                raise TunerError(f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}.")
+        text = pristine[rel]
+        for s, e, frag, _, _ in reversed(edits):
+            text = text[:s] + frag + text[e:]
+        if text != pristine[rel]:
+            files[rel] = text
+    return files
+
+
+def unified_diff(rel: str, old: str, new: str) -> str:
+    """A ``git apply``-compatible unified diff of one file with ``a/`` and ``b/`` headers."""
+    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    out = []
+    for line in lines:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def render_patch(
+    source_root: Path,
+    era: str,
+    family: str,
+    context: Mapping[str, Any],
+    *,
+    templates: Path | None = None,
+) -> tuple[str, dict[str, str]]:
+    """Render the era's manifests for a variant family into ``(patch, files)``."""
+    manifests = [m for m in load_manifests(era, base=templates) if family in m.families]
+    files = _apply_edits(source_root, era, manifests, {"era": era, "family": family, **context})
+    patch = "".join(unified_diff(rel, (source_root / rel).read_text(), files[rel]) for rel in sorted(files))
+    return patch, files
+
+
+# --------------------------------------------------------------------------------------------------
+# Compile-time knobs -> per-TU headers / baked rows
+
+_TU_GLOBS = {
+    "mma": ("ggml/src/ggml-cuda/template-instances/fattn-tile*.cu", "ggml/src/ggml-cuda/template-instances/fattn-mma*.cu"),
+    "rocwmma": ("ggml/src/ggml-cuda/fattn-wmma-f16.cu",),
+}
+_WMMA_TU = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"
+_WMMA_MACROS = {"nwarps": "GGML_TUNER_WMMA_NWARPS", "min_blocks": "GGML_TUNER_WMMA_MIN_BLOCKS", "kq_stride": "GGML_TUNER_WMMA_KQ_STRIDE"}
+_WMMA_DEFAULTS = {"nwarps": 4, "min_blocks": 1, "kq_stride": 256}
+
+
+def tu_header_name(tu: str) -> str:
+    """File name of the override header for a TU (``.../fattn-mma-f16-instance-ncols1_16-ncols2_4.cu`` -> ``…ncols2_4.h``).
+
+    The CMake hook computes the same name with ``get_filename_component(... NAME_WE)``.
+    """
+    name = Path(tu).name
+    return name.split(".", 1)[0] + ".h"
+
+
+def find_hooked_tus(source_root: Path, era: str) -> list[str]:
+    """Relative paths of every TU the era's CMake hook gives an override header."""
+    out: set[str] = set()
+    for pattern in _TU_GLOBS.get(era, ()):
+        out.update(p.relative_to(source_root).as_posix() for p in source_root.glob(pattern))
+    return sorted(out)
+
+
+def _tile_tu(dkq: int, dv: int) -> str:
+    return f"ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
+
+
+def _mma_tu(ncols: int, ncols2: int) -> str:
+    return f"ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _RowOverride:
+    kind: str  # tile | mma
+    table: str
+    key: tuple[int, int, int]
+    row: constraints.TileRow | constraints.MmaRow
+    tu: str
+
+
+def _row_overrides(
+    source_root: Path, sp: SearchSpace, values: Mapping[str, int]
+) -> tuple[list[_RowOverride], dict[str, int]]:
+    """Group tile/MMA row knobs into full rows (untuned fields from the tree's table); wmma values apart."""
+    groups: dict[tuple[str, str, tuple[int, int, int], int], dict[str, int]] = {}
+    wmma: dict[str, int] = {}
+    for knob in sp.compile_knobs:
+        if knob.name not in values:
+            continue
+        v = int(values[knob.name])
+        if knob.kind == "wmma":
+            wmma[str(knob.meta["field"])] = v
+            continue
+        m = knob.meta
+        key = (int(m["dkq"]), int(m["dv"]), int(m["ncols"]))
+        ncols2 = int(m.get("ncols2", 0))
+        groups.setdefault((knob.kind, str(m["table"]), key, ncols2), {})[str(m["field"])] = v
+    out = []
+    for (kind, table, key, ncols2), fields in groups.items():
+        upstream = space_mod.upstream_row(source_root, kind, table, key)
+        row = dataclasses.replace(upstream, **fields)
+        if row == upstream:
+            continue  # identical to upstream: no override, so identical candidates share binaries
+        tu = _tile_tu(key[0], key[1]) if kind == "tile_row" else _mma_tu(key[2], ncols2)
+        if not (source_root / tu).is_file():
+            raise UsageError(
+                f"Knobs for {kind} {table} {key} target {tu}, which this tree lacks; check the knob's ncols2 "
+                f"(ncols {key[2]} must be ncols1*ncols2 of an existing fattn-mma-f16 instance)."
+            )
+        out.append(_RowOverride(kind="tile" if kind == "tile_row" else "mma", table=table, key=key, row=row, tu=tu))
+    return out, wmma
+
+
+def render_tu_headers(
+    source_root: Path, era: str, sp: SearchSpace, values: Mapping[str, int]
+) -> dict[str, str]:
+    """Override header text for every hooked TU ('' where the candidate changes nothing).
+
+    Every hooked TU is listed so the build stage overwrites a header left by an earlier candidate.
+    """
+    headers = {tu: "" for tu in find_hooked_tus(source_root, era)}
+    rows, wmma = _row_overrides(source_root, sp, values)
+    per_tu: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        macro = f"GGML_TUNER_{'TILE' if r.kind == 'tile' else 'MMA'}_ROWS_{r.table.upper()}"
+        per_tu.setdefault(r.tu, {}).setdefault(macro, []).append(r.row.render())
+    for tu, macros in per_tu.items():
+        lines = ["// generated by tuner: compile-time candidate rows for this TU only"]
+        lines += [f"#define {macro} {' '.join(rows_)}" for macro, rows_ in sorted(macros.items())]
+        headers[tu] = "\n".join(lines) + "\n"
+    changed = {f: v for f, v in wmma.items() if v != _WMMA_DEFAULTS[f]}
+    if changed:
+        lines = ["// generated by tuner: WMMA FlashAttention parameters (fattn-wmma-f16.cu)"]
+        lines += [f"#define {_WMMA_MACROS[f]} {v}" for f, v in sorted(changed.items())]
+        headers[_WMMA_TU] = "\n".join(lines) + "\n"
+    return headers
+
+
+def _baked_context(
+    source_root: Path, era: str, sp: SearchSpace | None, values: Mapping[str, int], baked_runtime: Mapping[str, object]
+) -> dict[str, Any]:
+    t = dict(_THRESHOLD_DEFAULTS)
+    rules: list[dict[str, Any]] = []
+    wmma_decode, wmma_min_kv = 0, 0
+    for key, raw in baked_runtime.items():
+        m = re.fullmatch(r"GGML_TUNER_FA_T([1-8])", key)
+        if m:
+            t[int(m.group(1))] = _int_value(key, raw, 0, _INT_MAX)
+        elif key == "GGML_TUNER_FA_RULES":
+            for r in space_mod.parse_fa_rules(str(raw)):
+                kernel = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}[r.kernel]
+                rules.append({"phase": 0 if r.phase == "decode" else 1, "lo": r.lo, "hi": -1 if r.hi is None else r.hi, "kernel": kernel, "text": r.text})
+        elif key == "GGML_TUNER_WMMA_DECODE":
+            wmma_decode = _int_value(key, raw, 0, 1)
+        elif key == "GGML_TUNER_WMMA_DECODE_MIN_KV":
+            wmma_min_kv = _int_value(key, raw, 0, _INT_MAX)
+        elif key == "GGML_TUNER_FA_LOG":
+            continue  # logging is an env-mode feature; a baked patch reads no env
+        else:
+            raise UsageError(
+                f"baked_runtime key {key!r} cannot be compiled in. Known: GGML_TUNER_FA_RULES, GGML_TUNER_FA_T1..T8, "
+                f"GGML_TUNER_WMMA_DECODE, GGML_TUNER_WMMA_DECODE_MIN_KV. Pass other env vars at run time."
+            )
+    if len(rules) > 32:
+        raise UsageError(f"{len(rules)} FA rules given; the hook holds at most 32.")
+    baked_rows: dict[str, list[str]] = {}
+    wmma = dict(_WMMA_DEFAULTS)
+    if sp is not None:
+        rows, wmma_values = _row_overrides(source_root, sp, values)
+        for r in rows:
+            baked_rows.setdefault(f"{r.kind}:{r.table}", []).append(r.row.render())
+        wmma.update(wmma_values)
+    return {"t": t, "rules": rules, "baked_rows": baked_rows, "wmma": wmma, "wmma_decode": wmma_decode, "wmma_min_kv": wmma_min_kv}
+
+
+def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
+    try:
+        v = int(str(raw))
+    except ValueError:
+        raise UsageError(f"{key}={raw!r} is not an integer; give an integer in [{lo}, {hi}].") from None
+    if not lo <= v <= hi:
+        raise UsageError(f"{key}={v} is out of range; give an integer in [{lo}, {hi}].")
+    return v
+
+
+def render_variant(
+    source: Any,
+    arch: str,
+    variant: str,
+    *,
+    compile_values: Mapping[str, int] | None = None,
+    baked_runtime: Mapping[str, object] | None = None,
+    local_archs: Sequence[str] | None = None,
+    model_shape: Mapping[str, int] | None = None,
+) -> RenderedVariant:
+    """Render one variant of one source tree: defines, base patch and per-TU override headers.
+
+    Args:
+        source: A ``tuner.source.Source`` (anything with ``root``, ``era`` and ``source_id``).
+        arch: Arch name (``sm_90``, ``sm_89``, ``gfx1151``, ``cpu``...).
+        variant: Variant name from :data:`VARIANTS`.
+        compile_values: Compile-time knob values by knob name (``search_spaces/<arch>.toml``). They are
+            range-checked against the space and constraint-checked before anything is rendered.
+        baked_runtime: ``None`` for the runtime hook (env read once). Otherwise the hook's env values
+            (``GGML_TUNER_FA_RULES``, ``GGML_TUNER_FA_T1``...) compiled in as constants, and compile
+            values written into the tables / WMMA defaults instead of per-TU headers (export mode).
+        local_archs: This machine's GPU arch names (``["sm_90"]``); ``None`` renders for the target.
+        model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}`` for shape-dependent constraints.
+
+    Returns:
+        The RenderedVariant the build stage consumes.
+
+    Raises:
+        UsageError: Unknown knob, value out of range, or a candidate that breaks a constraint.
+        TunerError: A template does not match the tree.
+
+    Example:
+        >>> rv = render_variant(src, "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 256})
+        >>> sorted(k for k, v in rv.tu_headers.items() if v)  # doctest: +SKIP
+        ['ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu']
+    """
+    root = Path(source.root)
+    era = str(source.era)
+    compile_values = dict(compile_values or {})
+    defines, warnings = render_defines(root, arch, variant, era, local_archs=local_archs)
+    family = variant_family(variant)
+    sp = None
+    if compile_values or family != "cpu":
+        sp = _find_space(arch, era)
+    if compile_values:
+        if sp is None:
+            raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
+        compile_values = space_mod.check_values(sp, compile_values, section="compile")  # type: ignore[assignment]
+        violations = constraints.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
+        if violations:
+            raise UsageError(
+                f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
+                + "; ".join(v.message for v in violations)
+                + ". Pick values that satisfy these rules (nothing was compiled)."
+            )
+    if family == "cpu":
+        return RenderedVariant(
+            arch=arch, variant=variant, era=era, source_id=str(source.source_id), source_root=root,
+            defines=defines, patch="", files={}, compile_values=compile_values, warnings=tuple(warnings),
+        )
+    baked = baked_runtime is not None
+    context: dict[str, Any] = {"baked": baked, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
+    if baked:
+        context.update(_baked_context(root, era, sp, compile_values, baked_runtime or {}))
+    else:
+        context.update({"t": _THRESHOLD_DEFAULTS, "rules": [], "baked_rows": {}, "wmma": _WMMA_DEFAULTS, "wmma_decode": 0, "wmma_min_kv": 0})
+    patch, files = render_patch(root, era, family, context)
+    tu_headers: dict[str, str] = {}
+    if not baked:
+        tu_headers = render_tu_headers(root, era, sp, compile_values) if sp is not None else {
+            tu: "" for tu in find_hooked_tus(root, era)
+        }
+    return RenderedVariant(
+        arch=arch,
+        variant=variant,
+        era=era,
+        source_id=str(source.source_id),
+        source_root=root,
+        defines=defines,
+        patch=patch,
+        files=files,
+        tu_headers=tu_headers,
+        compile_values=compile_values,
+        warnings=tuple(warnings),
+    )
+
+
+def _find_space(arch: str, era: str) -> SearchSpace | None:
+    try:
+        return space_mod.load_space(arch, era)
+    except space_mod.SpaceNotFound:
+        return None

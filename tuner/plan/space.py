@@ -1,0 +1,502 @@
+"""Search spaces: ``search_spaces/<arch>.toml`` -> :class:`SearchSpace`.
+
+Each arch file has one table per llama.cpp era (``[era.mma]``, ``[era.rocwmma]``) with the build
+variants (first = upstream default), compile-time knobs (kernel table rows, WMMA parameters) and
+runtime knobs (forced-kernel rules, selector thresholds, env vars, llama-bench flags). Every knob
+carries its upstream default, so a study can always enqueue the baseline first.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "COMPILE_KINDS",
+    "RUNTIME_KINDS",
+    "FaRule",
+    "Knob",
+    "RuntimeSettings",
+    "SearchSpace",
+    "SpaceNotFound",
+    "check_values",
+    "default_row",
+    "load_space",
+    "parse_fa_rules",
+    "parse_set_values",
+    "parse_space",
+    "render_runtime",
+    "upstream_row",
+]
+
+import dataclasses
+import functools
+import re
+from tuner._compat import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna.distributions as od
+
+from tuner.plan.constraints import MmaRow, TileRow, parse_mma_tables, parse_tile_tables
+from tuner.errors import UsageError, close_matches
+from tuner.paths import data_dir
+
+COMPILE_KINDS = ("tile_row", "mma_row", "wmma")
+RUNTIME_KINDS = ("rule", "threshold", "env", "bench_flag")
+_KERNELS = ("default", "VEC", "TILE", "MMA")
+_TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
+_MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")
+_TILE_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K")
+_MMA_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K2", "nbatch_V2", "nbatch_combine", "nstages_target", "Q_in_reg")
+_WMMA_FIELDS = ("nwarps", "min_blocks", "kq_stride")
+_BENCH_FLAGS = ("-ub", "-b", "-t", "-fa", "-ctk", "-ctv", "-ngl", "-nkvo", "-sm", "-mg")
+_COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help")
+_KIND_KEYS: dict[str, tuple[str, ...]] = {
+    "tile_row": ("table", "dkq", "dv", "ncols", "field"),
+    "mma_row": ("table", "dkq", "dv", "ncols", "ncols2", "field"),
+    "wmma": ("field",),
+    "rule": ("phase", "lo", "hi"),
+    "threshold": ("id",),
+    "env": ("env",),
+    "bench_flag": ("flag",),
+}
+_OPTIONAL_KIND_KEYS = {"hi"}
+_THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
+
+
+class SpaceNotFound(UsageError):
+    """No search-space file (or no section for the era) for an arch."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One tunable parameter."""
+
+    name: str
+    kind: str
+    """One of COMPILE_KINDS or RUNTIME_KINDS."""
+    default: int | str
+    """The upstream value (for ``rule`` knobs: ``"default"``, i.e. upstream's own choice)."""
+    choices: tuple[int | str, ...] | None = None
+    low: int | None = None
+    high: int | None = None
+    step: int = 1
+    log: bool = False
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Kind-specific keys: table/dkq/dv/ncols/ncols2/field, phase/lo/hi, id, env, flag."""
+    help: str = ""
+
+    def to_optuna_distribution(self) -> od.BaseDistribution:
+        """The Optuna distribution to sample this knob from."""
+        if self.choices is not None:
+            return od.CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.log:
+            return od.IntDistribution(self.low, self.high, log=True)
+        return od.IntDistribution(self.low, self.high, step=self.step)
+
+    def allowed(self) -> str:
+        """Human text of the allowed values."""
+        if self.choices is not None:
+            return ", ".join(str(c) for c in self.choices)
+        return f"integers {self.low}..{self.high}" + (f" in steps of {self.step}" if self.step != 1 else "")
+
+    def coerce(self, value: object) -> int | str:
+        """Type- and range-check one value (strings from --set are converted).
+
+        Raises:
+            UsageError: Wrong type or not allowed, naming the allowed values.
+        """
+        want_int = (self.choices is None) or all(isinstance(c, int) for c in self.choices)
+        v: int | str
+        if want_int:
+            if isinstance(value, bool):
+                value = int(value)
+            try:
+                v = int(str(value).strip())
+            except ValueError:
+                raise UsageError(f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}.") from None
+        else:
+            v = str(value).strip()
+        if self.choices is not None:
+            if v not in self.choices:
+                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+        else:
+            assert self.low is not None and self.high is not None
+            if not isinstance(v, int) or not self.low <= v <= self.high or (not self.log and (v - self.low) % self.step):
+                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+        return v
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """The knobs of one arch and era."""
+
+    arch: str
+    era: str
+    path: Path
+    variants: tuple[str, ...]
+    """Build variants; the first is the upstream default."""
+    compile_knobs: tuple[Knob, ...]
+    runtime_knobs: tuple[Knob, ...]
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return self.compile_knobs + self.runtime_knobs
+
+    def knob(self, name: str) -> Knob:
+        """Look a knob up by name.
+
+        Raises:
+            UsageError: Unknown name, with suggestions.
+        """
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        names = [k.name for k in self.knobs]
+        raise UsageError(
+            f"Unknown knob {name!r} for {self.arch} (era {self.era}, {self.path}).{close_matches(name, names)} "
+            f"Known knobs: {', '.join(names) or 'none'}."
+        )
+
+    def defaults(self, section: str = "all") -> dict[str, int | str]:
+        """Knob name -> upstream default (``compile``, ``runtime`` or ``all``)."""
+        knobs = {"compile": self.compile_knobs, "runtime": self.runtime_knobs, "all": self.knobs}[section]
+        return {k.name: k.default for k in knobs}
+
+
+def _err(path: Path, where: str, msg: str) -> UsageError:
+    return UsageError(f"{path}: {where}: {msg}")
+
+
+def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, Any]) -> Knob:
+    where = f"[era.{era}] {section} knob #{i + 1}" + (f" ({raw['name']!r})" if "name" in raw else "")
+    kinds = COMPILE_KINDS if section == "compile" else RUNTIME_KINDS
+    for req in ("name", "kind", "default"):
+        if req not in raw:
+            raise _err(path, where, f"missing key {req!r}.")
+    kind = raw["kind"]
+    if kind not in kinds:
+        raise _err(path, where, f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}")
+    allowed_keys = _COMMON_KEYS + _KIND_KEYS[kind]
+    for key in raw:
+        if key not in allowed_keys:
+            raise _err(path, where, f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}.")
+    meta = {k: raw[k] for k in _KIND_KEYS[kind] if k in raw}
+    for k in _KIND_KEYS[kind]:
+        if k not in raw and k not in _OPTIONAL_KIND_KEYS:
+            raise _err(path, where, f"kind {kind} needs key {k!r}.")
+    _check_meta(path, where, kind, meta)
+    choices = raw.get("choices")
+    if choices is not None:
+        if "low" in raw or "high" in raw:
+            raise _err(path, where, "give either choices or low/high, not both.")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in choices):
+            raise _err(path, where, "choices must be a non-empty list of integers or strings.")
+        if len(set(choices)) != len(choices):
+            raise _err(path, where, f"choices {choices} has duplicates.")
+        if section == "compile" and not all(isinstance(c, int) for c in choices):
+            raise _err(path, where, "compile-time choices must be integers.")
+        if kind == "rule":
+            bad = [c for c in choices if c not in _KERNELS]
+            if bad:
+                raise _err(path, where, f"rule choices {bad} are not kernels; allowed: {', '.join(_KERNELS)}.")
+    else:
+        for k in ("low", "high"):
+            if not isinstance(raw.get(k), int) or isinstance(raw.get(k), bool):
+                raise _err(path, where, f"give choices = [...] or integer low and high (missing/bad {k!r}).")
+        if raw["low"] > raw["high"]:
+            raise _err(path, where, f"low {raw['low']} > high {raw['high']}.")
+        if raw.get("log") and raw["low"] < 1:
+            raise _err(path, where, "log scale needs low >= 1.")
+        if not isinstance(raw.get("step", 1), int) or raw.get("step", 1) < 1:
+            raise _err(path, where, "step must be a positive integer.")
+    knob = Knob(
+        name=str(raw["name"]), kind=kind, default=raw["default"],
+        choices=tuple(choices) if choices is not None else None,
+        low=raw.get("low"), high=raw.get("high"), step=int(raw.get("step", 1)), log=bool(raw.get("log", False)),
+        meta=meta, help=str(raw.get("help", "")),
+    )
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", knob.name):
+        raise _err(path, where, f"name {knob.name!r} may only use letters, digits, '_', '.', '-'.")
+    if raw["default"] == "upstream" and kind in ("tile_row", "mma_row"):
+        return knob  # resolved against a tree by resolve_upstream_defaults()
+    try:
+        knob = dataclasses.replace(knob, default=knob.coerce(raw["default"]))
+    except UsageError as err:
+        raise _err(path, where, f"default {raw['default']!r} is not allowed ({err}).") from None
+    return knob
+
+
+def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> None:
+    def need(key: str, allowed: Sequence[Any]) -> None:
+        if meta[key] not in allowed:
+            raise _err(path, where, f"{key} {meta[key]!r} is not one of {', '.join(map(str, allowed))}.{close_matches(str(meta[key]), map(str, allowed))}")
+
+    def pos_int(key: str) -> None:
+        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
+            raise _err(path, where, f"{key} must be a positive integer, got {meta.get(key)!r}.")
+
+    if kind == "tile_row":
+        need("table", _TILE_TABLES)
+        need("field", _TILE_FIELDS)
+        for k in ("dkq", "dv", "ncols"):
+            pos_int(k)
+    elif kind == "mma_row":
+        need("table", _MMA_TABLES)
+        need("field", _MMA_FIELDS)
+        for k in ("dkq", "dv", "ncols", "ncols2"):
+            pos_int(k)
+        if meta["ncols"] % meta["ncols2"]:
+            raise _err(path, where, f"ncols {meta['ncols']} is not a multiple of ncols2 {meta['ncols2']}.")
+    elif kind == "wmma":
+        need("field", _WMMA_FIELDS)
+    elif kind == "rule":
+        need("phase", ("decode", "prefill"))
+        if not isinstance(meta["lo"], int) or meta["lo"] < 0:
+            raise _err(path, where, f"lo must be an integer >= 0, got {meta['lo']!r}.")
+        if "hi" in meta and (not isinstance(meta["hi"], int) or meta["hi"] <= meta["lo"]):
+            raise _err(path, where, f"hi must be an integer > lo (omit it for unbounded), got {meta['hi']!r}.")
+    elif kind == "threshold":
+        need("id", range(1, 9))
+    elif kind == "env":
+        if not isinstance(meta["env"], str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", meta["env"]):
+            raise _err(path, where, f"env {meta['env']!r} must be an upper-case environment variable name.")
+    elif kind == "bench_flag":
+        need("flag", _BENCH_FLAGS)
+
+
+def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> SearchSpace:
+    """Validate one parsed search-space document and return the era's space.
+
+    Raises:
+        UsageError: Naming the file, the key and the allowed values.
+        SpaceNotFound: The file has no section for ``era``.
+    """
+    for key in doc:
+        if key not in ("arch", "description", "era"):
+            raise _err(path, "top level", f"unknown key {key!r}.{close_matches(key, ['arch', 'description', 'era'])} Allowed: arch, description, era.")
+    if doc.get("arch", arch) != arch:
+        raise _err(path, "top level", f"arch = {doc['arch']!r} but the file is for {arch!r}.")
+    eras = doc.get("era", {})
+    for e in eras:
+        if e not in ("mma", "rocwmma"):
+            raise _err(path, f"[era.{e}]", f"unknown era.{close_matches(e, ['mma', 'rocwmma'])} Allowed: mma, rocwmma.")
+    if era not in eras:
+        raise SpaceNotFound(f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}.")
+    sec = eras[era]
+    for key in sec:
+        if key not in ("variants", "compile", "runtime"):
+            raise _err(path, f"[era.{era}]", f"unknown key {key!r}.{close_matches(key, ['variants', 'compile', 'runtime'])} Allowed: variants, compile, runtime.")
+    from tuner.plan.render import VARIANTS
+
+    variants = sec.get("variants", [])
+    if not variants or not all(isinstance(v, str) for v in variants):
+        raise _err(path, f"[era.{era}] variants", "must be a non-empty list of variant names (first = upstream default).")
+    for v in variants:
+        if v not in VARIANTS:
+            raise _err(path, f"[era.{era}] variants", f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.")
+    compile_knobs = tuple(_parse_knob(path, era, "compile", i, k) for i, k in enumerate(sec.get("compile", [])))
+    runtime_knobs = tuple(_parse_knob(path, era, "runtime", i, k) for i, k in enumerate(sec.get("runtime", [])))
+    seen: set[str] = set()
+    for k in compile_knobs + runtime_knobs:
+        if k.name in seen:
+            raise _err(path, f"[era.{era}]", f"knob name {k.name!r} is used twice.")
+        seen.add(k.name)
+    return SearchSpace(arch=arch, era=era, path=path, variants=tuple(variants), compile_knobs=compile_knobs, runtime_knobs=runtime_knobs)
+
+
+def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
+    """Load ``search_spaces/<arch>.toml`` (or ``path``) and return the space for ``era``.
+
+    Raises:
+        SpaceNotFound: No file for the arch, or no section for the era.
+        UsageError: The file breaks the schema.
+    """
+    if path is None:
+        folder = data_dir("search_spaces")
+        path = folder / f"{arch}.toml"
+        if not path.is_file():
+            known = sorted(p.stem for p in folder.glob("*.toml"))
+            raise SpaceNotFound(f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}.")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path} is not valid TOML: {err}.") from err
+    return parse_space(doc, path=path, arch=arch, era=era)
+
+
+def check_values(sp: SearchSpace, values: Mapping[str, object], *, section: str = "all") -> dict[str, int | str]:
+    """Validate knob values (names and ranges); returns them coerced to the knob types.
+
+    Raises:
+        UsageError: Unknown knob (with suggestions), wrong section, or a value not allowed.
+    """
+    out: dict[str, int | str] = {}
+    for name, value in values.items():
+        knob = sp.knob(name)
+        if section == "compile" and knob.kind not in COMPILE_KINDS:
+            raise UsageError(f"Knob {name!r} is a runtime knob ({knob.kind}); it cannot be a compile-time value.")
+        if section == "runtime" and knob.kind not in RUNTIME_KINDS:
+            raise UsageError(f"Knob {name!r} is a compile-time knob ({knob.kind}); it cannot be a runtime value.")
+        out[name] = knob.coerce(value)
+    return out
+
+
+def parse_set_values(sp: SearchSpace, items: Sequence[str]) -> tuple[dict[str, int], dict[str, int | str]]:
+    """Parse ``KNOB=VALUE`` strings into checked ``(compile_values, runtime_values)``.
+
+    Raises:
+        UsageError: Malformed item, unknown knob or value not allowed.
+    """
+    compile_values: dict[str, int] = {}
+    runtime_values: dict[str, int | str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set {item!r} is not KNOB=VALUE (e.g. --set T3=4096).")
+        knob = sp.knob(name.strip())
+        v = knob.coerce(value)
+        if knob.kind in COMPILE_KINDS:
+            compile_values[knob.name] = int(v)
+        else:
+            runtime_values[knob.name] = v
+    return compile_values, runtime_values
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaRule:
+    """One ``phase:lo-hi=KERNEL`` entry of GGML_TUNER_FA_RULES (n_kv in [lo, hi); hi None = unbounded)."""
+
+    phase: str
+    lo: int
+    hi: int | None
+    kernel: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.phase}:{self.lo}-{'' if self.hi is None else self.hi}={self.kernel}"
+
+
+_RULE = re.compile(r"(decode|prefill):(\d+)-(\d*)=(VEC|TILE|MMA)")
+
+
+def parse_fa_rules(text: str) -> list[FaRule]:
+    """Parse a GGML_TUNER_FA_RULES string (the same grammar the C++ hook accepts).
+
+    Raises:
+        UsageError: An entry that is not ``phase:lo-hi=KERNEL``.
+    """
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        m = _RULE.fullmatch(item)
+        if not m:
+            raise UsageError(
+                f"FA rule {item!r} is not phase:lo-hi=KERNEL (phase decode|prefill, hi may be empty, KERNEL VEC|TILE|MMA), "
+                f"e.g. 'decode:8192-=MMA'."
+            )
+        lo, hi = int(m.group(2)), int(m.group(3)) if m.group(3) else None
+        if hi is not None and hi <= lo:
+            raise UsageError(f"FA rule {item!r}: hi {hi} must be greater than lo {lo}.")
+        if lo > 2**62 or (hi or 0) > 2**62:
+            raise UsageError(f"FA rule {item!r}: bound out of range.")
+        out.append(FaRule(phase=m.group(1), lo=lo, hi=hi, kernel=m.group(4)))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeSettings:
+    """What runtime knob values turn into: environment variables and llama-bench arguments."""
+
+    env: Mapping[str, str]
+    bench_args: tuple[str, ...]
+
+
+def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSettings:
+    """Turn runtime knob values into env vars (``GGML_TUNER_FA_RULES``, ``GGML_TUNER_FA_T3``...) and bench args.
+
+    Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
+    """
+    checked = check_values(sp, values, section="runtime")
+    env: dict[str, str] = {}
+    args: list[str] = []
+    rules: list[str] = []
+    for knob in sp.runtime_knobs:
+        if knob.name not in checked:
+            continue
+        v = checked[knob.name]
+        m = knob.meta
+        if knob.kind == "rule":
+            if v != "default":
+                hi = m.get("hi")
+                rules.append(f"{m['phase']}:{m['lo']}-{'' if hi is None else hi}={v}")
+        elif knob.kind == "threshold":
+            if v != knob.default:
+                env[f"GGML_TUNER_FA_T{m['id']}"] = str(v)
+        elif knob.kind == "env":
+            if v != knob.default:
+                env[str(m["env"])] = str(v)
+        elif knob.kind == "bench_flag":
+            args += [str(m["flag"]), str(v)]
+    if rules:
+        env["GGML_TUNER_FA_RULES"] = ",".join(rules)
+    return RuntimeSettings(env=env, bench_args=tuple(args))
+
+
+# --------------------------------------------------------------------------------------------------
+# Table rows: upstream (parsed from a tree) and the space's own defaults
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(path: str, mtime_ns: int, kind: str) -> dict[str, Any]:
+    text = Path(path).read_text()
+    return parse_tile_tables(text) if kind == "tile_row" else parse_mma_tables(text)
+
+
+def upstream_row(
+    source_root: Path | None, kind: str, table: str, key: tuple[int, int, int], *, space: SearchSpace | None = None
+) -> TileRow | MmaRow:
+    """The tree's own row for (DKQ, DV, ncols) in a tile or MMA table.
+
+    Raises:
+        UsageError: The tree has no such table or row.
+    """
+    if source_root is None:
+        if space is None:
+            raise UsageError("upstream_row needs a source tree or a search space.")
+        return default_row(space, kind, table, key)
+    rel = "ggml/src/ggml-cuda/" + ("fattn-tile.cuh" if kind == "tile_row" else "fattn-mma-f16.cuh")
+    path = Path(source_root) / rel
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist: the tree has no {kind.split('_')[0]} kernel table (wrong era?).")
+    tables = _tables(str(path), path.stat().st_mtime_ns, kind)
+    if table not in tables:
+        raise UsageError(f"{rel} has no table {table!r}.{close_matches(table, tables)} Tables: {', '.join(tables)}.")
+    if key not in tables[table]:
+        raise UsageError(f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned.")
+    return tables[table][key]  # type: ignore[no-any-return]
+
+
+def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int]) -> TileRow | MmaRow:
+    """The row a space's defaults describe; the space must give every field of a row it tunes.
+
+    Raises:
+        UsageError: Some field of the row has no knob (give it ``choices = [upstream value]``).
+    """
+    fields: dict[str, int] = {}
+    for k in sp.compile_knobs:
+        m = k.meta
+        if k.kind == kind and m.get("table") == table and (m.get("dkq"), m.get("dv"), m.get("ncols")) == key:
+            if k.default == "upstream":
+                raise UsageError(f"Knob {k.name!r} has default 'upstream'; pass the source tree to resolve it.")
+            fields[str(m["field"])] = int(k.default)
+    names = _TILE_FIELDS if kind == "tile_row" else _MMA_FIELDS
+    missing = [f for f in names if f not in fields]
+    if missing:
+        raise UsageError(
+            f"{sp.path}: {kind} {table} {key} has no knob for {', '.join(missing)}; give every field of a tuned row "
+            f"(a fixed field is choices = [upstream value]) or pass the source tree."
+        )
+    cls = TileRow if kind == "tile_row" else MmaRow
+    return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)  # type: ignore[arg-type]

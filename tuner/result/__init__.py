@@ -1,0 +1,2 @@
+"""What a search leaves behind: the exported result folder (``export``), bench reports (``report``) and
+checks of stored results (``validate``)."""

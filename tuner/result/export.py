@@ -1,0 +1,451 @@
+"""``tuner export``: turn a finished study into a reviewable, reproducible result folder.
+
+Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the chosen values baked in
+as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time),
+``CMakePresets.json``, ``run.env`` + command lines, ``report.md`` and ``depth.png``.
+
+Choice of the winner (see :mod:`tuner.search.select`):
+
+1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
+   than the baseline beyond noise at any point; the baseline when none is;
+2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
+   trials that share G's build and process-wide settings (they may differ only in the per-phase
+   FlashAttention rule), so the buckets combine into one binary and one command line.
+"""
+
+from __future__ import annotations
+
+__all__ = ["export_study", "Winner", "choose_winner", "baked_runtime", "RULE_KINDS"]
+
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+
+RULE_KINDS = ("rule",)
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Winner:
+    global_config: str
+    """``baseline`` or ``trial<N>``."""
+    values: Mapping[str, Any]
+    """All knob values of G (variant, compile-time, runtime)."""
+    rules: tuple[str, ...]
+    """``phase:lo-hi=KERNEL`` FlashAttention rules per bucket (GGML_TUNER_FA_RULES syntax)."""
+    buckets: tuple[Mapping[str, Any], ...]
+    """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
+    rejected: Mapping[str, str]
+
+
+def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
+    if cfg == "baseline":
+        from tuner.search.study import BASELINE_PARAMS_ATTR
+
+        # the enqueued upstream-default trial carries the baseline's full knob values
+        t = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+        return dict(t.user_attrs.get("values", {})) if t is not None else {}
+    n = int(cfg.removeprefix("trial"))
+    return dict(study.trials[n].user_attrs.get("values", {}))
+
+
+def choose_winner(study: Any, space: Any) -> Winner:
+    """Apply the global pick + per-bucket selection described in the module docstring."""
+    import optuna
+
+    from tuner.search.study import study_results
+    from tuner.search.select import select_winners
+    from tuner.measure.stats import compare
+
+    from tuner.search.study import anchor_drift
+
+    results, base = study_results(study)
+    if not results.get(base):
+        raise TunerError(
+            f"study {study.study_name!r} has no baseline measurement yet, so there is nothing to export. "
+            "Run `tuner search` (it measures the baseline first)."
+        )
+    rule_names = {k.name: k for k in space.runtime_knobs if k.kind in RULE_KINDS}
+
+    floor = anchor_drift(study)
+
+    def admissible_everywhere(cfg: str) -> bool:
+        """Not slower beyond noise at any point, and faster beyond noise at one at least."""
+        pts = results[cfg]
+        if set(pts) != set(results[base]):
+            return False
+        verdicts = [
+            compare(results[base][p].samples, pts[p].samples, min_effect_pct=max(2.0, floor.get(p, 0.0))).verdict
+            for p in pts
+        ]
+        return "slower" not in verdicts and "faster" in verdicts
+
+    cands = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        cfg = f"trial{t.number}"
+        if cfg in results and t.value is not None and math.isfinite(t.value) and admissible_everywhere(cfg):
+            cands.append((t.value, -t.number, cfg))
+    g = max(cands)[2] if cands else base
+    g_vals = _trial_values(study, g) if g != base else _trial_values(study, base)
+
+    def family(cfg: str, phase: str) -> bool:
+        if cfg == g:
+            return True
+        if cfg == base:
+            return g == base
+        v = _trial_values(study, cfg)
+        return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
+
+    from tuner.search.study import anchor_drift
+
+    sel = select_winners(results, base, eligible=family, fallback=g, noise_floor=anchor_drift(study))
+    rule_vals: dict[str, Any] = {}
+    buckets: list[dict[str, Any]] = []
+    for b in sel.buckets:
+        vals = _trial_values(study, b.config) if b.config != base else g_vals
+        same_phase = [x for x in sel.buckets if x.phase == b.phase]
+        i = same_phase.index(b)
+        lo = 0 if i == 0 else b.depths[0]
+        hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
+        fa_phase = "decode" if b.phase == "tg" else "prefill"
+        # The space's rule knobs cover fixed n_kv ranges; each takes the value of the bucket that
+        # holds its lower bound, so buckets with different picks never contradict each other.
+        taken = []
+        for name, k in rule_names.items():
+            klo = int(k.meta.get("lo", 0))
+            if k.meta.get("phase") == fa_phase and klo >= lo and (hi is None or klo < hi):
+                rule_vals[name] = vals.get(name, k.default)
+                if rule_vals[name] != k.default:
+                    taken.append(f"{name}={rule_vals[name]}")
+        buckets.append(
+            {
+                "phase": b.phase,
+                "depths": list(b.depths),
+                "kv_range": [lo, hi if hi is not None else "inf"],
+                "config": b.config,
+                "rules": taken or ["upstream selection"],
+                "reason": b.reason,
+                "worst_regret": round(b.worst_regret, 4),
+                "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
+            }
+        )
+    from tuner.plan.space import render_runtime
+
+    rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
+    rules = [r for r in rt.env.get("GGML_TUNER_FA_RULES", "").split(",") if r]
+    return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
+
+
+def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float):
+            out[k] = round(v, 4) if math.isfinite(v) else str(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
+                 weight_type: str | None = None) -> Path:
+    """Write the result folder for ``study_name``; returns ``out_dir``.
+
+    Raises:
+        UsageError: the study does not exist in ``storage``.
+        TunerError: the study has no baseline measurement yet.
+    """
+    import optuna
+    import tomli_w
+
+    from tuner.plan.render import render_presets, render_variant
+    from tuner.search.study import runtime_env_and_args
+    from tuner.source import fetch_source
+    from tuner.plan.space import load_space
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as err:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+    a = study.user_attrs
+    source = fetch_source(a["source_spec"])
+    if source.source_id != a["source_id"]:
+        raise TunerError(
+            f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+            f"{source.source_id}. Export needs the exact tree the numbers came from."
+        )
+    space = load_space(a["arch"], a["era"])
+    w = choose_winner(study, space)
+    vals = dict(w.values)
+    variant = vals.get("variant") or space.variants[0]
+    compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+    env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
+    fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
+    run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
+    baked = baked_runtime(list(w.rules), fa_env)
+    rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tuned.patch").write_text(rv.patch)
+    preset_name = f"tuned-{a['arch'].replace('_', '')}"
+    (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=preset_name))
+    model = Path(a["model"])
+    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, a["depths"])), *args]
+    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
+    (out_dir / "run.env").write_text(
+        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    )
+    trial0 = next((t for t in study.trials if t.user_attrs.get("build_id")), None)
+    g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
+    measured = _measured(study)
+    config = {
+        "schema": SCHEMA_VERSION,
+        "source": {
+            "spec": source.spec,
+            "source_id": source.source_id,
+            "commit": source.commit or "",
+            "era": source.era,
+        },
+        "hashes": {
+            "patch_sha256": _sha(rv.patch),
+            "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True)),
+        },
+        "target": {
+            "arch": a["arch"],
+            "measured_on": _device_name(study),
+            "measured_arch": measured[0],
+            "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
+        },
+        "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
+        "choice": {
+            "variant": variant,
+            "global_config": w.global_config,
+            "compile": compile_values,
+            "runtime_env": run_env,
+            "fa_env": fa_env,
+            "bench_args": args,
+            "fa_rules": list(w.rules),
+        },
+        "defines": dict(rv.defines),
+        "buckets": list(w.buckets),
+        "gate": (g_trial.user_attrs.get("gate") if g_trial else None) or {"status": "unknown"},
+        "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
+    }
+    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
+    _write_report(study, w, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
+    log.info(f"exported {study_name} -> {out_dir}")
+    return out_dir
+
+
+def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]:
+    """The hook's env values to compile in (render's ``baked_runtime``); export and validate share it."""
+    out = dict(fa_env)
+    out.pop("GGML_TUNER_FA_RULES", None)
+    if rules:
+        out["GGML_TUNER_FA_RULES"] = ",".join(rules)
+    return out
+
+
+def _server_args(args: list[str]) -> list[str]:
+    # llama-bench and llama-server share -ub/-b/-t spellings; anything else is bench-only.
+    out = []
+    for i in range(0, len(args) - 1, 2):
+        if args[i] in ("-ub", "-b", "-t", "-ctk", "-ctv"):
+            out += [args[i], args[i + 1]]
+    return out
+
+
+def _device_name(study: Any) -> str:
+    for t in study.trials:
+        d = t.user_attrs.get("device")
+        if d:
+            return str(d)
+    return str(study.user_attrs.get("device", "unknown"))
+
+
+def _toolchain_of(study: Any) -> dict[str, str]:
+    return dict(study.user_attrs.get("toolchain", {}))
+
+
+def _tomlable(x: Any) -> Any:
+    """TOML has no null: drop None values, stringify the rest that TOML cannot hold."""
+    if isinstance(x, Mapping):
+        return {str(k): _tomlable(v) for k, v in x.items() if v is not None}
+    if isinstance(x, (list, tuple)):
+        return [_tomlable(v) if v is not None else "none" for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+def _measured(study: Any) -> tuple[str, str | None]:
+    """(arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the
+    target's when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)."""
+    from tuner.targets.archs import find_product
+
+    found = find_product(_device_name(study))
+    return found if found else (str(study.user_attrs["arch"]), None)
+
+
+def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | None,
+                  measured: tuple[str, str | None] | None = None) -> Any:
+    """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
+    from tuner.targets.models import load_model_shape
+    from tuner.targets.roofline import estimate
+
+    model: Any = Path(a["model"])
+    kw: dict[str, Any] = {}
+    if not model.is_file():
+        if not like:
+            return None
+        model = load_model_shape(like)
+        kw["weight_type"] = weight_type or "f16"
+    try:
+        arch, product = measured or (a["arch"], None)
+        rows = estimate(arch, model, tuple(a["depths"]), pp=a["pp"], tg=a["tg"], product=product, **kw)
+    except TunerError:
+        return None  # e.g. cpu: no bandwidth known for an arbitrary host
+    return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
+
+
+def _write_report(study: Any, w: Winner, out_dir: Path, measured: tuple[str, str | None], *,
+                  like: str | None = None, weight_type: str | None = None) -> None:
+    """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
+    import pandas as pd
+
+    from tuner.result.report import plot_depth, render_report
+    from tuner.search.study import study_results
+
+    results, base = study_results(study)
+    a = study.user_attrs
+    roof = _roofline_for(a, like, weight_type, measured) or {}
+    rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
+    sel_rows = []
+    for b in w.buckets:
+        ph = b["phase"]
+        for d in b["depths"]:
+            for label, cfg in (("baseline", base), ("tuned", b["config"])):
+                m = results[cfg][(ph, d)]
+                r = _row(label, ph, d, m.samples, a)
+                bound = roof.get((ph, d))
+                if bound:
+                    r["roofline_tps"] = float(bound)
+                    r["roofline_pct"] = 100.0 * r["median_ts"] / float(bound)
+                rows[label].append(r)
+            e = b["evidence"][str(d)]
+            sel_rows.append([f"{ph} d{d}", f"{e['delta_pct']:+.1f}%", f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}]",
+                             f"{e['noise_floor_pct']:.1f}%", f"{e['verdict']} (p={e['p_value']:.3g})", b["config"],
+                             ", ".join(b["rules"])])
+    frames = {k: pd.DataFrame(v) for k, v in rows.items()}
+    md = render_report(frames, baseline="baseline")
+    header = (
+        f"# tuner result: {a['arch']} / {Path(a['model']).name}\n\n"
+        f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
+        f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
+        + (_ptx_jit_note(a, measured, like, weight_type) if measured[0] != a["arch"] else "")
+        + f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
+    )
+    selection = (
+        "\n## Selection (what the export is based on)\n\n"
+        "A verdict needs the 95% CI of the change to clear the noise floor: the run-to-run drift of the "
+        "baseline re-measured as an anchor during the search (at least 2%). The marks in the tables "
+        "above compare within one run only and do not account for that drift.\n\n"
+        + log.table(["point", "Δ tuned", "95% CI", "noise floor", "verdict", "config", "rules"], sel_rows)
+        + "\n"
+    )
+    (out_dir / "report.md").write_text(header + md + selection + _trials_section(study))
+    plot_depth(frames, out_dir / "depth.png")
+
+
+def _ptx_jit_note(a: Mapping[str, Any], measured: tuple[str, str | None], like: str | None,
+                  weight_type: str | None) -> str:
+    """What a result measured through --ptx-jit says, and does not say, about a real target card."""
+    from tuner.targets.archs import load_arch
+
+    target = load_arch(a["arch"])
+    prod = target.products[0] if target.products else None
+    note = (
+        f"**{a['arch']} code, measured on the {measured[0]} GPU named above** ({a['arch']} kernels built as PTX and "
+        f"JIT-compiled for it): kernel legality and device code are {a['arch']}'s; speeds, clocks, bandwidth and "
+        f"roofline % are the {measured[0]} GPU's ({measured[1]}), not an {a['arch']} card's. Host-side code sees "
+        f"the {measured[0]} GPU's compute capability, so branches that single out {a['arch']} take the "
+        f"{measured[0]} path. Which candidate wins can differ on a real card; rerun the search there.\n\n"
+    )
+    roof = _roofline_for(a, like, weight_type, (target.name, prod.name if prod else None)) or {}
+    tg = [(d, roof[("tg", d)]) for d in a["depths"] if roof.get(("tg", d))]
+    if prod and tg:
+        bounds = ", ".join(f"d{d} {b:.0f}" for d, b in tg)
+        note += (f"For scale, the decode roofline of a {prod.name} ({prod.bandwidth_gbps:g} GB/s) is {bounds} t/s "
+                 f"(a model estimate, not a measurement).\n\n")
+    return note
+
+
+def _trials_section(study: Any) -> str:
+    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried."""
+    from tuner.search.study import BASELINE_PARAMS_ATTR
+
+    base = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+    ref = dict(base.params) if base else {}
+    rows = []
+    for t in study.trials:
+        status = str(t.user_attrs.get("status") or t.state.name.lower())
+        ratios = t.user_attrs.get("ratios") or {}
+        if status == "pruned" and ratios:
+            last = list(ratios)[-1]  # the Wilcoxon pruner stops on per-point ratios
+            score = f"{ratios[last]:.3f}x at {last} ({len(ratios)} points)"
+        else:
+            score = f"{t.value:.3f}x" if t.value is not None else "-"
+        changed = [f"{k}={v}" for k, v in sorted(t.params.items()) if k in ref and ref[k] != v]
+        note = "upstream defaults" if base is not None and t.number == base.number else ", ".join(changed) or "-"
+        if status not in ("ok", "pruned") and t.user_attrs.get("reason"):
+            note += f" ({str(t.user_attrs['reason'])[:90]})"
+        rows.append([f"trial{t.number}", status, score, note])
+    return (
+        "\n## Trials\n\nscore: candidate/baseline t/s, the search's objective (weighted geometric mean over all "
+        "points) for a finished trial; for a pruned one, the ratio at the point where the pruner stopped it. "
+        "The score alone picks nothing; the selection above does.\n\n"
+        + log.table(["trial", "status", "score", "changed from upstream"], rows) + "\n"
+    )
+
+
+def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapping[str, Any]) -> dict[str, Any]:
+    from tuner.measure.stats import bootstrap_median_ci
+
+    s = sorted(samples)
+    med = float(statistics.median(s))
+    lo, hi = bootstrap_median_ci(samples)
+    n_tok = a["pp"] if phase == "pp" else a["tg"]
+    from tuner.measure.bench import COLUMNS
+
+    row: dict[str, Any] = {c: math.nan for c in COLUMNS}
+    from tuner.targets.archs import load_arch
+
+    row.update({"build_commit": a.get("commit") or "", "backends": load_arch(a["arch"]).backend, "gpu_info": "", "status": "ok",
+                "model_filename": Path(a["model"]).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
+    return row | {
+        "label": label,
+        "test": f"{phase}{n_tok}",
+        "phase": phase,
+        "depth": depth,
+        "n": len(samples),
+        "median_ts": med,
+        "ci_low": lo,
+        "ci_high": hi,
+        "min_ts": s[0],
+        "max_ts": s[-1],
+        "samples": list(samples),
+    }

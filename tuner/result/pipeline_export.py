@@ -1,0 +1,198 @@
+"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else.
+
+Writes ``config.toml`` (the choice and its evidence), ``tuned.patch`` (the kept rules and tuned
+values baked in), ``CMakePresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
+the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict; the screen; the tune
+trials; per-stage wall time).
+"""
+
+from __future__ import annotations
+
+__all__ = ["export_pipeline", "summary_line", "report_text"]
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+
+SCHEMA_VERSION = 2
+
+
+def summary_line(result: Mapping[str, Any]) -> str:
+    """One line on what the search found."""
+    rows = result.get("rows", [])
+    faster = [r for r in rows if r["verdict"] == "faster"]
+    if not faster:
+        return ("Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "
+                f"({len(rows)} point(s) confirmed as no difference)." if rows else
+                "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection.")
+    best = max(faster, key=lambda r: r["speedup"])
+    return (f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
+            f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
+            f"rules: {', '.join(result.get('rules', [])) or 'none'}.")
+
+
+def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
+    return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
+
+
+def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
+                    weight_type: str | None = None) -> Path:
+    """Write the result folder of a pipeline study; returns ``out_dir``."""
+    import optuna
+    import tomli_w
+
+    from tuner.result.export import _sha, _server_args, _tomlable, baked_runtime
+    from tuner.plan.render import render_presets, render_variant
+    from tuner.source import fetch_source
+    from tuner.plan.space import load_space, render_runtime
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as err:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+    a = study.user_attrs
+    res = a.get("result")
+    if not res:
+        raise TunerError(f"study {study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
+                         "command to resume it, then export.")
+    source = fetch_source(a["source_spec"])
+    if source.source_id != a["source_id"]:
+        raise TunerError(f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+                         f"{source.source_id}. Export needs the exact tree the numbers came from.")
+    space = load_space(a["arch"], a["era"])
+    tuned = res.get("tuned") or {}
+    vals = dict(tuned.get("values", {}))
+    variant = str(vals.get("variant") or space.variants[0])
+    compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+    rt = render_runtime(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
+    env, args = dict(rt.env), list(rt.bench_args)
+    rules = list(res.get("rules", []))
+    fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
+    run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
+    rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked_runtime(rules, fa_env))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tuned.patch").write_text(rv.patch)
+    (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=f"tuned-{a['arch'].replace('_', '')}"))
+    model = Path(a["model"])
+    ds = ",".join(map(str, res.get("confirm_depths") or a["depths"]))
+    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ds, *args]
+    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
+    env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
+    (out_dir / "run.env").write_text(
+        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + (f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}" if rules else "")
+        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    )
+    config = {
+        "schema": SCHEMA_VERSION,
+        "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
+        "hashes": {"patch_sha256": _sha(rv.patch), "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True))},
+        "target": {"arch": a["arch"], "measured_on": str(a.get("device", "unknown")), "toolchain": dict(a.get("toolchain", {}))},
+        "model": {"file": model.name, "shape": dict(a.get("shape", {})), "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
+        "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
+                   "bench_args": args, "fa_rules": rules, "dropped_rules": dict(res.get("dropped", {})),
+                   "tune_trial": tuned.get("trial")},
+        "defines": dict(rv.defines),
+        "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
+                   for r in res.get("rows", [])],
+        "gate": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
+        "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
+    }
+    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
+    (out_dir / "report.md").write_text(report_text(study))
+    log.info(f"exported {study_name} -> {out_dir}")
+    return out_dir
+
+
+def _pct(x: float) -> str:
+    return f"{100 * (x - 1):+.1f}%" if isinstance(x, float) and math.isfinite(x) else "-"
+
+
+def _ci(lo: float, hi: float) -> str:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
+
+
+def report_text(study: Any) -> str:
+    """The Markdown report of a pipeline study."""
+    a = study.user_attrs
+    res = a.get("result", {})
+    pp, tg = a["pp"], a["tg"]
+    model = Path(a["model"]).name
+    shape = a.get("shape", {})
+    rows = res.get("rows", [])
+    out = [f"# tuner result: {a['arch']} / {model}\n",
+           f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`; "
+           f"measured on {a.get('device', 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
+           f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
+           f"FlashAttention rules (confirmed): {', '.join(res.get('rules', [])) or 'none: upstream selection'}.\n"]
+    if res.get("dropped"):
+        out.append("Dropped after confirm: " + "; ".join(f"`{r}` ({w})" for r, w in res["dropped"].items()) + ".\n")
+    tuned = res.get("tuned")
+    out.append(f"Process-wide / compile-time knobs: {tuned['params'] if tuned else 'upstream defaults'}.\n")
+    if res.get("upstream_phases"):
+        out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(res['upstream_phases'])}.\n")
+    out.append("\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
+               "Δ is the geometric mean of the per-round ratios final / upstream; the 95% CI is Student-t over rounds; "
+               "A/A noise is how far upstream-vs-upstream in the same rounds strays from 1 (at least the phase's median); "
+               "a verdict needs the whole CI beyond that noise.\n\n")
+    tab = []
+    for r in rows:
+        n_tok = pp if r["phase"] == "pp" else tg
+        tab.append([model, f"{r['phase']}{n_tok}@d{r['depth']}", r.get("upstream_kernel") or "-", r.get("kernel") or "-",
+                    f"{r['base_ts']:.2f}", f"{r['tuned_ts']:.2f}", f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
+                    _ci(r["ci_low"], r["ci_high"]), f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
+                    str(r.get("rounds", "")), r["verdict"]])
+    out.append(log.table(["Model", "Test", "upstream kernel", "kernel", "t/s upstream", "t/s tuned", "Speedup",
+                          "Speedup 95% CI", "A/A noise", "rounds", "verdict"], tab) if tab else "(nothing differed from upstream, so nothing was re-measured)")
+    out.append("\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n")
+    for phase in ("tg", "pp"):
+        cells = a.get(f"screen_{phase}", {})
+        srows = []
+        for d in sorted(cells, key=int):
+            c = cells[d]
+            effs = ", ".join(f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
+                             for k, e in c["effects"].items())
+            srows.append([f"{phase}@d{d}", c.get("upstream_kernel") or "-", f"{c['upstream_ts']:.2f}",
+                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'})" if math.isfinite(c["noise_pct"]) else "-",
+                          effs or "-", ", ".join(c.get("fallback", [])) or "-"])
+        if srows:
+            out.append(log.table(["point", "upstream kernel", "t/s upstream", "A/A noise (pair)", "forced kernels: Δ [95% CI] verdict",
+                                  "fell back"], srows) + "\n\n")
+    comp = a.get("compose", {})
+    if comp.get("decisions"):
+        out.append("## Composed (before confirm)\n\n" + log.table(
+            ["phase", "depth", "upstream", "winner", "why"],
+            [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
+    out.append(_trials(study))
+    secs = a.get("stage_seconds", {})
+    if secs:
+        out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
+    return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+def _trials(study: Any) -> str:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        status = str(t.user_attrs.get("status") or t.state.name.lower())
+        vals = t.values or []
+        score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
+        note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
+        if status != "ok" and t.user_attrs.get("reason"):
+            note += f" ({str(t.user_attrs['reason'])[:90]})"
+        rows.append([f"trial{t.number}", status, score, ", ".join(t.user_attrs.get("phases", [])) or "-", note or "-"])
+    if not rows:
+        return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
+    return ("## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"
+            + log.table(["trial", "status", "objectives", "phases measured", "params"], rows) + "\n")
+
+

@@ -1,0 +1,250 @@
+"""``tuner validate``: check stored winners (``results/<arch>/<model>/``) still hold.
+
+Static checks (always): the schema of ``config.toml``; the pinned source still resolves to the same
+content id; re-rendering from ``config.toml`` reproduces ``tuned.patch`` byte for byte and the recorded
+hashes; the patch applies to the pristine tree (``git apply --check``); every compile-time value passes
+the arch's constraint check. Optional: ``--compile`` compiles the translation units the patch touches
+for the target (nvcc for NVIDIA, the HIP compile-check toolchain for AMD); ``--bench`` re-measures on
+matching hardware and fails when a bucket the winner claims is no longer faster beyond noise.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_results", "load_config"]
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner._compat import tomllib
+from tuner.errors import TunerError, UsageError
+
+REQUIRED = {
+    "schema": int,
+    "source": dict,
+    "hashes": dict,
+    "target": dict,
+    "model": dict,
+    "choice": dict,
+    "defines": dict,
+    "buckets": list,
+    "gate": dict,
+}
+REQUIRED_SUB = {
+    "source": {"spec": str, "source_id": str, "era": str},
+    "hashes": {"patch_sha256": str, "defines_sha256": str},
+    "target": {"arch": str, "measured_on": str},
+    "choice": {"variant": str, "compile": dict, "fa_rules": list, "fa_env": dict, "runtime_env": dict},
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResultCheck:
+    path: Path
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+def find_results(paths: Iterable[Path]) -> list[Path]:
+    """Result folders (holding config.toml) under each path."""
+    out: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
+        if (p / "config.toml").is_file():
+            out.append(p)
+        else:
+            out += sorted(c.parent for c in p.rglob("config.toml"))
+    return out
+
+
+def load_config(folder: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads((folder / "config.toml").read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise TunerError(f"{folder / 'config.toml'} is not valid TOML: {err}") from err
+
+
+def _schema(cfg: Mapping[str, Any]) -> list[str]:
+    errs = []
+    for k, t in REQUIRED.items():
+        if k not in cfg:
+            errs.append(f"missing key {k!r}")
+        elif not isinstance(cfg[k], t):
+            errs.append(f"{k!r} should be a {t.__name__}, not {type(cfg[k]).__name__}")
+    for sec, keys in REQUIRED_SUB.items():
+        for k, t in keys.items():
+            v = cfg.get(sec, {}).get(k) if isinstance(cfg.get(sec), dict) else None
+            if v is None:
+                errs.append(f"missing key {sec}.{k}")
+            elif not isinstance(v, t):
+                errs.append(f"{sec}.{k} should be a {t.__name__}, not {type(v).__name__}")
+    if cfg.get("source", {}).get("era") not in (None, "mma", "rocwmma"):
+        errs.append(f"source.era must be 'mma' or 'rocwmma', not {cfg['source']['era']!r}")
+    return errs
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
+    """Run every check on one result folder; failures are findings, not exceptions."""
+    from tuner.plan.constraints import check_constraints
+    from tuner.result.export import baked_runtime
+    from tuner.plan.render import render_variant
+    from tuner.source import fetch_source
+
+    f: list[Finding] = []
+    try:
+        cfg = load_config(folder)
+    except TunerError as err:
+        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+    errs = _schema(cfg)
+    f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs)))
+    if errs:
+        return ResultCheck(path=folder, findings=tuple(f))
+    patch_file = folder / "tuned.patch"
+    patch = patch_file.read_text() if patch_file.is_file() else None
+    if patch is None:
+        f.append(Finding(check="patch present", ok=False, detail=f"{patch_file} is missing"))
+        return ResultCheck(path=folder, findings=tuple(f))
+
+    src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
+    ok = _sha(patch) == cfg["hashes"]["patch_sha256"]
+    f.append(
+        Finding(
+            check="patch hash",
+            ok=ok,
+            detail="" if ok else f"sha256(tuned.patch)={_sha(patch)[:12]}… but config.toml records "
+            f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
+        )
+    )
+    try:
+        source = fetch_source(src_cfg["spec"])
+    except TunerError as err:
+        f.append(Finding(check="source", ok=False, detail=str(err)))
+        return ResultCheck(path=folder, findings=tuple(f))
+    ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
+    f.append(
+        Finding(
+            check="source",
+            ok=ok,
+            detail="" if ok else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
+            f"{src_cfg['source_id']} era {src_cfg['era']}",
+        )
+    )
+
+    violations = check_constraints(arch, source.era, dict(choice["compile"]))
+    f.append(Finding(check="constraints", ok=not violations, detail="; ".join(map(str, violations))))
+
+    try:
+        rv = render_variant(
+            source,
+            arch,
+            choice["variant"],
+            compile_values=dict(choice["compile"]),
+            baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])),
+        )
+    except TunerError as err:
+        f.append(Finding(check="re-render", ok=False, detail=str(err)))
+        return ResultCheck(path=folder, findings=tuple(f))
+    same = rv.patch == patch
+    f.append(
+        Finding(
+            check="re-render",
+            ok=same,
+            detail="" if same else "re-rendering config.toml does not reproduce tuned.patch byte for byte "
+            "(a value in config.toml or the patch was edited)",
+        )
+    )
+    dsha = _sha(json.dumps(dict(rv.defines), sort_keys=True))
+    ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
+    f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
+
+    if patch:
+        res = _git_apply_check(patch_file, source.root)
+        f.append(
+            Finding(
+                check="patch applies",
+                ok=res.returncode == 0,
+                detail="" if res.returncode == 0 else res.output.strip().splitlines()[-1] if res.output else "",
+            )
+        )
+    else:
+        f.append(Finding(check="patch applies", ok=True, detail="empty patch (nothing to apply)"))
+
+    if compile:
+        f.append(_compile_check(rv))
+    if bench:
+        f.append(_bench_check(folder, cfg))
+    return ResultCheck(path=folder, findings=tuple(f))
+
+
+def _git_apply_check(patch_file: Path, root: Path) -> Any:
+    """``git apply --check`` against pristine copies of the files the patch touches.
+
+    Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a submodule that
+    does not exist here, which makes git refuse to work in it.
+    """
+    import re
+    import shutil
+    import tempfile
+
+    from tuner._run import run
+
+    with tempfile.TemporaryDirectory(prefix="tuner-apply-") as tmp:
+        for rel in sorted(set(re.findall(r"^--- a/(\S+)$", patch_file.read_text(), flags=re.M))):
+            src = root / rel
+            if src.is_file():
+                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, Path(tmp) / rel)
+        return run(["git", "apply", "--check", "--verbose", str(patch_file.resolve())], cwd=Path(tmp),
+                   check=False, what="git apply --check")
+
+
+def _compile_check(rv: Any) -> Finding:
+    from tuner.build.cmake import build_variant
+
+    tus = [p for p in rv.files if p.endswith((".cu", ".cpp"))] + list(rv.tu_headers)
+    if not tus:
+        # header-only changes: compile the FA TUs that include them
+        tus = [p for p in rv.files]
+    try:
+        b = build_variant(rv, compile_only=True, objects=tus or None)
+    except TunerError as err:
+        return Finding(check="compile", ok=False, detail=str(err)[:1500])
+    return Finding(check="compile", ok=True, detail=f"{len(tus)} TU(s) compiled in {b.seconds:.0f}s")
+
+
+def _bench_check(folder: Path, cfg: Mapping[str, Any]) -> Finding:
+    from tuner.targets.archs import detect_local_archs
+
+    arch = cfg["target"]["arch"]
+    local = detect_local_archs()
+    if arch != "cpu" and arch not in local:
+        return Finding(
+            check="bench",
+            ok=True,
+            detail=f"skipped: needs a {arch} device, this machine has {local or 'none'} (static checks only)",
+        )
+    from tuner.revalidate import rebench
+
+    return rebench(folder, cfg)
+
+
+def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: bool = False) -> list[ResultCheck]:
+    return [validate_result(p, compile=compile, bench=bench) for p in find_results(paths)]

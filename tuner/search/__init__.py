@@ -1,0 +1,35 @@
+"""The ``search`` stage.
+
+``tuner search`` runs :func:`~tuner.search.pipeline.run_pipeline`: screen -> compose -> tune -> confirm.
+
+* ``screen`` measures upstream's kernel choice and every legal forced kernel per phase and depth in
+  paired, interleaved rounds (runtime only, zero rebuilds); ``live`` runs them on llama-bench;
+* ``compose`` turns the screen into FlashAttention rules keyed by the model's shape, a kernel per
+  depth interval, only where a kernel beat upstream beyond the A/A noise;
+* ``tune`` runs Optuna only over what really is a joint search (compile-time rows, process-wide
+  knobs) with the composed rules fixed;
+* ``confirm`` re-measures the final config against upstream, paired, at every depth plus depths the
+  screen did not use; only what confirms is exported.
+
+``study`` is the earlier one-TPE-over-everything search, kept for ``tuner worker`` (several hosts on
+one PostgreSQL study); ``select``, ``dryrun`` and ``replay`` as before. The public names are
+re-exported here: ``from tuner.search import run_search``.
+"""
+
+from __future__ import annotations
+
+from tuner.search.study import (PROFILES, SearchConfig, SearchOutcome, load_outcome, parse_point_key, point_key,
+                                resolve_arch, run_search, run_worker, runtime_env_and_args)
+
+__all__ = [
+    "SearchConfig",
+    "SearchOutcome",
+    "PROFILES",
+    "resolve_arch",
+    "run_search",
+    "run_worker",
+    "load_outcome",
+    "runtime_env_and_args",
+    "point_key",
+    "parse_point_key",
+]

@@ -1,0 +1,135 @@
+"""Compose FlashAttention rules from a kernel screen.
+
+Per phase, each screened depth gets a winner: the fastest forced kernel whose paired interval clears
+the A/A noise (``faster``), else upstream's own choice. Consecutive depths with the same non-upstream
+winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
+
+* ``lo`` is the interval's first screened depth (0 when that is the shallowest depth), ``hi`` the
+  next screened depth where the winner differs (open-ended when the interval reaches the deepest
+  depth), so every screened depth inside a rule was measured faster, and no depth where upstream
+  won is covered;
+* where two neighbouring depths disagree by more than the noise, :func:`bisect_depths` proposes
+  the depth halfway between them for another screen round (the boundary then moves there);
+* rules carry the model's shape (head size, GQA ratio, K/V type): a rule found on one model never
+  changes the kernel of a differently shaped model run with the same build.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "phase_noise"]
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.search.screen import PHASE_RULE, CellStats
+
+_STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Shape:
+    """What upstream's kernel choice depends on besides the arch: head size, GQA ratio, K/V type."""
+
+    D: int | None = None
+    gqa: int | None = None
+    kv: str | None = "f16"
+
+    def key(self) -> str:
+        parts = [f"D{self.D}" if self.D else "", f"gqa{self.gqa}" if self.gqa else "", f"kv{self.kv}" if self.kv else ""]
+        return "".join(f"/{p}" for p in parts if p)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One screened depth of one phase: who won and why."""
+
+    phase: str
+    depth: int
+    upstream_kernel: str | None
+    winner: str | None
+    """The forced kernel chosen here; None = upstream's own choice stays."""
+    effect_pct: float
+    """The winner's paired effect vs upstream (0 when upstream stays)."""
+    ci: tuple[float, float]
+    noise_pct: float
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def phase_noise(cells: Mapping[int, CellStats]) -> float:
+    """The phase's noise floor: the median A/A noise over its depths (a single lucky A/A cell with
+    three near-identical rounds must not make every small effect look real)."""
+    vals = [c.noise_pct for c in cells.values() if math.isfinite(c.noise_pct)]
+    return statistics.median(vals) if vals else math.inf
+
+
+def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
+    """A decision per screened depth (sorted by depth)."""
+    floor = phase_noise(cells)
+    out = []
+    for d in sorted(cells):
+        c = cells[d]
+        noise = max(c.noise_pct, floor)
+        best, best_e = None, None
+        for name, e in c.effects.items():
+            if name == c.aa or name == c.upstream_kernel:
+                continue  # forcing upstream's own kernel changes nothing
+            faster = math.isfinite(e.ci_low) and e.ci_low > 1.0 + noise / 100.0
+            if faster and (best_e is None or e.ratio > best_e.ratio):
+                best, best_e = name, e
+        if best_e is None:
+            why = "no forced kernel beat upstream beyond the A/A noise" if math.isfinite(noise) else "no A/A noise measured"
+            out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=None, effect_pct=0.0,
+                                ci=(math.nan, math.nan), noise_pct=noise, reason=why))
+        else:
+            out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=best,
+                                effect_pct=best_e.pct, ci=(best_e.ci_low, best_e.ci_high), noise_pct=noise,
+                                reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) clears the A/A noise ±{noise:.1f}%"))
+    return out
+
+
+def rule_text(phase: str, shape: Shape, lo: int, hi: int | None, kernel: str) -> str:
+    return f"{PHASE_RULE[phase]}{shape.key()}:{lo}-{'' if hi is None else hi}={kernel}"
+
+
+def rules_from(decisions: Sequence[Decision], shape: Shape) -> list[str]:
+    """Rules for the non-upstream intervals of one phase's decisions (see the module docstring)."""
+    ds = sorted(decisions, key=lambda x: x.depth)
+    rules = []
+    i = 0
+    while i < len(ds):
+        if ds[i].winner is None:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(ds) and ds[j + 1].winner == ds[i].winner:
+            j += 1
+        lo = 0 if i == 0 else ds[i].depth
+        hi = ds[j + 1].depth if j + 1 < len(ds) else None
+        rules.append(rule_text(ds[i].phase, shape, lo, hi, str(ds[i].winner)))
+        i = j + 1
+    return rules
+
+
+def bisect_depths(decisions: Sequence[Decision], screened: Sequence[int]) -> list[int]:
+    """Depths halfway between neighbours whose winners differ by more than the noise.
+
+    Only where a non-upstream kernel is involved (a boundary of some rule) and the two effects are
+    further apart than the noise; rounded to llama.cpp's n_kv stride, never a depth already screened.
+    """
+    ds = sorted(decisions, key=lambda x: x.depth)
+    out = []
+    for a, b in zip(ds, ds[1:]):
+        if a.winner == b.winner or (a.winner is None and b.winner is None):
+            continue
+        if abs(a.effect_pct - b.effect_pct) <= max(a.noise_pct, b.noise_pct):
+            continue
+        mid = (a.depth + b.depth) // 2 // _STRIDE * _STRIDE
+        if a.depth < mid < b.depth and mid not in screened:
+            out.append(mid)
+    return out

@@ -1,0 +1,104 @@
+"""Confirm: the final config against upstream, paired and interleaved, at every point.
+
+Three candidates per round (rotated): upstream, upstream again (the A/A pair that measures the noise
+of this very procedure) and the final config. Depths: the screen's ladder plus depths it did not use
+(halfway between deeper neighbours, e.g. 12288 and 49152), so a rule's boundary is checked where it
+was not measured. Only phases whose config differs from upstream are measured; the others are
+upstream's by construction and reported so.
+
+What does not confirm is dropped: a rule with a point slower than upstream beyond the noise inside
+its interval, or with no point faster beyond it, goes; so does a process-wide knob that makes any
+point slower. The export claims only the points that confirmed.
+"""
+
+from __future__ import annotations
+
+__all__ = ["extra_depths", "judge", "point_rows", "rule_interval"]
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.search.compose import phase_noise
+from tuner.measure.paired import verdict
+from tuner.search.screen import AA_NAME, PHASE_RULE, CellStats
+
+FINAL = "final"
+_RULE_BOUNDS = re.compile(r"^(decode|prefill)[^:]*:(\d+)-(\d*)=(\w+)$")
+
+
+def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None = None) -> list[int]:
+    """Depths the screen did not use: halfway between consecutive ladder depths from 8192 up (where
+    rule boundaries live), at most ``limit`` of them, the shallowest and the deepest first."""
+    ds = sorted(set(ladder))
+    mids = [(a + b) // 2 // 256 * 256 for a, b in zip(ds, ds[1:]) if a >= 8192]
+    mids = [m for m in mids if m not in ds and (max_depth is None or m <= max_depth)]
+    if len(mids) <= limit:
+        return mids
+    picked = [mids[0], mids[-1]] if limit >= 2 else [mids[-1]]
+    return sorted(set(picked))[:limit]
+
+
+def rule_interval(rule: str) -> tuple[str, int, int | None, str]:
+    """(phase, lo, hi, kernel) of a rule text; the phase as ``pp``/``tg``."""
+    m = _RULE_BOUNDS.match(rule)
+    if not m:
+        raise ValueError(f"not a rule: {rule!r}")
+    phase = "tg" if m.group(1) == "decode" else "pp"
+    return phase, int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(4)
+
+
+def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict."""
+    floor = phase_noise(cells)
+    out = []
+    for d in sorted(cells):
+        c = cells[d]
+        e = c.effects.get(FINAL)
+        noise = max(c.noise_pct, floor)
+        fin_k = _majority_kernel(records, FINAL, d)
+        fin_vals = [r["values"].get(FINAL, {}).get(str(d)) for r in records if str(d) in r["values"].get(FINAL, {})]
+        fin_vals = sorted(v for v in fin_vals if v)
+        out.append({
+            "phase": phase, "depth": d, "upstream_kernel": c.upstream_kernel, "kernel": fin_k,
+            "base_ts": c.upstream_ts, "tuned_ts": fin_vals[len(fin_vals) // 2] if fin_vals else math.nan,
+            "speedup": e.ratio if e else math.nan, "ci_low": e.ci_low if e else math.nan,
+            "ci_high": e.ci_high if e else math.nan, "rounds": e.n if e else 0,
+            "aa_noise_pct": noise, "verdict": verdict(e, noise) if e else "not measured",
+        })
+    return out
+
+
+def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) -> str | None:
+    ks = [r["kernels"].get(name, {}).get(str(d)) for r in records]
+    ks = [k for k in ks if k]
+    return max(set(ks), key=ks.count) if ks else None
+
+
+def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> dict[str, Any]:
+    """Which rules (and whether the process-wide knobs) survive the confirmation.
+
+    Returns ``{"kept": [...], "dropped": {rule: why}, "process_ok": bool, "process_why": str}``.
+    """
+    kept, dropped = [], {}
+    for r in rules:
+        ph, lo, hi, _ = rule_interval(r)
+        inside = [x for x in rows if x["phase"] == ph and x["depth"] >= lo and (hi is None or x["depth"] < hi)]
+        v = [x["verdict"] for x in inside]
+        if not inside:
+            dropped[r] = "no confirmed point inside its interval"
+        elif "slower" in v:
+            bad = [x["depth"] for x in inside if x["verdict"] == "slower"]
+            dropped[r] = f"slower than upstream beyond the noise at depth {bad}"
+        elif "faster" not in v:
+            dropped[r] = "not faster than upstream beyond the A/A noise at any depth inside it"
+        else:
+            kept.append(r)
+    slower = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == "slower"]
+    ok = not (process_changed and slower)
+    return {"kept": kept, "dropped": dropped, "process_ok": ok,
+            "process_why": "" if ok else f"slower than upstream beyond the noise at {', '.join(slower)}"}
+
+
+__all__ += ["FINAL", "AA_NAME", "PHASE_RULE"]

@@ -1,0 +1,88 @@
+"""The live measure function: one llama-bench call per (candidate, phase) over a list of depths.
+
+Every call runs with ``GGML_TUNER_FA_LOG=1``; the patched build prints one line per distinct
+shape and kernel (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (default)``), from which
+the kernel that actually ran at each depth is read: upstream's pick for the upstream candidate,
+``rule`` or ``fallback`` (illegal here, upstream's choice kept) for a forced one. Builds without the
+hook (the CPU backend) print nothing and the kernel stays unknown.
+"""
+
+from __future__ import annotations
+
+__all__ = ["make_live_measure", "parse_fa_log", "kernel_at"]
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.search.screen import Candidate, Measure
+
+_FA_LINE = re.compile(r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+) kernel=(\w+) \((\w+)\)")
+
+
+def parse_fa_log(text: str) -> list[dict[str, Any]]:
+    """The ``tuner-fa:`` lines of a llama-bench log."""
+    out = []
+    for m in _FA_LINE.finditer(text):
+        out.append({"D": int(m.group(1)), "DV": int(m.group(2)), "ne1": int(m.group(3)), "gqa": int(m.group(4)),
+                    "n_kv": int(m.group(5)), "kernel": m.group(6), "why": m.group(7)})
+    return out
+
+
+def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: int) -> tuple[str | None, str | None]:
+    """(kernel, why) of the test at ``depth``: entries of the phase's batch shape whose n_kv lies in
+    (depth, depth + ntok + 256] (llama.cpp pads n_kv to 256; the untimed depth fill stays at or below
+    ``depth``)."""
+    hits = [x for x in lines
+            if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
+    if not hits:
+        return None, None
+    best = max(hits, key=lambda x: x["n_kv"])
+    return str(best["kernel"]), str(best["why"])
+
+
+def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Mapping[str, int], log_dir: Path,
+                      era: str, arch: str) -> Measure:
+    """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir``."""
+    import os
+    import platform
+
+    from tuner.measure.bench import run_bench
+
+    info: dict[str, str] = {}
+
+    def measure(cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+        args = list(cand.args)
+        fa = True
+        if "-fa" in args:  # a knob on some spaces; run_bench owns the flag's era-dependent spelling
+            i = args.index("-fa")
+            fa = args[i + 1] in ("on", "1", "true")
+            del args[i : i + 2]
+        ntok = pp if phase == "pp" else tg
+        try:
+            df = run_bench(bin_dir, model, depths=tuple(depths), pp=ntok if phase == "pp" else 0,
+                           tg=ntok if phase == "tg" else 0, reps=reps[phase], target_ci=None,
+                           env={**cand.env, "GGML_TUNER_FA_LOG": "1"}, extra_args=tuple(args), log_dir=log_dir,
+                           label=label, era=era, flash_attn=fa, arch=arch, observe=False)
+        except TunerError as err:  # a failed call is data: every depth carries the error
+            return {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths}
+        if len(df) and not info:
+            gpu = str(df.iloc[0].get("gpu_info") or "")
+            info["device"] = gpu or f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+        log_file = Path(str(df.attrs.get("log_file") or ""))
+        lines = parse_fa_log(log_file.read_text(errors="replace")) if log_file.is_file() else []
+        out: dict[int, dict[str, Any]] = {}
+        for d in depths:
+            rows = df[(df["phase"] == phase) & (df["depth"] == d)]
+            samples = list(rows.iloc[0]["samples"]) if len(rows) else []
+            err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
+            k, why = kernel_at(lines, phase, d, ntok)
+            out[d] = {"ts": float(statistics.median(samples)) if samples else None, "kernel": k, "why": why,
+                      "error": err or ("" if samples else f"no samples; see {log_file}")}
+        return out
+
+    measure.info = info  # type: ignore[attr-defined]  # the device llama-bench reported, for the report
+    return measure

@@ -1,0 +1,433 @@
+"""``tuner search``: screen -> compose -> tune -> confirm on one build, resumable.
+
+Every stage writes what it measured into the Optuna study (user attributes for the screen and confirm
+rounds, trials for the tune stage), so rerunning the same command continues where a call stopped
+(a time budget, a lost machine) instead of starting over, and ``tuner export`` works from the study
+database alone.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PIPELINE_VERSION", "run_pipeline", "plan_text"]
+
+import math
+import os
+import platform
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+from tuner.search import compose as comp
+from tuner.search import confirm as conf
+from tuner.search import tune as tn
+from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, run_phase_rounds, summarize_phase
+
+PIPELINE_VERSION = 2
+PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
+
+
+def _kernels_for(space: Any, phase: str) -> list[str]:
+    """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
+    want = comp.PHASE_RULE[phase]
+    ks: list[str] = []
+    for k in space.runtime_knobs:
+        if k.kind == "rule" and k.meta.get("phase") == want:
+            ks += [str(c) for c in (k.choices or ()) if c != "default" and str(c) not in ks]
+    return ks
+
+
+def plan_text(*, phases: Sequence[str], depths: Sequence[int], n_cands: Mapping[str, int], rounds: tuple[int, int],
+              trials: int, confirm_depths: int) -> str:
+    calls = sum(n_cands[p] for p in phases)
+    return (
+        f"Plan: 1 build (cached after the first run) + gate; screen {len(phases)} phase(s) x {len(depths)} depths "
+        f"x {', '.join(f'{n_cands[p]} candidates ({p})' for p in phases)} in {rounds[0]}-{rounds[1]} interleaved rounds "
+        f"({calls} llama-bench calls a round); tune {trials} Optuna trial(s) (paired vs the composed rules); "
+        f"confirm at {confirm_depths} depths, 3 candidates, {rounds[0]}-{rounds[1]} rounds. "
+        "ETAs follow the first measured round."
+    )
+
+
+class _State:
+    """The study's user attributes as the pipeline's resumable state."""
+
+    def __init__(self, study: Any) -> None:
+        self.study = study
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.study.user_attrs.get(key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self.study.set_user_attr(key, value)
+
+    def append(self, key: str, rec: Mapping[str, Any]) -> None:
+        self.set(key, [*self.get(key, []), dict(rec)])
+
+    def add_seconds(self, stage: str, secs: float) -> None:
+        s = dict(self.get("stage_seconds", {}))
+        s[stage] = round(s.get(stage, 0.0) + secs, 1)
+        self.set("stage_seconds", s)
+
+
+def _open_study(cfg: Any) -> Any:
+    import optuna
+
+    from tuner.search.study import _make_storage
+
+    storage = _make_storage(cfg.storage_url)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(
+        seed=cfg.seed, n_startup_trials=4, multivariate=True,
+        constraints_func=lambda t: t.user_attrs.get("constraint", (0.0,)),
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.create_study(study_name=cfg.study, storage=storage, directions=["maximize", "maximize"],
+                                       sampler=sampler, load_if_exists=True), storage
+    except ValueError as err:  # an existing study with one objective: made by the older search
+        raise UsageError(
+            f"study {cfg.study!r} in {cfg.storage_url} was made by an older `tuner search` ({err}). "
+            "Pass a new --study NAME (or --run-dir) to start this search beside it."
+        ) from err
+
+
+def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
+    """Run (or resume) the whole pipeline; returns the study's ``result`` attribute.
+
+    ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
+    measure of :mod:`tuner.search.live` runs the build's real llama-bench.
+    """
+    from tuner.targets.archs import load_arch
+    from tuner.source import fetch_source
+    from tuner.plan.space import load_space
+
+    t_start = time.monotonic()
+    deadline = t_start + cfg.time_budget if cfg.time_budget else None
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    source = fetch_source(cfg.source_spec)
+    space = load_space(cfg.arch, source.era)
+    arch = load_arch(cfg.arch)
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    if not variants:
+        raise UsageError(f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
+                         f"for era {source.era}; it has {space.variants}.")
+    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
+    shape_d = _model_shape(cfg.model)
+    _check_depths(cfg.depths, shape_d)
+    study, storage = _open_study(cfg)
+    st = _State(study)
+    _record_attrs(st, cfg, source, shape_d)
+    shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(cfg, fixed))
+
+    # -- the upstream build, gated once ------------------------------------------------------------
+    t0 = time.monotonic()
+    base_variant = str(fixed.get("variant", variants[0]))
+    build = _build(cfg, source, base_variant, {})
+    st.add_seconds("build", time.monotonic() - t0)
+    gate = _gate(st, cfg, arch, build, shape_d)
+    if gate["status"] == "fail":
+        raise TunerError(f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
+                         f"log: {gate.get('log')}. Nothing was measured.")
+    factory = measure_factory or (lambda b: _live(cfg, source, b))
+    measure = factory(build)
+    base_env, base_args = _pinned_runtime(space, fixed)
+    rounds = (cfg.min_rounds, cfg.max_rounds)
+    kernels = {p: _kernels_for(space, p) for p in PHASES}
+    confirm_ds = sorted(set(cfg.depths) | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length"))))
+    log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
+                       rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds)))
+
+    # -- screen + compose, per phase ---------------------------------------------------------------
+    decisions: dict[str, list[comp.Decision]] = {}
+    t0 = time.monotonic()
+    for phase in PHASES:
+        depths = sorted(set(cfg.depths) | {int(d) for d in st.get(f"refined_{phase}", [])})
+        cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
+        recs = list(st.get("screen_rounds", []))
+        with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
+            run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, min_rounds=rounds[0], max_rounds=rounds[1],
+                             target_ci=cfg.ci_target, deadline=deadline, on_round=lambda r: st.append("screen_rounds", r))
+            for _ in range(cfg.refine):
+                cells = summarize_phase(phase, recs, depths)
+                new = comp.bisect_depths(comp.compose_phase(phase, cells), depths)
+                if not new:
+                    break
+                log.info(f"  refining {phase} boundaries at depths {new}")
+                st.set(f"refined_{phase}", sorted({*st.get(f"refined_{phase}", []), *new}))
+                run_phase_rounds(measure, phase, cands, new, recs, min_rounds=rounds[0], max_rounds=rounds[1],
+                                 target_ci=cfg.ci_target, deadline=deadline, on_round=lambda r: st.append("screen_rounds", r))
+                depths = sorted(set(depths) | set(new))
+        cells = summarize_phase(phase, recs, depths)
+        decisions[phase] = comp.compose_phase(phase, cells)
+        st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
+    st.add_seconds("screen", time.monotonic() - t0)
+    if getattr(measure, "info", {}).get("device") and not st.get("device"):
+        st.set("device", measure.info["device"])
+    rules = [r for p in PHASES for r in comp.rules_from(decisions[p], shape)]
+    st.set("compose", {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
+    log.info("Composed rules: " + (", ".join(rules) if rules else "none (upstream's selection stays everywhere)"))
+
+    # -- tune ----------------------------------------------------------------------------------------
+    t0 = time.monotonic()
+    tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline)
+    st.add_seconds("tune", time.monotonic() - t0)
+
+    # -- confirm -------------------------------------------------------------------------------------
+    t0 = time.monotonic()
+    result = _confirm(cfg, st, space, source, arch, shape_d, fixed, rules, tuned, base_env, base_args, factory, build,
+                      confirm_ds, deadline)
+    st.add_seconds("confirm", time.monotonic() - t0)
+    st.set("result", result)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# stages
+
+
+def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
+          fixed: Mapping[str, Any], rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
+          factory: Any, deadline: float | None) -> dict[str, Any] | None:
+    """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
+    import optuna
+
+    from tuner.plan.constraints import check_constraints
+    from tuner.search.study import runtime_env_and_args
+
+    knobs = tn.tunable_knobs(space, fixed)
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    dists = {k.name: k.to_optuna_distribution() for k in knobs}
+    if len(variants) > 1 and "variant" not in fixed:
+        dists["variant"] = optuna.distributions.CategoricalDistribution(variants)
+    want = cfg.trials or 0
+    if not dists or want <= 0:
+        log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
+        return None
+    rule_env = {"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {}
+    ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
+    done = [t for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING]
+    with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
+        while len(done) < want:
+            if deadline is not None and time.monotonic() > deadline:
+                log.warning(f"tune: time budget reached after {len(done)} trial(s)")
+                break
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                trial = study.ask(dists)
+            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
+            vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
+            variant = str(vals.get("variant", fixed.get("variant", variants[0])))
+            compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+            changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
+            phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
+            trial.set_user_attr("values", {k: vals[k] for k in sorted(vals)})
+            trial.set_user_attr("phases", phases)
+            viol = check_constraints(cfg.arch, source.era, compile_values, model_shape=dict(shape_d) or None, space=space)
+            if viol:
+                trial.set_user_attr("status", "infeasible")
+                trial.set_user_attr("reason", "; ".join(str(v) for v in viol))
+                trial.set_user_attr("constraint", (1.0,))
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                log.info(f"  [trial {trial.number}] infeasible: {trial.user_attrs['reason'][:120]}")
+                done.append(trial)
+                continue
+            trial.set_user_attr("constraint", (0.0,))
+            try:
+                b = _build(cfg, source, variant, compile_values)
+                g = _gate(st, cfg, arch, b, shape_d)
+                if g["status"] == "fail":
+                    raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
+                env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
+                cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
+                objs = []
+                m_ref = factory(_build(cfg, source, str(fixed.get("variant", variants[0])), {}))
+                m_cand = factory(b)
+                ratios: dict[str, float] = {}
+                for phase in ("pp", "tg"):
+                    if phase not in phases:
+                        objs.append(1.0)
+                        continue
+                    order = [("ref", m_ref, ref_here), ("cand", m_cand, cand)]
+                    if trial.number % 2:
+                        order.reverse()
+                    res = {}
+                    for tag, m, c in order:
+                        res[tag] = m(c, phase, list(cfg.depths), f"tune-t{trial.number}-{phase}-{tag}")
+                    rs = []
+                    for d in cfg.depths:
+                        a, r = res["cand"][d].get("ts"), res["ref"][d].get("ts")
+                        if a and r:
+                            ratios[f"{phase}@{d}"] = a / r
+                            rs.append(a / r)
+                    if not rs:
+                        raise TunerError(f"llama-bench gave no {phase} result: {res['cand']}")
+                    objs.append(tn.geomean(rs))
+                trial.set_user_attr("ratios", ratios)
+                trial.set_user_attr("status", "ok")
+                study.tell(trial, objs)
+                log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
+                         f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)")
+            except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
+                trial.set_user_attr("status", "failed")
+                trial.set_user_attr("reason", str(err)[:2000])
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
+            done.append(trial)
+    best = tn.pick([t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE])
+    if best is None:
+        log.info("Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's")
+        return None
+    log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
+    return {"trial": best.number, "values": dict(best.user_attrs.get("values", {})), "params": dict(best.params)}
+
+
+def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int], fixed: Mapping[str, Any],
+             rules: Sequence[str], tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str],
+             factory: Any, build: Any, depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
+    from tuner.search.study import runtime_env_and_args
+
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    rules = list(rules)
+    attempt = 0
+    while True:
+        variant = str((tuned or {}).get("values", {}).get("variant", fixed.get("variant", variants[0])))
+        compile_values = {}
+        env, args = dict(base_env), list(base_args)
+        if tuned:
+            vals = tuned["values"]
+            compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+            env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
+        fb = _build(cfg, source, variant, compile_values) if (compile_values or variant != variants[0]) else build
+        process_changed = bool(tuned)
+        rule_phases = {conf.rule_interval(r)[0] for r in rules}
+        phases = [p for p in PHASES if process_changed or p in rule_phases]
+        final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, args=tuple(args))
+        up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
+        aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
+        key = f"confirm_rounds_{attempt}"
+        recs = list(st.get(key, []))
+        m_up, m_fin = factory(build), factory(fb)
+
+        def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
+            return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)
+
+        rows: list[dict[str, Any]] = []
+        for phase in phases:
+            with log.step(f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"):
+                mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
+                                        max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
+                                        on_round=lambda r: st.append(key, r), tag="confirm")
+            rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
+        j = conf.judge(rules, rows, process_changed=process_changed)
+        st.set(f"confirm_{attempt}", {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
+        needs_again = (not j["process_ok"]) and attempt == 0
+        if not needs_again:
+            break
+        log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
+        tuned = None
+        attempt += 1
+    kept = j["kept"] if j["process_ok"] else j["kept"]
+    final_tuned = tuned if j["process_ok"] else None
+    for r, why in j["dropped"].items():
+        log.info(f"  dropped {r}: {why}")
+    unmeasured = [p for p in PHASES if p not in phases]
+    return {"rules": kept, "dropped": j["dropped"], "tuned": final_tuned, "rows": rows, "attempt": attempt,
+            "upstream_phases": unmeasured, "confirm_depths": list(depths)}
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    from tuner.search.study import runtime_env_and_args
+
+    names = {k.name for k in space.runtime_knobs}
+    return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
+
+
+def _kv_type(cfg: Any, fixed: Mapping[str, Any]) -> str:
+    for k, v in fixed.items():
+        if k in ("ctk", "type_k", "cache_type_k"):
+            return str(v)
+    return "f16"
+
+
+def _model_shape(model: Path) -> dict[str, int]:
+    from tuner.targets.models import load_gguf_shape
+
+    try:
+        s = load_gguf_shape(Path(model))
+    except (TunerError, OSError, ValueError, KeyError) as err:
+        raise UsageError(f"cannot read the model's shape from {model}: {err}. Pass a llama-family GGUF file.") from err
+    return {"head_dim": s.head_dim, "gqa": s.gqa, "n_layers": s.n_layers, "n_heads": s.n_heads,
+            "n_kv_heads": s.n_kv_heads, "d_model": s.d_model, "context_length": s.context_length}
+
+
+def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
+    ctx = shape.get("context_length")
+    too_deep = [d for d in depths if ctx and d > ctx]
+    if too_deep:
+        raise UsageError(f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
+                         f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}.")
+
+
+def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int]) -> None:
+    mine = {"pipeline": PIPELINE_VERSION, "arch": cfg.arch, "source_spec": source.spec, "source_id": source.source_id,
+            "commit": source.commit, "era": source.era, "model": str(cfg.model), "depths": list(cfg.depths),
+            "pp": cfg.pp, "tg": cfg.tg, "shape": dict(shape), "profile": "per-phase"}
+    if st.get("arch") is None:
+        for k, v in mine.items():
+            st.set(k, v)
+        return
+    for k in ("arch", "source_id", "depths", "pp", "tg"):
+        if st.get(k) != mine[k]:
+            raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} was created with {k}={st.get(k)!r} but this run has "
+                             f"{k}={mine[k]!r}. Use another --study name, or the same settings.")
+
+
+def _build(cfg: Any, source: Any, variant: str, compile_values: Mapping[str, Any]) -> Any:
+    from tuner.targets.archs import detect_local_archs
+    from tuner.build.cmake import build_variant
+    from tuner.plan.render import render_variant
+
+    rv = render_variant(source, cfg.arch, variant, compile_values=compile_values, local_archs=detect_local_archs())
+    return build_variant(rv, jobs=cfg.jobs)
+
+
+def _gate(st: _State, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
+    """test-backend-ops FLASH_ATTN_EXT per selectable kernel, once per build (recorded in the study)."""
+    gates = dict(st.get("gates", {}))
+    if build.build_id in gates:
+        return gates[build.build_id]
+    if not cfg.gate or arch.vendor == "cpu":
+        res = {"status": "skipped", "why": "CPU backend is the reference test-backend-ops compares against"
+               if arch.vendor == "cpu" else "--no-gate"}
+    else:
+        from tuner.measure.gate import params_for_model, run_gate
+
+        t0 = time.monotonic()
+        with log.step(f"Gate: test-backend-ops FLASH_ATTN_EXT with each kernel forced (head size {shape.get('head_dim', 64)})"):
+            g = run_gate(build.bin_dir, kernels=["VEC", "TILE", "MMA"], backend=f"{arch.backend}0",
+                         params=params_for_model(shape.get("head_dim", 64), "f16"), log_dir=cfg.run_dir / "logs")
+        st.add_seconds("gate", time.monotonic() - t0)
+        res = {"status": "pass" if g.passed else "fail", "summary": g.summary, "failing": list(g.failing)[:20],
+               "log": str(g.log_file)}
+    gates[build.build_id] = res
+    st.set("gates", gates)
+    if "toolchain" not in st.study.user_attrs:
+        st.set("toolchain", dict(build.meta.get("toolchain", {})))
+    return res
+
+
+def _live(cfg: Any, source: Any, build: Any) -> Any:
+    from tuner.search.live import make_live_measure
+
+    return make_live_measure(build.bin_dir, cfg.model, pp=cfg.pp, tg=cfg.tg, reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
+                             log_dir=cfg.run_dir / "logs", era=source.era, arch=cfg.arch)
+

@@ -1,0 +1,176 @@
+"""``tuner search --replay FILE...``: the search logic on recorded llama-bench results.
+
+Nothing is measured: every number comes from the recorded files, and every line printed says
+REPLAY. Uses: CI of the search logic, comparing samplers, and results shared by users.
+
+Recording convention (what ``docs/h100/session1/grid/`` holds): one llama-bench JSONL per
+(phase, forced FlashAttention kernel), named ``<phase>-<KERNEL>.jsonl`` with phase ``pp`` or ``tg``
+and KERNEL ``default``, ``VEC``, ``TILE`` or ``MMA``, each covering the same depths, e.g.::
+
+    GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
+
+The replayed space is the forced kernel per phase (``default`` = upstream selection); a config's
+objective is the profile-weighted geometric mean of its speed ratio to ``default`` over all points,
+as in the live search. Sample efficiency is the number of distinct configurations a sampler
+evaluates before one is within ``within`` (2%) of the best configuration of the exhaustive grid.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ReplayGrid", "load_grid", "sample_efficiency", "run_replay"]
+
+import dataclasses
+import itertools
+import math
+import re
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import UsageError
+
+_NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
+TAG = "REPLAY"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayGrid:
+    """Recorded samples: (phase, kernel) -> depth -> tokens/s samples."""
+
+    samples: Mapping[tuple[str, str], Mapping[int, tuple[float, ...]]]
+    files: tuple[str, ...]
+
+    def kernels(self, phase: str) -> list[str]:
+        ks = sorted({k for (ph, k) in self.samples if ph == phase}, key=lambda k: (k != "default", k))
+        return ks
+
+    def depths(self, phase: str) -> list[int]:
+        return sorted(self.samples[(phase, "default")])
+
+
+def load_grid(files: Sequence[Path]) -> ReplayGrid:
+    """Read recorded llama-bench JSONL files named ``<pp|tg>-<KERNEL>.jsonl``.
+
+    Raises:
+        UsageError: a name outside the convention, or no ``default`` recording for a phase.
+    """
+    from tuner.measure.bench import parse_bench_jsonl
+
+    out: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
+    for f in files:
+        m = _NAME.match(Path(f).name)
+        if not m:
+            raise UsageError(
+                f"replay file {f} is not named <pp|tg>-<default|VEC|TILE|MMA>.jsonl; record one llama-bench "
+                "JSONL per phase and forced kernel and name it that way (see `tuner search --help`)."
+            )
+        phase, kernel = m.groups()
+        recs = parse_bench_jsonl(Path(f).read_text())
+        # Drop the first repetition like the live benchmark does (warm-up).
+        out[(phase, kernel)] = {int(r["n_depth"]): tuple(float(x) for x in r["samples_ts"][1:]) for r in recs}
+    for phase in {p for p, _ in out}:
+        if (phase, "default") not in out:
+            raise UsageError(f"replay needs {phase}-default.jsonl (the upstream selection) as the baseline.")
+    return ReplayGrid(samples=out, files=tuple(str(f) for f in files))
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def objective(grid: ReplayGrid, config: Mapping[str, str], weights: Mapping[str, float]) -> float:
+    num = den = 0.0
+    for phase in ("pp", "tg"):
+        if (phase, "default") not in grid.samples:
+            continue
+        for d in grid.depths(phase):
+            r = _median(grid.samples[(phase, config[phase])][d]) / _median(grid.samples[(phase, "default")][d])
+            num += weights[phase] * math.log(r)
+            den += weights[phase]
+    return math.exp(num / den)
+
+
+def _configs(grid: ReplayGrid) -> list[dict[str, str]]:
+    phases = [p for p in ("pp", "tg") if (p, "default") in grid.samples]
+    return [dict(zip(phases, combo)) for combo in itertools.product(*(grid.kernels(p) for p in phases))]
+
+
+def sample_efficiency(grid: ReplayGrid, *, profile: str = "balanced", within: float = 0.02, seeds: int = 20,
+                      samplers: Sequence[str] = ("random", "tpe")) -> dict[str, Any]:
+    """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
+    import optuna
+
+    from tuner.search.study import PROFILES
+
+    weights = PROFILES[profile]
+    grid_configs = _configs(grid)
+    values = {tuple(sorted(c.items())): objective(grid, c, weights) for c in grid_configs}
+    best = max(values.values())
+    target = best * (1.0 - within)
+    phases = sorted(grid_configs[0])
+    out: dict[str, Any] = {"grid_size": len(values), "best": best, "target": target, "samplers": {}}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in samplers:
+        needed = []
+        for seed in range(seeds):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                sampler = (optuna.samplers.RandomSampler(seed=seed) if name == "random"
+                           else optuna.samplers.TPESampler(seed=seed, n_startup_trials=3))
+            study = optuna.create_study(direction="maximize", sampler=sampler)
+            dists = {p: optuna.distributions.CategoricalDistribution(grid.kernels(p)) for p in phases}
+            seen: set[tuple[tuple[str, str], ...]] = set()
+            n = 0
+            for _ in range(200):  # bounded: a sampler stuck on repeats still ends
+                t = study.ask(dists)
+                key = tuple(sorted(t.params.items()))
+                if key not in seen:  # repeated suggestions are served from the cache, not re-measured
+                    seen.add(key)
+                    n += 1
+                v = values[key]
+                study.tell(t, v)
+                if v >= target:
+                    break
+            needed.append(n)
+        out["samplers"][name] = {"median": statistics.median(needed), "mean": statistics.fmean(needed),
+                                 "max": max(needed), "runs": needed}
+    return out
+
+
+def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
+    """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
+    from tuner.search.study import PROFILES
+    from tuner.search.select import Measurement, select_winners
+
+    grid = load_grid(files)
+    log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
+    weights = PROFILES[profile]
+    rows = []
+    for c in _configs(grid):
+        rows.append([f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"])
+    rows.sort(key=lambda r: -float(r[2]))
+    log.info(log.table(["mode", "config (forced kernel per phase)", f"objective ({profile})"], rows))
+
+    results: dict[str, dict[tuple[str, int], Measurement]] = {}
+    for (phase, kernel), per_depth in grid.samples.items():
+        cfg = "baseline" if kernel == "default" else f"{phase}={kernel}"
+        for d, s in per_depth.items():
+            results.setdefault(cfg, {})[(phase, d)] = Measurement(samples=s)
+    sel = select_winners(results, "baseline", seed=seed)
+    sel_rows = []
+    for b in sel.buckets:
+        for d in b.depths:
+            p = b.per_point[d]
+            sel_rows.append([TAG, f"{b.phase} d{d}", b.config, f"{p['delta_pct']:+.1f}%", str(p["verdict"])])
+    log.info(log.table(["mode", "point", "pick", "Δ vs default", "verdict"], sel_rows))
+    eff = sample_efficiency(grid, profile=profile)
+    log.info(
+        f"{TAG}: exhaustive grid of {eff['grid_size']} configs, best objective {eff['best']:.4f}; evaluations to "
+        f"get within 2%: "
+        + "; ".join(f"{k} median {v['median']}, mean {v['mean']:.1f}, max {v['max']} over {len(v['runs'])} seeds"
+                    for k, v in eff["samplers"].items())
+    )
+    return {"selection": sel, "efficiency": eff}

@@ -1,0 +1,303 @@
+"""The ``source`` stage: get a llama.cpp tree, identify it, and describe what it can be tuned with.
+
+A SPEC names where the tree comes from:
+
+- ``pypi:llama-cpp-python==X`` -- the llama-cpp-python sdist, whose ``vendor/llama.cpp`` is the
+  tree (downloaded with pip, so pip's index configuration, proxy and cache apply);
+- ``git:URL@REF`` -- a clone of URL checked out at REF;
+- ``path:DIR`` -- a local llama.cpp checkout, used in place.
+
+Fetched trees are cached, content-addressed, under ``$TUNER_HOME/sources/<source_id>/`` (the tree
+is ``llama.cpp/``, its record ``source.json``); ``$TUNER_HOME/sources/specs/<hash>.json`` maps a
+SPEC to its source_id so fetching the same SPEC again does no work at all.
+"""
+
+from __future__ import annotations
+
+__all__ = ["fetch_source", "run_pip_download"]
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner._hash import stable_hash
+from tuner._run import run
+from tuner.errors import TunerError, UsageError
+from tuner.paths import tuner_home
+from tuner.source.spec import _PYPI_NAME, DEFAULT_SPEC, Source, SourceSpec, _require_tree, parse_spec
+from tuner.source.tree import _git, _git_head, find_commit, find_era
+
+logger = logging.getLogger(__name__)
+
+# Files whose stat signature identifies a non-git tree (everything a build reads that matters).
+_ID_PARTS = ("ggml", "src", "tools", "tests", "common", "include", "CMakeLists.txt")
+
+
+def _sources_dir() -> Path:
+    d = tuner_home() / "sources"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _index_file(spec: str) -> Path:
+    return _sources_dir() / "specs" / f"{stable_hash(spec)}.json"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _load_cached(source_id: str, spec: str) -> Source | None:
+    entry = _sources_dir() / source_id
+    try:
+        meta = json.loads((entry / "source.json").read_text())
+    except (OSError, ValueError):
+        return None
+    root = entry / "llama.cpp"
+    if not (root / "CMakeLists.txt").is_file():
+        return None
+    return Source(
+        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"),
+        era=meta["era"], cached=True, meta=meta,
+    )
+
+
+def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
+    """Get the llama.cpp tree a SPEC names, from the cache when it is there.
+
+    Args:
+        spec: ``pypi:llama-cpp-python==X`` (default :data:`DEFAULT_SPEC`), ``git:URL@REF`` or
+            ``path:DIR``.
+        refresh: Ignore the SPEC index and resolve again (for a git branch that moved). The
+            content-addressed tree is still reused when the content turns out the same.
+
+    Returns:
+        The Source; ``cached`` is True when nothing was downloaded, cloned or extracted.
+
+    Raises:
+        UsageError: a bad SPEC, a version pip cannot find, or an unsupported tree.
+        TunerError: pip or git failed for another reason (network, disk).
+    """
+    parsed = parse_spec(spec)
+    norm = parsed.normalized
+    if parsed.scheme == "path":
+        return _path_source(parsed)
+    index = _index_file(norm)
+    if not refresh and index.is_file():
+        try:
+            sid = json.loads(index.read_text())["source_id"]
+        except (OSError, ValueError, KeyError):
+            sid = None
+        hit = _load_cached(sid, norm) if sid else None
+        if hit is not None:
+            logger.info("source %s: cached as %s", norm, sid)
+            return hit
+    src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
+    _write_json(index, {"spec": norm, "source_id": src.source_id})
+    return src
+
+
+def _staging() -> Path:
+    path = Path(tempfile.mkdtemp(prefix=".tmp-", dir=_sources_dir()))
+    path.chmod(0o755)  # mkdtemp makes it 0700; the cache entry should read like any folder
+    return path
+
+
+def _commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any]) -> Source:
+    """Atomically turn a staging folder holding ``llama.cpp/`` into ``sources/<source_id>``."""
+    era = find_era(staging / "llama.cpp")
+    meta = {**meta, "spec": spec, "source_id": source_id, "era": era,
+            "fetched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    _write_json(staging / "source.json", meta)
+    final = _sources_dir() / source_id
+    try:
+        os.rename(staging, final)
+    except OSError:
+        # Someone else (another process, an earlier lost index) already has this content.
+        shutil.rmtree(staging, ignore_errors=True)
+        hit = _load_cached(source_id, spec)
+        if hit is None:
+            raise
+        return dataclasses.replace(hit, cached=False)
+    return Source(spec=spec, source_id=source_id, root=final / "llama.cpp",
+                  commit=meta.get("commit"), era=era, cached=False, meta=meta)
+
+
+def run_pip_download(version: str, dest: Path) -> Path:
+    """Download the llama-cpp-python ``version`` sdist into ``dest`` with pip; return its path.
+
+    ``--no-build-isolation`` matters: pip prepares the sdist's metadata, and with isolation it
+    would first build the backend's requirements (cmake!) from source because of
+    ``--no-binary :all:``. Without isolation it uses the scikit-build-core tuner already depends
+    on, and the whole download takes a few seconds.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "--no-build-isolation", "--disable-pip-version-check", "--progress-bar", "off",
+        "-d", str(dest), f"{_PYPI_NAME}=={version}",
+    ]
+    log_file = dest / "pip-download.log"
+    res = run(cmd, log_file=log_file, check=False, timeout=1800, what="pip download",
+              on_line=lambda s: log.progress(s.strip()) if "Downloading" in s else None)
+    text = log_file.read_text(errors="replace") if log_file.is_file() else res.output
+    if res.returncode != 0:
+        if "No matching distribution" in text or "Could not find a version" in text:
+            msg = (
+                f"pip found no sdist of {_PYPI_NAME}=={version}. Check the version against "
+                f"'{sys.executable} -m pip index versions {_PYPI_NAME}' and pin one that exists, "
+                f"e.g. {DEFAULT_SPEC!r}."
+            )
+            raise UsageError(msg)
+        last = "\n".join(text.splitlines()[-15:])
+        msg = (f"pip download of {_PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
+               f"network or pip's index configuration. Last lines:\n{last}")
+        raise TunerError(msg)
+    sdists = sorted(dest.glob("*.tar.gz"))
+    if len(sdists) != 1:
+        msg = f"pip download of {_PYPI_NAME}=={version} left {len(sdists)} .tar.gz files in {dest}, expected 1."
+        raise TunerError(msg)
+    return sdists[0]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch_pypi(parsed: SourceSpec) -> Source:
+    norm = parsed.normalized
+    staging = _staging()
+    try:
+        with log.step(f"Downloading {_PYPI_NAME}=={parsed.value} sdist (pip)"):
+            sdist = run_pip_download(parsed.value, staging / "download")
+        digest = _sha256(sdist)
+        sid = digest[:16]
+        hit = _load_cached(sid, norm)
+        if hit is not None:  # same bytes under another spec spelling / a lost index
+            return hit
+        with log.step(f"Extracting vendor/llama.cpp from {sdist.name}"):
+            changelog = _extract_vendor_tree(sdist, staging / "llama.cpp")
+        meta = {"sdist": sdist.name, "sdist_sha256": digest,
+                "commit": find_commit(staging / "llama.cpp", changelog=changelog or "")}
+        shutil.rmtree(staging / "download")
+        return _commit_entry(staging, sid, norm, meta)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _extract_vendor_tree(sdist: Path, dest: Path) -> str | None:
+    """Extract ``<top>/vendor/llama.cpp/`` of an sdist into ``dest``; return its CHANGELOG text."""
+    raw = dest.parent / "raw"
+    changelog: str | None = None
+    top: str | None = None
+    try:
+        tar = tarfile.open(sdist, "r:*")
+    except (OSError, tarfile.TarError) as err:
+        msg = f"{sdist} is not a readable sdist tarball ({err}). Delete it and fetch again."
+        raise TunerError(msg) from err
+    with tar:
+        members = []
+        count = 0
+        for m in tar:
+            parts = m.name.split("/")
+            if top is None:
+                top = parts[0]
+            if m.name.startswith("/") or ".." in parts or parts[0] != top:
+                msg = f"{sdist} has an unsafe member path {m.name!r}; refusing to extract it."
+                raise TunerError(msg)
+            if len(parts) == 2 and parts[1] == "CHANGELOG.md" and m.isfile():
+                fh = tar.extractfile(m)
+                changelog = fh.read().decode("utf-8", "replace") if fh else None
+            if parts[1:3] == ["vendor", "llama.cpp"] and len(parts) > 3:
+                if m.issym() or m.islnk():
+                    continue  # none in real sdists; links are how extraction escapes a folder
+                members.append(m)
+                count += 1
+                if count % 2000 == 0:
+                    log.progress(f"    {count} files")
+        if not members:
+            msg = f"{sdist} has no vendor/llama.cpp/ folder; it is not a llama-cpp-python sdist."
+            raise UsageError(msg)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(raw, members=members, filter="data")
+        else:  # Python < 3.11.4: paths were checked above and links skipped
+            tar.extractall(raw, members=members)  # noqa: S202
+    os.rename(raw / str(top) / "vendor" / "llama.cpp", dest)
+    shutil.rmtree(raw, ignore_errors=True)
+    return changelog
+
+
+def _fetch_git(parsed: SourceSpec) -> Source:
+    norm = parsed.normalized
+    staging = _staging()
+    tree = staging / "llama.cpp"
+    try:
+        with log.step(f"Cloning {parsed.value} at {parsed.ref}"):
+            res = run(["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
+                      check=False, timeout=3600, what="git clone")
+            if res.returncode != 0:
+                msg = (f"git clone of {parsed.value} failed (exit {res.returncode}: "
+                       f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials.")
+                raise TunerError(msg)
+            res = run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref],
+                      check=False, what="git checkout", timeout=600)
+            if res.returncode != 0:
+                msg = (f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "
+                       "Give a branch, tag or commit that exists in that repository.")
+                raise UsageError(msg)
+            commit = run(["git", "-C", str(tree), "rev-parse", "HEAD"], what="git rev-parse").output.strip()
+        sid = commit[:16]
+        hit = _load_cached(sid, norm)
+        if hit is not None:
+            return hit
+        _require_tree(tree, norm)
+        # The cache is a plain tree; the commit is recorded in source.json.
+        shutil.rmtree(tree / ".git", ignore_errors=True)
+        return _commit_entry(staging, sid, norm, {"url": parsed.value, "ref": parsed.ref, "commit": commit})
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _tree_signature(root: Path) -> list[tuple[str, int, int]]:
+    sig = []
+    for part in _ID_PARTS:
+        p = root / part
+        paths = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else []
+        for f in paths:
+            st = f.stat()
+            sig.append((f.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns))
+    return sig
+
+
+def _path_source(parsed: SourceSpec) -> Source:
+    root = Path(parsed.value)
+    head = _git_head(root)
+    if head:
+        diff = _git(root, "diff", "HEAD", "--binary") or ""
+        untracked = _git(root, "ls-files", "--others", "--exclude-standard") or ""
+        sig = [(u, (root / u).stat().st_size, (root / u).stat().st_mtime_ns)
+               for u in untracked.splitlines() if (root / u).is_file()]
+        sid = stable_hash("git", head, hashlib.sha256(diff.encode()).hexdigest(), sig)
+    else:
+        sid = stable_hash("files", _tree_signature(root))
+    return Source(spec=parsed.normalized, source_id=sid, root=root, commit=find_commit(root),
+                  era=find_era(root), cached=True, meta={"git_head": head})

@@ -1,0 +1,249 @@
+"""Roofline estimates: an upper bound on llama-bench t/s from an arch's peaks and a model's size.
+
+This is a MODEL ESTIMATE, not a measurement. Method of seeds 000/001 ("Throughput (tg) estimation:
+a practical roofline"): decode (tg) is bound by memory bandwidth over the bytes read per token
+(all matmul weights once, plus the KV cache at that depth); prefill (pp) is bound by the math peak
+over the FLOPs per token (2 per matmul weight, plus 4 * n_layers * n_heads * head_dim * depth for
+QK^T and PV). Differences from the seeds' sketch, on purpose: bytes come from the real GGUF tensor
+sizes when a file is given; the KV cache and the LM head are counted; and the seeds' worked
+example divides by 1000 tokens by mistake (200M INT8 weights per layer x 32 layers is 6.4 GB per
+token, not 6.4 MB). Measured tg usually reaches 50-80% of the bound on big models (seed 000) and
+far less on tiny ones (research/device.md: 1B Q4_K_M on H100 reached about 21%).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KV_TYPES",
+    "bytes_per_token",
+    "flops_per_token",
+    "estimate",
+    "tg_roofline_tps",
+    "ESTIMATE_LABEL",
+]
+
+import functools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.targets.archs import Arch, Product, load_arch
+from tuner.errors import UsageError, close_matches
+from tuner.targets.models import ModelShape, load_gguf_shape, load_gguf_tensors, plan_tensors
+
+ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
+
+KV_TYPES = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+"""KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
+
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+_MAX_DEPTH = 1 << 24
+
+
+def _check_depth(depth: int) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= _MAX_DEPTH:
+        raise UsageError(f"Depth must be an integer between 0 and {_MAX_DEPTH}, got {depth!r}.")
+
+
+def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, list[dict[str, Any]], str]:
+    """(shape, tensors as dicts with name/kind/ne/type/n_elements/n_bytes, where the sizes come from)."""
+    if isinstance(model, ModelShape):
+        tensors = [
+            {"name": t.name, "kind": t.kind, "ne": t.ne, "type": t.ggml_type, "n_elements": t.n_elements, "n_bytes": t.n_bytes}
+            for t in plan_tensors(model, weight_type)
+        ]
+        return model, tensors, f"shape {model.name} with {weight_type} weights (llama-quantize type rules)"
+    path = Path(model)
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    if st is None:
+        load_gguf_shape(path)  # raises the UsageError naming the missing file
+    assert st is not None
+    shape, tensors = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
+    return shape, [dict(t) for t in tensors], f"GGUF tensor sizes of {path}"
+
+
+@functools.lru_cache(maxsize=16)
+def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape, tuple[dict[str, Any], ...]]:
+    # Keyed on mtime and size so a rewritten file is read again; one header parse per estimate.
+    path = Path(path_str)
+    shape = load_gguf_shape(path)
+    tensors = []
+    for t in load_gguf_tensors(path):
+        if t.name == "token_embd.weight":
+            kind = "embd"
+        elif t.name == "output.weight":
+            kind = "output"
+        elif len(t.ne) >= 2 and t.ne[1] > 1:
+            kind = "matmul"
+        else:
+            kind = "vector"
+        tensors.append({"name": t.name, "kind": kind, "ne": t.ne, "type": t.ggml_type, "n_elements": t.n_elements, "n_bytes": t.n_bytes})
+    return shape, tuple(tensors)
+
+
+def bytes_per_token(
+    shape_or_gguf: ModelShape | str | os.PathLike[str],
+    depth: int,
+    kv_type: str = "f16",
+    *,
+    weight_type: str = "f16",
+) -> dict[str, Any]:
+    """Bytes one generated token reads at KV depth ``depth``.
+
+    Weights: every matmul weight once; the LM head once (``token_embd`` when tied, else
+    ``output.weight``); one row of ``token_embd`` for the lookup; every 1-D tensor. KV:
+    ``2 * n_layers * n_kv_heads * head_dim * depth * bytes_per_elem``.
+
+    Args:
+        shape_or_gguf: A ModelShape, or a GGUF path (real per-tensor sizes are used).
+        depth: Tokens already in the KV cache.
+        kv_type: KV-cache type (``f16``, ``q8_0``, ``q4_0``, ...).
+        weight_type: Weight type for a ModelShape (``f16``, ``q8_0``, ``q4_k_m``); ignored for a GGUF.
+
+    Returns:
+        ``weights_bytes``, ``kv_bytes``, ``total_bytes``, ``weights_source``, ``quantized``.
+
+    Raises:
+        UsageError: Bad depth, KV type or model.
+    """
+    _check_depth(depth)
+    if kv_type not in KV_TYPES:
+        raise UsageError(f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}.")
+    shape, tensors, where = _resolve(shape_or_gguf, weight_type)
+    weights = 0
+    for t in tensors:
+        if t["kind"] == "embd":
+            rows = t["ne"][1] if len(t["ne"]) > 1 else 1
+            row = t["n_bytes"] // rows
+            # Tied: the LM head matmul reads the whole matrix; the lookup reads one row either way.
+            weights += t["n_bytes"] + row if shape.tied_output else row
+        else:
+            weights += t["n_bytes"]
+    kv = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * depth * KV_TYPES[kv_type]
+    quantized = any(t["type"] not in _FLOAT_TYPES for t in tensors if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output))
+    return {
+        "weights_bytes": int(weights),
+        "kv_bytes": int(round(kv)),
+        "total_bytes": int(round(weights + kv)),
+        "weights_source": where,
+        "quantized": quantized,
+    }
+
+
+def flops_per_token(shape_or_gguf: ModelShape | str | os.PathLike[str], depth: int, *, weight_type: str = "f16") -> dict[str, Any]:
+    """FLOPs one token costs at KV depth ``depth``.
+
+    ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded);
+    ``attention_flops`` = 4 * n_layers * n_heads * head_dim * depth (QK^T and PV).
+
+    Raises:
+        UsageError: Bad depth or model.
+    """
+    _check_depth(depth)
+    shape, tensors, where = _resolve(shape_or_gguf, weight_type)
+    params = sum(
+        t["n_elements"] for t in tensors
+        if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
+    )
+    attn = 4 * shape.n_layers * shape.n_heads * shape.head_dim * depth
+    return {"matmul_flops": 2 * params, "attention_flops": attn, "total_flops": 2 * params + attn, "source": where}
+
+
+def _bandwidth(arch: Arch, product: Product, bandwidth: float | None) -> tuple[float, str]:
+    if bandwidth is not None:
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not 0 < bandwidth < 1e6:
+            raise UsageError(f"--bandwidth must be a positive number of GB/s below 1e6, got {bandwidth!r}.")
+        return float(bandwidth), "--bandwidth"
+    if product.bandwidth_gbps is None:
+        raise UsageError(
+            f"No memory bandwidth is known for {arch.name} ({product.name}). Measure it (for example "
+            "with STREAM) and pass --bandwidth GBPS."
+        )
+    return product.bandwidth_gbps, product.sources.get("bandwidth_gbps", "archs.toml")
+
+
+def _peaks(arch: Arch, product: Product, quantized: bool) -> tuple[float | None, str, float | None, str]:
+    """(matmul peak TFLOPS/TOPS, its label, attention FP16 peak, its label)."""
+    fp = product.fp16_tflops if arch.math.get("fast_fp16") else None
+    fp_label = "FP16"
+    if fp is None:  # P40 (cc 610) and the CPU run the float paths in FP32
+        fp, fp_label = product.fp32_tflops, "FP32"
+    if quantized and product.int8_tops is not None and (arch.math.get("dp4a") or any(arch.math.get(k) for k in ("int8_mma", "int8_wmma", "int8_mfma"))):
+        return product.int8_tops, "INT8 (MMQ) TOPS", fp, fp_label
+    return fp, f"{fp_label} TFLOPS", fp, fp_label
+
+
+def estimate(
+    arch: Arch | str,
+    model: ModelShape | str | os.PathLike[str],
+    depths: Sequence[int] = (0, 4096, 16384, 32768),
+    pp: int = 512,
+    tg: int = 128,
+    *,
+    weight_type: str = "f16",
+    kv_type: str = "f16",
+    bandwidth: float | None = None,
+    product: str | None = None,
+) -> list[dict[str, Any]]:
+    """Roofline bounds for llama-bench's ``pp<pp> @ d<depth>`` and ``tg<tg> @ d<depth>`` tests.
+
+    tg bound = bandwidth / bytes per token at the mean depth of the run (depth + tg/2).
+    pp bound = pp / (matmul FLOPs / matmul peak + attention FLOPs / FP16 peak), at mean depth
+    depth + pp/2; the matmul peak is INT8 for quantized weights on archs with an int8 path, else FP16.
+
+    Returns:
+        One dict per (test, depth): test, depth, bound_tps, limit (what bounds it), peak, bytes or
+        FLOPs per token, arch, product, and ``label`` saying it is an estimate.
+
+    Raises:
+        UsageError: Bad arch, model, depth, pp/tg or unknown bandwidth.
+    """
+    a = load_arch(arch) if isinstance(arch, str) else arch
+    prod = a.product(product)
+    for name, val in (("pp", pp), ("tg", tg)):
+        if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val <= 1 << 20:
+            raise UsageError(f"{name} must be an integer between 0 and 1048576, got {val!r}.")
+    bw, bw_src = _bandwidth(a, prod, bandwidth)
+    rows: list[dict[str, Any]] = []
+    for depth in depths:
+        _check_depth(depth)
+        base = {"arch": a.name, "product": prod.name, "depth": depth, "label": ESTIMATE_LABEL}
+        if pp > 0:
+            mid = depth + pp // 2
+            f = flops_per_token(model, mid, weight_type=weight_type)
+            q = bytes_per_token(model, mid, kv_type, weight_type=weight_type)["quantized"]
+            mm_peak, mm_label, fp_peak, fp_label = _peaks(a, prod, q)
+            if mm_peak is None or fp_peak is None:
+                rows.append({**base, "test": f"pp{pp}", "bound_tps": None, "limit": "compute (peak unknown for this product)", "flops_per_token": f["total_flops"]})
+            else:
+                sec = f["matmul_flops"] / (mm_peak * 1e12) + f["attention_flops"] / (fp_peak * 1e12)
+                rows.append({
+                    **base, "test": f"pp{pp}", "bound_tps": 1.0 / sec,
+                    "limit": f"compute: matmuls at {mm_peak:g} {mm_label}, attention at {fp_peak:g} {fp_label} TFLOPS",
+                    "flops_per_token": f["total_flops"],
+                })
+        if tg > 0:
+            b = bytes_per_token(model, depth + tg // 2, kv_type, weight_type=weight_type)
+            rows.append({
+                **base, "test": f"tg{tg}", "bound_tps": bw * 1e9 / b["total_bytes"],
+                "limit": f"memory: {bw:g} GB/s ({bw_src})", "bytes_per_token": b["total_bytes"],
+                "weights_bytes": b["weights_bytes"], "kv_bytes": b["kv_bytes"],
+            })
+    return rows
+
+
+def tg_roofline_tps(arch: Arch | str, model_path: str | os.PathLike[str], depth: int, bandwidth: float | None = None) -> float:
+    """Decode roofline (tokens/s) of a GGUF at KV depth ``depth``: bandwidth / bytes per token.
+
+    Used by bench rows to report "% of roofline". An estimate, not a measurement.
+
+    Raises:
+        UsageError: Unknown arch, unreadable model, or no bandwidth known and none given.
+    """
+    a = load_arch(arch) if isinstance(arch, str) else arch
+    bw, _ = _bandwidth(a, a.product(), bandwidth)
+    return bw * 1e9 / bytes_per_token(model_path, depth)["total_bytes"]
