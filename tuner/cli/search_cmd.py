@@ -92,9 +92,10 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
         run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"])  # type: ignore[arg-type]
         return
     if replay:
-        from tuner.search.replay import run_replay
+        from tuner.search.replay import replay_screen
 
-        run_replay(list(replay), profile=str(kw["profile"]), seed=int(kw["seed"]))  # type: ignore[arg-type]
+        replay_screen(list(replay), min_rounds=int(kw["min_rounds"]), max_rounds=int(kw.get("max_rounds") or 5),  # type: ignore[arg-type]
+                      ci_target=float(kw["ci_target"]))  # type: ignore[arg-type]
         return
     _run(arch, worker=False, export_dir=export_dir, **kw)
 

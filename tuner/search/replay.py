@@ -174,3 +174,87 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
                     for k, v in eff["samplers"].items())
     )
     return {"selection": sel, "efficiency": eff}
+
+
+# ------------------------------------------------------------------------------------------------
+# screen -> compose on recorded grids
+
+
+def grid_measure(grid: ReplayGrid) -> Any:
+    """A :data:`~tuner.search.screen.Measure` that serves round ``i`` from the i-th recorded sample.
+
+    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads
+    the default recording one sample later (the recordings carry no kernel log, so upstream's pick is
+    unknown and the A/A pair is upstream against its own later repetition).
+    """
+    from tuner.search.screen import AA_NAME, UPSTREAM
+
+    calls = {"n": 0}
+
+    def measure(cand: Any, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+        i = int(re.search(r"-r(\d+)-", label).group(1)) if re.search(r"-r(\d+)-", label) else 0  # type: ignore[union-attr]
+        kernel = "default" if cand.name in (UPSTREAM, AA_NAME) else cand.name
+        shift = 1 if cand.name == AA_NAME else 0
+        out: dict[int, dict[str, Any]] = {}
+        for d in depths:
+            s = grid.samples.get((phase, kernel), {}).get(d)
+            if not s:
+                out[d] = {"ts": None, "kernel": None, "why": None, "error": f"no recording of {phase}-{kernel} at depth {d}"}
+                continue
+            calls["n"] += 1
+            out[d] = {"ts": s[(i + shift) % len(s)], "kernel": None if kernel == "default" else kernel,
+                      "why": "default" if kernel == "default" else "rule", "error": ""}
+        return out
+
+    measure.calls = calls  # type: ignore[attr-defined]  # measurements served, for the efficiency line
+    return measure
+
+
+def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0) -> dict[str, Any]:
+    """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner.
+
+    The grid's winner at a depth is the kernel with the highest median over all its recorded samples
+    (``default`` = upstream). Prints, labelled REPLAY; returns per phase the decisions, the grid's
+    winners and the counts of measurements used against the exhaustive grid.
+    """
+    from tuner.search import compose as comp
+    from tuner.search.screen import candidates_for, run_phase_rounds, summarize_phase
+
+    grid = load_grid(files)
+    log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
+    measure = grid_measure(grid)
+    out: dict[str, Any] = {}
+    for phase in ("tg", "pp"):
+        if (phase, "default") not in grid.samples:
+            continue
+        kernels = [k for k in grid.kernels(phase) if k != "default"]
+        depths = grid.depths(phase)
+        n_rec = min(len(s) for (ph, _), per in grid.samples.items() if ph == phase for s in per.values())
+        recs: list[dict[str, Any]] = []
+        cands = candidates_for(phase, kernels) + ([] if not kernels else candidates_for(phase, [])[1:])
+        before = measure.calls["n"]
+        run_phase_rounds(measure, phase, cands, depths, recs, min_rounds=min_rounds, max_rounds=min(max_rounds, n_rec - 1),
+                         target_ci=ci_target, tag=TAG)
+        cells = summarize_phase(phase, recs, depths)
+        decisions = comp.compose_phase(phase, cells)
+        exhaustive = sum(len(grid.samples[(phase, k)][d]) for k in grid.kernels(phase) for d in depths)
+        rows, agree = [], 0
+        for dec in decisions:
+            meds = {k: _median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
+            best = max(meds, key=lambda k: meds[k])
+            gain = 100 * (meds[best] / meds["default"] - 1)
+            # The grid's winner counts as reproduced when the screen picked it, or kept upstream where the
+            # grid's best beats upstream by less than the screen's noise.
+            ok = (dec.winner == best) or (dec.winner is None and (best == "default" or gain <= dec.noise_pct))
+            agree += ok
+            rows.append([TAG, f"{phase}@d{dec.depth}", f"{best} ({gain:+.1f}% vs default)", dec.winner or "upstream",
+                         f"{dec.effect_pct:+.1f}%", f"±{dec.noise_pct:.1f}%", "yes" if ok else "NO"])
+        log.info(log.table(["mode", "point", "grid winner (median of all samples)", "screen pick", "Δ", "A/A noise",
+                            "reproduced"], rows))
+        used = measure.calls["n"] - before
+        log.info(f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
+                 f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid.")
+        out[phase] = {"decisions": [d.as_dict() for d in decisions], "agree": agree, "n": len(decisions),
+                      "used": used, "exhaustive": exhaustive,
+                      "rules": comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None))}
+    return out

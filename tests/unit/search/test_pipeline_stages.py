@@ -1,0 +1,173 @@
+"""Screen -> compose -> confirm decision rules, on a fake llama-bench whose truth is known."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
+from tuner.search import compose as comp
+from tuner.search import confirm as conf
+from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, run_phase_rounds, summarize_phase
+
+REPO = Path(__file__).resolve().parents[3]
+DEPTHS = [0, 4096, 8192, 16384, 32768, 65536]
+
+
+def fake(truth, *, jitter: float = 0.003, drift: float = 0.04, seed: int = 0, upstream: str = "VEC", calls=None):
+    """A llama-bench stand-in: ``truth(kernel, depth)`` t/s, slow drift shared by a round's calls
+    (which pairing cancels) and small call-to-call jitter (which it does not)."""
+    rng = random.Random(seed)
+    state = {"round": None, "drift": 1.0}
+
+    def measure(c: Candidate, phase: str, depths, label: str):
+        r = label.split("-r")[1].split("-")[0]
+        if state["round"] != r:
+            state["round"], state["drift"] = r, rng.uniform(1 - drift, 1 + drift)
+        if calls is not None:
+            calls.append((c.name, phase, tuple(depths)))
+        k = c.kernel or upstream
+        return {d: {"ts": truth(k, d) * state["drift"] * rng.gauss(1, jitter), "kernel": k,
+                    "why": "rule" if c.kernel else "default", "error": ""} for d in depths}
+
+    return measure
+
+
+def tile_wins_deep(kernel: str, d: int) -> float:
+    base = 900.0 - d / 120
+    return base * (1.09 if kernel == "TILE" and d >= 32768 else 0.85 if kernel == "MMA" else 1.0)
+
+
+def test_paired_effect_and_verdicts() -> None:
+    e = paired_effect([108, 109, 107.5], [100, 100.5, 99.8])
+    assert 1.07 < e.ratio < 1.09 and e.ci_low < e.ratio < e.ci_high and e.n == 3
+    aa = paired_effect([100.2, 99.9, 100.1], [100, 100, 100])
+    assert noise_pct(aa) < 1.0
+    assert verdict(e, noise_pct(aa)) == "faster"
+    assert verdict(paired_effect([92, 91, 93], [100, 100, 100]), 1.0) == "slower"
+    assert verdict(paired_effect([101, 99, 100.5], [100, 100, 100]), 1.0) == "no difference"
+    one = paired_effect([110], [100])
+    assert one.n == 1 and math.isnan(one.ci_low) and noise_pct(one) == math.inf
+    assert verdict(one, 0.5) == "no difference"  # one round proves nothing
+    assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
+
+
+def test_screen_rounds_rotate_and_stop_at_the_target() -> None:
+    calls: list = []
+    cands = candidates_for("tg", ["VEC", "TILE", "MMA"])
+    assert [c.name for c in cands] == [UPSTREAM, "VEC", "TILE", "MMA"]
+    assert cands[2].env["GGML_TUNER_FA_RULES"] == "decode:0-=TILE"
+    recs: list = []
+    mine = run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=8, target_ci=1.0)
+    assert 3 <= len(mine) <= 8 and recs == mine
+    assert [r["order"][0] for r in mine[:4]] == [UPSTREAM, "VEC", "TILE", "MMA"]  # rotated each round
+    assert all(ph == "tg" for _, ph, _ in calls)
+    cells = summarize_phase("tg", recs, DEPTHS)
+    assert all(c.upstream_kernel == "VEC" and c.aa == "VEC" for c in cells.values())  # the built-in A/A pair
+    if len(mine) < 8:
+        assert max(c.max_halfwidth for c in cells.values()) <= 1.0
+
+
+def test_resumed_screen_adds_rounds_instead_of_starting_over() -> None:
+    cands = candidates_for("tg", ["TILE"])
+    recs: list = []
+    run_phase_rounds(fake(tile_wins_deep), "tg", cands, DEPTHS, recs, min_rounds=2, max_rounds=2, target_ci=1.0)
+    calls: list = []
+    run_phase_rounds(fake(tile_wins_deep, calls=calls, seed=1), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=3, target_ci=1.0)
+    assert len(recs) == 3 and len(calls) == 2  # one more round of two candidates
+
+
+def test_compose_rules_only_where_a_kernel_beats_the_aa_noise() -> None:
+    recs: list = []
+    run_phase_rounds(fake(tile_wins_deep), "tg", candidates_for("tg", ["VEC", "TILE", "MMA"]), DEPTHS, recs,
+                     min_rounds=5, max_rounds=5, target_ci=0.1)
+    dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
+    assert [d.winner for d in dec] == [None, None, None, None, "TILE", "TILE"]
+    rules = comp.rules_from(dec, comp.Shape(D=64, gqa=4, kv="f16"))
+    assert rules == ["decode/D64/gqa4/kvf16:32768-=TILE"]
+    assert comp.bisect_depths(dec, DEPTHS) == [24576]  # halfway between the last upstream depth and the first TILE one
+
+
+def test_nothing_to_claim_when_upstream_is_already_fastest() -> None:
+    recs: list = []
+    same = lambda k, d: (900.0 - d / 120) * (1.0 if k in ("VEC", "TILE") else 0.8)  # noqa: E731
+    run_phase_rounds(fake(same, seed=3), "tg", candidates_for("tg", ["VEC", "TILE", "MMA"]), DEPTHS, recs,
+                     min_rounds=4, max_rounds=4, target_ci=0.1)
+    dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
+    assert all(d.winner is None for d in dec)
+    assert comp.rules_from(dec, comp.Shape(D=64, gqa=4)) == []
+
+
+def test_a_forced_kernel_that_fell_back_is_not_a_candidate() -> None:
+    def measure(c: Candidate, phase: str, depths, label: str):
+        k = c.kernel or "VEC"
+        why = "fallback" if c.kernel == "MMA" else ("rule" if c.kernel else "default")
+        return {d: {"ts": 100.0 * (1.5 if c.kernel == "MMA" else 1.0), "kernel": "VEC" if why == "fallback" else k,
+                    "why": why, "error": ""} for d in depths}
+
+    recs: list = []
+    run_phase_rounds(measure, "tg", candidates_for("tg", ["VEC", "MMA"]), [0], recs, min_rounds=3, max_rounds=3)
+    cell = summarize_phase("tg", recs, [0])[0]
+    assert cell.fallback == ("MMA",) and "MMA" not in cell.effects
+
+
+def test_phases_are_independent_a_failing_prefill_never_stops_decode() -> None:
+    def measure(c: Candidate, phase: str, depths, label: str):
+        if phase == "pp":
+            return {d: {"ts": None, "kernel": None, "why": None, "error": "llama-bench crashed"} for d in depths}
+        return fake(tile_wins_deep)(c, phase, depths, label)
+
+    recs: list = []
+    pp = run_phase_rounds(measure, "pp", candidates_for("pp", ["TILE", "MMA"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
+    tg = run_phase_rounds(measure, "tg", candidates_for("tg", ["TILE"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
+    assert len(pp) == 3 and all(r["errors"] for r in pp)  # failures are data, recorded per round
+    assert len(tg) == 3 and not any(r["errors"] for r in tg)
+    assert summarize_phase("pp", recs, DEPTHS)[0].effects["TILE"].n == 0
+
+
+def test_cpu_screen_has_an_explicit_aa_twin() -> None:
+    cands = candidates_for("tg", [])
+    assert [c.name for c in cands] == [UPSTREAM, AA_NAME]
+    recs: list = []
+    run_phase_rounds(fake(lambda k, d: 50.0, upstream="CPU"), "tg", cands, [0, 1024], recs, min_rounds=3, max_rounds=3)
+    cell = summarize_phase("tg", recs, [0, 1024])[0]
+    assert cell.aa == AA_NAME and math.isfinite(cell.noise_pct)
+
+
+def test_confirm_keeps_only_what_confirms() -> None:
+    rows = [
+        {"phase": "tg", "depth": 16384, "verdict": "no difference"},
+        {"phase": "tg", "depth": 32768, "verdict": "faster"},
+        {"phase": "tg", "depth": 49152, "verdict": "faster"},
+        {"phase": "pp", "depth": 0, "verdict": "slower"},
+        {"phase": "pp", "depth": 4096, "verdict": "no difference"},
+    ]
+    j = conf.judge(["decode/D64:32768-=TILE", "prefill:0-4096=TILE", "decode:0-20000=MMA"], rows, process_changed=False)
+    assert j["kept"] == ["decode/D64:32768-=TILE"]
+    assert "slower" in j["dropped"]["prefill:0-4096=TILE"] and "at any depth" in j["dropped"]["decode:0-20000=MMA"]
+    assert j["process_ok"]
+    assert not conf.judge([], rows, process_changed=True)["process_ok"]
+    assert conf.extra_depths(DEPTHS) == [12288, 49152]
+    assert conf.extra_depths([0, 1024, 4096]) == []
+
+
+def test_replay_reproduces_the_recorded_grid_winners() -> None:
+    from tuner.search.replay import replay_screen
+
+    files = sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))
+    out = replay_screen(files, min_rounds=3, max_rounds=4)
+    assert out["tg"]["agree"] == out["tg"]["n"] == 4
+    assert out["pp"]["agree"] == out["pp"]["n"]
+    assert out["tg"]["used"] > 0 and out["tg"]["exhaustive"] > 0
+
+
+@pytest.mark.parametrize("bad", ["decode:0-=VEC,prefill:zz-=MMA", "decode:0-=WMMA"])
+def test_bad_rules_text_is_refused(bad: str) -> None:
+    from tuner.errors import UsageError
+    from tuner.plan.space import parse_fa_rules
+
+    with pytest.raises(UsageError):
+        parse_fa_rules(bad)
