@@ -49,7 +49,7 @@ _TILE_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K")
 _MMA_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K2", "nbatch_V2", "nbatch_combine", "nstages_target", "Q_in_reg")
 _WMMA_FIELDS = ("nwarps", "min_blocks", "kq_stride")
 _BENCH_FLAGS = ("-ub", "-b", "-t", "-fa", "-ctk", "-ctv", "-ngl", "-nkvo", "-sm", "-mg")
-_COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help")
+_COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help", "phases")
 _KIND_KEYS: dict[str, tuple[str, ...]] = {
     "tile_row": ("table", "dkq", "dv", "ncols", "field"),
     "mma_row": ("table", "dkq", "dv", "ncols", "ncols2", "field"),
@@ -182,6 +182,11 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
         if key not in allowed_keys:
             raise _err(path, where, f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}.")
     meta = {k: raw[k] for k in _KIND_KEYS[kind] if k in raw}
+    if "phases" in raw:  # the phases a knob can affect: the tune stage measures it only there
+        ph = raw["phases"]
+        if not isinstance(ph, list) or not ph or not set(ph) <= {"pp", "tg"} or len(set(ph)) != len(ph):
+            raise _err(path, where, f"phases {ph!r} must be a non-empty list drawn from \"pp\" and \"tg\".")
+        meta["phases"] = tuple(ph)
     for k in _KIND_KEYS[kind]:
         if k not in raw and k not in _OPTIONAL_KIND_KEYS:
             raise _err(path, where, f"kind {kind} needs key {k!r}.")
