@@ -5,7 +5,6 @@ from __future__ import annotations
 __all__ = ["bench", "check", "compare", "report"]
 
 import datetime as _dt
-import math
 from pathlib import Path
 
 import click
@@ -106,27 +105,46 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--min-effect", type=click.FloatRange(0, 100), default=0.0, show_default=True,
               help="A change must exceed this many percent to count.")
+<<<<<<< HEAD
 def compare(a: Path, b: Path, confidence: float, min_effect: float) -> None:
     """Compare bench results B against A per (test, depth): Δ%, CI and verdict."""
     from tuner.measure.bench import load_results
     from tuner.result.report import MARKS
     from tuner.measure.stats import compare_frames
+=======
+@click.option("--aa", "aa_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A second run of A (same build, same settings): its difference to A is the A/A noise; "
+                   "a change within it is not called faster/slower.")
+@click.option("--format", "fmt", type=click.Choice(["md", "csv", "json"]), default="md", show_default=True,
+              help="md: compare-llama-bench.py-shaped table; csv/json: the same rows as records.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the speedup-vs-depth plot (PNG) here.")
+def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_file: Path | None, fmt: str,
+            plot_path: Path | None) -> None:
+    """Compare bench results B against A per test: t/s, speedup, its CI and a verdict.
+
+    The table has the shape of llama.cpp's scripts/compare-llama-bench.py (tests named
+    pp512@d4096, `Model | Test | t/s A | t/s B | Speedup`) with the CI in its own column.
+    """
+    from tuner.measure.bench import load_results
+    from tuner.result.report import compare_points, format_compare, plot_speedup
+>>>>>>> reports
 
     da, db = load_results(a), load_results(b)
-    res = compare_frames(da, db, confidence=confidence, min_effect_pct=min_effect)
-
-    def f(x: float, spec: str) -> str:
-        return format(x, spec) if isinstance(x, float) and math.isfinite(x) else "-"
-
-    rows = [[r["test"], int(r["depth"]), f(r["median_a"], ".2f"), f(r["median_b"], ".2f"),
-             f(r["delta_pct"], "+.2f"), f"[{f(r['ci_low'], '+.1f')}, {f(r['ci_high'], '+.1f')}]",
-             f(r["p_value"], ".3g"), f"{r['n_a']}/{r['n_b']}",
-             f"{MARKS.get(r['verdict'], '')} {r['verdict']}".strip()]
-            for _, r in res.iterrows()]
+    daa = load_results(aa_file) if aa_file is not None else None
+    points = compare_points(da, db, df_aa=daa, confidence=confidence, min_effect_pct=min_effect)
     la = str(da["label"].iloc[0]) if len(da) else a.stem
     lb = str(db["label"].iloc[0]) if len(db) else b.stem
-    click.echo(log.table(["test", "depth", f"{la} t/s", f"{lb} t/s", "Δ%", f"{confidence:.0%} CI of Δ%",
-                          "p (MWU)", "n a/b", "verdict"], rows))
+    if la == lb:
+        la, lb = a.stem, b.stem
+    model = ""
+    if len(da) and "model_filename" in da and da["model_filename"].notna().any():
+        model = Path(str(da["model_filename"].dropna().iloc[0])).stem
+    text = format_compare(points, fmt, name_a=la, name_b=lb, model=model)
+    click.echo(text.rstrip("\n"))
+    if plot_path is not None:
+        png = plot_speedup(points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else ""))
+        log.info(f"wrote {png}")
 
 
 @click.command()

@@ -6,14 +6,34 @@ per variant and a Δ% column per non-baseline variant, so they paste into a pull
 t/s cell is ``median ± CI`` with the sample count; each Δ% carries a significance mark from
 :func:`tuner.measure.stats.compare` (✓ faster, ✗ slower, ~ no difference at the chosen confidence).
 Roofline percentages are model estimates (tuner.targets.roofline) and are labelled as such.
+
+:func:`compare_table` renders two variants exactly in ``compare-llama-bench.py``'s shape (``Model |
+Test | t/s A | t/s B | Speedup``, tests named ``pp512@d4096``) with the CI, the A/A noise and the
+verdict in extra columns; :func:`plot_speedup` draws the speedup per depth with its CI band and the
+kernel chosen per depth interval. :func:`dashboard_command` and :func:`importances_section` connect
+a study to Optuna's own tools.
 """
 
 from __future__ import annotations
 
-__all__ = ["MARKS", "plot_depth", "render_report"]
+__all__ = [
+    "COMPARE_FIELDS",
+    "MARKS",
+    "compare_points",
+    "compare_records",
+    "compare_table",
+    "dashboard_command",
+    "format_compare",
+    "importances_section",
+    "plot_depth",
+    "plot_speedup",
+    "render_report",
+    "bench_test_name",
+]
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -200,3 +220,467 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
     return png_path
+
+
+# ---------------------------------------------------------------------------------------------
+# compare-llama-bench.py-shaped tables
+# ---------------------------------------------------------------------------------------------
+
+COMPARE_FIELDS: tuple[str, ...] = (
+    "model", "test", "phase", "depth", "name_a", "name_b", "ts_a", "ts_b", "speedup", "ci_low",
+    "ci_high", "aa_noise_pct", "verdict", "upstream_kernel", "kernel",
+)
+"""Fields of one row in the CSV and JSON forms of :func:`compare_table` (same fields in both)."""
+
+_VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
+                  "within noise": "within A/A noise", "missing": "missing"}
+
+
+def bench_test_name(test: str, depth: int) -> str:
+    """``compare-llama-bench.py``'s test name: ``pp512``, ``tg128@d32768`` (no ``@d0``)."""
+    depth = int(depth)
+    return str(test) if depth == 0 else f"{test}@d{depth}"
+
+
+
+
+def _opt_num(x: Any) -> float | None:
+    v = _num(x)
+    return v if math.isfinite(v) else None
+
+
+def _phase_of(p: Mapping[str, Any]) -> str:
+    ph = str(p.get("phase") or str(p.get("test", ""))[:2])
+    return ph
+
+
+def _sorted_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
+    def key(p: Mapping[str, Any]) -> tuple[int, int, str, int]:
+        test = str(p.get("test", ""))
+        m = re.match(r"^(pp|tg)(\d+)$", test)
+        n = int(m.group(2)) if m else 0
+        return (0 if _phase_of(p) == "pp" else 1, n, test, int(p.get("depth", 0)))
+
+    return sorted(points, key=key)
+
+
+def compare_records(
+    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+) -> list[dict[str, Any]]:
+    """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
+
+    Numbers keep their full precision (None where missing); ``speedup``, ``ci_low`` and
+    ``ci_high`` are ratios B/A, ``aa_noise_pct`` is in percent.
+    """
+    out = []
+    for p in _sorted_points(points):
+        out.append({
+            "model": model,
+            "test": bench_test_name(str(p["test"]), int(p["depth"])),
+            "phase": _phase_of(p),
+            "depth": int(p["depth"]),
+            "name_a": name_a,
+            "name_b": name_b,
+            "ts_a": _opt_num(p.get("base_ts")),
+            "ts_b": _opt_num(p.get("tuned_ts")),
+            "speedup": _opt_num(p.get("speedup")),
+            "ci_low": _opt_num(p.get("ci_low")),
+            "ci_high": _opt_num(p.get("ci_high")),
+            "aa_noise_pct": _opt_num(p.get("aa_noise_pct")),
+            "verdict": str(p.get("verdict") or ""),
+            "upstream_kernel": p.get("upstream_kernel") or None,
+            "kernel": p.get("kernel") or None,
+        })
+    return out
+
+
+def _f2(x: float | None) -> str:
+    # tabulate(floatfmt=".2f") as compare-llama-bench.py prints it.
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
+    """A GitHub pipe table laid out like tabulate's ``pipe`` format (compare-llama-bench.py's default)."""
+    cells = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
+
+    rule = "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1))
+                          for w, rt in zip(widths, right)) + "|"
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+
+
+def compare_table(
+    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+) -> str:
+    """A Markdown table in the shape of llama.cpp's ``scripts/compare-llama-bench.py``.
+
+    One row per test named like that script does (``pp512``, ``pp512@d4096``, ``tg128@d32768``),
+    columns ``Model | Test | t/s <name_a> | t/s <name_b> | Speedup`` with t/s and the speedup
+    (B/A ratio) at two decimals, then the 95% CI of the speedup in its own column
+    (``Speedup 95% CI``), and ``A/A noise`` / ``Verdict`` columns when any point carries them.
+    Where a point's ``kernel`` differs from its ``upstream_kernel`` a ``Kernel`` column says
+    ``upstream → chosen``.
+
+    Args:
+        points: Dicts with ``phase, depth, test, base_ts, tuned_ts, speedup, ci_low, ci_high``
+            (ratios), ``aa_noise_pct`` (percent or None), ``verdict``, ``upstream_kernel``,
+            ``kernel``.
+        name_a: Reference side (the script's baseline commit name).
+        name_b: Candidate side.
+        model: Text of the Model column (the script prints llama-bench's ``model_type``).
+
+    Returns:
+        Markdown (GitHub pipe table, numeric columns right-aligned as tabulate does).
+    """
+    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
+    show_noise = any(r["aa_noise_pct"] is not None for r in recs)
+    show_verdict = any(r["verdict"] for r in recs)
+    show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
+    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup", "Speedup 95% CI"]
+    right = [False, False, True, True, True, True]
+    if show_noise:
+        headers.append("A/A noise")
+        right.append(True)
+    if show_verdict:
+        headers.append("Verdict")
+        right.append(False)
+    if show_kernel:
+        headers.append("Kernel")
+        right.append(False)
+    rows = []
+    for r in recs:
+        ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
+        row = [r["model"], r["test"], _f2(r["ts_a"]), _f2(r["ts_b"]), _f2(r["speedup"]), ci]
+        if show_noise:
+            row.append("-" if r["aa_noise_pct"] is None else f"±{r['aa_noise_pct']:.1f}%")
+        if show_verdict:
+            v = r["verdict"]
+            mark = MARKS.get(v, "")
+            row.append(f"{mark} {_VERDICT_WORDS.get(v, v)}".strip())
+        if show_kernel:
+            k, u = r["kernel"], r["upstream_kernel"]
+            row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
+        rows.append(row)
+    return _pipe_table(headers, rows, right)
+
+
+def format_compare(
+    points: Sequence[Mapping[str, Any]], fmt: str = "md", *, name_a: str = "upstream", name_b: str = "tuned",
+    model: str = "",
+) -> str:
+    """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
+    if fmt == "md":
+        return compare_table(points, name_a=name_a, name_b=name_b, model=model)
+    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
+    if fmt == "json":
+        import json
+
+        return json.dumps(recs, indent=1, ensure_ascii=False)
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
+        w.writeheader()
+        for r in recs:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        return buf.getvalue()
+    raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
+
+
+def compare_points(
+    df_a: pd.DataFrame,
+    df_b: pd.DataFrame,
+    *,
+    df_aa: pd.DataFrame | None = None,
+    confidence: float = 0.95,
+    min_effect_pct: float = 0.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames.
+
+    ``df_aa`` is an optional second run of the A side (an A/A pair): its run-to-run difference
+    |median(A')/median(A) - 1| per point becomes ``aa_noise_pct``, and a change whose CI does not
+    clear ±that noise gets the verdict ``within noise`` instead of faster/slower.
+    """
+    from tuner.measure.stats import compare_frames
+
+    res = compare_frames(df_a, df_b, confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
+    noise: dict[tuple[str, int], float] = {}
+    if df_aa is not None:
+        aa = compare_frames(df_a, df_aa, confidence=confidence, seed=seed)
+        for _, r in aa.iterrows():
+            d = _num(r["delta_pct"])
+            if math.isfinite(d):
+                noise[(str(r["test"]), int(r["depth"]))] = abs(d)
+    pts = []
+    for _, r in res.iterrows():
+        key = (str(r["test"]), int(r["depth"]))
+        a, b = _num(r["median_a"]), _num(r["median_b"])
+        lo, hi = _num(r["ci_low"]), _num(r["ci_high"])
+        verdict = str(r["verdict"])
+        nz = noise.get(key)
+        if nz is not None and verdict in ("faster", "slower") and lo <= nz and hi >= -nz:
+            verdict = "within noise"
+        pts.append({
+            "phase": str(r["phase"]), "depth": key[1], "test": key[0], "base_ts": a, "tuned_ts": b,
+            "speedup": b / a if a > 0 else math.nan,
+            "ci_low": 1 + lo / 100, "ci_high": 1 + hi / 100,
+            "aa_noise_pct": nz, "verdict": verdict, "upstream_kernel": None, "kernel": None,
+        })
+    return pts
+
+
+# ---------------------------------------------------------------------------------------------
+# Speedup plot
+# ---------------------------------------------------------------------------------------------
+
+_PHASE_TITLES = {"pp": "Prefill", "tg": "Decode"}
+_PHASE_COLORS = {"pp": "tab:blue", "tg": "tab:orange"}
+_KERNEL_COLORS = ("#d9c2f0", "#c6e5c0", "#f7d9b5", "#bfd9f2", "#f2c4c4", "#e8e8b0")
+
+
+def _depth_label(d: int) -> str:
+    if d == 0:
+        return "0"
+    return f"{d // 1024}k" if d % 1024 == 0 else str(d)
+
+
+def plot_speedup(
+    points: Sequence[Mapping[str, Any]],
+    png_path: Path,
+    *,
+    title: str = "",
+    name_a: str = "upstream",
+    name_b: str = "tuned",
+) -> Path:
+    """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
+
+    One column per phase (pp, tg). Top row: ``(speedup - 1)`` in percent with the 95% CI as a
+    shaded band, a zero line, the A/A noise (``aa_noise_pct``) as a grey band around 0, and a
+    labelled background span over each run of depths whose ``kernel`` differs from
+    ``upstream_kernel``; filled markers are points whose verdict is faster/slower. Bottom row:
+    absolute t/s of both sides. Depths are evenly spaced categories (0..65536 would crowd a
+    linear axis; a log axis cannot show 0). Uses matplotlib's Agg backend.
+
+    Returns:
+        ``png_path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    pts = [p for p in points if math.isfinite(_num(p.get("depth")))]
+    if not pts:
+        raise UsageError("No points to plot.")
+    phases = [ph for ph in ("pp", "tg") if any(_phase_of(p) == ph for p in pts)]
+    phases += sorted({_phase_of(p) for p in pts} - set(phases))
+    depths = sorted({int(p["depth"]) for p in pts})
+    xpos = {d: i for i, d in enumerate(depths)}
+    kernels = sorted({str(p["kernel"]) for p in pts
+                      if p.get("kernel") and p.get("kernel") != p.get("upstream_kernel")})
+    kcolor = {k: _KERNEL_COLORS[i % len(_KERNEL_COLORS)] for i, k in enumerate(kernels)}
+
+    ncol = len(phases)
+    fig, axes = plt.subplots(2, ncol, figsize=(6.2 * ncol, 7.4), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2]}, sharex=True)
+    for c, phase in enumerate(phases):
+        ax, ax2 = axes[0][c], axes[1][c]
+        sub = sorted((p for p in pts if _phase_of(p) == phase), key=lambda p: int(p["depth"]))
+        color = _PHASE_COLORS.get(phase, "tab:green")
+        x = [xpos[int(p["depth"])] for p in sub]
+        sp = [100 * (_num(p.get("speedup")) - 1) for p in sub]
+        lo = [100 * (_num(p.get("ci_low")) - 1) for p in sub]
+        hi = [100 * (_num(p.get("ci_high")) - 1) for p in sub]
+        tests = sorted({str(p["test"]) for p in sub})
+        ups = sorted({str(p["upstream_kernel"]) for p in sub if p.get("upstream_kernel")})
+
+        # kernel spans: consecutive depths with the same non-upstream kernel
+        has_span = False
+        i = 0
+        while i < len(sub):
+            k = sub[i].get("kernel")
+            if not k or k == sub[i].get("upstream_kernel"):
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(sub) and sub[j + 1].get("kernel") == k and sub[j + 1].get("kernel") != sub[j + 1].get(
+                    "upstream_kernel") and xpos[int(sub[j + 1]["depth"])] == xpos[int(sub[j]["depth"])] + 1:
+                j += 1
+            x0, x1 = xpos[int(sub[i]["depth"])] - 0.5, xpos[int(sub[j]["depth"])] + 0.5
+            for a in (ax, ax2):
+                a.axvspan(x0, x1, color=kcolor[str(k)], alpha=0.55, lw=0, zorder=0)
+            has_span = True
+            up = sub[i].get("upstream_kernel")
+            ax.text((x0 + x1) / 2, 0.97, f"{k}" + (f"\n(upstream {up})" if up else ""),
+                    transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9,
+                    fontweight="bold", color="#333333")
+            i = j + 1
+
+        noise = [_num(p.get("aa_noise_pct")) for p in sub]
+        nz = [n if math.isfinite(n) else 0.0 for n in noise]
+        if any(math.isfinite(n) for n in noise):
+            ax.fill_between(x, [-n for n in nz], nz, color="0.45", alpha=0.3, lw=0, zorder=1)
+        ax.axhline(0, color="black", lw=0.9, zorder=2)
+        # y range: the speedups and the noise band decide; a CI far beyond them is clipped and its
+        # end written at the edge, so one wide interval does not flatten the others.
+        core = [v for v in sp + nz + [-n for n in nz] if math.isfinite(v)] or [0.0]
+        pad = max(max(core) - min(core), 4.0)
+        cap_lo, cap_hi = min(core) - pad, max(core) + pad
+        fin_lo = [v for v in lo if math.isfinite(v)]
+        fin_hi = [v for v in hi if math.isfinite(v)]
+        y0 = max(min(fin_lo + [min(core)]), cap_lo)
+        y1 = min(max(fin_hi + [max(core)]), cap_hi)
+        margin = 0.08 * (y1 - y0)
+        y0, y1 = y0 - margin, y1 + margin
+        ok = [all(math.isfinite(v) for v in t) for t in zip(lo, hi)]
+        if any(ok):
+            ax.fill_between([xx for xx, o in zip(x, ok) if o], [max(v, y0) for v, o in zip(lo, ok) if o],
+                            [min(v, y1) for v, o in zip(hi, ok) if o], color=color, alpha=0.22, lw=0, zorder=2)
+        for xx, a, b in zip(x, lo, hi):
+            if math.isfinite(b) and b > y1:
+                ax.annotate(f"CI to {b:+.0f}% ↑", (xx, y1), textcoords="offset points", xytext=(4, -11),
+                            fontsize=7.5, color=color, ha="left")
+            if math.isfinite(a) and a < y0:
+                ax.annotate(f"CI to {a:+.0f}% ↓", (xx, y0), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7.5, color=color, ha="left")
+        ax.plot(x, sp, color=color, lw=1.8, zorder=3)
+        sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
+        ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color,
+                   s=42, zorder=4)
+        ax.scatter([xx for xx, s in zip(x, sig) if not s], [v for v, s in zip(sp, sig) if not s],
+                   facecolor="white", edgecolor=color, s=42, lw=1.6, zorder=4)
+        for xx, v in zip(x, sp):
+            if math.isfinite(v):
+                ax.annotate(f"{v:+.1f}%", (xx, v), textcoords="offset points", xytext=(0, 8), fontsize=8,
+                            color=color, ha="center", fontweight="bold",
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
+        head = f"{_PHASE_TITLES.get(phase, phase)} ({', '.join(tests)})"
+        if ups:
+            head += f" — upstream kernel {'/'.join(ups)}"
+        ax.set_title(head, fontsize=10.5)
+        ax.set_ylabel(f"speedup of {name_b} vs {name_a} (%)")
+        ax.grid(True, axis="y", alpha=0.3)
+        if has_span:  # room for the kernel labels above the data
+            y1 += 0.2 * (y1 - y0)
+        ax.set_ylim(y0, y1)
+
+        ya = [_num(p.get("base_ts")) for p in sub]
+        yb = [_num(p.get("tuned_ts")) for p in sub]
+        ax2.plot(x, ya, marker="s", color="0.35", lw=1.4, label=name_a)
+        ax2.plot(x, yb, marker="o", color=color, lw=1.6, label=name_b)
+        ax2.set_ylabel("tokens/s")
+        ax2.set_xlabel("context depth (tokens)")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=8)
+        ax2.set_ylim(bottom=0)
+        ax2.set_xticks(range(len(depths)), [_depth_label(d) for d in depths])
+        ax2.set_xlim(-0.5, len(depths) - 0.5)
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Patch(color="0.45", alpha=0.3, label="A/A noise (±, run-to-run)"),
+        Patch(color="0.6", alpha=0.35, label="95% CI of the speedup"),
+        Line2D([], [], color="0.3", marker="o", ls="", label="faster/slower (significant)"),
+        Line2D([], [], color="0.3", marker="o", mfc="white", ls="", label="no clear difference"),
+    ]
+    if not any(math.isfinite(_num(p.get("aa_noise_pct"))) for p in pts):
+        handles = handles[1:]
+    handles += [Patch(color=kcolor[k], alpha=0.55, label=f"depths where {k} is chosen") for k in kernels]
+    top = 0.925 if title else 0.95
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 3 if ncol == 1 else 6),
+               fontsize=8.5, frameon=False, bbox_to_anchor=(0.5, top + 0.02))
+    if title:
+        fig.suptitle(title, fontsize=11.5, y=0.985)
+    fig.tight_layout(rect=(0, 0, 1, top - (0.04 if ncol == 1 and len(handles) > 3 else 0.0)))
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+# ---------------------------------------------------------------------------------------------
+# Optuna's ecosystem
+# ---------------------------------------------------------------------------------------------
+
+
+def dashboard_command(storage_url: str) -> str:
+    """The shell command that opens a study's storage in optuna-dashboard.
+
+    ``optuna-dashboard <storage>``, shell-quoted. A relative SQLite path is made absolute so the
+    command works from any directory. A password in the URL is left out of the printed command
+    (it would land in logs); PostgreSQL then takes it from ``PGPASSWORD`` or ``~/.pgpass``.
+    """
+    import shlex
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = str(storage_url)
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:" and not path.startswith("/"):
+            url = "sqlite:///" + str(Path(path).resolve())
+    else:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port:
+                host += f":{parts.port}"
+            user = parts.username or ""
+            url = urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
+    return f"optuna-dashboard {shlex.quote(url)}"
+
+
+def importances_section(study: Any, params: Sequence[str] | None = None, *, min_trials: int = 4) -> str:
+    """Optuna's parameter importances as a Markdown table, or one line saying why not.
+
+    Uses ``optuna.importance.get_param_importances`` with Optuna's default evaluator (PED-ANOVA;
+    fANOVA would need scikit-learn), importances normalized to sum to 1, most important first.
+
+    Needs at least ``min_trials`` COMPLETE trials and a parameter (of ``params``, default all)
+    that took at least 2 distinct values among them.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(study.directions) != 1:
+        return "Parameter importances: not computed (multi-objective study)."
+    if len(done) < min_trials:
+        return (f"Parameter importances: not computed ({len(done)} complete trial"
+                f"{'' if len(done) == 1 else 's'}; need at least {min_trials}).")
+    names = list(params) if params is not None else sorted({k for t in done for k in t.params})
+    varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
+    if not varied:
+        return (f"Parameter importances: not computed (no parameter took 2 or more values over the "
+                f"{len(done)} complete trials).")
+    # Optuna's default evaluator (PED-ANOVA since Optuna 4; fANOVA would need scikit-learn).
+    ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
+    evaluator = ev_cls() if ev_cls is not None else None
+    ev_name = "PED-ANOVA" if ev_cls is not None else "default evaluator"
+    import warnings
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            imp = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied)
+    except (ValueError, RuntimeError) as e:  # e.g. no parameter common to the complete trials
+        return f"Parameter importances: not computed ({str(e).splitlines()[0]})."
+    if not imp:
+        return "Parameter importances: not computed (no parameter shared by the complete trials)."
+    rows = [[name, f"{val:.3f}", "█" * max(0, round(val * 20))] for name, val in imp.items()]
+    notes = sorted({str(w.message).splitlines()[0] for w in caught
+                    if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)})
+    return "\n".join([
+        f"Parameter importances (Optuna {ev_name} over {len(done)} complete trials; normalized to sum "
+        "to 1; how much each parameter matters for reaching the best trials):",
+        "",
+        log.table(["parameter", "importance", ""], rows),
+    ] + ([""] + [f"Optuna warned: {n}" for n in notes] if notes else []))
