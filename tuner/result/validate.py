@@ -3,7 +3,8 @@
 Static checks (always): the schema of ``config.toml``; the pinned source still resolves to the same
 content id; re-rendering from ``config.toml`` reproduces ``tuned.patch`` byte for byte and the recorded
 hashes; the patch applies to the pristine tree (``git apply --check``); every compile-time value passes
-the arch's constraint check. Optional: ``--compile`` compiles the translation units the patch touches
+the arch's constraint check; where the folder holds ``upstream.patch``, it applies to the pristine tree
+and has no whitespace-only hunks. Optional: ``--compile`` compiles the translation units the patch touches
 for the target (nvcc for NVIDIA, the HIP compile-check toolchain for AMD); ``--bench`` re-measures on
 matching hardware and fails when a bucket the winner claims is no longer faster beyond noise.
 """
@@ -151,6 +152,9 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     violations = check_constraints(arch, source.era, dict(choice["compile"]))
     f.append(Finding(check="constraints", ok=not violations, detail="; ".join(map(str, violations))))
 
+    if (folder / "upstream.patch").is_file():
+        f += _upstream_patch_checks(folder / "upstream.patch", source.root)
+
     try:
         rv = render_variant(
             source,
@@ -214,6 +218,23 @@ def _git_apply_check(patch_file: Path, root: Path) -> Any:
                 shutil.copy2(src, Path(tmp) / rel)
         return run(["git", "apply", "--check", "--verbose", str(patch_file.resolve())], cwd=Path(tmp),
                    check=False, what="git apply --check")
+
+
+def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
+    """``upstream.patch`` (the pull-request form of the rules): applies to the pristine tree, no whitespace noise."""
+    from tuner.upstream_patch import whitespace_only_hunks
+
+    text = patch_file.read_text()
+    res = _git_apply_check(patch_file, root) if text.strip() else None
+    applies = res is not None and res.returncode == 0
+    why = "empty patch" if res is None else (res.output.strip().splitlines() or [""])[-1]
+    ws = whitespace_only_hunks(text)
+    return [
+        Finding(check="upstream.patch applies", ok=applies,
+                detail="" if applies else f"git apply --check of {patch_file.name} against the pristine tree: {why}"),
+        Finding(check="upstream.patch whitespace", ok=not ws,
+                detail="" if not ws else f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}"),
+    ]
 
 
 def _compile_check(rv: Any) -> Finding:

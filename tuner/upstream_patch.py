@@ -1,0 +1,502 @@
+"""An upstream-ready export: the confirmed FA selection rules as a small change to llama.cpp itself.
+
+``tuned.patch`` carries the whole tuner hook (rule tables, env parsing, baked constants); it reproduces
+the tuned build but is not what a llama.cpp maintainer would merge. This module writes the other
+form (issue 16, item 1): ``upstream.patch``, a minimal unified diff against the *pristine* tree that
+adds the rules as plain conditions to upstream's own ``ggml_cuda_get_best_fattn_kernel`` in
+``ggml/src/ggml-cuda/fattn.cu``, and ``PR.md``, a pull-request body with a compare-llama-bench-shaped
+table. It is pure: text in, text out; the caller (export) reads the tree and writes the files.
+
+Choices, and why (see also ``../shared/research/knobs.md`` section 2.1 for the function's structure):
+
+* **Which GPUs a rule applies to.** A rule is keyed to the exact compute capability it was measured
+  on: ``cc == GGML_CUDA_CC_HOPPER`` for sm_90. ggml's ``cc`` is ``100*major + 10*minor`` of the
+  device, so an sm_90 part (H100, H200, GH200; sm_90a too) is exactly 900. A range up to the next
+  constant in ``common.cuh`` would be wrong here: after ``GGML_CUDA_CC_HOPPER`` (900) comes
+  ``GGML_CUDA_CC_BLACKWELL`` (1200), and ``common.cuh`` itself notes that Blackwell also spans cc 1000
+  and 1100 (B200, GB300, Thor), which were never measured. The kernel choice depends on the SM's
+  resources, which differ between minor versions too (8.0 vs 8.6 vs 8.9), so equality is the honest
+  key. Where ``common.cuh`` has no constant of that value (sm_86 = 860), the literal is used, as
+  upstream does (``ggml_cuda_highest_compiled_arch(cc) != 610``). AMD: ggml's cc is
+  ``GGML_CUDA_CC_OFFSET_AMD + 0x<gfx id>`` (``ggml_cuda_parse_id``), keyed the same way.
+* **Why ``cc`` and not ``ggml_cuda_highest_compiled_arch(cc)``.** In this function upstream keys
+  *policy* on the device's ``cc`` (``cc >= GGML_CUDA_CC_ADA_LOVELACE``) and *availability* on the
+  compiled arch (``turing_mma_available(cc)`` uses ``ggml_cuda_highest_compiled_arch``). A rule is
+  policy. Availability is kept by where the rule goes: for NVIDIA >= Turing it is inserted at the top
+  of upstream's ``if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72)`` branch, so a
+  forced MMA always has device code; elsewhere the block goes just before that branch and states the
+  availability check itself (``volta_mma_available``, ``amd_wmma_available`` ...). Note that a result
+  measured through ``--ptx-jit`` (e.g. sm_89 code on an H100) is keyed to its *target* arch, whose cc
+  the measuring GPU did not have; the PR body says so through ``note``.
+* **Legality.** The block sits after upstream's head-size, K/V-type and mask gates (so it never
+  turns an unsupported shape into a kernel). A VEC rule also needs ``can_use_vector_kernel`` (head
+  size and ``K->ne[1] % FATTN_KQ_STRIDE == 0``), as upstream checks before every VEC return. A rule
+  whose kernel can never be legal for its head size (VEC for D=192, MMA for D=40/72) is refused here.
+  MMA and TILE rules keyed to a GQA ratio >= 2 also require ``gqa_opt_applies``: the rule was measured
+  with the GQA-packed kernels (llama-bench: mask present, no ALiBi, KV padded to 256); without it
+  (ALiBi, no mask, unpadded KV) those kernels run a config that was never measured, so upstream's
+  choice stays.
+* **Phase** is ``Q->ne[1] == 1`` for decode and ``Q->ne[1] > 1`` for prefill, n_kv is ``K->ne[1]``
+  (``lo`` inclusive, ``hi`` exclusive), as the tuner hook reads them.
+* **Rule order.** The hook applies the first matching rule, and keeps upstream's choice when that
+  rule's kernel is illegal for the shape. Plain ``if`` blocks would fall through to a later rule
+  instead, so overlapping rules (same phase, compatible shape keys, intersecting n_kv ranges) are
+  refused; confirmed rules do not overlap.
+
+The diff is built with :mod:`difflib` (no subprocess), in git's format, hunk headers carrying the
+enclosing function as git prints it, so ``git apply`` and reviewers read it as a normal patch.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FATTN",
+    "SelectionRule",
+    "render_upstream_patch",
+    "patched_fattn",
+    "arch_condition",
+    "rule_condition",
+    "whitespace_only_hunks",
+    "render_pr_body",
+]
+
+import difflib
+import hashlib
+import math
+import os
+import re
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from tuner.errors import TunerError
+
+FATTN = "ggml/src/ggml-cuda/fattn.cu"
+COMMON = "ggml/src/ggml-cuda/common.cuh"
+FUNCTION = "ggml_cuda_get_best_fattn_kernel"
+
+_RETURN = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
+# ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
+_KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0",
+             "q5_1": "Q5_1", "q8_0": "Q8_0"}
+# Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, knobs.md section 2.1).
+_TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72) {\n"
+_TURING_COMMENT = "    // If Turing tensor cores are available, use them:\n"
+_NEEDS = ("const int gqa_ratio", "bool gqa_opt_applies", "const bool can_use_vector_kernel", "const int cc")
+_WIDTH = 120
+
+
+class SelectionRule(Protocol):
+    """A confirmed selection rule (mirrors ``tuner.space.FaRule`` with its shape keys).
+
+    ``D``, ``gqa`` and ``kv`` may be missing or None (any head size / GQA ratio / K-V type); they are
+    read with ``getattr(rule, name, None)``, so a ``FaRule`` without shape keys works too.
+    """
+
+    phase: str  # 'decode' | 'prefill'
+    lo: int  # n_kv lower bound, inclusive
+    hi: int | None  # n_kv upper bound, exclusive; None = unbounded
+    kernel: str  # 'VEC' | 'TILE' | 'MMA'
+
+
+def _keys(rule: Any) -> tuple[int | None, int | None, str | None]:
+    return getattr(rule, "D", None), getattr(rule, "gqa", None), getattr(rule, "kv", None)
+
+
+def _root(source_root: Any) -> Path:
+    """A tree path, or a ``Source``'s ``.root`` (a ``Path`` has a ``.root`` too: the anchor, not the tree)."""
+    if isinstance(source_root, (str, os.PathLike)):
+        return Path(source_root)
+    return Path(source_root.root)
+
+
+# ---------------------------------------------------------------------------------------------- arch
+
+
+def _cc_constants(common_text: str) -> tuple[dict[int, str], dict[int, str]]:
+    """NVIDIA value -> name and AMD gfx id -> name of the ``GGML_CUDA_CC_*`` constants in common.cuh."""
+    nv = {int(v): n for n, v in re.findall(r"^#define\s+(GGML_CUDA_CC_[A-Z0-9_]+)\s+(\d+)\b", common_text, re.M)}
+    amd = {int(v, 16): n for n, v in re.findall(
+        r"^#define\s+(GGML_CUDA_CC_[A-Z0-9_]+)\s+\(GGML_CUDA_CC_OFFSET_AMD \+ 0x([0-9a-fA-F]+)\)", common_text, re.M)}
+    return nv, amd
+
+
+def arch_condition(arch: Any, common_text: str) -> str:
+    """The C++ condition on ``cc`` that selects exactly the arch a rule was measured on (module doc).
+
+    Raises:
+        TunerError: A CPU arch, or an arch without a cc / gfx id.
+    """
+    nv, amd = _cc_constants(common_text)
+    if arch.vendor == "nvidia" and arch.cc:
+        return f"cc == {nv.get(arch.cc, str(arch.cc))}"
+    if arch.vendor == "amd" and arch.gfx and re.fullmatch(r"gfx[0-9a-fA-F]{3,4}", arch.gfx):
+        gid = int(arch.gfx[3:], 16)
+        return f"cc == {amd[gid]}" if gid in amd else f"cc == GGML_CUDA_CC_OFFSET_AMD + 0x{arch.gfx[3:].lower()}"
+    raise TunerError(
+        f"An upstream patch changes the CUDA/HIP FlashAttention selection; arch {arch.name!r} "
+        f"({arch.vendor}) has none. Export upstream.patch only for NVIDIA or AMD results."
+    )
+
+
+def _in_turing_branch(arch: Any) -> bool:
+    return arch.vendor == "nvidia" and (arch.cc or 0) >= 750
+
+
+def _mma_available(arch: Any) -> str | None:
+    """Upstream's own check that MMA has device code, for a block placed before the Turing branch."""
+    math_ = getattr(arch, "math", {}) or {}
+    if arch.vendor == "nvidia":
+        return "volta_mma_available(cc)" if (arch.cc or 0) >= 700 else None
+    if math_.get("fp16_mfma"):
+        return "amd_mfma_available(cc)"
+    if math_.get("fp16_wmma"):
+        # the WMMA path of the MMA kernel needs ncols2 > 1 (fattn.cu: amd_wmma_available && gqa_opt_applies)
+        return "amd_wmma_available(cc) && gqa_opt_applies"
+    return None
+
+
+# --------------------------------------------------------------------------------------------- rules
+
+
+def _check_rule(rule: Any, arch: Any) -> None:
+    D, gqa, kv = _keys(rule)
+    where = f"rule {rule.phase}:{rule.lo}-{'' if rule.hi is None else rule.hi}={rule.kernel} (D={D}, gqa={gqa}, kv={kv})"
+    if rule.phase not in ("decode", "prefill"):
+        raise TunerError(f"{where}: phase must be 'decode' or 'prefill'.")
+    if rule.kernel not in _RETURN:
+        raise TunerError(f"{where}: kernel must be one of {sorted(_RETURN)}.")
+    if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
+        raise TunerError(f"{where}: n_kv range must satisfy 0 <= lo < hi.")
+    if kv is not None and kv.lower() not in _KV_TYPES:
+        raise TunerError(f"{where}: K/V type {kv!r} has no FlashAttention support upstream "
+                         f"(supported: {', '.join(_KV_TYPES)}).")
+    if gqa is not None and gqa < 1:
+        raise TunerError(f"{where}: the GQA ratio must be >= 1.")
+    if D is not None and rule.kernel == "VEC" and not (D <= 256 and D % 64 == 0 and D != 192):
+        raise TunerError(f"{where}: no vector kernel exists for head size {D} (can_use_vector_kernel is false).")
+    if rule.kernel == "MMA":
+        if D in (40, 72):
+            raise TunerError(f"{where}: upstream has no MMA kernel for head size {D}.")
+        avail = None if _in_turing_branch(arch) else _mma_available(arch)
+        if not _in_turing_branch(arch) and avail is None:
+            raise TunerError(f"{where}: {arch.name} has no MMA FlashAttention kernel upstream.")
+        if avail and "amd_wmma" in avail and D is not None and D > 256:
+            raise TunerError(f"{where}: the AMD WMMA path of the MMA kernel needs head size <= 256.")
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    if a.phase != b.phase:
+        return False
+    for x, y in zip(_keys(a), _keys(b)):
+        if x is not None and y is not None and str(x).lower() != str(y).lower():
+            return False
+    a_hi = math.inf if a.hi is None else a.hi
+    b_hi = math.inf if b.hi is None else b.hi
+    return a.lo < b_hi and b.lo < a_hi
+
+
+def rule_condition(rule: Any, arch: Any) -> list[str]:
+    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality."""
+    D, gqa, kv = _keys(rule)
+    parts = ["Q->ne[1] == 1" if rule.phase == "decode" else "Q->ne[1] > 1"]
+    if D is not None:
+        parts.append(f"Q->ne[0] == {D}")
+    if gqa is not None:
+        parts.append(f"gqa_ratio == {gqa}")
+    if kv is not None:
+        t = f"GGML_TYPE_{_KV_TYPES[kv.lower()]}"
+        parts += [f"K->type == {t}", f"V->type == {t}"]
+    if rule.lo > 0:
+        parts.append(f"K->ne[1] >= {rule.lo}")
+    if rule.hi is not None:
+        parts.append(f"K->ne[1] < {rule.hi}")
+    if rule.kernel == "VEC":
+        parts.append("can_use_vector_kernel")
+    elif rule.kernel == "MMA" and not _in_turing_branch(arch):
+        avail = str(_mma_available(arch))
+        parts.append(avail)
+        if D is None:  # the head sizes upstream keeps off the MMA kernel on this path
+            parts += ["Q->ne[0] != 40", "Q->ne[0] != 72"] + (["Q->ne[0] <= 256"] if "amd_wmma" in avail else [])
+    if rule.kernel in ("MMA", "TILE") and gqa is not None and gqa >= 2 and "gqa_opt_applies" not in " ".join(parts):
+        parts.append("gqa_opt_applies")
+    return parts
+
+
+def _if_lines(parts: Sequence[str], indent: int) -> list[str]:
+    """``if (a && b ...) {`` wrapped at _WIDTH in upstream's style (continuation 8 spaces deeper)."""
+    pieces = [p + " &&" for p in parts[:-1]] + [parts[-1] + ") {"]
+    lines, cur = [], " " * indent + "if (" + pieces[0]
+    for piece in pieces[1:]:
+        if len(cur) + 1 + len(piece) > _WIDTH:
+            lines.append(cur)
+            cur = " " * (indent + 8) + piece
+        else:
+            cur += " " + piece
+    return lines + [cur]
+
+
+def _comment(note: str, indent: int) -> list[str]:
+    pad = " " * indent
+    out = []
+    for para in note.strip().splitlines() or [""]:
+        para = para.strip()
+        if not para:
+            out.append(f"{pad}//")
+            continue
+        out += [f"{pad}// {ln}" for ln in textwrap.wrap(para, _WIDTH - indent - 3, break_on_hyphens=False)]
+    return out
+
+
+def _block(rules: Sequence[Any], arch: Any, cond: str, note: str, indent: int) -> list[str]:
+    pad = " " * indent
+    out = _comment(note or f"Kernel choice measured on {arch.name}.", indent)
+    out.append(f"{pad}if ({cond}) {{")
+    for r in rules:
+        out += _if_lines(rule_condition(r, arch), indent + 4)
+        out.append(f"{pad}        return {_RETURN[r.kernel]};")
+        out.append(f"{pad}    }}")
+    out.append(f"{pad}}}")
+    out.append("")
+    return [ln + "\n" if ln else "\n" for ln in out]
+
+
+def patched_fattn(source_root: Any, rules: Sequence[Any], arch: Any, *, note: str = "") -> str | None:
+    """fattn.cu of the pristine tree with the rules added to its selection function; None for no rules.
+
+    Raises:
+        TunerError: The tree's selection function does not have the structure this was written for,
+            or a rule cannot be expressed legally (see the module doc).
+    """
+    rules = list(rules)
+    if not rules:
+        return None
+    root = _root(source_root)
+    if arch.vendor not in ("nvidia", "amd"):
+        arch_condition(arch, "")  # raises: no CUDA/HIP selection to change
+    for r in rules:
+        _check_rule(r, arch)
+    for i, a in enumerate(rules):
+        for b in rules[i + 1:]:
+            if _overlap(a, b):
+                raise TunerError(
+                    f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
+                    "equals the tuner hook's first-match semantics only for disjoint rules. Merge or split them."
+                )
+    path, common = root / FATTN, root / COMMON
+    if not path.is_file() or not common.is_file():
+        raise TunerError(f"{root} has no {FATTN} and {COMMON}; upstream.patch needs the pristine llama.cpp tree.")
+    text = path.read_text()
+    cond = arch_condition(arch, common.read_text())
+    start = text.find(f"static best_fattn_kernel {FUNCTION}(")
+    end = text.find("\n}\n", start)
+    body = text[start:end] if start >= 0 and end >= 0 else ""
+    missing = [n for n in _NEEDS if n not in body]
+    anchor = _TURING_BRANCH if _in_turing_branch(arch) else _TURING_COMMENT
+    if missing or anchor not in body:
+        raise TunerError(
+            f"{FATTN} of {root}: {FUNCTION} does not have the structure upstream.patch is written for "
+            f"(missing {', '.join(missing) or repr(anchor.strip())}); this tree's selection function differs "
+            "from llama.cpp 0c1e570 (knobs.md section 2.1). Use tuned.patch for this tree."
+        )
+    lines = text.splitlines(keepends=True)
+    first = text[:start].count("\n")
+    at = next(i for i in range(first, len(lines)) if lines[i] == anchor)
+    if _in_turing_branch(arch):
+        new = lines[: at + 1] + _block(rules, arch, cond, note, 8) + lines[at + 1:]
+    else:
+        new = lines[:at] + _block(rules, arch, cond, note, 4) + lines[at:]
+    return "".join(new)
+
+
+def _funcname(lines: Sequence[str], before: int) -> str:
+    """Git's default hunk-header context: the last line before ``before`` starting with [A-Za-z_$]."""
+    for i in range(min(before, len(lines)) - 1, -1, -1):
+        if re.match(r"[A-Za-z_$]", lines[i]):
+            return lines[i].rstrip()[:80]
+    return ""
+
+
+def _blob(text: str) -> str:
+    """Git's blob id of ``text`` (the ``index`` line lets ``git apply -3`` fall back to a 3-way merge)."""
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def render_upstream_patch(source_root: Any, rules: Sequence[Any], arch: Any, *, note: str = "") -> str | None:
+    """``upstream.patch``: a git-format unified diff of fattn.cu adding ``rules`` for ``arch``.
+
+    Args:
+        source_root: The pristine llama.cpp tree (a path, or a ``Source`` whose ``.root`` is one).
+        rules: The confirmed selection rules (:class:`SelectionRule`), in order.
+        arch: A ``tuner.archs.Arch`` (vendor, cc / gfx, math).
+        note: Comment text put above the new block (GPU, model and how it was measured); wrapped.
+
+    Returns:
+        The patch text (ending in a newline), or None when there are no rules.
+
+    Raises:
+        TunerError: See :func:`patched_fattn`.
+    """
+    new = patched_fattn(source_root, rules, arch, note=note)
+    if new is None:
+        return None
+    old = (_root(source_root) / FATTN).read_text()
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    out = [f"diff --git a/{FATTN} b/{FATTN}\n", f"index {_blob(old)[:7]}..{_blob(new)[:7]} 100644\n"]
+    for ln in difflib.unified_diff(a, b, f"a/{FATTN}", f"b/{FATTN}", n=3):
+        m = re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln)
+        if m:
+            fn = _funcname(a, int(m.group(1)) - 1)
+            ln = ln.rstrip("\n") + (f" {fn}" if fn else "") + "\n"
+        out.append(ln)
+    return "".join(out)
+
+
+def whitespace_only_hunks(patch: str) -> list[str]:
+    """The ``@@`` headers (with file) of hunks whose changes are whitespace only, e.g. added blank lines."""
+    bad, file, header = [], "", None
+    minus: list[str] = []
+    plus: list[str] = []
+
+    def flush() -> None:
+        if header is not None and (minus or plus):
+            if "".join(minus).split() == "".join(plus).split():
+                bad.append(f"{file} {header}")
+
+    for ln in patch.splitlines():
+        if ln.startswith("diff --git ") or ln.startswith("--- "):
+            flush()
+            header, minus, plus = None, [], []
+            continue
+        if ln.startswith("+++ "):
+            file = ln[4:].strip()
+            if file.startswith("b/"):
+                file = file[2:]
+            continue
+        if ln.startswith("@@"):
+            flush()
+            header, minus, plus = ln.split("@@")[1].strip(), [], []
+        elif header is not None and ln.startswith("-"):
+            minus.append(ln[1:] + "\n")
+        elif header is not None and ln.startswith("+"):
+            plus.append(ln[1:] + "\n")
+    flush()
+    return bad
+
+
+# ------------------------------------------------------------------------------------------- PR body
+
+_PHASE = {"tg": "decode", "decode": "decode", "pp": "prefill", "prefill": "prefill"}
+
+
+def _fmt(x: Any, spec: str) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "-"
+    return format(v, spec) if math.isfinite(v) else "-"
+
+
+def _shape(rule: Any) -> str:
+    D, gqa, kv = _keys(rule)
+    bits = [f"head size {D}" if D is not None else "any head size",
+            f"GQA ratio {gqa}" if gqa is not None else "any GQA ratio",
+            f"K/V {kv}" if kv is not None else "any K/V type"]
+    return ", ".join(bits)
+
+
+def _range(rule: Any) -> str:
+    if rule.hi is None:
+        return f"n_kv >= {rule.lo}" if rule.lo else "any n_kv"
+    return f"{rule.lo} <= n_kv < {rule.hi}" if rule.lo else f"n_kv < {rule.hi}"
+
+
+def render_pr_body(
+    rules: Sequence[Any],
+    arch: Any,
+    *,
+    gpu: str,
+    model: str,
+    points: Sequence[Mapping[str, Any]],
+    commands: Sequence[str],
+    source: str = "",
+    rounds: int | None = None,
+    note: str = "",
+) -> str:
+    """``PR.md``: a pull-request body for ``upstream.patch``.
+
+    Args:
+        rules: The rules the patch encodes.
+        arch: The arch they are keyed to.
+        gpu: The measured GPU's name (e.g. ``NVIDIA H100 80GB HBM3``).
+        model: The model as the table's Model column shows it (e.g. ``llama 8B Q4_K_M``).
+        points: One dict per measured point: ``phase`` (tg/pp or decode/prefill), ``depth``, ``test``
+            (``tg128@d32768``), ``base_ts`` and ``tuned_ts`` (median t/s), ``speedup`` (tuned/base, a
+            ratio; computed from the t/s when missing), ``ci_low``/``ci_high`` (95% CI of the change in
+            percent, as ``tuner.select`` reports it), ``aa_noise_pct`` (A/A noise floor, percent),
+            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned).
+        commands: Reproduction commands, shown verbatim in a shell block.
+        source: The llama.cpp the patch is against (e.g. ``llama.cpp 0c1e570``).
+        rounds: Paired rounds per point, when known.
+        note: Extra paragraph (e.g. a --ptx-jit caveat), verbatim.
+    """
+    name = arch.name
+    # upstream kernel per rule, from the points it covers
+    up: dict[int, set[str]] = {}
+    for i, r in enumerate(rules):
+        for p in points:
+            d = int(p.get("depth", -1))
+            if _PHASE.get(str(p.get("phase")), "") == r.phase and d >= r.lo and (r.hi is None or d < r.hi):
+                if p.get("upstream_kernel"):
+                    up.setdefault(i, set()).add(str(p["upstream_kernel"]))
+    kernels = sorted({r.kernel for r in rules})
+    title = f"CUDA: FlashAttention kernel selection for {gpu} ({name})" if len(kernels) != 1 else \
+        f"CUDA: use the {kernels[0]} FlashAttention kernel on {gpu} ({name}) where it is faster"
+    out = [f"# {title}", ""]
+    out += ["## What changes", ""]
+    out.append(
+        f"`ggml_cuda_get_best_fattn_kernel` (`{FATTN}`) gets {len(rules)} condition(s) for {name} "
+        f"(`{'cc == ' + str(arch.cc) if arch.cc else arch.gfx}`) only; every other GPU keeps upstream's "
+        "choice. The conditions sit after the head-size, K/V-type and mask checks and use upstream's own "
+        "legality checks, so they never pick a kernel that has no code for the shape."
+    )
+    out.append("")
+    for i, r in enumerate(rules):
+        was = "/".join(sorted(up.get(i, ()))) or "upstream's default"
+        out.append(f"- {r.phase}, {_shape(r)}, {_range(r)}: **{r.kernel}** (upstream: {was})")
+    out.append("")
+    out += ["## Performance", ""]
+    out.append(f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else ""))
+    out.append("")
+    head = ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Kernel", "Verdict"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("| " + " | ".join(["---"] * 2 + ["---:"] * 4 + ["---"] * 2) + " |")
+    for p in points:
+        sp = p.get("speedup")
+        if sp is None and p.get("base_ts"):
+            sp = float(p["tuned_ts"]) / float(p["base_ts"])
+        ci = f"[{_fmt(p.get('ci_low'), '+.1f')}%, {_fmt(p.get('ci_high'), '+.1f')}%]"
+        kern = f"{p.get('upstream_kernel') or '-'} → {p.get('kernel') or '-'}"
+        out.append("| " + " | ".join([model, str(p.get("test", "")), _fmt(p.get("base_ts"), ".2f"),
+                                       _fmt(p.get("tuned_ts"), ".2f"), _fmt(sp, ".2f"), ci, kern,
+                                       str(p.get("verdict", ""))]) + " |")
+    out.append("")
+    noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
+    out += ["## How it was measured", ""]
+    out.append(
+        "llama-bench of the upstream build and of the build with this change, run in paired, interleaved "
+        "rounds (each round measures both builds back to back, so clock and thermal drift hit both alike)"
+        + (f", {rounds} rounds per point" if rounds else "") + ". "
+        "Speedup is the ratio of the median t/s; 95% CI is the bootstrap confidence interval of the "
+        "median change. The noise floor is the A/A difference of the upstream build measured against "
+        "itself"
+        + (f" (up to {max(noise):.1f}% here)" if noise else "")
+        + "; a point counts as faster or slower only when its CI clears that floor."
+    )
+    out.append("")
+    if note.strip():
+        out += [note.strip(), ""]
+    out += ["## Reproduce", "", "```sh", *commands, "```", ""]
+    return "\n".join(out)
