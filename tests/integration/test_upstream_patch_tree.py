@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tuner._run import run
-from tuner.archs import load_arch
-from tuner.upstream_patch import FATTN, patched_fattn, render_upstream_patch, whitespace_only_hunks
+from tuner.targets.archs import load_arch
+from tuner.result.upstream_patch import FATTN, patched_fattn, render_upstream_patch, whitespace_only_hunks
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +110,7 @@ def test_patched_fattn_compiles_for_sm90(tree_a, tmp_path: Path) -> None:
 
 def test_validate_upstream_patch_on_stored_result(tree_a, tmp_path: Path) -> None:
     """tuner validate: a good upstream.patch passes, a corrupted one fails naming the check."""
-    from tuner.validate import validate_result
+    from tuner.result.validate import validate_result
 
     src = Path(__file__).resolve().parents[2] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
     dst = tmp_path / "result"

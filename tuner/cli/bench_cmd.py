@@ -105,13 +105,6 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--min-effect", type=click.FloatRange(0, 100), default=0.0, show_default=True,
               help="A change must exceed this many percent to count.")
-<<<<<<< HEAD
-def compare(a: Path, b: Path, confidence: float, min_effect: float) -> None:
-    """Compare bench results B against A per (test, depth): Δ%, CI and verdict."""
-    from tuner.measure.bench import load_results
-    from tuner.result.report import MARKS
-    from tuner.measure.stats import compare_frames
-=======
 @click.option("--aa", "aa_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A second run of A (same build, same settings): its difference to A is the A/A noise; "
                    "a change within it is not called faster/slower.")
@@ -128,7 +121,6 @@ def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_file: Pat
     """
     from tuner.measure.bench import load_results
     from tuner.result.report import compare_points, format_compare, plot_speedup
->>>>>>> reports
 
     da, db = load_results(a), load_results(b)
     daa = load_results(aa_file) if aa_file is not None else None

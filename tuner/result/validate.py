@@ -222,7 +222,7 @@ def _git_apply_check(patch_file: Path, root: Path) -> Any:
 
 def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
     """``upstream.patch`` (the pull-request form of the rules): applies to the pristine tree, no whitespace noise."""
-    from tuner.upstream_patch import whitespace_only_hunks
+    from tuner.result.upstream_patch import whitespace_only_hunks
 
     text = patch_file.read_text()
     res = _git_apply_check(patch_file, root) if text.strip() else None

@@ -18,7 +18,7 @@ from tuner.measure.bench import COLUMNS, save_results
 from tuner.result.report import COMPARE_FIELDS, bench_test_name, compare_table, format_compare
 from tuner.measure.stats import compare
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SCRIPT = DATA / "compare" / "compare-llama-bench.py"
 H100 = DATA / "bench" / "h100"
 # Two sides of equal name length: the script truncates build_commit to the shortest one.

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.archs import load_arch
+from tuner.targets.archs import load_arch
 from tuner.errors import TunerError
-from tuner.upstream_patch import (
+from tuner.result.upstream_patch import (
     FATTN,
     arch_condition,
     patched_fattn,
@@ -213,7 +213,7 @@ def test_overlapping_rules_refused(tree: Path) -> None:
 
 def test_rule_without_shape_keys(tree: Path) -> None:
     """A plain FaRule (no D/gqa/kv attributes yet) is a rule for every shape."""
-    from tuner.space import FaRule
+    from tuner.plan.space import FaRule
 
     text = patched_fattn(tree, [FaRule(phase="decode", lo=8192, hi=None, kernel="MMA")], load_arch("sm_90"))
     assert "if (Q->ne[1] == 1 && K->ne[1] >= 8192) {" in text
@@ -236,7 +236,7 @@ def test_whitespace_only_hunks_detected() -> None:
 
 
 def test_validate_check_on_mini_tree(tree: Path, tmp_path: Path) -> None:
-    from tuner.validate import _upstream_patch_checks
+    from tuner.result.validate import _upstream_patch_checks
 
     good = tmp_path / "upstream.patch"
     good.write_text(render_upstream_patch(tree, EXAMPLE, load_arch("sm_90"), note=NOTE))

@@ -11,9 +11,9 @@ import optuna
 import pytest
 
 from tuner.errors import UsageError
-from tuner.report import dashboard_command, importances_section, plot_speedup
+from tuner.result.report import dashboard_command, importances_section, plot_speedup
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STUDY_DB = REPO / "docs" / "h100" / "session2" / "sm90-study.db"
 STUDY_NAME = "sm90-llama-3.2-1b-q4km"
 
