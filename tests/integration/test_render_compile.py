@@ -54,6 +54,7 @@ def _git_apply_check(rv: render.RenderedVariant, work: Path) -> str:
     ("sm_89", "cuda-force-cublas", {"mma.ampere.d128.c64.nbatch_fa": 128}, None),
     ("gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, None),
     ("sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {"GGML_TUNER_FA_RULES": "decode:8192-=MMA", "GGML_TUNER_FA_T3": 4096}),
+    ("sm_90", "cuda", {}, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}),
 ])
 def test_patch_applies_to_tree_a(tree_a, tmp_path: Path, arch: str, variant: str, values: dict, baked: dict | None) -> None:  # type: ignore[no-untyped-def]
     assert tree_a.era == "mma"
@@ -93,12 +94,14 @@ _FA_DEFAULT = {("Q4_0", "Q4_0"), ("Q8_0", "Q8_0"), ("F16", "F16"), ("BF16", "BF1
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The runtime hook compiles: nvcc -c of the patched fattn.cu for sm_90, without new warnings."""
+@pytest.mark.parametrize("baked", [None, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}],
+                         ids=["env", "baked-keyed-rules"])
+def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path, baked: dict | None) -> None:  # type: ignore[no-untyped-def]
+    """The runtime hook compiles (env mode, and baked with shape-keyed rules): nvcc -c of the patched fattn.cu for sm_90, without new warnings."""
     inc = _cublas_include()
     if inc is None:
         pytest.skip("cublas_v2.h not found (set TUNER_TEST_CUBLAS_INCLUDE to a cuBLAS include dir)")
-    rv = render.render_variant(tree_a, "sm_90", "cuda")
+    rv = render.render_variant(tree_a, "sm_90", "cuda", baked_runtime=baked)
     # Overlay: the patched files in their own ggml-cuda dir, everything else from the pristine tree.
     overlay = tmp_path / "ggml" / "src" / "ggml-cuda"
     overlay.mkdir(parents=True)

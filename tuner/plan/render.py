@@ -564,8 +564,7 @@ def _baked_context(
             t[int(m.group(1))] = _int_value(key, raw, 0, _INT_MAX)
         elif key == "GGML_TUNER_FA_RULES":
             for r in space_mod.parse_fa_rules(str(raw)):
-                kernel = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}[r.kernel]
-                rules.append({"phase": 0 if r.phase == "decode" else 1, "lo": r.lo, "hi": -1 if r.hi is None else r.hi, "kernel": kernel, "text": r.text})
+                rules.append(_baked_rule(r))
         elif key == "GGML_TUNER_WMMA_DECODE":
             wmma_decode = _int_value(key, raw, 0, 1)
         elif key == "GGML_TUNER_WMMA_DECODE_MIN_KV":
@@ -587,6 +586,36 @@ def _baked_context(
             baked_rows.setdefault(f"{r.kind}:{r.table}", []).append(r.row.render())
         wmma.update(wmma_values)
     return {"t": t, "rules": rules, "baked_rows": baked_rows, "wmma": wmma, "wmma_decode": wmma_decode, "wmma_min_kv": wmma_min_kv}
+
+
+_BAKED_KERNELS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
+
+
+def _baked_rule(r: Any) -> dict[str, Any]:
+    """One ``ggml_tuner_fa_rule`` initializer (fattn-knobs.cu.j2) for a parsed rule; -1 = any / unbounded.
+
+    Every value is re-checked here (type, range, allow-list) so nothing unchecked reaches the C++ text,
+    whoever built the FaRule.
+    """
+    if r.phase not in ("decode", "prefill") or r.kernel not in _BAKED_KERNELS:
+        raise UsageError(f"FA rule {r.text!r}: phase must be decode|prefill and kernel VEC|TILE|MMA.")
+
+    def num(name: str, v: object, lo: int, hi: int) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise UsageError(f"FA rule {r.text!r}: {name}={v!r} is not an integer in [{lo}, {hi}].")
+        return v
+
+    lo = num("lo", r.lo, 0, 2**62)
+    hi = -1 if r.hi is None else num("hi", r.hi, lo + 1, 2**62)
+    keys = {}
+    for name, (klo, khi) in space_mod.FA_RULE_KEY_RANGES.items():
+        v = getattr(r, name)
+        keys[name] = -1 if v is None else num(name, v, klo, khi)
+    if r.kv is not None and r.kv not in space_mod.FA_RULE_KV_TYPES:
+        raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(space_mod.FA_RULE_KV_TYPES)}.")
+    kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
+    return {"phase": 0 if r.phase == "decode" else 1, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel],
+            "D": keys["D"], "gqa": keys["gqa"], "kv": kv, "text": r.text}
 
 
 def _int_value(key: str, raw: object, lo: int, hi: int) -> int:

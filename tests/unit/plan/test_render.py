@@ -168,7 +168,7 @@ def test_baked_mode_compiles_values_in() -> None:
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     assert "getenv" not in fattn.split("ggml_cuda_get_best_fattn_kernel_default")[0]
     assert "{0, 4, 256, 4096, 2, 8, 16, 2, 2147483647}" in fattn
-    assert "{0, 16384, -1, BEST_FATTN_KERNEL_MMA_F16},  // decode:16384-=MMA" in fattn
+    assert "{0, 16384, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1},  // decode:16384-=MMA" in fattn  # no keys: any shape
     mma = rv.files["ggml/src/ggml-cuda/fattn-mma-f16.cuh"]
     assert "GGML_CUDA_FATTN_MMA_CONFIG_CASE(64, 64, 64, 256, 2, 64, 32, 32, 32, 2, true); // tuner" in mma
     assert "GGML_TUNER_MMA_ROWS" not in mma and "GGML_TUNER_TU_DIR" not in rv.patch
@@ -177,6 +177,48 @@ def test_baked_mode_compiles_values_in() -> None:
         render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", baked_runtime={"GGML_CUDA_GRAPH_OPT": "1"})
     with pytest.raises(UsageError, match="phase:lo-hi=KERNEL"):
         render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", baked_runtime={"GGML_TUNER_FA_RULES": "decode=VEC"})
+
+
+def test_baked_keyed_rule_is_compiled_in() -> None:
+    rv = render.render_variant(
+        src(TREE_A, "mma"), "sm_90", "cuda",
+        baked_runtime={"GGML_TUNER_FA_RULES": "decode/kvq8_0/D128/gqa4:32768-=MMA,decode/D64:0-4096=TILE,prefill:0-=MMA"},
+    )
+    fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
+    knobs = fattn.split("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default")[0]
+    assert "getenv" not in knobs
+    assert "        3,\n" in knobs  # n_rules
+    assert "{0, 32768, -1, BEST_FATTN_KERNEL_MMA_F16, 128, 4, GGML_TYPE_Q8_0},  // decode/D128/gqa4/kvq8_0:32768-=MMA" in knobs
+    assert "{0, 0, 4096, BEST_FATTN_KERNEL_TILE, 64, -1, -1},  // decode/D64:0-4096=TILE" in knobs
+    assert "{1, 0, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1},  // prefill:0-=MMA" in knobs
+    # the matcher skips a rule whose keys do not match the tensors
+    assert "(rule.kv >= 0 && ((int) K->type != rule.kv || (int) V->type != rule.kv))" in fattn
+    for bad, msg in (("decode/D5000:0-=MMA", r"D must be in \[1, 4096\]"), ("decode/kvq4_k:0-=MMA", "is not one of f32"),
+                     ("decode/hd64:0-=MMA", "is not D<int>, gqa<int> or kv<type>")):
+        with pytest.raises(UsageError, match=msg):
+            render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", baked_runtime={"GGML_TUNER_FA_RULES": bad})
+
+
+def test_baked_rule_values_are_rechecked() -> None:
+    # a FaRule built in code (not parsed) is still range- and allow-list-checked before it becomes C++
+    for bad in (space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", D=0),
+                space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", gqa=True),
+                space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", kv="f16); abort(); //"),
+                space.FaRule(phase="decode", lo=5, hi=5, kernel="MMA")):
+        with pytest.raises(UsageError):
+            render._baked_rule(bad)
+
+
+def test_env_parser_accepts_shape_keys() -> None:
+    fattn = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda").files["ggml/src/ggml-cuda/fattn.cu"]
+    parser = fattn.split("static void ggml_tuner_fa_parse_rules", 1)[1].split("// Read once per process", 1)[0]
+    assert "head.find('/')" in parser and "ggml_tuner_fa_parse_key(" in parser
+    keys = fattn.split("static void ggml_tuner_fa_parse_key", 1)[1].split("static void ggml_tuner_fa_parse_rules", 1)[0]
+    for needle in ('key.compare(0, 3, "gqa")', 'key.compare(0, 2, "kv")', 'key.compare(0, 1, "D")', 'parse_int(key.substr(3), "gqa", 1, 256)',
+                   'parse_int(key.substr(1), "D", 1, 4096)', "for (int t = 0; t < GGML_TYPE_COUNT; ++t)",
+                   "ggml_type_name((ggml_type) t)", "unknown shape key", "given twice"):
+        assert needle in keys, needle
+    assert "int     D;" in fattn and "int     gqa;" in fattn and "int     kv;" in fattn
 
 
 def test_rocwmma_patch_and_headers() -> None:

@@ -157,6 +157,65 @@ def test_parse_fa_rules_roundtrip_and_errors() -> None:
             space.parse_fa_rules(bad)
 
 
+def test_parse_fa_rules_shape_keys_roundtrip() -> None:
+    rules = space.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0/gqa8:0-4096=TILE,decode:0-=VEC")
+    assert [r.text for r in rules] == ["decode/D64/gqa4/kvf16:32768-=MMA", "prefill/gqa8/kvq8_0:0-4096=TILE", "decode:0-=VEC"]
+    assert (rules[0].D, rules[0].gqa, rules[0].kv) == (64, 4, "f16")
+    assert (rules[1].D, rules[1].gqa, rules[1].kv) == (None, 8, "q8_0")
+    assert (rules[2].D, rules[2].gqa, rules[2].kv, rules[2].key) == (None, None, None, "")
+    for r in rules:
+        assert space.parse_fa_rules(r.text) == [r]  # text round-trips
+    for kv in space.FA_RULE_KV_TYPES:
+        assert space.parse_fa_rules(f"decode/kv{kv}:0-=TILE")[0].kv == kv
+    assert space.parse_fa_rules("decode/D1/gqa1:0-=TILE")[0].D == 1
+    assert space.parse_fa_rules("decode/D4096/gqa256:0-=TILE")[0].gqa == 256
+
+
+@pytest.mark.parametrize(("bad", "msg"), [
+    ("decode/D0:0-=MMA", r"D0 is out of range; D must be in \[1, 4096\]"),
+    ("decode/D4097:0-=MMA", r"D must be in \[1, 4096\]"),
+    ("decode/gqa0:0-=MMA", r"gqa must be in \[1, 256\]"),
+    ("decode/gqa257:0-=MMA", r"gqa must be in \[1, 256\]"),
+    ("decode/kvf61:0-=MMA", r"K/V type 'f61' is not one of f32, f16, bf16.*Did you mean"),
+    ("decode/kvq4_K:0-=MMA", r"shape key 'kvq4_K' is not D<int>, gqa<int> or kv<type>"),
+    ("decode/kvq4_k:0-=MMA", r"K/V type 'q4_k' is not one of"),
+    ("decode/hd64:0-=MMA", r"shape key 'hd64' is not D<int>, gqa<int> or kv<type>\. Rules are PHASE\[/KEY\.\.\.\]"),
+    ("decode/d64:0-=MMA", r"shape key 'd64'"),
+    ("decode/D:0-=MMA", r"shape key 'D'"),
+    ("decode/D-1:0-=MMA", r"shape key 'D-1'"),
+    ("decode/:0-=MMA", r"shape key ''"),
+    ("decode/D64/D128:0-=MMA", r"shape key D is given twice"),
+    ("decode/gqa4/gqa4:0-=MMA", r"shape key gqa is given twice"),
+    ("/D64:0-=MMA", r"is not phase:lo-hi=KERNEL"),
+    ("decode:0-=MMA/D64", r"is not phase:lo-hi=KERNEL"),
+])
+def test_parse_fa_rules_bad_shape_keys(bad: str, msg: str) -> None:
+    with pytest.raises(UsageError, match=msg):
+        space.parse_fa_rules(bad)
+
+
+def test_match_rules_unmatched_shape_gets_upstream() -> None:
+    """A rule found on one model shape (1B: D64, GQA 4, f16 KV) never changes another shape's kernel."""
+    rules = space.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/gqa4:16384-65536=TILE,prefill:0-=MMA")
+    one_b = dict(D=64, gqa=4, kv="f16")
+    assert space.match_rules(rules, "decode", 32768, **one_b) is rules[0]
+    assert space.match_rules(rules, "decode", 1 << 20, **one_b) is rules[0]  # hi empty: unbounded
+    assert space.match_rules(rules, "decode", 32767, **one_b) is None  # below lo: upstream's choice
+    assert space.match_rules(rules, "decode", 32768, D=128, gqa=8, kv="f16") is None  # other model: upstream
+    assert space.match_rules(rules, "decode", 32768, D=64, gqa=8, kv="f16") is None
+    assert space.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="q8_0") is None
+    assert space.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="f16", kv_v="q8_0") is None  # K and V both
+    # a missing key matches any value: rule 1 has no kv key, rule 2 no key at all
+    assert space.match_rules(rules, "decode", 16384, D=128, gqa=4, kv="q8_0") is rules[1]
+    assert space.match_rules(rules, "decode", 65536, D=128, gqa=4, kv="q8_0") is None  # hi is exclusive
+    assert space.match_rules(rules, "prefill", 0, D=256, gqa=1, kv="bf16") is rules[2]
+    assert space.match_rules([], "decode", 0, **one_b) is None
+    # first match wins, as in fattn-tail.cu.j2
+    both = space.parse_fa_rules("decode/gqa4:0-=TILE,decode:0-=VEC")
+    assert space.match_rules(both, "decode", 100, **one_b) is both[0]
+    assert space.match_rules(both, "decode", 100, D=64, gqa=8, kv="f16") is both[1]
+
+
 def test_compile_value_must_be_compile_knob() -> None:
     sp = space.load_space("sm_90", "mma")
     with pytest.raises(UsageError, match="runtime knob"):
