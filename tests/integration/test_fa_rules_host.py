@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import render, space
+from tuner.plan import render, space
 from tuner.errors import UsageError
 
 pytestmark = [

@@ -125,7 +125,7 @@ def _baseline_build(arch: str, source: object) -> object:
 
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
-    from tuner.search import SearchConfig, default_run_dir, run_search
+    from tuner.search.study import SearchConfig, default_run_dir, run_search
     from tuner.source import DEFAULT_SPEC, fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
