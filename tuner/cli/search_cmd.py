@@ -187,10 +187,15 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         return
     import time
 
-    from tuner.search.pipeline import run_pipeline
+    from tuner.search.pipeline import BudgetReached, run_pipeline
 
     t0 = time.monotonic()
-    result = run_pipeline(cfg)
+    try:
+        result = run_pipeline(cfg)
+    except BudgetReached as stop:
+        log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
+                   f"in {cfg.storage_url}. Rerun the same command to resume; nothing was exported yet.")
+        return
     log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
     from tuner.result.pipeline_export import export_pipeline, summary_line
 

@@ -8,9 +8,9 @@ database alone.
 
 from __future__ import annotations
 
-__all__ = ["PIPELINE_VERSION", "run_pipeline", "plan_text"]
+__all__ = ["PIPELINE_VERSION", "BudgetReached", "run_pipeline", "plan_text"]
 
-import math
+import contextlib
 import os
 import platform
 import time
@@ -28,6 +28,26 @@ from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, ru
 
 PIPELINE_VERSION = 2
 PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
+
+
+class BudgetReached(Exception):
+    """The time budget ran out inside a stage; what was measured is in the study, and the same
+    command resumes from there."""
+
+
+@contextlib.contextmanager
+def _timed(st: "_State", stage: str) -> Any:
+    """Wall time per stage, recorded even when the budget stops the stage (resumed calls add up)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        st.add_seconds(stage, time.monotonic() - t0)
+
+
+def _check_budget(deadline: float | None, where: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise BudgetReached(where)
 
 
 def _kernels_for(space: Any, phase: str) -> list[str]:
@@ -80,10 +100,8 @@ def _open_study(cfg: Any) -> Any:
 
     storage = _make_storage(cfg.storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(
-        seed=cfg.seed, n_startup_trials=4, multivariate=True,
-        constraints_func=lambda t: t.user_attrs.get("constraint", (0.0,)),
-    )
+    # Feasibility reaches TPE through Trial.set_constraint (Optuna 5's replacement of constraints_func).
+    sampler = optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=4, multivariate=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -125,10 +143,9 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(cfg, fixed))
 
     # -- the upstream build, gated once ------------------------------------------------------------
-    t0 = time.monotonic()
     base_variant = str(fixed.get("variant", variants[0]))
-    build = _build(cfg, source, base_variant, {})
-    st.add_seconds("build", time.monotonic() - t0)
+    with _timed(st, "build"):
+        build = _build(cfg, source, base_variant, {})
     gate = _gate(st, cfg, arch, build, shape_d)
     if gate["status"] == "fail":
         raise TunerError(f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
@@ -144,46 +161,55 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
 
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}
-    t0 = time.monotonic()
-    for phase in PHASES:
-        depths = sorted(set(cfg.depths) | {int(d) for d in st.get(f"refined_{phase}", [])})
-        cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
-        recs = list(st.get("screen_rounds", []))
-        with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
-            run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, min_rounds=rounds[0], max_rounds=rounds[1],
-                             target_ci=cfg.ci_target, deadline=deadline, on_round=lambda r: st.append("screen_rounds", r))
-            for _ in range(cfg.refine):
-                cells = summarize_phase(phase, recs, depths)
-                new = comp.bisect_depths(comp.compose_phase(phase, cells), depths)
-                if not new:
-                    break
-                log.info(f"  refining {phase} boundaries at depths {new}")
-                st.set(f"refined_{phase}", sorted({*st.get(f"refined_{phase}", []), *new}))
-                run_phase_rounds(measure, phase, cands, new, recs, min_rounds=rounds[0], max_rounds=rounds[1],
-                                 target_ci=cfg.ci_target, deadline=deadline, on_round=lambda r: st.append("screen_rounds", r))
-                depths = sorted(set(depths) | set(new))
-        cells = summarize_phase(phase, recs, depths)
-        decisions[phase] = comp.compose_phase(phase, cells)
-        st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
-    st.add_seconds("screen", time.monotonic() - t0)
+    with _timed(st, "screen"):
+        _screen_all(cfg, st, measure, kernels, base_env, base_args, rounds, deadline, decisions)
     if getattr(measure, "info", {}).get("device") and not st.get("device"):
         st.set("device", measure.info["device"])
     rules = [r for p in PHASES for r in comp.rules_from(decisions[p], shape)]
     st.set("compose", {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
     log.info("Composed rules: " + (", ".join(rules) if rules else "none (upstream's selection stays everywhere)"))
 
-    # -- tune ----------------------------------------------------------------------------------------
-    t0 = time.monotonic()
-    tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline)
-    st.add_seconds("tune", time.monotonic() - t0)
-
-    # -- confirm -------------------------------------------------------------------------------------
-    t0 = time.monotonic()
-    result = _confirm(cfg, st, space, source, arch, shape_d, fixed, rules, tuned, base_env, base_args, factory, build,
-                      confirm_ds, deadline)
-    st.add_seconds("confirm", time.monotonic() - t0)
+    with _timed(st, "tune"):
+        tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline)
+    with _timed(st, "confirm"):
+        result = _confirm(cfg, st, space, source, arch, shape_d, fixed, rules, tuned, base_env, base_args, factory, build,
+                          confirm_ds, deadline)
     st.set("result", result)
     return result
+
+
+def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
+                base_args: Sequence[str], rounds: tuple[int, int], deadline: float | None,
+                decisions: dict[str, list[comp.Decision]]) -> None:
+    """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose."""
+    for phase in PHASES:
+        cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
+        recs = list(st.get("screen_rounds", []))
+        depths = sorted(set(cfg.depths) | {int(d) for d in st.get(f"refined_{phase}", [])})
+        if not st.get(f"screen_done_{phase}"):
+            def persist(r: Mapping[str, Any]) -> None:
+                st.append("screen_rounds", r)
+
+            with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
+                kw = dict(min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline, on_round=persist)
+                run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, **kw)
+                for extra in st.get(f"refined_{phase}", []):  # a resumed call completes earlier refinements
+                    run_phase_rounds(measure, phase, cands, [int(extra)], recs, **kw)
+                _check_budget(deadline, f"screen {phase}")
+                for _ in range(cfg.refine - len(st.get(f"refined_{phase}", []))):
+                    new = comp.bisect_depths(comp.compose_phase(phase, summarize_phase(phase, recs, depths)), depths)
+                    if not new:
+                        break
+                    log.info(f"  refining {phase} boundaries at depths {new}")
+                    st.set(f"refined_{phase}", sorted({*st.get(f"refined_{phase}", []), *new}))
+                    for extra in new:
+                        run_phase_rounds(measure, phase, cands, [extra], recs, **kw)
+                    depths = sorted(set(depths) | set(new))
+                    _check_budget(deadline, f"screen {phase} (refining)")
+            st.set(f"screen_done_{phase}", True)
+        cells = summarize_phase(phase, recs, depths)
+        decisions[phase] = comp.compose_phase(phase, cells)
+        st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,11 +239,11 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
     done = [t for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING]
     with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
         while len(done) < want:
-            if deadline is not None and time.monotonic() > deadline:
-                log.warning(f"tune: time budget reached after {len(done)} trial(s)")
-                break
+            _check_budget(deadline, f"tune (after {len(done)} trial(s))")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                # Heartbeats are recorded for optimize() only; an ask/tell trial here runs in this process.
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
                 trial = study.ask(dists)
             trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
             vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
@@ -231,12 +257,12 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
             if viol:
                 trial.set_user_attr("status", "infeasible")
                 trial.set_user_attr("reason", "; ".join(str(v) for v in viol))
-                trial.set_user_attr("constraint", (1.0,))
+                trial.set_constraint("constraint_check", 1.0)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 log.info(f"  [trial {trial.number}] infeasible: {trial.user_attrs['reason'][:120]}")
                 done.append(trial)
                 continue
-            trial.set_user_attr("constraint", (0.0,))
+            trial.set_constraint("constraint_check", 0.0)
             try:
                 b = _build(cfg, source, variant, compile_values)
                 g = _gate(st, cfg, arch, b, shape_d)
@@ -252,7 +278,7 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
                     if phase not in phases:
                         objs.append(1.0)
                         continue
-                    order = [("ref", m_ref, ref_here), ("cand", m_cand, cand)]
+                    order = [("ref", m_ref, ref), ("cand", m_cand, cand)]
                     if trial.number % 2:
                         order.reverse()
                     res = {}
@@ -318,10 +344,16 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
 
         rows: list[dict[str, Any]] = []
         for phase in phases:
+            if st.get(f"confirm_done_{attempt}_{phase}"):
+                mine = [r for r in recs if r["phase"] == phase]
+                rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
+                continue
             with log.step(f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"):
                 mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
                                         max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
                                         on_round=lambda r: st.append(key, r), tag="confirm")
+            _check_budget(deadline, f"confirm {phase}")
+            st.set(f"confirm_done_{attempt}_{phase}", True)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
         j = conf.judge(rules, rows, process_changed=process_changed)
         st.set(f"confirm_{attempt}", {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
