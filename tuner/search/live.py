@@ -20,7 +20,8 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.search.screen import Candidate, Measure
 
-_FA_LINE = re.compile(r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+) kernel=(\w+) \((\w+)\)")
+# The hook may print more fields between n_kv and kernel (type_k=f16 type_v=f16 since rules carry the K/V type).
+_FA_LINE = re.compile(r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)(?: [a-z_]+=\S+)*? kernel=(\w+) \((\w+)\)")
 
 
 def parse_fa_log(text: str) -> list[dict[str, Any]]:

@@ -171,3 +171,20 @@ def test_bad_rules_text_is_refused(bad: str) -> None:
 
     with pytest.raises(UsageError):
         parse_fa_rules(bad)
+
+
+def test_fa_log_lines_of_the_h100_run_are_read() -> None:
+    # Lines exactly as the sm_90 build printed them in docs/h100/session4 (the hook added type_k/type_v).
+    from tuner.search.live import kernel_at, parse_fa_log
+
+    text = ("tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
+            "tuner-fa: D=64 DV=64 ne1=512 gqa=4 n_kv=4352 type_k=f16 type_v=f16 kernel=MMA (default)\n"
+            "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=65792 type_k=f16 type_v=f16 kernel=TILE (rule)\n"
+            "tuner-fa: D=128 DV=128 ne1=1 gqa=4 n_kv=8448 kernel=VEC (fallback)\n")
+    lines = parse_fa_log(text)
+    assert len(lines) == 4
+    assert kernel_at(lines, "tg", 0, 128) == ("VEC", "default")
+    assert kernel_at(lines, "pp", 3840, 512) == ("MMA", "default")
+    assert kernel_at(lines, "tg", 65536, 128) == ("TILE", "rule")
+    assert kernel_at(lines, "tg", 8192, 128) == ("VEC", "fallback")
+    assert kernel_at(lines, "tg", 16384, 128) == (None, None)
