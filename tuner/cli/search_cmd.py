@@ -113,7 +113,8 @@ def _baseline_build(arch: str, source: object) -> object:
 
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
-    from tuner.search.study import SearchConfig, default_run_dir, describe, run_search
+    from tuner.search.study import SearchConfig, default_run_dir, run_search
+    from tuner.search.winner import describe
     from tuner.source import DEFAULT_SPEC, fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
@@ -175,7 +176,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
 
     click.echo(describe(st, load_space(arch, source.era)))
     if not worker:
-        from tuner.result.export import export_study
+        from tuner.cli.export_cmd import export_study
 
         out = export_dir or (run_dir / "export")
         export_study(study, storage=cfg.storage_url, out_dir=out)

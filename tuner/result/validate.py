@@ -103,7 +103,7 @@ def _sha(text: str) -> str:
 
 def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions."""
-    from tuner.plan.constraints import check_constraints
+    from tuner.plan.space import check_constraints
     from tuner.result.export import baked_runtime
     from tuner.plan.render import render_variant
     from tuner.source import fetch_source

@@ -1,13 +1,14 @@
-"""The ``search`` stage: the Optuna study over build, compile-time and runtime knobs (``study``), the
-choice of winners from its measurements (``select``), and its two offline modes, ``--dry-run``
-(``dryrun``) and ``--replay`` (``replay``). The public names are re-exported here:
-``from tuner.search import run_search``.
+"""The ``search`` stage: the Optuna study over build, compile-time and runtime knobs (``study``), how a
+study's measurements are recorded and read back (``record``), the choice of winners from them
+(``select``, ``winner``), and the two offline modes ``--dry-run`` (``dryrun``) and ``--replay``
+(``replay``). The public names are re-exported here: ``from tuner.search import run_search``.
 """
 
 from __future__ import annotations
 
-from tuner.search.study import (PROFILES, SearchConfig, SearchOutcome, load_outcome, parse_point_key, point_key,
-                                resolve_arch, run_search, run_worker, runtime_env_and_args)
+from tuner.plan.space import runtime_env_and_args
+from tuner.search.record import parse_point_key, point_key
+from tuner.search.study import PROFILES, SearchConfig, SearchOutcome, load_outcome, resolve_arch, run_search, run_worker
 
 __all__ = [
     "SearchConfig",

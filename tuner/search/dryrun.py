@@ -77,7 +77,7 @@ def count_space(arch: str, era: str, space: Any) -> tuple[list[dict[str, Any]], 
         (rows, legal, total): per row its candidate count, legal count and the broken rules with how
         often; ``legal``/``total`` for the whole compile-time space.
     """
-    from tuner.plan.constraints import check_constraints
+    from tuner.plan.space import check_constraints
 
     groups: dict[tuple[Any, ...], list[Any]] = collections.defaultdict(list)
     for k in space.compile_knobs:
@@ -184,7 +184,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     )
     if sets:
         compile_pins, _ = parse_set_values(space, [f"{k}={v}" for k, v in sets.items()])
-        from tuner.plan.constraints import check_constraints
+        from tuner.plan.space import check_constraints
 
         bad = check_constraints(a.name, source.era, compile_pins, space=space)
         if bad:
