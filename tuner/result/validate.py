@@ -217,7 +217,7 @@ def _git_apply_check(patch_file: Path, root: Path) -> Any:
 
 
 def _compile_check(rv: Any) -> Finding:
-    from tuner.build.cmake import build_variant
+    from tuner.builder.cmake import build_variant
 
     tus = [p for p in rv.files if p.endswith((".cu", ".cpp"))] + list(rv.tu_headers)
     if not tus:

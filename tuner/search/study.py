@@ -332,7 +332,7 @@ class _Searcher:
         return runtime_env_and_args(self.space, vals)
 
     def _build(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
-        from tuner.build.cmake import build_variant
+        from tuner.builder.cmake import build_variant
         from tuner.plan.render import render_variant
 
         rv = render_variant(
