@@ -56,7 +56,7 @@ def tree_b(tuner_home: Path):
 @pytest.fixture(scope="session")
 def cpu_build(tree_a):
     """A real CPU build of llama-bench, test-backend-ops and llama-quantize from tree A (cached)."""
-    from tuner.build.cmake import build_variant
+    from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
 
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
@@ -79,7 +79,7 @@ def hip_toolchain(tuner_home: Path):
     command that sets it up.
     """
     from tuner.errors import TunerError
-    from tuner.build.hip import find_hip_toolchain, run_hip_setup
+    from tuner.builder.hip import find_hip_toolchain, run_hip_setup
 
     tc = find_hip_toolchain()
     if tc is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.build.cmake import build_variant
+from tuner.builder.cmake import build_variant
 from tuner.errors import TunerError
 from tuner.plan.variant import RenderedVariant
 
@@ -100,7 +100,7 @@ def test_two_processes_build_one_variant_once(tmp_path: Path) -> None:
 
     script = (
         "import sys, json; sys.path.insert(0, sys.argv[1]);"
-        "from test_build_cpu import toy_rv; from tuner.build.cmake import build_variant;"
+        "from test_build_cpu import toy_rv; from tuner.builder.cmake import build_variant;"
         "b = build_variant(toy_rv(rows=3), targets=['llama-bench'], jobs=1);"
         "print(json.dumps({'cached': b.cached, 'bin': str(b.bin_dir)}))"
     )

@@ -38,12 +38,12 @@ def test_gfx1151_dry_run_both_eras(spec: str, hip_toolchain, tree_a, tree_b) -> 
 
 
 def test_illegal_pinned_value_is_rejected_before_compiling(tree_a, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.build.cmake
+    import tuner.builder.cmake
 
     def no_build(*a, **k):
         raise AssertionError("an illegal candidate must never reach the compiler")
 
-    monkeypatch.setattr(tuner.build.cmake, "build_variant", no_build)
+    monkeypatch.setattr(tuner.builder.cmake, "build_variant", no_build)
     # a D=256 tile row whose shared memory overflows the 64 KiB LDS of gfx1151
     args = ["search", "--arch", "gfx1151", "--dry-run", "--set", "tile.amd_rdna.d256.c8.nbatch_fa=128",
             "--set", "tile.amd_rdna.d256.c8.nbatch_K=256"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.build.cmake import build_variant, default_check_objects
-from tuner.build.hip import find_hip_toolchain, load_offload_targets
+from tuner.builder.cmake import build_variant, default_check_objects
+from tuner.builder.hip import find_hip_toolchain, load_offload_targets
 from tuner.plan.variant import RenderedVariant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -50,7 +50,7 @@ def build(arch: str, spec: str | None, variant: str | None, sets: tuple[str, ...
     A repeated build of the same candidate does no work. For AMD targets use --compile-only (this
     machine cannot run HIP code); it needs `tuner toolchain hip` once.
     """
-    from tuner.build import cmake as build_stage  # noqa: PLC0415 - keep `tuner --help` fast
+    from tuner.builder import cmake as build_stage  # noqa: PLC0415 - keep `tuner --help` fast
     from tuner.plan import render  # noqa: PLC0415
     from tuner import source  # noqa: PLC0415
     from tuner.targets.archs import detect_local_archs  # noqa: PLC0415
@@ -101,7 +101,7 @@ def toolchain_hip(prefix: Path | None, check: bool) -> None:
     configuration (the system's sources are not touched), and puts cmake<4 in a venv. A second run
     does no work.
     """
-    from tuner.build import hip  # noqa: PLC0415
+    from tuner.builder import hip  # noqa: PLC0415
 
     tc, did_work = hip.run_hip_setup(prefix)
     click.echo(log.table(["", ""], [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["export", "validate"]
+__all__ = ["export", "validate", "export_study"]
 
 import sys
 from pathlib import Path
@@ -10,6 +10,21 @@ from pathlib import Path
 import click
 
 from tuner import log
+
+
+def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
+                 weight_type: str | None = None) -> Path:
+    """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage).
+
+    Raises:
+        UsageError: the study does not exist in ``storage``.
+        TunerError: the study has no baseline measurement yet.
+    """
+    from tuner.result.export import write_result
+    from tuner.search.winner import load_finished_study
+
+    finished = load_finished_study(study_name, storage=storage)
+    return write_result(finished, out_dir, like=like, weight_type=weight_type)
 
 
 @click.command()
@@ -25,7 +40,6 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
            weight_type: str | None) -> None:
     """Export a study's winner: config.toml, tuned.patch, CMakePresets.json, run.env, report.md, depth.png."""
     from tuner.errors import UsageError
-    from tuner.result.export import export_study
     from tuner.search.study import default_run_dir
 
     if storage is None:

@@ -53,6 +53,7 @@ def render(
     """
     from tuner.plan import render as render_mod
     from tuner.plan import space as space_mod
+    from tuner.plan.variant import VARIANTS
 
     src = _load_source(spec)
     sp = None
@@ -63,7 +64,7 @@ def render(
             raise
     if variant is None:
         if sp is None:
-            raise UsageError(f"No search space for {arch!r}; pass --variant ({', '.join(render_mod.VARIANTS)}).")
+            raise UsageError(f"No search space for {arch!r}; pass --variant ({', '.join(VARIANTS)}).")
         variant = sp.variants[0]
     compile_values: dict[str, int] = {}
     runtime_values: dict[str, int | str] = {}

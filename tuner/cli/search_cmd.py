@@ -115,7 +115,7 @@ def worker(**kw: object) -> None:
 def _baseline_build(arch: str, source: object) -> object:
     """The upstream-default variant's build (for llama-quantize); cached like every build."""
     from tuner.targets.archs import detect_local_archs
-    from tuner.build.cmake import build_variant
+    from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
 

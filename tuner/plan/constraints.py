@@ -14,7 +14,7 @@ __all__ = [
     "MmaRow",
     "TileRow",
     "Violation",
-    "check_constraints",
+    "check_candidate",
     "check_mma_row",
     "check_tile_row",
     "check_wmma",
@@ -27,14 +27,9 @@ __all__ = [
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
 
 from tuner.errors import UsageError, close_matches
-
-if TYPE_CHECKING:
-    from tuner.plan.space import SearchSpace
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -393,50 +388,29 @@ def _maxpow2(x: int) -> int:
     return 2 * _maxpow2(x // 2) if x > 0 and x % 2 == 0 else 1
 
 
-def check_constraints(
-    arch: str,
-    era: str,
-    compile_values: Mapping[str, int],
-    model_shape: Mapping[str, int] | None = None,
+def check_candidate(
+    limits: ArchLimits,
+    rows: Iterable[tuple[str, str, TileRow | MmaRow, int]],
     *,
-    space: SearchSpace | None = None,
-    source_root: Path | None = None,
+    wmma: Mapping[str, int] | None = None,
+    model_shape: Mapping[str, int] | None = None,
 ) -> list[Violation]:
-    """Check a compile-time candidate before any compile.
+    """Check one compile-time candidate, given as data, before any compile.
+
+    :func:`tuner.plan.space.check_constraints` turns a search space's knob values into these rows.
 
     Args:
-        arch: Arch name.
-        era: ``mma`` or ``rocwmma``.
-        compile_values: Knob name -> value (``search_spaces/<arch>.toml``, section compile).
+        limits: The arch's limits (:func:`load_arch_limits`).
+        rows: ``(kind, table, row, ncols2)`` per tuned kernel-config row; ``kind`` is ``tile_row`` or
+            ``mma_row``, ``ncols2`` 0 when the knob does not pin it.
+        wmma: rocWMMA fields (``nwarps``, ``min_blocks``, ``kq_stride``) when the candidate sets any.
         model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}``; restricts WMMA checks to the model's D.
-        space: The search space (default: ``load_space(arch, era)``).
-        source_root: Tree whose tables give untuned fields (default: each knob's explicit default).
 
     Returns:
         Every violation, empty when the candidate is legal.
     """
-    from tuner.plan import space as space_mod
-
-    limits = load_arch_limits(arch)
-    sp = space or space_mod.load_space(arch, era)
-    values = space_mod.check_values(sp, compile_values, section="compile")
-    groups: dict[tuple[str, str, tuple[int, int, int], int], dict[str, int]] = {}
-    wmma: dict[str, int] = {}
-    for knob in sp.compile_knobs:
-        m = knob.meta
-        if knob.kind == "wmma":
-            wmma[str(m["field"])] = int(values.get(knob.name, knob.default))  # type: ignore[arg-type]
-            continue
-        key = (int(m["dkq"]), int(m["dv"]), int(m["ncols"]))
-        g = groups.setdefault((knob.kind, str(m["table"]), key, int(m.get("ncols2", 0))), {})
-        if knob.name in values:
-            g[str(m["field"])] = int(values[knob.name])
     out: list[Violation] = []
-    for (kind, table, key, ncols2), fields in groups.items():
-        if not fields:
-            continue
-        base = space_mod.upstream_row(source_root, kind, table, key, space=sp) if source_root else space_mod.default_row(sp, kind, table, key)
-        row = dataclasses.replace(base, **fields)
+    for kind, table, row, ncols2 in rows:
         if kind == "tile_row":
             out += check_tile_row(limits, table, row)  # type: ignore[arg-type]
         else:

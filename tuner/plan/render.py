@@ -10,7 +10,6 @@ mode (``tuner export``) the same values are written into the sources instead and
 from __future__ import annotations
 
 __all__ = [
-    "VARIANTS",
     "Edit",
     "PatchManifest",
     "find_hooked_tus",
@@ -44,26 +43,12 @@ from tuner.plan import constraints
 from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import data_dir
-from tuner.plan.variant import RenderedVariant
+from tuner.plan.variant import VARIANTS, RenderedVariant
 
 if TYPE_CHECKING:
     from tuner.plan.space import SearchSpace
 
 logger = logging.getLogger(__name__)
-
-VARIANTS: dict[str, str] = {
-    "cpu": "CPU backend, -march=native (GGML_NATIVE=ON)",
-    "cpu-no-native": "CPU backend without -march=native (portable baseline)",
-    "cuda": "CUDA, upstream defaults for the arch",
-    "cuda-force-mmq": "CUDA with GGML_CUDA_FORCE_MMQ=ON (a no-op on Turing+ for MMQ types)",
-    "cuda-force-cublas": "CUDA with GGML_CUDA_FORCE_CUBLAS=ON (never MMQ)",
-    "cuda-no-graphs": "CUDA with GGML_CUDA_GRAPHS=OFF",
-    "hip": "HIP, upstream defaults for the arch",
-    "hip-rocwmma": "HIP with the rocWMMA FlashAttention kernel (era rocwmma only)",
-    "hip-force-mmq": "HIP with GGML_CUDA_FORCE_MMQ=ON",
-    "hip-no-mmq-mfma": "HIP with GGML_HIP_MMQ_MFMA=OFF (also removes the CDNA MMA-FA path)",
-}
-"""Variant name -> one-line description; each has ``templates/cmake/<name>.j2``."""
 
 _ERA_ONLY = {"hip-rocwmma": "rocwmma"}
 
@@ -676,7 +661,7 @@ def render_variant(
         if sp is None:
             raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
         compile_values = space_mod.check_values(sp, compile_values, section="compile")  # type: ignore[assignment]
-        violations = constraints.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
+        violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
         if violations:
             raise UsageError(
                 f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "

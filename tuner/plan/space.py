@@ -13,6 +13,9 @@ __all__ = [
     "RUNTIME_KINDS",
     "FA_RULE_KV_TYPES",
     "FA_RULE_KEY_RANGES",
+    "RULE_KINDS",
+    "check_constraints",
+    "runtime_env_and_args",
     "FaRule",
     "Knob",
     "RuntimeSettings",
@@ -39,12 +42,16 @@ from typing import Any
 
 import optuna.distributions as od
 
-from tuner.plan.constraints import MmaRow, TileRow, parse_mma_tables, parse_tile_tables
+from tuner.plan.constraints import (MmaRow, TileRow, Violation, check_candidate, load_arch_limits, parse_mma_tables,
+                                    parse_tile_tables)
 from tuner.errors import UsageError, close_matches
 from tuner.paths import data_dir
+from tuner.plan.variant import VARIANTS
 
 COMPILE_KINDS = ("tile_row", "mma_row", "wmma")
 RUNTIME_KINDS = ("rule", "threshold", "env", "bench_flag")
+RULE_KINDS = ("rule",)
+"""Runtime kinds that are per-phase FlashAttention rules (chosen per depth bucket, baked into the export)."""
 _KERNELS = ("default", "VEC", "TILE", "MMA")
 _TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
 _MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")
@@ -295,8 +302,6 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
     for key in sec:
         if key not in ("variants", "compile", "runtime"):
             raise _err(path, f"[era.{era}]", f"unknown key {key!r}.{close_matches(key, ['variants', 'compile', 'runtime'])} Allowed: variants, compile, runtime.")
-    from tuner.plan.render import VARIANTS
-
     variants = sec.get("variants", [])
     if not variants or not all(isinstance(v, str) for v in variants):
         raise _err(path, f"[era.{era}] variants", "must be a non-empty list of variant names (first = upstream default).")
@@ -596,3 +601,61 @@ def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int
         )
     cls = TileRow if kind == "tile_row" else MmaRow
     return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)  # type: ignore[arg-type]
+
+
+def runtime_env_and_args(space: Any, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`.
+
+    Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
+    """
+    names = {k.name for k in space.runtime_knobs}
+    rt = render_runtime(space, {k: v for k, v in values.items() if k in names})
+    return dict(rt.env), list(rt.bench_args)
+
+
+def check_constraints(
+    arch: str,
+    era: str,
+    compile_values: Mapping[str, int],
+    model_shape: Mapping[str, int] | None = None,
+    *,
+    space: SearchSpace | None = None,
+    source_root: Path | None = None,
+) -> list[Violation]:
+    """Check a compile-time candidate of a search space before any compile.
+
+    Resolves the space's knobs into kernel-config rows (untuned fields from the tree or the knobs'
+    defaults) and hands them, as data, to :func:`tuner.plan.constraints.check_candidate`.
+
+    Args:
+        arch: Arch name.
+        era: ``mma`` or ``rocwmma``.
+        compile_values: Knob name -> value (``search_spaces/<arch>.toml``, section compile).
+        model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}``; restricts WMMA checks to the model's D.
+        space: The search space (default: ``load_space(arch, era)``).
+        source_root: Tree whose tables give untuned fields (default: each knob's explicit default).
+
+    Returns:
+        Every violation, empty when the candidate is legal.
+    """
+    limits = load_arch_limits(arch)
+    sp = space or load_space(arch, era)
+    values = check_values(sp, compile_values, section="compile")
+    groups: dict[tuple[str, str, tuple[int, int, int], int], dict[str, int]] = {}
+    wmma: dict[str, int] = {}
+    for knob in sp.compile_knobs:
+        m = knob.meta
+        if knob.kind == "wmma":
+            wmma[str(m["field"])] = int(values.get(knob.name, knob.default))  # type: ignore[arg-type]
+            continue
+        key = (int(m["dkq"]), int(m["dv"]), int(m["ncols"]))
+        g = groups.setdefault((knob.kind, str(m["table"]), key, int(m.get("ncols2", 0))), {})
+        if knob.name in values:
+            g[str(m["field"])] = int(values[knob.name])
+    rows: list[tuple[str, str, TileRow | MmaRow, int]] = []
+    for (kind, table, key, ncols2), fields in groups.items():
+        if not fields:
+            continue
+        base = upstream_row(source_root, kind, table, key, space=sp) if source_root else default_row(sp, kind, table, key)
+        rows.append((kind, table, dataclasses.replace(base, **fields), ncols2))
+    return check_candidate(limits, rows, wmma=wmma, model_shape=model_shape)

@@ -1,11 +1,11 @@
-"""Value objects passed between stages: source -> render -> build -> bench.
+"""The variants there are, and the value objects passed between stages: source -> render -> build -> bench.
 
 Kept in one small module so each stage can be written and tested against the same shapes.
 """
 
 from __future__ import annotations
 
-__all__ = ["RenderedVariant", "Build"]
+__all__ = ["VARIANTS", "RenderedVariant", "Build"]
 
 import dataclasses
 from collections.abc import Mapping
@@ -13,6 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from tuner._hash import stable_hash
+
+VARIANTS: dict[str, str] = {
+    "cpu": "CPU backend, -march=native (GGML_NATIVE=ON)",
+    "cpu-no-native": "CPU backend without -march=native (portable baseline)",
+    "cuda": "CUDA, upstream defaults for the arch",
+    "cuda-force-mmq": "CUDA with GGML_CUDA_FORCE_MMQ=ON (a no-op on Turing+ for MMQ types)",
+    "cuda-force-cublas": "CUDA with GGML_CUDA_FORCE_CUBLAS=ON (never MMQ)",
+    "cuda-no-graphs": "CUDA with GGML_CUDA_GRAPHS=OFF",
+    "hip": "HIP, upstream defaults for the arch",
+    "hip-rocwmma": "HIP with the rocWMMA FlashAttention kernel (era rocwmma only)",
+    "hip-force-mmq": "HIP with GGML_CUDA_FORCE_MMQ=ON",
+    "hip-no-mmq-mfma": "HIP with GGML_HIP_MMQ_MFMA=OFF (also removes the CDNA MMA-FA path)",
+}
+"""Variant name -> one-line description; each has ``templates/cmake/<name>.j2``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,20 +4,14 @@ Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the 
 as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time),
 ``CMakePresets.json``, ``run.env`` + command lines, ``report.md`` and ``depth.png``.
 
-Choice of the winner (see :mod:`tuner.search.select`):
-
-1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
-   than the baseline beyond noise at any point; the baseline when none is;
-2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
-   trials that share G's build and process-wide settings (they may differ only in the per-phase
-   FlashAttention rule), so the buckets combine into one binary and one command line.
+The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrives here as a value, a
+:class:`~tuner.search.winner.FinishedStudy`; this module only writes what it holds.
 """
 
 from __future__ import annotations
 
-__all__ = ["export_study", "Winner", "choose_winner", "baked_runtime", "RULE_KINDS"]
+__all__ = ["write_result", "baked_runtime"]
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -27,167 +21,34 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner.errors import TunerError, UsageError
+from tuner.errors import TunerError
+from tuner.plan.space import RULE_KINDS
 
-RULE_KINDS = ("rule",)
 SCHEMA_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Winner:
-    global_config: str
-    """``baseline`` or ``trial<N>``."""
-    values: Mapping[str, Any]
-    """All knob values of G (variant, compile-time, runtime)."""
-    rules: tuple[str, ...]
-    """``phase:lo-hi=KERNEL`` FlashAttention rules per bucket (GGML_TUNER_FA_RULES syntax)."""
-    buckets: tuple[Mapping[str, Any], ...]
-    """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
-    rejected: Mapping[str, str]
-
-
-def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
-    if cfg == "baseline":
-        from tuner.search.study import BASELINE_PARAMS_ATTR
-
-        # the enqueued upstream-default trial carries the baseline's full knob values
-        t = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
-        return dict(t.user_attrs.get("values", {})) if t is not None else {}
-    n = int(cfg.removeprefix("trial"))
-    return dict(study.trials[n].user_attrs.get("values", {}))
-
-
-def choose_winner(study: Any, space: Any) -> Winner:
-    """Apply the global pick + per-bucket selection described in the module docstring."""
-    import optuna
-
-    from tuner.search.study import study_results
-    from tuner.search.select import select_winners
-    from tuner.measure.stats import compare
-
-    from tuner.search.study import anchor_drift
-
-    results, base = study_results(study)
-    if not results.get(base):
-        raise TunerError(
-            f"study {study.study_name!r} has no baseline measurement yet, so there is nothing to export. "
-            "Run `tuner search` (it measures the baseline first)."
-        )
-    rule_names = {k.name: k for k in space.runtime_knobs if k.kind in RULE_KINDS}
-
-    floor = anchor_drift(study)
-
-    def admissible_everywhere(cfg: str) -> bool:
-        """Not slower beyond noise at any point, and faster beyond noise at one at least."""
-        pts = results[cfg]
-        if set(pts) != set(results[base]):
-            return False
-        verdicts = [
-            compare(results[base][p].samples, pts[p].samples, min_effect_pct=max(2.0, floor.get(p, 0.0))).verdict
-            for p in pts
-        ]
-        return "slower" not in verdicts and "faster" in verdicts
-
-    cands = []
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        cfg = f"trial{t.number}"
-        if cfg in results and t.value is not None and math.isfinite(t.value) and admissible_everywhere(cfg):
-            cands.append((t.value, -t.number, cfg))
-    g = max(cands)[2] if cands else base
-    g_vals = _trial_values(study, g) if g != base else _trial_values(study, base)
-
-    def family(cfg: str, phase: str) -> bool:
-        if cfg == g:
-            return True
-        if cfg == base:
-            return g == base
-        v = _trial_values(study, cfg)
-        return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
-
-    from tuner.search.study import anchor_drift
-
-    sel = select_winners(results, base, eligible=family, fallback=g, noise_floor=anchor_drift(study))
-    rule_vals: dict[str, Any] = {}
-    buckets: list[dict[str, Any]] = []
-    for b in sel.buckets:
-        vals = _trial_values(study, b.config) if b.config != base else g_vals
-        same_phase = [x for x in sel.buckets if x.phase == b.phase]
-        i = same_phase.index(b)
-        lo = 0 if i == 0 else b.depths[0]
-        hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
-        fa_phase = "decode" if b.phase == "tg" else "prefill"
-        # The space's rule knobs cover fixed n_kv ranges; each takes the value of the bucket that
-        # holds its lower bound, so buckets with different picks never contradict each other.
-        taken = []
-        for name, k in rule_names.items():
-            klo = int(k.meta.get("lo", 0))
-            if k.meta.get("phase") == fa_phase and klo >= lo and (hi is None or klo < hi):
-                rule_vals[name] = vals.get(name, k.default)
-                if rule_vals[name] != k.default:
-                    taken.append(f"{name}={rule_vals[name]}")
-        buckets.append(
-            {
-                "phase": b.phase,
-                "depths": list(b.depths),
-                "kv_range": [lo, hi if hi is not None else "inf"],
-                "config": b.config,
-                "rules": taken or ["upstream selection"],
-                "reason": b.reason,
-                "worst_regret": round(b.worst_regret, 4),
-                "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
-            }
-        )
-    from tuner.plan.space import render_runtime
-
-    rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
-    rules = [r for r in rt.env.get("GGML_TUNER_FA_RULES", "").split(",") if r]
-    return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
-
-
-def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, float):
-            out[k] = round(v, 4) if math.isfinite(v) else str(v)
-        else:
-            out[k] = v
-    return out
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
-                 weight_type: str | None = None) -> Path:
-    """Write the result folder for ``study_name``; returns ``out_dir``.
+def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
+    """Write the result folder of a finished study; returns ``out_dir``.
 
-    Raises:
-        UsageError: the study does not exist in ``storage``.
-        TunerError: the study has no baseline measurement yet.
+    Args:
+        finished: A :class:`tuner.search.winner.FinishedStudy` (the study, its source and space, the
+            chosen winner and the measurements it was chosen from).
+        out_dir: The folder to write.
+        like: Model shape name for the roofline when the GGUF is not here (default: the study's).
+        weight_type: Weight type for that shape (default: the study's).
     """
-    import optuna
     import tomli_w
 
     from tuner.plan.render import render_presets, render_variant
-    from tuner.search.study import runtime_env_and_args
-    from tuner.source import fetch_source
-    from tuner.plan.space import load_space
+    from tuner.plan.space import runtime_env_and_args
 
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError as err:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+    study, source, space, w = finished.study, finished.source, finished.space, finished.winner
+    study_name = study.study_name
     a = study.user_attrs
-    source = fetch_source(a["source_spec"])
-    if source.source_id != a["source_id"]:
-        raise TunerError(
-            f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
-            f"{source.source_id}. Export needs the exact tree the numbers came from."
-        )
-    space = load_space(a["arch"], a["era"])
-    w = choose_winner(study, space)
     vals = dict(w.values)
     variant = vals.get("variant") or space.variants[0]
     compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
@@ -246,7 +107,7 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
-    _write_report(study, w, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
+    _write_report(finished, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
@@ -322,15 +183,15 @@ def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | Non
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
 
 
-def _write_report(study: Any, w: Winner, out_dir: Path, measured: tuple[str, str | None], *,
+def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None], *,
                   like: str | None = None, weight_type: str | None = None) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
 
     from tuner.result.report import plot_depth, render_report
-    from tuner.search.study import study_results
 
-    results, base = study_results(study)
+    study, w = finished.study, finished.winner
+    results, base = finished.results, finished.base
     a = study.user_attrs
     roof = _roofline_for(a, like, weight_type, measured) or {}
     rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
@@ -367,7 +228,7 @@ def _write_report(study: Any, w: Winner, out_dir: Path, measured: tuple[str, str
         + log.table(["point", "Δ tuned", "95% CI", "noise floor", "verdict", "config", "rules"], sel_rows)
         + "\n"
     )
-    (out_dir / "report.md").write_text(header + md + selection + _trials_section(study))
+    (out_dir / "report.md").write_text(header + md + selection + _trials_section(study, finished.baseline_trial))
     plot_depth(frames, out_dir / "depth.png")
 
 
@@ -394,11 +255,9 @@ def _ptx_jit_note(a: Mapping[str, Any], measured: tuple[str, str | None], like: 
     return note
 
 
-def _trials_section(study: Any) -> str:
-    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried."""
-    from tuner.search.study import BASELINE_PARAMS_ATTR
-
-    base = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+def _trials_section(study: Any, base: Any | None) -> str:
+    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried;
+    ``base`` is the enqueued upstream-default trial."""
     ref = dict(base.params) if base else {}
     rows = []
     for t in study.trials:

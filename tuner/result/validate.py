@@ -104,7 +104,7 @@ def _sha(text: str) -> str:
 
 def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions."""
-    from tuner.plan.constraints import check_constraints
+    from tuner.plan.space import check_constraints
     from tuner.result.export import baked_runtime
     from tuner.plan.render import render_variant
     from tuner.source import fetch_source
@@ -238,7 +238,7 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
 
 
 def _compile_check(rv: Any) -> Finding:
-    from tuner.build.cmake import build_variant
+    from tuner.builder.cmake import build_variant
 
     tus = [p for p in rv.files if p.endswith((".cu", ".cpp"))] + list(rv.tu_headers)
     if not tus:

@@ -12,14 +12,16 @@
   screen did not use; only what confirms is exported.
 
 ``study`` is the earlier one-TPE-over-everything search, kept for ``tuner worker`` (several hosts on
-one PostgreSQL study); ``select``, ``dryrun`` and ``replay`` as before. The public names are
+one PostgreSQL study); ``record`` reads a study's measurements back; ``select``/``winner``, ``dryrun``
+and ``replay`` as before. The public names are
 re-exported here: ``from tuner.search import run_search``.
 """
 
 from __future__ import annotations
 
-from tuner.search.study import (PROFILES, SearchConfig, SearchOutcome, load_outcome, parse_point_key, point_key,
-                                resolve_arch, run_search, run_worker, runtime_env_and_args)
+from tuner.plan.space import runtime_env_and_args
+from tuner.search.record import parse_point_key, point_key
+from tuner.search.study import PROFILES, SearchConfig, SearchOutcome, load_outcome, resolve_arch, run_search, run_worker
 
 __all__ = [
     "SearchConfig",

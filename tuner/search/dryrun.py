@@ -77,7 +77,7 @@ def count_space(arch: str, era: str, space: Any) -> tuple[list[dict[str, Any]], 
         (rows, legal, total): per row its candidate count, legal count and the broken rules with how
         often; ``legal``/``total`` for the whole compile-time space.
     """
-    from tuner.plan.constraints import check_constraints
+    from tuner.plan.space import check_constraints
 
     groups: dict[tuple[Any, ...], list[Any]] = collections.defaultdict(list)
     for k in space.compile_knobs:
@@ -141,7 +141,7 @@ def plan_estimate(vendor: str, *, n_variants: int, n_compile_samples: int, n_run
 
 def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, Any], vendor: str, *,
                     only_selector: bool = False) -> dict[str, Any]:
-    from tuner.build.cmake import build_variant, default_check_objects
+    from tuner.builder.cmake import build_variant, default_check_objects
     from tuner.plan.render import render_variant
 
     rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
@@ -151,7 +151,7 @@ def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, A
         # check proves something was compiled for the target.
         objs = objs[:1] if rv.era == "mma" else objs[:2]
     if vendor == "amd":
-        from tuner.build.hip import find_hip_toolchain
+        from tuner.builder.hip import find_hip_toolchain
 
         if find_hip_toolchain() is None:
             return {"variant": variant, "status": "skipped", "objects": objs,
@@ -184,7 +184,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     )
     if sets:
         compile_pins, _ = parse_set_values(space, [f"{k}={v}" for k, v in sets.items()])
-        from tuner.plan.constraints import check_constraints
+        from tuner.plan.space import check_constraints
 
         bad = check_constraints(a.name, source.era, compile_pins, space=space)
         if bad:

@@ -222,8 +222,8 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
 
-    from tuner.plan.constraints import check_constraints
-    from tuner.search.study import runtime_env_and_args
+    from tuner.plan.space import check_constraints
+    from tuner.plan.space import runtime_env_and_args
 
     knobs = tn.tunable_knobs(space, fixed)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
@@ -315,7 +315,7 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
 def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int], fixed: Mapping[str, Any],
              rules: Sequence[str], tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str],
              factory: Any, build: Any, depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
-    from tuner.search.study import runtime_env_and_args
+    from tuner.plan.space import runtime_env_and_args
 
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     rules = list(rules)
@@ -377,7 +377,7 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
 
 
 def _pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    from tuner.search.study import runtime_env_and_args
+    from tuner.plan.space import runtime_env_and_args
 
     names = {k.name for k in space.runtime_knobs}
     return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
@@ -425,7 +425,7 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int]) -
 
 def _build(cfg: Any, source: Any, variant: str, compile_values: Mapping[str, Any]) -> Any:
     from tuner.targets.archs import detect_local_archs
-    from tuner.build.cmake import build_variant
+    from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
 
     rv = render_variant(source, cfg.arch, variant, compile_values=compile_values, local_archs=detect_local_archs())

@@ -28,9 +28,6 @@ __all__ = [
     "run_search",
     "run_worker",
     "load_outcome",
-    "runtime_env_and_args",
-    "point_key",
-    "parse_point_key",
 ]
 
 import dataclasses
@@ -38,7 +35,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import threading
 import time
 import warnings
@@ -49,6 +45,8 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner._hash import stable_hash
+from tuner.plan.space import runtime_env_and_args
+from tuner.search.record import BASELINE_PARAMS_ATTR, _median, parse_point_key, point_key
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +56,6 @@ PROFILES: dict[str, dict[str, float]] = {
     "prefill": {"pp": 0.8, "tg": 0.2},
     "balanced": {"pp": 0.5, "tg": 0.5},
 }
-
-BASELINE_PARAMS_ATTR = "tuner_baseline"
-
-
-def point_key(phase: str, depth: int) -> str:
-    return f"{phase}@{depth}"
-
-
-def parse_point_key(key: str) -> tuple[str, int]:
-    phase, depth = key.split("@")
-    return phase, int(depth)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchConfig:
@@ -174,23 +160,6 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
         f"the whole space here, or run the same command on a machine with that GPU.{hint}"
     )
     raise UsageError(msg)
-
-
-# --------------------------------------------------------------------------------------------
-# runtime knobs -> process environment and llama-bench arguments
-# --------------------------------------------------------------------------------------------
-
-
-def runtime_env_and_args(space: Any, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """Runtime knob values -> (env vars, llama-bench args); see :func:`tuner.plan.space.render_runtime`.
-
-    Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
-    """
-    from tuner.plan.space import render_runtime
-
-    names = {k.name for k in space.runtime_knobs}
-    rt = render_runtime(space, {k: v for k, v in values.items() if k in names})
-    return dict(rt.env), list(rt.bench_args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,7 +344,7 @@ class _Searcher:
         return runtime_env_and_args(self.space, vals)
 
     def _build(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
-        from tuner.build.cmake import build_variant
+        from tuner.builder.cmake import build_variant
         from tuner.plan.render import render_variant
 
         rv = render_variant(
@@ -488,7 +457,7 @@ class _Searcher:
         """Run one trial. Returns (state, value); state in complete/fail/pruned."""
         import optuna
 
-        from tuner.plan.constraints import check_constraints
+        from tuner.plan.space import check_constraints
 
         vals = self.full_values(trial.params)
         key = stable_hash({k: vals[k] for k in sorted(vals)})
@@ -670,10 +639,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs)) if len(xs) else float("nan")
-
-
 def stored_gate(trials: Sequence[Any], build_id: str) -> dict[str, Any] | None:
     """The gate verdict an earlier trial recorded for ``build_id`` (a study is tied to one model, so
     the same build means the same test-backend-ops cases); ``None`` if no trial ran it."""
@@ -736,97 +701,6 @@ def load_outcome(cfg: SearchConfig, *, builds_new: int = 0, builds_cached: int =
         builds_cached=builds_cached,
         seconds=(time.monotonic() - t0) if t0 else 0.0,
     )
-
-
-def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], str]:
-    """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id.
-
-    The baseline's samples are the pooled anchors; each COMPLETE (or pruned, for the points it
-    reached) trial is a config ``"trial<N>"``.
-    """
-    import optuna
-
-    from tuner.search.select import Measurement
-
-    results: dict[str, dict[tuple[str, int], Any]] = {}
-    pooled: dict[str, list[float]] = {}
-    for a in study.user_attrs.get("anchors", []):
-        for k, v in a["samples"].items():
-            pooled.setdefault(k, []).extend(v)
-    repeats = baseline_repeats(study)
-    for t in repeats:
-        for k, v in (t.user_attrs.get("samples") or {}).items():
-            pooled.setdefault(k, []).extend(v)
-    results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(v)) for k, v in pooled.items()}
-    skip = {t.number for t in repeats}
-    for t in study.get_trials(deepcopy=False):
-        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-            continue
-        if t.number in skip or "cached_from" in t.user_attrs:
-            continue
-        if t.user_attrs.get("gate", {}).get("status") == "fail":
-            continue
-        sam = t.user_attrs.get("samples") or {}
-        if sam:
-            results[f"trial{t.number}"] = {
-                parse_point_key(k): Measurement(samples=tuple(v)) for k, v in sam.items() if v
-            }
-    return results, "baseline"
-
-
-def baseline_repeats(study: Any) -> list[Any]:
-    """Finished trials that measured the upstream default itself (the enqueued trial 0 and repeats).
-
-    They are more anchors, not candidates: pooled into the baseline and counted in its drift.
-    """
-    import optuna
-
-    trials = study.get_trials(deepcopy=False)
-    base = next((t for t in trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
-    if base is None or "values" not in base.user_attrs:
-        return []
-    ref = base.user_attrs["values"]
-    return [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-            and t.user_attrs.get("values") == ref and "cached_from" not in t.user_attrs]
-
-
-def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
-    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
-    meds: dict[str, list[float]] = {}
-    for a in study.user_attrs.get("anchors", []):
-        for k, v in a["samples"].items():
-            if v:
-                meds.setdefault(k, []).append(_median(v))
-    for t in baseline_repeats(study):
-        for k, v in (t.user_attrs.get("samples") or {}).items():
-            if v:
-                meds.setdefault(k, []).append(_median(v))
-    return {parse_point_key(k): 100.0 * (max(m) - min(m)) / min(m) for k, m in meds.items() if len(m) > 1 and min(m) > 0}
-
-
-def describe(study: Any, space: Any) -> str:
-    """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
-    from tuner.result.export import choose_winner
-
-    results, base = study_results(study)
-    if not results.get(base):
-        return "no measurements yet"
-    w = choose_winner(study, space)
-    rows = []
-    for b in w.buckets:
-        for d, p in b["evidence"].items():
-            rows.append(
-                [
-                    f"{b['phase']} d{d}",
-                    f"{p['base_median']:.1f}",
-                    f"{p['pick_median']:.1f}",
-                    f"{p['delta_pct']:+.1f}%",
-                    f"{p['verdict']} (p={p['p_value']:.3f}, floor {p['noise_floor_pct']:.1f}%)",
-                    b["config"],
-                ]
-            )
-    head = f"Global pick: {w.global_config}; FA rules: {', '.join(w.rules) or 'upstream selection'}\n"
-    return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
 
 
 def default_run_dir(study: str) -> Path:

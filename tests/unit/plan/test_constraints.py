@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner.plan import constraints as c
+from tuner.plan import space
 from tuner.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
@@ -110,19 +111,17 @@ def test_wmma_rules() -> None:
 
 
 def test_check_constraints_through_space() -> None:
-    assert c.check_constraints("gfx1151", "mma", {}) == []
-    assert c.check_constraints("gfx1151", "mma", {"tile.amd_rdna.d64.c4.nthreads": 128}) == []
-    v = c.check_constraints("sm_90", "mma", {"mma.ampere.d64.c64.nbatch_K2": 16})
+    assert space.check_constraints("gfx1151", "mma", {}) == []
+    assert space.check_constraints("gfx1151", "mma", {"tile.amd_rdna.d64.c4.nthreads": 128}) == []
+    v = space.check_constraints("sm_90", "mma", {"mma.ampere.d64.c64.nbatch_K2": 16})
     assert [x.rule for x in v] == ["mma.nstages_K2"]
-    v = c.check_constraints("sm_70", "rocwmma", {"wmma.nwarps": 8, "wmma.kq_stride": 128}, space=_wmma_space_for("sm_70"))
+    v = space.check_constraints("sm_70", "rocwmma", {"wmma.nwarps": 8, "wmma.kq_stride": 128}, space=_wmma_space_for("sm_70"))
     assert [x.rule for x in v] == ["wmma.kq_stride_tc"]
     with pytest.raises(UsageError, match="Did you mean"):
-        c.check_constraints("sm_90", "mma", {"mma.ampere.d64.c64.nthread": 1})
+        space.check_constraints("sm_90", "mma", {"mma.ampere.d64.c64.nthread": 1})
 
 
 def _wmma_space_for(arch: str):  # the gfx1151 WMMA knobs, checked against another arch's limits
-    from tuner.plan import space
-
     return dataclasses.replace(space.load_space("gfx1151", "rocwmma"), arch=arch)
 
 

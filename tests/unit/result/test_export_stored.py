@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tuner._compat import tomllib
 from tuner.targets.archs import find_product
-from tuner.result.export import export_study
+from tuner.cli.export_cmd import export_study
 
 ROOT = Path(__file__).resolve().parents[3]
 S3 = ROOT / "docs" / "h100" / "session3"

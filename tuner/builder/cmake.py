@@ -157,7 +157,7 @@ def _fingerprint(path: Path | None) -> list[Any]:
 class _Toolchain:
     tools: BuildTools
     compilers: Mapping[str, Path | None]
-    hip: Any | None  # tuner.build.hip.HipToolchain
+    hip: Any | None  # tuner.builder.hip.HipToolchain
 
     @property
     def identity(self) -> list[Any]:
@@ -168,7 +168,7 @@ class _Toolchain:
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     d = rv.defines
     if _on(d.get("GGML_HIP")):
-        from tuner.build import hip  # noqa: PLC0415 - only HIP variants need it
+        from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
 
         targets = _hip_targets(d)
         tc = hip.require_hip_toolchain()
@@ -486,7 +486,7 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
     at all; that is recorded as ``[]``. An object *with* a bundle that lacks a requested target, or
     no object holding any code for it, is an error.
     """
-    from tuner.build.hip import load_offload_targets  # noqa: PLC0415
+    from tuner.builder.hip import load_offload_targets  # noqa: PLC0415
 
     found: dict[str, list[str]] = {}
     for t in obj_targets:

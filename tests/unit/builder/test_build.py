@@ -1,4 +1,4 @@
-"""Unit tests for tuner.build.cmake: no real compiler or CMake runs (tuner._run.run is faked)."""
+"""Unit tests for tuner.builder.cmake: no real compiler or CMake runs (tuner._run.run is faked)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from scikit_build_core.cmake import CMake
 
 import tuner
 from tuner import _run
-from tuner.build import cmake as B
+from tuner.builder import cmake as B
 from tuner.cli import cli
 from tuner.cli.build_cmd import parse_sets
 from tuner.errors import TunerError, UsageError
@@ -279,9 +279,11 @@ def test_cli_build_prints_dirs(fake_tools: Path, monkeypatch: pytest.MonkeyPatch
 
     fake_source = types.SimpleNamespace(fetch_source=lambda spec=None: types.SimpleNamespace(spec=spec or "pinned"))
     fake_render = types.SimpleNamespace(render_variant=render_variant)
-    for name, mod in (("source", fake_source), ("render", fake_render)):
-        monkeypatch.setitem(sys.modules, f"tuner.{name}", mod)
-        monkeypatch.setattr(tuner, name, mod, raising=False)
+    import tuner.plan
+
+    for pkg, name, mod in ((tuner, "source", fake_source), (tuner.plan, "render", fake_render)):
+        monkeypatch.setitem(sys.modules, f"{pkg.__name__}.{name}", mod)
+        monkeypatch.setattr(pkg, name, mod, raising=False)
     res = CliRunner().invoke(cli, ["build", "--arch", "cpu", "--set", "rows=3", "--targets", "llama-bench", "-j", "1"])
     assert res.exit_code == 0, res.output
     assert seen == {"arch": "cpu", "variant": "cpu", "values": {"rows": 3}}

@@ -1,4 +1,4 @@
-"""Unit tests for tuner.build.hip (no apt-get, no clang: tuner._run.run is faked or forbidden)."""
+"""Unit tests for tuner.builder.hip (no apt-get, no clang: tuner._run.run is faked or forbidden)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from packaging.version import Version
 from scikit_build_core.cmake import CMake
 
 from tuner import _run
-from tuner.build import cmake as B
-from tuner.build import hip
+from tuner.builder import cmake as B
+from tuner.builder import hip
 from tuner.cli import cli
 from tuner.errors import TunerError, UsageError
 from tuner.plan.variant import RenderedVariant

@@ -1,0 +1,102 @@
+"""How a study records its measurements in Optuna storage, and how they are read back.
+
+Each trial's user attrs hold its samples per point (``point_key``: ``pp@4096``); the study's user attrs
+hold the baseline anchors re-measured during the search. The readers here pool them into the
+measurements :func:`tuner.search.select.select_winners` compares.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BASELINE_PARAMS_ATTR",
+    "point_key",
+    "parse_point_key",
+    "study_results",
+    "baseline_repeats",
+    "anchor_drift",
+]
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+BASELINE_PARAMS_ATTR = "tuner_baseline"
+
+
+def point_key(phase: str, depth: int) -> str:
+    return f"{phase}@{depth}"
+
+
+def parse_point_key(key: str) -> tuple[str, int]:
+    phase, depth = key.split("@")
+    return phase, int(depth)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if len(xs) else float("nan")
+
+
+def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], str]:
+    """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id.
+
+    The baseline's samples are the pooled anchors; each COMPLETE (or pruned, for the points it
+    reached) trial is a config ``"trial<N>"``.
+    """
+    import optuna
+
+    from tuner.search.select import Measurement
+
+    results: dict[str, dict[tuple[str, int], Any]] = {}
+    pooled: dict[str, list[float]] = {}
+    for a in study.user_attrs.get("anchors", []):
+        for k, v in a["samples"].items():
+            pooled.setdefault(k, []).extend(v)
+    repeats = baseline_repeats(study)
+    for t in repeats:
+        for k, v in (t.user_attrs.get("samples") or {}).items():
+            pooled.setdefault(k, []).extend(v)
+    results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(v)) for k, v in pooled.items()}
+    skip = {t.number for t in repeats}
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            continue
+        if t.number in skip or "cached_from" in t.user_attrs:
+            continue
+        if t.user_attrs.get("gate", {}).get("status") == "fail":
+            continue
+        sam = t.user_attrs.get("samples") or {}
+        if sam:
+            results[f"trial{t.number}"] = {
+                parse_point_key(k): Measurement(samples=tuple(v)) for k, v in sam.items() if v
+            }
+    return results, "baseline"
+
+
+def baseline_repeats(study: Any) -> list[Any]:
+    """Finished trials that measured the upstream default itself (the enqueued trial 0 and repeats).
+
+    They are more anchors, not candidates: pooled into the baseline and counted in its drift.
+    """
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    base = next((t for t in trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+    if base is None or "values" not in base.user_attrs:
+        return []
+    ref = base.user_attrs["values"]
+    return [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+            and t.user_attrs.get("values") == ref and "cached_from" not in t.user_attrs]
+
+
+def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
+    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
+    meds: dict[str, list[float]] = {}
+    for a in study.user_attrs.get("anchors", []):
+        for k, v in a["samples"].items():
+            if v:
+                meds.setdefault(k, []).append(_median(v))
+    for t in baseline_repeats(study):
+        for k, v in (t.user_attrs.get("samples") or {}).items():
+            if v:
+                meds.setdefault(k, []).append(_median(v))
+    return {parse_point_key(k): 100.0 * (max(m) - min(m)) / min(m) for k, m in meds.items() if len(m) > 1 and min(m) > 0}

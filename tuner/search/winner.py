@@ -1,0 +1,216 @@
+"""The winner of a finished study, and what the search hands to the result stage.
+
+Choice of the winner (see :mod:`tuner.search.select`):
+
+1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
+   than the baseline beyond noise at any point; the baseline when none is;
+2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
+   trials that share G's build and process-wide settings (they may differ only in the per-phase
+   FlashAttention rule), so the buckets combine into one binary and one command line.
+
+:func:`load_finished_study` loads a study, checks its source and chooses the winner; the
+:class:`FinishedStudy` it returns is all :mod:`tuner.result.export` needs, so the result stage never
+imports the study machinery.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Winner", "FinishedStudy", "choose_winner", "describe", "load_finished_study"]
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+from tuner.plan.space import RULE_KINDS
+from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Winner:
+    global_config: str
+    """``baseline`` or ``trial<N>``."""
+    values: Mapping[str, Any]
+    """All knob values of G (variant, compile-time, runtime)."""
+    rules: tuple[str, ...]
+    """``phase:lo-hi=KERNEL`` FlashAttention rules per bucket (GGML_TUNER_FA_RULES syntax)."""
+    buckets: tuple[Mapping[str, Any], ...]
+    """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
+    rejected: Mapping[str, str]
+
+
+def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
+    if cfg == "baseline":
+        # the enqueued upstream-default trial carries the baseline's full knob values
+        t = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+        return dict(t.user_attrs.get("values", {})) if t is not None else {}
+    n = int(cfg.removeprefix("trial"))
+    return dict(study.trials[n].user_attrs.get("values", {}))
+
+
+def choose_winner(study: Any, space: Any) -> Winner:
+    """Apply the global pick + per-bucket selection described in the module docstring."""
+    import optuna
+
+    from tuner.search.select import select_winners
+    from tuner.measure.stats import compare
+
+    results, base = study_results(study)
+    if not results.get(base):
+        raise TunerError(
+            f"study {study.study_name!r} has no baseline measurement yet, so there is nothing to export. "
+            "Run `tuner search` (it measures the baseline first)."
+        )
+    rule_names = {k.name: k for k in space.runtime_knobs if k.kind in RULE_KINDS}
+
+    floor = anchor_drift(study)
+
+    def admissible_everywhere(cfg: str) -> bool:
+        """Not slower beyond noise at any point, and faster beyond noise at one at least."""
+        pts = results[cfg]
+        if set(pts) != set(results[base]):
+            return False
+        verdicts = [
+            compare(results[base][p].samples, pts[p].samples, min_effect_pct=max(2.0, floor.get(p, 0.0))).verdict
+            for p in pts
+        ]
+        return "slower" not in verdicts and "faster" in verdicts
+
+    cands = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        cfg = f"trial{t.number}"
+        if cfg in results and t.value is not None and math.isfinite(t.value) and admissible_everywhere(cfg):
+            cands.append((t.value, -t.number, cfg))
+    g = max(cands)[2] if cands else base
+    g_vals = _trial_values(study, g) if g != base else _trial_values(study, base)
+
+    def family(cfg: str, phase: str) -> bool:
+        if cfg == g:
+            return True
+        if cfg == base:
+            return g == base
+        v = _trial_values(study, cfg)
+        return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
+
+    sel = select_winners(results, base, eligible=family, fallback=g, noise_floor=anchor_drift(study))
+    rule_vals: dict[str, Any] = {}
+    buckets: list[dict[str, Any]] = []
+    for b in sel.buckets:
+        vals = _trial_values(study, b.config) if b.config != base else g_vals
+        same_phase = [x for x in sel.buckets if x.phase == b.phase]
+        i = same_phase.index(b)
+        lo = 0 if i == 0 else b.depths[0]
+        hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
+        fa_phase = "decode" if b.phase == "tg" else "prefill"
+        # The space's rule knobs cover fixed n_kv ranges; each takes the value of the bucket that
+        # holds its lower bound, so buckets with different picks never contradict each other.
+        taken = []
+        for name, k in rule_names.items():
+            klo = int(k.meta.get("lo", 0))
+            if k.meta.get("phase") == fa_phase and klo >= lo and (hi is None or klo < hi):
+                rule_vals[name] = vals.get(name, k.default)
+                if rule_vals[name] != k.default:
+                    taken.append(f"{name}={rule_vals[name]}")
+        buckets.append(
+            {
+                "phase": b.phase,
+                "depths": list(b.depths),
+                "kv_range": [lo, hi if hi is not None else "inf"],
+                "config": b.config,
+                "rules": taken or ["upstream selection"],
+                "reason": b.reason,
+                "worst_regret": round(b.worst_regret, 4),
+                "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
+            }
+        )
+    from tuner.plan.space import render_runtime
+
+    rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
+    rules = [r for r in rt.env.get("GGML_TUNER_FA_RULES", "").split(",") if r]
+    return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
+
+
+def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, float):
+            out[k] = round(v, 4) if math.isfinite(v) else str(v)
+        else:
+            out[k] = v
+    return out
+
+
+def describe(study: Any, space: Any) -> str:
+    """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
+    results, base = study_results(study)
+    if not results.get(base):
+        return "no measurements yet"
+    w = choose_winner(study, space)
+    rows = []
+    for b in w.buckets:
+        for d, p in b["evidence"].items():
+            rows.append(
+                [
+                    f"{b['phase']} d{d}",
+                    f"{p['base_median']:.1f}",
+                    f"{p['pick_median']:.1f}",
+                    f"{p['delta_pct']:+.1f}%",
+                    f"{p['verdict']} (p={p['p_value']:.3f}, floor {p['noise_floor_pct']:.1f}%)",
+                    b["config"],
+                ]
+            )
+    head = f"Global pick: {w.global_config}; FA rules: {', '.join(w.rules) or 'upstream selection'}\n"
+    return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinishedStudy:
+    """A finished study with its winner chosen: the value :mod:`tuner.search` hands to :mod:`tuner.result`."""
+
+    study: Any
+    """The Optuna study, read only (its user attrs and trials are the evidence)."""
+    source: Any
+    """The :class:`tuner.source.Source` the numbers came from (checked against the study's source id)."""
+    space: Any
+    """The :class:`tuner.plan.space.SearchSpace` of the study's arch and era."""
+    winner: Winner
+    results: Mapping[str, Mapping[tuple[str, int], Any]]
+    """Measurements per config id (``baseline``, ``trial<N>``); see :func:`tuner.search.record.study_results`."""
+    base: str
+    """The baseline's config id in ``results``."""
+    baseline_trial: Any | None
+    """The enqueued upstream-default trial, or None."""
+
+
+def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
+    """Load ``study_name``, check that its source still resolves to the same tree, choose its winner.
+
+    Raises:
+        UsageError: the study does not exist in ``storage``.
+        TunerError: the source now resolves to another tree, or the study has no baseline measurement yet.
+    """
+    import optuna
+
+    from tuner.plan.space import load_space
+    from tuner.source import fetch_source
+
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as err:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+    a = study.user_attrs
+    source = fetch_source(a["source_spec"])
+    if source.source_id != a["source_id"]:
+        raise TunerError(
+            f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+            f"{source.source_id}. Export needs the exact tree the numbers came from."
+        )
+    space = load_space(a["arch"], a["era"])
+    w = choose_winner(study, space)
+    results, base = study_results(study)
+    baseline_trial = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+    return FinishedStudy(study=study, source=source, space=space, winner=w, results=results, base=base,
+                         baseline_trial=baseline_trial)
