@@ -144,14 +144,25 @@ def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
 
 
 def _fingerprint(path: Path | None) -> list[Any]:
-    # Cheap identity without running anything: a cache hit must not start a process.
+    # Identity without running anything (a cache hit must not start a process), and by content rather
+    # than path and mtime: each fresh venv (CI makes one per run) installs the same cmake/ninja wheel
+    # under a new path with a new mtime, which must not invalidate every cached build.
     if path is None:
         return [None]
     try:
         st = path.stat()
     except OSError:
         return [str(path), None]
-    return [str(path), st.st_size, st.st_mtime_ns]
+    return [path.name, st.st_size, _file_digest(str(path), st.st_size, st.st_mtime_ns)]
+
+
+@functools.cache  # keyed by size and mtime too, so a replaced file is hashed again
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
