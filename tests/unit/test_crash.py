@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import tuner.archs
+import tuner.log
 from tuner import crash, extras
 from tuner.cli import cli, main
 from tuner.errors import UsageError
@@ -34,7 +34,7 @@ def _main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *
 def crashing(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> Path:
     monkeypatch.delenv("TUNER_DEBUG", raising=False)
     monkeypatch.setenv("TUNER_TEST_MARKER", "kept-in-log")
-    monkeypatch.setattr(tuner.archs, "load_archs", _boom)  # `tuner archs` calls it
+    monkeypatch.setattr(tuner.log, "table", _boom)  # `tuner archs` prints its table with it
     return isolated_home
 
 
@@ -82,7 +82,7 @@ def test_crash_log_falls_back_to_temp_when_tuner_home_is_bad(tmp_path: Path, mon
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.delenv("TUNER_DEBUG", raising=False)
-    monkeypatch.setattr(tuner.archs, "load_archs", _boom)
+    monkeypatch.setattr(tuner.log, "table", _boom)
     code, _, err = _main(monkeypatch, capsys, "archs")
     assert code == 70
     assert str(tmp_path / "tmp" / "tuner-logs" / "crash-") in err
@@ -132,7 +132,7 @@ def test_missing_optional_module_names_the_extra(monkeypatch: pytest.MonkeyPatch
     def no_pyarrow(*args: object, **kwargs: object) -> None:
         raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")
 
-    monkeypatch.setattr(tuner.archs, "load_archs", no_pyarrow)
+    monkeypatch.setattr(tuner.log, "table", no_pyarrow)
     code, _, err = _main(monkeypatch, capsys, "archs")
     assert code == 2
     assert "Traceback" not in err
