@@ -7,13 +7,34 @@ __all__ = ["tuner_home", "data_dir", "package_data"]
 import os
 from pathlib import Path
 
+from tuner.errors import UsageError
+
 _PKG = Path(__file__).resolve().parent
 
 
 def tuner_home() -> Path:
-    """``$TUNER_HOME``, default ``~/.cache/tuner``; created on first use."""
-    home = Path(os.environ.get("TUNER_HOME") or Path.home() / ".cache" / "tuner").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    """``$TUNER_HOME``, default ``~/.cache/tuner``; created on first use.
+
+    Raises:
+        UsageError: The folder cannot be created or written (a file is in the way, no permission).
+    """
+    raw = os.environ.get("TUNER_HOME")
+    home = Path(raw or Path.home() / ".cache" / "tuner").expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        why = None if os.access(home, os.W_OK | os.X_OK) else "it is not writable"
+    except FileExistsError:
+        why = "it is a file, not a folder"
+    except NotADirectoryError:
+        why = "a file is in the way of one of its parent folders"
+    except OSError as err:
+        why = f"it cannot be created ({err.strerror or err})"
+    if why is not None:
+        what = f"TUNER_HOME={raw}" if raw else f"tuner's cache folder {home}"
+        fix = ("Point TUNER_HOME at a writable folder (it is created if missing), or unset it to use "
+               "~/.cache/tuner." if raw else "Set TUNER_HOME to a writable folder.")
+        raise UsageError(f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, "
+                         f"models and logs there. {fix}")
     return home
 
 

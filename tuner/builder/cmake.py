@@ -48,7 +48,7 @@ from scikit_build_core.errors import CMakeConfigError, CMakeNotFoundError
 from scikit_build_core.file_api.query import stateless_query
 from scikit_build_core.program_search import best_program, get_ninja_programs
 
-from tuner import _run, log
+from tuner import _run, log, progress
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
 from tuner._hash import stable_hash
@@ -143,14 +143,25 @@ def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
 
 
 def _fingerprint(path: Path | None) -> list[Any]:
-    # Cheap identity without running anything: a cache hit must not start a process.
+    # Identity without running anything (a cache hit must not start a process), and by content rather
+    # than path and mtime: each fresh venv (CI makes one per run) installs the same cmake/ninja wheel
+    # under a new path with a new mtime, which must not invalidate every cached build.
     if path is None:
         return [None]
     try:
         st = path.stat()
     except OSError:
         return [str(path), None]
-    return [str(path), st.st_size, st.st_mtime_ns]
+    return [path.name, st.st_size, _file_digest(str(path), st.st_size, st.st_mtime_ns)]
+
+
+@functools.cache  # keyed by size and mtime too, so a replaced file is hashed again
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -313,22 +324,15 @@ def _rebuilt_objects(build_dir: Path, before: set[str]) -> list[str]:
 
 
 class _Progress:
-    def __init__(self, short: str) -> None:
-        self.short = short
-        self.start = time.monotonic()
-        self.last = 0.0
+    """Feeds Ninja's ``[n/N]`` status lines into a :func:`tuner.progress.track` bar (count and ETA)."""
+
+    def __init__(self, tracker: progress.Tracker) -> None:
+        self.tracker = tracker
 
     def __call__(self, line: str) -> None:
         got = parse_ninja_progress(line)
-        if got is None:
-            return
-        n, total = got
-        now = time.monotonic()
-        if now - self.last < 1.0 and n != total:  # a line per second is plenty in a log
-            return
-        self.last = now
-        secs = int(now - self.start)
-        log.progress(f"building {self.short}: {n}/{total} ({secs // 60}:{secs % 60:02d})")
+        if got is not None:
+            self.tracker.update(got[0], total=got[1])
 
 
 # --------------------------------------------------------------------------- records
@@ -610,10 +614,10 @@ def build_variant(
             build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
             if compile_only and not build_targets:
                 raise UsageError("compile_only=True needs at least one object to compile.")
-            progress = _Progress(rv.short)
-            _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
-                      "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
-                     on_line=progress, what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
+            with progress.track(f"building {rv.short}", unit="steps") as bar:
+                _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
+                          "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
+                         on_line=_Progress(bar), what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
             rebuilt = _rebuilt_objects(build_dir, before)
             record["rebuilt_tus"] = rebuilt
             record["rebuilt_count"] = len(rebuilt)

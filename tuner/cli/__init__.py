@@ -55,9 +55,21 @@ class _LazyGroup(click.Group):
         return getattr(mod, attr)
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+_EPILOG = """\b
+Exit status:
+  0    success
+  1    error: the message says what failed and what to do
+  2    usage error: a bad flag, argument, path or setting (e.g. TUNER_HOME)
+  70   internal error: a bug in tuner; the message names a log file with the traceback
+  130  interrupted (Ctrl-C)
+"""
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
 @click.version_option(__version__, prog_name="tuner")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv: debug).")
+@click.option("--debug", is_flag=True, expose_value=False,  # read by tuner.crash.debug_requested
+              help="Print the traceback of an internal error (also TUNER_DEBUG=1).")
 def cli(verbose: int) -> None:
     """Find the fastest way to build and run llama.cpp on a given GPU.
 
@@ -73,7 +85,11 @@ def cli(verbose: int) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: run the CLI and map TunerError to its exit code."""
+    """Console-script entry point: run the CLI and map every failure to a message and an exit code.
+
+    TunerError -> its message and exit code (1, or 2 for a UsageError); anything else is a bug and
+    goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
+    """
     try:
         cli.main(standalone_mode=False)
     except TunerError as err:
@@ -87,3 +103,14 @@ def main() -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("tuner: aborted", err=True)
+        sys.exit(130)
+    except Exception as err:  # a bug, or a missing optional module: one paragraph, never a traceback
+        from tuner import crash, extras
+
+        usage = extras.missing_module_error(err) if isinstance(err, ImportError) else None
+        if usage is not None:
+            click.echo(f"tuner: error: {usage}", err=True)
+            sys.exit(usage.exit_code)
+        sys.exit(crash.report_crash(err))

@@ -20,6 +20,7 @@ from __future__ import annotations
 __all__ = ["Observation", "Observer", "find_gpu_probe"]
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -105,13 +106,29 @@ class _AmdSmiProbe:
             pass
 
 
+@functools.cache  # once per process
+def _warn_nvml_missing() -> None:
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:  # no NVIDIA driver: nothing to observe anyway
+        return
+    from tuner import log
+    from tuner.extras import install_command
+
+    log.warning("GPU utilization and memory columns stay empty: the NVML bindings (pynvml) are not "
+                f"installed. Install them with `{install_command('nvml')}`.")
+
+
 def find_gpu_probe() -> _GpuProbe | None:
     """An NVML or AMD SMI reader when the library imports and sees a device, else None."""
     try:
         import pynvml
 
         return _NvmlProbe(pynvml)
-    except Exception as err:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, no device...
+    except ImportError as err:
+        logger.debug("NVML observer unavailable: %s", err)
+        _warn_nvml_missing()
+    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, no device...
         logger.debug("NVML observer unavailable: %s", err)
     try:
         import amdsmi  # type: ignore[import-not-found]

@@ -214,9 +214,10 @@ def _make_storage(url: str) -> Any:
                 engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
             )
     except ImportError as err:
-        raise UsageError(
-            f"storage {url!r} needs a database driver that is not installed ({err}). For PostgreSQL "
-            "install it with `pip install 'tuner[postgres]'` (psycopg)."
+        from tuner.extras import missing_module_error
+
+        raise missing_module_error(err) or UsageError(
+            f"storage {url!r} needs a database driver that is not installed ({err})."
         ) from err
     except Exception as err:  # sqlalchemy OperationalError and friends
         raise UsageError(
