@@ -20,9 +20,18 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
         UsageError: the study does not exist in ``storage``.
         TunerError: the study has no baseline measurement yet.
     """
+    import optuna
+
     from tuner.result.export import write_result
+    from tuner.result.pipeline_export import export_pipeline
     from tuner.search.winner import load_finished_study
 
+    try:
+        pipeline = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("pipeline")
+    except KeyError:
+        pipeline = None  # load_finished_study names the studies that exist
+    if pipeline:  # screen -> compose -> tune -> confirm: the confirmed result is in the study itself
+        return export_pipeline(study_name, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
     finished = load_finished_study(study_name, storage=storage)
     return write_result(finished, out_dir, like=like, weight_type=weight_type)
 

@@ -198,10 +198,11 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
                    f"in {cfg.storage_url}. Rerun the same command to resume; nothing was exported yet.")
         return
     log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
-    from tuner.result.pipeline_export import export_pipeline, summary_line
+    from tuner.cli.export_cmd import export_study
+    from tuner.result.pipeline_export import summary_line
 
     out = export_dir or (run_dir / "export")
-    export_pipeline(study, storage=cfg.storage_url, out_dir=out)
+    export_study(study, storage=cfg.storage_url, out_dir=out)
     log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
 

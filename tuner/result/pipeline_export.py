@@ -12,7 +12,7 @@ __all__ = ["export_pipeline", "summary_line", "report_text"]
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +107,55 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
-    (out_dir / "report.md").write_text(report_text(study))
+    points = _points(res.get("rows", []), a["pp"], a["tg"])
+    _write_upstream(out_dir, source, a, rules, points, storage, study_name)
+    if points:
+        from tuner.result.report import plot_speedup
+
+        plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)")
+    (out_dir / "report.md").write_text(report_text(study, storage=storage))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
+
+
+def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
+    """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
+    return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
+
+
+def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Sequence[str],
+                    points: Sequence[Mapping[str, Any]], storage: str, study_name: str) -> None:
+    """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
+    from tuner.plan.space import parse_fa_rules
+    from tuner.result.upstream_patch import render_pr_body, render_upstream_patch
+    from tuner.targets.archs import load_arch
+
+    for stale in ("upstream.patch", "PR.md"):
+        (out_dir / stale).unlink(missing_ok=True)
+    arch = load_arch(a["arch"])
+    if not rules or arch.vendor == "cpu":
+        return
+    parsed = parse_fa_rules(",".join(rules))
+    faster = [p for p in points if p["verdict"] == "faster"]
+    best = max(faster, key=lambda p: p["speedup"]) if faster else None
+    gpu = str(a.get("device", "unknown GPU"))
+    note = (f"{gpu}: {Path(a['model']).name}, llama-bench in paired interleaved rounds"
+            + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
+               f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
+               f"A/A noise {best['aa_noise_pct']:.1f}%)" if best else "") + ".")
+    patch = render_upstream_patch(source, parsed, arch, note=note)
+    if patch is None:
+        return
+    (out_dir / "upstream.patch").write_text(patch)
+    pr_points = [{**p, "ci_low": 100 * (p["ci_low"] - 1), "ci_high": 100 * (p["ci_high"] - 1)} for p in points]
+    commands = [
+        f"tuner search --arch {a['arch']} --model {Path(a['model']).name} --depths {','.join(map(str, a['depths']))}",
+        f"tuner compare ... # or by hand: GGML_TUNER_FA_RULES={','.join(rules)} llama-bench -m MODEL -fa 1 -p 0 -n {a['tg']} "
+        f"-d {','.join(map(str, sorted({p['depth'] for p in points})))}",
+        f"tuner export --study {study_name} --storage {storage} -o OUT",
+    ]
+    (out_dir / "PR.md").write_text(render_pr_body(parsed, arch, gpu=gpu, model=Path(a["model"]).name, points=pr_points,
+                                                  commands=commands, source=f"llama.cpp {a.get('commit')}"))
 
 
 def _pct(x: float) -> str:
@@ -122,8 +168,10 @@ def _ci(lo: float, hi: float) -> str:
     return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
 
 
-def report_text(study: Any) -> str:
+def report_text(study: Any, *, storage: str | None = None) -> str:
     """The Markdown report of a pipeline study."""
+    from tuner.result.report import compare_table, dashboard_command, importances_section
+
     a = study.user_attrs
     res = a.get("result", {})
     pp, tg = a["pp"], a["tg"]
@@ -152,8 +200,10 @@ def report_text(study: Any) -> str:
                     f"{r['base_ts']:.2f}", f"{r['tuned_ts']:.2f}", f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
                     _ci(r["ci_low"], r["ci_high"]), f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
                     str(r.get("rounds", "")), r["verdict"]])
-    out.append(log.table(["Model", "Test", "upstream kernel", "kernel", "t/s upstream", "t/s tuned", "Speedup",
-                          "Speedup 95% CI", "A/A noise", "rounds", "verdict"], tab) if tab else "(nothing differed from upstream, so nothing was re-measured)")
+    out.append(compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model) + "\n\n"
+               + log.table(["Test", "depth", "upstream kernel", "kernel", "Speedup 95% CI", "A/A noise", "rounds", "verdict"],
+                           [[t[1], r["depth"], t[2], t[3], t[7], t[8], t[9], t[10]] for t, r in zip(tab, rows)])
+               if tab else "(nothing differed from upstream, so nothing was re-measured)")
     out.append("\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n")
     for phase in ("tg", "pp"):
         cells = a.get(f"screen_{phase}", {})
@@ -174,6 +224,10 @@ def report_text(study: Any) -> str:
             ["phase", "depth", "upstream", "winner", "why"],
             [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
     out.append(_trials(study))
+    if len(study.directions) == 1:
+        out.append("\n" + importances_section(study) + "\n")
+    if storage:
+        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
     secs = a.get("stage_seconds", {})
     if secs:
         out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
