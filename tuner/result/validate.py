@@ -81,7 +81,11 @@ def load_config(folder: Path) -> dict[str, Any]:
 
 def _schema(cfg: Mapping[str, Any]) -> list[str]:
     errs = []
-    for k, t in REQUIRED.items():
+    required = dict(REQUIRED)
+    if cfg.get("schema") == 2:  # screen -> compose -> tune -> confirm: confirmed points instead of buckets
+        del required["buckets"]
+        required["points"] = list
+    for k, t in required.items():
         if k not in cfg:
             errs.append(f"missing key {k!r}")
         elif not isinstance(cfg[k], t):
