@@ -36,8 +36,12 @@ s4_search() {
   mkdir -p "$TUNER_RUNS/$name"
   # A study database brought back from an earlier machine continues there.
   [ -f "$TUNER_RUNS/$name/study.db" ] || [ ! -f "docs/h100/session4/$name.db" ] || cp "docs/h100/session4/$name.db" "$TUNER_RUNS/$name/study.db"
+  # (calls 1-3 of session 4 ran the version without --storage under $OUT; see README)
+  # The database lives under $OUT, which comes back even when the call is killed at its limit (call 3
+  # of this session lost its study that way); it is copied back to the run dir for the next call.
+  cp "$TUNER_RUNS/$name/study.db" "$OUT/$name.db" 2>/dev/null
   python3 -m tuner search --arch sm_90 --variant cuda --model "$model" --study "$name" --run-dir "$TUNER_RUNS/$name" \
-    --time-budget "$secs" --jobs 16 $(_pin_rows) "${@:4}" 2>&1 | tee "$OUT/search-$name.txt"
-  cp "$TUNER_RUNS/$name/study.db" "$OUT/$name.db"
+    --storage "sqlite:///$OUT/$name.db" --time-budget "$secs" --jobs 16 $(_pin_rows) "${@:4}" 2>&1 | tee "$OUT/search-$name.txt"
+  cp "$OUT/$name.db" "$TUNER_RUNS/$name/study.db"
   tar czf "$OUT/$name-logs.tgz" --exclude '*.db' -C "$TUNER_RUNS" "$name" 2>/dev/null
 }

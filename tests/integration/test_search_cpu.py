@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--max-reps", "4", "--target-ci", "20"]
+SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--min-rounds", "2", "--max-rounds", "2"]
 
 
 def tuner(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -47,60 +47,63 @@ def load(storage: str, study: str):
 
 
 def finished(study) -> dict[int, tuple[str, object]]:
-    return {t.number: (t.state.name, t.value) for t in study.trials if t.state.is_finished()}
+    return {t.number: (t.state.name, t.values) for t in study.trials if t.state.is_finished()}
 
 
-def test_search_then_rerun_resumes_without_rebuilding(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
+def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run), "--study", "resume"]
-    first = tuner(*args, "--trials", "3", home=tuner_home)
-    assert "Done: 3 trials" in first.stderr
+    first = tuner(*args, "--trials", "1", home=tuner_home)
+    assert "Screen tg" in first.stderr and "Result:" in first.stdout
     assert (run / "export" / "config.toml").is_file() and (run / "export" / "report.md").is_file()
     storage = f"sqlite:///{run / 'study.db'}"
-    before = finished(load(storage, "resume"))
-    assert len(before) == 3 and load(storage, "resume").user_attrs["anchors"]
+    st1 = load(storage, "resume")
+    rounds = st1.user_attrs["screen_rounds"]
+    # CPU: nothing to force, so each phase is upstream against its A/A twin, two rounds each
+    assert sorted((r["phase"], r["order"][0]) for r in rounds) == [
+        ("pp", "upstream"), ("pp", "upstream-aa"), ("tg", "upstream"), ("tg", "upstream-aa")]
+    assert st1.user_attrs["result"]["rules"] == [] and len(st1.trials) == 1
 
-    second = tuner(*args, "--trials", "5", home=tuner_home)
-    st = load(storage, "resume")
-    after = finished(st)
-    assert len(st.trials) == 5 and all(after[n] == before[n] for n in before)  # nothing lost or redone
-    assert "builds 0 new" in second.stderr  # the build is served from the cache
-    # the first trial is the enqueued upstream default (search_spaces/cpu.toml defaults)
-    assert st.trials[0].params == {"threads": 2, "ubatch": 512, "flash_attn": "on"}
-    assert st.trials[0].user_attrs["args"] == ["-t", "2", "-ub", "512", "-fa", "on"]
+    second = tuner(*args, "--trials", "2", home=tuner_home)
+    st2 = load(storage, "resume")
+    assert st2.user_attrs["screen_rounds"] == rounds  # the finished screen is not measured again
+    assert "Screen tg" not in second.stderr
+    assert len(st2.trials) == 2 and finished(st2)[0] == finished(st1)[0]  # one more tune trial, none redone
+    assert st2.trials[1].user_attrs["status"] in ("ok", "failed", "infeasible")
 
 
 def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     storage = f"sqlite:///{run / 'study.db'}"
-    args = [sys.executable, "-m", "tuner", "search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run),
-            "--study", "killed", "--trials", "6"]
+    args = [sys.executable, "-m", "tuner", "search", *SMALL[:-4], "--min-rounds", "3", "--max-rounds", "3",
+            "--model", str(tiny_model), "--run-dir", str(run), "--study", "killed", "--trials", "1"]
     env = {**os.environ, "TUNER_HOME": str(tuner_home)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.5)
             if (run / "study.db").is_file():
                 try:
                     st = load(storage, "killed")
                 except Exception:  # noqa: BLE001 - study not created yet
                     continue
-                if len(finished(st)) >= 2 and any(t.state.name == "RUNNING" for t in st.trials):
+                if len(st.user_attrs.get("screen_rounds", [])) >= 2:
                     break
         else:
-            pytest.fail("the search never reached a running trial")
+            pytest.fail("the search never finished a screen round")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # kill -9 the search and its llama-bench children
         proc.wait()
-    killed = finished(load(storage, "killed"))
+    before = load(storage, "killed").user_attrs["screen_rounds"]
+    assert "result" not in load(storage, "killed").user_attrs
     time.sleep(1)
-    res = tuner(*args[3:], home=tuner_home)
+    tuner(*args[3:], home=tuner_home)
     st = load(storage, "killed")
-    assert all(finished(st)[n] == killed[n] for n in killed)  # no finished trial lost
-    assert "builds 0 new" in res.stderr
-    assert not [t for t in st.trials if t.state.name in ("RUNNING", "WAITING")]  # every trial accounted for
-    assert len([t for t in st.trials if t.state.name != "FAIL"]) >= 6 - 1
+    after = st.user_attrs["screen_rounds"]
+    assert after[: len(before)] == before  # no finished round lost or redone
+    assert sorted(r["phase"] for r in after).count("tg") == 3 and sorted(r["phase"] for r in after).count("pp") == 3
+    assert "result" in st.user_attrs and not [t for t in st.trials if t.state.name in ("RUNNING", "WAITING")]
 
 
 # ------------------------------------------------------------------------- PostgreSQL, two workers
@@ -158,11 +161,11 @@ def postgres():
 def test_two_workers_share_a_postgres_study(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
                                             postgres: str) -> None:
     common = [*SMALL, "--model", str(tiny_model), "--storage", postgres, "--study", "shared"]
-    # `tuner search` creates the study and measures the baseline; then two workers on "other hosts".
+    # `tuner search` screens and composes; then two workers on "other hosts" add tune trials.
     tuner("search", *common, "--trials", "1", "--run-dir", str(tmp_path / "lead"), home=tuner_home)
     env = {**os.environ, "TUNER_HOME": str(tuner_home)}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tuner", "worker", *common, "--trials", "8",
+        subprocess.Popen([sys.executable, "-m", "tuner", "worker", *common, "--trials", "6",
                           "--run-dir", str(tmp_path / f"w{i}")], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
         for i in range(2)
@@ -172,11 +175,9 @@ def test_two_workers_share_a_postgres_study(cpu_build, tiny_model, tuner_home: P
         assert p.returncode == 0, err[-3000:]
     st = load(postgres, "shared")
     states = [t.state.name for t in st.trials]
-    assert len(st.trials) >= 8 and not [s for s in states if s in ("RUNNING", "WAITING")]
-    # both workers really worked on the shared study
-    assert all("[trial " in err for _, err in outs)
-    # every trial is accounted for: measured, pruned with its points, or failed with a reason
-    for t in st.trials:
-        assert t.user_attrs.get("status") or t.state.name == "COMPLETE", (t.number, t.state, t.user_attrs)
-    # no variant was built twice: every worker found the one CPU build in the shared cache
-    assert all("builds 0 new" in err for _, err in outs)
+    assert len(st.trials) >= 6 and not [s for s in states if s in ("RUNNING", "WAITING")]
+    assert all("[trial " in err for _, err in outs)  # both workers really worked on the shared study
+    for t in st.trials:  # every trial is accounted for: measured, or failed/infeasible with a reason
+        assert t.user_attrs.get("status"), (t.number, t.state, t.user_attrs)
+    # the lead's screen is shared, not repeated by the workers
+    assert all("Screen" not in err for _, err in outs)

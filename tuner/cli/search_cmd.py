@@ -104,7 +104,8 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 @click.command()
 @_common
 def worker(**kw: object) -> None:
-    """Join a shared study (``--storage postgresql://... --study NAME``) and run trials until the budget."""
+    """Join a study that `tuner search` screened and composed (``--storage postgresql://... --study NAME``)
+    and add tune trials until --trials or the budget; `tuner search` again confirms and exports."""
     from tuner.search.study import resolve_arch
 
     if not kw.get("storage") or not kw.get("study"):
@@ -126,7 +127,7 @@ def _baseline_build(arch: str, source: object) -> object:
 
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
-    from tuner.search.study import SearchConfig, default_run_dir, run_search
+    from tuner.search.study import SearchConfig, default_run_dir
     from tuner.source import DEFAULT_SPEC, fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
@@ -182,13 +183,18 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}\n"
         f"  open it live with: optuna-dashboard {cfg.storage_url}"
     )
-    if worker:
-        outcome = run_search(cfg)
-        log.info(f"\nDone: {outcome.n_trials} trials ({outcome.n_complete} complete, {outcome.n_failed} failed).")
-        return
     import time
 
-    from tuner.search.pipeline import BudgetReached, run_pipeline
+    from tuner.search.pipeline import BudgetReached, run_pipeline, run_tune_worker
+
+    if worker:
+        try:
+            n = run_tune_worker(cfg)
+        except BudgetReached as stop:
+            log.notice(f"time budget reached during {stop}; the trials so far are in {cfg.storage_url}.")
+            return
+        log.info(f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports.")
+        return
 
     t0 = time.monotonic()
     try:

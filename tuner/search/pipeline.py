@@ -8,7 +8,7 @@ database alone.
 
 from __future__ import annotations
 
-__all__ = ["PIPELINE_VERSION", "BudgetReached", "run_pipeline", "plan_text"]
+__all__ = ["PIPELINE_VERSION", "BudgetReached", "run_pipeline", "run_tune_worker", "plan_text"]
 
 import contextlib
 import os
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
+from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
@@ -212,6 +213,34 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
         st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
 
 
+def run_tune_worker(cfg: Any) -> int:
+    """``tuner worker``: join a study that ``tuner search`` screened and composed, and add tune trials
+    (several hosts on one PostgreSQL study share the expensive part: builds of compile-time rows).
+    Returns the number of trials the study holds afterwards."""
+    from tuner.plan.space import load_space
+    from tuner.source import fetch_source
+    from tuner.targets.archs import load_arch
+
+    deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    study, storage = _open_study(cfg)
+    st = _State(study)
+    composed = st.get("compose")
+    if not composed:
+        raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} has no composed rules yet: run `tuner search` with the "
+                         "same --storage and --study first (it screens and composes; workers then add tune trials).")
+    source = fetch_source(cfg.source_spec)
+    space = load_space(cfg.arch, source.era)
+    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
+    shape_d = _model_shape(cfg.model)
+    _record_attrs(st, cfg, source, shape_d)
+    base_env, base_args = _pinned_runtime(space, fixed)
+    with _timed(st, "tune"):
+        _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, list(composed["rules"]),
+              base_env, base_args, lambda b: _live(cfg, source, b), deadline)
+    return len(study.get_trials(deepcopy=False))
+
+
 # ------------------------------------------------------------------------------------------------
 # stages
 
@@ -335,7 +364,9 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
         final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, args=tuple(args))
         up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
         aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
-        key = f"confirm_rounds_{attempt}"
+        # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
+        ckey = stable_hash({"rules": rules, "tuned": (tuned or {}).get("values")})[:12]
+        key = f"confirm_rounds_{ckey}"
         recs = list(st.get(key, []))
         m_up, m_fin = factory(build), factory(fb)
 
@@ -344,7 +375,7 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
 
         rows: list[dict[str, Any]] = []
         for phase in phases:
-            if st.get(f"confirm_done_{attempt}_{phase}"):
+            if st.get(f"confirm_done_{ckey}_{phase}"):
                 mine = [r for r in recs if r["phase"] == phase]
                 rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
                 continue
@@ -353,10 +384,10 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
                                         max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
                                         on_round=lambda r: st.append(key, r), tag="confirm")
             _check_budget(deadline, f"confirm {phase}")
-            st.set(f"confirm_done_{attempt}_{phase}", True)
+            st.set(f"confirm_done_{ckey}_{phase}", True)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
         j = conf.judge(rules, rows, process_changed=process_changed)
-        st.set(f"confirm_{attempt}", {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
+        st.set(f"confirm_{ckey}", {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
         needs_again = (not j["process_ok"]) and attempt == 0
         if not needs_again:
             break
