@@ -299,29 +299,9 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
                     raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
                 env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
                 cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-                objs = []
                 m_ref = factory(_build(cfg, source, str(fixed.get("variant", variants[0])), {}))
-                m_cand = factory(b)
-                ratios: dict[str, float] = {}
-                for phase in ("pp", "tg"):
-                    if phase not in phases:
-                        objs.append(1.0)
-                        continue
-                    order = [("ref", m_ref, ref), ("cand", m_cand, cand)]
-                    if trial.number % 2:
-                        order.reverse()
-                    res = {}
-                    for tag, m, c in order:
-                        res[tag] = m(c, phase, list(cfg.depths), f"tune-t{trial.number}-{phase}-{tag}")
-                    rs = []
-                    for d in cfg.depths:
-                        a, r = res["cand"][d].get("ts"), res["ref"][d].get("ts")
-                        if a and r:
-                            ratios[f"{phase}@{d}"] = a / r
-                            rs.append(a / r)
-                    if not rs:
-                        raise TunerError(f"llama-bench gave no {phase} result: {res['cand']}")
-                    objs.append(tn.geomean(rs))
+                objs, ratios = tn.paired_objectives(m_ref, ref, factory(b), cand, phases, cfg.depths,
+                                                    label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
                 trial.set_user_attr("ratios", ratios)
                 trial.set_user_attr("status", "ok")
                 study.tell(trial, objs)

@@ -14,11 +14,13 @@ result never stops a decode measurement. The best trial is only a proposal: conf
 
 from __future__ import annotations
 
-__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick"]
+__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick", "paired_objectives"]
 
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tuner.errors import TunerError
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 
@@ -52,3 +54,34 @@ def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) 
         if v >= best_v:
             best, best_v = t, v
     return best
+
+
+def paired_objectives(m_ref: Any, ref: Any, m_cand: Any, cand: Any, phases: Sequence[str], depths: Sequence[int], *,
+                      label: str, flip: bool) -> tuple[list[float], dict[str, float]]:
+    """One paired round per phase the trial can change: reference and candidate back to back (order
+    flipped on alternate trials). Returns the per-phase objectives ``[pp, tg]`` (geometric mean of the
+    per-depth ratios; 1.0 for a phase the trial cannot change, which is not measured) and the ratios.
+
+    Raises:
+        TunerError: llama-bench gave no result for a measured phase (the trial fails with the reason).
+    """
+    objs: list[float] = []
+    ratios: dict[str, float] = {}
+    for phase in ("pp", "tg"):
+        if phase not in phases:
+            objs.append(1.0)
+            continue
+        order = [("ref", m_ref, ref), ("cand", m_cand, cand)]
+        if flip:
+            order.reverse()
+        res = {tag: m(c, phase, list(depths), f"{label}-{phase}-{tag}") for tag, m, c in order}
+        rs = []
+        for d in depths:
+            a, r = res["cand"][d].get("ts"), res["ref"][d].get("ts")
+            if a and r:
+                ratios[f"{phase}@{d}"] = a / r
+                rs.append(a / r)
+        if not rs:
+            raise TunerError(f"llama-bench gave no {phase} result: {dict(res['cand'])}")
+        objs.append(geomean(rs))
+    return objs, ratios

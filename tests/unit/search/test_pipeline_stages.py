@@ -188,3 +188,22 @@ def test_fa_log_lines_of_the_h100_run_are_read() -> None:
     assert kernel_at(lines, "tg", 65536, 128) == ("TILE", "rule")
     assert kernel_at(lines, "tg", 8192, 128) == ("VEC", "fallback")
     assert kernel_at(lines, "tg", 16384, 128) == (None, None)
+
+
+def test_tune_measures_only_the_phases_a_knob_can_change() -> None:
+    from tuner.search import tune as tn
+
+    calls: list = []
+    m = fake(lambda k, d: 100.0 * (1.1 if k == "TILE" else 1.0), calls=calls, jitter=0.0, drift=0.0)
+    ref, cand = Candidate(name="ref"), Candidate(name="cand", kernel="TILE")
+    objs, ratios = tn.paired_objectives(m, ref, m, cand, ["pp"], [0, 4096], label="tune-t3-r0", flip=True)
+    assert objs[1] == 1.0 and abs(objs[0] - 1.1) < 1e-9  # tg untouched and not measured
+    assert {ph for _, ph, _ in calls} == {"pp"} and [c[0] for c in calls] == ["cand", "ref"]  # flipped order
+    assert set(ratios) == {"pp@0", "pp@4096"}
+
+    class T:
+        def __init__(self, values):
+            self.values = values
+
+    assert tn.pick([T([1.01, 1.0]), T([1.05, 0.98]), T([1.03, 1.0])]).values == [1.03, 1.0]  # no phase may lose 1%
+    assert tn.pick([T([1.01, 1.0])]) is None  # 2% in total or nothing
