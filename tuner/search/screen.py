@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tuner import log
+from tuner import log, progress
 from tuner.measure.paired import Effect, noise_pct, paired_effect, rotated, verdict
 
 UPSTREAM = "upstream"
@@ -95,6 +95,18 @@ def run_phase_rounds(
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
     names = [c.name for c in candidates]
     mine = [r for r in rounds if r["phase"] == phase and set(depths) <= {int(d) for d in r["depths"]}]
+    # The ETA assumes every round up to max_rounds; the stop rule usually ends it sooner.
+    with progress.track(f"{tag} {phase} (up to {max_rounds} rounds)", total=len(names) * max(0, max_rounds - len(mine)),
+                        unit="llama-bench calls") as bar:
+        _rounds(measure, phase, candidates, names, depths, rounds, mine, bar, min_rounds=min_rounds, max_rounds=max_rounds,
+                target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag)
+    return mine
+
+
+def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names: Sequence[str], depths: Sequence[int],
+            rounds: list[dict[str, Any]], mine: list[dict[str, Any]], bar: Any, *, min_rounds: int, max_rounds: int,
+            target_ci: float, deadline: float | None, on_round: Callable[[dict[str, Any]], None] | None, tag: str) -> None:
+    """The round loop of :func:`run_phase_rounds` (records appended to ``rounds`` and ``mine``)."""
     while len(mine) < max_rounds:
         if len(mine) >= min_rounds:
             st = summarize_phase(phase, mine, depths)
@@ -112,6 +124,7 @@ def run_phase_rounds(
         for name in order:
             cand = next(c for c in candidates if c.name == name)
             res = measure(cand, phase, depths, f"{tag}-{phase}-r{i}-{name}")
+            bar.advance()
             rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
             rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
             rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
@@ -127,7 +140,6 @@ def run_phase_rounds(
         worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
         log.info(f"  {tag} {phase} round {i + 1}/{max_rounds} ({rec['seconds']:.0f} s): widest 95% CI "
                  f"±{worst:.1f}% (target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
-    return mine
 
 
 def _num(x: Any) -> float | None:
