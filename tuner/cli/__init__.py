@@ -28,6 +28,7 @@ _COMMANDS: dict[str, str] = {
     "toolchain": "tuner.cli.build_cmd:toolchain",
     "bench": "tuner.cli.bench_cmd:bench",
     "compare": "tuner.cli.bench_cmd:compare",
+    "ab": "tuner.cli.ab_cmd:ab",
     "report": "tuner.cli.bench_cmd:report",
     "check": "tuner.cli.bench_cmd:check",
     "search": "tuner.cli.search_cmd:search",

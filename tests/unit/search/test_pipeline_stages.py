@@ -207,3 +207,13 @@ def test_tune_measures_only_the_phases_a_knob_can_change() -> None:
 
     assert tn.pick([T([1.01, 1.0]), T([1.05, 0.98]), T([1.03, 1.0])]).values == [1.03, 1.0]  # no phase may lose 1%
     assert tn.pick([T([1.01, 1.0])]) is None  # 2% in total or nothing
+
+
+def test_depths_beyond_the_models_context_are_refused_before_anything_runs() -> None:
+    from tuner.errors import UsageError
+    from tuner.search.pipeline import _check_depths
+
+    _check_depths([0, 65536], {"context_length": 131072})
+    with pytest.raises(UsageError) as e:
+        _check_depths([0, 4096, 200000], {"context_length": 131072})
+    assert e.value.exit_code == 2 and "200000" in str(e.value) and "--depths 0,4096" in str(e.value)

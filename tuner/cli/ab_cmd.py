@@ -1,0 +1,78 @@
+"""``tuner ab``: A/B by hand — runtime configurations of one build, paired and interleaved."""
+
+from __future__ import annotations
+
+__all__ = ["ab"]
+
+from pathlib import Path
+
+import click
+
+from tuner import log
+from tuner.cli._params import depths_option
+from tuner.errors import UsageError
+
+
+def _has_fa_hook(bin_dir: Path) -> bool:
+    """Whether the build's GPU backend carries tuner's FA rules hook (the env name is in its binary)."""
+    for lib in list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*")):
+        if lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes():
+            return True
+    return False
+
+
+@click.command()
+@click.option("--build", "build_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).")
+@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
+@click.option("--rules", "rules", multiple=True, required=True,
+              help="GGML_TUNER_FA_RULES of one candidate, e.g. 'decode:16384-=TILE' (repeatable: one candidate each).")
+@click.option("--depths", default="0,32768", show_default=True, callback=depths_option, help="KV depths.")
+@click.option("--phase", type=click.Choice(["tg", "pp"]), default="tg", show_default=True, help="Decode (tg) or prefill (pp).")
+@click.option("--pp", type=click.IntRange(1, 1 << 16), default=512, show_default=True)
+@click.option("--tg", type=click.IntRange(1, 1 << 16), default=128, show_default=True)
+@click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired interleaved rounds.")
+@click.option("--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call.")
+@click.option("--era", type=click.Choice(["mma"]), default="mma", show_default=True,
+              help="The FA rules hook exists in the era-mma tree only.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).")
+def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, ...], phase: str, pp: int, tg: int,
+       rounds: int, reps: int, era: str, out_dir: Path | None) -> None:
+    """Compare upstream's kernel choice with forced FA rules on one build: paired, interleaved rounds
+    (order rotated), Δ% with its 95% CI per depth against upstream-vs-forced-same-kernel (A/A) noise.
+
+    Example: tuner ab --build BUILD --model M.gguf --rules decode:16384-=TILE --depths 0,32768
+    """
+    from tuner.cli.bench_cmd import _bin_dir, _default_run_dir
+    from tuner.plan.space import parse_fa_rules
+    from tuner.search.live import make_live_measure
+    from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
+
+    bin_dir = _bin_dir(build_dir)
+    for r in rules:
+        parse_fa_rules(r)  # bad syntax or a kernel name other than VEC/TILE/MMA: one paragraph, exit 2
+    if not _has_fa_hook(bin_dir):
+        raise UsageError(f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
+                         "tree), so a rule cannot change its kernel and nothing was measured. Build one with "
+                         "`tuner build --arch <your GPU>` and pass its bin directory.")
+    cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME)]
+    cands += [Candidate(name=f"B{i + 1}", env={"GGML_TUNER_FA_RULES": r}) for i, r in enumerate(rules)]
+    run = out_dir or _default_run_dir("ab")
+    measure = make_live_measure(bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs",
+                                era=era, arch="")
+    recs: list = []
+    log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
+    run_phase_rounds(measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab")
+    cells = summarize_phase(phase, recs, list(depths))
+    rows = []
+    for d, c in cells.items():
+        for i, r in enumerate(rules):
+            name = f"B{i + 1}"
+            e = c.effects.get(name)
+            ks = {rec["kernels"].get(name, {}).get(str(d)) for rec in recs} - {None}
+            rows.append([f"{phase}{pp if phase == 'pp' else tg}@d{d}", r, c.upstream_kernel or "-", "/".join(sorted(ks)) or "-",
+                         f"{c.upstream_ts:.2f}", f"{e.pct:+.1f}%" if e else "fell back",
+                         f"{100 * (e.ci_low - 1):+.1f}..{100 * (e.ci_high - 1):+.1f}%" if e else "-",
+                         f"±{c.noise_pct:.1f}%", c.verdicts.get(name, "-")])
+    click.echo(log.table(["test", "rules", "upstream kernel", "kernel", "t/s upstream", "Δ", "95% CI", "A/A noise", "verdict"], rows))
