@@ -138,8 +138,9 @@ def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names
             on_round(rec)
         st = summarize_phase(phase, mine, depths)
         worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
+        wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"  # 2 rounds: Student-t's 12.7 makes any spread huge
         log.info(f"  {tag} {phase} round {i + 1}/{max_rounds} ({rec['seconds']:.0f} s): widest 95% CI "
-                 f"±{worst:.1f}% (target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
+                 f"{wide} (target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
 
 
 def _num(x: Any) -> float | None:
