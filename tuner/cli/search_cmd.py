@@ -17,8 +17,8 @@ from tuner.errors import TunerError, UsageError
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
 # One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
 # --variant cpu --variant cpu-no-native to search both.
-CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 4, "variants": ("cpu",),
-                "max_rounds": 4, "refine": 0}
+CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 3, "variants": ("cpu",),
+                "max_rounds": 3, "refine": 0}
 # The depth ladder of issue 15, capped by the model's context length.
 GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 8192, 16384, 32768, 65536), "pp": 512, "tg": 128,
                 "trials": 6, "max_rounds": 6, "refine": 1}
