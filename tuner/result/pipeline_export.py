@@ -178,7 +178,7 @@ def report_text(study: Any, *, storage: str | None = None) -> str:
     model = Path(a["model"]).name
     shape = a.get("shape", {})
     rows = res.get("rows", [])
-    out = [f"# tuner result: {a['arch']} / {model}\n",
+    out = [f"# tuner result: {a['arch']} / {model}\n\n",
            f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`; "
            f"measured on {a.get('device', 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
            f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
@@ -226,7 +226,7 @@ def report_text(study: Any, *, storage: str | None = None) -> str:
     out.append(_trials(study))
     if len(study.directions) == 1:
         out.append("\n" + importances_section(study) + "\n")
-    if storage:
+    if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
     secs = a.get("stage_seconds", {})
     if secs:
