@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from tuner.errors import TunerError
 
@@ -34,6 +35,59 @@ def tail(path: Path, n: int = 40) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-n:])
+
+
+def _open_log(log_file: Path | None, cmdline: str) -> TextIO | None:
+    """Open ``log_file`` for appending, headed by the command line; None when there is no log file."""
+    if log_file is None:
+        return None
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+    fh.write(f"$ {cmdline}\n")
+    fh.flush()
+    return fh
+
+
+def _pump(proc: subprocess.Popen[str], fh: TextIO | None, out_chunks: list[str],
+          on_line: Callable[[str], None] | None, deadline: float | None) -> int:
+    """Copy the child's output to the log (or ``out_chunks``) and ``on_line`` until it exits or the
+    deadline passes (then it is killed); returns its exit code."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if fh:
+            fh.write(line)
+        else:
+            out_chunks.append(line)
+        if on_line:
+            on_line(line.rstrip("\n"))
+        if deadline is not None and time.monotonic() > deadline:
+            proc.kill()
+            break
+    remaining = None if deadline is None else max(0.1, deadline - time.monotonic())
+    try:
+        return proc.wait(timeout=remaining)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _check_outcome(what: str, cmdline: str, rc: int, seconds: float, output: str, *, timeout: float | None,
+                   check: bool, log_file: Path | None) -> None:
+    """Raise TunerError for a timeout, or (with ``check``) a non-zero exit, naming the log and its last lines."""
+    if timeout is not None and seconds > timeout:
+        where = f" Log: {log_file}." if log_file else ""
+        msg = f"{what} timed out after {timeout:.0f}s: {cmdline}.{where} Raise the timeout or shrink the job."
+        raise TunerError(msg)
+    if check and rc != 0:
+        if log_file is not None:
+            last = tail(log_file)
+            msg = (
+                f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{last}"
+            )
+        else:
+            last = "\n".join(output.splitlines()[-40:])
+            msg = f"{what} failed with exit code {rc}: {cmdline}\n{last}"
+        raise TunerError(msg)
 
 
 def run(
@@ -67,12 +121,7 @@ def run(
     what = what or Path(args[0]).name
     start = time.monotonic()
     out_chunks: list[str] = []
-    fh = None
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
-        fh.write(f"$ {cmdline}\n")
-        fh.flush()
+    fh = _open_log(log_file, cmdline)
     try:
         proc = subprocess.Popen(
             args,
@@ -91,24 +140,7 @@ def run(
         msg = f"{what} could not start: {args[0]!r} was not found. Install it or put it on PATH."
         raise TunerError(msg) from err
     try:
-        assert proc.stdout is not None
-        deadline = None if timeout is None else start + timeout
-        for line in proc.stdout:
-            if fh:
-                fh.write(line)
-            else:
-                out_chunks.append(line)
-            if on_line:
-                on_line(line.rstrip("\n"))
-            if deadline is not None and time.monotonic() > deadline:
-                proc.kill()
-                break
-        remaining = None if deadline is None else max(0.1, deadline - time.monotonic())
-        try:
-            rc = proc.wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
+        rc = _pump(proc, fh, out_chunks, on_line, None if timeout is None else start + timeout)
     finally:
         if proc.stdout is not None:
             proc.stdout.close()
@@ -116,18 +148,5 @@ def run(
             fh.close()
     seconds = time.monotonic() - start
     output = "".join(out_chunks)
-    if timeout is not None and seconds > timeout:
-        where = f" Log: {log_file}." if log_file else ""
-        msg = f"{what} timed out after {timeout:.0f}s: {cmdline}.{where} Raise the timeout or shrink the job."
-        raise TunerError(msg)
-    if check and rc != 0:
-        if log_file is not None:
-            last = tail(log_file)
-            msg = (
-                f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{last}"
-            )
-        else:
-            last = "\n".join(output.splitlines()[-40:])
-            msg = f"{what} failed with exit code {rc}: {cmdline}\n{last}"
-        raise TunerError(msg)
+    _check_outcome(what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file)
     return RunResult(returncode=rc, output=output, seconds=seconds, log_file=log_file)

@@ -29,7 +29,6 @@ __all__ = [
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
@@ -38,7 +37,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,8 @@ from tuner import _run, log, progress
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
 from tuner._hash import stable_hash
+from tuner.builder.quantize import quantize_model
+from tuner.builder.records import _cached, _locked, _write_json, load_build_record
 from tuner.plan.variant import Build, RenderedVariant
 
 logger = logging.getLogger(__name__)
@@ -63,11 +64,6 @@ _NINJA_SPEC = ">=1.10"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,100}$")
 _PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]")
 _CUDA_DIR = Path("ggml/src/ggml-cuda")
-# llama-quantize's type names (tools/quantize/quantize.cpp QUANT_OPTIONS), the ones worth offering.
-_QTYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32",
-)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -335,45 +331,6 @@ class _Progress:
             self.tracker.update(got[0], total=got[1])
 
 
-# --------------------------------------------------------------------------- records
-
-
-def load_build_record(path: Path) -> dict[str, Any] | None:
-    """A ``build.json`` (a build directory's latest attempt, or an artifact's record); None if absent."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    # Parallel search workers may build candidates of one key; they share build/ and must take turns.
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _cached(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
-    rec = load_build_record(art / "build.json")
-    if not rec or rec.get("build_id") != build_id or rec.get("status") != "ok":
-        return None
-    if not all((art / "bin" / t).is_file() for t in targets):
-        return None
-    return rec
-
-
 # --------------------------------------------------------------------------- configure / build
 
 
@@ -513,6 +470,98 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
     return found
 
 
+def _check_build_args(rv: RenderedVariant, targets: Sequence[str], jobs: int | None, compile_only: bool,
+                      objects: Sequence[str] | None) -> tuple[list[str], int, list[str]]:
+    """Checked (targets, jobs, objects) of a build_variant call; UsageError names the bad one."""
+    targets = list(targets)
+    for t in targets:
+        if not isinstance(t, str) or not _TARGET_RE.match(t):
+            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
+    if not targets and not compile_only:
+        raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 1024:
+        raise UsageError(f"--jobs must be an integer from 1 to 1024, not {jobs!r}.")
+    if objects is not None and not compile_only:
+        raise UsageError("objects= only applies to compile_only=True builds.")
+    objs = list(objects) if objects is not None else (default_check_objects(rv) if compile_only else [])
+    for o in objs:
+        if not isinstance(o, str) or o.startswith("/") or ".." in Path(o).parts:
+            raise UsageError(f"Object source {o!r} must be a path relative to the llama.cpp tree.")
+    return targets, jobs, objs
+
+
+def _new_record(rv: RenderedVariant, build_id: str, *, targets: Sequence[str], objs: Sequence[str],
+                compile_only: bool, jobs: int, log_file: Path) -> dict[str, Any]:
+    """The ``build.json`` record of an attempt, before anything runs."""
+    return {
+        "build_id": build_id,
+        "key": rv.key,
+        "artifact_key": rv.artifact_key,
+        "arch": rv.arch,
+        "variant": rv.variant,
+        "era": rv.era,
+        "source_id": rv.source_id,
+        "defines": dict(rv.defines),
+        "patch_hash": stable_hash(rv.patch),
+        "compile_values": dict(rv.compile_values),
+        "tu_headers": sorted(k for k, v in rv.tu_headers.items() if v),
+        "targets": targets,
+        "objects": objs,
+        "compile_only": compile_only,
+        "jobs": jobs,
+        "log": str(log_file),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, src: Path, tu_dir: Path) -> None:
+    """Private source copy and per-TU headers; refuses TU headers that the patch's CMake hook would ignore."""
+    _prepare_src(rv, src)
+    changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
+    if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
+        msg = (f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
+               "CMake hook, so they would be silently ignored. Render the variant with the "
+               "tile/MMA hook patch.")
+        raise UsageError(msg)
+    record["toolchain"] = _tool_versions(tc)
+    record["headers_changed"] = changed
+
+
+def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, build_dir: Path, src: Path,
+             targets: Sequence[str], objs: Sequence[str], compile_only: bool, jobs: int, log_file: Path) -> list[str]:
+    """Run the Ninja build of the targets (or the objects' targets); returns the rebuilt translation units."""
+    before = _ninja_log_lines(build_dir)
+    log_file.unlink(missing_ok=True)
+    build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
+    if compile_only and not build_targets:
+        raise UsageError("compile_only=True needs at least one object to compile.")
+    with progress.track(f"building {rv.short}", unit="steps") as bar:
+        _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
+                  "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
+                 on_line=_Progress(bar), what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
+    rebuilt = _rebuilt_objects(build_dir, before)
+    record["rebuilt_tus"] = rebuilt
+    record["rebuilt_count"] = len(rebuilt)
+    if compile_only and tc.hip is not None:
+        record["offload_targets"] = _check_offload(build_dir, build_targets, _hip_targets(rv.defines))
+    return rebuilt
+
+
+def _record_failure(rv: RenderedVariant, root: Path, record: dict[str, Any], err: TunerError, start: float) -> TunerError:
+    """Write the failed attempt to ``build.json``; returns the error to raise (UsageError as is)."""
+    record["status"] = "failed"
+    record["error"] = str(err)
+    record["seconds"] = round(time.monotonic() - start, 3)
+    if root.is_dir():
+        _write_json(root / "build.json", record)
+    if isinstance(err, UsageError):
+        return err
+    msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
+    return TunerError(msg)
+
+
 def build_variant(
     rv: RenderedVariant,
     *,
@@ -542,23 +591,7 @@ def build_variant(
             the failure is also recorded in ``build.json``.
     """
     start = time.monotonic()
-    targets = list(targets)
-    for t in targets:
-        if not isinstance(t, str) or not _TARGET_RE.match(t):
-            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
-    if not targets and not compile_only:
-        raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
-    if jobs is None:
-        jobs = os.cpu_count() or 1
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 1024:
-        raise UsageError(f"--jobs must be an integer from 1 to 1024, not {jobs!r}.")
-    if objects is not None and not compile_only:
-        raise UsageError("objects= only applies to compile_only=True builds.")
-    objs = list(objects) if objects is not None else (default_check_objects(rv) if compile_only else [])
-    for o in objs:
-        if not isinstance(o, str) or o.startswith("/") or ".." in Path(o).parts:
-            raise UsageError(f"Object source {o!r} must be a path relative to the llama.cpp tree.")
-
+    targets, jobs, objs = _check_build_args(rv, targets, jobs, compile_only, objects)
     tc = _find_toolchain(rv)
     build_id = stable_hash(rv.artifact_key, tc.identity)
     root = tuner_home() / "builds" / rv.key
@@ -577,129 +610,26 @@ def build_variant(
         if not compile_only and (rec := _cached(art, build_id, targets)):  # another worker built it
             return _done(rec, True)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
-        record: dict[str, Any] = {
-            "build_id": build_id,
-            "key": rv.key,
-            "artifact_key": rv.artifact_key,
-            "arch": rv.arch,
-            "variant": rv.variant,
-            "era": rv.era,
-            "source_id": rv.source_id,
-            "defines": dict(rv.defines),
-            "patch_hash": stable_hash(rv.patch),
-            "compile_values": dict(rv.compile_values),
-            "tu_headers": sorted(k for k, v in rv.tu_headers.items() if v),
-            "targets": targets,
-            "objects": objs,
-            "compile_only": compile_only,
-            "jobs": jobs,
-            "log": str(log_file),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        record = _new_record(rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs,
+                             log_file=log_file)
         rebuilt: list[str] = []
         try:
-            _prepare_src(rv, src)
-            changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
-            if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
-                msg = (f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
-                       "CMake hook, so they would be silently ignored. Render the variant with the "
-                       "tile/MMA hook patch.")
-                raise UsageError(msg)
-            record["toolchain"] = _tool_versions(tc)
-            record["headers_changed"] = changed
+            _prepare_tree(rv, tc, record, src=src, tu_dir=tu_dir)
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
-            before = _ninja_log_lines(build_dir)
-            log_file.unlink(missing_ok=True)
-            build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
-            if compile_only and not build_targets:
-                raise UsageError("compile_only=True needs at least one object to compile.")
-            with progress.track(f"building {rv.short}", unit="steps") as bar:
-                _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
-                          "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
-                         on_line=_Progress(bar), what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
-            rebuilt = _rebuilt_objects(build_dir, before)
-            record["rebuilt_tus"] = rebuilt
-            record["rebuilt_count"] = len(rebuilt)
-            if compile_only and tc.hip is not None:
-                record["offload_targets"] = _check_offload(build_dir, build_targets, _hip_targets(rv.defines))
+            rebuilt = _compile(rv, tc, record, build_dir=build_dir, src=src, targets=targets, objs=objs,
+                               compile_only=compile_only, jobs=jobs, log_file=log_file)
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
                 _copy_artifacts(build_dir, art, targets, record)
         except TunerError as err:
-            record["status"] = "failed"
-            record["error"] = str(err)
-            record["seconds"] = round(time.monotonic() - start, 3)
-            if root.is_dir():
-                _write_json(root / "build.json", record)
-            if isinstance(err, UsageError):
+            failure = _record_failure(rv, root, record, err, start)
+            if failure is err:
                 raise
-            msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
-            raise TunerError(msg) from err
+            raise failure from err
         _write_json(root / "build.json", record)
     if compile_only:
         return Build(build_id=build_id, build_dir=build_dir, bin_dir=build_dir / "bin", log_file=log_file,
                      cached=not rebuilt, seconds=time.monotonic() - start, compile_only=True, meta=record)
     return _done(record, False)
-
-
-# --------------------------------------------------------------------------- quantize
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
-    """Quantize a GGUF with the build's ``llama-quantize``; cached by output path and input hash.
-
-    Args:
-        build: A build that includes the ``llama-quantize`` target.
-        src_gguf: Input model (F32/F16/BF16 GGUF).
-        dst_gguf: Output path; written atomically, with a ``.tuner.json`` sidecar recording the input hash.
-        qtype: llama-quantize type name, e.g. ``Q4_K_M``, ``Q8_0``.
-
-    Returns:
-        ``dst_gguf``.
-
-    Raises:
-        UsageError: Unknown qtype, missing input, or the build lacks llama-quantize.
-        TunerError: llama-quantize failed (log path and last lines).
-    """
-    qtype = qtype.upper()
-    if qtype not in _QTYPES:
-        raise UsageError(f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} "
-                         f"Known: {', '.join(_QTYPES)}.")
-    src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
-    if not src_gguf.is_file():
-        raise UsageError(f"Model {src_gguf} does not exist. Create one with `tuner model synth`.")
-    exe = build.exe("llama-quantize")
-    if not exe.is_file():
-        raise UsageError(f"{exe} does not exist; build with targets including llama-quantize.")
-    sidecar = dst_gguf.with_name(dst_gguf.name + ".tuner.json")
-    st = src_gguf.stat()
-    stat_key = [str(src_gguf.resolve()), st.st_size, st.st_mtime_ns]
-    side = load_build_record(sidecar) or {}
-    # Hashing a multi-GB model costs seconds; reuse the recorded hash while size and mtime are unchanged.
-    in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else _file_sha256(src_gguf)
-    if dst_gguf.is_file() and side.get("input_sha256") == in_hash and side.get("qtype") == qtype:
-        if side.get("input_stat") != stat_key:
-            _write_json(sidecar, {**side, "input_stat": stat_key})
-        return dst_gguf
-    dst_gguf.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst_gguf.with_name(dst_gguf.name + ".partial")
-    tmp.unlink(missing_ok=True)
-    log_file = dst_gguf.with_name(dst_gguf.name + ".quantize.log")
-    log_file.unlink(missing_ok=True)
-    with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
-        _run.run([exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)], log_file=log_file,
-                 cwd=build.bin_dir, what=f"llama-quantize {qtype}")
-    tmp.replace(dst_gguf)
-    _write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
-                          "qtype": qtype, "build_id": build.build_id, "log": str(log_file)})
-    return dst_gguf

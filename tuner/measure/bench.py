@@ -101,8 +101,10 @@ import numpy as np
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.frames import compare, load_results, render_table, save_results
+from tuner.measure.interleave import BenchTarget, InterleavedResult, run_interleaved
 from tuner.measure.observe import Observation, Observer
-from tuner.measure.stats import bootstrap_median_ci, ci_halfwidth_pct, compare_frames
+from tuner.measure.stats import summarize_samples as _summarize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -208,26 +210,6 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
         "type_k": rec.get("type_k"),
         "flash_attn": None if fa is None else _as_int(fa),
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# statistics of one row
-# ---------------------------------------------------------------------------------------------
-
-def _summarize(samples: Sequence[float], *, confidence: float, seed: int) -> dict[str, Any]:
-    arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=float)
-    if arr.size == 0:
-        nan = math.nan
-        return dict(n=0, median_ts=nan, mean_ts=nan, stddev_ts=nan, ci_low=nan, ci_high=nan,
-                    ci_pct=nan, min_ts=nan, max_ts=nan, samples=[])
-    med = float(np.median(arr))
-    low, high = bootstrap_median_ci(arr, confidence=confidence, seed=seed)
-    return dict(
-        n=int(arr.size), median_ts=med, mean_ts=float(arr.mean()),
-        stddev_ts=float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
-        ci_low=low, ci_high=high, ci_pct=ci_halfwidth_pct(med, low, high),
-        min_ts=float(arr.min()), max_ts=float(arr.max()), samples=[float(x) for x in arr],
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,6 +384,176 @@ def _max(vals: Sequence[float]) -> float:
     return max(vals) if vals else math.nan
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _BenchPlan:
+    """run_bench's arguments after checking: what each llama-bench call is built from."""
+
+    exe: Path
+    model: Path
+    log_dir: Path
+    depths: tuple[int, ...]
+    pp: int
+    tg: int
+    want: int
+    max_reps: int
+    target_ci: float | None
+    timeout: float
+    env: dict[str, str]
+    extra: tuple[str, ...]
+    fa: list[str]
+    label: str
+    arch: str | None
+    bandwidth: float | None
+    confidence: float
+    seed: int
+    observe: bool
+
+
+def _check_bench_args(
+    bin_dir: Path, model: Path, *, depths: Sequence[int], pp: int, tg: int, reps: int | None,
+    target_ci: float | None, max_reps: int, env: Mapping[str, str], extra_args: Sequence[str],
+    log_dir: Path, label: str, timeout: float, era: str | None, flash_attn: bool | None,
+    arch: str | None, bandwidth: float | None, confidence: float, seed: int, observe: bool,
+) -> _BenchPlan:
+    """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
+    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
+    exe = _find_exe(bin_dir, "llama-bench")
+    if not model.is_file():
+        raise UsageError(f"Model file {model} does not exist. Pass a GGUF file "
+                         "(`tuner model synth --like tiny` makes a small random-weight one).")
+    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
+    if not depths or len(set(depths)) != len(depths):
+        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
+    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
+    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
+    if pp == 0 and tg == 0:
+        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
+    max_reps = _check_int("max_reps", max_reps, 1, 10000)
+    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
+    want = min(want, max_reps)
+    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
+        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
+    if timeout <= 0:
+        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
+    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
+        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
+    env = _check_env(env)
+    extra = _check_extra_args(extra_args)
+    fa = _fa_args(exe, era, flash_attn)
+    label = label or bin_dir.parent.name or "bench"
+    if not re.match(r"^[\w.@+-]+$", label):
+        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
+    if arch is not None or bandwidth is not None:
+        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
+        for ph, n in (("pp", pp), ("tg", tg)):
+            if n > 0:
+                _roofline(ph, arch, bandwidth, model, depths[0], n, None)
+    return _BenchPlan(exe=exe, model=model, log_dir=log_dir, depths=depths, pp=pp, tg=tg, want=want,
+                      max_reps=max_reps, target_ci=target_ci, timeout=timeout, env=env, extra=extra,
+                      fa=fa, label=label, arch=arch, bandwidth=bandwidth, confidence=confidence,
+                      seed=seed, observe=observe)
+
+
+def _absorb_records(
+    accs: Mapping[tuple[str, int], _Acc], phase: str, records: Sequence[tuple[float, dict[str, Any]]],
+    obs: Observer | None, t_prev: float, cmd: Sequence[str], log_file: Path,
+) -> set[int]:
+    """Pool one call's records into the accumulators (first repetition dropped); returns the depths seen."""
+    seen = set()
+    for t_rec, rec in records:
+        d = rec["n_depth"]
+        acc = accs.get((phase, d))
+        if acc is None or d in seen or rec["phase"] != phase:
+            continue
+        seen.add(d)
+        # The first repetition of each call is discarded (warm-up, device.md).
+        acc.samples.extend(rec["samples_ts"][1:])
+        acc.discarded += min(1, len(rec["samples_ts"]))
+        acc.n_batches += 1
+        acc.meta = rec
+        acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+        if obs is not None:
+            acc.obs.append(obs.summary(t_prev, t_rec))
+        t_prev = t_rec
+    return seen
+
+
+def _still_pending(
+    plan: _BenchPlan, accs: Mapping[tuple[str, int], _Acc], phase: str, pending: Sequence[int],
+    seen: set[int], error: str, cmd: Sequence[str], log_file: Path,
+) -> list[int]:
+    """Record errors for depths a call missed; return the depths whose CI is still above target_ci."""
+    next_pending = []
+    for d in pending:
+        acc = accs[(phase, d)]
+        if d not in seen:
+            acc.error = error or f"llama-bench printed no result for depth {d}; see {log_file}."
+            acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+            continue
+        if error and not acc.error:
+            acc.error = error
+        if plan.target_ci is None or len(acc.samples) >= plan.max_reps:
+            continue
+        st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
+        if not (st["ci_pct"] <= plan.target_ci):
+            next_pending.append(d)
+    return next_pending
+
+
+def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
+    """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
+    pending = list(plan.depths)
+    k = plan.want
+    log_file = plan.log_dir / f"{plan.label}-{phase}.log"
+    for d in plan.depths:
+        accs[(phase, d)] = _Acc()
+    while pending:
+        cmd = [str(plan.exe), "-m", str(plan.model),
+               "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
+               "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
+               *plan.fa, *plan.extra]
+        log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
+        records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file,
+                                                timeout=plan.timeout, observe=plan.observe)
+        seen = _absorb_records(accs, phase, records, obs, t_prev, cmd, log_file)
+        pending = _still_pending(plan, accs, phase, pending, seen, error, cmd, log_file)
+        if pending:
+            room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
+            k = max(2, min(plan.want, room))
+    return str(log_file)
+
+
+def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any]:
+    """One output row (module docstring's schema) from a (phase, depth) accumulator."""
+    st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
+    ntok = plan.pp if phase == "pp" else plan.tg
+    meta = acc.meta
+    try:
+        bpt, roof, note = _roofline(phase, plan.arch, plan.bandwidth, plan.model, d, ntok, meta.get("type_k"))
+    except TunerError as err:  # e.g. an unreadable GGUF: the measurement still stands
+        bpt, roof, note = math.nan, math.nan, f"roofline unavailable: {err}"
+    return {
+        "label": plan.label, "test": f"{phase}{ntok}", "phase": phase, "depth": d, **st,
+        "n_batches": acc.n_batches, "warmup_discarded": acc.discarded,
+        "status": "ok" if st["n"] > 0 else "failed", "error": acc.error,
+        "build_commit": meta.get("build_commit"), "backends": meta.get("backends"),
+        "gpu_info": meta.get("gpu_info"), "model_filename": meta.get("model_filename", str(plan.model)),
+        "model_size": meta.get("model_size"), "n_params": meta.get("n_params"),
+        "n_ubatch": meta.get("n_ubatch"), "type_k": meta.get("type_k"),
+        "flash_attn": meta.get("flash_attn"), "env": json.dumps(plan.env, sort_keys=True),
+        "cmd": acc.cmd, "log_file": acc.log_file,
+        "cpu_util_mean": _mean([o.cpu_util_mean for o in acc.obs]),
+        "cpu_util_max": _max([o.cpu_util_max for o in acc.obs]),
+        "gpu_util_mean": _mean([o.gpu_util_mean for o in acc.obs]),
+        "gpu_util_max": _max([o.gpu_util_max for o in acc.obs]),
+        "gpu_mem_mb": _max([o.gpu_mem_mb for o in acc.obs]),
+        "bytes_per_token": bpt, "roofline_tps": roof,
+        "roofline_pct": 100.0 * st["median_ts"] / roof if roof and math.isfinite(roof) else math.nan,
+        "roofline_note": note, "anchor_ratio": math.nan, "drift_corrected": False,
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def run_bench(
     bin_dir: Path,
     model: Path,
@@ -460,348 +612,20 @@ def run_bench(
     """
     import pandas as pd
 
-    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
-    exe = _find_exe(bin_dir, "llama-bench")
-    if not model.is_file():
-        raise UsageError(f"Model file {model} does not exist. Pass a GGUF file "
-                         "(`tuner model synth --like tiny` makes a small random-weight one).")
-    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
-    if not depths or len(set(depths)) != len(depths):
-        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
-    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
-    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
-    if pp == 0 and tg == 0:
-        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
-    max_reps = _check_int("max_reps", max_reps, 1, 10000)
-    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
-    want = min(want, max_reps)
-    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
-        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
-    if timeout <= 0:
-        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
-    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
-        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
-    env = _check_env(env)
-    extra = _check_extra_args(extra_args)
-    fa = _fa_args(exe, era, flash_attn)
-    label = label or bin_dir.parent.name or "bench"
-    if not re.match(r"^[\w.@+-]+$", label):
-        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
-    if arch is not None or bandwidth is not None:
-        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
-        for ph, n in (("pp", pp), ("tg", tg)):
-            if n > 0:
-                _roofline(ph, arch, bandwidth, model, depths[0], n, None)
-
+    plan = _check_bench_args(
+        bin_dir, model, depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps,
+        env=env, extra_args=extra_args, log_dir=log_dir, label=label, timeout=timeout, era=era,
+        flash_attn=flash_attn, arch=arch, bandwidth=bandwidth, confidence=confidence, seed=seed,
+        observe=observe)
     accs: dict[tuple[str, int], _Acc] = {}
-    phases = [(ph, n) for ph, n in (("pp", pp), ("tg", tg)) if n > 0]
     last_log = ""
-    for phase, ntok in phases:
-        pending = list(depths)
-        k = want
-        log_file = log_dir / f"{label}-{phase}.log"
-        for d in depths:
-            accs[(phase, d)] = _Acc()
-        while pending:
-            cmd = [str(exe), "-m", str(model),
-                   "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
-                   "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
-                   *fa, *extra]
-            log.progress(f"  {label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
-            records, obs, error, t_prev = _run_call(exe, cmd, env=env, log_file=log_file,
-                                                    timeout=timeout, observe=observe)
-            last_log = str(log_file)
-            seen = set()
-            for t_rec, rec in records:
-                d = rec["n_depth"]
-                acc = accs.get((phase, d))
-                if acc is None or d in seen or rec["phase"] != phase:
-                    continue
-                seen.add(d)
-                # The first repetition of each call is discarded (warm-up, device.md).
-                acc.samples.extend(rec["samples_ts"][1:])
-                acc.discarded += min(1, len(rec["samples_ts"]))
-                acc.n_batches += 1
-                acc.meta = rec
-                acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
-                if obs is not None:
-                    acc.obs.append(obs.summary(t_prev, t_rec))
-                t_prev = t_rec
-            next_pending = []
-            for d in pending:
-                acc = accs[(phase, d)]
-                if d not in seen:
-                    acc.error = error or f"llama-bench printed no result for depth {d}; see {log_file}."
-                    acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
-                    continue
-                if error and not acc.error:
-                    acc.error = error
-                if target_ci is None or len(acc.samples) >= max_reps:
-                    continue
-                st = _summarize(acc.samples, confidence=confidence, seed=seed)
-                if not (st["ci_pct"] <= target_ci):
-                    next_pending.append(d)
-            pending = next_pending
-            if pending:
-                room = min(max_reps - len(accs[(phase, d)].samples) for d in pending)
-                k = max(2, min(want, room))
-
-    rows = []
-    for (phase, d), acc in accs.items():
-        st = _summarize(acc.samples, confidence=confidence, seed=seed)
-        ntok = pp if phase == "pp" else tg
-        meta = acc.meta
-        try:
-            bpt, roof, note = _roofline(phase, arch, bandwidth, model, d, ntok, meta.get("type_k"))
-        except TunerError as err:  # e.g. an unreadable GGUF: the measurement still stands
-            bpt, roof, note = math.nan, math.nan, f"roofline unavailable: {err}"
-        row: dict[str, Any] = {
-            "label": label, "test": f"{phase}{ntok}", "phase": phase, "depth": d, **st,
-            "n_batches": acc.n_batches, "warmup_discarded": acc.discarded,
-            "status": "ok" if st["n"] > 0 else "failed", "error": acc.error,
-            "build_commit": meta.get("build_commit"), "backends": meta.get("backends"),
-            "gpu_info": meta.get("gpu_info"), "model_filename": meta.get("model_filename", str(model)),
-            "model_size": meta.get("model_size"), "n_params": meta.get("n_params"),
-            "n_ubatch": meta.get("n_ubatch"), "type_k": meta.get("type_k"),
-            "flash_attn": meta.get("flash_attn"), "env": json.dumps(env, sort_keys=True),
-            "cmd": acc.cmd, "log_file": acc.log_file,
-            "cpu_util_mean": _mean([o.cpu_util_mean for o in acc.obs]),
-            "cpu_util_max": _max([o.cpu_util_max for o in acc.obs]),
-            "gpu_util_mean": _mean([o.gpu_util_mean for o in acc.obs]),
-            "gpu_util_max": _max([o.gpu_util_max for o in acc.obs]),
-            "gpu_mem_mb": _max([o.gpu_mem_mb for o in acc.obs]),
-            "bytes_per_token": bpt, "roofline_tps": roof,
-            "roofline_pct": 100.0 * st["median_ts"] / roof if roof and math.isfinite(roof) else math.nan,
-            "roofline_note": note, "anchor_ratio": math.nan, "drift_corrected": False,
-            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        rows.append(row)
+    for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
+        last_log = _measure_phase(plan, phase, ntok, accs)
+    rows = [_bench_row(plan, phase, d, acc) for (phase, d), acc in accs.items()]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df.attrs["log_file"] = last_log
     df.attrs["errors"] = [r["error"] for r in rows if r["error"]]
     for r in rows:
         if r["status"] != "ok":
-            log.warning(f"{label} {r['test']} @ d{r['depth']} failed: {r['error']}")
+            log.warning(f"{plan.label} {r['test']} @ d{r['depth']} failed: {r['error']}")
     return df
-
-
-# ---------------------------------------------------------------------------------------------
-# interleaved anchors
-# ---------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BenchTarget:
-    """One thing to benchmark: a build's bin dir plus runtime settings."""
-
-    label: str
-    bin_dir: Path
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    extra_args: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class InterleavedResult:
-    """Outcome of :func:`run_interleaved`."""
-
-    frames: dict[str, Any]
-    """label -> DataFrame: candidates (drift-corrected where flagged) and the baseline (pooled anchors)."""
-    anchors: Any
-    """Every anchor measurement: bench rows plus ``anchor_index``."""
-    drift: Any
-    """Per (test, depth): ``drift_pct``, ``noise_pct``, ``flagged``, ``reference_ts``."""
-
-
-def run_interleaved(
-    candidates: Sequence[BenchTarget],
-    baseline: BenchTarget,
-    model: Path,
-    *,
-    log_dir: Path,
-    drift_factor: float = 2.0,
-    **bench_kwargs: Any,
-) -> InterleavedResult:
-    """Measure candidates between baseline anchors: A B A C A ... A.
-
-    Drift of a (test, depth) is ``(max - min) / reference`` of the anchor medians (reference = the
-    median of anchor medians); noise is the largest anchor CI half-width (%). When drift exceeds
-    ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
-    samples are multiplied by ``reference / local`` where local is the geometric mean of the two
-    anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
-
-    Args:
-        candidates: Targets to measure, in order.
-        baseline: The anchor target.
-        model: GGUF model.
-        log_dir: Log directory.
-        drift_factor: Drift/noise ratio that triggers correction.
-        **bench_kwargs: Passed to :func:`run_bench` (depths, pp, tg, reps, target_ci, ...).
-
-    Returns:
-        An InterleavedResult.
-    """
-    import pandas as pd
-
-    if not candidates:
-        raise UsageError("run_interleaved needs at least one candidate besides the baseline.")
-    labels = [c.label for c in candidates]
-    if baseline.label in labels or len(set(labels)) != len(labels):
-        raise UsageError(f"Labels must be distinct (baseline {baseline.label!r}, candidates {labels}).")
-    confidence = bench_kwargs.get("confidence", 0.95)
-    seed = bench_kwargs.get("seed", 0)
-
-    def bench(t: BenchTarget) -> pd.DataFrame:
-        return run_bench(t.bin_dir, model, env=t.env, extra_args=t.extra_args, log_dir=log_dir,
-                         label=t.label, **bench_kwargs)
-
-    anchors = [bench(baseline)]
-    cands = []
-    for c in candidates:
-        cands.append(bench(c))
-        anchors.append(bench(baseline))
-    for i, a in enumerate(anchors):
-        a["anchor_index"] = i
-    anchor_df = pd.concat(anchors, ignore_index=True)
-
-    def med(df: pd.DataFrame, test: str, depth: int) -> float:
-        r = df[(df["test"] == test) & (df["depth"] == depth)]
-        return float(r["median_ts"].iloc[0]) if len(r) else math.nan
-
-    drift_rows = []
-    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
-        meds = grp["median_ts"].to_numpy(dtype=float)
-        ok = meds[np.isfinite(meds)]
-        ref = float(np.median(ok)) if ok.size else math.nan
-        drift = 100.0 * (ok.max() - ok.min()) / ref if ok.size > 1 and ref > 0 else math.nan
-        noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
-        flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
-        drift_rows.append({"test": test, "phase": grp["phase"].iloc[0], "depth": int(depth),
-                           "n_anchors": int(ok.size), "reference_ts": ref, "drift_pct": drift,
-                           "noise_pct": noise, "flagged": flagged})
-    drift_df = pd.DataFrame(drift_rows)
-    for r in drift_rows:
-        if r["flagged"]:
-            log.warning(f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
-                        f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio")
-
-    def rescale(row: pd.Series, factor: float) -> dict[str, Any]:
-        new = row.to_dict()
-        new.update(_summarize([s * factor for s in row["samples"]], confidence=confidence, seed=seed))
-        new["anchor_ratio"], new["drift_corrected"] = factor, True
-        if math.isfinite(new.get("roofline_tps", math.nan)) and new["roofline_tps"]:
-            new["roofline_pct"] = 100.0 * new["median_ts"] / new["roofline_tps"]
-        return new
-
-    frames: dict[str, Any] = {}
-    for i, (c, df) in enumerate(zip(candidates, cands)):
-        rows = []
-        for _, row in df.iterrows():
-            dr = next((r for r in drift_rows if r["test"] == row["test"] and r["depth"] == row["depth"]), None)
-            local = math.sqrt(med(anchors[i], row["test"], row["depth"]) *
-                              med(anchors[i + 1], row["test"], row["depth"]))
-            factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
-            if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-                rows.append(rescale(row, factor))
-            else:
-                new = row.to_dict()
-                new["anchor_ratio"] = factor
-                rows.append(new)
-        frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
-
-    base_rows = []
-    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
-        dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
-        pooled: list[float] = []
-        for _, a in grp.iterrows():
-            f = dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
-            pooled.extend(s * f for s in a["samples"])
-        first = grp.iloc[-1].to_dict()
-        first.update(_summarize(pooled, confidence=confidence, seed=seed))
-        first.update(n_batches=int(grp["n_batches"].sum()),
-                     warmup_discarded=int(grp["warmup_discarded"].sum()),
-                     drift_corrected=dr["flagged"], anchor_ratio=math.nan,
-                     status="ok" if pooled else "failed")
-        if math.isfinite(first.get("roofline_tps", math.nan)) and first["roofline_tps"]:
-            first["roofline_pct"] = 100.0 * first["median_ts"] / first["roofline_tps"]
-        base_rows.append(first)
-    frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
-    return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)
-
-
-# ---------------------------------------------------------------------------------------------
-# files and tables
-# ---------------------------------------------------------------------------------------------
-
-def compare(a: pd.DataFrame, b: pd.DataFrame, **kw: Any) -> pd.DataFrame:
-    """Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
-    return compare_frames(a, b, **kw)
-
-
-def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
-    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports).
-
-    Returns:
-        The files written.
-    """
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    out = [stem.with_suffix(".jsonl")]
-    df.to_json(out[0], orient="records", lines=True, force_ascii=False)
-    try:
-        import pyarrow  # noqa: F401
-
-        pq = stem.with_suffix(".parquet")
-        df.to_parquet(pq, index=False)
-        out.append(pq)
-    except ImportError:
-        pass
-    return out
-
-
-def load_results(path: Path) -> pd.DataFrame:
-    """Read a bench frame written by :func:`save_results` (``.jsonl`` or ``.parquet``).
-
-    Raises:
-        UsageError: Missing file, unknown suffix, or a file without the bench columns.
-    """
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"Bench results file {path} does not exist; pass a .jsonl/.parquet from `tuner bench`.")
-    try:
-        if path.suffix == ".parquet":
-            df = pd.read_parquet(path)
-        elif path.suffix in (".jsonl", ".json"):
-            df = pd.read_json(path, orient="records", lines=True)
-        else:
-            raise UsageError(f"{path}: unknown results format {path.suffix!r}; use .jsonl or .parquet.")
-    except (ValueError, OSError) as err:
-        raise UsageError(f"{path} is not a readable bench results file ({err}). "
-                         "Re-run `tuner bench` to produce one.") from err
-    missing = {"label", "test", "phase", "depth", "median_ts", "samples", "n"} - set(df.columns)
-    if missing:
-        raise UsageError(f"{path} lacks bench columns {sorted(missing)}; is it llama-bench's raw output? "
-                         "tuner compare/report read the files `tuner bench` writes.")
-    df["samples"] = [list(s) if s is not None else [] for s in df["samples"]]
-    df["depth"] = df["depth"].astype(int)
-    return df
-
-
-def _fmt(x: Any, spec: str = ".2f") -> str:
-    try:
-        xf = float(x)
-    except (TypeError, ValueError):
-        return "-"
-    return format(xf, spec) if math.isfinite(xf) else "-"
-
-
-def render_table(df: pd.DataFrame) -> str:
-    """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
-    headers = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %",
-               "roofline %", "status"]
-    rows = []
-    for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
-        rows.append([r["label"], r["test"], int(r["depth"]), _fmt(r["median_ts"]), _fmt(r["ci_pct"], ".1f"),
-                     int(r["n"]), f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}", _fmt(r["cpu_util_mean"], ".0f"),
-                     _fmt(r["gpu_util_mean"], ".0f"), _fmt(r["roofline_pct"], ".1f"), r["status"]])
-    return log.table(headers, rows)

@@ -214,6 +214,55 @@ def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | 
         raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
 
 
+def _check_op(exe: Path, op: str, *, backend: str, params: str | None, jobs: int | None, env: Mapping[str, str],
+              log_file: Path, timeout: float, bin_dir: Path) -> CheckResult:
+    """One ``test-backend-ops test -o OP`` call as a CheckResult (a timeout is a failed result, returncode -1).
+
+    Raises:
+        UsageError: The binary has no such backend device.
+    """
+    cmd = [str(exe), "test", "-o", op, "-b", backend]
+    if params is not None:
+        cmd += ["-p", params]
+    if jobs is not None:
+        cmd += ["-j", str(jobs)]
+    lines: list[str] = []
+    try:
+        res = _run.run(cmd, env=env, log_file=log_file, timeout=timeout, check=False,
+                       on_line=lines.append, what="test-backend-ops")
+        rc = res.returncode
+    except TunerError as err:  # timeout: a result, not a crash
+        return CheckResult(passed=False, n_ok=0, n_fail=0, n_not_supported=0, failing=(),
+                           log_file=log_file, summary=f"{op}: {err}", returncode=-1)
+    part = parse_check_output("\n".join(lines), backend=backend)
+    if not part.backend_ran:
+        raise UsageError(
+            f"test-backend-ops in {bin_dir} has no device {backend!r}: {part.summary}. "
+            "Pass --backend with one of those devices, or check the build has that backend."
+        )
+    if rc != 0 and part.passed:
+        part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
+    if rc != 0 and part.crashed and part.crashed not in part.failing:
+        part = dataclasses.replace(part, failing=part.failing + (part.crashed,),
+                                   summary=part.summary + f"; died during {part.crashed}")
+    return dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc, log_file=log_file)
+
+
+def _aggregate(parts: Sequence[CheckResult], *, log_file: Path, rc_max: int, start: float) -> CheckResult:
+    """One CheckResult over every op's call: passes only if all passed; failing cases de-duplicated."""
+    failing: list[str] = []
+    for p in parts:
+        failing.extend(f for f in p.failing if f not in failing)
+    return CheckResult(
+        passed=all(p.passed for p in parts),
+        n_ok=sum(p.n_ok for p in parts), n_fail=sum(p.n_fail for p in parts),
+        n_not_supported=sum(p.n_not_supported for p in parts), failing=tuple(failing),
+        log_file=log_file, summary="; ".join(p.summary for p in parts), backend_ran=True,
+        returncode=rc_max, seconds=time.monotonic() - start,
+        crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
+    )
+
+
 def run_check(
     bin_dir: Path,
     *,
@@ -257,46 +306,11 @@ def run_check(
     start = time.monotonic()
     rc_max = 0
     for op in ops:
-        cmd = [str(exe), "test", "-o", op, "-b", backend]
-        if params is not None:
-            cmd += ["-p", params]
-        if jobs is not None:
-            cmd += ["-j", str(jobs)]
-        lines: list[str] = []
-        try:
-            res = _run.run(cmd, env=full_env, log_file=log_file, timeout=timeout, check=False,
-                           on_line=lines.append, what="test-backend-ops")
-            rc = res.returncode
-        except TunerError as err:  # timeout: a result, not a crash
-            parts.append(CheckResult(passed=False, n_ok=0, n_fail=0, n_not_supported=0, failing=(),
-                                     log_file=log_file, summary=f"{op}: {err}", returncode=-1))
-            rc_max = -1
-            continue
-        part = parse_check_output("\n".join(lines), backend=backend)
-        if not part.backend_ran:
-            raise UsageError(
-                f"test-backend-ops in {bin_dir} has no device {backend!r}: {part.summary}. "
-                "Pass --backend with one of those devices, or check the build has that backend."
-            )
-        if rc != 0 and part.passed:
-            part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
-        if rc != 0 and part.crashed and part.crashed not in part.failing:
-            part = dataclasses.replace(part, failing=part.failing + (part.crashed,),
-                                       summary=part.summary + f"; died during {part.crashed}")
-        parts.append(dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc,
-                                         log_file=log_file))
-        rc_max = rc if rc != 0 else rc_max
-    failing: list[str] = []
-    for p in parts:
-        failing.extend(f for f in p.failing if f not in failing)
-    return CheckResult(
-        passed=all(p.passed for p in parts),
-        n_ok=sum(p.n_ok for p in parts), n_fail=sum(p.n_fail for p in parts),
-        n_not_supported=sum(p.n_not_supported for p in parts), failing=tuple(failing),
-        log_file=log_file, summary="; ".join(p.summary for p in parts), backend_ran=True,
-        returncode=rc_max, seconds=time.monotonic() - start,
-        crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
-    )
+        part = _check_op(exe, op, backend=backend, params=params, jobs=jobs, env=full_env, log_file=log_file,
+                         timeout=timeout, bin_dir=bin_dir)
+        parts.append(part)
+        rc_max = part.returncode if part.returncode != 0 else rc_max
+    return _aggregate(parts, log_file=log_file, rc_max=rc_max, start=start)
 
 
 def run_gate(

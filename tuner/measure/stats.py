@@ -16,13 +16,14 @@ __all__ = [
     "ci_halfwidth_pct",
     "compare",
     "compare_frames",
+    "summarize_samples",
 ]
 
 import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -103,6 +104,26 @@ class Verdict:
     confidence: float
     n_a: int = 0
     n_b: int = 0
+
+
+def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int) -> dict[str, Any]:
+    """One bench row's statistics columns (n, median/mean/stddev, bootstrap CI, min/max, samples).
+
+    Non-finite samples are dropped; with none left every statistic is NaN and ``n`` is 0.
+    """
+    arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=float)
+    if arr.size == 0:
+        nan = math.nan
+        return dict(n=0, median_ts=nan, mean_ts=nan, stddev_ts=nan, ci_low=nan, ci_high=nan,
+                    ci_pct=nan, min_ts=nan, max_ts=nan, samples=[])
+    med = float(np.median(arr))
+    low, high = bootstrap_median_ci(arr, confidence=confidence, seed=seed)
+    return dict(
+        n=int(arr.size), median_ts=med, mean_ts=float(arr.mean()),
+        stddev_ts=float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
+        ci_low=low, ci_high=high, ci_pct=ci_halfwidth_pct(med, low, high),
+        min_ts=float(arr.min()), max_ts=float(arr.max()), samples=[float(x) for x in arr],
+    )
 
 
 def compare(

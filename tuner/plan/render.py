@@ -27,22 +27,18 @@ __all__ = [
 ]
 
 import dataclasses
-import difflib
 import functools
 import json
 import logging
 import re
-from tuner._compat import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
 from tuner.plan import constraints
 from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
-from tuner.paths import data_dir
+from tuner.plan.patch import Edit, PatchManifest, _render, load_manifests, render_patch, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant
 
 if TYPE_CHECKING:
@@ -66,7 +62,6 @@ _CMAKE_BUILTINS = frozenset(
 # Plain variables (not option()/CACHE) that ggml-hip/CMakeLists.txt reads; allowed only where referenced.
 _HIP_TARGET_VARS = ("GPU_TARGETS", "AMDGPU_TARGETS")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.;+\-]*$")
-_MODES = ("replace", "insert_before", "insert_after")
 _THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
 _INT_MAX = 2147483647
 
@@ -74,29 +69,6 @@ _INT_MAX = 2147483647
 def variant_family(variant: str) -> str:
     """``cuda-force-mmq`` -> ``cuda``; the family picks the patch manifests."""
     return variant.split("-", 1)[0]
-
-
-@functools.lru_cache(maxsize=4)
-def _env_for(folder: str) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folder),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
-def _env() -> jinja2.Environment:
-    return _env_for(str(data_dir("templates")))
-
-
-def _render(template: str, context: Mapping[str, Any], *, what: str) -> str:
-    try:
-        return _env().get_template(template).render(**context)
-    except jinja2.TemplateNotFound as err:
-        raise TunerError(f"Template {template!r} ({what}) was not found under {data_dir('templates')}.") from err
-    except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as err:
-        raise TunerError(f"Template {template!r} ({what}) failed to render: {err}. Fix the template.") from err
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,161 +251,6 @@ def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Patch manifests
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Edit:
-    """One anchored edit of a pristine file."""
-
-    file: str
-    """Path relative to the llama.cpp root."""
-    mode: str
-    """``replace``, ``insert_before`` or ``insert_after``."""
-    anchor: str
-    """Exact text that must occur exactly once in the pristine file."""
-    template: str
-    """Jinja fragment, relative to ``templates/``."""
-    vars: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Extra template variables for this edit."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PatchManifest:
-    """A ``templates/patches/<era>/<name>.toml`` file."""
-
-    name: str
-    era: str
-    path: Path
-    description: str
-    families: tuple[str, ...]
-    edits: tuple[Edit, ...]
-
-
-def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]:
-    """Load every patch manifest of an era, sorted by name.
-
-    Raises:
-        TunerError: A manifest has unknown keys, a bad mode or a missing template.
-    """
-    root = (base or data_dir("templates")) / "patches"
-    era_dir = root / era
-    if not era_dir.is_dir():
-        raise TunerError(f"No patch manifests for era {era!r} in {era_dir}.")
-    out = []
-    for path in sorted(era_dir.glob("*.toml")):
-        try:
-            doc = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise TunerError(f"Patch manifest {path} is not valid TOML: {err}.") from err
-        for key in doc:
-            if key not in ("description", "families", "edit"):
-                raise TunerError(f"Unknown key {key!r} in {path}.{close_matches(key, ['description', 'families', 'edit'])}")
-        edits = []
-        for i, e in enumerate(doc.get("edit", [])):
-            for key in e:
-                if key not in ("file", "mode", "anchor", "template", "vars"):
-                    raise TunerError(
-                        f"Unknown key {key!r} in edit {i + 1} of {path}."
-                        f"{close_matches(key, ['file', 'mode', 'anchor', 'template', 'vars'])}"
-                    )
-            if e.get("mode") not in _MODES:
-                raise TunerError(f"Edit {i + 1} of {path}: mode {e.get('mode')!r} is not one of {', '.join(_MODES)}.")
-            tpl = e["template"]
-            rel = f"patches/{era}/{tpl}" if (era_dir / tpl).is_file() else f"patches/common/{tpl}"
-            if not (root.parent / rel).is_file():
-                raise TunerError(f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}.")
-            edits.append(Edit(file=e["file"], mode=e["mode"], anchor=e["anchor"], template=rel, vars=e.get("vars", {})))
-        out.append(
-            PatchManifest(
-                name=path.stem,
-                era=era,
-                path=path,
-                description=doc.get("description", ""),
-                families=tuple(doc.get("families", ())),
-                edits=tuple(edits),
-            )
-        )
-    return out
-
-
-def _apply_edits(
-    root: Path, era: str, manifests: Sequence[PatchManifest], context: Mapping[str, Any]
-) -> dict[str, str]:
-    """Apply every edit in memory to pristine text; return relpath -> new text of changed files."""
-    by_file: dict[str, list[tuple[int, int, str, PatchManifest, Edit]]] = {}
-    pristine: dict[str, str] = {}
-    for m in manifests:
-        for e in m.edits:
-            path = root / e.file
-            if e.file not in pristine:
-                if not path.is_file():
-                    raise TunerError(
-                        f"Patch template {m.name!r} (era {era}, {m.path}) edits {e.file}, which this tree lacks. "
-                        f"The template targets a different llama.cpp version; fix the manifest or the --source."
-                    )
-                pristine[e.file] = path.read_text()
-            text = pristine[e.file]
-            count = text.count(e.anchor)
-            if count != 1:
-                first = e.anchor.strip().splitlines()[0] if e.anchor.strip() else e.anchor
-                raise TunerError(
-                    f"Patch template {m.name!r} (era {era}, {m.path}): the anchor starting {first[:80]!r} occurs "
-                    f"{count} times in {e.file}; it must occur exactly once. The tree does not match the template's "
-                    f"llama.cpp version; fix the anchor or use a source of era {era}."
-                )
-            fragment = _render(e.template, {**context, **e.vars}, what=f"edit of {e.file} in {m.name}")
-            start = text.index(e.anchor)
-            end = start + len(e.anchor)
-            if e.mode == "replace":
-                span = (start, end)
-            else:
-                if not fragment:
-                    continue  # nothing to insert in this mode (e.g. a hook that only exists in tune mode)
-                pos = start if e.mode == "insert_before" else end
-                if e.mode == "insert_after" and not e.anchor.endswith("\n") and text[pos : pos + 1] == "\n":
-                    pos += 1  # insert whole lines after the anchor's line
-                span = (pos, pos)
-            by_file.setdefault(e.file, []).append((span[0], span[1], fragment, m, e))
-    files: dict[str, str] = {}
-    for rel, edits in by_file.items():
-        edits.sort(key=lambda t: (t[0], t[1]))
-        for (s0, e0, _, m0, _), (s1, _, _, m1, _) in zip(edits, edits[1:]):
-            if s1 < e0:
-                raise TunerError(f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}.")
-        text = pristine[rel]
-        for s, e, frag, _, _ in reversed(edits):
-            text = text[:s] + frag + text[e:]
-        if text != pristine[rel]:
-            files[rel] = text
-    return files
-
-
-def unified_diff(rel: str, old: str, new: str) -> str:
-    """A ``git apply``-compatible unified diff of one file with ``a/`` and ``b/`` headers."""
-    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    out = []
-    for line in lines:
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
-def render_patch(
-    source_root: Path,
-    era: str,
-    family: str,
-    context: Mapping[str, Any],
-    *,
-    templates: Path | None = None,
-) -> tuple[str, dict[str, str]]:
-    """Render the era's manifests for a variant family into ``(patch, files)``."""
-    manifests = [m for m in load_manifests(era, base=templates) if family in m.families]
-    files = _apply_edits(source_root, era, manifests, {"era": era, "family": family, **context})
-    patch = "".join(unified_diff(rel, (source_root / rel).read_text(), files[rel]) for rel in sorted(files))
-    return patch, files
-
-
-# --------------------------------------------------------------------------------------------------
 # Compile-time knobs -> per-TU headers / baked rows
 
 _TU_GLOBS = {
@@ -613,6 +430,34 @@ def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
     return v
 
 
+def _checked_compile_values(root: Path, arch: str, era: str, sp: SearchSpace | None, compile_values: Mapping[str, int],
+                            model_shape: Mapping[str, int] | None) -> dict[str, int]:
+    """Compile-time values range-checked against the space and constraint-checked; UsageError otherwise."""
+    if sp is None:
+        raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
+    compile_values = space_mod.check_values(sp, compile_values, section="compile")  # type: ignore[assignment]
+    violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
+    if violations:
+        raise UsageError(
+            f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
+            + "; ".join(v.message for v in violations)
+            + ". Pick values that satisfy these rules (nothing was compiled)."
+        )
+    return compile_values  # type: ignore[return-value]
+
+
+def _patch_context(root: Path, arch: str, era: str, sp: SearchSpace | None, compile_values: Mapping[str, int],
+                   baked_runtime: Mapping[str, object] | None) -> dict[str, Any]:
+    """Template context of the patch: the runtime hook's defaults, or (baked) values compiled in."""
+    baked = baked_runtime is not None
+    context: dict[str, Any] = {"baked": baked, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
+    if baked:
+        context.update(_baked_context(root, era, sp, compile_values, baked_runtime or {}))
+    else:
+        context.update({"t": _THRESHOLD_DEFAULTS, "rules": [], "baked_rows": {}, "wmma": _WMMA_DEFAULTS, "wmma_decode": 0, "wmma_min_kv": 0})
+    return context
+
+
 def render_variant(
     source: Any,
     arch: str,
@@ -658,28 +503,14 @@ def render_variant(
     if compile_values or family != "cpu":
         sp = _find_space(arch, era)
     if compile_values:
-        if sp is None:
-            raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-        compile_values = space_mod.check_values(sp, compile_values, section="compile")  # type: ignore[assignment]
-        violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
-        if violations:
-            raise UsageError(
-                f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
-                + "; ".join(v.message for v in violations)
-                + ". Pick values that satisfy these rules (nothing was compiled)."
-            )
+        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape)
     if family == "cpu":
         return RenderedVariant(
             arch=arch, variant=variant, era=era, source_id=str(source.source_id), source_root=root,
             defines=defines, patch="", files={}, compile_values=compile_values, warnings=tuple(warnings),
         )
     baked = baked_runtime is not None
-    context: dict[str, Any] = {"baked": baked, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
-    if baked:
-        context.update(_baked_context(root, era, sp, compile_values, baked_runtime or {}))
-    else:
-        context.update({"t": _THRESHOLD_DEFAULTS, "rules": [], "baked_rows": {}, "wmma": _WMMA_DEFAULTS, "wmma_decode": 0, "wmma_min_kv": 0})
-    patch, files = render_patch(root, era, family, context)
+    patch, files = render_patch(root, era, family, _patch_context(root, arch, era, sp, compile_values, baked_runtime))
     tu_headers: dict[str, str] = {}
     if not baked:
         tu_headers = render_tu_headers(root, era, sp, compile_values) if sp is not None else {

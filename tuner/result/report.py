@@ -9,7 +9,7 @@ Roofline percentages are model estimates (tuner.targets.roofline) and are labell
 
 :func:`compare_table` renders two variants exactly in ``compare-llama-bench.py``'s shape (``Model |
 Test | t/s A | t/s B | Speedup``, tests named ``pp512@d4096``) with the CI, the A/A noise and the
-verdict in extra columns; :func:`plot_speedup` draws the speedup per depth with its CI band and the
+verdict in extra columns; :func:`plot_speedup` (:mod:`tuner.result.plots`) draws the speedup per depth with its CI band and the
 kernel chosen per depth interval. :func:`dashboard_command` and :func:`importances_section` connect
 a study to Optuna's own tools.
 """
@@ -40,22 +40,12 @@ from typing import TYPE_CHECKING, Any
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.stats import compare
+from tuner.result.plots import _PHASES, _num, _phase_of, plot_depth, plot_speedup
 
 if TYPE_CHECKING:
     import pandas as pd
 
 MARKS = {"faster": "✓", "slower": "✗", "no difference": "~"}
-
-_PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
-
-
-def _num(x: Any) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return math.nan
-    return v
-
 
 def _cell(row: Any) -> str:
     if row is None:
@@ -74,6 +64,82 @@ def _test_name(test: str, depth: int) -> str:
 
 def _index(df: pd.DataFrame) -> dict[tuple[str, int], Any]:
     return {(str(r["test"]), int(r["depth"])): r for _, r in df.iterrows()}
+
+
+def _report_intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
+    """Model, backend and GPU of the baseline's first row, and the variants with their commits."""
+    base_df = frames[baseline]
+    meta = base_df.iloc[0] if len(base_df) else None
+    if meta is None:
+        return []
+    size = _num(meta.get("model_size"))
+    params = _num(meta.get("n_params"))
+    bits = [f"model `{meta.get('model_filename')}`"]
+    if math.isfinite(size):
+        bits.append(f"{size / 2**20:.2f} MiB")
+    if math.isfinite(params):
+        bits.append(f"{params / 1e9:.2f} B params")
+    bits.append(f"backend {meta.get('backends') or '?'}")
+    if meta.get("gpu_info"):
+        bits.append(str(meta.get("gpu_info")))
+    out = [", ".join(bits) + ".", ""]
+    commits = {k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) for k in labels}
+    out += ["Variants: " + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "")
+                                      for k, c in commits.items()) + f". Baseline: **{baseline}**.", ""]
+    return out
+
+
+def _phase_table(phase: str, heading: str, labels: Sequence[str], idx: Mapping[str, Mapping[tuple[str, int], Any]],
+                 baseline: str, *, has_roof: bool, confidence: float, seed: int) -> list[str]:
+    """One phase's section: a line per ``test @ depth``, t/s per variant, Δ% with its mark, roofline %."""
+    keys = sorted({key for k in labels for key, r in idx[k].items() if r["phase"] == phase},
+                  key=lambda t: (t[0], t[1]))
+    if not keys:
+        return []
+    headers = ["test"] + [f"{k} t/s" for k in labels]
+    headers += [f"Δ% {k}" for k in labels[1:]]
+    if has_roof:
+        headers += [f"roofline % {k}" for k in labels]
+    rows = []
+    for test, depth in keys:
+        line = [_test_name(test, depth)] + [_cell(idx[k].get((test, depth))) for k in labels]
+        b = idx[baseline].get((test, depth))
+        for k in labels[1:]:
+            r = idx[k].get((test, depth))
+            if b is None or r is None or not (r["n"] and b["n"]):
+                line.append("-")
+                continue
+            v = compare(list(b["samples"]), list(r["samples"]), confidence=confidence, seed=seed)
+            line.append(f"{v.delta_pct:+.2f}% {MARKS[v.verdict]}" if math.isfinite(v.delta_pct) else "-")
+        if has_roof:
+            for k in labels:
+                r = idx[k].get((test, depth))
+                pct = _num(r["roofline_pct"]) if r is not None else math.nan
+                line.append(f"{pct:.1f}" if math.isfinite(pct) else "-")
+        rows.append(line)
+    return [f"## {heading}", "", log.table(headers, rows), ""]
+
+
+def _report_notes(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str, *, has_roof: bool,
+                  confidence: float) -> list[str]:
+    """The notes under the tables: what t/s, Δ% and roofline % mean, and which variants were drift-corrected."""
+    level = f"{confidence * 100:g}%"
+    notes = [
+        f"t/s: median ± half-width of the {level} bootstrap CI of the median; n = kept repetitions "
+        "(the first repetition of every llama-bench call is discarded as warm-up).",
+        f"Δ%: median vs {baseline}; ✓ faster / ✗ slower / ~ no difference at {level} "
+        "(bootstrap CI of the ratio of medians excludes 0 and Mann-Whitney U p < "
+        f"{1 - confidence:.2g}).",
+    ]
+    if has_roof:
+        notes.append("roofline %: measured / model estimate (tg: bandwidth / bytes per token; "
+                     "pp: compute peak). A model estimate, not a measurement.")
+    else:
+        notes.append("roofline %: not available (run `tuner bench` with --arch or --bandwidth).")
+    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
+    if drifted:
+        notes.append("Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".")
+    return ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
 
 
 def render_report(
@@ -108,118 +174,15 @@ def render_report(
                          + close_matches(baseline, list(frames)))
     labels = [baseline] + [k for k in frames if k != baseline]
     idx = {k: _index(frames[k]) for k in labels}
-    base_df = frames[baseline]
-    out = [f"# {title}", ""]
-    meta = base_df.iloc[0] if len(base_df) else None
-    if meta is not None:
-        size = _num(meta.get("model_size"))
-        params = _num(meta.get("n_params"))
-        bits = [f"model `{meta.get('model_filename')}`"]
-        if math.isfinite(size):
-            bits.append(f"{size / 2**20:.2f} MiB")
-        if math.isfinite(params):
-            bits.append(f"{params / 1e9:.2f} B params")
-        bits.append(f"backend {meta.get('backends') or '?'}")
-        if meta.get("gpu_info"):
-            bits.append(str(meta.get("gpu_info")))
-        out += [", ".join(bits) + ".", ""]
-        commits = {k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) for k in labels}
-        out += ["Variants: " + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "")
-                                          for k, c in commits.items()) + f". Baseline: **{baseline}**.", ""]
+    out = [f"# {title}", ""] + _report_intro(frames, labels, baseline)
     has_roof = any(
         "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(_num).map(math.isfinite).any()
         for k in labels
     )
     for phase, heading in _PHASES:
-        keys = sorted({key for k in labels for key, r in idx[k].items() if r["phase"] == phase},
-                      key=lambda t: (t[0], t[1]))
-        if not keys:
-            continue
-        headers = ["test"] + [f"{k} t/s" for k in labels]
-        headers += [f"Δ% {k}" for k in labels[1:]]
-        if has_roof:
-            headers += [f"roofline % {k}" for k in labels]
-        rows = []
-        for test, depth in keys:
-            line = [_test_name(test, depth)] + [_cell(idx[k].get((test, depth))) for k in labels]
-            b = idx[baseline].get((test, depth))
-            for k in labels[1:]:
-                r = idx[k].get((test, depth))
-                if b is None or r is None or not (r["n"] and b["n"]):
-                    line.append("-")
-                    continue
-                v = compare(list(b["samples"]), list(r["samples"]), confidence=confidence, seed=seed)
-                line.append(f"{v.delta_pct:+.2f}% {MARKS[v.verdict]}" if math.isfinite(v.delta_pct) else "-")
-            if has_roof:
-                for k in labels:
-                    r = idx[k].get((test, depth))
-                    pct = _num(r["roofline_pct"]) if r is not None else math.nan
-                    line.append(f"{pct:.1f}" if math.isfinite(pct) else "-")
-            rows.append(line)
-        out += [f"## {heading}", "", log.table(headers, rows), ""]
-    level = f"{confidence * 100:g}%"
-    notes = [
-        f"t/s: median ± half-width of the {level} bootstrap CI of the median; n = kept repetitions "
-        "(the first repetition of every llama-bench call is discarded as warm-up).",
-        f"Δ%: median vs {baseline}; ✓ faster / ✗ slower / ~ no difference at {level} "
-        "(bootstrap CI of the ratio of medians excludes 0 and Mann-Whitney U p < "
-        f"{1 - confidence:.2g}).",
-    ]
-    if has_roof:
-        notes.append("roofline %: measured / model estimate (tg: bandwidth / bytes per token; "
-                     "pp: compute peak). A model estimate, not a measurement.")
-    else:
-        notes.append("roofline %: not available (run `tuner bench` with --arch or --bandwidth).")
-    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
-    if drifted:
-        notes.append("Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".")
-    out += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
+        out += _phase_table(phase, heading, labels, idx, baseline, has_roof=has_roof, confidence=confidence, seed=seed)
+    out += _report_notes(frames, labels, baseline, has_roof=has_roof, confidence=confidence)
     return "\n".join(out)
-
-
-def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
-    """Plot tokens/s against depth, one line per variant, pp and tg panels side by side.
-
-    Error bars are the bootstrap CI of the median. Uses matplotlib's Agg backend (no display).
-
-    Returns:
-        ``png_path``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not frames:
-        raise UsageError("No bench results to plot.")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, (phase, heading) in zip(axes, _PHASES):
-        any_line = False
-        for label, df in frames.items():
-            sub = df[(df["phase"] == phase)].copy()
-            sub = sub[sub["median_ts"].map(_num).map(math.isfinite)]
-            if sub.empty:
-                continue
-            for test, grp in sub.groupby("test"):
-                grp = grp.sort_values("depth")
-                med = grp["median_ts"].astype(float)
-                lo = (med - grp["ci_low"].astype(float)).clip(lower=0)
-                hi = (grp["ci_high"].astype(float) - med).clip(lower=0)
-                name = label if sub["test"].nunique() == 1 else f"{label} {test}"
-                ax.errorbar(grp["depth"], med, yerr=[lo, hi], marker="o", capsize=3, label=name)
-                any_line = True
-        ax.set_title(heading)
-        ax.set_xlabel("context depth (tokens)")
-        ax.set_ylabel("tokens/s (median, 95% CI)")
-        ax.grid(True, alpha=0.3)
-        if any_line:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,11 +210,6 @@ def bench_test_name(test: str, depth: int) -> str:
 def _opt_num(x: Any) -> float | None:
     v = _num(x)
     return v if math.isfinite(v) else None
-
-
-def _phase_of(p: Mapping[str, Any]) -> str:
-    ph = str(p.get("phase") or str(p.get("test", ""))[:2])
-    return ph
 
 
 def _sorted_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -434,177 +392,6 @@ def compare_points(
             "aa_noise_pct": nz, "verdict": verdict, "upstream_kernel": None, "kernel": None,
         })
     return pts
-
-
-# ---------------------------------------------------------------------------------------------
-# Speedup plot
-# ---------------------------------------------------------------------------------------------
-
-_PHASE_TITLES = {"pp": "Prefill", "tg": "Decode"}
-_PHASE_COLORS = {"pp": "tab:blue", "tg": "tab:orange"}
-_KERNEL_COLORS = ("#d9c2f0", "#c6e5c0", "#f7d9b5", "#bfd9f2", "#f2c4c4", "#e8e8b0")
-
-
-def _depth_label(d: int) -> str:
-    if d == 0:
-        return "0"
-    return f"{d // 1024}k" if d % 1024 == 0 else str(d)
-
-
-def plot_speedup(
-    points: Sequence[Mapping[str, Any]],
-    png_path: Path,
-    *,
-    title: str = "",
-    name_a: str = "upstream",
-    name_b: str = "tuned",
-) -> Path:
-    """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
-
-    One column per phase (pp, tg). Top row: ``(speedup - 1)`` in percent with the 95% CI as a
-    shaded band, a zero line, the A/A noise (``aa_noise_pct``) as a grey band around 0, and a
-    labelled background span over each run of depths whose ``kernel`` differs from
-    ``upstream_kernel``; filled markers are points whose verdict is faster/slower. Bottom row:
-    absolute t/s of both sides. Depths are evenly spaced categories (0..65536 would crowd a
-    linear axis; a log axis cannot show 0). Uses matplotlib's Agg backend.
-
-    Returns:
-        ``png_path``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    pts = [p for p in points if math.isfinite(_num(p.get("depth")))]
-    if not pts:
-        raise UsageError("No points to plot.")
-    phases = [ph for ph in ("pp", "tg") if any(_phase_of(p) == ph for p in pts)]
-    phases += sorted({_phase_of(p) for p in pts} - set(phases))
-    depths = sorted({int(p["depth"]) for p in pts})
-    xpos = {d: i for i, d in enumerate(depths)}
-    kernels = sorted({str(p["kernel"]) for p in pts
-                      if p.get("kernel") and p.get("kernel") != p.get("upstream_kernel")})
-    kcolor = {k: _KERNEL_COLORS[i % len(_KERNEL_COLORS)] for i, k in enumerate(kernels)}
-
-    ncol = len(phases)
-    fig, axes = plt.subplots(2, ncol, figsize=(6.2 * ncol, 7.4), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2]}, sharex=True)
-    for c, phase in enumerate(phases):
-        ax, ax2 = axes[0][c], axes[1][c]
-        sub = sorted((p for p in pts if _phase_of(p) == phase), key=lambda p: int(p["depth"]))
-        color = _PHASE_COLORS.get(phase, "tab:green")
-        x = [xpos[int(p["depth"])] for p in sub]
-        sp = [100 * (_num(p.get("speedup")) - 1) for p in sub]
-        lo = [100 * (_num(p.get("ci_low")) - 1) for p in sub]
-        hi = [100 * (_num(p.get("ci_high")) - 1) for p in sub]
-        tests = sorted({str(p["test"]) for p in sub})
-        ups = sorted({str(p["upstream_kernel"]) for p in sub if p.get("upstream_kernel")})
-
-        # kernel spans: consecutive depths with the same non-upstream kernel
-        has_span = False
-        i = 0
-        while i < len(sub):
-            k = sub[i].get("kernel")
-            if not k or k == sub[i].get("upstream_kernel"):
-                i += 1
-                continue
-            j = i
-            while j + 1 < len(sub) and sub[j + 1].get("kernel") == k and sub[j + 1].get("kernel") != sub[j + 1].get(
-                    "upstream_kernel") and xpos[int(sub[j + 1]["depth"])] == xpos[int(sub[j]["depth"])] + 1:
-                j += 1
-            x0, x1 = xpos[int(sub[i]["depth"])] - 0.5, xpos[int(sub[j]["depth"])] + 0.5
-            for a in (ax, ax2):
-                a.axvspan(x0, x1, color=kcolor[str(k)], alpha=0.55, lw=0, zorder=0)
-            has_span = True
-            up = sub[i].get("upstream_kernel")
-            ax.text((x0 + x1) / 2, 0.97, f"{k}" + (f"\n(upstream {up})" if up else ""),
-                    transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9,
-                    fontweight="bold", color="#333333")
-            i = j + 1
-
-        noise = [_num(p.get("aa_noise_pct")) for p in sub]
-        nz = [n if math.isfinite(n) else 0.0 for n in noise]
-        if any(math.isfinite(n) for n in noise):
-            ax.fill_between(x, [-n for n in nz], nz, color="0.45", alpha=0.3, lw=0, zorder=1)
-        ax.axhline(0, color="black", lw=0.9, zorder=2)
-        # y range: the speedups and the noise band decide; a CI far beyond them is clipped and its
-        # end written at the edge, so one wide interval does not flatten the others.
-        core = [v for v in sp + nz + [-n for n in nz] if math.isfinite(v)] or [0.0]
-        pad = max(max(core) - min(core), 4.0)
-        cap_lo, cap_hi = min(core) - pad, max(core) + pad
-        fin_lo = [v for v in lo if math.isfinite(v)]
-        fin_hi = [v for v in hi if math.isfinite(v)]
-        y0 = max(min(fin_lo + [min(core)]), cap_lo)
-        y1 = min(max(fin_hi + [max(core)]), cap_hi)
-        margin = 0.08 * (y1 - y0)
-        y0, y1 = y0 - margin, y1 + margin
-        ok = [all(math.isfinite(v) for v in t) for t in zip(lo, hi)]
-        if any(ok):
-            ax.fill_between([xx for xx, o in zip(x, ok) if o], [max(v, y0) for v, o in zip(lo, ok) if o],
-                            [min(v, y1) for v, o in zip(hi, ok) if o], color=color, alpha=0.22, lw=0, zorder=2)
-        for xx, a, b in zip(x, lo, hi):
-            if math.isfinite(b) and b > y1:
-                ax.annotate(f"CI to {b:+.0f}% ↑", (xx, y1), textcoords="offset points", xytext=(4, -11),
-                            fontsize=7.5, color=color, ha="left")
-            if math.isfinite(a) and a < y0:
-                ax.annotate(f"CI to {a:+.0f}% ↓", (xx, y0), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7.5, color=color, ha="left")
-        ax.plot(x, sp, color=color, lw=1.8, zorder=3)
-        sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
-        ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color,
-                   s=42, zorder=4)
-        ax.scatter([xx for xx, s in zip(x, sig) if not s], [v for v, s in zip(sp, sig) if not s],
-                   facecolor="white", edgecolor=color, s=42, lw=1.6, zorder=4)
-        for xx, v in zip(x, sp):
-            if math.isfinite(v):
-                ax.annotate(f"{v:+.1f}%", (xx, v), textcoords="offset points", xytext=(0, 8), fontsize=8,
-                            color=color, ha="center", fontweight="bold",
-                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
-        head = f"{_PHASE_TITLES.get(phase, phase)} ({', '.join(tests)})"
-        if ups:
-            head += f" — upstream kernel {'/'.join(ups)}"
-        ax.set_title(head, fontsize=10.5)
-        ax.set_ylabel(f"speedup of {name_b} vs {name_a} (%)")
-        ax.grid(True, axis="y", alpha=0.3)
-        if has_span:  # room for the kernel labels above the data
-            y1 += 0.2 * (y1 - y0)
-        ax.set_ylim(y0, y1)
-
-        ya = [_num(p.get("base_ts")) for p in sub]
-        yb = [_num(p.get("tuned_ts")) for p in sub]
-        ax2.plot(x, ya, marker="s", color="0.35", lw=1.4, label=name_a)
-        ax2.plot(x, yb, marker="o", color=color, lw=1.6, label=name_b)
-        ax2.set_ylabel("tokens/s")
-        ax2.set_xlabel("context depth (tokens)")
-        ax2.grid(True, alpha=0.3)
-        ax2.legend(fontsize=8)
-        ax2.set_ylim(bottom=0)
-        ax2.set_xticks(range(len(depths)), [_depth_label(d) for d in depths])
-        ax2.set_xlim(-0.5, len(depths) - 0.5)
-    from matplotlib.lines import Line2D
-
-    handles = [
-        Patch(color="0.45", alpha=0.3, label="A/A noise (±, run-to-run)"),
-        Patch(color="0.6", alpha=0.35, label="95% CI of the speedup"),
-        Line2D([], [], color="0.3", marker="o", ls="", label="faster/slower (significant)"),
-        Line2D([], [], color="0.3", marker="o", mfc="white", ls="", label="no clear difference"),
-    ]
-    if not any(math.isfinite(_num(p.get("aa_noise_pct"))) for p in pts):
-        handles = handles[1:]
-    handles += [Patch(color=kcolor[k], alpha=0.55, label=f"depths where {k} is chosen") for k in kernels]
-    top = 0.925 if title else 0.95
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 3 if ncol == 1 else 6),
-               fontsize=8.5, frameon=False, bbox_to_anchor=(0.5, top + 0.02))
-    if title:
-        fig.suptitle(title, fontsize=11.5, y=0.985)
-    fig.tight_layout(rect=(0, 0, 1, top - (0.04 if ncol == 1 and len(handles) > 3 else 0.0)))
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,6 +413,54 @@ def _range(rule: Any) -> str:
     return f"{rule.lo} <= n_kv < {rule.hi}" if rule.lo else f"n_kv < {rule.hi}"
 
 
+def _upstream_kernels(rules: Sequence[Any], points: Sequence[Mapping[str, Any]]) -> dict[int, set[str]]:
+    """Rule index -> the upstream kernels of the measured points it covers."""
+    up: dict[int, set[str]] = {}
+    for i, r in enumerate(rules):
+        for p in points:
+            d = int(p.get("depth", -1))
+            if _PHASE.get(str(p.get("phase")), "") == r.phase and d >= r.lo and (r.hi is None or d < r.hi):
+                if p.get("upstream_kernel"):
+                    up.setdefault(i, set()).add(str(p["upstream_kernel"]))
+    return up
+
+
+def _performance_table(model: str, points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The PR's table in compare-llama-bench.py's shape, with the CI, kernels and verdict added."""
+    head = ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Kernel", "Verdict"]
+    out = ["| " + " | ".join(head) + " |"]
+    out.append("| " + " | ".join(["---"] * 2 + ["---:"] * 4 + ["---"] * 2) + " |")
+    for p in points:
+        sp = p.get("speedup")
+        if sp is None and p.get("base_ts"):
+            sp = float(p["tuned_ts"]) / float(p["base_ts"])
+        ci = f"[{_fmt(p.get('ci_low'), '+.1f')}%, {_fmt(p.get('ci_high'), '+.1f')}%]"
+        kern = f"{p.get('upstream_kernel') or '-'} → {p.get('kernel') or '-'}"
+        out.append("| " + " | ".join([model, str(p.get("test", "")), _fmt(p.get("base_ts"), ".2f"),
+                                       _fmt(p.get("tuned_ts"), ".2f"), _fmt(sp, ".2f"), ci, kern,
+                                       str(p.get("verdict", ""))]) + " |")
+    out.append("")
+    return out
+
+
+def _how_measured(points: Sequence[Mapping[str, Any]], rounds: int | None) -> list[str]:
+    """The "How it was measured" section: paired rounds, what the CI is, the A/A noise floor."""
+    noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
+    out = ["## How it was measured", ""]
+    out.append(
+        "llama-bench of the upstream build and of the build with this change, run in paired, interleaved "
+        "rounds (each round measures both builds back to back, so clock and thermal drift hit both alike)"
+        + (f", {rounds} rounds per point" if rounds else "") + ". "
+        "Speedup is the ratio of the median t/s; 95% CI is the bootstrap confidence interval of the "
+        "median change. The noise floor is the A/A difference of the upstream build measured against "
+        "itself"
+        + (f" (up to {max(noise):.1f}% here)" if noise else "")
+        + "; a point counts as faster or slower only when its CI clears that floor."
+    )
+    out.append("")
+    return out
+
+
 def render_pr_body(
     rules: Sequence[Any],
     arch: Any,
@@ -443,14 +491,7 @@ def render_pr_body(
         note: Extra paragraph (e.g. a --ptx-jit caveat), verbatim.
     """
     name = arch.name
-    # upstream kernel per rule, from the points it covers
-    up: dict[int, set[str]] = {}
-    for i, r in enumerate(rules):
-        for p in points:
-            d = int(p.get("depth", -1))
-            if _PHASE.get(str(p.get("phase")), "") == r.phase and d >= r.lo and (r.hi is None or d < r.hi):
-                if p.get("upstream_kernel"):
-                    up.setdefault(i, set()).add(str(p["upstream_kernel"]))
+    up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})
     title = f"CUDA: FlashAttention kernel selection for {gpu} ({name})" if len(kernels) != 1 else \
         f"CUDA: use the {kernels[0]} FlashAttention kernel on {gpu} ({name}) where it is faster"
@@ -470,32 +511,8 @@ def render_pr_body(
     out += ["## Performance", ""]
     out.append(f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else ""))
     out.append("")
-    head = ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Kernel", "Verdict"]
-    out.append("| " + " | ".join(head) + " |")
-    out.append("| " + " | ".join(["---"] * 2 + ["---:"] * 4 + ["---"] * 2) + " |")
-    for p in points:
-        sp = p.get("speedup")
-        if sp is None and p.get("base_ts"):
-            sp = float(p["tuned_ts"]) / float(p["base_ts"])
-        ci = f"[{_fmt(p.get('ci_low'), '+.1f')}%, {_fmt(p.get('ci_high'), '+.1f')}%]"
-        kern = f"{p.get('upstream_kernel') or '-'} → {p.get('kernel') or '-'}"
-        out.append("| " + " | ".join([model, str(p.get("test", "")), _fmt(p.get("base_ts"), ".2f"),
-                                       _fmt(p.get("tuned_ts"), ".2f"), _fmt(sp, ".2f"), ci, kern,
-                                       str(p.get("verdict", ""))]) + " |")
-    out.append("")
-    noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
-    out += ["## How it was measured", ""]
-    out.append(
-        "llama-bench of the upstream build and of the build with this change, run in paired, interleaved "
-        "rounds (each round measures both builds back to back, so clock and thermal drift hit both alike)"
-        + (f", {rounds} rounds per point" if rounds else "") + ". "
-        "Speedup is the ratio of the median t/s; 95% CI is the bootstrap confidence interval of the "
-        "median change. The noise floor is the A/A difference of the upstream build measured against "
-        "itself"
-        + (f" (up to {max(noise):.1f}% here)" if noise else "")
-        + "; a point counts as faster or slower only when its CI clears that floor."
-    )
-    out.append("")
+    out += _performance_table(model, points)
+    out += _how_measured(points, rounds)
     if note.strip():
         out += [note.strip(), ""]
     out += ["## Reproduce", "", "```sh", *commands, "```", ""]

@@ -106,6 +106,57 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
+    """tuned.patch hashes to what config.toml records."""
+    ok = _sha(patch) == cfg["hashes"]["patch_sha256"]
+    return Finding(
+        check="patch hash",
+        ok=ok,
+        detail="" if ok else f"sha256(tuned.patch)={_sha(patch)[:12]}… but config.toml records "
+        f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
+    )
+
+
+def _source_finding(source: Any, src_cfg: Mapping[str, Any]) -> Finding:
+    """The fetched source is the one (id and era) config.toml names."""
+    ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
+    return Finding(
+        check="source",
+        ok=ok,
+        detail="" if ok else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
+        f"{src_cfg['source_id']} era {src_cfg['era']}",
+    )
+
+
+def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
+    """Re-rendering config.toml reproduces tuned.patch byte for byte, and the recorded CMake defines."""
+    same = rv.patch == patch
+    f = [
+        Finding(
+            check="re-render",
+            ok=same,
+            detail="" if same else "re-rendering config.toml does not reproduce tuned.patch byte for byte "
+            "(a value in config.toml or the patch was edited)",
+        )
+    ]
+    dsha = _sha(json.dumps(dict(rv.defines), sort_keys=True))
+    ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
+    f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
+    return f
+
+
+def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
+    """tuned.patch applies to pristine copies of the files it touches (an empty patch trivially does)."""
+    if not patch:
+        return Finding(check="patch applies", ok=True, detail="empty patch (nothing to apply)")
+    res = _git_apply_check(patch_file, root)
+    return Finding(
+        check="patch applies",
+        ok=res.returncode == 0,
+        detail="" if res.returncode == 0 else res.output.strip().splitlines()[-1] if res.output else "",
+    )
+
+
 def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions."""
     from tuner.plan.space import check_constraints
@@ -129,29 +180,13 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
         return ResultCheck(path=folder, findings=tuple(f))
 
     src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
-    ok = _sha(patch) == cfg["hashes"]["patch_sha256"]
-    f.append(
-        Finding(
-            check="patch hash",
-            ok=ok,
-            detail="" if ok else f"sha256(tuned.patch)={_sha(patch)[:12]}… but config.toml records "
-            f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
-        )
-    )
+    f.append(_patch_hash_finding(patch, cfg))
     try:
         source = fetch_source(src_cfg["spec"])
     except TunerError as err:
         f.append(Finding(check="source", ok=False, detail=str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
-    ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
-    f.append(
-        Finding(
-            check="source",
-            ok=ok,
-            detail="" if ok else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
-            f"{src_cfg['source_id']} era {src_cfg['era']}",
-        )
-    )
+    f.append(_source_finding(source, src_cfg))
 
     violations = check_constraints(arch, source.era, dict(choice["compile"]))
     f.append(Finding(check="constraints", ok=not violations, detail="; ".join(map(str, violations))))
@@ -170,30 +205,9 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     except TunerError as err:
         f.append(Finding(check="re-render", ok=False, detail=str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
-    same = rv.patch == patch
-    f.append(
-        Finding(
-            check="re-render",
-            ok=same,
-            detail="" if same else "re-rendering config.toml does not reproduce tuned.patch byte for byte "
-            "(a value in config.toml or the patch was edited)",
-        )
-    )
-    dsha = _sha(json.dumps(dict(rv.defines), sort_keys=True))
-    ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
-    f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
+    f += _rendered_findings(rv, patch, cfg)
 
-    if patch:
-        res = _git_apply_check(patch_file, source.root)
-        f.append(
-            Finding(
-                check="patch applies",
-                ok=res.returncode == 0,
-                detail="" if res.returncode == 0 else res.output.strip().splitlines()[-1] if res.output else "",
-            )
-        )
-    else:
-        f.append(Finding(check="patch applies", ok=True, detail="empty patch (nothing to apply)"))
+    f.append(_applies_finding(patch, patch_file, source.root))
 
     if compile:
         f.append(_compile_check(rv))

@@ -86,6 +86,122 @@ def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
     return out
 
 
+def _verdicts(
+    results: Mapping[str, Mapping[Point, Measurement]], base: Mapping[Point, Measurement], *,
+    noise_floor: Mapping[Point, float] | None, min_effect_pct: float, confidence: float, seed: int,
+) -> dict[tuple[str, Point], dict[str, object]]:
+    """Every (config, point) measured where the baseline was: its verdict against the baseline."""
+    verdicts: dict[tuple[str, Point], dict[str, object]] = {}
+    for cfg, pts in results.items():
+        for p, m in pts.items():
+            if p not in base:
+                continue
+            floor = max(min_effect_pct, (noise_floor or {}).get(p, 0.0))
+            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed, min_effect_pct=floor)
+            verdicts[(cfg, p)] = {
+                "delta_pct": v.delta_pct,
+                "ci_low": v.ci_low,
+                "ci_high": v.ci_high,
+                "p_value": v.p_value,
+                "verdict": v.verdict,
+                "base_median": base[p].median,
+                "pick_median": m.median,
+                "n_base": len(base[p].samples),
+                "n_pick": len(m.samples),
+                "noise_floor_pct": floor,
+            }
+    return verdicts
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Phase:
+    """One phase's admissibility and regret over the configs (records why configs are rejected)."""
+
+    phase: str
+    results: Mapping[str, Mapping[Point, Measurement]]
+    verdicts: Mapping[tuple[str, Point], Mapping[str, object]]
+    eligible: Callable[[str, str], bool] | None
+    rejected: dict[str, str]
+    keep: str
+    """The config a bucket keeps when nothing beats the baseline (the fallback, else the baseline)."""
+    best: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def ok(self, cfg: str, seg: tuple[int, ...]) -> bool:
+        """Admissible over the segment: eligible, measured at every depth and not slower anywhere."""
+        if self.eligible is not None and not self.eligible(cfg, self.phase):
+            return False
+        for d in seg:
+            v = self.verdicts.get((cfg, (self.phase, d)))
+            if v is None:
+                return False
+            if v["verdict"] == "slower":
+                self.rejected.setdefault(cfg, f"slower than baseline at {self.phase} d{d} ({v['delta_pct']:+.1f}%)")
+                return False
+        return True
+
+    def set_best(self, depths: Sequence[int]) -> None:
+        """The best admissible median at each depth (the regret reference)."""
+        phase, results = self.phase, self.results
+        self.best = {
+            d: max(m[(phase, d)].median for c, m in results.items() if (phase, d) in m and self.ok(c, (d,)))
+            for d in depths
+        }
+
+    def regret(self, cfg: str, seg: tuple[int, ...]) -> float:
+        """Worst best(p) / speed(cfg, p) over the segment."""
+        return max(self.best[d] / self.results[cfg][(self.phase, d)].median for d in seg)
+
+    def pick(self, seg: tuple[int, ...]) -> tuple[str, float]:
+        """The admissible config with the smallest worst regret over the segment, and that regret."""
+        cands = [c for c in self.results if self.ok(c, seg)]
+        if not cands:
+            raise ValueError(f"no eligible config was measured at every {self.phase} depth of {seg}")
+        # Prefer the fallback/baseline on ties: a non-default must earn its place.
+        r, _, c = min((self.regret(c, seg), c != self.keep, c) for c in cands)
+        return c, r
+
+
+def _best_partition(ph: _Phase, depths: list[int], tau: float) -> list[tuple[int, ...]]:
+    """The bucket split of a phase's depths: one bucket unless a split lowers the worst regret by > tau."""
+    one = [tuple(depths)]
+    best_parts, best_worst = one, ph.pick(one[0])[1]
+    for parts in _partitions(depths):
+        if len(parts) == 1:
+            continue
+        worst = max(ph.pick(seg)[1] for seg in parts)
+        # Extra buckets must pay for themselves (more rules to maintain and export).
+        if worst < best_worst * (1.0 - tau) or (
+            len(parts) < len(best_parts) and worst <= best_worst
+        ):
+            best_parts, best_worst = parts, worst
+    return best_parts
+
+
+def _bucket(ph: _Phase, seg: tuple[int, ...]) -> BucketPick:
+    """The segment's pick; it falls back to ``keep`` unless it is faster beyond noise somewhere."""
+    cfg, worst = ph.pick(seg)
+    pts = {d: ph.verdicts[(cfg, (ph.phase, d))] for d in seg}
+    faster = [d for d in seg if pts[d]["verdict"] == "faster"]
+    keep = ph.keep
+    if cfg != keep and not faster:
+        cfg = keep
+        pts = {d: ph.verdicts[(keep, (ph.phase, d))] for d in seg}
+        worst = ph.regret(keep, seg)
+        reason = "no config beats the baseline beyond noise here"
+    elif cfg == keep and not faster:
+        reason = "baseline is best or tied (no admissible config is faster)"
+    else:
+        reason = f"faster at depth {', '.join(map(str, faster))}; not slower anywhere in the bucket"
+    return BucketPick(
+        phase=ph.phase,
+        depths=seg,
+        config=cfg,
+        worst_regret=worst if math.isfinite(worst) else float("inf"),
+        per_point=pts,
+        reason=reason,
+    )
+
+
 def select_winners(
     results: Mapping[str, Mapping[Point, Measurement]],
     baseline: str,
@@ -121,95 +237,17 @@ def select_winners(
         The Selection, with per-point evidence for each bucket.
     """
     base = results[baseline]
-    verdicts: dict[tuple[str, Point], dict[str, object]] = {}
-    for cfg, pts in results.items():
-        for p, m in pts.items():
-            if p not in base:
-                continue
-            floor = max(min_effect_pct, (noise_floor or {}).get(p, 0.0))
-            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed, min_effect_pct=floor)
-            verdicts[(cfg, p)] = {
-                "delta_pct": v.delta_pct,
-                "ci_low": v.ci_low,
-                "ci_high": v.ci_high,
-                "p_value": v.p_value,
-                "verdict": v.verdict,
-                "base_median": base[p].median,
-                "pick_median": m.median,
-                "n_base": len(base[p].samples),
-                "n_pick": len(m.samples),
-                "noise_floor_pct": floor,
-            }
-
+    verdicts = _verdicts(results, base, noise_floor=noise_floor, min_effect_pct=min_effect_pct,
+                         confidence=confidence, seed=seed)
     rejected: dict[str, str] = {}
     buckets: list[BucketPick] = []
     for phase in PHASES:
         depths = sorted(d for (ph, d) in base if ph == phase)
         if not depths:
             continue
-
-        def ok(cfg: str, seg: tuple[int, ...]) -> bool:
-            if eligible is not None and not eligible(cfg, phase):
-                return False
-            for d in seg:
-                v = verdicts.get((cfg, (phase, d)))
-                if v is None:
-                    return False
-                if v["verdict"] == "slower":
-                    rejected.setdefault(cfg, f"slower than baseline at {phase} d{d} ({v['delta_pct']:+.1f}%)")
-                    return False
-            return True
-
-        best = {
-            d: max(m[(phase, d)].median for c, m in results.items() if (phase, d) in m and ok(c, (d,)))
-            for d in depths
-        }
-
-        def regret(cfg: str, seg: tuple[int, ...]) -> float:
-            return max(best[d] / results[cfg][(phase, d)].median for d in seg)
-
-        def pick(seg: tuple[int, ...]) -> tuple[str, float]:
-            cands = [c for c in results if ok(c, seg)]
-            if not cands:
-                raise ValueError(f"no eligible config was measured at every {phase} depth of {seg}")
-            # Prefer the fallback/baseline on ties: a non-default must earn its place.
-            pref = fallback or baseline
-            r, _, c = min((regret(c, seg), c != pref, c) for c in cands)
-            return c, r
-
-        one = [tuple(depths)]
-        best_parts, best_worst = one, pick(one[0])[1]
-        for parts in _partitions(depths):
-            if len(parts) == 1:
-                continue
-            worst = max(pick(seg)[1] for seg in parts)
-            # Extra buckets must pay for themselves (more rules to maintain and export).
-            if worst < best_worst * (1.0 - tau) or (
-                len(parts) < len(best_parts) and worst <= best_worst
-            ):
-                best_parts, best_worst = parts, worst
-        for seg in best_parts:
-            cfg, worst = pick(seg)
-            pts = {d: verdicts[(cfg, (phase, d))] for d in seg}
-            faster = [d for d in seg if pts[d]["verdict"] == "faster"]
-            keep = fallback or baseline
-            if cfg != keep and not faster:
-                cfg = keep
-                pts = {d: verdicts[(keep, (phase, d))] for d in seg}
-                worst = regret(keep, seg)
-                reason = "no config beats the baseline beyond noise here"
-            elif cfg == keep and not faster:
-                reason = "baseline is best or tied (no admissible config is faster)"
-            else:
-                reason = f"faster at depth {', '.join(map(str, faster))}; not slower anywhere in the bucket"
-            buckets.append(
-                BucketPick(
-                    phase=phase,
-                    depths=seg,
-                    config=cfg,
-                    worst_regret=worst if math.isfinite(worst) else float("inf"),
-                    per_point=pts,
-                    reason=reason,
-                )
-            )
+        ph = _Phase(phase=phase, results=results, verdicts=verdicts, eligible=eligible, rejected=rejected,
+                    keep=fallback or baseline)
+        ph.set_best(depths)
+        for seg in _best_partition(ph, depths, tau):
+            buckets.append(_bucket(ph, seg))
     return Selection(baseline=baseline, buckets=tuple(buckets), rejected=rejected)

@@ -35,7 +35,7 @@ import os
 import struct
 import time
 from tuner._compat import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +43,7 @@ import numpy as np
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
+from tuner.targets.gguf_header import GGUFTensor, _parse_gguf
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
 """Weight types plan_tensors knows; synth writes f16 and q8_0 itself (q4_k_m needs llama-quantize)."""
@@ -110,17 +111,6 @@ class TensorSpec:
 
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
         return self.n_elements // block * size
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GGUFTensor:
-    """A tensor read from a GGUF file."""
-
-    name: str
-    ne: tuple[int, ...]
-    ggml_type: str
-    n_elements: int
-    n_bytes: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -356,80 +346,6 @@ def find_vocab(source_root: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-
-def _parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
-    """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
-
-    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the
-    llama-bpe vocab on 2 cores); this struct walk over an mmap of the header takes well under a
-    second and never reads tensor data.
-    """
-    import mmap
-    import struct
-
-    import gguf
-
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError("bad magic (not a GGUF file)")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        off = 24
-
-        def string() -> str:
-            nonlocal off
-            (n,) = struct.unpack_from("<Q", buf, off)
-            s = buf[off + 8 : off + 8 + n].decode("utf-8", errors="surrogateescape")
-            off += 8 + n
-            return s
-
-        def scalar(t: int) -> Any:
-            nonlocal off
-            if t == 8:
-                return string()
-            fmt = _SCALAR_FMT[t]
-            (v,) = struct.unpack_from(fmt, buf, off)
-            off += struct.calcsize(fmt)
-            return v
-
-        kv: dict[str, tuple[int, int | None, Any]] = {}
-        for _ in range(n_kv):
-            key = string()
-            (t,) = struct.unpack_from("<I", buf, off)
-            off += 4
-            if t != 9:
-                kv[key] = (t, None, scalar(t))
-                continue
-            sub, n = struct.unpack_from("<IQ", buf, off)
-            off += 12
-            if sub in _NP_DTYPE:
-                dt = np.dtype(_NP_DTYPE[sub])
-                # struct (not np.frombuffer) so no buffer export outlives the mmap
-                kv[key] = (t, sub, list(struct.unpack_from(f"<{n}{dt.char}", buf, off)) if n else [])
-                off += n * dt.itemsize
-            elif sub == 8:
-                kv[key] = (t, sub, [string() for _ in range(n)])
-            else:
-                raise ValueError(f"key {key!r}: nested arrays are not supported")
-        infos: list[GGUFTensor] = []
-        if tensors:
-            for _ in range(n_tensors):
-                name = string()
-                (n_dims,) = struct.unpack_from("<I", buf, off)
-                ne = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
-                gtype, _offset = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
-                off += 4 + 8 * n_dims + 12
-                qtype = gguf.GGMLQuantizationType(gtype)
-                block, size = gguf.GGML_QUANT_SIZES[qtype]
-                n_el = math.prod(ne)
-                infos.append(GGUFTensor(name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_el // block * size))
-    return kv, infos
-
-
 def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
     import gguf
 
@@ -452,6 +368,63 @@ def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
             writer.add_key_value(key, val, gguf.GGUFValueType(vtype))
         else:
             writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=gguf.GGUFValueType(sub))
+
+
+def _add_metadata(writer: Any, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
+    """The GGUF's key/values: name, the shape's hyperparameters, file type and the copied tokenizer."""
+    import gguf
+
+    a = shape.arch
+    writer.add_name(f"tuner-random-{shape.name}")
+    writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
+    writer.add_uint32(f"{a}.context_length", shape.context_length)
+    writer.add_uint32(f"{a}.embedding_length", shape.d_model)
+    writer.add_uint32(f"{a}.block_count", shape.n_layers)
+    writer.add_uint32(f"{a}.feed_forward_length", shape.d_ff)
+    writer.add_uint32(f"{a}.attention.head_count", shape.n_heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", shape.n_kv_heads)
+    writer.add_uint32(f"{a}.attention.key_length", shape.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", shape.head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.rms_eps)
+    writer.add_float32(f"{a}.rope.freq_base", shape.rope_freq_base)
+    writer.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    writer.add_uint32(f"{a}.vocab_size", shape.vocab_size)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if weight_type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _copy_tokenizer(writer, vocab_path, shape)
+
+
+def _add_tensor_infos(writer: Any, specs: Sequence[TensorSpec]) -> None:
+    """One tensor-info entry per planned tensor (F32/F16 as arrays, quantized as raw bytes)."""
+    import gguf
+
+    for spec in specs:
+        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
+        np_shape = tuple(reversed(spec.ne))
+        if spec.ggml_type in ("F32", "F16"):
+            writer.add_tensor_info(spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes)
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
+            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
+
+
+def _write_tensors(writer: Any, specs: Sequence[TensorSpec], shape: ModelShape, *, seed: int,
+                   on_tensor: Callable[[int, int, str], None] | None, tmp: Path, out: Path) -> None:
+    """Write header, key/values and tensors to ``tmp`` (tensors streamed one at a time), then rename to ``out``."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for i, spec in enumerate(specs):
+            if on_tensor:
+                on_tensor(i, len(specs), spec.name)
+            rng = np.random.default_rng([seed, i])
+            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))  # type: ignore[arg-type]
+        writer.close()
+        os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise TunerError(f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB).") from err
 
 
 def synth_model(
@@ -493,47 +466,10 @@ def synth_model(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    a = shape.arch
-    writer = gguf.GGUFWriter(tmp, a)
-    writer.add_name(f"tuner-random-{shape.name}")
-    writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
-    writer.add_uint32(f"{a}.context_length", shape.context_length)
-    writer.add_uint32(f"{a}.embedding_length", shape.d_model)
-    writer.add_uint32(f"{a}.block_count", shape.n_layers)
-    writer.add_uint32(f"{a}.feed_forward_length", shape.d_ff)
-    writer.add_uint32(f"{a}.attention.head_count", shape.n_heads)
-    writer.add_uint32(f"{a}.attention.head_count_kv", shape.n_kv_heads)
-    writer.add_uint32(f"{a}.attention.key_length", shape.head_dim)
-    writer.add_uint32(f"{a}.attention.value_length", shape.head_dim)
-    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", shape.rms_eps)
-    writer.add_float32(f"{a}.rope.freq_base", shape.rope_freq_base)
-    writer.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
-    writer.add_uint32(f"{a}.vocab_size", shape.vocab_size)
-    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if weight_type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0))
-    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _copy_tokenizer(writer, vocab_path, shape)
-    for spec in specs:
-        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
-        np_shape = tuple(reversed(spec.ne))
-        if spec.ggml_type in ("F32", "F16"):
-            writer.add_tensor_info(spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes)
-        else:
-            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
-            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for i, spec in enumerate(specs):
-            if on_tensor:
-                on_tensor(i, len(specs), spec.name)
-            rng = np.random.default_rng([seed, i])
-            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))  # type: ignore[arg-type]
-        writer.close()
-        os.replace(tmp, out)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise TunerError(f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB).") from err
+    writer = gguf.GGUFWriter(tmp, shape.arch)
+    _add_metadata(writer, shape, weight_type, vocab_path)
+    _add_tensor_infos(writer, specs)
+    _write_tensors(writer, specs, shape, seed=seed, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
         path=out, shape=shape, weight_type=weight_type, n_tensors=len(specs),
         n_params=sum(s.n_elements for s in specs), n_bytes=out.stat().st_size,

@@ -1,0 +1,78 @@
+"""Quantize a GGUF with a build's ``llama-quantize`` (cached by output path and input hash)."""
+
+from __future__ import annotations
+
+__all__ = ["quantize_model"]
+
+import hashlib
+import os
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.builder.records import _write_json, load_build_record
+from tuner.errors import UsageError, close_matches
+from tuner.plan.variant import Build
+
+# llama-quantize's type names (tools/quantize/quantize.cpp QUANT_OPTIONS), the ones worth offering.
+_QTYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32",
+)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
+    """Quantize a GGUF with the build's ``llama-quantize``; cached by output path and input hash.
+
+    Args:
+        build: A build that includes the ``llama-quantize`` target.
+        src_gguf: Input model (F32/F16/BF16 GGUF).
+        dst_gguf: Output path; written atomically, with a ``.tuner.json`` sidecar recording the input hash.
+        qtype: llama-quantize type name, e.g. ``Q4_K_M``, ``Q8_0``.
+
+    Returns:
+        ``dst_gguf``.
+
+    Raises:
+        UsageError: Unknown qtype, missing input, or the build lacks llama-quantize.
+        TunerError: llama-quantize failed (log path and last lines).
+    """
+    qtype = qtype.upper()
+    if qtype not in _QTYPES:
+        raise UsageError(f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} "
+                         f"Known: {', '.join(_QTYPES)}.")
+    src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
+    if not src_gguf.is_file():
+        raise UsageError(f"Model {src_gguf} does not exist. Create one with `tuner model synth`.")
+    exe = build.exe("llama-quantize")
+    if not exe.is_file():
+        raise UsageError(f"{exe} does not exist; build with targets including llama-quantize.")
+    sidecar = dst_gguf.with_name(dst_gguf.name + ".tuner.json")
+    st = src_gguf.stat()
+    stat_key = [str(src_gguf.resolve()), st.st_size, st.st_mtime_ns]
+    side = load_build_record(sidecar) or {}
+    # Hashing a multi-GB model costs seconds; reuse the recorded hash while size and mtime are unchanged.
+    in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else _file_sha256(src_gguf)
+    if dst_gguf.is_file() and side.get("input_sha256") == in_hash and side.get("qtype") == qtype:
+        if side.get("input_stat") != stat_key:
+            _write_json(sidecar, {**side, "input_stat": stat_key})
+        return dst_gguf
+    dst_gguf.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst_gguf.with_name(dst_gguf.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    log_file = dst_gguf.with_name(dst_gguf.name + ".quantize.log")
+    log_file.unlink(missing_ok=True)
+    with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
+        _run.run([exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)], log_file=log_file,
+                 cwd=build.bin_dir, what=f"llama-quantize {qtype}")
+    tmp.replace(dst_gguf)
+    _write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
+                          "qtype": qtype, "build_id": build.build_id, "log": str(log_file)})
+    return dst_gguf

@@ -1,0 +1,193 @@
+"""Interleaved anchors: candidates measured between baseline runs (A B A C A ... A).
+
+:func:`run_interleaved` reports anchor drift per (test, depth) and, when drift exceeds the noise,
+rescales candidates by the local anchor ratio (Metal tuner's anchor rule, anchors.md §3). Each bench
+run is :func:`tuner.measure.bench.run_bench`; the frames returned have its schema.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BenchTarget", "InterleavedResult", "run_interleaved"]
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tuner import log
+from tuner.errors import UsageError
+from tuner.measure.stats import summarize_samples as _summarize
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchTarget:
+    """One thing to benchmark: a build's bin dir plus runtime settings."""
+
+    label: str
+    bin_dir: Path
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterleavedResult:
+    """Outcome of :func:`run_interleaved`."""
+
+    frames: dict[str, Any]
+    """label -> DataFrame: candidates (drift-corrected where flagged) and the baseline (pooled anchors)."""
+    anchors: Any
+    """Every anchor measurement: bench rows plus ``anchor_index``."""
+    drift: Any
+    """Per (test, depth): ``drift_pct``, ``noise_pct``, ``flagged``, ``reference_ts``."""
+
+
+def _anchor_median(df: pd.DataFrame, test: str, depth: int) -> float:
+    """Median t/s of one (test, depth) in one anchor frame (NaN when absent)."""
+    r = df[(df["test"] == test) & (df["depth"] == depth)]
+    return float(r["median_ts"].iloc[0]) if len(r) else math.nan
+
+
+def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, Any]]:
+    """Per (test, depth): reference (median of anchor medians), drift %, noise % and whether flagged."""
+    drift_rows = []
+    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+        meds = grp["median_ts"].to_numpy(dtype=float)
+        ok = meds[np.isfinite(meds)]
+        ref = float(np.median(ok)) if ok.size else math.nan
+        drift = 100.0 * (ok.max() - ok.min()) / ref if ok.size > 1 and ref > 0 else math.nan
+        noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
+        flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
+        drift_rows.append({"test": test, "phase": grp["phase"].iloc[0], "depth": int(depth),
+                           "n_anchors": int(ok.size), "reference_ts": ref, "drift_pct": drift,
+                           "noise_pct": noise, "flagged": flagged})
+    return drift_rows
+
+
+def _rescaled(row: pd.Series, factor: float, *, confidence: float, seed: int) -> dict[str, Any]:
+    """A bench row with its samples multiplied by ``factor`` and statistics recomputed."""
+    new = row.to_dict()
+    new.update(_summarize([s * factor for s in row["samples"]], confidence=confidence, seed=seed))
+    new["anchor_ratio"], new["drift_corrected"] = factor, True
+    if math.isfinite(new.get("roofline_tps", math.nan)) and new["roofline_tps"]:
+        new["roofline_pct"] = 100.0 * new["median_ts"] / new["roofline_tps"]
+    return new
+
+
+def _corrected_candidate(
+    df: pd.DataFrame, before: pd.DataFrame, after: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]],
+    *, confidence: float, seed: int,
+) -> list[dict[str, Any]]:
+    """A candidate's rows, rescaled by reference / local anchor (geometric mean of the two anchors
+    around it) where its (test, depth) is flagged; ``anchor_ratio`` is recorded either way."""
+    rows = []
+    for _, row in df.iterrows():
+        dr = next((r for r in drift_rows if r["test"] == row["test"] and r["depth"] == row["depth"]), None)
+        local = math.sqrt(_anchor_median(before, row["test"], row["depth"]) *
+                          _anchor_median(after, row["test"], row["depth"]))
+        factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
+        if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
+            rows.append(_rescaled(row, factor, confidence=confidence, seed=seed))
+        else:
+            new = row.to_dict()
+            new["anchor_ratio"] = factor
+            rows.append(new)
+    return rows
+
+
+def _pooled_baseline(
+    anchor_df: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]], *, confidence: float, seed: int,
+) -> list[dict[str, Any]]:
+    """The baseline's rows: every anchor's samples pooled, each rescaled to the reference when flagged."""
+    base_rows = []
+    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+        dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
+        pooled: list[float] = []
+        for _, a in grp.iterrows():
+            f = dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
+            pooled.extend(s * f for s in a["samples"])
+        first = grp.iloc[-1].to_dict()
+        first.update(_summarize(pooled, confidence=confidence, seed=seed))
+        first.update(n_batches=int(grp["n_batches"].sum()),
+                     warmup_discarded=int(grp["warmup_discarded"].sum()),
+                     drift_corrected=dr["flagged"], anchor_ratio=math.nan,
+                     status="ok" if pooled else "failed")
+        if math.isfinite(first.get("roofline_tps", math.nan)) and first["roofline_tps"]:
+            first["roofline_pct"] = 100.0 * first["median_ts"] / first["roofline_tps"]
+        base_rows.append(first)
+    return base_rows
+
+
+def run_interleaved(
+    candidates: Sequence[BenchTarget],
+    baseline: BenchTarget,
+    model: Path,
+    *,
+    log_dir: Path,
+    drift_factor: float = 2.0,
+    **bench_kwargs: Any,
+) -> InterleavedResult:
+    """Measure candidates between baseline anchors: A B A C A ... A.
+
+    Drift of a (test, depth) is ``(max - min) / reference`` of the anchor medians (reference = the
+    median of anchor medians); noise is the largest anchor CI half-width (%). When drift exceeds
+    ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
+    samples are multiplied by ``reference / local`` where local is the geometric mean of the two
+    anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
+
+    Args:
+        candidates: Targets to measure, in order.
+        baseline: The anchor target.
+        model: GGUF model.
+        log_dir: Log directory.
+        drift_factor: Drift/noise ratio that triggers correction.
+        **bench_kwargs: Passed to :func:`run_bench` (depths, pp, tg, reps, target_ci, ...).
+
+    Returns:
+        An InterleavedResult.
+    """
+    import pandas as pd
+
+    # bench re-exports this module's names, so it is imported here rather than at the top
+    from tuner.measure.bench import COLUMNS, run_bench
+
+    if not candidates:
+        raise UsageError("run_interleaved needs at least one candidate besides the baseline.")
+    labels = [c.label for c in candidates]
+    if baseline.label in labels or len(set(labels)) != len(labels):
+        raise UsageError(f"Labels must be distinct (baseline {baseline.label!r}, candidates {labels}).")
+    confidence = bench_kwargs.get("confidence", 0.95)
+    seed = bench_kwargs.get("seed", 0)
+
+    def bench(t: BenchTarget) -> pd.DataFrame:
+        return run_bench(t.bin_dir, model, env=t.env, extra_args=t.extra_args, log_dir=log_dir,
+                         label=t.label, **bench_kwargs)
+
+    anchors = [bench(baseline)]
+    cands = []
+    for c in candidates:
+        cands.append(bench(c))
+        anchors.append(bench(baseline))
+    for i, a in enumerate(anchors):
+        a["anchor_index"] = i
+    anchor_df = pd.concat(anchors, ignore_index=True)
+
+    drift_rows = _drift_rows(anchor_df, drift_factor)
+    drift_df = pd.DataFrame(drift_rows)
+    for r in drift_rows:
+        if r["flagged"]:
+            log.warning(f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
+                        f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio")
+
+    frames: dict[str, Any] = {}
+    for i, (c, df) in enumerate(zip(candidates, cands)):
+        rows = _corrected_candidate(df, anchors[i], anchors[i + 1], drift_rows, confidence=confidence, seed=seed)
+        frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
+    base_rows = _pooled_baseline(anchor_df, drift_rows, confidence=confidence, seed=seed)
+    frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
+    return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)
