@@ -126,7 +126,6 @@ def _baseline_build(arch: str, source: object) -> object:
     return build_variant(rv)
 
 
-# long: lead-owned (search rework in progress); marker only, split when that work lands
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
     from tuner.search.study import SearchConfig, default_run_dir
     from tuner.source import DEFAULT_SPEC, fetch_source
@@ -136,19 +135,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         log.info(_intro(arch, kw, defaults))
     spec = str(kw.get("source_spec") or DEFAULT_SPEC)
     source = fetch_source(spec)
-    model = kw.get("model")
-    like = kw.get("like") or (None if model else defaults["like"])
-    if model is not None and kw.get("like"):
-        raise UsageError("give either --model GGUF or --like NAME, not both.")
-    if model is None:
-        from tuner.targets.models import synth_cached
-
-        quant = kw.get("quant")
-        qbin = _baseline_build(arch, source).exe("llama-quantize") if quant else None
-        model = synth_cached(str(like), source=source, quant=quant, quantize_bin=qbin)  # type: ignore[arg-type]
-    elif not Path(model).is_file():  # type: ignore[arg-type]
-        raise UsageError(f"--model {model} does not exist. Pass a GGUF file or use --like NAME to synthesize one.")
-    model = Path(model)  # type: ignore[arg-type]
+    model = _model(arch, source, kw, defaults)
     study = str(kw.get("study") or f"{arch}-{model.stem}-{source.era}")
     run_dir = Path(kw.get("run_dir") or default_run_dir(study))  # type: ignore[arg-type]
     sets = _sets(kw["sets"])  # type: ignore[arg-type]
@@ -214,6 +201,23 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     export_study(study, storage=cfg.storage_url, out_dir=out)
     log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
+
+
+def _model(arch: str, source: object, kw: dict, defaults: dict) -> Path:
+    """--model as given, or a synthesized (and optionally quantized) model of --like's shape."""
+    model = kw.get("model")
+    like = kw.get("like") or (None if model else defaults["like"])
+    if model is not None and kw.get("like"):
+        raise UsageError("give either --model GGUF or --like NAME, not both.")
+    if model is None:
+        from tuner.targets.models import synth_cached
+
+        quant = kw.get("quant")
+        qbin = _baseline_build(arch, source).exe("llama-quantize") if quant else None
+        model = synth_cached(str(like), source=source, quant=quant, quantize_bin=qbin)  # type: ignore[arg-type]
+    elif not Path(model).is_file():
+        raise UsageError(f"--model {model} does not exist. Pass a GGUF file or use --like NAME to synthesize one.")
+    return Path(model)
 
 
 def _context_length(model: Path) -> int | None:

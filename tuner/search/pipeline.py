@@ -245,7 +245,6 @@ def run_tune_worker(cfg: Any) -> int:
 # stages
 
 
-# long: lead-owned (search rework in progress); marker only, split when that work lands
 def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
           fixed: Mapping[str, Any], rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
           factory: Any, deadline: float | None) -> dict[str, Any] | None:
