@@ -224,8 +224,9 @@ def report_text(study: Any, *, storage: str | None = None) -> str:
             ["phase", "depth", "upstream", "winner", "why"],
             [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
     out.append(_trials(study))
-    if len(study.directions) == 1:
-        out.append("\n" + importances_section(study) + "\n")
+    if study.get_trials(deepcopy=False):  # the tune stage's two objectives, one table each
+        for i, name in enumerate(("the prefill objective", "the decode objective")):
+            out.append("\n" + importances_section(study, target=lambda t, i=i: t.values[i], target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
     secs = a.get("stage_seconds", {})

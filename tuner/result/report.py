@@ -425,20 +425,22 @@ def dashboard_command(storage_url: str) -> str:
     return f"optuna-dashboard {shlex.quote(url)}"
 
 
-def importances_section(study: Any, params: Sequence[str] | None = None, *, min_trials: int = 4) -> str:
+def importances_section(study: Any, params: Sequence[str] | None = None, *, min_trials: int = 4,
+                        target: Any = None, target_name: str = "") -> str:
     """Optuna's parameter importances as a Markdown table, or one line saying why not.
 
     Uses ``optuna.importance.get_param_importances`` with Optuna's default evaluator (PED-ANOVA;
     fANOVA would need scikit-learn), importances normalized to sum to 1, most important first.
 
     Needs at least ``min_trials`` COMPLETE trials and a parameter (of ``params``, default all)
-    that took at least 2 distinct values among them.
+    that took at least 2 distinct values among them. A multi-objective study needs ``target`` (a
+    function of a FrozenTrial, e.g. one objective) and names it ``target_name``.
     """
     import optuna
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if len(study.directions) != 1:
+    if len(study.directions) != 1 and target is None:
         return "Parameter importances: not computed (multi-objective study)."
     if len(done) < min_trials:
         return (f"Parameter importances: not computed ({len(done)} complete trial"
@@ -457,7 +459,7 @@ def importances_section(study: Any, params: Sequence[str] | None = None, *, min_
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            imp = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied)
+            imp = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied, target=target)
     except (ValueError, RuntimeError) as e:  # e.g. no parameter common to the complete trials
         return f"Parameter importances: not computed ({str(e).splitlines()[0]})."
     if not imp:
@@ -466,8 +468,8 @@ def importances_section(study: Any, params: Sequence[str] | None = None, *, min_
     notes = sorted({str(w.message).splitlines()[0] for w in caught
                     if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)})
     return "\n".join([
-        f"Parameter importances (Optuna {ev_name} over {len(done)} complete trials; normalized to sum "
-        "to 1; how much each parameter matters for reaching the best trials):",
+        f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna {ev_name} over {len(done)} "
+        "complete trials; normalized to sum to 1; how much each parameter matters for reaching the best trials):",
         "",
         log.table(["parameter", "importance", ""], rows),
     ] + ([""] + [f"Optuna warned: {n}" for n in notes] if notes else []))

@@ -102,3 +102,20 @@ def test_importances_section_table_and_reasons() -> None:
     same = importances_section(_study([(1.0, "VEC", float(v)) for v in range(5)]))
     assert same.startswith("Parameter importances: not computed (no parameter took 2 or more values")
     assert "\n" not in same
+
+
+def test_importances_per_objective_of_a_two_objective_study() -> None:
+    import optuna
+
+    from tuner.result.report import importances_section
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(12):
+        t = st.ask({"ub": optuna.distributions.CategoricalDistribution([256, 512, 1024]),
+                    "graph": optuna.distributions.CategoricalDistribution([0, 1])})
+        st.tell(t, [1.0 + t.params["ub"] / 1e4, 1.0 + 0.05 * t.params["graph"]])  # pp follows ub, tg follows graph
+    assert "multi-objective" in importances_section(st)
+    pp = importances_section(st, target=lambda t: t.values[0], target_name="pp")
+    tg = importances_section(st, target=lambda t: t.values[1], target_name="tg")
+    assert "for pp" in pp and "for tg" in tg and "| ub" in pp and "| graph" in tg
