@@ -11,9 +11,9 @@
 * ``confirm`` re-measures the final config against upstream, paired, at every depth plus depths the
   screen did not use; only what confirms is exported.
 
-``study`` is the earlier one-TPE-over-everything search, kept for ``tuner worker`` (several hosts on
-one PostgreSQL study); ``record`` reads a study's measurements back; ``select``/``winner``, ``dryrun``
-and ``replay`` as before. The public names are
+``study`` holds the configuration, arch resolution and storage. Studies of the earlier one-TPE search
+(the stored H100 results) are read back by ``record`` and exported through ``select``/``winner``;
+``dryrun`` and ``replay`` as before. The public names are
 re-exported here: ``from tuner.search import run_search``.
 """
 
@@ -21,16 +21,14 @@ from __future__ import annotations
 
 from tuner.plan.space import runtime_env_and_args
 from tuner.search.record import parse_point_key, point_key
-from tuner.search.study import PROFILES, SearchConfig, SearchOutcome, load_outcome, resolve_arch, run_search, run_worker
+from tuner.search.study import PROFILES, SearchConfig, resolve_arch, run_search, run_worker
 
 __all__ = [
     "SearchConfig",
-    "SearchOutcome",
     "PROFILES",
     "resolve_arch",
     "run_search",
     "run_worker",
-    "load_outcome",
     "runtime_env_and_args",
     "point_key",
     "parse_point_key",

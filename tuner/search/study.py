@@ -1,42 +1,25 @@
-"""``tuner search``: Optuna ask/tell over build, compile-time and runtime knobs.
+"""What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`),
+and where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several
+hosts). :func:`run_search` runs :mod:`tuner.search.pipeline`; builds live in ``$TUNER_HOME/builds``.
 
-Structure of one study:
-
-* the *baseline* is the upstream default (first variant of the space, no compile-time overrides, no
-  runtime overrides); it is enqueued as trial 0 and re-measured as an anchor every few trials;
-* a trial's variant + compile-time values define a build (built once, cached by key; candidates of one
-  variant share a build directory and rebuild only the translation units they change);
-* runtime values (FlashAttention rules and thresholds, env knobs, llama-bench flags) are applied to an
-  existing build with no rebuild;
-* an infeasible candidate (constraint check) or a failed build/gate/benchmark is a FAIL trial carrying
-  its reason and log path in user attrs, never a fake score;
-* every (phase, depth) point is benchmarked separately and reported as an intermediate value so a
-  WilcoxonPruner can stop clearly worse candidates early;
-* winners are picked afterwards by :mod:`tuner.search.select` (no-harm rule + min-max regret per bucket).
-
-This module holds the configuration, storage and outcome; the loop itself (``_Searcher``) is in
-:mod:`tuner.search.searcher`.
-
-Study state lives in Optuna storage (SQLite in the run directory by default, or PostgreSQL for several
-workers); builds live in ``$TUNER_HOME/builds`` and are shared by every worker on a host.
+Studies made by the earlier one-TPE search (trials with anchors, the stored H100 results) keep their
+read-back in :mod:`tuner.search.record` and their selection in :mod:`tuner.search.select` and
+:mod:`tuner.search.winner`; ``PROFILES`` weighs the phases for those and for the sampler replay.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "SearchConfig",
-    "SearchOutcome",
     "PROFILES",
     "resolve_arch",
     "run_search",
     "run_worker",
-    "load_outcome",
 ]
 
 import dataclasses
 import logging
 import os
-import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,20 +82,6 @@ class SearchConfig:
     @property
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SearchOutcome:
-    study: str
-    storage: str
-    run_dir: Path
-    n_trials: int
-    n_complete: int
-    n_failed: int
-    n_pruned: int
-    builds_new: int
-    builds_cached: int
-    seconds: float
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,48 +162,20 @@ def _make_storage(url: str) -> Any:
         ) from err
 
 
-def run_search(cfg: SearchConfig) -> SearchOutcome:
-    """Run (or resume) the study described by ``cfg`` and return counts; see the module docstring."""
-    from tuner.search.searcher import _Searcher
+def run_search(cfg: SearchConfig) -> dict[str, Any]:
+    """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
+    returns the confirmed result (see :func:`tuner.search.pipeline.run_pipeline`)."""
+    from tuner.search.pipeline import run_pipeline
 
-    s = _Searcher(cfg)
-    s.loop()
-    return load_outcome(cfg, builds_new=s.builds_new, builds_cached=s.builds_cached, t0=s.t0)
-
-
-def run_worker(cfg: SearchConfig) -> SearchOutcome:
-    """A worker joins an existing study (created by ``tuner search``) and runs trials until the budget."""
-    return run_search(dataclasses.replace(cfg, worker=True))
+    return run_pipeline(cfg)
 
 
-def load_outcome(cfg: SearchConfig, *, builds_new: int = 0, builds_cached: int = 0, t0: float | None = None) -> SearchOutcome:
-    import optuna
+def run_worker(cfg: SearchConfig) -> int:
+    """Add tune trials to a study that ``tuner search`` screened and composed; returns its trial count."""
+    from tuner.search.pipeline import run_tune_worker
 
-    study = optuna.load_study(study_name=cfg.study, storage=cfg.storage_url)
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    return SearchOutcome(
-        study=cfg.study,
-        storage=cfg.storage_url,
-        run_dir=cfg.run_dir,
-        n_trials=len(states),
-        n_complete=states.count(optuna.trial.TrialState.COMPLETE),
-        n_failed=states.count(optuna.trial.TrialState.FAIL),
-        n_pruned=states.count(optuna.trial.TrialState.PRUNED),
-        builds_new=builds_new,
-        builds_cached=builds_cached,
-        seconds=(time.monotonic() - t0) if t0 else 0.0,
-    )
+    return run_tune_worker(cfg)
 
 
 def default_run_dir(study: str) -> Path:
     return Path(os.environ.get("TUNER_RUNS", "tuner-runs")) / study
-
-
-def __getattr__(name: str) -> Any:
-    # The legacy searcher's names, once defined here, live in tuner.search.searcher (which imports
-    # this module, so they are looked up on first use rather than imported at the top).
-    if name in ("_Searcher", "stored_gate"):
-        from tuner.search import searcher
-
-        return getattr(searcher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
