@@ -60,7 +60,7 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     cands += [Candidate(name=f"B{i + 1}", env={"GGML_TUNER_FA_RULES": r}) for i, r in enumerate(rules)]
     run = out_dir or _default_run_dir("ab")
     measure = make_live_measure(bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs",
-                                era=era, arch="")
+                                era=era, arch=None)
     recs: list = []
     log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
     run_phase_rounds(measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab")

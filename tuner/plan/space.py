@@ -16,6 +16,7 @@ __all__ = [
     "RULE_KINDS",
     "check_constraints",
     "runtime_env_and_args",
+    "compile_values_of",
     "FaRule",
     "Knob",
     "RuntimeSettings",
@@ -601,6 +602,11 @@ def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int
         )
     cls = TileRow if kind == "tile_row" else MmaRow
     return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)  # type: ignore[arg-type]
+
+
+def compile_values_of(space: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The compile-time knob values that differ from upstream (what a build is keyed and patched by)."""
+    return {k.name: values[k.name] for k in space.compile_knobs if k.name in values and values[k.name] != k.default}
 
 
 def runtime_env_and_args(space: Any, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:

@@ -44,14 +44,14 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     import tomli_w
 
     from tuner.plan.render import render_presets, render_variant
-    from tuner.plan.space import runtime_env_and_args
+    from tuner.plan.space import compile_values_of, runtime_env_and_args
 
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
     study_name = study.study_name
     a = study.user_attrs
     vals = dict(w.values)
     variant = vals.get("variant") or space.variants[0]
-    compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+    compile_values = compile_values_of(space, vals)
     env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}

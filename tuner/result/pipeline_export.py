@@ -49,7 +49,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     from tuner.result.export import _sha, _server_args, _tomlable, baked_runtime
     from tuner.plan.render import render_presets, render_variant
     from tuner.source import fetch_source
-    from tuner.plan.space import load_space, render_runtime
+    from tuner.plan.space import compile_values_of, load_space, runtime_env_and_args
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -69,9 +69,8 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     tuned = res.get("tuned") or {}
     vals = dict(tuned.get("values", {}))
     variant = str(vals.get("variant") or space.variants[0])
-    compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
-    rt = render_runtime(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
-    env, args = dict(rt.env), list(rt.bench_args)
+    compile_values = compile_values_of(space, vals)
+    env, args = runtime_env_and_args(space, vals)
     rules = list(res.get("rules", []))
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}

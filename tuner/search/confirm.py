@@ -13,7 +13,7 @@ point slower. The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["extra_depths", "judge", "point_rows", "rule_interval"]
+__all__ = ["FINAL", "extra_depths", "judge", "point_rows", "rule_interval"]
 
 import math
 import re
@@ -22,7 +22,7 @@ from typing import Any
 
 from tuner.search.compose import phase_noise
 from tuner.measure.paired import verdict
-from tuner.search.screen import AA_NAME, PHASE_RULE, CellStats
+from tuner.search.screen import CellStats
 
 FINAL = "final"
 _RULE_BOUNDS = re.compile(r"^(decode|prefill)[^:]*:(\d+)-(\d*)=(\w+)$")
@@ -100,5 +100,3 @@ def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_ch
     return {"kept": kept, "dropped": dropped, "process_ok": ok,
             "process_why": "" if ok else f"slower than upstream beyond the noise at {', '.join(slower)}"}
 
-
-__all__ += ["FINAL", "AA_NAME", "PHASE_RULE"]

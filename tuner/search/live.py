@@ -46,7 +46,7 @@ def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: 
 
 
 def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Mapping[str, int], log_dir: Path,
-                      era: str, arch: str) -> Measure:
+                      era: str, arch: str | None) -> Measure:
     """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir``."""
     import os
     import platform

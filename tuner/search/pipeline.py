@@ -141,19 +141,20 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
     study, storage = _open_study(cfg)
     st = _State(study)
     _record_attrs(st, cfg, source, shape_d)
-    shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(cfg, fixed))
+    base_env, base_args = _pinned_runtime(space, fixed)
+    shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
 
     # -- the upstream build, gated once ------------------------------------------------------------
     base_variant = str(fixed.get("variant", variants[0]))
+    builds = _Builds(cfg, source)
     with _timed(st, "build"):
-        build = _build(cfg, source, base_variant, {})
+        build = builds.get(base_variant, {})
     gate = _gate(st, cfg, arch, build, shape_d)
     if gate["status"] == "fail":
         raise TunerError(f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
                          f"log: {gate.get('log')}. Nothing was measured.")
     factory = measure_factory or (lambda b: _live(cfg, source, b))
     measure = factory(build)
-    base_env, base_args = _pinned_runtime(space, fixed)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: _kernels_for(space, p) for p in PHASES}
     confirm_ds = sorted(set(cfg.depths) | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length"))))
@@ -171,10 +172,10 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
     log.info("Composed rules: " + (", ".join(rules) if rules else "none (upstream's selection stays everywhere)"))
 
     with _timed(st, "tune"):
-        tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline)
+        tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline,
+                      builds)
     with _timed(st, "confirm"):
-        result = _confirm(cfg, st, space, source, arch, shape_d, fixed, rules, tuned, base_env, base_args, factory, build,
-                          confirm_ds, deadline)
+        result = _confirm(cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline)
     st.set("result", result)
     return result
 
@@ -237,7 +238,7 @@ def run_tune_worker(cfg: Any) -> int:
     base_env, base_args = _pinned_runtime(space, fixed)
     with _timed(st, "tune"):
         _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, list(composed["rules"]),
-              base_env, base_args, lambda b: _live(cfg, source, b), deadline)
+              base_env, base_args, lambda b: _live(cfg, source, b), deadline, _Builds(cfg, source))
     return len(study.get_trials(deepcopy=False))
 
 
@@ -247,18 +248,18 @@ def run_tune_worker(cfg: Any) -> int:
 
 def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
           fixed: Mapping[str, Any], rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
-          factory: Any, deadline: float | None) -> dict[str, Any] | None:
+          factory: Any, deadline: float | None, builds: "_Builds") -> dict[str, Any] | None:
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
 
-    from tuner.plan.space import check_constraints
-    from tuner.plan.space import runtime_env_and_args
+    from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
 
     knobs = tn.tunable_knobs(space, fixed)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     dists = {k.name: k.to_optuna_distribution() for k in knobs}
     if len(variants) > 1 and "variant" not in fixed:
         dists["variant"] = optuna.distributions.CategoricalDistribution(variants)
+    base_variant = str(fixed.get("variant", variants[0]))
     want = cfg.trials or 0
     if not dists or want <= 0:
         log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
@@ -277,7 +278,7 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
             trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
             vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
             variant = str(vals.get("variant", fixed.get("variant", variants[0])))
-            compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
+            compile_values = compile_values_of(space, vals)
             changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
             phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
             trial.set_user_attr("values", {k: vals[k] for k in sorted(vals)})
@@ -293,14 +294,13 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
                 continue
             trial.set_constraint("constraint_check", 0.0)
             try:
-                b = _build(cfg, source, variant, compile_values)
+                b = builds.get(variant, compile_values)
                 g = _gate(st, cfg, arch, b, shape_d)
                 if g["status"] == "fail":
                     raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
-                env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
+                env, args = runtime_env_and_args(space, vals)
                 cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-                m_ref = factory(_build(cfg, source, str(fixed.get("variant", variants[0])), {}))
-                objs, ratios = tn.paired_objectives(m_ref, ref, factory(b), cand, phases, cfg.depths,
+                objs, ratios = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases, cfg.depths,
                                                     label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
                 trial.set_user_attr("ratios", ratios)
                 trial.set_user_attr("status", "ok")
@@ -321,10 +321,10 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
     return {"trial": best.number, "values": dict(best.user_attrs.get("values", {})), "params": dict(best.params)}
 
 
-def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int], fixed: Mapping[str, Any],
-             rules: Sequence[str], tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str],
-             factory: Any, build: Any, depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
-    from tuner.plan.space import runtime_env_and_args
+def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: Sequence[str],
+             tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str], factory: Any,
+             builds: "_Builds", depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
+    from tuner.plan.space import compile_values_of, runtime_env_and_args
 
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     rules = list(rules)
@@ -335,9 +335,9 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
         env, args = dict(base_env), list(base_args)
         if tuned:
             vals = tuned["values"]
-            compile_values = {k.name: vals[k.name] for k in space.compile_knobs if k.name in vals and vals[k.name] != k.default}
-            env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k in {x.name for x in space.runtime_knobs}})
-        fb = _build(cfg, source, variant, compile_values) if (compile_values or variant != variants[0]) else build
+            compile_values = compile_values_of(space, vals)
+            env, args = runtime_env_and_args(space, vals)
+        build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
         process_changed = bool(tuned)
         rule_phases = {conf.rule_interval(r)[0] for r in rules}
         phases = [p for p in PHASES if process_changed or p in rule_phases]
@@ -374,12 +374,11 @@ def _confirm(cfg: Any, st: _State, space: Any, source: Any, arch: Any, shape_d: 
         log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
         tuned = None
         attempt += 1
-    kept = j["kept"] if j["process_ok"] else j["kept"]
-    final_tuned = tuned if j["process_ok"] else None
+    # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
     unmeasured = [p for p in PHASES if p not in phases]
-    return {"rules": kept, "dropped": j["dropped"], "tuned": final_tuned, "rows": rows, "attempt": attempt,
+    return {"rules": j["kept"], "dropped": j["dropped"], "tuned": tuned, "rows": rows, "attempt": attempt,
             "upstream_phases": unmeasured, "confirm_depths": list(depths)}
 
 
@@ -394,22 +393,16 @@ def _pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str
     return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
 
 
-def _kv_type(cfg: Any, fixed: Mapping[str, Any]) -> str:
-    for k, v in fixed.items():
-        if k in ("ctk", "type_k", "cache_type_k"):
-            return str(v)
-    return "f16"
+def _kv_type(bench_args: Sequence[str]) -> str:
+    """The K-cache type the runs use: llama-bench's -ctk when a pinned knob sets it, else its f16 default."""
+    args = list(bench_args)
+    return str(args[args.index("-ctk") + 1]) if "-ctk" in args[:-1] else "f16"
 
 
 def _model_shape(model: Path) -> dict[str, int]:
-    from tuner.targets.models import load_gguf_shape
+    from tuner.targets.models import read_shape
 
-    try:
-        s = load_gguf_shape(Path(model))
-    except (TunerError, OSError, ValueError, KeyError) as err:
-        raise UsageError(f"cannot read the model's shape from {model}: {err}. Pass a llama-family GGUF file.") from err
-    return {"head_dim": s.head_dim, "gqa": s.gqa, "n_layers": s.n_layers, "n_heads": s.n_heads,
-            "n_kv_heads": s.n_kv_heads, "d_model": s.d_model, "context_length": s.context_length}
+    return dict(read_shape(Path(model)))  # an unreadable or non-llama GGUF is a UsageError there
 
 
 def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
@@ -434,13 +427,25 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int]) -
                              f"{k}={mine[k]!r}. Use another --study name, or the same settings.")
 
 
-def _build(cfg: Any, source: Any, variant: str, compile_values: Mapping[str, Any]) -> Any:
-    from tuner.targets.archs import detect_local_archs
-    from tuner.builder.cmake import build_variant
-    from tuner.plan.render import render_variant
+class _Builds:
+    """The builds of one process, looked up once per (variant, compile values): a cached build still
+    costs a render and a no-op ninja run, which the tune and confirm stages must not pay per trial."""
 
-    rv = render_variant(source, cfg.arch, variant, compile_values=compile_values, local_archs=detect_local_archs())
-    return build_variant(rv, jobs=cfg.jobs)
+    def __init__(self, cfg: Any, source: Any) -> None:
+        self.cfg, self.source = cfg, source
+        self._known: dict[str, Any] = {}
+
+    def get(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
+        key = stable_hash(variant, dict(compile_values))
+        if key not in self._known:
+            from tuner.builder.cmake import build_variant
+            from tuner.plan.render import render_variant
+            from tuner.targets.archs import detect_local_archs
+
+            rv = render_variant(self.source, self.cfg.arch, variant, compile_values=compile_values,
+                                local_archs=detect_local_archs())
+            self._known[key] = build_variant(rv, jobs=self.cfg.jobs)
+        return self._known[key]
 
 
 def _gate(st: _State, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:

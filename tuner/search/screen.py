@@ -60,20 +60,18 @@ Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[st
 
 
 def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None,
-                   base_args: Sequence[str] = (), rules_prefix: str = "") -> list[Candidate]:
+                   base_args: Sequence[str] = ()) -> list[Candidate]:
     """Upstream plus one forced candidate per kernel (or the A/A twin when nothing can be forced).
 
-    ``base_env``/``base_args`` are applied to every candidate (e.g. process knobs already chosen);
-    ``rules_prefix`` is prepended to the forcing rule (rules of the other phase already composed).
+    ``base_env``/``base_args`` are applied to every candidate (the knobs pinned with --set).
     """
     env = dict(base_env or {})
     out = [Candidate(name=UPSTREAM, env=env, args=tuple(base_args))]
     if not kernels:
         return out + [Candidate(name=AA_NAME, env=env, args=tuple(base_args))]
     for k in kernels:
-        rule = f"{PHASE_RULE[phase]}:0-={k}"
-        rules = f"{rules_prefix},{rule}" if rules_prefix else rule
-        out.append(Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": rules}, args=tuple(base_args), kernel=k))
+        out.append(Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": f"{PHASE_RULE[phase]}:0-={k}"},
+                             args=tuple(base_args), kernel=k))
     return out
 
 

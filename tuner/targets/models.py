@@ -575,6 +575,7 @@ def read_shape(path: Path) -> dict[str, int]:
         "n_heads": s.n_heads,
         "n_kv_heads": s.n_kv_heads,
         "d_model": s.d_model,
+        "context_length": s.context_length,
     }
 
 
