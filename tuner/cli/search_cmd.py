@@ -38,8 +38,8 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
         click.option("--tg", type=click.IntRange(1, 4096), default=None, help="Generated tokens per tg test."),
-        click.option("--trials", type=click.IntRange(1, 100000), default=None, envvar="TUNER_TRIALS", show_envvar=True,
-                     help="Trials the study should reach (CI sets TUNER_TRIALS for a small budget)."),
+        click.option("--trials", type=click.IntRange(0, 100000), default=None, envvar="TUNER_TRIALS", show_envvar=True,
+                     help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget)."),
         click.option("--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."),
         click.option("--profile", type=click.Choice(["decode", "prefill", "balanced"]), default="balanced", show_default=True),
         click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study."),
@@ -58,6 +58,9 @@ def _common(f):  # type: ignore[no-untyped-def]
                      help="Rounds at most (default 6 on a GPU, 4 on the CPU)."),
         click.option("--ci-target", type=click.FloatRange(0.1, 50), default=1.0, show_default=True,
                      help="Stop adding rounds when every paired 95%% CI half-width is within this many percent."),
+        click.option("--reps-pp", type=click.IntRange(1, 100), default=None,
+                     help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two."),
+        click.option("--reps-tg", type=click.IntRange(1, 100), default=None, help="Repetitions of a decode test per call (default 3)."),
         click.option("--refine", type=click.IntRange(0, 10), default=None,
                      help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU)."),
         click.option("--ptx-jit", is_flag=True,
@@ -166,6 +169,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         max_rounds=max(int(kw["min_rounds"]), int(kw.get("max_rounds") or defaults["max_rounds"])),  # type: ignore[arg-type]
         ci_target=float(kw["ci_target"]),  # type: ignore[arg-type]
         refine=int(kw["refine"] if kw.get("refine") is not None else defaults["refine"]),  # type: ignore[arg-type]
+        **{k: int(kw[k]) for k in ("reps_pp", "reps_tg") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
     log.info(
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "

@@ -1,4 +1,5 @@
-"""The live measure function: one llama-bench call per (candidate, phase) over a list of depths.
+"""The live measure function: one llama-bench call per candidate over a list of depths, for one
+phase or (``measure.joint``) both, which then share each depth's fill.
 
 Every call runs with ``GGML_TUNER_FA_LOG=1``; the patched build prints one line per distinct
 shape and kernel (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (default)``), from which
@@ -56,34 +57,39 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
     info: dict[str, str] = {}
 
     def measure(cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+        return joint(cand, [phase], depths, label)[phase]
+
+    def joint(cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str) -> dict[str, dict[int, dict[str, Any]]]:
         args = list(cand.args)
         fa = True
         if "-fa" in args:  # a knob on some spaces; run_bench owns the flag's era-dependent spelling
             i = args.index("-fa")
             fa = args[i + 1] in ("on", "1", "true")
             del args[i : i + 2]
-        ntok = pp if phase == "pp" else tg
-        try:
-            df = run_bench(bin_dir, model, depths=tuple(depths), pp=ntok if phase == "pp" else 0,
-                           tg=ntok if phase == "tg" else 0, reps=reps[phase], target_ci=None,
+        try:  # one -r for the call: the larger of the phases' repetitions
+            df = run_bench(bin_dir, model, depths=tuple(depths), pp=pp if "pp" in phases else 0,
+                           tg=tg if "tg" in phases else 0, reps=max(reps[p] for p in phases), target_ci=None,
                            env={**cand.env, "GGML_TUNER_FA_LOG": "1"}, extra_args=tuple(args), log_dir=log_dir,
                            label=label, era=era, flash_attn=fa, arch=arch, observe=False)
         except TunerError as err:  # a failed call is data: every depth carries the error
-            return {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths}
+            return {p: {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths} for p in phases}
         if len(df) and not info:
             gpu = str(df.iloc[0].get("gpu_info") or "")
             info["device"] = gpu or f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
         log_file = Path(str(df.attrs.get("log_file") or ""))
         lines = parse_fa_log(log_file.read_text(errors="replace")) if log_file.is_file() else []
-        out: dict[int, dict[str, Any]] = {}
-        for d in depths:
-            rows = df[(df["phase"] == phase) & (df["depth"] == d)]
-            samples = list(rows.iloc[0]["samples"]) if len(rows) else []
-            err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
-            k, why = kernel_at(lines, phase, d, ntok)
-            out[d] = {"ts": float(statistics.median(samples)) if samples else None, "kernel": k, "why": why,
-                      "error": err or ("" if samples else f"no samples; see {log_file}")}
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for phase in phases:
+            out[phase] = {}
+            for d in depths:
+                rows = df[(df["phase"] == phase) & (df["depth"] == d)]
+                samples = list(rows.iloc[0]["samples"]) if len(rows) else []
+                err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
+                k, why = kernel_at(lines, phase, d, pp if phase == "pp" else tg)
+                out[phase][d] = {"ts": float(statistics.median(samples)) if samples else None, "kernel": k, "why": why,
+                                 "error": err or ("" if samples else f"no samples; see {log_file}")}
         return out
 
+    measure.joint = joint  # type: ignore[attr-defined]  # both phases in one call (screen.run_joint_rounds)
     measure.info = info  # type: ignore[attr-defined]  # the device llama-bench reported, for the report
     return measure

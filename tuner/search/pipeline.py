@@ -25,15 +25,13 @@ from tuner.errors import TunerError, UsageError
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
-from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, run_phase_rounds, summarize_phase
+# BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
+# same command resumes from there (raised by the round loops too, before a round that would overrun).
+from tuner.search.screen import (AA_NAME, UPSTREAM, BudgetReached, Candidate, candidates_for, run_joint_rounds, run_phase_rounds,
+                                 summarize_phase)
 
 PIPELINE_VERSION = 2
 PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
-
-
-class BudgetReached(Exception):
-    """The time budget ran out inside a stage; what was measured is in the study, and the same
-    command resumes from there."""
 
 
 @contextlib.contextmanager
@@ -62,12 +60,12 @@ def _kernels_for(space: Any, phase: str) -> list[str]:
 
 
 def plan_text(*, phases: Sequence[str], depths: Sequence[int], n_cands: Mapping[str, int], rounds: tuple[int, int],
-              trials: int, confirm_depths: int) -> str:
-    calls = sum(n_cands[p] for p in phases)
+              trials: int, confirm_depths: int, shared: bool = False) -> str:
+    calls = max(n_cands[p] for p in phases) if shared else sum(n_cands[p] for p in phases)
     return (
         f"Plan: 1 build (cached after the first run) + gate; screen {len(phases)} phase(s) x {len(depths)} depths "
         f"x {', '.join(f'{n_cands[p]} candidates ({p})' for p in phases)} in {rounds[0]}-{rounds[1]} interleaved rounds "
-        f"({calls} llama-bench calls a round); tune {trials} Optuna trial(s) (paired vs the composed rules); "
+        f"({calls} llama-bench calls a round{', prefill and decode sharing each call' if shared else ''}); tune {trials} Optuna trial(s) (paired vs the composed rules); "
         f"confirm at {confirm_depths} depths, 3 candidates, {rounds[0]}-{rounds[1]} rounds. "
         "ETAs follow the first measured round."
     )
@@ -159,7 +157,8 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
     kernels = {p: _kernels_for(space, p) for p in PHASES}
     confirm_ds = sorted(set(cfg.depths) | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length"))))
     log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
-                       rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds)))
+                       rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds),
+                       shared=hasattr(measure, "joint")))
 
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}
@@ -183,7 +182,22 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
 def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
                 base_args: Sequence[str], rounds: tuple[int, int], deadline: float | None,
                 decisions: dict[str, list[comp.Decision]]) -> None:
-    """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose."""
+    """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose.
+
+    Phases not yet done are first screened together in shared llama-bench calls where the measure
+    can (the ladder depths); each phase then refines its own boundaries alone."""
+    def persist_shared(r: Mapping[str, Any]) -> None:
+        st.append("screen_rounds", r)
+
+    todo = [p for p in PHASES if not st.get(f"screen_done_{p}")]
+    joint = getattr(measure, "joint", None)
+    if joint is not None and len(todo) > 1:
+        cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
+        with log.step(f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"):
+            run_joint_rounds(joint, cands, list(cfg.depths), list(st.get("screen_rounds", [])), pp_tokens=cfg.pp,
+                             min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline,
+                             on_round=persist_shared)
+        _check_budget(deadline, "screen")
     for phase in PHASES:
         cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
         recs = list(st.get("screen_rounds", []))
@@ -340,7 +354,11 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
         build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
         process_changed = bool(tuned)
         rule_phases = {conf.rule_interval(r)[0] for r in rules}
-        phases = [p for p in PHASES if process_changed or p in rule_phases]
+        # One build on both sides: both phases share each call, so the phase without a change is
+        # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
+        m_up, m_fin = factory(build), factory(fb)
+        shared = getattr(m_up, "joint", None) if fb is build else None
+        phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
         final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, args=tuple(args))
         up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
         aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
@@ -348,12 +366,18 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
         ckey = stable_hash({"rules": rules, "tuned": (tuned or {}).get("values")})[:12]
         key = f"confirm_rounds_{ckey}"
         recs = list(st.get(key, []))
-        m_up, m_fin = factory(build), factory(fb)
 
         def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
             return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)
 
         rows: list[dict[str, Any]] = []
+        todo = [p for p in phases if not st.get(f"confirm_done_{ckey}_{p}")]
+        if shared and len(todo) > 1:
+            with log.step(f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
+                          f"at depths {list(depths)}"):
+                run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp,
+                                 min_rounds=cfg.min_rounds, max_rounds=cfg.max_rounds, target_ci=cfg.ci_target,
+                                 deadline=deadline, on_round=lambda r: st.append(key, r), tag="confirm")
         for phase in phases:
             if st.get(f"confirm_done_{ckey}_{phase}"):
                 mine = [r for r in recs if r["phase"] == phase]

@@ -3,8 +3,10 @@
 One *round* measures every candidate once, back to back, in an order rotated each round; a
 candidate's effect at a depth is its paired ratio to upstream within each round (see
 :mod:`tuner.measure.paired`). Rounds are added until every cell's CI half-width is at most
-``target_ci`` percent, or ``max_rounds``, or the deadline. Prefill and decode are screened
-separately: what one phase measures never stops the other.
+``target_ci`` percent, or ``max_rounds``, or the deadline. Prefill and decode are judged
+separately: what one phase measures never stops the other. Where the measure can run both phases in
+one llama-bench call (:func:`run_joint_rounds`), a round pairs a prefill candidate with a decode
+candidate per call, so the two phases share every depth fill, the larger part of a long-context call.
 
 Upstream's own pick per depth is read from the patched build's ``GGML_TUNER_FA_LOG`` lines, so the
 forced candidate equal to it is a built-in A/A pair that measures the noise. Where no kernel can be
@@ -18,12 +20,16 @@ from __future__ import annotations
 
 __all__ = [
     "AA_NAME",
+    "BudgetReached",
     "UPSTREAM",
     "Candidate",
     "CellStats",
     "Measure",
     "PhaseScreen",
+    "JointMeasure",
     "candidates_for",
+    "merge_call",
+    "run_joint_rounds",
     "run_phase_rounds",
     "summarize_phase",
 ]
@@ -37,6 +43,10 @@ from typing import Any
 
 from tuner import log, progress
 from tuner.measure.paired import Effect, noise_pct, paired_effect, rotated, verdict
+
+class BudgetReached(Exception):
+    """The time budget ended a stage; rerunning the same command resumes it."""
+
 
 UPSTREAM = "upstream"
 AA_NAME = "upstream-aa"
@@ -57,6 +67,12 @@ class Candidate:
 # measure(candidate, phase, depths, label) -> {depth: {"ts": float|None, "kernel": str|None,
 #                                                      "why": str|None, "error": str}}
 Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[str, Any]]]
+
+
+# joint(candidate, phases, depths, label) -> {phase: {depth: {...as Measure...}}}: one llama-bench call
+# measuring several phases at the same depths, so they share each depth's fill (llama-bench keeps the
+# context state of the last depth it filled and restores it for the next test at that depth).
+JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Mapping[str, Any]]]]
 
 
 def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None,
@@ -111,9 +127,10 @@ def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names
             worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
             if worst <= target_ci:
                 break
-        if deadline is not None and time.monotonic() > deadline:
-            log.warning(f"{tag} {phase}: time budget reached after {len(mine)} round(s); the intervals stay as wide as measured")
-            break
+        if _out_of_time(deadline, mine):
+            log.warning(f"{tag} {phase}: no time for another round within the budget after {len(mine)} round(s); "
+                        "rerun the same command to add rounds")
+            raise BudgetReached(f"{tag} {phase}")
         i = len(mine)
         order = rotated(names, i)
         rec: dict[str, Any] = {"phase": phase, "depths": [int(d) for d in depths], "round": i, "order": order,
@@ -123,12 +140,7 @@ def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names
             cand = next(c for c in candidates if c.name == name)
             res = measure(cand, phase, depths, f"{tag}-{phase}-r{i}-{name}")
             bar.advance()
-            rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
-            rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
-            rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
-            errs = sorted({str(res[d]["error"]) for d in res if res[d].get("error")})
-            if errs:
-                rec["errors"][name] = "; ".join(errs)[:500]
+            _store(rec, name, res, depths)
         rec["seconds"] = round(time.monotonic() - t0, 1)
         mine.append(rec)
         rounds.append(rec)
@@ -139,6 +151,131 @@ def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names
         wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"  # 2 rounds: Student-t's 12.7 makes any spread huge
         log.info(f"  {tag} {phase} round {i + 1}/{max_rounds} ({rec['seconds']:.0f} s): widest 95% CI "
                  f"{wide} (target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
+
+
+def _phase_rules(cand: Candidate, phase: str) -> list[str]:
+    """The candidate's FA rules that act on ``phase`` (a rule names its phase before ``/`` or ``:``)."""
+    text = cand.env.get("GGML_TUNER_FA_RULES", "")
+    want = PHASE_RULE[phase]
+    return [r for r in text.split(",") if r and r.split(":", 1)[0].split("/", 1)[0] == want]
+
+
+def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_tokens: int) -> Candidate | None:
+    """One candidate that runs each phase's candidate in one process, or None where they cannot share one.
+
+    Kernel rules act per phase, so a prefill candidate and a decode candidate combine; anything else
+    (process env, bench args) must be equal. A forced prefill kernel is narrowed to the timed tests'
+    n_kv windows ``(d, d + pp + 256]`` so the untimed depth fill runs upstream's prefill kernel
+    whichever candidate is measured (a slow forced kernel would otherwise slow every fill).
+    """
+    cands = list(by_phase.values())
+    rest = [({k: v for k, v in c.env.items() if k != "GGML_TUNER_FA_RULES"}, c.args) for c in cands]
+    if any(r != rest[0] for r in rest[1:]):
+        return None
+    rules: list[str] = []
+    for phase, c in by_phase.items():
+        for r in _phase_rules(c, phase):
+            if phase == "pp" and r == f"prefill:0-={c.kernel}":
+                rules += [f"prefill:{d + 1}-{d + pp_tokens + 257}={c.kernel}" for d in depths]
+            else:
+                rules.append(r)
+    env = dict(rest[0][0]) | ({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})
+    return Candidate(name="+".join(c.name for c in cands), env=env, args=rest[0][1])
+
+
+def run_joint_rounds(
+    joint: JointMeasure,
+    cands: Mapping[str, Sequence[Candidate]],
+    depths: Sequence[int],
+    rounds: list[dict[str, Any]],
+    *,
+    pp_tokens: int,
+    min_rounds: int = 3,
+    max_rounds: int = 6,
+    target_ci: float = 1.0,
+    deadline: float | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    tag: str = "screen",
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
+
+    Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
+    the records are the same per-phase records, so each phase's stop rule, summary and resume stay
+    its own: a phase that has met its target stops adding rows while the other goes on.
+    """
+    mine = {p: [r for r in rounds if r["phase"] == p and set(depths) <= {int(d) for d in r["depths"]}] for p in cands}
+    calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
+    with progress.track(f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls") as bar:
+        while True:
+            active = [p for p in cands if not _phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
+            if not active:
+                break
+            if _out_of_time(deadline, [r for p in active for r in mine[p][-1:]]):
+                log.warning(f"{tag}: no time for another round within the budget; rerun the same command to add rounds")
+                raise BudgetReached(f"{tag} {'+'.join(active)}")
+            recs = _joint_round(joint, {p: cands[p] for p in active}, depths, mine, bar, pp_tokens=pp_tokens, tag=tag)
+            for p, rec in recs.items():
+                mine[p].append(rec)
+                rounds.append(rec)
+                if on_round is not None:
+                    on_round(rec)
+                st = summarize_phase(p, mine[p], depths)
+                worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
+                wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"
+                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds} ({rec['seconds']:.0f} s, calls shared "
+                         f"with {'+'.join(q for q in recs if q != p) or 'no other phase'}): widest 95% CI {wide} "
+                         f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
+    return mine
+
+
+def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the next round would end past ``deadline``, judged by the longest of the last rounds
+    (a killed call loses its round in flight; stopping before it keeps the budget's promise)."""
+    if deadline is None:
+        return False
+    est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
+    return time.monotonic() + est > deadline
+
+
+def _phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
+                 target_ci: float) -> bool:
+    if len(mine) >= max_rounds:
+        return True
+    if len(mine) < min_rounds:
+        return False
+    st = summarize_phase(phase, mine, depths)
+    return max((c.max_halfwidth for c in st.values()), default=math.inf) <= target_ci
+
+
+def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], depths: Sequence[int],
+                 mine: Mapping[str, Sequence[Mapping[str, Any]]], bar: Any, *, pp_tokens: int, tag: str) -> dict[str, dict[str, Any]]:
+    """One round of every active phase; returns its record per phase."""
+    orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
+    recs = {p: {"phase": p, "depths": [int(d) for d in depths], "round": len(mine[p]), "order": orders[p], "values": {},
+                "kernels": {}, "why": {}, "errors": {}, "t": time.time(), "shared": True} for p in cands}
+    t0 = time.monotonic()
+    for j in range(max(len(o) for o in orders.values())):
+        pick = {p: next(c for c in cands[p] if c.name == orders[p][j]) for p in cands if j < len(orders[p])}
+        merged = merge_call(pick, depths=depths, pp_tokens=pp_tokens)
+        groups = [(merged, list(pick))] if merged is not None else [(c, [p]) for p, c in pick.items()]
+        for cand, phases in groups:
+            label = f"{tag}-{'+'.join(phases)}-r{min(recs[p]['round'] for p in phases)}-{cand.name}"
+            res = joint(cand, phases, depths, label)
+            for p in phases:
+                _store(recs[p], pick[p].name, res.get(p, {}), depths)
+        bar.advance()
+    for rec in recs.values():
+        rec["seconds"] = round(time.monotonic() - t0, 1)
+    return recs
+
+
+def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]], depths: Sequence[int]) -> None:
+    rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
+    rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
+    rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
+    errs = sorted({str(res[d]["error"]) for d in res if res[d].get("error")})
+    if errs:
+        rec["errors"][name] = "; ".join(errs)[:500]
 
 
 def _num(x: Any) -> float | None:

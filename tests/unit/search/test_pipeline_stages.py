@@ -216,3 +216,133 @@ def test_depths_beyond_the_models_context_are_refused_before_anything_runs() -> 
     with pytest.raises(UsageError) as e:
         _check_depths([0, 4096, 200000], {"context_length": 131072})
     assert e.value.exit_code == 2 and "200000" in str(e.value) and "--depths 0,4096" in str(e.value)
+
+
+def joint_fake(truth_by_phase, *, seed: int = 0, fail_phase: str | None = None, calls=None, drift: float = 0.04):
+    """A shared-call llama-bench stand-in: reads each phase's forced kernel from the merged rules, as the
+    C++ hook would (a windowed prefill rule counts at the depth whose window holds the test's n_kv)."""
+    rng = random.Random(seed)
+    state = {"round": None, "drift": 1.0}
+
+    def kernel_for(rules: str, rule_phase: str, d: int, ntok: int) -> str | None:
+        for r in filter(None, rules.split(",")):
+            head, rest = r.split(":", 1)
+            span, k = rest.split("=")
+            lo, hi = span.split("-")
+            n_kv = d + ntok
+            if head == rule_phase and int(lo) <= n_kv and (not hi or n_kv < int(hi)):
+                return k
+        return None
+
+    def joint(c: Candidate, phases, depths, label: str):
+        r = label.split("-r")[1].split("-")[0]
+        if state["round"] != r:
+            state["round"], state["drift"] = r, rng.uniform(1 - drift, 1 + drift)
+        if calls is not None:
+            calls.append((c.name, tuple(phases), c.env.get("GGML_TUNER_FA_RULES", "")))
+        out = {}
+        for p in phases:
+            rule_phase, ntok, up = ("prefill", 512, "MMA") if p == "pp" else ("decode", 128, "VEC")
+            out[p] = {}
+            for d in depths:
+                k = kernel_for(c.env.get("GGML_TUNER_FA_RULES", ""), rule_phase, d, ntok)
+                if p == fail_phase:
+                    out[p][d] = {"ts": None, "kernel": None, "why": None, "error": "llama-bench crashed"}
+                else:
+                    out[p][d] = {"ts": truth_by_phase[p](k or up, d) * state["drift"] * rng.gauss(1, 0.003),
+                                 "kernel": k or up, "why": "rule" if k else "default", "error": ""}
+        return out
+
+    return joint
+
+
+def mma_prefill_best(kernel: str, d: int) -> float:
+    return (5000.0 - d / 30) * (0.8 if kernel == "TILE" else 1.0)
+
+
+def test_merge_call_combines_phase_rules_and_keeps_the_fill_on_upstream() -> None:
+    from tuner.search.screen import merge_call
+
+    pp = candidates_for("pp", ["TILE", "MMA"])
+    tg = candidates_for("tg", ["VEC", "TILE", "MMA"])
+    m = merge_call({"pp": pp[1], "tg": tg[2]}, depths=[0, 32768], pp_tokens=512)
+    assert m is not None and m.name == "TILE+TILE"
+    # the prefill kernel is forced only inside the timed tests' n_kv windows, not during the depth fills
+    assert m.env["GGML_TUNER_FA_RULES"] == "prefill:1-769=TILE,prefill:32769-33537=TILE,decode:0-=TILE"
+    up = merge_call({"pp": pp[0], "tg": tg[0]}, depths=[0], pp_tokens=512)
+    assert up is not None and "GGML_TUNER_FA_RULES" not in up.env
+    # a confirmed config's rules are split by phase: its decode rule never rides on another decode candidate
+    final = Candidate(name="final", env={"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=TILE"})
+    m2 = merge_call({"pp": final, "tg": Candidate(name=UPSTREAM)}, depths=[0], pp_tokens=512)
+    assert m2 is not None and "GGML_TUNER_FA_RULES" not in m2.env
+    m3 = merge_call({"pp": Candidate(name=UPSTREAM), "tg": final}, depths=[0], pp_tokens=512)
+    assert m3 is not None and m3.env["GGML_TUNER_FA_RULES"] == "decode/D64/gqa4/kvf16:32768-=TILE"
+    # process-wide settings differ: the two cannot share a process
+    assert merge_call({"pp": Candidate(name="a", env={"GGML_CUDA_GRAPH_OPT": "1"}), "tg": Candidate(name=UPSTREAM)},
+                      depths=[0], pp_tokens=512) is None
+
+
+def test_shared_rounds_screen_both_phases_in_one_call_each() -> None:
+    from tuner.search.screen import run_joint_rounds
+
+    calls: list = []
+    cands = {"pp": candidates_for("pp", ["TILE", "MMA"]), "tg": candidates_for("tg", ["VEC", "TILE", "MMA"])}
+    recs: list = []
+    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
+                            pp_tokens=512, min_rounds=4, max_rounds=4, target_ci=0.1)
+    assert len(mine["pp"]) == len(mine["tg"]) == 4 and len(recs) == 8
+    assert len(calls) == 4 * 4  # four calls a round (the longer phase's candidates), not 3 + 4
+    assert sum(1 for _, ph, _ in calls if ph == ("pp", "tg")) == 4 * 3
+    tg = comp.compose_phase("tg", summarize_phase("tg", mine["tg"], DEPTHS))
+    assert [d.winner for d in tg] == [None, None, None, None, "TILE", "TILE"]
+    pp = summarize_phase("pp", mine["pp"], DEPTHS)
+    assert all(c.upstream_kernel == "MMA" and c.aa == "MMA" for c in pp.values())
+    assert all(c.verdicts["TILE"] == "slower" for c in pp.values())
+    assert [d.winner for d in comp.compose_phase("pp", pp)] == [None] * len(DEPTHS)
+
+
+def test_a_failing_phase_in_shared_calls_never_stops_the_other() -> None:
+    from tuner.search.screen import run_joint_rounds
+
+    cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
+    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, fail_phase="pp"), cands, DEPTHS, [],
+                            pp_tokens=512, min_rounds=3, max_rounds=3, target_ci=0.1)
+    assert all(r["errors"] for r in mine["pp"]) and not any(r["errors"] for r in mine["tg"])
+    tg = summarize_phase("tg", mine["tg"], DEPTHS)
+    assert tg[65536].verdicts["TILE"] == "faster"
+
+
+def test_shared_rounds_let_a_finished_phase_stop_and_resume_per_phase() -> None:
+    from tuner.search.screen import run_joint_rounds
+
+    cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
+    recs: list = []
+    # an earlier call left two prefill rounds and no decode round
+    run_phase_rounds(fake(mma_prefill_best, upstream="MMA"), "pp", cands["pp"], DEPTHS, recs, min_rounds=2, max_rounds=2)
+    calls: list = []
+    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
+                            pp_tokens=512, min_rounds=3, max_rounds=3, target_ci=0.1)
+    assert len(mine["pp"]) == 3 and len(mine["tg"]) == 3
+    # one shared round completes prefill; the two decode rounds after it run decode alone
+    assert [ph for _, ph, _ in calls].count(("pp", "tg")) == 2 and [ph for _, ph, _ in calls].count(("tg",)) == 3 * 2 + 1
+
+
+def test_no_round_starts_that_would_overrun_the_budget() -> None:
+    import time
+
+    from tuner.search.screen import BudgetReached, run_joint_rounds
+
+    cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
+    recs: list = []
+    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}), cands, DEPTHS, recs, pp_tokens=512,
+                     min_rounds=1, max_rounds=1)
+    for r in recs:
+        r["seconds"] = 200.0  # the last round took 200 s; 60 s are left
+    calls: list = []
+    with pytest.raises(BudgetReached):
+        run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
+                         pp_tokens=512, min_rounds=3, max_rounds=3, deadline=time.monotonic() + 60)
+    with pytest.raises(BudgetReached):
+        run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands["tg"], DEPTHS, recs, min_rounds=3, max_rounds=3,
+                         deadline=time.monotonic() + 60)
+    assert calls == [] and len(recs) == 2  # nothing measured, nothing lost
