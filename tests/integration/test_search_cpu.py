@@ -53,8 +53,12 @@ def finished(study) -> dict[int, tuple[str, object]]:
 def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run), "--study", "resume"]
-    first = tuner(*args, "--trials", "1", home=tuner_home)
+    first = tuner(*args, "--trials", "1", "--reps-pp", "2", "--reps-tg", "2", home=tuner_home)
     assert "Screen tg" in first.stderr and "Result:" in first.stdout
+    # prefill and decode share each llama-bench process (one depth fill per depth for both tests)
+    shared = sorted((run / "logs").glob("screen-tg+pp-*-pp+tg.log"))
+    assert len(shared) == 4 and not list((run / "logs").glob("screen-*-pp.log"))
+    assert " -p 32 -n 8 -d 0,256 -r 3 " in shared[0].read_text().splitlines()[0]  # --reps 2 kept + 1 discarded
     assert (run / "export" / "config.toml").is_file() and (run / "export" / "report.md").is_file()
     storage = f"sqlite:///{run / 'study.db'}"
     st1 = load(storage, "resume")

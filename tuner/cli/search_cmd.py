@@ -61,6 +61,8 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--reps-pp", type=click.IntRange(1, 100), default=None,
                      help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two."),
         click.option("--reps-tg", type=click.IntRange(1, 100), default=None, help="Repetitions of a decode test per call (default 3)."),
+        click.option("--confirm-extra", type=click.IntRange(0, 8), default=None,
+                     help="Depths the confirm stage adds between the ladder's (default 2; each costs a depth fill per call)."),
         click.option("--refine", type=click.IntRange(0, 10), default=None,
                      help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU)."),
         click.option("--ptx-jit", is_flag=True,
@@ -169,7 +171,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         max_rounds=max(int(kw["min_rounds"]), int(kw.get("max_rounds") or defaults["max_rounds"])),  # type: ignore[arg-type]
         ci_target=float(kw["ci_target"]),  # type: ignore[arg-type]
         refine=int(kw["refine"] if kw.get("refine") is not None else defaults["refine"]),  # type: ignore[arg-type]
-        **{k: int(kw[k]) for k in ("reps_pp", "reps_tg") if kw.get(k) is not None},  # type: ignore[arg-type]
+        **{k: int(kw[k]) for k in ("reps_pp", "reps_tg", "confirm_extra") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
     log.info(
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "

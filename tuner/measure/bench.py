@@ -455,17 +455,18 @@ def _check_bench_args(
 
 
 def _absorb_records(
-    accs: Mapping[tuple[str, int], _Acc], phase: str, records: Sequence[tuple[float, dict[str, Any]]],
+    accs: Mapping[tuple[str, int], _Acc], phase: str | None, records: Sequence[tuple[float, dict[str, Any]]],
     obs: Observer | None, t_prev: float, cmd: Sequence[str], log_file: Path,
-) -> set[int]:
-    """Pool one call's records into the accumulators (first repetition dropped); returns the depths seen."""
-    seen = set()
+) -> set[tuple[str, int]]:
+    """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
+    depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
+    seen: set[tuple[str, int]] = set()
     for t_rec, rec in records:
-        d = rec["n_depth"]
-        acc = accs.get((phase, d))
-        if acc is None or d in seen or rec["phase"] != phase:
+        d, ph = rec["n_depth"], rec["phase"]
+        acc = accs.get((ph, d))
+        if acc is None or (ph, d) in seen or (phase is not None and ph != phase):
             continue
-        seen.add(d)
+        seen.add((ph, d))
         # The first repetition of each call is discarded (warm-up, device.md).
         acc.samples.extend(rec["samples_ts"][1:])
         acc.discarded += min(1, len(rec["samples_ts"]))
@@ -515,11 +516,32 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
         log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
         records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file,
                                                 timeout=plan.timeout, observe=plan.observe)
-        seen = _absorb_records(accs, phase, records, obs, t_prev, cmd, log_file)
+        seen = {d for _, d in _absorb_records(accs, phase, records, obs, t_prev, cmd, log_file)}
         pending = _still_pending(plan, accs, phase, pending, seen, error, cmd, log_file)
         if pending:
             room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
             k = max(2, min(plan.want, room))
+    return str(log_file)
+
+
+def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
+    """pp and tg at every depth in one llama-bench call, as a user runs it (``-p 512 -n 128 -d ...``).
+
+    llama-bench keeps the context state of the last depth it filled and restores it for the next
+    test at that depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill
+    costs more than the tests. One batch only (no adaptive repetitions). Returns the log file."""
+    log_file = plan.log_dir / f"{plan.label}-pp+tg.log"
+    for ph in ("pp", "tg"):
+        for d in plan.depths:
+            accs[(ph, d)] = _Acc()
+    cmd = [str(plan.exe), "-m", str(plan.model), "-p", str(plan.pp), "-n", str(plan.tg),
+           "-d", ",".join(str(d) for d in plan.depths), "-r", str(plan.want + 1), "-o", "jsonl", *plan.fa, *plan.extra]
+    log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
+    records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout,
+                                            observe=plan.observe)
+    seen = _absorb_records(accs, None, records, obs, t_prev, cmd, log_file)
+    for ph in ("pp", "tg"):
+        _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, error, cmd, log_file)
     return str(log_file)
 
 
@@ -619,8 +641,11 @@ def run_bench(
         observe=observe)
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
-    for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
-        last_log = _measure_phase(plan, phase, ntok, accs)
+    if plan.pp > 0 and plan.tg > 0 and plan.target_ci is None:  # one call: both tests share each depth fill
+        last_log = _measure_both(plan, accs)
+    else:
+        for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
+            last_log = _measure_phase(plan, phase, ntok, accs)
     rows = [_bench_row(plan, phase, d, acc) for (phase, d), acc in accs.items()]
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     df.attrs["log_file"] = last_log

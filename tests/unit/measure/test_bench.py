@@ -86,13 +86,15 @@ class FakeBench:
                 on_line("CUDA error: out of memory")
                 rc = 1
                 break
-            ctx = {"p": p, "n": n, "d": d, "env": env or {}, "call": len(self.calls)}
-            ts = [self.sampler(ctx, i) for i in range(r)]
-            rec = {"build_commit": "0c1e570", "backends": "CUDA", "gpu_info": "Fake GPU", "model_filename": "m.gguf",
-                   "model_size": 1000, "model_n_params": 10, "n_ubatch": 512, "type_k": "f16",
-                   "flash_attn": 1 if "-fa" in cmd and _arg(cmd, "-fa") in ("on", "1") else 0, "n_prompt": p, "n_gen": n,
-                   "n_depth": d, "samples_ns": [1e9 * (p + n) / t for t in ts], "samples_ts": ts}
-            on_line(json.dumps(rec))
+            # like llama-bench: per depth, a pp test then a tg test (each its own record)
+            for tp, tn in [(x, y) for x, y in ((p, 0), (0, n)) if x or y]:
+                ctx = {"p": tp, "n": tn, "d": d, "env": env or {}, "call": len(self.calls)}
+                ts = [self.sampler(ctx, i) for i in range(r)]
+                rec = {"build_commit": "0c1e570", "backends": "CUDA", "gpu_info": "Fake GPU", "model_filename": "m.gguf",
+                       "model_size": 1000, "model_n_params": 10, "n_ubatch": 512, "type_k": "f16",
+                       "flash_attn": 1 if "-fa" in cmd and _arg(cmd, "-fa") in ("on", "1") else 0, "n_prompt": tp,
+                       "n_gen": tn, "n_depth": d, "samples_ns": [1e9 * (tp + tn) / t for t in ts], "samples_ts": ts}
+                on_line(json.dumps(rec))
         return RunResult(returncode=rc, output="", seconds=0.1, log_file=log_file)
 
 
@@ -112,16 +114,18 @@ def test_run_bench_schema_commands_and_warmup(tmp_path: Path, monkeypatch: pytes
     assert list(df.columns) == list(COLUMNS)
     assert sorted(zip(df["test"], df["depth"])) == [("pp512", 0), ("pp512", 4096), ("tg128", 0), ("tg128", 4096)]
     bench_calls = [c for c, _ in fake.calls if "--help" not in c]
-    assert len(bench_calls) == 2  # one call per phase covering all depths
+    # one call for both tests at all depths, as a user runs llama-bench: each depth is filled once
+    # and llama-bench restores that state for the second test at the same depth
+    assert len(bench_calls) == 1
     pp_cmd = bench_calls[0]
-    assert (_arg(pp_cmd, "-p"), _arg(pp_cmd, "-n"), _arg(pp_cmd, "-d"), _arg(pp_cmd, "-r")) == ("512", "0", "0,4096", "5")
+    assert (_arg(pp_cmd, "-p"), _arg(pp_cmd, "-n"), _arg(pp_cmd, "-d"), _arg(pp_cmd, "-r")) == ("512", "128", "0,4096", "5")
     assert _arg(pp_cmd, "-fa") == "on" and _arg(pp_cmd, "-o") == "jsonl" and pp_cmd[-2:] == ["-ngl", "99"]
     assert fake.calls[-1][1]["GGML_TUNER_FA_RULES"] == "decode:0-=VEC"
     for r in df.itertuples():
         assert r.n == 4 and r.warmup_discarded == 1 and 70.0 not in r.samples
         assert r.min_ts <= r.ci_low <= r.median_ts <= r.ci_high <= r.max_ts
         assert r.status == "ok" and r.label == "v1" and json.loads(r.env) == {"GGML_TUNER_FA_RULES": "decode:0-=VEC"}
-    assert df.attrs["log_file"].endswith("v1-tg.log")
+    assert df.attrs["log_file"].endswith("v1-pp+tg.log")
 
 
 def test_era_detection_and_flag_spelling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
