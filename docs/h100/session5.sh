@@ -2,23 +2,10 @@
 # Source after docs/h100/env.sh. Every step leaves its transcript, logs and study database under $OUT.
 #   s5_setup                                sm_90 build (variant cuda) + llama-3.2-1b and llama-3.1-8b shapes, Q4_K_M
 #   s5_search NAME MODEL SECONDS [args]     resumable: rerun with the same NAME to continue
-M1=$TUNER_HOME/models/l1b-q4km.gguf
-M8=$TUNER_HOME/models/l8b-q4km.gguf
+# M1, M8 and s4_setup (build + both shapes) are session 4's, unchanged.
+. docs/h100/session4.sh
 
-s5_setup() {
-  mkdir -p "$TUNER_HOME/models"
-  [ -f "$M8" ] || python3 -m tuner model synth --like llama-3.1-8b -o "$TUNER_HOME/models/l8b-f16.gguf" >"$OUT/synth8b.log" 2>&1 &
-  local synth=$!
-  python3 -m tuner build --arch sm_90 --variant cuda -j 16 >"$OUT/build-sm90.txt" 2>&1 || { tail -20 "$OUT/build-sm90.txt"; return 1; }
-  B=$(awk '/bin dir/ {print $5}' "$OUT/build-sm90.txt")
-  [ -f "$M1" ] || python3 -m tuner model synth --like llama-3.2-1b --quant Q4_K_M --quantize-with "$B/llama-quantize" -o "$M1" >"$OUT/synth1b.log" 2>&1 || return 1
-  wait $synth
-  if [ ! -f "$M8" ]; then
-    /usr/bin/time -f "quantize %e s" "$B/llama-quantize" "$TUNER_HOME/models/l8b-f16.gguf" "$M8" Q4_K_M 16 >"$OUT/quantize8b.log" 2>&1 || return 1
-    rm -f "$TUNER_HOME/models/l8b-f16.gguf"
-  fi
-  tail -2 "$OUT/build-sm90.txt"; ls -la "$TUNER_HOME/models"; echo "setup done at ${SECONDS} s"
-}
+s5_setup() { s4_setup && echo "setup done at ${SECONDS} s"; }
 
 s5_search() {
   local name=$1 model=$2 secs=$3

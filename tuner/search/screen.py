@@ -107,50 +107,11 @@ def run_phase_rounds(
 ) -> list[dict[str, Any]]:
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
-    names = [c.name for c in candidates]
-    mine = [r for r in rounds if r["phase"] == phase and set(depths) <= {int(d) for d in r["depths"]}]
-    # The ETA assumes every round up to max_rounds; the stop rule usually ends it sooner.
-    with progress.track(f"{tag} {phase} (up to {max_rounds} rounds)", total=len(names) * max(0, max_rounds - len(mine)),
-                        unit="llama-bench calls") as bar:
-        _rounds(measure, phase, candidates, names, depths, rounds, mine, bar, min_rounds=min_rounds, max_rounds=max_rounds,
-                target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag)
-    return mine
+    def one(c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str) -> dict[str, Mapping[int, Mapping[str, Any]]]:
+        return {phases[0]: measure(c, phases[0], ds, label)}
 
-
-def _rounds(measure: Measure, phase: str, candidates: Sequence[Candidate], names: Sequence[str], depths: Sequence[int],
-            rounds: list[dict[str, Any]], mine: list[dict[str, Any]], bar: Any, *, min_rounds: int, max_rounds: int,
-            target_ci: float, deadline: float | None, on_round: Callable[[dict[str, Any]], None] | None, tag: str) -> None:
-    """The round loop of :func:`run_phase_rounds` (records appended to ``rounds`` and ``mine``)."""
-    while len(mine) < max_rounds:
-        if len(mine) >= min_rounds:
-            st = summarize_phase(phase, mine, depths)
-            worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
-            if worst <= target_ci:
-                break
-        if _out_of_time(deadline, mine):
-            log.warning(f"{tag} {phase}: no time for another round within the budget after {len(mine)} round(s); "
-                        "rerun the same command to add rounds")
-            raise BudgetReached(f"{tag} {phase}")
-        i = len(mine)
-        order = rotated(names, i)
-        rec: dict[str, Any] = {"phase": phase, "depths": [int(d) for d in depths], "round": i, "order": order,
-                               "values": {}, "kernels": {}, "why": {}, "errors": {}, "t": time.time()}
-        t0 = time.monotonic()
-        for name in order:
-            cand = next(c for c in candidates if c.name == name)
-            res = measure(cand, phase, depths, f"{tag}-{phase}-r{i}-{name}")
-            bar.advance()
-            _store(rec, name, res, depths)
-        rec["seconds"] = round(time.monotonic() - t0, 1)
-        mine.append(rec)
-        rounds.append(rec)
-        if on_round is not None:
-            on_round(rec)
-        st = summarize_phase(phase, mine, depths)
-        worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
-        wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"  # 2 rounds: Student-t's 12.7 makes any spread huge
-        log.info(f"  {tag} {phase} round {i + 1}/{max_rounds} ({rec['seconds']:.0f} s): widest 95% CI "
-                 f"{wide} (target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
+    return run_joint_rounds(one, {phase: candidates}, depths, rounds, pp_tokens=0, min_rounds=min_rounds,
+                            max_rounds=max_rounds, target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag)[phase]
 
 
 def _phase_rules(cand: Candidate, phase: str) -> list[str]:
@@ -210,8 +171,9 @@ def run_joint_rounds(
             active = [p for p in cands if not _phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
             if not active:
                 break
-            if _out_of_time(deadline, [r for p in active for r in mine[p][-1:]]):
-                log.warning(f"{tag}: no time for another round within the budget; rerun the same command to add rounds")
+            if _out_of_time(deadline, [r for p in active for r in mine[p]]):
+                log.warning(f"{tag} {'+'.join(active)}: no time for another round within the budget after "
+                            f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds")
                 raise BudgetReached(f"{tag} {'+'.join(active)}")
             recs = _joint_round(joint, {p: cands[p] for p in active}, depths, mine, bar, pp_tokens=pp_tokens, tag=tag)
             for p, rec in recs.items():
@@ -222,14 +184,15 @@ def run_joint_rounds(
                 st = summarize_phase(p, mine[p], depths)
                 worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
                 wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"
-                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds} ({rec['seconds']:.0f} s, calls shared "
-                         f"with {'+'.join(q for q in recs if q != p) or 'no other phase'}): widest 95% CI {wide} "
+                others = "+".join(q for q in recs if q != p) if rec["shared"] else ""
+                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds} ({rec['seconds']:.0f} s"
+                         + (f", calls shared with {others}" if others else "") + f"): widest 95% CI {wide} "
                          f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
     return mine
 
 
 def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]]) -> bool:
-    """True when the next round would end past ``deadline``, judged by the longest of the last rounds
+    """True when the next round would end past ``deadline``, judged by the longest round so far
     (a killed call loses its round in flight; stopping before it keeps the budget's promise)."""
     if deadline is None:
         return False
@@ -252,12 +215,14 @@ def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], 
     """One round of every active phase; returns its record per phase."""
     orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
     recs = {p: {"phase": p, "depths": [int(d) for d in depths], "round": len(mine[p]), "order": orders[p], "values": {},
-                "kernels": {}, "why": {}, "errors": {}, "t": time.time(), "shared": True} for p in cands}
+                "kernels": {}, "why": {}, "errors": {}, "t": time.time(), "shared": False} for p in cands}
     t0 = time.monotonic()
     for j in range(max(len(o) for o in orders.values())):
         pick = {p: next(c for c in cands[p] if c.name == orders[p][j]) for p in cands if j < len(orders[p])}
-        merged = merge_call(pick, depths=depths, pp_tokens=pp_tokens)
+        merged = merge_call(pick, depths=depths, pp_tokens=pp_tokens) if len(pick) > 1 else None
         groups = [(merged, list(pick))] if merged is not None else [(c, [p]) for p, c in pick.items()]
+        for p in pick if merged is not None else ():
+            recs[p]["shared"] = True
         for cand, phases in groups:
             label = f"{tag}-{'+'.join(phases)}-r{min(recs[p]['round'] for p in phases)}-{cand.name}"
             res = joint(cand, phases, depths, label)
