@@ -377,7 +377,8 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
                           f"at depths {list(depths)}"):
                 run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp,
                                  min_rounds=cfg.min_rounds, max_rounds=cfg.max_rounds, target_ci=cfg.ci_target,
-                                 deadline=deadline, on_round=lambda r: st.append(key, r), tag="confirm")
+                                 deadline=deadline, on_round=lambda r: st.append(key, r), tag="confirm",
+                                 prior=st.get("screen_rounds", []))
         for phase in phases:
             if st.get(f"confirm_done_{ckey}_{phase}"):
                 mine = [r for r in recs if r["phase"] == phase]
@@ -386,7 +387,8 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
             with log.step(f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"):
                 mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
                                         max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
-                                        on_round=lambda r: st.append(key, r), tag="confirm")
+                                        on_round=lambda r: st.append(key, r), tag="confirm",
+                                        prior=st.get("screen_rounds", []))
             _check_budget(deadline, f"confirm {phase}")
             st.set(f"confirm_done_{ckey}_{phase}", True)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)

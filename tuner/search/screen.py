@@ -104,6 +104,7 @@ def run_phase_rounds(
     deadline: float | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
+    prior: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
@@ -111,7 +112,8 @@ def run_phase_rounds(
         return {phases[0]: measure(c, phases[0], ds, label)}
 
     return run_joint_rounds(one, {phase: candidates}, depths, rounds, pp_tokens=0, min_rounds=min_rounds,
-                            max_rounds=max_rounds, target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag)[phase]
+                            max_rounds=max_rounds, target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag,
+                            prior=prior)[phase]
 
 
 def _phase_rules(cand: Candidate, phase: str) -> list[str]:
@@ -157,8 +159,12 @@ def run_joint_rounds(
     deadline: float | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
+    prior: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
+
+    ``prior``: rounds of an earlier stage, used only to estimate this loop's first round against
+    the deadline.
 
     Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
     the records are the same per-phase records, so each phase's stop rule, summary and resume stay
@@ -171,7 +177,8 @@ def run_joint_rounds(
             active = [p for p in cands if not _phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
             if not active:
                 break
-            if _out_of_time(deadline, [r for p in active for r in mine[p]]):
+            n_calls = max(len(cands[p]) for p in active)
+            if _out_of_time(deadline, [r for p in active for r in mine[p]], prior, n_calls, depths):
                 log.warning(f"{tag} {'+'.join(active)}: no time for another round within the budget after "
                             f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds")
                 raise BudgetReached(f"{tag} {'+'.join(active)}")
@@ -191,13 +198,25 @@ def run_joint_rounds(
     return mine
 
 
-def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]]) -> bool:
+def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]], prior: Sequence[Mapping[str, Any]] = (),
+                 n_calls: int = 1, depths: Sequence[int] = (0,)) -> bool:
     """True when the next round would end past ``deadline``, judged by the longest round so far
-    (a killed call loses its round in flight; stopping before it keeps the budget's promise)."""
+    (a killed call loses its round in flight; stopping before it keeps the budget's promise).
+    Before this loop's first round, the slowest call of ``prior`` rounds is scaled to this round's
+    calls and depths (a confirm stage started with too little time left would be killed mid-round)."""
     if deadline is None:
         return False
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
+    if not done:
+        rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"]))
+                 for r in prior if r.get("seconds") and r.get("depths")]
+        est = max(rates, default=0.0) * n_calls * _call_weight(depths)
     return time.monotonic() + est > deadline
+
+
+def _call_weight(depths: Sequence[int]) -> float:
+    # A call's time grows with the tokens it fills (the depths) plus a fixed cost per depth's tests.
+    return float(sum(int(d) for d in depths) + 4096 * len(depths))
 
 
 def _phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,

@@ -346,3 +346,28 @@ def test_no_round_starts_that_would_overrun_the_budget() -> None:
         run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands["tg"], DEPTHS, recs, min_rounds=3, max_rounds=3,
                          deadline=time.monotonic() + 60)
     assert calls == [] and len(recs) == 2  # nothing measured, nothing lost
+
+
+def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
+    """A confirm stage has no round of its own yet: the screen's slowest call, scaled to the confirm's
+    calls and depths, decides whether its first round fits (the H100 calls end hard at 600 s)."""
+    import time
+
+    from tuner.search.screen import BudgetReached, run_joint_rounds
+
+    cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
+    screen: list = []
+    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}), cands, DEPTHS, screen, pp_tokens=512,
+                     min_rounds=1, max_rounds=1)
+    for r in screen:
+        r["seconds"] = 200.0
+    calls: list = []
+    with pytest.raises(BudgetReached):
+        run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, [],
+                         pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 60, prior=screen)
+    assert calls == []
+    # with time for it, the same round runs
+    confirm: list = []
+    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, confirm,
+                     pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 1000, prior=screen)
+    assert calls and {r["phase"] for r in confirm} == {"pp", "tg"}
