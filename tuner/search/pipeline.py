@@ -451,6 +451,9 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int]) -
         if st.get(k) != mine[k]:
             raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} was created with {k}={st.get(k)!r} but this run has "
                              f"{k}={mine[k]!r}. Use another --study name, or the same settings.")
+    for k, v in mine.items():  # a study seeded from another one (docs/h100/session5) lacks some, e.g. the model
+        if st.get(k) is None:
+            st.set(k, v)
 
 
 class _Builds:

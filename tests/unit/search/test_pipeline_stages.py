@@ -371,3 +371,19 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
     run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, confirm,
                      pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 1000, prior=screen)
     assert calls and {r["phase"] for r in confirm} == {"pp", "tg"}
+
+
+def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
+    """A study seeded with another's screen rounds (docs/h100/session5/seed_l1b.py) had no ``model``;
+    the H100 search confirmed it and then failed at export with KeyError: 'model'."""
+    import types
+
+    from tuner.search.pipeline import _record_attrs, _State
+
+    study = types.SimpleNamespace(user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128})
+    study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
+    cfg = types.SimpleNamespace(arch="sm_90", model="/m/l1b.gguf", depths=[0, 4096], pp=512, tg=128, study="x", storage_url="sqlite://")
+    source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
+    _record_attrs(_State(study), cfg, source, {"head_dim": 64})
+    assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
+    assert study.user_attrs["arch"] == "sm_90"  # what was there stays
