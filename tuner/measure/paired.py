@@ -5,17 +5,23 @@ candidate is the ratio candidate / upstream *within* a round, so machine drift b
 Over rounds the log-ratios are summarized by their mean and a Student-t interval (rounds are few,
 3-8, so a normal or bootstrap interval would be too narrow).
 
+With more than two configs per round, :func:`block_effects` reads the rounds as blocks of a
+randomized complete block design (log t/s = round + config + error) and pools the error variance
+over all configs: the same effect estimates as the per-pair means, with (R-1)(C-1) degrees of freedom
+instead of R-1. On the H100's 3-round screens (4 configs) that is 6 instead of 2, and the t quantile
+alone falls from 4.30 to 2.45 (docs/h100/README.md, session 6).
+
 An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
 whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
 """
 
 from __future__ import annotations
 
-__all__ = ["Effect", "paired_effect", "noise_pct", "verdict", "rotated"]
+__all__ = ["Effect", "paired_effect", "block_effects", "noise_pct", "verdict", "rotated"]
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from scipy import stats as _stats
 
@@ -62,6 +68,41 @@ def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, con
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = float(_stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
     return Effect(n=n, ratio=math.exp(mean), ci_low=math.exp(mean - half), ci_high=math.exp(mean + half))
+
+
+def block_effects(values: Mapping[str, Sequence[float | None]], reference: str, *,
+                  confidence: float = 0.95) -> dict[str, Effect]:
+    """Effect of every config over ``reference`` with rounds as blocks and the error variance pooled.
+
+    ``values[name][i]`` is the config's t/s in round ``i``. Only rounds where every config has a value
+    count (complete blocks); with fewer than two of them, or only two configs, this is
+    :func:`paired_effect` per config. The estimate is the mean log-ratio to ``reference`` over those
+    rounds, its standard error ``sqrt(2 s^2 / R)`` with ``s^2`` the two-way residual mean square.
+    Assumes the configs are equally noisy, as repeated runs of one llama-bench command are.
+    """
+    names = [n for n in values if n != reference]
+    rows = [i for i in range(len(values[reference]))
+            if all(_ok(values[n][i] if i < len(values[n]) else None) for n in [reference, *names])]
+    r, c = len(rows), len(names) + 1
+    if r < 2 or c < 3:
+        return {n: paired_effect(values[n], values[reference], confidence=confidence) for n in names}
+    cols = [reference, *names]
+    y = [[math.log(float(values[n][i])) for n in cols] for i in rows]  # type: ignore[arg-type]
+    row_m = [sum(v) / c for v in y]
+    col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
+    grand = sum(row_m) / r
+    ss = sum((y[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(r) for j in range(c))
+    df = (r - 1) * (c - 1)
+    half = float(_stats.t.ppf(0.5 + confidence / 2.0, df)) * math.sqrt(2.0 * ss / df / r)
+    out = {}
+    for j, n in enumerate(names, start=1):
+        m = col_m[j] - col_m[0]
+        out[n] = Effect(n=r, ratio=math.exp(m), ci_low=math.exp(m - half), ci_high=math.exp(m + half))
+    return out
+
+
+def _ok(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
 
 
 def noise_pct(aa: Effect) -> float:

@@ -238,7 +238,7 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
         cells = summarize_phase(phase, recs, depths)
         decisions = comp.compose_phase(phase, cells)
         exhaustive = sum(len(grid.samples[(phase, k)][d]) for k in grid.kernels(phase) for d in depths)
-        rows, agree = [], 0
+        rows, agree, winners = [], 0, {}
         for dec in decisions:
             meds = {k: _median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
             best = max(meds, key=lambda k: meds[k])
@@ -247,6 +247,7 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
             # grid's best beats upstream by less than the screen's noise.
             ok = (dec.winner == best) or (dec.winner is None and (best == "default" or gain <= dec.noise_pct))
             agree += ok
+            winners[dec.depth] = best
             rows.append([TAG, f"{phase}@d{dec.depth}", f"{best} ({gain:+.1f}% vs default)", dec.winner or "upstream",
                          f"{dec.effect_pct:+.1f}%", f"±{dec.noise_pct:.1f}%", "yes" if ok else "NO"])
         log.info(log.table(["mode", "point", "grid winner (median of all samples)", "screen pick", "Δ", "A/A noise",
@@ -255,6 +256,6 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
         log.info(f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
                  f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid.")
         out[phase] = {"decisions": [d.as_dict() for d in decisions], "agree": agree, "n": len(decisions),
-                      "used": used, "exhaustive": exhaustive,
+                      "used": used, "exhaustive": exhaustive, "grid_winners": winners,
                       "rules": comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None))}
     return out

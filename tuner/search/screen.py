@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner import log, progress
-from tuner.measure.paired import Effect, noise_pct, paired_effect, rotated, verdict
+from tuner.measure.paired import Effect, block_effects, noise_pct, rotated, verdict
 
 class BudgetReached(Exception):
     """The time budget ended a stage; rerunning the same command resumes it."""
@@ -318,14 +318,10 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         names = [n for n in recs[0]["order"] if n != UPSTREAM]
         up = [r["values"][UPSTREAM].get(key) for r in recs]
         up_kernel = _majority([r["kernels"].get(UPSTREAM, {}).get(key) for r in recs])
-        effects: dict[str, Effect] = {}
-        fallback = []
-        for n in names:
-            whys = [r["why"].get(n, {}).get(key) for r in recs]
-            if any(w == "fallback" for w in whys):
-                fallback.append(n)
-                continue
-            effects[n] = paired_effect([r["values"].get(n, {}).get(key) for r in recs], up)
+        fallback = [n for n in names if any(r["why"].get(n, {}).get(key) == "fallback" for r in recs)]
+        # Rounds are blocks: every candidate that ran its kernel shares one pooled error variance.
+        effects: dict[str, Effect] = block_effects(
+            {UPSTREAM: up, **{n: [r["values"].get(n, {}).get(key) for r in recs] for n in names if n not in fallback}}, UPSTREAM)
         aa = AA_NAME if AA_NAME in effects else (up_kernel if up_kernel in effects else None)
         noise = noise_pct(effects[aa]) if aa else math.inf
         ups = [u for u in up if u]

@@ -6,6 +6,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
@@ -55,6 +56,32 @@ def test_paired_effect_and_verdicts() -> None:
     assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and rotated(["a", "b", "c"], 3) == ["a", "b", "c"]
 
 
+def test_block_effects_pool_the_rounds_error_over_all_configs() -> None:
+    from scipy import stats
+
+    from tuner.measure.paired import block_effects
+
+    # two configs: exactly the paired interval
+    two = block_effects({"up": [100, 101, 99], "x": [108, 110, 106]}, "up")["x"]
+    ref = paired_effect([108, 110, 106], [100, 101, 99])
+    assert (two.ratio, two.ci_low, two.ci_high) == (ref.ratio, ref.ci_low, ref.ci_high)
+    # four configs, three rounds (the H100 screen): same estimates, the two-way residual pooled over 6 df
+    vals = {"up": [166.1, 173.4, 170.7], "VEC": [164.4, 169.4, 170.4], "TILE": [182.4, 182.1, 182.1], "MMA": [185.0, 183.5, 183.9]}
+    eff = block_effects(vals, "up")
+    y = np.log(np.array([vals[n] for n in vals])).T  # rounds x configs
+    resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
+    s2 = (resid ** 2).sum() / 6
+    for j, n in enumerate(list(vals)[1:], start=1):
+        m = np.mean(y[:, j] - y[:, 0])
+        half = stats.t.ppf(0.975, 6) * math.sqrt(2 * s2 / 3)
+        assert math.isclose(eff[n].ratio, math.exp(m)) and math.isclose(eff[n].ci_low, math.exp(m - half))
+        assert math.isclose(eff[n].ratio, paired_effect(vals[n], vals["up"]).ratio)  # the point estimate is the paired one
+    assert eff["MMA"].halfwidth_pct < paired_effect(vals["MMA"], vals["up"]).halfwidth_pct  # t(6) < t(2)
+    # a round with a missing value is left out for every config (complete blocks only)
+    gap = block_effects({"up": [100, 100, 100, 100], "a": [101, None, 99, 100], "b": [105, 104, 106, 105]}, "up")
+    assert gap["a"].n == 3 and gap["b"].n == 3
+
+
 def test_screen_rounds_rotate_and_stop_at_the_target() -> None:
     calls: list = []
     cands = candidates_for("tg", ["VEC", "TILE", "MMA"])
@@ -63,7 +90,7 @@ def test_screen_rounds_rotate_and_stop_at_the_target() -> None:
     recs: list = []
     mine = run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=8, target_ci=1.0)
     assert 3 <= len(mine) <= 8 and recs == mine
-    assert [r["order"][0] for r in mine[:4]] == [UPSTREAM, "VEC", "TILE", "MMA"]  # rotated each round
+    assert [r["order"][0] for r in mine[:4]] == [UPSTREAM, "VEC", "TILE", "MMA"][:len(mine)]  # rotated each round
     assert all(ph == "tg" for _, ph, _ in calls)
     cells = summarize_phase("tg", recs, DEPTHS)
     assert all(c.upstream_kernel == "VEC" and c.aa == "VEC" for c in cells.values())  # the built-in A/A pair
@@ -158,7 +185,14 @@ def test_replay_reproduces_the_recorded_grid_winners() -> None:
 
     files = sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))
     out = replay_screen(files, min_rounds=3, max_rounds=4)
-    assert out["tg"]["agree"] == out["tg"]["n"] == 4
+    # The screen never picks a kernel that is not the grid's winner. With the pooled block variance it
+    # sees decode MMA +8.4% [+5.2, +11.7] at d32768 (the grid's winner, +8.3% by median) but keeps
+    # upstream there: the phase's median A/A noise (6.4% on these sequential, unpaired recordings)
+    # is the floor a claim must clear. So 3 of 4 decode winners, and that one miss is conservative.
+    for phase in ("tg", "pp"):
+        for dec in out[phase]["decisions"]:
+            assert dec["winner"] in (None, out[phase]["grid_winners"][dec["depth"]])
+    assert out["tg"]["n"] == 4 and out["tg"]["agree"] == 3
     assert out["pp"]["agree"] == out["pp"]["n"]
     assert out["tg"]["used"] > 0 and out["tg"]["exhaustive"] > 0
 
