@@ -420,7 +420,8 @@ def run_equivalence(
         upstream_env, upstream_args: The same for upstream's side (pinned knobs both sides share).
         work_dir: Logs and the log-prob files go here (upstream's file is reused by later candidates).
         ctx: Context per chunk (half of it is scored); at least 16.
-        chunks: Chunks scored; ``chunks * (ctx/2 - 1)`` tokens in all.
+        chunks: Chunks scored; ``chunks * (ctx/2 - 1)`` tokens in all, at least 100 (llama-perplexity prints
+            no statistics below that).
         strict: Scheduling-only candidate: also require byte-identical log-probs to upstream's.
         thresholds: The decision rule's limits.
         timeout: Seconds per llama-perplexity call.
@@ -440,6 +441,10 @@ def run_equivalence(
     for name, v, lo, hi in (("ctx", ctx, 16, 1 << 20), ("chunks", chunks, 1, 10000)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {v!r}).")
+    if chunks * (ctx - 1 - ctx // 2) < 100:
+        raise UsageError(f"ctx={ctx} and chunks={chunks} score {chunks * (ctx - 1 - ctx // 2)} tokens; llama-perplexity prints "
+                         "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
+                         f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx.")
     model = Path(model)
     if not model.is_file():
         raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one).")

@@ -191,6 +191,7 @@ def test_failed_tool_is_a_failed_gate(tmp_path: Path, monkeypatch: pytest.Monkey
     ({"mode": "both"}, "mode must be one of"),
     ({"ctx": 8}, "ctx must be"),
     ({"chunks": 0}, "chunks must be"),
+    ({"chunks": 1}, "no KL divergence statistics under 100"),
     ({"candidate_args": ["-c", "64"]}, "set by the equivalence gate"),
     ({"candidate_args": ["--kl-divergence"]}, "set by the equivalence gate"),
     ({"candidate_env": {"BAD NAME": "1"}}, "invalid"),
