@@ -633,3 +633,4 @@ def build_variant(
         return Build(build_id=build_id, build_dir=build_dir, bin_dir=build_dir / "bin", log_file=log_file,
                      cached=not rebuilt, seconds=time.monotonic() - start, compile_only=True, meta=record)
     return _done(record, False)
+

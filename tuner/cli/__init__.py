@@ -31,6 +31,7 @@ _COMMANDS: dict[str, str] = {
     "ab": "tuner.cli.ab_cmd:ab",
     "report": "tuner.cli.bench_cmd:report",
     "check": "tuner.cli.bench_cmd:check",
+    "equivalence": "tuner.cli.equivalence_cmd:equivalence",
     "search": "tuner.cli.search_cmd:search",
     "worker": "tuner.cli.search_cmd:worker",
     "export": "tuner.cli.export_cmd:export",

@@ -1,0 +1,98 @@
+"""Extra executables built on demand into a finished build, without touching its build id."""
+
+from __future__ import annotations
+
+__all__ = ["ensure_targets"]
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.builder.cmake import _HIP_CMAKE_SPEC, _TARGET_RE, _ninja_log_lines, _on, _rebuilt_objects, find_build_tools
+from tuner.builder.records import _locked, _write_json, load_build_record
+from tuner.errors import TunerError, UsageError
+from tuner.plan.variant import Build
+
+
+def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = None) -> Build:
+    """Add executable targets (``llama-perplexity``) to a finished build's artifact, keeping its build id.
+
+    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored
+    results and study databases key on them, so an extra tool is built on demand into the existing
+    build directory (its own translation units plus a link) and copied into the artifact's ``bin/``
+    with the libraries it needs that are not there yet; the candidate's own libraries are never
+    replaced. ``build.json`` records each extra target under ``extra_targets`` (seconds, log, rebuilt
+    objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds the
+    artifact cached.
+
+    Args:
+        build: A finished (not compile-only) Build from :func:`build_variant`.
+        targets: Executable CMake targets of the same configuration.
+        jobs: Parallel jobs; default the CPU count.
+
+    Returns:
+        The Build with ``meta`` updated (the same object when every target was already there).
+
+    Raises:
+        UsageError: A compile-only build, or a bad target name.
+        TunerError: The target failed to build (names the log and its last lines).
+    """
+    if build.compile_only:
+        raise UsageError(f"{build.build_dir} is a compile-only check; build the variant first (`tuner build`).")
+    for t in targets:
+        if not isinstance(t, str) or not _TARGET_RE.match(t):
+            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
+    jobs = jobs or os.cpu_count() or 1
+    art = Path(build.bin_dir).parent
+    if not [t for t in targets if not (art / "bin" / t).is_file()]:
+        return build
+    root = Path(build.build_dir).parent
+    with _locked(root):
+        missing = [t for t in targets if not (art / "bin" / t).is_file()]
+        rec = load_build_record(art / "build.json") or dict(build.meta)
+        if missing:
+            defines = dict(rec.get("defines", {}))
+            if _on(defines.get("GGML_HIP")):
+                from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
+
+                tc_hip = hip.require_hip_toolchain()
+                tools, env = find_build_tools(str(tc_hip.cmake), _HIP_CMAKE_SPEC), tc_hip.env()
+            else:
+                tools, env = find_build_tools(), None
+            log_file = root / "logs" / f"extra-{art.name}.log"
+            start = time.monotonic()
+            before = _ninja_log_lines(build.build_dir)
+            with log.step(f"Building {', '.join(missing)} into {art}"):
+                _run.run([tools.cmake.cmake_path, "--build", build.build_dir, "--target", *missing, "--parallel", str(jobs)],
+                         env=env, log_file=log_file, what=f"Build of {', '.join(missing)} in {build.build_dir}")
+            rebuilt = _rebuilt_objects(build.build_dir, before)
+            bin_src = Path(build.build_dir) / "bin"
+            for t in missing:
+                if not (bin_src / t).is_file():
+                    raise TunerError(f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?")
+            # New libraries only (the tool's own, e.g. libllama-perplexity-impl.so); the artifact's
+            # existing libraries are the candidate's and stay as they are.
+            for lib in sorted(bin_src.glob("lib*.so*")):
+                dst = art / "bin" / lib.name
+                if dst.exists() or dst.is_symlink():
+                    continue
+                if lib.is_symlink():
+                    os.symlink(os.readlink(lib), dst)
+                else:
+                    shutil.copy2(lib, dst)
+            for t in missing:
+                tmp = art / "bin" / f".{t}.partial-{os.getpid()}"
+                shutil.copy2(bin_src / t, tmp)
+                tmp.rename(art / "bin" / t)
+            extra = dict(rec.get("extra_targets", {}))
+            secs = round(time.monotonic() - start, 3)
+            for t in missing:
+                extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt,
+                            "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            rec["extra_targets"] = extra
+            _write_json(art / "build.json", rec)
+    return dataclasses.replace(build, meta=dict(rec))

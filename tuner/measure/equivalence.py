@@ -1,0 +1,545 @@
+"""Output-equivalence gate: the real model, end to end, against upstream's config (issue 17, item 1).
+
+test-backend-ops (:mod:`tuner.measure.gate`) checks single ops; this gate checks what a user gets,
+the logits of a whole model, with llama.cpp's own ``llama-perplexity``:
+
+1. **Upstream base.** Upstream's build and config score a fixed token text and save every scored
+   position's log-probabilities: ``llama-perplexity -m M -f TEXT -c N --chunks K -b B -ub U
+   --kl-divergence-base UP.kld``.
+2. **Determinism.** The candidate does the same twice (files ``A`` and ``B``); the two files must be
+   byte-identical. Why bytes of this file rather than greedy tokens or a KLD of exactly 0: the file
+   holds, per scored position, the exact float ``scale`` and ``min_log_prob`` (functions of the max,
+   the min and the log-sum-exp of *every* logit) plus every log-probability quantized to 16 bits of
+   the position's range, so any run-to-run change that moves a logit by more than ~1/65535 of the
+   range changes bytes. Greedy tokens only see a change that flips an argmax, and the KLD that
+   ``llama-perplexity`` prints has 6 decimals, below which a nondeterministic reduction hides.
+   It costs one extra run of the same tool and no second tool (llama-simple) to build.
+3. **Against upstream.** ``llama-perplexity ... --kl-divergence-base UP.kld --kl-divergence`` on the
+   candidate; its "KL divergence statistics" (mean, 99th percentile, maximum) and "Same top p" are
+   parsed and judged against :data:`DEFAULT_THRESHOLDS` (:func:`judge`).
+
+``strict=True`` (for scheduling-only candidates: threads, CUDA graph knobs) additionally requires the
+candidate's file to be byte-identical to upstream's: such knobs must not change a single logit, and
+on the CPU backend ``-t 1`` vs ``-t 2`` indeed gives identical files.
+
+**Phases.** Decode kernels (``GGML_TUNER_FA_RULES=decode:...``) act only when a micro-batch holds one
+token (Q->ne[1]==1). ``mode="decode"`` therefore runs every llama-perplexity call with ``-b 1 -ub 1``
+(each token its own batch, the decode path, upstream's base included), ``mode="prefill"`` with
+``-b N -ub N`` (one micro-batch per chunk of N tokens, the prefill path). A candidate's rules must be
+judged in the mode of their phase, against an upstream base made in the same mode (the modes differ
+from each other by float reordering, so a base of the other mode would mix that in). A rule that only
+covers deep KV ranges (``decode:32768-=MMA``) does not fire at the gate's short context; judge such a
+kernel with its interval widened (:func:`widened_rules`), which checks the kernel's numerics at the
+gate's depth.
+
+**Threshold** (:data:`CALIBRATION` has the measured numbers and the command). On the CPU backend with
+the ``tiny`` random-weight model (c=128, 2 chunks, 126 scored tokens), upstream vs itself and every
+kernel/schedule pair measured (FA on/off, ubatch 512/128/32/1, threads 1/2) gave mean KLD 0.000000,
+99th percentile <= 0.000001, maximum <= 0.000002 and "Same top p" 100%: the floor is the base
+file's 16-bit quantization. KV-cache types, a real and deliberate change of numerics, gave: q8_0
+mean 0.000002 (p99 0.000004, top 100%), q5_1 0.000099 (94.4%), iq4_nl 0.000357 (92.9%), q4_0
+0.000584 (83.3%). The defaults (mean <= 1e-5, p99 <= 1e-4, same top >= 98%) sit 10x above the
+floor at the tool's print resolution, admit q8_0-KV-sized differences, and reject q5_1-KV-sized
+ones. The random-weight models have nearly uniform logits (PPL ~123k of a 128k vocabulary; logit
+std ~0.3), so a given relative error gives a far smaller KLD than on a trained model (KLD scales
+with the logits' variance), and "Same top p" (argmax flips among near-equal logits) is the most
+sensitive of the three there. These thresholds are calibrated on the CPU backend only; on CUDA
+calibrate with the same command, upstream vs each forced kernel, before trusting them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CALIBRATION",
+    "DEFAULT_THRESHOLDS",
+    "MODES",
+    "EquivalenceResult",
+    "KldStats",
+    "Thresholds",
+    "judge",
+    "parse_base_output",
+    "parse_kld_output",
+    "run_equivalence",
+    "widened_rules",
+    "write_gate_text",
+]
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError
+
+MODES = ("prefill", "decode")
+"""``prefill``: ``-b N -ub N`` (prefill kernels); ``decode``: ``-b 1 -ub 1`` (decode kernels)."""
+
+PERPLEXITY = "llama-perplexity"
+
+# Flags the gate sets itself; a candidate's args must not override them.
+_OWN_FLAGS = frozenset({
+    "-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks", "-b", "--batch-size", "-ub", "--ubatch-size",
+    "--kl-divergence-base", "--kl-divergence", "-p", "--prompt", "-o", "--output",
+})
+_NUM = r"(-?(?:\d+(?:\.\d*)?|nan|-nan|inf)|-?nan)"
+_STAT_LINES = {
+    "mean_kld": re.compile(rf"^Mean\s+KLD:\s+{_NUM}\s+±\s+{_NUM}", re.M),
+    "max_kld": re.compile(rf"^Maximum KLD:\s+{_NUM}", re.M),
+    "p99_kld": re.compile(rf"^99\.0%\s+KLD:\s+{_NUM}", re.M),
+    "median_kld": re.compile(rf"^Median\s+KLD:\s+{_NUM}", re.M),
+    "same_top_pct": re.compile(rf"^Same top p:\s+{_NUM}\s+±\s+{_NUM}\s*%", re.M),
+    "ppl_q": re.compile(rf"^Mean PPL\(Q\)\s+:\s+{_NUM}", re.M),
+    "ppl_base": re.compile(rf"^Mean PPL\(base\)\s+:\s+{_NUM}", re.M),
+}
+_FINAL = re.compile(rf"Final estimate: PPL = {_NUM} \+/- {_NUM}")
+_WORDS = ("the of and to in is was for on that with as by at from his her they are this be an which or had not "
+          "but were their one all has have its been more two first new other who after also when into time only "
+          "some would these years may over most such where many them those than so people up about out").split()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """The decision rule's limits (see the module docstring for how they were calibrated)."""
+
+    mean_kld: float = 1e-5
+    """Largest mean KL divergence (nats) over the scored tokens."""
+    p99_kld: float = 1e-4
+    """Largest 99th-percentile KL divergence."""
+    same_top_pct: float = 98.0
+    """Smallest share (%) of scored tokens whose most likely next token is upstream's."""
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+CALIBRATION: Mapping[str, Any] = {
+    "machine": "2-core x86-64 (AVX2), CPU backend, llama.cpp 0c1e570 (llama-cpp-python==0.3.36), tuner's `tiny` "
+               "random-weight model (tiny-f16-s0-832db069.gguf), c=128, 2 chunks (126 scored tokens)",
+    "command": "llama-perplexity -m tiny.gguf -c 128 --chunks 2 --kl-divergence-base UP.kld --kl-divergence [CANDIDATE ARGS]"
+               " (UP.kld from the same build without the candidate args); the same pairs through "
+               "`tuner equivalence` are in docs/equivalence.md",
+    # (mean KLD, 99% KLD, max KLD, same top p %) as llama-perplexity printed them.
+    "floor": {
+        "upstream vs itself (-t 2)": (0.0, 1e-6, 1e-6, 100.0),
+        "threads -t 1": (0.0, 1e-6, 1e-6, 100.0),
+        "-fa off": (0.0, 1e-6, 1e-6, 100.0),
+        "-fa on": (0.0, 1e-6, 1e-6, 100.0),
+        "-ub 32": (0.0, 1e-6, 1e-6, 100.0),
+        "-b 1 -ub 1 (decode path)": (0.0, 1e-6, 2e-6, 100.0),
+    },
+    "deliberate changes": {
+        "-ctk q8_0 -ctv q8_0": (2e-6, 4e-6, 4e-6, 100.0),
+        "-ctk q5_1 -ctv q5_1": (9.9e-5, 1.45e-4, 1.46e-4, 94.444),
+        "-ctk iq4_nl -ctv iq4_nl": (3.57e-4, 5.6e-4, 6.16e-4, 92.857),
+        "-ctk q4_0 -ctv q4_0": (5.84e-4, 8.73e-4, 9.07e-4, 83.333),
+        "patched ggml-cpu, RMS norm x1.25 (tests/integration/test_equivalence_cpu.py)": (6.275e-3, 7.799e-3, 7.818e-3, 48.413),
+    },
+}
+"""Measured numbers behind :data:`DEFAULT_THRESHOLDS` (CPU backend; CUDA not yet calibrated)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KldStats:
+    """What ``llama-perplexity --kl-divergence`` printed (NaN where a line was missing)."""
+
+    mean_kld: float
+    mean_kld_unc: float
+    p99_kld: float
+    max_kld: float
+    median_kld: float
+    same_top_pct: float
+    same_top_unc: float
+    ppl_q: float
+    ppl_base: float
+
+    @property
+    def complete(self) -> bool:
+        """True when the KL divergence statistics were printed (the run got to its end)."""
+        return not any(math.isnan(v) for v in (self.mean_kld, self.p99_kld, self.max_kld, self.same_top_pct))
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {k: (None if math.isnan(v) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EquivalenceResult:
+    """Outcome of :func:`run_equivalence`; ``passed`` False means infeasible: never exported."""
+
+    passed: bool
+    verdict: str
+    """``pass`` or ``fail``."""
+    reasons: tuple[str, ...]
+    """Why it failed, one sentence each (empty when it passed)."""
+    mode: str
+    deterministic: bool | None
+    """Two runs of the candidate gave byte-identical files; None when a run failed first."""
+    identical_to_upstream: bool | None
+    """The candidate's file equals upstream's byte for byte (required with ``strict``)."""
+    stats: KldStats | None
+    thresholds: Thresholds
+    strict: bool
+    logs: Mapping[str, Path]
+    """Step -> log file: ``upstream``, ``candidate-a``, ``candidate-b``, ``kld``."""
+    digests: Mapping[str, str]
+    """Step -> sha256 of the log-prob file it wrote."""
+    seconds: float
+    settings: Mapping[str, Any]
+    """ctx, chunks, batch sizes, text digest, args/env on both sides (for the study and the report)."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.passed
+
+    @property
+    def summary(self) -> str:
+        """One line for people."""
+        s = self.stats
+        nums = (f"mean KLD {s.mean_kld:.6f}, 99% KLD {s.p99_kld:.6f}, max {s.max_kld:.6f}, same top p {s.same_top_pct:.3f}%"
+                if s is not None and s.complete else "no KLD statistics")
+        det = {True: "deterministic", False: "NOT deterministic", None: "determinism not checked"}[self.deterministic]
+        head = f"{self.verdict.upper()} ({self.mode}): {nums}; {det}"
+        return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form for study attributes and reports."""
+        return {
+            "verdict": self.verdict, "passed": self.passed, "reasons": list(self.reasons), "mode": self.mode,
+            "deterministic": self.deterministic, "identical_to_upstream": self.identical_to_upstream,
+            "stats": self.stats.as_dict() if self.stats else None, "thresholds": dataclasses.asdict(self.thresholds),
+            "strict": self.strict, "logs": {k: str(v) for k, v in self.logs.items()}, "digests": dict(self.digests),
+            "seconds": round(self.seconds, 3), "settings": dict(self.settings),
+        }
+
+
+def _num(text: str) -> float:
+    return float("nan") if "nan" in text else float(text)
+
+
+def parse_kld_output(text: str) -> KldStats:
+    """Parse the console output of ``llama-perplexity --kl-divergence``.
+
+    Args:
+        text: Combined stdout/stderr of the run.
+
+    Returns:
+        KldStats; fields whose line is missing are NaN, so ``complete`` is False for a run that
+        stopped early (llama-perplexity reports a bad base file and still exits 0).
+    """
+    got: dict[str, float] = {}
+    for key, rx in _STAT_LINES.items():
+        matches = rx.findall(text)
+        if not matches:
+            continue
+        m = matches[-1]
+        if isinstance(m, tuple):
+            got[key] = _num(m[0])
+            if key == "mean_kld":
+                got["mean_kld_unc"] = _num(m[1])
+            elif key == "same_top_pct":
+                got["same_top_unc"] = _num(m[1])
+        else:
+            got[key] = _num(m)
+    fields = [f.name for f in dataclasses.fields(KldStats)]
+    return KldStats(**{f: got.get(f, float("nan")) for f in fields})
+
+
+def parse_base_output(text: str) -> float | None:
+    """The final PPL of a ``--kl-divergence-base`` (plain perplexity) run, or None if it never got there."""
+    m = _FINAL.findall(text)
+    return _num(m[-1][0]) if m else None
+
+
+def _tool_error(text: str) -> str:
+    """The first error line llama-perplexity printed, or ''."""
+    for line in text.splitlines():
+        s = line.strip()
+        if re.match(r"^\d+\.\d+\.\d+\.\d+ E ", s) or s.startswith("error:"):
+            return re.sub(r"^\d+\.\d+\.\d+\.\d+ E\s+", "", s)[:300]
+        if any(w in s for w in ("need at least", "failed to open", "unable to load", "does not look like")):
+            return s[:300]
+    return ""
+
+
+def judge(*, stats: KldStats | None, deterministic: bool | None, identical_to_upstream: bool | None = None,
+          strict: bool = False, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> tuple[bool, tuple[str, ...]]:
+    """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers.
+
+    A candidate passes only if two runs of it gave identical logits, its KLD statistics against
+    upstream were printed, mean and 99th-percentile KLD are at most the thresholds, its "Same top p"
+    is at least the threshold, and (``strict``) its logits equal upstream's byte for byte.
+
+    Example:
+        >>> s = KldStats(mean_kld=0.0, mean_kld_unc=0.0, p99_kld=1e-6, max_kld=1e-6, median_kld=0.0,
+        ...              same_top_pct=100.0, same_top_unc=0.0, ppl_q=1.0, ppl_base=1.0)
+        >>> judge(stats=s, deterministic=True)
+        (True, ())
+    """
+    t = thresholds
+    why: list[str] = []
+    if deterministic is False:
+        why.append("Not deterministic: two runs of the same config wrote different log-probabilities.")
+    if strict and identical_to_upstream is False:
+        why.append("Strict (scheduling-only) candidate: its log-probabilities differ from upstream's, "
+                   "which a change of threads or launch scheduling must never cause.")
+    if stats is None or not stats.complete:
+        why.append("No KL divergence statistics were printed (see the kld log).")
+    else:
+        if not stats.mean_kld <= t.mean_kld:
+            why.append(f"Mean KLD {stats.mean_kld:.6f} > threshold {t.mean_kld:g}.")
+        if not stats.p99_kld <= t.p99_kld:
+            why.append(f"99% KLD {stats.p99_kld:.6f} > threshold {t.p99_kld:g}.")
+        if not stats.same_top_pct >= t.same_top_pct:
+            why.append(f"Same top p {stats.same_top_pct:.3f}% < threshold {t.same_top_pct:g}%.")
+    return (not why and deterministic is not None), tuple(why)
+
+
+def write_gate_text(path: Path, n_words: int = 3000) -> Path:
+    """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG.
+
+    The text is meaningless (so are the random-weight models' predictions); what matters is that it
+    is the same on every machine and every run, tokenizes to many distinct tokens, and needs no
+    network. About 1.05 tokens per word with the llama-bpe vocabulary.
+    """
+    x = 12345
+    out = []
+    for _ in range(n_words):
+        x = (1103515245 * x + 12345) % (1 << 31)
+        out.append(_WORDS[(x >> 16) % len(_WORDS)])
+    text = " ".join(out) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def widened_rules(rules: Sequence[str]) -> dict[str, list[str]]:
+    """Rules grouped by phase with every interval widened to ``0-``, one rule per (phase, keys, kernel).
+
+    A deep-context rule (``decode:32768-=MMA``) does not fire at the gate's context of a few hundred
+    tokens; widening it forces that kernel for the model's shape at the gate's depth, so its numerics
+    are checked. Returns ``{"decode": [...], "prefill": [...]}`` (GGML_TUNER_FA_RULES entries).
+    """
+    out: dict[str, list[str]] = {"decode": [], "prefill": []}
+    for r in rules:
+        head, _, kernel = r.partition("=")
+        sel, _, _rng = head.partition(":")
+        phase = sel.split("/")[0]
+        if phase not in out or not kernel:
+            raise UsageError(f"{r!r} is not a FlashAttention rule (PHASE[/KEYS]:lo-hi=KERNEL).")
+        w = f"{sel}:0-={kernel}"
+        if w not in out[phase]:
+            out[phase].append(w)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_args(args: Sequence[str], side: str) -> list[str]:
+    out = []
+    for a in args:
+        if not isinstance(a, str) or "\0" in a:
+            raise UsageError(f"{side} llama-perplexity arguments must be strings (got {a!r}).")
+        if a in _OWN_FLAGS or a.split("=", 1)[0] in _OWN_FLAGS:
+            raise UsageError(f"{side} argument {a} is set by the equivalence gate itself (model, text, context, "
+                             "chunks, batch sizes, KLD files); use the gate's options (--ctx, --chunks, --mode) instead.")
+        out.append(a)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Step:
+    rc: int
+    text: str
+    log_file: Path
+    digest: str = ""
+
+
+def _run_ppl(exe: Path, base: list[str], extra: Sequence[str], env: Mapping[str, str], *, log_file: Path,
+             timeout: float) -> _Step:
+    """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
+    lines: list[str] = []
+    log_file.unlink(missing_ok=True)
+    try:
+        res = _run.run([exe, *base, *extra], env={**os.environ, **env}, log_file=log_file, timeout=timeout,
+                       check=False, on_line=lines.append, what=PERPLEXITY)
+        rc = res.returncode
+    except TunerError as err:  # timeout, or the binary would not start
+        lines.append(f"error: {err}")
+        rc = -1
+    return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
+
+
+def _base_step(exe: Path, common: list[str], extra: Sequence[str], env: Mapping[str, str], out: Path, *,
+               log_file: Path, timeout: float) -> tuple[_Step, str]:
+    """A base-mode run writing ``out``; returns the step and '' or why it failed."""
+    out.unlink(missing_ok=True)
+    st = _run_ppl(exe, [*common, "--kl-divergence-base", str(out)], extra, env, log_file=log_file, timeout=timeout)
+    if st.rc != 0 or parse_base_output(st.text) is None or not out.is_file():
+        err = _tool_error(st.text) or "no final perplexity estimate"
+        return st, f"llama-perplexity failed (exit {st.rc}): {err}. Log: {log_file}."
+    return dataclasses.replace(st, digest=_sha256(out)), ""
+
+
+def _checked_inputs(candidate_bin: Path, upstream_bin: Path, model: Path, mode: str, ctx: int, chunks: int,
+                    c_args: Sequence[str], u_args: Sequence[str], c_env: Mapping[str, str], u_env: Mapping[str, str]) -> tuple[Any, ...]:
+    """run_equivalence's arguments checked: (cand_exe, up_exe, model, c_args, u_args, c_env, u_env); UsageError otherwise."""
+    from tuner.measure.bench import _check_env, _find_exe
+
+    if mode not in MODES:
+        raise UsageError(f"mode must be one of {', '.join(MODES)} (got {mode!r}): prefill checks prefill kernels "
+                         "(-b N -ub N), decode checks decode kernels (-b 1 -ub 1).")
+    for name, v, lo, hi in (("ctx", ctx, 16, 1 << 20), ("chunks", chunks, 1, 10000)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {v!r}).")
+    if chunks * (ctx - 1 - ctx // 2) < 100:
+        raise UsageError(f"ctx={ctx} and chunks={chunks} score {chunks * (ctx - 1 - ctx // 2)} tokens; llama-perplexity prints "
+                         "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
+                         f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx.")
+    model = Path(model)
+    if not model.is_file():
+        raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one).")
+    cand_exe = _find_exe(Path(candidate_bin), PERPLEXITY)
+    up_exe = _find_exe(Path(upstream_bin), PERPLEXITY)
+    return (cand_exe, up_exe, model, _check_args(c_args, "candidate"), _check_args(u_args, "upstream"),
+            _check_env(c_env), _check_env(u_env))
+
+
+def _upstream_base(up_exe: Path, common: list[str], u_args: Sequence[str], u_env: Mapping[str, str], model: Path, *,
+                   mode: str, work_dir: Path, logs: dict[str, Path], digests: dict[str, str], timeout: float) -> tuple[Path, str]:
+    """Upstream's log-prob file, keyed by everything that shapes it and reused across candidates; (file, error)."""
+    ukey = hashlib.sha256(repr((str(up_exe), up_exe.stat().st_mtime_ns, common, list(u_args), sorted(u_env.items()),
+                                model.stat().st_size, model.stat().st_mtime_ns)).encode()).hexdigest()[:16]
+    up_file = work_dir / f"upstream-{mode}-{ukey}.kld"
+    stamp = work_dir / f"upstream-{mode}-{ukey}.sha256"
+    logs["upstream"] = work_dir / f"upstream-{mode}-{ukey}.log"
+    if up_file.is_file() and stamp.is_file():
+        digests["upstream"] = stamp.read_text().strip()
+        return up_file, ""
+    with log.step(f"equivalence gate ({mode}): upstream's log-probabilities"):
+        st, err = _base_step(up_exe, common, u_args, u_env, up_file, log_file=logs["upstream"], timeout=timeout)
+    if err:
+        return up_file, err
+    digests["upstream"] = st.digest
+    stamp.write_text(st.digest + "\n")
+    return up_file, ""
+
+
+def _candidate_runs(cand_exe: Path, common: list[str], c_args: Sequence[str], c_env: Mapping[str, str], *, mode: str,
+                    work_dir: Path, logs: dict[str, Path], digests: dict[str, str], timeout: float) -> str:
+    """The candidate's two base-mode runs (files ``candidate-a/b.kld``); '' or why one failed."""
+    for tag in ("a", "b"):
+        name = f"candidate-{tag}"
+        logs[name] = work_dir / f"{name}.log"
+        with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
+            st, err = _base_step(cand_exe, common, c_args, c_env, work_dir / f"{name}.kld", log_file=logs[name],
+                                 timeout=timeout)
+        if err:
+            return f"The candidate's run {tag.upper()} failed: {err}"
+        digests[name] = st.digest
+    return ""
+
+
+# long: a 35-line docstring (every argument of the gate); the body is the four steps in order, about 50 lines.
+def run_equivalence(
+    candidate_bin: Path,
+    upstream_bin: Path,
+    model: Path,
+    *,
+    mode: str = "prefill",
+    candidate_env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    candidate_args: Sequence[str] = (),
+    upstream_env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    upstream_args: Sequence[str] = (),
+    work_dir: Path,
+    ctx: int = 128,
+    chunks: int = 2,
+    strict: bool = False,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    timeout: float = 1800.0,
+    keep_files: bool = False,
+) -> EquivalenceResult:
+    """Run the gate: upstream's base, the candidate twice (determinism), the candidate's KLD vs upstream.
+
+    Args:
+        candidate_bin: The candidate build's bin directory (holds ``llama-perplexity``).
+        upstream_bin: Upstream's build's bin directory (may be the same directory: env/args candidates).
+        model: GGUF model (a synthetic random-weight one is fine: the logits of the same weights compare).
+        mode: ``prefill`` (``-b ctx -ub ctx``) or ``decode`` (``-b 1 -ub 1``); see the module docstring.
+        candidate_env, candidate_args: The candidate's environment (e.g. ``GGML_TUNER_FA_RULES``) and extra
+            llama-perplexity arguments (``-t 1``, ``-fa on``, ``-ctk q8_0``).
+        upstream_env, upstream_args: The same for upstream's side (pinned knobs both sides share).
+        work_dir: Logs and the log-prob files go here (upstream's file is reused by later candidates).
+        ctx: Context per chunk (half of it is scored); at least 16.
+        chunks: Chunks scored; ``chunks * (ctx/2 - 1)`` tokens in all, at least 100 (llama-perplexity prints
+            no statistics below that).
+        strict: Scheduling-only candidate: also require byte-identical log-probs to upstream's.
+        thresholds: The decision rule's limits.
+        timeout: Seconds per llama-perplexity call.
+        keep_files: Keep the candidate's log-prob files (they are ``chunks * ctx/2 * n_vocab * 2`` bytes).
+
+    Returns:
+        An EquivalenceResult. A failed or crashed tool run is a failed gate naming its log, not an exception.
+
+    Raises:
+        UsageError: A missing binary or model, a bad mode, context, chunk count or argument.
+    """
+    cand_exe, up_exe, model, c_args, u_args, c_env, u_env = _checked_inputs(
+        candidate_bin, upstream_bin, model, mode, ctx, chunks, candidate_args, upstream_args, candidate_env, upstream_env)
+    t0 = time.monotonic()
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    text = write_gate_text(work_dir / "gate-text.txt", n_words=max(400, int(ctx * chunks * 1.2) + 64))
+    batch = ["-b", "1", "-ub", "1"] if mode == "decode" else ["-b", str(ctx), "-ub", str(ctx)]
+    common = ["-m", str(model), "-f", str(text), "-c", str(ctx), "--chunks", str(chunks), *batch]
+    settings = {"mode": mode, "ctx": ctx, "chunks": chunks, "batch": batch, "model": str(model),
+                "text_sha256": _sha256(text)[:16], "candidate_bin": str(candidate_bin), "upstream_bin": str(upstream_bin),
+                "candidate_env": c_env, "candidate_args": c_args, "upstream_env": u_env, "upstream_args": u_args}
+    logs: dict[str, Path] = {}
+    digests: dict[str, str] = {}
+
+    def done(reasons: Sequence[str], *, det: bool | None = None, ident: bool | None = None,
+             stats: KldStats | None = None) -> EquivalenceResult:
+        passed, why = judge(stats=stats, deterministic=det, identical_to_upstream=ident, strict=strict,
+                            thresholds=thresholds)
+        reasons = tuple(reasons) + tuple(w for w in why if not reasons or not w.startswith("No KL"))
+        passed = passed and not reasons
+        for f in ("candidate-a.kld", "candidate-b.kld"):
+            if not keep_files:
+                (work_dir / f).unlink(missing_ok=True)
+        return EquivalenceResult(passed=passed, verdict="pass" if passed else "fail", reasons=reasons, mode=mode,
+                                 deterministic=det, identical_to_upstream=ident, stats=stats, thresholds=thresholds,
+                                 strict=strict, logs=dict(logs), digests=dict(digests),
+                                 seconds=time.monotonic() - t0, settings=settings)
+
+    up_file, err = _upstream_base(up_exe, common, u_args, u_env, model, mode=mode, work_dir=work_dir, logs=logs,
+                                  digests=digests, timeout=timeout)
+    if err:
+        return done([f"Upstream's run failed, so nothing could be compared: {err}"])
+    err = _candidate_runs(cand_exe, common, c_args, c_env, mode=mode, work_dir=work_dir, logs=logs, digests=digests,
+                          timeout=timeout)
+    if err:
+        return done([err])
+    det = digests["candidate-a"] == digests["candidate-b"]
+    ident = digests["candidate-a"] == digests["upstream"]
+
+    logs["kld"] = work_dir / "kld.log"
+    with log.step(f"equivalence gate ({mode}): candidate's KL divergence vs upstream"):
+        st = _run_ppl(cand_exe, [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"], c_args, c_env,
+                      log_file=logs["kld"], timeout=timeout)
+    stats = parse_kld_output(st.text)
+    reasons = []
+    if st.rc != 0 or not stats.complete:
+        err = _tool_error(st.text) or "no KL divergence statistics"
+        reasons.append(f"The candidate's KL divergence run failed (exit {st.rc}): {err}. Log: {logs['kld']}.")
+    return done(reasons, det=det, ident=ident, stats=stats)
