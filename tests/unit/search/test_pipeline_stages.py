@@ -405,6 +405,13 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
     run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, confirm,
                      pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 1000, prior=screen)
     assert calls and {r["phase"] for r in confirm} == {"pp", "tg"}
+    # only the latest rounds count: a slow round long ago does not hold back the first confirm round
+    old = [dict(r, seconds=5000.0) for r in screen]
+    fresh = [dict(r, seconds=1.0) for r in screen] * 2
+    calls.clear()
+    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, [],
+                     pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 60, prior=old + fresh)
+    assert calls
 
 
 def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
