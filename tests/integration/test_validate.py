@@ -48,9 +48,9 @@ def test_pristine_copy_passes(copy: Path) -> None:
 
 def test_edited_value_fails_rerender(copy: Path) -> None:
     cfg = copy / "config.toml"
-    rule = re.search(r'"(prefill|decode):[^"]*=(VEC|TILE|MMA)"', cfg.read_text())
+    rule = re.search(r'"(prefill|decode)(/[^":]*)?:[^"]*=(VEC|TILE|MMA)"', cfg.read_text())  # shape keys optional
     assert rule is not None
-    _edit(cfg, rule.group(0), rule.group(0).replace("=" + rule.group(2), "=TILE" if rule.group(2) != "TILE" else "=MMA"))
+    _edit(cfg, rule.group(0), rule.group(0).replace("=" + rule.group(3), "=TILE" if rule.group(3) != "TILE" else "=MMA"))
     bad = failed(copy)
     assert "re-render" in bad and "byte for byte" in bad["re-render"]
 
