@@ -30,7 +30,6 @@ __all__ = [
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -50,7 +49,7 @@ from scikit_build_core.program_search import best_program, get_ninja_programs
 from tuner import _run, log, progress
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
-from tuner._hash import stable_hash
+from tuner._hash import file_sha256, stable_hash
 from tuner.builder.quantize import quantize_model
 from tuner.builder.records import _cached, _locked, _write_json, load_build_record
 from tuner.plan.variant import Build, RenderedVariant
@@ -153,11 +152,7 @@ def _fingerprint(path: Path | None) -> list[Any]:
 
 @functools.cache  # keyed by size and mtime too, so a replaced file is hashed again
 def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    return file_sha256(path)[:16]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 __all__ = ["quantize_model"]
 
-import hashlib
 import os
 from pathlib import Path
 
 from tuner import _run, log
+from tuner._hash import file_sha256
 from tuner.builder.records import _write_json, load_build_record
 from tuner.errors import UsageError, close_matches
 from tuner.plan.variant import Build
@@ -18,14 +18,6 @@ _QTYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
     "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32",
 )
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
@@ -59,7 +51,7 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     stat_key = [str(src_gguf.resolve()), st.st_size, st.st_mtime_ns]
     side = load_build_record(sidecar) or {}
     # Hashing a multi-GB model costs seconds; reuse the recorded hash while size and mtime are unchanged.
-    in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else _file_sha256(src_gguf)
+    in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else file_sha256(src_gguf)
     if dst_gguf.is_file() and side.get("input_sha256") == in_hash and side.get("qtype") == qtype:
         if side.get("input_stat") != stat_key:
             _write_json(sidecar, {**side, "input_stat": stat_key})

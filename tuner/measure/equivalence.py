@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _run, log
+from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
 
 MODES = ("prefill", "decode")
@@ -337,14 +338,6 @@ def widened_rules(rules: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check_args(args: Sequence[str], side: str) -> list[str]:
     out = []
     for a in args:
@@ -388,7 +381,7 @@ def _base_step(exe: Path, common: list[str], extra: Sequence[str], env: Mapping[
     if st.rc != 0 or parse_base_output(st.text) is None or not out.is_file():
         err = _tool_error(st.text) or "no final perplexity estimate"
         return st, f"llama-perplexity failed (exit {st.rc}): {err}. Log: {log_file}."
-    return dataclasses.replace(st, digest=_sha256(out)), ""
+    return dataclasses.replace(st, digest=file_sha256(out)), ""
 
 
 def _checked_inputs(candidate_bin: Path, upstream_bin: Path, model: Path, mode: str, ctx: int, chunks: int,
@@ -503,7 +496,7 @@ def run_equivalence(
     batch = ["-b", "1", "-ub", "1"] if mode == "decode" else ["-b", str(ctx), "-ub", str(ctx)]
     common = ["-m", str(model), "-f", str(text), "-c", str(ctx), "--chunks", str(chunks), *batch]
     settings = {"mode": mode, "ctx": ctx, "chunks": chunks, "batch": batch, "model": str(model),
-                "text_sha256": _sha256(text)[:16], "candidate_bin": str(candidate_bin), "upstream_bin": str(upstream_bin),
+                "text_sha256": file_sha256(text)[:16], "candidate_bin": str(candidate_bin), "upstream_bin": str(upstream_bin),
                 "candidate_env": c_env, "candidate_args": c_args, "upstream_env": u_env, "upstream_args": u_args}
     logs: dict[str, Path] = {}
     digests: dict[str, str] = {}

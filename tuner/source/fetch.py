@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner._hash import stable_hash
+from tuner._hash import file_sha256, stable_hash
 from tuner._run import run
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
@@ -173,21 +173,13 @@ def run_pip_download(version: str, dest: Path) -> Path:
     return sdists[0]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fetch_pypi(parsed: SourceSpec) -> Source:
     norm = parsed.normalized
     staging = _staging()
     try:
         with log.step(f"Downloading {_PYPI_NAME}=={parsed.value} sdist (pip)"):
             sdist = run_pip_download(parsed.value, staging / "download")
-        digest = _sha256(sdist)
+        digest = file_sha256(sdist)
         sid = digest[:16]
         hit = _load_cached(sid, norm)
         if hit is not None:  # same bytes under another spec spelling / a lost index

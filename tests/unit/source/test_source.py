@@ -416,7 +416,9 @@ def test_cli_pack(tmp_path: Path, no_git: None) -> None:
 def test_sha256_helper(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b"abc" * 100000)
-    assert F._sha256(p) == hashlib.sha256(b"abc" * 100000).hexdigest()
+    from tuner._hash import file_sha256
+
+    assert file_sha256(p) == hashlib.sha256(b"abc" * 100000).hexdigest()
 
 
 def test_pack_then_unpack_registers_same_spec_and_id(isolated_home: Path, fake_pip: list[str],
