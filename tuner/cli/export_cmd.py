@@ -64,7 +64,11 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
-def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool) -> None:
+@click.option("--soak", "soak", type=int, default=None, metavar="N",
+              help="Also generate >= N tokens with each result's config (10000 per the seed) and fail on t/s drift or a leak.")
+@click.option("--model", "soak_model", type=click.Path(path_type=Path), default=None,
+              help="GGUF for --soak when the result's model is not on this machine.")
+def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, soak: int | None, soak_model: Path | None) -> None:
     """Validate stored winners (default: results/). Non-zero exit if any check fails."""
     from tuner.result.validate import validate_paths
 
@@ -80,5 +84,9 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool) -> None:
                 click.echo(f"     {'✓' if f.ok else '✕'} {f.check}{': ' + f.detail if f.detail else ''}")
         bad += not c.ok
     click.echo(f"{len(checks) - bad} passed, {bad} failed")
+    if soak is not None:
+        from tuner.result.soak_check import soak_results
+
+        bad += soak_results(paths or (Path("results"),), soak, model=soak_model, echo=click.echo)
     if bad:
         sys.exit(1)

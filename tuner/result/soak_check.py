@@ -1,0 +1,93 @@
+"""``tuner validate --soak N``: the long-run stability test (:mod:`tuner.measure.soak`) on stored results.
+
+Each result folder's config is rebuilt exactly as ``tuner validate`` re-renders it (source, variant,
+compile values, baked FlashAttention rules; the build is cached by content) and soaked with its runtime
+env and llama-bench arguments. Results for a device this machine lacks are skipped with a note, as
+``--bench`` does.
+"""
+
+from __future__ import annotations
+
+__all__ = ["find_model", "soak_results"]
+
+import datetime as _dt
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UsageError
+
+
+def find_model(cfg: dict[str, Any], folder: Path) -> Path | None:
+    """The result's model file (``[model] file``) in the result folder, ``$TUNER_HOME/models`` or the current directory."""
+    from tuner.paths import tuner_home
+
+    name = str(cfg.get("model", {}).get("file", ""))
+    if not name or Path(name).name != name:
+        return None
+    for d in (folder, tuner_home() / "models", Path.cwd()):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> Any:
+    from tuner.builder.cmake import build_variant
+    from tuner.measure.soak import run_soak
+    from tuner.paths import tuner_home
+    from tuner.plan.render import render_variant
+    from tuner.result.export import baked_runtime
+    from tuner.source import fetch_source
+
+    choice, arch = cfg["choice"], cfg["target"]["arch"]
+    rv = render_variant(fetch_source(cfg["source"]["spec"]), arch, choice["variant"],
+                        compile_values=dict(choice["compile"]),
+                        baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
+    build = build_variant(rv, targets=("llama-bench",))
+    # run.env's llama-bench line: results are measured and exported with FlashAttention on.
+    args = ["-fa", "1", *[str(a) for a in choice.get("bench_args", [])]]
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir = tuner_home() / "runs" / f"soak-{arch}-{folder.name}-{stamp}"
+    return run_soak(build.bin_dir, model, n_tokens, dict(choice["runtime_env"]), args, log_dir)
+
+
+def soak_results(paths: Iterable[Path], n_tokens: int, *, model: Path | None = None,
+                 echo: Callable[[str], None] = print) -> int:
+    """Soak every result under ``paths`` that this machine can run; returns how many failed.
+
+    Raises:
+        UsageError: ``n_tokens`` <= 0, a ``--model`` that does not exist, or a result whose model is
+            not on this machine and no ``--model`` was given (checked before anything runs).
+    """
+    from tuner.measure.soak import plan_chunks
+    from tuner.result.validate import find_results, load_config
+    from tuner.targets.archs import detect_local_archs
+
+    plan_chunks(n_tokens)
+    if model is not None and not Path(model).is_file():
+        raise UsageError(f"--model {model} does not exist. Pass the GGUF the result was measured with "
+                         "(`tuner model synth --like tiny -o tiny.gguf` makes the CPU result's tiny model).")
+    local = None
+    todo: list[tuple[Path, dict[str, Any], Path]] = []
+    for folder in find_results(paths):
+        cfg = load_config(folder)
+        arch = cfg["target"]["arch"]
+        if arch != "cpu":
+            local = detect_local_archs() if local is None else local
+            if arch not in local:
+                echo(f"skip {folder}: soak needs a {arch} device, this machine has {local or 'none'}")
+                continue
+        m = Path(model) if model is not None else find_model(cfg, folder)
+        if m is None:
+            raise UsageError(f"{folder} was measured with {cfg.get('model', {}).get('file', 'an unnamed model')}, which is "
+                             "not in the result folder, $TUNER_HOME/models or the current directory, so it cannot be "
+                             "soaked here. Pass --model PATH (for a CPU result, `tuner model synth --like tiny -o "
+                             "tiny.gguf` makes the tiny model).")
+        todo.append((folder, cfg, m))
+    failed = 0
+    for folder, cfg, m in todo:
+        res = _soak_one(folder, cfg, n_tokens, m)
+        echo(f"{'ok ' if res.passed else 'FAIL'} soak {folder}: {res.summary}")
+        echo(f"     log: {res.log_file}")
+        failed += not res.passed
+    return failed
