@@ -287,7 +287,7 @@ class _Sampler:
 
 
 def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] = {},  # noqa: B006 - read-only
-             args: Sequence[str] = (), log_dir: Path = Path("."), *, chunk: int = DEFAULT_CHUNK,
+             args: Sequence[str] = (), log_dir: Path | None = None, *, chunk: int = DEFAULT_CHUNK,
              tolerances: Tolerances = DEFAULT_TOLERANCES, timeout: float = 4 * 3600.0) -> SoakResult:
     """Generate at least ``n_tokens`` tokens in one llama-bench process and judge drift and growth.
 
@@ -297,7 +297,7 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
         n_tokens: Tokens to generate (>= 1; the seed asks for >= 10000).
         env: The config's environment (a result's ``run.env``).
         args: The config's llama-bench arguments (``-fa 1 -t 4 -ub 2048``), one test's worth.
-        log_dir: Where ``soak.log`` goes.
+        log_dir: Where ``soak.log`` goes (default ``$TUNER_HOME/runs/soak-<time>``).
         chunk: Largest tokens per repetition (see :func:`plan_chunks`).
         tolerances: The rule's limits.
         timeout: Seconds for the whole run.
@@ -317,7 +317,12 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
                          "(`tuner model synth --like tiny -o FILE` makes one).")
     cmd = [exe, "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl",
            *_check_args(args)]
+    if log_dir is None:
+        from tuner.paths import tuner_home
+
+        log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
     log_file = Path(log_dir) / "soak.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.unlink(missing_ok=True)
     t0 = time.monotonic()
     sampler = _Sampler(exe, t0)
