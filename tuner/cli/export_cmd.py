@@ -64,11 +64,32 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
-def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool) -> None:
+@click.option("--gpu", "do_gpu", is_flag=True,
+              help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
+                   "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
+@click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
+              help="With --gpu: the GGUF a result was measured on (matched by file name; repeatable).")
+@click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).")
+@click.option("--tuned-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: where the runs' logs go (default: a temporary directory).")
+def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: bool, models: tuple[Path, ...],
+             upstream_bin: Path | None, tuned_bin: Path | None, log_dir: Path | None) -> None:
     """Validate stored winners (default: results/). Non-zero exit if any check fails."""
+    from tuner.errors import UsageError
     from tuner.result.validate import validate_paths
 
-    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench)
+    gpu = None
+    if do_gpu:
+        from tuner.result.upstream_check import check_gpu_args
+
+        check_gpu_args(models, upstream_bin, tuned_bin)
+        gpu = {"models": list(models), "upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
+    elif models or upstream_bin or tuned_bin or log_dir:
+        raise UsageError("--model, --upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
+    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench, gpu=gpu)
     if not checks:
         log.warning("no results found (no config.toml under the given paths)")
     bad = 0

@@ -157,8 +157,12 @@ def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
     )
 
 
-def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
-    """Run every check on one result folder; failures are findings, not exceptions."""
+def validate_result(folder: Path, *, compile: bool = False, bench: bool = False, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
+    """Run every check on one result folder; failures are findings, not exceptions.
+
+    ``gpu``: run :func:`tuner.result.upstream_check.upstream_gpu_findings` with these keyword arguments
+    (``models``, ``upstream_bin``, ``tuned_bin``, ``log_dir``); None skips the GPU checks.
+    """
     from tuner.plan.space import check_constraints
     from tuner.result.export import baked_runtime
     from tuner.plan.render import render_variant
@@ -213,6 +217,13 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
         f.append(_compile_check(rv))
     if bench:
         f.append(_bench_check(folder, cfg))
+    if gpu is not None:
+        from tuner.result.upstream_check import upstream_gpu_findings
+
+        try:
+            f += upstream_gpu_findings(folder, cfg, source, **gpu)
+        except TunerError as err:  # a failed build or run is a failed check, not a crash
+            f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
     return ResultCheck(path=folder, findings=tuple(f))
 
 
@@ -285,5 +296,6 @@ def _bench_check(folder: Path, cfg: Mapping[str, Any]) -> Finding:
     return rebench(folder, cfg)
 
 
-def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: bool = False) -> list[ResultCheck]:
-    return [validate_result(p, compile=compile, bench=bench) for p in find_results(paths)]
+def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: bool = False,
+                   gpu: Mapping[str, Any] | None = None) -> list[ResultCheck]:
+    return [validate_result(p, compile=compile, bench=bench, gpu=gpu) for p in find_results(paths)]
