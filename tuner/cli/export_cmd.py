@@ -68,7 +68,7 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
               help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
                    "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
 @click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
-              help="With --gpu: the GGUF a result was measured on (matched by file name; repeatable).")
+              help="With --gpu or --bench: the GGUF a result was measured on (matched by file name; repeatable).")
 @click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).")
 @click.option("--tuned-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -86,10 +86,16 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: 
         from tuner.result.upstream_check import check_gpu_args
 
         check_gpu_args(models, upstream_bin, tuned_bin)
-        gpu = {"models": list(models), "upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
-    elif models or upstream_bin or tuned_bin or log_dir:
-        raise UsageError("--model, --upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
-    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench, gpu=gpu)
+        gpu = {"upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
+    elif upstream_bin or tuned_bin or log_dir:
+        raise UsageError("--upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
+    elif models and not do_bench:
+        raise UsageError("--model belongs to --gpu or --bench (the checks that run a model); add one or drop it.")
+    else:
+        from tuner.result.upstream_check import check_gpu_args
+
+        check_gpu_args(models, None, None)
+    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench, gpu=gpu, models=list(models))
     if not checks:
         log.warning("no results found (no config.toml under the given paths)")
     bad = 0

@@ -115,7 +115,9 @@ def test_without_ncu_the_selection_is_not_claimed(gpu_fakes: dict, tmp_path: Pat
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--model", "m.gguf"], "belong to --gpu"),
+    (["--model", "m.gguf"], "belongs to --gpu or --bench"),
+    (["--tuned-bin", "."], "belong to --gpu"),
+    (["--bench", "--model", "absent.gguf"], "is not a file"),
     (["--gpu", "--model", "absent.gguf"], "is not a file"),
     (["--gpu", "--upstream-bin", "."], "has no llama-bench"),
 ])
