@@ -95,7 +95,10 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: 
         from tuner.result.upstream_check import check_gpu_args
 
         check_gpu_args(models, None, None)
-    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench, gpu=gpu, models=list(models))
+    from tuner.search.rebench import rebench
+
+    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=rebench if do_bench else None, gpu=gpu,
+                            models=list(models))
     if not checks:
         log.warning("no results found (no config.toml under the given paths)")
     bad = 0

@@ -9,7 +9,7 @@ machine with a GPU of the result's arch:
    the decode kernel the patched build launches is the one the tuned build selects there.
 
 How the kernels are read. The tuned build logs its choice itself (``GGML_TUNER_FA_LOG=1``, one line
-per shape and kernel, :func:`tuner.search.live.parse_fa_log`); the patched upstream build has no hook
+per shape and kernel, :func:`tuner.measure.falog.parse_fa_log`); the patched upstream build has no hook
 to log with, and a pull request must not add one. Its kernels are read by Nsight Compute from the
 launches themselves (``ncu`` filtered to the three FlashAttention kernel functions, one cheap metric,
 clocks left alone): the last ``n_gen x n_layers`` launches of a ``llama-bench -p 0 -n n_gen -d D``
@@ -25,6 +25,7 @@ __all__ = [
     "decision_depths",
     "decode_family",
     "find_ncu",
+    "model_for",
     "parse_ncu_csv",
     "patched_tree_text",
     "upstream_gpu_findings",
@@ -134,7 +135,7 @@ def _ncu_decode_kernel(ncu: Path, bin_dir: Path, model: Path, depth: int, n_laye
 def _tuned_decode_kernel(bin_dir: Path, model: Path, depth: int, rules: Sequence[str], fa_env: Mapping[str, str],
                          log: Path) -> tuple[str | None, str]:
     from tuner._run import run
-    from tuner.search.live import kernel_at, parse_fa_log
+    from tuner.measure.falog import kernel_at, parse_fa_log
 
     env = {**os.environ, **fa_env, "GGML_TUNER_FA_LOG": "1", "GGML_CUDA_DISABLE_GRAPHS": "1"}
     if rules:
@@ -159,7 +160,7 @@ def _build_upstream(folder: Path, cfg: Mapping[str, Any], source: Any) -> Any:
     return build_variant(rv, targets=("llama-bench", "test-backend-ops"))
 
 
-def _model_for(cfg: Mapping[str, Any], models: Sequence[Path]) -> Path | None:
+def model_for(cfg: Mapping[str, Any], models: Sequence[Path]) -> Path | None:
     name = Path(str(cfg["model"].get("file", ""))).name
     same = [m for m in models if m.name == name]
     return same[0] if same else (models[0] if len(models) == 1 else None)
@@ -207,7 +208,7 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
     rules_text = list(cfg["choice"]["fa_rules"])
     rules = parse_fa_rules(",".join(rules_text)) if rules_text else []
     depths = decision_depths(rules, cfg.get("points", []))
-    model = _model_for(cfg, models)
+    model = model_for(cfg, models)
     ncu = find_ncu()
     why_not = ("no decode rule to check" if not depths else
                f"no model: pass --model (the result was measured on {cfg['model'].get('file')})" if model is None else

@@ -11,30 +11,30 @@ from __future__ import annotations
 
 __all__ = ["rebench"]
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 
-def rebench(folder: Path, cfg: Mapping[str, Any], *, source: Any, models: Sequence[Path] = (), rounds: int = 3,
-            log_dir: Path | None = None) -> Any:
-    """One validate finding: each claimed point re-measured against upstream (``rounds`` paired rounds)."""
+def rebench(cfg: Mapping[str, Any], *, source: Any, model: Path | None, rounds: int = 3,
+            log_dir: Path | None = None) -> tuple[bool, str]:
+    """(holds, detail): each claimed point re-measured against upstream (``rounds`` paired rounds).
+
+    ``tuner validate --bench`` passes this to :func:`tuner.result.validate.validate_paths` (the result
+    stage does not import the search stage).
+    """
     import tempfile
 
     from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
-    from tuner.result.upstream_check import _model_for
-    from tuner.result.validate import Finding
     from tuner.search.live import make_live_measure
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
     claims = [p for p in cfg.get("points", []) if p.get("verdict") == "faster"]
     if not claims:
-        return Finding(check="bench", ok=True, detail="nothing to re-measure: the result claims no point over upstream")
-    model = _model_for(cfg, models)
+        return True, "nothing to re-measure: the result claims no point over upstream"
     if model is None:
-        return Finding(check="bench", ok=False,
-                       detail=f"not measured: pass --model (the result was measured on {cfg['model'].get('file')})")
+        return False, f"not measured: pass --model (the result was measured on {cfg['model'].get('file')})"
     choice = cfg["choice"]
     rv = render_variant(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]))
     build = build_variant(rv)
@@ -61,4 +61,4 @@ def rebench(folder: Path, cfg: Mapping[str, Any], *, source: Any, models: Sequen
             rows.append(f"{phase}{pp if phase == 'pp' else tg}@d{d}: {v}" + (
                 f" {e.pct:+.1f}% [{100 * (e.ci_low - 1):+.1f}, {100 * (e.ci_high - 1):+.1f}], A/A ±{cell.noise_pct:.1f}%"
                 if e else ""))
-    return Finding(check="bench", ok=ok, detail=f"{rounds} paired rounds, logs {run}: " + "; ".join(rows))
+    return ok, f"{rounds} paired rounds, logs {run}: " + "; ".join(rows)

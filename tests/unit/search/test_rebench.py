@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.result.rebench import rebench
+from tuner.search.rebench import rebench
 from tuner.result.validate import load_config
 
 SM90 = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
@@ -37,22 +37,22 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def _rebench(tmp_path: Path):
     model = tmp_path / "l1b-q4km.gguf"
     model.write_bytes(b"GGUF")
-    return rebench(SM90, load_config(SM90), source=SimpleNamespace(era="mma"), models=[model], log_dir=tmp_path)
+    return rebench(load_config(SM90), source=SimpleNamespace(era="mma"), model=model, log_dir=tmp_path)
 
 
 def test_a_claim_that_still_holds_passes(fake_gpu: dict, tmp_path: Path) -> None:
     fake_gpu["gain"] = 1.16
-    f = _rebench(tmp_path)
-    assert f.ok and "tg128@d65536: faster +16" in f.detail, f.detail
+    ok, detail = _rebench(tmp_path)
+    assert ok and "tg128@d65536: faster +16" in detail, detail
     # the tuned side runs the result's rules; upstream and its A/A twin run none
     assert {e.get("GGML_TUNER_FA_RULES") for e in fake_gpu["envs"]} == {None, "decode/D64/gqa4/kvf16:65536-=TILE"}
 
 
 def test_a_claim_that_no_longer_holds_fails(fake_gpu: dict, tmp_path: Path) -> None:
-    f = _rebench(tmp_path)
-    assert not f.ok and "tg128@d65536: no difference" in f.detail, f.detail
+    ok, detail = _rebench(tmp_path)
+    assert not ok and "tg128@d65536: no difference" in detail, detail
 
 
 def test_no_model_is_a_failed_check_that_says_so(tmp_path: Path) -> None:
-    f = rebench(SM90, load_config(SM90), source=SimpleNamespace(era="mma"), models=[])
-    assert not f.ok and "pass --model" in f.detail
+    ok, detail = rebench(load_config(SM90), source=SimpleNamespace(era="mma"), model=None)
+    assert not ok and "pass --model" in detail
