@@ -86,3 +86,16 @@ def test_missing_key_is_a_schema_failure(tmp_path: Path) -> None:
     (tmp_path / "tuned.patch").write_text("")
     bad = failed(tmp_path)
     assert list(bad) == ["schema"] and "missing key 'hashes'" in bad["schema"]
+
+
+def test_upstream_patch_applied_to_the_pristine_tree(tree_a) -> None:
+    """What `validate --gpu` builds: fattn.cu of the pinned tree with the stored upstream.patch applied."""
+    from tuner.result.upstream_check import patched_tree_text
+
+    files = patched_tree_text(SM90 / "upstream.patch", tree_a.root)
+    assert list(files) == ["ggml/src/ggml-cuda/fattn.cu"]
+    new, old = files["ggml/src/ggml-cuda/fattn.cu"], (tree_a.root / "ggml/src/ggml-cuda/fattn.cu").read_text()
+    added = [ln for ln in new.splitlines() if ln not in set(old.splitlines())]
+    assert any("K->ne[1] >= 65536" in ln for ln in added) and any("return BEST_FATTN_KERNEL_TILE;" in ln for ln in added)
+    assert len(new.splitlines()) == len(old.splitlines()) + sum(
+        ln.startswith("+") and not ln.startswith("+++") for ln in (SM90 / "upstream.patch").read_text().splitlines())

@@ -64,15 +64,43 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
+@click.option("--gpu", "do_gpu", is_flag=True,
+              help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
+                   "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
 @click.option("--soak", "soak", type=int, default=None, metavar="N",
               help="Also generate >= N tokens with each result's config (10000 per the seed) and fail on t/s drift or a leak.")
-@click.option("--model", "soak_model", type=click.Path(path_type=Path), default=None,
-              help="GGUF for --soak when the result's model is not on this machine.")
-def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, soak: int | None, soak_model: Path | None) -> None:
+@click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
+              help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).")
+@click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).")
+@click.option("--tuned-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --gpu: where the runs' logs go (default: a temporary directory).")
+def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: bool, models: tuple[Path, ...],
+             upstream_bin: Path | None, tuned_bin: Path | None, log_dir: Path | None, soak: int | None) -> None:
     """Validate stored winners (default: results/). Non-zero exit if any check fails."""
+    from tuner.errors import UsageError
     from tuner.result.validate import validate_paths
 
-    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=do_bench)
+    gpu = None
+    if do_gpu:
+        from tuner.result.upstream_check import check_gpu_args
+
+        check_gpu_args(models, upstream_bin, tuned_bin)
+        gpu = {"upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
+    elif upstream_bin or tuned_bin or log_dir:
+        raise UsageError("--upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
+    elif models and not do_bench and soak is None:
+        raise UsageError("--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it.")
+    else:
+        from tuner.result.upstream_check import check_gpu_args
+
+        check_gpu_args(models, None, None)
+    from tuner.search.rebench import rebench
+
+    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=rebench if do_bench else None, gpu=gpu,
+                            models=list(models))
     if not checks:
         log.warning("no results found (no config.toml under the given paths)")
     bad = 0
@@ -87,6 +115,6 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, soak: in
     if soak is not None:
         from tuner.result.soak_check import soak_results
 
-        bad += soak_results(paths or (Path("results"),), soak, model=soak_model, echo=click.echo)
+        bad += soak_results(paths or (Path("results"),), soak, model=models[0] if models else None, echo=click.echo)
     if bad:
         sys.exit(1)

@@ -16,7 +16,7 @@ __all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +157,15 @@ def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
     )
 
 
-def validate_result(folder: Path, *, compile: bool = False, bench: bool = False) -> ResultCheck:
-    """Run every check on one result folder; failures are findings, not exceptions."""
+def validate_result(folder: Path, *, compile: bool = False, bench: Callable[..., tuple[bool, str]] | None = None,
+                    gpu: Mapping[str, Any] | None = None, models: Sequence[Path] = ()) -> ResultCheck:
+    """Run every check on one result folder; failures are findings, not exceptions.
+
+    ``bench``: the re-measurement (:func:`tuner.search.rebench.rebench`, given by the CLI: this stage does
+    not import the search); None skips it. ``gpu``: run :func:`tuner.result.upstream_check.upstream_gpu_findings` with these keyword arguments
+    (``upstream_bin``, ``tuned_bin``, ``log_dir``); None skips the GPU checks. ``models``: the GGUFs
+    ``bench`` and ``gpu`` run, matched to a result by file name.
+    """
     from tuner.plan.space import check_constraints
     from tuner.result.export import baked_runtime
     from tuner.plan.render import render_variant
@@ -212,7 +219,14 @@ def validate_result(folder: Path, *, compile: bool = False, bench: bool = False)
     if compile:
         f.append(_compile_check(rv))
     if bench:
-        f.append(_bench_check(folder, cfg))
+        f.append(_bench_check(cfg, source, models, bench))
+    if gpu is not None:
+        from tuner.result.upstream_check import upstream_gpu_findings
+
+        try:
+            f += upstream_gpu_findings(folder, cfg, source, models=models, **gpu)
+        except TunerError as err:  # a failed build or run is a failed check, not a crash
+            f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
     return ResultCheck(path=folder, findings=tuple(f))
 
 
@@ -269,7 +283,7 @@ def _compile_check(rv: Any) -> Finding:
     return Finding(check="compile", ok=True, detail=f"{len(tus)} TU(s) compiled in {b.seconds:.0f}s")
 
 
-def _bench_check(folder: Path, cfg: Mapping[str, Any]) -> Finding:
+def _bench_check(cfg: Mapping[str, Any], source: Any, models: Sequence[Path], rebench: Callable[..., tuple[bool, str]]) -> Finding:
     from tuner.targets.archs import detect_local_archs
 
     arch = cfg["target"]["arch"]
@@ -280,10 +294,15 @@ def _bench_check(folder: Path, cfg: Mapping[str, Any]) -> Finding:
             ok=True,
             detail=f"skipped: needs a {arch} device, this machine has {local or 'none'} (static checks only)",
         )
-    from tuner.revalidate import rebench
+    from tuner.result.upstream_check import model_for
 
-    return rebench(folder, cfg)
+    try:
+        ok, detail = rebench(cfg, source=source, model=model_for(cfg, models))
+        return Finding(check="bench", ok=ok, detail=detail)
+    except TunerError as err:  # a failed build or run is a failed check, not a crash
+        return Finding(check="bench", ok=False, detail=str(err)[:1500])
 
 
-def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: bool = False) -> list[ResultCheck]:
-    return [validate_result(p, compile=compile, bench=bench) for p in find_results(paths)]
+def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: Callable[..., tuple[bool, str]] | None = None,
+                   gpu: Mapping[str, Any] | None = None, models: Sequence[Path] = ()) -> list[ResultCheck]:
+    return [validate_result(p, compile=compile, bench=bench, gpu=gpu, models=models) for p in find_results(paths)]
