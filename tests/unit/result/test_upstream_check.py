@@ -115,7 +115,7 @@ def test_without_ncu_the_selection_is_not_claimed(gpu_fakes: dict, tmp_path: Pat
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--model", "m.gguf"], "belongs to --gpu or --bench"),
+    (["--model", "m.gguf"], "belongs to --gpu, --bench or --soak"),
     (["--tuned-bin", "."], "belong to --gpu"),
     (["--bench", "--model", "absent.gguf"], "is not a file"),
     (["--gpu", "--model", "absent.gguf"], "is not a file"),
