@@ -69,3 +69,49 @@ s7_upstream() {
   tar czf "$OUT/validate-logs.tgz" -C "$TUNER_HOME" validate
   echo "s7_upstream ended at ${SECONDS} s"
 }
+
+# Call 4 (a fresh machine, ~450 s of budget left). Call 3's s7_upstream ran `git apply` inside the
+# tree under .devhome, which lies in this repository's work tree: git applied the paths relative to the
+# repository root and skipped fattn.cu ("Skipped patch"), so both "upstream" builds were the pristine
+# tree, and the check said so (upstream VEC where the tuned build ran TILE / MMA). Here the tool builds
+# the 8B's upstream.patch itself (`validate --gpu` without --upstream-bin: the pristine tree + the patch,
+# the result's defines, a full build), then the 1B's patch replaces fattn.cu in that tree (applied by
+# tuner's own patched_tree_text, in a temporary directory) and Ninja rebuilds what depends on it.
+s7_fresh() {
+  mkdir -p "$TUNER_HOME/models" "$TUNER_HOME/setup"
+  local S=$TUNER_HOME/setup
+  [ -f "$M8" ] || python3 -m tuner model synth --like llama-3.1-8b --quant Q4_K_M --quantize-with "$Q" -o "$M8" >"$S/synth8b.log" 2>&1 &
+  [ -f "$M1" ] || python3 -m tuner model synth --like llama-3.2-1b --quant Q4_K_M --quantize-with "$Q" -o "$M1" >"$S/synth1b.log" 2>&1 &
+  local r8=$TUNER_HOME/l8b
+  mkdir -p "$r8" && tar xzf docs/h100/session7/call3/l8b.tgz -C "$TUNER_HOME"
+  # 1) the tool's own path: pristine + upstream.patch built by validate --gpu, test-backend-ops on it; the
+  #    models are still being written, so no --model: its selection line says "not checked" here
+  /usr/bin/time -f "validate 8B build+gate %e s" python3 -m tuner validate "$r8" --gpu \
+    --log-dir "$TUNER_HOME/validate/l8b-build" 2>&1 | tee "$OUT/validate-l8b.txt"
+  wait
+  # 2) the selection check on that build, once the model exists
+  local root
+  root=$(ls -d "$TUNER_HOME"/builds/*/ | head -1); root=${root%/}  # the only build on this fresh machine
+  /usr/bin/time -f "validate 8B selection %e s" python3 -m tuner validate "$r8" --gpu --model "$M8" \
+    --upstream-bin "$(dirname "$(ls "$root"/artifacts/*/bin/llama-bench | head -1)")" \
+    --log-dir "$TUNER_HOME/validate/l8b" 2>&1 | tee -a "$OUT/validate-l8b.txt"
+  echo "8B done at ${SECONDS} s"
+  python3 - "$root/src" results/sm_90/llama-3.2-1b-q4_k_m/upstream.patch "$TUNER_HOME/sources/832db0699007f1be/llama.cpp" <<'PY'
+import sys
+from pathlib import Path
+from tuner.result.upstream_check import patched_tree_text
+src, patch, pristine = map(Path, sys.argv[1:])
+for rel, text in patched_tree_text(patch, pristine).items():
+    (src / rel).unlink(missing_ok=True)
+    (src / rel).write_text(text)
+    print("rewrote", rel)
+PY
+  /usr/bin/time -f "1B upstream rebuild %e s" cmake --build "$root/build" --target llama-bench test-backend-ops --parallel 16 \
+    >"$S/upstream-build-l1b.txt" 2>&1 || tail -20 "$S/upstream-build-l1b.txt"
+  tail -1 "$S/upstream-build-l1b.txt"
+  /usr/bin/time -f "validate 1B %e s" python3 -m tuner validate results/sm_90/llama-3.2-1b-q4_k_m --gpu --model "$M1" \
+    --upstream-bin "$root/build/bin" --log-dir "$TUNER_HOME/validate/l1b" 2>&1 | tee "$OUT/validate-l1b.txt"
+  cp "$root/build.json" "$S/upstream-build-l8b.json"
+  tar czf "$OUT/validate-logs.tgz" -C "$TUNER_HOME" validate setup
+  echo "s7_fresh ended at ${SECONDS} s"
+}
