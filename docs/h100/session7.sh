@@ -55,7 +55,11 @@ s7_upstream() {
   for r in "$@"; do
     name=$(basename "$r"); pf=$(realpath "$r/upstream.patch")
     for f in $changed ggml/src/ggml-cuda/fattn.cu; do rm -f "$src/$f"; cp "$P/$f" "$src/$f"; done
-    (cd "$src" && git apply --verbose "$pf") || return 1
+    # not `git apply` in $src: .devhome lies in this repository's work tree, and git then applies the
+    # paths relative to the repository root and skips fattn.cu ("Skipped patch"; call 3 of session 7)
+    python3 -c 'import sys; from pathlib import Path; from tuner.result.upstream_check import patched_tree_text as p
+[(Path(sys.argv[1], r).unlink(missing_ok=True), Path(sys.argv[1], r).write_text(t)) for r, t in p(Path(sys.argv[2]), Path(sys.argv[3])).items()]' \
+      "$src" "$pf" "$P" || return 1
     /usr/bin/time -f "upstream build $name %e s" cmake --build "$root/build" --target llama-bench test-backend-ops \
       --parallel 16 >"$OUT/upstream-build-$name.txt" 2>&1 || { tail -20 "$OUT/upstream-build-$name.txt"; return 1; }
     tail -2 "$OUT/upstream-build-$name.txt"

@@ -126,3 +126,12 @@ def test_cli_bad_gpu_input_is_one_paragraph_and_exit_2(tmp_path: Path, monkeypat
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, ["validate", str(SM90), *args], standalone_mode=False)
     assert getattr(r.exception, "exit_code", None) == 2 and says in str(r.exception)
+
+
+def test_a_real_ncu_report_from_the_h100() -> None:
+    """Session 7's smoke run (docs/h100/session7): the 1B at d65536 under ncu, rules off, so the decode
+    steps are upstream's VEC after a fill that ran MMA; 16 layers x 4 generated tokens."""
+    log = Path(__file__).resolve().parents[3] / "docs/h100/session7/call1/smoke-logs/smoke/ncu-d65536.log"
+    names = uc.parse_ncu_csv(log.read_text())
+    assert set(names[:-64]) == {"flash_attn_ext_f16"}
+    assert uc.decode_family(names, n_layers=16) == ("VEC", "")
