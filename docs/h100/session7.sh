@@ -41,6 +41,21 @@ s7_smoke() {
 # upstream.patch is applied, and Ninja rebuilds llama-bench and test-backend-ops; the CMake cache is
 # the tuned build's (the result's defines). The tuned binaries stay in the build's artifacts/ folder,
 # which `--tuned-bin` points at. At the end the tuned files are put back.
+# s7_apply SRC PATCH: write PATCH's files into the tree SRC, applied to the pristine source by tuner's
+# own patched_tree_text (in a temporary directory; each file replaced, never written through a hard link)
+s7_apply() {
+  python3 - "$1" "$2" "$TUNER_HOME/sources/832db0699007f1be/llama.cpp" <<'PY'
+import sys
+from pathlib import Path
+from tuner.result.upstream_check import patched_tree_text
+src, patch, pristine = map(Path, sys.argv[1:])
+for rel, text in patched_tree_text(patch, pristine).items():
+    (src / rel).unlink(missing_ok=True)
+    (src / rel).write_text(text)
+    print("rewrote", rel)
+PY
+}
+
 s7_upstream() {
   local P=$TUNER_HOME/sources/832db0699007f1be/llama.cpp root
   root=$(dirname "$(ls -d "$TUNER_HOME"/builds/*/build | head -1)")
@@ -57,9 +72,7 @@ s7_upstream() {
     for f in $changed ggml/src/ggml-cuda/fattn.cu; do rm -f "$src/$f"; cp "$P/$f" "$src/$f"; done
     # not `git apply` in $src: .devhome lies in this repository's work tree, and git then applies the
     # paths relative to the repository root and skips fattn.cu ("Skipped patch"; call 3 of session 7)
-    python3 -c 'import sys; from pathlib import Path; from tuner.result.upstream_check import patched_tree_text as p
-[(Path(sys.argv[1], r).unlink(missing_ok=True), Path(sys.argv[1], r).write_text(t)) for r, t in p(Path(sys.argv[2]), Path(sys.argv[3])).items()]' \
-      "$src" "$pf" "$P" || return 1
+    s7_apply "$src" "$pf" || return 1
     /usr/bin/time -f "upstream build $name %e s" cmake --build "$root/build" --target llama-bench test-backend-ops \
       --parallel 16 >"$OUT/upstream-build-$name.txt" 2>&1 || { tail -20 "$OUT/upstream-build-$name.txt"; return 1; }
     tail -2 "$OUT/upstream-build-$name.txt"
@@ -100,16 +113,7 @@ s7_fresh() {
     --upstream-bin "$(dirname "$(ls "$root"/artifacts/*/bin/llama-bench | head -1)")" \
     --log-dir "$TUNER_HOME/validate/l8b" 2>&1 | tee -a "$OUT/validate-l8b.txt"
   echo "8B done at ${SECONDS} s"
-  python3 - "$root/src" results/sm_90/llama-3.2-1b-q4_k_m/upstream.patch "$TUNER_HOME/sources/832db0699007f1be/llama.cpp" <<'PY'
-import sys
-from pathlib import Path
-from tuner.result.upstream_check import patched_tree_text
-src, patch, pristine = map(Path, sys.argv[1:])
-for rel, text in patched_tree_text(patch, pristine).items():
-    (src / rel).unlink(missing_ok=True)
-    (src / rel).write_text(text)
-    print("rewrote", rel)
-PY
+  s7_apply "$root/src" results/sm_90/llama-3.2-1b-q4_k_m/upstream.patch
   /usr/bin/time -f "1B upstream rebuild %e s" cmake --build "$root/build" --target llama-bench test-backend-ops --parallel 16 \
     >"$S/upstream-build-l1b.txt" 2>&1 || tail -20 "$S/upstream-build-l1b.txt"
   tail -1 "$S/upstream-build-l1b.txt"

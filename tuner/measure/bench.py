@@ -74,6 +74,7 @@ __all__ = [
     "COLUMNS",
     "BenchTarget",
     "InterleavedResult",
+    "check_passthrough_args",
     "compare",
     "load_results",
     "parse_bench_jsonl",
@@ -93,7 +94,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,17 +234,24 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "") -> tuple[str, ...]:
+    """llama-bench arguments passed through as given: strings without NUL, none of the flags in ``own``
+    (those the caller sets itself: passing them too would desynchronize its parser).
+
+    ``sets`` names what the caller sets (for the message); ``instead`` says what to use instead.
+    """
+    out = tuple(args)
+    for a in out:
+        if not isinstance(a, str) or "\0" in a:
+            raise UsageError(f"llama-bench arguments must be strings without NUL (got {a!r}).")
+        if a in own:
+            raise UsageError(f"llama-bench flag {a} is set by {sets}" + (f"; {instead}" if instead else "") + ".")
+    return out
+
+
 def _check_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
-    args = tuple(extra_args)
-    for a in args:
-        if not isinstance(a, str):
-            raise UsageError(f"llama-bench extra arguments must be strings (got {a!r}).")
-        if a in _OWN_FLAGS:
-            raise UsageError(
-                f"llama-bench flag {a} is set by tuner bench itself (model, -p/-n/-d/-r, -o, -fa); "
-                "use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead."
-            )
-    return args
+    return check_passthrough_args(extra_args, _OWN_FLAGS, sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
+                                  instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead")
 
 
 def _find_exe(bin_dir: Path, name: str) -> Path:

@@ -232,15 +232,10 @@ def judge(res: Residency, *, full_offload: bool = True, max_splits: int = DEFAUL
     return not why, tuple(why)
 
 
-def _check_args(args: Sequence[str]) -> list[str]:
-    out = []
-    for a in args:
-        if not isinstance(a, str) or "\0" in a:
-            raise UsageError(f"llama-bench arguments must be strings (got {a!r}).")
-        if a in _OWN_FLAGS:
-            raise UsageError(f"llama-bench flag {a} is set by the residency check itself (model, -pg, -r, -o, -v).")
-        out.append(a)
-    return out
+def _check_args(args: Sequence[str]) -> tuple[str, ...]:
+    from tuner.measure.bench import check_passthrough_args
+
+    return check_passthrough_args(args, _OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
 
 
 def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  # noqa: B006 - read-only

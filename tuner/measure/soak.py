@@ -220,16 +220,10 @@ def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
     return c, max(MIN_REPS, -(-n_tokens // c))
 
 
-def _check_args(args: Sequence[str]) -> list[str]:
-    out = []
-    for a in args:
-        if not isinstance(a, str) or "\0" in a:
-            raise UsageError(f"llama-bench arguments must be strings (got {a!r}).")
-        if a in _OWN_FLAGS:
-            raise UsageError(f"llama-bench flag {a} is set by the soak itself (model, -p/-n/-r, -o, --progress); "
-                             "give the length as the token count.")
-        out.append(a)
-    return out
+def _check_args(args: Sequence[str]) -> tuple[str, ...]:
+    from tuner.measure.bench import check_passthrough_args
+
+    return check_passthrough_args(args, _OWN_FLAGS, sets="the soak itself (model, -p/-n/-r, -o, --progress)", instead="give the length as the token count")
 
 
 def _device_sample() -> tuple[float, float]:

@@ -60,20 +60,12 @@ def find_ncu() -> Path | None:
 
 def patched_tree_text(patch_file: Path, root: Path) -> dict[str, str]:
     """Relative path -> new text of every file ``patch_file`` changes, applied to copies from ``root``."""
-    import re
+    from tuner.result.validate import git_apply_to_copy
 
-    from tuner._run import run
-
-    text = patch_file.read_text()
-    rels = sorted(set(re.findall(r"^--- a/(\S+)$", text, flags=re.M)))
-    with tempfile.TemporaryDirectory(prefix="tuner-upstream-") as tmp:
-        for rel in rels:
-            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / rel, Path(tmp) / rel)
-        res = run(["git", "apply", "--verbose", str(patch_file.resolve())], cwd=Path(tmp), check=False, what="git apply")
-        if res.returncode != 0:
-            raise TunerError(f"{patch_file} does not apply to {root}: {res.output.strip()[-400:]}")
-        return {rel: (Path(tmp) / rel).read_text() for rel in rels}
+    res, new = git_apply_to_copy(patch_file, root, check=False)
+    if res.returncode != 0:
+        raise TunerError(f"{patch_file} does not apply to {root}: {res.output.strip()[-400:]}")
+    return new
 
 
 def decision_depths(rules: Sequence[Any], points: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -116,13 +108,18 @@ def decode_family(names: Sequence[str], n_layers: int, n_gen: int = _N_GEN) -> t
     return fams.pop(), ""
 
 
+def _probe(bin_dir: Path, model: Path, depth: int) -> list[Any]:
+    """The llama-bench run both sides are read from: ``n_gen`` decode steps after one fill to ``depth``."""
+    return [bin_dir / "llama-bench", "-m", model, "-fa", "1", "-p", "0", "-n", str(_N_GEN), "-d", str(depth), "-r", "1",
+            "--no-warmup", "-b", str(_FILL_UBATCH), "-ub", str(_FILL_UBATCH)]
+
+
 def _ncu_decode_kernel(ncu: Path, bin_dir: Path, model: Path, depth: int, n_layers: int, log: Path) -> tuple[str | None, str]:
     from tuner._run import run
 
     cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", _NCU_FILTER,
            "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--print-kernel-base", "function",
-           bin_dir / "llama-bench", "-m", model, "-fa", "1", "-p", "0", "-n", str(_N_GEN), "-d", str(depth), "-r", "1",
-           "--no-warmup", "-b", str(_FILL_UBATCH), "-ub", str(_FILL_UBATCH), "-o", "csv"]
+           *_probe(bin_dir, model, depth), "-o", "csv"]
     # Graph replay is not what is checked, and one launch per kernel keeps the count exact.
     env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
     res = run(cmd, env=env, check=False, timeout=900, what="ncu llama-bench")
@@ -140,9 +137,7 @@ def _tuned_decode_kernel(bin_dir: Path, model: Path, depth: int, rules: Sequence
     env = {**os.environ, **fa_env, "GGML_TUNER_FA_LOG": "1", "GGML_CUDA_DISABLE_GRAPHS": "1"}
     if rules:
         env["GGML_TUNER_FA_RULES"] = ",".join(rules)
-    res = run([bin_dir / "llama-bench", "-m", model, "-fa", "1", "-p", "0", "-n", str(_N_GEN), "-d", str(depth),
-               "-r", "1", "--no-warmup", "-b", str(_FILL_UBATCH), "-ub", str(_FILL_UBATCH)],
-              env=env, check=False, timeout=900, what="llama-bench (tuned)")
+    res = run(_probe(bin_dir, model, depth), env=env, check=False, timeout=900, what="llama-bench (tuned)")
     log.write_text(res.output)
     kernel, _why = kernel_at(parse_fa_log(res.output), "tg", depth, _N_GEN)
     return kernel, "" if kernel else f"no tuner-fa line for decode at d{depth}; see {log}"

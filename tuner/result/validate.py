@@ -149,7 +149,7 @@ def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
     """tuned.patch applies to pristine copies of the files it touches (an empty patch trivially does)."""
     if not patch:
         return Finding(check="patch applies", ok=True, detail="empty patch (nothing to apply)")
-    res = _git_apply_check(patch_file, root)
+    res, _ = git_apply_to_copy(patch_file, root)
     return Finding(
         check="patch applies",
         ok=res.returncode == 0,
@@ -230,11 +230,13 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
     return ResultCheck(path=folder, findings=tuple(f))
 
 
-def _git_apply_check(patch_file: Path, root: Path) -> Any:
-    """``git apply --check`` against pristine copies of the files the patch touches.
+def git_apply_to_copy(patch_file: Path, root: Path, *, check: bool = True) -> tuple[Any, dict[str, str]]:
+    """``git apply`` (``--check`` by default) against pristine copies of the files the patch touches.
 
-    Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a submodule that
-    does not exist here, which makes git refuse to work in it.
+    Returns the run's result and, when the patch was applied (``check=False``, exit 0), the new text of
+    each touched file. Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a
+    submodule that does not exist here, and a tree inside a git work tree makes git apply the paths
+    relative to that work tree's root and skip the others ("Skipped patch").
     """
     import re
     import shutil
@@ -242,14 +244,17 @@ def _git_apply_check(patch_file: Path, root: Path) -> Any:
 
     from tuner._run import run
 
+    rels = sorted(set(re.findall(r"^--- a/(\S+)$", patch_file.read_text(), flags=re.M)))
     with tempfile.TemporaryDirectory(prefix="tuner-apply-") as tmp:
-        for rel in sorted(set(re.findall(r"^--- a/(\S+)$", patch_file.read_text(), flags=re.M))):
+        for rel in rels:
             src = root / rel
             if src.is_file():
                 (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, Path(tmp) / rel)
-        return run(["git", "apply", "--check", "--verbose", str(patch_file.resolve())], cwd=Path(tmp),
-                   check=False, what="git apply --check")
+        res = run(["git", "apply", *(["--check"] if check else []), "--verbose", str(patch_file.resolve())],
+                  cwd=Path(tmp), check=False, what="git apply --check" if check else "git apply")
+        new = {} if check or res.returncode != 0 else {rel: (Path(tmp) / rel).read_text() for rel in rels}
+        return res, new
 
 
 def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
@@ -257,7 +262,7 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
     from tuner.result.upstream_patch import whitespace_only_hunks
 
     text = patch_file.read_text()
-    res = _git_apply_check(patch_file, root) if text.strip() else None
+    res = git_apply_to_copy(patch_file, root)[0] if text.strip() else None
     applies = res is not None and res.returncode == 0
     why = "empty patch" if res is None else (res.output.strip().splitlines() or [""])[-1]
     ws = whitespace_only_hunks(text)
