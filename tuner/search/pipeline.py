@@ -27,8 +27,8 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
-from tuner.search.screen import (AA_NAME, UPSTREAM, BudgetReached, Candidate, candidates_for, run_joint_rounds, run_phase_rounds,
-                                 summarize_phase)
+from tuner.search.screen import (AA_NAME, UPSTREAM, BudgetReached, Candidate, candidates_for, phase_stops, run_joint_rounds,
+                                 run_phase_rounds, summarize_phase)
 
 PIPELINE_VERSION = 2
 PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
@@ -179,6 +179,26 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
     return result
 
 
+def reopen_raised_caps(st: "_State", depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
+    """Mark a finished phase screen unfinished where this run allows more rounds than it had.
+
+    A screen ends at its round cap or at the CI target; resumed with a higher ``--max-rounds`` (or
+    ``--min-rounds``) while its CI is still wider than the target, the phase gets the extra rounds
+    instead of composing from the old ones again. Returns the reopened phases."""
+    recs = list(st.get("screen_rounds", []))
+    reopened = []
+    for p in PHASES:
+        if not st.get(f"screen_done_{p}"):
+            continue
+        mine = [r for r in recs if r["phase"] == p and set(depths) <= {int(d) for d in r["depths"]}]
+        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci):
+            log.info(f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
+                     f"{rounds[1]}: screening on")
+            st.set(f"screen_done_{p}", False)
+            reopened.append(p)
+    return reopened
+
+
 def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
                 base_args: Sequence[str], rounds: tuple[int, int], deadline: float | None,
                 decisions: dict[str, list[comp.Decision]]) -> None:
@@ -189,6 +209,7 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
     def persist_shared(r: Mapping[str, Any]) -> None:
         st.append("screen_rounds", r)
 
+    reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
     todo = [p for p in PHASES if not st.get(f"screen_done_{p}")]
     joint = getattr(measure, "joint", None)
     if joint is not None and len(todo) > 1:

@@ -174,7 +174,7 @@ def run_joint_rounds(
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
     with progress.track(f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls") as bar:
         while True:
-            active = [p for p in cands if not _phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
+            active = [p for p in cands if not phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
             if not active:
                 break
             n_calls = max(len(cands[p]) for p in active)
@@ -221,7 +221,7 @@ def _call_weight(depths: Sequence[int]) -> float:
     return float(sum(int(d) for d in depths) + 4096 * len(depths))
 
 
-def _phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
+def phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
                  target_ci: float) -> bool:
     if len(mine) >= max_rounds:
         return True

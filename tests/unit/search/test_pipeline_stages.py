@@ -428,3 +428,28 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
     _record_attrs(_State(study), cfg, source, {"head_dim": 64})
     assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
     assert study.user_attrs["arch"] == "sm_90"  # what was there stays
+
+
+def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
+    """The 1B's screen ended at 4 rounds with d32768 undecided; resumed with --max-rounds 6 it must add
+    rounds, not compose the same 4 again. A phase that met its CI target, or its cap, stays done."""
+    import types
+
+    from tuner.search.pipeline import _State, reopen_raised_caps
+
+    recs: list = []
+    run_phase_rounds(fake(tile_wins_deep, jitter=0.03), "tg", candidates_for("tg", ["TILE"]), DEPTHS, recs,
+                     min_rounds=4, max_rounds=4, target_ci=1.0)
+    run_phase_rounds(fake(mma_prefill_best, jitter=0.0001, drift=0.0), "pp", candidates_for("pp", ["MMA"]), DEPTHS, recs,
+                     min_rounds=3, max_rounds=4, target_ci=1.0)
+    assert len([r for r in recs if r["phase"] == "pp"]) == 3  # met its target before the cap
+    study = types.SimpleNamespace(user_attrs={"screen_rounds": recs, "screen_done_tg": True, "screen_done_pp": True})
+    study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
+    st = _State(study)
+    assert reopen_raised_caps(st, DEPTHS, (3, 4), 1.0) == []  # the same cap: nothing reopens
+    assert reopen_raised_caps(st, DEPTHS, (3, 6), 1.0) == ["tg"]
+    assert study.user_attrs["screen_done_tg"] is False and study.user_attrs["screen_done_pp"] is True
+    calls: list = []
+    run_phase_rounds(fake(tile_wins_deep, jitter=0.03, calls=calls, seed=2), "tg", candidates_for("tg", ["TILE"]), DEPTHS,
+                     recs, min_rounds=3, max_rounds=6, target_ci=1.0)
+    assert len([r for r in recs if r["phase"] == "tg"]) == 6 and len(calls) == 2 * 2  # two more rounds of two calls
