@@ -106,3 +106,22 @@ s8_pack() {
   tar czf "$OUT/s8.tgz" -C "$TUNER_HOME" s8out s8-done
   echo "s8_next ended at ${SECONDS} s"
 }
+
+# The user's own command, on a fresh machine (call 4): `tuner validate R --gpu` builds the pristine
+# tree + R's upstream.patch with R's defines (a full build) and runs test-backend-ops; the same command
+# with --model then reuses that build (cached) and adds the ncu selection check. The 1B (its model is
+# written in ~60 s while the build runs).
+s8_tool() {
+  local R=results/sm_90/llama-3.2-1b-q4_k_m
+  mkdir -p "$TUNER_HOME/models" "$S8"
+  [ -f "$M1" ] || { /usr/bin/time -f "1B synth+quantize %e s" python3 -m tuner model synth --like llama-3.2-1b --quant Q4_K_M \
+    --quantize-with "$Q" -o "$M1" >"$S8/synth1b.log" 2>&1 & }
+  /usr/bin/time -f "validate --gpu (build + test-backend-ops) %e s" python3 -m tuner validate "$R" --gpu \
+    --log-dir "$TUNER_HOME/validate-tool/build" 2>&1 | tee "$S8/validate-tool.txt"
+  wait
+  /usr/bin/time -f "validate --gpu --model (cached build) %e s" python3 -m tuner validate "$R" --gpu --model "$M1" \
+    --log-dir "$TUNER_HOME/validate-tool/select" 2>&1 | tee -a "$S8/validate-tool.txt"
+  cp "$(ls -d "$TUNER_HOME"/builds/*/ | head -1)build.json" "$S8/upstream-build.json" 2>/dev/null
+  cp -r "$TUNER_HOME/validate-tool" "$S8/"
+  s8_pack
+}
