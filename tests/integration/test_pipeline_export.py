@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.errors import UsageError
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +31,17 @@ def _crafted_rows() -> list[dict]:
     return rows
 
 
+def _crafted_gate(*, passed: bool) -> dict:
+    """A gate record shaped like tuner.search.output_gate's (CRAFTED numbers: that run had no gate)."""
+    mean = 0.0 if passed else 0.006275
+    return {"verdict": "pass" if passed else "fail", "checks": [{
+        "name": "decode decode/D64/gqa4/kvf16:0-=TILE", "mode": "decode", "strict": False, "passed": passed,
+        "verdict": "pass" if passed else "fail", "reasons": [] if passed else ["Mean KLD 0.006275 > threshold 1e-05."],
+        "deterministic": True, "identical_to_upstream": False, "why": "kept rule kernel TILE (interval widened to 0-)",
+        "stats": {"mean_kld": mean, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
+        "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}, "settings": {"ctx": 128, "chunks": 2}}]}
+
+
 def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path) -> None:
     import optuna
 
@@ -40,8 +53,15 @@ def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path)
     shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
     storage = f"sqlite:///{db}"
     study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
-    study.set_user_attr("result", {"rules": [RULE], "dropped": {}, "tuned": None, "rows": _crafted_rows(),
-                                   "upstream_phases": ["pp"], "confirm_depths": [32768, 49152, 65536]})
+    result = {"rules": [RULE], "dropped": {}, "tuned": None, "rows": _crafted_rows(), "upstream_phases": ["pp"],
+              "confirm_depths": [32768, 49152, 65536]}
+    study.set_user_attr("result", result)
+    with pytest.raises(UsageError, match="no output-equivalence gate record"):  # confirmed before the gate existed
+        export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
+    study.set_user_attr("result", {**result, "gate": _crafted_gate(passed=False)})
+    with pytest.raises(UsageError, match="failed the output-equivalence gate"):
+        export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
+    study.set_user_attr("result", {**result, "gate": _crafted_gate(passed=True)})
     out = export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
     files = {p.name for p in out.iterdir()}
     assert {"config.toml", "tuned.patch", "upstream.patch", "PR.md", "report.md", "speedup.png", "run.env"} <= files
@@ -50,6 +70,52 @@ def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path)
     assert "getenv" not in up and not whitespace_only_hunks(up)
     assert "decode/D64/gqa4/kvf16:65536-=TILE" in (out / "tuned.patch").read_text()  # baked, keyed by shape
     report = (out / "report.md").read_text()
-    assert "tg128@d65536" in report and "| Model" in report
+    assert "tg128@d65536" in report and "| Model" in report and "Verdict: **PASS** in mode(s) decode" in report
     check = validate_result(out)
     assert check.ok, [f for f in check.findings if not f.ok]
+
+
+def _threads_one_is_faster(build):
+    """llama-bench stand-in for the search's timing (seeded, 0.3% jitter): ``-t 1`` is 10% faster, nothing else
+    matters. What this test runs for real is everything after the timing: builds, the output-equivalence gate's
+    llama-perplexity runs, the export and validate."""
+    import random
+
+    rng = random.Random(7)
+
+    def measure(c, phase: str, depths, label: str):
+        args = list(c.args)
+        fast = "-t" in args and args[args.index("-t") + 1] == "1"
+        return {d: {"ts": 100.0 * (1.1 if fast else 1.0) * rng.gauss(1, 0.003), "kernel": None, "why": None, "error": ""}
+                for d in depths}
+
+    return measure
+
+
+def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, tiny_model, tree_a, tmp_path: Path) -> None:
+    from tuner._compat import tomllib
+    from tuner.cli.export_cmd import export_study
+    from tuner.result.validate import validate_result
+    from tuner.search.pipeline import run_pipeline
+    from tuner.search.study import SearchConfig
+
+    cfg = SearchConfig(arch="cpu", source_spec=tree_a.spec, model=tiny_model, depths=(0, 256), pp=32, tg=8, trials=3,
+                       study="gated", storage=None, run_dir=tmp_path / "run", variants=("cpu",),
+                       fixed={"flash_attn": "on", "ubatch": 512}, min_rounds=3, max_rounds=3, refine=0, confirm_extra=0)
+    result = run_pipeline(cfg, measure_factory=_threads_one_is_faster)
+    assert result["tuned"]["values"]["threads"] == 1, result  # confirmed by the fake timing
+    gate = result["gate"]
+    assert gate["verdict"] == "pass" and [c["name"] for c in gate["checks"]] == ["decode process", "prefill process"]
+    out = export_study("gated", storage=cfg.storage_url, out_dir=tmp_path / "out")
+    g = tomllib.loads((out / "config.toml").read_text())["gate"]
+    # threads only schedule work: strict, and on the CPU the logits are byte-identical to upstream's
+    assert g["verdict"] == "pass" and g["modes"] == ["decode", "prefill"] and g["deterministic"] is True
+    assert g["mean_kld"] == 0.0 and g["p99_kld"] <= 2e-6 and g["same_top_pct"] == 100.0 and (g["ctx"], g["chunks"]) == (128, 2)
+    assert all(c["strict"] and c["identical_to_upstream"] and c["candidate_args"] == ["-fa", "on", "-t", "1"]
+               for c in g["checks"])
+    assert all((cfg.run_dir / p).is_file() for c in g["checks"] for p in c["logs"].values())  # relative to the run dir
+    assert "-b 1 -ub 1" in (cfg.run_dir / g["checks"][0]["logs"]["kld"]).read_text().splitlines()[0]
+    assert "Verdict: **PASS** in mode(s) decode, prefill" in (out / "report.md").read_text()
+    check = validate_result(out)
+    assert check.ok, [f for f in check.findings if not f.ok]
+    assert any(f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings)

@@ -67,6 +67,14 @@ def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tu
     assert sorted((r["phase"], r["order"][0]) for r in rounds) == [
         ("pp", "upstream"), ("pp", "upstream-aa"), ("tg", "upstream"), ("tg", "upstream-aa")]
     assert st1.user_attrs["result"]["rules"] == [] and len(st1.trials) == 1
+    from tuner._compat import tomllib
+
+    gate = tomllib.loads((run / "export" / "config.toml").read_text())["gate"]
+    if st1.user_attrs["result"]["tuned"] is None:  # upstream's config: nothing to compare, nothing run
+        assert gate["verdict"] == "not needed" and gate["modes"] == [] and "upstream" in gate["why"]
+    else:  # the timing confirmed a process knob: the real gate ran on it
+        assert gate["verdict"] == "pass" and gate["mean_kld"] <= gate["thresholds"]["mean_kld"] and gate["checks"]
+    assert "## Output-equivalence gate" in (run / "export" / "report.md").read_text()
 
     second = tuner(*args, "--trials", "2", home=tuner_home)
     st2 = load(storage, "resume")

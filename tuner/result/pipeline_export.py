@@ -8,7 +8,7 @@ trials; per-stage wall time).
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "summary_line", "report_text"]
+__all__ = ["export_pipeline", "gate_section", "gate_table", "summary_line", "report_text"]
 
 import json
 import math
@@ -19,11 +19,18 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
+test-backend-ops record that schema 2 called ``[gate]``."""
 
 
 def summary_line(result: Mapping[str, Any]) -> str:
     """One line on what the search found."""
+    gate = result.get("gate") or {}
+    if gate.get("rejected"):
+        bad = [c["name"] for c in gate["rejected"]["gate"].get("checks", []) if not c.get("passed")]
+        return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
+                "and the export is upstream's selection (report.md shows the gate's numbers).")
     rows = result.get("rows", [])
     faster = [r for r in rows if r["verdict"] == "faster"]
     if not faster:
@@ -33,7 +40,8 @@ def summary_line(result: Mapping[str, Any]) -> str:
     best = max(faster, key=lambda r: r["speedup"])
     return (f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
             f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
-            f"rules: {', '.join(result.get('rules', [])) or 'none'}.")
+            f"rules: {', '.join(result.get('rules', [])) or 'none'}"
+            + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
 
 
 def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
@@ -61,6 +69,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     if not res:
         raise TunerError(f"study {study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
                          "command to resume it, then export.")
+    gate = _checked_gate(study_name, res)
     source = fetch_source(a["source_spec"])
     if source.source_id != a["source_id"]:
         raise TunerError(f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
@@ -102,7 +111,8 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         "defines": dict(rv.defines),
         "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
                    for r in res.get("rows", [])],
-        "gate": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
+        "gate": gate_table(gate),
+        "op_check": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
         "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
@@ -112,9 +122,107 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         from tuner.result.report import plot_speedup
 
         plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)")
-    (out_dir / "report.md").write_text(report_text(study, storage=storage))
+    (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"]))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
+
+
+def _checked_gate(study_name: str, res: Mapping[str, Any]) -> dict[str, Any]:
+    """The result's output-equivalence gate record; UsageError for a final config that failed or never ran it."""
+    gate = res.get("gate")
+    changed = bool(res.get("rules")) or bool(res.get("tuned"))
+    if gate is None and not changed:
+        return {"verdict": "not needed", "checks": [],
+                "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's"}
+    if gate is None:
+        raise UsageError(
+            f"study {study_name!r} confirmed a config that differs from upstream ({', '.join(res.get('rules', [])) or 'tuned knobs'}) "
+            "but has no output-equivalence gate record: it finished before `tuner search` ran the gate. Rerun the same "
+            "`tuner search` command (it resumes and runs only the gate), then export.")
+    if gate.get("verdict") not in ("pass", "not needed"):
+        failing = "; ".join(f"{c.get('name')}: {' '.join(c.get('reasons', []))}" for c in gate.get("checks", [])
+                            if not c.get("passed"))
+        raise UsageError(
+            f"study {study_name!r}: the final config failed the output-equivalence gate ({failing or gate.get('verdict')}). "
+            "A config whose output differs from upstream's is infeasible and is never exported; rerun `tuner search` "
+            "(this version exports upstream's selection in its place) or export another study.")
+    return dict(gate)
+
+
+def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
+    s = c.get("stats") or {}
+    keep = ("name", "mode", "strict", "verdict", "why", "deterministic", "identical_to_upstream", "reasons", "not_applied",
+            "logs", "seconds")
+    settings = c.get("settings") or {}
+    return {**{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
+            **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
+            **{k: settings.get(k) for k in ("candidate_env", "candidate_args", "upstream_env", "upstream_args") if settings.get(k)}}
+
+
+def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
+    """config.toml's ``[gate]``: the verdict, the worst numbers over its checks, thresholds, and each check."""
+    checks = [_gate_check_row(c) for c in gate.get("checks", [])]
+    out: dict[str, Any] = {"verdict": gate["verdict"], "tool": "llama-perplexity",
+                           "modes": sorted({c["mode"] for c in checks})}
+    if checks:
+        first = gate["checks"][0]
+        settings = first.get("settings") or {}
+        nums = [c for c in checks if c.get("mean_kld") is not None]
+        out.update({"ctx": settings.get("ctx"), "chunks": settings.get("chunks"), "thresholds": first.get("thresholds"),
+                    "mean_kld": max((c["mean_kld"] for c in nums), default=None),
+                    "p99_kld": max((c["p99_kld"] for c in nums), default=None),
+                    "max_kld": max((c["max_kld"] for c in nums), default=None),
+                    "same_top_pct": min((c["same_top_pct"] for c in nums), default=None),
+                    "deterministic": all(c.get("deterministic") for c in checks),
+                    "checks": checks})
+    else:
+        out["why"] = gate.get("why", "")
+    rej = gate.get("rejected")
+    if rej:
+        out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": dict((rej.get("tuned") or {}).get("values", {})),
+                           "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])]}
+    return out
+
+
+def _f6(x: Any) -> str:
+    return f"{x:.6f}" if isinstance(x, (int, float)) else "-"
+
+
+def gate_section(gate: Mapping[str, Any]) -> str:
+    """report.md's section on the output-equivalence gate (``gate`` as :func:`gate_table` writes it)."""
+    out = ["## Output-equivalence gate (llama-perplexity, final config vs upstream)\n\n"]
+    heads = ["check", "mode", "strict", "mean KLD", "99% KLD", "max KLD", "same top p", "deterministic",
+             "identical to upstream", "verdict"]
+
+    def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+        return [[c["name"], c["mode"], "yes" if c.get("strict") else "no", _f6(c.get("mean_kld")), _f6(c.get("p99_kld")),
+                 _f6(c.get("max_kld")), f"{c['same_top_pct']:.3f}%" if c.get("same_top_pct") is not None else "-",
+                 c.get("deterministic", "-"), c.get("identical_to_upstream", "-"), str(c.get("verdict", "")).upper()]
+                for c in checks]
+
+    if gate.get("rejected"):
+        rej = gate["rejected"]
+        out.append(f"**The final config FAILED the gate and is not exported** (rules: {', '.join(rej['rules']) or 'none'}; "
+                   f"knobs: {rej['tuned'] or 'upstream'}). Its output differs from upstream's beyond the thresholds, so "
+                   "it is infeasible; this result is upstream's selection.\n\n"
+                   + log.table(heads, rows(rej["checks"])) + "\n\n"
+                   + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
+                   + "\n")
+    if not gate.get("checks"):
+        out.append(f"Verdict: **not needed**: {gate.get('why', '')}.\n")
+        return "".join(out)
+    t = gate.get("thresholds") or {}
+    out.append(f"Verdict: **{gate['verdict'].upper()}** in mode(s) {', '.join(gate['modes'])}: llama-perplexity on "
+               f"tuner's fixed text, c={gate.get('ctx')}, {gate.get('chunks')} chunks; upstream's log-probabilities vs the "
+               "candidate's (twice: determinism). Thresholds: mean KLD <= "
+               f"{t.get('mean_kld')}, 99% KLD <= {t.get('p99_kld')}, same top p >= {t.get('same_top_pct')}%; strict checks "
+               "(scheduling-only changes) also need logits byte-identical to upstream's. How the thresholds were calibrated: "
+               "docs/equivalence.md.\n\n" + log.table(heads, rows(gate["checks"])) + "\n\n")
+    out += [f"- {c['name']}: {c.get('why', '')}"
+            + (f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)" if c.get("not_applied") else "")
+            + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "") + "\n"
+            for c in gate["checks"]]
+    return "".join(out)
 
 
 def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
@@ -167,8 +275,8 @@ def _ci(lo: float, hi: float) -> str:
     return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
 
 
-def report_text(study: Any, *, storage: str | None = None) -> str:
-    """The Markdown report of a pipeline study."""
+def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, Any] | None = None) -> str:
+    """The Markdown report of a pipeline study; ``gate``: config.toml's ``[gate]`` (its section follows the points)."""
     from tuner.result.report import compare_table, dashboard_command, importances_section
 
     a = study.user_attrs
@@ -203,6 +311,8 @@ def report_text(study: Any, *, storage: str | None = None) -> str:
                + log.table(["Test", "depth", "upstream kernel", "kernel", "Speedup 95% CI", "A/A noise", "rounds", "verdict"],
                            [[t[1], r["depth"], t[2], t[3], t[7], t[8], t[9], t[10]] for t, r in zip(tab, rows)])
                if tab else "(nothing differed from upstream, so nothing was re-measured)")
+    if gate is not None:
+        out.append("\n\n" + gate_section(gate))
     out.append("\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n")
     for phase in ("tg", "pp"):
         cells = a.get(f"screen_{phase}", {})

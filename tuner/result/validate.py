@@ -1,6 +1,7 @@
 """``tuner validate``: check stored winners (``results/<arch>/<model>/``) still hold.
 
-Static checks (always): the schema of ``config.toml``; the pinned source still resolves to the same
+Static checks (always): the schema of ``config.toml``; its ``[gate]`` table (the output-equivalence
+gate, schema 3) passed, re-judged from its recorded numbers; the pinned source still resolves to the same
 content id; re-rendering from ``config.toml`` reproduces ``tuned.patch`` byte for byte and the recorded
 hashes; the patch applies to the pristine tree (``git apply --check``); every compile-time value passes
 the arch's constraint check; where the folder holds ``upstream.patch``, it applies to the pristine tree
@@ -82,9 +83,11 @@ def load_config(folder: Path) -> dict[str, Any]:
 def _schema(cfg: Mapping[str, Any]) -> list[str]:
     errs = []
     required = dict(REQUIRED)
-    if cfg.get("schema") == 2:  # screen -> compose -> tune -> confirm: confirmed points instead of buckets
+    if cfg.get("schema") in (2, 3):  # screen -> compose -> tune -> confirm: confirmed points instead of buckets
         del required["buckets"]
         required["points"] = list
+    if cfg.get("schema") == 3:  # [gate] became the output-equivalence gate; test-backend-ops moved to [op_check]
+        required["op_check"] = dict
     for k, t in required.items():
         if k not in cfg:
             errs.append(f"missing key {k!r}")
@@ -126,6 +129,59 @@ def _source_finding(source: Any, src_cfg: Mapping[str, Any]) -> Finding:
         detail="" if ok else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
         f"{src_cfg['source_id']} era {src_cfg['era']}",
     )
+
+
+def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
+    """The output-equivalence gate: recorded as passed (its numbers re-judged), or not needed for upstream's config.
+
+    A result exported before the gate (schema < 3) fails where this machine can run its arch (re-export
+    it) and is reported as not run where it cannot: its numbers are never made up."""
+    check = "output-equivalence gate"
+    arch = cfg["target"]["arch"]
+    if cfg["schema"] < 3:
+        from tuner.targets.archs import detect_local_archs
+
+        local = detect_local_archs()
+        if arch != "cpu" and arch not in local:
+            return Finding(check=check, ok=True, detail=f"gate not run: needs a {arch} GPU (this machine has "
+                           f"{', '.join(local) or 'none'}); the result was exported before the gate existed")
+        return Finding(check=check, ok=False, detail="exported before the output-equivalence gate existed (config.toml "
+                       "schema < 3): rerun `tuner search` with its study and `tuner export` it again")
+    g = cfg["gate"]
+    if g.get("verdict") == "not needed":
+        choice = cfg["choice"]
+        upstream = not choice.get("fa_rules") and not choice.get("compile") and choice.get("tune_trial") is None
+        return Finding(check=check, ok=upstream, detail="not needed: the exported config is upstream's" if upstream else
+                       "[gate] says 'not needed' but the choice has rules, compile values or a tune trial")
+    if g.get("verdict") != "pass" or not g.get("checks"):
+        return Finding(check=check, ok=False, detail=f"[gate] verdict is {g.get('verdict')!r} with "
+                       f"{len(g.get('checks', []))} check(s); only a passing gate may be exported")
+    return _rejudged(g, check)
+
+
+def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
+    """Every recorded check judged again from its numbers and the recorded thresholds (an edited verdict fails)."""
+    import math
+
+    from tuner.measure.equivalence import KldStats, Thresholds, judge
+
+    try:
+        thr = Thresholds(**dict(g["thresholds"]))
+    except (KeyError, TypeError) as err:
+        return Finding(check=check, ok=False, detail=f"[gate] thresholds unreadable: {err}")
+    bad = []
+    for c in g["checks"]:
+        nums = {k: float(c[k]) if isinstance(c.get(k), (int, float)) else math.nan
+                for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")}
+        stats = KldStats(**nums, mean_kld_unc=math.nan, median_kld=math.nan, same_top_unc=math.nan, ppl_q=math.nan,
+                         ppl_base=math.nan)
+        ok, why = judge(stats=stats, deterministic=c.get("deterministic"), identical_to_upstream=c.get("identical_to_upstream"),
+                        strict=bool(c.get("strict")), thresholds=thr)
+        if not ok or c.get("verdict") != "pass":
+            bad.append(f"{c.get('name')}: {' '.join(why) or 'recorded verdict ' + repr(c.get('verdict'))}")
+    detail = (f"pass in {', '.join(g.get('modes', []))}: {len(g['checks'])} check(s), worst mean KLD {g.get('mean_kld')}, "
+              f"99% KLD {g.get('p99_kld')}, max KLD {g.get('max_kld')}, same top p {g.get('same_top_pct')}%")
+    return Finding(check=check, ok=not bad, detail="; ".join(bad) if bad else detail)
 
 
 def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
@@ -187,6 +243,7 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
         return ResultCheck(path=folder, findings=tuple(f))
 
     src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
+    f.append(_gate_finding(cfg))
     f.append(_patch_hash_finding(patch, cfg))
     try:
         source = fetch_source(src_cfg["spec"])

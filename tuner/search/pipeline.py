@@ -13,6 +13,7 @@ __all__ = ["PIPELINE_VERSION", "BudgetReached", "run_pipeline", "run_tune_worker
 import contextlib
 import os
 import platform
+import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -113,11 +114,13 @@ def _open_study(cfg: Any) -> Any:
         ) from err
 
 
-def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
+def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None) -> dict[str, Any]:
     """Run (or resume) the whole pipeline; returns the study's ``result`` attribute.
 
     ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
-    measure of :mod:`tuner.search.live` runs the build's real llama-bench.
+    measure of :mod:`tuner.search.live` runs the build's real llama-bench. ``equivalence(check,
+    upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
+    llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
     """
     from tuner.targets.archs import load_arch
     from tuner.source import fetch_source
@@ -175,6 +178,8 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None) -> dict[str, Any]:
                       builds)
     with _timed(st, "confirm"):
         result = _confirm(cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline)
+    with _timed(st, "equivalence"):
+        result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence)
     st.set("result", result)
     return result
 
@@ -427,6 +432,46 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
     unmeasured = [p for p in PHASES if p not in phases]
     return {"rules": j["kept"], "dropped": j["dropped"], "tuned": tuned, "rows": rows, "attempt": attempt,
             "upstream_phases": unmeasured, "confirm_depths": list(depths)}
+
+
+def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
+                 base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any) -> dict[str, Any]:
+    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`).
+
+    Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
+    config), so a resumed search does not run it again. A failing final config becomes upstream's
+    selection; nothing confirmed: the gate is not needed and nothing runs."""
+    from tuner.plan.space import compile_values_of, runtime_env_and_args
+    from tuner.search import output_gate as og
+
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    base_variant = str(fixed.get("variant", variants[0]))
+    tuned = result.get("tuned")
+    vals = dict((tuned or {}).get("values", {}))
+    variant = str(vals.get("variant", base_variant))
+    compile_values = compile_values_of(space, vals)
+    env, args = runtime_env_and_args(space, vals) if tuned else (dict(base_env), list(base_args))
+    changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]
+    checks = og.plan_checks(rules=list(result.get("rules", [])), base_env=base_env, base_args=base_args, final_env=env,
+                            final_args=args, changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k)
+                                                      for k in changed},
+                            build_changed=variant != base_variant or bool(compile_values), era=era)
+    ckey = stable_hash({"rules": list(result.get("rules", [])), "tuned": vals or None})[:12]
+    key = f"equivalence_{ckey}"
+    run = equivalence or (lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir,
+                                                                  jobs=cfg.jobs))
+
+    def run_one(c: Any) -> Mapping[str, Any]:
+        wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
+        return run(c, builds.get(base_variant, {}), builds.get(variant, compile_values), wd)
+
+    def persist(name: str, rec: Mapping[str, Any]) -> None:
+        st.set(key, {"checks": {**st.get(key, {}).get("checks", {}), name: dict(rec)}})
+
+    with log.step(f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
+                  if checks else "Output-equivalence gate: not needed (the final config is upstream's)"):
+        gate = og.run_checks(checks, done=st.get(key, {}).get("checks", {}), run_one=run_one, on_check=persist)
+    return og.gated_result(result, gate)
 
 
 # ------------------------------------------------------------------------------------------------

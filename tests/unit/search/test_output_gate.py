@@ -1,0 +1,145 @@
+"""The output-equivalence gate as the search's last stage: what runs, resumes, and what a failure exports.
+
+llama-perplexity is faked here (its real runs: tests/integration/test_equivalence_cpu.py and the CPU
+pipeline in tests/integration/test_pipeline_export.py)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+
+from tuner.search import output_gate as og
+from tuner.search.pipeline import _output_gate, _State
+
+RULES = ["decode/D64/gqa4/kvf16:0-4096=VEC", "decode/D64/gqa4/kvf16:32768-=MMA", "decode/D64/gqa4/kvf16:65536-=MMA"]
+
+
+def plan(**kw):
+    base = dict(rules=[], base_env={}, base_args=[], final_env={}, final_args=[], changed={}, build_changed=False,
+                era="mma")
+    return og.plan_checks(**{**base, **kw})
+
+
+def test_no_change_needs_no_gate() -> None:
+    assert plan() == []
+    assert plan(base_args=["-t", "1"], final_args=["-t", "1"]) == []  # pinned on both sides: not a change
+
+
+def test_rules_are_checked_per_kernel_widened_in_their_phase() -> None:
+    checks = plan(rules=RULES)
+    assert [(c.mode, c.env["GGML_TUNER_FA_RULES"], c.strict) for c in checks] == [
+        ("decode", "decode/D64/gqa4/kvf16:0-=VEC", False), ("decode", "decode/D64/gqa4/kvf16:0-=MMA", False)]
+    assert all(c.args == ("-fa", "on") and c.upstream_args == ("-fa", "on") for c in checks)
+
+
+def test_threads_alone_are_strict_in_both_modes() -> None:
+    checks = plan(final_args=["-t", "1", "-ub", "512"], changed={"-t": ("pp", "tg")})
+    assert [(c.mode, c.strict, c.args) for c in checks] == [("decode", True, ("-fa", "on", "-t", "1")),
+                                                             ("prefill", True, ("-fa", "on", "-t", "1"))]
+    assert checks[1].not_applied == ()  # -ub 512 is upstream's own micro-batch, not a change
+    graph = plan(final_env={"GGML_CUDA_GRAPH_OPT": "1"}, changed={"GGML_CUDA_GRAPH_OPT": ("pp", "tg")})
+    assert all(c.strict and c.env == {"GGML_CUDA_GRAPH_OPT": "1"} for c in graph)
+
+
+def test_numeric_knobs_builds_and_microbatches_are_not_strict() -> None:
+    fa = plan(final_args=["-fa", "off", "-t", "1"], changed={"-fa": ("pp", "tg"), "-t": ("pp", "tg")})
+    assert [(c.mode, c.strict, c.args) for c in fa] == [("decode", False, ("-fa", "off", "-t", "1")),
+                                                        ("prefill", False, ("-fa", "off", "-t", "1"))]
+    ub = plan(final_args=["-ub", "128"], changed={"-ub": ("pp",)})
+    assert [(c.mode, c.strict, c.not_applied) for c in ub] == [("prefill", False, ("-ub", "128"))]
+    built = plan(build_changed=True, rules=["prefill:0-=TILE"])
+    assert [(c.name, c.strict) for c in built] == [("decode process", False), ("prefill prefill:0-=TILE", False)]
+    assert plan(final_args=["-fa", "0"], changed={"-fa": ("pp", "tg")}, era="rocwmma")[0].args == ()  # bare switch, off
+    assert plan(rules=["prefill:0-=WMMA"], era="rocwmma")[0].upstream_args == ("-fa",)
+
+
+def _rec(passed: bool, mode: str = "decode") -> dict:
+    return {"verdict": "pass" if passed else "fail", "passed": passed, "mode": mode, "strict": False,
+            "reasons": [] if passed else ["Mean KLD 0.006275 > threshold 1e-05."], "deterministic": True,
+            "stats": {"mean_kld": 0.0 if passed else 0.006275, "p99_kld": 1e-6, "max_kld": 1e-6, "same_top_pct": 100.0},
+            "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0},
+            "settings": {"ctx": 128, "chunks": 2}}
+
+
+def test_run_checks_resumes_and_judges_all() -> None:
+    checks = plan(rules=RULES)
+    ran, saved = [], {}
+
+    def run_one(c):
+        ran.append(c.name)
+        return _rec(True)
+
+    gate = og.run_checks(checks, done={checks[0].name: {**_rec(True), "name": checks[0].name}}, run_one=run_one,
+                         on_check=saved.__setitem__)
+    assert ran == [checks[1].name] and list(saved) == ran  # the recorded check is not run again
+    assert gate["verdict"] == "pass" and len(gate["checks"]) == 2
+    failed = og.run_checks(checks, done={}, run_one=lambda c: _rec(c.name.endswith("MMA")), on_check=lambda *_: None)
+    assert failed["verdict"] == "fail"
+    assert og.run_checks([], done={}, run_one=run_one, on_check=saved.__setitem__)["verdict"] == "not needed"
+
+
+def test_a_failing_final_config_exports_upstream_and_keeps_the_numbers() -> None:
+    result = {"rules": RULES[:1], "tuned": {"values": {"threads": 1}}, "rows": [{"verdict": "faster"}], "dropped": {},
+              "upstream_phases": []}
+    gate = {"verdict": "fail", "checks": [{**_rec(False), "name": "decode decode/D64/gqa4/kvf16:0-=VEC"}]}
+    out = og.gated_result(result, gate)
+    assert out["rules"] == [] and out["tuned"] is None and out["rows"] == [] and out["upstream_phases"] == ["tg", "pp"]
+    assert out["gate"]["verdict"] == "not needed" and out["gate"]["rejected"]["rules"] == RULES[:1]
+    assert out["gate"]["rejected"]["gate"]["checks"][0]["stats"]["mean_kld"] == 0.006275
+    assert "output-equivalence gate" in out["dropped"][RULES[0]]
+    ok = og.gated_result(result, {"verdict": "pass", "checks": [_rec(True)]})
+    assert ok["rules"] == RULES[:1] and ok["gate"]["verdict"] == "pass"
+
+
+class _Study:
+    def __init__(self) -> None:
+        self.user_attrs: dict = {}
+
+    def set_user_attr(self, k, v) -> None:
+        self.user_attrs[k] = v
+
+
+class _Builds:
+    def get(self, variant, compile_values):
+        return types.SimpleNamespace(build_id=f"{variant}-{sorted(compile_values)}")
+
+
+@pytest.fixture()
+def stage(tmp_path: Path):
+    from tuner.plan.space import load_space
+
+    cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf", jobs=1)
+    st = _State(_Study())
+    calls = []
+
+    def run(passed):
+        def equivalence(check, up_build, fin_build, work_dir):
+            calls.append((check.name, check.strict, up_build.build_id, fin_build.build_id, work_dir.parent.name))
+            return _rec(passed, check.mode)
+        return equivalence
+
+    def go(result, passed=True):
+        return _output_gate(cfg, st, load_space("cpu", "mma"), {}, "mma", result, {}, [], _Builds(), run(passed))
+
+    return types.SimpleNamespace(go=go, calls=calls, st=st)
+
+
+def test_stage_runs_the_gate_once_and_stores_it(stage) -> None:
+    tuned = {"trial": 3, "values": {"threads": 1, "ubatch": 512, "flash_attn": "on"}}
+    res = stage.go({"rules": [], "tuned": tuned, "rows": [], "dropped": {}})
+    assert [c[:4] for c in stage.calls] == [("decode process", True, "cpu-[]", "cpu-[]"), ("prefill process", True, "cpu-[]", "cpu-[]")]
+    assert res["gate"]["verdict"] == "pass" and res["tuned"] == tuned
+    key = f"equivalence_{stage.calls[0][4]}"
+    assert set(stage.st.get(key)["checks"]) == {"decode process", "prefill process"}
+    again = stage.go({"rules": [], "tuned": tuned, "rows": [], "dropped": {}})
+    assert len(stage.calls) == 2 and again["gate"] == res["gate"]  # resumed: nothing runs again
+
+
+def test_stage_not_needed_and_failing(stage) -> None:
+    res = stage.go({"rules": [], "tuned": None, "rows": [], "dropped": {}})
+    assert res["gate"]["verdict"] == "not needed" and stage.calls == []
+    bad = stage.go({"rules": [], "tuned": {"values": {"flash_attn": "off"}}, "rows": [{}], "dropped": {}}, passed=False)
+    assert [c[1] for c in stage.calls] == [False, False]  # -fa off changes numerics: not strict
+    assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}

@@ -1,0 +1,186 @@
+"""The output-equivalence gate as the search's last stage: the confirmed final config vs upstream.
+
+What to run follows ``docs/equivalence.md``: each phase whose config changed is judged in its own
+mode (``decode`` rules and decode-affecting knobs with ``-b 1 -ub 1``, ``prefill`` ones with one
+micro-batch per chunk); each kernel of the kept rules once, its interval widened to ``0-`` so it fires
+at the gate's short context (:func:`tuner.measure.equivalence.widened_rules`); ``strict`` (logits
+byte-identical to upstream's) where only scheduling knobs changed (threads, CUDA graph env) on the
+same build. No change at all: the gate is not needed, and nothing runs.
+
+A final config with any failing check is infeasible. The search then keeps upstream's selection
+(:func:`gated_result`): the confirmed speedups belong to the whole final config, so a part of it
+would be a config nobody confirmed; the rejected config and the gate's numbers stay in the result
+for the report.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEDULING_ENV", "SCHEDULING_FLAGS", "GateCheck", "gated_result", "perplexity_args", "plan_checks",
+           "run_checks", "run_gate_check"]
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+from tuner.measure.equivalence import widened_rules
+
+SCHEDULING_FLAGS = frozenset({"-t"})
+"""llama-bench flags that only schedule work (the CPU gives byte-identical logits for -t 1 and -t 2)."""
+SCHEDULING_ENV = frozenset({"GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_GRAPHS"})
+"""Environment knobs that only change how kernels are launched (CUDA graphs)."""
+_BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch (one token, or one chunk)
+_MODE_PHASE = {"decode": "tg", "prefill": "pp"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GateCheck:
+    """One run of the gate: the final config (or one widened rule of it) against upstream in one mode."""
+
+    name: str
+    mode: str
+    strict: bool
+    env: Mapping[str, str]
+    args: tuple[str, ...]
+    upstream_env: Mapping[str, str]
+    upstream_args: tuple[str, ...]
+    why: str
+    """What changed in this phase (for the report)."""
+    not_applied: tuple[str, ...] = ()
+    """Final-config flags the gate cannot apply (the micro-batch is its mode's)."""
+
+
+def _pairs(args: Sequence[str]) -> dict[str, str]:
+    """llama-bench knob args are flag/value pairs (``-t 1 -ub 128``)."""
+    if len(args) % 2:
+        raise UsageError(f"llama-bench arguments {list(args)} are not flag/value pairs; the gate cannot translate them.")
+    return dict(zip(args[::2], args[1::2]))
+
+
+def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], list[str]]:
+    """llama-bench knob args -> (llama-perplexity args, flags left out); FlashAttention on unless a knob says off.
+
+    The search measures with FlashAttention on, so both sides of the gate run it too: era ``mma``
+    spells ``-fa on|off``, the 2025-08 ``rocwmma`` tree has a bare ``-fa`` switch (off by default).
+    """
+    out: list[str] = []
+    left: list[str] = []
+    fa = True
+    for flag, val in _pairs(bench_args).items():
+        if flag == "-fa":
+            fa = val in ("on", "1", "true")
+        elif flag in _BATCH_FLAGS:
+            left += [flag, val]
+        else:
+            out += [flag, val]
+    if era == "rocwmma":
+        return (["-fa"] if fa else []) + out, left
+    return ["-fa", "on" if fa else "off"] + out, left
+
+
+# long: the decision table of docs/equivalence.md in one place, about 40 lines.
+def plan_checks(*, rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
+                final_env: Mapping[str, str], final_args: Sequence[str], changed: Mapping[str, Sequence[str]],
+                build_changed: bool, era: str) -> list[GateCheck]:
+    """The gate runs a final config needs; empty when nothing differs from upstream (gate not needed).
+
+    Args:
+        rules: The kept FlashAttention rules (GGML_TUNER_FA_RULES entries).
+        base_env, base_args: Upstream's side: the pinned runtime knobs (env, llama-bench args).
+        final_env, final_args: The final config's runtime knobs (rules not included).
+        changed: Each process knob that differs from upstream, by what it sets (its llama-bench flag or
+            environment variable), -> the phases (``pp``/``tg``) it can affect.
+        build_changed: The final config runs another build (variant or compile-time values).
+        era: The tree's era (llama-perplexity's ``-fa`` spelling).
+    """
+    up_args, _ = perplexity_args(base_args, era)
+    cand_args, left = perplexity_args(final_args, era)
+    left = [x for flag, val in zip(left[::2], left[1::2]) if flag in changed for x in (flag, val)]
+    scheduling_only = not build_changed and set(changed) <= SCHEDULING_ENV | SCHEDULING_FLAGS
+    what = sorted(changed) + (["build"] if build_changed else [])
+    widened = widened_rules(rules)
+    all_rules = {"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {}
+    checks = []
+    for mode, phase in _MODE_PHASE.items():
+        process_here = build_changed or any(phase in ph for ph in changed.values())
+        common = dict(mode=mode, args=tuple(cand_args), upstream_env=dict(base_env), upstream_args=tuple(up_args),
+                      not_applied=tuple(left) if mode == "prefill" else ())
+        knobs = f"; with {', '.join(what)} changed" if process_here else ""
+        for rule in widened[mode]:
+            checks.append(GateCheck(name=f"{mode} {rule}", strict=False, env={**final_env, "GGML_TUNER_FA_RULES": rule},
+                                    why=f"kept rule kernel {rule.rsplit('=', 1)[1]} (interval widened to 0-){knobs}", **common))
+        if process_here and not widened[mode]:
+            # The other phase's rules, if any, cannot fire in this mode, so strict still holds.
+            checks.append(GateCheck(name=f"{mode} process", strict=scheduling_only, env={**final_env, **all_rules},
+                                    why=f"{', '.join(what)} changed", **common))
+    return checks
+
+
+def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one: Callable[[GateCheck], Mapping[str, Any]],
+               on_check: Callable[[str, Mapping[str, Any]], None]) -> dict[str, Any]:
+    """Run each check not in ``done`` (``name -> record``, resumed from the study); a record per check.
+
+    ``run_one(check)`` returns :meth:`EquivalenceResult.as_dict` (or a fake's equivalent); ``on_check``
+    persists each record as soon as it exists. Returns the gate record: ``verdict`` (``pass``,
+    ``fail`` or ``not needed``) and ``checks`` (each with ``name``, ``mode``, ``strict``, ``why``).
+    """
+    if not checks:
+        return {"verdict": "not needed", "checks": [],
+                "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's"}
+    recs = []
+    for c in checks:
+        rec = done.get(c.name)
+        if rec is None:
+            rec = {**run_one(c), "name": c.name, "why": c.why, "not_applied": list(c.not_applied)}
+            on_check(c.name, rec)
+            log.info(f"  output-equivalence gate, {c.name}: {str(rec.get('verdict', '?')).upper()}"
+                     + (f" ({' '.join(rec.get('reasons', []))})" if rec.get("reasons") else ""))
+        recs.append(dict(rec))
+    return {"verdict": "pass" if all(r.get("passed") for r in recs) else "fail", "checks": recs}
+
+
+def run_gate_check(check: GateCheck, up_build: Any, fin_build: Any, work_dir: Path, *, model: Path, run_dir: Path,
+                   jobs: int | None = None) -> dict[str, Any]:
+    """One check with the real llama-perplexity of both builds (built on demand, build ids kept).
+
+    A failed tool build is a failed check with its reason, never a crash. Logs are recorded relative
+    to ``run_dir``: the study and the export must not name this machine's paths."""
+    from tuner.builder.extra import ensure_targets
+    from tuner.measure.equivalence import run_equivalence
+
+    try:
+        up, fin = (ensure_targets(b, ["llama-perplexity"], jobs=jobs) for b in (up_build, fin_build))
+    except TunerError as err:
+        return {"verdict": "fail", "passed": False, "mode": check.mode, "strict": check.strict,
+                "reasons": [f"llama-perplexity could not be built, so the gate could not run: {str(err)[:500]}"]}
+    res = run_equivalence(fin.bin_dir, up.bin_dir, model, mode=check.mode, candidate_env=check.env,
+                          candidate_args=check.args, upstream_env=check.upstream_env, upstream_args=check.upstream_args,
+                          work_dir=work_dir, strict=check.strict).as_dict()
+    res["logs"] = {k: os.path.relpath(v, run_dir) for k, v in res["logs"].items()}
+    res["settings"] = {k: v for k, v in res["settings"].items() if k not in ("model", "candidate_bin", "upstream_bin")}
+    return res
+
+
+def gated_result(result: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
+    """The result to export: unchanged with its gate record when it passed, upstream's selection when it failed.
+
+    A failed final config is infeasible: its rules and knobs are dropped as a whole (see the module
+    docstring), its confirmed rows go with it (they measured the rejected config), and the rejected
+    config with the failing numbers is kept under ``gate.rejected`` for the report.
+    """
+    if gate["verdict"] != "fail":
+        return {**result, "gate": dict(gate)}
+    failing = [c for c in gate["checks"] if not c.get("passed")]
+    why = "; ".join(f"{c['name']}: {' '.join(c.get('reasons', []))}" for c in failing)
+    log.warning(f"OUTPUT-EQUIVALENCE GATE FAILED for the final config ({why}). It is infeasible and is NOT exported; "
+                "the result is upstream's selection.")
+    rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
+    dropped = {**dict(result.get("dropped", {})),
+               **{r: "failed the output-equivalence gate with the final config" for r in result.get("rules", [])}}
+    return {**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped,
+            "upstream_phases": ["tg", "pp"],
+            "gate": {"verdict": "not needed", "checks": [], "rejected": {**rejected, "gate": dict(gate)},
+                     "why": "the final config failed the gate, so upstream's selection is exported"}}
