@@ -68,22 +68,28 @@ def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tupl
     """
     avail = tuple(available) if available is not None else _available()
     have = mask_text(avail)
+
+    def absent(what: str) -> UsageError:
+        return UsageError(f"--cpu-mask {text!r} names CPU(s) {what} that this machine does not have (or that this "
+                          f"process may not use): the CPUs here are {have} ({len(avail)} in all). Pick a subset of "
+                          f"them, e.g. --cpu-mask {mask_text(avail[:2])}.")
+
     ids: set[int] = set()
     for part in str(text).strip().split(","):
-        m = re.fullmatch(r"\s*(\d{1,6})\s*(?:-\s*(\d{1,6})\s*)?", part)
+        m = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?", part)
         if not m:
             raise UsageError(f"--cpu-mask {text!r} is not a CPU list: give CPU ids and ranges separated by commas, "
                              f"e.g. --cpu-mask 0-3 or --cpu-mask 0,2 (this machine's CPUs: {have}).")
         lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
-        if hi < lo or hi >= _MAX_CPU_ID:
-            raise UsageError(f"--cpu-mask {text!r}: range {part.strip()!r} is empty or out of range; write LOW-HIGH with "
-                             f"LOW <= HIGH, e.g. 0-3 (this machine's CPUs: {have}).")
+        if hi < lo:
+            raise UsageError(f"--cpu-mask {text!r}: range {part.strip()!r} is empty; write LOW-HIGH with LOW <= HIGH, "
+                             f"e.g. 0-3 (this machine's CPUs: {have}).")
+        if hi >= _MAX_CPU_ID:  # no machine has that many; do not build the range
+            raise absent(part.strip())
         ids.update(range(lo, hi + 1))
-    absent = sorted(ids - set(avail))
-    if absent:
-        raise UsageError(f"--cpu-mask {text!r} names CPU(s) {mask_text(absent)} that this machine does not have (or that "
-                         f"this process may not use): the CPUs here are {have} ({len(avail)} in all). Pick a subset of "
-                         f"them, e.g. --cpu-mask {mask_text(avail[:2])}.")
+    missing = sorted(ids - set(avail))
+    if missing:
+        raise absent(mask_text(missing))
     return tuple(sorted(ids))
 
 
