@@ -119,3 +119,34 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     check = validate_result(out)
     assert check.ok, [f for f in check.findings if not f.ok]
     assert any(f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings)
+
+
+def test_a_pinned_study_exports_its_mask_and_derived_knob_values(tree_a, tmp_path: Path) -> None:
+    """A study measured under --cpu-mask with tuned threads/-ngl: the export resolves the same derived
+    space (from the study's derived_knobs) and its commands carry the pin, so they reproduce the run."""
+    import dataclasses
+
+    import optuna
+
+    from tuner.cli.export_cmd import export_study
+    from tuner.plan.derive import legal_values
+    from tuner.plan.space import load_space
+    from tuner.targets.host import Cpus
+
+    db = tmp_path / "study.db"
+    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    storage = f"sqlite:///{db}"
+    study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
+    legal = legal_values(load_space("sm_90", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=True),
+                         shape={"n_layers": 16, "n_kv_heads": 8, "head_dim": 64})
+    study.set_user_attr("derived_knobs", {k: dataclasses.asdict(v) for k, v in legal.items()})
+    study.set_user_attr("cpu_mask", [0, 1])
+    study.set_user_attr("result", {"rules": [], "dropped": {}, "tuned": {"trial": 0, "values": {"threads": 1, "ngl": 9},
+                                                                                  "params": {"threads": 1, "ngl": 9}},
+                                   "rows": _crafted_rows(), "upstream_phases": [], "confirm_depths": [32768],
+                                   "gate": _crafted_gate(passed=True)})
+    out = export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
+    run_env = (out / "run.env").read_text()
+    assert "# llama-bench: taskset -c 0-1 llama-bench" in run_env and "-t 1 -ngl 9" in run_env
+    assert "# llama-server: taskset -c 0-1 llama-server" in run_env
+    assert 'cpu_mask = "0-1"' in (out / "config.toml").read_text()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["depths_option", "parse_pairs"]
+__all__ = ["cpu_mask_option", "depths_option", "parse_pairs"]
 
 import click
 
@@ -20,6 +20,19 @@ def depths_option(ctx: click.Context, param: click.Parameter, value: str | None)
     if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
         raise click.BadParameter("depths must be between 0 and 1048576 tokens")
     return ds
+
+
+def cpu_mask_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """Click callback: ``0-3`` / ``0,2`` -> the CPU ids, checked present here (a UsageError, exit 2)."""
+    if value is None:
+        return None
+    from tuner.targets.host import parse_cpu_mask
+
+    return parse_cpu_mask(value)
+
+
+CPU_MASK_HELP = ("Pin every llama-bench process to these CPUs (taskset -c), e.g. 0-1 or 0,2: a host-paced run where the "
+                 "CPU is the limit. Threads' legal values then follow the mask's size.")
 
 
 def parse_pairs(values: tuple[str, ...], flag: str, example: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
 
 from tuner import log
 from tuner.errors import UsageError
@@ -54,13 +54,14 @@ def _default_run_dir(kind: str) -> Path:
 @click.option("--arch", default=None, help="Arch for the roofline columns (see `tuner archs`).")
 @click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline.")
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
+@click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
           reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,
-          no_fa: bool, arch: str | None, bandwidth: float | None, timeout: float, out_dir: Path | None,
-          extra: tuple[str, ...]) -> None:
+          no_fa: bool, arch: str | None, bandwidth: float | None, timeout: float, cpu_mask: tuple[int, ...] | None,
+          out_dir: Path | None, extra: tuple[str, ...]) -> None:
     """Benchmark builds with llama-bench: pp and tg at every depth, with noise control.
 
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
@@ -77,7 +78,7 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
         names = [f"{n}-{i}" for i, n in enumerate(names)]
     out = out_dir or _default_run_dir("bench")
     kw = dict(depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps, timeout=timeout,
-              era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth)
+              era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth, cpus=cpu_mask)
     env = _env(envs)
     frames = {}
     with log.step(f"Benchmarking {', '.join(names)} on {model.name} (depths {','.join(map(str, depths))})"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
@@ -65,6 +65,7 @@ def _common(f):  # type: ignore[no-untyped-def]
                      help="Depths the confirm stage adds between the ladder's (default 2; each costs a depth fill per call)."),
         click.option("--refine", type=click.IntRange(0, 10), default=None,
                      help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU)."),
+        click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
         click.option("--ptx-jit", is_flag=True,
                      help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100)."),
     ]
@@ -146,6 +147,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     sets = _sets(kw["sets"])  # type: ignore[arg-type]
     ctx = _context_length(model)
     depths = tuple(kw.get("depths") or [d for d in defaults["depths"] if not ctx or d <= ctx])  # type: ignore[union-attr]
+    _check_pins(arch, source, model, sets, kw.get("cpu_mask"))  # type: ignore[arg-type]
     cfg = SearchConfig(
         arch=arch,
         source_spec=spec,
@@ -171,6 +173,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         max_rounds=max(int(kw["min_rounds"]), int(kw.get("max_rounds") or defaults["max_rounds"])),  # type: ignore[arg-type]
         ci_target=float(kw["ci_target"]),  # type: ignore[arg-type]
         refine=int(kw["refine"] if kw.get("refine") is not None else defaults["refine"]),  # type: ignore[arg-type]
+        cpu_mask=kw.get("cpu_mask"),  # type: ignore[arg-type]
         **{k: int(kw[k]) for k in ("reps_pp", "reps_tg", "confirm_extra") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
     log.info(
@@ -207,6 +210,16 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     export_study(study, storage=cfg.storage_url, out_dir=out)
     log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
+
+
+def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cpu_mask: tuple[int, ...] | None) -> None:
+    """--set values checked against the space resolved for this machine, mask and model (threads within
+    the CPUs, -ngl within the layers), so a bad pin is refused before any build or measurement."""
+    from tuner.plan.derive import space_for_run
+    from tuner.plan.space import load_space, parse_set_values
+
+    space, _ = space_for_run(load_space(arch, source.era), cpu_mask=cpu_mask, model=model, gpu=False)  # type: ignore[attr-defined]
+    parse_set_values(space, [f"{k}={v}" for k, v in sets.items() if k != "variant"])
 
 
 def _model(arch: str, source: object, kw: dict, defaults: dict) -> Path:

@@ -106,6 +106,7 @@ from tuner.measure.frames import compare, load_results, render_table, save_resul
 from tuner.measure.interleave import BenchTarget, InterleavedResult, run_interleaved
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
+from tuner.targets.host import check_threads, host_cpus, mask_text, parse_cpu_mask, pin_command
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -415,6 +416,8 @@ class _BenchPlan:
     confidence: float
     seed: int
     observe: bool
+    pin: tuple[str, ...] = ()
+    """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
 
 
 def _check_bench_args(
@@ -422,6 +425,7 @@ def _check_bench_args(
     target_ci: float | None, max_reps: int, env: Mapping[str, str], extra_args: Sequence[str],
     log_dir: Path, label: str, timeout: float, era: str | None, flash_attn: bool | None,
     arch: str | None, bandwidth: float | None, confidence: float, seed: int, observe: bool,
+    cpus: Sequence[int] | None = None,
 ) -> _BenchPlan:
     """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
     bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
@@ -447,6 +451,11 @@ def _check_bench_args(
         raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
     env = _check_env(env)
     extra = _check_extra_args(extra_args)
+    if cpus:
+        parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
+    if "-t" in extra[:-1]:
+        check_threads(extra[extra.index("-t") + 1], host_cpus(cpus))
+    pin = tuple(pin_command(cpus))
     fa = _fa_args(exe, era, flash_attn)
     label = label or bin_dir.parent.name or "bench"
     if not re.match(r"^[\w.@+-]+$", label):
@@ -459,7 +468,7 @@ def _check_bench_args(
     return _BenchPlan(exe=exe, model=model, log_dir=log_dir, depths=depths, pp=pp, tg=tg, want=want,
                       max_reps=max_reps, target_ci=target_ci, timeout=timeout, env=env, extra=extra,
                       fa=fa, label=label, arch=arch, bandwidth=bandwidth, confidence=confidence,
-                      seed=seed, observe=observe)
+                      seed=seed, observe=observe, pin=pin)
 
 
 def _absorb_records(
@@ -517,7 +526,7 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
     for d in plan.depths:
         accs[(phase, d)] = _Acc()
     while pending:
-        cmd = [str(plan.exe), "-m", str(plan.model),
+        cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model),
                "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
                "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
                *plan.fa, *plan.extra]
@@ -542,7 +551,7 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     for ph in ("pp", "tg"):
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
-    cmd = [str(plan.exe), "-m", str(plan.model), "-p", str(plan.pp), "-n", str(plan.tg),
+    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(plan.pp), "-n", str(plan.tg),
            "-d", ",".join(str(d) for d in plan.depths), "-r", str(plan.want + 1), "-o", "jsonl", *plan.fa, *plan.extra]
     log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
     records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout,
@@ -606,6 +615,7 @@ def run_bench(
     confidence: float = 0.95,
     seed: int = 0,
     observe: bool = True,
+    cpus: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """Benchmark one build on one model: pp and tg at every depth.
 
@@ -632,6 +642,7 @@ def run_bench(
         confidence: Coverage of the CI columns.
         seed: Bootstrap seed.
         observe: Sample CPU/GPU utilization during each call.
+        cpus: Pin every llama-bench call to these CPUs (``taskset -c``; the host-paced scenario).
 
     Returns:
         A DataFrame with the module docstring's schema; ``df.attrs`` holds ``log_file`` (the
@@ -646,7 +657,7 @@ def run_bench(
         bin_dir, model, depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps,
         env=env, extra_args=extra_args, log_dir=log_dir, label=label, timeout=timeout, era=era,
         flash_attn=flash_attn, arch=arch, bandwidth=bandwidth, confidence=confidence, seed=seed,
-        observe=observe)
+        observe=observe, cpus=cpus)
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
     if plan.pp > 0 and plan.tg > 0 and plan.target_ci is None:  # one call: both tests share each depth fill

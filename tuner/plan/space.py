@@ -9,7 +9,9 @@ carries its upstream default, so a study can always enqueue the baseline first.
 from __future__ import annotations
 
 __all__ = [
+    "BENCH_DEFAULT",
     "COMPILE_KINDS",
+    "DERIVED_FLAGS",
     "RUNTIME_KINDS",
     "FA_RULE_KV_TYPES",
     "FA_RULE_KEY_RANGES",
@@ -68,9 +70,14 @@ _KIND_KEYS: dict[str, tuple[str, ...]] = {
     "rule": ("phase", "lo", "hi"),
     "threshold": ("id",),
     "env": ("env",),
-    "bench_flag": ("flag",),
+    "bench_flag": ("flag", "derive"),
 }
-_OPTIONAL_KIND_KEYS = {"hi"}
+_OPTIONAL_KIND_KEYS = {"hi", "derive"}
+DERIVED_FLAGS = {"threads": "-t", "ngl": "-ngl"}
+"""``derive`` values of a bench_flag knob and the flag each needs: legal values resolved at search
+time from the machine and the model (:mod:`tuner.plan.derive`), never a list typed into the file."""
+BENCH_DEFAULT = "default"
+"""A bench_flag value that passes no flag: llama-bench's own default (upstream's behaviour)."""
 _THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
 
 
@@ -88,6 +95,7 @@ class Knob:
     default: int | str
     """The upstream value (for ``rule`` knobs: ``"default"``, i.e. upstream's own choice)."""
     choices: tuple[int | str, ...] | None = None
+    """What the tune stage samples. A derived knob also has low/high: the range a pin may take."""
     low: int | None = None
     high: int | None = None
     step: int = 1
@@ -119,6 +127,9 @@ class Knob:
         """
         want_int = (self.choices is None) or all(isinstance(c, int) for c in self.choices)
         v: int | str
+        text = str(value).strip()
+        if not want_int and re.fullmatch(r"-?\d+", text) and (self.low is not None or int(text) in self.choices):
+            want_int = True  # a number for a knob mixing "default" and integers (threads, -ngl)
         if want_int:
             if isinstance(value, bool):
                 value = int(value)
@@ -128,7 +139,10 @@ class Knob:
                 raise UsageError(f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}.") from None
         else:
             v = str(value).strip()
-        if self.choices is not None:
+        if self.choices is not None and self.low is not None:  # derived: sampled choices, any pin in range
+            if v not in self.choices and not (isinstance(v, int) and self.low <= v <= int(self.high or 0)):
+                raise UsageError(f"Knob {self.name!r} does not allow {v!r}: {self.meta.get('legal', self.allowed())}.")
+        elif self.choices is not None:
             if v not in self.choices:
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
         else:
@@ -202,6 +216,11 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
         if k not in raw and k not in _OPTIONAL_KIND_KEYS:
             raise _err(path, where, f"kind {kind} needs key {k!r}.")
     _check_meta(path, where, kind, meta)
+    if "derive" in meta:
+        if "choices" in raw or "low" in raw or "high" in raw or raw.get("default") != BENCH_DEFAULT:
+            raise _err(path, where, f"a derived knob (derive = {meta['derive']!r}) gets its legal values at search time: "
+                       f"give no choices/low/high and default = {BENCH_DEFAULT!r} (llama-bench's own default).")
+        raw = {**raw, "choices": [BENCH_DEFAULT]}  # until tuner.plan.derive resolves it for a machine and model
     choices = raw.get("choices")
     if choices is not None:
         if "low" in raw or "high" in raw:
@@ -279,6 +298,11 @@ def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> N
             raise _err(path, where, f"env {meta['env']!r} must be an upper-case environment variable name.")
     elif kind == "bench_flag":
         need("flag", _BENCH_FLAGS)
+        if "derive" in meta:
+            need("derive", tuple(DERIVED_FLAGS))
+            if meta["flag"] != DERIVED_FLAGS[meta["derive"]]:
+                raise _err(path, where, f"derive = {meta['derive']!r} derives {DERIVED_FLAGS[meta['derive']]} values, "
+                           f"not {meta['flag']}.")
 
 
 def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> SearchSpace:
@@ -539,7 +563,7 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
         elif knob.kind == "env":
             if v != knob.default:
                 env[str(m["env"])] = str(v)
-        elif knob.kind == "bench_flag":
+        elif knob.kind == "bench_flag" and v != BENCH_DEFAULT:
             args += [str(m["flag"]), str(v)]
     if rules:
         env["GGML_TUNER_FA_RULES"] = ",".join(rules)

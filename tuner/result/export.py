@@ -122,11 +122,14 @@ def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]
 
 
 def _server_args(args: list[str]) -> list[str]:
-    # llama-bench and llama-server share -ub/-b/-t spellings; anything else is bench-only.
+    # llama-bench and llama-server share -ub/-b/-t/-ngl spellings; the server's -nkvo is a switch
+    # (bench: -nkvo 0|1); anything else is bench-only.
     out = []
     for i in range(0, len(args) - 1, 2):
-        if args[i] in ("-ub", "-b", "-t", "-ctk", "-ctv"):
+        if args[i] in ("-ub", "-b", "-t", "-ngl", "-ctk", "-ctv"):
             out += [args[i], args[i + 1]]
+        elif args[i] == "-nkvo" and args[i + 1] == "1":
+            out.append("-nkvo")
     return out
 
 

@@ -57,7 +57,9 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     from tuner.result.export import _sha, _server_args, _tomlable, baked_runtime
     from tuner.plan.render import render_presets, render_variant
     from tuner.source import fetch_source
+    from tuner.plan.derive import resolve_space
     from tuner.plan.space import compile_values_of, load_space, runtime_env_and_args
+    from tuner.targets.host import mask_text
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -74,7 +76,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     if source.source_id != a["source_id"]:
         raise TunerError(f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
                          f"{source.source_id}. Export needs the exact tree the numbers came from.")
-    space = load_space(a["arch"], a["era"])
+    space = resolve_space(load_space(a["arch"], a["era"]), a.get("derived_knobs", {}))
     tuned = res.get("tuned") or {}
     vals = dict(tuned.get("values", {}))
     variant = str(vals.get("variant") or space.variants[0])
@@ -90,8 +92,10 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=f"tuned-{a['arch'].replace('_', '')}"))
     model = Path(a["model"])
     ds = ",".join(map(str, res.get("confirm_depths") or a["depths"]))
-    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ds, *args]
-    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
+    mask = mask_text(a.get("cpu_mask") or [])
+    pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
+    bench_cmd = [*pin, "llama-bench", "-m", model.name, "-fa", "1", "-d", ds, *args]
+    server_cmd = [*pin, "llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
     env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
@@ -103,7 +107,8 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         "schema": SCHEMA_VERSION,
         "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
         "hashes": {"patch_sha256": _sha(rv.patch), "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True))},
-        "target": {"arch": a["arch"], "measured_on": str(a.get("device", "unknown")), "toolchain": dict(a.get("toolchain", {}))},
+        "target": {"arch": a["arch"], "measured_on": str(a.get("device", "unknown")), "toolchain": dict(a.get("toolchain", {})),
+                   "cpu_mask": mask or None},
         "model": {"file": model.name, "shape": dict(a.get("shape", {})), "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
         "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
                    "bench_args": args, "fa_rules": rules, "dropped_rules": dict(res.get("dropped", {})),

@@ -23,8 +23,9 @@ from tuner.search.screen import Candidate, Measure
 
 
 def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Mapping[str, int], log_dir: Path,
-                      era: str, arch: str | None) -> Measure:
-    """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir``."""
+                      era: str, arch: str | None, cpus: Sequence[int] | None = None) -> Measure:
+    """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir`` (pinned to
+    ``cpus`` when given: the host-paced scenario)."""
     import os
     import platform
 
@@ -46,7 +47,7 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
             df = run_bench(bin_dir, model, depths=tuple(depths), pp=pp if "pp" in phases else 0,
                            tg=tg if "tg" in phases else 0, reps=max(reps[p] for p in phases), target_ci=None,
                            env={**cand.env, "GGML_TUNER_FA_LOG": "1"}, extra_args=tuple(args), log_dir=log_dir,
-                           label=label, era=era, flash_attn=fa, arch=arch, observe=False)
+                           label=label, era=era, flash_attn=fa, arch=arch, observe=False, cpus=cpus)
         except TunerError as err:  # a failed call is data: every depth carries the error
             return {p: {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths} for p in phases}
         if len(df) and not info:

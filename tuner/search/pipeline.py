@@ -130,7 +130,7 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     deadline = t_start + cfg.time_budget if cfg.time_budget else None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     source = fetch_source(cfg.source_spec)
-    space = load_space(cfg.arch, source.era)
+    space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     arch = load_arch(cfg.arch)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     if not variants:
@@ -141,7 +141,7 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     _check_depths(cfg.depths, shape_d)
     study, storage = _open_study(cfg)
     st = _State(study)
-    _record_attrs(st, cfg, source, shape_d)
+    _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
 
@@ -271,10 +271,10 @@ def run_tune_worker(cfg: Any) -> int:
         raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} has no composed rules yet: run `tuner search` with the "
                          "same --storage and --study first (it screens and composes; workers then add tune trials).")
     source = fetch_source(cfg.source_spec)
-    space = load_space(cfg.arch, source.era)
+    space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
-    _record_attrs(st, cfg, source, shape_d)
+    _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     with _timed(st, "tune"):
         _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, list(composed["rules"]),
@@ -478,6 +478,18 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
 # helpers
 
 
+def _resolved_space(cfg: Any, space: Any) -> tuple[Any, dict[str, Any]]:
+    """The space with threads/-ngl legal values for this machine, the --cpu-mask and the model
+    (and those values, which the study records so the export resolves the same space)."""
+    from tuner.plan.derive import space_for_run
+
+    tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
+    resolved, legal = space_for_run(space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=cfg.arch != "cpu", tokens=tokens)
+    for why in dict.fromkeys(lg.why for lg in legal.values()):
+        log.info(f"  {why}")
+    return resolved, legal
+
+
 def _pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     from tuner.plan.space import runtime_env_and_args
 
@@ -505,21 +517,23 @@ def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
                          f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}.")
 
 
-def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int]) -> None:
+def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]) -> None:
+    import dataclasses
+
     mine = {"pipeline": PIPELINE_VERSION, "arch": cfg.arch, "source_spec": source.spec, "source_id": source.source_id,
             "commit": source.commit, "era": source.era, "model": str(cfg.model), "depths": list(cfg.depths),
-            "pp": cfg.pp, "tg": cfg.tg, "shape": dict(shape), "profile": "per-phase"}
-    if st.get("arch") is None:
-        for k, v in mine.items():
-            st.set(k, v)
-        return
-    for k in ("arch", "source_id", "depths", "pp", "tg"):
-        if st.get(k) != mine[k]:
-            raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} was created with {k}={st.get(k)!r} but this run has "
-                             f"{k}={mine[k]!r}. Use another --study name, or the same settings.")
+            "pp": cfg.pp, "tg": cfg.tg, "shape": dict(shape), "profile": "per-phase",
+            "cpu_mask": list(cfg.cpu_mask or [])}
+    if st.get("arch") is not None:
+        for k in ("arch", "source_id", "depths", "pp", "tg", "cpu_mask"):
+            if st.get(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
+                raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} was created with {k}={st.get(k)!r} but this run "
+                                 f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
     for k, v in mine.items():  # a study seeded from another one (docs/h100/session5) lacks some, e.g. the model
         if st.get(k) is None:
             st.set(k, v)
+    # threads/-ngl legal values on this machine: the export resolves the same space from them
+    st.set("derived_knobs", {k: dataclasses.asdict(v) for k, v in legal.items()})
 
 
 class _Builds:
@@ -572,5 +586,5 @@ def _live(cfg: Any, source: Any, build: Any) -> Any:
     from tuner.search.live import make_live_measure
 
     return make_live_measure(build.bin_dir, cfg.model, pp=cfg.pp, tg=cfg.tg, reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
-                             log_dir=cfg.run_dir / "logs", era=source.era, arch=cfg.arch)
+                             log_dir=cfg.run_dir / "logs", era=source.era, arch=cfg.arch, cpus=cfg.cpu_mask)
 

@@ -75,6 +75,8 @@ class SearchConfig:
     """Bisection steps at kernel boundaries."""
     confirm_extra: int = 2
     """Depths the confirm stage adds between ladder depths."""
+    cpu_mask: tuple[int, ...] | None = None
+    """CPUs every llama-bench call is pinned to (``--cpu-mask``; None: not pinned)."""
     reps_pp: int = 8
     reps_tg: int = 3
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""

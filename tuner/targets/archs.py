@@ -14,6 +14,7 @@ __all__ = [
     "load_arch",
     "detect_local_archs",
     "find_product",
+    "gpu_free_bytes",
     "newer_nvidia",
     "normalize_arch_name",
     "MATH_KEYS",
@@ -355,11 +356,13 @@ def _detect_nvidia_smi() -> list[str]:
     return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
 
 
-def _detect_nvidia() -> list[str]:
+def _nvml_each(query: Any) -> list[Any] | None:
+    """``query(pynvml, handle)`` for every NVIDIA device; None when pynvml is not importable (use
+    nvidia-smi then), ``[]`` when NVML finds no usable device."""
     try:
         import pynvml  # from nvidia-ml-py (optional extra)
     except ImportError:
-        return _detect_nvidia_smi()
+        return None
     try:
         pynvml.nvmlInit()
     except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVIDIA GPU here
@@ -368,9 +371,7 @@ def _detect_nvidia() -> list[str]:
     found = []
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            found.append(f"sm_{major}{minor}")
+            found.append(query(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)))
     except Exception as err:
         logger.info("NVML query failed: %s", err)
     finally:
@@ -379,6 +380,25 @@ def _detect_nvidia() -> list[str]:
         except Exception:  # shutting down a half-initialised NVML must not hide what we found
             pass
     return found
+
+
+def _detect_nvidia() -> list[str]:
+    def cc(nvml: Any, handle: Any) -> str:
+        major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return f"sm_{major}{minor}"
+
+    found = _nvml_each(cc)
+    return _detect_nvidia_smi() if found is None else found
+
+
+def gpu_free_bytes() -> int | None:
+    """Free memory summed over the NVIDIA GPUs (llama.cpp splits offloaded layers across them):
+    NVML, else nvidia-smi; None when unknown (no NVIDIA GPU, or an AMD one: not queried here)."""
+    free = _nvml_each(lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).free))
+    if free is None:
+        out = _tool_output("nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits")
+        free = [int(m.group(1)) << 20 for m in re.finditer(r"^\s*(\d+)\s*$", out, re.M)]
+    return sum(free) if free else None
 
 
 def _detect_amd() -> list[str]:

@@ -423,9 +423,10 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
 
     study = types.SimpleNamespace(user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128})
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
-    cfg = types.SimpleNamespace(arch="sm_90", model="/m/l1b.gguf", depths=[0, 4096], pp=512, tg=128, study="x", storage_url="sqlite://")
+    cfg = types.SimpleNamespace(arch="sm_90", model="/m/l1b.gguf", depths=[0, 4096], pp=512, tg=128, study="x", storage_url="sqlite://",
+                                cpu_mask=None)
     source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
-    _record_attrs(_State(study), cfg, source, {"head_dim": 64})
+    _record_attrs(_State(study), cfg, source, {"head_dim": 64}, {})
     assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
     assert study.user_attrs["arch"] == "sm_90"  # what was there stays
 

@@ -195,3 +195,31 @@ def test_detect_nvidia_smi_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(_run, "run", fake_run)
     assert detect_local_archs() == ["sm_90", "sm_89"]
     assert seen[0][1:] == ["--query-gpu=compute_cap", "--format=csv,noheader"]
+
+
+def test_gpu_free_memory_from_nvml_then_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The -ngl knob's fit check: free memory summed over devices; None without an NVIDIA GPU."""
+    import sys
+    import types
+
+    from tuner import _run
+    from tuner.targets.archs import gpu_free_bytes
+
+    class FakeNVML:
+        def nvmlInit(self) -> None: ...
+        def nvmlShutdown(self) -> None: ...
+        def nvmlDeviceGetCount(self) -> int:
+            return 2
+        def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+            return i
+        def nvmlDeviceGetMemoryInfo(self, h: int) -> types.SimpleNamespace:
+            return types.SimpleNamespace(free=(h + 1) << 30)
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
+    assert gpu_free_bytes() == 3 << 30
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(archs_mod.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    monkeypatch.setattr(_run, "run", lambda cmd, **kw: _run.RunResult(returncode=0, output="81000\n", seconds=0.1))
+    assert gpu_free_bytes() == 81000 << 20
+    monkeypatch.setattr(archs_mod.shutil, "which", lambda name: None)
+    assert gpu_free_bytes() is None

@@ -1,0 +1,151 @@
+"""This machine's CPUs as a llama-bench run sees them, and CPU masks (``--cpu-mask 0-3``).
+
+A host-paced scenario (seed 004 §2.7, §17.1: the CPU, not the GPU, limits decode) is reproduced by
+pinning every llama-bench process to a few cores with ``taskset``: the command line then carries the
+pin, so a logged or exported command reproduces it exactly. The threads knob's legal values follow
+the CPUs a run may use: the mask's, else this process's affinity (a container's cpuset, or the
+whole machine).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Cpus", "check_threads", "host_cpus", "mask_text", "parse_cpu_mask", "pin_command"]
+
+import dataclasses
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner.errors import UsageError
+
+_SYS_CPU = Path("/sys/devices/system/cpu")
+_MAX_CPU_ID = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cpus:
+    """The CPUs a llama-bench run may use."""
+
+    ids: tuple[int, ...]
+    """CPU ids, ascending: the --cpu-mask's, else this process's affinity."""
+    physical: int
+    """Physical cores among them (SMT siblings counted once)."""
+    masked: bool
+    """Whether ``ids`` come from a --cpu-mask (llama-bench is then pinned to them)."""
+
+    @property
+    def logical(self) -> int:
+        return len(self.ids)
+
+
+def _available() -> tuple[int, ...]:
+    """CPUs this process may run on (what taskset can pin a child to)."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def mask_text(ids: Sequence[int]) -> str:
+    """``0-3,6``: the shortest taskset -c list for ``ids``."""
+    out: list[str] = []
+    s = sorted(set(ids))
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Parse a CPU list (``0-3``, ``0,2``, ``0-1,4``) and check every CPU is present here.
+
+    Raises:
+        UsageError: Malformed, empty, or naming CPUs this machine does not have (or this process may
+            not use), with the CPUs it has.
+    """
+    avail = tuple(available) if available is not None else _available()
+    have = mask_text(avail)
+
+    def absent(what: str) -> UsageError:
+        return UsageError(f"--cpu-mask {text!r} names CPU(s) {what} that this machine does not have (or that this "
+                          f"process may not use): the CPUs here are {have} ({len(avail)} in all). Pick a subset of "
+                          f"them, e.g. --cpu-mask {mask_text(avail[:2])}.")
+
+    ids: set[int] = set()
+    for part in str(text).strip().split(","):
+        m = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?", part)
+        if not m:
+            raise UsageError(f"--cpu-mask {text!r} is not a CPU list: give CPU ids and ranges separated by commas, "
+                             f"e.g. --cpu-mask 0-3 or --cpu-mask 0,2 (this machine's CPUs: {have}).")
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        if hi < lo:
+            raise UsageError(f"--cpu-mask {text!r}: range {part.strip()!r} is empty; write LOW-HIGH with LOW <= HIGH, "
+                             f"e.g. 0-3 (this machine's CPUs: {have}).")
+        if hi >= _MAX_CPU_ID:  # no machine has that many; do not build the range
+            raise absent(part.strip())
+        ids.update(range(lo, hi + 1))
+    missing = sorted(ids - set(avail))
+    if missing:
+        raise absent(mask_text(missing))
+    return tuple(sorted(ids))
+
+
+def _core_key(cpu: int) -> tuple[str, str] | None:
+    """(package, core) of one CPU from sysfs; None where the kernel does not say."""
+    topo = _SYS_CPU / f"cpu{cpu}" / "topology"
+    try:
+        return ((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip())
+    except OSError:
+        return None
+
+
+def _physical_cores(ids: Sequence[int]) -> int:
+    """Physical cores among ``ids``: distinct (package, core) pairs; without sysfs, the machine's
+    physical/logical ratio applied to ``ids`` (psutil)."""
+    keys = [_core_key(c) for c in ids]
+    if ids and all(k is not None for k in keys):
+        return len(set(keys))
+    import psutil
+
+    logical, physical = psutil.cpu_count() or len(ids), psutil.cpu_count(logical=False) or len(ids)
+    return max(1, round(len(ids) * physical / logical))
+
+
+def host_cpus(mask: Sequence[int] | None = None) -> Cpus:
+    """The CPUs a run may use: ``mask`` (already checked by :func:`parse_cpu_mask`), else this
+    process's affinity."""
+    ids = tuple(sorted(set(mask))) if mask else _available()
+    return Cpus(ids=ids, physical=_physical_cores(ids), masked=bool(mask))
+
+
+def check_threads(value: object, cpus: Cpus) -> int:
+    """A thread count for llama-bench ``-t``: an integer in 1..the CPUs the run may use.
+
+    Raises:
+        UsageError: Not an integer, <= 0, or more threads than CPUs (they would only wait on each other).
+    """
+    where = f"--cpu-mask {mask_text(cpus.ids)}" if cpus.masked else "this machine"
+    text = str(value).strip()
+    if not re.fullmatch(r"-?\d{1,9}", text) or not 1 <= int(text) <= cpus.logical:
+        raise UsageError(f"llama-bench -t {text!r}: threads must be an integer in 1..{cpus.logical} ({where} has "
+                         f"{cpus.logical} CPU(s) on {cpus.physical} physical core(s)); more threads than CPUs only makes "
+                         f"them wait on each other. Use e.g. -t {cpus.physical}.")
+    return int(text)
+
+
+def pin_command(mask: Sequence[int] | None) -> list[str]:
+    """The argv prefix that pins a child to ``mask`` (``taskset -c 0-1``); ``[]`` without a mask.
+
+    Raises:
+        UsageError: A mask is given but ``taskset`` (util-linux) is not installed.
+    """
+    if not mask:
+        return []
+    exe = shutil.which("taskset")
+    if exe is None:
+        raise UsageError("--cpu-mask pins llama-bench with `taskset`, which is not on PATH. Install util-linux "
+                         "(e.g. apt-get install util-linux) or run without --cpu-mask.")
+    return [exe, "-c", mask_text(mask)]
