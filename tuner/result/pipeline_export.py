@@ -54,7 +54,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     import optuna
     import tomli_w
 
-    from tuner.result.export import _sha, _server_args, _tomlable, baked_runtime
+    from tuner.result.export import _sha, _tomlable, baked_runtime
     from tuner.plan.render import render_presets, render_variant
     from tuner.source import fetch_source
     from tuner.plan.derive import resolve_space
@@ -93,16 +93,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     model = Path(a["model"])
     ds = ",".join(map(str, res.get("confirm_depths") or a["depths"]))
     mask = mask_text(a.get("cpu_mask") or [])
-    pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
-    bench_cmd = [*pin, "llama-bench", "-m", model.name, "-fa", "1", "-d", ds, *args]
-    server_cmd = [*pin, "llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
-    env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
-    (out_dir / "run.env").write_text(
-        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
-        + (f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}" if rules else "")
-        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
-    )
+    _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
     config = {
         "schema": SCHEMA_VERSION,
         "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
@@ -130,6 +121,22 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"]))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
+
+
+def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[str], *, model: str, depths: str,
+                   args: Sequence[str], mask: str) -> None:
+    from tuner.result.export import _server_args
+
+    pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
+    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *_server_args(args)]
+    env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
+    (out_dir / "run.env").write_text(
+        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + (f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}" if rules else "")
+        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    )
 
 
 def _checked_gate(study_name: str, res: Mapping[str, Any]) -> dict[str, Any]:

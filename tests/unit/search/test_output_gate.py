@@ -108,7 +108,9 @@ class _Builds:
 
 @pytest.fixture()
 def stage(tmp_path: Path):
+    from tuner.plan.derive import legal_values, resolve_space
     from tuner.plan.space import load_space
+    from tuner.targets.host import Cpus
 
     cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf", jobs=1)
     st = _State(_Study())
@@ -120,8 +122,11 @@ def stage(tmp_path: Path):
             return _rec(passed, check.mode)
         return equivalence
 
+    # threads' legal values are derived per machine (plan/derive.py); a fixed 2-core machine here
+    space = resolve_space(load_space("cpu", "mma"), legal_values(load_space("cpu", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=False)))
+
     def go(result, passed=True):
-        return _output_gate(cfg, st, load_space("cpu", "mma"), {}, "mma", result, {}, [], _Builds(), run(passed))
+        return _output_gate(cfg, st, space, {}, "mma", result, {}, [], _Builds(), run(passed))
 
     return types.SimpleNamespace(go=go, calls=calls, st=st)
 
