@@ -289,7 +289,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     ``points``: dicts with ``config``, ``depth``, ``ts`` and ``cpu`` (percent of one core), optionally
     ``stage`` (``screen``/``confirm``, shown as hollow/filled markers). One colour per depth, since
     depth moves t/s far more than any config; the Pareto front of each depth is drawn through its
-    non-dominated points, which are labelled with their config. Uses matplotlib's Agg backend.
+    non-dominated points. Every point is labelled with its config (grey where dominated). Uses matplotlib's Agg backend.
 
     Returns:
         ``png_path``.
@@ -308,15 +308,15 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     for i, d in enumerate(depths):
         color = cmap(i / max(1, len(depths) - 1) * 0.9)
         sub = [p for p in pts if int(p["depth"]) == d]
-        for p in sub:
-            filled = p.get("stage", "confirm") == "confirm"
-            ax.scatter(float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3)
         front = pareto_front(sub)
         ax.plot([float(p["cpu"]) for p in front], [float(p["ts"]) for p in front], "--", color=color, lw=1.3,
                 label=f"d{_depth_label(d)} front", zorder=2)
-        for p in front:
+        for p in sub:
+            filled = p.get("stage", "confirm") == "confirm"
+            ax.scatter(float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3)
+            # Dominated points are labelled too, in grey: they are the configs the CPU cost rules out.
             ax.annotate(str(p["config"]), (float(p["cpu"]), float(p["ts"])), textcoords="offset points", xytext=(5, 4),
-                        fontsize=7.5, color=color)
+                        fontsize=7.5, color=color if p in front else "dimgrey")
     ax.set_xlabel("CPU% of the llama-bench process tree (timed decode repetitions; 100 = one core)")
     ax.set_ylabel("decode tokens/s (median over rounds)")
     ax.grid(True, alpha=0.3)

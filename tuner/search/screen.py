@@ -42,7 +42,6 @@ __all__ = [
 
 import dataclasses
 import math
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -382,5 +381,6 @@ def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) 
 
 
 def _median(xs: Sequence[float | None]) -> float:
+    # The upper median of an even count, as ``upstream_ts``: a report row shows one round's value.
     vals = sorted(x for x in xs if x is not None and math.isfinite(x))
-    return statistics.median(vals) if vals else math.nan
+    return vals[len(vals) // 2] if vals else math.nan
