@@ -49,7 +49,9 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
         assert r.ci_low <= r.median_ts <= r.ci_high
         assert r.flash_attn == 1 and r.backends == "CPU" and r.build_commit
         assert r.model_size > 0 and r.n_params > 0 and r.type_k == "f16"
-        assert r.cpu_util_mean > 0 or math.isnan(r.cpu_util_mean)  # NaN when a test ends between samples
+        # CPU% over the timed repetitions (--progress marks): one thread, so about one core, and the
+        # busiest thread is at most the tree (lenient bounds: the CI box is shared)
+        assert 10 < r.cpu_util_mean < 130 and r.cpu_core_max <= r.cpu_util_mean + 1, (r.cpu_util_mean, r.cpu_core_max)
         assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
         assert math.isnan(r.roofline_pct) and r.roofline_note
         assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}

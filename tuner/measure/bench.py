@@ -50,8 +50,9 @@ flash_attn         -1/0/1 (era ``rocwmma`` bools are mapped to 0/1)
 env                JSON object of the environment overrides given to this run
 cmd                command line of the last llama-bench call for this row
 log_file           log of that call (stdout+stderr)
-cpu_util_mean      mean CPU use of the llama-bench process tree during the test, % of one core
-cpu_util_max       peak of the same
+cpu_util_mean      CPU use of the llama-bench process tree during the test's timed repetitions, % of one core
+cpu_util_max       peak of the 100 ms samples of the same
+cpu_core_max       CPU use of its busiest thread (the busiest core; observe.py says why a thread), % of one core
 gpu_util_mean      mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
 gpu_util_max       peak of the same
 gpu_mem_mb         peak device memory above the level before the call, MiB (NaN without GPU)
@@ -64,8 +65,12 @@ drift_corrected    run_interleaved: True when samples were rescaled by ``anchor_
 timestamp          UTC time (ISO 8601) the row was finished
 =================  ==========================================================================
 
-Observer columns cover the whole test inside the llama-bench call (warm-up and, for the first
-test, model load included), split at the moment each JSONL line is printed.
+Observer columns cover the timed repetitions of each test (seed 004 §21.1: prefill and decode
+separately): llama-bench runs with ``--progress``, whose line before each timed repetition and the
+JSONL line after the last one are marks (:meth:`tuner.measure.observe.Observer.mark`); the windows
+from a ``prompt run i``/``generation run i`` line to the next line are timed, the first repetition's
+left out as its sample is. Without progress lines (a binary that prints none) the window is the whole
+test inside the call (warm-up, depth fill and, for the first test, model load included).
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ COLUMNS: tuple[str, ...] = (
     "ci_high", "ci_pct", "min_ts", "max_ts", "samples", "n_batches", "warmup_discarded", "status",
     "error", "build_commit", "backends", "gpu_info", "model_filename", "model_size", "n_params",
     "n_ubatch", "type_k", "flash_attn", "env", "cmd", "log_file", "cpu_util_mean", "cpu_util_max",
-    "gpu_util_mean", "gpu_util_max", "gpu_mem_mb", "bytes_per_token", "roofline_tps",
+    "cpu_core_max", "gpu_util_mean", "gpu_util_max", "gpu_mem_mb", "bytes_per_token", "roofline_tps",
     "roofline_pct", "roofline_note", "anchor_ratio", "drift_corrected", "timestamp",
 )
 
@@ -131,18 +136,14 @@ _OWN_FLAGS = {
     "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn",
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PROGRESS = "llama-bench: benchmark "
+_TIMED_REP = re.compile(r"^(?:prompt|generation) run (\d+)/\d+$")
 _MAX_TOKENS = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------
 # parsing
 # ---------------------------------------------------------------------------------------------
-
-def _as_int(v: Any) -> int:
-    if isinstance(v, bool):
-        return int(v)
-    return int(v)
-
 
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
     """Parse llama-bench ``-o jsonl`` output (either era) by field name.
@@ -177,8 +178,8 @@ def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
 
 def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
-        n_prompt, n_gen = _as_int(rec["n_prompt"]), _as_int(rec["n_gen"])
-        n_depth = _as_int(rec.get("n_depth", 0))
+        n_prompt, n_gen = int(rec["n_prompt"]), int(rec["n_gen"])
+        n_depth = int(rec.get("n_depth", 0))
     except (TypeError, ValueError):
         logger.warning("llama-bench row with non-integer n_prompt/n_gen/n_depth skipped: %r", rec)
         return None
@@ -210,7 +211,7 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
         "n_params": rec.get("model_n_params"),
         "n_ubatch": rec.get("n_ubatch"),
         "type_k": rec.get("type_k"),
-        "flash_attn": None if fa is None else _as_int(fa),
+        "flash_attn": None if fa is None else int(fa),
     }
 
 
@@ -357,15 +358,19 @@ def _run_call(
     """One llama-bench call: (timestamped parsed records, observer, error text, start time)."""
     records: list[tuple[float, dict[str, Any]]] = []
 
+    obs = Observer() if observe else None
+
     def on_line(line: str) -> None:
         if "{" in line and "n_prompt" in line:
-            for rec in parse_bench_jsonl(line):
-                records.append((time.monotonic(), rec))
+            recs = parse_bench_jsonl(line)
+            t = obs.mark("result") if obs is not None and recs else time.monotonic()
+            records.extend((t, rec) for rec in recs)
+        elif obs is not None and line.startswith(_PROGRESS):  # "llama-bench: benchmark 1/2: generation run 3/6"
+            obs.mark(line.split(": ", 2)[-1].strip())
 
     error = ""
     full_env = dict(os.environ)
     full_env.update(env)
-    obs = Observer() if observe else None
     t0 = time.monotonic()
     if obs is not None:
         obs.start()
@@ -491,9 +496,18 @@ def _absorb_records(
         acc.meta = rec
         acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
         if obs is not None:
-            acc.obs.append(obs.summary(t_prev, t_rec))
+            acc.obs.append(_test_observation(obs, t_prev, t_rec))
         t_prev = t_rec
     return seen
+
+
+def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation:
+    """The observer's summary of one test: its timed repetitions where progress marks show them
+    (the first left out when there are more, as its sample is), else the whole window."""
+    marks = [m for m in obs.marks if t_prev < m.t <= t_rec]
+    reps = [(int(r.group(1)), a, b) for a, b in zip(marks, marks[1:]) if (r := _TIMED_REP.match(a.tag))]
+    windows = [(a, b) for i, a, b in reps if i > 1 or len(reps) == 1]
+    return obs.timed_summary(windows) if windows else obs.summary(t_prev, t_rec)
 
 
 def _still_pending(
@@ -518,6 +532,11 @@ def _still_pending(
     return next_pending
 
 
+def _progress(plan: _BenchPlan) -> list[str]:
+    # The observer's marks: one stderr line per repetition (a few microseconds inside the timed part).
+    return ["--progress"] if plan.observe else []
+
+
 def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
     """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
     pending = list(plan.depths)
@@ -529,7 +548,7 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
         cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model),
                "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
                "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
-               *plan.fa, *plan.extra]
+               *plan.fa, *_progress(plan), *plan.extra]
         log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
         records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file,
                                                 timeout=plan.timeout, observe=plan.observe)
@@ -552,7 +571,8 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
     cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(plan.pp), "-n", str(plan.tg),
-           "-d", ",".join(str(d) for d in plan.depths), "-r", str(plan.want + 1), "-o", "jsonl", *plan.fa, *plan.extra]
+           "-d", ",".join(str(d) for d in plan.depths), "-r", str(plan.want + 1), "-o", "jsonl", *plan.fa, *_progress(plan),
+           *plan.extra]
     log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
     records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout,
                                             observe=plan.observe)
@@ -583,6 +603,7 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
         "cmd": acc.cmd, "log_file": acc.log_file,
         "cpu_util_mean": _mean([o.cpu_util_mean for o in acc.obs]),
         "cpu_util_max": _max([o.cpu_util_max for o in acc.obs]),
+        "cpu_core_max": _mean([o.cpu_core_max for o in acc.obs]),
         "gpu_util_mean": _mean([o.gpu_util_mean for o in acc.obs]),
         "gpu_util_max": _max([o.gpu_util_max for o in acc.obs]),
         "gpu_mem_mb": _max([o.gpu_mem_mb for o in acc.obs]),

@@ -11,13 +11,19 @@ between tokens. Each llama-bench call runs under an :class:`Observer`, a daemon 
 
 Without a GPU library or device the GPU fields are NaN; nothing fails. Samples are timestamped so a
 caller can split one llama-bench call into per-test windows (:meth:`Observer.summary`).
+
+A caller can also take a sample at an event it sees (:meth:`Observer.mark`, e.g. llama-bench's
+``--progress`` line that starts a timed repetition). A mark reads the tree's CPU time and the CPU time
+of every thread, so the CPU use *between two marks* is exact, not a 100 ms approximation:
+:meth:`Observer.timed_summary` sums it over the timed windows only (no model load, warm-up or depth
+fill), with the busiest thread beside the total.
 Memory is reported as the peak device memory used above the level seen when the observer started,
 so other processes' allocations are not counted (approximately: they may change meanwhile).
 """
 
 from __future__ import annotations
 
-__all__ = ["Observation", "Observer", "find_gpu_probe"]
+__all__ = ["Mark", "Observation", "Observer", "find_gpu_probe"]
 
 import dataclasses
 import functools
@@ -26,6 +32,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -43,11 +50,26 @@ class Observation:
     gpu_util_mean: float = math.nan
     """Mean GPU utilization (busiest device per sample), percent; NaN without NVML/AMD SMI."""
     gpu_util_max: float = math.nan
+    cpu_core_max: float = math.nan
+    """CPU use of the busiest thread of the tree, percent of one core (timed windows only; NaN otherwise)."""
     gpu_mem_mb: float = math.nan
     """Peak device memory above the level at observer start, MiB; NaN without NVML/AMD SMI."""
     n_samples: int = 0
     gpu_source: str = ""
     """``nvml``, ``amdsmi`` or '' (no GPU observer)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mark:
+    """A sample taken at a caller's event (:meth:`Observer.mark`)."""
+
+    t: float
+    """Monotonic time."""
+    tag: str
+    cpu_s: float
+    """Cumulative CPU seconds of the child tree since the observer started."""
+    threads: Mapping[tuple[int, int], float]
+    """CPU seconds of every live thread of the tree, by (pid, thread id)."""
 
 
 class _GpuProbe(Protocol):
@@ -155,9 +177,14 @@ class Observer:
         self._thread: threading.Thread | None = None
         # (monotonic time, cpu percent or nan, gpu util or nan, gpu mem MiB or nan)
         self.samples: list[tuple[float, float, float, float]] = []
+        self.marks: list[Mark] = []
         self._cpu_seen: dict[tuple[int, float], float] = {}
+        self._cpu_total = 0.0
         self._last_t: float | None = None
+        self._last_total = 0.0
         self._mem0 = math.nan
+        # The sampling thread and the caller's marks share the CPU-time state (reentrant: mark() samples).
+        self._lock = threading.RLock()
 
     def __enter__(self) -> Observer:
         self.start()
@@ -196,8 +223,9 @@ class Observer:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def _cpu_seconds(self) -> float | None:
-        """Total CPU seconds of the live child tree since the last sample (None on first call)."""
+    def _cpu_seconds(self, threads: dict[tuple[int, int], float] | None = None) -> float:
+        """Total CPU seconds of the live child tree since the last sample; with ``threads``, also fills
+        it with the CPU seconds of every thread of the tree."""
         import psutil
 
         delta = 0.0
@@ -206,6 +234,11 @@ class Observer:
         except psutil.Error:
             children = []
         for proc in children:
+            if threads is not None:
+                try:
+                    threads.update({(proc.pid, th.id): th.user_time + th.system_time for th in proc.threads()})
+                except psutil.Error:
+                    pass
             try:
                 with proc.oneshot():
                     # (pid, create_time) survives pid reuse.
@@ -220,26 +253,66 @@ class Observer:
             self._cpu_seen[key] = total
         return delta
 
-    def _sample(self) -> None:
-        now = time.monotonic()
-        cpu = math.nan
-        secs = self._cpu_seconds()
-        if self._last_t is not None and secs is not None and now > self._last_t:
-            cpu = 100.0 * secs / (now - self._last_t)
-        self._last_t = now
-        util = mem = math.nan
-        if self._gpu is not None:
-            try:
-                util, mem = self._gpu.read()
-            except Exception as err:  # noqa: BLE001
-                logger.debug("GPU observer read failed: %s", err)
-        self.samples.append((now, cpu, util, mem))
+    def mark(self, tag: str = "") -> float:
+        """Take a sample now, with per-thread CPU times, as :attr:`marks` entry; returns its time.
+
+        Cost: one walk of the child tree and its ``/proc/<pid>/task`` entries, paid at the caller's
+        events only (3.7 ms against 3.1 ms for an interval sample, 13 threads, on the loaded 2-core
+        CI box; two marks per llama-bench repetition)."""
+        threads: dict[tuple[int, int], float] = {}
+        with self._lock:
+            now = self._sample(threads)
+            self.marks.append(Mark(t=now, tag=tag, cpu_s=self._cpu_total, threads=threads))
+        return now
+
+    def _sample(self, threads: dict[tuple[int, int], float] | None = None) -> float:
+        with self._lock:
+            now = time.monotonic()
+            cpu = math.nan
+            self._cpu_total += self._cpu_seconds(threads)
+            # A mark's sample carries no CPU percent: it would cut an interval short, and CPU times tick
+            # at 10 ms, so the percent of a few-ms interval is noise (the marks' own figures are sums).
+            if threads is None:
+                if self._last_t is not None and now > self._last_t:
+                    cpu = 100.0 * (self._cpu_total - self._last_total) / (now - self._last_t)
+                self._last_t, self._last_total = now, self._cpu_total
+            util = mem = math.nan
+            if self._gpu is not None:
+                try:
+                    util, mem = self._gpu.read()
+                except Exception as err:  # noqa: BLE001
+                    logger.debug("GPU observer read failed: %s", err)
+            self.samples.append((now, cpu, util, mem))
+            return now
 
     def summary(self, t0: float | None = None, t1: float | None = None) -> Observation:
         """Summarize samples with ``t0 < t <= t1`` (monotonic clock; None = unbounded)."""
-        window = [s for s in self.samples
-                  if (t0 is None or s[0] > t0) and (t1 is None or s[0] <= t1)]
+        return self._summarize([s for s in self.samples if (t0 is None or s[0] > t0) and (t1 is None or s[0] <= t1)])
 
+    def timed_summary(self, windows: Sequence[tuple[Mark, Mark]]) -> Observation:
+        """Summarize the time between each pair of marks (start, end), the windows pooled.
+
+        ``cpu_util_mean`` is the tree's CPU seconds inside the windows over their length, exactly (from
+        the marks' CPU times); ``cpu_core_max`` the same for the busiest single thread. The busiest
+        *thread* stands for the busiest core: a pegged thread is the host-bound symptom the seed asks
+        about, and the scheduler migrates it between cores, so per-core counters would spread it out
+        (and count other tenants' processes on a shared machine). GPU figures and ``cpu_util_max``
+        come from the samples inside the windows. No windows: everything NaN.
+        """
+        span = sum(b.t - a.t for a, b in windows)
+        if not windows or span <= 0:
+            return Observation(gpu_source=self.gpu_source)
+        per_thread: dict[tuple[int, int], float] = {}
+        for a, b in windows:
+            for k, v in b.threads.items():  # a thread born inside the window counts from 0
+                per_thread[k] = per_thread.get(k, 0.0) + v - a.threads.get(k, 0.0)
+        inside = [s for s in self.samples if any(a.t < s[0] <= b.t for a, b in windows)]
+        return dataclasses.replace(
+            self._summarize(inside),
+            cpu_util_mean=100.0 * sum(b.cpu_s - a.cpu_s for a, b in windows) / span,
+            cpu_core_max=100.0 * max(per_thread.values(), default=math.nan) / span)
+
+    def _summarize(self, window: Sequence[tuple[float, float, float, float]]) -> Observation:
         def stats(vals: list[float]) -> tuple[float, float]:
             vals = [v for v in vals if math.isfinite(v)]
             return (sum(vals) / len(vals), max(vals)) if vals else (math.nan, math.nan)

@@ -13,11 +13,18 @@ alone falls from 4.30 to 2.45 (docs/h100/README.md, session 6).
 
 An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
 whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
+
+CPU% (and GPU%) are paired the same way but as *differences in points* (:func:`paired_diff`), not
+ratios: a utilization is a share of a core, bounded and additive (+25 points is a quarter of a core
+whatever the baseline), and a ratio of utilizations explodes where the baseline is small (a GPU
+backend's host thread at a few percent) while saying nothing more. The A/A pair's difference is the
+CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is seed 004 §21.3's rule for decode.
 """
 
 from __future__ import annotations
 
-__all__ = ["Effect", "paired_effect", "block_effects", "noise_pct", "verdict", "rotated"]
+__all__ = ["CPU_REJECTED", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
+           "verdict", "rejects_cpu_cost", "rotated"]
 
 import dataclasses
 import math
@@ -52,6 +59,30 @@ class Effect:
         return {"n": self.n, "ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high}
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Diff:
+    """A paired difference in points: candidate - reference over ``n`` rounds (CPU%, GPU%)."""
+
+    n: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    """Confidence interval of ``mean`` (NaN when n < 2)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"n": self.n, "mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+
+def _t_interval(xs: Sequence[float], confidence: float) -> tuple[float, float]:
+    """(mean, Student-t half-width) of ``xs``; the half-width is NaN below two values."""
+    n = len(xs)
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, float(_stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
+
+
 def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, confidence: float = 0.95) -> Effect:
     """Effect of ``candidate`` over ``reference``, paired by index (one entry per round).
 
@@ -59,15 +90,22 @@ def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, con
     """
     logs = [math.log(c / r) for c, r in zip(candidate, reference)
             if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)]
-    n = len(logs)
-    if n == 0:
+    if not logs:
         return Effect(n=0, ratio=math.nan, ci_low=math.nan, ci_high=math.nan)
-    mean = sum(logs) / n
-    if n < 2:
-        return Effect(n=1, ratio=math.exp(mean), ci_low=math.nan, ci_high=math.nan)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = float(_stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
-    return Effect(n=n, ratio=math.exp(mean), ci_low=math.exp(mean - half), ci_high=math.exp(mean + half))
+    mean, half = _t_interval(logs, confidence)
+    return Effect(n=len(logs), ratio=math.exp(mean), ci_low=math.exp(mean - half), ci_high=math.exp(mean + half))
+
+
+def paired_diff(candidate: Sequence[float | None], reference: Sequence[float | None], *,
+                confidence: float = 0.95) -> Diff:
+    """Mean difference ``candidate - reference`` in points, paired by index (one entry per round), with
+    a Student-t interval. Rounds where either side is missing or not finite are skipped."""
+    ds = [float(c) - float(r) for c, r in zip(candidate, reference)
+          if c is not None and r is not None and math.isfinite(c) and math.isfinite(r)]
+    if not ds:
+        return Diff(n=0, mean=math.nan, ci_low=math.nan, ci_high=math.nan)
+    mean, half = _t_interval(ds, confidence)
+    return Diff(n=len(ds), mean=mean, ci_low=mean - half, ci_high=mean + half)
 
 
 def block_effects(values: Mapping[str, Sequence[float | None]], reference: str, *,
@@ -113,6 +151,37 @@ def noise_pct(aa: Effect) -> float:
     if not (math.isfinite(aa.ci_low) and math.isfinite(aa.ci_high)):
         return math.inf
     return 100.0 * max(abs(aa.ci_high - 1.0), abs(1.0 - aa.ci_low))
+
+
+def noise_points(aa: Diff) -> float:
+    """The noise an A/A pair measured in a utilization, in points: how far its interval reaches from 0
+    (infinite when unknown)."""
+    if not (math.isfinite(aa.ci_low) and math.isfinite(aa.ci_high)):
+        return math.inf
+    return max(abs(aa.ci_low), abs(aa.ci_high))
+
+
+CPU_REJECTED = "rejected: CPU% up without a t/s gain"
+"""The verdict of a decode point :func:`rejects_cpu_cost` rejects."""
+
+
+def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noise: float) -> bool:
+    """Seed 004 §21.3 for a decode change: reject it when its CPU% rises beyond the CPU noise while
+    its t/s gain does not clear the t/s noise (the seed's objective is less CPU per token: a change
+    that costs host CPU must pay for it in speed).
+
+    Args:
+        ts_low: Lower end of the t/s ratio's interval (candidate / reference; the point estimate
+            where there is no interval, as in a one-round tune trial).
+        ts_noise_pct: The A/A noise of t/s, percent.
+        cpu_low: Lower end of the CPU% difference's interval, points (or the point estimate).
+        cpu_noise: The A/A noise of CPU%, points.
+
+    Unknown numbers (NaN, infinite noise) claim nothing: no CPU rise is established, so no rejection.
+    """
+    cpu_up = math.isfinite(cpu_low) and math.isfinite(cpu_noise) and cpu_low > cpu_noise
+    ts_gain = math.isfinite(ts_low) and math.isfinite(ts_noise_pct) and ts_low > 1.0 + ts_noise_pct / 100.0
+    return cpu_up and not ts_gain
 
 
 def verdict(effect: Effect, noise: float) -> str:

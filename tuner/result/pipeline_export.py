@@ -2,13 +2,15 @@
 
 Writes ``config.toml`` (the choice and its evidence), ``tuned.patch`` (the kept rules and tuned
 values baked in), ``CMakePresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
-the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict; the screen; the tune
-trials; per-stage wall time).
+the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict, beside CPU% of the
+process tree, its busiest core and GPU% on both sides; the screen; the tune trials; per-stage wall
+time), ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png`` (decode t/s against CPU%).
+Studies recorded before CPU% was measured show "—" in those columns and get no Pareto plot.
 """
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "gate_section", "gate_table", "summary_line", "report_text"]
+__all__ = ["export_pipeline", "gate_section", "gate_table", "pareto_points", "summary_line", "report_text"]
 
 import json
 import math
@@ -18,6 +20,7 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.paired import CPU_REJECTED
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -118,6 +121,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         from tuner.result.report import plot_speedup
 
         plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)")
+    _write_pareto(out_dir / "pareto_decode.png", a, res, title=f"{a['arch']} {model.name}: decode t/s vs CPU%")
     (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"]))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
@@ -277,6 +281,53 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
                                                   commands=commands, source=f"llama.cpp {a.get('commit')}"))
 
 
+def pareto_points(a: Mapping[str, Any], res: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Decode (config, depth) points with t/s and CPU% for :func:`tuner.result.plots.plot_pareto`: every
+    screened candidate (median over its rounds) and both sides of every confirmed point. Empty when
+    the study measured no CPU% (recorded before it did)."""
+    out = []
+    for d, c in a.get("screen_tg", {}).items():
+        for name, lv in c.get("levels", {}).items():
+            out.append({"config": name, "depth": int(d), "ts": lv.get("ts"), "cpu": lv.get("cpu"), "stage": "screen"})
+    for r in res.get("rows", []):
+        if r["phase"] == "tg":
+            out += [{"config": "upstream", "depth": r["depth"], "ts": r.get("base_ts"), "cpu": r.get("base_cpu"), "stage": "confirm"},
+                    {"config": "final", "depth": r["depth"], "ts": r.get("tuned_ts"), "cpu": r.get("tuned_cpu"), "stage": "confirm"}]
+    return [p for p in out if _finite(p["ts"]) and _finite(p["cpu"])]
+
+
+def _write_pareto(png: Path, a: Mapping[str, Any], res: Mapping[str, Any], *, title: str) -> None:
+    """The decode Pareto plot where the study measured CPU% (a stale one from an earlier export goes)."""
+    png.unlink(missing_ok=True)
+    pts = pareto_points(a, res)
+    if pts:
+        from tuner.result.plots import plot_pareto
+
+        plot_pareto(pts, png, title=title)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _pair(a: Any, b: Any, fmt: str = ".0f") -> str:
+    """``a → b`` for two utilizations, "—" for a side not measured (or both)."""
+    if not (_finite(a) or _finite(b)):
+        return "—"
+    return f"{format(a, fmt) if _finite(a) else '—'} → {format(b, fmt) if _finite(b) else '—'}"
+
+
+def _cpu_cell(r: Mapping[str, Any]) -> str:
+    """Confirm row's CPU%: upstream → final, the paired Δ with its 95% CI and the A/A CPU noise (points)."""
+    pair = _pair(r.get("base_cpu"), r.get("tuned_cpu"))
+    if not _finite(r.get("cpu_delta")):
+        return pair
+    ci = (f" [{r['cpu_ci_low']:+.1f}..{r['cpu_ci_high']:+.1f}]"
+          if _finite(r.get("cpu_ci_low")) and _finite(r.get("cpu_ci_high")) else "")
+    noise = f", noise ±{r['cpu_noise']:.1f}" if _finite(r.get("cpu_noise")) else ""
+    return f"{pair} (Δ {r['cpu_delta']:+.1f}{ci}{noise})"
+
+
 def _pct(x: float) -> str:
     return f"{100 * (x - 1):+.1f}%" if isinstance(x, float) and math.isfinite(x) else "-"
 
@@ -320,8 +371,15 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
                     _ci(r["ci_low"], r["ci_high"]), f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
                     str(r.get("rounds", "")), r["verdict"]])
     out.append(compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model) + "\n\n"
-               + log.table(["Test", "depth", "upstream kernel", "kernel", "Speedup 95% CI", "A/A noise", "rounds", "verdict"],
-                           [[t[1], r["depth"], t[2], t[3], t[7], t[8], t[9], t[10]] for t, r in zip(tab, rows)])
+               + log.table(["Test", "depth", "upstream kernel", "kernel", "t/s upstream → tuned", "CPU% upstream → tuned",
+                            "busiest core %", "GPU%", "Speedup 95% CI", "A/A noise", "rounds", "verdict"],
+                           [[t[1], r["depth"], t[2], t[3], f"{t[4]} → {t[5]}", _cpu_cell(r), _pair(r.get("base_core"), r.get("tuned_core")),
+                             _pair(r.get("base_gpu"), r.get("tuned_gpu")), t[7], t[8], t[9], t[10]] for t, r in zip(tab, rows)])
+               + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
+               "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
+               "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
+               "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
+               f"a t/s gain beyond it is {CPU_REJECTED!r} (seed 004 §21.3) and is not claimed."
                if tab else "(nothing differed from upstream, so nothing was re-measured)")
     if gate is not None:
         out.append("\n\n" + gate_section(gate))
@@ -332,12 +390,17 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
         for d in sorted(cells, key=int):
             c = cells[d]
             effs = ", ".join(f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
+                             + (f" (CPU {e['cpu']['mean']:+.1f})" if _finite(e.get("cpu", {}).get("mean")) else "")
                              for k, e in c["effects"].items())
+            up = c.get("levels", {}).get("upstream", {})
+            cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if _finite(c.get("cpu_noise")) else ""
             srows.append([f"{phase}@d{d}", c.get("upstream_kernel") or "-", f"{c['upstream_ts']:.2f}",
-                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'})" if math.isfinite(c["noise_pct"]) else "-",
+                          *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
+                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){cpu_noise}" if math.isfinite(c["noise_pct"]) else "-",
                           effs or "-", ", ".join(c.get("fallback", [])) or "-"])
         if srows:
-            out.append(log.table(["point", "upstream kernel", "t/s upstream", "A/A noise (pair)", "forced kernels: Δ [95% CI] verdict",
+            out.append(log.table(["point", "upstream kernel", "t/s upstream", "CPU% upstream", "busiest core %", "GPU% upstream",
+                                  "A/A noise (pair; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
                                   "fell back"], srows) + "\n\n")
     comp = a.get("compose", {})
     if comp.get("decisions"):

@@ -1,10 +1,11 @@
 """Plots of bench results: tokens/s against depth per variant (:func:`plot_depth`) and the speedup of
 one side over the other per depth with its CI, the A/A noise and the kernel chosen per depth interval
-(:func:`plot_speedup`). matplotlib's Agg backend; nothing is shown."""
+(:func:`plot_speedup`), and decode t/s against CPU% with the Pareto front (:func:`plot_pareto`).
+matplotlib's Agg backend; nothing is shown."""
 
 from __future__ import annotations
 
-__all__ = ["plot_depth", "plot_speedup"]
+__all__ = ["pareto_front", "plot_depth", "plot_pareto", "plot_speedup"]
 
 import math
 from collections.abc import Mapping, Sequence
@@ -265,6 +266,65 @@ def plot_speedup(
         _speedup_panel(ax, sub, x, phase=phase, color=color, has_span=has_span, name_a=name_a, name_b=name_b)
         _ts_panel(ax2, sub, x, depths, color=color, name_a=name_a, name_b=name_b)
     _speedup_legend(fig, pts, kernels, kcolor, title=title, ncol=ncol)
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The points no other point beats on both axes (more t/s for no more CPU%, or less CPU% for no
+    less t/s), by ascending CPU%."""
+    front: list[Mapping[str, Any]] = []
+    for p in sorted(points, key=lambda p: (float(p["cpu"]), -float(p["ts"]))):
+        if not front or float(p["ts"]) > float(front[-1]["ts"]):
+            front.append(p)
+    return front
+
+
+def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: str = "") -> Path:
+    """Decode t/s against CPU% (seed 004 §1: more t/s for less CPU), one marker per (config, depth).
+
+    ``points``: dicts with ``config``, ``depth``, ``ts`` and ``cpu`` (percent of one core), optionally
+    ``stage`` (``screen``/``confirm``, shown as hollow/filled markers). One colour per depth, since
+    depth moves t/s far more than any config; the Pareto front of each depth is drawn through its
+    non-dominated points. Every point is labelled with its config (grey where dominated). Uses matplotlib's Agg backend.
+
+    Returns:
+        ``png_path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [p for p in points if math.isfinite(_num(p.get("ts"))) and math.isfinite(_num(p.get("cpu")))]
+    if not pts:
+        raise UsageError("No decode points with both t/s and CPU% to plot.")
+    depths = sorted({int(p["depth"]) for p in pts})
+    cmap = plt.get_cmap("viridis")
+    fig, ax = plt.subplots(figsize=(8.0, 5.6))
+    for i, d in enumerate(depths):
+        color = cmap(i / max(1, len(depths) - 1) * 0.9)
+        sub = [p for p in pts if int(p["depth"]) == d]
+        front = pareto_front(sub)
+        ax.plot([float(p["cpu"]) for p in front], [float(p["ts"]) for p in front], "--", color=color, lw=1.3,
+                label=f"d{_depth_label(d)} front", zorder=2)
+        for p in sub:
+            filled = p.get("stage", "confirm") == "confirm"
+            ax.scatter(float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3)
+            # Dominated points are labelled too, in grey: they are the configs the CPU cost rules out.
+            ax.annotate(str(p["config"]), (float(p["cpu"]), float(p["ts"])), textcoords="offset points", xytext=(5, 4),
+                        fontsize=7.5, color=color if p in front else "dimgrey")
+    ax.set_xlabel("CPU% of the llama-bench process tree (timed decode repetitions; 100 = one core)")
+    ax.set_ylabel("decode tokens/s (median over rounds)")
+    ax.grid(True, alpha=0.3)
+    ax.scatter([], [], s=46, color="none", edgecolors="grey", label="screen (median of rounds)")
+    ax.scatter([], [], s=46, color="grey", label="confirm")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "Decode: t/s vs CPU% (up and to the left is better)", fontsize=11)
+    fig.tight_layout()
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=110)

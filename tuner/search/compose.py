@@ -16,7 +16,7 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
 
 from __future__ import annotations
 
-__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "phase_noise"]
+__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "phase_noise", "phase_cpu_noise"]
 
 import dataclasses
 import math
@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
 from tuner.search.screen import PHASE_RULE, CellStats
 
 _STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
@@ -68,22 +69,37 @@ def phase_noise(cells: Mapping[int, CellStats]) -> float:
     return statistics.median(vals) if vals else math.inf
 
 
+def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
+    """The phase's CPU% noise floor in points: the median A/A CPU noise over its depths (as :func:`phase_noise`)."""
+    vals = [c.cpu_noise for c in cells.values() if math.isfinite(c.cpu_noise)]
+    return statistics.median(vals) if vals else math.inf
+
+
 def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
-    """A decision per screened depth (sorted by depth)."""
-    floor = phase_noise(cells)
+    """A decision per screened depth (sorted by depth).
+
+    A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
+    (seed 004 §21.3); the decision's reason names it. Only a kernel faster beyond the noise can win,
+    so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out."""
+    floor, cpu_floor = phase_noise(cells), phase_cpu_noise(cells)
     out = []
     for d in sorted(cells):
         c = cells[d]
-        noise = max(c.noise_pct, floor)
-        best, best_e = None, None
+        noise, cpu_noise = max(c.noise_pct, floor), max(c.cpu_noise, cpu_floor)
+        best, best_e, costly = None, None, []
         for name, e in c.effects.items():
             if name == c.aa or name == c.upstream_kernel:
                 continue  # forcing upstream's own kernel changes nothing
+            if phase == "tg" and name in c.cpu and rejects_cpu_cost(e.ci_low, noise, c.cpu[name].ci_low, cpu_noise):
+                costly.append(f"{name} (CPU% {c.cpu[name].mean:+.0f} points)")
+                continue
             faster = math.isfinite(e.ci_low) and e.ci_low > 1.0 + noise / 100.0
             if faster and (best_e is None or e.ratio > best_e.ratio):
                 best, best_e = name, e
         if best_e is None:
             why = "no forced kernel beat upstream beyond the A/A noise" if math.isfinite(noise) else "no A/A noise measured"
+            if costly:
+                why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=None, effect_pct=0.0,
                                 ci=(math.nan, math.nan), noise_pct=noise, reason=why))
         else:

@@ -8,7 +8,9 @@ upstream's by construction and reported so.
 
 What does not confirm is dropped: a rule with a point slower than upstream beyond the noise inside
 its interval, or with no point faster beyond it, goes; so does a process-wide knob that makes any
-point slower. The export claims only the points that confirmed.
+point slower. A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
+t/s noise (seed 004 §21.3) counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
+The export claims only the points that confirmed.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.search.compose import phase_noise
-from tuner.measure.paired import verdict
-from tuner.search.screen import CellStats
+from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost, verdict
+from tuner.search.compose import phase_cpu_noise, phase_noise
+from tuner.search.screen import UPSTREAM, CellStats
 
 FINAL = "final"
 _RULE_BOUNDS = re.compile(r"^(decode|prefill)[^:]*:(\d+)-(\d*)=(\w+)$")
@@ -50,13 +52,19 @@ def rule_interval(rule: str) -> tuple[str, int, int | None, str]:
 
 
 def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict."""
-    floor = phase_noise(cells)
+    """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
+    and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
+    CPU noise (NaN where the records carry no utilizations)."""
+    floor, cpu_floor = phase_noise(cells), phase_cpu_noise(cells)
     out = []
     for d in sorted(cells):
         c = cells[d]
         e = c.effects.get(FINAL)
         noise = max(c.noise_pct, floor)
+        cpu, cpu_noise = c.cpu.get(FINAL), max(c.cpu_noise, cpu_floor)
+        v = verdict(e, noise) if e else "not measured"
+        if e and cpu and phase == "tg" and rejects_cpu_cost(e.ci_low, noise, cpu.ci_low, cpu_noise):
+            v = CPU_REJECTED
         fin_k = _majority_kernel(records, FINAL, d)
         fin_vals = [r["values"].get(FINAL, {}).get(str(d)) for r in records if str(d) in r["values"].get(FINAL, {})]
         fin_vals = sorted(v for v in fin_vals if v)
@@ -65,9 +73,20 @@ def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Map
             "base_ts": c.upstream_ts, "tuned_ts": fin_vals[len(fin_vals) // 2] if fin_vals else math.nan,
             "speedup": e.ratio if e else math.nan, "ci_low": e.ci_low if e else math.nan,
             "ci_high": e.ci_high if e else math.nan, "rounds": e.n if e else 0,
-            "aa_noise_pct": noise, "verdict": verdict(e, noise) if e else "not measured",
+            "aa_noise_pct": noise, "verdict": v,
+            **_utilizations(c, cpu, cpu_noise),
         })
     return out
+
+
+def _utilizations(c: CellStats, cpu: Any, cpu_noise: float) -> dict[str, float]:
+    nan = math.nan
+    up, fin = c.levels.get(UPSTREAM, {}), c.levels.get(FINAL, {})
+    return {"base_cpu": up.get("cpu", nan), "tuned_cpu": fin.get("cpu", nan),
+            "cpu_delta": cpu.mean if cpu else nan, "cpu_ci_low": cpu.ci_low if cpu else nan,
+            "cpu_ci_high": cpu.ci_high if cpu else nan, "cpu_noise": cpu_noise,
+            "base_core": up.get("core", nan), "tuned_core": fin.get("core", nan),
+            "base_gpu": up.get("gpu", nan), "tuned_gpu": fin.get("gpu", nan)}
 
 
 def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) -> str | None:
@@ -91,12 +110,17 @@ def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_ch
         elif "slower" in v:
             bad = [x["depth"] for x in inside if x["verdict"] == "slower"]
             dropped[r] = f"slower than upstream beyond the noise at depth {bad}"
+        elif CPU_REJECTED in v:
+            bad = [x["depth"] for x in inside if x["verdict"] == CPU_REJECTED]
+            dropped[r] = f"CPU% up beyond the noise without a t/s gain at depth {bad}"
         elif "faster" not in v:
             dropped[r] = "not faster than upstream beyond the A/A noise at any depth inside it"
         else:
             kept.append(r)
     slower = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == "slower"]
-    ok = not (process_changed and slower)
-    return {"kept": kept, "dropped": dropped, "process_ok": ok,
-            "process_why": "" if ok else f"slower than upstream beyond the noise at {', '.join(slower)}"}
+    costly = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == CPU_REJECTED]
+    ok = not (process_changed and (slower or costly))
+    why = "; ".join(([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
+                    + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else []))
+    return {"kept": kept, "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
 

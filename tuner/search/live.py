@@ -6,12 +6,19 @@ shape and kernel (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (defa
 the kernel that actually ran at each depth is read: upstream's pick for the upstream candidate,
 ``rule`` or ``fallback`` (illegal here, upstream's choice kept) for a forced one. Builds without the
 hook (the CPU backend) print nothing and the kernel stays unknown.
+
+Each depth also carries what the observer saw in the test's timed repetitions (seed 004 §21.1):
+``cpu`` (the llama-bench process tree, percent of one core), ``core`` (its busiest thread) and ``gpu``
+(NVML/AMD SMI utilization; None without them). The observer costs one psutil walk of the process
+tree per 100 ms and one per llama-bench ``--progress`` line, a few milliseconds each in this process
+(about 3% of one core on the 2-core CI box), not in llama-bench.
 """
 
 from __future__ import annotations
 
 __all__ = ["make_live_measure", "parse_fa_log", "kernel_at"]
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +27,15 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.measure.falog import kernel_at, parse_fa_log
 from tuner.search.screen import Candidate, Measure
+
+
+_OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
+"""Record keys (:data:`tuner.search.screen.OBSERVED`) and the bench columns they come from."""
+
+
+def _finite(x: Any) -> float | None:
+    v = float(x)
+    return v if math.isfinite(v) else None
 
 
 def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Mapping[str, int], log_dir: Path,
@@ -47,7 +63,7 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
             df = run_bench(bin_dir, model, depths=tuple(depths), pp=pp if "pp" in phases else 0,
                            tg=tg if "tg" in phases else 0, reps=max(reps[p] for p in phases), target_ci=None,
                            env={**cand.env, "GGML_TUNER_FA_LOG": "1"}, extra_args=tuple(args), log_dir=log_dir,
-                           label=label, era=era, flash_attn=fa, arch=arch, observe=False, cpus=cpus)
+                           label=label, era=era, flash_attn=fa, arch=arch, observe=True, cpus=cpus)
         except TunerError as err:  # a failed call is data: every depth carries the error
             return {p: {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths} for p in phases}
         if len(df) and not info:
@@ -64,7 +80,8 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
                 err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
                 k, why = kernel_at(lines, phase, d, pp if phase == "pp" else tg)
                 out[phase][d] = {"ts": float(statistics.median(samples)) if samples else None, "kernel": k, "why": why,
-                                 "error": err or ("" if samples else f"no samples; see {log_file}")}
+                                 "error": err or ("" if samples else f"no samples; see {log_file}"),
+                                 **{key: _finite(rows.iloc[0][col]) if len(rows) else None for key, col in _OBSERVED.items()}}
         return out
 
     measure.joint = joint  # type: ignore[attr-defined]  # both phases in one call (screen.run_joint_rounds)

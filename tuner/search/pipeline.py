@@ -340,9 +340,15 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
                     raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
                 env, args = runtime_env_and_args(space, vals)
                 cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-                objs, ratios = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases, cfg.depths,
-                                                    label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
+                objs, ratios, cpu = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases,
+                                                         cfg.depths, label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
                 trial.set_user_attr("ratios", ratios)
+                trial.set_user_attr("cpu", cpu)
+                rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.get("screen_tg", {})))
+                trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
+                if rejected:
+                    trial.set_user_attr("rejected", rejected)
+                    log.info(f"  [trial {trial.number}] {rejected}")
                 trial.set_user_attr("status", "ok")
                 study.tell(trial, objs)
                 log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "

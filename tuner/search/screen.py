@@ -13,7 +13,13 @@ forced candidate equal to it is a built-in A/A pair that measures the noise. Whe
 forced (the CPU backend), an explicit second upstream candidate is the A/A pair.
 
 The round records are plain JSON (stored in the study, so a resumed search adds rounds instead of
-starting over).
+starting over). Next to t/s (``values``) they keep what the measure observed in the timed window:
+CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
+older studies lack them, and everything derived from them is then NaN.
+
+Decode cells apply seed 004 §21.3 (:func:`tuner.measure.paired.rejects_cpu_cost`): a candidate whose
+CPU% rises beyond the A/A pair's CPU noise without a t/s gain beyond the t/s noise gets the verdict
+``rejected: CPU% up without a t/s gain``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner import log, progress
-from tuner.measure.paired import Effect, block_effects, noise_pct, rotated, verdict
+from tuner.measure.paired import (CPU_REJECTED, Diff, Effect, block_effects, noise_pct, noise_points, paired_diff,
+                                  rejects_cpu_cost, rotated, verdict)
 
 class BudgetReached(Exception):
     """The time budget ended a stage; rerunning the same command resumes it."""
@@ -65,7 +72,8 @@ class Candidate:
 
 
 # measure(candidate, phase, depths, label) -> {depth: {"ts": float|None, "kernel": str|None,
-#                                                      "why": str|None, "error": str}}
+#                                                      "why": str|None, "error": str,
+#                                                      optional "cpu"/"core"/"gpu": float|None}}
 Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[str, Any]]]
 
 
@@ -255,8 +263,14 @@ def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], 
     return recs
 
 
+OBSERVED = ("cpu", "core", "gpu")
+"""Utilizations a measure may report per depth, stored per candidate beside ``values`` (percent)."""
+
+
 def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]], depths: Sequence[int]) -> None:
     rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
+    for key in OBSERVED:
+        rec.setdefault(key, {})[name] = {str(d): _util(res.get(d, {}).get(key)) for d in depths}
     rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
     rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
     errs = sorted({str(res[d]["error"]) for d in res if res[d].get("error")})
@@ -270,6 +284,15 @@ def _num(x: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) and v > 0 else None
+
+
+def _util(x: Any) -> float | None:
+    """A utilization in percent as stored (0 is a real value, unlike a t/s of 0); None when unknown."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(v, 2) if math.isfinite(v) and v >= 0 else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -287,6 +310,12 @@ class CellStats:
     verdicts: Mapping[str, str]
     fallback: tuple[str, ...]
     """Forced candidates the hook could not run at this shape (it kept upstream's choice)."""
+    cpu: Mapping[str, Diff] = dataclasses.field(default_factory=dict)
+    """CPU% of each candidate in ``effects`` minus upstream's, paired by round (points)."""
+    cpu_noise: float = math.inf
+    """The A/A pair's CPU% noise (points; infinite when unknown)."""
+    levels: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    """Per candidate (upstream included): median ``ts``, ``cpu``, ``core`` and ``gpu`` over the rounds."""
 
     @property
     def max_halfwidth(self) -> float:
@@ -296,8 +325,10 @@ class CellStats:
         return {
             "depth": self.depth, "upstream_kernel": self.upstream_kernel, "aa": self.aa,
             "noise_pct": self.noise_pct, "upstream_ts": self.upstream_ts,
-            "effects": {k: {**e.as_dict(), "verdict": self.verdicts[k]} for k, e in self.effects.items()},
-            "fallback": list(self.fallback),
+            "effects": {k: {**e.as_dict(), "verdict": self.verdicts[k],
+                            **({"cpu": self.cpu[k].as_dict()} if k in self.cpu else {})} for k, e in self.effects.items()},
+            "fallback": list(self.fallback), "cpu_noise": self.cpu_noise,
+            "levels": {k: dict(v) for k, v in self.levels.items()},
         }
 
 
@@ -327,10 +358,29 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         aa = AA_NAME if AA_NAME in effects else (up_kernel if up_kernel in effects else None)
         noise = noise_pct(effects[aa]) if aa else math.inf
         ups = [u for u in up if u]
+        cpu = {n: paired_diff(_series(recs, "cpu", n, key), _series(recs, "cpu", UPSTREAM, key)) for n in effects}
+        cpu_noise = noise_points(cpu[aa]) if aa else math.inf
+        verdicts = {n: verdict(e, noise) for n, e in effects.items()}
+        if phase == "tg":  # seed 004 §21.3 judges decode changes by their CPU cost too
+            verdicts.update({n: CPU_REJECTED for n in effects if n != aa
+                             and rejects_cpu_cost(effects[n].ci_low, noise, cpu[n].ci_low, cpu_noise)})
         out[d] = CellStats(
             depth=d, upstream_kernel=up_kernel, aa=aa, noise_pct=noise,
             upstream_ts=sorted(ups)[len(ups) // 2] if ups else math.nan,
-            effects=effects, verdicts={n: verdict(e, noise) for n, e in effects.items()},
-            fallback=tuple(fallback),
+            effects=effects, verdicts=verdicts, fallback=tuple(fallback), cpu=cpu, cpu_noise=cpu_noise,
+            levels={n: {k: _median(_series(recs, k, n, key)) for k in ("ts", *OBSERVED)} for n in [UPSTREAM, *names]},
         )
     return out
+
+
+def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) -> list[float | None]:
+    """One candidate's per-round values at a depth: ``ts`` (from ``values``) or an OBSERVED key
+    (None in rounds, or whole records of older studies, that lack it)."""
+    field = "values" if key == "ts" else key
+    return [r.get(field, {}).get(name, {}).get(depth) for r in recs]
+
+
+def _median(xs: Sequence[float | None]) -> float:
+    # The upper median of an even count, as ``upstream_ts``: a report row shows one round's value.
+    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
+    return vals[len(vals) // 2] if vals else math.nan

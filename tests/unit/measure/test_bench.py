@@ -376,3 +376,52 @@ def test_parse_real_h100_llama_bench() -> None:
     # decode slows down with depth on the real GPU (KV reads grow): the parse kept the order
     meds = [sorted(r["samples_ts"])[3] for r in recs]
     assert meds == sorted(meds, reverse=True)
+
+
+def _marks(obs: Observer, spec: list[tuple[float, str, float, dict]]) -> None:
+    from tuner.measure.observe import Mark
+
+    obs.marks = [Mark(t=t, tag=tag, cpu_s=cpu, threads=th) for t, tag, cpu, th in spec]
+
+
+def test_timed_windows_are_the_repetitions_after_the_first() -> None:
+    from tuner.measure.bench import _test_observation
+
+    obs = Observer(gpu=False)
+    # warm-up and depth fill (not timed), then three timed repetitions of 1 s each, then the JSONL line
+    _marks(obs, [(1.0, "warmup generation run", 0.0, {}), (2.0, "depth run 1/3", 5.0, {}),
+                 (3.0, "generation run 1/3", 6.0, {(1, 1): 0.0, (1, 2): 0.0}),
+                 (4.0, "generation run 2/3", 8.0, {(1, 1): 1.0, (1, 2): 1.0}),
+                 (5.0, "generation run 3/3", 9.5, {(1, 1): 2.0, (1, 2): 1.5}),
+                 (6.0, "result", 11.0, {(1, 1): 3.0, (1, 2): 2.0, (1, 3): 0.1})])
+    s = _test_observation(obs, 0.5, 6.0)
+    # repetitions 2 and 3: 3 CPU seconds in 2 s; the busiest thread 2 s of them (thread 3 born inside counts from 0)
+    assert math.isclose(s.cpu_util_mean, 150.0) and math.isclose(s.cpu_core_max, 100.0)
+    single = Observer(gpu=False)
+    _marks(single, [(1.0, "prompt run 1/1", 0.0, {}), (3.0, "result", 1.0, {})])
+    assert math.isclose(_test_observation(single, 0.0, 3.0).cpu_util_mean, 50.0)  # -r 1: its only repetition counts
+    obs.samples = [(1.5, 80.0, math.nan, math.nan)]
+    none = _test_observation(obs, 1.2, 2.5)  # no progress marks (an old binary): the whole window's samples
+    assert none.cpu_util_mean == 80.0 and math.isnan(none.cpu_core_max)
+    assert math.isnan(obs.timed_summary([]).cpu_util_mean)
+
+
+def test_observer_marks_find_the_busy_thread_of_a_real_child() -> None:
+    import subprocess
+
+    code = ("import threading, time\n"
+            "def spin():\n    t = time.time()\n    while time.time() - t < 0.8: pass\n"
+            "th = threading.Thread(target=spin); th.start(); time.sleep(0.8); th.join()")
+    with Observer(interval=0.05, gpu=False) as obs:
+        p = subprocess.Popen([sys.executable, "-c", code])
+        import time
+
+        time.sleep(0.2)
+        obs.mark("start")
+        time.sleep(0.4)
+        obs.mark("end")
+        p.wait()
+    s = obs.timed_summary([(obs.marks[0], obs.marks[1])])
+    # one spinning thread and one sleeping: the busiest thread is nearly all of the total (lenient: shared CI box)
+    assert s.cpu_core_max > 30 and s.cpu_util_mean < 130 and s.cpu_core_max >= 0.8 * s.cpu_util_mean
+    assert len(obs.marks[0].threads) >= 2 and math.isnan(s.gpu_util_mean)

@@ -229,10 +229,10 @@ def test_tune_measures_only_the_phases_a_knob_can_change() -> None:
     calls: list = []
     m = fake(lambda k, d: 100.0 * (1.1 if k == "TILE" else 1.0), calls=calls, jitter=0.0, drift=0.0)
     ref, cand = Candidate(name="ref"), Candidate(name="cand", kernel="TILE")
-    objs, ratios = tn.paired_objectives(m, ref, m, cand, ["pp"], [0, 4096], label="tune-t3-r0", flip=True)
+    objs, ratios, cpu = tn.paired_objectives(m, ref, m, cand, ["pp"], [0, 4096], label="tune-t3-r0", flip=True)
     assert objs[1] == 1.0 and abs(objs[0] - 1.1) < 1e-9  # tg untouched and not measured
     assert {ph for _, ph, _ in calls} == {"pp"} and [c[0] for c in calls] == ["cand", "ref"]  # flipped order
-    assert set(ratios) == {"pp@0", "pp@4096"}
+    assert set(ratios) == {"pp@0", "pp@4096"} and cpu == {}  # the fake reports no CPU%
 
     class T:
         def __init__(self, values):
