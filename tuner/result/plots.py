@@ -20,6 +20,24 @@ if TYPE_CHECKING:
 _PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
 
 
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, png_path: str | Path) -> Path:
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
 def _num(x: Any) -> float:
     """``float(x)``, NaN where that fails (also used by the report's tables)."""
     try:
@@ -43,10 +61,7 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
     Returns:
         ``png_path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     if not frames:
         raise UsageError("No bench results to plot.")
@@ -73,11 +88,7 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
         if any_line:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    return _save(plt, fig, png_path)
 
 
 _PHASE_TITLES = {"pp": "Prefill", "tg": "Decode"}
@@ -238,10 +249,7 @@ def plot_speedup(
     Returns:
         ``png_path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     pts = [p for p in points if math.isfinite(_num(p.get("depth")))]
     if not pts:
@@ -266,11 +274,7 @@ def plot_speedup(
         _speedup_panel(ax, sub, x, phase=phase, color=color, has_span=has_span, name_a=name_a, name_b=name_b)
         _ts_panel(ax2, sub, x, depths, color=color, name_a=name_a, name_b=name_b)
     _speedup_legend(fig, pts, kernels, kcolor, title=title, ncol=ncol)
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    return _save(plt, fig, png_path)
 
 
 def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -294,10 +298,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     Returns:
         ``png_path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     pts = [p for p in points if math.isfinite(_num(p.get("ts"))) and math.isfinite(_num(p.get("cpu")))]
     if not pts:
@@ -325,8 +326,4 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title or "Decode: t/s vs CPU% (up and to the left is better)", fontsize=11)
     fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    return _save(plt, fig, png_path)

@@ -2,12 +2,17 @@
 block interval (t with (R-1)(C-1) df) that tuner uses since this session, and what compose keeps.
 
     python docs/h100/session6/screens.py > docs/h100/session6/screens.txt
+    python docs/h100/session6/screens.py docs/h100/session8/latest/sm90-l1b-v3.db docs/h100/session8/latest/sm90-q05b.db \
+        > docs/h100/session8/screens.txt     (session 8: the 1B after 6 rounds, the qwen2.5-0.5b control)
+
+A database's file name is its study's name.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 from tuner.measure.paired import paired_effect
@@ -21,8 +26,9 @@ def pct(e) -> str:
     return f"{e.pct:+5.1f} [{100 * (e.ci_low - 1):+5.1f}, {100 * (e.ci_high - 1):+5.1f}]"
 
 
-for name in ("sm90-l8b-v3", "sm90-l1b-v3"):
-    a = {k: json.loads(v) for k, v in sqlite3.connect(HERE / f"{name}.db").execute("select key, value_json from study_user_attributes")}
+for db in [Path(a) for a in sys.argv[1:]] or [HERE / "sm90-l8b-v3.db", HERE / "sm90-l1b-v3.db"]:
+    name = db.stem
+    a = {k: json.loads(v) for k, v in sqlite3.connect(db).execute("select key, value_json from study_user_attributes")}
     for key in [k for k in a if k == "screen_rounds" or k.startswith("confirm_rounds")]:
         for ph in ("tg", "pp"):
             recs = [r for r in a[key] if r["phase"] == ph]

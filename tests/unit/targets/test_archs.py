@@ -141,17 +141,24 @@ def test_cli_show_text_and_bad_arch() -> None:
     assert isinstance(res.exception, UsageError)
 
 
-def test_detect_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    class FakeNVML:
-        def nvmlInit(self) -> None: ...
-        def nvmlShutdown(self) -> None: ...
-        def nvmlDeviceGetCount(self) -> int:
-            return 2
-        def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-            return i
-        def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
-            return (9, 0)
+class FakeNVML:
+    """pynvml with two devices: an sm_90 each, device i with i+1 GiB free."""
 
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+    def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+        return (9, 0)
+    def nvmlDeviceGetMemoryInfo(self, h: int):
+        import types
+
+        return types.SimpleNamespace(free=(h + 1) << 30)
+
+
+def test_detect_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
@@ -200,20 +207,9 @@ def test_detect_nvidia_smi_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> No
 def test_gpu_free_memory_from_nvml_then_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     """The -ngl knob's fit check: free memory summed over devices; None without an NVIDIA GPU."""
     import sys
-    import types
 
     from tuner import _run
     from tuner.targets.archs import gpu_free_bytes
-
-    class FakeNVML:
-        def nvmlInit(self) -> None: ...
-        def nvmlShutdown(self) -> None: ...
-        def nvmlDeviceGetCount(self) -> int:
-            return 2
-        def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-            return i
-        def nvmlDeviceGetMemoryInfo(self, h: int) -> types.SimpleNamespace:
-            return types.SimpleNamespace(free=(h + 1) << 30)
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
     assert gpu_free_bytes() == 3 << 30
