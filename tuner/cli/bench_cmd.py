@@ -6,6 +6,7 @@ __all__ = ["bench", "check", "compare", "report"]
 
 import datetime as _dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, par
 
 from tuner import log
 from tuner.errors import UsageError
+
+if TYPE_CHECKING:
+    from tuner.plan.seed_builds import SeedRun
 
 
 def _env(values: tuple[str, ...]) -> dict[str, str]:
@@ -28,6 +32,30 @@ def _bin_dir(path: Path, exe: str = "llama-bench") -> Path:
         f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
         "directory or its bin directory (`tuner build` prints it)."
     )
+
+
+def _seed_runs(names: tuple[str, ...], n_builds: int, arch: str | None, era: str | None, model: Path,
+               extra: tuple[str, ...]) -> list[SeedRun]:
+    """One SeedRun per --build, or none without --seed-build; ``extra`` may not set a flag a seed build sets."""
+    if not names:
+        return []
+    from tuner.measure.bench import check_passthrough_args
+    from tuner.plan import seed_builds, space
+    from tuner.targets.models import read_shape
+
+    if len(names) != n_builds:
+        raise UsageError(f"Got {len(names)} --seed-build for {n_builds} --build; give one per build (the same "
+                         "build directory may repeat, e.g. `cuda` for cuda_dense and cuda_hybrid).")
+    if arch is None:
+        raise UsageError("--seed-build needs --arch (sm_90, sm_89...): its -ngl/-nkvo values are checked against "
+                         "that arch's search space.")
+    sp = space.load_space(arch, era or "mma")
+    shape = read_shape(model)
+    runs = [seed_builds.seed_run(seed_builds.seed_build(n), sp, shape=shape) for n in names]
+    for r in runs:
+        check_passthrough_args(extra, set(r.bench_args[::2]), sets=f"--seed-build {r.build.name}",
+                               instead="drop it from the arguments after --")
+    return runs
 
 
 def _default_run_dir(kind: str) -> Path:
@@ -55,13 +83,16 @@ def _default_run_dir(kind: str) -> Path:
 @click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline.")
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
 @click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
+@click.option("--seed-build", "seed_builds", multiple=True, metavar="NAME",
+              help="Seed 004 §3.3 build per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
+                   "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
           reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,
           no_fa: bool, arch: str | None, bandwidth: float | None, timeout: float, cpu_mask: tuple[int, ...] | None,
-          out_dir: Path | None, extra: tuple[str, ...]) -> None:
+          seed_builds: tuple[str, ...], out_dir: Path | None, extra: tuple[str, ...]) -> None:
     """Benchmark builds with llama-bench: pp and tg at every depth, with noise control.
 
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
@@ -72,7 +103,8 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     if labels and len(labels) != len(builds):
         raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
     bins = [_bin_dir(b) for b in builds]
-    names = list(labels) or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name
+    runs = _seed_runs(seed_builds, len(builds), arch, era, model, extra)
+    names = list(labels) or [r.build.name for r in runs] or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name
                              for b in builds]
     if len(set(names)) != len(names):
         names = [f"{n}-{i}" for i, n in enumerate(names)]
@@ -80,13 +112,16 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     kw = dict(depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps, timeout=timeout,
               era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth, cpus=cpu_mask)
     env = _env(envs)
+    envs_of = [{**r.env, **env} for r in runs] or [env] * len(bins)
+    extra_of = [(*r.bench_args, *extra) for r in runs] or [tuple(extra)] * len(bins)
     frames = {}
     with log.step(f"Benchmarking {', '.join(names)} on {model.name} (depths {','.join(map(str, depths))})"):
         if len(bins) == 1:
-            frames[names[0]] = run_bench(bins[0], model, env=env, extra_args=extra, log_dir=out / "logs",
+            frames[names[0]] = run_bench(bins[0], model, env=envs_of[0], extra_args=extra_of[0], log_dir=out / "logs",
                                          label=names[0], **kw)
         else:
-            targets = [BenchTarget(label=n, bin_dir=b, env=env, extra_args=tuple(extra)) for n, b in zip(names, bins)]
+            targets = [BenchTarget(label=n, bin_dir=b, env=e, extra_args=x)
+                       for n, b, e, x in zip(names, bins, envs_of, extra_of)]
             res = run_interleaved(targets[1:], targets[0], model, log_dir=out / "logs", **kw)
             frames = {t.label: res.frames[t.label] for t in targets}
             save_results(res.anchors, out / "anchors")
