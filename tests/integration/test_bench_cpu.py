@@ -112,3 +112,19 @@ def test_run_check_missing_backend_is_usage_error(bin_dir: Path, tmp_path: Path)
 
     with pytest.raises(UsageError, match="no device 'CUDA0'"):
         run_check(bin_dir, backend="CUDA0", params=r"hsk=64,hsv=64,nh=4,nr23=\[4,1\],kv=512,nb=1,", log_dir=tmp_path)
+
+
+def test_seed_builds_run_interleaved_with_their_offload(bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """`tuner bench --seed-build` on the real llama-bench: two seed 004 builds mapped onto one build
+    directory, interleaved; cpu_hybrid's llama-bench runs with -ngl 0, cuda_dense's with none."""
+    from tuner.cli.bench_cmd import bench
+
+    r = CliRunner().invoke(bench, ["--build", str(bin_dir), "--build", str(bin_dir), "--seed-build", "cuda_dense",
+                                   "--seed-build", "cpu_hybrid", "--arch", "sm_90", "--model", str(tiny_model),
+                                   "--depths", "0", "--pp", "16", "--tg", "4", "--reps", "2", "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "| cpu_hybrid " in r.output and "| cuda_dense " in r.output
+    cmds = {n: [ln for ln in (tmp_path / "logs" / f"{n}-pp+tg.log").read_text().splitlines() if ln.startswith("$ ")]
+            for n in ("cpu_hybrid", "cuda_dense")}
+    assert cmds["cpu_hybrid"] and all(c.endswith(" -ngl 0") for c in cmds["cpu_hybrid"])
+    assert cmds["cuda_dense"] and not any("-ngl" in c for c in cmds["cuda_dense"])
