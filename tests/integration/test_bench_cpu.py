@@ -50,14 +50,17 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
         assert r.flash_attn == 1 and r.backends == "CPU" and r.build_commit
         assert r.model_size > 0 and r.n_params > 0 and r.type_k == "f16"
         # CPU% over the timed repetitions (--progress marks): one thread, so about one core, and the
-        # busiest thread is at most the tree (lenient bounds: the CI box is shared)
-        assert 10 < r.cpu_util_mean < 130 and r.cpu_core_max <= r.cpu_util_mean + 1, (r.cpu_util_mean, r.cpu_core_max)
+        # busiest thread is at most the tree (lenient bounds: the CI box is shared). A test too short for
+        # the CPU clock (pp64 here: ~8 ms a repetition) falls back to its samples (busiest thread NaN) or is NaN, never 0.0
+        if math.isfinite(r.cpu_util_mean):
+            assert 10 < r.cpu_util_mean < 130 and not r.cpu_core_max > r.cpu_util_mean + 1, (r.cpu_util_mean, r.cpu_core_max)
         assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
         assert math.isnan(r.roofline_pct) and r.roofline_note
         assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}
         log = Path(r.log_file).read_text()
         assert log.startswith("$ ") and '"samples_ts"' in log
     assert any(r.cpu_util_mean > 0 for r in df.itertuples())  # the observer saw llama-bench working
+    assert all(math.isfinite(r.cpu_util_mean) for r in df.itertuples() if r.phase == "tg")  # ~0.1 s a repetition
 
 
 def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:

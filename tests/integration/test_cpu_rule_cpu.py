@@ -1,10 +1,10 @@
 """Seed 004 §21.3 on the real CPU build: a scheduling change that burns CPU without speed is rejected.
 
-The tiny model decodes at ~150 t/s on one thread. The candidate runs three threads on two CPUs
-(``-t 3 -C 0x3 --cpu-strict 1``) with OpenMP busy-waiting (``OMP_WAIT_POLICY=ACTIVE``). The CPU build
+The tiny model decodes at ~150 t/s on one thread. The candidate runs three threads on three CPUs
+(``-t 3 -C 0x7 --cpu-strict 1``) with OpenMP busy-waiting (``OMP_WAIT_POLICY=ACTIVE``). The CPU build
 uses OpenMP (``GGML_OPENMP=ON``, the default), so llama-bench's ``--poll`` does nothing here: ggml's own
 threadpool, which it tunes, is not used for the compute; the OpenMP runtime's wait policy is the same
-knob. Measured on this 2-core box (3 rounds, tg32): upstream ``-t 1`` 99-100% CPU, 131-178 t/s; the
+knob. Measured on this 2-core box with ``-C 0x3``, before tuner refused -t above the CPU count (3 rounds, tg32): upstream ``-t 1`` 99-100% CPU, 131-178 t/s; the
 candidate 181-185% CPU, 154-184 t/s (per-round ratios 0.93-1.05). ``--poll 100`` vs ``--poll 0`` at
 ``-t 2``: 195-196% vs 194-195% (no difference). About 30 s.
 """
@@ -12,6 +12,7 @@ candidate 181-185% CPU, 154-184 t/s (per-round ratios 0.93-1.05). ``--poll 100``
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,13 @@ from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, 
 pytestmark = pytest.mark.integration
 
 ONE = ("-t", "1")
-HUNGRY = Candidate(name=conf.FINAL, env={"OMP_WAIT_POLICY": "ACTIVE"}, args=("-t", "3", "-C", "0x3", "--cpu-strict", "1"))
+HUNGRY = Candidate(name=conf.FINAL, env={"OMP_WAIT_POLICY": "ACTIVE"}, args=("-t", "3", "-C", "0x7", "--cpu-strict", "1"))
 
 
+# tuner refuses -t above the machine's CPUs (issue 17's bad-input rule), so the oversubscribed candidate
+# needs 3 CPUs; on 2 (this project's CI box) `-t 2` instead gains ~2x t/s and is rightly kept (measured).
+@pytest.mark.skipif((os.cpu_count() or 1) < 3, reason="the CPU-hungry candidate runs 3 threads; this machine has fewer "
+                    "than 3 CPUs and tuner refuses -t above the CPU count")
 def test_cpu_hungry_decode_change_is_rejected(cpu_build, tiny_model: Path, tmp_path: Path) -> None:
     measure = make_live_measure(cpu_build.bin_dir, tiny_model, pp=0, tg=32, reps={"pp": 2, "tg": 3}, log_dir=tmp_path / "logs",
                                 era="mma", arch="cpu")
