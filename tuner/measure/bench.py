@@ -135,6 +135,9 @@ _OWN_FLAGS = {
     "-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-d", "--n-depth", "-r",
     "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn",
 }
+# Flags a one-process llama-bench probe (soak, residency) sets itself
+PROBE_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
+                             "-o", "--output", "-oe", "--output-err", "-v", "--verbose", "--progress"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PROGRESS = "llama-bench: benchmark "
 _TIMED_REP = re.compile(r"^(?:prompt|generation) run (\d+)/\d+$")
@@ -389,14 +392,10 @@ def _run_call(
     return records, obs, error, t0
 
 
-def _mean(vals: Sequence[float]) -> float:
+def _finite(vals: Sequence[float], how: str) -> float:
+    """Mean (``how="mean"``) or max of the finite values; NaN when there are none."""
     vals = [v for v in vals if math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def _max(vals: Sequence[float]) -> float:
-    vals = [v for v in vals if math.isfinite(v)]
-    return max(vals) if vals else math.nan
+    return (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else math.nan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -605,12 +604,12 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
         "n_ubatch": meta.get("n_ubatch"), "type_k": meta.get("type_k"),
         "flash_attn": meta.get("flash_attn"), "env": json.dumps(plan.env, sort_keys=True),
         "cmd": acc.cmd, "log_file": acc.log_file,
-        "cpu_util_mean": _mean([o.cpu_util_mean for o in acc.obs]),
-        "cpu_util_max": _max([o.cpu_util_max for o in acc.obs]),
-        "cpu_core_max": _mean([o.cpu_core_max for o in acc.obs]),
-        "gpu_util_mean": _mean([o.gpu_util_mean for o in acc.obs]),
-        "gpu_util_max": _max([o.gpu_util_max for o in acc.obs]),
-        "gpu_mem_mb": _max([o.gpu_mem_mb for o in acc.obs]),
+        "cpu_util_mean": _finite([o.cpu_util_mean for o in acc.obs], "mean"),
+        "cpu_util_max": _finite([o.cpu_util_max for o in acc.obs], "max"),
+        "cpu_core_max": _finite([o.cpu_core_max for o in acc.obs], "mean"),
+        "gpu_util_mean": _finite([o.gpu_util_mean for o in acc.obs], "mean"),
+        "gpu_util_max": _finite([o.gpu_util_max for o in acc.obs], "max"),
+        "gpu_mem_mb": _finite([o.gpu_mem_mb for o in acc.obs], "max"),
         "bytes_per_token": bpt, "roofline_tps": roof,
         "roofline_pct": 100.0 * st["median_ts"] / roof if roof and math.isfinite(roof) else math.nan,
         "roofline_note": note, "anchor_ratio": math.nan, "drift_corrected": False,

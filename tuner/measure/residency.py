@@ -54,8 +54,6 @@ DEFAULT_MAX_SPLITS = 2
 # Rounding of "%8.2f MiB" plus per-tensor alignment padding in a host buffer.
 _HOST_SLACK_MIB = 1.0
 
-_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
-                        "-o", "--output", "-oe", "--output-err", "-v", "--verbose", "--progress"})
 _F = r"([0-9]+(?:\.[0-9]+)?)"
 _BUF = re.compile(rf"^(\w+):\s+(\S+)\s+(model |KV |RS |compute | output |)buffer size\s*=\s*{_F} MiB", re.M)
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
@@ -233,9 +231,9 @@ def judge(res: Residency, *, full_offload: bool = True, max_splits: int = DEFAUL
 
 
 def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    from tuner.measure.bench import check_passthrough_args
+    from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
 
-    return check_passthrough_args(args, _OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
+    return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
 
 
 def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  # noqa: B006 - read-only

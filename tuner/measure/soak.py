@@ -67,8 +67,6 @@ DEFAULT_CHUNK = 256
 MIN_REPS = 6
 """Fewest repetitions: two windows of 3 and a slope with a meaningful interval."""
 
-_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
-                        "-o", "--output", "-oe", "--output-err", "--progress", "-v", "--verbose"})
 _REP_LINE = re.compile(r"llama-bench: benchmark \d+/\d+: generation run (\d+)/(\d+)")
 
 
@@ -221,9 +219,9 @@ def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
 
 
 def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    from tuner.measure.bench import check_passthrough_args
+    from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
 
-    return check_passthrough_args(args, _OWN_FLAGS, sets="the soak itself (model, -p/-n/-r, -o, --progress)", instead="give the length as the token count")
+    return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the soak itself (model, -p/-n/-r, -o, --progress)", instead="give the length as the token count")
 
 
 def _device_sample() -> tuple[float, float]:
