@@ -75,6 +75,33 @@ def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
     return statistics.median(vals) if vals else math.inf
 
 
+def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
+    """The depths whose decision more rounds could still change: the screen's and the confirm's settle rule.
+
+    Only a candidate that ran another kernel than upstream's there can change a decision (the A/A
+    pair and a confirm's final config where no rule fires measure noise). A depth is settled once one
+    such candidate is faster beyond the noise (which of two winners is faster is their point
+    estimates' to say), or while every such candidate's interval ends at or below the noise bar
+    (at the widths measured it cannot be a winner; rounds go to the depths where one still can).
+    The bar is :func:`compose_phase`'s: the cell's A/A noise, at least the phase's median; where no
+    noise is known yet, a depth with such a candidate stays open.
+    """
+    floor = phase_noise(cells)
+    out = set()
+    for d, c in cells.items():
+        bar = 1.0 + max(c.noise_pct, floor) / 100.0
+        changed = [e for n, e in c.effects.items()
+                   if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel]
+        if changed and not math.isfinite(bar):  # no noise measured yet: nothing can be judged
+            out.add(d)
+            continue
+        if any(math.isfinite(e.ci_low) and e.ci_low > bar for e in changed):
+            continue
+        if any(not math.isfinite(e.ci_high) or e.ci_high > bar for e in changed):
+            out.add(d)
+    return out
+
+
 def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
     """A decision per screened depth (sorted by depth).
 

@@ -195,8 +195,8 @@ def reopen_raised_caps(st: "_State", depths: Sequence[int], rounds: tuple[int, i
     for p in PHASES:
         if not st.get(f"screen_done_{p}"):
             continue
-        mine = [r for r in recs if r["phase"] == p and set(depths) <= {int(d) for d in r["depths"]}]
-        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci):
+        mine = [r for r in recs if r["phase"] == p and set(depths) & {int(d) for d in r["depths"]}]
+        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, comp.open_depths):
             log.info(f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
                      f"{rounds[1]}: screening on")
             st.set(f"screen_done_{p}", False)
@@ -222,7 +222,7 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
         with log.step(f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"):
             run_joint_rounds(joint, cands, list(cfg.depths), list(st.get("screen_rounds", [])), pp_tokens=cfg.pp,
                              min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline,
-                             on_round=persist_shared)
+                             on_round=persist_shared, settle=comp.open_depths)
         _check_budget(deadline, "screen")
     for phase in PHASES:
         cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
@@ -233,7 +233,8 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
                 st.append("screen_rounds", r)
 
             with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
-                kw = dict(min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline, on_round=persist)
+                kw = dict(min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline, on_round=persist,
+                          settle=comp.open_depths)
                 run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, **kw)
                 for extra in st.get(f"refined_{phase}", []):  # a resumed call completes earlier refinements
                     run_phase_rounds(measure, phase, cands, [int(extra)], recs, **kw)
@@ -402,6 +403,9 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
         def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
             return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)
 
+        # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
+        # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
+        settle = None if process_changed else comp.open_depths
         rows: list[dict[str, Any]] = []
         todo = [p for p in phases if not st.get(f"confirm_done_{ckey}_{p}")]
         if shared and len(todo) > 1:
@@ -410,7 +414,7 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
                 run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp,
                                  min_rounds=cfg.min_rounds, max_rounds=cfg.max_rounds, target_ci=cfg.ci_target,
                                  deadline=deadline, on_round=lambda r: st.append(key, r), tag="confirm",
-                                 prior=st.get("screen_rounds", []))
+                                 prior=st.get("screen_rounds", []), settle=settle)
         for phase in phases:
             if st.get(f"confirm_done_{ckey}_{phase}"):
                 mine = [r for r in recs if r["phase"] == phase]
@@ -420,7 +424,7 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
                 mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
                                         max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
                                         on_round=lambda r: st.append(key, r), tag="confirm",
-                                        prior=st.get("screen_rounds", []))
+                                        prior=st.get("screen_rounds", []), settle=settle)
             _check_budget(deadline, f"confirm {phase}")
             st.set(f"confirm_done_{ckey}_{phase}", True)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)

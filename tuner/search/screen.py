@@ -3,7 +3,9 @@
 One *round* measures every candidate once, back to back, in an order rotated each round; a
 candidate's effect at a depth is its paired ratio to upstream within each round (see
 :mod:`tuner.measure.paired`). Rounds are added until every cell's CI half-width is at most
-``target_ci`` percent, or ``max_rounds``, or the deadline. Prefill and decode are judged
+``target_ci`` percent, or ``max_rounds``, or the deadline; with a settle rule (the search passes
+:func:`tuner.search.compose.open_depths`), a depth whose decision is settled gets no rounds past the
+minimum, so the rounds go where a decision is still open (a long-context cell on the 1B needed ~12). Prefill and decode are judged
 separately: what one phase measures never stops the other. Where the measure can run both phases in
 one llama-bench call (:func:`run_joint_rounds`), a round pairs a prefill candidate with a decode
 candidate per call, so the two phases share every depth fill, the larger part of a long-context call.
@@ -35,6 +37,8 @@ __all__ = [
     "JointMeasure",
     "candidates_for",
     "merge_call",
+    "Settle",
+    "depths_to_measure",
     "run_joint_rounds",
     "run_phase_rounds",
     "summarize_phase",
@@ -44,7 +48,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from tuner import log, progress
@@ -82,6 +86,10 @@ Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[st
 # context state of the last depth it filled and restores it for the next test at that depth).
 JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Mapping[str, Any]]]]
 
+# settle(phase, cells) -> the depths whose decision more rounds could still change
+# (tuner.search.compose.open_depths); the others get no more rounds once they have the minimum.
+Settle = Callable[[str, "PhaseScreen"], Set[int]]
+
 
 def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None,
                    base_args: Sequence[str] = ()) -> list[Candidate]:
@@ -113,6 +121,7 @@ def run_phase_rounds(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
     prior: Sequence[Mapping[str, Any]] = (),
+    settle: Settle | None = None,
 ) -> list[dict[str, Any]]:
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
@@ -121,7 +130,7 @@ def run_phase_rounds(
 
     return run_joint_rounds(one, {phase: candidates}, depths, rounds, pp_tokens=0, min_rounds=min_rounds,
                             max_rounds=max_rounds, target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag,
-                            prior=prior)[phase]
+                            prior=prior, settle=settle)[phase]
 
 
 def _phase_rules(cand: Candidate, phase: str) -> list[str]:
@@ -168,29 +177,34 @@ def run_joint_rounds(
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
     prior: Sequence[Mapping[str, Any]] = (),
+    settle: Settle | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
 
     ``prior``: rounds of an earlier stage, used only to estimate this loop's first round against
-    the deadline.
+    the deadline. ``settle``: see :func:`depths_to_measure`.
 
     Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
     the records are the same per-phase records, so each phase's stop rule, summary and resume stay
-    its own: a phase that has met its target stops adding rows while the other goes on.
+    its own: a phase that has met its target stops adding rows while the other goes on. A round
+    measures only the depths some active phase still needs (both phases at their union, sharing fills).
     """
-    mine = {p: [r for r in rounds if r["phase"] == p and set(depths) <= {int(d) for d in r["depths"]}] for p in cands}
+    want = set(depths)
+    mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
     with progress.track(f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls") as bar:
         while True:
-            active = [p for p in cands if not phase_stops(p, mine[p], depths, min_rounds, max_rounds, target_ci)]
+            todo = {p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle) for p in cands}
+            active = [p for p in cands if todo[p]]
             if not active:
                 break
+            ds = sorted({d for p in active for d in todo[p]})
             n_calls = max(len(cands[p]) for p in active)
-            if _out_of_time(deadline, [r for p in active for r in mine[p]], prior, n_calls, depths):
+            if _out_of_time(deadline, [r for p in active for r in mine[p]], prior, n_calls, ds):
                 log.warning(f"{tag} {'+'.join(active)}: no time for another round within the budget after "
                             f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds")
                 raise BudgetReached(f"{tag} {'+'.join(active)}")
-            recs = _joint_round(joint, {p: cands[p] for p in active}, depths, mine, bar, pp_tokens=pp_tokens, tag=tag)
+            recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
             for p, rec in recs.items():
                 mine[p].append(rec)
                 rounds.append(rec)
@@ -200,7 +214,8 @@ def run_joint_rounds(
                 worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
                 wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"
                 others = "+".join(q for q in recs if q != p) if rec["shared"] else ""
-                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds} ({rec['seconds']:.0f} s"
+                where = "" if ds == sorted(want) else f" at depths {ds} (the others are settled)"
+                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds}{where} ({rec['seconds']:.0f} s"
                          + (f", calls shared with {others}" if others else "") + f"): widest 95% CI {wide} "
                          f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
     return mine
@@ -229,14 +244,29 @@ def _call_weight(depths: Sequence[int]) -> float:
     return float(sum(int(d) for d in depths) + 4096 * len(depths))
 
 
-def phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
-                 target_ci: float) -> bool:
-    if len(mine) >= max_rounds:
-        return True
-    if len(mine) < min_rounds:
-        return False
+def depths_to_measure(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int,
+                      max_rounds: int, target_ci: float, settle: Settle | None = None) -> list[int]:
+    """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
+
+    Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within
+    ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled. Rounds
+    are counted per depth: a round that measured only the open depths counts for those.
+    """
     st = summarize_phase(phase, mine, depths)
-    return max((c.max_halfwidth for c in st.values()), default=math.inf) <= target_ci
+    n = {d: sum(1 for r in mine if str(d) in r["values"].get(UPSTREAM, {})) for d in depths}
+    open_ = settle(phase, st) if settle is not None else set(depths)
+    out = []
+    for d in depths:
+        if n[d] < min_rounds:
+            out.append(d)
+        elif n[d] < max_rounds and d in open_ and not (d in st and st[d].max_halfwidth <= target_ci):
+            out.append(d)
+    return out
+
+
+def phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
+                target_ci: float, settle: Settle | None = None) -> bool:
+    return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle)
 
 
 def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], depths: Sequence[int],
@@ -316,6 +346,8 @@ class CellStats:
     """The A/A pair's CPU% noise (points; infinite when unknown)."""
     levels: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     """Per candidate (upstream included): median ``ts``, ``cpu``, ``core`` and ``gpu`` over the rounds."""
+    kernels: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    """Per candidate (upstream included): the kernel it ran most often here (None where unknown)."""
 
     @property
     def max_halfwidth(self) -> float:
@@ -328,7 +360,7 @@ class CellStats:
             "effects": {k: {**e.as_dict(), "verdict": self.verdicts[k],
                             **({"cpu": self.cpu[k].as_dict()} if k in self.cpu else {})} for k, e in self.effects.items()},
             "fallback": list(self.fallback), "cpu_noise": self.cpu_noise,
-            "levels": {k: dict(v) for k, v in self.levels.items()},
+            "levels": {k: dict(v) for k, v in self.levels.items()}, "kernels": dict(self.kernels),
         }
 
 
@@ -369,6 +401,7 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
             upstream_ts=sorted(ups)[len(ups) // 2] if ups else math.nan,
             effects=effects, verdicts=verdicts, fallback=tuple(fallback), cpu=cpu, cpu_noise=cpu_noise,
             levels={n: {k: _median(_series(recs, k, n, key)) for k in ("ts", *OBSERVED)} for n in [UPSTREAM, *names]},
+            kernels={n: _majority([r["kernels"].get(n, {}).get(key) for r in recs]) for n in [UPSTREAM, *names]},
         )
     return out
 

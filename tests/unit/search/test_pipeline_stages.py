@@ -431,19 +431,27 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
     assert study.user_attrs["arch"] == "sm_90"  # what was there stays
 
 
+def tile_edge(kernel: str, d: int) -> float:
+    """TILE +4% from d32768: with 3% jitter, four rounds cannot tell it from the noise."""
+    return (900.0 - d / 120) * (1.04 if kernel == "TILE" and d >= 32768 else 1.0)
+
+
 def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     """The 1B's screen ended at 4 rounds with d32768 undecided; resumed with --max-rounds 6 it must add
     rounds, not compose the same 4 again. A phase that met its CI target, or its cap, stays done."""
     import types
 
+    from tuner.search.compose import open_depths
     from tuner.search.pipeline import _State, reopen_raised_caps
 
     recs: list = []
-    run_phase_rounds(fake(tile_wins_deep, jitter=0.03), "tg", candidates_for("tg", ["TILE"]), DEPTHS, recs,
-                     min_rounds=4, max_rounds=4, target_ci=1.0)
+    tg = candidates_for("tg", ["VEC", "TILE"])
+    run_phase_rounds(fake(tile_edge, jitter=0.03), "tg", tg, DEPTHS, recs, min_rounds=4, max_rounds=4, target_ci=1.0)
     run_phase_rounds(fake(mma_prefill_best, jitter=0.0001, drift=0.0), "pp", candidates_for("pp", ["MMA"]), DEPTHS, recs,
                      min_rounds=3, max_rounds=4, target_ci=1.0)
     assert len([r for r in recs if r["phase"] == "pp"]) == 3  # met its target before the cap
+    still_open = open_depths("tg", summarize_phase("tg", recs, DEPTHS))
+    assert still_open and 32768 in still_open and 0 not in still_open
     study = types.SimpleNamespace(user_attrs={"screen_rounds": recs, "screen_done_tg": True, "screen_done_pp": True})
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
     st = _State(study)
@@ -451,6 +459,40 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     assert reopen_raised_caps(st, DEPTHS, (3, 6), 1.0) == ["tg"]
     assert study.user_attrs["screen_done_tg"] is False and study.user_attrs["screen_done_pp"] is True
     calls: list = []
-    run_phase_rounds(fake(tile_wins_deep, jitter=0.03, calls=calls, seed=2), "tg", candidates_for("tg", ["TILE"]), DEPTHS,
-                     recs, min_rounds=3, max_rounds=6, target_ci=1.0)
-    assert len([r for r in recs if r["phase"] == "tg"]) == 6 and len(calls) == 2 * 2  # two more rounds of two calls
+    run_phase_rounds(fake(tile_edge, jitter=0.03, calls=calls, seed=2), "tg", tg, DEPTHS, recs, min_rounds=3,
+                     max_rounds=6, target_ci=1.0, settle=open_depths)
+    # the added rounds measure only depths still open (the first of them exactly those found above)
+    assert calls and all(set(ds) <= still_open for _, _, ds in calls)
+    assert set(calls[0][2]) == still_open and len(calls) in (3, 6)  # one or two rounds of three calls
+
+
+def test_settled_depths_get_no_more_rounds() -> None:
+    """The settle rule (compose.open_depths): a depth with a winner, or whose changed kernels all stay
+    under the noise bar, is settled; rounds past the minimum go to the depths still open, and a
+    confirm's final config that runs upstream's kernel there (no rule fires) settles nothing open."""
+    def truth(kernel: str, d: int) -> float:  # TILE clearly faster at 65536, +3% at 32768, slower below
+        return (900.0 - d / 120) * {65536: 1.2, 32768: 1.03}.get(d, 0.9) if kernel == "TILE" else 900.0 - d / 120
+
+    ds = [0, 32768, 65536]
+    recs: list = []
+    calls: list = []
+    run_phase_rounds(fake(truth, jitter=0.01, calls=calls), "tg", candidates_for("tg", ["VEC", "TILE"]), ds, recs,
+                     min_rounds=3, max_rounds=8, target_ci=0.1, settle=comp.open_depths)
+    assert all(c[2] == tuple(ds) for c in calls[:9])  # the minimum rounds measure every depth
+    later = {c[2] for c in calls[9:]}
+    assert later == {(32768,)}  # then only the undecided depth
+    cells = summarize_phase("tg", recs, ds)
+    assert cells[65536].effects["TILE"].n == 3 and cells[32768].effects["TILE"].n > 3
+    assert comp.compose_phase("tg", cells)[2].winner == "TILE"
+    # confirm: final runs TILE only from 65536; upstream's kernel elsewhere, so no depth is open there
+    final = Candidate(name=conf.FINAL, env={"GGML_TUNER_FA_RULES": "decode:65536-=TILE"})
+
+    def measure(c: Candidate, phase: str, depths, label: str):
+        out = fake(truth)(Candidate(name=c.name, kernel="TILE" if c.name == conf.FINAL else None), phase, depths, label)
+        return {d: {**v, "kernel": v["kernel"] if d >= 65536 else "VEC"} for d, v in out.items()}
+
+    crecs: list = []
+    up, aa = Candidate(name=UPSTREAM), Candidate(name=AA_NAME)
+    mine = run_phase_rounds(measure, "tg", [up, aa, final], ds, crecs, min_rounds=3, max_rounds=8, target_ci=0.1,
+                            settle=comp.open_depths)
+    assert len(mine) == 3 and comp.open_depths("tg", summarize_phase("tg", mine, ds)) == set()
