@@ -16,13 +16,16 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
 
 from __future__ import annotations
 
-__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "phase_noise", "phase_cpu_noise"]
+__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "noise_floor", "open_depths", "phase_noise",
+           "phase_cpu_noise"]
 
 import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from scipy import stats as _stats
 
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
 from tuner.search.screen import PHASE_RULE, CellStats
@@ -64,9 +67,35 @@ class Decision:
 
 def phase_noise(cells: Mapping[int, CellStats]) -> float:
     """The phase's noise floor: the median A/A noise over its depths (a single lucky A/A cell with
-    three near-identical rounds must not make every small effect look real)."""
+    three near-identical rounds must not make every small effect look real). Where the depths have
+    different round counts, use :func:`noise_floor`, which rescales it to one depth's rounds."""
     vals = [c.noise_pct for c in cells.values() if math.isfinite(c.noise_pct)]
     return statistics.median(vals) if vals else math.inf
+
+
+def _width(c: CellStats) -> float:
+    """How wide a cell's A/A interval is for its rounds ``n`` and configs ``k`` per unit of round-to-round
+    noise: ``t((n-1)(k-1)) * sqrt(2/n)`` as in :func:`tuner.measure.paired.block_effects` (``t(n-1)``
+    for a lone pair, whose differences carry the factor 2 themselves)."""
+    e = c.effects.get(c.aa) if c.aa else None
+    n, k = (e.n if e else 0), len(c.effects) + 1
+    df = (n - 1) * (k - 1) if k >= 3 else n - 1
+    if df < 1:
+        return math.inf
+    return float(_stats.t.ppf(0.975, df)) * math.sqrt((2.0 if k >= 3 else 1.0) / n)
+
+
+def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
+    """The phase's noise floor at ``depth``: every depth's A/A noise rescaled to this depth's rounds,
+    then their median. With equal rounds everywhere this is :func:`phase_noise`; once the settle rule
+    has given one depth more rounds than the others, its floor narrows with its own rounds instead of
+    staying at the median of intervals measured over fewer."""
+    w = _width(cells[depth])
+    vals = [c.noise_pct / _width(c) * w for c in cells.values()
+            if math.isfinite(c.noise_pct) and math.isfinite(_width(c))]
+    if not vals or not math.isfinite(w):
+        return phase_noise(cells)
+    return statistics.median(vals)
 
 
 def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
@@ -83,13 +112,12 @@ def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     such candidate is faster beyond the noise (which of two winners is faster is their point
     estimates' to say), or while every such candidate's interval ends at or below the noise bar
     (at the widths measured it cannot be a winner; rounds go to the depths where one still can).
-    The bar is :func:`compose_phase`'s: the cell's A/A noise, at least the phase's median; where no
+    The bar is :func:`compose_phase`'s: the cell's A/A noise, at least :func:`noise_floor`; where no
     noise is known yet, a depth with such a candidate stays open.
     """
-    floor = phase_noise(cells)
     out = set()
     for d, c in cells.items():
-        bar = 1.0 + max(c.noise_pct, floor) / 100.0
+        bar = 1.0 + max(c.noise_pct, noise_floor(cells, d)) / 100.0
         changed = [e for n, e in c.effects.items()
                    if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel]
         if changed and not math.isfinite(bar):  # no noise measured yet: nothing can be judged
@@ -108,11 +136,11 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
     A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
     (seed 004 §21.3); the decision's reason names it. Only a kernel faster beyond the noise can win,
     so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out."""
-    floor, cpu_floor = phase_noise(cells), phase_cpu_noise(cells)
+    cpu_floor = phase_cpu_noise(cells)
     out = []
     for d in sorted(cells):
         c = cells[d]
-        noise, cpu_noise = max(c.noise_pct, floor), max(c.cpu_noise, cpu_floor)
+        noise, cpu_noise = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
         best, best_e, costly = None, None, []
         for name, e in c.effects.items():
             if name == c.aa or name == c.upstream_kernel:

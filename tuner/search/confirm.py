@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost, verdict
-from tuner.search.compose import phase_cpu_noise, phase_noise
+from tuner.search.compose import noise_floor, phase_cpu_noise
 from tuner.search.screen import UPSTREAM, CellStats
 
 FINAL = "final"
@@ -55,12 +55,12 @@ def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Map
     """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
     and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
     CPU noise (NaN where the records carry no utilizations)."""
-    floor, cpu_floor = phase_noise(cells), phase_cpu_noise(cells)
+    cpu_floor = phase_cpu_noise(cells)
     out = []
     for d in sorted(cells):
         c = cells[d]
         e = c.effects.get(FINAL)
-        noise = max(c.noise_pct, floor)
+        noise = max(c.noise_pct, noise_floor(cells, d))
         cpu, cpu_noise = c.cpu.get(FINAL), max(c.cpu_noise, cpu_floor)
         v = verdict(e, noise) if e else "not measured"
         if e and cpu and phase == "tg" and rejects_cpu_cost(e.ci_low, noise, cpu.ci_low, cpu_noise):

@@ -496,3 +496,20 @@ def test_settled_depths_get_no_more_rounds() -> None:
     mine = run_phase_rounds(measure, "tg", [up, aa, final], ds, crecs, min_rounds=3, max_rounds=8, target_ci=0.1,
                             settle=comp.open_depths)
     assert len(mine) == 3 and comp.open_depths("tg", summarize_phase("tg", mine, ds)) == set()
+
+
+def test_noise_floor_follows_a_depths_own_rounds() -> None:
+    """Equal rounds everywhere: the floor is the phase's median A/A noise (as before). A depth the
+    settle rule gave 12 rounds gets that median rescaled to 12 rounds, not the 3-round median."""
+    ds = [0, 16384, 32768, 65536]
+    recs: list = []
+    run_phase_rounds(fake(tile_edge, jitter=0.02), "tg", candidates_for("tg", ["VEC", "TILE"]), ds, recs, min_rounds=3,
+                     max_rounds=3, target_ci=0.1)
+    cells = summarize_phase("tg", recs, ds)
+    assert all(math.isclose(comp.noise_floor(cells, d), comp.phase_noise(cells)) for d in ds)
+    run_phase_rounds(fake(tile_edge, jitter=0.02, seed=5), "tg", candidates_for("tg", ["VEC", "TILE"]), [32768], recs,
+                     min_rounds=12, max_rounds=12, target_ci=0.1)
+    cells = summarize_phase("tg", recs, ds)
+    assert cells[32768].effects["VEC"].n == 12 and cells[0].effects["VEC"].n == 3
+    assert comp.noise_floor(cells, 32768) < 0.6 * comp.noise_floor(cells, 0)
+    assert math.isclose(comp.noise_floor(cells, 0), comp.noise_floor(cells, 65536))
