@@ -109,3 +109,26 @@ s9_pack() {
   tar czf "$OUT/s9.tgz" -C "$TUNER_HOME" s9out s9-done setup 2>/dev/null
   echo "s9_next ended at ${SECONDS} s"
 }
+
+# Call 5 (a fresh machine): the gate judged by the kernel band (new after call 4). Both studies resume
+# from docs/h100/session9/latest/: screen, compose and confirm are recorded, and so are the gate's
+# candidate checks (failed under the CPU thresholds), so each search runs only the band's llama-perplexity
+# pairs, re-judges its check by them, and exports. Small tarball only (call 2's s9.tgz was too big).
+s9_regate() {
+  s9_step setup 450 s6_setup || { s9_pack_small; return 0; }
+  rm -f "$S9_DONE"/search-* "$S9_DONE"/l1b_exp "$S9_DONE"/l8b_exp "$TUNER_RUNS"/*/study.db
+  : >"$S9/search-sm90-l1b-v3.txt"; : >"$S9/search-sm90-l8b-v3.txt"
+  s9_search sm90-l1b-v3 "$M1" $((575 - SECONDS)) docs/h100/session9/latest/sm90-l1b-v3.db $L1_ARGS9
+  [ -f "$S9_DONE/search-sm90-l1b-v3" ] && s9_step l1b_exp 20 s9_export sm90-l1b-v3 llama-3.2-1b l1b
+  s9_search sm90-l8b-v3 "$M8" $((575 - SECONDS)) docs/h100/session9/latest/sm90-l8b-v3.db $L8_ARGS --confirm-extra 1
+  [ -f "$S9_DONE/search-sm90-l8b-v3" ] && s9_step l8b_exp 25 s9_export sm90-l8b-v3 llama-3.1-8b l8b
+  s9_pack_small
+}
+
+s9_pack_small() {
+  ls "$S9_DONE"
+  tar czf "$OUT/s9small.tgz" --exclude='*.kld' --exclude='*.tgz' --exclude='*.gguf' -C "$TUNER_HOME" s9out s9-done l1b l8b setup \
+    runs/sm90-l1b-v3/equivalence runs/sm90-l8b-v3/equivalence 2>/dev/null
+  ls -la "$OUT"
+  echo "s9_regate ended at ${SECONDS} s"
+}

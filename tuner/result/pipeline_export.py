@@ -168,7 +168,7 @@ def _checked_gate(study_name: str, res: Mapping[str, Any]) -> dict[str, Any]:
 def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     s = c.get("stats") or {}
     keep = ("name", "mode", "strict", "verdict", "why", "deterministic", "identical_to_upstream", "reasons", "not_applied",
-            "logs", "seconds")
+            "logs", "seconds", "thresholds")
     settings = c.get("settings") or {}
     return {**{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
             **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
@@ -193,6 +193,10 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
                     "checks": checks})
     else:
         out["why"] = gate.get("why", "")
+    if gate.get("band"):
+        out["band_factor"] = gate.get("band_factor")
+        out["band"] = [{k: v for k, v in _gate_check_row(b).items() if k not in ("verdict", "reasons", "thresholds")}
+                       for b in gate["band"]]
     rej = gate.get("rejected")
     if rej:
         out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": dict((rej.get("tuned") or {}).get("values", {})),
@@ -234,6 +238,11 @@ def gate_section(gate: Mapping[str, Any]) -> str:
                f"{t.get('mean_kld')}, 99% KLD <= {t.get('p99_kld')}, same top p >= {t.get('same_top_pct')}%; strict checks "
                "(scheduling-only changes) also need logits byte-identical to upstream's. How the thresholds were calibrated: "
                "docs/equivalence.md.\n\n" + log.table(heads, rows(gate["checks"])) + "\n\n")
+    if gate.get("band"):
+        out.append(f"The thresholds above come from the **kernel band**: each of upstream's own kernels forced on upstream's "
+                   f"build against upstream's pick, on this model (how far upstream's kernels differ from each other); a "
+                   f"non-strict check passes within {gate.get('band_factor')}x the band's widest numbers.\n\n"
+                   + log.table(heads[:8], [r[:8] for r in rows(gate["band"])]) + "\n\n")
     out += [f"- {c['name']}: {c.get('why', '')}"
             + (f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)" if c.get("not_applied") else "")
             + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "") + "\n"

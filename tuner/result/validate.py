@@ -175,8 +175,12 @@ def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
                 for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")}
         stats = KldStats(**nums, mean_kld_unc=math.nan, median_kld=math.nan, same_top_unc=math.nan, ppl_q=math.nan,
                          ppl_base=math.nan)
+        try:  # each check's own thresholds where recorded (a kernel band sets them per mode)
+            t = Thresholds(**dict(c["thresholds"])) if c.get("thresholds") else thr
+        except TypeError as err:
+            return Finding(check=check, ok=False, detail=f"[gate] thresholds of {c.get('name')} unreadable: {err}")
         ok, why = judge(stats=stats, deterministic=c.get("deterministic"), identical_to_upstream=c.get("identical_to_upstream"),
-                        strict=bool(c.get("strict")), thresholds=thr)
+                        strict=bool(c.get("strict")), thresholds=t)
         if not ok or c.get("verdict") != "pass":
             bad.append(f"{c.get('name')}: {' '.join(why) or 'recorded verdict ' + repr(c.get('verdict'))}")
     detail = (f"pass in {', '.join(g.get('modes', []))}: {len(g['checks'])} check(s), worst mean KLD {g.get('mean_kld')}, "

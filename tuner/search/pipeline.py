@@ -179,7 +179,8 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     with _timed(st, "confirm"):
         result = _confirm(cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline)
     with _timed(st, "equivalence"):
-        result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence)
+        result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
+                              {"decode": kernels["tg"], "prefill": kernels["pp"]})
     st.set("result", result)
     return result
 
@@ -445,8 +446,10 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
 
 
 def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
-                 base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any) -> dict[str, Any]:
-    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`).
+                 base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any,
+                 kernels: Mapping[str, Sequence[str]] = {}) -> dict[str, Any]:  # noqa: B006 - read-only
+    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`),
+    its thresholds from the kernel band where ``kernels`` (per mode) can be forced.
 
     Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
     config), so a resumed search does not run it again. A failing final config becomes upstream's
@@ -473,14 +476,16 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
 
     def run_one(c: Any) -> Mapping[str, Any]:
         wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
-        return run(c, builds.get(base_variant, {}), builds.get(variant, compile_values), wd)
+        up = builds.get(base_variant, {})
+        return run(c, up, up if c.name.startswith(og.BAND) else builds.get(variant, compile_values), wd)
 
     def persist(name: str, rec: Mapping[str, Any]) -> None:
         st.set(key, {"checks": {**st.get(key, {}).get("checks", {}), name: dict(rec)}})
 
     with log.step(f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
                   if checks else "Output-equivalence gate: not needed (the final config is upstream's)"):
-        gate = og.run_checks(checks, done=st.get(key, {}).get("checks", {}), run_one=run_one, on_check=persist)
+        gate = og.run_checks(checks, done=st.get(key, {}).get("checks", {}), run_one=run_one, on_check=persist,
+                             band=og.plan_band(checks, kernels))
     return og.gated_result(result, gate)
 
 

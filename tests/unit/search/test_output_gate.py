@@ -148,3 +148,36 @@ def test_stage_not_needed_and_failing(stage) -> None:
     bad = stage.go({"rules": [], "tuned": {"values": {"flash_attn": "off"}}, "rows": [{}], "dropped": {}}, passed=False)
     assert [c[1] for c in stage.calls] == [False, False]  # -fa off changes numerics: not strict
     assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}
+
+
+CALIB = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session9" / "calib"
+
+
+@pytest.mark.parametrize(("model", "kernel"), [("1b", "TILE"), ("8b", "MMA")])
+def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(model: str, kernel: str) -> None:
+    """llama-perplexity's numbers recorded on the H100 (docs/h100/session9/calib, `tuner equivalence`):
+    under the CPU-calibrated defaults the searches' own kernel rules failed (1B TILE mean KLD 9.6e-4, 8B
+    MMA 7.2e-3); judged by the kernel band (upstream's VEC/TILE/MMA forced vs its pick, x2) they pass,
+    and a q4_0 KV cache (50x the band) still fails."""
+    import json
+
+    recs = {p.stem.split("-", 2)[2]: json.loads(p.read_text()) for p in CALIB.glob(f"{model}-decode-*.json")}
+    checks = plan(rules=[f"decode/D64/gqa4/kvf16:32768-={kernel}"])
+    band = og.plan_band(checks, {"decode": ["VEC", "TILE", "MMA"], "prefill": ["TILE", "MMA"]})
+    assert [b.name for b in band] == ["band decode VEC", "band decode TILE", "band decode MMA"]
+    assert all(b.env["GGML_TUNER_FA_RULES"] == f"decode:0-={b.name.split()[-1]}" for b in band)
+    assert not og.run_checks(checks, done={}, run_one=lambda c: recs[kernel], on_check=lambda *_: None)["checks"][0]["passed"]
+
+    def run(candidate: str):
+        return og.run_checks(checks, done={}, band=band, on_check=lambda *_: None,
+                             run_one=lambda c: recs[c.name.split()[-1] if c.name.startswith("band") else candidate])
+
+    gate = run(kernel)
+    assert gate["verdict"] == "pass" and len(gate["band"]) == 3
+    t = gate["checks"][0]["thresholds"]
+    widest = max(recs[k]["stats"]["mean_kld"] for k in ("VEC", "TILE", "MMA"))
+    assert t["mean_kld"] == pytest.approx(og.BAND_FACTOR * widest, rel=1e-3)
+    bad = run("kvq4")
+    assert bad["verdict"] == "fail" and any("Mean KLD" in r for r in bad["checks"][0]["reasons"])
+    # a mode without a band (no kernels to force: the CPU backend) keeps the CPU-calibrated defaults
+    assert og.plan_band(checks, {}) == [] and og.band_thresholds([]) is None
