@@ -89,23 +89,22 @@ def _run(tmp_path: Path, **kw: object) -> dict[str, tuple[bool, str]]:
 
 
 def test_selection_matches_the_recorded_tuned_kernels(gpu_fakes: dict, tmp_path: Path) -> None:
-    # the 1B's rule decode/D64/gqa4/kvf16:65536-=TILE: decided at d49152 (the confirm's extra depth, upstream
-    # VEC) and d65536 (TILE)
-    gpu_fakes["upstream"].update({32768: "VEC", 49152: "VEC", 65536: "TILE"})
+    # the 1B's rule decode/D64/gqa4/kvf16:32768-=TILE (session 9): decided at d16384 (upstream VEC) and d32768 (TILE)
+    gpu_fakes["upstream"].update({16384: "VEC", 32768: "TILE", 49152: "TILE", 65536: "TILE"})
     res = _run(tmp_path)
     ok, detail = res["upstream.patch selects the tuned kernels"]
     assert ok, detail
-    assert "d49152: tuned VEC, upstream.patch VEC" in detail and "d65536: tuned TILE, upstream.patch TILE" in detail
+    assert "d16384: tuned VEC, upstream.patch VEC" in detail and "d32768: tuned TILE, upstream.patch TILE" in detail
     assert res["upstream.patch test-backend-ops FLASH_ATTN_EXT"][0]
     # the FA cases of the result's head size, as the search's gate
     assert gpu_fakes["check"][0]["params"].startswith("hsk=64,hsv=64,")
 
 
 def test_a_patch_that_misses_a_depth_fails_and_says_where(gpu_fakes: dict, tmp_path: Path) -> None:
-    gpu_fakes["upstream"].update({49152: "VEC", 65536: "VEC"})
-    gpu_fakes["tuned"].update({49152: "VEC", 65536: "TILE"})
+    gpu_fakes["upstream"].update({16384: "VEC", 32768: "VEC"})
+    gpu_fakes["tuned"].update({16384: "VEC", 32768: "TILE"})
     ok, detail = _run(tmp_path, tuned_bin=tmp_path / "bin")["upstream.patch selects the tuned kernels"]
-    assert not ok and "d65536: tuned TILE, upstream.patch VEC" in detail
+    assert not ok and "d32768: tuned TILE, upstream.patch VEC" in detail
 
 
 def test_without_ncu_the_selection_is_not_claimed(gpu_fakes: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

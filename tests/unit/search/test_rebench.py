@@ -45,7 +45,7 @@ def test_a_claim_that_still_holds_passes(fake_gpu: dict, tmp_path: Path) -> None
     ok, detail = _rebench(tmp_path)
     assert ok and "tg128@d65536: faster +16" in detail, detail
     # the tuned side runs the result's rules; upstream and its A/A twin run none
-    assert {e.get("GGML_TUNER_FA_RULES") for e in fake_gpu["envs"]} == {None, "decode/D64/gqa4/kvf16:65536-=TILE"}
+    assert {e.get("GGML_TUNER_FA_RULES") for e in fake_gpu["envs"]} == {None, "decode/D64/gqa4/kvf16:32768-=TILE"}
 
 
 def test_a_claim_that_no_longer_holds_fails(fake_gpu: dict, tmp_path: Path) -> None:
