@@ -79,7 +79,7 @@ def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_pa
     assert (df_b["n"] == 3).all()
 
     cmp = compare_frames(df_a, df_b)
-    assert len(cmp) == 4 and set(cmp["verdict"]) <= {"faster", "slower", "no difference"}
+    assert len(cmp) == 4 and set(cmp["verdict"]) <= {"faster", "slower", "no difference", "too few samples"}
     assert cmp["delta_pct"].notna().all()
 
     md = render_report({"A": df_a, "B": df_b}, "A")

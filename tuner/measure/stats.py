@@ -99,8 +99,10 @@ class Verdict:
     """Upper end of the bootstrap CI of ``delta_pct``."""
     p_value: float
     """Two-sided Mann-Whitney U p-value (nan with fewer than 2 samples a side)."""
-    verdict: Literal["faster", "slower", "no difference"]
-    """``faster``/``slower`` only when the CI excludes 0 and ``p_value < 1 - confidence``."""
+    verdict: Literal["faster", "slower", "no difference", "too few samples"]
+    """``faster``/``slower`` only when the CI excludes 0 and ``p_value < 1 - confidence``; ``too few
+    samples`` when the CI excludes 0 but the rank test could not reach that level with this many samples
+    (3 against 3 gives p >= 0.1 whatever the data), so the run needs more repetitions to decide."""
     confidence: float
     n_a: int = 0
     n_b: int = 0
@@ -176,11 +178,15 @@ def compare(
         if not math.isfinite(p):
             p = 1.0
     significant = math.isfinite(p) and p < alpha
-    verdict: Literal["faster", "slower", "no difference"] = "no difference"
+    # The smallest two-sided Mann-Whitney p for these sizes (complete separation, no ties).
+    decidable = a.size >= 2 and b.size >= 2 and 2.0 / math.comb(a.size + b.size, a.size) < alpha
+    verdict: Literal["faster", "slower", "no difference", "too few samples"] = "no difference"
     if significant and low > min_effect_pct:
         verdict = "faster"
     elif significant and high < -min_effect_pct:
         verdict = "slower"
+    elif not decidable and (low > min_effect_pct or high < -min_effect_pct):
+        verdict = "too few samples"
     return Verdict(delta_pct=delta, ci_low=low, ci_high=high, p_value=p, verdict=verdict,
                    confidence=confidence, n_a=int(a.size), n_b=int(b.size))
 

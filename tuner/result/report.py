@@ -45,7 +45,7 @@ from tuner.result.plots import _PHASES, _num, _phase_of, plot_depth, plot_speedu
 if TYPE_CHECKING:
     import pandas as pd
 
-MARKS = {"faster": "✓", "slower": "✗", "no difference": "~"}
+MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "too few samples": "?"}
 
 def _cell(row: Any) -> str:
     if row is None:
@@ -129,7 +129,7 @@ def _report_notes(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], bas
         "(the first repetition of every llama-bench call is discarded as warm-up).",
         f"Δ%: median vs {baseline}; ✓ faster / ✗ slower / ~ no difference at {level} "
         "(bootstrap CI of the ratio of medians excludes 0 and Mann-Whitney U p < "
-        f"{1 - confidence:.2g}).",
+        f"{1 - confidence:.2g}); ? the CI excludes 0 but too few repetitions for the rank test to decide.",
     ]
     if has_roof:
         notes.append("roofline %: measured / model estimate (tg: bandwidth / bytes per token; "
@@ -196,6 +196,7 @@ COMPARE_FIELDS: tuple[str, ...] = (
 """Fields of one row in the CSV and JSON forms of :func:`compare_table` (same fields in both)."""
 
 _VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
+                  "too few samples": "too few samples to decide",
                   "within noise": "within A/A noise", "missing": "missing"}
 
 
