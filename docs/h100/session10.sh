@@ -66,3 +66,23 @@ s10_next() {
   tar czf "$OUT/s10.tgz" --exclude='*.gguf' -C "$TUNER_HOME" s10out s10-done runs 2>/dev/null
   ls -la "$OUT"; echo "s10_next ended at ${SECONDS} s"
 }
+
+# Call 2 (same machine, warm): seed rank 1, `cuda_mmq_moe` = the cuda-force-mmq variant, against
+# cuda_dense (rank 2) on both models. cuda_cublas_dense (rank 3) did not fit this session's device time.
+s10_mmq() {
+  local B M t
+  B=$(s10_bin)
+  /usr/bin/time -f "build %e s" python3 -m tuner build --arch sm_90 --variant cuda-force-mmq -j 16 >"$S10/build-sm90-mmq.txt" 2>&1 \
+    || { tail -20 "$S10/build-sm90-mmq.txt"; return 1; }
+  tail -n 12 "$S10/build-sm90-mmq.txt"
+  M=$(dirname "$(ls -t $(find "$TUNER_HOME"/builds -name llama-bench -type f -perm -u+x) | head -1)")
+  echo "cuda: $B  cuda-force-mmq: $M"
+  [ "$M" != "$B" ] || { echo "no second build found"; return 1; }
+  for t in l1b q05b; do
+    timeout $((590 - SECONDS - 5)) python3 -m tuner bench --arch sm_90 --model "$TUNER_HOME/models/$t-q4km.gguf" --depths 0,4096 \
+      --pp 512 --tg 128 --reps 3 --build "$B" --seed-build cuda_dense --build "$M" --seed-build cuda_mmq_moe \
+      -o "$TUNER_HOME/runs/seed004-mmq-$t" 2>&1 | tee "$S10/seed-mmq-$t.txt"
+  done
+  tar czf "$OUT/s10b.tgz" --exclude='*.gguf' -C "$TUNER_HOME" s10out runs/seed004-mmq-l1b runs/seed004-mmq-q05b 2>/dev/null
+  ls -la "$OUT"; echo "s10_mmq ended at ${SECONDS} s"
+}
