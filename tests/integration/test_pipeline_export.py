@@ -106,6 +106,12 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     assert result["tuned"]["values"]["threads"] == 1, result  # confirmed by the fake timing
     gate = result["gate"]
     assert gate["verdict"] == "pass" and [c["name"] for c in gate["checks"]] == ["decode process", "prefill process"]
+    # the residency probes ran the real llama-bench -v: one graph split on the CPU backend, everything on the host
+    res = result["residency"]
+    assert res["verdict"] == "pass" and "CPU backend" in res["why"]
+    assert res["upstream"]["splits_tg"] == res["final"]["splits_tg"] == 1 and not res["final"]["gpu"]
+    assert res["final"]["kv_buffers"] and set(res["final"]["kv_buffers"]) == {"CPU"}
+    assert (cfg.run_dir / "residency" / "final" / "residency.log").is_file()
     out = export_study("gated", storage=cfg.storage_url, out_dir=tmp_path / "out")
     g = tomllib.loads((out / "config.toml").read_text())["gate"]
     # threads only schedule work: strict, and on the CPU the logits are byte-identical to upstream's
@@ -116,8 +122,12 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     assert all((cfg.run_dir / p).is_file() for c in g["checks"] for p in c["logs"].values())  # relative to the run dir
     assert "-b 1 -ub 1" in (cfg.run_dir / g["checks"][0]["logs"]["kld"]).read_text().splitlines()[0]
     assert "Verdict: **PASS** in mode(s) decode, prefill" in (out / "report.md").read_text()
+    r = tomllib.loads((out / "config.toml").read_text())["residency"]
+    assert r["verdict"] == "pass" and r["final"]["splits_tg"] == 1
+    assert "## Graph splits and residency" in (out / "report.md").read_text()
     check = validate_result(out)
     assert check.ok, [f for f in check.findings if not f.ok]
+    assert any(f.check == "residency" and f.detail.startswith("pass: decode graph splits 1") for f in check.findings)
     assert any(f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings)
 
 

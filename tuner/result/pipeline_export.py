@@ -111,6 +111,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
                    for r in res.get("rows", [])],
         "gate": gate_table(gate),
+        **({"residency": residency_table(res["residency"])} if res.get("residency") else {}),
         "op_check": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
         "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
     }
@@ -122,7 +123,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
 
         plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)")
     _write_pareto(out_dir / "pareto_decode.png", a, res, title=f"{a['arch']} {model.name}: decode t/s vs CPU%")
-    (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"]))
+    (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"], residency=config.get("residency")))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
@@ -205,7 +206,8 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _f6(x: Any) -> str:
-    return f"{x:.6f}" if isinstance(x, (int, float)) else "-"
+    # llama-perplexity's KLD of identical logits can be a hair below 0; print it as 0, not "-0.000000"
+    return f"{(0.0 if abs(x) < 5e-7 else x):.6f}" if isinstance(x, (int, float)) else "-"
 
 
 def gate_section(gate: Mapping[str, Any]) -> str:
@@ -248,6 +250,43 @@ def gate_section(gate: Mapping[str, Any]) -> str:
             + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "") + "\n"
             for c in gate["checks"]]
     return "".join(out)
+
+
+def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """config.toml's ``[residency]``: the residency gate's verdict and each probe's numbers (None-free for TOML)."""
+    def probe(p: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {k: v for k, v in (p or {}).items() if v is not None and k != "log"}
+
+    out: dict[str, Any] = {"verdict": rec["verdict"], "full_offload": rec["full_offload"], "why": rec.get("why", ""),
+                           "reasons": list(rec.get("reasons", [])), "upstream": probe(rec["upstream"])}
+    if rec.get("final"):
+        out["final"] = probe(rec["final"])
+    if rec.get("rejected"):
+        out["rejected_rules"] = list(rec["rejected"].get("rules") or [])
+    return out
+
+
+def residency_section(rec: Mapping[str, Any]) -> str:
+    """report.md's section on graph splits and residency (``rec`` as :func:`residency_table` writes it)."""
+    heads = ["config", "graph splits (prefill / decode)", "layers on GPU", "weights GPU / host MiB", "KV buffers MiB",
+             "fused-op fallbacks", "verdict"]
+
+    def row(name: str, p: Mapping[str, Any]) -> list[Any]:
+        layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
+        kv = ", ".join(f"{k} {v:.2f}" for k, v in p.get("kv_buffers", {}).items()) or "-"
+        return [name, f"{p.get('splits_pp', '?')} / {p.get('splits_tg', '?')}", layers,
+                f"{p.get('device_weights_mib', 0):.2f} / {p.get('host_weights_mib', 0):.2f}", kv, p.get("fallbacks", 0),
+                ("pass" if p.get("passed") else "fail: " + " ".join(p.get("reasons", []))) if not p.get("error") else f"failed: {p['error']}"]
+
+    rows = [row("upstream", rec["upstream"])] + ([row("final", rec["final"])] if rec.get("final") else [])
+    head = (f"**The final config FAILED the residency check and is not exported** (rules: "
+            f"{', '.join(rec.get('rejected_rules', [])) or 'none'}): {' '.join(rec.get('reasons', []))}\n\n"
+            if rec["verdict"] == "fail" else "")
+    return ("## Graph splits and residency (llama.cpp's own loader and scheduler lines, seed 004 §21.6-21.7)\n\n" + head
+            + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "
+            "(`-v -pg 512,16 -r 1`); with full offload the decode graph may have 2 splits (the host embedding lookup and "
+            "the GPU), no layer, KV buffer or fused op may sit on the host beyond the input layer.\n\n"
+            + log.table(heads, rows) + "\n")
 
 
 def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
@@ -347,8 +386,10 @@ def _ci(lo: float, hi: float) -> str:
     return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
 
 
-def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, Any] | None = None) -> str:
-    """The Markdown report of a pipeline study; ``gate``: config.toml's ``[gate]`` (its section follows the points)."""
+def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, Any] | None = None,
+                residency: Mapping[str, Any] | None = None) -> str:
+    """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
+    ``[residency]`` (their sections follow the points)."""
     from tuner.result.report import compare_table, dashboard_command, importances_section
 
     a = study.user_attrs
@@ -392,7 +433,29 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
                if tab else "(nothing differed from upstream, so nothing was re-measured)")
     if gate is not None:
         out.append("\n\n" + gate_section(gate))
-    out.append("\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n")
+    if residency:
+        out.append("\n\n" + residency_section(residency))
+    out.append(_screen_section(a))
+    comp = a.get("compose", {})
+    if comp.get("decisions"):
+        out.append("## Composed (before confirm)\n\n" + log.table(
+            ["phase", "depth", "upstream", "winner", "why"],
+            [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
+    out.append(_trials(study))
+    if study.get_trials(deepcopy=False):  # the tune stage's two objectives, one table each
+        for i, name in enumerate(("the prefill objective", "the decode objective")):
+            out.append("\n" + importances_section(study, target=lambda t, i=i: t.values[i], target_name=name) + "\n")
+    if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
+        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
+    secs = a.get("stage_seconds", {})
+    if secs:
+        out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
+    return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+def _screen_section(a: Mapping[str, Any]) -> str:
+    """report.md's kernel-screen tables, one per phase."""
+    out = ["\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n"]
     for phase in ("tg", "pp"):
         cells = a.get(f"screen_{phase}", {})
         srows = []
@@ -411,21 +474,7 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
             out.append(log.table(["point", "upstream kernel", "t/s upstream", "CPU% upstream", "busiest core %", "GPU% upstream",
                                   "A/A noise (pair; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
                                   "fell back"], srows) + "\n\n")
-    comp = a.get("compose", {})
-    if comp.get("decisions"):
-        out.append("## Composed (before confirm)\n\n" + log.table(
-            ["phase", "depth", "upstream", "winner", "why"],
-            [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
-    out.append(_trials(study))
-    if study.get_trials(deepcopy=False):  # the tune stage's two objectives, one table each
-        for i, name in enumerate(("the prefill objective", "the decode objective")):
-            out.append("\n" + importances_section(study, target=lambda t, i=i: t.values[i], target_name=name) + "\n")
-    if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
-        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
-    secs = a.get("stage_seconds", {})
-    if secs:
-        out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
-    return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+    return "".join(out)
 
 
 def _trials(study: Any) -> str:

@@ -131,6 +131,22 @@ def _source_finding(source: Any, src_cfg: Mapping[str, Any]) -> Finding:
     )
 
 
+def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
+    """``[residency]`` (the search's graph-split and buffer probe): a failing final config was not exported."""
+    r = cfg["residency"]
+    verdict = str(r.get("verdict"))
+    if verdict == "fail":
+        rules = list(r.get("rejected_rules", []))
+        ok = "rejected_rules" in r and not cfg["choice"]["fa_rules"]
+        return Finding(check="residency", ok=ok, detail=(
+            f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
+            if ok else f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"))
+    p = r.get("final") or r.get("upstream") or {}
+    return Finding(check="residency", ok=verdict in ("pass", "not judged"),
+                   detail=f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
+                          + (f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU" if "layers_total" in p else ""))
+
+
 def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
     """The output-equivalence gate: recorded as passed (its numbers re-judged), or not needed for upstream's config.
 
@@ -248,6 +264,8 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
 
     src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
     f.append(_gate_finding(cfg))
+    if "residency" in cfg:
+        f.append(_residency_finding(cfg))
     f.append(_patch_hash_finding(patch, cfg))
     try:
         source = fetch_source(src_cfg["spec"])

@@ -178,6 +178,8 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
                       builds)
     with _timed(st, "confirm"):
         result = _confirm(cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline)
+    with _timed(st, "residency"):
+        result = _residency(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
     with _timed(st, "equivalence"):
         result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
                               {"decode": kernels["tg"], "prefill": kernels["pp"]})
@@ -445,6 +447,50 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
             "upstream_phases": unmeasured, "confirm_depths": list(depths)}
 
 
+def _final_of(cfg: Any, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any], base_env: Mapping[str, str],
+              base_args: Sequence[str]) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, str], list[str]]:
+    """The confirmed final config: (upstream's variant, its variant, compile values, tuned values, env, args)."""
+    from tuner.plan.space import compile_values_of, runtime_env_and_args
+
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    base_variant = str(fixed.get("variant", variants[0]))
+    tuned = result.get("tuned")
+    vals = dict((tuned or {}).get("values", {}))
+    env, args = runtime_env_and_args(space, vals) if tuned else (dict(base_env), list(base_args))
+    return base_variant, str(vals.get("variant", base_variant)), compile_values_of(space, vals), vals, env, args
+
+
+def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
+               base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, shape: Mapping[str, int],
+               probe: Any = None) -> dict[str, Any]:
+    """The residency gate (:mod:`tuner.search.residency_gate`): one verbose llama-bench probe of upstream's config
+    and one of the final config; stored per final config, so a resumed search does not probe again."""
+    from tuner.measure.residency import input_layer_mib, run_residency
+    from tuner.search import residency_gate as rg
+
+    base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
+    rules = list(result.get("rules", []))
+    key = "residency_" + stable_hash({"rules": rules, "tuned": vals or None})[:12]
+    rec = st.get(key)
+    if rec is None:
+        def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
+            d.mkdir(parents=True, exist_ok=True)
+            return run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
+
+        probe = probe or live
+        same = not rules and env == dict(base_env) and list(args) == list(base_args) and variant == base_variant and not compile_values
+        with log.step("Residency check: graph splits and buffers, upstream" + ("" if same else " and the final config")):
+            up_build = builds.get(base_variant, {})
+            up = probe(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
+            final = None if same else probe(builds.get(variant, compile_values),
+                                            {**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, list(args),
+                                            cfg.run_dir / "residency" / "final")
+        rec = rg.decide(up, final, full=rg.full_offload(args, shape.get("n_layers")), host_weights_mib=input_layer_mib(cfg.model))
+        st.set(key, rec)
+    log.info(f"Residency: {rec['verdict']}: " + (rec["final"] or rec["upstream"])["summary"])
+    return rg.residency_result(result, rec)
+
+
 def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
                  base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any,
                  kernels: Mapping[str, Sequence[str]] = {}) -> dict[str, Any]:  # noqa: B006 - read-only
@@ -454,16 +500,9 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
     Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
     config), so a resumed search does not run it again. A failing final config becomes upstream's
     selection; nothing confirmed: the gate is not needed and nothing runs."""
-    from tuner.plan.space import compile_values_of, runtime_env_and_args
     from tuner.search import output_gate as og
 
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    base_variant = str(fixed.get("variant", variants[0]))
-    tuned = result.get("tuned")
-    vals = dict((tuned or {}).get("values", {}))
-    variant = str(vals.get("variant", base_variant))
-    compile_values = compile_values_of(space, vals)
-    env, args = runtime_env_and_args(space, vals) if tuned else (dict(base_env), list(base_args))
+    base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
     changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]
     checks = og.plan_checks(rules=list(result.get("rules", [])), base_env=base_env, base_args=base_args, final_env=env,
                             final_args=args, changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k)

@@ -1,0 +1,97 @@
+"""The residency gate (seed 004 §21.6–21.7): the final config keeps the graph and the memory where upstream's does.
+
+After the confirm stage the search runs one verbose llama-bench probe (:func:`tuner.measure.residency.run_residency`)
+for upstream's config and one for the final config, reads llama.cpp's own loader and scheduler lines
+(graph splits, offloaded layers, weight and KV buffers, fused-op fallbacks) and judges the final config
+with :func:`tuner.measure.residency.judge`. A final config that fails where upstream's passes (or has
+more decode-graph splits than upstream's) is infeasible, like one that fails the output-equivalence
+gate: its rules and knobs are dropped as a whole and upstream's selection is exported. When upstream
+fails the same way (a model with an op the GPU backend lacks, a probe that printed nothing), the check
+cannot tell the configs apart: the final config is kept and the record says why.
+
+A config with partial offload (``-ngl`` below the layer count, ``-nkvo``) is reported, not judged: its
+host residency is what it asked for. On the CPU backend everything is on the host by design; the
+numbers are reported and the check passes.
+"""
+
+from __future__ import annotations
+
+__all__ = ["decide", "full_offload", "residency_result", "summary_row"]
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner import log
+
+
+def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
+    """True unless ``args`` keep layers (``-ngl`` below ``n_layers`` + 1, the output layer) or the KV cache
+    (``-nkvo 1``) on the host; llama-bench's default offloads everything."""
+    a = list(args)
+    for flag in ("-nkvo", "--no-kv-offload"):
+        if flag in a and a.index(flag) + 1 < len(a) and a[a.index(flag) + 1] not in ("0", "false"):
+            return False
+    for flag in ("-ngl", "--n-gpu-layers"):
+        if flag in a and a.index(flag) + 1 < len(a) and n_layers is not None:
+            try:
+                if int(a[a.index(flag) + 1]) < n_layers + 1:
+                    return False
+            except ValueError:
+                return False
+    return True
+
+
+def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
+    """One probe as plain data for the study, ``config.toml`` and the report."""
+    return {
+        "summary": res.summary, "passed": bool(passed), "reasons": list(reasons),
+        "splits_pp": res.splits_pp, "splits_tg": res.splits_tg,
+        "layers_offloaded": res.layers_offloaded, "layers_total": res.layers_total,
+        "device_weights_mib": round(res.device_weights_mib, 2), "host_weights_mib": round(res.host_weights_mib, 2),
+        "kv_buffers": dict(res.kv_buffers), "host_kv_mib": round(res.host_kv_mib, 2),
+        "fallbacks": len(res.fallbacks), "gpu": res.gpu, "error": res.error,
+        "log": str(res.log_file) if res.log_file else None,
+    }
+
+
+def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
+    """The record of the residency gate from the two parsed probes (``final`` None: the final config is upstream's).
+
+    Returns ``{"verdict": "pass"|"fail"|"not judged", "full_offload", "reasons", "upstream", "final"}``;
+    ``fail`` only when the final config fails where upstream's does not, or splits its decode graph more.
+    """
+    from tuner.measure.residency import judge
+
+    ok_up, why_up = judge(up, full_offload=full, host_weights_mib=host_weights_mib)
+    rec: dict[str, Any] = {"full_offload": full, "upstream": summary_row(up, ok_up, why_up), "final": None}
+    if final is None:
+        rec.update(verdict="pass" if ok_up else "not judged", reasons=list(why_up),
+                   why="the final config is upstream's" + ("" if ok_up else "; upstream's own probe fails, reported only"))
+        return rec
+    ok, why = judge(final, full_offload=full, host_weights_mib=host_weights_mib)
+    rec["final"] = summary_row(final, ok, why)
+    more_splits = final.splits_tg is not None and up.splits_tg is not None and final.splits_tg > up.splits_tg
+    if ok and not more_splits:
+        rec.update(verdict="pass", reasons=[], why="full offload kept" if full and up.gpu else
+                   ("partial offload: reported, not judged" if not full else "CPU backend: everything on the host by design"))
+    elif ok_up or more_splits:
+        extra = [f"The decode graph has {final.splits_tg} splits, upstream's {up.splits_tg}."] if more_splits else []
+        rec.update(verdict="fail", reasons=[*why, *extra], why="the final config moves work or memory off the GPU")
+    else:
+        rec.update(verdict="not judged", reasons=list(why),
+                   why="upstream's own probe fails the same check, so it cannot tell the configs apart")
+    return rec
+
+
+def residency_result(result: Mapping[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
+    """The result with its residency record; upstream's selection when the final config failed (as the gate does)."""
+    if rec["verdict"] != "fail":
+        return {**result, "residency": dict(rec)}
+    why = " ".join(rec["reasons"])
+    log.warning(f"RESIDENCY CHECK FAILED for the final config ({why}). It is infeasible and is NOT exported; "
+                "the result is upstream's selection.")
+    dropped = {**dict(result.get("dropped", {})),
+               **{r: "failed the residency check with the final config" for r in result.get("rules", [])}}
+    rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
+    return {**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"],
+            "residency": {**dict(rec), "rejected": rejected}}
