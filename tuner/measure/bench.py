@@ -133,7 +133,7 @@ DEFAULT_REPS = 5
 # Flags run_bench sets itself; passing them through extra_args would desynchronize the parser.
 _OWN_FLAGS = {
     "-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-d", "--n-depth", "-r",
-    "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn",
+    "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn", "--progress",
 }
 # Flags a one-process llama-bench probe (soak, residency) sets itself
 PROBE_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
@@ -458,8 +458,9 @@ def _check_bench_args(
     extra = _check_extra_args(extra_args)
     if cpus:
         parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
-    if "-t" in extra[:-1]:
-        check_threads(extra[extra.index("-t") + 1], host_cpus(cpus))
+    for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence
+        if a in ("-t", "--threads"):
+            check_threads(extra[i + 1], host_cpus(cpus))
     pin = tuple(pin_command(cpus))
     fa = _fa_args(exe, era, flash_attn)
     label = label or bin_dir.parent.name or "bench"

@@ -189,6 +189,9 @@ def test_timeout_is_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     ({"era": "volta"}, "Unknown era"),
     ({"label": "a/b"}, "label"),
     ({"bandwidth": -5.0}, "bandwidth"),
+    ({"extra_args": ("-t", "100000")}, "threads must be an integer"),
+    ({"extra_args": ("--threads", "100000")}, "threads must be an integer"),  # the long spelling too
+    ({"extra_args": ("-t", "1", "-t", "0")}, "threads must be an integer"),  # every occurrence
 ])
 def test_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kw: dict, match: str) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 1.0))
