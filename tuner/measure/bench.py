@@ -240,18 +240,16 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "") -> tuple[str, ...]:
-    """llama-bench arguments passed through as given: strings without NUL, none of the flags in ``own``
-    (those the caller sets itself: passing them too would desynchronize its parser).
-
-    ``sets`` names what the caller sets (for the message); ``instead`` says what to use instead.
-    """
+def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "",
+                           tool: str = "llama-bench") -> tuple[str, ...]:
+    """``tool``'s arguments passed through as given: strings without NUL, none of the flags in ``own`` (those the
+    caller sets itself, also as ``--flag=value``); ``sets`` names them for the message, ``instead`` the way to go."""
     out = tuple(args)
     for a in out:
         if not isinstance(a, str) or "\0" in a:
-            raise UsageError(f"llama-bench arguments must be strings without NUL (got {a!r}).")
-        if a in own:
-            raise UsageError(f"llama-bench flag {a} is set by {sets}" + (f"; {instead}" if instead else "") + ".")
+            raise UsageError(f"{tool} arguments must be strings without NUL (got {a!r}).")
+        if a in own or a.split("=", 1)[0] in own:
+            raise UsageError(f"{tool} flag {a} is set by {sets}" + (f"; {instead}" if instead else "") + ".")
     return out
 
 

@@ -340,15 +340,12 @@ def widened_rules(rules: Sequence[str]) -> dict[str, list[str]]:
 
 
 def _check_args(args: Sequence[str], side: str) -> list[str]:
-    out = []
-    for a in args:
-        if not isinstance(a, str) or "\0" in a:
-            raise UsageError(f"{side} llama-perplexity arguments must be strings (got {a!r}).")
-        if a in _OWN_FLAGS or a.split("=", 1)[0] in _OWN_FLAGS:
-            raise UsageError(f"{side} argument {a} is set by the equivalence gate itself (model, text, context, "
-                             "chunks, batch sizes, KLD files); use the gate's options (--ctx, --chunks, --mode) instead.")
-        out.append(a)
-    return out
+    from tuner.measure.bench import check_passthrough_args
+
+    return list(check_passthrough_args(
+        args, _OWN_FLAGS, tool=f"{side} llama-perplexity",
+        sets="the equivalence gate itself (model, text, context, chunks, batch sizes, KLD files)",
+        instead="use the gate's options (--ctx, --chunks, --mode) instead"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
