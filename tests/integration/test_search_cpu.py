@@ -7,6 +7,7 @@ a trial takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -38,7 +39,9 @@ def load(storage: str, study: str):
 
     import optuna
 
-    rdb = optuna.storages.RDBStorage(storage)
+    # skip_table_creation: polling a study a child is still creating must not race its DDL (a second
+    # create_all on a fresh SQLite file made the child exit early, and the kill -9 test then waited forever)
+    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
     try:
         st = optuna.load_study(study_name=study, storage=rdb)
         return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
@@ -95,11 +98,15 @@ def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tm
     args = [sys.executable, "-m", "tuner", "search", *SMALL[:-4], "--min-rounds", "3", "--max-rounds", "3",
             "--model", str(tiny_model), "--run-dir", str(run), "--study", "killed", "--trials", "1"]
     env = {**os.environ, "TUNER_HOME": str(tuner_home)}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    out = (tmp_path / "search.log").open("w")
+    proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             time.sleep(0.5)
+            if proc.poll() is not None:  # ended before it could be killed: say why instead of waiting out the deadline
+                pytest.fail(f"the search exited ({proc.returncode}) before two screen rounds were recorded:\n"
+                            + (tmp_path / "search.log").read_text()[-3000:])
             if (run / "study.db").is_file():
                 try:
                     st = load(storage, "killed")
@@ -110,8 +117,10 @@ def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tm
         else:
             pytest.fail("the search never finished a screen round")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 the search and its llama-bench children
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # kill -9 the search and its llama-bench children
         proc.wait()
+        out.close()
     before = load(storage, "killed").user_attrs["screen_rounds"]
     assert "result" not in load(storage, "killed").user_attrs
     time.sleep(1)
