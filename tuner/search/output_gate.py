@@ -29,7 +29,7 @@ for the report.
 from __future__ import annotations
 
 __all__ = ["BAND_FACTOR", "SCHEDULING_ENV", "SCHEDULING_FLAGS", "GateCheck", "band_thresholds", "gated_result",
-           "perplexity_args", "plan_band", "plan_checks", "run_checks", "run_gate_check"]
+           "perplexity_args", "plan_band", "plan_checks", "run_checks", "run_gate_check", "upstream_instead"]
 
 import dataclasses
 import math
@@ -254,10 +254,15 @@ def gated_result(result: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str
     why = "; ".join(f"{c['name']}: {' '.join(c.get('reasons', []))}" for c in failing)
     log.warning(f"OUTPUT-EQUIVALENCE GATE FAILED for the final config ({why}). It is infeasible and is NOT exported; "
                 "the result is upstream's selection.")
+    out, rejected = upstream_instead(result, "failed the output-equivalence gate with the final config")
+    return {**out, "gate": {"verdict": "not needed", "checks": [], "rejected": {**rejected, "gate": dict(gate)},
+                            "why": "the final config failed the gate, so upstream's selection is exported"}}
+
+
+def upstream_instead(result: Mapping[str, Any], why: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(upstream's selection, the rejected config)`` for a final config that failed a gate: its rules and
+    knobs dropped as a whole (each rule's reason ``why``), its confirmed rows with them (they measured it)."""
     rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
-    dropped = {**dict(result.get("dropped", {})),
-               **{r: "failed the output-equivalence gate with the final config" for r in result.get("rules", [])}}
-    return {**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped,
-            "upstream_phases": ["tg", "pp"],
-            "gate": {"verdict": "not needed", "checks": [], "rejected": {**rejected, "gate": dict(gate)},
-                     "why": "the final config failed the gate, so upstream's selection is exported"}}
+    dropped = {**dict(result.get("dropped", {})), **{r: why for r in result.get("rules", [])}}
+    return ({**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
+            rejected)

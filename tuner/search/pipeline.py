@@ -460,6 +460,11 @@ def _final_of(cfg: Any, space: Any, fixed: Mapping[str, Any], result: Mapping[st
     return base_variant, str(vals.get("variant", base_variant)), compile_values_of(space, vals), vals, env, args
 
 
+def _config_key(rules: Sequence[str], vals: Mapping[str, Any]) -> str:
+    """The final config's key for records stored per final config (the gates' checks)."""
+    return stable_hash({"rules": list(rules), "tuned": dict(vals) or None})[:12]
+
+
 def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
                base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, shape: Mapping[str, int],
                probe: Any = None) -> dict[str, Any]:
@@ -470,7 +475,7 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
 
     base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
     rules = list(result.get("rules", []))
-    key = "residency_" + stable_hash({"rules": rules, "tuned": vals or None})[:12]
+    key = f"residency_{_config_key(rules, vals)}"
     rec = st.get(key)
     if rec is None:
         def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
@@ -508,7 +513,7 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
                             final_args=args, changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k)
                                                       for k in changed},
                             build_changed=variant != base_variant or bool(compile_values), era=era)
-    ckey = stable_hash({"rules": list(result.get("rules", [])), "tuned": vals or None})[:12]
+    ckey = _config_key(list(result.get("rules", [])), vals)
     key = f"equivalence_{ckey}"
     run = equivalence or (lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir,
                                                                   jobs=cfg.jobs))

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner import log
+from tuner.search.output_gate import upstream_instead
 
 
 def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
@@ -90,8 +91,5 @@ def residency_result(result: Mapping[str, Any], rec: Mapping[str, Any]) -> dict[
     why = " ".join(rec["reasons"])
     log.warning(f"RESIDENCY CHECK FAILED for the final config ({why}). It is infeasible and is NOT exported; "
                 "the result is upstream's selection.")
-    dropped = {**dict(result.get("dropped", {})),
-               **{r: "failed the residency check with the final config" for r in result.get("rules", [])}}
-    rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
-    return {**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"],
-            "residency": {**dict(rec), "rejected": rejected}}
+    out, rejected = upstream_instead(result, "failed the residency check with the final config")
+    return {**out, "residency": {**dict(rec), "rejected": rejected}}

@@ -62,3 +62,18 @@ def test_a_failed_probe_of_the_final_config_fails_it() -> None:
     broken = dataclasses.replace(FULL, error="llama-bench exited with code 1")
     rec = rg.decide(FULL, broken, full=True, host_weights_mib=INPUT_MIB)
     assert rec["verdict"] == "fail" and rec["final"]["error"] and "residency run failed" in rec["reasons"][0]
+
+
+def test_validate_accepts_a_rejected_final_config_only_when_upstreams_selection_was_exported() -> None:
+    from tuner.result.pipeline_export import residency_table
+    from tuner.result.validate import _residency_finding
+
+    rec = rg.residency_result({"rules": ["decode:0-=TILE"], "tuned": None, "rows": []},
+                              rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB))["residency"]
+    table = residency_table(rec)
+    assert table["verdict"] == "fail" and table["rejected_rules"] == ["decode:0-=TILE"] and "log" not in table["final"]
+    assert _residency_finding({"residency": table, "choice": {"fa_rules": []}}).ok
+    assert not _residency_finding({"residency": table, "choice": {"fa_rules": ["decode:0-=TILE"]}}).ok
+    passed = residency_table(rg.decide(FULL, FULL, full=True, host_weights_mib=INPUT_MIB))
+    f = _residency_finding({"residency": passed, "choice": {"fa_rules": []}})
+    assert f.ok and f.detail == "pass: decode graph splits 2, 17/17 layers on the GPU"
