@@ -466,13 +466,16 @@ def _screen_section(a: Mapping[str, Any]) -> str:
                              for k, e in c["effects"].items())
             up = c.get("levels", {}).get("upstream", {})
             cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if _finite(c.get("cpu_noise")) else ""
+            # The verdicts are judged against the phase's noise floor where it is above this depth's own A/A noise.
+            bar = c.get("bar_pct")
+            floor = f"; floor ±{bar:.1f}%" if _finite(bar) and _finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05 else ""
             srows.append([f"{phase}@d{d}", c.get("upstream_kernel") or "-", f"{c['upstream_ts']:.2f}",
                           *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
-                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){cpu_noise}" if math.isfinite(c["noise_pct"]) else "-",
+                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){floor}{cpu_noise}" if math.isfinite(c["noise_pct"]) else "-",
                           effs or "-", ", ".join(c.get("fallback", [])) or "-"])
         if srows:
             out.append(log.table(["point", "upstream kernel", "t/s upstream", "CPU% upstream", "busiest core %", "GPU% upstream",
-                                  "A/A noise (pair; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
+                                  "A/A noise (pair; phase floor; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
                                   "fell back"], srows) + "\n\n")
     return "".join(out)
 

@@ -16,7 +16,7 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
 
 from __future__ import annotations
 
-__all__ = ["Decision", "Shape", "compose_phase", "bisect_depths", "rule_text", "noise_floor", "open_depths", "phase_noise",
+__all__ = ["Decision", "Shape", "compose_phase", "judge_phase", "bisect_depths", "rule_text", "noise_floor", "open_depths", "phase_noise",
            "phase_cpu_noise"]
 
 import dataclasses
@@ -27,7 +27,7 @@ from typing import Any
 
 from scipy import stats as _stats
 
-from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
+from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost, verdict
 from tuner.search.screen import PHASE_RULE, CellStats
 
 _STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
@@ -130,29 +130,53 @@ def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     return out
 
 
+def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellStats]:
+    """The cells with every verdict judged against the bar the search decides by.
+
+    :func:`tuner.search.screen.summarize_phase` judges a cell by its own A/A noise; a decision also needs
+    the phase's noise floor at the cell's rounds (:func:`noise_floor`), so that one lucky A/A cell
+    does not let a candidate through. The bar is the larger of the two (``bar_pct``, ``cpu_bar`` for
+    CPU%), and the verdicts, seed 004 §21.3's CPU rejection of decode changes included, are recomputed
+    by it: what the report calls ``faster`` is what compose and confirm act on."""
+    cpu_floor = phase_cpu_noise(cells)
+    out = {}
+    for d, c in cells.items():
+        bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
+        verdicts = {n: verdict(e, bar) for n, e in c.effects.items()}
+        if phase == "tg":
+            verdicts.update({n: CPU_REJECTED for n, e in c.effects.items() if n != c.aa and n in c.cpu
+                             and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar)})
+        out[d] = dataclasses.replace(c, verdicts=verdicts, bar_pct=bar, cpu_bar=cpu_bar)
+    return out
+
+
 def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
-    """A decision per screened depth (sorted by depth).
+    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts.
 
     A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
     (seed 004 §21.3); the decision's reason names it. Only a kernel faster beyond the noise can win,
     so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out."""
-    cpu_floor = phase_cpu_noise(cells)
     out = []
-    for d in sorted(cells):
-        c = cells[d]
-        noise, cpu_noise = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
-        best, best_e, costly = None, None, []
+    judged = judge_phase(phase, cells)
+    for d in sorted(judged):
+        c = judged[d]
+        noise = c.bar_pct
+        best, best_e, costly, near = None, None, [], []
         for name, e in c.effects.items():
             if name == c.aa or name == c.upstream_kernel:
                 continue  # forcing upstream's own kernel changes nothing
-            if phase == "tg" and name in c.cpu and rejects_cpu_cost(e.ci_low, noise, c.cpu[name].ci_low, cpu_noise):
+            v = c.verdicts[name]
+            if v == CPU_REJECTED:
                 costly.append(f"{name} (CPU% {c.cpu[name].mean:+.0f} points)")
-                continue
-            faster = math.isfinite(e.ci_low) and e.ci_low > 1.0 + noise / 100.0
-            if faster and (best_e is None or e.ratio > best_e.ratio):
+            elif v == "faster" and (best_e is None or e.ratio > best_e.ratio):
                 best, best_e = name, e
+            elif v != "faster" and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
+                near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
             why = "no forced kernel beat upstream beyond the A/A noise" if math.isfinite(noise) else "no A/A noise measured"
+            if near:  # the screen table's own A/A column would have let it through: say why it did not
+                why += (f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
+                        f"floor ±{noise:.1f}% at these rounds")
             if costly:
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=None, effect_pct=0.0,

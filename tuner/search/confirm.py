@@ -22,8 +22,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost, verdict
-from tuner.search.compose import noise_floor, phase_cpu_noise
+from tuner.measure.paired import CPU_REJECTED
+from tuner.search.compose import judge_phase
 from tuner.search.screen import UPSTREAM, CellStats
 
 FINAL = "final"
@@ -55,16 +55,13 @@ def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Map
     """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
     and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
     CPU noise (NaN where the records carry no utilizations)."""
-    cpu_floor = phase_cpu_noise(cells)
     out = []
-    for d in sorted(cells):
-        c = cells[d]
+    judged = judge_phase(phase, cells)  # the same bar and verdicts as the screen's decisions
+    for d in sorted(judged):
+        c = judged[d]
         e = c.effects.get(FINAL)
-        noise = max(c.noise_pct, noise_floor(cells, d))
-        cpu, cpu_noise = c.cpu.get(FINAL), max(c.cpu_noise, cpu_floor)
-        v = verdict(e, noise) if e else "not measured"
-        if e and cpu and phase == "tg" and rejects_cpu_cost(e.ci_low, noise, cpu.ci_low, cpu_noise):
-            v = CPU_REJECTED
+        noise, cpu, cpu_noise = c.bar_pct, c.cpu.get(FINAL), c.cpu_bar
+        v = c.verdicts[FINAL] if e else "not measured"
         fin_k = _majority_kernel(records, FINAL, d)
         fin_vals = [r["values"].get(FINAL, {}).get(str(d)) for r in records if str(d) in r["values"].get(FINAL, {})]
         fin_vals = sorted(v for v in fin_vals if v)

@@ -253,7 +253,7 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
                     depths = sorted(set(depths) | set(new))
                     _check_budget(deadline, f"screen {phase} (refining)")
             st.set(f"screen_done_{phase}", True)
-        cells = summarize_phase(phase, recs, depths)
+        cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the report shows the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
         st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
 

@@ -348,6 +348,11 @@ class CellStats:
     """Per candidate (upstream included): median ``ts``, ``cpu``, ``core`` and ``gpu`` over the rounds."""
     kernels: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
     """Per candidate (upstream included): the kernel it ran most often here (None where unknown)."""
+    bar_pct: float = math.nan
+    """The t/s bar the verdicts were judged against: the A/A noise, at least the phase's noise floor
+    (:func:`tuner.search.compose.judge_phase`); NaN while only this cell's own noise judged them."""
+    cpu_bar: float = math.nan
+    """The CPU% bar likewise (points)."""
 
     @property
     def max_halfwidth(self) -> float:
@@ -361,6 +366,7 @@ class CellStats:
                             **({"cpu": self.cpu[k].as_dict()} if k in self.cpu else {})} for k, e in self.effects.items()},
             "fallback": list(self.fallback), "cpu_noise": self.cpu_noise,
             "levels": {k: dict(v) for k, v in self.levels.items()}, "kernels": dict(self.kernels),
+            "bar_pct": self.bar_pct, "cpu_bar": self.cpu_bar,
         }
 
 

@@ -1,0 +1,53 @@
+"""compose.judge_phase: the verdicts the report shows are the ones compose and confirm act on.
+
+The data are the decode screen rounds of session 12's sm_89 search on the H100 (89-virtual,
+llama-3.2-1b Q4_K_M; docs/h100/session12/call2/sm89-l1b-v4.db): at d32768 TILE's lower bound
+(+3.6%) cleared that depth's own A/A noise (±3.6%) but not the phase's noise floor at its 10 rounds
+(±4.1%), and the report's screen table said "faster" while nothing was composed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tuner.search import compose as comp
+from tuner.search.confirm import point_rows
+from tuner.search.screen import summarize_phase
+
+ROUNDS = json.loads((Path(__file__).parents[2] / "data" / "screen" / "sm89-l1b-v4-tg-rounds.json").read_text())
+DEPTHS = [0, 4096, 16384, 32768]
+
+
+def test_a_cell_clearing_its_own_noise_but_not_the_floor_is_no_difference_everywhere() -> None:
+    cells = summarize_phase("tg", ROUNDS, DEPTHS)
+    c = cells[32768]
+    tile = c.effects["TILE"]
+    assert tile.ci_low > 1 + c.noise_pct / 100 and c.verdicts["TILE"] == "faster"  # the cell's own judgement
+    floor = comp.noise_floor(cells, 32768)
+    assert tile.ci_low < 1 + floor / 100 and floor > c.noise_pct
+
+    judged = comp.judge_phase("tg", cells)
+    j = judged[32768]
+    assert j.bar_pct == floor and j.verdicts["TILE"] == "no difference"
+    assert all(math.isfinite(x.bar_pct) and x.bar_pct >= x.noise_pct for x in judged.values())
+    assert j.as_dict()["effects"]["TILE"]["verdict"] == "no difference" and j.as_dict()["bar_pct"] == floor
+    assert comp.judge_phase("tg", judged)[32768].verdicts == j.verdicts  # judging twice changes nothing
+
+    dec = {d.depth: d for d in comp.compose_phase("tg", cells)}
+    assert dec[32768].winner is None and dec[32768].noise_pct == floor
+    assert "TILE +6.1%" in dec[32768].reason and "not the phase's noise floor ±4.1%" in dec[32768].reason
+    assert all(dec[d].winner is None and "floor" not in dec[d].reason for d in (0, 4096, 16384))
+
+
+def test_confirm_rows_judge_by_the_same_bar() -> None:
+    # The confirm's rows use the final config's name; rename TILE to it to read the same numbers as a confirm.
+    from tuner.search.confirm import FINAL
+
+    recs = [{**r, **{k: {(FINAL if n == "TILE" else n): v for n, v in r[k].items()} for k in ("values", "kernels", "why", "cpu", "core", "gpu")
+                     if isinstance(r.get(k), dict)},
+             "order": [FINAL if n == "TILE" else n for n in r["order"]]} for r in ROUNDS]
+    cells = summarize_phase("tg", recs, DEPTHS)
+    row = {r["depth"]: r for r in point_rows("tg", cells, recs)}[32768]
+    assert row["verdict"] == "no difference" and row["aa_noise_pct"] == comp.noise_floor(cells, 32768)
