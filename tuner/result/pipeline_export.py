@@ -201,7 +201,8 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
     rej = gate.get("rejected")
     if rej:
         out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": dict((rej.get("tuned") or {}).get("values", {})),
-                           "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])]}
+                           "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
+                           "points": _rejected_points(rej.get("rows") or [])}
     return out
 
 
@@ -229,7 +230,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
                    "it is infeasible; this result is upstream's selection.\n\n"
                    + log.table(heads, rows(rej["checks"])) + "\n\n"
                    + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
-                   + "\n")
+                   + "\n" + _rejected_table(rej.get("points", [])))
     if not gate.get("checks"):
         out.append(f"Verdict: **not needed**: {gate.get('why', '')}.\n")
         return "".join(out)
@@ -262,8 +263,33 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     if rec.get("final"):
         out["final"] = probe(rec["final"])
     if rec.get("rejected"):
-        out["rejected_rules"] = list(rec["rejected"].get("rules") or [])
+        rej = rec["rejected"]
+        out["rejected_rules"] = list(rej.get("rules") or [])
+        out["rejected_tuned"] = dict((rej.get("tuned") or {}).get("values", {}))
+        out["rejected_points"] = _rejected_points(rej.get("rows") or [])
     return out
+
+
+def _rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
+    so a rejected speedup is visible rather than silently replaced by upstream's selection."""
+    keys = ("phase", "depth", "base_ts", "tuned_ts", "speedup", "ci_low", "ci_high", "aa_noise_pct", "verdict", "base_cpu", "tuned_cpu")
+    return [{k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))} for r in rows]
+
+
+def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
+    if not points:
+        return ""
+    def num(p: Mapping[str, Any], k: str, f: str) -> str:
+        return format(p[k], f) if k in p else "—"
+    rows = [[f"{p['phase']}@d{p['depth']}", num(p, "base_ts", ".2f"), num(p, "tuned_ts", ".2f"),
+             f"{100 * (p['speedup'] - 1):+.1f}% [{100 * (p['ci_low'] - 1):+.1f}..{100 * (p['ci_high'] - 1):+.1f}%]"
+             if {"speedup", "ci_low", "ci_high"} <= p.keys() else "—",
+             f"±{p['aa_noise_pct']:.1f}%" if "aa_noise_pct" in p else "—", p.get("verdict", "—"),
+             f"{num(p, 'base_cpu', '.0f')} / {num(p, 'tuned_cpu', '.0f')}"] for p in points]
+    return ("What the confirm measured of the rejected config (not claimed):\n\n"
+            + log.table(["point", "t/s upstream", "t/s rejected", "Δ [95% CI]", "A/A noise", "verdict", "CPU% upstream / rejected"], rows)
+            + "\n\n")
 
 
 def residency_section(rec: Mapping[str, Any]) -> str:
@@ -280,7 +306,8 @@ def residency_section(rec: Mapping[str, Any]) -> str:
 
     rows = [row("upstream", rec["upstream"])] + ([row("final", rec["final"])] if rec.get("final") else [])
     head = (f"**The final config FAILED the residency check and is not exported** (rules: "
-            f"{', '.join(rec.get('rejected_rules', [])) or 'none'}): {' '.join(rec.get('reasons', []))}\n\n"
+            f"{', '.join(rec.get('rejected_rules', [])) or 'none'}; knobs: {rec.get('rejected_tuned') or 'upstream'}): "
+            f"{' '.join(rec.get('reasons', []))}\n\n" + _rejected_table(rec.get("rejected_points", []))
             if rec["verdict"] == "fail" else "")
     return ("## Graph splits and residency (llama.cpp's own loader and scheduler lines, seed 004 §21.6-21.7)\n\n" + head
             + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "

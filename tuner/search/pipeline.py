@@ -477,6 +477,13 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
     rules = list(result.get("rules", []))
     key = f"residency_{_config_key(rules, vals)}"
     rec = st.get(key)
+    full = rg.full_offload(base_args, shape.get("n_layers"))  # the scenario is upstream's config (e.g. a pinned -ngl)
+    if rec is not None:
+        again = rg.redecide(rec, full=full, host_weights_mib=input_layer_mib(cfg.model))
+        if again is not None and again["verdict"] != rec["verdict"]:
+            log.info(f"Residency: re-judged from the recorded probe logs by this version's rule: {rec['verdict']} -> {again['verdict']}")
+            rec = again
+            st.set(key, rec)
     if rec is None:
         def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
             d.mkdir(parents=True, exist_ok=True)
@@ -490,7 +497,7 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
             final = None if same else probe(builds.get(variant, compile_values),
                                             {**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, list(args),
                                             cfg.run_dir / "residency" / "final")
-        rec = rg.decide(up, final, full=rg.full_offload(args, shape.get("n_layers")), host_weights_mib=input_layer_mib(cfg.model))
+        rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))
         st.set(key, rec)
     log.info(f"Residency: {rec['verdict']}: " + (rec["final"] or rec["upstream"])["summary"])
     return rg.residency_result(result, rec)

@@ -9,16 +9,21 @@ gate: its rules and knobs are dropped as a whole and upstream's selection is exp
 fails the same way (a model with an op the GPU backend lacks, a probe that printed nothing), the check
 cannot tell the configs apart: the final config is kept and the record says why.
 
-A config with partial offload (``-ngl`` below the layer count, ``-nkvo``) is reported, not judged: its
-host residency is what it asked for. On the CPU backend everything is on the host by design; the
-numbers are reported and the check passes.
+Which rule applies is the scenario's, read from upstream's config (the user's pinned knobs, e.g.
+``--set ngl=8``): where upstream offloads everything, the final config must too, so a tuned ``-nkvo 1``
+fails (its KV cache is in host memory). Where upstream itself keeps layers or the KV cache on the host
+(a host-paced, partial-offload scenario), residency is what the scenario trades: both probes are
+reported, not judged, and more graph splits are expected (session 12: ``-ngl 8 -nkvo 1`` had 16
+decode splits to upstream's 2). On the CPU backend everything is on the host by design; the numbers
+are reported and the check passes.
 """
 
 from __future__ import annotations
 
-__all__ = ["decide", "full_offload", "residency_result", "summary_row"]
+__all__ = ["decide", "full_offload", "redecide", "residency_result", "summary_row"]
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tuner import log
@@ -58,8 +63,10 @@ def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any
 def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
     """The record of the residency gate from the two parsed probes (``final`` None: the final config is upstream's).
 
+    ``full`` is whether upstream's config offloads everything (:func:`full_offload` of its arguments).
     Returns ``{"verdict": "pass"|"fail"|"not judged", "full_offload", "reasons", "upstream", "final"}``;
-    ``fail`` only when the final config fails where upstream's does not, or splits its decode graph more.
+    ``fail`` only under full offload, when the final config fails where upstream's does not, or splits
+    its decode graph more.
     """
     from tuner.measure.residency import judge
 
@@ -71,10 +78,11 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
         return rec
     ok, why = judge(final, full_offload=full, host_weights_mib=host_weights_mib)
     rec["final"] = summary_row(final, ok, why)
-    more_splits = final.splits_tg is not None and up.splits_tg is not None and final.splits_tg > up.splits_tg
+    more_splits = full and final.splits_tg is not None and up.splits_tg is not None and final.splits_tg > up.splits_tg
     if ok and not more_splits:
         rec.update(verdict="pass", reasons=[], why="full offload kept" if full and up.gpu else
-                   ("partial offload: reported, not judged" if not full else "CPU backend: everything on the host by design"))
+                   ("partial offload (upstream's config keeps layers or the KV cache on the host): reported, not judged"
+                    if not full else "CPU backend: everything on the host by design"))
     elif ok_up or more_splits:
         extra = [f"The decode graph has {final.splits_tg} splits, upstream's {up.splits_tg}."] if more_splits else []
         rec.update(verdict="fail", reasons=[*why, *extra], why="the final config moves work or memory off the GPU")
@@ -82,6 +90,28 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
         rec.update(verdict="not judged", reasons=list(why),
                    why="upstream's own probe fails the same check, so it cannot tell the configs apart")
     return rec
+
+
+def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | None) -> dict[str, Any] | None:
+    """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
+    changed, as session 12's partial-offload fix did); None where a log is gone or a probe had failed (the
+    stored record stands: it cannot be re-read)."""
+    from tuner.measure.residency import parse_residency
+
+    def load(p: Mapping[str, Any] | None) -> Any:
+        if not p or p.get("error") or not p.get("log") or not Path(p["log"]).is_file():
+            return None
+        return parse_residency(Path(p["log"]).read_text(errors="replace"))
+
+    up = load(rec.get("upstream"))
+    final = load(rec.get("final")) if rec.get("final") else None
+    if up is None or (rec.get("final") and final is None):
+        return None
+    out = decide(up, final, full=full, host_weights_mib=host_weights_mib)
+    for side in ("upstream", "final"):  # the rows keep pointing at the logs they came from
+        if out.get(side) and rec.get(side):
+            out[side]["log"] = rec[side]["log"]
+    return out
 
 
 def residency_result(result: Mapping[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:

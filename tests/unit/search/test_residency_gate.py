@@ -77,3 +77,68 @@ def test_validate_accepts_a_rejected_final_config_only_when_upstreams_selection_
     passed = residency_table(rg.decide(FULL, FULL, full=True, host_weights_mib=INPUT_MIB))
     f = _residency_finding({"residency": passed, "choice": {"fa_rules": []}})
     assert f.ok and f.detail == "pass: decode graph splits 2, 17/17 layers on the GPU"
+
+
+def _real(name: str):
+    import gzip
+
+    return parse_residency(gzip.decompress((DATA / name).read_bytes()).decode())
+
+
+def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtures_do() -> None:
+    # session 12, 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1 (docs/h100/session12/call4)
+    full, nkvo = _real("h100-89v-l1b-full.log.gz"), _real("h100-89v-l1b-nkvo.log.gz")
+    assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (FULL.splits_tg, FULL.layers_offloaded, dict(FULL.kv_buffers))
+    assert (nkvo.splits_tg, nkvo.host_kv_mib) == (NKVO.splits_tg, NKVO.host_kv_mib)
+    assert rg.decide(full, nkvo, full=True, host_weights_mib=INPUT_MIB)["verdict"] == "fail"
+    assert rg.decide(full, None, full=True, host_weights_mib=INPUT_MIB)["verdict"] == "pass"
+
+
+def test_a_partial_offload_scenario_reports_a_tuned_nkvo_and_does_not_reject_it() -> None:
+    # session 12's host-paced search (--set ngl=8 --cpu-mask 0-3): upstream -ngl 8 had 2 decode splits, the
+    # final config (-t 4 -ub 1024 -b 1024 -ngl 8 -nkvo 1) 16; the gate, judging by the final config's own
+    # arguments and counting splits regardless, exported upstream's selection for it. The scenario is upstream's.
+    up, final = _real("h100-ngl8-upstream.log.gz"), _real("h100-ngl8-nkvo-t4-final.log.gz")
+    assert (up.splits_tg, final.splits_tg, up.layers_offloaded, final.layers_offloaded) == (2, 16, 8, 8)
+    assert final.host_kv_mib == 24.0 and up.host_kv_mib == 13.5
+    base = ("-ngl", "8")
+    assert not rg.full_offload(base, up.layers_total - 1)
+    rec = rg.decide(up, final, full=rg.full_offload(base, 16), host_weights_mib=INPUT_MIB)
+    assert rec["verdict"] == "pass" and "partial offload" in rec["why"] and rec["final"]["splits_tg"] == 16
+    result = {"rules": [], "tuned": {"values": {"no_kv_offload": 1, "threads": 4}}, "rows": [{"phase": "tg"}]}
+    assert rg.residency_result(result, rec)["tuned"] == result["tuned"]
+    # the same final config where the scenario is a full offload is rejected: its KV cache left the GPU
+    assert rg.decide(FULL, final, full=True, host_weights_mib=INPUT_MIB)["verdict"] == "fail"
+
+
+def test_a_stored_record_is_decided_again_from_its_logs_and_stands_where_they_are_gone(tmp_path: Path) -> None:
+    import gzip
+
+    logs = {}
+    for side, name in (("upstream", "h100-ngl8-upstream.log.gz"), ("final", "h100-ngl8-nkvo-t4-final.log.gz")):
+        logs[side] = tmp_path / side / "residency.log"
+        logs[side].parent.mkdir()
+        logs[side].write_bytes(gzip.decompress((DATA / name).read_bytes()))
+    up, final = (dataclasses.replace(parse_residency(logs[s].read_text()), log_file=logs[s]) for s in ("upstream", "final"))
+    old = rg.decide(up, final, full=True, host_weights_mib=INPUT_MIB)  # judged as a full offload: fail
+    assert old["verdict"] == "fail"
+    again = rg.redecide(old, full=False, host_weights_mib=INPUT_MIB)
+    assert again is not None and again["verdict"] == "pass" and again["final"]["log"] == str(logs["final"])
+    assert again["final"]["splits_tg"] == 16
+    logs["final"].unlink()
+    assert rg.redecide(old, full=False, host_weights_mib=INPUT_MIB) is None  # the stored record stands
+    failed = {**old, "upstream": {**old["upstream"], "error": "llama-bench exited with code 1"}}
+    assert rg.redecide(failed, full=False, host_weights_mib=INPUT_MIB) is None
+
+
+def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> None:
+    from tuner.result.pipeline_export import residency_section, residency_table
+
+    rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
+    rows = [{"phase": "tg", "depth": 0, "base_ts": 39.22, "tuned_ts": 70.77, "speedup": 1.749, "ci_low": 1.584, "ci_high": 1.932,
+             "aa_noise_pct": 11.6, "verdict": "faster", "base_cpu": 306.0, "tuned_cpu": 400.0, "base_gpu": float("nan")}]
+    out = rg.residency_result({"rules": [], "tuned": {"values": {"no_kv_offload": 1}}, "rows": rows}, rec)
+    table = residency_table(out["residency"])
+    assert table["rejected_tuned"] == {"no_kv_offload": 1} and "base_gpu" not in table["rejected_points"][0]  # NaN left out (TOML)
+    text = residency_section(table)
+    assert "knobs: {'no_kv_offload': 1}" in text and "+74.9% [+58.4..+93.2%]" in text and "306 / 400" in text
