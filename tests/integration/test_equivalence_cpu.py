@@ -62,6 +62,19 @@ def test_decode_mode_and_fa_off_pass(ppl_bin: Path, tiny_model: Path, tmp_path: 
     assert "-b 1 -ub 1" in Path(res.logs["kld"]).read_text().splitlines()[0]
 
 
+def test_the_search_spaces_bench_switches_reach_llama_perplexity_as_it_spells_them(ppl_bin: Path, tiny_model: Path,
+                                                                                    tmp_path: Path) -> None:
+    # session 12 on the H100: the gate passed llama-bench's `-nkvo 1` as is, and llama-perplexity exited
+    # "error: invalid argument: 1". On the CPU backend the KV cache is on the host either way: a pass.
+    from tuner.search.output_gate import perplexity_args
+
+    args, _ = perplexity_args(["-t", "2", "-nkvo", "1"], "mma")
+    res = run_equivalence(ppl_bin, ppl_bin, tiny_model, mode="decode", candidate_args=args,
+                          upstream_args=perplexity_args(["-t", "2"], "mma")[0], work_dir=tmp_path)
+    assert res.passed, res.summary
+    assert " -nkvo" in Path(res.logs["candidate-a"]).read_text().splitlines()[0]
+
+
 def test_quantized_kv_candidate_is_rejected(ppl_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
     res = run_equivalence(ppl_bin, ppl_bin, tiny_model, candidate_args=["-ctk", "q4_0", "-ctv", "q4_0", "-t", "2"],
                           upstream_args=["-t", "2"], work_dir=tmp_path)

@@ -47,6 +47,14 @@ SCHEDULING_FLAGS = frozenset({"-t"})
 SCHEDULING_ENV = frozenset({"GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_GRAPHS"})
 """Environment knobs that only change how kernels are launched (CUDA graphs)."""
 _BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch (one token, or one chunk)
+# llama-bench spells these switches with a 0/1 value, llama-perplexity (common/arg.cpp) as bare flags:
+# `-nkvo 1` there is "error: invalid argument: 1" (session 12: the gate "failed" a -nkvo 1 config that way).
+# flag -> (perplexity spelling for 1, for 0); None: that value is llama.cpp's default, nothing to pass.
+_SWITCHES: dict[str, tuple[str | None, str | None]] = {
+    "-nkvo": ("-nkvo", None), "--no-kv-offload": ("-nkvo", None),
+    "-nopo": ("--no-op-offload", None), "--no-op-offload": ("--no-op-offload", None),
+    "--repack": (None, "--no-repack"), "--no-host": ("--no-host", None),
+}
 _MODE_PHASE = {"decode": "tg", "prefill": "pp"}
 BAND_FACTOR = 2.0
 """How far beyond the kernel band a non-strict check may go (see the module docstring)."""
@@ -91,6 +99,11 @@ def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], lis
             fa = val in ("on", "1", "true")
         elif flag in _BATCH_FLAGS:
             left += [flag, val]
+        elif flag in _SWITCHES:
+            if val not in ("0", "1"):
+                raise UsageError(f"llama-bench's {flag} takes 0 or 1 (got {val!r}); the gate cannot translate it.")
+            spelled = _SWITCHES[flag][0 if val == "1" else 1]
+            out += [spelled] if spelled else []
         else:
             out += [flag, val]
     if era == "rocwmma":
@@ -169,6 +182,8 @@ def _rejudged(rec: Mapping[str, Any], thr: Thresholds) -> dict[str, Any]:
     stats = KldStats(**{k: math.nan if v is None else v for k, v in st.items()}) if st else None
     ok, why = judge(stats=stats, deterministic=rec.get("deterministic"), identical_to_upstream=rec.get("identical_to_upstream"),
                     strict=bool(rec.get("strict")), thresholds=thr)
+    if (stats is None or not stats.complete) and rec.get("reasons"):
+        why = tuple(rec["reasons"])  # a run that failed has no numbers to re-judge: its own error says why
     return {**rec, "passed": ok, "verdict": "pass" if ok else "fail", "reasons": list(why),
             "thresholds": dataclasses.asdict(thr)}
 

@@ -181,3 +181,18 @@ def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(mo
     assert bad["verdict"] == "fail" and any("Mean KLD" in r for r in bad["checks"][0]["reasons"])
     # a mode without a band (no kernels to force: the CPU backend) keeps the CPU-calibrated defaults
     assert og.plan_band(checks, {}) == [] and og.band_thresholds([]) is None
+
+
+def test_llama_benchs_valued_switches_are_spelled_as_llama_perplexitys_bare_flags() -> None:
+    # session 12: `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
+    assert og.perplexity_args(["-t", "4", "-ngl", "8", "-nkvo", "1"], "mma") == (["-fa", "on", "-t", "4", "-ngl", "8", "-nkvo"], [])
+    assert og.perplexity_args(["-nkvo", "0", "--repack", "0", "-nopo", "1"], "mma")[0] == ["-fa", "on", "--no-repack", "--no-op-offload"]
+    with pytest.raises(og.UsageError, match="takes 0 or 1"):
+        og.perplexity_args(["-nkvo", "yes"], "mma")
+
+
+def test_a_check_whose_run_failed_keeps_its_error_when_judged_by_the_band() -> None:
+    failed = {**_rec(False), "stats": None, "deterministic": None,
+              "reasons": ["The candidate's run A failed: llama-perplexity failed (exit 1): error: invalid argument: 1."]}
+    out = og._rejudged(failed, og.Thresholds(mean_kld=1e-4, p99_kld=1e-4, same_top_pct=90.0))
+    assert out["verdict"] == "fail" and out["reasons"] == failed["reasons"]
