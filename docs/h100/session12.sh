@@ -79,3 +79,29 @@ s12_next() {
     "runs/$N89" runs/seed004-89v-l1b runs/seed004-89v-q05b 2>/dev/null
   ls -la "$OUT"; echo "s12_next ended at ${SECONDS} s"
 }
+
+# Calls 3-4 on the same machine: item 3's host-paced search and item 4's real CUDA residency logs on
+# the 89-virtual build (seed 004's own target arch), instead of session 11's sm_90 plan (one build less).
+# Needs docs/h100/session11.sh sourced too (s11_residency).
+s12_paced() {  # s12_paced NAME [args]: the 1B with half its layers on the CPU, resumable
+  local name=$1
+  mkdir -p "$TUNER_RUNS/$name"
+  python3 -m tuner search --arch sm_89 --ptx-jit --variant cuda --model "$M1" --study "$name" \
+    --run-dir "$TUNER_RUNS/$name" --storage "sqlite:///$TUNER_RUNS/$name/study.db" --time-budget $((575 - SECONDS - 20)) \
+    --set ngl=8 --depths 0,4096 --trials 8 --min-rounds 2 --max-rounds 3 --refine 0 --confirm-extra 0 "${@:2}" 2>&1 \
+    | tee -a "$S12/search-$name.txt"
+  cp "$TUNER_RUNS/$name/study.db" "$OUT/$name.db"
+  grep -q "^Exported the result" "$S12/search-$name.txt"
+}
+
+s12_next2() {
+  s10_step cpurule 150 s12_cpurule
+  s10_step residency 60 s11_residency
+  s10_step paced-all 240 s12_paced paced-all \
+    && s10_step paced-4 240 s12_paced paced-4 --cpu-mask 0-3 \
+    && echo "S12 CALLS 3-4 DONE"
+  ls "$S10_DONE"
+  tar czf "$OUT/s12b.tgz" --exclude='*.gguf' --exclude='*.db' --exclude='*.kld' -C "$TUNER_HOME" s12out s11out s10-done \
+    runs/paced-all runs/paced-4 2>/dev/null
+  ls -la "$OUT"; echo "s12_next2 ended at ${SECONDS} s"
+}

@@ -226,8 +226,8 @@ def gate_section(gate: Mapping[str, Any]) -> str:
     if gate.get("rejected"):
         rej = gate["rejected"]
         out.append(f"**The final config FAILED the gate and is not exported** (rules: {', '.join(rej['rules']) or 'none'}; "
-                   f"knobs: {rej['tuned'] or 'upstream'}). Its output differs from upstream's beyond the thresholds, so "
-                   "it is infeasible; this result is upstream's selection.\n\n"
+                   f"knobs: {rej['tuned'] or 'upstream'}): a check below failed (its output differs beyond the thresholds, "
+                   "or its run did not complete), so it is infeasible; this result is upstream's selection.\n\n"
                    + log.table(heads, rows(rej["checks"])) + "\n\n"
                    + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
                    + "\n" + _rejected_table(rej.get("points", [])))
@@ -483,8 +483,11 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
 def _screen_section(a: Mapping[str, Any]) -> str:
     """report.md's kernel-screen tables, one per phase."""
     out = ["\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n"]
+    # A study screened before compose.judge_phase stored each cell judged by its own A/A noise only; its
+    # decisions hold the bar compose used, so such a cell is shown judged by that bar as well.
+    bars = {(x["phase"], str(x["depth"])): x.get("noise_pct") for x in a.get("compose", {}).get("decisions", [])}
     for phase in ("tg", "pp"):
-        cells = a.get(f"screen_{phase}", {})
+        cells = {d: _judged_cell(c, bars.get((phase, str(d)))) for d, c in a.get(f"screen_{phase}", {}).items()}
         srows = []
         for d in sorted(cells, key=int):
             c = cells[d]
@@ -505,6 +508,18 @@ def _screen_section(a: Mapping[str, Any]) -> str:
                                   "A/A noise (pair; phase floor; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
                                   "fell back"], srows) + "\n\n")
     return "".join(out)
+
+
+def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
+    if _finite(c.get("bar_pct")) or not _finite(bar) or not _finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
+        return c
+
+    def v(e: Mapping[str, Any]) -> str:
+        if e.get("verdict") == CPU_REJECTED or not (_finite(e.get("ci_low")) and _finite(e.get("ci_high"))):
+            return str(e.get("verdict"))
+        return "faster" if e["ci_low"] > 1 + bar / 100 else "slower" if e["ci_high"] < 1 - bar / 100 else "no difference"
+
+    return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 
 
 def _trials(study: Any) -> str:
