@@ -54,7 +54,7 @@ def test_cpu_columns_and_a_rejected_point(old_study, tmp_path: Path) -> None:
     assert table[0][5] == "100 → 190 (Δ +90.0 [+86.0..+94.0], noise ±2.5)" and table[0][-1] == CPU_REJECTED
     assert table[0][6] == "99 → 100" and table[0][7] == "—"  # no GPU library: not measured, not 0
     screen_d0 = next([c.strip() for c in ln.split("|")[1:-1]] for ln in report.splitlines() if ln.startswith("| tg@d0 "))
-    assert screen_d0[2:7] == ["267.27", "101", "99", "97", "±2.0% (VEC); CPU ±2.0"] and "(CPU" not in screen_d0[7]
+    assert screen_d0[2:7] == ["267.27", "101", "99", "97", "±2.0% (VEC); floor ±2.4%; CPU ±2.0"] and "(CPU" not in screen_d0[7]
     assert "rejected: CPU% up without a t/s gain" in report.split("| Model", 1)[1]  # the compare table says it too
 
     pts = pareto_points(old_study.user_attrs, res)
