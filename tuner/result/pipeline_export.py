@@ -200,7 +200,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
                        for b in gate["band"]]
     rej = gate.get("rejected")
     if rej:
-        out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": dict((rej.get("tuned") or {}).get("values", {})),
+        out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": _sampled(rej.get("tuned")),
                            "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
                            "points": _rejected_points(rej.get("rows") or [])}
     return out
@@ -265,9 +265,15 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     if rec.get("rejected"):
         rej = rec["rejected"]
         out["rejected_rules"] = list(rej.get("rules") or [])
-        out["rejected_tuned"] = dict((rej.get("tuned") or {}).get("values", {}))
+        out["rejected_tuned"] = _sampled(rej.get("tuned"))
         out["rejected_points"] = _rejected_points(rej.get("rows") or [])
     return out
+
+
+def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A rejected trial's knobs as the tune sampled them (its ``values`` also repeat every pinned knob)."""
+    t = tuned or {}
+    return dict(t.get("params") or t.get("values") or {})
 
 
 def _rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -137,7 +137,8 @@ def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> No
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
     rows = [{"phase": "tg", "depth": 0, "base_ts": 39.22, "tuned_ts": 70.77, "speedup": 1.749, "ci_low": 1.584, "ci_high": 1.932,
              "aa_noise_pct": 11.6, "verdict": "faster", "base_cpu": 306.0, "tuned_cpu": 400.0, "base_gpu": float("nan")}]
-    out = rg.residency_result({"rules": [], "tuned": {"values": {"no_kv_offload": 1}}, "rows": rows}, rec)
+    tuned = {"values": {"no_kv_offload": 1, "T1": 4}, "params": {"no_kv_offload": 1}}  # values repeat the pinned T1
+    out = rg.residency_result({"rules": [], "tuned": tuned, "rows": rows}, rec)
     table = residency_table(out["residency"])
     assert table["rejected_tuned"] == {"no_kv_offload": 1} and "base_gpu" not in table["rejected_points"][0]  # NaN left out (TOML)
     text = residency_section(table)
