@@ -551,8 +551,9 @@ def _resolved_space(cfg: Any, space: Any) -> tuple[Any, dict[str, Any]]:
 
     tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
     resolved, legal = space_for_run(space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=cfg.arch != "cpu", tokens=tokens)
-    for why in dict.fromkeys(lg.why for lg in legal.values()):
-        log.info(f"  {why}")
+    pinned = getattr(cfg, "fixed", {}) or {}
+    for name, lg in legal.items():  # a --set pin replaces what would be sampled: say so beside the derivation
+        log.info(f"  {lg.why}" + (f"; pinned here at {pinned[name]} (--set {name}={pinned[name]})" if name in pinned else ""))
     return resolved, legal
 
 
