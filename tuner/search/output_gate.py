@@ -204,7 +204,9 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
 
     def one(c: GateCheck) -> dict[str, Any]:
         rec = done.get(c.name)
-        if rec is None:
+        # A stored check whose run did not complete measured nothing (session 12: a flag llama-perplexity
+        # refused, since fixed): a resumed search runs it again instead of carrying the failure forward.
+        if rec is None or not rec.get("stats"):
             rec = {**run_one(c), "name": c.name, "why": c.why, "not_applied": list(c.not_applied)}
             on_check(c.name, rec)
             if not c.name.startswith(BAND):

@@ -478,6 +478,8 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
     key = f"residency_{_config_key(rules, vals)}"
     rec = st.get(key)
     full = rg.full_offload(base_args, shape.get("n_layers"))  # the scenario is upstream's config (e.g. a pinned -ngl)
+    if rec is not None and any((rec.get(side) or {}).get("error") for side in ("upstream", "final")):
+        rec = None  # a probe that failed measured nothing: probe again rather than carry the failure forward
     if rec is not None:
         again = rg.redecide(rec, full=full, host_weights_mib=input_layer_mib(cfg.model))
         if again is not None and again["verdict"] != rec["verdict"]:

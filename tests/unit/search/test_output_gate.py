@@ -196,3 +196,14 @@ def test_a_check_whose_run_failed_keeps_its_error_when_judged_by_the_band() -> N
               "reasons": ["The candidate's run A failed: llama-perplexity failed (exit 1): error: invalid argument: 1."]}
     out = og._rejudged(failed, og.Thresholds(mean_kld=1e-4, p99_kld=1e-4, same_top_pct=90.0))
     assert out["verdict"] == "fail" and out["reasons"] == failed["reasons"]
+
+
+def test_a_stored_check_whose_run_failed_is_run_again_on_resume() -> None:
+    checks = plan(rules=RULES)
+    broken = {**_rec(False), "stats": None, "name": checks[0].name, "reasons": ["The candidate's run A failed: ..."]}
+    measured_fail = {**_rec(False), "name": checks[1].name}  # a real measurement stays as it was
+    ran: list = []
+    gate = og.run_checks(checks, done={checks[0].name: broken, checks[1].name: measured_fail},
+                         run_one=lambda c: ran.append(c.name) or _rec(True), on_check=lambda *_: None)
+    assert ran == [checks[0].name]
+    assert [c["verdict"] for c in gate["checks"]] == ["pass", "fail"] and gate["verdict"] == "fail"

@@ -143,3 +143,50 @@ def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> No
     assert table["rejected_tuned"] == {"no_kv_offload": 1} and "base_gpu" not in table["rejected_points"][0]  # NaN left out (TOML)
     text = residency_section(table)
     assert "knobs: {'no_kv_offload': 1}" in text and "+74.9% [+58.4..+93.2%]" in text and "306 / 400" in text
+
+
+def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_failed(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+    import types
+
+    from tuner.plan.derive import legal_values, resolve_space
+    from tuner.plan.space import load_space
+    from tuner.search.pipeline import _config_key, _residency, _State
+    from tuner.targets.host import Cpus
+
+    class _Study:
+        def __init__(self) -> None:
+            self.user_attrs: dict = {}
+
+        def set_user_attr(self, k, v) -> None:
+            self.user_attrs[k] = v
+
+    builds = types.SimpleNamespace(get=lambda variant, compile_values: types.SimpleNamespace(build_id=variant))
+    space = resolve_space(load_space("cpu", "mma"), legal_values(load_space("cpu", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=False)))
+
+    monkeypatch.setattr("tuner.measure.residency.input_layer_mib", lambda model: INPUT_MIB)
+    parsed = {}
+    for side, name in (("upstream", "h100-ngl8-upstream.log.gz"), ("final", "h100-ngl8-nkvo-t4-final.log.gz")):
+        f = tmp_path / "residency" / side / "residency.log"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(gzip.decompress((DATA / name).read_bytes()))
+        parsed[side] = dataclasses.replace(parse_residency(f.read_text()), log_file=f)
+    calls: list = []
+
+    def probe(build, env, args, d):
+        calls.append(d.name)
+        return parsed[d.name]
+
+    cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf")
+    st = _State(_Study())
+    result = {"rules": [], "tuned": {"values": {"threads": 1}}, "rows": [{"phase": "tg"}], "dropped": {}}
+    key = f"residency_{_config_key([], {'threads': 1})}"
+    st.set(key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB))  # the old rule's "fail"
+
+    def go():
+        return _residency(cfg, st, space, {}, result, {}, ["-ngl", "8"], builds, {"n_layers": 16}, probe=probe)
+
+    out = go()
+    assert calls == [] and out["residency"]["verdict"] == "pass" and st.get(key)["verdict"] == "pass"  # from the logs
+    st.set(key, {**st.get(key), "upstream": {**st.get(key)["upstream"], "error": "llama-bench exited with code 1"}})
+    assert go()["residency"]["verdict"] == "pass" and calls == ["upstream", "final"]  # a failed probe runs again
