@@ -78,3 +78,7 @@ s13_resume() {
   tar czf "$OUT/s13r.tgz" --exclude='*.gguf' --exclude='*.db' --exclude='*.kld' -C "$TUNER_HOME" s13out runs/paced-4 2>/dev/null
   ls -la "$OUT"; echo "s13_resume ended at ${SECONDS} s"
 }
+
+# NEXT (not run; no device time was left): the same `s13_resume` on a fresh machine, with today's gate
+# (`-nkvo 1` spelled as llama-perplexity's bare `-nkvo`), is the run that exports the host-paced pick.
+# Call 8's database (docs/h100/session12/call8/paced-4.db) works too: its failed checks run again.
