@@ -414,6 +414,12 @@ def test_timed_windows_are_the_repetitions_after_the_first() -> None:
                    (1.008, "prompt run 3/3", 0.0, {}), (1.012, "result", 0.0, {})])
     short.samples = [(0.9, 95.0, math.nan, math.nan)]
     assert _test_observation(short, 0.5, 1.012).cpu_util_mean == 95.0
+    # ... and where the sampler saw nothing inside the test either (CI's tg8@d0 on an idle box: "—" in the
+    # report), the marks' exact CPU times over the whole test stand, from the previous test's result on
+    tiny = Observer(gpu=False)
+    _marks(tiny, [(0.99, "result", 0.0, {}), (1.0, "generation run 1/3", 0.005, {}), (1.02, "generation run 2/3", 0.025, {}),
+                  (1.04, "generation run 3/3", 0.045, {}), (1.06, "result", 0.065, {})])
+    assert math.isclose(_test_observation(tiny, 0.99, 1.06).cpu_util_mean, 100.0 * 0.065 / 0.07)
 
 
 def test_observer_marks_find_the_busy_thread_of_a_real_child() -> None:
