@@ -20,7 +20,7 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.paired import CPU_REJECTED
+from tuner.measure.paired import CPU_REJECTED, Effect, verdict
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -516,14 +516,15 @@ def _screen_section(a: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+_EFFECT_KEYS = ("n", "ratio", "ci_low", "ci_high")  # Effect.as_dict(), as the study stores each screen effect
+
+
 def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
     if _finite(c.get("bar_pct")) or not _finite(bar) or not _finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
         return c
 
-    def v(e: Mapping[str, Any]) -> str:
-        if e.get("verdict") == CPU_REJECTED or not (_finite(e.get("ci_low")) and _finite(e.get("ci_high"))):
-            return str(e.get("verdict"))
-        return "faster" if e["ci_low"] > 1 + bar / 100 else "slower" if e["ci_high"] < 1 - bar / 100 else "no difference"
+    def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does
+        return CPU_REJECTED if e.get("verdict") == CPU_REJECTED else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
 
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 

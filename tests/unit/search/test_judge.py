@@ -51,3 +51,19 @@ def test_confirm_rows_judge_by_the_same_bar() -> None:
     cells = summarize_phase("tg", recs, DEPTHS)
     row = {r["depth"]: r for r in point_rows("tg", cells, recs)}[32768]
     assert row["verdict"] == "no difference" and row["aa_noise_pct"] == comp.noise_floor(cells, 32768)
+
+
+def test_an_older_studys_screen_cells_are_shown_judged_by_their_decisions_bar() -> None:
+    # a study screened before judge_phase stored the cell-local verdicts (session 12's sm_89 study did)
+    from tuner.measure.paired import CPU_REJECTED
+    from tuner.result.pipeline_export import _judged_cell
+
+    c = summarize_phase("tg", ROUNDS, DEPTHS)[32768].as_dict()
+    c.pop("bar_pct"), c.pop("cpu_bar")
+    c["effects"]["MMA"]["verdict"] = CPU_REJECTED
+    assert c["effects"]["TILE"]["verdict"] == "faster"
+    shown = _judged_cell(c, 4.08)
+    assert shown["bar_pct"] == 4.08 and shown["effects"]["TILE"]["verdict"] == "no difference"
+    assert shown["effects"]["MMA"]["verdict"] == CPU_REJECTED and shown["effects"]["VEC"]["verdict"] == "no difference"
+    judged = comp.judge_phase("tg", summarize_phase("tg", ROUNDS, DEPTHS))[32768].as_dict()
+    assert _judged_cell(c, 3.0) is c and _judged_cell(judged, 9.9) is judged  # a bar at or below the noise; a judged cell
