@@ -508,10 +508,10 @@ def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation
     for w in ([(a, b) for i, a, b in reps if i > 1 or len(reps) == 1], [(marks[0], marks[-1])] if marks else []):
         if w and sum(b.t - a.t for a, b in w) >= _MIN_TIMED_S:
             return obs.timed_summary(w)
-    # too short for the sampler as well (CI's tg8@d0, idle): the marks' exact CPU over the whole test, tick-coarse
-    start = [m for m in obs.marks if m.t == t_prev] or marks[:1]  # the previous test's result mark where t_prev is one
-    out = obs.summary(t_prev, t_rec)
-    return obs.timed_summary([(start[0], marks[-1])]) if not math.isfinite(out.cpu_util_mean) and marks else out
+    if math.isfinite((out := obs.summary(t_prev, t_rec)).cpu_util_mean) or not marks:
+        return out
+    # too short for the sampler as well (CI's tg8@d0, idle): the marks' exact CPU since t_prev's mark, tick-coarse
+    return obs.timed_summary([(next((m for m in obs.marks if m.t == t_prev), marks[0]), marks[-1])])
 
 
 def _still_pending(
