@@ -95,6 +95,8 @@ s14b_setup() { s12_setup89 || return 1; s10_bin >"$S10_DONE/bin-cuda"; }
 
 s14b_next() {
   ls "$TUNER_HOME"/builds/*/artifacts/*/bin/llama-bench >/dev/null 2>&1 || rm -f "$S10_DONE/setup89"
+  # on a machine that ran machine C's steps first: s10_bin must find the 89-virtual build alone
+  [ -f "$S10_DONE/setup89" ] || rm -rf "$TUNER_HOME/builds" "$S10_DONE/bin-cuda"
   s10_step setup89 420 s14b_setup \
     && s10_step mmq89b 360 s14_build sm_89 cuda-force-mmq mmq89 \
     && s10_step mmq89 220 s14_seed sm_89 cuda_mmq_moe mmq89 \
@@ -102,4 +104,44 @@ s14b_next() {
     && s10_step cublas89 220 s14_seed sm_89 cuda_cublas_dense cublas89 \
     && echo "S14B ALL DONE"
   _s14_pack s14b.tgz; echo "s14b_next ended at ${SECONDS} s"
+}
+
+# Machine C (sm_90, a fresh one: machine A went back between calls 2 and 3). The soak's own build (the
+# result's config, rules baked) is made first with llama-quantize as well, which quantizes the 1B, so no
+# separate `cuda` build is paid; `tuner validate --soak` then finds that build cached (same key, its
+# targets present).
+s14c_soakbuild() {
+  (t0=$SECONDS; python3 -m tuner model synth --like llama-3.2-1b -o "$TUNER_HOME/models/l1b-f16.gguf"
+   echo "l1b synth $((SECONDS - t0)) s") >"$S14/synth-l1b.txt" 2>&1 &
+  local synth=$! B
+  /usr/bin/time -f "build %e s" python3 - results/sm_90/llama-3.2-1b-q4_k_m >"$S14/build-soak.txt" 2>&1 <<'PY' || { tail -20 "$S14/build-soak.txt"; return 1; }
+import sys
+from pathlib import Path
+from tuner.builder.cmake import build_variant
+from tuner.plan.render import render_variant
+from tuner.result.export import baked_runtime
+from tuner.result.validate import load_config
+from tuner.source import fetch_source
+cfg = load_config(Path(sys.argv[1]))
+choice = cfg["choice"]
+rv = render_variant(fetch_source(cfg["source"]["spec"]), cfg["target"]["arch"], choice["variant"],
+                    compile_values=dict(choice["compile"]),
+                    baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
+b = build_variant(rv, targets=("llama-bench", "llama-quantize"), jobs=16)
+print("bin dir", b.bin_dir)
+PY
+  wait "$synth"
+  B=$(awk '/^bin dir/ {print $3}' "$S14/build-soak.txt")
+  /usr/bin/time -f "l1b quantize %e s" "$B/llama-quantize" "$TUNER_HOME/models/l1b-f16.gguf" "$M1" Q4_K_M \
+    >"$S14/quantize-l1b.txt" 2>&1 || { tail -5 "$S14/quantize-l1b.txt"; return 1; }
+  tail -n2 "$S14"/synth-l1b.txt "$S14"/quantize-l1b.txt "$S14/build-soak.txt"
+}
+
+s14c_next() {
+  ls "$TUNER_HOME"/builds/*/artifacts/*/bin/llama-bench >/dev/null 2>&1 || rm -f "$S10_DONE/soakbuild"
+  s10_step soakbuild 420 s14c_soakbuild \
+    && s10_step soak 100 s14_soak \
+    && s10_step gpu 420 s14_gpu \
+    && echo "S14C ALL DONE"
+  _s14_pack s14c.tgz; echo "s14c_next ended at ${SECONDS} s"
 }

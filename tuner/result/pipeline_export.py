@@ -477,7 +477,7 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
     out.append(_trials(study))
     if study.get_trials(deepcopy=False):  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
-            out.append("\n" + importances_section(study, target=lambda t, i=i: t.values[i], target_name=name) + "\n")
+            out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
     secs = a.get("stage_seconds", {})

@@ -427,22 +427,28 @@ def dashboard_command(storage_url: str) -> str:
 
 
 def importances_section(study: Any, params: Sequence[str] | None = None, *, min_trials: int = 4,
-                        target: Any = None, target_name: str = "") -> str:
+                        objective: int | None = None, target_name: str = "") -> str:
     """Optuna's parameter importances as a Markdown table, or one line saying why not.
 
     Uses ``optuna.importance.get_param_importances`` with Optuna's default evaluator (PED-ANOVA;
     fANOVA would need scikit-learn), importances normalized to sum to 1, most important first.
 
     Needs at least ``min_trials`` COMPLETE trials and a parameter (of ``params``, default all)
-    that took at least 2 distinct values among them. A multi-objective study needs ``target`` (a
-    function of a FrozenTrial, e.g. one objective) and names it ``target_name``.
+    that took at least 2 distinct values among them. A multi-objective study needs ``objective`` (the
+    index of one of its values) and names it ``target_name``.
     """
     import optuna
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if len(study.directions) != 1 and target is None:
+    if len(study.directions) != 1 and objective is None:
         return "Parameter importances: not computed (multi-objective study)."
+    target = None
+    if objective is not None:
+        # PED-ANOVA ranks by "lower is better" whenever a target is given, whatever the study's
+        # direction; our objectives are speedups (maximized), so the value is negated for it.
+        sign = -1.0 if study.directions[objective] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+        target = lambda t: sign * t.values[objective]  # noqa: E731
     if len(done) < min_trials:
         return (f"Parameter importances: not computed ({len(done)} complete trial"
                 f"{'' if len(done) == 1 else 's'}; need at least {min_trials}).")
@@ -467,7 +473,8 @@ def importances_section(study: Any, params: Sequence[str] | None = None, *, min_
         return "Parameter importances: not computed (no parameter shared by the complete trials)."
     rows = [[name, f"{val:.3f}", "█" * max(0, round(val * 20))] for name, val in imp.items()]
     notes = sorted({str(w.message).splitlines()[0] for w in caught
-                    if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)})
+                    if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)
+                    and "achieve low `target` values" not in str(w.message)})  # handled by the sign above
     return "\n".join([
         f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna {ev_name} over {len(done)} "
         "complete trials; normalized to sum to 1; how much each parameter matters for reaching the best trials):",

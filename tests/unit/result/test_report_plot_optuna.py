@@ -116,6 +116,32 @@ def test_importances_per_objective_of_a_two_objective_study() -> None:
                     "graph": optuna.distributions.CategoricalDistribution([0, 1])})
         st.tell(t, [1.0 + t.params["ub"] / 1e4, 1.0 + 0.05 * t.params["graph"]])  # pp follows ub, tg follows graph
     assert "multi-objective" in importances_section(st)
-    pp = importances_section(st, target=lambda t: t.values[0], target_name="pp")
-    tg = importances_section(st, target=lambda t: t.values[1], target_name="tg")
+    pp = importances_section(st, objective=0, target_name="pp")
+    tg = importances_section(st, objective=1, target_name="tg")
     assert "for pp" in pp and "for tg" in tg and "| ub" in pp and "| graph" in tg
+
+
+def test_importances_rank_by_reaching_the_highest_speedups() -> None:
+    """PED-ANOVA takes a given target as lower-is-better; a maximized objective must be negated.
+
+    Only ``k`` = J lifts the second objective (the top 10% of trials are exactly the J ones); ``z``
+    alone orders the rest. Read as lower-is-better, ``z`` would rank first (it decides the lowest
+    trials); read the right way round, ``k`` does.
+    """
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from tuner.result.report import importances_section
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st = optuna.create_study(directions=["maximize", "maximize"])
+    letters = list("ABCDEFGHIJ")
+    dist = {"k": CategoricalDistribution(letters), "z": FloatDistribution(0, 1)}
+    for i in range(60):
+        k, z = letters[i % 10], ((i * 37) % 60) / 60
+        tg = 1.0 + (0.5 if k == "J" else 0.0) + 0.01 * z
+        st.add_trial(optuna.trial.create_trial(params={"k": k, "z": z}, distributions=dist, values=[1.0, tg]))
+    md = importances_section(st, objective=1, target_name="tg")
+    rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith("| ") and "parameter" not in ln]
+    assert rows == ["k", "z"], md
+    assert "achieve low `target` values" not in md
