@@ -79,6 +79,5 @@ s13_resume() {
   ls -la "$OUT"; echo "s13_resume ended at ${SECONDS} s"
 }
 
-# NEXT (not run; no device time was left): the same `s13_resume` on a fresh machine, with today's gate
-# (`-nkvo 1` spelled as llama-perplexity's bare `-nkvo`), is the run that exports the host-paced pick.
-# Call 8's database (docs/h100/session12/call8/paced-4.db) works too: its failed checks run again.
+# Run in session 14 (docs/h100/session14.sh, s14_paced4 on a fresh machine): the gate passed and the
+# host-paced pick is results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3.
