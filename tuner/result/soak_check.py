@@ -35,15 +35,11 @@ def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> 
     from tuner.builder.cmake import build_variant
     from tuner.measure.soak import run_soak
     from tuner.paths import tuner_home
-    from tuner.plan.render import render_variant
-    from tuner.result.export import baked_runtime
+    from tuner.result.validate import render_result
     from tuner.source import fetch_source
 
     choice, arch = cfg["choice"], cfg["target"]["arch"]
-    rv = render_variant(fetch_source(cfg["source"]["spec"]), arch, choice["variant"],
-                        compile_values=dict(choice["compile"]),
-                        baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
-    build = build_variant(rv, targets=("llama-bench",))
+    build = build_variant(render_result(fetch_source(cfg["source"]["spec"]), cfg), targets=("llama-bench",))
     # run.env's llama-bench line: results are measured and exported with FlashAttention on.
     args = ["-fa", "1", *[str(a) for a in choice.get("bench_args", [])]]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

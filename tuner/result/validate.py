@@ -12,7 +12,7 @@ matching hardware and fails when a bucket the winner claims is no longer faster 
 
 from __future__ import annotations
 
-__all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_results", "load_config"]
+__all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_results", "load_config", "render_result"]
 
 import dataclasses
 import hashlib
@@ -78,6 +78,16 @@ def load_config(folder: Path) -> dict[str, Any]:
         return tomllib.loads((folder / "config.toml").read_text())
     except tomllib.TOMLDecodeError as err:
         raise TunerError(f"{folder / 'config.toml'} is not valid TOML: {err}") from err
+
+
+def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
+    """The result's config rendered on ``source`` as it was built (variant, compile values, baked FA rules)."""
+    from tuner.plan.render import render_variant
+    from tuner.result.export import baked_runtime
+
+    choice = cfg["choice"]
+    return render_variant(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]),
+                          baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
 
 
 def _schema(cfg: Mapping[str, Any]) -> list[str]:
@@ -243,8 +253,6 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
     ``bench`` and ``gpu`` run, matched to a result by file name.
     """
     from tuner.plan.space import check_constraints
-    from tuner.result.export import baked_runtime
-    from tuner.plan.render import render_variant
     from tuner.source import fetch_source
 
     f: list[Finding] = []
@@ -281,13 +289,7 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
         f += _upstream_patch_checks(folder / "upstream.patch", source.root)
 
     try:
-        rv = render_variant(
-            source,
-            arch,
-            choice["variant"],
-            compile_values=dict(choice["compile"]),
-            baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])),
-        )
+        rv = render_result(source, cfg)
     except TunerError as err:
         f.append(Finding(check="re-render", ok=False, detail=str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
