@@ -129,7 +129,7 @@ _REQUIRED = {"spec": str, "source_id": str, "era": str, "commit": (str, type(Non
              "tree_sha256": str}
 _MAX_META_BYTES = 1 << 20
 _MAX_MEMBERS = 500_000
-_MAX_BYTES = 16 << 30  # unpacked; a whole llama.cpp tree is well under 1 GB
+_MAX_BYTES = 4 << 30  # unpacked; a whole llama.cpp tree is well under 1 GB
 _FILTER_ERRORS = (getattr(tarfile, "FilterError", ()) or ())  # Python >= 3.11.4
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
@@ -166,6 +166,12 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
             raise _BadPack(f"entry {name!r} is outside llama.cpp/")
         # Plain permissions only (no setuid, no group/other write), whatever the tar says.
         m.mode = 0o755 if m.isdir() else (m.mode & 0o755) | 0o600
+    files = {m.name for m in members if m.isfile()}
+    for name in seen:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in files:
+                raise _BadPack(f"entry {name!r} is inside {'/'.join(parts[:i])!r}, which is a file")
     if meta is None or not any(n.startswith("llama.cpp/") for n in seen):
         raise _BadPack("it has no source.json and llama.cpp/ folder")
     return meta

@@ -130,6 +130,7 @@ HOSTILE_ENTRIES = {
     "fifo": (_entry("llama.cpp/fifo", kind=tarfile.FIFOTYPE), "is a FIFO"),
     "outside-tree": (_entry("docs/x.md", b"x"), "outside llama.cpp/"),
     "duplicate": (_entry("llama.cpp/CMakeLists.txt", b"other"), "appears twice"),
+    "under-a-file": (_entry("llama.cpp/CMakeLists.txt/x", b"x"), "which is a file"),
 }
 
 
