@@ -106,13 +106,17 @@ def pack(spec: str, out: Path, no_trim: bool) -> None:
 
 @source.command()
 @click.argument("archive", type=click.Path(dir_okay=False, path_type=Path))
-def unpack(archive: Path) -> None:
+@click.option("--replace", is_flag=True,
+              help="Let the pack re-point a SPEC that already resolves to another tree on this machine.")
+def unpack(archive: Path, replace: bool) -> None:
     """Register a tree written by `tuner source pack` in this machine's cache (no network needed).
 
     Afterwards the packed SPEC resolves to it, so a study run here is tied to the same pinned source.
+    Every entry and field of the pack is checked first; a SPEC that already resolves to another
+    tree here is only re-pointed with --replace.
     """
     from tuner.source import unpack_source
 
-    src = unpack_source(archive)
+    src = unpack_source(archive, replace=replace)
     click.echo(str(src.root))
     log.info(f"{src.spec}: id {src.source_id}, era {src.era}, commit {src.commit}")

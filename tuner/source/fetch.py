@@ -18,10 +18,12 @@ __all__ = ["fetch_source", "run_pip_download"]
 
 import dataclasses
 import datetime
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -39,8 +41,26 @@ from tuner.source.tree import _git, _git_head, find_commit, find_era
 
 logger = logging.getLogger(__name__)
 
+# errno values that mean "the disk is full" (a quota counts the same for the user).
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = re.compile(r"No space left on device(?:: '([^']+)')?|Disk quota exceeded(?:: '([^']+)')?")
+
 # Files whose stat signature identifies a non-git tree (everything a build reads that matters).
 _ID_PARTS = ("ggml", "src", "tools", "tests", "common", "include", "CMakeLists.txt")
+
+
+def _no_space_error(err: OSError | None, where: Path, *, path: str | None = None) -> TunerError:
+    """The one-paragraph error for a full disk, naming the file being written when known."""
+    path = path or (str(err.filename) if err is not None and err.filename else None) or str(where)
+    return TunerError(f"No space left on device while writing {path}. Free space on that disk, or set "
+                      "TUNER_HOME (and TMPDIR, where pip unpacks) to a folder on a larger one, and run the "
+                      "command again.")
+
+
+def _no_space_in(text: str, where: Path) -> TunerError | None:
+    """A full-disk error when a child's output says the disk filled (pip, git), else None."""
+    m = _NO_SPACE_TEXT.search(text)
+    return None if m is None else _no_space_error(None, where, path=m.group(1) or m.group(2))
 
 
 def _sources_dir() -> Path:
@@ -105,8 +125,13 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
         if hit is not None:
             logger.info("source %s: cached as %s", norm, sid)
             return hit
-    src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
-    _write_json(index, {"spec": norm, "source_id": src.source_id})
+    try:
+        src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
+        _write_json(index, {"spec": norm, "source_id": src.source_id})
+    except OSError as err:
+        if err.errno in _NO_SPACE:
+            raise _no_space_error(err, _sources_dir()) from err
+        raise
     return src
 
 
@@ -162,6 +187,9 @@ def run_pip_download(version: str, dest: Path) -> Path:
                 f"e.g. {DEFAULT_SPEC!r}."
             )
             raise UsageError(msg)
+        full = _no_space_in(text, dest)
+        if full is not None:
+            raise full
         last = "\n".join(text.splitlines()[-15:])
         msg = (f"pip download of {_PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
                f"network or pip's index configuration. Last lines:\n{last}")
@@ -246,6 +274,9 @@ def _fetch_git(parsed: SourceSpec) -> Source:
             res = run(["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
                       check=False, timeout=3600, what="git clone")
             if res.returncode != 0:
+                full = _no_space_in(res.output, tree)
+                if full is not None:
+                    raise full
                 msg = (f"git clone of {parsed.value} failed (exit {res.returncode}: "
                        f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials.")
                 raise TunerError(msg)

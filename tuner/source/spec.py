@@ -22,7 +22,8 @@ from tuner.errors import UsageError, close_matches
 DEFAULT_SPEC = "pypi:llama-cpp-python==0.3.36"
 _SCHEMES = ("pypi", "git", "path")
 _PYPI_NAME = "llama-cpp-python"
-_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+_VERSION_RE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
+_BAD_GIT_CHAR = re.compile(r"[\s\x00-\x1f\x7f]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,17 +105,38 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
         if url.startswith("-") or ref.startswith("-"):
             msg = f"SPEC {spec!r}: a git URL or REF may not start with '-' (it would read as a git option)."
             raise UsageError(msg)
+        if _BAD_GIT_CHAR.search(rest):
+            # Both go to git as arguments: a NUL cannot be passed at all, and no URL or ref
+            # (git check-ref-format) holds a space or control character.
+            msg = (f"SPEC {spec!r}: the git URL or REF holds a space or control character. Write "
+                   "'git:URL@REF' with neither, e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'.")
+            raise UsageError(msg)
         return SourceSpec(scheme="git", value=url, ref=ref)
-    path = Path(rest).expanduser()
-    if not rest or not path.is_dir():
-        msg = (
-            f"SPEC {spec!r}: directory {rest!r} does not exist. Give the path of a llama.cpp "
-            "checkout (the folder holding CMakeLists.txt and ggml/), e.g. 'path:~/src/llama.cpp'."
-        )
+    return SourceSpec(scheme="path", value=str(_parse_path(spec, rest)))
+
+
+def _parse_path(spec: str, rest: str) -> Path:
+    """The resolved llama.cpp tree a ``path:`` SPEC names."""
+    missing = (
+        f"SPEC {spec!r}: directory {rest!r} does not exist. Give the path of a llama.cpp "
+        "checkout (the folder holding CMakeLists.txt and ggml/), e.g. 'path:~/src/llama.cpp'."
+    )
+    try:
+        # expanduser raises RuntimeError for '~user' with no such user; stat raises OSError
+        # for a name too long or a folder we may not enter.
+        path = Path(rest).expanduser()
+        if not rest or not path.is_dir():
+            raise UsageError(missing)
+        path = path.resolve()
+    except (RuntimeError, OSError, ValueError) as err:
+        raise UsageError(f"{missing} ({err})") from err
+    if str(path) != str(path).strip():
+        # A SPEC is stripped when parsed, so its normalized form could not name this folder again.
+        msg = (f"SPEC {spec!r}: directory {str(path)!r} ends in whitespace, which a SPEC cannot carry. "
+               "Rename the folder or point at it through a link without the trailing space.")
         raise UsageError(msg)
-    path = path.resolve()
     _require_tree(path, spec)
-    return SourceSpec(scheme="path", value=str(path))
+    return path
 
 
 def _parse_pypi(spec: str, req: str) -> SourceSpec:
@@ -135,7 +157,7 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
             "other trees."
         )
         raise UsageError(msg)
-    if not _VERSION_RE.match(version):
+    if not _VERSION_RE.fullmatch(version):
         msg = (
             f"SPEC {spec!r}: {version!r} is not a release version. Write a version such as "
             "'0.3.36' (see https://pypi.org/project/llama-cpp-python/#history)."
@@ -145,7 +167,10 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
 
 
 def _require_tree(root: Path, spec: str) -> None:
-    missing = [p for p in ("CMakeLists.txt", "ggml/CMakeLists.txt") if not (root / p).is_file()]
+    try:
+        missing = [p for p in ("CMakeLists.txt", "ggml/CMakeLists.txt") if not (root / p).is_file()]
+    except OSError as err:  # unreadable folder
+        missing = [f"CMakeLists.txt ({err})"]
     if missing:
         msg = (
             f"SPEC {spec!r}: {root} is not a llama.cpp tree ({' and '.join(missing)} missing). "
