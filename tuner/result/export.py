@@ -65,6 +65,9 @@ def check_out_dir(out_dir: Path) -> None:
             f"result folder and replaces it whole, so it will not write into a checkout. Export to a folder of its own "
             f"(e.g. results/<arch>/<model>), then copy {PRESETS_FILE} into the tree and `git apply` tuned.patch there "
             f"(when the export has one).")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir} is a file, not a folder. Pass -o a folder (new, empty or a previous export), or "
+                         "move the file away.")
     if out_dir.is_dir():
         foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
         if foreign:

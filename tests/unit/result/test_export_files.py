@@ -150,3 +150,20 @@ def test_llama_cpp_tree_or_foreign_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"holds files an export does not write \(notes.txt\)"):
         _export(RULE, tmp_path, mine)
     assert (mine / "notes.txt").read_text() == "keep me\n"
+    a_file = tmp_path / "file"
+    a_file.write_text("mine\n")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        _export(RULE, tmp_path, a_file)
+    assert a_file.read_text() == "mine\n"
+
+
+def test_validate_flags_a_tree_preset_file_and_local_paths(tmp_path: Path) -> None:
+    from tuner.result.validate import validate_result
+
+    out = _export(UPSTREAM, tmp_path)
+    (out / PRESETS_FILE).rename(out / "CMakePresets.json")  # what exports wrote before: it replaces the tree's file
+    report = out / "report.md"
+    report.write_text(report.read_text() + "\nmodel: /home/someone/models/l1b.gguf\n")
+    bad = {f.check: f.detail for f in validate_result(out).findings if not f.ok}
+    assert "would replace llama.cpp's own preset file" in bad["presets"]
+    assert bad["no local paths"] == "report.md: /home/someone/models/l1b.gguf"
