@@ -90,6 +90,10 @@ def cli(verbose: int) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING if verbose < 2 else level))
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:200]
+
+
 def _blocker(path: str) -> str:
     """The first existing ancestor of ``path`` that is not a folder (the file in the way), else ``path``."""
     p = Path(path)
@@ -135,6 +139,28 @@ def os_error_message(err: OSError) -> str | None:
     return f"{err.strerror or err} on {path}. Check the path and this machine's disk, then rerun."
 
 
+_SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message (sqlite3, sqlalchemy and Optuna pass it on)
+
+
+def _full_disk_in_chain(err: BaseException) -> bool:
+    """Whether ``err`` or an exception it came from is a full disk without a path: a study's SQLite write
+    (``sqlite3.OperationalError``, wrapped by SQLAlchemy/Optuna) fails so during a search."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _SQLITE_FULL in str(e):
+            return True
+        orig = getattr(e, "orig", None)  # sqlalchemy.exc.DBAPIError holds the driver's error here
+        stack += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
+    return False
+
+
 def main() -> None:
     """Console-script entry point: run the CLI and map every failure to a message and an exit code.
 
@@ -173,4 +199,8 @@ def main() -> None:
         if usage is not None:
             click.echo(f"tuner: error: {usage}", err=True)
             sys.exit(usage.exit_code)
+        if _full_disk_in_chain(err):
+            click.echo(f"tuner: error: {os_error_message(OSError(errno.ENOSPC, 'No space left on device'))} "
+                       f"(the study database reported: {_one_line(err)})", err=True)
+            sys.exit(1)
         sys.exit(crash.report_crash(err))

@@ -100,6 +100,26 @@ def test_full_disk_without_a_path_is_not_a_bug(tmp_path: Path, monkeypatch: pyte
     assert "Free space on the disk tuner was writing to" in err
 
 
+def test_full_study_database_is_not_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
+    # A search's SQLite write on a full disk: sqlite3 reports SQLITE_FULL, SQLAlchemy and Optuna wrap it.
+    import sqlite3
+
+    import tuner.result.validate as validate
+
+    def full(*a: object, **k: object) -> None:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as err:
+            raise RuntimeError("(sqlite3.OperationalError) database or disk is full [SQL: UPDATE trials ...]") from err
+
+    monkeypatch.setattr(validate, "validate_paths", full)
+    code, err = _tuner(monkeypatch, capsys, "validate", str(tmp_path))
+    assert code == 1, err
+    _one_paragraph(err)
+    assert "no space left on the device" in err and "the study database reported: (sqlite3.OperationalError)" in err
+
+
 def test_os_error_without_a_path_stays_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
     import tuner.result.validate as validate
