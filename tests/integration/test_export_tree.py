@@ -62,3 +62,33 @@ def test_export_into_a_llama_cpp_tree_is_refused(tree_a, tmp_path: Path) -> None
     assert res.returncode == 2, res.stderr
     assert "is a llama.cpp source tree" in res.stderr and "copy CMakeUserPresets.json into the tree" in res.stderr
     assert sorted(p.name for p in tree.iterdir()) == before
+
+
+@pytest.mark.parametrize(("tree", "arch", "variant", "values", "baked", "empty"), [
+    ("a", "sm_90", "cuda", {}, {}, True),
+    ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "8192"}, True),  # upstream's own T3: still nothing to patch
+    ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "4096"}, False),
+    ("a", "sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {}, False),
+    ("a", "gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, {}, False),
+    ("b", "gfx1151", "hip-rocwmma", {}, {}, True),
+    ("b", "gfx1151", "hip-rocwmma", {"wmma.nwarps": 8}, {"GGML_TUNER_WMMA_DECODE": "1"}, False),
+])
+def test_export_patch_is_empty_or_clean(request, tmp_path: Path, tree: str, arch: str, variant: str, values: dict,
+                                        baked: dict, empty: bool) -> None:
+    """The exported patch: none where it would select upstream's kernels, else one that applies to the pristine
+    tree with no whitespace-only hunk and no comment citing tuner's own files."""
+    import re
+
+    from tuner.result.export import export_render
+    from tuner.result.upstream_patch import whitespace_only_hunks
+    from tuner.result.validate import git_apply_to_copy
+
+    src = request.getfixturevalue(f"tree_{tree}")
+    rv = export_render(src, arch, variant, compile_values=values, baked=baked)
+    assert (rv.patch == "") is empty
+    if not empty:
+        assert whitespace_only_hunks(rv.patch) == []
+        assert not re.search(r"knobs\.md|docs/|templates/|\.j2\b|design\.md", rv.patch)
+        (tmp_path / "tuned.patch").write_text(rv.patch)
+        res, _ = git_apply_to_copy(tmp_path / "tuned.patch", src.root)
+        assert res.returncode == 0, res.output
