@@ -6,11 +6,14 @@ only :func:`main` turns a :class:`~tuner.errors.TunerError` into a message and a
 
 from __future__ import annotations
 
-__all__ = ["main", "cli"]
+__all__ = ["main", "cli", "os_error_message"]
 
+import errno
 import importlib
 import logging
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -60,7 +63,8 @@ class _LazyGroup(click.Group):
 _EPILOG = """\b
 Exit status:
   0    success
-  1    error: the message says what failed and what to do
+  1    error: the message says what failed and what to do (also a full disk, a read-only
+       or unwritable folder, or a file in the way of a path tuner writes)
   2    usage error: a bad flag, argument, path or setting (e.g. TUNER_HOME)
   70   internal error: a bug in tuner; the message names a log file with the traceback
   130  interrupted (Ctrl-C)
@@ -86,11 +90,83 @@ def cli(verbose: int) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING if verbose < 2 else level))
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:200]
+
+
+def _blocker(path: str) -> str:
+    """The first existing ancestor of ``path`` that is not a folder (the file in the way), else ``path``."""
+    p = Path(path)
+    for a in [*reversed(p.parents), p]:
+        if a.exists() and not a.is_dir():
+            return str(a)
+    return path
+
+
+def os_error_message(err: OSError) -> str | None:
+    """One paragraph for an OSError the user can fix (where, what is wrong, the fix); None for a bug.
+
+    The machine's state, not tuner's code, is at fault when the OS names a path (a full disk, a read-only
+    or unwritable folder, a file where a folder is needed, a path that does not exist); a full disk is
+    one even without a path. Anything else (no path) is treated as a bug."""
+    path = err.filename if isinstance(err.filename, (str, bytes, os.PathLike)) else None
+    path = os.fsdecode(path) if path is not None else None
+    where = f" ({path})" if path else ""
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        what = "no space left on the device" if code == errno.ENOSPC else "the disk quota is exhausted"
+        target = f"the disk holding {os.path.dirname(path) or path}" if path else "the disk tuner was writing to (-o, the run folder or TUNER_HOME)"
+        return (f"{what} while writing{where}. Free space on {target} (`df -h` shows it) or point -o / --run-dir / "
+                "TUNER_HOME at another disk, then rerun the same command (a search resumes; an export that failed left "
+                "the previous one in place).")
+    if path is None:
+        return None
+    if code == errno.EROFS:
+        return (f"{path} is on a read-only file system ({err.strerror}). Choose another -o (or --run-dir / TUNER_HOME) on "
+                "a writable disk, or remount it read-write.")
+    if code in (errno.EACCES, errno.EPERM):
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        return (f"permission denied on {path} ({err.strerror}). Make {folder} writable for this user (e.g. "
+                f"`chmod u+w {folder}`) or choose another -o / --run-dir / TUNER_HOME.")
+    if code in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        blocker = _blocker(path)
+        kind = "a folder" if code == errno.EISDIR else "a file"
+        return (f"{kind} is in the way at {blocker} ({err.strerror}: {path}). Remove or rename {blocker}, or choose "
+                "another path.")
+    if code == errno.ENOENT:
+        return (f"{path} does not exist ({err.strerror}). Check the path (a folder in it may be missing or was moved) "
+                "and rerun.")
+    return f"{err.strerror or err} on {path}. Check the path and this machine's disk, then rerun."
+
+
+_SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message (sqlite3, sqlalchemy and Optuna pass it on)
+
+
+def _full_disk_in_chain(err: BaseException) -> bool:
+    """Whether ``err`` or an exception it came from is a full disk without a path: a study's SQLite write
+    (``sqlite3.OperationalError``, wrapped by SQLAlchemy/Optuna) fails so during a search."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _SQLITE_FULL in str(e):
+            return True
+        orig = getattr(e, "orig", None)  # sqlalchemy.exc.DBAPIError holds the driver's error here
+        stack += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
+    return False
+
+
 def main() -> None:
     """Console-script entry point: run the CLI and map every failure to a message and an exit code.
 
-    TunerError -> its message and exit code (1, or 2 for a UsageError); anything else is a bug and
-    goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
+    TunerError -> its message and exit code (1, or 2 for a UsageError); an OSError about the machine
+    (:func:`os_error_message`: a full disk, a path not writable or in the way) -> its paragraph and exit 1;
+    anything else is a bug and goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
     """
     try:
         cli.main(standalone_mode=False)
@@ -108,6 +184,14 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("tuner: aborted", err=True)
         sys.exit(130)
+    except OSError as err:
+        msg = os_error_message(err)
+        if msg is None:
+            from tuner import crash
+
+            sys.exit(crash.report_crash(err))
+        click.echo(f"tuner: error: {msg}", err=True)
+        sys.exit(1)
     except Exception as err:  # a bug, or a missing optional module: one paragraph, never a traceback
         from tuner import crash, extras
 
@@ -115,4 +199,8 @@ def main() -> None:
         if usage is not None:
             click.echo(f"tuner: error: {usage}", err=True)
             sys.exit(usage.exit_code)
+        if _full_disk_in_chain(err):
+            click.echo(f"tuner: error: {os_error_message(OSError(errno.ENOSPC, 'No space left on device'))} "
+                       f"(the study database reported: {_one_line(err)})", err=True)
+            sys.exit(1)
         sys.exit(crash.report_crash(err))

@@ -16,16 +16,21 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
                  weight_type: str | None = None) -> Path:
     """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage).
 
+    The folder is written beside ``out_dir`` and renamed into place, so a failure leaves the previous
+    export whole (:func:`tuner.result.export.staged_export`).
+
     Raises:
-        UsageError: the study does not exist in ``storage``.
+        UsageError: the study does not exist in ``storage``; ``out_dir`` is a llama.cpp tree or holds
+            files an export does not write.
         TunerError: the study has no baseline measurement yet.
     """
     import optuna
 
-    from tuner.result.export import write_result
+    from tuner.result.export import check_out_dir, write_result
     from tuner.result.pipeline_export import export_pipeline
     from tuner.search.winner import load_finished_study
 
+    check_out_dir(out_dir)  # before any work: refusing after minutes of rendering would waste them
     try:
         pipeline = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("pipeline")
     except KeyError:
@@ -42,12 +47,16 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory of the study (default ./tuner-runs/<study>).")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Result folder, e.g. results/<arch>/<model>/.")
+              help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).")
 @click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
 @click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
 def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None,
            weight_type: str | None) -> None:
-    """Export a study's winner: config.toml, tuned.patch, CMakePresets.json, run.env, report.md, depth.png."""
+    """Export a study's winner: config.toml, tuned.patch, CMakeUserPresets.json, run.env, report.md, plots.
+
+    -o is written whole and atomically: an existing export there is replaced only once the new one is
+    complete. Copy CMakeUserPresets.json into a llama.cpp checkout (beside its CMakePresets.json) and
+    `git apply` tuned.patch there; an export whose kernels are upstream's has no tuned.patch."""
     from tuner.errors import UsageError
     from tuner.search.study import default_run_dir
 

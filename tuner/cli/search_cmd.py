@@ -208,7 +208,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
 
     out = export_dir or (run_dir / "export")
     export_study(study, storage=cfg.storage_url, out_dir=out)
-    log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
+    log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")
     click.echo(summary_line(result))
 
 

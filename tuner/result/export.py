@@ -1,8 +1,13 @@
 """``tuner export``: turn a finished study into a reviewable, reproducible result folder.
 
 Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the chosen values baked in
-as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time),
-``CMakePresets.json``, ``run.env`` + command lines, ``report.md`` and ``depth.png``.
+as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time; omitted when
+the export's kernels are upstream's, so there is nothing to patch), ``CMakeUserPresets.json`` (a user
+preset file beside llama.cpp's own ``CMakePresets.json``, inheriting its presets), ``run.env`` +
+command lines, ``report.md`` and ``depth.png``.
+
+Every export is written into a temporary folder beside the target and renamed into place
+(:func:`staged_export`), so a failure part-way (a full disk) leaves the previous export whole.
 
 The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrives here as a value, a
 :class:`~tuner.search.winner.FinishedStudy`; this module only writes what it holds.
@@ -10,21 +15,134 @@ The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrive
 
 from __future__ import annotations
 
-__all__ = ["write_result", "baked_runtime"]
+__all__ = ["write_result", "baked_runtime", "check_out_dir", "staged_export", "export_render", "write_build_files",
+           "EXPORT_FILES", "PRESETS_FILE", "NO_PATCH_NOTE"]
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import math
+import os
+import shutil
 import statistics
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 from tuner.plan.space import RULE_KINDS
 
 SCHEMA_VERSION = 1
+
+PRESETS_FILE = "CMakeUserPresets.json"
+"""The preset file an export writes: CMake reads it beside the tree's own ``CMakePresets.json`` (which it
+must not replace: the tuned preset inherits that file's ``base``/``release``)."""
+
+EXPORT_FILES = frozenset({"config.toml", "tuned.patch", PRESETS_FILE, "run.env", "report.md", "PR.md", "upstream.patch",
+                          "speedup.png", "pareto_decode.png", "depth.png",
+                          "CMakePresets.json"})  # the last: what exports wrote before CMakeUserPresets.json
+"""Every file an export writes (or wrote): an existing folder holding only these is a previous export."""
+
+NO_PATCH_NOTE = ("No tuned.patch: nothing to patch, the tuned kernels are upstream's (the export differs from the "
+                 "pristine tree only in CMake settings and run-time arguments).")
+
+
+def _is_llama_tree(d: Path) -> bool:
+    return (d / "ggml").is_dir() and ((d / "CMakeLists.txt").is_file() or (d / "CMakePresets.json").is_file())
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """UsageError unless ``out_dir`` is missing, empty or a previous export (only files an export writes).
+
+    An export replaces the whole folder, so anything else in it would be lost; a llama.cpp checkout is
+    named as such, since dropping the files into one is the likely intent."""
+    if _is_llama_tree(out_dir):
+        raise UsageError(
+            f"{out_dir} is a llama.cpp source tree (it has ggml/ and CMakeLists.txt). `tuner export -o` writes a "
+            f"result folder and replaces it whole, so it will not write into a checkout. Export to a folder of its own "
+            f"(e.g. results/<arch>/<model>), then copy {PRESETS_FILE} into the tree and `git apply` tuned.patch there "
+            f"(when the export has one).")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir} is a file, not a folder. Pass -o a folder (new, empty or a previous export), or "
+                         "move the file away.")
+    if out_dir.is_dir():
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise UsageError(
+                f"{out_dir} exists and holds files an export does not write ({shown}). An export replaces its folder "
+                f"whole, so it only overwrites an empty folder or a previous export. Choose another -o, or move those "
+                f"files away.")
+
+
+@contextlib.contextmanager
+def staged_export(out_dir: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out_dir`` to write the export into; on success it replaces
+    ``out_dir`` (the previous export is moved aside, then removed), on any failure it is removed and
+    ``out_dir`` is left as it was.
+
+    Raises:
+        UsageError: ``out_dir`` is a llama.cpp tree or holds files an export does not write.
+    """
+    check_out_dir(out_dir)
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    # Beside the target, so the final rename stays on one filesystem (atomic, no copy).
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; an export folder gets the usual mode
+        old = None
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
+            os.replace(out_dir, old / "x")
+        try:
+            os.replace(tmp, out_dir)
+        except BaseException:
+            if old is not None:  # put the previous export back
+                os.replace(old / "x", out_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    cur = os.umask(0)
+    os.umask(cur)
+    return cur
+
+
+def export_render(source: Any, arch: str, variant: str, *, compile_values: Mapping[str, int],
+                  baked: Mapping[str, str]) -> Any:
+    """The exported (baked) render of a config; its ``patch`` is empty when it behaves as upstream.
+
+    The baked hook with no rule, upstream's thresholds and no compile value selects exactly upstream's
+    kernels, so shipping it would be a patch that changes nothing: the render of that default config is
+    compared with this one, and an equal patch is dropped (``tuned.patch`` is then not written)."""
+    from tuner.plan.render import render_variant
+
+    rv = render_variant(source, arch, variant, compile_values=compile_values, baked_runtime=baked)
+    if rv.patch:
+        default = render_variant(source, arch, variant, baked_runtime={})
+        if default.patch == rv.patch:
+            return dataclasses.replace(rv, patch="", files={})
+    return rv
+
+
+def write_build_files(out_dir: Path, rv: Any, *, preset_name: str) -> None:
+    """``tuned.patch`` (only when it changes something) and ``CMakeUserPresets.json``."""
+    from tuner.plan.render import render_presets
+
+    if rv.patch:
+        (out_dir / "tuned.patch").write_text(rv.patch)
+    (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=preset_name))
 
 
 def _sha(text: str) -> str:
@@ -41,9 +159,6 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
         like: Model shape name for the roofline when the GGUF is not here (default: the study's).
         weight_type: Weight type for that shape (default: the study's).
     """
-    import tomli_w
-
-    from tuner.plan.render import render_presets, render_variant
     from tuner.plan.space import compile_values_of, runtime_env_and_args
 
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
@@ -56,12 +171,22 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     baked = baked_runtime(list(w.rules), fa_env)
-    rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked)
+    rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked)
+    with staged_export(out_dir) as tmp:
+        _write_result(finished, tmp, rv, variant=variant, compile_values=compile_values, run_env=run_env, fa_env=fa_env,
+                      args=args, like=like, weight_type=weight_type)
+    log.info(f"exported {study_name} -> {out_dir}")
+    return out_dir
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tuned.patch").write_text(rv.patch)
-    preset_name = f"tuned-{a['arch'].replace('_', '')}"
-    (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=preset_name))
+
+def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compile_values: Mapping[str, int],
+                  run_env: Mapping[str, str], fa_env: Mapping[str, str], args: list[str], like: str | None,
+                  weight_type: str | None) -> None:
+    import tomli_w
+
+    study, source, w = finished.study, finished.source, finished.winner
+    a = study.user_attrs
+    write_build_files(out_dir, rv, preset_name=f"tuned-{a['arch'].replace('_', '')}")
     model = Path(a["model"])
     bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, a["depths"])), *args]
     server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
@@ -106,10 +231,9 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
         "gate": (g_trial.user_attrs.get("gate") if g_trial else None) or {"status": "unknown"},
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
     }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
-    _write_report(finished, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"))
-    log.info(f"exported {study_name} -> {out_dir}")
-    return out_dir
+    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study.study_name))))
+    _write_report(finished, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"),
+                  no_patch=not rv.patch)
 
 
 def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]:
@@ -119,6 +243,20 @@ def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]
     if rules:
         out["GGML_TUNER_FA_RULES"] = ",".join(rules)
     return out
+
+
+def portable_paths(x: Any, study_name: str) -> Any:
+    """``x`` with every absolute local path made portable: relative to the study's run folder
+    (``…/runs/<study>/``) where it is under it, else the file name. An export is read on other machines;
+    this machine's folders mean nothing there (and name its user)."""
+    if isinstance(x, Mapping):
+        return {k: portable_paths(v, study_name) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [portable_paths(v, study_name) for v in x]
+    if isinstance(x, str) and x.startswith("/") and " " not in x and "\n" not in x:
+        marker = f"/runs/{study_name}/"
+        return x.split(marker, 1)[1] if marker in x else Path(x).name
+    return x
 
 
 def _server_args(args: list[str]) -> list[str]:
@@ -187,7 +325,7 @@ def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | Non
 
 
 def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None], *,
-                  like: str | None = None, weight_type: str | None = None) -> None:
+                  like: str | None = None, weight_type: str | None = None, no_patch: bool = False) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
 
@@ -222,6 +360,7 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
         + (_ptx_jit_note(a, measured, like, weight_type) if measured[0] != a["arch"] else "")
         + f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
+        + (NO_PATCH_NOTE + "\n\n" if no_patch else "")
     )
     selection = (
         "\n## Selection (what the export is based on)\n\n"

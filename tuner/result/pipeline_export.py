@@ -1,7 +1,7 @@
 """Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else.
 
 Writes ``config.toml`` (the choice and its evidence), ``tuned.patch`` (the kept rules and tuned
-values baked in), ``CMakePresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
+values baked in; omitted when the kernels are upstream's), ``CMakeUserPresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
 the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict, beside CPU% of the
 process tree, its busiest core and GPU% on both sides; the screen; the tune trials; per-stage wall
 time), ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png`` (decode t/s against CPU%).
@@ -10,7 +10,7 @@ Studies recorded before CPU% was measured show "—" in those columns and get no
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "gate_section", "gate_table", "pareto_points", "summary_line", "report_text"]
+__all__ = ["export_pipeline", "gate_section", "gate_table", "pareto_differs", "pareto_points", "summary_line", "report_text"]
 
 import json
 import math
@@ -55,14 +55,11 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
                     weight_type: str | None = None) -> Path:
     """Write the result folder of a pipeline study; returns ``out_dir``."""
     import optuna
-    import tomli_w
 
-    from tuner.result.export import _sha, _tomlable, baked_runtime
-    from tuner.plan.render import render_presets, render_variant
+    from tuner.result.export import baked_runtime, export_render, staged_export
     from tuner.source import fetch_source
     from tuner.plan.derive import resolve_space
     from tuner.plan.space import compile_values_of, load_space, runtime_env_and_args
-    from tuner.targets.host import mask_text
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -88,11 +85,28 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     rules = list(res.get("rules", []))
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    rv = render_variant(source, a["arch"], variant, compile_values=compile_values, baked_runtime=baked_runtime(rules, fa_env))
+    rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
+    with staged_export(out_dir) as tmp:
+        _write_pipeline(tmp, study, storage, source, rv, gate, variant=variant, compile_values=compile_values, run_env=run_env,
+                        fa_env=fa_env, args=args, rules=rules)
+    log.info(f"exported {study_name} -> {out_dir}")
+    return out_dir
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tuned.patch").write_text(rv.patch)
-    (out_dir / "CMakePresets.json").write_text(render_presets(rv, name=f"tuned-{a['arch'].replace('_', '')}"))
+
+def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: Any, gate: Mapping[str, Any], *, variant: str,
+                    compile_values: Mapping[str, int], run_env: Mapping[str, str], fa_env: Mapping[str, str],
+                    args: list[str], rules: list[str]) -> None:
+    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
+    import tomli_w
+
+    from tuner.result.export import NO_PATCH_NOTE, _sha, _tomlable, portable_paths, write_build_files
+    from tuner.targets.host import mask_text
+
+    study_name = study.study_name
+    a = study.user_attrs
+    res = a["result"]
+    tuned = res.get("tuned") or {}
+    write_build_files(out_dir, rv, preset_name=f"tuned-{a['arch'].replace('_', '')}")
     model = Path(a["model"])
     ds = ",".join(map(str, res.get("confirm_depths") or a["depths"]))
     mask = mask_text(a.get("cpu_mask") or [])
@@ -115,17 +129,17 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         "op_check": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
         "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
     }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(config)))
+    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study_name))))
     points = _points(res.get("rows", []), a["pp"], a["tg"])
     _write_upstream(out_dir, source, a, rules, points, storage, study_name)
     if points:
         from tuner.result.report import plot_speedup
 
-        plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)")
+        plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)",
+                     rules=rules)
     _write_pareto(out_dir / "pareto_decode.png", a, res, title=f"{a['arch']} {model.name}: decode t/s vs CPU%")
-    (out_dir / "report.md").write_text(report_text(study, storage=storage, gate=config["gate"], residency=config.get("residency")))
-    log.info(f"exported {study_name} -> {out_dir}")
-    return out_dir
+    report = report_text(study, storage=storage, gate=config["gate"], residency=config.get("residency"))
+    (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
 def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[str], *, model: str, depths: str,
@@ -356,10 +370,15 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
         f"tuner search --arch {a['arch']} --model {Path(a['model']).name} --depths {','.join(map(str, a['depths']))}",
         f"tuner compare ... # or by hand: GGML_TUNER_FA_RULES={','.join(rules)} llama-bench -m MODEL -fa 1 -p 0 -n {a['tg']} "
         f"-d {','.join(map(str, sorted({p['depth'] for p in points})))}",
-        f"tuner export --study {study_name} --storage {storage} -o OUT",
+        f"tuner export --study {study_name} --storage {_portable_storage(storage)} -o OUT",
     ]
     (out_dir / "PR.md").write_text(render_pr_body(parsed, arch, gpu=gpu, model=Path(a["model"]).name, points=pr_points,
                                                   commands=commands, source=f"llama.cpp {a.get('commit')}"))
+
+
+def _portable_storage(storage: str) -> str:
+    """A SQLite storage URL by its file name only: the folder is this machine's (PR.md is read elsewhere)."""
+    return f"sqlite:///{Path(storage.removeprefix('sqlite:///')).name}" if storage.startswith("sqlite:///") else storage
 
 
 def pareto_points(a: Mapping[str, Any], res: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -377,11 +396,36 @@ def pareto_points(a: Mapping[str, Any], res: Mapping[str, Any]) -> list[dict[str
     return [p for p in out if _finite(p["ts"]) and _finite(p["cpu"])]
 
 
+def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
+    """A CI ``[lo, hi]`` (points) entirely outside ``±noise``."""
+    if not (_finite(lo) and _finite(hi)):
+        return False
+    n = noise if _finite(noise) else 0.0
+    return lo > n or hi < -n
+
+
+def pareto_differs(a: Mapping[str, Any], res: Mapping[str, Any]) -> bool:
+    """Whether any decode config differs from upstream beyond the noise, in t/s (a faster/slower/CPU-rejected
+    verdict: the A/A noise) or in CPU% (the CPU Δ's CI beyond the A/A pair's CPU noise), in the screen or
+    the confirm. Otherwise a t/s-vs-CPU% front would only order points inside the noise."""
+    moved = ("faster", "slower", CPU_REJECTED)
+    for c in a.get("screen_tg", {}).values():
+        for e in c.get("effects", {}).values():
+            cpu = e.get("cpu") or {}
+            if e.get("verdict") in moved or _beyond(cpu.get("ci_low"), cpu.get("ci_high"), c.get("cpu_noise")):
+                return True
+    for r in res.get("rows", []):
+        if r["phase"] == "tg" and (r.get("verdict") in moved
+                                   or _beyond(r.get("cpu_ci_low"), r.get("cpu_ci_high"), r.get("cpu_noise"))):
+            return True
+    return False
+
+
 def _write_pareto(png: Path, a: Mapping[str, Any], res: Mapping[str, Any], *, title: str) -> None:
-    """The decode Pareto plot where the study measured CPU% (a stale one from an earlier export goes)."""
+    """The decode Pareto plot where the study measured CPU% and some config differs beyond the noise."""
     png.unlink(missing_ok=True)
     pts = pareto_points(a, res)
-    if pts:
+    if pts and pareto_differs(a, res):
         from tuner.result.plots import plot_pareto
 
         plot_pareto(pts, png, title=title)

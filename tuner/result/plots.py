@@ -5,7 +5,7 @@ matplotlib's Agg backend; nothing is shown."""
 
 from __future__ import annotations
 
-__all__ = ["pareto_front", "plot_depth", "plot_pareto", "plot_speedup"]
+__all__ = ["depth_axis", "pareto_front", "plot_depth", "plot_pareto", "plot_speedup", "speedup_spans"]
 
 import math
 from collections.abc import Mapping, Sequence
@@ -102,30 +102,65 @@ def _depth_label(d: int) -> str:
     return f"{d // 1024}k" if d % 1024 == 0 else str(d)
 
 
-def _kernel_spans(ax: Any, ax2: Any, sub: Sequence[Mapping[str, Any]], xpos: Mapping[int, int],
-                  kcolor: Mapping[str, str]) -> bool:
-    """Shade and label each run of consecutive depths with the same non-upstream kernel; True if any."""
-    has_span = False
-    i = 0
-    while i < len(sub):
-        k = sub[i].get("kernel")
-        if not k or k == sub[i].get("upstream_kernel"):
-            i += 1
-            continue
-        j = i
-        while j + 1 < len(sub) and sub[j + 1].get("kernel") == k and sub[j + 1].get("kernel") != sub[j + 1].get(
-                "upstream_kernel") and xpos[int(sub[j + 1]["depth"])] == xpos[int(sub[j]["depth"])] + 1:
-            j += 1
-        x0, x1 = xpos[int(sub[i]["depth"])] - 0.5, xpos[int(sub[j]["depth"])] + 0.5
+def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (depth in tokens; ``x1``
+    None = to the right edge), ``kernel`` and the ``upstream`` kernel(s) of the points inside.
+
+    With ``rules`` (``GGML_TUNER_FA_RULES`` entries), one span per rule from its threshold ``lo`` to its
+    ``hi``: where the exported config switches kernel, not where a screened depth happened to be. Without
+    them (a comparison of two builds), each run of consecutive points whose ``kernel`` differs from
+    ``upstream_kernel``, bounded halfway to the neighbouring depths.
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    if rules:
+        from tuner.plan.space import parse_fa_rules
+
+        for r in parse_fa_rules(",".join(rules)):
+            ph = "tg" if r.phase == "decode" else "pp"
+            inside = [p for p in points if _phase_of(p) == ph and int(p["depth"]) >= r.lo and (r.hi is None or int(p["depth"]) < r.hi)]
+            ups = sorted({str(p["upstream_kernel"]) for p in inside if p.get("upstream_kernel")})
+            out.setdefault(ph, []).append({"x0": int(r.lo), "x1": None if r.hi is None else int(r.hi), "kernel": r.kernel,
+                                           "upstream": "/".join(ups), "rule": r.text})
+        return out
+    for ph in {_phase_of(p) for p in points}:
+        sub = sorted((p for p in points if _phase_of(p) == ph), key=lambda p: int(p["depth"]))
+        ds = [int(p["depth"]) for p in sub]
+        i = 0
+        while i < len(sub):
+            k = sub[i].get("kernel")
+            if not k or k == sub[i].get("upstream_kernel"):
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(sub) and sub[j + 1].get("kernel") == k and sub[j + 1].get("kernel") != sub[j + 1].get("upstream_kernel"):
+                j += 1
+            x0 = (ds[i - 1] + ds[i]) / 2 if i > 0 else ds[i]
+            x1 = (ds[j] + ds[j + 1]) / 2 if j + 1 < len(ds) else None
+            out.setdefault(ph, []).append({"x0": x0, "x1": x1, "kernel": str(k), "upstream": str(sub[i].get("upstream_kernel") or "")})
+            i = j + 1
+    return out
+
+
+def _draw_spans(ax: Any, ax2: Any, spans: Sequence[Mapping[str, Any]], right: float, kcolor: Mapping[str, str]) -> bool:
+    """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
+    for sp in spans:
+        x0, x1 = float(sp["x0"]), right if sp["x1"] is None else min(float(sp["x1"]), right)
         for a in (ax, ax2):
-            a.axvspan(x0, x1, color=kcolor[str(k)], alpha=0.55, lw=0, zorder=0)
-        has_span = True
-        up = sub[i].get("upstream_kernel")
-        ax.text((x0 + x1) / 2, 0.97, f"{k}" + (f"\n(upstream {up})" if up else ""),
-                transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9,
-                fontweight="bold", color="#333333")
-        i = j + 1
-    return has_span
+            a.axvspan(x0, x1, color=kcolor[str(sp["kernel"])], alpha=0.55, lw=0, zorder=0)
+        label = f"{sp['kernel']} from d{_depth_label(int(sp['x0']))}" if sp.get("rule") else str(sp["kernel"])
+        ax.text(x0, 0.97, " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else ""),
+                transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=9, fontweight="bold", color="#333333")
+    return bool(spans)
+
+
+def depth_axis(depths: Sequence[int]) -> dict[str, Any]:
+    """The numeric depth axis of :func:`plot_speedup`: symlog (linear below the smallest non-zero depth, so
+    depth 0 fits; logarithmic above, so 1k..64k do not crowd), its limits and ticks."""
+    pos = [d for d in depths if d > 0]
+    lin = float(min(pos)) if pos else 1.0
+    top = float(max(depths)) if depths else 1.0
+    return {"linthresh": lin, "left": -0.15 * lin if 0 in depths else lin * 0.8, "right": max(top * 1.3, lin * 1.5),
+            "ticks": list(depths)}
 
 
 def _speedup_ylim(sp: Sequence[float], lo: Sequence[float], hi: Sequence[float],
@@ -190,7 +225,7 @@ def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], 
     ax.set_ylim(y0, y1)
 
 
-def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], depths: Sequence[int], *,
+def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], axis: Mapping[str, Any], *,
               color: str, name_a: str, name_b: str) -> None:
     """Bottom panel of a phase: absolute t/s of both sides against the depth categories."""
     ya = [_num(p.get("base_ts")) for p in sub]
@@ -202,8 +237,10 @@ def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], dept
     ax2.grid(True, alpha=0.3)
     ax2.legend(fontsize=8)
     ax2.set_ylim(bottom=0)
-    ax2.set_xticks(range(len(depths)), [_depth_label(d) for d in depths])
-    ax2.set_xlim(-0.5, len(depths) - 0.5)
+    ax2.set_xscale("symlog", linthresh=axis["linthresh"], linscale=0.6)
+    ax2.set_xticks(axis["ticks"], [_depth_label(d) for d in axis["ticks"]])
+    ax2.minorticks_off()
+    ax2.set_xlim(axis["left"], axis["right"])
 
 
 def _speedup_legend(fig: Any, pts: Sequence[Mapping[str, Any]], kernels: Sequence[str], kcolor: Mapping[str, str],
@@ -236,15 +273,17 @@ def plot_speedup(
     title: str = "",
     name_a: str = "upstream",
     name_b: str = "tuned",
+    rules: Sequence[str] = (),
 ) -> Path:
     """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
 
     One column per phase (pp, tg). Top row: ``(speedup - 1)`` in percent with the 95% CI as a
     shaded band, a zero line, the A/A noise (``aa_noise_pct``) as a grey band around 0, and a
-    labelled background span over each run of depths whose ``kernel`` differs from
-    ``upstream_kernel``; filled markers are points whose verdict is faster/slower. Bottom row:
-    absolute t/s of both sides. Depths are evenly spaced categories (0..65536 would crowd a
-    linear axis; a log axis cannot show 0). Uses matplotlib's Agg backend.
+    labelled background span per kernel switch (:func:`speedup_spans`: from each of ``rules``'
+    thresholds, or around the points whose ``kernel`` differs from ``upstream_kernel``); filled
+    markers are points whose verdict is faster/slower. Bottom row: absolute t/s of both sides.
+    The depth axis is numeric (:func:`depth_axis`, symlog: 0 fits, 1k..64k do not crowd), so a
+    span starts at its threshold. Uses matplotlib's Agg backend.
 
     Returns:
         ``png_path``.
@@ -257,9 +296,9 @@ def plot_speedup(
     phases = [ph for ph in ("pp", "tg") if any(_phase_of(p) == ph for p in pts)]
     phases += sorted({_phase_of(p) for p in pts} - set(phases))
     depths = sorted({int(p["depth"]) for p in pts})
-    xpos = {d: i for i, d in enumerate(depths)}
-    kernels = sorted({str(p["kernel"]) for p in pts
-                      if p.get("kernel") and p.get("kernel") != p.get("upstream_kernel")})
+    axis = depth_axis(depths)
+    spans = speedup_spans(pts, rules)
+    kernels = sorted({str(sp["kernel"]) for v in spans.values() for sp in v})
     kcolor = {k: _KERNEL_COLORS[i % len(_KERNEL_COLORS)] for i, k in enumerate(kernels)}
 
     ncol = len(phases)
@@ -269,10 +308,10 @@ def plot_speedup(
         ax, ax2 = axes[0][c], axes[1][c]
         sub = sorted((p for p in pts if _phase_of(p) == phase), key=lambda p: int(p["depth"]))
         color = _PHASE_COLORS.get(phase, "tab:green")
-        x = [xpos[int(p["depth"])] for p in sub]
-        has_span = _kernel_spans(ax, ax2, sub, xpos, kcolor)
+        x = [int(p["depth"]) for p in sub]
+        has_span = _draw_spans(ax, ax2, spans.get(phase, []), axis["right"], kcolor)
         _speedup_panel(ax, sub, x, phase=phase, color=color, has_span=has_span, name_a=name_a, name_b=name_b)
-        _ts_panel(ax2, sub, x, depths, color=color, name_a=name_a, name_b=name_b)
+        _ts_panel(ax2, sub, x, axis, color=color, name_a=name_a, name_b=name_b)
     _speedup_legend(fig, pts, kernels, kcolor, title=title, ncol=ncol)
     return _save(plt, fig, png_path)
 

@@ -3,7 +3,9 @@
 Static checks (always): the schema of ``config.toml``; its ``[gate]`` table (the output-equivalence
 gate, schema 3) passed, re-judged from its recorded numbers; the pinned source still resolves to the same
 content id; re-rendering from ``config.toml`` reproduces ``tuned.patch`` byte for byte and the recorded
-hashes; the patch applies to the pristine tree (``git apply --check``); every compile-time value passes
+hashes (no ``tuned.patch`` where the render changes nothing: the kernels are upstream's); the patch applies
+to the pristine tree (``git apply --check``); the build presets are a ``CMakeUserPresets.json`` (never a
+``CMakePresets.json``, which would replace llama.cpp's own); no file names a local absolute path; every compile-time value passes
 the arch's constraint check; where the folder holds ``upstream.patch``, it applies to the pristine tree
 and has no whitespace-only hunks. Optional: ``--compile`` compiles the translation units the patch touches
 for the target (nvcc for NVIDIA, the HIP compile-check toolchain for AMD); ``--bench`` re-measures on
@@ -17,6 +19,7 @@ __all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,13 +84,13 @@ def load_config(folder: Path) -> dict[str, Any]:
 
 
 def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
-    """The result's config rendered on ``source`` as it was built (variant, compile values, baked FA rules)."""
-    from tuner.plan.render import render_variant
-    from tuner.result.export import baked_runtime
+    """The result's config rendered on ``source`` as it was exported (variant, compile values, baked FA rules;
+    an empty patch where that changes nothing from upstream)."""
+    from tuner.result.export import baked_runtime, export_render
 
     choice = cfg["choice"]
-    return render_variant(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]),
-                          baked_runtime=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
+    return export_render(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]),
+                         baked=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
 
 
 def _schema(cfg: Mapping[str, Any]) -> list[str]:
@@ -217,24 +220,43 @@ def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
 def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
     """Re-rendering config.toml reproduces tuned.patch byte for byte, and the recorded CMake defines."""
     same = rv.patch == patch
-    f = [
-        Finding(
-            check="re-render",
-            ok=same,
-            detail="" if same else "re-rendering config.toml does not reproduce tuned.patch byte for byte "
-            "(a value in config.toml or the patch was edited)",
-        )
-    ]
+    why = ("tuned.patch is missing, but config.toml renders a patch that changes upstream's kernels" if not patch else
+           "re-rendering config.toml gives no patch (upstream's kernels), but the folder has a tuned.patch" if not rv.patch else
+           "re-rendering config.toml does not reproduce tuned.patch byte for byte (a value in config.toml or the patch was edited)")
+    f = [Finding(check="re-render", ok=same, detail="" if same else why)]
     dsha = _sha(json.dumps(dict(rv.defines), sort_keys=True))
     ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
     f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
     return f
 
 
+_LOCAL_PATH = re.compile(r"""(?:^|[\s"'=(`:])(/(?:home|root|tmp|work|Users|mnt|media|var|opt|srv|scratch|data)/[^\s"'`)]*)""", re.M)
+
+
+def _files_findings(folder: Path) -> list[Finding]:
+    """The preset file is a CMakeUserPresets.json that inherits the tree's presets, and no exported text
+    names a local absolute path (an export is read on other machines)."""
+    from tuner.result.export import PRESETS_FILE
+
+    out = []
+    user, old = folder / PRESETS_FILE, folder / "CMakePresets.json"
+    ok = user.is_file() and not old.is_file()
+    out.append(Finding(check="presets", ok=ok, detail="" if ok else (
+        f"{old.name} would replace llama.cpp's own preset file (whose base/release presets the tuned preset inherits); "
+        f"re-export to get {PRESETS_FILE}" if old.is_file() else f"{PRESETS_FILE} is missing")))
+    hits = []
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.suffix in (".toml", ".md", ".env", ".patch", ".json"):
+            hits += [f"{f.name}: {m}" for m in _LOCAL_PATH.findall(f.read_text(errors="replace"))]
+    out.append(Finding(check="no local paths", ok=not hits, detail="; ".join(hits[:3]) + (
+        f" (and {len(hits) - 3} more)" if len(hits) > 3 else "")))
+    return out
+
+
 def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
-    """tuned.patch applies to pristine copies of the files it touches (an empty patch trivially does)."""
+    """tuned.patch applies to pristine copies of the files it touches (none is exported when it would be empty)."""
     if not patch:
-        return Finding(check="patch applies", ok=True, detail="empty patch (nothing to apply)")
+        return Finding(check="patch applies", ok=True, detail="no tuned.patch: the kernels are upstream's")
     res, _ = git_apply_to_copy(patch_file, root)
     return Finding(
         check="patch applies",
@@ -265,10 +287,13 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
     if errs:
         return ResultCheck(path=folder, findings=tuple(f))
     patch_file = folder / "tuned.patch"
-    patch = patch_file.read_text() if patch_file.is_file() else None
-    if patch is None:
-        f.append(Finding(check="patch present", ok=False, detail=f"{patch_file} is missing"))
+    # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
+    patch = patch_file.read_text() if patch_file.is_file() else ""
+    if patch_file.is_file() and not patch:
+        f.append(Finding(check="patch present", ok=False, detail=f"{patch_file} is empty (`git apply` rejects it); "
+                         "re-export: an export with nothing to patch has no tuned.patch"))
         return ResultCheck(path=folder, findings=tuple(f))
+    f += _files_findings(folder)
 
     src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
     f.append(_gate_finding(cfg))

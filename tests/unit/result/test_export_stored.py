@@ -37,7 +37,7 @@ def test_ptx_jit_study_reports_the_measured_gpu(tmp_path: Path) -> None:
     cfg = tomllib.loads((out / "config.toml").read_text())
     assert cfg["target"]["arch"] == "sm_89" and cfg["target"]["measured_arch"] == "sm_90"
     # The preset is for a real sm_89 card, not the PTX build that ran on the H100.
-    assert '"CMAKE_CUDA_ARCHITECTURES": "89-real"' in (out / "CMakePresets.json").read_text()
+    assert '"CMAKE_CUDA_ARCHITECTURES": "89-real"' in (out / "CMakeUserPresets.json").read_text()
 
 
 def test_trials_section_lists_every_trial(tmp_path: Path) -> None:
