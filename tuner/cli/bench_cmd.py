@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
 
 from tuner import log
 from tuner.errors import UsageError
@@ -86,8 +86,8 @@ def _default_run_dir(kind: str) -> Path:
 @click.option("--seed-build", "seed_builds", multiple=True, metavar="NAME",
               help="Seed 004 §3.3 build per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
                    "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
           reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,

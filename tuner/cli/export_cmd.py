@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from tuner.cli._params import output_option
+
 from tuner import log
 
 
@@ -41,8 +43,8 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
 @click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory of the study (default ./tuner-runs/<study>).")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Result folder, e.g. results/<arch>/<model>/.")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+               help="Result folder, e.g. results/<arch>/<model>/.")
 @click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
 @click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
 def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None,

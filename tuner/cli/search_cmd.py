@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
@@ -41,12 +41,9 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--trials", type=click.IntRange(0, 100000), default=None, envvar="TUNER_TRIALS", show_envvar=True,
                      help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget)."),
         click.option("--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."),
-        click.option("--profile", type=click.Choice(["decode", "prefill", "balanced"]), default="balanced", show_default=True),
         click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study."),
         click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
         click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default ./tuner-runs/<study>."),
-        click.option("--target-ci", type=click.FloatRange(0.1, 50), default=3.0, show_default=True, help="Stop repeating at this CI half-width (%)."),
-        click.option("--max-reps", type=click.IntRange(2, 200), default=10, show_default=True),
         click.option("--jobs", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs."),
         click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
@@ -57,7 +54,7 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--max-rounds", type=click.IntRange(2, 100), default=None,
                      help="Rounds at most (default 6 on a GPU, 4 on the CPU)."),
         click.option("--ci-target", type=click.FloatRange(0.1, 50), default=1.0, show_default=True,
-                     help="Stop adding rounds when every paired 95%% CI half-width is within this many percent."),
+                     help="Stop adding rounds when every paired 95% CI half-width is within this many percent."),
         click.option("--reps-pp", type=click.IntRange(1, 100), default=None,
                      help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two."),
         click.option("--reps-tg", type=click.IntRange(1, 100), default=None, help="Repetitions of a decode test per call (default 3)."),
@@ -80,8 +77,8 @@ def _common(f):  # type: ignore[no-untyped-def]
 @click.option("--replay", "replay_mode", is_flag=True,
               help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.")
 @click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to export the winner (default: <run-dir>/export).")
+@output_option("export_dir", old=("--export",), type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Folder to export the winner into (default: <run-dir>/export).")
 def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
     """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
 
@@ -157,12 +154,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         tg=int(kw.get("tg") or defaults["tg"]),  # type: ignore[arg-type]
         trials=kw.get("trials") if kw.get("trials") is not None else defaults["trials"],  # type: ignore[arg-type]
         time_budget=kw.get("time_budget"),  # type: ignore[arg-type]
-        profile=str(kw["profile"]),
         storage=kw.get("storage"),  # type: ignore[arg-type]
         study=study,
         run_dir=run_dir,
-        target_ci=float(kw["target_ci"]),  # type: ignore[arg-type]
-        max_reps=int(kw["max_reps"]),  # type: ignore[arg-type]
         jobs=kw.get("jobs"),  # type: ignore[arg-type]
         seed=int(kw["seed"]),  # type: ignore[arg-type]
         gate=not kw.get("no_gate"),
@@ -180,7 +174,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
         f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
         f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}\n"
-        f"  open it live with: optuna-dashboard {cfg.storage_url}"
+        f"  {_dashboard_hint(cfg.storage_url)}"
     )
     import time
 
@@ -210,6 +204,15 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     export_study(study, storage=cfg.storage_url, out_dir=out)
     log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
+
+
+def _dashboard_hint(storage_url: str) -> str:
+    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna_dashboard") is not None:
+        return f"open it live with: optuna-dashboard {storage_url}"
+    return "to watch it live, install the dashboard extra: pip install -e '.[dashboard]' (then optuna-dashboard <storage URL>)"
 
 
 def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cpu_mask: tuple[int, ...] | None) -> None:
