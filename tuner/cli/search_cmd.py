@@ -79,7 +79,9 @@ def _common(f):  # type: ignore[no-untyped-def]
 @click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @output_option("export_dir", old=("--export",), type=click.Path(file_okay=False, path_type=Path), default=None,
                help="Folder to export the winner into (default: <run-dir>/export).")
-def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run or --replay: print the report as JSON on stdout.")
+def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, as_json: bool,
+           **kw: object) -> None:
     """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
 
     With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
@@ -89,17 +91,29 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 
     if bool(replay) != replay_mode:
         raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
+    if as_json and not (dry_run or replay):
+        raise UsageError("--json prints the report of --dry-run or --replay; add one of them, or drop --json "
+                         "(a live search writes its result with -o/--output).")
     arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     if dry_run:
-        from tuner.search.dryrun import run_dry_run
+        from tuner.search.dryrun import PlanInputs, run_dry_run
 
-        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"])  # type: ignore[arg-type]
+        # The plan uses the flags the real run would get, with the GPU defaults where not given.
+        d = GPU_DEFAULTS
+        inputs = PlanInputs(like=str(kw.get("like") or d["like"]), depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
+                            trials=int(kw["trials"] if kw.get("trials") is not None else d["trials"]),  # type: ignore[call-overload]
+                            min_rounds=int(kw["min_rounds"]),  # type: ignore[call-overload]
+                            max_rounds=int(kw.get("max_rounds") or d["max_rounds"]),  # type: ignore[call-overload]
+                            refine=int(kw["refine"] if kw.get("refine") is not None else d["refine"]),  # type: ignore[call-overload]
+                            confirm_extra=int(kw["confirm_extra"] if kw.get("confirm_extra") is not None else 2))  # type: ignore[call-overload]
+        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"],  # type: ignore[arg-type]
+                    inputs=inputs, as_json=as_json)
         return
     if replay:
         from tuner.search.replay import replay_screen
 
         replay_screen(list(replay), min_rounds=int(kw["min_rounds"]), max_rounds=int(kw.get("max_rounds") or 5),  # type: ignore[arg-type]
-                      ci_target=float(kw["ci_target"]))  # type: ignore[arg-type]
+                      ci_target=float(kw["ci_target"]), as_json=as_json)  # type: ignore[arg-type]
         return
     _run(arch, worker=False, export_dir=export_dir, **kw)
 
