@@ -215,7 +215,8 @@ def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, 
 @click.option("--kernels", default=None, help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None, help="test-backend-ops -j.")
 @click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).")
 def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | None, head_dim: int | None,
           kv_type: str | None, kernels: str | None, jobs: int | None, timeout: float, out_dir: Path | None) -> None:
     """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""
