@@ -84,7 +84,7 @@ def _default_run_dir(kind: str) -> Path:
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
 @click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
 @click.option("--seed-build", "seed_builds", multiple=True, metavar="NAME",
-              help="Seed 004 §3.3 build per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
+              help="One of the six reference builds per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
                    "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.")
 @output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                help="Run directory (default $TUNER_HOME/runs/bench-<time>).")

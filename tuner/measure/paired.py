@@ -18,7 +18,7 @@ CPU% (and GPU%) are paired the same way but as *differences in points* (:func:`p
 ratios: a utilization is a share of a core, bounded and additive (+25 points is a quarter of a core
 whatever the baseline), and a ratio of utilizations explodes where the baseline is small (a GPU
 backend's host thread at a few percent) while saying nothing more. The A/A pair's difference is the
-CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is seed 004 §21.3's rule for decode.
+CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is the CPU% rule for decode (docs/design.md, "CPU% in decode decisions").
 """
 
 from __future__ import annotations
@@ -166,9 +166,9 @@ CPU_REJECTED = "rejected: CPU% up without a t/s gain"
 
 
 def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noise: float) -> bool:
-    """Seed 004 §21.3 for a decode change: reject it when its CPU% rises beyond the CPU noise while
-    its t/s gain does not clear the t/s noise (the seed's objective is less CPU per token: a change
-    that costs host CPU must pay for it in speed).
+    """The CPU% rule for a decode change: reject it when its CPU% rises beyond the CPU noise while
+    its t/s gain does not clear the t/s noise (the goal is less CPU per token: a change that costs
+    host CPU must pay for it in speed; docs/design.md).
 
     Args:
         ts_low: Lower end of the t/s ratio's interval (candidate / reference; the point estimate

@@ -1,4 +1,4 @@
-"""The residency gate (seed 004 §21.6–21.7): the final config keeps the graph and the memory where upstream's does.
+"""The residency gate (docs/soak.md): the final config keeps the graph and the memory where upstream's does.
 
 After the confirm stage the search runs one verbose llama-bench probe (:func:`tuner.measure.residency.run_residency`)
 for upstream's config and one for the final config, reads llama.cpp's own loader and scheduler lines
