@@ -9,7 +9,7 @@ With more than two configs per round, :func:`block_effects` reads the rounds as 
 randomized complete block design (log t/s = round + config + error) and pools the error variance
 over all configs: the same effect estimates as the per-pair means, with (R-1)(C-1) degrees of freedom
 instead of R-1. On the H100's 3-round screens (4 configs) that is 6 instead of 2, and the t quantile
-alone falls from 4.30 to 2.45 (docs/h100/README.md, session 6).
+alone falls from 4.30 to 2.45 (docs/h100/README.md, session6).
 
 An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
 whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
