@@ -70,7 +70,7 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
               help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
                    "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
 @click.option("--soak", "soak", type=int, default=None, metavar="N",
-              help="Also generate >= N tokens with each result's config (10000 per the seed) and fail on t/s drift or a leak.")
+              help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.")
 @click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
               help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).")
 @click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,

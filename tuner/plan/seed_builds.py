@@ -44,9 +44,9 @@ class SeedBuild:
     runtime: Mapping[str, int | str]
     """Runtime knob values besides the offload (search_spaces/<arch>.toml names)."""
     seed_defines: Mapping[str, str]
-    """CMake options of the pinned tree the seed's words imply, with the value it asks for."""
+    """CMake options of the pinned tree the brief's words imply, with the value it asks for."""
     missing: tuple[str, ...]
-    """What the seed asks for that has no option in the pinned tree."""
+    """What the brief asks for that has no option in the pinned tree."""
     note: str
 
 
