@@ -173,7 +173,8 @@ def _builds_stage(costs: Mapping[str, Any], rec: Mapping[str, Any], *, trials: i
         "every kernel forced",
         seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s),
         cost=(f"{full:g} s a full build, {gate_s:g} s a gate" + ("" if not tune_builds else
-              f", {rebuild_s:g} s a rebuild (this dry run's compile check)" if rebuild_s is not None else
+              f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
+              "an upper bound per trial)" if rebuild_s is not None else
               "; rebuilds not counted: their time is not measured here (compile check skipped)")))
 
 
@@ -248,7 +249,8 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
                                              rec["residency_source"], costs["full_build"]["source"]})},
         "note": (f"ESTIMATE, not a measurement of the target: per-step costs recorded by tuner on an "
                  f"{costs['machine']['name']} with {rec['like']} (tuner/data/step_costs.toml), times the counts above; "
-                 "the target's own speed and core count change every figure"),
+                 "the target's own speed and core count change every figure"
+                 + ("; the rebuild time is this machine's compile check" if rebuild_s is not None and n_compile else "")),
     }
 
 
@@ -363,10 +365,14 @@ def _detail(c: Mapping[str, Any]) -> str:
     """A compile check's outcome in words (never a dict repr)."""
     if c.get("why"):
         return " ".join(str(c["why"]).split())[:200]
-    targets = c.get("offload") or {}
-    where = ", ".join(f"{k}: {v}" for k, v in targets.items()) if isinstance(targets, Mapping) else str(targets)
-    vals = ", ".join(f"{k}={v}" for k, v in (c.get("values") or {}).items())
-    return f"{c.get('seconds')} s" + (f"; offload targets {where}" if where else "") + (f"; candidate {vals}" if vals else "")
+    targets: Mapping[str, Any] = c.get("offload") or {}
+    # object -> the GPU archs its device code is for (empty: host code only), summarized per arch set
+    per: collections.Counter[str] = collections.Counter(", ".join(map(str, v)) for v in targets.values())
+    code = "; ".join(f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
+                     for what, n in sorted(per.items()))
+    vals = c.get("values") or {}
+    return (f"{c.get('seconds')} s" + (f"; {code}" if code else "")
+            + (f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)" if vals else ""))
 
 
 def render(rep: DryRunReport) -> str:

@@ -21,6 +21,12 @@ REPO = Path(__file__).resolve().parents[3]
 TREE_A = REPO / "tests" / "data" / "render" / "treeA"
 
 
+def _section(md: str, title: str) -> list[str]:
+    """The table rows of the Markdown section whose heading starts with ``title``."""
+    part = md.split("## " + title, 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in part.splitlines() if ln.startswith("| ") and not ln.startswith("| variant")]
+
+
 def _run(args: list[str]) -> click.testing.Result:
     return CliRunner().invoke(cli, args, catch_exceptions=False)
 
@@ -67,9 +73,8 @@ def test_gfx1151_dry_run_plan_is_the_real_search_on_stdout(dry_tree: None) -> No
     # the estimate names its machine and data file, and its total is the sum of the stages' times
     assert "ESTIMATE" in plan and "NVIDIA H100" in plan and "tuner/data/step_costs.toml" in plan
     # skipped compile checks are marked skipped with the reason, and no ✓ claims they ran
-    checks = [ln for ln in plan.splitlines() if ln.startswith("| hip")]
-    assert checks and all("| skipped |" in ln and "tuner toolchain hip" in ln for ln in checks if "skipped" in ln)
-    assert any("skipped" in ln for ln in checks)
+    checks = _section(plan, "Compile checks")
+    assert len(checks) == 3 and all("| skipped |" in ln and "tuner toolchain hip" in ln for ln in checks)
     assert "skipped" in res.stderr and "✓" not in re.sub(r"==> Constraint.*\n.*\n", "", res.stderr)
     # readable text: no Python dict/list reprs in the tables
     assert not re.search(r"\{'|\['|': ", plan), plan
@@ -199,3 +204,30 @@ def test_dashboard_hint_names_the_extra_when_missing(monkeypatch: pytest.MonkeyP
     assert "pip install -e '.[dashboard]'" in hint and "open it live" not in hint
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
     assert search_cmd._dashboard_hint("sqlite:///x.db") == "open it live with: optuna-dashboard sqlite:///x.db"
+
+
+def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild(
+        dry_tree: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the toolchain present the compile checks run (faked here: nothing compiles in a unit test);
+    their detail is words, not the list/dict values they carry, and the plan's rebuild time is theirs."""
+    import tuner.builder.cmake
+    import tuner.builder.hip
+
+    monkeypatch.setattr(tuner.builder.hip, "find_hip_toolchain", lambda: object())
+
+    def fake_build(rv: object, *, compile_only: bool, objects: list[str]) -> types.SimpleNamespace:
+        assert compile_only
+        return types.SimpleNamespace(seconds=12.5, meta={"offload_targets": {o: ["gfx1151"] for o in objects}})
+
+    monkeypatch.setattr(tuner.builder.cmake, "build_variant", fake_build)
+    res = _run(["search", "--arch", "gfx1151", "--dry-run"])
+    assert res.exit_code == 0, res.stderr
+    rows = _section(res.stdout, "Compile checks")
+    assert len(rows) == 3 and all("| ok " in ln and "device code" in ln for ln in rows)
+    assert "5 object(s) with gfx1151 device code" in rows[0] and "knob values" in rows[0]
+    assert not re.search(r"\{'|\['|': ", res.stdout)
+    assert "12.5 s a rebuild (this dry run's compile check" in res.stdout
+    assert "the rebuild time is this machine's compile check" in res.stdout
+    data = json.loads(_run(["search", "--arch", "gfx1151", "--dry-run", "--json"]).stdout)
+    builds = next(s for s in data["plan"]["stages"] if s["stage"] == "builds + test-backend-ops")
+    assert builds["seconds"] is not None and builds["seconds"][1] > builds["seconds"][0]
