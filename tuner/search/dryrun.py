@@ -179,11 +179,12 @@ def _builds_stage(costs: Mapping[str, Any], rec: Mapping[str, Any], *, trials: i
 
 
 def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: PlanInputs, context_length: int | None,
-                d_model: int, rebuild_s: float | None, n_variants: int) -> dict[str, Any]:
+                d_model: int, rebuild_s: float | None, n_variants: int, pinned: Sequence[str] = ()) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
     ``kernels``: phase (``tg``/``pp``) -> the kernels the space lets the screen force.
+    ``pinned``: knobs fixed with ``--set`` (the tune stage does not sample them).
     ``rebuild_s``: a compile-time candidate's rebuild, from this dry run's own compile check (None: not
     measured here, so tune builds are left out of the time).
     """
@@ -217,7 +218,7 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
         cost=f"{per_depth:g} s per call and depth"))
     stages.append(_stage("compose", "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
                          "only where a kernel beat upstream beyond the A/A noise; nothing is run"))
-    knobs = tn.tunable_knobs(space, {})
+    knobs = tn.tunable_knobs(space, {k: True for k in pinned})
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
     stages.append(_stage(
@@ -239,7 +240,8 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
     stages.append(_stage("residency", "one verbose llama-bench probe of upstream's config and one of the final config",
                          seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
                          cost=f"{rec['residency_s']:g} s for both probes"))
-    stages.append(_builds_stage(costs, rec, trials=trials, n_compile=n_compile, n_variants=n_variants, rebuild_s=rebuild_s))
+    stages.append(_builds_stage(costs, rec, trials=trials, n_compile=n_compile,
+                                n_variants=1 if "variant" in pinned else n_variants, rebuild_s=rebuild_s))
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]
     return {
         "stages": stages,
@@ -353,7 +355,8 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
     plan = plan_stages(space, kernels={p: _kernels_for(space, p) for p in PHASES}, inputs=inputs,
                        context_length=shape.context_length, d_model=shape.d_model,
-                       rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"))
+                       rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"),
+                       pinned=tuple(sets or {}))
     plan = {"model": inputs.like, **plan}
     rep = DryRunReport(arch=a.name, era=source.era, variants=vstatus, rows=tuple(rows), legal=legal, total=total,
                        compile_checks=tuple(checks), plan=plan)

@@ -231,3 +231,17 @@ def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild
     data = json.loads(_run(["search", "--arch", "gfx1151", "--dry-run", "--json"]).stdout)
     builds = next(s for s in data["plan"]["stages"] if s["stage"] == "builds + test-backend-ops")
     assert builds["seconds"] is not None and builds["seconds"][1] > builds["seconds"][0]
+
+
+def test_dry_run_plan_leaves_pinned_knobs_out_of_the_tune_stage(dry_tree: None) -> None:
+    from tuner.plan.space import load_space
+    from tuner.search import tune as tn
+
+    n = len(tn.tunable_knobs(load_space("gfx1151", "mma"), {}))
+
+    def tune_what(*extra: str) -> str:
+        data = json.loads(_run(["search", "--arch", "gfx1151", "--dry-run", "--json", *extra]).stdout)
+        return next(s["what"] for s in data["plan"]["stages"] if s["stage"] == "tune")
+
+    assert f"over {n} knob(s)" in tune_what()
+    assert f"over {n - 1} knob(s)" in tune_what("--set", "tile.amd_rdna.d64.c4.nthreads=128")
