@@ -195,6 +195,9 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
     rec = _nearest_recording(costs, d_model)
     per_depth = float(rec["bench_call_depth_s"])
     depths = [d for d in inputs.depths if not context_length or d <= context_length]
+    if len(depths) < len(inputs.depths):
+        log.warning(f"depths {[d for d in inputs.depths if d not in depths]} exceed {inputs.like}'s context length "
+                    f"{context_length}: the real search refuses them; the plan leaves them out.")
     nd = len(depths)
     rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
     stages = []
