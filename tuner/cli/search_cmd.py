@@ -100,7 +100,9 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 
         # The plan uses the flags the real run would get, with the GPU defaults where not given.
         d = GPU_DEFAULTS
-        inputs = PlanInputs(like=str(kw.get("like") or d["like"]), depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
+        if kw.get("model") and kw.get("like"):
+            raise UsageError("give either --model GGUF or --like NAME, not both.")
+        inputs = PlanInputs(like=str(kw.get("like") or d["like"]), model=kw.get("model"), depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
                             trials=int(kw["trials"] if kw.get("trials") is not None else d["trials"]),  # type: ignore[call-overload]
                             min_rounds=int(kw["min_rounds"]),  # type: ignore[call-overload]
                             max_rounds=int(kw.get("max_rounds") or d["max_rounds"]),  # type: ignore[call-overload]

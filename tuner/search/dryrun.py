@@ -29,6 +29,7 @@ import json
 import math
 import shutil
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -128,6 +129,8 @@ class PlanInputs:
     """What the real search on the target would be run with (the CLI's flags and their defaults)."""
 
     like: str = "llama-3.2-1b"
+    model: Path | None = None
+    """A GGUF the real run would benchmark (``--model``); its shape replaces ``like``'s."""
     depths: tuple[int, ...] = (0, 4096, 8192, 16384, 32768, 65536)
     trials: int = 6
     min_rounds: int = 3
@@ -302,11 +305,13 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     from tuner.search.pipeline import PHASES, _kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
     from tuner.targets.archs import load_arch
-    from tuner.targets.models import load_model_shape
+    from tuner.targets.models import load_gguf_shape, load_model_shape
 
     inputs = inputs or PlanInputs()
     a = load_arch(arch)
-    shape = load_model_shape(inputs.like)
+    shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
+    if inputs.model is not None:
+        inputs = dataclasses.replace(inputs, like=inputs.model.name)
     source = fetch_source(source_spec or DEFAULT_SPEC)
     space = load_space(a.name, source.era)
     log.info(f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "

@@ -245,3 +245,21 @@ def test_dry_run_plan_leaves_pinned_knobs_out_of_the_tune_stage(dry_tree: None) 
 
     assert f"over {n} knob(s)" in tune_what()
     assert f"over {n - 1} knob(s)" in tune_what("--set", "tile.amd_rdna.d64.c4.nthreads=128")
+
+
+def test_dry_run_plans_for_the_model_given(dry_tree: None, tmp_path: Path) -> None:
+    """--model's own shape sets the plan: its context length caps the depths (with a warning, as the real
+    search refuses deeper ones), and the plan names it."""
+    from tuner.targets.models import load_models, synth_model
+
+    data = REPO / "tests" / "data" / "models"
+    shape = load_models(data / "micro_models.toml")["micro"]
+    gguf = synth_model(shape, tmp_path / "micro.gguf", vocab_path=data / "vocab-micro.gguf").path
+    res = _run(["search", "--arch", "gfx1151", "--dry-run", "--json", "--model", str(gguf)])
+    assert res.exit_code == 0, res.stderr
+    plan = json.loads(res.stdout)["plan"]
+    assert plan["model"] == "micro.gguf"
+    screen = next(s for s in plan["stages"] if s["stage"] == "screen")
+    kept = [d for d in (0, 4096, 8192, 16384, 32768, 65536) if d <= shape.context_length]
+    assert f"{len(kept)} depths {kept}" in screen["what"]
+    assert f"exceed micro.gguf's context length {shape.context_length}" in res.stderr
