@@ -111,7 +111,9 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: 
         click.echo(f"{mark} {c.path}")
         for f in c.findings:
             if not f.ok or f.detail:
-                click.echo(f"     {'✓' if f.ok else '✕'} {f.check}{': ' + f.detail if f.detail else ''}")
+                # a check that did not run is not a pass: no ✓ beside it
+                mark = "✕" if not f.ok else "-" if f.detail.startswith("skipped") else "✓"
+                click.echo(f"     {mark} {f.check}{': ' + f.detail if f.detail else ''}")
         bad += not c.ok
     click.echo(f"{len(checks) - bad} passed, {bad} failed")
     if soak is not None:

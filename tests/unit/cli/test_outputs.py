@@ -263,3 +263,18 @@ def test_dry_run_plans_for_the_model_given(dry_tree: None, tmp_path: Path) -> No
     kept = [d for d in (0, 4096, 8192, 16384, 32768, 65536) if d <= shape.context_length]
     assert f"{len(kept)} depths {kept}" in screen["what"]
     assert f"exceed micro.gguf's context length {shape.context_length}" in res.stderr
+
+
+def test_validate_marks_skipped_checks_as_not_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import tuner.result.validate as rv
+
+    fake = [rv.ResultCheck(path=tmp_path / "r", findings=(
+        rv.Finding(check="hashes", ok=True, detail="patch and defines match"),
+        rv.Finding(check="bench", ok=True, detail="skipped: needs a sm_90 device, this machine has none (static checks only)"),
+        rv.Finding(check="gate", ok=False, detail="fails"),
+    ))]
+    monkeypatch.setattr(rv, "validate_paths", lambda *a, **k: fake)
+    res = CliRunner().invoke(cli, ["validate", str(tmp_path)])
+    out = res.stdout
+    assert "✓ hashes" in out and "- bench: skipped" in out and "✕ gate" in out and "✓ bench" not in out
+    assert res.exit_code == 1
