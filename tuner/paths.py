@@ -13,13 +13,16 @@ _PKG = Path(__file__).resolve().parent
 
 
 def tuner_home() -> Path:
-    """``$TUNER_HOME``, default ``~/.cache/tuner``; created on first use.
+    """``$TUNER_HOME``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner``; created on first use.
 
     Raises:
         UsageError: The folder cannot be created or written (a file is in the way, no permission).
     """
     raw = os.environ.get("TUNER_HOME")
-    home = Path(raw or Path.home() / ".cache" / "tuner").expanduser()
+    # XDG base directory spec: a relative XDG_CACHE_HOME is invalid and must be ignored.
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    cache = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    home = Path(raw or cache / "tuner").expanduser()
     try:
         home.mkdir(parents=True, exist_ok=True)
         why = None if os.access(home, os.W_OK | os.X_OK) else "it is not writable"
@@ -32,7 +35,7 @@ def tuner_home() -> Path:
     if why is not None:
         what = f"TUNER_HOME={raw}" if raw else f"tuner's cache folder {home}"
         fix = ("Point TUNER_HOME at a writable folder (it is created if missing), or unset it to use "
-               "~/.cache/tuner." if raw else "Set TUNER_HOME to a writable folder.")
+               f"{cache / 'tuner'}." if raw else "Set TUNER_HOME (or XDG_CACHE_HOME) to a writable folder.")
         raise UsageError(f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, "
                          f"models and logs there. {fix}")
     return home

@@ -1,4 +1,4 @@
-# Session 10 (issue 17, item 6) on the lent H100: seed 004's decode ranking, the rows one build can run.
+# Session 10 (issue 17, item 6) on the lent H100: the six reference builds' decode ranking (docs/seed004-builds.md), the rows one build can run.
 # Source after docs/h100/env.sh, then run `s10_next` (again, back to back, while the machine is warm):
 #   setup   sm_90 `cuda` build while llama-3.2-1b and qwen2.5-0.5b are written (f16), then both
 #           quantized to Q4_K_M by the build's llama-quantize

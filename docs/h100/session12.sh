@@ -6,7 +6,7 @@
 #   search89  the current pipeline (screen, confirm, output-equivalence gate with the kernel band,
 #             residency) on the 1B at the stored result's depths, so results/sm_89/… is re-exported
 #             with the gate's numbers; resumes on the next call (database kept in the run dir and $OUT)
-#   seed89    seed 004's four rows that the `cuda` build runs, through 89-virtual, both models
+#   seed89    the four reference-build rows that the `cuda` build runs, through 89-virtual, both models
 #   cpurule   tests/integration/test_cpu_rule_cpu.py on this 16-CPU host (it skips on the 2-CPU CI box)
 # Per call, $OUT gets s12.tgz (transcripts, the export, run logs; no models) and the study database.
 S12=$TUNER_HOME/s12out
@@ -81,7 +81,7 @@ s12_next() {
 }
 
 # Calls 3-4 on the same machine: item 3's host-paced search and item 4's real CUDA residency logs on
-# the 89-virtual build (seed 004's own target arch), instead of session 11's sm_90 plan (one build less).
+# the 89-virtual build (the project brief's target arch), instead of session 11's sm_90 plan (one build less).
 # Needs docs/h100/session11.sh sourced too (s11_residency).
 s12_paced() {  # s12_paced NAME [args]: the 1B with half its layers on the CPU, resumable
   local name=$1

@@ -60,3 +60,18 @@ def test_search_for_absent_gpu_refuses(tree_a) -> None:
                           text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "this machine has" in proc.stderr and "--dry-run" in proc.stderr
+
+
+def test_dry_run_plan_is_stdout_progress_is_stderr(tree_a) -> None:
+    """`tuner search --arch gfx1151 --dry-run > plan.md` captures the plan and only the plan."""
+    proc = subprocess.run([sys.executable, "-m", "tuner", "search", "--arch", "gfx1151", "--dry-run"], capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# Dry run: gfx1151") and "## Plan on the target" in proc.stdout
+    for stage in ("| screen ", "| compose ", "| tune ", "| confirm ", "| output gate ", "| residency ", "| builds + test-backend-ops "):
+        assert stage in proc.stdout
+    assert "==>" not in proc.stdout and "Constraint-checking" in proc.stderr
+    # a compile check either ran (✓ on stderr, "ok" in the plan) or says skipped and why, never both
+    for line in proc.stdout.split("## Compile checks", 1)[1].split("## Plan", 1)[0].splitlines()[4:]:
+        if line.startswith("| "):
+            assert ("| ok " in line) != ("| skipped " in line), line

@@ -2,7 +2,7 @@
 
 Nothing built with it can run; it exists so a HIP variant's patched FlashAttention translation units
 are compiled for the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm.
-The recipe follows ``/work/shared/research/hip-compilecheck.md``:
+The recipe:
 
 1. ``clang-19 lld-19 clang-tools-19 libclang-rt-19-dev`` from Debian bookworm (``apt-get install``, root).
 2. HIP/hipBLAS/rocBLAS ``-dev`` packages from sid and ``rocm-device-libs-17`` from trixie, fetched with a

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["cpu_mask_option", "depths_option", "parse_pairs"]
+__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "output_option", "parse_pairs"]
+
+from typing import Any
 
 import click
 
@@ -44,3 +46,26 @@ def parse_pairs(values: tuple[str, ...], flag: str, example: str) -> dict[str, s
         k, v = s.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+class AliasOption(click.Option):
+    """An option that still accepts old spellings (``hidden_aliases``) but shows only its current names in
+    --help, so every command documents one spelling while old scripts keep working."""
+
+    def __init__(self, *args: Any, hidden_aliases: tuple[str, ...] = (), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._hidden = set(hidden_aliases)
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        opts = self.opts
+        self.opts = [o for o in opts if o not in self._hidden]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = opts
+
+
+def output_option(dest: str, *, old: tuple[str, ...] = ("--out",), **kw: Any) -> Any:
+    """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
+    spellings stay accepted, hidden)."""
+    return click.option("-o", "--output", *old, dest, cls=AliasOption, hidden_aliases=old, **kw)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import depths_option
+from tuner.cli._params import depths_option, output_option
 from tuner.errors import UsageError
 
 
@@ -35,8 +35,8 @@ def _has_fa_hook(bin_dir: Path) -> bool:
 @click.option("--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call.")
 @click.option("--era", type=click.Choice(["mma"]), default="mma", show_default=True,
               help="The FA rules hook exists in the era-mma tree only.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).")
 def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, ...], phase: str, pp: int, tg: int,
        rounds: int, reps: int, era: str, out_dir: Path | None) -> None:
     """Compare upstream's kernel choice with forced FA rules on one build: paired, interleaved rounds

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
+from tuner.cli._params import AliasOption
 
 
 def _fmt_bytes(n: int) -> str:
@@ -83,20 +84,22 @@ def show(arch: str, as_json: bool) -> None:
 @click.option("--model", "model_path", type=click.Path(path_type=Path), help="A GGUF model: its real tensor sizes are used.")
 @click.option("--like", "like", help="A known model shape instead of a file (llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, tiny).")
 @click.option("--depth", "depths", type=int, multiple=True, help="KV depth(s), repeatable. Default 0 4096 16384 32768.")
-@click.option("--type", "weight_type", default="f16", show_default=True, type=click.Choice(["f16", "q8_0", "q4_k_m"]), help="Weight type for --like.")
+@click.option("--quant", "--type", "weight_type", cls=AliasOption, hidden_aliases=("--type",), default="f16", show_default=True,
+              type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
+              help="Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m).")
 @click.option("--kv-type", default="f16", show_default=True, help="KV-cache type (f16, q8_0, q4_0, ...).")
 @click.option("--pp", default=512, show_default=True, type=int, help="Prompt tokens per pp test.")
 @click.option("--tg", default=128, show_default=True, type=int, help="Generated tokens per tg test.")
 @click.option("--bandwidth", type=float, help="Memory bandwidth in GB/s (overrides the product's; needed for cpu).")
 @click.option("--product", help="Which product of the arch (default: the first listed).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON rows.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON rows (the estimate's label included) instead of a table.")
 def estimate(arch_name: str, model_path: Path | None, like: str | None, depths: tuple[int, ...], weight_type: str,
              kv_type: str, pp: int, tg: int, bandwidth: float | None, product: str | None, as_json: bool) -> None:
     """Roofline upper bounds for llama-bench pp/tg on an arch: a MODEL ESTIMATE, not a measurement.
 
     tg is bounded by memory bandwidth / bytes read per token (weights + KV cache at that depth);
     pp by the math peak (INT8 for quantized weights where llama.cpp has an int8 path, else FP16)
-    / FLOPs per token. Method of seeds 000/001; see tuner/roofline.py.
+    / FLOPs per token. The method and its inputs: tuner/targets/roofline.py.
     """
     from tuner.errors import UsageError
     from tuner.targets.models import load_model_shape
@@ -106,7 +109,7 @@ def estimate(arch_name: str, model_path: Path | None, like: str | None, depths: 
     if (model_path is None) == (like is None):
         raise UsageError("Pass exactly one of --model GGUF (a real file) or --like NAME (a known shape).")
     if model_path is not None and weight_type != "f16":
-        raise UsageError("--type applies to --like only; with --model the GGUF's own tensor types are used.")
+        raise UsageError("--quant applies to --like only; with --model the GGUF's own tensor types are used.")
     model = load_model_shape(like) if like is not None else model_path
     rows = run_estimate(arch_name, model, depths or (0, 4096, 16384, 32768), pp=pp, tg=tg,
                         weight_type=weight_type, kv_type=kv_type, bandwidth=bandwidth, product=product)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
 
 from tuner import log
 from tuner.errors import UsageError
@@ -84,10 +84,10 @@ def _default_run_dir(kind: str) -> Path:
 @click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
 @click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
 @click.option("--seed-build", "seed_builds", multiple=True, metavar="NAME",
-              help="Seed 004 §3.3 build per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
+              help="One of the six reference builds per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
                    "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
           reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,
@@ -215,7 +215,8 @@ def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, 
 @click.option("--kernels", default=None, help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None, help="test-backend-ops -j.")
 @click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).")
 def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | None, head_dim: int | None,
           kv_type: str | None, kernels: str | None, jobs: int | None, timeout: float, out_dir: Path | None) -> None:
     """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""

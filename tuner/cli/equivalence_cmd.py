@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import parse_pairs
+from tuner.cli._params import output_option, parse_pairs
 from tuner.errors import TunerError, UsageError
 
 
@@ -40,11 +40,11 @@ def _split(text: str | None, flag: str) -> list[str]:
 @click.option("--chunks", type=click.IntRange(1, 10000), default=2, show_default=True, help="Chunks scored.")
 @click.option("--strict", is_flag=True, help="Scheduling-only candidate: require log-probs byte-identical to upstream's.")
 @click.option("--max-mean-kld", type=click.FloatRange(0), default=None, help="Mean KLD threshold [default: calibrated 1e-5].")
-@click.option("--max-p99-kld", type=click.FloatRange(0), default=None, help="99%% KLD threshold [default: calibrated 1e-4].")
-@click.option("--min-same-top", type=click.FloatRange(0, 100), default=None, help="Same top p threshold in %% [default: 98].")
+@click.option("--max-p99-kld", type=click.FloatRange(0), default=None, help="99% KLD threshold [default: calibrated 1e-4].")
+@click.option("--min-same-top", type=click.FloatRange(0, 100), default=None, help="Same top p threshold in % [default: 98].")
 @click.option("--timeout", type=click.FloatRange(1), default=1800.0, show_default=True, help="Seconds per llama-perplexity call.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def equivalence(build_dir: Path, upstream_dir: Path | None, model: Path, mode: str, envs: tuple[str, ...], args: str | None,
                 up_envs: tuple[str, ...], up_args: str | None, ctx: int, chunks: int, strict: bool,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from tuner.cli._params import output_option
+
 from tuner import log
 
 
@@ -46,8 +48,8 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
 @click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory of the study (default ./tuner-runs/<study>).")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).")
+@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+               help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).")
 @click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
 @click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
 def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None,
@@ -77,7 +79,7 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
               help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
                    "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
 @click.option("--soak", "soak", type=int, default=None, metavar="N",
-              help="Also generate >= N tokens with each result's config (10000 per the seed) and fail on t/s drift or a leak.")
+              help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.")
 @click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
               help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).")
 @click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -118,7 +120,9 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: 
         click.echo(f"{mark} {c.path}")
         for f in c.findings:
             if not f.ok or f.detail:
-                click.echo(f"     {'✓' if f.ok else '✕'} {f.check}{': ' + f.detail if f.detail else ''}")
+                # a check that did not run is not a pass: no ✓ beside it
+                mark = "✕" if not f.ok else "-" if f.detail.startswith("skipped") else "✓"
+                click.echo(f"     {mark} {f.check}{': ' + f.detail if f.detail else ''}")
         bad += not c.ok
     click.echo(f"{len(checks) - bad} passed, {bad} failed")
     if soak is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
@@ -41,12 +41,9 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--trials", type=click.IntRange(0, 100000), default=None, envvar="TUNER_TRIALS", show_envvar=True,
                      help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget)."),
         click.option("--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."),
-        click.option("--profile", type=click.Choice(["decode", "prefill", "balanced"]), default="balanced", show_default=True),
         click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study."),
         click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
         click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default ./tuner-runs/<study>."),
-        click.option("--target-ci", type=click.FloatRange(0.1, 50), default=3.0, show_default=True, help="Stop repeating at this CI half-width (%)."),
-        click.option("--max-reps", type=click.IntRange(2, 200), default=10, show_default=True),
         click.option("--jobs", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs."),
         click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
@@ -57,7 +54,7 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--max-rounds", type=click.IntRange(2, 100), default=None,
                      help="Rounds at most (default 6 on a GPU, 4 on the CPU)."),
         click.option("--ci-target", type=click.FloatRange(0.1, 50), default=1.0, show_default=True,
-                     help="Stop adding rounds when every paired 95%% CI half-width is within this many percent."),
+                     help="Stop adding rounds when every paired 95% CI half-width is within this many percent."),
         click.option("--reps-pp", type=click.IntRange(1, 100), default=None,
                      help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two."),
         click.option("--reps-tg", type=click.IntRange(1, 100), default=None, help="Repetitions of a decode test per call (default 3)."),
@@ -80,9 +77,11 @@ def _common(f):  # type: ignore[no-untyped-def]
 @click.option("--replay", "replay_mode", is_flag=True,
               help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.")
 @click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to export the winner (default: <run-dir>/export).")
-def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, **kw: object) -> None:
+@output_option("export_dir", old=("--export",), type=click.Path(file_okay=False, path_type=Path), default=None,
+               help="Folder to export the winner into (default: <run-dir>/export).")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run or --replay: print the report as JSON on stdout.")
+def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, as_json: bool,
+           **kw: object) -> None:
     """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
 
     With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
@@ -92,17 +91,31 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
 
     if bool(replay) != replay_mode:
         raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
+    if as_json and not (dry_run or replay):
+        raise UsageError("--json prints the report of --dry-run or --replay; add one of them, or drop --json "
+                         "(a live search writes its result with -o/--output).")
     arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     if dry_run:
-        from tuner.search.dryrun import run_dry_run
+        from tuner.search.dryrun import PlanInputs, run_dry_run
 
-        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"])  # type: ignore[arg-type]
+        # The plan uses the flags the real run would get, with the GPU defaults where not given.
+        d = GPU_DEFAULTS
+        if kw.get("model") and kw.get("like"):
+            raise UsageError("give either --model GGUF or --like NAME, not both.")
+        inputs = PlanInputs(like=str(kw.get("like") or d["like"]), model=kw.get("model"), depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
+                            trials=int(kw["trials"] if kw.get("trials") is not None else d["trials"]),  # type: ignore[call-overload]
+                            min_rounds=int(kw["min_rounds"]),  # type: ignore[call-overload]
+                            max_rounds=int(kw.get("max_rounds") or d["max_rounds"]),  # type: ignore[call-overload]
+                            refine=int(kw["refine"] if kw.get("refine") is not None else d["refine"]),  # type: ignore[call-overload]
+                            confirm_extra=int(kw["confirm_extra"] if kw.get("confirm_extra") is not None else 2))  # type: ignore[call-overload]
+        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"],  # type: ignore[arg-type]
+                    inputs=inputs, as_json=as_json)
         return
     if replay:
         from tuner.search.replay import replay_screen
 
         replay_screen(list(replay), min_rounds=int(kw["min_rounds"]), max_rounds=int(kw.get("max_rounds") or 5),  # type: ignore[arg-type]
-                      ci_target=float(kw["ci_target"]))  # type: ignore[arg-type]
+                      ci_target=float(kw["ci_target"]), as_json=as_json)  # type: ignore[arg-type]
         return
     _run(arch, worker=False, export_dir=export_dir, **kw)
 
@@ -157,12 +170,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         tg=int(kw.get("tg") or defaults["tg"]),  # type: ignore[arg-type]
         trials=kw.get("trials") if kw.get("trials") is not None else defaults["trials"],  # type: ignore[arg-type]
         time_budget=kw.get("time_budget"),  # type: ignore[arg-type]
-        profile=str(kw["profile"]),
         storage=kw.get("storage"),  # type: ignore[arg-type]
         study=study,
         run_dir=run_dir,
-        target_ci=float(kw["target_ci"]),  # type: ignore[arg-type]
-        max_reps=int(kw["max_reps"]),  # type: ignore[arg-type]
         jobs=kw.get("jobs"),  # type: ignore[arg-type]
         seed=int(kw["seed"]),  # type: ignore[arg-type]
         gate=not kw.get("no_gate"),
@@ -180,7 +190,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
         f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
         f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}\n"
-        f"  open it live with: optuna-dashboard {cfg.storage_url}"
+        f"  {_dashboard_hint(cfg.storage_url)}"
     )
     import time
 
@@ -210,6 +220,15 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     export_study(study, storage=cfg.storage_url, out_dir=out)
     log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")
     click.echo(summary_line(result))
+
+
+def _dashboard_hint(storage_url: str) -> str:
+    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna_dashboard") is not None:
+        return f"open it live with: optuna-dashboard {storage_url}"
+    return "to watch it live, install the dashboard extra: pip install -e '.[dashboard]' (then optuna-dashboard <storage URL>)"
 
 
 def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cpu_mask: tuple[int, ...] | None) -> None:

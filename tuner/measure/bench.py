@@ -2,10 +2,10 @@
 
 :func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) as
 separate llama-bench tests at every depth (``-d``), reads ``-o jsonl`` by field name (both eras'
-field sets, see knobs.md §5.1), and returns one row per ``(label, test, depth)``.
+field sets: ``tools/llama-bench/llama-bench.cpp``), and returns one row per ``(label, test, depth)``.
 
-Noise control (device.md: two identical runs differed by up to 12%, and the first prompt rep after
-llama-bench's own warm-up is often 30% slow):
+Noise control (identical llama-bench runs drift apart, and the first prompt repetition after
+llama-bench's own warm-up is often slow):
 
 - llama-bench's warm-up run is kept on, and additionally the first repetition of every llama-bench
   call is discarded (``warmup_discarded`` counts them);
@@ -14,7 +14,7 @@ llama-bench's own warm-up is often 30% slow):
   ``max_reps`` kept samples are reached;
 - :func:`run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
   reports anchor drift, and rescales candidates by the local anchor ratio when drift exceeds the
-  noise (Metal tuner's anchor rule, anchors.md §3).
+  noise (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``).
 
 A failed llama-bench call is data: its rows carry ``status="failed"``, ``n=0``, NaN statistics and
 the error text; nothing is invented.
@@ -65,8 +65,8 @@ drift_corrected    run_interleaved: True when samples were rescaled by ``anchor_
 timestamp          UTC time (ISO 8601) the row was finished
 =================  ==========================================================================
 
-Observer columns cover the timed repetitions of each test (seed 004 §21.1: prefill and decode
-separately): llama-bench runs with ``--progress``, whose line before each timed repetition and the
+Observer columns cover the timed repetitions of each test (prefill and decode separately;
+docs/design.md): llama-bench runs with ``--progress``, whose line before each timed repetition and the
 JSONL line after the last one are marks (:meth:`tuner.measure.observe.Observer.mark`); the windows
 from a ``prompt run i``/``generation run i`` line to the next line are timed, the first repetition's
 left out as its sample is. Without progress lines (a binary that prints none) the window is the whole
@@ -505,7 +505,7 @@ def _absorb_records(
         if acc is None or (ph, d) in seen or (phase is not None and ph != phase):
             continue
         seen.add((ph, d))
-        # The first repetition of each call is discarded (warm-up, device.md).
+        # The first repetition of each call is discarded (warm-up: often slow).
         acc.samples.extend(rec["samples_ts"][1:])
         acc.discarded += min(1, len(rec["samples_ts"]))
         acc.n_batches += 1

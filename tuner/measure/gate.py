@@ -4,7 +4,7 @@
 and on the CPU reference and compares them by NMSE (FA threshold 5e-4). With ``-b CPU`` the CPU
 backend is compared against the CPU *reference* implementation, so it does real work there too.
 
-Console format (knobs.md §5.2; both eras): per case ``  OP(params): OK|FAIL|not supported [..]``,
+Console format (``tests/test-backend-ops.cpp``; both eras): per case ``  OP(params): OK|FAIL|not supported [..]``,
 where ``[OP] ERR = x > y`` / ``[OP] NMSE = x > y`` text can precede the status (and, with ``-j``,
 interleave with other lines); a summary ``  N/M tests passed``; era ``mma`` also lists
 ``Failing tests:``. A backend the binary does not have is printed as ``Skipping`` and counts as

@@ -1,7 +1,7 @@
 """Interleaved anchors: candidates measured between baseline runs (A B A C A ... A).
 
 :func:`run_interleaved` reports anchor drift per (test, depth) and, when drift exceeds the noise,
-rescales candidates by the local anchor ratio (Metal tuner's anchor rule, anchors.md §3). Each bench
+rescales candidates by the local anchor ratio (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``). Each bench
 run is :func:`tuner.measure.bench.run_bench`; the frames returned have its schema.
 """
 

@@ -294,7 +294,7 @@ class Observer:
 
         ``cpu_util_mean`` is the tree's CPU seconds inside the windows over their length, exactly (from
         the marks' CPU times); ``cpu_core_max`` the same for the busiest single thread. The busiest
-        *thread* stands for the busiest core: a pegged thread is the host-bound symptom the seed asks
+        *thread* stands for the busiest core: a pegged thread is the host-bound symptom docs/knobs.md's host-paced scenario asks
         about, and the scheduler migrates it between cores, so per-core counters would spread it out
         (and count other tenants' processes on a shared machine). GPU figures and ``cpu_util_max``
         come from the samples inside the windows. No windows: everything NaN.

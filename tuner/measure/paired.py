@@ -9,7 +9,7 @@ With more than two configs per round, :func:`block_effects` reads the rounds as 
 randomized complete block design (log t/s = round + config + error) and pools the error variance
 over all configs: the same effect estimates as the per-pair means, with (R-1)(C-1) degrees of freedom
 instead of R-1. On the H100's 3-round screens (4 configs) that is 6 instead of 2, and the t quantile
-alone falls from 4.30 to 2.45 (docs/h100/README.md, session 6).
+alone falls from 4.30 to 2.45 (docs/h100/README.md, session6).
 
 An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
 whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
@@ -18,7 +18,7 @@ CPU% (and GPU%) are paired the same way but as *differences in points* (:func:`p
 ratios: a utilization is a share of a core, bounded and additive (+25 points is a quarter of a core
 whatever the baseline), and a ratio of utilizations explodes where the baseline is small (a GPU
 backend's host thread at a few percent) while saying nothing more. The A/A pair's difference is the
-CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is seed 004 §21.3's rule for decode.
+CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is the CPU% rule for decode (docs/design.md, "CPU% in decode decisions").
 """
 
 from __future__ import annotations
@@ -166,9 +166,9 @@ CPU_REJECTED = "rejected: CPU% up without a t/s gain"
 
 
 def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noise: float) -> bool:
-    """Seed 004 §21.3 for a decode change: reject it when its CPU% rises beyond the CPU noise while
-    its t/s gain does not clear the t/s noise (the seed's objective is less CPU per token: a change
-    that costs host CPU must pay for it in speed).
+    """The CPU% rule for a decode change: reject it when its CPU% rises beyond the CPU noise while
+    its t/s gain does not clear the t/s noise (the goal is less CPU per token: a change that costs
+    host CPU must pay for it in speed; docs/design.md).
 
     Args:
         ts_low: Lower end of the t/s ratio's interval (candidate / reference; the point estimate

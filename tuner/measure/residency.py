@@ -1,4 +1,4 @@
-"""Graph splits and memory residency, read from llama.cpp's own loader and scheduler output (seed §21.6–21.7).
+"""Graph splits and memory residency, read from llama.cpp's own loader and scheduler output (docs/soak.md).
 
 One verbose llama-bench call (``-v``, one test ``-pg PP,TG``, one repetition) makes llama.cpp print,
 in the pinned tree's format strings:

@@ -1,7 +1,7 @@
 """Statistics for benchmark samples: bootstrap CIs of the median and A/B verdicts.
 
 Throughput samples (tokens/s per llama-bench repetition) are few, skewed and sometimes bimodal
-(device.md: the first prompt rep is often 30% slow), so everything here is rank- or
+(the first prompt repetition is often much slower than the rest), so everything here is rank- or
 resampling-based: the median with a seeded percentile-bootstrap CI, the ratio of medians with a
 bootstrap CI, and a two-sided Mann-Whitney U test. A verdict needs both: the CI of the change must
 exclude zero *and* the rank test must reject at the same level. With 3 samples per side the exact

@@ -1,8 +1,8 @@
 """Legality of compile-time candidates, checked before anything is compiled.
 
 The rules mirror the ``static_assert`` conditions and the shared-memory / LDS formulas of the
-FlashAttention kernels (knobs.md section 3, llama.cpp 0c1e570 for era ``mma``, 2025-08 for era
-``rocwmma``). Each :class:`Violation` names the rule and where upstream enforces it, so a rejected
+FlashAttention kernels (``fattn-tile.cuh``, ``fattn-mma-f16.cuh``, ``fattn-wmma-f16.cu`` of llama.cpp 0c1e570
+for era ``mma``, of the 2025-08 tree for era ``rocwmma``). Each :class:`Violation` names the rule and where upstream enforces it, so a rejected
 candidate reads like the compile error it saves. The table parsers here also give render.py the
 upstream rows that untuned fields default to.
 """
@@ -51,7 +51,8 @@ class ArchLimits:
     """``rdna3``, ``rdna3.5``, ``rdna4``, ``cdna3``... (AMD), ``ada``, ``hopper``... (NVIDIA)."""
 
 
-# Used until tuner.targets.archs lands (and for archs it lacks). Figures: knobs.md section 3 preamble.
+# Used until tuner.targets.archs lands (and for archs it lacks). Figures: the CUDA C++ Programming Guide's per-compute-capability
+# shared-memory limits (48 KiB static; the dynamic opt-in per arch) and AMD's 64 KiB LDS per workgroup.
 _FALLBACK_ARCHS = {
     "cpu": ArchLimits(name="cpu", vendor="cpu"),
     "sm_70": ArchLimits(name="sm_70", vendor="nvidia", smem_static=49152, smem_optin=98304, cc=700, family="volta"),
@@ -213,7 +214,7 @@ def _v(rule: str, message: str) -> Violation:
 
 
 def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation]:
-    """Rules of the tile kernel for one row (knobs.md 3.1; fattn-tile.cuh L10-19, L495-1000)."""
+    """Rules of the tile kernel for one row (fattn-tile.cuh L10-19, L495-1000)."""
     out: list[Violation] = []
     r = row
     tag = f"tile {table} ({r.dkq},{r.dv},ncols {r.ncols})"
@@ -288,7 +289,7 @@ def mma_smem_bytes(arch: ArchLimits, row: MmaRow, ncols2: int) -> int:
 
 
 def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | None = None) -> list[Violation]:
-    """Rules of the MMA kernel for one row (knobs.md 3.2; fattn-mma-f16.cuh L25-36, L640, L1010, L1251, L1517).
+    """Rules of the MMA kernel for one row (fattn-mma-f16.cuh L25-36, L640, L1010, L1251, L1517).
 
     Args:
         ncols2: The instance's ncols2 (GQA packing); ``None`` checks every ncols2 that divides ncols.
@@ -342,7 +343,7 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
 
 
 def check_wmma(arch: ArchLimits, *, nwarps: int, min_blocks: int, kq_stride: int, head_dims: tuple[int, ...] = (64, 128, 256)) -> list[Violation]:
-    """Rules of the era-rocwmma WMMA kernel (fattn-wmma-f16.cu L25-106 of the 2025-08 tree, knobs.md 2.3/3.5)."""
+    """Rules of the era-rocwmma WMMA kernel (fattn-wmma-f16.cu L25-106 of the 2025-08 tree)."""
     out: list[Violation] = []
     loc = "fattn-wmma-f16.cu"
     wave = arch.wave_size or 32

@@ -1,10 +1,10 @@
 """Derived knobs: legal values that come from the machine and the model, resolved at search time.
 
-A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` (seed 004 §17.1, §17.2)
+A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` (docs/knobs.md)
 instead of listing values, because the right list differs per host and per model:
 
 - **threads** (``-t``): the physical cores and the logical CPUs a run may use (the --cpu-mask's,
-  else this process's affinity) and half the physical cores. §17.1 says match threads to physical
+  else this process's affinity) and half the physical cores. The usual advice is to match threads to physical
   cores, not logical: both are sampled, so the measurement decides. A pin may be any of 1..logical.
 - **ngl** (``-ngl``): llama-bench's default offloads every layer (n_layers + 1 with the output
   layer). Partial-offload steps are sampled only when the weights plus the KV cache at the deepest

@@ -1,4 +1,4 @@
-"""Seed 004 §3.3's six builds as tuner runs: a variant to build plus the env and llama-bench args to run it.
+"""The project brief's six reference builds as tuner runs: a variant to build plus the env and llama-bench args to run it.
 
 The mapping is data (``tuner/data/seed004_builds.toml``, explained in docs/seed004-builds.md). A
 build's runtime settings are knob values of the arch's search space, so they pass the same type and
@@ -33,20 +33,20 @@ _KEYS = {"name", "section", "seed_rank", "variant", "offload", "runtime", "seed_
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SeedBuild:
-    """One row of seed 004 §3.3 mapped onto tuner."""
+    """One of the six reference builds mapped onto tuner (docs/seed004-builds.md)."""
 
     name: str
     section: str
     seed_rank: int
-    """§3.9.8's decode rank, 1 = highest tokens/s (the seed's claim)."""
+    """The brief's decode rank, 1 = highest tokens/s (its claim; docs/seed004-builds.md measures it)."""
     variant: str
     offload: str
     runtime: Mapping[str, int | str]
     """Runtime knob values besides the offload (search_spaces/<arch>.toml names)."""
     seed_defines: Mapping[str, str]
-    """CMake options of the pinned tree the seed's words imply, with the value it asks for."""
+    """CMake options of the pinned tree the brief's words imply, with the value it asks for."""
     missing: tuple[str, ...]
-    """What the seed asks for that has no option in the pinned tree."""
+    """What the brief asks for that has no option in the pinned tree."""
     note: str
 
 
@@ -102,7 +102,7 @@ def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
 
 
 def seed_build(name: str) -> SeedBuild:
-    """Look a seed build up by name (``build_`` prefix optional, as the seed spells them).
+    """Look a seed build up by name (``build_`` prefix optional, as the brief spells them).
 
     Raises:
         UsageError: Unknown name, listing the known ones.
@@ -110,7 +110,7 @@ def seed_build(name: str) -> SeedBuild:
     builds = {b.name: b for b in load_seed_builds()}
     key = name.removeprefix("build_")
     if key not in builds:
-        raise UsageError(f"Unknown seed 004 build {name!r}.{close_matches(key, builds)} Known (seed rank order): "
+        raise UsageError(f"Unknown reference build {name!r}.{close_matches(key, builds)} Known (ranked order): "
                          f"{', '.join(builds)}. See docs/seed004-builds.md.")
     return builds[key]
 

@@ -329,7 +329,7 @@ def residency_section(rec: Mapping[str, Any]) -> str:
             f"{', '.join(rec.get('rejected_rules', [])) or 'none'}; knobs: {rec.get('rejected_tuned') or 'upstream'}): "
             f"{' '.join(rec.get('reasons', []))}\n\n" + _rejected_table(rec.get("rejected_points", []))
             if rec["verdict"] == "fail" else "")
-    return ("## Graph splits and residency (llama.cpp's own loader and scheduler lines, seed 004 §21.6-21.7)\n\n" + head
+    return ("## Graph splits and residency (llama.cpp's own loader and scheduler lines; docs/soak.md)\n\n" + head
             + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "
             "(`-v -pg 512,16 -r 1`); with full offload the decode graph may have 2 splits (the host embedding lookup and "
             "the GPU), no layer, KV buffer or fused op may sit on the host beyond the input layer.\n\n"
@@ -506,7 +506,7 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
                "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
                "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
                "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
-               f"a t/s gain beyond it is {CPU_REJECTED!r} (seed 004 §21.3) and is not claimed."
+               f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
                if tab else "(nothing differed from upstream, so nothing was re-measured)")
     if gate is not None:
         out.append("\n\n" + gate_section(gate))

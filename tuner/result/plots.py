@@ -327,7 +327,7 @@ def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
 
 
 def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: str = "") -> Path:
-    """Decode t/s against CPU% (seed 004 §1: more t/s for less CPU), one marker per (config, depth).
+    """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth).
 
     ``points``: dicts with ``config``, ``depth``, ``ts`` and ``cpu`` (percent of one core), optionally
     ``stage`` (``screen``/``confirm``, shown as hollow/filled markers). One colour per depth, since

@@ -1,6 +1,6 @@
 """Markdown reports and depth plots from bench frames.
 
-Tables follow the shape of lhl's rocWMMA write-up (seed 003) and llama.cpp's
+Tables follow the shape of lhl's rocWMMA write-up (github.com/lhl/strix-halo-testing) and llama.cpp's
 ``compare-llama-bench.py``: one table per phase, one line per ``test @ depth``, one t/s column
 per variant and a Δ% column per non-baseline variant, so they paste into a pull request. Each
 t/s cell is ``median ± CI`` with the sample count; each Δ% carries a significance mark from

@@ -7,7 +7,7 @@ adds the rules as plain conditions to upstream's own ``ggml_cuda_get_best_fattn_
 ``ggml/src/ggml-cuda/fattn.cu``, and ``PR.md``, a pull-request body with a compare-llama-bench-shaped
 table. It is pure: text in, text out; the caller (export) reads the tree and writes the files.
 
-Choices, and why (see also ``../shared/research/knobs.md`` section 2.1 for the function's structure):
+Choices, and why (docs/selector.md walks through the function's structure):
 
 * **Which GPUs a rule applies to.** A rule is keyed to the exact compute capability it was measured
   on: ``cc == GGML_CUDA_CC_HOPPER`` for sm_90. ggml's ``cc`` is ``100*major + 10*minor`` of the
@@ -80,7 +80,7 @@ _RETURN = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MM
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
 _KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0",
              "q5_1": "Q5_1", "q8_0": "Q8_0"}
-# Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, knobs.md section 2.1).
+# Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md).
 _TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72) {\n"
 _TURING_COMMENT = "    // If Turing tensor cores are available, use them:\n"
 _NEEDS = ("const int gqa_ratio", "bool gqa_opt_applies", "const bool can_use_vector_kernel", "const int cc")
@@ -298,7 +298,7 @@ def patched_fattn(source_root: Any, rules: Sequence[Any], arch: Any, *, note: st
         raise TunerError(
             f"{FATTN} of {root}: {FUNCTION} does not have the structure upstream.patch is written for "
             f"(missing {', '.join(missing) or repr(anchor.strip())}); this tree's selection function differs "
-            "from llama.cpp 0c1e570 (knobs.md section 2.1). Use tuned.patch for this tree."
+            "from llama.cpp 0c1e570 (docs/selector.md). Use tuned.patch for this tree."
         )
     lines = text.splitlines(keepends=True)
     first = text[:start].count("\n")

@@ -136,7 +136,7 @@ def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellSta
     :func:`tuner.search.screen.summarize_phase` judges a cell by its own A/A noise; a decision also needs
     the phase's noise floor at the cell's rounds (:func:`noise_floor`), so that one lucky A/A cell
     does not let a candidate through. The bar is the larger of the two (``bar_pct``, ``cpu_bar`` for
-    CPU%), and the verdicts, seed 004 §21.3's CPU rejection of decode changes included, are recomputed
+    CPU%), and the verdicts, the CPU rejection of decode changes (docs/design.md) included, are recomputed
     by it: what the report calls ``faster`` is what compose and confirm act on."""
     cpu_floor = phase_cpu_noise(cells)
     out = {}
@@ -154,7 +154,7 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
     """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts.
 
     A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
-    (seed 004 §21.3); the decision's reason names it. Only a kernel faster beyond the noise can win,
+    (docs/design.md, "CPU% in decode decisions"); the decision's reason names it. Only a kernel faster beyond the noise can win,
     so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out."""
     out = []
     judged = judge_phase(phase, cells)

@@ -9,7 +9,7 @@ upstream's by construction and reported so.
 What does not confirm is dropped: a rule with a point slower than upstream beyond the noise inside
 its interval, or with no point faster beyond it, goes; so does a process-wide knob that makes any
 point slower. A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
-t/s noise (seed 004 §21.3) counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
+t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
 The export claims only the points that confirmed.
 """
 

@@ -10,33 +10,32 @@ For the target arch and the source's era it
 3. compile-checks a representative sample per variant: the upstream row plus the first legal
    non-default candidate of each row, with the HIP compile-check toolchain for AMD targets or nvcc
    for NVIDIA targets;
-4. prints the plan (builds x runtime trials x depths) with an *estimated* time on the target.
+4. prints the plan: the stages :func:`tuner.search.pipeline.run_pipeline` runs on the target (screen,
+   compose, tune, confirm, output gate, residency, builds) with their counts, and an *estimated* time
+   from per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
 
-Nothing is benchmarked, and the output says so.
+The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is
+benchmarked, and the output says so.
 """
 
 from __future__ import annotations
 
-__all__ = ["DryRunReport", "run_dry_run", "count_space", "plan_estimate"]
+__all__ = ["DryRunReport", "PlanInputs", "run_dry_run", "count_space", "plan_stages", "load_step_costs", "render"]
 
 import collections
 import dataclasses
 import itertools
+import json
 import math
 import shutil
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-
-# Rough per-step costs on the *target* machine, from docs/measurements (device.md, hip-compilecheck.md).
-# They are planning figures, never reported as measurements.
-_EST = {
-    "full_build_s": {"nvidia": 300.0, "amd": 500.0, "cpu": 300.0},
-    "tu_rebuild_s": {"nvidia": 75.0, "amd": 60.0, "cpu": 20.0},
-    "bench_point_s": {"nvidia": 4.0, "amd": 8.0, "cpu": 3.0},
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +54,12 @@ class DryRunReport:
     @property
     def ok(self) -> bool:
         return all(c["status"] in ("ok", "skipped") for c in self.compile_checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json`` (every value is JSON-serializable)."""
+        return {"arch": self.arch, "era": self.era, "variants": dict(self.variants), "rows": [dict(r) for r in self.rows],
+                "legal": self.legal, "total": self.total, "compile_checks": [dict(c) for c in self.compile_checks],
+                "plan": dict(self.plan)}
 
 
 def _row_key(k: Any) -> tuple[Any, ...]:
@@ -119,28 +124,146 @@ def count_space(arch: str, era: str, space: Any) -> tuple[list[dict[str, Any]], 
     return rows, legal_total, total
 
 
-def plan_estimate(vendor: str, *, n_variants: int, n_compile_samples: int, n_runtime: int, depths: Sequence[int],
-                  trials: int) -> dict[str, Any]:
-    """Builds x runtime trials x depths, with an estimated wall time on the target (a model)."""
-    points = 2 * len(depths)
-    builds = n_variants + min(n_compile_samples, trials)
-    est = (
-        n_variants * _EST["full_build_s"][vendor]
-        + min(n_compile_samples, trials) * _EST["tu_rebuild_s"][vendor]
-        + trials * points * _EST["bench_point_s"][vendor]
-    )
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlanInputs:
+    """What the real search on the target would be run with (the CLI's flags and their defaults)."""
+
+    like: str = "llama-3.2-1b"
+    model: Path | None = None
+    """A GGUF the real run would benchmark (``--model``); its shape replaces ``like``'s."""
+    depths: tuple[int, ...] = (0, 4096, 8192, 16384, 32768, 65536)
+    trials: int = 6
+    min_rounds: int = 3
+    max_rounds: int = 6
+    refine: int = 1
+    confirm_extra: int = 2
+
+
+def load_step_costs() -> dict[str, Any]:
+    """``tuner/data/step_costs.toml``: recorded per-step costs (machine, figures and their sources)."""
+    from tuner._compat import tomllib
+    from tuner.paths import package_data
+
+    with open(package_data("step_costs.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, Any]:
+    """The recorded model whose width is nearest the planned model's (costs scale with model size)."""
+    return min(costs["models"].values(), key=lambda m: abs(math.log(m["d_model"] / max(d_model, 1))))
+
+
+def _stage(name: str, what: str, *, calls: tuple[int, int] = (0, 0), seconds: tuple[float, float] | None = (0.0, 0.0),
+           cost: str = "") -> dict[str, Any]:
+    return {"stage": name, "what": what, "llama_bench_calls": list(calls),
+            "seconds": None if seconds is None else [round(seconds[0], 1), round(seconds[1], 1)], "cost": cost}
+
+
+def _builds_stage(costs: Mapping[str, Any], rec: Mapping[str, Any], *, trials: int, n_compile: int, n_variants: int,
+                  rebuild_s: float | None) -> dict[str, Any]:
+    """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds."""
+    full = float(costs["full_build"]["seconds"])
+    gate_s = float(rec["gate_s"])
+    tune_builds = trials if n_compile else 0
+    # The tune stage samples the variant too when several are renderable (pipeline._tune): each other
+    # variant it tries is one more full build.
+    more_full = min(n_variants - 1, trials) if n_variants > 1 else 0
+    rebuilds = tune_builds * (rebuild_s or 0.0)
+    return _stage(
+        "builds + test-backend-ops", f"1 full build of upstream's variant (cached after the first run), up to {more_full} "
+        f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
+        "changed translation units for compile-time trials; each build gated by test-backend-ops FLASH_ATTN_EXT with "
+        "every kernel forced",
+        seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s),
+        cost=(f"{full:g} s a full build, {gate_s:g} s a gate" + ("" if not tune_builds else
+              f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
+              "an upper bound per trial)" if rebuild_s is not None else
+              "; rebuilds not counted: their time is not measured here (compile check skipped)")))
+
+
+def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: PlanInputs, context_length: int | None,
+                d_model: int, rebuild_s: float | None, n_variants: int, pinned: Sequence[str] = ()) -> dict[str, Any]:
+    """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
+    space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
+
+    ``kernels``: phase (``tg``/``pp``) -> the kernels the space lets the screen force.
+    ``pinned``: knobs fixed with ``--set`` (the tune stage does not sample them).
+    ``rebuild_s``: a compile-time candidate's rebuild, from this dry run's own compile check (None: not
+    measured here, so tune builds are left out of the time).
+    """
+    from tuner.search import tune as tn
+    from tuner.search.confirm import extra_depths
+
+    costs = load_step_costs()
+    rec = _nearest_recording(costs, d_model)
+    per_depth = float(rec["bench_call_depth_s"])
+    depths = [d for d in inputs.depths if not context_length or d <= context_length]
+    if len(depths) < len(inputs.depths):
+        log.warning(f"depths {[d for d in inputs.depths if d not in depths]} exceed {inputs.like}'s context length "
+                    f"{context_length}: the real search refuses them; the plan leaves them out.")
+    nd = len(depths)
+    rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
+    stages = []
+
+    # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
+    # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
+    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
+    per_round = max(n_cands.values())
+    legal = "; ".join(f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+                      for p in ("tg", "pp"))
+    stages.append(_stage(
+        "screen", f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
+        f"{nd} depths {depths}",
+        calls=(per_round * rmin, per_round * rmax), seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
+        cost=f"{per_depth:g} s per call and depth"))
+    ref_calls = sum(n_cands.values())
+    stages.append(_stage(
+        "screen: refine", f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
+        "depths; each new depth is screened alone for that phase (counted here as one depth per step)",
+        calls=(0, inputs.refine * ref_calls * rmax), seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
+        cost=f"{per_depth:g} s per call and depth"))
+    stages.append(_stage("compose", "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+                         "only where a kernel beat upstream beyond the A/A noise; nothing is run"))
+    knobs = tn.tunable_knobs(space, {k: True for k in pinned})
+    n_compile = sum(1 for k in knobs if k in space.compile_knobs)
+    trials = inputs.trials if knobs else 0
+    stages.append(_stage(
+        "tune", f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
+        f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
+        f"(2 calls per phase it can affect, at {nd} depths)",
+        calls=(2 * trials if trials else 0, 4 * trials), seconds=(2 * trials * nd * per_depth, 4 * trials * nd * per_depth),
+        cost=f"{per_depth:g} s per call and depth"))
+    cdepths = sorted(set(depths) | set(extra_depths(depths, limit=inputs.confirm_extra, max_depth=context_length)))
+    stages.append(_stage(
+        "confirm", f"the final config vs upstream and upstream vs itself (3 calls a round, pp+tg shared) × {rmin}-{rmax} "
+        f"rounds × {len(cdepths)} depths {cdepths}; nothing to confirm (0 calls) when no rule or knob survived",
+        calls=(0, 3 * rmax), seconds=(0.0, 3 * rmax * len(cdepths) * per_depth), cost=f"{per_depth:g} s per call and depth"))
+    n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
+    stages.append(_stage(
+        "output gate", f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
+        f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
+        seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])), cost=f"{rec['equivalence_check_s']:g} s a check"))
+    stages.append(_stage("residency", "one verbose llama-bench probe of upstream's config and one of the final config",
+                         seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
+                         cost=f"{rec['residency_s']:g} s for both probes"))
+    stages.append(_builds_stage(costs, rec, trials=trials, n_compile=n_compile,
+                                n_variants=1 if "variant" in pinned else n_variants, rebuild_s=rebuild_s))
+    timed = [s["seconds"] for s in stages if s["seconds"] is not None]
     return {
-        "builds": builds,
-        "runtime_trials": trials,
-        "points_per_trial": points,
-        "runtime_space": n_runtime,
-        "estimated_minutes": round(est / 60.0, 1),
-        "note": "estimate from per-step costs measured on other machines; not a measurement of the target",
+        "stages": stages,
+        "estimated_minutes": [round(sum(t[0] for t in timed) / 60.0, 1), round(sum(t[1] for t in timed) / 60.0, 1)],
+        "estimate_from": {"machine": costs["machine"]["name"], "model": rec["like"],
+                          "sources": sorted({rec["bench_source"], rec["gate_source"], rec["equivalence_source"],
+                                             rec["residency_source"], costs["full_build"]["source"]})},
+        "note": (f"ESTIMATE, not a measurement of the target: per-step costs recorded by tuner on an "
+                 f"{costs['machine']['name']} with {rec['like']} (tuner/data/step_costs.toml), times the counts above; "
+                 "the target's own speed and core count change every figure"
+                 + ("; the rebuild time is this machine's compile check" if rebuild_s is not None and n_compile else "")),
     }
 
 
 def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, Any], vendor: str, *,
-                    only_selector: bool = False) -> dict[str, Any]:
+                    only_selector: bool = False, skip: str | None = None) -> dict[str, Any]:
     from tuner.builder.cmake import build_variant, default_check_objects
     from tuner.plan.render import render_variant
 
@@ -150,14 +273,8 @@ def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, A
         # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
         # check proves something was compiled for the target.
         objs = objs[:1] if rv.era == "mma" else objs[:2]
-    if vendor == "amd":
-        from tuner.builder.hip import find_hip_toolchain
-
-        if find_hip_toolchain() is None:
-            return {"variant": variant, "status": "skipped", "objects": objs,
-                    "why": "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, ~1 min)"}
-    elif vendor == "nvidia" and shutil.which("nvcc") is None:
-        return {"variant": variant, "status": "skipped", "objects": objs, "why": "nvcc not on PATH"}
+    if skip is not None:
+        return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
     try:
         b = build_variant(rv, compile_only=True, objects=objs)
     except TunerError as err:
@@ -166,22 +283,39 @@ def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, A
             "values": dict(sample), "offload": dict(b.meta.get("offload_targets", {}))}
 
 
-def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] | None = None,
-                variants: Sequence[str] = (), compile_check: bool = True, trials: int = 40,
-                depths: Sequence[int] = (0, 4096, 16384, 32768)) -> DryRunReport:
-    """Render, constraint-check and compile-check ``arch``'s space; print the plan. Times nothing."""
-    from tuner.targets.archs import load_arch
-    from tuner.plan.render import render_variant
-    from tuner.source import DEFAULT_SPEC, fetch_source
-    from tuner.plan.space import load_space, parse_set_values
+def _skip_reason(vendor: str) -> str | None:
+    """Why the compile check cannot run on this machine (None: it can)."""
+    if vendor == "amd":
+        from tuner.builder.hip import find_hip_toolchain
 
+        if find_hip_toolchain() is None:
+            return "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, about a minute)"
+    elif vendor == "nvidia" and shutil.which("nvcc") is None:
+        return "nvcc not on PATH"
+    return None
+
+
+def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] | None = None,
+                variants: Sequence[str] = (), compile_check: bool = True, inputs: PlanInputs | None = None,
+                as_json: bool = False) -> DryRunReport:
+    """Render, constraint-check and compile-check ``arch``'s space; print the plan on stdout (progress on
+    stderr). Times nothing."""
+    from tuner.plan.render import render_variant
+    from tuner.plan.space import load_space, parse_set_values
+    from tuner.search.pipeline import PHASES, _kernels_for
+    from tuner.source import DEFAULT_SPEC, fetch_source
+    from tuner.targets.archs import load_arch
+    from tuner.targets.models import load_gguf_shape, load_model_shape
+
+    inputs = inputs or PlanInputs()
     a = load_arch(arch)
+    shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
+    if inputs.model is not None:
+        inputs = dataclasses.replace(inputs, like=inputs.model.name)
     source = fetch_source(source_spec or DEFAULT_SPEC)
     space = load_space(a.name, source.era)
-    log.info(
-        f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}.\n"
-        f"  DRY RUN: nothing is benchmarked; every time below is an estimate, not a measurement."
-    )
+    log.info(f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
+             "Nothing is benchmarked.")
     if sets:
         compile_pins, _ = parse_set_values(space, [f"{k}={v}" for k, v in sets.items()])
         from tuner.plan.space import check_constraints
@@ -209,6 +343,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
         for r in rows:
             if r["sample_legal"]:
                 samples.update(r["sample_legal"])
+        skip = _skip_reason(a.vendor)
         first = True
         for v, st in vstatus.items():
             if st != "ok":
@@ -216,26 +351,44 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
             # The first variant compiles the sample candidates' TUs too; the others differ only in
             # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
             what = "upstream + one legal candidate per row" if first else "the patched selector TU"
-            with log.step(f"Compile-checking {v} ({what})"):
+            if skip is not None:  # say skipped: a ✓ would claim a check that did not run
+                log.info(f"Compile check of {v} ({what}): skipped: {skip}")
                 checks.append(_compile_sample(source, a.name, v, samples if first else {}, a.vendor,
-                                              only_selector=not first))
+                                              only_selector=not first, skip=skip))
+            else:
+                with log.step(f"Compile-checking {v} ({what})"):
+                    checks.append(_compile_sample(source, a.name, v, samples if first else {}, a.vendor,
+                                                  only_selector=not first))
             first = False
-    plan = plan_estimate(
-        a.vendor,
-        n_variants=sum(1 for s in vstatus.values() if s == "ok"),
-        n_compile_samples=sum(r["legal"] - 1 for r in rows if r["legal"]),
-        n_runtime=math.prod(len(_choices(k)) for k in space.runtime_knobs) if space.runtime_knobs else 1,
-        depths=depths,
-        trials=trials,
-    )
+    timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
+    plan = plan_stages(space, kernels={p: _kernels_for(space, p) for p in PHASES}, inputs=inputs,
+                       context_length=shape.context_length, d_model=shape.d_model,
+                       rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"),
+                       pinned=tuple(sets or {}))
+    plan = {"model": inputs.like, **plan}
     rep = DryRunReport(arch=a.name, era=source.era, variants=vstatus, rows=tuple(rows), legal=legal, total=total,
                        compile_checks=tuple(checks), plan=plan)
-    _print(rep)
+    click.echo(json.dumps(rep.to_dict(), indent=2) if as_json else render(rep))
     return rep
 
 
-def _print(rep: DryRunReport) -> None:
-    out = [f"\n## Variants ({rep.arch}, era {rep.era})", ""]
+def _detail(c: Mapping[str, Any]) -> str:
+    """A compile check's outcome in words (never a dict repr)."""
+    if c.get("why"):
+        return " ".join(str(c["why"]).split())[:200]
+    targets: Mapping[str, Any] = c.get("offload") or {}
+    # object -> the GPU archs its device code is for (empty: host code only), summarized per arch set
+    per: collections.Counter[str] = collections.Counter(", ".join(map(str, v)) for v in targets.values())
+    code = "; ".join(f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
+                     for what, n in sorted(per.items()))
+    vals = c.get("values") or {}
+    return (f"{c.get('seconds')} s" + (f"; {code}" if code else "")
+            + (f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)" if vals else ""))
+
+
+def render(rep: DryRunReport) -> str:
+    """The dry run's report as Markdown (what `tuner search --dry-run > plan.md` captures)."""
+    out = [f"# Dry run: {rep.arch}, era {rep.era} (nothing was benchmarked)", "", "## Variants", ""]
     out.append(log.table(["variant", "status"], [[v, s.splitlines()[0][:140]] for v, s in rep.variants.items()]))
     out += ["", f"## Compile-time space: {rep.legal} legal of {rep.total} candidates", ""]
     out.append(
@@ -247,18 +400,22 @@ def _print(rep: DryRunReport) -> None:
     )
     if rep.compile_checks:
         out += ["", "## Compile checks (object files only; nothing runs)", ""]
-        out.append(
-            log.table(
-                ["variant", "status", "TUs", "detail"],
-                [[c["variant"], c["status"], len(c["objects"]),
-                  (c.get("why") or f"{c.get('seconds')} s; targets {c.get('offload') or '-'}")[:160]]
-                 for c in rep.compile_checks],
-            )
-        )
+        out.append(log.table(["variant", "status", "TUs", "detail"],
+                             [[c["variant"], c["status"], len(c["objects"]) or "-", _detail(c)] for c in rep.compile_checks]))
     p = rep.plan
-    out += [
-        "",
-        f"## Plan on the target: {p['builds']} builds × {p['runtime_trials']} runtime trials × "
-        f"{p['points_per_trial']} points (pp+tg per depth); about {p['estimated_minutes']} min ({p['note']}).",
-    ]
-    log.info("\n".join(out))
+    lo, hi = p["estimated_minutes"]
+    out += ["", f"## Plan on the target ({p['model']}): the stages `tuner search --arch {rep.arch}` runs", ""]
+
+    def secs(s: Mapping[str, Any]) -> str:
+        if s["seconds"] is None:
+            return "not estimated"
+        a, b = s["seconds"]
+        return f"{a:g}" if a == b else f"{a:g}-{b:g}"
+
+    out.append(log.table(["stage", "what it runs", "llama-bench calls", "seconds (estimate)", "per-step cost"],
+                         [[s["stage"], s["what"], "-" if s["llama_bench_calls"] == [0, 0] else
+                           "-".join(str(x) for x in dict.fromkeys(s["llama_bench_calls"])), secs(s), s["cost"] or "-"]
+                          for s in p["stages"]]))
+    out += ["", f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
+            "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + "."]
+    return "\n".join(out)

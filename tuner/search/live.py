@@ -7,7 +7,8 @@ the kernel that actually ran at each depth is read: upstream's pick for the upst
 ``rule`` or ``fallback`` (illegal here, upstream's choice kept) for a forced one. Builds without the
 hook (the CPU backend) print nothing and the kernel stays unknown.
 
-Each depth also carries what the observer saw in the test's timed repetitions (seed 004 §21.1):
+Each depth also carries what the observer saw in the test's timed repetitions (prefill and decode separately;
+docs/design.md):
 ``cpu`` (the llama-bench process tree, percent of one core), ``core`` (its busiest thread) and ``gpu``
 (NVML/AMD SMI utilization; None without them). The observer costs one psutil walk of the process
 tree per 100 ms and one per llama-bench ``--progress`` line, a few milliseconds each in this process

@@ -21,6 +21,7 @@ __all__ = ["ReplayGrid", "load_grid", "sample_efficiency", "run_replay"]
 
 import dataclasses
 import itertools
+import json
 import math
 import re
 import statistics
@@ -28,6 +29,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import click
 
 from tuner import log
 from tuner.errors import UsageError
@@ -210,11 +213,13 @@ def grid_measure(grid: ReplayGrid) -> Any:
     return measure
 
 
-def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0) -> dict[str, Any]:
+def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0,
+                  as_json: bool = False) -> dict[str, Any]:
     """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner.
 
     The grid's winner at a depth is the kernel with the highest median over all its recorded samples
-    (``default`` = upstream). Prints, labelled REPLAY; returns per phase the decisions, the grid's
+    (``default`` = upstream). Prints the tables (or, ``as_json``, the returned data as JSON) on stdout,
+    labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
     winners and the counts of measurements used against the exhaustive grid.
     """
     from tuner.search import compose as comp
@@ -250,12 +255,15 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
             winners[dec.depth] = best
             rows.append([TAG, f"{phase}@d{dec.depth}", f"{best} ({gain:+.1f}% vs default)", dec.winner or "upstream",
                          f"{dec.effect_pct:+.1f}%", f"±{dec.noise_pct:.1f}%", "yes" if ok else "NO"])
-        log.info(log.table(["mode", "point", "grid winner (median of all samples)", "screen pick", "Δ", "A/A noise",
-                            "reproduced"], rows))
         used = measure.calls["n"] - before
-        log.info(f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
+        if not as_json:
+            click.echo(log.table(["mode", "point", "grid winner (median of all samples)", "screen pick", "Δ", "A/A noise",
+                                  "reproduced"], rows))
+            click.echo(f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
                  f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid.")
         out[phase] = {"decisions": [d.as_dict() for d in decisions], "agree": agree, "n": len(decisions),
                       "used": used, "exhaustive": exhaustive, "grid_winners": winners,
                       "rules": comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None))}
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
     return out

@@ -1,4 +1,4 @@
-"""The residency gate (seed 004 §21.6–21.7): the final config keeps the graph and the memory where upstream's does.
+"""The residency gate (docs/soak.md): the final config keeps the graph and the memory where upstream's does.
 
 After the confirm stage the search runs one verbose llama-bench probe (:func:`tuner.measure.residency.run_residency`)
 for upstream's config and one for the final config, reads llama.cpp's own loader and scheduler lines
@@ -13,7 +13,7 @@ Which rule applies is the scenario's, read from upstream's config (the user's pi
 ``--set ngl=8``): where upstream offloads everything, the final config must too, so a tuned ``-nkvo 1``
 fails (its KV cache is in host memory). Where upstream itself keeps layers or the KV cache on the host
 (a host-paced, partial-offload scenario), residency is what the scenario trades: both probes are
-reported, not judged, and more graph splits are expected (session 12: ``-ngl 8 -nkvo 1`` had 16
+reported, not judged, and more graph splits are expected (docs/h100/session12: ``-ngl 8 -nkvo 1`` had 16
 decode splits to upstream's 2). On the CPU backend everything is on the host by design; the numbers
 are reported and the check passes.
 """
@@ -94,7 +94,7 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
 
 def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | None) -> dict[str, Any] | None:
     """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
-    changed, as session 12's partial-offload fix did); None where a log is gone or a probe had failed (the
+    changed, as docs/h100/session12's partial-offload fix did); None where a log is gone or a probe had failed (the
     stored record stands: it cannot be re-read)."""
     from tuner.measure.residency import parse_residency
 

@@ -19,7 +19,7 @@ starting over). Next to t/s (``values``) they keep what the measure observed in 
 CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
 older studies lack them, and everything derived from them is then NaN.
 
-Decode cells apply seed 004 §21.3 (:func:`tuner.measure.paired.rejects_cpu_cost`): a candidate whose
+Decode cells apply the CPU% rule (docs/design.md, "CPU% in decode decisions"; :func:`tuner.measure.paired.rejects_cpu_cost`): a candidate whose
 CPU% rises beyond the A/A pair's CPU noise without a t/s gain beyond the t/s noise gets the verdict
 ``rejected: CPU% up without a t/s gain``.
 """
@@ -231,7 +231,7 @@ def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]], prio
         return False
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
     if not done:
-        # The latest rounds only: an older one may have run another way (session 6's H100 confirm was
+        # The latest rounds only: an older one may have run another way (docs/h100/session6's H100 confirm was
         # held back by a 337 s round of an earlier version, when the screen's last rounds took 240 s).
         recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
         rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
@@ -399,7 +399,7 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         cpu = {n: paired_diff(_series(recs, "cpu", n, key), _series(recs, "cpu", UPSTREAM, key)) for n in effects}
         cpu_noise = noise_points(cpu[aa]) if aa else math.inf
         verdicts = {n: verdict(e, noise) for n, e in effects.items()}
-        if phase == "tg":  # seed 004 §21.3 judges decode changes by their CPU cost too
+        if phase == "tg":  # decode changes are judged by their CPU cost too (docs/design.md)
             verdicts.update({n: CPU_REJECTED for n in effects if n != aa
                              and rejects_cpu_cost(effects[n].ci_low, noise, cpu[n].ci_low, cpu_noise)})
         out[d] = CellStats(

@@ -1,6 +1,6 @@
 """Pick winners from measured configurations: no-harm rule, then min-max regret per context bucket.
 
-This mirrors llama.cpp's Metal tuner (tools/tuning, see ../shared/research/anchors.md §3):
+This mirrors llama.cpp's Metal FA-vec tuner (``tools/tuning`` in llama.cpp 0c1e570):
 
 * a *point* is one (phase, depth) measurement, e.g. ``("tg", 16384)``;
 * a config may represent a bucket of points only if it is *admissible* there: not slower than the

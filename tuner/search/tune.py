@@ -11,7 +11,7 @@ order alternates between trials), and reports one objective per phase (geometric
 per-depth ratios; 1.0 for a phase the trial cannot change). No pruning across phases: a prefill
 result never stops a decode measurement. The best trial is only a proposal: confirm decides.
 
-Seed 004 §21.3 applies to the decode objective: a trial whose decode CPU% rises by more than the
+The CPU% rule (docs/design.md, "CPU% in decode decisions") applies to the decode objective: a trial whose decode CPU% rises by more than the
 screen's A/A CPU noise while its decode t/s gain stays within the screen's t/s noise is infeasible
 (``cpu_cost`` constraint, ``rejected`` attribute) and never picked. One paired round has no interval,
 so the trial's point estimates are held against the noise.
@@ -112,7 +112,7 @@ def screen_noise(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
 
 
 def cpu_rejection(objs: Sequence[float], cpu: Mapping[str, float], ts_noise_pct: float, cpu_noise: float) -> str:
-    """Why a trial is rejected for its decode CPU cost (seed 004 §21.3), or '' when it is not.
+    """Why a trial is rejected for its decode CPU cost (docs/design.md, "CPU% in decode decisions"), or '' when it is not.
 
     ``objs`` are :func:`paired_objectives`' ``[pp, tg]``, ``cpu`` its CPU% differences."""
     rises = [v for k, v in cpu.items() if k.startswith("tg@")]

@@ -1,6 +1,6 @@
 """This machine's CPUs as a llama-bench run sees them, and CPU masks (``--cpu-mask 0-3``).
 
-A host-paced scenario (seed 004 §2.7, §17.1: the CPU, not the GPU, limits decode) is reproduced by
+A host-paced scenario (docs/knobs.md: the CPU, not the GPU, limits decode) is reproduced by
 pinning every llama-bench process to a few cores with ``taskset``: the command line then carries the
 pin, so a logged or exported command reproduces it exactly. The threads knob's legal values follow
 the CPUs a run may use: the mask's, else this process's affinity (a container's cpuset, or the

@@ -1,4 +1,4 @@
-"""Graph-split and residency parsing and its rule (seed §21.6–21.7).
+"""Graph-split and residency parsing and its rule (docs/soak.md).
 
 tests/data/residency/: ``cpu-*.log`` are real llama-bench -v logs of the cached CPU build with the
 `tiny` model (paths shortened); ``cuda-*.log`` are written from the pinned tree's CUDA format strings

@@ -1,4 +1,4 @@
-"""tuner.plan.seed_builds: seed 004 §3.3's six builds mapped onto variants, defines and bench args."""
+"""tuner.plan.seed_builds: the six reference builds (docs/seed004-builds.md) mapped onto variants, defines and bench args."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 004 §21.3 in every decode decision: CPU% statistics and the rejection rule, on fakes whose truth is known."""
+"""The CPU% rule (docs/design.md) in every decode decision: CPU% statistics and the rejection rule, on fakes whose truth is known."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_paired_diff_is_in_points_with_a_t_interval() -> None:
 
 
 @pytest.mark.parametrize("ts_low, ts_noise, cpu_low, cpu_noise, rejected", [
-    (1.001, 2.0, 40.0, 3.0, True),     # CPU up 40 points beyond 3, t/s within its noise: the seed's case
+    (1.001, 2.0, 40.0, 3.0, True),     # CPU up 40 points beyond 3, t/s within its noise: the rule's case
     (0.90, 2.0, 40.0, 3.0, True),      # slower and hungrier
     (1.05, 2.0, 40.0, 3.0, False),     # the CPU pays for a gain beyond the noise
     (1.001, 2.0, 2.0, 3.0, False),     # CPU rise within the noise

@@ -64,7 +64,7 @@ def test_named_products_from_brief() -> None:
 
 
 def test_kernel_paths_follow_knobs_worked_example() -> None:
-    # knobs.md §2.1: Llama-3.2-1B decodes with VEC on sm_89/90, MMA on sm_80/86, TILE on RDNA3/4.
+    # docs/selector.md worked example: Llama-3.2-1B decodes with VEC on sm_89/90, MMA on sm_80/86, TILE on RDNA3/4.
     assert load_arch("sm_89").kernel_paths["mma"]["fa_decode"] == "VEC"
     assert load_arch("sm_90").kernel_paths["mma"]["fa_prefill"] == "MMA"
     assert load_arch("sm_86").kernel_paths["mma"]["fa_decode"] == "MMA"

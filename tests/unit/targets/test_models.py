@@ -41,7 +41,7 @@ def _no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_known_shapes_match_published_counts() -> None:
-    # knobs.md §7: 147 tensors / 1,235,814,432 params for Llama-3.2-1B (rope_freqs included).
+    # llama.cpp src/llama-model.cpp tensor list: 147 tensors / 1,235,814,432 params for Llama-3.2-1B (rope_freqs included).
     spec = plan_tensors(load_model_shape("llama-3.2-1b"))
     assert len(spec) == 147 and sum(t.n_elements for t in spec) == 1_235_814_432
     assert "output.weight" not in {t.name for t in spec}
