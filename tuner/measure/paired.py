@@ -23,7 +23,7 @@ CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is seed 004 §21.3's 
 
 from __future__ import annotations
 
-__all__ = ["CPU_REJECTED", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
+__all__ = ["CPU_REJECTED", "NOISE_CEILING_PCT", "TOO_NOISY", "too_noisy", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
            "verdict", "rejects_cpu_cost", "rotated"]
 
 import dataclasses
@@ -182,6 +182,27 @@ def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noi
     cpu_up = math.isfinite(cpu_low) and math.isfinite(cpu_noise) and cpu_low > cpu_noise
     ts_gain = math.isfinite(ts_low) and math.isfinite(ts_noise_pct) and ts_low > 1.0 + ts_noise_pct / 100.0
     return cpu_up and not ts_gain
+
+
+NOISE_CEILING_PCT = 20.0
+"""The search's A/A noise ceiling, percent: a phase whose A/A noise (the median over its depths) exceeds
+it claims nothing. Kernel choices move t/s by 5-15% (docs/h100/README.md); behind a noise band wider
+than 20% a claim would rest on the rare effect that happens to clear it, so none is made. The H100's
+noisiest phase measured ±16.5% (prefill, a 1B model); a shared 2-core CPU box measured hundreds of percent."""
+
+TOO_NOISY = "too noisy"
+"""The verdict of every point of a phase :func:`too_noisy` judged."""
+
+
+def too_noisy(noises: Sequence[float]) -> bool:
+    """Whether a phase's A/A noise (percent, one per depth) is above :data:`NOISE_CEILING_PCT`: their
+    median, infinite ones included (a depth without an A/A pair knows no noise); False without any."""
+    vals = sorted(noises)
+    if not vals:
+        return False
+    mid = len(vals) // 2
+    med = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    return not med <= NOISE_CEILING_PCT
 
 
 def verdict(effect: Effect, noise: float) -> str:

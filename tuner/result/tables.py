@@ -44,8 +44,8 @@ kind (``A/A``, ``floor``, ``none``)."""
 
 def bench_test_name(test: str, depth: int) -> str:
     """``compare-llama-bench.py``'s test name: ``pp512``, ``tg128@d32768`` (no ``@d0``)."""
-    depth = int(depth)
-    return str(test) if depth == 0 else f"{test}@d{depth}"
+    depth, test = int(depth), str(test)
+    return test if depth == 0 or "@d" in test else f"{test}@d{depth}"
 
 
 def _num(x: Any) -> float | None:
