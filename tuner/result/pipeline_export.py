@@ -10,7 +10,8 @@ Studies recorded before CPU% was measured show "—" in those columns and get no
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "gate_section", "gate_table", "pareto_points", "summary_line", "report_text"]
+__all__ = ["export_pipeline", "gate_section", "gate_table", "model_origin", "noisy_line", "noisy_phases", "pareto_points",
+           "pr_body", "summary_line", "report_text"]
 
 import json
 import math
@@ -405,8 +406,7 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
                     weight_type: str | None = None) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
     from tuner.plan.space import parse_fa_rules
-    from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
-    from tuner.measure.paired import NOISE_CEILING_PCT
+    from tuner.result.upstream_patch import render_upstream_patch
     from tuner.targets.archs import load_arch
 
     for stale in ("upstream.patch", "PR.md"):
@@ -427,17 +427,31 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
     if patch is None:
         return
     (out_dir / "upstream.patch").write_text(patch)
+    (out_dir / "PR.md").write_text(pr_body(a, rules, points, defines=defines, like=like, weight_type=weight_type))
+
+
+def pr_body(a: Mapping[str, Any], rules: Sequence[str], points: Sequence[Mapping[str, Any]], *,
+            defines: Mapping[str, str], like: str | None = None, weight_type: str | None = None) -> str:
+    """``PR.md`` of a pipeline result: ``a`` holds the study's ``arch``, ``device``, ``model``, ``commit``,
+    ``pp``, ``tg``, ``shape`` (and ``cpu_mask``), ``points`` the confirmed rows as :func:`_points` makes them."""
+    from tuner.measure.paired import NOISE_CEILING_PCT
+    from tuner.plan.space import parse_fa_rules
+    from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
+    from tuner.targets.archs import load_arch
+
+    arch = load_arch(a["arch"])
+    model_file = Path(a["model"]).name
     origin = model_origin(a, like, weight_type)
-    phases = sorted({p["phase"] for p in points})
     mask = a.get("cpu_mask") or []
     commands = reproduce_commands(
-        commit=a.get("commit") or source.commit, arch=arch, defines=defines, model_file=model_file, like=origin["like"],
-        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=a["pp"], tg=a["tg"], phases=phases,
+        commit=a.get("commit"), arch=arch, defines=defines, model_file=model_file, like=origin["like"],
+        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=a["pp"], tg=a["tg"],
+        phases=sorted({p["phase"] for p in points}), search_depths=a.get("depths") or (),
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
     models = models_note(model_file=model_file, shape=a.get("shape", {}), like=origin["like"], synthetic=origin["synthetic"])
-    (out_dir / "PR.md").write_text(render_pr_body(parsed, arch, gpu=gpu, model=model_file, points=points,
-                                                  commands=commands, source=f"llama.cpp {a.get('commit')}",
-                                                  models=models, noise_ceiling_pct=NOISE_CEILING_PCT))
+    return render_pr_body(parse_fa_rules(",".join(rules)), arch, gpu=str(a.get("device", "unknown GPU")), model=model_file,
+                          points=points, commands=commands, source=f"llama.cpp {a.get('commit')}", models=models,
+                          noise_ceiling_pct=NOISE_CEILING_PCT)
 
 
 def _mask_text(mask: Sequence[int]) -> str:

@@ -431,8 +431,9 @@ def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, 
     """The PR's "Models" section: where the shapes came from, what the weights were, and what that shows."""
     dims = ", ".join(f"{k.replace('_', ' ')} {shape[k]}" for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads")
                      if shape.get(k) is not None)
-    src = (f"the shapes of `{like}` as tuner's `tuner/data/models.toml` records them (from the model's published "
-           f"config.json)" if like else f"the shapes of the measured file `{model_file}`")
+    d = f" ({dims})" if dims else ""
+    src = (f"the shapes of `{like}`{d}, as tuner's `tuner/data/models.toml` records them from the model's published "
+           "config.json" if like else f"the shapes of the measured file `{model_file}`{d}")
     if synthetic:
         weights = (f"**synthetic random weights**: `tuner model synth --like {like or '?'}` wrote a GGUF with exactly these "
                    "tensors and hyperparameters, filled with random numbers.")
@@ -442,7 +443,7 @@ def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, 
         weights = (f"not recorded: the study kept only the file name `{model_file}`, not whether its weights were real "
                    "or random.")
     return "\n".join([
-        f"Model: {src}" + (f" ({dims})" if dims else "") + ". Weights: " + weights,
+        f"Model: {src}. Weights: " + weights,
         "",
         "What this shows: the FlashAttention kernel's speed at these shapes (head size, GQA ratio, K/V type) and "
         "context depths; attention cost does not depend on the weights' values, so random weights time the same "
@@ -455,7 +456,7 @@ def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, 
 
 def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, str], model_file: str, like: str | None,
                        quant: str | None, depths: Sequence[int], pp: int, tg: int, phases: Sequence[str],
-                       search_args: Sequence[str] = ()) -> list[str]:
+                       search_depths: Sequence[int] = (), search_args: Sequence[str] = ()) -> list[str]:
     """Stock llama.cpp at ``commit``, built as is and with ``upstream.patch``; plain llama-bench runs of both
     and an A/A run; ``tuner compare``; then the tuner search and export. Relative paths only, no tuner-only
     environment variables: the patch alone changes the kernel choice."""
@@ -466,7 +467,7 @@ def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, s
     model = "model.gguf"
     targets = "llama-bench" + (" llama-quantize" if quant else "")
     out = [
-        "# llama.cpp at the commit this was measured against: A as is, B with upstream.patch",
+        "# from the folder holding upstream.patch: llama.cpp at the commit it was measured against, A as is, B patched",
         "git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp" + (f" && git checkout {commit}" if commit else ""),
         f"cmake -B build-a {flags} && cmake --build build-a -j --target {targets}",
         "git apply ../upstream.patch",
@@ -486,7 +487,8 @@ def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, s
             "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl",
             "# the search that found it, and its export (from tuner's repository)",
             f"tuner search --arch {arch.name}" + (f" --like {like}" if like else f" --model {model}")
-            + (f" --quant {quant}" if quant and like else "") + f" --depths {ds}" + "".join(f" {x}" for x in search_args),
+            + (f" --quant {quant}" if quant and like else "")
+            + f" --depths {','.join(str(d) for d in sorted(set(search_depths or depths)))}" + "".join(f" {x}" for x in search_args),
             "tuner export --study STUDY -o result   # STUDY: the name tuner search prints"]
     return out
 
