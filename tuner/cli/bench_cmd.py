@@ -132,6 +132,15 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     import pandas as pd
 
     click.echo(render_table(pd.concat(frames.values(), ignore_index=True)))
+    if len(frames) > 1:  # each build against the first, by compare's table and verdict rule
+        from tuner.result.report import compare_points, compare_table, noise_line
+
+        first, pts_all = names[0], []
+        for name in list(frames)[1:]:
+            pts = compare_points(frames[first], frames[name])
+            pts_all += pts
+            click.echo("\n" + compare_table(pts, name_a=first, name_b=name))
+        log.info("noise reference: " + noise_line(pts_all))
     log.info("results: " + ", ".join(str(p) for p in written))
 
 

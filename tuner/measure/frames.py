@@ -88,6 +88,9 @@ def load_results(path: Path) -> pd.DataFrame:
                          "llama-bench's own output. Pass one of those.")
     df["samples"] = [list(s) if s is not None else [] for s in df["samples"]]
     df["depth"] = df["depth"].astype(int)
+    if "timestamp" in df.columns and pd.api.types.is_datetime64_any_dtype(df["timestamp"]):
+        # read_json parses a "timestamp" column; keep it the ISO text run_bench wrote (save_results warns on datetimes)
+        df["timestamp"] = [t.isoformat() if not pd.isna(t) else None for t in df["timestamp"]]
     if "model" not in df.columns:
         df["model"] = [Path(str(f)).stem if isinstance(f, str) and f else "" for f in df.get("model_filename", [""] * len(df))]
     return df

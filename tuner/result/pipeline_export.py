@@ -78,8 +78,8 @@ def noisy_line(a: Mapping[str, Any]) -> str:
     return (f"**This machine was too noisy to claim anything in {' and '.join(_PHASE_WORD[p] for p in noisy)}: the A/A "
             f"noise (upstream against itself) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
             "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
-            "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`), keep the "
-            "GPU's clocks steady, then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
+            "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
+            + ("" if a.get("arch") == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
             "where a decision is open.")
 
 

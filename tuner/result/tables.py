@@ -177,14 +177,15 @@ def method_paragraph(kind: str, *, confidence: float = 0.95, rounds: Sequence[in
     """
     level = f"{confidence * 100:g}%"
     if kind == "separate runs":
-        text = ("t/s: the median of each side's repetitions (llama-bench's samples_ts; CSV/SQL output carries only "
-                "the mean, one sample per row, which decides nothing). Speedup = t/s B / t/s A. "
+        text = ("t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
+                "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
+                "Speedup = t/s B / t/s A. "
                 f"{level} CI: percentile bootstrap of the ratio of medians; a change also needs a two-sided "
                 f"Mann-Whitney U test at p < {1 - confidence:.2g}.")
     elif kind == "paired rounds":
         r = sorted(set(int(x) for x in rounds if x))
         n = "" if not r else (f" ({r[0]} rounds per point)" if len(r) == 1 else f" ({r[0]}–{r[-1]} rounds per point)")
-        text = ("Both builds were measured in paired, interleaved rounds: each round runs every configuration once, "
+        text = ("Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
                 f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
                 f"t/s A. {level} CI: Student-t interval of the geometric mean of the per-round ratios B/A (rounds "
                 "as blocks, error variance pooled over the round's configurations), so drift between rounds cancels; "

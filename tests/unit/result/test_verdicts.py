@@ -97,3 +97,30 @@ def test_the_session1_pair_stays_within_the_cuda_floor() -> None:
     a, b = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
     for p in compare_points(a, b):
         assert abs(p["speedup"] - 1) * 100 <= run_floor("CUDA", p["phase"]).pct
+
+
+def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: "object") -> None:
+    import types
+
+    import pandas as pd
+
+    import tuner.measure.bench as bench_mod
+    from tuner.cli.bench_cmd import bench
+
+    a, b = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
+
+    def fake_interleaved(cands, anchor, model, **kw):  # type: ignore[no-untyped-def]
+        return types.SimpleNamespace(frames={anchor.label: a, cands[0].label: b}, anchors=pd.DataFrame(),
+                                     drift=pd.DataFrame())
+
+    monkeypatch.setattr(bench_mod, "run_interleaved", fake_interleaved)  # type: ignore[attr-defined]
+    for d in ("one", "two"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "llama-bench").write_text("")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    r = CliRunner().invoke(bench, ["--build", str(tmp_path / "one"), "--build", str(tmp_path / "two"),
+                                   "--model", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    table = r.stdout.split("| Model")[1]
+    assert "tg128@d32768" in table and "floor" in table and "faster" not in table and "slower" not in table
+    assert "noise reference: run-to-run floor CUDA" in r.stderr
