@@ -195,9 +195,10 @@ TOO_NOISY = "too noisy"
 
 
 def too_noisy(noises: Sequence[float]) -> bool:
-    """Whether a phase's A/A noise (percent, one per depth) is above :data:`NOISE_CEILING_PCT`: their
-    median, infinite ones included (a depth without an A/A pair knows no noise); False without any."""
-    vals = sorted(noises)
+    """Whether a phase's A/A noise (percent, one per depth) is above :data:`NOISE_CEILING_PCT`: the median
+    of the measured ones. A depth without an A/A pair (infinite noise) knows no noise, which :func:`verdict`
+    already treats as "no difference"; with none measured the phase is not called noisy."""
+    vals = sorted(x for x in noises if math.isfinite(x))
     if not vals:
         return False
     mid = len(vals) // 2

@@ -444,7 +444,8 @@ def pr_body(a: Mapping[str, Any], rules: Sequence[str], points: Sequence[Mapping
     origin = model_origin(a, like, weight_type)
     mask = a.get("cpu_mask") or []
     commands = reproduce_commands(
-        commit=a.get("commit"), arch=arch, defines=defines, model_file=model_file, like=origin["like"],
+        commit=a.get("commit"), arch=arch, defines=defines, model_file=model_file,
+        like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
         quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=a["pp"], tg=a["tg"],
         phases=sorted({p["phase"] for p in points}), search_depths=a.get("depths") or (),
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))

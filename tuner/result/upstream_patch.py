@@ -393,14 +393,6 @@ def whitespace_only_hunks(patch: str) -> list[str]:
 _PHASE = {"tg": "decode", "decode": "decode", "pp": "prefill", "prefill": "prefill"}
 
 
-def _fmt(x: Any, spec: str) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "-"
-    return format(v, spec) if math.isfinite(v) else "-"
-
-
 def _shape(rule: Any) -> str:
     D, gqa, kv = _keys(rule)
     bits = [f"head size {D}" if D is not None else "any head size",
@@ -478,7 +470,7 @@ def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, s
                 f"tuner model synth --like {like}" + (f" --quant {quant} --quantize-with build-a/bin/llama-quantize" if quant else "")
                 + f" -o {model}"]
     else:
-        out += [f"# the model: {model_file} (see Models)", f"ln -s /path/to/{model_file} {model}"]
+        out += [f"# the model: the measured file {model_file} (see Models), copied or linked here as {model}"]
     bench = f"-m {model} -fa 1 -p {p} -n {n} -d {ds} -r 10 -o jsonl"
     out += ["# A, B, and A again: the A/A pair is this machine's own noise",
             f"build-a/bin/llama-bench {bench} > a.jsonl",

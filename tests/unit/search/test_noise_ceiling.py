@@ -30,7 +30,9 @@ def _cpu_attrs() -> dict[str, Any]:
 
 def test_ceiling_rule() -> None:
     assert not too_noisy([]) and not too_noisy([3.0, 5.0, 40.0]) and too_noisy([25.0, 30.0, 3.0])
-    assert too_noisy([float("inf"), float("inf"), 1.0])  # depths without an A/A pair know no noise
+    inf = float("inf")
+    assert not too_noisy([inf, inf, 1.0]) and not too_noisy([inf])  # depths without an A/A pair know no noise
+    assert too_noisy([inf, 30.0, 25.0])
 
 
 def test_noisy_cpu_screen_claims_nothing() -> None:
