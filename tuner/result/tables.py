@@ -27,11 +27,12 @@ from typing import Any
 from tuner.errors import UsageError
 
 MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "within noise": "~", "too few samples": "?",
-         "no noise reference": "?"}
+         "no noise reference": "?", "too noisy": "?"}
 
 _VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
                   "too few samples": "too few samples to decide", "within noise": "within noise",
-                  "no noise reference": "no noise reference", "missing": "missing"}
+                  "no noise reference": "no noise reference", "missing": "missing",
+                  "too noisy": "too noisy (A/A noise above the ceiling)"}
 
 COMPARE_FIELDS: tuple[str, ...] = (
     "model", "test", "phase", "depth", "name_a", "name_b", "ts_a", "ts_b", "speedup", "ci_low",
