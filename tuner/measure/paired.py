@@ -23,7 +23,7 @@ CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is seed 004 §21.3's 
 
 from __future__ import annotations
 
-__all__ = ["CPU_REJECTED", "NOISE_CEILING_PCT", "TOO_NOISY", "too_noisy", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
+__all__ = ["CPU_REJECTED", "NOISE_CEILING_PCT", "method_text", "TOO_NOISY", "too_noisy", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
            "verdict", "rejects_cpu_cost", "rotated"]
 
 import dataclasses
@@ -223,3 +223,15 @@ def rotated(items: Sequence[str], round_index: int) -> list[str]:
         return []
     k = round_index % len(items)
     return list(items[k:]) + list(items[:k])
+
+
+def method_text(rounds: Sequence[int] = (), confidence: float = 0.95) -> str:
+    """What :func:`block_effects` / :func:`paired_effect` and the search's tables compute, in words (kept
+    here, beside the code). ``rounds``: the rounds per point, when known."""
+    r = sorted({int(x) for x in rounds if x})
+    n = "" if not r else (f" ({r[0]} rounds per point)" if len(r) == 1 else f" ({r[0]}–{r[-1]} rounds per point)")
+    return ("Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
+            f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
+            f"t/s A. {confidence * 100:g}% CI: Student-t interval of the geometric mean of the per-round ratios B/A "
+            "(rounds as blocks, error variance pooled over the round's configurations), so drift between rounds "
+            "cancels; its centre can differ slightly from Speedup.")

@@ -19,6 +19,7 @@ __all__ = [
     "compare",
     "compare_frames",
     "judge",
+    "method_text",
     "run_floor",
     "summarize_samples",
 ]
@@ -319,3 +320,11 @@ def judge(v: Verdict, noise: NoiseRef, *, min_effect_pct: float = 0.0) -> str:
     if v.verdict == "slower" and v.ci_high < -bar:
         return "slower"
     return "within noise"
+
+
+def method_text(confidence: float = 0.95) -> str:
+    """What :func:`compare` and the tables built on it compute, in words (kept here, beside the code)."""
+    return ("t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
+            "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
+            f"Speedup = t/s B / t/s A. {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} resamples) of the ratio "
+            f"of medians; a change also needs a two-sided Mann-Whitney U test at p < {1 - confidence:.2g}.")

@@ -176,21 +176,14 @@ def method_paragraph(kind: str, *, confidence: float = 0.95, rounds: Sequence[in
     ``paired rounds`` (the search: :func:`tuner.measure.paired.block_effects` over interleaved rounds).
     ``noise``: what the Noise column holds (one sentence).
     """
-    level = f"{confidence * 100:g}%"
     if kind == "separate runs":
-        text = ("t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
-                "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
-                "Speedup = t/s B / t/s A. "
-                f"{level} CI: percentile bootstrap of the ratio of medians; a change also needs a two-sided "
-                f"Mann-Whitney U test at p < {1 - confidence:.2g}.")
+        from tuner.measure.stats import method_text
+
+        text = method_text(confidence)
     elif kind == "paired rounds":
-        r = sorted(set(int(x) for x in rounds if x))
-        n = "" if not r else (f" ({r[0]} rounds per point)" if len(r) == 1 else f" ({r[0]}–{r[-1]} rounds per point)")
-        text = ("Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
-                f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
-                f"t/s A. {level} CI: Student-t interval of the geometric mean of the per-round ratios B/A (rounds "
-                "as blocks, error variance pooled over the round's configurations), so drift between rounds cancels; "
-                "its centre can differ slightly from Speedup.")
+        from tuner.measure.paired import method_text as paired_text
+
+        text = paired_text(rounds, confidence)
     else:
         raise ValueError(f"unknown method {kind!r}")
     text += (" Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
