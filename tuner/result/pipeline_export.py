@@ -37,9 +37,11 @@ def summary_line(result: Mapping[str, Any]) -> str:
         return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
                 "and the export is upstream's selection (report.md shows the gate's numbers).")
     rows = result.get("rows", [])
-    if any(r["verdict"] == TOO_NOISY for r in rows):
-        return (f"Result: the machine was too noisy (A/A noise above the {NOISE_CEILING_PCT:g}% ceiling): nothing is "
-                "claimed and the export is upstream's selection; report.md's first line says what to do.")
+    noisy = sorted({_PHASE_WORD.get(r["phase"], r["phase"]) for r in rows if r["verdict"] == TOO_NOISY})
+    if noisy and not result.get("rules") and not result.get("tuned"):
+        return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
+                "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
+                "says what to do.")
     faster = [r for r in rows if r["verdict"] == "faster"]
     if not faster:
         return ("Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "

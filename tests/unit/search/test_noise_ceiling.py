@@ -78,3 +78,13 @@ def test_report_first_line_says_too_noisy() -> None:
     quiet = {**a, **{f"screen_{ph}": {d: {**c, "noise_pct": 3.0, "bar_pct": 3.0} for d, c in a[f"screen_{ph}"].items()}
                      for ph in ("tg", "pp")}}
     assert noisy_line(quiet) == "" and report_text(_Study(quiet)).startswith("# tuner result")
+
+
+def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
+    from tuner.result.pipeline_export import summary_line
+
+    noisy = {"phase": "pp", "depth": 0, "verdict": TOO_NOISY, "speedup": 1.3, "ci_low": 0.9, "ci_high": 1.7}
+    won = {"phase": "tg", "depth": 65536, "verdict": "faster", "speedup": 1.14, "ci_low": 1.12, "ci_high": 1.16}
+    assert "too noisy in prefill" in summary_line({"rules": [], "rows": [noisy]})
+    line = summary_line({"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]})
+    assert "too noisy" not in line and "1 point(s) faster" in line and "tg@d65536 +14.0%" in line
