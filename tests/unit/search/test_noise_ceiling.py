@@ -87,4 +87,4 @@ def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
     won = {"phase": "tg", "depth": 65536, "verdict": "faster", "speedup": 1.14, "ci_low": 1.12, "ci_high": 1.16}
     assert "too noisy in prefill" in summary_line({"rules": [], "rows": [noisy]})
     line = summary_line({"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]})
-    assert "too noisy" not in line and "1 point(s) faster" in line and "tg@d65536 +14.0%" in line
+    assert "too noisy" not in line and "1 point(s) faster" in line and "tg128@d65536 +14.0%" in line
