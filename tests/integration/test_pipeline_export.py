@@ -71,6 +71,10 @@ def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path)
     assert "decode/D64/gqa4/kvf16:65536-=TILE" in (out / "tuned.patch").read_text()  # baked, keyed by shape
     report = (out / "report.md").read_text()
     assert "tg128@d65536" in report and "| Model" in report and "Verdict: **PASS** in mode(s) decode" in report
+    assert report.startswith("# tuner result")  # the session-4 screen measured no A/A noise: not "too noisy"
+    pr = (out / "PR.md").read_text()
+    assert "| tg128@d65536 " in pr and "| tg128@d32768 " in pr and "GGML_TUNER" not in pr and "sqlite:" not in pr
+    assert "git apply ../upstream.patch" in pr and "## Models" in pr and str(tmp_path) not in pr
     check = validate_result(out)
     assert check.ok, [f for f in check.findings if not f.ok]
 

@@ -40,13 +40,17 @@ def _has_fa_hook(bin_dir: Path) -> bool:
 def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, ...], phase: str, pp: int, tg: int,
        rounds: int, reps: int, era: str, out_dir: Path | None) -> None:
     """Compare upstream's kernel choice with forced FA rules on one build: paired, interleaved rounds
-    (order rotated), Δ% with its 95% CI per depth against upstream-vs-forced-same-kernel (A/A) noise.
+    (order rotated), one compare table per rule (t/s, Speedup, 95% CI, A/A noise, verdict per depth), judged
+    as the search judges: the A/A noise of upstream against the same kernel forced, at least the phase's floor.
 
     Example: tuner ab --build BUILD --model M.gguf --rules decode:16384-=TILE --depths 0,32768
     """
     from tuner.cli.bench_cmd import _bin_dir, _default_run_dir
     from tuner.plan.space import parse_fa_rules
     from tuner.search.live import make_live_measure
+    from tuner.measure.paired import NOISE_CEILING_PCT
+    from tuner.result.tables import compare_table, method_paragraph
+    from tuner.search.compose import judge_phase
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
     bin_dir = _bin_dir(build_dir)
@@ -64,15 +68,21 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     recs: list = []
     log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
     run_phase_rounds(measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab")
-    cells = summarize_phase(phase, recs, list(depths))
-    rows = []
-    for d, c in cells.items():
-        for i, r in enumerate(rules):
-            name = f"B{i + 1}"
+    # judged as the search judges: the A/A pair, at least the phase's noise floor, the noise ceiling
+    cells = judge_phase(phase, summarize_phase(phase, recs, list(depths)))
+    n_tok = pp if phase == "pp" else tg
+    for i, r in enumerate(rules):
+        name = f"B{i + 1}"
+        pts = []
+        for d, c in cells.items():
             e = c.effects.get(name)
-            ks = {rec["kernels"].get(name, {}).get(str(d)) for rec in recs} - {None}
-            rows.append([f"{phase}{pp if phase == 'pp' else tg}@d{d}", r, c.upstream_kernel or "-", "/".join(sorted(ks)) or "-",
-                         f"{c.upstream_ts:.2f}", f"{e.pct:+.1f}%" if e else "fell back",
-                         f"{100 * (e.ci_low - 1):+.1f}..{100 * (e.ci_high - 1):+.1f}%" if e else "-",
-                         f"±{c.noise_pct:.1f}%", c.verdicts.get(name, "-")])
-    click.echo(log.table(["test", "rules", "upstream kernel", "kernel", "t/s upstream", "Δ", "95% CI", "A/A noise", "verdict"], rows))
+            ts = c.levels.get(name, {}).get("ts") if e else None
+            pts.append({"phase": phase, "depth": d, "test": f"{phase}{n_tok}", "base_ts": c.upstream_ts,
+                        "tuned_ts": ts, "ci_low": e.ci_low if e else None, "ci_high": e.ci_high if e else None,
+                        "aa_noise_pct": c.bar_pct, "noise_kind": "A/A",
+                        "verdict": c.verdicts.get(name, "fell back") if e else "fell back",
+                        "upstream_kernel": c.upstream_kernel, "kernel": c.kernels.get(name)})
+        click.echo(f"{name}: {r}\n\n" + compare_table(pts, name_a="upstream", name_b=name) + "\n")
+    log.info(method_paragraph("paired rounds", rounds=[rounds], ceiling_pct=NOISE_CEILING_PCT,
+                              noise="A/A: upstream against the same kernel forced, in the same rounds (its CI's reach), "
+                                    "at least the phase's median A/A noise."))

@@ -132,7 +132,36 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     import pandas as pd
 
     click.echo(render_table(pd.concat(frames.values(), ignore_index=True)))
+    if len(frames) > 1:  # each build against the first, by compare's table and verdict rule
+        from tuner.result.report import compare_points, compare_table, noise_line
+
+        first, pts_all = names[0], []
+        for name in list(frames)[1:]:
+            pts = compare_points(frames[first], frames[name])
+            pts_all += pts
+            click.echo("\n" + compare_table(pts, name_a=first, name_b=name))
+        log.info("noise reference: " + noise_line(pts_all))
     log.info("results: " + ", ".join(str(p) for p in written))
+
+
+_AA_HELP = ("Two runs of one build on this machine (the A build twice, same settings): their difference per point is "
+            "the noise a change must clear. Without it the recorded run-to-run floor of the backend and phase is used "
+            "(docs/noise-floors.md).")
+
+
+def _load_aa(aa: tuple[Path, Path] | None) -> tuple | None:
+    from tuner.measure.bench import load_results
+
+    if not aa:
+        return None
+    return load_results(aa[0]), load_results(aa[1])
+
+
+def _label(df: object, path: Path) -> str:
+    import pandas as pd
+
+    assert isinstance(df, pd.DataFrame)
+    return str(df["label"].iloc[0]) if len(df) and "label" in df.columns else path.stem
 
 
 @click.command()
@@ -140,37 +169,40 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
 @click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--min-effect", type=click.FloatRange(0, 100), default=0.0, show_default=True,
-              help="A change must exceed this many percent to count.")
-@click.option("--aa", "aa_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A second run of A (same build, same settings): its difference to A is the A/A noise; "
-                   "a change within it is not called faster/slower.")
+              help="A change must also exceed this many percent to count.")
+@click.option("--aa", "aa_files", type=click.Path(exists=True, dir_okay=False, path_type=Path), nargs=2, default=None,
+              metavar="A1 A2", help=_AA_HELP)
 @click.option("--format", "fmt", type=click.Choice(["md", "csv", "json"]), default="md", show_default=True,
               help="md: compare-llama-bench.py-shaped table; csv/json: the same rows as records.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the speedup-vs-depth plot (PNG) here.")
-def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_file: Path | None, fmt: str,
-            plot_path: Path | None) -> None:
-    """Compare bench results B against A per test: t/s, speedup, its CI and a verdict.
+def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_files: tuple[Path, Path] | None, fmt: str,
+            as_json: bool, plot_path: Path | None) -> None:
+    """Compare bench results B against A per test: t/s, speedup, its CI, the noise and a verdict.
 
+    A and B are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
     The table has the shape of llama.cpp's scripts/compare-llama-bench.py (tests named
-    pp512@d4096, `Model | Test | t/s A | t/s B | Speedup`) with the CI in its own column.
+    pp512@d4096, `Model | Test | t/s A | t/s B | Speedup`) plus the CI, the noise reference and the
+    verdict. Faster/slower needs the whole CI beyond the noise: an A/A pair (--aa) or the recorded
+    run-to-run floor. The table goes to stdout, notes to stderr.
     """
     from tuner.measure.bench import load_results
-    from tuner.result.report import compare_points, format_compare, plot_speedup
+    from tuner.result.report import aa_warning, compare_points, format_compare, noise_line, plot_speedup
 
     da, db = load_results(a), load_results(b)
-    daa = load_results(aa_file) if aa_file is not None else None
-    points = compare_points(da, db, df_aa=daa, confidence=confidence, min_effect_pct=min_effect)
-    la = str(da["label"].iloc[0]) if len(da) else a.stem
-    lb = str(db["label"].iloc[0]) if len(db) else b.stem
+    points = compare_points(da, db, aa=_load_aa(aa_files), confidence=confidence, min_effect_pct=min_effect)
+    la, lb = _label(da, a), _label(db, b)
     if la == lb:
         la, lb = a.stem, b.stem
-    model = ""
-    if len(da) and "model_filename" in da and da["model_filename"].notna().any():
-        model = Path(str(da["model_filename"].dropna().iloc[0])).stem
-    text = format_compare(points, fmt, name_a=la, name_b=lb, model=model)
+    warn = aa_warning(da, db)
+    if warn:
+        log.warning(warn)
+    log.info("noise reference: " + noise_line(points))
+    text = format_compare(points, "json" if as_json else fmt, name_a=la, name_b=lb)
     click.echo(text.rstrip("\n"))
     if plot_path is not None:
+        model = next((str(p["model"]) for p in points if p.get("model")), "")
         png = plot_speedup(points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else ""))
         log.info(f"wrote {png}")
 
@@ -178,13 +210,20 @@ def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_file: Pat
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--baseline", default=None, help="Baseline variant label (default: the first file's).")
+@click.option("--aa", "aa_files", type=click.Path(exists=True, dir_okay=False, path_type=Path), nargs=2, default=None,
+              metavar="A1 A2", help=_AA_HELP)
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write report.md and depth.png here.")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
-def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, confidence: float) -> None:
-    """Markdown report (pp and tg per depth, Δ% vs baseline with significance) and a depth plot."""
+@click.option("--json", "as_json", is_flag=True, help="Print the tables' rows as JSON records instead of Markdown.")
+def report(files: tuple[Path, ...], baseline: str | None, aa_files: tuple[Path, Path] | None, out_dir: Path | None,
+           confidence: float, as_json: bool) -> None:
+    """Markdown report: every variant against the baseline in compare's table and verdict rule, and a depth plot.
+
+    FILES are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
+    """
     from tuner.measure.bench import load_results
-    from tuner.result.report import plot_depth, render_report
+    from tuner.result.report import aa_warning, plot_depth, render_report, report_records
 
     frames = {}
     for p in files:
@@ -195,9 +234,19 @@ def report(files: tuple[Path, ...], baseline: str | None, out_dir: Path | None, 
                 name = f"{name}@{p.stem}"
             frames[name] = grp.reset_index(drop=True)
     base = baseline or next(iter(frames))
-    text = render_report(frames, base, confidence=confidence)
-    click.echo(text)
+    aa = _load_aa(aa_files)
+    for k in frames:
+        if k != base and (warn := aa_warning(frames.get(base, frames[k]), frames[k])):
+            log.warning(f"{k} vs {base}: {warn}")
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report_records(frames, base, aa=aa, confidence=confidence), indent=1, ensure_ascii=False))
+    else:
+        text = render_report(frames, base, aa=aa, confidence=confidence)
+        click.echo(text)
     if out_dir is not None:
+        text = render_report(frames, base, aa=aa, confidence=confidence)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "report.md").write_text(text, encoding="utf-8")
         png = plot_depth(frames, out_dir / "depth.png")

@@ -23,7 +23,7 @@ CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is the CPU% rule for 
 
 from __future__ import annotations
 
-__all__ = ["CPU_REJECTED", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
+__all__ = ["CPU_REJECTED", "NOISE_CEILING_PCT", "method_text", "TOO_NOISY", "too_noisy", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
            "verdict", "rejects_cpu_cost", "rotated"]
 
 import dataclasses
@@ -184,6 +184,28 @@ def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noi
     return cpu_up and not ts_gain
 
 
+NOISE_CEILING_PCT = 20.0
+"""The search's A/A noise ceiling, percent: a phase whose A/A noise (the median over its depths) exceeds
+it claims nothing. Kernel choices move t/s by 5-15% (docs/h100/README.md); behind a noise band wider
+than 20% a claim would rest on the rare effect that happens to clear it, so none is made. The H100's
+noisiest phase measured ±16.5% (prefill, a 1B model); a shared 2-core CPU box measured hundreds of percent."""
+
+TOO_NOISY = "too noisy"
+"""The verdict of every point of a phase :func:`too_noisy` judged."""
+
+
+def too_noisy(noises: Sequence[float]) -> bool:
+    """Whether a phase's A/A noise (percent, one per depth) is above :data:`NOISE_CEILING_PCT`: the median
+    of the measured ones. A depth without an A/A pair (infinite noise) knows no noise, which :func:`verdict`
+    already treats as "no difference"; with none measured the phase is not called noisy."""
+    vals = sorted(x for x in noises if math.isfinite(x))
+    if not vals:
+        return False
+    mid = len(vals) // 2
+    med = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    return not med <= NOISE_CEILING_PCT
+
+
 def verdict(effect: Effect, noise: float) -> str:
     """``faster`` / ``slower`` when the whole interval clears the A/A noise, else ``no difference``."""
     if not (math.isfinite(effect.ci_low) and math.isfinite(effect.ci_high) and math.isfinite(noise)):
@@ -201,3 +223,15 @@ def rotated(items: Sequence[str], round_index: int) -> list[str]:
         return []
     k = round_index % len(items)
     return list(items[k:]) + list(items[:k])
+
+
+def method_text(rounds: Sequence[int] = (), confidence: float = 0.95) -> str:
+    """What :func:`block_effects` / :func:`paired_effect` and the search's tables compute, in words (kept
+    here, beside the code). ``rounds``: the rounds per point, when known."""
+    r = sorted({int(x) for x in rounds if x})
+    n = "" if not r else (f" ({r[0]} rounds per point)" if len(r) == 1 else f" ({r[0]}–{r[-1]} rounds per point)")
+    return ("Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
+            f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
+            f"t/s A. {confidence * 100:g}% CI: Student-t interval of the geometric mean of the per-round ratios B/A "
+            "(rounds as blocks, error variance pooled over the round's configurations), so drift between rounds "
+            "cancels; its centre can differ slightly from Speedup.")

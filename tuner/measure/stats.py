@@ -11,11 +11,16 @@ U test cannot reach p < 0.05, which is the point: three reps do not decide a 5% 
 from __future__ import annotations
 
 __all__ = [
+    "NoiseRef",
     "Verdict",
+    "aa_noise",
     "bootstrap_median_ci",
     "ci_halfwidth_pct",
     "compare",
     "compare_frames",
+    "judge",
+    "method_text",
+    "run_floor",
     "summarize_samples",
 ]
 
@@ -241,3 +246,85 @@ def compare_frames(
     cols = ["test", "phase", "depth", "median_a", "median_b", "n_a", "n_b", "delta_pct",
             "ci_low", "ci_high", "p_value", "verdict"]
     return pd.DataFrame(out, columns=cols)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one verdict rule: no faster/slower without a noise reference
+# ---------------------------------------------------------------------------------------------
+
+FLOORS_DOC = "docs/noise-floors.md"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoiseRef:
+    """What a change must clear to be called faster or slower, in percent, and where that number came from."""
+
+    pct: float
+    """Half-width of the band around 0 (``inf`` when nothing is known: nothing can then be claimed)."""
+    kind: Literal["A/A", "floor", "none"]
+    """``A/A``: an A/A pair measured with the data (``--aa``, the search's own); ``floor``: the recorded
+    run-to-run floor of this backend and phase (:func:`run_floor`); ``none``: neither exists."""
+    source: str = ""
+    """One line on where it came from (the files, or the floor's backend/phase and how many pairs)."""
+
+
+def aa_noise(v: Verdict) -> float:
+    """The noise an A/A comparison measured, in percent: how far its interval reaches from 0 (as
+    :func:`tuner.measure.paired.noise_pct` does for paired effects); infinite when unknown."""
+    if not (math.isfinite(v.ci_low) and math.isfinite(v.ci_high)):
+        return math.inf
+    return max(abs(v.ci_low), abs(v.ci_high), abs(v.delta_pct) if math.isfinite(v.delta_pct) else 0.0)
+
+
+def _floors() -> dict[str, Any]:
+    from tuner._compat import tomllib
+    from tuner.paths import package_data
+
+    return tomllib.loads(package_data("aa_floors.toml").read_text(encoding="utf-8"))
+
+
+def run_floor(backend: str | None, phase: str) -> NoiseRef:
+    """The recorded run-to-run floor for ``backend`` (llama-bench's ``backends`` field) and ``phase``.
+
+    Measured from the A/A pairs recorded in this repository (``tools/aa_floors.py``, FLOORS_DOC): two
+    llama-bench runs of one build differ by less than this in 95% of them. A backend list
+    (``CUDA,RPC``) takes the largest floor among its members; a backend with no recorded A/A data has
+    no floor (``kind="none"``), so nothing is claimed without ``--aa``.
+    """
+    table = _floors()
+    names = [b.strip() for b in str(backend or "").split(",") if b.strip()]
+    found = [(b, table[b][phase]) for b in names if b in table and phase in table[b]]
+    if not found:
+        return NoiseRef(pct=math.inf, kind="none",
+                        source=f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})")
+    b, f = max(found, key=lambda x: x[1]["floor_pct"])
+    return NoiseRef(pct=float(f["floor_pct"]), kind="floor",
+                    source=f"run-to-run floor {b} {phase} ±{f['floor_pct']:.1f}% ({f['pairs']} recorded A/A pairs, {FLOORS_DOC})")
+
+
+def judge(v: Verdict, noise: NoiseRef, *, min_effect_pct: float = 0.0) -> str:
+    """The verdict of a comparison against its noise reference: the rule every tuner table applies.
+
+    ``faster`` / ``slower`` only when :func:`compare` found the change (its CI excludes 0 and the rank
+    test rejects) *and* the whole CI lies beyond ``noise.pct`` (and ``min_effect_pct``); ``no noise
+    reference`` when there is none (``kind="none"``); ``within noise`` when the change is statistically
+    clear but does not clear the noise; else :func:`compare`'s own ``no difference`` / ``too few samples``.
+    """
+    if v.verdict not in ("faster", "slower"):
+        return v.verdict
+    if noise.kind == "none" or not math.isfinite(noise.pct):
+        return "no noise reference"
+    bar = max(noise.pct, min_effect_pct)
+    if v.verdict == "faster" and v.ci_low > bar:
+        return "faster"
+    if v.verdict == "slower" and v.ci_high < -bar:
+        return "slower"
+    return "within noise"
+
+
+def method_text(confidence: float = 0.95) -> str:
+    """What :func:`compare` and the tables built on it compute, in words (kept here, beside the code)."""
+    return ("t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
+            "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
+            f"Speedup = t/s B / t/s A. {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} resamples) of the ratio "
+            f"of medians; a change also needs a two-sided Mann-Whitney U test at p < {1 - confidence:.2g}.")

@@ -10,17 +10,19 @@ Studies recorded before CPU% was measured show "—" in those columns and get no
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "gate_section", "gate_table", "pareto_differs", "pareto_points", "summary_line", "report_text"]
+__all__ = ["export_pipeline", "gate_section", "gate_table", "model_origin", "noisy_line", "noisy_phases", "pareto_differs", "pareto_points",
+           "pr_body", "summary_line", "report_text"]
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.paired import CPU_REJECTED, Effect, verdict
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -35,6 +37,11 @@ def summary_line(result: Mapping[str, Any]) -> str:
         return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
                 "and the export is upstream's selection (report.md shows the gate's numbers).")
     rows = result.get("rows", [])
+    noisy = sorted({_PHASE_WORD.get(r["phase"], r["phase"]) for r in rows if r["verdict"] == TOO_NOISY})
+    if noisy and not result.get("rules") and not result.get("tuned"):
+        return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
+                "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
+                "says what to do.")
     faster = [r for r in rows if r["verdict"] == "faster"]
     if not faster:
         return ("Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "
@@ -45,6 +52,37 @@ def summary_line(result: Mapping[str, Any]) -> str:
             f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
             f"rules: {', '.join(result.get('rules', [])) or 'none'}"
             + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
+
+
+_PHASE_WORD = {"tg": "decode", "pp": "prefill"}
+
+
+def noisy_phases(a: Mapping[str, Any]) -> dict[str, float]:
+    """Phases whose A/A noise is above the ceiling (:func:`tuner.measure.paired.too_noisy`): the screen's
+    per-depth A/A noise, or a confirm row judged ``too noisy``; phase -> the median noise, percent."""
+    import statistics
+
+    out = {}
+    for ph in ("tg", "pp"):
+        ns = [float(c["noise_pct"]) for c in a.get(f"screen_{ph}", {}).values() if c.get("noise_pct") is not None]
+        rows = [r for r in (a.get("result") or {}).get("rows", []) if r["phase"] == ph]
+        if too_noisy(ns) or any(r["verdict"] == TOO_NOISY for r in rows):
+            out[ph] = statistics.median(ns or [float(r["aa_noise_pct"]) for r in rows])
+    return out
+
+
+def noisy_line(a: Mapping[str, Any]) -> str:
+    """report.md's first line when the machine was too noisy for the search to claim anything, else ``""``."""
+    noisy = noisy_phases(a)
+    if not noisy:
+        return ""
+    what = ", ".join(f"{_PHASE_WORD[p]} ±{v:.0f}%" for p, v in noisy.items())
+    return (f"**This machine was too noisy to claim anything in {' and '.join(_PHASE_WORD[p] for p in noisy)}: the A/A "
+            f"noise (upstream against itself) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
+            "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
+            "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
+            + ("" if a.get("arch") == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
+            "where a decision is open.")
 
 
 def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
@@ -131,7 +169,7 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study_name))))
     points = _points(res.get("rows", []), a["pp"], a["tg"])
-    _write_upstream(out_dir, source, a, rules, points, storage, study_name)
+    _write_upstream(out_dir, source, a, rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
     if points:
         from tuner.result.report import plot_speedup
 
@@ -341,11 +379,50 @@ def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[st
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
 
+_SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)-s\d+-[0-9a-f]{8}$")
+
+
+def model_origin(a: Mapping[str, Any], like: str | None = None, weight_type: str | None = None) -> dict[str, Any]:
+    """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown).
+
+    In order: the GGUF itself when it is on this machine (``tuner model synth`` names its models
+    ``tuner-random-<shape>``); ``like`` given to the export (the study's model was ``tuner model synth
+    --like LIKE``); the name ``synth_cached`` gives its files; else only the shape is matched against
+    ``tuner/data/models.toml`` and whether the weights were random is unknown."""
+    path = Path(str(a.get("model", "")))
+    quant = weight_type.upper() if weight_type else None
+    if path.is_file():
+        from tuner.targets.models import _read_gguf
+
+        try:
+            name = str(_read_gguf(path)[0].get("general.name", (0, None, ""))[2])
+        except UsageError:
+            name = ""
+        if name.startswith("tuner-random-"):
+            return {"like": name[len("tuner-random-"):], "quant": quant, "synthetic": True}
+        return {"like": like, "quant": quant, "synthetic": False}
+    if like:
+        return {"like": like, "quant": quant, "synthetic": True}
+    m = _SYNTH_NAME.match(path.stem)
+    if m:
+        wt = m.group("wt")
+        return {"like": m.group("like"), "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
+                "synthetic": True}
+    from tuner.targets.models import load_models
+
+    shape = a.get("shape", {})
+    match = [n for n, sh in load_models().items()
+             if shape and sh.head_dim == shape.get("head_dim") and sh.n_layers == shape.get("n_layers")
+             and sh.n_kv_heads == shape.get("n_kv_heads") and sh.n_heads == shape.get("n_heads")]
+    return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
+
+
 def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Sequence[str],
-                    points: Sequence[Mapping[str, Any]], storage: str, study_name: str) -> None:
+                    points: Sequence[Mapping[str, Any]], *, defines: Mapping[str, str], like: str | None = None,
+                    weight_type: str | None = None) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
     from tuner.plan.space import parse_fa_rules
-    from tuner.result.upstream_patch import render_pr_body, render_upstream_patch
+    from tuner.result.upstream_patch import render_upstream_patch
     from tuner.targets.archs import load_arch
 
     for stale in ("upstream.patch", "PR.md"):
@@ -357,7 +434,8 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = str(a.get("device", "unknown GPU"))
-    note = (f"{gpu}: {Path(a['model']).name}, llama-bench in paired interleaved rounds"
+    model_file = Path(a["model"]).name
+    note = (f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
             + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
                f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
                f"A/A noise {best['aa_noise_pct']:.1f}%)" if best else "") + ".")
@@ -365,20 +443,38 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
     if patch is None:
         return
     (out_dir / "upstream.patch").write_text(patch)
-    pr_points = [{**p, "ci_low": 100 * (p["ci_low"] - 1), "ci_high": 100 * (p["ci_high"] - 1)} for p in points]
-    commands = [
-        f"tuner search --arch {a['arch']} --model {Path(a['model']).name} --depths {','.join(map(str, a['depths']))}",
-        f"tuner compare ... # or by hand: GGML_TUNER_FA_RULES={','.join(rules)} llama-bench -m MODEL -fa 1 -p 0 -n {a['tg']} "
-        f"-d {','.join(map(str, sorted({p['depth'] for p in points})))}",
-        f"tuner export --study {study_name} --storage {_portable_storage(storage)} -o OUT",
-    ]
-    (out_dir / "PR.md").write_text(render_pr_body(parsed, arch, gpu=gpu, model=Path(a["model"]).name, points=pr_points,
-                                                  commands=commands, source=f"llama.cpp {a.get('commit')}"))
+    (out_dir / "PR.md").write_text(pr_body(a, rules, points, defines=defines, like=like, weight_type=weight_type))
 
 
-def _portable_storage(storage: str) -> str:
-    """A SQLite storage URL by its file name only: the folder is this machine's (PR.md is read elsewhere)."""
-    return f"sqlite:///{Path(storage.removeprefix('sqlite:///')).name}" if storage.startswith("sqlite:///") else storage
+def pr_body(a: Mapping[str, Any], rules: Sequence[str], points: Sequence[Mapping[str, Any]], *,
+            defines: Mapping[str, str], like: str | None = None, weight_type: str | None = None) -> str:
+    """``PR.md`` of a pipeline result: ``a`` holds the study's ``arch``, ``device``, ``model``, ``commit``,
+    ``pp``, ``tg``, ``shape`` (and ``cpu_mask``), ``points`` the confirmed rows as :func:`_points` makes them."""
+    from tuner.measure.paired import NOISE_CEILING_PCT
+    from tuner.plan.space import parse_fa_rules
+    from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
+    from tuner.targets.archs import load_arch
+
+    arch = load_arch(a["arch"])
+    model_file = Path(a["model"]).name
+    origin = model_origin(a, like, weight_type)
+    mask = a.get("cpu_mask") or []
+    commands = reproduce_commands(
+        commit=a.get("commit"), arch=arch, defines=defines, model_file=model_file,
+        like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
+        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=a["pp"], tg=a["tg"],
+        phases=sorted({p["phase"] for p in points}), search_depths=a.get("depths") or (),
+        search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
+    models = models_note(model_file=model_file, shape=a.get("shape", {}), like=origin["like"], synthetic=origin["synthetic"])
+    return render_pr_body(parse_fa_rules(",".join(rules)), arch, gpu=str(a.get("device", "unknown GPU")), model=model_file,
+                          points=points, commands=commands, source=f"llama.cpp {a.get('commit')}", models=models,
+                          noise_ceiling_pct=NOISE_CEILING_PCT)
+
+
+def _mask_text(mask: Sequence[int]) -> str:
+    from tuner.targets.host import mask_text
+
+    return str(mask_text(mask))
 
 
 def pareto_points(a: Mapping[str, Any], res: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -469,13 +565,16 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
     ``[residency]`` (their sections follow the points)."""
     from tuner.result.report import compare_table, dashboard_command, importances_section
 
+    from tuner.result.tables import method_paragraph
+
     a = study.user_attrs
     res = a.get("result", {})
     pp, tg = a["pp"], a["tg"]
     model = Path(a["model"]).name
     shape = a.get("shape", {})
     rows = res.get("rows", [])
-    out = [f"# tuner result: {a['arch']} / {model}\n\n",
+    noisy = noisy_line(a)
+    out = ([noisy + "\n\n"] if noisy else []) + [f"# tuner result: {a['arch']} / {model}\n\n",
            f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`; "
            f"measured on {a.get('device', 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
            f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
@@ -487,9 +586,10 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
     if res.get("upstream_phases"):
         out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(res['upstream_phases'])}.\n")
     out.append("\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
-               "Δ is the geometric mean of the per-round ratios final / upstream; the 95% CI is Student-t over rounds; "
-               "A/A noise is how far upstream-vs-upstream in the same rounds strays from 1 (at least the phase's median); "
-               "a verdict needs the whole CI beyond that noise.\n\n")
+               + method_paragraph("paired rounds", rounds=[int(r.get("rounds") or 0) for r in rows],
+                                  ceiling_pct=NOISE_CEILING_PCT,
+                                  noise="A/A: how far upstream measured against itself in the same rounds strays from 1 "
+                                        "(its CI's reach), at least the phase's median A/A noise.") + "\n\n")
     tab = []
     for r in rows:
         n_tok = pp if r["phase"] == "pp" else tg

@@ -1,17 +1,13 @@
 """Markdown reports and depth plots from bench frames.
 
-Tables follow the shape of lhl's rocWMMA write-up (github.com/lhl/strix-halo-testing) and llama.cpp's
-``compare-llama-bench.py``: one table per phase, one line per ``test @ depth``, one t/s column
-per variant and a Δ% column per non-baseline variant, so they paste into a pull request. Each
-t/s cell is ``median ± CI`` with the sample count; each Δ% carries a significance mark from
-:func:`tuner.measure.stats.compare` (✓ faster, ✗ slower, ~ no difference at the chosen confidence).
-Roofline percentages are model estimates (tuner.targets.roofline) and are labelled as such.
-
-:func:`compare_table` renders two variants exactly in ``compare-llama-bench.py``'s shape (``Model |
-Test | t/s A | t/s B | Speedup``, tests named ``pp512@d4096``) with the CI, the A/A noise and the
-verdict in extra columns; :func:`plot_speedup` (:mod:`tuner.result.plots`) draws the speedup per depth with its CI band and the
-kernel chosen per depth interval. :func:`dashboard_command` and :func:`importances_section` connect
-a study to Optuna's own tools.
+Every comparison is one table of :mod:`tuner.result.tables` (the shape of llama.cpp's
+``scripts/compare-llama-bench.py`` plus the CI, the noise reference and the verdict) judged by one rule
+(:func:`tuner.measure.stats.judge`): no faster/slower without a noise reference, an A/A pair given with
+the data (``--aa``) or else the recorded run-to-run floor of the backend and phase
+(docs/noise-floors.md). :func:`compare_points` makes the table's points from two bench frames;
+:func:`render_report` is ``tuner report``'s Markdown (one table per variant against the baseline);
+:func:`plot_speedup` (:mod:`tuner.result.plots`) draws the speedup per depth. :func:`dashboard_command`
+and :func:`importances_section` connect a study to Optuna's own tools.
 """
 
 from __future__ import annotations
@@ -19,62 +15,149 @@ from __future__ import annotations
 __all__ = [
     "COMPARE_FIELDS",
     "MARKS",
+    "aa_warning",
     "compare_points",
     "compare_records",
     "compare_table",
     "dashboard_command",
     "format_compare",
     "importances_section",
+    "noise_line",
     "plot_depth",
     "plot_speedup",
     "render_report",
+    "report_records",
     "bench_test_name",
 ]
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure.stats import compare
-from tuner.result.plots import _PHASES, _num, _phase_of, plot_depth, plot_speedup
+from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
+from tuner.result.plots import _num, plot_depth, plot_speedup
+from tuner.result.tables import (COMPARE_FIELDS, MARKS, bench_test_name, compare_records, compare_table, format_compare,
+                                 method_paragraph)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "too few samples": "?"}
 
-def _cell(row: Any) -> str:
-    if row is None:
-        return "-"
-    med = _num(row["median_ts"])
-    if not math.isfinite(med):
-        return "failed" if str(row.get("status", "")) == "failed" else "-"
-    half = (_num(row["ci_high"]) - _num(row["ci_low"])) / 2
-    spread = f" ± {half:.2f}" if math.isfinite(half) else ""
-    return f"{med:.2f}{spread} (n={int(row['n'])})"
+def _groups(df: pd.DataFrame) -> dict[tuple[str, str, int], Any]:
+    models = df["model"] if "model" in df.columns else [""] * len(df)
+    return {(str(m), str(r["test"]), int(r["depth"])): r for m, (_, r) in zip(models, df.iterrows())}
 
 
-def _test_name(test: str, depth: int) -> str:
-    return test if depth == 0 else f"{test} @ d{depth}"
+def _one_model(ga: Mapping[tuple[str, str, int], Any], gb: Mapping[tuple[str, str, int], Any]) -> dict:
+    """B's keys renamed to A's model when each side holds one model (a tuner file names it by file, a
+    raw llama-bench file by model type: the same model either way)."""
+    ma, mb = {k[0] for k in ga}, {k[0] for k in gb}
+    if len(ma) == 1 and len(mb) == 1 and ma != mb:
+        (m,) = ma
+        return {(m, t, d): r for (_, t, d), r in gb.items()}
+    return dict(gb)
 
 
-def _index(df: pd.DataFrame) -> dict[tuple[str, int], Any]:
-    return {(str(r["test"]), int(r["depth"])): r for _, r in df.iterrows()}
+def _backend(*frames: pd.DataFrame | None) -> str | None:
+    for df in frames:
+        if df is not None and "backends" in df.columns and df["backends"].notna().any():
+            return str(df["backends"].dropna().iloc[0])
+    return None
 
 
-def _report_intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
+def _samples(r: Any) -> list[float]:
+    return list(r["samples"]) if r is not None and r["samples"] is not None else []
+
+
+def compare_points(
+    df_a: pd.DataFrame,
+    df_b: pd.DataFrame,
+    *,
+    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    confidence: float = 0.95,
+    min_effect_pct: float = 0.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames, judged by the rule.
+
+    Per model, test and depth: :func:`tuner.measure.stats.compare` of the two sides' repetitions, then
+    :func:`tuner.measure.stats.judge` against the noise reference: with ``aa`` (two runs of one build
+    on this machine) the A/A comparison's reach at that point, else the recorded run-to-run floor of
+    the backend and phase (:func:`tuner.measure.stats.run_floor`).
+    """
+    ga, gb = _groups(df_a), _groups(df_b)
+    gb = _one_model(ga, gb)
+    gaa: tuple[dict, dict] | None = None
+    if aa is not None:
+        g1 = _one_model(ga, _groups(aa[0]))
+        gaa = (g1, _one_model(ga, _groups(aa[1])))
+    backend = _backend(df_a, df_b)
+    pts = []
+    for key in sorted(set(ga) | set(gb), key=lambda k: (k[0], k[1][:2], k[1], k[2])):
+        model, test, depth = key
+        ra, rb = ga.get(key), gb.get(key)
+        phase = str((ra if ra is not None else rb)["phase"])
+        base, new = (_num(ra["median_ts"]) if ra is not None else math.nan), (_num(rb["median_ts"]) if rb is not None else math.nan)
+        noise = run_floor(backend, phase)
+        if gaa is not None and key in gaa[0] and key in gaa[1]:
+            va = compare(_samples(gaa[0][key]), _samples(gaa[1][key]), confidence=confidence, seed=seed)
+            noise = NoiseRef(pct=aa_noise(va), kind="A/A", source="the A/A pair given with --aa")
+        if ra is None or rb is None:
+            v = Verdict(delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan, verdict="no difference",
+                        confidence=confidence)
+            verdict = "missing"
+        else:
+            v = compare(_samples(ra), _samples(rb), confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
+            verdict = judge(v, noise, min_effect_pct=min_effect_pct)
+        pts.append({
+            "model": model, "phase": phase, "depth": depth, "test": test, "base_ts": base, "tuned_ts": new,
+            "speedup": new / base if base > 0 else math.nan,
+            "ci_low": 1 + v.ci_low / 100, "ci_high": 1 + v.ci_high / 100, "p_value": v.p_value,
+            "aa_noise_pct": noise.pct if math.isfinite(noise.pct) else None, "noise_kind": noise.kind,
+            "noise_source": noise.source, "verdict": verdict, "upstream_kernel": None, "kernel": None,
+        })
+    return pts
+
+
+def noise_line(points: Sequence[Mapping[str, Any]]) -> str:
+    """One sentence on the noise references ``points`` were judged against (for stderr and the method)."""
+    srcs = sorted({str(p.get("noise_source")) for p in points if p.get("noise_source")})
+    kinds = {p.get("noise_kind") for p in points}
+    if kinds == {"A/A"}:
+        return "each row's A/A noise is how far the A/A pair given with --aa differs at that point (its CI's reach from 0)."
+    out = "; ".join(srcs) + "."
+    if "floor" in kinds or "none" in kinds:
+        out += (" A floor is what separate runs of one build differed by on recorded machines, not on this one: "
+                "pass --aa A1 A2 (two runs of the A build) to judge by this machine's own noise.")
+    return out
+
+
+def aa_warning(df_a: pd.DataFrame, df_b: pd.DataFrame) -> str:
+    """The warning for an A/A comparison (both sides one build, one command), or ``""``."""
+    from tuner.measure.frames import same_build
+
+    why = same_build(df_a, df_b)
+    if not why:
+        return ""
+    if "binary" in why:
+        return (f"this is an A/A comparison: {why}. Any difference below is run-to-run noise, not a change; "
+                "compare two different builds (or use these two files as --aa).")
+    return (f"this looks like an A/A comparison: {why}. Unless the two differ in something llama-bench does not record "
+            "(an environment variable, uncommitted source changes, CMake flags), any difference below is run-to-run "
+            "noise, not a change.")
+
+
+def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
     """Model, backend and GPU of the baseline's first row, and the variants with their commits."""
     base_df = frames[baseline]
-    meta = base_df.iloc[0] if len(base_df) else None
-    if meta is None:
+    if not len(base_df):
         return []
-    size = _num(meta.get("model_size"))
-    params = _num(meta.get("n_params"))
-    bits = [f"model `{meta.get('model_filename')}`"]
+    meta = base_df.iloc[0]
+    size, params = _num(meta.get("model_size")), _num(meta.get("n_params"))
+    bits = [f"model `{Path(str(meta.get('model_filename'))).name}`"]
     if math.isfinite(size):
         bits.append(f"{size / 2**20:.2f} MiB")
     if math.isfinite(params):
@@ -83,88 +166,29 @@ def _report_intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], bas
     if meta.get("gpu_info"):
         bits.append(str(meta.get("gpu_info")))
     out = [", ".join(bits) + ".", ""]
-    commits = {k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) for k in labels}
+    commits = {k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) if "build_commit" in frames[k] else []
+               for k in labels}
     out += ["Variants: " + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "")
                                       for k, c in commits.items()) + f". Baseline: **{baseline}**.", ""]
     return out
 
 
-def _phase_table(phase: str, heading: str, labels: Sequence[str], idx: Mapping[str, Mapping[tuple[str, int], Any]],
-                 baseline: str, *, has_roof: bool, confidence: float, seed: int) -> list[str]:
-    """One phase's section: a line per ``test @ depth``, t/s per variant, Δ% with its mark, roofline %."""
-    keys = sorted({key for k in labels for key, r in idx[k].items() if r["phase"] == phase},
-                  key=lambda t: (t[0], t[1]))
-    if not keys:
-        return []
-    headers = ["test"] + [f"{k} t/s" for k in labels]
-    headers += [f"Δ% {k}" for k in labels[1:]]
-    if has_roof:
-        headers += [f"roofline % {k}" for k in labels]
-    rows = []
-    for test, depth in keys:
-        line = [_test_name(test, depth)] + [_cell(idx[k].get((test, depth))) for k in labels]
-        b = idx[baseline].get((test, depth))
-        for k in labels[1:]:
-            r = idx[k].get((test, depth))
-            if b is None or r is None or not (r["n"] and b["n"]):
-                line.append("-")
-                continue
-            v = compare(list(b["samples"]), list(r["samples"]), confidence=confidence, seed=seed)
-            line.append(f"{v.delta_pct:+.2f}% {MARKS[v.verdict]}" if math.isfinite(v.delta_pct) else "-")
-        if has_roof:
-            for k in labels:
-                r = idx[k].get((test, depth))
-                pct = _num(r["roofline_pct"]) if r is not None else math.nan
-                line.append(f"{pct:.1f}" if math.isfinite(pct) else "-")
-        rows.append(line)
-    return [f"## {heading}", "", log.table(headers, rows), ""]
+def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list[str]:
+    """Measured t/s as a share of the roofline model estimate, where the frames carry one."""
+    has = [k for k in labels if "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(_num).map(math.isfinite).any()]
+    if not has:
+        return ["roofline %: not available (run `tuner bench` with --arch or --bandwidth).", ""]
+    idx = {k: _groups(frames[k]) for k in has}
+    keys = sorted({key for k in has for key in idx[k]}, key=lambda t: (t[0], t[1][:2], t[1], t[2]))
+    rows = [[bench_test_name(t, d)] + [f"{_num(idx[k][(m, t, d)]['roofline_pct']):.1f}" if (m, t, d) in idx[k] else "-"
+                                       for k in has] for m, t, d in keys]
+    return ["## Roofline", "", log.table(["Test"] + [f"roofline % {k}" for k in has], rows), "",
+            "roofline %: measured / model estimate (tg: bandwidth / bytes per token; pp: compute peak). "
+            "A model estimate, not a measurement.", ""]
 
 
-def _report_notes(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str, *, has_roof: bool,
-                  confidence: float) -> list[str]:
-    """The notes under the tables: what t/s, Δ% and roofline % mean, and which variants were drift-corrected."""
-    level = f"{confidence * 100:g}%"
-    notes = [
-        f"t/s: median ± half-width of the {level} bootstrap CI of the median; n = kept repetitions "
-        "(the first repetition of every llama-bench call is discarded as warm-up).",
-        f"Δ%: median vs {baseline}; ✓ faster / ✗ slower / ~ no difference at {level} "
-        "(bootstrap CI of the ratio of medians excludes 0 and Mann-Whitney U p < "
-        f"{1 - confidence:.2g}); ? the CI excludes 0 but too few repetitions for the rank test to decide.",
-    ]
-    if has_roof:
-        notes.append("roofline %: measured / model estimate (tg: bandwidth / bytes per token; "
-                     "pp: compute peak). A model estimate, not a measurement.")
-    else:
-        notes.append("roofline %: not available (run `tuner bench` with --arch or --bandwidth).")
-    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
-    if drifted:
-        notes.append("Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".")
-    return ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
-
-
-def render_report(
-    frames: Mapping[str, pd.DataFrame],
-    baseline: str,
-    *,
-    confidence: float = 0.95,
-    seed: int = 0,
-    title: str = "llama-bench results",
-) -> str:
-    """Render Markdown tables comparing variants against a baseline.
-
-    Args:
-        frames: Variant label -> bench frame (tuner.measure.bench schema).
-        baseline: Label of the reference variant (must be a key of ``frames``).
-        confidence: Confidence level of the significance marks.
-        seed: Bootstrap seed.
-        title: Heading of the report.
-
-    Returns:
-        Markdown text.
-
-    Raises:
-        UsageError: Unknown baseline or no frames.
-    """
+def _pairs(frames: Mapping[str, pd.DataFrame], baseline: str, *, aa: tuple[pd.DataFrame, pd.DataFrame] | None,
+           confidence: float, seed: int) -> list[tuple[str, list[dict[str, Any]]]]:
     from tuner.errors import close_matches
 
     if not frames:
@@ -172,227 +196,50 @@ def render_report(
     if baseline not in frames:
         raise UsageError(f"Baseline {baseline!r} is not among the variants {sorted(frames)}."
                          + close_matches(baseline, list(frames)))
-    labels = [baseline] + [k for k in frames if k != baseline]
-    idx = {k: _index(frames[k]) for k in labels}
-    out = [f"# {title}", ""] + _report_intro(frames, labels, baseline)
-    has_roof = any(
-        "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(_num).map(math.isfinite).any()
-        for k in labels
-    )
-    for phase, heading in _PHASES:
-        out += _phase_table(phase, heading, labels, idx, baseline, has_roof=has_roof, confidence=confidence, seed=seed)
-    out += _report_notes(frames, labels, baseline, has_roof=has_roof, confidence=confidence)
+    return [(k, compare_points(frames[baseline], frames[k], aa=aa, confidence=confidence, seed=seed))
+            for k in frames if k != baseline]
+
+
+def render_report(
+    frames: Mapping[str, pd.DataFrame],
+    baseline: str,
+    *,
+    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+    title: str = "llama-bench results",
+) -> str:
+    """Markdown: one :func:`compare_table` per variant against ``baseline``, the method, the roofline.
+
+    Raises:
+        UsageError: Unknown baseline or no frames.
+    """
+    pairs = _pairs(frames, baseline, aa=aa, confidence=confidence, seed=seed)
+    labels = [baseline] + [k for k, _ in pairs]
+    out = [f"# {title}", ""] + _intro(frames, labels, baseline)
+    for k, pts in pairs:
+        out += [f"## {k} vs {baseline}", ""]
+        warn = aa_warning(frames[baseline], frames[k])
+        if warn:
+            out += [f"**Note: {warn}**", ""]
+        out += [compare_table(pts, name_a=baseline, name_b=k), ""]
+    if not pairs:
+        out += ["Only one variant: nothing to compare.", ""]
+    all_pts = [p for _, pts in pairs for p in pts]
+    out += ["## Method", "", method_paragraph("separate runs", confidence=confidence, noise=noise_line(all_pts)), ""]
+    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
+    if drifted:
+        out += ["Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".", ""]
+    out += _roofline(frames, labels)
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------
-# compare-llama-bench.py-shaped tables
-# ---------------------------------------------------------------------------------------------
-
-COMPARE_FIELDS: tuple[str, ...] = (
-    "model", "test", "phase", "depth", "name_a", "name_b", "ts_a", "ts_b", "speedup", "ci_low",
-    "ci_high", "aa_noise_pct", "verdict", "upstream_kernel", "kernel",
-)
-"""Fields of one row in the CSV and JSON forms of :func:`compare_table` (same fields in both)."""
-
-_VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
-                  "too few samples": "too few samples to decide",
-                  "within noise": "within A/A noise", "missing": "missing"}
-
-
-def bench_test_name(test: str, depth: int) -> str:
-    """``compare-llama-bench.py``'s test name: ``pp512``, ``tg128@d32768`` (no ``@d0``)."""
-    depth = int(depth)
-    return str(test) if depth == 0 else f"{test}@d{depth}"
-
-
-
-
-def _opt_num(x: Any) -> float | None:
-    v = _num(x)
-    return v if math.isfinite(v) else None
-
-
-def _sorted_points(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
-    def key(p: Mapping[str, Any]) -> tuple[int, int, str, int]:
-        test = str(p.get("test", ""))
-        m = re.match(r"^(pp|tg)(\d+)$", test)
-        n = int(m.group(2)) if m else 0
-        return (0 if _phase_of(p) == "pp" else 1, n, test, int(p.get("depth", 0)))
-
-    return sorted(points, key=key)
-
-
-def compare_records(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> list[dict[str, Any]]:
-    """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
-
-    Numbers keep their full precision (None where missing); ``speedup``, ``ci_low`` and
-    ``ci_high`` are ratios B/A, ``aa_noise_pct`` is in percent.
-    """
-    out = []
-    for p in _sorted_points(points):
-        out.append({
-            "model": model,
-            "test": bench_test_name(str(p["test"]), int(p["depth"])),
-            "phase": _phase_of(p),
-            "depth": int(p["depth"]),
-            "name_a": name_a,
-            "name_b": name_b,
-            "ts_a": _opt_num(p.get("base_ts")),
-            "ts_b": _opt_num(p.get("tuned_ts")),
-            "speedup": _opt_num(p.get("speedup")),
-            "ci_low": _opt_num(p.get("ci_low")),
-            "ci_high": _opt_num(p.get("ci_high")),
-            "aa_noise_pct": _opt_num(p.get("aa_noise_pct")),
-            "verdict": str(p.get("verdict") or ""),
-            "upstream_kernel": p.get("upstream_kernel") or None,
-            "kernel": p.get("kernel") or None,
-        })
-    return out
-
-
-def _f2(x: float | None) -> str:
-    # tabulate(floatfmt=".2f") as compare-llama-bench.py prints it.
-    return "-" if x is None else f"{x:.2f}"
-
-
-def _pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
-    """A GitHub pipe table laid out like tabulate's ``pipe`` format (compare-llama-bench.py's default)."""
-    cells = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
-
-    rule = "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1))
-                          for w, rt in zip(widths, right)) + "|"
-    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
-
-
-def compare_table(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> str:
-    """A Markdown table in the shape of llama.cpp's ``scripts/compare-llama-bench.py``.
-
-    One row per test named like that script does (``pp512``, ``pp512@d4096``, ``tg128@d32768``),
-    columns ``Model | Test | t/s <name_a> | t/s <name_b> | Speedup`` with t/s and the speedup
-    (B/A ratio) at two decimals, then the 95% CI of the speedup in its own column
-    (``Speedup 95% CI``), and ``A/A noise`` / ``Verdict`` columns when any point carries them.
-    Where a point's ``kernel`` differs from its ``upstream_kernel`` a ``Kernel`` column says
-    ``upstream → chosen``.
-
-    Args:
-        points: Dicts with ``phase, depth, test, base_ts, tuned_ts, speedup, ci_low, ci_high``
-            (ratios), ``aa_noise_pct`` (percent or None), ``verdict``, ``upstream_kernel``,
-            ``kernel``.
-        name_a: Reference side (the script's baseline commit name).
-        name_b: Candidate side.
-        model: Text of the Model column (the script prints llama-bench's ``model_type``).
-
-    Returns:
-        Markdown (GitHub pipe table, numeric columns right-aligned as tabulate does).
-    """
-    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
-    show_noise = any(r["aa_noise_pct"] is not None for r in recs)
-    show_verdict = any(r["verdict"] for r in recs)
-    show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
-    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup", "Speedup 95% CI"]
-    right = [False, False, True, True, True, True]
-    if show_noise:
-        headers.append("A/A noise")
-        right.append(True)
-    if show_verdict:
-        headers.append("Verdict")
-        right.append(False)
-    if show_kernel:
-        headers.append("Kernel")
-        right.append(False)
-    rows = []
-    for r in recs:
-        ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
-        row = [r["model"], r["test"], _f2(r["ts_a"]), _f2(r["ts_b"]), _f2(r["speedup"]), ci]
-        if show_noise:
-            row.append("-" if r["aa_noise_pct"] is None else f"±{r['aa_noise_pct']:.1f}%")
-        if show_verdict:
-            v = r["verdict"]
-            mark = MARKS.get(v, "")
-            row.append(f"{mark} {_VERDICT_WORDS.get(v, v)}".strip())
-        if show_kernel:
-            k, u = r["kernel"], r["upstream_kernel"]
-            row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
-        rows.append(row)
-    return _pipe_table(headers, rows, right)
-
-
-def format_compare(
-    points: Sequence[Mapping[str, Any]], fmt: str = "md", *, name_a: str = "upstream", name_b: str = "tuned",
-    model: str = "",
-) -> str:
-    """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
-    if fmt == "md":
-        return compare_table(points, name_a=name_a, name_b=name_b, model=model)
-    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
-    if fmt == "json":
-        import json
-
-        return json.dumps(recs, indent=1, ensure_ascii=False)
-    if fmt == "csv":
-        import csv
-        import io
-
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
-        w.writeheader()
-        for r in recs:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
-        return buf.getvalue()
-    raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
-
-
-def compare_points(
-    df_a: pd.DataFrame,
-    df_b: pd.DataFrame,
-    *,
-    df_aa: pd.DataFrame | None = None,
-    confidence: float = 0.95,
-    min_effect_pct: float = 0.0,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames.
-
-    ``df_aa`` is an optional second run of the A side (an A/A pair): its run-to-run difference
-    |median(A')/median(A) - 1| per point becomes ``aa_noise_pct``, and a change whose CI does not
-    clear ±that noise gets the verdict ``within noise`` instead of faster/slower.
-    """
-    from tuner.measure.stats import compare_frames
-
-    res = compare_frames(df_a, df_b, confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
-    noise: dict[tuple[str, int], float] = {}
-    if df_aa is not None:
-        aa = compare_frames(df_a, df_aa, confidence=confidence, seed=seed)
-        for _, r in aa.iterrows():
-            d = _num(r["delta_pct"])
-            if math.isfinite(d):
-                noise[(str(r["test"]), int(r["depth"]))] = abs(d)
-    pts = []
-    for _, r in res.iterrows():
-        key = (str(r["test"]), int(r["depth"]))
-        a, b = _num(r["median_a"]), _num(r["median_b"])
-        lo, hi = _num(r["ci_low"]), _num(r["ci_high"])
-        verdict = str(r["verdict"])
-        nz = noise.get(key)
-        if nz is not None and verdict in ("faster", "slower") and lo <= nz and hi >= -nz:
-            verdict = "within noise"
-        pts.append({
-            "phase": str(r["phase"]), "depth": key[1], "test": key[0], "base_ts": a, "tuned_ts": b,
-            "speedup": b / a if a > 0 else math.nan,
-            "ci_low": 1 + lo / 100, "ci_high": 1 + hi / 100,
-            "aa_noise_pct": nz, "verdict": verdict, "upstream_kernel": None, "kernel": None,
-        })
-    return pts
+def report_records(frames: Mapping[str, pd.DataFrame], baseline: str, *,
+                   aa: tuple[pd.DataFrame, pd.DataFrame] | None = None, confidence: float = 0.95,
+                   seed: int = 0) -> list[dict[str, Any]]:
+    """``tuner report --json``: the records of every table of :func:`render_report`."""
+    return [rec for k, pts in _pairs(frames, baseline, aa=aa, confidence=confidence, seed=seed)
+            for rec in compare_records(pts, name_a=baseline, name_b=k)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,8 @@ __all__ = [
     "rule_condition",
     "whitespace_only_hunks",
     "render_pr_body",
+    "models_note",
+    "reproduce_commands",
 ]
 
 import difflib
@@ -391,14 +393,6 @@ def whitespace_only_hunks(patch: str) -> list[str]:
 _PHASE = {"tg": "decode", "decode": "decode", "pp": "prefill", "prefill": "prefill"}
 
 
-def _fmt(x: Any, spec: str) -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "-"
-    return format(v, spec) if math.isfinite(v) else "-"
-
-
 def _shape(rule: Any) -> str:
     D, gqa, kv = _keys(rule)
     bits = [f"head size {D}" if D is not None else "any head size",
@@ -425,39 +419,69 @@ def _upstream_kernels(rules: Sequence[Any], points: Sequence[Mapping[str, Any]])
     return up
 
 
-def _performance_table(model: str, points: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The PR's table in compare-llama-bench.py's shape, with the CI, kernels and verdict added."""
-    head = ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Kernel", "Verdict"]
-    out = ["| " + " | ".join(head) + " |"]
-    out.append("| " + " | ".join(["---"] * 2 + ["---:"] * 4 + ["---"] * 2) + " |")
-    for p in points:
-        sp = p.get("speedup")
-        if sp is None and p.get("base_ts"):
-            sp = float(p["tuned_ts"]) / float(p["base_ts"])
-        ci = f"[{_fmt(p.get('ci_low'), '+.1f')}%, {_fmt(p.get('ci_high'), '+.1f')}%]"
-        kern = f"{p.get('upstream_kernel') or '-'} → {p.get('kernel') or '-'}"
-        out.append("| " + " | ".join([model, str(p.get("test", "")), _fmt(p.get("base_ts"), ".2f"),
-                                       _fmt(p.get("tuned_ts"), ".2f"), _fmt(sp, ".2f"), ci, kern,
-                                       str(p.get("verdict", ""))]) + " |")
-    out.append("")
-    return out
+def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, synthetic: bool | None) -> str:
+    """The PR's "Models" section: where the shapes came from, what the weights were, and what that shows."""
+    dims = ", ".join(f"{k.replace('_', ' ')} {shape[k]}" for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads")
+                     if shape.get(k) is not None)
+    d = f" ({dims})" if dims else ""
+    src = (f"the shapes of `{like}`{d}, as tuner's `tuner/data/models.toml` records them from the model's published "
+           "config.json" if like else f"the shapes of the measured file `{model_file}`{d}")
+    if synthetic:
+        weights = (f"**synthetic random weights**: `tuner model synth --like {like or '?'}` wrote a GGUF with exactly these "
+                   "tensors and hyperparameters, filled with random numbers.")
+    elif synthetic is False:
+        weights = f"the weights of `{model_file}` (a real model file)."
+    else:
+        weights = (f"not recorded: the study kept only the file name `{model_file}`, not whether its weights were real "
+                   "or random.")
+    return "\n".join([
+        f"Model: {src}. Weights: " + weights,
+        "",
+        "What this shows: the FlashAttention kernel's speed at these shapes (head size, GQA ratio, K/V type) and "
+        "context depths; attention cost does not depend on the weights' values, so random weights time the same "
+        "kernels a real model of this shape runs. What it does not show: output quality (random weights produce "
+        "no meaningful text; the kernels' outputs were checked against upstream's with llama-perplexity's KL "
+        "divergence, not against a task), other models' shapes, or other GPUs of the same compute capability.",
+        "",
+    ])
 
 
-def _how_measured(points: Sequence[Mapping[str, Any]], rounds: int | None) -> list[str]:
-    """The "How it was measured" section: paired rounds, what the CI is, the A/A noise floor."""
-    noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
-    out = ["## How it was measured", ""]
-    out.append(
-        "llama-bench of the upstream build and of the build with this change, run in paired, interleaved "
-        "rounds (each round measures both builds back to back, so clock and thermal drift hit both alike)"
-        + (f", {rounds} rounds per point" if rounds else "") + ". "
-        "Speedup is the ratio of the median t/s; 95% CI is the bootstrap confidence interval of the "
-        "median change. The noise floor is the A/A difference of the upstream build measured against "
-        "itself"
-        + (f" (up to {max(noise):.1f}% here)" if noise else "")
-        + "; a point counts as faster or slower only when its CI clears that floor."
-    )
-    out.append("")
+def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, str], model_file: str, like: str | None,
+                       quant: str | None, depths: Sequence[int], pp: int, tg: int, phases: Sequence[str],
+                       search_depths: Sequence[int] = (), search_args: Sequence[str] = ()) -> list[str]:
+    """Stock llama.cpp at ``commit``, built as is and with ``upstream.patch``; plain llama-bench runs of both
+    and an A/A run; ``tuner compare``; then the tuner search and export. Relative paths only, no tuner-only
+    environment variables: the patch alone changes the kernel choice."""
+    ds = ",".join(str(d) for d in sorted(set(depths)))
+    flags = " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()) if not k.startswith("CMAKE_BUILD_RPATH"))
+    p = pp if "pp" in phases else 0
+    n = tg if "tg" in phases else 0
+    model = "model.gguf"
+    targets = "llama-bench" + (" llama-quantize" if quant else "")
+    out = [
+        "# from the folder holding upstream.patch: llama.cpp at the commit it was measured against, A as is, B patched",
+        "git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp" + (f" && git checkout {commit}" if commit else ""),
+        f"cmake -B build-a {flags} && cmake --build build-a -j --target {targets}",
+        "git apply ../upstream.patch",
+        f"cmake -B build-b {flags} && cmake --build build-b -j --target llama-bench",
+    ]
+    if like:
+        out += ["# the model: random weights with the measured shapes (see Models; needs tuner: pip install -e . in its repository)",
+                f"tuner model synth --like {like}" + (f" --quant {quant} --quantize-with build-a/bin/llama-quantize" if quant else "")
+                + f" -o {model}"]
+    else:
+        out += [f"# the model: the measured file {model_file} (see Models), copied or linked here as {model}"]
+    bench = f"-m {model} -fa 1 -p {p} -n {n} -d {ds} -r 10 -o jsonl"
+    out += ["# A, B, and A again: the A/A pair is this machine's own noise",
+            f"build-a/bin/llama-bench {bench} > a.jsonl",
+            f"build-b/bin/llama-bench {bench} > b.jsonl",
+            f"build-a/bin/llama-bench {bench} > a2.jsonl",
+            "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl",
+            "# the search that found it, and its export (from tuner's repository)",
+            f"tuner search --arch {arch.name}" + (f" --like {like}" if like else f" --model {model}")
+            + (f" --quant {quant}" if quant and like else "")
+            + f" --depths {','.join(str(d) for d in sorted(set(search_depths or depths)))}" + "".join(f" {x}" for x in search_args),
+            "tuner export --study STUDY -o result   # STUDY: the name tuner search prints"]
     return out
 
 
@@ -470,8 +494,10 @@ def render_pr_body(
     points: Sequence[Mapping[str, Any]],
     commands: Sequence[str],
     source: str = "",
-    rounds: int | None = None,
+    rounds: Sequence[int] | int | None = None,
     note: str = "",
+    models: str = "",
+    noise_ceiling_pct: float | None = None,
 ) -> str:
     """``PR.md``: a pull-request body for ``upstream.patch``.
 
@@ -480,16 +506,20 @@ def render_pr_body(
         arch: The arch they are keyed to.
         gpu: The measured GPU's name (e.g. ``NVIDIA H100 80GB HBM3``).
         model: The model as the table's Model column shows it (e.g. ``llama 8B Q4_K_M``).
-        points: One dict per measured point: ``phase`` (tg/pp or decode/prefill), ``depth``, ``test``
-            (``tg128@d32768``), ``base_ts`` and ``tuned_ts`` (median t/s), ``speedup`` (tuned/base, a
-            ratio; computed from the t/s when missing), ``ci_low``/``ci_high`` (95% CI of the change in
-            percent, as ``tuner.select`` reports it), ``aa_noise_pct`` (A/A noise floor, percent),
-            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned).
-        commands: Reproduction commands, shown verbatim in a shell block.
+        points: One dict per measured point, as :func:`tuner.result.tables.compare_records` reads them:
+            ``phase``, ``depth``, ``test`` (``tg128``; the table adds ``@d<depth>``), ``base_ts`` and
+            ``tuned_ts`` (the t/s shown; Speedup is their ratio), ``ci_low``/``ci_high`` (95% CI of the
+            paired ratio, as ratios), ``aa_noise_pct`` (the A/A noise the verdict cleared, percent),
+            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned), ``rounds``.
+        commands: Reproduction commands (:func:`reproduce_commands`), shown verbatim in a shell block.
         source: The llama.cpp the patch is against (e.g. ``llama.cpp 0c1e570``).
-        rounds: Paired rounds per point, when known.
+        rounds: Paired rounds per point (default: the points' ``rounds``).
         note: Extra paragraph (e.g. a --ptx-jit caveat), verbatim.
+        models: The "Models" section's text (:func:`models_note`).
+        noise_ceiling_pct: The A/A noise above which a phase claims nothing, stated in the method.
     """
+    from tuner.result.tables import compare_table, method_paragraph
+
     name = arch.name
     up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})
@@ -511,8 +541,15 @@ def render_pr_body(
     out += ["## Performance", ""]
     out.append(f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else ""))
     out.append("")
-    out += _performance_table(model, points)
-    out += _how_measured(points, rounds)
+    out += [compare_table(points, name_a="upstream", name_b="patched", model=model), ""]
+    rs = [rounds] if isinstance(rounds, int) else list(rounds or [int(p.get("rounds") or 0) for p in points])
+    noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
+    out += ["## How it was measured", "", method_paragraph(
+        "paired rounds", rounds=rs, ceiling_pct=noise_ceiling_pct,
+        noise=("the A/A pair (upstream measured against itself in the same rounds), at least the phase's median A/A "
+               "noise" + (f"; {min(noise):.1f}–{max(noise):.1f}% here." if noise else "."))), ""]
+    if models.strip():
+        out += ["## Models", "", models.strip(), ""]
     if note.strip():
         out += [note.strip(), ""]
     out += ["## Reproduce", "", "```sh", *commands, "```", ""]

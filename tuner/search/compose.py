@@ -27,7 +27,7 @@ from typing import Any
 
 from scipy import stats as _stats
 
-from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost, verdict
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, rejects_cpu_cost, too_noisy, verdict
 from tuner.search.screen import PHASE_RULE, CellStats
 
 _STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
@@ -139,11 +139,12 @@ def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellSta
     CPU%), and the verdicts, the CPU rejection of decode changes (docs/design.md) included, are recomputed
     by it: what the report calls ``faster`` is what compose and confirm act on."""
     cpu_floor = phase_cpu_noise(cells)
+    noisy = too_noisy([c.noise_pct for c in cells.values()])  # beyond the ceiling the phase claims nothing
     out = {}
     for d, c in cells.items():
         bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
-        verdicts = {n: verdict(e, bar) for n, e in c.effects.items()}
-        if phase == "tg":
+        verdicts = {n: TOO_NOISY if noisy else verdict(e, bar) for n, e in c.effects.items()}
+        if phase == "tg" and not noisy:
             verdicts.update({n: CPU_REJECTED for n, e in c.effects.items() if n != c.aa and n in c.cpu
                              and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar)})
         out[d] = dataclasses.replace(c, verdicts=verdicts, bar_pct=bar, cpu_bar=cpu_bar)
@@ -179,6 +180,8 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
                         f"floor ±{noise:.1f}% at these rounds")
             if costly:
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
+            if TOO_NOISY in c.verdicts.values():
+                why = f"the phase's A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: too noisy to claim anything"
             out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=None, effect_pct=0.0,
                                 ci=(math.nan, math.nan), noise_pct=noise, reason=why))
         else:

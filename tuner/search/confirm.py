@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.measure.paired import CPU_REJECTED
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.search.compose import judge_phase
 from tuner.search.screen import UPSTREAM, CellStats
 
@@ -110,14 +110,18 @@ def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_ch
         elif CPU_REJECTED in v:
             bad = [x["depth"] for x in inside if x["verdict"] == CPU_REJECTED]
             dropped[r] = f"CPU% up beyond the noise without a t/s gain at depth {bad}"
+        elif TOO_NOISY in v:
+            dropped[r] = f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy to confirm it"
         elif "faster" not in v:
             dropped[r] = "not faster than upstream beyond the A/A noise at any depth inside it"
         else:
             kept.append(r)
     slower = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == "slower"]
     costly = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == CPU_REJECTED]
-    ok = not (process_changed and (slower or costly))
+    noisy = sorted({x["phase"] for x in rows if x["verdict"] == TOO_NOISY})  # nothing can be confirmed there
+    ok = not (process_changed and (slower or costly or noisy))
     why = "; ".join(([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
-                    + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else []))
+                    + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
+                    + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else []))
     return {"kept": kept, "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
 

@@ -278,9 +278,12 @@ def test_save_load_roundtrip_and_table(tmp_path: Path, monkeypatch: pytest.Monke
         assert back["median_ts"].tolist() == pytest.approx(df["median_ts"].tolist())
     table = render_table(df)
     assert "| x " in table and "tg8" in table
-    with pytest.raises(UsageError, match="lacks bench columns"):
-        (tmp_path / "raw.jsonl").write_text((DATA / "llama-bench-mma-cpu.jsonl").read_text())
-        load_results(tmp_path / "raw.jsonl")
+    (tmp_path / "raw.jsonl").write_text((DATA / "llama-bench-mma-cpu.jsonl").read_text())
+    raw = load_results(tmp_path / "raw.jsonl")  # llama-bench's own -o jsonl is read too (tests/unit/measure/test_frames.py)
+    assert set(raw["test"]) == {"pp64"} and raw["n"].tolist() == [3, 3]
+    with pytest.raises(UsageError, match="holds no llama-bench results"):
+        (tmp_path / "notes.txt").write_text("not a benchmark\n")
+        load_results(tmp_path / "notes.txt")
 
 
 def test_interleaved_detects_and_corrects_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

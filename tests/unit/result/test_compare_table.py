@@ -112,7 +112,7 @@ def test_table_layout_matches_compare_llama_bench_run(tmp_path: Path) -> None:
     assert t_head[start:] == ["Model", "Test", f"t/s {NAME_A}", f"t/s {NAME_B}", "Speedup"]
     n = len(t_head) - start
     assert o_head[:n] == t_head[start:]
-    assert o_head[n:] == ["Speedup 95% CI", "A/A noise", "Verdict", "Kernel"]
+    assert o_head[n:] == ["95% CI", "Noise", "Verdict", "Kernel"]
     assert _align(ours[1])[:n] == _align(theirs[1])[start:]
     t_rows = [_split(line)[start:] for line in theirs[2:]]
     o_rows = [_split(line)[:n] for line in ours[2:]]
@@ -143,21 +143,23 @@ def test_vendored_script_matches_pinned_source() -> None:
 
 
 def test_optional_columns_and_formats() -> None:
-    pts = [{"phase": "tg", "depth": 4096, "test": "tg128", "base_ts": 100.0, "tuned_ts": 105.0, "speedup": 1.05,
+    pts = [{"phase": "tg", "depth": 4096, "test": "tg128", "base_ts": 100.0, "tuned_ts": 105.0, "speedup": 1.07,
             "ci_low": 1.02, "ci_high": 1.08, "aa_noise_pct": None, "verdict": "", "upstream_kernel": None,
             "kernel": None},
            {"phase": "pp", "depth": 0, "test": "pp512", "base_ts": 1000.0, "tuned_ts": float("nan"),
-            "speedup": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "aa_noise_pct": None,
-            "verdict": "", "upstream_kernel": "MMA", "kernel": "MMA"}]
+            "speedup": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "aa_noise_pct": 2.0,
+            "noise_kind": "floor", "verdict": "missing", "upstream_kernel": "MMA", "kernel": "MMA"}]
     md = compare_table(pts)
     head = _split(md.splitlines()[0])
-    assert head == ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "Speedup 95% CI"]
-    assert _split(md.splitlines()[2])[1:] == ["pp512", "1000.00", "-", "-", "-"]
-    assert _split(md.splitlines()[3])[1:] == ["tg128@d4096", "100.00", "105.00", "1.05", "1.020–1.080"]
+    assert head == ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Noise", "Verdict"]
+    assert _split(md.splitlines()[2])[1:] == ["pp512", "1000.00", "-", "-", "-", "±2.0% floor", "missing"]
+    # Speedup is the ratio of the two t/s shown (1.05), not the point's own estimate (1.07); no noise -> "none"
+    assert _split(md.splitlines()[3])[1:] == ["tg128@d4096", "100.00", "105.00", "1.05", "1.020–1.080", "none", ""]
 
     recs = json.loads(format_compare(pts, "json", model="m"))
     assert [r["test"] for r in recs] == ["pp512", "tg128@d4096"]
     assert set(recs[0]) == set(COMPARE_FIELDS) and recs[0]["ts_b"] is None and recs[1]["speedup"] == 1.05
+    assert recs[0]["noise"] == "floor" and recs[1]["noise"] == "none" and recs[1]["noise_pct"] is None
     rows = list(csv.DictReader(io.StringIO(format_compare(pts, "csv", model="m"))))
     assert list(rows[0]) == list(COMPARE_FIELDS)
     assert [r["test"] for r in rows] == [r["test"] for r in recs] and rows[1]["ci_high"] == "1.08"
@@ -174,16 +176,22 @@ def test_cli_compare_formats_and_aa(tmp_path: Path) -> None:
     args = [str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl")]
     r = CliRunner().invoke(compare_cmd, args)
     assert r.exit_code == 0, r.output
-    lines = r.output.splitlines()
-    assert _split(lines[0]) == ["Model", "Test", "t/s base", "t/s new", "Speedup", "Speedup 95% CI", "Verdict"]
-    assert any(_split(line)[1] == "pp512@d4096" and "✓ faster" in line for line in lines)
+    lines = r.stdout.splitlines()
+    assert _split(lines[0]) == ["Model", "Test", "t/s base", "t/s new", "Speedup", "95% CI", "Noise", "Verdict"]
+    # no backend recorded in these frames: no floor, so a +20% change claims nothing without --aa
+    assert any(_split(line)[1] == "pp512@d4096" and "no noise reference" in line for line in lines)
+    assert "no recorded run-to-run floor" in r.stderr
 
-    r = CliRunner().invoke(compare_cmd, args + ["--format", "json", "--aa", str(tmp_path / "base2.jsonl"),
-                                                "--plot", str(tmp_path / "sp.png")])
+    aa = ["--aa", str(tmp_path / "base.jsonl"), str(tmp_path / "base2.jsonl")]
+    r = CliRunner().invoke(compare_cmd, args + aa)
+    assert r.exit_code == 0, r.output
+    assert any(_split(line)[1] == "pp512@d4096" and "✓ faster" in line and "A/A" in line for line in r.stdout.splitlines())
+    r = CliRunner().invoke(compare_cmd, args + ["--format", "json", *aa, "--plot", str(tmp_path / "sp.png")])
     assert r.exit_code == 0, r.output
     recs = json.loads(r.stdout)
-    assert len(recs) == 4 and all(rec["aa_noise_pct"] is not None for rec in recs)
+    assert len(recs) == 4 and all(rec["noise_pct"] is not None and rec["noise"] == "A/A" for rec in recs)
     assert {rec["model"] for rec in recs} == {"m"} and recs[0]["name_a"] == "base"
     assert (tmp_path / "sp.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(CliRunner().invoke(compare_cmd, args + ["--json", *aa]).stdout) == recs
     r = CliRunner().invoke(compare_cmd, args + ["--format", "csv"])
     assert r.exit_code == 0 and r.stdout.splitlines()[0] == ",".join(COMPARE_FIELDS)

@@ -253,25 +253,27 @@ def test_validate_check_on_mini_tree(tree: Path, tmp_path: Path) -> None:
 
 
 POINTS = [
-    dict(phase="tg", depth=16384, test="tg128@d16384", base_ts=210.4, tuned_ts=211.0, speedup=1.003, ci_low=-0.8,
-         ci_high=1.2, aa_noise_pct=1.1, verdict="same", upstream_kernel="VEC", kernel="VEC"),
-    dict(phase="tg", depth=32768, test="tg128@d32768", base_ts=150.0, tuned_ts=157.65, speedup=None, ci_low=4.1,
-         ci_high=6.3, aa_noise_pct=1.2, verdict="faster", upstream_kernel="VEC", kernel="MMA"),
+    dict(phase="tg", depth=16384, test="tg128", base_ts=210.4, tuned_ts=211.0, speedup=1.003, ci_low=0.992,
+         ci_high=1.012, aa_noise_pct=1.1, verdict="no difference", upstream_kernel="VEC", kernel="VEC", rounds=12),
+    dict(phase="tg", depth=32768, test="tg128", base_ts=150.0, tuned_ts=157.65, speedup=1.061, ci_low=1.041,
+         ci_high=1.063, aa_noise_pct=1.2, verdict="faster", upstream_kernel="VEC", kernel="MMA", rounds=12),
 ]
 
 
 def test_pr_body() -> None:
-    cmds = ["tuner search --arch sm_90 --model llama-3.1-8b", "tuner validate results/sm_90/llama-3.1-8b-q4_k_m"]
+    cmds = ["tuner search --arch sm_90 --like llama-3.1-8b", "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl"]
     md = render_pr_body(EXAMPLE, load_arch("sm_90"), gpu="NVIDIA H100 80GB HBM3", model="llama 8B Q4_K_M",
                         points=POINTS, commands=cmds, source="llama.cpp 0c1e570", rounds=12)
     lines = md.splitlines()
-    head = next(i for i, ln in enumerate(lines) if ln.startswith("| Model |"))
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("| Model "))
     cols = [c.strip() for c in lines[head].strip("|").split("|")]
-    assert cols[:5] == ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup"] and "95% CI" in cols
+    assert cols[:5] == ["Model", "Test", "t/s upstream", "t/s patched", "Speedup"] and "95% CI" in cols
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[head + 2: head + 4]]
-    assert rows[1][:6] == ["llama 8B Q4_K_M", "tg128@d32768", "150.00", "157.65", "1.05", "[+4.1%, +6.3%]"]
-    assert "VEC → MMA" in rows[1]
+    # the depth is in the test name, and Speedup is 157.65 / 150.00, not the paired estimate 1.061
+    assert rows[1][:7] == ["llama 8B Q4_K_M", "tg128@d32768", "150.00", "157.65", "1.05", "1.041–1.063", "±1.2% A/A"]
+    assert "VEC → MMA" in rows[1] and "✓ faster" in rows[1]
     assert "decode, head size 64, GQA ratio 4, K/V f16, n_kv >= 32768: **MMA** (upstream: VEC)" in md
-    assert "paired, interleaved" in md and "12 rounds" in md and "1.2%" in md
+    assert "paired, interleaved" in md and "12 rounds" in md and "geometric mean of the per-round ratios" in md
+    assert "bootstrap" not in md
     assert all(c in md for c in cmds) and "```sh" in md
     assert md.endswith("\n")

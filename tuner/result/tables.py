@@ -1,0 +1,194 @@
+"""The one comparison table: ``tuner compare``, ``tuner report``, a result's report.md and PR.md.
+
+Shape of llama.cpp's ``scripts/compare-llama-bench.py`` (``Model | Test | t/s A | t/s B | Speedup``,
+tests named ``pp512``, ``tg128@d32768``), then tuner's columns: the 95% CI, the noise reference the
+verdict was judged against and the verdict, and where kernels were chosen a ``Kernel`` column.
+
+* **Speedup is t/s B / t/s A of the two numbers in the row**, never another estimate, so a reader
+  can check it. Where the CI comes from a different estimator (the search's paired rounds: geometric
+  mean of per-round ratios), :func:`method_paragraph` says so once under the table.
+* **No faster/slower without a noise reference** (:func:`tuner.measure.stats.judge`,
+  :func:`tuner.measure.paired.verdict`): every row names it in the ``Noise`` column, ``A/A`` (an A/A
+  pair measured with these data), ``floor`` (the recorded run-to-run floor of the backend and phase,
+  docs/noise-floors.md) or ``none`` (nothing can be claimed).
+* The method paragraph is generated here, from the same parameters the numbers were computed with.
+"""
+
+from __future__ import annotations
+
+__all__ = ["COMPARE_FIELDS", "MARKS", "bench_test_name", "compare_records", "compare_table", "format_compare",
+           "method_paragraph", "pipe_table"]
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.errors import UsageError
+
+MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "within noise": "~", "too few samples": "?",
+         "no noise reference": "?", "too noisy": "?"}
+
+_VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
+                  "too few samples": "too few samples to decide", "within noise": "within noise",
+                  "no noise reference": "no noise reference", "missing": "missing",
+                  "too noisy": "too noisy (A/A noise above the ceiling)"}
+
+COMPARE_FIELDS: tuple[str, ...] = (
+    "model", "test", "phase", "depth", "name_a", "name_b", "ts_a", "ts_b", "speedup", "ci_low",
+    "ci_high", "noise_pct", "noise", "verdict", "upstream_kernel", "kernel",
+)
+"""Fields of one row in the JSON and CSV forms of :func:`compare_table` (same fields in both).
+``speedup`` = ``ts_b / ts_a``; ``ci_low``/``ci_high`` ratios B/A; ``noise_pct`` percent; ``noise`` its
+kind (``A/A``, ``floor``, ``none``)."""
+
+
+def bench_test_name(test: str, depth: int) -> str:
+    """``compare-llama-bench.py``'s test name: ``pp512``, ``tg128@d32768`` (no ``@d0``)."""
+    depth, test = int(depth), str(test)
+    return test if depth == 0 or "@d" in test else f"{test}@d{depth}"
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _phase(p: Mapping[str, Any]) -> str:
+    ph = str(p.get("phase") or str(p.get("test", ""))[:2])
+    return {"decode": "tg", "prefill": "pp"}.get(ph, ph)
+
+
+def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
+    def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
+        test = str(p.get("test", ""))
+        m = re.match(r"^(pp|tg)(\d+)$", test)
+        return (str(p.get("model") or ""), 0 if _phase(p) == "pp" else 1, int(m.group(2)) if m else 0, test,
+                int(p.get("depth", 0)))
+
+    return sorted(points, key=key)
+
+
+def compare_records(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned",
+                    model: str = "") -> list[dict[str, Any]]:
+    """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
+
+    ``points``: dicts with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here),
+    ``base_ts``/``tuned_ts`` (the t/s shown), ``ci_low``/``ci_high`` (ratios B/A), ``aa_noise_pct``
+    (percent), ``noise_kind`` (``A/A`` when missing and a noise is given), ``verdict``, and optionally
+    ``model``, ``upstream_kernel``, ``kernel``. None where a number is missing.
+    """
+    out = []
+    for p in _sorted(points):
+        a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
+        noise = _num(p.get("aa_noise_pct"))
+        kind = p.get("noise_kind") or ("A/A" if noise is not None else "none")
+        out.append({
+            "model": str(p.get("model") or model), "test": bench_test_name(str(p["test"]), int(p["depth"])),
+            "phase": _phase(p), "depth": int(p["depth"]), "name_a": name_a, "name_b": name_b,
+            "ts_a": a, "ts_b": b, "speedup": b / a if a and b is not None and a > 0 else None,
+            "ci_low": _num(p.get("ci_low")), "ci_high": _num(p.get("ci_high")),
+            "noise_pct": noise if kind != "none" else None, "noise": kind,
+            "verdict": str(p.get("verdict") or ""),
+            "upstream_kernel": p.get("upstream_kernel") or None, "kernel": p.get("kernel") or None,
+        })
+    return out
+
+
+def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
+    """A GitHub pipe table laid out like tabulate's ``pipe`` format (compare-llama-bench.py's default)."""
+    cells = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
+
+    rule = "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1))
+                          for w, rt in zip(widths, right)) + "|"
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+
+
+def _f2(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def compare_table(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned",
+                  model: str = "") -> str:
+    """A Markdown table in the shape of ``scripts/compare-llama-bench.py`` plus tuner's columns.
+
+    ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel`` too where a
+    point's kernel differs from upstream's). Speedup is ``t/s B / t/s A`` at two decimals, as the
+    script prints it; the CI is of the ratio B/A; Noise is ``±x% A/A``, ``±x% floor`` or ``none``.
+    """
+    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
+    show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
+    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup", "95% CI", "Noise", "Verdict"]
+    right = [False, False, True, True, True, True, True, False]
+    if show_kernel:
+        headers.append("Kernel")
+        right.append(False)
+    rows = []
+    for r in recs:
+        ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
+        noise = "none" if r["noise"] == "none" or r["noise_pct"] is None else f"±{r['noise_pct']:.1f}% {r['noise']}"
+        v = r["verdict"]
+        row = [r["model"], r["test"], _f2(r["ts_a"]), _f2(r["ts_b"]), _f2(r["speedup"]), ci, noise,
+               f"{MARKS.get(v, '')} {_VERDICT_WORDS.get(v, v)}".strip()]
+        if show_kernel:
+            k, u = r["kernel"], r["upstream_kernel"]
+            row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
+        rows.append(row)
+    return pipe_table(headers, rows, right)
+
+
+def format_compare(points: Sequence[Mapping[str, Any]], fmt: str = "md", *, name_a: str = "upstream",
+                   name_b: str = "tuned", model: str = "") -> str:
+    """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
+    if fmt == "md":
+        return compare_table(points, name_a=name_a, name_b=name_b, model=model)
+    recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
+    if fmt == "json":
+        import json
+
+        return json.dumps(recs, indent=1, ensure_ascii=False)
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
+        w.writeheader()
+        for r in recs:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        return buf.getvalue()
+    raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
+
+
+def method_paragraph(kind: str, *, confidence: float = 0.95, rounds: Sequence[int] = (), noise: str = "",
+                     ceiling_pct: float | None = None) -> str:
+    """How the table's numbers were computed, written by the code that computed them.
+
+    ``kind``: ``separate runs`` (:func:`tuner.measure.stats.compare` on two files' repetitions) or
+    ``paired rounds`` (the search: :func:`tuner.measure.paired.block_effects` over interleaved rounds).
+    ``noise``: what the Noise column holds (one sentence).
+    """
+    if kind == "separate runs":
+        from tuner.measure.stats import method_text
+
+        text = method_text(confidence)
+    elif kind == "paired rounds":
+        from tuner.measure.paired import method_text as paired_text
+
+        text = paired_text(rounds, confidence)
+    else:
+        raise ValueError(f"unknown method {kind!r}")
+    text += (" Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
+             "claims nothing." + (f" Noise: {noise}" if noise else ""))
+    if ceiling_pct is not None:
+        text += (f" A phase whose A/A noise exceeds {ceiling_pct:g}% claims nothing at all (the machine was too noisy "
+                 "to tell a kernel's effect from chance).")
+    return text
