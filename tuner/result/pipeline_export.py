@@ -126,14 +126,14 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
     with staged_export(out_dir) as tmp:
         _write_pipeline(tmp, study, storage, source, rv, gate, variant=variant, compile_values=compile_values, run_env=run_env,
-                        fa_env=fa_env, args=args, rules=rules)
+                        fa_env=fa_env, args=args, rules=rules, like=like, weight_type=weight_type)
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
 def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: Any, gate: Mapping[str, Any], *, variant: str,
                     compile_values: Mapping[str, int], run_env: Mapping[str, str], fa_env: Mapping[str, str],
-                    args: list[str], rules: list[str]) -> None:
+                    args: list[str], rules: list[str], like: str | None = None, weight_type: str | None = None) -> None:
     """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
     import tomli_w
 
