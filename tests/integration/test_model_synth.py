@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner import _run
+from tuner.targets.host import host_has_amx
 from tuner.cli import cli
 from tuner.targets.models import _parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
 from tuner.targets.roofline import bytes_per_token
@@ -47,16 +48,9 @@ def tiny_f16(tuner_home: Path, _src: Path) -> Path:
     return out
 
 
-def _host_has_amx() -> bool:
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def _bench_rows(model: Path, tmp_path: Path, bench: Path, *, quantized: bool = False) -> list[dict]:
     extra = []
-    if quantized and _host_has_amx():
+    if quantized and host_has_amx():
         # A native build on an AMX host (Sapphire Rapids and newer) puts Q4_K/Q6_K weights in the AMX
         # buffer, and upstream's ggml_backend_amx_mul_mat segfaults on them (llama.cpp issue 20824;
         # reproduced here on the tiny shape). --repack 0 keeps the weights in plain CPU buffers.

@@ -111,7 +111,7 @@ from tuner.measure.frames import compare, load_results, render_table, save_resul
 from tuner.measure.interleave import BenchTarget, InterleavedResult, run_interleaved
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
-from tuner.targets.host import check_threads, host_cpus, mask_text, parse_cpu_mask, pin_command
+from tuner.targets.host import check_threads, crash_hint, host_cpus, mask_text, parse_cpu_mask, pin_command
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -380,31 +380,13 @@ def _run_call(
                        on_line=on_line, what="llama-bench")
         if res.returncode != 0:
             error = (f"llama-bench exited with code {res.returncode}; see {log_file}. "
-                     f"Last lines: {_run.tail(log_file, 5)}{_crash_hint(res.returncode, cmd)}")
+                     f"Last lines: {_run.tail(log_file, 5)}{crash_hint(res.returncode, cmd)}")
     except TunerError as err:  # timeout or missing executable: data, not a crash
         error = str(err)
     finally:
         if obs is not None:
             obs.stop()
     return records, obs, error, t0
-
-
-def _host_has_amx() -> bool:
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def _crash_hint(returncode: int, cmd: Sequence[str]) -> str:
-    """A known cause for a llama-bench that died of SIGSEGV, or ''."""
-    if returncode != -11 or "--repack" in cmd or not _host_has_amx():
-        return ""
-    # A native CPU build on an AMX host repacks quantized weights into the AMX buffer, and upstream's
-    # ggml_backend_amx_mul_mat segfaults on some of them (llama.cpp issue 20824).
-    return (" llama-bench was killed by SIGSEGV on a CPU with AMX: a known llama.cpp crash in the AMX "
-            "matrix multiply for quantized weights (llama.cpp issue 20824). Search with an f16 model "
-            "(leave out --quant), or check by hand that `llama-bench --repack 0` runs.")
 
 
 def _finite(vals: Sequence[float], how: str) -> float:

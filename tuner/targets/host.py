@@ -9,7 +9,7 @@ whole machine).
 
 from __future__ import annotations
 
-__all__ = ["Cpus", "check_threads", "host_cpus", "mask_text", "parse_cpu_mask", "pin_command"]
+__all__ = ["Cpus", "check_threads", "crash_hint", "host_cpus", "host_has_amx", "mask_text", "parse_cpu_mask", "pin_command"]
 
 import dataclasses
 import os
@@ -149,3 +149,21 @@ def pin_command(mask: Sequence[int] | None) -> list[str]:
         raise UsageError("--cpu-mask pins llama-bench with `taskset`, which is not on PATH. Install util-linux "
                          "(e.g. apt-get install util-linux) or run without --cpu-mask.")
     return [exe, "-c", mask_text(mask)]
+
+
+def host_has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def crash_hint(returncode: int, cmd: Sequence[str]) -> str:
+    """A known cause for a llama-bench that died of SIGSEGV, or ''."""
+    if returncode != -11 or "--repack" in cmd or not host_has_amx():
+        return ""
+    # A native CPU build on an AMX host repacks quantized weights into the AMX buffer, and upstream's
+    # ggml_backend_amx_mul_mat segfaults on some of them (llama.cpp issue 20824).
+    return (" llama-bench was killed by SIGSEGV on a CPU with AMX: a known llama.cpp crash in the AMX "
+            "matrix multiply for quantized weights (llama.cpp issue 20824). Search with an f16 model "
+            "(leave out --quant), or check by hand that `llama-bench --repack 0` runs.")

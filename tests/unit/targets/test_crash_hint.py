@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.measure import bench
+from tuner.targets import host
 
 
 @pytest.mark.parametrize(("rc", "cmd", "amx", "hinted"), [
@@ -14,6 +14,6 @@ from tuner.measure import bench
     (1, ["llama-bench", "-m", "m.gguf"], True, False),      # an error exit, not a crash
 ])
 def test_crash_hint(monkeypatch: pytest.MonkeyPatch, rc: int, cmd: list[str], amx: bool, hinted: bool) -> None:
-    monkeypatch.setattr(bench, "_host_has_amx", lambda: amx)
-    hint = bench._crash_hint(rc, cmd)
+    monkeypatch.setattr(host, "host_has_amx", lambda: amx)
+    hint = host.crash_hint(rc, cmd)
     assert ("20824" in hint and "--repack 0" in hint) if hinted else hint == ""
