@@ -68,8 +68,9 @@ _INPUT_TENSORS = ("token_embd.", "token_embd_norm.", "position_embd.", "token_ty
 
 
 def is_host_buffer(name: str) -> bool:
-    """True for buffers in host memory: ``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA_Host``, ``ROCm_Host``..."""
-    return name.upper().startswith("CPU") or name.endswith("_Host")
+    """True for buffers in host memory: ``CPU``, ``CPU_Mapped``, ``CPU_REPACK``, ``CUDA_Host``, ``ROCm_Host``...
+    and ``AMX`` (ggml-cpu's buffer for weights repacked for Intel AMX tiles, on hosts that have AMX)."""
+    return name.upper().startswith("CPU") or name.endswith("_Host") or name.upper() == "AMX"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -131,3 +131,12 @@ def test_bad_input(tmp_path: Path) -> None:
 def test_input_layer_size_of_a_missing_model(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         input_layer_mib(tmp_path / "none.gguf")
+
+
+def test_amx_buffer_is_host_memory() -> None:
+    # A real probe of the tiny f16 model on a native CPU build on an AMX host (Xeon, Sapphire Rapids
+    # class): ggml-cpu repacks the weights into its "AMX" buffer. That is host memory, not a GPU.
+    assert is_host_buffer("AMX")
+    r = parse_residency(_log("cpu-tiny-amx.log"))
+    assert set(r.model_buffers) == {"AMX", "CPU_Mapped"} and not r.gpu
+    assert judge(r) == (True, ())
