@@ -188,9 +188,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         f"  study {study!r} in {shown}; run dir {run_dir}\n"
         f"  open it live with: optuna-dashboard {shown}"
     )
-    import time
-
-    from tuner.search.pipeline import BudgetReached, run_pipeline, run_tune_worker
+    from tuner.search.pipeline import BudgetReached, run_tune_worker
 
     if worker:
         try:
@@ -202,10 +200,19 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         log.info(f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports.")
         return
 
+    _search_and_export(cfg, export_dir or (run_dir / "export"), shown)
+
+
+def _search_and_export(cfg: object, out: Path, shown: str) -> None:
+    """Run (or resume) the pipeline and export its result; an interruption says how to go on."""
+    import time
+
+    from tuner.search.pipeline import BudgetReached, run_pipeline
+
     t0 = time.monotonic()
     try:
         with _sigterm_interrupts():
-            result = run_pipeline(cfg)
+            result = run_pipeline(cfg)  # type: ignore[arg-type]
     except BudgetReached as stop:
         log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
                    f"in {shown}. Rerun the same command to resume; nothing was exported yet.")
@@ -218,8 +225,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
 
-    out = export_dir or (run_dir / "export")
-    export_study(study, storage=cfg.storage_url, out_dir=out)
+    export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
     log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.redact import redact
+from tuner.sanity import require_finite
 from tuner.measure.paired import CPU_REJECTED, Effect, verdict
 
 SCHEMA_VERSION = 3
@@ -68,12 +70,13 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+        raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
     a = study.user_attrs
     res = a.get("result")
     if not res:
         raise TunerError(f"study {study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
                          "command to resume it, then export.")
+    require_finite(res, f"study {study_name!r}'s result")  # a NaN t/s (every llama-bench call failed) is never exported
     gate = _checked_gate(study_name, res)
     source = fetch_source(a["source_spec"])
     if source.source_id != a["source_id"]:
@@ -356,7 +359,7 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
         f"tuner search --arch {a['arch']} --model {Path(a['model']).name} --depths {','.join(map(str, a['depths']))}",
         f"tuner compare ... # or by hand: GGML_TUNER_FA_RULES={','.join(rules)} llama-bench -m MODEL -fa 1 -p 0 -n {a['tg']} "
         f"-d {','.join(map(str, sorted({p['depth'] for p in points})))}",
-        f"tuner export --study {study_name} --storage {storage} -o OUT",
+        f"tuner export --study {study_name} --storage {redact(storage)} -o OUT",
     ]
     (out_dir / "PR.md").write_text(render_pr_body(parsed, arch, gpu=gpu, model=Path(a["model"]).name, points=pr_points,
                                                   commands=commands, source=f"llama.cpp {a.get('commit')}"))

@@ -137,15 +137,10 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     if not variants:
         raise UsageError(f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
                          f"for era {source.era}; it has {space.variants}.")
-    _check_variant_pin(cfg, space)
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
     _check_depths(cfg.depths, shape_d)
-    if cfg.storage is not None:
-        from tuner.search.study import check_storage_url
-
-        check_storage_url(cfg.storage)
-    # Everything the user gave is checked: only now does the run dir (and the study in it) appear.
+    # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     from tuner.search.lock import run_dir_lock
 
@@ -214,15 +209,6 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     st.set("result", result)
     return result
 
-
-def _check_variant_pin(cfg: Any, space: Any) -> None:
-    pin = (getattr(cfg, "fixed", {}) or {}).get("variant")
-    if pin is not None and str(pin) not in space.variants:
-        from tuner.errors import close_matches
-
-        raise UsageError(f"--set variant={pin} is not a variant of the {cfg.arch} space; it has "
-                         f"{', '.join(space.variants)}.{close_matches(str(pin), space.variants)} Pin one of those, or "
-                         "leave variant unpinned.")
 
 
 def reopen_raised_caps(st: "_State", depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
