@@ -68,9 +68,28 @@ class AllCallsFailed(TunerError):
 
     def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
         self.tag, self.calls, self.errors = tag, calls, list(errors)
-        first = errors[0] if errors else "no error text"
+        said, where = _bench_said(errors[0] if errors else "")
         super().__init__(f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
-                         f"llama-bench said: {first}")
+                         f"llama-bench said: {said!r}" + (f" (log: {where})." if where else "."))
+
+
+def _bench_said(error: str) -> tuple[str, str]:
+    """llama-bench's own last lines for a failed call's error text (read from the log it names), and the log."""
+    import re
+    from pathlib import Path
+
+    m = re.search(r"see (\S+\.log)", error)
+    log_file = m[1] if m else ""
+    try:
+        lines = Path(log_file).read_text(errors="replace").splitlines() if log_file else []
+    except OSError:
+        lines = []
+    if not lines:
+        lines = error.split("Last lines:", 1)[-1].splitlines()
+    # the command line (first line of a log) and progress lines say nothing about the failure
+    keep = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")]
+    keep = list(dict.fromkeys(keep))  # a retried call repeats its error
+    return (" | ".join(keep[-3:]) or error[:300] or "no error text"), log_file
 
 
 UPSTREAM = "upstream"
