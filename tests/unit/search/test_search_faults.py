@@ -262,3 +262,12 @@ def test_a_refused_connection_names_the_url_without_the_password() -> None:
         _make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
     assert "s3cr3t" not in str(e.value) and "tuner:***@127.0.0.1:1/optuna" in str(e.value)
     assert e.value.__cause__ is None  # the driver's exception (which holds the URL) is not chained
+
+
+def test_a_cpu_search_promises_no_h100_time() -> None:
+    from tuner.cli.search_cmd import CPU_DEFAULTS, GPU_DEFAULTS, _intro
+
+    mine = _intro("cpu", {"model": Path("big.gguf"), "trials": None}, CPU_DEFAULTS)
+    assert "H100" not in mine and "ETAs after the first round" in mine and "rerunning the same command resumes" in mine
+    assert "a few minutes on 2 cores" in _intro("cpu", {"trials": None}, CPU_DEFAULTS)
+    assert "on an H100" in _intro("sm_90", {"trials": None}, GPU_DEFAULTS)
