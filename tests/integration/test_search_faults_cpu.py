@@ -17,9 +17,34 @@ import time
 from pathlib import Path
 
 import pytest
-from test_search_cpu import SMALL, load, postgres, tuner  # noqa: F401 - postgres: the fixture, used by name
 
 pytestmark = pytest.mark.integration
+
+SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--min-rounds", "2", "--max-rounds", "2"]
+REPO = Path(__file__).resolve().parents[2]
+RULE = "decode/D64/gqa4/kvf16:65536-=TILE"
+
+
+def tuner(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def load(storage: str, study: str):
+    """A snapshot of the study (trials, user attrs), its connection closed; no table creation (a child may be creating them)."""
+    import types
+
+    import optuna
+
+    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+    try:
+        st = optuna.load_study(study_name=study, storage=rdb)
+        return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
+    finally:
+        rdb.engine.dispose()
 
 
 def test_a_truncated_model_stops_the_search_with_llama_benchs_error(cpu_build, tiny_model, tuner_home: Path,
@@ -127,7 +152,7 @@ def _grep_tree(root: Path, needle: bytes) -> list[Path]:
 
 @pytest.mark.postgres
 def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                                                  postgres: str) -> None:  # noqa: F811
+                                                                  postgres: str) -> None:
     secret = "Pw-9f3kq7x"
     url = postgres.replace("://tuner@", f"://tuner:{secret}@")  # the test server trusts; the password rides along
     logs = tuner_home / "logs"
@@ -162,7 +187,6 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     import shutil
 
     import optuna
-    from test_pipeline_export import REPO, RULE, _crafted_gate, _crafted_rows
 
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
@@ -171,7 +195,8 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     secret = "Pw-9f3kq7x"
     a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "tg": 128,
          "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
-    _write_upstream(tmp_path, tree_a, a, [RULE], _points(_crafted_rows(), 512, 128),
+    rows = _crafted_rows()
+    _write_upstream(tmp_path, tree_a, a, [RULE], _points(rows, 512, 128),
                     f"postgresql+psycopg://tuner:{secret}@db.lan:5432/optuna", "sm90")
     pr = (tmp_path / "PR.md").read_text()
     assert "--storage postgresql+psycopg://tuner:***@db.lan:5432/optuna" in pr and secret not in pr
@@ -179,11 +204,27 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     db = tmp_path / "study.db"
     shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
     storage = f"sqlite:///{db}"
-    rows = _crafted_rows()
     rows[2] = {**rows[2], "tuned_ts": float("nan")}  # every call of the final config failed at that depth
     optuna.load_study(study_name="sm90-l1b-v2", storage=storage).set_user_attr(
         "result", {"rules": [RULE], "dropped": {}, "tuned": None, "rows": rows, "upstream_phases": ["pp"],
-                   "confirm_depths": [32768, 49152, 65536], "gate": _crafted_gate(passed=True)})
+                   "confirm_depths": [32768, 49152, 65536], "gate": _PASSED_GATE})
     with pytest.raises(TunerError, match=r"rows\[2\]\.tuned_ts .*not exported"):
         export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _crafted_rows() -> list[dict]:
+    """Confirm rows shaped like tuner.search.confirm.point_rows' (CRAFTED numbers: the export is tested)."""
+    return [{"phase": "tg", "depth": d, "upstream_kernel": "VEC", "kernel": "TILE" if d >= 65536 else "VEC", "base_ts": up,
+             "tuned_ts": tuned, "speedup": tuned / up, "ci_low": lo, "ci_high": hi, "rounds": 4, "aa_noise_pct": 4.4,
+             "verdict": v}
+            for d, up, tuned, lo, hi, v in ((32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
+                                            (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
+                                            (65536, 402.6, 461.0, 1.11, 1.18, "faster"))]
+
+
+_PASSED_GATE = {"verdict": "pass", "checks": [{  # CRAFTED, shaped like tuner.search.output_gate's record
+    "name": "decode decode/D64/gqa4/kvf16:0-=TILE", "mode": "decode", "strict": False, "passed": True, "verdict": "pass",
+    "reasons": [], "deterministic": True, "identical_to_upstream": False, "why": "kept rule kernel TILE",
+    "stats": {"mean_kld": 0.0, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
+    "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}, "settings": {"ctx": 128, "chunks": 2}}]}

@@ -209,24 +209,26 @@ def _search_and_export(cfg: object, out: Path, shown: str) -> None:
 
     from tuner.search.pipeline import BudgetReached, run_pipeline
 
+    from tuner.cli.export_cmd import export_study
+    from tuner.result.pipeline_export import summary_line
+
+    def export(result: dict) -> None:  # inside the run dir's lock: no second search exports here meanwhile
+        log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
+        export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
+        log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
+
     t0 = time.monotonic()
     try:
         with _sigterm_interrupts():
-            result = run_pipeline(cfg)  # type: ignore[arg-type]
+            result = run_pipeline(cfg, then=export)  # type: ignore[arg-type]
     except BudgetReached as stop:
         log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
                    f"in {shown}. Rerun the same command to resume; nothing was exported yet.")
         return
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how to go on before `tuner: aborted`
         log.notice(f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
-                   "(a trial cut off is run again). Rerun the same command to resume; nothing was exported yet.")
+                   "(a trial cut off is run again). Rerun the same command to resume.")
         raise
-    log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
-    from tuner.cli.export_cmd import export_study
-    from tuner.result.pipeline_export import summary_line
-
-    export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
-    log.info(f"\nExported the result to {out}/ (config.toml, tuned.patch, CMakePresets.json, run.env, report.md).")
     click.echo(summary_line(result))
 
 

@@ -116,10 +116,11 @@ def _open_study(cfg: Any) -> Any:
         ) from err
 
 
-def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None) -> dict[str, Any]:
+def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None) -> dict[str, Any]:
     """Run (or resume) the whole pipeline; returns the study's ``result`` attribute.
 
-    ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
+    The run dir's lock (:mod:`tuner.search.lock`) is held throughout and through ``then(result)`` (the
+    CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
     measure of :mod:`tuner.search.live` runs the build's real llama-bench. ``equivalence(check,
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
     llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
@@ -128,8 +129,7 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     from tuner.source import fetch_source
     from tuner.plan.space import load_space
 
-    t_start = time.monotonic()
-    deadline = t_start + cfg.time_budget if cfg.time_budget else None
+    deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
     source = fetch_source(cfg.source_spec)
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     arch = load_arch(cfg.arch)
@@ -143,18 +143,18 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     from tuner.search.lock import run_dir_lock
-
     with run_dir_lock(cfg.run_dir):
         try:
-            return _run_locked(cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory,
-                               equivalence)
+            result = _run_locked(cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory,
+                                 equivalence)
         except AllCallsFailed as err:
-            raise TunerError(
-                f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually truncated "
-                "or corrupt (an interrupted download or copy): check its size and checksum, or pass another --model; "
-                f"the llama-bench logs are in {cfg.run_dir / 'logs'}. Nothing of the failed round was stored; rerun the "
-                "same command after the fix."
-            ) from None
+            raise TunerError(f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
+                             "truncated or corrupt (an interrupted download or copy): check its size and checksum, or pass "
+                             "another --model. Nothing of the failed round was stored; rerun the same command after the fix."
+                             ) from None
+        if then is not None:
+            then(result)
+        return result
 
 
 def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, variants: Sequence[str],
