@@ -168,7 +168,8 @@ def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny
     res = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret", "--run-dir", str(run),
                 "--trials", "0", "--time-budget", "3600", home=tuner_home)
     assert "Result:" in res.stdout and (run / "export" / "report.md").is_file()
-    assert res.stderr.count("tuner:***@127.0.0.1") >= 2  # the study line and dashboard hint name the storage, redacted
+    assert "in postgresql+psycopg://tuner:***@127.0.0.1" in res.stderr  # the study line names the storage, redacted
+    assert "optuna-dashboard postgresql+psycopg://tuner@127.0.0.1" in res.stderr  # the hint: the password from PGPASSWORD
     # a budget stop and a crash on the same storage print it too
     cut = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret2", "--run-dir",
                 str(tmp_path / "run2"), "--trials", "0", "--time-budget", "1", home=tuner_home, check=False)

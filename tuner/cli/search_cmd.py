@@ -181,12 +181,14 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         cpu_mask=kw.get("cpu_mask"),  # type: ignore[arg-type]
         **{k: int(kw[k]) for k in ("reps_pp", "reps_tg", "confirm_extra") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
+    from tuner.result.report import dashboard_command
+
     shown = redact(cfg.storage_url)  # a password in --storage never reaches the screen or a log
     log.info(
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
         f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
         f"  study {study!r} in {shown}; run dir {run_dir}\n"
-        f"  open it live with: optuna-dashboard {shown}"
+        f"  open it live with: {dashboard_command(cfg.storage_url)}"  # no password: PGPASSWORD or ~/.pgpass has it
     )
     from tuner.search.pipeline import BudgetReached, run_tune_worker
 

@@ -482,7 +482,7 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
         for i, name in enumerate(("the prefill objective", "the decode objective")):
             out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
-        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
+        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
     secs = a.get("stage_seconds", {})
     if secs:
         out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
