@@ -61,6 +61,18 @@ def _describe(owner: Mapping[str, Any]) -> str:
             + (f": `{owner['command']}`" if owner.get("command") else ""))
 
 
+def _busy(run_dir: Path) -> RunDirBusy:
+    """The refusal for a run dir whose lock a live process holds, naming that process and what to do."""
+    owner = read_owner(run_dir)
+    return RunDirBusy(
+        f"another `tuner search` is running on the run dir {run_dir} ({_describe(owner) if owner else 'owner unknown'}). "
+        "Two searches on one run dir would measure every round twice and export into one folder. Wait for it "
+        f"to finish, or stop it (kill {owner.get('pid', 'PID')} on {owner.get('host', 'its host')}) and rerun this "
+        "command to resume its study; to run a separate search beside it, pass another --run-dir and --study. "
+        "To add tune trials to the same study from here, use `tuner worker`."
+    )
+
+
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
     """Hold the run dir's lock for the block; yields the owner record written into it.
@@ -77,16 +89,13 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # e.g. an NFS mount without locking
+                log.warning(f"the file system of {run_dir} does not support file locks ({err.strerror}): a second "
+                            "search on this run dir is not prevented; run one at a time.")
+            elif err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
-            owner = read_owner(run_dir)
-            raise RunDirBusy(
-                f"another `tuner search` is running on the run dir {run_dir} ({_describe(owner) if owner else 'owner unknown'}). "
-                "Two searches on one run dir would measure every round twice and export into one folder. Wait for it "
-                f"to finish, or stop it (kill {owner.get('pid', 'PID')} on {owner.get('host', 'its host')}) and rerun this "
-                "command to resume its study; to run a separate search beside it, pass another --run-dir and --study. "
-                "To add tune trials to the same study from here, use `tuner worker`."
-            ) from None
+            else:
+                raise _busy(run_dir) from None
         old = read_owner(run_dir)
         host = socket.gethostname()
         if old.get("pid") and old.get("pid") != os.getpid():  # a search that ended without its cleanup

@@ -271,3 +271,19 @@ def test_a_cpu_search_promises_no_h100_time() -> None:
     assert "H100" not in mine and "ETAs after the first round" in mine and "rerunning the same command resumes" in mine
     assert "a few minutes on 2 cores" in _intro("cpu", {"trials": None}, CPU_DEFAULTS)
     assert "on an H100" in _intro("sm_90", {"trials": None}, GPU_DEFAULTS)
+
+
+def test_a_file_system_without_locks_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+    import fcntl
+
+    from tuner.search.lock import read_owner, run_dir_lock
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with run_dir_lock(tmp_path, ["search"]):
+        assert read_owner(tmp_path)["pid"] == os.getpid()
+    assert "does not support file locks" in capsys.readouterr().err
