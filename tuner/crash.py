@@ -3,7 +3,9 @@
 :func:`report_crash` is called by :func:`tuner.cli.main` for any exception that is not a
 :class:`~tuner.errors.TunerError` or a click exception. It writes the traceback and the run's context
 (argv, versions, platform, ``TUNER_*``/``GGML_*`` environment) to ``$TUNER_HOME/logs/crash-*.log``
-(or the temp folder when TUNER_HOME is unusable) and prints::
+(or the temp folder when TUNER_HOME is unusable) and prints the paragraph below; URL passwords (a
+``--storage postgresql://user:secret@...``) are replaced by ``***`` everywhere in both
+(:mod:`tuner.redact`)::
 
     tuner: internal error while running `tuner search`: RuntimeError: boom. This is a bug in tuner,
     not something you did. The traceback and the run's context are in /home/me/.cache/tuner/logs/
@@ -27,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+
+from tuner.redact import redact, redact_argv
 
 EXIT_INTERNAL = 70
 """Exit status for a bug in tuner (``EX_SOFTWARE`` in sysexits.h)."""
@@ -66,6 +70,7 @@ def crash_log_dir() -> Path:
 def _context(argv: Sequence[str]) -> list[str]:
     from tuner import __version__
 
+    argv = redact_argv(argv)
     lines = [
         f"time:      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"command:   {shlex.join(['tuner', *argv])}",
@@ -84,15 +89,15 @@ def _context(argv: Sequence[str]) -> list[str]:
     lines.append("packages:  " + ", ".join(versions))
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES))
     lines.append("environment:" + ("" if env else " (no TUNER_*/GGML_* variables)"))
-    lines += [f"  {k}={v}" for k, v in env]
-    return lines
+    lines += [f"  {k}={redact(v)}" for k, v in env]
+    return [redact(ln) for ln in lines]
 
 
 def write_crash_log(err: BaseException, argv: Sequence[str]) -> Path:
     """Write the traceback and the run's context to a new file in :func:`crash_log_dir`; return its path."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = crash_log_dir() / f"crash-{stamp}-{os.getpid()}.log"
-    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    tb = redact("".join(traceback.format_exception(type(err), err, err.__traceback__)))  # messages and locals' reprs
     path.write_text("\n".join(["tuner internal error", *_context(argv), "", tb]), encoding="utf-8")
     return path
 
@@ -103,13 +108,13 @@ def _one_line(err: BaseException) -> str:
     if len(first) > 300:
         first = first[:297] + "..."
     name = type(err).__qualname__
-    return f"{name}: {first}" if first else name
+    return redact(f"{name}: {first}" if first else name)
 
 
 def report_crash(err: BaseException, argv: Sequence[str] | None = None) -> int:
     """Print the internal-error paragraph (and, when debugging, the traceback); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = shlex.join(["tuner", *argv])
+    command = shlex.join(["tuner", *redact_argv(argv)])
     debug = debug_requested(argv)
     try:
         where = f"The traceback and the run's context are in {write_crash_log(err, argv)} (attach it to a bug report)."
@@ -117,7 +122,7 @@ def report_crash(err: BaseException, argv: Sequence[str] | None = None) -> int:
         where = f"Writing a crash log failed too ({log_err}), so the traceback is printed above."
         debug = True
     if debug:
-        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        click.echo(redact("".join(traceback.format_exception(type(err), err, err.__traceback__))), err=True, nl=False)
         how = "The traceback is above (--debug / TUNER_DEBUG)."
     else:
         sub = next((a for a in argv if not a.startswith("-")), None)

@@ -1,6 +1,8 @@
 """User-facing progress lines on stderr: steps with timings, warnings, notices.
 
 Library code logs through ``logging``; this module is for what a person watches while waiting.
+Every line goes through :func:`tuner.redact.redact` first: a storage password in a message (a URL a
+stage echoes, a driver's error text) never reaches the screen or a captured log.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterator, Sequence
 
 import click
 
+from tuner.redact import redact
+
 _TTY = sys.stderr.isatty()
 
 
@@ -22,19 +26,20 @@ def _style(text: str, **kw: object) -> str:
 
 
 def info(msg: str) -> None:
-    click.echo(msg, err=True)
+    click.echo(redact(msg), err=True)
 
 
 def notice(msg: str) -> None:
-    click.echo(_style("note: ", fg="cyan") + msg, err=True)
+    click.echo(_style("note: ", fg="cyan") + redact(msg), err=True)
 
 
 def warning(msg: str) -> None:
-    click.echo(_style("warning: ", fg="yellow", bold=True) + msg, err=True)
+    click.echo(_style("warning: ", fg="yellow", bold=True) + redact(msg), err=True)
 
 
 def progress(msg: str) -> None:
     """A transient progress line: overwritten in a terminal, one line per call otherwise."""
+    msg = redact(msg)
     if _TTY:
         click.echo("\r\033[K" + msg[:200], err=True, nl=False)
     else:
@@ -44,7 +49,7 @@ def progress(msg: str) -> None:
 @contextlib.contextmanager
 def step(title: str) -> Iterator[None]:
     """Print ``title...``, run the block, then ``✓ 12.3s`` or ``✕ 0.4s``."""
-    click.echo(_style("==> ", fg="blue", bold=True) + title, err=True)
+    click.echo(_style("==> ", fg="blue", bold=True) + redact(title), err=True)
     start = time.monotonic()
     try:
         yield

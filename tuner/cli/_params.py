@@ -6,6 +6,8 @@ __all__ = ["AliasOption", "cpu_mask_option", "depths_option", "output_option", "
 
 from typing import Any
 
+import re
+
 import click
 
 from tuner.errors import UsageError
@@ -15,10 +17,11 @@ def depths_option(ctx: click.Context, param: click.Parameter, value: str | None)
     """Click callback: ``0,4096,16384`` -> sorted unique depths (None when the option is absent)."""
     if value is None:
         return None
-    try:
-        ds = tuple(sorted({int(x) for x in value.replace(" ", "").split(",") if x}))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384") from None
+    parts = [x for x in value.replace(" ", "").split(",") if x]
+    # ASCII digits only: int() also takes "1_000", "+5" and other scripts' digits, which llama-bench's -d does not
+    if not all(re.fullmatch(r"[0-9]{1,8}", x) for x in parts):
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 0,4096,16384")
+    ds = tuple(sorted({int(x) for x in parts}))
     if not ds or ds[0] < 0 or ds[-1] > 1_048_576:
         raise click.BadParameter("depths must be between 0 and 1048576 tokens")
     return ds
@@ -44,6 +47,8 @@ def parse_pairs(values: tuple[str, ...], flag: str, example: str) -> dict[str, s
         if "=" not in s:
             raise UsageError(f"{flag} {s!r} is not NAME=VALUE. Example: {flag} {example}")
         k, v = s.split("=", 1)
+        if not k.strip():
+            raise UsageError(f"{flag} {s!r} has no NAME before '='. Example: {flag} {example}")
         out[k.strip()] = v.strip()
     return out
 

@@ -12,6 +12,7 @@ from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, out
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.redact import redact
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
@@ -150,6 +151,10 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
     from tuner.source import DEFAULT_SPEC, fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
+    if kw.get("storage") is not None:  # refused before anything is fetched, built or created
+        from tuner.search.study import check_storage_url
+
+        check_storage_url(str(kw["storage"]))
     if not worker:
         log.info(_intro(arch, kw, defaults))
     spec = str(kw.get("source_spec") or DEFAULT_SPEC)
@@ -186,48 +191,96 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         cpu_mask=kw.get("cpu_mask"),  # type: ignore[arg-type]
         **{k: int(kw[k]) for k in ("reps_pp", "reps_tg", "confirm_extra") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
+
+    shown = redact(cfg.storage_url)  # a password in --storage never reaches the screen or a log
     log.info(
         f"tuner search: arch {arch}, source {spec} (era {source.era}), model {model.name}, "
         f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
-        f"  study {study!r} in {cfg.storage_url}; run dir {run_dir}\n"
+        f"  study {study!r} in {shown}; run dir {run_dir}\n"
         f"  {_dashboard_hint(cfg.storage_url)}"
     )
-    import time
-
-    from tuner.search.pipeline import BudgetReached, run_pipeline, run_tune_worker
+    from tuner.search.pipeline import BudgetReached, run_tune_worker
 
     if worker:
         try:
-            n = run_tune_worker(cfg)
+            with _sigterm_interrupts():
+                n = run_tune_worker(cfg)
         except BudgetReached as stop:
-            log.notice(f"time budget reached during {stop}; the trials so far are in {cfg.storage_url}.")
+            log.notice(f"time budget reached during {stop}; the trials so far are in {shown}.")
             return
         log.info(f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports.")
         return
 
-    t0 = time.monotonic()
-    try:
-        result = run_pipeline(cfg)
-    except BudgetReached as stop:
-        log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
-                   f"in {cfg.storage_url}. Rerun the same command to resume; nothing was exported yet.")
-        return
-    log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
+    _search_and_export(cfg, export_dir or (run_dir / "export"), shown)
+
+
+def _search_and_export(cfg: object, out: Path, shown: str) -> None:
+    """Run (or resume) the pipeline and export its result; an interruption says how to go on."""
+    import time
+
+    from tuner.search.pipeline import BudgetReached, run_pipeline
+
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
 
-    out = export_dir or (run_dir / "export")
-    export_study(study, storage=cfg.storage_url, out_dir=out)
-    log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")
+    def export(result: dict) -> None:  # inside the run dir's lock: no second search exports here meanwhile
+        log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
+        export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
+        log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")
+
+    t0 = time.monotonic()
+    try:
+        with _sigterm_interrupts():
+            result = run_pipeline(cfg, then=export)  # type: ignore[arg-type]
+    except BudgetReached as stop:
+        log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
+                   f"in {shown}. Rerun the same command to resume; nothing was exported yet.")
+        return
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how to go on before `tuner: aborted`
+        log.notice(f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
+                   "(a trial cut off is run again). Rerun the same command to resume.")
+        raise
     click.echo(summary_line(result))
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the search is, so it unwinds like Ctrl-C: the running trial is failed and
+    queued again, the run dir's lock is released, and the exit status is 130."""
+
+
+def _sigterm_interrupts():  # type: ignore[no-untyped-def]
+    """A context in which SIGTERM raises :class:`_Terminated` (the default would end the process without
+    recording the running trial as cut off)."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def ctx():  # type: ignore[no-untyped-def]
+        def on_term(signum: int, frame: object) -> None:
+            raise _Terminated("SIGTERM")
+
+        try:
+            old = signal.signal(signal.SIGTERM, on_term)
+        except ValueError:  # not the main thread (an embedding program): leave its handler alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    return ctx()
+
+
 def _dashboard_hint(storage_url: str) -> str:
-    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it."""
+    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it.
+    The command carries no password (PGPASSWORD or ~/.pgpass supplies it)."""
     import importlib.util
 
+    from tuner.result.report import dashboard_command
+
     if importlib.util.find_spec("optuna_dashboard") is not None:
-        return f"open it live with: optuna-dashboard {storage_url}"
+        return f"open it live with: {dashboard_command(storage_url)}"
     return "to watch it live, install the dashboard extra: pip install -e '.[dashboard]' (then optuna-dashboard <storage URL>)"
 
 
@@ -239,6 +292,12 @@ def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cp
 
     space, _ = space_for_run(load_space(arch, source.era), cpu_mask=cpu_mask, model=model, gpu=False)  # type: ignore[attr-defined]
     parse_set_values(space, [f"{k}={v}" for k, v in sets.items() if k != "variant"])
+    if "variant" in sets and sets["variant"] not in space.variants:
+        from tuner.errors import close_matches
+
+        raise UsageError(f"--set variant={sets['variant']} is not a variant of the {arch} space; it has "
+                         f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
+                         "or leave variant unpinned.")
 
 
 def _model(arch: str, source: object, kw: dict, defaults: dict) -> Path:
@@ -274,8 +333,11 @@ def _intro(arch: str, kw: dict, defaults: dict) -> str:
     trials = kw.get("trials") if kw.get("trials") is not None else defaults["trials"]
     what = "llama.cpp's CPU backend (no GPU found)" if arch == "cpu" else f"{arch}"
     build = "about 5-8 minutes on 2 cores" if arch == "cpu" else "about 5 minutes on 16 cores for one CUDA arch"
-    measure = ("a few minutes on 2 cores" if arch == "cpu" and not kw.get("model")
-               else "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536")
+    if arch == "cpu":  # the H100 figure says nothing about a CPU run
+        measure = ("a few minutes on 2 cores" if not kw.get("model")
+                   else "a time that grows with the model's size and the depths; the ETAs after the first round say")
+    else:
+        measure = "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536"
     return (f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
             f"({build}); then screen the kernels per phase and depth, compose rules, tune {trials} Optuna trial(s) and "
             f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes.")

@@ -432,7 +432,10 @@ class FaRule:
         return f"{self.phase}{self.key}:{self.lo}-{'' if self.hi is None else self.hi}={self.kernel}"
 
 
-_RULE = re.compile(r"(decode|prefill)((?:/[^/:]*)*):(\d+)-(\d*)=(VEC|TILE|MMA)")
+# ASCII digits only: the C++ hook reads them with strtoll (Python's \d would take other scripts' digits).
+_RULE = re.compile(r"(decode|prefill)((?:/[^/:]*)*):([0-9]+)-([0-9]*)=(VEC|TILE|MMA)")
+FA_RULES_MAX = 32
+"""Entries the C++ hook holds (GGML_TUNER_FA_MAX_RULES in the patch template); more abort llama.cpp."""
 
 FA_RULE_KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")
 """K/V type names a ``kv<type>`` key may name (as ``ggml_type_name`` spells them; FlashAttention K/V types)."""
@@ -499,6 +502,8 @@ def parse_fa_rules(text: str) -> list[FaRule]:
         if lo > 2**62 or (hi or 0) > 2**62:
             raise UsageError(f"FA rule {item!r}: bound out of range.")
         out.append(FaRule(phase=m.group(1), lo=lo, hi=hi, kernel=m.group(5), **keys))
+    if len(out) > FA_RULES_MAX:
+        raise UsageError(f"{len(out)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges.")
     return out
 
 

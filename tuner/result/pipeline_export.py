@@ -23,6 +23,8 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
+from tuner.redact import redact
+from tuner.sanity import require_finite
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -103,12 +105,13 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+        raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
     a = study.user_attrs
     res = a.get("result")
     if not res:
         raise TunerError(f"study {study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
                          "command to resume it, then export.")
+    require_finite(res, f"study {study_name!r}'s result")  # a NaN t/s (every llama-bench call failed) is never exported
     gate = _checked_gate(study_name, res)
     source = fetch_source(a["source_spec"])
     if source.source_id != a["source_id"]:
@@ -623,7 +626,7 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
         for i, name in enumerate(("the prefill objective", "the decode objective")):
             out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
-        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(storage)}`\n")
+        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
     secs = a.get("stage_seconds", {})
     if secs:
         out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")

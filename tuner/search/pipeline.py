@@ -23,13 +23,15 @@ from typing import Any
 from tuner import log
 from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
+from tuner.redact import redact
+from tuner.sanity import require_finite
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
-from tuner.search.screen import (AA_NAME, UPSTREAM, BudgetReached, Candidate, candidates_for, phase_stops, run_joint_rounds,
-                                 run_phase_rounds, summarize_phase)
+from tuner.search.screen import (AA_NAME, UPSTREAM, AllCallsFailed, BudgetReached, Candidate, candidates_for, phase_stops,
+                                 run_joint_rounds, run_phase_rounds, summarize_phase)
 
 PIPELINE_VERSION = 2
 PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
@@ -109,15 +111,16 @@ def _open_study(cfg: Any) -> Any:
                                        sampler=sampler, load_if_exists=True), storage
     except ValueError as err:  # an existing study with one objective: made by the older search
         raise UsageError(
-            f"study {cfg.study!r} in {cfg.storage_url} was made by an older `tuner search` ({err}). "
+            f"study {cfg.study!r} in {redact(cfg.storage_url)} was made by an older `tuner search` ({err}). "
             "Pass a new --study NAME (or --run-dir) to start this search beside it."
         ) from err
 
 
-def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None) -> dict[str, Any]:
+def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None) -> dict[str, Any]:
     """Run (or resume) the whole pipeline; returns the study's ``result`` attribute.
 
-    ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
+    The run dir's lock (:mod:`tuner.search.lock`) is held throughout and through ``then(result)`` (the
+    CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
     measure of :mod:`tuner.search.live` runs the build's real llama-bench. ``equivalence(check,
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
     llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
@@ -126,9 +129,7 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     from tuner.source import fetch_source
     from tuner.plan.space import load_space
 
-    t_start = time.monotonic()
-    deadline = t_start + cfg.time_budget if cfg.time_budget else None
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
     source = fetch_source(cfg.source_spec)
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     arch = load_arch(cfg.arch)
@@ -139,6 +140,27 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
     _check_depths(cfg.depths, shape_d)
+    # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    from tuner.search.lock import run_dir_lock
+    with run_dir_lock(cfg.run_dir):
+        try:
+            result = _run_locked(cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory,
+                                 equivalence)
+        except AllCallsFailed as err:
+            raise TunerError(f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
+                             "truncated or corrupt (an interrupted download or copy): check its size and checksum, or pass "
+                             "another --model. Nothing of the failed round was stored; rerun the same command after the fix."
+                             ) from None
+        if then is not None:
+            then(result)
+        return result
+
+
+def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, variants: Sequence[str],
+                fixed: Mapping[str, Any], shape_d: Mapping[str, int], deadline: float | None, measure_factory: Any,
+                equivalence: Any) -> dict[str, Any]:
+    """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     study, storage = _open_study(cfg)
     st = _State(study)
     _record_attrs(st, cfg, source, shape_d, legal)
@@ -183,8 +205,10 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     with _timed(st, "equivalence"):
         result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
                               {"decode": kernels["tg"], "prefill": kernels["pp"]})
+    require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set("result", result)
     return result
+
 
 
 def reopen_raised_caps(st: "_State", depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
@@ -272,7 +296,7 @@ def run_tune_worker(cfg: Any) -> int:
     st = _State(study)
     composed = st.get("compose")
     if not composed:
-        raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} has no composed rules yet: run `tuner search` with the "
+        raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
                          "same --storage and --study first (it screens and composes; workers then add tune trials).")
     source = fetch_source(cfg.source_spec)
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
@@ -296,8 +320,6 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
 
-    from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
-
     knobs = tn.tunable_knobs(space, fixed)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     dists = {k.name: k.to_optuna_distribution() for k in knobs}
@@ -310,65 +332,83 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
         return None
     rule_env = {"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {}
     ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
-    done = [t for t in study.get_trials(deepcopy=False) if t.state != optuna.trial.TrialState.WAITING]
+    reaped = tn.fail_interrupted(study, storage)
+    if reaped:
+        log.notice(f"tune trial(s) {', '.join(map(str, reaped))} were cut off by an interrupted search or worker; "
+                   "they are marked failed and run again")
     with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
-        while len(done) < want:
-            _check_budget(deadline, f"tune (after {len(done)} trial(s))")
+        while (n_done := tn.count_done(study)) < want:
+            _check_budget(deadline, f"tune (after {n_done} trial(s))")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                # Heartbeats are recorded for optimize() only; an ask/tell trial here runs in this process.
+                # Heartbeats are recorded for optimize() only; tn.trial_heartbeat records them for this ask/tell trial.
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
                 trial = study.ask(dists)
-            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
-            vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
-            variant = str(vals.get("variant", fixed.get("variant", variants[0])))
-            compile_values = compile_values_of(space, vals)
-            changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
-            phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
-            trial.set_user_attr("values", {k: vals[k] for k in sorted(vals)})
-            trial.set_user_attr("phases", phases)
-            viol = check_constraints(cfg.arch, source.era, compile_values, model_shape=dict(shape_d) or None, space=space)
-            if viol:
-                trial.set_user_attr("status", "infeasible")
-                trial.set_user_attr("reason", "; ".join(str(v) for v in viol))
-                trial.set_constraint("constraint_check", 1.0)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                log.info(f"  [trial {trial.number}] infeasible: {trial.user_attrs['reason'][:120]}")
-                done.append(trial)
-                continue
-            trial.set_constraint("constraint_check", 0.0)
-            try:
-                b = builds.get(variant, compile_values)
-                g = _gate(st, cfg, arch, b, shape_d)
-                if g["status"] == "fail":
-                    raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
-                env, args = runtime_env_and_args(space, vals)
-                cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-                objs, ratios, cpu = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases,
-                                                         cfg.depths, label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
-                trial.set_user_attr("ratios", ratios)
-                trial.set_user_attr("cpu", cpu)
-                rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.get("screen_tg", {})))
-                trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
-                if rejected:
-                    trial.set_user_attr("rejected", rejected)
-                    log.info(f"  [trial {trial.number}] {rejected}")
-                trial.set_user_attr("status", "ok")
-                study.tell(trial, objs)
-                log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
-                         f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)")
-            except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
-                trial.set_user_attr("status", "failed")
-                trial.set_user_attr("reason", str(err)[:2000])
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
-            done.append(trial)
+            with tn.trial_heartbeat(study, storage, trial):
+                _run_trial(cfg, st, study, space, source, arch, shape_d, fixed, knobs, variants, base_variant, rule_env, ref,
+                           factory, builds, trial)
     best = tn.pick([t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE])
     if best is None:
         log.info("Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's")
         return None
     log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
     return {"trial": best.number, "values": dict(best.user_attrs.get("values", {})), "params": dict(best.params)}
+
+
+def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
+               fixed: Mapping[str, Any], knobs: Sequence[Any], variants: Sequence[str], base_variant: str,
+               rule_env: Mapping[str, str], ref: Candidate, factory: Any, builds: "_Builds", trial: Any) -> None:
+    """One tune trial, told to the study however it ends (an interruption fails it and queues it again)."""
+    import optuna
+
+    from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
+
+    try:
+        trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
+        vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
+        variant = str(vals.get("variant", fixed.get("variant", variants[0])))
+        compile_values = compile_values_of(space, vals)
+        changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
+        phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
+        trial.set_user_attr("values", {k: vals[k] for k in sorted(vals)})
+        trial.set_user_attr("phases", phases)
+        viol = check_constraints(cfg.arch, source.era, compile_values, model_shape=dict(shape_d) or None, space=space)
+        if viol:
+            trial.set_user_attr("status", "infeasible")
+            trial.set_user_attr("reason", "; ".join(str(v) for v in viol))
+            trial.set_constraint("constraint_check", 1.0)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            log.info(f"  [trial {trial.number}] infeasible: {trial.user_attrs['reason'][:120]}")
+            return
+        trial.set_constraint("constraint_check", 0.0)
+        try:
+            b = builds.get(variant, compile_values)
+            g = _gate(st, cfg, arch, b, shape_d)
+            if g["status"] == "fail":
+                raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
+            env, args = runtime_env_and_args(space, vals)
+            cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
+            objs, ratios, cpu = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases,
+                                                     cfg.depths, label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
+            trial.set_user_attr("ratios", ratios)
+            trial.set_user_attr("cpu", cpu)
+            rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.get("screen_tg", {})))
+            trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
+            if rejected:
+                trial.set_user_attr("rejected", rejected)
+                log.info(f"  [trial {trial.number}] {rejected}")
+            trial.set_user_attr("status", "ok")
+            study.tell(trial, objs)
+            log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
+                     f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)")
+        except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
+            trial.set_user_attr("status", "failed")
+            trial.set_user_attr("reason", str(err)[:2000])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
+    except BaseException:  # Ctrl-C, SIGTERM, a lost machine, a bug: the trial measured nothing that counts
+        tn.interrupt_trial(study, trial)
+        raise
 
 
 def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: Sequence[str],
@@ -596,7 +636,7 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int], l
     if st.get("arch") is not None:
         for k in ("arch", "source_id", "depths", "pp", "tg", "cpu_mask"):
             if st.get(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
-                raise UsageError(f"study {cfg.study!r} in {cfg.storage_url} was created with {k}={st.get(k)!r} but this run "
+                raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.get(k)!r} but this run "
                                  f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
     for k, v in mine.items():  # a study seeded from another one (docs/h100/session5) lacks some, e.g. the model
         if st.get(k) is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 __all__ = [
     "AA_NAME",
+    "AllCallsFailed",
     "BudgetReached",
     "UPSTREAM",
     "Candidate",
@@ -52,11 +53,43 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from tuner import log, progress
+from tuner.errors import TunerError
 from tuner.measure.paired import (CPU_REJECTED, Diff, Effect, block_effects, noise_pct, noise_points, paired_diff,
                                   rejects_cpu_cost, rotated, verdict)
 
 class BudgetReached(Exception):
     """The time budget ended a stage; rerunning the same command resumes it."""
+
+
+class AllCallsFailed(TunerError):
+    """Every llama-bench call of a stage's rounds so far failed (a model that does not load, a build that
+    crashes): nothing can be compared, so the search stops (exit 1) instead of composing from no data.
+    The failed round is not stored; rerunning after the fix measures it again."""
+
+    def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
+        self.tag, self.calls, self.errors = tag, calls, list(errors)
+        said, where = _bench_said(errors[0] if errors else "")
+        super().__init__(f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
+                         f"llama-bench said: {said!r}" + (f" (log: {where})." if where else "."))
+
+
+def _bench_said(error: str) -> tuple[str, str]:
+    """llama-bench's own last lines for a failed call's error text (read from the log it names), and the log."""
+    import re
+    from pathlib import Path
+
+    m = re.search(r"see (\S+\.log)", error)
+    log_file = m[1] if m else ""
+    try:
+        lines = Path(log_file).read_text(errors="replace").splitlines() if log_file else []
+    except OSError:
+        lines = []
+    if not lines:
+        lines = error.split("Last lines:", 1)[-1].splitlines()
+    # the command line (first line of a log) and progress lines say nothing about the failure
+    keep = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")]
+    keep = list(dict.fromkeys(keep))  # a retried call repeats its error
+    return (" | ".join(keep[-3:]) or error[:300] or "no error text"), log_file
 
 
 UPSTREAM = "upstream"
@@ -205,6 +238,12 @@ def run_joint_rounds(
                             f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds")
                 raise BudgetReached(f"{tag} {'+'.join(active)}")
             recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
+            # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
+            # records): the model or the build does not run at all. A phase failing beside one that
+            # measures is data (a prefill crash never stops decode), and is kept as such.
+            if not _any_value(recs.values()) and not _any_value(rounds):
+                raise AllCallsFailed(tag, max(len(cands[p]) for p in active),
+                                     sorted({e for r in recs.values() for e in r["errors"].values()}))
             for p, rec in recs.items():
                 mine[p].append(rec)
                 rounds.append(rec)
@@ -291,6 +330,11 @@ def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], 
     for rec in recs.values():
         rec["seconds"] = round(time.monotonic() - t0, 1)
     return recs
+
+
+def _any_value(records: Any) -> bool:
+    """True when some round record holds a measured t/s (a call that ran)."""
+    return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
 
 
 OBSERVED = ("cpu", "core", "gpu")

@@ -19,10 +19,14 @@ so the trial's point estimates are held against the noise.
 
 from __future__ import annotations
 
-__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick", "paired_objectives", "cpu_rejection", "screen_noise"]
+__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick", "paired_objectives", "cpu_rejection", "screen_noise",
+           "count_done", "fail_interrupted", "interrupt_trial", "trial_heartbeat"]
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import os
+import platform
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tuner.errors import TunerError
@@ -123,3 +127,108 @@ def cpu_rejection(objs: Sequence[float], cpu: Mapping[str, float], ts_noise_pct:
         return ""
     return (f"{CPU_REJECTED}: decode CPU% {rise:+.1f} points (screen A/A CPU noise ±{cpu_noise:.1f}), "
             f"t/s x{objs[1]:.3f} (noise ±{ts_noise_pct:.1f}%)")
+
+
+# ------------------------------------------------------------------------------------------------
+# trials cut off by an interruption (Ctrl-C, SIGTERM, kill -9, a lost machine)
+
+INTERRUPTED = "interrupted"
+"""``status`` of a trial that was cut off: it measured nothing, does not count and is queued again."""
+_COUNTED = ("ok", "failed", "infeasible")
+"""``status`` of a FAIL trial that counts as done: judged (infeasible) or failed with its reason."""
+
+
+def count_done(study: Any) -> int:
+    """Trials that count toward ``--trials``: measured (COMPLETE, PRUNED) or failed with a reason.
+
+    RUNNING trials (this search's or another worker's) and trials cut off by an interruption do not
+    count: a resumed search runs them again, so the study reaches the number asked for."""
+    from optuna.trial import TrialState
+
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if t.state != TrialState.FAIL or t.user_attrs.get("status") in _COUNTED:
+            n += 1
+    return n
+
+
+def interrupt_trial(study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured") -> None:
+    """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
+
+    Best effort: an interruption must never be hidden by a second error while it is recorded."""
+    from optuna.trial import TrialState
+
+    with contextlib.suppress(Exception):
+        storage = study._storage
+        storage.set_trial_user_attr(trial._trial_id, "status", INTERRUPTED)
+        storage.set_trial_user_attr(trial._trial_id, "reason", why)
+        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            _requeue(study, trial.params, trial.number)
+
+
+def _requeue(study: Any, params: Mapping[str, Any], number: int) -> None:
+    import warnings
+
+    import optuna
+
+    if not params:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.enqueue_trial(dict(params), user_attrs={"retry_of": number})
+
+
+def _pid_dead_here(worker: str) -> bool:
+    host, _, pid = str(worker).rpartition(":")
+    if host != platform.node() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it exists as another user
+        return False
+    return False
+
+
+def fail_interrupted(study: Any, storage: Any) -> list[int]:
+    """Fail the RUNNING trials whose process is gone, queue them again; returns their numbers.
+
+    A trial is gone when its ``worker`` (``host:pid``) is this host and that PID no longer exists
+    (at once), or when its heartbeat (:func:`trial_heartbeat`) is older than the storage's grace
+    period (another host's worker that died). A live worker's trial is left running."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+    from optuna.trial import TrialState
+
+    stale: set[int] = set()
+    if is_heartbeat_enabled(storage):
+        stale = set(storage._get_stale_trial_ids(study._study_id))
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t._trial_id not in stale and not _pid_dead_here(t.user_attrs.get("worker", "")):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
+            storage.set_trial_user_attr(t._trial_id, "reason", f"its process ({t.user_attrs.get('worker', 'unknown')}) "
+                                                               "stopped before the trial was measured")
+            if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                _requeue(study, t.params, t.number)
+                out.append(t.number)
+        except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
+            continue
+    return out
+
+
+@contextlib.contextmanager
+def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
+    """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
+    trial whose process dies is found stale by :func:`fail_interrupted` on any host."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    hb = get_heartbeat_thread(trial._trial_id, storage)
+    hb.start()
+    try:
+        yield
+    finally:
+        hb.join()

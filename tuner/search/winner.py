@@ -24,6 +24,7 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.redact import redact
 from tuner.plan.space import RULE_KINDS
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
 
@@ -200,7 +201,7 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UsageError(f"no study {study_name!r} in {storage}; it has {names}. Pass --study NAME.") from err
+        raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
     a = study.user_attrs
     source = fetch_source(a["source_spec"])
     if source.source_id != a["source_id"]:

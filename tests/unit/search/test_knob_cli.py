@@ -32,7 +32,7 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
     seen: list = []
     monkeypatch.setattr("tuner.source.fetch_source", lambda spec=None: types.SimpleNamespace(era="mma", spec=spec))
 
-    def stop(cfg: object) -> None:
+    def stop(cfg: object, **kw: object) -> None:  # kw: the CLI's export callback
         seen.append(cfg)
         raise BudgetReached("test")
 

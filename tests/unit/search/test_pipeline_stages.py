@@ -147,8 +147,10 @@ def test_phases_are_independent_a_failing_prefill_never_stops_decode() -> None:
         return fake(tile_wins_deep)(c, phase, depths, label)
 
     recs: list = []
-    pp = run_phase_rounds(measure, "pp", candidates_for("pp", ["TILE", "MMA"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
+    # decode first, as the pipeline screens: a stage whose first round measures nothing at all stops
+    # (test_a_stage_where_every_call_fails_stops); one phase failing beside another is data
     tg = run_phase_rounds(measure, "tg", candidates_for("tg", ["TILE"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
+    pp = run_phase_rounds(measure, "pp", candidates_for("pp", ["TILE", "MMA"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
     assert len(pp) == 3 and all(r["errors"] for r in pp)  # failures are data, recorded per round
     assert len(tg) == 3 and not any(r["errors"] for r in tg)
     assert summarize_phase("pp", recs, DEPTHS)[0].effects["TILE"].n == 0

@@ -1,0 +1,231 @@
+"""Real `tuner search` runs on the CPU build under hostile input and faults: a truncated model, two
+searches on one run dir, SIGTERM during a tune trial, storage URLs that would lose the study, and a
+storage password that must appear in nothing tuner prints or writes.
+
+Each search is the real CLI in a child process on the session's cached CPU build and the ``tiny``
+model at the cheapest settings (two depths, two rounds, TUNER_TRIALS=0 where no trial is needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--min-rounds", "2", "--max-rounds", "2"]
+REPO = Path(__file__).resolve().parents[2]
+RULE = "decode/D64/gqa4/kvf16:65536-=TILE"
+
+
+def tuner(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def load(storage: str, study: str):
+    """A snapshot of the study (trials, user attrs), its connection closed; no table creation (a child may be creating them)."""
+    import types
+
+    import optuna
+
+    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+    try:
+        st = optuna.load_study(study_name=study, storage=rdb)
+        return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
+    finally:
+        rdb.engine.dispose()
+
+
+def test_a_truncated_model_stops_the_search_with_llama_benchs_error(cpu_build, tiny_model, tuner_home: Path,
+                                                                     tmp_path: Path) -> None:
+    bad = tmp_path / "tiny-half.gguf"
+    data = tiny_model.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # the GGUF header and metadata are intact: the shape reads fine
+    run = tmp_path / "run"
+    res = tuner("search", *SMALL, "--model", str(bad), "--run-dir", str(run), "--study", "trunc", "--trials", "0",
+                home=tuner_home, check=False)
+    assert res.returncode == 1, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"tuner: error: llama-bench cannot run the model {bad}")
+    assert "failed to load model" in last and "truncated or corrupt" in last  # llama-bench's own words, and the fix
+    assert "Result:" not in res.stdout and "upstream's selection" not in res.stdout + res.stderr
+    assert not (run / "export").exists()
+    st = load(f"sqlite:///{run / 'study.db'}", "trunc")
+    assert not st.user_attrs.get("screen_rounds") and "result" not in st.user_attrs  # nothing of it stored
+
+
+def _wait(pred, proc: subprocess.Popen, log: Path, what: str, limit: float = 600) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the search exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_count(cpu_build, tiny_model,
+                                                                                    tuner_home: Path, tmp_path: Path) -> None:
+    from tuner.search import tune as tn
+    from tuner.search.lock import read_owner
+
+    run = tmp_path / "run"
+    storage = f"sqlite:///{run / 'study.db'}"
+    args = ["search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run), "--study", "sig", "--trials", "2"]
+    env = {**os.environ, "TUNER_HOME": str(tuner_home), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "first.log"
+    with log.open("w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "tuner", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        _wait(lambda: read_owner(run).get("pid") == first.pid, first, log, "it took the run dir's lock", 120)
+        # 4. a second search on the same run dir refuses at once, naming the first
+        t0 = time.monotonic()
+        second = tuner(*args, home=tuner_home, check=False, timeout=120)
+        assert second.returncode == 1 and time.monotonic() - t0 < 60, second.stderr[-2000:]
+        assert f"PID {first.pid}" in second.stderr and "--run-dir" in second.stderr and "Screen" not in second.stderr
+
+        # 3. SIGTERM while a tune trial runs (to the process group, as a service manager or Ctrl-C would)
+        def running() -> bool:
+            with contextlib.suppress(Exception):
+                return any(t.state.name == "RUNNING" for t in load(storage, "sig").trials)
+            return False
+
+        _wait(running, first, log, "a tune trial started")
+        os.killpg(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=120) == 130
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    text = log.read_text()
+    assert "Rerun the same command to resume" in text and "tuner: aborted" in text
+    st = load(storage, "sig")
+    cut = [t for t in st.trials if t.user_attrs.get("status") == "interrupted"]
+    assert cut and cut[0].state.name == "FAIL" and read_owner(run) == {}  # lock released on the way out
+
+    again = tuner(*args, home=tuner_home)
+    assert "Result:" in again.stdout
+    import optuna
+
+    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+    try:
+        study = optuna.load_study(study_name="sig", storage=rdb)
+        assert tn.count_done(study) == 2  # the count asked for: the cut-off trial does not count, its re-run does
+        retried = [t for t in study.trials if t.user_attrs.get("retry_of") == cut[0].number]
+        assert retried and retried[0].params == cut[0].params and retried[0].state.name in ("COMPLETE", "FAIL")
+        assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
+    finally:
+        rdb.engine.dispose()
+
+
+def test_storage_and_pins_are_refused_before_anything_is_created(cpu_build, tiny_model, tuner_home: Path,
+                                                                  tmp_path: Path) -> None:
+    base = ["search", *SMALL, "--model", str(tiny_model), "--trials", "0"]
+    missing = tmp_path / "nonexistent-dir"
+    for extra, want in ((["--storage", "sqlite:///"], "in memory"),
+                        (["--storage", f"sqlite:///{missing / 'x.db'}"], f"mkdir -p {missing}"),
+                        (["--storage", "postgres://u:pw@h:notaport/db"], "does not parse"),
+                        (["--set", "variant=bogus"], "is not a variant")):
+        run = tmp_path / f"run-{len(extra[1])}"
+        res = tuner(*base, "--run-dir", str(run), *extra, home=tuner_home, check=False, timeout=300)
+        assert res.returncode == 2 and want in res.stderr, (extra, res.stderr[-2000:])
+        assert len(res.stderr.strip().splitlines()[-1]) > 40 and "pw@" not in res.stderr  # one paragraph, no password
+        assert not run.exists() and not missing.exists()  # no run dir, no study.db, no folder made unasked
+
+
+def _grep_tree(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+@pytest.mark.postgres
+def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
+                                                                  postgres: str) -> None:
+    secret = "Pw-9f3kq7x"
+    url = postgres.replace("://tuner@", f"://tuner:{secret}@")  # the test server trusts; the password rides along
+    logs = tuner_home / "logs"
+    crash_before = {p: p.read_bytes() for p in logs.glob("*")} if logs.is_dir() else {}
+    # a server that refuses: the storage error is printed with the password hidden
+    refused = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", "postgresql+psycopg://tuner:" + secret
+                    + "@127.0.0.1:1/tuner", "--study", "nope", "--run-dir", str(tmp_path / "nope"), "--trials", "0",
+                    home=tuner_home, check=False, timeout=300)
+    assert refused.returncode == 2 and "cannot open the study storage" in refused.stderr, refused.stderr[-2000:]
+    assert "tuner:***@127.0.0.1:1" in refused.stderr
+    # a full real search and its export on PostgreSQL
+    run = tmp_path / "run"
+    res = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret", "--run-dir", str(run),
+                "--trials", "0", "--time-budget", "3600", home=tuner_home)
+    assert "Result:" in res.stdout and (run / "export" / "report.md").is_file()
+    assert "in postgresql+psycopg://tuner:***@127.0.0.1" in res.stderr  # the study line names the storage, redacted
+    assert "optuna-dashboard postgresql+psycopg://tuner@127.0.0.1" in res.stderr  # the hint: the password from PGPASSWORD
+    # a budget stop and a crash on the same storage print it too
+    cut = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret2", "--run-dir",
+                str(tmp_path / "run2"), "--trials", "0", "--time-budget", "1", home=tuner_home, check=False)
+    assert cut.returncode == 0 and "time budget reached" in cut.stderr and "tuner:***@" in cut.stderr
+    every = refused.stdout + refused.stderr + res.stdout + res.stderr + cut.stdout + cut.stderr
+    assert secret not in every
+    written = _grep_tree(tmp_path, secret.encode())
+    assert written == [], written
+    if logs.is_dir():  # crash logs under TUNER_HOME, old and new
+        assert not [p for p in logs.glob("*") if secret.encode() in p.read_bytes() and p not in crash_before]
+
+
+def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: Path) -> None:
+    """PR.md's reproduce line (written only for GPU rules, so not by a CPU search) and the export's NaN
+    guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
+    import shutil
+
+    import optuna
+
+    from tuner.cli.export_cmd import export_study
+    from tuner.errors import TunerError
+    from tuner.result.pipeline_export import _points, _write_upstream
+
+    secret = "Pw-9f3kq7x"
+    a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "tg": 128,
+         "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
+    rows = _crafted_rows()
+    _write_upstream(tmp_path, tree_a, a, [RULE], _points(rows, 512, 128),
+                    f"postgresql+psycopg://tuner:{secret}@db.lan:5432/optuna", "sm90")
+    pr = (tmp_path / "PR.md").read_text()
+    assert "--storage postgresql+psycopg://tuner:***@db.lan:5432/optuna" in pr and secret not in pr
+
+    db = tmp_path / "study.db"
+    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    storage = f"sqlite:///{db}"
+    rows[2] = {**rows[2], "tuned_ts": float("nan")}  # every call of the final config failed at that depth
+    optuna.load_study(study_name="sm90-l1b-v2", storage=storage).set_user_attr(
+        "result", {"rules": [RULE], "dropped": {}, "tuned": None, "rows": rows, "upstream_phases": ["pp"],
+                   "confirm_depths": [32768, 49152, 65536], "gate": _PASSED_GATE})
+    with pytest.raises(TunerError, match=r"rows\[2\]\.tuned_ts .*not exported"):
+        export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _crafted_rows() -> list[dict]:
+    """Confirm rows shaped like tuner.search.confirm.point_rows' (CRAFTED numbers: the export is tested)."""
+    return [{"phase": "tg", "depth": d, "upstream_kernel": "VEC", "kernel": "TILE" if d >= 65536 else "VEC", "base_ts": up,
+             "tuned_ts": tuned, "speedup": tuned / up, "ci_low": lo, "ci_high": hi, "rounds": 4, "aa_noise_pct": 4.4,
+             "verdict": v}
+            for d, up, tuned, lo, hi, v in ((32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
+                                            (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
+                                            (65536, 402.6, 461.0, 1.11, 1.18, "faster"))]
+
+
+_PASSED_GATE = {"verdict": "pass", "checks": [{  # CRAFTED, shaped like tuner.search.output_gate's record
+    "name": "decode decode/D64/gqa4/kvf16:0-=TILE", "mode": "decode", "strict": False, "passed": True, "verdict": "pass",
+    "reasons": [], "deterministic": True, "identical_to_upstream": False, "why": "kept rule kernel TILE",
+    "stats": {"mean_kld": 0.0, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
+    "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}, "settings": {"ctx": 128, "chunks": 2}}]}

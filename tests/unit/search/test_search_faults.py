@@ -1,0 +1,289 @@
+"""`tuner search` under faults: a model no llama-bench call can load, an interrupted tune trial, two
+searches on one run dir, storage URLs that would lose the study or create folders unasked."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import TunerError, UsageError
+from tuner.sanity import nonfinite, require_finite
+from tuner.search.screen import AllCallsFailed, candidates_for, run_joint_rounds, run_phase_rounds
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+# ------------------------------------------------------------------ every llama-bench call fails
+
+LOAD_ERR = ("llama-bench exited with code 1; see /run/logs/screen-tg+pp-r0-upstream.log. Last lines: "
+            "llama_model_load: error loading model: tensor 'blk.1.attn_q.weight' data is not within the file bounds | "
+            "error: failed to load model '/m/tiny.gguf'")
+
+
+def failing_joint(c, phases, depths, label):
+    """llama-bench on a truncated model: every call fails before it measures anything."""
+    return {p: {d: {"ts": None, "kernel": None, "why": None, "error": LOAD_ERR} for d in depths} for p in phases}
+
+
+def test_a_stage_where_every_call_fails_stops() -> None:
+    cands = {"tg": candidates_for("tg", []), "pp": candidates_for("pp", [])}
+    rounds: list = []
+    stored: list = []
+    with pytest.raises(AllCallsFailed) as e:
+        run_joint_rounds(failing_joint, cands, [0, 256], rounds, pp_tokens=32, min_rounds=2, max_rounds=2,
+                         on_round=stored.append)
+    assert isinstance(e.value, TunerError) and e.value.exit_code == 1
+    assert "failed to load model" in str(e.value) and "all 2 llama-bench call(s)" in str(e.value)
+    assert rounds == [] and stored == []  # nothing of the failed round is kept: a rerun measures it again
+    # the confirm stage's loop is the same: a single phase that measures nothing stops it too
+    with pytest.raises(AllCallsFailed):
+        run_phase_rounds(lambda c, p, ds, lab: failing_joint(c, [p], ds, lab)[p], "tg", candidates_for("tg", []), [0], [],
+                         tag="confirm")
+
+
+def test_a_call_failing_beside_one_that_measures_is_data() -> None:
+    def half(c, phases, depths, label):  # the deep depth runs out of memory, the shallow one measures
+        return {p: {d: ({"ts": 100.0, "kernel": None, "why": None, "error": ""} if d == 0 else
+                        {"ts": None, "kernel": None, "why": None, "error": "out of memory"}) for d in depths} for p in phases}
+
+    rounds: list = []
+    run_joint_rounds(half, {"tg": candidates_for("tg", [])}, [0, 65536], rounds, pp_tokens=0, min_rounds=2, max_rounds=2)
+    assert len(rounds) == 2 and all(r["errors"] for r in rounds)
+
+
+def test_nothing_nan_is_stored_or_exported() -> None:
+    good = {"rows": [{"phase": "tg", "depth": 0, "base_ts": 10.0, "tuned_ts": 10.5, "cpu_delta": float("nan")}]}
+    require_finite(good, "result")  # an unobserved CPU% is "unknown", not a failed measurement
+    bad = {"rows": [*good["rows"], {"phase": "pp", "depth": 4096, "base_ts": float("nan"), "tuned_ts": 3.0}]}
+    assert nonfinite(bad) == ["rows[1].base_ts"]
+    with pytest.raises(TunerError) as e:
+        require_finite(bad, "study 'x''s result")
+    assert e.value.exit_code == 1 and "rows[1].base_ts" in str(e.value) and "not exported" in str(e.value)
+
+
+# ------------------------------------------------------------------ interrupted tune trials
+
+
+def _tune_env(tmp_path: Path, measure, trials: int = 2):
+    """pipeline._tune on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
+    from tuner.plan.space import load_space
+    from tuner.search import pipeline as pl
+    from tuner.targets.archs import load_arch
+
+    cfg = types.SimpleNamespace(trials=trials, variants=("cpu",), arch="cpu", depths=(0,), gate=False, run_dir=tmp_path,
+                                study="faults", seed=0, storage=None,
+                                storage_url=f"sqlite:///{tmp_path / 'study.db'}")
+    study, storage = pl._open_study(cfg)
+    build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=tmp_path)
+    builds = types.SimpleNamespace(get=lambda variant, cv: build)
+    args = (cfg, pl._State(study), study, storage, load_space("cpu", "mma"), types.SimpleNamespace(era="mma"),
+            load_arch("cpu"), {}, {}, [], {}, [], lambda b: measure, None, builds)
+    return study, lambda: pl._tune(*args)
+
+
+def steady(c, phase, depths, label):
+    return {d: {"ts": 100.0 * (1.05 if c.name == "candidate" else 1.0), "kernel": None, "why": None, "error": ""}
+            for d in depths}
+
+
+def _states(study) -> list[tuple[int, str, str | None]]:
+    return [(t.number, t.state.name, t.user_attrs.get("status")) for t in study.get_trials(deepcopy=False)]
+
+
+def test_a_trial_cut_off_by_ctrl_c_is_failed_and_run_again(tmp_path: Path) -> None:
+    from tuner.search import tune as tn
+
+    def interrupted(c, phase, depths, label):
+        raise KeyboardInterrupt
+
+    study, tune = _tune_env(tmp_path, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune()
+    t0 = study.get_trials(deepcopy=False)[0]
+    assert _states(study) == [(0, "FAIL", "interrupted"), (1, "WAITING", None)]  # failed, and queued again
+    assert tn.count_done(study) == 0
+    study2, tune2 = _tune_env(tmp_path, steady)
+    tune2()
+    trials = study2.get_trials(deepcopy=False)
+    assert tn.count_done(study2) == 2  # the count asked for is reached: the cut-off trial does not count
+    assert [s for _, s, _ in _states(study2)].count("COMPLETE") == 2 and trials[1].params == t0.params
+    assert trials[1].user_attrs["retry_of"] == 0 and not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test's own study.ask()
+def test_a_running_trial_of_a_dead_process_is_reaped_at_start(tmp_path: Path) -> None:
+    """kill -9 leaves the trial RUNNING: the next search on this host sees its PID is gone."""
+    study, tune = _tune_env(tmp_path, steady)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    t = study.ask()
+    t.set_user_attr("worker", f"{platform.node()}:{int(dead.stdout)}")
+    live = study.ask()  # a live worker's trial (this very test process) is left alone
+    live.set_user_attr("worker", f"{platform.node()}:{os.getppid()}")
+    tune()
+    st = {n: (s, a) for n, s, a in _states(study)}
+    assert st[0] == ("FAIL", "interrupted") and st[1] == ("RUNNING", None)
+    from tuner.search import tune as tn
+
+    assert tn.count_done(study) == 2
+
+
+SIGTERM_CHILD = textwrap.dedent("""
+    import sys, time, types
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from unit.search.test_search_faults import _tune_env
+    from tuner.cli.search_cmd import _sigterm_interrupts
+
+    marker = Path({marker!r})
+
+    def slow(c, phase, depths, label):
+        marker.write_text("measuring")
+        time.sleep(120)
+
+    study, tune = _tune_env(Path({run!r}), slow)
+    with _sigterm_interrupts():
+        tune()
+""")
+
+
+def test_sigterm_during_a_trial_then_resume_reaches_the_count(tmp_path: Path) -> None:
+    from tuner.search import tune as tn
+
+    marker = tmp_path / "measuring"
+    code = SIGTERM_CHILD.format(tests=str(REPO / "tests"), marker=str(marker), run=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists(), proc.communicate()[0][-2000:]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "_Terminated: SIGTERM" in out  # a KeyboardInterrupt: unwound like Ctrl-C
+    study, tune = _tune_env(tmp_path, steady)
+    assert _states(study)[0] == (0, "FAIL", "interrupted")
+    tune()
+    assert tn.count_done(study) == 2 and [s for _, s, _ in _states(study)].count("COMPLETE") == 2
+
+
+# ------------------------------------------------------------------ the run-dir lock
+
+HOLD = "import sys, time; from pathlib import Path; from tuner.search.lock import run_dir_lock\n" \
+       "with run_dir_lock(Path(sys.argv[1]), ['search', '--storage', 'postgresql://u:pw@h/db']):\n" \
+       "    print('locked', flush=True); time.sleep(60)\n"
+
+
+def test_a_second_search_on_a_locked_run_dir_refuses(tmp_path: Path) -> None:
+    from tuner.search.lock import RunDirBusy, read_owner, run_dir_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        owner = read_owner(tmp_path)
+        assert owner["pid"] == holder.pid and owner["host"] and ":***@h/db" in owner["command"] and "pw@" not in owner["command"]
+        t0 = time.monotonic()
+        with pytest.raises(RunDirBusy) as e:
+            with run_dir_lock(tmp_path, ["search"]):
+                pass
+        assert time.monotonic() - t0 < 1.0  # refused at once, not after waiting
+        msg = str(e.value)
+        assert e.value.exit_code == 1 and f"PID {holder.pid}" in msg and "--run-dir" in msg and f"kill {holder.pid}" in msg
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+
+def test_a_stale_lock_is_taken_over_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tuner.search.lock import LOCK_NAME, read_owner, run_dir_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()  # kill -9: no cleanup, the record stays in the file
+    holder.wait()
+    holder.stdout.close()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == holder.pid
+    with run_dir_lock(tmp_path, ["search"]) as me:
+        assert read_owner(tmp_path)["pid"] == me["pid"] == os.getpid()
+    err = capsys.readouterr().err
+    assert "took over the run dir's lock" in err and f"PID {holder.pid}" in err and "no longer exists" in err
+    assert read_owner(tmp_path) == {}  # an orderly end leaves nothing to take over
+
+
+# ------------------------------------------------------------------ storage URLs
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared",
+                                 "sqlite:///x.db?mode=memory"])
+def test_in_memory_storage_is_refused(url: str) -> None:
+    from tuner.search.study import check_storage_url
+
+    with pytest.raises(UsageError) as e:
+        check_storage_url(url)
+    assert e.value.exit_code == 2 and "in memory" in str(e.value) and "--storage sqlite:///" in str(e.value)
+
+
+def test_a_sqlite_folder_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) -> None:
+    from tuner.search.study import _make_storage, check_storage_url
+
+    missing = tmp_path / "nonexistent-dir"
+    for f in (check_storage_url, _make_storage):
+        with pytest.raises(UsageError) as e:
+            f(f"sqlite:///{missing / 'x.db'}")
+        assert f"mkdir -p {missing}" in str(e.value)
+    assert not missing.exists()
+    assert check_storage_url(f"sqlite:///{tmp_path / 'x.db'}") == f"sqlite:///{tmp_path / 'x.db'}"
+
+
+@pytest.mark.parametrize("url", ["postgres", "study.db", "http://h/db", "postgresql://h:port/db", "postgresql:///db",
+                                 " sqlite:///x.db", "postgresql://u:pw@h:99999/db"])
+def test_malformed_storage_urls_are_refused_without_the_password(url: str) -> None:
+    from tuner.search.study import check_storage_url
+
+    with pytest.raises(UsageError) as e:
+        check_storage_url(url)
+    assert e.value.exit_code == 2 and "pw@" not in str(e.value)
+
+
+def test_a_refused_connection_names_the_url_without_the_password() -> None:
+    from tuner.search.study import _make_storage
+
+    pytest.importorskip("psycopg")
+    with pytest.raises(UsageError) as e:
+        _make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
+    assert "s3cr3t" not in str(e.value) and "tuner:***@127.0.0.1:1/optuna" in str(e.value)
+    assert e.value.__cause__ is None  # the driver's exception (which holds the URL) is not chained
+
+
+def test_a_cpu_search_promises_no_h100_time() -> None:
+    from tuner.cli.search_cmd import CPU_DEFAULTS, GPU_DEFAULTS, _intro
+
+    mine = _intro("cpu", {"model": Path("big.gguf"), "trials": None}, CPU_DEFAULTS)
+    assert "H100" not in mine and "ETAs after the first round" in mine and "rerunning the same command resumes" in mine
+    assert "a few minutes on 2 cores" in _intro("cpu", {"trials": None}, CPU_DEFAULTS)
+    assert "on an H100" in _intro("sm_90", {"trials": None}, GPU_DEFAULTS)
+
+
+def test_a_file_system_without_locks_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+    import fcntl
+
+    from tuner.search.lock import read_owner, run_dir_lock
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with run_dir_lock(tmp_path, ["search"]):
+        assert read_owner(tmp_path)["pid"] == os.getpid()
+    assert "does not support file locks" in capsys.readouterr().err
