@@ -171,7 +171,9 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except TunerError as err:
-        click.echo(f"tuner: error: {err}", err=True)
+        from tuner.redact import redact  # a storage password in any message stays off the screen
+
+        click.echo(f"tuner: error: {redact(str(err))}", err=True)
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("tuner: aborted", err=True)

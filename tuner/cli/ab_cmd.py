@@ -54,8 +54,9 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
     bin_dir = _bin_dir(build_dir)
-    for r in rules:
-        parse_fa_rules(r)  # bad syntax or a kernel name other than VEC/TILE/MMA: one paragraph, exit 2
+    # Bad syntax or a kernel other than VEC/TILE/MMA: one paragraph, exit 2. The hook gets the parsed
+    # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
+    rules = tuple(",".join(fr.text for fr in parse_fa_rules(r)) for r in rules)
     if not _has_fa_hook(bin_dir):
         raise UsageError(f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
                          "tree), so a rule cannot change its kernel and nothing was measured. Build one with "

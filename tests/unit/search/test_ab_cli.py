@@ -69,3 +69,24 @@ def test_ab_prints_the_compare_table_judged_like_the_search(tmp_path: Path, monk
     d32k = next(ln for ln in lines if "tg128@d32768" in ln)
     assert "faster" not in d0 and "✓ faster" in d32k and "VEC → TILE" in d32k and "A/A" in d32k
     assert "geometric mean of the per-round ratios" in res.stderr
+
+
+def test_rules_reach_the_hook_in_canonical_form(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The parser tolerates spaces after commas; the C++ hook does not (it would abort on " prefill"), so
+    # the env value is the parsed rules written back.
+    import tuner.search.live as live
+
+    seen: list[str] = []
+
+    def measure(cand, phase, depths, label):  # type: ignore[no-untyped-def]
+        if "GGML_TUNER_FA_RULES" in cand.env:
+            seen.append(cand.env["GGML_TUNER_FA_RULES"])
+        return {d: {"ts": 100.0, "error": "", "kernel": "VEC", "why": "default"} for d in depths}
+
+    monkeypatch.setattr(live, "make_live_measure", lambda *a, **k: measure)
+    b = _fake_build(tmp_path, b"...GGML_TUNER_FA_RULES...")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(tmp_path / "m.gguf"), "--rules",
+                                   "decode:0-4096=VEC, prefill:0-=MMA", "--rounds", "2", "-o", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert seen and set(seen) == {"decode:0-4096=VEC,prefill:0-=MMA"}
