@@ -203,7 +203,11 @@ def test_dashboard_hint_names_the_extra_when_missing(monkeypatch: pytest.MonkeyP
     hint = search_cmd._dashboard_hint("sqlite:///x.db")
     assert "pip install -e '.[dashboard]'" in hint and "open it live" not in hint
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
-    assert search_cmd._dashboard_hint("sqlite:///x.db") == "open it live with: optuna-dashboard sqlite:///x.db"
+    from tuner.result.report import dashboard_command
+
+    assert search_cmd._dashboard_hint("sqlite:///x.db") == f"open it live with: {dashboard_command('sqlite:///x.db')}"
+    # a password never reaches the hint (PGPASSWORD or ~/.pgpass supplies it)
+    assert "secret" not in search_cmd._dashboard_hint("postgresql://u:secret@h/db")
 
 
 def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild(
