@@ -78,9 +78,11 @@ def noisy_line(a: Mapping[str, Any]) -> str:
     noisy = noisy_phases(a)
     if not noisy:
         return ""
-    what = ", ".join(f"{_PHASE_WORD[p]} ±{v:.0f}%" for p, v in noisy.items())
+    # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
+    # percent (Student-t with 1-2 degrees of freedom), a number that says no more than "over 100%".
+    what = ", ".join(f"{_PHASE_WORD[p]} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
     return (f"**This machine was too noisy to claim anything in {' and '.join(_PHASE_WORD[p] for p in noisy)}: the A/A "
-            f"noise (upstream against itself) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
+            f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
             "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
             "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
             + ("" if a.get("arch") == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
