@@ -83,9 +83,9 @@ def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_pa
     assert cmp["delta_pct"].notna().all()
 
     md = render_report({"A": df_a, "B": df_b}, "A")
-    assert "## B vs A" in md and "| pp64@d256 " in md and "run-to-run floor CPU pp" in md
+    assert "## B vs A" in md and "| pp64@d256 " in md and "no run-to-run floor for backend CPU pp" in md
     line = next(ln for ln in md.splitlines() if "| pp64@d256 " in ln)
-    assert "floor" in line and "faster" not in line and "slower" not in line  # one build twice: an A/A pair
+    assert "none" in line and "faster" not in line and "slower" not in line  # one build twice: an A/A pair
     png = plot_depth({"A": df_a, "B": df_b}, tmp_path / "depth.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 

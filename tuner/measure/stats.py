@@ -297,6 +297,12 @@ def run_floor(backend: str | None, phase: str) -> NoiseRef:
     if not found:
         return NoiseRef(pct=math.inf, kind="none",
                         source=f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})")
+    thin = [(b, f) for b, f in found if "floor_pct" not in f]
+    if thin:  # too few recorded pairs for a floor (their 95th percentile would be one outlier's value)
+        b, f = thin[0]
+        return NoiseRef(pct=math.inf, kind="none",
+                        source=f"no run-to-run floor for backend {b} {phase}: only {f['pairs']} recorded A/A pairs, "
+                               f"fewer than the {table.get('min_pairs', 30)} a floor needs ({FLOORS_DOC})")
     b, f = max(found, key=lambda x: x[1]["floor_pct"])
     return NoiseRef(pct=float(f["floor_pct"]), kind="floor",
                     source=f"run-to-run floor {b} {phase} ±{f['floor_pct']:.1f}% ({f['pairs']} recorded A/A pairs, {FLOORS_DOC})")

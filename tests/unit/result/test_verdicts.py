@@ -88,8 +88,11 @@ def test_floors_file_is_what_the_recorded_data_give() -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "aa_floors.py"), "--check"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    # decode is steadier than prefill on the H100; the shared 2-core CPU box is the noisiest
-    assert 0 < run_floor("CUDA", "tg").pct < run_floor("CUDA", "pp").pct < run_floor("CPU", "pp").pct
+    # decode is steadier than prefill on the H100
+    assert 0 < run_floor("CUDA", "tg").pct < run_floor("CUDA", "pp").pct < 100
+    # the CPU's 15 recorded pairs are too few for a floor: a CPU comparison without --aa claims nothing
+    cpu = run_floor("CPU", "tg")
+    assert cpu.kind == "none" and "only 15 recorded A/A pairs" in cpu.source
 
 
 def test_the_session1_pair_stays_within_the_cuda_floor() -> None:
