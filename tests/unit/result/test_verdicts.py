@@ -19,8 +19,8 @@ from tuner.measure.stats import NoiseRef, Verdict, judge, run_floor
 from tuner.result.report import aa_warning, compare_points
 
 ROOT = Path(__file__).resolve().parents[3]
-S1 = ROOT / "docs" / "h100" / "session1"
-LOGS = ROOT / "docs" / "h100" / "session7" / "call3" / "sm90-l8b-v3-logs" / "sm90-l8b-v3" / "logs"
+S1 = ROOT / "tests" / "data" / "bench" / "h100"
+LOGS = ROOT / "tests" / "data" / "bench" / "h100" / "confirm-l8b"
 
 
 def _log(round_: int, name: str) -> Path:

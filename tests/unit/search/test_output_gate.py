@@ -150,12 +150,12 @@ def test_stage_not_needed_and_failing(stage) -> None:
     assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}
 
 
-CALIB = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session9" / "calib"
+CALIB = Path(__file__).resolve().parents[3] / "tests" / "data" / "equivalence" / "h100-calib"
 
 
 @pytest.mark.parametrize(("model", "kernel"), [("1b", "TILE"), ("8b", "MMA")])
 def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(model: str, kernel: str) -> None:
-    """llama-perplexity's numbers recorded on the H100 (docs/h100/session9/calib, `tuner equivalence`):
+    """llama-perplexity's numbers recorded on the H100 (tests/data/equivalence/h100-calib, `tuner equivalence`):
     under the CPU-calibrated defaults the searches' own kernel rules failed (1B TILE mean KLD 9.6e-4, 8B
     MMA 7.2e-3); judged by the kernel band (upstream's VEC/TILE/MMA forced vs its pick, x2) they pass,
     and a q4_0 KV cache (50x the band) still fails."""

@@ -185,7 +185,7 @@ def test_confirm_keeps_only_what_confirms() -> None:
 def test_replay_reproduces_the_recorded_grid_winners() -> None:
     from tuner.search.replay import replay_screen
 
-    files = sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))
+    files = sorted((REPO / "tests" / "data" / "replay").glob("*.jsonl"))
     out = replay_screen(files, min_rounds=3, max_rounds=4)
     # The screen never picks a kernel that is not the grid's winner. With the pooled block variance it
     # sees decode MMA +8.4% [+5.2, +11.7] at d32768 (the grid's winner, +8.3% by median) but keeps
