@@ -1,7 +1,7 @@
 """compose.judge_phase: the verdicts the report shows are the ones compose and confirm act on.
 
-The data are the decode screen rounds of session 12's sm_89 search on the H100 (89-virtual,
-llama-3.2-1b Q4_K_M; docs/h100/session12/call2/sm89-l1b-v4.db): at d32768 TILE's lower bound
+The data are the decode screen rounds of the sm_89 search on the H100 (89-virtual,
+llama-3.2-1b Q4_K_M; results/sm_89/llama-3.2-1b-q4_k_m-measured-on-h100/evidence/study.db.xz): at d32768 TILE's lower bound
 (+3.6%) cleared that depth's own A/A noise (±3.6%) but not the phase's noise floor at its 10 rounds
 (±4.1%), and the report's screen table said "faster" while nothing was composed.
 """

@@ -209,7 +209,7 @@ def test_bad_rules_text_is_refused(bad: str) -> None:
 
 
 def test_fa_log_lines_of_the_h100_run_are_read() -> None:
-    # Lines exactly as the sm_90 build printed them in docs/h100/session4 (the hook added type_k/type_v).
+    # Lines exactly as the sm_90 build printed them on the H100 (the hook added type_k/type_v).
     from tuner.search.live import kernel_at, parse_fa_log
 
     text = ("tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
@@ -417,7 +417,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
 
 
 def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
-    """A study seeded with another's screen rounds (docs/h100/session5/seed_l1b.py) had no ``model``;
+    """A study seeded with another's screen rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence) had no ``model``;
     the H100 search confirmed it and then failed at export with KeyError: 'model'."""
     import types
 

@@ -86,7 +86,7 @@ def _real(name: str):
 
 
 def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtures_do() -> None:
-    # session 12, 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1 (docs/h100/session12/call4)
+    # the H100 with the 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1
     full, nkvo = _real("h100-89v-l1b-full.log.gz"), _real("h100-89v-l1b-nkvo.log.gz")
     assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (FULL.splits_tg, FULL.layers_offloaded, dict(FULL.kv_buffers))
     assert (nkvo.splits_tg, nkvo.host_kv_mib) == (NKVO.splits_tg, NKVO.host_kv_mib)
