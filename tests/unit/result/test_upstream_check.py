@@ -90,7 +90,7 @@ def _run(tmp_path: Path, **kw: object) -> dict[str, tuple[bool, str]]:
 
 
 def test_selection_matches_the_recorded_tuned_kernels(gpu_fakes: dict, tmp_path: Path) -> None:
-    # the 1B's rule decode/D64/gqa4/kvf16:32768-=TILE (session 9): decided at d16384 (upstream VEC) and d32768 (TILE)
+    # the 1B's rule decode/D64/gqa4/kvf16:32768-=TILE: decided at d16384 (upstream VEC) and d32768 (TILE)
     gpu_fakes["upstream"].update({16384: "VEC", 32768: "TILE", 49152: "TILE", 65536: "TILE"})
     res = _run(tmp_path)
     ok, detail = res["upstream.patch selects the tuned kernels"]

@@ -184,7 +184,7 @@ def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(mo
 
 
 def test_llama_benchs_valued_switches_are_spelled_as_llama_perplexitys_bare_flags() -> None:
-    # session 12: `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
+    # on the H100 `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
     assert og.perplexity_args(["-t", "4", "-ngl", "8", "-nkvo", "1"], "mma") == (["-fa", "on", "-t", "4", "-ngl", "8", "-nkvo"], [])
     assert og.perplexity_args(["-nkvo", "0", "--repack", "0", "-nopo", "1"], "mma")[0] == ["-fa", "on", "--no-repack", "--no-op-offload"]
     with pytest.raises(og.UsageError, match="takes 0 or 1"):
