@@ -45,7 +45,7 @@ def test_cpu_hungry_decode_change_is_rejected(cpu_build, tiny_model: Path, tmp_p
     run_phase_rounds(measure, "tg", cands, [0], recs, min_rounds=3, max_rounds=3, target_ci=0.1, tag="confirm")
     assert not any(r["errors"] for r in recs), [r["errors"] for r in recs]
     # the records carry what the observer saw in the timed repetitions; GPU%: None (not 0) without a GPU
-    # observer, else the idle device's utilization (session 12 ran this on the H100 host: NVML present)
+    # observer, else the idle device's utilization (on the H100 host this ran with NVML present)
     assert all(r["cpu"][UPSTREAM]["0"] > 30 and r["core"][conf.FINAL]["0"] > 0 for r in recs)
     probe = find_gpu_probe()
     gpu_seen = probe is not None

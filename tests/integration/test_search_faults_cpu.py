@@ -8,6 +8,7 @@ model at the cheapest settings (two depths, two rounds, TUNER_TRIALS=0 where no 
 
 from __future__ import annotations
 
+import lzma
 import contextlib
 import os
 import signal
@@ -185,7 +186,6 @@ def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny
 def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: Path) -> None:
     """PR.md (written only for GPU rules, so not by a CPU search) names no storage, and the export's NaN
     guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
-    import shutil
 
     import optuna
 
@@ -203,7 +203,7 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     assert "--storage" not in pr and "tuner export --study STUDY" in pr and secret not in pr
 
     db = tmp_path / "study.db"
-    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     rows[2] = {**rows[2], "tuned_ts": float("nan")}  # every call of the final config failed at that depth
     optuna.load_study(study_name="sm90-l1b-v2", storage=storage).set_user_attr(

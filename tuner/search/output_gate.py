@@ -8,7 +8,7 @@ byte-identical to upstream's) where only scheduling knobs changed (threads, CUDA
 same build. No change at all: the gate is not needed, and nothing runs.
 
 **The kernel band (GPU backends).** Upstream's own FlashAttention kernels differ from each other by
-float reordering far beyond the CPU floor: on the H100 (docs/h100/README.md, session9) forcing TILE
+float reordering far beyond the CPU floor: on the H100 (docs/equivalence.md, tests/data/equivalence/h100-calib) forcing TILE
 or MMA for decode instead of upstream's VEC gave mean KLD 8e-4..1e-3 on the 1B shape and 7e-3..8e-3
 on the 8B (same top p 81-87%), ``-fa off`` 8e-4, while a KV cache in q4_0 gave 0.049 and 0.44. So
 where the search has kernels to force, the gate first measures that spread on the model at hand:
@@ -48,7 +48,8 @@ SCHEDULING_ENV = frozenset({"GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_GRAPHS"})
 """Environment knobs that only change how kernels are launched (CUDA graphs)."""
 _BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch (one token, or one chunk)
 # llama-bench spells these switches with a 0/1 value, llama-perplexity (common/arg.cpp) as bare flags:
-# `-nkvo 1` there is "error: invalid argument: 1" (docs/h100/session12: the gate "failed" a -nkvo 1 config that way).
+# `-nkvo 1` there is "error: invalid argument: 1" (on the H100 the gate "failed" a -nkvo 1 config that way,
+# results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3/evidence).
 # flag -> (perplexity spelling for 1, for 0); None: that value is llama.cpp's default, nothing to pass.
 _SWITCHES: dict[str, tuple[str | None, str | None]] = {
     "-nkvo": ("-nkvo", None), "--no-kv-offload": ("-nkvo", None),
@@ -204,7 +205,7 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
 
     def one(c: GateCheck) -> dict[str, Any]:
         rec = done.get(c.name)
-        # A stored check whose run did not complete measured nothing (docs/h100/session12: a flag llama-perplexity
+        # A stored check whose run did not complete measured nothing (on the H100: a flag llama-perplexity
         # refused, since fixed): a resumed search runs it again instead of carrying the failure forward.
         if rec is None or not rec.get("stats"):
             rec = {**run_one(c), "name": c.name, "why": c.why, "not_applied": list(c.not_applied)}

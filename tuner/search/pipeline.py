@@ -638,7 +638,7 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int], l
             if st.get(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
                 raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.get(k)!r} but this run "
                                  f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
-    for k, v in mine.items():  # a study seeded from another one (docs/h100/session5) lacks some, e.g. the model
+    for k, v in mine.items():  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
         if st.get(k) is None:
             st.set(k, v)
     # threads/-ngl legal values on this machine: the export resolves the same space from them

@@ -3,7 +3,7 @@
 Nothing is measured: every number comes from the recorded files, and every line printed says
 REPLAY. Uses: CI of the search logic, comparing samplers, and results shared by users.
 
-Recording convention (what ``docs/h100/session1/grid/`` holds): one llama-bench JSONL per
+Recording convention (what ``tests/data/replay/`` holds, recorded on the H100): one llama-bench JSONL per
 (phase, forced FlashAttention kernel), named ``<phase>-<KERNEL>.jsonl`` with phase ``pp`` or ``tg``
 and KERNEL ``default``, ``VEC``, ``TILE`` or ``MMA``, each covering the same depths, e.g.::
 

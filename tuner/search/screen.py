@@ -270,7 +270,7 @@ def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]], prio
         return False
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
     if not done:
-        # The latest rounds only: an older one may have run another way (docs/h100/session6's H100 confirm was
+        # The latest rounds only: an older one may have run another way (an H100 confirm, results/sm_90/llama-3.1-8b-q4_k_m/evidence, was
         # held back by a 337 s round of an earlier version, when the screen's last rounds took 240 s).
         recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
         rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]

@@ -3,6 +3,7 @@ axis, and whether the decode Pareto plot is drawn at all."""
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import optuna
@@ -66,15 +67,22 @@ def test_pareto_needs_a_difference_beyond_the_noise(tmp_path: Path) -> None:
     assert pareto_differs({}, {"rows": [row]})  # the confirm's CPU Δ alone
 
 
-def test_stored_cpu_noise_study_draws_no_front() -> None:
-    # paced-4 as of session 12 (call 8; the host-paced 1B before its tune found -ub): every decode CPU Δ and
+def _stored(tmp_path: Path, xz: Path) -> optuna.Study:
+    db = tmp_path / "study.db"  # SQLite reads only a plain file
+    db.write_bytes(lzma.decompress(xz.read_bytes()))
+    return optuna.load_study(study_name="paced-4", storage=f"sqlite:///{db}")
+
+
+def test_stored_cpu_noise_study_draws_no_front(tmp_path: Path) -> None:
+    # paced-4 in an earlier state (the host-paced 1B before its tune found -ub): every decode CPU Δ and
     # t/s change is inside its noise, so a "front" through those points would rank noise.
-    s = optuna.load_study(study_name="paced-4", storage=f"sqlite:///{ROOT / 'docs/h100/session12/call8/paced-4.db'}")
+    s = _stored(tmp_path, ROOT / "tests" / "data" / "studies" / "paced-4-early.db.xz")
     a = s.user_attrs
     assert pareto_points(a, a["result"]) and not pareto_differs(a, a["result"])
 
 
-def test_stored_study_beyond_the_noise_draws_it() -> None:
-    # paced-4 in session 14: the tuned -ub doubles decode t/s at d0, far beyond the A/A noise.
-    s = optuna.load_study(study_name="paced-4", storage=f"sqlite:///{ROOT / 'docs/h100/session14/call1/paced-4.db'}")
+def test_stored_study_beyond_the_noise_draws_it(tmp_path: Path) -> None:
+    # paced-4 as exported (results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3): the tuned -ub doubles decode t/s at d0,
+    # far beyond the A/A noise.
+    s = _stored(tmp_path, ROOT / "results" / "sm_90" / "llama-3.2-1b-q4_k_m-ngl8-cpus0-3" / "evidence" / "study.db.xz")
     assert pareto_differs(s.user_attrs, s.user_attrs["result"])

@@ -150,12 +150,12 @@ def test_stage_not_needed_and_failing(stage) -> None:
     assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}
 
 
-CALIB = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session9" / "calib"
+CALIB = Path(__file__).resolve().parents[3] / "tests" / "data" / "equivalence" / "h100-calib"
 
 
 @pytest.mark.parametrize(("model", "kernel"), [("1b", "TILE"), ("8b", "MMA")])
 def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(model: str, kernel: str) -> None:
-    """llama-perplexity's numbers recorded on the H100 (docs/h100/session9/calib, `tuner equivalence`):
+    """llama-perplexity's numbers recorded on the H100 (tests/data/equivalence/h100-calib, `tuner equivalence`):
     under the CPU-calibrated defaults the searches' own kernel rules failed (1B TILE mean KLD 9.6e-4, 8B
     MMA 7.2e-3); judged by the kernel band (upstream's VEC/TILE/MMA forced vs its pick, x2) they pass,
     and a q4_0 KV cache (50x the band) still fails."""
@@ -184,7 +184,7 @@ def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(mo
 
 
 def test_llama_benchs_valued_switches_are_spelled_as_llama_perplexitys_bare_flags() -> None:
-    # session 12: `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
+    # on the H100 `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
     assert og.perplexity_args(["-t", "4", "-ngl", "8", "-nkvo", "1"], "mma") == (["-fa", "on", "-t", "4", "-ngl", "8", "-nkvo"], [])
     assert og.perplexity_args(["-nkvo", "0", "--repack", "0", "-nopo", "1"], "mma")[0] == ["-fa", "on", "--no-repack", "--no-op-offload"]
     with pytest.raises(og.UsageError, match="takes 0 or 1"):

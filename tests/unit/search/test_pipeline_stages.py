@@ -185,7 +185,7 @@ def test_confirm_keeps_only_what_confirms() -> None:
 def test_replay_reproduces_the_recorded_grid_winners() -> None:
     from tuner.search.replay import replay_screen
 
-    files = sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))
+    files = sorted((REPO / "tests" / "data" / "replay").glob("*.jsonl"))
     out = replay_screen(files, min_rounds=3, max_rounds=4)
     # The screen never picks a kernel that is not the grid's winner. With the pooled block variance it
     # sees decode MMA +8.4% [+5.2, +11.7] at d32768 (the grid's winner, +8.3% by median) but keeps
@@ -209,7 +209,7 @@ def test_bad_rules_text_is_refused(bad: str) -> None:
 
 
 def test_fa_log_lines_of_the_h100_run_are_read() -> None:
-    # Lines exactly as the sm_90 build printed them in docs/h100/session4 (the hook added type_k/type_v).
+    # Lines exactly as the sm_90 build printed them on the H100 (the hook added type_k/type_v).
     from tuner.search.live import kernel_at, parse_fa_log
 
     text = ("tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
@@ -417,7 +417,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
 
 
 def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
-    """A study seeded with another's screen rounds (docs/h100/session5/seed_l1b.py) had no ``model``;
+    """A study seeded with another's screen rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence) had no ``model``;
     the H100 search confirmed it and then failed at export with KeyError: 'model'."""
     import types
 

@@ -86,7 +86,7 @@ def _real(name: str):
 
 
 def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtures_do() -> None:
-    # session 12, 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1 (docs/h100/session12/call4)
+    # the H100 with the 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1
     full, nkvo = _real("h100-89v-l1b-full.log.gz"), _real("h100-89v-l1b-nkvo.log.gz")
     assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (FULL.splits_tg, FULL.layers_offloaded, dict(FULL.kv_buffers))
     assert (nkvo.splits_tg, nkvo.host_kv_mib) == (NKVO.splits_tg, NKVO.host_kv_mib)
@@ -95,7 +95,7 @@ def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtu
 
 
 def test_a_partial_offload_scenario_reports_a_tuned_nkvo_and_does_not_reject_it() -> None:
-    # session 12's host-paced search (--set ngl=8 --cpu-mask 0-3): upstream -ngl 8 had 2 decode splits, the
+    # the H100's host-paced search (--set ngl=8 --cpu-mask 0-3): upstream -ngl 8 had 2 decode splits, the
     # final config (-t 4 -ub 1024 -b 1024 -ngl 8 -nkvo 1) 16; the gate, judging by the final config's own
     # arguments and counting splits regardless, exported upstream's selection for it. The scenario is upstream's.
     up, final = _real("h100-ngl8-upstream.log.gz"), _real("h100-ngl8-nkvo-t4-final.log.gz")
