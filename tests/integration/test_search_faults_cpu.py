@@ -191,13 +191,14 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
 
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
+    from tuner.plan.fa_rules import parse_fa_rules
     from tuner.result.pipeline_export import _points, _write_upstream
 
     secret = "Pw-9f3kq7x"
     a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "tg": 128,
          "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
     rows = _crafted_rows()
-    _write_upstream(tmp_path, tree_a, a, [RULE], _points(rows, 512, 128),
+    _write_upstream(tmp_path, tree_a, a, parse_fa_rules(RULE), _points(rows, 512, 128),
                     f"postgresql+psycopg://tuner:{secret}@db.lan:5432/optuna", "sm90")
     pr = (tmp_path / "PR.md").read_text()
     assert "--storage postgresql+psycopg://tuner:***@db.lan:5432/optuna" in pr and secret not in pr

@@ -147,7 +147,7 @@ def _mma_available(arch: Any) -> str | None:
 
 def _check_rule(rule: FaRule, arch: Any) -> None:
     D, gqa, kv = rule.D, rule.gqa, rule.kv
-    where = f"rule {rule.phase}:{rule.lo}-{'' if rule.hi is None else rule.hi}={rule.kernel} (D={D}, gqa={gqa}, kv={kv})"
+    where = f"rule {rule.text}"
     if rule.kernel not in _RETURN:
         raise TunerError(f"{where}: kernel must be one of {sorted(_RETURN)}.")
     if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
