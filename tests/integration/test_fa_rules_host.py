@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.plan import fa_rules, render, space
+from tuner.plan import fa_rules, render
 from tuner.errors import UsageError
 
 pytestmark = [

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import tuner._run
 from tuner.plan import render
-from tuner.plan import fa_rules, space
+from tuner.plan import fa_rules
 from tuner.errors import TunerError, UsageError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
