@@ -191,13 +191,14 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
 
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
+    from tuner.plan.fa_rules import parse_fa_rules
     from tuner.result.pipeline_export import _points, _write_upstream
 
     secret = "Pw-9f3kq7x"
     a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "pp": 512, "tg": 128,
          "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
     rows = _crafted_rows()
-    _write_upstream(tmp_path, tree_a, a, [RULE], _points(rows, 512, 128), defines={})
+    _write_upstream(tmp_path, tree_a, a, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
     # PR.md's reproduce steps name no storage at all (a reader has none of the author's databases)
     assert "--storage" not in pr and "tuner export --study STUDY" in pr and secret not in pr

@@ -9,6 +9,7 @@ from pathlib import Path
 import optuna
 
 from tuner.result.pipeline_export import _write_pareto, pareto_differs, pareto_points
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result.plots import depth_axis, plot_speedup, speedup_spans
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,12 +26,12 @@ def test_rule_span_starts_at_the_rule_threshold(tmp_path: Path) -> None:
     # The rule switches at n_kv 20000, between the screened depths 16384 and 32768: the span starts there,
     # not at their midpoint (24576), and runs to the right edge (the rule has no upper bound).
     pts = _points(32768)
-    spans = speedup_spans(pts, ["decode/D64/gqa4/kvf16:20000-=TILE"])
+    spans = speedup_spans(pts, parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE"))
     assert spans == {"tg": [{"x0": 20000, "x1": None, "kernel": "TILE", "upstream": "VEC",
                              "rule": "decode/D64/gqa4/kvf16:20000-=TILE"}]}
-    bounded = speedup_spans(pts, ["prefill:1024-8192=MMA"])
+    bounded = speedup_spans(pts, parse_fa_rules("prefill:1024-8192=MMA"))
     assert [(s["x0"], s["x1"]) for s in bounded["pp"]] == [(1024, 8192)] and "tg" not in bounded
-    assert plot_speedup(pts, tmp_path / "s.png", rules=["decode/D64/gqa4/kvf16:20000-=TILE"]).stat().st_size > 0
+    assert plot_speedup(pts, tmp_path / "s.png", rules=parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE")).stat().st_size > 0
 
 
 def test_without_rules_spans_follow_the_measured_kernels() -> None:

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
-from tuner.plan.space import parse_fa_rules
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result import upstream_check as uc
 from tuner.result.validate import load_config
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY, too_noisy
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.search import compose as comp
 from tuner.search.confirm import judge
 from tuner.search.screen import summarize_phase
@@ -60,8 +61,9 @@ def test_quiet_h100_screen_still_decides() -> None:
 
 def test_confirm_drops_what_a_noisy_phase_cannot_confirm() -> None:
     rows = [{"phase": "tg", "depth": 32768, "verdict": TOO_NOISY}, {"phase": "pp", "depth": 0, "verdict": "no difference"}]
-    j = judge(["decode/D64/gqa4/kvf16:32768-=TILE"], rows, process_changed=True)
-    assert j["kept"] == [] and "too noisy" in j["dropped"]["decode/D64/gqa4/kvf16:32768-=TILE"]
+    rules = parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE")
+    j = judge(rules, rows, process_changed=True)
+    assert j["kept"] == () and "too noisy" in j["dropped"][rules[0]]
     assert not j["process_ok"] and "ceiling in tg" in j["process_why"]
 
 
