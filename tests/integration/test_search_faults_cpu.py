@@ -105,8 +105,10 @@ def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_coun
             return False
 
         _wait(running, first, log, "a tune trial started")
+        assert first.poll() is None, f"the search ended before the signal:\n{log.read_text()[-3000:]}"
         os.killpg(first.pid, signal.SIGTERM)
-        assert first.wait(timeout=120) == 130
+        rc = first.wait(timeout=120)
+        assert rc == 130, f"exit {rc} after SIGTERM; its output:\n{log.read_text()[-3000:]}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
