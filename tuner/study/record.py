@@ -9,7 +9,7 @@ one record -> frozen resolved options), everything downstream works from one fro
 
 from __future__ import annotations
 
-__all__ = ["SearchOutcome", "StudyHeader", "TrialSummary", "TunedTrial", "load_outcome", "outcome_from_attrs"]
+__all__ = ["SearchOutcome", "StudyHeader", "TrialSummary", "TunedTrial", "load_header", "load_outcome", "outcome_from_attrs"]
 
 import dataclasses
 from collections.abc import Iterable, Mapping
@@ -189,3 +189,8 @@ def load_outcome(study: Any) -> SearchOutcome:
         raise TunerError(f"study {study.study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
                          "command to resume it, then export.")
     return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
+
+
+def load_header(study: Any) -> StudyHeader:
+    """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
+    return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
