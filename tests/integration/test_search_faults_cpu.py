@@ -183,24 +183,25 @@ def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny
 
 
 def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: Path) -> None:
-    """PR.md's reproduce line (written only for GPU rules, so not by a CPU search) and the export's NaN
-    guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
+    """PR.md's reproduce steps (written only for GPU rules, so not by a CPU search) hold no storage URL, and
+    the export's NaN guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
     import shutil
 
     import optuna
 
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
+    from tuner.plan.space import parse_fa_rules
     from tuner.result.pipeline_export import _points, _write_upstream
+    from tuner.study.record import StudyHeader
 
-    secret = "Pw-9f3kq7x"
-    a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "tg": 128,
-         "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
+    h = StudyHeader(name="sm90", arch="sm_90", model="/m/Llama-3.2-1B.gguf", depths=(32768, 49152, 65536), pp=512, tg=128,
+                    device="NVIDIA H100 80GB HBM3", commit=tree_a.commit)
     rows = _crafted_rows()
-    _write_upstream(tmp_path, tree_a, a, [RULE], _points(rows, 512, 128),
-                    f"postgresql+psycopg://tuner:{secret}@db.lan:5432/optuna", "sm90")
+    _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
-    assert "--storage postgresql+psycopg://tuner:***@db.lan:5432/optuna" in pr and secret not in pr
+    # the reproduce steps are stock llama.cpp's and a fresh `tuner search`: no storage URL to leak
+    assert "--storage" not in pr and "postgresql" not in pr and f"git checkout {tree_a.commit}" in pr
 
     db = tmp_path / "study.db"
     shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
