@@ -8,6 +8,7 @@ model at the cheapest settings (two depths, two rounds, TUNER_TRIALS=0 where no 
 
 from __future__ import annotations
 
+import lzma
 import contextlib
 import os
 import signal
@@ -183,15 +184,14 @@ def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny
 
 
 def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: Path) -> None:
-    """PR.md's reproduce steps (written only for GPU rules, so not by a CPU search) hold no storage URL, and
-    the export's NaN guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
-    import shutil
+    """PR.md (written only for GPU rules, so not by a CPU search) names no storage, and the export's NaN
+    guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""
 
     import optuna
 
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
-    from tuner.plan.space import parse_fa_rules
+    from tuner.plan.fa_rules import parse_fa_rules
     from tuner.result.pipeline_export import _points, _write_upstream
     from tuner.study.record import StudyHeader
 
@@ -200,11 +200,13 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     rows = _crafted_rows()
     _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
-    # the reproduce steps are stock llama.cpp's and a fresh `tuner search`: no storage URL to leak
-    assert "--storage" not in pr and "postgresql" not in pr and f"git checkout {tree_a.commit}" in pr
+    # PR.md's reproduce steps are stock llama.cpp's and 'tuner export --study STUDY': they name no storage at all
+    # (a reader has none of the author's databases)
+    assert "--storage" not in pr and "postgresql" not in pr and "tuner export --study STUDY" in pr
+    assert f"git checkout {tree_a.commit}" in pr
 
     db = tmp_path / "study.db"
-    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     rows[2] = {**rows[2], "tuned_ts": float("nan")}  # every call of the final config failed at that depth
     optuna.load_study(study_name="sm90-l1b-v2", storage=storage).set_user_attr(

@@ -23,7 +23,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
-from tuner.plan.space import FaRule
+from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary, load_outcome
@@ -41,7 +41,7 @@ def summary_line(outcome: SearchOutcome) -> str:
         return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
                 "and the export is upstream's selection (report.md shows the gate's numbers).")
     rows = outcome.rows
-    noisy = sorted({_PHASE_WORD.get(r["phase"], r["phase"]) for r in rows if r["verdict"] == TOO_NOISY})
+    noisy = sorted({Phase.from_bench(r["phase"]).value for r in rows if r["verdict"] == TOO_NOISY})
     if noisy and not outcome.rules and not outcome.tuned:
         return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
                 "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
@@ -56,9 +56,6 @@ def summary_line(outcome: SearchOutcome) -> str:
             f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
             f"rules: {', '.join(outcome.rule_texts) or 'none'}"
             + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
-
-
-_PHASE_WORD = {"tg": "decode", "pp": "prefill"}
 
 
 def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
@@ -82,8 +79,8 @@ def noisy_line(outcome: SearchOutcome) -> str:
         return ""
     # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
     # percent (Student-t with 1-2 degrees of freedom), a number that says no more than "over 100%".
-    what = ", ".join(f"{_PHASE_WORD[p]} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
-    return (f"**This machine was too noisy to claim anything in {' and '.join(_PHASE_WORD[p] for p in noisy)}: the A/A "
+    what = ", ".join(f"{Phase.from_bench(p).value} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
+    return (f"**This machine was too noisy to claim anything in {' and '.join(Phase.from_bench(p).value for p in noisy)}: the A/A "
             f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
             "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
             "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
@@ -124,7 +121,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     variant = str(vals.get("variant") or space.variants[0])
     compile_values = compile_values_of(space, vals)
     env, args = runtime_env_and_args(space, vals)
-    rules = outcome.rule_texts
+    rules = outcome.rules
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
@@ -147,7 +144,7 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
 
     h = outcome.header
     study_name = h.name
-    rules = outcome.rule_texts
+    rules = outcome.rules
     write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
     model = Path(h.model)
     ds = ",".join(map(str, outcome.confirm_depths or h.depths))
@@ -161,7 +158,7 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
                    "cpu_mask": mask or None},
         "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
         "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
-                   "bench_args": args, "fa_rules": rules, "dropped_rules": {r.text: why for r, why in outcome.dropped.items()},
+                   "bench_args": args, "fa_rules": rules_texts(rules), "dropped_rules": as_stored(dict(outcome.dropped)),
                    "tune_trial": outcome.tuned.trial if outcome.tuned else None},
         "defines": dict(rv.defines),
         "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
@@ -184,14 +181,14 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
-def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[str], *, model: str, depths: str,
+def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[FaRule], *, model: str, depths: str,
                    args: Sequence[str], mask: str) -> None:
     from tuner.result.export import _server_args
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
     server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *_server_args(args)]
-    env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
+    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
@@ -438,7 +435,6 @@ def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[
     arch = load_arch(h.arch)
     if not rules or arch.vendor == "cpu":
         return
-    parsed = list(rules)
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = _device(h, "unknown GPU")
@@ -447,7 +443,7 @@ def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[
             + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
                f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
                f"A/A noise {best['aa_noise_pct']:.1f}%)" if best else "") + ".")
-    patch = render_upstream_patch(source, parsed, arch, note=note)
+    patch = render_upstream_patch(source, rules, arch, note=note)
     if patch is None:
         return
     (out_dir / "upstream.patch").write_text(patch)
@@ -473,7 +469,7 @@ def pr_body(h: StudyHeader, rules: Sequence[FaRule], points: Sequence[Mapping[st
         phases=sorted({p["phase"] for p in points}), search_depths=h.depths,
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
     models = models_note(model_file=model_file, shape=dict(h.shape), like=origin["like"], synthetic=origin["synthetic"])
-    return render_pr_body(list(rules), arch, gpu=_device(h, "unknown GPU"), model=model_file,
+    return render_pr_body(rules, arch, gpu=_device(h, "unknown GPU"), model=model_file,
                           points=points, commands=commands, source=f"llama.cpp {h.commit}", models=models,
                           noise_ceiling_pct=NOISE_CEILING_PCT)
 

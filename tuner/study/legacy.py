@@ -1,5 +1,5 @@
-"""Studies made by the one-TPE search that came before the pipeline (docs/h100/session2 and session3):
-``tuner export`` still reads them back, no code writes them any more. Their attributes beyond the header
+"""Studies made by the one-TPE search that came before the pipeline (``tests/data/studies/sm90-study.db.xz``
+and its kind): ``tuner export`` still reads them back, no code writes them any more. Their attributes beyond the header
 (:class:`tuner.study.record.StudyHeader`), by name, in one place."""
 
 from __future__ import annotations

@@ -16,15 +16,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.plan.space import FaRule, parse_fa_rules
+from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
 from tuner.study import state as k
 from tuner.study.state import StudyState
-
-
-def _rules(texts: Iterable[str]) -> tuple[FaRule, ...]:
-    """Stored rule texts as FaRules (each stored rule is one entry the parser wrote back, so ``.text``
-    gives the stored text again)."""
-    return tuple(r for t in texts for r in parse_fa_rules(str(t)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,15 +124,15 @@ class SearchOutcome:
     @property
     def rule_texts(self) -> list[str]:
         """The rules as GGML_TUNER_FA_RULES entries."""
-        return [r.text for r in self.rules]
+        return rules_texts(self.rules)
 
     @classmethod
     def from_result(cls, header: StudyHeader, res: Mapping[str, Any], **rest: Any) -> SearchOutcome:
         """The outcome of a stored ``result`` (its JSON as :meth:`result_json` writes it)."""
         tuned = res.get("tuned")
         cd = res.get("confirm_depths")
-        return cls(header=header, rules=_rules(res.get("rules") or ()),
-                   dropped={r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in _rules([text])},
+        return cls(header=header, rules=rules_from_texts(res.get("rules") or ()),
+                   dropped={r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])},
                    tuned=TunedTrial(trial=int(tuned["trial"]), values=dict(tuned.get("values") or {}),
                                     params=dict(tuned.get("params") or {})) if tuned else None,
                    rows=tuple(dict(r) for r in res.get("rows") or ()), attempt=res.get("attempt"),
@@ -149,7 +143,7 @@ class SearchOutcome:
 
     def result_json(self) -> dict[str, Any]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
-        out: dict[str, Any] = {"rules": self.rule_texts, "dropped": {r.text: w for r, w in self.dropped.items()},
+        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped)),
                                "tuned": self.tuned.stored() if self.tuned else None, "rows": [dict(r) for r in self.rows]}
         if self.attempt is not None:
             out["attempt"] = self.attempt

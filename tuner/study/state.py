@@ -5,7 +5,9 @@ confirm rounds and the gates' records; trial attributes for each tune trial), an
 reads it back from the database alone. :class:`StudyState` is the only code that reads or writes
 those attributes: a typed getter and setter per key, the per-phase and per-config key families
 (``screen_done_tg``, ``confirm_done_<config key>_pp``...) spelled once here. The stored JSON is
-exactly what earlier tuner versions wrote (studies in docs/ load unchanged); this is a view on it.
+exactly what earlier tuner versions wrote (the stored studies, e.g. ``results/*/evidence/study.db.xz``, load
+unchanged); this is a view on it. Rules are :class:`tuner.plan.fa_rules.FaRule` values in memory and their
+text in the study (:func:`tuner.plan.fa_rules.as_stored` on every write).
 
 Optuna's own samplers namespace their study keys the same way (``optuna/samplers/_tpe/sampler.py``
 keeps its keys in one module-level table).
@@ -18,6 +20,8 @@ __all__ = ["HEADER_KEYS", "RESUME_CHECKED", "StudyState", "TRIAL_KEYS", "retry_a
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tuner.plan.fa_rules import as_stored
 
 # -- study attributes -------------------------------------------------------------------------------
 # the header: what the study measured (written once, when a search first opens the study)
@@ -41,7 +45,7 @@ RESUME_CHECKED = (ARCH, SOURCE_ID, DEPTHS, PP, TG, CPU_MASK)
 DERIVED_KNOBS = "derived_knobs"  # threads/-ngl legal values on the search's machine (the export resolves them)
 DEVICE = "device"  # the device llama-bench reported
 TOOLCHAIN = "toolchain"  # the first build's compilers
-SEEDED_FROM = "seeded_from"  # a study seeded from another one's rounds (docs/h100/session5); read only
+SEEDED_FROM = "seeded_from"  # a study seeded from another one's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence); read only
 
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id
@@ -104,7 +108,8 @@ class StudyState:
         return self.study.user_attrs.get(key, default)
 
     def _set(self, key: str, value: Any) -> None:
-        self.study.set_user_attr(key, value)
+        # FaRules (a result's rules, its rule-keyed ``dropped``) as their text: the list[str] studies hold
+        self.study.set_user_attr(key, as_stored(value))
 
     def _append(self, key: str, rec: Mapping[str, Any]) -> None:
         self._set(key, [*self._get(key, []), dict(rec)])

@@ -1,38 +1,57 @@
-"""tuner.study's record is a typed view on what the studies in docs/ store: every stored study loads, its
-outcome writes back to the very JSON it was read from, and a record written through StudyState reads back
-equal."""
+"""tuner.study's record is a typed view on what the stored studies hold (each result's
+results/*/evidence/study.db.xz, the earlier states in docs/data/noise-floors/, tests/data/studies/): every
+stored study loads, its outcome writes back to the very JSON it was read from, and a record written through
+StudyState reads back equal."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import lzma
 import re
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import optuna
 import pytest
 
 from tuner.errors import TunerError
-from tuner.plan.space import FaRule
+from tuner.plan.fa_rules import FaRule, parse_fa_rules
 from tuner.study import state as keys
 from tuner.study.record import SearchOutcome, StudyHeader, TunedTrial, load_outcome
 from tuner.study.state import StudyState
 
 REPO = Path(__file__).resolve().parents[3]
+STORED = ("results", "docs/data", "tests/data/studies")
+"""Where the repository keeps study databases, xz-compressed (tools/aa_floors.py reads the same ones)."""
 
 
 def _reexported() -> list[tuple[str, Path]]:
-    """(study, database) of every stored result, as tools/reexport-results.sh exports them."""
+    """(study, compressed database) of every stored result, as tools/reexport-results.sh exports them."""
     text = (REPO / "tools" / "reexport-results.sh").read_text()
-    found = re.findall(r"^export_one \S+ (\S+) (\S+\.db) ", text, flags=re.MULTILINE)
+    found = re.findall(r"^export_one (\S+) (\S+) ", text, flags=re.MULTILINE)
     assert len(found) >= 5, text  # the script's format changed: this test must follow it
-    return [(name, REPO / db) for name, db in found]
+    out = [(name, REPO / "results" / folder / "evidence" / "study.db.xz") for folder, name in found]
+    assert all(xz.is_file() for _, xz in out), out
+    return out
 
 
-def _stored(db: Path) -> list[tuple[str, dict[str, str]]]:
-    """(study, {attribute: its stored JSON text}) of each study in ``db``, read with sqlite3 (not Optuna)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+_TMP = tempfile.TemporaryDirectory(prefix="tuner-test-studies-")
+
+
+@functools.cache
+def _plain(xz: Path) -> Path:
+    """``xz`` decompressed into a temporary file (SQLite reads only a plain file), once per test run."""
+    db = Path(_TMP.name) / f"{len(list(Path(_TMP.name).iterdir()))}-{xz.name.removesuffix('.xz')}"
+    db.write_bytes(lzma.decompress(xz.read_bytes()))
+    return db
+
+
+def _stored(xz: Path) -> list[tuple[str, dict[str, str]]]:
+    """(study, {attribute: its stored JSON text}) of each study in ``xz``, read with sqlite3 (not Optuna)."""
+    con = sqlite3.connect(f"file:{_plain(xz)}?mode=ro", uri=True)
     try:
         out = []
         for sid, name in con.execute("select study_id, study_name from studies"):
@@ -43,16 +62,16 @@ def _stored(db: Path) -> list[tuple[str, dict[str, str]]]:
 
 
 def _finished_pipeline_studies() -> list[tuple[str, Path]]:
-    """Every pipeline study in docs/ that finished its confirm stage (older tuner versions made most)."""
+    """Every stored pipeline study that finished its confirm stage (older tuner versions made most)."""
     out = []
-    for db in sorted((REPO / "docs").rglob("*.db")):
-        out += [(name, db) for name, attrs in _stored(db) if keys.PIPELINE in attrs and keys.RESULT in attrs]
+    for xz in sorted(xz for d in STORED for xz in (REPO / d).rglob("*.db.xz")):
+        out += [(name, xz) for name, attrs in _stored(xz) if keys.PIPELINE in attrs and keys.RESULT in attrs]
     return out
 
 
-def _load(name: str, db: Path) -> optuna.Study:
+def _load(name: str, xz: Path) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{_plain(xz)}")
 
 
 @pytest.mark.parametrize(("name", "db"), _reexported(), ids=lambda x: str(x).rsplit("/", 1)[-1])
@@ -77,8 +96,9 @@ def test_every_reexported_study_loads_with_its_stored_layout(name: str, db: Path
     assert len(out.trials) == len(_load(name, db).get_trials(deepcopy=False))
 
 
-def test_every_finished_study_in_docs_loads() -> None:
-    """Older studies too (docs/h100/session4 on): each result reads back to its stored JSON."""
+def test_every_finished_stored_study_loads() -> None:
+    """Older studies too (the earlier states in docs/data/noise-floors/, tests/data/studies/): each result
+    reads back to its stored JSON."""
     studies = _finished_pipeline_studies()
     assert len(studies) >= len(_reexported())
     for name, db in studies:
@@ -87,7 +107,7 @@ def test_every_finished_study_in_docs_loads() -> None:
 
 
 def test_an_unfinished_study_says_to_resume() -> None:
-    db = REPO / "docs" / "h100" / "session5" / "sm90-l1b-v3.db"  # screened, never confirmed
+    db = REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v3.1.db.xz"  # screened, not yet confirmed
     assert keys.RESULT not in dict(_stored(db))["sm90-l1b-v3"]
     with pytest.raises(TunerError, match="has not finished its confirm stage yet; rerun the same `tuner search`"):
         load_outcome(_load("sm90-l1b-v3", db))
@@ -116,14 +136,12 @@ def test_a_record_written_through_study_state_reads_back_equal(name: str, db: Pa
     study = optuna.create_study(study_name=name)  # in memory
     _write(StudyState(study), before)
     after = load_outcome(study)
-    # a search never writes seeded_from (a docs/ script did) and the fresh study has no trials
+    # a search never writes seeded_from (a one-off script that seeded sm90-l1b-v3 did) and the fresh study has no trials
     assert after == dataclasses.replace(before, header=dataclasses.replace(before.header, seeded_from=None), trials=())
 
 
 def test_a_crafted_outcome_round_trips_with_every_field() -> None:
     """Fields the stored results leave empty (dropped rules, a tuned trial, a pinned mask) round-trip too."""
-    from tuner.plan.space import parse_fa_rules
-
     h = StudyHeader(name="rt", pipeline=2, arch="sm_90", model="/m/x.gguf", shape={"head_dim": 64}, depths=(0, 4096), pp=512,
                     tg=128, source_spec="pypi:x", source_id="s1", commit="abc", era="mma", profile="per-phase",
                     cpu_mask=(0, 1), device="GPU", toolchain={"cc": "gcc"}, derived_knobs={"threads": {"values": [1, 2]}})
