@@ -107,11 +107,11 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
                        study="gated", storage=None, run_dir=tmp_path / "run", variants=("cpu",),
                        fixed={"flash_attn": "on", "ubatch": 512}, min_rounds=3, max_rounds=3, refine=0, confirm_extra=0)
     result = run_pipeline(cfg, measure_factory=_threads_one_is_faster)
-    assert result["tuned"]["values"]["threads"] == 1, result  # confirmed by the fake timing
-    gate = result["gate"]
+    assert result.tuned is not None and result.tuned.values["threads"] == 1, result  # confirmed by the fake timing
+    gate = result.gate
     assert gate["verdict"] == "pass" and [c["name"] for c in gate["checks"]] == ["decode process", "prefill process"]
     # the residency probes ran the real llama-bench -v: one graph split on the CPU backend, everything on the host
-    res = result["residency"]
+    res = result.residency
     assert res["verdict"] == "pass" and "CPU backend" in res["why"]
     assert res["upstream"]["splits_tg"] == res["final"]["splits_tg"] == 1 and not res["final"]["gpu"]
     assert res["final"]["kv_buffers"] and set(res["final"]["kv_buffers"]) == {"CPU"}

@@ -195,15 +195,17 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     from tuner.errors import TunerError
     from tuner.plan.fa_rules import parse_fa_rules
     from tuner.result.pipeline_export import _points, _write_upstream
+    from tuner.study.record import StudyHeader
 
-    secret = "Pw-9f3kq7x"
-    a = {"arch": "sm_90", "model": "/m/Llama-3.2-1B.gguf", "depths": [32768, 49152, 65536], "pp": 512, "tg": 128,
-         "device": "NVIDIA H100 80GB HBM3", "commit": tree_a.commit}
+    h = StudyHeader(name="sm90", arch="sm_90", model="/m/Llama-3.2-1B.gguf", depths=(32768, 49152, 65536), pp=512, tg=128,
+                    device="NVIDIA H100 80GB HBM3", commit=tree_a.commit)
     rows = _crafted_rows()
-    _write_upstream(tmp_path, tree_a, a, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
+    _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
-    # PR.md's reproduce steps name no storage at all (a reader has none of the author's databases)
-    assert "--storage" not in pr and "tuner export --study STUDY" in pr and secret not in pr
+    # PR.md's reproduce steps are stock llama.cpp's and 'tuner export --study STUDY': they name no storage at all
+    # (a reader has none of the author's databases)
+    assert "--storage" not in pr and "postgresql" not in pr and "tuner export --study STUDY" in pr
+    assert f"git checkout {tree_a.commit}" in pr
 
     db = tmp_path / "study.db"
     db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))

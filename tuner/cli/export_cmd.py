@@ -31,10 +31,11 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
     from tuner.result.export import check_out_dir, write_result
     from tuner.result.pipeline_export import export_pipeline
     from tuner.search.winner import load_finished_study
+    from tuner.study.state import StudyState
 
     check_out_dir(out_dir)  # before any work: refusing after minutes of rendering would waste them
     try:
-        pipeline = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("pipeline")
+        pipeline = StudyState(optuna.load_study(study_name=study_name, storage=storage)).pipeline
     except KeyError:
         pipeline = None  # load_finished_study names the studies that exist
     if pipeline:  # screen -> compose -> tune -> confirm: the confirmed result is in the study itself

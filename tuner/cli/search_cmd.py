@@ -223,7 +223,7 @@ def _search_and_export(cfg: object, out: Path, shown: str) -> None:
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
 
-    def export(result: dict) -> None:  # inside the run dir's lock: no second search exports here meanwhile
+    def export(result: object) -> None:  # inside the run dir's lock: no second search exports here meanwhile
         log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
         export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
         log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")

@@ -35,6 +35,8 @@ from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.space import RULE_KINDS
+from tuner.study import legacy
+from tuner.study.record import StudyHeader, load_header
 
 SCHEMA_VERSION = 1
 
@@ -164,7 +166,7 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
 
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
     study_name = study.study_name
-    a = study.user_attrs
+    h = load_header(study)
     vals = dict(w.values)
     variant = vals.get("variant") or space.variants[0]
     compile_values = compile_values_of(space, vals)
@@ -172,7 +174,7 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     baked = baked_runtime(w.rules, fa_env)
-    rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked)
+    rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
         _write_result(finished, tmp, rv, variant=variant, compile_values=compile_values, run_env=run_env, fa_env=fa_env,
                       args=args, like=like, weight_type=weight_type)
@@ -186,17 +188,17 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
     import tomli_w
 
     study, source, w = finished.study, finished.source, finished.winner
-    a = study.user_attrs
-    write_build_files(out_dir, rv, preset_name=f"tuned-{a['arch'].replace('_', '')}")
-    model = Path(a["model"])
-    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, a["depths"])), *args]
+    h = load_header(study)
+    write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
+    model = Path(h.model)
+    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *args]
     server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
         + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
     )
-    trial0 = next((t for t in study.trials if t.user_attrs.get("build_id")), None)
+    trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
     g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
     measured = _measured(study)
     config = {
@@ -212,12 +214,12 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
             "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True)),
         },
         "target": {
-            "arch": a["arch"],
+            "arch": h.arch,
             "measured_on": _device_name(study),
             "measured_arch": measured[0],
-            "toolchain": (g_trial.user_attrs.get("toolchain") if g_trial else None) or _toolchain_of(study),
+            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or _toolchain_of(study),
         },
-        "model": {"file": model.name, "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
+        "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
         "choice": {
             "variant": variant,
             "global_config": w.global_config,
@@ -229,11 +231,11 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
         },
         "defines": dict(rv.defines),
         "buckets": list(w.buckets),
-        "gate": (g_trial.user_attrs.get("gate") if g_trial else None) or {"status": "unknown"},
-        "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": a.get("profile")},
+        "gate": (legacy.trial_attr(g_trial, "gate") if g_trial else None) or {"status": "unknown"},
+        "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study.study_name))))
-    _write_report(finished, out_dir, measured, like=like or a.get("like"), weight_type=weight_type or a.get("weight_type"),
+    _write_report(finished, out_dir, measured, like=like or legacy.study_attr(study, "like"), weight_type=weight_type or legacy.study_attr(study, "weight_type"),
                   no_patch=not rv.patch)
 
 
@@ -274,14 +276,15 @@ def _server_args(args: list[str]) -> list[str]:
 
 def _device_name(study: Any) -> str:
     for t in study.trials:
-        d = t.user_attrs.get("device")
+        d = legacy.trial_attr(t, "device")
         if d:
             return str(d)
-    return str(study.user_attrs.get("device", "unknown"))
+    d = load_header(study).device
+    return str(d) if d is not None else "unknown"
 
 
 def _toolchain_of(study: Any) -> dict[str, str]:
-    return dict(study.user_attrs.get("toolchain", {}))
+    return dict(load_header(study).toolchain)
 
 
 def _tomlable(x: Any) -> Any:
@@ -301,16 +304,16 @@ def _measured(study: Any) -> tuple[str, str | None]:
     from tuner.targets.archs import find_product
 
     found = find_product(_device_name(study))
-    return found if found else (str(study.user_attrs["arch"]), None)
+    return found if found else (str(load_header(study).arch), None)
 
 
-def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | None,
+def _roofline_for(h: StudyHeader, like: str | None, weight_type: str | None,
                   measured: tuple[str, str | None] | None = None) -> Any:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
     from tuner.targets.models import load_model_shape
     from tuner.targets.roofline import estimate
 
-    model: Any = Path(a["model"])
+    model: Any = Path(h.model)
     kw: dict[str, Any] = {}
     if not model.is_file():
         if not like:
@@ -318,8 +321,8 @@ def _roofline_for(a: Mapping[str, Any], like: str | None, weight_type: str | Non
         model = load_model_shape(like)
         kw["weight_type"] = weight_type or "f16"
     try:
-        arch, product = measured or (a["arch"], None)
-        rows = estimate(arch, model, tuple(a["depths"]), pp=a["pp"], tg=a["tg"], product=product, **kw)
+        arch, product = measured or (h.arch, None)
+        rows = estimate(arch, model, tuple(h.depths), pp=h.pp, tg=h.tg, product=product, **kw)
     except TunerError:
         return None  # e.g. cpu: no bandwidth known for an arbitrary host
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
@@ -334,8 +337,8 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
 
     study, w = finished.study, finished.winner
     results, base = finished.results, finished.base
-    a = study.user_attrs
-    roof = _roofline_for(a, like, weight_type, measured) or {}
+    h = load_header(study)
+    roof = _roofline_for(h, like, weight_type, measured) or {}
     rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
     sel_rows = []
     for b in w.buckets:
@@ -343,7 +346,7 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
         for d in b["depths"]:
             for label, cfg in (("baseline", base), ("tuned", b["config"])):
                 m = results[cfg][(ph, d)]
-                r = _row(label, ph, d, m.samples, a)
+                r = _row(label, ph, d, m.samples, h)
                 bound = roof.get((ph, d))
                 if bound:
                     r["roofline_tps"] = float(bound)
@@ -356,10 +359,10 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
     frames = {k: pd.DataFrame(v) for k, v in rows.items()}
     md = render_report(frames, baseline="baseline")
     header = (
-        f"# tuner result: {a['arch']} / {Path(a['model']).name}\n\n"
-        f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
+        f"# tuner result: {h.arch} / {Path(h.model).name}\n\n"
+        f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{study.study_name}`, "
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
-        + (_ptx_jit_note(a, measured, like, weight_type) if measured[0] != a["arch"] else "")
+        + (_ptx_jit_note(h, measured, like, weight_type) if measured[0] != h.arch else "")
         + f"FlashAttention rules: {', '.join(rules_texts(w.rules)) or 'upstream selection'}.\n\n"
         + (NO_PATCH_NOTE + "\n\n" if no_patch else "")
     )
@@ -375,22 +378,22 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
     plot_depth(frames, out_dir / "depth.png")
 
 
-def _ptx_jit_note(a: Mapping[str, Any], measured: tuple[str, str | None], like: str | None,
+def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | None,
                   weight_type: str | None) -> str:
     """What a result measured through --ptx-jit says, and does not say, about a real target card."""
     from tuner.targets.archs import load_arch
 
-    target = load_arch(a["arch"])
+    target = load_arch(h.arch)
     prod = target.products[0] if target.products else None
     note = (
-        f"**{a['arch']} code, measured on the {measured[0]} GPU named above** ({a['arch']} kernels built as PTX and "
-        f"JIT-compiled for it): kernel legality and device code are {a['arch']}'s; speeds, clocks, bandwidth and "
-        f"roofline % are the {measured[0]} GPU's ({measured[1]}), not an {a['arch']} card's. Host-side code sees "
-        f"the {measured[0]} GPU's compute capability, so branches that single out {a['arch']} take the "
+        f"**{h.arch} code, measured on the {measured[0]} GPU named above** ({h.arch} kernels built as PTX and "
+        f"JIT-compiled for it): kernel legality and device code are {h.arch}'s; speeds, clocks, bandwidth and "
+        f"roofline % are the {measured[0]} GPU's ({measured[1]}), not an {h.arch} card's. Host-side code sees "
+        f"the {measured[0]} GPU's compute capability, so branches that single out {h.arch} take the "
         f"{measured[0]} path. Which candidate wins can differ on a real card; rerun the search there.\n\n"
     )
-    roof = _roofline_for(a, like, weight_type, (target.name, prod.name if prod else None)) or {}
-    tg = [(d, roof[("tg", d)]) for d in a["depths"] if roof.get(("tg", d))]
+    roof = _roofline_for(h, like, weight_type, (target.name, prod.name if prod else None)) or {}
+    tg = [(d, roof[("tg", d)]) for d in h.depths if roof.get(("tg", d))]
     if prod and tg:
         bounds = ", ".join(f"d{d} {b:.0f}" for d, b in tg)
         note += (f"For scale, the decode roofline of a {prod.name} ({prod.bandwidth_gbps:g} GB/s) is {bounds} t/s "
@@ -404,8 +407,8 @@ def _trials_section(study: Any, base: Any | None) -> str:
     ref = dict(base.params) if base else {}
     rows = []
     for t in study.trials:
-        status = str(t.user_attrs.get("status") or t.state.name.lower())
-        ratios = t.user_attrs.get("ratios") or {}
+        status = str(legacy.trial_attr(t, "status") or t.state.name.lower())
+        ratios = legacy.trial_attr(t, "ratios") or {}
         if status == "pruned" and ratios:
             last = list(ratios)[-1]  # the Wilcoxon pruner stops on per-point ratios
             score = f"{ratios[last]:.3f}x at {last} ({len(ratios)} points)"
@@ -413,8 +416,8 @@ def _trials_section(study: Any, base: Any | None) -> str:
             score = f"{t.value:.3f}x" if t.value is not None else "-"
         changed = [f"{k}={v}" for k, v in sorted(t.params.items()) if k in ref and ref[k] != v]
         note = "upstream defaults" if base is not None and t.number == base.number else ", ".join(changed) or "-"
-        if status not in ("ok", "pruned") and t.user_attrs.get("reason"):
-            note += f" ({str(t.user_attrs['reason'])[:90]})"
+        if status not in ("ok", "pruned") and legacy.trial_attr(t, "reason"):
+            note += f" ({str(legacy.trial_attr(t, 'reason'))[:90]})"
         rows.append([f"trial{t.number}", status, score, note])
     return (
         "\n## Trials\n\nscore: candidate/baseline t/s, the search's objective (weighted geometric mean over all "
@@ -424,20 +427,20 @@ def _trials_section(study: Any, base: Any | None) -> str:
     )
 
 
-def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], a: Mapping[str, Any]) -> dict[str, Any]:
+def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader) -> dict[str, Any]:
     from tuner.measure.stats import bootstrap_median_ci
 
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
-    n_tok = a["pp"] if phase == "pp" else a["tg"]
+    n_tok = h.pp if phase == "pp" else h.tg
     from tuner.measure.bench import COLUMNS
 
     row: dict[str, Any] = {c: math.nan for c in COLUMNS}
     from tuner.targets.archs import load_arch
 
-    row.update({"build_commit": a.get("commit") or "", "backends": load_arch(a["arch"]).backend, "gpu_info": "", "status": "ok",
-                "model_filename": Path(a["model"]).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
+    row.update({"build_commit": h.commit or "", "backends": load_arch(h.arch).backend, "gpu_info": "", "status": "ok",
+                "model_filename": Path(h.model).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
     return row | {
         "label": label,
         "test": f"{phase}{n_tok}",

@@ -23,25 +23,26 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
-from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts, rules_texts
+from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
+from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary, load_outcome
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
 test-backend-ops record that schema 2 called ``[gate]``."""
 
 
-def summary_line(result: Mapping[str, Any]) -> str:
+def summary_line(outcome: SearchOutcome) -> str:
     """One line on what the search found."""
-    gate = result.get("gate") or {}
+    gate = outcome.gate or {}
     if gate.get("rejected"):
         bad = [c["name"] for c in gate["rejected"]["gate"].get("checks", []) if not c.get("passed")]
         return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
                 "and the export is upstream's selection (report.md shows the gate's numbers).")
-    rows = result.get("rows", [])
+    rows = outcome.rows
     noisy = sorted({Phase.from_bench(r["phase"]).value for r in rows if r["verdict"] == TOO_NOISY})
-    if noisy and not result.get("rules") and not result.get("tuned"):
+    if noisy and not outcome.rules and not outcome.tuned:
         return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
                 "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
                 "says what to do.")
@@ -53,27 +54,27 @@ def summary_line(result: Mapping[str, Any]) -> str:
     best = max(faster, key=lambda r: r["speedup"])
     return (f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
             f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
-            f"rules: {', '.join(result.get('rules', [])) or 'none'}"
+            f"rules: {', '.join(outcome.rule_texts) or 'none'}"
             + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
 
 
-def noisy_phases(a: Mapping[str, Any]) -> dict[str, float]:
+def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
     """Phases whose A/A noise is above the ceiling (:func:`tuner.measure.paired.too_noisy`): the screen's
     per-depth A/A noise, or a confirm row judged ``too noisy``; phase -> the median noise, percent."""
     import statistics
 
     out = {}
     for ph in ("tg", "pp"):
-        ns = [float(c["noise_pct"]) for c in a.get(f"screen_{ph}", {}).values() if c.get("noise_pct") is not None]
-        rows = [r for r in (a.get("result") or {}).get("rows", []) if r["phase"] == ph]
+        ns = [float(c["noise_pct"]) for c in outcome.screens.get(ph, {}).values() if c.get("noise_pct") is not None]
+        rows = [r for r in outcome.rows if r["phase"] == ph]
         if too_noisy(ns) or any(r["verdict"] == TOO_NOISY for r in rows):
             out[ph] = statistics.median(ns or [float(r["aa_noise_pct"]) for r in rows])
     return out
 
 
-def noisy_line(a: Mapping[str, Any]) -> str:
+def noisy_line(outcome: SearchOutcome) -> str:
     """report.md's first line when the machine was too noisy for the search to claim anything, else ``""``."""
-    noisy = noisy_phases(a)
+    noisy = noisy_phases(outcome)
     if not noisy:
         return ""
     # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
@@ -83,7 +84,7 @@ def noisy_line(a: Mapping[str, Any]) -> str:
             f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
             "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
             "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
-            + ("" if a.get("arch") == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
+            + ("" if outcome.header.arch == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
             "where a decision is open.")
 
 
@@ -106,80 +107,77 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
-    a = study.user_attrs
-    res = a.get("result")
-    if not res:
-        raise TunerError(f"study {study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
-                         "command to resume it, then export.")
-    require_finite(res, f"study {study_name!r}'s result")  # a NaN t/s (every llama-bench call failed) is never exported
-    gate = _checked_gate(study_name, res)
-    source = fetch_source(a["source_spec"])
-    if source.source_id != a["source_id"]:
-        raise TunerError(f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+    outcome = load_outcome(study)  # TunerError before the confirm stage finished
+    h = outcome.header
+    # a NaN t/s (every llama-bench call failed) is never exported
+    require_finite(outcome.result_json(), f"study {study_name!r}'s result")
+    gate = _checked_gate(study_name, outcome)
+    source = fetch_source(h.source_spec)
+    if source.source_id != h.source_id:
+        raise TunerError(f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
                          f"{source.source_id}. Export needs the exact tree the numbers came from.")
-    space = resolve_space(load_space(a["arch"], a["era"]), a.get("derived_knobs", {}))
-    tuned = res.get("tuned") or {}
-    vals = dict(tuned.get("values", {}))
+    space = resolve_space(load_space(h.arch, h.era), dict(h.derived_knobs))
+    vals = dict(outcome.tuned.values) if outcome.tuned else {}
     variant = str(vals.get("variant") or space.variants[0])
     compile_values = compile_values_of(space, vals)
     env, args = runtime_env_and_args(space, vals)
-    rules = rules_from_texts(res.get("rules", []))
+    rules = outcome.rules
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
+    rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
     with staged_export(out_dir) as tmp:
-        _write_pipeline(tmp, study, storage, source, rv, gate, variant=variant, compile_values=compile_values, run_env=run_env,
-                        fa_env=fa_env, args=args, rules=rules, like=like, weight_type=weight_type)
+        _write_pipeline(tmp, outcome, study, storage, source, rv, gate, variant=variant, compile_values=compile_values,
+                        run_env=run_env, fa_env=fa_env, args=args, like=like, weight_type=weight_type)
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
-def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: Any, gate: Mapping[str, Any], *, variant: str,
-                    compile_values: Mapping[str, int], run_env: Mapping[str, str], fa_env: Mapping[str, str],
-                    args: list[str], rules: Sequence[FaRule], like: str | None = None, weight_type: str | None = None) -> None:
-    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
+def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: str, source: Any, rv: Any,
+                    gate: Mapping[str, Any], *, variant: str, compile_values: Mapping[str, int], run_env: Mapping[str, str],
+                    fa_env: Mapping[str, str], args: list[str], like: str | None = None, weight_type: str | None = None) -> None:
+    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`); ``study``, the
+    Optuna study, only for its trials' parameter importances."""
     import tomli_w
 
     from tuner.result.export import NO_PATCH_NOTE, _sha, _tomlable, portable_paths, write_build_files
     from tuner.targets.host import mask_text
 
-    study_name = study.study_name
-    a = study.user_attrs
-    res = a["result"]
-    tuned = res.get("tuned") or {}
-    write_build_files(out_dir, rv, preset_name=f"tuned-{a['arch'].replace('_', '')}")
-    model = Path(a["model"])
-    ds = ",".join(map(str, res.get("confirm_depths") or a["depths"]))
-    mask = mask_text(a.get("cpu_mask") or [])
+    h = outcome.header
+    study_name = h.name
+    rules = outcome.rules
+    write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
+    model = Path(h.model)
+    ds = ",".join(map(str, outcome.confirm_depths or h.depths))
+    mask = mask_text(h.cpu_mask or [])
     _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
     config = {
         "schema": SCHEMA_VERSION,
         "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
         "hashes": {"patch_sha256": _sha(rv.patch), "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True))},
-        "target": {"arch": a["arch"], "measured_on": str(a.get("device", "unknown")), "toolchain": dict(a.get("toolchain", {})),
+        "target": {"arch": h.arch, "measured_on": _device(h, "unknown"), "toolchain": dict(h.toolchain),
                    "cpu_mask": mask or None},
-        "model": {"file": model.name, "shape": dict(a.get("shape", {})), "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
+        "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
         "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
-                   "bench_args": args, "fa_rules": rules_texts(rules), "dropped_rules": dict(res.get("dropped", {})),
-                   "tune_trial": tuned.get("trial")},
+                   "bench_args": args, "fa_rules": rules_texts(rules), "dropped_rules": as_stored(dict(outcome.dropped)),
+                   "tune_trial": outcome.tuned.trial if outcome.tuned else None},
         "defines": dict(rv.defines),
         "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
-                   for r in res.get("rows", [])],
+                   for r in outcome.rows],
         "gate": gate_table(gate),
-        **({"residency": residency_table(res["residency"])} if res.get("residency") else {}),
-        "op_check": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
-        "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
+        **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
+        "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
+        "study": {"name": study_name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study_name))))
-    points = _points(res.get("rows", []), a["pp"], a["tg"])
-    _write_upstream(out_dir, source, a, rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
+    points = _points(outcome.rows, h.pp, h.tg)
+    _write_upstream(out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
     if points:
         from tuner.result.report import plot_speedup
 
-        plot_speedup(points, out_dir / "speedup.png", title=f"{a['arch']} {model.name}: final vs upstream (confirm)",
+        plot_speedup(points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)",
                      rules=rules)
-    _write_pareto(out_dir / "pareto_decode.png", a, res, title=f"{a['arch']} {model.name}: decode t/s vs CPU%")
-    report = report_text(study, storage=storage, gate=config["gate"], residency=config.get("residency"))
+    _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
+    report = report_text(outcome, study=study, storage=storage, gate=config["gate"], residency=config.get("residency"))
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
@@ -199,16 +197,21 @@ def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[Fa
     )
 
 
-def _checked_gate(study_name: str, res: Mapping[str, Any]) -> dict[str, Any]:
+def _device(h: StudyHeader, unknown: str) -> str:
+    """The measured device's name; ``unknown`` when the study did not record it."""
+    return str(h.device) if h.device is not None else unknown
+
+
+def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
     """The result's output-equivalence gate record; UsageError for a final config that failed or never ran it."""
-    gate = res.get("gate")
-    changed = bool(res.get("rules")) or bool(res.get("tuned"))
+    gate = outcome.gate
+    changed = bool(outcome.rules) or bool(outcome.tuned)
     if gate is None and not changed:
         return {"verdict": "not needed", "checks": [],
                 "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's"}
     if gate is None:
         raise UsageError(
-            f"study {study_name!r} confirmed a config that differs from upstream ({', '.join(res.get('rules', [])) or 'tuned knobs'}) "
+            f"study {study_name!r} confirmed a config that differs from upstream ({', '.join(outcome.rule_texts) or 'tuned knobs'}) "
             "but has no output-equivalence gate record: it finished before `tuner search` ran the gate. Rerun the same "
             "`tuner search` command (it resumes and runs only the gate), then export.")
     if gate.get("verdict") not in ("pass", "not needed"):
@@ -385,14 +388,14 @@ def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[st
 _SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)-s\d+-[0-9a-f]{8}$")
 
 
-def model_origin(a: Mapping[str, Any], like: str | None = None, weight_type: str | None = None) -> dict[str, Any]:
+def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> dict[str, Any]:
     """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown).
 
     In order: the GGUF itself when it is on this machine (``tuner model synth`` names its models
     ``tuner-random-<shape>``); ``like`` given to the export (the study's model was ``tuner model synth
     --like LIKE``); the name ``synth_cached`` gives its files; else only the shape is matched against
     ``tuner/data/models.toml`` and whether the weights were random is unknown."""
-    path = Path(str(a.get("model", "")))
+    path = Path(str(h.model if h.model is not None else ""))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
         from tuner.targets.models import _read_gguf
@@ -413,14 +416,14 @@ def model_origin(a: Mapping[str, Any], like: str | None = None, weight_type: str
                 "synthetic": True}
     from tuner.targets.models import load_models
 
-    shape = a.get("shape", {})
+    shape = h.shape
     match = [n for n, sh in load_models().items()
              if shape and sh.head_dim == shape.get("head_dim") and sh.n_layers == shape.get("n_layers")
              and sh.n_kv_heads == shape.get("n_kv_heads") and sh.n_heads == shape.get("n_heads")]
     return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
 
 
-def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Sequence[FaRule],
+def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[FaRule],
                     points: Sequence[Mapping[str, Any]], *, defines: Mapping[str, str], like: str | None = None,
                     weight_type: str | None = None) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
@@ -429,13 +432,13 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
 
     for stale in ("upstream.patch", "PR.md"):
         (out_dir / stale).unlink(missing_ok=True)
-    arch = load_arch(a["arch"])
+    arch = load_arch(h.arch)
     if not rules or arch.vendor == "cpu":
         return
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
-    gpu = str(a.get("device", "unknown GPU"))
-    model_file = Path(a["model"]).name
+    gpu = _device(h, "unknown GPU")
+    model_file = Path(h.model).name
     note = (f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
             + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
                f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
@@ -444,30 +447,30 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
     if patch is None:
         return
     (out_dir / "upstream.patch").write_text(patch)
-    (out_dir / "PR.md").write_text(pr_body(a, rules, points, defines=defines, like=like, weight_type=weight_type))
+    (out_dir / "PR.md").write_text(pr_body(h, rules, points, defines=defines, like=like, weight_type=weight_type))
 
 
-def pr_body(a: Mapping[str, Any], rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]], *,
+def pr_body(h: StudyHeader, rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]], *,
             defines: Mapping[str, str], like: str | None = None, weight_type: str | None = None) -> str:
-    """``PR.md`` of a pipeline result: ``a`` holds the study's ``arch``, ``device``, ``model``, ``commit``,
-    ``pp``, ``tg``, ``shape`` (and ``cpu_mask``), ``points`` the confirmed rows as :func:`_points` makes them."""
+    """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
+    confirmed rows as :func:`_points` makes them."""
     from tuner.measure.paired import NOISE_CEILING_PCT
     from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
     from tuner.targets.archs import load_arch
 
-    arch = load_arch(a["arch"])
-    model_file = Path(a["model"]).name
-    origin = model_origin(a, like, weight_type)
-    mask = a.get("cpu_mask") or []
+    arch = load_arch(h.arch)
+    model_file = Path(h.model).name
+    origin = model_origin(h, like, weight_type)
+    mask = h.cpu_mask or []
     commands = reproduce_commands(
-        commit=a.get("commit"), arch=arch, defines=defines, model_file=model_file,
+        commit=h.commit, arch=arch, defines=defines, model_file=model_file,
         like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
-        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=a["pp"], tg=a["tg"],
-        phases=sorted({p["phase"] for p in points}), search_depths=a.get("depths") or (),
+        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=h.pp, tg=h.tg,
+        phases=sorted({p["phase"] for p in points}), search_depths=h.depths,
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
-    models = models_note(model_file=model_file, shape=a.get("shape", {}), like=origin["like"], synthetic=origin["synthetic"])
-    return render_pr_body(rules, arch, gpu=str(a.get("device", "unknown GPU")), model=model_file,
-                          points=points, commands=commands, source=f"llama.cpp {a.get('commit')}", models=models,
+    models = models_note(model_file=model_file, shape=dict(h.shape), like=origin["like"], synthetic=origin["synthetic"])
+    return render_pr_body(rules, arch, gpu=_device(h, "unknown GPU"), model=model_file,
+                          points=points, commands=commands, source=f"llama.cpp {h.commit}", models=models,
                           noise_ceiling_pct=NOISE_CEILING_PCT)
 
 
@@ -477,15 +480,15 @@ def _mask_text(mask: Sequence[int]) -> str:
     return str(mask_text(mask))
 
 
-def pareto_points(a: Mapping[str, Any], res: Mapping[str, Any]) -> list[dict[str, Any]]:
+def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
     """Decode (config, depth) points with t/s and CPU% for :func:`tuner.result.plots.plot_pareto`: every
     screened candidate (median over its rounds) and both sides of every confirmed point. Empty when
     the study measured no CPU% (recorded before it did)."""
     out = []
-    for d, c in a.get("screen_tg", {}).items():
+    for d, c in outcome.screens.get("tg", {}).items():
         for name, lv in c.get("levels", {}).items():
             out.append({"config": name, "depth": int(d), "ts": lv.get("ts"), "cpu": lv.get("cpu"), "stage": "screen"})
-    for r in res.get("rows", []):
+    for r in outcome.rows:
         if r["phase"] == "tg":
             out += [{"config": "upstream", "depth": r["depth"], "ts": r.get("base_ts"), "cpu": r.get("base_cpu"), "stage": "confirm"},
                     {"config": "final", "depth": r["depth"], "ts": r.get("tuned_ts"), "cpu": r.get("tuned_cpu"), "stage": "confirm"}]
@@ -500,28 +503,28 @@ def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
     return lo > n or hi < -n
 
 
-def pareto_differs(a: Mapping[str, Any], res: Mapping[str, Any]) -> bool:
+def pareto_differs(outcome: SearchOutcome) -> bool:
     """Whether any decode config differs from upstream beyond the noise, in t/s (a faster/slower/CPU-rejected
     verdict: the A/A noise) or in CPU% (the CPU Δ's CI beyond the A/A pair's CPU noise), in the screen or
     the confirm. Otherwise a t/s-vs-CPU% front would only order points inside the noise."""
     moved = ("faster", "slower", CPU_REJECTED)
-    for c in a.get("screen_tg", {}).values():
+    for c in outcome.screens.get("tg", {}).values():
         for e in c.get("effects", {}).values():
             cpu = e.get("cpu") or {}
             if e.get("verdict") in moved or _beyond(cpu.get("ci_low"), cpu.get("ci_high"), c.get("cpu_noise")):
                 return True
-    for r in res.get("rows", []):
+    for r in outcome.rows:
         if r["phase"] == "tg" and (r.get("verdict") in moved
                                    or _beyond(r.get("cpu_ci_low"), r.get("cpu_ci_high"), r.get("cpu_noise"))):
             return True
     return False
 
 
-def _write_pareto(png: Path, a: Mapping[str, Any], res: Mapping[str, Any], *, title: str) -> None:
+def _write_pareto(png: Path, outcome: SearchOutcome, *, title: str) -> None:
     """The decode Pareto plot where the study measured CPU% and some config differs beyond the noise."""
     png.unlink(missing_ok=True)
-    pts = pareto_points(a, res)
-    if pts and pareto_differs(a, res):
+    pts = pareto_points(outcome)
+    if pts and pareto_differs(outcome):
         from tuner.result.plots import plot_pareto
 
         plot_pareto(pts, png, title=title)
@@ -559,32 +562,32 @@ def _ci(lo: float, hi: float) -> str:
     return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
 
 
-def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, Any] | None = None,
-                residency: Mapping[str, Any] | None = None) -> str:
+def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | None = None,
+                gate: Mapping[str, Any] | None = None, residency: Mapping[str, Any] | None = None) -> str:
     """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
-    ``[residency]`` (their sections follow the points)."""
+    ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
+    parameter importances (left out: no importances)."""
     from tuner.result.report import compare_table, dashboard_command, importances_section
 
     from tuner.result.tables import method_paragraph
 
-    a = study.user_attrs
-    res = a.get("result", {})
-    pp, tg = a["pp"], a["tg"]
-    model = Path(a["model"]).name
-    shape = a.get("shape", {})
-    rows = res.get("rows", [])
-    noisy = noisy_line(a)
-    out = ([noisy + "\n\n"] if noisy else []) + [f"# tuner result: {a['arch']} / {model}\n\n",
-           f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`; "
-           f"measured on {a.get('device', 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
+    h = outcome.header
+    pp, tg = h.pp, h.tg
+    model = Path(h.model).name
+    shape = h.shape
+    rows = outcome.rows
+    noisy = noisy_line(outcome)
+    out = ([noisy + "\n\n"] if noisy else []) + [f"# tuner result: {h.arch} / {model}\n\n",
+           f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{h.name}`; "
+           f"measured on {_device(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
            f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
-           f"FlashAttention rules (confirmed): {', '.join(res.get('rules', [])) or 'none: upstream selection'}.\n"]
-    if res.get("dropped"):
-        out.append("Dropped after confirm: " + "; ".join(f"`{r}` ({w})" for r, w in res["dropped"].items()) + ".\n")
-    tuned = res.get("tuned")
-    out.append(f"Process-wide / compile-time knobs: {tuned['params'] if tuned else 'upstream defaults'}.\n")
-    if res.get("upstream_phases"):
-        out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(res['upstream_phases'])}.\n")
+           f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n"]
+    if outcome.dropped:
+        out.append("Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n")
+    tuned = outcome.tuned
+    out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
+    if outcome.upstream_phases:
+        out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(outcome.upstream_phases)}.\n")
     out.append("\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
                + method_paragraph("paired rounds", rounds=[int(r.get("rounds") or 0) for r in rows],
                                   ceiling_pct=NOISE_CEILING_PCT,
@@ -612,32 +615,32 @@ def report_text(study: Any, *, storage: str | None = None, gate: Mapping[str, An
         out.append("\n\n" + gate_section(gate))
     if residency:
         out.append("\n\n" + residency_section(residency))
-    out.append(_screen_section(a))
-    comp = a.get("compose", {})
+    out.append(_screen_section(outcome))
+    comp = outcome.compose
     if comp.get("decisions"):
         out.append("## Composed (before confirm)\n\n" + log.table(
             ["phase", "depth", "upstream", "winner", "why"],
             [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
-    out.append(_trials(study))
-    if study.get_trials(deepcopy=False):  # the tune stage's two objectives, one table each
+    out.append(_trials(outcome.trials))
+    if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
             out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
-    secs = a.get("stage_seconds", {})
+    secs = outcome.stage_seconds
     if secs:
         out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
 
 
-def _screen_section(a: Mapping[str, Any]) -> str:
+def _screen_section(outcome: SearchOutcome) -> str:
     """report.md's kernel-screen tables, one per phase."""
     out = ["\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n"]
     # A study screened before compose.judge_phase stored each cell judged by its own A/A noise only; its
     # decisions hold the bar compose used, so such a cell is shown judged by that bar as well.
-    bars = {(x["phase"], str(x["depth"])): x.get("noise_pct") for x in a.get("compose", {}).get("decisions", [])}
+    bars = {(x["phase"], str(x["depth"])): x.get("noise_pct") for x in outcome.compose.get("decisions", [])}
     for phase in ("tg", "pp"):
-        cells = {d: _judged_cell(c, bars.get((phase, str(d)))) for d, c in a.get(f"screen_{phase}", {}).items()}
+        cells = {d: _judged_cell(c, bars.get((phase, str(d)))) for d, c in outcome.screens.get(phase, {}).items()}
         srows = []
         for d in sorted(cells, key=int):
             c = cells[d]
@@ -673,16 +676,16 @@ def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 
 
-def _trials(study: Any) -> str:
+def _trials(trials: Sequence[TrialSummary]) -> str:
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        status = str(t.user_attrs.get("status") or t.state.name.lower())
-        vals = t.values or []
+    for t in trials:
+        status = t.status
+        vals = t.objectives
         score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
         note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        if status != "ok" and t.user_attrs.get("reason"):
-            note += f" ({str(t.user_attrs['reason'])[:90]})"
-        rows.append([f"trial{t.number}", status, score, ", ".join(t.user_attrs.get("phases", [])) or "-", note or "-"])
+        if status != "ok" and t.reason:
+            note += f" ({str(t.reason)[:90]})"
+        rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
     return ("## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"

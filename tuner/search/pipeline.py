@@ -23,7 +23,7 @@ from typing import Any
 from tuner import log
 from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
-from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_from_texts, rules_texts
+from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts, rules_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
 from tuner.search import compose as comp
@@ -33,13 +33,15 @@ from tuner.search import tune as tn
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.search.screen import (AA_NAME, UPSTREAM, AllCallsFailed, BudgetReached, Candidate, candidates_for, phase_stops,
                                  run_joint_rounds, run_phase_rounds, summarize_phase)
+from tuner.study.record import SearchOutcome, load_outcome
+from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
 
 PIPELINE_VERSION = 2
 PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
 
 
 @contextlib.contextmanager
-def _timed(st: "_State", stage: str) -> Any:
+def _timed(st: StudyState, stage: str) -> Any:
     """Wall time per stage, recorded even when the budget stops the stage (resumed calls add up)."""
     t0 = time.monotonic()
     try:
@@ -75,33 +77,12 @@ def plan_text(*, phases: Sequence[str], depths: Sequence[int], n_cands: Mapping[
     )
 
 
-class _State:
-    """The study's user attributes as the pipeline's resumable state."""
-
-    def __init__(self, study: Any) -> None:
-        self.study = study
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.study.user_attrs.get(key, default)
-
-    def set(self, key: str, value: Any) -> None:
-        self.study.set_user_attr(key, as_stored(value))  # rules as their text: the list[str] studies hold
-
-    def append(self, key: str, rec: Mapping[str, Any]) -> None:
-        self.set(key, [*self.get(key, []), dict(rec)])
-
-    def add_seconds(self, stage: str, secs: float) -> None:
-        s = dict(self.get("stage_seconds", {}))
-        s[stage] = round(s.get(stage, 0.0) + secs, 1)
-        self.set("stage_seconds", s)
-
-
 def _open_study(cfg: Any) -> Any:
     import optuna
 
-    from tuner.search.study import _make_storage
+    from tuner.study.storage import make_storage
 
-    storage = _make_storage(cfg.storage_url)
+    storage = make_storage(cfg.storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Feasibility reaches TPE through Trial.set_constraint (Optuna 5's replacement of constraints_func).
     sampler = optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=4, multivariate=True)
@@ -117,8 +98,8 @@ def _open_study(cfg: Any) -> Any:
         ) from err
 
 
-def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None) -> dict[str, Any]:
-    """Run (or resume) the whole pipeline; returns the study's ``result`` attribute.
+def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None) -> SearchOutcome:
+    """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
     The run dir's lock (:mod:`tuner.search.lock`) is held throughout and through ``then(result)`` (the
     CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
@@ -160,10 +141,10 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
 
 def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, variants: Sequence[str],
                 fixed: Mapping[str, Any], shape_d: Mapping[str, int], deadline: float | None, measure_factory: Any,
-                equivalence: Any) -> dict[str, Any]:
+                equivalence: Any) -> SearchOutcome:
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     study, storage = _open_study(cfg)
-    st = _State(study)
+    st = StudyState(study)
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
@@ -190,10 +171,10 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     decisions: dict[str, list[comp.Decision]] = {}
     with _timed(st, "screen"):
         _screen_all(cfg, st, measure, kernels, base_env, base_args, rounds, deadline, decisions)
-    if getattr(measure, "info", {}).get("device") and not st.get("device"):
-        st.set("device", measure.info["device"])
+    if getattr(measure, "info", {}).get("device") and not st.device:
+        st.set_device(measure.info["device"])
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
-    st.set("compose", {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
+    st.set_compose({"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
     log.info("Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)"))
 
     with _timed(st, "tune"):
@@ -207,32 +188,32 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
         result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
                               {p.value: kernels[p.bench] for p in Phase})
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
-    st.set("result", result)
-    return st.get("result")  # as stored: what `tuner export` reads
+    st.set_result(result)
+    return load_outcome(study)
 
 
 
-def reopen_raised_caps(st: "_State", depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
+def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
     """Mark a finished phase screen unfinished where this run allows more rounds than it had.
 
     A screen ends at its round cap or at the CI target; resumed with a higher ``--max-rounds`` (or
     ``--min-rounds``) while its CI is still wider than the target, the phase gets the extra rounds
     instead of composing from the old ones again. Returns the reopened phases."""
-    recs = list(st.get("screen_rounds", []))
+    recs = st.screen_rounds
     reopened = []
     for p in PHASES:
-        if not st.get(f"screen_done_{p}"):
+        if not st.screen_done(p):
             continue
         mine = [r for r in recs if r["phase"] == p and set(depths) & {int(d) for d in r["depths"]}]
         if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, comp.open_depths):
             log.info(f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
                      f"{rounds[1]}: screening on")
-            st.set(f"screen_done_{p}", False)
+            st.set_screen_done(p, False)
             reopened.append(p)
     return reopened
 
 
-def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
+def _screen_all(cfg: Any, st: StudyState, measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
                 base_args: Sequence[str], rounds: tuple[int, int], deadline: float | None,
                 decisions: dict[str, list[comp.Decision]]) -> None:
     """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose.
@@ -240,47 +221,47 @@ def _screen_all(cfg: Any, st: "_State", measure: Any, kernels: Mapping[str, list
     Phases not yet done are first screened together in shared llama-bench calls where the measure
     can (the ladder depths); each phase then refines its own boundaries alone."""
     def persist_shared(r: Mapping[str, Any]) -> None:
-        st.append("screen_rounds", r)
+        st.append_screen_round(r)
 
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
-    todo = [p for p in PHASES if not st.get(f"screen_done_{p}")]
+    todo = [p for p in PHASES if not st.screen_done(p)]
     joint = getattr(measure, "joint", None)
     if joint is not None and len(todo) > 1:
         cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
         with log.step(f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"):
-            run_joint_rounds(joint, cands, list(cfg.depths), list(st.get("screen_rounds", [])), pp_tokens=cfg.pp,
+            run_joint_rounds(joint, cands, list(cfg.depths), st.screen_rounds, pp_tokens=cfg.pp,
                              min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline,
                              on_round=persist_shared, settle=comp.open_depths)
         _check_budget(deadline, "screen")
     for phase in PHASES:
         cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
-        recs = list(st.get("screen_rounds", []))
-        depths = sorted(set(cfg.depths) | {int(d) for d in st.get(f"refined_{phase}", [])})
-        if not st.get(f"screen_done_{phase}"):
+        recs = st.screen_rounds
+        depths = sorted(set(cfg.depths) | {int(d) for d in st.refined(phase)})
+        if not st.screen_done(phase):
             def persist(r: Mapping[str, Any]) -> None:
-                st.append("screen_rounds", r)
+                st.append_screen_round(r)
 
             with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
                 kw = dict(min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline, on_round=persist,
                           settle=comp.open_depths)
                 run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, **kw)
-                for extra in st.get(f"refined_{phase}", []):  # a resumed call completes earlier refinements
+                for extra in st.refined(phase):  # a resumed call completes earlier refinements
                     run_phase_rounds(measure, phase, cands, [int(extra)], recs, **kw)
                 _check_budget(deadline, f"screen {phase}")
-                for _ in range(cfg.refine - len(st.get(f"refined_{phase}", []))):
+                for _ in range(cfg.refine - len(st.refined(phase))):
                     new = comp.bisect_depths(comp.compose_phase(phase, summarize_phase(phase, recs, depths)), depths)
                     if not new:
                         break
                     log.info(f"  refining {phase} boundaries at depths {new}")
-                    st.set(f"refined_{phase}", sorted({*st.get(f"refined_{phase}", []), *new}))
+                    st.set_refined(phase, sorted({*st.refined(phase), *new}))
                     for extra in new:
                         run_phase_rounds(measure, phase, cands, [extra], recs, **kw)
                     depths = sorted(set(depths) | set(new))
                     _check_budget(deadline, f"screen {phase} (refining)")
-            st.set(f"screen_done_{phase}", True)
+            st.set_screen_done(phase, True)
         cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the report shows the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
-        st.set(f"screen_{phase}", {str(d): c.as_dict() for d, c in cells.items()})
+        st.set_screen(phase, {str(d): c.as_dict() for d, c in cells.items()})
 
 
 def run_tune_worker(cfg: Any) -> int:
@@ -294,8 +275,8 @@ def run_tune_worker(cfg: Any) -> int:
     deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     study, storage = _open_study(cfg)
-    st = _State(study)
-    composed = st.get("compose")
+    st = StudyState(study)
+    composed = st.compose
     if not composed:
         raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
                          "same --storage and --study first (it screens and composes; workers then add tune trials).")
@@ -315,7 +296,7 @@ def run_tune_worker(cfg: Any) -> int:
 # stages
 
 
-def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
+def _tune(cfg: Any, st: StudyState, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
           fixed: Mapping[str, Any], rules: Sequence[FaRule], base_env: Mapping[str, str], base_args: Sequence[str],
           factory: Any, deadline: float | None, builds: "_Builds") -> dict[str, Any] | None:
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
@@ -353,10 +334,10 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
         log.info("Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's")
         return None
     log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
-    return {"trial": best.number, "values": dict(best.user_attrs.get("values", {})), "params": dict(best.params)}
+    return {"trial": best.number, "values": dict(trial_attr(best, "values", {})), "params": dict(best.params)}
 
 
-def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
+def _run_trial(cfg: Any, st: StudyState, study: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
                fixed: Mapping[str, Any], knobs: Sequence[Any], variants: Sequence[str], base_variant: str,
                rule_env: Mapping[str, str], ref: Candidate, factory: Any, builds: "_Builds", trial: Any) -> None:
     """One tune trial, told to the study however it ends (an interruption fails it and queues it again)."""
@@ -365,21 +346,20 @@ def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: 
     from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
 
     try:
-        trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
+        write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
         vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
         variant = str(vals.get("variant", fixed.get("variant", variants[0])))
         compile_values = compile_values_of(space, vals)
         changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
         phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
-        trial.set_user_attr("values", {k: vals[k] for k in sorted(vals)})
-        trial.set_user_attr("phases", phases)
+        write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
         viol = check_constraints(cfg.arch, source.era, compile_values, model_shape=dict(shape_d) or None, space=space)
         if viol:
-            trial.set_user_attr("status", "infeasible")
-            trial.set_user_attr("reason", "; ".join(str(v) for v in viol))
+            why = "; ".join(str(v) for v in viol)
+            write_trial(trial, status="infeasible", reason=why)
             trial.set_constraint("constraint_check", 1.0)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            log.info(f"  [trial {trial.number}] infeasible: {trial.user_attrs['reason'][:120]}")
+            log.info(f"  [trial {trial.number}] infeasible: {why[:120]}")
             return
         trial.set_constraint("constraint_check", 0.0)
         try:
@@ -391,20 +371,18 @@ def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: 
             cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
             objs, ratios, cpu = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases,
                                                      cfg.depths, label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
-            trial.set_user_attr("ratios", ratios)
-            trial.set_user_attr("cpu", cpu)
-            rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.get("screen_tg", {})))
+            write_trial(trial, ratios=ratios, cpu=cpu)
+            rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.screen("tg")))
             trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
             if rejected:
-                trial.set_user_attr("rejected", rejected)
+                write_trial(trial, rejected=rejected)
                 log.info(f"  [trial {trial.number}] {rejected}")
-            trial.set_user_attr("status", "ok")
+            write_trial(trial, status="ok")
             study.tell(trial, objs)
             log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
                      f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)")
         except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
-            trial.set_user_attr("status", "failed")
-            trial.set_user_attr("reason", str(err)[:2000])
+            write_trial(trial, status="failed", reason=str(err)[:2000])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
     except BaseException:  # Ctrl-C, SIGTERM, a lost machine, a bug: the trial measured nothing that counts
@@ -412,7 +390,7 @@ def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: 
         raise
 
 
-def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: Sequence[FaRule],
+def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rules: Sequence[FaRule],
              tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str], factory: Any,
              builds: "_Builds", depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
     from tuner.plan.space import compile_values_of, runtime_env_and_args
@@ -440,8 +418,7 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
         aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
         # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
         ckey = stable_hash({"rules": rules_texts(rules), "tuned": (tuned or {}).get("values")})[:12]
-        key = f"confirm_rounds_{ckey}"
-        recs = list(st.get(key, []))
+        recs = st.confirm_rounds(ckey)
 
         def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
             return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)
@@ -450,29 +427,29 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
         # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
         settle = None if process_changed else comp.open_depths
         rows: list[dict[str, Any]] = []
-        todo = [p for p in phases if not st.get(f"confirm_done_{ckey}_{p}")]
+        todo = [p for p in phases if not st.confirm_done(ckey, p)]
         if shared and len(todo) > 1:
             with log.step(f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
                           f"at depths {list(depths)}"):
                 run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp,
                                  min_rounds=cfg.min_rounds, max_rounds=cfg.max_rounds, target_ci=cfg.ci_target,
-                                 deadline=deadline, on_round=lambda r: st.append(key, r), tag="confirm",
-                                 prior=st.get("screen_rounds", []), settle=settle)
+                                 deadline=deadline, on_round=lambda r: st.append_confirm_round(ckey, r), tag="confirm",
+                                 prior=st.screen_rounds, settle=settle)
         for phase in phases:
-            if st.get(f"confirm_done_{ckey}_{phase}"):
+            if st.confirm_done(ckey, phase):
                 mine = [r for r in recs if r["phase"] == phase]
                 rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
                 continue
             with log.step(f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"):
                 mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
                                         max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
-                                        on_round=lambda r: st.append(key, r), tag="confirm",
-                                        prior=st.get("screen_rounds", []), settle=settle)
+                                        on_round=lambda r: st.append_confirm_round(ckey, r), tag="confirm",
+                                        prior=st.screen_rounds, settle=settle)
             _check_budget(deadline, f"confirm {phase}")
-            st.set(f"confirm_done_{ckey}_{phase}", True)
+            st.set_confirm_done(ckey, phase)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
         j = conf.judge(rules, rows, process_changed=process_changed)
-        st.set(f"confirm_{ckey}", {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
+        st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
         needs_again = (not j["process_ok"]) and attempt == 0
         if not needs_again:
             break
@@ -505,7 +482,7 @@ def _config_key(rules: Sequence[FaRule], vals: Mapping[str, Any]) -> str:
     return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 
 
-def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
+def _residency(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
                base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, shape: Mapping[str, int],
                probe: Any = None) -> dict[str, Any]:
     """The residency gate (:mod:`tuner.search.residency_gate`): one verbose llama-bench probe of upstream's config
@@ -515,8 +492,8 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
 
     base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
     rules = tuple(result.get("rules", ()))
-    key = f"residency_{_config_key(rules, vals)}"
-    rec = st.get(key)
+    ckey = _config_key(rules, vals)
+    rec = st.residency(ckey)
     full = rg.full_offload(base_args, shape.get("n_layers"))  # the scenario is upstream's config (e.g. a pinned -ngl)
     if rec is not None and any((rec.get(side) or {}).get("error") for side in ("upstream", "final")):
         rec = None  # a probe that failed measured nothing: probe again rather than carry the failure forward
@@ -525,7 +502,7 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
         if again is not None and again["verdict"] != rec["verdict"]:
             log.info(f"Residency: re-judged from the recorded probe logs by this version's rule: {rec['verdict']} -> {again['verdict']}")
             rec = again
-            st.set(key, rec)
+            st.set_residency(ckey, rec)
     if rec is None:
         def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
             d.mkdir(parents=True, exist_ok=True)
@@ -540,12 +517,12 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
                                             {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, list(args),
                                             cfg.run_dir / "residency" / "final")
         rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))
-        st.set(key, rec)
+        st.set_residency(ckey, rec)
     log.info(f"Residency: {rec['verdict']}: " + (rec["final"] or rec["upstream"])["summary"])
     return rg.residency_result(result, rec)
 
 
-def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
+def _output_gate(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
                  base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any,
                  kernels: Mapping[str, Sequence[str]] = {}) -> dict[str, Any]:  # noqa: B006 - read-only
     """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`),
@@ -564,7 +541,6 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
                                                       for k in changed},
                             build_changed=variant != base_variant or bool(compile_values), era=era)
     ckey = _config_key(rules, vals)
-    key = f"equivalence_{ckey}"
     run = equivalence or (lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir,
                                                                   jobs=cfg.jobs))
 
@@ -574,11 +550,11 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
         return run(c, up, up if c.name.startswith(og.BAND) else builds.get(variant, compile_values), wd)
 
     def persist(name: str, rec: Mapping[str, Any]) -> None:
-        st.set(key, {"checks": {**st.get(key, {}).get("checks", {}), name: dict(rec)}})
+        st.set_equivalence_check(ckey, name, rec)
 
     with log.step(f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
                   if checks else "Output-equivalence gate: not needed (the final config is upstream's)"):
-        gate = og.run_checks(checks, done=st.get(key, {}).get("checks", {}), run_one=run_one, on_check=persist,
+        gate = og.run_checks(checks, done=st.equivalence_checks(ckey), run_one=run_one, on_check=persist,
                              band=og.plan_band(checks, kernels))
     return og.gated_result(result, gate)
 
@@ -627,23 +603,23 @@ def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
                          f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}.")
 
 
-def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]) -> None:
+def _record_attrs(st: StudyState, cfg: Any, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]) -> None:
     import dataclasses
 
-    mine = {"pipeline": PIPELINE_VERSION, "arch": cfg.arch, "source_spec": source.spec, "source_id": source.source_id,
-            "commit": source.commit, "era": source.era, "model": str(cfg.model), "depths": list(cfg.depths),
-            "pp": cfg.pp, "tg": cfg.tg, "shape": dict(shape), "profile": "per-phase",
-            "cpu_mask": list(cfg.cpu_mask or [])}
-    if st.get("arch") is not None:
-        for k in ("arch", "source_id", "depths", "pp", "tg", "cpu_mask"):
-            if st.get(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
-                raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.get(k)!r} but this run "
+    from tuner.study.record import StudyHeader
+
+    mine = StudyHeader(name=cfg.study, pipeline=PIPELINE_VERSION, arch=cfg.arch, source_spec=source.spec,
+                       source_id=source.source_id, commit=source.commit, era=source.era, model=str(cfg.model),
+                       depths=tuple(cfg.depths), pp=cfg.pp, tg=cfg.tg, shape=dict(shape), profile="per-phase",
+                       cpu_mask=tuple(cfg.cpu_mask or ())).stored()
+    if st.arch is not None:
+        for k in RESUME_CHECKED:
+            if st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
+                raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.header_value(k)!r} but this run "
                                  f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
-    for k, v in mine.items():  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
-        if st.get(k) is None:
-            st.set(k, v)
+    st.record_header(mine)  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
     # threads/-ngl legal values on this machine: the export resolves the same space from them
-    st.set("derived_knobs", {k: dataclasses.asdict(v) for k, v in legal.items()})
+    st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
 
 
 class _Builds:
@@ -667,9 +643,9 @@ class _Builds:
         return self._known[key]
 
 
-def _gate(st: _State, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
+def _gate(st: StudyState, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
     """test-backend-ops FLASH_ATTN_EXT per selectable kernel, once per build (recorded in the study)."""
-    gates = dict(st.get("gates", {}))
+    gates = st.gates
     if build.build_id in gates:
         return gates[build.build_id]
     if not cfg.gate or arch.vendor == "cpu":
@@ -686,9 +662,9 @@ def _gate(st: _State, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int])
         res = {"status": "pass" if g.passed else "fail", "summary": g.summary, "failing": list(g.failing)[:20],
                "log": str(g.log_file)}
     gates[build.build_id] = res
-    st.set("gates", gates)
-    if "toolchain" not in st.study.user_attrs:
-        st.set("toolchain", dict(build.meta.get("toolchain", {})))
+    st.set_gates(gates)
+    if not st.has_toolchain():
+        st.set_toolchain(dict(build.meta.get("toolchain", {})))
     return res
 
 

@@ -20,7 +20,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-BASELINE_PARAMS_ATTR = "tuner_baseline"
+from tuner.study import legacy
+from tuner.study.legacy import BASELINE_PARAMS_ATTR  # noqa: F401 - re-exported (the one-TPE trials' attribute)
 
 
 def point_key(phase: str, depth: int) -> str:
@@ -48,23 +49,23 @@ def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], st
 
     results: dict[str, dict[tuple[str, int], Any]] = {}
     pooled: dict[str, list[float]] = {}
-    for a in study.user_attrs.get("anchors", []):
+    for a in legacy.study_attr(study, "anchors", []):
         for k, v in a["samples"].items():
             pooled.setdefault(k, []).extend(v)
     repeats = baseline_repeats(study)
     for t in repeats:
-        for k, v in (t.user_attrs.get("samples") or {}).items():
+        for k, v in (legacy.trial_attr(t, "samples") or {}).items():
             pooled.setdefault(k, []).extend(v)
     results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(v)) for k, v in pooled.items()}
     skip = {t.number for t in repeats}
     for t in study.get_trials(deepcopy=False):
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             continue
-        if t.number in skip or "cached_from" in t.user_attrs:
+        if t.number in skip or legacy.trial_has(t, "cached_from"):
             continue
-        if t.user_attrs.get("gate", {}).get("status") == "fail":
+        if legacy.trial_attr(t, "gate", {}).get("status") == "fail":
             continue
-        sam = t.user_attrs.get("samples") or {}
+        sam = legacy.trial_attr(t, "samples") or {}
         if sam:
             results[f"trial{t.number}"] = {
                 parse_point_key(k): Measurement(samples=tuple(v)) for k, v in sam.items() if v
@@ -80,23 +81,23 @@ def baseline_repeats(study: Any) -> list[Any]:
     import optuna
 
     trials = study.get_trials(deepcopy=False)
-    base = next((t for t in trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
-    if base is None or "values" not in base.user_attrs:
+    base = next((t for t in trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
+    if base is None or not legacy.trial_has(base, "values"):
         return []
-    ref = base.user_attrs["values"]
+    ref = legacy.trial_attr(base, "values")
     return [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-            and t.user_attrs.get("values") == ref and "cached_from" not in t.user_attrs]
+            and legacy.trial_attr(t, "values") == ref and not legacy.trial_has(t, "cached_from")]
 
 
 def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
     """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
     meds: dict[str, list[float]] = {}
-    for a in study.user_attrs.get("anchors", []):
+    for a in legacy.study_attr(study, "anchors", []):
         for k, v in a["samples"].items():
             if v:
                 meds.setdefault(k, []).append(_median(v))
     for t in baseline_repeats(study):
-        for k, v in (t.user_attrs.get("samples") or {}).items():
+        for k, v in (legacy.trial_attr(t, "samples") or {}).items():
             if v:
                 meds.setdefault(k, []).append(_median(v))
     return {parse_point_key(k): 100.0 * (max(m) - min(m)) / min(m) for k, m in meds.items() if len(m) > 1 and min(m) > 0}

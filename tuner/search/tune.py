@@ -31,6 +31,7 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
+from tuner.study.state import retry_attrs, trial_attr, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 
@@ -56,7 +57,7 @@ def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) 
     trial qualifies."""
     best, best_v = None, min_gain
     for t in trials:
-        if getattr(t, "user_attrs", {}).get("rejected"):
+        if trial_attr(t, "rejected"):
             continue
         vals = getattr(t, "values", None)
         if not vals or any(v is None or not math.isfinite(v) for v in vals):
@@ -147,7 +148,7 @@ def count_done(study: Any) -> int:
 
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if t.state != TrialState.FAIL or t.user_attrs.get("status") in _COUNTED:
+        if t.state != TrialState.FAIL or trial_attr(t, "status") in _COUNTED:
             n += 1
     return n
 
@@ -160,8 +161,7 @@ def interrupt_trial(study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIG
 
     with contextlib.suppress(Exception):
         storage = study._storage
-        storage.set_trial_user_attr(trial._trial_id, "status", INTERRUPTED)
-        storage.set_trial_user_attr(trial._trial_id, "reason", why)
+        write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
         if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
             _requeue(study, trial.params, trial.number)
 
@@ -175,7 +175,7 @@ def _requeue(study: Any, params: Mapping[str, Any], number: int) -> None:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.enqueue_trial(dict(params), user_attrs={"retry_of": number})
+        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
 
 
 def _pid_dead_here(worker: str) -> bool:
@@ -206,12 +206,11 @@ def fail_interrupted(study: Any, storage: Any) -> list[int]:
         stale = set(storage._get_stale_trial_ids(study._study_id))
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id not in stale and not _pid_dead_here(t.user_attrs.get("worker", "")):
+        if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")):
             continue
         try:
-            storage.set_trial_user_attr(t._trial_id, "status", INTERRUPTED)
-            storage.set_trial_user_attr(t._trial_id, "reason", f"its process ({t.user_attrs.get('worker', 'unknown')}) "
-                                                               "stopped before the trial was measured")
+            write_trial_in_storage(storage, t._trial_id, status=INTERRUPTED,
+                                   reason=f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured")
             if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 _requeue(study, t.params, t.number)
                 out.append(t.number)

@@ -28,6 +28,8 @@ from tuner.redact import redact
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import RULE_KINDS
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
+from tuner.study import legacy
+from tuner.study.record import load_header
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,10 +48,10 @@ class Winner:
 def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
     if cfg == "baseline":
         # the enqueued upstream-default trial carries the baseline's full knob values
-        t = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
-        return dict(t.user_attrs.get("values", {})) if t is not None else {}
+        t = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
+        return dict(legacy.trial_attr(t, "values", {})) if t is not None else {}
     n = int(cfg.removeprefix("trial"))
-    return dict(study.trials[n].user_attrs.get("values", {}))
+    return dict(legacy.trial_attr(study.trials[n], "values", {}))
 
 
 def choose_winner(study: Any, space: Any) -> Winner:
@@ -202,16 +204,16 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
-    a = study.user_attrs
-    source = fetch_source(a["source_spec"])
-    if source.source_id != a["source_id"]:
+    h = load_header(study)
+    source = fetch_source(h.source_spec)
+    if source.source_id != h.source_id:
         raise TunerError(
-            f"the study was run on source {a['source_id']} but {a['source_spec']} now resolves to "
+            f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
             f"{source.source_id}. Export needs the exact tree the numbers came from."
         )
-    space = load_space(a["arch"], a["era"])
+    space = load_space(h.arch, h.era)
     w = choose_winner(study, space)
     results, base = study_results(study)
-    baseline_trial = next((t for t in study.trials if t.user_attrs.get(BASELINE_PARAMS_ATTR)), None)
+    baseline_trial = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
     return FinishedStudy(study=study, source=source, space=space, winner=w, results=results, base=base,
                          baseline_trial=baseline_trial)

@@ -68,23 +68,31 @@ def test_stored_upstream_patch_conditions_are_rule_conditions(path: Path) -> Non
 
 
 def test_a_study_holds_what_it_always_held() -> None:
-    """The pipeline stores rules as list[str] (old studies load, resumed ones find their records) and keys its
-    per-config records by the same texts as before."""
+    """The pipeline stores rules as list[str] through StudyState (old studies load, resumed ones find their
+    records), keys its per-config records by the same texts as before, and the typed record reads them back."""
     from tuner._hash import stable_hash
-    from tuner.search.pipeline import _config_key, _State
+    from tuner.search.pipeline import _config_key
+    from tuner.study.record import outcome_from_attrs
+    from tuner.study.state import StudyState
 
     class Study:
-        user_attrs: dict = {}
+        def __init__(self) -> None:
+            self.user_attrs: dict = {}
 
         def set_user_attr(self, k: str, v: object) -> None:
             self.user_attrs[k] = json.loads(json.dumps(v))  # Optuna's RDB storage keeps JSON
 
     texts = ["decode/D64/gqa4/kvf16:32768-=TILE", "prefill:0-4096=MMA"]
     rules = rules_from_texts(texts)
-    st = _State(Study())
-    st.set("result", {"rules": rules, "dropped": {rules[1]: "slower"}, "gate": {"rejected": {"rules": rules[:1]}}})
-    assert st.get("result") == {"rules": texts, "dropped": {texts[1]: "slower"}, "gate": {"rejected": {"rules": texts[:1]}}}
-    assert rules_from_texts(st.get("result")["rules"]) == rules
+    study = Study()
+    st = StudyState(study)
+    st.set_result({"rules": rules, "dropped": {rules[1]: "slower"}, "gate": {"rejected": {"rules": rules[:1]}}})
+    assert st.result() == {"rules": texts, "dropped": {texts[1]: "slower"}, "gate": {"rejected": {"rules": texts[:1]}}}
+    st.set_compose({"rules": rules, "decisions": [], "shape": "D64/gqa4/kvf16"})
+    assert study.user_attrs["compose"]["rules"] == texts
+    out = outcome_from_attrs(study.user_attrs)
+    assert out.rules == rules and dict(out.dropped) == {rules[1]: "slower"}
+    assert out.result_json()["rules"] == texts and out.result_json()["dropped"] == {texts[1]: "slower"}
     assert _config_key(rules, {"threads": 4}) == stable_hash({"rules": texts, "tuned": {"threads": 4}})[:12]
 
 

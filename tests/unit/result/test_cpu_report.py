@@ -10,6 +10,7 @@ import pytest
 from tuner.measure.paired import CPU_REJECTED
 from tuner.result.pipeline_export import pareto_points, report_text
 from tuner.result.plots import pareto_front, plot_pareto
+from tuner.study.record import load_outcome
 
 OLD = Path(__file__).resolve().parents[3] / "tests" / "data" / "studies" / "sm90-l8b-v3-no-cpu.db.xz"
 
@@ -29,10 +30,10 @@ def _confirm_table(report: str) -> list[list[str]]:
 
 
 def test_an_old_study_reports_dashes_and_gets_no_pareto_plot(old_study) -> None:
-    rows = _confirm_table(report_text(old_study))
+    rows = _confirm_table(report_text(load_outcome(old_study)))
     assert len(rows) == 10 and all(r[5] == r[6] == r[7] == "—" for r in rows)  # CPU%, busiest core, GPU%
     assert rows[2][-1] == "faster" and rows[2][4] == "173.58 → 188.13"
-    assert pareto_points(old_study.user_attrs, old_study.user_attrs["result"]) == []
+    assert pareto_points(load_outcome(old_study)) == []
 
 
 def test_cpu_columns_and_a_rejected_point(old_study, tmp_path: Path) -> None:
@@ -49,7 +50,7 @@ def test_cpu_columns_and_a_rejected_point(old_study, tmp_path: Path) -> None:
                    "levels": {"upstream": {"ts": 270.0, "cpu": 101.0, "core": 99.0, "gpu": 97.0},
                               "MMA": {"ts": 262.0, "cpu": 104.0, "core": 99.0, "gpu": 98.0}}}
     old_study.set_user_attr("screen_tg", screen)
-    report = report_text(old_study)
+    report = report_text(load_outcome(old_study))
     table = _confirm_table(report)
     assert table[0][5] == "100 → 190 (Δ +90.0 [+86.0..+94.0], noise ±2.5)" and table[0][-1] == CPU_REJECTED
     assert table[0][6] == "99 → 100" and table[0][7] == "—"  # no GPU library: not measured, not 0
@@ -57,7 +58,7 @@ def test_cpu_columns_and_a_rejected_point(old_study, tmp_path: Path) -> None:
     assert screen_d0[2:7] == ["267.27", "101", "99", "97", "±2.0% (VEC); floor ±2.4%; CPU ±2.0"] and "(CPU" not in screen_d0[7]
     assert "rejected: CPU% up without a t/s gain" in report.split("| Model", 1)[1]  # the compare table says it too
 
-    pts = pareto_points(old_study.user_attrs, res)
+    pts = pareto_points(load_outcome(old_study))
     assert {(p["config"], p["stage"]) for p in pts if p["depth"] == 0} == {
         ("upstream", "screen"), ("MMA", "screen"), ("upstream", "confirm"), ("final", "confirm")}
     png = plot_pareto(pts, tmp_path / "pareto_decode.png", title="test")

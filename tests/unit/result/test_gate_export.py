@@ -10,6 +10,12 @@ import pytest
 from tuner.errors import UsageError
 from tuner.result.pipeline_export import _checked_gate, gate_section, gate_table, summary_line
 from tuner.result.validate import _gate_finding
+from tuner.study.record import SearchOutcome, outcome_from_attrs
+
+def _outcome(result: dict) -> SearchOutcome:
+    """The typed record of a study whose stored result is ``result``."""
+    return outcome_from_attrs({"result": result})
+
 
 THR = {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}
 
@@ -37,24 +43,24 @@ def test_gate_table_has_the_worst_numbers_and_each_check() -> None:
 
 
 def test_not_needed_and_rejected_are_reported() -> None:
-    assert _checked_gate("s", {"rules": [], "tuned": None})["verdict"] == "not needed"  # a pre-gate study, no change
+    assert _checked_gate("s", _outcome({"rules": [], "tuned": None}))["verdict"] == "not needed"  # a pre-gate study, no change
     rejected = {"verdict": "not needed", "checks": [], "why": "the final config failed the gate",
                 "rejected": {"rules": ["decode:0-=MMA"], "tuned": None,
                              "gate": {"verdict": "fail", "checks": [check("decode decode:0-=MMA", "decode", mean=0.006275,
                                                                            strict=False, passed=False)]}}}
-    t = gate_table(_checked_gate("s", {"rules": [], "tuned": None, "gate": rejected}))
+    t = gate_table(_checked_gate("s", _outcome({"rules": [], "tuned": None, "gate": rejected})))
     assert t["verdict"] == "not needed" and t["rejected"]["checks"][0]["mean_kld"] == 0.006275
     text = gate_section(t)
     assert "FAILED the gate and is not exported" in text and "Mean KLD 0.006275 > threshold" in text
-    assert "FAILED the output-equivalence gate (decode decode:0-=MMA)" in summary_line({"rows": [], "gate": rejected})
+    assert "FAILED the output-equivalence gate (decode decode:0-=MMA)" in summary_line(_outcome({"rows": [], "gate": rejected}))
 
 
 def test_export_refuses_a_failed_or_ungated_change() -> None:
     with pytest.raises(UsageError, match="failed the output-equivalence gate .*never exported"):
-        _checked_gate("s", {"rules": ["decode:0-=MMA"], "gate": {"verdict": "fail", "checks": [
-            check("decode decode:0-=MMA", "decode", mean=0.006, passed=False)]}})
+        _checked_gate("s", _outcome({"rules": ["decode:0-=MMA"], "gate": {"verdict": "fail", "checks": [
+            check("decode decode:0-=MMA", "decode", mean=0.006, passed=False)]}}))
     with pytest.raises(UsageError, match="no output-equivalence gate record.*Rerun the same `tuner search`"):
-        _checked_gate("s", {"rules": ["decode:0-=MMA"], "tuned": None})
+        _checked_gate("s", _outcome({"rules": ["decode:0-=MMA"], "tuned": None}))
 
 
 def cfg(schema: int, arch: str, gate: dict, **choice) -> dict:

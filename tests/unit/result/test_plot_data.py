@@ -11,6 +11,7 @@ import optuna
 from tuner.result.pipeline_export import _write_pareto, pareto_differs, pareto_points
 from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result.plots import depth_axis, plot_speedup, speedup_spans
+from tuner.study.record import SearchOutcome, load_outcome, outcome_from_attrs
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPTHS = (0, 4096, 16384, 32768, 65536)
@@ -45,27 +46,27 @@ def test_depth_axis_is_numeric() -> None:
     assert ax["left"] < 0 < 20000 < ax["right"] and ax["right"] > 65536
 
 
-def _attrs(*, cpu_ci: tuple[float, float], cpu_noise: float, verdict: str = "no difference") -> tuple[dict, dict]:
+def _attrs(*, cpu_ci: tuple[float, float], cpu_noise: float, verdict: str = "no difference") -> SearchOutcome:
     cell = {"noise_pct": 3.0, "cpu_noise": cpu_noise, "levels": {"upstream": {"ts": 100.0, "cpu": 105.0},
                                                                  "TILE": {"ts": 100.5, "cpu": 104.0}},
             "effects": {"TILE": {"ratio": 1.005, "ci_low": 0.99, "ci_high": 1.02, "verdict": verdict,
                                  "cpu": {"mean": sum(cpu_ci) / 2, "ci_low": cpu_ci[0], "ci_high": cpu_ci[1]}}}}
-    return {"screen_tg": {"4096": cell}}, {"rows": []}
+    return outcome_from_attrs({"screen_tg": {"4096": cell}, "result": {"rows": []}})
 
 
 def test_pareto_needs_a_difference_beyond_the_noise(tmp_path: Path) -> None:
-    a, res = _attrs(cpu_ci=(-3.0, 1.0), cpu_noise=4.0)  # CPU Δ inside its noise, t/s no difference
-    assert pareto_points(a, res) and not pareto_differs(a, res)
-    _write_pareto(tmp_path / "p.png", a, res, title="x")
+    o = _attrs(cpu_ci=(-3.0, 1.0), cpu_noise=4.0)  # CPU Δ inside its noise, t/s no difference
+    assert pareto_points(o) and not pareto_differs(o)
+    _write_pareto(tmp_path / "p.png", o, title="x")
     assert not (tmp_path / "p.png").exists()
-    a, res = _attrs(cpu_ci=(-9.0, -5.0), cpu_noise=4.0)  # 5-9 points less CPU, beyond the noise
-    assert pareto_differs(a, res)
-    _write_pareto(tmp_path / "p.png", a, res, title="x")
+    o = _attrs(cpu_ci=(-9.0, -5.0), cpu_noise=4.0)  # 5-9 points less CPU, beyond the noise
+    assert pareto_differs(o)
+    _write_pareto(tmp_path / "p.png", o, title="x")
     assert (tmp_path / "p.png").stat().st_size > 0
-    a, res = _attrs(cpu_ci=(-3.0, 1.0), cpu_noise=4.0, verdict="faster")  # t/s beyond the A/A noise
-    assert pareto_differs(a, res)
+    o = _attrs(cpu_ci=(-3.0, 1.0), cpu_noise=4.0, verdict="faster")  # t/s beyond the A/A noise
+    assert pareto_differs(o)
     row = {"phase": "tg", "depth": 0, "verdict": "no difference", "cpu_ci_low": 4.5, "cpu_ci_high": 7.0, "cpu_noise": 4.0}
-    assert pareto_differs({}, {"rows": [row]})  # the confirm's CPU Δ alone
+    assert pareto_differs(outcome_from_attrs({"result": {"rows": [row]}}))  # the confirm's CPU Δ alone
 
 
 def _stored(tmp_path: Path, xz: Path) -> optuna.Study:
@@ -78,12 +79,12 @@ def test_stored_cpu_noise_study_draws_no_front(tmp_path: Path) -> None:
     # paced-4 in an earlier state (the host-paced 1B before its tune found -ub): every decode CPU Δ and
     # t/s change is inside its noise, so a "front" through those points would rank noise.
     s = _stored(tmp_path, ROOT / "tests" / "data" / "studies" / "paced-4-early.db.xz")
-    a = s.user_attrs
-    assert pareto_points(a, a["result"]) and not pareto_differs(a, a["result"])
+    o = load_outcome(s)
+    assert pareto_points(o) and not pareto_differs(o)
 
 
 def test_stored_study_beyond_the_noise_draws_it(tmp_path: Path) -> None:
     # paced-4 as exported (results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3): the tuned -ub doubles decode t/s at d0,
     # far beyond the A/A noise.
     s = _stored(tmp_path, ROOT / "results" / "sm_90" / "llama-3.2-1b-q4_k_m-ngl8-cpus0-3" / "evidence" / "study.db.xz")
-    assert pareto_differs(s.user_attrs, s.user_attrs["result"])
+    assert pareto_differs(load_outcome(s))

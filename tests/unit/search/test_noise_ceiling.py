@@ -67,34 +67,28 @@ def test_confirm_drops_what_a_noisy_phase_cannot_confirm() -> None:
     assert not j["process_ok"] and "ceiling in tg" in j["process_why"]
 
 
-class _Study:
-    def __init__(self, attrs: dict[str, Any]) -> None:
-        self.user_attrs, self.study_name = attrs, "cpu-default"
-
-    def get_trials(self, deepcopy: bool = False) -> list:
-        return []
-
-
 def test_report_first_line_says_too_noisy() -> None:
     from tuner.result.pipeline_export import noisy_line, report_text
+    from tuner.study.record import outcome_from_attrs
 
     a = _cpu_attrs()
-    text = report_text(_Study(a))
+    text = report_text(outcome_from_attrs(a, name="cpu-default"))
     first = text.splitlines()[0]
-    assert first == noisy_line(a) and first.startswith("**This machine was too noisy to claim anything in decode and prefill")
+    assert first == noisy_line(outcome_from_attrs(a)) and first.startswith("**This machine was too noisy to claim anything in decode and prefill")
     assert f"above the {NOISE_CEILING_PCT:g}% ceiling" in first and "--cpu-mask" in first and "rerun" in first
     # the recorded CPU study's A/A CI reaches >1000% in decode: shown as "over ±100%", not a huge number
     assert "decode over ±100%" in first and not re.search(r"±\d{4,}%", first)
     quiet = {**a, **{f"screen_{ph}": {d: {**c, "noise_pct": 3.0, "bar_pct": 3.0} for d, c in a[f"screen_{ph}"].items()}
                      for ph in ("tg", "pp")}}
-    assert noisy_line(quiet) == "" and report_text(_Study(quiet)).startswith("# tuner result")
+    assert noisy_line(outcome_from_attrs(quiet)) == "" and report_text(outcome_from_attrs(quiet)).startswith("# tuner result")
 
 
 def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
     from tuner.result.pipeline_export import summary_line
+    from tuner.study.record import outcome_from_attrs
 
     noisy = {"phase": "pp", "depth": 0, "verdict": TOO_NOISY, "speedup": 1.3, "ci_low": 0.9, "ci_high": 1.7}
     won = {"phase": "tg", "depth": 65536, "verdict": "faster", "speedup": 1.14, "ci_low": 1.12, "ci_high": 1.16}
-    assert "too noisy in prefill" in summary_line({"rules": [], "rows": [noisy]})
-    line = summary_line({"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]})
+    assert "too noisy in prefill" in summary_line(outcome_from_attrs({"result": {"rules": [], "rows": [noisy]}}))
+    line = summary_line(outcome_from_attrs({"result": {"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]}}))
     assert "too noisy" not in line and "1 point(s) faster" in line and "tg128@d65536 +14.0%" in line

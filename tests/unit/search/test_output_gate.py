@@ -12,7 +12,8 @@ import pytest
 
 from tuner.search import output_gate as og
 from tuner.plan.fa_rules import parse_fa_rules
-from tuner.search.pipeline import _output_gate, _State
+from tuner.search.pipeline import _output_gate
+from tuner.study.state import StudyState
 
 RULES = parse_fa_rules("decode/D64/gqa4/kvf16:0-4096=VEC,decode/D64/gqa4/kvf16:32768-=MMA,decode/D64/gqa4/kvf16:65536-=MMA")
 
@@ -114,7 +115,7 @@ def stage(tmp_path: Path):
     from tuner.targets.host import Cpus
 
     cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf", jobs=1)
-    st = _State(_Study())
+    st = StudyState(_Study())
     calls = []
 
     def run(passed):
@@ -137,8 +138,7 @@ def test_stage_runs_the_gate_once_and_stores_it(stage) -> None:
     res = stage.go({"rules": [], "tuned": tuned, "rows": [], "dropped": {}})
     assert [c[:4] for c in stage.calls] == [("decode process", True, "cpu-[]", "cpu-[]"), ("prefill process", True, "cpu-[]", "cpu-[]")]
     assert res["gate"]["verdict"] == "pass" and res["tuned"] == tuned
-    key = f"equivalence_{stage.calls[0][4]}"
-    assert set(stage.st.get(key)["checks"]) == {"decode process", "prefill process"}
+    assert set(stage.st.equivalence_checks(stage.calls[0][4])) == {"decode process", "prefill process"}
     again = stage.go({"rules": [], "tuned": tuned, "rows": [], "dropped": {}})
     assert len(stage.calls) == 2 and again["gate"] == res["gate"]  # resumed: nothing runs again
 

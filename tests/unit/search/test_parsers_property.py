@@ -101,7 +101,7 @@ def test_fa_rules_accept_or_refuse(text: str) -> None:
 @example("postgresql://u:p@h:70000/db")
 @example("sqlite:///tuner-study-property.db")
 def test_storage_urls_accept_or_refuse(text: str) -> None:
-    from tuner.search.study import check_storage_url
+    from tuner.study.storage import check_storage_url
 
     try:
         url = check_storage_url(text)

@@ -424,14 +424,15 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
     the H100 search confirmed it and then failed at export with KeyError: 'model'."""
     import types
 
-    from tuner.search.pipeline import _record_attrs, _State
+    from tuner.search.pipeline import _record_attrs
+    from tuner.study.state import StudyState
 
     study = types.SimpleNamespace(user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128})
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
     cfg = types.SimpleNamespace(arch="sm_90", model="/m/l1b.gguf", depths=[0, 4096], pp=512, tg=128, study="x", storage_url="sqlite://",
                                 cpu_mask=None)
     source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
-    _record_attrs(_State(study), cfg, source, {"head_dim": 64}, {})
+    _record_attrs(StudyState(study), cfg, source, {"head_dim": 64}, {})
     assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
     assert study.user_attrs["arch"] == "sm_90"  # what was there stays
 
@@ -447,7 +448,8 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     import types
 
     from tuner.search.compose import open_depths
-    from tuner.search.pipeline import _State, reopen_raised_caps
+    from tuner.search.pipeline import reopen_raised_caps
+    from tuner.study.state import StudyState
 
     recs: list = []
     tg = candidates_for("tg", ["VEC", "TILE"])
@@ -459,7 +461,7 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     assert still_open and 32768 in still_open and 0 not in still_open
     study = types.SimpleNamespace(user_attrs={"screen_rounds": recs, "screen_done_tg": True, "screen_done_pp": True})
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
-    st = _State(study)
+    st = StudyState(study)
     assert reopen_raised_caps(st, DEPTHS, (3, 4), 1.0) == []  # the same cap: nothing reopens
     assert reopen_raised_caps(st, DEPTHS, (3, 6), 1.0) == ["tg"]
     assert study.user_attrs["screen_done_tg"] is False and study.user_attrs["screen_done_pp"] is True

@@ -152,7 +152,8 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
 
     from tuner.plan.derive import legal_values, resolve_space
     from tuner.plan.space import load_space
-    from tuner.search.pipeline import _config_key, _residency, _State
+    from tuner.search.pipeline import _config_key, _residency
+    from tuner.study.state import StudyState
     from tuner.targets.host import Cpus
 
     class _Study:
@@ -179,15 +180,15 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
         return parsed[d.name]
 
     cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf")
-    st = _State(_Study())
+    st = StudyState(_Study())
     result = {"rules": [], "tuned": {"values": {"threads": 1}}, "rows": [{"phase": "tg"}], "dropped": {}}
-    key = f"residency_{_config_key([], {'threads': 1})}"
-    st.set(key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB))  # the old rule's "fail"
+    key = _config_key([], {'threads': 1})
+    st.set_residency(key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB))  # the old rule's "fail"
 
     def go():
         return _residency(cfg, st, space, {}, result, {}, ["-ngl", "8"], builds, {"n_layers": 16}, probe=probe)
 
     out = go()
-    assert calls == [] and out["residency"]["verdict"] == "pass" and st.get(key)["verdict"] == "pass"  # from the logs
-    st.set(key, {**st.get(key), "upstream": {**st.get(key)["upstream"], "error": "llama-bench exited with code 1"}})
+    assert calls == [] and out["residency"]["verdict"] == "pass" and st.residency(key)["verdict"] == "pass"  # from the logs
+    st.set_residency(key, {**st.residency(key), "upstream": {**st.residency(key)["upstream"], "error": "llama-bench exited with code 1"}})
     assert go()["residency"]["verdict"] == "pass" and calls == ["upstream", "final"]  # a failed probe runs again

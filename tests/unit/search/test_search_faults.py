@@ -78,6 +78,7 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
     """pipeline._tune on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
     from tuner.plan.space import load_space
     from tuner.search import pipeline as pl
+    from tuner.study.state import StudyState
     from tuner.targets.archs import load_arch
 
     cfg = types.SimpleNamespace(trials=trials, variants=("cpu",), arch="cpu", depths=(0,), gate=False, run_dir=tmp_path,
@@ -86,7 +87,7 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
     study, storage = pl._open_study(cfg)
     build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=tmp_path)
     builds = types.SimpleNamespace(get=lambda variant, cv: build)
-    args = (cfg, pl._State(study), study, storage, load_space("cpu", "mma"), types.SimpleNamespace(era="mma"),
+    args = (cfg, StudyState(study), study, storage, load_space("cpu", "mma"), types.SimpleNamespace(era="mma"),
             load_arch("cpu"), {}, {}, [], {}, [], lambda b: measure, None, builds)
     return study, lambda: pl._tune(*args)
 
@@ -225,7 +226,7 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path: Path, capsys: pytest.C
 @pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared",
                                  "sqlite:///x.db?mode=memory"])
 def test_in_memory_storage_is_refused(url: str) -> None:
-    from tuner.search.study import check_storage_url
+    from tuner.study.storage import check_storage_url
 
     with pytest.raises(UsageError) as e:
         check_storage_url(url)
@@ -233,10 +234,10 @@ def test_in_memory_storage_is_refused(url: str) -> None:
 
 
 def test_a_sqlite_folder_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) -> None:
-    from tuner.search.study import _make_storage, check_storage_url
+    from tuner.study.storage import check_storage_url, make_storage
 
     missing = tmp_path / "nonexistent-dir"
-    for f in (check_storage_url, _make_storage):
+    for f in (check_storage_url, make_storage):
         with pytest.raises(UsageError) as e:
             f(f"sqlite:///{missing / 'x.db'}")
         assert f"mkdir -p {missing}" in str(e.value)
@@ -247,7 +248,7 @@ def test_a_sqlite_folder_that_does_not_exist_is_refused_and_not_created(tmp_path
 @pytest.mark.parametrize("url", ["postgres", "study.db", "http://h/db", "postgresql://h:port/db", "postgresql:///db",
                                  " sqlite:///x.db", "postgresql://u:pw@h:99999/db"])
 def test_malformed_storage_urls_are_refused_without_the_password(url: str) -> None:
-    from tuner.search.study import check_storage_url
+    from tuner.study.storage import check_storage_url
 
     with pytest.raises(UsageError) as e:
         check_storage_url(url)
@@ -255,11 +256,11 @@ def test_malformed_storage_urls_are_refused_without_the_password(url: str) -> No
 
 
 def test_a_refused_connection_names_the_url_without_the_password() -> None:
-    from tuner.search.study import _make_storage
+    from tuner.study.storage import make_storage
 
     pytest.importorskip("psycopg")
     with pytest.raises(UsageError) as e:
-        _make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
+        make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
     assert "s3cr3t" not in str(e.value) and "tuner:***@127.0.0.1:1/optuna" in str(e.value)
     assert e.value.__cause__ is None  # the driver's exception (which holds the URL) is not chained
 

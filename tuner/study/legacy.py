@@ -1,0 +1,50 @@
+"""Studies made by the one-TPE search that came before the pipeline (``tests/data/studies/sm90-study.db.xz``
+and its kind): ``tuner export`` still reads them back, no code writes them any more. Their attributes beyond the header
+(:class:`tuner.study.record.StudyHeader`), by name, in one place."""
+
+from __future__ import annotations
+
+__all__ = ["BASELINE_PARAMS_ATTR", "STUDY_KEYS", "TRIAL_KEYS", "study_attr", "trial_attr", "trial_has"]
+
+from typing import Any
+
+BASELINE_PARAMS_ATTR = "tuner_baseline"
+"""Marks the enqueued trial that measured upstream's defaults."""
+
+STUDY_KEYS = (
+    "anchors",  # the baseline re-measured during the search: [{"samples": {point: [t/s...]}}...]
+    "like",  # the model shape named for the roofline
+    "weight_type",  # its weight type
+)
+TRIAL_KEYS = (
+    BASELINE_PARAMS_ATTR,
+    "values",  # every knob's value
+    "samples",  # {point: [t/s...]}
+    "cached_from",  # a trial that reused another's measurement (not a candidate of its own)
+    "build_id",
+    "gate",  # test-backend-ops of its build
+    "toolchain",
+    "device",
+    "status",
+    "ratios",  # per-point ratios (the Wilcoxon pruner stops on them)
+    "reason",  # why it failed
+)
+
+
+def study_attr(study: Any, key: str, default: Any = None) -> Any:
+    if key not in STUDY_KEYS:
+        raise KeyError(f"{key!r} is not an attribute of a one-TPE study ({STUDY_KEYS})")
+    return study.user_attrs.get(key, default)
+
+
+def trial_attr(trial: Any, key: str, default: Any = None) -> Any:
+    if key not in TRIAL_KEYS:
+        raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")
+    return (getattr(trial, "user_attrs", None) or {}).get(key, default)
+
+
+def trial_has(trial: Any, key: str) -> bool:
+    """Whether the trial holds ``key`` at all (even as null)."""
+    if key not in TRIAL_KEYS:
+        raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")
+    return key in (getattr(trial, "user_attrs", None) or {})

@@ -1,0 +1,190 @@
+"""The typed record of a finished ``tuner search``: :class:`StudyHeader` (what was measured, on what) and
+:class:`SearchOutcome` (what the search concluded), built from the study by :func:`load_outcome` alone.
+
+The search writes the outcome through :class:`tuner.study.state.StudyState` (its JSON is what earlier
+tuner versions stored, so old studies load unchanged) and returns it; the export reads it back here
+and never touches the study's attributes itself. Like cibuildwheel's options (command-line flags ->
+one record -> frozen resolved options), everything downstream works from one frozen value.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SearchOutcome", "StudyHeader", "TrialSummary", "TunedTrial", "load_header", "load_outcome", "outcome_from_attrs"]
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
+from tuner.study import state as k
+from tuner.study.state import StudyState
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyHeader:
+    """What the study measured and where. Old studies may lack any field (a study seeded from another
+    one had no model): each is None or empty then, as the stored attribute was absent."""
+
+    name: str
+    pipeline: int | None = None
+    arch: str | None = None
+    model: str | None = None
+    shape: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    depths: tuple[int, ...] = ()
+    pp: int | None = None
+    tg: int | None = None
+    source_spec: str | None = None
+    source_id: str | None = None
+    commit: str | None = None
+    era: str | None = None
+    profile: str | None = None
+    cpu_mask: tuple[int, ...] | None = None
+    """CPUs llama-bench was pinned to (empty or None: not pinned)."""
+    device: str | None = None
+    """The device llama-bench reported."""
+    toolchain: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    derived_knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """threads/-ngl legal values on the search's machine (:func:`tuner.plan.derive.resolve_space` takes them)."""
+    seeded_from: str | None = None
+
+    @classmethod
+    def from_attrs(cls, name: str, a: Mapping[str, Any]) -> StudyHeader:
+        mask = a.get(k.CPU_MASK)
+        return cls(name=name, pipeline=a.get(k.PIPELINE), arch=a.get(k.ARCH), model=a.get(k.MODEL),
+                   shape=dict(a.get(k.SHAPE) or {}), depths=tuple(a.get(k.DEPTHS) or ()), pp=a.get(k.PP), tg=a.get(k.TG),
+                   source_spec=a.get(k.SOURCE_SPEC), source_id=a.get(k.SOURCE_ID), commit=a.get(k.COMMIT), era=a.get(k.ERA),
+                   profile=a.get(k.PROFILE), cpu_mask=None if mask is None else tuple(mask), device=a.get(k.DEVICE),
+                   toolchain=dict(a.get(k.TOOLCHAIN) or {}), derived_knobs=dict(a.get(k.DERIVED_KNOBS) or {}),
+                   seeded_from=a.get(k.SEEDED_FROM))
+
+    def stored(self) -> dict[str, Any]:
+        """The header's attributes as a search records them on first opening the study (every key of
+        :data:`tuner.study.state.HEADER_KEYS`, in its order)."""
+        return {k.PIPELINE: self.pipeline, k.ARCH: self.arch, k.SOURCE_SPEC: self.source_spec, k.SOURCE_ID: self.source_id,
+                k.COMMIT: self.commit, k.ERA: self.era, k.MODEL: self.model, k.DEPTHS: list(self.depths), k.PP: self.pp,
+                k.TG: self.tg, k.SHAPE: dict(self.shape), k.PROFILE: self.profile,
+                k.CPU_MASK: None if self.cpu_mask is None else list(self.cpu_mask)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TunedTrial:
+    """The tune trial the confirm kept: its number, every knob's value and the sampled ones."""
+
+    trial: int
+    values: Mapping[str, Any]
+    params: Mapping[str, Any]
+
+    def stored(self) -> dict[str, Any]:
+        return {"trial": self.trial, "values": dict(self.values), "params": dict(self.params)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialSummary:
+    """One tune trial as the report lists it."""
+
+    number: int
+    status: str
+    """Its recorded status, else its Optuna state (lower case)."""
+    objectives: tuple[float, ...]
+    params: Mapping[str, Any]
+    phases: tuple[str, ...]
+    reason: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchOutcome:
+    """What a finished search concluded, with the stage records the export reports."""
+
+    header: StudyHeader
+    rules: tuple[FaRule, ...] = ()
+    """The confirmed FlashAttention rules (upstream's selection elsewhere)."""
+    dropped: Mapping[FaRule, str] = dataclasses.field(default_factory=dict)
+    """Composed rules the confirm (or a gate) dropped, with why."""
+    tuned: TunedTrial | None = None
+    """The confirmed tune trial; None: process-wide and compile-time knobs stay upstream's."""
+    rows: tuple[Mapping[str, Any], ...] = ()
+    """The confirmed points: final config vs upstream per (phase, depth), as the confirm judged them."""
+    attempt: int | None = None
+    upstream_phases: tuple[str, ...] = ()
+    """Phases left as upstream and not measured again."""
+    confirm_depths: tuple[int, ...] | None = None
+    gate: Mapping[str, Any] | None = None
+    """The output-equivalence gate's record (None: the study finished before the gate existed)."""
+    residency: Mapping[str, Any] | None = None
+    """The residency gate's record (None: not recorded)."""
+    op_checks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """test-backend-ops FLASH_ATTN_EXT per build id."""
+    screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
+    compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    trials: tuple[TrialSummary, ...] = ()
+
+    @property
+    def rule_texts(self) -> list[str]:
+        """The rules as GGML_TUNER_FA_RULES entries."""
+        return rules_texts(self.rules)
+
+    @classmethod
+    def from_result(cls, header: StudyHeader, res: Mapping[str, Any], **rest: Any) -> SearchOutcome:
+        """The outcome of a stored ``result`` (its JSON as :meth:`result_json` writes it)."""
+        tuned = res.get("tuned")
+        cd = res.get("confirm_depths")
+        return cls(header=header, rules=rules_from_texts(res.get("rules") or ()),
+                   dropped={r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])},
+                   tuned=TunedTrial(trial=int(tuned["trial"]), values=dict(tuned.get("values") or {}),
+                                    params=dict(tuned.get("params") or {})) if tuned else None,
+                   rows=tuple(dict(r) for r in res.get("rows") or ()), attempt=res.get("attempt"),
+                   upstream_phases=tuple(res.get("upstream_phases") or ()),
+                   confirm_depths=None if cd is None else tuple(int(d) for d in cd),
+                   gate=None if res.get("gate") is None else dict(res["gate"]),
+                   residency=None if res.get("residency") is None else dict(res["residency"]), **rest)
+
+    def result_json(self) -> dict[str, Any]:
+        """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
+        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped)),
+                               "tuned": self.tuned.stored() if self.tuned else None, "rows": [dict(r) for r in self.rows]}
+        if self.attempt is not None:
+            out["attempt"] = self.attempt
+        out["upstream_phases"] = list(self.upstream_phases)
+        if self.confirm_depths is not None:
+            out["confirm_depths"] = list(self.confirm_depths)
+        if self.residency is not None:  # the residency gate runs before the output-equivalence gate
+            out["residency"] = dict(self.residency)
+        if self.gate is not None:
+            out["gate"] = dict(self.gate)
+        return out
+
+
+def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
+    return tuple(TrialSummary(number=t.number, status=str(k.trial_attr(t, "status") or t.state.name.lower()),
+                              objectives=tuple(t.values or ()), params=dict(t.params),
+                              phases=tuple(k.trial_attr(t, "phases", []) or ()), reason=k.trial_attr(t, "reason"))
+                 for t in trials)
+
+
+def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[Any] = ()) -> SearchOutcome:
+    """The outcome of a study whose attributes are ``a`` (its ``result`` may be missing: an empty outcome)."""
+    return SearchOutcome.from_result(
+        StudyHeader.from_attrs(name, a), a.get(k.RESULT) or {}, op_checks=dict(a.get(k.GATES) or {}),
+        screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES}, compose=dict(a.get(k.COMPOSE) or {}),
+        stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}), trials=_trial_summaries(trials))
+
+
+def load_outcome(study: Any) -> SearchOutcome:
+    """The finished search's record, from ``study`` (an Optuna study) alone.
+
+    Raises:
+        TunerError: the study has not finished its confirm stage (no result yet).
+    """
+    st = StudyState(study)
+    if st.result() is None:
+        raise TunerError(f"study {study.study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
+                         "command to resume it, then export.")
+    return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
+
+
+def load_header(study: Any) -> StudyHeader:
+    """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
+    return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
