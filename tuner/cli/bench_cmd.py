@@ -98,7 +98,8 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
     Results go to OUT/<label>.jsonl (and .parquet); logs to OUT/logs.
     """
-    from tuner.measure.bench import BenchTarget, render_table, run_bench, run_interleaved, save_results
+    from tuner.measure.bench import render_table, run_bench, save_results
+    from tuner.measure.interleave import BenchTarget, run_interleaved
 
     if labels and len(labels) != len(builds):
         raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
