@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.plan import constraints
 from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
-from tuner.plan.patch import Edit, PatchManifest, _render, load_manifests, render_patch, unified_diff
+from tuner.plan.patch import Edit, PatchManifest, render_template, load_manifests, render_patch, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def render_defines(
         cuda_arch, warnings = _cuda_arch_value(limits, local_archs)
     declared = _declared_options(source_root)
     template = f"cmake/{variant}.j2"
-    text = _render(
+    text = render_template(
         template,
         {
             "arch": arch,

@@ -142,7 +142,8 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
     """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
     import tomli_w
 
-    from tuner.result.export import NO_PATCH_NOTE, _sha, _tomlable, portable_paths, write_build_files
+    from tuner._hash import text_sha256
+    from tuner.result.export import NO_PATCH_NOTE, portable_paths, tomlable, write_build_files
     from tuner.targets.host import mask_text
 
     study_name = study.study_name
@@ -157,7 +158,7 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
     config = {
         "schema": SCHEMA_VERSION,
         "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
-        "hashes": {"patch_sha256": _sha(rv.patch), "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True))},
+        "hashes": {"patch_sha256": text_sha256(rv.patch), "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True))},
         "target": {"arch": a["arch"], "measured_on": str(a.get("device", "unknown")), "toolchain": dict(a.get("toolchain", {})),
                    "cpu_mask": mask or None},
         "model": {"file": model.name, "shape": dict(a.get("shape", {})), "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
@@ -172,7 +173,7 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
         "op_check": list(dict(a.get("gates", {})).values())[:1][0] if a.get("gates") else {"status": "unknown"},
         "study": {"name": study.study_name, "pipeline": a.get("pipeline"), "stage_seconds": dict(a.get("stage_seconds", {}))},
     }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study_name))))
+    (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
     points = _points(res.get("rows", []), a["pp"], a["tg"])
     _write_upstream(out_dir, source, a, rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
     if points:
@@ -187,11 +188,11 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
 
 def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[str], *, model: str, depths: str,
                    args: Sequence[str], mask: str) -> None:
-    from tuner.result.export import _server_args
+    from tuner.result.export import server_args
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *_server_args(args)]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(args)]
     env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
@@ -397,10 +398,10 @@ def model_origin(a: Mapping[str, Any], like: str | None = None, weight_type: str
     path = Path(str(a.get("model", "")))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
-        from tuner.targets.models import _read_gguf
+        from tuner.targets.models import read_gguf
 
         try:
-            name = str(_read_gguf(path)[0].get("general.name", (0, None, ""))[2])
+            name = str(read_gguf(path)[0].get("general.name", (0, None, ""))[2])
         except UsageError:
             name = ""
         if name.startswith("tuner-random-"):

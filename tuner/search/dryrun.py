@@ -302,7 +302,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     stderr). Times nothing."""
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space, parse_set_values
-    from tuner.search.pipeline import PHASES, _kernels_for
+    from tuner.search.pipeline import PHASES, kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
     from tuner.targets.archs import load_arch
     from tuner.targets.models import load_gguf_shape, load_model_shape
@@ -361,7 +361,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
                                                   only_selector=not first))
             first = False
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
-    plan = plan_stages(space, kernels={p: _kernels_for(space, p) for p in PHASES}, inputs=inputs,
+    plan = plan_stages(space, kernels={p: kernels_for(space, p) for p in PHASES}, inputs=inputs,
                        context_length=shape.context_length, d_model=shape.d_model,
                        rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"),
                        pinned=tuple(sets or {}))

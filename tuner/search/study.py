@@ -1,6 +1,6 @@
 """What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`),
 and where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several
-hosts). :func:`run_search` runs :mod:`tuner.search.pipeline`; builds live in ``$TUNER_HOME/builds``.
+hosts). :mod:`tuner.search.pipeline` runs the search on it; builds live in ``$TUNER_HOME/builds``.
 
 Studies made by the earlier one-TPE search (trials with anchors, the stored H100 results) keep their
 read-back in :mod:`tuner.search.record` and their selection in :mod:`tuner.search.select` and
@@ -13,9 +13,8 @@ __all__ = [
     "SearchConfig",
     "PROFILES",
     "check_storage_url",
+    "make_storage",
     "resolve_arch",
-    "run_search",
-    "run_worker",
 ]
 
 import dataclasses
@@ -194,7 +193,9 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def _make_storage(url: str) -> Any:
+def make_storage(url: str) -> Any:
+    """The Optuna RDB storage at ``url`` (checked by :func:`check_storage_url`), with the tune trials' heartbeat
+    and stale-trial retry; a UsageError that names the fix when it cannot be opened."""
     import optuna
 
     check_storage_url(url)
@@ -232,21 +233,6 @@ re-run (Optuna's fail_stale_trials; a retry copy of it is queued)."""
 def _first_line(err: BaseException) -> str:
     lines = [ln for ln in str(err).splitlines() if ln.strip()]
     return lines[0].strip()[:400] if lines else type(err).__name__
-
-
-def run_search(cfg: SearchConfig) -> dict[str, Any]:
-    """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
-    returns the confirmed result (see :func:`tuner.search.pipeline.run_pipeline`)."""
-    from tuner.search.pipeline import run_pipeline
-
-    return run_pipeline(cfg)
-
-
-def run_worker(cfg: SearchConfig) -> int:
-    """Add tune trials to a study that ``tuner search`` screened and composed; returns its trial count."""
-    from tuner.search.pipeline import run_tune_worker
-
-    return run_tune_worker(cfg)
 
 
 def default_run_dir(study: str) -> Path:

@@ -233,10 +233,10 @@ def test_in_memory_storage_is_refused(url: str) -> None:
 
 
 def test_a_sqlite_folder_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) -> None:
-    from tuner.search.study import _make_storage, check_storage_url
+    from tuner.search.study import make_storage, check_storage_url
 
     missing = tmp_path / "nonexistent-dir"
-    for f in (check_storage_url, _make_storage):
+    for f in (check_storage_url, make_storage):
         with pytest.raises(UsageError) as e:
             f(f"sqlite:///{missing / 'x.db'}")
         assert f"mkdir -p {missing}" in str(e.value)
@@ -255,11 +255,11 @@ def test_malformed_storage_urls_are_refused_without_the_password(url: str) -> No
 
 
 def test_a_refused_connection_names_the_url_without_the_password() -> None:
-    from tuner.search.study import _make_storage
+    from tuner.search.study import make_storage
 
     pytest.importorskip("psycopg")
     with pytest.raises(UsageError) as e:
-        _make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
+        make_storage("postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna")
     assert "s3cr3t" not in str(e.value) and "tuner:***@127.0.0.1:1/optuna" in str(e.value)
     assert e.value.__cause__ is None  # the driver's exception (which holds the URL) is not chained
 
