@@ -180,6 +180,31 @@ def test_no_import_cycles() -> None:
         " -> ".join(c) for c in cycles)
 
 
+def import_guards(root: Path) -> list[str]:
+    """``file:line`` of every ``try: import <package module>`` whose handler catches ImportError: the module
+    exists, so a guard only hides a broken import (optional third-party modules are guarded, and not here)."""
+    mods = _modules(root)
+    found = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Try):
+                continue
+            caught = {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)} if all(
+                h.type is not None for h in node.handlers) else {"ImportError"}
+            if not caught & {"ImportError", "ModuleNotFoundError"}:
+                continue
+            body = ast.Module(body=node.body, type_ignores=[])
+            pkg_imports = [n for n in ast.walk(body) if isinstance(n, (ast.Import, ast.ImportFrom))
+                           and any(m.split(".")[0] == root.name for m in
+                                   ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or root.name]))]
+            found += [f"{path.relative_to(root.parent)}:{n.lineno}" for n in pkg_imports]
+    return found
+
+
+def test_no_import_guard_around_the_packages_own_modules() -> None:
+    assert not import_guards(REPO / "tuner")
+
+
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "pkg"
     for rel, text in {"__init__.py": "", **files}.items():
@@ -202,6 +227,12 @@ def test_the_private_scan_sees_each_spelling(tmp_path: Path, text: str) -> None:
     assert any(f.startswith("pkg/b.py") and "_helper" in f for f in found), found
     # a package-private module is importable inside the package; a name is not
     assert [f for f in found if f.startswith("pkg/sub")] == ["pkg/sub/c.py:2: from pkg.a import _helper"]
+
+
+def test_the_guard_scan_sees_a_guarded_own_import(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"a.py": "try:\n    from pkg import b\nexcept ImportError:\n    b = None\n", "b.py": "",
+                               "c.py": "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n"})
+    assert import_guards(root) == ["pkg/a.py:2"]
 
 
 def test_the_cycle_scan_sees_a_function_level_circle(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "find_bin_dir", "output_option", "parse_pairs", "stamped_run_dir"]
+__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "find_bin_dir", "output_option", "stamped_run_dir"]
 
 import datetime as _dt
 import re
@@ -58,19 +58,6 @@ def stamped_run_dir(kind: str) -> Path:
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return tuner_home() / "runs" / f"{kind}-{stamp}"
-
-
-def parse_pairs(values: tuple[str, ...], flag: str, example: str) -> dict[str, str]:
-    """``("K=V", ...)`` -> dict; anything without ``=`` is a UsageError naming ``flag`` and an example."""
-    out = {}
-    for s in values:
-        if "=" not in s:
-            raise UsageError(f"{flag} {s!r} is not NAME=VALUE. Example: {flag} {example}")
-        k, v = s.split("=", 1)
-        if not k.strip():
-            raise UsageError(f"{flag} {s!r} has no NAME before '='. Example: {flag} {example}")
-        out[k.strip()] = v.strip()
-    return out
 
 
 class AliasOption(click.Option):

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuner.cli._params import (CPU_MASK_HELP, cpu_mask_option, depths_option, find_bin_dir, output_option, parse_pairs,
+from tuner.cli._params import (CPU_MASK_HELP, cpu_mask_option, depths_option, find_bin_dir, output_option,
                                stamped_run_dir)
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.pairs import parse_pairs
 
 if TYPE_CHECKING:
     from tuner.plan.seed_builds import SeedRun

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import find_bin_dir, output_option, parse_pairs, stamped_run_dir
+from tuner.cli._params import find_bin_dir, output_option, stamped_run_dir
 from tuner.errors import TunerError, UsageError
+from tuner.pairs import parse_pairs
 
 
 def _split(text: str | None, flag: str) -> list[str]:
