@@ -136,8 +136,8 @@ def run_interleaved(
     """Measure candidates between baseline anchors: A B A C A ... A.
 
     Drift of a (test, depth) is ``(max - min) / min`` of the anchor medians
-    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is the largest anchor CI half-width (%). When drift exceeds
-    ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
+    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is
+    the largest anchor CI half-width (%). When drift exceeds ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
     samples are multiplied by ``reference / local`` where local is the geometric mean of the two
     anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
 
