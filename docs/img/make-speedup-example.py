@@ -1,15 +1,15 @@
-"""Make docs/img/speedup-example.{png,md} from the recorded H100 session-1 data (nothing is measured).
+"""Make docs/img/speedup-example.{png,md} from data recorded on the H100 (nothing is measured).
 
-Source data (docs/h100/README.md, session 1; llama-3.2-1b shape, Q4_K_M, NVIDIA H100 80GB HBM3,
+Source data (docs/h100.md; llama-3.2-1b shape, Q4_K_M, NVIDIA H100 80GB HBM3,
 llama.cpp 0c1e57098, -fa 1, depths 0/4096/16384/32768):
 
-- upstream side: ``docs/h100/session1/grid/{pp,tg}-default.jsonl`` (upstream kernel selection);
+- upstream side: ``tests/data/replay/{pp,tg}-default.jsonl`` (upstream kernel selection);
 - tuned side: a rule in the shape of llama.cpp PR 15035, "decode with the MMA kernel from n_kv >= 16384,
-  upstream selection below": ``grid/tg-MMA.jsonl`` at d16384/d32768, ``grid/tg-VEC.jsonl`` below
-  (VEC is what upstream picks there) and ``grid/pp-MMA.jsonl`` for prefill (upstream's pick);
+  upstream selection below": ``tg-MMA.jsonl`` at d16384/d32768, ``tg-VEC.jsonl`` below
+  (VEC is what upstream picks there) and ``pp-MMA.jsonl`` for prefill (upstream's pick);
   where the tuned side runs upstream's kernel the plot shows a second run of the same kernel;
-- A/A noise: |Δ%| between ``docs/h100/session1/default-run1.jsonl`` and ``default-run2.jsonl``
-  (the same default build benchmarked twice, 20 s apart; ``session1/compare.txt``).
+- A/A noise: |Δ%| between ``tests/data/bench/h100/default-run1.jsonl`` and ``default-run2.jsonl``
+  (the same default build benchmarked twice, 20 s apart).
 
 The first repetition of every llama-bench record is dropped (warm-up), as ``tuner bench`` does.
 The rule was chosen by looking at these same numbers, so this is an illustration of the plot, not
@@ -29,8 +29,9 @@ from tuner.report import compare_table, plot_speedup
 from tuner.stats import compare
 
 ROOT = Path(__file__).resolve().parents[2]
-S1 = ROOT / "docs" / "h100" / "session1"
-UPSTREAM = {"pp": "MMA", "tg": "VEC"}  # session1/fa-rules.txt: "kernel=... (default)" lines
+GRID = ROOT / "tests" / "data" / "replay"
+RUNS = ROOT / "tests" / "data" / "bench" / "h100"
+UPSTREAM = {"pp": "MMA", "tg": "VEC"}  # the hook's "kernel=... (default)" log lines on this build
 TESTS = {"pp": "pp512", "tg": "tg128"}
 
 
@@ -39,8 +40,8 @@ def tuned_kernel(phase: str, depth: int) -> str:
 
 
 def main() -> None:
-    grid = load_grid(sorted((S1 / "grid").glob("*.jsonl")))
-    run1, run2 = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
+    grid = load_grid(sorted(GRID.glob("*.jsonl")))
+    run1, run2 = load_results(RUNS / "default-run1.jsonl"), load_results(RUNS / "default-run2.jsonl")
     med1 = {(r.test, int(r.depth)): float(r.median_ts) for r in run1.itertuples()}
     med2 = {(r.test, int(r.depth)): float(r.median_ts) for r in run2.itertuples()}
     points = []
@@ -63,7 +64,7 @@ def main() -> None:
     out = ROOT / "docs" / "img"
     png = plot_speedup(points, out / "speedup-example.png",
                        title="H100, llama-3.2-1b shape Q4_K_M: decode with MMA from n_kv ≥ 16384 vs upstream "
-                             "(recorded session-1 grid; illustration)")
+                             "(recorded H100 grid; illustration)")
     md = compare_table(points, name_a="upstream", name_b="tuned", model="llama 1B Q4_K_M")
     (out / "speedup-example.md").write_text(md + "\n", encoding="utf-8")
     print(md)

@@ -22,6 +22,7 @@ import pytest
 
 from tuner.measure.observe import find_gpu_probe
 from tuner.measure.paired import CPU_REJECTED
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search.live import make_live_measure
@@ -45,7 +46,7 @@ def test_cpu_hungry_decode_change_is_rejected(cpu_build, tiny_model: Path, tmp_p
     run_phase_rounds(measure, "tg", cands, [0], recs, min_rounds=3, max_rounds=3, target_ci=0.1, tag="confirm")
     assert not any(r["errors"] for r in recs), [r["errors"] for r in recs]
     # the records carry what the observer saw in the timed repetitions; GPU%: None (not 0) without a GPU
-    # observer, else the idle device's utilization (session 12 ran this on the H100 host: NVML present)
+    # observer, else the idle device's utilization (on the H100 host this ran with NVML present)
     assert all(r["cpu"][UPSTREAM]["0"] > 30 and r["core"][conf.FINAL]["0"] > 0 for r in recs)
     probe = find_gpu_probe()
     gpu_seen = probe is not None
@@ -64,5 +65,5 @@ def test_cpu_hungry_decode_change_is_rejected(cpu_build, tiny_model: Path, tmp_p
     rows = conf.point_rows("tg", {0: cell}, recs)
     assert rows[0]["verdict"] == CPU_REJECTED and rows[0]["tuned_cpu"] > rows[0]["base_cpu"]
     assert math.isnan(rows[0]["base_gpu"]) != gpu_seen
-    j = conf.judge(["decode:0-=VEC"], rows, process_changed=True)
-    assert not j["process_ok"] and j["kept"] == []  # neither the knobs nor a rule survive; nothing is claimed
+    j = conf.judge(parse_fa_rules("decode:0-=VEC"), rows, process_changed=True)
+    assert not j["process_ok"] and j["kept"] == ()  # neither the knobs nor a rule survive; nothing is claimed

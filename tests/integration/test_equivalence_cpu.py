@@ -64,7 +64,7 @@ def test_decode_mode_and_fa_off_pass(ppl_bin: Path, tiny_model: Path, tmp_path: 
 
 def test_the_search_spaces_bench_switches_reach_llama_perplexity_as_it_spells_them(ppl_bin: Path, tiny_model: Path,
                                                                                     tmp_path: Path) -> None:
-    # session 12 on the H100: the gate passed llama-bench's `-nkvo 1` as is, and llama-perplexity exited
+    # on the H100 the gate passed llama-bench's `-nkvo 1` as is, and llama-perplexity exited
     # "error: invalid argument: 1". On the CPU backend the KV cache is on the host either way: a pass.
     from tuner.search.output_gate import perplexity_args
 

@@ -3,6 +3,7 @@ its presets with cmake, and `tuner export -o <that tree>` refuses to write into 
 
 from __future__ import annotations
 
+import lzma
 import os
 import shutil
 import subprocess
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = {  # name -> stored database: one GPU result with a rule, the CPU default (nothing to patch)
-    "sm90-l1b-v3": REPO / "docs" / "h100" / "session9" / "call5" / "sm90-l1b-v3.db",
-    "cpu-tiny-f16-s0-832db069-mma": REPO / "docs" / "cpu-default" / "study.db",
+    "sm90-l1b-v3": REPO / "results" / "sm_90" / "llama-3.2-1b-q4_k_m" / "evidence" / "study.db.xz",
+    "cpu-tiny-f16-s0-832db069-mma": REPO / "results" / "cpu" / "tiny-f16" / "evidence" / "study.db.xz",
 }
 
 
@@ -36,7 +37,7 @@ def test_presets_list_in_a_pristine_tree(tree_a, tmp_path: Path, study: str) -> 
     from tuner.cli.export_cmd import export_study
 
     db = tmp_path / "study.db"
-    shutil.copy(STUDIES[study], db)
+    db.write_bytes(lzma.decompress(STUDIES[study].read_bytes()))
     out = export_study(study, storage=f"sqlite:///{db}", out_dir=tmp_path / "out")
     assert not (out / "CMakePresets.json").exists()
     tree = _pristine_copy(tree_a, tmp_path / "llama.cpp")
@@ -55,7 +56,7 @@ def test_export_into_a_llama_cpp_tree_is_refused(tree_a, tmp_path: Path) -> None
     tree = _pristine_copy(tree_a, tmp_path / "llama.cpp")
     before = sorted(p.name for p in tree.iterdir())
     db = tmp_path / "study.db"
-    shutil.copy(STUDIES["sm90-l1b-v3"], db)
+    db.write_bytes(lzma.decompress(STUDIES["sm90-l1b-v3"].read_bytes()))
     env = {k: v for k, v in os.environ.items() if k != "TUNER_DEBUG"}
     res = subprocess.run([sys.executable, "-m", "tuner", "export", "--study", "sm90-l1b-v3", "--storage", f"sqlite:///{db}",
                           "-o", str(tree)], capture_output=True, text=True, timeout=300, env=env)

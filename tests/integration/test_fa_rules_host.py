@@ -1,4 +1,4 @@
-"""The rendered FA-rule parser and matcher (C++) agree with tuner.space.match_rules, compiled for the host.
+"""The rendered FA-rule parser and matcher (C++) agree with tuner.fa_rules.match_rules, compiled for the host.
 
 The knob block (fattn-knobs.cu.j2) and the selection wrapper (fattn-tail.cu.j2) are cut out of a rendered
 fattn.cu and compiled with g++ against a small stub of the ggml types they use; upstream's own choice is
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.plan import render, space
+from tuner.plan import fa_rules, render
 from tuner.errors import UsageError
 
 pytestmark = [
@@ -125,9 +125,9 @@ SHAPES = [
 ]
 
 
-def _expected(rules: list[space.FaRule], shape: tuple) -> str:
+def _expected(rules: list[fa_rules.FaRule], shape: tuple) -> str:
     phase, n_kv, D, gqa, kt, vt = shape
-    r = space.match_rules(rules, phase, n_kv, D, gqa, kt, kv_v=vt)
+    r = fa_rules.match_rules(rules, phase, n_kv, D, gqa, kt, kv_v=vt)
     if r is None or (r.kernel == "MMA" and D == 72):  # no rule, or an illegal forced kernel (fallback)
         return "UPSTREAM"
     return r.kernel
@@ -139,7 +139,7 @@ def env_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_env_mode_matches_python_mirror(env_exe: Path) -> None:
-    parsed = space.parse_fa_rules(RULES)
+    parsed = fa_rules.parse_fa_rules(RULES)
     res = _run(env_exe, SHAPES, RULES)
     assert res.returncode == 0, res.stderr
     got = res.stdout.split()
@@ -183,7 +183,7 @@ def test_env_mode_rejects_bad_keys(env_exe: Path, bad: str, msg: str) -> None:
     assert res.returncode == 3 and msg in res.stderr, res.stderr
     assert f"entry '{bad}'" in res.stderr
     with pytest.raises(UsageError):
-        space.parse_fa_rules(bad)  # the Python grammar rejects the same strings
+        fa_rules.parse_fa_rules(bad)  # the Python grammar rejects the same strings
 
 
 def test_env_mode_accepts_any_ggml_type_name(env_exe: Path) -> None:
@@ -197,5 +197,5 @@ def test_baked_mode_matches_python_mirror(tmp_path: Path) -> None:
     exe = _compile(tmp_path, {"GGML_TUNER_FA_RULES": RULES}, "baked")
     res = _run(exe, SHAPES, "decode:0-=VEC,prefill:0-=VEC")  # a baked build reads no env
     assert res.returncode == 0, res.stderr
-    parsed = space.parse_fa_rules(RULES)
+    parsed = fa_rules.parse_fa_rules(RULES)
     assert res.stdout.split() == [_expected(parsed, s) for s in SHAPES]

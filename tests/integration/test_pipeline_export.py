@@ -1,13 +1,13 @@
 """Export of a screen -> compose -> tune -> confirm study, on the real pinned tree.
 
-The study is the real H100 session-4 database (docs/h100/session4); its ``result`` is replaced here by
+The study is a real H100 screen (docs/data/noise-floors/sm90-l1b-v2.db.xz); its ``result`` is replaced here by
 a CRAFTED confirm outcome (one kept decode rule and its points), because that run never reached its
 confirm stage. What is tested is the export, not the numbers.
 """
 
 from __future__ import annotations
 
-import shutil
+import lzma
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,7 @@ def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path)
     from tuner.result.validate import validate_result
 
     db = tmp_path / "study.db"
-    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
     result = {"rules": [RULE], "dropped": {}, "tuned": None, "rows": _crafted_rows(), "upstream_phases": ["pp"],
@@ -148,7 +148,7 @@ def test_a_pinned_study_exports_its_mask_and_derived_knob_values(tree_a, tmp_pat
     from tuner.targets.host import Cpus
 
     db = tmp_path / "study.db"
-    shutil.copy(REPO / "docs" / "h100" / "session4" / "sm90-l1b-v2.db", db)
+    db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
     legal = legal_values(load_space("sm_90", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=True),

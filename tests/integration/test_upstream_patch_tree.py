@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -12,20 +11,15 @@ import pytest
 
 from tuner._run import run
 from tuner.targets.archs import load_arch
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import FATTN, patched_fattn, render_upstream_patch, whitespace_only_hunks
 
 pytestmark = pytest.mark.integration
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    phase: str
-    lo: int
-    hi: int | None
-    kernel: str
-    D: int | None = None
-    gqa: int | None = None
-    kv: str | None = None
+def Rule(phase: str, lo: int, hi: int | None, kernel: str, D: int | None = None, gqa: int | None = None,  # noqa: N802
+         kv: str | None = None) -> FaRule:
+    return FaRule(phase=Phase(phase), lo=lo, hi=hi, kernel=kernel, D=D, gqa=gqa, kv=kv)
 
 
 EXAMPLE = [Rule("decode", 32768, None, "MMA", 64, 4, "f16")]

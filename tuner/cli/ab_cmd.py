@@ -45,7 +45,7 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
 
     Example: tuner ab --build BUILD --model M.gguf --rules decode:16384-=TILE --depths 0,32768
     """
-    from tuner.plan.space import parse_fa_rules
+    from tuner.plan.fa_rules import parse_fa_rules, rules_env
     from tuner.search.live import make_live_measure
     from tuner.measure.paired import NOISE_CEILING_PCT
     from tuner.result.tables import compare_table, method_paragraph
@@ -55,7 +55,7 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     bin_dir = find_bin_dir(build_dir)
     # Bad syntax or a kernel other than VEC/TILE/MMA: one paragraph, exit 2. The hook gets the parsed
     # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
-    rules = tuple(",".join(fr.text for fr in parse_fa_rules(r)) for r in rules)
+    rules = tuple(rules_env(parse_fa_rules(r)) for r in rules)
     if not _has_fa_hook(bin_dir):
         raise UsageError(f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
                          "tree), so a rule cannot change its kernel and nothing was measured. Build one with "

@@ -78,6 +78,7 @@ from typing import Any
 from tuner import _run, log
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.plan.fa_rules import FaRule, Phase
 
 MODES = ("prefill", "decode")
 """``prefill``: ``-b N -ub N`` (prefill kernels); ``decode``: ``-b 1 -ub 1`` (decode kernels)."""
@@ -319,23 +320,18 @@ def write_gate_text(path: Path, n_words: int = 3000) -> Path:
     return path
 
 
-def widened_rules(rules: Sequence[str]) -> dict[str, list[str]]:
+def widened_rules(rules: Sequence[FaRule]) -> dict[Phase, list[FaRule]]:
     """Rules grouped by phase with every interval widened to ``0-``, one rule per (phase, keys, kernel).
 
     A deep-context rule (``decode:32768-=MMA``) does not fire at the gate's context of a few hundred
     tokens; widening it forces that kernel for the model's shape at the gate's depth, so its numerics
-    are checked. Returns ``{"decode": [...], "prefill": [...]}`` (GGML_TUNER_FA_RULES entries).
+    are checked. Returns ``{Phase.DECODE: [...], Phase.PREFILL: [...]}``.
     """
-    out: dict[str, list[str]] = {"decode": [], "prefill": []}
+    out: dict[Phase, list[FaRule]] = {p: [] for p in Phase}
     for r in rules:
-        head, _, kernel = r.partition("=")
-        sel, _, _rng = head.partition(":")
-        phase = sel.split("/")[0]
-        if phase not in out or not kernel:
-            raise UsageError(f"{r!r} is not a FlashAttention rule (PHASE[/KEYS]:lo-hi=KERNEL).")
-        w = f"{sel}:0-={kernel}"
-        if w not in out[phase]:
-            out[phase].append(w)
+        w = r.widened()
+        if w not in out[r.phase]:
+            out[r.phase].append(w)
     return out
 
 

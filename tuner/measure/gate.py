@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError, close_matches
+from tuner.plan.fa_rules import FaRule, Phase, rules_env
 
 KERNELS = ("VEC", "TILE", "MMA")
 """Kernels the era-``mma`` runtime hook can force."""
@@ -350,7 +351,7 @@ def run_gate(
     per: dict[str, CheckResult] = {}
     for k in ks:
         kenv = dict(env)
-        kenv["GGML_TUNER_FA_RULES"] = f"decode:0-={k},prefill:0-={k}"
+        kenv["GGML_TUNER_FA_RULES"] = rules_env(FaRule(phase=p, lo=0, hi=None, kernel=k) for p in Phase)
         with log.step(f"test-backend-ops {','.join(ops)} on {backend}, kernel forced to {k}"):
             per[k] = run_check(bin_dir, ops=ops, backend=backend, params=params, env=kenv, jobs=jobs,
                                log_dir=log_dir, timeout=timeout, label=f"check-{k}")

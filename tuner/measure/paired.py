@@ -9,7 +9,7 @@ With more than two configs per round, :func:`block_effects` reads the rounds as 
 randomized complete block design (log t/s = round + config + error) and pools the error variance
 over all configs: the same effect estimates as the per-pair means, with (R-1)(C-1) degrees of freedom
 instead of R-1. On the H100's 3-round screens (4 configs) that is 6 instead of 2, and the t quantile
-alone falls from 4.30 to 2.45 (docs/h100/README.md, session6).
+alone falls from 4.30 to 2.45 (results/sm_90/llama-3.1-8b-q4_k_m/evidence).
 
 An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
 whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
@@ -186,7 +186,7 @@ def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noi
 
 NOISE_CEILING_PCT = 20.0
 """The search's A/A noise ceiling, percent: a phase whose A/A noise (the median over its depths) exceeds
-it claims nothing. Kernel choices move t/s by 5-15% (docs/h100/README.md); behind a noise band wider
+it claims nothing. Kernel choices move t/s by 5-15% (docs/h100.md); behind a noise band wider
 than 20% a claim would rest on the rare effect that happens to clear it, so none is made. The H100's
 noisiest phase measured ±16.5% (prefill, a 1B model); a shared 2-core CPU box measured hundreds of percent."""
 

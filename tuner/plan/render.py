@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.plan import constraints
+from tuner.plan import fa_rules
 from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
@@ -351,7 +352,7 @@ def _baked_context(
         if m:
             t[int(m.group(1))] = _int_value(key, raw, 0, _INT_MAX)
         elif key == "GGML_TUNER_FA_RULES":
-            for r in space_mod.parse_fa_rules(str(raw)):
+            for r in fa_rules.parse_fa_rules(str(raw)):
                 rules.append(_baked_rule(r))
         elif key == "GGML_TUNER_WMMA_DECODE":
             wmma_decode = _int_value(key, raw, 0, 1)
@@ -364,8 +365,8 @@ def _baked_context(
                 f"baked_runtime key {key!r} cannot be compiled in. Known: GGML_TUNER_FA_RULES, GGML_TUNER_FA_T1..T8, "
                 f"GGML_TUNER_WMMA_DECODE, GGML_TUNER_WMMA_DECODE_MIN_KV. Pass other env vars at run time."
             )
-    if len(rules) > 32:
-        raise UsageError(f"{len(rules)} FA rules given; the hook holds at most 32.")
+    if len(rules) > fa_rules.FA_RULES_MAX:
+        raise UsageError(f"{len(rules)} FA rules given; the hook holds at most {fa_rules.FA_RULES_MAX}.")
     baked_rows: dict[str, list[str]] = {}
     wmma = dict(_WMMA_DEFAULTS)
     if sp is not None:
@@ -379,7 +380,7 @@ def _baked_context(
 _BAKED_KERNELS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
 
 
-def _baked_rule(r: Any) -> dict[str, Any]:
+def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
     """One ``ggml_tuner_fa_rule`` initializer (fattn-knobs.cu.j2) for a parsed rule; -1 = any / unbounded.
 
     Every value is re-checked here (type, range, allow-list) so nothing unchecked reaches the C++ text,
@@ -396,11 +397,11 @@ def _baked_rule(r: Any) -> dict[str, Any]:
     lo = num("lo", r.lo, 0, 2**62)
     hi = -1 if r.hi is None else num("hi", r.hi, lo + 1, 2**62)
     keys = {}
-    for name, (klo, khi) in space_mod.FA_RULE_KEY_RANGES.items():
+    for name, (klo, khi) in fa_rules.FA_RULE_KEY_RANGES.items():
         v = getattr(r, name)
         keys[name] = -1 if v is None else num(name, v, klo, khi)
-    if r.kv is not None and r.kv not in space_mod.FA_RULE_KV_TYPES:
-        raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(space_mod.FA_RULE_KV_TYPES)}.")
+    if r.kv is not None and r.kv not in fa_rules.FA_RULE_KV_TYPES:
+        raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(fa_rules.FA_RULE_KV_TYPES)}.")
     kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
     return {"phase": 0 if r.phase == "decode" else 1, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel],
             "D": keys["D"], "gqa": keys["gqa"], "kv": kv, "text": r.text}

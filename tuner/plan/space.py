@@ -13,13 +13,10 @@ __all__ = [
     "COMPILE_KINDS",
     "DERIVED_FLAGS",
     "RUNTIME_KINDS",
-    "FA_RULE_KV_TYPES",
-    "FA_RULE_KEY_RANGES",
     "RULE_KINDS",
     "check_constraints",
     "runtime_env_and_args",
     "compile_values_of",
-    "FaRule",
     "Knob",
     "RuntimeSettings",
     "SearchSpace",
@@ -27,8 +24,6 @@ __all__ = [
     "check_values",
     "default_row",
     "load_space",
-    "match_rules",
-    "parse_fa_rules",
     "parse_set_values",
     "set_values",
     "parse_space",
@@ -50,6 +45,7 @@ from tuner.plan.constraints import (MmaRow, TileRow, Violation, check_candidate,
                                     parse_tile_tables)
 from tuner.errors import UsageError, close_matches
 from tuner.pairs import parse_pairs
+from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.paths import data_dir
 from tuner.plan.variant import VARIANTS
 
@@ -403,146 +399,13 @@ def set_values(sp: SearchSpace, pairs: Mapping[str, object]) -> tuple[dict[str, 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FaRule:
-    """One ``PHASE[/KEY...]:lo-hi=KERNEL`` entry of GGML_TUNER_FA_RULES (n_kv in [lo, hi); hi None = unbounded).
-
-    The optional shape keys restrict the rule to one attention shape; ``None`` matches any shape, so a
-    rule without keys applies to every FlashAttention call (the grammar before shape keys existed).
-    """
-
-    phase: str
-    lo: int
-    hi: int | None
-    kernel: str
-    D: int | None = None
-    """Head size of K (``Q->ne[0]``); key ``D<int>``."""
-    gqa: int | None = None
-    """GQA ratio (``Q->ne[2] / K->ne[2]``); key ``gqa<int>``."""
-    kv: str | None = None
-    """ggml type name that both K and V must have (``f16``, ``q8_0``...); key ``kv<type>``."""
-
-    @property
-    def key(self) -> str:
-        """The shape keys as written in a rule (``/D64/gqa4/kvf16``; '' for an unkeyed rule)."""
-        parts = [f"/D{self.D}" if self.D is not None else "", f"/gqa{self.gqa}" if self.gqa is not None else "",
-                 f"/kv{self.kv}" if self.kv is not None else ""]
-        return "".join(parts)
-
-    @property
-    def text(self) -> str:
-        return f"{self.phase}{self.key}:{self.lo}-{'' if self.hi is None else self.hi}={self.kernel}"
-
-
-# ASCII digits only: the C++ hook reads them with strtoll (Python's \d would take other scripts' digits).
-_RULE = re.compile(r"(decode|prefill)((?:/[^/:]*)*):([0-9]+)-([0-9]*)=(VEC|TILE|MMA)")
-FA_RULES_MAX = 32
-"""Entries the C++ hook holds (GGML_TUNER_FA_MAX_RULES in the patch template); more abort llama.cpp."""
-
-FA_RULE_KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")
-"""K/V type names a ``kv<type>`` key may name (as ``ggml_type_name`` spells them; FlashAttention K/V types)."""
-
-FA_RULE_KEY_RANGES: dict[str, tuple[int, int]] = {"D": (1, 4096), "gqa": (1, 256)}
-
-_RULE_GRAMMAR = (
-    "PHASE[/KEY...]:LO-HI=KERNEL (PHASE decode|prefill; optional shape keys D<head size> (1..4096), "
-    "gqa<GQA ratio> (1..256), kv<K/V type> (" + "|".join(FA_RULE_KV_TYPES) + "), each at most once, a missing "
-    "key matching any shape; LO-HI an n_kv range, HI may be empty = unbounded; KERNEL VEC|TILE|MMA), "
-    "e.g. 'decode:8192-=MMA' or 'decode/D64/gqa4/kvf16:32768-=MMA'"
-)
-
-
-def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in keys.split("/")[1:]:
-        m = re.fullmatch(r"(D|gqa)([0-9]+)|kv([a-z0-9_]+)", key)
-        if not m:
-            raise UsageError(
-                f"FA rule {item!r}: shape key {key!r} is not D<int>, gqa<int> or kv<type>. Rules are {_RULE_GRAMMAR}."
-            )
-        name = m.group(1) or "kv"
-        if name in out:
-            raise UsageError(f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv at most once.")
-        if name == "kv":
-            if m.group(3) not in FA_RULE_KV_TYPES:
-                raise UsageError(
-                    f"FA rule {item!r}: K/V type {m.group(3)!r} is not one of {', '.join(FA_RULE_KV_TYPES)} "
-                    f"(ggml type names, e.g. kvf16, kvq8_0).{close_matches(m.group(3), FA_RULE_KV_TYPES)}"
-                )
-            out["kv"] = m.group(3)
-        else:
-            lo, hi = FA_RULE_KEY_RANGES[name]
-            v = int(m.group(2))
-            if not lo <= v <= hi:
-                raise UsageError(f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}].")
-            out[name] = v
-    return out
-
-
-def parse_fa_rules(text: str) -> list[FaRule]:
-    """Parse a GGML_TUNER_FA_RULES string (the same grammar the C++ hook accepts).
-
-    Grammar: comma-separated ``PHASE[/KEY...]:LO-HI=KERNEL`` with keys ``D<int>``, ``gqa<int>`` and
-    ``kv<type>`` in any order (``FaRule.text`` writes them as D, gqa, kv), e.g.
-    ``decode/D64/gqa4/kvf16:32768-=MMA``. The C++ parser accepts any ggml type name after ``kv``; this
-    one only the FlashAttention K/V types in :data:`FA_RULE_KV_TYPES`.
-
-    Raises:
-        UsageError: An entry that does not parse, a bad shape key or an out-of-range value.
-    """
-    out = []
-    for item in (s.strip() for s in text.split(",")):
-        if not item:
-            continue
-        m = _RULE.fullmatch(item)
-        if not m:
-            raise UsageError(f"FA rule {item!r} is not phase:lo-hi=KERNEL; rules are {_RULE_GRAMMAR}.")
-        keys = _parse_rule_keys(item, m.group(2))
-        lo, hi = int(m.group(3)), int(m.group(4)) if m.group(4) else None
-        if hi is not None and hi <= lo:
-            raise UsageError(f"FA rule {item!r}: hi {hi} must be greater than lo {lo}.")
-        if lo > 2**62 or (hi or 0) > 2**62:
-            raise UsageError(f"FA rule {item!r}: bound out of range.")
-        out.append(FaRule(phase=m.group(1), lo=lo, hi=hi, kernel=m.group(5), **keys))
-    if len(out) > FA_RULES_MAX:
-        raise UsageError(f"{len(out)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges.")
-    return out
-
-
-def match_rules(
-    rules: Sequence[FaRule], phase: str, n_kv: int, D: int, gqa: int, kv: str, *, kv_v: str | None = None
-) -> FaRule | None:
-    """The rule the patched selector applies to one FlashAttention call, or None for upstream's choice.
-
-    Mirrors ``ggml_cuda_get_best_fattn_kernel`` in ``templates/patches/mma/fattn-tail.cu.j2``: the first
-    rule whose phase, n_kv range and shape keys (a key left out matches anything) all match wins. Like
-    the C++, a matched rule whose kernel is illegal for the shape is still the match (the hook then
-    keeps the default, why="fallback"); legality is not modelled here.
-
-    Args:
-        rules: Parsed rules, in GGML_TUNER_FA_RULES order.
-        phase: ``decode`` (Q->ne[1] == 1) or ``prefill``.
-        n_kv: K->ne[1].
-        D: Head size of K (Q->ne[0]).
-        gqa: GQA ratio (Q->ne[2] / K->ne[2]).
-        kv: ggml type name of K (and of V unless ``kv_v`` is given).
-        kv_v: ggml type name of V where it differs from K's; a ``kv`` key needs both to equal it.
-    """
-    v_type = kv if kv_v is None else kv_v
-    for r in rules:
-        if r.phase != phase or n_kv < r.lo or (r.hi is not None and n_kv >= r.hi):
-            continue
-        if (r.D is not None and r.D != D) or (r.gqa is not None and r.gqa != gqa) or (r.kv is not None and (r.kv != kv or r.kv != v_type)):
-            continue
-        return r
-    return None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class RuntimeSettings:
     """What runtime knob values turn into: environment variables and llama-bench arguments."""
 
     env: Mapping[str, str]
     bench_args: tuple[str, ...]
+    rules: tuple[FaRule, ...] = ()
+    """The rule knobs' FlashAttention rules (``env`` holds them as GGML_TUNER_FA_RULES)."""
 
 
 def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSettings:
@@ -553,7 +416,7 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
     checked = check_values(sp, values, section="runtime")
     env: dict[str, str] = {}
     args: list[str] = []
-    rules: list[str] = []
+    rules: list[FaRule] = []
     for knob in sp.runtime_knobs:
         if knob.name not in checked:
             continue
@@ -562,7 +425,7 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
         if knob.kind == "rule":
             if v != "default":
                 hi = m.get("hi")
-                rules.append(f"{m['phase']}:{m['lo']}-{'' if hi is None else hi}={v}")
+                rules.append(FaRule(phase=Phase(m["phase"]), lo=int(m["lo"]), hi=None if hi is None else int(hi), kernel=str(v)))
         elif knob.kind == "threshold":
             if v != knob.default:
                 env[f"GGML_TUNER_FA_T{m['id']}"] = str(v)
@@ -572,8 +435,8 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
         elif knob.kind == "bench_flag" and v != BENCH_DEFAULT:
             args += [str(m["flag"]), str(v)]
     if rules:
-        env["GGML_TUNER_FA_RULES"] = ",".join(rules)
-    return RuntimeSettings(env=env, bench_args=tuple(args))
+        env["GGML_TUNER_FA_RULES"] = rules_env(rules)
+    return RuntimeSettings(env=env, bench_args=tuple(args), rules=tuple(rules))
 
 
 # --------------------------------------------------------------------------------------------------

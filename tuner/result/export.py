@@ -26,13 +26,14 @@ import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner import log
 from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.space import RULE_KINDS
 
 SCHEMA_VERSION = 1
@@ -166,7 +167,7 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    baked = baked_runtime(list(w.rules), fa_env)
+    baked = baked_runtime(w.rules, fa_env)
     rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
         _write_result(finished, tmp, rv, variant=variant, compile_values=compile_values, run_env=run_env, fa_env=fa_env,
@@ -220,7 +221,7 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
             "runtime_env": run_env,
             "fa_env": fa_env,
             "bench_args": args,
-            "fa_rules": list(w.rules),
+            "fa_rules": rules_texts(w.rules),
         },
         "defines": dict(rv.defines),
         "buckets": list(w.buckets),
@@ -232,12 +233,12 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
                   no_patch=not rv.patch)
 
 
-def baked_runtime(rules: list[str], fa_env: Mapping[str, str]) -> dict[str, str]:
+def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[str, str]:
     """The hook's env values to compile in (render's ``baked_runtime``); export and validate share it."""
     out = dict(fa_env)
     out.pop("GGML_TUNER_FA_RULES", None)
     if rules:
-        out["GGML_TUNER_FA_RULES"] = ",".join(rules)
+        out["GGML_TUNER_FA_RULES"] = rules_env(rules)
     return out
 
 
@@ -355,7 +356,7 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
         f"Source {a['source_spec']} (llama.cpp {a.get('commit')}, era {a['era']}); study `{study.study_name}`, "
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
         + (_ptx_jit_note(a, measured, like, weight_type) if measured[0] != a["arch"] else "")
-        + f"FlashAttention rules: {', '.join(w.rules) or 'upstream selection'}.\n\n"
+        + f"FlashAttention rules: {', '.join(rules_texts(w.rules)) or 'upstream selection'}.\n\n"
         + (NO_PATCH_NOTE + "\n\n" if no_patch else "")
     )
     selection = (

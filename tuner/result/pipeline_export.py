@@ -23,6 +23,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
+from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts, rules_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
 
@@ -39,7 +40,7 @@ def summary_line(result: Mapping[str, Any]) -> str:
         return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
                 "and the export is upstream's selection (report.md shows the gate's numbers).")
     rows = result.get("rows", [])
-    noisy = sorted({_PHASE_WORD.get(r["phase"], r["phase"]) for r in rows if r["verdict"] == TOO_NOISY})
+    noisy = sorted({Phase.from_bench(r["phase"]).value for r in rows if r["verdict"] == TOO_NOISY})
     if noisy and not result.get("rules") and not result.get("tuned"):
         return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
                 "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
@@ -54,9 +55,6 @@ def summary_line(result: Mapping[str, Any]) -> str:
             f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
             f"rules: {', '.join(result.get('rules', [])) or 'none'}"
             + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
-
-
-_PHASE_WORD = {"tg": "decode", "pp": "prefill"}
 
 
 def noisy_phases(a: Mapping[str, Any]) -> dict[str, float]:
@@ -80,8 +78,8 @@ def noisy_line(a: Mapping[str, Any]) -> str:
         return ""
     # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
     # percent (Student-t with 1-2 degrees of freedom), a number that says no more than "over 100%".
-    what = ", ".join(f"{_PHASE_WORD[p]} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
-    return (f"**This machine was too noisy to claim anything in {' and '.join(_PHASE_WORD[p] for p in noisy)}: the A/A "
+    what = ", ".join(f"{Phase.from_bench(p).value} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
+    return (f"**This machine was too noisy to claim anything in {' and '.join(Phase.from_bench(p).value for p in noisy)}: the A/A "
             f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
             "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
             "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
@@ -125,7 +123,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     variant = str(vals.get("variant") or space.variants[0])
     compile_values = compile_values_of(space, vals)
     env, args = runtime_env_and_args(space, vals)
-    rules = list(res.get("rules", []))
+    rules = rules_from_texts(res.get("rules", []))
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     rv = export_render(source, a["arch"], variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
@@ -138,7 +136,7 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
 
 def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: Any, gate: Mapping[str, Any], *, variant: str,
                     compile_values: Mapping[str, int], run_env: Mapping[str, str], fa_env: Mapping[str, str],
-                    args: list[str], rules: list[str], like: str | None = None, weight_type: str | None = None) -> None:
+                    args: list[str], rules: Sequence[FaRule], like: str | None = None, weight_type: str | None = None) -> None:
     """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
     import tomli_w
 
@@ -163,7 +161,7 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
                    "cpu_mask": mask or None},
         "model": {"file": model.name, "shape": dict(a.get("shape", {})), "depths": a["depths"], "pp": a["pp"], "tg": a["tg"]},
         "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
-                   "bench_args": args, "fa_rules": rules, "dropped_rules": dict(res.get("dropped", {})),
+                   "bench_args": args, "fa_rules": rules_texts(rules), "dropped_rules": dict(res.get("dropped", {})),
                    "tune_trial": tuned.get("trial")},
         "defines": dict(rv.defines),
         "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
@@ -186,14 +184,14 @@ def _write_pipeline(out_dir: Path, study: Any, storage: str, source: Any, rv: An
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
-def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[str], *, model: str, depths: str,
+def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[FaRule], *, model: str, depths: str,
                    args: Sequence[str], mask: str) -> None:
     from tuner.result.export import server_args
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
     server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(args)]
-    env_rules = f"GGML_TUNER_FA_RULES={','.join(rules)}\n" if rules else ""
+    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
@@ -423,11 +421,10 @@ def model_origin(a: Mapping[str, Any], like: str | None = None, weight_type: str
     return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
 
 
-def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Sequence[str],
+def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Sequence[FaRule],
                     points: Sequence[Mapping[str, Any]], *, defines: Mapping[str, str], like: str | None = None,
                     weight_type: str | None = None) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
-    from tuner.plan.space import parse_fa_rules
     from tuner.result.upstream_patch import render_upstream_patch
     from tuner.targets.archs import load_arch
 
@@ -436,7 +433,6 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
     arch = load_arch(a["arch"])
     if not rules or arch.vendor == "cpu":
         return
-    parsed = parse_fa_rules(",".join(rules))
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = str(a.get("device", "unknown GPU"))
@@ -445,19 +441,18 @@ def _write_upstream(out_dir: Path, source: Any, a: Mapping[str, Any], rules: Seq
             + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
                f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
                f"A/A noise {best['aa_noise_pct']:.1f}%)" if best else "") + ".")
-    patch = render_upstream_patch(source, parsed, arch, note=note)
+    patch = render_upstream_patch(source, rules, arch, note=note)
     if patch is None:
         return
     (out_dir / "upstream.patch").write_text(patch)
     (out_dir / "PR.md").write_text(pr_body(a, rules, points, defines=defines, like=like, weight_type=weight_type))
 
 
-def pr_body(a: Mapping[str, Any], rules: Sequence[str], points: Sequence[Mapping[str, Any]], *,
+def pr_body(a: Mapping[str, Any], rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]], *,
             defines: Mapping[str, str], like: str | None = None, weight_type: str | None = None) -> str:
     """``PR.md`` of a pipeline result: ``a`` holds the study's ``arch``, ``device``, ``model``, ``commit``,
     ``pp``, ``tg``, ``shape`` (and ``cpu_mask``), ``points`` the confirmed rows as :func:`_points` makes them."""
     from tuner.measure.paired import NOISE_CEILING_PCT
-    from tuner.plan.space import parse_fa_rules
     from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
     from tuner.targets.archs import load_arch
 
@@ -472,7 +467,7 @@ def pr_body(a: Mapping[str, Any], rules: Sequence[str], points: Sequence[Mapping
         phases=sorted({p["phase"] for p in points}), search_depths=a.get("depths") or (),
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
     models = models_note(model_file=model_file, shape=a.get("shape", {}), like=origin["like"], synthetic=origin["synthetic"])
-    return render_pr_body(parse_fa_rules(",".join(rules)), arch, gpu=str(a.get("device", "unknown GPU")), model=model_file,
+    return render_pr_body(rules, arch, gpu=str(a.get("device", "unknown GPU")), model=model_file,
                           points=points, commands=commands, source=f"llama.cpp {a.get('commit')}", models=models,
                           noise_ceiling_pct=NOISE_CEILING_PCT)
 

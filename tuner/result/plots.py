@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import UsageError
+from tuner.plan.fa_rules import FaRule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,22 +103,20 @@ def _depth_label(d: int) -> str:
     return f"{d // 1024}k" if d % 1024 == 0 else str(d)
 
 
-def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()) -> dict[str, list[dict[str, Any]]]:
     """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (depth in tokens; ``x1``
     None = to the right edge), ``kernel`` and the ``upstream`` kernel(s) of the points inside.
 
-    With ``rules`` (``GGML_TUNER_FA_RULES`` entries), one span per rule from its threshold ``lo`` to its
+    With ``rules`` (the exported FlashAttention rules), one span per rule from its threshold ``lo`` to its
     ``hi``: where the exported config switches kernel, not where a screened depth happened to be. Without
     them (a comparison of two builds), each run of consecutive points whose ``kernel`` differs from
     ``upstream_kernel``, bounded halfway to the neighbouring depths.
     """
     out: dict[str, list[dict[str, Any]]] = {}
     if rules:
-        from tuner.plan.space import parse_fa_rules
-
-        for r in parse_fa_rules(",".join(rules)):
-            ph = "tg" if r.phase == "decode" else "pp"
-            inside = [p for p in points if _phase_of(p) == ph and int(p["depth"]) >= r.lo and (r.hi is None or int(p["depth"]) < r.hi)]
+        for r in rules:
+            ph = r.phase.bench
+            inside = [p for p in points if _phase_of(p) == ph and r.covers(int(p["depth"]))]
             ups = sorted({str(p["upstream_kernel"]) for p in inside if p.get("upstream_kernel")})
             out.setdefault(ph, []).append({"x0": int(r.lo), "x1": None if r.hi is None else int(r.hi), "kernel": r.kernel,
                                            "upstream": "/".join(ups), "rule": r.text})
@@ -273,7 +272,7 @@ def plot_speedup(
     title: str = "",
     name_a: str = "upstream",
     name_b: str = "tuned",
-    rules: Sequence[str] = (),
+    rules: Sequence[FaRule] = (),
 ) -> Path:
     """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
 

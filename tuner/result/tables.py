@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.plan.fa_rules import Phase
 
 MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "within noise": "~", "too few samples": "?",
          "no noise reference": "?", "too noisy": "?"}
@@ -59,7 +60,7 @@ def _num(x: Any) -> float | None:
 
 def _phase(p: Mapping[str, Any]) -> str:
     ph = str(p.get("phase") or str(p.get("test", ""))[:2])
-    return {"decode": "tg", "prefill": "pp"}.get(ph, ph)
+    return Phase(ph).bench if ph in {p.value for p in Phase} else ph
 
 
 def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

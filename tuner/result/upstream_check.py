@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError, UsageError
+from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
 from tuner.result.checks import Finding, git_apply_to_copy
 
 # FlashAttention kernel functions of the mma-era tree (fattn-vec.cuh, fattn-tile.cuh, fattn-mma-f16.cuh).
@@ -67,14 +68,14 @@ def patched_tree_text(patch_file: Path, root: Path) -> dict[str, str]:
     return new
 
 
-def decision_depths(rules: Sequence[Any], points: Sequence[Mapping[str, Any]]) -> list[int]:
+def decision_depths(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]]) -> list[int]:
     """Recorded decode depths that decide the decode rules: the lowest inside each, the highest below it."""
-    depths = sorted({int(p["depth"]) for p in points if p.get("phase") == "tg"})
+    depths = sorted({int(p["depth"]) for p in points if p.get("phase") == Phase.DECODE.bench})
     out: set[int] = set()
     for r in rules:
-        if r.phase not in ("decode", "any"):
+        if r.phase is not Phase.DECODE:
             continue
-        inside = [d for d in depths if d >= r.lo and (r.hi is None or d < r.hi)]
+        inside = [d for d in depths if r.covers(d)]
         below = [d for d in depths if d < r.lo]
         out.update(inside[:1] + below[-1:])
     return sorted(out)
@@ -128,14 +129,14 @@ def _ncu_decode_kernel(ncu: Path, bin_dir: Path, model: Path, depth: int, n_laye
     return decode_family(parse_ncu_csv(res.output), n_layers)
 
 
-def _tuned_decode_kernel(bin_dir: Path, model: Path, depth: int, rules: Sequence[str], fa_env: Mapping[str, str],
+def _tuned_decode_kernel(bin_dir: Path, model: Path, depth: int, rules: Sequence[FaRule], fa_env: Mapping[str, str],
                          log: Path) -> tuple[str | None, str]:
     from tuner._run import run
     from tuner.measure.falog import kernel_at, parse_fa_log
 
     env = {**os.environ, **fa_env, "GGML_TUNER_FA_LOG": "1", "GGML_CUDA_DISABLE_GRAPHS": "1"}
     if rules:
-        env["GGML_TUNER_FA_RULES"] = ",".join(rules)
+        env["GGML_TUNER_FA_RULES"] = rules_env(rules)
     res = run(_probe(bin_dir, model, depth), env=env, check=False, timeout=900, what="llama-bench (tuned)")
     log.write_text(res.output)
     kernel, _why = kernel_at(parse_fa_log(res.output), "tg", depth, _N_GEN)
@@ -165,7 +166,6 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
                           log_dir: Path | None = None) -> list[Any]:
     """The three GPU checks of ``upstream.patch`` as validate findings (skips say why)."""
     from tuner.measure.gate import params_for_model, run_check
-    from tuner.plan.space import parse_fa_rules
     from tuner.targets.archs import detect_local_archs, load_arch
 
     arch = load_arch(cfg["target"]["arch"])
@@ -198,8 +198,7 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
     out.append(Finding(check="upstream.patch test-backend-ops FLASH_ATTN_EXT", ok=chk.passed,
                        detail=f"{chk.summary} (log {chk.log_file})"))
 
-    rules_text = list(cfg["choice"]["fa_rules"])
-    rules = parse_fa_rules(",".join(rules_text)) if rules_text else []
+    rules = rules_from_texts(cfg["choice"]["fa_rules"])
     depths = decision_depths(rules, cfg.get("points", []))
     model = model_for(cfg, models)
     ncu = find_ncu()
@@ -216,7 +215,7 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
     rows, ok = [], True
     for d in depths:
         if tuned_bin is not None:
-            want, why = _tuned_decode_kernel(tuned_bin, model, d, rules_text, dict(cfg["choice"].get("fa_env", {})),
+            want, why = _tuned_decode_kernel(tuned_bin, model, d, rules, dict(cfg["choice"].get("fa_env", {})),
                                              log_dir / f"tuned-d{d}.log")
         else:
             want, why = recorded.get(d), "recorded in config.toml"

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 __all__ = [
     "FATTN",
-    "SelectionRule",
     "render_upstream_patch",
     "patched_fattn",
     "arch_condition",
@@ -70,9 +69,10 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tuner.errors import TunerError
+from tuner.plan.fa_rules import FaRule, Phase
 
 FATTN = "ggml/src/ggml-cuda/fattn.cu"
 COMMON = "ggml/src/ggml-cuda/common.cuh"
@@ -87,23 +87,6 @@ _TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0]
 _TURING_COMMENT = "    // If Turing tensor cores are available, use them:\n"
 _NEEDS = ("const int gqa_ratio", "bool gqa_opt_applies", "const bool can_use_vector_kernel", "const int cc")
 _WIDTH = 120
-
-
-class SelectionRule(Protocol):
-    """A confirmed selection rule (mirrors ``tuner.space.FaRule`` with its shape keys).
-
-    ``D``, ``gqa`` and ``kv`` may be missing or None (any head size / GQA ratio / K-V type); they are
-    read with ``getattr(rule, name, None)``, so a ``FaRule`` without shape keys works too.
-    """
-
-    phase: str  # 'decode' | 'prefill'
-    lo: int  # n_kv lower bound, inclusive
-    hi: int | None  # n_kv upper bound, exclusive; None = unbounded
-    kernel: str  # 'VEC' | 'TILE' | 'MMA'
-
-
-def _keys(rule: Any) -> tuple[int | None, int | None, str | None]:
-    return getattr(rule, "D", None), getattr(rule, "gqa", None), getattr(rule, "kv", None)
 
 
 def _root(source_root: Any) -> Path:
@@ -162,11 +145,9 @@ def _mma_available(arch: Any) -> str | None:
 # --------------------------------------------------------------------------------------------- rules
 
 
-def _check_rule(rule: Any, arch: Any) -> None:
-    D, gqa, kv = _keys(rule)
-    where = f"rule {rule.phase}:{rule.lo}-{'' if rule.hi is None else rule.hi}={rule.kernel} (D={D}, gqa={gqa}, kv={kv})"
-    if rule.phase not in ("decode", "prefill"):
-        raise TunerError(f"{where}: phase must be 'decode' or 'prefill'.")
+def _check_rule(rule: FaRule, arch: Any) -> None:
+    D, gqa, kv = rule.D, rule.gqa, rule.kv
+    where = f"rule {rule.text}"
     if rule.kernel not in _RETURN:
         raise TunerError(f"{where}: kernel must be one of {sorted(_RETURN)}.")
     if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
@@ -188,10 +169,10 @@ def _check_rule(rule: Any, arch: Any) -> None:
             raise TunerError(f"{where}: the AMD WMMA path of the MMA kernel needs head size <= 256.")
 
 
-def _overlap(a: Any, b: Any) -> bool:
+def _overlap(a: FaRule, b: FaRule) -> bool:
     if a.phase != b.phase:
         return False
-    for x, y in zip(_keys(a), _keys(b)):
+    for x, y in ((a.D, b.D), (a.gqa, b.gqa), (a.kv, b.kv)):
         if x is not None and y is not None and str(x).lower() != str(y).lower():
             return False
     a_hi = math.inf if a.hi is None else a.hi
@@ -199,10 +180,13 @@ def _overlap(a: Any, b: Any) -> bool:
     return a.lo < b_hi and b.lo < a_hi
 
 
-def rule_condition(rule: Any, arch: Any) -> list[str]:
-    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality."""
-    D, gqa, kv = _keys(rule)
-    parts = ["Q->ne[1] == 1" if rule.phase == "decode" else "Q->ne[1] > 1"]
+def rule_condition(rule: FaRule, arch: Any) -> list[str]:
+    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality.
+
+    The one place a rule becomes a C++ condition in upstream's own selection function (``upstream.patch``);
+    the tuner hook of ``tuned.patch`` reads rules as data instead (``tuner.plan.render``)."""
+    D, gqa, kv = rule.D, rule.gqa, rule.kv
+    parts = ["Q->ne[1] == 1" if rule.phase is Phase.DECODE else "Q->ne[1] > 1"]
     if D is not None:
         parts.append(f"Q->ne[0] == {D}")
     if gqa is not None:
@@ -251,7 +235,7 @@ def _comment(note: str, indent: int) -> list[str]:
     return out
 
 
-def _block(rules: Sequence[Any], arch: Any, cond: str, note: str, indent: int) -> list[str]:
+def _block(rules: Sequence[FaRule], arch: Any, cond: str, note: str, indent: int) -> list[str]:
     pad = " " * indent
     out = _comment(note or f"Kernel choice measured on {arch.name}.", indent)
     out.append(f"{pad}if ({cond}) {{")
@@ -264,7 +248,7 @@ def _block(rules: Sequence[Any], arch: Any, cond: str, note: str, indent: int) -
     return [ln + "\n" if ln else "\n" for ln in out]
 
 
-def patched_fattn(source_root: Any, rules: Sequence[Any], arch: Any, *, note: str = "") -> str | None:
+def patched_fattn(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note: str = "") -> str | None:
     """fattn.cu of the pristine tree with the rules added to its selection function; None for no rules.
 
     Raises:
@@ -326,12 +310,12 @@ def _blob(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def render_upstream_patch(source_root: Any, rules: Sequence[Any], arch: Any, *, note: str = "") -> str | None:
+def render_upstream_patch(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note: str = "") -> str | None:
     """``upstream.patch``: a git-format unified diff of fattn.cu adding ``rules`` for ``arch``.
 
     Args:
         source_root: The pristine llama.cpp tree (a path, or a ``Source`` whose ``.root`` is one).
-        rules: The confirmed selection rules (:class:`SelectionRule`), in order.
+        rules: The confirmed selection rules, in order.
         arch: A ``tuner.archs.Arch`` (vendor, cc / gfx, math).
         note: Comment text put above the new block (GPU, model and how it was measured); wrapped.
 
@@ -390,30 +374,27 @@ def whitespace_only_hunks(patch: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- PR body
 
-_PHASE = {"tg": "decode", "decode": "decode", "pp": "prefill", "prefill": "prefill"}
-
-
-def _shape(rule: Any) -> str:
-    D, gqa, kv = _keys(rule)
+def _shape(rule: FaRule) -> str:
+    D, gqa, kv = rule.D, rule.gqa, rule.kv
     bits = [f"head size {D}" if D is not None else "any head size",
             f"GQA ratio {gqa}" if gqa is not None else "any GQA ratio",
             f"K/V {kv}" if kv is not None else "any K/V type"]
     return ", ".join(bits)
 
 
-def _range(rule: Any) -> str:
+def _range(rule: FaRule) -> str:
     if rule.hi is None:
         return f"n_kv >= {rule.lo}" if rule.lo else "any n_kv"
     return f"{rule.lo} <= n_kv < {rule.hi}" if rule.lo else f"n_kv < {rule.hi}"
 
 
-def _upstream_kernels(rules: Sequence[Any], points: Sequence[Mapping[str, Any]]) -> dict[int, set[str]]:
+def _upstream_kernels(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]]) -> dict[int, set[str]]:
     """Rule index -> the upstream kernels of the measured points it covers."""
     up: dict[int, set[str]] = {}
     for i, r in enumerate(rules):
         for p in points:
             d = int(p.get("depth", -1))
-            if _PHASE.get(str(p.get("phase")), "") == r.phase and d >= r.lo and (r.hi is None or d < r.hi):
+            if str(p.get("phase")) in (r.phase.bench, r.phase.value) and r.covers(d):
                 if p.get("upstream_kernel"):
                     up.setdefault(i, set()).add(str(p["upstream_kernel"]))
     return up
@@ -486,7 +467,7 @@ def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, s
 
 
 def render_pr_body(
-    rules: Sequence[Any],
+    rules: Sequence[FaRule],
     arch: Any,
     *,
     gpu: str,

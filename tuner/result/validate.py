@@ -80,11 +80,12 @@ def load_config(folder: Path) -> dict[str, Any]:
 def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
     """The result's config rendered on ``source`` as it was exported (variant, compile values, baked FA rules;
     an empty patch where that changes nothing from upstream)."""
+    from tuner.plan.fa_rules import rules_from_texts
     from tuner.result.export import baked_runtime, export_render
 
     choice = cfg["choice"]
     return export_render(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]),
-                         baked=baked_runtime(list(choice["fa_rules"]), dict(choice["fa_env"])))
+                         baked=baked_runtime(rules_from_texts(choice["fa_rules"]), dict(choice["fa_env"])))
 
 
 def _schema(cfg: Mapping[str, Any]) -> list[str]:

@@ -16,8 +16,8 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
 
 from __future__ import annotations
 
-__all__ = ["Decision", "Shape", "compose_phase", "judge_phase", "bisect_depths", "rule_text", "noise_floor", "open_depths", "phase_noise",
-           "phase_cpu_noise"]
+__all__ = ["Decision", "Shape", "compose_phase", "judge_phase", "bisect_depths", "noise_floor", "open_depths", "phase_noise",
+           "phase_cpu_noise", "rules_from"]
 
 import dataclasses
 import math
@@ -28,7 +28,8 @@ from typing import Any
 from scipy import stats as _stats
 
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, rejects_cpu_cost, too_noisy, verdict
-from tuner.search.screen import PHASE_RULE, CellStats
+from tuner.plan.fa_rules import FaRule, Phase
+from tuner.search.screen import CellStats
 
 _STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
 
@@ -42,8 +43,12 @@ class Shape:
     kv: str | None = "f16"
 
     def key(self) -> str:
-        parts = [f"D{self.D}" if self.D else "", f"gqa{self.gqa}" if self.gqa else "", f"kv{self.kv}" if self.kv else ""]
-        return "".join(f"/{p}" for p in parts if p)
+        """The shape as a rule's keys spell it (``/D64/gqa4/kvf16``), as the study records it."""
+        return self.rule(Phase.DECODE, 0, None, "VEC").key
+
+    def rule(self, phase: Phase, lo: int, hi: int | None, kernel: str) -> FaRule:
+        """A rule keyed to this shape (an unknown head size or GQA ratio, 0 or None, is no key)."""
+        return FaRule(phase=phase, lo=lo, hi=hi, kernel=kernel, D=self.D or None, gqa=self.gqa or None, kv=self.kv or None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,14 +196,10 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
     return out
 
 
-def rule_text(phase: str, shape: Shape, lo: int, hi: int | None, kernel: str) -> str:
-    return f"{PHASE_RULE[phase]}{shape.key()}:{lo}-{'' if hi is None else hi}={kernel}"
-
-
-def rules_from(decisions: Sequence[Decision], shape: Shape) -> list[str]:
+def rules_from(decisions: Sequence[Decision], shape: Shape) -> tuple[FaRule, ...]:
     """Rules for the non-upstream intervals of one phase's decisions (see the module docstring)."""
     ds = sorted(decisions, key=lambda x: x.depth)
-    rules = []
+    rules: list[FaRule] = []
     i = 0
     while i < len(ds):
         if ds[i].winner is None:
@@ -209,9 +210,9 @@ def rules_from(decisions: Sequence[Decision], shape: Shape) -> list[str]:
             j += 1
         lo = 0 if i == 0 else ds[i].depth
         hi = ds[j + 1].depth if j + 1 < len(ds) else None
-        rules.append(rule_text(ds[i].phase, shape, lo, hi, str(ds[i].winner)))
+        rules.append(shape.rule(Phase.from_bench(ds[i].phase), lo, hi, str(ds[i].winner)))
         i = j + 1
-    return rules
+    return tuple(rules)
 
 
 def bisect_depths(decisions: Sequence[Decision], screened: Sequence[int]) -> list[int]:

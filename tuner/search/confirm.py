@@ -15,19 +15,18 @@ The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "extra_depths", "judge", "point_rows", "rule_interval"]
+__all__ = ["FINAL", "extra_depths", "judge", "point_rows"]
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
+from tuner.plan.fa_rules import FaRule
 from tuner.search.compose import judge_phase
 from tuner.search.screen import UPSTREAM, CellStats
 
 FINAL = "final"
-_RULE_BOUNDS = re.compile(r"^(decode|prefill)[^:]*:(\d+)-(\d*)=(\w+)$")
 
 
 def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None = None) -> list[int]:
@@ -40,15 +39,6 @@ def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None
         return mids
     picked = [mids[0], mids[-1]] if limit >= 2 else [mids[-1]]
     return sorted(set(picked))[:limit]
-
-
-def rule_interval(rule: str) -> tuple[str, int, int | None, str]:
-    """(phase, lo, hi, kernel) of a rule text; the phase as ``pp``/``tg``."""
-    m = _RULE_BOUNDS.match(rule)
-    if not m:
-        raise ValueError(f"not a rule: {rule!r}")
-    phase = "tg" if m.group(1) == "decode" else "pp"
-    return phase, int(m.group(2)), int(m.group(3)) if m.group(3) else None, m.group(4)
 
 
 def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -92,15 +82,15 @@ def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) ->
     return max(set(ks), key=ks.count) if ks else None
 
 
-def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> dict[str, Any]:
+def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> dict[str, Any]:
     """Which rules (and whether the process-wide knobs) survive the confirmation.
 
-    Returns ``{"kept": [...], "dropped": {rule: why}, "process_ok": bool, "process_why": str}``.
+    Returns ``{"kept": (rule, ...), "dropped": {rule: why}, "process_ok": bool, "process_why": str}``.
     """
-    kept, dropped = [], {}
+    kept: list[FaRule] = []
+    dropped: dict[FaRule, str] = {}
     for r in rules:
-        ph, lo, hi, _ = rule_interval(r)
-        inside = [x for x in rows if x["phase"] == ph and x["depth"] >= lo and (hi is None or x["depth"] < hi)]
+        inside = [x for x in rows if x["phase"] == r.phase.bench and r.covers(x["depth"])]
         v = [x["verdict"] for x in inside]
         if not inside:
             dropped[r] = "no confirmed point inside its interval"
@@ -123,5 +113,5 @@ def judge(rules: Sequence[str], rows: Sequence[Mapping[str, Any]], *, process_ch
     why = "; ".join(([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
                     + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
                     + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else []))
-    return {"kept": kept, "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
+    return {"kept": tuple(kept), "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
 

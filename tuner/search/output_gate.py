@@ -8,7 +8,7 @@ byte-identical to upstream's) where only scheduling knobs changed (threads, CUDA
 same build. No change at all: the gate is not needed, and nothing runs.
 
 **The kernel band (GPU backends).** Upstream's own FlashAttention kernels differ from each other by
-float reordering far beyond the CPU floor: on the H100 (docs/h100/README.md, session9) forcing TILE
+float reordering far beyond the CPU floor: on the H100 (docs/equivalence.md, tests/data/equivalence/h100-calib) forcing TILE
 or MMA for decode instead of upstream's VEC gave mean KLD 8e-4..1e-3 on the 1B shape and 7e-3..8e-3
 on the 8B (same top p 81-87%), ``-fa off`` 8e-4, while a KV cache in q4_0 gave 0.049 and 0.44. So
 where the search has kernels to force, the gate first measures that spread on the model at hand:
@@ -41,6 +41,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, widened_rules
+from tuner.plan.fa_rules import FaRule, Phase, rules_env
 
 SCHEDULING_FLAGS = frozenset({"-t"})
 """llama-bench flags that only schedule work (the CPU gives byte-identical logits for -t 1 and -t 2)."""
@@ -48,14 +49,14 @@ SCHEDULING_ENV = frozenset({"GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_GRAPHS"})
 """Environment knobs that only change how kernels are launched (CUDA graphs)."""
 _BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch (one token, or one chunk)
 # llama-bench spells these switches with a 0/1 value, llama-perplexity (common/arg.cpp) as bare flags:
-# `-nkvo 1` there is "error: invalid argument: 1" (docs/h100/session12: the gate "failed" a -nkvo 1 config that way).
+# `-nkvo 1` there is "error: invalid argument: 1" (on the H100 the gate "failed" a -nkvo 1 config that way,
+# results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3/evidence).
 # flag -> (perplexity spelling for 1, for 0); None: that value is llama.cpp's default, nothing to pass.
 _SWITCHES: dict[str, tuple[str | None, str | None]] = {
     "-nkvo": ("-nkvo", None), "--no-kv-offload": ("-nkvo", None),
     "-nopo": ("--no-op-offload", None), "--no-op-offload": ("--no-op-offload", None),
     "--repack": (None, "--no-repack"), "--no-host": ("--no-host", None),
 }
-_MODE_PHASE = {"decode": "tg", "prefill": "pp"}
 BAND_FACTOR = 2.0
 """How far beyond the kernel band a non-strict check may go (see the module docstring)."""
 BAND = "band"
@@ -112,13 +113,13 @@ def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], lis
 
 
 # long: the decision table of docs/equivalence.md in one place, about 40 lines.
-def plan_checks(*, rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
+def plan_checks(*, rules: Sequence[FaRule], base_env: Mapping[str, str], base_args: Sequence[str],
                 final_env: Mapping[str, str], final_args: Sequence[str], changed: Mapping[str, Sequence[str]],
                 build_changed: bool, era: str) -> list[GateCheck]:
     """The gate runs a final config needs; empty when nothing differs from upstream (gate not needed).
 
     Args:
-        rules: The kept FlashAttention rules (GGML_TUNER_FA_RULES entries).
+        rules: The kept FlashAttention rules.
         base_env, base_args: Upstream's side: the pinned runtime knobs (env, llama-bench args).
         final_env, final_args: The final config's runtime knobs (rules not included).
         changed: Each process knob that differs from upstream, by what it sets (its llama-bench flag or
@@ -132,17 +133,18 @@ def plan_checks(*, rules: Sequence[str], base_env: Mapping[str, str], base_args:
     scheduling_only = not build_changed and set(changed) <= SCHEDULING_ENV | SCHEDULING_FLAGS
     what = sorted(changed) + (["build"] if build_changed else [])
     widened = widened_rules(rules)
-    all_rules = {"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {}
+    all_rules = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
     checks = []
-    for mode, phase in _MODE_PHASE.items():
+    for p in Phase:
+        mode, phase = p.value, p.bench
         process_here = build_changed or any(phase in ph for ph in changed.values())
         common = dict(mode=mode, args=tuple(cand_args), upstream_env=dict(base_env), upstream_args=tuple(up_args),
                       not_applied=tuple(left) if mode == "prefill" else ())
         knobs = f"; with {', '.join(what)} changed" if process_here else ""
-        for rule in widened[mode]:
-            checks.append(GateCheck(name=f"{mode} {rule}", strict=False, env={**final_env, "GGML_TUNER_FA_RULES": rule},
-                                    why=f"kept rule kernel {rule.rsplit('=', 1)[1]} (interval widened to 0-){knobs}", **common))
-        if process_here and not widened[mode]:
+        for rule in widened[p]:
+            checks.append(GateCheck(name=f"{mode} {rule.text}", strict=False, env={**final_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
+                                    why=f"kept rule kernel {rule.kernel} (interval widened to 0-){knobs}", **common))
+        if process_here and not widened[p]:
             # The other phase's rules, if any, cannot fire in this mode, so strict still holds.
             checks.append(GateCheck(name=f"{mode} process", strict=scheduling_only, env={**final_env, **all_rules},
                                     why=f"{', '.join(what)} changed", **common))
@@ -156,9 +158,9 @@ def plan_band(checks: Sequence[GateCheck], kernels: Mapping[str, Sequence[str]])
     for mode in dict.fromkeys(c.mode for c in checks if not c.strict):
         ref = next(c for c in checks if c.mode == mode)
         for k in kernels.get(mode, ()):
-            rule = f"{mode}:0-={k}"
+            rule = FaRule(phase=Phase(mode), lo=0, hi=None, kernel=k)
             out.append(GateCheck(name=f"{BAND} {mode} {k}", mode=mode, strict=False,
-                                 env={**ref.upstream_env, "GGML_TUNER_FA_RULES": rule}, args=ref.upstream_args,
+                                 env={**ref.upstream_env, "GGML_TUNER_FA_RULES": rules_env([rule])}, args=ref.upstream_args,
                                  upstream_env=ref.upstream_env, upstream_args=ref.upstream_args,
                                  why=f"upstream's own kernel {k} forced vs upstream's pick: how far upstream's kernels differ"))
     return out
@@ -204,7 +206,7 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
 
     def one(c: GateCheck) -> dict[str, Any]:
         rec = done.get(c.name)
-        # A stored check whose run did not complete measured nothing (docs/h100/session12: a flag llama-perplexity
+        # A stored check whose run did not complete measured nothing (on the H100: a flag llama-perplexity
         # refused, since fixed): a resumed search runs it again instead of carrying the failure forward.
         if rec is None or not rec.get("stats"):
             rec = {**run_one(c), "name": c.name, "why": c.why, "not_applied": list(c.not_applied)}
@@ -281,5 +283,5 @@ def upstream_instead(result: Mapping[str, Any], why: str) -> tuple[dict[str, Any
     knobs dropped as a whole (each rule's reason ``why``), its confirmed rows with them (they measured it)."""
     rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
     dropped = {**dict(result.get("dropped", {})), **{r: why for r in result.get("rules", [])}}
-    return ({**result, "rules": [], "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
+    return ({**result, "rules": (), "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
             rejected)

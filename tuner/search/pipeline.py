@@ -23,6 +23,7 @@ from typing import Any
 from tuner import log
 from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
+from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_from_texts, rules_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
 from tuner.search import compose as comp
@@ -54,10 +55,10 @@ def _check_budget(deadline: float | None, where: str) -> None:
 
 def kernels_for(space: Any, phase: str) -> list[str]:
     """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
-    want = comp.PHASE_RULE[phase]
+    want = Phase.from_bench(phase)
     ks: list[str] = []
     for k in space.runtime_knobs:
-        if k.kind == "rule" and k.meta.get("phase") == want:
+        if k.kind == "rule" and k.meta.get("phase") == want.value:
             ks += [str(c) for c in (k.choices or ()) if c != "default" and str(c) not in ks]
     return ks
 
@@ -84,7 +85,7 @@ class _State:
         return self.study.user_attrs.get(key, default)
 
     def set(self, key: str, value: Any) -> None:
-        self.study.set_user_attr(key, value)
+        self.study.set_user_attr(key, as_stored(value))  # rules as their text: the list[str] studies hold
 
     def append(self, key: str, rec: Mapping[str, Any]) -> None:
         self.set(key, [*self.get(key, []), dict(rec)])
@@ -191,9 +192,9 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
         _screen_all(cfg, st, measure, kernels, base_env, base_args, rounds, deadline, decisions)
     if getattr(measure, "info", {}).get("device") and not st.get("device"):
         st.set("device", measure.info["device"])
-    rules = [r for p in PHASES for r in comp.rules_from(decisions[p], shape)]
+    rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
     st.set("compose", {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
-    log.info("Composed rules: " + (", ".join(rules) if rules else "none (upstream's selection stays everywhere)"))
+    log.info("Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)"))
 
     with _timed(st, "tune"):
         tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline,
@@ -204,10 +205,10 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
         result = _residency(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
     with _timed(st, "equivalence"):
         result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
-                              {"decode": kernels["tg"], "prefill": kernels["pp"]})
+                              {p.value: kernels[p.bench] for p in Phase})
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set("result", result)
-    return result
+    return st.get("result")  # as stored: what `tuner export` reads
 
 
 
@@ -305,7 +306,7 @@ def run_tune_worker(cfg: Any) -> int:
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     with _timed(st, "tune"):
-        _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, list(composed["rules"]),
+        _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, rules_from_texts(composed["rules"]),
               base_env, base_args, lambda b: _live(cfg, source, b), deadline, _Builds(cfg, source))
     return len(study.get_trials(deepcopy=False))
 
@@ -315,7 +316,7 @@ def run_tune_worker(cfg: Any) -> int:
 
 
 def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
-          fixed: Mapping[str, Any], rules: Sequence[str], base_env: Mapping[str, str], base_args: Sequence[str],
+          fixed: Mapping[str, Any], rules: Sequence[FaRule], base_env: Mapping[str, str], base_args: Sequence[str],
           factory: Any, deadline: float | None, builds: "_Builds") -> dict[str, Any] | None:
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
@@ -330,7 +331,7 @@ def _tune(cfg: Any, st: _State, study: Any, storage: Any, space: Any, source: An
     if not dists or want <= 0:
         log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
         return None
-    rule_env = {"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {}
+    rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
     ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
     reaped = tn.fail_interrupted(study, storage)
     if reaped:
@@ -411,13 +412,12 @@ def _run_trial(cfg: Any, st: _State, study: Any, space: Any, source: Any, arch: 
         raise
 
 
-def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: Sequence[str],
+def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: Sequence[FaRule],
              tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str], factory: Any,
              builds: "_Builds", depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
     from tuner.plan.space import compile_values_of, runtime_env_and_args
 
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    rules = list(rules)
     attempt = 0
     while True:
         variant = str((tuned or {}).get("values", {}).get("variant", fixed.get("variant", variants[0])))
@@ -429,17 +429,17 @@ def _confirm(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], rules: 
             env, args = runtime_env_and_args(space, vals)
         build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
         process_changed = bool(tuned)
-        rule_phases = {conf.rule_interval(r)[0] for r in rules}
+        rule_phases = {r.phase.bench for r in rules}
         # One build on both sides: both phases share each call, so the phase without a change is
         # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
         m_up, m_fin = factory(build), factory(fb)
         shared = getattr(m_up, "joint", None) if fb is build else None
         phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
-        final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, args=tuple(args))
+        final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=tuple(args))
         up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
         aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
         # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
-        ckey = stable_hash({"rules": rules, "tuned": (tuned or {}).get("values")})[:12]
+        ckey = stable_hash({"rules": rules_texts(rules), "tuned": (tuned or {}).get("values")})[:12]
         key = f"confirm_rounds_{ckey}"
         recs = list(st.get(key, []))
 
@@ -500,9 +500,9 @@ def _final_of(cfg: Any, space: Any, fixed: Mapping[str, Any], result: Mapping[st
     return base_variant, str(vals.get("variant", base_variant)), compile_values_of(space, vals), vals, env, args
 
 
-def _config_key(rules: Sequence[str], vals: Mapping[str, Any]) -> str:
+def _config_key(rules: Sequence[FaRule], vals: Mapping[str, Any]) -> str:
     """The final config's key for records stored per final config (the gates' checks)."""
-    return stable_hash({"rules": list(rules), "tuned": dict(vals) or None})[:12]
+    return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 
 
 def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
@@ -514,7 +514,7 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
     from tuner.search import residency_gate as rg
 
     base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
-    rules = list(result.get("rules", []))
+    rules = tuple(result.get("rules", ()))
     key = f"residency_{_config_key(rules, vals)}"
     rec = st.get(key)
     full = rg.full_offload(base_args, shape.get("n_layers"))  # the scenario is upstream's config (e.g. a pinned -ngl)
@@ -537,7 +537,7 @@ def _residency(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], resul
             up_build = builds.get(base_variant, {})
             up = probe(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
             final = None if same else probe(builds.get(variant, compile_values),
-                                            {**env, **({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})}, list(args),
+                                            {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, list(args),
                                             cfg.run_dir / "residency" / "final")
         rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))
         st.set(key, rec)
@@ -558,11 +558,12 @@ def _output_gate(cfg: Any, st: _State, space: Any, fixed: Mapping[str, Any], era
 
     base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
     changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]
-    checks = og.plan_checks(rules=list(result.get("rules", [])), base_env=base_env, base_args=base_args, final_env=env,
+    rules = tuple(result.get("rules", ()))
+    checks = og.plan_checks(rules=rules, base_env=base_env, base_args=base_args, final_env=env,
                             final_args=args, changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k)
                                                       for k in changed},
                             build_changed=variant != base_variant or bool(compile_values), era=era)
-    ckey = _config_key(list(result.get("rules", [])), vals)
+    ckey = _config_key(rules, vals)
     key = f"equivalence_{ckey}"
     run = equivalence or (lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir,
                                                                   jobs=cfg.jobs))
@@ -638,7 +639,7 @@ def _record_attrs(st: _State, cfg: Any, source: Any, shape: Mapping[str, int], l
             if st.get(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
                 raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.get(k)!r} but this run "
                                  f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
-    for k, v in mine.items():  # a study seeded from another one (docs/h100/session5) lacks some, e.g. the model
+    for k, v in mine.items():  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
         if st.get(k) is None:
             st.set(k, v)
     # threads/-ngl legal values on this machine: the export resolves the same space from them

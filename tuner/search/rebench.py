@@ -26,6 +26,7 @@ def rebench(cfg: Mapping[str, Any], *, source: Any, model: Path | None, rounds: 
     import tempfile
 
     from tuner.builder.cmake import build_variant
+    from tuner.plan.fa_rules import rules_env, rules_from_texts
     from tuner.plan.render import render_variant
     from tuner.search.live import make_live_measure
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
@@ -40,7 +41,7 @@ def rebench(cfg: Mapping[str, Any], *, source: Any, model: Path | None, rounds: 
     build = build_variant(rv)
     env = {**dict(choice.get("fa_env", {})), **dict(choice.get("runtime_env", {}))}
     if choice["fa_rules"]:
-        env["GGML_TUNER_FA_RULES"] = ",".join(choice["fa_rules"])
+        env["GGML_TUNER_FA_RULES"] = rules_env(rules_from_texts(choice["fa_rules"]))
     cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME),
              Candidate(name="tuned", env=env, args=tuple(choice.get("bench_args", [])))]
     run = log_dir or Path(tempfile.mkdtemp(prefix="tuner-rebench-"))

@@ -3,7 +3,7 @@
 Nothing is measured: every number comes from the recorded files, and every line printed says
 REPLAY. Uses: CI of the search logic, comparing samplers, and results shared by users.
 
-Recording convention (what ``docs/h100/session1/grid/`` holds): one llama-bench JSONL per
+Recording convention (what ``tests/data/replay/`` holds, recorded on the H100): one llama-bench JSONL per
 (phase, forced FlashAttention kernel), named ``<phase>-<KERNEL>.jsonl`` with phase ``pp`` or ``tg``
 and KERNEL ``default``, ``VEC``, ``TILE`` or ``MMA``, each covering the same depths, e.g.::
 
@@ -35,6 +35,7 @@ import click
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.stats import median
+from tuner.plan.fa_rules import rules_texts
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
@@ -260,7 +261,7 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
                  f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid.")
         out[phase] = {"decisions": [d.as_dict() for d in decisions], "agree": agree, "n": len(decisions),
                       "used": used, "exhaustive": exhaustive, "grid_winners": winners,
-                      "rules": comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None))}
+                      "rules": rules_texts(comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None)))}
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
     return out

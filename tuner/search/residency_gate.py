@@ -13,8 +13,8 @@ Which rule applies is the scenario's, read from upstream's config (the user's pi
 ``--set ngl=8``): where upstream offloads everything, the final config must too, so a tuned ``-nkvo 1``
 fails (its KV cache is in host memory). Where upstream itself keeps layers or the KV cache on the host
 (a host-paced, partial-offload scenario), residency is what the scenario trades: both probes are
-reported, not judged, and more graph splits are expected (docs/h100/session12: ``-ngl 8 -nkvo 1`` had 16
-decode splits to upstream's 2). On the CPU backend everything is on the host by design; the numbers
+reported, not judged, and more graph splits are expected (on the H100, ``-ngl 8 -nkvo 1`` had 16
+decode splits to upstream's 2: results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3). On the CPU backend everything is on the host by design; the numbers
 are reported and the check passes.
 """
 
@@ -94,7 +94,7 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
 
 def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | None) -> dict[str, Any] | None:
     """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
-    changed, as docs/h100/session12's partial-offload fix did); None where a log is gone or a probe had failed (the
+    changed, as the partial-offload fix did on the H100); None where a log is gone or a probe had failed (the
     stored record stands: it cannot be re-read)."""
     from tuner.measure.residency import parse_residency
 

@@ -57,6 +57,7 @@ from tuner.errors import TunerError
 from tuner.measure.paired import (CPU_REJECTED, Diff, Effect, block_effects, noise_pct, noise_points, paired_diff,
                                   rejects_cpu_cost, rotated, verdict)
 from tuner.measure.stats import median
+from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
 
 
 class BudgetReached(Exception):
@@ -96,7 +97,6 @@ def _bench_said(error: str) -> tuple[str, str]:
 
 UPSTREAM = "upstream"
 AA_NAME = "upstream-aa"
-PHASE_RULE = {"pp": "prefill", "tg": "decode"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,7 +137,8 @@ def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str,
     if not kernels:
         return out + [Candidate(name=AA_NAME, env=env, args=tuple(base_args))]
     for k in kernels:
-        out.append(Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": f"{PHASE_RULE[phase]}:0-={k}"},
+        forced = FaRule(phase=Phase.from_bench(phase), lo=0, hi=None, kernel=k)
+        out.append(Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": rules_env([forced])},
                              args=tuple(base_args), kernel=k))
     return out
 
@@ -168,11 +169,10 @@ def run_phase_rounds(
                             prior=prior, settle=settle)[phase]
 
 
-def _phase_rules(cand: Candidate, phase: str) -> list[str]:
-    """The candidate's FA rules that act on ``phase`` (a rule names its phase before ``/`` or ``:``)."""
-    text = cand.env.get("GGML_TUNER_FA_RULES", "")
-    want = PHASE_RULE[phase]
-    return [r for r in text.split(",") if r and r.split(":", 1)[0].split("/", 1)[0] == want]
+def _phase_rules(cand: Candidate, phase: str) -> list[FaRule]:
+    """The candidate's FA rules that act on ``phase`` (read back from the env its llama-bench gets)."""
+    want = Phase.from_bench(phase)
+    return [r for r in parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", "")) if r.phase is want]
 
 
 def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_tokens: int) -> Candidate | None:
@@ -187,14 +187,14 @@ def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_t
     rest = [({k: v for k, v in c.env.items() if k != "GGML_TUNER_FA_RULES"}, c.args) for c in cands]
     if any(r != rest[0] for r in rest[1:]):
         return None
-    rules: list[str] = []
+    rules: list[FaRule] = []
     for phase, c in by_phase.items():
         for r in _phase_rules(c, phase):
-            if phase == "pp" and r == f"prefill:0-={c.kernel}":
-                rules += [f"prefill:{d + 1}-{d + pp_tokens + 257}={c.kernel}" for d in depths]
+            if r == FaRule(phase=Phase.PREFILL, lo=0, hi=None, kernel=str(c.kernel)):  # a forced prefill kernel
+                rules += [dataclasses.replace(r, lo=d + 1, hi=d + pp_tokens + 257) for d in depths]
             else:
                 rules.append(r)
-    env = dict(rest[0][0]) | ({"GGML_TUNER_FA_RULES": ",".join(rules)} if rules else {})
+    env = dict(rest[0][0]) | ({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})
     return Candidate(name="+".join(c.name for c in cands), env=env, args=rest[0][1])
 
 
@@ -272,7 +272,7 @@ def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]], prio
         return False
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
     if not done:
-        # The latest rounds only: an older one may have run another way (docs/h100/session6's H100 confirm was
+        # The latest rounds only: an older one may have run another way (an H100 confirm, results/sm_90/llama-3.1-8b-q4_k_m/evidence, was
         # held back by a 337 s round of an earlier version, when the screen's last rounds took 240 s).
         recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
         rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]

@@ -25,6 +25,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.redact import redact
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import RULE_KINDS
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
 
@@ -35,8 +36,8 @@ class Winner:
     """``baseline`` or ``trial<N>``."""
     values: Mapping[str, Any]
     """All knob values of G (variant, compile-time, runtime)."""
-    rules: tuple[str, ...]
-    """``phase:lo-hi=KERNEL`` FlashAttention rules per bucket (GGML_TUNER_FA_RULES syntax)."""
+    rules: tuple[FaRule, ...]
+    """The FlashAttention rules of the buckets' picks."""
     buckets: tuple[Mapping[str, Any], ...]
     """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
     rejected: Mapping[str, str]
@@ -104,7 +105,7 @@ def choose_winner(study: Any, space: Any) -> Winner:
         i = same_phase.index(b)
         lo = 0 if i == 0 else b.depths[0]
         hi = same_phase[i + 1].depths[0] if i + 1 < len(same_phase) else None
-        fa_phase = "decode" if b.phase == "tg" else "prefill"
+        fa_phase = Phase.from_bench(b.phase).value
         # The space's rule knobs cover fixed n_kv ranges; each takes the value of the bucket that
         # holds its lower bound, so buckets with different picks never contradict each other.
         taken = []
@@ -129,8 +130,7 @@ def choose_winner(study: Any, space: Any) -> Winner:
     from tuner.plan.space import render_runtime
 
     rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
-    rules = [r for r in rt.env.get("GGML_TUNER_FA_RULES", "").split(",") if r]
-    return Winner(global_config=g, values=g_vals, rules=tuple(rules), buckets=tuple(buckets), rejected=dict(sel.rejected))
+    return Winner(global_config=g, values=g_vals, rules=rt.rules, buckets=tuple(buckets), rejected=dict(sel.rejected))
 
 
 def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +162,7 @@ def describe(study: Any, space: Any) -> str:
                     b["config"],
                 ]
             )
-    head = f"Global pick: {w.global_config}; FA rules: {', '.join(w.rules) or 'upstream selection'}\n"
+    head = f"Global pick: {w.global_config}; FA rules: {', '.join(map(str, w.rules)) or 'upstream selection'}\n"
     return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
 
 

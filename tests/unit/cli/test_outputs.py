@@ -108,7 +108,7 @@ def test_step_costs_cite_files_in_the_repo() -> None:
 
 
 def test_replay_tables_on_stdout_and_json() -> None:
-    files = [str(p) for p in sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))]
+    files = [str(p) for p in sorted((REPO / "tests" / "data" / "replay").glob("*.jsonl"))]
     res = _run(["search", "--replay", "--max-rounds", "4", *files])
     assert res.exit_code == 0, res.stderr
     assert "| REPLAY" in res.stdout and "depth winners reproduced" in res.stdout

@@ -3,9 +3,9 @@ with one paragraph naming the path and the fix, through the CLI; exit 70 stays f
 
 from __future__ import annotations
 
+import lzma
 import errno
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pytest
 from tuner.cli import main, os_error_message
 
 ROOT = Path(__file__).resolve().parents[3]
-DB = ROOT / "docs" / "h100" / "session12" / "call2" / "sm89-l1b-v4.db"
+DB = ROOT / "results" / "sm_89" / "llama-3.2-1b-q4_k_m-measured-on-h100" / "evidence" / "study.db.xz"
 
 
 def _tuner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -27,7 +27,7 @@ def _tuner(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], 
 
 def _export_args(tmp_path: Path, out: Path) -> list[str]:
     db = tmp_path / "study.db"
-    shutil.copy(DB, db)
+    db.write_bytes(lzma.decompress(DB.read_bytes()))
     return ["export", "--study", "sm89-l1b-v4", "--storage", f"sqlite:///{db}", "-o", str(out)]
 
 

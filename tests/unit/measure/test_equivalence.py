@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import tuner._run
 from tuner._run import RunResult
 from tuner.errors import UsageError
+from tuner.plan.fa_rules import parse_fa_rules, rules_texts
 from tuner.measure.equivalence import (DEFAULT_THRESHOLDS, KldStats, Thresholds, _tool_error, judge, parse_base_output,
                                        parse_kld_output, run_equivalence, widened_rules, write_gate_text)
 
@@ -100,10 +101,9 @@ def test_gate_text_is_fixed(tmp_path: Path) -> None:
 
 
 def test_widened_rules() -> None:
-    got = widened_rules(["decode/D64/gqa4/kvf16:32768-=MMA", "decode:0-4096=VEC", "prefill:0-=TILE", "decode:8192-16384=MMA"])
-    assert got == {"decode": ["decode/D64/gqa4/kvf16:0-=MMA", "decode:0-=VEC", "decode:0-=MMA"], "prefill": ["prefill:0-=TILE"]}
-    with pytest.raises(UsageError):
-        widened_rules(["fast:0-=MMA"])
+    got = widened_rules(parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode:0-4096=VEC,prefill:0-=TILE,decode:8192-16384=MMA"))
+    assert {p.value: rules_texts(rs) for p, rs in got.items()} == {
+        "decode": ["decode/D64/gqa4/kvf16:0-=MMA", "decode:0-=VEC", "decode:0-=MMA"], "prefill": ["prefill:0-=TILE"]}
 
 
 # --------------------------------------------------------------------------- run_equivalence with a fake tool

@@ -10,7 +10,7 @@ import pytest
 from tuner.errors import UsageError
 from tuner.measure.frames import load_results, read_llama_bench
 
-LOGS = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session7" / "call3" / "sm90-l8b-v3-logs" / "sm90-l8b-v3" / "logs"
+LOGS = Path(__file__).resolve().parents[3] / "tests" / "data" / "bench" / "h100" / "confirm-l8b"
 UPSTREAM = LOGS / "confirm-tg+pp-r0-upstream+upstream-pp+tg.log"  # llama-bench -o jsonl with stderr lines mixed in
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import tuner._run
 from tuner.plan import render
-from tuner.plan import space
+from tuner.plan import fa_rules
 from tuner.errors import TunerError, UsageError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
@@ -201,10 +201,10 @@ def test_baked_keyed_rule_is_compiled_in() -> None:
 
 def test_baked_rule_values_are_rechecked() -> None:
     # a FaRule built in code (not parsed) is still range- and allow-list-checked before it becomes C++
-    for bad in (space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", D=0),
-                space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", gqa=True),
-                space.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", kv="f16); abort(); //"),
-                space.FaRule(phase="decode", lo=5, hi=5, kernel="MMA")):
+    for bad in (fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", D=0),
+                fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", gqa=True),
+                fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", kv="f16); abort(); //"),
+                fa_rules.FaRule(phase="decode", lo=5, hi=5, kernel="MMA")):
         with pytest.raises(UsageError):
             render._baked_rule(bad)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna.distributions as od
 import pytest
 
-from tuner.plan import space
+from tuner.plan import fa_rules, space
 from tuner.errors import UsageError
 from tuner.paths import data_dir
 
@@ -149,26 +149,26 @@ def test_render_runtime_env_and_args() -> None:
 
 
 def test_parse_fa_rules_roundtrip_and_errors() -> None:
-    rules = space.parse_fa_rules("decode:0-8192=VEC, prefill:4096-=MMA")
+    rules = fa_rules.parse_fa_rules("decode:0-8192=VEC, prefill:4096-=MMA")
     assert [r.text for r in rules] == ["decode:0-8192=VEC", "prefill:4096-=MMA"]
     assert rules[1].hi is None
     for bad in ("decode:0-8192=WMMA", "decode:8192-0=VEC", "prefil:0-=VEC", "decode 0-1=VEC"):
         with pytest.raises(UsageError):
-            space.parse_fa_rules(bad)
+            fa_rules.parse_fa_rules(bad)
 
 
 def test_parse_fa_rules_shape_keys_roundtrip() -> None:
-    rules = space.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0/gqa8:0-4096=TILE,decode:0-=VEC")
+    rules = fa_rules.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0/gqa8:0-4096=TILE,decode:0-=VEC")
     assert [r.text for r in rules] == ["decode/D64/gqa4/kvf16:32768-=MMA", "prefill/gqa8/kvq8_0:0-4096=TILE", "decode:0-=VEC"]
     assert (rules[0].D, rules[0].gqa, rules[0].kv) == (64, 4, "f16")
     assert (rules[1].D, rules[1].gqa, rules[1].kv) == (None, 8, "q8_0")
     assert (rules[2].D, rules[2].gqa, rules[2].kv, rules[2].key) == (None, None, None, "")
     for r in rules:
-        assert space.parse_fa_rules(r.text) == [r]  # text round-trips
-    for kv in space.FA_RULE_KV_TYPES:
-        assert space.parse_fa_rules(f"decode/kv{kv}:0-=TILE")[0].kv == kv
-    assert space.parse_fa_rules("decode/D1/gqa1:0-=TILE")[0].D == 1
-    assert space.parse_fa_rules("decode/D4096/gqa256:0-=TILE")[0].gqa == 256
+        assert fa_rules.parse_fa_rules(r.text) == (r,)  # text round-trips
+    for kv in fa_rules.FA_RULE_KV_TYPES:
+        assert fa_rules.parse_fa_rules(f"decode/kv{kv}:0-=TILE")[0].kv == kv
+    assert fa_rules.parse_fa_rules("decode/D1/gqa1:0-=TILE")[0].D == 1
+    assert fa_rules.parse_fa_rules("decode/D4096/gqa256:0-=TILE")[0].gqa == 256
 
 
 @pytest.mark.parametrize(("bad", "msg"), [
@@ -191,29 +191,29 @@ def test_parse_fa_rules_shape_keys_roundtrip() -> None:
 ])
 def test_parse_fa_rules_bad_shape_keys(bad: str, msg: str) -> None:
     with pytest.raises(UsageError, match=msg):
-        space.parse_fa_rules(bad)
+        fa_rules.parse_fa_rules(bad)
 
 
 def test_match_rules_unmatched_shape_gets_upstream() -> None:
     """A rule found on one model shape (1B: D64, GQA 4, f16 KV) never changes another shape's kernel."""
-    rules = space.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/gqa4:16384-65536=TILE,prefill:0-=MMA")
+    rules = fa_rules.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/gqa4:16384-65536=TILE,prefill:0-=MMA")
     one_b = dict(D=64, gqa=4, kv="f16")
-    assert space.match_rules(rules, "decode", 32768, **one_b) is rules[0]
-    assert space.match_rules(rules, "decode", 1 << 20, **one_b) is rules[0]  # hi empty: unbounded
-    assert space.match_rules(rules, "decode", 32767, **one_b) is None  # below lo: upstream's choice
-    assert space.match_rules(rules, "decode", 32768, D=128, gqa=8, kv="f16") is None  # other model: upstream
-    assert space.match_rules(rules, "decode", 32768, D=64, gqa=8, kv="f16") is None
-    assert space.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="q8_0") is None
-    assert space.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="f16", kv_v="q8_0") is None  # K and V both
+    assert fa_rules.match_rules(rules, "decode", 32768, **one_b) is rules[0]
+    assert fa_rules.match_rules(rules, "decode", 1 << 20, **one_b) is rules[0]  # hi empty: unbounded
+    assert fa_rules.match_rules(rules, "decode", 32767, **one_b) is None  # below lo: upstream's choice
+    assert fa_rules.match_rules(rules, "decode", 32768, D=128, gqa=8, kv="f16") is None  # other model: upstream
+    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=8, kv="f16") is None
+    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="q8_0") is None
+    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="f16", kv_v="q8_0") is None  # K and V both
     # a missing key matches any value: rule 1 has no kv key, rule 2 no key at all
-    assert space.match_rules(rules, "decode", 16384, D=128, gqa=4, kv="q8_0") is rules[1]
-    assert space.match_rules(rules, "decode", 65536, D=128, gqa=4, kv="q8_0") is None  # hi is exclusive
-    assert space.match_rules(rules, "prefill", 0, D=256, gqa=1, kv="bf16") is rules[2]
-    assert space.match_rules([], "decode", 0, **one_b) is None
+    assert fa_rules.match_rules(rules, "decode", 16384, D=128, gqa=4, kv="q8_0") is rules[1]
+    assert fa_rules.match_rules(rules, "decode", 65536, D=128, gqa=4, kv="q8_0") is None  # hi is exclusive
+    assert fa_rules.match_rules(rules, "prefill", 0, D=256, gqa=1, kv="bf16") is rules[2]
+    assert fa_rules.match_rules([], "decode", 0, **one_b) is None
     # first match wins, as in fattn-tail.cu.j2
-    both = space.parse_fa_rules("decode/gqa4:0-=TILE,decode:0-=VEC")
-    assert space.match_rules(both, "decode", 100, **one_b) is both[0]
-    assert space.match_rules(both, "decode", 100, D=64, gqa=8, kv="f16") is both[1]
+    both = fa_rules.parse_fa_rules("decode/gqa4:0-=TILE,decode:0-=VEC")
+    assert fa_rules.match_rules(both, "decode", 100, **one_b) is both[0]
+    assert fa_rules.match_rules(both, "decode", 100, D=64, gqa=8, kv="f16") is both[1]
 
 
 def test_compile_value_must_be_compile_knob() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import lzma
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ from tuner.measure.paired import CPU_REJECTED
 from tuner.result.pipeline_export import pareto_points, report_text
 from tuner.result.plots import pareto_front, plot_pareto
 
-OLD = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session7" / "sm90-l8b-v3.db"
+OLD = Path(__file__).resolve().parents[3] / "tests" / "data" / "studies" / "sm90-l8b-v3-no-cpu.db.xz"
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def old_study(tmp_path: Path):
     import optuna
 
     db = tmp_path / "study.db"
-    shutil.copy(OLD, db)  # a real H100 study recorded before CPU% was measured
+    db.write_bytes(lzma.decompress(OLD.read_bytes()))  # a real H100 study recorded before CPU% was measured
     return optuna.load_study(study_name="sm90-l8b-v3", storage=f"sqlite:///{db}")
 
 

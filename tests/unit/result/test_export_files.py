@@ -1,10 +1,12 @@
-"""What an export writes, and that it writes it whole: from the real H100 study databases in docs/h100.
+"""What an export writes, and that it writes it whole: from the real H100 study databases the stored results were
+exported from (results/*/evidence/study.db.xz).
 
-sm89-l1b-v4 confirmed nothing (its kernels are upstream's); sm90-l1b-v3 (session 9) kept one decode rule.
+sm89-l1b-v4 confirmed nothing (its kernels are upstream's); sm90-l1b-v3 kept one decode rule.
 """
 
 from __future__ import annotations
 
+import lzma
 import errno
 import hashlib
 import re
@@ -20,14 +22,14 @@ from tuner.errors import UsageError
 from tuner.result.export import NO_PATCH_NOTE, PRESETS_FILE
 
 ROOT = Path(__file__).resolve().parents[3]
-UPSTREAM = ("sm89-l1b-v4", ROOT / "docs" / "h100" / "session12" / "call2" / "sm89-l1b-v4.db")
-RULE = ("sm90-l1b-v3", ROOT / "docs" / "h100" / "session9" / "call5" / "sm90-l1b-v3.db")
+UPSTREAM = ("sm89-l1b-v4", ROOT / "results" / "sm_89" / "llama-3.2-1b-q4_k_m-measured-on-h100" / "evidence" / "study.db.xz")
+RULE = ("sm90-l1b-v3", ROOT / "results" / "sm_90" / "llama-3.2-1b-q4_k_m" / "evidence" / "study.db.xz")
 
 
 def _export(study: tuple[str, Path], tmp_path: Path, out: Path | None = None) -> Path:
-    db = tmp_path / study[1].name
-    if not db.exists():
-        shutil.copy(study[1], db)  # a copy: the export must not depend on where the study lives
+    db = tmp_path / f"{study[0]}.db"
+    if not db.exists():  # a copy: the export must not depend on where the study lives
+        db.write_bytes(lzma.decompress(study[1].read_bytes()))
     return export_study(study[0], storage=f"sqlite:///{db}", out_dir=out or tmp_path / "out")
 
 
@@ -90,11 +92,11 @@ def test_failed_export_leaves_the_previous_one_whole(tmp_path: Path, monkeypatch
         _export(UPSTREAM, tmp_path, out)  # a different study: every file would change
     assert exc.value.errno == errno.ENOSPC
     assert _digest(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", RULE[1].name, UPSTREAM[1].name])  # no temp folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"{RULE[0]}.db", f"{UPSTREAM[0]}.db"])  # no temp folder
     monkeypatch.setattr(Path, "write_text", real)
     _export(UPSTREAM, tmp_path, out)  # a good export replaces it whole: nothing of the old one stays
     assert "tuned.patch" not in {p.name for p in out.iterdir()}
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", RULE[1].name, UPSTREAM[1].name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"{RULE[0]}.db", f"{UPSTREAM[0]}.db"])
 
 
 def _tmpfs_ok(d: Path) -> bool:
@@ -111,8 +113,8 @@ def test_full_tmpfs_export_leaves_the_previous_one_whole(tmp_path: Path) -> None
     mnt.mkdir()
     if not _tmpfs_ok(mnt):
         pytest.skip("no private tmpfs here (unshare -rm + mount -t tmpfs refused); the injected ENOSPC test covers it")
-    db = tmp_path / RULE[1].name
-    shutil.copy(RULE[1], db)
+    db = tmp_path / f"{RULE[0]}.db"
+    db.write_bytes(lzma.decompress(RULE[1].read_bytes()))
     code = f"""
 import hashlib, os, sys
 from pathlib import Path

@@ -1,7 +1,8 @@
-"""Export from the real H100 study databases stored in docs/h100 (no GPU needed to re-export)."""
+"""Export from real H100 study databases stored in tests/data/studies (no GPU needed to re-export)."""
 
 from __future__ import annotations
 
+import lzma
 import re
 from pathlib import Path
 
@@ -10,7 +11,14 @@ from tuner.targets.archs import find_product
 from tuner.cli.export_cmd import export_study
 
 ROOT = Path(__file__).resolve().parents[3]
-S3 = ROOT / "docs" / "h100" / "session3"
+STUDIES = ROOT / "tests" / "data" / "studies"
+
+
+def _plain(tmp_path: Path, name: str) -> Path:
+    """The stored study decompressed (SQLite reads only a plain file)."""
+    db = tmp_path / name
+    db.write_bytes(lzma.decompress((STUDIES / f"{name}.xz").read_bytes()))
+    return db
 
 
 def _tg_roofline_pcts(report: str) -> list[float]:
@@ -27,7 +35,7 @@ def test_find_product_names_the_measured_gpu() -> None:
 def test_ptx_jit_study_reports_the_measured_gpu(tmp_path: Path) -> None:
     # sm_89 code run on the H100 as 89-virtual: the roofline must be the H100's. Against the
     # 4060 Ti's 288 GB/s the same decode speeds would read 230-370% of "roofline".
-    out = export_study("sm89v-llama-3.2-1b-q4km", storage=f"sqlite:///{S3 / 'sm89v-l1b-study.db'}", out_dir=tmp_path / "x",
+    out = export_study("sm89v-llama-3.2-1b-q4km", storage=f"sqlite:///{_plain(tmp_path, 'sm89v-l1b-study.db')}", out_dir=tmp_path / "x",
                        like="llama-3.2-1b", weight_type="q4_k_m")
     report = (out / "report.md").read_text()
     assert "**sm_89 code, measured on the sm_90 GPU named above**" in report
@@ -41,7 +49,7 @@ def test_ptx_jit_study_reports_the_measured_gpu(tmp_path: Path) -> None:
 
 
 def test_trials_section_lists_every_trial(tmp_path: Path) -> None:
-    out = export_study("sm90-llama-3.1-8b-q4km", storage=f"sqlite:///{S3 / 'sm90-l8b-study.db'}", out_dir=tmp_path / "x",
+    out = export_study("sm90-llama-3.1-8b-q4km", storage=f"sqlite:///{_plain(tmp_path, 'sm90-l8b-study.db')}", out_dir=tmp_path / "x",
                        like="llama-3.1-8b", weight_type="q4_k_m")
     report = (out / "report.md").read_text()
     section = report.split("## Trials", 1)[1]

@@ -3,11 +3,13 @@ axis, and whether the decode Pareto plot is drawn at all."""
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import optuna
 
 from tuner.result.pipeline_export import _write_pareto, pareto_differs, pareto_points
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result.plots import depth_axis, plot_speedup, speedup_spans
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -24,12 +26,12 @@ def test_rule_span_starts_at_the_rule_threshold(tmp_path: Path) -> None:
     # The rule switches at n_kv 20000, between the screened depths 16384 and 32768: the span starts there,
     # not at their midpoint (24576), and runs to the right edge (the rule has no upper bound).
     pts = _points(32768)
-    spans = speedup_spans(pts, ["decode/D64/gqa4/kvf16:20000-=TILE"])
+    spans = speedup_spans(pts, parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE"))
     assert spans == {"tg": [{"x0": 20000, "x1": None, "kernel": "TILE", "upstream": "VEC",
                              "rule": "decode/D64/gqa4/kvf16:20000-=TILE"}]}
-    bounded = speedup_spans(pts, ["prefill:1024-8192=MMA"])
+    bounded = speedup_spans(pts, parse_fa_rules("prefill:1024-8192=MMA"))
     assert [(s["x0"], s["x1"]) for s in bounded["pp"]] == [(1024, 8192)] and "tg" not in bounded
-    assert plot_speedup(pts, tmp_path / "s.png", rules=["decode/D64/gqa4/kvf16:20000-=TILE"]).stat().st_size > 0
+    assert plot_speedup(pts, tmp_path / "s.png", rules=parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE")).stat().st_size > 0
 
 
 def test_without_rules_spans_follow_the_measured_kernels() -> None:
@@ -66,15 +68,22 @@ def test_pareto_needs_a_difference_beyond_the_noise(tmp_path: Path) -> None:
     assert pareto_differs({}, {"rows": [row]})  # the confirm's CPU Δ alone
 
 
-def test_stored_cpu_noise_study_draws_no_front() -> None:
-    # paced-4 as of session 12 (call 8; the host-paced 1B before its tune found -ub): every decode CPU Δ and
+def _stored(tmp_path: Path, xz: Path) -> optuna.Study:
+    db = tmp_path / "study.db"  # SQLite reads only a plain file
+    db.write_bytes(lzma.decompress(xz.read_bytes()))
+    return optuna.load_study(study_name="paced-4", storage=f"sqlite:///{db}")
+
+
+def test_stored_cpu_noise_study_draws_no_front(tmp_path: Path) -> None:
+    # paced-4 in an earlier state (the host-paced 1B before its tune found -ub): every decode CPU Δ and
     # t/s change is inside its noise, so a "front" through those points would rank noise.
-    s = optuna.load_study(study_name="paced-4", storage=f"sqlite:///{ROOT / 'docs/h100/session12/call8/paced-4.db'}")
+    s = _stored(tmp_path, ROOT / "tests" / "data" / "studies" / "paced-4-early.db.xz")
     a = s.user_attrs
     assert pareto_points(a, a["result"]) and not pareto_differs(a, a["result"])
 
 
-def test_stored_study_beyond_the_noise_draws_it() -> None:
-    # paced-4 in session 14: the tuned -ub doubles decode t/s at d0, far beyond the A/A noise.
-    s = optuna.load_study(study_name="paced-4", storage=f"sqlite:///{ROOT / 'docs/h100/session14/call1/paced-4.db'}")
+def test_stored_study_beyond_the_noise_draws_it(tmp_path: Path) -> None:
+    # paced-4 as exported (results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3): the tuned -ub doubles decode t/s at d0,
+    # far beyond the A/A noise.
+    s = _stored(tmp_path, ROOT / "results" / "sm_90" / "llama-3.2-1b-q4_k_m-ngl8-cpus0-3" / "evidence" / "study.db.xz")
     assert pareto_differs(s.user_attrs, s.user_attrs["result"])

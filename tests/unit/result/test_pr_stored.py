@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 
 from tuner._compat import tomllib
+from tuner.plan.fa_rules import FaRule, rules_from_texts
 from tuner.result.pipeline_export import _points, pr_body
 
 RESULT = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
 
 
-def _attrs() -> tuple[dict, list[str], list[dict], dict]:
+def _attrs() -> tuple[dict, tuple[FaRule, ...], list[dict], dict]:
     cfg = tomllib.loads((RESULT / "config.toml").read_text())
     a = {"arch": cfg["target"]["arch"], "device": cfg["target"]["measured_on"], "model": cfg["model"]["file"],
          "commit": cfg["source"]["commit"], "pp": cfg["model"]["pp"], "tg": cfg["model"]["tg"],
          "shape": cfg["model"]["shape"], "depths": cfg["model"]["depths"]}
-    return a, cfg["choice"]["fa_rules"], _points(cfg["points"], a["pp"], a["tg"]), cfg["defines"]
+    return a, rules_from_texts(cfg["choice"]["fa_rules"]), _points(cfg["points"], a["pp"], a["tg"]), cfg["defines"]
 
 
 def _table(md: str) -> list[list[str]]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import lzma
 import json
 import shlex
-import shutil
 from pathlib import Path
 
 import optuna
@@ -14,7 +14,7 @@ from tuner.errors import UsageError
 from tuner.result.report import dashboard_command, importances_section, plot_speedup
 
 REPO = Path(__file__).resolve().parents[3]
-STUDY_DB = REPO / "docs" / "h100" / "session2" / "sm90-study.db"
+STUDY_DB = REPO / "tests" / "data" / "studies" / "sm90-study.db.xz"
 STUDY_NAME = "sm90-llama-3.2-1b-q4km"
 
 
@@ -58,7 +58,7 @@ def test_dashboard_opens_stored_study(tmp_path: Path) -> None:
     from wsgiref.util import setup_testing_defaults
 
     db = tmp_path / "study copy.db"
-    shutil.copyfile(STUDY_DB, db)
+    db.write_bytes(lzma.decompress(STUDY_DB.read_bytes()))
     storage_url = shlex.split(dashboard_command(f"sqlite:///{db}"))[1]
     storage = optuna.storages.RDBStorage(storage_url)
     try:

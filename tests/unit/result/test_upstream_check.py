@@ -1,15 +1,16 @@
 """``tuner validate --gpu`` logic: which depths decide a rule, reading ncu's report, the decode tail,
-and the findings when the GPU parts are replaced by fakes (the real run is recorded in docs/h100)."""
+and the findings when the GPU parts are replaced by fakes (the real run is recorded in tests/data/ncu and results/sm_90/llama-3.2-1b-q4_k_m/evidence)."""
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
-from tuner.plan.space import parse_fa_rules
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result import upstream_check as uc
 from tuner.result.validate import load_config
 
@@ -89,7 +90,7 @@ def _run(tmp_path: Path, **kw: object) -> dict[str, tuple[bool, str]]:
 
 
 def test_selection_matches_the_recorded_tuned_kernels(gpu_fakes: dict, tmp_path: Path) -> None:
-    # the 1B's rule decode/D64/gqa4/kvf16:32768-=TILE (session 9): decided at d16384 (upstream VEC) and d32768 (TILE)
+    # the 1B's rule decode/D64/gqa4/kvf16:32768-=TILE: decided at d16384 (upstream VEC) and d32768 (TILE)
     gpu_fakes["upstream"].update({16384: "VEC", 32768: "TILE", 49152: "TILE", 65536: "TILE"})
     res = _run(tmp_path)
     ok, detail = res["upstream.patch selects the tuned kernels"]
@@ -128,9 +129,9 @@ def test_cli_bad_gpu_input_is_one_paragraph_and_exit_2(tmp_path: Path, monkeypat
 
 
 def test_a_real_ncu_report_from_the_h100() -> None:
-    """Session 7's smoke run (docs/h100/session7): the 1B at d65536 under ncu, rules off, so the decode
+    """A smoke run on the H100 (tests/data/ncu): the 1B at d65536 under ncu, rules off, so the decode
     steps are upstream's VEC after a fill that ran MMA; 16 layers x 4 generated tokens."""
-    log = Path(__file__).resolve().parents[3] / "docs/h100/session7/call1/smoke-logs/smoke/ncu-d65536.log"
-    names = uc.parse_ncu_csv(log.read_text())
+    log = Path(__file__).resolve().parents[3] / "tests/data/ncu/h100-l1b-d65536.log.xz"
+    names = uc.parse_ncu_csv(lzma.decompress(log.read_bytes()).decode())
     assert set(names[:-64]) == {"flash_attn_ext_f16"}
     assert uc.decode_family(names, n_layers=16) == ("VEC", "")

@@ -6,7 +6,6 @@ tests/integration/test_upstream_patch_tree.py runs the same checks on the real p
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from tuner.targets.archs import load_arch
 from tuner.errors import TunerError
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import (
     FATTN,
     arch_condition,
@@ -74,15 +74,10 @@ size_t ggml_cuda_flash_attn_ext_get_alloc_size(int device, const ggml_tensor * d
 """
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    phase: str
-    lo: int
-    hi: int | None
-    kernel: str
-    D: int | None = None
-    gqa: int | None = None
-    kv: str | None = None
+def Rule(phase: str, lo: int, hi: int | None, kernel: str, D: int | None = None, gqa: int | None = None,  # noqa: N802
+         kv: str | None = None) -> FaRule:
+    """A rule built in code (positional, as the cases below read), not parsed: its values are not checked."""
+    return FaRule(phase=Phase(phase), lo=lo, hi=hi, kernel=kernel, D=D, gqa=gqa, kv=kv)
 
 
 EXAMPLE = [Rule("decode", 32768, None, "MMA", 64, 4, "f16")]
@@ -189,12 +184,16 @@ def test_non_turing_block_states_legality(tree: Path, tmp_path: Path) -> None:
     Rule("decode", 0, None, "VEC", 576),
     Rule("decode", 0, None, "MMA", 72),
     Rule("decode", 0, None, "VEC", 64, 4, "q2_k"),
-    Rule("both", 0, None, "VEC"),
     Rule("decode", 10, 5, "VEC"),
 ])
 def test_illegal_rules_refused(tree: Path, rule: Rule) -> None:
     with pytest.raises(TunerError):
         render_upstream_patch(tree, [rule], load_arch("sm_90"))
+
+
+def test_a_rule_has_a_phase_upstream_knows() -> None:
+    with pytest.raises(ValueError, match="both"):
+        FaRule(phase="both", lo=0, hi=None, kernel="VEC")  # type: ignore[arg-type]
 
 
 def test_mma_refused_without_mma_hardware(tree: Path) -> None:
@@ -212,9 +211,7 @@ def test_overlapping_rules_refused(tree: Path) -> None:
 
 
 def test_rule_without_shape_keys(tree: Path) -> None:
-    """A plain FaRule (no D/gqa/kv attributes yet) is a rule for every shape."""
-    from tuner.plan.space import FaRule
-
+    """A FaRule without shape keys is a rule for every shape."""
     text = patched_fattn(tree, [FaRule(phase="decode", lo=8192, hi=None, kernel="MMA")], load_arch("sm_90"))
     assert "if (Q->ne[1] == 1 && K->ne[1] >= 8192) {" in text
 

@@ -1,8 +1,8 @@
 """One verdict rule for every comparison: no faster/slower without a noise reference (issue 27, point 1).
 
-Real data only: two `tuner bench` runs of one H100 build (docs/h100/session1), the raw llama-bench JSONL of
-the 8B search's confirm rounds (docs/h100/session7/call3: upstream, upstream again, and the final config
-whose decode TILE rule is the stored 8B result's +14% at d65536), and the recorded A/A floors.
+Real data only: two `tuner bench` runs of one H100 build (tests/data/bench/h100), the raw llama-bench JSONL of
+the 8B search's confirm rounds (tests/data/bench/h100/confirm-l8b: upstream, upstream again, and the final config
+whose decode MMA rule is the stored 8B result's +14% at d65536), and the recorded A/A floors.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tuner.measure.stats import NoiseRef, Verdict, judge, run_floor
 from tuner.result.report import aa_warning, compare_points
 
 ROOT = Path(__file__).resolve().parents[3]
-S1 = ROOT / "docs" / "h100" / "session1"
-LOGS = ROOT / "docs" / "h100" / "session7" / "call3" / "sm90-l8b-v3-logs" / "sm90-l8b-v3" / "logs"
+S1 = ROOT / "tests" / "data" / "bench" / "h100"
+LOGS = ROOT / "tests" / "data" / "bench" / "h100" / "confirm-l8b"
 
 
 def _log(round_: int, name: str) -> Path:
@@ -95,7 +95,7 @@ def test_floors_file_is_what_the_recorded_data_give() -> None:
     assert cpu.kind == "none" and "only 15 recorded A/A pairs" in cpu.source
 
 
-def test_the_session1_pair_stays_within_the_cuda_floor() -> None:
+def test_the_recorded_tuner_bench_pair_stays_within_the_cuda_floor() -> None:
     # A floor is the 95th percentile of |Δ| over the recorded A/A pairs; this pair is one of them.
     a, b = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
     for p in compare_points(a, b):

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from tuner.measure.paired import CPU_REJECTED, noise_points, paired_diff, rejects_cpu_cost
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
@@ -113,8 +114,8 @@ def test_confirm_rejects_the_point_and_drops_the_rule_and_the_knobs() -> None:
     r = rows[0]
     assert 175 < r["tuned_cpu"] < 185 and 95 < r["base_cpu"] < 105 and r["cpu_ci_low"] > r["cpu_noise"]
     assert r["tuned_core"] == 90.0 and math.isnan(r["base_gpu"])
-    j = conf.judge(["decode:0-=TILE"], rows, process_changed=True)
-    assert j["kept"] == [] and "CPU% up" in j["dropped"]["decode:0-=TILE"]
+    j = conf.judge(parse_fa_rules("decode:0-=TILE"), rows, process_changed=True)
+    assert j["kept"] == () and "CPU% up" in j["dropped"][parse_fa_rules("decode:0-=TILE")[0]]
     assert not j["process_ok"] and "CPU% up beyond the noise without a t/s gain at tg@d0" in j["process_why"]
 
 

@@ -1,7 +1,7 @@
 """compose.judge_phase: the verdicts the report shows are the ones compose and confirm act on.
 
-The data are the decode screen rounds of session 12's sm_89 search on the H100 (89-virtual,
-llama-3.2-1b Q4_K_M; docs/h100/session12/call2/sm89-l1b-v4.db): at d32768 TILE's lower bound
+The data are the decode screen rounds of the sm_89 search on the H100 (89-virtual,
+llama-3.2-1b Q4_K_M; results/sm_89/llama-3.2-1b-q4_k_m-measured-on-h100/evidence/study.db.xz): at d32768 TILE's lower bound
 (+3.6%) cleared that depth's own A/A noise (±3.6%) but not the phase's noise floor at its 10 rounds
 (±4.1%), and the report's screen table said "faster" while nothing was composed.
 """
@@ -54,7 +54,7 @@ def test_confirm_rows_judge_by_the_same_bar() -> None:
 
 
 def test_an_older_studys_screen_cells_are_shown_judged_by_their_decisions_bar() -> None:
-    # a study screened before judge_phase stored the cell-local verdicts (session 12's sm_89 study did)
+    # a study screened before judge_phase stored the cell-local verdicts (the stored sm_89 study did)
     from tuner.measure.paired import CPU_REJECTED
     from tuner.result.pipeline_export import _judged_cell
 

@@ -1,11 +1,13 @@
 """A search on a machine too noisy to measure claims nothing, and report.md's first line says so (issue 27, point 5).
 
-Real data: the CPU default search on the shared 2-core development box (docs/cpu-default/study.db, A/A noise of
+Real data: the CPU default search on the shared 2-core development box (results/cpu/tiny-f16/evidence/study.db.xz, A/A noise of
 hundreds of percent) and the sm_89 decode screen on the H100 (tests/data/screen, A/A noise a few percent).
 """
 
 from __future__ import annotations
 
+import tempfile
+import lzma
 import json
 import re
 import sqlite3
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY, too_noisy
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.search import compose as comp
 from tuner.search.confirm import judge
 from tuner.search.screen import summarize_phase
@@ -22,11 +25,14 @@ H100_ROUNDS = json.loads((ROOT / "tests" / "data" / "screen" / "sm89-l1b-v4-tg-r
 
 
 def _cpu_attrs() -> dict[str, Any]:
-    con = sqlite3.connect(f"file:{ROOT / 'docs' / 'cpu-default' / 'study.db'}?mode=ro", uri=True)
-    try:
-        return {k: json.loads(v) for k, v in con.execute("select key, value_json from study_user_attributes")}
-    finally:
-        con.close()
+    with tempfile.TemporaryDirectory() as tmp:  # SQLite reads only a plain file
+        db = Path(tmp) / "study.db"
+        db.write_bytes(lzma.decompress((ROOT / "results" / "cpu" / "tiny-f16" / "evidence" / "study.db.xz").read_bytes()))
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return {k: json.loads(v) for k, v in con.execute("select key, value_json from study_user_attributes")}
+        finally:
+            con.close()
 
 
 def test_ceiling_rule() -> None:
@@ -55,8 +61,9 @@ def test_quiet_h100_screen_still_decides() -> None:
 
 def test_confirm_drops_what_a_noisy_phase_cannot_confirm() -> None:
     rows = [{"phase": "tg", "depth": 32768, "verdict": TOO_NOISY}, {"phase": "pp", "depth": 0, "verdict": "no difference"}]
-    j = judge(["decode/D64/gqa4/kvf16:32768-=TILE"], rows, process_changed=True)
-    assert j["kept"] == [] and "too noisy" in j["dropped"]["decode/D64/gqa4/kvf16:32768-=TILE"]
+    rules = parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE")
+    j = judge(rules, rows, process_changed=True)
+    assert j["kept"] == () and "too noisy" in j["dropped"][rules[0]]
     assert not j["process_ok"] and "ceiling in tg" in j["process_why"]
 
 

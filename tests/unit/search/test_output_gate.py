@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tuner.search import output_gate as og
+from tuner.plan.fa_rules import parse_fa_rules
 from tuner.search.pipeline import _output_gate, _State
 
-RULES = ["decode/D64/gqa4/kvf16:0-4096=VEC", "decode/D64/gqa4/kvf16:32768-=MMA", "decode/D64/gqa4/kvf16:65536-=MMA"]
+RULES = parse_fa_rules("decode/D64/gqa4/kvf16:0-4096=VEC,decode/D64/gqa4/kvf16:32768-=MMA,decode/D64/gqa4/kvf16:65536-=MMA")
 
 
 def plan(**kw):
@@ -49,10 +50,10 @@ def test_numeric_knobs_builds_and_microbatches_are_not_strict() -> None:
                                                         ("prefill", False, ("-fa", "off", "-t", "1"))]
     ub = plan(final_args=["-ub", "128"], changed={"-ub": ("pp",)})
     assert [(c.mode, c.strict, c.not_applied) for c in ub] == [("prefill", False, ("-ub", "128"))]
-    built = plan(build_changed=True, rules=["prefill:0-=TILE"])
+    built = plan(build_changed=True, rules=parse_fa_rules("prefill:0-=TILE"))
     assert [(c.name, c.strict) for c in built] == [("decode process", False), ("prefill prefill:0-=TILE", False)]
     assert plan(final_args=["-fa", "0"], changed={"-fa": ("pp", "tg")}, era="rocwmma")[0].args == ()  # bare switch, off
-    assert plan(rules=["prefill:0-=WMMA"], era="rocwmma")[0].upstream_args == ("-fa",)
+    assert plan(rules=parse_fa_rules("prefill:0-=TILE"), era="rocwmma")[0].upstream_args == ("-fa",)
 
 
 def _rec(passed: bool, mode: str = "decode") -> dict:
@@ -85,7 +86,7 @@ def test_a_failing_final_config_exports_upstream_and_keeps_the_numbers() -> None
               "upstream_phases": []}
     gate = {"verdict": "fail", "checks": [{**_rec(False), "name": "decode decode/D64/gqa4/kvf16:0-=VEC"}]}
     out = og.gated_result(result, gate)
-    assert out["rules"] == [] and out["tuned"] is None and out["rows"] == [] and out["upstream_phases"] == ["tg", "pp"]
+    assert out["rules"] == () and out["tuned"] is None and out["rows"] == [] and out["upstream_phases"] == ["tg", "pp"]
     assert out["gate"]["verdict"] == "not needed" and out["gate"]["rejected"]["rules"] == RULES[:1]
     assert out["gate"]["rejected"]["gate"]["checks"][0]["stats"]["mean_kld"] == 0.006275
     assert "output-equivalence gate" in out["dropped"][RULES[0]]
@@ -150,19 +151,19 @@ def test_stage_not_needed_and_failing(stage) -> None:
     assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}
 
 
-CALIB = Path(__file__).resolve().parents[3] / "docs" / "h100" / "session9" / "calib"
+CALIB = Path(__file__).resolve().parents[3] / "tests" / "data" / "equivalence" / "h100-calib"
 
 
 @pytest.mark.parametrize(("model", "kernel"), [("1b", "TILE"), ("8b", "MMA")])
 def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(model: str, kernel: str) -> None:
-    """llama-perplexity's numbers recorded on the H100 (docs/h100/session9/calib, `tuner equivalence`):
+    """llama-perplexity's numbers recorded on the H100 (tests/data/equivalence/h100-calib, `tuner equivalence`):
     under the CPU-calibrated defaults the searches' own kernel rules failed (1B TILE mean KLD 9.6e-4, 8B
     MMA 7.2e-3); judged by the kernel band (upstream's VEC/TILE/MMA forced vs its pick, x2) they pass,
     and a q4_0 KV cache (50x the band) still fails."""
     import json
 
     recs = {p.stem.split("-", 2)[2]: json.loads(p.read_text()) for p in CALIB.glob(f"{model}-decode-*.json")}
-    checks = plan(rules=[f"decode/D64/gqa4/kvf16:32768-={kernel}"])
+    checks = plan(rules=parse_fa_rules(f"decode/D64/gqa4/kvf16:32768-={kernel}"))
     band = og.plan_band(checks, {"decode": ["VEC", "TILE", "MMA"], "prefill": ["TILE", "MMA"]})
     assert [b.name for b in band] == ["band decode VEC", "band decode TILE", "band decode MMA"]
     assert all(b.env["GGML_TUNER_FA_RULES"] == f"decode:0-={b.name.split()[-1]}" for b in band)
@@ -184,7 +185,7 @@ def test_the_kernel_band_admits_upstreams_kernels_and_rejects_a_q4_0_kv_cache(mo
 
 
 def test_llama_benchs_valued_switches_are_spelled_as_llama_perplexitys_bare_flags() -> None:
-    # session 12: `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
+    # on the H100 `-nkvo 1` reached llama-perplexity as is ("error: invalid argument: 1") and the gate failed the config
     assert og.perplexity_args(["-t", "4", "-ngl", "8", "-nkvo", "1"], "mma") == (["-fa", "on", "-t", "4", "-ngl", "8", "-nkvo"], [])
     assert og.perplexity_args(["-nkvo", "0", "--repack", "0", "-nopo", "1"], "mma")[0] == ["-fa", "on", "--no-repack", "--no-op-offload"]
     with pytest.raises(og.UsageError, match="takes 0 or 1"):

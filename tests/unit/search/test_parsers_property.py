@@ -82,7 +82,7 @@ def test_set_values_against_a_space_accept_or_refuse(cpu_space, items: list[str]
 @example("decode/D64/gqa4/kvf16:32768-=MMA, prefill:0-4096=TILE")
 @example(",".join(["decode:0-=VEC"] * 33))
 def test_fa_rules_accept_or_refuse(text: str) -> None:
-    from tuner.plan.space import parse_fa_rules
+    from tuner.plan.fa_rules import parse_fa_rules
 
     try:
         rules = parse_fa_rules(text)

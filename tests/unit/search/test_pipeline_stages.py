@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
+from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_texts
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, run_phase_rounds, summarize_phase
@@ -113,7 +114,8 @@ def test_compose_rules_only_where_a_kernel_beats_the_aa_noise() -> None:
     dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
     assert [d.winner for d in dec] == [None, None, None, None, "TILE", "TILE"]
     rules = comp.rules_from(dec, comp.Shape(D=64, gqa=4, kv="f16"))
-    assert rules == ["decode/D64/gqa4/kvf16:32768-=TILE"]
+    assert rules == (FaRule(phase=Phase.DECODE, lo=32768, hi=None, kernel="TILE", D=64, gqa=4, kv="f16"),)
+    assert rules_texts(rules) == ["decode/D64/gqa4/kvf16:32768-=TILE"]  # as the study stores them
     assert comp.bisect_depths(dec, DEPTHS) == [24576]  # halfway between the last upstream depth and the first TILE one
 
 
@@ -124,7 +126,7 @@ def test_nothing_to_claim_when_upstream_is_already_fastest() -> None:
                      min_rounds=4, max_rounds=4, target_ci=0.1)
     dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
     assert all(d.winner is None for d in dec)
-    assert comp.rules_from(dec, comp.Shape(D=64, gqa=4)) == []
+    assert comp.rules_from(dec, comp.Shape(D=64, gqa=4)) == ()
 
 
 def test_a_forced_kernel_that_fell_back_is_not_a_candidate() -> None:
@@ -173,9 +175,10 @@ def test_confirm_keeps_only_what_confirms() -> None:
         {"phase": "pp", "depth": 0, "verdict": "slower"},
         {"phase": "pp", "depth": 4096, "verdict": "no difference"},
     ]
-    j = conf.judge(["decode/D64:32768-=TILE", "prefill:0-4096=TILE", "decode:0-20000=MMA"], rows, process_changed=False)
-    assert j["kept"] == ["decode/D64:32768-=TILE"]
-    assert "slower" in j["dropped"]["prefill:0-4096=TILE"] and "at any depth" in j["dropped"]["decode:0-20000=MMA"]
+    deep, pp, shallow = parse_fa_rules("decode/D64:32768-=TILE,prefill:0-4096=TILE,decode:0-20000=MMA")
+    j = conf.judge((deep, pp, shallow), rows, process_changed=False)
+    assert j["kept"] == (deep,)
+    assert "slower" in j["dropped"][pp] and "at any depth" in j["dropped"][shallow]
     assert j["process_ok"]
     assert not conf.judge([], rows, process_changed=True)["process_ok"]
     assert conf.extra_depths(DEPTHS) == [12288, 49152]
@@ -185,7 +188,7 @@ def test_confirm_keeps_only_what_confirms() -> None:
 def test_replay_reproduces_the_recorded_grid_winners() -> None:
     from tuner.search.replay import replay_screen
 
-    files = sorted((REPO / "docs" / "h100" / "session1" / "grid").glob("*.jsonl"))
+    files = sorted((REPO / "tests" / "data" / "replay").glob("*.jsonl"))
     out = replay_screen(files, min_rounds=3, max_rounds=4)
     # The screen never picks a kernel that is not the grid's winner. With the pooled block variance it
     # sees decode MMA +8.4% [+5.2, +11.7] at d32768 (the grid's winner, +8.3% by median) but keeps
@@ -202,14 +205,14 @@ def test_replay_reproduces_the_recorded_grid_winners() -> None:
 @pytest.mark.parametrize("bad", ["decode:0-=VEC,prefill:zz-=MMA", "decode:0-=WMMA"])
 def test_bad_rules_text_is_refused(bad: str) -> None:
     from tuner.errors import UsageError
-    from tuner.plan.space import parse_fa_rules
+    from tuner.plan.fa_rules import parse_fa_rules
 
     with pytest.raises(UsageError):
         parse_fa_rules(bad)
 
 
 def test_fa_log_lines_of_the_h100_run_are_read() -> None:
-    # Lines exactly as the sm_90 build printed them in docs/h100/session4 (the hook added type_k/type_v).
+    # Lines exactly as the sm_90 build printed them on the H100 (the hook added type_k/type_v).
     from tuner.search.live import kernel_at, parse_fa_log
 
     text = ("tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
@@ -417,7 +420,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
 
 
 def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
-    """A study seeded with another's screen rounds (docs/h100/session5/seed_l1b.py) had no ``model``;
+    """A study seeded with another's screen rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence) had no ``model``;
     the H100 search confirmed it and then failed at export with KeyError: 'model'."""
     import types
 

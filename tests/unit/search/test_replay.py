@@ -1,4 +1,4 @@
-"""Replay of the exhaustive grid recorded on the H100 (tests/data/replay = docs/h100/session1/grid)."""
+"""Replay of the exhaustive grid recorded on the H100 (tests/data/replay)."""
 
 from __future__ import annotations
 

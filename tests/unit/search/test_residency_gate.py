@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.residency import parse_residency
+from tuner.plan.fa_rules import as_stored, parse_fa_rules
 from tuner.search import residency_gate as rg
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "residency"
@@ -34,11 +35,11 @@ def test_a_final_config_that_moves_the_kv_cache_to_the_host_unasked_fails_and_up
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
     assert rec["verdict"] == "fail" and rec["final"]["splits_tg"] == 34
     assert any("34 splits" in r for r in rec["reasons"]) and any("host memory" in r for r in rec["reasons"])
-    result = {"rules": ["decode/D64/gqa4/kvf16:32768-=TILE"], "tuned": {"values": {"threads": 4}}, "rows": [{"phase": "tg"}]}
+    result = {"rules": parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE"), "tuned": {"values": {"threads": 4}}, "rows": [{"phase": "tg"}]}
     out = rg.residency_result(result, rec)
-    assert out["rules"] == [] and out["tuned"] is None and out["rows"] == []
+    assert out["rules"] == () and out["tuned"] is None and out["rows"] == []
     assert out["residency"]["rejected"]["rules"] == result["rules"]
-    assert "residency" in out["dropped"]["decode/D64/gqa4/kvf16:32768-=TILE"]
+    assert "residency" in out["dropped"][result["rules"][0]]
 
 
 def test_more_decode_splits_than_upstream_fail_even_within_the_absolute_limit() -> None:
@@ -54,8 +55,8 @@ def test_a_config_that_asks_for_host_kv_is_reported_not_judged() -> None:
 def test_when_upstream_fails_the_same_way_the_check_cannot_tell_and_keeps_the_final_config() -> None:
     rec = rg.decide(NKVO, NKVO, full=True, host_weights_mib=INPUT_MIB)
     assert rec["verdict"] == "not judged" and "cannot tell" in rec["why"]
-    result = {"rules": ["decode:0-=MMA"], "tuned": None, "rows": [{"phase": "tg"}]}
-    assert rg.residency_result(result, rec)["rules"] == ["decode:0-=MMA"]
+    result = {"rules": parse_fa_rules("decode:0-=MMA"), "tuned": None, "rows": [{"phase": "tg"}]}
+    assert rg.residency_result(result, rec)["rules"] == parse_fa_rules("decode:0-=MMA")
 
 
 def test_a_failed_probe_of_the_final_config_fails_it() -> None:
@@ -68,9 +69,9 @@ def test_validate_accepts_a_rejected_final_config_only_when_upstreams_selection_
     from tuner.result.pipeline_export import residency_table
     from tuner.result.validate import _residency_finding
 
-    rec = rg.residency_result({"rules": ["decode:0-=TILE"], "tuned": None, "rows": []},
+    rec = rg.residency_result({"rules": parse_fa_rules("decode:0-=TILE"), "tuned": None, "rows": []},
                               rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB))["residency"]
-    table = residency_table(rec)
+    table = residency_table(as_stored(rec))  # the export reads the record as the study stored it
     assert table["verdict"] == "fail" and table["rejected_rules"] == ["decode:0-=TILE"] and "log" not in table["final"]
     assert _residency_finding({"residency": table, "choice": {"fa_rules": []}}).ok
     assert not _residency_finding({"residency": table, "choice": {"fa_rules": ["decode:0-=TILE"]}}).ok
@@ -86,7 +87,7 @@ def _real(name: str):
 
 
 def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtures_do() -> None:
-    # session 12, 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1 (docs/h100/session12/call4)
+    # the H100 with the 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1
     full, nkvo = _real("h100-89v-l1b-full.log.gz"), _real("h100-89v-l1b-nkvo.log.gz")
     assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (FULL.splits_tg, FULL.layers_offloaded, dict(FULL.kv_buffers))
     assert (nkvo.splits_tg, nkvo.host_kv_mib) == (NKVO.splits_tg, NKVO.host_kv_mib)
@@ -95,7 +96,7 @@ def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtu
 
 
 def test_a_partial_offload_scenario_reports_a_tuned_nkvo_and_does_not_reject_it() -> None:
-    # session 12's host-paced search (--set ngl=8 --cpu-mask 0-3): upstream -ngl 8 had 2 decode splits, the
+    # the H100's host-paced search (--set ngl=8 --cpu-mask 0-3): upstream -ngl 8 had 2 decode splits, the
     # final config (-t 4 -ub 1024 -b 1024 -ngl 8 -nkvo 1) 16; the gate, judging by the final config's own
     # arguments and counting splits regardless, exported upstream's selection for it. The scenario is upstream's.
     up, final = _real("h100-ngl8-upstream.log.gz"), _real("h100-ngl8-nkvo-t4-final.log.gz")

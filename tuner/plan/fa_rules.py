@@ -1,0 +1,246 @@
+"""FlashAttention selection rules: the one typed form, its text and its parser.
+
+A rule is a :class:`FaRule` from the search's compose stage to the export. It becomes text only at
+the edges, and only through this module:
+
+* :func:`rules_env`: the ``GGML_TUNER_FA_RULES`` value the C++ hook reads (``templates/patches/mma``);
+* :func:`rules_texts` / :func:`rules_from_texts`: the ``list[str]`` a study's user attributes and an
+  export's ``config.toml`` hold (their JSON and TOML stay as they always were, so old studies load);
+* :func:`parse_fa_rules`: user input (``tuner ab --rules``, ``baked_runtime``), checked like the hook.
+
+The C++ condition of a rule in upstream's own selection function is
+:func:`tuner.result.upstream_patch.rule_condition`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FA_RULES_MAX",
+    "FA_RULE_KEY_RANGES",
+    "FA_RULE_KV_TYPES",
+    "FaRule",
+    "Phase",
+    "as_stored",
+    "match_rules",
+    "parse_fa_rules",
+    "rules_env",
+    "rules_from_texts",
+    "rules_texts",
+]
+
+import dataclasses
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tuner.errors import UsageError, close_matches
+
+
+class Phase(str, enum.Enum):
+    """The phase a rule acts in: ``decode`` (Q->ne[1] == 1) or ``prefill`` (Q->ne[1] > 1).
+
+    The search and llama-bench call them ``tg`` and ``pp`` (:attr:`bench`, :meth:`from_bench`)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def bench(self) -> str:
+        """llama-bench's test name for the phase: ``tg`` (decode) or ``pp`` (prefill)."""
+        return "tg" if self is Phase.DECODE else "pp"
+
+    @classmethod
+    def from_bench(cls, name: str) -> Phase:
+        """The phase of llama-bench's ``tg``/``pp``."""
+        for p in cls:
+            if p.bench == name:
+                return p
+        raise ValueError(f"not a llama-bench phase: {name!r} (tg or pp)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaRule:
+    """One ``PHASE[/KEY...]:lo-hi=KERNEL`` entry of GGML_TUNER_FA_RULES (n_kv in [lo, hi); hi None = unbounded).
+
+    The optional shape keys restrict the rule to one attention shape; ``None`` matches any shape, so a
+    rule without keys applies to every FlashAttention call (the grammar before shape keys existed).
+    """
+
+    phase: Phase
+    lo: int
+    hi: int | None
+    kernel: str
+    D: int | None = None
+    """Head size of K (``Q->ne[0]``); key ``D<int>``."""
+    gqa: int | None = None
+    """GQA ratio (``Q->ne[2] / K->ne[2]``); key ``gqa<int>``."""
+    kv: str | None = None
+    """ggml type name that both K and V must have (``f16``, ``q8_0``...); key ``kv<type>``."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", Phase(self.phase))  # "decode" and Phase.DECODE are one rule
+
+    @property
+    def key(self) -> str:
+        """The shape keys as written in a rule (``/D64/gqa4/kvf16``; '' for an unkeyed rule)."""
+        parts = [f"/D{self.D}" if self.D is not None else "", f"/gqa{self.gqa}" if self.gqa is not None else "",
+                 f"/kv{self.kv}" if self.kv is not None else ""]
+        return "".join(parts)
+
+    @property
+    def text(self) -> str:
+        """The rule as GGML_TUNER_FA_RULES spells it (keys in the order D, gqa, kv)."""
+        return f"{self.phase.value}{self.key}:{self.lo}-{'' if self.hi is None else self.hi}={self.kernel}"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def covers(self, n_kv: int) -> bool:
+        """Whether ``n_kv`` (a depth) lies in the rule's interval ``[lo, hi)``."""
+        return self.lo <= n_kv and (self.hi is None or n_kv < self.hi)
+
+    def widened(self) -> FaRule:
+        """The same rule for every n_kv (``lo`` 0, no ``hi``)."""
+        return dataclasses.replace(self, lo=0, hi=None)
+
+
+# ASCII digits only: the C++ hook reads them with strtoll (Python's \d would take other scripts' digits).
+_RULE = re.compile(r"(decode|prefill)((?:/[^/:]*)*):([0-9]+)-([0-9]*)=(VEC|TILE|MMA)")
+FA_RULES_MAX = 32
+"""Entries the C++ hook holds (GGML_TUNER_FA_MAX_RULES in the patch template); more abort llama.cpp."""
+
+FA_RULE_KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")
+"""K/V type names a ``kv<type>`` key may name (as ``ggml_type_name`` spells them; FlashAttention K/V types)."""
+
+FA_RULE_KEY_RANGES: dict[str, tuple[int, int]] = {"D": (1, 4096), "gqa": (1, 256)}
+
+_RULE_GRAMMAR = (
+    "PHASE[/KEY...]:LO-HI=KERNEL (PHASE decode|prefill; optional shape keys D<head size> (1..4096), "
+    "gqa<GQA ratio> (1..256), kv<K/V type> (" + "|".join(FA_RULE_KV_TYPES) + "), each at most once, a missing "
+    "key matching any shape; LO-HI an n_kv range, HI may be empty = unbounded; KERNEL VEC|TILE|MMA), "
+    "e.g. 'decode:8192-=MMA' or 'decode/D64/gqa4/kvf16:32768-=MMA'"
+)
+
+
+def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in keys.split("/")[1:]:
+        m = re.fullmatch(r"(D|gqa)([0-9]+)|kv([a-z0-9_]+)", key)
+        if not m:
+            raise UsageError(
+                f"FA rule {item!r}: shape key {key!r} is not D<int>, gqa<int> or kv<type>. Rules are {_RULE_GRAMMAR}."
+            )
+        name = m.group(1) or "kv"
+        if name in out:
+            raise UsageError(f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv at most once.")
+        if name == "kv":
+            if m.group(3) not in FA_RULE_KV_TYPES:
+                raise UsageError(
+                    f"FA rule {item!r}: K/V type {m.group(3)!r} is not one of {', '.join(FA_RULE_KV_TYPES)} "
+                    f"(ggml type names, e.g. kvf16, kvq8_0).{close_matches(m.group(3), FA_RULE_KV_TYPES)}"
+                )
+            out["kv"] = m.group(3)
+        else:
+            lo, hi = FA_RULE_KEY_RANGES[name]
+            v = int(m.group(2))
+            if not lo <= v <= hi:
+                raise UsageError(f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}].")
+            out[name] = v
+    return out
+
+
+def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
+    """Parse a GGML_TUNER_FA_RULES string (the same grammar the C++ hook accepts).
+
+    Grammar: comma-separated ``PHASE[/KEY...]:LO-HI=KERNEL`` with keys ``D<int>``, ``gqa<int>`` and
+    ``kv<type>`` in any order (``FaRule.text`` writes them as D, gqa, kv), e.g.
+    ``decode/D64/gqa4/kvf16:32768-=MMA``. The C++ parser accepts any ggml type name after ``kv``; this
+    one only the FlashAttention K/V types in :data:`FA_RULE_KV_TYPES`.
+
+    Raises:
+        UsageError: An entry that does not parse, a bad shape key or an out-of-range value.
+    """
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        m = _RULE.fullmatch(item)
+        if not m:
+            raise UsageError(f"FA rule {item!r} is not phase:lo-hi=KERNEL; rules are {_RULE_GRAMMAR}.")
+        keys = _parse_rule_keys(item, m.group(2))
+        lo, hi = int(m.group(3)), int(m.group(4)) if m.group(4) else None
+        if hi is not None and hi <= lo:
+            raise UsageError(f"FA rule {item!r}: hi {hi} must be greater than lo {lo}.")
+        if lo > 2**62 or (hi or 0) > 2**62:
+            raise UsageError(f"FA rule {item!r}: bound out of range.")
+        out.append(FaRule(phase=Phase(m.group(1)), lo=lo, hi=hi, kernel=m.group(5), **keys))
+    return _at_most_max(out)
+
+
+def _at_most_max(rules: Sequence[FaRule]) -> tuple[FaRule, ...]:
+    if len(rules) > FA_RULES_MAX:
+        raise UsageError(f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges.")
+    return tuple(rules)
+
+
+def rules_env(rules: Iterable[FaRule]) -> str:
+    """The GGML_TUNER_FA_RULES value for ``rules``: each rule's :attr:`FaRule.text`, comma-joined, no spaces
+    (the C++ hook does not strip them: ``' prefill'`` is no phase there)."""
+    return ",".join(r.text for r in rules)
+
+
+def rules_texts(rules: Iterable[FaRule]) -> list[str]:
+    """The rules as a study's user attributes and an export's ``config.toml`` store them: one text each."""
+    return [r.text for r in rules]
+
+
+def rules_from_texts(texts: Iterable[str]) -> tuple[FaRule, ...]:
+    """The rules of a stored ``list[str]`` (:func:`rules_texts`: a study's ``result``, ``config.toml``'s
+    ``fa_rules``), parsed and checked as :func:`parse_fa_rules` checks user input."""
+    return _at_most_max([r for t in texts for r in parse_fa_rules(t)])
+
+
+def as_stored(value: Any) -> Any:
+    """``value`` (JSON-like: mappings, lists, tuples) with each :class:`FaRule` in it, a value or a mapping's
+    key, as its text and each tuple as a list: what a study's user attributes hold (Optuna stores JSON), so
+    a stored rule list stays the ``list[str]`` of :func:`rules_texts`."""
+    if isinstance(value, FaRule):
+        return value.text
+    if isinstance(value, Mapping):
+        return {as_stored(k): as_stored(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_stored(v) for v in value]
+    return value
+
+
+def match_rules(
+    rules: Sequence[FaRule], phase: str, n_kv: int, D: int, gqa: int, kv: str, *, kv_v: str | None = None
+) -> FaRule | None:
+    """The rule the patched selector applies to one FlashAttention call, or None for upstream's choice.
+
+    Mirrors ``ggml_cuda_get_best_fattn_kernel`` in ``templates/patches/mma/fattn-tail.cu.j2``: the first
+    rule whose phase, n_kv range and shape keys (a key left out matches anything) all match wins. Like
+    the C++, a matched rule whose kernel is illegal for the shape is still the match (the hook then
+    keeps the default, why="fallback"); legality is not modelled here.
+
+    Args:
+        rules: Parsed rules, in GGML_TUNER_FA_RULES order.
+        phase: ``decode`` (Q->ne[1] == 1) or ``prefill``.
+        n_kv: K->ne[1].
+        D: Head size of K (Q->ne[0]).
+        gqa: GQA ratio (Q->ne[2] / K->ne[2]).
+        kv: ggml type name of K (and of V unless ``kv_v`` is given).
+        kv_v: ggml type name of V where it differs from K's; a ``kv`` key needs both to equal it.
+    """
+    v_type = kv if kv_v is None else kv_v
+    for r in rules:
+        if r.phase != phase or not r.covers(n_kv):
+            continue
+        if (r.D is not None and r.D != D) or (r.gqa is not None and r.gqa != gqa) or (r.kv is not None and (r.kv != kv or r.kv != v_type)):
+            continue
+        return r
+    return None
