@@ -9,6 +9,14 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(autouse=True)
+def _fresh_local_archs() -> None:
+    """Each test detects the GPUs afresh: tuner asks once per process, and tests fake the devices."""
+    from tuner.targets.archs import forget_local_archs
+
+    forget_local_archs()
+
+
 @pytest.fixture(scope="session")
 def tuner_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """TUNER_HOME for integration tests.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["file_sha256", "stable_hash"]
+__all__ = ["file_sha256", "stable_hash", "text_sha256"]
 
 import hashlib
 import json
@@ -14,6 +14,11 @@ def stable_hash(*parts: Any, n: int = 16) -> str:
     """sha256 over a canonical JSON encoding of ``parts``; the first ``n`` hex digits."""
     blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:n]
+
+
+def text_sha256(text: str) -> str:
+    """sha256 hex digest of a text's UTF-8 bytes (the hashes a result's config.toml records)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def file_sha256(path: str | Path) -> str:

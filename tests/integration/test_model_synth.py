@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from tuner import _run
 from tuner.targets.host import host_has_amx
 from tuner.cli import cli
-from tuner.targets.models import _parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
+from tuner.targets.models import parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
 from tuner.targets.roofline import bytes_per_token
 
 pytestmark = [
@@ -63,7 +63,7 @@ def _bench_rows(model: Path, tmp_path: Path, bench: Path, *, quantized: bool = F
 
 def test_tiny_loads_in_llama_bench(tiny_f16: Path, tmp_path: Path, cpu_build) -> None:
     shape = load_model_shape("tiny")
-    kv, tensors = _parse_gguf(tiny_f16, tensors=True)
+    kv, tensors = parse_gguf(tiny_f16, tensors=True)
     assert [t.name for t in tensors] == [t.name for t in plan_tensors(shape)] and len(tensors) == 20
     assert len(kv["tokenizer.ggml.tokens"][2]) == 128256 and kv["tokenizer.ggml.pre"][2] == "llama-bpe"
     rows = _bench_rows(tiny_f16, tmp_path, cpu_build.exe("llama-bench"))
@@ -92,7 +92,7 @@ def test_quantize_path_matches_q4_k_m_plan(tiny_f16: Path, tmp_path: Path, cpu_b
 def test_qwen_shape_vocab_is_consistent(_src: Path) -> None:
     # The qwen2 vocab file must hold exactly the 151936 tokens the shape's token_embd has.
     vocab = _vocab_in(_src, "qwen2")
-    kv, _ = _parse_gguf(vocab)
+    kv, _ = parse_gguf(vocab)
     assert len(kv["tokenizer.ggml.tokens"][2]) == load_model_shape("qwen2.5-0.5b").vocab_size
     assert kv["tokenizer.ggml.pre"][2] == "qwen2"
 

@@ -42,7 +42,7 @@ def _fail(*args: object, **kw: object) -> None:
 def fetched(tuner_home: Path) -> dict[str, S.Source]:
     out = {}
     for era, spec in SPECS.items():
-        F._index_file(spec).unlink(missing_ok=True)
+        F.index_file(spec).unlink(missing_ok=True)
         out[era] = S.fetch_source(spec)
     return out
 

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 __all__ = [
     "DEFAULT_TARGETS",
+    "HIP_CMAKE_SPEC",
     "BuildTools",
     "build_variant",
+    "check_target_names",
     "default_check_objects",
     "find_build_tools",
+    "is_on",
     "load_build_record",
+    "ninja_log_lines",
     "parse_ninja_progress",
     "parse_ninja_log",
     "quantize_model",
+    "rebuilt_objects",
 ]
 
 import contextlib
@@ -51,14 +56,14 @@ from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
 from tuner._hash import file_sha256, stable_hash
 from tuner.builder.quantize import quantize_model
-from tuner.builder.records import _cached, _locked, _write_json, load_build_record
+from tuner.builder.records import cached_record, load_build_record, locked, write_json
 from tuner.plan.variant import Build, RenderedVariant
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = ("llama-bench", "test-backend-ops", "llama-quantize")
 _CMAKE_SPEC = ">=3.28"
-_HIP_CMAKE_SPEC = ">=3.28,<4"
+HIP_CMAKE_SPEC = ">=3.28,<4"
 _NINJA_SPEC = ">=1.10"
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,100}$")
 _PROGRESS_RE = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -101,8 +106,16 @@ def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMA
     return BuildTools(cmake=cmake, ninja=ninja.path)
 
 
-def _on(value: str | None) -> bool:
+def is_on(value: str | None) -> bool:
+    """A CMake boolean define's truth (``ON``, ``1``, ``TRUE``...; anything else, None included, is off)."""
     return str(value).upper() in {"ON", "1", "TRUE", "YES", "Y"}
+
+
+def check_target_names(targets: Sequence[str]) -> None:
+    """UsageError for a build target that is not a CMake target name (before anything runs)."""
+    for t in targets:
+        if not isinstance(t, str) or not _TARGET_RE.match(t):
+            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
 
 
 def _hip_targets(defines: Mapping[str, str]) -> list[str]:
@@ -169,14 +182,14 @@ class _Toolchain:
 
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     d = rv.defines
-    if _on(d.get("GGML_HIP")):
+    if is_on(d.get("GGML_HIP")):
         from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
 
         targets = _hip_targets(d)
         tc = hip.require_hip_toolchain()
         for t in targets:
             tc.require_arch(t)
-        tools = find_build_tools(str(tc.cmake), _HIP_CMAKE_SPEC)
+        tools = find_build_tools(str(tc.cmake), HIP_CMAKE_SPEC)
         return _Toolchain(tools=tools, hip=tc,
                           compilers={"cc": tc.clang, "cxx": tc.clangxx, "hip": tc.clangxx})
     tools = find_build_tools()
@@ -184,7 +197,7 @@ def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
         "cc": _resolve(d.get("CMAKE_C_COMPILER") or os.environ.get("CC") or "cc"),
         "cxx": _resolve(d.get("CMAKE_CXX_COMPILER") or os.environ.get("CXX") or "c++"),
     }
-    if _on(d.get("GGML_CUDA")):
+    if is_on(d.get("GGML_CUDA")):
         nvcc = d.get("CMAKE_CUDA_COMPILER") or os.environ.get("CUDACXX") or shutil.which("nvcc")
         compilers["nvcc"] = _resolve(nvcc or "/usr/local/cuda/bin/nvcc")
     return _Toolchain(tools=tools, compilers=compilers, hip=None)
@@ -297,14 +310,16 @@ def parse_ninja_log(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _ninja_log_lines(build_dir: Path) -> set[str]:
+def ninja_log_lines(build_dir: Path) -> set[str]:
+    """The lines of the build's ``.ninja_log`` (a snapshot before a build, for :func:`rebuilt_objects`)."""
     try:
         return {ln for _, ln in parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))}
     except OSError:
         return set()
 
 
-def _rebuilt_objects(build_dir: Path, before: set[str]) -> list[str]:
+def rebuilt_objects(build_dir: Path, before: set[str]) -> list[str]:
+    """Object files the build wrote since the ``before`` snapshot of :func:`ninja_log_lines`."""
     # New lines since the snapshot = outputs built by this run. A set difference (rather than a byte
     # offset or timestamps) survives Ninja recompacting the log.
     try:
@@ -346,7 +361,7 @@ def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, 
     if ggml_cmake.is_file() and "GGML_CCACHE" in ggml_cmake.read_text(errors="replace"):
         defines["GGML_CCACHE"] = "ON" if shutil.which("ccache") else "OFF"  # OFF: no "not found" warning
     notes: dict[str, str] = {}
-    if compile_only and tc.hip is not None and _on(str(defines.get("GGML_HIP_ROCWMMA_FATTN"))):
+    if compile_only and tc.hip is not None and is_on(str(defines.get("GGML_HIP_ROCWMMA_FATTN"))):
         if not (tc.hip.rocm_path / "include" / "rocwmma" / "rocwmma.hpp").is_file():
             msg = ("rocWMMA headers are not available from any package registry reachable here (Debian "
                    "experimental's librocwmma-dev lacks rocwmma/internal/*), so fattn-wmma-f16.cu cannot be "
@@ -385,7 +400,7 @@ def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, 
     stamp_file.unlink(missing_ok=True)
     _run.run([tc.tools.cmake.cmake_path, *args, "-GNinja"], env=env, log_file=log_file, timeout=900,
              what=f"CMake configure of {rv.short}")
-    _write_json(stamp_file, stamp)
+    write_json(stamp_file, stamp)
     return notes
 
 
@@ -429,7 +444,7 @@ def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: 
             os.symlink(os.readlink(lib), tmp / "bin" / lib.name)
         else:
             shutil.copy2(lib, tmp / "bin" / lib.name)
-    _write_json(tmp / "build.json", record)
+    write_json(tmp / "build.json", record)
     shutil.rmtree(art, ignore_errors=True)
     art.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(art)
@@ -469,9 +484,7 @@ def _check_build_args(rv: RenderedVariant, targets: Sequence[str], jobs: int | N
                       objects: Sequence[str] | None) -> tuple[list[str], int, list[str]]:
     """Checked (targets, jobs, objects) of a build_variant call; UsageError names the bad one."""
     targets = list(targets)
-    for t in targets:
-        if not isinstance(t, str) or not _TARGET_RE.match(t):
-            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
+    check_target_names(targets)
     if not targets and not compile_only:
         raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
     if jobs is None:
@@ -527,7 +540,7 @@ def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *
 def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, build_dir: Path, src: Path,
              targets: Sequence[str], objs: Sequence[str], compile_only: bool, jobs: int, log_file: Path) -> list[str]:
     """Run the Ninja build of the targets (or the objects' targets); returns the rebuilt translation units."""
-    before = _ninja_log_lines(build_dir)
+    before = ninja_log_lines(build_dir)
     log_file.unlink(missing_ok=True)
     build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
     if compile_only and not build_targets:
@@ -536,7 +549,7 @@ def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, bui
         _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
                   "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
                  on_line=_Progress(bar), what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
-    rebuilt = _rebuilt_objects(build_dir, before)
+    rebuilt = rebuilt_objects(build_dir, before)
     record["rebuilt_tus"] = rebuilt
     record["rebuilt_count"] = len(rebuilt)
     if compile_only and tc.hip is not None:
@@ -550,7 +563,7 @@ def _record_failure(rv: RenderedVariant, root: Path, record: dict[str, Any], err
     record["error"] = str(err)
     record["seconds"] = round(time.monotonic() - start, 3)
     if root.is_dir():
-        _write_json(root / "build.json", record)
+        write_json(root / "build.json", record)
     if isinstance(err, UsageError):
         return err
     msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
@@ -598,11 +611,11 @@ def build_variant(
                      log_file=Path(rec.get("log", logs / "build.log")), cached=cached,
                      seconds=time.monotonic() - start, compile_only=False, meta=dict(rec))
 
-    if not compile_only and (rec := _cached(art, build_id, targets)):
+    if not compile_only and (rec := cached_record(art, build_id, targets)):
         return _done(rec, True)
 
-    with _locked(root):
-        if not compile_only and (rec := _cached(art, build_id, targets)):  # another worker built it
+    with locked(root):
+        if not compile_only and (rec := cached_record(art, build_id, targets)):  # another worker built it
             return _done(rec, True)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs,
@@ -623,7 +636,7 @@ def build_variant(
             if failure is err:
                 raise
             raise failure from err
-        _write_json(root / "build.json", record)
+        write_json(root / "build.json", record)
     if compile_only:
         return Build(build_id=build_id, build_dir=build_dir, bin_dir=build_dir / "bin", log_file=log_file,
                      cached=not rebuilt, seconds=time.monotonic() - start, compile_only=True, meta=record)

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner import _run, log
-from tuner.builder.cmake import _HIP_CMAKE_SPEC, _TARGET_RE, _ninja_log_lines, _on, _rebuilt_objects, find_build_tools
-from tuner.builder.records import _locked, _write_json, load_build_record
+from tuner.builder.cmake import (HIP_CMAKE_SPEC, check_target_names, find_build_tools, is_on, ninja_log_lines,
+                                 rebuilt_objects)
+from tuner.builder.records import load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.plan.variant import Build
 
@@ -43,33 +44,31 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
     """
     if build.compile_only:
         raise UsageError(f"{build.build_dir} is a compile-only check; build the variant first (`tuner build`).")
-    for t in targets:
-        if not isinstance(t, str) or not _TARGET_RE.match(t):
-            raise UsageError(f"Build target {t!r} is not a CMake target name (letters, digits, '_.+-').")
+    check_target_names(targets)
     jobs = jobs or os.cpu_count() or 1
     art = Path(build.bin_dir).parent
     if not [t for t in targets if not (art / "bin" / t).is_file()]:
         return build
     root = Path(build.build_dir).parent
-    with _locked(root):
+    with locked(root):
         missing = [t for t in targets if not (art / "bin" / t).is_file()]
         rec = load_build_record(art / "build.json") or dict(build.meta)
         if missing:
             defines = dict(rec.get("defines", {}))
-            if _on(defines.get("GGML_HIP")):
+            if is_on(defines.get("GGML_HIP")):
                 from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
 
                 tc_hip = hip.require_hip_toolchain()
-                tools, env = find_build_tools(str(tc_hip.cmake), _HIP_CMAKE_SPEC), tc_hip.env()
+                tools, env = find_build_tools(str(tc_hip.cmake), HIP_CMAKE_SPEC), tc_hip.env()
             else:
                 tools, env = find_build_tools(), None
             log_file = root / "logs" / f"extra-{art.name}.log"
             start = time.monotonic()
-            before = _ninja_log_lines(build.build_dir)
+            before = ninja_log_lines(build.build_dir)
             with log.step(f"Building {', '.join(missing)} into {art}"):
                 _run.run([tools.cmake.cmake_path, "--build", build.build_dir, "--target", *missing, "--parallel", str(jobs)],
                          env=env, log_file=log_file, what=f"Build of {', '.join(missing)} in {build.build_dir}")
-            rebuilt = _rebuilt_objects(build.build_dir, before)
+            rebuilt = rebuilt_objects(build.build_dir, before)
             bin_src = Path(build.build_dir) / "bin"
             for t in missing:
                 if not (bin_src / t).is_file():
@@ -94,5 +93,5 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
                 extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt,
                             "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             rec["extra_targets"] = extra
-            _write_json(art / "build.json", rec)
+            write_json(art / "build.json", rec)
     return dataclasses.replace(build, meta=dict(rec))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner._hash import file_sha256
-from tuner.builder.records import _write_json, load_build_record
+from tuner.builder.records import load_build_record, write_json
 from tuner.errors import UsageError, close_matches
 from tuner.plan.variant import Build
 
@@ -54,7 +54,7 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     in_hash = side.get("input_sha256") if side.get("input_stat") == stat_key else file_sha256(src_gguf)
     if dst_gguf.is_file() and side.get("input_sha256") == in_hash and side.get("qtype") == qtype:
         if side.get("input_stat") != stat_key:
-            _write_json(sidecar, {**side, "input_stat": stat_key})
+            write_json(sidecar, {**side, "input_stat": stat_key})
         return dst_gguf
     dst_gguf.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst_gguf.with_name(dst_gguf.name + ".partial")
@@ -65,6 +65,6 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
         _run.run([exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)], log_file=log_file,
                  cwd=build.bin_dir, what=f"llama-quantize {qtype}")
     tmp.replace(dst_gguf)
-    _write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
+    write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
                           "qtype": qtype, "build_id": build.build_id, "log": str(log_file)})
     return dst_gguf

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["load_build_record"]
+__all__ = ["cached_record", "load_build_record", "locked", "write_json"]
 
 import contextlib
 import fcntl
@@ -21,7 +21,7 @@ def load_build_record(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` as JSON atomically (temporary file, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -29,7 +29,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
+def locked(root: Path) -> Iterator[None]:
     """Hold the key directory's exclusive lock (``root/.lock``) for the block."""
     # Parallel search workers may build candidates of one key; they share build/ and must take turns.
     root.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _cached(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
+def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
     """The artifact's record when it was built ok for this build id and holds every target, else None."""
     rec = load_build_record(art / "build.json")
     if not rec or rec.get("build_id") != build_id or rec.get("status") != "ok":

@@ -51,13 +51,7 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         mod_name, attr = target.split(":")
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as err:
-            if err.name == mod_name:  # not written yet in this checkout
-                return None
-            raise
-        return getattr(mod, attr)
+        return getattr(importlib.import_module(mod_name), attr)
 
 
 _EPILOG = """\b

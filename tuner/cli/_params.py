@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "output_option", "parse_pairs"]
+__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "find_bin_dir", "output_option", "stamped_run_dir"]
 
-from typing import Any
-
+import datetime as _dt
 import re
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -40,17 +41,23 @@ CPU_MASK_HELP = ("Pin every llama-bench process to these CPUs (taskset -c), e.g.
                  "CPU is the limit. Threads' legal values then follow the mask's size.")
 
 
-def parse_pairs(values: tuple[str, ...], flag: str, example: str) -> dict[str, str]:
-    """``("K=V", ...)`` -> dict; anything without ``=`` is a UsageError naming ``flag`` and an example."""
-    out = {}
-    for s in values:
-        if "=" not in s:
-            raise UsageError(f"{flag} {s!r} is not NAME=VALUE. Example: {flag} {example}")
-        k, v = s.split("=", 1)
-        if not k.strip():
-            raise UsageError(f"{flag} {s!r} has no NAME before '='. Example: {flag} {example}")
-        out[k.strip()] = v.strip()
-    return out
+def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:
+    """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin (what --build may point at)."""
+    for cand in (path, path / "bin", path / "build" / "bin"):
+        if (cand / exe).is_file():
+            return cand
+    raise UsageError(
+        f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
+        "directory or its bin directory (`tuner build` prints it)."
+    )
+
+
+def stamped_run_dir(kind: str) -> Path:
+    """``$TUNER_HOME/runs/KIND-YYYYmmdd-HHMMSS``: where a command without -o writes."""
+    from tuner.paths import tuner_home
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return tuner_home() / "runs" / f"{kind}-{stamp}"
 
 
 class AliasOption(click.Option):

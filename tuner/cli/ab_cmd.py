@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import depths_option, output_option
+from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
 from tuner.errors import UsageError
 
 
@@ -45,7 +45,6 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
 
     Example: tuner ab --build BUILD --model M.gguf --rules decode:16384-=TILE --depths 0,32768
     """
-    from tuner.cli.bench_cmd import _bin_dir, _default_run_dir
     from tuner.plan.fa_rules import parse_fa_rules, rules_env
     from tuner.search.live import make_live_measure
     from tuner.measure.paired import NOISE_CEILING_PCT
@@ -53,7 +52,7 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     from tuner.search.compose import judge_phase
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
-    bin_dir = _bin_dir(build_dir)
+    bin_dir = find_bin_dir(build_dir)
     # Bad syntax or a kernel other than VEC/TILE/MMA: one paragraph, exit 2. The hook gets the parsed
     # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
     rules = tuple(rules_env(parse_fa_rules(r)) for r in rules)
@@ -63,7 +62,7 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
                          "`tuner build --arch <your GPU>` and pass its bin directory.")
     cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME)]
     cands += [Candidate(name=f"B{i + 1}", env={"GGML_TUNER_FA_RULES": r}) for i, r in enumerate(rules)]
-    run = out_dir or _default_run_dir("ab")
+    run = out_dir or stamped_run_dir("ab")
     measure = make_live_measure(bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs",
                                 era=era, arch=None)
     recs: list = []

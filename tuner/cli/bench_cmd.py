@@ -4,16 +4,17 @@ from __future__ import annotations
 
 __all__ = ["bench", "check", "compare", "report"]
 
-import datetime as _dt
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
+from tuner.cli._params import (CPU_MASK_HELP, cpu_mask_option, depths_option, find_bin_dir, output_option,
+                               stamped_run_dir)
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.pairs import parse_pairs
 
 if TYPE_CHECKING:
     from tuner.plan.seed_builds import SeedRun
@@ -21,17 +22,6 @@ if TYPE_CHECKING:
 
 def _env(values: tuple[str, ...]) -> dict[str, str]:
     return parse_pairs(values, "--env", "GGML_CUDA_DISABLE_GRAPHS=1")
-
-
-def _bin_dir(path: Path, exe: str = "llama-bench") -> Path:
-    """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin."""
-    for cand in (path, path / "bin", path / "build" / "bin"):
-        if (cand / exe).is_file():
-            return cand
-    raise UsageError(
-        f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
-        "directory or its bin directory (`tuner build` prints it)."
-    )
 
 
 def _seed_runs(names: tuple[str, ...], n_builds: int, arch: str | None, era: str | None, model: Path,
@@ -56,13 +46,6 @@ def _seed_runs(names: tuple[str, ...], n_builds: int, arch: str | None, era: str
         check_passthrough_args(extra, set(r.bench_args[::2]), sets=f"--seed-build {r.build.name}",
                                instead="drop it from the arguments after --")
     return runs
-
-
-def _default_run_dir(kind: str) -> Path:
-    from tuner.paths import tuner_home
-
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return tuner_home() / "runs" / f"{kind}-{stamp}"
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -98,17 +81,18 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
     Results go to OUT/<label>.jsonl (and .parquet); logs to OUT/logs.
     """
-    from tuner.measure.bench import BenchTarget, render_table, run_bench, run_interleaved, save_results
+    from tuner.measure.bench import render_table, run_bench, save_results
+    from tuner.measure.interleave import BenchTarget, run_interleaved
 
     if labels and len(labels) != len(builds):
         raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
-    bins = [_bin_dir(b) for b in builds]
+    bins = [find_bin_dir(b) for b in builds]
     runs = _seed_runs(seed_builds, len(builds), arch, era, model, extra)
     names = list(labels) or [r.build.name for r in runs] or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name
                              for b in builds]
     if len(set(names)) != len(names):
         names = [f"{n}-{i}" for i, n in enumerate(names)]
-    out = out_dir or _default_run_dir("bench")
+    out = out_dir or stamped_run_dir("bench")
     kw = dict(depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps, timeout=timeout,
               era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth, cpus=cpu_mask)
     env = _env(envs)
@@ -271,14 +255,14 @@ def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | Non
     """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""
     from tuner.measure.gate import params_for_model, run_check, run_gate
 
-    bin_dir = _bin_dir(build_dir, "test-backend-ops")
+    bin_dir = find_bin_dir(build_dir, "test-backend-ops")
     if head_dim is not None:
         if params is not None:
             raise UsageError("Give --params or --head-dim/--kv-type, not both.")
         params = params_for_model(head_dim, kv_type)
     elif kv_type is not None:
         raise UsageError("--kv-type needs --head-dim (e.g. --head-dim 64 --kv-type f16).")
-    out = out_dir or _default_run_dir("check")
+    out = out_dir or stamped_run_dir("check")
     if kernels:
         ks = [k.strip() for k in kernels.split(",") if k.strip()]
         res = run_gate(bin_dir, ks, ops=ops, backend=backend, params=params, jobs=jobs, log_dir=out, timeout=timeout)

@@ -11,20 +11,17 @@ import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.pairs import parse_pairs
 
 
 def parse_sets(items: Sequence[str]) -> dict[str, int]:
-    """``["KNOB=VALUE", ...]`` -> ``{"KNOB": VALUE}``; values are integers (compile-time knobs)."""
+    """``["KNOB=VALUE", ...]`` -> ``{"KNOB": VALUE}``; values are integers (compile-time knobs; ``0x10`` too)."""
     out: dict[str, int] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise UsageError(f"--set {item!r} is not KNOB=VALUE, e.g. --set tile_nthreads=128.")
+    for name, value in parse_pairs(items, "--set", "tile_nthreads=128", what="KNOB").items():
         try:
-            out[name] = int(value.strip(), 0)
+            out[name] = int(value, 0)
         except ValueError:
-            raise UsageError(f"--set {item!r}: the value must be an integer, not {value.strip()!r}.") from None
+            raise UsageError(f"--set {name}={value}: the value must be an integer, not {value!r}.") from None
     return out
 
 

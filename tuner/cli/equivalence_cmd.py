@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import output_option, parse_pairs
+from tuner.cli._params import find_bin_dir, output_option, stamped_run_dir
 from tuner.errors import TunerError, UsageError
+from tuner.pairs import parse_pairs
 
 
 def _split(text: str | None, flag: str) -> list[str]:
@@ -57,18 +58,17 @@ def equivalence(build_dir: Path, upstream_dir: Path | None, model: Path, mode: s
     upstream's file; the candidate passes when mean KLD, 99% KLD and "Same top p" are within the
     thresholds. Exit 0 on pass, 1 on fail (the reason and the log paths are printed).
     """
-    from tuner.cli.bench_cmd import _bin_dir, _default_run_dir
     from tuner.measure.equivalence import DEFAULT_THRESHOLDS, Thresholds, run_equivalence
 
-    cand = _bin_dir(build_dir, "llama-perplexity")
-    up = _bin_dir(upstream_dir, "llama-perplexity") if upstream_dir is not None else cand
+    cand = find_bin_dir(build_dir, "llama-perplexity")
+    up = find_bin_dir(upstream_dir, "llama-perplexity") if upstream_dir is not None else cand
     d = DEFAULT_THRESHOLDS
     thr = Thresholds(mean_kld=d.mean_kld if max_mean_kld is None else max_mean_kld,
                      p99_kld=d.p99_kld if max_p99_kld is None else max_p99_kld,
                      same_top_pct=d.same_top_pct if min_same_top is None else min_same_top)
     res = run_equivalence(cand, up, model, mode=mode, candidate_env=parse_pairs(envs, "--env", "GGML_TUNER_FA_RULES=decode:0-=MMA"),
                           candidate_args=_split(args, "--args"), upstream_env=parse_pairs(up_envs, "--upstream-env", "GGML_TUNER_FA_LOG=1"),
-                          upstream_args=_split(up_args, "--upstream-args"), work_dir=out_dir or _default_run_dir("equivalence"),
+                          upstream_args=_split(up_args, "--upstream-args"), work_dir=out_dir or stamped_run_dir("equivalence"),
                           ctx=ctx, chunks=chunks, strict=strict, thresholds=thr, timeout=timeout)
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2, sort_keys=True))

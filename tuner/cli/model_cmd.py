@@ -46,10 +46,8 @@ def synth(like: str, weight_type: str, quant: str | None, quantize_with: Path | 
     if quant is not None and weight_type != "f16":
         raise UsageError("--quant starts from f16 weights; drop --type.")
     if vocab_path is None:
-        try:
-            from tuner.source import DEFAULT_SPEC, fetch_source
-        except ImportError as err:
-            raise TunerError("tuner.source is not available in this checkout; pass --vocab models/ggml-vocab-NAME.gguf.") from err
+        from tuner.source import DEFAULT_SPEC, fetch_source
+
         root = fetch_source(spec or DEFAULT_SPEC).root
         vocab_path = find_vocab(root, shape.vocab)
         if vocab_path is None:

@@ -12,17 +12,15 @@ from typing import Any
 import click
 
 from tuner import log
-from tuner.errors import TunerError, UsageError
+from tuner.errors import UsageError
+from tuner.source.spec import DEFAULT_SPEC
 
-DEFAULT_SPEC = "pypi:llama-cpp-python==0.3.36"
 
 
 def _load_source(spec: str) -> Any:
     """Fetch (or reuse) the llama.cpp tree for SPEC through tuner.source."""
-    try:
-        from tuner.source import fetch_source  # type: ignore[attr-defined]
-    except ImportError as err:
-        raise TunerError("tuner.source is not available in this checkout; `tuner render` needs it to fetch SPEC.") from err
+    from tuner.source import fetch_source
+
     return fetch_source(spec)
 
 

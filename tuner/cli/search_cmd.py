@@ -8,11 +8,13 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, parse_pairs
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.pairs import parse_pairs
 from tuner.redact import redact
+from tuner.source.spec import DEFAULT_SPEC
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
@@ -26,13 +28,13 @@ GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 8192, 16384, 32768, 
 
 
 def _sets(values: tuple[str, ...]) -> dict[str, str]:
-    return parse_pairs(values, "--set", "variant=cuda-no-graphs")
+    return parse_pairs(values, "--set", "variant=cuda-no-graphs", what="KNOB")
 
 
 def _common(f):  # type: ignore[no-untyped-def]
     opts = [
         click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
-        click.option("--source", "source_spec", default=None, help="llama.cpp SPEC (default pypi:llama-cpp-python==0.3.36)."),
+        click.option("--source", "source_spec", default=None, help=f"llama.cpp SPEC (default {DEFAULT_SPEC})."),
         click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
         click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
         click.option("--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."),
@@ -148,7 +150,7 @@ def _baseline_build(arch: str, source: object) -> object:
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
     from tuner.search.study import SearchConfig, default_run_dir
-    from tuner.source import DEFAULT_SPEC, fetch_source
+    from tuner.source import fetch_source
 
     defaults = CPU_DEFAULTS if arch == "cpu" else GPU_DEFAULTS
     if kw.get("storage") is not None:  # refused before anything is fetched, built or created
@@ -288,10 +290,10 @@ def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cp
     """--set values checked against the space resolved for this machine, mask and model (threads within
     the CPUs, -ngl within the layers), so a bad pin is refused before any build or measurement."""
     from tuner.plan.derive import space_for_run
-    from tuner.plan.space import load_space, parse_set_values
+    from tuner.plan.space import load_space, set_values
 
     space, _ = space_for_run(load_space(arch, source.era), cpu_mask=cpu_mask, model=model, gpu=False)  # type: ignore[attr-defined]
-    parse_set_values(space, [f"{k}={v}" for k, v in sets.items() if k != "variant"])
+    set_values(space, {k: v for k, v in sets.items() if k != "variant"})
     if "variant" in sets and sets["variant"] not in space.variants:
         from tuner.errors import close_matches
 

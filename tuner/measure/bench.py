@@ -12,7 +12,7 @@ llama-bench's own warm-up is often slow):
 - with ``target_ci``, repetitions are added in batches (``-r k``, samples pooled) until the
   bootstrap CI of the median is within ``target_ci`` percent of the median (half-width) or
   ``max_reps`` kept samples are reached;
-- :func:`run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
+- :func:`tuner.measure.interleave.run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
   reports anchor drift, and rescales candidates by the local anchor ratio when drift exceeds the
   noise (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``).
 
@@ -77,15 +77,12 @@ from __future__ import annotations
 
 __all__ = [
     "COLUMNS",
-    "BenchTarget",
-    "InterleavedResult",
     "check_passthrough_args",
     "compare",
     "load_results",
     "parse_bench_jsonl",
     "render_table",
     "run_bench",
-    "run_interleaved",
     "save_results",
 ]
 
@@ -107,10 +104,11 @@ import numpy as np
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.exe import check_env, find_exe
 from tuner.measure.frames import compare, load_results, render_table, save_results
-from tuner.measure.interleave import BenchTarget, InterleavedResult, run_interleaved
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
+from tuner.targets import roofline
 from tuner.targets.host import check_threads, crash_hint, host_cpus, mask_text, parse_cpu_mask, pin_command
 
 if TYPE_CHECKING:
@@ -138,7 +136,6 @@ _OWN_FLAGS = {
 # Flags a one-process llama-bench probe (soak, residency) sets itself
 PROBE_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
                              "-o", "--output", "-oe", "--output-err", "-v", "--verbose", "--progress"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PROGRESS = "llama-bench: benchmark "
 _TIMED_REP = re.compile(r"^(?:prompt|generation) run (\d+)/\d+$")
 _MAX_TOKENS = 1 << 20
@@ -228,17 +225,6 @@ def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
-def _check_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = {}
-    for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise UsageError(f"Environment variable name {k!r} is invalid; use letters, digits and _.")
-        if not isinstance(v, str) or "\0" in v:
-            raise UsageError(f"Environment value for {k} must be a string without NUL (got {v!r}).")
-        out[k] = v
-    return out
-
-
 def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "",
                            tool: str = "llama-bench") -> tuple[str, ...]:
     """``tool``'s arguments passed through as given: strings without NUL, none of the flags in ``own`` (those the
@@ -255,16 +241,6 @@ def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: s
 def _check_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
     return check_passthrough_args(extra_args, _OWN_FLAGS, sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
                                   instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead")
-
-
-def _find_exe(bin_dir: Path, name: str) -> Path:
-    exe = Path(bin_dir) / name
-    if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UsageError(
-            f"{name} not found in {bin_dir}. Point --build at a build's bin directory (it must "
-            f"contain {name}; `tuner build` builds it), or build llama.cpp with that target."
-        )
-    return exe
 
 
 @functools.lru_cache(maxsize=32)
@@ -292,7 +268,7 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# roofline (tuner.targets.roofline is written by another stage; guarded until it lands)
+# roofline (tuner.targets.roofline)
 # ---------------------------------------------------------------------------------------------
 
 def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path, depth: int,
@@ -306,10 +282,6 @@ def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path
     nan = math.nan
     if arch is None and bandwidth is None:
         return nan, nan, "no --arch or --bandwidth given"
-    try:
-        from tuner.targets import roofline
-    except ImportError:
-        return nan, nan, "roofline module not available in this checkout"
     kv = kv_type if kv_type in roofline.KV_TYPES else "f16"
     mid = depth + ntok // 2  # llama-bench's tokens sit between depth and depth + ntok
     bpt = float(roofline.bytes_per_token(model, mid, kv)["total_bytes"])
@@ -431,7 +403,7 @@ def _check_bench_args(
 ) -> _BenchPlan:
     """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
     bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
-    exe = _find_exe(bin_dir, "llama-bench")
+    exe = find_exe(bin_dir, "llama-bench")
     if not model.is_file():
         raise UsageError(f"Model file {model} does not exist. Pass a GGUF file "
                          "(`tuner model synth --like tiny` makes a small random-weight one).")
@@ -451,7 +423,7 @@ def _check_bench_args(
         raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
     if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
         raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
-    env = _check_env(env)
+    env = check_env(env)
     extra = _check_extra_args(extra_args)
     if cpus:
         parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are

@@ -381,7 +381,7 @@ def _base_step(exe: Path, common: list[str], extra: Sequence[str], env: Mapping[
 def _checked_inputs(candidate_bin: Path, upstream_bin: Path, model: Path, mode: str, ctx: int, chunks: int,
                     c_args: Sequence[str], u_args: Sequence[str], c_env: Mapping[str, str], u_env: Mapping[str, str]) -> tuple[Any, ...]:
     """run_equivalence's arguments checked: (cand_exe, up_exe, model, c_args, u_args, c_env, u_env); UsageError otherwise."""
-    from tuner.measure.bench import _check_env, _find_exe
+    from tuner.measure.exe import check_env, find_exe
 
     if mode not in MODES:
         raise UsageError(f"mode must be one of {', '.join(MODES)} (got {mode!r}): prefill checks prefill kernels "
@@ -396,10 +396,10 @@ def _checked_inputs(candidate_bin: Path, upstream_bin: Path, model: Path, mode: 
     model = Path(model)
     if not model.is_file():
         raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one).")
-    cand_exe = _find_exe(Path(candidate_bin), PERPLEXITY)
-    up_exe = _find_exe(Path(upstream_bin), PERPLEXITY)
+    cand_exe = find_exe(Path(candidate_bin), PERPLEXITY)
+    up_exe = find_exe(Path(upstream_bin), PERPLEXITY)
     return (cand_exe, up_exe, model, _check_args(c_args, "candidate"), _check_args(u_args, "upstream"),
-            _check_env(c_env), _check_env(u_env))
+            check_env(c_env), check_env(u_env))
 
 
 def _upstream_base(up_exe: Path, common: list[str], u_args: Sequence[str], u_env: Mapping[str, str], model: Path, *,

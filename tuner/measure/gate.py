@@ -295,11 +295,11 @@ def run_check(
     Raises:
         UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
     """
-    from tuner.measure.bench import _check_env, _find_exe
+    from tuner.measure.exe import check_env, find_exe
 
-    exe = _find_exe(Path(bin_dir), "test-backend-ops")
+    exe = find_exe(Path(bin_dir), "test-backend-ops")
     _validate(ops, backend, params, jobs)
-    env = _check_env(env)
+    env = check_env(env)
     log_file = Path(log_dir) / f"{label}.log"
     full_env = dict(os.environ)
     full_env.update(env)

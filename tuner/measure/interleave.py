@@ -19,6 +19,8 @@ import numpy as np
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.measure.anchors import drift_pct, pool
+from tuner.measure.bench import COLUMNS, run_bench
 from tuner.measure.stats import summarize_samples as _summarize
 
 if TYPE_CHECKING:
@@ -54,13 +56,14 @@ def _anchor_median(df: pd.DataFrame, test: str, depth: int) -> float:
 
 
 def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, Any]]:
-    """Per (test, depth): reference (median of anchor medians), drift %, noise % and whether flagged."""
+    """Per (test, depth): reference (median of anchor medians), drift % (:func:`tuner.measure.anchors.drift_pct`),
+    noise % and whether flagged."""
     drift_rows = []
     for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
         meds = grp["median_ts"].to_numpy(dtype=float)
         ok = meds[np.isfinite(meds)]
         ref = float(np.median(ok)) if ok.size else math.nan
-        drift = 100.0 * (ok.max() - ok.min()) / ref if ok.size > 1 and ref > 0 else math.nan
+        drift = drift_pct(ok)
         noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
         flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
         drift_rows.append({"test": test, "phase": grp["phase"].iloc[0], "depth": int(depth),
@@ -107,10 +110,8 @@ def _pooled_baseline(
     base_rows = []
     for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
         dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
-        pooled: list[float] = []
-        for _, a in grp.iterrows():
-            f = dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
-            pooled.extend(s * f for s in a["samples"])
+        pooled = pool(grp["samples"], [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
+                                       for _, a in grp.iterrows()])
         first = grp.iloc[-1].to_dict()
         first.update(_summarize(pooled, confidence=confidence, seed=seed))
         first.update(n_batches=int(grp["n_batches"].sum()),
@@ -134,9 +135,9 @@ def run_interleaved(
 ) -> InterleavedResult:
     """Measure candidates between baseline anchors: A B A C A ... A.
 
-    Drift of a (test, depth) is ``(max - min) / reference`` of the anchor medians (reference = the
-    median of anchor medians); noise is the largest anchor CI half-width (%). When drift exceeds
-    ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
+    Drift of a (test, depth) is ``(max - min) / min`` of the anchor medians
+    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is
+    the largest anchor CI half-width (%). When drift exceeds ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
     samples are multiplied by ``reference / local`` where local is the geometric mean of the two
     anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
 
@@ -152,9 +153,6 @@ def run_interleaved(
         An InterleavedResult.
     """
     import pandas as pd
-
-    # bench re-exports this module's names, so it is imported here rather than at the top
-    from tuner.measure.bench import COLUMNS, run_bench
 
     if not candidates:
         raise UsageError("run_interleaved needs at least one candidate besides the baseline.")

@@ -249,9 +249,9 @@ def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  #
     Raises:
         UsageError: No llama-bench in ``bin_dir``, no model, a bad argument.
     """
-    from tuner.measure.bench import _check_env, _find_exe
+    from tuner.measure.exe import check_env, find_exe
 
-    exe = _find_exe(Path(bin_dir), "llama-bench")
+    exe = find_exe(Path(bin_dir), "llama-bench")
     if not Path(model).is_file():
         raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE`).")
     for name, v in (("pp", pp), ("tg", tg)):
@@ -265,7 +265,7 @@ def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  #
     err = ""
     with log.step(f"residency: llama-bench -v -pg {pp},{tg}"):
         try:
-            rc = _run.run(cmd, env={**os.environ, **_check_env(env)}, log_file=log_file, timeout=timeout,
+            rc = _run.run(cmd, env={**os.environ, **check_env(env)}, log_file=log_file, timeout=timeout,
                           check=False, on_line=lines.append, what="llama-bench (residency)").returncode
             if rc != 0:
                 first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)

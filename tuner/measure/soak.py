@@ -53,7 +53,6 @@ import math
 import os
 import re
 import shutil
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +60,7 @@ from typing import Any
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.stats import median
 
 DEFAULT_CHUNK = 256
 """Tokens per repetition (``-n``): long enough to time well, short enough for many windows."""
@@ -112,17 +112,12 @@ class SoakJudgement:
     """NaN without a device observer."""
 
 
-def _median(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if math.isfinite(x)]
-    return statistics.median(xs) if xs else math.nan
-
-
 def _growth(series: Sequence[float]) -> float:
     vals = [v for v in series if math.isfinite(v)]
     if len(vals) < 2:
         return math.nan
     w = max(1, len(vals) // 4)
-    return _median(vals[-w:]) - _median(vals[:w])
+    return median(vals[-w:]) - median(vals[:w])
 
 
 def judge_soak(samples_ts: Sequence[float], *, tokens_per_sample: int, host_mib: Sequence[float] = (),
@@ -147,7 +142,7 @@ def judge_soak(samples_ts: Sequence[float], *, tokens_per_sample: int, host_mib:
                              slope_pct_per_1k=nan, slope_ci_pct_per_1k=(nan, nan), host_growth_mib=_growth(host_mib),
                              device_growth_mib=_growth(device_mib))
     w = max(3, len(ts) // 4)
-    first, last = _median(ts[:w]), _median(ts[-w:])
+    first, last = median(ts[:w]), median(ts[-w:])
     drop = 100.0 * (1.0 - last / first)
     x = [(i + 1) * tokens_per_sample for i in range(len(ts))]
     slope, _, lo, hi = theilslopes(ts, x, alpha=0.95)
@@ -300,10 +295,11 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
     Raises:
         UsageError: No llama-bench, no model, a bad length or argument.
     """
-    from tuner.measure.bench import _check_env, _find_exe, parse_bench_jsonl
+    from tuner.measure.bench import parse_bench_jsonl
+    from tuner.measure.exe import check_env, find_exe
 
     c, reps = plan_chunks(n_tokens, chunk)
-    exe = _find_exe(Path(bin_dir), "llama-bench")
+    exe = find_exe(Path(bin_dir), "llama-bench")
     if not Path(model).is_file():
         raise UsageError(f"Model {model} does not exist. Pass a GGUF file with --model "
                          "(`tuner model synth --like tiny -o FILE` makes one).")
@@ -321,7 +317,7 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
     err = ""
     with log.step(f"soak: {reps} x tg{c} = {reps * c} tokens in one llama-bench process"):
         try:
-            rc = _run.run(cmd, env={**os.environ, **_check_env(env)}, log_file=log_file, timeout=timeout, check=False,
+            rc = _run.run(cmd, env={**os.environ, **check_env(env)}, log_file=log_file, timeout=timeout, check=False,
                           on_line=sampler, what="llama-bench (soak)").returncode
             if rc != 0:
                 first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)

@@ -29,7 +29,8 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
-from tuner.errors import UsageError, close_matches
+from tuner.errors import UsageError
+from tuner.targets.archs import load_arch
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,61 +49,20 @@ class ArchLimits:
     """NVIDIA compute capability x100, e.g. 890."""
     gfx: str | None = None
     family: str = ""
-    """``rdna3``, ``rdna3.5``, ``rdna4``, ``cdna3``... (AMD), ``ada``, ``hopper``... (NVIDIA)."""
-
-
-# Used until tuner.targets.archs lands (and for archs it lacks). Figures: the CUDA C++ Programming Guide's per-compute-capability
-# shared-memory limits (48 KiB static; the dynamic opt-in per arch) and AMD's 64 KiB LDS per workgroup.
-_FALLBACK_ARCHS = {
-    "cpu": ArchLimits(name="cpu", vendor="cpu"),
-    "sm_70": ArchLimits(name="sm_70", vendor="nvidia", smem_static=49152, smem_optin=98304, cc=700, family="volta"),
-    "sm_75": ArchLimits(name="sm_75", vendor="nvidia", smem_static=49152, smem_optin=65536, cc=750, family="turing"),
-    "sm_80": ArchLimits(name="sm_80", vendor="nvidia", smem_static=49152, smem_optin=166912, cc=800, family="ampere"),
-    "sm_86": ArchLimits(name="sm_86", vendor="nvidia", smem_static=49152, smem_optin=101376, cc=860, family="ampere"),
-    "sm_89": ArchLimits(name="sm_89", vendor="nvidia", smem_static=49152, smem_optin=101376, cc=890, family="ada"),
-    "sm_90": ArchLimits(name="sm_90", vendor="nvidia", smem_static=49152, smem_optin=232448, cc=900, family="hopper"),
-    "sm_120": ArchLimits(name="sm_120", vendor="nvidia", smem_static=49152, smem_optin=101376, cc=1200, family="blackwell"),
-    "gfx1100": ArchLimits(name="gfx1100", vendor="amd", smem_static=65536, smem_optin=65536, gfx="gfx1100", family="rdna3"),
-    "gfx1151": ArchLimits(name="gfx1151", vendor="amd", smem_static=65536, smem_optin=65536, gfx="gfx1151", family="rdna3.5"),
-    "gfx1201": ArchLimits(name="gfx1201", vendor="amd", smem_static=65536, smem_optin=65536, gfx="gfx1201", family="rdna4"),
-    "gfx942": ArchLimits(name="gfx942", vendor="amd", wave_size=64, smem_static=65536, smem_optin=65536, gfx="gfx942", family="cdna3"),
-    "gfx90a": ArchLimits(name="gfx90a", vendor="amd", wave_size=64, smem_static=65536, smem_optin=65536, gfx="gfx90a", family="cdna2"),
-}
+    """The arch database's family: ``RDNA3.5``, ``CDNA3``... (AMD), ``Ada Lovelace``, ``Hopper``... (NVIDIA)."""
 
 
 def load_arch_limits(name: str) -> ArchLimits:
-    """Arch limits from ``tuner.targets.archs.load_arch`` when available, else from a built-in table.
+    """The limits of an arch of the arch database (``tuner/data/archs.toml``, :func:`tuner.targets.archs.load_arch`).
 
     This is the one place arch facts enter the constraint rules.
 
     Raises:
-        UsageError: Unknown arch name.
+        UsageError: Unknown arch name (with suggestions).
     """
-    try:
-        from tuner.targets.archs import load_arch  # type: ignore[attr-defined]
-    except ImportError:
-        load_arch = None
-    if load_arch is not None:
-        try:
-            a = load_arch(name)
-        except UsageError:
-            if name not in _FALLBACK_ARCHS:
-                raise
-        else:
-            fb = _FALLBACK_ARCHS.get(name)
-            return ArchLimits(
-                name=a.name,
-                vendor=a.vendor,
-                wave_size=int(getattr(a, "wave_size", 0) or (fb.wave_size if fb else 32)),
-                smem_static=int(getattr(a, "smem_static", 0) or (fb.smem_static if fb else 0)),
-                smem_optin=int(getattr(a, "smem_optin", 0) or (fb.smem_optin if fb else 0)),
-                cc=int(getattr(a, "cc", 0) or (fb.cc if fb else 0)),
-                gfx=getattr(a, "gfx", None) or (fb.gfx if fb else None),
-                family=str(getattr(a, "family", "") or (fb.family if fb else "")),
-            )
-    if name not in _FALLBACK_ARCHS:
-        raise UsageError(f"Unknown arch {name!r}.{close_matches(name, _FALLBACK_ARCHS)} Known: {', '.join(_FALLBACK_ARCHS)}.")
-    return _FALLBACK_ARCHS[name]
+    a = load_arch(name)
+    return ArchLimits(name=a.name, vendor=a.vendor, wave_size=int(a.wave_size or 32), smem_static=int(a.smem_static or 0),
+                      smem_optin=int(a.smem_optin or 0), cc=int(a.cc or 0), gfx=a.gfx, family=str(a.family or ""))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

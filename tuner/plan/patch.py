@@ -3,7 +3,7 @@ pristine tree rendered from Jinja fragments, and the unified diff ``git apply`` 
 
 from __future__ import annotations
 
-__all__ = ["Edit", "PatchManifest", "load_manifests", "render_patch", "unified_diff"]
+__all__ = ["Edit", "PatchManifest", "load_manifests", "render_patch", "render_template", "unified_diff"]
 
 import dataclasses
 import difflib
@@ -37,7 +37,7 @@ def _env() -> jinja2.Environment:
     return _env_for(str(data_dir("templates")))
 
 
-def _render(template: str, context: Mapping[str, Any], *, what: str) -> str:
+def render_template(template: str, context: Mapping[str, Any], *, what: str) -> str:
     """Render one template; TunerError names it (and ``what`` it is for) when it is missing or fails."""
     try:
         return _env().get_template(template).render(**context)
@@ -149,7 +149,7 @@ def _apply_edits(
                     f"{count} times in {e.file}; it must occur exactly once. The tree does not match the template's "
                     f"llama.cpp version; fix the anchor or use a source of era {era}."
                 )
-            fragment = _render(e.template, {**context, **e.vars}, what=f"edit of {e.file} in {m.name}")
+            fragment = render_template(e.template, {**context, **e.vars}, what=f"edit of {e.file} in {m.name}")
             start = text.index(e.anchor)
             end = start + len(e.anchor)
             if e.mode == "replace":

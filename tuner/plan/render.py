@@ -39,8 +39,9 @@ from tuner.plan import constraints
 from tuner.plan import fa_rules
 from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
-from tuner.plan.patch import Edit, PatchManifest, _render, load_manifests, render_patch, unified_diff
+from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant
+from tuner.source.tree import load_cmake_options
 
 if TYPE_CHECKING:
     from tuner.plan.space import SearchSpace
@@ -77,7 +78,7 @@ def variant_family(variant: str) -> str:
 
 
 def _declared_options(root: Path) -> set[str]:
-    """Names of every option()/CACHE entry the tree declares (tuner.source when it is available)."""
+    """Names of every option()/CACHE entry the tree declares (:func:`tuner.source.tree.load_cmake_options`)."""
     top = root / "CMakeLists.txt"
     stamp = top.stat().st_mtime_ns if top.is_file() else 0
     return set(_declared_options_cached(str(root), stamp))
@@ -86,22 +87,7 @@ def _declared_options(root: Path) -> set[str]:
 @functools.lru_cache(maxsize=8)
 def _declared_options_cached(root_s: str, stamp: int) -> frozenset[str]:
     root = Path(root_s)
-    names: set[str] = set()
-    try:
-        from tuner.source import load_cmake_options  # type: ignore[attr-defined]
-    except ImportError:
-        load_cmake_options = None
-    if load_cmake_options is not None:
-        names.update(load_cmake_options(root))
-    else:
-        opt = re.compile(r"\boption\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)")
-        cache = re.compile(r"\bset\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s[^)]*\bCACHE\b")
-        files = [root / "CMakeLists.txt", *root.glob("ggml/**/CMakeLists.txt"), *root.glob("ggml/cmake/*.cmake")]
-        for f in files:
-            if f.is_file():
-                text = f.read_text(errors="replace")
-                names.update(opt.findall(text))
-                names.update(cache.findall(text))
+    names = set(load_cmake_options(root))
     hip = root / "ggml" / "src" / "ggml-hip" / "CMakeLists.txt"
     if hip.is_file():
         text = hip.read_text(errors="replace")
@@ -192,7 +178,7 @@ def render_defines(
         cuda_arch, warnings = _cuda_arch_value(limits, local_archs)
     declared = _declared_options(source_root)
     template = f"cmake/{variant}.j2"
-    text = _render(
+    text = render_template(
         template,
         {
             "arch": arch,

@@ -25,6 +25,7 @@ __all__ = [
     "default_row",
     "load_space",
     "parse_set_values",
+    "set_values",
     "parse_space",
     "render_runtime",
     "upstream_row",
@@ -43,6 +44,7 @@ import optuna.distributions as od
 from tuner.plan.constraints import (MmaRow, TileRow, Violation, check_candidate, load_arch_limits, parse_mma_tables,
                                     parse_tile_tables)
 from tuner.errors import UsageError, close_matches
+from tuner.pairs import parse_pairs
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.paths import data_dir
 from tuner.plan.variant import VARIANTS
@@ -377,18 +379,17 @@ def check_values(sp: SearchSpace, values: Mapping[str, object], *, section: str 
 
 
 def parse_set_values(sp: SearchSpace, items: Sequence[str]) -> tuple[dict[str, int], dict[str, int | str]]:
-    """Parse ``KNOB=VALUE`` strings into checked ``(compile_values, runtime_values)``.
+    """:func:`set_values` of ``KNOB=VALUE`` strings (:func:`tuner.pairs.parse_pairs`); UsageError for a malformed one."""
+    return set_values(sp, parse_pairs(items, "--set", "T3=4096", what="KNOB"))
 
-    Raises:
-        UsageError: Malformed item, unknown knob or value not allowed.
-    """
+
+def set_values(sp: SearchSpace, pairs: Mapping[str, object]) -> tuple[dict[str, int], dict[str, int | str]]:
+    """Knob values checked against the space: ``(compile_values, runtime_values)``; UsageError for an unknown
+    knob or a value it does not allow."""
     compile_values: dict[str, int] = {}
     runtime_values: dict[str, int | str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set {item!r} is not KNOB=VALUE (e.g. --set T3=4096).")
-        knob = sp.knob(name.strip())
+    for name, value in pairs.items():
+        knob = sp.knob(name)
         v = knob.coerce(value)
         if knob.kind in COMPILE_KINDS:
             compile_values[knob.name] = int(v)

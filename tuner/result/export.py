@@ -16,11 +16,10 @@ The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrive
 from __future__ import annotations
 
 __all__ = ["write_result", "baked_runtime", "check_out_dir", "staged_export", "export_render", "write_build_files",
-           "EXPORT_FILES", "PRESETS_FILE", "NO_PATCH_NOTE"]
+           "EXPORT_FILES", "PRESETS_FILE", "NO_PATCH_NOTE", "server_args", "tomlable"]
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
+from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.space import RULE_KINDS
@@ -148,10 +148,6 @@ def write_build_files(out_dir: Path, rv: Any, *, preset_name: str) -> None:
     (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=preset_name))
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
     """Write the result folder of a finished study; returns ``out_dir``.
 
@@ -192,7 +188,7 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
     write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
     model = Path(h.model)
     bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *args]
-    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *_server_args(args)]
+    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *server_args(args)]
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
@@ -210,8 +206,8 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
             "era": source.era,
         },
         "hashes": {
-            "patch_sha256": _sha(rv.patch),
-            "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True)),
+            "patch_sha256": text_sha256(rv.patch),
+            "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True)),
         },
         "target": {
             "arch": h.arch,
@@ -234,7 +230,7 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
         "gate": (legacy.trial_attr(g_trial, "gate") if g_trial else None) or {"status": "unknown"},
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
     }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study.study_name))))
+    (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
     _write_report(finished, out_dir, measured, like=like or legacy.study_attr(study, "like"), weight_type=weight_type or legacy.study_attr(study, "weight_type"),
                   no_patch=not rv.patch)
 
@@ -262,7 +258,7 @@ def portable_paths(x: Any, study_name: str) -> Any:
     return x
 
 
-def _server_args(args: list[str]) -> list[str]:
+def server_args(args: list[str]) -> list[str]:
     # llama-bench and llama-server share -ub/-b/-t/-ngl spellings; the server's -nkvo is a switch
     # (bench: -nkvo 0|1); anything else is bench-only.
     out = []
@@ -287,12 +283,12 @@ def _toolchain_of(study: Any) -> dict[str, str]:
     return dict(load_header(study).toolchain)
 
 
-def _tomlable(x: Any) -> Any:
+def tomlable(x: Any) -> Any:
     """TOML has no null: drop None values, stringify the rest that TOML cannot hold."""
     if isinstance(x, Mapping):
-        return {str(k): _tomlable(v) for k, v in x.items() if v is not None}
+        return {str(k): tomlable(v) for k, v in x.items() if v is not None}
     if isinstance(x, (list, tuple)):
-        return [_tomlable(v) if v is not None else "none" for v in x]
+        return [tomlable(v) if v is not None else "none" for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     return x

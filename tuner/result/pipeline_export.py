@@ -139,7 +139,8 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
     Optuna study, only for its trials' parameter importances."""
     import tomli_w
 
-    from tuner.result.export import NO_PATCH_NOTE, _sha, _tomlable, portable_paths, write_build_files
+    from tuner._hash import text_sha256
+    from tuner.result.export import NO_PATCH_NOTE, portable_paths, tomlable, write_build_files
     from tuner.targets.host import mask_text
 
     h = outcome.header
@@ -153,7 +154,7 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
     config = {
         "schema": SCHEMA_VERSION,
         "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
-        "hashes": {"patch_sha256": _sha(rv.patch), "defines_sha256": _sha(json.dumps(dict(rv.defines), sort_keys=True))},
+        "hashes": {"patch_sha256": text_sha256(rv.patch), "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True))},
         "target": {"arch": h.arch, "measured_on": _device(h, "unknown"), "toolchain": dict(h.toolchain),
                    "cpu_mask": mask or None},
         "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
@@ -168,7 +169,7 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
         "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
         "study": {"name": study_name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
     }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(_tomlable(portable_paths(config, study_name))))
+    (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
     points = _points(outcome.rows, h.pp, h.tg)
     _write_upstream(out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
     if points:
@@ -183,11 +184,11 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
 
 def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[FaRule], *, model: str, depths: str,
                    args: Sequence[str], mask: str) -> None:
-    from tuner.result.export import _server_args
+    from tuner.result.export import server_args
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *_server_args(args)]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(args)]
     env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
@@ -398,10 +399,10 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
     path = Path(str(h.model if h.model is not None else ""))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
-        from tuner.targets.models import _read_gguf
+        from tuner.targets.models import read_gguf
 
         try:
-            name = str(_read_gguf(path)[0].get("general.name", (0, None, ""))[2])
+            name = str(read_gguf(path)[0].get("general.name", (0, None, ""))[2])
         except UsageError:
             name = ""
         if name.startswith("tuner-random-"):

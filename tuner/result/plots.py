@@ -5,7 +5,7 @@ matplotlib's Agg backend; nothing is shown."""
 
 from __future__ import annotations
 
-__all__ = ["depth_axis", "pareto_front", "plot_depth", "plot_pareto", "plot_speedup", "speedup_spans"]
+__all__ = ["as_float", "depth_axis", "pareto_front", "plot_depth", "plot_pareto", "plot_speedup", "speedup_spans"]
 
 import math
 from collections.abc import Mapping, Sequence
@@ -39,7 +39,7 @@ def _save(plt: Any, fig: Any, png_path: str | Path) -> Path:
     return png_path
 
 
-def _num(x: Any) -> float:
+def as_float(x: Any) -> float:
     """``float(x)``, NaN where that fails (also used by the report's tables)."""
     try:
         v = float(x)
@@ -71,7 +71,7 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
         any_line = False
         for label, df in frames.items():
             sub = df[(df["phase"] == phase)].copy()
-            sub = sub[sub["median_ts"].map(_num).map(math.isfinite)]
+            sub = sub[sub["median_ts"].map(as_float).map(math.isfinite)]
             if sub.empty:
                 continue
             for test, grp in sub.groupby("test"):
@@ -180,12 +180,12 @@ def _speedup_ylim(sp: Sequence[float], lo: Sequence[float], hi: Sequence[float],
 def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], *, phase: str, color: str,
                    has_span: bool, name_a: str, name_b: str) -> None:
     """Top panel of a phase: speedup % with its CI band, the A/A noise band and significance markers."""
-    sp = [100 * (_num(p.get("speedup")) - 1) for p in sub]
-    lo = [100 * (_num(p.get("ci_low")) - 1) for p in sub]
-    hi = [100 * (_num(p.get("ci_high")) - 1) for p in sub]
+    sp = [100 * (as_float(p.get("speedup")) - 1) for p in sub]
+    lo = [100 * (as_float(p.get("ci_low")) - 1) for p in sub]
+    hi = [100 * (as_float(p.get("ci_high")) - 1) for p in sub]
     tests = sorted({str(p["test"]) for p in sub})
     ups = sorted({str(p["upstream_kernel"]) for p in sub if p.get("upstream_kernel")})
-    noise = [_num(p.get("aa_noise_pct")) for p in sub]
+    noise = [as_float(p.get("aa_noise_pct")) for p in sub]
     nz = [n if math.isfinite(n) else 0.0 for n in noise]
     if any(math.isfinite(n) for n in noise):
         ax.fill_between(x, [-n for n in nz], nz, color="0.45", alpha=0.3, lw=0, zorder=1)
@@ -227,8 +227,8 @@ def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], 
 def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], axis: Mapping[str, Any], *,
               color: str, name_a: str, name_b: str) -> None:
     """Bottom panel of a phase: absolute t/s of both sides against the depth categories."""
-    ya = [_num(p.get("base_ts")) for p in sub]
-    yb = [_num(p.get("tuned_ts")) for p in sub]
+    ya = [as_float(p.get("base_ts")) for p in sub]
+    yb = [as_float(p.get("tuned_ts")) for p in sub]
     ax2.plot(x, ya, marker="s", color="0.35", lw=1.4, label=name_a)
     ax2.plot(x, yb, marker="o", color=color, lw=1.6, label=name_b)
     ax2.set_ylabel("tokens/s")
@@ -254,7 +254,7 @@ def _speedup_legend(fig: Any, pts: Sequence[Mapping[str, Any]], kernels: Sequenc
         Line2D([], [], color="0.3", marker="o", ls="", label="faster/slower (significant)"),
         Line2D([], [], color="0.3", marker="o", mfc="white", ls="", label="no clear difference"),
     ]
-    if not any(math.isfinite(_num(p.get("aa_noise_pct"))) for p in pts):
+    if not any(math.isfinite(as_float(p.get("aa_noise_pct"))) for p in pts):
         handles = handles[1:]
     handles += [Patch(color=kcolor[k], alpha=0.55, label=f"depths where {k} is chosen") for k in kernels]
     top = 0.925 if title else 0.95
@@ -289,7 +289,7 @@ def plot_speedup(
     """
     plt = _pyplot()
 
-    pts = [p for p in points if math.isfinite(_num(p.get("depth")))]
+    pts = [p for p in points if math.isfinite(as_float(p.get("depth")))]
     if not pts:
         raise UsageError("No points to plot.")
     phases = [ph for ph in ("pp", "tg") if any(_phase_of(p) == ph for p in pts)]
@@ -338,7 +338,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     """
     plt = _pyplot()
 
-    pts = [p for p in points if math.isfinite(_num(p.get("ts"))) and math.isfinite(_num(p.get("cpu")))]
+    pts = [p for p in points if math.isfinite(as_float(p.get("ts"))) and math.isfinite(as_float(p.get("cpu")))]
     if not pts:
         raise UsageError("No decode points with both t/s and CPU% to plot.")
     depths = sorted({int(p["depth"]) for p in pts})

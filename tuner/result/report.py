@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
-from tuner.result.plots import _num, plot_depth, plot_speedup
+from tuner.result.plots import as_float, plot_depth, plot_speedup
 from tuner.result.tables import (COMPARE_FIELDS, MARKS, bench_test_name, compare_records, compare_table, format_compare,
                                  method_paragraph)
 
@@ -100,7 +100,7 @@ def compare_points(
         model, test, depth = key
         ra, rb = ga.get(key), gb.get(key)
         phase = str((ra if ra is not None else rb)["phase"])
-        base, new = (_num(ra["median_ts"]) if ra is not None else math.nan), (_num(rb["median_ts"]) if rb is not None else math.nan)
+        base, new = (as_float(ra["median_ts"]) if ra is not None else math.nan), (as_float(rb["median_ts"]) if rb is not None else math.nan)
         noise = run_floor(backend, phase)
         if gaa is not None and key in gaa[0] and key in gaa[1]:
             va = compare(_samples(gaa[0][key]), _samples(gaa[1][key]), confidence=confidence, seed=seed)
@@ -156,7 +156,7 @@ def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: 
     if not len(base_df):
         return []
     meta = base_df.iloc[0]
-    size, params = _num(meta.get("model_size")), _num(meta.get("n_params"))
+    size, params = as_float(meta.get("model_size")), as_float(meta.get("n_params"))
     bits = [f"model `{Path(str(meta.get('model_filename'))).name}`"]
     if math.isfinite(size):
         bits.append(f"{size / 2**20:.2f} MiB")
@@ -175,12 +175,12 @@ def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: 
 
 def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list[str]:
     """Measured t/s as a share of the roofline model estimate, where the frames carry one."""
-    has = [k for k in labels if "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(_num).map(math.isfinite).any()]
+    has = [k for k in labels if "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(as_float).map(math.isfinite).any()]
     if not has:
         return ["roofline %: not available (run `tuner bench` with --arch or --bandwidth).", ""]
     idx = {k: _groups(frames[k]) for k in has}
     keys = sorted({key for k in has for key in idx[k]}, key=lambda t: (t[0], t[1][:2], t[1], t[2]))
-    rows = [[bench_test_name(t, d)] + [f"{_num(idx[k][(m, t, d)]['roofline_pct']):.1f}" if (m, t, d) in idx[k] else "-"
+    rows = [[bench_test_name(t, d)] + [f"{as_float(idx[k][(m, t, d)]['roofline_pct']):.1f}" if (m, t, d) in idx[k] else "-"
                                        for k in has] for m, t, d in keys]
     return ["## Roofline", "", log.table(["Test"] + [f"roofline % {k}" for k in has], rows), "",
             "roofline %: measured / model estimate (tg: bandwidth / bytes per token; pp: compute peak). "

@@ -42,6 +42,7 @@ from typing import Any
 
 from tuner.errors import TunerError, UsageError
 from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
+from tuner.result.checks import Finding, git_apply_to_copy
 
 # FlashAttention kernel functions of the mma-era tree (fattn-vec.cuh, fattn-tile.cuh, fattn-mma-f16.cuh).
 KERNEL_FUNCTIONS = {"flash_attn_ext_vec": "VEC", "flash_attn_tile": "TILE", "flash_attn_ext_f16": "MMA"}
@@ -61,8 +62,6 @@ def find_ncu() -> Path | None:
 
 def patched_tree_text(patch_file: Path, root: Path) -> dict[str, str]:
     """Relative path -> new text of every file ``patch_file`` changes, applied to copies from ``root``."""
-    from tuner.result.validate import git_apply_to_copy
-
     res, new = git_apply_to_copy(patch_file, root, check=False)
     if res.returncode != 0:
         raise TunerError(f"{patch_file} does not apply to {root}: {res.output.strip()[-400:]}")
@@ -167,7 +166,6 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
                           log_dir: Path | None = None) -> list[Any]:
     """The three GPU checks of ``upstream.patch`` as validate findings (skips say why)."""
     from tuner.measure.gate import params_for_model, run_check
-    from tuner.result.validate import Finding
     from tuner.targets.archs import detect_local_archs, load_arch
 
     arch = load_arch(cfg["target"]["arch"])

@@ -14,10 +14,9 @@ matching hardware and fails when a bucket the winner claims is no longer faster 
 
 from __future__ import annotations
 
-__all__ = ["Finding", "ResultCheck", "validate_result", "validate_paths", "find_results", "load_config", "render_result"]
+__all__ = ["Finding", "ResultCheck", "git_apply_to_copy", "validate_result", "validate_paths", "find_results", "load_config", "render_result"]
 
 import dataclasses
-import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
+from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.result.checks import Finding, git_apply_to_copy
 
 REQUIRED = {
     "schema": int,
@@ -44,13 +45,6 @@ REQUIRED_SUB = {
     "target": {"arch": str, "measured_on": str},
     "choice": {"variant": str, "compile": dict, "fa_rules": list, "fa_env": dict, "runtime_env": dict},
 }
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Finding:
-    check: str
-    ok: bool
-    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,17 +113,13 @@ def _schema(cfg: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     """tuned.patch hashes to what config.toml records."""
-    ok = _sha(patch) == cfg["hashes"]["patch_sha256"]
+    ok = text_sha256(patch) == cfg["hashes"]["patch_sha256"]
     return Finding(
         check="patch hash",
         ok=ok,
-        detail="" if ok else f"sha256(tuned.patch)={_sha(patch)[:12]}… but config.toml records "
+        detail="" if ok else f"sha256(tuned.patch)={text_sha256(patch)[:12]}… but config.toml records "
         f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
     )
 
@@ -225,7 +215,7 @@ def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Find
            "re-rendering config.toml gives no patch (upstream's kernels), but the folder has a tuned.patch" if not rv.patch else
            "re-rendering config.toml does not reproduce tuned.patch byte for byte (a value in config.toml or the patch was edited)")
     f = [Finding(check="re-render", ok=same, detail="" if same else why)]
-    dsha = _sha(json.dumps(dict(rv.defines), sort_keys=True))
+    dsha = text_sha256(json.dumps(dict(rv.defines), sort_keys=True))
     ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
     f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
     return f
@@ -335,33 +325,6 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
         except TunerError as err:  # a failed build or run is a failed check, not a crash
             f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
     return ResultCheck(path=folder, findings=tuple(f))
-
-
-def git_apply_to_copy(patch_file: Path, root: Path, *, check: bool = True) -> tuple[Any, dict[str, str]]:
-    """``git apply`` (``--check`` by default) against pristine copies of the files the patch touches.
-
-    Returns the run's result and, when the patch was applied (``check=False``, exit 0), the new text of
-    each touched file. Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a
-    submodule that does not exist here, and a tree inside a git work tree makes git apply the paths
-    relative to that work tree's root and skip the others ("Skipped patch").
-    """
-    import re
-    import shutil
-    import tempfile
-
-    from tuner._run import run
-
-    rels = sorted(set(re.findall(r"^--- a/(\S+)$", patch_file.read_text(), flags=re.M)))
-    with tempfile.TemporaryDirectory(prefix="tuner-apply-") as tmp:
-        for rel in rels:
-            src = root / rel
-            if src.is_file():
-                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, Path(tmp) / rel)
-        res = run(["git", "apply", *(["--check"] if check else []), "--verbose", str(patch_file.resolve())],
-                  cwd=Path(tmp), check=False, what="git apply --check" if check else "git apply")
-        new = {} if check or res.returncode != 0 else {rel: (Path(tmp) / rel).read_text() for rel in rels}
-        return res, new
 
 
 def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:

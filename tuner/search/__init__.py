@@ -19,9 +19,11 @@ re-exported here: ``from tuner.search import run_search``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuner.plan.space import runtime_env_and_args
 from tuner.search.record import parse_point_key, point_key
-from tuner.search.study import PROFILES, SearchConfig, resolve_arch, run_search, run_worker
+from tuner.search.study import PROFILES, SearchConfig, resolve_arch
 
 __all__ = [
     "SearchConfig",
@@ -33,3 +35,19 @@ __all__ = [
     "point_key",
     "parse_point_key",
 ]
+
+
+# The pipeline is imported on call: it pulls in Optuna and every stage, which `import tuner.search` should not.
+def run_search(cfg: SearchConfig) -> dict[str, Any]:
+    """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
+    returns the confirmed result (see :func:`tuner.search.pipeline.run_pipeline`)."""
+    from tuner.search.pipeline import run_pipeline
+
+    return run_pipeline(cfg)
+
+
+def run_worker(cfg: SearchConfig) -> int:
+    """Add tune trials to a study that ``tuner search`` screened and composed; returns its trial count."""
+    from tuner.search.pipeline import run_tune_worker
+
+    return run_tune_worker(cfg)

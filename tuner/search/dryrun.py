@@ -301,8 +301,8 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     """Render, constraint-check and compile-check ``arch``'s space; print the plan on stdout (progress on
     stderr). Times nothing."""
     from tuner.plan.render import render_variant
-    from tuner.plan.space import load_space, parse_set_values
-    from tuner.search.pipeline import PHASES, _kernels_for
+    from tuner.plan.space import load_space, set_values
+    from tuner.search.pipeline import PHASES, kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
     from tuner.targets.archs import load_arch
     from tuner.targets.models import load_gguf_shape, load_model_shape
@@ -317,7 +317,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
     log.info(f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
              "Nothing is benchmarked.")
     if sets:
-        compile_pins, _ = parse_set_values(space, [f"{k}={v}" for k, v in sets.items()])
+        compile_pins, _ = set_values(space, sets)
         from tuner.plan.space import check_constraints
 
         bad = check_constraints(a.name, source.era, compile_pins, space=space)
@@ -361,7 +361,7 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
                                                   only_selector=not first))
             first = False
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
-    plan = plan_stages(space, kernels={p: _kernels_for(space, p) for p in PHASES}, inputs=inputs,
+    plan = plan_stages(space, kernels={p: kernels_for(space, p) for p in PHASES}, inputs=inputs,
                        context_length=shape.context_length, d_model=shape.d_model,
                        rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"),
                        pinned=tuple(sets or {}))

@@ -8,7 +8,7 @@ database alone.
 
 from __future__ import annotations
 
-__all__ = ["PIPELINE_VERSION", "BudgetReached", "run_pipeline", "run_tune_worker", "plan_text"]
+__all__ = ["PIPELINE_VERSION", "PHASES", "BudgetReached", "kernels_for", "run_pipeline", "run_tune_worker", "plan_text"]
 
 import contextlib
 import os
@@ -55,7 +55,7 @@ def _check_budget(deadline: float | None, where: str) -> None:
         raise BudgetReached(where)
 
 
-def _kernels_for(space: Any, phase: str) -> list[str]:
+def kernels_for(space: Any, phase: str) -> list[str]:
     """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
     want = Phase.from_bench(phase)
     ks: list[str] = []
@@ -161,7 +161,7 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     factory = measure_factory or (lambda b: _live(cfg, source, b))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
-    kernels = {p: _kernels_for(space, p) for p in PHASES}
+    kernels = {p: kernels_for(space, p) for p in PHASES}
     confirm_ds = sorted(set(cfg.depths) | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length"))))
     log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
                        rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds),

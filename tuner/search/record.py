@@ -16,10 +16,11 @@ __all__ = [
     "anchor_drift",
 ]
 
-import statistics
-from collections.abc import Sequence
+import math
 from typing import Any
 
+from tuner.measure.anchors import drift_pct, pool
+from tuner.measure.stats import median
 from tuner.study import legacy
 from tuner.study.legacy import BASELINE_PARAMS_ATTR  # noqa: F401 - re-exported (the one-TPE trials' attribute)
 
@@ -33,10 +34,6 @@ def parse_point_key(key: str) -> tuple[str, int]:
     return phase, int(depth)
 
 
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs)) if len(xs) else float("nan")
-
-
 def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], str]:
     """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id.
 
@@ -48,15 +45,9 @@ def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], st
     from tuner.search.select import Measurement
 
     results: dict[str, dict[tuple[str, int], Any]] = {}
-    pooled: dict[str, list[float]] = {}
-    for a in legacy.study_attr(study, "anchors", []):
-        for k, v in a["samples"].items():
-            pooled.setdefault(k, []).extend(v)
     repeats = baseline_repeats(study)
-    for t in repeats:
-        for k, v in (legacy.trial_attr(t, "samples") or {}).items():
-            pooled.setdefault(k, []).extend(v)
-    results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(v)) for k, v in pooled.items()}
+    results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(pool(v)))
+                           for k, v in _anchor_samples(study, repeats).items()}
     skip = {t.number for t in repeats}
     for t in study.get_trials(deepcopy=False):
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
@@ -89,15 +80,24 @@ def baseline_repeats(study: Any) -> list[Any]:
             and legacy.trial_attr(t, "values") == ref and not legacy.trial_has(t, "cached_from")]
 
 
-def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
-    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
-    meds: dict[str, list[float]] = {}
+def _anchor_samples(study: Any, repeats: list[Any]) -> dict[str, list[Any]]:
+    """Per point key, each anchor's samples: the study's recorded anchors, then the baseline repeats."""
+    out: dict[str, list[Any]] = {}
     for a in legacy.study_attr(study, "anchors", []):
         for k, v in a["samples"].items():
-            if v:
-                meds.setdefault(k, []).append(_median(v))
-    for t in baseline_repeats(study):
+            out.setdefault(k, []).append(v)
+    for t in repeats:
         for k, v in (legacy.trial_attr(t, "samples") or {}).items():
-            if v:
-                meds.setdefault(k, []).append(_median(v))
-    return {parse_point_key(k): 100.0 * (max(m) - min(m)) / min(m) for k, m in meds.items() if len(m) > 1 and min(m) > 0}
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
+    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise;
+    :func:`tuner.measure.anchors.drift_pct`)."""
+    out = {}
+    for k, anchors in _anchor_samples(study, baseline_repeats(study)).items():
+        d = drift_pct([median(v) for v in anchors if v])
+        if math.isfinite(d):
+            out[parse_point_key(k)] = d
+    return out

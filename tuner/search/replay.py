@@ -34,6 +34,7 @@ import click
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.measure.stats import median
 from tuner.plan.fa_rules import rules_texts
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
@@ -81,17 +82,13 @@ def load_grid(files: Sequence[Path]) -> ReplayGrid:
     return ReplayGrid(samples=out, files=tuple(str(f) for f in files))
 
 
-def _median(xs: Sequence[float]) -> float:
-    return float(statistics.median(xs))
-
-
 def objective(grid: ReplayGrid, config: Mapping[str, str], weights: Mapping[str, float]) -> float:
     num = den = 0.0
     for phase in ("pp", "tg"):
         if (phase, "default") not in grid.samples:
             continue
         for d in grid.depths(phase):
-            r = _median(grid.samples[(phase, config[phase])][d]) / _median(grid.samples[(phase, "default")][d])
+            r = median(grid.samples[(phase, config[phase])][d]) / median(grid.samples[(phase, "default")][d])
             num += weights[phase] * math.log(r)
             den += weights[phase]
     return math.exp(num / den)
@@ -246,7 +243,7 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
         exhaustive = sum(len(grid.samples[(phase, k)][d]) for k in grid.kernels(phase) for d in depths)
         rows, agree, winners = [], 0, {}
         for dec in decisions:
-            meds = {k: _median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
+            meds = {k: median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
             best = max(meds, key=lambda k: meds[k])
             gain = 100 * (meds[best] / meds["default"] - 1)
             # The grid's winner counts as reproduced when the screen picked it, or kept upstream where the

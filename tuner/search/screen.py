@@ -56,7 +56,9 @@ from tuner import log, progress
 from tuner.errors import TunerError
 from tuner.measure.paired import (CPU_REJECTED, Diff, Effect, block_effects, noise_pct, noise_points, paired_diff,
                                   rejects_cpu_cost, rotated, verdict)
+from tuner.measure.stats import median
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
+
 
 class BudgetReached(Exception):
     """The time budget ended a stage; rerunning the same command resumes it."""
@@ -450,7 +452,8 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
             depth=d, upstream_kernel=up_kernel, aa=aa, noise_pct=noise,
             upstream_ts=sorted(ups)[len(ups) // 2] if ups else math.nan,
             effects=effects, verdicts=verdicts, fallback=tuple(fallback), cpu=cpu, cpu_noise=cpu_noise,
-            levels={n: {k: _median(_series(recs, k, n, key)) for k in ("ts", *OBSERVED)} for n in [UPSTREAM, *names]},
+            # the upper median of an even count, as ``upstream_ts``: a report row shows one round's value
+            levels={n: {k: median(_series(recs, k, n, key), upper=True) for k in ("ts", *OBSERVED)} for n in [UPSTREAM, *names]},
             kernels={n: _majority([r["kernels"].get(n, {}).get(key) for r in recs]) for n in [UPSTREAM, *names]},
         )
     return out
@@ -463,7 +466,3 @@ def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) 
     return [r.get(field, {}).get(name, {}).get(depth) for r in recs]
 
 
-def _median(xs: Sequence[float | None]) -> float:
-    # The upper median of an even count, as ``upstream_ts``: a report row shows one round's value.
-    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
-    return vals[len(vals) // 2] if vals else math.nan

@@ -1,6 +1,6 @@
 """What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`),
 and where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several
-hosts). :func:`run_search` runs :mod:`tuner.search.pipeline`; builds live in ``$TUNER_HOME/builds``.
+hosts). :mod:`tuner.search.pipeline` runs the search on it; builds live in ``$TUNER_HOME/builds``.
 
 Studies made by the earlier one-TPE search (trials with anchors, the stored H100 results) keep their
 read-back in :mod:`tuner.search.record` and their selection in :mod:`tuner.search.select` and
@@ -13,9 +13,8 @@ __all__ = [
     "SearchConfig",
     "PROFILES",
     "check_storage_url",
+    "make_storage",
     "resolve_arch",
-    "run_search",
-    "run_worker",
 ]
 
 import dataclasses
@@ -27,8 +26,7 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url  # noqa: F401 - re-exported
-from tuner.study.storage import make_storage as _make_storage  # noqa: F401 - re-exported
+from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -139,21 +137,6 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
 
 # The storage (make_storage, check_storage_url) is tuner.study.storage's, below search and result
 # which both open studies; its names stay importable from here.
-
-
-def run_search(cfg: SearchConfig) -> dict[str, Any]:
-    """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
-    returns the confirmed result (see :func:`tuner.search.pipeline.run_pipeline`)."""
-    from tuner.search.pipeline import run_pipeline
-
-    return run_pipeline(cfg)
-
-
-def run_worker(cfg: SearchConfig) -> int:
-    """Add tune trials to a study that ``tuner search`` screened and composed; returns its trial count."""
-    from tuner.search.pipeline import run_tune_worker
-
-    return run_tune_worker(cfg)
 
 
 def default_run_dir(study: str) -> Path:

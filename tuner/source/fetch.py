@@ -16,9 +16,6 @@ from __future__ import annotations
 
 __all__ = ["fetch_source", "run_pip_download"]
 
-import dataclasses
-import datetime
-import errno
 import hashlib
 import json
 import logging
@@ -27,72 +24,29 @@ import re
 import shutil
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from tuner import log
 from tuner._hash import file_sha256, stable_hash
 from tuner._run import run
 from tuner.errors import TunerError, UsageError
-from tuner.paths import tuner_home
-from tuner.source.spec import _PYPI_NAME, DEFAULT_SPEC, Source, SourceSpec, _require_tree, parse_spec
-from tuner.source.tree import _git, _git_head, find_commit, find_era
+from tuner.source.cache import (NO_SPACE, commit_entry, index_file, load_cached, no_space_error, sources_dir,
+                                staging_dir, write_json)
+from tuner.source.spec import DEFAULT_SPEC, PYPI_NAME, Source, SourceSpec, parse_spec, require_tree
+from tuner.source.tree import find_commit, find_era, git_head, git_output
 
 logger = logging.getLogger(__name__)
 
-# errno values that mean "the disk is full" (a quota counts the same for the user).
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_TEXT = re.compile(r"No space left on device(?:: '([^']+)')?|Disk quota exceeded(?:: '([^']+)')?")
 
 # Files whose stat signature identifies a non-git tree (everything a build reads that matters).
 _ID_PARTS = ("ggml", "src", "tools", "tests", "common", "include", "CMakeLists.txt")
 
 
-def _no_space_error(err: OSError | None, where: Path, *, path: str | None = None) -> TunerError:
-    """The one-paragraph error for a full disk, naming the file being written when known."""
-    path = path or (str(err.filename) if err is not None and err.filename else None) or str(where)
-    return TunerError(f"No space left on device while writing {path}. Free space on that disk, or set "
-                      "TUNER_HOME (and TMPDIR, where pip unpacks) to a folder on a larger one, and run the "
-                      "command again.")
-
-
 def _no_space_in(text: str, where: Path) -> TunerError | None:
     """A full-disk error when a child's output says the disk filled (pip, git), else None."""
     m = _NO_SPACE_TEXT.search(text)
-    return None if m is None else _no_space_error(None, where, path=m.group(1) or m.group(2))
-
-
-def _sources_dir() -> Path:
-    d = tuner_home() / "sources"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def _index_file(spec: str) -> Path:
-    return _sources_dir() / "specs" / f"{stable_hash(spec)}.json"
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _load_cached(source_id: str, spec: str) -> Source | None:
-    entry = _sources_dir() / source_id
-    try:
-        meta = json.loads((entry / "source.json").read_text())
-    except (OSError, ValueError):
-        return None
-    root = entry / "llama.cpp"
-    if not (root / "CMakeLists.txt").is_file():
-        return None
-    return Source(
-        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"),
-        era=meta["era"], cached=True, meta=meta,
-    )
+    return None if m is None else no_space_error(None, where, path=m.group(1) or m.group(2))
 
 
 def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
@@ -115,50 +69,24 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
     norm = parsed.normalized
     if parsed.scheme == "path":
         return _path_source(parsed)
-    index = _index_file(norm)
+    index = index_file(norm)
     if not refresh and index.is_file():
         try:
             sid = json.loads(index.read_text())["source_id"]
         except (OSError, ValueError, KeyError):
             sid = None
-        hit = _load_cached(sid, norm) if sid else None
+        hit = load_cached(sid, norm) if sid else None
         if hit is not None:
             logger.info("source %s: cached as %s", norm, sid)
             return hit
     try:
         src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
-        _write_json(index, {"spec": norm, "source_id": src.source_id})
+        write_json(index, {"spec": norm, "source_id": src.source_id})
     except OSError as err:
-        if err.errno in _NO_SPACE:
-            raise _no_space_error(err, _sources_dir()) from err
+        if err.errno in NO_SPACE:
+            raise no_space_error(err, sources_dir()) from err
         raise
     return src
-
-
-def _staging() -> Path:
-    path = Path(tempfile.mkdtemp(prefix=".tmp-", dir=_sources_dir()))
-    path.chmod(0o755)  # mkdtemp makes it 0700; the cache entry should read like any folder
-    return path
-
-
-def _commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any]) -> Source:
-    """Atomically turn a staging folder holding ``llama.cpp/`` into ``sources/<source_id>``."""
-    era = find_era(staging / "llama.cpp")
-    meta = {**meta, "spec": spec, "source_id": source_id, "era": era,
-            "fetched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    _write_json(staging / "source.json", meta)
-    final = _sources_dir() / source_id
-    try:
-        os.rename(staging, final)
-    except OSError:
-        # Someone else (another process, an earlier lost index) already has this content.
-        shutil.rmtree(staging, ignore_errors=True)
-        hit = _load_cached(source_id, spec)
-        if hit is None:
-            raise
-        return dataclasses.replace(hit, cached=False)
-    return Source(spec=spec, source_id=source_id, root=final / "llama.cpp",
-                  commit=meta.get("commit"), era=era, cached=False, meta=meta)
 
 
 def run_pip_download(version: str, dest: Path) -> Path:
@@ -173,7 +101,7 @@ def run_pip_download(version: str, dest: Path) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
         "--no-build-isolation", "--disable-pip-version-check", "--progress-bar", "off",
-        "-d", str(dest), f"{_PYPI_NAME}=={version}",
+        "-d", str(dest), f"{PYPI_NAME}=={version}",
     ]
     log_file = dest / "pip-download.log"
     res = run(cmd, log_file=log_file, check=False, timeout=1800, what="pip download",
@@ -182,8 +110,8 @@ def run_pip_download(version: str, dest: Path) -> Path:
     if res.returncode != 0:
         if "No matching distribution" in text or "Could not find a version" in text:
             msg = (
-                f"pip found no sdist of {_PYPI_NAME}=={version}. Check the version against "
-                f"'{sys.executable} -m pip index versions {_PYPI_NAME}' and pin one that exists, "
+                f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against "
+                f"'{sys.executable} -m pip index versions {PYPI_NAME}' and pin one that exists, "
                 f"e.g. {DEFAULT_SPEC!r}."
             )
             raise UsageError(msg)
@@ -191,25 +119,25 @@ def run_pip_download(version: str, dest: Path) -> Path:
         if full is not None:
             raise full
         last = "\n".join(text.splitlines()[-15:])
-        msg = (f"pip download of {_PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
+        msg = (f"pip download of {PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
                f"network or pip's index configuration. Last lines:\n{last}")
         raise TunerError(msg)
     sdists = sorted(dest.glob("*.tar.gz"))
     if len(sdists) != 1:
-        msg = f"pip download of {_PYPI_NAME}=={version} left {len(sdists)} .tar.gz files in {dest}, expected 1."
+        msg = f"pip download of {PYPI_NAME}=={version} left {len(sdists)} .tar.gz files in {dest}, expected 1."
         raise TunerError(msg)
     return sdists[0]
 
 
 def _fetch_pypi(parsed: SourceSpec) -> Source:
     norm = parsed.normalized
-    staging = _staging()
+    staging = staging_dir()
     try:
-        with log.step(f"Downloading {_PYPI_NAME}=={parsed.value} sdist (pip)"):
+        with log.step(f"Downloading {PYPI_NAME}=={parsed.value} sdist (pip)"):
             sdist = run_pip_download(parsed.value, staging / "download")
         digest = file_sha256(sdist)
         sid = digest[:16]
-        hit = _load_cached(sid, norm)
+        hit = load_cached(sid, norm)
         if hit is not None:  # same bytes under another spec spelling / a lost index
             return hit
         with log.step(f"Extracting vendor/llama.cpp from {sdist.name}"):
@@ -217,7 +145,7 @@ def _fetch_pypi(parsed: SourceSpec) -> Source:
         meta = {"sdist": sdist.name, "sdist_sha256": digest,
                 "commit": find_commit(staging / "llama.cpp", changelog=changelog or "")}
         shutil.rmtree(staging / "download")
-        return _commit_entry(staging, sid, norm, meta)
+        return commit_entry(staging, sid, norm, meta)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -267,7 +195,7 @@ def _extract_vendor_tree(sdist: Path, dest: Path) -> str | None:
 
 def _fetch_git(parsed: SourceSpec) -> Source:
     norm = parsed.normalized
-    staging = _staging()
+    staging = staging_dir()
     tree = staging / "llama.cpp"
     try:
         with log.step(f"Cloning {parsed.value} at {parsed.ref}"):
@@ -288,13 +216,13 @@ def _fetch_git(parsed: SourceSpec) -> Source:
                 raise UsageError(msg)
             commit = run(["git", "-C", str(tree), "rev-parse", "HEAD"], what="git rev-parse").output.strip()
         sid = commit[:16]
-        hit = _load_cached(sid, norm)
+        hit = load_cached(sid, norm)
         if hit is not None:
             return hit
-        _require_tree(tree, norm)
+        require_tree(tree, norm)
         # The cache is a plain tree; the commit is recorded in source.json.
         shutil.rmtree(tree / ".git", ignore_errors=True)
-        return _commit_entry(staging, sid, norm, {"url": parsed.value, "ref": parsed.ref, "commit": commit})
+        return commit_entry(staging, sid, norm, {"url": parsed.value, "ref": parsed.ref, "commit": commit})
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -313,10 +241,10 @@ def _tree_signature(root: Path) -> list[tuple[str, int, int]]:
 
 def _path_source(parsed: SourceSpec) -> Source:
     root = Path(parsed.value)
-    head = _git_head(root)
+    head = git_head(root)
     if head:
-        diff = _git(root, "diff", "HEAD", "--binary") or ""
-        untracked = _git(root, "ls-files", "--others", "--exclude-standard") or ""
+        diff = git_output(root, "diff", "HEAD", "--binary") or ""
+        untracked = git_output(root, "ls-files", "--others", "--exclude-standard") or ""
         sig = [(u, (root / u).stat().st_size, (root / u).stat().st_mtime_ns)
                for u in untracked.splitlines() if (root / u).is_file()]
         sid = stable_hash("git", head, hashlib.sha256(diff.encode()).hexdigest(), sig)

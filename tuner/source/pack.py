@@ -5,7 +5,6 @@ from __future__ import annotations
 
 __all__ = ["pack_source", "unpack_source", "tree_digest"]
 
-import errno
 import gzip
 import hashlib
 import io
@@ -21,8 +20,8 @@ from typing import Any
 
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.source.fetch import (_commit_entry, _index_file, _load_cached, _no_space_error, _sources_dir, _staging,
-                                _write_json)
+from tuner.source.cache import (NO_SPACE, commit_entry, index_file, load_cached, no_space_error, sources_dir,
+                                staging_dir, write_json)
 from tuner.source.spec import Source, parse_spec
 from tuner.source.tree import ERAS, find_era
 
@@ -228,10 +227,10 @@ def _check_meta(raw: bytes) -> tuple[str, str, str, dict[str, Any]]:
 def _current_id(norm: str) -> str | None:
     """The source id the SPEC resolves to on this machine now, or None (no index, or it is broken)."""
     try:
-        sid = json.loads(_index_file(norm).read_text())["source_id"]
+        sid = json.loads(index_file(norm).read_text())["source_id"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and _load_cached(sid, norm) else None
+    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and load_cached(sid, norm) else None
 
 
 def _tree_files(root: Path) -> list[tuple[str, Path]]:
@@ -277,7 +276,7 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                        "that is intended, run `tuner source unpack --replace ARCHIVE`; otherwise carry a pack "
                        "written from this machine's tree, or fetch the SPEC here.")
                 raise UsageError(msg)
-            staging = _staging()
+            staging = staging_dir()
             members = [m for m in tar.getmembers() if m.name != "source.json"]
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(staging, members=members, filter="data")
@@ -290,9 +289,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             raise _BadPack("the files in llama.cpp/ do not match the tree_sha256 recorded when it was packed")
         if find_era(tree) != era:
             raise _BadPack(f"source.json says era {era!r}, but the tree is of the other era")
-        entry = _sources_dir() / sid
+        entry = sources_dir() / sid
         if (entry / "llama.cpp" / "CMakeLists.txt").is_file():  # unpacked or fetched here before
-            src = _load_cached(sid, norm)
+            src = load_cached(sid, norm)
             if src is None:
                 raise TunerError(f"The cached tree {entry} has no readable source.json. Delete that folder "
                                  f"and unpack {archive} again.")
@@ -301,9 +300,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                 # One sdist is one release: the same id under another version is a forged record.
                 raise _BadPack(f"source {sid} is {had} on this machine, not {norm}")
         else:
-            src = _commit_entry(staging, sid, norm, keep)
+            src = commit_entry(staging, sid, norm, keep)
         if not norm.startswith("path:"):
-            _write_json(_index_file(norm), {"spec": norm, "source_id": sid})
+            write_json(index_file(norm), {"spec": norm, "source_id": sid})
         return src
     except _BadPack as err:
         raise UsageError(f"{archive} is not a valid tuner source pack: {err}. Write it again with "
@@ -315,10 +314,10 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
         raise UsageError(f"{archive} is not a valid tuner source pack: it is not a readable tar.gz ({err}). "
                          "Write it again with `tuner source pack SPEC -o FILE` and copy it whole.") from None
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _no_space_error(err, staging or _sources_dir()) from err
+        if err.errno in NO_SPACE:
+            raise no_space_error(err, staging or sources_dir()) from err
         raise TunerError(f"Could not unpack {archive}: {err}. Check that it is readable and that "
-                         f"{_sources_dir()} is writable.") from err
+                         f"{sources_dir()} is writable.") from err
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -10,7 +10,7 @@ A SPEC names where the tree comes from:
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_SPEC", "SourceSpec", "Source", "parse_spec"]
+__all__ = ["DEFAULT_SPEC", "PYPI_NAME", "SourceSpec", "Source", "parse_spec", "require_tree"]
 
 import dataclasses
 import re
@@ -21,7 +21,7 @@ from tuner.errors import UsageError, close_matches
 
 DEFAULT_SPEC = "pypi:llama-cpp-python==0.3.36"
 _SCHEMES = ("pypi", "git", "path")
-_PYPI_NAME = "llama-cpp-python"
+PYPI_NAME = "llama-cpp-python"
 _VERSION_RE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
 _BAD_GIT_CHAR = re.compile(r"[\s\x00-\x1f\x7f]")
 
@@ -40,7 +40,7 @@ class SourceSpec:
     @property
     def normalized(self) -> str:
         if self.scheme == "pypi":
-            return f"pypi:{_PYPI_NAME}=={self.value}"
+            return f"pypi:{PYPI_NAME}=={self.value}"
         if self.scheme == "git":
             return f"git:{self.value}@{self.ref}"
         return f"path:{self.value}"
@@ -84,7 +84,7 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
         hint = close_matches(scheme, _SCHEMES) if sep else ""
         msg = (
             f"SPEC {spec!r} has no known scheme.{hint} Use one of "
-            f"'pypi:{_PYPI_NAME}==VERSION' (e.g. {DEFAULT_SPEC!r}), 'git:URL@REF' "
+            f"'pypi:{PYPI_NAME}==VERSION' (e.g. {DEFAULT_SPEC!r}), 'git:URL@REF' "
             "(e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129') or 'path:DIR' "
             "(a local llama.cpp checkout)."
         )
@@ -135,7 +135,7 @@ def _parse_path(spec: str, rest: str) -> Path:
         msg = (f"SPEC {spec!r}: directory {str(path)!r} ends in whitespace, which a SPEC cannot carry. "
                "Rename the folder or point at it through a link without the trailing space.")
         raise UsageError(msg)
-    _require_tree(path, spec)
+    require_tree(path, spec)
     return path
 
 
@@ -146,14 +146,14 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
     if not eq or bad_op or not name:
         msg = (
             f"SPEC {spec!r} is not pinned. Only exact pins are allowed, because the tree must "
-            f"not change under a cached id: write 'pypi:{_PYPI_NAME}==VERSION', "
+            f"not change under a cached id: write 'pypi:{PYPI_NAME}==VERSION', "
             f"e.g. {DEFAULT_SPEC!r}."
         )
         raise UsageError(msg)
-    if re.sub(r"[-_.]+", "-", name).lower() != _PYPI_NAME:
+    if re.sub(r"[-_.]+", "-", name).lower() != PYPI_NAME:
         msg = (
-            f"SPEC {spec!r} names package {name!r}; only {_PYPI_NAME!r} vendors llama.cpp in its "
-            f"sdist. Write 'pypi:{_PYPI_NAME}==VERSION', or use 'git:URL@REF' / 'path:DIR' for "
+            f"SPEC {spec!r} names package {name!r}; only {PYPI_NAME!r} vendors llama.cpp in its "
+            f"sdist. Write 'pypi:{PYPI_NAME}==VERSION', or use 'git:URL@REF' / 'path:DIR' for "
             "other trees."
         )
         raise UsageError(msg)
@@ -166,7 +166,8 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
     return SourceSpec(scheme="pypi", value=version)
 
 
-def _require_tree(root: Path, spec: str) -> None:
+def require_tree(root: Path, spec: str) -> None:
+    """UsageError unless ``root`` looks like a llama.cpp tree (its CMakeLists.txt and ggml/CMakeLists.txt)."""
     try:
         missing = [p for p in ("CMakeLists.txt", "ggml/CMakeLists.txt") if not (root / p).is_file()]
     except OSError as err:  # unreadable folder

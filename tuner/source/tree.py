@@ -8,6 +8,8 @@ __all__ = [
     "CMakeOption",
     "find_commit",
     "find_era",
+    "git_head",
+    "git_output",
     "load_cmake_options",
     "parse_cmake_commands",
     "source_info",
@@ -88,7 +90,7 @@ def find_commit(root: Path, *, changelog: str | None = None) -> str | None:
     """
     if changelog is not None:
         return _commit_from_changelog(changelog)
-    head = _git_head(root)
+    head = git_head(root)
     if head:
         return head
     parent = root.parent.parent
@@ -111,7 +113,7 @@ def _commit_from_changelog(text: str) -> str | None:
     return None
 
 
-def _git(root: Path, *args: str) -> str | None:
+def git_output(root: Path, *args: str) -> str | None:
     """Output of a git command in ``root``, or None when git or the repository is absent."""
     try:
         res = run(["git", "-C", str(root), *args], check=False, what="git", timeout=60)
@@ -120,13 +122,14 @@ def _git(root: Path, *args: str) -> str | None:
     return res.output if res.returncode == 0 else None
 
 
-def _git_head(root: Path) -> str | None:
-    top = _git(root, "rev-parse", "--show-toplevel")
+def git_head(root: Path) -> str | None:
+    """The commit checked out at ``root`` when ``root`` is the top of a git work tree, else None."""
+    top = git_output(root, "rev-parse", "--show-toplevel")
     # Only when root *is* the work tree: vendor/llama.cpp inside a llama-cpp-python checkout has
     # the wrapper's HEAD, which is not a llama.cpp commit.
     if not top or Path(top.strip()).resolve() != root.resolve():
         return None
-    head = _git(root, "rev-parse", "HEAD")
+    head = git_output(root, "rev-parse", "HEAD")
     return head.strip() if head else None
 
 

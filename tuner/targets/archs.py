@@ -13,6 +13,7 @@ __all__ = [
     "load_archs",
     "load_arch",
     "detect_local_archs",
+    "forget_local_archs",
     "find_product",
     "gpu_free_bytes",
     "newer_nvidia",
@@ -408,13 +409,26 @@ def _detect_amd() -> list[str]:
 def detect_local_archs() -> list[str]:
     """Archs of the GPUs in this machine: NVML (else nvidia-smi) for NVIDIA, ``rocminfo`` for AMD.
 
+    Asked once per process (NVML start-up and rocminfo take a while, and a search asks again and again;
+    the GPUs do not change under a running process). :func:`forget_local_archs` asks again next time.
+
     Returns:
         Canonical names, each once, in device order; ``[]`` when no GPU (or no tool) is found.
         Names not in the database are returned too, so the caller can say so.
     """
+    return list(_local_archs())  # a new list each call: a caller's change never reaches the next one
+
+
+def forget_local_archs() -> None:
+    """Drop what :func:`detect_local_archs` found, so the next call queries the devices again (tests)."""
+    _local_archs.cache_clear()
+
+
+@functools.cache
+def _local_archs() -> tuple[str, ...]:
     out: list[str] = []
     for name in _detect_nvidia() + _detect_amd():
         name = normalize_arch_name(name)
         if name not in out:
             out.append(name)
-    return out
+    return tuple(out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["GGUFTensor"]
+__all__ = ["GGUFTensor", "parse_gguf"]
 
 import dataclasses
 import math
@@ -28,7 +28,7 @@ _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7:
 _NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
-def _parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
+def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
     """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
 
     gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the

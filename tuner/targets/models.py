@@ -24,6 +24,7 @@ __all__ = [
     "run_quantize",
     "load_gguf_shape",
     "load_gguf_tensors",
+    "read_gguf",
     "read_shape",
     "synth_cached",
 ]
@@ -43,7 +44,7 @@ import numpy as np
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
-from tuner.targets.gguf_header import GGUFTensor, _parse_gguf
+from tuner.targets.gguf_header import GGUFTensor, parse_gguf
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
 """Weight types plan_tensors knows; synth writes f16 and q8_0 itself (q4_k_m needs llama-quantize)."""
@@ -350,7 +351,7 @@ def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
     import gguf
 
     try:
-        kv, _ = _parse_gguf(vocab_path)
+        kv, _ = parse_gguf(vocab_path)
     except (OSError, ValueError, KeyError, struct.error) as err:
         raise UsageError(f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder.") from err
     tokens = kv.get("tokenizer.ggml.tokens")
@@ -502,12 +503,12 @@ def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_fi
 # ----------------------------------------------------------------------------- reading GGUF
 
 
-def _read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
+def read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"Model file {p} does not exist. Pass a .gguf path, or use --like NAME for a known shape.")
     try:
-        return _parse_gguf(p, tensors=True)
+        return parse_gguf(p, tensors=True)
     except (OSError, ValueError, KeyError, struct.error) as err:  # bad magic, unknown type, truncation
         raise UsageError(f"{p} is not a readable GGUF file ({err}). Pass a llama.cpp GGUF model.") from err
 
@@ -518,7 +519,7 @@ def load_gguf_tensors(path: Path) -> list[GGUFTensor]:
     Raises:
         UsageError: Missing or unreadable file.
     """
-    return _read_gguf(path)[1]
+    return read_gguf(path)[1]
 
 
 def load_gguf_shape(path: Path) -> ModelShape:
@@ -527,7 +528,7 @@ def load_gguf_shape(path: Path) -> ModelShape:
     Raises:
         UsageError: Missing/unreadable file or metadata this estimate cannot use.
     """
-    kv, tensors = _read_gguf(path)
+    kv, tensors = read_gguf(path)
 
     def get(key: str, default: Any = None) -> Any:
         return kv[key][2] if key in kv else default

@@ -105,10 +105,10 @@ def test_parse_ninja_log_fixture() -> None:
 def test_rebuilt_objects_are_new_log_lines(tmp_path: Path) -> None:
     log = tmp_path / ".ninja_log"
     log.write_text((DATA / "ninja_log_v5.txt").read_text())
-    before = B._ninja_log_lines(tmp_path)
+    before = B.ninja_log_lines(tmp_path)
     with open(log, "a") as fh:
         fh.write("0\t9\t1800000000000000000\tggml/CMakeFiles/b.dir/b.cu.o\tff\n1\t2\t18\tbin/llama-bench\tee\n")
-    assert B._rebuilt_objects(tmp_path, before) == ["ggml/CMakeFiles/b.dir/b.cu.o"]
+    assert B.rebuilt_objects(tmp_path, before) == ["ggml/CMakeFiles/b.dir/b.cu.o"]
 
 
 def test_default_check_objects_per_era() -> None:

@@ -63,11 +63,11 @@ def test_gfx1151_dry_run_plan_is_the_real_search_on_stdout(dry_tree: None) -> No
                       "builds + test-backend-ops"]
     # the kernels the gfx1151 space lets the screen force per phase (its rule knobs' choices)
     from tuner.plan.space import load_space
-    from tuner.search.pipeline import _kernels_for
+    from tuner.search.pipeline import kernels_for
 
     space = load_space("gfx1151", "mma")
-    assert f"decode: upstream vs {', '.join(_kernels_for(space, 'tg'))}" in plan
-    assert f"prefill: upstream vs {', '.join(_kernels_for(space, 'pp'))}" in plan
+    assert f"decode: upstream vs {', '.join(kernels_for(space, 'tg'))}" in plan
+    assert f"prefill: upstream vs {', '.join(kernels_for(space, 'pp'))}" in plan
     # not the old one-sampler plan
     assert "runtime trials ×" not in plan and "× 40" not in plan
     # the estimate names its machine and data file, and its total is the sum of the stages' times

@@ -15,8 +15,8 @@ import pytest
 import tuner._run
 from tuner.measure import bench
 from tuner._run import RunResult
-from tuner.measure.bench import (COLUMNS, BenchTarget, load_results, parse_bench_jsonl, render_table, run_bench,
-                         run_interleaved, save_results)
+from tuner.measure.bench import COLUMNS, load_results, parse_bench_jsonl, render_table, run_bench, save_results
+from tuner.measure.interleave import BenchTarget, run_interleaved
 from tuner.errors import TunerError, UsageError
 from tuner.measure.observe import Observer, find_gpu_probe
 
@@ -233,10 +233,9 @@ def _fake_roofline(monkeypatch: pytest.MonkeyPatch) -> list:
 
     fake.bytes_per_token = bytes_per_token  # type: ignore[attr-defined]
     fake.estimate = estimate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tuner.targets.roofline", fake)
-    import tuner.targets
+    import tuner.measure.bench
 
-    monkeypatch.setattr(tuner.targets, "roofline", fake, raising=False)
+    monkeypatch.setattr(tuner.measure.bench, "roofline", fake)
     return calls
 
 

@@ -14,6 +14,7 @@ import pytest
 import tuner._run
 from tuner.errors import TunerError, UsageError
 from tuner.measure import bench
+from tuner.measure.exe import check_env
 from tuner.plan import render, seed_builds, space
 from tuner.plan.variant import VARIANTS
 
@@ -93,7 +94,7 @@ def test_runtime_flags_pass_the_bench_checks_and_follow_the_model() -> None:
     runs = {b.name: seed_builds.seed_run(b, sp, shape=SHAPE) for b in seed_builds.load_seed_builds()}
     for r in runs.values():
         assert bench.check_passthrough_args(r.bench_args, bench._OWN_FLAGS, sets="tuner bench") == r.bench_args
-        assert bench._check_env(r.env) == r.env
+        assert check_env(r.env) == r.env
     half = str(SHAPE["n_layers"] // 2)
     assert runs["cuda_hybrid"].bench_args == ("-ngl", half)
     assert runs["cpu_cuda_hybrid"].bench_args == ("-ngl", half, "-nkvo", "1")

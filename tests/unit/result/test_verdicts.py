@@ -107,7 +107,7 @@ def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: "
 
     import pandas as pd
 
-    import tuner.measure.bench as bench_mod
+    import tuner.measure.interleave as interleave_mod
     from tuner.cli.bench_cmd import bench
 
     a, b = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
@@ -116,7 +116,7 @@ def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: "
         return types.SimpleNamespace(frames={anchor.label: a, cands[0].label: b}, anchors=pd.DataFrame(),
                                      drift=pd.DataFrame())
 
-    monkeypatch.setattr(bench_mod, "run_interleaved", fake_interleaved)  # type: ignore[attr-defined]
+    monkeypatch.setattr(interleave_mod, "run_interleaved", fake_interleaved)
     for d in ("one", "two"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "llama-bench").write_text("")

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hs
 
-from tuner.cli._params import depths_option, parse_pairs
+from tuner.cli._params import depths_option
+from tuner.pairs import parse_pairs
 from tuner.errors import UsageError
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -97,8 +97,8 @@ def test_enospc_while_fetching_is_exit_1_naming_the_path(where: str, isolated_ho
     if where == "extract":
         monkeypatch.setattr(F, "_extract_vendor_tree", boom)
     if where == "index":
-        real = F._write_json
-        monkeypatch.setattr(F, "_write_json", lambda p, d: boom() if "specs" in p.parts else real(p, d))
+        real = F.write_json
+        monkeypatch.setattr(F, "write_json", lambda p, d: boom() if "specs" in p.parts else real(p, d))
     code, err = _fetch(monkeypatch, capsys)
     assert code == 1, err
     assert err.startswith("No space left on device while writing /full/disk/file.")

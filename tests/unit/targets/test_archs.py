@@ -204,6 +204,28 @@ def test_detect_nvidia_smi_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> No
     assert seen[0][1:] == ["--query-gpu=compute_cap", "--format=csv,noheader"]
 
 
+def test_detection_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from tuner import _run
+    from tuner.targets.archs import forget_local_archs
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(archs_mod.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    calls = []
+
+    def fake_run(cmd: list[str], **kw: object) -> _run.RunResult:
+        calls.append(cmd)
+        return _run.RunResult(returncode=0, output="9.0\n", seconds=0.1)
+
+    monkeypatch.setattr(_run, "run", fake_run)
+    first = detect_local_archs()
+    first.append("gfx1151")  # a caller changing its list changes nobody else's
+    assert detect_local_archs() == ["sm_90"] and len(calls) == 1
+    forget_local_archs()
+    assert detect_local_archs() == ["sm_90"] and len(calls) == 2
+
+
 def test_gpu_free_memory_from_nvml_then_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     """The -ngl knob's fit check: free memory summed over devices; None without an NVIDIA GPU."""
     import sys
