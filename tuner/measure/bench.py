@@ -105,7 +105,7 @@ import numpy as np
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.exe import check_env, find_exe
-from tuner.measure.frames import compare, load_results, render_table, save_results
+from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline
@@ -161,15 +161,8 @@ def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
         metadata fields of the schema (absent fields are None).
     """
     out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            rec = json.loads(line[start:])
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict) or "n_prompt" not in rec or "n_gen" not in rec:
+    for rec in json_lines(text):
+        if "n_prompt" not in rec or "n_gen" not in rec:
             continue
         if (parsed := _normalize_record(rec)) is not None:
             out.append(parsed)

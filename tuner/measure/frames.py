@@ -10,7 +10,7 @@ mean (``avg_ts``), so such a row has one sample and no verdict can come from it.
 
 from __future__ import annotations
 
-__all__ = ["SETTING_FIELDS", "compare", "load_results", "read_llama_bench", "render_table", "save_results", "same_build"]
+__all__ = ["SETTING_FIELDS", "compare", "json_lines", "load_results", "read_llama_bench", "render_table", "save_results", "same_build"]
 
 import json
 import math
@@ -107,6 +107,23 @@ properties of compare-llama-bench.py other than the model, the devices and the t
 _FORMATS = "llama-bench -o jsonl, -o json, -o csv or -o sql"
 
 
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL stream, one per line from its first ``{``; other lines (log lines
+    llama-bench mixes in) are skipped."""
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            rec = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def read_llama_bench(path: Path, text: str | None = None) -> list[dict[str, Any]]:
     """The records of a llama-bench output file, in any of its formats, as dicts of its field names.
 
@@ -125,16 +142,7 @@ def read_llama_bench(path: Path, text: str | None = None) -> list[dict[str, Any]
             data = []
         recs = [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
     elif "{" in text:
-        for line in text.splitlines():
-            start = line.find("{")
-            if start < 0:
-                continue
-            try:
-                rec = json.loads(line[start:])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                recs.append(rec)
+        recs = json_lines(text)
     else:
         recs = _read_csv(text)
     recs = [r for r in recs if "n_prompt" in r and "n_gen" in r]
