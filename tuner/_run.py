@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from tuner import interrupts
 from tuner.errors import TunerError
 
 logger = logging.getLogger(__name__)
@@ -164,12 +165,15 @@ def _signals_stop_child() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
+        interrupts.mark()  # if this exception is dropped (raised inside a finalizer), check() raises later
         raise _Signalled(signum)
 
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
     except _Signalled as sig:
+        with contextlib.suppress(interrupts.Terminated):
+            interrupts.check()  # acted on here: clear the mark
         signal.signal(signal.SIGTERM, old)
         if callable(old):
             old(sig.signum, None)
@@ -223,6 +227,7 @@ def _pump(proc: subprocess.Popen[bytes], fh: TextIO | None, out_chunks: list[str
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
+            interrupts.check()  # a dropped SIGTERM exception still stops the child (the caller kills its group)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 stop = timed_out = True
@@ -297,6 +302,7 @@ def run(
     Returns:
         A RunResult.
     """
+    interrupts.check()  # a SIGTERM whose exception was dropped: start nothing more
     args = [os.fspath(c) for c in cmd]
     cmdline = shlex.join(args)
     logger.info("RUN: %s", cmdline)

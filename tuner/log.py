@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import click
 
+from tuner import interrupts
 from tuner.redact import redact
 
 _TTY = sys.stderr.isatty()
@@ -49,6 +50,7 @@ def progress(msg: str) -> None:
 @contextlib.contextmanager
 def step(title: str) -> Iterator[None]:
     """Print ``title...``, run the block, then ``✓ 12.3s`` or ``✕ 0.4s``."""
+    interrupts.check()  # a SIGTERM whose exception was dropped: start no new stage
     click.echo(_style("==> ", fg="blue", bold=True) + redact(title), err=True)
     start = time.monotonic()
     try:

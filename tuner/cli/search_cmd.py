@@ -10,7 +10,7 @@ import click
 
 from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option
 
-from tuner import log
+from tuner import interrupts, log
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 from tuner.redact import redact
@@ -205,7 +205,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
 
     if worker:
         try:
-            with _sigterm_interrupts():
+            with interrupts.sigterm_interrupts():
                 n = run_tune_worker(cfg)
         except BudgetReached as stop:
             log.notice(f"time budget reached during {stop}; the trials so far are in {shown}.")
@@ -232,7 +232,7 @@ def _search_and_export(cfg: object, out: Path, shown: str) -> None:
 
     t0 = time.monotonic()
     try:
-        with _sigterm_interrupts():
+        with interrupts.sigterm_interrupts():
             result = run_pipeline(cfg, then=export)  # type: ignore[arg-type]
     except BudgetReached as stop:
         log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
@@ -245,33 +245,6 @@ def _search_and_export(cfg: object, out: Path, shown: str) -> None:
     click.echo(summary_line(result))
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the search is, so it unwinds like Ctrl-C: the running trial is failed and
-    queued again, the run dir's lock is released, and the exit status is 130."""
-
-
-def _sigterm_interrupts():  # type: ignore[no-untyped-def]
-    """A context in which SIGTERM raises :class:`_Terminated` (the default would end the process without
-    recording the running trial as cut off)."""
-    import contextlib
-    import signal
-
-    @contextlib.contextmanager
-    def ctx():  # type: ignore[no-untyped-def]
-        def on_term(signum: int, frame: object) -> None:
-            raise _Terminated("SIGTERM")
-
-        try:
-            old = signal.signal(signal.SIGTERM, on_term)
-        except ValueError:  # not the main thread (an embedding program): leave its handler alone
-            yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, old)
-
-    return ctx()
 
 
 def _dashboard_hint(storage_url: str) -> str:

@@ -143,7 +143,7 @@ SIGTERM_CHILD = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from unit.search.test_search_faults import _tune_env
-    from tuner.cli.search_cmd import _sigterm_interrupts
+    from tuner.interrupts import sigterm_interrupts
 
     marker = Path({marker!r})
 
@@ -152,7 +152,7 @@ SIGTERM_CHILD = textwrap.dedent("""
         time.sleep(120)
 
     study, tune = _tune_env(Path({run!r}), slow)
-    with _sigterm_interrupts():
+    with sigterm_interrupts():
         tune()
 """)
 
@@ -169,7 +169,7 @@ def test_sigterm_during_a_trial_then_resume_reaches_the_count(tmp_path: Path) ->
     assert marker.exists(), proc.communicate()[0][-2000:]
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "_Terminated: SIGTERM" in out  # a KeyboardInterrupt: unwound like Ctrl-C
+    assert proc.returncode != 0 and "Terminated: SIGTERM" in out  # a KeyboardInterrupt: unwound like Ctrl-C
     study, tune = _tune_env(tmp_path, steady)
     assert _states(study)[0] == (0, "FAIL", "interrupted")
     tune()
