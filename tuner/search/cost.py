@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
-__all__ = ["counted"]
+__all__ = ["counted", "past_cost", "past_cost_line"]
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tuner.study.state import StudyState
@@ -29,3 +31,29 @@ def counted(st: StudyState, factory: Any) -> Any:
             measure.joint = joint  # type: ignore[attr-defined]
         return measure
     return make
+
+
+def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[str, Any]] | None:
+    """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
+    directory): the one with the most recorded fields (then the first by path); None when none has one."""
+    from tuner._compat import tomllib
+
+    found = []
+    for f in sorted((results / arch).glob("*/config.toml")):
+        try:
+            cost = tomllib.loads(f.read_text()).get("cost")
+        except (OSError, ValueError):  # an unreadable stored result only loses the plan its figures
+            continue
+        if isinstance(cost, Mapping) and cost:
+            found.append((f, dict(cost)))
+    return max(found, key=lambda fc: len(fc[1]), default=None)  # max keeps the first of equals
+
+
+def past_cost_line(arch: str, results: Path = Path("results")) -> str | None:
+    """The plan's line of what a past search of ``arch`` cost (None: no stored result has a ``[cost]``)."""
+    past = past_cost(arch, results)
+    if past is None:
+        return None
+    path, cost = past
+    return (f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items())
+            + f" (from {path}; another model, depths or round count change these figures).")

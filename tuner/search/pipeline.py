@@ -30,6 +30,7 @@ from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
+from tuner.search.cost import past_cost_line
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.search.screen import (AA_NAME, UPSTREAM, AllCallsFailed, BudgetReached, Candidate, candidates_for, phase_stops,
@@ -178,6 +179,8 @@ def _run_stages(cfg: Any, study: Any, storage: Any, st: StudyState, source: Any,
     log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
                        rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds),
                        shared=hasattr(measure, "joint")))
+    if (past := past_cost_line(cfg.arch)) is not None:
+        log.info(past)
 
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}

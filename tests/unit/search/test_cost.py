@@ -71,3 +71,17 @@ def test_an_older_study_exports_only_what_it_recorded() -> None:
     assert set(cost) | {"model_s", "total_s", "llama_bench_calls"} == set(COST_FIELDS)
     bare = outcome_from_attrs({})  # a study that timed nothing has no stage field at all
     assert set(bare.cost) == {"tune_trials"}
+
+
+def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
+    from tuner.search.cost import past_cost, past_cost_line
+
+    for name, body in (("a", "[cost]\nscreen_s = 10.0\n"), ("b", "[cost]\nscreen_s = 20.0\nllama_bench_calls = 7\n"),
+                       ("c", "[study]\nname = 'x'\n"), ("d", "not toml [")):
+        (tmp_path / "cpu" / name).mkdir(parents=True)
+        (tmp_path / "cpu" / name / "config.toml").write_text(body)
+    path, cost = past_cost("cpu", tmp_path)
+    assert path == tmp_path / "cpu" / "b" / "config.toml" and cost == {"screen_s": 20.0, "llama_bench_calls": 7}
+    line = past_cost_line("cpu", tmp_path)
+    assert line is not None and "screen_s 20.0, llama_bench_calls 7" in line and str(path) in line
+    assert past_cost_line("sm_90", tmp_path) is None  # no stored result of the arch: no line
