@@ -133,6 +133,15 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     assert check.ok, [f for f in check.findings if not f.ok]
     assert any(f.check == "residency" and f.detail.startswith("pass: decode graph splits 1") for f in check.findings)
     assert any(f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings)
+    # the search's cost: every stage it ran timed, each fake llama-bench call and both residency probes counted
+    cost = tomllib.loads((out / "config.toml").read_text())["cost"]
+    assert cost["screen_s"] > 0 and cost["total_s"] >= cost["screen_s"] + cost["tune_s"] + cost["confirm_s"]
+    assert cost["llama_bench_calls"] > 2 and cost["tune_trials"] == len(result.trials) == 3
+    assert "gates_s" in cost and "build_s" in cost and "model_s" not in cost  # --model given: nothing synthesized
+    assert "**Cost** (resumed runs summed): build_s" in (out / "report.md").read_text()
+    # resumed on the finished study: nothing is measured again, and the times add to the first run's
+    again = run_pipeline(cfg, measure_factory=_threads_one_is_faster).cost
+    assert again["llama_bench_calls"] == cost["llama_bench_calls"] and again["total_s"] >= cost["total_s"]
 
 
 def test_a_pinned_study_exports_its_mask_and_derived_knob_values(tree_a, tmp_path: Path) -> None:

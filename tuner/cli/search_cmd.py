@@ -149,6 +149,8 @@ def _baseline_build(arch: str, source: object) -> object:
 
 
 def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> None:
+    import time
+
     from tuner.search.study import SearchConfig, default_run_dir
     from tuner.source import fetch_source
 
@@ -161,7 +163,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         log.info(_intro(arch, kw, defaults))
     spec = str(kw.get("source_spec") or DEFAULT_SPEC)
     source = fetch_source(spec)
+    t_model = time.monotonic()
     model = _model(arch, source, kw, defaults)
+    model_seconds = time.monotonic() - t_model if not kw.get("model") else None  # --like: synthesized (cached) here
     study = str(kw.get("study") or f"{arch}-{model.stem}-{source.era}")
     run_dir = Path(kw.get("run_dir") or default_run_dir(study))  # type: ignore[arg-type]
     sets = _sets(kw["sets"])  # type: ignore[arg-type]
@@ -191,6 +195,7 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         ci_target=float(kw["ci_target"]),  # type: ignore[arg-type]
         refine=int(kw["refine"] if kw.get("refine") is not None else defaults["refine"]),  # type: ignore[arg-type]
         cpu_mask=kw.get("cpu_mask"),  # type: ignore[arg-type]
+        model_seconds=model_seconds,
         **{k: int(kw[k]) for k in ("reps_pp", "reps_tg", "confirm_extra") if kw.get(k) is not None},  # type: ignore[arg-type]
     )
 

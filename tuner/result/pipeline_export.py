@@ -25,6 +25,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
 from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
+from tuner.result.cost import cost_line
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary, load_outcome
 
@@ -168,6 +169,7 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
         **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
         "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
         "study": {"name": study_name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
+        **({"cost": outcome.cost} if outcome.cost else {}),
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
     points = _points(outcome.rows, h.pp, h.tg)
@@ -628,6 +630,7 @@ def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | Non
             out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
+    out.append("\n" + cost_line(outcome) + "\n")
     secs = outcome.stage_seconds
     if secs:
         out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")

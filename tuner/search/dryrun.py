@@ -418,4 +418,9 @@ def render(rep: DryRunReport) -> str:
                           for s in p["stages"]]))
     out += ["", f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
             "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + "."]
+    from tuner.search.cost import past_cost_line
+
+    past = past_cost_line(rep.arch)
+    if past:  # a measured run of this arch: the figures a real search took, beside the estimate
+        out += ["", past]
     return "\n".join(out)

@@ -29,6 +29,8 @@ from tuner.sanity import require_finite
 from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
+from tuner.search.cost import counted as _counted
+from tuner.search.cost import past_cost_line
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.search.screen import (AA_NAME, UPSTREAM, AllCallsFailed, BudgetReached, Candidate, candidates_for, phase_stops,
@@ -145,6 +147,17 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     study, storage = _open_study(cfg)
     st = StudyState(study)
+    if getattr(cfg, "model_seconds", None):  # the CLI synthesized/quantized the model before the study opened
+        st.add_seconds("model", cfg.model_seconds)
+        st.add_seconds("total", cfg.model_seconds)
+    with _timed(st, "total"):
+        return _run_stages(cfg, study, storage, st, source, space, legal, arch, variants, fixed, shape_d, deadline,
+                           measure_factory, equivalence)
+
+
+def _run_stages(cfg: Any, study: Any, storage: Any, st: StudyState, source: Any, space: Any, legal: Any, arch: Any,
+                variants: Sequence[str], fixed: Mapping[str, Any], shape_d: Mapping[str, int], deadline: float | None,
+                measure_factory: Any, equivalence: Any) -> SearchOutcome:
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
@@ -158,7 +171,7 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     if gate["status"] == "fail":
         raise TunerError(f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
                          f"log: {gate.get('log')}. Nothing was measured.")
-    factory = measure_factory or (lambda b: _live(cfg, source, b))
+    factory = _counted(st, measure_factory or (lambda b: _live(cfg, source, b)))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
@@ -166,6 +179,8 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
     log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
                        rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds),
                        shared=hasattr(measure, "joint")))
+    if (past := past_cost_line(cfg.arch)) is not None:
+        log.info(past)
 
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}
@@ -288,7 +303,7 @@ def run_tune_worker(cfg: Any) -> int:
     base_env, base_args = _pinned_runtime(space, fixed)
     with _timed(st, "tune"):
         _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, rules_from_texts(composed["rules"]),
-              base_env, base_args, lambda b: _live(cfg, source, b), deadline, _Builds(cfg, source))
+              base_env, base_args, _counted(st, lambda b: _live(cfg, source, b)), deadline, _Builds(cfg, source))
     return len(study.get_trials(deepcopy=False))
 
 
@@ -508,12 +523,17 @@ def _residency(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], r
             d.mkdir(parents=True, exist_ok=True)
             return run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
 
-        probe = probe or live
+        given = probe or live
+
+        def counted(*a: Any) -> Any:  # each probe is one llama-bench call
+            st.add_llama_bench_calls(1)
+            return given(*a)
+
         same = not rules and env == dict(base_env) and list(args) == list(base_args) and variant == base_variant and not compile_values
         with log.step("Residency check: graph splits and buffers, upstream" + ("" if same else " and the final config")):
             up_build = builds.get(base_variant, {})
-            up = probe(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
-            final = None if same else probe(builds.get(variant, compile_values),
+            up = counted(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
+            final = None if same else counted(builds.get(variant, compile_values),
                                             {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, list(args),
                                             cfg.run_dir / "residency" / "final")
         rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))

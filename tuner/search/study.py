@@ -78,6 +78,8 @@ class SearchConfig:
     cpu_mask: tuple[int, ...] | None = None
     """CPUs every llama-bench call is pinned to (``--cpu-mask``; None: not pinned)."""
     reps_pp: int = 8
+    model_seconds: float | None = None
+    """Seconds the CLI spent synthesizing/quantizing the model before the search (config.toml's ``[cost] model_s``)."""
     reps_tg: int = 3
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
 

@@ -119,7 +119,31 @@ class SearchOutcome:
     """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    llama_bench_calls: int | None = None
+    """llama-bench runs the search made, resumed runs summed (None: the study predates the count)."""
     trials: tuple[TrialSummary, ...] = ()
+
+    @property
+    def cost(self) -> dict[str, float | int]:
+        """The search's cost (config.toml's ``[cost]``): seconds per stage, llama-bench calls, tune trials.
+
+        Only what the study measured: a study recorded before a stage was timed (or before the calls
+        were counted) lacks that field, never shows it as 0. ``gates_s`` is the residency and
+        output-equivalence gates together; ``build_s`` the upstream build (the tune's builds are in
+        ``tune_s``)."""
+        secs = self.stage_seconds
+        out: dict[str, float | int] = {}
+        for f in ("build", "model", "gate", "screen", "tune", "confirm"):
+            if f in secs:
+                out[f"{f}_s"] = round(float(secs[f]), 1)
+        if "residency" in secs or "equivalence" in secs:
+            out["gates_s"] = round(float(secs.get("residency", 0.0)) + float(secs.get("equivalence", 0.0)), 1)
+        if "total" in secs:
+            out["total_s"] = round(float(secs["total"]), 1)
+        if self.llama_bench_calls is not None:
+            out["llama_bench_calls"] = int(self.llama_bench_calls)
+        out["tune_trials"] = len(self.trials)  # the study holds every trial, a worker's and a resumed run's
+        return out
 
     @property
     def rule_texts(self) -> list[str]:
@@ -169,7 +193,9 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
     return SearchOutcome.from_result(
         StudyHeader.from_attrs(name, a), a.get(k.RESULT) or {}, op_checks=dict(a.get(k.GATES) or {}),
         screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES}, compose=dict(a.get(k.COMPOSE) or {}),
-        stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}), trials=_trial_summaries(trials))
+        stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}),
+        llama_bench_calls=None if a.get(k.LLAMA_BENCH_CALLS) is None else int(a[k.LLAMA_BENCH_CALLS]),
+        trials=_trial_summaries(trials))
 
 
 def load_outcome(study: Any) -> SearchOutcome:

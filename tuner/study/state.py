@@ -50,6 +50,7 @@ SEEDED_FROM = "seeded_from"  # a study seeded from another one's rounds (results
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id
 STAGE_SECONDS = "stage_seconds"
+LLAMA_BENCH_CALLS = "llama_bench_calls"  # llama-bench runs the search made (summed over resumed runs)
 SCREEN_ROUNDS = "screen_rounds"
 COMPOSE = "compose"
 RESULT = "result"  # the search's outcome (tuner.study.record.SearchOutcome)
@@ -181,6 +182,15 @@ class StudyState:
         s = self.stage_seconds
         s[stage] = round(s.get(stage, 0.0) + secs, 1)
         self._set(STAGE_SECONDS, s)
+
+    @property
+    def llama_bench_calls(self) -> int | None:
+        """llama-bench runs made so far (None: the study predates the count)."""
+        n = self._get(LLAMA_BENCH_CALLS)
+        return None if n is None else int(n)
+
+    def add_llama_bench_calls(self, n: int = 1) -> None:
+        self._set(LLAMA_BENCH_CALLS, (self.llama_bench_calls or 0) + n)
 
     @property
     def screen_rounds(self) -> list[dict[str, Any]]:

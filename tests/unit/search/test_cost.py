@@ -1,0 +1,87 @@
+"""The search's cost (config.toml's ``[cost]``): stage times and llama-bench calls add up over resumed runs,
+and an older study exports only the fields it recorded."""
+
+from __future__ import annotations
+
+import optuna
+
+from tuner.result.cost import COST_FIELDS, cost_line
+from tuner.search.cost import counted as _counted
+from tuner.search.pipeline import _timed
+from tuner.study.record import outcome_from_attrs
+from tuner.study.state import StudyState
+
+
+def _fake_factory(calls: list):
+    """A llama-bench stand-in that logs each call (the count the study must match)."""
+    def factory(build):
+        def cells(depths):
+            return {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths}
+
+        def measure(c, phase, depths, label):
+            calls.append(("one", phase))
+            return cells(depths)
+
+        def joint(c, phases, depths, label):
+            calls.append(("joint", tuple(phases)))
+            return {p: cells(depths) for p in phases}
+
+        measure.joint = joint
+        measure.info = {"device": "fake"}
+        return measure
+    return factory
+
+
+def _one_run(st: StudyState, calls: list, n: int) -> None:
+    """One search run's measuring: ``n`` screen calls and one shared call, timed like the pipeline times them."""
+    m = _counted(st, _fake_factory(calls))(None)
+    assert m.info == {"device": "fake"}  # what the pipeline reads off a measure passes through
+    with _timed(st, "total"):
+        with _timed(st, "screen"):
+            for i in range(n):
+                m(None, "tg", [0, 256], f"r{i}")
+            m.joint(None, ["tg", "pp"], [0], "j")
+
+
+def test_calls_and_times_add_up_over_a_resumed_run() -> None:
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    st = StudyState(study)
+    calls: list = []
+    _one_run(st, calls, 3)
+    first = outcome_from_attrs(st.attrs).cost
+    assert first["llama_bench_calls"] == len(calls) == 4
+    _one_run(StudyState(study), calls, 2)  # the resumed run: a new process, the same study
+    cost = outcome_from_attrs(st.attrs).cost
+    assert cost["llama_bench_calls"] == len(calls) == 7
+    secs = st.stage_seconds
+    assert cost["screen_s"] == round(secs["screen"], 1) and cost["total_s"] >= cost["screen_s"] >= first["screen_s"]
+    assert cost["tune_trials"] == 0 and "tune_s" not in cost and "gates_s" not in cost  # stages not run: not 0
+
+
+def test_an_older_study_exports_only_what_it_recorded() -> None:
+    # a study from before the cost table: stage seconds of the stages it timed, no call count, no total
+    attrs = {"stage_seconds": {"build": 310.2, "gate": 12.0, "screen": 540.5, "tune": 0.0, "confirm": 200.0,
+                               "residency": 3.0, "equivalence": 40.0}}
+    cost = outcome_from_attrs(attrs).cost
+    assert cost == {"build_s": 310.2, "gate_s": 12.0, "screen_s": 540.5, "tune_s": 0.0, "confirm_s": 200.0,
+                    "gates_s": 43.0, "tune_trials": 0}
+    line = cost_line(outcome_from_attrs(attrs))
+    assert "screen_s 540.5" in line and "Not in this study" in line
+    assert line.endswith("model_s, total_s, llama_bench_calls.") and "\n" not in line
+    assert set(cost) | {"model_s", "total_s", "llama_bench_calls"} == set(COST_FIELDS)
+    bare = outcome_from_attrs({})  # a study that timed nothing has no stage field at all
+    assert set(bare.cost) == {"tune_trials"}
+
+
+def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
+    from tuner.search.cost import past_cost, past_cost_line
+
+    for name, body in (("a", "[cost]\nscreen_s = 10.0\n"), ("b", "[cost]\nscreen_s = 20.0\nllama_bench_calls = 7\n"),
+                       ("c", "[study]\nname = 'x'\n"), ("d", "not toml [")):
+        (tmp_path / "cpu" / name).mkdir(parents=True)
+        (tmp_path / "cpu" / name / "config.toml").write_text(body)
+    path, cost = past_cost("cpu", tmp_path)
+    assert path == tmp_path / "cpu" / "b" / "config.toml" and cost == {"screen_s": 20.0, "llama_bench_calls": 7}
+    line = past_cost_line("cpu", tmp_path)
+    assert line is not None and "screen_s 20.0, llama_bench_calls 7" in line and str(path) in line
+    assert past_cost_line("sm_90", tmp_path) is None  # no stored result of the arch: no line

@@ -1,0 +1,20 @@
+"""report.md's line of the search's cost (config.toml's ``[cost]``, :attr:`tuner.study.record.SearchOutcome.cost`)."""
+
+from __future__ import annotations
+
+__all__ = ["COST_FIELDS", "cost_line"]
+
+from tuner.study.record import SearchOutcome
+
+COST_FIELDS = ("build_s", "model_s", "gate_s", "screen_s", "tune_s", "confirm_s", "gates_s", "total_s",
+               "llama_bench_calls", "tune_trials")
+
+
+def cost_line(outcome: SearchOutcome) -> str:
+    """report.md's one line of the search's cost (config.toml's ``[cost]``), saying which fields an older
+    study did not record."""
+    cost = outcome.cost
+    have = ", ".join(f"{k} {v}" for k, v in cost.items()) or "none recorded"
+    missing = [k for k in COST_FIELDS if k not in cost]
+    return (f"**Cost** (resumed runs summed): {have}."
+            + (f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}." if missing else ""))

@@ -1,0 +1,59 @@
+"""The search's cost as it runs: llama-bench calls counted in the study (config.toml's ``[cost]``, written by
+:func:`tuner.study.record.SearchOutcome.cost`), and the cost of a past search of the same arch for the plan."""
+
+from __future__ import annotations
+
+__all__ = ["counted", "past_cost", "past_cost_line"]
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner.study.state import StudyState
+
+
+def counted(st: StudyState, factory: Any) -> Any:
+    """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
+    ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
+    def make(build: Any) -> Any:
+        m = factory(build)
+
+        def measure(*a: Any, **kw: Any) -> Any:
+            st.add_llama_bench_calls(1)
+            return m(*a, **kw)
+
+        measure.__dict__.update(getattr(m, "__dict__", {}))  # info, calls...: what callers read off a measure
+        if getattr(m, "joint", None) is not None:
+            def joint(*a: Any, **kw: Any) -> Any:
+                st.add_llama_bench_calls(1)
+                return m.joint(*a, **kw)
+
+            measure.joint = joint  # type: ignore[attr-defined]
+        return measure
+    return make
+
+
+def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[str, Any]] | None:
+    """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
+    directory): the one with the most recorded fields (then the first by path); None when none has one."""
+    from tuner._compat import tomllib
+
+    found = []
+    for f in sorted((results / arch).glob("*/config.toml")):
+        try:
+            cost = tomllib.loads(f.read_text()).get("cost")
+        except (OSError, ValueError):  # an unreadable stored result only loses the plan its figures
+            continue
+        if isinstance(cost, Mapping) and cost:
+            found.append((f, dict(cost)))
+    return max(found, key=lambda fc: len(fc[1]), default=None)  # max keeps the first of equals
+
+
+def past_cost_line(arch: str, results: Path = Path("results")) -> str | None:
+    """The plan's line of what a past search of ``arch`` cost (None: no stored result has a ``[cost]``)."""
+    past = past_cost(arch, results)
+    if past is None:
+        return None
+    path, cost = past
+    return (f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items())
+            + f" (from {path}; another model, depths or round count change these figures).")
