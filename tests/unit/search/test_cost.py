@@ -67,7 +67,8 @@ def test_an_older_study_exports_only_what_it_recorded() -> None:
                     "gates_s": 43.0, "tune_trials": 0}
     line = cost_line(outcome_from_attrs(attrs))
     assert "screen_s 540.5" in line and "Not in this study" in line
-    assert line.endswith("model_s, total_s, llama_bench_calls.") and "\n" not in line
+    assert "model_s, total_s, llama_bench_calls." in line and "\n" not in line
+    assert "Recorded by an older tuner" in line  # its stage times may cover only some of its runs
     assert set(cost) | {"model_s", "total_s", "llama_bench_calls"} == set(COST_FIELDS)
     bare = outcome_from_attrs({})  # a study that timed nothing has no stage field at all
     assert set(bare.cost) == {"tune_trials"}
