@@ -57,3 +57,40 @@ def postgres():
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tuner():
+    """``tuner(*args, home=...)``: the real CLI in a child process (``python -m tuner``) with that TUNER_HOME;
+    asserts exit 0 unless ``check=False``."""
+    import sys
+
+    def run(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True,
+                             timeout=timeout)
+        if check:
+            assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return res
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def load():
+    """``load(storage, study)``: a snapshot of the study (trials, user attrs), its connection closed."""
+    import types
+
+    def snapshot(storage: str, study: str) -> types.SimpleNamespace:
+        import optuna
+
+        # skip_table_creation: polling a study a child is still creating must not race its DDL (a second
+        # create_all on a fresh SQLite file made the child exit early, and the kill -9 test then waited forever)
+        rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+        try:
+            st = optuna.load_study(study_name=study, storage=rdb)
+            return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
+        finally:
+            rdb.engine.dispose()
+
+    return snapshot

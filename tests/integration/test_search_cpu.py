@@ -22,36 +22,14 @@ pytestmark = pytest.mark.integration
 SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--min-rounds", "2", "--max-rounds", "2"]
 
 
-def tuner(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True,
-                         timeout=timeout)
-    if check:
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-def load(storage: str, study: str):
-    """A snapshot of the study (trials, user attrs); the DB connection is closed before returning."""
-    import types
-
-    import optuna
-
-    # skip_table_creation: polling a study a child is still creating must not race its DDL (a second
-    # create_all on a fresh SQLite file made the child exit early, and the kill -9 test then waited forever)
-    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
-    try:
-        st = optuna.load_study(study_name=study, storage=rdb)
-        return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
-    finally:
-        rdb.engine.dispose()
 
 
 def finished(study) -> dict[int, tuple[str, object]]:
     return {t.number: (t.state.name, t.values) for t in study.trials if t.state.is_finished()}
 
 
-def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
+def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
+                                                       tuner, load) -> None:
     run = tmp_path / "run"
     args = ["search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run), "--study", "resume"]
     first = tuner(*args, "--trials", "1", "--reps-pp", "2", "--reps-tg", "2", home=tuner_home)
@@ -99,7 +77,7 @@ def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tu
     assert st2.trials[1].user_attrs["status"] in ("ok", "failed", "infeasible")
 
 
-def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path) -> None:
+def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner, load) -> None:
     run = tmp_path / "run"
     storage = f"sqlite:///{run / 'study.db'}"
     args = [sys.executable, "-m", "tuner", "search", *SMALL[:-4], "--min-rounds", "3", "--max-rounds", "3",
@@ -144,7 +122,7 @@ def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tm
 
 @pytest.mark.postgres
 def test_two_workers_share_a_postgres_study(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                            postgres: str) -> None:
+                                            postgres: str, tuner, load) -> None:
     common = [*SMALL, "--model", str(tiny_model), "--storage", postgres, "--study", "shared"]
     # `tuner search` screens and composes; then two workers on "other hosts" add tune trials.
     tuner("search", *common, "--trials", "1", "--run-dir", str(tmp_path / "lead"), home=tuner_home)

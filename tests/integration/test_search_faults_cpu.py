@@ -26,30 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 RULE = "decode/D64/gqa4/kvf16:65536-=TILE"
 
 
-def tuner(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-def load(storage: str, study: str):
-    """A snapshot of the study (trials, user attrs), its connection closed; no table creation (a child may be creating them)."""
-    import types
-
-    import optuna
-
-    rdb = optuna.storages.RDBStorage(storage, skip_table_creation=True)
-    try:
-        st = optuna.load_study(study_name=study, storage=rdb)
-        return types.SimpleNamespace(trials=st.get_trials(deepcopy=True), user_attrs=dict(st.user_attrs))
-    finally:
-        rdb.engine.dispose()
 
 
 def test_a_truncated_model_stops_the_search_with_llama_benchs_error(cpu_build, tiny_model, tuner_home: Path,
-                                                                     tmp_path: Path) -> None:
+                                                                     tmp_path: Path, tuner, load) -> None:
     bad = tmp_path / "tiny-half.gguf"
     data = tiny_model.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # the GGUF header and metadata are intact: the shape reads fine
@@ -78,7 +58,8 @@ def _wait(pred, proc: subprocess.Popen, log: Path, what: str, limit: float = 600
 
 
 def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_count(cpu_build, tiny_model,
-                                                                                    tuner_home: Path, tmp_path: Path) -> None:
+                                                                                    tuner_home: Path, tmp_path: Path,
+                                                                                    tuner, load) -> None:
     from tuner.search import tune as tn
     from tuner.search.lock import read_owner
 
@@ -135,7 +116,7 @@ def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_coun
 
 
 def test_storage_and_pins_are_refused_before_anything_is_created(cpu_build, tiny_model, tuner_home: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, tuner) -> None:
     base = ["search", *SMALL, "--model", str(tiny_model), "--trials", "0"]
     missing = tmp_path / "nonexistent-dir"
     for extra, want in ((["--storage", "sqlite:///"], "in memory"),
@@ -155,7 +136,7 @@ def _grep_tree(root: Path, needle: bytes) -> list[Path]:
 
 @pytest.mark.postgres
 def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                                                  postgres: str) -> None:
+                                                                  postgres: str, tuner) -> None:
     secret = "Pw-9f3kq7x"
     url = postgres.replace("://tuner@", f"://tuner:{secret}@")  # the test server trusts; the password rides along
     logs = tuner_home / "logs"
