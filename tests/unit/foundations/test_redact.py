@@ -103,3 +103,19 @@ def test_crash_log_with_a_password_in_argv(isolated_home: Path, monkeypatch: pyt
     err = capsys.readouterr().err
     assert "Traceback" in err and "s3cr3t-pw" not in err and "tuner:***@db.example" in err
     assert not [p for p in (isolated_home / "logs").glob("crash-*.log") if "s3cr3t-pw" in p.read_text()]
+
+
+def test_an_error_message_is_redacted_on_its_way_to_the_screen(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever module raised a TunerError naming the storage, main() prints it without the password."""
+    from tuner import cli
+    from tuner.errors import TunerError
+
+    def fail(*a: object, **k: object) -> None:
+        raise TunerError(f"the study at {PG} is locked")
+
+    monkeypatch.setattr(cli.cli, "main", fail)
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "s3cr3t-pw" not in err and "tuner:***@db.example" in err
