@@ -86,8 +86,8 @@ def hip_toolchain(tuner_home: Path):
     Setting it up needs root for apt-get (CI runs as root); elsewhere the test is skipped with the
     command that sets it up.
     """
-    from tuner.errors import TunerError
     from tuner.builder.hip import find_hip_toolchain, run_hip_setup
+    from tuner.errors import TunerError
 
     tc = find_hip_toolchain()
     if tc is not None:

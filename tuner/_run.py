@@ -9,7 +9,7 @@ does not keep tuner waiting.
 
 from __future__ import annotations
 
-__all__ = ["run", "tail", "RunResult"]
+__all__ = ["RunResult", "run", "tail"]
 
 import codecs
 import contextlib
@@ -58,7 +58,7 @@ def _open_log(log_file: Path | None, cmdline: str) -> TextIO | None:
     if log_file is None:
         return None
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+    fh = open(log_file, "a", encoding="utf-8", errors="replace")
     fh.write(f"$ {cmdline}\n")
     fh.flush()
     return fh
@@ -205,8 +205,13 @@ class _Lines:
             self._pending = ""
 
 
-def _pump(proc: subprocess.Popen[bytes], fh: TextIO | None, out_chunks: list[str],
-          on_line: Callable[[str], None] | None, deadline: float | None) -> tuple[int, bool]:
+def _pump(
+    proc: subprocess.Popen[bytes],
+    fh: TextIO | None,
+    out_chunks: list[str],
+    on_line: Callable[[str], None] | None,
+    deadline: float | None,
+) -> tuple[int, bool]:
     """Copy the child's output to the log (or ``out_chunks``) and ``on_line`` until it exits or the
     deadline passes (then its group is stopped); returns its exit code and whether it timed out."""
     assert proc.stdout is not None
@@ -258,8 +263,18 @@ def _pump(proc: subprocess.Popen[bytes], fh: TextIO | None, out_chunks: list[str
     return proc.wait(), timed_out
 
 
-def _check_outcome(what: str, cmdline: str, rc: int, seconds: float, output: str, *, timeout: float | None,
-                   check: bool, log_file: Path | None, timed_out: bool = False) -> None:
+def _check_outcome(
+    what: str,
+    cmdline: str,
+    rc: int,
+    seconds: float,
+    output: str,
+    *,
+    timeout: float | None,
+    check: bool,
+    log_file: Path | None,
+    timed_out: bool = False,
+) -> None:
     """Raise TunerError for a timeout, or (with ``check``) a non-zero exit, naming the log and its last lines."""
     if timeout is not None and (timed_out or seconds > timeout):
         where = f" Log: {log_file}." if log_file else ""
@@ -268,9 +283,7 @@ def _check_outcome(what: str, cmdline: str, rc: int, seconds: float, output: str
     if check and rc != 0:
         if log_file is not None:
             last = tail(log_file)
-            msg = (
-                f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{last}"
-            )
+            msg = f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{last}"
         else:
             last = "\n".join(output.splitlines()[-40:])
             msg = f"{what} failed with exit code {rc}: {cmdline}\n{last}"
@@ -319,7 +332,7 @@ def run(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_preexec(),  # noqa: PLW1509 -- only prctl, resolved in the parent
+            preexec_fn=_preexec(),
         )
     except OSError as err:
         if fh:
@@ -344,6 +357,7 @@ def run(
             fh.close()
     seconds = time.monotonic() - start
     output = "".join(out_chunks)
-    _check_outcome(what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file,
-                   timed_out=timed_out)
+    _check_outcome(
+        what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file, timed_out=timed_out
+    )
     return RunResult(returncode=rc, output=output, seconds=seconds, log_file=log_file)

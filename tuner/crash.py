@@ -60,7 +60,7 @@ def crash_log_dir() -> Path:
         d.mkdir(parents=True, exist_ok=True)
         if os.access(d, os.W_OK | os.X_OK):
             return d
-    except Exception:  # noqa: BLE001 - a bad TUNER_HOME must not hide the original error
+    except Exception:
         pass
     d = Path(tempfile.gettempdir()) / "tuner-logs"
     d.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,7 @@ def report_crash(err: BaseException, argv: Sequence[str] | None = None) -> int:
     debug = debug_requested(argv)
     try:
         where = f"The traceback and the run's context are in {write_crash_log(err, argv)} (attach it to a bug report)."
-    except Exception as log_err:  # noqa: BLE001 - fall back to the screen
+    except Exception as log_err:
         where = f"Writing a crash log failed too ({log_err}), so the traceback is printed above."
         debug = True
     if debug:

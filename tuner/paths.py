@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["tuner_home", "data_dir", "package_data"]
+__all__ = ["data_dir", "package_data", "tuner_home"]
 
 import os
 from pathlib import Path
@@ -34,10 +34,14 @@ def tuner_home() -> Path:
         why = f"it cannot be created ({err.strerror or err})"
     if why is not None:
         what = f"TUNER_HOME={raw}" if raw else f"tuner's cache folder {home}"
-        fix = ("Point TUNER_HOME at a writable folder (it is created if missing), or unset it to use "
-               f"{cache / 'tuner'}." if raw else "Set TUNER_HOME (or XDG_CACHE_HOME) to a writable folder.")
-        raise UsageError(f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, "
-                         f"models and logs there. {fix}")
+        fix = (
+            f"Point TUNER_HOME at a writable folder (it is created if missing), or unset it to use {cache / 'tuner'}."
+            if raw
+            else "Set TUNER_HOME (or XDG_CACHE_HOME) to a writable folder."
+        )
+        raise UsageError(
+            f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, models and logs there. {fix}"
+        )
     return home
 
 

@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["Tracker", "track", "format_seconds", "mode"]
+__all__ = ["Tracker", "format_seconds", "mode", "track"]
 
 import contextlib
 import os
@@ -53,7 +53,7 @@ def mode(stream: TextIO | None = None) -> Mode:
 
 def format_seconds(seconds: float) -> str:
     """``75`` -> ``1:15``; ``3725`` -> ``1:02:05``."""
-    s = max(0, int(round(seconds)))
+    s = max(0, round(seconds))
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
@@ -62,8 +62,16 @@ def format_seconds(seconds: float) -> str:
 class Tracker:
     """The handle :func:`track` yields: report the count with :meth:`update` or :meth:`advance`."""
 
-    def __init__(self, description: str, *, total: int | None, unit: str, display: Mode,
-                 stream: TextIO, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        description: str,
+        *,
+        total: int | None,
+        unit: str,
+        display: Mode,
+        stream: TextIO,
+        clock: Callable[[], float],
+    ) -> None:
         self.description = description
         self.total = total
         self.unit = unit
@@ -134,8 +142,14 @@ class Tracker:
 
     def _open_bar(self) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(
             TextColumn("{task.description}"),
@@ -158,9 +172,15 @@ class Tracker:
 
 
 @contextlib.contextmanager
-def track(description: str, *, total: int | None = None, unit: str = "steps",
-          stream: TextIO | None = None, display: Mode | None = None,
-          clock: Callable[[], float] = time.monotonic) -> Iterator[Tracker]:
+def track(
+    description: str,
+    *,
+    total: int | None = None,
+    unit: str = "steps",
+    stream: TextIO | None = None,
+    display: Mode | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Tracker]:
     """Show progress of one phase while the block runs.
 
     Args:
@@ -175,8 +195,7 @@ def track(description: str, *, total: int | None = None, unit: str = "steps",
         A :class:`Tracker`.
     """
     stream = stream or sys.stderr
-    tracker = Tracker(description, total=total, unit=unit, display=display or mode(stream),
-                      stream=stream, clock=clock)
+    tracker = Tracker(description, total=total, unit=unit, display=display or mode(stream), stream=stream, clock=clock)
     if tracker._display == "bar":
         tracker._open_bar()
     try:

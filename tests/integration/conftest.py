@@ -25,8 +25,12 @@ def postgres():
     if not (initdb and pg_ctl):
         if os.geteuid() == 0 and shutil.which("apt-get"):
             subprocess.run(["apt-get", "update"], check=False, capture_output=True)
-            subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=False, capture_output=True,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            subprocess.run(
+                ["apt-get", "install", "-y", "-q", "postgresql"],
+                check=False,
+                capture_output=True,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
             initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         if not (initdb and pg_ctl):
             pytest.skip("PostgreSQL server binaries not found (apt-get install postgresql)")
@@ -46,8 +50,22 @@ def postgres():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     subprocess.run([*run_as, initdb, "-D", str(data), "-U", "tuner", "--auth=trust"], check=True, capture_output=True)
-    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
-                    f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            *run_as,
+            pg_ctl,
+            "-D",
+            str(data),
+            "-l",
+            str(base / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
     try:
         import psycopg
 
@@ -67,8 +85,9 @@ def tuner():
 
     def run(*args: str, home: Path, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "TUNER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-        res = subprocess.run([sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True,
-                             timeout=timeout)
+        res = subprocess.run(
+            [sys.executable, "-m", "tuner", *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
         if check:
             assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         return res

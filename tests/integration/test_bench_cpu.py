@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from tuner.measure.bench import COLUMNS, load_results, run_bench
 from tuner.measure.gate import params_for_model, run_check, run_gate
-from tuner.result.report import plot_depth, render_report
 from tuner.measure.stats import compare_frames
+from tuner.result.report import plot_depth, render_report
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +32,24 @@ def bin_dir(cpu_build) -> Path:
 @pytest.fixture(scope="session")
 def run_a(bin_dir: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("bench-a")
-    df = run_bench(bin_dir, tiny_model, depths=(0, 256), pp=64, tg=16, reps=2, target_ci=50.0, max_reps=4,
-                   extra_args=ARGS, log_dir=out / "logs", label="A")
+    df = run_bench(
+        bin_dir,
+        tiny_model,
+        depths=(0, 256),
+        pp=64,
+        tg=16,
+        reps=2,
+        target_ci=50.0,
+        max_reps=4,
+        extra_args=ARGS,
+        log_dir=out / "logs",
+        label="A",
+    )
     return df, out
 
 
 def test_run_bench_real_schema_and_stats(run_a) -> None:
-    df, out = run_a
+    df, _out = run_a
     assert list(df.columns) == list(COLUMNS)
     assert sorted(zip(df["test"], df["depth"])) == [("pp64", 0), ("pp64", 256), ("tg16", 0), ("tg16", 256)]
     for r in df.itertuples():
@@ -53,7 +64,10 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
         # busiest thread is at most the tree (lenient bounds: the CI box is shared). A test too short for
         # the CPU clock (pp64 here: ~8 ms a repetition) falls back to its samples (busiest thread NaN) or is NaN, never 0.0
         if math.isfinite(r.cpu_util_mean):
-            assert 10 < r.cpu_util_mean < 130 and not r.cpu_core_max > r.cpu_util_mean + 1, (r.cpu_util_mean, r.cpu_core_max)
+            assert 10 < r.cpu_util_mean < 130 and not r.cpu_core_max > r.cpu_util_mean + 1, (
+                r.cpu_util_mean,
+                r.cpu_core_max,
+            )
         assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
         assert math.isnan(r.roofline_pct) and r.roofline_note
         assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}
@@ -64,14 +78,34 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
 
 
 def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
-    from tuner.measure.bench import save_results
     from tuner.cli.bench_cmd import bench
+    from tuner.measure.bench import save_results
 
     df_a, _ = run_a
     save_results(df_a, tmp_path / "A")
-    r = CliRunner().invoke(bench, ["--build", str(bin_dir), "--label", "B", "--model", str(tiny_model),
-                                   "--depths", "0,256", "--pp", "64", "--tg", "16", "--reps", "3",
-                                   "-o", str(tmp_path / "runB"), "--", *ARGS])
+    r = CliRunner().invoke(
+        bench,
+        [
+            "--build",
+            str(bin_dir),
+            "--label",
+            "B",
+            "--model",
+            str(tiny_model),
+            "--depths",
+            "0,256",
+            "--pp",
+            "64",
+            "--tg",
+            "16",
+            "--reps",
+            "3",
+            "-o",
+            str(tmp_path / "runB"),
+            "--",
+            *ARGS,
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "| B " in r.output
     df_b = load_results(tmp_path / "runB" / "B.jsonl")
@@ -92,8 +126,19 @@ def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_pa
 
 def test_roofline_columns_real(bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
     # The CPU arch has no known bandwidth; a measured-by-hand figure is passed instead.
-    df = run_bench(bin_dir, tiny_model, depths=(0,), pp=0, tg=8, reps=2, extra_args=ARGS, log_dir=tmp_path,
-                   arch="cpu", bandwidth=20.0, label="roof")
+    df = run_bench(
+        bin_dir,
+        tiny_model,
+        depths=(0,),
+        pp=0,
+        tg=8,
+        reps=2,
+        extra_args=ARGS,
+        log_dir=tmp_path,
+        arch="cpu",
+        bandwidth=20.0,
+        label="roof",
+    )
     r = df.iloc[0]
     assert r.status == "ok" and r.bytes_per_token > 60e6  # ~68 MB of F16 weights per token
     assert r.roofline_tps == pytest.approx(20e9 / r.bytes_per_token, rel=0.01)
@@ -124,12 +169,38 @@ def test_seed_builds_run_interleaved_with_their_offload(bin_dir: Path, tiny_mode
     directory, interleaved; cpu_hybrid's llama-bench runs with -ngl 0, cuda_dense's with none."""
     from tuner.cli.bench_cmd import bench
 
-    r = CliRunner().invoke(bench, ["--build", str(bin_dir), "--build", str(bin_dir), "--seed-build", "cuda_dense",
-                                   "--seed-build", "cpu_hybrid", "--arch", "sm_90", "--model", str(tiny_model),
-                                   "--depths", "0", "--pp", "16", "--tg", "4", "--reps", "2", "-o", str(tmp_path)])
+    r = CliRunner().invoke(
+        bench,
+        [
+            "--build",
+            str(bin_dir),
+            "--build",
+            str(bin_dir),
+            "--seed-build",
+            "cuda_dense",
+            "--seed-build",
+            "cpu_hybrid",
+            "--arch",
+            "sm_90",
+            "--model",
+            str(tiny_model),
+            "--depths",
+            "0",
+            "--pp",
+            "16",
+            "--tg",
+            "4",
+            "--reps",
+            "2",
+            "-o",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "| cpu_hybrid " in r.output and "| cuda_dense " in r.output
-    cmds = {n: [ln for ln in (tmp_path / "logs" / f"{n}-pp+tg.log").read_text().splitlines() if ln.startswith("$ ")]
-            for n in ("cpu_hybrid", "cuda_dense")}
+    cmds = {
+        n: [ln for ln in (tmp_path / "logs" / f"{n}-pp+tg.log").read_text().splitlines() if ln.startswith("$ ")]
+        for n in ("cpu_hybrid", "cuda_dense")
+    }
     assert cmds["cpu_hybrid"] and all(c.endswith(" -ngl 0") for c in cmds["cpu_hybrid"])
     assert cmds["cuda_dense"] and not any("-ngl" in c for c in cmds["cuda_dense"])

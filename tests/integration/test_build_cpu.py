@@ -27,8 +27,14 @@ def toy_rv(*, rows: int | None = None, core: str | None = None) -> RenderedVaria
     if core is not None:
         files["core.cpp"] = core
     return RenderedVariant(
-        arch="cpu", variant="toy", era="mma", source_id="toy", source_root=TOY,
-        defines={"TOY_TILE": "128", "CMAKE_BUILD_RPATH_USE_ORIGIN": "ON"}, patch=f"hook+{core!r}", files=files,
+        arch="cpu",
+        variant="toy",
+        era="mma",
+        source_id="toy",
+        source_root=TOY,
+        defines={"TOY_TILE": "128", "CMAKE_BUILD_RPATH_USE_ORIGIN": "ON"},
+        patch=f"hook+{core!r}",
+        files=files,
         tu_headers={TU: f"#define TOY_ROWS {rows}\n"} if rows is not None else {},
     )
 
@@ -66,8 +72,9 @@ def test_toy_broken_build_is_recorded(isolated_home: Path) -> None:
     assert not (root / "artifacts").exists()
 
 
-def test_llama_bench_cpu_build_relocatable_and_cached(cpu_build, tree_a, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_llama_bench_cpu_build_relocatable_and_cached(
+    cpu_build, tree_a, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tuner.plan.render import render_variant
 
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
@@ -106,8 +113,12 @@ def test_two_processes_build_one_variant_once(tmp_path: Path) -> None:
     )
     env = {**os.environ, "TUNER_HOME": str(tmp_path / "home")}
     here = str(Path(__file__).parent)
-    procs = [subprocess.Popen([sys.executable, "-c", script, here], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, here], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]

@@ -45,8 +45,16 @@ def test_illegal_pinned_value_is_rejected_before_compiling(tree_a, monkeypatch: 
 
     monkeypatch.setattr(tuner.builder.cmake, "build_variant", no_build)
     # a D=256 tile row whose shared memory overflows the 64 KiB LDS of gfx1151
-    args = ["search", "--arch", "gfx1151", "--dry-run", "--set", "tile.amd_rdna.d256.c8.nbatch_fa=128",
-            "--set", "tile.amd_rdna.d256.c8.nbatch_K=256"]
+    args = [
+        "search",
+        "--arch",
+        "gfx1151",
+        "--dry-run",
+        "--set",
+        "tile.amd_rdna.d256.c8.nbatch_fa=128",
+        "--set",
+        "tile.amd_rdna.d256.c8.nbatch_K=256",
+    ]
     res = CliRunner().invoke(cli, args)
     assert isinstance(res.exception, UsageError), res.output
     assert "73728 B > 65536 B LDS" in str(res.exception) and "Nothing was compiled" in str(res.exception)
@@ -56,19 +64,32 @@ def test_illegal_pinned_value_is_rejected_before_compiling(tree_a, monkeypatch: 
 
 
 def test_search_for_absent_gpu_refuses(tree_a) -> None:
-    proc = subprocess.run([sys.executable, "-m", "tuner", "search", "--arch", "gfx1151"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "search", "--arch", "gfx1151"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "this machine has" in proc.stderr and "--dry-run" in proc.stderr
 
 
 def test_dry_run_plan_is_stdout_progress_is_stderr(tree_a) -> None:
     """`tuner search --arch gfx1151 --dry-run > plan.md` captures the plan and only the plan."""
-    proc = subprocess.run([sys.executable, "-m", "tuner", "search", "--arch", "gfx1151", "--dry-run"], capture_output=True,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "search", "--arch", "gfx1151", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("# Dry run: gfx1151") and "## Plan on the target" in proc.stdout
-    for stage in ("| screen ", "| compose ", "| tune ", "| confirm ", "| output gate ", "| residency ", "| builds + test-backend-ops "):
+    for stage in (
+        "| screen ",
+        "| compose ",
+        "| tune ",
+        "| confirm ",
+        "| output gate ",
+        "| residency ",
+        "| builds + test-backend-ops ",
+    ):
         assert stage in proc.stdout
     assert "==>" not in proc.stdout and "Constraint-checking" in proc.stderr
     # a compile check either ran (✓ on stderr, "ok" in the plan) or says skipped and why, never both

@@ -40,14 +40,25 @@ def ppl_bin(cpu_build) -> Path:
 def test_extra_target_keeps_the_build_id_and_the_cache(ppl_bin: Path, tree_a, cpu_build) -> None:
     from tuner.plan.render import render_variant
 
-    again = build_variant(render_variant(tree_a, "cpu", "cpu", local_archs=[]),
-                          targets=("llama-bench", "test-backend-ops", "llama-quantize"))
+    again = build_variant(
+        render_variant(tree_a, "cpu", "cpu", local_archs=[]),
+        targets=("llama-bench", "test-backend-ops", "llama-quantize"),
+    )
     assert again.cached and again.build_id == cpu_build.build_id and (again.bin_dir / "llama-perplexity").is_file()
 
 
-def test_upstream_vs_itself_passes_and_threads_are_bitwise_identical(ppl_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
-    res = run_equivalence(ppl_bin, ppl_bin, tiny_model, candidate_args=["-t", "1"], upstream_args=["-t", "2"],
-                          work_dir=tmp_path, strict=True)
+def test_upstream_vs_itself_passes_and_threads_are_bitwise_identical(
+    ppl_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    res = run_equivalence(
+        ppl_bin,
+        ppl_bin,
+        tiny_model,
+        candidate_args=["-t", "1"],
+        upstream_args=["-t", "2"],
+        work_dir=tmp_path,
+        strict=True,
+    )
     assert res.passed, res.summary
     assert res.deterministic and res.identical_to_upstream
     assert res.stats.mean_kld == 0.0 and res.stats.same_top_pct == 100.0 and res.stats.p99_kld <= 2e-6
@@ -55,29 +66,50 @@ def test_upstream_vs_itself_passes_and_threads_are_bitwise_identical(ppl_bin: Pa
 
 
 def test_decode_mode_and_fa_off_pass(ppl_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
-    res = run_equivalence(ppl_bin, ppl_bin, tiny_model, mode="decode", candidate_args=["-fa", "off", "-t", "2"],
-                          upstream_args=["-fa", "on", "-t", "2"], work_dir=tmp_path)
+    res = run_equivalence(
+        ppl_bin,
+        ppl_bin,
+        tiny_model,
+        mode="decode",
+        candidate_args=["-fa", "off", "-t", "2"],
+        upstream_args=["-fa", "on", "-t", "2"],
+        work_dir=tmp_path,
+    )
     assert res.passed, res.summary
     assert res.identical_to_upstream is False  # another kernel: different bits, same output within the threshold
     assert "-b 1 -ub 1" in Path(res.logs["kld"]).read_text().splitlines()[0]
 
 
-def test_the_search_spaces_bench_switches_reach_llama_perplexity_as_it_spells_them(ppl_bin: Path, tiny_model: Path,
-                                                                                    tmp_path: Path) -> None:
+def test_the_search_spaces_bench_switches_reach_llama_perplexity_as_it_spells_them(
+    ppl_bin: Path, tiny_model: Path, tmp_path: Path
+) -> None:
     # on the H100 the gate passed llama-bench's `-nkvo 1` as is, and llama-perplexity exited
     # "error: invalid argument: 1". On the CPU backend the KV cache is on the host either way: a pass.
     from tuner.search.output_gate import perplexity_args
 
     args, _ = perplexity_args(["-t", "2", "-nkvo", "1"], "mma")
-    res = run_equivalence(ppl_bin, ppl_bin, tiny_model, mode="decode", candidate_args=args,
-                          upstream_args=perplexity_args(["-t", "2"], "mma")[0], work_dir=tmp_path)
+    res = run_equivalence(
+        ppl_bin,
+        ppl_bin,
+        tiny_model,
+        mode="decode",
+        candidate_args=args,
+        upstream_args=perplexity_args(["-t", "2"], "mma")[0],
+        work_dir=tmp_path,
+    )
     assert res.passed, res.summary
     assert " -nkvo" in Path(res.logs["candidate-a"]).read_text().splitlines()[0]
 
 
 def test_quantized_kv_candidate_is_rejected(ppl_bin: Path, tiny_model: Path, tmp_path: Path) -> None:
-    res = run_equivalence(ppl_bin, ppl_bin, tiny_model, candidate_args=["-ctk", "q4_0", "-ctv", "q4_0", "-t", "2"],
-                          upstream_args=["-t", "2"], work_dir=tmp_path)
+    res = run_equivalence(
+        ppl_bin,
+        ppl_bin,
+        tiny_model,
+        candidate_args=["-ctk", "q4_0", "-ctv", "q4_0", "-t", "2"],
+        upstream_args=["-t", "2"],
+        work_dir=tmp_path,
+    )
     assert not res.passed and res.deterministic
     assert any(r.startswith("Mean KLD") for r in res.reasons) and res.stats.mean_kld > 1e-4
     assert "FAIL (prefill)" in res.summary
@@ -96,7 +128,9 @@ def _perturbed_variant(tree_a):
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
     old = (Path(tree_a.root) / PERTURBED_FILE).read_text()
     assert old.count(PERTURBED_ANCHOR) == 1
-    new = old.replace(PERTURBED_ANCHOR, "const float scale = 1.25f/sqrtf(mean + eps); // tuner test: deliberately wrong")
+    new = old.replace(
+        PERTURBED_ANCHOR, "const float scale = 1.25f/sqrtf(mean + eps); // tuner test: deliberately wrong"
+    )
     return dataclasses.replace(rv, patch=unified_diff(PERTURBED_FILE, old, new), files={PERTURBED_FILE: new})
 
 
@@ -106,12 +140,19 @@ def test_patched_ggml_cpu_variant_is_rejected(ppl_bin: Path, tiny_model: Path, t
     rv = _perturbed_variant(tree_a)
     exe = tuner_home() / "builds" / rv.key / "artifacts" / rv.artifact_key / "bin" / "llama-perplexity"
     if not exe.is_file() and os.environ.get("TUNER_TEST_BUILD_PATCHED") != "1":
-        pytest.skip("the patched ggml-cpu variant is not built yet; TUNER_TEST_BUILD_PATCHED=1 builds it (~7 min on 2 cores)")
+        pytest.skip(
+            "the patched ggml-cpu variant is not built yet; TUNER_TEST_BUILD_PATCHED=1 builds it (~7 min on 2 cores)"
+        )
     bad = build_variant(rv, targets=("llama-perplexity",))
-    assert bad.build_id != build_variant(dataclasses.replace(rv, patch="", files={}),
-                                         targets=("llama-bench", "test-backend-ops", "llama-quantize")).build_id
-    res = run_equivalence(bad.bin_dir, ppl_bin, tiny_model, candidate_args=["-t", "2"], upstream_args=["-t", "2"],
-                          work_dir=tmp_path)
+    assert (
+        bad.build_id
+        != build_variant(
+            dataclasses.replace(rv, patch="", files={}), targets=("llama-bench", "test-backend-ops", "llama-quantize")
+        ).build_id
+    )
+    res = run_equivalence(
+        bad.bin_dir, ppl_bin, tiny_model, candidate_args=["-t", "2"], upstream_args=["-t", "2"], work_dir=tmp_path
+    )
     assert not res.passed and res.deterministic, res.summary
     assert res.stats.mean_kld > 10 * res.thresholds.mean_kld
     assert any(r.startswith("Mean KLD") for r in res.reasons)

@@ -58,24 +58,44 @@ def test_export_into_a_llama_cpp_tree_is_refused(tree_a, tmp_path: Path) -> None
     db = tmp_path / "study.db"
     db.write_bytes(lzma.decompress(STUDIES["sm90-l1b-v3"].read_bytes()))
     env = {k: v for k, v in os.environ.items() if k != "TUNER_DEBUG"}
-    res = subprocess.run([sys.executable, "-m", "tuner", "export", "--study", "sm90-l1b-v3", "--storage", f"sqlite:///{db}",
-                          "-o", str(tree)], capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "export",
+            "--study",
+            "sm90-l1b-v3",
+            "--storage",
+            f"sqlite:///{db}",
+            "-o",
+            str(tree),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 2, res.stderr
     assert "is a llama.cpp source tree" in res.stderr and "copy CMakeUserPresets.json into the tree" in res.stderr
     assert sorted(p.name for p in tree.iterdir()) == before
 
 
-@pytest.mark.parametrize(("tree", "arch", "variant", "values", "baked", "empty"), [
-    ("a", "sm_90", "cuda", {}, {}, True),
-    ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "8192"}, True),  # upstream's own T3: still nothing to patch
-    ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "4096"}, False),
-    ("a", "sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {}, False),
-    ("a", "gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, {}, False),
-    ("b", "gfx1151", "hip-rocwmma", {}, {}, True),
-    ("b", "gfx1151", "hip-rocwmma", {"wmma.nwarps": 8}, {"GGML_TUNER_WMMA_DECODE": "1"}, False),
-])
-def test_export_patch_is_empty_or_clean(request, tmp_path: Path, tree: str, arch: str, variant: str, values: dict,
-                                        baked: dict, empty: bool) -> None:
+@pytest.mark.parametrize(
+    ("tree", "arch", "variant", "values", "baked", "empty"),
+    [
+        ("a", "sm_90", "cuda", {}, {}, True),
+        ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "8192"}, True),  # upstream's own T3: still nothing to patch
+        ("a", "sm_90", "cuda", {}, {"GGML_TUNER_FA_T3": "4096"}, False),
+        ("a", "sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {}, False),
+        ("a", "gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, {}, False),
+        ("b", "gfx1151", "hip-rocwmma", {}, {}, True),
+        ("b", "gfx1151", "hip-rocwmma", {"wmma.nwarps": 8}, {"GGML_TUNER_WMMA_DECODE": "1"}, False),
+    ],
+)
+def test_export_patch_is_empty_or_clean(
+    request, tmp_path: Path, tree: str, arch: str, variant: str, values: dict, baked: dict, empty: bool
+) -> None:
     """The exported patch: none where it would select upstream's kernels, else one that applies to the pristine
     tree with no whitespace-only hunk and no comment citing tuner's own files."""
     import re

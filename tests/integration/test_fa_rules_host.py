@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.plan import fa_rules, render
 from tuner.errors import UsageError
+from tuner.plan import fa_rules, render
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")]
 
 TREE_A = Path(__file__).resolve().parent.parent / "data" / "render" / "treeA"
 
@@ -88,8 +85,8 @@ def _hook_source(baked: dict[str, str] | None) -> str:
     src = types.SimpleNamespace(root=TREE_A, era="mma", source_id="0" * 16, commit=None, spec="test")
     fattn = render.render_variant(src, "sm_90", "cuda", baked_runtime=baked).files["ggml/src/ggml-cuda/fattn.cu"]
     start = fattn.index("// ---- tuner: FlashAttention selection knobs")
-    knobs = fattn[start:fattn.index("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default(", start)]
-    tail = fattn[fattn.index("static const char * ggml_tuner_fa_kernel_name("):]
+    knobs = fattn[start : fattn.index("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default(", start)]
+    tail = fattn[fattn.index("static const char * ggml_tuner_fa_kernel_name(") :]
     wrapper = "static best_fattn_kernel ggml_cuda_get_best_fattn_kernel(const int device, const ggml_tensor * dst) {"
     end = tail.index("\n}\n", tail.index(wrapper)) + 3
     return PRELUDE + knobs + tail[:end] + MAIN
@@ -98,8 +95,23 @@ def _hook_source(baked: dict[str, str] | None) -> str:
 def _compile(tmp_path: Path, baked: dict[str, str] | None, name: str) -> Path:
     (tmp_path / f"{name}.cpp").write_text(_hook_source(baked))
     exe = tmp_path / name
-    res = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function",
-                          str(tmp_path / f"{name}.cpp"), "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unused-function",
+            str(tmp_path / f"{name}.cpp"),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     return exe
 
@@ -114,14 +126,20 @@ def _run(exe: Path, shapes: list[tuple], rules: str | None = None, log: bool = F
     return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, env=env, timeout=60)
 
 
-RULES = ("decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/kvq8_0:0-16384=VEC,prefill/gqa8:4096-=TILE,"
-         "decode/D72:0-=MMA,decode/kvbf16/gqa1:0-=TILE,prefill/kviq4_nl:0-=VEC,decode:65536-=TILE")
+RULES = (
+    "decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/kvq8_0:0-16384=VEC,prefill/gqa8:4096-=TILE,"
+    "decode/D72:0-=MMA,decode/kvbf16/gqa1:0-=TILE,prefill/kviq4_nl:0-=VEC,decode:65536-=TILE"
+)
 KINDS = ("f16", "q8_0", "bf16", "iq4_nl", "q4_0")
 SHAPES = [
     (phase, n_kv, D, gqa, kt, vt)
     for phase, n_kv, D, gqa, (kt, vt) in itertools.product(
-        ("decode", "prefill"), (0, 4095, 4096, 16383, 16384, 32767, 32768, 65535, 65536, 131072), (64, 72, 128, 256),
-        (1, 4, 8), [(k, k) for k in KINDS] + [("q8_0", "f16"), ("f16", "q8_0")])
+        ("decode", "prefill"),
+        (0, 4095, 4096, 16383, 16384, 32767, 32768, 65535, 65536, 131072),
+        (64, 72, 128, 256),
+        (1, 4, 8),
+        [(k, k) for k in KINDS] + [("q8_0", "f16"), ("f16", "q8_0")],
+    )
 ]
 
 
@@ -153,8 +171,16 @@ def test_env_mode_matches_python_mirror(env_exe: Path) -> None:
 
 
 def test_env_mode_log_names_the_key_fields(env_exe: Path) -> None:
-    res = _run(env_exe, [("decode", 32768, 64, 4, "f16", "f16"), ("decode", 32768, 72, 4, "f16", "f16"),
-                         ("decode", 32768, 64, 4, "f16", "f16")], RULES, log=True)
+    res = _run(
+        env_exe,
+        [
+            ("decode", 32768, 64, 4, "f16", "f16"),
+            ("decode", 32768, 72, 4, "f16", "f16"),
+            ("decode", 32768, 64, 4, "f16", "f16"),
+        ],
+        RULES,
+        log=True,
+    )
     assert res.stdout.split() == ["MMA", "UPSTREAM", "MMA"]
     assert res.stderr.splitlines() == [
         "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=32768 type_k=f16 type_v=f16 kernel=MMA (rule)",
@@ -162,22 +188,25 @@ def test_env_mode_log_names_the_key_fields(env_exe: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize(("bad", "msg"), [
-    ("decode/hd64:0-=MMA", "unknown shape key 'hd64'"),
-    ("decode/:0-=MMA", "unknown shape key ''"),
-    ("decode/D0:0-=MMA", "key 'D0': D must be an integer in [1, 4096]"),
-    ("decode/D4097:0-=MMA", "D must be an integer in [1, 4096]"),
-    ("decode/D-1:0-=MMA", "key 'D-1': D must be an integer in [1, 4096]"),
-    ("decode/D:0-=MMA", "key 'D': D must be an integer"),
-    ("decode/gqa257:0-=MMA", "gqa must be an integer in [1, 256]"),
-    ("decode/gqa4x:0-=MMA", "gqa must be an integer in [1, 256]"),
-    ("decode/D99999999999999999999:0-=MMA", "D must be an integer in [1, 4096]"),
-    ("decode/kvf61:0-=MMA", "'f61' is not a ggml type name"),
-    ("decode/kvDEPRECATED:0-=MMA", "'DEPRECATED' is not a ggml type name"),
-    ("decode/D64/D64:0-=MMA", "shape key 'D64' given twice"),
-    ("decoder/D64:0-=MMA", "phase must be decode or prefill"),
-    ("decode/D64=MMA", "is not phase[/key...]:lo-hi=KERNEL"),
-])
+@pytest.mark.parametrize(
+    ("bad", "msg"),
+    [
+        ("decode/hd64:0-=MMA", "unknown shape key 'hd64'"),
+        ("decode/:0-=MMA", "unknown shape key ''"),
+        ("decode/D0:0-=MMA", "key 'D0': D must be an integer in [1, 4096]"),
+        ("decode/D4097:0-=MMA", "D must be an integer in [1, 4096]"),
+        ("decode/D-1:0-=MMA", "key 'D-1': D must be an integer in [1, 4096]"),
+        ("decode/D:0-=MMA", "key 'D': D must be an integer"),
+        ("decode/gqa257:0-=MMA", "gqa must be an integer in [1, 256]"),
+        ("decode/gqa4x:0-=MMA", "gqa must be an integer in [1, 256]"),
+        ("decode/D99999999999999999999:0-=MMA", "D must be an integer in [1, 4096]"),
+        ("decode/kvf61:0-=MMA", "'f61' is not a ggml type name"),
+        ("decode/kvDEPRECATED:0-=MMA", "'DEPRECATED' is not a ggml type name"),
+        ("decode/D64/D64:0-=MMA", "shape key 'D64' given twice"),
+        ("decoder/D64:0-=MMA", "phase must be decode or prefill"),
+        ("decode/D64=MMA", "is not phase[/key...]:lo-hi=KERNEL"),
+    ],
+)
 def test_env_mode_rejects_bad_keys(env_exe: Path, bad: str, msg: str) -> None:
     res = _run(env_exe, [("decode", 0, 64, 4, "f16", "f16")], bad)
     assert res.returncode == 3 and msg in res.stderr, res.stderr
@@ -188,7 +217,9 @@ def test_env_mode_rejects_bad_keys(env_exe: Path, bad: str, msg: str) -> None:
 
 def test_env_mode_accepts_any_ggml_type_name(env_exe: Path) -> None:
     # C++ knows every ggml type name; Python allows only FlashAttention K/V types (FA_RULE_KV_TYPES).
-    res = _run(env_exe, [("decode", 0, 64, 4, "q4_K", "q4_K"), ("decode", 0, 64, 4, "f16", "f16")], "decode/kvq4_K:0-=TILE")
+    res = _run(
+        env_exe, [("decode", 0, 64, 4, "q4_K", "q4_K"), ("decode", 0, 64, 4, "f16", "f16")], "decode/kvq4_K:0-=TILE"
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["TILE", "UPSTREAM"]
 

@@ -39,8 +39,19 @@ def _bench_affinities(bin_dir: Path, model: Path, out: Path, cpus: tuple[int, ..
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     try:
-        df = run_bench(bin_dir, model, depths=(0,), pp=64, tg=16, reps=2, extra_args=("-t", "1"), log_dir=out,
-                       label="pinned" if cpus else "free", observe=False, cpus=cpus)
+        df = run_bench(
+            bin_dir,
+            model,
+            depths=(0,),
+            pp=64,
+            tg=16,
+            reps=2,
+            extra_args=("-t", "1"),
+            log_dir=out,
+            label="pinned" if cpus else "free",
+            observe=False,
+            cpus=cpus,
+        )
     finally:
         stop.set()
         t.join()
@@ -52,7 +63,9 @@ def test_cpu_mask_pins_every_llama_bench_process(cpu_build, tiny_model: Path, tm
     seen, df = _bench_affinities(cpu_build.bin_dir, tiny_model, tmp_path, (0,))
     assert seen == {(0,)}, seen
     assert (df["status"] == "ok").all() and (df["median_ts"] > 0).all()
-    assert all(c.split()[1:3] == ["-c", "0"] and "taskset" in c.split()[0] for c in df["cmd"])  # the logged command reproduces it
+    assert all(
+        c.split()[1:3] == ["-c", "0"] and "taskset" in c.split()[0] for c in df["cmd"]
+    )  # the logged command reproduces it
     if len(everything) > 1:  # the control: without a mask llama-bench may use every CPU
         free, _ = _bench_affinities(cpu_build.bin_dir, tiny_model, tmp_path, None)
         assert free == {everything}, free
@@ -71,7 +84,10 @@ def test_fixed_knob_defaults_are_the_real_llama_bench_defaults(cpu_build) -> Non
     """An untouched space measures upstream: every fixed-list bench flag defaults to what llama-bench
     --help says; derived ones (threads, -ngl) pass no flag at all."""
     help_text = _run.run([str(cpu_build.bin_dir / "llama-bench"), "--help"], check=False, timeout=60).output
-    defaults = {m.group(1): m.group(2) for m in re.finditer(r"^\s+(-\w+), --[\w-]+ <[^>]*>\s+\(default: ([^)]*)\)", help_text, re.M)}
+    defaults = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^\s+(-\w+), --[\w-]+ <[^>]*>\s+\(default: ([^)]*)\)", help_text, re.M)
+    }
     assert {"-b", "-ub", "-nkvo", "-ngl", "-t"} <= set(defaults), defaults
     for arch in ("sm_90", "sm_89", "gfx1151", "cpu"):
         for k in load_space(arch, "mma").runtime_knobs:

@@ -14,14 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from tuner import _run
-from tuner.targets.host import host_has_amx
 from tuner.cli import cli
-from tuner.targets.models import parse_gguf, find_vocab, load_gguf_tensors, load_model_shape, plan_tensors
+from tuner.targets.host import host_has_amx
+from tuner.targets.models import find_vocab, load_gguf_tensors, load_model_shape, parse_gguf, plan_tensors
 from tuner.targets.roofline import bytes_per_token
 
-pytestmark = [
-    pytest.mark.integration,
-]
+pytestmark = [pytest.mark.integration]
+
 
 @pytest.fixture(scope="session")
 def _src(tree_a) -> Path:
@@ -37,7 +36,7 @@ def _vocab_in(root: Path, name: str) -> Path:
 def _synth(args: list[str]) -> dict:
     res = CliRunner().invoke(cli, ["model", "synth", *args, "--json"])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output[res.output.index("{"):])
+    return json.loads(res.output[res.output.index("{") :])
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +54,12 @@ def _bench_rows(model: Path, tmp_path: Path, bench: Path, *, quantized: bool = F
         # buffer, and upstream's ggml_backend_amx_mul_mat segfaults on them (llama.cpp issue 20824;
         # reproduced here on the tiny shape). --repack 0 keeps the weights in plain CPU buffers.
         extra = ["--repack", "0"]
-    res = _run.run([bench, "-m", model, "-p", "16", "-n", "4", "-r", "1", "-t", "2", *extra, "-o", "jsonl"],
-                   log_file=tmp_path / "bench.log", timeout=300, what="llama-bench")
+    res = _run.run(
+        [bench, "-m", model, "-p", "16", "-n", "4", "-r", "1", "-t", "2", *extra, "-o", "jsonl"],
+        log_file=tmp_path / "bench.log",
+        timeout=300,
+        what="llama-bench",
+    )
     assert res.returncode == 0
     return [json.loads(line) for line in (tmp_path / "bench.log").read_text().splitlines() if line.startswith("{")]
 
@@ -77,8 +80,20 @@ def test_tiny_loads_in_llama_bench(tiny_f16: Path, tmp_path: Path, cpu_build) ->
 def test_quantize_path_matches_q4_k_m_plan(tiny_f16: Path, tmp_path: Path, cpu_build, _src: Path) -> None:
     quantize = cpu_build.exe("llama-quantize")
     out = tmp_path / "tiny-q4_k_m.gguf"
-    summary = _synth(["--like", "tiny", "--vocab", str(_vocab_in(_src, "llama-bpe")), "--quant", "Q4_K_M",
-                      "--quantize-with", str(quantize), "-o", str(out)])
+    summary = _synth(
+        [
+            "--like",
+            "tiny",
+            "--vocab",
+            str(_vocab_in(_src, "llama-bpe")),
+            "--quant",
+            "Q4_K_M",
+            "--quantize-with",
+            str(quantize),
+            "-o",
+            str(out),
+        ]
+    )
     assert summary["type"] == "Q4_K_M" and not out.with_name(out.name + ".f16.gguf").exists()
     real = {t.name: t.ggml_type for t in load_gguf_tensors(out)}
     planned = {t.name: t.ggml_type for t in plan_tensors(load_model_shape("tiny"), "q4_k_m")}

@@ -22,24 +22,52 @@ RULE = "decode/D64/gqa4/kvf16:65536-=TILE"
 
 def _crafted_rows() -> list[dict]:
     rows = []
-    for d, up, tuned, lo, hi, v in ((32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
-                                    (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
-                                    (65536, 402.6, 461.0, 1.11, 1.18, "faster")):
-        rows.append({"phase": "tg", "depth": d, "upstream_kernel": "VEC", "kernel": "TILE" if d >= 65536 else "VEC",
-                     "base_ts": up, "tuned_ts": tuned, "speedup": tuned / up, "ci_low": lo, "ci_high": hi, "rounds": 4,
-                     "aa_noise_pct": 4.4, "verdict": v})
+    for d, up, tuned, lo, hi, v in (
+        (32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
+        (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
+        (65536, 402.6, 461.0, 1.11, 1.18, "faster"),
+    ):
+        rows.append(
+            {
+                "phase": "tg",
+                "depth": d,
+                "upstream_kernel": "VEC",
+                "kernel": "TILE" if d >= 65536 else "VEC",
+                "base_ts": up,
+                "tuned_ts": tuned,
+                "speedup": tuned / up,
+                "ci_low": lo,
+                "ci_high": hi,
+                "rounds": 4,
+                "aa_noise_pct": 4.4,
+                "verdict": v,
+            }
+        )
     return rows
 
 
 def _crafted_gate(*, passed: bool) -> dict:
     """A gate record shaped like tuner.search.output_gate's (CRAFTED numbers: that run had no gate)."""
     mean = 0.0 if passed else 0.006275
-    return {"verdict": "pass" if passed else "fail", "checks": [{
-        "name": "decode decode/D64/gqa4/kvf16:0-=TILE", "mode": "decode", "strict": False, "passed": passed,
-        "verdict": "pass" if passed else "fail", "reasons": [] if passed else ["Mean KLD 0.006275 > threshold 1e-05."],
-        "deterministic": True, "identical_to_upstream": False, "why": "kept rule kernel TILE (interval widened to 0-)",
-        "stats": {"mean_kld": mean, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
-        "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}, "settings": {"ctx": 128, "chunks": 2}}]}
+    return {
+        "verdict": "pass" if passed else "fail",
+        "checks": [
+            {
+                "name": "decode decode/D64/gqa4/kvf16:0-=TILE",
+                "mode": "decode",
+                "strict": False,
+                "passed": passed,
+                "verdict": "pass" if passed else "fail",
+                "reasons": [] if passed else ["Mean KLD 0.006275 > threshold 1e-05."],
+                "deterministic": True,
+                "identical_to_upstream": False,
+                "why": "kept rule kernel TILE (interval widened to 0-)",
+                "stats": {"mean_kld": mean, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
+                "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0},
+                "settings": {"ctx": 128, "chunks": 2},
+            }
+        ],
+    }
 
 
 def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path) -> None:
@@ -53,8 +81,14 @@ def test_pipeline_export_writes_an_upstream_ready_result(tree_a, tmp_path: Path)
     db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
-    result = {"rules": [RULE], "dropped": {}, "tuned": None, "rows": _crafted_rows(), "upstream_phases": ["pp"],
-              "confirm_depths": [32768, 49152, 65536]}
+    result = {
+        "rules": [RULE],
+        "dropped": {},
+        "tuned": None,
+        "rows": _crafted_rows(),
+        "upstream_phases": ["pp"],
+        "confirm_depths": [32768, 49152, 65536],
+    }
     study.set_user_attr("result", result)
     with pytest.raises(UsageError, match="no output-equivalence gate record"):  # confirmed before the gate existed
         export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
@@ -90,22 +124,41 @@ def _threads_one_is_faster(build):
     def measure(c, phase: str, depths, label: str):
         args = list(c.args)
         fast = "-t" in args and args[args.index("-t") + 1] == "1"
-        return {d: {"ts": 100.0 * (1.1 if fast else 1.0) * rng.gauss(1, 0.003), "kernel": None, "why": None, "error": ""}
-                for d in depths}
+        return {
+            d: {"ts": 100.0 * (1.1 if fast else 1.0) * rng.gauss(1, 0.003), "kernel": None, "why": None, "error": ""}
+            for d in depths
+        }
 
     return measure
 
 
-def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, tiny_model, tree_a, tmp_path: Path) -> None:
+def test_cpu_search_gates_its_final_config_and_exports_the_numbers(
+    cpu_build, tiny_model, tree_a, tmp_path: Path
+) -> None:
     from tuner._compat import tomllib
     from tuner.cli.export_cmd import export_study
     from tuner.result.validate import validate_result
     from tuner.search.pipeline import run_pipeline
     from tuner.search.study import SearchConfig
 
-    cfg = SearchConfig(arch="cpu", source_spec=tree_a.spec, model=tiny_model, depths=(0, 256), pp=32, tg=8, trials=3,
-                       study="gated", storage=None, run_dir=tmp_path / "run", variants=("cpu",),
-                       fixed={"flash_attn": "on", "ubatch": 512}, min_rounds=3, max_rounds=3, refine=0, confirm_extra=0)
+    cfg = SearchConfig(
+        arch="cpu",
+        source_spec=tree_a.spec,
+        model=tiny_model,
+        depths=(0, 256),
+        pp=32,
+        tg=8,
+        trials=3,
+        study="gated",
+        storage=None,
+        run_dir=tmp_path / "run",
+        variants=("cpu",),
+        fixed={"flash_attn": "on", "ubatch": 512},
+        min_rounds=3,
+        max_rounds=3,
+        refine=0,
+        confirm_extra=0,
+    )
     result = run_pipeline(cfg, measure_factory=_threads_one_is_faster)
     assert result.tuned is not None and result.tuned.values["threads"] == 1, result  # confirmed by the fake timing
     gate = result.gate
@@ -120,9 +173,16 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     g = tomllib.loads((out / "config.toml").read_text())["gate"]
     # threads only schedule work: strict, and on the CPU the logits are byte-identical to upstream's
     assert g["verdict"] == "pass" and g["modes"] == ["decode", "prefill"] and g["deterministic"] is True
-    assert g["mean_kld"] == 0.0 and g["p99_kld"] <= 2e-6 and g["same_top_pct"] == 100.0 and (g["ctx"], g["chunks"]) == (128, 2)
-    assert all(c["strict"] and c["identical_to_upstream"] and c["candidate_args"] == ["-fa", "on", "-t", "1"]
-               for c in g["checks"])
+    assert (
+        g["mean_kld"] == 0.0
+        and g["p99_kld"] <= 2e-6
+        and g["same_top_pct"] == 100.0
+        and (g["ctx"], g["chunks"]) == (128, 2)
+    )
+    assert all(
+        c["strict"] and c["identical_to_upstream"] and c["candidate_args"] == ["-fa", "on", "-t", "1"]
+        for c in g["checks"]
+    )
     assert all((cfg.run_dir / p).is_file() for c in g["checks"] for p in c["logs"].values())  # relative to the run dir
     assert "-b 1 -ub 1" in (cfg.run_dir / g["checks"][0]["logs"]["kld"]).read_text().splitlines()[0]
     assert "Verdict: **PASS** in mode(s) decode, prefill" in (out / "report.md").read_text()
@@ -132,7 +192,9 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(cpu_build, ti
     check = validate_result(out)
     assert check.ok, [f for f in check.findings if not f.ok]
     assert any(f.check == "residency" and f.detail.startswith("pass: decode graph splits 1") for f in check.findings)
-    assert any(f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings)
+    assert any(
+        f.check == "output-equivalence gate" and f.detail.startswith("pass in decode, prefill") for f in check.findings
+    )
     # the search's cost: every stage it ran timed, each fake llama-bench call and both residency probes counted
     cost = tomllib.loads((out / "config.toml").read_text())["cost"]
     assert cost["screen_s"] > 0 and cost["total_s"] >= cost["screen_s"] + cost["tune_s"] + cost["confirm_s"]
@@ -160,14 +222,25 @@ def test_a_pinned_study_exports_its_mask_and_derived_knob_values(tree_a, tmp_pat
     db.write_bytes(lzma.decompress((REPO / "docs" / "data" / "noise-floors" / "sm90-l1b-v2.db.xz").read_bytes()))
     storage = f"sqlite:///{db}"
     study = optuna.load_study(study_name="sm90-l1b-v2", storage=storage)
-    legal = legal_values(load_space("sm_90", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=True),
-                         shape={"n_layers": 16, "n_kv_heads": 8, "head_dim": 64})
+    legal = legal_values(
+        load_space("sm_90", "mma"),
+        cpus=Cpus(ids=(0, 1), physical=2, masked=True),
+        shape={"n_layers": 16, "n_kv_heads": 8, "head_dim": 64},
+    )
     study.set_user_attr("derived_knobs", {k: dataclasses.asdict(v) for k, v in legal.items()})
     study.set_user_attr("cpu_mask", [0, 1])
-    study.set_user_attr("result", {"rules": [], "dropped": {}, "tuned": {"trial": 0, "values": {"threads": 1, "ngl": 9},
-                                                                                  "params": {"threads": 1, "ngl": 9}},
-                                   "rows": _crafted_rows(), "upstream_phases": [], "confirm_depths": [32768],
-                                   "gate": _crafted_gate(passed=True)})
+    study.set_user_attr(
+        "result",
+        {
+            "rules": [],
+            "dropped": {},
+            "tuned": {"trial": 0, "values": {"threads": 1, "ngl": 9}, "params": {"threads": 1, "ngl": 9}},
+            "rows": _crafted_rows(),
+            "upstream_phases": [],
+            "confirm_depths": [32768],
+            "gate": _crafted_gate(passed=True),
+        },
+    )
     out = export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
     run_env = (out / "run.env").read_text()
     assert "# llama-bench: taskset -c 0-1 llama-bench" in run_env and "-t 1 -ngl 9" in run_env

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.plan import render
 from tuner._run import run
+from tuner.plan import render
 
-pytestmark = [
-    pytest.mark.integration,
-]
+pytestmark = [pytest.mark.integration]
 
 SPEC_A = "pypi:llama-cpp-python==0.3.36"
 SPEC_B = "pypi:llama-cpp-python==0.3.16"
@@ -49,14 +47,24 @@ def _git_apply_check(rv: render.RenderedVariant, work: Path) -> str:
     return res.output
 
 
-@pytest.mark.parametrize(("arch", "variant", "values", "baked"), [
-    ("sm_90", "cuda", {}, None),
-    ("sm_89", "cuda-force-cublas", {"mma.ampere.d128.c64.nbatch_fa": 128}, None),
-    ("gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, None),
-    ("sm_90", "cuda", {"mma.ampere.d64.c64.nthreads": 256}, {"GGML_TUNER_FA_RULES": "decode:8192-=MMA", "GGML_TUNER_FA_T3": 4096}),
-    ("sm_90", "cuda", {}, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}),
-])
-def test_patch_applies_to_tree_a(tree_a, tmp_path: Path, arch: str, variant: str, values: dict, baked: dict | None) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("arch", "variant", "values", "baked"),
+    [
+        ("sm_90", "cuda", {}, None),
+        ("sm_89", "cuda-force-cublas", {"mma.ampere.d128.c64.nbatch_fa": 128}, None),
+        ("gfx1151", "hip", {"tile.amd_rdna.d64.c4.occupancy": 4}, None),
+        (
+            "sm_90",
+            "cuda",
+            {"mma.ampere.d64.c64.nthreads": 256},
+            {"GGML_TUNER_FA_RULES": "decode:8192-=MMA", "GGML_TUNER_FA_T3": 4096},
+        ),
+        ("sm_90", "cuda", {}, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}),
+    ],
+)
+def test_patch_applies_to_tree_a(
+    tree_a, tmp_path: Path, arch: str, variant: str, values: dict, baked: dict | None
+) -> None:  # type: ignore[no-untyped-def]
     assert tree_a.era == "mma"
     rv = render.render_variant(tree_a, arch, variant, compile_values=values, baked_runtime=baked)
     out = _git_apply_check(rv, tmp_path)
@@ -94,8 +102,11 @@ _FA_DEFAULT = {("Q4_0", "Q4_0"), ("Q8_0", "Q8_0"), ("F16", "F16"), ("BF16", "BF1
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("baked", [None, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}],
-                         ids=["env", "baked-keyed-rules"])
+@pytest.mark.parametrize(
+    "baked",
+    [None, {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0:0-=TILE"}],
+    ids=["env", "baked-keyed-rules"],
+)
 def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path, baked: dict | None) -> None:  # type: ignore[no-untyped-def]
     """The runtime hook compiles (env mode, and baked with shape-keyed rules): nvcc -c of the patched fattn.cu for sm_90, without new warnings."""
     inc = _cublas_include()
@@ -111,11 +122,31 @@ def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path, baked: dic
     root = tree_a.root / "ggml"
     defs = [f"-DGGML_CUDA_FA_{k}_{v}={int((k, v) in _FA_DEFAULT)}" for k in _FA_TYPES for v in _FA_TYPES]
     cmd = [
-        "nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--generate-code=arch=compute_90,code=[sm_90]", "-use_fast_math",
-        "-extended-lambda", "-DGGML_CUDA_USE_GRAPHS", "-DGGML_SHARED", "-DGGML_BACKEND_SHARED", "-DGGML_BACKEND_BUILD",
-        *defs, f"-I{overlay}", f"-I{root / 'src' / 'ggml-cuda'}", f"-I{root / 'src'}", f"-I{root / 'include'}", f"-I{inc}",
-        "-Xcompiler", "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
-        "-x", "cu", "-c", str(overlay / "fattn.cu"), "-o", str(tmp_path / "fattn.o"),
+        "nvcc",
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",
+        "--generate-code=arch=compute_90,code=[sm_90]",
+        "-use_fast_math",
+        "-extended-lambda",
+        "-DGGML_CUDA_USE_GRAPHS",
+        "-DGGML_SHARED",
+        "-DGGML_BACKEND_SHARED",
+        "-DGGML_BACKEND_BUILD",
+        *defs,
+        f"-I{overlay}",
+        f"-I{root / 'src' / 'ggml-cuda'}",
+        f"-I{root / 'src'}",
+        f"-I{root / 'include'}",
+        f"-I{inc}",
+        "-Xcompiler",
+        "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
+        "-x",
+        "cu",
+        "-c",
+        str(overlay / "fattn.cu"),
+        "-o",
+        str(tmp_path / "fattn.o"),
     ]
     res = run(cmd, cwd=tmp_path, what="nvcc fattn.cu", timeout=600)
     assert (tmp_path / "fattn.o").stat().st_size > 100_000

@@ -22,14 +22,13 @@ pytestmark = pytest.mark.integration
 SMALL = ["--variant", "cpu", "--depths", "0,256", "--pp", "32", "--tg", "8", "--min-rounds", "2", "--max-rounds", "2"]
 
 
-
-
 def finished(study) -> dict[int, tuple[str, object]]:
     return {t.number: (t.state.name, t.values) for t in study.trials if t.state.is_finished()}
 
 
-def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                                       tuner, load) -> None:
+def test_search_then_rerun_resumes_without_remeasuring(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner, load
+) -> None:
     run = tmp_path / "run"
     args = ["search", *SMALL, "--model", str(tiny_model), "--run-dir", str(run), "--study", "resume"]
     first = tuner(*args, "--trials", "1", "--reps-pp", "2", "--reps-tg", "2", home=tuner_home)
@@ -58,7 +57,11 @@ def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tu
     rounds = st1.user_attrs["screen_rounds"]
     # CPU: nothing to force, so each phase is upstream against its A/A twin, two rounds each
     assert sorted((r["phase"], r["order"][0]) for r in rounds) == [
-        ("pp", "upstream"), ("pp", "upstream-aa"), ("tg", "upstream"), ("tg", "upstream-aa")]
+        ("pp", "upstream"),
+        ("pp", "upstream-aa"),
+        ("tg", "upstream"),
+        ("tg", "upstream-aa"),
+    ]
     assert st1.user_attrs["result"]["rules"] == [] and len(st1.trials) == 1
     from tuner._compat import tomllib
 
@@ -80,8 +83,25 @@ def test_search_then_rerun_resumes_without_remeasuring(cpu_build, tiny_model, tu
 def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner, load) -> None:
     run = tmp_path / "run"
     storage = f"sqlite:///{run / 'study.db'}"
-    args = [sys.executable, "-m", "tuner", "search", *SMALL[:-4], "--min-rounds", "3", "--max-rounds", "3",
-            "--model", str(tiny_model), "--run-dir", str(run), "--study", "killed", "--trials", "1"]
+    args = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "search",
+        *SMALL[:-4],
+        "--min-rounds",
+        "3",
+        "--max-rounds",
+        "3",
+        "--model",
+        str(tiny_model),
+        "--run-dir",
+        str(run),
+        "--study",
+        "killed",
+        "--trials",
+        "1",
+    ]
     env = {**os.environ, "TUNER_HOME": str(tuner_home)}
     out = (tmp_path / "search.log").open("w")
     proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,12 +110,14 @@ def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tm
         while time.monotonic() < deadline:
             time.sleep(0.5)
             if proc.poll() is not None:  # ended before it could be killed: say why instead of waiting out the deadline
-                pytest.fail(f"the search exited ({proc.returncode}) before two screen rounds were recorded:\n"
-                            + (tmp_path / "search.log").read_text()[-3000:])
+                pytest.fail(
+                    f"the search exited ({proc.returncode}) before two screen rounds were recorded:\n"
+                    + (tmp_path / "search.log").read_text()[-3000:]
+                )
             if (run / "study.db").is_file():
                 try:
                     st = load(storage, "killed")
-                except Exception:  # noqa: BLE001 - study not created yet
+                except Exception:
                     continue
                 if len(st.user_attrs.get("screen_rounds", [])) >= 2:
                     break
@@ -121,16 +143,21 @@ def test_kill_9_then_rerun_continues(cpu_build, tiny_model, tuner_home: Path, tm
 
 
 @pytest.mark.postgres
-def test_two_workers_share_a_postgres_study(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                            postgres: str, tuner, load) -> None:
+def test_two_workers_share_a_postgres_study(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, postgres: str, tuner, load
+) -> None:
     common = [*SMALL, "--model", str(tiny_model), "--storage", postgres, "--study", "shared"]
     # `tuner search` screens and composes; then two workers on "other hosts" add tune trials.
     tuner("search", *common, "--trials", "1", "--run-dir", str(tmp_path / "lead"), home=tuner_home)
     env = {**os.environ, "TUNER_HOME": str(tuner_home)}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tuner", "worker", *common, "--trials", "6",
-                          "--run-dir", str(tmp_path / f"w{i}")], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "tuner", "worker", *common, "--trials", "6", "--run-dir", str(tmp_path / f"w{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     outs = [p.communicate(timeout=900) for p in procs]

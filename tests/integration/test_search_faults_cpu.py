@@ -8,8 +8,8 @@ model at the cheapest settings (two depths, two rounds, TUNER_TRIALS=0 where no 
 
 from __future__ import annotations
 
-import lzma
 import contextlib
+import lzma
 import os
 import signal
 import subprocess
@@ -26,16 +26,27 @@ REPO = Path(__file__).resolve().parents[2]
 RULE = "decode/D64/gqa4/kvf16:65536-=TILE"
 
 
-
-
-def test_a_truncated_model_stops_the_search_with_llama_benchs_error(cpu_build, tiny_model, tuner_home: Path,
-                                                                     tmp_path: Path, tuner, load) -> None:
+def test_a_truncated_model_stops_the_search_with_llama_benchs_error(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner, load
+) -> None:
     bad = tmp_path / "tiny-half.gguf"
     data = tiny_model.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # the GGUF header and metadata are intact: the shape reads fine
     run = tmp_path / "run"
-    res = tuner("search", *SMALL, "--model", str(bad), "--run-dir", str(run), "--study", "trunc", "--trials", "0",
-                home=tuner_home, check=False)
+    res = tuner(
+        "search",
+        *SMALL,
+        "--model",
+        str(bad),
+        "--run-dir",
+        str(run),
+        "--study",
+        "trunc",
+        "--trials",
+        "0",
+        home=tuner_home,
+        check=False,
+    )
     assert res.returncode == 1, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"tuner: error: llama-bench cannot run the model {bad}")
@@ -57,9 +68,9 @@ def _wait(pred, proc: subprocess.Popen, log: Path, what: str, limit: float = 600
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_count(cpu_build, tiny_model,
-                                                                                    tuner_home: Path, tmp_path: Path,
-                                                                                    tuner, load) -> None:
+def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_count(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner, load
+) -> None:
     from tuner.search import tune as tn
     from tuner.search.lock import read_owner
 
@@ -69,8 +80,13 @@ def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_coun
     env = {**os.environ, "TUNER_HOME": str(tuner_home), "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "first.log"
     with log.open("w") as out:
-        first = subprocess.Popen([sys.executable, "-m", "tuner", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "tuner", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         _wait(lambda: read_owner(run).get("pid") == first.pid, first, log, "it took the run dir's lock", 120)
         # 4. a second search on the same run dir refuses at once, naming the first
@@ -115,14 +131,17 @@ def test_second_search_refuses_then_sigterm_in_a_trial_and_resume_reach_the_coun
         rdb.engine.dispose()
 
 
-def test_storage_and_pins_are_refused_before_anything_is_created(cpu_build, tiny_model, tuner_home: Path,
-                                                                  tmp_path: Path, tuner) -> None:
+def test_storage_and_pins_are_refused_before_anything_is_created(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, tuner
+) -> None:
     base = ["search", *SMALL, "--model", str(tiny_model), "--trials", "0"]
     missing = tmp_path / "nonexistent-dir"
-    for extra, want in ((["--storage", "sqlite:///"], "in memory"),
-                        (["--storage", f"sqlite:///{missing / 'x.db'}"], f"mkdir -p {missing}"),
-                        (["--storage", "postgres://u:pw@h:notaport/db"], "does not parse"),
-                        (["--set", "variant=bogus"], "is not a variant")):
+    for extra, want in (
+        (["--storage", "sqlite:///"], "in memory"),
+        (["--storage", f"sqlite:///{missing / 'x.db'}"], f"mkdir -p {missing}"),
+        (["--storage", "postgres://u:pw@h:notaport/db"], "does not parse"),
+        (["--set", "variant=bogus"], "is not a variant"),
+    ):
         run = tmp_path / f"run-{len(extra[1])}"
         res = tuner(*base, "--run-dir", str(run), *extra, home=tuner_home, check=False, timeout=300)
         assert res.returncode == 2 and want in res.stderr, (extra, res.stderr[-2000:])
@@ -135,28 +154,76 @@ def _grep_tree(root: Path, needle: bytes) -> list[Path]:
 
 
 @pytest.mark.postgres
-def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(cpu_build, tiny_model, tuner_home: Path, tmp_path: Path,
-                                                                  postgres: str, tuner) -> None:
+def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, postgres: str, tuner
+) -> None:
     secret = "Pw-9f3kq7x"
     url = postgres.replace("://tuner@", f"://tuner:{secret}@")  # the test server trusts; the password rides along
     logs = tuner_home / "logs"
     crash_before = {p: p.read_bytes() for p in logs.glob("*")} if logs.is_dir() else {}
     # a server that refuses: the storage error is printed with the password hidden
-    refused = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", "postgresql+psycopg://tuner:" + secret
-                    + "@127.0.0.1:1/tuner", "--study", "nope", "--run-dir", str(tmp_path / "nope"), "--trials", "0",
-                    home=tuner_home, check=False, timeout=300)
+    refused = tuner(
+        "search",
+        *SMALL,
+        "--model",
+        str(tiny_model),
+        "--storage",
+        "postgresql+psycopg://tuner:" + secret + "@127.0.0.1:1/tuner",
+        "--study",
+        "nope",
+        "--run-dir",
+        str(tmp_path / "nope"),
+        "--trials",
+        "0",
+        home=tuner_home,
+        check=False,
+        timeout=300,
+    )
     assert refused.returncode == 2 and "cannot open the study storage" in refused.stderr, refused.stderr[-2000:]
     assert "tuner:***@127.0.0.1:1" in refused.stderr
     # a full real search and its export on PostgreSQL
     run = tmp_path / "run"
-    res = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret", "--run-dir", str(run),
-                "--trials", "0", "--time-budget", "3600", home=tuner_home)
+    res = tuner(
+        "search",
+        *SMALL,
+        "--model",
+        str(tiny_model),
+        "--storage",
+        url,
+        "--study",
+        "secret",
+        "--run-dir",
+        str(run),
+        "--trials",
+        "0",
+        "--time-budget",
+        "3600",
+        home=tuner_home,
+    )
     assert "Result:" in res.stdout and (run / "export" / "report.md").is_file()
     assert "in postgresql+psycopg://tuner:***@127.0.0.1" in res.stderr  # the study line names the storage, redacted
-    assert "optuna-dashboard postgresql+psycopg://tuner@127.0.0.1" in res.stderr  # the hint: the password from PGPASSWORD
+    assert (
+        "optuna-dashboard postgresql+psycopg://tuner@127.0.0.1" in res.stderr
+    )  # the hint: the password from PGPASSWORD
     # a budget stop and a crash on the same storage print it too
-    cut = tuner("search", *SMALL, "--model", str(tiny_model), "--storage", url, "--study", "secret2", "--run-dir",
-                str(tmp_path / "run2"), "--trials", "0", "--time-budget", "1", home=tuner_home, check=False)
+    cut = tuner(
+        "search",
+        *SMALL,
+        "--model",
+        str(tiny_model),
+        "--storage",
+        url,
+        "--study",
+        "secret2",
+        "--run-dir",
+        str(tmp_path / "run2"),
+        "--trials",
+        "0",
+        "--time-budget",
+        "1",
+        home=tuner_home,
+        check=False,
+    )
     assert cut.returncode == 0 and "time budget reached" in cut.stderr and "tuner:***@" in cut.stderr
     every = refused.stdout + refused.stderr + res.stdout + res.stderr + cut.stdout + cut.stderr
     assert secret not in every
@@ -178,8 +245,16 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     from tuner.result.pipeline_export import _points, _write_upstream
     from tuner.study.record import StudyHeader
 
-    h = StudyHeader(name="sm90", arch="sm_90", model="/m/Llama-3.2-1B.gguf", depths=(32768, 49152, 65536), pp=512, tg=128,
-                    device="NVIDIA H100 80GB HBM3", commit=tree_a.commit)
+    h = StudyHeader(
+        name="sm90",
+        arch="sm_90",
+        model="/m/Llama-3.2-1B.gguf",
+        depths=(32768, 49152, 65536),
+        pp=512,
+        tg=128,
+        device="NVIDIA H100 80GB HBM3",
+        commit=tree_a.commit,
+    )
     rows = _crafted_rows()
     _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
@@ -193,8 +268,17 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     storage = f"sqlite:///{db}"
     rows[2] = {**rows[2], "tuned_ts": float("nan")}  # every call of the final config failed at that depth
     optuna.load_study(study_name="sm90-l1b-v2", storage=storage).set_user_attr(
-        "result", {"rules": [RULE], "dropped": {}, "tuned": None, "rows": rows, "upstream_phases": ["pp"],
-                   "confirm_depths": [32768, 49152, 65536], "gate": _PASSED_GATE})
+        "result",
+        {
+            "rules": [RULE],
+            "dropped": {},
+            "tuned": None,
+            "rows": rows,
+            "upstream_phases": ["pp"],
+            "confirm_depths": [32768, 49152, 65536],
+            "gate": _PASSED_GATE,
+        },
+    )
     with pytest.raises(TunerError, match=r"rows\[2\]\.tuned_ts .*not exported"):
         export_study("sm90-l1b-v2", storage=storage, out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -202,16 +286,45 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
 
 def _crafted_rows() -> list[dict]:
     """Confirm rows shaped like tuner.search.confirm.point_rows' (CRAFTED numbers: the export is tested)."""
-    return [{"phase": "tg", "depth": d, "upstream_kernel": "VEC", "kernel": "TILE" if d >= 65536 else "VEC", "base_ts": up,
-             "tuned_ts": tuned, "speedup": tuned / up, "ci_low": lo, "ci_high": hi, "rounds": 4, "aa_noise_pct": 4.4,
-             "verdict": v}
-            for d, up, tuned, lo, hi, v in ((32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
-                                            (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
-                                            (65536, 402.6, 461.0, 1.11, 1.18, "faster"))]
+    return [
+        {
+            "phase": "tg",
+            "depth": d,
+            "upstream_kernel": "VEC",
+            "kernel": "TILE" if d >= 65536 else "VEC",
+            "base_ts": up,
+            "tuned_ts": tuned,
+            "speedup": tuned / up,
+            "ci_low": lo,
+            "ci_high": hi,
+            "rounds": 4,
+            "aa_noise_pct": 4.4,
+            "verdict": v,
+        }
+        for d, up, tuned, lo, hi, v in (
+            (32768, 561.0, 563.0, 0.99, 1.02, "no difference"),
+            (49152, 480.0, 481.0, 0.99, 1.02, "no difference"),
+            (65536, 402.6, 461.0, 1.11, 1.18, "faster"),
+        )
+    ]
 
 
-_PASSED_GATE = {"verdict": "pass", "checks": [{  # CRAFTED, shaped like tuner.search.output_gate's record
-    "name": "decode decode/D64/gqa4/kvf16:0-=TILE", "mode": "decode", "strict": False, "passed": True, "verdict": "pass",
-    "reasons": [], "deterministic": True, "identical_to_upstream": False, "why": "kept rule kernel TILE",
-    "stats": {"mean_kld": 0.0, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
-    "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}, "settings": {"ctx": 128, "chunks": 2}}]}
+_PASSED_GATE = {
+    "verdict": "pass",
+    "checks": [
+        {  # CRAFTED, shaped like tuner.search.output_gate's record
+            "name": "decode decode/D64/gqa4/kvf16:0-=TILE",
+            "mode": "decode",
+            "strict": False,
+            "passed": True,
+            "verdict": "pass",
+            "reasons": [],
+            "deterministic": True,
+            "identical_to_upstream": False,
+            "why": "kept rule kernel TILE",
+            "stats": {"mean_kld": 0.0, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0},
+            "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0},
+            "settings": {"ctx": 128, "chunks": 2},
+        }
+    ],
+}

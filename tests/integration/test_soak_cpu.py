@@ -26,8 +26,9 @@ CPU_RESULT = REPO / "results" / "cpu" / "tiny-f16"
 
 def _tuner(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TUNER_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_soak_on_the_cpu_build(cpu_build, tiny_model: Path, tmp_path: Path) -> None:
@@ -58,11 +59,15 @@ def test_validate_soak_on_the_stored_cpu_result(cpu_build, tiny_model: Path, tun
 
 
 def test_validate_soak_bad_input(tiny_model: Path, tuner_home: Path, tmp_path: Path) -> None:
-    for args, words in ((["--soak", "0"], "positive number of tokens"),
-                        (["--soak", "100", "--model", str(tmp_path / "none.gguf")], "does not exist")):
+    for args, words in (
+        (["--soak", "0"], "positive number of tokens"),
+        (["--soak", "100", "--model", str(tmp_path / "none.gguf")], "does not exist"),
+    ):
         res = _tuner("validate", str(CPU_RESULT), *args, home=tuner_home)
         assert res.returncode == 2, res.stdout + res.stderr
-        assert res.stderr.startswith("tuner: error:") and words in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        assert (
+            res.stderr.startswith("tuner: error:") and words in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        )
     # a result whose model is nowhere on this machine needs --model
     copy = tmp_path / "cpu" / "tiny-f16"
     shutil.copytree(CPU_RESULT, copy)

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from tuner import source as S
-from tuner.source import fetch as F
-from tuner.source import tree as T
 from tuner._run import run
 from tuner.errors import UsageError
+from tuner.source import fetch as F
+from tuner.source import tree as T
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.integration
     # tuner._run.run never closes the child's stdout pipe (reported to the lead); until it does,
     # the ResourceWarning it leaves would fail these tests under filterwarnings=error.
 ]
@@ -79,8 +79,13 @@ def test_second_fetch_does_no_work(fetched: dict[str, S.Source], monkeypatch: py
 @pytest.mark.parametrize("era", ["mma", "rocwmma"])
 def test_cli_info_json(fetched: dict[str, S.Source], era: str) -> None:
     # the real command line, in a child process (exit code, JSON on stdout)
-    res = subprocess.run([sys.executable, "-m", "tuner", "source", "info", SPECS[era], "--json"],
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "tuner", "source", "info", SPECS[era], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["era"] == era and info["source_id"] == fetched[era].source_id
@@ -99,8 +104,13 @@ def test_cli_info_json(fetched: dict[str, S.Source], era: str) -> None:
 
 
 def test_cli_bad_spec_exit_2() -> None:
-    res = subprocess.run([sys.executable, "-m", "tuner", "source", "fetch", "pypi:numpy==2.0.0"],
-                         capture_output=True, text=True, timeout=60, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "tuner", "source", "fetch", "pypi:numpy==2.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert res.returncode == 2
     assert "only 'llama-cpp-python'" in res.stderr and "Traceback" not in res.stderr
 
@@ -116,9 +126,24 @@ def test_trimmed_pack_configures_for_cpu(fetched: dict[str, S.Source], tmp_path:
     assert not (tree / "ggml/src/ggml-vulkan").exists() and (tree / "ggml/src/ggml-cuda/fattn.cu").is_file()
     cmake = shutil.which("cmake")
     assert cmake, "cmake is a tuner dependency"
-    res = run([cmake, "-S", str(tree), "-B", str(tmp_path / "build"), "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=OFF", "-DGGML_CCACHE=OFF"],
-              log_file=tmp_path / "configure.log", check=False, timeout=300, what="cmake configure")
+    res = run(
+        [
+            cmake,
+            "-S",
+            str(tree),
+            "-B",
+            str(tmp_path / "build"),
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DGGML_NATIVE=OFF",
+            "-DGGML_CCACHE=OFF",
+        ],
+        log_file=tmp_path / "configure.log",
+        check=False,
+        timeout=300,
+        what="cmake configure",
+    )
     assert res.returncode == 0, (tmp_path / "configure.log").read_text()[-3000:]
     assert (tmp_path / "build" / "CMakeCache.txt").is_file()
 

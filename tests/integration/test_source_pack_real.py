@@ -23,4 +23,6 @@ def test_real_tree_round_trips(tree_a: S.Source, tmp_path: Path, monkeypatch: py
     monkeypatch.setattr("tuner.source.fetch.run_pip_download", lambda *a: pytest.fail("must not download"))
     again = S.fetch_source(tree_a.spec)
     assert again.cached and again.root == got.root
-    assert (got.root / "ggml/src/ggml-cuda/fattn.cu").read_bytes() == (tree_a.root / "ggml/src/ggml-cuda/fattn.cu").read_bytes()
+    assert (got.root / "ggml/src/ggml-cuda/fattn.cu").read_bytes() == (
+        tree_a.root / "ggml/src/ggml-cuda/fattn.cu"
+    ).read_bytes()

@@ -10,15 +10,22 @@ from pathlib import Path
 import pytest
 
 from tuner._run import run
-from tuner.targets.archs import load_arch
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import FATTN, patched_fattn, render_upstream_patch, whitespace_only_hunks
+from tuner.targets.archs import load_arch
 
 pytestmark = pytest.mark.integration
 
 
-def Rule(phase: str, lo: int, hi: int | None, kernel: str, D: int | None = None, gqa: int | None = None,  # noqa: N802
-         kv: str | None = None) -> FaRule:
+def Rule(
+    phase: str,
+    lo: int,
+    hi: int | None,
+    kernel: str,
+    D: int | None = None,
+    gqa: int | None = None,
+    kv: str | None = None,
+) -> FaRule:
     return FaRule(phase=Phase(phase), lo=lo, hi=hi, kernel=kernel, D=D, gqa=gqa, kv=kv)
 
 
@@ -52,14 +59,16 @@ def test_applies_to_pristine_tree(tree_a, tmp_path: Path, arch: str) -> None:
 def test_sm90_example(tree_a) -> None:
     patch = render_upstream_patch(tree_a, EXAMPLE, load_arch("sm_90"), note=NOTE)
     flat = " ".join(patch.replace("\n+", "\n").split())
-    assert ("if (cc == GGML_CUDA_CC_HOPPER) { if (Q->ne[1] == 1 && Q->ne[0] == 64 && gqa_ratio == 4 && "
-            "K->type == GGML_TYPE_F16 && V->type == GGML_TYPE_F16 && K->ne[1] >= 32768 && gqa_opt_applies) { "
-            "return BEST_FATTN_KERNEL_MMA_F16; } }") in flat
+    assert (
+        "if (cc == GGML_CUDA_CC_HOPPER) { if (Q->ne[1] == 1 && Q->ne[0] == 64 && gqa_ratio == 4 && "
+        "K->type == GGML_TYPE_F16 && V->type == GGML_TYPE_F16 && K->ne[1] >= 32768 && gqa_opt_applies) { "
+        "return BEST_FATTN_KERNEL_MMA_F16; } }"
+    ) in flat
     assert patch.count("\n@@ ") == 1
     assert "@@ static best_fattn_kernel ggml_cuda_get_best_fattn_kernel(" in patch
     # inside upstream's Turing branch: after the head-size/type/mask gates, where MMA has device code
     new = patched_fattn(tree_a, EXAMPLE, load_arch("sm_90"), note=NOTE)
-    fn = new[new.index("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel("):]
+    fn = new[new.index("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel(") :]
     at = fn.index("if (cc == GGML_CUDA_CC_HOPPER)")
     assert fn.rindex("return BEST_FATTN_KERNEL_NONE;", 0, at) < fn.index("if (turing_mma_available(cc)") < at
 
@@ -83,19 +92,41 @@ def test_patched_fattn_compiles_for_sm90(tree_a, tmp_path: Path) -> None:
     """nvcc -c of the patched fattn.cu for sm_90 (as tests/integration/test_render_compile.py), no new warnings."""
     inc = _cublas_include()
     if inc is None:
-        pytest.skip("cublas_v2.h not found (set TUNER_TEST_CUBLAS_INCLUDE to a cuBLAS include dir, e.g. the "
-                    "nvidia/cu13/include of the nvidia-cublas wheel)")
+        pytest.skip(
+            "cublas_v2.h not found (set TUNER_TEST_CUBLAS_INCLUDE to a cuBLAS include dir, e.g. the "
+            "nvidia/cu13/include of the nvidia-cublas wheel)"
+        )
     overlay = tmp_path / "ggml" / "src" / "ggml-cuda"
     overlay.mkdir(parents=True)
     (overlay / "fattn.cu").write_text(patched_fattn(tree_a, MANY, load_arch("sm_90"), note=NOTE))
     root = tree_a.root / "ggml"
     defs = [f"-DGGML_CUDA_FA_{k}_{v}={int((k, v) in _FA_DEFAULT)}" for k in _FA_TYPES for v in _FA_TYPES]
     cmd = [
-        "nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--generate-code=arch=compute_90,code=[sm_90]", "-use_fast_math",
-        "-extended-lambda", "-DGGML_CUDA_USE_GRAPHS", "-DGGML_SHARED", "-DGGML_BACKEND_SHARED", "-DGGML_BACKEND_BUILD",
-        *defs, f"-I{overlay}", f"-I{root / 'src' / 'ggml-cuda'}", f"-I{root / 'src'}", f"-I{root / 'include'}", f"-I{inc}",
-        "-Xcompiler", "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
-        "-x", "cu", "-c", str(overlay / "fattn.cu"), "-o", str(tmp_path / "fattn.o"),
+        "nvcc",
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",
+        "--generate-code=arch=compute_90,code=[sm_90]",
+        "-use_fast_math",
+        "-extended-lambda",
+        "-DGGML_CUDA_USE_GRAPHS",
+        "-DGGML_SHARED",
+        "-DGGML_BACKEND_SHARED",
+        "-DGGML_BACKEND_BUILD",
+        *defs,
+        f"-I{overlay}",
+        f"-I{root / 'src' / 'ggml-cuda'}",
+        f"-I{root / 'src'}",
+        f"-I{root / 'include'}",
+        f"-I{inc}",
+        "-Xcompiler",
+        "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
+        "-x",
+        "cu",
+        "-c",
+        str(overlay / "fattn.cu"),
+        "-o",
+        str(tmp_path / "fattn.o"),
     ]
     res = run(cmd, cwd=tmp_path, what="nvcc fattn.cu", timeout=900)
     assert (tmp_path / "fattn.o").stat().st_size > 100_000
@@ -115,7 +146,9 @@ def test_validate_upstream_patch_on_stored_result(tree_a, tmp_path: Path) -> Non
     assert found["upstream.patch applies"].ok and found["upstream.patch whitespace"].ok
     assert all(f.ok for f in found.values()), [f for f in found.values() if not f.ok]
 
-    (dst / "upstream.patch").write_text(patch.replace("     if (turing_mma_available(cc)", "     if (volta_mma_available(cc)", 1))
+    (dst / "upstream.patch").write_text(
+        patch.replace("     if (turing_mma_available(cc)", "     if (volta_mma_available(cc)", 1)
+    )
     bad = {f.check: f.detail for f in validate_result(dst).findings if not f.ok}
     assert list(bad) == ["upstream.patch applies"] and "git apply --check" in bad["upstream.patch applies"]
 

@@ -50,7 +50,9 @@ def test_edited_value_fails_rerender(copy: Path) -> None:
     cfg = copy / "config.toml"
     rule = re.search(r'"(prefill|decode)(/[^":]*)?:[^"]*=(VEC|TILE|MMA)"', cfg.read_text())  # shape keys optional
     assert rule is not None
-    _edit(cfg, rule.group(0), rule.group(0).replace("=" + rule.group(3), "=TILE" if rule.group(3) != "TILE" else "=MMA"))
+    _edit(
+        cfg, rule.group(0), rule.group(0).replace("=" + rule.group(3), "=TILE" if rule.group(3) != "TILE" else "=MMA")
+    )
     bad = failed(copy)
     assert "re-render" in bad and "byte for byte" in bad["re-render"]
 
@@ -68,15 +70,21 @@ def test_patch_for_the_other_era_fails(copy: Path, tree_b) -> None:
 
     other = render_variant(tree_b, "gfx1151", "hip-rocwmma", local_archs=[]).patch
     (copy / "tuned.patch").write_text(other)
-    _edit(copy / "config.toml", re.search(r'patch_sha256 = "([0-9a-f]+)"', (copy / "config.toml").read_text()).group(1),
-          hashlib.sha256(other.encode()).hexdigest())
+    _edit(
+        copy / "config.toml",
+        re.search(r'patch_sha256 = "([0-9a-f]+)"', (copy / "config.toml").read_text()).group(1),
+        hashlib.sha256(other.encode()).hexdigest(),
+    )
     bad = failed(copy)
     assert "patch applies" in bad and "re-render" in bad
 
 
 def test_illegal_compile_value_fails_constraints(copy: Path) -> None:
-    _edit(copy / "config.toml", "[choice.compile]\n",
-          '[choice.compile]\n"mma.ampere.d64.c64.nthreads" = 64\n"mma.ampere.d64.c64.occupancy" = 2\n')
+    _edit(
+        copy / "config.toml",
+        "[choice.compile]\n",
+        '[choice.compile]\n"mma.ampere.d64.c64.nthreads" = 64\n"mma.ampere.d64.c64.occupancy" = 2\n',
+    )
     bad = failed(copy)
     assert "constraints" in bad and "nwarps" in bad["constraints"]
 
@@ -98,9 +106,11 @@ def test_upstream_patch_applied_to_the_pristine_tree(tree_a) -> None:
     added = [ln for ln in new.splitlines() if ln not in set(old.splitlines())]
     # The threshold and kernel come from the stored rule itself, so a re-export does not need this test edited.
     import tomllib
+
     rule = tomllib.loads((SM90 / "config.toml").read_text())["choice"]["fa_rules"][0]
     lo, kernel = re.fullmatch(r"decode/\S+:(\d+)-=(\w+)", rule).groups()
     assert any(f"K->ne[1] >= {lo}" in ln for ln in added)
     assert any(f"return BEST_FATTN_KERNEL_{kernel};" in ln for ln in added)
     assert len(new.splitlines()) == len(old.splitlines()) + sum(
-        ln.startswith("+") and not ln.startswith("+++") for ln in (SM90 / "upstream.patch").read_text().splitlines())
+        ln.startswith("+") and not ln.startswith("+++") for ln in (SM90 / "upstream.patch").read_text().splitlines()
+    )

@@ -13,11 +13,13 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FORBIDDEN = re.compile(r"seed ?0|§|shared/|research/|[Ss]ession[ -]?[0-9]|"
-                       # machine-time accounting of the lent GPU
-                       r"[Dd]evice time|held_s|budget_left|[Dd]evice budget|counted at \d+%|"
-                       # the research notes by name (docs/knobs.md is the repo's own, cited with its folder)
-                       r"\b(?:anchors|device|hip-compilecheck)\.md|(?<!docs/)\bknobs\.md")
+FORBIDDEN = re.compile(
+    r"seed ?0|§|shared/|research/|[Ss]ession[ -]?[0-9]|"
+    # machine-time accounting of the lent GPU
+    r"[Dd]evice time|held_s|budget_left|[Dd]evice budget|counted at \d+%|"
+    # the research notes by name (docs/knobs.md is the repo's own, cited with its folder)
+    r"\b(?:anchors|device|hip-compilecheck)\.md|(?<!docs/)\bknobs\.md"
+)
 # Names, not citations: the six-reference-build feature keeps its internal file and option names
 # (docs/seed004-builds.md explains them).
 ALLOWED = re.compile(r"seed004[-_]builds")
@@ -41,9 +43,16 @@ def test_no_citation_of_documents_users_do_not_have() -> None:
 
 def test_the_checked_set_is_not_empty() -> None:
     names = {p.relative_to(REPO).as_posix() for p in _files()}
-    assert {"README.md", "docs/selector.md", "docs/h100.md", "docs/data/noise-floors/README.md",
-            "results/sm_90/llama-3.2-1b-q4_k_m/evidence/README.md", "tuner/data/archs.toml",
-            "search_spaces/gfx1151.toml", "tuner/cli/search_cmd.py"} <= names
+    assert {
+        "README.md",
+        "docs/selector.md",
+        "docs/h100.md",
+        "docs/data/noise-floors/README.md",
+        "results/sm_90/llama-3.2-1b-q4_k_m/evidence/README.md",
+        "tuner/data/archs.toml",
+        "search_spaces/gfx1151.toml",
+        "tuner/cli/search_cmd.py",
+    } <= names
 
 
 def test_no_numbered_session_or_machine_time_note_is_caught() -> None:

@@ -19,8 +19,14 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
         pytest.fail("lint-imports is not installed; `pip install -e '.[test]'` brings import-linter.")
     # PYTHONPATH first, so the tuner under `cwd` is the one analysed (not the installed one).
     env = {**os.environ, "PYTHONPATH": str(cwd)}
-    return subprocess.run([exe, "--no-cache", "--config", str(cwd / "pyproject.toml")], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [exe, "--no-cache", "--config", str(cwd / "pyproject.toml")],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_stage_contracts_are_kept() -> None:

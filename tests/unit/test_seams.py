@@ -72,8 +72,11 @@ def private_uses(root: Path) -> list[str]:
     for name, path in mods.items():
         aliases: dict[str, str] = {}
         for line, mod, taken in _imports(name, path, mods):
-            found += [f"{path.relative_to(root.parent)}:{line}: from {mod} import {t}" for t in taken
-                      if _private(t) and mod != name]
+            found += [
+                f"{path.relative_to(root.parent)}:{line}: from {mod} import {t}"
+                for t in taken
+                if _private(t) and mod != name
+            ]
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):  # the local names that stand for a package module
             if isinstance(node, ast.ImportFrom) and (base := _base(name, path, node)) in mods:
@@ -170,14 +173,17 @@ def _circle(comp: list[str], graph: dict[str, list[str]]) -> list[str]:
 
 def test_no_module_imports_another_modules_private_names() -> None:
     found = private_uses(REPO / "tuner")
-    assert not found, ("private names used across modules (make the name public where it is that module's API, or "
-                       "move it to a module both import):\n" + "\n".join(found))
+    assert not found, (
+        "private names used across modules (make the name public where it is that module's API, or "
+        "move it to a module both import):\n" + "\n".join(found)
+    )
 
 
 def test_no_import_cycles() -> None:
     cycles = import_cycles(REPO / "tuner")
     assert not cycles, "import circles (move the shared piece into a module both import):\n" + "\n".join(
-        " -> ".join(c) for c in cycles)
+        " -> ".join(c) for c in cycles
+    )
 
 
 def import_guards(root: Path) -> list[str]:
@@ -185,18 +191,27 @@ def import_guards(root: Path) -> list[str]:
     exists, so a guard only hides a broken import (optional third-party modules are guarded, and not here)."""
     mods = _modules(root)
     found = []
-    for name, path in mods.items():
+    for _name, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Try):
                 continue
-            caught = {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)} if all(
-                h.type is not None for h in node.handlers) else {"ImportError"}
+            caught = (
+                {n.id for h in node.handlers for n in ast.walk(h.type) if isinstance(n, ast.Name)}
+                if all(h.type is not None for h in node.handlers)
+                else {"ImportError"}
+            )
             if not caught & {"ImportError", "ModuleNotFoundError"}:
                 continue
             body = ast.Module(body=node.body, type_ignores=[])
-            pkg_imports = [n for n in ast.walk(body) if isinstance(n, (ast.Import, ast.ImportFrom))
-                           and any(m.split(".")[0] == root.name for m in
-                                   ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or root.name]))]
+            pkg_imports = [
+                n
+                for n in ast.walk(body)
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                and any(
+                    m.split(".")[0] == root.name
+                    for m in ([a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or root.name])
+                )
+            ]
             found += [f"{path.relative_to(root.parent)}:{n.lineno}" for n in pkg_imports]
     return found
 
@@ -213,16 +228,27 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
-@pytest.mark.parametrize("text", [
-    "from pkg.a import _helper\n",
-    "def f():\n    from pkg.a import _helper\n",
-    "import pkg.a\npkg.a._helper()\n",
-    "from pkg import a as other\nother._helper()\n",
-    "from . import a\na._helper()\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "from pkg.a import _helper\n",
+        "def f():\n    from pkg.a import _helper\n",
+        "import pkg.a\npkg.a._helper()\n",
+        "from pkg import a as other\nother._helper()\n",
+        "from . import a\na._helper()\n",
+    ],
+)
 def test_the_private_scan_sees_each_spelling(tmp_path: Path, text: str) -> None:
-    root = _package(tmp_path, {"a.py": "def _helper(): ...\n", "b.py": text, "_priv.py": "", "sub/__init__.py": "",
-                               "sub/c.py": "from pkg import _priv\nfrom pkg.a import _helper as h  # noqa\n"})
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "def _helper(): ...\n",
+            "b.py": text,
+            "_priv.py": "",
+            "sub/__init__.py": "",
+            "sub/c.py": "from pkg import _priv\nfrom pkg.a import _helper as h  # noqa\n",
+        },
+    )
     found = private_uses(root)
     assert any(f.startswith("pkg/b.py") and "_helper" in f for f in found), found
     # a package-private module is importable inside the package; a name is not
@@ -230,13 +256,27 @@ def test_the_private_scan_sees_each_spelling(tmp_path: Path, text: str) -> None:
 
 
 def test_the_guard_scan_sees_a_guarded_own_import(tmp_path: Path) -> None:
-    root = _package(tmp_path, {"a.py": "try:\n    from pkg import b\nexcept ImportError:\n    b = None\n", "b.py": "",
-                               "c.py": "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n"})
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "try:\n    from pkg import b\nexcept ImportError:\n    b = None\n",
+            "b.py": "",
+            "c.py": "try:\n    import numpy\nexcept ImportError:\n    numpy = None\n",
+        },
+    )
     assert import_guards(root) == ["pkg/a.py:2"]
 
 
 def test_the_cycle_scan_sees_a_function_level_circle(tmp_path: Path) -> None:
-    root = _package(tmp_path, {"a.py": "from pkg.b import x\n", "b.py": "def x():\n    from pkg import c\n",
-                               "c.py": "if True:\n    import pkg.a\n", "d.py": "from pkg.a import y\n",
-                               "e/__init__.py": "from pkg.e.f import z\n", "e/f.py": "from pkg.a import w\n"})
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "from pkg.b import x\n",
+            "b.py": "def x():\n    from pkg import c\n",
+            "c.py": "if True:\n    import pkg.a\n",
+            "d.py": "from pkg.a import y\n",
+            "e/__init__.py": "from pkg.e.f import z\n",
+            "e/f.py": "from pkg.a import w\n",
+        },
+    )
     assert import_cycles(root) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]

@@ -1,5 +1,6 @@
-"""Size limits from issue 14: no module over 700 lines, no function over 80 lines unless the reason
-is written next to it.
+"""Size limits: no module over 900 lines, no function over 110 lines unless the reason is written next
+to it. Lines are counted in `ruff format` output (one argument per line once a call does not fit in
+120 columns), which is why the limits are larger than the 700/80 set for the denser style before it.
 
 A function may be longer when a comment containing ``long:`` (the reason) sits on the line before its
 ``def`` (or before its first decorator), on the ``def`` header itself, or on the line right after the
@@ -14,8 +15,8 @@ import tokenize
 from pathlib import Path
 
 TUNER = Path(__file__).resolve().parents[2] / "tuner"
-MAX_MODULE_LINES = 700
-MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 900
+MAX_FUNCTION_LINES = 110
 MARKER = "long:"
 
 
@@ -74,7 +75,7 @@ def test_no_function_over_limit_without_reason():
 
 
 def test_marker_next_to_def_excuses_a_long_function(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(90))
+    body = "\n".join(f"    x{i} = {i}" for i in range(120))
     bare = f"def f():\n{body}\n"
     marked_before = f"# long: one linear sequence\ndef f():\n{body}\n"
     marked_after = f"def f():\n    # long: one linear sequence\n{body}\n"

@@ -26,8 +26,8 @@ __all__ = [
     "is_on",
     "load_build_record",
     "ninja_log_lines",
-    "parse_ninja_progress",
     "parse_ninja_log",
+    "parse_ninja_progress",
     "quantize_model",
     "rebuilt_objects",
 ]
@@ -52,11 +52,11 @@ from scikit_build_core.file_api.query import stateless_query
 from scikit_build_core.program_search import best_program, get_ninja_programs
 
 from tuner import _run, log, progress
-from tuner.errors import TunerError, UsageError, close_matches
-from tuner.paths import tuner_home
 from tuner._hash import file_sha256, stable_hash
 from tuner.builder.quantize import quantize_model
 from tuner.builder.records import cached_record, load_build_record, locked, write_json
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.paths import tuner_home
 from tuner.plan.variant import Build, RenderedVariant
 
 logger = logging.getLogger(__name__)
@@ -183,15 +183,14 @@ class _Toolchain:
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     d = rv.defines
     if is_on(d.get("GGML_HIP")):
-        from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
+        from tuner.builder import hip
 
         targets = _hip_targets(d)
         tc = hip.require_hip_toolchain()
         for t in targets:
             tc.require_arch(t)
         tools = find_build_tools(str(tc.cmake), HIP_CMAKE_SPEC)
-        return _Toolchain(tools=tools, hip=tc,
-                          compilers={"cc": tc.clang, "cxx": tc.clangxx, "hip": tc.clangxx})
+        return _Toolchain(tools=tools, hip=tc, compilers={"cc": tc.clang, "cxx": tc.clangxx, "hip": tc.clangxx})
     tools = find_build_tools()
     compilers: dict[str, Path | None] = {
         "cc": _resolve(d.get("CMAKE_C_COMPILER") or os.environ.get("CC") or "cc"),
@@ -232,7 +231,9 @@ def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
         return
     pristine = Path(rv.source_root)
     if not (pristine / "CMakeLists.txt").is_file():
-        msg = f"{pristine} is not a llama.cpp source tree (no CMakeLists.txt). Fetch it again with `tuner source fetch`."
+        msg = (
+            f"{pristine} is not a llama.cpp source tree (no CMakeLists.txt). Fetch it again with `tuner source fetch`."
+        )
         raise TunerError(msg)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # an interrupted copy is redone from scratch
@@ -344,8 +345,9 @@ class _Progress:
 # --------------------------------------------------------------------------- configure / build
 
 
-def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path,
-               logs: Path, *, compile_only: bool) -> dict[str, str]:
+def _configure(
+    rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path, logs: Path, *, compile_only: bool
+) -> dict[str, str]:
     defines: dict[str, str | os.PathLike[str] | bool] = {}
     if tc.hip is not None:
         defines.update(tc.hip.defines())
@@ -363,9 +365,11 @@ def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, 
     notes: dict[str, str] = {}
     if compile_only and tc.hip is not None and is_on(str(defines.get("GGML_HIP_ROCWMMA_FATTN"))):
         if not (tc.hip.rocm_path / "include" / "rocwmma" / "rocwmma.hpp").is_file():
-            msg = ("rocWMMA headers are not available from any package registry reachable here (Debian "
-                   "experimental's librocwmma-dev lacks rocwmma/internal/*), so fattn-wmma-f16.cu cannot be "
-                   "compile-checked; checking the non-rocWMMA TUs with GGML_HIP_ROCWMMA_FATTN=OFF instead.")
+            msg = (
+                "rocWMMA headers are not available from any package registry reachable here (Debian "
+                "experimental's librocwmma-dev lacks rocwmma/internal/*), so fattn-wmma-f16.cu cannot be "
+                "compile-checked; checking the non-rocWMMA TUs with GGML_HIP_ROCWMMA_FATTN=OFF instead."
+            )
             log.warning(msg)
             notes["rocwmma"] = msg
             defines["GGML_HIP_ROCWMMA_FATTN"] = "OFF"
@@ -378,8 +382,13 @@ def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, 
     try:
         # CMaker validates the dirs, writes the file-API query and wipes a stale cache (source dir or
         # skbc install moved; fresh=True when the toolchain changed under an existing cache).
-        cmaker = CMaker(tc.tools.cmake, source_dir=src, build_dir=build_dir, build_type="Release",
-                        fresh=bool(old) and old.get("toolchain") != tc.identity)
+        cmaker = CMaker(
+            tc.tools.cmake,
+            source_dir=src,
+            build_dir=build_dir,
+            build_type="Release",
+            fresh=bool(old) and old.get("toolchain") != tc.identity,
+        )
     except CMakeConfigError as err:
         raise TunerError(f"{err}. Remove {build_dir.parent} and rerun.") from err
     stateless_query(build_dir)
@@ -398,8 +407,13 @@ def _configure(rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, 
     log_file = logs / "configure.log"
     log_file.unlink(missing_ok=True)
     stamp_file.unlink(missing_ok=True)
-    _run.run([tc.tools.cmake.cmake_path, *args, "-GNinja"], env=env, log_file=log_file, timeout=900,
-             what=f"CMake configure of {rv.short}")
+    _run.run(
+        [tc.tools.cmake.cmake_path, *args, "-GNinja"],
+        env=env,
+        log_file=log_file,
+        timeout=900,
+        what=f"CMake configure of {rv.short}",
+    )
     write_json(stamp_file, stamp)
     return notes
 
@@ -419,8 +433,10 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
     targets = []
     for obj in objects:
         if obj not in by_file:
-            msg = (f"{obj!r} is not compiled by this configuration (not in {build_dir}/compile_commands.json)."
-                   f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree.")
+            msg = (
+                f"{obj!r} is not compiled by this configuration (not in {build_dir}/compile_commands.json)."
+                f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree."
+            )
             raise UsageError(msg)
         targets.append(by_file[obj])
     return targets
@@ -457,7 +473,7 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
     at all; that is recorded as ``[]``. An object *with* a bundle that lacks a requested target, or
     no object holding any code for it, is an error.
     """
-    from tuner.builder.hip import load_offload_targets  # noqa: PLC0415
+    from tuner.builder.hip import load_offload_targets
 
     found: dict[str, list[str]] = {}
     for t in obj_targets:
@@ -466,22 +482,27 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
         has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
         missing = [a for a in archs if a not in got]
         if has_bundle and missing:
-            msg = (f"{path} compiled, but its HIP offload bundle has no code object for {', '.join(missing)} "
-                   f"(found: {', '.join(got) or 'none'}). The HIP flags did not reach this TU; check "
-                   "GPU_TARGETS and the configure log.")
+            msg = (
+                f"{path} compiled, but its HIP offload bundle has no code object for {', '.join(missing)} "
+                f"(found: {', '.join(got) or 'none'}). The HIP flags did not reach this TU; check "
+                "GPU_TARGETS and the configure log."
+            )
             raise TunerError(msg)
         found[t] = got
     for a in archs:
         if not any(a in got for got in found.values()):
-            msg = (f"None of the compiled objects ({', '.join(Path(t).name for t in obj_targets)}) holds a {a} "
-                   f"code object, so nothing was really compiled for {a}. Add a TU with device code "
-                   "(e.g. a fattn-tile or fattn-vec instance) or check GPU_TARGETS in the configure log.")
+            msg = (
+                f"None of the compiled objects ({', '.join(Path(t).name for t in obj_targets)}) holds a {a} "
+                f"code object, so nothing was really compiled for {a}. Add a TU with device code "
+                "(e.g. a fattn-tile or fattn-vec instance) or check GPU_TARGETS in the configure log."
+            )
             raise TunerError(msg)
     return found
 
 
-def _check_build_args(rv: RenderedVariant, targets: Sequence[str], jobs: int | None, compile_only: bool,
-                      objects: Sequence[str] | None) -> tuple[list[str], int, list[str]]:
+def _check_build_args(
+    rv: RenderedVariant, targets: Sequence[str], jobs: int | None, compile_only: bool, objects: Sequence[str] | None
+) -> tuple[list[str], int, list[str]]:
     """Checked (targets, jobs, objects) of a build_variant call; UsageError names the bad one."""
     targets = list(targets)
     check_target_names(targets)
@@ -500,8 +521,16 @@ def _check_build_args(rv: RenderedVariant, targets: Sequence[str], jobs: int | N
     return targets, jobs, objs
 
 
-def _new_record(rv: RenderedVariant, build_id: str, *, targets: Sequence[str], objs: Sequence[str],
-                compile_only: bool, jobs: int, log_file: Path) -> dict[str, Any]:
+def _new_record(
+    rv: RenderedVariant,
+    build_id: str,
+    *,
+    targets: Sequence[str],
+    objs: Sequence[str],
+    compile_only: bool,
+    jobs: int,
+    log_file: Path,
+) -> dict[str, Any]:
     """The ``build.json`` record of an attempt, before anything runs."""
     return {
         "build_id": build_id,
@@ -529,16 +558,29 @@ def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *
     _prepare_src(rv, src)
     changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
     if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
-        msg = (f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
-               "CMake hook, so they would be silently ignored. Render the variant with the "
-               "tile/MMA hook patch.")
+        msg = (
+            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
+            "CMake hook, so they would be silently ignored. Render the variant with the "
+            "tile/MMA hook patch."
+        )
         raise UsageError(msg)
     record["toolchain"] = _tool_versions(tc)
     record["headers_changed"] = changed
 
 
-def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, build_dir: Path, src: Path,
-             targets: Sequence[str], objs: Sequence[str], compile_only: bool, jobs: int, log_file: Path) -> list[str]:
+def _compile(
+    rv: RenderedVariant,
+    tc: _Toolchain,
+    record: dict[str, Any],
+    *,
+    build_dir: Path,
+    src: Path,
+    targets: Sequence[str],
+    objs: Sequence[str],
+    compile_only: bool,
+    jobs: int,
+    log_file: Path,
+) -> list[str]:
     """Run the Ninja build of the targets (or the objects' targets); returns the rebuilt translation units."""
     before = ninja_log_lines(build_dir)
     log_file.unlink(missing_ok=True)
@@ -546,9 +588,13 @@ def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, bui
     if compile_only and not build_targets:
         raise UsageError("compile_only=True needs at least one object to compile.")
     with progress.track(f"building {rv.short}", unit="steps") as bar:
-        _run.run([tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets,
-                  "--parallel", str(jobs)], env=tc.hip.env() if tc.hip else None, log_file=log_file,
-                 on_line=_Progress(bar), what=f"Build of {rv.short} ({rv.variant} for {rv.arch})")
+        _run.run(
+            [tc.tools.cmake.cmake_path, "--build", build_dir, "--target", *build_targets, "--parallel", str(jobs)],
+            env=tc.hip.env() if tc.hip else None,
+            log_file=log_file,
+            on_line=_Progress(bar),
+            what=f"Build of {rv.short} ({rv.variant} for {rv.arch})",
+        )
     rebuilt = rebuilt_objects(build_dir, before)
     record["rebuilt_tus"] = rebuilt
     record["rebuilt_count"] = len(rebuilt)
@@ -557,7 +603,9 @@ def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, bui
     return rebuilt
 
 
-def _record_failure(rv: RenderedVariant, root: Path, record: dict[str, Any], err: TunerError, start: float) -> TunerError:
+def _record_failure(
+    rv: RenderedVariant, root: Path, record: dict[str, Any], err: TunerError, start: float
+) -> TunerError:
     """Write the failed attempt to ``build.json``; returns the error to raise (UsageError as is)."""
     record["status"] = "failed"
     record["error"] = str(err)
@@ -607,9 +655,16 @@ def build_variant(
     build_dir, logs, src, tu_dir = root / "build", root / "logs", root / "src", root / "tu"
 
     def _done(rec: Mapping[str, Any], cached: bool) -> Build:
-        return Build(build_id=build_id, build_dir=build_dir, bin_dir=art / "bin",
-                     log_file=Path(rec.get("log", logs / "build.log")), cached=cached,
-                     seconds=time.monotonic() - start, compile_only=False, meta=dict(rec))
+        return Build(
+            build_id=build_id,
+            build_dir=build_dir,
+            bin_dir=art / "bin",
+            log_file=Path(rec.get("log", logs / "build.log")),
+            cached=cached,
+            seconds=time.monotonic() - start,
+            compile_only=False,
+            meta=dict(rec),
+        )
 
     if not compile_only and (rec := cached_record(art, build_id, targets)):
         return _done(rec, True)
@@ -618,15 +673,26 @@ def build_variant(
         if not compile_only and (rec := cached_record(art, build_id, targets)):  # another worker built it
             return _done(rec, True)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
-        record = _new_record(rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs,
-                             log_file=log_file)
+        record = _new_record(
+            rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs, log_file=log_file
+        )
         rebuilt: list[str] = []
         try:
             _prepare_tree(rv, tc, record, src=src, tu_dir=tu_dir)
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
-            rebuilt = _compile(rv, tc, record, build_dir=build_dir, src=src, targets=targets, objs=objs,
-                               compile_only=compile_only, jobs=jobs, log_file=log_file)
+            rebuilt = _compile(
+                rv,
+                tc,
+                record,
+                build_dir=build_dir,
+                src=src,
+                targets=targets,
+                objs=objs,
+                compile_only=compile_only,
+                jobs=jobs,
+                log_file=log_file,
+            )
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
@@ -638,7 +704,14 @@ def build_variant(
             raise failure from err
         write_json(root / "build.json", record)
     if compile_only:
-        return Build(build_id=build_id, build_dir=build_dir, bin_dir=build_dir / "bin", log_file=log_file,
-                     cached=not rebuilt, seconds=time.monotonic() - start, compile_only=True, meta=record)
+        return Build(
+            build_id=build_id,
+            build_dir=build_dir,
+            bin_dir=build_dir / "bin",
+            log_file=log_file,
+            cached=not rebuilt,
+            seconds=time.monotonic() - start,
+            compile_only=True,
+            meta=record,
+        )
     return _done(record, False)
-

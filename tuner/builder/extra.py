@@ -12,8 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner import _run, log
-from tuner.builder.cmake import (HIP_CMAKE_SPEC, check_target_names, find_build_tools, is_on, ninja_log_lines,
-                                 rebuilt_objects)
+from tuner.builder.cmake import (
+    HIP_CMAKE_SPEC,
+    check_target_names,
+    find_build_tools,
+    is_on,
+    ninja_log_lines,
+    rebuilt_objects,
+)
 from tuner.builder.records import load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.plan.variant import Build
@@ -56,7 +62,7 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
         if missing:
             defines = dict(rec.get("defines", {}))
             if is_on(defines.get("GGML_HIP")):
-                from tuner.builder import hip  # noqa: PLC0415 - only HIP variants need it
+                from tuner.builder import hip
 
                 tc_hip = hip.require_hip_toolchain()
                 tools, env = find_build_tools(str(tc_hip.cmake), HIP_CMAKE_SPEC), tc_hip.env()
@@ -66,13 +72,19 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             start = time.monotonic()
             before = ninja_log_lines(build.build_dir)
             with log.step(f"Building {', '.join(missing)} into {art}"):
-                _run.run([tools.cmake.cmake_path, "--build", build.build_dir, "--target", *missing, "--parallel", str(jobs)],
-                         env=env, log_file=log_file, what=f"Build of {', '.join(missing)} in {build.build_dir}")
+                _run.run(
+                    [tools.cmake.cmake_path, "--build", build.build_dir, "--target", *missing, "--parallel", str(jobs)],
+                    env=env,
+                    log_file=log_file,
+                    what=f"Build of {', '.join(missing)} in {build.build_dir}",
+                )
             rebuilt = rebuilt_objects(build.build_dir, before)
             bin_src = Path(build.build_dir) / "bin"
             for t in missing:
                 if not (bin_src / t).is_file():
-                    raise TunerError(f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?")
+                    raise TunerError(
+                        f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
+                    )
             # New libraries only (the tool's own, e.g. libllama-perplexity-impl.so); the artifact's
             # existing libraries are the candidate's and stay as they are.
             for lib in sorted(bin_src.glob("lib*.so*")):
@@ -90,8 +102,12 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             extra = dict(rec.get("extra_targets", {}))
             secs = round(time.monotonic() - start, 3)
             for t in missing:
-                extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt,
-                            "built": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                extra[t] = {
+                    "seconds": secs,
+                    "log": str(log_file),
+                    "rebuilt": rebuilt,
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                }
             rec["extra_targets"] = extra
             write_json(art / "build.json", rec)
     return dataclasses.replace(build, meta=dict(rec))

@@ -20,11 +20,11 @@ __all__ = [
     "HipToolchain",
     "default_prefix",
     "find_hip_toolchain",
-    "require_hip_toolchain",
-    "run_hip_setup",
-    "run_hip_check",
-    "parse_offload_targets",
     "load_offload_targets",
+    "parse_offload_targets",
+    "require_hip_toolchain",
+    "run_hip_check",
+    "run_hip_setup",
 ]
 
 import dataclasses
@@ -249,9 +249,7 @@ def _write_apt_config(apt: Path) -> Path:
         (apt / d).mkdir(parents=True, exist_ok=True)
     (apt / "state" / "status").touch()
     (apt / "sources.list").write_text(
-        "".join(
-            f"deb [signed-by={_KEYRING}] {_MIRROR} {suite} main\n" for suite in ("trixie", "sid")
-        )
+        "".join(f"deb [signed-by={_KEYRING}] {_MIRROR} {suite} main\n" for suite in ("trixie", "sid"))
     )
     lines = [
         f'Dir::State "{apt / "state"}";',
@@ -288,10 +286,14 @@ def _install_clang(logs: Path) -> None:
         raise TunerError(msg)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600,
-                 what="apt-get update")
-        _run.run(["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES], env=env,
-                 log_file=logs / "apt-system.log", timeout=900, what="apt-get install clang-19")
+        _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600, what="apt-get update")
+        _run.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES],
+            env=env,
+            log_file=logs / "apt-system.log",
+            timeout=900,
+            what="apt-get install clang-19",
+        )
     except TunerError as err:
         msg = f"Installing clang-19 failed ({err}). {advice}"
         raise TunerError(msg) from err
@@ -308,23 +310,42 @@ def _download_debs(prefix: Path, logs: Path) -> list[Path]:
     conf = _write_apt_config(prefix / "apt")
     env = {**os.environ, "APT_CONFIG": str(conf)}
     log_file = logs / "apt-private.log"
-    _run.run(["apt-get", "update"], env=env, log_file=log_file, timeout=600,
-             what="apt-get update (private trixie+sid config)")
+    _run.run(
+        ["apt-get", "update"],
+        env=env,
+        log_file=log_file,
+        timeout=600,
+        what="apt-get update (private trixie+sid config)",
+    )
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
     try:
-        _run.run(["apt-get", "download", *_DEB_PACKAGES], env=env, cwd=debs, log_file=log_file,
-                 timeout=600, what="apt-get download (pinned ROCm 6.4 debs)")
+        _run.run(
+            ["apt-get", "download", *_DEB_PACKAGES],
+            env=env,
+            cwd=debs,
+            log_file=log_file,
+            timeout=600,
+            what="apt-get download (pinned ROCm 6.4 debs)",
+        )
     except TunerError:
         # sid drops superseded versions from its pool; the research found newer ROCm headers work too.
         names = [p.split("=")[0] for p in _DEB_PACKAGES]
         log.warning("the pinned sid ROCm versions are gone from the mirror; taking sid's current ones")
-        _run.run(["apt-get", "download", *names], env=env, cwd=debs, log_file=log_file,
-                 timeout=600, what="apt-get download (unpinned ROCm debs)")
+        _run.run(
+            ["apt-get", "download", *names],
+            env=env,
+            cwd=debs,
+            log_file=log_file,
+            timeout=600,
+            what="apt-get download (unpinned ROCm debs)",
+        )
     found = sorted(debs.glob("*.deb"))
     if len(found) < len(_DEB_PACKAGES):
-        msg = (f"apt-get download fetched {len(found)} of {len(_DEB_PACKAGES)} packages into {debs}; "
-               f"see {log_file}. Rerun `tuner toolchain hip`.")
+        msg = (
+            f"apt-get download fetched {len(found)} of {len(_DEB_PACKAGES)} packages into {debs}; "
+            f"see {log_file}. Rerun `tuner toolchain hip`."
+        )
         raise TunerError(msg)
     done.touch()
     return found
@@ -342,8 +363,11 @@ def _unpack(prefix: Path, debs: Sequence[Path], logs: Path) -> None:
     libdir = tmp / "usr" / "lib" / "x86_64-linux-gnu"
     stub_c = prefix / "rocblas_stub.c"
     stub_c.write_text("/* empty: rocblas CMake targets only check that the library exists */\n")
-    _run.run(["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c],
-             log_file=logs / "unpack.log", what="gcc (rocblas stub)")
+    _run.run(
+        ["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c],
+        log_file=logs / "unpack.log",
+        what="gcc (rocblas stub)",
+    )
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
 
@@ -355,23 +379,29 @@ def _make_venv(prefix: Path, logs: Path) -> None:
         return
     shutil.rmtree(venv, ignore_errors=True)
     _run.run([sys.executable, "-m", "venv", venv], log_file=logs / "venv.log", what="python -m venv")
-    _run.run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", _CMAKE_SPEC],
-             log_file=logs / "venv.log", timeout=600, what=f"pip install '{_CMAKE_SPEC}'")
+    _run.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", _CMAKE_SPEC],
+        log_file=logs / "venv.log",
+        timeout=600,
+        what=f"pip install '{_CMAKE_SPEC}'",
+    )
 
 
 def _write_env_sh(tc: HipToolchain) -> None:
     d = tc.defines()
-    text = "\n".join([
-        "# Source this to use tuner's HIP compile-check toolchain by hand.",
-        f"export ROCM_PATH={tc.rocm_path}",
-        "export HIP_PLATFORM=amd",
-        f"export HIP_CLANG={tc.clangxx}",
-        f"export HIP_CMAKE={tc.cmake}",
-        f'export HIP_COMPILE_FLAGS="{tc.compile_flags}"',
-        f'export HIP_CMAKE_HIP_FLAGS="{d["CMAKE_HIP_FLAGS"]}"',
-        f"export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}",
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Source this to use tuner's HIP compile-check toolchain by hand.",
+            f"export ROCM_PATH={tc.rocm_path}",
+            "export HIP_PLATFORM=amd",
+            f"export HIP_CLANG={tc.clangxx}",
+            f"export HIP_CMAKE={tc.cmake}",
+            f'export HIP_COMPILE_FLAGS="{tc.compile_flags}"',
+            f'export HIP_CMAKE_HIP_FLAGS="{d["CMAKE_HIP_FLAGS"]}"',
+            f"export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}",
+            "",
+        ]
+    )
     (tc.prefix / "env.sh").write_text(text)
 
 
@@ -407,8 +437,12 @@ def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
         msg = f"No gfx device libraries were found in {tc.device_lib_path}; see {logs}. Rerun `tuner toolchain hip`."
         raise TunerError(msg)
     _write_env_sh(tc)
-    stamp = {"recipe": _RECIPE, "hip_version": tc.hip_version, "device_archs": list(tc.device_archs),
-             "debs": [p.name for p in debs]}
+    stamp = {
+        "recipe": _RECIPE,
+        "hip_version": tc.hip_version,
+        "device_archs": list(tc.device_archs),
+        "debs": [p.name for p in debs],
+    }
     (prefix / "toolchain.json").write_text(json.dumps(stamp, indent=2) + "\n")
     found = find_hip_toolchain(prefix)
     assert found is not None, "setup finished but the toolchain is incomplete"
@@ -468,9 +502,14 @@ def run_hip_check(tc: HipToolchain, archs: Sequence[str] = HIP_ARCHS) -> dict[st
             continue
         obj = work / f"check-{arch}.o"
         obj.unlink(missing_ok=True)
-        res = _run.run([tc.clangxx, "-x", "hip", *tc.compile_flags.split(), f"--offload-arch={arch}", "-O3",
-                        "-c", src, "-o", obj], env=tc.env(), check=False, timeout=300,
-                       log_file=work / f"check-{arch}.log", what=f"clang++ -x hip for {arch}")
+        res = _run.run(
+            [tc.clangxx, "-x", "hip", *tc.compile_flags.split(), f"--offload-arch={arch}", "-O3", "-c", src, "-o", obj],
+            env=tc.env(),
+            check=False,
+            timeout=300,
+            log_file=work / f"check-{arch}.log",
+            what=f"clang++ -x hip for {arch}",
+        )
         if res.returncode != 0:
             out[arch] = f"compile failed (exit {res.returncode}); see {work / f'check-{arch}.log'}"
         elif arch not in load_offload_targets(obj):

@@ -15,8 +15,27 @@ from tuner.plan.variant import Build
 
 # llama-quantize's type names (tools/quantize/quantize.cpp QUANT_OPTIONS), the ones worth offering.
 _QTYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q2_K_S",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "MXFP4_MOE",
+    "F16",
+    "BF16",
+    "F32",
 )
 
 
@@ -38,8 +57,9 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     """
     qtype = qtype.upper()
     if qtype not in _QTYPES:
-        raise UsageError(f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} "
-                         f"Known: {', '.join(_QTYPES)}.")
+        raise UsageError(
+            f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} Known: {', '.join(_QTYPES)}."
+        )
     src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
     if not src_gguf.is_file():
         raise UsageError(f"Model {src_gguf} does not exist. Create one with `tuner model synth`.")
@@ -62,9 +82,22 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     log_file = dst_gguf.with_name(dst_gguf.name + ".quantize.log")
     log_file.unlink(missing_ok=True)
     with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
-        _run.run([exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)], log_file=log_file,
-                 cwd=build.bin_dir, what=f"llama-quantize {qtype}")
+        _run.run(
+            [exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)],
+            log_file=log_file,
+            cwd=build.bin_dir,
+            what=f"llama-quantize {qtype}",
+        )
     tmp.replace(dst_gguf)
-    write_json(sidecar, {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key,
-                          "qtype": qtype, "build_id": build.build_id, "log": str(log_file)})
+    write_json(
+        sidecar,
+        {
+            "input": str(src_gguf),
+            "input_sha256": in_hash,
+            "input_stat": stat_key,
+            "qtype": qtype,
+            "build_id": build.build_id,
+            "log": str(log_file),
+        },
+    )
     return dst_gguf

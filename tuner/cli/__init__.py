@@ -6,7 +6,7 @@ only :func:`main` turns a :class:`~tuner.errors.TunerError` into a message and a
 
 from __future__ import annotations
 
-__all__ = ["main", "cli", "os_error_message"]
+__all__ = ["cli", "main", "os_error_message"]
 
 import errno
 import importlib
@@ -68,8 +68,12 @@ Exit status:
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
 @click.version_option(__version__, prog_name="tuner")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv: debug).")
-@click.option("--debug", is_flag=True, expose_value=False,  # read by tuner.crash.debug_requested
-              help="Print the traceback of an internal error (also TUNER_DEBUG=1).")
+@click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,  # read by tuner.crash.debug_requested
+    help="Print the traceback of an internal error (also TUNER_DEBUG=1).",
+)
 def cli(verbose: int) -> None:
     """Find the fastest way to build and run llama.cpp on a given GPU.
 
@@ -109,27 +113,41 @@ def os_error_message(err: OSError) -> str | None:
     code = err.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
         what = "no space left on the device" if code == errno.ENOSPC else "the disk quota is exhausted"
-        target = f"the disk holding {os.path.dirname(path) or path}" if path else "the disk tuner was writing to (-o, the run folder or TUNER_HOME)"
-        return (f"{what} while writing{where}. Free space on {target} (`df -h` shows it) or point -o / --run-dir / "
-                "TUNER_HOME at another disk, then rerun the same command (a search resumes; an export that failed left "
-                "the previous one in place).")
+        target = (
+            f"the disk holding {os.path.dirname(path) or path}"
+            if path
+            else "the disk tuner was writing to (-o, the run folder or TUNER_HOME)"
+        )
+        return (
+            f"{what} while writing{where}. Free space on {target} (`df -h` shows it) or point -o / --run-dir / "
+            "TUNER_HOME at another disk, then rerun the same command (a search resumes; an export that failed left "
+            "the previous one in place)."
+        )
     if path is None:
         return None
     if code == errno.EROFS:
-        return (f"{path} is on a read-only file system ({err.strerror}). Choose another -o (or --run-dir / TUNER_HOME) on "
-                "a writable disk, or remount it read-write.")
+        return (
+            f"{path} is on a read-only file system ({err.strerror}). Choose another -o (or --run-dir / TUNER_HOME) on "
+            "a writable disk, or remount it read-write."
+        )
     if code in (errno.EACCES, errno.EPERM):
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        return (f"permission denied on {path} ({err.strerror}). Make {folder} writable for this user (e.g. "
-                f"`chmod u+w {folder}`) or choose another -o / --run-dir / TUNER_HOME.")
+        return (
+            f"permission denied on {path} ({err.strerror}). Make {folder} writable for this user (e.g. "
+            f"`chmod u+w {folder}`) or choose another -o / --run-dir / TUNER_HOME."
+        )
     if code in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
         blocker = _blocker(path)
         kind = "a folder" if code == errno.EISDIR else "a file"
-        return (f"{kind} is in the way at {blocker} ({err.strerror}: {path}). Remove or rename {blocker}, or choose "
-                "another path.")
+        return (
+            f"{kind} is in the way at {blocker} ({err.strerror}: {path}). Remove or rename {blocker}, or choose "
+            "another path."
+        )
     if code == errno.ENOENT:
-        return (f"{path} does not exist ({err.strerror}). Check the path (a folder in it may be missing or was moved) "
-                "and rerun.")
+        return (
+            f"{path} does not exist ({err.strerror}). Check the path (a folder in it may be missing or was moved) "
+            "and rerun."
+        )
     return f"{err.strerror or err} on {path}. Check the path and this machine's disk, then rerun."
 
 
@@ -196,7 +214,10 @@ def main() -> None:
             click.echo(f"tuner: error: {usage}", err=True)
             sys.exit(usage.exit_code)
         if _full_disk_in_chain(err):
-            click.echo(f"tuner: error: {os_error_message(OSError(errno.ENOSPC, 'No space left on device'))} "
-                       f"(the study database reported: {_one_line(err)})", err=True)
+            click.echo(
+                f"tuner: error: {os_error_message(OSError(errno.ENOSPC, 'No space left on device'))} "
+                f"(the study database reported: {_one_line(err)})",
+                err=True,
+            )
             sys.exit(1)
         sys.exit(crash.report_crash(err))

@@ -37,8 +37,10 @@ def cpu_mask_option(ctx: click.Context, param: click.Parameter, value: str | Non
     return parse_cpu_mask(value)
 
 
-CPU_MASK_HELP = ("Pin every llama-bench process to these CPUs (taskset -c), e.g. 0-1 or 0,2: a host-paced run where the "
-                 "CPU is the limit. Threads' legal values then follow the mask's size.")
+CPU_MASK_HELP = (
+    "Pin every llama-bench process to these CPUs (taskset -c), e.g. 0-1 or 0,2: a host-paced run where the "
+    "CPU is the limit. Threads' legal values then follow the mask's size."
+)
 
 
 def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:

@@ -22,34 +22,70 @@ def _has_fa_hook(bin_dir: Path) -> bool:
 
 
 @click.command()
-@click.option("--build", "build_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).")
-@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
-@click.option("--rules", "rules", multiple=True, required=True,
-              help="GGML_TUNER_FA_RULES of one candidate, e.g. 'decode:16384-=TILE' (repeatable: one candidate each).")
+@click.option(
+    "--build",
+    "build_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).",
+)
+@click.option(
+    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
+)
+@click.option(
+    "--rules",
+    "rules",
+    multiple=True,
+    required=True,
+    help="GGML_TUNER_FA_RULES of one candidate, e.g. 'decode:16384-=TILE' (repeatable: one candidate each).",
+)
 @click.option("--depths", default="0,32768", show_default=True, callback=depths_option, help="KV depths.")
-@click.option("--phase", type=click.Choice(["tg", "pp"]), default="tg", show_default=True, help="Decode (tg) or prefill (pp).")
+@click.option(
+    "--phase", type=click.Choice(["tg", "pp"]), default="tg", show_default=True, help="Decode (tg) or prefill (pp)."
+)
 @click.option("--pp", type=click.IntRange(1, 1 << 16), default=512, show_default=True)
 @click.option("--tg", type=click.IntRange(1, 1 << 16), default=128, show_default=True)
 @click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired interleaved rounds.")
-@click.option("--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call.")
-@click.option("--era", type=click.Choice(["mma"]), default="mma", show_default=True,
-              help="The FA rules hook exists in the era-mma tree only.")
-@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-               help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).")
-def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, ...], phase: str, pp: int, tg: int,
-       rounds: int, reps: int, era: str, out_dir: Path | None) -> None:
+@click.option(
+    "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
+)
+@click.option(
+    "--era",
+    type=click.Choice(["mma"]),
+    default="mma",
+    show_default=True,
+    help="The FA rules hook exists in the era-mma tree only.",
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).",
+)
+def ab(
+    build_dir: Path,
+    model: Path,
+    rules: tuple[str, ...],
+    depths: tuple[int, ...],
+    phase: str,
+    pp: int,
+    tg: int,
+    rounds: int,
+    reps: int,
+    era: str,
+    out_dir: Path | None,
+) -> None:
     """Compare upstream's kernel choice with forced FA rules on one build: paired, interleaved rounds
     (order rotated), one compare table per rule (t/s, Speedup, 95% CI, A/A noise, verdict per depth), judged
     as the search judges: the A/A noise of upstream against the same kernel forced, at least the phase's floor.
 
     Example: tuner ab --build BUILD --model M.gguf --rules decode:16384-=TILE --depths 0,32768
     """
-    from tuner.plan.fa_rules import parse_fa_rules, rules_env
-    from tuner.search.live import make_live_measure
     from tuner.measure.paired import NOISE_CEILING_PCT
+    from tuner.plan.fa_rules import parse_fa_rules, rules_env
     from tuner.result.tables import compare_table, method_paragraph
     from tuner.search.compose import judge_phase
+    from tuner.search.live import make_live_measure
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
     bin_dir = find_bin_dir(build_dir)
@@ -57,17 +93,22 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
     # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
     rules = tuple(rules_env(parse_fa_rules(r)) for r in rules)
     if not _has_fa_hook(bin_dir):
-        raise UsageError(f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
-                         "tree), so a rule cannot change its kernel and nothing was measured. Build one with "
-                         "`tuner build --arch <your GPU>` and pass its bin directory.")
+        raise UsageError(
+            f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
+            "tree), so a rule cannot change its kernel and nothing was measured. Build one with "
+            "`tuner build --arch <your GPU>` and pass its bin directory."
+        )
     cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME)]
     cands += [Candidate(name=f"B{i + 1}", env={"GGML_TUNER_FA_RULES": r}) for i, r in enumerate(rules)]
     run = out_dir or stamped_run_dir("ab")
-    measure = make_live_measure(bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs",
-                                era=era, arch=None)
+    measure = make_live_measure(
+        bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs", era=era, arch=None
+    )
     recs: list = []
     log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
-    run_phase_rounds(measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab")
+    run_phase_rounds(
+        measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab"
+    )
     # judged as the search judges: the A/A pair, at least the phase's noise floor, the noise ceiling
     cells = judge_phase(phase, summarize_phase(phase, recs, list(depths)))
     n_tok = pp if phase == "pp" else tg
@@ -77,12 +118,29 @@ def ab(build_dir: Path, model: Path, rules: tuple[str, ...], depths: tuple[int, 
         for d, c in cells.items():
             e = c.effects.get(name)
             ts = c.levels.get(name, {}).get("ts") if e else None
-            pts.append({"phase": phase, "depth": d, "test": f"{phase}{n_tok}", "base_ts": c.upstream_ts,
-                        "tuned_ts": ts, "ci_low": e.ci_low if e else None, "ci_high": e.ci_high if e else None,
-                        "aa_noise_pct": c.bar_pct, "noise_kind": "A/A",
-                        "verdict": c.verdicts.get(name, "fell back") if e else "fell back",
-                        "upstream_kernel": c.upstream_kernel, "kernel": c.kernels.get(name)})
+            pts.append(
+                {
+                    "phase": phase,
+                    "depth": d,
+                    "test": f"{phase}{n_tok}",
+                    "base_ts": c.upstream_ts,
+                    "tuned_ts": ts,
+                    "ci_low": e.ci_low if e else None,
+                    "ci_high": e.ci_high if e else None,
+                    "aa_noise_pct": c.bar_pct,
+                    "noise_kind": "A/A",
+                    "verdict": c.verdicts.get(name, "fell back") if e else "fell back",
+                    "upstream_kernel": c.upstream_kernel,
+                    "kernel": c.kernels.get(name),
+                }
+            )
         click.echo(f"{name}: {r}\n\n" + compare_table(pts, name_a="upstream", name_b=name) + "\n")
-    log.info(method_paragraph("paired rounds", rounds=[rounds], ceiling_pct=NOISE_CEILING_PCT,
-                              noise="A/A: upstream against the same kernel forced, in the same rounds (its CI's reach), "
-                                    "at least the phase's median A/A noise."))
+    log.info(
+        method_paragraph(
+            "paired rounds",
+            rounds=[rounds],
+            ceiling_pct=NOISE_CEILING_PCT,
+            noise="A/A: upstream against the same kernel forced, in the same rounds (its CI's reach), "
+            "at least the phase's median A/A noise.",
+        )
+    )

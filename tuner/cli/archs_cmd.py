@@ -34,8 +34,15 @@ def archs(ctx: click.Context, as_json: bool) -> None:
         click.echo(json.dumps([a.to_dict() for a in all_archs.values()], indent=2))
         return
     rows = [
-        (a.name, a.vendor, a.family, a.wave_size, _fmt_bytes(a.smem_static), _fmt_bytes(a.smem_optin),
-         "; ".join(p.name for p in a.products))
+        (
+            a.name,
+            a.vendor,
+            a.family,
+            a.wave_size,
+            _fmt_bytes(a.smem_static),
+            _fmt_bytes(a.smem_optin),
+            "; ".join(p.name for p in a.products),
+        )
         for a in all_archs.values()
     ]
     click.echo(log.table(["arch", "vendor", "family", "wave", "LDS/smem static", "smem opt-in", "products"], rows))
@@ -57,7 +64,9 @@ def show(arch: str, as_json: bool) -> None:
         return
     ident = f"cc {a.cc}" if a.cc is not None else (a.gfx or a.vendor)
     click.echo(f"{a.name} ({ident}): {a.vendor} {a.family}")
-    click.echo(f"  wave size {a.wave_size}; shared memory/LDS per block: static {a.smem_static} B, opt-in {a.smem_optin} B")
+    click.echo(
+        f"  wave size {a.wave_size}; shared memory/LDS per block: static {a.smem_static} B, opt-in {a.smem_optin} B"
+    )
     click.echo(f"  source: {a.source}")
     units = [k for k in MATH_KEYS if a.math.get(k)]
     click.echo(f"  math units: {', '.join(units) or 'none of ' + ', '.join(MATH_KEYS)}")
@@ -81,20 +90,45 @@ def show(arch: str, as_json: bool) -> None:
 
 @click.command()
 @click.option("--arch", "arch_name", required=True, help="Arch name (tuner archs lists them).")
-@click.option("--model", "model_path", type=click.Path(path_type=Path), help="A GGUF model: its real tensor sizes are used.")
-@click.option("--like", "like", help="A known model shape instead of a file (llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, tiny).")
+@click.option(
+    "--model", "model_path", type=click.Path(path_type=Path), help="A GGUF model: its real tensor sizes are used."
+)
+@click.option(
+    "--like", "like", help="A known model shape instead of a file (llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, tiny)."
+)
 @click.option("--depth", "depths", type=int, multiple=True, help="KV depth(s), repeatable. Default 0 4096 16384 32768.")
-@click.option("--quant", "--type", "weight_type", cls=AliasOption, hidden_aliases=("--type",), default="f16", show_default=True,
-              type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
-              help="Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m).")
+@click.option(
+    "--quant",
+    "--type",
+    "weight_type",
+    cls=AliasOption,
+    hidden_aliases=("--type",),
+    default="f16",
+    show_default=True,
+    type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
+    help="Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m).",
+)
 @click.option("--kv-type", default="f16", show_default=True, help="KV-cache type (f16, q8_0, q4_0, ...).")
 @click.option("--pp", default=512, show_default=True, type=int, help="Prompt tokens per pp test.")
 @click.option("--tg", default=128, show_default=True, type=int, help="Generated tokens per tg test.")
 @click.option("--bandwidth", type=float, help="Memory bandwidth in GB/s (overrides the product's; needed for cpu).")
 @click.option("--product", help="Which product of the arch (default: the first listed).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON rows (the estimate's label included) instead of a table.")
-def estimate(arch_name: str, model_path: Path | None, like: str | None, depths: tuple[int, ...], weight_type: str,
-             kv_type: str, pp: int, tg: int, bandwidth: float | None, product: str | None, as_json: bool) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON rows (the estimate's label included) instead of a table."
+)
+def estimate(
+    arch_name: str,
+    model_path: Path | None,
+    like: str | None,
+    depths: tuple[int, ...],
+    weight_type: str,
+    kv_type: str,
+    pp: int,
+    tg: int,
+    bandwidth: float | None,
+    product: str | None,
+    as_json: bool,
+) -> None:
     """Roofline upper bounds for llama-bench pp/tg on an arch: a MODEL ESTIMATE, not a measurement.
 
     tg is bounded by memory bandwidth / bytes read per token (weights + KV cache at that depth);
@@ -111,8 +145,17 @@ def estimate(arch_name: str, model_path: Path | None, like: str | None, depths: 
     if model_path is not None and weight_type != "f16":
         raise UsageError("--quant applies to --like only; with --model the GGUF's own tensor types are used.")
     model = load_model_shape(like) if like is not None else model_path
-    rows = run_estimate(arch_name, model, depths or (0, 4096, 16384, 32768), pp=pp, tg=tg,
-                        weight_type=weight_type, kv_type=kv_type, bandwidth=bandwidth, product=product)
+    rows = run_estimate(
+        arch_name,
+        model,
+        depths or (0, 4096, 16384, 32768),
+        pp=pp,
+        tg=tg,
+        weight_type=weight_type,
+        kv_type=kv_type,
+        bandwidth=bandwidth,
+        product=product,
+    )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -9,10 +9,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tuner.cli._params import (CPU_MASK_HELP, cpu_mask_option, depths_option, find_bin_dir, output_option,
-                               stamped_run_dir)
-
 from tuner import log
+from tuner.cli._params import (
+    CPU_MASK_HELP,
+    cpu_mask_option,
+    depths_option,
+    find_bin_dir,
+    output_option,
+    stamped_run_dir,
+)
 from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
 
@@ -24,8 +29,9 @@ def _env(values: tuple[str, ...]) -> dict[str, str]:
     return parse_pairs(values, "--env", "GGML_CUDA_DISABLE_GRAPHS=1")
 
 
-def _seed_runs(names: tuple[str, ...], n_builds: int, arch: str | None, era: str | None, model: Path,
-               extra: tuple[str, ...]) -> list[SeedRun]:
+def _seed_runs(
+    names: tuple[str, ...], n_builds: int, arch: str | None, era: str | None, model: Path, extra: tuple[str, ...]
+) -> list[SeedRun]:
     """One SeedRun per --build, or none without --seed-build; ``extra`` may not set a flag a seed build sets."""
     if not names:
         return []
@@ -34,48 +40,103 @@ def _seed_runs(names: tuple[str, ...], n_builds: int, arch: str | None, era: str
     from tuner.targets.models import read_shape
 
     if len(names) != n_builds:
-        raise UsageError(f"Got {len(names)} --seed-build for {n_builds} --build; give one per build (the same "
-                         "build directory may repeat, e.g. `cuda` for cuda_dense and cuda_hybrid).")
+        raise UsageError(
+            f"Got {len(names)} --seed-build for {n_builds} --build; give one per build (the same "
+            "build directory may repeat, e.g. `cuda` for cuda_dense and cuda_hybrid)."
+        )
     if arch is None:
-        raise UsageError("--seed-build needs --arch (sm_90, sm_89...): its -ngl/-nkvo values are checked against "
-                         "that arch's search space.")
+        raise UsageError(
+            "--seed-build needs --arch (sm_90, sm_89...): its -ngl/-nkvo values are checked against "
+            "that arch's search space."
+        )
     sp = space.load_space(arch, era or "mma")
     shape = read_shape(model)
     runs = [seed_builds.seed_run(seed_builds.seed_build(n), sp, shape=shape) for n in names]
     for r in runs:
-        check_passthrough_args(extra, set(r.bench_args[::2]), sets=f"--seed-build {r.build.name}",
-                               instead="drop it from the arguments after --")
+        check_passthrough_args(
+            extra,
+            set(r.bench_args[::2]),
+            sets=f"--seed-build {r.build.name}",
+            instead="drop it from the arguments after --",
+        )
     return runs
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--build", "builds", multiple=True, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Build (or bin) directory; repeat to interleave variants with the first as baseline anchor.")
+@click.option(
+    "--build",
+    "builds",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Build (or bin) directory; repeat to interleave variants with the first as baseline anchor.",
+)
 @click.option("--label", "labels", multiple=True, help="Variant name per --build (default: directory name).")
-@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
+@click.option(
+    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
+)
 @click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=depths_option, help="KV depths.")
-@click.option("--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp).")
-@click.option("--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg).")
+@click.option(
+    "--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp)."
+)
+@click.option(
+    "--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg)."
+)
 @click.option("--reps", type=click.IntRange(1, 10000), default=None, help="Kept repetitions per test (default 5).")
-@click.option("--target-ci", type=click.FloatRange(0.01, 99.99), default=None, help="Repeat until the median's CI half-width is within PCT %.")
+@click.option(
+    "--target-ci",
+    type=click.FloatRange(0.01, 99.99),
+    default=None,
+    help="Repeat until the median's CI half-width is within PCT %.",
+)
 @click.option("--max-reps", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--env", "envs", multiple=True, help="NAME=VALUE for llama-bench (repeatable).")
 @click.option("--era", type=click.Choice(["mma", "rocwmma"]), default=None, help="-fa spelling (default: detect).")
 @click.option("--no-fa", is_flag=True, help="Run with -fa off.")
 @click.option("--arch", default=None, help="Arch for the roofline columns (see `tuner archs`).")
-@click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline.")
-@click.option("--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call.")
+@click.option(
+    "--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline."
+)
+@click.option(
+    "--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call."
+)
 @click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
-@click.option("--seed-build", "seed_builds", multiple=True, metavar="NAME",
-              help="One of the six reference builds per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
-                   "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.")
-@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-               help="Run directory (default $TUNER_HOME/runs/bench-<time>).")
+@click.option(
+    "--seed-build",
+    "seed_builds",
+    multiple=True,
+    metavar="NAME",
+    help="One of the six reference builds per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
+    "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.",
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory (default $TUNER_HOME/runs/bench-<time>).",
+)
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths: tuple[int, ...], pp: int, tg: int,
-          reps: int | None, target_ci: float | None, max_reps: int, envs: tuple[str, ...], era: str | None,
-          no_fa: bool, arch: str | None, bandwidth: float | None, timeout: float, cpu_mask: tuple[int, ...] | None,
-          seed_builds: tuple[str, ...], out_dir: Path | None, extra: tuple[str, ...]) -> None:
+def bench(
+    builds: tuple[Path, ...],
+    labels: tuple[str, ...],
+    model: Path,
+    depths: tuple[int, ...],
+    pp: int,
+    tg: int,
+    reps: int | None,
+    target_ci: float | None,
+    max_reps: int,
+    envs: tuple[str, ...],
+    era: str | None,
+    no_fa: bool,
+    arch: str | None,
+    bandwidth: float | None,
+    timeout: float,
+    cpu_mask: tuple[int, ...] | None,
+    seed_builds: tuple[str, ...],
+    out_dir: Path | None,
+    extra: tuple[str, ...],
+) -> None:
     """Benchmark builds with llama-bench: pp and tg at every depth, with noise control.
 
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
@@ -88,24 +149,42 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
         raise UsageError(f"Got {len(labels)} --label for {len(builds)} --build; give one per build or none.")
     bins = [find_bin_dir(b) for b in builds]
     runs = _seed_runs(seed_builds, len(builds), arch, era, model, extra)
-    names = list(labels) or [r.build.name for r in runs] or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name
-                             for b in builds]
+    names = (
+        list(labels)
+        or [r.build.name for r in runs]
+        or [b.resolve().name if b.resolve().name not in ("bin",) else b.resolve().parent.name for b in builds]
+    )
     if len(set(names)) != len(names):
         names = [f"{n}-{i}" for i, n in enumerate(names)]
     out = out_dir or stamped_run_dir("bench")
-    kw = dict(depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps, timeout=timeout,
-              era=era, flash_attn=not no_fa, arch=arch, bandwidth=bandwidth, cpus=cpu_mask)
+    kw = dict(
+        depths=depths,
+        pp=pp,
+        tg=tg,
+        reps=reps,
+        target_ci=target_ci,
+        max_reps=max_reps,
+        timeout=timeout,
+        era=era,
+        flash_attn=not no_fa,
+        arch=arch,
+        bandwidth=bandwidth,
+        cpus=cpu_mask,
+    )
     env = _env(envs)
     envs_of = [{**r.env, **env} for r in runs] or [env] * len(bins)
     extra_of = [(*r.bench_args, *extra) for r in runs] or [tuple(extra)] * len(bins)
     frames = {}
     with log.step(f"Benchmarking {', '.join(names)} on {model.name} (depths {','.join(map(str, depths))})"):
         if len(bins) == 1:
-            frames[names[0]] = run_bench(bins[0], model, env=envs_of[0], extra_args=extra_of[0], log_dir=out / "logs",
-                                         label=names[0], **kw)
+            frames[names[0]] = run_bench(
+                bins[0], model, env=envs_of[0], extra_args=extra_of[0], log_dir=out / "logs", label=names[0], **kw
+            )
         else:
-            targets = [BenchTarget(label=n, bin_dir=b, env=e, extra_args=x)
-                       for n, b, e, x in zip(names, bins, envs_of, extra_of)]
+            targets = [
+                BenchTarget(label=n, bin_dir=b, env=e, extra_args=x)
+                for n, b, e, x in zip(names, bins, envs_of, extra_of)
+            ]
             res = run_interleaved(targets[1:], targets[0], model, log_dir=out / "logs", **kw)
             frames = {t.label: res.frames[t.label] for t in targets}
             save_results(res.anchors, out / "anchors")
@@ -128,9 +207,11 @@ def bench(builds: tuple[Path, ...], labels: tuple[str, ...], model: Path, depths
     log.info("results: " + ", ".join(str(p) for p in written))
 
 
-_AA_HELP = ("Two runs of one build on this machine (the A build twice, same settings): their difference per point is "
-            "the noise a change must clear. Without it the recorded run-to-run floor of the backend and phase is used "
-            "(docs/noise-floors.md).")
+_AA_HELP = (
+    "Two runs of one build on this machine (the A build twice, same settings): their difference per point is "
+    "the noise a change must clear. Without it the recorded run-to-run floor of the backend and phase is used "
+    "(docs/noise-floors.md)."
+)
 
 
 def _load_aa(aa: tuple[Path, Path] | None) -> tuple | None:
@@ -152,17 +233,48 @@ def _label(df: object, path: Path) -> str:
 @click.argument("a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
-@click.option("--min-effect", type=click.FloatRange(0, 100), default=0.0, show_default=True,
-              help="A change must also exceed this many percent to count.")
-@click.option("--aa", "aa_files", type=click.Path(exists=True, dir_okay=False, path_type=Path), nargs=2, default=None,
-              metavar="A1 A2", help=_AA_HELP)
-@click.option("--format", "fmt", type=click.Choice(["md", "csv", "json"]), default="md", show_default=True,
-              help="md: compare-llama-bench.py-shaped table; csv/json: the same rows as records.")
+@click.option(
+    "--min-effect",
+    type=click.FloatRange(0, 100),
+    default=0.0,
+    show_default=True,
+    help="A change must also exceed this many percent to count.",
+)
+@click.option(
+    "--aa",
+    "aa_files",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    nargs=2,
+    default=None,
+    metavar="A1 A2",
+    help=_AA_HELP,
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["md", "csv", "json"]),
+    default="md",
+    show_default=True,
+    help="md: compare-llama-bench.py-shaped table; csv/json: the same rows as records.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the speedup-vs-depth plot (PNG) here.")
-def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_files: tuple[Path, Path] | None, fmt: str,
-            as_json: bool, plot_path: Path | None) -> None:
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the speedup-vs-depth plot (PNG) here.",
+)
+def compare(
+    a: Path,
+    b: Path,
+    confidence: float,
+    min_effect: float,
+    aa_files: tuple[Path, Path] | None,
+    fmt: str,
+    as_json: bool,
+    plot_path: Path | None,
+) -> None:
     """Compare bench results B against A per test: t/s, speedup, its CI, the noise and a verdict.
 
     A and B are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
@@ -187,21 +299,42 @@ def compare(a: Path, b: Path, confidence: float, min_effect: float, aa_files: tu
     click.echo(text.rstrip("\n"))
     if plot_path is not None:
         model = next((str(p["model"]) for p in points if p.get("model")), "")
-        png = plot_speedup(points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else ""))
+        png = plot_speedup(
+            points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else "")
+        )
         log.info(f"wrote {png}")
 
 
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--baseline", default=None, help="Baseline variant label (default: the first file's).")
-@click.option("--aa", "aa_files", type=click.Path(exists=True, dir_okay=False, path_type=Path), nargs=2, default=None,
-              metavar="A1 A2", help=_AA_HELP)
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write report.md and depth.png here.")
+@click.option(
+    "--aa",
+    "aa_files",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    nargs=2,
+    default=None,
+    metavar="A1 A2",
+    help=_AA_HELP,
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write report.md and depth.png here.",
+)
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the tables' rows as JSON records instead of Markdown.")
-def report(files: tuple[Path, ...], baseline: str | None, aa_files: tuple[Path, Path] | None, out_dir: Path | None,
-           confidence: float, as_json: bool) -> None:
+def report(
+    files: tuple[Path, ...],
+    baseline: str | None,
+    aa_files: tuple[Path, Path] | None,
+    out_dir: Path | None,
+    confidence: float,
+    as_json: bool,
+) -> None:
     """Markdown report: every variant against the baseline in compare's table and verdict rule, and a depth plot.
 
     FILES are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
@@ -238,20 +371,41 @@ def report(files: tuple[Path, ...], baseline: str | None, aa_files: tuple[Path, 
 
 
 @click.command()
-@click.option("--build", "build_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Build (or bin) directory holding test-backend-ops.")
+@click.option(
+    "--build",
+    "build_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Build (or bin) directory holding test-backend-ops.",
+)
 @click.option("--backend", default="CUDA0", show_default=True, help="Device name: CUDA0, ROCm0, CPU...")
-@click.option("--ops", "ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable).")
+@click.option(
+    "--ops", "ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable)."
+)
 @click.option("--params", default=None, help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")
 @click.option("--head-dim", type=click.IntRange(1, 1024), default=None, help="Build --params for this head size.")
 @click.option("--kv-type", default=None, help="With --head-dim: KV type to select (f16, q8_0...).")
 @click.option("--kernels", default=None, help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None, help="test-backend-ops -j.")
 @click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
-@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-               help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).")
-def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | None, head_dim: int | None,
-          kv_type: str | None, kernels: str | None, jobs: int | None, timeout: float, out_dir: Path | None) -> None:
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).",
+)
+def check(
+    build_dir: Path,
+    backend: str,
+    ops: tuple[str, ...],
+    params: str | None,
+    head_dim: int | None,
+    kv_type: str | None,
+    kernels: str | None,
+    jobs: int | None,
+    timeout: float,
+    out_dir: Path | None,
+) -> None:
     """Correctness check with test-backend-ops (optionally once per forced FA kernel)."""
     from tuner.measure.gate import params_for_model, run_check, run_gate
 
@@ -279,4 +433,6 @@ def check(build_dir: Path, backend: str, ops: tuple[str, ...], params: str | Non
     if not ok:
         from tuner.errors import TunerError
 
-        raise TunerError(f"Correctness check failed: {summary}. Inspect the log above; a failing candidate is infeasible.")
+        raise TunerError(
+            f"Correctness check failed: {summary}. Inspect the log above; a failing candidate is infeasible."
+        )

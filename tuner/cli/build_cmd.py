@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["build", "toolchain", "parse_sets"]
+__all__ = ["build", "parse_sets", "toolchain"]
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,24 +33,50 @@ def _default_variant(arch: str) -> str:
 
 @click.command("build")
 @click.option("--arch", required=True, help="Target from the arch database: cpu, sm_89, sm_90, gfx1151, ...")
-@click.option("--source", "spec", default=None, help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist).")
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist)."
+)
 @click.option("--variant", default=None, help="Variant family (default: cpu / cuda / hip by arch).")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Compile-time knob value (repeatable).")
-@click.option("--targets", default=None, help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].")
-@click.option("--jobs", "-j", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs [default: CPU count].")
-@click.option("--compile-only", is_flag=True, help="Configure and compile only the FA translation units the variant touches; no link.")
-@click.option("--object", "objects", multiple=True, metavar="PATH", help="With --compile-only: a TU path relative to the tree (repeatable).")
-def build(arch: str, spec: str | None, variant: str | None, sets: tuple[str, ...], targets: str | None,
-          jobs: int | None, compile_only: bool, objects: tuple[str, ...]) -> None:
+@click.option(
+    "--targets",
+    default=None,
+    help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].",
+)
+@click.option(
+    "--jobs", "-j", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs [default: CPU count]."
+)
+@click.option(
+    "--compile-only",
+    is_flag=True,
+    help="Configure and compile only the FA translation units the variant touches; no link.",
+)
+@click.option(
+    "--object",
+    "objects",
+    multiple=True,
+    metavar="PATH",
+    help="With --compile-only: a TU path relative to the tree (repeatable).",
+)
+def build(
+    arch: str,
+    spec: str | None,
+    variant: str | None,
+    sets: tuple[str, ...],
+    targets: str | None,
+    jobs: int | None,
+    compile_only: bool,
+    objects: tuple[str, ...],
+) -> None:
     """Render and build one llama.cpp variant; print where its binaries are.
 
     A repeated build of the same candidate does no work. For AMD targets use --compile-only (this
     machine cannot run HIP code); it needs `tuner toolchain hip` once.
     """
-    from tuner.builder import cmake as build_stage  # noqa: PLC0415 - keep `tuner --help` fast
-    from tuner.plan import render  # noqa: PLC0415
-    from tuner import source  # noqa: PLC0415
-    from tuner.targets.archs import detect_local_archs  # noqa: PLC0415
+    from tuner import source
+    from tuner.builder import cmake as build_stage
+    from tuner.plan import render
+    from tuner.targets.archs import detect_local_archs
 
     if objects and not compile_only:
         raise UsageError("--object only applies with --compile-only.")
@@ -64,8 +90,9 @@ def build(arch: str, spec: str | None, variant: str | None, sets: tuple[str, ...
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)
     what = "Compile-checking" if compile_only else "Building"
     with log.step(f"{what} {rv.short} from {src.spec}"):
-        b = build_stage.build_variant(rv, targets=tlist, jobs=jobs, compile_only=compile_only,
-                                      objects=list(objects) or None)
+        b = build_stage.build_variant(
+            rv, targets=tlist, jobs=jobs, compile_only=compile_only, objects=list(objects) or None
+        )
     rows = [
         ("variant", rv.short),
         ("build dir", b.build_dir),
@@ -87,8 +114,12 @@ def toolchain() -> None:
 
 
 @toolchain.command("hip")
-@click.option("--prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to put it [default: $TUNER_HOME/toolchains/hip].")
+@click.option(
+    "--prefix",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to put it [default: $TUNER_HOME/toolchains/hip].",
+)
 @click.option("--check", is_flag=True, help="Also compile a small HIP kernel for gfx1151, gfx1100, gfx1201 and gfx942.")
 def toolchain_hip(prefix: Path | None, check: bool) -> None:
     """clang-19 + Debian's ROCm 6.4 headers, to compile-check HIP variants without an AMD GPU.
@@ -98,18 +129,23 @@ def toolchain_hip(prefix: Path | None, check: bool) -> None:
     configuration (the system's sources are not touched), and puts cmake<4 in a venv. A second run
     does no work.
     """
-    from tuner.builder import hip  # noqa: PLC0415
+    from tuner.builder import hip
 
     tc, did_work = hip.run_hip_setup(prefix)
-    click.echo(log.table(["", ""], [
-        ("prefix", tc.prefix),
-        ("status", "set up now" if did_work else "already set up (no work)"),
-        ("HIP", tc.hip_version),
-        ("compiler", tc.clangxx),
-        ("cmake", tc.cmake),
-        ("device libraries for", ", ".join(tc.device_archs)),
-        ("shell setup", tc.prefix / "env.sh"),
-    ]))
+    click.echo(
+        log.table(
+            ["", ""],
+            [
+                ("prefix", tc.prefix),
+                ("status", "set up now" if did_work else "already set up (no work)"),
+                ("HIP", tc.hip_version),
+                ("compiler", tc.clangxx),
+                ("cmake", tc.cmake),
+                ("device libraries for", ", ".join(tc.device_archs)),
+                ("shell setup", tc.prefix / "env.sh"),
+            ],
+        )
+    )
     if check:
         results = hip.run_hip_check(tc)
         click.echo(log.table(["arch", "compile check"], sorted(results.items())))

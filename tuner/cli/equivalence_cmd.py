@@ -21,36 +21,100 @@ def _split(text: str | None, flag: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as err:
-        raise UsageError(f"{flag} {text!r} cannot be split into arguments ({err}). Quote it like a shell line, "
-                         "e.g. --args '-t 1 -fa on'.") from err
+        raise UsageError(
+            f"{flag} {text!r} cannot be split into arguments ({err}). Quote it like a shell line, "
+            "e.g. --args '-t 1 -fa on'."
+        ) from err
 
 
 @click.command()
-@click.option("--build", "build_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The candidate's build (or bin) directory holding llama-perplexity.")
-@click.option("--upstream", "upstream_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Upstream's build (or bin) directory [default: --build, for env/argument candidates].")
-@click.option("--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model.")
-@click.option("--mode", type=click.Choice(["prefill", "decode"]), default="prefill", show_default=True,
-              help="prefill: -b N -ub N (prefill kernels); decode: -b 1 -ub 1 (decode kernels, one token per batch).")
-@click.option("--env", "envs", multiple=True, metavar="NAME=VALUE", help="Candidate environment (repeatable), e.g. GGML_TUNER_FA_RULES=decode:0-=MMA.")
-@click.option("--args", "args", default=None, help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'.")
-@click.option("--upstream-env", "up_envs", multiple=True, metavar="NAME=VALUE", help="Upstream environment (repeatable).")
+@click.option(
+    "--build",
+    "build_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The candidate's build (or bin) directory holding llama-perplexity.",
+)
+@click.option(
+    "--upstream",
+    "upstream_dir",
+    default=None,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Upstream's build (or bin) directory [default: --build, for env/argument candidates].",
+)
+@click.option(
+    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["prefill", "decode"]),
+    default="prefill",
+    show_default=True,
+    help="prefill: -b N -ub N (prefill kernels); decode: -b 1 -ub 1 (decode kernels, one token per batch).",
+)
+@click.option(
+    "--env",
+    "envs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Candidate environment (repeatable), e.g. GGML_TUNER_FA_RULES=decode:0-=MMA.",
+)
+@click.option(
+    "--args", "args", default=None, help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'."
+)
+@click.option(
+    "--upstream-env", "up_envs", multiple=True, metavar="NAME=VALUE", help="Upstream environment (repeatable)."
+)
 @click.option("--upstream-args", "up_args", default=None, help="Upstream llama-perplexity arguments as one string.")
-@click.option("--ctx", type=click.IntRange(16, 1 << 20), default=128, show_default=True, help="Context per chunk (half is scored).")
+@click.option(
+    "--ctx",
+    type=click.IntRange(16, 1 << 20),
+    default=128,
+    show_default=True,
+    help="Context per chunk (half is scored).",
+)
 @click.option("--chunks", type=click.IntRange(1, 10000), default=2, show_default=True, help="Chunks scored.")
-@click.option("--strict", is_flag=True, help="Scheduling-only candidate: require log-probs byte-identical to upstream's.")
-@click.option("--max-mean-kld", type=click.FloatRange(0), default=None, help="Mean KLD threshold [default: calibrated 1e-5].")
-@click.option("--max-p99-kld", type=click.FloatRange(0), default=None, help="99% KLD threshold [default: calibrated 1e-4].")
-@click.option("--min-same-top", type=click.FloatRange(0, 100), default=None, help="Same top p threshold in % [default: 98].")
-@click.option("--timeout", type=click.FloatRange(1), default=1800.0, show_default=True, help="Seconds per llama-perplexity call.")
-@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-               help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).")
+@click.option(
+    "--strict", is_flag=True, help="Scheduling-only candidate: require log-probs byte-identical to upstream's."
+)
+@click.option(
+    "--max-mean-kld", type=click.FloatRange(0), default=None, help="Mean KLD threshold [default: calibrated 1e-5]."
+)
+@click.option(
+    "--max-p99-kld", type=click.FloatRange(0), default=None, help="99% KLD threshold [default: calibrated 1e-4]."
+)
+@click.option(
+    "--min-same-top", type=click.FloatRange(0, 100), default=None, help="Same top p threshold in % [default: 98]."
+)
+@click.option(
+    "--timeout", type=click.FloatRange(1), default=1800.0, show_default=True, help="Seconds per llama-perplexity call."
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def equivalence(build_dir: Path, upstream_dir: Path | None, model: Path, mode: str, envs: tuple[str, ...], args: str | None,
-                up_envs: tuple[str, ...], up_args: str | None, ctx: int, chunks: int, strict: bool,
-                max_mean_kld: float | None, max_p99_kld: float | None, min_same_top: float | None, timeout: float,
-                out_dir: Path | None, as_json: bool) -> None:
+def equivalence(
+    build_dir: Path,
+    upstream_dir: Path | None,
+    model: Path,
+    mode: str,
+    envs: tuple[str, ...],
+    args: str | None,
+    up_envs: tuple[str, ...],
+    up_args: str | None,
+    ctx: int,
+    chunks: int,
+    strict: bool,
+    max_mean_kld: float | None,
+    max_p99_kld: float | None,
+    min_same_top: float | None,
+    timeout: float,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
     """Check that a candidate config computes the same model output as upstream's.
 
     Runs llama-perplexity on upstream (saving its log-probabilities), the candidate twice (its two
@@ -63,13 +127,27 @@ def equivalence(build_dir: Path, upstream_dir: Path | None, model: Path, mode: s
     cand = find_bin_dir(build_dir, "llama-perplexity")
     up = find_bin_dir(upstream_dir, "llama-perplexity") if upstream_dir is not None else cand
     d = DEFAULT_THRESHOLDS
-    thr = Thresholds(mean_kld=d.mean_kld if max_mean_kld is None else max_mean_kld,
-                     p99_kld=d.p99_kld if max_p99_kld is None else max_p99_kld,
-                     same_top_pct=d.same_top_pct if min_same_top is None else min_same_top)
-    res = run_equivalence(cand, up, model, mode=mode, candidate_env=parse_pairs(envs, "--env", "GGML_TUNER_FA_RULES=decode:0-=MMA"),
-                          candidate_args=_split(args, "--args"), upstream_env=parse_pairs(up_envs, "--upstream-env", "GGML_TUNER_FA_LOG=1"),
-                          upstream_args=_split(up_args, "--upstream-args"), work_dir=out_dir or stamped_run_dir("equivalence"),
-                          ctx=ctx, chunks=chunks, strict=strict, thresholds=thr, timeout=timeout)
+    thr = Thresholds(
+        mean_kld=d.mean_kld if max_mean_kld is None else max_mean_kld,
+        p99_kld=d.p99_kld if max_p99_kld is None else max_p99_kld,
+        same_top_pct=d.same_top_pct if min_same_top is None else min_same_top,
+    )
+    res = run_equivalence(
+        cand,
+        up,
+        model,
+        mode=mode,
+        candidate_env=parse_pairs(envs, "--env", "GGML_TUNER_FA_RULES=decode:0-=MMA"),
+        candidate_args=_split(args, "--args"),
+        upstream_env=parse_pairs(up_envs, "--upstream-env", "GGML_TUNER_FA_LOG=1"),
+        upstream_args=_split(up_args, "--upstream-args"),
+        work_dir=out_dir or stamped_run_dir("equivalence"),
+        ctx=ctx,
+        chunks=chunks,
+        strict=strict,
+        thresholds=thr,
+        timeout=timeout,
+    )
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2, sort_keys=True))
     else:
@@ -77,5 +155,7 @@ def equivalence(build_dir: Path, upstream_dir: Path | None, model: Path, mode: s
         for step, path in res.logs.items():
             click.echo(f"  {step} log: {path}")
     if not res.passed:
-        raise TunerError(f"Output-equivalence gate failed ({res.mode}): {' '.join(res.reasons)} "
-                         "A candidate that fails this gate is infeasible and is never exported.")
+        raise TunerError(
+            f"Output-equivalence gate failed ({res.mode}): {' '.join(res.reasons)} "
+            "A candidate that fails this gate is infeasible and is never exported."
+        )

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["export", "validate", "export_study"]
+__all__ = ["export", "export_study", "validate"]
 
 import sys
 from pathlib import Path
 
 import click
 
+from tuner import log
 from tuner.cli._params import output_option
 
-from tuner import log
 
-
-def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
-                 weight_type: str | None = None) -> Path:
+def export_study(
+    study_name: str, *, storage: str, out_dir: Path, like: str | None = None, weight_type: str | None = None
+) -> Path:
     """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage).
 
     The folder is written beside ``out_dir`` and renamed into place, so a failure leaves the previous
@@ -47,14 +47,23 @@ def export_study(study_name: str, *, storage: str, out_dir: Path, like: str | No
 @click.command()
 @click.option("--study", required=True, help="Study name (as printed by tuner search).")
 @click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory of the study (default ./tuner-runs/<study>).")
-@output_option("out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-               help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run directory of the study (default ./tuner-runs/<study>).",
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).",
+)
 @click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
 @click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
-def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None,
-           weight_type: str | None) -> None:
+def export(
+    study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None, weight_type: str | None
+) -> None:
     """Export a study's winner: config.toml, tuned.patch, CMakeUserPresets.json, run.env, report.md, plots.
 
     -o is written whole and atomically: an existing export there is replaced only once the new one is
@@ -76,21 +85,57 @@ def export(study: str, storage: str | None, run_dir: Path | None, out_dir: Path,
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
-@click.option("--gpu", "do_gpu", is_flag=True,
-              help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
-                   "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).")
-@click.option("--soak", "soak", type=int, default=None, metavar="N",
-              help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.")
-@click.option("--model", "models", multiple=True, type=click.Path(path_type=Path),
-              help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).")
-@click.option("--upstream-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).")
-@click.option("--tuned-bin", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).")
-@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="With --gpu: where the runs' logs go (default: a temporary directory).")
-def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: bool, models: tuple[Path, ...],
-             upstream_bin: Path | None, tuned_bin: Path | None, log_dir: Path | None, soak: int | None) -> None:
+@click.option(
+    "--gpu",
+    "do_gpu",
+    is_flag=True,
+    help="On a GPU of the result's arch: build upstream.patch on the pristine tree, run test-backend-ops "
+    "FLASH_ATTN_EXT on it and check it launches the tuned kernels (Nsight Compute).",
+)
+@click.option(
+    "--soak",
+    "soak",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).",
+)
+@click.option(
+    "--upstream-bin",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).",
+)
+@click.option(
+    "--tuned-bin",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --gpu: where the runs' logs go (default: a temporary directory).",
+)
+def validate(
+    paths: tuple[Path, ...],
+    do_compile: bool,
+    do_bench: bool,
+    do_gpu: bool,
+    models: tuple[Path, ...],
+    upstream_bin: Path | None,
+    tuned_bin: Path | None,
+    log_dir: Path | None,
+    soak: int | None,
+) -> None:
     """Validate stored winners (default: results/). Non-zero exit if any check fails."""
     from tuner.errors import UsageError
     from tuner.result.validate import validate_paths
@@ -104,15 +149,22 @@ def validate(paths: tuple[Path, ...], do_compile: bool, do_bench: bool, do_gpu: 
     elif upstream_bin or tuned_bin or log_dir:
         raise UsageError("--upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
     elif models and not do_bench and soak is None:
-        raise UsageError("--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it.")
+        raise UsageError(
+            "--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it."
+        )
     else:
         from tuner.result.upstream_check import check_gpu_args
 
         check_gpu_args(models, None, None)
     from tuner.search.rebench import rebench
 
-    checks = validate_paths(paths or (Path("results"),), compile=do_compile, bench=rebench if do_bench else None, gpu=gpu,
-                            models=list(models))
+    checks = validate_paths(
+        paths or (Path("results"),),
+        compile=do_compile,
+        bench=rebench if do_bench else None,
+        gpu=gpu,
+        models=list(models),
+    )
     if not checks:
         log.warning("no results found (no config.toml under the given paths)")
     bad = 0

@@ -19,16 +19,37 @@ def model() -> None:
 
 @model.command("synth")
 @click.option("--like", required=True, help="Model shape to copy: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b or tiny.")
-@click.option("--type", "weight_type", default="f16", show_default=True, help="Weight type written directly: f16 or q8_0.")
+@click.option(
+    "--type", "weight_type", default="f16", show_default=True, help="Weight type written directly: f16 or q8_0."
+)
 @click.option("--quant", help="Then quantize with llama-quantize to this type (e.g. Q4_K_M); needs --quantize-with.")
 @click.option("--quantize-with", type=click.Path(path_type=Path), help="Path to a llama-quantize binary (for --quant).")
-@click.option("--source", "spec", default=None, help="llama.cpp source SPEC whose models/ vocab GGUF is copied (default: tuner's default source).")
-@click.option("--vocab", "vocab_path", type=click.Path(path_type=Path), help="Use this vocab-only GGUF instead of fetching --source.")
+@click.option(
+    "--source",
+    "spec",
+    default=None,
+    help="llama.cpp source SPEC whose models/ vocab GGUF is copied (default: tuner's default source).",
+)
+@click.option(
+    "--vocab",
+    "vocab_path",
+    type=click.Path(path_type=Path),
+    help="Use this vocab-only GGUF instead of fetching --source.",
+)
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Output .gguf file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same file).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def synth(like: str, weight_type: str, quant: str | None, quantize_with: Path | None, spec: str | None,
-          vocab_path: Path | None, out: Path, seed: int, as_json: bool) -> None:
+def synth(
+    like: str,
+    weight_type: str,
+    quant: str | None,
+    quantize_with: Path | None,
+    spec: str | None,
+    vocab_path: Path | None,
+    out: Path,
+    seed: int,
+    as_json: bool,
+) -> None:
     """Write a random-weight GGUF with the exact tensors and metadata of a known model.
 
     Random weights keep a dense model's speed, not its output quality: every tensor has the real
@@ -40,7 +61,9 @@ def synth(like: str, weight_type: str, quant: str | None, quantize_with: Path | 
 
     shape = load_model_shape(like)
     if weight_type not in ("f16", "q8_0"):
-        raise UsageError(f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH.")
+        raise UsageError(
+            f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH."
+        )
     if quant is not None and quantize_with is None:
         raise UsageError("--quant needs --quantize-with PATH (a llama-quantize binary, e.g. from `tuner build`).")
     if quant is not None and weight_type != "f16":
@@ -51,30 +74,50 @@ def synth(like: str, weight_type: str, quant: str | None, quantize_with: Path | 
         root = fetch_source(spec or DEFAULT_SPEC).root
         vocab_path = find_vocab(root, shape.vocab)
         if vocab_path is None:
-            raise TunerError(f"{root}/models has no ggml-vocab-{shape.vocab}.gguf. Use a llama.cpp source that ships it, or pass --vocab.")
+            raise TunerError(
+                f"{root}/models has no ggml-vocab-{shape.vocab}.gguf. Use a llama.cpp source that ships it, or pass --vocab."
+            )
     elif not vocab_path.is_file():
-        raise UsageError(f"--vocab {vocab_path} does not exist. Pass a vocab-only GGUF from llama.cpp's models/ folder.")
+        raise UsageError(
+            f"--vocab {vocab_path} does not exist. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        )
 
     target = out.with_name(out.name + ".f16.gguf") if quant else out
     with log.step(f"Writing random-weight {shape.name} ({weight_type}) to {target}"):
-        res = synth_model(shape, target, vocab_path=vocab_path, weight_type=weight_type, seed=seed,
-                          on_tensor=lambda i, n, name: log.progress(f"    tensor {i + 1}/{n} {name}") if i % 16 == 0 else None)
+        res = synth_model(
+            shape,
+            target,
+            vocab_path=vocab_path,
+            weight_type=weight_type,
+            seed=seed,
+            on_tensor=lambda i, n, name: log.progress(f"    tensor {i + 1}/{n} {name}") if i % 16 == 0 else None,
+        )
     size = res.n_bytes
     if quant:
         assert quantize_with is not None
         with log.step(f"Quantizing to {quant.upper()} with {quantize_with}"):
             try:
-                run_quantize(target, out, quant, quantize_bin=quantize_with, log_file=out.with_name(out.name + ".quantize.log"))
+                run_quantize(
+                    target, out, quant, quantize_bin=quantize_with, log_file=out.with_name(out.name + ".quantize.log")
+                )
             finally:
                 target.unlink(missing_ok=True)
         size = out.stat().st_size
     summary = {
-        "path": str(out), "like": shape.name, "type": quant.upper() if quant else weight_type, "tensors": res.n_tensors,
-        "params": res.n_params, "bytes": size, "tied_output": shape.tied_output, "seed": seed,
+        "path": str(out),
+        "like": shape.name,
+        "type": quant.upper() if quant else weight_type,
+        "tensors": res.n_tensors,
+        "params": res.n_params,
+        "bytes": size,
+        "tied_output": shape.tied_output,
+        "seed": seed,
         "note": "random weights: dense-model speed, not output quality",
     }
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        click.echo(f"{out}: {shape.name}, {summary['type']}, {res.n_tensors} tensors, {res.n_params:,} params, "
-                   f"{size / 2**20:.2f} MiB (random weights: dense-model speed, not output quality)")
+        click.echo(
+            f"{out}: {shape.name}, {summary['type']}, {res.n_tensors} tensors, {res.n_params:,} params, "
+            f"{size / 2**20:.2f} MiB (random weights: dense-model speed, not output quality)"
+        )

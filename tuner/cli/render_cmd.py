@@ -16,7 +16,6 @@ from tuner.errors import UsageError
 from tuner.source.spec import DEFAULT_SPEC
 
 
-
 def _load_source(spec: str) -> Any:
     """Fetch (or reuse) the llama.cpp tree for SPEC through tuner.source."""
     from tuner.source import fetch_source
@@ -26,12 +25,30 @@ def _load_source(spec: str) -> Any:
 
 @click.command("render")
 @click.option("--arch", required=True, help="Target arch (sm_90, sm_89, gfx1151, cpu...).")
-@click.option("--source", "spec", default=DEFAULT_SPEC, show_default=True, help="llama.cpp source SPEC (see `tuner source`).")
+@click.option(
+    "--source", "spec", default=DEFAULT_SPEC, show_default=True, help="llama.cpp source SPEC (see `tuner source`)."
+)
 @click.option("--variant", default=None, help="Build variant; default: the first of the arch's search space.")
-@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="A knob value (repeatable); checked against the space.")
-@click.option("--baked", is_flag=True, help="Compile the values into the patch (export form) instead of env + per-TU headers.")
-@click.option("--local-arch", "local_archs", multiple=True, metavar="ARCH", help="This machine's GPU arch (decides 89-real vs 89-virtual).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Directory to write into (default ./render-ARCH-VARIANT).")
+@click.option(
+    "--set", "sets", multiple=True, metavar="KNOB=VALUE", help="A knob value (repeatable); checked against the space."
+)
+@click.option(
+    "--baked", is_flag=True, help="Compile the values into the patch (export form) instead of env + per-TU headers."
+)
+@click.option(
+    "--local-arch",
+    "local_archs",
+    multiple=True,
+    metavar="ARCH",
+    help="This machine's GPU arch (decides 89-real vs 89-virtual).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Directory to write into (default ./render-ARCH-VARIANT).",
+)
 @click.option("--dry-run", is_flag=True, help="Print everything to stdout and write nothing.")
 def render(
     arch: str,
@@ -69,10 +86,18 @@ def render(
     if sets:
         assert sp is not None
         compile_values, runtime_values = space_mod.parse_set_values(sp, sets)
-    runtime = space_mod.render_runtime(sp, runtime_values) if sp is not None else space_mod.RuntimeSettings(env={}, bench_args=())
+    runtime = (
+        space_mod.render_runtime(sp, runtime_values)
+        if sp is not None
+        else space_mod.RuntimeSettings(env={}, bench_args=())
+    )
     baked_runtime = {k: v for k, v in runtime.env.items() if k.startswith("GGML_TUNER_")} if baked else None
     rv = render_mod.render_variant(
-        src, arch, variant, compile_values=compile_values, baked_runtime=baked_runtime,
+        src,
+        arch,
+        variant,
+        compile_values=compile_values,
+        baked_runtime=baked_runtime,
         local_archs=list(local_archs) or None,
     )
     for w in rv.warnings:
@@ -86,8 +111,10 @@ def render(
         click.echo("# cmake args\n" + " ".join(shlex.quote(a) for a in cmake_args))
         click.echo("# CMakeUserPresets.json\n" + json.dumps(preset, indent=2))
         if rv.tu_headers:
-            click.echo(f"# per-TU headers: {len(rv.tu_headers)} hooked TUs, {len(overrides)} with overrides "
-                       "(configure with -DGGML_TUNER_TU_DIR=<dir holding them>)")
+            click.echo(
+                f"# per-TU headers: {len(rv.tu_headers)} hooked TUs, {len(overrides)} with overrides "
+                "(configure with -DGGML_TUNER_TU_DIR=<dir holding them>)"
+            )
             for tu, text in sorted(overrides.items()):
                 click.echo(f"## {render_mod.tu_header_name(tu)}  ({tu})\n{text}", nl=False)
         click.echo("# runtime env\n" + "".join(f"{k}={v}\n" for k, v in env.items()), nl=False)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option
-
 from tuner import interrupts, log
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 from tuner.redact import redact
@@ -20,11 +19,26 @@ from tuner.source.spec import DEFAULT_SPEC
 # Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
 # One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
 # --variant cpu --variant cpu-no-native to search both.
-CPU_DEFAULTS = {"like": "tiny", "depths": (0, 1024, 4096), "pp": 128, "tg": 32, "trials": 3, "variants": ("cpu",),
-                "max_rounds": 3, "refine": 0}
+CPU_DEFAULTS = {
+    "like": "tiny",
+    "depths": (0, 1024, 4096),
+    "pp": 128,
+    "tg": 32,
+    "trials": 3,
+    "variants": ("cpu",),
+    "max_rounds": 3,
+    "refine": 0,
+}
 # The depth ladder of issue 15, capped by the model's context length.
-GPU_DEFAULTS = {"like": "llama-3.2-1b", "depths": (0, 4096, 8192, 16384, 32768, 65536), "pp": 512, "tg": 128,
-                "trials": 6, "max_rounds": 6, "refine": 1}
+GPU_DEFAULTS = {
+    "like": "llama-3.2-1b",
+    "depths": (0, 4096, 8192, 16384, 32768, 65536),
+    "pp": 512,
+    "tg": 128,
+    "trials": 6,
+    "max_rounds": 6,
+    "refine": 1,
+}
 
 
 def _sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -37,37 +51,90 @@ def _common(f):  # type: ignore[no-untyped-def]
         click.option("--source", "source_spec", default=None, help=f"llama.cpp SPEC (default {DEFAULT_SPEC})."),
         click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
         click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
-        click.option("--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."),
+        click.option(
+            "--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."
+        ),
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
         click.option("--tg", type=click.IntRange(1, 4096), default=None, help="Generated tokens per tg test."),
-        click.option("--trials", type=click.IntRange(0, 100000), default=None, envvar="TUNER_TRIALS", show_envvar=True,
-                     help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget)."),
-        click.option("--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."),
-        click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study."),
+        click.option(
+            "--trials",
+            type=click.IntRange(0, 100000),
+            default=None,
+            envvar="TUNER_TRIALS",
+            show_envvar=True,
+            help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget).",
+        ),
+        click.option(
+            "--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."
+        ),
+        click.option(
+            "--storage",
+            default=None,
+            help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study.",
+        ),
         click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
-        click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Default ./tuner-runs/<study>."),
+        click.option(
+            "--run-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Default ./tuner-runs/<study>.",
+        ),
         click.option("--jobs", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs."),
         click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
         click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True,
-                     help="Paired, interleaved rounds at least (screen and confirm)."),
-        click.option("--max-rounds", type=click.IntRange(2, 100), default=None,
-                     help="Rounds at most (default 6 on a GPU, 4 on the CPU)."),
-        click.option("--ci-target", type=click.FloatRange(0.1, 50), default=1.0, show_default=True,
-                     help="Stop adding rounds when every paired 95% CI half-width is within this many percent."),
-        click.option("--reps-pp", type=click.IntRange(1, 100), default=None,
-                     help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two."),
-        click.option("--reps-tg", type=click.IntRange(1, 100), default=None, help="Repetitions of a decode test per call (default 3)."),
-        click.option("--confirm-extra", type=click.IntRange(0, 8), default=None,
-                     help="Depths the confirm stage adds between the ladder's (default 2; each costs a depth fill per call)."),
-        click.option("--refine", type=click.IntRange(0, 10), default=None,
-                     help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU)."),
+        click.option(
+            "--min-rounds",
+            type=click.IntRange(2, 100),
+            default=3,
+            show_default=True,
+            help="Paired, interleaved rounds at least (screen and confirm).",
+        ),
+        click.option(
+            "--max-rounds",
+            type=click.IntRange(2, 100),
+            default=None,
+            help="Rounds at most (default 6 on a GPU, 4 on the CPU).",
+        ),
+        click.option(
+            "--ci-target",
+            type=click.FloatRange(0.1, 50),
+            default=1.0,
+            show_default=True,
+            help="Stop adding rounds when every paired 95% CI half-width is within this many percent.",
+        ),
+        click.option(
+            "--reps-pp",
+            type=click.IntRange(1, 100),
+            default=None,
+            help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two.",
+        ),
+        click.option(
+            "--reps-tg",
+            type=click.IntRange(1, 100),
+            default=None,
+            help="Repetitions of a decode test per call (default 3).",
+        ),
+        click.option(
+            "--confirm-extra",
+            type=click.IntRange(0, 8),
+            default=None,
+            help="Depths the confirm stage adds between the ladder's (default 2; each costs a depth fill per call).",
+        ),
+        click.option(
+            "--refine",
+            type=click.IntRange(0, 10),
+            default=None,
+            help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU).",
+        ),
         click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
-        click.option("--ptx-jit", is_flag=True,
-                     help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100)."),
+        click.option(
+            "--ptx-jit",
+            is_flag=True,
+            help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
+        ),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -76,15 +143,27 @@ def _common(f):  # type: ignore[no-untyped-def]
 
 @click.command()
 @_common
-@click.option("--dry-run", is_flag=True, help="Render, constraint-check and compile-check the space; benchmark nothing.")
-@click.option("--replay", "replay_mode", is_flag=True,
-              help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.")
+@click.option(
+    "--dry-run", is_flag=True, help="Render, constraint-check and compile-check the space; benchmark nothing."
+)
+@click.option(
+    "--replay",
+    "replay_mode",
+    is_flag=True,
+    help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.",
+)
 @click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@output_option("export_dir", old=("--export",), type=click.Path(file_okay=False, path_type=Path), default=None,
-               help="Folder to export the winner into (default: <run-dir>/export).")
+@output_option(
+    "export_dir",
+    old=("--export",),
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder to export the winner into (default: <run-dir>/export).",
+)
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run or --replay: print the report as JSON on stdout.")
-def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, as_json: bool,
-           **kw: object) -> None:
+def search(
+    dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_dir: Path | None, as_json: bool, **kw: object
+) -> None:
     """Search build, compile-time and runtime knobs for the fastest llama.cpp on this machine.
 
     With no arguments: tune for the local GPU, or the CPU backend when there is none, with a small
@@ -93,10 +172,14 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
     from tuner.search.study import resolve_arch
 
     if bool(replay) != replay_mode:
-        raise UsageError("--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ...")
+        raise UsageError(
+            "--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ..."
+        )
     if as_json and not (dry_run or replay):
-        raise UsageError("--json prints the report of --dry-run or --replay; add one of them, or drop --json "
-                         "(a live search writes its result with -o/--output).")
+        raise UsageError(
+            "--json prints the report of --dry-run or --replay; add one of them, or drop --json "
+            "(a live search writes its result with -o/--output)."
+        )
     arch = resolve_arch(kw.pop("arch"), dry_run=dry_run, replay=bool(replay), ptx_jit=bool(kw.pop("ptx_jit")))  # type: ignore[arg-type]
     if dry_run:
         from tuner.search.dryrun import PlanInputs, run_dry_run
@@ -105,20 +188,35 @@ def search(dry_run: bool, replay_mode: bool, replay: tuple[Path, ...], export_di
         d = GPU_DEFAULTS
         if kw.get("model") and kw.get("like"):
             raise UsageError("give either --model GGUF or --like NAME, not both.")
-        inputs = PlanInputs(like=str(kw.get("like") or d["like"]), model=kw.get("model"), depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
-                            trials=int(kw["trials"] if kw.get("trials") is not None else d["trials"]),  # type: ignore[call-overload]
-                            min_rounds=int(kw["min_rounds"]),  # type: ignore[call-overload]
-                            max_rounds=int(kw.get("max_rounds") or d["max_rounds"]),  # type: ignore[call-overload]
-                            refine=int(kw["refine"] if kw.get("refine") is not None else d["refine"]),  # type: ignore[call-overload]
-                            confirm_extra=int(kw["confirm_extra"] if kw.get("confirm_extra") is not None else 2))  # type: ignore[call-overload]
-        run_dry_run(arch=arch, source_spec=kw.get("source_spec"), sets=_sets(kw["sets"]), variants=kw["variants"],  # type: ignore[arg-type]
-                    inputs=inputs, as_json=as_json)
+        inputs = PlanInputs(
+            like=str(kw.get("like") or d["like"]),
+            model=kw.get("model"),
+            depths=tuple(kw.get("depths") or d["depths"]),  # type: ignore[arg-type]
+            trials=int(kw["trials"] if kw.get("trials") is not None else d["trials"]),  # type: ignore[call-overload]
+            min_rounds=int(kw["min_rounds"]),  # type: ignore[call-overload]
+            max_rounds=int(kw.get("max_rounds") or d["max_rounds"]),  # type: ignore[call-overload]
+            refine=int(kw["refine"] if kw.get("refine") is not None else d["refine"]),  # type: ignore[call-overload]
+            confirm_extra=int(kw["confirm_extra"] if kw.get("confirm_extra") is not None else 2),
+        )  # type: ignore[call-overload]
+        run_dry_run(
+            arch=arch,
+            source_spec=kw.get("source_spec"),
+            sets=_sets(kw["sets"]),
+            variants=kw["variants"],  # type: ignore[arg-type]
+            inputs=inputs,
+            as_json=as_json,
+        )
         return
     if replay:
         from tuner.search.replay import replay_screen
 
-        replay_screen(list(replay), min_rounds=int(kw["min_rounds"]), max_rounds=int(kw.get("max_rounds") or 5),  # type: ignore[arg-type]
-                      ci_target=float(kw["ci_target"]), as_json=as_json)  # type: ignore[arg-type]
+        replay_screen(
+            list(replay),
+            min_rounds=int(kw["min_rounds"]),
+            max_rounds=int(kw.get("max_rounds") or 5),  # type: ignore[arg-type]
+            ci_target=float(kw["ci_target"]),
+            as_json=as_json,
+        )  # type: ignore[arg-type]
         return
     _run(arch, worker=False, export_dir=export_dir, **kw)
 
@@ -138,10 +236,10 @@ def worker(**kw: object) -> None:
 
 def _baseline_build(arch: str, source: object) -> object:
     """The upstream-default variant's build (for llama-quantize); cached like every build."""
-    from tuner.targets.archs import detect_local_archs
     from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
+    from tuner.targets.archs import detect_local_archs
 
     space = load_space(arch, source.era)  # type: ignore[attr-defined]
     rv = render_variant(source, arch, space.variants[0], local_archs=detect_local_archs())  # type: ignore[arg-type]
@@ -215,7 +313,9 @@ def _run(arch: str, *, worker: bool, export_dir: Path | None, **kw: object) -> N
         except BudgetReached as stop:
             log.notice(f"time budget reached during {stop}; the trials so far are in {shown}.")
             return
-        log.info(f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports.")
+        log.info(
+            f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports."
+        )
         return
 
     _search_and_export(cfg, export_dir or (run_dir / "export"), shown)
@@ -225,31 +325,34 @@ def _search_and_export(cfg: object, out: Path, shown: str) -> None:
     """Run (or resume) the pipeline and export its result; an interruption says how to go on."""
     import time
 
-    from tuner.search.pipeline import BudgetReached, run_pipeline
-
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
+    from tuner.search.pipeline import BudgetReached, run_pipeline
 
     def export(result: object) -> None:  # inside the run dir's lock: no second search exports here meanwhile
         log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
         export_study(cfg.study, storage=cfg.storage_url, out_dir=out)  # type: ignore[attr-defined]
-        log.info(f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's).")
+        log.info(
+            f"\nExported the result to {out}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's)."
+        )
 
     t0 = time.monotonic()
     try:
         with interrupts.sigterm_interrupts():
             result = run_pipeline(cfg, then=export)  # type: ignore[arg-type]
     except BudgetReached as stop:
-        log.notice(f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
-                   f"in {shown}. Rerun the same command to resume; nothing was exported yet.")
+        log.notice(
+            f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
+            f"in {shown}. Rerun the same command to resume; nothing was exported yet."
+        )
         return
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how to go on before `tuner: aborted`
-        log.notice(f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
-                   "(a trial cut off is run again). Rerun the same command to resume.")
+        log.notice(
+            f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
+            "(a trial cut off is run again). Rerun the same command to resume."
+        )
         raise
     click.echo(summary_line(result))
-
-
 
 
 def _dashboard_hint(storage_url: str) -> str:
@@ -275,9 +378,11 @@ def _check_pins(arch: str, source: object, model: Path, sets: dict[str, str], cp
     if "variant" in sets and sets["variant"] not in space.variants:
         from tuner.errors import close_matches
 
-        raise UsageError(f"--set variant={sets['variant']} is not a variant of the {arch} space; it has "
-                         f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
-                         "or leave variant unpinned.")
+        raise UsageError(
+            f"--set variant={sets['variant']} is not a variant of the {arch} space; it has "
+            f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
+            "or leave variant unpinned."
+        )
 
 
 def _model(arch: str, source: object, kw: dict, defaults: dict) -> Path:
@@ -314,10 +419,15 @@ def _intro(arch: str, kw: dict, defaults: dict) -> str:
     what = "llama.cpp's CPU backend (no GPU found)" if arch == "cpu" else f"{arch}"
     build = "about 5-8 minutes on 2 cores" if arch == "cpu" else "about 5 minutes on 16 cores for one CUDA arch"
     if arch == "cpu":  # the H100 figure says nothing about a CPU run
-        measure = ("a few minutes on 2 cores" if not kw.get("model")
-                   else "a time that grows with the model's size and the depths; the ETAs after the first round say")
+        measure = (
+            "a few minutes on 2 cores"
+            if not kw.get("model")
+            else "a time that grows with the model's size and the depths; the ETAs after the first round say"
+        )
     else:
         measure = "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536"
-    return (f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
-            f"({build}); then screen the kernels per phase and depth, compose rules, tune {trials} Optuna trial(s) and "
-            f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes.")
+    return (
+        f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
+        f"({build}); then screen the kernels per phase and depth, compose rules, tune {trials} Optuna trial(s) and "
+        f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes."
+    )

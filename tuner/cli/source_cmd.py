@@ -13,7 +13,6 @@ from tuner import log
 from tuner.source import DEFAULT_SPEC, fetch_source, pack_source, source_info
 
 
-
 @click.group()
 def source() -> None:
     """Fetch, describe and pack llama.cpp source trees.
@@ -80,16 +79,21 @@ def info(spec: str, as_json: bool) -> None:
         lines += [log.table(["table", "name", "rows", "file"], rows), ""]
     if data["fa_instances"]:
         lines += [log.table(["FA template family", "instances"], sorted(data["fa_instances"].items())), ""]
-    gpu = [(n, o["default"], o["help"]) for n, o in data["options"].items()
-           if n.startswith(("GGML_CUDA", "GGML_HIP"))]
+    gpu = [(n, o["default"], o["help"]) for n, o in data["options"].items() if n.startswith(("GGML_CUDA", "GGML_HIP"))]
     lines.append(log.table(["GPU option", "default", "help"], gpu))
     click.echo("\n".join(lines))
 
 
 @source.command()
 @click.argument("spec", required=False, default=DEFAULT_SPEC)
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The .tar.gz to write.")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The .tar.gz to write.",
+)
 @click.option("--no-trim", is_flag=True, help="Pack the whole tree, not just what a build needs.")
 def pack(spec: str, out: Path, no_trim: bool) -> None:
     """Write SPEC's tree as a tar.gz to carry to another machine.
@@ -106,8 +110,11 @@ def pack(spec: str, out: Path, no_trim: bool) -> None:
 
 @source.command()
 @click.argument("archive", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--replace", is_flag=True,
-              help="Let the pack re-point a SPEC that already resolves to another tree on this machine.")
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Let the pack re-point a SPEC that already resolves to another tree on this machine.",
+)
 def unpack(archive: Path, replace: bool) -> None:
     """Register a tree written by `tuner source pack` in this machine's cache (no network needed).
 

@@ -89,6 +89,7 @@ __all__ = [
 import dataclasses
 import datetime as _dt
 import functools
+import itertools
 import json
 import logging
 import math
@@ -117,12 +118,49 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COLUMNS: tuple[str, ...] = (
-    "label", "test", "phase", "depth", "n", "median_ts", "mean_ts", "stddev_ts", "ci_low",
-    "ci_high", "ci_pct", "min_ts", "max_ts", "samples", "n_batches", "warmup_discarded", "status",
-    "error", "build_commit", "backends", "gpu_info", "model_filename", "model_size", "n_params",
-    "n_ubatch", "type_k", "flash_attn", "env", "cmd", "log_file", "cpu_util_mean", "cpu_util_max",
-    "cpu_core_max", "gpu_util_mean", "gpu_util_max", "gpu_mem_mb", "bytes_per_token", "roofline_tps",
-    "roofline_pct", "roofline_note", "anchor_ratio", "drift_corrected", "timestamp",
+    "label",
+    "test",
+    "phase",
+    "depth",
+    "n",
+    "median_ts",
+    "mean_ts",
+    "stddev_ts",
+    "ci_low",
+    "ci_high",
+    "ci_pct",
+    "min_ts",
+    "max_ts",
+    "samples",
+    "n_batches",
+    "warmup_discarded",
+    "status",
+    "error",
+    "build_commit",
+    "backends",
+    "gpu_info",
+    "model_filename",
+    "model_size",
+    "n_params",
+    "n_ubatch",
+    "type_k",
+    "flash_attn",
+    "env",
+    "cmd",
+    "log_file",
+    "cpu_util_mean",
+    "cpu_util_max",
+    "cpu_core_max",
+    "gpu_util_mean",
+    "gpu_util_max",
+    "gpu_mem_mb",
+    "bytes_per_token",
+    "roofline_tps",
+    "roofline_pct",
+    "roofline_note",
+    "anchor_ratio",
+    "drift_corrected",
+    "timestamp",
 )
 
 DEFAULT_REPS = 5
@@ -130,12 +168,46 @@ DEFAULT_REPS = 5
 
 # Flags run_bench sets itself; passing them through extra_args would desynchronize the parser.
 _OWN_FLAGS = {
-    "-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-d", "--n-depth", "-r",
-    "--repetitions", "-o", "--output", "-oe", "--output-err", "-fa", "--flash-attn", "--progress",
+    "-m",
+    "--model",
+    "-p",
+    "--n-prompt",
+    "-n",
+    "--n-gen",
+    "-pg",
+    "-d",
+    "--n-depth",
+    "-r",
+    "--repetitions",
+    "-o",
+    "--output",
+    "-oe",
+    "--output-err",
+    "-fa",
+    "--flash-attn",
+    "--progress",
 }
 # Flags a one-process llama-bench probe (soak, residency) sets itself
-PROBE_OWN_FLAGS = frozenset({"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions",
-                             "-o", "--output", "-oe", "--output-err", "-v", "--verbose", "--progress"})
+PROBE_OWN_FLAGS = frozenset(
+    {
+        "-m",
+        "--model",
+        "-p",
+        "--n-prompt",
+        "-n",
+        "--n-gen",
+        "-pg",
+        "-r",
+        "--repetitions",
+        "-o",
+        "--output",
+        "-oe",
+        "--output-err",
+        "-v",
+        "--verbose",
+        "--progress",
+    }
+)
 _PROGRESS = "llama-bench: benchmark "
 _TIMED_REP = re.compile(r"^(?:prompt|generation) run (\d+)/\d+$")
 _MAX_TOKENS = 1 << 20
@@ -145,6 +217,7 @@ _MIN_TIMED_S = 0.2
 # ---------------------------------------------------------------------------------------------
 # parsing
 # ---------------------------------------------------------------------------------------------
+
 
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
     """Parse llama-bench ``-o jsonl`` output (either era) by field name.
@@ -212,14 +285,16 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
 # validation
 # ---------------------------------------------------------------------------------------------
 
+
 def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
         raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {value!r}).")
     return int(value)
 
 
-def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "",
-                           tool: str = "llama-bench") -> tuple[str, ...]:
+def check_passthrough_args(
+    args: Sequence[str], own: Collection[str], *, sets: str, instead: str = "", tool: str = "llama-bench"
+) -> tuple[str, ...]:
     """``tool``'s arguments passed through as given: strings without NUL, none of the flags in ``own`` (those the
     caller sets itself, also as ``--flag=value``); ``sets`` names them for the message, ``instead`` the way to go."""
     out = tuple(args)
@@ -232,8 +307,12 @@ def check_passthrough_args(args: Sequence[str], own: Collection[str], *, sets: s
 
 
 def _check_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
-    return check_passthrough_args(extra_args, _OWN_FLAGS, sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
-                                  instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead")
+    return check_passthrough_args(
+        extra_args,
+        _OWN_FLAGS,
+        sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
+        instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead",
+    )
 
 
 @functools.lru_cache(maxsize=32)
@@ -264,8 +343,10 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
 # roofline (tuner.targets.roofline)
 # ---------------------------------------------------------------------------------------------
 
-def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path, depth: int,
-              ntok: int, kv_type: str | None) -> tuple[float, float, str]:
+
+def _roofline(
+    phase: str, arch: str | None, bandwidth: float | None, model: Path, depth: int, ntok: int, kv_type: str | None
+) -> tuple[float, float, str]:
     """(bytes_per_token, roofline t/s, note) for one row; NaNs and a note when unavailable.
 
     Uses tuner.targets.roofline.estimate (tg: bandwidth / bytes per token at the run's mean depth; pp:
@@ -287,8 +368,15 @@ def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path
 
     load_arch(arch)  # an unknown arch is the user's error, not a missing roofline
     try:
-        rows = roofline.estimate(arch, model, (depth,), pp=ntok if phase == "pp" else 0,
-                                 tg=ntok if phase == "tg" else 0, kv_type=kv, bandwidth=bandwidth)
+        rows = roofline.estimate(
+            arch,
+            model,
+            (depth,),
+            pp=ntok if phase == "pp" else 0,
+            tg=ntok if phase == "tg" else 0,
+            kv_type=kv,
+            bandwidth=bandwidth,
+        )
     except UsageError as err:
         if bandwidth is not None:
             raise
@@ -302,6 +390,7 @@ def _roofline(phase: str, arch: str | None, bandwidth: float | None, model: Path
 # ---------------------------------------------------------------------------------------------
 # running
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(kw_only=True)
 class _Acc:
@@ -318,8 +407,7 @@ class _Acc:
 
 
 def _run_call(
-    exe: Path, cmd: list[str], *, env: Mapping[str, str], log_file: Path, timeout: float,
-    observe: bool,
+    exe: Path, cmd: list[str], *, env: Mapping[str, str], log_file: Path, timeout: float, observe: bool
 ) -> tuple[list[tuple[float, dict[str, Any]]], Observer | None, str, float]:
     """One llama-bench call: (timestamped parsed records, observer, error text, start time)."""
     records: list[tuple[float, dict[str, Any]]] = []
@@ -341,11 +429,14 @@ def _run_call(
     if obs is not None:
         obs.start()
     try:
-        res = _run.run(cmd, env=full_env, log_file=log_file, timeout=timeout, check=False,
-                       on_line=on_line, what="llama-bench")
+        res = _run.run(
+            cmd, env=full_env, log_file=log_file, timeout=timeout, check=False, on_line=on_line, what="llama-bench"
+        )
         if res.returncode != 0:
-            error = (f"llama-bench exited with code {res.returncode}; see {log_file}. "
-                     f"Last lines: {_run.tail(log_file, 5)}{crash_hint(res.returncode, cmd)}")
+            error = (
+                f"llama-bench exited with code {res.returncode}; see {log_file}. "
+                f"Last lines: {_run.tail(log_file, 5)}{crash_hint(res.returncode, cmd)}"
+            )
     except TunerError as err:  # timeout or missing executable: data, not a crash
         error = str(err)
     finally:
@@ -388,18 +479,37 @@ class _BenchPlan:
 
 
 def _check_bench_args(
-    bin_dir: Path, model: Path, *, depths: Sequence[int], pp: int, tg: int, reps: int | None,
-    target_ci: float | None, max_reps: int, env: Mapping[str, str], extra_args: Sequence[str],
-    log_dir: Path, label: str, timeout: float, era: str | None, flash_attn: bool | None,
-    arch: str | None, bandwidth: float | None, confidence: float, seed: int, observe: bool,
+    bin_dir: Path,
+    model: Path,
+    *,
+    depths: Sequence[int],
+    pp: int,
+    tg: int,
+    reps: int | None,
+    target_ci: float | None,
+    max_reps: int,
+    env: Mapping[str, str],
+    extra_args: Sequence[str],
+    log_dir: Path,
+    label: str,
+    timeout: float,
+    era: str | None,
+    flash_attn: bool | None,
+    arch: str | None,
+    bandwidth: float | None,
+    confidence: float,
+    seed: int,
+    observe: bool,
     cpus: Sequence[int] | None = None,
 ) -> _BenchPlan:
     """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
     bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
     exe = find_exe(bin_dir, "llama-bench")
     if not model.is_file():
-        raise UsageError(f"Model file {model} does not exist. Pass a GGUF file "
-                         "(`tuner model synth --like tiny` makes a small random-weight one).")
+        raise UsageError(
+            f"Model file {model} does not exist. Pass a GGUF file "
+            "(`tuner model synth --like tiny` makes a small random-weight one)."
+        )
     depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
     if not depths or len(set(depths)) != len(depths):
         raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
@@ -433,15 +543,38 @@ def _check_bench_args(
         for ph, n in (("pp", pp), ("tg", tg)):
             if n > 0:
                 _roofline(ph, arch, bandwidth, model, depths[0], n, None)
-    return _BenchPlan(exe=exe, model=model, log_dir=log_dir, depths=depths, pp=pp, tg=tg, want=want,
-                      max_reps=max_reps, target_ci=target_ci, timeout=timeout, env=env, extra=extra,
-                      fa=fa, label=label, arch=arch, bandwidth=bandwidth, confidence=confidence,
-                      seed=seed, observe=observe, pin=pin)
+    return _BenchPlan(
+        exe=exe,
+        model=model,
+        log_dir=log_dir,
+        depths=depths,
+        pp=pp,
+        tg=tg,
+        want=want,
+        max_reps=max_reps,
+        target_ci=target_ci,
+        timeout=timeout,
+        env=env,
+        extra=extra,
+        fa=fa,
+        label=label,
+        arch=arch,
+        bandwidth=bandwidth,
+        confidence=confidence,
+        seed=seed,
+        observe=observe,
+        pin=pin,
+    )
 
 
 def _absorb_records(
-    accs: Mapping[tuple[str, int], _Acc], phase: str | None, records: Sequence[tuple[float, dict[str, Any]]],
-    obs: Observer | None, t_prev: float, cmd: Sequence[str], log_file: Path,
+    accs: Mapping[tuple[str, int], _Acc],
+    phase: str | None,
+    records: Sequence[tuple[float, dict[str, Any]]],
+    obs: Observer | None,
+    t_prev: float,
+    cmd: Sequence[str],
+    log_file: Path,
 ) -> set[tuple[str, int]]:
     """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
     depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
@@ -468,7 +601,7 @@ def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation
     """One test's observation: its timed repetitions where progress marks show them (the first left out when
     there are more, as its sample is), else its first to last mark, else the window's samples, else its marks."""
     marks = [m for m in obs.marks if t_prev < m.t <= t_rec]
-    reps = [(int(r.group(1)), a, b) for a, b in zip(marks, marks[1:]) if (r := _TIMED_REP.match(a.tag))]
+    reps = [(int(r.group(1)), a, b) for a, b in itertools.pairwise(marks) if (r := _TIMED_REP.match(a.tag))]
     # CPU times tick every 10 ms: windows under ~20 ticks in all (tiny pp64: ~8 ms) read 0% or 200%
     for w in ([(a, b) for i, a, b in reps if i > 1 or len(reps) == 1], [(marks[0], marks[-1])] if marks else []):
         if w and sum(b.t - a.t for a, b in w) >= _MIN_TIMED_S:
@@ -480,8 +613,14 @@ def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation
 
 
 def _still_pending(
-    plan: _BenchPlan, accs: Mapping[tuple[str, int], _Acc], phase: str, pending: Sequence[int],
-    seen: set[int], error: str, cmd: Sequence[str], log_file: Path,
+    plan: _BenchPlan,
+    accs: Mapping[tuple[str, int], _Acc],
+    phase: str,
+    pending: Sequence[int],
+    seen: set[int],
+    error: str,
+    cmd: Sequence[str],
+    log_file: Path,
 ) -> list[int]:
     """Record errors for depths a call missed; return the depths whose CI is still above target_ci."""
     next_pending = []
@@ -514,13 +653,29 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
     for d in plan.depths:
         accs[(phase, d)] = _Acc()
     while pending:
-        cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model),
-               "-p", str(ntok if phase == "pp" else 0), "-n", str(ntok if phase == "tg" else 0),
-               "-d", ",".join(str(d) for d in pending), "-r", str(k + 1), "-o", "jsonl",
-               *plan.fa, *_progress(plan), *plan.extra]
+        cmd = [
+            *plan.pin,
+            str(plan.exe),
+            "-m",
+            str(plan.model),
+            "-p",
+            str(ntok if phase == "pp" else 0),
+            "-n",
+            str(ntok if phase == "tg" else 0),
+            "-d",
+            ",".join(str(d) for d in pending),
+            "-r",
+            str(k + 1),
+            "-o",
+            "jsonl",
+            *plan.fa,
+            *_progress(plan),
+            *plan.extra,
+        ]
         log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
-        records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file,
-                                                timeout=plan.timeout, observe=plan.observe)
+        records, obs, error, t_prev = _run_call(
+            plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout, observe=plan.observe
+        )
         seen = {d for _, d in _absorb_records(accs, phase, records, obs, t_prev, cmd, log_file)}
         pending = _still_pending(plan, accs, phase, pending, seen, error, cmd, log_file)
         if pending:
@@ -539,12 +694,29 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     for ph in ("pp", "tg"):
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
-    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(plan.pp), "-n", str(plan.tg),
-           "-d", ",".join(str(d) for d in plan.depths), "-r", str(plan.want + 1), "-o", "jsonl", *plan.fa, *_progress(plan),
-           *plan.extra]
+    cmd = [
+        *plan.pin,
+        str(plan.exe),
+        "-m",
+        str(plan.model),
+        "-p",
+        str(plan.pp),
+        "-n",
+        str(plan.tg),
+        "-d",
+        ",".join(str(d) for d in plan.depths),
+        "-r",
+        str(plan.want + 1),
+        "-o",
+        "jsonl",
+        *plan.fa,
+        *_progress(plan),
+        *plan.extra,
+    ]
     log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
-    records, obs, error, t_prev = _run_call(plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout,
-                                            observe=plan.observe)
+    records, obs, error, t_prev = _run_call(
+        plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout, observe=plan.observe
+    )
     seen = _absorb_records(accs, None, records, obs, t_prev, cmd, log_file)
     for ph in ("pp", "tg"):
         _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, error, cmd, log_file)
@@ -561,24 +733,39 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
     except TunerError as err:  # e.g. an unreadable GGUF: the measurement still stands
         bpt, roof, note = math.nan, math.nan, f"roofline unavailable: {err}"
     return {
-        "label": plan.label, "test": f"{phase}{ntok}", "phase": phase, "depth": d, **st,
-        "n_batches": acc.n_batches, "warmup_discarded": acc.discarded,
-        "status": "ok" if st["n"] > 0 else "failed", "error": acc.error,
-        "build_commit": meta.get("build_commit"), "backends": meta.get("backends"),
-        "gpu_info": meta.get("gpu_info"), "model_filename": meta.get("model_filename", str(plan.model)),
-        "model_size": meta.get("model_size"), "n_params": meta.get("n_params"),
-        "n_ubatch": meta.get("n_ubatch"), "type_k": meta.get("type_k"),
-        "flash_attn": meta.get("flash_attn"), "env": json.dumps(plan.env, sort_keys=True),
-        "cmd": acc.cmd, "log_file": acc.log_file,
+        "label": plan.label,
+        "test": f"{phase}{ntok}",
+        "phase": phase,
+        "depth": d,
+        **st,
+        "n_batches": acc.n_batches,
+        "warmup_discarded": acc.discarded,
+        "status": "ok" if st["n"] > 0 else "failed",
+        "error": acc.error,
+        "build_commit": meta.get("build_commit"),
+        "backends": meta.get("backends"),
+        "gpu_info": meta.get("gpu_info"),
+        "model_filename": meta.get("model_filename", str(plan.model)),
+        "model_size": meta.get("model_size"),
+        "n_params": meta.get("n_params"),
+        "n_ubatch": meta.get("n_ubatch"),
+        "type_k": meta.get("type_k"),
+        "flash_attn": meta.get("flash_attn"),
+        "env": json.dumps(plan.env, sort_keys=True),
+        "cmd": acc.cmd,
+        "log_file": acc.log_file,
         "cpu_util_mean": _finite([o.cpu_util_mean for o in acc.obs], "mean"),
         "cpu_util_max": _finite([o.cpu_util_max for o in acc.obs], "max"),
         "cpu_core_max": _finite([o.cpu_core_max for o in acc.obs], "mean"),
         "gpu_util_mean": _finite([o.gpu_util_mean for o in acc.obs], "mean"),
         "gpu_util_max": _finite([o.gpu_util_max for o in acc.obs], "max"),
         "gpu_mem_mb": _finite([o.gpu_mem_mb for o in acc.obs], "max"),
-        "bytes_per_token": bpt, "roofline_tps": roof,
+        "bytes_per_token": bpt,
+        "roofline_tps": roof,
         "roofline_pct": 100.0 * st["median_ts"] / roof if roof and math.isfinite(roof) else math.nan,
-        "roofline_note": note, "anchor_ratio": math.nan, "drift_corrected": False,
+        "roofline_note": note,
+        "anchor_ratio": math.nan,
+        "drift_corrected": False,
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -593,7 +780,7 @@ def run_bench(
     reps: int | None = None,
     target_ci: float | None = None,
     max_reps: int = 20,
-    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    env: Mapping[str, str] = {},
     extra_args: Sequence[str] = (),
     log_dir: Path,
     label: str = "",
@@ -644,10 +831,28 @@ def run_bench(
     import pandas as pd
 
     plan = _check_bench_args(
-        bin_dir, model, depths=depths, pp=pp, tg=tg, reps=reps, target_ci=target_ci, max_reps=max_reps,
-        env=env, extra_args=extra_args, log_dir=log_dir, label=label, timeout=timeout, era=era,
-        flash_attn=flash_attn, arch=arch, bandwidth=bandwidth, confidence=confidence, seed=seed,
-        observe=observe, cpus=cpus)
+        bin_dir,
+        model,
+        depths=depths,
+        pp=pp,
+        tg=tg,
+        reps=reps,
+        target_ci=target_ci,
+        max_reps=max_reps,
+        env=env,
+        extra_args=extra_args,
+        log_dir=log_dir,
+        label=label,
+        timeout=timeout,
+        era=era,
+        flash_attn=flash_attn,
+        arch=arch,
+        bandwidth=bandwidth,
+        confidence=confidence,
+        seed=seed,
+        observe=observe,
+        cpus=cpus,
+    )
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
     if plan.pp > 0 and plan.tg > 0 and plan.target_ci is None:  # one call: both tests share each depth fill

@@ -86,10 +86,27 @@ MODES = ("prefill", "decode")
 PERPLEXITY = "llama-perplexity"
 
 # Flags the gate sets itself; a candidate's args must not override them.
-_OWN_FLAGS = frozenset({
-    "-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks", "-b", "--batch-size", "-ub", "--ubatch-size",
-    "--kl-divergence-base", "--kl-divergence", "-p", "--prompt", "-o", "--output",
-})
+_OWN_FLAGS = frozenset(
+    {
+        "-m",
+        "--model",
+        "-f",
+        "--file",
+        "-c",
+        "--ctx-size",
+        "--chunks",
+        "-b",
+        "--batch-size",
+        "-ub",
+        "--ubatch-size",
+        "--kl-divergence-base",
+        "--kl-divergence",
+        "-p",
+        "--prompt",
+        "-o",
+        "--output",
+    }
+)
 _NUM = r"(-?(?:\d+(?:\.\d*)?|nan|-nan|inf)|-?nan)"
 _STAT_LINES = {
     "mean_kld": re.compile(rf"^Mean\s+KLD:\s+{_NUM}\s+±\s+{_NUM}", re.M),
@@ -101,9 +118,73 @@ _STAT_LINES = {
     "ppl_base": re.compile(rf"^Mean PPL\(base\)\s+:\s+{_NUM}", re.M),
 }
 _FINAL = re.compile(rf"Final estimate: PPL = {_NUM} \+/- {_NUM}")
-_WORDS = ("the of and to in is was for on that with as by at from his her they are this be an which or had not "
-          "but were their one all has have its been more two first new other who after also when into time only "
-          "some would these years may over most such where many them those than so people up about out").split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "are",
+    "this",
+    "be",
+    "an",
+    "which",
+    "or",
+    "had",
+    "not",
+    "but",
+    "were",
+    "their",
+    "one",
+    "all",
+    "has",
+    "have",
+    "its",
+    "been",
+    "more",
+    "two",
+    "first",
+    "new",
+    "other",
+    "who",
+    "after",
+    "also",
+    "when",
+    "into",
+    "time",
+    "only",
+    "some",
+    "would",
+    "these",
+    "years",
+    "may",
+    "over",
+    "most",
+    "such",
+    "where",
+    "many",
+    "them",
+    "those",
+    "than",
+    "so",
+    "people",
+    "up",
+    "about",
+    "out",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,10 +203,10 @@ DEFAULT_THRESHOLDS = Thresholds()
 
 CALIBRATION: Mapping[str, Any] = {
     "machine": "2-core x86-64 (AVX2), CPU backend, llama.cpp 0c1e570 (llama-cpp-python==0.3.36), tuner's `tiny` "
-               "random-weight model (tiny-f16-s0-832db069.gguf), c=128, 2 chunks (126 scored tokens)",
+    "random-weight model (tiny-f16-s0-832db069.gguf), c=128, 2 chunks (126 scored tokens)",
     "command": "llama-perplexity -m tiny.gguf -c 128 --chunks 2 --kl-divergence-base UP.kld --kl-divergence [CANDIDATE ARGS]"
-               " (UP.kld from the same build without the candidate args); the same pairs through "
-               "`tuner equivalence` are in docs/equivalence.md",
+    " (UP.kld from the same build without the candidate args); the same pairs through "
+    "`tuner equivalence` are in docs/equivalence.md",
     # (mean KLD, 99% KLD, max KLD, same top p %) as llama-perplexity printed them.
     "floor": {
         "upstream vs itself (-t 2)": (0.0, 1e-6, 1e-6, 100.0),
@@ -140,7 +221,12 @@ CALIBRATION: Mapping[str, Any] = {
         "-ctk q5_1 -ctv q5_1": (9.9e-5, 1.45e-4, 1.46e-4, 94.444),
         "-ctk iq4_nl -ctv iq4_nl": (3.57e-4, 5.6e-4, 6.16e-4, 92.857),
         "-ctk q4_0 -ctv q4_0": (5.84e-4, 8.73e-4, 9.07e-4, 83.333),
-        "patched ggml-cpu, RMS norm x1.25 (tests/integration/test_equivalence_cpu.py)": (6.275e-3, 7.799e-3, 7.818e-3, 48.413),
+        "patched ggml-cpu, RMS norm x1.25 (tests/integration/test_equivalence_cpu.py)": (
+            6.275e-3,
+            7.799e-3,
+            7.818e-3,
+            48.413,
+        ),
     },
 }
 """Measured numbers behind :data:`DEFAULT_THRESHOLDS` (CPU backend; on CUDA the gate uses a kernel band)."""
@@ -202,8 +288,11 @@ class EquivalenceResult:
     def summary(self) -> str:
         """One line for people."""
         s = self.stats
-        nums = (f"mean KLD {s.mean_kld:.6f}, 99% KLD {s.p99_kld:.6f}, max {s.max_kld:.6f}, same top p {s.same_top_pct:.3f}%"
-                if s is not None and s.complete else "no KLD statistics")
+        nums = (
+            f"mean KLD {s.mean_kld:.6f}, 99% KLD {s.p99_kld:.6f}, max {s.max_kld:.6f}, same top p {s.same_top_pct:.3f}%"
+            if s is not None and s.complete
+            else "no KLD statistics"
+        )
         det = {True: "deterministic", False: "NOT deterministic", None: "determinism not checked"}[self.deterministic]
         head = f"{self.verdict.upper()} ({self.mode}): {nums}; {det}"
         return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
@@ -211,11 +300,19 @@ class EquivalenceResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form for study attributes and reports."""
         return {
-            "verdict": self.verdict, "passed": self.passed, "reasons": list(self.reasons), "mode": self.mode,
-            "deterministic": self.deterministic, "identical_to_upstream": self.identical_to_upstream,
-            "stats": self.stats.as_dict() if self.stats else None, "thresholds": dataclasses.asdict(self.thresholds),
-            "strict": self.strict, "logs": {k: str(v) for k, v in self.logs.items()}, "digests": dict(self.digests),
-            "seconds": round(self.seconds, 3), "settings": dict(self.settings),
+            "verdict": self.verdict,
+            "passed": self.passed,
+            "reasons": list(self.reasons),
+            "mode": self.mode,
+            "deterministic": self.deterministic,
+            "identical_to_upstream": self.identical_to_upstream,
+            "stats": self.stats.as_dict() if self.stats else None,
+            "thresholds": dataclasses.asdict(self.thresholds),
+            "strict": self.strict,
+            "logs": {k: str(v) for k, v in self.logs.items()},
+            "digests": dict(self.digests),
+            "seconds": round(self.seconds, 3),
+            "settings": dict(self.settings),
         }
 
 
@@ -268,8 +365,14 @@ def _tool_error(text: str) -> str:
     return ""
 
 
-def judge(*, stats: KldStats | None, deterministic: bool | None, identical_to_upstream: bool | None = None,
-          strict: bool = False, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> tuple[bool, tuple[str, ...]]:
+def judge(
+    *,
+    stats: KldStats | None,
+    deterministic: bool | None,
+    identical_to_upstream: bool | None = None,
+    strict: bool = False,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> tuple[bool, tuple[str, ...]]:
     """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers.
 
     A candidate passes only if two runs of it gave identical logits, its KLD statistics against
@@ -287,8 +390,10 @@ def judge(*, stats: KldStats | None, deterministic: bool | None, identical_to_up
     if deterministic is False:
         why.append("Not deterministic: two runs of the same config wrote different log-probabilities.")
     if strict and identical_to_upstream is False:
-        why.append("Strict (scheduling-only) candidate: its log-probabilities differ from upstream's, "
-                   "which a change of threads or launch scheduling must never cause.")
+        why.append(
+            "Strict (scheduling-only) candidate: its log-probabilities differ from upstream's, "
+            "which a change of threads or launch scheduling must never cause."
+        )
     if stats is None or not stats.complete:
         why.append("No KL divergence statistics were printed (see the kld log).")
     else:
@@ -338,10 +443,15 @@ def widened_rules(rules: Sequence[FaRule]) -> dict[Phase, list[FaRule]]:
 def _check_args(args: Sequence[str], side: str) -> list[str]:
     from tuner.measure.bench import check_passthrough_args
 
-    return list(check_passthrough_args(
-        args, _OWN_FLAGS, tool=f"{side} llama-perplexity",
-        sets="the equivalence gate itself (model, text, context, chunks, batch sizes, KLD files)",
-        instead="use the gate's options (--ctx, --chunks, --mode) instead"))
+    return list(
+        check_passthrough_args(
+            args,
+            _OWN_FLAGS,
+            tool=f"{side} llama-perplexity",
+            sets="the equivalence gate itself (model, text, context, chunks, batch sizes, KLD files)",
+            instead="use the gate's options (--ctx, --chunks, --mode) instead",
+        )
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -352,14 +462,22 @@ class _Step:
     digest: str = ""
 
 
-def _run_ppl(exe: Path, base: list[str], extra: Sequence[str], env: Mapping[str, str], *, log_file: Path,
-             timeout: float) -> _Step:
+def _run_ppl(
+    exe: Path, base: list[str], extra: Sequence[str], env: Mapping[str, str], *, log_file: Path, timeout: float
+) -> _Step:
     """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
     try:
-        res = _run.run([exe, *base, *extra], env={**os.environ, **env}, log_file=log_file, timeout=timeout,
-                       check=False, on_line=lines.append, what=PERPLEXITY)
+        res = _run.run(
+            [exe, *base, *extra],
+            env={**os.environ, **env},
+            log_file=log_file,
+            timeout=timeout,
+            check=False,
+            on_line=lines.append,
+            what=PERPLEXITY,
+        )
         rc = res.returncode
     except TunerError as err:  # timeout, or the binary would not start
         lines.append(f"error: {err}")
@@ -367,8 +485,16 @@ def _run_ppl(exe: Path, base: list[str], extra: Sequence[str], env: Mapping[str,
     return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
 
 
-def _base_step(exe: Path, common: list[str], extra: Sequence[str], env: Mapping[str, str], out: Path, *,
-               log_file: Path, timeout: float) -> tuple[_Step, str]:
+def _base_step(
+    exe: Path,
+    common: list[str],
+    extra: Sequence[str],
+    env: Mapping[str, str],
+    out: Path,
+    *,
+    log_file: Path,
+    timeout: float,
+) -> tuple[_Step, str]:
     """A base-mode run writing ``out``; returns the step and '' or why it failed."""
     out.unlink(missing_ok=True)
     st = _run_ppl(exe, [*common, "--kl-divergence-base", str(out)], extra, env, log_file=log_file, timeout=timeout)
@@ -378,35 +504,80 @@ def _base_step(exe: Path, common: list[str], extra: Sequence[str], env: Mapping[
     return dataclasses.replace(st, digest=file_sha256(out)), ""
 
 
-def _checked_inputs(candidate_bin: Path, upstream_bin: Path, model: Path, mode: str, ctx: int, chunks: int,
-                    c_args: Sequence[str], u_args: Sequence[str], c_env: Mapping[str, str], u_env: Mapping[str, str]) -> tuple[Any, ...]:
+def _checked_inputs(
+    candidate_bin: Path,
+    upstream_bin: Path,
+    model: Path,
+    mode: str,
+    ctx: int,
+    chunks: int,
+    c_args: Sequence[str],
+    u_args: Sequence[str],
+    c_env: Mapping[str, str],
+    u_env: Mapping[str, str],
+) -> tuple[Any, ...]:
     """run_equivalence's arguments checked: (cand_exe, up_exe, model, c_args, u_args, c_env, u_env); UsageError otherwise."""
     from tuner.measure.exe import check_env, find_exe
 
     if mode not in MODES:
-        raise UsageError(f"mode must be one of {', '.join(MODES)} (got {mode!r}): prefill checks prefill kernels "
-                         "(-b N -ub N), decode checks decode kernels (-b 1 -ub 1).")
+        raise UsageError(
+            f"mode must be one of {', '.join(MODES)} (got {mode!r}): prefill checks prefill kernels "
+            "(-b N -ub N), decode checks decode kernels (-b 1 -ub 1)."
+        )
     for name, v, lo, hi in (("ctx", ctx, 16, 1 << 20), ("chunks", chunks, 1, 10000)):
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {v!r}).")
     if chunks * (ctx - 1 - ctx // 2) < 100:
-        raise UsageError(f"ctx={ctx} and chunks={chunks} score {chunks * (ctx - 1 - ctx // 2)} tokens; llama-perplexity prints "
-                         "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
-                         f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx.")
+        raise UsageError(
+            f"ctx={ctx} and chunks={chunks} score {chunks * (ctx - 1 - ctx // 2)} tokens; llama-perplexity prints "
+            "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
+            f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx."
+        )
     model = Path(model)
     if not model.is_file():
-        raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one).")
+        raise UsageError(
+            f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one)."
+        )
     cand_exe = find_exe(Path(candidate_bin), PERPLEXITY)
     up_exe = find_exe(Path(upstream_bin), PERPLEXITY)
-    return (cand_exe, up_exe, model, _check_args(c_args, "candidate"), _check_args(u_args, "upstream"),
-            check_env(c_env), check_env(u_env))
+    return (
+        cand_exe,
+        up_exe,
+        model,
+        _check_args(c_args, "candidate"),
+        _check_args(u_args, "upstream"),
+        check_env(c_env),
+        check_env(u_env),
+    )
 
 
-def _upstream_base(up_exe: Path, common: list[str], u_args: Sequence[str], u_env: Mapping[str, str], model: Path, *,
-                   mode: str, work_dir: Path, logs: dict[str, Path], digests: dict[str, str], timeout: float) -> tuple[Path, str]:
+def _upstream_base(
+    up_exe: Path,
+    common: list[str],
+    u_args: Sequence[str],
+    u_env: Mapping[str, str],
+    model: Path,
+    *,
+    mode: str,
+    work_dir: Path,
+    logs: dict[str, Path],
+    digests: dict[str, str],
+    timeout: float,
+) -> tuple[Path, str]:
     """Upstream's log-prob file, keyed by everything that shapes it and reused across candidates; (file, error)."""
-    ukey = hashlib.sha256(repr((str(up_exe), up_exe.stat().st_mtime_ns, common, list(u_args), sorted(u_env.items()),
-                                model.stat().st_size, model.stat().st_mtime_ns)).encode()).hexdigest()[:16]
+    ukey = hashlib.sha256(
+        repr(
+            (
+                str(up_exe),
+                up_exe.stat().st_mtime_ns,
+                common,
+                list(u_args),
+                sorted(u_env.items()),
+                model.stat().st_size,
+                model.stat().st_mtime_ns,
+            )
+        ).encode()
+    ).hexdigest()[:16]
     up_file = work_dir / f"upstream-{mode}-{ukey}.kld"
     stamp = work_dir / f"upstream-{mode}-{ukey}.sha256"
     logs["upstream"] = work_dir / f"upstream-{mode}-{ukey}.log"
@@ -422,15 +593,26 @@ def _upstream_base(up_exe: Path, common: list[str], u_args: Sequence[str], u_env
     return up_file, ""
 
 
-def _candidate_runs(cand_exe: Path, common: list[str], c_args: Sequence[str], c_env: Mapping[str, str], *, mode: str,
-                    work_dir: Path, logs: dict[str, Path], digests: dict[str, str], timeout: float) -> str:
+def _candidate_runs(
+    cand_exe: Path,
+    common: list[str],
+    c_args: Sequence[str],
+    c_env: Mapping[str, str],
+    *,
+    mode: str,
+    work_dir: Path,
+    logs: dict[str, Path],
+    digests: dict[str, str],
+    timeout: float,
+) -> str:
     """The candidate's two base-mode runs (files ``candidate-a/b.kld``); '' or why one failed."""
     for tag in ("a", "b"):
         name = f"candidate-{tag}"
         logs[name] = work_dir / f"{name}.log"
         with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
-            st, err = _base_step(cand_exe, common, c_args, c_env, work_dir / f"{name}.kld", log_file=logs[name],
-                                 timeout=timeout)
+            st, err = _base_step(
+                cand_exe, common, c_args, c_env, work_dir / f"{name}.kld", log_file=logs[name], timeout=timeout
+            )
         if err:
             return f"The candidate's run {tag.upper()} failed: {err}"
         digests[name] = st.digest
@@ -444,9 +626,9 @@ def run_equivalence(
     model: Path,
     *,
     mode: str = "prefill",
-    candidate_env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    candidate_env: Mapping[str, str] = {},
     candidate_args: Sequence[str] = (),
-    upstream_env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    upstream_env: Mapping[str, str] = {},
     upstream_args: Sequence[str] = (),
     work_dir: Path,
     ctx: int = 128,
@@ -482,39 +664,75 @@ def run_equivalence(
         UsageError: A missing binary or model, a bad mode, context, chunk count or argument.
     """
     cand_exe, up_exe, model, c_args, u_args, c_env, u_env = _checked_inputs(
-        candidate_bin, upstream_bin, model, mode, ctx, chunks, candidate_args, upstream_args, candidate_env, upstream_env)
+        candidate_bin,
+        upstream_bin,
+        model,
+        mode,
+        ctx,
+        chunks,
+        candidate_args,
+        upstream_args,
+        candidate_env,
+        upstream_env,
+    )
     t0 = time.monotonic()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     text = write_gate_text(work_dir / "gate-text.txt", n_words=max(400, int(ctx * chunks * 1.2) + 64))
     batch = ["-b", "1", "-ub", "1"] if mode == "decode" else ["-b", str(ctx), "-ub", str(ctx)]
     common = ["-m", str(model), "-f", str(text), "-c", str(ctx), "--chunks", str(chunks), *batch]
-    settings = {"mode": mode, "ctx": ctx, "chunks": chunks, "batch": batch, "model": str(model),
-                "text_sha256": file_sha256(text)[:16], "candidate_bin": str(candidate_bin), "upstream_bin": str(upstream_bin),
-                "candidate_env": c_env, "candidate_args": c_args, "upstream_env": u_env, "upstream_args": u_args}
+    settings = {
+        "mode": mode,
+        "ctx": ctx,
+        "chunks": chunks,
+        "batch": batch,
+        "model": str(model),
+        "text_sha256": file_sha256(text)[:16],
+        "candidate_bin": str(candidate_bin),
+        "upstream_bin": str(upstream_bin),
+        "candidate_env": c_env,
+        "candidate_args": c_args,
+        "upstream_env": u_env,
+        "upstream_args": u_args,
+    }
     logs: dict[str, Path] = {}
     digests: dict[str, str] = {}
 
-    def done(reasons: Sequence[str], *, det: bool | None = None, ident: bool | None = None,
-             stats: KldStats | None = None) -> EquivalenceResult:
-        passed, why = judge(stats=stats, deterministic=det, identical_to_upstream=ident, strict=strict,
-                            thresholds=thresholds)
+    def done(
+        reasons: Sequence[str], *, det: bool | None = None, ident: bool | None = None, stats: KldStats | None = None
+    ) -> EquivalenceResult:
+        passed, why = judge(
+            stats=stats, deterministic=det, identical_to_upstream=ident, strict=strict, thresholds=thresholds
+        )
         reasons = tuple(reasons) + tuple(w for w in why if not reasons or not w.startswith("No KL"))
         passed = passed and not reasons
         for f in ("candidate-a.kld", "candidate-b.kld"):
             if not keep_files:
                 (work_dir / f).unlink(missing_ok=True)
-        return EquivalenceResult(passed=passed, verdict="pass" if passed else "fail", reasons=reasons, mode=mode,
-                                 deterministic=det, identical_to_upstream=ident, stats=stats, thresholds=thresholds,
-                                 strict=strict, logs=dict(logs), digests=dict(digests),
-                                 seconds=time.monotonic() - t0, settings=settings)
+        return EquivalenceResult(
+            passed=passed,
+            verdict="pass" if passed else "fail",
+            reasons=reasons,
+            mode=mode,
+            deterministic=det,
+            identical_to_upstream=ident,
+            stats=stats,
+            thresholds=thresholds,
+            strict=strict,
+            logs=dict(logs),
+            digests=dict(digests),
+            seconds=time.monotonic() - t0,
+            settings=settings,
+        )
 
-    up_file, err = _upstream_base(up_exe, common, u_args, u_env, model, mode=mode, work_dir=work_dir, logs=logs,
-                                  digests=digests, timeout=timeout)
+    up_file, err = _upstream_base(
+        up_exe, common, u_args, u_env, model, mode=mode, work_dir=work_dir, logs=logs, digests=digests, timeout=timeout
+    )
     if err:
         return done([f"Upstream's run failed, so nothing could be compared: {err}"])
-    err = _candidate_runs(cand_exe, common, c_args, c_env, mode=mode, work_dir=work_dir, logs=logs, digests=digests,
-                          timeout=timeout)
+    err = _candidate_runs(
+        cand_exe, common, c_args, c_env, mode=mode, work_dir=work_dir, logs=logs, digests=digests, timeout=timeout
+    )
     if err:
         return done([err])
     det = digests["candidate-a"] == digests["candidate-b"]
@@ -522,8 +740,14 @@ def run_equivalence(
 
     logs["kld"] = work_dir / "kld.log"
     with log.step(f"equivalence gate ({mode}): candidate's KL divergence vs upstream"):
-        st = _run_ppl(cand_exe, [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"], c_args, c_env,
-                      log_file=logs["kld"], timeout=timeout)
+        st = _run_ppl(
+            cand_exe,
+            [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"],
+            c_args,
+            c_env,
+            log_file=logs["kld"],
+            timeout=timeout,
+        )
     stats = parse_kld_output(st.text)
     reasons = []
     if st.rc != 0 or not stats.complete:

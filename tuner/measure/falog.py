@@ -6,22 +6,33 @@ build print one line per distinct shape and kernel
 
 from __future__ import annotations
 
-__all__ = ["parse_fa_log", "kernel_at"]
+__all__ = ["kernel_at", "parse_fa_log"]
 
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 # The hook may print more fields between n_kv and kernel (type_k=f16 type_v=f16 since rules carry the K/V type).
-_FA_LINE = re.compile(r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)(?: [a-z_]+=\S+)*? kernel=(\w+) \((\w+)\)")
+_FA_LINE = re.compile(
+    r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)(?: [a-z_]+=\S+)*? kernel=(\w+) \((\w+)\)"
+)
 
 
 def parse_fa_log(text: str) -> list[dict[str, Any]]:
     """The ``tuner-fa:`` lines of a llama-bench log."""
     out = []
     for m in _FA_LINE.finditer(text):
-        out.append({"D": int(m.group(1)), "DV": int(m.group(2)), "ne1": int(m.group(3)), "gqa": int(m.group(4)),
-                    "n_kv": int(m.group(5)), "kernel": m.group(6), "why": m.group(7)})
+        out.append(
+            {
+                "D": int(m.group(1)),
+                "DV": int(m.group(2)),
+                "ne1": int(m.group(3)),
+                "gqa": int(m.group(4)),
+                "n_kv": int(m.group(5)),
+                "kernel": m.group(6),
+                "why": m.group(7),
+            }
+        )
     return out
 
 
@@ -29,8 +40,7 @@ def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: 
     """(kernel, why) of the test at ``depth``: entries of the phase's batch shape whose n_kv lies in
     (depth, depth + ntok + 256] (llama.cpp pads n_kv to 256; the untimed depth fill stays at or below
     ``depth``)."""
-    hits = [x for x in lines
-            if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
+    hits = [x for x in lines if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
     if not hits:
         return None, None
     best = max(hits, key=lambda x: x["n_kv"])

@@ -10,7 +10,16 @@ mean (``avg_ts``), so such a row has one sample and no verdict can come from it.
 
 from __future__ import annotations
 
-__all__ = ["SETTING_FIELDS", "compare", "json_lines", "load_results", "read_llama_bench", "render_table", "save_results", "same_build"]
+__all__ = [
+    "SETTING_FIELDS",
+    "compare",
+    "json_lines",
+    "load_results",
+    "read_llama_bench",
+    "render_table",
+    "same_build",
+    "save_results",
+]
 
 import json
 import math
@@ -62,13 +71,17 @@ def load_results(path: Path) -> pd.DataFrame:
 
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"Bench results file {path} does not exist; pass a file `tuner bench` wrote or llama-bench's "
-                         "own output (`llama-bench -o jsonl ... > a.jsonl`).")
+        raise UsageError(
+            f"Bench results file {path} does not exist; pass a file `tuner bench` wrote or llama-bench's "
+            "own output (`llama-bench -o jsonl ... > a.jsonl`)."
+        )
     if path.suffix == ".parquet":
         try:
             df = pd.read_parquet(path)
         except (ValueError, OSError, ImportError) as err:
-            raise UsageError(f"{path} is not a readable bench results file ({err}). Re-run `tuner bench` to produce one.") from err
+            raise UsageError(
+                f"{path} is not a readable bench results file ({err}). Re-run `tuner bench` to produce one."
+            ) from err
     else:
         text = path.read_text(encoding="utf-8", errors="replace")
         first = next((ln for ln in text.splitlines() if ln.strip().startswith("{")), "")
@@ -81,25 +94,49 @@ def load_results(path: Path) -> pd.DataFrame:
         try:
             df = pd.read_json(path, orient="records", lines=True)
         except ValueError as err:
-            raise UsageError(f"{path} is not a readable bench results file ({err}). Re-run `tuner bench` to produce one.") from err
+            raise UsageError(
+                f"{path} is not a readable bench results file ({err}). Re-run `tuner bench` to produce one."
+            ) from err
     missing = {"label", "test", "phase", "depth", "median_ts", "samples", "n"} - set(df.columns)
     if missing:
-        raise UsageError(f"{path} lacks bench columns {sorted(missing)}: it is neither a file `tuner bench` wrote nor "
-                         "llama-bench's own output. Pass one of those.")
+        raise UsageError(
+            f"{path} lacks bench columns {sorted(missing)}: it is neither a file `tuner bench` wrote nor "
+            "llama-bench's own output. Pass one of those."
+        )
     df["samples"] = [list(s) if s is not None else [] for s in df["samples"]]
     df["depth"] = df["depth"].astype(int)
     if "timestamp" in df.columns and pd.api.types.is_datetime64_any_dtype(df["timestamp"]):
         # read_json parses a "timestamp" column; keep it the ISO text run_bench wrote (save_results warns on datetimes)
         df["timestamp"] = [t.isoformat() if not pd.isna(t) else None for t in df["timestamp"]]
     if "model" not in df.columns:
-        df["model"] = [Path(str(f)).stem if isinstance(f, str) and f else "" for f in df.get("model_filename", [""] * len(df))]
+        df["model"] = [
+            Path(str(f)).stem if isinstance(f, str) and f else "" for f in df.get("model_filename", [""] * len(df))
+        ]
     return df
 
 
 SETTING_FIELDS: tuple[str, ...] = (
-    "backends", "n_gpu_layers", "n_cpu_moe", "tensor_buft_overrides", "n_batch", "n_ubatch", "embeddings", "cpu_mask",
-    "cpu_strict", "poll", "n_threads", "type_k", "type_v", "load_mode", "no_kv_offload", "split_mode", "main_gpu",
-    "tensor_split", "flash_attn", "fit_target", "fit_min_ctx",
+    "backends",
+    "n_gpu_layers",
+    "n_cpu_moe",
+    "tensor_buft_overrides",
+    "n_batch",
+    "n_ubatch",
+    "embeddings",
+    "cpu_mask",
+    "cpu_strict",
+    "poll",
+    "n_threads",
+    "type_k",
+    "type_v",
+    "load_mode",
+    "no_kv_offload",
+    "split_mode",
+    "main_gpu",
+    "tensor_split",
+    "flash_attn",
+    "fit_target",
+    "fit_min_ctx",
 )
 """llama-bench fields that make two rows of one model, test and depth different measurements: the key
 properties of compare-llama-bench.py other than the model, the devices and the test itself."""
@@ -147,8 +184,10 @@ def read_llama_bench(path: Path, text: str | None = None) -> list[dict[str, Any]
         recs = _read_csv(text)
     recs = [r for r in recs if "n_prompt" in r and "n_gen" in r]
     if not recs:
-        raise UsageError(f"{path} holds no llama-bench results and is not a file `tuner bench` wrote. tuner compare/report "
-                         f"read `tuner bench` output and {_FORMATS} (e.g. `llama-bench -m M.gguf -o jsonl > a.jsonl`).")
+        raise UsageError(
+            f"{path} holds no llama-bench results and is not a file `tuner bench` wrote. tuner compare/report "
+            f"read `tuner bench` output and {_FORMATS} (e.g. `llama-bench -m M.gguf -o jsonl > a.jsonl`)."
+        )
     return recs
 
 
@@ -157,7 +196,9 @@ def _read_csv(text: str) -> list[dict[str, Any]]:
     import io
 
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("build_commit") or "n_prompt" in ln.split(",")), None)
+    start = next(
+        (i for i, ln in enumerate(lines) if ln.startswith("build_commit") or "n_prompt" in ln.split(",")), None
+    )
     if start is None:
         return []
     return [dict(r) for r in csv.DictReader(io.StringIO("\n".join(lines[start:])))]
@@ -209,28 +250,49 @@ def _raw_frame(recs: list[dict[str, Any]], path: Path) -> pd.DataFrame:
         if len(settings) > 1:
             a, b = (json.loads(x) for x in sorted(settings)[:2])
             diff = ", ".join(f"{k} {a[k]} vs {b[k]}" for k in a if a.get(k) != b.get(k))
-            raise UsageError(f"{path} has {len(rs)} rows for {model} {test} at depth {depth} measured with different "
-                             f"settings ({diff}); tuner compares one setting per side. Split the file, one setting each "
-                             "(or run llama-bench once per setting).")
+            raise UsageError(
+                f"{path} has {len(rs)} rows for {model} {test} at depth {depth} measured with different "
+                f"settings ({diff}); tuner compares one setting per side. Split the file, one setting each "
+                "(or run llama-bench once per setting)."
+            )
         samples: list[float] = []
         for r in rs:
             ts = r.get("samples_ts")
             if isinstance(ts, str):  # never written by llama-bench, but be lenient with hand-made CSVs
                 ts = [float(x) for x in ts.replace(",", " ").split()]
-            samples += [float(x) for x in ts] if ts else [float(r["avg_ts"])] if r.get("avg_ts") not in (None, "") else []
+            samples += (
+                [float(x) for x in ts] if ts else [float(r["avg_ts"])] if r.get("avg_ts") not in (None, "") else []
+            )
         first = rs[0]
         stats = summarize_samples(samples, confidence=0.95, seed=0)
-        rows.append({
-            "label": path.stem, "model": model, "test": test,
-            "phase": "pp" if test.startswith("pp") and "+" not in test else ("tg" if test.startswith("tg") else "pg"),
-            "depth": depth, **stats, "n_batches": len(rs), "warmup_discarded": 0, "status": "ok", "error": "",
-            "per_rep": any(r.get("samples_ts") for r in rs),
-            "build_commit": first.get("build_commit"), "build_number": first.get("build_number"),
-            "backends": first.get("backends"), "gpu_info": first.get("gpu_info"), "cpu_info": first.get("cpu_info"),
-            "model_filename": first.get("model_filename"), "model_type": first.get("model_type"),
-            "model_size": first.get("model_size"), "n_params": first.get("model_n_params"),
-            "settings": next(iter(settings)), "source_format": "llama-bench",
-        })
+        rows.append(
+            {
+                "label": path.stem,
+                "model": model,
+                "test": test,
+                "phase": "pp"
+                if test.startswith("pp") and "+" not in test
+                else ("tg" if test.startswith("tg") else "pg"),
+                "depth": depth,
+                **stats,
+                "n_batches": len(rs),
+                "warmup_discarded": 0,
+                "status": "ok",
+                "error": "",
+                "per_rep": any(r.get("samples_ts") for r in rs),
+                "build_commit": first.get("build_commit"),
+                "build_number": first.get("build_number"),
+                "backends": first.get("backends"),
+                "gpu_info": first.get("gpu_info"),
+                "cpu_info": first.get("cpu_info"),
+                "model_filename": first.get("model_filename"),
+                "model_type": first.get("model_type"),
+                "model_size": first.get("model_size"),
+                "n_params": first.get("model_n_params"),
+                "settings": next(iter(settings)),
+                "source_format": "llama-bench",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -240,7 +302,9 @@ def _commands(df: pd.DataFrame) -> set[tuple[str, ...]]:
     out = set()
     for cmd in df["cmd"].dropna():
         words = str(cmd).split()
-        keep = [w for i, w in enumerate(words) if w not in ("-d", "-r") and (i == 0 or words[i - 1] not in ("-d", "-r"))]
+        keep = [
+            w for i, w in enumerate(words) if w not in ("-d", "-r") and (i == 0 or words[i - 1] not in ("-d", "-r"))
+        ]
         out.add(tuple(keep))
     return out
 
@@ -251,17 +315,26 @@ def same_build(a: pd.DataFrame, b: pd.DataFrame) -> str:
     Compares what the files record: llama-bench's ``build_commit``/``build_number`` and settings, or for
     `tuner bench` files the llama-bench binary and arguments (``cmd``) and environment.
     """
+
     def col(df: pd.DataFrame, name: str) -> set[str]:
         return {str(x) for x in df[name].dropna()} if name in df.columns else set()
 
     if col(a, "cmd") and _commands(a) == _commands(b) and col(a, "env") == col(b, "env"):
-        return ("A and B were run with the same llama-bench binary, arguments and environment (the files' cmd and env "
-                "columns)")
+        return (
+            "A and B were run with the same llama-bench binary, arguments and environment (the files' cmd and env "
+            "columns)"
+        )
     commit_a = col(a, "build_commit") | col(a, "build_number")
-    if commit_a and commit_a == col(b, "build_commit") | col(b, "build_number") and not commit_a <= {"unknown", "None"} \
-            and col(a, "settings") == col(b, "settings"):
-        return (f"A and B report the same llama.cpp build ({', '.join(sorted(col(a, 'build_commit')))}, build "
-                f"{', '.join(sorted(col(a, 'build_number'))) or '?'}) and the same llama-bench settings")
+    if (
+        commit_a
+        and commit_a == col(b, "build_commit") | col(b, "build_number")
+        and not commit_a <= {"unknown", "None"}
+        and col(a, "settings") == col(b, "settings")
+    ):
+        return (
+            f"A and B report the same llama.cpp build ({', '.join(sorted(col(a, 'build_commit')))}, build "
+            f"{', '.join(sorted(col(a, 'build_number'))) or '?'}) and the same llama-bench settings"
+        )
     return ""
 
 
@@ -275,11 +348,34 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 def render_table(df: pd.DataFrame) -> str:
     """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
-    headers = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %",
-               "roofline %", "status"]
+    headers = [
+        "label",
+        "test",
+        "depth",
+        "t/s (median)",
+        "±CI %",
+        "n",
+        "min–max",
+        "cpu %",
+        "gpu %",
+        "roofline %",
+        "status",
+    ]
     rows = []
     for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
-        rows.append([r["label"], r["test"], int(r["depth"]), _fmt(r["median_ts"]), _fmt(r["ci_pct"], ".1f"),
-                     int(r["n"]), f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}", _fmt(r["cpu_util_mean"], ".0f"),
-                     _fmt(r["gpu_util_mean"], ".0f"), _fmt(r["roofline_pct"], ".1f"), r["status"]])
+        rows.append(
+            [
+                r["label"],
+                r["test"],
+                int(r["depth"]),
+                _fmt(r["median_ts"]),
+                _fmt(r["ci_pct"], ".1f"),
+                int(r["n"]),
+                f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}",
+                _fmt(r["cpu_util_mean"], ".0f"),
+                _fmt(r["gpu_util_mean"], ".0f"),
+                _fmt(r["roofline_pct"], ".1f"),
+                r["status"],
+            ]
+        )
     return log.table(headers, rows)

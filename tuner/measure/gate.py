@@ -17,15 +17,7 @@ tile config of a kernel the default heuristics would not pick for the test shape
 
 from __future__ import annotations
 
-__all__ = [
-    "KERNELS",
-    "CheckResult",
-    "GateResult",
-    "params_for_model",
-    "parse_check_output",
-    "run_check",
-    "run_gate",
-]
+__all__ = ["KERNELS", "CheckResult", "GateResult", "params_for_model", "parse_check_output", "run_check", "run_gate"]
 
 import dataclasses
 import os
@@ -165,9 +157,17 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
         summ = f"{n_ok}/{n_ok + n_fail} cases passed, {n_ns} not supported"
         if n_ok + n_fail == 0:
             summ += " (no case matched the filter)"
-    return CheckResult(passed=passed, n_ok=n_ok, n_fail=n_fail, n_not_supported=n_ns,
-                       failing=tuple(failing), log_file=None, summary=summ, backend_ran=backend_ran,
-                       crashed=open_case)
+    return CheckResult(
+        passed=passed,
+        n_ok=n_ok,
+        n_fail=n_fail,
+        n_not_supported=n_ns,
+        failing=tuple(failing),
+        log_file=None,
+        summary=summ,
+        backend_ran=backend_ran,
+        crashed=open_case,
+    )
 
 
 def params_for_model(head_dim: int, kv_type: str | None = None, *, head_dim_v: int | None = None) -> str:
@@ -192,8 +192,9 @@ def params_for_model(head_dim: int, kv_type: str | None = None, *, head_dim_v: i
     rx = f"hsk={head_dim},hsv={hv},"
     if kv_type is not None:
         if kv_type not in KV_TYPES:
-            raise UsageError(f"Unknown KV type {kv_type!r}; use one of {', '.join(KV_TYPES)}."
-                             + close_matches(kv_type, KV_TYPES))
+            raise UsageError(
+                f"Unknown KV type {kv_type!r}; use one of {', '.join(KV_TYPES)}." + close_matches(kv_type, KV_TYPES)
+            )
         rx += f".*type_K={kv_type},type_V={kv_type},"
     return rx
 
@@ -215,8 +216,18 @@ def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | 
         raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
 
 
-def _check_op(exe: Path, op: str, *, backend: str, params: str | None, jobs: int | None, env: Mapping[str, str],
-              log_file: Path, timeout: float, bin_dir: Path) -> CheckResult:
+def _check_op(
+    exe: Path,
+    op: str,
+    *,
+    backend: str,
+    params: str | None,
+    jobs: int | None,
+    env: Mapping[str, str],
+    log_file: Path,
+    timeout: float,
+    bin_dir: Path,
+) -> CheckResult:
     """One ``test-backend-ops test -o OP`` call as a CheckResult (a timeout is a failed result, returncode -1).
 
     Raises:
@@ -229,12 +240,21 @@ def _check_op(exe: Path, op: str, *, backend: str, params: str | None, jobs: int
         cmd += ["-j", str(jobs)]
     lines: list[str] = []
     try:
-        res = _run.run(cmd, env=env, log_file=log_file, timeout=timeout, check=False,
-                       on_line=lines.append, what="test-backend-ops")
+        res = _run.run(
+            cmd, env=env, log_file=log_file, timeout=timeout, check=False, on_line=lines.append, what="test-backend-ops"
+        )
         rc = res.returncode
     except TunerError as err:  # timeout: a result, not a crash
-        return CheckResult(passed=False, n_ok=0, n_fail=0, n_not_supported=0, failing=(),
-                           log_file=log_file, summary=f"{op}: {err}", returncode=-1)
+        return CheckResult(
+            passed=False,
+            n_ok=0,
+            n_fail=0,
+            n_not_supported=0,
+            failing=(),
+            log_file=log_file,
+            summary=f"{op}: {err}",
+            returncode=-1,
+        )
     part = parse_check_output("\n".join(lines), backend=backend)
     if not part.backend_ran:
         raise UsageError(
@@ -244,8 +264,9 @@ def _check_op(exe: Path, op: str, *, backend: str, params: str | None, jobs: int
     if rc != 0 and part.passed:
         part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
     if rc != 0 and part.crashed and part.crashed not in part.failing:
-        part = dataclasses.replace(part, failing=part.failing + (part.crashed,),
-                                   summary=part.summary + f"; died during {part.crashed}")
+        part = dataclasses.replace(
+            part, failing=part.failing + (part.crashed,), summary=part.summary + f"; died during {part.crashed}"
+        )
     return dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc, log_file=log_file)
 
 
@@ -256,10 +277,15 @@ def _aggregate(parts: Sequence[CheckResult], *, log_file: Path, rc_max: int, sta
         failing.extend(f for f in p.failing if f not in failing)
     return CheckResult(
         passed=all(p.passed for p in parts),
-        n_ok=sum(p.n_ok for p in parts), n_fail=sum(p.n_fail for p in parts),
-        n_not_supported=sum(p.n_not_supported for p in parts), failing=tuple(failing),
-        log_file=log_file, summary="; ".join(p.summary for p in parts), backend_ran=True,
-        returncode=rc_max, seconds=time.monotonic() - start,
+        n_ok=sum(p.n_ok for p in parts),
+        n_fail=sum(p.n_fail for p in parts),
+        n_not_supported=sum(p.n_not_supported for p in parts),
+        failing=tuple(failing),
+        log_file=log_file,
+        summary="; ".join(p.summary for p in parts),
+        backend_ran=True,
+        returncode=rc_max,
+        seconds=time.monotonic() - start,
         crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
     )
 
@@ -270,7 +296,7 @@ def run_check(
     ops: Sequence[str] = ("FLASH_ATTN_EXT",),
     backend: str = "CUDA0",
     params: str | None = None,
-    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    env: Mapping[str, str] = {},
     jobs: int | None = None,
     log_dir: Path,
     timeout: float = 3600.0,
@@ -307,8 +333,17 @@ def run_check(
     start = time.monotonic()
     rc_max = 0
     for op in ops:
-        part = _check_op(exe, op, backend=backend, params=params, jobs=jobs, env=full_env, log_file=log_file,
-                         timeout=timeout, bin_dir=bin_dir)
+        part = _check_op(
+            exe,
+            op,
+            backend=backend,
+            params=params,
+            jobs=jobs,
+            env=full_env,
+            log_file=log_file,
+            timeout=timeout,
+            bin_dir=bin_dir,
+        )
         parts.append(part)
         rc_max = part.returncode if part.returncode != 0 else rc_max
     return _aggregate(parts, log_file=log_file, rc_max=rc_max, start=start)
@@ -321,7 +356,7 @@ def run_gate(
     ops: Sequence[str] = ("FLASH_ATTN_EXT",),
     backend: str = "CUDA0",
     params: str | None = None,
-    env: Mapping[str, str] = {},  # noqa: B006 - read-only
+    env: Mapping[str, str] = {},
     jobs: int | None = None,
     log_dir: Path,
     timeout: float = 3600.0,
@@ -353,8 +388,17 @@ def run_gate(
         kenv = dict(env)
         kenv["GGML_TUNER_FA_RULES"] = rules_env(FaRule(phase=p, lo=0, hi=None, kernel=k) for p in Phase)
         with log.step(f"test-backend-ops {','.join(ops)} on {backend}, kernel forced to {k}"):
-            per[k] = run_check(bin_dir, ops=ops, backend=backend, params=params, env=kenv, jobs=jobs,
-                               log_dir=log_dir, timeout=timeout, label=f"check-{k}")
+            per[k] = run_check(
+                bin_dir,
+                ops=ops,
+                backend=backend,
+                params=params,
+                env=kenv,
+                jobs=jobs,
+                log_dir=log_dir,
+                timeout=timeout,
+                label=f"check-{k}",
+            )
     failing = tuple(f"{k}: {c}" for k, r in per.items() for c in r.failing)
     bad = [k for k, r in per.items() if not r.passed]
     if bad:
@@ -363,5 +407,4 @@ def run_gate(
         summary = f"infeasible: kernel {bad[0]} fails{where}"
     else:
         summary = "; ".join(f"{k}: {r.summary}" for k, r in per.items())
-    return GateResult(passed=not bad, per_kernel=per, failing=failing, summary=summary,
-                      log_file=per[ks[-1]].log_file)
+    return GateResult(passed=not bad, per_kernel=per, failing=failing, summary=summary, log_file=per[ks[-1]].log_file)

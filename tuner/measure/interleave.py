@@ -66,9 +66,18 @@ def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, 
         drift = drift_pct(ok)
         noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
         flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
-        drift_rows.append({"test": test, "phase": grp["phase"].iloc[0], "depth": int(depth),
-                           "n_anchors": int(ok.size), "reference_ts": ref, "drift_pct": drift,
-                           "noise_pct": noise, "flagged": flagged})
+        drift_rows.append(
+            {
+                "test": test,
+                "phase": grp["phase"].iloc[0],
+                "depth": int(depth),
+                "n_anchors": int(ok.size),
+                "reference_ts": ref,
+                "drift_pct": drift,
+                "noise_pct": noise,
+                "flagged": flagged,
+            }
+        )
     return drift_rows
 
 
@@ -83,16 +92,22 @@ def _rescaled(row: pd.Series, factor: float, *, confidence: float, seed: int) ->
 
 
 def _corrected_candidate(
-    df: pd.DataFrame, before: pd.DataFrame, after: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]],
-    *, confidence: float, seed: int,
+    df: pd.DataFrame,
+    before: pd.DataFrame,
+    after: pd.DataFrame,
+    drift_rows: Sequence[Mapping[str, Any]],
+    *,
+    confidence: float,
+    seed: int,
 ) -> list[dict[str, Any]]:
     """A candidate's rows, rescaled by reference / local anchor (geometric mean of the two anchors
     around it) where its (test, depth) is flagged; ``anchor_ratio`` is recorded either way."""
     rows = []
     for _, row in df.iterrows():
         dr = next((r for r in drift_rows if r["test"] == row["test"] and r["depth"] == row["depth"]), None)
-        local = math.sqrt(_anchor_median(before, row["test"], row["depth"]) *
-                          _anchor_median(after, row["test"], row["depth"]))
+        local = math.sqrt(
+            _anchor_median(before, row["test"], row["depth"]) * _anchor_median(after, row["test"], row["depth"])
+        )
         factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
         if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
             rows.append(_rescaled(row, factor, confidence=confidence, seed=seed))
@@ -104,20 +119,25 @@ def _corrected_candidate(
 
 
 def _pooled_baseline(
-    anchor_df: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]], *, confidence: float, seed: int,
+    anchor_df: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]], *, confidence: float, seed: int
 ) -> list[dict[str, Any]]:
     """The baseline's rows: every anchor's samples pooled, each rescaled to the reference when flagged."""
     base_rows = []
     for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
         dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
-        pooled = pool(grp["samples"], [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0
-                                       for _, a in grp.iterrows()])
+        pooled = pool(
+            grp["samples"],
+            [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0 for _, a in grp.iterrows()],
+        )
         first = grp.iloc[-1].to_dict()
         first.update(_summarize(pooled, confidence=confidence, seed=seed))
-        first.update(n_batches=int(grp["n_batches"].sum()),
-                     warmup_discarded=int(grp["warmup_discarded"].sum()),
-                     drift_corrected=dr["flagged"], anchor_ratio=math.nan,
-                     status="ok" if pooled else "failed")
+        first.update(
+            n_batches=int(grp["n_batches"].sum()),
+            warmup_discarded=int(grp["warmup_discarded"].sum()),
+            drift_corrected=dr["flagged"],
+            anchor_ratio=math.nan,
+            status="ok" if pooled else "failed",
+        )
         if math.isfinite(first.get("roofline_tps", math.nan)) and first["roofline_tps"]:
             first["roofline_pct"] = 100.0 * first["median_ts"] / first["roofline_tps"]
         base_rows.append(first)
@@ -163,8 +183,9 @@ def run_interleaved(
     seed = bench_kwargs.get("seed", 0)
 
     def bench(t: BenchTarget) -> pd.DataFrame:
-        return run_bench(t.bin_dir, model, env=t.env, extra_args=t.extra_args, log_dir=log_dir,
-                         label=t.label, **bench_kwargs)
+        return run_bench(
+            t.bin_dir, model, env=t.env, extra_args=t.extra_args, log_dir=log_dir, label=t.label, **bench_kwargs
+        )
 
     anchors = [bench(baseline)]
     cands = []
@@ -179,8 +200,10 @@ def run_interleaved(
     drift_df = pd.DataFrame(drift_rows)
     for r in drift_rows:
         if r["flagged"]:
-            log.warning(f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
-                        f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio")
+            log.warning(
+                f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
+                f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio"
+            )
 
     frames: dict[str, Any] = {}
     for i, (c, df) in enumerate(zip(candidates, cands)):

@@ -101,7 +101,7 @@ class _NvmlProbe:
     def close(self) -> None:
         try:
             self._nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutting down a monitor must never fail a benchmark
+        except Exception:
             pass
 
 
@@ -124,7 +124,7 @@ class _AmdSmiProbe:
     def close(self) -> None:
         try:
             self._smi.amdsmi_shut_down()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -137,8 +137,10 @@ def _warn_nvml_missing() -> None:
     from tuner import log
     from tuner.extras import install_command
 
-    log.warning("GPU utilization and memory columns stay empty: the NVML bindings (pynvml) are not "
-                f"installed. Install them with `{install_command('nvml')}`.")
+    log.warning(
+        "GPU utilization and memory columns stay empty: the NVML bindings (pynvml) are not "
+        f"installed. Install them with `{install_command('nvml')}`."
+    )
 
 
 def find_gpu_probe() -> _GpuProbe | None:
@@ -150,13 +152,13 @@ def find_gpu_probe() -> _GpuProbe | None:
     except ImportError as err:
         logger.debug("NVML observer unavailable: %s", err)
         _warn_nvml_missing()
-    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, no device...
+    except Exception as err:
         logger.debug("NVML observer unavailable: %s", err)
     try:
         import amdsmi  # type: ignore[import-not-found]
 
         return _AmdSmiProbe(amdsmi)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         logger.debug("AMD SMI observer unavailable: %s", err)
     return None
 
@@ -197,7 +199,7 @@ class Observer:
         if self._gpu is not None:
             try:
                 self._mem0 = self._gpu.read()[1]
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self._mem0 = math.nan
         self._sample()  # baseline for CPU-time deltas
         self._thread = threading.Thread(target=self._loop, name="tuner-observer", daemon=True)
@@ -280,7 +282,7 @@ class Observer:
             if self._gpu is not None:
                 try:
                     util, mem = self._gpu.read()
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     logger.debug("GPU observer read failed: %s", err)
             self.samples.append((now, cpu, util, mem))
             return now
@@ -310,7 +312,8 @@ class Observer:
         return dataclasses.replace(
             self._summarize(inside),
             cpu_util_mean=100.0 * sum(b.cpu_s - a.cpu_s for a, b in windows) / span,
-            cpu_core_max=100.0 * max(per_thread.values(), default=math.nan) / span)
+            cpu_core_max=100.0 * max(per_thread.values(), default=math.nan) / span,
+        )
 
     def _summarize(self, window: Sequence[tuple[float, float, float, float]]) -> Observation:
         def stats(vals: list[float]) -> tuple[float, float]:
@@ -322,6 +325,12 @@ class Observer:
         _, mem_max = stats([s[3] for s in window])
         if math.isfinite(mem_max) and math.isfinite(self._mem0):
             mem_max = max(0.0, mem_max - self._mem0)
-        return Observation(cpu_util_mean=cpu_mean, cpu_util_max=cpu_max, gpu_util_mean=gpu_mean,
-                           gpu_util_max=gpu_max, gpu_mem_mb=mem_max, n_samples=len(window),
-                           gpu_source=self.gpu_source)
+        return Observation(
+            cpu_util_mean=cpu_mean,
+            cpu_util_max=cpu_max,
+            gpu_util_mean=gpu_mean,
+            gpu_util_max=gpu_max,
+            gpu_mem_mb=mem_max,
+            n_samples=len(window),
+            gpu_source=self.gpu_source,
+        )

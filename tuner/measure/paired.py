@@ -23,8 +23,23 @@ CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is the CPU% rule for 
 
 from __future__ import annotations
 
-__all__ = ["CPU_REJECTED", "NOISE_CEILING_PCT", "method_text", "TOO_NOISY", "too_noisy", "Diff", "Effect", "paired_effect", "paired_diff", "block_effects", "noise_pct", "noise_points",
-           "verdict", "rejects_cpu_cost", "rotated"]
+__all__ = [
+    "CPU_REJECTED",
+    "NOISE_CEILING_PCT",
+    "TOO_NOISY",
+    "Diff",
+    "Effect",
+    "block_effects",
+    "method_text",
+    "noise_pct",
+    "noise_points",
+    "paired_diff",
+    "paired_effect",
+    "rejects_cpu_cost",
+    "rotated",
+    "too_noisy",
+    "verdict",
+]
 
 import dataclasses
 import math
@@ -88,28 +103,36 @@ def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, con
 
     Rounds where either side is missing or not positive are skipped.
     """
-    logs = [math.log(c / r) for c, r in zip(candidate, reference)
-            if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)]
+    logs = [
+        math.log(c / r)
+        for c, r in zip(candidate, reference)
+        if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)
+    ]
     if not logs:
         return Effect(n=0, ratio=math.nan, ci_low=math.nan, ci_high=math.nan)
     mean, half = _t_interval(logs, confidence)
     return Effect(n=len(logs), ratio=math.exp(mean), ci_low=math.exp(mean - half), ci_high=math.exp(mean + half))
 
 
-def paired_diff(candidate: Sequence[float | None], reference: Sequence[float | None], *,
-                confidence: float = 0.95) -> Diff:
+def paired_diff(
+    candidate: Sequence[float | None], reference: Sequence[float | None], *, confidence: float = 0.95
+) -> Diff:
     """Mean difference ``candidate - reference`` in points, paired by index (one entry per round), with
     a Student-t interval. Rounds where either side is missing or not finite are skipped."""
-    ds = [float(c) - float(r) for c, r in zip(candidate, reference)
-          if c is not None and r is not None and math.isfinite(c) and math.isfinite(r)]
+    ds = [
+        float(c) - float(r)
+        for c, r in zip(candidate, reference)
+        if c is not None and r is not None and math.isfinite(c) and math.isfinite(r)
+    ]
     if not ds:
         return Diff(n=0, mean=math.nan, ci_low=math.nan, ci_high=math.nan)
     mean, half = _t_interval(ds, confidence)
     return Diff(n=len(ds), mean=mean, ci_low=mean - half, ci_high=mean + half)
 
 
-def block_effects(values: Mapping[str, Sequence[float | None]], reference: str, *,
-                  confidence: float = 0.95) -> dict[str, Effect]:
+def block_effects(
+    values: Mapping[str, Sequence[float | None]], reference: str, *, confidence: float = 0.95
+) -> dict[str, Effect]:
     """Effect of every config over ``reference`` with rounds as blocks and the error variance pooled.
 
     ``values[name][i]`` is the config's t/s in round ``i``. Only rounds where every config has a value
@@ -119,8 +142,11 @@ def block_effects(values: Mapping[str, Sequence[float | None]], reference: str, 
     Assumes the configs are equally noisy, as repeated runs of one llama-bench command are.
     """
     names = [n for n in values if n != reference]
-    rows = [i for i in range(len(values[reference]))
-            if all(_ok(values[n][i] if i < len(values[n]) else None) for n in [reference, *names])]
+    rows = [
+        i
+        for i in range(len(values[reference]))
+        if all(_ok(values[n][i] if i < len(values[n]) else None) for n in [reference, *names])
+    ]
     r, c = len(rows), len(names) + 1
     if r < 2 or c < 3:
         return {n: paired_effect(values[n], values[reference], confidence=confidence) for n in names}
@@ -230,8 +256,10 @@ def method_text(rounds: Sequence[int] = (), confidence: float = 0.95) -> str:
     here, beside the code). ``rounds``: the rounds per point, when known."""
     r = sorted({int(x) for x in rounds if x})
     n = "" if not r else (f" ({r[0]} rounds per point)" if len(r) == 1 else f" ({r[0]}–{r[-1]} rounds per point)")
-    return ("Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
-            f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
-            f"t/s A. {confidence * 100:g}% CI: Student-t interval of the geometric mean of the per-round ratios B/A "
-            "(rounds as blocks, error variance pooled over the round's configurations), so drift between rounds "
-            "cancels; its centre can differ slightly from Speedup.")
+    return (
+        "Both sides were measured in paired, interleaved rounds: each round runs every configuration once, "
+        f"back to back, order rotated{n}. t/s: the median over rounds of each side's t/s. Speedup = t/s B / "
+        f"t/s A. {confidence * 100:g}% CI: Student-t interval of the geometric mean of the per-round ratios B/A "
+        "(rounds as blocks, error variance pooled over the round's configurations), so drift between rounds "
+        "cancels; its centre can differ slightly from Speedup."
+    )

@@ -59,11 +59,15 @@ _BUF = re.compile(rf"^(\w+):\s+(\S+)\s+(model |KV |RS |compute | output |)buffer
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _LAYER_DEV = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
 _KV_DEV = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = (\S+)")
-_GRAPH_NEW = re.compile(r"graph(?: \(pp bs=(\d+), tg bs=(\d+)\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?")
+_GRAPH_NEW = re.compile(
+    r"graph(?: \(pp bs=(\d+), tg bs=(\d+)\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?"
+)
 _GRAPH_OLD_SPLITS = re.compile(r"graph splits\s*=\s*(\d+)")
 _GRAPH_OLD_NODES = re.compile(r"graph nodes\s*=\s*(\d+)")
 _USING_DEV = re.compile(r"using device (\S+) \(([^)]*)\)")
-_FALLBACK = re.compile(r"layer \d+ is assigned to device \S+ but .+ is assigned to device \S+ \(usually due to missing support\)")
+_FALLBACK = re.compile(
+    r"layer \d+ is assigned to device \S+ but .+ is assigned to device \S+ \(usually due to missing support\)"
+)
 _INPUT_TENSORS = ("token_embd.", "token_embd_norm.", "position_embd.", "token_types.")
 
 
@@ -104,8 +108,11 @@ class Residency:
     @property
     def gpu(self) -> bool:
         """A GPU backend holds weights or KV, or llama.cpp reported GPU offload or devices."""
-        return (any(not is_host_buffer(n) for n in (*self.model_buffers, *self.kv_buffers))
-                or bool(self.devices) or self.layers_total is not None)
+        return (
+            any(not is_host_buffer(n) for n in (*self.model_buffers, *self.kv_buffers))
+            or bool(self.devices)
+            or self.layers_total is not None
+        )
 
     @property
     def host_weights_mib(self) -> float:
@@ -128,10 +135,20 @@ class Residency:
         def bufs(d: Mapping[str, float]) -> str:
             return ", ".join(f"{k} {v:.2f} MiB" for k, v in d.items()) or "none"
 
-        off = (f"offloaded {self.layers_offloaded}/{self.layers_total} layers" if self.layers_total is not None
-               else "no GPU offload reported")
-        sp = "?" if self.splits_tg is None else (str(self.splits_tg) if self.splits_pp == self.splits_tg
-                                                  else f"{self.splits_pp} prefill / {self.splits_tg} decode")
+        off = (
+            f"offloaded {self.layers_offloaded}/{self.layers_total} layers"
+            if self.layers_total is not None
+            else "no GPU offload reported"
+        )
+        sp = (
+            "?"
+            if self.splits_tg is None
+            else (
+                str(self.splits_tg)
+                if self.splits_pp == self.splits_tg
+                else f"{self.splits_pp} prefill / {self.splits_tg} decode"
+            )
+        )
         return f"graph splits {sp}; {off}; weights: {bufs(self.model_buffers)}; KV: {bufs(self.kv_buffers)}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -169,12 +186,19 @@ def parse_residency(text: str) -> Residency:
             nodes_pp = nodes_tg = int(nodes[-1])
     devices = tuple(dict.fromkeys(f"{d} ({desc})" for d, desc in _USING_DEV.findall(text)))
     return Residency(
-        model_buffers=groups["model"], kv_buffers=groups["kv"], compute_buffers=groups["compute"],
+        model_buffers=groups["model"],
+        kv_buffers=groups["kv"],
+        compute_buffers=groups["compute"],
         output_buffers=groups["output"],
-        layers_offloaded=int(off[-1][0]) if off else None, layers_total=int(off[-1][1]) if off else None,
+        layers_offloaded=int(off[-1][0]) if off else None,
+        layers_total=int(off[-1][1]) if off else None,
         layer_devices={int(i): d for i, d in _LAYER_DEV.findall(text)},
         kv_devices={int(i): d for i, d in _KV_DEV.findall(text)},
-        splits_pp=splits_pp, splits_tg=splits_tg, nodes_pp=nodes_pp, nodes_tg=nodes_tg, devices=devices,
+        splits_pp=splits_pp,
+        splits_tg=splits_tg,
+        nodes_pp=nodes_pp,
+        nodes_tg=nodes_tg,
+        devices=devices,
         fallbacks=tuple(dict.fromkeys(m.group(0) for m in _FALLBACK.finditer(text))),
     )
 
@@ -186,8 +210,13 @@ def input_layer_mib(model: Path) -> float:
     return sum(t.n_bytes for t in load_gguf_tensors(Path(model)) if t.name.startswith(_INPUT_TENSORS)) / 2**20
 
 
-def judge(res: Residency, *, full_offload: bool = True, max_splits: int = DEFAULT_MAX_SPLITS,
-          host_weights_mib: float | None = None) -> tuple[bool, tuple[str, ...]]:
+def judge(
+    res: Residency,
+    *,
+    full_offload: bool = True,
+    max_splits: int = DEFAULT_MAX_SPLITS,
+    host_weights_mib: float | None = None,
+) -> tuple[bool, tuple[str, ...]]:
     """The rule: ``(passed, reasons)``; a pure function of a parsed run.
 
     Args:
@@ -208,8 +237,10 @@ def judge(res: Residency, *, full_offload: bool = True, max_splits: int = DEFAUL
     if res.splits_tg is None:
         why.append("llama.cpp printed no graph split count (was the run verbose, -v?).")
     elif res.splits_tg > max_splits:
-        why.append(f"The decode graph has {res.splits_tg} splits, more than the {max_splits} of a full offload "
-                   "(host embedding lookup + one GPU split): some ops run on another backend within each token.")
+        why.append(
+            f"The decode graph has {res.splits_tg} splits, more than the {max_splits} of a full offload "
+            "(host embedding lookup + one GPU split): some ops run on another backend within each token."
+        )
     if res.layers_total is not None and (res.layers_offloaded or 0) < res.layers_total:
         why.append(f"Only {res.layers_offloaded}/{res.layers_total} layers were offloaded to the GPU.")
     host_layers = sorted(i for i, d in res.layer_devices.items() if is_host_buffer(d))
@@ -218,12 +249,17 @@ def judge(res: Residency, *, full_offload: bool = True, max_splits: int = DEFAUL
     if not res.device_weights_mib > 0:
         why.append("No model weights are in a GPU buffer.")
     if host_weights_mib is not None and res.host_weights_mib > host_weights_mib + _HOST_SLACK_MIB:
-        why.append(f"{res.host_weights_mib:.2f} MiB of weights are in host buffers, more than the "
-                   f"{host_weights_mib:.2f} MiB input layer llama.cpp keeps there.")
+        why.append(
+            f"{res.host_weights_mib:.2f} MiB of weights are in host buffers, more than the "
+            f"{host_weights_mib:.2f} MiB input layer llama.cpp keeps there."
+        )
     kv_host = sorted(i for i, d in res.kv_devices.items() if is_host_buffer(d))
     if res.host_kv_mib > 0 or kv_host:
-        why.append(f"The KV cache is (partly) in host memory ({res.host_kv_mib:.2f} MiB"
-                   + (f", layers {kv_host}" if kv_host else "") + "): -nkvo or a layer left on the CPU.")
+        why.append(
+            f"The KV cache is (partly) in host memory ({res.host_kv_mib:.2f} MiB"
+            + (f", layers {kv_host}" if kv_host else "")
+            + "): -nkvo or a layer left on the CPU."
+        )
     elif not res.kv_buffers:
         why.append("llama.cpp printed no KV buffer.")
     if res.fallbacks:
@@ -237,9 +273,17 @@ def _check_args(args: Sequence[str]) -> tuple[str, ...]:
     return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
 
 
-def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  # noqa: B006 - read-only
-                  args: Sequence[str] = (), log_dir: Path, pp: int = 512, tg: int = 16,
-                  timeout: float = 900.0) -> Residency:
+def run_residency(
+    bin_dir: Path,
+    model: Path,
+    *,
+    env: Mapping[str, str] = {},
+    args: Sequence[str] = (),
+    log_dir: Path,
+    pp: int = 512,
+    tg: int = 16,
+    timeout: float = 900.0,
+) -> Residency:
     """Run ``llama-bench -v -pg PP,TG -r 1`` once with a config's env and arguments and parse its log.
 
     One ``-pg`` test makes one context whose scheduler reserves both the prefill (``PP`` tokens) and the
@@ -257,16 +301,39 @@ def run_residency(bin_dir: Path, model: Path, *, env: Mapping[str, str] = {},  #
     for name, v in (("pp", pp), ("tg", tg)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")
-    cmd = [exe, "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{pp},{tg}", "-r", "1", "--no-warmup", "-v",
-           "-o", "jsonl", *_check_args(args)]
+    cmd = [
+        exe,
+        "-m",
+        str(model),
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "-pg",
+        f"{pp},{tg}",
+        "-r",
+        "1",
+        "--no-warmup",
+        "-v",
+        "-o",
+        "jsonl",
+        *_check_args(args),
+    ]
     log_file = Path(log_dir) / "residency.log"
     log_file.unlink(missing_ok=True)
     lines: list[str] = []
     err = ""
     with log.step(f"residency: llama-bench -v -pg {pp},{tg}"):
         try:
-            rc = _run.run(cmd, env={**os.environ, **check_env(env)}, log_file=log_file, timeout=timeout,
-                          check=False, on_line=lines.append, what="llama-bench (residency)").returncode
+            rc = _run.run(
+                cmd,
+                env={**os.environ, **check_env(env)},
+                log_file=log_file,
+                timeout=timeout,
+                check=False,
+                on_line=lines.append,
+                what="llama-bench (residency)",
+            ).returncode
             if rc != 0:
                 first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
                 err = f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"

@@ -120,8 +120,14 @@ def _growth(series: Sequence[float]) -> float:
     return median(vals[-w:]) - median(vals[:w])
 
 
-def judge_soak(samples_ts: Sequence[float], *, tokens_per_sample: int, host_mib: Sequence[float] = (),
-               device_mib: Sequence[float] = (), tolerances: Tolerances = DEFAULT_TOLERANCES) -> SoakJudgement:
+def judge_soak(
+    samples_ts: Sequence[float],
+    *,
+    tokens_per_sample: int,
+    host_mib: Sequence[float] = (),
+    device_mib: Sequence[float] = (),
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
+) -> SoakJudgement:
     """Drift of t/s over the run and memory growth, and whether they stay within ``tolerances``.
 
     Args:
@@ -138,9 +144,18 @@ def judge_soak(samples_ts: Sequence[float], *, tokens_per_sample: int, host_mib:
     if len(ts) < MIN_REPS or not all(math.isfinite(x) and x > 0 for x in ts):
         why.append(f"{len(ts)} usable t/s samples; at least {MIN_REPS} positive ones are needed to judge drift.")
         nan = math.nan
-        return SoakJudgement(passed=False, reasons=tuple(why), window=0, first_ts=nan, last_ts=nan, drop_pct=nan,
-                             slope_pct_per_1k=nan, slope_ci_pct_per_1k=(nan, nan), host_growth_mib=_growth(host_mib),
-                             device_growth_mib=_growth(device_mib))
+        return SoakJudgement(
+            passed=False,
+            reasons=tuple(why),
+            window=0,
+            first_ts=nan,
+            last_ts=nan,
+            drop_pct=nan,
+            slope_pct_per_1k=nan,
+            slope_ci_pct_per_1k=(nan, nan),
+            host_growth_mib=_growth(host_mib),
+            device_growth_mib=_growth(device_mib),
+        )
     w = max(3, len(ts) // 4)
     first, last = median(ts[:w]), median(ts[-w:])
     drop = 100.0 * (1.0 - last / first)
@@ -148,17 +163,30 @@ def judge_soak(samples_ts: Sequence[float], *, tokens_per_sample: int, host_mib:
     slope, _, lo, hi = theilslopes(ts, x, alpha=0.95)
     scale = 100.0 * 1000.0 / first
     if drop > t.max_drop_pct and hi < 0:
-        why.append(f"t/s fell {drop:.1f}% from the first {w} repetitions ({first:.2f}) to the last {w} ({last:.2f}), "
-                   f"more than the {t.max_drop_pct:g}% tolerance, with a steady downward trend "
-                   f"({slope * scale:+.2f}%/1k tokens, 95% CI {lo * scale:+.2f}..{hi * scale:+.2f}).")
+        why.append(
+            f"t/s fell {drop:.1f}% from the first {w} repetitions ({first:.2f}) to the last {w} ({last:.2f}), "
+            f"more than the {t.max_drop_pct:g}% tolerance, with a steady downward trend "
+            f"({slope * scale:+.2f}%/1k tokens, 95% CI {lo * scale:+.2f}..{hi * scale:+.2f})."
+        )
     host, dev = _growth(host_mib), _growth(device_mib)
     if host > t.max_host_growth_mib:
         why.append(f"Host memory grew {host:.1f} MiB over the run (tolerance {t.max_host_growth_mib:g} MiB): a leak.")
     if dev > t.max_device_growth_mib:
-        why.append(f"Device memory grew {dev:.1f} MiB over the run (tolerance {t.max_device_growth_mib:g} MiB): a leak.")
-    return SoakJudgement(passed=not why, reasons=tuple(why), window=w, first_ts=first, last_ts=last, drop_pct=drop,
-                         slope_pct_per_1k=slope * scale, slope_ci_pct_per_1k=(lo * scale, hi * scale),
-                         host_growth_mib=host, device_growth_mib=dev)
+        why.append(
+            f"Device memory grew {dev:.1f} MiB over the run (tolerance {t.max_device_growth_mib:g} MiB): a leak."
+        )
+    return SoakJudgement(
+        passed=not why,
+        reasons=tuple(why),
+        window=w,
+        first_ts=first,
+        last_ts=last,
+        drop_pct=drop,
+        slope_pct_per_1k=slope * scale,
+        slope_ci_pct_per_1k=(lo * scale, hi * scale),
+        host_growth_mib=host,
+        device_growth_mib=dev,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,14 +213,18 @@ class SoakResult:
     @property
     def summary(self) -> str:
         j = self.judgement
-        head = f"{'PASS' if self.passed else 'FAIL'}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
+        head = (
+            f"{'PASS' if self.passed else 'FAIL'}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
+        )
         if j is None or not math.isfinite(j.first_ts):
             return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
         dev = "n/a" if not math.isfinite(j.device_growth_mib) else f"{j.device_growth_mib:+.1f} MiB"
         lo, hi = j.slope_ci_pct_per_1k
-        text = (f"{head}; t/s {j.first_ts:.2f} -> {j.last_ts:.2f} ({-j.drop_pct:+.1f}%, slope "
-                f"{j.slope_pct_per_1k:+.2f}%/1k tokens, 95% CI {lo:+.2f}..{hi:+.2f}); host RSS {j.host_growth_mib:+.1f} MiB; "
-                f"device {dev}")
+        text = (
+            f"{head}; t/s {j.first_ts:.2f} -> {j.last_ts:.2f} ({-j.drop_pct:+.1f}%, slope "
+            f"{j.slope_pct_per_1k:+.2f}%/1k tokens, 95% CI {lo:+.2f}..{hi:+.2f}); host RSS {j.host_growth_mib:+.1f} MiB; "
+            f"device {dev}"
+        )
         return text + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
     def as_dict(self) -> dict[str, Any]:
@@ -205,8 +237,10 @@ class SoakResult:
 def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
     """``(chunk, reps)`` with ``chunk * reps >= n_tokens`` and at least :data:`MIN_REPS` repetitions."""
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens <= 0:
-        raise UsageError(f"The soak length must be a positive number of tokens (got {n_tokens!r}); docs/soak.md's "
-                         "long-run test uses 10000 (`tuner validate --soak 10000`).")
+        raise UsageError(
+            f"The soak length must be a positive number of tokens (got {n_tokens!r}); docs/soak.md's "
+            "long-run test uses 10000 (`tuner validate --soak 10000`)."
+        )
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
         raise UsageError(f"The soak chunk must be a positive number of tokens (got {chunk!r}).")
     c = min(chunk, max(8, -(-n_tokens // MIN_REPS)))
@@ -216,7 +250,12 @@ def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
 def _check_args(args: Sequence[str]) -> tuple[str, ...]:
     from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
 
-    return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the soak itself (model, -p/-n/-r, -o, --progress)", instead="give the length as the token count")
+    return check_passthrough_args(
+        args,
+        PROBE_OWN_FLAGS,
+        sets="the soak itself (model, -p/-n/-r, -o, --progress)",
+        instead="give the length as the token count",
+    )
 
 
 def _device_sample() -> tuple[float, float]:
@@ -225,8 +264,12 @@ def _device_sample() -> tuple[float, float]:
     if exe is None:
         return math.nan, math.nan
     try:
-        res = _run.run([exe, "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"],
-                       check=False, timeout=20, what="nvidia-smi")
+        res = _run.run(
+            [exe, "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"],
+            check=False,
+            timeout=20,
+            what="nvidia-smi",
+        )
         rows = [[float(v) for v in ln.split(",")] for ln in res.output.splitlines() if ln.strip()]
         return sum(r[0] for r in rows), max(r[1] for r in rows)
     except (TunerError, ValueError, IndexError):  # a missing driver or odd output: no device numbers
@@ -269,13 +312,29 @@ class _Sampler:
         except psutil.Error:
             rss = math.nan
         dev, util = _device_sample() if self.device else (math.nan, math.nan)
-        self.samples.append(MemSample(seconds=time.monotonic() - self.t0, rep=int(m.group(1)) - 1,
-                                      host_rss_mib=rss, device_mib=dev, gpu_util_pct=util))
+        self.samples.append(
+            MemSample(
+                seconds=time.monotonic() - self.t0,
+                rep=int(m.group(1)) - 1,
+                host_rss_mib=rss,
+                device_mib=dev,
+                gpu_util_pct=util,
+            )
+        )
 
 
-def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] = {},  # noqa: B006 - read-only
-             args: Sequence[str] = (), log_dir: Path | None = None, *, chunk: int = DEFAULT_CHUNK,
-             tolerances: Tolerances = DEFAULT_TOLERANCES, timeout: float = 4 * 3600.0) -> SoakResult:
+def run_soak(
+    bin_dir: Path,
+    model: Path,
+    n_tokens: int,
+    env: Mapping[str, str] = {},
+    args: Sequence[str] = (),
+    log_dir: Path | None = None,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
+    timeout: float = 4 * 3600.0,
+) -> SoakResult:
     """Generate at least ``n_tokens`` tokens in one llama-bench process and judge drift and growth.
 
     Args:
@@ -301,10 +360,25 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
     c, reps = plan_chunks(n_tokens, chunk)
     exe = find_exe(Path(bin_dir), "llama-bench")
     if not Path(model).is_file():
-        raise UsageError(f"Model {model} does not exist. Pass a GGUF file with --model "
-                         "(`tuner model synth --like tiny -o FILE` makes one).")
-    cmd = [exe, "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl",
-           *_check_args(args)]
+        raise UsageError(
+            f"Model {model} does not exist. Pass a GGUF file with --model "
+            "(`tuner model synth --like tiny -o FILE` makes one)."
+        )
+    cmd = [
+        exe,
+        "-m",
+        str(model),
+        "-p",
+        "0",
+        "-n",
+        str(c),
+        "-r",
+        str(reps),
+        "--progress",
+        "-o",
+        "jsonl",
+        *_check_args(args),
+    ]
     if log_dir is None:
         from tuner.paths import tuner_home
 
@@ -317,23 +391,50 @@ def run_soak(bin_dir: Path, model: Path, n_tokens: int, env: Mapping[str, str] =
     err = ""
     with log.step(f"soak: {reps} x tg{c} = {reps * c} tokens in one llama-bench process"):
         try:
-            rc = _run.run(cmd, env={**os.environ, **check_env(env)}, log_file=log_file, timeout=timeout, check=False,
-                          on_line=sampler, what="llama-bench (soak)").returncode
+            rc = _run.run(
+                cmd,
+                env={**os.environ, **check_env(env)},
+                log_file=log_file,
+                timeout=timeout,
+                check=False,
+                on_line=sampler,
+                what="llama-bench (soak)",
+            ).returncode
             if rc != 0:
-                first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
+                first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(
+                    log_file, 2
+                )
                 err = f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
         except TunerError as e:  # timeout or a binary that will not start: a failed soak, not a crash
             err = str(e)
     recs = parse_bench_jsonl("\n".join(sampler.lines))
     if not err and len(recs) != 1:
-        err = (f"llama-bench printed {len(recs)} results; the soak needs exactly one test (no comma lists in the "
-               f"arguments). Log: {log_file}")
+        err = (
+            f"llama-bench printed {len(recs)} results; the soak needs exactly one test (no comma lists in the "
+            f"arguments). Log: {log_file}"
+        )
     ts = tuple(recs[0]["samples_ts"]) if len(recs) == 1 else ()
     mem = tuple(sampler.samples)
-    j = judge_soak(ts, tokens_per_sample=c, host_mib=[m.host_rss_mib for m in mem],
-                   device_mib=[m.device_mib for m in mem], tolerances=tolerances)
+    j = judge_soak(
+        ts,
+        tokens_per_sample=c,
+        host_mib=[m.host_rss_mib for m in mem],
+        device_mib=[m.device_mib for m in mem],
+        tolerances=tolerances,
+    )
     reasons = (f"The soak run failed: {err}",) if err else j.reasons
-    return SoakResult(passed=not reasons, reasons=reasons, n_tokens=n_tokens, generated=len(ts) * c, chunk=c,
-                      reps=reps, samples_ts=ts, memory=mem, judgement=j,
-                      device_source="nvidia-smi" if sampler.device else "", log_file=log_file,
-                      seconds=time.monotonic() - t0, error=err)
+    return SoakResult(
+        passed=not reasons,
+        reasons=reasons,
+        n_tokens=n_tokens,
+        generated=len(ts) * c,
+        chunk=c,
+        reps=reps,
+        samples_ts=ts,
+        memory=mem,
+        judgement=j,
+        device_source="nvidia-smi" if sampler.device else "",
+        log_file=log_file,
+        seconds=time.monotonic() - t0,
+        error=err,
+    )

@@ -63,17 +63,11 @@ def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def _check_confidence(confidence: float) -> None:
     if not 0.5 <= confidence < 1.0:
-        raise UsageError(
-            f"confidence must be in [0.5, 1) (got {confidence!r}); use e.g. 0.95 for a 95% interval."
-        )
+        raise UsageError(f"confidence must be in [0.5, 1) (got {confidence!r}); use e.g. 0.95 for a 95% interval.")
 
 
 def bootstrap_median_ci(
-    samples: Sequence[float] | np.ndarray,
-    *,
-    confidence: float = 0.95,
-    n_boot: int = N_BOOT,
-    seed: int = 0,
+    samples: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_boot: int = N_BOOT, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile-bootstrap confidence interval of the median.
 
@@ -136,15 +130,31 @@ def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int)
     arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=float)
     if arr.size == 0:
         nan = math.nan
-        return dict(n=0, median_ts=nan, mean_ts=nan, stddev_ts=nan, ci_low=nan, ci_high=nan,
-                    ci_pct=nan, min_ts=nan, max_ts=nan, samples=[])
+        return dict(
+            n=0,
+            median_ts=nan,
+            mean_ts=nan,
+            stddev_ts=nan,
+            ci_low=nan,
+            ci_high=nan,
+            ci_pct=nan,
+            min_ts=nan,
+            max_ts=nan,
+            samples=[],
+        )
     med = float(np.median(arr))
     low, high = bootstrap_median_ci(arr, confidence=confidence, seed=seed)
     return dict(
-        n=int(arr.size), median_ts=med, mean_ts=float(arr.mean()),
+        n=int(arr.size),
+        median_ts=med,
+        mean_ts=float(arr.mean()),
         stddev_ts=float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
-        ci_low=low, ci_high=high, ci_pct=ci_halfwidth_pct(med, low, high),
-        min_ts=float(arr.min()), max_ts=float(arr.max()), samples=[float(x) for x in arr],
+        ci_low=low,
+        ci_high=high,
+        ci_pct=ci_halfwidth_pct(med, low, high),
+        min_ts=float(arr.min()),
+        max_ts=float(arr.max()),
+        samples=[float(x) for x in arr],
     )
 
 
@@ -180,8 +190,16 @@ def compare(
     _check_confidence(confidence)
     a, b = _clean(a_samples), _clean(b_samples)
     if a.size == 0 or b.size == 0 or np.median(a) <= 0:
-        return Verdict(delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan,
-                       verdict="no difference", confidence=confidence, n_a=int(a.size), n_b=int(b.size))
+        return Verdict(
+            delta_pct=math.nan,
+            ci_low=math.nan,
+            ci_high=math.nan,
+            p_value=math.nan,
+            verdict="no difference",
+            confidence=confidence,
+            n_a=int(a.size),
+            n_b=int(b.size),
+        )
     delta = 100.0 * (float(np.median(b)) / float(np.median(a)) - 1.0)
     rng = np.random.default_rng(seed)
     med_a = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
@@ -207,17 +225,20 @@ def compare(
         verdict = "slower"
     elif not decidable and (low > min_effect_pct or high < -min_effect_pct):
         verdict = "too few samples"
-    return Verdict(delta_pct=delta, ci_low=low, ci_high=high, p_value=p, verdict=verdict,
-                   confidence=confidence, n_a=int(a.size), n_b=int(b.size))
+    return Verdict(
+        delta_pct=delta,
+        ci_low=low,
+        ci_high=high,
+        p_value=p,
+        verdict=verdict,
+        confidence=confidence,
+        n_a=int(a.size),
+        n_b=int(b.size),
+    )
 
 
 def compare_frames(
-    df_a: pd.DataFrame,
-    df_b: pd.DataFrame,
-    *,
-    confidence: float = 0.95,
-    seed: int = 0,
-    min_effect_pct: float = 0.0,
+    df_a: pd.DataFrame, df_b: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0, min_effect_pct: float = 0.0
 ) -> pd.DataFrame:
     """Compare two bench frames (see tuner.measure.bench) per ``(test, depth)``.
 
@@ -249,17 +270,47 @@ def compare_frames(
         row["median_a"] = float(ra["median_ts"]) if ra is not None else math.nan
         row["median_b"] = float(rb["median_ts"]) if rb is not None else math.nan
         if ra is None or rb is None:
-            row.update(n_a=0 if ra is None else int(ra["n"]), n_b=0 if rb is None else int(rb["n"]),
-                       delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan,
-                       verdict="missing")
+            row.update(
+                n_a=0 if ra is None else int(ra["n"]),
+                n_b=0 if rb is None else int(rb["n"]),
+                delta_pct=math.nan,
+                ci_low=math.nan,
+                ci_high=math.nan,
+                p_value=math.nan,
+                verdict="missing",
+            )
         else:
-            v = compare(list(ra["samples"]), list(rb["samples"]), confidence=confidence, seed=seed,
-                        min_effect_pct=min_effect_pct)
-            row.update(n_a=v.n_a, n_b=v.n_b, delta_pct=v.delta_pct, ci_low=v.ci_low,
-                       ci_high=v.ci_high, p_value=v.p_value, verdict=v.verdict)
+            v = compare(
+                list(ra["samples"]),
+                list(rb["samples"]),
+                confidence=confidence,
+                seed=seed,
+                min_effect_pct=min_effect_pct,
+            )
+            row.update(
+                n_a=v.n_a,
+                n_b=v.n_b,
+                delta_pct=v.delta_pct,
+                ci_low=v.ci_low,
+                ci_high=v.ci_high,
+                p_value=v.p_value,
+                verdict=v.verdict,
+            )
         out.append(row)
-    cols = ["test", "phase", "depth", "median_a", "median_b", "n_a", "n_b", "delta_pct",
-            "ci_low", "ci_high", "p_value", "verdict"]
+    cols = [
+        "test",
+        "phase",
+        "depth",
+        "median_a",
+        "median_b",
+        "n_a",
+        "n_b",
+        "delta_pct",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "verdict",
+    ]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -310,17 +361,26 @@ def run_floor(backend: str | None, phase: str) -> NoiseRef:
     names = [b.strip() for b in str(backend or "").split(",") if b.strip()]
     found = [(b, table[b][phase]) for b in names if b in table and phase in table[b]]
     if not found:
-        return NoiseRef(pct=math.inf, kind="none",
-                        source=f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})")
+        return NoiseRef(
+            pct=math.inf,
+            kind="none",
+            source=f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})",
+        )
     thin = [(b, f) for b, f in found if "floor_pct" not in f]
     if thin:  # too few recorded pairs for a floor (their 95th percentile would be one outlier's value)
         b, f = thin[0]
-        return NoiseRef(pct=math.inf, kind="none",
-                        source=f"no run-to-run floor for backend {b} {phase}: only {f['pairs']} recorded A/A pairs, "
-                               f"fewer than the {table.get('min_pairs', 30)} a floor needs ({FLOORS_DOC})")
+        return NoiseRef(
+            pct=math.inf,
+            kind="none",
+            source=f"no run-to-run floor for backend {b} {phase}: only {f['pairs']} recorded A/A pairs, "
+            f"fewer than the {table.get('min_pairs', 30)} a floor needs ({FLOORS_DOC})",
+        )
     b, f = max(found, key=lambda x: x[1]["floor_pct"])
-    return NoiseRef(pct=float(f["floor_pct"]), kind="floor",
-                    source=f"run-to-run floor {b} {phase} ±{f['floor_pct']:.1f}% ({f['pairs']} recorded A/A pairs, {FLOORS_DOC})")
+    return NoiseRef(
+        pct=float(f["floor_pct"]),
+        kind="floor",
+        source=f"run-to-run floor {b} {phase} ±{f['floor_pct']:.1f}% ({f['pairs']} recorded A/A pairs, {FLOORS_DOC})",
+    )
 
 
 def judge(v: Verdict, noise: NoiseRef, *, min_effect_pct: float = 0.0) -> str:
@@ -345,7 +405,9 @@ def judge(v: Verdict, noise: NoiseRef, *, min_effect_pct: float = 0.0) -> str:
 
 def method_text(confidence: float = 0.95) -> str:
     """What :func:`compare` and the tables built on it compute, in words (kept here, beside the code)."""
-    return ("t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
-            "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
-            f"Speedup = t/s B / t/s A. {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} resamples) of the ratio "
-            f"of medians; a change also needs a two-sided Mann-Whitney U test at p < {1 - confidence:.2g}.")
+    return (
+        "t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
+        "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
+        f"Speedup = t/s B / t/s A. {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} resamples) of the ratio "
+        f"of medians; a change also needs a two-sided Mann-Whitney U test at p < {1 - confidence:.2g}."
+    )

@@ -20,16 +20,15 @@ __all__ = [
     "check_wmma",
     "load_arch_limits",
     "mma_smem_bytes",
-    "wmma_smem_bytes",
     "parse_mma_tables",
     "parse_tile_tables",
+    "wmma_smem_bytes",
 ]
 
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
-from tuner.errors import UsageError
 from tuner.targets.archs import load_arch
 
 
@@ -61,8 +60,16 @@ def load_arch_limits(name: str) -> ArchLimits:
         UsageError: Unknown arch name (with suggestions).
     """
     a = load_arch(name)
-    return ArchLimits(name=a.name, vendor=a.vendor, wave_size=int(a.wave_size or 32), smem_static=int(a.smem_static or 0),
-                      smem_optin=int(a.smem_optin or 0), cc=int(a.cc or 0), gfx=a.gfx, family=str(a.family or ""))
+    return ArchLimits(
+        name=a.name,
+        vendor=a.vendor,
+        wave_size=int(a.wave_size or 32),
+        smem_static=int(a.smem_static or 0),
+        smem_optin=int(a.smem_optin or 0),
+        cc=int(a.cc or 0),
+        gfx=a.gfx,
+        family=str(a.family or ""),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,8 +132,12 @@ class MmaRow:
         )
 
 
-_TILE_FN = re.compile(r"ggml_cuda_fattn_tile_get_config_(\w+)\(const int DKQ, const int DV, const int ncols\) \{(.*?)\n\}", re.S)
-_MMA_FN = re.compile(r"ggml_cuda_fattn_mma_get_config_(\w+)\(const int DKQ, const int DV, const int ncols\) \{(.*?)\n\}", re.S)
+_TILE_FN = re.compile(
+    r"ggml_cuda_fattn_tile_get_config_(\w+)\(const int DKQ, const int DV, const int ncols\) \{(.*?)\n\}", re.S
+)
+_MMA_FN = re.compile(
+    r"ggml_cuda_fattn_mma_get_config_(\w+)\(const int DKQ, const int DV, const int ncols\) \{(.*?)\n\}", re.S
+)
 _TILE_CASE = re.compile(r"^\s*GGML_CUDA_FATTN_TILE_CONFIG_CASE\(([^)]*)\)", re.M)
 _MMA_CASE = re.compile(r"^\s*GGML_CUDA_FATTN_MMA_CONFIG_CASE\(([^)]*)\)", re.M)
 
@@ -155,8 +166,19 @@ def parse_mma_tables(text: str) -> dict[str, dict[tuple[int, int, int], MmaRow]]
                 continue  # the macro definition itself
             v = [int(x) for x in parts[:10]]
             q = 1 if parts[10] == "true" else 0
-            row = MmaRow(dkq=v[0], dv=v[1], ncols=v[2], nthreads=v[3], occupancy=v[4], nbatch_fa=v[5], nbatch_K2=v[6],
-                         nbatch_V2=v[7], nbatch_combine=v[8], nstages_target=v[9], Q_in_reg=q)
+            row = MmaRow(
+                dkq=v[0],
+                dv=v[1],
+                ncols=v[2],
+                nthreads=v[3],
+                occupancy=v[4],
+                nbatch_fa=v[5],
+                nbatch_K2=v[6],
+                nbatch_V2=v[7],
+                nbatch_combine=v[8],
+                nstages_target=v[9],
+                Q_in_reg=q,
+            )
             rows.setdefault((row.dkq, row.dv, row.ncols), row)
         out[name] = rows
     return out
@@ -190,7 +212,9 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
     nwarps = r.nthreads // warp
     ncols = r.ncols
     if (ncols > nwarps and ncols % nwarps) or (nwarps > ncols and nwarps % ncols):
-        out.append(_v("tile.cpw_np", f"{tag}: ncols {ncols} and nwarps {nwarps} must divide each other ({_TILE_LOC} L873)"))
+        out.append(
+            _v("tile.cpw_np", f"{tag}: ncols {ncols} and nwarps {nwarps} must divide each other ({_TILE_LOC} L873)")
+        )
         return out
     cpw = ncols // nwarps if ncols > nwarps else 1
     np_ = nwarps // ncols if nwarps > ncols else 1
@@ -208,14 +232,29 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
     if r.dv > r.dkq:
         out.append(_v("tile.DV", f"{tag}: DV > DKQ ({_TILE_LOC} L713)"))
     if not (r.dv % r.nbatch_K == 0 or (r.nbatch_K % 3 == 0 and r.dv % (r.nbatch_K * 2 // 3) == 0)):
-        out.append(_v("tile.nbatch_K_DV", f"{tag}: DV {r.dv} not divisible by nbatch_K {r.nbatch_K} (or 2/3 of it) ({_TILE_LOC} L714-715)"))
+        out.append(
+            _v(
+                "tile.nbatch_K_DV",
+                f"{tag}: DV {r.dv} not divisible by nbatch_K {r.nbatch_K} (or 2/3 of it) ({_TILE_LOC} L714-715)",
+            )
+        )
     else:
         nbatch_v = (r.nbatch_K if r.dv % r.nbatch_K == 0 else r.nbatch_K * 2 // 3) * r.nbatch_fa // r.dv
         if nbatch_v <= 0 or r.nbatch_fa % nbatch_v or nbatch_v % np_:
-            out.append(_v("tile.nbatch_V", f"{tag}: nbatch_V {nbatch_v} must divide nbatch_fa {r.nbatch_fa} and be a multiple of np {np_} ({_TILE_LOC} L716-718)"))
+            out.append(
+                _v(
+                    "tile.nbatch_V",
+                    f"{tag}: nbatch_V {nbatch_v} must divide nbatch_fa {r.nbatch_fa} and be a multiple of np {np_} ({_TILE_LOC} L716-718)",
+                )
+            )
     dvp = (r.dv + 63) // 64 * 64
     if np_ > 1 and r.nbatch_fa * r.nbatch_K < nwarps * dvp:
-        out.append(_v("tile.combine", f"{tag}: nbatch_fa*nbatch_K {r.nbatch_fa * r.nbatch_K} < nwarps*DVp {nwarps * dvp} ({_TILE_LOC} L988)"))
+        out.append(
+            _v(
+                "tile.combine",
+                f"{tag}: nbatch_fa*nbatch_K {r.nbatch_fa * r.nbatch_K} < nwarps*DVp {nwarps * dvp} ({_TILE_LOC} L988)",
+            )
+        )
     if fp16:
         smem = ncols * r.dkq * 2 + (r.nbatch_fa * (r.nbatch_K // 2 + cpy_ne) + dvp - r.dv) * 4 + ncols * r.nbatch_fa * 2
     else:
@@ -224,7 +263,9 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
         smem += nwarps * 4
     limit, what = (arch.smem_static, "static smem") if arch.vendor == "nvidia" else (arch.smem_optin, "LDS")
     if limit and smem > limit:
-        out.append(_v("tile.smem", f"{tag}: tile smem {smem} B > {limit} B {what} on {arch.name} ({_TILE_LOC} L884-894)"))
+        out.append(
+            _v("tile.smem", f"{tag}: tile smem {smem} B > {limit} B {what} on {arch.name} ({_TILE_LOC} L884-894)")
+        )
     return out
 
 
@@ -258,12 +299,20 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     r = row
     tag = f"mma {table} ({r.dkq},{r.dv},ncols {r.ncols})"
     for field, mult, hi, line in (
-        ("nthreads", 32, 512, 28), ("nbatch_fa", 32, 256, 30), ("nbatch_K2", 4, 512, 31),
-        ("nbatch_V2", 4, 256, 32), ("nbatch_combine", 4, 128, 33),
+        ("nthreads", 32, 512, 28),
+        ("nbatch_fa", 32, 256, 30),
+        ("nbatch_K2", 4, 512, 31),
+        ("nbatch_V2", 4, 256, 32),
+        ("nbatch_combine", 4, 128, 33),
     ):
         val = getattr(r, field)
         if val <= 0 or val % mult or val > hi:
-            out.append(_v(f"mma.{field}", f"{tag}: {field}={val} must be a positive multiple of {mult} <= {hi} ({_MMA_LOC} L{line} static_assert)"))
+            out.append(
+                _v(
+                    f"mma.{field}",
+                    f"{tag}: {field}={val} must be a positive multiple of {mult} <= {hi} ({_MMA_LOC} L{line} static_assert)",
+                )
+            )
     if not 1 <= r.occupancy <= 8:
         out.append(_v("mma.occupancy", f"{tag}: occupancy={r.occupancy} outside 1..8 ({_MMA_LOC} L29)"))
     if not 1 <= r.nstages_target <= 2:
@@ -273,11 +322,21 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     if out:
         return out
     if r.nstages_target == 2 and r.nbatch_K2 != r.dkq // 2:
-        out.append(_v("mma.nstages_K2", f"{tag}: nstages 2 needs nbatch_K2 == DKQ/2 = {r.dkq // 2}, got {r.nbatch_K2} ({_MMA_LOC} L640, L1346)"))
+        out.append(
+            _v(
+                "mma.nstages_K2",
+                f"{tag}: nstages 2 needs nbatch_K2 == DKQ/2 = {r.dkq // 2}, got {r.nbatch_K2} ({_MMA_LOC} L640, L1346)",
+            )
+        )
     if r.dkq != 576 and r.dv % (2 * r.nbatch_V2):
         out.append(_v("mma.nbatch_V2", f"{tag}: DV {r.dv} % (2*nbatch_V2 {2 * r.nbatch_V2}) != 0 ({_MMA_LOC} L1010)"))
     if (r.dv // 2) % r.nbatch_combine:
-        out.append(_v("mma.nbatch_combine", f"{tag}: (DV/2) {r.dv // 2} % nbatch_combine {r.nbatch_combine} != 0 ({_MMA_LOC} L1517)"))
+        out.append(
+            _v(
+                "mma.nbatch_combine",
+                f"{tag}: (DV/2) {r.dv // 2} % nbatch_combine {r.nbatch_combine} != 0 ({_MMA_LOC} L1517)",
+            )
+        )
     nwarps = r.nthreads // (arch.wave_size or 32)
     if nwarps < 1:
         out.append(_v("mma.nwarps", f"{tag}: nthreads {r.nthreads} is less than one wave of {arch.wave_size}"))
@@ -287,7 +346,12 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     for c2 in candidates:
         ncols1 = r.ncols // c2
         if c2 <= cols_per_warp and (nwarps * (cols_per_warp // c2)) % ncols1:
-            out.append(_v("mma.nwarps", f"{tag}: nwarps {nwarps} * (cols_per_warp {cols_per_warp} / ncols2 {c2}) % ncols1 {ncols1} != 0 ({_MMA_LOC} L1251)"))
+            out.append(
+                _v(
+                    "mma.nwarps",
+                    f"{tag}: nwarps {nwarps} * (cols_per_warp {cols_per_warp} / ncols2 {c2}) % ncols1 {ncols1} != 0 ({_MMA_LOC} L1251)",
+                )
+            )
             break
     # AMD WMMA device code is compiled out for DKQ > 256 (L1870), so those rows never launch there.
     if arch.vendor == "amd" and r.dkq > 256:
@@ -298,11 +362,15 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     smem = max(mma_smem_bytes(arch, r, c2) for c2 in candidates)
     limit, what = (arch.smem_optin, "opt-in smem") if arch.vendor == "nvidia" else (arch.smem_optin, "LDS")
     if limit and smem > limit:
-        out.append(_v("mma.smem", f"{tag}: MMA smem {smem} B > {limit} B {what} on {arch.name} ({_MMA_LOC} L2030-2051)"))
+        out.append(
+            _v("mma.smem", f"{tag}: MMA smem {smem} B > {limit} B {what} on {arch.name} ({_MMA_LOC} L2030-2051)")
+        )
     return out
 
 
-def check_wmma(arch: ArchLimits, *, nwarps: int, min_blocks: int, kq_stride: int, head_dims: tuple[int, ...] = (64, 128, 256)) -> list[Violation]:
+def check_wmma(
+    arch: ArchLimits, *, nwarps: int, min_blocks: int, kq_stride: int, head_dims: tuple[int, ...] = (64, 128, 256)
+) -> list[Violation]:
     """Rules of the era-rocwmma WMMA kernel (fattn-wmma-f16.cu L25-106 of the 2025-08 tree)."""
     out: list[Violation] = []
     loc = "fattn-wmma-f16.cu"
@@ -311,28 +379,50 @@ def check_wmma(arch: ArchLimits, *, nwarps: int, min_blocks: int, kq_stride: int
         out.append(_v("wmma.nwarps", f"wmma: nwarps={nwarps} must be a power of two <= 16 ({loc} L516)"))
         return out
     if nwarps * wave > 1024:
-        out.append(_v("wmma.threads", f"wmma: nwarps {nwarps} * wave {wave} = {nwarps * wave} threads > 1024 ({loc} L25)"))
+        out.append(
+            _v("wmma.threads", f"wmma: nwarps {nwarps} * wave {wave} = {nwarps * wave} threads > 1024 ({loc} L25)")
+        )
     if not 1 <= min_blocks <= 8:
         out.append(_v("wmma.min_blocks", f"wmma: launch-bounds min blocks {min_blocks} outside 1..8 ({loc} L25)"))
     if kq_stride not in (64, 128, 256):
-        out.append(_v("wmma.kq_stride", f"wmma: KQ stride {kq_stride} must divide FATTN_KQ_STRIDE=256 (64, 128 or 256) (fattn-common.cuh)"))
+        out.append(
+            _v(
+                "wmma.kq_stride",
+                f"wmma: KQ stride {kq_stride} must divide FATTN_KQ_STRIDE=256 (64, 128 or 256) (fattn-common.cuh)",
+            )
+        )
         return out
     # frag_m is 32 only for the CUDA half-accumulation ncols=8 instance (Volta); 16 otherwise.
     frag_m = 32 if arch.vendor == "nvidia" else 16
     if kq_stride < 256 and kq_stride % (nwarps * frag_m):
-        out.append(_v("wmma.kq_stride_tc", f"wmma: KQ stride {kq_stride} % (nwarps {nwarps} * frag_m {frag_m}) != 0 for D <= 128 ({loc} L174, tuner static_assert)"))
+        out.append(
+            _v(
+                "wmma.kq_stride_tc",
+                f"wmma: KQ stride {kq_stride} % (nwarps {nwarps} * frag_m {frag_m}) != 0 for D <= 128 ({loc} L174, tuner static_assert)",
+            )
+        )
     for d in head_dims:
         stride = kq_stride if d <= 128 else 256
         if d > stride:
             out.append(_v("wmma.D", f"wmma: D {d} > KQ stride {stride} ({loc} L61)"))
             continue
         # prec F32 (what llama uses): cols_per_block 16, and 32 only for D <= 128 (fattn-wmma-f16.cu L545)
-        for ncols in ((16, 32) if d <= 128 else (16,)):
+        for ncols in (16, 32) if d <= 128 else (16,):
             lds = wmma_smem_bytes(d, ncols, nwarps=nwarps, kq_stride=stride)
             if arch.vendor == "amd" and lds > arch.smem_optin:
-                out.append(_v("wmma.lds", f"wmma: D {d} ncols {ncols}: LDS {lds} B > {arch.smem_optin} B on {arch.name} ({loc} L104-128)"))
+                out.append(
+                    _v(
+                        "wmma.lds",
+                        f"wmma: D {d} ncols {ncols}: LDS {lds} B > {arch.smem_optin} B on {arch.name} ({loc} L104-128)",
+                    )
+                )
             if arch.vendor == "nvidia" and lds > arch.smem_static:
-                out.append(_v("wmma.smem", f"wmma: D {d} ncols {ncols}: static smem {lds} B > {arch.smem_static} B on {arch.name} ({loc} L104-128)"))
+                out.append(
+                    _v(
+                        "wmma.smem",
+                        f"wmma: D {d} ncols {ncols}: static smem {lds} B > {arch.smem_static} B on {arch.name} ({loc} L104-128)",
+                    )
+                )
     return out
 
 
@@ -378,6 +468,11 @@ def check_candidate(
             out += check_mma_row(limits, table, row, ncols2=ncols2 or None)  # type: ignore[arg-type]
     if wmma:
         dims = (int(model_shape["head_dim"]),) if model_shape and "head_dim" in model_shape else (64, 128, 256)
-        out += check_wmma(limits, nwarps=wmma.get("nwarps", 4), min_blocks=wmma.get("min_blocks", 1),
-                          kq_stride=wmma.get("kq_stride", 256), head_dims=dims)
+        out += check_wmma(
+            limits,
+            nwarps=wmma.get("nwarps", 4),
+            min_blocks=wmma.get("min_blocks", 1),
+            kq_stride=wmma.get("kq_stride", 256),
+            head_dims=dims,
+        )
     return out

@@ -49,8 +49,10 @@ def _threads(cpus: Cpus) -> Legal:
     phys = min(cpus.physical, cpus.logical)
     values = sorted({max(1, phys // 2), phys, cpus.logical})
     where = f"the --cpu-mask {mask_text(cpus.ids)}" if cpus.masked else "this machine"
-    why = (f"threads must be 1..{cpus.logical}: {where} has {cpus.logical} logical CPU(s) on {phys} physical core(s); "
-           f"sampled: default (llama-bench's own count), {', '.join(map(str, values))}")
+    why = (
+        f"threads must be 1..{cpus.logical}: {where} has {cpus.logical} logical CPU(s) on {phys} physical core(s); "
+        f"sampled: default (llama-bench's own count), {', '.join(map(str, values))}"
+    )
     return Legal(choices=(BENCH_DEFAULT, *values), low=1, high=cpus.logical, why=why)
 
 
@@ -61,29 +63,52 @@ def _kv_bytes(shape: Mapping[str, int], tokens: int) -> int:
 
 def _ngl(shape: Mapping[str, int] | None, model_bytes: int | None, gpu_free: int | None, tokens: int) -> Legal:
     if not shape or not shape.get("n_layers"):
-        return Legal(choices=(BENCH_DEFAULT,), low=0, high=1 << 20,
-                     why="-ngl: the model's layer count is unknown here, so only full offload (default) is sampled")
+        return Legal(
+            choices=(BENCH_DEFAULT,),
+            low=0,
+            high=1 << 20,
+            why="-ngl: the model's layer count is unknown here, so only full offload (default) is sampled",
+        )
     n = int(shape["n_layers"])
     top = n + 1  # the output layer counts as one more (llama.cpp: n_layer + 1 offloads everything)
     head = f"-ngl must be 0..{top} for this model ({n} layers + the output layer; default offloads all)"
     if gpu_free is None or model_bytes is None:
-        return Legal(choices=(BENCH_DEFAULT,), low=0, high=top,
-                     why=f"{head}; GPU free memory unknown, so only full offload is sampled")
+        return Legal(
+            choices=(BENCH_DEFAULT,),
+            low=0,
+            high=top,
+            why=f"{head}; GPU free memory unknown, so only full offload is sampled",
+        )
     need = model_bytes + _kv_bytes(shape, tokens)
     budget = int(gpu_free * _FIT_MARGIN)
     gib = 1 << 30
     if need <= budget:
-        return Legal(choices=(BENCH_DEFAULT,), low=0, high=top,
-                     why=f"{head}; it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free), so only full offload is sampled")
+        return Legal(
+            choices=(BENCH_DEFAULT,),
+            low=0,
+            high=top,
+            why=f"{head}; it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free), so only full offload is sampled",
+        )
     fit = min(n, budget * top // need)  # layers that fit, each carrying its share of weights and KV
     steps = sorted({s for s in (fit, fit * 3 // 4, fit // 2) if s > 0})
-    return Legal(choices=(BENCH_DEFAULT, *steps), low=0, high=top,
-                 why=f"{head}; it does not fit ({need / gib:.1f} GiB > {_FIT_MARGIN:.0%} of {gpu_free / gib:.1f} GiB free), "
-                     f"so partial offload is sampled: {', '.join(map(str, steps)) or 'none fits'}")
+    return Legal(
+        choices=(BENCH_DEFAULT, *steps),
+        low=0,
+        high=top,
+        why=f"{head}; it does not fit ({need / gib:.1f} GiB > {_FIT_MARGIN:.0%} of {gpu_free / gib:.1f} GiB free), "
+        f"so partial offload is sampled: {', '.join(map(str, steps)) or 'none fits'}",
+    )
 
 
-def legal_values(space: SearchSpace, *, cpus: Cpus, shape: Mapping[str, int] | None = None,
-                 model_bytes: int | None = None, gpu_free_bytes: int | None = None, tokens: int = 0) -> dict[str, Legal]:
+def legal_values(
+    space: SearchSpace,
+    *,
+    cpus: Cpus,
+    shape: Mapping[str, int] | None = None,
+    model_bytes: int | None = None,
+    gpu_free_bytes: int | None = None,
+    tokens: int = 0,
+) -> dict[str, Legal]:
     """Each derived knob's :class:`Legal` for this machine and model (``tokens``: the deepest depth
     plus the test's tokens, for the KV cache)."""
     out: dict[str, Legal] = {}
@@ -109,8 +134,9 @@ def resolve_space(space: SearchSpace, legal: Mapping[str, Legal | Mapping[str, A
     return dataclasses.replace(space, runtime_knobs=tuple(knobs))
 
 
-def space_for_run(space: SearchSpace, *, cpu_mask: Sequence[int] | None, model: Path | None, gpu: bool,
-                  tokens: int = 0) -> tuple[SearchSpace, dict[str, Legal]]:
+def space_for_run(
+    space: SearchSpace, *, cpu_mask: Sequence[int] | None, model: Path | None, gpu: bool, tokens: int = 0
+) -> tuple[SearchSpace, dict[str, Legal]]:
     """Resolve ``space`` for a run on this machine with ``model``, pinned to ``cpu_mask`` (``gpu``:
     whether to ask the GPU's free memory).
 
@@ -125,6 +151,12 @@ def space_for_run(space: SearchSpace, *, cpu_mask: Sequence[int] | None, model: 
         return space, {}
     shape = read_shape(model) if model is not None else None
     needs_gpu = gpu and any(k.meta.get("derive") == "ngl" for k in space.runtime_knobs)
-    legal = legal_values(space, cpus=host_cpus(cpu_mask), shape=shape, model_bytes=model.stat().st_size if model else None,
-                         gpu_free_bytes=gpu_free_bytes() if needs_gpu else None, tokens=tokens)
+    legal = legal_values(
+        space,
+        cpus=host_cpus(cpu_mask),
+        shape=shape,
+        model_bytes=model.stat().st_size if model else None,
+        gpu_free_bytes=gpu_free_bytes() if needs_gpu else None,
+        tokens=tokens,
+    )
     return resolve_space(space, legal), legal

@@ -87,8 +87,11 @@ class FaRule:
     @property
     def key(self) -> str:
         """The shape keys as written in a rule (``/D64/gqa4/kvf16``; '' for an unkeyed rule)."""
-        parts = [f"/D{self.D}" if self.D is not None else "", f"/gqa{self.gqa}" if self.gqa is not None else "",
-                 f"/kv{self.kv}" if self.kv is not None else ""]
+        parts = [
+            f"/D{self.D}" if self.D is not None else "",
+            f"/gqa{self.gqa}" if self.gqa is not None else "",
+            f"/kv{self.kv}" if self.kv is not None else "",
+        ]
         return "".join(parts)
 
     @property
@@ -136,7 +139,9 @@ def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
             )
         name = m.group(1) or "kv"
         if name in out:
-            raise UsageError(f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv at most once.")
+            raise UsageError(
+                f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv at most once."
+            )
         if name == "kv":
             if m.group(3) not in FA_RULE_KV_TYPES:
                 raise UsageError(
@@ -148,7 +153,9 @@ def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
             lo, hi = FA_RULE_KEY_RANGES[name]
             v = int(m.group(2))
             if not lo <= v <= hi:
-                raise UsageError(f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}].")
+                raise UsageError(
+                    f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}]."
+                )
             out[name] = v
     return out
 
@@ -183,7 +190,9 @@ def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
 
 def _at_most_max(rules: Sequence[FaRule]) -> tuple[FaRule, ...]:
     if len(rules) > FA_RULES_MAX:
-        raise UsageError(f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges.")
+        raise UsageError(
+            f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges."
+        )
     return tuple(rules)
 
 
@@ -240,7 +249,11 @@ def match_rules(
     for r in rules:
         if r.phase != phase or not r.covers(n_kv):
             continue
-        if (r.D is not None and r.D != D) or (r.gqa is not None and r.gqa != gqa) or (r.kv is not None and (r.kv != kv or r.kv != v_type)):
+        if (
+            (r.D is not None and r.D != D)
+            or (r.gqa is not None and r.gqa != gqa)
+            or (r.kv is not None and (r.kv != kv or r.kv != v_type))
+        ):
             continue
         return r
     return None

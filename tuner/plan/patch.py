@@ -8,6 +8,7 @@ __all__ = ["Edit", "PatchManifest", "load_manifests", "render_patch", "render_te
 import dataclasses
 import difflib
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,6 @@ def render_template(template: str, context: Mapping[str, Any], *, what: str) -> 
         raise TunerError(f"Template {template!r} ({what}) was not found under {data_dir('templates')}.") from err
     except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as err:
         raise TunerError(f"Template {template!r} ({what}) failed to render: {err}. Fix the template.") from err
-
-
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,7 +94,9 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
             raise TunerError(f"Patch manifest {path} is not valid TOML: {err}.") from err
         for key in doc:
             if key not in ("description", "families", "edit"):
-                raise TunerError(f"Unknown key {key!r} in {path}.{close_matches(key, ['description', 'families', 'edit'])}")
+                raise TunerError(
+                    f"Unknown key {key!r} in {path}.{close_matches(key, ['description', 'families', 'edit'])}"
+                )
         edits = []
         for i, e in enumerate(doc.get("edit", [])):
             for key in e:
@@ -109,7 +110,9 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
             tpl = e["template"]
             rel = f"patches/{era}/{tpl}" if (era_dir / tpl).is_file() else f"patches/common/{tpl}"
             if not (root.parent / rel).is_file():
-                raise TunerError(f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}.")
+                raise TunerError(
+                    f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}."
+                )
             edits.append(Edit(file=e["file"], mode=e["mode"], anchor=e["anchor"], template=rel, vars=e.get("vars", {})))
         out.append(
             PatchManifest(
@@ -165,9 +168,11 @@ def _apply_edits(
     files: dict[str, str] = {}
     for rel, edits in by_file.items():
         edits.sort(key=lambda t: (t[0], t[1]))
-        for (s0, e0, _, m0, _), (s1, _, _, m1, _) in zip(edits, edits[1:]):
+        for (_s0, e0, _, m0, _), (s1, _, _, m1, _) in itertools.pairwise(edits):
             if s1 < e0:
-                raise TunerError(f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}.")
+                raise TunerError(
+                    f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
+                )
         text = pristine[rel]
         for s, e, frag, _, _ in reversed(edits):
             text = text[:s] + frag + text[e:]
@@ -186,12 +191,7 @@ def unified_diff(rel: str, old: str, new: str) -> str:
 
 
 def render_patch(
-    source_root: Path,
-    era: str,
-    family: str,
-    context: Mapping[str, Any],
-    *,
-    templates: Path | None = None,
+    source_root: Path, era: str, family: str, context: Mapping[str, Any], *, templates: Path | None = None
 ) -> tuple[str, dict[str, str]]:
     """Render the era's manifests for a variant family into ``(patch, files)``."""
     manifests = [m for m in load_manifests(era, base=templates) if family in m.families]

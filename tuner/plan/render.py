@@ -35,10 +35,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.plan import constraints
-from tuner.plan import fa_rules
-from tuner.plan import space as space_mod
 from tuner.errors import TunerError, UsageError, close_matches
+from tuner.plan import constraints, fa_rules
+from tuner.plan import space as space_mod
 from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant
 from tuner.source.tree import load_cmake_options
@@ -131,12 +130,7 @@ def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | 
 
 
 def render_defines(
-    source_root: Path,
-    arch: str,
-    variant: str,
-    era: str,
-    *,
-    local_archs: Sequence[str] | None = None,
+    source_root: Path, arch: str, variant: str, era: str, *, local_archs: Sequence[str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """Render ``templates/cmake/<variant>.j2`` into CMake cache entries, checked against the tree.
 
@@ -155,7 +149,9 @@ def render_defines(
         TunerError: A template sets an option the tree does not declare, or an unsafe value.
     """
     if variant not in VARIANTS:
-        raise UsageError(f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}.")
+        raise UsageError(
+            f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}."
+        )
     limits = constraints.load_arch_limits(arch)
     family = variant_family(variant)
     want_vendor = {"cpu": "cpu", "cuda": "nvidia", "hip": "amd"}[family]
@@ -168,7 +164,7 @@ def render_defines(
     if need_era and era != need_era:
         raise TunerError(
             f"Variant {variant!r} needs the rocWMMA FlashAttention kernel, which upstream removed in PR #26046 "
-            f"(\"HIP: remove rocWMMA FlashAttention\"); this source is era {era!r}. Use "
+            f'("HIP: remove rocWMMA FlashAttention"); this source is era {era!r}. Use '
             f"--source pypi:llama-cpp-python==0.3.16 (a 2025-08 llama.cpp that still has GGML_HIP_ROCWMMA_FATTN), "
             f"or pick variant 'hip'."
         )
@@ -201,9 +197,7 @@ def render_defines(
     return defines, warnings
 
 
-def render_preset(
-    rv: RenderedVariant, *, name: str | None = None, tree_presets: Path | None = None
-) -> dict[str, Any]:
+def render_preset(rv: RenderedVariant, *, name: str | None = None, tree_presets: Path | None = None) -> dict[str, Any]:
     """A ``CMakeUserPresets.json`` document with one configure preset for ``rv``.
 
     The schema version follows the tree's ``CMakePresets.json``, and the preset inherits the tree's
@@ -241,11 +235,18 @@ def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
 # Compile-time knobs -> per-TU headers / baked rows
 
 _TU_GLOBS = {
-    "mma": ("ggml/src/ggml-cuda/template-instances/fattn-tile*.cu", "ggml/src/ggml-cuda/template-instances/fattn-mma*.cu"),
+    "mma": (
+        "ggml/src/ggml-cuda/template-instances/fattn-tile*.cu",
+        "ggml/src/ggml-cuda/template-instances/fattn-mma*.cu",
+    ),
     "rocwmma": ("ggml/src/ggml-cuda/fattn-wmma-f16.cu",),
 }
 _WMMA_TU = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"
-_WMMA_MACROS = {"nwarps": "GGML_TUNER_WMMA_NWARPS", "min_blocks": "GGML_TUNER_WMMA_MIN_BLOCKS", "kq_stride": "GGML_TUNER_WMMA_KQ_STRIDE"}
+_WMMA_MACROS = {
+    "nwarps": "GGML_TUNER_WMMA_NWARPS",
+    "min_blocks": "GGML_TUNER_WMMA_MIN_BLOCKS",
+    "kq_stride": "GGML_TUNER_WMMA_KQ_STRIDE",
+}
 _WMMA_DEFAULTS = {"nwarps": 4, "min_blocks": 1, "kq_stride": 256}
 
 
@@ -316,9 +317,7 @@ def _row_overrides(
     return out, wmma
 
 
-def render_tu_headers(
-    source_root: Path, era: str, sp: SearchSpace, values: Mapping[str, int]
-) -> dict[str, str]:
+def render_tu_headers(source_root: Path, era: str, sp: SearchSpace, values: Mapping[str, int]) -> dict[str, str]:
     """Override header text for every hooked TU ('' where the candidate changes nothing).
 
     Every hooked TU is listed so the build stage overwrites a header left by an earlier candidate.
@@ -374,7 +373,14 @@ def _baked_context(
         for r in rows:
             baked_rows.setdefault(f"{r.kind}:{r.table}", []).append(r.row.render())
         wmma.update(wmma_values)
-    return {"t": t, "rules": rules, "baked_rows": baked_rows, "wmma": wmma, "wmma_decode": wmma_decode, "wmma_min_kv": wmma_min_kv}
+    return {
+        "t": t,
+        "rules": rules,
+        "baked_rows": baked_rows,
+        "wmma": wmma,
+        "wmma_decode": wmma_decode,
+        "wmma_min_kv": wmma_min_kv,
+    }
 
 
 _BAKED_KERNELS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
@@ -403,8 +409,16 @@ def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
     if r.kv is not None and r.kv not in fa_rules.FA_RULE_KV_TYPES:
         raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(fa_rules.FA_RULE_KV_TYPES)}.")
     kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
-    return {"phase": 0 if r.phase == "decode" else 1, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel],
-            "D": keys["D"], "gqa": keys["gqa"], "kv": kv, "text": r.text}
+    return {
+        "phase": 0 if r.phase == "decode" else 1,
+        "lo": lo,
+        "hi": hi,
+        "kernel": _BAKED_KERNELS[r.kernel],
+        "D": keys["D"],
+        "gqa": keys["gqa"],
+        "kv": kv,
+        "text": r.text,
+    }
 
 
 def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
@@ -417,8 +431,14 @@ def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
     return v
 
 
-def _checked_compile_values(root: Path, arch: str, era: str, sp: SearchSpace | None, compile_values: Mapping[str, int],
-                            model_shape: Mapping[str, int] | None) -> dict[str, int]:
+def _checked_compile_values(
+    root: Path,
+    arch: str,
+    era: str,
+    sp: SearchSpace | None,
+    compile_values: Mapping[str, int],
+    model_shape: Mapping[str, int] | None,
+) -> dict[str, int]:
     """Compile-time values range-checked against the space and constraint-checked; UsageError otherwise."""
     if sp is None:
         raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
@@ -433,15 +453,30 @@ def _checked_compile_values(root: Path, arch: str, era: str, sp: SearchSpace | N
     return compile_values  # type: ignore[return-value]
 
 
-def _patch_context(root: Path, arch: str, era: str, sp: SearchSpace | None, compile_values: Mapping[str, int],
-                   baked_runtime: Mapping[str, object] | None) -> dict[str, Any]:
+def _patch_context(
+    root: Path,
+    arch: str,
+    era: str,
+    sp: SearchSpace | None,
+    compile_values: Mapping[str, int],
+    baked_runtime: Mapping[str, object] | None,
+) -> dict[str, Any]:
     """Template context of the patch: the runtime hook's defaults, or (baked) values compiled in."""
     baked = baked_runtime is not None
     context: dict[str, Any] = {"baked": baked, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
     if baked:
         context.update(_baked_context(root, era, sp, compile_values, baked_runtime or {}))
     else:
-        context.update({"t": _THRESHOLD_DEFAULTS, "rules": [], "baked_rows": {}, "wmma": _WMMA_DEFAULTS, "wmma_decode": 0, "wmma_min_kv": 0})
+        context.update(
+            {
+                "t": _THRESHOLD_DEFAULTS,
+                "rules": [],
+                "baked_rows": {},
+                "wmma": _WMMA_DEFAULTS,
+                "wmma_decode": 0,
+                "wmma_min_kv": 0,
+            }
+        )
     return context
 
 
@@ -493,16 +528,26 @@ def render_variant(
         compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape)
     if family == "cpu":
         return RenderedVariant(
-            arch=arch, variant=variant, era=era, source_id=str(source.source_id), source_root=root,
-            defines=defines, patch="", files={}, compile_values=compile_values, warnings=tuple(warnings),
+            arch=arch,
+            variant=variant,
+            era=era,
+            source_id=str(source.source_id),
+            source_root=root,
+            defines=defines,
+            patch="",
+            files={},
+            compile_values=compile_values,
+            warnings=tuple(warnings),
         )
     baked = baked_runtime is not None
     patch, files = render_patch(root, era, family, _patch_context(root, arch, era, sp, compile_values, baked_runtime))
     tu_headers: dict[str, str] = {}
     if not baked:
-        tu_headers = render_tu_headers(root, era, sp, compile_values) if sp is not None else {
-            tu: "" for tu in find_hooked_tus(root, era)
-        }
+        tu_headers = (
+            render_tu_headers(root, era, sp, compile_values)
+            if sp is not None
+            else {tu: "" for tu in find_hooked_tus(root, era)}
+        )
     return RenderedVariant(
         arch=arch,
         variant=variant,

@@ -64,10 +64,14 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
     where = f"{path}: [[build]] #{i + 1}"
     unknown = set(raw) - _KEYS
     if unknown or _KEYS - set(raw):
-        raise TunerError(f"{where}: keys must be exactly {sorted(_KEYS)} (extra {sorted(unknown)}, "
-                         f"missing {sorted(_KEYS - set(raw))}).")
+        raise TunerError(
+            f"{where}: keys must be exactly {sorted(_KEYS)} (extra {sorted(unknown)}, "
+            f"missing {sorted(_KEYS - set(raw))})."
+        )
     if raw["variant"] not in VARIANTS:
-        raise TunerError(f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}")
+        raise TunerError(
+            f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}"
+        )
     if raw["offload"] not in OFFLOADS:
         raise TunerError(f"{where}: offload must be one of {', '.join(OFFLOADS)} (got {raw['offload']!r}).")
     rank = raw["seed_rank"]
@@ -79,9 +83,17 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
             raise TunerError(f"{where}: seed_defines {k}={v!r} is not NAME=VALUE with VALUE in [A-Za-z0-9_.;+-].")
     if "ngl" in raw["runtime"]:
         raise TunerError(f"{where}: set the offload with `offload`, not runtime.ngl (it depends on the model).")
-    return SeedBuild(name=str(raw["name"]), section=str(raw["section"]), seed_rank=rank, variant=raw["variant"],
-                     offload=raw["offload"], runtime=dict(raw["runtime"]), seed_defines=dict(defines),
-                     missing=tuple(raw["missing"]), note=str(raw["note"]))
+    return SeedBuild(
+        name=str(raw["name"]),
+        section=str(raw["section"]),
+        seed_rank=rank,
+        variant=raw["variant"],
+        offload=raw["offload"],
+        runtime=dict(raw["runtime"]),
+        seed_defines=dict(defines),
+        missing=tuple(raw["missing"]),
+        note=str(raw["note"]),
+    )
 
 
 def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
@@ -96,8 +108,10 @@ def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
     names = [b.name for b in builds]
     ranks = sorted(b.seed_rank for b in builds)
     if len(set(names)) != len(names) or ranks != list(range(1, len(builds) + 1)):
-        raise TunerError(f"{path}: build names must be distinct and seed ranks 1..{len(builds)} once each "
-                         f"(names {names}, ranks {ranks}).")
+        raise TunerError(
+            f"{path}: build names must be distinct and seed ranks 1..{len(builds)} once each "
+            f"(names {names}, ranks {ranks})."
+        )
     return tuple(sorted(builds, key=lambda b: b.seed_rank))
 
 
@@ -110,8 +124,10 @@ def seed_build(name: str) -> SeedBuild:
     builds = {b.name: b for b in load_seed_builds()}
     key = name.removeprefix("build_")
     if key not in builds:
-        raise UsageError(f"Unknown reference build {name!r}.{close_matches(key, builds)} Known (ranked order): "
-                         f"{', '.join(builds)}. See docs/seed004-builds.md.")
+        raise UsageError(
+            f"Unknown reference build {name!r}.{close_matches(key, builds)} Known (ranked order): "
+            f"{', '.join(builds)}. See docs/seed004-builds.md."
+        )
     return builds[key]
 
 
@@ -124,8 +140,10 @@ def seed_run(build: SeedBuild, space: SearchSpace, *, shape: Mapping[str, int] |
     values: dict[str, int | str] = dict(build.runtime)
     if build.offload != "all":
         if build.offload == "half" and not (shape and shape.get("n_layers")):
-            raise UsageError(f"Seed build {build.name} offloads half the layers, but the model's layer count is "
-                             "unknown. Pass a GGUF whose header has <arch>.block_count.")
+            raise UsageError(
+                f"Seed build {build.name} offloads half the layers, but the model's layer count is "
+                "unknown. Pass a GGUF whose header has <arch>.block_count."
+            )
         values["ngl"] = 0 if build.offload == "none" else int(shape["n_layers"]) // 2  # type: ignore[index]
     # The ngl knob's legal range (0..n_layers+1) comes from the model, as in a search.
     resolved = resolve_space(space, legal_values(space, cpus=host_cpus(None), shape=shape))

@@ -12,41 +12,48 @@ __all__ = [
     "BENCH_DEFAULT",
     "COMPILE_KINDS",
     "DERIVED_FLAGS",
-    "RUNTIME_KINDS",
     "RULE_KINDS",
-    "check_constraints",
-    "runtime_env_and_args",
-    "compile_values_of",
+    "RUNTIME_KINDS",
     "Knob",
     "RuntimeSettings",
     "SearchSpace",
     "SpaceNotFound",
+    "check_constraints",
     "check_values",
+    "compile_values_of",
     "default_row",
     "load_space",
     "parse_set_values",
-    "set_values",
     "parse_space",
     "render_runtime",
+    "runtime_env_and_args",
+    "set_values",
     "upstream_row",
 ]
 
 import dataclasses
 import functools
 import re
-from tuner._compat import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna.distributions as od
 
-from tuner.plan.constraints import (MmaRow, TileRow, Violation, check_candidate, load_arch_limits, parse_mma_tables,
-                                    parse_tile_tables)
+from tuner._compat import tomllib
 from tuner.errors import UsageError, close_matches
 from tuner.pairs import parse_pairs
-from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.paths import data_dir
+from tuner.plan.constraints import (
+    MmaRow,
+    TileRow,
+    Violation,
+    check_candidate,
+    load_arch_limits,
+    parse_mma_tables,
+    parse_tile_tables,
+)
+from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.plan.variant import VARIANTS
 
 COMPILE_KINDS = ("tile_row", "mma_row", "wmma")
@@ -57,7 +64,16 @@ _KERNELS = ("default", "VEC", "TILE", "MMA")
 _TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
 _MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")
 _TILE_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K")
-_MMA_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K2", "nbatch_V2", "nbatch_combine", "nstages_target", "Q_in_reg")
+_MMA_FIELDS = (
+    "nthreads",
+    "occupancy",
+    "nbatch_fa",
+    "nbatch_K2",
+    "nbatch_V2",
+    "nbatch_combine",
+    "nstages_target",
+    "Q_in_reg",
+)
 _WMMA_FIELDS = ("nwarps", "min_blocks", "kq_stride")
 _BENCH_FLAGS = ("-ub", "-b", "-t", "-fa", "-ctk", "-ctv", "-ngl", "-nkvo", "-sm", "-mg")
 _COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help", "phases")
@@ -134,7 +150,9 @@ class Knob:
             try:
                 v = int(str(value).strip())
             except ValueError:
-                raise UsageError(f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}.") from None
+                raise UsageError(
+                    f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}."
+                ) from None
         else:
             v = str(value).strip()
         if self.choices is not None and self.low is not None:  # derived: sampled choices, any pin in range
@@ -145,7 +163,11 @@ class Knob:
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
         else:
             assert self.low is not None and self.high is not None
-            if not isinstance(v, int) or not self.low <= v <= self.high or (not self.log and (v - self.low) % self.step):
+            if (
+                not isinstance(v, int)
+                or not self.low <= v <= self.high
+                or (not self.log and (v - self.low) % self.step)
+            ):
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
         return v
 
@@ -199,16 +221,24 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
             raise _err(path, where, f"missing key {req!r}.")
     kind = raw["kind"]
     if kind not in kinds:
-        raise _err(path, where, f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}")
+        raise _err(
+            path,
+            where,
+            f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}",
+        )
     allowed_keys = _COMMON_KEYS + _KIND_KEYS[kind]
     for key in raw:
         if key not in allowed_keys:
-            raise _err(path, where, f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}.")
+            raise _err(
+                path,
+                where,
+                f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}.",
+            )
     meta = {k: raw[k] for k in _KIND_KEYS[kind] if k in raw}
     if "phases" in raw:  # the phases a knob can affect: the tune stage measures it only there
         ph = raw["phases"]
         if not isinstance(ph, list) or not ph or not set(ph) <= {"pp", "tg"} or len(set(ph)) != len(ph):
-            raise _err(path, where, f"phases {ph!r} must be a non-empty list drawn from \"pp\" and \"tg\".")
+            raise _err(path, where, f'phases {ph!r} must be a non-empty list drawn from "pp" and "tg".')
         meta["phases"] = tuple(ph)
     for k in _KIND_KEYS[kind]:
         if k not in raw and k not in _OPTIONAL_KIND_KEYS:
@@ -216,14 +246,22 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
     _check_meta(path, where, kind, meta)
     if "derive" in meta:
         if "choices" in raw or "low" in raw or "high" in raw or raw.get("default") != BENCH_DEFAULT:
-            raise _err(path, where, f"a derived knob (derive = {meta['derive']!r}) gets its legal values at search time: "
-                       f"give no choices/low/high and default = {BENCH_DEFAULT!r} (llama-bench's own default).")
+            raise _err(
+                path,
+                where,
+                f"a derived knob (derive = {meta['derive']!r}) gets its legal values at search time: "
+                f"give no choices/low/high and default = {BENCH_DEFAULT!r} (llama-bench's own default).",
+            )
         raw = {**raw, "choices": [BENCH_DEFAULT]}  # until tuner.plan.derive resolves it for a machine and model
     choices = raw.get("choices")
     if choices is not None:
         if "low" in raw or "high" in raw:
             raise _err(path, where, "give either choices or low/high, not both.")
-        if not isinstance(choices, list) or not choices or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in choices):
+        if (
+            not isinstance(choices, list)
+            or not choices
+            or not all(isinstance(c, (int, str)) and not isinstance(c, bool) for c in choices)
+        ):
             raise _err(path, where, "choices must be a non-empty list of integers or strings.")
         if len(set(choices)) != len(choices):
             raise _err(path, where, f"choices {choices} has duplicates.")
@@ -244,10 +282,16 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
         if not isinstance(raw.get("step", 1), int) or raw.get("step", 1) < 1:
             raise _err(path, where, "step must be a positive integer.")
     knob = Knob(
-        name=str(raw["name"]), kind=kind, default=raw["default"],
+        name=str(raw["name"]),
+        kind=kind,
+        default=raw["default"],
         choices=tuple(choices) if choices is not None else None,
-        low=raw.get("low"), high=raw.get("high"), step=int(raw.get("step", 1)), log=bool(raw.get("log", False)),
-        meta=meta, help=str(raw.get("help", "")),
+        low=raw.get("low"),
+        high=raw.get("high"),
+        step=int(raw.get("step", 1)),
+        log=bool(raw.get("log", False)),
+        meta=meta,
+        help=str(raw.get("help", "")),
     )
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", knob.name):
         raise _err(path, where, f"name {knob.name!r} may only use letters, digits, '_', '.', '-'.")
@@ -263,7 +307,11 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
 def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> None:
     def need(key: str, allowed: Sequence[Any]) -> None:
         if meta[key] not in allowed:
-            raise _err(path, where, f"{key} {meta[key]!r} is not one of {', '.join(map(str, allowed))}.{close_matches(str(meta[key]), map(str, allowed))}")
+            raise _err(
+                path,
+                where,
+                f"{key} {meta[key]!r} is not one of {', '.join(map(str, allowed))}.{close_matches(str(meta[key]), map(str, allowed))}",
+            )
 
     def pos_int(key: str) -> None:
         if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
@@ -299,8 +347,11 @@ def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> N
         if "derive" in meta:
             need("derive", tuple(DERIVED_FLAGS))
             if meta["flag"] != DERIVED_FLAGS[meta["derive"]]:
-                raise _err(path, where, f"derive = {meta['derive']!r} derives {DERIVED_FLAGS[meta['derive']]} values, "
-                           f"not {meta['flag']}.")
+                raise _err(
+                    path,
+                    where,
+                    f"derive = {meta['derive']!r} derives {DERIVED_FLAGS[meta['derive']]} values, not {meta['flag']}.",
+                )
 
 
 def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> SearchSpace:
@@ -312,7 +363,11 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
     """
     for key in doc:
         if key not in ("arch", "description", "era"):
-            raise _err(path, "top level", f"unknown key {key!r}.{close_matches(key, ['arch', 'description', 'era'])} Allowed: arch, description, era.")
+            raise _err(
+                path,
+                "top level",
+                f"unknown key {key!r}.{close_matches(key, ['arch', 'description', 'era'])} Allowed: arch, description, era.",
+            )
     if doc.get("arch", arch) != arch:
         raise _err(path, "top level", f"arch = {doc['arch']!r} but the file is for {arch!r}.")
     eras = doc.get("era", {})
@@ -320,17 +375,29 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
         if e not in ("mma", "rocwmma"):
             raise _err(path, f"[era.{e}]", f"unknown era.{close_matches(e, ['mma', 'rocwmma'])} Allowed: mma, rocwmma.")
     if era not in eras:
-        raise SpaceNotFound(f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}.")
+        raise SpaceNotFound(
+            f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}."
+        )
     sec = eras[era]
     for key in sec:
         if key not in ("variants", "compile", "runtime"):
-            raise _err(path, f"[era.{era}]", f"unknown key {key!r}.{close_matches(key, ['variants', 'compile', 'runtime'])} Allowed: variants, compile, runtime.")
+            raise _err(
+                path,
+                f"[era.{era}]",
+                f"unknown key {key!r}.{close_matches(key, ['variants', 'compile', 'runtime'])} Allowed: variants, compile, runtime.",
+            )
     variants = sec.get("variants", [])
     if not variants or not all(isinstance(v, str) for v in variants):
-        raise _err(path, f"[era.{era}] variants", "must be a non-empty list of variant names (first = upstream default).")
+        raise _err(
+            path, f"[era.{era}] variants", "must be a non-empty list of variant names (first = upstream default)."
+        )
     for v in variants:
         if v not in VARIANTS:
-            raise _err(path, f"[era.{era}] variants", f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.")
+            raise _err(
+                path,
+                f"[era.{era}] variants",
+                f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.",
+            )
     compile_knobs = tuple(_parse_knob(path, era, "compile", i, k) for i, k in enumerate(sec.get("compile", [])))
     runtime_knobs = tuple(_parse_knob(path, era, "runtime", i, k) for i, k in enumerate(sec.get("runtime", [])))
     seen: set[str] = set()
@@ -338,7 +405,14 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
         if k.name in seen:
             raise _err(path, f"[era.{era}]", f"knob name {k.name!r} is used twice.")
         seen.add(k.name)
-    return SearchSpace(arch=arch, era=era, path=path, variants=tuple(variants), compile_knobs=compile_knobs, runtime_knobs=runtime_knobs)
+    return SearchSpace(
+        arch=arch,
+        era=era,
+        path=path,
+        variants=tuple(variants),
+        compile_knobs=compile_knobs,
+        runtime_knobs=runtime_knobs,
+    )
 
 
 def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
@@ -353,7 +427,9 @@ def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
         path = folder / f"{arch}.toml"
         if not path.is_file():
             known = sorted(p.stem for p in folder.glob("*.toml"))
-            raise SpaceNotFound(f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}.")
+            raise SpaceNotFound(
+                f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}."
+            )
     try:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -425,7 +501,9 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
         if knob.kind == "rule":
             if v != "default":
                 hi = m.get("hi")
-                rules.append(FaRule(phase=Phase(m["phase"]), lo=int(m["lo"]), hi=None if hi is None else int(hi), kernel=str(v)))
+                rules.append(
+                    FaRule(phase=Phase(m["phase"]), lo=int(m["lo"]), hi=None if hi is None else int(hi), kernel=str(v))
+                )
         elif knob.kind == "threshold":
             if v != knob.default:
                 env[f"GGML_TUNER_FA_T{m['id']}"] = str(v)
@@ -469,7 +547,9 @@ def upstream_row(
     if table not in tables:
         raise UsageError(f"{rel} has no table {table!r}.{close_matches(table, tables)} Tables: {', '.join(tables)}.")
     if key not in tables[table]:
-        raise UsageError(f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned.")
+        raise UsageError(
+            f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
+        )
     return tables[table][key]  # type: ignore[no-any-return]
 
 
@@ -555,6 +635,8 @@ def check_constraints(
     for (kind, table, key, ncols2), fields in groups.items():
         if not fields:
             continue
-        base = upstream_row(source_root, kind, table, key, space=sp) if source_root else default_row(sp, kind, table, key)
+        base = (
+            upstream_row(source_root, kind, table, key, space=sp) if source_root else default_row(sp, kind, table, key)
+        )
         rows.append((kind, table, dataclasses.replace(base, **fields), ncols2))
     return check_candidate(limits, rows, wmma=wmma, model_shape=model_shape)

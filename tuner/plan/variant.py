@@ -5,7 +5,7 @@ Kept in one small module so each stage can be written and tested against the sam
 
 from __future__ import annotations
 
-__all__ = ["VARIANTS", "RenderedVariant", "Build"]
+__all__ = ["VARIANTS", "Build", "RenderedVariant"]
 
 import dataclasses
 from collections.abc import Mapping

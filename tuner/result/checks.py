@@ -40,7 +40,11 @@ def git_apply_to_copy(patch_file: Path, root: Path, *, check: bool = True) -> tu
             if src.is_file():
                 (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, Path(tmp) / rel)
-        res = _run.run(["git", "apply", *(["--check"] if check else []), "--verbose", str(patch_file.resolve())],
-                  cwd=Path(tmp), check=False, what="git apply --check" if check else "git apply")
+        res = _run.run(
+            ["git", "apply", *(["--check"] if check else []), "--verbose", str(patch_file.resolve())],
+            cwd=Path(tmp),
+            check=False,
+            what="git apply --check" if check else "git apply",
+        )
         new = {} if check or res.returncode != 0 else {rel: (Path(tmp) / rel).read_text() for rel in rels}
         return res, new

@@ -6,8 +6,18 @@ __all__ = ["COST_FIELDS", "cost_line"]
 
 from tuner.study.record import SearchOutcome
 
-COST_FIELDS = ("build_s", "model_s", "gate_s", "screen_s", "tune_s", "confirm_s", "gates_s", "total_s",
-               "llama_bench_calls", "tune_trials")
+COST_FIELDS = (
+    "build_s",
+    "model_s",
+    "gate_s",
+    "screen_s",
+    "tune_s",
+    "confirm_s",
+    "gates_s",
+    "total_s",
+    "llama_bench_calls",
+    "tune_trials",
+)
 
 
 def cost_line(outcome: SearchOutcome) -> str:
@@ -19,7 +29,17 @@ def cost_line(outcome: SearchOutcome) -> str:
     # A study without a call count was recorded by an older tuner, which timed stages only in some of its
     # runs (a resumed run with a cached build adds seconds, the first run's real build may be missing).
     older = "llama_bench_calls" not in cost
-    return (f"**Cost** (resumed runs summed): {have}."
-            + (f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}." if missing else "")
-            + (" Recorded by an older tuner: its stage times cover only the runs it timed, so they can be far below"
-               " what the search cost (a cached build counts its few seconds)." if older else ""))
+    return (
+        f"**Cost** (resumed runs summed): {have}."
+        + (
+            f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}."
+            if missing
+            else ""
+        )
+        + (
+            " Recorded by an older tuner: its stage times cover only the runs it timed, so they can be far below"
+            " what the search cost (a cached build counts its few seconds)."
+            if older
+            else ""
+        )
+    )

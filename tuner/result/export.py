@@ -15,8 +15,19 @@ The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrive
 
 from __future__ import annotations
 
-__all__ = ["write_result", "baked_runtime", "check_out_dir", "staged_export", "export_render", "write_build_files",
-           "EXPORT_FILES", "PRESETS_FILE", "NO_PATCH_NOTE", "server_args", "tomlable"]
+__all__ = [
+    "EXPORT_FILES",
+    "NO_PATCH_NOTE",
+    "PRESETS_FILE",
+    "baked_runtime",
+    "check_out_dir",
+    "export_render",
+    "server_args",
+    "staged_export",
+    "tomlable",
+    "write_build_files",
+    "write_result",
+]
 
 import contextlib
 import dataclasses
@@ -44,13 +55,27 @@ PRESETS_FILE = "CMakeUserPresets.json"
 """The preset file an export writes: CMake reads it beside the tree's own ``CMakePresets.json`` (which it
 must not replace: the tuned preset inherits that file's ``base``/``release``)."""
 
-EXPORT_FILES = frozenset({"config.toml", "tuned.patch", PRESETS_FILE, "run.env", "report.md", "PR.md", "upstream.patch",
-                          "speedup.png", "pareto_decode.png", "depth.png",
-                          "CMakePresets.json"})  # the last: what exports wrote before CMakeUserPresets.json
+EXPORT_FILES = frozenset(
+    {
+        "config.toml",
+        "tuned.patch",
+        PRESETS_FILE,
+        "run.env",
+        "report.md",
+        "PR.md",
+        "upstream.patch",
+        "speedup.png",
+        "pareto_decode.png",
+        "depth.png",
+        "CMakePresets.json",
+    }
+)  # the last: what exports wrote before CMakeUserPresets.json
 """Every file an export writes (or wrote): an existing folder holding only these is a previous export."""
 
-NO_PATCH_NOTE = ("No tuned.patch: nothing to patch, the tuned kernels are upstream's (the export differs from the "
-                 "pristine tree only in CMake settings and run-time arguments).")
+NO_PATCH_NOTE = (
+    "No tuned.patch: nothing to patch, the tuned kernels are upstream's (the export differs from the "
+    "pristine tree only in CMake settings and run-time arguments)."
+)
 
 
 def _is_llama_tree(d: Path) -> bool:
@@ -67,10 +92,13 @@ def check_out_dir(out_dir: Path) -> None:
             f"{out_dir} is a llama.cpp source tree (it has ggml/ and CMakeLists.txt). `tuner export -o` writes a "
             f"result folder and replaces it whole, so it will not write into a checkout. Export to a folder of its own "
             f"(e.g. results/<arch>/<model>), then copy {PRESETS_FILE} into the tree and `git apply` tuned.patch there "
-            f"(when the export has one).")
+            f"(when the export has one)."
+        )
     if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"{out_dir} is a file, not a folder. Pass -o a folder (new, empty or a previous export), or "
-                         "move the file away.")
+        raise UsageError(
+            f"{out_dir} is a file, not a folder. Pass -o a folder (new, empty or a previous export), or "
+            "move the file away."
+        )
     if out_dir.is_dir():
         foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
         if foreign:
@@ -78,7 +106,8 @@ def check_out_dir(out_dir: Path) -> None:
             raise UsageError(
                 f"{out_dir} exists and holds files an export does not write ({shown}). An export replaces its folder "
                 f"whole, so it only overwrites an empty folder or a previous export. Choose another -o, or move those "
-                f"files away.")
+                f"files away."
+            )
 
 
 @contextlib.contextmanager
@@ -122,8 +151,9 @@ def _umask() -> int:
     return cur
 
 
-def export_render(source: Any, arch: str, variant: str, *, compile_values: Mapping[str, int],
-                  baked: Mapping[str, str]) -> Any:
+def export_render(
+    source: Any, arch: str, variant: str, *, compile_values: Mapping[str, int], baked: Mapping[str, str]
+) -> Any:
     """The exported (baked) render of a config; its ``patch`` is empty when it behaves as upstream.
 
     The baked hook with no rule, upstream's thresholds and no compile value selects exactly upstream's
@@ -166,21 +196,43 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     vals = dict(w.values)
     variant = vals.get("variant") or space.variants[0]
     compile_values = compile_values_of(space, vals)
-    env, args = runtime_env_and_args(space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}})
+    env, args = runtime_env_and_args(
+        space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}}
+    )
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     baked = baked_runtime(w.rules, fa_env)
     rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        _write_result(finished, tmp, rv, variant=variant, compile_values=compile_values, run_env=run_env, fa_env=fa_env,
-                      args=args, like=like, weight_type=weight_type)
+        _write_result(
+            finished,
+            tmp,
+            rv,
+            variant=variant,
+            compile_values=compile_values,
+            run_env=run_env,
+            fa_env=fa_env,
+            args=args,
+            like=like,
+            weight_type=weight_type,
+        )
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
-def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compile_values: Mapping[str, int],
-                  run_env: Mapping[str, str], fa_env: Mapping[str, str], args: list[str], like: str | None,
-                  weight_type: str | None) -> None:
+def _write_result(
+    finished: Any,
+    out_dir: Path,
+    rv: Any,
+    *,
+    variant: str,
+    compile_values: Mapping[str, int],
+    run_env: Mapping[str, str],
+    fa_env: Mapping[str, str],
+    args: list[str],
+    like: str | None,
+    weight_type: str | None,
+) -> None:
     import tomli_w
 
     study, source, w = finished.study, finished.source, finished.winner
@@ -231,8 +283,14 @@ def _write_result(finished: Any, out_dir: Path, rv: Any, *, variant: str, compil
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
-    _write_report(finished, out_dir, measured, like=like or legacy.study_attr(study, "like"), weight_type=weight_type or legacy.study_attr(study, "weight_type"),
-                  no_patch=not rv.patch)
+    _write_report(
+        finished,
+        out_dir,
+        measured,
+        like=like or legacy.study_attr(study, "like"),
+        weight_type=weight_type or legacy.study_attr(study, "weight_type"),
+        no_patch=not rv.patch,
+    )
 
 
 def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[str, str]:
@@ -303,8 +361,9 @@ def _measured(study: Any) -> tuple[str, str | None]:
     return found if found else (str(load_header(study).arch), None)
 
 
-def _roofline_for(h: StudyHeader, like: str | None, weight_type: str | None,
-                  measured: tuple[str, str | None] | None = None) -> Any:
+def _roofline_for(
+    h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None] | None = None
+) -> Any:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
     from tuner.targets.models import load_model_shape
     from tuner.targets.roofline import estimate
@@ -324,8 +383,15 @@ def _roofline_for(h: StudyHeader, like: str | None, weight_type: str | None,
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
 
 
-def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None], *,
-                  like: str | None = None, weight_type: str | None = None, no_patch: bool = False) -> None:
+def _write_report(
+    finished: Any,
+    out_dir: Path,
+    measured: tuple[str, str | None],
+    *,
+    like: str | None = None,
+    weight_type: str | None = None,
+    no_patch: bool = False,
+) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
 
@@ -349,9 +415,17 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
                     r["roofline_pct"] = 100.0 * r["median_ts"] / float(bound)
                 rows[label].append(r)
             e = b["evidence"][str(d)]
-            sel_rows.append([f"{ph} d{d}", f"{e['delta_pct']:+.1f}%", f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}]",
-                             f"{e['noise_floor_pct']:.1f}%", f"{e['verdict']} (p={e['p_value']:.3g})", b["config"],
-                             ", ".join(b["rules"])])
+            sel_rows.append(
+                [
+                    f"{ph} d{d}",
+                    f"{e['delta_pct']:+.1f}%",
+                    f"[{e['ci_low']:+.1f}, {e['ci_high']:+.1f}]",
+                    f"{e['noise_floor_pct']:.1f}%",
+                    f"{e['verdict']} (p={e['p_value']:.3g})",
+                    b["config"],
+                    ", ".join(b["rules"]),
+                ]
+            )
     frames = {k: pd.DataFrame(v) for k, v in rows.items()}
     md = render_report(frames, baseline="baseline")
     header = (
@@ -374,8 +448,7 @@ def _write_report(finished: Any, out_dir: Path, measured: tuple[str, str | None]
     plot_depth(frames, out_dir / "depth.png")
 
 
-def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | None,
-                  weight_type: str | None) -> str:
+def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | None, weight_type: str | None) -> str:
     """What a result measured through --ptx-jit says, and does not say, about a real target card."""
     from tuner.targets.archs import load_arch
 
@@ -392,8 +465,10 @@ def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | 
     tg = [(d, roof[("tg", d)]) for d in h.depths if roof.get(("tg", d))]
     if prod and tg:
         bounds = ", ".join(f"d{d} {b:.0f}" for d, b in tg)
-        note += (f"For scale, the decode roofline of a {prod.name} ({prod.bandwidth_gbps:g} GB/s) is {bounds} t/s "
-                 f"(a model estimate, not a measurement).\n\n")
+        note += (
+            f"For scale, the decode roofline of a {prod.name} ({prod.bandwidth_gbps:g} GB/s) is {bounds} t/s "
+            f"(a model estimate, not a measurement).\n\n"
+        )
     return note
 
 
@@ -419,7 +494,8 @@ def _trials_section(study: Any, base: Any | None) -> str:
         "\n## Trials\n\nscore: candidate/baseline t/s, the search's objective (weighted geometric mean over all "
         "points) for a finished trial; for a pruned one, the ratio at the point where the pruner stopped it. "
         "The score alone picks nothing; the selection above does.\n\n"
-        + log.table(["trial", "status", "score", "changed from upstream"], rows) + "\n"
+        + log.table(["trial", "status", "score", "changed from upstream"], rows)
+        + "\n"
     )
 
 
@@ -435,8 +511,19 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
     row: dict[str, Any] = {c: math.nan for c in COLUMNS}
     from tuner.targets.archs import load_arch
 
-    row.update({"build_commit": h.commit or "", "backends": load_arch(h.arch).backend, "gpu_info": "", "status": "ok",
-                "model_filename": Path(h.model).name, "error": "", "env": "{}", "cmd": "", "log_file": ""})
+    row.update(
+        {
+            "build_commit": h.commit or "",
+            "backends": load_arch(h.arch).backend,
+            "gpu_info": "",
+            "status": "ok",
+            "model_filename": Path(h.model).name,
+            "error": "",
+            "env": "{}",
+            "cmd": "",
+            "log_file": "",
+        }
+    )
     return row | {
         "label": label,
         "test": f"{phase}{n_tok}",

@@ -10,8 +10,19 @@ Studies recorded before CPU% was measured show "—" in those columns and get no
 
 from __future__ import annotations
 
-__all__ = ["export_pipeline", "gate_section", "gate_table", "model_origin", "noisy_line", "noisy_phases", "pareto_differs", "pareto_points",
-           "pr_body", "summary_line", "report_text"]
+__all__ = [
+    "export_pipeline",
+    "gate_section",
+    "gate_table",
+    "model_origin",
+    "noisy_line",
+    "noisy_phases",
+    "pareto_differs",
+    "pareto_points",
+    "pr_body",
+    "report_text",
+    "summary_line",
+]
 
 import json
 import math
@@ -39,24 +50,33 @@ def summary_line(outcome: SearchOutcome) -> str:
     gate = outcome.gate or {}
     if gate.get("rejected"):
         bad = [c["name"] for c in gate["rejected"]["gate"].get("checks", []) if not c.get("passed")]
-        return (f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
-                "and the export is upstream's selection (report.md shows the gate's numbers).")
+        return (
+            f"Result: the confirmed config FAILED the output-equivalence gate ({', '.join(bad)}): it is infeasible, "
+            "and the export is upstream's selection (report.md shows the gate's numbers)."
+        )
     rows = outcome.rows
     noisy = sorted({Phase.from_bench(r["phase"]).value for r in rows if r["verdict"] == TOO_NOISY})
     if noisy and not outcome.rules and not outcome.tuned:
-        return (f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
-                "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
-                "says what to do.")
+        return (
+            f"Result: the machine was too noisy in {' and '.join(noisy)} (A/A noise above the {NOISE_CEILING_PCT:g}% "
+            "ceiling): nothing is claimed there and the export is upstream's selection; report.md's first line "
+            "says what to do."
+        )
     faster = [r for r in rows if r["verdict"] == "faster"]
     if not faster:
-        return ("Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "
-                f"({len(rows)} point(s) confirmed as no difference)." if rows else
-                "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection.")
+        return (
+            "Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "
+            f"({len(rows)} point(s) confirmed as no difference)."
+            if rows
+            else "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection."
+        )
     best = max(faster, key=lambda r: r["speedup"])
-    return (f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
-            f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
-            f"rules: {', '.join(outcome.rule_texts) or 'none'}"
-            + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else "."))
+    return (
+        f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
+        f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
+        f"rules: {', '.join(outcome.rule_texts) or 'none'}"
+        + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else ".")
+    )
 
 
 def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
@@ -80,28 +100,34 @@ def noisy_line(outcome: SearchOutcome) -> str:
         return ""
     # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
     # percent (Student-t with 1-2 degrees of freedom), a number that says no more than "over 100%".
-    what = ", ".join(f"{Phase.from_bench(p).value} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items())
-    return (f"**This machine was too noisy to claim anything in {' and '.join(Phase.from_bench(p).value for p in noisy)}: the A/A "
-            f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
-            "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
-            "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
-            + ("" if outcome.header.arch == "cpu" else ", keep the GPU's clocks steady") + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
-            "where a decision is open.")
+    what = ", ".join(
+        f"{Phase.from_bench(p).value} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items()
+    )
+    return (
+        f"**This machine was too noisy to claim anything in {' and '.join(Phase.from_bench(p).value for p in noisy)}: the A/A "
+        f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
+        "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
+        "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
+        + ("" if outcome.header.arch == "cpu" else ", keep the GPU's clocks steady")
+        + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
+        "where a decision is open."
+    )
 
 
 def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
     return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
 
-def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str | None = None,
-                    weight_type: str | None = None) -> Path:
+def export_pipeline(
+    study_name: str, *, storage: str, out_dir: Path, like: str | None = None, weight_type: str | None = None
+) -> Path:
     """Write the result folder of a pipeline study; returns ``out_dir``."""
     import optuna
 
-    from tuner.result.export import baked_runtime, export_render, staged_export
-    from tuner.source import fetch_source
     from tuner.plan.derive import resolve_space
     from tuner.plan.space import compile_values_of, load_space, runtime_env_and_args
+    from tuner.result.export import baked_runtime, export_render, staged_export
+    from tuner.source import fetch_source
 
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -115,8 +141,10 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     gate = _checked_gate(study_name, outcome)
     source = fetch_source(h.source_spec)
     if source.source_id != h.source_id:
-        raise TunerError(f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
-                         f"{source.source_id}. Export needs the exact tree the numbers came from.")
+        raise TunerError(
+            f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
+            f"{source.source_id}. Export needs the exact tree the numbers came from."
+        )
     space = resolve_space(load_space(h.arch, h.era), dict(h.derived_knobs))
     vals = dict(outcome.tuned.values) if outcome.tuned else {}
     variant = str(vals.get("variant") or space.variants[0])
@@ -127,15 +155,43 @@ def export_pipeline(study_name: str, *, storage: str, out_dir: Path, like: str |
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
     with staged_export(out_dir) as tmp:
-        _write_pipeline(tmp, outcome, study, storage, source, rv, gate, variant=variant, compile_values=compile_values,
-                        run_env=run_env, fa_env=fa_env, args=args, like=like, weight_type=weight_type)
+        _write_pipeline(
+            tmp,
+            outcome,
+            study,
+            storage,
+            source,
+            rv,
+            gate,
+            variant=variant,
+            compile_values=compile_values,
+            run_env=run_env,
+            fa_env=fa_env,
+            args=args,
+            like=like,
+            weight_type=weight_type,
+        )
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
-def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: str, source: Any, rv: Any,
-                    gate: Mapping[str, Any], *, variant: str, compile_values: Mapping[str, int], run_env: Mapping[str, str],
-                    fa_env: Mapping[str, str], args: list[str], like: str | None = None, weight_type: str | None = None) -> None:
+def _write_pipeline(
+    out_dir: Path,
+    outcome: SearchOutcome,
+    study: Any,
+    storage: str,
+    source: Any,
+    rv: Any,
+    gate: Mapping[str, Any],
+    *,
+    variant: str,
+    compile_values: Mapping[str, int],
+    run_env: Mapping[str, str],
+    fa_env: Mapping[str, str],
+    args: list[str],
+    like: str | None = None,
+    weight_type: str | None = None,
+) -> None:
     """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`); ``study``, the
     Optuna study, only for its trials' parameter importances."""
     import tomli_w
@@ -154,17 +210,38 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
     _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
     config = {
         "schema": SCHEMA_VERSION,
-        "source": {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era},
-        "hashes": {"patch_sha256": text_sha256(rv.patch), "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True))},
-        "target": {"arch": h.arch, "measured_on": _device(h, "unknown"), "toolchain": dict(h.toolchain),
-                   "cpu_mask": mask or None},
+        "source": {
+            "spec": source.spec,
+            "source_id": source.source_id,
+            "commit": source.commit or "",
+            "era": source.era,
+        },
+        "hashes": {
+            "patch_sha256": text_sha256(rv.patch),
+            "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True)),
+        },
+        "target": {
+            "arch": h.arch,
+            "measured_on": _device(h, "unknown"),
+            "toolchain": dict(h.toolchain),
+            "cpu_mask": mask or None,
+        },
         "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
-        "choice": {"variant": variant, "compile": compile_values, "runtime_env": run_env, "fa_env": fa_env,
-                   "bench_args": args, "fa_rules": rules_texts(rules), "dropped_rules": as_stored(dict(outcome.dropped)),
-                   "tune_trial": outcome.tuned.trial if outcome.tuned else None},
+        "choice": {
+            "variant": variant,
+            "compile": compile_values,
+            "runtime_env": run_env,
+            "fa_env": fa_env,
+            "bench_args": args,
+            "fa_rules": rules_texts(rules),
+            "dropped_rules": as_stored(dict(outcome.dropped)),
+            "tune_trial": outcome.tuned.trial if outcome.tuned else None,
+        },
         "defines": dict(rv.defines),
-        "points": [{k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
-                   for r in outcome.rows],
+        "points": [
+            {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
+            for r in outcome.rows
+        ],
         "gate": gate_table(gate),
         **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
         "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
@@ -173,19 +250,30 @@ def _write_pipeline(out_dir: Path, outcome: SearchOutcome, study: Any, storage: 
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
     points = _points(outcome.rows, h.pp, h.tg)
-    _write_upstream(out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type)
+    _write_upstream(
+        out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
+    )
     if points:
         from tuner.result.report import plot_speedup
 
-        plot_speedup(points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)",
-                     rules=rules)
+        plot_speedup(
+            points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)", rules=rules
+        )
     _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
     report = report_text(outcome, study=study, storage=storage, gate=config["gate"], residency=config.get("residency"))
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
-def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[FaRule], *, model: str, depths: str,
-                   args: Sequence[str], mask: str) -> None:
+def _write_run_env(
+    out_dir: Path,
+    run_env: Mapping[str, str],
+    rules: Sequence[FaRule],
+    *,
+    model: str,
+    depths: str,
+    args: Sequence[str],
+    mask: str,
+) -> None:
     from tuner.result.export import server_args
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
@@ -195,7 +283,11 @@ def _write_run_env(out_dir: Path, run_env: Mapping[str, str], rules: Sequence[Fa
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
         + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
-        + (f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}" if rules else "")
+        + (
+            f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}"
+            if rules
+            else ""
+        )
         + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
     )
 
@@ -210,60 +302,98 @@ def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
     gate = outcome.gate
     changed = bool(outcome.rules) or bool(outcome.tuned)
     if gate is None and not changed:
-        return {"verdict": "not needed", "checks": [],
-                "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's"}
+        return {
+            "verdict": "not needed",
+            "checks": [],
+            "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's",
+        }
     if gate is None:
         raise UsageError(
             f"study {study_name!r} confirmed a config that differs from upstream ({', '.join(outcome.rule_texts) or 'tuned knobs'}) "
             "but has no output-equivalence gate record: it finished before `tuner search` ran the gate. Rerun the same "
-            "`tuner search` command (it resumes and runs only the gate), then export.")
+            "`tuner search` command (it resumes and runs only the gate), then export."
+        )
     if gate.get("verdict") not in ("pass", "not needed"):
-        failing = "; ".join(f"{c.get('name')}: {' '.join(c.get('reasons', []))}" for c in gate.get("checks", [])
-                            if not c.get("passed"))
+        failing = "; ".join(
+            f"{c.get('name')}: {' '.join(c.get('reasons', []))}" for c in gate.get("checks", []) if not c.get("passed")
+        )
         raise UsageError(
             f"study {study_name!r}: the final config failed the output-equivalence gate ({failing or gate.get('verdict')}). "
             "A config whose output differs from upstream's is infeasible and is never exported; rerun `tuner search` "
-            "(this version exports upstream's selection in its place) or export another study.")
+            "(this version exports upstream's selection in its place) or export another study."
+        )
     return dict(gate)
 
 
 def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     s = c.get("stats") or {}
-    keep = ("name", "mode", "strict", "verdict", "why", "deterministic", "identical_to_upstream", "reasons", "not_applied",
-            "logs", "seconds", "thresholds")
+    keep = (
+        "name",
+        "mode",
+        "strict",
+        "verdict",
+        "why",
+        "deterministic",
+        "identical_to_upstream",
+        "reasons",
+        "not_applied",
+        "logs",
+        "seconds",
+        "thresholds",
+    )
     settings = c.get("settings") or {}
-    return {**{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
-            **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
-            **{k: settings.get(k) for k in ("candidate_env", "candidate_args", "upstream_env", "upstream_args") if settings.get(k)}}
+    return {
+        **{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
+        **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
+        **{
+            k: settings.get(k)
+            for k in ("candidate_env", "candidate_args", "upstream_env", "upstream_args")
+            if settings.get(k)
+        },
+    }
 
 
 def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
     """config.toml's ``[gate]``: the verdict, the worst numbers over its checks, thresholds, and each check."""
     checks = [_gate_check_row(c) for c in gate.get("checks", [])]
-    out: dict[str, Any] = {"verdict": gate["verdict"], "tool": "llama-perplexity",
-                           "modes": sorted({c["mode"] for c in checks})}
+    out: dict[str, Any] = {
+        "verdict": gate["verdict"],
+        "tool": "llama-perplexity",
+        "modes": sorted({c["mode"] for c in checks}),
+    }
     if checks:
         first = gate["checks"][0]
         settings = first.get("settings") or {}
         nums = [c for c in checks if c.get("mean_kld") is not None]
-        out.update({"ctx": settings.get("ctx"), "chunks": settings.get("chunks"), "thresholds": first.get("thresholds"),
-                    "mean_kld": max((c["mean_kld"] for c in nums), default=None),
-                    "p99_kld": max((c["p99_kld"] for c in nums), default=None),
-                    "max_kld": max((c["max_kld"] for c in nums), default=None),
-                    "same_top_pct": min((c["same_top_pct"] for c in nums), default=None),
-                    "deterministic": all(c.get("deterministic") for c in checks),
-                    "checks": checks})
+        out.update(
+            {
+                "ctx": settings.get("ctx"),
+                "chunks": settings.get("chunks"),
+                "thresholds": first.get("thresholds"),
+                "mean_kld": max((c["mean_kld"] for c in nums), default=None),
+                "p99_kld": max((c["p99_kld"] for c in nums), default=None),
+                "max_kld": max((c["max_kld"] for c in nums), default=None),
+                "same_top_pct": min((c["same_top_pct"] for c in nums), default=None),
+                "deterministic": all(c.get("deterministic") for c in checks),
+                "checks": checks,
+            }
+        )
     else:
         out["why"] = gate.get("why", "")
     if gate.get("band"):
         out["band_factor"] = gate.get("band_factor")
-        out["band"] = [{k: v for k, v in _gate_check_row(b).items() if k not in ("verdict", "reasons", "thresholds")}
-                       for b in gate["band"]]
+        out["band"] = [
+            {k: v for k, v in _gate_check_row(b).items() if k not in ("verdict", "reasons", "thresholds")}
+            for b in gate["band"]
+        ]
     rej = gate.get("rejected")
     if rej:
-        out["rejected"] = {"rules": list(rej.get("rules") or []), "tuned": _sampled(rej.get("tuned")),
-                           "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
-                           "points": _rejected_points(rej.get("rows") or [])}
+        out["rejected"] = {
+            "rules": list(rej.get("rules") or []),
+            "tuned": _sampled(rej.get("tuned")),
+            "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
+            "points": _rejected_points(rej.get("rows") or []),
+        }
     return out
 
 
@@ -275,52 +405,95 @@ def _f6(x: Any) -> str:
 def gate_section(gate: Mapping[str, Any]) -> str:
     """report.md's section on the output-equivalence gate (``gate`` as :func:`gate_table` writes it)."""
     out = ["## Output-equivalence gate (llama-perplexity, final config vs upstream)\n\n"]
-    heads = ["check", "mode", "strict", "mean KLD", "99% KLD", "max KLD", "same top p", "deterministic",
-             "identical to upstream", "verdict"]
+    heads = [
+        "check",
+        "mode",
+        "strict",
+        "mean KLD",
+        "99% KLD",
+        "max KLD",
+        "same top p",
+        "deterministic",
+        "identical to upstream",
+        "verdict",
+    ]
 
     def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
-        return [[c["name"], c["mode"], "yes" if c.get("strict") else "no", _f6(c.get("mean_kld")), _f6(c.get("p99_kld")),
-                 _f6(c.get("max_kld")), f"{c['same_top_pct']:.3f}%" if c.get("same_top_pct") is not None else "-",
-                 c.get("deterministic", "-"), c.get("identical_to_upstream", "-"), str(c.get("verdict", "")).upper()]
-                for c in checks]
+        return [
+            [
+                c["name"],
+                c["mode"],
+                "yes" if c.get("strict") else "no",
+                _f6(c.get("mean_kld")),
+                _f6(c.get("p99_kld")),
+                _f6(c.get("max_kld")),
+                f"{c['same_top_pct']:.3f}%" if c.get("same_top_pct") is not None else "-",
+                c.get("deterministic", "-"),
+                c.get("identical_to_upstream", "-"),
+                str(c.get("verdict", "")).upper(),
+            ]
+            for c in checks
+        ]
 
     if gate.get("rejected"):
         rej = gate["rejected"]
-        out.append(f"**The final config FAILED the gate and is not exported** (rules: {', '.join(rej['rules']) or 'none'}; "
-                   f"knobs: {rej['tuned'] or 'upstream'}): a check below failed (its output differs beyond the thresholds, "
-                   "or its run did not complete), so it is infeasible; this result is upstream's selection.\n\n"
-                   + log.table(heads, rows(rej["checks"])) + "\n\n"
-                   + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
-                   + "\n" + _rejected_table(rej.get("points", [])))
+        out.append(
+            f"**The final config FAILED the gate and is not exported** (rules: {', '.join(rej['rules']) or 'none'}; "
+            f"knobs: {rej['tuned'] or 'upstream'}): a check below failed (its output differs beyond the thresholds, "
+            "or its run did not complete), so it is infeasible; this result is upstream's selection.\n\n"
+            + log.table(heads, rows(rej["checks"]))
+            + "\n\n"
+            + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
+            + "\n"
+            + _rejected_table(rej.get("points", []))
+        )
     if not gate.get("checks"):
         out.append(f"Verdict: **not needed**: {gate.get('why', '')}.\n")
         return "".join(out)
     t = gate.get("thresholds") or {}
-    out.append(f"Verdict: **{gate['verdict'].upper()}** in mode(s) {', '.join(gate['modes'])}: llama-perplexity on "
-               f"tuner's fixed text, c={gate.get('ctx')}, {gate.get('chunks')} chunks; upstream's log-probabilities vs the "
-               "candidate's (twice: determinism). Thresholds: mean KLD <= "
-               f"{t.get('mean_kld')}, 99% KLD <= {t.get('p99_kld')}, same top p >= {t.get('same_top_pct')}%; strict checks "
-               "(scheduling-only changes) also need logits byte-identical to upstream's. How the thresholds were calibrated: "
-               "docs/equivalence.md.\n\n" + log.table(heads, rows(gate["checks"])) + "\n\n")
+    out.append(
+        f"Verdict: **{gate['verdict'].upper()}** in mode(s) {', '.join(gate['modes'])}: llama-perplexity on "
+        f"tuner's fixed text, c={gate.get('ctx')}, {gate.get('chunks')} chunks; upstream's log-probabilities vs the "
+        "candidate's (twice: determinism). Thresholds: mean KLD <= "
+        f"{t.get('mean_kld')}, 99% KLD <= {t.get('p99_kld')}, same top p >= {t.get('same_top_pct')}%; strict checks "
+        "(scheduling-only changes) also need logits byte-identical to upstream's. How the thresholds were calibrated: "
+        "docs/equivalence.md.\n\n" + log.table(heads, rows(gate["checks"])) + "\n\n"
+    )
     if gate.get("band"):
-        out.append(f"The thresholds above come from the **kernel band**: each of upstream's own kernels forced on upstream's "
-                   f"build against upstream's pick, on this model (how far upstream's kernels differ from each other); a "
-                   f"non-strict check passes within {gate.get('band_factor')}x the band's widest numbers.\n\n"
-                   + log.table(heads[:8], [r[:8] for r in rows(gate["band"])]) + "\n\n")
-    out += [f"- {c['name']}: {c.get('why', '')}"
-            + (f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)" if c.get("not_applied") else "")
-            + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "") + "\n"
-            for c in gate["checks"]]
+        out.append(
+            f"The thresholds above come from the **kernel band**: each of upstream's own kernels forced on upstream's "
+            f"build against upstream's pick, on this model (how far upstream's kernels differ from each other); a "
+            f"non-strict check passes within {gate.get('band_factor')}x the band's widest numbers.\n\n"
+            + log.table(heads[:8], [r[:8] for r in rows(gate["band"])])
+            + "\n\n"
+        )
+    out += [
+        f"- {c['name']}: {c.get('why', '')}"
+        + (
+            f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
+            if c.get("not_applied")
+            else ""
+        )
+        + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "")
+        + "\n"
+        for c in gate["checks"]
+    ]
     return "".join(out)
 
 
 def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     """config.toml's ``[residency]``: the residency gate's verdict and each probe's numbers (None-free for TOML)."""
+
     def probe(p: Mapping[str, Any] | None) -> dict[str, Any]:
         return {k: v for k, v in (p or {}).items() if v is not None and k != "log"}
 
-    out: dict[str, Any] = {"verdict": rec["verdict"], "full_offload": rec["full_offload"], "why": rec.get("why", ""),
-                           "reasons": list(rec.get("reasons", [])), "upstream": probe(rec["upstream"])}
+    out: dict[str, Any] = {
+        "verdict": rec["verdict"],
+        "full_offload": rec["full_offload"],
+        "why": rec.get("why", ""),
+        "reasons": list(rec.get("reasons", [])),
+        "upstream": probe(rec["upstream"]),
+    }
     if rec.get("final"):
         out["final"] = probe(rec["final"])
     if rec.get("rejected"):
@@ -340,47 +513,100 @@ def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
 def _rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
-    keys = ("phase", "depth", "base_ts", "tuned_ts", "speedup", "ci_low", "ci_high", "aa_noise_pct", "verdict", "base_cpu", "tuned_cpu")
-    return [{k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))} for r in rows]
+    keys = (
+        "phase",
+        "depth",
+        "base_ts",
+        "tuned_ts",
+        "speedup",
+        "ci_low",
+        "ci_high",
+        "aa_noise_pct",
+        "verdict",
+        "base_cpu",
+        "tuned_cpu",
+    )
+    return [
+        {k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))}
+        for r in rows
+    ]
 
 
 def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
     if not points:
         return ""
+
     def num(p: Mapping[str, Any], k: str, f: str) -> str:
         return format(p[k], f) if k in p else "—"
-    rows = [[f"{p['phase']}@d{p['depth']}", num(p, "base_ts", ".2f"), num(p, "tuned_ts", ".2f"),
-             f"{100 * (p['speedup'] - 1):+.1f}% [{100 * (p['ci_low'] - 1):+.1f}..{100 * (p['ci_high'] - 1):+.1f}%]"
-             if {"speedup", "ci_low", "ci_high"} <= p.keys() else "—",
-             f"±{p['aa_noise_pct']:.1f}%" if "aa_noise_pct" in p else "—", p.get("verdict", "—"),
-             f"{num(p, 'base_cpu', '.0f')} / {num(p, 'tuned_cpu', '.0f')}"] for p in points]
-    return ("What the confirm measured of the rejected config (not claimed):\n\n"
-            + log.table(["point", "t/s upstream", "t/s rejected", "Δ [95% CI]", "A/A noise", "verdict", "CPU% upstream / rejected"], rows)
-            + "\n\n")
+
+    rows = [
+        [
+            f"{p['phase']}@d{p['depth']}",
+            num(p, "base_ts", ".2f"),
+            num(p, "tuned_ts", ".2f"),
+            f"{100 * (p['speedup'] - 1):+.1f}% [{100 * (p['ci_low'] - 1):+.1f}..{100 * (p['ci_high'] - 1):+.1f}%]"
+            if {"speedup", "ci_low", "ci_high"} <= p.keys()
+            else "—",
+            f"±{p['aa_noise_pct']:.1f}%" if "aa_noise_pct" in p else "—",
+            p.get("verdict", "—"),
+            f"{num(p, 'base_cpu', '.0f')} / {num(p, 'tuned_cpu', '.0f')}",
+        ]
+        for p in points
+    ]
+    return (
+        "What the confirm measured of the rejected config (not claimed):\n\n"
+        + log.table(
+            ["point", "t/s upstream", "t/s rejected", "Δ [95% CI]", "A/A noise", "verdict", "CPU% upstream / rejected"],
+            rows,
+        )
+        + "\n\n"
+    )
 
 
 def residency_section(rec: Mapping[str, Any]) -> str:
     """report.md's section on graph splits and residency (``rec`` as :func:`residency_table` writes it)."""
-    heads = ["config", "graph splits (prefill / decode)", "layers on GPU", "weights GPU / host MiB", "KV buffers MiB",
-             "fused-op fallbacks", "verdict"]
+    heads = [
+        "config",
+        "graph splits (prefill / decode)",
+        "layers on GPU",
+        "weights GPU / host MiB",
+        "KV buffers MiB",
+        "fused-op fallbacks",
+        "verdict",
+    ]
 
     def row(name: str, p: Mapping[str, Any]) -> list[Any]:
         layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
         kv = ", ".join(f"{k} {v:.2f}" for k, v in p.get("kv_buffers", {}).items()) or "-"
-        return [name, f"{p.get('splits_pp', '?')} / {p.get('splits_tg', '?')}", layers,
-                f"{p.get('device_weights_mib', 0):.2f} / {p.get('host_weights_mib', 0):.2f}", kv, p.get("fallbacks", 0),
-                ("pass" if p.get("passed") else "fail: " + " ".join(p.get("reasons", []))) if not p.get("error") else f"failed: {p['error']}"]
+        return [
+            name,
+            f"{p.get('splits_pp', '?')} / {p.get('splits_tg', '?')}",
+            layers,
+            f"{p.get('device_weights_mib', 0):.2f} / {p.get('host_weights_mib', 0):.2f}",
+            kv,
+            p.get("fallbacks", 0),
+            ("pass" if p.get("passed") else "fail: " + " ".join(p.get("reasons", [])))
+            if not p.get("error")
+            else f"failed: {p['error']}",
+        ]
 
     rows = [row("upstream", rec["upstream"])] + ([row("final", rec["final"])] if rec.get("final") else [])
-    head = (f"**The final config FAILED the residency check and is not exported** (rules: "
-            f"{', '.join(rec.get('rejected_rules', [])) or 'none'}; knobs: {rec.get('rejected_tuned') or 'upstream'}): "
-            f"{' '.join(rec.get('reasons', []))}\n\n" + _rejected_table(rec.get("rejected_points", []))
-            if rec["verdict"] == "fail" else "")
-    return ("## Graph splits and residency (llama.cpp's own loader and scheduler lines; docs/soak.md)\n\n" + head
-            + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "
-            "(`-v -pg 512,16 -r 1`); with full offload the decode graph may have 2 splits (the host embedding lookup and "
-            "the GPU), no layer, KV buffer or fused op may sit on the host beyond the input layer.\n\n"
-            + log.table(heads, rows) + "\n")
+    head = (
+        f"**The final config FAILED the residency check and is not exported** (rules: "
+        f"{', '.join(rec.get('rejected_rules', [])) or 'none'}; knobs: {rec.get('rejected_tuned') or 'upstream'}): "
+        f"{' '.join(rec.get('reasons', []))}\n\n" + _rejected_table(rec.get("rejected_points", []))
+        if rec["verdict"] == "fail"
+        else ""
+    )
+    return (
+        "## Graph splits and residency (llama.cpp's own loader and scheduler lines; docs/soak.md)\n\n"
+        + head
+        + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "
+        "(`-v -pg 512,16 -r 1`); with full offload the decode graph may have 2 splits (the host embedding lookup and "
+        "the GPU), no layer, KV buffer or fused op may sit on the host beyond the input layer.\n\n"
+        + log.table(heads, rows)
+        + "\n"
+    )
 
 
 def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
@@ -408,27 +634,44 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
         except UsageError:
             name = ""
         if name.startswith("tuner-random-"):
-            return {"like": name[len("tuner-random-"):], "quant": quant, "synthetic": True}
+            return {"like": name[len("tuner-random-") :], "quant": quant, "synthetic": True}
         return {"like": like, "quant": quant, "synthetic": False}
     if like:
         return {"like": like, "quant": quant, "synthetic": True}
     m = _SYNTH_NAME.match(path.stem)
     if m:
         wt = m.group("wt")
-        return {"like": m.group("like"), "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
-                "synthetic": True}
+        return {
+            "like": m.group("like"),
+            "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
+            "synthetic": True,
+        }
     from tuner.targets.models import load_models
 
     shape = h.shape
-    match = [n for n, sh in load_models().items()
-             if shape and sh.head_dim == shape.get("head_dim") and sh.n_layers == shape.get("n_layers")
-             and sh.n_kv_heads == shape.get("n_kv_heads") and sh.n_heads == shape.get("n_heads")]
+    match = [
+        n
+        for n, sh in load_models().items()
+        if shape
+        and sh.head_dim == shape.get("head_dim")
+        and sh.n_layers == shape.get("n_layers")
+        and sh.n_kv_heads == shape.get("n_kv_heads")
+        and sh.n_heads == shape.get("n_heads")
+    ]
     return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
 
 
-def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[FaRule],
-                    points: Sequence[Mapping[str, Any]], *, defines: Mapping[str, str], like: str | None = None,
-                    weight_type: str | None = None) -> None:
+def _write_upstream(
+    out_dir: Path,
+    source: Any,
+    h: StudyHeader,
+    rules: Sequence[FaRule],
+    points: Sequence[Mapping[str, Any]],
+    *,
+    defines: Mapping[str, str],
+    like: str | None = None,
+    weight_type: str | None = None,
+) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
     from tuner.result.upstream_patch import render_upstream_patch
     from tuner.targets.archs import load_arch
@@ -442,10 +685,17 @@ def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = _device(h, "unknown GPU")
     model_file = Path(h.model).name
-    note = (f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
-            + (f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
-               f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
-               f"A/A noise {best['aa_noise_pct']:.1f}%)" if best else "") + ".")
+    note = (
+        f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
+        + (
+            f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
+            f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
+            f"A/A noise {best['aa_noise_pct']:.1f}%)"
+            if best
+            else ""
+        )
+        + "."
+    )
     patch = render_upstream_patch(source, rules, arch, note=note)
     if patch is None:
         return
@@ -453,8 +703,15 @@ def _write_upstream(out_dir: Path, source: Any, h: StudyHeader, rules: Sequence[
     (out_dir / "PR.md").write_text(pr_body(h, rules, points, defines=defines, like=like, weight_type=weight_type))
 
 
-def pr_body(h: StudyHeader, rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]], *,
-            defines: Mapping[str, str], like: str | None = None, weight_type: str | None = None) -> str:
+def pr_body(
+    h: StudyHeader,
+    rules: Sequence[FaRule],
+    points: Sequence[Mapping[str, Any]],
+    *,
+    defines: Mapping[str, str],
+    like: str | None = None,
+    weight_type: str | None = None,
+) -> str:
     """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
     confirmed rows as :func:`_points` makes them."""
     from tuner.measure.paired import NOISE_CEILING_PCT
@@ -466,15 +723,31 @@ def pr_body(h: StudyHeader, rules: Sequence[FaRule], points: Sequence[Mapping[st
     origin = model_origin(h, like, weight_type)
     mask = h.cpu_mask or []
     commands = reproduce_commands(
-        commit=h.commit, arch=arch, defines=defines, model_file=model_file,
+        commit=h.commit,
+        arch=arch,
+        defines=defines,
+        model_file=model_file,
         like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
-        quant=origin["quant"], depths=sorted({int(p["depth"]) for p in points}), pp=h.pp, tg=h.tg,
-        phases=sorted({p["phase"] for p in points}), search_depths=h.depths,
-        search_args=(["--cpu-mask", _mask_text(mask)] if mask else []))
+        quant=origin["quant"],
+        depths=sorted({int(p["depth"]) for p in points}),
+        pp=h.pp,
+        tg=h.tg,
+        phases=sorted({p["phase"] for p in points}),
+        search_depths=h.depths,
+        search_args=(["--cpu-mask", _mask_text(mask)] if mask else []),
+    )
     models = models_note(model_file=model_file, shape=dict(h.shape), like=origin["like"], synthetic=origin["synthetic"])
-    return render_pr_body(rules, arch, gpu=_device(h, "unknown GPU"), model=model_file,
-                          points=points, commands=commands, source=f"llama.cpp {h.commit}", models=models,
-                          noise_ceiling_pct=NOISE_CEILING_PCT)
+    return render_pr_body(
+        rules,
+        arch,
+        gpu=_device(h, "unknown GPU"),
+        model=model_file,
+        points=points,
+        commands=commands,
+        source=f"llama.cpp {h.commit}",
+        models=models,
+        noise_ceiling_pct=NOISE_CEILING_PCT,
+    )
 
 
 def _mask_text(mask: Sequence[int]) -> str:
@@ -493,8 +766,22 @@ def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
             out.append({"config": name, "depth": int(d), "ts": lv.get("ts"), "cpu": lv.get("cpu"), "stage": "screen"})
     for r in outcome.rows:
         if r["phase"] == "tg":
-            out += [{"config": "upstream", "depth": r["depth"], "ts": r.get("base_ts"), "cpu": r.get("base_cpu"), "stage": "confirm"},
-                    {"config": "final", "depth": r["depth"], "ts": r.get("tuned_ts"), "cpu": r.get("tuned_cpu"), "stage": "confirm"}]
+            out += [
+                {
+                    "config": "upstream",
+                    "depth": r["depth"],
+                    "ts": r.get("base_ts"),
+                    "cpu": r.get("base_cpu"),
+                    "stage": "confirm",
+                },
+                {
+                    "config": "final",
+                    "depth": r["depth"],
+                    "ts": r.get("tuned_ts"),
+                    "cpu": r.get("tuned_cpu"),
+                    "stage": "confirm",
+                },
+            ]
     return [p for p in out if _finite(p["ts"]) and _finite(p["cpu"])]
 
 
@@ -517,8 +804,9 @@ def pareto_differs(outcome: SearchOutcome) -> bool:
             if e.get("verdict") in moved or _beyond(cpu.get("ci_low"), cpu.get("ci_high"), c.get("cpu_noise")):
                 return True
     for r in outcome.rows:
-        if r["phase"] == "tg" and (r.get("verdict") in moved
-                                   or _beyond(r.get("cpu_ci_low"), r.get("cpu_ci_high"), r.get("cpu_noise"))):
+        if r["phase"] == "tg" and (
+            r.get("verdict") in moved or _beyond(r.get("cpu_ci_low"), r.get("cpu_ci_high"), r.get("cpu_noise"))
+        ):
             return True
     return False
 
@@ -549,8 +837,11 @@ def _cpu_cell(r: Mapping[str, Any]) -> str:
     pair = _pair(r.get("base_cpu"), r.get("tuned_cpu"))
     if not _finite(r.get("cpu_delta")):
         return pair
-    ci = (f" [{r['cpu_ci_low']:+.1f}..{r['cpu_ci_high']:+.1f}]"
-          if _finite(r.get("cpu_ci_low")) and _finite(r.get("cpu_ci_high")) else "")
+    ci = (
+        f" [{r['cpu_ci_low']:+.1f}..{r['cpu_ci_high']:+.1f}]"
+        if _finite(r.get("cpu_ci_low")) and _finite(r.get("cpu_ci_high"))
+        else ""
+    )
     noise = f", noise ±{r['cpu_noise']:.1f}" if _finite(r.get("cpu_noise")) else ""
     return f"{pair} (Δ {r['cpu_delta']:+.1f}{ci}{noise})"
 
@@ -565,13 +856,18 @@ def _ci(lo: float, hi: float) -> str:
     return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
 
 
-def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | None = None,
-                gate: Mapping[str, Any] | None = None, residency: Mapping[str, Any] | None = None) -> str:
+def report_text(
+    outcome: SearchOutcome,
+    *,
+    study: Any = None,
+    storage: str | None = None,
+    gate: Mapping[str, Any] | None = None,
+    residency: Mapping[str, Any] | None = None,
+) -> str:
     """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
     ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
     parameter importances (left out: no importances)."""
     from tuner.result.report import compare_table, dashboard_command, importances_section
-
     from tuner.result.tables import method_paragraph
 
     h = outcome.header
@@ -580,40 +876,96 @@ def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | Non
     shape = h.shape
     rows = outcome.rows
     noisy = noisy_line(outcome)
-    out = ([noisy + "\n\n"] if noisy else []) + [f"# tuner result: {h.arch} / {model}\n\n",
-           f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{h.name}`; "
-           f"measured on {_device(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
-           f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
-           f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n"]
+    out = ([noisy + "\n\n"] if noisy else []) + [
+        f"# tuner result: {h.arch} / {model}\n\n",
+        f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{h.name}`; "
+        f"measured on {_device(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
+        f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
+        f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n",
+    ]
     if outcome.dropped:
-        out.append("Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n")
+        out.append(
+            "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"
+        )
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
     if outcome.upstream_phases:
-        out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(outcome.upstream_phases)}.\n")
-    out.append("\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
-               + method_paragraph("paired rounds", rounds=[int(r.get("rounds") or 0) for r in rows],
-                                  ceiling_pct=NOISE_CEILING_PCT,
-                                  noise="A/A: how far upstream measured against itself in the same rounds strays from 1 "
-                                        "(its CI's reach), at least the phase's median A/A noise.") + "\n\n")
+        out.append(
+            f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(outcome.upstream_phases)}.\n"
+        )
+    out.append(
+        "\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
+        + method_paragraph(
+            "paired rounds",
+            rounds=[int(r.get("rounds") or 0) for r in rows],
+            ceiling_pct=NOISE_CEILING_PCT,
+            noise="A/A: how far upstream measured against itself in the same rounds strays from 1 "
+            "(its CI's reach), at least the phase's median A/A noise.",
+        )
+        + "\n\n"
+    )
     tab = []
     for r in rows:
         n_tok = pp if r["phase"] == "pp" else tg
-        tab.append([model, f"{r['phase']}{n_tok}@d{r['depth']}", r.get("upstream_kernel") or "-", r.get("kernel") or "-",
-                    f"{r['base_ts']:.2f}", f"{r['tuned_ts']:.2f}", f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
-                    _ci(r["ci_low"], r["ci_high"]), f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
-                    str(r.get("rounds", "")), r["verdict"]])
-    out.append(compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model) + "\n\n"
-               + log.table(["Test", "depth", "upstream kernel", "kernel", "t/s upstream → tuned", "CPU% upstream → tuned",
-                            "busiest core %", "GPU%", "Speedup 95% CI", "A/A noise", "rounds", "verdict"],
-                           [[t[1], r["depth"], t[2], t[3], f"{t[4]} → {t[5]}", _cpu_cell(r), _pair(r.get("base_core"), r.get("tuned_core")),
-                             _pair(r.get("base_gpu"), r.get("tuned_gpu")), t[7], t[8], t[9], t[10]] for t, r in zip(tab, rows)])
-               + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
-               "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
-               "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
-               "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
-               f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
-               if tab else "(nothing differed from upstream, so nothing was re-measured)")
+        tab.append(
+            [
+                model,
+                f"{r['phase']}{n_tok}@d{r['depth']}",
+                r.get("upstream_kernel") or "-",
+                r.get("kernel") or "-",
+                f"{r['base_ts']:.2f}",
+                f"{r['tuned_ts']:.2f}",
+                f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
+                _ci(r["ci_low"], r["ci_high"]),
+                f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
+                str(r.get("rounds", "")),
+                r["verdict"],
+            ]
+        )
+    out.append(
+        compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
+        + "\n\n"
+        + log.table(
+            [
+                "Test",
+                "depth",
+                "upstream kernel",
+                "kernel",
+                "t/s upstream → tuned",
+                "CPU% upstream → tuned",
+                "busiest core %",
+                "GPU%",
+                "Speedup 95% CI",
+                "A/A noise",
+                "rounds",
+                "verdict",
+            ],
+            [
+                [
+                    t[1],
+                    r["depth"],
+                    t[2],
+                    t[3],
+                    f"{t[4]} → {t[5]}",
+                    _cpu_cell(r),
+                    _pair(r.get("base_core"), r.get("tuned_core")),
+                    _pair(r.get("base_gpu"), r.get("tuned_gpu")),
+                    t[7],
+                    t[8],
+                    t[9],
+                    t[10],
+                ]
+                for t, r in zip(tab, rows)
+            ],
+        )
+        + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
+        "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
+        "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
+        "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
+        f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
+        if tab
+        else "(nothing differed from upstream, so nothing was re-measured)"
+    )
     if gate is not None:
         out.append("\n\n" + gate_section(gate))
     if residency:
@@ -621,9 +973,17 @@ def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | Non
     out.append(_screen_section(outcome))
     comp = outcome.compose
     if comp.get("decisions"):
-        out.append("## Composed (before confirm)\n\n" + log.table(
-            ["phase", "depth", "upstream", "winner", "why"],
-            [[d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]] for d in comp["decisions"]]) + "\n\n")
+        out.append(
+            "## Composed (before confirm)\n\n"
+            + log.table(
+                ["phase", "depth", "upstream", "winner", "why"],
+                [
+                    [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
+                    for d in comp["decisions"]
+                ],
+            )
+            + "\n\n"
+        )
     out.append(_trials(outcome.trials))
     if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
@@ -633,7 +993,11 @@ def report_text(outcome: SearchOutcome, *, study: Any = None, storage: str | Non
     out.append("\n" + cost_line(outcome) + "\n")
     secs = outcome.stage_seconds
     if secs:
-        out.append("\n## Wall time per stage\n\n" + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()]) + "\n")
+        out.append(
+            "\n## Wall time per stage\n\n"
+            + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
+            + "\n"
+        )
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
 
 
@@ -648,22 +1012,51 @@ def _screen_section(outcome: SearchOutcome) -> str:
         srows = []
         for d in sorted(cells, key=int):
             c = cells[d]
-            effs = ", ".join(f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
-                             + (f" (CPU {e['cpu']['mean']:+.1f})" if _finite(e.get("cpu", {}).get("mean")) else "")
-                             for k, e in c["effects"].items())
+            effs = ", ".join(
+                f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
+                + (f" (CPU {e['cpu']['mean']:+.1f})" if _finite(e.get("cpu", {}).get("mean")) else "")
+                for k, e in c["effects"].items()
+            )
             up = c.get("levels", {}).get("upstream", {})
             cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if _finite(c.get("cpu_noise")) else ""
             # The verdicts are judged against the phase's noise floor where it is above this depth's own A/A noise.
             bar = c.get("bar_pct")
-            floor = f"; floor ±{bar:.1f}%" if _finite(bar) and _finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05 else ""
-            srows.append([f"{phase}@d{d}", c.get("upstream_kernel") or "-", f"{c['upstream_ts']:.2f}",
-                          *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
-                          f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){floor}{cpu_noise}" if math.isfinite(c["noise_pct"]) else "-",
-                          effs or "-", ", ".join(c.get("fallback", [])) or "-"])
+            floor = (
+                f"; floor ±{bar:.1f}%"
+                if _finite(bar) and _finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05
+                else ""
+            )
+            srows.append(
+                [
+                    f"{phase}@d{d}",
+                    c.get("upstream_kernel") or "-",
+                    f"{c['upstream_ts']:.2f}",
+                    *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
+                    f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){floor}{cpu_noise}"
+                    if math.isfinite(c["noise_pct"])
+                    else "-",
+                    effs or "-",
+                    ", ".join(c.get("fallback", [])) or "-",
+                ]
+            )
         if srows:
-            out.append(log.table(["point", "upstream kernel", "t/s upstream", "CPU% upstream", "busiest core %", "GPU% upstream",
-                                  "A/A noise (pair; phase floor; CPU points)", "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
-                                  "fell back"], srows) + "\n\n")
+            out.append(
+                log.table(
+                    [
+                        "point",
+                        "upstream kernel",
+                        "t/s upstream",
+                        "CPU% upstream",
+                        "busiest core %",
+                        "GPU% upstream",
+                        "A/A noise (pair; phase floor; CPU points)",
+                        "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
+                        "fell back",
+                    ],
+                    srows,
+                )
+                + "\n\n"
+            )
     return "".join(out)
 
 
@@ -675,7 +1068,11 @@ def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
         return c
 
     def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does
-        return CPU_REJECTED if e.get("verdict") == CPU_REJECTED else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
+        return (
+            CPU_REJECTED
+            if e.get("verdict") == CPU_REJECTED
+            else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
+        )
 
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 
@@ -692,7 +1089,8 @@ def _trials(trials: Sequence[TrialSummary]) -> str:
         rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
-    return ("## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"
-            + log.table(["trial", "status", "objectives", "phases measured", "params"], rows) + "\n")
-
-
+    return (
+        "## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"
+        + log.table(["trial", "status", "objectives", "phases measured", "params"], rows)
+        + "\n"
+    )

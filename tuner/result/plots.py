@@ -118,8 +118,15 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
             ph = r.phase.bench
             inside = [p for p in points if _phase_of(p) == ph and r.covers(int(p["depth"]))]
             ups = sorted({str(p["upstream_kernel"]) for p in inside if p.get("upstream_kernel")})
-            out.setdefault(ph, []).append({"x0": int(r.lo), "x1": None if r.hi is None else int(r.hi), "kernel": r.kernel,
-                                           "upstream": "/".join(ups), "rule": r.text})
+            out.setdefault(ph, []).append(
+                {
+                    "x0": int(r.lo),
+                    "x1": None if r.hi is None else int(r.hi),
+                    "kernel": r.kernel,
+                    "upstream": "/".join(ups),
+                    "rule": r.text,
+                }
+            )
         return out
     for ph in {_phase_of(p) for p in points}:
         sub = sorted((p for p in points if _phase_of(p) == ph), key=lambda p: int(p["depth"]))
@@ -131,11 +138,17 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
                 i += 1
                 continue
             j = i
-            while j + 1 < len(sub) and sub[j + 1].get("kernel") == k and sub[j + 1].get("kernel") != sub[j + 1].get("upstream_kernel"):
+            while (
+                j + 1 < len(sub)
+                and sub[j + 1].get("kernel") == k
+                and sub[j + 1].get("kernel") != sub[j + 1].get("upstream_kernel")
+            ):
                 j += 1
             x0 = (ds[i - 1] + ds[i]) / 2 if i > 0 else ds[i]
             x1 = (ds[j] + ds[j + 1]) / 2 if j + 1 < len(ds) else None
-            out.setdefault(ph, []).append({"x0": x0, "x1": x1, "kernel": str(k), "upstream": str(sub[i].get("upstream_kernel") or "")})
+            out.setdefault(ph, []).append(
+                {"x0": x0, "x1": x1, "kernel": str(k), "upstream": str(sub[i].get("upstream_kernel") or "")}
+            )
             i = j + 1
     return out
 
@@ -147,8 +160,17 @@ def _draw_spans(ax: Any, ax2: Any, spans: Sequence[Mapping[str, Any]], right: fl
         for a in (ax, ax2):
             a.axvspan(x0, x1, color=kcolor[str(sp["kernel"])], alpha=0.55, lw=0, zorder=0)
         label = f"{sp['kernel']} from d{_depth_label(int(sp['x0']))}" if sp.get("rule") else str(sp["kernel"])
-        ax.text(x0, 0.97, " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else ""),
-                transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=9, fontweight="bold", color="#333333")
+        ax.text(
+            x0,
+            0.97,
+            " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else ""),
+            transform=ax.get_xaxis_transform(),
+            ha="left",
+            va="top",
+            fontsize=9,
+            fontweight="bold",
+            color="#333333",
+        )
     return bool(spans)
 
 
@@ -158,12 +180,17 @@ def depth_axis(depths: Sequence[int]) -> dict[str, Any]:
     pos = [d for d in depths if d > 0]
     lin = float(min(pos)) if pos else 1.0
     top = float(max(depths)) if depths else 1.0
-    return {"linthresh": lin, "left": -0.15 * lin if 0 in depths else lin * 0.8, "right": max(top * 1.3, lin * 1.5),
-            "ticks": list(depths)}
+    return {
+        "linthresh": lin,
+        "left": -0.15 * lin if 0 in depths else lin * 0.8,
+        "right": max(top * 1.3, lin * 1.5),
+        "ticks": list(depths),
+    }
 
 
-def _speedup_ylim(sp: Sequence[float], lo: Sequence[float], hi: Sequence[float],
-                  nz: Sequence[float]) -> tuple[float, float]:
+def _speedup_ylim(
+    sp: Sequence[float], lo: Sequence[float], hi: Sequence[float], nz: Sequence[float]
+) -> tuple[float, float]:
     """y range of a speedup panel: the speedups and the noise band decide; a CI far beyond them is
     clipped (its end is written at the edge), so one wide interval does not flatten the others."""
     core = [v for v in list(sp) + list(nz) + [-n for n in nz] if math.isfinite(v)] or [0.0]
@@ -177,8 +204,17 @@ def _speedup_ylim(sp: Sequence[float], lo: Sequence[float], hi: Sequence[float],
     return y0 - margin, y1 + margin
 
 
-def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], *, phase: str, color: str,
-                   has_span: bool, name_a: str, name_b: str) -> None:
+def _speedup_panel(
+    ax: Any,
+    sub: Sequence[Mapping[str, Any]],
+    x: Sequence[int],
+    *,
+    phase: str,
+    color: str,
+    has_span: bool,
+    name_a: str,
+    name_b: str,
+) -> None:
     """Top panel of a phase: speedup % with its CI band, the A/A noise band and significance markers."""
     sp = [100 * (as_float(p.get("speedup")) - 1) for p in sub]
     lo = [100 * (as_float(p.get("ci_low")) - 1) for p in sub]
@@ -193,26 +229,61 @@ def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], 
     y0, y1 = _speedup_ylim(sp, lo, hi, nz)
     ok = [all(math.isfinite(v) for v in t) for t in zip(lo, hi)]
     if any(ok):
-        ax.fill_between([xx for xx, o in zip(x, ok) if o], [max(v, y0) for v, o in zip(lo, ok) if o],
-                        [min(v, y1) for v, o in zip(hi, ok) if o], color=color, alpha=0.22, lw=0, zorder=2)
+        ax.fill_between(
+            [xx for xx, o in zip(x, ok) if o],
+            [max(v, y0) for v, o in zip(lo, ok) if o],
+            [min(v, y1) for v, o in zip(hi, ok) if o],
+            color=color,
+            alpha=0.22,
+            lw=0,
+            zorder=2,
+        )
     for xx, a, b in zip(x, lo, hi):
         if math.isfinite(b) and b > y1:
-            ax.annotate(f"CI to {b:+.0f}% ↑", (xx, y1), textcoords="offset points", xytext=(4, -11),
-                        fontsize=7.5, color=color, ha="left")
+            ax.annotate(
+                f"CI to {b:+.0f}% ↑",
+                (xx, y1),
+                textcoords="offset points",
+                xytext=(4, -11),
+                fontsize=7.5,
+                color=color,
+                ha="left",
+            )
         if math.isfinite(a) and a < y0:
-            ax.annotate(f"CI to {a:+.0f}% ↓", (xx, y0), textcoords="offset points", xytext=(4, 4),
-                        fontsize=7.5, color=color, ha="left")
+            ax.annotate(
+                f"CI to {a:+.0f}% ↓",
+                (xx, y0),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7.5,
+                color=color,
+                ha="left",
+            )
     ax.plot(x, sp, color=color, lw=1.8, zorder=3)
     sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
-    ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color,
-               s=42, zorder=4)
-    ax.scatter([xx for xx, s in zip(x, sig) if not s], [v for v, s in zip(sp, sig) if not s],
-               facecolor="white", edgecolor=color, s=42, lw=1.6, zorder=4)
+    ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color, s=42, zorder=4)
+    ax.scatter(
+        [xx for xx, s in zip(x, sig) if not s],
+        [v for v, s in zip(sp, sig) if not s],
+        facecolor="white",
+        edgecolor=color,
+        s=42,
+        lw=1.6,
+        zorder=4,
+    )
     for xx, v in zip(x, sp):
         if math.isfinite(v):
-            ax.annotate(f"{v:+.1f}%", (xx, v), textcoords="offset points", xytext=(0, 8), fontsize=8,
-                        color=color, ha="center", fontweight="bold",
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
+            ax.annotate(
+                f"{v:+.1f}%",
+                (xx, v),
+                textcoords="offset points",
+                xytext=(0, 8),
+                fontsize=8,
+                color=color,
+                ha="center",
+                fontweight="bold",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
+            )
     head = f"{_PHASE_TITLES.get(phase, phase)} ({', '.join(tests)})"
     if ups:
         head += f" — upstream kernel {'/'.join(ups)}"
@@ -224,8 +295,16 @@ def _speedup_panel(ax: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], 
     ax.set_ylim(y0, y1)
 
 
-def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], axis: Mapping[str, Any], *,
-              color: str, name_a: str, name_b: str) -> None:
+def _ts_panel(
+    ax2: Any,
+    sub: Sequence[Mapping[str, Any]],
+    x: Sequence[int],
+    axis: Mapping[str, Any],
+    *,
+    color: str,
+    name_a: str,
+    name_b: str,
+) -> None:
     """Bottom panel of a phase: absolute t/s of both sides against the depth categories."""
     ya = [as_float(p.get("base_ts")) for p in sub]
     yb = [as_float(p.get("tuned_ts")) for p in sub]
@@ -242,8 +321,15 @@ def _ts_panel(ax2: Any, sub: Sequence[Mapping[str, Any]], x: Sequence[int], axis
     ax2.set_xlim(axis["left"], axis["right"])
 
 
-def _speedup_legend(fig: Any, pts: Sequence[Mapping[str, Any]], kernels: Sequence[str], kcolor: Mapping[str, str],
-                    *, title: str, ncol: int) -> None:
+def _speedup_legend(
+    fig: Any,
+    pts: Sequence[Mapping[str, Any]],
+    kernels: Sequence[str],
+    kcolor: Mapping[str, str],
+    *,
+    title: str,
+    ncol: int,
+) -> None:
     """The figure legend (noise band only when measured, one patch per chosen kernel), title and layout."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -258,8 +344,14 @@ def _speedup_legend(fig: Any, pts: Sequence[Mapping[str, Any]], kernels: Sequenc
         handles = handles[1:]
     handles += [Patch(color=kcolor[k], alpha=0.55, label=f"depths where {k} is chosen") for k in kernels]
     top = 0.925 if title else 0.95
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 3 if ncol == 1 else 6),
-               fontsize=8.5, frameon=False, bbox_to_anchor=(0.5, top + 0.02))
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=min(len(handles), 3 if ncol == 1 else 6),
+        fontsize=8.5,
+        frameon=False,
+        bbox_to_anchor=(0.5, top + 0.02),
+    )
     if title:
         fig.suptitle(title, fontsize=11.5, y=0.985)
     fig.tight_layout(rect=(0, 0, 1, top - (0.04 if ncol == 1 and len(handles) > 3 else 0.0)))
@@ -301,8 +393,9 @@ def plot_speedup(
     kcolor = {k: _KERNEL_COLORS[i % len(_KERNEL_COLORS)] for i, k in enumerate(kernels)}
 
     ncol = len(phases)
-    fig, axes = plt.subplots(2, ncol, figsize=(6.2 * ncol, 7.4), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2]}, sharex=True)
+    fig, axes = plt.subplots(
+        2, ncol, figsize=(6.2 * ncol, 7.4), squeeze=False, gridspec_kw={"height_ratios": [3, 2]}, sharex=True
+    )
     for c, phase in enumerate(phases):
         ax, ax2 = axes[0][c], axes[1][c]
         sub = sorted((p for p in pts if _phase_of(p) == phase), key=lambda p: int(p["depth"]))
@@ -348,14 +441,29 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
         color = cmap(i / max(1, len(depths) - 1) * 0.9)
         sub = [p for p in pts if int(p["depth"]) == d]
         front = pareto_front(sub)
-        ax.plot([float(p["cpu"]) for p in front], [float(p["ts"]) for p in front], "--", color=color, lw=1.3,
-                label=f"d{_depth_label(d)} front", zorder=2)
+        ax.plot(
+            [float(p["cpu"]) for p in front],
+            [float(p["ts"]) for p in front],
+            "--",
+            color=color,
+            lw=1.3,
+            label=f"d{_depth_label(d)} front",
+            zorder=2,
+        )
         for p in sub:
             filled = p.get("stage", "confirm") == "confirm"
-            ax.scatter(float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3)
+            ax.scatter(
+                float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3
+            )
             # Dominated points are labelled too, in grey: they are the configs the CPU cost rules out.
-            ax.annotate(str(p["config"]), (float(p["cpu"]), float(p["ts"])), textcoords="offset points", xytext=(5, 4),
-                        fontsize=7.5, color=color if p in front else "dimgrey")
+            ax.annotate(
+                str(p["config"]),
+                (float(p["cpu"]), float(p["ts"])),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=7.5,
+                color=color if p in front else "dimgrey",
+            )
     ax.set_xlabel("CPU% of the llama-bench process tree (timed decode repetitions; 100 = one core)")
     ax.set_ylabel("decode tokens/s (median over rounds)")
     ax.grid(True, alpha=0.3)

@@ -16,6 +16,7 @@ __all__ = [
     "COMPARE_FIELDS",
     "MARKS",
     "aa_warning",
+    "bench_test_name",
     "compare_points",
     "compare_records",
     "compare_table",
@@ -27,7 +28,6 @@ __all__ = [
     "plot_speedup",
     "render_report",
     "report_records",
-    "bench_test_name",
 ]
 
 import math
@@ -39,8 +39,15 @@ from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
 from tuner.result.plots import as_float, plot_depth, plot_speedup
-from tuner.result.tables import (COMPARE_FIELDS, MARKS, bench_test_name, compare_records, compare_table, format_compare,
-                                 method_paragraph)
+from tuner.result.tables import (
+    COMPARE_FIELDS,
+    MARKS,
+    bench_test_name,
+    compare_records,
+    compare_table,
+    format_compare,
+    method_paragraph,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,25 +107,47 @@ def compare_points(
         model, test, depth = key
         ra, rb = ga.get(key), gb.get(key)
         phase = str((ra if ra is not None else rb)["phase"])
-        base, new = (as_float(ra["median_ts"]) if ra is not None else math.nan), (as_float(rb["median_ts"]) if rb is not None else math.nan)
+        base, new = (
+            (as_float(ra["median_ts"]) if ra is not None else math.nan),
+            (as_float(rb["median_ts"]) if rb is not None else math.nan),
+        )
         noise = run_floor(backend, phase)
         if gaa is not None and key in gaa[0] and key in gaa[1]:
             va = compare(_samples(gaa[0][key]), _samples(gaa[1][key]), confidence=confidence, seed=seed)
             noise = NoiseRef(pct=aa_noise(va), kind="A/A", source="the A/A pair given with --aa")
         if ra is None or rb is None:
-            v = Verdict(delta_pct=math.nan, ci_low=math.nan, ci_high=math.nan, p_value=math.nan, verdict="no difference",
-                        confidence=confidence)
+            v = Verdict(
+                delta_pct=math.nan,
+                ci_low=math.nan,
+                ci_high=math.nan,
+                p_value=math.nan,
+                verdict="no difference",
+                confidence=confidence,
+            )
             verdict = "missing"
         else:
             v = compare(_samples(ra), _samples(rb), confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
             verdict = judge(v, noise, min_effect_pct=min_effect_pct)
-        pts.append({
-            "model": model, "phase": phase, "depth": depth, "test": test, "base_ts": base, "tuned_ts": new,
-            "speedup": new / base if base > 0 else math.nan,
-            "ci_low": 1 + v.ci_low / 100, "ci_high": 1 + v.ci_high / 100, "p_value": v.p_value,
-            "aa_noise_pct": noise.pct if math.isfinite(noise.pct) else None, "noise_kind": noise.kind,
-            "noise_source": noise.source, "verdict": verdict, "upstream_kernel": None, "kernel": None,
-        })
+        pts.append(
+            {
+                "model": model,
+                "phase": phase,
+                "depth": depth,
+                "test": test,
+                "base_ts": base,
+                "tuned_ts": new,
+                "speedup": new / base if base > 0 else math.nan,
+                "ci_low": 1 + v.ci_low / 100,
+                "ci_high": 1 + v.ci_high / 100,
+                "p_value": v.p_value,
+                "aa_noise_pct": noise.pct if math.isfinite(noise.pct) else None,
+                "noise_kind": noise.kind,
+                "noise_source": noise.source,
+                "verdict": verdict,
+                "upstream_kernel": None,
+                "kernel": None,
+            }
+        )
     return pts
 
 
@@ -130,8 +159,10 @@ def noise_line(points: Sequence[Mapping[str, Any]]) -> str:
         return "each row's A/A noise is how far the A/A pair given with --aa differs at that point (its CI's reach from 0)."
     out = "; ".join(srcs) + "."
     if "floor" in kinds or "none" in kinds:
-        out += (" A floor is what separate runs of one build differed by on recorded machines, not on this one: "
-                "pass --aa A1 A2 (two runs of the A build) to judge by this machine's own noise.")
+        out += (
+            " A floor is what separate runs of one build differed by on recorded machines, not on this one: "
+            "pass --aa A1 A2 (two runs of the A build) to judge by this machine's own noise."
+        )
     return out
 
 
@@ -143,11 +174,15 @@ def aa_warning(df_a: pd.DataFrame, df_b: pd.DataFrame) -> str:
     if not why:
         return ""
     if "binary" in why:
-        return (f"this is an A/A comparison: {why}. Any difference below is run-to-run noise, not a change; "
-                "compare two different builds (or use these two files as --aa).")
-    return (f"this looks like an A/A comparison: {why}. Unless the two differ in something llama-bench does not record "
-            "(an environment variable, uncommitted source changes, CMake flags), any difference below is run-to-run "
-            "noise, not a change.")
+        return (
+            f"this is an A/A comparison: {why}. Any difference below is run-to-run noise, not a change; "
+            "compare two different builds (or use these two files as --aa)."
+        )
+    return (
+        f"this looks like an A/A comparison: {why}. Unless the two differ in something llama-bench does not record "
+        "(an environment variable, uncommitted source changes, CMake flags), any difference below is run-to-run "
+        "noise, not a change."
+    )
 
 
 def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
@@ -166,38 +201,67 @@ def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: 
     if meta.get("gpu_info"):
         bits.append(str(meta.get("gpu_info")))
     out = [", ".join(bits) + ".", ""]
-    commits = {k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) if "build_commit" in frames[k] else []
-               for k in labels}
-    out += ["Variants: " + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "")
-                                      for k, c in commits.items()) + f". Baseline: **{baseline}**.", ""]
+    commits = {
+        k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) if "build_commit" in frames[k] else []
+        for k in labels
+    }
+    out += [
+        "Variants: "
+        + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "") for k, c in commits.items())
+        + f". Baseline: **{baseline}**.",
+        "",
+    ]
     return out
 
 
 def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list[str]:
     """Measured t/s as a share of the roofline model estimate, where the frames carry one."""
-    has = [k for k in labels if "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(as_float).map(math.isfinite).any()]
+    has = [
+        k
+        for k in labels
+        if "roofline_pct" in frames[k] and frames[k]["roofline_pct"].map(as_float).map(math.isfinite).any()
+    ]
     if not has:
         return ["roofline %: not available (run `tuner bench` with --arch or --bandwidth).", ""]
     idx = {k: _groups(frames[k]) for k in has}
     keys = sorted({key for k in has for key in idx[k]}, key=lambda t: (t[0], t[1][:2], t[1], t[2]))
-    rows = [[bench_test_name(t, d)] + [f"{as_float(idx[k][(m, t, d)]['roofline_pct']):.1f}" if (m, t, d) in idx[k] else "-"
-                                       for k in has] for m, t, d in keys]
-    return ["## Roofline", "", log.table(["Test"] + [f"roofline % {k}" for k in has], rows), "",
-            "roofline %: measured / model estimate (tg: bandwidth / bytes per token; pp: compute peak). "
-            "A model estimate, not a measurement.", ""]
+    rows = [
+        [bench_test_name(t, d)]
+        + [f"{as_float(idx[k][(m, t, d)]['roofline_pct']):.1f}" if (m, t, d) in idx[k] else "-" for k in has]
+        for m, t, d in keys
+    ]
+    return [
+        "## Roofline",
+        "",
+        log.table(["Test"] + [f"roofline % {k}" for k in has], rows),
+        "",
+        "roofline %: measured / model estimate (tg: bandwidth / bytes per token; pp: compute peak). "
+        "A model estimate, not a measurement.",
+        "",
+    ]
 
 
-def _pairs(frames: Mapping[str, pd.DataFrame], baseline: str, *, aa: tuple[pd.DataFrame, pd.DataFrame] | None,
-           confidence: float, seed: int) -> list[tuple[str, list[dict[str, Any]]]]:
+def _pairs(
+    frames: Mapping[str, pd.DataFrame],
+    baseline: str,
+    *,
+    aa: tuple[pd.DataFrame, pd.DataFrame] | None,
+    confidence: float,
+    seed: int,
+) -> list[tuple[str, list[dict[str, Any]]]]:
     from tuner.errors import close_matches
 
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
     if baseline not in frames:
-        raise UsageError(f"Baseline {baseline!r} is not among the variants {sorted(frames)}."
-                         + close_matches(baseline, list(frames)))
-    return [(k, compare_points(frames[baseline], frames[k], aa=aa, confidence=confidence, seed=seed))
-            for k in frames if k != baseline]
+        raise UsageError(
+            f"Baseline {baseline!r} is not among the variants {sorted(frames)}." + close_matches(baseline, list(frames))
+        )
+    return [
+        (k, compare_points(frames[baseline], frames[k], aa=aa, confidence=confidence, seed=seed))
+        for k in frames
+        if k != baseline
+    ]
 
 
 def render_report(
@@ -234,12 +298,20 @@ def render_report(
     return "\n".join(out)
 
 
-def report_records(frames: Mapping[str, pd.DataFrame], baseline: str, *,
-                   aa: tuple[pd.DataFrame, pd.DataFrame] | None = None, confidence: float = 0.95,
-                   seed: int = 0) -> list[dict[str, Any]]:
+def report_records(
+    frames: Mapping[str, pd.DataFrame],
+    baseline: str,
+    *,
+    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """``tuner report --json``: the records of every table of :func:`render_report`."""
-    return [rec for k, pts in _pairs(frames, baseline, aa=aa, confidence=confidence, seed=seed)
-            for rec in compare_records(pts, name_a=baseline, name_b=k)]
+    return [
+        rec
+        for k, pts in _pairs(frames, baseline, aa=aa, confidence=confidence, seed=seed)
+        for rec in compare_records(pts, name_a=baseline, name_b=k)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +331,7 @@ def dashboard_command(storage_url: str) -> str:
 
     url = str(storage_url)
     if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
+        path = url[len("sqlite:///") :]
         if path and path != ":memory:" and not path.startswith("/"):
             url = "sqlite:///" + str(Path(path).resolve())
     else:
@@ -273,8 +345,14 @@ def dashboard_command(storage_url: str) -> str:
     return f"optuna-dashboard {shlex.quote(url)}"
 
 
-def importances_section(study: Any, params: Sequence[str] | None = None, *, min_trials: int = 4,
-                        objective: int | None = None, target_name: str = "") -> str:
+def importances_section(
+    study: Any,
+    params: Sequence[str] | None = None,
+    *,
+    min_trials: int = 4,
+    objective: int | None = None,
+    target_name: str = "",
+) -> str:
     """Optuna's parameter importances as a Markdown table, or one line saying why not.
 
     Uses ``optuna.importance.get_param_importances`` with Optuna's default evaluator (PED-ANOVA;
@@ -297,13 +375,17 @@ def importances_section(study: Any, params: Sequence[str] | None = None, *, min_
         sign = -1.0 if study.directions[objective] == optuna.study.StudyDirection.MAXIMIZE else 1.0
         target = lambda t: sign * t.values[objective]  # noqa: E731
     if len(done) < min_trials:
-        return (f"Parameter importances: not computed ({len(done)} complete trial"
-                f"{'' if len(done) == 1 else 's'}; need at least {min_trials}).")
+        return (
+            f"Parameter importances: not computed ({len(done)} complete trial"
+            f"{'' if len(done) == 1 else 's'}; need at least {min_trials})."
+        )
     names = list(params) if params is not None else sorted({k for t in done for k in t.params})
     varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
     if not varied:
-        return (f"Parameter importances: not computed (no parameter took 2 or more values over the "
-                f"{len(done)} complete trials).")
+        return (
+            f"Parameter importances: not computed (no parameter took 2 or more values over the "
+            f"{len(done)} complete trials)."
+        )
     # Optuna's default evaluator (PED-ANOVA since Optuna 4; fANOVA would need scikit-learn).
     ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
     evaluator = ev_cls() if ev_cls is not None else None
@@ -319,12 +401,20 @@ def importances_section(study: Any, params: Sequence[str] | None = None, *, min_
     if not imp:
         return "Parameter importances: not computed (no parameter shared by the complete trials)."
     rows = [[name, f"{val:.3f}", "█" * max(0, round(val * 20))] for name, val in imp.items()]
-    notes = sorted({str(w.message).splitlines()[0] for w in caught
-                    if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)
-                    and "achieve low `target` values" not in str(w.message)})  # handled by the sign above
-    return "\n".join([
-        f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna {ev_name} over {len(done)} "
-        "complete trials; normalized to sum to 1; how much each parameter matters for reaching the best trials):",
-        "",
-        log.table(["parameter", "importance", ""], rows),
-    ] + ([""] + [f"Optuna warned: {n}" for n in notes] if notes else []))
+    notes = sorted(
+        {
+            str(w.message).splitlines()[0]
+            for w in caught
+            if not issubclass(w.category, optuna.exceptions.ExperimentalWarning)
+            and "achieve low `target` values" not in str(w.message)
+        }
+    )  # handled by the sign above
+    return "\n".join(
+        [
+            f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna {ev_name} over {len(done)} "
+            "complete trials; normalized to sum to 1; how much each parameter matters for reaching the best trials):",
+            "",
+            log.table(["parameter", "importance", ""], rows),
+        ]
+        + ([""] + [f"Optuna warned: {n}" for n in notes] if notes else [])
+    )

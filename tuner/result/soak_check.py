@@ -47,8 +47,9 @@ def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> 
     return run_soak(build.bin_dir, model, n_tokens, dict(choice["runtime_env"]), args, log_dir)
 
 
-def soak_results(paths: Iterable[Path], n_tokens: int, *, model: Path | None = None,
-                 echo: Callable[[str], None] = print) -> int:
+def soak_results(
+    paths: Iterable[Path], n_tokens: int, *, model: Path | None = None, echo: Callable[[str], None] = print
+) -> int:
     """Soak every result under ``paths`` that this machine can run; returns how many failed.
 
     Raises:
@@ -61,8 +62,10 @@ def soak_results(paths: Iterable[Path], n_tokens: int, *, model: Path | None = N
 
     plan_chunks(n_tokens)
     if model is not None and not Path(model).is_file():
-        raise UsageError(f"--model {model} does not exist. Pass the GGUF the result was measured with "
-                         "(`tuner model synth --like tiny -o tiny.gguf` makes the CPU result's tiny model).")
+        raise UsageError(
+            f"--model {model} does not exist. Pass the GGUF the result was measured with "
+            "(`tuner model synth --like tiny -o tiny.gguf` makes the CPU result's tiny model)."
+        )
     local = None
     todo: list[tuple[Path, dict[str, Any], Path]] = []
     for folder in find_results(paths):
@@ -75,10 +78,12 @@ def soak_results(paths: Iterable[Path], n_tokens: int, *, model: Path | None = N
                 continue
         m = Path(model) if model is not None else find_model(cfg, folder)
         if m is None:
-            raise UsageError(f"{folder} was measured with {cfg.get('model', {}).get('file', 'an unnamed model')}, which is "
-                             "not in the result folder, $TUNER_HOME/models or the current directory, so it cannot be "
-                             "soaked here. Pass --model PATH (for a CPU result, `tuner model synth --like tiny -o "
-                             "tiny.gguf` makes the tiny model).")
+            raise UsageError(
+                f"{folder} was measured with {cfg.get('model', {}).get('file', 'an unnamed model')}, which is "
+                "not in the result folder, $TUNER_HOME/models or the current directory, so it cannot be "
+                "soaked here. Pass --model PATH (for a CPU result, `tuner model synth --like tiny -o "
+                "tiny.gguf` makes the tiny model)."
+            )
         todo.append((folder, cfg, m))
     failed = 0
     for folder, cfg, m in todo:

@@ -16,8 +16,16 @@ verdict was judged against and the verdict, and where kernels were chosen a ``Ke
 
 from __future__ import annotations
 
-__all__ = ["COMPARE_FIELDS", "MARKS", "bench_test_name", "compare_records", "compare_table", "format_compare",
-           "method_paragraph", "pipe_table"]
+__all__ = [
+    "COMPARE_FIELDS",
+    "MARKS",
+    "bench_test_name",
+    "compare_records",
+    "compare_table",
+    "format_compare",
+    "method_paragraph",
+    "pipe_table",
+]
 
 import math
 import re
@@ -27,17 +35,44 @@ from typing import Any
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import Phase
 
-MARKS = {"faster": "✓", "slower": "✗", "no difference": "~", "within noise": "~", "too few samples": "?",
-         "no noise reference": "?", "too noisy": "?"}
+MARKS = {
+    "faster": "✓",
+    "slower": "✗",
+    "no difference": "~",
+    "within noise": "~",
+    "too few samples": "?",
+    "no noise reference": "?",
+    "too noisy": "?",
+}
 
-_VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no difference": "no difference",
-                  "too few samples": "too few samples to decide", "within noise": "within noise",
-                  "no noise reference": "no noise reference", "missing": "missing",
-                  "too noisy": "too noisy (A/A noise above the ceiling)"}
+_VERDICT_WORDS = {
+    "faster": "faster",
+    "slower": "slower",
+    "no difference": "no difference",
+    "too few samples": "too few samples to decide",
+    "within noise": "within noise",
+    "no noise reference": "no noise reference",
+    "missing": "missing",
+    "too noisy": "too noisy (A/A noise above the ceiling)",
+}
 
 COMPARE_FIELDS: tuple[str, ...] = (
-    "model", "test", "phase", "depth", "name_a", "name_b", "ts_a", "ts_b", "speedup", "ci_low",
-    "ci_high", "noise_pct", "noise", "verdict", "upstream_kernel", "kernel",
+    "model",
+    "test",
+    "phase",
+    "depth",
+    "name_a",
+    "name_b",
+    "ts_a",
+    "ts_b",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "noise_pct",
+    "noise",
+    "verdict",
+    "upstream_kernel",
+    "kernel",
 )
 """Fields of one row in the JSON and CSV forms of :func:`compare_table` (same fields in both).
 ``speedup`` = ``ts_b / ts_a``; ``ci_low``/``ci_high`` ratios B/A; ``noise_pct`` percent; ``noise`` its
@@ -68,14 +103,20 @@ def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
         test = str(p.get("test", ""))
         m = re.match(r"^(pp|tg)(\d+)$", test)
-        return (str(p.get("model") or ""), 0 if _phase(p) == "pp" else 1, int(m.group(2)) if m else 0, test,
-                int(p.get("depth", 0)))
+        return (
+            str(p.get("model") or ""),
+            0 if _phase(p) == "pp" else 1,
+            int(m.group(2)) if m else 0,
+            test,
+            int(p.get("depth", 0)),
+        )
 
     return sorted(points, key=key)
 
 
-def compare_records(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned",
-                    model: str = "") -> list[dict[str, Any]]:
+def compare_records(
+    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+) -> list[dict[str, Any]]:
     """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
 
     ``points``: dicts with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here),
@@ -88,15 +129,26 @@ def compare_records(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstr
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
         noise = _num(p.get("aa_noise_pct"))
         kind = p.get("noise_kind") or ("A/A" if noise is not None else "none")
-        out.append({
-            "model": str(p.get("model") or model), "test": bench_test_name(str(p["test"]), int(p["depth"])),
-            "phase": _phase(p), "depth": int(p["depth"]), "name_a": name_a, "name_b": name_b,
-            "ts_a": a, "ts_b": b, "speedup": b / a if a and b is not None and a > 0 else None,
-            "ci_low": _num(p.get("ci_low")), "ci_high": _num(p.get("ci_high")),
-            "noise_pct": noise if kind != "none" else None, "noise": kind,
-            "verdict": str(p.get("verdict") or ""),
-            "upstream_kernel": p.get("upstream_kernel") or None, "kernel": p.get("kernel") or None,
-        })
+        out.append(
+            {
+                "model": str(p.get("model") or model),
+                "test": bench_test_name(str(p["test"]), int(p["depth"])),
+                "phase": _phase(p),
+                "depth": int(p["depth"]),
+                "name_a": name_a,
+                "name_b": name_b,
+                "ts_a": a,
+                "ts_b": b,
+                "speedup": b / a if a and b is not None and a > 0 else None,
+                "ci_low": _num(p.get("ci_low")),
+                "ci_high": _num(p.get("ci_high")),
+                "noise_pct": noise if kind != "none" else None,
+                "noise": kind,
+                "verdict": str(p.get("verdict") or ""),
+                "upstream_kernel": p.get("upstream_kernel") or None,
+                "kernel": p.get("kernel") or None,
+            }
+        )
     return out
 
 
@@ -108,8 +160,9 @@ def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Seq
     def line(r: Sequence[str]) -> str:
         return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
 
-    rule = "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1))
-                          for w, rt in zip(widths, right)) + "|"
+    rule = (
+        "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1)) for w, rt in zip(widths, right)) + "|"
+    )
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
 
@@ -117,8 +170,9 @@ def _f2(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def compare_table(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned",
-                  model: str = "") -> str:
+def compare_table(
+    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+) -> str:
     """A Markdown table in the shape of ``scripts/compare-llama-bench.py`` plus tuner's columns.
 
     ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel`` too where a
@@ -137,8 +191,16 @@ def compare_table(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstrea
         ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
         noise = "none" if r["noise"] == "none" or r["noise_pct"] is None else f"±{r['noise_pct']:.1f}% {r['noise']}"
         v = r["verdict"]
-        row = [r["model"], r["test"], _f2(r["ts_a"]), _f2(r["ts_b"]), _f2(r["speedup"]), ci, noise,
-               f"{MARKS.get(v, '')} {_VERDICT_WORDS.get(v, v)}".strip()]
+        row = [
+            r["model"],
+            r["test"],
+            _f2(r["ts_a"]),
+            _f2(r["ts_b"]),
+            _f2(r["speedup"]),
+            ci,
+            noise,
+            f"{MARKS.get(v, '')} {_VERDICT_WORDS.get(v, v)}".strip(),
+        ]
         if show_kernel:
             k, u = r["kernel"], r["upstream_kernel"]
             row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
@@ -146,8 +208,14 @@ def compare_table(points: Sequence[Mapping[str, Any]], *, name_a: str = "upstrea
     return pipe_table(headers, rows, right)
 
 
-def format_compare(points: Sequence[Mapping[str, Any]], fmt: str = "md", *, name_a: str = "upstream",
-                   name_b: str = "tuned", model: str = "") -> str:
+def format_compare(
+    points: Sequence[Mapping[str, Any]],
+    fmt: str = "md",
+    *,
+    name_a: str = "upstream",
+    name_b: str = "tuned",
+    model: str = "",
+) -> str:
     """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
     if fmt == "md":
         return compare_table(points, name_a=name_a, name_b=name_b, model=model)
@@ -169,8 +237,14 @@ def format_compare(points: Sequence[Mapping[str, Any]], fmt: str = "md", *, name
     raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
 
 
-def method_paragraph(kind: str, *, confidence: float = 0.95, rounds: Sequence[int] = (), noise: str = "",
-                     ceiling_pct: float | None = None) -> str:
+def method_paragraph(
+    kind: str,
+    *,
+    confidence: float = 0.95,
+    rounds: Sequence[int] = (),
+    noise: str = "",
+    ceiling_pct: float | None = None,
+) -> str:
     """How the table's numbers were computed, written by the code that computed them.
 
     ``kind``: ``separate runs`` (:func:`tuner.measure.stats.compare` on two files' repetitions) or
@@ -187,9 +261,13 @@ def method_paragraph(kind: str, *, confidence: float = 0.95, rounds: Sequence[in
         text = paired_text(rounds, confidence)
     else:
         raise ValueError(f"unknown method {kind!r}")
-    text += (" Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
-             "claims nothing." + (f" Noise: {noise}" if noise else ""))
+    text += (
+        " Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
+        "claims nothing." + (f" Noise: {noise}" if noise else "")
+    )
     if ceiling_pct is not None:
-        text += (f" A phase whose A/A noise exceeds {ceiling_pct:g}% claims nothing at all (the machine was too noisy "
-                 "to tell a kernel's effect from chance).")
+        text += (
+            f" A phase whose A/A noise exceeds {ceiling_pct:g}% claims nothing at all (the machine was too noisy "
+            "to tell a kernel's effect from chance)."
+        )
     return text

@@ -56,7 +56,10 @@ def find_ncu() -> Path | None:
     found = shutil.which("ncu")
     if found:
         return Path(found)
-    cands = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/ncu", *sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))]
+    cands = [
+        Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/ncu",
+        *sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu")),
+    ]
     return next((c for c in cands if c.is_file() and os.access(c, os.X_OK)), None)
 
 
@@ -110,16 +113,52 @@ def decode_family(names: Sequence[str], n_layers: int, n_gen: int = _N_GEN) -> t
 
 def _probe(bin_dir: Path, model: Path, depth: int) -> list[Any]:
     """The llama-bench run both sides are read from: ``n_gen`` decode steps after one fill to ``depth``."""
-    return [bin_dir / "llama-bench", "-m", model, "-fa", "1", "-p", "0", "-n", str(_N_GEN), "-d", str(depth), "-r", "1",
-            "--no-warmup", "-b", str(_FILL_UBATCH), "-ub", str(_FILL_UBATCH)]
+    return [
+        bin_dir / "llama-bench",
+        "-m",
+        model,
+        "-fa",
+        "1",
+        "-p",
+        "0",
+        "-n",
+        str(_N_GEN),
+        "-d",
+        str(depth),
+        "-r",
+        "1",
+        "--no-warmup",
+        "-b",
+        str(_FILL_UBATCH),
+        "-ub",
+        str(_FILL_UBATCH),
+    ]
 
 
-def _ncu_decode_kernel(ncu: Path, bin_dir: Path, model: Path, depth: int, n_layers: int, log: Path) -> tuple[str | None, str]:
+def _ncu_decode_kernel(
+    ncu: Path, bin_dir: Path, model: Path, depth: int, n_layers: int, log: Path
+) -> tuple[str | None, str]:
     from tuner._run import run
 
-    cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--kernel-name", _NCU_FILTER,
-           "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--print-kernel-base", "function",
-           *_probe(bin_dir, model, depth), "-o", "csv"]
+    cmd = [
+        ncu,
+        "--clock-control",
+        "none",
+        "--cache-control",
+        "none",
+        "--kernel-name",
+        _NCU_FILTER,
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+        "--page",
+        "raw",
+        "--print-kernel-base",
+        "function",
+        *_probe(bin_dir, model, depth),
+        "-o",
+        "csv",
+    ]
     # Graph replay is not what is checked, and one launch per kernel keeps the count exact.
     env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
     res = run(cmd, env=env, check=False, timeout=900, what="ncu llama-bench")
@@ -129,8 +168,9 @@ def _ncu_decode_kernel(ncu: Path, bin_dir: Path, model: Path, depth: int, n_laye
     return decode_family(parse_ncu_csv(res.output), n_layers)
 
 
-def _tuned_decode_kernel(bin_dir: Path, model: Path, depth: int, rules: Sequence[FaRule], fa_env: Mapping[str, str],
-                         log: Path) -> tuple[str | None, str]:
+def _tuned_decode_kernel(
+    bin_dir: Path, model: Path, depth: int, rules: Sequence[FaRule], fa_env: Mapping[str, str], log: Path
+) -> tuple[str | None, str]:
     from tuner._run import run
     from tuner.measure.falog import kernel_at, parse_fa_log
 
@@ -149,9 +189,16 @@ def _build_upstream(folder: Path, cfg: Mapping[str, Any], source: Any) -> Any:
     from tuner.plan.variant import RenderedVariant
 
     files = patched_tree_text(folder / "upstream.patch", source.root)
-    rv = RenderedVariant(arch=cfg["target"]["arch"], variant=f"{cfg['choice']['variant']}+upstream.patch", era=source.era,
-                         source_id=source.source_id, source_root=source.root, defines=dict(cfg["defines"]),
-                         patch=(folder / "upstream.patch").read_text(), files=files)
+    rv = RenderedVariant(
+        arch=cfg["target"]["arch"],
+        variant=f"{cfg['choice']['variant']}+upstream.patch",
+        era=source.era,
+        source_id=source.source_id,
+        source_root=source.root,
+        defines=dict(cfg["defines"]),
+        patch=(folder / "upstream.patch").read_text(),
+        files=files,
+    )
     return build_variant(rv, targets=("llama-bench", "test-backend-ops"))
 
 
@@ -161,9 +208,16 @@ def model_for(cfg: Mapping[str, Any], models: Sequence[Path]) -> Path | None:
     return same[0] if same else (models[0] if len(models) == 1 else None)
 
 
-def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, models: Sequence[Path] = (),
-                          upstream_bin: Path | None = None, tuned_bin: Path | None = None,
-                          log_dir: Path | None = None) -> list[Any]:
+def upstream_gpu_findings(
+    folder: Path,
+    cfg: Mapping[str, Any],
+    source: Any,
+    *,
+    models: Sequence[Path] = (),
+    upstream_bin: Path | None = None,
+    tuned_bin: Path | None = None,
+    log_dir: Path | None = None,
+) -> list[Any]:
     """The three GPU checks of ``upstream.patch`` as validate findings (skips say why)."""
     from tuner.measure.gate import params_for_model, run_check
     from tuner.targets.archs import detect_local_archs, load_arch
@@ -173,8 +227,13 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the result has no upstream.patch")]
     local = detect_local_archs()
     if arch.name not in local:
-        return [Finding(check="upstream.patch on the GPU", ok=True,
-                        detail=f"skipped: needs a {arch.name} GPU, this machine has {', '.join(local) or 'none'}")]
+        return [
+            Finding(
+                check="upstream.patch on the GPU",
+                ok=True,
+                detail=f"skipped: needs a {arch.name} GPU, this machine has {', '.join(local) or 'none'}",
+            )
+        ]
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="tuner-validate-gpu-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     out: list[Any] = []
@@ -184,30 +243,53 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
         except TunerError as err:
             return [Finding(check="upstream.patch builds", ok=False, detail=str(err)[:1500])]
         upstream_bin = b.bin_dir
-        out.append(Finding(check="upstream.patch builds", ok=True,
-                           detail=f"{'cached' if b.cached else f'built in {b.seconds:.0f} s'}: {upstream_bin}"))
+        out.append(
+            Finding(
+                check="upstream.patch builds",
+                ok=True,
+                detail=f"{'cached' if b.cached else f'built in {b.seconds:.0f} s'}: {upstream_bin}",
+            )
+        )
     else:
         out.append(Finding(check="upstream.patch builds", ok=True, detail=f"given: {upstream_bin}"))
 
     # The cases of the result's head size (as the search's gate): the patch changes only their selection,
     # and all FLASH_ATTN_EXT cases against the CPU reference take many minutes.
     head = int(cfg["model"].get("shape", {}).get("head_dim", 0)) or None
-    chk = run_check(upstream_bin, ops=("FLASH_ATTN_EXT",), backend=f"{arch.backend}0", log_dir=log_dir,
-                    params=params_for_model(head, "f16") if head else None,
-                    label="upstream-test-backend-ops")
-    out.append(Finding(check="upstream.patch test-backend-ops FLASH_ATTN_EXT", ok=chk.passed,
-                       detail=f"{chk.summary} (log {chk.log_file})"))
+    chk = run_check(
+        upstream_bin,
+        ops=("FLASH_ATTN_EXT",),
+        backend=f"{arch.backend}0",
+        log_dir=log_dir,
+        params=params_for_model(head, "f16") if head else None,
+        label="upstream-test-backend-ops",
+    )
+    out.append(
+        Finding(
+            check="upstream.patch test-backend-ops FLASH_ATTN_EXT",
+            ok=chk.passed,
+            detail=f"{chk.summary} (log {chk.log_file})",
+        )
+    )
 
     rules = rules_from_texts(cfg["choice"]["fa_rules"])
     depths = decision_depths(rules, cfg.get("points", []))
     model = model_for(cfg, models)
     ncu = find_ncu()
-    why_not = ("no decode rule to check" if not depths else
-               f"no model: pass --model (the result was measured on {cfg['model'].get('file')})" if model is None else
-               "Nsight Compute (ncu) not found: it reads the patched build's kernels" if ncu is None else "")
+    why_not = (
+        "no decode rule to check"
+        if not depths
+        else f"no model: pass --model (the result was measured on {cfg['model'].get('file')})"
+        if model is None
+        else "Nsight Compute (ncu) not found: it reads the patched build's kernels"
+        if ncu is None
+        else ""
+    )
     if why_not:
         # Nothing to check passes; a check that was asked for and could not run does not.
-        out.append(Finding(check="upstream.patch selects the tuned kernels", ok=not depths, detail=f"not checked: {why_not}"))
+        out.append(
+            Finding(check="upstream.patch selects the tuned kernels", ok=not depths, detail=f"not checked: {why_not}")
+        )
         return out
     assert model is not None and ncu is not None
     recorded = {int(p["depth"]): str(p.get("kernel")) for p in cfg.get("points", []) if p.get("phase") == "tg"}
@@ -215,15 +297,18 @@ def upstream_gpu_findings(folder: Path, cfg: Mapping[str, Any], source: Any, *, 
     rows, ok = [], True
     for d in depths:
         if tuned_bin is not None:
-            want, why = _tuned_decode_kernel(tuned_bin, model, d, rules, dict(cfg["choice"].get("fa_env", {})),
-                                             log_dir / f"tuned-d{d}.log")
+            want, why = _tuned_decode_kernel(
+                tuned_bin, model, d, rules, dict(cfg["choice"].get("fa_env", {})), log_dir / f"tuned-d{d}.log"
+            )
         else:
             want, why = recorded.get(d), "recorded in config.toml"
         got, why_got = _ncu_decode_kernel(ncu, upstream_bin, model, d, n_layers, log_dir / f"ncu-d{d}.log")
         same = want is not None and want == got
         ok &= same
-        rows.append(f"d{d}: tuned {want or '?'}{' (' + why + ')' if want is None else ''}, "
-                    f"upstream.patch {got or '?'}{' (' + why_got + ')' if got is None else ''}")
+        rows.append(
+            f"d{d}: tuned {want or '?'}{' (' + why + ')' if want is None else ''}, "
+            f"upstream.patch {got or '?'}{' (' + why_got + ')' if got is None else ''}"
+        )
     out.append(Finding(check="upstream.patch selects the tuned kernels", ok=ok, detail="; ".join(rows)))
     return out
 
@@ -232,9 +317,13 @@ def check_gpu_args(models: Sequence[Path], upstream_bin: Path | None, tuned_bin:
     """Bad input for ``--gpu``: one clear paragraph (exit 2) before anything is built or run."""
     for m in models:
         if not Path(m).is_file():
-            raise UsageError(f"--model {m} does not exist or is not a file. Pass the GGUF the result was measured on "
-                             "(config.toml's [model] file), or a model of the same shape.")
+            raise UsageError(
+                f"--model {m} does not exist or is not a file. Pass the GGUF the result was measured on "
+                "(config.toml's [model] file), or a model of the same shape."
+            )
     for opt, d in (("--upstream-bin", upstream_bin), ("--tuned-bin", tuned_bin)):
         if d is not None and not (Path(d) / "llama-bench").is_file():
-            raise UsageError(f"{opt} {d} has no llama-bench. Point it at a build's bin directory "
-                             "(for --upstream-bin: the pristine tree with upstream.patch applied).")
+            raise UsageError(
+                f"{opt} {d} has no llama-bench. Point it at a build's bin directory "
+                "(for --upstream-bin: the pristine tree with upstream.patch applied)."
+            )

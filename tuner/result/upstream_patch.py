@@ -51,14 +51,14 @@ from __future__ import annotations
 
 __all__ = [
     "FATTN",
-    "render_upstream_patch",
-    "patched_fattn",
     "arch_condition",
+    "models_note",
+    "patched_fattn",
+    "render_pr_body",
+    "render_upstream_patch",
+    "reproduce_commands",
     "rule_condition",
     "whitespace_only_hunks",
-    "render_pr_body",
-    "models_note",
-    "reproduce_commands",
 ]
 
 import difflib
@@ -80,8 +80,16 @@ FUNCTION = "ggml_cuda_get_best_fattn_kernel"
 
 _RETURN = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
-_KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0",
-             "q5_1": "Q5_1", "q8_0": "Q8_0"}
+_KV_TYPES = {
+    "f32": "F32",
+    "f16": "F16",
+    "bf16": "BF16",
+    "q4_0": "Q4_0",
+    "q4_1": "Q4_1",
+    "q5_0": "Q5_0",
+    "q5_1": "Q5_1",
+    "q8_0": "Q8_0",
+}
 # Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md).
 _TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72) {\n"
 _TURING_COMMENT = "    // If Turing tensor cores are available, use them:\n"
@@ -102,8 +110,12 @@ def _root(source_root: Any) -> Path:
 def _cc_constants(common_text: str) -> tuple[dict[int, str], dict[int, str]]:
     """NVIDIA value -> name and AMD gfx id -> name of the ``GGML_CUDA_CC_*`` constants in common.cuh."""
     nv = {int(v): n for n, v in re.findall(r"^#define\s+(GGML_CUDA_CC_[A-Z0-9_]+)\s+(\d+)\b", common_text, re.M)}
-    amd = {int(v, 16): n for n, v in re.findall(
-        r"^#define\s+(GGML_CUDA_CC_[A-Z0-9_]+)\s+\(GGML_CUDA_CC_OFFSET_AMD \+ 0x([0-9a-fA-F]+)\)", common_text, re.M)}
+    amd = {
+        int(v, 16): n
+        for n, v in re.findall(
+            r"^#define\s+(GGML_CUDA_CC_[A-Z0-9_]+)\s+\(GGML_CUDA_CC_OFFSET_AMD \+ 0x([0-9a-fA-F]+)\)", common_text, re.M
+        )
+    }
     return nv, amd
 
 
@@ -153,8 +165,9 @@ def _check_rule(rule: FaRule, arch: Any) -> None:
     if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
         raise TunerError(f"{where}: n_kv range must satisfy 0 <= lo < hi.")
     if kv is not None and kv.lower() not in _KV_TYPES:
-        raise TunerError(f"{where}: K/V type {kv!r} has no FlashAttention support upstream "
-                         f"(supported: {', '.join(_KV_TYPES)}).")
+        raise TunerError(
+            f"{where}: K/V type {kv!r} has no FlashAttention support upstream (supported: {', '.join(_KV_TYPES)})."
+        )
     if gqa is not None and gqa < 1:
         raise TunerError(f"{where}: the GQA ratio must be >= 1.")
     if D is not None and rule.kernel == "VEC" and not (D <= 256 and D % 64 == 0 and D != 192):
@@ -264,7 +277,7 @@ def patched_fattn(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note:
     for r in rules:
         _check_rule(r, arch)
     for i, a in enumerate(rules):
-        for b in rules[i + 1:]:
+        for b in rules[i + 1 :]:
             if _overlap(a, b):
                 raise TunerError(
                     f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
@@ -290,7 +303,7 @@ def patched_fattn(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note:
     first = text[:start].count("\n")
     at = next(i for i in range(first, len(lines)) if lines[i] == anchor)
     if _in_turing_branch(arch):
-        new = lines[: at + 1] + _block(rules, arch, cond, note, 8) + lines[at + 1:]
+        new = lines[: at + 1] + _block(rules, arch, cond, note, 8) + lines[at + 1 :]
     else:
         new = lines[:at] + _block(rules, arch, cond, note, 4) + lines[at:]
     return "".join(new)
@@ -374,11 +387,14 @@ def whitespace_only_hunks(patch: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------- PR body
 
+
 def _shape(rule: FaRule) -> str:
     D, gqa, kv = rule.D, rule.gqa, rule.kv
-    bits = [f"head size {D}" if D is not None else "any head size",
-            f"GQA ratio {gqa}" if gqa is not None else "any GQA ratio",
-            f"K/V {kv}" if kv is not None else "any K/V type"]
+    bits = [
+        f"head size {D}" if D is not None else "any head size",
+        f"GQA ratio {gqa}" if gqa is not None else "any GQA ratio",
+        f"K/V {kv}" if kv is not None else "any K/V type",
+    ]
     return ", ".join(bits)
 
 
@@ -402,34 +418,59 @@ def _upstream_kernels(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any
 
 def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, synthetic: bool | None) -> str:
     """The PR's "Models" section: where the shapes came from, what the weights were, and what that shows."""
-    dims = ", ".join(f"{k.replace('_', ' ')} {shape[k]}" for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads")
-                     if shape.get(k) is not None)
+    dims = ", ".join(
+        f"{k.replace('_', ' ')} {shape[k]}"
+        for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads")
+        if shape.get(k) is not None
+    )
     d = f" ({dims})" if dims else ""
-    src = (f"the shapes of `{like}`{d}, as tuner's `tuner/data/models.toml` records them from the model's published "
-           "config.json" if like else f"the shapes of the measured file `{model_file}`{d}")
+    src = (
+        f"the shapes of `{like}`{d}, as tuner's `tuner/data/models.toml` records them from the model's published "
+        "config.json"
+        if like
+        else f"the shapes of the measured file `{model_file}`{d}"
+    )
     if synthetic:
-        weights = (f"**synthetic random weights**: `tuner model synth --like {like or '?'}` wrote a GGUF with exactly these "
-                   "tensors and hyperparameters, filled with random numbers.")
+        weights = (
+            f"**synthetic random weights**: `tuner model synth --like {like or '?'}` wrote a GGUF with exactly these "
+            "tensors and hyperparameters, filled with random numbers."
+        )
     elif synthetic is False:
         weights = f"the weights of `{model_file}` (a real model file)."
     else:
-        weights = (f"not recorded: the study kept only the file name `{model_file}`, not whether its weights were real "
-                   "or random.")
-    return "\n".join([
-        f"Model: {src}. Weights: " + weights,
-        "",
-        "What this shows: the FlashAttention kernel's speed at these shapes (head size, GQA ratio, K/V type) and "
-        "context depths; attention cost does not depend on the weights' values, so random weights time the same "
-        "kernels a real model of this shape runs. What it does not show: output quality (random weights produce "
-        "no meaningful text; the kernels' outputs were checked against upstream's with llama-perplexity's KL "
-        "divergence, not against a task), other models' shapes, or other GPUs of the same compute capability.",
-        "",
-    ])
+        weights = (
+            f"not recorded: the study kept only the file name `{model_file}`, not whether its weights were real "
+            "or random."
+        )
+    return "\n".join(
+        [
+            f"Model: {src}. Weights: " + weights,
+            "",
+            "What this shows: the FlashAttention kernel's speed at these shapes (head size, GQA ratio, K/V type) and "
+            "context depths; attention cost does not depend on the weights' values, so random weights time the same "
+            "kernels a real model of this shape runs. What it does not show: output quality (random weights produce "
+            "no meaningful text; the kernels' outputs were checked against upstream's with llama-perplexity's KL "
+            "divergence, not against a task), other models' shapes, or other GPUs of the same compute capability.",
+            "",
+        ]
+    )
 
 
-def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, str], model_file: str, like: str | None,
-                       quant: str | None, depths: Sequence[int], pp: int, tg: int, phases: Sequence[str],
-                       search_depths: Sequence[int] = (), search_args: Sequence[str] = ()) -> list[str]:
+def reproduce_commands(
+    *,
+    commit: str | None,
+    arch: Any,
+    defines: Mapping[str, str],
+    model_file: str,
+    like: str | None,
+    quant: str | None,
+    depths: Sequence[int],
+    pp: int,
+    tg: int,
+    phases: Sequence[str],
+    search_depths: Sequence[int] = (),
+    search_args: Sequence[str] = (),
+) -> list[str]:
     """Stock llama.cpp at ``commit``, built as is and with ``upstream.patch``; plain llama-bench runs of both
     and an A/A run; ``tuner compare``; then the tuner search and export. Relative paths only, no tuner-only
     environment variables: the patch alone changes the kernel choice."""
@@ -441,28 +482,36 @@ def reproduce_commands(*, commit: str | None, arch: Any, defines: Mapping[str, s
     targets = "llama-bench" + (" llama-quantize" if quant else "")
     out = [
         "# from the folder holding upstream.patch: llama.cpp at the commit it was measured against, A as is, B patched",
-        "git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp" + (f" && git checkout {commit}" if commit else ""),
+        "git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp"
+        + (f" && git checkout {commit}" if commit else ""),
         f"cmake -B build-a {flags} && cmake --build build-a -j --target {targets}",
         "git apply ../upstream.patch",
         f"cmake -B build-b {flags} && cmake --build build-b -j --target llama-bench",
     ]
     if like:
-        out += ["# the model: random weights with the measured shapes (see Models; needs tuner: pip install -e . in its repository)",
-                f"tuner model synth --like {like}" + (f" --quant {quant} --quantize-with build-a/bin/llama-quantize" if quant else "")
-                + f" -o {model}"]
+        out += [
+            "# the model: random weights with the measured shapes (see Models; needs tuner: pip install -e . in its repository)",
+            f"tuner model synth --like {like}"
+            + (f" --quant {quant} --quantize-with build-a/bin/llama-quantize" if quant else "")
+            + f" -o {model}",
+        ]
     else:
         out += [f"# the model: the measured file {model_file} (see Models), copied or linked here as {model}"]
     bench = f"-m {model} -fa 1 -p {p} -n {n} -d {ds} -r 10 -o jsonl"
-    out += ["# A, B, and A again: the A/A pair is this machine's own noise",
-            f"build-a/bin/llama-bench {bench} > a.jsonl",
-            f"build-b/bin/llama-bench {bench} > b.jsonl",
-            f"build-a/bin/llama-bench {bench} > a2.jsonl",
-            "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl",
-            "# the search that found it, and its export (from tuner's repository)",
-            f"tuner search --arch {arch.name}" + (f" --like {like}" if like else f" --model {model}")
-            + (f" --quant {quant}" if quant and like else "")
-            + f" --depths {','.join(str(d) for d in sorted(set(search_depths or depths)))}" + "".join(f" {x}" for x in search_args),
-            "tuner export --study STUDY -o result   # STUDY: the name tuner search prints"]
+    out += [
+        "# A, B, and A again: the A/A pair is this machine's own noise",
+        f"build-a/bin/llama-bench {bench} > a.jsonl",
+        f"build-b/bin/llama-bench {bench} > b.jsonl",
+        f"build-a/bin/llama-bench {bench} > a2.jsonl",
+        "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl",
+        "# the search that found it, and its export (from tuner's repository)",
+        f"tuner search --arch {arch.name}"
+        + (f" --like {like}" if like else f" --model {model}")
+        + (f" --quant {quant}" if quant and like else "")
+        + f" --depths {','.join(str(d) for d in sorted(set(search_depths or depths)))}"
+        + "".join(f" {x}" for x in search_args),
+        "tuner export --study STUDY -o result   # STUDY: the name tuner search prints",
+    ]
     return out
 
 
@@ -504,8 +553,11 @@ def render_pr_body(
     name = arch.name
     up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})
-    title = f"CUDA: FlashAttention kernel selection for {gpu} ({name})" if len(kernels) != 1 else \
-        f"CUDA: use the {kernels[0]} FlashAttention kernel on {gpu} ({name}) where it is faster"
+    title = (
+        f"CUDA: FlashAttention kernel selection for {gpu} ({name})"
+        if len(kernels) != 1
+        else f"CUDA: use the {kernels[0]} FlashAttention kernel on {gpu} ({name}) where it is faster"
+    )
     out = [f"# {title}", ""]
     out += ["## What changes", ""]
     out.append(
@@ -525,10 +577,20 @@ def render_pr_body(
     out += [compare_table(points, name_a="upstream", name_b="patched", model=model), ""]
     rs = [rounds] if isinstance(rounds, int) else list(rounds or [int(p.get("rounds") or 0) for p in points])
     noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]
-    out += ["## How it was measured", "", method_paragraph(
-        "paired rounds", rounds=rs, ceiling_pct=noise_ceiling_pct,
-        noise=("the A/A pair (upstream measured against itself in the same rounds), at least the phase's median A/A "
-               "noise" + (f"; {min(noise):.1f}–{max(noise):.1f}% here." if noise else "."))), ""]
+    out += [
+        "## How it was measured",
+        "",
+        method_paragraph(
+            "paired rounds",
+            rounds=rs,
+            ceiling_pct=noise_ceiling_pct,
+            noise=(
+                "the A/A pair (upstream measured against itself in the same rounds), at least the phase's median A/A "
+                "noise" + (f"; {min(noise):.1f}–{max(noise):.1f}% here." if noise else ".")
+            ),
+        ),
+        "",
+    ]
     if models.strip():
         out += ["## Models", "", models.strip(), ""]
     if note.strip():

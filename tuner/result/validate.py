@@ -14,7 +14,16 @@ matching hardware and fails when a bucket the winner claims is no longer faster 
 
 from __future__ import annotations
 
-__all__ = ["Finding", "ResultCheck", "git_apply_to_copy", "validate_result", "validate_paths", "find_results", "load_config", "render_result"]
+__all__ = [
+    "Finding",
+    "ResultCheck",
+    "find_results",
+    "git_apply_to_copy",
+    "load_config",
+    "render_result",
+    "validate_paths",
+    "validate_result",
+]
 
 import dataclasses
 import json
@@ -84,8 +93,13 @@ def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
     from tuner.result.export import baked_runtime, export_render
 
     choice = cfg["choice"]
-    return export_render(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]),
-                         baked=baked_runtime(rules_from_texts(choice["fa_rules"]), dict(choice["fa_env"])))
+    return export_render(
+        source,
+        cfg["target"]["arch"],
+        choice["variant"],
+        compile_values=dict(choice["compile"]),
+        baked=baked_runtime(rules_from_texts(choice["fa_rules"]), dict(choice["fa_env"])),
+    )
 
 
 def _schema(cfg: Mapping[str, Any]) -> list[str]:
@@ -119,7 +133,9 @@ def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     return Finding(
         check="patch hash",
         ok=ok,
-        detail="" if ok else f"sha256(tuned.patch)={text_sha256(patch)[:12]}… but config.toml records "
+        detail=""
+        if ok
+        else f"sha256(tuned.patch)={text_sha256(patch)[:12]}… but config.toml records "
         f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
     )
 
@@ -130,7 +146,9 @@ def _source_finding(source: Any, src_cfg: Mapping[str, Any]) -> Finding:
     return Finding(
         check="source",
         ok=ok,
-        detail="" if ok else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
+        detail=""
+        if ok
+        else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
         f"{src_cfg['source_id']} era {src_cfg['era']}",
     )
 
@@ -142,13 +160,22 @@ def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
     if verdict == "fail":
         rules = list(r.get("rejected_rules", []))
         ok = "rejected_rules" in r and not cfg["choice"]["fa_rules"]
-        return Finding(check="residency", ok=ok, detail=(
-            f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
-            if ok else f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"))
+        return Finding(
+            check="residency",
+            ok=ok,
+            detail=(
+                f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
+                if ok
+                else f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"
+            ),
+        )
     p = r.get("final") or r.get("upstream") or {}
-    return Finding(check="residency", ok=verdict in ("pass", "not judged"),
-                   detail=f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
-                          + (f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU" if "layers_total" in p else ""))
+    return Finding(
+        check="residency",
+        ok=verdict in ("pass", "not judged"),
+        detail=f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
+        + (f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU" if "layers_total" in p else ""),
+    )
 
 
 def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
@@ -163,19 +190,36 @@ def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
 
         local = detect_local_archs()
         if arch != "cpu" and arch not in local:
-            return Finding(check=check, ok=True, detail=f"gate not run: needs a {arch} GPU (this machine has "
-                           f"{', '.join(local) or 'none'}); the result was exported before the gate existed")
-        return Finding(check=check, ok=False, detail="exported before the output-equivalence gate existed (config.toml "
-                       "schema < 3): rerun `tuner search` with its study and `tuner export` it again")
+            return Finding(
+                check=check,
+                ok=True,
+                detail=f"gate not run: needs a {arch} GPU (this machine has "
+                f"{', '.join(local) or 'none'}); the result was exported before the gate existed",
+            )
+        return Finding(
+            check=check,
+            ok=False,
+            detail="exported before the output-equivalence gate existed (config.toml "
+            "schema < 3): rerun `tuner search` with its study and `tuner export` it again",
+        )
     g = cfg["gate"]
     if g.get("verdict") == "not needed":
         choice = cfg["choice"]
         upstream = not choice.get("fa_rules") and not choice.get("compile") and choice.get("tune_trial") is None
-        return Finding(check=check, ok=upstream, detail="not needed: the exported config is upstream's" if upstream else
-                       "[gate] says 'not needed' but the choice has rules, compile values or a tune trial")
+        return Finding(
+            check=check,
+            ok=upstream,
+            detail="not needed: the exported config is upstream's"
+            if upstream
+            else "[gate] says 'not needed' but the choice has rules, compile values or a tune trial",
+        )
     if g.get("verdict") != "pass" or not g.get("checks"):
-        return Finding(check=check, ok=False, detail=f"[gate] verdict is {g.get('verdict')!r} with "
-                       f"{len(g.get('checks', []))} check(s); only a passing gate may be exported")
+        return Finding(
+            check=check,
+            ok=False,
+            detail=f"[gate] verdict is {g.get('verdict')!r} with "
+            f"{len(g.get('checks', []))} check(s); only a passing gate may be exported",
+        )
     return _rejudged(g, check)
 
 
@@ -191,29 +235,43 @@ def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
         return Finding(check=check, ok=False, detail=f"[gate] thresholds unreadable: {err}")
     bad = []
     for c in g["checks"]:
-        nums = {k: float(c[k]) if isinstance(c.get(k), (int, float)) else math.nan
-                for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")}
-        stats = KldStats(**nums, mean_kld_unc=math.nan, median_kld=math.nan, same_top_unc=math.nan, ppl_q=math.nan,
-                         ppl_base=math.nan)
+        nums = {
+            k: float(c[k]) if isinstance(c.get(k), (int, float)) else math.nan
+            for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")
+        }
+        stats = KldStats(
+            **nums, mean_kld_unc=math.nan, median_kld=math.nan, same_top_unc=math.nan, ppl_q=math.nan, ppl_base=math.nan
+        )
         try:  # each check's own thresholds where recorded (a kernel band sets them per mode)
             t = Thresholds(**dict(c["thresholds"])) if c.get("thresholds") else thr
         except TypeError as err:
             return Finding(check=check, ok=False, detail=f"[gate] thresholds of {c.get('name')} unreadable: {err}")
-        ok, why = judge(stats=stats, deterministic=c.get("deterministic"), identical_to_upstream=c.get("identical_to_upstream"),
-                        strict=bool(c.get("strict")), thresholds=t)
+        ok, why = judge(
+            stats=stats,
+            deterministic=c.get("deterministic"),
+            identical_to_upstream=c.get("identical_to_upstream"),
+            strict=bool(c.get("strict")),
+            thresholds=t,
+        )
         if not ok or c.get("verdict") != "pass":
             bad.append(f"{c.get('name')}: {' '.join(why) or 'recorded verdict ' + repr(c.get('verdict'))}")
-    detail = (f"pass in {', '.join(g.get('modes', []))}: {len(g['checks'])} check(s), worst mean KLD {g.get('mean_kld')}, "
-              f"99% KLD {g.get('p99_kld')}, max KLD {g.get('max_kld')}, same top p {g.get('same_top_pct')}%")
+    detail = (
+        f"pass in {', '.join(g.get('modes', []))}: {len(g['checks'])} check(s), worst mean KLD {g.get('mean_kld')}, "
+        f"99% KLD {g.get('p99_kld')}, max KLD {g.get('max_kld')}, same top p {g.get('same_top_pct')}%"
+    )
     return Finding(check=check, ok=not bad, detail="; ".join(bad) if bad else detail)
 
 
 def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
     """Re-rendering config.toml reproduces tuned.patch byte for byte, and the recorded CMake defines."""
     same = rv.patch == patch
-    why = ("tuned.patch is missing, but config.toml renders a patch that changes upstream's kernels" if not patch else
-           "re-rendering config.toml gives no patch (upstream's kernels), but the folder has a tuned.patch" if not rv.patch else
-           "re-rendering config.toml does not reproduce tuned.patch byte for byte (a value in config.toml or the patch was edited)")
+    why = (
+        "tuned.patch is missing, but config.toml renders a patch that changes upstream's kernels"
+        if not patch
+        else "re-rendering config.toml gives no patch (upstream's kernels), but the folder has a tuned.patch"
+        if not rv.patch
+        else "re-rendering config.toml does not reproduce tuned.patch byte for byte (a value in config.toml or the patch was edited)"
+    )
     f = [Finding(check="re-render", ok=same, detail="" if same else why)]
     dsha = text_sha256(json.dumps(dict(rv.defines), sort_keys=True))
     ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
@@ -221,7 +279,9 @@ def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Find
     return f
 
 
-_LOCAL_PATH = re.compile(r"""(?:^|[\s"'=(`:])(/(?:home|root|tmp|work|Users|mnt|media|var|opt|srv|scratch|data)/[^\s"'`)]*)""", re.M)
+_LOCAL_PATH = re.compile(
+    r"""(?:^|[\s"'=(`:])(/(?:home|root|tmp|work|Users|mnt|media|var|opt|srv|scratch|data)/[^\s"'`)]*)""", re.M
+)
 
 
 def _files_findings(folder: Path) -> list[Finding]:
@@ -232,15 +292,31 @@ def _files_findings(folder: Path) -> list[Finding]:
     out = []
     user, old = folder / PRESETS_FILE, folder / "CMakePresets.json"
     ok = user.is_file() and not old.is_file()
-    out.append(Finding(check="presets", ok=ok, detail="" if ok else (
-        f"{old.name} would replace llama.cpp's own preset file (whose base/release presets the tuned preset inherits); "
-        f"re-export to get {PRESETS_FILE}" if old.is_file() else f"{PRESETS_FILE} is missing")))
+    out.append(
+        Finding(
+            check="presets",
+            ok=ok,
+            detail=""
+            if ok
+            else (
+                f"{old.name} would replace llama.cpp's own preset file (whose base/release presets the tuned preset inherits); "
+                f"re-export to get {PRESETS_FILE}"
+                if old.is_file()
+                else f"{PRESETS_FILE} is missing"
+            ),
+        )
+    )
     hits = []
     for f in sorted(folder.iterdir()):
         if f.is_file() and f.suffix in (".toml", ".md", ".env", ".patch", ".json"):
             hits += [f"{f.name}: {m}" for m in _LOCAL_PATH.findall(f.read_text(errors="replace"))]
-    out.append(Finding(check="no local paths", ok=not hits, detail="; ".join(hits[:3]) + (
-        f" (and {len(hits) - 3} more)" if len(hits) > 3 else "")))
+    out.append(
+        Finding(
+            check="no local paths",
+            ok=not hits,
+            detail="; ".join(hits[:3]) + (f" (and {len(hits) - 3} more)" if len(hits) > 3 else ""),
+        )
+    )
     return out
 
 
@@ -256,8 +332,14 @@ def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
     )
 
 
-def validate_result(folder: Path, *, compile: bool = False, bench: Callable[..., tuple[bool, str]] | None = None,
-                    gpu: Mapping[str, Any] | None = None, models: Sequence[Path] = ()) -> ResultCheck:
+def validate_result(
+    folder: Path,
+    *,
+    compile: bool = False,
+    bench: Callable[..., tuple[bool, str]] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    models: Sequence[Path] = (),
+) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions.
 
     ``bench``: the re-measurement (:func:`tuner.search.rebench.rebench`, given by the CLI: this stage does
@@ -281,8 +363,14 @@ def validate_result(folder: Path, *, compile: bool = False, bench: Callable[...,
     # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
     patch = patch_file.read_text() if patch_file.is_file() else ""
     if patch_file.is_file() and not patch:
-        f.append(Finding(check="patch present", ok=False, detail=f"{patch_file} is empty (`git apply` rejects it); "
-                         "re-export: an export with nothing to patch has no tuned.patch"))
+        f.append(
+            Finding(
+                check="patch present",
+                ok=False,
+                detail=f"{patch_file} is empty (`git apply` rejects it); "
+                "re-export: an export with nothing to patch has no tuned.patch",
+            )
+        )
         return ResultCheck(path=folder, findings=tuple(f))
     f += _files_findings(folder)
 
@@ -337,10 +425,16 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
     why = "empty patch" if res is None else (res.output.strip().splitlines() or [""])[-1]
     ws = whitespace_only_hunks(text)
     return [
-        Finding(check="upstream.patch applies", ok=applies,
-                detail="" if applies else f"git apply --check of {patch_file.name} against the pristine tree: {why}"),
-        Finding(check="upstream.patch whitespace", ok=not ws,
-                detail="" if not ws else f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}"),
+        Finding(
+            check="upstream.patch applies",
+            ok=applies,
+            detail="" if applies else f"git apply --check of {patch_file.name} against the pristine tree: {why}",
+        ),
+        Finding(
+            check="upstream.patch whitespace",
+            ok=not ws,
+            detail="" if not ws else f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}",
+        ),
     ]
 
 
@@ -358,7 +452,9 @@ def _compile_check(rv: Any) -> Finding:
     return Finding(check="compile", ok=True, detail=f"{len(tus)} TU(s) compiled in {b.seconds:.0f}s")
 
 
-def _bench_check(cfg: Mapping[str, Any], source: Any, models: Sequence[Path], rebench: Callable[..., tuple[bool, str]]) -> Finding:
+def _bench_check(
+    cfg: Mapping[str, Any], source: Any, models: Sequence[Path], rebench: Callable[..., tuple[bool, str]]
+) -> Finding:
     from tuner.targets.archs import detect_local_archs
 
     arch = cfg["target"]["arch"]
@@ -378,6 +474,12 @@ def _bench_check(cfg: Mapping[str, Any], source: Any, models: Sequence[Path], re
         return Finding(check="bench", ok=False, detail=str(err)[:1500])
 
 
-def validate_paths(paths: Iterable[Path], *, compile: bool = False, bench: Callable[..., tuple[bool, str]] | None = None,
-                   gpu: Mapping[str, Any] | None = None, models: Sequence[Path] = ()) -> list[ResultCheck]:
+def validate_paths(
+    paths: Iterable[Path],
+    *,
+    compile: bool = False,
+    bench: Callable[..., tuple[bool, str]] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    models: Sequence[Path] = (),
+) -> list[ResultCheck]:
     return [validate_result(p, compile=compile, bench=bench, gpu=gpu, models=models) for p in find_results(paths)]

@@ -26,14 +26,14 @@ from tuner.search.record import parse_point_key, point_key
 from tuner.search.study import PROFILES, SearchConfig, resolve_arch
 
 __all__ = [
-    "SearchConfig",
     "PROFILES",
+    "SearchConfig",
+    "parse_point_key",
+    "point_key",
     "resolve_arch",
     "run_search",
     "run_worker",
     "runtime_env_and_args",
-    "point_key",
-    "parse_point_key",
 ]
 
 

@@ -16,10 +16,21 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
 
 from __future__ import annotations
 
-__all__ = ["Decision", "Shape", "compose_phase", "judge_phase", "bisect_depths", "noise_floor", "open_depths", "phase_noise",
-           "phase_cpu_noise", "rules_from"]
+__all__ = [
+    "Decision",
+    "Shape",
+    "bisect_depths",
+    "compose_phase",
+    "judge_phase",
+    "noise_floor",
+    "open_depths",
+    "phase_cpu_noise",
+    "phase_noise",
+    "rules_from",
+]
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -48,7 +59,9 @@ class Shape:
 
     def rule(self, phase: Phase, lo: int, hi: int | None, kernel: str) -> FaRule:
         """A rule keyed to this shape (an unknown head size or GQA ratio, 0 or None, is no key)."""
-        return FaRule(phase=phase, lo=lo, hi=hi, kernel=kernel, D=self.D or None, gqa=self.gqa or None, kv=self.kv or None)
+        return FaRule(
+            phase=phase, lo=lo, hi=hi, kernel=kernel, D=self.D or None, gqa=self.gqa or None, kv=self.kv or None
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,8 +109,9 @@ def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
     has given one depth more rounds than the others, its floor narrows with its own rounds instead of
     staying at the median of intervals measured over fewer."""
     w = _width(cells[depth])
-    vals = [c.noise_pct / _width(c) * w for c in cells.values()
-            if math.isfinite(c.noise_pct) and math.isfinite(_width(c))]
+    vals = [
+        c.noise_pct / _width(c) * w for c in cells.values() if math.isfinite(c.noise_pct) and math.isfinite(_width(c))
+    ]
     if not vals or not math.isfinite(w):
         return phase_noise(cells)
     return statistics.median(vals)
@@ -123,8 +137,11 @@ def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     out = set()
     for d, c in cells.items():
         bar = 1.0 + max(c.noise_pct, noise_floor(cells, d)) / 100.0
-        changed = [e for n, e in c.effects.items()
-                   if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel]
+        changed = [
+            e
+            for n, e in c.effects.items()
+            if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel
+        ]
         if changed and not math.isfinite(bar):  # no noise measured yet: nothing can be judged
             out.add(d)
             continue
@@ -150,8 +167,13 @@ def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellSta
         bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
         verdicts = {n: TOO_NOISY if noisy else verdict(e, bar) for n, e in c.effects.items()}
         if phase == "tg" and not noisy:
-            verdicts.update({n: CPU_REJECTED for n, e in c.effects.items() if n != c.aa and n in c.cpu
-                             and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar)})
+            verdicts.update(
+                {
+                    n: CPU_REJECTED
+                    for n, e in c.effects.items()
+                    if n != c.aa and n in c.cpu and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar)
+                }
+            )
         out[d] = dataclasses.replace(c, verdicts=verdicts, bar_pct=bar, cpu_bar=cpu_bar)
     return out
 
@@ -179,20 +201,45 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
             elif v != "faster" and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
                 near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
-            why = "no forced kernel beat upstream beyond the A/A noise" if math.isfinite(noise) else "no A/A noise measured"
+            why = (
+                "no forced kernel beat upstream beyond the A/A noise"
+                if math.isfinite(noise)
+                else "no A/A noise measured"
+            )
             if near:  # the screen table's own A/A column would have let it through: say why it did not
-                why += (f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
-                        f"floor ±{noise:.1f}% at these rounds")
+                why += (
+                    f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
+                    f"floor ±{noise:.1f}% at these rounds"
+                )
             if costly:
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             if TOO_NOISY in c.verdicts.values():
                 why = f"the phase's A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: too noisy to claim anything"
-            out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=None, effect_pct=0.0,
-                                ci=(math.nan, math.nan), noise_pct=noise, reason=why))
+            out.append(
+                Decision(
+                    phase=phase,
+                    depth=d,
+                    upstream_kernel=c.upstream_kernel,
+                    winner=None,
+                    effect_pct=0.0,
+                    ci=(math.nan, math.nan),
+                    noise_pct=noise,
+                    reason=why,
+                )
+            )
         else:
-            out.append(Decision(phase=phase, depth=d, upstream_kernel=c.upstream_kernel, winner=best,
-                                effect_pct=best_e.pct, ci=(best_e.ci_low, best_e.ci_high), noise_pct=noise,
-                                reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) clears the A/A noise ±{noise:.1f}%"))
+            out.append(
+                Decision(
+                    phase=phase,
+                    depth=d,
+                    upstream_kernel=c.upstream_kernel,
+                    winner=best,
+                    effect_pct=best_e.pct,
+                    ci=(best_e.ci_low, best_e.ci_high),
+                    noise_pct=noise,
+                    reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) clears the A/A noise ±{noise:.1f}%",
+                )
+            )
     return out
 
 
@@ -223,7 +270,7 @@ def bisect_depths(decisions: Sequence[Decision], screened: Sequence[int]) -> lis
     """
     ds = sorted(decisions, key=lambda x: x.depth)
     out = []
-    for a, b in zip(ds, ds[1:]):
+    for a, b in itertools.pairwise(ds):
         if a.winner == b.winner or (a.winner is None and b.winner is None):
             continue
         if abs(a.effect_pct - b.effect_pct) <= max(a.noise_pct, b.noise_pct):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __all__ = ["FINAL", "extra_depths", "judge", "point_rows"]
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +34,7 @@ def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None
     """Depths the screen did not use: halfway between consecutive ladder depths from 8192 up (where
     rule boundaries live), at most ``limit`` of them, the shallowest and the deepest first."""
     ds = sorted(set(ladder))
-    mids = [(a + b) // 2 // 256 * 256 for a, b in zip(ds, ds[1:]) if a >= 8192]
+    mids = [(a + b) // 2 // 256 * 256 for a, b in itertools.pairwise(ds) if a >= 8192]
     mids = [m for m in mids if m not in ds and (max_depth is None or m <= max_depth)]
     if len(mids) <= limit:
         return mids
@@ -41,7 +42,9 @@ def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None
     return sorted(set(picked))[:limit]
 
 
-def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def point_rows(
+    phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
     and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
     CPU noise (NaN where the records carry no utilizations)."""
@@ -55,25 +58,41 @@ def point_rows(phase: str, cells: Mapping[int, CellStats], records: Sequence[Map
         fin_k = _majority_kernel(records, FINAL, d)
         fin_vals = [r["values"].get(FINAL, {}).get(str(d)) for r in records if str(d) in r["values"].get(FINAL, {})]
         fin_vals = sorted(v for v in fin_vals if v)
-        out.append({
-            "phase": phase, "depth": d, "upstream_kernel": c.upstream_kernel, "kernel": fin_k,
-            "base_ts": c.upstream_ts, "tuned_ts": fin_vals[len(fin_vals) // 2] if fin_vals else math.nan,
-            "speedup": e.ratio if e else math.nan, "ci_low": e.ci_low if e else math.nan,
-            "ci_high": e.ci_high if e else math.nan, "rounds": e.n if e else 0,
-            "aa_noise_pct": noise, "verdict": v,
-            **_utilizations(c, cpu, cpu_noise),
-        })
+        out.append(
+            {
+                "phase": phase,
+                "depth": d,
+                "upstream_kernel": c.upstream_kernel,
+                "kernel": fin_k,
+                "base_ts": c.upstream_ts,
+                "tuned_ts": fin_vals[len(fin_vals) // 2] if fin_vals else math.nan,
+                "speedup": e.ratio if e else math.nan,
+                "ci_low": e.ci_low if e else math.nan,
+                "ci_high": e.ci_high if e else math.nan,
+                "rounds": e.n if e else 0,
+                "aa_noise_pct": noise,
+                "verdict": v,
+                **_utilizations(c, cpu, cpu_noise),
+            }
+        )
     return out
 
 
 def _utilizations(c: CellStats, cpu: Any, cpu_noise: float) -> dict[str, float]:
     nan = math.nan
     up, fin = c.levels.get(UPSTREAM, {}), c.levels.get(FINAL, {})
-    return {"base_cpu": up.get("cpu", nan), "tuned_cpu": fin.get("cpu", nan),
-            "cpu_delta": cpu.mean if cpu else nan, "cpu_ci_low": cpu.ci_low if cpu else nan,
-            "cpu_ci_high": cpu.ci_high if cpu else nan, "cpu_noise": cpu_noise,
-            "base_core": up.get("core", nan), "tuned_core": fin.get("core", nan),
-            "base_gpu": up.get("gpu", nan), "tuned_gpu": fin.get("gpu", nan)}
+    return {
+        "base_cpu": up.get("cpu", nan),
+        "tuned_cpu": fin.get("cpu", nan),
+        "cpu_delta": cpu.mean if cpu else nan,
+        "cpu_ci_low": cpu.ci_low if cpu else nan,
+        "cpu_ci_high": cpu.ci_high if cpu else nan,
+        "cpu_noise": cpu_noise,
+        "base_core": up.get("core", nan),
+        "tuned_core": fin.get("core", nan),
+        "base_gpu": up.get("gpu", nan),
+        "tuned_gpu": fin.get("gpu", nan),
+    }
 
 
 def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) -> str | None:
@@ -101,7 +120,9 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
             bad = [x["depth"] for x in inside if x["verdict"] == CPU_REJECTED]
             dropped[r] = f"CPU% up beyond the noise without a t/s gain at depth {bad}"
         elif TOO_NOISY in v:
-            dropped[r] = f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy to confirm it"
+            dropped[r] = (
+                f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy to confirm it"
+            )
         elif "faster" not in v:
             dropped[r] = "not faster than upstream beyond the A/A noise at any depth inside it"
         else:
@@ -110,8 +131,9 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
     costly = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == CPU_REJECTED]
     noisy = sorted({x["phase"] for x in rows if x["verdict"] == TOO_NOISY})  # nothing can be confirmed there
     ok = not (process_changed and (slower or costly or noisy))
-    why = "; ".join(([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
-                    + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
-                    + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else []))
+    why = "; ".join(
+        ([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
+        + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
+        + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else [])
+    )
     return {"kept": tuple(kept), "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
-

@@ -15,6 +15,7 @@ from tuner.study.state import StudyState
 def counted(st: StudyState, factory: Any) -> Any:
     """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
     ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
+
     def make(build: Any) -> Any:
         m = factory(build)
 
@@ -24,12 +25,14 @@ def counted(st: StudyState, factory: Any) -> Any:
 
         measure.__dict__.update(getattr(m, "__dict__", {}))  # info, calls...: what callers read off a measure
         if getattr(m, "joint", None) is not None:
+
             def joint(*a: Any, **kw: Any) -> Any:
                 st.add_llama_bench_calls(1)
                 return m.joint(*a, **kw)
 
             measure.joint = joint  # type: ignore[attr-defined]
         return measure
+
     return make
 
 
@@ -55,5 +58,8 @@ def past_cost_line(arch: str, results: Path = Path("results")) -> str | None:
     if past is None:
         return None
     path, cost = past
-    return (f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items())
-            + f" (from {path}; another model, depths or round count change these figures).")
+    return (
+        f"A past {arch} search cost "
+        + ", ".join(f"{k} {v}" for k, v in cost.items())
+        + f" (from {path}; another model, depths or round count change these figures)."
+    )

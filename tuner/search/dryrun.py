@@ -20,7 +20,7 @@ benchmarked, and the output says so.
 
 from __future__ import annotations
 
-__all__ = ["DryRunReport", "PlanInputs", "run_dry_run", "count_space", "plan_stages", "load_step_costs", "render"]
+__all__ = ["DryRunReport", "PlanInputs", "count_space", "load_step_costs", "plan_stages", "render", "run_dry_run"]
 
 import collections
 import dataclasses
@@ -57,9 +57,16 @@ class DryRunReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json`` (every value is JSON-serializable)."""
-        return {"arch": self.arch, "era": self.era, "variants": dict(self.variants), "rows": [dict(r) for r in self.rows],
-                "legal": self.legal, "total": self.total, "compile_checks": [dict(c) for c in self.compile_checks],
-                "plan": dict(self.plan)}
+        return {
+            "arch": self.arch,
+            "era": self.era,
+            "variants": dict(self.variants),
+            "rows": [dict(r) for r in self.rows],
+            "legal": self.legal,
+            "total": self.total,
+            "compile_checks": [dict(c) for c in self.compile_checks],
+            "plan": dict(self.plan),
+        }
 
 
 def _row_key(k: Any) -> tuple[Any, ...]:
@@ -153,14 +160,32 @@ def _nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, A
     return min(costs["models"].values(), key=lambda m: abs(math.log(m["d_model"] / max(d_model, 1))))
 
 
-def _stage(name: str, what: str, *, calls: tuple[int, int] = (0, 0), seconds: tuple[float, float] | None = (0.0, 0.0),
-           cost: str = "") -> dict[str, Any]:
-    return {"stage": name, "what": what, "llama_bench_calls": list(calls),
-            "seconds": None if seconds is None else [round(seconds[0], 1), round(seconds[1], 1)], "cost": cost}
+def _stage(
+    name: str,
+    what: str,
+    *,
+    calls: tuple[int, int] = (0, 0),
+    seconds: tuple[float, float] | None = (0.0, 0.0),
+    cost: str = "",
+) -> dict[str, Any]:
+    return {
+        "stage": name,
+        "what": what,
+        "llama_bench_calls": list(calls),
+        "seconds": None if seconds is None else [round(seconds[0], 1), round(seconds[1], 1)],
+        "cost": cost,
+    }
 
 
-def _builds_stage(costs: Mapping[str, Any], rec: Mapping[str, Any], *, trials: int, n_compile: int, n_variants: int,
-                  rebuild_s: float | None) -> dict[str, Any]:
+def _builds_stage(
+    costs: Mapping[str, Any],
+    rec: Mapping[str, Any],
+    *,
+    trials: int,
+    n_compile: int,
+    n_variants: int,
+    rebuild_s: float | None,
+) -> dict[str, Any]:
     """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds."""
     full = float(costs["full_build"]["seconds"])
     gate_s = float(rec["gate_s"])
@@ -170,19 +195,37 @@ def _builds_stage(costs: Mapping[str, Any], rec: Mapping[str, Any], *, trials: i
     more_full = min(n_variants - 1, trials) if n_variants > 1 else 0
     rebuilds = tune_builds * (rebuild_s or 0.0)
     return _stage(
-        "builds + test-backend-ops", f"1 full build of upstream's variant (cached after the first run), up to {more_full} "
+        "builds + test-backend-ops",
+        f"1 full build of upstream's variant (cached after the first run), up to {more_full} "
         f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
         "changed translation units for compile-time trials; each build gated by test-backend-ops FLASH_ATTN_EXT with "
         "every kernel forced",
         seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s),
-        cost=(f"{full:g} s a full build, {gate_s:g} s a gate" + ("" if not tune_builds else
-              f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
-              "an upper bound per trial)" if rebuild_s is not None else
-              "; rebuilds not counted: their time is not measured here (compile check skipped)")))
+        cost=(
+            f"{full:g} s a full build, {gate_s:g} s a gate"
+            + (
+                ""
+                if not tune_builds
+                else f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
+                "an upper bound per trial)"
+                if rebuild_s is not None
+                else "; rebuilds not counted: their time is not measured here (compile check skipped)"
+            )
+        ),
+    )
 
 
-def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: PlanInputs, context_length: int | None,
-                d_model: int, rebuild_s: float | None, n_variants: int, pinned: Sequence[str] = ()) -> dict[str, Any]:
+def plan_stages(
+    space: Any,
+    *,
+    kernels: Mapping[str, Sequence[str]],
+    inputs: PlanInputs,
+    context_length: int | None,
+    d_model: int,
+    rebuild_s: float | None,
+    n_variants: int,
+    pinned: Sequence[str] = (),
+) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
@@ -199,8 +242,10 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
     per_depth = float(rec["bench_call_depth_s"])
     depths = [d for d in inputs.depths if not context_length or d <= context_length]
     if len(depths) < len(inputs.depths):
-        log.warning(f"depths {[d for d in inputs.depths if d not in depths]} exceed {inputs.like}'s context length "
-                    f"{context_length}: the real search refuses them; the plan leaves them out.")
+        log.warning(
+            f"depths {[d for d in inputs.depths if d not in depths]} exceed {inputs.like}'s context length "
+            f"{context_length}: the real search refuses them; the plan leaves them out."
+        )
     nd = len(depths)
     rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
     stages = []
@@ -209,61 +254,127 @@ def plan_stages(space: Any, *, kernels: Mapping[str, Sequence[str]], inputs: Pla
     # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
-    legal = "; ".join(f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-                      for p in ("tg", "pp"))
-    stages.append(_stage(
-        "screen", f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
-        f"{nd} depths {depths}",
-        calls=(per_round * rmin, per_round * rmax), seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
-        cost=f"{per_depth:g} s per call and depth"))
+    legal = "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+    stages.append(
+        _stage(
+            "screen",
+            f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
+            f"{nd} depths {depths}",
+            calls=(per_round * rmin, per_round * rmax),
+            seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
     ref_calls = sum(n_cands.values())
-    stages.append(_stage(
-        "screen: refine", f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
-        "depths; each new depth is screened alone for that phase (counted here as one depth per step)",
-        calls=(0, inputs.refine * ref_calls * rmax), seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
-        cost=f"{per_depth:g} s per call and depth"))
-    stages.append(_stage("compose", "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-                         "only where a kernel beat upstream beyond the A/A noise; nothing is run"))
+    stages.append(
+        _stage(
+            "screen: refine",
+            f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
+            "depths; each new depth is screened alone for that phase (counted here as one depth per step)",
+            calls=(0, inputs.refine * ref_calls * rmax),
+            seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
+    stages.append(
+        _stage(
+            "compose",
+            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+            "only where a kernel beat upstream beyond the A/A noise; nothing is run",
+        )
+    )
     knobs = tn.tunable_knobs(space, {k: True for k in pinned})
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
-    stages.append(_stage(
-        "tune", f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
-        f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
-        f"(2 calls per phase it can affect, at {nd} depths)",
-        calls=(2 * trials if trials else 0, 4 * trials), seconds=(2 * trials * nd * per_depth, 4 * trials * nd * per_depth),
-        cost=f"{per_depth:g} s per call and depth"))
+    stages.append(
+        _stage(
+            "tune",
+            f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
+            f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
+            f"(2 calls per phase it can affect, at {nd} depths)",
+            calls=(2 * trials if trials else 0, 4 * trials),
+            seconds=(2 * trials * nd * per_depth, 4 * trials * nd * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
     cdepths = sorted(set(depths) | set(extra_depths(depths, limit=inputs.confirm_extra, max_depth=context_length)))
-    stages.append(_stage(
-        "confirm", f"the final config vs upstream and upstream vs itself (3 calls a round, pp+tg shared) × {rmin}-{rmax} "
-        f"rounds × {len(cdepths)} depths {cdepths}; nothing to confirm (0 calls) when no rule or knob survived",
-        calls=(0, 3 * rmax), seconds=(0.0, 3 * rmax * len(cdepths) * per_depth), cost=f"{per_depth:g} s per call and depth"))
+    stages.append(
+        _stage(
+            "confirm",
+            f"the final config vs upstream and upstream vs itself (3 calls a round, pp+tg shared) × {rmin}-{rmax} "
+            f"rounds × {len(cdepths)} depths {cdepths}; nothing to confirm (0 calls) when no rule or knob survived",
+            calls=(0, 3 * rmax),
+            seconds=(0.0, 3 * rmax * len(cdepths) * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
     n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
-    stages.append(_stage(
-        "output gate", f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
-        f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
-        seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])), cost=f"{rec['equivalence_check_s']:g} s a check"))
-    stages.append(_stage("residency", "one verbose llama-bench probe of upstream's config and one of the final config",
-                         seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
-                         cost=f"{rec['residency_s']:g} s for both probes"))
-    stages.append(_builds_stage(costs, rec, trials=trials, n_compile=n_compile,
-                                n_variants=1 if "variant" in pinned else n_variants, rebuild_s=rebuild_s))
+    stages.append(
+        _stage(
+            "output gate",
+            f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
+            f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
+            seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])),
+            cost=f"{rec['equivalence_check_s']:g} s a check",
+        )
+    )
+    stages.append(
+        _stage(
+            "residency",
+            "one verbose llama-bench probe of upstream's config and one of the final config",
+            seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
+            cost=f"{rec['residency_s']:g} s for both probes",
+        )
+    )
+    stages.append(
+        _builds_stage(
+            costs,
+            rec,
+            trials=trials,
+            n_compile=n_compile,
+            n_variants=1 if "variant" in pinned else n_variants,
+            rebuild_s=rebuild_s,
+        )
+    )
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]
     return {
         "stages": stages,
         "estimated_minutes": [round(sum(t[0] for t in timed) / 60.0, 1), round(sum(t[1] for t in timed) / 60.0, 1)],
-        "estimate_from": {"machine": costs["machine"]["name"], "model": rec["like"],
-                          "sources": sorted({rec["bench_source"], rec["gate_source"], rec["equivalence_source"],
-                                             rec["residency_source"], costs["full_build"]["source"]})},
-        "note": (f"ESTIMATE, not a measurement of the target: per-step costs recorded by tuner on an "
-                 f"{costs['machine']['name']} with {rec['like']} (tuner/data/step_costs.toml), times the counts above; "
-                 "the target's own speed and core count change every figure"
-                 + ("; the rebuild time is this machine's compile check" if rebuild_s is not None and n_compile else "")),
+        "estimate_from": {
+            "machine": costs["machine"]["name"],
+            "model": rec["like"],
+            "sources": sorted(
+                {
+                    rec["bench_source"],
+                    rec["gate_source"],
+                    rec["equivalence_source"],
+                    rec["residency_source"],
+                    costs["full_build"]["source"],
+                }
+            ),
+        },
+        "note": (
+            f"ESTIMATE, not a measurement of the target: per-step costs recorded by tuner on an "
+            f"{costs['machine']['name']} with {rec['like']} (tuner/data/step_costs.toml), times the counts above; "
+            "the target's own speed and core count change every figure"
+            + ("; the rebuild time is this machine's compile check" if rebuild_s is not None and n_compile else "")
+        ),
     }
 
 
-def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, Any], vendor: str, *,
-                    only_selector: bool = False, skip: str | None = None) -> dict[str, Any]:
+def _compile_sample(
+    source: Any,
+    arch: str,
+    variant: str,
+    sample: Mapping[str, Any],
+    vendor: str,
+    *,
+    only_selector: bool = False,
+    skip: str | None = None,
+) -> dict[str, Any]:
     from tuner.builder.cmake import build_variant, default_check_objects
     from tuner.plan.render import render_variant
 
@@ -279,8 +390,14 @@ def _compile_sample(source: Any, arch: str, variant: str, sample: Mapping[str, A
         b = build_variant(rv, compile_only=True, objects=objs)
     except TunerError as err:
         return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
-    return {"variant": variant, "status": "ok", "objects": objs, "seconds": round(b.seconds, 1),
-            "values": dict(sample), "offload": dict(b.meta.get("offload_targets", {}))}
+    return {
+        "variant": variant,
+        "status": "ok",
+        "objects": objs,
+        "seconds": round(b.seconds, 1),
+        "values": dict(sample),
+        "offload": dict(b.meta.get("offload_targets", {})),
+    }
 
 
 def _skip_reason(vendor: str) -> str | None:
@@ -295,9 +412,16 @@ def _skip_reason(vendor: str) -> str | None:
     return None
 
 
-def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] | None = None,
-                variants: Sequence[str] = (), compile_check: bool = True, inputs: PlanInputs | None = None,
-                as_json: bool = False) -> DryRunReport:
+def run_dry_run(
+    *,
+    arch: str,
+    source_spec: str | None,
+    sets: Mapping[str, str] | None = None,
+    variants: Sequence[str] = (),
+    compile_check: bool = True,
+    inputs: PlanInputs | None = None,
+    as_json: bool = False,
+) -> DryRunReport:
     """Render, constraint-check and compile-check ``arch``'s space; print the plan on stdout (progress on
     stderr). Times nothing."""
     from tuner.plan.render import render_variant
@@ -314,8 +438,10 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
         inputs = dataclasses.replace(inputs, like=inputs.model.name)
     source = fetch_source(source_spec or DEFAULT_SPEC)
     space = load_space(a.name, source.era)
-    log.info(f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
-             "Nothing is benchmarked.")
+    log.info(
+        f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
+        "Nothing is benchmarked."
+    )
     if sets:
         compile_pins, _ = set_values(space, sets)
         from tuner.plan.space import check_constraints
@@ -323,7 +449,10 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
         bad = check_constraints(a.name, source.era, compile_pins, space=space)
         if bad:
             raise UsageError(
-                "the pinned values are illegal for " + a.name + ": " + "; ".join(map(str, bad))
+                "the pinned values are illegal for "
+                + a.name
+                + ": "
+                + "; ".join(map(str, bad))
                 + ". Nothing was compiled. Pick values the constraint check accepts (see the rows below "
                 "with `tuner search --arch " + a.name + " --dry-run`)."
             )
@@ -353,21 +482,39 @@ def run_dry_run(*, arch: str, source_spec: str | None, sets: Mapping[str, str] |
             what = "upstream + one legal candidate per row" if first else "the patched selector TU"
             if skip is not None:  # say skipped: a ✓ would claim a check that did not run
                 log.info(f"Compile check of {v} ({what}): skipped: {skip}")
-                checks.append(_compile_sample(source, a.name, v, samples if first else {}, a.vendor,
-                                              only_selector=not first, skip=skip))
+                checks.append(
+                    _compile_sample(
+                        source, a.name, v, samples if first else {}, a.vendor, only_selector=not first, skip=skip
+                    )
+                )
             else:
                 with log.step(f"Compile-checking {v} ({what})"):
-                    checks.append(_compile_sample(source, a.name, v, samples if first else {}, a.vendor,
-                                                  only_selector=not first))
+                    checks.append(
+                        _compile_sample(source, a.name, v, samples if first else {}, a.vendor, only_selector=not first)
+                    )
             first = False
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
-    plan = plan_stages(space, kernels={p: kernels_for(space, p) for p in PHASES}, inputs=inputs,
-                       context_length=shape.context_length, d_model=shape.d_model,
-                       rebuild_s=timed[0] if timed else None, n_variants=sum(1 for s in vstatus.values() if s == "ok"),
-                       pinned=tuple(sets or {}))
+    plan = plan_stages(
+        space,
+        kernels={p: kernels_for(space, p) for p in PHASES},
+        inputs=inputs,
+        context_length=shape.context_length,
+        d_model=shape.d_model,
+        rebuild_s=timed[0] if timed else None,
+        n_variants=sum(1 for s in vstatus.values() if s == "ok"),
+        pinned=tuple(sets or {}),
+    )
     plan = {"model": inputs.like, **plan}
-    rep = DryRunReport(arch=a.name, era=source.era, variants=vstatus, rows=tuple(rows), legal=legal, total=total,
-                       compile_checks=tuple(checks), plan=plan)
+    rep = DryRunReport(
+        arch=a.name,
+        era=source.era,
+        variants=vstatus,
+        rows=tuple(rows),
+        legal=legal,
+        total=total,
+        compile_checks=tuple(checks),
+        plan=plan,
+    )
     click.echo(json.dumps(rep.to_dict(), indent=2) if as_json else render(rep))
     return rep
 
@@ -379,11 +526,20 @@ def _detail(c: Mapping[str, Any]) -> str:
     targets: Mapping[str, Any] = c.get("offload") or {}
     # object -> the GPU archs its device code is for (empty: host code only), summarized per arch set
     per: collections.Counter[str] = collections.Counter(", ".join(map(str, v)) for v in targets.values())
-    code = "; ".join(f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
-                     for what, n in sorted(per.items()))
+    code = "; ".join(
+        f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
+        for what, n in sorted(per.items())
+    )
     vals = c.get("values") or {}
-    return (f"{c.get('seconds')} s" + (f"; {code}" if code else "")
-            + (f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)" if vals else ""))
+    return (
+        f"{c.get('seconds')} s"
+        + (f"; {code}" if code else "")
+        + (
+            f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)"
+            if vals
+            else ""
+        )
+    )
 
 
 def render(rep: DryRunReport) -> str:
@@ -394,14 +550,25 @@ def render(rep: DryRunReport) -> str:
     out.append(
         log.table(
             ["row", "candidates", "legal", "why the others are illegal"],
-            [[r["row"], r["candidates"], r["legal"],
-              "; ".join(f"{k} ×{n}" for k, n in r["illegal_rules"].items())[:160] or "-"] for r in rep.rows],
+            [
+                [
+                    r["row"],
+                    r["candidates"],
+                    r["legal"],
+                    "; ".join(f"{k} ×{n}" for k, n in r["illegal_rules"].items())[:160] or "-",
+                ]
+                for r in rep.rows
+            ],
         )
     )
     if rep.compile_checks:
         out += ["", "## Compile checks (object files only; nothing runs)", ""]
-        out.append(log.table(["variant", "status", "TUs", "detail"],
-                             [[c["variant"], c["status"], len(c["objects"]) or "-", _detail(c)] for c in rep.compile_checks]))
+        out.append(
+            log.table(
+                ["variant", "status", "TUs", "detail"],
+                [[c["variant"], c["status"], len(c["objects"]) or "-", _detail(c)] for c in rep.compile_checks],
+            )
+        )
     p = rep.plan
     lo, hi = p["estimated_minutes"]
     out += ["", f"## Plan on the target ({p['model']}): the stages `tuner search --arch {rep.arch}` runs", ""]
@@ -412,12 +579,28 @@ def render(rep: DryRunReport) -> str:
         a, b = s["seconds"]
         return f"{a:g}" if a == b else f"{a:g}-{b:g}"
 
-    out.append(log.table(["stage", "what it runs", "llama-bench calls", "seconds (estimate)", "per-step cost"],
-                         [[s["stage"], s["what"], "-" if s["llama_bench_calls"] == [0, 0] else
-                           "-".join(str(x) for x in dict.fromkeys(s["llama_bench_calls"])), secs(s), s["cost"] or "-"]
-                          for s in p["stages"]]))
-    out += ["", f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
-            "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + "."]
+    out.append(
+        log.table(
+            ["stage", "what it runs", "llama-bench calls", "seconds (estimate)", "per-step cost"],
+            [
+                [
+                    s["stage"],
+                    s["what"],
+                    "-"
+                    if s["llama_bench_calls"] == [0, 0]
+                    else "-".join(str(x) for x in dict.fromkeys(s["llama_bench_calls"])),
+                    secs(s),
+                    s["cost"] or "-",
+                ]
+                for s in p["stages"]
+            ],
+        )
+    )
+    out += [
+        "",
+        f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
+        "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + ".",
+    ]
     from tuner.search.cost import past_cost_line
 
     past = past_cost_line(rep.arch)

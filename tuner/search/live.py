@@ -17,7 +17,7 @@ tree per 100 ms and one per llama-bench ``--progress`` line, a few milliseconds 
 
 from __future__ import annotations
 
-__all__ = ["make_live_measure", "parse_fa_log", "kernel_at"]
+__all__ = ["kernel_at", "make_live_measure", "parse_fa_log"]
 
 import math
 import statistics
@@ -29,7 +29,6 @@ from tuner.errors import TunerError
 from tuner.measure.falog import kernel_at, parse_fa_log
 from tuner.search.screen import Candidate, Measure
 
-
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
 """Record keys (:data:`tuner.search.screen.OBSERVED`) and the bench columns they come from."""
 
@@ -39,8 +38,18 @@ def _finite(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Mapping[str, int], log_dir: Path,
-                      era: str, arch: str | None, cpus: Sequence[int] | None = None) -> Measure:
+def make_live_measure(
+    bin_dir: Path,
+    model: Path,
+    *,
+    pp: int,
+    tg: int,
+    reps: Mapping[str, int],
+    log_dir: Path,
+    era: str,
+    arch: str | None,
+    cpus: Sequence[int] | None = None,
+) -> Measure:
     """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir`` (pinned to
     ``cpus`` when given: the host-paced scenario)."""
     import os
@@ -53,7 +62,9 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
     def measure(cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
         return joint(cand, [phase], depths, label)[phase]
 
-    def joint(cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str) -> dict[str, dict[int, dict[str, Any]]]:
+    def joint(
+        cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
+    ) -> dict[str, dict[int, dict[str, Any]]]:
         args = list(cand.args)
         fa = True
         if "-fa" in args:  # a knob on some spaces; run_bench owns the flag's era-dependent spelling
@@ -61,15 +72,34 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
             fa = args[i + 1] in ("on", "1", "true")
             del args[i : i + 2]
         try:  # one -r for the call: the larger of the phases' repetitions
-            df = run_bench(bin_dir, model, depths=tuple(depths), pp=pp if "pp" in phases else 0,
-                           tg=tg if "tg" in phases else 0, reps=max(reps[p] for p in phases), target_ci=None,
-                           env={**cand.env, "GGML_TUNER_FA_LOG": "1"}, extra_args=tuple(args), log_dir=log_dir,
-                           label=label, era=era, flash_attn=fa, arch=arch, observe=True, cpus=cpus)
+            df = run_bench(
+                bin_dir,
+                model,
+                depths=tuple(depths),
+                pp=pp if "pp" in phases else 0,
+                tg=tg if "tg" in phases else 0,
+                reps=max(reps[p] for p in phases),
+                target_ci=None,
+                env={**cand.env, "GGML_TUNER_FA_LOG": "1"},
+                extra_args=tuple(args),
+                log_dir=log_dir,
+                label=label,
+                era=era,
+                flash_attn=fa,
+                arch=arch,
+                observe=True,
+                cpus=cpus,
+            )
         except TunerError as err:  # a failed call is data: every depth carries the error
-            return {p: {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths} for p in phases}
+            return {
+                p: {d: {"ts": None, "kernel": None, "why": None, "error": str(err)[:300]} for d in depths}
+                for p in phases
+            }
         if len(df) and not info:
             gpu = str(df.iloc[0].get("gpu_info") or "")
-            info["device"] = gpu or f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+            info["device"] = (
+                gpu or f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+            )
         log_file = Path(str(df.attrs.get("log_file") or ""))
         lines = parse_fa_log(log_file.read_text(errors="replace")) if log_file.is_file() else []
         out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -80,9 +110,13 @@ def make_live_measure(bin_dir: Path, model: Path, *, pp: int, tg: int, reps: Map
                 samples = list(rows.iloc[0]["samples"]) if len(rows) else []
                 err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
                 k, why = kernel_at(lines, phase, d, pp if phase == "pp" else tg)
-                out[phase][d] = {"ts": float(statistics.median(samples)) if samples else None, "kernel": k, "why": why,
-                                 "error": err or ("" if samples else f"no samples; see {log_file}"),
-                                 **{key: _finite(rows.iloc[0][col]) if len(rows) else None for key, col in _OBSERVED.items()}}
+                out[phase][d] = {
+                    "ts": float(statistics.median(samples)) if samples else None,
+                    "kernel": k,
+                    "why": why,
+                    "error": err or ("" if samples else f"no samples; see {log_file}"),
+                    **{key: _finite(rows.iloc[0][col]) if len(rows) else None for key, col in _OBSERVED.items()},
+                }
         return out
 
     measure.joint = joint  # type: ignore[attr-defined]  # both phases in one call (screen.run_joint_rounds)

@@ -11,7 +11,7 @@ purpose; each trial is its own).
 
 from __future__ import annotations
 
-__all__ = ["LOCK_NAME", "RunDirBusy", "run_dir_lock", "read_owner", "pid_alive"]
+__all__ = ["LOCK_NAME", "RunDirBusy", "pid_alive", "read_owner", "run_dir_lock"]
 
 import contextlib
 import datetime
@@ -57,8 +57,9 @@ def read_owner(run_dir: Path) -> dict[str, Any]:
 
 
 def _describe(owner: Mapping[str, Any]) -> str:
-    return (f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}"
-            + (f": `{owner['command']}`" if owner.get("command") else ""))
+    return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}" + (
+        f": `{owner['command']}`" if owner.get("command") else ""
+    )
 
 
 def _busy(run_dir: Path) -> RunDirBusy:
@@ -90,8 +91,10 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # e.g. an NFS mount without locking
-                log.warning(f"the file system of {run_dir} does not support file locks ({err.strerror}): a second "
-                            "search on this run dir is not prevented; run one at a time.")
+                log.warning(
+                    f"the file system of {run_dir} does not support file locks ({err.strerror}): a second "
+                    "search on this run dir is not prevented; run one at a time."
+                )
             elif err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
             else:
@@ -99,12 +102,21 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
         old = read_owner(run_dir)
         host = socket.gethostname()
         if old.get("pid") and old.get("pid") != os.getpid():  # a search that ended without its cleanup
-            gone = "no longer exists" if old.get("host") == host and not pid_alive(int(old["pid"])) else "no longer holds it"
-            log.notice(f"took over the run dir's lock from a search that stopped without releasing it "
-                       f"({_describe(old)}; that process {gone}).")
-        me = {"pid": os.getpid(), "host": host,
-              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": shlex.join(["tuner", *redact_argv(sys.argv[1:] if argv is None else argv)])}
+            gone = (
+                "no longer exists"
+                if old.get("host") == host and not pid_alive(int(old["pid"]))
+                else "no longer holds it"
+            )
+            log.notice(
+                f"took over the run dir's lock from a search that stopped without releasing it "
+                f"({_describe(old)}; that process {gone})."
+            )
+        me = {
+            "pid": os.getpid(),
+            "host": host,
+            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": shlex.join(["tuner", *redact_argv(sys.argv[1:] if argv is None else argv)]),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         os.fsync(fd)

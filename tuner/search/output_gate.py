@@ -28,8 +28,20 @@ for the report.
 
 from __future__ import annotations
 
-__all__ = ["BAND_FACTOR", "SCHEDULING_ENV", "SCHEDULING_FLAGS", "GateCheck", "band_thresholds", "gated_result",
-           "perplexity_args", "plan_band", "plan_checks", "run_checks", "run_gate_check", "upstream_instead"]
+__all__ = [
+    "BAND_FACTOR",
+    "SCHEDULING_ENV",
+    "SCHEDULING_FLAGS",
+    "GateCheck",
+    "band_thresholds",
+    "gated_result",
+    "perplexity_args",
+    "plan_band",
+    "plan_checks",
+    "run_checks",
+    "run_gate_check",
+    "upstream_instead",
+]
 
 import dataclasses
 import math
@@ -53,9 +65,12 @@ _BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch 
 # results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3/evidence).
 # flag -> (perplexity spelling for 1, for 0); None: that value is llama.cpp's default, nothing to pass.
 _SWITCHES: dict[str, tuple[str | None, str | None]] = {
-    "-nkvo": ("-nkvo", None), "--no-kv-offload": ("-nkvo", None),
-    "-nopo": ("--no-op-offload", None), "--no-op-offload": ("--no-op-offload", None),
-    "--repack": (None, "--no-repack"), "--no-host": ("--no-host", None),
+    "-nkvo": ("-nkvo", None),
+    "--no-kv-offload": ("-nkvo", None),
+    "-nopo": ("--no-op-offload", None),
+    "--no-op-offload": ("--no-op-offload", None),
+    "--repack": (None, "--no-repack"),
+    "--no-host": ("--no-host", None),
 }
 BAND_FACTOR = 2.0
 """How far beyond the kernel band a non-strict check may go (see the module docstring)."""
@@ -82,7 +97,9 @@ class GateCheck:
 def _pairs(args: Sequence[str]) -> dict[str, str]:
     """llama-bench knob args are flag/value pairs (``-t 1 -ub 128``)."""
     if len(args) % 2:
-        raise UsageError(f"llama-bench arguments {list(args)} are not flag/value pairs; the gate cannot translate them.")
+        raise UsageError(
+            f"llama-bench arguments {list(args)} are not flag/value pairs; the gate cannot translate them."
+        )
     return dict(zip(args[::2], args[1::2]))
 
 
@@ -113,9 +130,17 @@ def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], lis
 
 
 # long: the decision table of docs/equivalence.md in one place, about 40 lines.
-def plan_checks(*, rules: Sequence[FaRule], base_env: Mapping[str, str], base_args: Sequence[str],
-                final_env: Mapping[str, str], final_args: Sequence[str], changed: Mapping[str, Sequence[str]],
-                build_changed: bool, era: str) -> list[GateCheck]:
+def plan_checks(
+    *,
+    rules: Sequence[FaRule],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    final_env: Mapping[str, str],
+    final_args: Sequence[str],
+    changed: Mapping[str, Sequence[str]],
+    build_changed: bool,
+    era: str,
+) -> list[GateCheck]:
     """The gate runs a final config needs; empty when nothing differs from upstream (gate not needed).
 
     Args:
@@ -138,16 +163,35 @@ def plan_checks(*, rules: Sequence[FaRule], base_env: Mapping[str, str], base_ar
     for p in Phase:
         mode, phase = p.value, p.bench
         process_here = build_changed or any(phase in ph for ph in changed.values())
-        common = dict(mode=mode, args=tuple(cand_args), upstream_env=dict(base_env), upstream_args=tuple(up_args),
-                      not_applied=tuple(left) if mode == "prefill" else ())
+        common = dict(
+            mode=mode,
+            args=tuple(cand_args),
+            upstream_env=dict(base_env),
+            upstream_args=tuple(up_args),
+            not_applied=tuple(left) if mode == "prefill" else (),
+        )
         knobs = f"; with {', '.join(what)} changed" if process_here else ""
         for rule in widened[p]:
-            checks.append(GateCheck(name=f"{mode} {rule.text}", strict=False, env={**final_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
-                                    why=f"kept rule kernel {rule.kernel} (interval widened to 0-){knobs}", **common))
+            checks.append(
+                GateCheck(
+                    name=f"{mode} {rule.text}",
+                    strict=False,
+                    env={**final_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
+                    why=f"kept rule kernel {rule.kernel} (interval widened to 0-){knobs}",
+                    **common,
+                )
+            )
         if process_here and not widened[p]:
             # The other phase's rules, if any, cannot fire in this mode, so strict still holds.
-            checks.append(GateCheck(name=f"{mode} process", strict=scheduling_only, env={**final_env, **all_rules},
-                                    why=f"{', '.join(what)} changed", **common))
+            checks.append(
+                GateCheck(
+                    name=f"{mode} process",
+                    strict=scheduling_only,
+                    env={**final_env, **all_rules},
+                    why=f"{', '.join(what)} changed",
+                    **common,
+                )
+            )
     return checks
 
 
@@ -159,39 +203,69 @@ def plan_band(checks: Sequence[GateCheck], kernels: Mapping[str, Sequence[str]])
         ref = next(c for c in checks if c.mode == mode)
         for k in kernels.get(mode, ()):
             rule = FaRule(phase=Phase(mode), lo=0, hi=None, kernel=k)
-            out.append(GateCheck(name=f"{BAND} {mode} {k}", mode=mode, strict=False,
-                                 env={**ref.upstream_env, "GGML_TUNER_FA_RULES": rules_env([rule])}, args=ref.upstream_args,
-                                 upstream_env=ref.upstream_env, upstream_args=ref.upstream_args,
-                                 why=f"upstream's own kernel {k} forced vs upstream's pick: how far upstream's kernels differ"))
+            out.append(
+                GateCheck(
+                    name=f"{BAND} {mode} {k}",
+                    mode=mode,
+                    strict=False,
+                    env={**ref.upstream_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
+                    args=ref.upstream_args,
+                    upstream_env=ref.upstream_env,
+                    upstream_args=ref.upstream_args,
+                    why=f"upstream's own kernel {k} forced vs upstream's pick: how far upstream's kernels differ",
+                )
+            )
     return out
 
 
 def band_thresholds(band: Sequence[Mapping[str, Any]], base: Thresholds = DEFAULT_THRESHOLDS) -> Thresholds | None:
     """:data:`BAND_FACTOR` times the band's widest numbers, never tighter than ``base``; None without a band."""
-    stats = [r["stats"] for r in band if r.get("stats") and all(
-        isinstance(r["stats"].get(k), (int, float)) for k in ("mean_kld", "p99_kld", "same_top_pct"))]
+    stats = [
+        r["stats"]
+        for r in band
+        if r.get("stats")
+        and all(isinstance(r["stats"].get(k), (int, float)) for k in ("mean_kld", "p99_kld", "same_top_pct"))
+    ]
     if not stats:
         return None
     f = BAND_FACTOR
-    return Thresholds(mean_kld=max(base.mean_kld, round(f * max(s["mean_kld"] for s in stats), 6)),
-                      p99_kld=max(base.p99_kld, round(f * max(s["p99_kld"] for s in stats), 6)),
-                      same_top_pct=min(base.same_top_pct, round(100.0 - f * (100.0 - min(s["same_top_pct"] for s in stats)), 3)))
+    return Thresholds(
+        mean_kld=max(base.mean_kld, round(f * max(s["mean_kld"] for s in stats), 6)),
+        p99_kld=max(base.p99_kld, round(f * max(s["p99_kld"] for s in stats), 6)),
+        same_top_pct=min(base.same_top_pct, round(100.0 - f * (100.0 - min(s["same_top_pct"] for s in stats)), 3)),
+    )
 
 
 def _rejudged(rec: Mapping[str, Any], thr: Thresholds) -> dict[str, Any]:
     """A check's record judged by ``thr`` from its own numbers (the measurement does not change)."""
     st = rec.get("stats")
     stats = KldStats(**{k: math.nan if v is None else v for k, v in st.items()}) if st else None
-    ok, why = judge(stats=stats, deterministic=rec.get("deterministic"), identical_to_upstream=rec.get("identical_to_upstream"),
-                    strict=bool(rec.get("strict")), thresholds=thr)
+    ok, why = judge(
+        stats=stats,
+        deterministic=rec.get("deterministic"),
+        identical_to_upstream=rec.get("identical_to_upstream"),
+        strict=bool(rec.get("strict")),
+        thresholds=thr,
+    )
     if (stats is None or not stats.complete) and rec.get("reasons"):
         why = tuple(rec["reasons"])  # a run that failed has no numbers to re-judge: its own error says why
-    return {**rec, "passed": ok, "verdict": "pass" if ok else "fail", "reasons": list(why),
-            "thresholds": dataclasses.asdict(thr)}
+    return {
+        **rec,
+        "passed": ok,
+        "verdict": "pass" if ok else "fail",
+        "reasons": list(why),
+        "thresholds": dataclasses.asdict(thr),
+    }
 
 
-def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one: Callable[[GateCheck], Mapping[str, Any]],
-               on_check: Callable[[str, Mapping[str, Any]], None], band: Sequence[GateCheck] = ()) -> dict[str, Any]:
+def run_checks(
+    checks: Sequence[GateCheck],
+    *,
+    done: Mapping[str, Any],
+    run_one: Callable[[GateCheck], Mapping[str, Any]],
+    on_check: Callable[[str, Mapping[str, Any]], None],
+    band: Sequence[GateCheck] = (),
+) -> dict[str, Any]:
     """Run each check not in ``done`` (``name -> record``, resumed from the study); a record per check.
 
     ``run_one(check)`` returns :meth:`EquivalenceResult.as_dict` (or a fake's equivalent); ``on_check``
@@ -201,8 +275,11 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
     ``strict``, ``why``) and ``band`` (its records).
     """
     if not checks:
-        return {"verdict": "not needed", "checks": [],
-                "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's"}
+        return {
+            "verdict": "not needed",
+            "checks": [],
+            "why": "the final config is upstream's (no rule or knob confirmed), so its output is upstream's",
+        }
 
     def one(c: GateCheck) -> dict[str, Any]:
         rec = done.get(c.name)
@@ -219,17 +296,21 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
     thr = {m: band_thresholds([b for b in bands if b.get("mode") == m]) for m in {b.mode for b in band}}
     for b in bands:
         s = b.get("stats") or {}
-        log.info(f"  kernel band, {b['name']}: mean KLD {s.get('mean_kld')}, 99% KLD {s.get('p99_kld')}, "
-                 f"same top p {s.get('same_top_pct')}%")
+        log.info(
+            f"  kernel band, {b['name']}: mean KLD {s.get('mean_kld')}, 99% KLD {s.get('p99_kld')}, "
+            f"same top p {s.get('same_top_pct')}%"
+        )
     recs = []
     for c in checks:
         rec = one(c)
         t = thr.get(c.mode)
         if t is not None and not c.strict:
             rec = _rejudged(rec, t)
-        log.info(f"  output-equivalence gate, {c.name}: {str(rec.get('verdict', '?')).upper()}"
-                 + (f" ({' '.join(rec.get('reasons', []))})" if rec.get("reasons") else "")
-                 + (f"; thresholds from the kernel band: {rec.get('thresholds')}" if t is not None and not c.strict else ""))
+        log.info(
+            f"  output-equivalence gate, {c.name}: {str(rec.get('verdict', '?')).upper()}"
+            + (f" ({' '.join(rec.get('reasons', []))})" if rec.get("reasons") else "")
+            + (f"; thresholds from the kernel band: {rec.get('thresholds')}" if t is not None and not c.strict else "")
+        )
         recs.append(rec)
     out = {"verdict": "pass" if all(r.get("passed") for r in recs) else "fail", "checks": recs}
     if bands:
@@ -238,8 +319,16 @@ def run_checks(checks: Sequence[GateCheck], *, done: Mapping[str, Any], run_one:
     return out
 
 
-def run_gate_check(check: GateCheck, up_build: Any, fin_build: Any, work_dir: Path, *, model: Path, run_dir: Path,
-                   jobs: int | None = None) -> dict[str, Any]:
+def run_gate_check(
+    check: GateCheck,
+    up_build: Any,
+    fin_build: Any,
+    work_dir: Path,
+    *,
+    model: Path,
+    run_dir: Path,
+    jobs: int | None = None,
+) -> dict[str, Any]:
     """One check with the real llama-perplexity of both builds (built on demand, build ids kept).
 
     A failed tool build is a failed check with its reason, never a crash. Logs are recorded relative
@@ -250,11 +339,25 @@ def run_gate_check(check: GateCheck, up_build: Any, fin_build: Any, work_dir: Pa
     try:
         up, fin = (ensure_targets(b, ["llama-perplexity"], jobs=jobs) for b in (up_build, fin_build))
     except TunerError as err:
-        return {"verdict": "fail", "passed": False, "mode": check.mode, "strict": check.strict,
-                "reasons": [f"llama-perplexity could not be built, so the gate could not run: {str(err)[:500]}"]}
-    res = run_equivalence(fin.bin_dir, up.bin_dir, model, mode=check.mode, candidate_env=check.env,
-                          candidate_args=check.args, upstream_env=check.upstream_env, upstream_args=check.upstream_args,
-                          work_dir=work_dir, strict=check.strict).as_dict()
+        return {
+            "verdict": "fail",
+            "passed": False,
+            "mode": check.mode,
+            "strict": check.strict,
+            "reasons": [f"llama-perplexity could not be built, so the gate could not run: {str(err)[:500]}"],
+        }
+    res = run_equivalence(
+        fin.bin_dir,
+        up.bin_dir,
+        model,
+        mode=check.mode,
+        candidate_env=check.env,
+        candidate_args=check.args,
+        upstream_env=check.upstream_env,
+        upstream_args=check.upstream_args,
+        work_dir=work_dir,
+        strict=check.strict,
+    ).as_dict()
     res["logs"] = {k: os.path.relpath(v, run_dir) for k, v in res["logs"].items()}
     res["settings"] = {k: v for k, v in res["settings"].items() if k not in ("model", "candidate_bin", "upstream_bin")}
     return res
@@ -271,11 +374,20 @@ def gated_result(result: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str
         return {**result, "gate": dict(gate)}
     failing = [c for c in gate["checks"] if not c.get("passed")]
     why = "; ".join(f"{c['name']}: {' '.join(c.get('reasons', []))}" for c in failing)
-    log.warning(f"OUTPUT-EQUIVALENCE GATE FAILED for the final config ({why}). It is infeasible and is NOT exported; "
-                "the result is upstream's selection.")
+    log.warning(
+        f"OUTPUT-EQUIVALENCE GATE FAILED for the final config ({why}). It is infeasible and is NOT exported; "
+        "the result is upstream's selection."
+    )
     out, rejected = upstream_instead(result, "failed the output-equivalence gate with the final config")
-    return {**out, "gate": {"verdict": "not needed", "checks": [], "rejected": {**rejected, "gate": dict(gate)},
-                            "why": "the final config failed the gate, so upstream's selection is exported"}}
+    return {
+        **out,
+        "gate": {
+            "verdict": "not needed",
+            "checks": [],
+            "rejected": {**rejected, "gate": dict(gate)},
+            "why": "the final config failed the gate, so upstream's selection is exported",
+        },
+    }
 
 
 def upstream_instead(result: Mapping[str, Any], why: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -283,5 +395,7 @@ def upstream_instead(result: Mapping[str, Any], why: str) -> tuple[dict[str, Any
     knobs dropped as a whole (each rule's reason ``why``), its confirmed rows with them (they measured it)."""
     rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
     dropped = {**dict(result.get("dropped", {})), **{r: why for r in result.get("rules", [])}}
-    return ({**result, "rules": (), "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
-            rejected)
+    return (
+        {**result, "rules": (), "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
+        rejected,
+    )

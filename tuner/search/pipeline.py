@@ -8,7 +8,7 @@ database alone.
 
 from __future__ import annotations
 
-__all__ = ["PIPELINE_VERSION", "PHASES", "BudgetReached", "kernels_for", "run_pipeline", "run_tune_worker", "plan_text"]
+__all__ = ["PHASES", "PIPELINE_VERSION", "BudgetReached", "kernels_for", "plan_text", "run_pipeline", "run_tune_worker"]
 
 import contextlib
 import os
@@ -31,10 +31,21 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
+
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
-from tuner.search.screen import (AA_NAME, UPSTREAM, AllCallsFailed, BudgetReached, Candidate, candidates_for, phase_stops,
-                                 run_joint_rounds, run_phase_rounds, summarize_phase)
+from tuner.search.screen import (
+    AA_NAME,
+    UPSTREAM,
+    AllCallsFailed,
+    BudgetReached,
+    Candidate,
+    candidates_for,
+    phase_stops,
+    run_joint_rounds,
+    run_phase_rounds,
+    summarize_phase,
+)
 from tuner.study.record import SearchOutcome, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
 
@@ -67,8 +78,16 @@ def kernels_for(space: Any, phase: str) -> list[str]:
     return ks
 
 
-def plan_text(*, phases: Sequence[str], depths: Sequence[int], n_cands: Mapping[str, int], rounds: tuple[int, int],
-              trials: int, confirm_depths: int, shared: bool = False) -> str:
+def plan_text(
+    *,
+    phases: Sequence[str],
+    depths: Sequence[int],
+    n_cands: Mapping[str, int],
+    rounds: tuple[int, int],
+    trials: int,
+    confirm_depths: int,
+    shared: bool = False,
+) -> str:
     calls = max(n_cands[p] for p in phases) if shared else sum(n_cands[p] for p in phases)
     return (
         f"Plan: 1 build (cached after the first run) + gate; screen {len(phases)} phase(s) x {len(depths)} depths "
@@ -91,8 +110,13 @@ def _open_study(cfg: Any) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.create_study(study_name=cfg.study, storage=storage, directions=["maximize", "maximize"],
-                                       sampler=sampler, load_if_exists=True), storage
+            return optuna.create_study(
+                study_name=cfg.study,
+                storage=storage,
+                directions=["maximize", "maximize"],
+                sampler=sampler,
+                load_if_exists=True,
+            ), storage
     except ValueError as err:  # an existing study with one objective: made by the older search
         raise UsageError(
             f"study {cfg.study!r} in {redact(cfg.storage_url)} was made by an older `tuner search` ({err}). "
@@ -109,9 +133,9 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
     llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
     """
-    from tuner.targets.archs import load_arch
-    from tuner.source import fetch_source
     from tuner.plan.space import load_space
+    from tuner.source import fetch_source
+    from tuner.targets.archs import load_arch
 
     deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
     source = fetch_source(cfg.source_spec)
@@ -119,31 +143,46 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     arch = load_arch(cfg.arch)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     if not variants:
-        raise UsageError(f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
-                         f"for era {source.era}; it has {space.variants}.")
+        raise UsageError(
+            f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
+            f"for era {source.era}; it has {space.variants}."
+        )
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
     _check_depths(cfg.depths, shape_d)
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     from tuner.search.lock import run_dir_lock
+
     with run_dir_lock(cfg.run_dir):
         try:
-            result = _run_locked(cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory,
-                                 equivalence)
+            result = _run_locked(
+                cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory, equivalence
+            )
         except AllCallsFailed as err:
-            raise TunerError(f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
-                             "truncated or corrupt (an interrupted download or copy): check its size and checksum, or pass "
-                             "another --model. Nothing of the failed round was stored; rerun the same command after the fix."
-                             ) from None
+            raise TunerError(
+                f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
+                "truncated or corrupt (an interrupted download or copy): check its size and checksum, or pass "
+                "another --model. Nothing of the failed round was stored; rerun the same command after the fix."
+            ) from None
         if then is not None:
             then(result)
         return result
 
 
-def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, variants: Sequence[str],
-                fixed: Mapping[str, Any], shape_d: Mapping[str, int], deadline: float | None, measure_factory: Any,
-                equivalence: Any) -> SearchOutcome:
+def _run_locked(
+    cfg: Any,
+    source: Any,
+    space: Any,
+    legal: Any,
+    arch: Any,
+    variants: Sequence[str],
+    fixed: Mapping[str, Any],
+    shape_d: Mapping[str, int],
+    deadline: float | None,
+    measure_factory: Any,
+    equivalence: Any,
+) -> SearchOutcome:
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     study, storage = _open_study(cfg)
     st = StudyState(study)
@@ -151,13 +190,40 @@ def _run_locked(cfg: Any, source: Any, space: Any, legal: Any, arch: Any, varian
         st.add_seconds("model", cfg.model_seconds)
         st.add_seconds("total", cfg.model_seconds)
     with _timed(st, "total"):
-        return _run_stages(cfg, study, storage, st, source, space, legal, arch, variants, fixed, shape_d, deadline,
-                           measure_factory, equivalence)
+        return _run_stages(
+            cfg,
+            study,
+            storage,
+            st,
+            source,
+            space,
+            legal,
+            arch,
+            variants,
+            fixed,
+            shape_d,
+            deadline,
+            measure_factory,
+            equivalence,
+        )
 
 
-def _run_stages(cfg: Any, study: Any, storage: Any, st: StudyState, source: Any, space: Any, legal: Any, arch: Any,
-                variants: Sequence[str], fixed: Mapping[str, Any], shape_d: Mapping[str, int], deadline: float | None,
-                measure_factory: Any, equivalence: Any) -> SearchOutcome:
+def _run_stages(
+    cfg: Any,
+    study: Any,
+    storage: Any,
+    st: StudyState,
+    source: Any,
+    space: Any,
+    legal: Any,
+    arch: Any,
+    variants: Sequence[str],
+    fixed: Mapping[str, Any],
+    shape_d: Mapping[str, int],
+    deadline: float | None,
+    measure_factory: Any,
+    equivalence: Any,
+) -> SearchOutcome:
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
@@ -169,16 +235,29 @@ def _run_stages(cfg: Any, study: Any, storage: Any, st: StudyState, source: Any,
         build = builds.get(base_variant, {})
     gate = _gate(st, cfg, arch, build, shape_d)
     if gate["status"] == "fail":
-        raise TunerError(f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
-                         f"log: {gate.get('log')}. Nothing was measured.")
+        raise TunerError(
+            f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
+            f"log: {gate.get('log')}. Nothing was measured."
+        )
     factory = _counted(st, measure_factory or (lambda b: _live(cfg, source, b)))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
-    confirm_ds = sorted(set(cfg.depths) | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length"))))
-    log.info(plan_text(phases=PHASES, depths=cfg.depths, n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
-                       rounds=rounds, trials=cfg.trials or 0, confirm_depths=len(confirm_ds),
-                       shared=hasattr(measure, "joint")))
+    confirm_ds = sorted(
+        set(cfg.depths)
+        | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
+    )
+    log.info(
+        plan_text(
+            phases=PHASES,
+            depths=cfg.depths,
+            n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
+            rounds=rounds,
+            trials=cfg.trials or 0,
+            confirm_depths=len(confirm_ds),
+            shared=hasattr(measure, "joint"),
+        )
+    )
     if (past := past_cost_line(cfg.arch)) is not None:
         log.info(past)
 
@@ -189,23 +268,54 @@ def _run_stages(cfg: Any, study: Any, storage: Any, st: StudyState, source: Any,
     if getattr(measure, "info", {}).get("device") and not st.device:
         st.set_device(measure.info["device"])
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
-    st.set_compose({"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()})
-    log.info("Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)"))
+    st.set_compose(
+        {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
+    )
+    log.info(
+        "Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)")
+    )
 
     with _timed(st, "tune"):
-        tuned = _tune(cfg, st, study, storage, space, source, arch, shape_d, fixed, rules, base_env, base_args, factory, deadline,
-                      builds)
+        tuned = _tune(
+            cfg,
+            st,
+            study,
+            storage,
+            space,
+            source,
+            arch,
+            shape_d,
+            fixed,
+            rules,
+            base_env,
+            base_args,
+            factory,
+            deadline,
+            builds,
+        )
     with _timed(st, "confirm"):
-        result = _confirm(cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline)
+        result = _confirm(
+            cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline
+        )
     with _timed(st, "residency"):
         result = _residency(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
     with _timed(st, "equivalence"):
-        result = _output_gate(cfg, st, space, fixed, source.era, result, base_env, base_args, builds, equivalence,
-                              {p.value: kernels[p.bench] for p in Phase})
+        result = _output_gate(
+            cfg,
+            st,
+            space,
+            fixed,
+            source.era,
+            result,
+            base_env,
+            base_args,
+            builds,
+            equivalence,
+            {p.value: kernels[p.bench] for p in Phase},
+        )
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set_result(result)
     return load_outcome(study)
-
 
 
 def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
@@ -221,20 +331,31 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
             continue
         mine = [r for r in recs if r["phase"] == p and set(depths) & {int(d) for d in r["depths"]}]
         if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, comp.open_depths):
-            log.info(f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
-                     f"{rounds[1]}: screening on")
+            log.info(
+                f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
+                f"{rounds[1]}: screening on"
+            )
             st.set_screen_done(p, False)
             reopened.append(p)
     return reopened
 
 
-def _screen_all(cfg: Any, st: StudyState, measure: Any, kernels: Mapping[str, list[str]], base_env: Mapping[str, str],
-                base_args: Sequence[str], rounds: tuple[int, int], deadline: float | None,
-                decisions: dict[str, list[comp.Decision]]) -> None:
+def _screen_all(
+    cfg: Any,
+    st: StudyState,
+    measure: Any,
+    kernels: Mapping[str, list[str]],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    rounds: tuple[int, int],
+    deadline: float | None,
+    decisions: dict[str, list[comp.Decision]],
+) -> None:
     """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose.
 
     Phases not yet done are first screened together in shared llama-bench calls where the measure
     can (the ladder depths); each phase then refines its own boundaries alone."""
+
     def persist_shared(r: Mapping[str, Any]) -> None:
         st.append_screen_round(r)
 
@@ -243,22 +364,41 @@ def _screen_all(cfg: Any, st: StudyState, measure: Any, kernels: Mapping[str, li
     joint = getattr(measure, "joint", None)
     if joint is not None and len(todo) > 1:
         cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
-        with log.step(f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"):
-            run_joint_rounds(joint, cands, list(cfg.depths), st.screen_rounds, pp_tokens=cfg.pp,
-                             min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline,
-                             on_round=persist_shared, settle=comp.open_depths)
+        with log.step(
+            f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"
+        ):
+            run_joint_rounds(
+                joint,
+                cands,
+                list(cfg.depths),
+                st.screen_rounds,
+                pp_tokens=cfg.pp,
+                min_rounds=rounds[0],
+                max_rounds=rounds[1],
+                target_ci=cfg.ci_target,
+                deadline=deadline,
+                on_round=persist_shared,
+                settle=comp.open_depths,
+            )
         _check_budget(deadline, "screen")
     for phase in PHASES:
         cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
         recs = st.screen_rounds
         depths = sorted(set(cfg.depths) | {int(d) for d in st.refined(phase)})
         if not st.screen_done(phase):
+
             def persist(r: Mapping[str, Any]) -> None:
                 st.append_screen_round(r)
 
             with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
-                kw = dict(min_rounds=rounds[0], max_rounds=rounds[1], target_ci=cfg.ci_target, deadline=deadline, on_round=persist,
-                          settle=comp.open_depths)
+                kw = dict(
+                    min_rounds=rounds[0],
+                    max_rounds=rounds[1],
+                    target_ci=cfg.ci_target,
+                    deadline=deadline,
+                    on_round=persist,
+                    settle=comp.open_depths,
+                )
                 run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, **kw)
                 for extra in st.refined(phase):  # a resumed call completes earlier refinements
                     run_phase_rounds(measure, phase, cands, [int(extra)], recs, **kw)
@@ -274,7 +414,9 @@ def _screen_all(cfg: Any, st: StudyState, measure: Any, kernels: Mapping[str, li
                     depths = sorted(set(depths) | set(new))
                     _check_budget(deadline, f"screen {phase} (refining)")
             st.set_screen_done(phase, True)
-        cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the report shows the verdicts compose acts on
+        cells = comp.judge_phase(
+            phase, summarize_phase(phase, recs, depths)
+        )  # the report shows the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
         st.set_screen(phase, {str(d): c.as_dict() for d, c in cells.items()})
 
@@ -293,8 +435,10 @@ def run_tune_worker(cfg: Any) -> int:
     st = StudyState(study)
     composed = st.compose
     if not composed:
-        raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
-                         "same --storage and --study first (it screens and composes; workers then add tune trials).")
+        raise UsageError(
+            f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
+            "same --storage and --study first (it screens and composes; workers then add tune trials)."
+        )
     source = fetch_source(cfg.source_spec)
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
@@ -302,8 +446,23 @@ def run_tune_worker(cfg: Any) -> int:
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     with _timed(st, "tune"):
-        _tune(cfg, st, study, storage, space, source, load_arch(cfg.arch), shape_d, fixed, rules_from_texts(composed["rules"]),
-              base_env, base_args, _counted(st, lambda b: _live(cfg, source, b)), deadline, _Builds(cfg, source))
+        _tune(
+            cfg,
+            st,
+            study,
+            storage,
+            space,
+            source,
+            load_arch(cfg.arch),
+            shape_d,
+            fixed,
+            rules_from_texts(composed["rules"]),
+            base_env,
+            base_args,
+            _counted(st, lambda b: _live(cfg, source, b)),
+            deadline,
+            _Builds(cfg, source),
+        )
     return len(study.get_trials(deepcopy=False))
 
 
@@ -311,9 +470,23 @@ def run_tune_worker(cfg: Any) -> int:
 # stages
 
 
-def _tune(cfg: Any, st: StudyState, study: Any, storage: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
-          fixed: Mapping[str, Any], rules: Sequence[FaRule], base_env: Mapping[str, str], base_args: Sequence[str],
-          factory: Any, deadline: float | None, builds: "_Builds") -> dict[str, Any] | None:
+def _tune(
+    cfg: Any,
+    st: StudyState,
+    study: Any,
+    storage: Any,
+    space: Any,
+    source: Any,
+    arch: Any,
+    shape_d: Mapping[str, int],
+    fixed: Mapping[str, Any],
+    rules: Sequence[FaRule],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    factory: Any,
+    deadline: float | None,
+    builds: _Builds,
+) -> dict[str, Any] | None:
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
 
@@ -331,8 +504,10 @@ def _tune(cfg: Any, st: StudyState, study: Any, storage: Any, space: Any, source
     ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
     reaped = tn.fail_interrupted(study, storage)
     if reaped:
-        log.notice(f"tune trial(s) {', '.join(map(str, reaped))} were cut off by an interrupted search or worker; "
-                   "they are marked failed and run again")
+        log.notice(
+            f"tune trial(s) {', '.join(map(str, reaped))} were cut off by an interrupted search or worker; "
+            "they are marked failed and run again"
+        )
     with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
         while (n_done := tn.count_done(study)) < want:
             _check_budget(deadline, f"tune (after {n_done} trial(s))")
@@ -342,19 +517,52 @@ def _tune(cfg: Any, st: StudyState, study: Any, storage: Any, space: Any, source
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
                 trial = study.ask(dists)
             with tn.trial_heartbeat(study, storage, trial):
-                _run_trial(cfg, st, study, space, source, arch, shape_d, fixed, knobs, variants, base_variant, rule_env, ref,
-                           factory, builds, trial)
+                _run_trial(
+                    cfg,
+                    st,
+                    study,
+                    space,
+                    source,
+                    arch,
+                    shape_d,
+                    fixed,
+                    knobs,
+                    variants,
+                    base_variant,
+                    rule_env,
+                    ref,
+                    factory,
+                    builds,
+                    trial,
+                )
     best = tn.pick([t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE])
     if best is None:
-        log.info("Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's")
+        log.info(
+            "Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's"
+        )
         return None
     log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
     return {"trial": best.number, "values": dict(trial_attr(best, "values", {})), "params": dict(best.params)}
 
 
-def _run_trial(cfg: Any, st: StudyState, study: Any, space: Any, source: Any, arch: Any, shape_d: Mapping[str, int],
-               fixed: Mapping[str, Any], knobs: Sequence[Any], variants: Sequence[str], base_variant: str,
-               rule_env: Mapping[str, str], ref: Candidate, factory: Any, builds: "_Builds", trial: Any) -> None:
+def _run_trial(
+    cfg: Any,
+    st: StudyState,
+    study: Any,
+    space: Any,
+    source: Any,
+    arch: Any,
+    shape_d: Mapping[str, int],
+    fixed: Mapping[str, Any],
+    knobs: Sequence[Any],
+    variants: Sequence[str],
+    base_variant: str,
+    rule_env: Mapping[str, str],
+    ref: Candidate,
+    factory: Any,
+    builds: _Builds,
+    trial: Any,
+) -> None:
     """One tune trial, told to the study however it ends (an interruption fails it and queues it again)."""
     import optuna
 
@@ -384,8 +592,16 @@ def _run_trial(cfg: Any, st: StudyState, study: Any, space: Any, source: Any, ar
                 raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
             env, args = runtime_env_and_args(space, vals)
             cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-            objs, ratios, cpu = tn.paired_objectives(factory(builds.get(base_variant, {})), ref, factory(b), cand, phases,
-                                                     cfg.depths, label=f"tune-t{trial.number}", flip=bool(trial.number % 2))
+            objs, ratios, cpu = tn.paired_objectives(
+                factory(builds.get(base_variant, {})),
+                ref,
+                factory(b),
+                cand,
+                phases,
+                cfg.depths,
+                label=f"tune-t{trial.number}",
+                flip=bool(trial.number % 2),
+            )
             write_trial(trial, ratios=ratios, cpu=cpu)
             rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.screen("tg")))
             trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
@@ -394,8 +610,10 @@ def _run_trial(cfg: Any, st: StudyState, study: Any, space: Any, source: Any, ar
                 log.info(f"  [trial {trial.number}] {rejected}")
             write_trial(trial, status="ok")
             study.tell(trial, objs)
-            log.info(f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
-                     f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)")
+            log.info(
+                f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
+                f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
+            )
         except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
             write_trial(trial, status="failed", reason=str(err)[:2000])
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -405,9 +623,20 @@ def _run_trial(cfg: Any, st: StudyState, study: Any, space: Any, source: Any, ar
         raise
 
 
-def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rules: Sequence[FaRule],
-             tuned: Mapping[str, Any] | None, base_env: Mapping[str, str], base_args: Sequence[str], factory: Any,
-             builds: "_Builds", depths: Sequence[int], deadline: float | None) -> dict[str, Any]:
+def _confirm(
+    cfg: Any,
+    st: StudyState,
+    space: Any,
+    fixed: Mapping[str, Any],
+    rules: Sequence[FaRule],
+    tuned: Mapping[str, Any] | None,
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    factory: Any,
+    builds: _Builds,
+    depths: Sequence[int],
+    deadline: float | None,
+) -> dict[str, Any]:
     from tuner.plan.space import compile_values_of, runtime_env_and_args
 
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
@@ -428,7 +657,11 @@ def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rul
         m_up, m_fin = factory(build), factory(fb)
         shared = getattr(m_up, "joint", None) if fb is build else None
         phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
-        final = Candidate(name=conf.FINAL, env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=tuple(args))
+        final = Candidate(
+            name=conf.FINAL,
+            env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})},
+            args=tuple(args),
+        )
         up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
         aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
         # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
@@ -436,7 +669,8 @@ def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rul
         recs = st.confirm_rounds(ckey)
 
         def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
-            return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)
+            # called within this loop iteration only, so the late binding of m_fin/m_up is harmless
+            return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)  # noqa: B023
 
         # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
         # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
@@ -444,22 +678,48 @@ def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rul
         rows: list[dict[str, Any]] = []
         todo = [p for p in phases if not st.confirm_done(ckey, p)]
         if shared and len(todo) > 1:
-            with log.step(f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
-                          f"at depths {list(depths)}"):
-                run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp,
-                                 min_rounds=cfg.min_rounds, max_rounds=cfg.max_rounds, target_ci=cfg.ci_target,
-                                 deadline=deadline, on_round=lambda r: st.append_confirm_round(ckey, r), tag="confirm",
-                                 prior=st.screen_rounds, settle=settle)
+            with log.step(
+                f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
+                f"at depths {list(depths)}"
+            ):
+                run_joint_rounds(
+                    shared,
+                    {p: [up, aa, final] for p in todo},
+                    list(depths),
+                    recs,
+                    pp_tokens=cfg.pp,
+                    min_rounds=cfg.min_rounds,
+                    max_rounds=cfg.max_rounds,
+                    target_ci=cfg.ci_target,
+                    deadline=deadline,
+                    on_round=lambda r: st.append_confirm_round(ckey, r),  # noqa: B023 (called in this iteration)
+                    tag="confirm",
+                    prior=st.screen_rounds,
+                    settle=settle,
+                )
         for phase in phases:
             if st.confirm_done(ckey, phase):
                 mine = [r for r in recs if r["phase"] == phase]
                 rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
                 continue
-            with log.step(f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"):
-                mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, min_rounds=cfg.min_rounds,
-                                        max_rounds=cfg.max_rounds, target_ci=cfg.ci_target, deadline=deadline,
-                                        on_round=lambda r: st.append_confirm_round(ckey, r), tag="confirm",
-                                        prior=st.screen_rounds, settle=settle)
+            with log.step(
+                f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
+            ):
+                mine = run_phase_rounds(
+                    measure,
+                    phase,
+                    [up, aa, final],
+                    list(depths),
+                    recs,
+                    min_rounds=cfg.min_rounds,
+                    max_rounds=cfg.max_rounds,
+                    target_ci=cfg.ci_target,
+                    deadline=deadline,
+                    on_round=lambda r: st.append_confirm_round(ckey, r),  # noqa: B023 (called in this iteration)
+                    tag="confirm",
+                    prior=st.screen_rounds,
+                    settle=settle,
+                )
             _check_budget(deadline, f"confirm {phase}")
             st.set_confirm_done(ckey, phase)
             rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
@@ -475,12 +735,25 @@ def _confirm(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], rul
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
     unmeasured = [p for p in PHASES if p not in phases]
-    return {"rules": j["kept"], "dropped": j["dropped"], "tuned": tuned, "rows": rows, "attempt": attempt,
-            "upstream_phases": unmeasured, "confirm_depths": list(depths)}
+    return {
+        "rules": j["kept"],
+        "dropped": j["dropped"],
+        "tuned": tuned,
+        "rows": rows,
+        "attempt": attempt,
+        "upstream_phases": unmeasured,
+        "confirm_depths": list(depths),
+    }
 
 
-def _final_of(cfg: Any, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any], base_env: Mapping[str, str],
-              base_args: Sequence[str]) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, str], list[str]]:
+def _final_of(
+    cfg: Any,
+    space: Any,
+    fixed: Mapping[str, Any],
+    result: Mapping[str, Any],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, str], list[str]]:
     """The confirmed final config: (upstream's variant, its variant, compile values, tuned values, env, args)."""
     from tuner.plan.space import compile_values_of, runtime_env_and_args
 
@@ -497,9 +770,18 @@ def _config_key(rules: Sequence[FaRule], vals: Mapping[str, Any]) -> str:
     return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 
 
-def _residency(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], result: Mapping[str, Any],
-               base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, shape: Mapping[str, int],
-               probe: Any = None) -> dict[str, Any]:
+def _residency(
+    cfg: Any,
+    st: StudyState,
+    space: Any,
+    fixed: Mapping[str, Any],
+    result: Mapping[str, Any],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    builds: Any,
+    shape: Mapping[str, int],
+    probe: Any = None,
+) -> dict[str, Any]:
     """The residency gate (:mod:`tuner.search.residency_gate`): one verbose llama-bench probe of upstream's config
     and one of the final config; stored per final config, so a resumed search does not probe again."""
     from tuner.measure.residency import input_layer_mib, run_residency
@@ -515,10 +797,13 @@ def _residency(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], r
     if rec is not None:
         again = rg.redecide(rec, full=full, host_weights_mib=input_layer_mib(cfg.model))
         if again is not None and again["verdict"] != rec["verdict"]:
-            log.info(f"Residency: re-judged from the recorded probe logs by this version's rule: {rec['verdict']} -> {again['verdict']}")
+            log.info(
+                f"Residency: re-judged from the recorded probe logs by this version's rule: {rec['verdict']} -> {again['verdict']}"
+            )
             rec = again
             st.set_residency(ckey, rec)
     if rec is None:
+
         def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
             d.mkdir(parents=True, exist_ok=True)
             return run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
@@ -529,22 +814,47 @@ def _residency(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], r
             st.add_llama_bench_calls(1)
             return given(*a)
 
-        same = not rules and env == dict(base_env) and list(args) == list(base_args) and variant == base_variant and not compile_values
-        with log.step("Residency check: graph splits and buffers, upstream" + ("" if same else " and the final config")):
+        same = (
+            not rules
+            and env == dict(base_env)
+            and list(args) == list(base_args)
+            and variant == base_variant
+            and not compile_values
+        )
+        with log.step(
+            "Residency check: graph splits and buffers, upstream" + ("" if same else " and the final config")
+        ):
             up_build = builds.get(base_variant, {})
             up = counted(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
-            final = None if same else counted(builds.get(variant, compile_values),
-                                            {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, list(args),
-                                            cfg.run_dir / "residency" / "final")
+            final = (
+                None
+                if same
+                else counted(
+                    builds.get(variant, compile_values),
+                    {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})},
+                    list(args),
+                    cfg.run_dir / "residency" / "final",
+                )
+            )
         rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))
         st.set_residency(ckey, rec)
     log.info(f"Residency: {rec['verdict']}: " + (rec["final"] or rec["upstream"])["summary"])
     return rg.residency_result(result, rec)
 
 
-def _output_gate(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any], era: str, result: Mapping[str, Any],
-                 base_env: Mapping[str, str], base_args: Sequence[str], builds: Any, equivalence: Any,
-                 kernels: Mapping[str, Sequence[str]] = {}) -> dict[str, Any]:  # noqa: B006 - read-only
+def _output_gate(
+    cfg: Any,
+    st: StudyState,
+    space: Any,
+    fixed: Mapping[str, Any],
+    era: str,
+    result: Mapping[str, Any],
+    base_env: Mapping[str, str],
+    base_args: Sequence[str],
+    builds: Any,
+    equivalence: Any,
+    kernels: Mapping[str, Sequence[str]] = {},
+) -> dict[str, Any]:
     """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`),
     its thresholds from the kernel band where ``kernels`` (per mode) can be forced.
 
@@ -556,13 +866,20 @@ def _output_gate(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any],
     base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
     changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]
     rules = tuple(result.get("rules", ()))
-    checks = og.plan_checks(rules=rules, base_env=base_env, base_args=base_args, final_env=env,
-                            final_args=args, changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k)
-                                                      for k in changed},
-                            build_changed=variant != base_variant or bool(compile_values), era=era)
+    checks = og.plan_checks(
+        rules=rules,
+        base_env=base_env,
+        base_args=base_args,
+        final_env=env,
+        final_args=args,
+        changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k) for k in changed},
+        build_changed=variant != base_variant or bool(compile_values),
+        era=era,
+    )
     ckey = _config_key(rules, vals)
-    run = equivalence or (lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir,
-                                                                  jobs=cfg.jobs))
+    run = equivalence or (
+        lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir, jobs=cfg.jobs)
+    )
 
     def run_one(c: Any) -> Mapping[str, Any]:
         wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
@@ -572,10 +889,18 @@ def _output_gate(cfg: Any, st: StudyState, space: Any, fixed: Mapping[str, Any],
     def persist(name: str, rec: Mapping[str, Any]) -> None:
         st.set_equivalence_check(ckey, name, rec)
 
-    with log.step(f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
-                  if checks else "Output-equivalence gate: not needed (the final config is upstream's)"):
-        gate = og.run_checks(checks, done=st.equivalence_checks(ckey), run_one=run_one, on_check=persist,
-                             band=og.plan_band(checks, kernels))
+    with log.step(
+        f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
+        if checks
+        else "Output-equivalence gate: not needed (the final config is upstream's)"
+    ):
+        gate = og.run_checks(
+            checks,
+            done=st.equivalence_checks(ckey),
+            run_one=run_one,
+            on_check=persist,
+            band=og.plan_band(checks, kernels),
+        )
     return og.gated_result(result, gate)
 
 
@@ -589,10 +914,14 @@ def _resolved_space(cfg: Any, space: Any) -> tuple[Any, dict[str, Any]]:
     from tuner.plan.derive import space_for_run
 
     tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
-    resolved, legal = space_for_run(space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=cfg.arch != "cpu", tokens=tokens)
+    resolved, legal = space_for_run(
+        space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=cfg.arch != "cpu", tokens=tokens
+    )
     pinned = getattr(cfg, "fixed", {}) or {}
     for name, lg in legal.items():  # a --set pin replaces what would be sampled: say so beside the derivation
-        log.info(f"  {lg.why}" + (f"; pinned here at {pinned[name]} (--set {name}={pinned[name]})" if name in pinned else ""))
+        log.info(
+            f"  {lg.why}" + (f"; pinned here at {pinned[name]} (--set {name}={pinned[name]})" if name in pinned else "")
+        )
     return resolved, legal
 
 
@@ -619,8 +948,10 @@ def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
     ctx = shape.get("context_length")
     too_deep = [d for d in depths if ctx and d > ctx]
     if too_deep:
-        raise UsageError(f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-                         f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}.")
+        raise UsageError(
+            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
+            f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}."
+        )
 
 
 def _record_attrs(st: StudyState, cfg: Any, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]) -> None:
@@ -628,16 +959,34 @@ def _record_attrs(st: StudyState, cfg: Any, source: Any, shape: Mapping[str, int
 
     from tuner.study.record import StudyHeader
 
-    mine = StudyHeader(name=cfg.study, pipeline=PIPELINE_VERSION, arch=cfg.arch, source_spec=source.spec,
-                       source_id=source.source_id, commit=source.commit, era=source.era, model=str(cfg.model),
-                       depths=tuple(cfg.depths), pp=cfg.pp, tg=cfg.tg, shape=dict(shape), profile="per-phase",
-                       cpu_mask=tuple(cfg.cpu_mask or ())).stored()
+    mine = StudyHeader(
+        name=cfg.study,
+        pipeline=PIPELINE_VERSION,
+        arch=cfg.arch,
+        source_spec=source.spec,
+        source_id=source.source_id,
+        commit=source.commit,
+        era=source.era,
+        model=str(cfg.model),
+        depths=tuple(cfg.depths),
+        pp=cfg.pp,
+        tg=cfg.tg,
+        shape=dict(shape),
+        profile="per-phase",
+        cpu_mask=tuple(cfg.cpu_mask or ()),
+    ).stored()
     if st.arch is not None:
         for k in RESUME_CHECKED:
-            if st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]:  # a study from before --cpu-mask: unpinned
-                raise UsageError(f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.header_value(k)!r} but this run "
-                                 f"has {k}={mine[k]!r}. Use another --study name, or the same settings.")
-    st.record_header(mine)  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
+            if (
+                st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]
+            ):  # a study from before --cpu-mask: unpinned
+                raise UsageError(
+                    f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.header_value(k)!r} but this run "
+                    f"has {k}={mine[k]!r}. Use another --study name, or the same settings."
+                )
+    st.record_header(
+        mine
+    )  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
     # threads/-ngl legal values on this machine: the export resolves the same space from them
     st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
 
@@ -657,8 +1006,9 @@ class _Builds:
             from tuner.plan.render import render_variant
             from tuner.targets.archs import detect_local_archs
 
-            rv = render_variant(self.source, self.cfg.arch, variant, compile_values=compile_values,
-                                local_archs=detect_local_archs())
+            rv = render_variant(
+                self.source, self.cfg.arch, variant, compile_values=compile_values, local_archs=detect_local_archs()
+            )
             self._known[key] = build_variant(rv, jobs=self.cfg.jobs)
         return self._known[key]
 
@@ -669,18 +1019,33 @@ def _gate(st: StudyState, cfg: Any, arch: Any, build: Any, shape: Mapping[str, i
     if build.build_id in gates:
         return gates[build.build_id]
     if not cfg.gate or arch.vendor == "cpu":
-        res = {"status": "skipped", "why": "CPU backend is the reference test-backend-ops compares against"
-               if arch.vendor == "cpu" else "--no-gate"}
+        res = {
+            "status": "skipped",
+            "why": "CPU backend is the reference test-backend-ops compares against"
+            if arch.vendor == "cpu"
+            else "--no-gate",
+        }
     else:
         from tuner.measure.gate import params_for_model, run_gate
 
         t0 = time.monotonic()
-        with log.step(f"Gate: test-backend-ops FLASH_ATTN_EXT with each kernel forced (head size {shape.get('head_dim', 64)})"):
-            g = run_gate(build.bin_dir, kernels=["VEC", "TILE", "MMA"], backend=f"{arch.backend}0",
-                         params=params_for_model(shape.get("head_dim", 64), "f16"), log_dir=cfg.run_dir / "logs")
+        with log.step(
+            f"Gate: test-backend-ops FLASH_ATTN_EXT with each kernel forced (head size {shape.get('head_dim', 64)})"
+        ):
+            g = run_gate(
+                build.bin_dir,
+                kernels=["VEC", "TILE", "MMA"],
+                backend=f"{arch.backend}0",
+                params=params_for_model(shape.get("head_dim", 64), "f16"),
+                log_dir=cfg.run_dir / "logs",
+            )
         st.add_seconds("gate", time.monotonic() - t0)
-        res = {"status": "pass" if g.passed else "fail", "summary": g.summary, "failing": list(g.failing)[:20],
-               "log": str(g.log_file)}
+        res = {
+            "status": "pass" if g.passed else "fail",
+            "summary": g.summary,
+            "failing": list(g.failing)[:20],
+            "log": str(g.log_file),
+        }
     gates[build.build_id] = res
     st.set_gates(gates)
     if not st.has_toolchain():
@@ -691,6 +1056,14 @@ def _gate(st: StudyState, cfg: Any, arch: Any, build: Any, shape: Mapping[str, i
 def _live(cfg: Any, source: Any, build: Any) -> Any:
     from tuner.search.live import make_live_measure
 
-    return make_live_measure(build.bin_dir, cfg.model, pp=cfg.pp, tg=cfg.tg, reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
-                             log_dir=cfg.run_dir / "logs", era=source.era, arch=cfg.arch, cpus=cfg.cpu_mask)
-
+    return make_live_measure(
+        build.bin_dir,
+        cfg.model,
+        pp=cfg.pp,
+        tg=cfg.tg,
+        reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
+        log_dir=cfg.run_dir / "logs",
+        era=source.era,
+        arch=cfg.arch,
+        cpus=cfg.cpu_mask,
+    )

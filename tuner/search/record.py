@@ -7,14 +7,7 @@ measurements :func:`tuner.search.select.select_winners` compares.
 
 from __future__ import annotations
 
-__all__ = [
-    "BASELINE_PARAMS_ATTR",
-    "point_key",
-    "parse_point_key",
-    "study_results",
-    "baseline_repeats",
-    "anchor_drift",
-]
+__all__ = ["BASELINE_PARAMS_ATTR", "anchor_drift", "baseline_repeats", "parse_point_key", "point_key", "study_results"]
 
 import math
 from typing import Any
@@ -22,7 +15,7 @@ from typing import Any
 from tuner.measure.anchors import drift_pct, pool
 from tuner.measure.stats import median
 from tuner.study import legacy
-from tuner.study.legacy import BASELINE_PARAMS_ATTR  # noqa: F401 - re-exported (the one-TPE trials' attribute)
+from tuner.study.legacy import BASELINE_PARAMS_ATTR
 
 
 def point_key(phase: str, depth: int) -> str:
@@ -46,8 +39,9 @@ def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], st
 
     results: dict[str, dict[tuple[str, int], Any]] = {}
     repeats = baseline_repeats(study)
-    results["baseline"] = {parse_point_key(k): Measurement(samples=tuple(pool(v)))
-                           for k, v in _anchor_samples(study, repeats).items()}
+    results["baseline"] = {
+        parse_point_key(k): Measurement(samples=tuple(pool(v))) for k, v in _anchor_samples(study, repeats).items()
+    }
     skip = {t.number for t in repeats}
     for t in study.get_trials(deepcopy=False):
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
@@ -76,8 +70,13 @@ def baseline_repeats(study: Any) -> list[Any]:
     if base is None or not legacy.trial_has(base, "values"):
         return []
     ref = legacy.trial_attr(base, "values")
-    return [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-            and legacy.trial_attr(t, "values") == ref and not legacy.trial_has(t, "cached_from")]
+    return [
+        t
+        for t in trials
+        if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        and legacy.trial_attr(t, "values") == ref
+        and not legacy.trial_has(t, "cached_from")
+    ]
 
 
 def _anchor_samples(study: Any, repeats: list[Any]) -> dict[str, list[Any]]:

@@ -17,7 +17,7 @@ evaluates before one is within ``within`` (2%) of the best configuration of the 
 
 from __future__ import annotations
 
-__all__ = ["ReplayGrid", "load_grid", "sample_efficiency", "run_replay"]
+__all__ = ["ReplayGrid", "load_grid", "run_replay", "sample_efficiency"]
 
 import dataclasses
 import itertools
@@ -99,8 +99,14 @@ def _configs(grid: ReplayGrid) -> list[dict[str, str]]:
     return [dict(zip(phases, combo)) for combo in itertools.product(*(grid.kernels(p) for p in phases))]
 
 
-def sample_efficiency(grid: ReplayGrid, *, profile: str = "balanced", within: float = 0.02, seeds: int = 20,
-                      samplers: Sequence[str] = ("random", "tpe")) -> dict[str, Any]:
+def sample_efficiency(
+    grid: ReplayGrid,
+    *,
+    profile: str = "balanced",
+    within: float = 0.02,
+    seeds: int = 20,
+    samplers: Sequence[str] = ("random", "tpe"),
+) -> dict[str, Any]:
     """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
     import optuna
 
@@ -119,8 +125,11 @@ def sample_efficiency(grid: ReplayGrid, *, profile: str = "balanced", within: fl
         for seed in range(seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                sampler = (optuna.samplers.RandomSampler(seed=seed) if name == "random"
-                           else optuna.samplers.TPESampler(seed=seed, n_startup_trials=3))
+                sampler = (
+                    optuna.samplers.RandomSampler(seed=seed)
+                    if name == "random"
+                    else optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+                )
             study = optuna.create_study(direction="maximize", sampler=sampler)
             dists = {p: optuna.distributions.CategoricalDistribution(grid.kernels(p)) for p in phases}
             seen: set[tuple[tuple[str, str], ...]] = set()
@@ -136,22 +145,28 @@ def sample_efficiency(grid: ReplayGrid, *, profile: str = "balanced", within: fl
                 if v >= target:
                     break
             needed.append(n)
-        out["samplers"][name] = {"median": statistics.median(needed), "mean": statistics.fmean(needed),
-                                 "max": max(needed), "runs": needed}
+        out["samplers"][name] = {
+            "median": statistics.median(needed),
+            "mean": statistics.fmean(needed),
+            "max": max(needed),
+            "runs": needed,
+        }
     return out
 
 
 def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
     """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
-    from tuner.search.study import PROFILES
     from tuner.search.select import Measurement, select_winners
+    from tuner.search.study import PROFILES
 
     grid = load_grid(files)
     log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
     weights = PROFILES[profile]
     rows = []
     for c in _configs(grid):
-        rows.append([f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"])
+        rows.append(
+            [f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"]
+        )
     rows.sort(key=lambda r: -float(r[2]))
     log.info(log.table(["mode", "config (forced kernel per phase)", f"objective ({profile})"], rows))
 
@@ -171,8 +186,10 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
     log.info(
         f"{TAG}: exhaustive grid of {eff['grid_size']} configs, best objective {eff['best']:.4f}; evaluations to "
         f"get within 2%: "
-        + "; ".join(f"{k} median {v['median']}, mean {v['mean']:.1f}, max {v['max']} over {len(v['runs'])} seeds"
-                    for k, v in eff["samplers"].items())
+        + "; ".join(
+            f"{k} median {v['median']}, mean {v['mean']:.1f}, max {v['max']} over {len(v['runs'])} seeds"
+            for k, v in eff["samplers"].items()
+        )
     )
     return {"selection": sel, "efficiency": eff}
 
@@ -200,19 +217,29 @@ def grid_measure(grid: ReplayGrid) -> Any:
         for d in depths:
             s = grid.samples.get((phase, kernel), {}).get(d)
             if not s:
-                out[d] = {"ts": None, "kernel": None, "why": None, "error": f"no recording of {phase}-{kernel} at depth {d}"}
+                out[d] = {
+                    "ts": None,
+                    "kernel": None,
+                    "why": None,
+                    "error": f"no recording of {phase}-{kernel} at depth {d}",
+                }
                 continue
             calls["n"] += 1
-            out[d] = {"ts": s[(i + shift) % len(s)], "kernel": None if kernel == "default" else kernel,
-                      "why": "default" if kernel == "default" else "rule", "error": ""}
+            out[d] = {
+                "ts": s[(i + shift) % len(s)],
+                "kernel": None if kernel == "default" else kernel,
+                "why": "default" if kernel == "default" else "rule",
+                "error": "",
+            }
         return out
 
     measure.calls = calls  # type: ignore[attr-defined]  # measurements served, for the efficiency line
     return measure
 
 
-def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0,
-                  as_json: bool = False) -> dict[str, Any]:
+def replay_screen(
+    files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0, as_json: bool = False
+) -> dict[str, Any]:
     """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner.
 
     The grid's winner at a depth is the kernel with the highest median over all its recorded samples
@@ -236,8 +263,17 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
         recs: list[dict[str, Any]] = []
         cands = candidates_for(phase, kernels) + ([] if not kernels else candidates_for(phase, [])[1:])
         before = measure.calls["n"]
-        run_phase_rounds(measure, phase, cands, depths, recs, min_rounds=min_rounds, max_rounds=min(max_rounds, n_rec - 1),
-                         target_ci=ci_target, tag=TAG)
+        run_phase_rounds(
+            measure,
+            phase,
+            cands,
+            depths,
+            recs,
+            min_rounds=min_rounds,
+            max_rounds=min(max_rounds, n_rec - 1),
+            target_ci=ci_target,
+            tag=TAG,
+        )
         cells = summarize_phase(phase, recs, depths)
         decisions = comp.compose_phase(phase, cells)
         exhaustive = sum(len(grid.samples[(phase, k)][d]) for k in grid.kernels(phase) for d in depths)
@@ -251,17 +287,46 @@ def replay_screen(files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int
             ok = (dec.winner == best) or (dec.winner is None and (best == "default" or gain <= dec.noise_pct))
             agree += ok
             winners[dec.depth] = best
-            rows.append([TAG, f"{phase}@d{dec.depth}", f"{best} ({gain:+.1f}% vs default)", dec.winner or "upstream",
-                         f"{dec.effect_pct:+.1f}%", f"±{dec.noise_pct:.1f}%", "yes" if ok else "NO"])
+            rows.append(
+                [
+                    TAG,
+                    f"{phase}@d{dec.depth}",
+                    f"{best} ({gain:+.1f}% vs default)",
+                    dec.winner or "upstream",
+                    f"{dec.effect_pct:+.1f}%",
+                    f"±{dec.noise_pct:.1f}%",
+                    "yes" if ok else "NO",
+                ]
+            )
         used = measure.calls["n"] - before
         if not as_json:
-            click.echo(log.table(["mode", "point", "grid winner (median of all samples)", "screen pick", "Δ", "A/A noise",
-                                  "reproduced"], rows))
-            click.echo(f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
-                 f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid.")
-        out[phase] = {"decisions": [d.as_dict() for d in decisions], "agree": agree, "n": len(decisions),
-                      "used": used, "exhaustive": exhaustive, "grid_winners": winners,
-                      "rules": rules_texts(comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None)))}
+            click.echo(
+                log.table(
+                    [
+                        "mode",
+                        "point",
+                        "grid winner (median of all samples)",
+                        "screen pick",
+                        "Δ",
+                        "A/A noise",
+                        "reproduced",
+                    ],
+                    rows,
+                )
+            )
+            click.echo(
+                f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
+                f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid."
+            )
+        out[phase] = {
+            "decisions": [d.as_dict() for d in decisions],
+            "agree": agree,
+            "n": len(decisions),
+            "used": used,
+            "exhaustive": exhaustive,
+            "grid_winners": winners,
+            "rules": rules_texts(comp.rules_from(decisions, comp.Shape(D=None, gqa=None, kv=None))),
+        }
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
     return out

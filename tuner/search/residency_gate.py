@@ -50,12 +50,20 @@ def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
 def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
     """One probe as plain data for the study, ``config.toml`` and the report."""
     return {
-        "summary": res.summary, "passed": bool(passed), "reasons": list(reasons),
-        "splits_pp": res.splits_pp, "splits_tg": res.splits_tg,
-        "layers_offloaded": res.layers_offloaded, "layers_total": res.layers_total,
-        "device_weights_mib": round(res.device_weights_mib, 2), "host_weights_mib": round(res.host_weights_mib, 2),
-        "kv_buffers": dict(res.kv_buffers), "host_kv_mib": round(res.host_kv_mib, 2),
-        "fallbacks": len(res.fallbacks), "gpu": res.gpu, "error": res.error,
+        "summary": res.summary,
+        "passed": bool(passed),
+        "reasons": list(reasons),
+        "splits_pp": res.splits_pp,
+        "splits_tg": res.splits_tg,
+        "layers_offloaded": res.layers_offloaded,
+        "layers_total": res.layers_total,
+        "device_weights_mib": round(res.device_weights_mib, 2),
+        "host_weights_mib": round(res.host_weights_mib, 2),
+        "kv_buffers": dict(res.kv_buffers),
+        "host_kv_mib": round(res.host_kv_mib, 2),
+        "fallbacks": len(res.fallbacks),
+        "gpu": res.gpu,
+        "error": res.error,
         "log": str(res.log_file) if res.log_file else None,
     }
 
@@ -73,22 +81,36 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
     ok_up, why_up = judge(up, full_offload=full, host_weights_mib=host_weights_mib)
     rec: dict[str, Any] = {"full_offload": full, "upstream": summary_row(up, ok_up, why_up), "final": None}
     if final is None:
-        rec.update(verdict="pass" if ok_up else "not judged", reasons=list(why_up),
-                   why="the final config is upstream's" + ("" if ok_up else "; upstream's own probe fails, reported only"))
+        rec.update(
+            verdict="pass" if ok_up else "not judged",
+            reasons=list(why_up),
+            why="the final config is upstream's" + ("" if ok_up else "; upstream's own probe fails, reported only"),
+        )
         return rec
     ok, why = judge(final, full_offload=full, host_weights_mib=host_weights_mib)
     rec["final"] = summary_row(final, ok, why)
     more_splits = full and final.splits_tg is not None and up.splits_tg is not None and final.splits_tg > up.splits_tg
     if ok and not more_splits:
-        rec.update(verdict="pass", reasons=[], why="full offload kept" if full and up.gpu else
-                   ("partial offload (upstream's config keeps layers or the KV cache on the host): reported, not judged"
-                    if not full else "CPU backend: everything on the host by design"))
+        rec.update(
+            verdict="pass",
+            reasons=[],
+            why="full offload kept"
+            if full and up.gpu
+            else (
+                "partial offload (upstream's config keeps layers or the KV cache on the host): reported, not judged"
+                if not full
+                else "CPU backend: everything on the host by design"
+            ),
+        )
     elif ok_up or more_splits:
         extra = [f"The decode graph has {final.splits_tg} splits, upstream's {up.splits_tg}."] if more_splits else []
         rec.update(verdict="fail", reasons=[*why, *extra], why="the final config moves work or memory off the GPU")
     else:
-        rec.update(verdict="not judged", reasons=list(why),
-                   why="upstream's own probe fails the same check, so it cannot tell the configs apart")
+        rec.update(
+            verdict="not judged",
+            reasons=list(why),
+            why="upstream's own probe fails the same check, so it cannot tell the configs apart",
+        )
     return rec
 
 
@@ -119,7 +141,9 @@ def residency_result(result: Mapping[str, Any], rec: Mapping[str, Any]) -> dict[
     if rec["verdict"] != "fail":
         return {**result, "residency": dict(rec)}
     why = " ".join(rec["reasons"])
-    log.warning(f"RESIDENCY CHECK FAILED for the final config ({why}). It is infeasible and is NOT exported; "
-                "the result is upstream's selection.")
+    log.warning(
+        f"RESIDENCY CHECK FAILED for the final config ({why}). It is infeasible and is NOT exported; "
+        "the result is upstream's selection."
+    )
     out, rejected = upstream_instead(result, "failed the residency check with the final config")
     return {**out, "residency": {**dict(rec), "rejected": rejected}}

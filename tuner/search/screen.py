@@ -28,18 +28,18 @@ from __future__ import annotations
 
 __all__ = [
     "AA_NAME",
+    "UPSTREAM",
     "AllCallsFailed",
     "BudgetReached",
-    "UPSTREAM",
     "Candidate",
     "CellStats",
+    "JointMeasure",
     "Measure",
     "PhaseScreen",
-    "JointMeasure",
-    "candidates_for",
-    "merge_call",
     "Settle",
+    "candidates_for",
     "depths_to_measure",
+    "merge_call",
     "run_joint_rounds",
     "run_phase_rounds",
     "summarize_phase",
@@ -54,8 +54,18 @@ from typing import Any
 
 from tuner import log, progress
 from tuner.errors import TunerError
-from tuner.measure.paired import (CPU_REJECTED, Diff, Effect, block_effects, noise_pct, noise_points, paired_diff,
-                                  rejects_cpu_cost, rotated, verdict)
+from tuner.measure.paired import (
+    CPU_REJECTED,
+    Diff,
+    Effect,
+    block_effects,
+    noise_pct,
+    noise_points,
+    paired_diff,
+    rejects_cpu_cost,
+    rotated,
+    verdict,
+)
 from tuner.measure.stats import median
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
 
@@ -72,8 +82,10 @@ class AllCallsFailed(TunerError):
     def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
         self.tag, self.calls, self.errors = tag, calls, list(errors)
         said, where = _bench_said(errors[0] if errors else "")
-        super().__init__(f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
-                         f"llama-bench said: {said!r}" + (f" (log: {where})." if where else "."))
+        super().__init__(
+            f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
+            f"llama-bench said: {said!r}" + (f" (log: {where})." if where else ".")
+        )
 
 
 def _bench_said(error: str) -> tuple[str, str]:
@@ -90,7 +102,11 @@ def _bench_said(error: str) -> tuple[str, str]:
     if not lines:
         lines = error.split("Last lines:", 1)[-1].splitlines()
     # the command line (first line of a log) and progress lines say nothing about the failure
-    keep = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")]
+    keep = [
+        ln.strip()
+        for ln in lines
+        if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")
+    ]
     keep = list(dict.fromkeys(keep))  # a retried call repeats its error
     return (" | ".join(keep[-3:]) or error[:300] or "no error text"), log_file
 
@@ -126,8 +142,9 @@ JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[
 Settle = Callable[[str, "PhaseScreen"], Set[int]]
 
 
-def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None,
-                   base_args: Sequence[str] = ()) -> list[Candidate]:
+def candidates_for(
+    phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None, base_args: Sequence[str] = ()
+) -> list[Candidate]:
     """Upstream plus one forced candidate per kernel (or the A/A twin when nothing can be forced).
 
     ``base_env``/``base_args`` are applied to every candidate (the knobs pinned with --set).
@@ -138,8 +155,9 @@ def candidates_for(phase: str, kernels: Sequence[str], *, base_env: Mapping[str,
         return out + [Candidate(name=AA_NAME, env=env, args=tuple(base_args))]
     for k in kernels:
         forced = FaRule(phase=Phase.from_bench(phase), lo=0, hi=None, kernel=k)
-        out.append(Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": rules_env([forced])},
-                             args=tuple(base_args), kernel=k))
+        out.append(
+            Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": rules_env([forced])}, args=tuple(base_args), kernel=k)
+        )
     return out
 
 
@@ -161,12 +179,27 @@ def run_phase_rounds(
 ) -> list[dict[str, Any]]:
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
-    def one(c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str) -> dict[str, Mapping[int, Mapping[str, Any]]]:
+
+    def one(
+        c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str
+    ) -> dict[str, Mapping[int, Mapping[str, Any]]]:
         return {phases[0]: measure(c, phases[0], ds, label)}
 
-    return run_joint_rounds(one, {phase: candidates}, depths, rounds, pp_tokens=0, min_rounds=min_rounds,
-                            max_rounds=max_rounds, target_ci=target_ci, deadline=deadline, on_round=on_round, tag=tag,
-                            prior=prior, settle=settle)[phase]
+    return run_joint_rounds(
+        one,
+        {phase: candidates},
+        depths,
+        rounds,
+        pp_tokens=0,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        target_ci=target_ci,
+        deadline=deadline,
+        on_round=on_round,
+        tag=tag,
+        prior=prior,
+        settle=settle,
+    )[phase]
 
 
 def _phase_rules(cand: Candidate, phase: str) -> list[FaRule]:
@@ -227,7 +260,9 @@ def run_joint_rounds(
     want = set(depths)
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
-    with progress.track(f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls") as bar:
+    with progress.track(
+        f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls"
+    ) as bar:
         while True:
             todo = {p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle) for p in cands}
             active = [p for p in cands if todo[p]]
@@ -236,16 +271,21 @@ def run_joint_rounds(
             ds = sorted({d for p in active for d in todo[p]})
             n_calls = max(len(cands[p]) for p in active)
             if _out_of_time(deadline, [r for p in active for r in mine[p]], prior, n_calls, ds):
-                log.warning(f"{tag} {'+'.join(active)}: no time for another round within the budget after "
-                            f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds")
+                log.warning(
+                    f"{tag} {'+'.join(active)}: no time for another round within the budget after "
+                    f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds"
+                )
                 raise BudgetReached(f"{tag} {'+'.join(active)}")
             recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
             # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
             # records): the model or the build does not run at all. A phase failing beside one that
             # measures is data (a prefill crash never stops decode), and is kept as such.
             if not _any_value(recs.values()) and not _any_value(rounds):
-                raise AllCallsFailed(tag, max(len(cands[p]) for p in active),
-                                     sorted({e for r in recs.values() for e in r["errors"].values()}))
+                raise AllCallsFailed(
+                    tag,
+                    max(len(cands[p]) for p in active),
+                    sorted({e for r in recs.values() for e in r["errors"].values()}),
+                )
             for p, rec in recs.items():
                 mine[p].append(rec)
                 rounds.append(rec)
@@ -256,14 +296,22 @@ def run_joint_rounds(
                 wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"
                 others = "+".join(q for q in recs if q != p) if rec["shared"] else ""
                 where = "" if ds == sorted(want) else f" at depths {ds} (the others are settled)"
-                log.info(f"  {tag} {p} round {rec['round'] + 1}/{max_rounds}{where} ({rec['seconds']:.0f} s"
-                         + (f", calls shared with {others}" if others else "") + f"): widest 95% CI {wide} "
-                         f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else ""))
+                log.info(
+                    f"  {tag} {p} round {rec['round'] + 1}/{max_rounds}{where} ({rec['seconds']:.0f} s"
+                    + (f", calls shared with {others}" if others else "")
+                    + f"): widest 95% CI {wide} "
+                    f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else "")
+                )
     return mine
 
 
-def _out_of_time(deadline: float | None, done: Sequence[Mapping[str, Any]], prior: Sequence[Mapping[str, Any]] = (),
-                 n_calls: int = 1, depths: Sequence[int] = (0,)) -> bool:
+def _out_of_time(
+    deadline: float | None,
+    done: Sequence[Mapping[str, Any]],
+    prior: Sequence[Mapping[str, Any]] = (),
+    n_calls: int = 1,
+    depths: Sequence[int] = (0,),
+) -> bool:
     """True when the next round would end past ``deadline``, judged by the longest round so far
     (a killed call loses its round in flight; stopping before it keeps the budget's promise).
     Before this loop's first round, the slowest call of ``prior`` rounds is scaled to this round's
@@ -285,8 +333,15 @@ def _call_weight(depths: Sequence[int]) -> float:
     return float(sum(int(d) for d in depths) + 4096 * len(depths))
 
 
-def depths_to_measure(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int,
-                      max_rounds: int, target_ci: float, settle: Settle | None = None) -> list[int]:
+def depths_to_measure(
+    phase: str,
+    mine: Sequence[Mapping[str, Any]],
+    depths: Sequence[int],
+    min_rounds: int,
+    max_rounds: int,
+    target_ci: float,
+    settle: Settle | None = None,
+) -> list[int]:
     """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
 
     Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within
@@ -298,24 +353,52 @@ def depths_to_measure(phase: str, mine: Sequence[Mapping[str, Any]], depths: Seq
     open_ = settle(phase, st) if settle is not None else set(depths)
     out = []
     for d in depths:
-        if n[d] < min_rounds:
-            out.append(d)
-        elif n[d] < max_rounds and d in open_ and not (d in st and st[d].max_halfwidth <= target_ci):
+        if n[d] < min_rounds or (
+            n[d] < max_rounds and d in open_ and not (d in st and st[d].max_halfwidth <= target_ci)
+        ):
             out.append(d)
     return out
 
 
-def phase_stops(phase: str, mine: Sequence[Mapping[str, Any]], depths: Sequence[int], min_rounds: int, max_rounds: int,
-                target_ci: float, settle: Settle | None = None) -> bool:
+def phase_stops(
+    phase: str,
+    mine: Sequence[Mapping[str, Any]],
+    depths: Sequence[int],
+    min_rounds: int,
+    max_rounds: int,
+    target_ci: float,
+    settle: Settle | None = None,
+) -> bool:
     return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle)
 
 
-def _joint_round(joint: JointMeasure, cands: Mapping[str, Sequence[Candidate]], depths: Sequence[int],
-                 mine: Mapping[str, Sequence[Mapping[str, Any]]], bar: Any, *, pp_tokens: int, tag: str) -> dict[str, dict[str, Any]]:
+def _joint_round(
+    joint: JointMeasure,
+    cands: Mapping[str, Sequence[Candidate]],
+    depths: Sequence[int],
+    mine: Mapping[str, Sequence[Mapping[str, Any]]],
+    bar: Any,
+    *,
+    pp_tokens: int,
+    tag: str,
+) -> dict[str, dict[str, Any]]:
     """One round of every active phase; returns its record per phase."""
     orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
-    recs = {p: {"phase": p, "depths": [int(d) for d in depths], "round": len(mine[p]), "order": orders[p], "values": {},
-                "kernels": {}, "why": {}, "errors": {}, "t": time.time(), "shared": False} for p in cands}
+    recs = {
+        p: {
+            "phase": p,
+            "depths": [int(d) for d in depths],
+            "round": len(mine[p]),
+            "order": orders[p],
+            "values": {},
+            "kernels": {},
+            "why": {},
+            "errors": {},
+            "t": time.time(),
+            "shared": False,
+        }
+        for p in cands
+    }
     t0 = time.monotonic()
     for j in range(max(len(o) for o in orders.values())):
         pick = {p: next(c for c in cands[p] if c.name == orders[p][j]) for p in cands if j < len(orders[p])}
@@ -406,13 +489,25 @@ class CellStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "depth": self.depth, "upstream_kernel": self.upstream_kernel, "aa": self.aa,
-            "noise_pct": self.noise_pct, "upstream_ts": self.upstream_ts,
-            "effects": {k: {**e.as_dict(), "verdict": self.verdicts[k],
-                            **({"cpu": self.cpu[k].as_dict()} if k in self.cpu else {})} for k, e in self.effects.items()},
-            "fallback": list(self.fallback), "cpu_noise": self.cpu_noise,
-            "levels": {k: dict(v) for k, v in self.levels.items()}, "kernels": dict(self.kernels),
-            "bar_pct": self.bar_pct, "cpu_bar": self.cpu_bar,
+            "depth": self.depth,
+            "upstream_kernel": self.upstream_kernel,
+            "aa": self.aa,
+            "noise_pct": self.noise_pct,
+            "upstream_ts": self.upstream_ts,
+            "effects": {
+                k: {
+                    **e.as_dict(),
+                    "verdict": self.verdicts[k],
+                    **({"cpu": self.cpu[k].as_dict()} if k in self.cpu else {}),
+                }
+                for k, e in self.effects.items()
+            },
+            "fallback": list(self.fallback),
+            "cpu_noise": self.cpu_noise,
+            "levels": {k: dict(v) for k, v in self.levels.items()},
+            "kernels": dict(self.kernels),
+            "bar_pct": self.bar_pct,
+            "cpu_bar": self.cpu_bar,
         }
 
 
@@ -438,7 +533,9 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         fallback = [n for n in names if any(r["why"].get(n, {}).get(key) == "fallback" for r in recs)]
         # Rounds are blocks: every candidate that ran its kernel shares one pooled error variance.
         effects: dict[str, Effect] = block_effects(
-            {UPSTREAM: up, **{n: [r["values"].get(n, {}).get(key) for r in recs] for n in names if n not in fallback}}, UPSTREAM)
+            {UPSTREAM: up, **{n: [r["values"].get(n, {}).get(key) for r in recs] for n in names if n not in fallback}},
+            UPSTREAM,
+        )
         aa = AA_NAME if AA_NAME in effects else (up_kernel if up_kernel in effects else None)
         noise = noise_pct(effects[aa]) if aa else math.inf
         ups = [u for u in up if u]
@@ -446,14 +543,29 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         cpu_noise = noise_points(cpu[aa]) if aa else math.inf
         verdicts = {n: verdict(e, noise) for n, e in effects.items()}
         if phase == "tg":  # decode changes are judged by their CPU cost too (docs/design.md)
-            verdicts.update({n: CPU_REJECTED for n in effects if n != aa
-                             and rejects_cpu_cost(effects[n].ci_low, noise, cpu[n].ci_low, cpu_noise)})
+            verdicts.update(
+                {
+                    n: CPU_REJECTED
+                    for n in effects
+                    if n != aa and rejects_cpu_cost(effects[n].ci_low, noise, cpu[n].ci_low, cpu_noise)
+                }
+            )
         out[d] = CellStats(
-            depth=d, upstream_kernel=up_kernel, aa=aa, noise_pct=noise,
+            depth=d,
+            upstream_kernel=up_kernel,
+            aa=aa,
+            noise_pct=noise,
             upstream_ts=sorted(ups)[len(ups) // 2] if ups else math.nan,
-            effects=effects, verdicts=verdicts, fallback=tuple(fallback), cpu=cpu, cpu_noise=cpu_noise,
+            effects=effects,
+            verdicts=verdicts,
+            fallback=tuple(fallback),
+            cpu=cpu,
+            cpu_noise=cpu_noise,
             # the upper median of an even count, as ``upstream_ts``: a report row shows one round's value
-            levels={n: {k: median(_series(recs, k, n, key), upper=True) for k in ("ts", *OBSERVED)} for n in [UPSTREAM, *names]},
+            levels={
+                n: {k: median(_series(recs, k, n, key), upper=True) for k in ("ts", *OBSERVED)}
+                for n in [UPSTREAM, *names]
+            },
             kernels={n: _majority([r["kernels"].get(n, {}).get(key) for r in recs]) for n in [UPSTREAM, *names]},
         )
     return out
@@ -464,5 +576,3 @@ def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) 
     (None in rounds, or whole records of older studies, that lack it)."""
     field = "values" if key == "ts" else key
     return [r.get(field, {}).get(name, {}).get(depth) for r in recs]
-
-

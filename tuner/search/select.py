@@ -16,7 +16,7 @@ baseline: "no difference beyond noise" is a valid result and is reported as such
 
 from __future__ import annotations
 
-__all__ = ["Point", "Measurement", "BucketPick", "Selection", "select_winners", "PHASES"]
+__all__ = ["PHASES", "BucketPick", "Measurement", "Point", "Selection", "select_winners"]
 
 import dataclasses
 import itertools
@@ -87,8 +87,13 @@ def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
 
 
 def _verdicts(
-    results: Mapping[str, Mapping[Point, Measurement]], base: Mapping[Point, Measurement], *,
-    noise_floor: Mapping[Point, float] | None, min_effect_pct: float, confidence: float, seed: int,
+    results: Mapping[str, Mapping[Point, Measurement]],
+    base: Mapping[Point, Measurement],
+    *,
+    noise_floor: Mapping[Point, float] | None,
+    min_effect_pct: float,
+    confidence: float,
+    seed: int,
 ) -> dict[tuple[str, Point], dict[str, object]]:
     """Every (config, point) measured where the baseline was: its verdict against the baseline."""
     verdicts: dict[tuple[str, Point], dict[str, object]] = {}
@@ -170,9 +175,7 @@ def _best_partition(ph: _Phase, depths: list[int], tau: float) -> list[tuple[int
             continue
         worst = max(ph.pick(seg)[1] for seg in parts)
         # Extra buckets must pay for themselves (more rules to maintain and export).
-        if worst < best_worst * (1.0 - tau) or (
-            len(parts) < len(best_parts) and worst <= best_worst
-        ):
+        if worst < best_worst * (1.0 - tau) or (len(parts) < len(best_parts) and worst <= best_worst):
             best_parts, best_worst = parts, worst
     return best_parts
 
@@ -237,16 +240,23 @@ def select_winners(
         The Selection, with per-point evidence for each bucket.
     """
     base = results[baseline]
-    verdicts = _verdicts(results, base, noise_floor=noise_floor, min_effect_pct=min_effect_pct,
-                         confidence=confidence, seed=seed)
+    verdicts = _verdicts(
+        results, base, noise_floor=noise_floor, min_effect_pct=min_effect_pct, confidence=confidence, seed=seed
+    )
     rejected: dict[str, str] = {}
     buckets: list[BucketPick] = []
     for phase in PHASES:
         depths = sorted(d for (ph, d) in base if ph == phase)
         if not depths:
             continue
-        ph = _Phase(phase=phase, results=results, verdicts=verdicts, eligible=eligible, rejected=rejected,
-                    keep=fallback or baseline)
+        ph = _Phase(
+            phase=phase,
+            results=results,
+            verdicts=verdicts,
+            eligible=eligible,
+            rejected=rejected,
+            keep=fallback or baseline,
+        )
         ph.set_best(depths)
         for seg in _best_partition(ph, depths, tau):
             buckets.append(_bucket(ph, seg))

@@ -9,13 +9,7 @@ read-back in :mod:`tuner.search.record` and their selection in :mod:`tuner.searc
 
 from __future__ import annotations
 
-__all__ = [
-    "SearchConfig",
-    "PROFILES",
-    "check_storage_url",
-    "make_storage",
-    "resolve_arch",
-]
+__all__ = ["PROFILES", "SearchConfig", "check_storage_url", "make_storage", "resolve_arch"]
 
 import dataclasses
 import logging
@@ -36,6 +30,7 @@ PROFILES: dict[str, dict[str, float]] = {
     "prefill": {"pp": 0.8, "tg": 0.2},
     "balanced": {"pp": 0.5, "tg": 0.5},
 }
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchConfig:
@@ -121,7 +116,9 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
     found = ", ".join(local) if local else "no GPU (only the CPU backend)"
     hint = (
         f" To run {arch.name}'s kernels on this newer GPU anyway (PTX JIT, measured speed is this GPU's), "
-        "add --ptx-jit." if newer else ""
+        "add --ptx-jit."
+        if newer
+        else ""
     )
     msg = (
         f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "

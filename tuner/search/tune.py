@@ -19,8 +19,19 @@ so the trial's point estimates are held against the noise.
 
 from __future__ import annotations
 
-__all__ = ["TUNE_KINDS", "tunable_knobs", "knob_phases", "pick", "paired_objectives", "cpu_rejection", "screen_noise",
-           "count_done", "fail_interrupted", "interrupt_trial", "trial_heartbeat"]
+__all__ = [
+    "TUNE_KINDS",
+    "count_done",
+    "cpu_rejection",
+    "fail_interrupted",
+    "interrupt_trial",
+    "knob_phases",
+    "paired_objectives",
+    "pick",
+    "screen_noise",
+    "trial_heartbeat",
+    "tunable_knobs",
+]
 
 import contextlib
 import math
@@ -70,8 +81,17 @@ def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) 
     return best
 
 
-def paired_objectives(m_ref: Any, ref: Any, m_cand: Any, cand: Any, phases: Sequence[str], depths: Sequence[int], *,
-                      label: str, flip: bool) -> tuple[list[float], dict[str, float], dict[str, float]]:
+def paired_objectives(
+    m_ref: Any,
+    ref: Any,
+    m_cand: Any,
+    cand: Any,
+    phases: Sequence[str],
+    depths: Sequence[int],
+    *,
+    label: str,
+    flip: bool,
+) -> tuple[list[float], dict[str, float], dict[str, float]]:
     """One paired round per phase the trial can change: reference and candidate back to back (order
     flipped on alternate trials). Returns the per-phase objectives ``[pp, tg]`` (geometric mean of the
     per-depth ratios; 1.0 for a phase the trial cannot change, which is not measured), the ratios and
@@ -109,6 +129,7 @@ def paired_objectives(m_ref: Any, ref: Any, m_cand: Any, cand: Any, phases: Sequ
 def screen_noise(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
     """(t/s noise %, CPU% noise points) of a phase's stored screen cells (``CellStats.as_dict`` by
     depth): the medians over depths, as compose's floors; infinite where unknown (older studies)."""
+
     def med(key: str) -> float:
         vals = sorted(float(c[key]) for c in cells.values() if c.get(key) is not None and math.isfinite(float(c[key])))
         return vals[len(vals) // 2] if vals else math.inf
@@ -126,8 +147,10 @@ def cpu_rejection(objs: Sequence[float], cpu: Mapping[str, float], ts_noise_pct:
     rise = sum(rises) / len(rises)
     if not rejects_cpu_cost(objs[1], ts_noise_pct, rise, cpu_noise):
         return ""
-    return (f"{CPU_REJECTED}: decode CPU% {rise:+.1f} points (screen A/A CPU noise ±{cpu_noise:.1f}), "
-            f"t/s x{objs[1]:.3f} (noise ±{ts_noise_pct:.1f}%)")
+    return (
+        f"{CPU_REJECTED}: decode CPU% {rise:+.1f} points (screen A/A CPU noise ±{cpu_noise:.1f}), "
+        f"t/s x{objs[1]:.3f} (noise ±{ts_noise_pct:.1f}%)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,7 +176,9 @@ def count_done(study: Any) -> int:
     return n
 
 
-def interrupt_trial(study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured") -> None:
+def interrupt_trial(
+    study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
+) -> None:
     """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
 
     Best effort: an interruption must never be hidden by a second error while it is recorded."""
@@ -209,8 +234,12 @@ def fail_interrupted(study: Any, storage: Any) -> list[int]:
         if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")):
             continue
         try:
-            write_trial_in_storage(storage, t._trial_id, status=INTERRUPTED,
-                                   reason=f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured")
+            write_trial_in_storage(
+                storage,
+                t._trial_id,
+                status=INTERRUPTED,
+                reason=f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured",
+            )
             if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 _requeue(study, t.params, t.number)
                 out.append(t.number)

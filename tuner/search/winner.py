@@ -15,7 +15,7 @@ imports the study machinery.
 
 from __future__ import annotations
 
-__all__ = ["Winner", "FinishedStudy", "choose_winner", "describe", "load_finished_study"]
+__all__ = ["FinishedStudy", "Winner", "choose_winner", "describe", "load_finished_study"]
 
 import dataclasses
 import math
@@ -24,9 +24,9 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.redact import redact
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import RULE_KINDS
+from tuner.redact import redact
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
 from tuner.study import legacy
 from tuner.study.record import load_header
@@ -58,8 +58,8 @@ def choose_winner(study: Any, space: Any) -> Winner:
     """Apply the global pick + per-bucket selection described in the module docstring."""
     import optuna
 
-    from tuner.search.select import select_winners
     from tuner.measure.stats import compare
+    from tuner.search.select import select_winners
 
     results, base = study_results(study)
     if not results.get(base):
@@ -215,5 +215,6 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
     w = choose_winner(study, space)
     results, base = study_results(study)
     baseline_trial = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
-    return FinishedStudy(study=study, source=source, space=space, winner=w, results=results, base=base,
-                         baseline_trial=baseline_trial)
+    return FinishedStudy(
+        study=study, source=source, space=space, winner=w, results=results, base=base, baseline_trial=baseline_trial
+    )

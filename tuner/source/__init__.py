@@ -10,8 +10,15 @@ from __future__ import annotations
 from tuner.source.fetch import fetch_source, run_pip_download
 from tuner.source.pack import pack_source, unpack_source
 from tuner.source.spec import DEFAULT_SPEC, Source, SourceSpec, parse_spec
-from tuner.source.tree import (ERAS, CMakeOption, find_commit, find_era, load_cmake_options, parse_cmake_commands,
-                               source_info)
+from tuner.source.tree import (
+    ERAS,
+    CMakeOption,
+    find_commit,
+    find_era,
+    load_cmake_options,
+    parse_cmake_commands,
+    source_info,
+)
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -19,14 +26,14 @@ __all__ = [
     "CMakeOption",
     "Source",
     "SourceSpec",
-    "parse_spec",
     "fetch_source",
     "find_commit",
     "find_era",
     "load_cmake_options",
-    "parse_cmake_commands",
-    "source_info",
     "pack_source",
-    "unpack_source",
+    "parse_cmake_commands",
+    "parse_spec",
     "run_pip_download",
+    "source_info",
+    "unpack_source",
 ]

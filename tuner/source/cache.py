@@ -4,8 +4,16 @@ Shared by :mod:`tuner.source.fetch` (trees it downloads) and :mod:`tuner.source.
 
 from __future__ import annotations
 
-__all__ = ["NO_SPACE", "commit_entry", "index_file", "load_cached", "no_space_error", "sources_dir", "staging_dir",
-           "write_json"]
+__all__ = [
+    "NO_SPACE",
+    "commit_entry",
+    "index_file",
+    "load_cached",
+    "no_space_error",
+    "sources_dir",
+    "staging_dir",
+    "write_json",
+]
 
 import dataclasses
 import datetime
@@ -30,9 +38,11 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def no_space_error(err: OSError | None, where: Path, *, path: str | None = None) -> TunerError:
     """The one-paragraph error for a full disk, naming the file being written when known."""
     path = path or (str(err.filename) if err is not None and err.filename else None) or str(where)
-    return TunerError(f"No space left on device while writing {path}. Free space on that disk, or set "
-                      "TUNER_HOME (and TMPDIR, where pip unpacks) to a folder on a larger one, and run the "
-                      "command again.")
+    return TunerError(
+        f"No space left on device while writing {path}. Free space on that disk, or set "
+        "TUNER_HOME (and TMPDIR, where pip unpacks) to a folder on a larger one, and run the "
+        "command again."
+    )
 
 
 def sources_dir() -> Path:
@@ -62,8 +72,7 @@ def load_cached(source_id: str, spec: str) -> Source | None:
     if not (root / "CMakeLists.txt").is_file():
         return None
     return Source(
-        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"),
-        era=meta["era"], cached=True, meta=meta,
+        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"), era=meta["era"], cached=True, meta=meta
     )
 
 
@@ -76,8 +85,13 @@ def staging_dir() -> Path:
 def commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any]) -> Source:
     """Atomically turn a staging folder holding ``llama.cpp/`` into ``sources/<source_id>``."""
     era = find_era(staging / "llama.cpp")
-    meta = {**meta, "spec": spec, "source_id": source_id, "era": era,
-            "fetched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    meta = {
+        **meta,
+        "spec": spec,
+        "source_id": source_id,
+        "era": era,
+        "fetched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     write_json(staging / "source.json", meta)
     final = sources_dir() / source_id
     try:
@@ -89,5 +103,12 @@ def commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any])
         if hit is None:
             raise
         return dataclasses.replace(hit, cached=False)
-    return Source(spec=spec, source_id=source_id, root=final / "llama.cpp",
-                  commit=meta.get("commit"), era=era, cached=False, meta=meta)
+    return Source(
+        spec=spec,
+        source_id=source_id,
+        root=final / "llama.cpp",
+        commit=meta.get("commit"),
+        era=era,
+        cached=False,
+        meta=meta,
+    )

@@ -30,8 +30,16 @@ from tuner import log
 from tuner._hash import file_sha256, stable_hash
 from tuner._run import run
 from tuner.errors import TunerError, UsageError
-from tuner.source.cache import (NO_SPACE, commit_entry, index_file, load_cached, no_space_error, sources_dir,
-                                staging_dir, write_json)
+from tuner.source.cache import (
+    NO_SPACE,
+    commit_entry,
+    index_file,
+    load_cached,
+    no_space_error,
+    sources_dir,
+    staging_dir,
+    write_json,
+)
 from tuner.source.spec import DEFAULT_SPEC, PYPI_NAME, Source, SourceSpec, parse_spec, require_tree
 from tuner.source.tree import find_commit, find_era, git_head, git_output
 
@@ -99,13 +107,30 @@ def run_pip_download(version: str, dest: Path) -> Path:
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--no-build-isolation", "--disable-pip-version-check", "--progress-bar", "off",
-        "-d", str(dest), f"{PYPI_NAME}=={version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--no-build-isolation",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(dest),
+        f"{PYPI_NAME}=={version}",
     ]
     log_file = dest / "pip-download.log"
-    res = run(cmd, log_file=log_file, check=False, timeout=1800, what="pip download",
-              on_line=lambda s: log.progress(s.strip()) if "Downloading" in s else None)
+    res = run(
+        cmd,
+        log_file=log_file,
+        check=False,
+        timeout=1800,
+        what="pip download",
+        on_line=lambda s: log.progress(s.strip()) if "Downloading" in s else None,
+    )
     text = log_file.read_text(errors="replace") if log_file.is_file() else res.output
     if res.returncode != 0:
         if "No matching distribution" in text or "Could not find a version" in text:
@@ -119,8 +144,10 @@ def run_pip_download(version: str, dest: Path) -> Path:
         if full is not None:
             raise full
         last = "\n".join(text.splitlines()[-15:])
-        msg = (f"pip download of {PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
-               f"network or pip's index configuration. Last lines:\n{last}")
+        msg = (
+            f"pip download of {PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
+            f"network or pip's index configuration. Last lines:\n{last}"
+        )
         raise TunerError(msg)
     sdists = sorted(dest.glob("*.tar.gz"))
     if len(sdists) != 1:
@@ -142,8 +169,11 @@ def _fetch_pypi(parsed: SourceSpec) -> Source:
             return hit
         with log.step(f"Extracting vendor/llama.cpp from {sdist.name}"):
             changelog = _extract_vendor_tree(sdist, staging / "llama.cpp")
-        meta = {"sdist": sdist.name, "sdist_sha256": digest,
-                "commit": find_commit(staging / "llama.cpp", changelog=changelog or "")}
+        meta = {
+            "sdist": sdist.name,
+            "sdist_sha256": digest,
+            "commit": find_commit(staging / "llama.cpp", changelog=changelog or ""),
+        }
         shutil.rmtree(staging / "download")
         return commit_entry(staging, sid, norm, meta)
     finally:
@@ -187,7 +217,7 @@ def _extract_vendor_tree(sdist: Path, dest: Path) -> str | None:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(raw, members=members, filter="data")
         else:  # Python < 3.11.4: paths were checked above and links skipped
-            tar.extractall(raw, members=members)  # noqa: S202
+            tar.extractall(raw, members=members)
     os.rename(raw / str(top) / "vendor" / "llama.cpp", dest)
     shutil.rmtree(raw, ignore_errors=True)
     return changelog
@@ -199,20 +229,32 @@ def _fetch_git(parsed: SourceSpec) -> Source:
     tree = staging / "llama.cpp"
     try:
         with log.step(f"Cloning {parsed.value} at {parsed.ref}"):
-            res = run(["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
-                      check=False, timeout=3600, what="git clone")
+            res = run(
+                ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
+                check=False,
+                timeout=3600,
+                what="git clone",
+            )
             if res.returncode != 0:
                 full = _no_space_in(res.output, tree)
                 if full is not None:
                     raise full
-                msg = (f"git clone of {parsed.value} failed (exit {res.returncode}: "
-                       f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials.")
+                msg = (
+                    f"git clone of {parsed.value} failed (exit {res.returncode}: "
+                    f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials."
+                )
                 raise TunerError(msg)
-            res = run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref],
-                      check=False, what="git checkout", timeout=600)
+            res = run(
+                ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref],
+                check=False,
+                what="git checkout",
+                timeout=600,
+            )
             if res.returncode != 0:
-                msg = (f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "
-                       "Give a branch, tag or commit that exists in that repository.")
+                msg = (
+                    f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "
+                    "Give a branch, tag or commit that exists in that repository."
+                )
                 raise UsageError(msg)
             commit = run(["git", "-C", str(tree), "rev-parse", "HEAD"], what="git rev-parse").output.strip()
         sid = commit[:16]
@@ -245,10 +287,20 @@ def _path_source(parsed: SourceSpec) -> Source:
     if head:
         diff = git_output(root, "diff", "HEAD", "--binary") or ""
         untracked = git_output(root, "ls-files", "--others", "--exclude-standard") or ""
-        sig = [(u, (root / u).stat().st_size, (root / u).stat().st_mtime_ns)
-               for u in untracked.splitlines() if (root / u).is_file()]
+        sig = [
+            (u, (root / u).stat().st_size, (root / u).stat().st_mtime_ns)
+            for u in untracked.splitlines()
+            if (root / u).is_file()
+        ]
         sid = stable_hash("git", head, hashlib.sha256(diff.encode()).hexdigest(), sig)
     else:
         sid = stable_hash("files", _tree_signature(root))
-    return Source(spec=parsed.normalized, source_id=sid, root=root, commit=find_commit(root),
-                  era=find_era(root), cached=True, meta={"git_head": head})
+    return Source(
+        spec=parsed.normalized,
+        source_id=sid,
+        root=root,
+        commit=find_commit(root),
+        era=find_era(root),
+        cached=True,
+        meta={"git_head": head},
+    )

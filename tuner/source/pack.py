@@ -3,7 +3,7 @@ registers it in that machine's cache under the same SPEC and content id."""
 
 from __future__ import annotations
 
-__all__ = ["pack_source", "unpack_source", "tree_digest"]
+__all__ = ["pack_source", "tree_digest", "unpack_source"]
 
 import gzip
 import hashlib
@@ -20,15 +20,39 @@ from typing import Any
 
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.source.cache import (NO_SPACE, commit_entry, index_file, load_cached, no_space_error, sources_dir,
-                                staging_dir, write_json)
+from tuner.source.cache import (
+    NO_SPACE,
+    commit_entry,
+    index_file,
+    load_cached,
+    no_space_error,
+    sources_dir,
+    staging_dir,
+    write_json,
+)
 from tuner.source.spec import Source, parse_spec
 from tuner.source.tree import ERAS, find_era
 
 # Top-level entries a CPU/CUDA/HIP build of llama-bench, test-backend-ops and llama-quantize
 # needs (examples/, pocs/ and app/ are add_subdirectory'd unconditionally: configure fails without).
-_PACK_KEEP = ("CMakeLists.txt", "CMakePresets.json", "LICENSE", "cmake", "common", "ggml", "gguf-py",
-              "include", "licenses", "src", "tests", "tools", "vendor", "examples", "pocs", "app")
+_PACK_KEEP = (
+    "CMakeLists.txt",
+    "CMakePresets.json",
+    "LICENSE",
+    "cmake",
+    "common",
+    "ggml",
+    "gguf-py",
+    "include",
+    "licenses",
+    "src",
+    "tests",
+    "tools",
+    "vendor",
+    "examples",
+    "pocs",
+    "app",
+)
 _PACK_MODELS = ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf")
 # Backends under ggml/src worth carrying; the others (vulkan, sycl, metal, ...) are big and only
 # add_subdirectory'd when their option is ON.
@@ -47,9 +71,7 @@ def _pack_keep(rel: str, is_dir: bool) -> bool:
             return False
     if parts[:2] == ["tools", "ui"]:
         return False
-    if parts[:2] == ["tools", "server"] and len(parts) > 2 and parts[2].startswith("public"):
-        return False
-    return True
+    return not (parts[:2] == ["tools", "server"] and len(parts) > 2 and parts[2].startswith("public"))
 
 
 def tree_digest(files: Iterable[tuple[str, Path]]) -> str:
@@ -106,8 +128,15 @@ def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
             # Identity travels with the tree, so `unpack_source` on another machine registers it
             # under the same SPEC and content id (a study's numbers stay tied to the pinned source);
             # tree_sha256 lets it check that the files it unpacked are the ones packed here.
-            meta = {**src.meta, "spec": src.spec, "source_id": src.source_id, "commit": src.commit,
-                    "era": src.era, "trimmed": trim, "tree_sha256": tree_digest(files)}
+            meta = {
+                **src.meta,
+                "spec": src.spec,
+                "source_id": src.source_id,
+                "commit": src.commit,
+                "era": src.era,
+                "trimmed": trim,
+                "tree_sha256": tree_digest(files),
+            }
             blob = json.dumps(meta, indent=2, sort_keys=True).encode()
             info = tarfile.TarInfo("source.json")
             info.size = len(blob)
@@ -124,12 +153,18 @@ _ID_RE = re.compile(r"[0-9a-f]{16}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _COMMIT_RE = re.compile(r"[0-9a-fA-F]{7,64}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-_REQUIRED = {"spec": str, "source_id": str, "era": str, "commit": (str, type(None)), "trimmed": bool,
-             "tree_sha256": str}
+_REQUIRED = {
+    "spec": str,
+    "source_id": str,
+    "era": str,
+    "commit": (str, type(None)),
+    "trimmed": bool,
+    "tree_sha256": str,
+}
 _MAX_META_BYTES = 1 << 20
 _MAX_MEMBERS = 500_000
 _MAX_BYTES = 4 << 30  # unpacked; a whole llama.cpp tree is well under 1 GB
-_FILTER_ERRORS = (getattr(tarfile, "FilterError", ()) or ())  # Python >= 3.11.4
+_FILTER_ERRORS = getattr(tarfile, "FilterError", ()) or ()  # Python >= 3.11.4
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
 
@@ -154,8 +189,17 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
             raise _BadPack(f"entry {name!r} appears twice")
         seen.add(name)
         if not (m.isfile() or m.isdir()):
-            kind = ("a symlink" if m.issym() else "a hard link" if m.islnk() else "a FIFO" if m.isfifo() else
-                    "a device file" if m.ischr() or m.isblk() else "a special file")
+            kind = (
+                "a symlink"
+                if m.issym()
+                else "a hard link"
+                if m.islnk()
+                else "a FIFO"
+                if m.isfifo()
+                else "a device file"
+                if m.ischr() or m.isblk()
+                else "a special file"
+            )
             raise _BadPack(f"entry {name!r} is {kind}; a pack holds only files and folders")
         if name == "source.json":
             if not m.isfile():
@@ -271,17 +315,19 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             norm, sid, era, keep = _check_meta(fh.read())
             current = None if norm.startswith("path:") else _current_id(norm)
             if current is not None and current != sid and not replace:
-                msg = (f"{archive} would re-point {norm} from source {current}, which it resolves to on this "
-                       f"machine, to {sid}, so every later build of that SPEC would use the packed tree. If "
-                       "that is intended, run `tuner source unpack --replace ARCHIVE`; otherwise carry a pack "
-                       "written from this machine's tree, or fetch the SPEC here.")
+                msg = (
+                    f"{archive} would re-point {norm} from source {current}, which it resolves to on this "
+                    f"machine, to {sid}, so every later build of that SPEC would use the packed tree. If "
+                    "that is intended, run `tuner source unpack --replace ARCHIVE`; otherwise carry a pack "
+                    "written from this machine's tree, or fetch the SPEC here."
+                )
                 raise UsageError(msg)
             staging = staging_dir()
             members = [m for m in tar.getmembers() if m.name != "source.json"]
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(staging, members=members, filter="data")
             else:  # Python < 3.11.4: paths, types and modes were checked above
-                tar.extractall(staging, members=members)  # noqa: S202
+                tar.extractall(staging, members=members)
         tree = staging / "llama.cpp"
         if not (tree / "CMakeLists.txt").is_file() or not (tree / "ggml" / "CMakeLists.txt").is_file():
             raise _BadPack("llama.cpp/ is not a llama.cpp tree (CMakeLists.txt or ggml/CMakeLists.txt missing)")
@@ -293,8 +339,10 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
         if (entry / "llama.cpp" / "CMakeLists.txt").is_file():  # unpacked or fetched here before
             src = load_cached(sid, norm)
             if src is None:
-                raise TunerError(f"The cached tree {entry} has no readable source.json. Delete that folder "
-                                 f"and unpack {archive} again.")
+                raise TunerError(
+                    f"The cached tree {entry} has no readable source.json. Delete that folder "
+                    f"and unpack {archive} again."
+                )
             had = src.meta.get("spec")
             if norm.startswith("pypi:") and isinstance(had, str) and had.startswith("pypi:") and had != norm:
                 # One sdist is one release: the same id under another version is a forged record.
@@ -305,19 +353,26 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             write_json(index_file(norm), {"spec": norm, "source_id": sid})
         return src
     except _BadPack as err:
-        raise UsageError(f"{archive} is not a valid tuner source pack: {err}. Write it again with "
-                         "`tuner source pack SPEC -o FILE` on the machine that has the tree.") from None
+        raise UsageError(
+            f"{archive} is not a valid tuner source pack: {err}. Write it again with "
+            "`tuner source pack SPEC -o FILE` on the machine that has the tree."
+        ) from None
     except _FILTER_ERRORS as err:  # the checks above should leave tarfile's own filter nothing to refuse
-        raise UsageError(f"{archive} is not a valid tuner source pack: {err}. Write it again with "
-                         "`tuner source pack SPEC -o FILE` on the machine that has the tree.") from None
+        raise UsageError(
+            f"{archive} is not a valid tuner source pack: {err}. Write it again with "
+            "`tuner source pack SPEC -o FILE` on the machine that has the tree."
+        ) from None
     except _READ_ERRORS as err:
-        raise UsageError(f"{archive} is not a valid tuner source pack: it is not a readable tar.gz ({err}). "
-                         "Write it again with `tuner source pack SPEC -o FILE` and copy it whole.") from None
+        raise UsageError(
+            f"{archive} is not a valid tuner source pack: it is not a readable tar.gz ({err}). "
+            "Write it again with `tuner source pack SPEC -o FILE` and copy it whole."
+        ) from None
     except OSError as err:
         if err.errno in NO_SPACE:
             raise no_space_error(err, staging or sources_dir()) from err
-        raise TunerError(f"Could not unpack {archive}: {err}. Check that it is readable and that "
-                         f"{sources_dir()} is writable.") from err
+        raise TunerError(
+            f"Could not unpack {archive}: {err}. Check that it is readable and that {sources_dir()} is writable."
+        ) from err
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

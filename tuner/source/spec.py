@@ -10,7 +10,7 @@ A SPEC names where the tree comes from:
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_SPEC", "PYPI_NAME", "SourceSpec", "Source", "parse_spec", "require_tree"]
+__all__ = ["DEFAULT_SPEC", "PYPI_NAME", "Source", "SourceSpec", "parse_spec", "require_tree"]
 
 import dataclasses
 import re
@@ -66,7 +66,6 @@ class Source:
     """The rest of source.json: sdist sha256, fetched_at, ..."""
 
 
-
 # --------------------------------------------------------------------------------------------
 # SPEC parsing
 
@@ -108,8 +107,10 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
         if _BAD_GIT_CHAR.search(rest):
             # Both go to git as arguments: a NUL cannot be passed at all, and no URL or ref
             # (git check-ref-format) holds a space or control character.
-            msg = (f"SPEC {spec!r}: the git URL or REF holds a space or control character. Write "
-                   "'git:URL@REF' with neither, e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'.")
+            msg = (
+                f"SPEC {spec!r}: the git URL or REF holds a space or control character. Write "
+                "'git:URL@REF' with neither, e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'."
+            )
             raise UsageError(msg)
         return SourceSpec(scheme="git", value=url, ref=ref)
     return SourceSpec(scheme="path", value=str(_parse_path(spec, rest)))
@@ -132,8 +133,10 @@ def _parse_path(spec: str, rest: str) -> Path:
         raise UsageError(f"{missing} ({err})") from err
     if str(path) != str(path).strip():
         # A SPEC is stripped when parsed, so its normalized form could not name this folder again.
-        msg = (f"SPEC {spec!r}: directory {str(path)!r} ends in whitespace, which a SPEC cannot carry. "
-               "Rename the folder or point at it through a link without the trailing space.")
+        msg = (
+            f"SPEC {spec!r}: directory {str(path)!r} ends in whitespace, which a SPEC cannot carry. "
+            "Rename the folder or point at it through a link without the trailing space."
+        )
         raise UsageError(msg)
     require_tree(path, spec)
     return path

@@ -52,7 +52,6 @@ class CMakeOption:
     """Declared inside an if() block, so it may not exist on every platform."""
 
 
-
 # --------------------------------------------------------------------------------------------
 # Era and commit
 
@@ -283,8 +282,14 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
                     ambiguous.add(name)
                 continue
             found[name] = CMakeOption(
-                name=name, default=default, resolved=None, help=help_, kind=kind,
-                file=rel, line=line, conditional=depth > 0,
+                name=name,
+                default=default,
+                resolved=None,
+                help=help_,
+                kind=kind,
+                file=rel,
+                line=line,
+                conditional=depth > 0,
             )
     facts = {k: next(iter(v)) for k, v in plain.items() if len(v) == 1}
     facts.update(_STANDALONE_FACTS)
@@ -299,10 +304,7 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
         raw = found[name].default
         out: str | None = raw
         for var in re.findall(r"\$\{([A-Za-z0-9_]+)\}", raw):
-            if var in found and var not in seen:
-                val = resolve(var, seen | {var})
-            else:
-                val = facts.get(var)
+            val = resolve(var, seen | {var}) if var in found and var not in seen else facts.get(var)
             if val is None or "${" in val:
                 out = None
                 break
@@ -312,7 +314,6 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
         return out
 
     return {n: dataclasses.replace(o, resolved=resolve(n, frozenset({n}))) for n, o in found.items()}
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,8 +391,15 @@ def source_info(src: Source) -> dict[str, Any]:
         "fa_instances": instances,
         "tools": tools,
         "options": {
-            n: {"default": o.default, "resolved": o.resolved, "help": o.help, "kind": o.kind,
-                "file": o.file, "line": o.line, "conditional": o.conditional}
+            n: {
+                "default": o.default,
+                "resolved": o.resolved,
+                "help": o.help,
+                "kind": o.kind,
+                "file": o.file,
+                "line": o.line,
+                "conditional": o.conditional,
+            }
             for n, o in sorted(opts.items())
         },
     }

@@ -9,7 +9,15 @@ one record -> frozen resolved options), everything downstream works from one fro
 
 from __future__ import annotations
 
-__all__ = ["SearchOutcome", "StudyHeader", "TrialSummary", "TunedTrial", "load_header", "load_outcome", "outcome_from_attrs"]
+__all__ = [
+    "SearchOutcome",
+    "StudyHeader",
+    "TrialSummary",
+    "TunedTrial",
+    "load_header",
+    "load_outcome",
+    "outcome_from_attrs",
+]
 
 import dataclasses
 from collections.abc import Iterable, Mapping
@@ -51,20 +59,45 @@ class StudyHeader:
     @classmethod
     def from_attrs(cls, name: str, a: Mapping[str, Any]) -> StudyHeader:
         mask = a.get(k.CPU_MASK)
-        return cls(name=name, pipeline=a.get(k.PIPELINE), arch=a.get(k.ARCH), model=a.get(k.MODEL),
-                   shape=dict(a.get(k.SHAPE) or {}), depths=tuple(a.get(k.DEPTHS) or ()), pp=a.get(k.PP), tg=a.get(k.TG),
-                   source_spec=a.get(k.SOURCE_SPEC), source_id=a.get(k.SOURCE_ID), commit=a.get(k.COMMIT), era=a.get(k.ERA),
-                   profile=a.get(k.PROFILE), cpu_mask=None if mask is None else tuple(mask), device=a.get(k.DEVICE),
-                   toolchain=dict(a.get(k.TOOLCHAIN) or {}), derived_knobs=dict(a.get(k.DERIVED_KNOBS) or {}),
-                   seeded_from=a.get(k.SEEDED_FROM))
+        return cls(
+            name=name,
+            pipeline=a.get(k.PIPELINE),
+            arch=a.get(k.ARCH),
+            model=a.get(k.MODEL),
+            shape=dict(a.get(k.SHAPE) or {}),
+            depths=tuple(a.get(k.DEPTHS) or ()),
+            pp=a.get(k.PP),
+            tg=a.get(k.TG),
+            source_spec=a.get(k.SOURCE_SPEC),
+            source_id=a.get(k.SOURCE_ID),
+            commit=a.get(k.COMMIT),
+            era=a.get(k.ERA),
+            profile=a.get(k.PROFILE),
+            cpu_mask=None if mask is None else tuple(mask),
+            device=a.get(k.DEVICE),
+            toolchain=dict(a.get(k.TOOLCHAIN) or {}),
+            derived_knobs=dict(a.get(k.DERIVED_KNOBS) or {}),
+            seeded_from=a.get(k.SEEDED_FROM),
+        )
 
     def stored(self) -> dict[str, Any]:
         """The header's attributes as a search records them on first opening the study (every key of
         :data:`tuner.study.state.HEADER_KEYS`, in its order)."""
-        return {k.PIPELINE: self.pipeline, k.ARCH: self.arch, k.SOURCE_SPEC: self.source_spec, k.SOURCE_ID: self.source_id,
-                k.COMMIT: self.commit, k.ERA: self.era, k.MODEL: self.model, k.DEPTHS: list(self.depths), k.PP: self.pp,
-                k.TG: self.tg, k.SHAPE: dict(self.shape), k.PROFILE: self.profile,
-                k.CPU_MASK: None if self.cpu_mask is None else list(self.cpu_mask)}
+        return {
+            k.PIPELINE: self.pipeline,
+            k.ARCH: self.arch,
+            k.SOURCE_SPEC: self.source_spec,
+            k.SOURCE_ID: self.source_id,
+            k.COMMIT: self.commit,
+            k.ERA: self.era,
+            k.MODEL: self.model,
+            k.DEPTHS: list(self.depths),
+            k.PP: self.pp,
+            k.TG: self.tg,
+            k.SHAPE: dict(self.shape),
+            k.PROFILE: self.profile,
+            k.CPU_MASK: None if self.cpu_mask is None else list(self.cpu_mask),
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -155,20 +188,36 @@ class SearchOutcome:
         """The outcome of a stored ``result`` (its JSON as :meth:`result_json` writes it)."""
         tuned = res.get("tuned")
         cd = res.get("confirm_depths")
-        return cls(header=header, rules=rules_from_texts(res.get("rules") or ()),
-                   dropped={r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])},
-                   tuned=TunedTrial(trial=int(tuned["trial"]), values=dict(tuned.get("values") or {}),
-                                    params=dict(tuned.get("params") or {})) if tuned else None,
-                   rows=tuple(dict(r) for r in res.get("rows") or ()), attempt=res.get("attempt"),
-                   upstream_phases=tuple(res.get("upstream_phases") or ()),
-                   confirm_depths=None if cd is None else tuple(int(d) for d in cd),
-                   gate=None if res.get("gate") is None else dict(res["gate"]),
-                   residency=None if res.get("residency") is None else dict(res["residency"]), **rest)
+        return cls(
+            header=header,
+            rules=rules_from_texts(res.get("rules") or ()),
+            dropped={
+                r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])
+            },
+            tuned=TunedTrial(
+                trial=int(tuned["trial"]),
+                values=dict(tuned.get("values") or {}),
+                params=dict(tuned.get("params") or {}),
+            )
+            if tuned
+            else None,
+            rows=tuple(dict(r) for r in res.get("rows") or ()),
+            attempt=res.get("attempt"),
+            upstream_phases=tuple(res.get("upstream_phases") or ()),
+            confirm_depths=None if cd is None else tuple(int(d) for d in cd),
+            gate=None if res.get("gate") is None else dict(res["gate"]),
+            residency=None if res.get("residency") is None else dict(res["residency"]),
+            **rest,
+        )
 
     def result_json(self) -> dict[str, Any]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
-        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped)),
-                               "tuned": self.tuned.stored() if self.tuned else None, "rows": [dict(r) for r in self.rows]}
+        out: dict[str, Any] = {
+            "rules": rules_texts(self.rules),
+            "dropped": as_stored(dict(self.dropped)),
+            "tuned": self.tuned.stored() if self.tuned else None,
+            "rows": [dict(r) for r in self.rows],
+        }
         if self.attempt is not None:
             out["attempt"] = self.attempt
         out["upstream_phases"] = list(self.upstream_phases)
@@ -182,20 +231,31 @@ class SearchOutcome:
 
 
 def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
-    return tuple(TrialSummary(number=t.number, status=str(k.trial_attr(t, "status") or t.state.name.lower()),
-                              objectives=tuple(t.values or ()), params=dict(t.params),
-                              phases=tuple(k.trial_attr(t, "phases", []) or ()), reason=k.trial_attr(t, "reason"))
-                 for t in trials)
+    return tuple(
+        TrialSummary(
+            number=t.number,
+            status=str(k.trial_attr(t, "status") or t.state.name.lower()),
+            objectives=tuple(t.values or ()),
+            params=dict(t.params),
+            phases=tuple(k.trial_attr(t, "phases", []) or ()),
+            reason=k.trial_attr(t, "reason"),
+        )
+        for t in trials
+    )
 
 
 def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[Any] = ()) -> SearchOutcome:
     """The outcome of a study whose attributes are ``a`` (its ``result`` may be missing: an empty outcome)."""
     return SearchOutcome.from_result(
-        StudyHeader.from_attrs(name, a), a.get(k.RESULT) or {}, op_checks=dict(a.get(k.GATES) or {}),
-        screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES}, compose=dict(a.get(k.COMPOSE) or {}),
+        StudyHeader.from_attrs(name, a),
+        a.get(k.RESULT) or {},
+        op_checks=dict(a.get(k.GATES) or {}),
+        screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES},
+        compose=dict(a.get(k.COMPOSE) or {}),
         stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}),
         llama_bench_calls=None if a.get(k.LLAMA_BENCH_CALLS) is None else int(a[k.LLAMA_BENCH_CALLS]),
-        trials=_trial_summaries(trials))
+        trials=_trial_summaries(trials),
+    )
 
 
 def load_outcome(study: Any) -> SearchOutcome:
@@ -206,8 +266,10 @@ def load_outcome(study: Any) -> SearchOutcome:
     """
     st = StudyState(study)
     if st.result() is None:
-        raise TunerError(f"study {study.study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
-                         "command to resume it, then export.")
+        raise TunerError(
+            f"study {study.study_name!r} has not finished its confirm stage yet; rerun the same `tuner search` "
+            "command to resume it, then export."
+        )
     return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
 
 

@@ -15,8 +15,16 @@ keeps its keys in one module-level table).
 
 from __future__ import annotations
 
-__all__ = ["HEADER_KEYS", "RESUME_CHECKED", "StudyState", "TRIAL_KEYS", "retry_attrs", "trial_attr", "write_trial",
-           "write_trial_in_storage"]
+__all__ = [
+    "HEADER_KEYS",
+    "RESUME_CHECKED",
+    "TRIAL_KEYS",
+    "StudyState",
+    "retry_attrs",
+    "trial_attr",
+    "write_trial",
+    "write_trial_in_storage",
+]
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,7 +53,9 @@ RESUME_CHECKED = (ARCH, SOURCE_ID, DEPTHS, PP, TG, CPU_MASK)
 DERIVED_KNOBS = "derived_knobs"  # threads/-ngl legal values on the search's machine (the export resolves them)
 DEVICE = "device"  # the device llama-bench reported
 TOOLCHAIN = "toolchain"  # the first build's compilers
-SEEDED_FROM = "seeded_from"  # a study seeded from another one's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence); read only
+SEEDED_FROM = (
+    "seeded_from"  # a study seeded from another one's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence); read only
+)
 
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id

@@ -13,7 +13,6 @@ from typing import Any
 from tuner.errors import UsageError
 from tuner.redact import redact
 
-
 STORAGE_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
 """Database dialects an Optuna RDB storage URL may name (``dialect[+driver]://...``)."""
 
@@ -29,34 +28,49 @@ def check_storage_url(url: str) -> str:
     would create folders outside the run dir unasked), a bad port. Passwords stay out of the message.
     """
     shown = redact(url)
-    fix = ("Pass --storage sqlite:///PATH/study.db (an existing folder), postgresql://USER@HOST/DB, or leave "
-           "--storage out for a SQLite study in the run dir.")
+    fix = (
+        "Pass --storage sqlite:///PATH/study.db (an existing folder), postgresql://USER@HOST/DB, or leave "
+        "--storage out for a SQLite study in the run dir."
+    )
     if not isinstance(url, str) or not url or url != url.strip() or any(ord(c) < 32 or c.isspace() for c in url):
-        raise UsageError(f"--storage {shown!r} is not a storage URL (it is empty or holds spaces or control "
-                         f"characters). {fix}")
+        raise UsageError(
+            f"--storage {shown!r} is not a storage URL (it is empty or holds spaces or control characters). {fix}"
+        )
     m = _URL.fullmatch(url)
     if m is None:
         raise UsageError(f"--storage {shown!r} is not a storage URL (DIALECT://...). {fix}")
     dialect = m["scheme"].split("+", 1)[0].lower()
     if dialect not in STORAGE_DIALECTS:
-        raise UsageError(f"--storage {shown!r}: unknown database {m['scheme']!r}; Optuna's RDB storage takes "
-                         f"{', '.join(STORAGE_DIALECTS)}. {fix}")
+        raise UsageError(
+            f"--storage {shown!r}: unknown database {m['scheme']!r}; Optuna's RDB storage takes "
+            f"{', '.join(STORAGE_DIALECTS)}. {fix}"
+        )
     rest = m["rest"]
     if dialect == "sqlite":
         path, _, query = rest.partition("?")
-        memory = (not path.startswith("/") or path in ("/", "/:memory:") or ":memory:" in path
-                  or "mode=memory" in query.lower())
+        memory = (
+            not path.startswith("/")
+            or path in ("/", "/:memory:")
+            or ":memory:" in path
+            or "mode=memory" in query.lower()
+        )
         if memory:
-            raise UsageError(f"--storage {shown!r} keeps the study in memory: nothing would be saved and a rerun could "
-                             f"not resume. {fix}")
+            raise UsageError(
+                f"--storage {shown!r} keeps the study in memory: nothing would be saved and a rerun could "
+                f"not resume. {fix}"
+            )
         db = Path(path[1:])  # sqlite:///rel/x.db is relative, sqlite:////abs/x.db absolute
         if db.is_dir():
-            raise UsageError(f"--storage {shown!r} names the folder {db}, not a database file. Add a file name, e.g. "
-                             f"sqlite:///{(db / 'study.db')}.")
+            raise UsageError(
+                f"--storage {shown!r} names the folder {db}, not a database file. Add a file name, e.g. "
+                f"sqlite:///{(db / 'study.db')}."
+            )
         if not db.parent.is_dir():
-            raise UsageError(f"--storage {shown!r}: the folder {db.parent} does not exist, and tuner creates no "
-                             f"folders outside the run dir unasked. Create it first (mkdir -p {db.parent}) or pick "
-                             "a path in an existing folder.")
+            raise UsageError(
+                f"--storage {shown!r}: the folder {db.parent} does not exist, and tuner creates no "
+                f"folders outside the run dir unasked. Create it first (mkdir -p {db.parent}) or pick "
+                "a path in an existing folder."
+            )
         return url
     from urllib.parse import urlsplit
 

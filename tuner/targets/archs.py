@@ -8,18 +8,18 @@ the arch and the key) and resolves user spellings such as ``sm89``, ``8.9`` or `
 from __future__ import annotations
 
 __all__ = [
-    "Arch",
-    "Product",
-    "load_archs",
-    "load_arch",
-    "detect_local_archs",
-    "forget_local_archs",
-    "find_product",
-    "gpu_free_bytes",
-    "newer_nvidia",
-    "normalize_arch_name",
     "MATH_KEYS",
     "PRODUCT_FIGURES",
+    "Arch",
+    "Product",
+    "detect_local_archs",
+    "find_product",
+    "forget_local_archs",
+    "gpu_free_bytes",
+    "load_arch",
+    "load_archs",
+    "newer_nvidia",
+    "normalize_arch_name",
 ]
 
 import dataclasses
@@ -27,11 +27,11 @@ import functools
 import logging
 import re
 import shutil
-from tuner._compat import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
 
@@ -47,8 +47,18 @@ PRODUCT_FIGURES = ("bandwidth_gbps", "fp16_tflops", "int8_tops", "fp32_tflops", 
 _VENDORS = ("nvidia", "amd", "cpu")
 _ERA_KEYS = ("quant_matmul", "fa_decode", "fa_prefill", "source")
 _ARCH_KEYS = {
-    "vendor", "family", "cc", "gfx", "wave_size", "smem_static", "smem_optin", "aliases", "source",
-    "math", "kernel_paths", "products",
+    "vendor",
+    "family",
+    "cc",
+    "gfx",
+    "wave_size",
+    "smem_static",
+    "smem_optin",
+    "aliases",
+    "source",
+    "math",
+    "kernel_paths",
+    "products",
 }
 
 
@@ -218,9 +228,19 @@ def _parse_arch(name: str, raw: Mapping[str, Any], path: Path) -> Arch:
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise _bad(path, name, "aliases", "expected a list of strings")
     return Arch(
-        name=name, vendor=vendor, family=family, wave_size=wave, smem_static=smem_static,
-        smem_optin=smem_optin, cc=cc, gfx=gfx, math=dict(math), kernel_paths=kernel_paths,
-        products=products, aliases=tuple(a.lower() for a in aliases), source=source,
+        name=name,
+        vendor=vendor,
+        family=family,
+        wave_size=wave,
+        smem_static=smem_static,
+        smem_optin=smem_optin,
+        cc=cc,
+        gfx=gfx,
+        math=dict(math),
+        kernel_paths=kernel_paths,
+        products=products,
+        aliases=tuple(a.lower() for a in aliases),
+        source=source,
     )
 
 

@@ -23,9 +23,20 @@ class GGUFTensor:
     n_bytes: int
 
 
-
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_NP_DTYPE = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 
 
 def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
@@ -94,5 +105,9 @@ def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[in
                 qtype = gguf.GGMLQuantizationType(gtype)
                 block, size = gguf.GGML_QUANT_SIZES[qtype]
                 n_el = math.prod(ne)
-                infos.append(GGUFTensor(name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_el // block * size))
+                infos.append(
+                    GGUFTensor(
+                        name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_el // block * size
+                    )
+                )
     return kv, infos

@@ -9,7 +9,16 @@ whole machine).
 
 from __future__ import annotations
 
-__all__ = ["Cpus", "check_threads", "crash_hint", "host_cpus", "host_has_amx", "mask_text", "parse_cpu_mask", "pin_command"]
+__all__ = [
+    "Cpus",
+    "check_threads",
+    "crash_hint",
+    "host_cpus",
+    "host_has_amx",
+    "mask_text",
+    "parse_cpu_mask",
+    "pin_command",
+]
 
 import dataclasses
 import os
@@ -70,20 +79,26 @@ def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tupl
     have = mask_text(avail)
 
     def absent(what: str) -> UsageError:
-        return UsageError(f"--cpu-mask {text!r} names CPU(s) {what} that this machine does not have (or that this "
-                          f"process may not use): the CPUs here are {have} ({len(avail)} in all). Pick a subset of "
-                          f"them, e.g. --cpu-mask {mask_text(avail[:2])}.")
+        return UsageError(
+            f"--cpu-mask {text!r} names CPU(s) {what} that this machine does not have (or that this "
+            f"process may not use): the CPUs here are {have} ({len(avail)} in all). Pick a subset of "
+            f"them, e.g. --cpu-mask {mask_text(avail[:2])}."
+        )
 
     ids: set[int] = set()
     for part in str(text).strip().split(","):
         m = re.fullmatch(r"\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?", part)
         if not m:
-            raise UsageError(f"--cpu-mask {text!r} is not a CPU list: give CPU ids and ranges separated by commas, "
-                             f"e.g. --cpu-mask 0-3 or --cpu-mask 0,2 (this machine's CPUs: {have}).")
+            raise UsageError(
+                f"--cpu-mask {text!r} is not a CPU list: give CPU ids and ranges separated by commas, "
+                f"e.g. --cpu-mask 0-3 or --cpu-mask 0,2 (this machine's CPUs: {have})."
+            )
         lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
         if hi < lo:
-            raise UsageError(f"--cpu-mask {text!r}: range {part.strip()!r} is empty; write LOW-HIGH with LOW <= HIGH, "
-                             f"e.g. 0-3 (this machine's CPUs: {have}).")
+            raise UsageError(
+                f"--cpu-mask {text!r}: range {part.strip()!r} is empty; write LOW-HIGH with LOW <= HIGH, "
+                f"e.g. 0-3 (this machine's CPUs: {have})."
+            )
         if hi >= _MAX_CPU_ID:  # no machine has that many; do not build the range
             raise absent(part.strip())
         ids.update(range(lo, hi + 1))
@@ -130,9 +145,11 @@ def check_threads(value: object, cpus: Cpus) -> int:
     where = f"--cpu-mask {mask_text(cpus.ids)}" if cpus.masked else "this machine"
     text = str(value).strip()
     if not re.fullmatch(r"-?\d{1,9}", text) or not 1 <= int(text) <= cpus.logical:
-        raise UsageError(f"llama-bench -t {text!r}: threads must be an integer in 1..{cpus.logical} ({where} has "
-                         f"{cpus.logical} CPU(s) on {cpus.physical} physical core(s)); more threads than CPUs only makes "
-                         f"them wait on each other. Use e.g. -t {cpus.physical}.")
+        raise UsageError(
+            f"llama-bench -t {text!r}: threads must be an integer in 1..{cpus.logical} ({where} has "
+            f"{cpus.logical} CPU(s) on {cpus.physical} physical core(s)); more threads than CPUs only makes "
+            f"them wait on each other. Use e.g. -t {cpus.physical}."
+        )
     return int(text)
 
 
@@ -146,8 +163,10 @@ def pin_command(mask: Sequence[int] | None) -> list[str]:
         return []
     exe = shutil.which("taskset")
     if exe is None:
-        raise UsageError("--cpu-mask pins llama-bench with `taskset`, which is not on PATH. Install util-linux "
-                         "(e.g. apt-get install util-linux) or run without --cpu-mask.")
+        raise UsageError(
+            "--cpu-mask pins llama-bench with `taskset`, which is not on PATH. Install util-linux "
+            "(e.g. apt-get install util-linux) or run without --cpu-mask."
+        )
     return [exe, "-c", mask_text(mask)]
 
 
@@ -164,6 +183,8 @@ def crash_hint(returncode: int, cmd: Sequence[str]) -> str:
         return ""
     # A native CPU build on an AMX host repacks quantized weights into the AMX buffer, and upstream's
     # ggml_backend_amx_mul_mat segfaults on some of them (llama.cpp issue 20824).
-    return (" llama-bench was killed by SIGSEGV on a CPU with AMX: a known llama.cpp crash in the AMX "
-            "matrix multiply for quantized weights (llama.cpp issue 20824). Search with an f16 model "
-            "(leave out --quant), or check by hand that `llama-bench --repack 0` runs.")
+    return (
+        " llama-bench was killed by SIGSEGV on a CPU with AMX: a known llama.cpp crash in the AMX "
+        "matrix multiply for quantized weights (llama.cpp issue 20824). Search with an f16 model "
+        "(leave out --quant), or check by hand that `llama-bench --repack 0` runs."
+    )

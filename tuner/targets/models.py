@@ -10,23 +10,23 @@ ggml shapes follow llama.cpp's loaders (tree A ``src/models/llama.cpp``, ``src/m
 from __future__ import annotations
 
 __all__ = [
-    "ModelShape",
-    "TensorSpec",
-    "GGUFTensor",
-    "SynthResult",
-    "WEIGHT_TYPES",
     "QUANT_TYPES",
-    "load_models",
-    "load_model_shape",
-    "plan_tensors",
+    "WEIGHT_TYPES",
+    "GGUFTensor",
+    "ModelShape",
+    "SynthResult",
+    "TensorSpec",
     "find_vocab",
-    "synth_model",
-    "run_quantize",
     "load_gguf_shape",
     "load_gguf_tensors",
+    "load_model_shape",
+    "load_models",
+    "plan_tensors",
     "read_gguf",
     "read_shape",
+    "run_quantize",
     "synth_cached",
+    "synth_model",
 ]
 
 import dataclasses
@@ -35,13 +35,13 @@ import math
 import os
 import struct
 import time
-from tuner._compat import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
@@ -50,8 +50,20 @@ WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
 """Weight types plan_tensors knows; synth writes f16 and q8_0 itself (q4_k_m needs llama-quantize)."""
 
 QUANT_TYPES = (
-    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-    "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K_S",
+    "Q3_K_M",
+    "Q3_K_L",
+    "Q4_K_S",
+    "Q4_K_M",
+    "Q5_K_S",
+    "Q5_K_M",
+    "Q6_K",
 )
 """llama-quantize type names accepted by ``model synth --quant``."""
 
@@ -247,7 +259,9 @@ def plan_tensors(shape: ModelShape, weight_type: str = "f16") -> list[TensorSpec
         UsageError: Unknown ``weight_type``.
     """
     if weight_type not in WEIGHT_TYPES:
-        raise UsageError(f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}.")
+        raise UsageError(
+            f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}."
+        )
     d, kv = shape.d_model, shape.n_kv_heads * shape.head_dim
     q = shape.n_heads * shape.head_dim
     specs: list[TensorSpec] = []
@@ -353,10 +367,14 @@ def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
     try:
         kv, _ = parse_gguf(vocab_path)
     except (OSError, ValueError, KeyError, struct.error) as err:
-        raise UsageError(f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder.") from err
+        raise UsageError(
+            f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        ) from err
     tokens = kv.get("tokenizer.ggml.tokens")
     if tokens is None:
-        raise UsageError(f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf.")
+        raise UsageError(
+            f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
+        )
     if len(tokens[2]) != shape.vocab_size:
         raise UsageError(
             f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
@@ -403,14 +421,24 @@ def _add_tensor_infos(writer: Any, specs: Sequence[TensorSpec]) -> None:
         gtype = gguf.GGMLQuantizationType[spec.ggml_type]
         np_shape = tuple(reversed(spec.ne))
         if spec.ggml_type in ("F32", "F16"):
-            writer.add_tensor_info(spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes)
+            writer.add_tensor_info(
+                spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes
+            )
         else:
             byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
             writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
 
 
-def _write_tensors(writer: Any, specs: Sequence[TensorSpec], shape: ModelShape, *, seed: int,
-                   on_tensor: Callable[[int, int, str], None] | None, tmp: Path, out: Path) -> None:
+def _write_tensors(
+    writer: Any,
+    specs: Sequence[TensorSpec],
+    shape: ModelShape,
+    *,
+    seed: int,
+    on_tensor: Callable[[int, int, str], None] | None,
+    tmp: Path,
+    out: Path,
+) -> None:
     """Write header, key/values and tensors to ``tmp`` (tensors streamed one at a time), then rename to ``out``."""
     try:
         writer.write_header_to_file()
@@ -425,7 +453,9 @@ def _write_tensors(writer: Any, specs: Sequence[TensorSpec], shape: ModelShape, 
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise TunerError(f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB).") from err
+        raise TunerError(
+            f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB)."
+        ) from err
 
 
 def synth_model(
@@ -459,7 +489,9 @@ def synth_model(
     import gguf
 
     if weight_type not in ("f16", "q8_0"):
-        raise UsageError(f"synth writes f16 or q8_0 weights, not {weight_type!r}. For K-quants, synth f16 and quantize it with llama-quantize (--quant Q4_K_M --quantize-with PATH).")
+        raise UsageError(
+            f"synth writes f16 or q8_0 weights, not {weight_type!r}. For K-quants, synth f16 and quantize it with llama-quantize (--quant Q4_K_M --quantize-with PATH)."
+        )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"Seed must be an integer in [0, 2^63), got {seed!r}.")
     start = time.monotonic()
@@ -472,13 +504,19 @@ def synth_model(
     _add_tensor_infos(writer, specs)
     _write_tensors(writer, specs, shape, seed=seed, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
-        path=out, shape=shape, weight_type=weight_type, n_tensors=len(specs),
-        n_params=sum(s.n_elements for s in specs), n_bytes=out.stat().st_size,
+        path=out,
+        shape=shape,
+        weight_type=weight_type,
+        n_tensors=len(specs),
+        n_params=sum(s.n_elements for s in specs),
+        n_bytes=out.stat().st_size,
         seconds=time.monotonic() - start,
     )
 
 
-def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None, threads: int | None = None) -> Path:
+def run_quantize(
+    src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None, threads: int | None = None
+) -> Path:
     """Quantize ``src`` into ``dst`` with a llama.cpp ``llama-quantize`` binary.
 
     Raises:
@@ -489,10 +527,14 @@ def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_fi
 
     q = quant.upper()
     if q not in QUANT_TYPES:
-        raise UsageError(f"Unknown quant type {quant!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}.")
+        raise UsageError(
+            f"Unknown quant type {quant!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
+        )
     exe = Path(quantize_bin)
     if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UsageError(f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with.")
+        raise UsageError(
+            f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
+        )
     cmd: list[str | os.PathLike[str]] = [exe, src, dst, q]
     if threads:
         cmd.append(str(threads))
@@ -537,8 +579,10 @@ def load_gguf_shape(path: Path) -> ModelShape:
     if not isinstance(arch, str):
         raise UsageError(f"{path} has no general.architecture; it is not a llama.cpp model GGUF.")
     need = {
-        "n_layers": f"{arch}.block_count", "d_model": f"{arch}.embedding_length",
-        "d_ff": f"{arch}.feed_forward_length", "n_heads": f"{arch}.attention.head_count",
+        "n_layers": f"{arch}.block_count",
+        "d_model": f"{arch}.embedding_length",
+        "d_ff": f"{arch}.feed_forward_length",
+        "n_heads": f"{arch}.attention.head_count",
     }
     vals: dict[str, Any] = {}
     for k, key in need.items():
@@ -546,7 +590,9 @@ def load_gguf_shape(path: Path) -> ModelShape:
         if isinstance(v, list):  # per-layer arrays (some archs): use the first layer's value
             v = v[0] if v else None
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise UsageError(f"{path}: metadata {key} is missing or not a positive integer; tuner estimates dense llama-style models only.")
+            raise UsageError(
+                f"{path}: metadata {key} is missing or not a positive integer; tuner estimates dense llama-style models only."
+            )
         vals[k] = v
     n_kv = get(f"{arch}.attention.head_count_kv", vals["n_heads"])
     if isinstance(n_kv, list):
@@ -556,13 +602,18 @@ def load_gguf_shape(path: Path) -> ModelShape:
     embd = names.get("token_embd.weight")
     vocab = embd.ne[1] if embd is not None and len(embd.ne) > 1 else int(get(f"{arch}.vocab_size", 0) or 0)
     return ModelShape(
-        name=Path(path).name, arch=arch, n_kv_heads=int(n_kv), head_dim=int(head_dim),
-        vocab_size=vocab, tied_output="output.weight" not in names,
+        name=Path(path).name,
+        arch=arch,
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        vocab_size=vocab,
+        tied_output="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_freq_base=float(get(f"{arch}.rope.freq_base", 10000.0)),
         rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         context_length=int(get(f"{arch}.context_length", 4096)),
-        source=f"GGUF metadata of {path}", **vals,
+        source=f"GGUF metadata of {path}",
+        **vals,
     )
 
 
@@ -580,8 +631,15 @@ def read_shape(path: Path) -> dict[str, int]:
     }
 
 
-def synth_cached(like: str, *, source: Any, quant: str | None = None, quantize_bin: Path | None = None,
-                 weight_type: str = "f16", seed: int = 0) -> Path:
+def synth_cached(
+    like: str,
+    *,
+    source: Any,
+    quant: str | None = None,
+    quantize_bin: Path | None = None,
+    weight_type: str = "f16",
+    seed: int = 0,
+) -> Path:
     """A synthesized (and optionally quantized) model under ``$TUNER_HOME/models``, made once.
 
     The file name carries the shape, type, seed and source id, so a cached file is reused only

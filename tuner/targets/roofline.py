@@ -12,14 +12,7 @@ decoded at 891 t/s against a 4177 t/s bound (21%; results/sm_90/llama-3.2-1b-q4_
 
 from __future__ import annotations
 
-__all__ = [
-    "KV_TYPES",
-    "bytes_per_token",
-    "flops_per_token",
-    "estimate",
-    "tg_roofline_tps",
-    "ESTIMATE_LABEL",
-]
+__all__ = ["ESTIMATE_LABEL", "KV_TYPES", "bytes_per_token", "estimate", "flops_per_token", "tg_roofline_tps"]
 
 import functools
 import os
@@ -27,13 +20,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.targets.archs import Arch, Product, load_arch
 from tuner.errors import UsageError, close_matches
+from tuner.targets.archs import Arch, Product, load_arch
 from tuner.targets.models import ModelShape, load_gguf_shape, load_gguf_tensors, plan_tensors
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
-KV_TYPES = {"f16": 2.0, "bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+KV_TYPES = {
+    "f16": 2.0,
+    "bf16": 2.0,
+    "f32": 4.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+}
 """KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -45,11 +47,20 @@ def _check_depth(depth: int) -> None:
         raise UsageError(f"Depth must be an integer between 0 and {_MAX_DEPTH}, got {depth!r}.")
 
 
-def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, list[dict[str, Any]], str]:
+def _resolve(
+    model: ModelShape | str | os.PathLike[str], weight_type: str
+) -> tuple[ModelShape, list[dict[str, Any]], str]:
     """(shape, tensors as dicts with name/kind/ne/type/n_elements/n_bytes, where the sizes come from)."""
     if isinstance(model, ModelShape):
         tensors = [
-            {"name": t.name, "kind": t.kind, "ne": t.ne, "type": t.ggml_type, "n_elements": t.n_elements, "n_bytes": t.n_bytes}
+            {
+                "name": t.name,
+                "kind": t.kind,
+                "ne": t.ne,
+                "type": t.ggml_type,
+                "n_elements": t.n_elements,
+                "n_bytes": t.n_bytes,
+            }
             for t in plan_tensors(model, weight_type)
         ]
         return model, tensors, f"shape {model.name} with {weight_type} weights (llama-quantize type rules)"
@@ -80,16 +91,21 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
             kind = "matmul"
         else:
             kind = "vector"
-        tensors.append({"name": t.name, "kind": kind, "ne": t.ne, "type": t.ggml_type, "n_elements": t.n_elements, "n_bytes": t.n_bytes})
+        tensors.append(
+            {
+                "name": t.name,
+                "kind": kind,
+                "ne": t.ne,
+                "type": t.ggml_type,
+                "n_elements": t.n_elements,
+                "n_bytes": t.n_bytes,
+            }
+        )
     return shape, tuple(tensors)
 
 
 def bytes_per_token(
-    shape_or_gguf: ModelShape | str | os.PathLike[str],
-    depth: int,
-    kv_type: str = "f16",
-    *,
-    weight_type: str = "f16",
+    shape_or_gguf: ModelShape | str | os.PathLike[str], depth: int, kv_type: str = "f16", *, weight_type: str = "f16"
 ) -> dict[str, Any]:
     """Bytes one generated token reads at KV depth ``depth``.
 
@@ -111,7 +127,9 @@ def bytes_per_token(
     """
     _check_depth(depth)
     if kv_type not in KV_TYPES:
-        raise UsageError(f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}.")
+        raise UsageError(
+            f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}."
+        )
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
     weights = 0
     for t in tensors:
@@ -123,17 +141,23 @@ def bytes_per_token(
         else:
             weights += t["n_bytes"]
     kv = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * depth * KV_TYPES[kv_type]
-    quantized = any(t["type"] not in _FLOAT_TYPES for t in tensors if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output))
+    quantized = any(
+        t["type"] not in _FLOAT_TYPES
+        for t in tensors
+        if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
+    )
     return {
         "weights_bytes": int(weights),
-        "kv_bytes": int(round(kv)),
-        "total_bytes": int(round(weights + kv)),
+        "kv_bytes": round(kv),
+        "total_bytes": round(weights + kv),
         "weights_source": where,
         "quantized": quantized,
     }
 
 
-def flops_per_token(shape_or_gguf: ModelShape | str | os.PathLike[str], depth: int, *, weight_type: str = "f16") -> dict[str, Any]:
+def flops_per_token(
+    shape_or_gguf: ModelShape | str | os.PathLike[str], depth: int, *, weight_type: str = "f16"
+) -> dict[str, Any]:
     """FLOPs one token costs at KV depth ``depth``.
 
     ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded);
@@ -145,7 +169,8 @@ def flops_per_token(shape_or_gguf: ModelShape | str | os.PathLike[str], depth: i
     _check_depth(depth)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
     params = sum(
-        t["n_elements"] for t in tensors
+        t["n_elements"]
+        for t in tensors
         if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
     )
     attn = 4 * shape.n_layers * shape.n_heads * shape.head_dim * depth
@@ -171,7 +196,11 @@ def _peaks(arch: Arch, product: Product, quantized: bool) -> tuple[float | None,
     fp_label = "FP16"
     if fp is None:  # P40 (cc 610) and the CPU run the float paths in FP32
         fp, fp_label = product.fp32_tflops, "FP32"
-    if quantized and product.int8_tops is not None and (arch.math.get("dp4a") or any(arch.math.get(k) for k in ("int8_mma", "int8_wmma", "int8_mfma"))):
+    if (
+        quantized
+        and product.int8_tops is not None
+        and (arch.math.get("dp4a") or any(arch.math.get(k) for k in ("int8_mma", "int8_wmma", "int8_mfma")))
+    ):
         return product.int8_tops, "INT8 (MMQ) TOPS", fp, fp_label
     return fp, f"{fp_label} TFLOPS", fp, fp_label
 
@@ -217,25 +246,45 @@ def estimate(
             q = bytes_per_token(model, mid, kv_type, weight_type=weight_type)["quantized"]
             mm_peak, mm_label, fp_peak, fp_label = _peaks(a, prod, q)
             if mm_peak is None or fp_peak is None:
-                rows.append({**base, "test": f"pp{pp}", "bound_tps": None, "limit": "compute (peak unknown for this product)", "flops_per_token": f["total_flops"]})
+                rows.append(
+                    {
+                        **base,
+                        "test": f"pp{pp}",
+                        "bound_tps": None,
+                        "limit": "compute (peak unknown for this product)",
+                        "flops_per_token": f["total_flops"],
+                    }
+                )
             else:
                 sec = f["matmul_flops"] / (mm_peak * 1e12) + f["attention_flops"] / (fp_peak * 1e12)
-                rows.append({
-                    **base, "test": f"pp{pp}", "bound_tps": 1.0 / sec,
-                    "limit": f"compute: matmuls at {mm_peak:g} {mm_label}, attention at {fp_peak:g} {fp_label} TFLOPS",
-                    "flops_per_token": f["total_flops"],
-                })
+                rows.append(
+                    {
+                        **base,
+                        "test": f"pp{pp}",
+                        "bound_tps": 1.0 / sec,
+                        "limit": f"compute: matmuls at {mm_peak:g} {mm_label}, attention at {fp_peak:g} {fp_label} TFLOPS",
+                        "flops_per_token": f["total_flops"],
+                    }
+                )
         if tg > 0:
             b = bytes_per_token(model, depth + tg // 2, kv_type, weight_type=weight_type)
-            rows.append({
-                **base, "test": f"tg{tg}", "bound_tps": bw * 1e9 / b["total_bytes"],
-                "limit": f"memory: {bw:g} GB/s ({bw_src})", "bytes_per_token": b["total_bytes"],
-                "weights_bytes": b["weights_bytes"], "kv_bytes": b["kv_bytes"],
-            })
+            rows.append(
+                {
+                    **base,
+                    "test": f"tg{tg}",
+                    "bound_tps": bw * 1e9 / b["total_bytes"],
+                    "limit": f"memory: {bw:g} GB/s ({bw_src})",
+                    "bytes_per_token": b["total_bytes"],
+                    "weights_bytes": b["weights_bytes"],
+                    "kv_bytes": b["kv_bytes"],
+                }
+            )
     return rows
 
 
-def tg_roofline_tps(arch: Arch | str, model_path: str | os.PathLike[str], depth: int, bandwidth: float | None = None) -> float:
+def tg_roofline_tps(
+    arch: Arch | str, model_path: str | os.PathLike[str], depth: int, bandwidth: float | None = None
+) -> float:
     """Decode roofline (tokens/s) of a GGUF at KV depth ``depth``: bandwidth / bytes per token.
 
     Used by bench rows to report "% of roofline". An estimate, not a measurement.

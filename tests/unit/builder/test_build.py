@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from packaging.version import Version
 from scikit_build_core.cmake import CMake
 
-import tuner
 from tuner import _run
 from tuner.builder import cmake as B
 from tuner.cli import cli
@@ -28,10 +27,18 @@ TU = "ggml/src/ggml-cuda/fattn.cu"
 HOOKED_CMAKE = (TOY / "CMakeLists.txt").read_text() + (DATA / "toy_hook.cmake").read_text()
 
 
-def make_rv(root: Path = TOY, *, tu: str | None = None, patch: str = "hook", defines=None, era="mma") -> RenderedVariant:
+def make_rv(
+    root: Path = TOY, *, tu: str | None = None, patch: str = "hook", defines=None, era="mma"
+) -> RenderedVariant:
     return RenderedVariant(
-        arch="cpu", variant="toy", era=era, source_id="toy", source_root=root,
-        defines=defines or {"TOY_TILE": "64"}, patch=patch, files={"CMakeLists.txt": HOOKED_CMAKE},
+        arch="cpu",
+        variant="toy",
+        era=era,
+        source_id="toy",
+        source_root=root,
+        defines=defines or {"TOY_TILE": "64"},
+        patch=patch,
+        files={"CMakeLists.txt": HOOKED_CMAKE},
         tu_headers={TU: tu} if tu is not None else {},
     )
 
@@ -63,7 +70,7 @@ class FakeRun:
                 on_line("[1/2] Building CXX object x.o")
                 on_line("[2/2] Linking CXX executable bin/llama-bench")
             (bdir / "bin").mkdir(exist_ok=True)
-            for t in args[args.index("--target") + 1: args.index("--parallel")]:
+            for t in args[args.index("--target") + 1 : args.index("--parallel")]:
                 if t.endswith(".o"):
                     continue
                 (bdir / "bin" / t).write_text("#!/bin/sh\n")
@@ -77,15 +84,17 @@ class FakeRun:
         src = Path(next(a[2:] for a in args if a.startswith("-S")))
         (bdir / "build.ninja").write_text("# fake\n")
         (bdir / ".ninja_log").write_text("# ninja log v5\n")
-        (bdir / "compile_commands.json").write_text(json.dumps([
-            {"directory": str(bdir), "file": str(src / TU), "output": "CMakeFiles/toy.dir/fattn.cu.o"}]))
+        (bdir / "compile_commands.json").write_text(
+            json.dumps([{"directory": str(bdir), "file": str(src / TU), "output": "CMakeFiles/toy.dir/fattn.cu.o"}])
+        )
         return _run.RunResult(returncode=0, output="", seconds=0.1, log_file=log_file)
 
 
 @pytest.fixture()
 def fake_tools(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> Path:
-    tools = B.BuildTools(cmake=CMake(version=Version("3.31.0"), cmake_path=Path("/usr/bin/true")),
-                         ninja=Path("/usr/bin/true"))
+    tools = B.BuildTools(
+        cmake=CMake(version=Version("3.31.0"), cmake_path=Path("/usr/bin/true")), ninja=Path("/usr/bin/true")
+    )
     monkeypatch.setattr(B, "find_build_tools", lambda *a, **k: tools)
     B._version_line.cache_clear()
     yield isolated_home
@@ -117,8 +126,11 @@ def test_default_check_objects_per_era() -> None:
     assert "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu" in mma
     assert "ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu" in mma
     roc = B.default_check_objects(make_rv(era="rocwmma"))
-    assert roc == ["ggml/src/ggml-cuda/fattn.cu", "ggml/src/ggml-cuda/fattn-tile-f16.cu",
-                   "ggml/src/ggml-cuda/template-instances/fattn-vec-f16-instance-hs64-f16-f16.cu"]
+    assert roc == [
+        "ggml/src/ggml-cuda/fattn.cu",
+        "ggml/src/ggml-cuda/fattn-tile-f16.cu",
+        "ggml/src/ggml-cuda/template-instances/fattn-vec-f16-instance-hs64-f16-f16.cu",
+    ]
 
 
 def test_prepare_src_links_unchanged_and_copies_patched(tmp_path: Path) -> None:
@@ -135,8 +147,16 @@ def test_prepare_src_links_unchanged_and_copies_patched(tmp_path: Path) -> None:
 
 
 def test_prepare_src_rejects_escaping_path(tmp_path: Path) -> None:
-    rv = RenderedVariant(arch="cpu", variant="toy", era="mma", source_id="t", source_root=TOY, defines={},
-                         patch="p", files={"../evil.txt": "x"})
+    rv = RenderedVariant(
+        arch="cpu",
+        variant="toy",
+        era="mma",
+        source_id="t",
+        source_root=TOY,
+        defines={},
+        patch="p",
+        files={"../evil.txt": "x"},
+    )
     with pytest.raises(UsageError, match="leaves the source tree"):
         B._prepare_src(rv, tmp_path / "src")
 
@@ -152,17 +172,33 @@ def test_tu_headers_rewritten_only_when_changed(tmp_path: Path) -> None:
     assert B._write_tu_headers(make_rv(), src, tu) == [TU]  # back to upstream: empty header
     assert header.read_text() == ""
     with pytest.raises(UsageError, match="not a file"):
-        B._write_tu_headers(RenderedVariant(arch="cpu", variant="t", era="mma", source_id="t", source_root=TOY,
-                                            defines={}, patch="", files={}, tu_headers={"nope.cu": "x"}), src, tu)
+        B._write_tu_headers(
+            RenderedVariant(
+                arch="cpu",
+                variant="t",
+                era="mma",
+                source_id="t",
+                source_root=TOY,
+                defines={},
+                patch="",
+                files={},
+                tu_headers={"nope.cu": "x"},
+            ),
+            src,
+            tu,
+        )
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    ({"targets": ["llama bench"]}, "not a CMake target"),
-    ({"targets": []}, "No build targets"),
-    ({"jobs": 0}, "--jobs"),
-    ({"objects": ["a.cu"]}, "only applies"),
-    ({"compile_only": True, "objects": ["/abs/a.cu"]}, "relative"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"targets": ["llama bench"]}, "not a CMake target"),
+        ({"targets": []}, "No build targets"),
+        ({"jobs": 0}, "--jobs"),
+        ({"objects": ["a.cu"]}, "only applies"),
+        ({"compile_only": True, "objects": ["/abs/a.cu"]}, "relative"),
+    ],
+)
 def test_bad_arguments_are_usage_errors(fake_tools: Path, monkeypatch: pytest.MonkeyPatch, kw, match) -> None:
     monkeypatch.setattr(_run, "run", fail_on_call)
     with pytest.raises(UsageError, match=match):
@@ -227,8 +263,17 @@ def test_compile_only_builds_object_targets(fake_tools: Path, monkeypatch: pytes
 
 def test_headers_without_hook_rejected(fake_tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_run, "run", FakeRun())
-    rv = RenderedVariant(arch="cpu", variant="toy", era="mma", source_id="toy", source_root=TOY, defines={},
-                         patch="", files={}, tu_headers={TU: "#define TOY_ROWS 9\n"})
+    rv = RenderedVariant(
+        arch="cpu",
+        variant="toy",
+        era="mma",
+        source_id="toy",
+        source_root=TOY,
+        defines={},
+        patch="",
+        files={},
+        tu_headers={TU: "#define TOY_ROWS 9\n"},
+    )
     with pytest.raises(UsageError, match="no GGML_TUNER_TU_DIR"):
         B.build_variant(rv, targets=["llama-bench"])
 
@@ -273,7 +318,9 @@ def test_cli_build_prints_dirs(fake_tools: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(_run, "run", FakeRun())
     seen = {}
 
-    def render_variant(source, arch, variant, *, compile_values={}, **kw):
+    def render_variant(source, arch, variant, *, compile_values=None, **kw):
+        if compile_values is None:
+            compile_values = {}
         seen.update(arch=arch, variant=variant, values=dict(compile_values))
         return make_rv()
 

@@ -32,7 +32,8 @@ def fake_prefix(tmp_path: Path, archs=("1151", "1100", "942")) -> Path:
     (usr / "include" / "hip").mkdir(parents=True)
     (usr / "include" / "hip" / "hip_runtime.h").write_text("")
     (usr / "include" / "hip" / "hip_version.h").write_text(
-        "#define HIP_VERSION_MAJOR 6\n#define HIP_VERSION_MINOR 4\n#define HIP_VERSION_PATCH 43484\n")
+        "#define HIP_VERSION_MAJOR 6\n#define HIP_VERSION_MINOR 4\n#define HIP_VERSION_PATCH 43484\n"
+    )
     (usr / "bin").mkdir()
     lib = usr / "lib" / "x86_64-linux-gnu"
     lib.mkdir(parents=True)
@@ -48,8 +49,10 @@ def fake_prefix(tmp_path: Path, archs=("1151", "1100", "942")) -> Path:
 
 
 def test_parse_offload_targets() -> None:
-    data = (b"\x00__CLANG_OFFLOAD_BUNDLE__hipv4-amdgcn-amd-amdhsa--gfx1151\x00"
-            b"hipv4-amdgcn-amd-amdhsa--gfx1100\x00host-x86_64-unknown-linux-gnu-\x00gfx1151")
+    data = (
+        b"\x00__CLANG_OFFLOAD_BUNDLE__hipv4-amdgcn-amd-amdhsa--gfx1151\x00"
+        b"hipv4-amdgcn-amd-amdhsa--gfx1100\x00host-x86_64-unknown-linux-gnu-\x00gfx1151"
+    )
     assert hip.parse_offload_targets(data) == ["gfx1100", "gfx1151"]
     assert hip.parse_offload_targets(b"\x7fELF no bundle here gfx1151") == []
 
@@ -107,8 +110,9 @@ def test_private_apt_config_leaves_system_alone(tmp_path: Path) -> None:
     assert " trixie main" in sources and " sid main" in sources and "/etc/apt" not in text
 
 
-def test_hip_variant_builds_with_toolchain_cmake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 isolated_home: Path) -> None:
+def test_hip_variant_builds_with_toolchain_cmake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_home: Path
+) -> None:
     """A GGML_HIP=ON variant must use the toolchain's cmake<4 and its compiler defines."""
     monkeypatch.setattr(hip, "_clang_ok", lambda: True)
     tc = hip.find_hip_toolchain(fake_prefix(tmp_path))
@@ -117,8 +121,9 @@ def test_hip_variant_builds_with_toolchain_cmake(tmp_path: Path, monkeypatch: py
 
     def tools(cmake_executable=None, cmake_spec=">=3.28"):
         asked.update(exe=cmake_executable, spec=cmake_spec)
-        return B.BuildTools(cmake=CMake(version=Version("3.31.10"), cmake_path=Path(cmake_executable)),
-                            ninja=Path("/usr/bin/true"))
+        return B.BuildTools(
+            cmake=CMake(version=Version("3.31.10"), cmake_path=Path(cmake_executable)), ninja=Path("/usr/bin/true")
+        )
 
     monkeypatch.setattr(B, "find_build_tools", tools)
     calls = []
@@ -132,8 +137,16 @@ def test_hip_variant_builds_with_toolchain_cmake(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(_run, "run", fake_run)
     B._version_line.cache_clear()
-    rv = RenderedVariant(arch="gfx1151", variant="hip", era="mma", source_id="toy", source_root=TOY,
-                         defines={"GGML_HIP": "ON", "GPU_TARGETS": "gfx1151"}, patch="", files={})
+    rv = RenderedVariant(
+        arch="gfx1151",
+        variant="hip",
+        era="mma",
+        source_id="toy",
+        source_root=TOY,
+        defines={"GGML_HIP": "ON", "GPU_TARGETS": "gfx1151"},
+        patch="",
+        files={},
+    )
     with pytest.raises(TunerError, match="configure failed"):
         B.build_variant(rv, compile_only=True, objects=["ggml/src/ggml-cuda/fattn.cu"])
     assert asked == {"exe": str(tc.cmake), "spec": ">=3.28,<4"}
@@ -141,8 +154,16 @@ def test_hip_variant_builds_with_toolchain_cmake(tmp_path: Path, monkeypatch: py
     assert args[0] == str(tc.cmake)
     assert f"-DCMAKE_HIP_COMPILER={tc.clangxx}" in args and "-DGPU_TARGETS=gfx1151" in args
     assert env["ROCM_PATH"] == str(tc.rocm_path)
-    rv1201 = RenderedVariant(arch="gfx1201", variant="hip", era="mma", source_id="toy", source_root=TOY,
-                             defines={"GGML_HIP": "ON", "GPU_TARGETS": "gfx1201"}, patch="", files={})
+    rv1201 = RenderedVariant(
+        arch="gfx1201",
+        variant="hip",
+        era="mma",
+        source_id="toy",
+        source_root=TOY,
+        defines={"GGML_HIP": "ON", "GPU_TARGETS": "gfx1201"},
+        patch="",
+        files={},
+    )
     with pytest.raises(UsageError, match="no device library for gfx1201"):
         B.build_variant(rv1201, compile_only=True)
     B._version_line.cache_clear()

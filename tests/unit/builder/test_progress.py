@@ -65,8 +65,11 @@ def test_plain_heartbeat_without_total() -> None:
             clock.now += 5
             bar.advance()
     lines = out.getvalue().splitlines()
-    assert lines == ["building cpu: 1 trials, 0:05 elapsed", "building cpu: 3 trials, 0:15 elapsed",
-                     "building cpu: 5 trials, 0:25 elapsed"]
+    assert lines == [
+        "building cpu: 1 trials, 0:05 elapsed",
+        "building cpu: 3 trials, 0:15 elapsed",
+        "building cpu: 5 trials, 0:25 elapsed",
+    ]
 
 
 def test_off_prints_nothing() -> None:

@@ -38,9 +38,13 @@ def dry_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     import tuner.builder.hip
     import tuner.source
 
-    monkeypatch.setattr(tuner.source, "fetch_source",
-                        lambda spec=None: types.SimpleNamespace(root=TREE_A, era="mma", spec=str(spec), source_id="a" * 16,
-                                                                commit="0c1e570"))
+    monkeypatch.setattr(
+        tuner.source,
+        "fetch_source",
+        lambda spec=None: types.SimpleNamespace(
+            root=TREE_A, era="mma", spec=str(spec), source_id="a" * 16, commit="0c1e570"
+        ),
+    )
     monkeypatch.setattr(tuner.builder.hip, "find_hip_toolchain", lambda: None)
 
     def no_build(*a: object, **k: object) -> None:
@@ -57,10 +61,21 @@ def test_gfx1151_dry_run_plan_is_the_real_search_on_stdout(dry_tree: None) -> No
     assert res.exit_code == 0, res.stderr
     plan = res.stdout
     # the stages tuner.search.pipeline.run_pipeline runs, in its order, each with what it runs
-    stages = re.findall(r"^\| (screen|screen: refine|compose|tune|confirm|output gate|residency|builds \+ test-backend-ops) +\|",
-                        plan, re.M)
-    assert stages == ["screen", "screen: refine", "compose", "tune", "confirm", "output gate", "residency",
-                      "builds + test-backend-ops"]
+    stages = re.findall(
+        r"^\| (screen|screen: refine|compose|tune|confirm|output gate|residency|builds \+ test-backend-ops) +\|",
+        plan,
+        re.M,
+    )
+    assert stages == [
+        "screen",
+        "screen: refine",
+        "compose",
+        "tune",
+        "confirm",
+        "output gate",
+        "residency",
+        "builds + test-backend-ops",
+    ]
     # the kernels the gfx1151 space lets the screen force per phase (its rule knobs' choices)
     from tuner.plan.space import load_space
     from tuner.search.pipeline import kernels_for
@@ -129,10 +144,14 @@ def test_archs_and_estimate_json_parse() -> None:
     assert any(a["name"] == "gfx1151" for a in archs)
     one = json.loads(_run(["archs", "show", "gfx1151", "--json"]).stdout)
     assert one["name"] == "gfx1151"
-    rows = json.loads(_run(["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--quant", "Q4_K_M", "--json"]).stdout)
+    rows = json.loads(
+        _run(["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--quant", "Q4_K_M", "--json"]).stdout
+    )
     assert rows and all("not a measurement" in r["label"] for r in rows)
     # --quant is case-insensitive and the old --type still means the same
-    old = json.loads(_run(["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--json"]).stdout)
+    old = json.loads(
+        _run(["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--json"]).stdout
+    )
     assert old == rows
     assert "--type" not in _run(["estimate", "--help"]).stdout
 
@@ -211,7 +230,8 @@ def test_dashboard_hint_names_the_extra_when_missing(monkeypatch: pytest.MonkeyP
 
 
 def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild(
-        dry_tree: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    dry_tree: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the toolchain present the compile checks run (faked here: nothing compiles in a unit test);
     their detail is words, not the list/dict values they carry, and the plan's rebuild time is theirs."""
     import tuner.builder.cmake
@@ -272,11 +292,20 @@ def test_dry_run_plans_for_the_model_given(dry_tree: None, tmp_path: Path) -> No
 def test_validate_marks_skipped_checks_as_not_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import tuner.result.validate as rv
 
-    fake = [rv.ResultCheck(path=tmp_path / "r", findings=(
-        rv.Finding(check="hashes", ok=True, detail="patch and defines match"),
-        rv.Finding(check="bench", ok=True, detail="skipped: needs a sm_90 device, this machine has none (static checks only)"),
-        rv.Finding(check="gate", ok=False, detail="fails"),
-    ))]
+    fake = [
+        rv.ResultCheck(
+            path=tmp_path / "r",
+            findings=(
+                rv.Finding(check="hashes", ok=True, detail="patch and defines match"),
+                rv.Finding(
+                    check="bench",
+                    ok=True,
+                    detail="skipped: needs a sm_90 device, this machine has none (static checks only)",
+                ),
+                rv.Finding(check="gate", ok=False, detail="fails"),
+            ),
+        )
+    ]
     monkeypatch.setattr(rv, "validate_paths", lambda *a, **k: fake)
     res = CliRunner().invoke(cli, ["validate", str(tmp_path)])
     out = res.stdout

@@ -38,9 +38,10 @@ def crashing(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> Path:
     return isolated_home
 
 
-def test_unexpected_exception_is_one_paragraph_and_a_log(crashing: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _main(monkeypatch, capsys, "archs")
+def test_unexpected_exception_is_one_paragraph_and_a_log(
+    crashing: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _out, err = _main(monkeypatch, capsys, "archs")
     assert code == crash.EXIT_INTERNAL == 70
     assert "Traceback" not in err and 'File "' not in err
     assert len(err.strip().splitlines()) == 1, err  # one paragraph
@@ -60,8 +61,9 @@ def test_unexpected_exception_is_one_paragraph_and_a_log(crashing: Path, monkeyp
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
-def test_debug_shows_the_traceback(crashing: Path, monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str], how: str) -> None:
+def test_debug_shows_the_traceback(
+    crashing: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
     if how == "env":
         monkeypatch.setenv("TUNER_DEBUG", "1")
         argv: tuple[str, ...] = ("archs",)
@@ -74,8 +76,9 @@ def test_debug_shows_the_traceback(crashing: Path, monkeypatch: pytest.MonkeyPat
     assert "The traceback is above" in err
 
 
-def test_crash_log_falls_back_to_temp_when_tuner_home_is_bad(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_crash_log_falls_back_to_temp_when_tuner_home_is_bad(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("TUNER_HOME", str(blocker))
@@ -104,9 +107,23 @@ def test_bad_tuner_home_is_a_usage_error(tmp_path: Path, kind: str) -> None:
     env = {**os.environ, "TUNER_HOME": str(home)}
     env.pop("TUNER_DEBUG", None)
     # A real process through the console-script entry point: what a user sees.
-    res = subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()", "model", "synth",
-                          "--like", "tiny", "-o", str(tmp_path / "m.gguf")],
-                         env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tuner.cli import main; main()",
+            "model",
+            "synth",
+            "--like",
+            "tiny",
+            "-o",
+            str(tmp_path / "m.gguf"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr
     assert res.stderr.startswith(f"tuner: error: TUNER_HOME={home} is not usable: ")
@@ -127,8 +144,9 @@ def test_unwritable_tuner_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         ro.chmod(0o700)
 
 
-def test_missing_optional_module_names_the_extra(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
+def test_missing_optional_module_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
     def no_pyarrow(*args: object, **kwargs: object) -> None:
         raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")
 

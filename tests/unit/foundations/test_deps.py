@@ -15,8 +15,13 @@ pytest.importorskip("deptry", reason="deptry is in the [test] extra: pip install
 
 
 def _deptry(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deptry", ".", "--no-ansi", "--config", str(config)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "deptry", ".", "--no-ansi", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_pyproject_declares_every_import() -> None:

@@ -3,8 +3,8 @@ with one paragraph naming the path and the fix, through the CLI; exit 70 stays f
 
 from __future__ import annotations
 
-import lzma
 import errno
+import lzma
 import os
 import sys
 from pathlib import Path
@@ -36,7 +36,9 @@ def _one_paragraph(err: str) -> None:
     assert len(err.strip().splitlines()) == 1
 
 
-def test_file_in_the_way_of_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_file_in_the_way_of_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "results"
     blocker.write_text("not a folder\n")
     code, err = _tuner(monkeypatch, capsys, *_export_args(tmp_path, blocker / "sm_89" / "l1b"))
@@ -45,7 +47,9 @@ def test_file_in_the_way_of_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert f"a file is in the way at {blocker}" in err and "Remove or rename" in err
 
 
-def test_unwritable_export_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unwritable_export_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     parent = tmp_path / "ro"
     parent.mkdir()
     args = _export_args(tmp_path, parent / "out")
@@ -67,7 +71,9 @@ def test_unwritable_export_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert f"permission denied on {parent}" in err and f"Make {parent} writable" in err and "another -o" in err
 
 
-def test_full_disk_during_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_full_disk_during_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     real = Path.write_text
 
@@ -85,8 +91,9 @@ def test_full_disk_during_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["study.db"]
 
 
-def test_full_disk_without_a_path_is_not_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
+def test_full_disk_without_a_path_is_not_a_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
     # e.g. a search's SQLite or a log flush failing: the OS gives no file name, only ENOSPC
     import tuner.result.validate as validate
 
@@ -100,8 +107,9 @@ def test_full_disk_without_a_path_is_not_a_bug(tmp_path: Path, monkeypatch: pyte
     assert "Free space on the disk tuner was writing to" in err
 
 
-def test_full_study_database_is_not_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
+def test_full_study_database_is_not_a_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
     # A search's SQLite write on a full disk: sqlite3 reports SQLITE_FULL, SQLAlchemy and Optuna wrap it.
     import sqlite3
 
@@ -120,8 +128,9 @@ def test_full_study_database_is_not_a_bug(tmp_path: Path, monkeypatch: pytest.Mo
     assert "no space left on the device" in err and "the study database reported: (sqlite3.OperationalError)" in err
 
 
-def test_os_error_without_a_path_stays_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str], isolated_home: Path) -> None:
+def test_os_error_without_a_path_stays_a_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
     import tuner.result.validate as validate
 
     def broken(*a: object, **k: object) -> None:
@@ -133,12 +142,21 @@ def test_os_error_without_a_path_stays_a_bug(tmp_path: Path, monkeypatch: pytest
     assert "bug in tuner" in err
 
 
-@pytest.mark.parametrize(("err", "want"), [
-    (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/out"), "/mnt/ro/out is on a read-only file system"),
-    (OSError(errno.EDQUOT, "Disk quota exceeded", "/q/out/report.md"), "the disk quota is exhausted while writing (/q/out/report.md)"),
-    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/no/such/model.gguf"), "/no/such/model.gguf does not exist"),
-    (IsADirectoryError(errno.EISDIR, "Is a directory", "/tmp"), "a folder is in the way at"),
-])
+@pytest.mark.parametrize(
+    ("err", "want"),
+    [
+        (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/out"), "/mnt/ro/out is on a read-only file system"),
+        (
+            OSError(errno.EDQUOT, "Disk quota exceeded", "/q/out/report.md"),
+            "the disk quota is exhausted while writing (/q/out/report.md)",
+        ),
+        (
+            FileNotFoundError(errno.ENOENT, "No such file or directory", "/no/such/model.gguf"),
+            "/no/such/model.gguf does not exist",
+        ),
+        (IsADirectoryError(errno.EISDIR, "Is a directory", "/tmp"), "a folder is in the way at"),
+    ],
+)
 def test_messages_name_the_path_and_the_fix(err: OSError, want: str) -> None:
     msg = os_error_message(err)
     assert msg is not None and want in msg

@@ -19,8 +19,11 @@ def test_split_at_the_first_equals_and_stripped() -> None:
 def test_every_set_parser_refuses_alike(item: str) -> None:
     sp = space.load_space("sm_90", "mma")
     messages = []
-    for parse in (lambda: parse_sets([item]), lambda: space.parse_set_values(sp, [item]),
-                  lambda: parse_pairs([item], "--set", "T3=4096", what="KNOB")):
+    for parse in (
+        lambda: parse_sets([item]),
+        lambda: space.parse_set_values(sp, [item]),
+        lambda: parse_pairs([item], "--set", "T3=4096", what="KNOB"),
+    ):
         with pytest.raises(UsageError) as err:
             parse()
         messages.append(str(err.value).split(" Example:")[0])

@@ -17,8 +17,11 @@ def readme_setup_commands() -> list[str]:
 
 
 def ci_command_lines() -> list[str]:
-    return [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()
-            if ln.strip() and not ln.strip().startswith("#")]
+    return [
+        ln.strip()
+        for ln in (REPO / ".ci" / "run").read_text().splitlines()
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
 
 
 def test_readme_has_the_two_commands() -> None:

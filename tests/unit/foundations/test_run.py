@@ -63,8 +63,12 @@ def test_silent_hang_after_output_is_killed(tmp_path: Path) -> None:
     seen: list[str] = []
     t0 = time.monotonic()
     with pytest.raises(TunerError, match="timed out"):
-        _run.run(["sh", "-c", "echo $$; echo started; exec sleep 30"], timeout=1, on_line=seen.append,
-                 log_file=tmp_path / "hang.log")
+        _run.run(
+            ["sh", "-c", "echo $$; echo started; exec sleep 30"],
+            timeout=1,
+            on_line=seen.append,
+            log_file=tmp_path / "hang.log",
+        )
     assert time.monotonic() - t0 < 3
     assert seen[1] == "started" and not _alive(int(seen[0]))
     assert (tmp_path / "hang.log").read_text().splitlines()[1:] == seen

@@ -31,22 +31,39 @@ def test_pool_keeps_order_and_scales_per_anchor() -> None:
 
 
 def _study(anchors: list[list[float]]) -> object:
-    return types.SimpleNamespace(user_attrs={"anchors": [{"samples": {"tg@0": a}} for a in anchors]},
-                                 get_trials=lambda deepcopy=False: [])
+    return types.SimpleNamespace(
+        user_attrs={"anchors": [{"samples": {"tg@0": a}} for a in anchors]}, get_trials=lambda deepcopy=False: []
+    )
 
 
 def test_the_search_record_and_bench_interleave_agree() -> None:
     """The same anchors give the same drift and the same pooled baseline through both readers."""
-    frame = pd.DataFrame([{"test": "tg8", "phase": "tg", "depth": 0, "median_ts": statistics.median(a), "ci_pct": 0.5,
-                           "n": len(a), "samples": a, "n_batches": 1, "warmup_discarded": 1} for a in ANCHORS])
+    frame = pd.DataFrame(
+        [
+            {
+                "test": "tg8",
+                "phase": "tg",
+                "depth": 0,
+                "median_ts": statistics.median(a),
+                "ci_pct": 0.5,
+                "n": len(a),
+                "samples": a,
+                "n_batches": 1,
+                "warmup_discarded": 1,
+            }
+            for a in ANCHORS
+        ]
+    )
     rows = _drift_rows(frame, drift_factor=2.0)
     assert anchor_drift(_study(ANCHORS)) == {("tg", 0): pytest.approx(rows[0]["drift_pct"])}
     assert rows[0]["drift_pct"] == pytest.approx(9.0) and rows[0]["reference_ts"] == 104.0
     results, base = study_results(_study(ANCHORS))
     unflagged = [{**rows[0], "flagged": False}]
     pooled = _pooled_baseline(frame, unflagged, confidence=0.95, seed=0)[0]
-    assert list(results[base][("tg", 0)].samples) == pool(ANCHORS) == pytest.approx(
-        [x for a in ANCHORS for x in a]) and pooled["n"] == 9
+    assert (
+        list(results[base][("tg", 0)].samples) == pool(ANCHORS) == pytest.approx([x for a in ANCHORS for x in a])
+        and pooled["n"] == 9
+    )
 
 
 @pytest.mark.parametrize("xs", [[3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [5.0]])

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 import tuner._run
-from tuner.measure import bench
 from tuner._run import RunResult
+from tuner.errors import TunerError, UsageError
 from tuner.measure.bench import COLUMNS, load_results, parse_bench_jsonl, render_table, run_bench, save_results
 from tuner.measure.interleave import BenchTarget, run_interleaved
-from tuner.errors import TunerError, UsageError
 from tuner.measure.observe import Observer, find_gpu_probe
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "bench"
@@ -42,14 +41,14 @@ def test_parse_fixtures(name: str) -> None:
 
 
 def test_parse_derives_ts_from_ns_and_skips_noise() -> None:
-    line = json.dumps({"n_prompt": 0, "n_gen": 100, "n_depth": 8, "flash_attn": False,
-                       "samples_ns": [1e9, 2e9]})
+    line = json.dumps({"n_prompt": 0, "n_gen": 100, "n_depth": 8, "flash_attn": False, "samples_ns": [1e9, 2e9]})
     recs = parse_bench_jsonl("log line\n{not json\n" + line + "\n")
     assert len(recs) == 1
     assert recs[0]["samples_ts"] == [100.0, 50.0] and recs[0]["phase"] == "tg" and recs[0]["flash_attn"] == 0
 
 
 # --------------------------------------------------------------------------- fake llama-bench
+
 
 def _fake_bin(tmp_path: Path) -> Path:
     exe = tmp_path / "bin" / "llama-bench"
@@ -66,8 +65,14 @@ def _arg(cmd: list[str], flag: str) -> str:
 class FakeBench:
     """Stands in for tuner._run.run: answers --help and prints JSONL like llama-bench."""
 
-    def __init__(self, sampler: Callable[[dict, int], float], *, help_text: str = MMA_HELP,
-                 fail_depths: tuple[int, ...] = (), timeout_on: int | None = None) -> None:
+    def __init__(
+        self,
+        sampler: Callable[[dict, int], float],
+        *,
+        help_text: str = MMA_HELP,
+        fail_depths: tuple[int, ...] = (),
+        timeout_on: int | None = None,
+    ) -> None:
         self.sampler, self.help_text = sampler, help_text
         self.fail_depths, self.timeout_on = fail_depths, timeout_on
         self.calls: list[tuple[list[str], dict]] = []
@@ -90,10 +95,22 @@ class FakeBench:
             for tp, tn in [(x, y) for x, y in ((p, 0), (0, n)) if x or y]:
                 ctx = {"p": tp, "n": tn, "d": d, "env": env or {}, "call": len(self.calls)}
                 ts = [self.sampler(ctx, i) for i in range(r)]
-                rec = {"build_commit": "0c1e570", "backends": "CUDA", "gpu_info": "Fake GPU", "model_filename": "m.gguf",
-                       "model_size": 1000, "model_n_params": 10, "n_ubatch": 512, "type_k": "f16",
-                       "flash_attn": 1 if "-fa" in cmd and _arg(cmd, "-fa") in ("on", "1") else 0, "n_prompt": tp,
-                       "n_gen": tn, "n_depth": d, "samples_ns": [1e9 * (tp + tn) / t for t in ts], "samples_ts": ts}
+                rec = {
+                    "build_commit": "0c1e570",
+                    "backends": "CUDA",
+                    "gpu_info": "Fake GPU",
+                    "model_filename": "m.gguf",
+                    "model_size": 1000,
+                    "model_n_params": 10,
+                    "n_ubatch": 512,
+                    "type_k": "f16",
+                    "flash_attn": 1 if "-fa" in cmd and _arg(cmd, "-fa") in ("on", "1") else 0,
+                    "n_prompt": tp,
+                    "n_gen": tn,
+                    "n_depth": d,
+                    "samples_ns": [1e9 * (tp + tn) / t for t in ts],
+                    "samples_ts": ts,
+                }
                 on_line(json.dumps(rec))
         return RunResult(returncode=rc, output="", seconds=0.1, log_file=log_file)
 
@@ -108,9 +125,19 @@ def test_run_bench_schema_commands_and_warmup(tmp_path: Path, monkeypatch: pytes
     # The first rep of every call is 30% slow (device.md); it must not reach the samples.
     fake = FakeBench(lambda c, i: 70.0 if i == 0 else 100.0 + i)
     monkeypatch.setattr(tuner._run, "run", fake)
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0, 4096), pp=512, tg=128, reps=4,
-                   env={"GGML_TUNER_FA_RULES": "decode:0-=VEC"}, extra_args=("-ngl", "99"),
-                   log_dir=tmp_path / "logs", label="v1", observe=False)
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(0, 4096),
+        pp=512,
+        tg=128,
+        reps=4,
+        env={"GGML_TUNER_FA_RULES": "decode:0-=VEC"},
+        extra_args=("-ngl", "99"),
+        log_dir=tmp_path / "logs",
+        label="v1",
+        observe=False,
+    )
     assert list(df.columns) == list(COLUMNS)
     assert sorted(zip(df["test"], df["depth"])) == [("pp512", 0), ("pp512", 4096), ("tg128", 0), ("tg128", 4096)]
     bench_calls = [c for c, _ in fake.calls if "--help" not in c]
@@ -118,7 +145,12 @@ def test_run_bench_schema_commands_and_warmup(tmp_path: Path, monkeypatch: pytes
     # and llama-bench restores that state for the second test at the same depth
     assert len(bench_calls) == 1
     pp_cmd = bench_calls[0]
-    assert (_arg(pp_cmd, "-p"), _arg(pp_cmd, "-n"), _arg(pp_cmd, "-d"), _arg(pp_cmd, "-r")) == ("512", "128", "0,4096", "5")
+    assert (_arg(pp_cmd, "-p"), _arg(pp_cmd, "-n"), _arg(pp_cmd, "-d"), _arg(pp_cmd, "-r")) == (
+        "512",
+        "128",
+        "0,4096",
+        "5",
+    )
     assert _arg(pp_cmd, "-fa") == "on" and _arg(pp_cmd, "-o") == "jsonl" and pp_cmd[-2:] == ["-ngl", "99"]
     assert fake.calls[-1][1]["GGML_TUNER_FA_RULES"] == "decode:0-=VEC"
     for r in df.itertuples():
@@ -134,11 +166,31 @@ def test_era_detection_and_flag_spelling(tmp_path: Path, monkeypatch: pytest.Mon
     b = _fake_bin(tmp_path)
     run_bench(b, _model(tmp_path), depths=(0,), tg=0, pp=8, reps=2, log_dir=tmp_path, observe=False)
     assert _arg(fake.calls[-1][0], "-fa") == "1"
-    run_bench(b, _model(tmp_path), depths=(0,), tg=0, pp=8, reps=2, log_dir=tmp_path, observe=False,
-              era="mma", flash_attn=False)
+    run_bench(
+        b,
+        _model(tmp_path),
+        depths=(0,),
+        tg=0,
+        pp=8,
+        reps=2,
+        log_dir=tmp_path,
+        observe=False,
+        era="mma",
+        flash_attn=False,
+    )
     assert _arg(fake.calls[-1][0], "-fa") == "off"
-    run_bench(b, _model(tmp_path), depths=(0,), tg=0, pp=8, reps=2, log_dir=tmp_path, observe=False,
-              flash_attn=None, era="mma")
+    run_bench(
+        b,
+        _model(tmp_path),
+        depths=(0,),
+        tg=0,
+        pp=8,
+        reps=2,
+        log_dir=tmp_path,
+        observe=False,
+        flash_attn=None,
+        era="mma",
+    )
     assert "-fa" not in fake.calls[-1][0]
 
 
@@ -151,8 +203,18 @@ def test_target_ci_adds_batches_until_tight(tmp_path: Path, monkeypatch: pytest.
 
     fake = FakeBench(sampler)
     monkeypatch.setattr(tuner._run, "run", fake)
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0, 4096), pp=64, tg=0, reps=3,
-                   target_ci=1.0, max_reps=12, log_dir=tmp_path, observe=False)
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(0, 4096),
+        pp=64,
+        tg=0,
+        reps=3,
+        target_ci=1.0,
+        max_reps=12,
+        log_dir=tmp_path,
+        observe=False,
+    )
     quiet = df[df["depth"] == 0].iloc[0]
     noisy = df[df["depth"] == 4096].iloc[0]
     assert quiet.n == 3 and quiet.n_batches == 1 and quiet.ci_pct <= 1.0
@@ -163,8 +225,9 @@ def test_target_ci_adds_batches_until_tight(tmp_path: Path, monkeypatch: pytest.
 
 def test_failed_depth_is_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 50.0, fail_depths=(32768,)))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0, 32768), pp=0, tg=16, reps=2,
-                   log_dir=tmp_path, observe=False)
+    df = run_bench(
+        _fake_bin(tmp_path), _model(tmp_path), depths=(0, 32768), pp=0, tg=16, reps=2, log_dir=tmp_path, observe=False
+    )
     ok = df[df["depth"] == 0].iloc[0]
     bad = df[df["depth"] == 32768].iloc[0]
     assert ok.status == "ok" and ok.median_ts == 50.0
@@ -174,25 +237,37 @@ def test_failed_depth_is_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_timeout_is_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 50.0, timeout_on=1))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=0, reps=2, log_dir=tmp_path,
-                   observe=False, timeout=1)
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(0,),
+        pp=8,
+        tg=0,
+        reps=2,
+        log_dir=tmp_path,
+        observe=False,
+        timeout=1,
+    )
     assert df.iloc[0].status == "failed" and "timed out" in df.iloc[0].error
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"extra_args": ("-r", "3")}, "set by tuner bench"),
-    ({"depths": (-1,)}, "depth"),
-    ({"depths": ()}, "non-empty"),
-    ({"pp": 0, "tg": 0}, "nothing to measure"),
-    ({"target_ci": 0}, "target_ci"),
-    ({"env": {"BAD NAME": "1"}}, "invalid"),
-    ({"era": "volta"}, "Unknown era"),
-    ({"label": "a/b"}, "label"),
-    ({"bandwidth": -5.0}, "bandwidth"),
-    ({"extra_args": ("-t", "100000")}, "threads must be an integer"),
-    ({"extra_args": ("--threads", "100000")}, "threads must be an integer"),  # the long spelling too
-    ({"extra_args": ("-t", "1", "-t", "0")}, "threads must be an integer"),  # every occurrence
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"extra_args": ("-r", "3")}, "set by tuner bench"),
+        ({"depths": (-1,)}, "depth"),
+        ({"depths": ()}, "non-empty"),
+        ({"pp": 0, "tg": 0}, "nothing to measure"),
+        ({"target_ci": 0}, "target_ci"),
+        ({"env": {"BAD NAME": "1"}}, "invalid"),
+        ({"era": "volta"}, "Unknown era"),
+        ({"label": "a/b"}, "label"),
+        ({"bandwidth": -5.0}, "bandwidth"),
+        ({"extra_args": ("-t", "100000")}, "threads must be an integer"),
+        ({"extra_args": ("--threads", "100000")}, "threads must be an integer"),  # the long spelling too
+        ({"extra_args": ("-t", "1", "-t", "0")}, "threads must be an integer"),  # every occurrence
+    ],
+)
 def test_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kw: dict, match: str) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 1.0))
     args = dict(depths=(0,), pp=8, tg=8, log_dir=tmp_path, observe=False, era="mma")
@@ -210,8 +285,9 @@ def test_missing_binary_and_model(tmp_path: Path) -> None:
 
 def test_roofline_columns_nan_with_note_without_arch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 10.0))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=8, reps=2, log_dir=tmp_path,
-                   observe=False)
+    df = run_bench(
+        _fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=8, reps=2, log_dir=tmp_path, observe=False
+    )
     assert df["roofline_pct"].isna().all() and (df["roofline_note"] != "").all()
 
 
@@ -242,23 +318,42 @@ def _fake_roofline(monkeypatch: pytest.MonkeyPatch) -> list:
 def test_roofline_columns_from_arch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_roofline(monkeypatch)
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 50.0))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(4096,), pp=8, tg=8, reps=2, log_dir=tmp_path,
-                   observe=False, arch="sm_90")
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(4096,),
+        pp=8,
+        tg=8,
+        reps=2,
+        log_dir=tmp_path,
+        observe=False,
+        arch="sm_90",
+    )
     tg = df[df["phase"] == "tg"].iloc[0]
     pp = df[df["phase"] == "pp"].iloc[0]
     assert tg.roofline_tps == 200.0 and tg.roofline_pct == pytest.approx(25.0) and tg.bytes_per_token == 1e6
     assert pp.roofline_pct == pytest.approx(12.5) and "model estimate" in pp.roofline_note
     assert ("bpt", 4096 + 4, "f16") in calls  # mean depth of the test, KV type from llama-bench
     with pytest.raises(UsageError, match="Unknown arch"):
-        run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=8, log_dir=tmp_path,
-                  observe=False, arch="nope")
+        run_bench(
+            _fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=8, log_dir=tmp_path, observe=False, arch="nope"
+        )
 
 
 def test_roofline_bandwidth_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_roofline(monkeypatch)
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 50.0))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0,), pp=8, tg=8, reps=2, log_dir=tmp_path,
-                   observe=False, bandwidth=100.0)
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(0,),
+        pp=8,
+        tg=8,
+        reps=2,
+        log_dir=tmp_path,
+        observe=False,
+        bandwidth=100.0,
+    )
     tg = df[df["phase"] == "tg"].iloc[0]
     assert tg.roofline_tps == pytest.approx(100e9 / 1e6) and "GB/s (given)" in tg.roofline_note
     pp = df[df["phase"] == "pp"].iloc[0]
@@ -267,8 +362,17 @@ def test_roofline_bandwidth_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_save_load_roundtrip_and_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 100.0 + i))
-    df = run_bench(_fake_bin(tmp_path), _model(tmp_path), depths=(0, 256), pp=8, tg=8, reps=3, log_dir=tmp_path,
-                   observe=False, label="x")
+    df = run_bench(
+        _fake_bin(tmp_path),
+        _model(tmp_path),
+        depths=(0, 256),
+        pp=8,
+        tg=8,
+        reps=3,
+        log_dir=tmp_path,
+        observe=False,
+        label="x",
+    )
     files = save_results(df, tmp_path / "out" / "x")
     assert files[0].suffix == ".jsonl"
     for f in files:
@@ -278,7 +382,9 @@ def test_save_load_roundtrip_and_table(tmp_path: Path, monkeypatch: pytest.Monke
     table = render_table(df)
     assert "| x " in table and "tg8" in table
     (tmp_path / "raw.jsonl").write_text((DATA / "llama-bench-mma-cpu.jsonl").read_text())
-    raw = load_results(tmp_path / "raw.jsonl")  # llama-bench's own -o jsonl is read too (tests/unit/measure/test_frames.py)
+    raw = load_results(
+        tmp_path / "raw.jsonl"
+    )  # llama-bench's own -o jsonl is read too (tests/unit/measure/test_frames.py)
     assert set(raw["test"]) == {"pp64"} and raw["n"].tolist() == [3, 3]
     with pytest.raises(UsageError, match="holds no llama-bench results"):
         (tmp_path / "notes.txt").write_text("not a benchmark\n")
@@ -294,9 +400,17 @@ def test_interleaved_detects_and_corrects_drift(tmp_path: Path, monkeypatch: pyt
 
     monkeypatch.setattr(tuner._run, "run", FakeBench(sampler))
     b = _fake_bin(tmp_path)
-    res = run_interleaved([BenchTarget(label="cand", bin_dir=b, env={"CAND": "1"})],
-                          BenchTarget(label="base", bin_dir=b), _model(tmp_path), log_dir=tmp_path,
-                          depths=(0,), pp=8, tg=0, reps=5, observe=False)
+    res = run_interleaved(
+        [BenchTarget(label="cand", bin_dir=b, env={"CAND": "1"})],
+        BenchTarget(label="base", bin_dir=b),
+        _model(tmp_path),
+        log_dir=tmp_path,
+        depths=(0,),
+        pp=8,
+        tg=0,
+        reps=5,
+        observe=False,
+    )
     dr = res.drift.iloc[0]
     assert dr.flagged and dr.drift_pct > 5 * dr.noise_pct
     assert sorted(res.anchors["anchor_index"].unique()) == [0, 1]
@@ -311,15 +425,26 @@ def test_interleaved_no_drift_leaves_samples(tmp_path: Path, monkeypatch: pytest
     rng = np.random.default_rng(1)
     monkeypatch.setattr(tuner._run, "run", FakeBench(lambda c, i: 100.0 + rng.normal(0, 2)))
     b = _fake_bin(tmp_path)
-    res = run_interleaved([BenchTarget(label="c", bin_dir=b)], BenchTarget(label="a", bin_dir=b),
-                          _model(tmp_path), log_dir=tmp_path, depths=(0,), pp=8, tg=0, reps=5, observe=False)
+    res = run_interleaved(
+        [BenchTarget(label="c", bin_dir=b)],
+        BenchTarget(label="a", bin_dir=b),
+        _model(tmp_path),
+        log_dir=tmp_path,
+        depths=(0,),
+        pp=8,
+        tg=0,
+        reps=5,
+        observe=False,
+    )
     assert not res.drift.iloc[0].flagged and not res.frames["c"].iloc[0].drift_corrected
     with pytest.raises(UsageError, match="distinct"):
-        run_interleaved([BenchTarget(label="a", bin_dir=b)], BenchTarget(label="a", bin_dir=b),
-                        _model(tmp_path), log_dir=tmp_path)
+        run_interleaved(
+            [BenchTarget(label="a", bin_dir=b)], BenchTarget(label="a", bin_dir=b), _model(tmp_path), log_dir=tmp_path
+        )
 
 
 # --------------------------------------------------------------------------- observers
+
 
 class _FakeNvml:
     class _U:
@@ -330,10 +455,17 @@ class _FakeNvml:
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int: return 1
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> object: return self._U()
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> object: return self._M()
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
+        return self._U()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return self._M()
 
 
 def test_observer_without_gpu_gives_nan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,7 +508,8 @@ def test_observer_counts_child_cpu() -> None:
 def test_parse_real_h100_llama_bench() -> None:
     recs = parse_bench_jsonl((DATA / "h100" / "llama-bench-tg-default.jsonl").read_text())
     assert [(r["test"], r["n_depth"], len(r["samples_ts"])) for r in recs] == [
-        ("tg128", d, 6) for d in (0, 4096, 16384, 32768)]
+        ("tg128", d, 6) for d in (0, 4096, 16384, 32768)
+    ]
     assert all("H100" in r["gpu_info"] and r["backends"] == "CUDA" for r in recs)
     # decode slows down with depth on the real GPU (KV reads grow): the parse kept the order
     meds = [sorted(r["samples_ts"])[3] for r in recs]
@@ -394,11 +527,17 @@ def test_timed_windows_are_the_repetitions_after_the_first() -> None:
 
     obs = Observer(gpu=False)
     # warm-up and depth fill (not timed), then three timed repetitions of 1 s each, then the JSONL line
-    _marks(obs, [(1.0, "warmup generation run", 0.0, {}), (2.0, "depth run 1/3", 5.0, {}),
-                 (3.0, "generation run 1/3", 6.0, {(1, 1): 0.0, (1, 2): 0.0}),
-                 (4.0, "generation run 2/3", 8.0, {(1, 1): 1.0, (1, 2): 1.0}),
-                 (5.0, "generation run 3/3", 9.5, {(1, 1): 2.0, (1, 2): 1.5}),
-                 (6.0, "result", 11.0, {(1, 1): 3.0, (1, 2): 2.0, (1, 3): 0.1})])
+    _marks(
+        obs,
+        [
+            (1.0, "warmup generation run", 0.0, {}),
+            (2.0, "depth run 1/3", 5.0, {}),
+            (3.0, "generation run 1/3", 6.0, {(1, 1): 0.0, (1, 2): 0.0}),
+            (4.0, "generation run 2/3", 8.0, {(1, 1): 1.0, (1, 2): 1.0}),
+            (5.0, "generation run 3/3", 9.5, {(1, 1): 2.0, (1, 2): 1.5}),
+            (6.0, "result", 11.0, {(1, 1): 3.0, (1, 2): 2.0, (1, 3): 0.1}),
+        ],
+    )
     s = _test_observation(obs, 0.5, 6.0)
     # repetitions 2 and 3: 3 CPU seconds in 2 s; the busiest thread 2 s of them (thread 3 born inside counts from 0)
     assert math.isclose(s.cpu_util_mean, 150.0) and math.isclose(s.cpu_core_max, 100.0)
@@ -412,24 +551,41 @@ def test_timed_windows_are_the_repetitions_after_the_first() -> None:
     # timed repetitions of 8 ms in all (CI's pp64@d256 read 0.0%): below the CPU clock's resolution,
     # so the whole test's window (its samples) stands instead
     short = Observer(gpu=False)
-    _marks(short, [(1.0, "prompt run 1/3", 0.0, {}), (1.004, "prompt run 2/3", 0.0, {}),
-                   (1.008, "prompt run 3/3", 0.0, {}), (1.012, "result", 0.0, {})])
+    _marks(
+        short,
+        [
+            (1.0, "prompt run 1/3", 0.0, {}),
+            (1.004, "prompt run 2/3", 0.0, {}),
+            (1.008, "prompt run 3/3", 0.0, {}),
+            (1.012, "result", 0.0, {}),
+        ],
+    )
     short.samples = [(0.9, 95.0, math.nan, math.nan)]
     assert _test_observation(short, 0.5, 1.012).cpu_util_mean == 95.0
     # ... and where the sampler saw nothing inside the test either (CI's tg8@d0 on an idle box: "—" in the
     # report), the marks' exact CPU times over the whole test stand, from the previous test's result on
     tiny = Observer(gpu=False)
-    _marks(tiny, [(0.99, "result", 0.0, {}), (1.0, "generation run 1/3", 0.005, {}), (1.02, "generation run 2/3", 0.025, {}),
-                  (1.04, "generation run 3/3", 0.045, {}), (1.06, "result", 0.065, {})])
+    _marks(
+        tiny,
+        [
+            (0.99, "result", 0.0, {}),
+            (1.0, "generation run 1/3", 0.005, {}),
+            (1.02, "generation run 2/3", 0.025, {}),
+            (1.04, "generation run 3/3", 0.045, {}),
+            (1.06, "result", 0.065, {}),
+        ],
+    )
     assert math.isclose(_test_observation(tiny, 0.99, 1.06).cpu_util_mean, 100.0 * 0.065 / 0.07)
 
 
 def test_observer_marks_find_the_busy_thread_of_a_real_child() -> None:
     import subprocess
 
-    code = ("import threading, time\n"
-            "def spin():\n    t = time.time()\n    while time.time() - t < 0.8: pass\n"
-            "th = threading.Thread(target=spin); th.start(); time.sleep(0.8); th.join()")
+    code = (
+        "import threading, time\n"
+        "def spin():\n    t = time.time()\n    while time.time() - t < 0.8: pass\n"
+        "th = threading.Thread(target=spin); th.start(); time.sleep(0.8); th.join()"
+    )
     with Observer(interval=0.05, gpu=False) as obs:
         p = subprocess.Popen([sys.executable, "-c", code])
         import time

@@ -18,16 +18,35 @@ from click.testing import CliRunner
 import tuner._run
 from tuner._run import RunResult
 from tuner.errors import UsageError
+from tuner.measure.equivalence import (
+    DEFAULT_THRESHOLDS,
+    KldStats,
+    Thresholds,
+    _tool_error,
+    judge,
+    parse_base_output,
+    parse_kld_output,
+    run_equivalence,
+    widened_rules,
+    write_gate_text,
+)
 from tuner.plan.fa_rules import parse_fa_rules, rules_texts
-from tuner.measure.equivalence import (DEFAULT_THRESHOLDS, KldStats, Thresholds, _tool_error, judge, parse_base_output,
-                                       parse_kld_output, run_equivalence, widened_rules, write_gate_text)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "equivalence"
 
 
 def _stats(mean: float = 0.0, p99: float = 1e-6, top: float = 100.0) -> KldStats:
-    return KldStats(mean_kld=mean, mean_kld_unc=0.0, p99_kld=p99, max_kld=p99, median_kld=0.0, same_top_pct=top,
-                    same_top_unc=0.0, ppl_q=1.0, ppl_base=1.0)
+    return KldStats(
+        mean_kld=mean,
+        mean_kld_unc=0.0,
+        p99_kld=p99,
+        max_kld=p99,
+        median_kld=0.0,
+        same_top_pct=top,
+        same_top_unc=0.0,
+        ppl_q=1.0,
+        ppl_base=1.0,
+    )
 
 
 def test_parse_real_pass() -> None:
@@ -62,18 +81,21 @@ def test_parse_base_runs() -> None:
     assert parse_base_output(nomodel) is None and "failed to open GGUF file" in _tool_error(nomodel)
 
 
-@pytest.mark.parametrize(("stats", "det", "ident", "strict", "ok", "words"), [
-    (_stats(), True, False, False, True, []),
-    (_stats(), False, False, False, False, ["Not deterministic"]),
-    (_stats(), True, False, True, False, ["Strict"]),
-    (_stats(), True, True, True, True, []),
-    (_stats(mean=1.1e-5), True, False, False, False, ["Mean KLD"]),
-    (_stats(mean=1e-5, p99=1e-4, top=98.0), True, False, False, True, []),  # limits are inclusive
-    (_stats(p99=1.5e-4), True, False, False, False, ["99% KLD"]),
-    (_stats(top=97.9), True, False, False, False, ["Same top p"]),
-    (_stats(mean=float("nan")), True, False, False, False, ["No KL divergence"]),
-    (None, None, None, False, False, ["No KL divergence"]),
-])
+@pytest.mark.parametrize(
+    ("stats", "det", "ident", "strict", "ok", "words"),
+    [
+        (_stats(), True, False, False, True, []),
+        (_stats(), False, False, False, False, ["Not deterministic"]),
+        (_stats(), True, False, True, False, ["Strict"]),
+        (_stats(), True, True, True, True, []),
+        (_stats(mean=1.1e-5), True, False, False, False, ["Mean KLD"]),
+        (_stats(mean=1e-5, p99=1e-4, top=98.0), True, False, False, True, []),  # limits are inclusive
+        (_stats(p99=1.5e-4), True, False, False, False, ["99% KLD"]),
+        (_stats(top=97.9), True, False, False, False, ["Same top p"]),
+        (_stats(mean=float("nan")), True, False, False, False, ["No KL divergence"]),
+        (None, None, None, False, False, ["No KL divergence"]),
+    ],
+)
 def test_decision_rule(stats, det, ident, strict, ok, words) -> None:
     passed, why = judge(stats=stats, deterministic=det, identical_to_upstream=ident, strict=strict)
     assert passed is ok
@@ -101,9 +123,13 @@ def test_gate_text_is_fixed(tmp_path: Path) -> None:
 
 
 def test_widened_rules() -> None:
-    got = widened_rules(parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode:0-4096=VEC,prefill:0-=TILE,decode:8192-16384=MMA"))
+    got = widened_rules(
+        parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode:0-4096=VEC,prefill:0-=TILE,decode:8192-16384=MMA")
+    )
     assert {p.value: rules_texts(rs) for p, rs in got.items()} == {
-        "decode": ["decode/D64/gqa4/kvf16:0-=MMA", "decode:0-=VEC", "decode:0-=MMA"], "prefill": ["prefill:0-=TILE"]}
+        "decode": ["decode/D64/gqa4/kvf16:0-=MMA", "decode:0-=VEC", "decode:0-=MMA"],
+        "prefill": ["prefill:0-=TILE"],
+    }
 
 
 # --------------------------------------------------------------------------- run_equivalence with a fake tool
@@ -144,8 +170,10 @@ def test_run_equivalence_pass_and_upstream_reuse(tmp_path: Path, monkeypatch: py
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     b = _fake_bin(tmp_path)
-    run, calls = _fake_run((DATA / "kld-cpu-self-pass.log").read_text(),
-                           digests={"upstream": b"u", "candidate-a": b"u", "candidate-b": b"u"})
+    run, calls = _fake_run(
+        (DATA / "kld-cpu-self-pass.log").read_text(),
+        digests={"upstream": b"u", "candidate-a": b"u", "candidate-b": b"u"},
+    )
     monkeypatch.setattr(tuner._run, "run", run)
     res = run_equivalence(b, b, model, mode="decode", candidate_args=["-t", "1"], work_dir=tmp_path / "w", strict=True)
     assert res.passed and res.deterministic and res.identical_to_upstream and res.verdict == "pass"
@@ -161,8 +189,10 @@ def test_run_equivalence_nondeterministic(tmp_path: Path, monkeypatch: pytest.Mo
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     b = _fake_bin(tmp_path)
-    run, _ = _fake_run((DATA / "kld-cpu-self-pass.log").read_text(),
-                       digests={"upstream": b"u", "candidate-a": b"a", "candidate-b": b"b"})
+    run, _ = _fake_run(
+        (DATA / "kld-cpu-self-pass.log").read_text(),
+        digests={"upstream": b"u", "candidate-a": b"a", "candidate-b": b"b"},
+    )
     monkeypatch.setattr(tuner._run, "run", run)
     res = run_equivalence(b, b, model, work_dir=tmp_path / "w")
     assert not res.passed and res.deterministic is False and "Not deterministic" in res.reasons[0]
@@ -184,18 +214,25 @@ def test_failed_tool_is_a_failed_gate(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(tuner._run, "run", run)
     res = run_equivalence(b, b, model, work_dir=tmp_path / "w")
     assert not res.passed and res.deterministic is None and len(res.reasons) == 1
-    assert "Upstream's run failed" in res.reasons[0] and "exit 1" in res.reasons[0] and "upstream-prefill" in res.reasons[0]
+    assert (
+        "Upstream's run failed" in res.reasons[0]
+        and "exit 1" in res.reasons[0]
+        and "upstream-prefill" in res.reasons[0]
+    )
 
 
-@pytest.mark.parametrize(("kw", "words"), [
-    ({"mode": "both"}, "mode must be one of"),
-    ({"ctx": 8}, "ctx must be"),
-    ({"chunks": 0}, "chunks must be"),
-    ({"chunks": 1}, "no KL divergence statistics under 100"),
-    ({"candidate_args": ["-c", "64"]}, "set by the equivalence gate"),
-    ({"candidate_args": ["--kl-divergence"]}, "set by the equivalence gate"),
-    ({"candidate_env": {"BAD NAME": "1"}}, "invalid"),
-])
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"mode": "both"}, "mode must be one of"),
+        ({"ctx": 8}, "ctx must be"),
+        ({"chunks": 0}, "chunks must be"),
+        ({"chunks": 1}, "no KL divergence statistics under 100"),
+        ({"candidate_args": ["-c", "64"]}, "set by the equivalence gate"),
+        ({"candidate_args": ["--kl-divergence"]}, "set by the equivalence gate"),
+        ({"candidate_env": {"BAD NAME": "1"}}, "invalid"),
+    ],
+)
 def test_bad_input_is_a_usage_error(tmp_path: Path, kw, words) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -223,19 +260,30 @@ def test_cli_bad_input_exit_2_and_fail_exit_1(tmp_path: Path, monkeypatch: pytes
     model.write_bytes(b"GGUF")
     b = _fake_bin(tmp_path)
     env = {**os.environ, "TUNER_HOME": str(tmp_path / "home")}
-    bad = subprocess.run([sys.executable, "-m", "tuner", "equivalence", "--build", str(b), "--model", str(model),
-                          "--args", "-b 4"], capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner", "equivalence", "--build", str(b), "--model", str(model), "--args", "-b 4"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "set by the equivalence gate" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "tuner", "equivalence", "--build", str(b), "--model", str(model),
-                          "--args", "'unclosed"], capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuner", "equivalence", "--build", str(b), "--model", str(model), "--args", "'unclosed"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 2 and "cannot be split" in bad.stderr
 
     from tuner.cli import cli
 
-    run, _ = _fake_run((DATA / "kld-cpu-q4kv-fail.log").read_text(),
-                       digests={"upstream": b"u", "candidate-a": b"a", "candidate-b": b"a"})
+    run, _ = _fake_run(
+        (DATA / "kld-cpu-q4kv-fail.log").read_text(),
+        digests={"upstream": b"u", "candidate-a": b"a", "candidate-b": b"a"},
+    )
     monkeypatch.setattr(tuner._run, "run", run)
-    res = CliRunner().invoke(cli, ["equivalence", "--build", str(b), "--model", str(model), "-o", str(tmp_path / "o"),
-                                   "--json"])
+    res = CliRunner().invoke(
+        cli, ["equivalence", "--build", str(b), "--model", str(model), "-o", str(tmp_path / "o"), "--json"]
+    )
     assert res.exit_code == 1 and '"verdict": "fail"' in res.output
     assert "Same top p 83.333% < threshold 98%" in str(res.exception)

@@ -34,9 +34,32 @@ def test_raw_json_array(tmp_path: Path) -> None:
     assert load_results(f)["median_ts"].tolist() == load_results(UPSTREAM)["median_ts"].tolist()
 
 
-FIELDS = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type", "model_size",
-          "model_n_params", "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "n_gpu_layers", "flash_attn",
-          "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"]
+FIELDS = [
+    "build_commit",
+    "build_number",
+    "cpu_info",
+    "gpu_info",
+    "backends",
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "type_k",
+    "type_v",
+    "n_gpu_layers",
+    "flash_attn",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "test_time",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
+]
 
 
 def test_raw_csv_and_sql_carry_no_samples(tmp_path: Path) -> None:
@@ -44,14 +67,22 @@ def test_raw_csv_and_sql_carry_no_samples(tmp_path: Path) -> None:
     csv = tmp_path / "a.csv"  # llama-bench's csv_printer: header, then every value quoted
     csv.write_text(",".join(FIELDS) + "\n" + "".join(",".join(f'"{r[k]}"' for k in FIELDS) + "\n" for r in recs))
     sql = tmp_path / "a.sql"  # sql_printer: CREATE TABLE then one INSERT per test
-    sql.write_text("CREATE TABLE IF NOT EXISTS llama_bench (\n" + ",\n".join(f"  {k} TEXT" for k in FIELDS) + "\n);\n\n"
-                   + "".join(f"INSERT INTO llama_bench ({', '.join(FIELDS)}) VALUES ("
-                             + ", ".join(f"'{r[k]}'" for k in FIELDS) + ");\n" for r in recs))
+    sql.write_text(
+        "CREATE TABLE IF NOT EXISTS llama_bench (\n"
+        + ",\n".join(f"  {k} TEXT" for k in FIELDS)
+        + "\n);\n\n"
+        + "".join(
+            f"INSERT INTO llama_bench ({', '.join(FIELDS)}) VALUES (" + ", ".join(f"'{r[k]}'" for k in FIELDS) + ");\n"
+            for r in recs
+        )
+    )
     for f in (csv, sql):
         df = load_results(f)
         assert len(df) == 10 and set(df["n"]) == {1} and not df["per_rep"].any()
         row = df[(df["test"] == "tg128") & (df["depth"] == 0)].iloc[0]
-        assert row["median_ts"] == pytest.approx(next(r["avg_ts"] for r in recs if r["n_gen"] == 128 and r["n_depth"] == 0))
+        assert row["median_ts"] == pytest.approx(
+            next(r["avg_ts"] for r in recs if r["n_gen"] == 128 and r["n_depth"] == 0)
+        )
 
 
 def test_appended_runs_pool_and_mixed_settings_refuse(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 import tuner._run
 from tuner._run import RunResult
-from tuner.measure.gate import params_for_model, parse_check_output, run_check, run_gate
 from tuner.errors import UsageError
+from tuner.measure.gate import params_for_model, parse_check_output, run_check, run_gate
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "bench"
 
@@ -29,7 +29,13 @@ def test_parse_fixtures(name: str) -> None:
     passed, ok, fail, ns, nfailing, ran, crashed = REAL_TBO[name]
     r = parse_check_output((DATA / name).read_text())
     assert (r.passed, r.n_ok, r.n_fail, r.n_not_supported, len(r.failing), r.backend_ran) == (
-        passed, ok, fail, ns, nfailing, ran)
+        passed,
+        ok,
+        fail,
+        ns,
+        nfailing,
+        ran,
+    )
     assert bool(r.crashed) == crashed
 
 
@@ -93,8 +99,14 @@ def test_run_check_builds_command_and_aggregates(tmp_path: Path, monkeypatch: py
     calls: list = []
     text = (DATA / "tbo-mma-fail-crafted.txt").read_text()
     monkeypatch.setattr(tuner._run, "run", _fake_run({"": (text, 1)}, calls))
-    r = run_check(_fake_bin(tmp_path), ops=("FLASH_ATTN_EXT", "MUL_MAT"), backend="CUDA0", params="hsk=64,",
-                  jobs=4, log_dir=tmp_path / "logs")
+    r = run_check(
+        _fake_bin(tmp_path),
+        ops=("FLASH_ATTN_EXT", "MUL_MAT"),
+        backend="CUDA0",
+        params="hsk=64,",
+        jobs=4,
+        log_dir=tmp_path / "logs",
+    )
     assert len(calls) == 2
     cmd = calls[0][0]
     assert cmd[1:] == ["test", "-o", "FLASH_ATTN_EXT", "-b", "CUDA0", "-p", "hsk=64,", "-j", "4"]
@@ -159,7 +171,13 @@ def test_parse_real_h100_gate_output(kernel: str) -> None:
     r = parse_check_output(text, backend="CUDA0")
     # recorded on the H100: every D=64 FLASH_ATTN_EXT case passed with the kernel forced
     assert (r.passed, r.n_ok, r.n_fail, r.n_not_supported, r.backend_ran, bool(r.crashed)) == (
-        True, 1813, 0, 227, True, False)
+        True,
+        1813,
+        0,
+        227,
+        True,
+        False,
+    )
 
 
 def test_real_h100_output_with_one_failure_is_infeasible() -> None:

@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import UsageError
-from tuner.measure.residency import (DEFAULT_MAX_SPLITS, Residency, input_layer_mib, is_host_buffer, judge,
-                                     parse_residency, run_residency)
+from tuner.measure.residency import (
+    DEFAULT_MAX_SPLITS,
+    Residency,
+    input_layer_mib,
+    is_host_buffer,
+    judge,
+    parse_residency,
+    run_residency,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "residency"
 
@@ -83,10 +90,13 @@ def test_partial_offload_and_fallback_fail() -> None:
     n = re.search(r"offloaded (\d+)/(\d+)", text)
     short = int(n.group(2)) - 1
     partial = text.replace(n.group(0), f"offloaded {short}/{n.group(2)}").replace(
-        "layer   0 assigned to device CUDA0", "layer   0 assigned to device CPU")
+        "layer   0 assigned to device CUDA0", "layer   0 assigned to device CPU"
+    )
     # the wording of llama-context.cpp:537 with a probe name the pinned tree uses
-    partial += ("sched_reserve: layer 3 is assigned to device CUDA0 but fused Gated Delta Net (chunked) "
-                "is assigned to device CPU (usually due to missing support)\n")
+    partial += (
+        "sched_reserve: layer 3 is assigned to device CUDA0 but fused Gated Delta Net (chunked) "
+        "is assigned to device CPU (usually due to missing support)\n"
+    )
     ok, why = judge(parse_residency(partial))
     assert not ok
     assert any(f"Only {short}/" in w for w in why) and any("Layers [0]" in w for w in why)
@@ -96,8 +106,14 @@ def test_partial_offload_and_fallback_fail() -> None:
 def test_older_wording_is_read() -> None:
     # 2024 trees: "llm_load_tensors: CPU buffer size", "graph nodes  = N" and "graph splits = N" lines
     # (e.g. sched_reserve output quoted in ggml-org/llama.cpp#21730); the parser must not miss them.
-    old = _log("cuda-full-offload.log").replace("model buffer size", "buffer size").replace(
-        "sched_reserve: graph: nodes = 566, splits = 2,", "sched_reserve: graph nodes  = 566\nsched_reserve: graph splits = 2\n#")
+    old = (
+        _log("cuda-full-offload.log")
+        .replace("model buffer size", "buffer size")
+        .replace(
+            "sched_reserve: graph: nodes = 566, splits = 2,",
+            "sched_reserve: graph nodes  = 566\nsched_reserve: graph splits = 2\n#",
+        )
+    )
     r = parse_residency(old.replace("load_tensors:", "llm_load_tensors:"))
     assert r.splits_tg == DEFAULT_MAX_SPLITS and r.nodes_tg is not None
     assert r.device_weights_mib > 0 and r.host_weights_mib > 0

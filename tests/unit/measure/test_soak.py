@@ -124,6 +124,7 @@ def _replay(text: str, rc: int = 0):
         for line in text.splitlines()[1:]:
             on_line(line)
         return RunResult(returncode=rc, output="", seconds=0.0, log_file=log_file)
+
     return fake_run
 
 

@@ -70,14 +70,30 @@ def test_min_effect_and_degenerate_inputs() -> None:
 
 
 def _frame(label: str, data: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
-    rows = [{"label": label, "test": t, "phase": t[:2], "depth": d, "n": len(s),
-             "median_ts": float(np.median(s)), "samples": s} for (t, d), s in data.items()]
+    rows = [
+        {
+            "label": label,
+            "test": t,
+            "phase": t[:2],
+            "depth": d,
+            "n": len(s),
+            "median_ts": float(np.median(s)),
+            "samples": s,
+        }
+        for (t, d), s in data.items()
+    ]
     return pd.DataFrame(rows)
 
 
 def test_compare_frames_per_test_and_depth() -> None:
-    a = _frame("a", {("pp512", 0): [100, 101, 99, 100, 100], ("tg128", 0): [50, 51, 49, 50, 50],
-                     ("tg128", 4096): [40, 40, 41, 39, 40]})
+    a = _frame(
+        "a",
+        {
+            ("pp512", 0): [100, 101, 99, 100, 100],
+            ("tg128", 0): [50, 51, 49, 50, 50],
+            ("tg128", 4096): [40, 40, 41, 39, 40],
+        },
+    )
     b = _frame("b", {("pp512", 0): [120, 121, 119, 120, 120], ("tg128", 0): [50, 51, 49, 50, 50.5]})
     res = compare_frames(a, b)
     by = {(r.test, r.depth): r for r in res.itertuples()}

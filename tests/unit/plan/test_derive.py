@@ -119,12 +119,18 @@ def _write(tmp_path: Path, knob: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize(("knob", "says"), [
-    ('name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "threads"\nchoices = [1, 2]\ndefault = "default"\n', "no choices"),
-    ('name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "threads"\ndefault = 4\n', "default = 'default'"),
-    ('name = "t"\nkind = "bench_flag"\nflag = "-ngl"\nderive = "threads"\ndefault = "default"\n', "derives -t"),
-    ('name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "cores"\ndefault = "default"\n', "derive 'cores'"),
-])
+@pytest.mark.parametrize(
+    ("knob", "says"),
+    [
+        (
+            'name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "threads"\nchoices = [1, 2]\ndefault = "default"\n',
+            "no choices",
+        ),
+        ('name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "threads"\ndefault = 4\n', "default = 'default'"),
+        ('name = "t"\nkind = "bench_flag"\nflag = "-ngl"\nderive = "threads"\ndefault = "default"\n', "derives -t"),
+        ('name = "t"\nkind = "bench_flag"\nflag = "-t"\nderive = "cores"\ndefault = "default"\n', "derive 'cores'"),
+    ],
+)
 def test_schema_rejects_a_bad_derived_knob(tmp_path: Path, knob: str, says: str) -> None:
     with pytest.raises(UsageError) as e:
         space.load_space("x", "mma", path=_write(tmp_path, knob))

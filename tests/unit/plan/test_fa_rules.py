@@ -13,8 +13,16 @@ import pytest
 
 from tuner._compat import tomllib
 from tuner.errors import UsageError
-from tuner.plan.fa_rules import (FA_RULES_MAX, FaRule, Phase, as_stored, parse_fa_rules, rules_env, rules_from_texts,
-                                 rules_texts)
+from tuner.plan.fa_rules import (
+    FA_RULES_MAX,
+    FaRule,
+    Phase,
+    as_stored,
+    parse_fa_rules,
+    rules_env,
+    rules_from_texts,
+    rules_texts,
+)
 from tuner.result.upstream_patch import rule_condition
 from tuner.targets.archs import load_arch
 
@@ -25,9 +33,12 @@ RESULTS = sorted((ROOT / "results").glob("*/*/config.toml"))
 def _stored_rule_texts(cfg: dict) -> list[str]:
     """Every rule text a result's config.toml holds: the exported rules, the dropped ones, the rejected ones."""
     choice = cfg["choice"]
-    return [*choice["fa_rules"], *choice.get("dropped_rules", {}),
-            *((cfg.get("gate") or {}).get("rejected") or {}).get("rules", []),
-            *(cfg.get("residency") or {}).get("rejected_rules", [])]
+    return [
+        *choice["fa_rules"],
+        *choice.get("dropped_rules", {}),
+        *((cfg.get("gate") or {}).get("rejected") or {}).get("rules", []),
+        *(cfg.get("residency") or {}).get("rejected_rules", []),
+    ]
 
 
 def test_the_stored_results_hold_rules_to_check() -> None:
@@ -56,7 +67,9 @@ def _patch_conditions(patch: str) -> tuple[list[str], list[str]]:
     return conds[1:], re.findall(r"return (BEST_FATTN_KERNEL_\w+);", added)
 
 
-@pytest.mark.parametrize("path", [p for p in RESULTS if (p.parent / "upstream.patch").is_file()], ids=lambda p: p.parent.name)
+@pytest.mark.parametrize(
+    "path", [p for p in RESULTS if (p.parent / "upstream.patch").is_file()], ids=lambda p: p.parent.name
+)
 def test_stored_upstream_patch_conditions_are_rule_conditions(path: Path) -> None:
     cfg = tomllib.loads(path.read_text())
     rules = rules_from_texts(cfg["choice"]["fa_rules"])
@@ -103,7 +116,9 @@ def test_phase_spellings() -> None:
         Phase.from_bench("decode")
     assert f"{Phase.DECODE}" == "decode" and json.dumps(Phase.PREFILL) == '"prefill"'
     # a phase given as text is the same rule
-    assert FaRule(phase="decode", lo=0, hi=None, kernel="MMA") == FaRule(phase=Phase.DECODE, lo=0, hi=None, kernel="MMA")
+    assert FaRule(phase="decode", lo=0, hi=None, kernel="MMA") == FaRule(
+        phase=Phase.DECODE, lo=0, hi=None, kernel="MMA"
+    )
 
 
 def test_env_text_is_canonical_and_bounded() -> None:
@@ -141,8 +156,11 @@ def _hand_made_rule_code(path: Path, root: Path = ROOT) -> list[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "(decode|prefill)" in node.value:
             out.append(where(node, "a regex reads a rule"))
         elif isinstance(node, ast.Dict):  # a tg/pp <-> decode/prefill table of its own
-            pairs = {(k.value, v.value) for k, v in zip(node.keys, node.values)
-                     if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+            pairs = {
+                (k.value, v.value)
+                for k, v in zip(node.keys, node.values)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
             if pairs & ({*_SPELLINGS.items()} | {(b, a) for a, b in _SPELLINGS.items()}):
                 out.append(where(node, "a phase spelling table (use Phase.bench / Phase.from_bench)"))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -153,11 +171,19 @@ def _hand_made_rule_code(path: Path, root: Path = ROOT) -> list[str]:
                 if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
                     continue
                 name, args = call.func.attr, call.args
-                if (name in ("split", "rsplit", "partition", "rpartition") and args and isinstance(args[0], ast.Constant)
-                        and args[0].value in _SEPARATORS):
+                if (
+                    name in ("split", "rsplit", "partition", "rpartition")
+                    and args
+                    and isinstance(args[0], ast.Constant)
+                    and args[0].value in _SEPARATORS
+                ):
                     out.append(where(call, f"{node.name} splits text on {args[0].value!r}"))
-                if (name == "join" and isinstance(call.func.value, ast.Constant) and call.func.value.value == ","
-                        and re.search(r"rule", ast.get_source_segment(src, call) or "", re.I)):
+                if (
+                    name == "join"
+                    and isinstance(call.func.value, ast.Constant)
+                    and call.func.value.value == ","
+                    and re.search(r"rule", ast.get_source_segment(src, call) or "", re.I)
+                ):
                     out.append(where(call, f"{node.name} joins rules (use rules_env)"))
     return out
 
@@ -172,7 +198,7 @@ def test_no_module_but_fa_rules_reads_or_writes_rule_text() -> None:
 def test_the_checker_finds_the_old_splitters(tmp_path: Path) -> None:
     """What the search did before tuner/plan/fa_rules.py, each a finding (so the check above checks something)."""
     old = tmp_path / "old.py"
-    old.write_text('''
+    old.write_text("""
 import re
 _RULE_BOUNDS = re.compile(r"^(decode|prefill)[^:]*:(\\d+)-(\\d*)=(\\w+)$")
 PHASE_RULE = {"pp": "prefill", "tg": "decode"}
@@ -192,9 +218,17 @@ def widened(rules):
 
 def env_of(rules):
     return {"GGML_TUNER_FA_RULES": ",".join(rules)}
-''')
+""")
     found = sorted(f.split(": ", 1)[1] for f in _hand_made_rule_code(old, tmp_path))
-    assert found == sorted(["a regex reads a rule", "a phase spelling table (use Phase.bench / Phase.from_bench)",
-                            "an f-string writes a rule", "an f-string writes a rule", "phase_rules splits text on ','",
-                            "phase_rules splits text on ':'", "widened splits text on '='",
-                            "env_of joins rules (use rules_env)"])
+    assert found == sorted(
+        [
+            "a regex reads a rule",
+            "a phase spelling table (use Phase.bench / Phase.from_bench)",
+            "an f-string writes a rule",
+            "an f-string writes a rule",
+            "phase_rules splits text on ','",
+            "phase_rules splits text on ':'",
+            "widened splits text on '='",
+            "env_of joins rules (use rules_env)",
+        ]
+    )

@@ -10,9 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import tuner._run
-from tuner.plan import render
-from tuner.plan import fa_rules
 from tuner.errors import TunerError, UsageError
+from tuner.plan import fa_rules, render
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 TREE_A = DATA / "treeA"
@@ -40,7 +39,9 @@ def test_cuda_defines_sm90() -> None:
     d = rv.defines
     assert d["CMAKE_CUDA_ARCHITECTURES"] == "90-real" and d["GGML_CUDA"] == "ON" and d["GGML_NATIVE"] == "OFF"
     assert d["CMAKE_BUILD_TYPE"] == "Release" and d["LLAMA_BUILD_TESTS"] == "ON" and d["LLAMA_BUILD_TOOLS"] == "ON"
-    assert d["LLAMA_OPENSSL"] == "OFF" and d["LLAMA_BUILD_SERVER"] == "OFF" and d["CMAKE_BUILD_RPATH_USE_ORIGIN"] == "ON"
+    assert (
+        d["LLAMA_OPENSSL"] == "OFF" and d["LLAMA_BUILD_SERVER"] == "OFF" and d["CMAKE_BUILD_RPATH_USE_ORIGIN"] == "ON"
+    )
     assert "LLAMA_CURL" not in d  # tree A only keeps it as a deprecated name, not an option
     assert rv.warnings == ()
 
@@ -49,14 +50,23 @@ def test_sm89_on_hopper_becomes_virtual_with_warning() -> None:
     rv = render.render_variant(src(TREE_A, "mma"), "sm_89", "cuda", local_archs=["sm_90"])
     assert rv.defines["CMAKE_CUDA_ARCHITECTURES"] == "89-virtual"
     assert len(rv.warnings) == 1 and "89-virtual" in rv.warnings[0]
-    assert render.render_variant(src(TREE_A, "mma"), "sm_89", "cuda", local_archs=["sm_89"]).defines["CMAKE_CUDA_ARCHITECTURES"] == "89-real"
+    assert (
+        render.render_variant(src(TREE_A, "mma"), "sm_89", "cuda", local_archs=["sm_89"]).defines[
+            "CMAKE_CUDA_ARCHITECTURES"
+        ]
+        == "89-real"
+    )
     assert render.render_variant(src(TREE_A, "mma"), "sm_89", "cuda").defines["CMAKE_CUDA_ARCHITECTURES"] == "89-real"
 
 
-@pytest.mark.parametrize(("variant", "key", "value"), [
-    ("cuda-force-mmq", "GGML_CUDA_FORCE_MMQ", "ON"), ("cuda-force-cublas", "GGML_CUDA_FORCE_CUBLAS", "ON"),
-    ("cuda-no-graphs", "GGML_CUDA_GRAPHS", "OFF"),
-])
+@pytest.mark.parametrize(
+    ("variant", "key", "value"),
+    [
+        ("cuda-force-mmq", "GGML_CUDA_FORCE_MMQ", "ON"),
+        ("cuda-force-cublas", "GGML_CUDA_FORCE_CUBLAS", "ON"),
+        ("cuda-no-graphs", "GGML_CUDA_GRAPHS", "OFF"),
+    ],
+)
 def test_cuda_variant_defines(variant: str, key: str, value: str) -> None:
     assert render.render_variant(src(TREE_A, "mma"), "sm_90", variant).defines[key] == value
 
@@ -67,7 +77,10 @@ def test_hip_targets_per_era() -> None:
     assert a["GPU_TARGETS"] == "gfx1151" and "AMDGPU_TARGETS" not in a
     assert b["AMDGPU_TARGETS"] == "gfx1151" and "GPU_TARGETS" not in b
     assert render.render_variant(src(TREE_A, "mma"), "gfx1151", "hip-no-mmq-mfma").defines["GGML_HIP_MMQ_MFMA"] == "OFF"
-    assert render.render_variant(src(TREE_B, "rocwmma"), "gfx1151", "hip-rocwmma").defines["GGML_HIP_ROCWMMA_FATTN"] == "ON"
+    assert (
+        render.render_variant(src(TREE_B, "rocwmma"), "gfx1151", "hip-rocwmma").defines["GGML_HIP_ROCWMMA_FATTN"]
+        == "ON"
+    )
 
 
 def test_rocwmma_on_era_mma_explains_removal() -> None:
@@ -93,7 +106,7 @@ def test_bad_variant_and_vendor_mismatch() -> None:
 def test_undeclared_option_in_template_is_an_error(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "ggml").mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text("option(LLAMA_BUILD_TESTS \"\" ON)\n")  # declares almost nothing
+    (tree / "CMakeLists.txt").write_text('option(LLAMA_BUILD_TESTS "" ON)\n')  # declares almost nothing
     with pytest.raises(TunerError, match=r"sets LLAMA_BUILD_SERVER, which the llama.cpp tree .* does not declare"):
         render.render_defines(tree, "cpu", "cpu", "mma")
 
@@ -103,10 +116,15 @@ def test_undeclared_option_in_template_is_an_error(tmp_path: Path) -> None:
 
 def test_mma_patch_touches_the_hooked_files() -> None:
     rv = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda")
-    assert sorted(rv.files) == sorted([
-        "ggml/src/ggml-cuda/fattn.cu", "ggml/src/ggml-cuda/fattn-tile.cuh", "ggml/src/ggml-cuda/fattn-mma-f16.cuh",
-        "ggml/src/ggml-cuda/CMakeLists.txt", "ggml/src/ggml-hip/CMakeLists.txt",
-    ])
+    assert sorted(rv.files) == sorted(
+        [
+            "ggml/src/ggml-cuda/fattn.cu",
+            "ggml/src/ggml-cuda/fattn-tile.cuh",
+            "ggml/src/ggml-cuda/fattn-mma-f16.cuh",
+            "ggml/src/ggml-cuda/CMakeLists.txt",
+            "ggml/src/ggml-hip/CMakeLists.txt",
+        ]
+    )
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     assert "static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default(const int device" in fattn
     assert fattn.count("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel(const int device") == 1
@@ -128,41 +146,58 @@ def test_ampere_hook_hunk_matches_golden() -> None:
 
 
 def test_tu_headers_for_one_mma_candidate_match_golden() -> None:
-    rv = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda",
-                               compile_values={"mma.ampere.d64.c64.nthreads": 256, "mma.ampere.d64.c64.occupancy": 1})
+    rv = render.render_variant(
+        src(TREE_A, "mma"),
+        "sm_90",
+        "cuda",
+        compile_values={"mma.ampere.d64.c64.nthreads": 256, "mma.ampere.d64.c64.occupancy": 1},
+    )
     overrides = {k: v for k, v in rv.tu_headers.items() if v}
     assert list(overrides) == [MMA_16_4]
     assert overrides[MMA_16_4] == (DATA / "expected-mma-16-4.h").read_text()
     assert len(rv.tu_headers) == 33  # 12 tile + 21 mma instances, all listed so stale headers get cleared
     base = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda")
     assert rv.key == base.key and rv.artifact_key != base.artifact_key  # same build dir, other binaries
-    same = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 128})
+    same = render.render_variant(
+        src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 128}
+    )
     assert same.artifact_key == base.artifact_key  # upstream value: no override, shared binaries
 
 
 def test_tile_candidate_targets_the_head_size_instance() -> None:
-    rv = render.render_variant(src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d64.c4.occupancy": 4})
+    rv = render.render_variant(
+        src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d64.c4.occupancy": 4}
+    )
     overrides = {k: v for k, v in rv.tu_headers.items() if v}
     assert list(overrides) == ["ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu"]
-    assert "#define GGML_TUNER_TILE_ROWS_AMD_RDNA GGML_CUDA_FATTN_TILE_CONFIG_CASE(64, 64, 4, 64, 4, 32, 64)" in overrides[
-        "ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu"]
+    assert (
+        "#define GGML_TUNER_TILE_ROWS_AMD_RDNA GGML_CUDA_FATTN_TILE_CONFIG_CASE(64, 64, 4, 64, 4, 32, 64)"
+        in overrides["ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu"]
+    )
     assert render.tu_header_name("a/b/fattn-tile-instance-dkq64-dv64.cu") == "fattn-tile-instance-dkq64-dv64.h"
 
 
 def test_illegal_candidate_is_rejected_before_compiling() -> None:
     with pytest.raises(UsageError) as e:  # 8 warps for 4 columns: np = 2 needs nbatch_fa % 64 == 0
-        render.render_variant(src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d64.c4.nthreads": 256})
+        render.render_variant(
+            src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d64.c4.nthreads": 256}
+        )
     assert "nbatch_fa 32 % (np 2 * 32) != 0" in str(e.value)
     assert "illegal on gfx1151" in str(e.value) and "nothing was compiled" in str(e.value)
     with pytest.raises(UsageError, match=r"tile smem 73728 B > 65536 B LDS on gfx1151 \(fattn-tile.cuh L884-894\)"):
-        render.render_variant(src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d256.c8.nbatch_fa": 128})
+        render.render_variant(
+            src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"tile.amd_rdna.d256.c8.nbatch_fa": 128}
+        )
     with pytest.raises(UsageError, match="Allowed: 128, 64, 256"):
         render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 100})
 
 
 def test_baked_mode_compiles_values_in() -> None:
     rv = render.render_variant(
-        src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 256},
+        src(TREE_A, "mma"),
+        "sm_90",
+        "cuda",
+        compile_values={"mma.ampere.d64.c64.nthreads": 256},
         baked_runtime={"GGML_TUNER_FA_RULES": "decode:16384-=MMA", "GGML_TUNER_FA_T3": 4096},
     )
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
@@ -181,30 +216,42 @@ def test_baked_mode_compiles_values_in() -> None:
 
 def test_baked_keyed_rule_is_compiled_in() -> None:
     rv = render.render_variant(
-        src(TREE_A, "mma"), "sm_90", "cuda",
-        baked_runtime={"GGML_TUNER_FA_RULES": "decode/kvq8_0/D128/gqa4:32768-=MMA,decode/D64:0-4096=TILE,prefill:0-=MMA"},
+        src(TREE_A, "mma"),
+        "sm_90",
+        "cuda",
+        baked_runtime={
+            "GGML_TUNER_FA_RULES": "decode/kvq8_0/D128/gqa4:32768-=MMA,decode/D64:0-4096=TILE,prefill:0-=MMA"
+        },
     )
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     knobs = fattn.split("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default")[0]
     assert "getenv" not in knobs
     assert "        3,\n" in knobs  # n_rules
-    assert "{0, 32768, -1, BEST_FATTN_KERNEL_MMA_F16, 128, 4, GGML_TYPE_Q8_0},  // decode/D128/gqa4/kvq8_0:32768-=MMA" in knobs
+    assert (
+        "{0, 32768, -1, BEST_FATTN_KERNEL_MMA_F16, 128, 4, GGML_TYPE_Q8_0},  // decode/D128/gqa4/kvq8_0:32768-=MMA"
+        in knobs
+    )
     assert "{0, 0, 4096, BEST_FATTN_KERNEL_TILE, 64, -1, -1},  // decode/D64:0-4096=TILE" in knobs
     assert "{1, 0, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1},  // prefill:0-=MMA" in knobs
     # the matcher skips a rule whose keys do not match the tensors
     assert "(rule.kv >= 0 && ((int) K->type != rule.kv || (int) V->type != rule.kv))" in fattn
-    for bad, msg in (("decode/D5000:0-=MMA", r"D must be in \[1, 4096\]"), ("decode/kvq4_k:0-=MMA", "is not one of f32"),
-                     ("decode/hd64:0-=MMA", "is not D<int>, gqa<int> or kv<type>")):
+    for bad, msg in (
+        ("decode/D5000:0-=MMA", r"D must be in \[1, 4096\]"),
+        ("decode/kvq4_k:0-=MMA", "is not one of f32"),
+        ("decode/hd64:0-=MMA", "is not D<int>, gqa<int> or kv<type>"),
+    ):
         with pytest.raises(UsageError, match=msg):
             render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", baked_runtime={"GGML_TUNER_FA_RULES": bad})
 
 
 def test_baked_rule_values_are_rechecked() -> None:
     # a FaRule built in code (not parsed) is still range- and allow-list-checked before it becomes C++
-    for bad in (fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", D=0),
-                fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", gqa=True),
-                fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", kv="f16); abort(); //"),
-                fa_rules.FaRule(phase="decode", lo=5, hi=5, kernel="MMA")):
+    for bad in (
+        fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", D=0),
+        fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", gqa=True),
+        fa_rules.FaRule(phase="decode", lo=0, hi=None, kernel="MMA", kv="f16); abort(); //"),
+        fa_rules.FaRule(phase="decode", lo=5, hi=5, kernel="MMA"),
+    ):
         with pytest.raises(UsageError):
             render._baked_rule(bad)
 
@@ -214,28 +261,51 @@ def test_env_parser_accepts_shape_keys() -> None:
     parser = fattn.split("static void ggml_tuner_fa_parse_rules", 1)[1].split("// Read once per process", 1)[0]
     assert "head.find('/')" in parser and "ggml_tuner_fa_parse_key(" in parser
     keys = fattn.split("static void ggml_tuner_fa_parse_key", 1)[1].split("static void ggml_tuner_fa_parse_rules", 1)[0]
-    for needle in ('key.compare(0, 3, "gqa")', 'key.compare(0, 2, "kv")', 'key.compare(0, 1, "D")', 'parse_int(key.substr(3), "gqa", 1, 256)',
-                   'parse_int(key.substr(1), "D", 1, 4096)', "for (int t = 0; t < GGML_TYPE_COUNT; ++t)",
-                   "ggml_type_name((ggml_type) t)", "unknown shape key", "given twice"):
+    for needle in (
+        'key.compare(0, 3, "gqa")',
+        'key.compare(0, 2, "kv")',
+        'key.compare(0, 1, "D")',
+        'parse_int(key.substr(3), "gqa", 1, 256)',
+        'parse_int(key.substr(1), "D", 1, 4096)',
+        "for (int t = 0; t < GGML_TYPE_COUNT; ++t)",
+        "ggml_type_name((ggml_type) t)",
+        "unknown shape key",
+        "given twice",
+    ):
         assert needle in keys, needle
     assert "int     D;" in fattn and "int     gqa;" in fattn and "int     kv;" in fattn
 
 
 def test_rocwmma_patch_and_headers() -> None:
-    rv = render.render_variant(src(TREE_B, "rocwmma"), "gfx1151", "hip-rocwmma",
-                               compile_values={"wmma.nwarps": 8, "wmma.min_blocks": 2, "wmma.kq_stride": 128})
+    rv = render.render_variant(
+        src(TREE_B, "rocwmma"),
+        "gfx1151",
+        "hip-rocwmma",
+        compile_values={"wmma.nwarps": 8, "wmma.min_blocks": 2, "wmma.kq_stride": 128},
+    )
     wmma = rv.files["ggml/src/ggml-cuda/fattn-wmma-f16.cu"]
     assert "#define GGML_TUNER_WMMA_NWARPS 4\n" in wmma  # upstream default stays in the patch
     assert "__launch_bounds__(nwarps*ggml_cuda_get_physical_warp_size(), GGML_TUNER_WMMA_MIN_BLOCKS)" in wmma
-    assert wmma.count('#pragma push_macro("FATTN_KQ_STRIDE")') == 1 and wmma.count('#pragma pop_macro("FATTN_KQ_STRIDE")') == 1
+    assert (
+        wmma.count('#pragma push_macro("FATTN_KQ_STRIDE")') == 1
+        and wmma.count('#pragma pop_macro("FATTN_KQ_STRIDE")') == 1
+    )
     assert "ggml_tuner_wmma_kq_stride(D), true, true, false, warp_size);" in wmma
-    assert rv.tu_headers == {"ggml/src/ggml-cuda/fattn-wmma-f16.cu": (
-        "// generated by tuner: WMMA FlashAttention parameters (fattn-wmma-f16.cu)\n"
-        "#define GGML_TUNER_WMMA_KQ_STRIDE 128\n#define GGML_TUNER_WMMA_MIN_BLOCKS 2\n#define GGML_TUNER_WMMA_NWARPS 8\n")}
+    assert rv.tu_headers == {
+        "ggml/src/ggml-cuda/fattn-wmma-f16.cu": (
+            "// generated by tuner: WMMA FlashAttention parameters (fattn-wmma-f16.cu)\n"
+            "#define GGML_TUNER_WMMA_KQ_STRIDE 128\n#define GGML_TUNER_WMMA_MIN_BLOCKS 2\n#define GGML_TUNER_WMMA_NWARPS 8\n"
+        )
+    }
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     assert 'ggml_tuner_wmma_env_int("GGML_TUNER_WMMA_DECODE", 0)' in fattn and "GGML_TUNER_WMMA_DECODE_MIN_KV" in fattn
-    baked = render.render_variant(src(TREE_B, "rocwmma"), "gfx1151", "hip-rocwmma", compile_values={"wmma.nwarps": 8},
-                                  baked_runtime={"GGML_TUNER_WMMA_DECODE": 1, "GGML_TUNER_WMMA_DECODE_MIN_KV": 4096})
+    baked = render.render_variant(
+        src(TREE_B, "rocwmma"),
+        "gfx1151",
+        "hip-rocwmma",
+        compile_values={"wmma.nwarps": 8},
+        baked_runtime={"GGML_TUNER_WMMA_DECODE": 1, "GGML_TUNER_WMMA_DECODE_MIN_KV": 4096},
+    )
     assert "#define GGML_TUNER_WMMA_NWARPS 8\n" in baked.files["ggml/src/ggml-cuda/fattn-wmma-f16.cu"]
     assert "{ 1, 4096, false }" in baked.files["ggml/src/ggml-cuda/fattn.cu"]
 
@@ -245,7 +315,8 @@ def _bad_templates(tmp_path: Path, anchor: str) -> Path:
     (base / "patches" / "mma").mkdir(parents=True)
     (base / "patches" / "mma" / "frag.j2").write_text("x\n")
     (base / "patches" / "mma" / "broken.toml").write_text(
-        f'families = ["cuda"]\n[[edit]]\nfile = "ggml/src/ggml-cuda/fattn.cu"\nmode = "insert_after"\nanchor = """{anchor}"""\ntemplate = "frag.j2"\n')
+        f'families = ["cuda"]\n[[edit]]\nfile = "ggml/src/ggml-cuda/fattn.cu"\nmode = "insert_after"\nanchor = """{anchor}"""\ntemplate = "frag.j2"\n'
+    )
     return base
 
 
@@ -302,7 +373,9 @@ def test_anchors_match_real_tree_b(tree_b) -> None:
     rv = render.render_variant(src(REAL_B, "rocwmma"), "gfx1151", "hip-rocwmma")
     assert len(rv.files) == 4
     with pytest.raises(TunerError, match="occurs 0 times|lacks"):
-        render.render_patch(REAL_B, "mma", "cuda", {"baked": False, "defaults": {}, "t": {}, "rules": [], "baked_rows": {}})
+        render.render_patch(
+            REAL_B, "mma", "cuda", {"baked": False, "defaults": {}, "t": {}, "rules": [], "baked_rows": {}}
+        )
 
 
 # ---------------------------------------------------------------- CLI
@@ -329,14 +402,28 @@ def _invoke(args: list[str]) -> tuple[int, str]:
 
 
 def test_cli_dry_run(cli_source: None) -> None:
-    code, out = _invoke(["render", "--arch", "sm_90", "--set", "T3=4096", "--set", "mma.ampere.d64.c64.nthreads=256", "--dry-run"])
+    code, out = _invoke(
+        ["render", "--arch", "sm_90", "--set", "T3=4096", "--set", "mma.ampere.d64.c64.nthreads=256", "--dry-run"]
+    )
     assert code == 0
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in out and "GGML_TUNER_FA_T3=4096" in out
     assert "## fattn-mma-f16-instance-ncols1_16-ncols2_4.h" in out and "--- a/ggml/src/ggml-cuda/fattn.cu" in out
 
 
 def test_cli_writes_files(cli_source: None, tmp_path: Path) -> None:
-    code, _ = _invoke(["render", "--arch", "sm_90", "--set", "ubatch=1024", "--set", "mma.ampere.d64.c64.occupancy=1", "-o", str(tmp_path / "o")])
+    code, _ = _invoke(
+        [
+            "render",
+            "--arch",
+            "sm_90",
+            "--set",
+            "ubatch=1024",
+            "--set",
+            "mma.ampere.d64.c64.occupancy=1",
+            "-o",
+            str(tmp_path / "o"),
+        ]
+    )
     assert code == 0
     o = tmp_path / "o"
     assert (o / "tuned.patch").read_text().startswith("--- a/")
@@ -348,11 +435,14 @@ def test_cli_writes_files(cli_source: None, tmp_path: Path) -> None:
     assert ", 1, 64, 32, 32, 32, 2, true);" in (o / "tu" / "fattn-mma-f16-instance-ncols1_16-ncols2_4.h").read_text()
 
 
-@pytest.mark.parametrize(("args", "text"), [
-    (["--set", "mma.ampere.d64.c64.nthread=256"], "Did you mean"),
-    (["--set", "T3=123"], "Allowed:"),
-    (["--set", "mma.ampere.d64.c64.nbatch_K2=16"], "nstages 2 needs nbatch_K2 == DKQ/2"),
-])
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--set", "mma.ampere.d64.c64.nthread=256"], "Did you mean"),
+        (["--set", "T3=123"], "Allowed:"),
+        (["--set", "mma.ampere.d64.c64.nbatch_K2=16"], "nstages 2 needs nbatch_K2 == DKQ/2"),
+    ],
+)
 def test_cli_bad_values_exit_2(cli_source: None, args: list[str], text: str) -> None:
     code, out = _invoke(["render", "--arch", "sm_90", "--dry-run", *args])
     assert code == 2 and text in out

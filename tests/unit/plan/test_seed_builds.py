@@ -80,13 +80,20 @@ def test_seed_defines_exist_in_the_pinned_tree_and_need_nothing_the_variant_lack
     defaults = _option_defaults(root)
     # Options older llama.cpp had for these builds, which the seed's words might suggest; none is in this tree
     # (docs/seed004-builds.md says so).
-    assert not {"GGML_CUBLAS", "GGML_CUDA_F16", "GGML_CUDA_DMMV_X", "GGML_CUDA_MMV_Y", "GGML_CUDA_FORCE_DMMV"} & declared
+    assert (
+        not {"GGML_CUBLAS", "GGML_CUDA_F16", "GGML_CUDA_DMMV_X", "GGML_CUDA_MMV_Y", "GGML_CUDA_FORCE_DMMV"} & declared
+    )
     for b in seed_builds.load_seed_builds():
         rv = render.render_variant(_src(root), "sm_90", b.variant)
         for name, value in b.seed_defines.items():
             assert name in declared, (b.name, name)
             # what the variant renders, or else the tree's default: no build needs a define its variant lacks
-            assert rv.defines.get(name, defaults.get(name)) == value, (b.name, name, rv.defines.get(name), defaults.get(name))
+            assert rv.defines.get(name, defaults.get(name)) == value, (
+                b.name,
+                name,
+                rv.defines.get(name),
+                defaults.get(name),
+            )
 
 
 def test_runtime_flags_pass_the_bench_checks_and_follow_the_model() -> None:
@@ -136,8 +143,9 @@ def test_malformed_mapping_file_is_refused(tmp_path: Path) -> None:
         seed_builds.load_seed_builds(bad)
 
 
-def test_bench_cli_refuses_bad_seed_build_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_cli_refuses_bad_seed_build_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tuner.cli import main
 
     b = tmp_path / "b"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from tuner._compat import tomllib
 from pathlib import Path
 
 import optuna.distributions as od
 import pytest
 
-from tuner.plan import fa_rules, space
+from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import data_dir
+from tuner.plan import fa_rules, space
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 TREE_A = DATA / "treeA"
@@ -90,7 +90,9 @@ def test_unknown_key_names_file_and_suggests(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as e:
         space.load_space("x", "mma", path=p)
     msg = str(e.value)
-    assert str(p) in msg and "'choises'" in msg and "Did you mean" in msg and "'choices'" in msg.split('Did you mean')[1]
+    assert (
+        str(p) in msg and "'choises'" in msg and "Did you mean" in msg and "'choices'" in msg.split("Did you mean")[1]
+    )
 
 
 def test_bad_kind_lists_allowed(tmp_path: Path) -> None:
@@ -140,10 +142,22 @@ def test_set_values_checked() -> None:
 
 def test_render_runtime_env_and_args() -> None:
     sp = space.load_space("sm_90", "mma")
-    rs = space.render_runtime(sp, {"rule.decode.16384-": "MMA", "rule.prefill.0-4096": "TILE", "T3": 4096,
-                                   "T1": 4, "cuda_graph_opt": 1, "ubatch": 1024})
-    assert rs.env == {"GGML_TUNER_FA_T3": "4096", "GGML_CUDA_GRAPH_OPT": "1",
-                      "GGML_TUNER_FA_RULES": "decode:16384-=MMA,prefill:0-4096=TILE"}
+    rs = space.render_runtime(
+        sp,
+        {
+            "rule.decode.16384-": "MMA",
+            "rule.prefill.0-4096": "TILE",
+            "T3": 4096,
+            "T1": 4,
+            "cuda_graph_opt": 1,
+            "ubatch": 1024,
+        },
+    )
+    assert rs.env == {
+        "GGML_TUNER_FA_T3": "4096",
+        "GGML_CUDA_GRAPH_OPT": "1",
+        "GGML_TUNER_FA_RULES": "decode:16384-=MMA,prefill:0-4096=TILE",
+    }
     assert rs.bench_args == ("-ub", "1024")
     assert space.render_runtime(sp, sp.defaults("runtime")).env == {}  # the baseline sets nothing
 
@@ -159,7 +173,11 @@ def test_parse_fa_rules_roundtrip_and_errors() -> None:
 
 def test_parse_fa_rules_shape_keys_roundtrip() -> None:
     rules = fa_rules.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,prefill/kvq8_0/gqa8:0-4096=TILE,decode:0-=VEC")
-    assert [r.text for r in rules] == ["decode/D64/gqa4/kvf16:32768-=MMA", "prefill/gqa8/kvq8_0:0-4096=TILE", "decode:0-=VEC"]
+    assert [r.text for r in rules] == [
+        "decode/D64/gqa4/kvf16:32768-=MMA",
+        "prefill/gqa8/kvq8_0:0-4096=TILE",
+        "decode:0-=VEC",
+    ]
     assert (rules[0].D, rules[0].gqa, rules[0].kv) == (64, 4, "f16")
     assert (rules[1].D, rules[1].gqa, rules[1].kv) == (None, 8, "q8_0")
     assert (rules[2].D, rules[2].gqa, rules[2].kv, rules[2].key) == (None, None, None, "")
@@ -171,24 +189,27 @@ def test_parse_fa_rules_shape_keys_roundtrip() -> None:
     assert fa_rules.parse_fa_rules("decode/D4096/gqa256:0-=TILE")[0].gqa == 256
 
 
-@pytest.mark.parametrize(("bad", "msg"), [
-    ("decode/D0:0-=MMA", r"D0 is out of range; D must be in \[1, 4096\]"),
-    ("decode/D4097:0-=MMA", r"D must be in \[1, 4096\]"),
-    ("decode/gqa0:0-=MMA", r"gqa must be in \[1, 256\]"),
-    ("decode/gqa257:0-=MMA", r"gqa must be in \[1, 256\]"),
-    ("decode/kvf61:0-=MMA", r"K/V type 'f61' is not one of f32, f16, bf16.*Did you mean"),
-    ("decode/kvq4_K:0-=MMA", r"shape key 'kvq4_K' is not D<int>, gqa<int> or kv<type>"),
-    ("decode/kvq4_k:0-=MMA", r"K/V type 'q4_k' is not one of"),
-    ("decode/hd64:0-=MMA", r"shape key 'hd64' is not D<int>, gqa<int> or kv<type>\. Rules are PHASE\[/KEY\.\.\.\]"),
-    ("decode/d64:0-=MMA", r"shape key 'd64'"),
-    ("decode/D:0-=MMA", r"shape key 'D'"),
-    ("decode/D-1:0-=MMA", r"shape key 'D-1'"),
-    ("decode/:0-=MMA", r"shape key ''"),
-    ("decode/D64/D128:0-=MMA", r"shape key D is given twice"),
-    ("decode/gqa4/gqa4:0-=MMA", r"shape key gqa is given twice"),
-    ("/D64:0-=MMA", r"is not phase:lo-hi=KERNEL"),
-    ("decode:0-=MMA/D64", r"is not phase:lo-hi=KERNEL"),
-])
+@pytest.mark.parametrize(
+    ("bad", "msg"),
+    [
+        ("decode/D0:0-=MMA", r"D0 is out of range; D must be in \[1, 4096\]"),
+        ("decode/D4097:0-=MMA", r"D must be in \[1, 4096\]"),
+        ("decode/gqa0:0-=MMA", r"gqa must be in \[1, 256\]"),
+        ("decode/gqa257:0-=MMA", r"gqa must be in \[1, 256\]"),
+        ("decode/kvf61:0-=MMA", r"K/V type 'f61' is not one of f32, f16, bf16.*Did you mean"),
+        ("decode/kvq4_K:0-=MMA", r"shape key 'kvq4_K' is not D<int>, gqa<int> or kv<type>"),
+        ("decode/kvq4_k:0-=MMA", r"K/V type 'q4_k' is not one of"),
+        ("decode/hd64:0-=MMA", r"shape key 'hd64' is not D<int>, gqa<int> or kv<type>\. Rules are PHASE\[/KEY\.\.\.\]"),
+        ("decode/d64:0-=MMA", r"shape key 'd64'"),
+        ("decode/D:0-=MMA", r"shape key 'D'"),
+        ("decode/D-1:0-=MMA", r"shape key 'D-1'"),
+        ("decode/:0-=MMA", r"shape key ''"),
+        ("decode/D64/D128:0-=MMA", r"shape key D is given twice"),
+        ("decode/gqa4/gqa4:0-=MMA", r"shape key gqa is given twice"),
+        ("/D64:0-=MMA", r"is not phase:lo-hi=KERNEL"),
+        ("decode:0-=MMA/D64", r"is not phase:lo-hi=KERNEL"),
+    ],
+)
 def test_parse_fa_rules_bad_shape_keys(bad: str, msg: str) -> None:
     with pytest.raises(UsageError, match=msg):
         fa_rules.parse_fa_rules(bad)

@@ -15,16 +15,18 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.measure.bench import COLUMNS, save_results
-from tuner.result.report import COMPARE_FIELDS, bench_test_name, compare_table, format_compare
 from tuner.measure.stats import compare
+from tuner.result.report import COMPARE_FIELDS, bench_test_name, compare_table, format_compare
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SCRIPT = DATA / "compare" / "compare-llama-bench.py"
 H100 = DATA / "bench" / "h100"
 # Two sides of equal name length: the script truncates build_commit to the shortest one.
 NAME_A, NAME_B = "upstream", "tuned-fa"
-SIDES = {NAME_A: ("llama-bench-pp-default.jsonl", "llama-bench-tg-default.jsonl"),
-         NAME_B: ("llama-bench-pp-TILE.jsonl", "llama-bench-tg-TILE.jsonl")}
+SIDES = {
+    NAME_A: ("llama-bench-pp-default.jsonl", "llama-bench-tg-default.jsonl"),
+    NAME_B: ("llama-bench-pp-TILE.jsonl", "llama-bench-tg-TILE.jsonl"),
+}
 
 
 def _records() -> dict[str, list[dict]]:
@@ -36,6 +38,7 @@ def _records() -> dict[str, list[dict]]:
 
 def _points(recs: dict[str, list[dict]]) -> list[dict]:
     """Points as the search hands them over, from the same records the script reads (avg_ts)."""
+
     def key(r: dict) -> tuple[int, int, int]:
         return (int(r["n_prompt"]), int(r["n_gen"]), int(r["n_depth"]))
 
@@ -45,12 +48,22 @@ def _points(recs: dict[str, list[dict]]) -> list[dict]:
         rb = b[key(ra)]
         phase = "pp" if int(ra["n_gen"]) == 0 else "tg"
         v = compare(ra["samples_ts"][1:], rb["samples_ts"][1:])
-        pts.append({"phase": phase, "depth": int(ra["n_depth"]),
-                    "test": f"pp{ra['n_prompt']}" if phase == "pp" else f"tg{ra['n_gen']}",
-                    "base_ts": ra["avg_ts"], "tuned_ts": rb["avg_ts"], "speedup": rb["avg_ts"] / ra["avg_ts"],
-                    "ci_low": 1 + v.ci_low / 100, "ci_high": 1 + v.ci_high / 100, "aa_noise_pct": 1.5,
-                    "verdict": v.verdict, "upstream_kernel": "VEC" if phase == "tg" else "MMA",
-                    "kernel": "TILE"})
+        pts.append(
+            {
+                "phase": phase,
+                "depth": int(ra["n_depth"]),
+                "test": f"pp{ra['n_prompt']}" if phase == "pp" else f"tg{ra['n_gen']}",
+                "base_ts": ra["avg_ts"],
+                "tuned_ts": rb["avg_ts"],
+                "speedup": rb["avg_ts"] / ra["avg_ts"],
+                "ci_low": 1 + v.ci_low / 100,
+                "ci_high": 1 + v.ci_high / 100,
+                "aa_noise_pct": 1.5,
+                "verdict": v.verdict,
+                "upstream_kernel": "VEC" if phase == "tg" else "MMA",
+                "kernel": "TILE",
+            }
+        )
     return pts[::-1]  # order is compare_table's job
 
 
@@ -62,8 +75,19 @@ def _frame(label: str, scale: dict[str, float], *, seed: int = 0) -> pd.DataFram
             s = list(base * scale[test[:2]] * (1 - depth / 20000) + rng.normal(0, base * 0.002, 6))
             med = float(np.median(s))
             row = {c: None for c in COLUMNS}
-            row.update(label=label, test=test, phase=test[:2], depth=depth, n=6, median_ts=med, samples=s,
-                       ci_low=med * 0.99, ci_high=med * 1.01, status="ok", model_filename="models/m.gguf")
+            row.update(
+                label=label,
+                test=test,
+                phase=test[:2],
+                depth=depth,
+                n=6,
+                median_ts=med,
+                samples=s,
+                ci_low=med * 0.99,
+                ci_high=med * 1.01,
+                status="ok",
+                model_filename="models/m.gguf",
+            )
             rows.append(row)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -73,8 +97,10 @@ def _split(line: str) -> list[str]:
 
 
 def _align(rule: str) -> list[str]:
-    return ["right" if c.strip().endswith(":") and not c.strip().startswith(":") else "left"
-            for c in rule.strip().strip("|").split("|")]
+    return [
+        "right" if c.strip().endswith(":") and not c.strip().startswith(":") else "left"
+        for c in rule.strip().strip("|").split("|")
+    ]
 
 
 def test_bench_test_name_matches_script_convention() -> None:
@@ -100,8 +126,13 @@ def test_table_layout_matches_compare_llama_bench_run(tmp_path: Path) -> None:
         for side, rows in recs.items():
             for r in rows:
                 fh.write(json.dumps({**r, "build_commit": side}) + "\n")
-    run = subprocess.run([sys.executable, str(SCRIPT), "-t", "llama-bench", "-i", str(combined), "-b", NAME_A,
-                          "-c", NAME_B], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "-t", "llama-bench", "-i", str(combined), "-b", NAME_A, "-c", NAME_B],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     theirs = [line for line in run.stdout.splitlines() if line.startswith("|")]
     ours = compare_table(_points(recs), name_a=NAME_A, name_b=NAME_B, model="llama 1B Q4_K_M").splitlines()
@@ -116,8 +147,16 @@ def test_table_layout_matches_compare_llama_bench_run(tmp_path: Path) -> None:
     assert _align(ours[1])[:n] == _align(theirs[1])[start:]
     t_rows = [_split(line)[start:] for line in theirs[2:]]
     o_rows = [_split(line)[:n] for line in ours[2:]]
-    assert [r[1] for r in t_rows] == ["pp512", "pp512@d4096", "pp512@d16384", "pp512@d32768",
-                                      "tg128", "tg128@d4096", "tg128@d16384", "tg128@d32768"]
+    assert [r[1] for r in t_rows] == [
+        "pp512",
+        "pp512@d4096",
+        "pp512@d16384",
+        "pp512@d32768",
+        "tg128",
+        "tg128@d4096",
+        "tg128@d16384",
+        "tg128@d32768",
+    ]
     assert o_rows == t_rows  # same names, order, t/s and speedup at two decimals
 
 
@@ -126,8 +165,13 @@ def test_script_source_still_builds_the_same_header() -> None:
     src = SCRIPT.read_text(encoding="utf-8")
     assert 'headers += ["Test", f"t/s {name_baseline}", f"t/s {name_compare}", "Speedup"]' in src
     assert 'DEFAULT_SHOW_LLAMA_BENCH = ["model_type"]' in src and '"model_type": "Model"' in src
-    for snippet in ('test_name = f"pp{n_prompt}"', 'test_name = f"tg{n_gen}"', 'test_name = f"{test_name}@d{n_depth}"',
-                    'floatfmt=".2f"', 'default="pipe"'):
+    for snippet in (
+        'test_name = f"pp{n_prompt}"',
+        'test_name = f"tg{n_gen}"',
+        'test_name = f"{test_name}@d{n_depth}"',
+        'floatfmt=".2f"',
+        'default="pipe"',
+    ):
         assert snippet in src, snippet
 
 
@@ -143,12 +187,37 @@ def test_vendored_script_matches_pinned_source() -> None:
 
 
 def test_optional_columns_and_formats() -> None:
-    pts = [{"phase": "tg", "depth": 4096, "test": "tg128", "base_ts": 100.0, "tuned_ts": 105.0, "speedup": 1.07,
-            "ci_low": 1.02, "ci_high": 1.08, "aa_noise_pct": None, "verdict": "", "upstream_kernel": None,
-            "kernel": None},
-           {"phase": "pp", "depth": 0, "test": "pp512", "base_ts": 1000.0, "tuned_ts": float("nan"),
-            "speedup": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "aa_noise_pct": 2.0,
-            "noise_kind": "floor", "verdict": "missing", "upstream_kernel": "MMA", "kernel": "MMA"}]
+    pts = [
+        {
+            "phase": "tg",
+            "depth": 4096,
+            "test": "tg128",
+            "base_ts": 100.0,
+            "tuned_ts": 105.0,
+            "speedup": 1.07,
+            "ci_low": 1.02,
+            "ci_high": 1.08,
+            "aa_noise_pct": None,
+            "verdict": "",
+            "upstream_kernel": None,
+            "kernel": None,
+        },
+        {
+            "phase": "pp",
+            "depth": 0,
+            "test": "pp512",
+            "base_ts": 1000.0,
+            "tuned_ts": float("nan"),
+            "speedup": float("nan"),
+            "ci_low": float("nan"),
+            "ci_high": float("nan"),
+            "aa_noise_pct": 2.0,
+            "noise_kind": "floor",
+            "verdict": "missing",
+            "upstream_kernel": "MMA",
+            "kernel": "MMA",
+        },
+    ]
     md = compare_table(pts)
     head = _split(md.splitlines()[0])
     assert head == ["Model", "Test", "t/s upstream", "t/s tuned", "Speedup", "95% CI", "Noise", "Verdict"]
@@ -185,7 +254,9 @@ def test_cli_compare_formats_and_aa(tmp_path: Path) -> None:
     aa = ["--aa", str(tmp_path / "base.jsonl"), str(tmp_path / "base2.jsonl")]
     r = CliRunner().invoke(compare_cmd, args + aa)
     assert r.exit_code == 0, r.output
-    assert any(_split(line)[1] == "pp512@d4096" and "✓ faster" in line and "A/A" in line for line in r.stdout.splitlines())
+    assert any(
+        _split(line)[1] == "pp512@d4096" and "✓ faster" in line and "A/A" in line for line in r.stdout.splitlines()
+    )
     r = CliRunner().invoke(compare_cmd, args + ["--format", "json", *aa, "--plot", str(tmp_path / "sp.png")])
     assert r.exit_code == 0, r.output
     recs = json.loads(r.stdout)

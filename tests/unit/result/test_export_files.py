@@ -6,9 +6,9 @@ sm89-l1b-v4 confirmed nothing (its kernels are upstream's); sm90-l1b-v3 kept one
 
 from __future__ import annotations
 
-import lzma
 import errno
 import hashlib
+import lzma
 import re
 import shutil
 import subprocess
@@ -22,7 +22,10 @@ from tuner.errors import UsageError
 from tuner.result.export import NO_PATCH_NOTE, PRESETS_FILE
 
 ROOT = Path(__file__).resolve().parents[3]
-UPSTREAM = ("sm89-l1b-v4", ROOT / "results" / "sm_89" / "llama-3.2-1b-q4_k_m-measured-on-h100" / "evidence" / "study.db.xz")
+UPSTREAM = (
+    "sm89-l1b-v4",
+    ROOT / "results" / "sm_89" / "llama-3.2-1b-q4_k_m-measured-on-h100" / "evidence" / "study.db.xz",
+)
 RULE = ("sm90-l1b-v3", ROOT / "results" / "sm_90" / "llama-3.2-1b-q4_k_m" / "evidence" / "study.db.xz")
 
 
@@ -92,7 +95,9 @@ def test_failed_export_leaves_the_previous_one_whole(tmp_path: Path, monkeypatch
         _export(UPSTREAM, tmp_path, out)  # a different study: every file would change
     assert exc.value.errno == errno.ENOSPC
     assert _digest(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", f"{RULE[0]}.db", f"{UPSTREAM[0]}.db"])  # no temp folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out", f"{RULE[0]}.db", f"{UPSTREAM[0]}.db"]
+    )  # no temp folder
     monkeypatch.setattr(Path, "write_text", real)
     _export(UPSTREAM, tmp_path, out)  # a good export replaces it whole: nothing of the old one stays
     assert "tuned.patch" not in {p.name for p in out.iterdir()}
@@ -119,21 +124,33 @@ def test_full_tmpfs_export_leaves_the_previous_one_whole(tmp_path: Path) -> None
 import hashlib, os, sys
 from pathlib import Path
 from tuner.cli.export_cmd import export_study
-out = Path({str(mnt / 'out')!r})
-export_study({RULE[0]!r}, storage={'sqlite:///' + str(db)!r}, out_dir=out)
+out = Path({str(mnt / "out")!r})
+export_study({RULE[0]!r}, storage={"sqlite:///" + str(db)!r}, out_dir=out)
 before = {{p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}}
 st = os.statvfs(out)
 with open(out.parent / "filler", "wb") as f:  # leave 24 KiB: config.toml fits, the plots do not
     f.write(b"x" * max(0, st.f_bavail * st.f_frsize - 24 * 1024))
 try:
-    export_study({RULE[0]!r}, storage={'sqlite:///' + str(db)!r}, out_dir=out)
+    export_study({RULE[0]!r}, storage={"sqlite:///" + str(db)!r}, out_dir=out)
 except OSError as err:
     print("errno", err.errno)
 after = {{p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}}
 print("same", before == after, "left", sorted(p.name for p in out.parent.iterdir()))
 """
-    res = subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs {mnt} && exec "$0" -c "$1"',
-                          sys.executable, code], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            f'mount -t tmpfs -o size=1m tmpfs {mnt} && exec "$0" -c "$1"',
+            sys.executable,
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"errno {errno.ENOSPC}" in res.stdout, res.stdout + res.stderr[-2000:]
     assert "same True left ['filler', 'out']" in res.stdout, res.stdout

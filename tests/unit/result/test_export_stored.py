@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from tuner._compat import tomllib
-from tuner.targets.archs import find_product
 from tuner.cli.export_cmd import export_study
+from tuner.targets.archs import find_product
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDIES = ROOT / "tests" / "data" / "studies"
@@ -35,8 +35,13 @@ def test_find_product_names_the_measured_gpu() -> None:
 def test_ptx_jit_study_reports_the_measured_gpu(tmp_path: Path) -> None:
     # sm_89 code run on the H100 as 89-virtual: the roofline must be the H100's. Against the
     # 4060 Ti's 288 GB/s the same decode speeds would read 230-370% of "roofline".
-    out = export_study("sm89v-llama-3.2-1b-q4km", storage=f"sqlite:///{_plain(tmp_path, 'sm89v-l1b-study.db')}", out_dir=tmp_path / "x",
-                       like="llama-3.2-1b", weight_type="q4_k_m")
+    out = export_study(
+        "sm89v-llama-3.2-1b-q4km",
+        storage=f"sqlite:///{_plain(tmp_path, 'sm89v-l1b-study.db')}",
+        out_dir=tmp_path / "x",
+        like="llama-3.2-1b",
+        weight_type="q4_k_m",
+    )
     report = (out / "report.md").read_text()
     assert "**sm_89 code, measured on the sm_90 GPU named above**" in report
     assert "(H100 SXM5 80 GB), not an sm_89 card's" in report
@@ -49,8 +54,13 @@ def test_ptx_jit_study_reports_the_measured_gpu(tmp_path: Path) -> None:
 
 
 def test_trials_section_lists_every_trial(tmp_path: Path) -> None:
-    out = export_study("sm90-llama-3.1-8b-q4km", storage=f"sqlite:///{_plain(tmp_path, 'sm90-l8b-study.db')}", out_dir=tmp_path / "x",
-                       like="llama-3.1-8b", weight_type="q4_k_m")
+    out = export_study(
+        "sm90-llama-3.1-8b-q4km",
+        storage=f"sqlite:///{_plain(tmp_path, 'sm90-l8b-study.db')}",
+        out_dir=tmp_path / "x",
+        like="llama-3.1-8b",
+        weight_type="q4_k_m",
+    )
     report = (out / "report.md").read_text()
     section = report.split("## Trials", 1)[1]
     rows = re.findall(r"^\| trial(\d+) +\| (\w+) ", section, re.M)
@@ -58,4 +68,3 @@ def test_trials_section_lists_every_trial(tmp_path: Path) -> None:
     assert dict(rows)["0"] == "ok" and dict(rows)["1"] == "infeasible"
     assert "upstream defaults" in section and "nwarps" in section  # the infeasible row says why
     assert "backend CUDA" in report
-

@@ -12,6 +12,7 @@ from tuner.result.pipeline_export import _checked_gate, gate_section, gate_table
 from tuner.result.validate import _gate_finding
 from tuner.study.record import SearchOutcome, outcome_from_attrs
 
+
 def _outcome(result: dict) -> SearchOutcome:
     """The typed record of a study whose stored result is ``result``."""
     return outcome_from_attrs({"result": result})
@@ -21,15 +22,33 @@ THR = {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0}
 
 
 def check(name: str, mode: str, *, mean: float = 0.0, strict: bool = True, passed: bool = True) -> dict:
-    return {"name": name, "mode": mode, "strict": strict, "verdict": "pass" if passed else "fail", "passed": passed,
-            "reasons": [] if passed else [f"Mean KLD {mean:.6f} > threshold 1e-05."], "deterministic": True,
-            "identical_to_upstream": strict, "why": "-t changed", "thresholds": THR,
-            "stats": {"mean_kld": mean, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0 if passed else 48.413},
-            "settings": {"ctx": 128, "chunks": 2, "candidate_args": ["-fa", "on", "-t", "1"], "upstream_args": ["-fa", "on"]},
-            "logs": {"kld": "equivalence/abc/decode_process/kld.log"}, "seconds": 6.2}
+    return {
+        "name": name,
+        "mode": mode,
+        "strict": strict,
+        "verdict": "pass" if passed else "fail",
+        "passed": passed,
+        "reasons": [] if passed else [f"Mean KLD {mean:.6f} > threshold 1e-05."],
+        "deterministic": True,
+        "identical_to_upstream": strict,
+        "why": "-t changed",
+        "thresholds": THR,
+        "stats": {"mean_kld": mean, "p99_kld": 1e-6, "max_kld": 2e-6, "same_top_pct": 100.0 if passed else 48.413},
+        "settings": {
+            "ctx": 128,
+            "chunks": 2,
+            "candidate_args": ["-fa", "on", "-t", "1"],
+            "upstream_args": ["-fa", "on"],
+        },
+        "logs": {"kld": "equivalence/abc/decode_process/kld.log"},
+        "seconds": 6.2,
+    }
 
 
-PASS = {"verdict": "pass", "checks": [check("decode process", "decode"), check("prefill process", "prefill", mean=1e-6)]}
+PASS = {
+    "verdict": "pass",
+    "checks": [check("decode process", "decode"), check("prefill process", "prefill", mean=1e-6)],
+}
 
 
 def test_gate_table_has_the_worst_numbers_and_each_check() -> None:
@@ -43,29 +62,56 @@ def test_gate_table_has_the_worst_numbers_and_each_check() -> None:
 
 
 def test_not_needed_and_rejected_are_reported() -> None:
-    assert _checked_gate("s", _outcome({"rules": [], "tuned": None}))["verdict"] == "not needed"  # a pre-gate study, no change
-    rejected = {"verdict": "not needed", "checks": [], "why": "the final config failed the gate",
-                "rejected": {"rules": ["decode:0-=MMA"], "tuned": None,
-                             "gate": {"verdict": "fail", "checks": [check("decode decode:0-=MMA", "decode", mean=0.006275,
-                                                                           strict=False, passed=False)]}}}
+    assert (
+        _checked_gate("s", _outcome({"rules": [], "tuned": None}))["verdict"] == "not needed"
+    )  # a pre-gate study, no change
+    rejected = {
+        "verdict": "not needed",
+        "checks": [],
+        "why": "the final config failed the gate",
+        "rejected": {
+            "rules": ["decode:0-=MMA"],
+            "tuned": None,
+            "gate": {
+                "verdict": "fail",
+                "checks": [check("decode decode:0-=MMA", "decode", mean=0.006275, strict=False, passed=False)],
+            },
+        },
+    }
     t = gate_table(_checked_gate("s", _outcome({"rules": [], "tuned": None, "gate": rejected})))
     assert t["verdict"] == "not needed" and t["rejected"]["checks"][0]["mean_kld"] == 0.006275
     text = gate_section(t)
     assert "FAILED the gate and is not exported" in text and "Mean KLD 0.006275 > threshold" in text
-    assert "FAILED the output-equivalence gate (decode decode:0-=MMA)" in summary_line(_outcome({"rows": [], "gate": rejected}))
+    assert "FAILED the output-equivalence gate (decode decode:0-=MMA)" in summary_line(
+        _outcome({"rows": [], "gate": rejected})
+    )
 
 
 def test_export_refuses_a_failed_or_ungated_change() -> None:
     with pytest.raises(UsageError, match="failed the output-equivalence gate .*never exported"):
-        _checked_gate("s", _outcome({"rules": ["decode:0-=MMA"], "gate": {"verdict": "fail", "checks": [
-            check("decode decode:0-=MMA", "decode", mean=0.006, passed=False)]}}))
+        _checked_gate(
+            "s",
+            _outcome(
+                {
+                    "rules": ["decode:0-=MMA"],
+                    "gate": {
+                        "verdict": "fail",
+                        "checks": [check("decode decode:0-=MMA", "decode", mean=0.006, passed=False)],
+                    },
+                }
+            ),
+        )
     with pytest.raises(UsageError, match="no output-equivalence gate record.*Rerun the same `tuner search`"):
         _checked_gate("s", _outcome({"rules": ["decode:0-=MMA"], "tuned": None}))
 
 
 def cfg(schema: int, arch: str, gate: dict, **choice) -> dict:
-    return {"schema": schema, "target": {"arch": arch}, "gate": gate,
-            "choice": {"fa_rules": [], "compile": {}, **choice}}
+    return {
+        "schema": schema,
+        "target": {"arch": arch},
+        "gate": gate,
+        "choice": {"fa_rules": [], "compile": {}, **choice},
+    }
 
 
 def test_validate_judges_the_recorded_numbers_again() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import optuna
 
-from tuner.result.pipeline_export import _write_pareto, pareto_differs, pareto_points
 from tuner.plan.fa_rules import parse_fa_rules
+from tuner.result.pipeline_export import _write_pareto, pareto_differs, pareto_points
 from tuner.result.plots import depth_axis, plot_speedup, speedup_spans
 from tuner.study.record import SearchOutcome, load_outcome, outcome_from_attrs
 
@@ -18,9 +18,23 @@ DEPTHS = (0, 4096, 16384, 32768, 65536)
 
 
 def _points(kernel_from: int) -> list[dict]:
-    return [{"phase": "tg", "test": "tg128", "depth": d, "upstream_kernel": "VEC",
-             "kernel": "TILE" if d >= kernel_from else "VEC", "speedup": 1.0, "ci_low": 0.98, "ci_high": 1.02,
-             "aa_noise_pct": 2.0, "verdict": "no difference", "base_ts": 100.0, "tuned_ts": 100.0} for d in DEPTHS]
+    return [
+        {
+            "phase": "tg",
+            "test": "tg128",
+            "depth": d,
+            "upstream_kernel": "VEC",
+            "kernel": "TILE" if d >= kernel_from else "VEC",
+            "speedup": 1.0,
+            "ci_low": 0.98,
+            "ci_high": 1.02,
+            "aa_noise_pct": 2.0,
+            "verdict": "no difference",
+            "base_ts": 100.0,
+            "tuned_ts": 100.0,
+        }
+        for d in DEPTHS
+    ]
 
 
 def test_rule_span_starts_at_the_rule_threshold(tmp_path: Path) -> None:
@@ -28,11 +42,17 @@ def test_rule_span_starts_at_the_rule_threshold(tmp_path: Path) -> None:
     # not at their midpoint (24576), and runs to the right edge (the rule has no upper bound).
     pts = _points(32768)
     spans = speedup_spans(pts, parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE"))
-    assert spans == {"tg": [{"x0": 20000, "x1": None, "kernel": "TILE", "upstream": "VEC",
-                             "rule": "decode/D64/gqa4/kvf16:20000-=TILE"}]}
+    assert spans == {
+        "tg": [
+            {"x0": 20000, "x1": None, "kernel": "TILE", "upstream": "VEC", "rule": "decode/D64/gqa4/kvf16:20000-=TILE"}
+        ]
+    }
     bounded = speedup_spans(pts, parse_fa_rules("prefill:1024-8192=MMA"))
     assert [(s["x0"], s["x1"]) for s in bounded["pp"]] == [(1024, 8192)] and "tg" not in bounded
-    assert plot_speedup(pts, tmp_path / "s.png", rules=parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE")).stat().st_size > 0
+    assert (
+        plot_speedup(pts, tmp_path / "s.png", rules=parse_fa_rules("decode/D64/gqa4/kvf16:20000-=TILE")).stat().st_size
+        > 0
+    )
 
 
 def test_without_rules_spans_follow_the_measured_kernels() -> None:
@@ -47,10 +67,20 @@ def test_depth_axis_is_numeric() -> None:
 
 
 def _attrs(*, cpu_ci: tuple[float, float], cpu_noise: float, verdict: str = "no difference") -> SearchOutcome:
-    cell = {"noise_pct": 3.0, "cpu_noise": cpu_noise, "levels": {"upstream": {"ts": 100.0, "cpu": 105.0},
-                                                                 "TILE": {"ts": 100.5, "cpu": 104.0}},
-            "effects": {"TILE": {"ratio": 1.005, "ci_low": 0.99, "ci_high": 1.02, "verdict": verdict,
-                                 "cpu": {"mean": sum(cpu_ci) / 2, "ci_low": cpu_ci[0], "ci_high": cpu_ci[1]}}}}
+    cell = {
+        "noise_pct": 3.0,
+        "cpu_noise": cpu_noise,
+        "levels": {"upstream": {"ts": 100.0, "cpu": 105.0}, "TILE": {"ts": 100.5, "cpu": 104.0}},
+        "effects": {
+            "TILE": {
+                "ratio": 1.005,
+                "ci_low": 0.99,
+                "ci_high": 1.02,
+                "verdict": verdict,
+                "cpu": {"mean": sum(cpu_ci) / 2, "ci_low": cpu_ci[0], "ci_high": cpu_ci[1]},
+            }
+        },
+    }
     return outcome_from_attrs({"screen_tg": {"4096": cell}, "result": {"rows": []}})
 
 
@@ -65,7 +95,14 @@ def test_pareto_needs_a_difference_beyond_the_noise(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").stat().st_size > 0
     o = _attrs(cpu_ci=(-3.0, 1.0), cpu_noise=4.0, verdict="faster")  # t/s beyond the A/A noise
     assert pareto_differs(o)
-    row = {"phase": "tg", "depth": 0, "verdict": "no difference", "cpu_ci_low": 4.5, "cpu_ci_high": 7.0, "cpu_noise": 4.0}
+    row = {
+        "phase": "tg",
+        "depth": 0,
+        "verdict": "no difference",
+        "cpu_ci_low": 4.5,
+        "cpu_ci_high": 7.0,
+        "cpu_noise": 4.0,
+    }
     assert pareto_differs(outcome_from_attrs({"result": {"rows": [row]}}))  # the confirm's CPU Δ alone
 
 

@@ -18,9 +18,17 @@ RESULT = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-
 
 def _attrs() -> tuple[StudyHeader, tuple[FaRule, ...], list[dict], dict]:
     cfg = tomllib.loads((RESULT / "config.toml").read_text())
-    h = StudyHeader(name="x", arch=cfg["target"]["arch"], device=cfg["target"]["measured_on"], model=cfg["model"]["file"],
-                    commit=cfg["source"]["commit"], pp=cfg["model"]["pp"], tg=cfg["model"]["tg"],
-                    shape=cfg["model"]["shape"], depths=tuple(cfg["model"]["depths"]))
+    h = StudyHeader(
+        name="x",
+        arch=cfg["target"]["arch"],
+        device=cfg["target"]["measured_on"],
+        model=cfg["model"]["file"],
+        commit=cfg["source"]["commit"],
+        pp=cfg["model"]["pp"],
+        tg=cfg["model"]["tg"],
+        shape=cfg["model"]["shape"],
+        depths=tuple(cfg["model"]["depths"]),
+    )
     return h, rules_from_texts(cfg["choice"]["fa_rules"]), _points(cfg["points"], h.pp, h.tg), cfg["defines"]
 
 
@@ -83,7 +91,9 @@ def test_reproduce_on_stock_llama_cpp(md: str) -> None:
     assert "-d 0,4096,8192,12288,16384,32768,49152,65536" in repro
     assert "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl" in repro
     assert "tuner model synth --like llama-3.2-1b --quant Q4_K_M" in repro
-    assert "tuner search --arch sm_90 --like llama-3.2-1b --quant Q4_K_M --depths 0,4096,8192,16384,32768,65536" in repro
+    assert (
+        "tuner search --arch sm_90 --like llama-3.2-1b --quant Q4_K_M --depths 0,4096,8192,16384,32768,65536" in repro
+    )
     assert "GGML_TUNER" not in md
     assert not re.search(r"(^|[\s=:'\"])/(work|home|root|tmp|Users)/", md)
     assert "sqlite:" not in md and ".devhome" not in md

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from tuner.measure.bench import COLUMNS, save_results
 from tuner.errors import UsageError
+from tuner.measure.bench import COLUMNS, save_results
 from tuner.result.report import plot_depth, render_report
 
 
@@ -20,19 +20,40 @@ def _frame(label: str, scale: dict[str, float], *, roof: float = float("nan"), s
             s = list(base * scale[test[:2]] * (1 - depth / 20000) + rng.normal(0, base * 0.002, 6))
             med = float(np.median(s))
             row = {c: None for c in COLUMNS}
-            row.update(label=label, test=test, phase=test[:2], depth=depth, n=6, median_ts=med, samples=s,
-                       ci_low=med * 0.99, ci_high=med * 1.01, ci_pct=1.0, mean_ts=med, min_ts=min(s), max_ts=max(s),
-                       status="ok", build_commit="0c1e570", backends="CUDA", gpu_info="NVIDIA H100",
-                       model_filename="m.gguf", model_size=800 * 2**20, n_params=1.24e9,
-                       roofline_pct=100 * med / roof, drift_corrected=False)
+            row.update(
+                label=label,
+                test=test,
+                phase=test[:2],
+                depth=depth,
+                n=6,
+                median_ts=med,
+                samples=s,
+                ci_low=med * 0.99,
+                ci_high=med * 1.01,
+                ci_pct=1.0,
+                mean_ts=med,
+                min_ts=min(s),
+                max_ts=max(s),
+                status="ok",
+                build_commit="0c1e570",
+                backends="CUDA",
+                gpu_info="NVIDIA H100",
+                model_filename="m.gguf",
+                model_size=800 * 2**20,
+                n_params=1.24e9,
+                roofline_pct=100 * med / roof,
+                drift_corrected=False,
+            )
             rows.append(row)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 def test_render_report_tables_marks_and_notes() -> None:
-    frames = {"base": _frame("base", {"pp": 1.0, "tg": 1.0}),
-              "tuned": _frame("tuned", {"pp": 1.2, "tg": 0.9}, seed=1),
-              "same": _frame("same", {"pp": 1.0, "tg": 1.0}, seed=2)}
+    frames = {
+        "base": _frame("base", {"pp": 1.0, "tg": 1.0}),
+        "tuned": _frame("tuned", {"pp": 1.2, "tg": 0.9}, seed=1),
+        "same": _frame("same", {"pp": 1.0, "tg": 1.0}, seed=2),
+    }
     md = render_report(frames, "base")
     assert "## tuned vs base" in md and "## same vs base" in md and "## Method" in md
     tuned = md.split("## tuned vs base")[1].split("## same vs base")[0]
@@ -93,8 +114,17 @@ def test_cli_compare_and_report(tmp_path: Path) -> None:
     r = CliRunner().invoke(compare, [str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl")])
     assert r.exit_code == 0, r.output
     assert "✓ faster" in r.output and "no difference" in r.output
-    r = CliRunner().invoke(report, [str(tmp_path / "base.jsonl"), str(tmp_path / "new.parquet"), "-o",
-                                    str(tmp_path / "rep"), "--baseline", "base"])
+    r = CliRunner().invoke(
+        report,
+        [
+            str(tmp_path / "base.jsonl"),
+            str(tmp_path / "new.parquet"),
+            "-o",
+            str(tmp_path / "rep"),
+            "--baseline",
+            "base",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert (tmp_path / "rep" / "report.md").read_text().startswith("# llama-bench results")
     assert (tmp_path / "rep" / "depth.png").is_file()
@@ -105,6 +135,7 @@ def test_cli_bad_input_exit_code_2(tmp_path: Path) -> None:
     import sys
 
     (tmp_path / "x.jsonl").write_text('{"a": 1}\n')
-    p = subprocess.run([sys.executable, "-m", "tuner", "report", str(tmp_path / "x.jsonl")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", str(tmp_path / "x.jsonl")], capture_output=True, text=True
+    )
     assert p.returncode == 2 and "tuner: error:" in p.stderr and "Traceback" not in p.stderr

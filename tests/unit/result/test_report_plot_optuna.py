@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import lzma
 import json
+import lzma
 import shlex
 from pathlib import Path
 
@@ -23,11 +23,22 @@ def _points(phases: tuple[str, ...] = ("pp", "tg"), depths: tuple[int, ...] = (0
     for phase in phases:
         for i, d in enumerate(depths):
             sp = 1 + 0.02 * i
-            pts.append({"phase": phase, "depth": d, "test": "pp512" if phase == "pp" else "tg128",
-                        "base_ts": 1000.0 - 100 * i, "tuned_ts": (1000.0 - 100 * i) * sp, "speedup": sp,
-                        "ci_low": sp - 0.015, "ci_high": sp + (3.0 if i == 0 else 0.015),
-                        "aa_noise_pct": 1.0 + i, "verdict": "faster" if i == 3 else "no difference",
-                        "upstream_kernel": "VEC", "kernel": "MMA" if (phase == "tg" and i >= 2) else "VEC"})
+            pts.append(
+                {
+                    "phase": phase,
+                    "depth": d,
+                    "test": "pp512" if phase == "pp" else "tg128",
+                    "base_ts": 1000.0 - 100 * i,
+                    "tuned_ts": (1000.0 - 100 * i) * sp,
+                    "speedup": sp,
+                    "ci_low": sp - 0.015,
+                    "ci_high": sp + (3.0 if i == 0 else 0.015),
+                    "aa_noise_pct": 1.0 + i,
+                    "verdict": "faster" if i == 3 else "no difference",
+                    "upstream_kernel": "VEC",
+                    "kernel": "MMA" if (phase == "tg" and i >= 2) else "VEC",
+                }
+            )
     return pts
 
 
@@ -35,8 +46,10 @@ def test_plot_speedup_writes_png(tmp_path: Path) -> None:
     png = plot_speedup(_points(), tmp_path / "a" / "speedup.png", title="example")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
     # one phase, no noise, no kernels, missing CI
-    pts = [dict(p, aa_noise_pct=None, kernel=None, upstream_kernel=None, ci_low=float("nan"))
-           for p in _points(("tg",), (0, 512))]
+    pts = [
+        dict(p, aa_noise_pct=None, kernel=None, upstream_kernel=None, ci_low=float("nan"))
+        for p in _points(("tg",), (0, 512))
+    ]
     assert plot_speedup(pts, tmp_path / "b.png").is_file()
     with pytest.raises(UsageError):
         plot_speedup([], tmp_path / "c.png")
@@ -54,7 +67,9 @@ def test_dashboard_command_quotes_and_absolutizes(tmp_path: Path, monkeypatch: p
 
 def test_dashboard_opens_stored_study(tmp_path: Path) -> None:
     """The printed command's storage, opened through optuna-dashboard's WSGI app, lists the study."""
-    dash = pytest.importorskip("optuna_dashboard", reason="optuna-dashboard not installed (pip install 'tuner[dashboard]')")
+    dash = pytest.importorskip(
+        "optuna_dashboard", reason="optuna-dashboard not installed (pip install 'tuner[dashboard]')"
+    )
     from wsgiref.util import setup_testing_defaults
 
     db = tmp_path / "study copy.db"
@@ -97,8 +112,10 @@ def test_importances_section_table_and_reasons() -> None:
     only_k = importances_section(_study(rows), params=["k"])
     assert "| k " in only_k and "| x " not in only_k
 
-    assert importances_section(_study(rows[:3])) == \
-        "Parameter importances: not computed (3 complete trials; need at least 4)."
+    assert (
+        importances_section(_study(rows[:3]))
+        == "Parameter importances: not computed (3 complete trials; need at least 4)."
+    )
     same = importances_section(_study([(1.0, "VEC", float(v)) for v in range(5)]))
     assert same.startswith("Parameter importances: not computed (no parameter took 2 or more values")
     assert "\n" not in same
@@ -112,8 +129,12 @@ def test_importances_per_objective_of_a_two_objective_study() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     st = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(12):
-        t = st.ask({"ub": optuna.distributions.CategoricalDistribution([256, 512, 1024]),
-                    "graph": optuna.distributions.CategoricalDistribution([0, 1])})
+        t = st.ask(
+            {
+                "ub": optuna.distributions.CategoricalDistribution([256, 512, 1024]),
+                "graph": optuna.distributions.CategoricalDistribution([0, 1]),
+            }
+        )
         st.tell(t, [1.0 + t.params["ub"] / 1e4, 1.0 + 0.05 * t.params["graph"]])  # pp follows ub, tg follows graph
     assert "multi-objective" in importances_section(st)
     pp = importances_section(st, objective=0, target_name="pp")

@@ -19,7 +19,8 @@ SM90 = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b
 
 def _points(kernels: dict[int, str]) -> list[dict[str, object]]:
     return [{"phase": "tg", "depth": d, "kernel": k} for d, k in kernels.items()] + [
-        {"phase": "pp", "depth": 0, "kernel": "MMA"}]
+        {"phase": "pp", "depth": 0, "kernel": "MMA"}
+    ]
 
 
 def test_decision_depths_bracket_each_decode_rule() -> None:
@@ -34,8 +35,15 @@ def _csv(names: list[str]) -> str:
     # ncu --csv --page raw: a header, a units row, one quoted row per profiled launch; program output before it
     head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Device","CC","gpu__time_duration.sum"'
     rows = [f'"{i}","77","llama-bench","127.0.0.1","{n}","1","13","0","9.0","{1000 + i}"' for i, n in enumerate(names)]
-    return "\n".join(["build_commit,model_filename", "==PROF== Disconnected from process 77", head,
-                      '"","","","","","","","","","nsecond"', *rows])
+    return "\n".join(
+        [
+            "build_commit,model_filename",
+            "==PROF== Disconnected from process 77",
+            head,
+            '"","","","","","","","","","nsecond"',
+            *rows,
+        ]
+    )
 
 
 def test_parse_ncu_csv_keeps_launch_order_and_function_names() -> None:
@@ -71,8 +79,15 @@ def gpu_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, obje
 
     def check(bin_dir, **kw):
         seen["check"].append(kw)  # type: ignore[union-attr]
-        return CheckResult(passed=True, n_ok=12, n_fail=0, n_not_supported=0, failing=(), log_file=tmp_path / "c.log",
-                           summary="12/12 cases passed")
+        return CheckResult(
+            passed=True,
+            n_ok=12,
+            n_fail=0,
+            n_not_supported=0,
+            failing=(),
+            log_file=tmp_path / "c.log",
+            summary="12/12 cases passed",
+        )
 
     monkeypatch.setattr("tuner.measure.gate.run_check", check)
     monkeypatch.setattr(uc, "_ncu_decode_kernel", lambda ncu, b, m, d, n, log: (seen["upstream"].get(d), ""))  # type: ignore[union-attr]
@@ -84,8 +99,15 @@ def _run(tmp_path: Path, **kw: object) -> dict[str, tuple[bool, str]]:
     model = tmp_path / "l1b-q4km.gguf"
     model.write_bytes(b"GGUF")
     (tmp_path / "bin").mkdir(exist_ok=True)
-    fs = uc.upstream_gpu_findings(SM90, load_config(SM90), source=None, models=[model], upstream_bin=tmp_path / "bin",
-                                  log_dir=tmp_path / "logs", **kw)
+    fs = uc.upstream_gpu_findings(
+        SM90,
+        load_config(SM90),
+        source=None,
+        models=[model],
+        upstream_bin=tmp_path / "bin",
+        log_dir=tmp_path / "logs",
+        **kw,
+    )
     return {f.check: (f.ok, f.detail) for f in fs}
 
 
@@ -108,21 +130,27 @@ def test_a_patch_that_misses_a_depth_fails_and_says_where(gpu_fakes: dict, tmp_p
     assert not ok and "d32768: tuned TILE, upstream.patch VEC" in detail
 
 
-def test_without_ncu_the_selection_is_not_claimed(gpu_fakes: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_ncu_the_selection_is_not_claimed(
+    gpu_fakes: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(uc, "find_ncu", lambda: None)
     ok, detail = _run(tmp_path)["upstream.patch selects the tuned kernels"]
     assert not ok and "ncu" in detail
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--model", "m.gguf"], "belongs to --gpu, --bench or --soak"),
-    (["--tuned-bin", "."], "belong to --gpu"),
-    (["--bench", "--model", "absent.gguf"], "is not a file"),
-    (["--gpu", "--model", "absent.gguf"], "is not a file"),
-    (["--gpu", "--upstream-bin", "."], "has no llama-bench"),
-])
-def test_cli_bad_gpu_input_is_one_paragraph_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       args: list[str], says: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--model", "m.gguf"], "belongs to --gpu, --bench or --soak"),
+        (["--tuned-bin", "."], "belong to --gpu"),
+        (["--bench", "--model", "absent.gguf"], "is not a file"),
+        (["--gpu", "--model", "absent.gguf"], "is not a file"),
+        (["--gpu", "--upstream-bin", "."], "has no llama-bench"),
+    ],
+)
+def test_cli_bad_gpu_input_is_one_paragraph_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], says: str
+) -> None:
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, ["validate", str(SM90), *args], standalone_mode=False)
     assert getattr(r.exception, "exit_code", None) == 2 and says in str(r.exception)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tuner.targets.archs import load_arch
 from tuner.errors import TunerError
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import (
@@ -24,6 +23,7 @@ from tuner.result.upstream_patch import (
     render_upstream_patch,
     whitespace_only_hunks,
 )
+from tuner.targets.archs import load_arch
 
 COMMON = """\
 #define GGML_CUDA_CC_VOLTA           700
@@ -74,8 +74,15 @@ size_t ggml_cuda_flash_attn_ext_get_alloc_size(int device, const ggml_tensor * d
 """
 
 
-def Rule(phase: str, lo: int, hi: int | None, kernel: str, D: int | None = None, gqa: int | None = None,  # noqa: N802
-         kv: str | None = None) -> FaRule:
+def Rule(
+    phase: str,
+    lo: int,
+    hi: int | None,
+    kernel: str,
+    D: int | None = None,
+    gqa: int | None = None,
+    kv: str | None = None,
+) -> FaRule:
     """A rule built in code (positional, as the cases below read), not parsed: its values are not checked."""
     return FaRule(phase=Phase(phase), lo=lo, hi=hi, kernel=kernel, D=D, gqa=gqa, kv=kv)
 
@@ -98,8 +105,9 @@ def git_apply_check(root: Path, patch: str, tmp: Path) -> subprocess.CompletedPr
     (work / FATTN).parent.mkdir(parents=True)
     shutil.copy(root / FATTN, work / FATTN)
     (tmp / "up.patch").write_text(patch)
-    return subprocess.run(["git", "apply", "--check", "-v", str(tmp / "up.patch")], cwd=work,
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        ["git", "apply", "--check", "-v", str(tmp / "up.patch")], cwd=work, capture_output=True, text=True, check=False
+    )
 
 
 def test_empty_rules_no_patch(tree: Path) -> None:
@@ -120,8 +128,10 @@ def test_sm90_patch_shape_and_applies(tree: Path, tmp_path: Path) -> None:
     added = [ln[1:] for ln in patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
     cond = " ".join(ln.strip() for ln in added)
     assert "if (cc == GGML_CUDA_CC_HOPPER) {" in cond
-    assert ("Q->ne[1] == 1 && Q->ne[0] == 64 && gqa_ratio == 4 && K->type == GGML_TYPE_F16 && "
-            "V->type == GGML_TYPE_F16 && K->ne[1] >= 32768 && gqa_opt_applies) {") in cond
+    assert (
+        "Q->ne[1] == 1 && Q->ne[0] == 64 && gqa_ratio == 4 && K->type == GGML_TYPE_F16 && "
+        "V->type == GGML_TYPE_F16 && K->ne[1] >= 32768 && gqa_opt_applies) {"
+    ) in cond
     assert "return BEST_FATTN_KERNEL_MMA_F16;" in cond
     # no tuner hook, no env parsing, upstream style
     assert not re.search(r"getenv|GGML_TUNER|tuner_", "\n".join(added))
@@ -137,8 +147,11 @@ def test_sm90_patch_shape_and_applies(tree: Path, tmp_path: Path) -> None:
 
 
 def test_applied_patch_reproduces_patched_text(tree: Path, tmp_path: Path) -> None:
-    rules = [Rule("decode", 0, 8192, "VEC"), Rule("decode", 8192, None, "MMA", None, 8, None),
-             Rule("prefill", 0, 4096, "TILE", 128, 4, "q8_0")]
+    rules = [
+        Rule("decode", 0, 8192, "VEC"),
+        Rule("decode", 8192, None, "MMA", None, 8, None),
+        Rule("prefill", 0, 4096, "TILE", 128, 4, "q8_0"),
+    ]
     arch = load_arch("sm_90")
     patch = render_upstream_patch(tree, rules, arch, note=NOTE)
     work = tmp_path / "w"
@@ -153,14 +166,17 @@ def test_applied_patch_reproduces_patched_text(tree: Path, tmp_path: Path) -> No
     assert all(len(ln) <= 120 for ln in text.splitlines()[-60:])
 
 
-@pytest.mark.parametrize(("arch", "want"), [
-    ("sm_90", "cc == GGML_CUDA_CC_HOPPER"),
-    ("sm_89", "cc == GGML_CUDA_CC_ADA_LOVELACE"),
-    ("sm_86", "cc == 860"),
-    ("gfx1100", "cc == GGML_CUDA_CC_RDNA3"),
-    ("gfx942", "cc == GGML_CUDA_CC_CDNA3"),
-    ("gfx1151", "cc == GGML_CUDA_CC_OFFSET_AMD + 0x1151"),
-])
+@pytest.mark.parametrize(
+    ("arch", "want"),
+    [
+        ("sm_90", "cc == GGML_CUDA_CC_HOPPER"),
+        ("sm_89", "cc == GGML_CUDA_CC_ADA_LOVELACE"),
+        ("sm_86", "cc == 860"),
+        ("gfx1100", "cc == GGML_CUDA_CC_RDNA3"),
+        ("gfx942", "cc == GGML_CUDA_CC_CDNA3"),
+        ("gfx1151", "cc == GGML_CUDA_CC_OFFSET_AMD + 0x1151"),
+    ],
+)
 def test_arch_condition_is_exact(arch: str, want: str) -> None:
     assert arch_condition(load_arch(arch), COMMON) == want
 
@@ -176,16 +192,22 @@ def test_non_turing_block_states_legality(tree: Path, tmp_path: Path) -> None:
     flat = " ".join(text.split())
     assert "amd_wmma_available(cc) && gqa_opt_applies && Q->ne[0] != 40 && Q->ne[0] != 72 && Q->ne[0] <= 256" in flat
     assert text.index("if (cc == GGML_CUDA_CC_RDNA3)") < text.index("// If Turing tensor cores")
-    assert git_apply_check(tree, render_upstream_patch(tree, [Rule("decode", 0, None, "MMA")], arch), tmp_path).returncode == 0
+    assert (
+        git_apply_check(tree, render_upstream_patch(tree, [Rule("decode", 0, None, "MMA")], arch), tmp_path).returncode
+        == 0
+    )
 
 
-@pytest.mark.parametrize("rule", [
-    Rule("decode", 0, None, "VEC", 192),
-    Rule("decode", 0, None, "VEC", 576),
-    Rule("decode", 0, None, "MMA", 72),
-    Rule("decode", 0, None, "VEC", 64, 4, "q2_k"),
-    Rule("decode", 10, 5, "VEC"),
-])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        Rule("decode", 0, None, "VEC", 192),
+        Rule("decode", 0, None, "VEC", 576),
+        Rule("decode", 0, None, "MMA", 72),
+        Rule("decode", 0, None, "VEC", 64, 4, "q2_k"),
+        Rule("decode", 10, 5, "VEC"),
+    ],
+)
 def test_illegal_rules_refused(tree: Path, rule: Rule) -> None:
     with pytest.raises(TunerError):
         render_upstream_patch(tree, [rule], load_arch("sm_90"))
@@ -203,11 +225,15 @@ def test_mma_refused_without_mma_hardware(tree: Path) -> None:
 
 def test_overlapping_rules_refused(tree: Path) -> None:
     with pytest.raises(TunerError, match="overlap"):
-        render_upstream_patch(tree, [Rule("decode", 0, 8192, "VEC", 64), Rule("decode", 4096, None, "MMA")],
-                              load_arch("sm_90"))
+        render_upstream_patch(
+            tree, [Rule("decode", 0, 8192, "VEC", 64), Rule("decode", 4096, None, "MMA")], load_arch("sm_90")
+        )
     # disjoint shapes or phases are fine
-    assert render_upstream_patch(tree, [Rule("decode", 0, None, "VEC", 64), Rule("decode", 0, None, "MMA", 128),
-                                        Rule("prefill", 0, None, "TILE", 64)], load_arch("sm_90"))
+    assert render_upstream_patch(
+        tree,
+        [Rule("decode", 0, None, "VEC", 64), Rule("decode", 0, None, "MMA", 128), Rule("prefill", 0, None, "TILE", 64)],
+        load_arch("sm_90"),
+    )
 
 
 def test_rule_without_shape_keys(tree: Path) -> None:
@@ -250,22 +276,56 @@ def test_validate_check_on_mini_tree(tree: Path, tmp_path: Path) -> None:
 
 
 POINTS = [
-    dict(phase="tg", depth=16384, test="tg128", base_ts=210.4, tuned_ts=211.0, speedup=1.003, ci_low=0.992,
-         ci_high=1.012, aa_noise_pct=1.1, verdict="no difference", upstream_kernel="VEC", kernel="VEC", rounds=12),
-    dict(phase="tg", depth=32768, test="tg128", base_ts=150.0, tuned_ts=157.65, speedup=1.061, ci_low=1.041,
-         ci_high=1.063, aa_noise_pct=1.2, verdict="faster", upstream_kernel="VEC", kernel="MMA", rounds=12),
+    dict(
+        phase="tg",
+        depth=16384,
+        test="tg128",
+        base_ts=210.4,
+        tuned_ts=211.0,
+        speedup=1.003,
+        ci_low=0.992,
+        ci_high=1.012,
+        aa_noise_pct=1.1,
+        verdict="no difference",
+        upstream_kernel="VEC",
+        kernel="VEC",
+        rounds=12,
+    ),
+    dict(
+        phase="tg",
+        depth=32768,
+        test="tg128",
+        base_ts=150.0,
+        tuned_ts=157.65,
+        speedup=1.061,
+        ci_low=1.041,
+        ci_high=1.063,
+        aa_noise_pct=1.2,
+        verdict="faster",
+        upstream_kernel="VEC",
+        kernel="MMA",
+        rounds=12,
+    ),
 ]
 
 
 def test_pr_body() -> None:
     cmds = ["tuner search --arch sm_90 --like llama-3.1-8b", "tuner compare a.jsonl b.jsonl --aa a.jsonl a2.jsonl"]
-    md = render_pr_body(EXAMPLE, load_arch("sm_90"), gpu="NVIDIA H100 80GB HBM3", model="llama 8B Q4_K_M",
-                        points=POINTS, commands=cmds, source="llama.cpp 0c1e570", rounds=12)
+    md = render_pr_body(
+        EXAMPLE,
+        load_arch("sm_90"),
+        gpu="NVIDIA H100 80GB HBM3",
+        model="llama 8B Q4_K_M",
+        points=POINTS,
+        commands=cmds,
+        source="llama.cpp 0c1e570",
+        rounds=12,
+    )
     lines = md.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("| Model "))
     cols = [c.strip() for c in lines[head].strip("|").split("|")]
     assert cols[:5] == ["Model", "Test", "t/s upstream", "t/s patched", "Speedup"] and "95% CI" in cols
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[head + 2: head + 4]]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[head + 2 : head + 4]]
     # the depth is in the test name, and Speedup is 157.65 / 150.00, not the paired estimate 1.061
     assert rows[1][:7] == ["llama 8B Q4_K_M", "tg128@d32768", "150.00", "157.65", "1.05", "1.041–1.063", "±1.2% A/A"]
     assert "VEC → MMA" in rows[1] and "✓ faster" in rows[1]

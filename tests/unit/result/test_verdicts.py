@@ -63,8 +63,16 @@ def test_recorded_8b_win_is_still_faster() -> None:
 def test_cli_raw_files_data_on_stdout_messages_on_stderr() -> None:
     from tuner.cli.bench_cmd import compare
 
-    r = CliRunner().invoke(compare, [str(_log(0, "upstream")), str(_log(0, "final")),
-                                     "--aa", str(_log(0, "upstream")), str(_log(0, "upstream-aa"))])
+    r = CliRunner().invoke(
+        compare,
+        [
+            str(_log(0, "upstream")),
+            str(_log(0, "final")),
+            "--aa",
+            str(_log(0, "upstream")),
+            str(_log(0, "upstream-aa")),
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = r.stdout.splitlines()
     assert all(line.startswith("|") for line in out) and len(out) == 12
@@ -85,8 +93,9 @@ def test_judge_needs_a_noise_reference() -> None:
 
 
 def test_floors_file_is_what_the_recorded_data_give() -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "aa_floors.py"), "--check"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "aa_floors.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     # decode is steadier than prefill on the H100
     assert 0 < run_floor("CUDA", "tg").pct < run_floor("CUDA", "pp").pct < 100
@@ -102,7 +111,7 @@ def test_the_recorded_tuner_bench_pair_stays_within_the_cuda_floor() -> None:
         assert abs(p["speedup"] - 1) * 100 <= run_floor("CUDA", p["phase"]).pct
 
 
-def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: "object") -> None:
+def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: object) -> None:
     import types
 
     import pandas as pd
@@ -113,16 +122,28 @@ def test_bench_of_two_builds_prints_compare_table(tmp_path: Path, monkeypatch: "
     a, b = load_results(S1 / "default-run1.jsonl"), load_results(S1 / "default-run2.jsonl")
 
     def fake_interleaved(cands, anchor, model, **kw):  # type: ignore[no-untyped-def]
-        return types.SimpleNamespace(frames={anchor.label: a, cands[0].label: b}, anchors=pd.DataFrame(),
-                                     drift=pd.DataFrame())
+        return types.SimpleNamespace(
+            frames={anchor.label: a, cands[0].label: b}, anchors=pd.DataFrame(), drift=pd.DataFrame()
+        )
 
     monkeypatch.setattr(interleave_mod, "run_interleaved", fake_interleaved)
     for d in ("one", "two"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "llama-bench").write_text("")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    r = CliRunner().invoke(bench, ["--build", str(tmp_path / "one"), "--build", str(tmp_path / "two"),
-                                   "--model", str(tmp_path / "m.gguf"), "-o", str(tmp_path / "out")])
+    r = CliRunner().invoke(
+        bench,
+        [
+            "--build",
+            str(tmp_path / "one"),
+            "--build",
+            str(tmp_path / "two"),
+            "--model",
+            str(tmp_path / "m.gguf"),
+            "-o",
+            str(tmp_path / "out"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     table = r.stdout.split("| Model")[1]
     assert "tg128@d32768" in table and "floor" in table and "faster" not in table and "slower" not in table

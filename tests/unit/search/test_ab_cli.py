@@ -25,21 +25,27 @@ def test_a_bad_kernel_or_rule_is_refused(tmp_path: Path) -> None:
     b, m = _fake_build(tmp_path, b"...GGML_TUNER_FA_RULES..."), tmp_path / "m.gguf"
     m.write_bytes(b"GGUF")
     for bad in ("decode:0-=WMMA", "decode:x-=MMA", "decode/D0:0-=MMA"):
-        res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(m), "--rules", bad], standalone_mode=False)
+        res = CliRunner().invoke(
+            cli, ["ab", "--build", str(b), "--model", str(m), "--rules", bad], standalone_mode=False
+        )
         assert res.exception is not None and getattr(res.exception, "exit_code", None) == 2, (bad, res.output)
 
 
 def test_a_build_without_the_hook_is_refused(tmp_path: Path) -> None:
     b, m = _fake_build(tmp_path, None), tmp_path / "m.gguf"
     m.write_bytes(b"GGUF")
-    res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(m), "--rules", "decode:0-=TILE"], standalone_mode=False)
+    res = CliRunner().invoke(
+        cli, ["ab", "--build", str(b), "--model", str(m), "--rules", "decode:0-=TILE"], standalone_mode=False
+    )
     assert getattr(res.exception, "exit_code", None) == 2 and "no tuner FA rules hook" in str(res.exception)
 
 
 def test_depths_must_be_integers(tmp_path: Path) -> None:
     b, m = _fake_build(tmp_path, b"GGML_TUNER_FA_RULES"), tmp_path / "m.gguf"
     m.write_bytes(b"GGUF")
-    res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(m), "--rules", "decode:0-=TILE", "--depths", "0,4k"])
+    res = CliRunner().invoke(
+        cli, ["ab", "--build", str(b), "--model", str(m), "--rules", "decode:0-=TILE", "--depths", "0,4k"]
+    )
     assert res.exit_code == 2 and "not a comma-separated list of integers" in res.output
 
 
@@ -53,18 +59,47 @@ def test_ab_prints_the_compare_table_judged_like_the_search(tmp_path: Path, monk
         calls["n"] += 1
         wobble = 1 + 0.002 * (calls["n"] % 3)
         forced = "GGML_TUNER_FA_RULES" in cand.env
-        return {d: {"ts": 100.0 * wobble * (1.10 if forced and d == 32768 else 1.0), "error": "",
-                    "kernel": "TILE" if forced else "VEC", "why": "rule" if forced else "default"} for d in depths}
+        return {
+            d: {
+                "ts": 100.0 * wobble * (1.10 if forced and d == 32768 else 1.0),
+                "error": "",
+                "kernel": "TILE" if forced else "VEC",
+                "why": "rule" if forced else "default",
+            }
+            for d in depths
+        }
 
     monkeypatch.setattr(live, "make_live_measure", lambda *a, **k: measure)
     b = _fake_build(tmp_path, b"...GGML_TUNER_FA_RULES...")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(tmp_path / "m.gguf"), "--rules",
-                                   "decode:0-=TILE", "--rounds", "4", "-o", str(tmp_path / "run")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "ab",
+            "--build",
+            str(b),
+            "--model",
+            str(tmp_path / "m.gguf"),
+            "--rules",
+            "decode:0-=TILE",
+            "--rounds",
+            "4",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("|")]
     assert [c.strip() for c in lines[0].strip("|").split("|")][:8] == [
-        "Model", "Test", "t/s upstream", "t/s B1", "Speedup", "95% CI", "Noise", "Verdict"]
+        "Model",
+        "Test",
+        "t/s upstream",
+        "t/s B1",
+        "Speedup",
+        "95% CI",
+        "Noise",
+        "Verdict",
+    ]
     d0 = next(ln for ln in lines if "| tg128 " in ln)
     d32k = next(ln for ln in lines if "tg128@d32768" in ln)
     assert "faster" not in d0 and "✓ faster" in d32k and "VEC → TILE" in d32k and "A/A" in d32k
@@ -86,7 +121,21 @@ def test_rules_reach_the_hook_in_canonical_form(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(live, "make_live_measure", lambda *a, **k: measure)
     b = _fake_build(tmp_path, b"...GGML_TUNER_FA_RULES...")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    res = CliRunner().invoke(cli, ["ab", "--build", str(b), "--model", str(tmp_path / "m.gguf"), "--rules",
-                                   "decode:0-4096=VEC, prefill:0-=MMA", "--rounds", "2", "-o", str(tmp_path / "run")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "ab",
+            "--build",
+            str(b),
+            "--model",
+            str(tmp_path / "m.gguf"),
+            "--rules",
+            "decode:0-4096=VEC, prefill:0-=MMA",
+            "--rounds",
+            "2",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert seen and set(seen) == {"decode:0-4096=VEC,prefill:0-=MMA"}

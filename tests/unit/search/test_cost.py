@@ -14,6 +14,7 @@ from tuner.study.state import StudyState
 
 def _fake_factory(calls: list):
     """A llama-bench stand-in that logs each call (the count the study must match)."""
+
     def factory(build):
         def cells(depths):
             return {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths}
@@ -29,6 +30,7 @@ def _fake_factory(calls: list):
         measure.joint = joint
         measure.info = {"device": "fake"}
         return measure
+
     return factory
 
 
@@ -36,11 +38,10 @@ def _one_run(st: StudyState, calls: list, n: int) -> None:
     """One search run's measuring: ``n`` screen calls and one shared call, timed like the pipeline times them."""
     m = _counted(st, _fake_factory(calls))(None)
     assert m.info == {"device": "fake"}  # what the pipeline reads off a measure passes through
-    with _timed(st, "total"):
-        with _timed(st, "screen"):
-            for i in range(n):
-                m(None, "tg", [0, 256], f"r{i}")
-            m.joint(None, ["tg", "pp"], [0], "j")
+    with _timed(st, "total"), _timed(st, "screen"):
+        for i in range(n):
+            m(None, "tg", [0, 256], f"r{i}")
+        m.joint(None, ["tg", "pp"], [0], "j")
 
 
 def test_calls_and_times_add_up_over_a_resumed_run() -> None:
@@ -60,11 +61,27 @@ def test_calls_and_times_add_up_over_a_resumed_run() -> None:
 
 def test_an_older_study_exports_only_what_it_recorded() -> None:
     # a study from before the cost table: stage seconds of the stages it timed, no call count, no total
-    attrs = {"stage_seconds": {"build": 310.2, "gate": 12.0, "screen": 540.5, "tune": 0.0, "confirm": 200.0,
-                               "residency": 3.0, "equivalence": 40.0}}
+    attrs = {
+        "stage_seconds": {
+            "build": 310.2,
+            "gate": 12.0,
+            "screen": 540.5,
+            "tune": 0.0,
+            "confirm": 200.0,
+            "residency": 3.0,
+            "equivalence": 40.0,
+        }
+    }
     cost = outcome_from_attrs(attrs).cost
-    assert cost == {"build_s": 310.2, "gate_s": 12.0, "screen_s": 540.5, "tune_s": 0.0, "confirm_s": 200.0,
-                    "gates_s": 43.0, "tune_trials": 0}
+    assert cost == {
+        "build_s": 310.2,
+        "gate_s": 12.0,
+        "screen_s": 540.5,
+        "tune_s": 0.0,
+        "confirm_s": 200.0,
+        "gates_s": 43.0,
+        "tune_trials": 0,
+    }
     line = cost_line(outcome_from_attrs(attrs))
     assert "screen_s 540.5" in line and "Not in this study" in line
     assert "model_s, total_s, llama_bench_calls." in line and "\n" not in line
@@ -77,8 +94,12 @@ def test_an_older_study_exports_only_what_it_recorded() -> None:
 def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
     from tuner.search.cost import past_cost, past_cost_line
 
-    for name, body in (("a", "[cost]\nscreen_s = 10.0\n"), ("b", "[cost]\nscreen_s = 20.0\nllama_bench_calls = 7\n"),
-                       ("c", "[study]\nname = 'x'\n"), ("d", "not toml [")):
+    for name, body in (
+        ("a", "[cost]\nscreen_s = 10.0\n"),
+        ("b", "[cost]\nscreen_s = 20.0\nllama_bench_calls = 7\n"),
+        ("c", "[study]\nname = 'x'\n"),
+        ("d", "not toml ["),
+    ):
         (tmp_path / "cpu" / name).mkdir(parents=True)
         (tmp_path / "cpu" / name / "config.toml").write_text(body)
     path, cost = past_cost("cpu", tmp_path)

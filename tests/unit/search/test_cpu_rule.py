@@ -21,8 +21,18 @@ def fake(ts, cpu, *, seed: int = 0, jitter: float = 0.003, cpu_jitter: float = 1
     rng = random.Random(seed)
 
     def measure(c: Candidate, phase: str, depths, label: str):
-        return {d: {"ts": ts(c.name) * rng.gauss(1, jitter), "kernel": None, "why": None, "error": "",
-                    "cpu": cpu(c.name) + rng.gauss(0, cpu_jitter), "core": cpu(c.name) / 2, "gpu": None} for d in depths}
+        return {
+            d: {
+                "ts": ts(c.name) * rng.gauss(1, jitter),
+                "kernel": None,
+                "why": None,
+                "error": "",
+                "cpu": cpu(c.name) + rng.gauss(0, cpu_jitter),
+                "core": cpu(c.name) / 2,
+                "gpu": None,
+            }
+            for d in depths
+        }
 
     return measure
 
@@ -37,17 +47,22 @@ def test_paired_diff_is_in_points_with_a_t_interval() -> None:
     assert noise_points(paired_diff([1.0], [2.0])) == math.inf  # one round: unknown noise
 
 
-@pytest.mark.parametrize("ts_low, ts_noise, cpu_low, cpu_noise, rejected", [
-    (1.001, 2.0, 40.0, 3.0, True),     # CPU up 40 points beyond 3, t/s within its noise: the rule's case
-    (0.90, 2.0, 40.0, 3.0, True),      # slower and hungrier
-    (1.05, 2.0, 40.0, 3.0, False),     # the CPU pays for a gain beyond the noise
-    (1.001, 2.0, 2.0, 3.0, False),     # CPU rise within the noise
-    (1.001, 2.0, -30.0, 3.0, False),   # CPU down
-    (1.001, 2.0, math.nan, 3.0, False),  # no CPU% measured (an old study): nothing to claim
-    (1.001, 2.0, 40.0, math.inf, False),  # CPU noise unknown: no rise established
-    (math.nan, 2.0, 40.0, 3.0, True),  # no t/s interval: no gain established
-])
-def test_rejects_cpu_cost_rule(ts_low: float, ts_noise: float, cpu_low: float, cpu_noise: float, rejected: bool) -> None:
+@pytest.mark.parametrize(
+    "ts_low, ts_noise, cpu_low, cpu_noise, rejected",
+    [
+        (1.001, 2.0, 40.0, 3.0, True),  # CPU up 40 points beyond 3, t/s within its noise: the rule's case
+        (0.90, 2.0, 40.0, 3.0, True),  # slower and hungrier
+        (1.05, 2.0, 40.0, 3.0, False),  # the CPU pays for a gain beyond the noise
+        (1.001, 2.0, 2.0, 3.0, False),  # CPU rise within the noise
+        (1.001, 2.0, -30.0, 3.0, False),  # CPU down
+        (1.001, 2.0, math.nan, 3.0, False),  # no CPU% measured (an old study): nothing to claim
+        (1.001, 2.0, 40.0, math.inf, False),  # CPU noise unknown: no rise established
+        (math.nan, 2.0, 40.0, 3.0, True),  # no t/s interval: no gain established
+    ],
+)
+def test_rejects_cpu_cost_rule(
+    ts_low: float, ts_noise: float, cpu_low: float, cpu_noise: float, rejected: bool
+) -> None:
     assert rejects_cpu_cost(ts_low, ts_noise, cpu_low, cpu_noise) is rejected
 
 
@@ -101,14 +116,24 @@ def test_compose_names_the_cpu_hungry_kernel_it_did_not_compose() -> None:
 
     run_phase_rounds(measure, "tg", cands, [0], recs, min_rounds=4, max_rounds=4, target_ci=0.1)
     dec = comp.compose_phase("tg", summarize_phase("tg", recs, [0]))
-    assert dec[0].winner is None and CPU_REJECTED in dec[0].reason and "TILE (CPU% +7" in dec[0].reason  # 75 points, jittered
+    assert (
+        dec[0].winner is None and CPU_REJECTED in dec[0].reason and "TILE (CPU% +7" in dec[0].reason
+    )  # 75 points, jittered
 
 
 def test_confirm_rejects_the_point_and_drops_the_rule_and_the_knobs() -> None:
     recs: list = []
     cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME), Candidate(name=conf.FINAL)]
-    run_phase_rounds(fake(lambda n: 100.0, lambda n: 180.0 if n == conf.FINAL else 100.0), "tg", cands, [0, 4096], recs,
-                     min_rounds=4, max_rounds=4, target_ci=0.1)
+    run_phase_rounds(
+        fake(lambda n: 100.0, lambda n: 180.0 if n == conf.FINAL else 100.0),
+        "tg",
+        cands,
+        [0, 4096],
+        recs,
+        min_rounds=4,
+        max_rounds=4,
+        target_ci=0.1,
+    )
     rows = conf.point_rows("tg", summarize_phase("tg", recs, [0, 4096]), recs)
     assert [r["verdict"] for r in rows] == [CPU_REJECTED, CPU_REJECTED]
     r = rows[0]
@@ -122,8 +147,9 @@ def test_confirm_rejects_the_point_and_drops_the_rule_and_the_knobs() -> None:
 def test_tune_rejects_a_trial_that_only_burns_cpu() -> None:
     up = fake(lambda n: 100.0, lambda n: 100.0, jitter=0.0, cpu_jitter=0.0)
     hungry = fake(lambda n: 100.5, lambda n: 160.0, jitter=0.0, cpu_jitter=0.0)
-    objs, _, cpu = tn.paired_objectives(up, Candidate(name="ref"), hungry, Candidate(name="cand"), ["tg"], [0, 256],
-                                        label="tune-t0-r0", flip=False)
+    objs, _, cpu = tn.paired_objectives(
+        up, Candidate(name="ref"), hungry, Candidate(name="cand"), ["tg"], [0, 256], label="tune-t0-r0", flip=False
+    )
     assert cpu == {"tg@0": 60.0, "tg@256": 60.0}
     cells = {"0": {"noise_pct": 1.0, "cpu_noise": 4.0}, "256": {"noise_pct": 2.0, "cpu_noise": 6.0}, "512": {}}
     assert tn.screen_noise(cells) == (2.0, 6.0)

@@ -45,9 +45,18 @@ def test_confirm_rows_judge_by_the_same_bar() -> None:
     # The confirm's rows use the final config's name; rename TILE to it to read the same numbers as a confirm.
     from tuner.search.confirm import FINAL
 
-    recs = [{**r, **{k: {(FINAL if n == "TILE" else n): v for n, v in r[k].items()} for k in ("values", "kernels", "why", "cpu", "core", "gpu")
-                     if isinstance(r.get(k), dict)},
-             "order": [FINAL if n == "TILE" else n for n in r["order"]]} for r in ROUNDS]
+    recs = [
+        {
+            **r,
+            **{
+                k: {(FINAL if n == "TILE" else n): v for n, v in r[k].items()}
+                for k in ("values", "kernels", "why", "cpu", "core", "gpu")
+                if isinstance(r.get(k), dict)
+            },
+            "order": [FINAL if n == "TILE" else n for n in r["order"]],
+        }
+        for r in ROUNDS
+    ]
     cells = summarize_phase("tg", recs, DEPTHS)
     row = {r["depth"]: r for r in point_rows("tg", cells, recs)}[32768]
     assert row["verdict"] == "no difference" and row["aa_noise_pct"] == comp.noise_floor(cells, 32768)
@@ -66,4 +75,6 @@ def test_an_older_studys_screen_cells_are_shown_judged_by_their_decisions_bar() 
     assert shown["bar_pct"] == 4.08 and shown["effects"]["TILE"]["verdict"] == "no difference"
     assert shown["effects"]["MMA"]["verdict"] == CPU_REJECTED and shown["effects"]["VEC"]["verdict"] == "no difference"
     judged = comp.judge_phase("tg", summarize_phase("tg", ROUNDS, DEPTHS))[32768].as_dict()
-    assert _judged_cell(c, 3.0) is c and _judged_cell(judged, 9.9) is judged  # a bar at or below the noise; a judged cell
+    assert (
+        _judged_cell(c, 3.0) is c and _judged_cell(judged, 9.9) is judged
+    )  # a bar at or below the noise; a judged cell

@@ -53,8 +53,10 @@ def _refused(res: object, *says: str) -> str:
     return msg
 
 
-@pytest.mark.parametrize(("mask", "says"), [("0-99999", "does not have"), ("a", "not a CPU list"), ("3-1", "empty"),
-                                            (f"{N_CPUS}", "does not have")])
+@pytest.mark.parametrize(
+    ("mask", "says"),
+    [("0-99999", "does not have"), ("a", "not a CPU list"), ("3-1", "empty"), (f"{N_CPUS}", "does not have")],
+)
 def test_search_refuses_a_bad_cpu_mask(mask: str, says: str, no_measuring: list) -> None:
     _refused(_search("--arch", "cpu", "--cpu-mask", mask), says)
     assert not no_measuring
@@ -67,22 +69,29 @@ def test_search_refuses_threads_outside_the_machine(threads: str, micro_model: P
 
 
 def test_search_refuses_more_threads_than_the_mask(micro_model: Path, no_measuring: list) -> None:
-    _refused(_search("--arch", "cpu", "--model", str(micro_model), "--cpu-mask", "0", "--set", "threads=2"),
-             "1..1", "--cpu-mask 0")
+    _refused(
+        _search("--arch", "cpu", "--model", str(micro_model), "--cpu-mask", "0", "--set", "threads=2"),
+        "1..1",
+        "--cpu-mask 0",
+    )
     assert not no_measuring
 
 
-def test_search_refuses_ngl_above_the_layer_count(micro_model: Path, no_measuring: list,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_search_refuses_ngl_above_the_layer_count(
+    micro_model: Path, no_measuring: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(archs, "detect_local_archs", lambda: ["sm_90"])
     _refused(_search("--arch", "sm_90", "--model", str(micro_model), "--set", "ngl=99"), "0..3", "2 layers")
     assert not no_measuring
 
 
-def test_good_pins_and_the_mask_reach_the_pipeline(micro_model: Path, no_measuring: list,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_good_pins_and_the_mask_reach_the_pipeline(
+    micro_model: Path, no_measuring: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(archs, "detect_local_archs", lambda: ["sm_90"])
-    res = _search("--arch", "sm_90", "--model", str(micro_model), "--cpu-mask", "0", "--set", "ngl=3", "--set", "threads=1")
+    res = _search(
+        "--arch", "sm_90", "--model", str(micro_model), "--cpu-mask", "0", "--set", "ngl=3", "--set", "threads=1"
+    )
     assert res.exception is None, res.output  # type: ignore[attr-defined]
     cfg = no_measuring[0]
     assert cfg.cpu_mask == (0,) and dict(cfg.fixed) == {"ngl": "3", "threads": "1"}

@@ -6,11 +6,11 @@ hundreds of percent) and the sm_89 decode screen on the H100 (tests/data/screen,
 
 from __future__ import annotations
 
-import tempfile
-import lzma
 import json
+import lzma
 import re
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ H100_ROUNDS = json.loads((ROOT / "tests" / "data" / "screen" / "sm89-l1b-v4-tg-r
 def _cpu_attrs() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:  # SQLite reads only a plain file
         db = Path(tmp) / "study.db"
-        db.write_bytes(lzma.decompress((ROOT / "results" / "cpu" / "tiny-f16" / "evidence" / "study.db.xz").read_bytes()))
+        db.write_bytes(
+            lzma.decompress((ROOT / "results" / "cpu" / "tiny-f16" / "evidence" / "study.db.xz").read_bytes())
+        )
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             return {k: json.loads(v) for k, v in con.execute("select key, value_json from study_user_attributes")}
@@ -49,8 +51,9 @@ def test_noisy_cpu_screen_claims_nothing() -> None:
         assert too_noisy([c.noise_pct for c in cells.values()])
         judged = comp.judge_phase(phase, cells)
         assert {v for c in judged.values() for v in c.verdicts.values()} == {TOO_NOISY}
-        assert all(d.winner is None and f"{NOISE_CEILING_PCT:g}% ceiling" in d.reason
-                   for d in comp.compose_phase(phase, cells))
+        assert all(
+            d.winner is None and f"{NOISE_CEILING_PCT:g}% ceiling" in d.reason for d in comp.compose_phase(phase, cells)
+        )
 
 
 def test_quiet_h100_screen_still_decides() -> None:
@@ -60,7 +63,10 @@ def test_quiet_h100_screen_still_decides() -> None:
 
 
 def test_confirm_drops_what_a_noisy_phase_cannot_confirm() -> None:
-    rows = [{"phase": "tg", "depth": 32768, "verdict": TOO_NOISY}, {"phase": "pp", "depth": 0, "verdict": "no difference"}]
+    rows = [
+        {"phase": "tg", "depth": 32768, "verdict": TOO_NOISY},
+        {"phase": "pp", "depth": 0, "verdict": "no difference"},
+    ]
     rules = parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE")
     j = judge(rules, rows, process_changed=True)
     assert j["kept"] == () and "too noisy" in j["dropped"][rules[0]]
@@ -74,13 +80,22 @@ def test_report_first_line_says_too_noisy() -> None:
     a = _cpu_attrs()
     text = report_text(outcome_from_attrs(a, name="cpu-default"))
     first = text.splitlines()[0]
-    assert first == noisy_line(outcome_from_attrs(a)) and first.startswith("**This machine was too noisy to claim anything in decode and prefill")
+    assert first == noisy_line(outcome_from_attrs(a)) and first.startswith(
+        "**This machine was too noisy to claim anything in decode and prefill"
+    )
     assert f"above the {NOISE_CEILING_PCT:g}% ceiling" in first and "--cpu-mask" in first and "rerun" in first
     # the recorded CPU study's A/A CI reaches >1000% in decode: shown as "over ±100%", not a huge number
     assert "decode over ±100%" in first and not re.search(r"±\d{4,}%", first)
-    quiet = {**a, **{f"screen_{ph}": {d: {**c, "noise_pct": 3.0, "bar_pct": 3.0} for d, c in a[f"screen_{ph}"].items()}
-                     for ph in ("tg", "pp")}}
-    assert noisy_line(outcome_from_attrs(quiet)) == "" and report_text(outcome_from_attrs(quiet)).startswith("# tuner result")
+    quiet = {
+        **a,
+        **{
+            f"screen_{ph}": {d: {**c, "noise_pct": 3.0, "bar_pct": 3.0} for d, c in a[f"screen_{ph}"].items()}
+            for ph in ("tg", "pp")
+        },
+    }
+    assert noisy_line(outcome_from_attrs(quiet)) == "" and report_text(outcome_from_attrs(quiet)).startswith(
+        "# tuner result"
+    )
 
 
 def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
@@ -90,5 +105,7 @@ def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
     noisy = {"phase": "pp", "depth": 0, "verdict": TOO_NOISY, "speedup": 1.3, "ci_low": 0.9, "ci_high": 1.7}
     won = {"phase": "tg", "depth": 65536, "verdict": "faster", "speedup": 1.14, "ci_low": 1.12, "ci_high": 1.16}
     assert "too noisy in prefill" in summary_line(outcome_from_attrs({"result": {"rules": [], "rows": [noisy]}}))
-    line = summary_line(outcome_from_attrs({"result": {"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]}}))
+    line = summary_line(
+        outcome_from_attrs({"result": {"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]}})
+    )
     assert "too noisy" not in line and "1 point(s) faster" in line and "tg128@d65536 +14.0%" in line

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as hs
 
 from tuner.cli._params import depths_option
-from tuner.pairs import parse_pairs
 from tuner.errors import UsageError
+from tuner.pairs import parse_pairs
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # text a shell can pass: any printable character plus the separators the grammars use
@@ -31,7 +31,7 @@ def _refused(err: BaseException) -> bool:
 def test_depths_accepts_or_refuses(text: str) -> None:
     try:
         ds = depths_option(None, None, text)  # type: ignore[arg-type]
-    except Exception as err:  # noqa: BLE001 - the property: only a usage error may escape
+    except Exception as err:
         assert _refused(err), repr(err)
         return
     assert ds and list(ds) == sorted(set(ds)) and all(isinstance(d, int) and 0 <= d <= 1_048_576 for d in ds)
@@ -46,7 +46,7 @@ def test_depths_accepts_or_refuses(text: str) -> None:
 def test_set_pairs_accept_or_refuse(items: list[str]) -> None:
     try:
         out = parse_pairs(tuple(items), "--set", "variant=cpu")
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         assert _refused(err), repr(err)
         return
     assert all(k and k == k.strip() and "=" not in k for k in out)
@@ -61,15 +61,33 @@ def cpu_space():
 
 
 @SETTINGS
-@given(hs.lists(hs.one_of(_TEXT, _NEAR, hs.sampled_from(["ubatch=128", "ubatch=7", "flash_attn=off", "threads=default",
-                                                         "threads=", "ubatch=1e3", "ubatch= 256 ", "nosuch=1"])),
-                max_size=3))
+@given(
+    hs.lists(
+        hs.one_of(
+            _TEXT,
+            _NEAR,
+            hs.sampled_from(
+                [
+                    "ubatch=128",
+                    "ubatch=7",
+                    "flash_attn=off",
+                    "threads=default",
+                    "threads=",
+                    "ubatch=1e3",
+                    "ubatch= 256 ",
+                    "nosuch=1",
+                ]
+            ),
+        ),
+        max_size=3,
+    )
+)
 def test_set_values_against_a_space_accept_or_refuse(cpu_space, items: list[str]) -> None:
     from tuner.plan.space import parse_set_values
 
     try:
         cv, rv = parse_set_values(cpu_space, items)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         assert _refused(err), repr(err)
         return
     again = parse_set_values(cpu_space, [f"{k}={v}" for k, v in {**cv, **rv}.items()])
@@ -77,7 +95,16 @@ def test_set_values_against_a_space_accept_or_refuse(cpu_space, items: list[str]
 
 
 @SETTINGS
-@given(hs.one_of(_TEXT, _NEAR, hs.from_regex(r"(decode|prefill)(/D[0-9]{1,5}|/gqa[0-9]{1,4}|/kv[a-z0-9_]{1,6}){0,3}:[0-9]{1,6}-[0-9]{0,6}=(VEC|TILE|MMA)(,(decode|prefill):[0-9]{1,3}-=(VEC|MMA))?", fullmatch=True)))
+@given(
+    hs.one_of(
+        _TEXT,
+        _NEAR,
+        hs.from_regex(
+            r"(decode|prefill)(/D[0-9]{1,5}|/gqa[0-9]{1,4}|/kv[a-z0-9_]{1,6}){0,3}:[0-9]{1,6}-[0-9]{0,6}=(VEC|TILE|MMA)(,(decode|prefill):[0-9]{1,3}-=(VEC|MMA))?",
+            fullmatch=True,
+        ),
+    )
+)
 @example("decode:١-=MMA")  # Unicode digits: the C++ hook reads ASCII only
 @example("decode/D64/gqa4/kvf16:32768-=MMA, prefill:0-4096=TILE")
 @example(",".join(["decode:0-=VEC"] * 33))
@@ -86,7 +113,7 @@ def test_fa_rules_accept_or_refuse(text: str) -> None:
 
     try:
         rules = parse_fa_rules(text)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         assert _refused(err), repr(err)
         return
     # what the C++ hook is given is what it can read: ASCII digits (strtoll), at most its 32 entries
@@ -96,8 +123,13 @@ def test_fa_rules_accept_or_refuse(text: str) -> None:
 
 
 @SETTINGS
-@given(hs.one_of(_TEXT, _NEAR, hs.from_regex(r"(sqlite|postgresql|postgresql\+psycopg|mysql|redis)://[a-z:@/.0-9?=_-]{0,30}",
-                                             fullmatch=True)))
+@given(
+    hs.one_of(
+        _TEXT,
+        _NEAR,
+        hs.from_regex(r"(sqlite|postgresql|postgresql\+psycopg|mysql|redis)://[a-z:@/.0-9?=_-]{0,30}", fullmatch=True),
+    )
+)
 @example("sqlite:///")
 @example("postgresql://u:p@h:70000/db")
 @example("sqlite:///tuner-study-property.db")
@@ -106,7 +138,7 @@ def test_storage_urls_accept_or_refuse(text: str) -> None:
 
     try:
         url = check_storage_url(text)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         assert _refused(err), repr(err)
         return
     assert url == text and check_storage_url(url) == url  # accepted as given: the study is where it says

@@ -32,8 +32,15 @@ def fake(truth, *, jitter: float = 0.003, drift: float = 0.04, seed: int = 0, up
         if calls is not None:
             calls.append((c.name, phase, tuple(depths)))
         k = c.kernel or upstream
-        return {d: {"ts": truth(k, d) * state["drift"] * rng.gauss(1, jitter), "kernel": k,
-                    "why": "rule" if c.kernel else "default", "error": ""} for d in depths}
+        return {
+            d: {
+                "ts": truth(k, d) * state["drift"] * rng.gauss(1, jitter),
+                "kernel": k,
+                "why": "rule" if c.kernel else "default",
+                "error": "",
+            }
+            for d in depths
+        }
 
     return measure
 
@@ -67,16 +74,23 @@ def test_block_effects_pool_the_rounds_error_over_all_configs() -> None:
     ref = paired_effect([108, 110, 106], [100, 101, 99])
     assert (two.ratio, two.ci_low, two.ci_high) == (ref.ratio, ref.ci_low, ref.ci_high)
     # four configs, three rounds (the H100 screen): same estimates, the two-way residual pooled over 6 df
-    vals = {"up": [166.1, 173.4, 170.7], "VEC": [164.4, 169.4, 170.4], "TILE": [182.4, 182.1, 182.1], "MMA": [185.0, 183.5, 183.9]}
+    vals = {
+        "up": [166.1, 173.4, 170.7],
+        "VEC": [164.4, 169.4, 170.4],
+        "TILE": [182.4, 182.1, 182.1],
+        "MMA": [185.0, 183.5, 183.9],
+    }
     eff = block_effects(vals, "up")
     y = np.log(np.array([vals[n] for n in vals])).T  # rounds x configs
     resid = y - y.mean(1, keepdims=True) - y.mean(0, keepdims=True) + y.mean()
-    s2 = (resid ** 2).sum() / 6
+    s2 = (resid**2).sum() / 6
     for j, n in enumerate(list(vals)[1:], start=1):
         m = np.mean(y[:, j] - y[:, 0])
         half = stats.t.ppf(0.975, 6) * math.sqrt(2 * s2 / 3)
         assert math.isclose(eff[n].ratio, math.exp(m)) and math.isclose(eff[n].ci_low, math.exp(m - half))
-        assert math.isclose(eff[n].ratio, paired_effect(vals[n], vals["up"]).ratio)  # the point estimate is the paired one
+        assert math.isclose(
+            eff[n].ratio, paired_effect(vals[n], vals["up"]).ratio
+        )  # the point estimate is the paired one
     assert eff["MMA"].halfwidth_pct < paired_effect(vals["MMA"], vals["up"]).halfwidth_pct  # t(6) < t(2)
     # a round with a missing value is left out for every config (complete blocks only)
     gap = block_effects({"up": [100, 100, 100, 100], "a": [101, None, 99, 100], "b": [105, 104, 106, 105]}, "up")
@@ -89,9 +103,11 @@ def test_screen_rounds_rotate_and_stop_at_the_target() -> None:
     assert [c.name for c in cands] == [UPSTREAM, "VEC", "TILE", "MMA"]
     assert cands[2].env["GGML_TUNER_FA_RULES"] == "decode:0-=TILE"
     recs: list = []
-    mine = run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=8, target_ci=1.0)
+    mine = run_phase_rounds(
+        fake(tile_wins_deep, calls=calls), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=8, target_ci=1.0
+    )
     assert 3 <= len(mine) <= 8 and recs == mine
-    assert [r["order"][0] for r in mine[:4]] == [UPSTREAM, "VEC", "TILE", "MMA"][:len(mine)]  # rotated each round
+    assert [r["order"][0] for r in mine[:4]] == [UPSTREAM, "VEC", "TILE", "MMA"][: len(mine)]  # rotated each round
     assert all(ph == "tg" for _, ph, _ in calls)
     cells = summarize_phase("tg", recs, DEPTHS)
     assert all(c.upstream_kernel == "VEC" and c.aa == "VEC" for c in cells.values())  # the built-in A/A pair
@@ -103,14 +119,24 @@ def test_resumed_screen_adds_rounds_instead_of_starting_over() -> None:
     recs: list = []
     run_phase_rounds(fake(tile_wins_deep), "tg", cands, DEPTHS, recs, min_rounds=2, max_rounds=2, target_ci=1.0)
     calls: list = []
-    run_phase_rounds(fake(tile_wins_deep, calls=calls, seed=1), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=3, target_ci=1.0)
+    run_phase_rounds(
+        fake(tile_wins_deep, calls=calls, seed=1), "tg", cands, DEPTHS, recs, min_rounds=3, max_rounds=3, target_ci=1.0
+    )
     assert len(recs) == 3 and len(calls) == 2  # one more round of two candidates
 
 
 def test_compose_rules_only_where_a_kernel_beats_the_aa_noise() -> None:
     recs: list = []
-    run_phase_rounds(fake(tile_wins_deep), "tg", candidates_for("tg", ["VEC", "TILE", "MMA"]), DEPTHS, recs,
-                     min_rounds=5, max_rounds=5, target_ci=0.1)
+    run_phase_rounds(
+        fake(tile_wins_deep),
+        "tg",
+        candidates_for("tg", ["VEC", "TILE", "MMA"]),
+        DEPTHS,
+        recs,
+        min_rounds=5,
+        max_rounds=5,
+        target_ci=0.1,
+    )
     dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
     assert [d.winner for d in dec] == [None, None, None, None, "TILE", "TILE"]
     rules = comp.rules_from(dec, comp.Shape(D=64, gqa=4, kv="f16"))
@@ -122,8 +148,16 @@ def test_compose_rules_only_where_a_kernel_beats_the_aa_noise() -> None:
 def test_nothing_to_claim_when_upstream_is_already_fastest() -> None:
     recs: list = []
     same = lambda k, d: (900.0 - d / 120) * (1.0 if k in ("VEC", "TILE") else 0.8)  # noqa: E731
-    run_phase_rounds(fake(same, seed=3), "tg", candidates_for("tg", ["VEC", "TILE", "MMA"]), DEPTHS, recs,
-                     min_rounds=4, max_rounds=4, target_ci=0.1)
+    run_phase_rounds(
+        fake(same, seed=3),
+        "tg",
+        candidates_for("tg", ["VEC", "TILE", "MMA"]),
+        DEPTHS,
+        recs,
+        min_rounds=4,
+        max_rounds=4,
+        target_ci=0.1,
+    )
     dec = comp.compose_phase("tg", summarize_phase("tg", recs, DEPTHS))
     assert all(d.winner is None for d in dec)
     assert comp.rules_from(dec, comp.Shape(D=64, gqa=4)) == ()
@@ -133,8 +167,15 @@ def test_a_forced_kernel_that_fell_back_is_not_a_candidate() -> None:
     def measure(c: Candidate, phase: str, depths, label: str):
         k = c.kernel or "VEC"
         why = "fallback" if c.kernel == "MMA" else ("rule" if c.kernel else "default")
-        return {d: {"ts": 100.0 * (1.5 if c.kernel == "MMA" else 1.0), "kernel": "VEC" if why == "fallback" else k,
-                    "why": why, "error": ""} for d in depths}
+        return {
+            d: {
+                "ts": 100.0 * (1.5 if c.kernel == "MMA" else 1.0),
+                "kernel": "VEC" if why == "fallback" else k,
+                "why": why,
+                "error": "",
+            }
+            for d in depths
+        }
 
     recs: list = []
     run_phase_rounds(measure, "tg", candidates_for("tg", ["VEC", "MMA"]), [0], recs, min_rounds=3, max_rounds=3)
@@ -152,7 +193,9 @@ def test_phases_are_independent_a_failing_prefill_never_stops_decode() -> None:
     # decode first, as the pipeline screens: a stage whose first round measures nothing at all stops
     # (test_a_stage_where_every_call_fails_stops); one phase failing beside another is data
     tg = run_phase_rounds(measure, "tg", candidates_for("tg", ["TILE"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
-    pp = run_phase_rounds(measure, "pp", candidates_for("pp", ["TILE", "MMA"]), DEPTHS, recs, min_rounds=3, max_rounds=3)
+    pp = run_phase_rounds(
+        measure, "pp", candidates_for("pp", ["TILE", "MMA"]), DEPTHS, recs, min_rounds=3, max_rounds=3
+    )
     assert len(pp) == 3 and all(r["errors"] for r in pp)  # failures are data, recorded per round
     assert len(tg) == 3 and not any(r["errors"] for r in tg)
     assert summarize_phase("pp", recs, DEPTHS)[0].effects["TILE"].n == 0
@@ -215,10 +258,12 @@ def test_fa_log_lines_of_the_h100_run_are_read() -> None:
     # Lines exactly as the sm_90 build printed them on the H100 (the hook added type_k/type_v).
     from tuner.search.live import kernel_at, parse_fa_log
 
-    text = ("tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
-            "tuner-fa: D=64 DV=64 ne1=512 gqa=4 n_kv=4352 type_k=f16 type_v=f16 kernel=MMA (default)\n"
-            "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=65792 type_k=f16 type_v=f16 kernel=TILE (rule)\n"
-            "tuner-fa: D=128 DV=128 ne1=1 gqa=4 n_kv=8448 kernel=VEC (fallback)\n")
+    text = (
+        "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
+        "tuner-fa: D=64 DV=64 ne1=512 gqa=4 n_kv=4352 type_k=f16 type_v=f16 kernel=MMA (default)\n"
+        "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=65792 type_k=f16 type_v=f16 kernel=TILE (rule)\n"
+        "tuner-fa: D=128 DV=128 ne1=1 gqa=4 n_kv=8448 kernel=VEC (fallback)\n"
+    )
     lines = parse_fa_log(text)
     assert len(lines) == 4
     assert kernel_at(lines, "tg", 0, 128) == ("VEC", "default")
@@ -288,8 +333,12 @@ def joint_fake(truth_by_phase, *, seed: int = 0, fail_phase: str | None = None, 
                 if p == fail_phase:
                     out[p][d] = {"ts": None, "kernel": None, "why": None, "error": "llama-bench crashed"}
                 else:
-                    out[p][d] = {"ts": truth_by_phase[p](k or up, d) * state["drift"] * rng.gauss(1, 0.003),
-                                 "kernel": k or up, "why": "rule" if k else "default", "error": ""}
+                    out[p][d] = {
+                        "ts": truth_by_phase[p](k or up, d) * state["drift"] * rng.gauss(1, 0.003),
+                        "kernel": k or up,
+                        "why": "rule" if k else "default",
+                        "error": "",
+                    }
         return out
 
     return joint
@@ -317,8 +366,14 @@ def test_merge_call_combines_phase_rules_and_keeps_the_fill_on_upstream() -> Non
     m3 = merge_call({"pp": Candidate(name=UPSTREAM), "tg": final}, depths=[0], pp_tokens=512)
     assert m3 is not None and m3.env["GGML_TUNER_FA_RULES"] == "decode/D64/gqa4/kvf16:32768-=TILE"
     # process-wide settings differ: the two cannot share a process
-    assert merge_call({"pp": Candidate(name="a", env={"GGML_CUDA_GRAPH_OPT": "1"}), "tg": Candidate(name=UPSTREAM)},
-                      depths=[0], pp_tokens=512) is None
+    assert (
+        merge_call(
+            {"pp": Candidate(name="a", env={"GGML_CUDA_GRAPH_OPT": "1"}), "tg": Candidate(name=UPSTREAM)},
+            depths=[0],
+            pp_tokens=512,
+        )
+        is None
+    )
 
 
 def test_shared_rounds_screen_both_phases_in_one_call_each() -> None:
@@ -327,8 +382,16 @@ def test_shared_rounds_screen_both_phases_in_one_call_each() -> None:
     calls: list = []
     cands = {"pp": candidates_for("pp", ["TILE", "MMA"]), "tg": candidates_for("tg", ["VEC", "TILE", "MMA"])}
     recs: list = []
-    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
-                            pp_tokens=512, min_rounds=4, max_rounds=4, target_ci=0.1)
+    mine = run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+        cands,
+        DEPTHS,
+        recs,
+        pp_tokens=512,
+        min_rounds=4,
+        max_rounds=4,
+        target_ci=0.1,
+    )
     assert len(mine["pp"]) == len(mine["tg"]) == 4 and len(recs) == 8
     assert len(calls) == 4 * 4  # four calls a round (the longer phase's candidates), not 3 + 4
     assert sum(1 for _, ph, _ in calls if ph == ("pp", "tg")) == 4 * 3
@@ -344,8 +407,16 @@ def test_a_failing_phase_in_shared_calls_never_stops_the_other() -> None:
     from tuner.search.screen import run_joint_rounds
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
-    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, fail_phase="pp"), cands, DEPTHS, [],
-                            pp_tokens=512, min_rounds=3, max_rounds=3, target_ci=0.1)
+    mine = run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, fail_phase="pp"),
+        cands,
+        DEPTHS,
+        [],
+        pp_tokens=512,
+        min_rounds=3,
+        max_rounds=3,
+        target_ci=0.1,
+    )
     assert all(r["errors"] for r in mine["pp"]) and not any(r["errors"] for r in mine["tg"])
     tg = summarize_phase("tg", mine["tg"], DEPTHS)
     assert tg[65536].verdicts["TILE"] == "faster"
@@ -357,13 +428,25 @@ def test_shared_rounds_let_a_finished_phase_stop_and_resume_per_phase() -> None:
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
     recs: list = []
     # an earlier call left two prefill rounds and no decode round
-    run_phase_rounds(fake(mma_prefill_best, upstream="MMA"), "pp", cands["pp"], DEPTHS, recs, min_rounds=2, max_rounds=2)
+    run_phase_rounds(
+        fake(mma_prefill_best, upstream="MMA"), "pp", cands["pp"], DEPTHS, recs, min_rounds=2, max_rounds=2
+    )
     calls: list = []
-    mine = run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
-                            pp_tokens=512, min_rounds=3, max_rounds=3, target_ci=0.1)
+    mine = run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+        cands,
+        DEPTHS,
+        recs,
+        pp_tokens=512,
+        min_rounds=3,
+        max_rounds=3,
+        target_ci=0.1,
+    )
     assert len(mine["pp"]) == 3 and len(mine["tg"]) == 3
     # one shared round completes prefill; the two decode rounds after it run decode alone
-    assert [ph for _, ph, _ in calls].count(("pp", "tg")) == 2 and [ph for _, ph, _ in calls].count(("tg",)) == 3 * 2 + 1
+    assert [ph for _, ph, _ in calls].count(("pp", "tg")) == 2 and [ph for _, ph, _ in calls].count(
+        ("tg",)
+    ) == 3 * 2 + 1
 
 
 def test_no_round_starts_that_would_overrun_the_budget() -> None:
@@ -373,17 +456,40 @@ def test_no_round_starts_that_would_overrun_the_budget() -> None:
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
     recs: list = []
-    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}), cands, DEPTHS, recs, pp_tokens=512,
-                     min_rounds=1, max_rounds=1)
+    run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}),
+        cands,
+        DEPTHS,
+        recs,
+        pp_tokens=512,
+        min_rounds=1,
+        max_rounds=1,
+    )
     for r in recs:
         r["seconds"] = 200.0  # the last round took 200 s; 60 s are left
     calls: list = []
     with pytest.raises(BudgetReached):
-        run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, recs,
-                         pp_tokens=512, min_rounds=3, max_rounds=3, deadline=time.monotonic() + 60)
+        run_joint_rounds(
+            joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+            cands,
+            DEPTHS,
+            recs,
+            pp_tokens=512,
+            min_rounds=3,
+            max_rounds=3,
+            deadline=time.monotonic() + 60,
+        )
     with pytest.raises(BudgetReached):
-        run_phase_rounds(fake(tile_wins_deep, calls=calls), "tg", cands["tg"], DEPTHS, recs, min_rounds=3, max_rounds=3,
-                         deadline=time.monotonic() + 60)
+        run_phase_rounds(
+            fake(tile_wins_deep, calls=calls),
+            "tg",
+            cands["tg"],
+            DEPTHS,
+            recs,
+            min_rounds=3,
+            max_rounds=3,
+            deadline=time.monotonic() + 60,
+        )
     assert calls == [] and len(recs) == 2  # nothing measured, nothing lost
 
 
@@ -396,26 +502,60 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
     screen: list = []
-    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}), cands, DEPTHS, screen, pp_tokens=512,
-                     min_rounds=1, max_rounds=1)
+    run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}),
+        cands,
+        DEPTHS,
+        screen,
+        pp_tokens=512,
+        min_rounds=1,
+        max_rounds=1,
+    )
     for r in screen:
         r["seconds"] = 200.0
     calls: list = []
     with pytest.raises(BudgetReached):
-        run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, [],
-                         pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 60, prior=screen)
+        run_joint_rounds(
+            joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+            cands,
+            DEPTHS,
+            [],
+            pp_tokens=512,
+            min_rounds=1,
+            max_rounds=1,
+            deadline=time.monotonic() + 60,
+            prior=screen,
+        )
     assert calls == []
     # with time for it, the same round runs
     confirm: list = []
-    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, confirm,
-                     pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 1000, prior=screen)
+    run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+        cands,
+        DEPTHS,
+        confirm,
+        pp_tokens=512,
+        min_rounds=1,
+        max_rounds=1,
+        deadline=time.monotonic() + 1000,
+        prior=screen,
+    )
     assert calls and {r["phase"] for r in confirm} == {"pp", "tg"}
     # only the latest rounds count: a slow round long ago does not hold back the first confirm round
     old = [dict(r, seconds=5000.0) for r in screen]
     fresh = [dict(r, seconds=1.0) for r in screen] * 2
     calls.clear()
-    run_joint_rounds(joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls), cands, DEPTHS, [],
-                     pp_tokens=512, min_rounds=1, max_rounds=1, deadline=time.monotonic() + 60, prior=old + fresh)
+    run_joint_rounds(
+        joint_fake({"pp": mma_prefill_best, "tg": tile_wins_deep}, calls=calls),
+        cands,
+        DEPTHS,
+        [],
+        pp_tokens=512,
+        min_rounds=1,
+        max_rounds=1,
+        deadline=time.monotonic() + 60,
+        prior=old + fresh,
+    )
     assert calls
 
 
@@ -427,10 +567,20 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
     from tuner.search.pipeline import _record_attrs
     from tuner.study.state import StudyState
 
-    study = types.SimpleNamespace(user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128})
+    study = types.SimpleNamespace(
+        user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128}
+    )
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
-    cfg = types.SimpleNamespace(arch="sm_90", model="/m/l1b.gguf", depths=[0, 4096], pp=512, tg=128, study="x", storage_url="sqlite://",
-                                cpu_mask=None)
+    cfg = types.SimpleNamespace(
+        arch="sm_90",
+        model="/m/l1b.gguf",
+        depths=[0, 4096],
+        pp=512,
+        tg=128,
+        study="x",
+        storage_url="sqlite://",
+        cpu_mask=None,
+    )
     source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
     _record_attrs(StudyState(study), cfg, source, {"head_dim": 64}, {})
     assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
@@ -454,8 +604,16 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     recs: list = []
     tg = candidates_for("tg", ["VEC", "TILE"])
     run_phase_rounds(fake(tile_edge, jitter=0.03), "tg", tg, DEPTHS, recs, min_rounds=4, max_rounds=4, target_ci=1.0)
-    run_phase_rounds(fake(mma_prefill_best, jitter=0.0001, drift=0.0), "pp", candidates_for("pp", ["MMA"]), DEPTHS, recs,
-                     min_rounds=3, max_rounds=4, target_ci=1.0)
+    run_phase_rounds(
+        fake(mma_prefill_best, jitter=0.0001, drift=0.0),
+        "pp",
+        candidates_for("pp", ["MMA"]),
+        DEPTHS,
+        recs,
+        min_rounds=3,
+        max_rounds=4,
+        target_ci=1.0,
+    )
     assert len([r for r in recs if r["phase"] == "pp"]) == 3  # met its target before the cap
     still_open = open_depths("tg", summarize_phase("tg", recs, DEPTHS))
     assert still_open and 32768 in still_open and 0 not in still_open
@@ -466,8 +624,17 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     assert reopen_raised_caps(st, DEPTHS, (3, 6), 1.0) == ["tg"]
     assert study.user_attrs["screen_done_tg"] is False and study.user_attrs["screen_done_pp"] is True
     calls: list = []
-    run_phase_rounds(fake(tile_edge, jitter=0.03, calls=calls, seed=2), "tg", tg, DEPTHS, recs, min_rounds=3,
-                     max_rounds=6, target_ci=1.0, settle=open_depths)
+    run_phase_rounds(
+        fake(tile_edge, jitter=0.03, calls=calls, seed=2),
+        "tg",
+        tg,
+        DEPTHS,
+        recs,
+        min_rounds=3,
+        max_rounds=6,
+        target_ci=1.0,
+        settle=open_depths,
+    )
     # the added rounds measure only depths still open (the first of them exactly those found above)
     assert calls and all(set(ds) <= still_open for _, _, ds in calls)
     assert set(calls[0][2]) == still_open and len(calls) in (3, 6)  # one or two rounds of three calls
@@ -477,14 +644,24 @@ def test_settled_depths_get_no_more_rounds() -> None:
     """The settle rule (compose.open_depths): a depth with a winner, or whose changed kernels all stay
     under the noise bar, is settled; rounds past the minimum go to the depths still open, and a
     confirm's final config that runs upstream's kernel there (no rule fires) settles nothing open."""
+
     def truth(kernel: str, d: int) -> float:  # TILE clearly faster at 65536, +3% at 32768, slower below
         return (900.0 - d / 120) * {65536: 1.2, 32768: 1.03}.get(d, 0.9) if kernel == "TILE" else 900.0 - d / 120
 
     ds = [0, 32768, 65536]
     recs: list = []
     calls: list = []
-    run_phase_rounds(fake(truth, jitter=0.01, calls=calls), "tg", candidates_for("tg", ["VEC", "TILE"]), ds, recs,
-                     min_rounds=3, max_rounds=8, target_ci=0.1, settle=comp.open_depths)
+    run_phase_rounds(
+        fake(truth, jitter=0.01, calls=calls),
+        "tg",
+        candidates_for("tg", ["VEC", "TILE"]),
+        ds,
+        recs,
+        min_rounds=3,
+        max_rounds=8,
+        target_ci=0.1,
+        settle=comp.open_depths,
+    )
     assert all(c[2] == tuple(ds) for c in calls[:9])  # the minimum rounds measure every depth
     later = {c[2] for c in calls[9:]}
     assert later == {(32768,)}  # then only the undecided depth
@@ -500,8 +677,9 @@ def test_settled_depths_get_no_more_rounds() -> None:
 
     crecs: list = []
     up, aa = Candidate(name=UPSTREAM), Candidate(name=AA_NAME)
-    mine = run_phase_rounds(measure, "tg", [up, aa, final], ds, crecs, min_rounds=3, max_rounds=8, target_ci=0.1,
-                            settle=comp.open_depths)
+    mine = run_phase_rounds(
+        measure, "tg", [up, aa, final], ds, crecs, min_rounds=3, max_rounds=8, target_ci=0.1, settle=comp.open_depths
+    )
     assert len(mine) == 3 and comp.open_depths("tg", summarize_phase("tg", mine, ds)) == set()
 
 
@@ -510,12 +688,28 @@ def test_noise_floor_follows_a_depths_own_rounds() -> None:
     settle rule gave 12 rounds gets that median rescaled to 12 rounds, not the 3-round median."""
     ds = [0, 16384, 32768, 65536]
     recs: list = []
-    run_phase_rounds(fake(tile_edge, jitter=0.02), "tg", candidates_for("tg", ["VEC", "TILE"]), ds, recs, min_rounds=3,
-                     max_rounds=3, target_ci=0.1)
+    run_phase_rounds(
+        fake(tile_edge, jitter=0.02),
+        "tg",
+        candidates_for("tg", ["VEC", "TILE"]),
+        ds,
+        recs,
+        min_rounds=3,
+        max_rounds=3,
+        target_ci=0.1,
+    )
     cells = summarize_phase("tg", recs, ds)
     assert all(math.isclose(comp.noise_floor(cells, d), comp.phase_noise(cells)) for d in ds)
-    run_phase_rounds(fake(tile_edge, jitter=0.02, seed=5), "tg", candidates_for("tg", ["VEC", "TILE"]), [32768], recs,
-                     min_rounds=12, max_rounds=12, target_ci=0.1)
+    run_phase_rounds(
+        fake(tile_edge, jitter=0.02, seed=5),
+        "tg",
+        candidates_for("tg", ["VEC", "TILE"]),
+        [32768],
+        recs,
+        min_rounds=12,
+        max_rounds=12,
+        target_ci=0.1,
+    )
     cells = summarize_phase("tg", recs, ds)
     assert cells[32768].effects["VEC"].n == 12 and cells[0].effects["VEC"].n == 3
     assert comp.noise_floor(cells, 32768) < 0.6 * comp.noise_floor(cells, 0)

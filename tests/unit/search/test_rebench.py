@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.search.rebench import rebench
 from tuner.result.validate import load_config
+from tuner.search.rebench import rebench
 
 SM90 = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
 
@@ -26,8 +26,11 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         def measure(cand, phase, depths, label):
             seen["envs"].append(dict(cand.env))
             gain = seen["gain"] if cand.name == "tuned" else 1.0
-            return {d: {"ts": 100.0 * gain * (1 + rng.gauss(0, 0.005)), "kernel": None, "why": None, "error": ""}
-                    for d in depths}
+            return {
+                d: {"ts": 100.0 * gain * (1 + rng.gauss(0, 0.005)), "kernel": None, "why": None, "error": ""}
+                for d in depths
+            }
+
         return measure
 
     monkeypatch.setattr("tuner.search.live.make_live_measure", make)

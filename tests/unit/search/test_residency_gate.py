@@ -17,10 +17,20 @@ NKVO = parse_residency((DATA / "cuda-nkvo.log").read_text())  # the same with -n
 INPUT_MIB = 205.49  # the 1B's token embeddings, which llama.cpp keeps on the host
 
 
-@pytest.mark.parametrize(("args", "full"), [
-    ((), True), (("-ngl", "99"), True), (("-ngl", "17"), True), (("-ngl", "16"), False), (("-ngl", "8"), False),
-    (("-nkvo", "1"), False), (("-nkvo", "0"), True), (("--no-kv-offload", "1"), False), (("-t", "4", "-ub", "512"), True),
-])
+@pytest.mark.parametrize(
+    ("args", "full"),
+    [
+        ((), True),
+        (("-ngl", "99"), True),
+        (("-ngl", "17"), True),
+        (("-ngl", "16"), False),
+        (("-ngl", "8"), False),
+        (("-nkvo", "1"), False),
+        (("-nkvo", "0"), True),
+        (("--no-kv-offload", "1"), False),
+        (("-t", "4", "-ub", "512"), True),
+    ],
+)
 def test_full_offload_is_read_from_the_configs_arguments(args: tuple[str, ...], full: bool) -> None:
     assert rg.full_offload(args, 16) is full  # 16 layers + the output layer
 
@@ -35,7 +45,11 @@ def test_a_final_config_that_moves_the_kv_cache_to_the_host_unasked_fails_and_up
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
     assert rec["verdict"] == "fail" and rec["final"]["splits_tg"] == 34
     assert any("34 splits" in r for r in rec["reasons"]) and any("host memory" in r for r in rec["reasons"])
-    result = {"rules": parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE"), "tuned": {"values": {"threads": 4}}, "rows": [{"phase": "tg"}]}
+    result = {
+        "rules": parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE"),
+        "tuned": {"values": {"threads": 4}},
+        "rows": [{"phase": "tg"}],
+    }
     out = rg.residency_result(result, rec)
     assert out["rules"] == () and out["tuned"] is None and out["rows"] == []
     assert out["residency"]["rejected"]["rules"] == result["rules"]
@@ -69,8 +83,10 @@ def test_validate_accepts_a_rejected_final_config_only_when_upstreams_selection_
     from tuner.result.pipeline_export import residency_table
     from tuner.result.validate import _residency_finding
 
-    rec = rg.residency_result({"rules": parse_fa_rules("decode:0-=TILE"), "tuned": None, "rows": []},
-                              rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB))["residency"]
+    rec = rg.residency_result(
+        {"rules": parse_fa_rules("decode:0-=TILE"), "tuned": None, "rows": []},
+        rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB),
+    )["residency"]
     table = residency_table(as_stored(rec))  # the export reads the record as the study stored it
     assert table["verdict"] == "fail" and table["rejected_rules"] == ["decode:0-=TILE"] and "log" not in table["final"]
     assert _residency_finding({"residency": table, "choice": {"fa_rules": []}}).ok
@@ -89,7 +105,11 @@ def _real(name: str):
 def test_real_h100_logs_of_a_full_offload_and_of_nkvo_judge_as_the_written_fixtures_do() -> None:
     # the H100 with the 89-virtual build, the same 1B: -fa 1 and -fa 1 -nkvo 1
     full, nkvo = _real("h100-89v-l1b-full.log.gz"), _real("h100-89v-l1b-nkvo.log.gz")
-    assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (FULL.splits_tg, FULL.layers_offloaded, dict(FULL.kv_buffers))
+    assert (full.splits_tg, full.layers_offloaded, dict(full.kv_buffers)) == (
+        FULL.splits_tg,
+        FULL.layers_offloaded,
+        dict(FULL.kv_buffers),
+    )
     assert (nkvo.splits_tg, nkvo.host_kv_mib) == (NKVO.splits_tg, NKVO.host_kv_mib)
     assert rg.decide(full, nkvo, full=True, host_weights_mib=INPUT_MIB)["verdict"] == "fail"
     assert rg.decide(full, None, full=True, host_weights_mib=INPUT_MIB)["verdict"] == "pass"
@@ -120,7 +140,9 @@ def test_a_stored_record_is_decided_again_from_its_logs_and_stands_where_they_ar
         logs[side] = tmp_path / side / "residency.log"
         logs[side].parent.mkdir()
         logs[side].write_bytes(gzip.decompress((DATA / name).read_bytes()))
-    up, final = (dataclasses.replace(parse_residency(logs[s].read_text()), log_file=logs[s]) for s in ("upstream", "final"))
+    up, final = (
+        dataclasses.replace(parse_residency(logs[s].read_text()), log_file=logs[s]) for s in ("upstream", "final")
+    )
     old = rg.decide(up, final, full=True, host_weights_mib=INPUT_MIB)  # judged as a full offload: fail
     assert old["verdict"] == "fail"
     again = rg.redecide(old, full=False, host_weights_mib=INPUT_MIB)
@@ -136,12 +158,28 @@ def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> No
     from tuner.result.pipeline_export import residency_section, residency_table
 
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
-    rows = [{"phase": "tg", "depth": 0, "base_ts": 39.22, "tuned_ts": 70.77, "speedup": 1.749, "ci_low": 1.584, "ci_high": 1.932,
-             "aa_noise_pct": 11.6, "verdict": "faster", "base_cpu": 306.0, "tuned_cpu": 400.0, "base_gpu": float("nan")}]
+    rows = [
+        {
+            "phase": "tg",
+            "depth": 0,
+            "base_ts": 39.22,
+            "tuned_ts": 70.77,
+            "speedup": 1.749,
+            "ci_low": 1.584,
+            "ci_high": 1.932,
+            "aa_noise_pct": 11.6,
+            "verdict": "faster",
+            "base_cpu": 306.0,
+            "tuned_cpu": 400.0,
+            "base_gpu": float("nan"),
+        }
+    ]
     tuned = {"values": {"no_kv_offload": 1, "T1": 4}, "params": {"no_kv_offload": 1}}  # values repeat the pinned T1
     out = rg.residency_result({"rules": [], "tuned": tuned, "rows": rows}, rec)
     table = residency_table(out["residency"])
-    assert table["rejected_tuned"] == {"no_kv_offload": 1} and "base_gpu" not in table["rejected_points"][0]  # NaN left out (TOML)
+    assert (
+        table["rejected_tuned"] == {"no_kv_offload": 1} and "base_gpu" not in table["rejected_points"][0]
+    )  # NaN left out (TOML)
     text = residency_section(table)
     assert "knobs: {'no_kv_offload': 1}" in text and "+74.9% [+58.4..+93.2%]" in text and "306 / 400" in text
 
@@ -164,7 +202,10 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
             self.user_attrs[k] = v
 
     builds = types.SimpleNamespace(get=lambda variant, compile_values: types.SimpleNamespace(build_id=variant))
-    space = resolve_space(load_space("cpu", "mma"), legal_values(load_space("cpu", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=False)))
+    space = resolve_space(
+        load_space("cpu", "mma"),
+        legal_values(load_space("cpu", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=False)),
+    )
 
     monkeypatch.setattr("tuner.measure.residency.input_layer_mib", lambda model: INPUT_MIB)
     parsed = {}
@@ -182,13 +223,20 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
     cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf")
     st = StudyState(_Study())
     result = {"rules": [], "tuned": {"values": {"threads": 1}}, "rows": [{"phase": "tg"}], "dropped": {}}
-    key = _config_key([], {'threads': 1})
-    st.set_residency(key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB))  # the old rule's "fail"
+    key = _config_key([], {"threads": 1})
+    st.set_residency(
+        key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB)
+    )  # the old rule's "fail"
 
     def go():
         return _residency(cfg, st, space, {}, result, {}, ["-ngl", "8"], builds, {"n_layers": 16}, probe=probe)
 
     out = go()
-    assert calls == [] and out["residency"]["verdict"] == "pass" and st.residency(key)["verdict"] == "pass"  # from the logs
-    st.set_residency(key, {**st.residency(key), "upstream": {**st.residency(key)["upstream"], "error": "llama-bench exited with code 1"}})
+    assert (
+        calls == [] and out["residency"]["verdict"] == "pass" and st.residency(key)["verdict"] == "pass"
+    )  # from the logs
+    st.set_residency(
+        key,
+        {**st.residency(key), "upstream": {**st.residency(key)["upstream"], "error": "llama-bench exited with code 1"}},
+    )
     assert go()["residency"]["verdict"] == "pass" and calls == ["upstream", "final"]  # a failed probe runs again

@@ -25,9 +25,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 # ------------------------------------------------------------------ every llama-bench call fails
 
-LOAD_ERR = ("llama-bench exited with code 1; see /run/logs/screen-tg+pp-r0-upstream.log. Last lines: "
-            "llama_model_load: error loading model: tensor 'blk.1.attn_q.weight' data is not within the file bounds | "
-            "error: failed to load model '/m/tiny.gguf'")
+LOAD_ERR = (
+    "llama-bench exited with code 1; see /run/logs/screen-tg+pp-r0-upstream.log. Last lines: "
+    "llama_model_load: error loading model: tensor 'blk.1.attn_q.weight' data is not within the file bounds | "
+    "error: failed to load model '/m/tiny.gguf'"
+)
 
 
 def failing_joint(c, phases, depths, label):
@@ -40,24 +42,42 @@ def test_a_stage_where_every_call_fails_stops() -> None:
     rounds: list = []
     stored: list = []
     with pytest.raises(AllCallsFailed) as e:
-        run_joint_rounds(failing_joint, cands, [0, 256], rounds, pp_tokens=32, min_rounds=2, max_rounds=2,
-                         on_round=stored.append)
+        run_joint_rounds(
+            failing_joint, cands, [0, 256], rounds, pp_tokens=32, min_rounds=2, max_rounds=2, on_round=stored.append
+        )
     assert isinstance(e.value, TunerError) and e.value.exit_code == 1
     assert "failed to load model" in str(e.value) and "all 2 llama-bench call(s)" in str(e.value)
     assert rounds == [] and stored == []  # nothing of the failed round is kept: a rerun measures it again
     # the confirm stage's loop is the same: a single phase that measures nothing stops it too
     with pytest.raises(AllCallsFailed):
-        run_phase_rounds(lambda c, p, ds, lab: failing_joint(c, [p], ds, lab)[p], "tg", candidates_for("tg", []), [0], [],
-                         tag="confirm")
+        run_phase_rounds(
+            lambda c, p, ds, lab: failing_joint(c, [p], ds, lab)[p],
+            "tg",
+            candidates_for("tg", []),
+            [0],
+            [],
+            tag="confirm",
+        )
 
 
 def test_a_call_failing_beside_one_that_measures_is_data() -> None:
     def half(c, phases, depths, label):  # the deep depth runs out of memory, the shallow one measures
-        return {p: {d: ({"ts": 100.0, "kernel": None, "why": None, "error": ""} if d == 0 else
-                        {"ts": None, "kernel": None, "why": None, "error": "out of memory"}) for d in depths} for p in phases}
+        return {
+            p: {
+                d: (
+                    {"ts": 100.0, "kernel": None, "why": None, "error": ""}
+                    if d == 0
+                    else {"ts": None, "kernel": None, "why": None, "error": "out of memory"}
+                )
+                for d in depths
+            }
+            for p in phases
+        }
 
     rounds: list = []
-    run_joint_rounds(half, {"tg": candidates_for("tg", [])}, [0, 65536], rounds, pp_tokens=0, min_rounds=2, max_rounds=2)
+    run_joint_rounds(
+        half, {"tg": candidates_for("tg", [])}, [0, 65536], rounds, pp_tokens=0, min_rounds=2, max_rounds=2
+    )
     assert len(rounds) == 2 and all(r["errors"] for r in rounds)
 
 
@@ -81,20 +101,46 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
     from tuner.study.state import StudyState
     from tuner.targets.archs import load_arch
 
-    cfg = types.SimpleNamespace(trials=trials, variants=("cpu",), arch="cpu", depths=(0,), gate=False, run_dir=tmp_path,
-                                study="faults", seed=0, storage=None,
-                                storage_url=f"sqlite:///{tmp_path / 'study.db'}")
+    cfg = types.SimpleNamespace(
+        trials=trials,
+        variants=("cpu",),
+        arch="cpu",
+        depths=(0,),
+        gate=False,
+        run_dir=tmp_path,
+        study="faults",
+        seed=0,
+        storage=None,
+        storage_url=f"sqlite:///{tmp_path / 'study.db'}",
+    )
     study, storage = pl._open_study(cfg)
     build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=tmp_path)
     builds = types.SimpleNamespace(get=lambda variant, cv: build)
-    args = (cfg, StudyState(study), study, storage, load_space("cpu", "mma"), types.SimpleNamespace(era="mma"),
-            load_arch("cpu"), {}, {}, [], {}, [], lambda b: measure, None, builds)
+    args = (
+        cfg,
+        StudyState(study),
+        study,
+        storage,
+        load_space("cpu", "mma"),
+        types.SimpleNamespace(era="mma"),
+        load_arch("cpu"),
+        {},
+        {},
+        [],
+        {},
+        [],
+        lambda b: measure,
+        None,
+        builds,
+    )
     return study, lambda: pl._tune(*args)
 
 
 def steady(c, phase, depths, label):
-    return {d: {"ts": 100.0 * (1.05 if c.name == "candidate" else 1.0), "kernel": None, "why": None, "error": ""}
-            for d in depths}
+    return {
+        d: {"ts": 100.0 * (1.05 if c.name == "candidate" else 1.0), "kernel": None, "why": None, "error": ""}
+        for d in depths
+    }
 
 
 def _states(study) -> list[tuple[int, str, str | None]]:
@@ -162,7 +208,9 @@ def test_sigterm_during_a_trial_then_resume_reaches_the_count(tmp_path: Path) ->
 
     marker = tmp_path / "measuring"
     code = SIGTERM_CHILD.format(tests=str(REPO / "tests"), marker=str(marker), run=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
@@ -178,9 +226,11 @@ def test_sigterm_during_a_trial_then_resume_reaches_the_count(tmp_path: Path) ->
 
 # ------------------------------------------------------------------ the run-dir lock
 
-HOLD = "import sys, time; from pathlib import Path; from tuner.search.lock import run_dir_lock\n" \
-       "with run_dir_lock(Path(sys.argv[1]), ['search', '--storage', 'postgresql://u:pw@h/db']):\n" \
-       "    print('locked', flush=True); time.sleep(60)\n"
+HOLD = (
+    "import sys, time; from pathlib import Path; from tuner.search.lock import run_dir_lock\n"
+    "with run_dir_lock(Path(sys.argv[1]), ['search', '--storage', 'postgresql://u:pw@h/db']):\n"
+    "    print('locked', flush=True); time.sleep(60)\n"
+)
 
 
 def test_a_second_search_on_a_locked_run_dir_refuses(tmp_path: Path) -> None:
@@ -190,14 +240,20 @@ def test_a_second_search_on_a_locked_run_dir_refuses(tmp_path: Path) -> None:
     try:
         assert holder.stdout.readline().strip() == "locked"
         owner = read_owner(tmp_path)
-        assert owner["pid"] == holder.pid and owner["host"] and ":***@h/db" in owner["command"] and "pw@" not in owner["command"]
+        assert (
+            owner["pid"] == holder.pid
+            and owner["host"]
+            and ":***@h/db" in owner["command"]
+            and "pw@" not in owner["command"]
+        )
         t0 = time.monotonic()
-        with pytest.raises(RunDirBusy) as e:
-            with run_dir_lock(tmp_path, ["search"]):
-                pass
+        with pytest.raises(RunDirBusy) as e, run_dir_lock(tmp_path, ["search"]):
+            pass
         assert time.monotonic() - t0 < 1.0  # refused at once, not after waiting
         msg = str(e.value)
-        assert e.value.exit_code == 1 and f"PID {holder.pid}" in msg and "--run-dir" in msg and f"kill {holder.pid}" in msg
+        assert (
+            e.value.exit_code == 1 and f"PID {holder.pid}" in msg and "--run-dir" in msg and f"kill {holder.pid}" in msg
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -223,8 +279,16 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path: Path, capsys: pytest.C
 # ------------------------------------------------------------------ storage URLs
 
 
-@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?cache=shared",
-                                 "sqlite:///x.db?mode=memory"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///",
+        "sqlite://",
+        "sqlite:///:memory:",
+        "sqlite:///file::memory:?cache=shared",
+        "sqlite:///x.db?mode=memory",
+    ],
+)
 def test_in_memory_storage_is_refused(url: str) -> None:
     from tuner.study.storage import check_storage_url
 
@@ -245,8 +309,18 @@ def test_a_sqlite_folder_that_does_not_exist_is_refused_and_not_created(tmp_path
     assert check_storage_url(f"sqlite:///{tmp_path / 'x.db'}") == f"sqlite:///{tmp_path / 'x.db'}"
 
 
-@pytest.mark.parametrize("url", ["postgres", "study.db", "http://h/db", "postgresql://h:port/db", "postgresql:///db",
-                                 " sqlite:///x.db", "postgresql://u:pw@h:99999/db"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres",
+        "study.db",
+        "http://h/db",
+        "postgresql://h:port/db",
+        "postgresql:///db",
+        " sqlite:///x.db",
+        "postgresql://u:pw@h:99999/db",
+    ],
+)
 def test_malformed_storage_urls_are_refused_without_the_password(url: str) -> None:
     from tuner.study.storage import check_storage_url
 
@@ -274,8 +348,9 @@ def test_a_cpu_search_promises_no_h100_time() -> None:
     assert "on an H100" in _intro("sm_90", {"trials": None}, GPU_DEFAULTS)
 
 
-def test_a_file_system_without_locks_warns_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_file_system_without_locks_warns_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import errno
     import fcntl
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.targets import archs
 from tuner.errors import UsageError
 from tuner.search.study import resolve_arch
+from tuner.targets import archs
 
 
 @pytest.fixture

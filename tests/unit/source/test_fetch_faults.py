@@ -56,8 +56,9 @@ def _pip_says(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
     monkeypatch.setattr(F, "run", fake_run)
 
 
-def test_pip_out_of_space_names_the_path(isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_pip_out_of_space_names_the_path(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pip_says(monkeypatch, _PIP_ENOSPC)
     code, err = _fetch(monkeypatch, capsys)
     assert code == 1
@@ -66,8 +67,9 @@ def test_pip_out_of_space_names_the_path(isolated_home: Path, monkeypatch: pytes
     assert list((isolated_home / "sources").iterdir()) == []  # the staging folder is gone
 
 
-def test_network_failure_keeps_its_message(isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_network_failure_keeps_its_message(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _pip_says(monkeypatch, _PIP_NETWORK)
     code, err = _fetch(monkeypatch, capsys)
     assert code == 1 and "check the network" in err and "Network is unreachable" in err
@@ -75,9 +77,9 @@ def test_network_failure_keeps_its_message(isolated_home: Path, monkeypatch: pyt
 
 
 @pytest.mark.parametrize("where", ["extract", "log", "index"])
-def test_enospc_while_fetching_is_exit_1_naming_the_path(where: str, isolated_home: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_enospc_while_fetching_is_exit_1_naming_the_path(
+    where: str, isolated_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """ENOSPC raised in tuner itself: extracting the sdist, writing pip's log, writing the SPEC index."""
     full = OSError(errno.ENOSPC, "No space left on device", "/full/disk/file")
 
@@ -105,9 +107,15 @@ def test_enospc_while_fetching_is_exit_1_naming_the_path(where: str, isolated_ho
     assert "network" not in err and err.count("\n") == 1
 
 
-def test_git_clone_out_of_space(isolated_home: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(F, "run", lambda cmd, **kw: RunResult(
-        returncode=128, output="fatal: write error: No space left on device\nfatal: index-pack failed", seconds=1))
+def test_git_clone_out_of_space(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        F,
+        "run",
+        lambda cmd, **kw: RunResult(
+            returncode=128, output="fatal: write error: No space left on device\nfatal: index-pack failed", seconds=1
+        ),
+    )
     code, err = _fetch(monkeypatch, capsys, "git:https://github.com/ggml-org/llama.cpp@b6129")
     assert code == 1 and "No space left on device while writing " in err and "network" not in err

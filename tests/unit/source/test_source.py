@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from tuner import source as S
-from tuner.source import fetch as F
-from tuner.source import tree as T
 from tuner._run import RunResult
 from tuner.errors import TunerError, UsageError
+from tuner.source import fetch as F
+from tuner.source import tree as T
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "source"
 MMA = DATA / "tree_mma"
@@ -82,8 +82,8 @@ def test_bad_specs_are_usage_errors(spec: str, words: list[str]) -> None:
 def test_parse_cmake_commands_handles_comments_quotes_and_lines() -> None:
     text = (
         'if (A)\n  option(X "a \\"quoted\\" help" ON) # c\nendif()\n'
-        "#[[ option(HIDDEN \"no\" ON) ]]\n"
-        "set(Y\n  \"v(1)\"\n  CACHE STRING \"h\")\n"
+        '#[[ option(HIDDEN "no" ON) ]]\n'
+        'set(Y\n  "v(1)"\n  CACHE STRING "h")\n'
     )
     cmds = [(c, a, line, d) for c, a, line, d in S.parse_cmake_commands(text) if c in ("option", "set")]
     assert cmds == [
@@ -135,8 +135,10 @@ def test_find_era() -> None:
 def test_commit_from_changelog() -> None:
     assert S.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.36.md").read_text()) == "0c1e57098"
     # the [Unreleased] section is skipped; full 40-hex hashes are kept whole
-    assert (S.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.16.md").read_text())
-            == "4227c9be4268ac844921b90f31595f81236bd317")
+    assert (
+        S.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.16.md").read_text())
+        == "4227c9be4268ac844921b90f31595f81236bd317"
+    )
     assert S.find_commit(MMA, changelog="## [0.1.0]\n- nothing\n") is None
 
 
@@ -156,8 +158,11 @@ def _fake_sdist(path: Path, *, tree: Path = MMA, version: str = "0.3.36", evil: 
 
     top = f"llama_cpp_python-{version}"
     # Deterministic bytes (gzip mtime 0), like a real sdist downloaded twice: same content, same sha.
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
+    with (
+        open(path, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w") as tar,
+    ):
         tar.add(DATA / f"CHANGELOG-{version}.md", arcname=f"{top}/CHANGELOG.md")
         tar.add(tree, arcname=f"{top}/vendor/llama.cpp")
         tar.add(DATA / "CHANGELOG-0.3.16.md", arcname=f"{top}/docs/not-extracted.md")
@@ -183,8 +188,9 @@ def fake_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_fetch_pypi_extracts_vendor_tree_and_caches(isolated_home: Path, fake_pip: list[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_pypi_extracts_vendor_tree_and_caches(
+    isolated_home: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = S.fetch_source("pypi:llama-cpp-python==0.3.36")
     assert fake_pip == ["0.3.36"] and not src.cached
     assert (src.era, src.commit) == ("mma", "0c1e57098")
@@ -210,8 +216,9 @@ def test_fetch_pypi_rocwmma_era(isolated_home: Path, fake_pip: list[str]) -> Non
     assert (src.era, src.commit) == ("rocwmma", "4227c9be4268ac844921b90f31595f81236bd317")
 
 
-def test_lost_index_reuses_content_addressed_tree(isolated_home: Path, fake_pip: list[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lost_index_reuses_content_addressed_tree(
+    isolated_home: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = S.fetch_source("pypi:llama-cpp-python==0.3.36")
     shutil.rmtree(isolated_home / "sources" / "specs")
     monkeypatch.setattr(F, "_extract_vendor_tree", _fail)
@@ -220,8 +227,9 @@ def test_lost_index_reuses_content_addressed_tree(isolated_home: Path, fake_pip:
 
 
 def test_unsafe_sdist_is_refused_and_leaves_nothing(isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(F, "run_pip_download",
-                        lambda v, dest: (dest.mkdir(parents=True), _fake_sdist(dest / "x.tar.gz", evil=True))[1])
+    monkeypatch.setattr(
+        F, "run_pip_download", lambda v, dest: (dest.mkdir(parents=True), _fake_sdist(dest / "x.tar.gz", evil=True))[1]
+    )
     with pytest.raises(TunerError, match="unsafe member path"):
         S.fetch_source()
     sources = isolated_home / "sources"
@@ -229,8 +237,9 @@ def test_unsafe_sdist_is_refused_and_leaves_nothing(isolated_home: Path, monkeyp
     assert not (isolated_home.parent / "evil.txt").exists()
 
 
-def test_interrupted_extraction_leaves_no_half_tree(isolated_home: Path, fake_pip: list[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_extraction_leaves_no_half_tree(
+    isolated_home: Path, fake_pip: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def boom(sdist: Path, dest: Path) -> str:
         (dest / "ggml").mkdir(parents=True)  # half written
         raise KeyboardInterrupt
@@ -339,8 +348,13 @@ def test_source_info_mma_fixture() -> None:
     assert info["fa_instances"] == {"fattn-mma-f16": 3, "fattn-tile": 1, "fattn-vec": 2}
     assert info["tools"] == {"llama-bench": True, "test-backend-ops": True, "llama-quantize": False}
     assert info["options"]["GGML_HIP_MMQ_MFMA"] == {
-        "default": "ON", "resolved": "ON", "help": "ggml: enable MFMA MMA for CDNA in MMQ", "kind": "BOOL",
-        "file": "ggml/CMakeLists.txt", "line": 11, "conditional": False,
+        "default": "ON",
+        "resolved": "ON",
+        "help": "ggml: enable MFMA MMA for CDNA in MMQ",
+        "kind": "BOOL",
+        "file": "ggml/CMakeLists.txt",
+        "line": 11,
+        "conditional": False,
     }
     assert "GGML_HIP_ROCWMMA_FATTN" not in info["options"]
     json.dumps(info)  # what --json prints
@@ -351,7 +365,9 @@ def test_source_info_rocwmma_fixture() -> None:
     assert info["fa_kernels"]["WMMA"] and info["fa_kernels"]["TILE"]
     assert info["config_tables"]["mma_f16_config"]["specializations"] == ["64x64", "576x512"]
     assert info["config_tables"]["wmma"]["files"] == [
-        "ggml/src/ggml-cuda/fattn-wmma-f16.cu", "ggml/src/ggml-cuda/fattn-wmma-f16.cuh"]
+        "ggml/src/ggml-cuda/fattn-wmma-f16.cu",
+        "ggml/src/ggml-cuda/fattn-wmma-f16.cuh",
+    ]
     assert info["fa_instances"] == {"fattn-mma-f16": 1, "fattn-vec-f16": 1, "fattn-vec-f32": 1}
     assert info["options"]["GGML_HIP_ROCWMMA_FATTN"]["default"] == "OFF"
     assert "GGML_CUDA_F16" in info["options"]
@@ -366,8 +382,13 @@ def test_pack_source_trims(tmp_path: Path) -> None:
     assert "llama.cpp/ggml/src/ggml-rpc/CMakeLists.txt" in names
     assert "llama.cpp/ggml/src/ggml.c" in names and "llama.cpp/ggml/src/ggml-version.h.in" in names
     assert "llama.cpp/models/ggml-vocab-llama-bpe.gguf" in names
-    for gone in ("ggml/src/ggml-vulkan/ggml-vulkan.cpp", "models/ggml-vocab-gpt-2.gguf", "docs/build.md",
-                 "tools/ui/index.html", "tools/server/public/index.html"):
+    for gone in (
+        "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+        "models/ggml-vocab-gpt-2.gguf",
+        "docs/build.md",
+        "tools/ui/index.html",
+        "tools/server/public/index.html",
+    ):
         assert f"llama.cpp/{gone}" not in names
     assert "llama.cpp/tools/llama-bench/llama-bench.cpp" in names
     full = S.pack_source(_src(MMA, "mma"), tmp_path / "full.tar.gz", trim=False)
@@ -421,8 +442,9 @@ def test_sha256_helper(tmp_path: Path) -> None:
     assert file_sha256(p) == hashlib.sha256(b"abc" * 100000).hexdigest()
 
 
-def test_pack_then_unpack_registers_same_spec_and_id(isolated_home: Path, fake_pip: list[str],
-                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pack_then_unpack_registers_same_spec_and_id(
+    isolated_home: Path, fake_pip: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tuner.source import fetch_source, pack_source, unpack_source
 
     src = fetch_source("pypi:llama-cpp-python==0.3.36")

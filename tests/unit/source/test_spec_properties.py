@@ -26,14 +26,17 @@ _ANY = st.text(st.characters(blacklist_categories=()), max_size=80)
 _SHAPED = st.one_of(
     _ANY,
     st.builds(lambda s, r: f"{s}:{r}", st.sampled_from(["pypi", "git", "path", "PYPI", "pip", ""]), _ANY),
-    st.builds(lambda n, op, v: f"pypi:{n}{op}{v}",
-              st.sampled_from(["llama-cpp-python", "Llama_CPP.python", " llama-cpp-python ", "numpy", ""]),
-              st.sampled_from(["==", "===", ">=", "~=", "=", "", "==="]),
-              st.one_of(_ANY, st.from_regex(r"[0-9]+(\.[0-9]+){0,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?\s?",
-                                            fullmatch=True))),
+    st.builds(
+        lambda n, op, v: f"pypi:{n}{op}{v}",
+        st.sampled_from(["llama-cpp-python", "Llama_CPP.python", " llama-cpp-python ", "numpy", ""]),
+        st.sampled_from(["==", "===", ">=", "~=", "=", "", "==="]),
+        st.one_of(_ANY, st.from_regex(r"[0-9]+(\.[0-9]+){0,3}((a|b|rc)[0-9]+)?(\.post[0-9]+)?\s?", fullmatch=True)),
+    ),
     st.builds(lambda u, r: f"git:{u}@{r}", _ANY, _ANY),
-    st.builds(lambda p: f"path:{p}", st.one_of(_ANY, st.sampled_from(["~", "~nosuchuser/x", "/", ".", "a" * 300,
-                                                                        str(MMA), f"{MMA}/", f" {MMA} "]))),
+    st.builds(
+        lambda p: f"path:{p}",
+        st.one_of(_ANY, st.sampled_from(["~", "~nosuchuser/x", "/", ".", "a" * 300, str(MMA), f"{MMA}/", f" {MMA} "])),
+    ),
 )
 
 
@@ -91,8 +94,14 @@ def test_accepted_git_specs_carry_no_control_characters_or_spaces() -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.one_of(_SHAPED, st.just("pypi:llama-cpp-python==0.3.36"), st.just(f"path:{MMA}"),
-                 st.just("git:https://github.com/ggml-org/llama.cpp@b6129")))
+@given(
+    text=st.one_of(
+        _SHAPED,
+        st.just("pypi:llama-cpp-python==0.3.36"),
+        st.just(f"path:{MMA}"),
+        st.just("git:https://github.com/ggml-org/llama.cpp@b6129"),
+    )
+)
 def test_cli_exit_is_0_or_2(text: str, tmp_path: Path) -> None:
     """Through ``tuner.cli:main``: an accepted SPEC fetches (stubbed here) and exits 0; a refused one
     exits 2. Exit 70 (a bug) is what this guards against."""

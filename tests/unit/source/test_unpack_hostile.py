@@ -27,8 +27,14 @@ SHA_B = hashlib.sha256(b"sdist b").hexdigest()
 
 
 def _pypi_source(sha: str = SHA_A) -> S.Source:
-    return S.Source(spec=SPEC, source_id=sha[:16], root=MMA, commit="0c1e57098", era="mma",
-                    meta={"sdist": "llama_cpp_python-0.3.36.tar.gz", "sdist_sha256": sha})
+    return S.Source(
+        spec=SPEC,
+        source_id=sha[:16],
+        root=MMA,
+        commit="0c1e57098",
+        era="mma",
+        meta={"sdist": "llama_cpp_python-0.3.36.tar.gz", "sdist_sha256": sha},
+    )
 
 
 @pytest.fixture()
@@ -45,8 +51,9 @@ def _meta(pack: Path) -> dict[str, object]:
     return json.loads(dict((m.name, d) for m, d in _members(pack))["source.json"] or b"")
 
 
-def _entry(name: str, data: bytes | None = None, *, kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple[
-        tarfile.TarInfo, bytes | None]:
+def _entry(
+    name: str, data: bytes | None = None, *, kind: bytes = tarfile.REGTYPE, link: str = ""
+) -> tuple[tarfile.TarInfo, bytes | None]:
     ti = tarfile.TarInfo(name)
     ti.type = kind
     ti.linkname = link
@@ -56,11 +63,16 @@ def _entry(name: str, data: bytes | None = None, *, kind: bytes = tarfile.REGTYP
     return ti, data
 
 
-def _craft(valid: Path, out: Path, *, meta: dict[str, object] | bytes | None = None,
-           edit: Callable[[dict[str, object]], None] | None = None,
-           add: list[tuple[tarfile.TarInfo, bytes | None]] = (),  # type: ignore[assignment]
-           drop: Callable[[str], bool] = lambda name: False,
-           data: Callable[[str, bytes], bytes] = lambda name, b: b) -> Path:
+def _craft(
+    valid: Path,
+    out: Path,
+    *,
+    meta: dict[str, object] | bytes | None = None,
+    edit: Callable[[dict[str, object]], None] | None = None,
+    add: list[tuple[tarfile.TarInfo, bytes | None]] = (),  # type: ignore[assignment]
+    drop: Callable[[str], bool] = lambda name: False,
+    data: Callable[[str, bytes], bytes] = lambda name, b: b,
+) -> Path:
     """A copy of ``valid`` with source.json replaced (``meta``) or edited, entries added or dropped."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out, "w:gz") as tar:
@@ -102,8 +114,14 @@ def _snapshot(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
-def _assert_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                    pack: Path, *words: str, replace: bool = False) -> str:
+def _assert_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    pack: Path,
+    *words: str,
+    replace: bool = False,
+) -> str:
     """``tuner source unpack PACK`` exits 2 with one paragraph holding ``words`` and changes no file
     anywhere under tmp_path (which holds TUNER_HOME, the packs and where escapes would land)."""
     (tmp_path / "home" / "sources").mkdir(parents=True, exist_ok=True)  # the one thing unpack may create
@@ -135,15 +153,26 @@ HOSTILE_ENTRIES = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_ENTRIES))
-def test_hostile_entries_are_refused(case: str, valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_hostile_entries_are_refused(
+    case: str,
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     entry, words = HOSTILE_ENTRIES[case]
     pack = _craft(valid_pack, tmp_path / "packs" / f"{case}.tgz", add=[entry])
     _assert_refused(monkeypatch, capsys, tmp_path, pack, str(pack), words, "tuner source pack")
 
 
-def test_symlinked_source_json_is_refused(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_symlinked_source_json_is_refused(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     link = _entry("source.json", kind=tarfile.SYMTYPE, link="llama.cpp/CMakeLists.txt")
     pack = _craft(valid_pack, tmp_path / "packs" / "link.tgz", drop=lambda n: n == "source.json", add=[link])
     _assert_refused(monkeypatch, capsys, tmp_path, pack, "'source.json' is a symlink")
@@ -170,23 +199,42 @@ BAD_META: dict[str, tuple[Callable[[dict[str, object]], None] | bytes, str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_META))
-def test_bad_source_json_is_refused(case: str, valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_source_json_is_refused(
+    case: str,
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     change, words = BAD_META[case]
     out = tmp_path / "packs" / f"{case}.tgz"
     pack = _craft(valid_pack, out, meta=change) if isinstance(change, bytes) else _craft(valid_pack, out, edit=change)
     _assert_refused(monkeypatch, capsys, tmp_path, pack, words)
 
 
-def test_tampered_tree_is_refused(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                  monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    pack = _craft(valid_pack, tmp_path / "packs" / "tampered.tgz",
-                  data=lambda name, b: b + b"\n// injected" if name.endswith("fattn-mma-f16.cuh") else b)
+def test_tampered_tree_is_refused(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pack = _craft(
+        valid_pack,
+        tmp_path / "packs" / "tampered.tgz",
+        data=lambda name, b: b + b"\n// injected" if name.endswith("fattn-mma-f16.cuh") else b,
+    )
     _assert_refused(monkeypatch, capsys, tmp_path, pack, "do not match the tree_sha256")
 
 
-def test_not_a_tar_gz_is_refused(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_not_a_tar_gz_is_refused(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     text = tmp_path / "packs" / "text.tgz"
     text.write_bytes(b"this is not a gzip file\n")
     _assert_refused(monkeypatch, capsys, tmp_path, text, "not a readable tar.gz")
@@ -204,17 +252,23 @@ def test_not_a_tar_gz_is_refused(valid_pack: Path, isolated_home: Path, tmp_path
     _assert_refused(monkeypatch, capsys, tmp_path, empty, "no source.json and llama.cpp/")
 
 
-def test_pack_cannot_repoint_a_spec_without_replace(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_pack_cannot_repoint_a_spec_without_replace(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code, out, err = _tuner(monkeypatch, capsys, "source", "unpack", str(valid_pack))
     assert code == 0, err
     root_a = out.strip()
     # Same SPEC, a self-consistent record for another sdist: the poisoned pack.
-    poison = _craft(valid_pack, tmp_path / "packs" / "poison.tgz",
-                    edit=lambda m: m.update(source_id=SHA_B[:16], sdist_sha256=SHA_B))
-    _assert_refused(monkeypatch, capsys, tmp_path, poison, f"would re-point {SPEC} from source {SHA_A[:16]}",
-                    "--replace")
+    poison = _craft(
+        valid_pack, tmp_path / "packs" / "poison.tgz", edit=lambda m: m.update(source_id=SHA_B[:16], sdist_sha256=SHA_B)
+    )
+    _assert_refused(
+        monkeypatch, capsys, tmp_path, poison, f"would re-point {SPEC} from source {SHA_A[:16]}", "--replace"
+    )
     monkeypatch.setattr(F, "run_pip_download", lambda *a: pytest.fail("must not download"))
     assert str(S.fetch_source(SPEC).root) == root_a  # the SPEC still builds the tree it had
     code, out, err = _tuner(monkeypatch, capsys, "source", "unpack", "--replace", str(poison))
@@ -223,25 +277,35 @@ def test_pack_cannot_repoint_a_spec_without_replace(valid_pack: Path, isolated_h
 
 
 def test_pack_cannot_claim_an_existing_tree_for_another_release(
-        valid_pack: Path, isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert _tuner(monkeypatch, capsys, "source", "unpack", str(valid_pack))[0] == 0
-    other = _craft(valid_pack, tmp_path / "packs" / "other.tgz",
-                   edit=lambda m: m.update(spec="pypi:llama-cpp-python==0.3.16"))
+    other = _craft(
+        valid_pack, tmp_path / "packs" / "other.tgz", edit=lambda m: m.update(spec="pypi:llama-cpp-python==0.3.16")
+    )
     _assert_refused(monkeypatch, capsys, tmp_path, other, f"source {SHA_A[:16]} is {SPEC} on this machine")
 
 
-def test_valid_pack_round_trips_and_is_idempotent(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_valid_pack_round_trips_and_is_idempotent(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     meta = _meta(valid_pack)
     assert meta["source_id"] == SHA_A[:16] and isinstance(meta["tree_sha256"], str)
     code, out, err = _tuner(monkeypatch, capsys, "source", "unpack", str(valid_pack))
     assert code == 0, err
     root = Path(out.strip())
     assert root == isolated_home / "sources" / SHA_A[:16] / "llama.cpp"
-    assert (root / "ggml/src/ggml-cuda/fattn-mma-f16.cuh").read_bytes() == \
-        (MMA / "ggml/src/ggml-cuda/fattn-mma-f16.cuh").read_bytes()
+    assert (root / "ggml/src/ggml-cuda/fattn-mma-f16.cuh").read_bytes() == (
+        MMA / "ggml/src/ggml-cuda/fattn-mma-f16.cuh"
+    ).read_bytes()
     monkeypatch.setattr(F, "run_pip_download", lambda *a: pytest.fail("must not download"))
     src = S.fetch_source(SPEC)
     assert (src.cached, src.root, src.era, src.commit) == (True, root, "mma", "0c1e57098")
@@ -256,9 +320,9 @@ def test_valid_pack_round_trips_and_is_idempotent(valid_pack: Path, isolated_hom
     assert S.unpack_source(again).source_id == SHA_A[:16]
 
 
-def test_path_pack_registers_the_tree_but_no_spec(isolated_home: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_path_pack_registers_the_tree_but_no_spec(
+    isolated_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = S.Source(spec=f"path:{MMA}", source_id="0123456789abcdef", root=MMA, commit=None, era="mma")
     pack = S.pack_source(src, tmp_path / "packs" / "path.tgz", trim=False)
     code, out, err = _tuner(monkeypatch, capsys, "source", "unpack", str(pack))
@@ -267,9 +331,13 @@ def test_path_pack_registers_the_tree_but_no_spec(isolated_home: Path, tmp_path:
     assert not (isolated_home / "sources" / "specs").exists()  # fetch_source never reads an index for path:
 
 
-def test_unpack_disk_full_is_exit_1_naming_the_path(valid_pack: Path, isolated_home: Path, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_unpack_disk_full_is_exit_1_naming_the_path(
+    valid_pack: Path,
+    isolated_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     import errno
 
     def full(self: tarfile.TarFile, path: str, **kw: object) -> None:

@@ -30,8 +30,10 @@ def _offenders() -> dict[str, list[str]]:
 
 def test_no_module_outside_tuner_study_touches_user_attributes() -> None:
     bad = {k: v for k, v in _offenders().items() if k not in ALLOWED}
-    assert not bad, "read or write them through tuner.study (StudyState, load_outcome, tuner.study.legacy):\n" + "\n".join(
-        h for v in bad.values() for h in v)
+    assert not bad, (
+        "read or write them through tuner.study (StudyState, load_outcome, tuner.study.legacy):\n"
+        + "\n".join(h for v in bad.values() for h in v)
+    )
     stale = set(ALLOWED) - set(_offenders())
     assert not stale, f"no longer touch attributes; drop them from ALLOWED: {sorted(stale)}"
 
@@ -40,6 +42,8 @@ def test_the_pattern_finds_what_it_must() -> None:
     """The check is not vacuous: tuner/study/ itself matches, in both directions."""
     text = "\n".join(p.read_text() for p in (TUNER / "study").glob("*.py"))
     assert ACCESS.search("x = study.user_attrs.get('arch')") and ACCESS.search("t.user_attrs['reason']")
-    assert ACCESS.search("trial.set_user_attr('status', 'ok')") and ACCESS.search("storage.set_trial_user_attr(1, 'k', 2)")
+    assert ACCESS.search("trial.set_user_attr('status', 'ok')") and ACCESS.search(
+        "storage.set_trial_user_attr(1, 'k', 2)"
+    )
     assert not ACCESS.search("study.enqueue_trial(params, user_attrs=retry_attrs(n))")
     assert ".user_attrs" in text and "set_user_attr(" in text and "set_trial_user_attr(" in text

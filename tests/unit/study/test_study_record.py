@@ -55,7 +55,12 @@ def _stored(xz: Path) -> list[tuple[str, dict[str, str]]]:
     try:
         out = []
         for sid, name in con.execute("select study_id, study_name from studies"):
-            out.append((name, dict(con.execute("select key, value_json from study_user_attributes where study_id = ?", (sid,)))))
+            out.append(
+                (
+                    name,
+                    dict(con.execute("select key, value_json from study_user_attributes where study_id = ?", (sid,))),
+                )
+            )
         return out
     finally:
         con.close()
@@ -88,7 +93,10 @@ def test_every_reexported_study_loads_with_its_stored_layout(name: str, db: Path
     assert out.gate == stored.get("gate") and out.residency == stored.get("residency")
     h = out.header
     assert h.name == name and h.pipeline == 2 and h.arch == json.loads(attrs["arch"])
-    assert list(h.depths) == json.loads(attrs["depths"]) and (h.pp, h.tg) == (json.loads(attrs["pp"]), json.loads(attrs["tg"]))
+    assert list(h.depths) == json.loads(attrs["depths"]) and (h.pp, h.tg) == (
+        json.loads(attrs["pp"]),
+        json.loads(attrs["tg"]),
+    )
     assert h.model == json.loads(attrs["model"]) and dict(h.shape) == json.loads(attrs["shape"])
     assert h.source_id == json.loads(attrs["source_id"]) and h.device == json.loads(attrs["device"])
     assert out.stage_seconds == json.loads(attrs["stage_seconds"]) and out.op_checks == json.loads(attrs["gates"])
@@ -142,17 +150,42 @@ def test_a_record_written_through_study_state_reads_back_equal(name: str, db: Pa
 
 def test_a_crafted_outcome_round_trips_with_every_field() -> None:
     """Fields the stored results leave empty (dropped rules, a tuned trial, a pinned mask) round-trip too."""
-    h = StudyHeader(name="rt", pipeline=2, arch="sm_90", model="/m/x.gguf", shape={"head_dim": 64}, depths=(0, 4096), pp=512,
-                    tg=128, source_spec="pypi:x", source_id="s1", commit="abc", era="mma", profile="per-phase",
-                    cpu_mask=(0, 1), device="GPU", toolchain={"cc": "gcc"}, derived_knobs={"threads": {"values": [1, 2]}})
+    h = StudyHeader(
+        name="rt",
+        pipeline=2,
+        arch="sm_90",
+        model="/m/x.gguf",
+        shape={"head_dim": 64},
+        depths=(0, 4096),
+        pp=512,
+        tg=128,
+        source_spec="pypi:x",
+        source_id="s1",
+        commit="abc",
+        era="mma",
+        profile="per-phase",
+        cpu_mask=(0, 1),
+        device="GPU",
+        toolchain={"cc": "gcc"},
+        derived_knobs={"threads": {"values": [1, 2]}},
+    )
     rules = tuple(parse_fa_rules("decode/D64/gqa4/kvf16:32768-=TILE,prefill:0-4096=MMA"))
-    out = SearchOutcome(header=h, rules=rules[:1], dropped={rules[1]: "slower at d0"},
-                        tuned=TunedTrial(trial=3, values={"threads": 1, "variant": "mma"}, params={"threads": 1}),
-                        rows=({"phase": "tg", "depth": 0, "verdict": "faster", "speedup": 1.1},), attempt=1,
-                        upstream_phases=("pp",), confirm_depths=(0, 2048, 4096),
-                        gate={"verdict": "pass", "checks": []}, residency={"verdict": "pass", "upstream": {}},
-                        op_checks={"b1": {"status": "pass"}}, screens={"tg": {"0": {"noise_pct": 1.0}}, "pp": {}},
-                        compose={"rules": [rules[0].text], "decisions": [], "shape": "D64"}, stage_seconds={"screen": 12.5})
+    out = SearchOutcome(
+        header=h,
+        rules=rules[:1],
+        dropped={rules[1]: "slower at d0"},
+        tuned=TunedTrial(trial=3, values={"threads": 1, "variant": "mma"}, params={"threads": 1}),
+        rows=({"phase": "tg", "depth": 0, "verdict": "faster", "speedup": 1.1},),
+        attempt=1,
+        upstream_phases=("pp",),
+        confirm_depths=(0, 2048, 4096),
+        gate={"verdict": "pass", "checks": []},
+        residency={"verdict": "pass", "upstream": {}},
+        op_checks={"b1": {"status": "pass"}},
+        screens={"tg": {"0": {"noise_pct": 1.0}}, "pp": {}},
+        compose={"rules": [rules[0].text], "decisions": [], "shape": "D64"},
+        stage_seconds={"screen": 12.5},
+    )
     study = optuna.create_study(study_name="rt")
     _write(StudyState(study), out)
     assert load_outcome(study) == out

@@ -1,22 +1,48 @@
 from __future__ import annotations
 
 import json
-from tuner._compat import tomllib
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 import tuner.targets.archs as archs_mod
-from tuner.targets.archs import MATH_KEYS, PRODUCT_FIGURES, detect_local_archs, load_arch, load_archs, normalize_arch_name
+from tuner._compat import tomllib
 from tuner.cli import cli
 from tuner.errors import TunerError, UsageError
 from tuner.paths import package_data
+from tuner.targets.archs import (
+    MATH_KEYS,
+    PRODUCT_FIGURES,
+    detect_local_archs,
+    load_arch,
+    load_archs,
+    normalize_arch_name,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "models"
 
-REQUIRED = ["sm_60", "sm_61", "sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90",
-            "gfx906", "gfx1030", "gfx1100", "gfx1150", "gfx1151", "gfx1200", "gfx1201", "gfx908", "gfx90a", "gfx942", "cpu"]
+REQUIRED = [
+    "sm_60",
+    "sm_61",
+    "sm_70",
+    "sm_75",
+    "sm_80",
+    "sm_86",
+    "sm_89",
+    "sm_90",
+    "gfx906",
+    "gfx1030",
+    "gfx1100",
+    "gfx1150",
+    "gfx1151",
+    "gfx1200",
+    "gfx1201",
+    "gfx908",
+    "gfx90a",
+    "gfx942",
+    "cpu",
+]
 
 
 def test_database_covers_required_archs() -> None:
@@ -72,9 +98,20 @@ def test_kernel_paths_follow_knobs_worked_example() -> None:
     assert load_arch("gfx1151").kernel_paths["rocwmma"]["fa_decode_rocwmma"] == "WMMA"
 
 
-@pytest.mark.parametrize(("typed", "canon"), [("sm89", "sm_89"), ("SM_89", "sm_89"), ("8.9", "sm_89"), ("89", "sm_89"),
-                                              ("sm_120a", "sm_120"), ("GFX1151", "gfx1151"), ("strix-halo", "gfx1151"),
-                                              ("Ada", "sm_89"), ("hopper", "sm_90")])
+@pytest.mark.parametrize(
+    ("typed", "canon"),
+    [
+        ("sm89", "sm_89"),
+        ("SM_89", "sm_89"),
+        ("8.9", "sm_89"),
+        ("89", "sm_89"),
+        ("sm_120a", "sm_120"),
+        ("GFX1151", "gfx1151"),
+        ("strix-halo", "gfx1151"),
+        ("Ada", "sm_89"),
+        ("hopper", "sm_90"),
+    ],
+)
 def test_aliases(typed: str, canon: str) -> None:
     assert load_arch(typed).name == canon
 
@@ -148,10 +185,13 @@ class FakeNVML:
     def nvmlShutdown(self) -> None: ...
     def nvmlDeviceGetCount(self) -> int:
         return 2
+
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
+
     def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
         return (9, 0)
+
     def nvmlDeviceGetMemoryInfo(self, h: int):
         import types
 

@@ -7,12 +7,15 @@ import pytest
 from tuner.targets import host
 
 
-@pytest.mark.parametrize(("rc", "cmd", "amx", "hinted"), [
-    (-11, ["llama-bench", "-m", "m.gguf"], True, True),
-    (-11, ["llama-bench", "-m", "m.gguf"], False, False),   # no AMX: no known cause to name
-    (-11, ["llama-bench", "--repack", "0"], True, False),   # AMX buffers already off
-    (1, ["llama-bench", "-m", "m.gguf"], True, False),      # an error exit, not a crash
-])
+@pytest.mark.parametrize(
+    ("rc", "cmd", "amx", "hinted"),
+    [
+        (-11, ["llama-bench", "-m", "m.gguf"], True, True),
+        (-11, ["llama-bench", "-m", "m.gguf"], False, False),  # no AMX: no known cause to name
+        (-11, ["llama-bench", "--repack", "0"], True, False),  # AMX buffers already off
+        (1, ["llama-bench", "-m", "m.gguf"], True, False),  # an error exit, not a crash
+    ],
+)
 def test_crash_hint(monkeypatch: pytest.MonkeyPatch, rc: int, cmd: list[str], amx: bool, hinted: bool) -> None:
     monkeypatch.setattr(host, "host_has_amx", lambda: amx)
     hint = host.crash_hint(rc, cmd)

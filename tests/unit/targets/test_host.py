@@ -13,8 +13,9 @@ from tuner.targets.host import Cpus, check_threads, host_cpus, mask_text, parse_
 EIGHT = tuple(range(8))
 
 
-@pytest.mark.parametrize(("text", "ids"), [("0-3", (0, 1, 2, 3)), ("0,2", (0, 2)), (" 1 - 2 , 5", (1, 2, 5)),
-                                           ("7", (7,)), ("3,1,3", (1, 3))])
+@pytest.mark.parametrize(
+    ("text", "ids"), [("0-3", (0, 1, 2, 3)), ("0,2", (0, 2)), (" 1 - 2 , 5", (1, 2, 5)), ("7", (7,)), ("3,1,3", (1, 3))]
+)
 def test_cpu_lists_parse(text: str, ids: tuple[int, ...]) -> None:
     assert parse_cpu_mask(text, available=EIGHT) == ids
 

@@ -54,7 +54,15 @@ def test_known_shapes_match_published_counts() -> None:
 
 def test_shape_facts() -> None:
     s = load_model_shape("LLAMA-3.2-1B")
-    assert (s.n_layers, s.d_model, s.d_ff, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab_size) == (16, 2048, 8192, 32, 8, 64, 128256)
+    assert (s.n_layers, s.d_model, s.d_ff, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab_size) == (
+        16,
+        2048,
+        8192,
+        32,
+        8,
+        64,
+        128256,
+    )
     assert s.tied_output and s.gqa == 4 and s.rope_freq_base == 500000.0
     t = load_model_shape("tiny")
     assert t.head_dim == 64 and t.gqa == 4 and t.d_model == t.n_heads * t.head_dim
@@ -123,7 +131,14 @@ def test_synth_q8_0_qwen(micro: dict, tmp_path: Path) -> None:
     assert tensors["output.weight"].ne == (64, 64)
     assert tensors["blk.0.ffn_down.weight"].n_bytes == 96 * 64 // 32 * 34
     shape = load_gguf_shape(res.path)
-    assert (shape.arch, shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.tied_output, shape.qkv_bias) == ("qwen2", 1, 1, 32, False, True)
+    assert (shape.arch, shape.n_layers, shape.n_kv_heads, shape.head_dim, shape.tied_output, shape.qkv_bias) == (
+        "qwen2",
+        1,
+        1,
+        32,
+        False,
+        True,
+    )
     assert gguf.GGUFReader(res.path).fields["general.file_type"].contents() == 7
 
 
@@ -164,11 +179,29 @@ def test_run_quantize_builds_command(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 def test_cli_synth_errors(tmp_path: Path) -> None:
     runner = CliRunner()
-    res = runner.invoke(cli, ["model", "synth", "--like", "lama-3.2-1b", "-o", str(tmp_path / "m.gguf"), "--vocab", str(VOCAB)])
+    res = runner.invoke(
+        cli, ["model", "synth", "--like", "lama-3.2-1b", "-o", str(tmp_path / "m.gguf"), "--vocab", str(VOCAB)]
+    )
     assert isinstance(res.exception, UsageError) and "llama-3.2-1b" in str(res.exception)
-    res = runner.invoke(cli, ["model", "synth", "--like", "tiny", "--type", "q4", "-o", str(tmp_path / "m.gguf"), "--vocab", str(VOCAB)])
+    res = runner.invoke(
+        cli, ["model", "synth", "--like", "tiny", "--type", "q4", "-o", str(tmp_path / "m.gguf"), "--vocab", str(VOCAB)]
+    )
     assert isinstance(res.exception, UsageError) and "f16 or q8_0" in str(res.exception)
-    res = runner.invoke(cli, ["model", "synth", "--like", "tiny", "--quant", "Q4_K_M", "-o", str(tmp_path / "m.gguf"), "--vocab", str(VOCAB)])
+    res = runner.invoke(
+        cli,
+        [
+            "model",
+            "synth",
+            "--like",
+            "tiny",
+            "--quant",
+            "Q4_K_M",
+            "-o",
+            str(tmp_path / "m.gguf"),
+            "--vocab",
+            str(VOCAB),
+        ],
+    )
     assert isinstance(res.exception, UsageError) and "--quantize-with" in str(res.exception)
     res = runner.invoke(cli, ["model", "synth", "--help"])
     assert "speed, not its output quality" in " ".join(res.output.split())
@@ -179,7 +212,9 @@ def test_cli_synth_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(models_mod, "load_model_shape", lambda name: load_models(DATA / "micro_models.toml")[name])
     out = tmp_path / "m.gguf"
-    res = CliRunner().invoke(cli, ["model", "synth", "--like", "micro", "-o", str(out), "--vocab", str(VOCAB), "--json"])
+    res = CliRunner().invoke(
+        cli, ["model", "synth", "--like", "micro", "-o", str(out), "--vocab", str(VOCAB), "--json"]
+    )
     assert res.exit_code == 0, res.output
-    summary = json.loads(res.output[res.output.index("{"):])
+    summary = json.loads(res.output[res.output.index("{") :])
     assert summary["tensors"] == 21 and summary["bytes"] == out.stat().st_size and summary["tied_output"]

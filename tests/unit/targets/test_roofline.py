@@ -19,7 +19,10 @@ def test_bytes_from_shape_f16() -> None:
     b = bytes_per_token(s, 0)
     embd = 2048 * 128256 * 2
     # every weight once (the tied token_embd is the LM head) + one embedding row for the lookup
-    assert b["weights_bytes"] == (1_235_814_432 - 2048 * 16 * 2 - 2048 - 32) * 2 + (2048 * 16 * 2 + 2048 + 32) * 4 + embd // 128256
+    assert (
+        b["weights_bytes"]
+        == (1_235_814_432 - 2048 * 16 * 2 - 2048 - 32) * 2 + (2048 * 16 * 2 + 2048 + 32) * 4 + embd // 128256
+    )
     assert b["kv_bytes"] == 0 and not b["quantized"]
 
 
@@ -39,7 +42,11 @@ def test_untied_head_reads_output_and_one_row() -> None:
     w = bytes_per_token(s, 0)["weights_bytes"]
     embd_row = 4096 * 2
     output = 4096 * 128256 * 2
-    body = sum(t.n_bytes for t in __import__("tuner.targets.models", fromlist=["x"]).plan_tensors(s) if t.kind not in ("embd", "output"))
+    body = sum(
+        t.n_bytes
+        for t in __import__("tuner.targets.models", fromlist=["x"]).plan_tensors(s)
+        if t.kind not in ("embd", "output")
+    )
     assert w == body + output + embd_row
 
 
@@ -102,7 +109,9 @@ def test_tg_roofline_tps(tmp_path: Path) -> None:
 
 def test_cli_estimate() -> None:
     runner = CliRunner()
-    res = runner.invoke(cli, ["estimate", "--arch", "sm89", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--depth", "0", "--json"])
+    res = runner.invoke(
+        cli, ["estimate", "--arch", "sm89", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--depth", "0", "--json"]
+    )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     assert {r["test"] for r in rows} == {"pp512", "tg128"} and rows[0]["product"].startswith("GeForce RTX 4060 Ti")
@@ -110,5 +119,7 @@ def test_cli_estimate() -> None:
     assert "not a measurement" in res.output and "| tg128" in res.output
     res = runner.invoke(cli, ["estimate", "--arch", "sm_89"])
     assert isinstance(res.exception, UsageError) and "--like" in str(res.exception)
-    res = runner.invoke(cli, ["estimate", "--arch", "sm_89", "--like", "tiny", "--product", "4090", "--json", "--depth", "0"])
+    res = runner.invoke(
+        cli, ["estimate", "--arch", "sm_89", "--like", "tiny", "--product", "4090", "--json", "--depth", "0"]
+    )
     assert json.loads(res.output)[1]["limit"].startswith("memory: 1008")
