@@ -58,7 +58,8 @@ def median(xs: Iterable[float | None], *, upper: bool = False) -> float:
 
 def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     arr = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=float)
-    return arr[np.isfinite(arr)]
+    finite: np.ndarray = arr[np.isfinite(arr)]  # numpy types a boolean-mask index as Any
+    return finite
 
 
 def _check_confidence(confidence: float) -> None:
@@ -266,7 +267,7 @@ def compare_frames(
     for key in sorted(set(rows_a) | set(rows_b), key=lambda k: (k[0][:2], k[0], k[1])):
         ra, rb = rows_a.get(key), rows_b.get(key)
         row: dict[str, object] = {"test": key[0], "depth": key[1]}
-        row["phase"] = (ra if ra is not None else rb)["phase"]  # type: ignore[index]
+        row["phase"] = (ra if ra is not None else rows_b[key])["phase"]  # the key came from one of the two
         row["median_a"] = float(ra["median_ts"]) if ra is not None else math.nan
         row["median_b"] = float(rb["median_ts"]) if rb is not None else math.nan
         if ra is None or rb is None:
@@ -311,7 +312,8 @@ def compare_frames(
         "p_value",
         "verdict",
     ]
-    return pd.DataFrame(out, columns=cols)
+    frame: pd.DataFrame = pd.DataFrame(out, columns=cols)  # pandas-stubs types the constructor as Any before 3.11
+    return frame
 
 
 # ---------------------------------------------------------------------------------------------

@@ -384,7 +384,7 @@ def _joint_round(
 ) -> dict[str, dict[str, Any]]:
     """One round of every active phase; returns its record per phase."""
     orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
-    recs = {
+    recs: dict[str, dict[str, Any]] = {
         p: {
             "phase": p,
             "depths": [int(d) for d in depths],
