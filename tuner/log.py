@@ -22,8 +22,8 @@ from tuner.redact import redact
 _TTY = sys.stderr.isatty()
 
 
-def _style(text: str, **kw: object) -> str:
-    return click.style(text, **kw) if _TTY else text  # type: ignore[arg-type]
+def _style(text: str, *, fg: str | None = None, bold: bool | None = None) -> str:
+    return click.style(text, fg=fg, bold=bold) if _TTY else text
 
 
 def info(msg: str) -> None:

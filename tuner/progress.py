@@ -28,7 +28,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 Mode = Literal["bar", "plain", "off"]
 
@@ -42,7 +45,7 @@ def mode(stream: TextIO | None = None) -> Mode:
     """How progress is shown on ``stream`` (default stderr): ``$TUNER_PROGRESS``, else bar on a TTY."""
     forced = os.environ.get("TUNER_PROGRESS", "").strip().lower()
     if forced in ("bar", "plain", "off"):
-        return forced  # type: ignore[return-value]
+        return "bar" if forced == "bar" else "plain" if forced == "plain" else "off"
     stream = stream or sys.stderr
     try:
         tty = stream.isatty()
@@ -83,8 +86,7 @@ class Tracker:
         self._last_line_at: float | None = None
         self._last_line_tenth = -1
         self._last_line_count = -1
-        self._bar = None  # rich.progress.Progress in bar mode
-        self._task_id = None
+        self._bar: tuple[Progress, TaskID] | None = None  # bar mode: the rich bar and its one task
 
     # -- reporting
 
@@ -94,7 +96,8 @@ class Tracker:
             self.total = total
         self.completed = completed
         if self._bar is not None:
-            self._bar.update(self._task_id, completed=completed, total=self.total)
+            bar, task = self._bar
+            bar.update(task, completed=completed, total=self.total)
         elif self._display == "plain":
             self._maybe_print()
 
@@ -125,7 +128,7 @@ class Tracker:
     def _maybe_print(self) -> None:
         now = self._clock()
         tenth = int(10 * self.completed / self.total) if self.total else -1
-        final = bool(self.total) and self.completed >= self.total
+        final = self.completed >= self.total if self.total else False
         if self.completed == self._last_line_count:
             return
         if self._last_line_at is not None and not final:
@@ -151,7 +154,7 @@ class Tracker:
             TimeRemainingColumn,
         )
 
-        self._bar = Progress(
+        bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -162,12 +165,12 @@ class Tracker:
             console=Console(file=self._stream),
             transient=True,
         )
-        self._bar.start()
-        self._task_id = self._bar.add_task(self.description, total=self.total, completed=self.completed)
+        bar.start()
+        self._bar = (bar, bar.add_task(self.description, total=self.total, completed=self.completed))
 
     def _close(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            self._bar[0].stop()
             self._bar = None
 
 

@@ -247,10 +247,10 @@ def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
                 os.symlink(os.readlink(s), tmp / rel / name)
             else:
                 _link_or_copy(s, tmp / rel / name)
-    for rel, text in rv.files.items():
-        target = tmp / rel
+    for name, text in rv.files.items():
+        target = tmp / name
         if not target.resolve().is_relative_to(tmp.resolve()):
-            raise UsageError(f"Patched file path {rel!r} leaves the source tree.")
+            raise UsageError(f"Patched file path {name!r} leaves the source tree.")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.unlink(missing_ok=True)  # never write through a hard link into the pristine tree
         target.write_text(text)
@@ -387,7 +387,7 @@ def _configure(
             source_dir=src,
             build_dir=build_dir,
             build_type="Release",
-            fresh=bool(old) and old.get("toolchain") != tc.identity,
+            fresh=bool(old and old.get("toolchain") != tc.identity),
         )
     except CMakeConfigError as err:
         raise TunerError(f"{err}. Remove {build_dir.parent} and rerun.") from err

@@ -293,7 +293,8 @@ def _raw_frame(recs: list[dict[str, Any]], path: Path) -> pd.DataFrame:
                 "source_format": "llama-bench",
             }
         )
-    return pd.DataFrame(rows)
+    frame: pd.DataFrame = pd.DataFrame(rows)  # pandas-stubs types the constructor as Any before 3.11
+    return frame
 
 
 def _commands(df: pd.DataFrame) -> set[tuple[str, ...]]:

@@ -59,7 +59,7 @@ def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, 
     """Per (test, depth): reference (median of anchor medians), drift % (:func:`tuner.measure.anchors.drift_pct`),
     noise % and whether flagged."""
     drift_rows = []
-    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+    for (test, _depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
         meds = grp["median_ts"].to_numpy(dtype=float)
         ok = meds[np.isfinite(meds)]
         ref = float(np.median(ok)) if ok.size else math.nan
@@ -70,7 +70,7 @@ def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, 
             {
                 "test": test,
                 "phase": grp["phase"].iloc[0],
-                "depth": int(depth),
+                "depth": int(grp["depth"].iloc[0]),  # the group's key; pandas types keys as Hashable
                 "n_anchors": int(ok.size),
                 "reference_ts": ref,
                 "drift_pct": drift,
@@ -81,9 +81,14 @@ def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, 
     return drift_rows
 
 
+def _row_dict(row: pd.Series) -> dict[str, Any]:
+    """A bench row as a dict keyed by column name."""
+    return {str(k): v for k, v in row.items()}
+
+
 def _rescaled(row: pd.Series, factor: float, *, confidence: float, seed: int) -> dict[str, Any]:
     """A bench row with its samples multiplied by ``factor`` and statistics recomputed."""
-    new = row.to_dict()
+    new = _row_dict(row)
     new.update(_summarize([s * factor for s in row["samples"]], confidence=confidence, seed=seed))
     new["anchor_ratio"], new["drift_corrected"] = factor, True
     if math.isfinite(new.get("roofline_tps", math.nan)) and new["roofline_tps"]:
@@ -112,7 +117,7 @@ def _corrected_candidate(
         if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
             rows.append(_rescaled(row, factor, confidence=confidence, seed=seed))
         else:
-            new = row.to_dict()
+            new = _row_dict(row)
             new["anchor_ratio"] = factor
             rows.append(new)
     return rows
@@ -129,7 +134,7 @@ def _pooled_baseline(
             grp["samples"],
             [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0 for _, a in grp.iterrows()],
         )
-        first = grp.iloc[-1].to_dict()
+        first = _row_dict(grp.iloc[-1])
         first.update(_summarize(pooled, confidence=confidence, seed=seed))
         first.update(
             n_batches=int(grp["n_batches"].sum()),

@@ -155,7 +155,7 @@ def find_gpu_probe() -> _GpuProbe | None:
     except Exception as err:
         logger.debug("NVML observer unavailable: %s", err)
     try:
-        import amdsmi  # type: ignore[import-not-found]
+        import amdsmi
 
         return _AmdSmiProbe(amdsmi)
     except Exception as err:

@@ -98,7 +98,9 @@ def _t_interval(xs: Sequence[float], confidence: float) -> tuple[float, float]:
     return mean, float(_stats.t.ppf(0.5 + confidence / 2.0, n - 1)) * sd / math.sqrt(n)
 
 
-def paired_effect(candidate: Sequence[float], reference: Sequence[float], *, confidence: float = 0.95) -> Effect:
+def paired_effect(
+    candidate: Sequence[float | None], reference: Sequence[float | None], *, confidence: float = 0.95
+) -> Effect:
     """Effect of ``candidate`` over ``reference``, paired by index (one entry per round).
 
     Rounds where either side is missing or not positive are skipped.
@@ -151,7 +153,8 @@ def block_effects(
     if r < 2 or c < 3:
         return {n: paired_effect(values[n], values[reference], confidence=confidence) for n in names}
     cols = [reference, *names]
-    y = [[math.log(float(values[n][i])) for n in cols] for i in rows]  # type: ignore[arg-type]
+    # Every value of these rows passed _ok; the None test only tells the type checker so.
+    y = [[math.log(float(v)) for v in (values[n][i] for n in cols) if v is not None] for i in rows]
     row_m = [sum(v) / c for v in y]
     col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
     grand = sum(row_m) / r

@@ -301,7 +301,7 @@ def run_residency(
     for name, v in (("pp", pp), ("tg", tg)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")
-    cmd = [
+    cmd: list[str | os.PathLike[str]] = [
         exe,
         "-m",
         str(model),

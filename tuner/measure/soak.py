@@ -323,6 +323,31 @@ class _Sampler:
         )
 
 
+def _run_bench(
+    cmd: Sequence[str | os.PathLike[str]], env: Mapping[str, str], log_file: Path, timeout: float, sampler: _Sampler
+) -> str:
+    """Run the soak's one llama-bench process, ``sampler`` reading its output as it comes; what went
+    wrong, or "" when it exited 0."""
+    from tuner.measure.exe import check_env
+
+    try:
+        rc = _run.run(
+            cmd,
+            env={**os.environ, **check_env(env)},
+            log_file=log_file,
+            timeout=timeout,
+            check=False,
+            on_line=sampler,
+            what="llama-bench (soak)",
+        ).returncode
+    except TunerError as e:  # timeout or a binary that will not start: a failed soak, not a crash
+        return str(e)
+    if rc != 0:
+        first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
+        return f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
+    return ""
+
+
 def run_soak(
     bin_dir: Path,
     model: Path,
@@ -355,7 +380,7 @@ def run_soak(
         UsageError: No llama-bench, no model, a bad length or argument.
     """
     from tuner.measure.bench import parse_bench_jsonl
-    from tuner.measure.exe import check_env, find_exe
+    from tuner.measure.exe import find_exe
 
     c, reps = plan_chunks(n_tokens, chunk)
     exe = find_exe(Path(bin_dir), "llama-bench")
@@ -364,7 +389,7 @@ def run_soak(
             f"Model {model} does not exist. Pass a GGUF file with --model "
             "(`tuner model synth --like tiny -o FILE` makes one)."
         )
-    cmd = [
+    cmd: list[str | os.PathLike[str]] = [
         exe,
         "-m",
         str(model),
@@ -388,25 +413,8 @@ def run_soak(
     log_file.unlink(missing_ok=True)
     t0 = time.monotonic()
     sampler = _Sampler(exe, t0)
-    err = ""
     with log.step(f"soak: {reps} x tg{c} = {reps * c} tokens in one llama-bench process"):
-        try:
-            rc = _run.run(
-                cmd,
-                env={**os.environ, **check_env(env)},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                on_line=sampler,
-                what="llama-bench (soak)",
-            ).returncode
-            if rc != 0:
-                first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(
-                    log_file, 2
-                )
-                err = f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
-        except TunerError as e:  # timeout or a binary that will not start: a failed soak, not a crash
-            err = str(e)
+        err = _run_bench(cmd, env, log_file, timeout, sampler)
     recs = parse_bench_jsonl("\n".join(sampler.lines))
     if not err and len(recs) != 1:
         err = (

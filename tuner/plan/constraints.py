@@ -132,6 +132,13 @@ class MmaRow:
         )
 
 
+def with_fields(row: TileRow | MmaRow, fields: Mapping[str, int]) -> TileRow | MmaRow:
+    """``row`` with the named fields set to new values (one of each kind, so each is checked against its class)."""
+    if isinstance(row, TileRow):
+        return dataclasses.replace(row, **fields)
+    return dataclasses.replace(row, **fields)
+
+
 _TILE_FN = re.compile(
     r"ggml_cuda_fattn_tile_get_config_(\w+)\(const int DKQ, const int DV, const int ncols\) \{(.*?)\n\}", re.S
 )
@@ -461,11 +468,11 @@ def check_candidate(
         Every violation, empty when the candidate is legal.
     """
     out: list[Violation] = []
-    for kind, table, row, ncols2 in rows:
-        if kind == "tile_row":
-            out += check_tile_row(limits, table, row)  # type: ignore[arg-type]
+    for _kind, table, row, ncols2 in rows:
+        if isinstance(row, TileRow):  # the kind names the row's class: tile_row or mma_row
+            out += check_tile_row(limits, table, row)
         else:
-            out += check_mma_row(limits, table, row, ncols2=ncols2 or None)  # type: ignore[arg-type]
+            out += check_mma_row(limits, table, row, ncols2=ncols2 or None)
     if wmma:
         dims = (int(model_shape["head_dim"]),) if model_shape and "head_dim" in model_shape else (64, 128, 256)
         out += check_wmma(

@@ -174,8 +174,8 @@ def _apply_edits(
                     f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
                 )
         text = pristine[rel]
-        for s, e, frag, _, _ in reversed(edits):
-            text = text[:s] + frag + text[e:]
+        for start, end, frag, _, _ in reversed(edits):
+            text = text[:start] + frag + text[end:]
         if text != pristine[rel]:
             files[rel] = text
     return files

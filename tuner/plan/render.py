@@ -304,7 +304,7 @@ def _row_overrides(
     out = []
     for (kind, table, key, ncols2), fields in groups.items():
         upstream = space_mod.upstream_row(source_root, kind, table, key)
-        row = dataclasses.replace(upstream, **fields)
+        row = constraints.with_fields(upstream, fields)
         if row == upstream:
             continue  # identical to upstream: no override, so identical candidates share binaries
         tu = _tile_tu(key[0], key[1]) if kind == "tile_row" else _mma_tu(key[2], ncols2)
@@ -370,8 +370,8 @@ def _baked_context(
     wmma = dict(_WMMA_DEFAULTS)
     if sp is not None:
         rows, wmma_values = _row_overrides(source_root, sp, values)
-        for r in rows:
-            baked_rows.setdefault(f"{r.kind}:{r.table}", []).append(r.row.render())
+        for ov in rows:
+            baked_rows.setdefault(f"{ov.kind}:{ov.table}", []).append(ov.row.render())
         wmma.update(wmma_values)
     return {
         "t": t,
@@ -442,7 +442,7 @@ def _checked_compile_values(
     """Compile-time values range-checked against the space and constraint-checked; UsageError otherwise."""
     if sp is None:
         raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-    compile_values = space_mod.check_values(sp, compile_values, section="compile")  # type: ignore[assignment]
+    compile_values = space_mod.check_compile_values(sp, compile_values)
     violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
     if violations:
         raise UsageError(
@@ -450,7 +450,7 @@ def _checked_compile_values(
             + "; ".join(v.message for v in violations)
             + ". Pick values that satisfy these rules (nothing was compiled)."
         )
-    return compile_values  # type: ignore[return-value]
+    return compile_values
 
 
 def _patch_context(

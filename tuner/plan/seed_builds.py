@@ -144,7 +144,8 @@ def seed_run(build: SeedBuild, space: SearchSpace, *, shape: Mapping[str, int] |
                 f"Seed build {build.name} offloads half the layers, but the model's layer count is "
                 "unknown. Pass a GGUF whose header has <arch>.block_count."
             )
-        values["ngl"] = 0 if build.offload == "none" else int(shape["n_layers"]) // 2  # type: ignore[index]
+        # OFFLOADS is checked on load: not none here is half, whose shape was checked just above
+        values["ngl"] = 0 if build.offload == "none" or not shape else int(shape["n_layers"]) // 2
     # The ngl knob's legal range (0..n_layers+1) comes from the model, as in a search.
     resolved = resolve_space(space, legal_values(space, cpus=host_cpus(None), shape=shape))
     rt = render_runtime(resolved, values)

@@ -52,6 +52,7 @@ from tuner.plan.constraints import (
     load_arch_limits,
     parse_mma_tables,
     parse_tile_tables,
+    with_fields,
 )
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.plan.variant import VARIANTS
@@ -142,7 +143,12 @@ class Knob:
         want_int = (self.choices is None) or all(isinstance(c, int) for c in self.choices)
         v: int | str
         text = str(value).strip()
-        if not want_int and re.fullmatch(r"-?\d+", text) and (self.low is not None or int(text) in self.choices):
+        if (
+            not want_int
+            and self.choices is not None  # always so when not want_int; tells the type checker
+            and re.fullmatch(r"-?\d+", text)
+            and (self.low is not None or int(text) in self.choices)
+        ):
             want_int = True  # a number for a knob mixing "default" and integers (threads, -ngl)
         if want_int:
             if isinstance(value, bool):
@@ -454,6 +460,11 @@ def check_values(sp: SearchSpace, values: Mapping[str, object], *, section: str 
     return out
 
 
+def check_compile_values(sp: SearchSpace, values: Mapping[str, object]) -> dict[str, int]:
+    """:func:`check_values` of compile-time knobs only, whose values are integers (kernel-config fields)."""
+    return {name: int(v) for name, v in check_values(sp, values, section="compile").items()}
+
+
 def parse_set_values(sp: SearchSpace, items: Sequence[str]) -> tuple[dict[str, int], dict[str, int | str]]:
     """:func:`set_values` of ``KNOB=VALUE`` strings (:func:`tuner.pairs.parse_pairs`); UsageError for a malformed one."""
     return set_values(sp, parse_pairs(items, "--set", "T3=4096", what="KNOB"))
@@ -522,7 +533,9 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
 
 
 @functools.lru_cache(maxsize=16)
-def _tables(path: str, mtime_ns: int, kind: str) -> dict[str, Any]:
+def _tables(
+    path: str, mtime_ns: int, kind: str
+) -> dict[str, dict[tuple[int, int, int], TileRow]] | dict[str, dict[tuple[int, int, int], MmaRow]]:
     text = Path(path).read_text()
     return parse_tile_tables(text) if kind == "tile_row" else parse_mma_tables(text)
 
@@ -550,7 +563,7 @@ def upstream_row(
         raise UsageError(
             f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
         )
-    return tables[table][key]  # type: ignore[no-any-return]
+    return tables[table][key]
 
 
 def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int]) -> TileRow | MmaRow:
@@ -574,7 +587,7 @@ def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int
             f"(a fixed field is choices = [upstream value]) or pass the source tree."
         )
     cls = TileRow if kind == "tile_row" else MmaRow
-    return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)  # type: ignore[arg-type]
+    return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)
 
 
 def compile_values_of(space: Any, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -625,7 +638,7 @@ def check_constraints(
     for knob in sp.compile_knobs:
         m = knob.meta
         if knob.kind == "wmma":
-            wmma[str(m["field"])] = int(values.get(knob.name, knob.default))  # type: ignore[arg-type]
+            wmma[str(m["field"])] = int(values.get(knob.name, knob.default))
             continue
         key = (int(m["dkq"]), int(m["dv"]), int(m["ncols"]))
         g = groups.setdefault((knob.kind, str(m["table"]), key, int(m.get("ncols2", 0))), {})
@@ -638,5 +651,5 @@ def check_constraints(
         base = (
             upstream_row(source_root, kind, table, key, space=sp) if source_root else default_row(sp, kind, table, key)
         )
-        rows.append((kind, table, dataclasses.replace(base, **fields), ncols2))
+        rows.append((kind, table, with_fields(base, fields), ncols2))
     return check_candidate(limits, rows, wmma=wmma, model_shape=model_shape)

@@ -202,7 +202,7 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
     baked = baked_runtime(w.rules, fa_env)
-    rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked)
+    rv = export_render(source, h.required(h.arch, "arch"), variant, compile_values=compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
         _write_result(
             finished,
@@ -237,8 +237,8 @@ def _write_result(
 
     study, source, w = finished.study, finished.source, finished.winner
     h = load_header(study)
-    write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
-    model = Path(h.model)
+    write_build_files(out_dir, rv, preset_name=f"tuned-{h.required(h.arch, 'arch').replace('_', '')}")
+    model = Path(h.required(h.model, "model"))
     bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *args]
     server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *server_args(args)]
     (out_dir / "run.env").write_text(
@@ -368,7 +368,7 @@ def _roofline_for(
     from tuner.targets.models import load_model_shape
     from tuner.targets.roofline import estimate
 
-    model: Any = Path(h.model)
+    model: Any = Path(h.required(h.model, "model"))
     kw: dict[str, Any] = {}
     if not model.is_file():
         if not like:
@@ -376,8 +376,9 @@ def _roofline_for(
         model = load_model_shape(like)
         kw["weight_type"] = weight_type or "f16"
     try:
-        arch, product = measured or (h.arch, None)
-        rows = estimate(arch, model, tuple(h.depths), pp=h.pp, tg=h.tg, product=product, **kw)
+        arch, product = measured or (h.required(h.arch, "arch"), None)
+        pp, tg = h.required(h.pp, "pp"), h.required(h.tg, "tg")
+        rows = estimate(arch, model, tuple(h.depths), pp=pp, tg=tg, product=product, **kw)
     except TunerError:
         return None  # e.g. cpu: no bandwidth known for an arbitrary host
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
@@ -429,7 +430,7 @@ def _write_report(
     frames = {k: pd.DataFrame(v) for k, v in rows.items()}
     md = render_report(frames, baseline="baseline")
     header = (
-        f"# tuner result: {h.arch} / {Path(h.model).name}\n\n"
+        f"# tuner result: {h.arch} / {Path(h.required(h.model, 'model')).name}\n\n"
         f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{study.study_name}`, "
         f"{len(study.trials)} trials; measured on {_device_name(study)}.\n\n"
         + (_ptx_jit_note(h, measured, like, weight_type) if measured[0] != h.arch else "")
@@ -452,7 +453,7 @@ def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | 
     """What a result measured through --ptx-jit says, and does not say, about a real target card."""
     from tuner.targets.archs import load_arch
 
-    target = load_arch(h.arch)
+    target = load_arch(h.required(h.arch, "arch"))
     prod = target.products[0] if target.products else None
     note = (
         f"**{h.arch} code, measured on the {measured[0]} GPU named above** ({h.arch} kernels built as PTX and "
@@ -514,10 +515,10 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
     row.update(
         {
             "build_commit": h.commit or "",
-            "backends": load_arch(h.arch).backend,
+            "backends": load_arch(h.required(h.arch, "arch")).backend,
             "gpu_info": "",
             "status": "ok",
-            "model_filename": Path(h.model).name,
+            "model_filename": Path(h.required(h.model, "model")).name,
             "error": "",
             "env": "{}",
             "cmd": "",

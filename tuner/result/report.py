@@ -53,12 +53,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def _groups(df: pd.DataFrame) -> dict[tuple[str, str, int], Any]:
+Point = tuple[str, str, int]
+"""(model, test, depth): one point of a comparison."""
+
+
+def _groups(df: pd.DataFrame) -> dict[Point, Any]:
     models = df["model"] if "model" in df.columns else [""] * len(df)
     return {(str(m), str(r["test"]), int(r["depth"])): r for m, (_, r) in zip(models, df.iterrows())}
 
 
-def _one_model(ga: Mapping[tuple[str, str, int], Any], gb: Mapping[tuple[str, str, int], Any]) -> dict:
+def _one_model(ga: Mapping[Point, Any], gb: Mapping[Point, Any]) -> dict[Point, Any]:
     """B's keys renamed to A's model when each side holds one model (a tuner file names it by file, a
     raw llama-bench file by model type: the same model either way)."""
     ma, mb = {k[0] for k in ga}, {k[0] for k in gb}
@@ -97,7 +101,7 @@ def compare_points(
     """
     ga, gb = _groups(df_a), _groups(df_b)
     gb = _one_model(ga, gb)
-    gaa: tuple[dict, dict] | None = None
+    gaa: tuple[dict[Point, Any], dict[Point, Any]] | None = None
     if aa is not None:
         g1 = _one_model(ga, _groups(aa[0]))
         gaa = (g1, _one_model(ga, _groups(aa[1])))
@@ -106,7 +110,7 @@ def compare_points(
     for key in sorted(set(ga) | set(gb), key=lambda k: (k[0], k[1][:2], k[1], k[2])):
         model, test, depth = key
         ra, rb = ga.get(key), gb.get(key)
-        phase = str((ra if ra is not None else rb)["phase"])
+        phase = str((ra if ra is not None else gb[key])["phase"])  # the key came from one of the two
         base, new = (
             (as_float(ra["median_ts"]) if ra is not None else math.nan),
             (as_float(rb["median_ts"]) if rb is not None else math.nan),

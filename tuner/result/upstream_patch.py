@@ -355,7 +355,8 @@ def render_upstream_patch(source_root: Any, rules: Sequence[FaRule], arch: Any, 
 
 def whitespace_only_hunks(patch: str) -> list[str]:
     """The ``@@`` headers (with file) of hunks whose changes are whitespace only, e.g. added blank lines."""
-    bad, file, header = [], "", None
+    bad: list[str] = []
+    file, header = "", None
     minus: list[str] = []
     plus: list[str] = []
 

@@ -48,7 +48,7 @@ REQUIRED = {
     "buckets": list,
     "gate": dict,
 }
-REQUIRED_SUB = {
+REQUIRED_SUB: dict[str, dict[str, type]] = {
     "source": {"spec": str, "source_id": str, "era": str},
     "hashes": {"patch_sha256": str, "defines_sha256": str},
     "target": {"arch": str, "measured_on": str},

@@ -19,11 +19,10 @@ re-exported here: ``from tuner.search import run_search``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tuner.plan.space import runtime_env_and_args
 from tuner.search.record import parse_point_key, point_key
 from tuner.search.study import PROFILES, SearchConfig, resolve_arch
+from tuner.study.record import SearchOutcome
 
 __all__ = [
     "PROFILES",
@@ -38,9 +37,9 @@ __all__ = [
 
 
 # The pipeline is imported on call: it pulls in Optuna and every stage, which `import tuner.search` should not.
-def run_search(cfg: SearchConfig) -> dict[str, Any]:
+def run_search(cfg: SearchConfig) -> SearchOutcome:
     """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
-    returns the confirmed result (see :func:`tuner.search.pipeline.run_pipeline`)."""
+    returns its outcome, the confirmed result among it (see :func:`tuner.search.pipeline.run_pipeline`)."""
     from tuner.search.pipeline import run_pipeline
 
     return run_pipeline(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["counted", "past_cost", "past_cost_line"]
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +16,31 @@ def counted(st: StudyState, factory: Any) -> Any:
     """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
     ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
 
-    def make(build: Any) -> Any:
-        m = factory(build)
-
-        def measure(*a: Any, **kw: Any) -> Any:
-            st.add_llama_bench_calls(1)
-            return m(*a, **kw)
-
-        measure.__dict__.update(getattr(m, "__dict__", {}))  # info, calls...: what callers read off a measure
-        if getattr(m, "joint", None) is not None:
-
-            def joint(*a: Any, **kw: Any) -> Any:
-                st.add_llama_bench_calls(1)
-                return m.joint(*a, **kw)
-
-            measure.joint = joint  # type: ignore[attr-defined]
-        return measure
+    def make(build: Any) -> _Counted:
+        return _Counted(factory(build), st)
 
     return make
+
+
+class _Counted:
+    """A measure ``m`` that counts each call in the study. What callers read off a measure (info,
+    calls...) is copied from ``m``; ``joint`` is there, counted too, only when ``m`` has one."""
+
+    joint: Callable[..., Any]
+
+    def __init__(self, m: Any, st: StudyState) -> None:
+        self.__dict__.update(getattr(m, "__dict__", {}))
+        self._m, self._st = m, st
+        if getattr(m, "joint", None) is not None:
+            self.joint = self._joint
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        self._st.add_llama_bench_calls(1)
+        return self._m(*a, **kw)
+
+    def _joint(self, *a: Any, **kw: Any) -> Any:
+        self._st.add_llama_bench_calls(1)
+        return self._m.joint(*a, **kw)
 
 
 def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[str, Any]] | None:

@@ -48,7 +48,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
@@ -92,6 +92,16 @@ class GateCheck:
     """What changed in this phase (for the report)."""
     not_applied: tuple[str, ...] = ()
     """Final-config flags the gate cannot apply (the micro-batch is its mode's)."""
+
+
+class _Shared(TypedDict):
+    """The GateCheck fields every check of one mode shares."""
+
+    mode: str
+    args: tuple[str, ...]
+    upstream_env: Mapping[str, str]
+    upstream_args: tuple[str, ...]
+    not_applied: tuple[str, ...]
 
 
 def _pairs(args: Sequence[str]) -> dict[str, str]:
@@ -163,7 +173,7 @@ def plan_checks(
     for p in Phase:
         mode, phase = p.value, p.bench
         process_here = build_changed or any(phase in ph for ph in changed.values())
-        common = dict(
+        common = _Shared(
             mode=mode,
             args=tuple(cand_args),
             upstream_env=dict(base_env),
@@ -312,7 +322,7 @@ def run_checks(
             + (f"; thresholds from the kernel band: {rec.get('thresholds')}" if t is not None and not c.strict else "")
         )
         recs.append(rec)
-    out = {"verdict": "pass" if all(r.get("passed") for r in recs) else "fail", "checks": recs}
+    out: dict[str, Any] = {"verdict": "pass" if all(r.get("passed") for r in recs) else "fail", "checks": recs}
     if bands:
         out["band"] = bands
         out["band_factor"] = BAND_FACTOR

@@ -131,7 +131,9 @@ def sample_efficiency(
                     else optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
                 )
             study = optuna.create_study(direction="maximize", sampler=sampler)
-            dists = {p: optuna.distributions.CategoricalDistribution(grid.kernels(p)) for p in phases}
+            dists: dict[str, optuna.distributions.BaseDistribution] = {
+                p: optuna.distributions.CategoricalDistribution(grid.kernels(p)) for p in phases
+            }
             seen: set[tuple[tuple[str, str], ...]] = set()
             n = 0
             for _ in range(200):  # bounded: a sampler stuck on repeats still ends
@@ -198,24 +200,34 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
 # screen -> compose on recorded grids
 
 
-def grid_measure(grid: ReplayGrid) -> Any:
+def grid_measure(grid: ReplayGrid) -> GridMeasure:
     """A :data:`~tuner.search.screen.Measure` that serves round ``i`` from the i-th recorded sample.
 
     ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads
     the default recording one sample later (the recordings carry no kernel log, so upstream's pick is
     unknown and the A/A pair is upstream against its own later repetition).
     """
-    from tuner.search.screen import AA_NAME, UPSTREAM
+    return GridMeasure(grid)
 
-    calls = {"n": 0}
 
-    def measure(cand: Any, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
-        i = int(re.search(r"-r(\d+)-", label).group(1)) if re.search(r"-r(\d+)-", label) else 0  # type: ignore[union-attr]
-        kernel = "default" if cand.name in (UPSTREAM, AA_NAME) else cand.name
-        shift = 1 if cand.name == AA_NAME else 0
+class GridMeasure:
+    """What :func:`grid_measure` returns; ``calls["n"]`` counts the measurements served, for the
+    efficiency line."""
+
+    def __init__(self, grid: ReplayGrid) -> None:
+        from tuner.search.screen import AA_NAME, UPSTREAM
+
+        self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
+        self.calls = {"n": 0}
+
+    def __call__(self, cand: Any, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+        rnd = re.search(r"-r(\d+)-", label)
+        i = int(rnd.group(1)) if rnd else 0
+        kernel = "default" if cand.name in (self.upstream, self.aa_name) else cand.name
+        shift = 1 if cand.name == self.aa_name else 0
         out: dict[int, dict[str, Any]] = {}
         for d in depths:
-            s = grid.samples.get((phase, kernel), {}).get(d)
+            s = self.grid.samples.get((phase, kernel), {}).get(d)
             if not s:
                 out[d] = {
                     "ts": None,
@@ -224,7 +236,7 @@ def grid_measure(grid: ReplayGrid) -> Any:
                     "error": f"no recording of {phase}-{kernel} at depth {d}",
                 }
                 continue
-            calls["n"] += 1
+            self.calls["n"] += 1
             out[d] = {
                 "ts": s[(i + shift) % len(s)],
                 "kernel": None if kernel == "default" else kernel,
@@ -232,9 +244,6 @@ def grid_measure(grid: ReplayGrid) -> Any:
                 "error": "",
             }
         return out
-
-    measure.calls = calls  # type: ignore[attr-defined]  # measurements served, for the efficiency line
-    return measure
 
 
 def replay_screen(

@@ -109,7 +109,7 @@ def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool =
     newer = newer_nvidia(arch.cc or 0, local) if arch.vendor == "nvidia" else []
     if ptx_jit and newer:
         log.warning(
-            f"{arch.name} code runs here as {arch.cc // 10}-virtual PTX JIT-compiled for {newer[0]}: the kernels "
+            f"{arch.name} code runs here as {(arch.cc or 0) // 10}-virtual PTX JIT-compiled for {newer[0]}: the kernels "
             f"and their legality are {arch.name}'s, the speed is {newer[0]}'s (clocks, bandwidth, SM count)."
         )
         return arch.name

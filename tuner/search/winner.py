@@ -211,7 +211,7 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
             f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
             f"{source.source_id}. Export needs the exact tree the numbers came from."
         )
-    space = load_space(h.arch, h.era)
+    space = load_space(h.required(h.arch, "arch"), h.required(h.era, "era"))
     w = choose_winner(study, space)
     results, base = study_results(study)
     baseline_trial = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)

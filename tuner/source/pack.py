@@ -153,7 +153,7 @@ _ID_RE = re.compile(r"[0-9a-f]{16}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _COMMIT_RE = re.compile(r"[0-9a-fA-F]{7,64}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-_REQUIRED = {
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
     "spec": str,
     "source_id": str,
     "era": str,

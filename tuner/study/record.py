@@ -21,12 +21,14 @@ __all__ = [
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner.errors import TunerError
 from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
 from tuner.study import state as k
 from tuner.study.state import StudyState
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,15 @@ class StudyHeader:
     derived_knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """threads/-ngl legal values on the search's machine (:func:`tuner.plan.derive.resolve_space` takes them)."""
     seeded_from: str | None = None
+
+    def required(self, value: _T | None, key: str) -> _T:
+        """``value``, this header's field ``key``, when the study recorded it; TunerError otherwise."""
+        if value is None:
+            raise TunerError(
+                f"Study {self.name!r} has no {key} in its header (an older tuner made it, or its search never "
+                "started): it cannot be exported."
+            )
+        return value
 
     @classmethod
     def from_attrs(cls, name: str, a: Mapping[str, Any]) -> StudyHeader:

@@ -149,11 +149,13 @@ class StudyState:
     @property
     def pipeline(self) -> int | None:
         """The pipeline version that made the study (None: the older one-TPE search made it)."""
-        return self._get(PIPELINE)
+        version: int | None = self._get(PIPELINE)
+        return version
 
     @property
     def arch(self) -> str | None:
-        return self._get(ARCH)
+        arch: str | None = self._get(ARCH)
+        return arch
 
     @property
     def derived_knobs(self) -> dict[str, Any]:
@@ -164,7 +166,8 @@ class StudyState:
 
     @property
     def device(self) -> str | None:
-        return self._get(DEVICE)
+        device: str | None = self._get(DEVICE)
+        return device
 
     def set_device(self, device: str) -> None:
         self._set(DEVICE, device)

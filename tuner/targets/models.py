@@ -448,7 +448,7 @@ def _write_tensors(
             if on_tensor:
                 on_tensor(i, len(specs), spec.name)
             rng = np.random.default_rng([seed, i])
-            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))  # type: ignore[arg-type]
+            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))
         writer.close()
         os.replace(tmp, out)
     except OSError as err:

@@ -18,7 +18,7 @@ import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.errors import UsageError, close_matches
 from tuner.targets.archs import Arch, Product, load_arch
@@ -72,8 +72,8 @@ def _resolve(
     if st is None:
         load_gguf_shape(path)  # raises the UsageError naming the missing file
     assert st is not None
-    shape, tensors = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
-    return shape, [dict(t) for t in tensors], f"GGUF tensor sizes of {path}"
+    shape, cached = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
+    return shape, [dict(t) for t in cached], f"GGUF tensor sizes of {path}"
 
 
 @functools.lru_cache(maxsize=16)
@@ -104,9 +104,19 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
     return shape, tuple(tensors)
 
 
+class TokenBytes(TypedDict):
+    """What :func:`bytes_per_token` returns."""
+
+    weights_bytes: int
+    kv_bytes: int
+    total_bytes: int
+    weights_source: str
+    quantized: bool
+
+
 def bytes_per_token(
     shape_or_gguf: ModelShape | str | os.PathLike[str], depth: int, kv_type: str = "f16", *, weight_type: str = "f16"
-) -> dict[str, Any]:
+) -> TokenBytes:
     """Bytes one generated token reads at KV depth ``depth``.
 
     Weights: every matmul weight once; the LM head once (``token_embd`` when tied, else
