@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.builder.cmake import build_variant
+from tuner.builder.cmake import build_variant, ninja_log_lines, parse_ninja_log
 from tuner.errors import TunerError
 from tuner.plan.variant import RenderedVariant
 
@@ -48,8 +48,12 @@ def test_toy_build_runs_and_rebuilds_one_tu(isolated_home: Path) -> None:
     assert not base.cached and base.meta["rebuilt_count"] == 3
     assert json.loads(run_exe(base.exe("llama-bench"))) == {"tile": 128, "rows": 1}
 
+    before = ninja_log_lines(base.build_dir)
     cand = build_variant(toy_rv(rows=7), targets=["llama-bench"], jobs=2)
     assert cand.build_dir == base.build_dir and cand.bin_dir != base.bin_dir
+    # the changed TU and its shared library are rebuilt; the executable linking it is not (LINK_DEPENDS_NO_SHARED)
+    relinked = {o for o, ln in parse_ninja_log((base.build_dir / ".ninja_log").read_text()) if ln not in before}
+    assert not any(o.startswith("bin/llama-bench") for o in relinked) and any("toy-core" in o for o in relinked)
     assert cand.meta["rebuilt_tus"] == ["CMakeFiles/toy-core.dir/ggml/src/ggml-cuda/fattn.cu.o"]
     assert json.loads(run_exe(cand.exe("llama-bench"))) == {"tile": 128, "rows": 7}
     assert json.loads(run_exe(base.exe("llama-bench"))) == {"tile": 128, "rows": 1}  # artifacts are copies

@@ -353,6 +353,11 @@ def _configure(
         defines.update(tc.hip.defines())
     defines.update(rv.defines)
     defines.setdefault("CMAKE_BUILD_RPATH_USE_ORIGIN", "ON")  # artifacts must run from any directory
+    # A compile-time trial changes FA TUs of libggml-cuda only: without this, Ninja relinks every library
+    # and executable that links it (libggml, libllama, libllama-common, the tools); with it, only the library
+    # whose objects changed. The tools load the new one by soname, and a trial changes no exported symbol.
+    # A configure define, not one of rv.defines: build ids stay as they are.
+    defines.setdefault("CMAKE_LINK_DEPENDS_NO_SHARED", "ON")
     defines["CMAKE_EXPORT_COMPILE_COMMANDS"] = "ON"  # compile-only finds object targets here
     defines["CMAKE_MAKE_PROGRAM"] = tc.tools.ninja
     if rv.tu_headers or _has_tu_hook(rv):

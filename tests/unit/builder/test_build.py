@@ -335,3 +335,21 @@ def test_cli_build_prints_dirs(fake_tools: Path, monkeypatch: pytest.MonkeyPatch
     assert res.exit_code == 0, res.output
     assert seen == {"arch": "cpu", "variant": "cpu", "values": {"rows": 3}}
     assert "bin dir" in res.output and "artifacts" in res.output and "| cached" in res.output
+
+
+def test_configure_does_not_relink_dependents_of_a_changed_shared_library(
+    fake_tools: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial's TU change relinks only its own library (CMAKE_LINK_DEPENDS_NO_SHARED), and the build id does not
+    depend on that configure define; a variant that sets it itself keeps its value."""
+    fake = FakeRun()
+    monkeypatch.setattr(_run, "run", fake)
+    b = B.build_variant(make_rv(tu="#define TOY_ROWS 2\n"), targets=["llama-bench"])
+    configure = next(c for c in fake.calls if any(a.startswith("-S") for a in c))
+    assert "-DCMAKE_LINK_DEPENDS_NO_SHARED=ON" in configure
+    assert "CMAKE_LINK_DEPENDS_NO_SHARED" not in b.meta["defines"]
+    fake.calls.clear()
+    own = make_rv(defines={"TOY_TILE": "64", "CMAKE_LINK_DEPENDS_NO_SHARED": "OFF"})
+    B.build_variant(own, targets=["llama-bench"])
+    configure = next(c for c in fake.calls if any(a.startswith("-S") for a in c))
+    assert "-DCMAKE_LINK_DEPENDS_NO_SHARED=OFF" in configure and "-DCMAKE_LINK_DEPENDS_NO_SHARED=ON" not in configure

@@ -1,0 +1,316 @@
+"""Kernel-level FlashAttention screen: ``FLASH_ATTN_EXT`` alone, at a model's exact shapes, in seconds.
+
+llama-bench times a kernel choice end to end and pays a context fill per depth per call
+(docs/llama-bench-cost.md); this times the op itself. No upstream change is needed:
+``test-backend-ops perf --test-file FILE`` (``tests/test-backend-ops.cpp`` ``make_test_cases_from_file``,
+the format ``tests/test-export-graph-ops.cpp`` writes) builds one ``test_generic_op`` per line from the
+op, output type and shape, op params and each source's type, shape and strides, so the file gives
+the exact tensors llama.cpp's graph hands the op (``src/llama-graph.cpp`` ``build_attn_mha``):
+
+- Q: F32 ``[D, n_batch, n_head, 1]``, the permuted view of ``[D, n_head, n_batch]``;
+- K, V: views of the KV cache, ``[D, n_kv, n_head_kv, 1]`` with a row of all KV heads as ``nb1``;
+- mask: F16 ``[n_kv, n_batch, 1, 1]``; op params: scale ``1/sqrt(D)``, no ALiBi or softcap,
+  F32 accumulation (``ggml_prec_set_acc``), no sparse ``n_kv_max``.
+
+Each candidate runs in its own process with its environment (``GGML_TUNER_FA_RULES`` forces a kernel;
+the hook reads it once per process), over every shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that
+ran is read back (:mod:`tuner.measure.falog`; the CPU backend prints none). Perf mode adds the op to
+one graph up to 8192 times (memory target 8 GB on CPU, 32 GB on a GPU) and repeats the graph for at
+least one second, then prints ``N runs - T us/run`` per case. :func:`run_round` is one round over
+the candidates; paired A/B/A rounds and their statistics are the caller's.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FaShape",
+    "KernelTime",
+    "fa_test_file",
+    "force_kernel_env",
+    "ggml_enums",
+    "parse_perf_output",
+    "run_round",
+    "shape_for_model",
+]
+
+import dataclasses
+import os
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError
+from tuner.measure.exe import check_env, find_exe
+from tuner.measure.falog import parse_fa_log
+from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
+
+_BLOCK = {  # ggml type -> (block size, bytes per block): ggml/src/ggml.c type_traits
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "q8_0": (32, 34),
+    "iq4_nl": (32, 18),
+}
+assert set(_BLOCK) == set(FA_RULE_KV_TYPES)
+_GGML_PREC_F32 = 10  # ggml.h enum ggml_prec
+_MAX = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaShape:
+    """One ``FLASH_ATTN_EXT`` call as llama.cpp's graph makes it (module docstring)."""
+
+    head_dim: int
+    """K head size D (Q->ne[0])."""
+    head_dim_v: int
+    """V head size DV."""
+    n_head: int
+    n_head_kv: int
+    n_kv: int
+    """K->ne[1]: the cache cells the call reads (llama.cpp pads the used cells to 256)."""
+    n_batch: int = 1
+    """Q->ne[1]: 1 for decode, the ubatch for prefill."""
+    kv_type: str = "f16"
+
+    def __post_init__(self) -> None:
+        for name in ("head_dim", "head_dim_v", "n_head", "n_head_kv", "n_kv", "n_batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX:
+                raise UsageError(f"FA shape {name} must be an integer in [1, {_MAX}] (got {v!r}).")
+        if self.n_head % self.n_head_kv:
+            raise UsageError(f"FA shape: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}.")
+        if self.kv_type not in _BLOCK:
+            raise UsageError(f"FA shape kv_type {self.kv_type!r} is not one of {', '.join(_BLOCK)}.")
+        blk = _BLOCK[self.kv_type][0]
+        if self.head_dim % blk or self.head_dim_v % blk:
+            raise UsageError(f"FA shape: head sizes must be multiples of {blk} for K/V type {self.kv_type}.")
+
+    @property
+    def gqa(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def phase(self) -> str:
+        """``decode`` or ``prefill``, as the runtime hook's rules name it."""
+        return "decode" if self.n_batch == 1 else "prefill"
+
+    @property
+    def key(self) -> str:
+        """``D64/gqa4/kvf16/nkv4096/nb1``: the rule keys plus n_kv and the batch."""
+        return f"D{self.head_dim}/gqa{self.gqa}/kv{self.kv_type}/nkv{self.n_kv}/nb{self.n_batch}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelTime:
+    """One candidate's time for one shape in one test-backend-ops call."""
+
+    label: str
+    shape: FaShape
+    us_per_run: float | None
+    """Mean microseconds per op; None when the case did not run (``error`` says why)."""
+    runs: int
+    kernel: str | None
+    """Kernel the FA log names for this shape (None without the log: the CPU backend)."""
+    why: str | None
+    """``default``, ``rule`` or ``fallback`` (:mod:`tuner.measure.falog`)."""
+    backend: str
+    error: str = ""
+    log_file: str = ""
+
+
+def shape_for_model(model: object, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
+    """The FA shape of a :class:`tuner.targets.models.ModelShape` (or any object with ``head_dim``,
+    ``n_heads`` and ``n_kv_heads``) at ``n_kv`` cache cells and ``n_batch`` query tokens."""
+    d = int(getattr(model, "head_dim"))  # noqa: B009  (duck-typed on purpose: no import of targets here)
+    return FaShape(
+        head_dim=d,
+        head_dim_v=d,
+        n_head=int(getattr(model, "n_heads")),  # noqa: B009
+        n_head_kv=int(getattr(model, "n_kv_heads")),  # noqa: B009
+        n_kv=n_kv,
+        n_batch=n_batch,
+        kv_type=kv_type,
+    )
+
+
+def force_kernel_env(kernel: str) -> dict[str, str]:
+    """The environment that forces ``kernel`` (VEC/TILE/MMA) for every FA call, as the gate does."""
+    return {"GGML_TUNER_FA_RULES": rules_env(FaRule(phase=p, lo=0, hi=None, kernel=kernel) for p in Phase)}
+
+
+def ggml_enums(ggml_h: Path) -> tuple[int, dict[str, int]]:
+    """(``GGML_OP_FLASH_ATTN_EXT``'s value, {type name: ``GGML_TYPE_*`` value}) from the tree's ``ggml.h``:
+    the test file carries enums as integers, and they move between llama.cpp versions."""
+    try:
+        text = Path(ggml_h).read_text(errors="replace")
+    except OSError as err:
+        raise UsageError(f"Cannot read {ggml_h} ({err}); pass the ggml.h of the build's source tree.") from err
+    ops = re.search(r"enum\s+ggml_op\s*\{(.*?)\}", text, re.S)
+    types = re.search(r"enum\s+ggml_type\s*\{(.*?)\}", text, re.S)
+    if not ops or not types:
+        raise UsageError(f"{ggml_h} declares no enum ggml_op / enum ggml_type; is it ggml's ggml.h?")
+    names = re.findall(r"^\s*(GGML_OP_\w+)", re.sub(r"//[^\n]*", "", ops.group(1)), re.M)
+    if "GGML_OP_FLASH_ATTN_EXT" not in names or names[0] != "GGML_OP_NONE":
+        raise UsageError(f"{ggml_h}: enum ggml_op has no GGML_OP_FLASH_ATTN_EXT after GGML_OP_NONE.")
+    type_ids = {
+        m.group(1).lower(): int(m.group(2)) for m in re.finditer(r"GGML_TYPE_(\w+)\s*=\s*(\d+)", types.group(1))
+    }
+    return names.index("GGML_OP_FLASH_ATTN_EXT"), type_ids
+
+
+def _f32_bits(x: float) -> int:
+    return int(struct.unpack("<i", struct.pack("<f", x))[0])
+
+
+def _row(kv_type: str, n: int) -> int:
+    blk, size = _BLOCK[kv_type]
+    return n // blk * size
+
+
+def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
+    """The ``--test-file`` lines for ``shapes`` (module docstring); case ``i`` is named ``kb<i>_<key>``."""
+    op, tid = ggml_enums(ggml_h)
+    lines = []
+    for i, s in enumerate(shapes):
+        if s.kv_type not in tid or "f32" not in tid or "f16" not in tid:
+            raise UsageError(f"{ggml_h} has no GGML_TYPE for {s.kv_type}.")
+        d, dv, h, hk, n, b = s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv, s.n_kv, s.n_batch
+        q = (tid["f32"], (d, b, h, 1), (4, 4 * d * h, 4 * d, 4 * d * h * b))
+        ts = _BLOCK[s.kv_type][1]
+        k = (
+            tid[s.kv_type],
+            (d, n, hk, 1),
+            (ts, _row(s.kv_type, d * hk), _row(s.kv_type, d), _row(s.kv_type, d * hk) * n),
+        )
+        v = (
+            tid[s.kv_type],
+            (dv, n, hk, 1),
+            (ts, _row(s.kv_type, dv * hk), _row(s.kv_type, dv), _row(s.kv_type, dv * hk) * n),
+        )
+        m = (tid["f16"], (n, b, 1, 1), (2, 2 * n, 2 * n * b, 2 * n * b))
+        params = (_f32_bits(1.0 / d**0.5), 0, 0, _GGML_PREC_F32, 0)
+        srcs = " ".join(f"{t} {' '.join(map(str, ne))} {' '.join(map(str, nb))}" for t, ne, nb in (q, k, v, m))
+        name = f"kb{i}_" + s.key.replace("/", "_")
+        lines.append(f"{op} {tid['f32']} {dv} {h} {b} 1 {len(params)} {' '.join(map(str, params))} 4 {srcs} {name}")
+    return "".join(line + "\n" for line in lines)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CASE = re.compile(r"^\s*FLASH_ATTN_EXT\(name=kb(\d+)_[^,]*,.*\):\s*(.*)$")
+_TIME = re.compile(r"(\d+) runs - +([0-9.]+) us/run")
+
+
+def parse_perf_output(text: str) -> dict[int, tuple[int, float | None, str]]:
+    """{case index: (runs, us per run or None, status text)} from ``test-backend-ops perf`` console
+    output of a :func:`fa_test_file` file; a case the backend does not support reads
+    ``(0, None, 'not supported')``."""
+    out: dict[int, tuple[int, float | None, str]] = {}
+    for raw in text.splitlines():
+        m = _CASE.match(_ANSI.sub("", raw))
+        if not m:
+            continue
+        rest = m.group(2).strip()
+        t = _TIME.search(rest)
+        out[int(m.group(1))] = (int(t.group(1)), float(t.group(2)), "") if t else (0, None, rest or "no time printed")
+    return out
+
+
+def _ggml_h(bin_dir: Path) -> Path:
+    """The build's ``ggml.h``: a tuner build keeps its tree in ``<key>/src`` above ``<key>/build/bin`` and
+    ``<key>/artifacts/<candidate>/bin``; the nearest ``src/ggml/include/ggml.h`` (or ``ggml/include``) up."""
+    for d in Path(bin_dir).resolve().parents:
+        for rel in ("src/ggml/include/ggml.h", "ggml/include/ggml.h"):
+            if (d / rel).is_file():
+                return d / rel
+    raise UsageError(f"No ggml/include/ggml.h above {bin_dir}; pass ggml_h= (the build's llama.cpp tree).")
+
+
+def run_round(
+    bin_dir: Path,
+    shapes: Sequence[FaShape],
+    candidates: Mapping[str, Mapping[str, str]],
+    *,
+    log_dir: Path,
+    backend: str = "CPU",
+    ggml_h: Path | None = None,
+    timeout: float = 600.0,
+) -> list[KernelTime]:
+    """One round: a ``test-backend-ops perf`` call per candidate (in the given order) over every shape.
+
+    Args:
+        bin_dir: A build's bin directory holding ``test-backend-ops`` (tuner builds it by default).
+        shapes: The FA calls to time (:func:`shape_for_model`).
+        candidates: label -> environment overrides (:func:`force_kernel_env`, or a rule set's
+            ``GGML_TUNER_FA_RULES``); ``{}`` is upstream's choice.
+        log_dir: Where the test file and one log per candidate go.
+        backend: test-backend-ops backend name: ``CUDA0`` on an NVIDIA build, ``CPU`` here.
+        ggml_h: The tree's ``ggml.h`` (default: the one beside a tuner build's ``build/bin``).
+        timeout: Seconds per call; a timeout or crash is data (every shape of the call carries it).
+
+    Returns:
+        One :class:`KernelTime` per (candidate, shape), candidates in order.
+    """
+    exe = find_exe(Path(bin_dir), "test-backend-ops")
+    if not shapes:
+        raise UsageError("No FA shapes to time; give at least one.")
+    if not candidates:
+        raise UsageError("No candidates to time; give at least one (an empty environment is upstream's choice).")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
+        raise UsageError(f"Backend name {backend!r} is not a test-backend-ops backend name such as CUDA0 or CPU.")
+    envs = {str(lbl): check_env(env) for lbl, env in candidates.items()}
+    for lbl in envs:
+        if not re.fullmatch(r"[\w.@+-]+", lbl):
+            raise UsageError(f"Candidate label {lbl!r} may only contain letters, digits and . _ @ + -.")
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    test_file = log_dir / "fa-shapes.txt"
+    test_file.write_text(fa_test_file(shapes, ggml_h or _ggml_h(bin_dir)))
+    cmd = [str(exe), "perf", "-b", backend, "-o", "FLASH_ATTN_EXT", "--test-file", str(test_file)]
+    out: list[KernelTime] = []
+    for lbl, env in envs.items():
+        log_file = log_dir / f"kbench-{lbl}.log"
+        log_file.unlink(missing_ok=True)
+        log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend}")
+        error = ""
+        try:
+            res = _run.run(
+                cmd,
+                env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
+                log_file=log_file,
+                timeout=timeout,
+                check=False,
+                what="test-backend-ops perf",
+            )
+            if res.returncode != 0:
+                error = f"test-backend-ops exited with code {res.returncode}; see {log_file}."
+        except TunerError as err:  # a timeout: data, like a failed llama-bench call
+            error = str(err)
+        text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+        cases = parse_perf_output(text)
+        fa = parse_fa_log(text)
+        for i, s in enumerate(shapes):
+            runs, us, why_not = cases.get(i, (0, None, error or f"no result for case {i}; see {log_file}"))
+            hit = next(
+                (x for x in fa if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)),
+                None,
+            )
+            out.append(
+                KernelTime(
+                    label=lbl,
+                    shape=s,
+                    us_per_run=us,
+                    runs=runs,
+                    kernel=None if hit is None else str(hit["kernel"]),
+                    why=None if hit is None else str(hit["why"]),
+                    backend=backend,
+                    error=why_not if us is None else error,
+                    log_file=str(log_file),
+                )
+            )
+    return out
