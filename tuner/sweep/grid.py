@@ -49,7 +49,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tuner.errors import TunerError
+from tuner.errors import UsageError
 from tuner.plan.fa_rules import Phase
 
 HEAD_SIZES = (64, 80, 96, 112, 128, 256)
@@ -127,7 +127,7 @@ class Cell:
 def _check_arch(arch: Any) -> int:
     cc = int(getattr(arch, "cc", 0) or 0)
     if getattr(arch, "vendor", None) != "nvidia" or cc < _TURING:
-        raise TunerError(
+        raise UsageError(
             f"The FlashAttention sweep models upstream's kernel choice on NVIDIA GPUs with Turing tensor cores "
             f"(cc >= {_TURING}); {getattr(arch, 'name', arch)!r} is not one. Sweep an sm_75 or newer arch."
         )
@@ -174,7 +174,7 @@ def plan(
     points = sorted(set(n_kv))
     bad = [x for x in points if x <= 0 or x % STRIDE]
     if bad:
-        raise TunerError(f"n_kv points must be positive multiples of {STRIDE} (llama pads the KV cache to it): {bad}.")
+        raise UsageError(f"n_kv points must be positive multiples of {STRIDE} (llama pads the KV cache to it): {bad}.")
     out = []
     for D, gqa, kv, ne1 in itertools.product(sorted(set(head_sizes)), sorted(set(gqa_ratios)), kv_types, query_batches):
         shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)

@@ -354,10 +354,10 @@ class MmqCell:
 def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
     """Every (type, ne11) cell; upstream's backend is MMQ on an NVIDIA arch with Turing tensor cores (module doc)."""
     if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
-        raise TunerError(f"The MMQ sweep models upstream's choice with Turing tensor cores; {arch.name!r} has none.")
+        raise UsageError(f"The MMQ sweep models upstream's choice with Turing tensor cores; {arch.name!r} has none.")
     bad = [t for t in types if t not in MMQ_SUPPORTED]
     if bad:
-        raise TunerError(f"Types {bad} are not supported by MMQ ({', '.join(MMQ_SUPPORTED)}).")
+        raise UsageError(f"Types {bad} are not supported by MMQ ({', '.join(MMQ_SUPPORTED)}).")
     return [MmqCell(type=t, ne11=b) for t in types for b in sorted(set(batches))]
 
 
