@@ -1,8 +1,10 @@
-"""The sweep's upstream.patch against the pinned tree: it applies, and its C++ lookup answers as the Python matcher."""
+"""The sweep's upstream.patch against the pinned tree: it applies, its C++ lookup answers as the Python matcher,
+and the patched fattn.cu and mmq.cu compile for sm_90 where nvcc and cuBLAS headers are at hand."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tuner._run import run
-from tuner.result.upstream_patch import FATTN, whitespace_only_hunks
+from tuner.result.upstream_patch import COMMON, FATTN, arch_condition, whitespace_only_hunks
 from tuner.sweep.grid import KV_TYPES, N_KV, STRIDE, plan
+from tuner.sweep.mmq import parse_mmq_choices, patched_mmq_condition, patched_mmq_hook
 from tuner.sweep.table import TableRule, harness_source, match_table, patched_fattn_table, render_table_patch
 from tuner.targets.archs import load_arch
 
@@ -101,3 +104,55 @@ def test_cpp_lookup_agrees_with_python_matcher(tree_a, tmp_path: Path) -> None:
     mismatches = [(q, g, w) for q, g, w in zip(queries, got, want) if g != w]
     assert mismatches == []
     assert {"VEC", "TILE", "MMA", "NONE"} <= set(want)  # every answer is exercised
+
+
+def _cublas_include() -> Path | None:
+    cands = [os.environ.get("TUNER_TEST_CUBLAS_INCLUDE", "")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(nvcc).resolve().parent.parent
+        cands += [str(real / "include"), "/usr/local/cuda/include", "/usr/local/cuda/targets/x86_64-linux/include"]
+    return next((Path(c) for c in cands if c and (Path(c) / "cublas_v2.h").is_file()), None)
+
+
+_FA_TYPES = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16")
+_FA_DEFAULT = {("Q4_0", "Q4_0"), ("Q8_0", "Q8_0"), ("F16", "F16"), ("BF16", "BF16")}
+
+
+def nvcc_compile(tree_a, tmp: Path, name: str, text: str) -> None:
+    """nvcc -c of a patched ggml-cuda file for sm_90 (as test_upstream_patch_tree.py compiles fattn.cu), no warnings in it."""
+    inc = _cublas_include()
+    if inc is None:
+        pytest.skip("cublas_v2.h not found (set TUNER_TEST_CUBLAS_INCLUDE to a cuBLAS include dir)")
+    overlay = tmp / name.replace(".", "_") / "ggml" / "src" / "ggml-cuda"
+    overlay.mkdir(parents=True)
+    (overlay / name).write_text(text)
+    root = tree_a.root / "ggml"
+    defs = [f"-DGGML_CUDA_FA_{k}_{v}={int((k, v) in _FA_DEFAULT)}" for k in _FA_TYPES for v in _FA_TYPES]
+    # fmt: off
+    cmd = [
+        "nvcc", "-std=c++17", "-O3", "-DNDEBUG", "--generate-code=arch=compute_90,code=[sm_90]", "-use_fast_math",
+        "-extended-lambda", "-DGGML_CUDA_USE_GRAPHS", "-DGGML_SHARED", "-DGGML_BACKEND_SHARED", "-DGGML_BACKEND_BUILD",
+        *defs, f"-I{overlay}", f"-I{root / 'src' / 'ggml-cuda'}", f"-I{root / 'src'}", f"-I{root / 'include'}", f"-I{inc}",
+        "-Xcompiler", "-Wall -Wextra -Wmissing-declarations -Wno-unused-function -Wno-pedantic",
+        "-x", "cu", "-c", str(overlay / name), "-o", str(overlay / (name + ".o")),
+    ]
+    # fmt: on
+    res = run(cmd, cwd=tmp, what=f"nvcc {name}", timeout=1800)
+    assert (overlay / (name + ".o")).stat().st_size > 10_000
+    assert [ln for ln in res.output.splitlines() if "warning" in ln and name in ln] == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_patched_fattn_table_compiles_for_sm90(tree_a, tmp_path: Path) -> None:
+    nvcc_compile(tree_a, tmp_path, "fattn.cu", patched_fattn_table(tree_a.root, _table(), SM90, note=NOTE) or "")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_patched_mmq_hook_and_condition_compile_for_sm90(tree_a, tmp_path: Path) -> None:
+    nvcc_compile(tree_a, tmp_path / "hook", "mmq.cu", patched_mmq_hook(tree_a.root))
+    choices = parse_mmq_choices("q4_K:1024..=BLAS,q8_0:256..2048=BLAS,iq4_xs:0..64=BLAS")
+    cond = arch_condition(SM90, (tree_a.root / COMMON).read_text())
+    nvcc_compile(tree_a, tmp_path / "cond", "mmq.cu", patched_mmq_condition(tree_a.root, choices, SM90, cond) or "")
