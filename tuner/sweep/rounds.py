@@ -22,6 +22,7 @@ __all__ = [
     "compose_fa",
     "decide",
     "measure_cell",
+    "midpoints",
     "paired_rounds",
     "run_fa_sweep",
 ]
@@ -34,7 +35,7 @@ from typing import Protocol
 
 from tuner.errors import TunerError
 from tuner.measure.paired import block_effects, noise_pct, rotated
-from tuner.search.compose import Decision, Shape, compose_phase, rules_from
+from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
@@ -134,3 +135,14 @@ def run_fa_sweep(timer: KernelTimer, cells: Sequence[Cell], *, rounds: int) -> S
         stats.setdefault(cell.shape, {})[cell.n_kv] = measure_cell(timer, cell, rounds)
     rules, decisions = compose_fa(stats)
     return SweepResult(stats=stats, decisions=decisions, rules=rules)
+
+
+def midpoints(result: SweepResult) -> dict[FaShape, list[int]]:
+    """Per shape, the n_kv points a second pass should add: halfway between neighbours whose winners differ
+    by more than the noise (:func:`tuner.search.compose.bisect_depths`); shapes without any are left out."""
+    out = {}
+    for shape, ds in result.decisions.items():
+        mids = bisect_depths(ds, sorted(result.stats[shape]))
+        if mids:
+            out[shape] = mids
+    return out

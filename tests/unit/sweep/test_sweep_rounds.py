@@ -25,7 +25,7 @@ from tuner.sweep.grid import (
     plan,
     upstream_kernel,
 )
-from tuner.sweep.rounds import paired_rounds, run_fa_sweep
+from tuner.sweep.rounds import midpoints, paired_rounds, run_fa_sweep
 from tuner.sweep.table import TableRule, match_table
 from tuner.targets.archs import load_arch
 
@@ -142,6 +142,13 @@ def test_fake_timings_compose_exactly_the_planted_rules() -> None:
     assert result.rules == tuple(sorted(PLANTED))
     for shape, ds in result.decisions.items():
         assert [d.winner for d in ds] == [_truth(shape, x) for x in N_KV]
+    # a second pass goes halfway between the neighbours that straddle each planted boundary
+    mids = midpoints(result)
+    assert set(mids) == {S(r.D, r.gqa, r.kv, r.ne1) for r in PLANTED if r.lo or r.hi}
+    for shape, ms in mids.items():
+        for m in ms:
+            a, b = max(x for x in N_KV if x < m), min(x for x in N_KV if x > m)
+            assert m % STRIDE == 0 and _truth(shape, a) != _truth(shape, b)
     # the composed table answers the planted truth at every swept cell
     for c in cells:
         got = match_table(
