@@ -51,7 +51,10 @@ from __future__ import annotations
 
 __all__ = [
     "FATTN",
+    "KERNEL_ENUMS",
     "arch_condition",
+    "git_diff",
+    "kv_type_enum",
     "models_note",
     "patched_fattn",
     "render_pr_body",
@@ -78,7 +81,13 @@ FATTN = "ggml/src/ggml-cuda/fattn.cu"
 COMMON = "ggml/src/ggml-cuda/common.cuh"
 FUNCTION = "ggml_cuda_get_best_fattn_kernel"
 
-_RETURN = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
+KERNEL_ENUMS: dict[str, str] = {
+    "VEC": "BEST_FATTN_KERNEL_VEC",
+    "TILE": "BEST_FATTN_KERNEL_TILE",
+    "MMA": "BEST_FATTN_KERNEL_MMA_F16",
+}
+"""The ``best_fattn_kernel`` enumerator (fattn.cu) of each kernel name a rule may force."""
+_RETURN = KERNEL_ENUMS
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
 _KV_TYPES = {
     "f32": "F32",
@@ -90,6 +99,19 @@ _KV_TYPES = {
     "q5_1": "Q5_1",
     "q8_0": "Q8_0",
 }
+
+
+def kv_type_enum(kv: str) -> str:
+    """The ``GGML_TYPE_*`` enumerator of a FlashAttention K/V type name (``f16`` -> ``GGML_TYPE_F16``).
+
+    Raises:
+        TunerError: A type upstream's FlashAttention does not support.
+    """
+    if kv.lower() not in _KV_TYPES:
+        raise TunerError(f"K/V type {kv!r} has no FlashAttention support upstream (supported: {', '.join(_KV_TYPES)}).")
+    return f"GGML_TYPE_{_KV_TYPES[kv.lower()]}"
+
+
 # Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md).
 _TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72) {\n"
 _TURING_COMMENT = "    // If Turing tensor cores are available, use them:\n"
@@ -205,7 +227,7 @@ def rule_condition(rule: FaRule, arch: Any) -> list[str]:
     if gqa is not None:
         parts.append(f"gqa_ratio == {gqa}")
     if kv is not None:
-        t = f"GGML_TYPE_{_KV_TYPES[kv.lower()]}"
+        t = kv_type_enum(kv)
         parts += [f"K->type == {t}", f"V->type == {t}"]
     if rule.lo > 0:
         parts.append(f"K->ne[1] >= {rule.lo}")
@@ -341,10 +363,17 @@ def render_upstream_patch(source_root: Any, rules: Sequence[FaRule], arch: Any, 
     new = patched_fattn(source_root, rules, arch, note=note)
     if new is None:
         return None
-    old = (_root(source_root) / FATTN).read_text()
+    return git_diff(FATTN, (_root(source_root) / FATTN).read_text(), new)
+
+
+def git_diff(path: str, old: str, new: str) -> str:
+    """A git-format unified diff of one file ``path`` (relative to the tree) from ``old`` to ``new``, hunk
+    headers carrying the enclosing function as git prints it; '' when the texts are equal."""
+    if old == new:
+        return ""
     a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    out = [f"diff --git a/{FATTN} b/{FATTN}\n", f"index {_blob(old)[:7]}..{_blob(new)[:7]} 100644\n"]
-    for ln in difflib.unified_diff(a, b, f"a/{FATTN}", f"b/{FATTN}", n=3):
+    out = [f"diff --git a/{path} b/{path}\n", f"index {_blob(old)[:7]}..{_blob(new)[:7]} 100644\n"]
+    for ln in difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=3):
         m = re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln)
         if m:
             fn = _funcname(a, int(m.group(1)) - 1)

@@ -1,0 +1,32 @@
+"""``tuner sweep plan``: the dry run's counts, and bad input as a usage error."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli.sweep_cmd import sweep
+from tuner.errors import UsageError
+from tuner.sweep.grid import N_KV, dry_run_text, plan
+from tuner.sweep.mmq import mmq_dry_run_text, plan_mmq
+from tuner.targets.archs import load_arch
+
+
+def test_plan_prints_the_full_grid_and_its_time() -> None:
+    res = CliRunner().invoke(sweep, ["plan", "--rounds", "4", "--per-call-s", "0.02"])
+    assert res.exit_code == 0, res.output
+    a = load_arch("sm_90")
+    want = dry_run_text(plan(a), rounds=4, per_call_s=0.02) + mmq_dry_run_text(plan_mmq(a), rounds=4, per_call_s=0.02)
+    assert res.output == want
+
+
+def test_plan_takes_a_subset() -> None:
+    res = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"])
+    assert res.exit_code == 0, res.output
+    assert f"1 shapes x {len(N_KV)} n_kv points = {len(N_KV)} cells" in res.output
+
+
+@pytest.mark.parametrize(("args", "why"), [(["--n-kv", "300"], "multiples of 256"), (["--arch", "sm_70"], "Turing")])
+def test_plan_refuses_bad_input(args: list[str], why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        CliRunner().invoke(sweep, ["plan", *args], standalone_mode=False, catch_exceptions=False)

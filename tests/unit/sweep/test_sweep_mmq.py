@@ -1,0 +1,95 @@
+"""The MMQ-vs-cuBLAS sweep: choice text, matcher, plan, and composition of planted crossovers."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from tuner.errors import TunerError, UsageError
+from tuner.sweep.mmq import (
+    MMQ_BATCHES,
+    MMQ_TYPES,
+    MmqChoice,
+    match_mmq,
+    mmq_dry_run_text,
+    mmq_env,
+    parse_mmq_choices,
+    plan_mmq,
+    run_mmq_sweep,
+)
+from tuner.targets.archs import load_arch
+
+SM90 = load_arch("sm_90")
+
+PLANTED = (
+    MmqChoice(type="q4_K", lo=1024, hi=None, backend="BLAS"),
+    MmqChoice(type="q8_0", lo=256, hi=2048, backend="BLAS"),
+    MmqChoice(type="iq4_xs", lo=0, hi=64, backend="BLAS"),
+)
+
+
+class FakeMatmul:
+    def __init__(self, *, aa_only: bool = False, seed: int = 3) -> None:
+        self.rng, self.aa_only = random.Random(seed), aa_only
+
+    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]:
+        base = 1e-4 * ne11 / 16
+        factor = 1.0
+        if backend == "BLAS" and not self.aa_only:
+            factor = 0.8 if match_mmq(PLANTED, type_name, ne11) == "BLAS" else 1.3
+        drift = math.exp(self.rng.gauss(0, 0.03))
+        return [base * factor * drift * math.exp(self.rng.gauss(0, 0.004)) for _ in range(5)]
+
+
+def test_choice_text_round_trips() -> None:
+    text = mmq_env(PLANTED)
+    assert text == ",".join(c.text for c in PLANTED)
+    assert parse_mmq_choices(text) == PLANTED
+    assert parse_mmq_choices(",," + text + ",") == PLANTED  # empty entries are skipped, as the hook does
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("q4_K:1024-=BLAS", "is not"),
+        ("q4_K:..=BLAS", "is not"),
+        ("q4_K:1...3=MMQ", "is not"),
+        ("q4_K:0..=cublas", "is not"),
+        (" q4_K:0..=BLAS", "is not"),
+        ("f16:0..=BLAS", "no type MMQ supports"),
+        ("q4_k:0..=BLAS", "no type MMQ supports"),
+        ("q4_K:512..512=BLAS", "must be greater"),
+    ],
+)
+def test_bad_choice_text_is_refused(text: str, why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        parse_mmq_choices(text)
+
+
+def test_match_takes_the_first_covering_entry() -> None:
+    choices = parse_mmq_choices("q4_K:0..512=MMQ,q4_K:256..=BLAS")
+    assert [match_mmq(choices, "q4_K", n) for n in (0, 511, 512, 1 << 40)] == ["MMQ", "MMQ", "BLAS", "BLAS"]
+    assert match_mmq(choices, "q6_K", 512) is None
+
+
+def test_mmq_plan_counts() -> None:
+    cells = plan_mmq(SM90)
+    assert len(cells) == len(MMQ_TYPES) * len(MMQ_BATCHES)
+    assert MMQ_BATCHES[0] == 16 and MMQ_BATCHES[-1] == 4096
+    assert {c.configs for c in cells} == {("default", "A/A", "BLAS")}
+    assert f"{3 * len(cells)} per round x 4 rounds = {12 * len(cells)}" in mmq_dry_run_text(
+        cells, rounds=4, per_call_s=0.1
+    )
+    with pytest.raises(TunerError, match="not supported"):
+        plan_mmq(SM90, types=["f16"])
+
+
+def test_fake_timings_compose_exactly_the_planted_crossovers() -> None:
+    assert run_mmq_sweep(FakeMatmul(), plan_mmq(SM90), rounds=5) == tuple(sorted(PLANTED))
+
+
+def test_an_aa_only_mmq_grid_composes_nothing() -> None:
+    assert run_mmq_sweep(FakeMatmul(aa_only=True), plan_mmq(SM90), rounds=5) == ()

@@ -1,0 +1,13 @@
+"""A shape-wide sweep of llama.cpp's FlashAttention kernel choice and MMQ-vs-cuBLAS choice (docs/sweep.md).
+
+Unlike the search, which tunes one model end to end through llama-bench, the sweep times single ops at
+exact shapes over a grid of head sizes, GQA ratios, K/V types, query columns and n_kv (or quant types
+and batch sizes), forcing each legal kernel in paired, interleaved rounds with an A/A pair per cell;
+the verdicts compose into one table per arch, emitted as a change to upstream's selection functions.
+
+* :mod:`tuner.sweep.grid`: the grid, the legal kernels per cell, upstream's own choice, the dry run;
+* :mod:`tuner.sweep.rounds`: the timer interface, paired rounds per cell, verdicts and composition;
+* :mod:`tuner.sweep.table`: the composed FlashAttention table as C++ (``upstream.patch``), its Python
+  matcher and a host-only harness of the emitted C++;
+* :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook and upstream condition).
+"""

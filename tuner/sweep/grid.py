@@ -1,0 +1,212 @@
+"""The FlashAttention sweep's grid: shapes, n_kv points, the legal kernels per cell and upstream's choice.
+
+A *shape* is what ``ggml_cuda_get_best_fattn_kernel`` (fattn.cu L541-720 of llama.cpp 0c1e570,
+docs/selector.md) decides by besides the arch and n_kv: head size D (``Q->ne[0]``, DV = D), GQA
+ratio, K/V type (K and V alike) and query columns ``Q->ne[1]`` (1 = decode). A *cell* is a shape at
+one n_kv (``K->ne[1]``).
+
+**n_kv grid.** Half-octaves from 256 to 131072 (256, 512, 768, 1024, 1536, ... 98304, 131072; 18
+points): the work of one attention call grows linearly with n_kv, and the kernels' relative costs
+change with its order of magnitude (upstream's own VEC-to-MMA switch sits at 8192), so a crossover is
+located to within a factor of 1.5 at the same cost in every octave; a linear grid of the same
+resolution at the short end would need 512 points. Every point is a multiple of 256, as llama pads
+n_kv to ``FATTN_KQ_STRIDE`` (a vector kernel needs it); 256 is the shortest padded KV cache, and a rule
+whose first winning point is 256 starts at n_kv 0 (:func:`tuner.search.compose.rules_from`).
+Composition then proposes midpoints between disagreeing neighbours (:func:`tuner.search.compose.bisect_depths`).
+
+**Legality** is the tuner hook's (``ggml_tuner_fa_kernel_legal`` in ``templates/patches/mma/fattn-tail.cu.j2``)
+on an NVIDIA arch with Turing tensor cores: VEC needs D <= 256, D % 64 == 0, D != 192 and n_kv % 256 == 0
+(fattn.cu's ``can_use_vector_kernel``); TILE exists for every head size the function accepts; MMA for
+all but D = 40 and 72. **Upstream's choice** is the function's Turing-and-newer branch (fattn.cu
+L638-665) for the calls llama makes: a mask, no ALiBi, 16-byte aligned strides, KV padded to 256, one
+sequence (``Q->ne[3] == 1``), so the GQA optimisation applies exactly when GQA >= 2. The branch's
+sparse-gather clause only fires for D = 256 with GQA > 4, where the VEC condition already fails, so it
+does not change the answer on this grid.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AA",
+    "DEFAULT",
+    "GQA_RATIOS",
+    "HEAD_SIZES",
+    "KV_TYPES",
+    "N_KV",
+    "QUERY_BATCHES",
+    "STRIDE",
+    "Cell",
+    "FaShape",
+    "dry_run_text",
+    "legal_kernels",
+    "nkv_grid",
+    "plan",
+    "upstream_kernel",
+]
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tuner.errors import UsageError
+from tuner.plan.fa_rules import Phase
+
+HEAD_SIZES = (64, 80, 96, 112, 128, 256)
+GQA_RATIOS = (1, 2, 4, 6, 8)
+KV_TYPES = ("f16", "q8_0")
+QUERY_BATCHES = (1, 2, 4, 8)
+STRIDE = 256
+"""llama.cpp's ``FATTN_KQ_STRIDE``: llama pads n_kv to a multiple of it."""
+
+DEFAULT = "default"
+"""The config that runs upstream's own choice (the reference of every paired effect)."""
+AA = "A/A"
+"""Upstream's choice once more: the A/A pair that measures the noise of the procedure."""
+
+_KERNELS = ("VEC", "TILE", "MMA")
+_UNQUANTIZED = ("f32", "f16", "bf16")
+_TURING = 750
+_ADA = 890
+
+
+def nkv_grid(lo: int = STRIDE, hi: int = 131072) -> tuple[int, ...]:
+    """Half-octave n_kv points in ``[lo, hi]``: each power of two and 1.5 times it, multiples of 256 only."""
+    out: set[int] = set()
+    p = 1
+    while p <= hi:
+        for x in (p, p * 3 // 2):
+            if lo <= x <= hi and x % STRIDE == 0:
+                out.add(x)
+        p *= 2
+    return tuple(sorted(out))
+
+
+N_KV = nkv_grid()
+
+
+@dataclasses.dataclass(frozen=True, order=True, kw_only=True)
+class FaShape:
+    """One attention shape: head size, GQA ratio, K/V type (K and V alike) and query columns ``Q->ne[1]``."""
+
+    D: int
+    gqa: int
+    kv: str
+    ne1: int
+
+    @property
+    def phase(self) -> Phase:
+        return Phase.DECODE if self.ne1 == 1 else Phase.PREFILL
+
+    @property
+    def key(self) -> str:
+        """``D64/gqa4/kvf16/ne1_1``: the shape as the sweep's tables name it."""
+        return f"D{self.D}/gqa{self.gqa}/kv{self.kv}/ne1_{self.ne1}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cell:
+    """A shape at one n_kv, with the kernels that can run there and the one upstream picks."""
+
+    shape: FaShape
+    n_kv: int
+    upstream: str
+    legal: tuple[str, ...]
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """The forced kernels worth timing: the legal ones other than upstream's (forcing it is the A/A pair)."""
+        return tuple(k for k in self.legal if k != self.upstream)
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        """What one round times, in its base order: upstream's choice, its A/A twin, each candidate."""
+        return (DEFAULT, AA, *self.candidates)
+
+
+def _check_arch(arch: Any) -> int:
+    cc = int(getattr(arch, "cc", 0) or 0)
+    if getattr(arch, "vendor", None) != "nvidia" or cc < _TURING:
+        raise UsageError(
+            f"The FlashAttention sweep models upstream's kernel choice on NVIDIA GPUs with Turing tensor cores "
+            f"(cc >= {_TURING}); {getattr(arch, 'name', arch)!r} is not one. Sweep an sm_75 or newer arch."
+        )
+    return cc
+
+
+def legal_kernels(arch: Any, D: int, n_kv: int) -> tuple[str, ...]:
+    """The kernels with device code for head size ``D`` at ``n_kv`` on ``arch`` (module doc), VEC, TILE, MMA order."""
+    _check_arch(arch)
+    vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
+    mma = D not in (40, 72)
+    return tuple(k for k, ok in zip(_KERNELS, (vec, True, mma)) if ok)
+
+
+def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
+    """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
+    cc = _check_arch(arch)
+    D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
+    if D in (40, 72):
+        return "TILE"  # the Turing branch excludes them; the fallthrough ends on TILE for a GQA-packed call
+    gqa_opt = gqa >= 2 and n_kv % STRIDE == 0
+    can_vec = "VEC" in legal_kernels(arch, D, n_kv)
+    if can_vec:
+        if shape.kv in _UNQUANTIZED:
+            if cc >= _ADA and ne1 == 1 and not (gqa > 4 and (D >= 256 or n_kv >= 8192)):
+                return "VEC"
+        elif ne1 <= (2 if cc >= _ADA else 1):
+            return "VEC"
+        if not gqa_opt and ne1 == 1:
+            return "VEC"
+    return "MMA"
+
+
+def plan(
+    arch: Any,
+    *,
+    head_sizes: Iterable[int] = HEAD_SIZES,
+    gqa_ratios: Iterable[int] = GQA_RATIOS,
+    kv_types: Iterable[str] = KV_TYPES,
+    query_batches: Iterable[int] = QUERY_BATCHES,
+    n_kv: Iterable[int] = N_KV,
+) -> list[Cell]:
+    """Every cell of the grid, shape by shape (sorted), n_kv ascending within a shape."""
+    points = sorted(set(n_kv))
+    bad = [x for x in points if x <= 0 or x % STRIDE]
+    if bad:
+        raise UsageError(f"n_kv points must be positive multiples of {STRIDE} (llama pads the KV cache to it): {bad}.")
+    out = []
+    for D, gqa, kv, ne1 in itertools.product(sorted(set(head_sizes)), sorted(set(gqa_ratios)), kv_types, query_batches):
+        shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
+        for x in points:
+            out.append(
+                Cell(shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x))
+            )
+    return out
+
+
+def _duration(seconds: float) -> str:
+    h, rem = divmod(round(seconds), 3600)
+    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
+
+
+def dry_run_text(cells: Sequence[Cell], *, rounds: int, per_call_s: float) -> str:
+    """What a sweep of ``cells`` would run: shapes, cells, timer calls and the time at ``per_call_s`` per call."""
+    shapes = sorted({c.shape for c in cells})
+    per_round = sum(len(c.configs) for c in cells)
+    by_kernels: dict[tuple[str, ...], int] = {}
+    for c in cells:
+        by_kernels[c.legal] = by_kernels.get(c.legal, 0) + 1
+    changes = sum(len(c.candidates) for c in cells)
+    lines = [
+        f"FlashAttention sweep: {len(shapes)} shapes x {len(sorted({c.n_kv for c in cells}))} n_kv points "
+        f"= {len(cells)} cells",
+        f"  head sizes {sorted({s.D for s in shapes})}, GQA {sorted({s.gqa for s in shapes})}, "
+        f"K/V {sorted({s.kv for s in shapes})}, Q->ne[1] {sorted({s.ne1 for s in shapes})}",
+        f"  n_kv {sorted({c.n_kv for c in cells})}",
+        *(f"  {n} cells with legal kernels {'/'.join(k)}" for k, n in sorted(by_kernels.items())),
+        f"  {changes} forced kernels that differ from upstream's choice; every cell adds upstream and its A/A pair",
+        f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}",
+        f"estimated time at {per_call_s:g} s per call: {_duration(per_round * rounds * per_call_s)}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,395 @@
+"""MMQ vs cuBLAS: a runtime hook in ``ggml_cuda_should_use_mmq``, its sweep, and its upstream condition.
+
+``ggml_cuda_should_use_mmq(type, cc, ne11, n_experts)`` (``ggml/src/ggml-cuda/mmq.cu`` L318 of
+llama.cpp 0c1e570) decides whether a quantized matrix multiplication runs llama.cpp's own MMQ kernels
+or dequantizes to cuBLAS. On NVIDIA GPUs with Turing tensor cores it returns true for every supported
+type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper included.
+
+* **Hook.** :func:`patched_mmq_hook` adds a table read once from ``GGML_TUNER_MMQ_CHOICES``
+  (comma-separated ``TYPE:LO..HI=MMQ|BLAS``: a ggml type name, ``ne11`` in ``[LO, HI)``, HI empty =
+  unbounded; the first entry that covers a call decides it) and consults it for dense multiplications
+  (``n_experts == 0``) after upstream's own support and shared-memory checks, before the arch
+  branches; a call no entry covers keeps upstream's choice, and text that does not parse aborts
+  with the entry named. The same hook is how a sweep forces either backend (``q4_K:0..=BLAS``).
+* **Sweep.** Per quant type and batch size ``ne11``, paired rounds of upstream's choice, its A/A twin
+  and the other backend forced (:mod:`tuner.sweep.rounds`), composed per type into intervals of batch
+  sizes where the other backend is faster (:func:`compose_mmq`), as the FlashAttention sweep composes
+  n_kv intervals.
+* **Upstream form.** :func:`patched_mmq_condition`: for the measured arch (``cc == GGML_CUDA_CC_HOPPER``),
+  a ``switch`` on the type returning false (cuBLAS) inside each composed interval, before the
+  Turing branch; :func:`match_mmq` is the same lookup in Python.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BACKENDS",
+    "ENV",
+    "MMQ_BATCHES",
+    "MMQ_FILE",
+    "MMQ_SUPPORTED",
+    "MMQ_TYPES",
+    "MatmulTimer",
+    "MmqCell",
+    "MmqChoice",
+    "compose_mmq",
+    "hook_block",
+    "match_mmq",
+    "mmq_dry_run_text",
+    "mmq_env",
+    "mmq_harness_source",
+    "parse_mmq_choices",
+    "patched_mmq_condition",
+    "patched_mmq_hook",
+    "plan_mmq",
+    "run_mmq_sweep",
+]
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.search.compose import Shape, rules_from
+from tuner.search.screen import CellStats
+from tuner.sweep.grid import AA, DEFAULT
+from tuner.sweep.rounds import cell_stats, decide, paired_rounds
+
+MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
+ENV = "GGML_TUNER_MMQ_CHOICES"
+BACKENDS = ("MMQ", "BLAS")
+MMQ_TYPES = ("q4_0", "q4_K", "q5_K", "q6_K", "q8_0", "iq4_xs")
+"""The quant types swept (ggml_type_name spelling)."""
+MMQ_BATCHES = tuple(2**i for i in range(4, 13))
+"""``ne11`` from 16 to 4096 in octaves: below 16 llama.cpp multiplies by vector kernels, and cuBLAS's
+advantage, where it has one, grows with the batch's order of magnitude."""
+MMQ_SUPPORTED = (
+    *("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"),
+    *("iq1_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_xs", "iq4_nl", "mxfp4"),
+)
+"""Types ``ggml_cuda_should_use_mmq`` supports (its ``mmq_supported`` switch), as ggml_type_name spells them."""
+
+_FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
+_TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
+_ENTRY = re.compile(r"([A-Za-z0-9_]+):([0-9]{1,18})\.\.([0-9]{0,18})=(MMQ|BLAS)")
+_GRAMMAR = "TYPE:LO..HI=MMQ|BLAS (ne11 in [LO, HI), HI empty = unbounded; e.g. q4_K:1024..=BLAS)"
+
+
+@dataclasses.dataclass(frozen=True, order=True, kw_only=True)
+class MmqChoice:
+    """For quant ``type`` and ``ne11`` in ``[lo, hi)`` (hi None: unbounded), use ``backend`` (MMQ or BLAS)."""
+
+    type: str
+    lo: int
+    hi: int | None
+    backend: str
+
+    @property
+    def text(self) -> str:
+        """The entry as ``GGML_TUNER_MMQ_CHOICES`` spells it."""
+        return f"{self.type}:{self.lo}..{'' if self.hi is None else self.hi}={self.backend}"
+
+    def covers(self, ne11: int) -> bool:
+        return self.lo <= ne11 and (self.hi is None or ne11 < self.hi)
+
+
+def parse_mmq_choices(text: str) -> tuple[MmqChoice, ...]:
+    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it: comma-separated entries, empty ones skipped, no spaces.
+
+    The hook accepts any ggml type name; this parser only the types MMQ supports (:data:`MMQ_SUPPORTED`).
+
+    Raises:
+        UsageError: An entry that does not parse, an unknown type or ``HI <= LO`` (where the hook aborts).
+    """
+    out = []
+    for item in text.split(","):
+        if not item:
+            continue
+        m = _ENTRY.fullmatch(item)
+        if not m:
+            raise UsageError(f"{ENV} entry {item!r} is not {_GRAMMAR}.")
+        if m.group(1) not in MMQ_SUPPORTED:
+            raise UsageError(
+                f"{ENV} entry {item!r}: {m.group(1)!r} is no type MMQ supports ({', '.join(MMQ_SUPPORTED)})."
+                f"{close_matches(m.group(1), MMQ_SUPPORTED)}"
+            )
+        lo, hi = int(m.group(2)), int(m.group(3)) if m.group(3) else None
+        if hi is not None and hi <= lo:
+            raise UsageError(f"{ENV} entry {item!r}: HI {hi} must be greater than LO {lo}.")
+        out.append(MmqChoice(type=m.group(1), lo=lo, hi=hi, backend=m.group(4)))
+    return tuple(out)
+
+
+def mmq_env(choices: Iterable[MmqChoice]) -> str:
+    """The ``GGML_TUNER_MMQ_CHOICES`` value of ``choices`` (comma-joined, no spaces)."""
+    return ",".join(c.text for c in choices)
+
+
+def match_mmq(choices: Sequence[MmqChoice], type_name: str, ne11: int) -> str | None:
+    """The backend the first covering entry names, or None where upstream's choice stays."""
+    return next((c.backend for c in choices if c.type == type_name and c.covers(ne11)), None)
+
+
+# ------------------------------------------------------------------------------------------------- C++
+
+_HOOK = r"""// tuner: MMQ vs cuBLAS per quant type and batch size from GGML_TUNER_MMQ_CHOICES, read once: comma-separated
+// TYPE:LO..HI=MMQ|BLAS (TYPE a ggml type name, ne11 in [LO, HI), HI empty = unbounded); the first entry that
+// covers a dense multiplication (n_experts == 0) decides it, any other call keeps upstream's choice.
+struct ggml_tuner_mmq_choice {
+    ggml_type type;
+    int64_t   lo;
+    int64_t   hi; // -1: unbounded
+    bool      mmq;
+};
+
+static bool ggml_tuner_mmq_parse_int(const std::string & s, int64_t & out) {
+    if (s.empty() || s.size() > 18) {
+        return false;
+    }
+    out = 0;
+    for (const char c : s) {
+        if (c < '0' || c > '9') {
+            return false;
+        }
+        out = 10*out + (c - '0');
+    }
+    return true;
+}
+
+static std::vector<ggml_tuner_mmq_choice> ggml_tuner_mmq_parse(const char * text) {
+    std::vector<ggml_tuner_mmq_choice> out;
+    const std::string s = text ? text : "";
+    size_t pos = 0;
+    while (pos < s.size()) {
+        size_t end = s.find(',', pos);
+        if (end == std::string::npos) {
+            end = s.size();
+        }
+        const std::string item = s.substr(pos, end - pos);
+        pos = end + 1;
+        if (item.empty()) {
+            continue;
+        }
+        const size_t colon = item.find(':');
+        const size_t dots  = colon == std::string::npos ? colon : item.find("..", colon);
+        const size_t eq    = dots  == std::string::npos ? dots  : item.find('=', dots);
+        ggml_tuner_mmq_choice c = {GGML_TYPE_COUNT, 0, -1, true};
+        bool ok = eq != std::string::npos;
+        if (ok) {
+            const std::string name = item.substr(0, colon);
+            for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+                const char * tn = ggml_type_name((ggml_type) t);
+                if (tn != nullptr && name == tn) {
+                    c.type = (ggml_type) t;
+                }
+            }
+            const std::string hi      = item.substr(dots + 2, eq - dots - 2);
+            const std::string backend = item.substr(eq + 1);
+            ok = c.type != GGML_TYPE_COUNT && ggml_tuner_mmq_parse_int(item.substr(colon + 1, dots - colon - 1), c.lo) &&
+                (hi.empty() || (ggml_tuner_mmq_parse_int(hi, c.hi) && c.hi > c.lo)) &&
+                (backend == "MMQ" || backend == "BLAS");
+            c.mmq = backend == "MMQ";
+        }
+        if (!ok) {
+            GGML_ABORT("GGML_TUNER_MMQ_CHOICES: '%s' is not TYPE:LO..HI=MMQ|BLAS", item.c_str());
+        }
+        out.push_back(c);
+    }
+    return out;
+}
+
+// 1: MMQ, 0: cuBLAS, -1: no entry covers this call
+static int ggml_tuner_mmq_choose(const ggml_type type, const int64_t ne11) {
+    static const std::vector<ggml_tuner_mmq_choice> choices = ggml_tuner_mmq_parse(getenv("GGML_TUNER_MMQ_CHOICES"));
+    for (const ggml_tuner_mmq_choice & c : choices) {
+        if (c.type == type && ne11 >= c.lo && (c.hi < 0 || ne11 < c.hi)) {
+            return c.mmq ? 1 : 0;
+        }
+    }
+    return -1;
+}
+
+"""
+
+_HOOK_CALL = """    if (n_experts == 0) {
+        const int tuned = ggml_tuner_mmq_choose(type, ne11);
+        if (tuned >= 0) {
+            return tuned == 1;
+        }
+    }
+
+"""
+
+
+def hook_block() -> str:
+    """The hook's C++ (parser, table and lookup) as :func:`patched_mmq_hook` puts it before the function."""
+    return _HOOK
+
+
+def _function(root: Path) -> tuple[str, int, int]:
+    path = root / MMQ_FILE
+    if not path.is_file():
+        raise TunerError(f"{root} has no {MMQ_FILE}; the MMQ patch needs the pristine llama.cpp tree.")
+    text = path.read_text()
+    start = text.find(_FUNCTION)
+    end = text.find("\n}\n", start)
+    body = text[start:end] if 0 <= start < end else ""
+    if _TURING not in body or "ggml_tuner_mmq" in text:
+        raise TunerError(
+            f"{MMQ_FILE} of {root}: ggml_cuda_should_use_mmq does not have the structure of llama.cpp 0c1e570 "
+            "(its Turing branch returning true), or it is already patched."
+        )
+    return text, start, start + body.index(_TURING)
+
+
+def patched_mmq_hook(root: Path) -> str:
+    """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc)."""
+    text, start, at = _function(root)
+    return text[:start] + _HOOK + text[start:at] + _HOOK_CALL + text[at:]
+
+
+def patched_mmq_condition(
+    root: Path, choices: Sequence[MmqChoice], arch: Any, cond: str, *, note: str = ""
+) -> str | None:
+    """mmq.cu with the composed choices as upstream-style conditions for ``arch`` (None where none is BLAS).
+
+    ``cond`` is the arch's condition on ``cc`` (:func:`tuner.result.upstream_patch.arch_condition`).
+    Only cuBLAS entries become code: on an arch with Turing tensor cores upstream runs MMQ everywhere.
+
+    Raises:
+        TunerError: An arch without Turing tensor cores, or a tree of another structure.
+    """
+    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
+        raise TunerError(f"The MMQ condition goes before the Turing branch; {arch.name!r} has no Turing tensor cores.")
+    blas = sorted(c for c in choices if c.backend == "BLAS")
+    if not blas:
+        return None
+    text, _start, at = _function(root)
+    head = note.strip() or f"cuBLAS is faster than MMQ for these types and batch sizes on {arch.name}."
+    lines = [*(f"    // {ln}" if ln else "    //" for ln in head.splitlines())]
+    lines += [f"    if ({cond} && n_experts == 0) {{", "        switch (type) {"]
+    for t in sorted({c.type for c in blas}):
+        lines.append(f"            case GGML_TYPE_{t.upper()}:")
+        for c in (c for c in blas if c.type == t):
+            parts = ([f"ne11 >= {c.lo}"] if c.lo else []) + ([f"ne11 < {c.hi}"] if c.hi is not None else [])
+            if parts:
+                lines += [
+                    f"                if ({' && '.join(parts)}) {{",
+                    "                    return false;",
+                    "                }",
+                ]
+            else:
+                lines.append("                return false;")
+        lines.append("                break;")
+    lines += ["            default:", "                break;", "        }", "    }", "", ""]
+    return text[:at] + "\n".join(lines) + text[at:]
+
+
+def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
+    """A host-only C++ program around the hook of a patched mmq.cu, for comparing it with :func:`match_mmq`.
+
+    ggml's types are stubbed by ``type_names`` (in order, then ``GGML_TYPE_COUNT``), ``GGML_ABORT`` prints
+    and exits with status 3. The program reads ``GGML_TUNER_MMQ_CHOICES``, then lines ``TYPE_INDEX NE11``
+    from stdin, and prints ``MMQ``, ``BLAS`` or ``NONE`` per line.
+    """
+    start = patched.find(_HOOK.splitlines()[0])
+    fn = patched.find("static int ggml_tuner_mmq_choose(", start)
+    end = patched.find("\n}\n", fn)
+    if start < 0 or fn < 0 or end < 0:
+        raise TunerError("The patched mmq.cu has no GGML_TUNER_MMQ_CHOICES hook to extract.")
+    enum = ", ".join(f"GGML_TYPE_{t.upper()} = {i}" for i, t in enumerate(type_names))
+    names = ", ".join(f'"{t}"' for t in type_names)
+    return "\n".join(
+        [
+            "#include <cstdint>",
+            "#include <cstdio>",
+            "#include <cstdlib>",
+            "#include <string>",
+            "#include <vector>",
+            f"enum ggml_type {{ {enum}, GGML_TYPE_COUNT }};",
+            f"static const char * ggml_type_name(ggml_type t) {{ static const char * n[] = {{{names}}}; return n[t]; }}",
+            "#define GGML_ABORT(...) (std::fprintf(stderr, __VA_ARGS__), std::fputc('\\n', stderr), std::exit(3))",
+            patched[start : end + 3],
+            "int main() {",
+            "    int t;",
+            "    long long ne11;",
+            '    while (std::scanf("%d %lld", &t, &ne11) == 2) {',
+            "        const int r = ggml_tuner_mmq_choose((ggml_type) t, ne11);",
+            '        std::puts(r == 1 ? "MMQ" : r == 0 ? "BLAS" : "NONE");',
+            "    }",
+            "    return 0;",
+            "}",
+            "",
+        ]
+    )
+
+
+# ----------------------------------------------------------------------------------------------- sweep
+
+
+class MatmulTimer(Protocol):
+    """Times one quantized matrix multiplication of ``type`` with batch ``ne11`` (the GPU side plugs in here).
+
+    ``backend`` is ``MMQ`` or ``BLAS`` to force one (e.g. through the hook), None for upstream's choice.
+    Returns seconds per multiplication, one sample per timed call (at least one)."""
+
+    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqCell:
+    """One quant type at one batch size; upstream's backend and the other one, forced."""
+
+    type: str
+    ne11: int
+    upstream: str = "MMQ"
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        return (DEFAULT, AA, *(b for b in BACKENDS if b != self.upstream))
+
+
+def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
+    """Every (type, ne11) cell; upstream's backend is MMQ on an NVIDIA arch with Turing tensor cores (module doc)."""
+    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
+        raise UsageError(f"The MMQ sweep models upstream's choice with Turing tensor cores; {arch.name!r} has none.")
+    bad = [t for t in types if t not in MMQ_SUPPORTED]
+    if bad:
+        raise UsageError(f"Types {bad} are not supported by MMQ ({', '.join(MMQ_SUPPORTED)}).")
+    return [MmqCell(type=t, ne11=b) for t in types for b in sorted(set(batches))]
+
+
+def mmq_dry_run_text(cells: Sequence[MmqCell], *, rounds: int, per_call_s: float) -> str:
+    """What an MMQ sweep of ``cells`` would run, and its time at ``per_call_s`` per timer call."""
+    per_round = sum(len(c.configs) for c in cells)
+    return (
+        f"MMQ vs cuBLAS sweep: {len(sorted({c.type for c in cells}))} types x {len(sorted({c.ne11 for c in cells}))} "
+        f"batch sizes = {len(cells)} cells\n"
+        f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}\n"
+        f"estimated time at {per_call_s:g} s per call: {per_round * rounds * per_call_s / 60:.1f} min\n"
+    )
+
+
+def compose_mmq(stats: Mapping[str, Mapping[int, CellStats]]) -> tuple[MmqChoice, ...]:
+    """Per type, the batch-size intervals where the other backend is faster (as :func:`tuner.sweep.rounds.compose_fa`)."""
+    out = []
+    for t in sorted(stats):
+        for r in rules_from(decide("pp", stats[t]), Shape(kv=None)):
+            out.append(MmqChoice(type=t, lo=r.lo, hi=r.hi, backend=r.kernel))
+    return tuple(out)
+
+
+def run_mmq_sweep(timer: MatmulTimer, cells: Sequence[MmqCell], *, rounds: int) -> tuple[MmqChoice, ...]:
+    """Measure every cell and compose the choices."""
+    stats: dict[str, dict[int, CellStats]] = {}
+    for cell in cells:
+
+        def call(name: str, cell: MmqCell = cell) -> Sequence[float]:
+            return timer(cell.type, cell.ne11, None if name in (DEFAULT, AA) else name)
+
+        stats.setdefault(cell.type, {})[cell.ne11] = cell_stats(
+            cell.ne11, cell.upstream, paired_rounds(call, cell.configs, rounds)
+        )
+    return compose_mmq(stats)

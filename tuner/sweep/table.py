@@ -1,0 +1,261 @@
+"""The sweep's FlashAttention table: its rules, its Python matcher and its C++ form in upstream's fattn.cu.
+
+The table is a small static array in ``ggml/src/ggml-cuda/fattn.cu`` with a lookup function, both put
+just before ``ggml_cuda_get_best_fattn_kernel``, and one call at the top of that function's
+Turing-and-newer branch, guarded by the exact compute capability measured (``cc == GGML_CUDA_CC_HOPPER``
+for sm_90; :func:`tuner.result.upstream_patch.arch_condition` says why equality). A shape the table
+does not list keeps upstream's choice. A listed entry is used only where it was measured to be
+legal and where it was measured at all: VEC needs ``can_use_vector_kernel``; TILE and MMA for a GQA
+ratio >= 2 need ``gqa_opt_applies`` (the GQA-packed kernels the sweep timed), as in
+:func:`tuner.result.upstream_patch.rule_condition`; the call needs ``Q->ne[3] == 1`` (one sequence).
+
+:func:`match_table` is the same lookup in Python; :func:`harness_source` turns the lookup of an
+emitted fattn.cu into a host-only C++ program, so a test compiles it and compares the two.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LOOKUP_PREFIX",
+    "TableRule",
+    "harness_source",
+    "match_table",
+    "patched_fattn_table",
+    "render_table_patch",
+    "table_block",
+]
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.plan.fa_rules import FaRule
+from tuner.result.upstream_patch import COMMON, FATTN, KERNEL_ENUMS, arch_condition, git_diff, kv_type_enum
+
+LOOKUP_PREFIX = "ggml_cuda_fattn_tuned_kernel_"
+_FUNCTION = "static best_fattn_kernel ggml_cuda_get_best_fattn_kernel("
+_TURING_BRANCH = "    if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72) {\n"
+_NEEDS = ("const int gqa_ratio", "bool gqa_opt_applies", "const bool can_use_vector_kernel", "const int cc")
+_STRUCT = "ggml_cuda_fattn_kernel_choice"
+
+
+@dataclasses.dataclass(frozen=True, order=True, kw_only=True)
+class TableRule:
+    """One entry: a shape (``Q->ne[1]`` exactly) and an n_kv interval ``[lo, hi)`` (hi None: unbounded) -> kernel."""
+
+    D: int
+    gqa: int
+    kv: str
+    ne1: int
+    lo: int
+    hi: int | None
+    kernel: str
+
+    @classmethod
+    def of(cls, rule: FaRule, *, ne1: int) -> TableRule:
+        """A composed rule, keyed to the query columns it was measured at."""
+        if rule.D is None or rule.gqa is None or rule.kv is None:
+            raise TunerError(f"Rule {rule.text} has no full shape (D, gqa, kv); a sweep table keys every entry.")
+        return cls(D=rule.D, gqa=rule.gqa, kv=rule.kv, ne1=ne1, lo=rule.lo, hi=rule.hi, kernel=rule.kernel)
+
+    @property
+    def text(self) -> str:
+        """``D64 gqa4 f16 ne1 1, n_kv in [32768, inf) -> MMA``: the entry for messages and reports."""
+        hi = "inf" if self.hi is None else self.hi
+        return f"D{self.D} gqa{self.gqa} {self.kv} ne1 {self.ne1}, n_kv in [{self.lo}, {hi}) -> {self.kernel}"
+
+    def covers(self, n_kv: int) -> bool:
+        return self.lo <= n_kv and (self.hi is None or n_kv < self.hi)
+
+
+def match_table(
+    rules: Sequence[TableRule],
+    *,
+    D: int,
+    gqa: int,
+    type_k: str,
+    type_v: str,
+    ne1: int,
+    n_kv: int,
+    can_use_vector_kernel: bool,
+    gqa_opt_applies: bool,
+) -> str | None:
+    """The kernel the emitted lookup returns for one call, or None where upstream's choice stays (module doc)."""
+    if type_k != type_v:
+        return None
+    for r in rules:
+        if (r.D, r.gqa, r.kv, r.ne1) != (D, gqa, type_k, ne1) or not r.covers(n_kv):
+            continue
+        if (not can_use_vector_kernel) if r.kernel == "VEC" else (gqa >= 2 and not gqa_opt_applies):
+            return None
+        return r.kernel
+    return None
+
+
+def _check(rules: Sequence[TableRule]) -> None:
+    for r in rules:
+        if r.kernel not in KERNEL_ENUMS:
+            raise TunerError(f"Table entry {r.text}: kernel must be one of {', '.join(KERNEL_ENUMS)}.")
+        if r.lo < 0 or (r.hi is not None and r.hi <= r.lo):
+            raise TunerError(f"Table entry {r.text}: its n_kv range must satisfy 0 <= lo < hi.")
+        kv_type_enum(r.kv)  # raises for a type without FlashAttention support
+        if r.kernel == "VEC" and not (r.D <= 256 and r.D % 64 == 0 and r.D != 192):
+            raise TunerError(f"Table entry {r.text}: no vector kernel exists for head size {r.D}.")
+    for i, a in enumerate(rules):
+        for b in rules[i + 1 :]:
+            same = (a.D, a.gqa, a.kv, a.ne1) == (b.D, b.gqa, b.kv, b.ne1)
+            if same and a.lo < (math.inf if b.hi is None else b.hi) and b.lo < (math.inf if a.hi is None else a.hi):
+                raise TunerError(
+                    f"Table entries {a.text} and {b.text} overlap; one shape's n_kv ranges must be disjoint."
+                )
+
+
+def _suffix(arch: Any) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", str(getattr(arch, "family", "") or arch.name).lower()).strip("_")
+
+
+def table_block(rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str:
+    """The static table and its lookup function (C++ lines ending in a newline), for ``arch``."""
+    suffix = _suffix(arch)
+    rows = []
+    for r in sorted(rules):
+        hi = -1 if r.hi is None else r.hi
+        rows.append(
+            f"    {{{r.D:4d}, {r.gqa}, {kv_type_enum(r.kv) + ',':15s} {r.ne1}, {r.lo:6d}, {hi:6d}, {KERNEL_ENUMS[r.kernel]}}},"
+        )
+    head = note.strip() or f"Kernel choices measured on {arch.name}."
+    return "\n".join(
+        [
+            *(f"// {ln}" if ln else "//" for ln in head.splitlines()),
+            "// One entry per head size, GQA ratio, K/V type (K and V alike), Q->ne[1] and n_kv range",
+            "// [n_kv_min, n_kv_max) (-1: unbounded); a shape not listed keeps the choice below.",
+            f"struct {_STRUCT} {{",
+            "    int64_t           D;",
+            "    int               gqa_ratio;",
+            "    ggml_type         type_KV;",
+            "    int64_t           ne1;",
+            "    int64_t           n_kv_min;",
+            "    int64_t           n_kv_max;",
+            "    best_fattn_kernel kernel;",
+            "};",
+            "",
+            f"static const {_STRUCT} {_STRUCT}s_{suffix}[] = {{",
+            *rows,
+            "};",
+            "",
+            f"static best_fattn_kernel {LOOKUP_PREFIX}{suffix}(",
+            "        const int64_t D, const int gqa_ratio, const ggml_type type_K, const ggml_type type_V, const int64_t ne1,",
+            "        const int64_t n_kv, const bool can_use_vector_kernel, const bool gqa_opt_applies) {",
+            "    if (type_K != type_V) {",
+            "        return BEST_FATTN_KERNEL_NONE;",
+            "    }",
+            f"    for (const {_STRUCT} & c : {_STRUCT}s_{suffix}) {{",
+            "        if (c.D != D || c.gqa_ratio != gqa_ratio || c.type_KV != type_K || c.ne1 != ne1 ||",
+            "                n_kv < c.n_kv_min || (c.n_kv_max >= 0 && n_kv >= c.n_kv_max)) {",
+            "            continue;",
+            "        }",
+            "        // measured with the vector kernel where it can run, and with the GQA-optimized kernels only:",
+            "        if (c.kernel == BEST_FATTN_KERNEL_VEC ? !can_use_vector_kernel : (gqa_ratio >= 2 && !gqa_opt_applies)) {",
+            "            return BEST_FATTN_KERNEL_NONE;",
+            "        }",
+            "        return c.kernel;",
+            "    }",
+            "    return BEST_FATTN_KERNEL_NONE;",
+            "}",
+            "",
+            "",
+        ]
+    )
+
+
+def _call(arch: Any, cond: str) -> str:
+    return "\n".join(
+        [
+            f"        if ({cond} && Q->ne[3] == 1) {{",
+            f"            const best_fattn_kernel tuned = {LOOKUP_PREFIX}{_suffix(arch)}(",
+            "                Q->ne[0], gqa_ratio, K->type, V->type, Q->ne[1], K->ne[1], can_use_vector_kernel, gqa_opt_applies);",
+            "            if (tuned != BEST_FATTN_KERNEL_NONE) {",
+            "                return tuned;",
+            "            }",
+            "        }",
+            "",
+        ]
+    )
+
+
+def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+    """fattn.cu of the pristine tree at ``root`` with the table added (module doc); None for no rules.
+
+    Raises:
+        TunerError: An arch without Turing tensor cores, a bad or overlapping entry, or a tree whose
+            selection function is not the one of llama.cpp 0c1e570 (docs/selector.md).
+    """
+    rules = list(rules)
+    if not rules:
+        return None
+    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
+        raise TunerError(f"A sweep table goes into the Turing-and-newer branch; {arch.name!r} has none.")
+    _check(rules)
+    path, common = root / FATTN, root / COMMON
+    if not path.is_file() or not common.is_file():
+        raise TunerError(f"{root} has no {FATTN} and {COMMON}; the sweep's patch needs the pristine llama.cpp tree.")
+    text = path.read_text()
+    start = text.find(_FUNCTION)
+    end = text.find("\n}\n", start)
+    body = text[start:end] if 0 <= start < end else ""
+    missing = [n for n in _NEEDS if n not in body]
+    if missing or _TURING_BRANCH not in body or LOOKUP_PREFIX in text:
+        raise TunerError(
+            f"{FATTN} of {root}: ggml_cuda_get_best_fattn_kernel does not have the structure the sweep's patch is "
+            f"written for (missing {', '.join(missing) or repr(_TURING_BRANCH.strip())}, or already patched); "
+            "it differs from llama.cpp 0c1e570 (docs/selector.md)."
+        )
+    branch = start + body.index(_TURING_BRANCH) + len(_TURING_BRANCH)
+    call = _call(arch, arch_condition(arch, common.read_text()))
+    return text[:start] + table_block(rules, arch, note=note) + text[start:branch] + call + text[branch:]
+
+
+def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+    """``upstream.patch`` for the whole table: a git-format diff of fattn.cu (None for no rules)."""
+    new = patched_fattn_table(root, rules, arch, note=note)
+    return None if new is None else git_diff(FATTN, (root / FATTN).read_text(), new)
+
+
+def harness_source(patched: str, kv_types: Sequence[str]) -> str:
+    """A host-only C++ program around the lookup of a patched fattn.cu, for comparing it with :func:`match_table`.
+
+    Reads lines ``D gqa K V ne1 n_kv can_use_vector_kernel gqa_opt_applies`` (K and V as indices into
+    ``kv_types``) from stdin and prints the kernel name (``VEC``, ``TILE``, ``MMA``) or ``NONE`` per line.
+    """
+    enum = re.search(r"^enum best_fattn_kernel \{.*?^\};\n", patched, re.M | re.S)
+    start = patched.find(f"struct {_STRUCT} {{")
+    fn = patched.find(f"static best_fattn_kernel {LOOKUP_PREFIX}", start)
+    end = patched.find("\n}\n", fn)
+    if enum is None or start < 0 or fn < 0 or end < 0:
+        raise TunerError("The patched fattn.cu has no best_fattn_kernel enum or no sweep table to extract.")
+    types = ", ".join(f"{kv_type_enum(t)} = {i}" for i, t in enumerate(kv_types))
+    names = " : ".join(f'k == {e} ? "{n}"' for n, e in KERNEL_ENUMS.items())
+    return "\n".join(
+        [
+            "#include <cstdint>",
+            "#include <cstdio>",
+            f"enum ggml_type {{ {types} }};",
+            enum.group(0),
+            patched[start : end + 3],
+            "int main() {",
+            "    long long D, ne1, n_kv;",
+            "    int gqa, tk, tv, vec, opt;",
+            '    while (std::scanf("%lld %d %d %d %lld %lld %d %d", &D, &gqa, &tk, &tv, &ne1, &n_kv, &vec, &opt) == 8) {',
+            f"        const best_fattn_kernel k = {patched[fn + len('static best_fattn_kernel ') : patched.index('(', fn)]}(",
+            "            D, gqa, (ggml_type) tk, (ggml_type) tv, ne1, n_kv, vec != 0, opt != 0);",
+            f'        std::puts({names} : "NONE");',
+            "    }",
+            "    return 0;",
+            "}",
+            "",
+        ]
+    )
