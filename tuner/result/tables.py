@@ -244,12 +244,15 @@ def method_paragraph(
     rounds: Sequence[int] = (),
     noise: str = "",
     ceiling_pct: float | None = None,
+    rule: str | None = None,
 ) -> str:
     """How the table's numbers were computed, written by the code that computed them.
 
     ``kind``: ``separate runs`` (:func:`tuner.measure.stats.compare` on two files' repetitions) or
     ``paired rounds`` (the search: :func:`tuner.measure.paired.block_effects` over interleaved rounds).
-    ``noise``: what the Noise column holds (one sentence).
+    ``noise``: what the Noise column holds (one sentence). ``rule``: ``sequential`` where the search's
+    decision rule (:mod:`tuner.measure.decide`) gave the verdicts; else the earlier one (the whole CI beyond
+    the noise reference), which stored results and separate runs use.
     """
     if kind == "separate runs":
         from tuner.measure.stats import method_text
@@ -261,10 +264,15 @@ def method_paragraph(
         text = paired_text(rounds, confidence)
     else:
         raise ValueError(f"unknown method {kind!r}")
-    text += (
-        " Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
-        "claims nothing." + (f" Noise: {noise}" if noise else "")
-    )
+    if rule == "sequential":
+        from tuner.measure.decide import method_text as rule_text
+
+        text += " " + rule_text() + (f" Noise (shown, not a bar): {noise}" if noise else "")
+    else:
+        text += (
+            " Verdict: faster or slower only when the whole CI lies beyond the noise reference; a row without one "
+            "claims nothing." + (f" Noise: {noise}" if noise else "")
+        )
     if ceiling_pct is not None:
         text += (
             f" A phase whose A/A noise exceeds {ceiling_pct:g}% claims nothing at all (the machine was too noisy "

@@ -570,7 +570,8 @@ def render_pr_body(
             ``phase``, ``depth``, ``test`` (``tg128``; the table adds ``@d<depth>``), ``base_ts`` and
             ``tuned_ts`` (the t/s shown; Speedup is their ratio), ``ci_low``/``ci_high`` (95% CI of the
             paired ratio, as ratios), ``aa_noise_pct`` (the A/A noise the verdict cleared, percent),
-            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned), ``rounds``.
+            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned), ``rounds``; ``rule`` (``sequential``)
+            where the search's decision rule gave the verdicts, which the method paragraph then states.
         commands: Reproduction commands (:func:`reproduce_commands`), shown verbatim in a shell block.
         source: The llama.cpp the patch is against (e.g. ``llama.cpp 0c1e570``).
         rounds: Paired rounds per point (default: the points' ``rounds``).
@@ -614,6 +615,7 @@ def render_pr_body(
             "paired rounds",
             rounds=rs,
             ceiling_pct=noise_ceiling_pct,
+            rule="sequential" if any(p.get("rule") == "sequential" for p in points) else None,
             noise=(
                 "the A/A pair (upstream measured against itself in the same rounds), at least the phase's median A/A "
                 "noise" + (f"; {min(noise):.1f}–{max(noise):.1f}% here." if noise else ".")

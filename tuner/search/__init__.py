@@ -5,7 +5,8 @@
 * ``screen`` measures upstream's kernel choice and every legal forced kernel per phase and depth in
   paired, interleaved rounds (runtime only, zero rebuilds); ``live`` runs them on llama-bench;
 * ``compose`` turns the screen into FlashAttention rules keyed by the model's shape, a kernel per
-  depth interval, only where a kernel beat upstream beyond the A/A noise;
+  depth interval, only where a kernel is faster than upstream by the decision rule
+  (:mod:`tuner.measure.decide`: per-round differences to the A/A pair, Holm over a phase's points);
 * ``tune`` runs Optuna only over what really is a joint search (compile-time rows, process-wide
   knobs) with the composed rules fixed;
 * ``confirm`` re-measures the final config against upstream, paired, at every depth plus depths the

@@ -27,7 +27,9 @@ __all__ = [
     "phase_cpu_noise",
     "phase_noise",
     "rules_from",
+    "sequential_calls",
 ]
+
 
 import dataclasses
 import itertools
@@ -38,9 +40,14 @@ from typing import Any
 
 from scipy import stats as _stats
 
+from tuner.measure.decide import Call, decide, phase_tests
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, rejects_cpu_cost, too_noisy, verdict
 from tuner.plan.fa_rules import FaRule, Phase
-from tuner.search.screen import CellStats
+from tuner.search.screen import UPSTREAM, CellStats
+
+RULES = ("sequential", "aa-bar")
+"""The decision rules: ``sequential`` (:mod:`tuner.measure.decide`, the search's) and ``aa-bar`` (the
+earlier one, kept for comparison in tools/power.py: the whole 95% CI beyond the A/A noise bar)."""
 
 _STRIDE = 256  # llama.cpp pads n_kv to FATTN_KQ_STRIDE (256): a depth between two others is rounded to it
 
@@ -123,8 +130,35 @@ def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
     return statistics.median(vals) if vals else math.inf
 
 
-def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
+def _changed(c: CellStats) -> list[str]:
+    """The candidates of a cell that ran another kernel than upstream's there (they can change a decision)."""
+    return [
+        n for n in c.effects if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel
+    ]
+
+
+def sequential_calls(cells: Mapping[int, CellStats]) -> dict[tuple[int, str], Call]:
+    """:func:`tuner.measure.decide.decide` over one phase's cells: every candidate with an effect, the A/A
+    twin left out, at every depth that has an A/A twin (without one nothing is tested or claimed)."""
+    tests = phase_tests(
+        {
+            d: (c.series, UPSTREAM, c.aa, [n for n in c.effects if n != c.aa])
+            for d, c in cells.items()
+            if c.aa is not None and c.aa in c.series and UPSTREAM in c.series
+        }
+    )
+    lims = [c.limits for c in cells.values()]
+    limits = (min((x[0] for x in lims), default=1), max((x[1] for x in lims), default=1))
+    return decide({(d, n): t for d, ts in tests.items() for n, t in ts.items()}, limits=limits)
+
+
+def open_depths(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> set[int]:
     """The depths whose decision more rounds could still change: the screen's and the confirm's settle rule.
+
+    ``sequential`` (the search's rule, :func:`sequential_calls`): a depth is open while a candidate that
+    ran another kernel than upstream's there is neither claimed (faster or slower) nor settled by
+    futility (its one-sided 95% upper bound below the practical minimum), and while a depth with such a
+    candidate has no A/A twin yet. ``aa-bar`` (the earlier rule):
 
     Only a candidate that ran another kernel than upstream's there can change a decision (the A/A
     pair and a confirm's final config where no rule fires measure noise). A depth is settled once one
@@ -134,6 +168,11 @@ def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     The bar is :func:`compose_phase`'s: the cell's A/A noise, at least :func:`noise_floor`; where no
     noise is known yet, a depth with such a candidate stays open.
     """
+    if rule == "sequential":
+        calls = sequential_calls(cells)
+        return {
+            d for d, c in cells.items() if any((d, n) not in calls or not calls[(d, n)].settled for n in _changed(c))
+        }
     out = set()
     for d, c in cells.items():
         bar = 1.0 + max(c.noise_pct, noise_floor(cells, d)) / 100.0
@@ -152,20 +191,35 @@ def open_depths(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     return out
 
 
-def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellStats]:
+def judge_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> dict[int, CellStats]:
     """The cells with every verdict judged against the bar the search decides by.
 
     :func:`tuner.search.screen.summarize_phase` judges a cell by its own A/A noise; a decision also needs
     the phase's noise floor at the cell's rounds (:func:`noise_floor`), so that one lucky A/A cell
     does not let a candidate through. The bar is the larger of the two (``bar_pct``, ``cpu_bar`` for
     CPU%), and the verdicts, the CPU rejection of decode changes (docs/design.md) included, are recomputed
-    by it: what the report calls ``faster`` is what compose and confirm act on."""
+    by it: what the report calls ``faster`` is what compose and confirm act on.
+
+    ``rule``: ``sequential`` (the search's, :func:`sequential_calls`) decides the t/s verdicts; the bar
+    then serves the CPU% rule and the report. ``aa-bar`` is the earlier rule (the whole CI beyond the bar)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown decision rule {rule!r}")
     cpu_floor = phase_cpu_noise(cells)
     noisy = too_noisy([c.noise_pct for c in cells.values()])  # beyond the ceiling the phase claims nothing
+    calls = sequential_calls(cells) if rule == "sequential" else {}
     out = {}
     for d, c in cells.items():
         bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
-        verdicts = {n: TOO_NOISY if noisy else verdict(e, bar) for n, e in c.effects.items()}
+        verdicts = {
+            n: TOO_NOISY
+            if noisy
+            else (
+                (calls[(d, n)].verdict if (d, n) in calls else "no difference")
+                if rule == "sequential"
+                else verdict(e, bar)
+            )
+            for n, e in c.effects.items()
+        }
         if phase == "tg" and not noisy:
             verdicts.update(
                 {
@@ -178,14 +232,16 @@ def judge_phase(phase: str, cells: Mapping[int, CellStats]) -> dict[int, CellSta
     return out
 
 
-def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
+def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> list[Decision]:
     """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts.
 
     A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
     (docs/design.md, "CPU% in decode decisions"); the decision's reason names it. Only a kernel faster beyond the noise can win,
-    so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out."""
+    so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out.
+    ``rule``: :func:`judge_phase`'s."""
     out = []
-    judged = judge_phase(phase, cells)
+    judged = judge_phase(phase, cells, rule=rule)
+    by = "by the decision rule (A/A-controlled, Holm over the phase's points)" if rule == "sequential" else ""
     for d in sorted(judged):
         c = judged[d]
         noise = c.bar_pct
@@ -198,11 +254,15 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
                 costly.append(f"{name} (CPU% {c.cpu[name].mean:+.0f} points)")
             elif v == "faster" and (best_e is None or e.ratio > best_e.ratio):
                 best, best_e = name, e
-            elif v != "faster" and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
+            elif v != "faster" and not by and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
                 near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
             why = (
-                "no forced kernel beat upstream beyond the A/A noise"
+                (
+                    f"no forced kernel was faster than upstream {by}"
+                    if by
+                    else "no forced kernel beat upstream beyond the A/A noise"
+                )
                 if math.isfinite(noise)
                 else "no A/A noise measured"
             )
@@ -237,7 +297,8 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
                     effect_pct=best_e.pct,
                     ci=(best_e.ci_low, best_e.ci_high),
                     noise_pct=noise,
-                    reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) clears the A/A noise ±{noise:.1f}%",
+                    reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) "
+                    + (f"is faster than upstream {by}" if by else f"clears the A/A noise ±{noise:.1f}%"),
                 )
             )
     return out

@@ -6,9 +6,11 @@ of this very procedure) and the final config. Depths: the screen's ladder plus d
 was not measured. Only phases whose config differs from upstream are measured; the others are
 upstream's by construction and reported so.
 
-What does not confirm is dropped: a rule with a point slower than upstream beyond the noise inside
-its interval, or with no point faster beyond it, goes; so does a process-wide knob that makes any
-point slower. A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
+What does not confirm is dropped: a rule with a point slower than upstream inside its interval, or
+with no point faster, goes; so does a process-wide knob that makes any point slower. Faster and slower
+are the search's decision rule's (:mod:`tuner.measure.decide`, through
+:func:`tuner.search.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
+points, Bonferroni over the round counts a point may stop at). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
 t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
 The export claims only the points that confirmed.
 """
@@ -72,6 +74,7 @@ def point_rows(
                 "rounds": e.n if e else 0,
                 "aa_noise_pct": noise,
                 "verdict": v,
+                "rule": "sequential",  # the decision rule that gave the verdict (tuner/measure/decide.py)
                 **_utilizations(c, cpu, cpu_noise),
             }
         )
@@ -115,7 +118,7 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
             dropped[r] = "no confirmed point inside its interval"
         elif "slower" in v:
             bad = [x["depth"] for x in inside if x["verdict"] == "slower"]
-            dropped[r] = f"slower than upstream beyond the noise at depth {bad}"
+            dropped[r] = f"slower than upstream at depth {bad}"
         elif CPU_REJECTED in v:
             bad = [x["depth"] for x in inside if x["verdict"] == CPU_REJECTED]
             dropped[r] = f"CPU% up beyond the noise without a t/s gain at depth {bad}"
@@ -124,7 +127,7 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
                 f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy to confirm it"
             )
         elif "faster" not in v:
-            dropped[r] = "not faster than upstream beyond the A/A noise at any depth inside it"
+            dropped[r] = "not faster than upstream at any depth inside it"
         else:
             kept.append(r)
     slower = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == "slower"]
@@ -132,7 +135,7 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
     noisy = sorted({x["phase"] for x in rows if x["verdict"] == TOO_NOISY})  # nothing can be confirmed there
     ok = not (process_changed and (slower or costly or noisy))
     why = "; ".join(
-        ([f"slower than upstream beyond the noise at {', '.join(slower)}"] if slower else [])
+        ([f"slower than upstream at {', '.join(slower)}"] if slower else [])
         + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
         + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else [])
     )

@@ -12,7 +12,10 @@ candidate per call, so the two phases share every depth fill, the larger part of
 
 Upstream's own pick per depth is read from the patched build's ``GGML_TUNER_FA_LOG`` lines, so the
 forced candidate equal to it is a built-in A/A pair that measures the noise. Where no kernel can be
-forced (the CPU backend), an explicit second upstream candidate is the A/A pair.
+forced (the CPU backend), an explicit second upstream candidate is the A/A pair. The decisions (claim,
+keep upstream, more rounds) are :mod:`tuner.measure.decide`'s, through
+:func:`tuner.search.compose.judge_phase` and :func:`tuner.search.compose.open_depths`: each round records
+its stop rule's limits (``limits``), the looks that rule accounts for.
 
 The round records are plain JSON (stored in the study, so a resumed search adds rounds instead of
 starting over). Next to t/s (``values``) they keep what the measure observed in the timed window:
@@ -54,6 +57,7 @@ from typing import Any
 
 from tuner import log, progress
 from tuner.errors import TunerError
+from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.measure.paired import (
     CPU_REJECTED,
     Diff,
@@ -287,6 +291,7 @@ def run_joint_rounds(
                     sorted({e for r in recs.values() for e in r["errors"].values()}),
                 )
             for p, rec in recs.items():
+                rec["limits"] = [min_rounds, max_rounds]  # the looks the decision rule accounts for
                 mine[p].append(rec)
                 rounds.append(rec)
                 if on_round is not None:
@@ -482,6 +487,12 @@ class CellStats:
     (:func:`tuner.search.compose.judge_phase`); NaN while only this cell's own noise judged them."""
     cpu_bar: float = math.nan
     """The CPU% bar likewise (points)."""
+    series: Mapping[str, tuple[float | None, ...]] = dataclasses.field(default_factory=dict)
+    """Per candidate (upstream included; fallbacks left out): its t/s in each round, aligned by round
+    (what :mod:`tuner.measure.decide` tests; not stored, the rounds are)."""
+    limits: tuple[int, int] = DEFAULT_LIMITS
+    """The rounds' stop rule (min_rounds, max_rounds): the round counts a cell could stop at (records
+    without it: the default limits, the maximum widened to the rounds measured)."""
 
     @property
     def max_halfwidth(self) -> float:
@@ -567,8 +578,21 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
                 for n in [UPSTREAM, *names]
             },
             kernels={n: _majority([r["kernels"].get(n, {}).get(key) for r in recs]) for n in [UPSTREAM, *names]},
+            series={
+                n: tuple(r["values"].get(n, {}).get(key) for r in recs) for n in [UPSTREAM, *names] if n not in fallback
+            },
+            limits=_limits(recs),
         )
     return out
+
+
+def _limits(recs: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The (min, max) rounds of the stop rule the records were measured under (a resumed search with a raised
+    cap: the widest); records before it was stored: the default limits, the maximum widened to the rounds."""
+    recorded = [(int(r["limits"][0]), int(r["limits"][1])) for r in recs if r.get("limits")]
+    if recorded:
+        return min(x[0] for x in recorded), max(x[1] for x in recorded)
+    return DEFAULT_LIMITS[0], max(DEFAULT_LIMITS[1], len(recs))
 
 
 def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) -> list[float | None]:

@@ -233,14 +233,14 @@ def test_replay_reproduces_the_recorded_grid_winners() -> None:
 
     files = sorted((REPO / "tests" / "data" / "replay").glob("*.jsonl"))
     out = replay_screen(files, min_rounds=3, max_rounds=4)
-    # The screen never picks a kernel that is not the grid's winner. With the pooled block variance it
-    # sees decode MMA +8.4% [+5.2, +11.7] at d32768 (the grid's winner, +8.3% by median) but keeps
-    # upstream there: the phase's median A/A noise (6.4% on these sequential, unpaired recordings)
-    # is the floor a claim must clear. So 3 of 4 decode winners, and that one miss is conservative.
+    # The screen never picks a kernel that is not the grid's winner. Decode MMA +8.4% [+5.2, +11.7] at
+    # d32768 (the grid's winner, +8.3% by median) is claimed by the search's rule (tuner/measure/decide.py);
+    # the earlier rule kept upstream there, as the phase's median A/A noise (6.4% on these sequential,
+    # unpaired recordings) was a floor its whole CI had to clear: 3 of 4 decode winners.
     for phase in ("tg", "pp"):
         for dec in out[phase]["decisions"]:
             assert dec["winner"] in (None, out[phase]["grid_winners"][dec["depth"]])
-    assert out["tg"]["n"] == 4 and out["tg"]["agree"] == 3
+    assert out["tg"]["n"] == 4 and out["tg"]["agree"] == 4
     assert out["pp"]["agree"] == out["pp"]["n"]
     assert out["tg"]["used"] > 0 and out["tg"]["exhaustive"] > 0
 
@@ -616,7 +616,7 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     )
     assert len([r for r in recs if r["phase"] == "pp"]) == 3  # met its target before the cap
     still_open = open_depths("tg", summarize_phase("tg", recs, DEPTHS))
-    assert still_open and 32768 in still_open and 0 not in still_open
+    assert still_open and 32768 in still_open
     study = types.SimpleNamespace(user_attrs={"screen_rounds": recs, "screen_done_tg": True, "screen_done_pp": True})
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
     st = StudyState(study)
@@ -680,7 +680,9 @@ def test_settled_depths_get_no_more_rounds() -> None:
     mine = run_phase_rounds(
         measure, "tg", [up, aa, final], ds, crecs, min_rounds=3, max_rounds=8, target_ci=0.1, settle=comp.open_depths
     )
-    assert len(mine) == 3 and comp.open_depths("tg", summarize_phase("tg", mine, ds)) == set()
+    # rounds past the minimum measure only the depth where the rule changes the kernel
+    assert len(mine) >= 3 and all(r["depths"] == [65536] for r in mine[3:])
+    assert comp.open_depths("tg", summarize_phase("tg", mine[:3], ds)) <= {65536}
 
 
 def test_noise_floor_follows_a_depths_own_rounds() -> None:

@@ -1,0 +1,250 @@
+"""The search's decision rule: A/A-controlled paired differences, Holm over cells, Bonferroni over looks.
+
+One *cell* is a candidate at one depth of one phase. In every round the candidate, upstream and the
+A/A twin (upstream again, or the forced kernel upstream picks anyway) are measured back to back. The
+cell's per-round statistic is
+
+    d_i = log(candidate_i / upstream_i) - log(twin_i / upstream_i)
+
+(which is ``log(candidate_i / twin_i)``): round-level drift cancels, and so does any bias the harness
+gives a forced candidate over upstream's own selection, since the twin carries it too. The A/A noise is
+inside the interval of ``mean(d)`` (its variance is that of two measurements), so the interval is not
+widened by a separate noise bar a second time, which is what the earlier rule did (a claim needed the
+whole 95% CI beyond the A/A interval's reach: effect > noise + half-width).
+
+The variance is pooled over the configurations of each depth (rounds as blocks: the two-way residual
+mean square with (R-1)(C-1) degrees of freedom, as :func:`tuner.measure.paired.block_effects`); with
+``pool="phase"`` it is pooled over the phase's depths as well. ``se = sqrt(2 s^2 / R)``, Student-t.
+
+Decision, per *family* (the cells of one phase; a search has two phases, each gets ``alpha / 2``):
+
+1. each cell's two-sided p-value of ``mean(d) = 0`` is divided by the alpha share of the round count
+   ``n`` it stopped at (weighted Bonferroni over the sequential looks, :func:`look_weight`: a cell can
+   stop after any count from ``min_rounds`` to ``max_rounds``; the last gets 0.8, the earlier ones share
+   the other 0.2, the shares sum to 1, so ``p / share`` is a valid p-value whatever the data-dependent
+   stopping; most undecided cells run to the maximum, so it gets the larger share);
+2. Holm's step-down over the family's adjusted p-values at the family's alpha;
+3. a rejected cell is ``faster`` when ``mean(d) >= log(1 + min_effect)`` (the practical minimum, 2%, is
+   a condition on the estimate: the family-wise guarantee comes from the test of zero, the minimum keeps
+   tiny real effects from being claimed), ``slower`` when ``mean(d) < 0`` (a proven slowdown of any
+   size counts, it only ever protects upstream);
+4. an unrejected cell is *settled* (``no difference``, no more rounds) when the one-sided 95% upper
+   bound of its effect is below the practical minimum (it cannot become a claim worth making); else it
+   is *open* and the search adds rounds to it (up to ``max_rounds``).
+
+Family-wise error: a false claim in a family needs, at some cell with no effect, ``p / share <= alpha /
+(cells left in Holm's step)`` at the round count the cell stopped at; by the union bound over the
+looks (shares summing to 1) and Holm's guarantee this happens with probability at most ``alpha`` under any dependence between
+cells and rounds. Futility stops and the minimum effect only remove claims. ``tools/power.py`` measures
+the rule on the recorded rounds (docs/decision-rule.md).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALPHA",
+    "DEFAULT_LIMITS",
+    "FINAL_SHARE",
+    "MIN_EFFECT_PCT",
+    "RULE_NAME",
+    "Call",
+    "CellTest",
+    "Pool",
+    "decide",
+    "depth_tests",
+    "holm",
+    "look_weight",
+    "method_text",
+    "phase_tests",
+]
+
+import dataclasses
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal, TypeVar
+
+from scipy import stats as _stats
+
+ALPHA = 0.05
+"""Family-wise error of a search: the chance that it claims anything where nothing differs."""
+PHASE_ALPHA = ALPHA / 2
+"""Each phase (prefill, decode) is a family with half of :data:`ALPHA`."""
+MIN_EFFECT_PCT = 2.0
+"""The smallest effect, percent, a claim is made for (the point estimate must reach it)."""
+DEFAULT_LIMITS = (3, 6)
+"""The search's default round limits (``--min-rounds``, ``--max-rounds``): the round counts a cell can stop at."""
+FINAL_SHARE = 0.8
+"""The share of a cell's alpha spent at the last look (``max_rounds``); the earlier looks share the rest."""
+RULE_NAME = "A/A-controlled paired t, Holm over cells, Bonferroni over looks"
+
+Pool = Literal["depth", "phase"]
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CellTest:
+    """One cell's statistic: ``mean`` of the per-round ``d_i`` (log), its standard error and df."""
+
+    n: int
+    mean: float
+    se: float
+    df: int
+
+    @property
+    def p_two(self) -> float:
+        """Two-sided p-value of ``mean = 0`` (1.0 when unknown)."""
+        if self.df < 1 or not (math.isfinite(self.se) and self.se > 0 and math.isfinite(self.mean)):
+            return 1.0
+        return float(2.0 * _stats.t.sf(abs(self.mean) / self.se, self.df))
+
+    def upper(self, level: float) -> float:
+        """One-sided upper confidence bound of ``mean`` at ``level`` (inf when unknown)."""
+        if self.df < 1 or not (math.isfinite(self.se) and math.isfinite(self.mean)):
+            return math.inf
+        return self.mean + float(_stats.t.ppf(level, self.df)) * self.se
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Call:
+    """The rule's decision for one cell."""
+
+    verdict: Literal["faster", "slower", "no difference"]
+    settled: bool
+    """True when more rounds cannot change the decision's direction (a claim, or futility)."""
+    p_adjusted: float
+    """``p / look_weight`` (capped at 1), the value Holm's step compares."""
+    effect_pct: float
+    """``100 * (exp(mean(d)) - 1)``, NaN when unknown."""
+
+
+def _complete(values: Mapping[str, Sequence[float | None]], names: Sequence[str]) -> list[list[float]]:
+    """Log t/s of ``names`` in the rounds where every one of them has a positive finite value."""
+    n = min(len(values[x]) for x in names)
+    out = []
+    for i in range(n):
+        row = [values[x][i] for x in names]
+        if all(v is not None and math.isfinite(v) and v > 0 for v in row):
+            out.append([math.log(float(v)) for v in row])  # type: ignore[arg-type]
+    return out
+
+
+def _residual(y: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """Two-way (round x config) residual sum of squares and its degrees of freedom."""
+    r, c = len(y), len(y[0]) if y else 0
+    if r < 2 or c < 2:
+        return 0.0, 0
+    row_m = [sum(v) / c for v in y]
+    col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
+    grand = sum(row_m) / r
+    ss = sum((y[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(r) for j in range(c))
+    return ss, (r - 1) * (c - 1)
+
+
+def _depth_parts(
+    values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
+) -> tuple[dict[str, tuple[int, float]], float, int]:
+    """Per candidate (rounds, mean d) and the depth's residual (SS, df)."""
+    names = [reference, twin, *candidates]
+    y = _complete(values, names)
+    means = {
+        c: (len(y), sum((row[2 + j] - row[0]) - (row[1] - row[0]) for row in y) / len(y) if y else math.nan)
+        for j, c in enumerate(candidates)
+    }
+    ss, df = _residual(y)
+    return means, ss, df
+
+
+def depth_tests(
+    values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
+) -> dict[str, CellTest]:
+    """Each candidate's :class:`CellTest` at one depth: ``values[name][i]`` is its t/s in round ``i``.
+
+    Only rounds where the reference, the twin and every candidate have a value count (complete blocks).
+    The variance is the depth's two-way residual mean square over those configurations."""
+    return phase_tests({0: (values, reference, twin, candidates)}, pool="depth")[0]
+
+
+def phase_tests(
+    depths: Mapping[int, tuple[Mapping[str, Sequence[float | None]], str, str, Sequence[str]]], *, pool: Pool = "depth"
+) -> dict[int, dict[str, CellTest]]:
+    """:func:`depth_tests` for every depth of a phase; ``pool="phase"`` pools the variance over depths."""
+    parts = {d: _depth_parts(*args) for d, args in depths.items()}
+    tot_ss, tot_df = sum(p[1] for p in parts.values()), sum(p[2] for p in parts.values())
+    out: dict[int, dict[str, CellTest]] = {}
+    for d, (means, ss, df) in parts.items():
+        if pool == "phase":
+            ss, df = tot_ss, tot_df
+        s2 = ss / df if df > 0 else math.nan
+        out[d] = {
+            c: CellTest(n=n, mean=m, se=math.sqrt(2.0 * s2 / n) if n > 0 and df > 0 else math.inf, df=df)
+            for c, (n, m) in means.items()
+        }
+    return out
+
+
+def holm(p: Mapping[K, float], alpha: float) -> set[K]:
+    """The keys Holm's step-down procedure rejects at family-wise level ``alpha``."""
+    order = sorted(p, key=lambda k: p[k])
+    m = len(order)
+    out: set[K] = set()
+    for i, k in enumerate(order):
+        if not p[k] <= alpha / (m - i):
+            break
+        out.add(k)
+    return out
+
+
+def look_weight(n: int, limits: tuple[int, int] = DEFAULT_LIMITS, final_share: float = FINAL_SHARE) -> float:
+    """The share of alpha a cell stopped after ``n`` rounds may spend (weighted Bonferroni over looks).
+
+    The looks are the round counts ``min_rounds..max_rounds``: the last gets ``final_share``, each earlier
+    one an equal part of the rest, so the shares sum to 1 over the looks; a count outside them gets 0 (no
+    claim before the minimum, nor past a maximum the rounds were not planned for)."""
+    lo, hi = limits
+    if not lo <= n <= hi:
+        return 0.0
+    if lo == hi:
+        return 1.0
+    return final_share if n == hi else (1.0 - final_share) / (hi - lo)
+
+
+def decide(
+    tests: Mapping[K, CellTest],
+    *,
+    limits: tuple[int, int] = DEFAULT_LIMITS,
+    final_share: float = FINAL_SHARE,
+    alpha: float = PHASE_ALPHA,
+    min_effect_pct: float = MIN_EFFECT_PCT,
+) -> dict[K, Call]:
+    """The rule (module docstring) over one family of cells; ``limits``: the rounds' (min, max)."""
+    if not (1 <= limits[0] <= limits[1] and 0.0 < final_share <= 1.0):
+        raise ValueError(f"bad round limits {limits} or final share {final_share}")
+    adj = {}
+    for k, t in tests.items():
+        w = look_weight(t.n, limits, final_share)
+        adj[k] = min(1.0, t.p_two / w) if w > 0 else 1.0
+    rejected = holm(adj, alpha)
+    floor = math.log1p(min_effect_pct / 100.0)
+    out: dict[K, Call] = {}
+    for k, t in tests.items():
+        eff = 100.0 * math.expm1(t.mean) if math.isfinite(t.mean) else math.nan
+        if k in rejected and t.mean >= floor:
+            out[k] = Call(verdict="faster", settled=True, p_adjusted=adj[k], effect_pct=eff)
+        elif k in rejected and t.mean < 0:
+            out[k] = Call(verdict="slower", settled=True, p_adjusted=adj[k], effect_pct=eff)
+        else:
+            settled = t.upper(0.95) < floor
+            out[k] = Call(verdict="no difference", settled=settled, p_adjusted=adj[k], effect_pct=eff)
+    return out
+
+
+def method_text() -> str:
+    """The rule in one paragraph, for reports whose verdicts it decided."""
+    return (
+        f"Verdict ({RULE_NAME}): per round, the log ratio candidate/upstream minus the A/A pair's log ratio; "
+        "a Student-t test of its mean (variance pooled over the round's configurations) against zero, its p-value "
+        f"divided by the share of alpha of the round count the point stopped at ({FINAL_SHARE:g} at the maximum, "
+        "the rest split over the earlier counts), Holm's step-down over a phase's "
+        f"points at {PHASE_ALPHA * 100:g}% ({ALPHA * 100:g}% for the search); faster only where that rejects and the "
+        f"estimate is at least +{MIN_EFFECT_PCT:g}%, slower where it rejects below zero."
+    )
