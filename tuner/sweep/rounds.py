@@ -36,7 +36,7 @@ from typing import Protocol
 from tuner.errors import TunerError
 from tuner.measure.paired import block_effects, noise_pct, rotated
 from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, rules_from
-from tuner.search.screen import CellStats
+from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
 
@@ -86,6 +86,10 @@ def cell_stats(n_kv: int, upstream: str, values: Mapping[str, Sequence[float]]) 
         verdicts={},
         fallback=(),
         kernels=kernels,
+        # a fixed number of rounds, decided once: one look, so the decision rule spends all its alpha on it
+        limits=(len(values[DEFAULT]), len(values[DEFAULT])),
+        # the per-round throughputs the decision rule pairs (it names upstream as the screen does)
+        series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
     )
 
 
