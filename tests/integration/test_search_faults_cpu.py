@@ -242,7 +242,8 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
     from tuner.plan.fa_rules import parse_fa_rules
-    from tuner.result.pipeline_export import _points, _write_upstream
+    from tuner.result.pipeline_export import _write_upstream
+    from tuner.result.pipeline_report import _points
     from tuner.study.record import StudyHeader
 
     h = StudyHeader(

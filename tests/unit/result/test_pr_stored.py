@@ -10,7 +10,8 @@ import pytest
 
 from tuner._compat import tomllib
 from tuner.plan.fa_rules import FaRule, rules_from_texts
-from tuner.result.pipeline_export import _points, pr_body
+from tuner.result.pipeline_export import pr_body
+from tuner.result.pipeline_report import _points
 from tuner.study.record import StudyHeader
 
 RESULT = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"

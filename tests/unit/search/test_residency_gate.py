@@ -155,7 +155,8 @@ def test_a_stored_record_is_decided_again_from_its_logs_and_stands_where_they_ar
 
 
 def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> None:
-    from tuner.result.pipeline_export import residency_section, residency_table
+    from tuner.result.pipeline_export import residency_table
+    from tuner.result.pipeline_report import residency_section
 
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
     rows = [
