@@ -32,7 +32,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
-from tuner.result.pipeline_report import _device, _finite, _points, _rejected_points, report_text
+from tuner.result.pipeline_report import confirmed_points, device_name, finite, rejected_points, report_text
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 
@@ -183,7 +183,7 @@ def _write_pipeline(
         },
         "target": {
             "arch": h.arch,
-            "measured_on": _device(h, "unknown"),
+            "measured_on": device_name(h, "unknown"),
             "toolchain": dict(h.toolchain),
             "cpu_mask": mask or None,
         },
@@ -210,7 +210,7 @@ def _write_pipeline(
         **({"cost": outcome.cost} if outcome.cost else {}),
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
-    points = _points(outcome.rows, h.pp, h.tg)
+    points = confirmed_points(outcome.rows, h.pp, h.tg)
     _write_upstream(
         out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
     )
@@ -348,7 +348,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
             "rules": list(rej.get("rules") or []),
             "tuned": _sampled(rej.get("tuned")),
             "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
-            "points": _rejected_points(rej.get("rows") or []),
+            "points": rejected_points(rej.get("rows") or []),
         }
     return out
 
@@ -372,7 +372,7 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
         rej = rec["rejected"]
         out["rejected_rules"] = list(rej.get("rules") or [])
         out["rejected_tuned"] = _sampled(rej.get("tuned"))
-        out["rejected_points"] = _rejected_points(rej.get("rows") or [])
+        out["rejected_points"] = rejected_points(rej.get("rows") or [])
     return out
 
 
@@ -451,7 +451,7 @@ def _write_upstream(
         return
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
-    gpu = _device(h, "unknown GPU")
+    gpu = device_name(h, "unknown GPU")
     model_file = Path(h.model).name
     note = (
         f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
@@ -481,7 +481,7 @@ def pr_body(
     weight_type: str | None = None,
 ) -> str:
     """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
-    confirmed rows as :func:`_points` makes them."""
+    confirmed rows as :func:`confirmed_points` makes them."""
     from tuner.measure.paired import NOISE_CEILING_PCT
     from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
     from tuner.targets.archs import load_arch
@@ -508,7 +508,7 @@ def pr_body(
     return render_pr_body(
         rules,
         arch,
-        gpu=_device(h, "unknown GPU"),
+        gpu=device_name(h, "unknown GPU"),
         model=model_file,
         points=points,
         commands=commands,
@@ -550,14 +550,14 @@ def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
                     "stage": "confirm",
                 },
             ]
-    return [p for p in out if _finite(p["ts"]) and _finite(p["cpu"])]
+    return [p for p in out if finite(p["ts"]) and finite(p["cpu"])]
 
 
 def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
     """A CI ``[lo, hi]`` (points) entirely outside ``±noise``."""
-    if not (_finite(lo) and _finite(hi)):
+    if not (finite(lo) and finite(hi)):
         return False
-    n = noise if _finite(noise) else 0.0
+    n = noise if finite(noise) else 0.0
     return lo > n or hi < -n
 
 

@@ -54,7 +54,7 @@ def noisy_line(outcome: SearchOutcome) -> str:
     )
 
 
-def _device(h: StudyHeader, unknown: str) -> str:
+def device_name(h: StudyHeader, unknown: str) -> str:
     """The measured device's name; ``unknown`` when the study did not record it."""
     return str(h.device) if h.device is not None else unknown
 
@@ -143,7 +143,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
     keys = (
@@ -242,33 +242,33 @@ def residency_section(rec: Mapping[str, Any]) -> str:
     )
 
 
-def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
+def confirmed_points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
     """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
 
-def _finite(x: Any) -> bool:
+def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def _pair(a: Any, b: Any, fmt: str = ".0f") -> str:
     """``a → b`` for two utilizations, "—" for a side not measured (or both)."""
-    if not (_finite(a) or _finite(b)):
+    if not (finite(a) or finite(b)):
         return "—"
-    return f"{format(a, fmt) if _finite(a) else '—'} → {format(b, fmt) if _finite(b) else '—'}"
+    return f"{format(a, fmt) if finite(a) else '—'} → {format(b, fmt) if finite(b) else '—'}"
 
 
 def _cpu_cell(r: Mapping[str, Any]) -> str:
     """Confirm row's CPU%: upstream → final, the paired Δ with its 95% CI and the A/A CPU noise (points)."""
     pair = _pair(r.get("base_cpu"), r.get("tuned_cpu"))
-    if not _finite(r.get("cpu_delta")):
+    if not finite(r.get("cpu_delta")):
         return pair
     ci = (
         f" [{r['cpu_ci_low']:+.1f}..{r['cpu_ci_high']:+.1f}]"
-        if _finite(r.get("cpu_ci_low")) and _finite(r.get("cpu_ci_high"))
+        if finite(r.get("cpu_ci_low")) and finite(r.get("cpu_ci_high"))
         else ""
     )
-    noise = f", noise ±{r['cpu_noise']:.1f}" if _finite(r.get("cpu_noise")) else ""
+    noise = f", noise ±{r['cpu_noise']:.1f}" if finite(r.get("cpu_noise")) else ""
     return f"{pair} (Δ {r['cpu_delta']:+.1f}{ci}{noise})"
 
 
@@ -305,7 +305,7 @@ def report_text(
     out = ([noisy + "\n\n"] if noisy else []) + [
         f"# tuner result: {h.arch} / {model}\n\n",
         f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{h.name}`; "
-        f"measured on {_device(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
+        f"measured on {device_name(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
         f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
         f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n",
     ]
@@ -389,7 +389,7 @@ def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg:
             ]
         )
     return (
-        compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
+        compare_table(confirmed_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
         + "\n\n"
         + log.table(
             [
@@ -447,24 +447,22 @@ def _screen_section(outcome: SearchOutcome) -> str:
             c = cells[d]
             effs = ", ".join(
                 f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
-                + (f" (CPU {e['cpu']['mean']:+.1f})" if _finite(e.get("cpu", {}).get("mean")) else "")
+                + (f" (CPU {e['cpu']['mean']:+.1f})" if finite(e.get("cpu", {}).get("mean")) else "")
                 for k, e in c["effects"].items()
             )
             up = c.get("levels", {}).get("upstream", {})
-            cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if _finite(c.get("cpu_noise")) else ""
+            cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if finite(c.get("cpu_noise")) else ""
             # The verdicts are judged against the phase's noise floor where it is above this depth's own A/A noise.
             bar = c.get("bar_pct")
             floor = (
-                f"; floor ±{bar:.1f}%"
-                if _finite(bar) and _finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05
-                else ""
+                f"; floor ±{bar:.1f}%" if finite(bar) and finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05 else ""
             )
             srows.append(
                 [
                     f"{phase}@d{d}",
                     c.get("upstream_kernel") or "-",
                     f"{c['upstream_ts']:.2f}",
-                    *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
+                    *(f"{up[k]:.0f}" if finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
                     f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){floor}{cpu_noise}"
                     if math.isfinite(c["noise_pct"])
                     else "-",
@@ -497,7 +495,7 @@ _EFFECT_KEYS = ("n", "ratio", "ci_low", "ci_high")  # Effect.as_dict(), as the s
 
 
 def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
-    if _finite(c.get("bar_pct")) or not _finite(bar) or not _finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
+    if finite(c.get("bar_pct")) or not finite(bar) or not finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
         return c
 
     def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does

@@ -191,7 +191,8 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
 
     from tuner.plan.derive import legal_values, resolve_space
     from tuner.plan.space import load_space
-    from tuner.search.pipeline import _config_key, _residency
+    from tuner.search.final_gates import config_key as _config_key
+    from tuner.search.final_gates import run_residency_gate as _residency
     from tuner.study.state import StudyState
     from tuner.targets.host import Cpus
 
