@@ -32,7 +32,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
-from tuner.result.pipeline_report import confirmed_points, device_name, finite, rejected_points, report_text
+from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 
@@ -106,7 +106,7 @@ def export_pipeline(
             f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
             f"{source.source_id}. Export needs the exact tree the numbers came from."
         )
-    space = resolve_space(load_space(h.arch, h.era), dict(h.derived_knobs))
+    space = resolve_space(load_space(need(h.arch, "arch"), need(h.era, "era")), dict(h.derived_knobs))
     vals = dict(outcome.tuned.values) if outcome.tuned else {}
     variant = str(vals.get("variant") or space.variants[0])
     compile_values = compile_values_of(space, vals)
@@ -114,7 +114,9 @@ def export_pipeline(
     rules = outcome.rules
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
+    rv = export_render(
+        source, need(h.arch, "arch"), variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env)
+    )
     with staged_export(out_dir) as tmp:
         _write_pipeline(
             tmp,
@@ -164,12 +166,12 @@ def _write_pipeline(
     h = outcome.header
     study_name = h.name
     rules = outcome.rules
-    write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
-    model = Path(h.model)
+    write_build_files(out_dir, rv, preset_name=f"tuned-{need(h.arch, 'arch').replace('_', '')}")
+    model = Path(need(h.model, "model"))
     ds = ",".join(map(str, outcome.confirm_depths or h.depths))
     mask = mask_text(h.cpu_mask or [])
     _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
-    config = {
+    config: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "source": {
             "spec": source.spec,
@@ -210,7 +212,7 @@ def _write_pipeline(
         **({"cost": outcome.cost} if outcome.cost else {}),
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
-    points = confirmed_points(outcome.rows, h.pp, h.tg)
+    points = confirmed_points(outcome.rows, need(h.pp, "pp"), need(h.tg, "tg"))
     _write_upstream(
         out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
     )
@@ -239,7 +241,7 @@ def _write_run_env(
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(args)]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
     env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
@@ -446,13 +448,13 @@ def _write_upstream(
 
     for stale in ("upstream.patch", "PR.md"):
         (out_dir / stale).unlink(missing_ok=True)
-    arch = load_arch(h.arch)
+    arch = load_arch(need(h.arch, "arch"))
     if not rules or arch.vendor == "cpu":
         return
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = device_name(h, "unknown GPU")
-    model_file = Path(h.model).name
+    model_file = Path(need(h.model, "model")).name
     note = (
         f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
         + (
@@ -486,10 +488,10 @@ def pr_body(
     from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
     from tuner.targets.archs import load_arch
 
-    arch = load_arch(h.arch)
-    model_file = Path(h.model).name
+    arch = load_arch(need(h.arch, "arch"))
+    model_file = Path(need(h.model, "model")).name
     origin = model_origin(h, like, weight_type)
-    mask = h.cpu_mask or []
+    mask: Sequence[int] = h.cpu_mask or []
     commands = reproduce_commands(
         commit=h.commit,
         arch=arch,
@@ -498,8 +500,8 @@ def pr_body(
         like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
         quant=origin["quant"],
         depths=sorted({int(p["depth"]) for p in points}),
-        pp=h.pp,
-        tg=h.tg,
+        pp=need(h.pp, "pp"),
+        tg=need(h.tg, "tg"),
         phases=sorted({p["phase"] for p in points}),
         search_depths=h.depths,
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []),
@@ -558,7 +560,7 @@ def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
     if not (finite(lo) and finite(hi)):
         return False
     n = noise if finite(noise) else 0.0
-    return lo > n or hi < -n
+    return bool(lo > n or hi < -n)
 
 
 def pareto_differs(outcome: SearchOutcome) -> bool:

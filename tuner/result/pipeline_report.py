@@ -4,19 +4,31 @@ output-equivalence gate, graph splits and residency, the kernel screen and the t
 
 from __future__ import annotations
 
-__all__ = ["gate_section", "noisy_line", "noisy_phases", "report_text", "residency_section"]
+__all__ = ["gate_section", "need", "noisy_line", "noisy_phases", "report_text", "residency_section"]
 
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner import log
+from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
 from tuner.plan.fa_rules import Phase
 from tuner.redact import redact
 from tuner.result.cost import cost_line
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
+
+T = TypeVar("T")
+
+
+def need(value: T | None, field: str) -> T:
+    """A header field a pipeline study always records (``field`` names it when a study lacks it)."""
+    if value is None:
+        raise TunerError(
+            f"the study's header has no {field}: it was not recorded by `tuner search`, so it cannot be exported."
+        )
+    return value
 
 
 def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
@@ -297,8 +309,8 @@ def report_text(
     from tuner.result.tables import method_paragraph
 
     h = outcome.header
-    pp, tg = h.pp, h.tg
-    model = Path(h.model).name
+    pp, tg = need(h.pp, "pp"), need(h.tg, "tg")
+    model = Path(need(h.model, "model")).name
     shape = h.shape
     rows = outcome.rows
     noisy = noisy_line(outcome)
