@@ -538,9 +538,15 @@ def _run_trial(
         changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
         phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
         write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
-        # the trial's one constraint check (the build renders these values as checked)
+        # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
+        # (the build renders these values as checked).
         viol = check_constraints(
-            cfg.arch, cfg.source.era, compile_values, model_shape=dict(shape_d) or None, space=space
+            cfg.arch,
+            cfg.source.era,
+            compile_values,
+            model_shape=dict(shape_d) or None,
+            space=space,
+            source_root=Path(cfg.source.root),
         )
         if viol:
             why = "; ".join(str(v) for v in viol)

@@ -50,10 +50,9 @@ def resolve_target(
             have (and neither ``dry_run`` nor ``replay`` is set).
     """
     local = tuple(archs.detect_local_archs())
-    if requested is None:
-        return Target(arch=archs.load_arch(local[0] if local else "cpu"), local_archs=local)
-    arch = archs.load_arch(requested)  # unknown -> UsageError with suggestions
-    if arch.name == "cpu" or dry_run or replay or arch.name in local:
+    default = local[0] if local else "cpu"
+    arch = archs.load_arch(default if requested is None else requested)  # unknown -> UsageError with suggestions
+    if requested is None or arch.name == "cpu" or dry_run or replay or arch.name in local:
         return Target(arch=arch, local_archs=local)
     newer = archs.newer_nvidia(arch.cc or 0, local) if arch.vendor == "nvidia" else []
     if ptx_jit and newer:

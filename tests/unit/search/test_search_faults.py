@@ -106,7 +106,7 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         variants=("cpu",),
         arch="cpu",
         target=types.SimpleNamespace(arch=load_arch("cpu")),
-        source=types.SimpleNamespace(era="mma"),
+        source=types.SimpleNamespace(era="mma", root=tmp_path),
         depths=(0,),
         gate=False,
         run_dir=tmp_path,
