@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("spec", ["pypi:llama-cpp-python==0.3.36", "pypi:llama-cpp-python==0.3.16"])
 def test_gfx1151_dry_run_both_eras(spec: str, hip_toolchain, tree_a, tree_b) -> None:
     from tuner.search.dryrun import run_dry_run
+    from tuner.targets.target import resolve_target
 
-    rep = run_dry_run(arch="gfx1151", source_spec=spec)
+    rep = run_dry_run(target=resolve_target("gfx1151", dry_run=True), source_spec=spec)
     assert rep.total >= rep.legal > 0
     if rep.era == "mma":
         # illegal candidates are counted with the rule they break, never compiled

@@ -140,10 +140,12 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(
     from tuner.result.validate import validate_result
     from tuner.search.pipeline import run_pipeline
     from tuner.search.study import SearchConfig
+    from tuner.targets.archs import load_arch
+    from tuner.targets.target import Target
 
     cfg = SearchConfig(
-        arch="cpu",
-        source_spec=tree_a.spec,
+        target=Target(arch=load_arch("cpu"), local_archs=()),
+        source=tree_a,
         model=tiny_model,
         depths=(0, 256),
         pp=32,

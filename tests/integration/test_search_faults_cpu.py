@@ -242,7 +242,8 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
     from tuner.cli.export_cmd import export_study
     from tuner.errors import TunerError
     from tuner.plan.fa_rules import parse_fa_rules
-    from tuner.result.pipeline_export import _points, _write_upstream
+    from tuner.result.pipeline_export import _write_upstream
+    from tuner.result.pipeline_report import confirmed_points
     from tuner.study.record import StudyHeader
 
     h = StudyHeader(
@@ -256,7 +257,7 @@ def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: P
         commit=tree_a.commit,
     )
     rows = _crafted_rows()
-    _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), _points(rows, 512, 128), defines={})
+    _write_upstream(tmp_path, tree_a, h, parse_fa_rules(RULE), confirmed_points(rows, 512, 128), defines={})
     pr = (tmp_path / "PR.md").read_text()
     # PR.md's reproduce steps are stock llama.cpp's and 'tuner export --study STUDY': they name no storage at all
     # (a reader has none of the author's databases)

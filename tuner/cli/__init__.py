@@ -51,7 +51,10 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         mod_name, attr = target.split(":")
-        return getattr(importlib.import_module(mod_name), attr)
+        cmd = getattr(importlib.import_module(mod_name), attr)
+        if not isinstance(cmd, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return cmd
 
 
 _EPILOG = """\b

@@ -6,6 +6,7 @@ __all__ = ["AliasOption", "cpu_mask_option", "depths_option", "find_bin_dir", "o
 
 import datetime as _dt
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,9 @@ class AliasOption(click.Option):
             self.opts = opts
 
 
-def output_option(dest: str, *, old: tuple[str, ...] = ("--out",), **kw: Any) -> Any:
+def output_option(
+    dest: str, *, old: tuple[str, ...] = ("--out",), **kw: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
     spellings stay accepted, hidden)."""
     return click.option("-o", "--output", *old, dest, cls=AliasOption, hidden_aliases=old, **kw)

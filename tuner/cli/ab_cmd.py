@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["ab"]
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -104,7 +105,7 @@ def ab(
     measure = make_live_measure(
         bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs", era=era, arch=None
     )
-    recs: list = []
+    recs: list[dict[str, Any]] = []
     log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
     run_phase_rounds(
         measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab"

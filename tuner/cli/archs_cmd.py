@@ -136,15 +136,22 @@ def estimate(
     / FLOPs per token. The method and its inputs: tuner/targets/roofline.py.
     """
     from tuner.errors import UsageError
-    from tuner.targets.models import load_model_shape
+    from tuner.targets.models import ModelShape, load_model_shape
     from tuner.targets.roofline import ESTIMATE_LABEL
     from tuner.targets.roofline import estimate as run_estimate
 
-    if (model_path is None) == (like is None):
-        raise UsageError("Pass exactly one of --model GGUF (a real file) or --like NAME (a known shape).")
+    one = "Pass exactly one of --model GGUF (a real file) or --like NAME (a known shape)."
+    if model_path is not None and like is not None:
+        raise UsageError(one)
     if model_path is not None and weight_type != "f16":
         raise UsageError("--quant applies to --like only; with --model the GGUF's own tensor types are used.")
-    model = load_model_shape(like) if like is not None else model_path
+    model: ModelShape | Path
+    if like is not None:
+        model = load_model_shape(like)
+    elif model_path is not None:
+        model = model_path
+    else:
+        raise UsageError(one)
     rows = run_estimate(
         arch_name,
         model,

@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["bench", "check", "compare", "report"]
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -157,7 +157,7 @@ def bench(
     if len(set(names)) != len(names):
         names = [f"{n}-{i}" for i, n in enumerate(names)]
     out = out_dir or stamped_run_dir("bench")
-    kw = dict(
+    kw: dict[str, Any] = dict(
         depths=depths,
         pp=pp,
         tg=tg,
@@ -214,7 +214,7 @@ _AA_HELP = (
 )
 
 
-def _load_aa(aa: tuple[Path, Path] | None) -> tuple | None:
+def _load_aa(aa: tuple[Path, Path] | None) -> tuple[Any, Any] | None:
     from tuner.measure.bench import load_results
 
     if not aa:

@@ -438,11 +438,15 @@ def _checked_compile_values(
     sp: SearchSpace | None,
     compile_values: Mapping[str, int],
     model_shape: Mapping[str, int] | None,
+    checked: bool = False,
 ) -> dict[str, int]:
-    """Compile-time values range-checked against the space and constraint-checked; UsageError otherwise."""
+    """Compile-time values range-checked against the space and (unless ``checked``: the caller did)
+    constraint-checked; UsageError otherwise."""
     if sp is None:
         raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
     compile_values = space_mod.check_compile_values(sp, compile_values)
+    if checked:
+        return dict(compile_values)
     violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
     if violations:
         raise UsageError(
@@ -489,6 +493,8 @@ def render_variant(
     baked_runtime: Mapping[str, object] | None = None,
     local_archs: Sequence[str] | None = None,
     model_shape: Mapping[str, int] | None = None,
+    space: SearchSpace | None = None,
+    checked: bool = False,
 ) -> RenderedVariant:
     """Render one variant of one source tree: defines, base patch and per-TU override headers.
 
@@ -503,6 +509,9 @@ def render_variant(
             values written into the tables / WMMA defaults instead of per-TU headers (export mode).
         local_archs: This machine's GPU arch names (``["sm_90"]``); ``None`` renders for the target.
         model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}`` for shape-dependent constraints.
+        space: The arch's search space for this era, when the caller has it (default: loaded here).
+        checked: The caller constraint-checked ``compile_values`` against ``space`` already (the search
+            checks each trial once, with the model's shape); they are only range-checked here.
 
     Returns:
         The RenderedVariant the build stage consumes.
@@ -523,9 +532,9 @@ def render_variant(
     family = variant_family(variant)
     sp = None
     if compile_values or family != "cpu":
-        sp = _find_space(arch, era)
+        sp = space if space is not None else _find_space(arch, era)
     if compile_values:
-        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape)
+        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
     if family == "cpu":
         return RenderedVariant(
             arch=arch,

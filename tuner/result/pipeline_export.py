@@ -12,15 +12,11 @@ from __future__ import annotations
 
 __all__ = [
     "export_pipeline",
-    "gate_section",
     "gate_table",
     "model_origin",
-    "noisy_line",
-    "noisy_phases",
     "pareto_differs",
     "pareto_points",
     "pr_body",
-    "report_text",
     "summary_line",
 ]
 
@@ -33,12 +29,12 @@ from typing import Any
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
-from tuner.result.cost import cost_line
+from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
 from tuner.sanity import require_finite
-from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary, load_outcome
+from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -79,41 +75,6 @@ def summary_line(outcome: SearchOutcome) -> str:
     )
 
 
-def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
-    """Phases whose A/A noise is above the ceiling (:func:`tuner.measure.paired.too_noisy`): the screen's
-    per-depth A/A noise, or a confirm row judged ``too noisy``; phase -> the median noise, percent."""
-    import statistics
-
-    out = {}
-    for ph in ("tg", "pp"):
-        ns = [float(c["noise_pct"]) for c in outcome.screens.get(ph, {}).values() if c.get("noise_pct") is not None]
-        rows = [r for r in outcome.rows if r["phase"] == ph]
-        if too_noisy(ns) or any(r["verdict"] == TOO_NOISY for r in rows):
-            out[ph] = statistics.median(ns or [float(r["aa_noise_pct"]) for r in rows])
-    return out
-
-
-def noisy_line(outcome: SearchOutcome) -> str:
-    """report.md's first line when the machine was too noisy for the search to claim anything, else ``""``."""
-    noisy = noisy_phases(outcome)
-    if not noisy:
-        return ""
-    # The noise is how far the A/A CI reaches; with 2-3 rounds on a busy host it reaches thousands of
-    # percent (Student-t with 1-2 degrees of freedom), a number that says no more than "over 100%".
-    what = ", ".join(
-        f"{Phase.from_bench(p).value} " + ("over ±100%" if v > 100 else f"±{v:.0f}%") for p, v in noisy.items()
-    )
-    return (
-        f"**This machine was too noisy to claim anything in {' and '.join(Phase.from_bench(p).value for p in noisy)}: the A/A "
-        f"noise (upstream against itself, the reach of its 95% CI) was {what}, above the {NOISE_CEILING_PCT:g}% ceiling, so no kernel or knob "
-        "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
-        "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
-        + ("" if outcome.header.arch == "cpu" else ", keep the GPU's clocks steady")
-        + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
-        "where a decision is open."
-    )
-
-
 def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
     return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
@@ -145,7 +106,7 @@ def export_pipeline(
             f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
             f"{source.source_id}. Export needs the exact tree the numbers came from."
         )
-    space = resolve_space(load_space(h.arch, h.era), dict(h.derived_knobs))
+    space = resolve_space(load_space(need(h.arch, "arch"), need(h.era, "era")), dict(h.derived_knobs))
     vals = dict(outcome.tuned.values) if outcome.tuned else {}
     variant = str(vals.get("variant") or space.variants[0])
     compile_values = compile_values_of(space, vals)
@@ -153,7 +114,9 @@ def export_pipeline(
     rules = outcome.rules
     fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
     run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    rv = export_render(source, h.arch, variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env))
+    rv = export_render(
+        source, need(h.arch, "arch"), variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env)
+    )
     with staged_export(out_dir) as tmp:
         _write_pipeline(
             tmp,
@@ -203,12 +166,12 @@ def _write_pipeline(
     h = outcome.header
     study_name = h.name
     rules = outcome.rules
-    write_build_files(out_dir, rv, preset_name=f"tuned-{h.arch.replace('_', '')}")
-    model = Path(h.model)
+    write_build_files(out_dir, rv, preset_name=f"tuned-{need(h.arch, 'arch').replace('_', '')}")
+    model = Path(need(h.model, "model"))
     ds = ",".join(map(str, outcome.confirm_depths or h.depths))
     mask = mask_text(h.cpu_mask or [])
     _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
-    config = {
+    config: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "source": {
             "spec": source.spec,
@@ -222,7 +185,7 @@ def _write_pipeline(
         },
         "target": {
             "arch": h.arch,
-            "measured_on": _device(h, "unknown"),
+            "measured_on": device_name(h, "unknown"),
             "toolchain": dict(h.toolchain),
             "cpu_mask": mask or None,
         },
@@ -249,7 +212,7 @@ def _write_pipeline(
         **({"cost": outcome.cost} if outcome.cost else {}),
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
-    points = _points(outcome.rows, h.pp, h.tg)
+    points = confirmed_points(outcome.rows, need(h.pp, "pp"), need(h.tg, "tg"))
     _write_upstream(
         out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
     )
@@ -278,7 +241,7 @@ def _write_run_env(
 
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(args)]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
     env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
@@ -290,11 +253,6 @@ def _write_run_env(
         )
         + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
     )
-
-
-def _device(h: StudyHeader, unknown: str) -> str:
-    """The measured device's name; ``unknown`` when the study did not record it."""
-    return str(h.device) if h.device is not None else unknown
 
 
 def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
@@ -392,93 +350,9 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
             "rules": list(rej.get("rules") or []),
             "tuned": _sampled(rej.get("tuned")),
             "checks": [_gate_check_row(c) for c in rej["gate"].get("checks", [])],
-            "points": _rejected_points(rej.get("rows") or []),
+            "points": rejected_points(rej.get("rows") or []),
         }
     return out
-
-
-def _f6(x: Any) -> str:
-    # llama-perplexity's KLD of identical logits can be a hair below 0; print it as 0, not "-0.000000"
-    return f"{(0.0 if abs(x) < 5e-7 else x):.6f}" if isinstance(x, (int, float)) else "-"
-
-
-def gate_section(gate: Mapping[str, Any]) -> str:
-    """report.md's section on the output-equivalence gate (``gate`` as :func:`gate_table` writes it)."""
-    out = ["## Output-equivalence gate (llama-perplexity, final config vs upstream)\n\n"]
-    heads = [
-        "check",
-        "mode",
-        "strict",
-        "mean KLD",
-        "99% KLD",
-        "max KLD",
-        "same top p",
-        "deterministic",
-        "identical to upstream",
-        "verdict",
-    ]
-
-    def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
-        return [
-            [
-                c["name"],
-                c["mode"],
-                "yes" if c.get("strict") else "no",
-                _f6(c.get("mean_kld")),
-                _f6(c.get("p99_kld")),
-                _f6(c.get("max_kld")),
-                f"{c['same_top_pct']:.3f}%" if c.get("same_top_pct") is not None else "-",
-                c.get("deterministic", "-"),
-                c.get("identical_to_upstream", "-"),
-                str(c.get("verdict", "")).upper(),
-            ]
-            for c in checks
-        ]
-
-    if gate.get("rejected"):
-        rej = gate["rejected"]
-        out.append(
-            f"**The final config FAILED the gate and is not exported** (rules: {', '.join(rej['rules']) or 'none'}; "
-            f"knobs: {rej['tuned'] or 'upstream'}): a check below failed (its output differs beyond the thresholds, "
-            "or its run did not complete), so it is infeasible; this result is upstream's selection.\n\n"
-            + log.table(heads, rows(rej["checks"]))
-            + "\n\n"
-            + "".join(f"- {c['name']}: {' '.join(c.get('reasons', []))}\n" for c in rej["checks"] if c.get("reasons"))
-            + "\n"
-            + _rejected_table(rej.get("points", []))
-        )
-    if not gate.get("checks"):
-        out.append(f"Verdict: **not needed**: {gate.get('why', '')}.\n")
-        return "".join(out)
-    t = gate.get("thresholds") or {}
-    out.append(
-        f"Verdict: **{gate['verdict'].upper()}** in mode(s) {', '.join(gate['modes'])}: llama-perplexity on "
-        f"tuner's fixed text, c={gate.get('ctx')}, {gate.get('chunks')} chunks; upstream's log-probabilities vs the "
-        "candidate's (twice: determinism). Thresholds: mean KLD <= "
-        f"{t.get('mean_kld')}, 99% KLD <= {t.get('p99_kld')}, same top p >= {t.get('same_top_pct')}%; strict checks "
-        "(scheduling-only changes) also need logits byte-identical to upstream's. How the thresholds were calibrated: "
-        "docs/equivalence.md.\n\n" + log.table(heads, rows(gate["checks"])) + "\n\n"
-    )
-    if gate.get("band"):
-        out.append(
-            f"The thresholds above come from the **kernel band**: each of upstream's own kernels forced on upstream's "
-            f"build against upstream's pick, on this model (how far upstream's kernels differ from each other); a "
-            f"non-strict check passes within {gate.get('band_factor')}x the band's widest numbers.\n\n"
-            + log.table(heads[:8], [r[:8] for r in rows(gate["band"])])
-            + "\n\n"
-        )
-    out += [
-        f"- {c['name']}: {c.get('why', '')}"
-        + (
-            f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
-            if c.get("not_applied")
-            else ""
-        )
-        + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "")
-        + "\n"
-        for c in gate["checks"]
-    ]
-    return "".join(out)
 
 
 def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -500,7 +374,7 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
         rej = rec["rejected"]
         out["rejected_rules"] = list(rej.get("rules") or [])
         out["rejected_tuned"] = _sampled(rej.get("tuned"))
-        out["rejected_points"] = _rejected_points(rej.get("rows") or [])
+        out["rejected_points"] = rejected_points(rej.get("rows") or [])
     return out
 
 
@@ -508,110 +382,6 @@ def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
     """A rejected trial's knobs as the tune sampled them (its ``values`` also repeat every pinned knob)."""
     t = tuned or {}
     return dict(t.get("params") or t.get("values") or {})
-
-
-def _rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
-    so a rejected speedup is visible rather than silently replaced by upstream's selection."""
-    keys = (
-        "phase",
-        "depth",
-        "base_ts",
-        "tuned_ts",
-        "speedup",
-        "ci_low",
-        "ci_high",
-        "aa_noise_pct",
-        "verdict",
-        "base_cpu",
-        "tuned_cpu",
-    )
-    return [
-        {k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))}
-        for r in rows
-    ]
-
-
-def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
-    if not points:
-        return ""
-
-    def num(p: Mapping[str, Any], k: str, f: str) -> str:
-        return format(p[k], f) if k in p else "—"
-
-    rows = [
-        [
-            f"{p['phase']}@d{p['depth']}",
-            num(p, "base_ts", ".2f"),
-            num(p, "tuned_ts", ".2f"),
-            f"{100 * (p['speedup'] - 1):+.1f}% [{100 * (p['ci_low'] - 1):+.1f}..{100 * (p['ci_high'] - 1):+.1f}%]"
-            if {"speedup", "ci_low", "ci_high"} <= p.keys()
-            else "—",
-            f"±{p['aa_noise_pct']:.1f}%" if "aa_noise_pct" in p else "—",
-            p.get("verdict", "—"),
-            f"{num(p, 'base_cpu', '.0f')} / {num(p, 'tuned_cpu', '.0f')}",
-        ]
-        for p in points
-    ]
-    return (
-        "What the confirm measured of the rejected config (not claimed):\n\n"
-        + log.table(
-            ["point", "t/s upstream", "t/s rejected", "Δ [95% CI]", "A/A noise", "verdict", "CPU% upstream / rejected"],
-            rows,
-        )
-        + "\n\n"
-    )
-
-
-def residency_section(rec: Mapping[str, Any]) -> str:
-    """report.md's section on graph splits and residency (``rec`` as :func:`residency_table` writes it)."""
-    heads = [
-        "config",
-        "graph splits (prefill / decode)",
-        "layers on GPU",
-        "weights GPU / host MiB",
-        "KV buffers MiB",
-        "fused-op fallbacks",
-        "verdict",
-    ]
-
-    def row(name: str, p: Mapping[str, Any]) -> list[Any]:
-        layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
-        kv = ", ".join(f"{k} {v:.2f}" for k, v in p.get("kv_buffers", {}).items()) or "-"
-        return [
-            name,
-            f"{p.get('splits_pp', '?')} / {p.get('splits_tg', '?')}",
-            layers,
-            f"{p.get('device_weights_mib', 0):.2f} / {p.get('host_weights_mib', 0):.2f}",
-            kv,
-            p.get("fallbacks", 0),
-            ("pass" if p.get("passed") else "fail: " + " ".join(p.get("reasons", [])))
-            if not p.get("error")
-            else f"failed: {p['error']}",
-        ]
-
-    rows = [row("upstream", rec["upstream"])] + ([row("final", rec["final"])] if rec.get("final") else [])
-    head = (
-        f"**The final config FAILED the residency check and is not exported** (rules: "
-        f"{', '.join(rec.get('rejected_rules', [])) or 'none'}; knobs: {rec.get('rejected_tuned') or 'upstream'}): "
-        f"{' '.join(rec.get('reasons', []))}\n\n" + _rejected_table(rec.get("rejected_points", []))
-        if rec["verdict"] == "fail"
-        else ""
-    )
-    return (
-        "## Graph splits and residency (llama.cpp's own loader and scheduler lines; docs/soak.md)\n\n"
-        + head
-        + f"Verdict: **{rec['verdict'].upper()}** ({rec.get('why', '')}). One verbose llama-bench probe per config "
-        "(`-v -pg 512,16 -r 1`); with full offload the decode graph may have 2 splits (the host embedding lookup and "
-        "the GPU), no layer, KV buffer or fused op may sit on the host beyond the input layer.\n\n"
-        + log.table(heads, rows)
-        + "\n"
-    )
-
-
-def _points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
-    """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
-    return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
 
 _SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)-s\d+-[0-9a-f]{8}$")
@@ -678,13 +448,13 @@ def _write_upstream(
 
     for stale in ("upstream.patch", "PR.md"):
         (out_dir / stale).unlink(missing_ok=True)
-    arch = load_arch(h.arch)
+    arch = load_arch(need(h.arch, "arch"))
     if not rules or arch.vendor == "cpu":
         return
     faster = [p for p in points if p["verdict"] == "faster"]
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
-    gpu = _device(h, "unknown GPU")
-    model_file = Path(h.model).name
+    gpu = device_name(h, "unknown GPU")
+    model_file = Path(need(h.model, "model")).name
     note = (
         f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
         + (
@@ -713,15 +483,15 @@ def pr_body(
     weight_type: str | None = None,
 ) -> str:
     """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
-    confirmed rows as :func:`_points` makes them."""
+    confirmed rows as :func:`confirmed_points` makes them."""
     from tuner.measure.paired import NOISE_CEILING_PCT
     from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
     from tuner.targets.archs import load_arch
 
-    arch = load_arch(h.arch)
-    model_file = Path(h.model).name
+    arch = load_arch(need(h.arch, "arch"))
+    model_file = Path(need(h.model, "model")).name
     origin = model_origin(h, like, weight_type)
-    mask = h.cpu_mask or []
+    mask: Sequence[int] = h.cpu_mask or []
     commands = reproduce_commands(
         commit=h.commit,
         arch=arch,
@@ -730,8 +500,8 @@ def pr_body(
         like=origin["like"] if origin["synthetic"] else None,  # synthesize only what was synthesized
         quant=origin["quant"],
         depths=sorted({int(p["depth"]) for p in points}),
-        pp=h.pp,
-        tg=h.tg,
+        pp=need(h.pp, "pp"),
+        tg=need(h.tg, "tg"),
         phases=sorted({p["phase"] for p in points}),
         search_depths=h.depths,
         search_args=(["--cpu-mask", _mask_text(mask)] if mask else []),
@@ -740,7 +510,7 @@ def pr_body(
     return render_pr_body(
         rules,
         arch,
-        gpu=_device(h, "unknown GPU"),
+        gpu=device_name(h, "unknown GPU"),
         model=model_file,
         points=points,
         commands=commands,
@@ -782,15 +552,15 @@ def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
                     "stage": "confirm",
                 },
             ]
-    return [p for p in out if _finite(p["ts"]) and _finite(p["cpu"])]
+    return [p for p in out if finite(p["ts"]) and finite(p["cpu"])]
 
 
 def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
     """A CI ``[lo, hi]`` (points) entirely outside ``±noise``."""
-    if not (_finite(lo) and _finite(hi)):
+    if not (finite(lo) and finite(hi)):
         return False
-    n = noise if _finite(noise) else 0.0
-    return lo > n or hi < -n
+    n = noise if finite(noise) else 0.0
+    return bool(lo > n or hi < -n)
 
 
 def pareto_differs(outcome: SearchOutcome) -> bool:
@@ -819,278 +589,3 @@ def _write_pareto(png: Path, outcome: SearchOutcome, *, title: str) -> None:
         from tuner.result.plots import plot_pareto
 
         plot_pareto(pts, png, title=title)
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _pair(a: Any, b: Any, fmt: str = ".0f") -> str:
-    """``a → b`` for two utilizations, "—" for a side not measured (or both)."""
-    if not (_finite(a) or _finite(b)):
-        return "—"
-    return f"{format(a, fmt) if _finite(a) else '—'} → {format(b, fmt) if _finite(b) else '—'}"
-
-
-def _cpu_cell(r: Mapping[str, Any]) -> str:
-    """Confirm row's CPU%: upstream → final, the paired Δ with its 95% CI and the A/A CPU noise (points)."""
-    pair = _pair(r.get("base_cpu"), r.get("tuned_cpu"))
-    if not _finite(r.get("cpu_delta")):
-        return pair
-    ci = (
-        f" [{r['cpu_ci_low']:+.1f}..{r['cpu_ci_high']:+.1f}]"
-        if _finite(r.get("cpu_ci_low")) and _finite(r.get("cpu_ci_high"))
-        else ""
-    )
-    noise = f", noise ±{r['cpu_noise']:.1f}" if _finite(r.get("cpu_noise")) else ""
-    return f"{pair} (Δ {r['cpu_delta']:+.1f}{ci}{noise})"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * (x - 1):+.1f}%" if isinstance(x, float) and math.isfinite(x) else "-"
-
-
-def _ci(lo: float, hi: float) -> str:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "-"
-    return f"{100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f}%"
-
-
-def report_text(
-    outcome: SearchOutcome,
-    *,
-    study: Any = None,
-    storage: str | None = None,
-    gate: Mapping[str, Any] | None = None,
-    residency: Mapping[str, Any] | None = None,
-) -> str:
-    """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
-    ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
-    parameter importances (left out: no importances)."""
-    from tuner.result.report import compare_table, dashboard_command, importances_section
-    from tuner.result.tables import method_paragraph
-
-    h = outcome.header
-    pp, tg = h.pp, h.tg
-    model = Path(h.model).name
-    shape = h.shape
-    rows = outcome.rows
-    noisy = noisy_line(outcome)
-    out = ([noisy + "\n\n"] if noisy else []) + [
-        f"# tuner result: {h.arch} / {model}\n\n",
-        f"Source {h.source_spec} (llama.cpp {h.commit}, era {h.era}); study `{h.name}`; "
-        f"measured on {_device(h, 'unknown')}. Model shape: head size {shape.get('head_dim')}, "
-        f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
-        f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n",
-    ]
-    if outcome.dropped:
-        out.append(
-            "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"
-        )
-    tuned = outcome.tuned
-    out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
-    if outcome.upstream_phases:
-        out.append(
-            f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(outcome.upstream_phases)}.\n"
-        )
-    out.append(
-        "\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
-        + method_paragraph(
-            "paired rounds",
-            rounds=[int(r.get("rounds") or 0) for r in rows],
-            ceiling_pct=NOISE_CEILING_PCT,
-            noise="A/A: how far upstream measured against itself in the same rounds strays from 1 "
-            "(its CI's reach), at least the phase's median A/A noise.",
-        )
-        + "\n\n"
-    )
-    tab = []
-    for r in rows:
-        n_tok = pp if r["phase"] == "pp" else tg
-        tab.append(
-            [
-                model,
-                f"{r['phase']}{n_tok}@d{r['depth']}",
-                r.get("upstream_kernel") or "-",
-                r.get("kernel") or "-",
-                f"{r['base_ts']:.2f}",
-                f"{r['tuned_ts']:.2f}",
-                f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
-                _ci(r["ci_low"], r["ci_high"]),
-                f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
-                str(r.get("rounds", "")),
-                r["verdict"],
-            ]
-        )
-    out.append(
-        compare_table(_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
-        + "\n\n"
-        + log.table(
-            [
-                "Test",
-                "depth",
-                "upstream kernel",
-                "kernel",
-                "t/s upstream → tuned",
-                "CPU% upstream → tuned",
-                "busiest core %",
-                "GPU%",
-                "Speedup 95% CI",
-                "A/A noise",
-                "rounds",
-                "verdict",
-            ],
-            [
-                [
-                    t[1],
-                    r["depth"],
-                    t[2],
-                    t[3],
-                    f"{t[4]} → {t[5]}",
-                    _cpu_cell(r),
-                    _pair(r.get("base_core"), r.get("tuned_core")),
-                    _pair(r.get("base_gpu"), r.get("tuned_gpu")),
-                    t[7],
-                    t[8],
-                    t[9],
-                    t[10],
-                ]
-                for t, r in zip(tab, rows)
-            ],
-        )
-        + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
-        "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
-        "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
-        "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
-        f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
-        if tab
-        else "(nothing differed from upstream, so nothing was re-measured)"
-    )
-    if gate is not None:
-        out.append("\n\n" + gate_section(gate))
-    if residency:
-        out.append("\n\n" + residency_section(residency))
-    out.append(_screen_section(outcome))
-    comp = outcome.compose
-    if comp.get("decisions"):
-        out.append(
-            "## Composed (before confirm)\n\n"
-            + log.table(
-                ["phase", "depth", "upstream", "winner", "why"],
-                [
-                    [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
-                    for d in comp["decisions"]
-                ],
-            )
-            + "\n\n"
-        )
-    out.append(_trials(outcome.trials))
-    if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
-        for i, name in enumerate(("the prefill objective", "the decode objective")):
-            out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
-    if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
-        out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
-    out.append("\n" + cost_line(outcome) + "\n")
-    secs = outcome.stage_seconds
-    if secs:
-        out.append(
-            "\n## Wall time per stage\n\n"
-            + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
-            + "\n"
-        )
-    return "".join(x if x.endswith("\n") else x + "\n" for x in out)
-
-
-def _screen_section(outcome: SearchOutcome) -> str:
-    """report.md's kernel-screen tables, one per phase."""
-    out = ["\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n"]
-    # A study screened before compose.judge_phase stored each cell judged by its own A/A noise only; its
-    # decisions hold the bar compose used, so such a cell is shown judged by that bar as well.
-    bars = {(x["phase"], str(x["depth"])): x.get("noise_pct") for x in outcome.compose.get("decisions", [])}
-    for phase in ("tg", "pp"):
-        cells = {d: _judged_cell(c, bars.get((phase, str(d)))) for d, c in outcome.screens.get(phase, {}).items()}
-        srows = []
-        for d in sorted(cells, key=int):
-            c = cells[d]
-            effs = ", ".join(
-                f"{k} {_pct(e['ratio'])} [{_ci(e['ci_low'], e['ci_high'])}] {e['verdict']}"
-                + (f" (CPU {e['cpu']['mean']:+.1f})" if _finite(e.get("cpu", {}).get("mean")) else "")
-                for k, e in c["effects"].items()
-            )
-            up = c.get("levels", {}).get("upstream", {})
-            cpu_noise = f"; CPU ±{c['cpu_noise']:.1f}" if _finite(c.get("cpu_noise")) else ""
-            # The verdicts are judged against the phase's noise floor where it is above this depth's own A/A noise.
-            bar = c.get("bar_pct")
-            floor = (
-                f"; floor ±{bar:.1f}%"
-                if _finite(bar) and _finite(c["noise_pct"]) and bar > c["noise_pct"] + 0.05
-                else ""
-            )
-            srows.append(
-                [
-                    f"{phase}@d{d}",
-                    c.get("upstream_kernel") or "-",
-                    f"{c['upstream_ts']:.2f}",
-                    *(f"{up[k]:.0f}" if _finite(up.get(k)) else "—" for k in ("cpu", "core", "gpu")),
-                    f"±{c['noise_pct']:.1f}% ({c.get('aa') or '-'}){floor}{cpu_noise}"
-                    if math.isfinite(c["noise_pct"])
-                    else "-",
-                    effs or "-",
-                    ", ".join(c.get("fallback", [])) or "-",
-                ]
-            )
-        if srows:
-            out.append(
-                log.table(
-                    [
-                        "point",
-                        "upstream kernel",
-                        "t/s upstream",
-                        "CPU% upstream",
-                        "busiest core %",
-                        "GPU% upstream",
-                        "A/A noise (pair; phase floor; CPU points)",
-                        "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
-                        "fell back",
-                    ],
-                    srows,
-                )
-                + "\n\n"
-            )
-    return "".join(out)
-
-
-_EFFECT_KEYS = ("n", "ratio", "ci_low", "ci_high")  # Effect.as_dict(), as the study stores each screen effect
-
-
-def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
-    if _finite(c.get("bar_pct")) or not _finite(bar) or not _finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
-        return c
-
-    def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does
-        return (
-            CPU_REJECTED
-            if e.get("verdict") == CPU_REJECTED
-            else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
-        )
-
-    return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
-
-
-def _trials(trials: Sequence[TrialSummary]) -> str:
-    rows = []
-    for t in trials:
-        status = t.status
-        vals = t.objectives
-        score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
-        note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        if status != "ok" and t.reason:
-            note += f" ({str(t.reason)[:90]})"
-        rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
-    if not rows:
-        return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
-    return (
-        "## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"
-        + log.table(["trial", "status", "objectives", "phases measured", "params"], rows)
-        + "\n"
-    )

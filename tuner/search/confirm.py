@@ -17,17 +17,31 @@ The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "extra_depths", "judge", "point_rows"]
+__all__ = ["FINAL", "extra_depths", "judge", "point_rows", "run_confirm"]
 
 import itertools
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tuner import log
+from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
-from tuner.plan.fa_rules import FaRule
-from tuner.search.compose import judge_phase
-from tuner.search.screen import UPSTREAM, CellStats
+from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
+from tuner.search.compose import judge_phase, open_depths
+from tuner.search.screen import (
+    AA_NAME,
+    UPSTREAM,
+    BudgetReached,
+    Candidate,
+    CellStats,
+    run_joint_rounds,
+    run_phase_rounds,
+    summarize_phase,
+)
+from tuner.search.study import SearchConfig
+from tuner.study.state import StudyState
 
 FINAL = "final"
 
@@ -140,3 +154,153 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
         + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else [])
     )
     return {"kept": tuple(kept), "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
+
+
+def run_confirm(
+    cfg: SearchConfig,
+    st: StudyState,
+    space: Any,
+    fixed: Mapping[str, Any],
+    rules: Sequence[FaRule],
+    tuned: Mapping[str, Any] | None,
+    base: tuple[Mapping[str, str], Sequence[str]],
+    factory: Any,
+    builds: Any,
+    depths: Sequence[int],
+    deadline: float | None,
+    all_phases: Sequence[str],
+) -> dict[str, Any]:
+    """The confirm stage: the final config (``rules`` plus the ``tuned`` proposal) against upstream (its
+    runtime ``base`` env and args) in every phase of ``all_phases`` it changes, at ``depths``.
+
+    Rounds are stored as they finish (keyed by what is confirmed), so a resumed search goes on from
+    them. Tuned process knobs that make a point slower are dropped and the rules confirmed alone."""
+    attempt = 0
+    while True:
+        rows, j, phases = _confirm_attempt(
+            cfg, st, space, fixed, rules, tuned, base, factory, builds, depths, deadline, all_phases
+        )
+        if j["process_ok"] or attempt > 0:
+            break
+        log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
+        tuned = None
+        attempt += 1
+    # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
+    for r, why in j["dropped"].items():
+        log.info(f"  dropped {r}: {why}")
+    unmeasured = [p for p in all_phases if p not in phases]
+    return {
+        "rules": j["kept"],
+        "dropped": j["dropped"],
+        "tuned": tuned,
+        "rows": rows,
+        "attempt": attempt,
+        "upstream_phases": unmeasured,
+        "confirm_depths": list(depths),
+    }
+
+
+def _confirm_attempt(
+    cfg: SearchConfig,
+    st: StudyState,
+    space: Any,
+    fixed: Mapping[str, Any],
+    rules: Sequence[FaRule],
+    tuned: Mapping[str, Any] | None,
+    base: tuple[Mapping[str, str], Sequence[str]],
+    factory: Any,
+    builds: Any,
+    depths: Sequence[int],
+    deadline: float | None,
+    all_phases: Sequence[str],
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """One confirm of one final config: its rows, the judgement and the phases measured (stored)."""
+    from tuner.plan.space import compile_values_of, runtime_env_and_args
+
+    base_env, base_args = base
+    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
+    variant = str((tuned or {}).get("values", {}).get("variant", fixed.get("variant", variants[0])))
+    compile_values: dict[str, Any] = {}
+    env, args = dict(base_env), list(base_args)
+    if tuned:
+        vals = tuned["values"]
+        compile_values = compile_values_of(space, vals)
+        env, args = runtime_env_and_args(space, vals)
+    build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
+    process_changed = bool(tuned)
+    rule_phases = {r.phase.bench for r in rules}
+    # One build on both sides: both phases share each call, so the phase without a change is
+    # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
+    m_up, m_fin = factory(build), factory(fb)
+    shared = getattr(m_up, "joint", None) if fb is build else None
+    phases = [p for p in all_phases if process_changed or p in rule_phases or (shared and (rules or process_changed))]
+    final = Candidate(
+        name=FINAL, env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=tuple(args)
+    )
+    up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
+    aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
+    # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
+    ckey = stable_hash({"rules": rules_texts(rules), "tuned": (tuned or {}).get("values")})[:12]
+    recs = st.confirm_rounds(ckey)
+
+    def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
+        return (m_fin if c.name == FINAL else m_up)(c, phase, ds, label)
+
+    def persist(r: Mapping[str, Any]) -> None:
+        st.append_confirm_round(ckey, r)
+
+    # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
+    # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
+    settle = None if process_changed else open_depths
+    rows: list[dict[str, Any]] = []
+    todo = [p for p in phases if not st.confirm_done(ckey, p)]
+    if shared and len(todo) > 1:
+        with log.step(
+            f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
+            f"at depths {list(depths)}"
+        ):
+            run_joint_rounds(
+                shared,
+                {p: [up, aa, final] for p in todo},
+                list(depths),
+                recs,
+                pp_tokens=cfg.pp,
+                min_rounds=cfg.min_rounds,
+                max_rounds=cfg.max_rounds,
+                target_ci=cfg.ci_target,
+                deadline=deadline,
+                on_round=persist,
+                tag="confirm",
+                prior=st.screen_rounds,
+                settle=settle,
+            )
+    for phase in phases:
+        if st.confirm_done(ckey, phase):
+            mine = [r for r in recs if r["phase"] == phase]
+            rows += point_rows(phase, summarize_phase(phase, mine, depths), mine)
+            continue
+        with log.step(
+            f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
+        ):
+            mine = run_phase_rounds(
+                measure,
+                phase,
+                [up, aa, final],
+                list(depths),
+                recs,
+                min_rounds=cfg.min_rounds,
+                max_rounds=cfg.max_rounds,
+                target_ci=cfg.ci_target,
+                deadline=deadline,
+                on_round=persist,
+                tag="confirm",
+                prior=st.screen_rounds,
+                settle=settle,
+            )
+        if deadline is not None and time.monotonic() > deadline:
+            raise BudgetReached(f"confirm {phase}")
+        st.set_confirm_done(ckey, phase)
+        rows += point_rows(phase, summarize_phase(phase, mine, depths), mine)
+    j = judge(rules, rows, process_changed=process_changed)
+    st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
+    return rows, j, phases

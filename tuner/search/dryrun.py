@@ -36,6 +36,7 @@ import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.targets.target import Target
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,6 +216,81 @@ def _builds_stage(
     )
 
 
+def _screen_stages(
+    kernels: Mapping[str, Sequence[str]],
+    inputs: PlanInputs,
+    depths: Sequence[int],
+    per_depth: float,
+    rounds: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """The plan's screen, refine and compose stages."""
+    rmin, rmax = rounds
+    nd = len(depths)
+    stages = []
+
+    # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
+    # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
+    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
+    per_round = max(n_cands.values())
+    legal = "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+    stages.append(
+        _stage(
+            "screen",
+            f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
+            f"{nd} depths {list(depths)}",
+            calls=(per_round * rmin, per_round * rmax),
+            seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
+    ref_calls = sum(n_cands.values())
+    stages.append(
+        _stage(
+            "screen: refine",
+            f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
+            "depths; each new depth is screened alone for that phase (counted here as one depth per step)",
+            calls=(0, inputs.refine * ref_calls * rmax),
+            seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
+            cost=f"{per_depth:g} s per call and depth",
+        )
+    )
+    stages.append(
+        _stage(
+            "compose",
+            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+            "only where a kernel beat upstream beyond the A/A noise; nothing is run",
+        )
+    )
+    return stages
+
+
+def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan's output-gate and residency stages."""
+    stages = []
+    n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
+    stages.append(
+        _stage(
+            "output gate",
+            f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
+            f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
+            seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])),
+            cost=f"{rec['equivalence_check_s']:g} s a check",
+        )
+    )
+    stages.append(
+        _stage(
+            "residency",
+            "one verbose llama-bench probe of upstream's config and one of the final config",
+            seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
+            cost=f"{rec['residency_s']:g} s for both probes",
+        )
+    )
+    return stages
+
+
 def plan_stages(
     space: Any,
     *,
@@ -248,44 +324,8 @@ def plan_stages(
         )
     nd = len(depths)
     rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
-    stages = []
 
-    # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
-    # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
-    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
-    per_round = max(n_cands.values())
-    legal = "; ".join(
-        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-        for p in ("tg", "pp")
-    )
-    stages.append(
-        _stage(
-            "screen",
-            f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
-            f"{nd} depths {depths}",
-            calls=(per_round * rmin, per_round * rmax),
-            seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
-            cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    ref_calls = sum(n_cands.values())
-    stages.append(
-        _stage(
-            "screen: refine",
-            f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
-            "depths; each new depth is screened alone for that phase (counted here as one depth per step)",
-            calls=(0, inputs.refine * ref_calls * rmax),
-            seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
-            cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    stages.append(
-        _stage(
-            "compose",
-            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream beyond the A/A noise; nothing is run",
-        )
-    )
+    stages = _screen_stages(kernels, inputs, depths, per_depth, (rmin, rmax))
     knobs = tn.tunable_knobs(space, {k: True for k in pinned})
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
@@ -311,24 +351,7 @@ def plan_stages(
             cost=f"{per_depth:g} s per call and depth",
         )
     )
-    n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
-    stages.append(
-        _stage(
-            "output gate",
-            f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
-            f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
-            seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])),
-            cost=f"{rec['equivalence_check_s']:g} s a check",
-        )
-    )
-    stages.append(
-        _stage(
-            "residency",
-            "one verbose llama-bench probe of upstream's config and one of the final config",
-            seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
-            cost=f"{rec['residency_s']:g} s for both probes",
-        )
-    )
+    stages += _gate_stages(kernels, rec)
     stages.append(
         _builds_stage(
             costs,
@@ -414,7 +437,7 @@ def _skip_reason(vendor: str) -> str | None:
 
 def run_dry_run(
     *,
-    arch: str,
+    target: Target,
     source_spec: str | None,
     sets: Mapping[str, str] | None = None,
     variants: Sequence[str] = (),
@@ -422,17 +445,16 @@ def run_dry_run(
     inputs: PlanInputs | None = None,
     as_json: bool = False,
 ) -> DryRunReport:
-    """Render, constraint-check and compile-check ``arch``'s space; print the plan on stdout (progress on
+    """Render, constraint-check and compile-check the ``target`` arch's space; print the plan on stdout (progress on
     stderr). Times nothing."""
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space, set_values
     from tuner.search.pipeline import PHASES, kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
-    from tuner.targets.archs import load_arch
     from tuner.targets.models import load_gguf_shape, load_model_shape
 
     inputs = inputs or PlanInputs()
-    a = load_arch(arch)
+    a = target.arch
     shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
     if inputs.model is not None:
         inputs = dataclasses.replace(inputs, like=inputs.model.name)

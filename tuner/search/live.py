@@ -27,7 +27,7 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.measure.falog import kernel_at, parse_fa_log
-from tuner.search.screen import Candidate, Measure
+from tuner.search.screen import Candidate, JointMeasure, Measure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
 """Record keys (:data:`tuner.search.screen.OBSERVED`) and the bench columns they come from."""
@@ -58,9 +58,6 @@ def make_live_measure(
     from tuner.measure.bench import run_bench
 
     info: dict[str, str] = {}
-
-    def measure(cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
-        return joint(cand, [phase], depths, label)[phase]
 
     def joint(
         cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
@@ -108,17 +105,30 @@ def make_live_measure(
             for d in depths:
                 rows = df[(df["phase"] == phase) & (df["depth"] == d)]
                 samples = list(rows.iloc[0]["samples"]) if len(rows) else []
-                err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
+                row_err = str(rows.iloc[0]["error"]) if len(rows) and rows.iloc[0]["error"] else ""
                 k, why = kernel_at(lines, phase, d, pp if phase == "pp" else tg)
                 out[phase][d] = {
                     "ts": float(statistics.median(samples)) if samples else None,
                     "kernel": k,
                     "why": why,
-                    "error": err or ("" if samples else f"no samples; see {log_file}"),
+                    "error": row_err or ("" if samples else f"no samples; see {log_file}"),
                     **{key: _finite(rows.iloc[0][col]) if len(rows) else None for key, col in _OBSERVED.items()},
                 }
         return out
 
-    measure.joint = joint  # type: ignore[attr-defined]  # both phases in one call (screen.run_joint_rounds)
-    measure.info = info  # type: ignore[attr-defined]  # the device llama-bench reported, for the report
-    return measure
+    return _LiveMeasure(joint, info)
+
+
+class _LiveMeasure:
+    """A :data:`~tuner.search.screen.Measure` (one phase per call) that also has ``joint`` (both phases
+    in one call: :func:`tuner.search.screen.run_joint_rounds`) and ``info`` (the device llama-bench
+    reported, for the report)."""
+
+    def __init__(self, joint: JointMeasure, info: dict[str, str]) -> None:
+        self.joint = joint
+        self.info = info
+
+    def __call__(
+        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
+    ) -> Mapping[int, Mapping[str, Any]]:
+        return self.joint(cand, [phase], depths, label)[phase]

@@ -11,9 +11,9 @@ from __future__ import annotations
 __all__ = ["PHASES", "PIPELINE_VERSION", "BudgetReached", "kernels_for", "plan_text", "run_pipeline", "run_tune_worker"]
 
 import contextlib
+import functools
 import os
 import platform
-import re
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,7 +23,7 @@ from typing import Any
 from tuner import log
 from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
-from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts, rules_texts
+from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
 from tuner.search import compose as comp
@@ -31,12 +31,11 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
+from tuner.search.final_gates import run_output_gate, run_residency_gate
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.search.screen import (
-    AA_NAME,
-    UPSTREAM,
     AllCallsFailed,
     BudgetReached,
     Candidate,
@@ -46,6 +45,7 @@ from tuner.search.screen import (
     run_phase_rounds,
     summarize_phase,
 )
+from tuner.search.study import SearchConfig
 from tuner.study.record import SearchOutcome, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
 
@@ -98,7 +98,7 @@ def plan_text(
     )
 
 
-def _open_study(cfg: Any) -> Any:
+def _open_study(cfg: SearchConfig) -> Any:
     import optuna
 
     from tuner.study.storage import make_storage
@@ -124,7 +124,9 @@ def _open_study(cfg: Any) -> Any:
         ) from err
 
 
-def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None) -> SearchOutcome:
+def run_pipeline(
+    cfg: SearchConfig, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None
+) -> SearchOutcome:
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
     The run dir's lock (:mod:`tuner.search.lock`) is held throughout and through ``then(result)`` (the
@@ -134,13 +136,10 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
     llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
     """
     from tuner.plan.space import load_space
-    from tuner.source import fetch_source
-    from tuner.targets.archs import load_arch
 
     deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
-    source = fetch_source(cfg.source_spec)
+    source = cfg.source
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
-    arch = load_arch(cfg.arch)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     if not variants:
         raise UsageError(
@@ -156,9 +155,7 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
 
     with run_dir_lock(cfg.run_dir):
         try:
-            result = _run_locked(
-                cfg, source, space, legal, arch, variants, fixed, shape_d, deadline, measure_factory, equivalence
-            )
+            result = _run_locked(cfg, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence)
         except AllCallsFailed as err:
             raise TunerError(
                 f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
@@ -171,11 +168,9 @@ def run_pipeline(cfg: Any, *, measure_factory: Any = None, equivalence: Any = No
 
 
 def _run_locked(
-    cfg: Any,
-    source: Any,
+    cfg: SearchConfig,
     space: Any,
     legal: Any,
-    arch: Any,
     variants: Sequence[str],
     fixed: Mapping[str, Any],
     shape_d: Mapping[str, int],
@@ -186,37 +181,23 @@ def _run_locked(
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     study, storage = _open_study(cfg)
     st = StudyState(study)
-    if getattr(cfg, "model_seconds", None):  # the CLI synthesized/quantized the model before the study opened
-        st.add_seconds("model", cfg.model_seconds)
-        st.add_seconds("total", cfg.model_seconds)
+    model_s = getattr(cfg, "model_seconds", None)
+    if model_s:  # the CLI synthesized/quantized the model before the study opened
+        st.add_seconds("model", model_s)
+        st.add_seconds("total", model_s)
     with _timed(st, "total"):
         return _run_stages(
-            cfg,
-            study,
-            storage,
-            st,
-            source,
-            space,
-            legal,
-            arch,
-            variants,
-            fixed,
-            shape_d,
-            deadline,
-            measure_factory,
-            equivalence,
+            cfg, study, storage, st, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence
         )
 
 
 def _run_stages(
-    cfg: Any,
+    cfg: SearchConfig,
     study: Any,
     storage: Any,
     st: StudyState,
-    source: Any,
     space: Any,
     legal: Any,
-    arch: Any,
     variants: Sequence[str],
     fixed: Mapping[str, Any],
     shape_d: Mapping[str, int],
@@ -224,22 +205,23 @@ def _run_stages(
     measure_factory: Any,
     equivalence: Any,
 ) -> SearchOutcome:
+    source = cfg.source
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = _pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
 
     # -- the upstream build, gated once ------------------------------------------------------------
     base_variant = str(fixed.get("variant", variants[0]))
-    builds = _Builds(cfg, source)
+    builds = _Builds(cfg, space)
     with _timed(st, "build"):
         build = builds.get(base_variant, {})
-    gate = _gate(st, cfg, arch, build, shape_d)
+    gate = _gate(st, cfg, cfg.target.arch, build, shape_d)
     if gate["status"] == "fail":
         raise TunerError(
             f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
             f"log: {gate.get('log')}. Nothing was measured."
         )
-    factory = _counted(st, measure_factory or (lambda b: _live(cfg, source, b)))
+    factory = _counted(st, measure_factory or (lambda b: _live(cfg, b)))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
@@ -277,30 +259,16 @@ def _run_stages(
 
     with _timed(st, "tune"):
         tuned = _tune(
-            cfg,
-            st,
-            study,
-            storage,
-            space,
-            source,
-            arch,
-            shape_d,
-            fixed,
-            rules,
-            base_env,
-            base_args,
-            factory,
-            deadline,
-            builds,
+            cfg, st, study, storage, space, shape_d, fixed, rules, base_env, base_args, factory, deadline, builds
         )
     with _timed(st, "confirm"):
-        result = _confirm(
-            cfg, st, space, fixed, rules, tuned, base_env, base_args, factory, builds, confirm_ds, deadline
+        result = conf.run_confirm(
+            cfg, st, space, fixed, rules, tuned, (base_env, base_args), factory, builds, confirm_ds, deadline, PHASES
         )
     with _timed(st, "residency"):
-        result = _residency(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
+        result = run_residency_gate(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
     with _timed(st, "equivalence"):
-        result = _output_gate(
+        result = run_output_gate(
             cfg,
             st,
             space,
@@ -341,7 +309,7 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
 
 
 def _screen_all(
-    cfg: Any,
+    cfg: SearchConfig,
     st: StudyState,
     measure: Any,
     kernels: Mapping[str, list[str]],
@@ -363,13 +331,13 @@ def _screen_all(
     todo = [p for p in PHASES if not st.screen_done(p)]
     joint = getattr(measure, "joint", None)
     if joint is not None and len(todo) > 1:
-        cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
+        joint_cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
         with log.step(
             f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"
         ):
             run_joint_rounds(
                 joint,
-                cands,
+                joint_cands,
                 list(cfg.depths),
                 st.screen_rounds,
                 pp_tokens=cfg.pp,
@@ -391,7 +359,11 @@ def _screen_all(
                 st.append_screen_round(r)
 
             with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
-                kw = dict(
+                screen = functools.partial(
+                    run_phase_rounds,
+                    measure,
+                    phase,
+                    cands,
                     min_rounds=rounds[0],
                     max_rounds=rounds[1],
                     target_ci=cfg.ci_target,
@@ -399,9 +371,9 @@ def _screen_all(
                     on_round=persist,
                     settle=comp.open_depths,
                 )
-                run_phase_rounds(measure, phase, cands, list(cfg.depths), recs, **kw)
+                screen(list(cfg.depths), recs)
                 for extra in st.refined(phase):  # a resumed call completes earlier refinements
-                    run_phase_rounds(measure, phase, cands, [int(extra)], recs, **kw)
+                    screen([int(extra)], recs)
                 _check_budget(deadline, f"screen {phase}")
                 for _ in range(cfg.refine - len(st.refined(phase))):
                     new = comp.bisect_depths(comp.compose_phase(phase, summarize_phase(phase, recs, depths)), depths)
@@ -410,7 +382,7 @@ def _screen_all(
                     log.info(f"  refining {phase} boundaries at depths {new}")
                     st.set_refined(phase, sorted({*st.refined(phase), *new}))
                     for extra in new:
-                        run_phase_rounds(measure, phase, cands, [extra], recs, **kw)
+                        screen([extra], recs)
                     depths = sorted(set(depths) | set(new))
                     _check_budget(deadline, f"screen {phase} (refining)")
             st.set_screen_done(phase, True)
@@ -421,13 +393,11 @@ def _screen_all(
         st.set_screen(phase, {str(d): c.as_dict() for d, c in cells.items()})
 
 
-def run_tune_worker(cfg: Any) -> int:
+def run_tune_worker(cfg: SearchConfig) -> int:
     """``tuner worker``: join a study that ``tuner search`` screened and composed, and add tune trials
     (several hosts on one PostgreSQL study share the expensive part: builds of compile-time rows).
     Returns the number of trials the study holds afterwards."""
     from tuner.plan.space import load_space
-    from tuner.source import fetch_source
-    from tuner.targets.archs import load_arch
 
     deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -439,7 +409,7 @@ def run_tune_worker(cfg: Any) -> int:
             f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
             "same --storage and --study first (it screens and composes; workers then add tune trials)."
         )
-    source = fetch_source(cfg.source_spec)
+    source = cfg.source
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
@@ -452,16 +422,14 @@ def run_tune_worker(cfg: Any) -> int:
             study,
             storage,
             space,
-            source,
-            load_arch(cfg.arch),
             shape_d,
             fixed,
             rules_from_texts(composed["rules"]),
             base_env,
             base_args,
-            _counted(st, lambda b: _live(cfg, source, b)),
+            _counted(st, lambda b: _live(cfg, b)),
             deadline,
-            _Builds(cfg, source),
+            _Builds(cfg, space),
         )
     return len(study.get_trials(deepcopy=False))
 
@@ -471,13 +439,11 @@ def run_tune_worker(cfg: Any) -> int:
 
 
 def _tune(
-    cfg: Any,
+    cfg: SearchConfig,
     st: StudyState,
     study: Any,
     storage: Any,
     space: Any,
-    source: Any,
-    arch: Any,
     shape_d: Mapping[str, int],
     fixed: Mapping[str, Any],
     rules: Sequence[FaRule],
@@ -522,8 +488,6 @@ def _tune(
                     st,
                     study,
                     space,
-                    source,
-                    arch,
                     shape_d,
                     fixed,
                     knobs,
@@ -546,12 +510,10 @@ def _tune(
 
 
 def _run_trial(
-    cfg: Any,
+    cfg: SearchConfig,
     st: StudyState,
     study: Any,
     space: Any,
-    source: Any,
-    arch: Any,
     shape_d: Mapping[str, int],
     fixed: Mapping[str, Any],
     knobs: Sequence[Any],
@@ -576,7 +538,16 @@ def _run_trial(
         changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
         phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
         write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
-        viol = check_constraints(cfg.arch, source.era, compile_values, model_shape=dict(shape_d) or None, space=space)
+        # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
+        # (the build renders these values as checked).
+        viol = check_constraints(
+            cfg.arch,
+            cfg.source.era,
+            compile_values,
+            model_shape=dict(shape_d) or None,
+            space=space,
+            source_root=Path(cfg.source.root),
+        )
         if viol:
             why = "; ".join(str(v) for v in viol)
             write_trial(trial, status="infeasible", reason=why)
@@ -587,7 +558,7 @@ def _run_trial(
         trial.set_constraint("constraint_check", 0.0)
         try:
             b = builds.get(variant, compile_values)
-            g = _gate(st, cfg, arch, b, shape_d)
+            g = _gate(st, cfg, cfg.target.arch, b, shape_d)
             if g["status"] == "fail":
                 raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
             env, args = runtime_env_and_args(space, vals)
@@ -623,299 +594,14 @@ def _run_trial(
         raise
 
 
-def _confirm(
-    cfg: Any,
-    st: StudyState,
-    space: Any,
-    fixed: Mapping[str, Any],
-    rules: Sequence[FaRule],
-    tuned: Mapping[str, Any] | None,
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-    factory: Any,
-    builds: _Builds,
-    depths: Sequence[int],
-    deadline: float | None,
-) -> dict[str, Any]:
-    from tuner.plan.space import compile_values_of, runtime_env_and_args
-
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    attempt = 0
-    while True:
-        variant = str((tuned or {}).get("values", {}).get("variant", fixed.get("variant", variants[0])))
-        compile_values = {}
-        env, args = dict(base_env), list(base_args)
-        if tuned:
-            vals = tuned["values"]
-            compile_values = compile_values_of(space, vals)
-            env, args = runtime_env_and_args(space, vals)
-        build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
-        process_changed = bool(tuned)
-        rule_phases = {r.phase.bench for r in rules}
-        # One build on both sides: both phases share each call, so the phase without a change is
-        # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
-        m_up, m_fin = factory(build), factory(fb)
-        shared = getattr(m_up, "joint", None) if fb is build else None
-        phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
-        final = Candidate(
-            name=conf.FINAL,
-            env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})},
-            args=tuple(args),
-        )
-        up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
-        aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
-        # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
-        ckey = stable_hash({"rules": rules_texts(rules), "tuned": (tuned or {}).get("values")})[:12]
-        recs = st.confirm_rounds(ckey)
-
-        def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
-            # called within this loop iteration only, so the late binding of m_fin/m_up is harmless
-            return (m_fin if c.name == conf.FINAL else m_up)(c, phase, ds, label)  # noqa: B023
-
-        # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
-        # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
-        settle = None if process_changed else comp.open_depths
-        rows: list[dict[str, Any]] = []
-        todo = [p for p in phases if not st.confirm_done(ckey, p)]
-        if shared and len(todo) > 1:
-            with log.step(
-                f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
-                f"at depths {list(depths)}"
-            ):
-                run_joint_rounds(
-                    shared,
-                    {p: [up, aa, final] for p in todo},
-                    list(depths),
-                    recs,
-                    pp_tokens=cfg.pp,
-                    min_rounds=cfg.min_rounds,
-                    max_rounds=cfg.max_rounds,
-                    target_ci=cfg.ci_target,
-                    deadline=deadline,
-                    on_round=lambda r: st.append_confirm_round(ckey, r),  # noqa: B023 (called in this iteration)
-                    tag="confirm",
-                    prior=st.screen_rounds,
-                    settle=settle,
-                )
-        for phase in phases:
-            if st.confirm_done(ckey, phase):
-                mine = [r for r in recs if r["phase"] == phase]
-                rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
-                continue
-            with log.step(
-                f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
-            ):
-                mine = run_phase_rounds(
-                    measure,
-                    phase,
-                    [up, aa, final],
-                    list(depths),
-                    recs,
-                    min_rounds=cfg.min_rounds,
-                    max_rounds=cfg.max_rounds,
-                    target_ci=cfg.ci_target,
-                    deadline=deadline,
-                    on_round=lambda r: st.append_confirm_round(ckey, r),  # noqa: B023 (called in this iteration)
-                    tag="confirm",
-                    prior=st.screen_rounds,
-                    settle=settle,
-                )
-            _check_budget(deadline, f"confirm {phase}")
-            st.set_confirm_done(ckey, phase)
-            rows += conf.point_rows(phase, summarize_phase(phase, mine, depths), mine)
-        j = conf.judge(rules, rows, process_changed=process_changed)
-        st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
-        needs_again = (not j["process_ok"]) and attempt == 0
-        if not needs_again:
-            break
-        log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
-        tuned = None
-        attempt += 1
-    # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
-    for r, why in j["dropped"].items():
-        log.info(f"  dropped {r}: {why}")
-    unmeasured = [p for p in PHASES if p not in phases]
-    return {
-        "rules": j["kept"],
-        "dropped": j["dropped"],
-        "tuned": tuned,
-        "rows": rows,
-        "attempt": attempt,
-        "upstream_phases": unmeasured,
-        "confirm_depths": list(depths),
-    }
-
-
-def _final_of(
-    cfg: Any,
-    space: Any,
-    fixed: Mapping[str, Any],
-    result: Mapping[str, Any],
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-) -> tuple[str, str, dict[str, Any], dict[str, Any], dict[str, str], list[str]]:
-    """The confirmed final config: (upstream's variant, its variant, compile values, tuned values, env, args)."""
-    from tuner.plan.space import compile_values_of, runtime_env_and_args
-
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    base_variant = str(fixed.get("variant", variants[0]))
-    tuned = result.get("tuned")
-    vals = dict((tuned or {}).get("values", {}))
-    env, args = runtime_env_and_args(space, vals) if tuned else (dict(base_env), list(base_args))
-    return base_variant, str(vals.get("variant", base_variant)), compile_values_of(space, vals), vals, env, args
-
-
-def _config_key(rules: Sequence[FaRule], vals: Mapping[str, Any]) -> str:
-    """The final config's key for records stored per final config (the gates' checks)."""
-    return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
-
-
-def _residency(
-    cfg: Any,
-    st: StudyState,
-    space: Any,
-    fixed: Mapping[str, Any],
-    result: Mapping[str, Any],
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-    builds: Any,
-    shape: Mapping[str, int],
-    probe: Any = None,
-) -> dict[str, Any]:
-    """The residency gate (:mod:`tuner.search.residency_gate`): one verbose llama-bench probe of upstream's config
-    and one of the final config; stored per final config, so a resumed search does not probe again."""
-    from tuner.measure.residency import input_layer_mib, run_residency
-    from tuner.search import residency_gate as rg
-
-    base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
-    rules = tuple(result.get("rules", ()))
-    ckey = _config_key(rules, vals)
-    rec = st.residency(ckey)
-    full = rg.full_offload(base_args, shape.get("n_layers"))  # the scenario is upstream's config (e.g. a pinned -ngl)
-    if rec is not None and any((rec.get(side) or {}).get("error") for side in ("upstream", "final")):
-        rec = None  # a probe that failed measured nothing: probe again rather than carry the failure forward
-    if rec is not None:
-        again = rg.redecide(rec, full=full, host_weights_mib=input_layer_mib(cfg.model))
-        if again is not None and again["verdict"] != rec["verdict"]:
-            log.info(
-                f"Residency: re-judged from the recorded probe logs by this version's rule: {rec['verdict']} -> {again['verdict']}"
-            )
-            rec = again
-            st.set_residency(ckey, rec)
-    if rec is None:
-
-        def live(b: Any, e: Mapping[str, str], a: Sequence[str], d: Path) -> Any:
-            d.mkdir(parents=True, exist_ok=True)
-            return run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
-
-        given = probe or live
-
-        def counted(*a: Any) -> Any:  # each probe is one llama-bench call
-            st.add_llama_bench_calls(1)
-            return given(*a)
-
-        same = (
-            not rules
-            and env == dict(base_env)
-            and list(args) == list(base_args)
-            and variant == base_variant
-            and not compile_values
-        )
-        with log.step(
-            "Residency check: graph splits and buffers, upstream" + ("" if same else " and the final config")
-        ):
-            up_build = builds.get(base_variant, {})
-            up = counted(up_build, dict(base_env), list(base_args), cfg.run_dir / "residency" / "upstream")
-            final = (
-                None
-                if same
-                else counted(
-                    builds.get(variant, compile_values),
-                    {**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})},
-                    list(args),
-                    cfg.run_dir / "residency" / "final",
-                )
-            )
-        rec = rg.decide(up, final, full=full, host_weights_mib=input_layer_mib(cfg.model))
-        st.set_residency(ckey, rec)
-    log.info(f"Residency: {rec['verdict']}: " + (rec["final"] or rec["upstream"])["summary"])
-    return rg.residency_result(result, rec)
-
-
-def _output_gate(
-    cfg: Any,
-    st: StudyState,
-    space: Any,
-    fixed: Mapping[str, Any],
-    era: str,
-    result: Mapping[str, Any],
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-    builds: Any,
-    equivalence: Any,
-    kernels: Mapping[str, Sequence[str]] = {},
-) -> dict[str, Any]:
-    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`),
-    its thresholds from the kernel band where ``kernels`` (per mode) can be forced.
-
-    Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
-    config), so a resumed search does not run it again. A failing final config becomes upstream's
-    selection; nothing confirmed: the gate is not needed and nothing runs."""
-    from tuner.search import output_gate as og
-
-    base_variant, variant, compile_values, vals, env, args = _final_of(cfg, space, fixed, result, base_env, base_args)
-    changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]
-    rules = tuple(result.get("rules", ()))
-    checks = og.plan_checks(
-        rules=rules,
-        base_env=base_env,
-        base_args=base_args,
-        final_env=env,
-        final_args=args,
-        changed={str(k.meta.get("flag") or k.meta.get("env") or k.name): tn.knob_phases(k) for k in changed},
-        build_changed=variant != base_variant or bool(compile_values),
-        era=era,
-    )
-    ckey = _config_key(rules, vals)
-    run = equivalence or (
-        lambda c, ub, fb, wd: og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir, jobs=cfg.jobs)
-    )
-
-    def run_one(c: Any) -> Mapping[str, Any]:
-        wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
-        up = builds.get(base_variant, {})
-        return run(c, up, up if c.name.startswith(og.BAND) else builds.get(variant, compile_values), wd)
-
-    def persist(name: str, rec: Mapping[str, Any]) -> None:
-        st.set_equivalence_check(ckey, name, rec)
-
-    with log.step(
-        f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
-        if checks
-        else "Output-equivalence gate: not needed (the final config is upstream's)"
-    ):
-        gate = og.run_checks(
-            checks,
-            done=st.equivalence_checks(ckey),
-            run_one=run_one,
-            on_check=persist,
-            band=og.plan_band(checks, kernels),
-        )
-    return og.gated_result(result, gate)
-
-
-# ------------------------------------------------------------------------------------------------
-# helpers
-
-
-def _resolved_space(cfg: Any, space: Any) -> tuple[Any, dict[str, Any]]:
+def _resolved_space(cfg: SearchConfig, space: Any) -> tuple[Any, dict[str, Any]]:
     """The space with threads/-ngl legal values for this machine, the --cpu-mask and the model
     (and those values, which the study records so the export resolves the same space)."""
     from tuner.plan.derive import space_for_run
 
     tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
     resolved, legal = space_for_run(
-        space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=cfg.arch != "cpu", tokens=tokens
+        space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=not cfg.target.is_cpu, tokens=tokens
     )
     pinned = getattr(cfg, "fixed", {}) or {}
     for name, lg in legal.items():  # a --set pin replaces what would be sampled: say so beside the derivation
@@ -950,11 +636,13 @@ def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
     if too_deep:
         raise UsageError(
             f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-            f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if d <= ctx)}."
+            f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if ctx and d <= ctx)}."
         )
 
 
-def _record_attrs(st: StudyState, cfg: Any, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]) -> None:
+def _record_attrs(
+    st: StudyState, cfg: SearchConfig, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]
+) -> None:
     import dataclasses
 
     from tuner.study.record import StudyHeader
@@ -993,10 +681,12 @@ def _record_attrs(st: StudyState, cfg: Any, source: Any, shape: Mapping[str, int
 
 class _Builds:
     """The builds of one process, looked up once per (variant, compile values): a cached build still
-    costs a render and a no-op ninja run, which the tune and confirm stages must not pay per trial."""
+    costs a render and a no-op ninja run, which the tune and confirm stages must not pay per trial.
+    Compile values reach it from tune trials, whose constraint check already passed: the render does
+    not check them again."""
 
-    def __init__(self, cfg: Any, source: Any) -> None:
-        self.cfg, self.source = cfg, source
+    def __init__(self, cfg: SearchConfig, space: Any) -> None:
+        self.cfg, self.space = cfg, space
         self._known: dict[str, Any] = {}
 
     def get(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
@@ -1004,20 +694,26 @@ class _Builds:
         if key not in self._known:
             from tuner.builder.cmake import build_variant
             from tuner.plan.render import render_variant
-            from tuner.targets.archs import detect_local_archs
 
             rv = render_variant(
-                self.source, self.cfg.arch, variant, compile_values=compile_values, local_archs=detect_local_archs()
+                self.cfg.source,
+                self.cfg.arch,
+                variant,
+                compile_values=compile_values,
+                local_archs=list(self.cfg.target.local_archs),
+                space=self.space,
+                checked=True,
             )
             self._known[key] = build_variant(rv, jobs=self.cfg.jobs)
         return self._known[key]
 
 
-def _gate(st: StudyState, cfg: Any, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
+def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
     """test-backend-ops FLASH_ATTN_EXT per selectable kernel, once per build (recorded in the study)."""
     gates = st.gates
     if build.build_id in gates:
-        return gates[build.build_id]
+        return dict(gates[build.build_id])
+    res: dict[str, Any]
     if not cfg.gate or arch.vendor == "cpu":
         res = {
             "status": "skipped",
@@ -1053,7 +749,7 @@ def _gate(st: StudyState, cfg: Any, arch: Any, build: Any, shape: Mapping[str, i
     return res
 
 
-def _live(cfg: Any, source: Any, build: Any) -> Any:
+def _live(cfg: SearchConfig, build: Any) -> Any:
     from tuner.search.live import make_live_measure
 
     return make_live_measure(
@@ -1063,7 +759,7 @@ def _live(cfg: Any, source: Any, build: Any) -> Any:
         tg=cfg.tg,
         reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
         log_dir=cfg.run_dir / "logs",
-        era=source.era,
+        era=cfg.source.era,
         arch=cfg.arch,
         cpus=cfg.cpu_mask,
     )

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner import log
-from tuner.errors import UsageError
+from tuner.source.spec import Source
 from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
+from tuner.targets.target import Target, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +34,10 @@ PROFILES: dict[str, dict[str, float]] = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchConfig:
-    arch: str
+    target: Target
     """Target arch (already resolved: detected or explicitly given and present)."""
-    source_spec: str
+    source: Source
+    """The llama.cpp tree, fetched once."""
     model: Path
     depths: tuple[int, ...] = (0, 4096, 16384, 32768)
     pp: int = 512
@@ -79,6 +80,16 @@ class SearchConfig:
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
 
     @property
+    def arch(self) -> str:
+        """The target arch's name."""
+        return self.target.name
+
+    @property
+    def source_spec(self) -> str:
+        """The source's normalized SPEC."""
+        return self.source.spec
+
+    @property
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
 
@@ -89,44 +100,8 @@ class SearchConfig:
 
 
 def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool = False, ptx_jit: bool = False) -> str:
-    """The arch to tune for: the requested one if present here, else the local GPU, else ``cpu``.
-
-    ``ptx_jit`` lets an NVIDIA target run on a newer local NVIDIA GPU through ``<cc>-virtual`` PTX
-    (e.g. sm_89 code on an H100): the kernels are the target's, the clocks and memory are the
-    local GPU's, and every report names the GPU that was measured.
-
-    Raises:
-        UsageError: ``--arch X`` names a GPU this machine does not have (and no --dry-run/--replay).
-    """
-    from tuner.targets.archs import detect_local_archs, load_arch, newer_nvidia
-
-    local = detect_local_archs()
-    if requested is None:
-        return local[0] if local else "cpu"
-    arch = load_arch(requested)  # unknown -> UsageError with suggestions
-    if arch.name == "cpu" or dry_run or replay or arch.name in local:
-        return arch.name
-    newer = newer_nvidia(arch.cc or 0, local) if arch.vendor == "nvidia" else []
-    if ptx_jit and newer:
-        log.warning(
-            f"{arch.name} code runs here as {(arch.cc or 0) // 10}-virtual PTX JIT-compiled for {newer[0]}: the kernels "
-            f"and their legality are {arch.name}'s, the speed is {newer[0]}'s (clocks, bandwidth, SM count)."
-        )
-        return arch.name
-    found = ", ".join(local) if local else "no GPU (only the CPU backend)"
-    hint = (
-        f" To run {arch.name}'s kernels on this newer GPU anyway (PTX JIT, measured speed is this GPU's), "
-        "add --ptx-jit."
-        if newer
-        else ""
-    )
-    msg = (
-        f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "
-        f"{found}. tuner never benchmarks one device and reports it as another. Use "
-        f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check "
-        f"the whole space here, or run the same command on a machine with that GPU.{hint}"
-    )
-    raise UsageError(msg)
+    """The name of :func:`tuner.targets.target.resolve_target`'s target (which raises what this raises)."""
+    return resolve_target(requested, dry_run=dry_run, replay=replay, ptx_jit=ptx_jit).name
 
 
 # --------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def test_a_study_holds_what_it_always_held() -> None:
     """The pipeline stores rules as list[str] through StudyState (old studies load, resumed ones find their
     records), keys its per-config records by the same texts as before, and the typed record reads them back."""
     from tuner._hash import stable_hash
-    from tuner.search.pipeline import _config_key
+    from tuner.search.final_gates import config_key as _config_key
     from tuner.study.record import outcome_from_attrs
     from tuner.study.state import StudyState
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tuner.measure.paired import CPU_REJECTED
-from tuner.result.pipeline_export import pareto_points, report_text
+from tuner.result.pipeline_export import pareto_points
+from tuner.result.pipeline_report import report_text
 from tuner.result.plots import pareto_front, plot_pareto
 from tuner.study.record import load_outcome
 

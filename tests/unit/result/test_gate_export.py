@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import UsageError
-from tuner.result.pipeline_export import _checked_gate, gate_section, gate_table, summary_line
+from tuner.result.pipeline_export import _checked_gate, gate_table, summary_line
+from tuner.result.pipeline_report import gate_section
 from tuner.result.validate import _gate_finding
 from tuner.study.record import SearchOutcome, outcome_from_attrs
 

@@ -10,7 +10,8 @@ import pytest
 
 from tuner._compat import tomllib
 from tuner.plan.fa_rules import FaRule, rules_from_texts
-from tuner.result.pipeline_export import _points, pr_body
+from tuner.result.pipeline_export import pr_body
+from tuner.result.pipeline_report import confirmed_points
 from tuner.study.record import StudyHeader
 
 RESULT = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
@@ -29,7 +30,7 @@ def _attrs() -> tuple[StudyHeader, tuple[FaRule, ...], list[dict], dict]:
         shape=cfg["model"]["shape"],
         depths=tuple(cfg["model"]["depths"]),
     )
-    return h, rules_from_texts(cfg["choice"]["fa_rules"]), _points(cfg["points"], h.pp, h.tg), cfg["defines"]
+    return h, rules_from_texts(cfg["choice"]["fa_rules"]), confirmed_points(cfg["points"], h.pp, h.tg), cfg["defines"]
 
 
 def _table(md: str) -> list[list[str]]:

@@ -66,7 +66,7 @@ def test_confirm_rows_judge_by_the_same_bar() -> None:
 def test_an_older_studys_screen_cells_are_shown_judged_by_their_decisions_bar() -> None:
     # a study screened before judge_phase stored the cell-local verdicts (the stored sm_89 study did)
     from tuner.measure.paired import CPU_REJECTED
-    from tuner.result.pipeline_export import _judged_cell
+    from tuner.result.pipeline_report import _judged_cell
 
     c = summarize_phase("tg", ROUNDS, DEPTHS)[32768].as_dict()
     c.pop("bar_pct"), c.pop("cpu_bar")

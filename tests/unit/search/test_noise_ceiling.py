@@ -74,7 +74,7 @@ def test_confirm_drops_what_a_noisy_phase_cannot_confirm() -> None:
 
 
 def test_report_first_line_says_too_noisy() -> None:
-    from tuner.result.pipeline_export import noisy_line, report_text
+    from tuner.result.pipeline_report import noisy_line, report_text
     from tuner.study.record import outcome_from_attrs
 
     a = _cpu_attrs()

@@ -155,7 +155,8 @@ def test_a_stored_record_is_decided_again_from_its_logs_and_stands_where_they_ar
 
 
 def test_the_report_shows_what_the_confirm_measured_of_a_rejected_config() -> None:
-    from tuner.result.pipeline_export import residency_section, residency_table
+    from tuner.result.pipeline_export import residency_table
+    from tuner.result.pipeline_report import residency_section
 
     rec = rg.decide(FULL, NKVO, full=True, host_weights_mib=INPUT_MIB)
     rows = [
@@ -190,7 +191,8 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
 
     from tuner.plan.derive import legal_values, resolve_space
     from tuner.plan.space import load_space
-    from tuner.search.pipeline import _config_key, _residency
+    from tuner.search.final_gates import config_key as _config_key
+    from tuner.search.final_gates import run_residency_gate as _residency
     from tuner.study.state import StudyState
     from tuner.targets.host import Cpus
 

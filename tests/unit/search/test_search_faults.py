@@ -105,6 +105,8 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         trials=trials,
         variants=("cpu",),
         arch="cpu",
+        target=types.SimpleNamespace(arch=load_arch("cpu")),
+        source=types.SimpleNamespace(era="mma", root=tmp_path),
         depths=(0,),
         gate=False,
         run_dir=tmp_path,
@@ -122,8 +124,6 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         study,
         storage,
         load_space("cpu", "mma"),
-        types.SimpleNamespace(era="mma"),
-        load_arch("cpu"),
         {},
         {},
         [],
@@ -340,12 +340,15 @@ def test_a_refused_connection_names_the_url_without_the_password() -> None:
 
 
 def test_a_cpu_search_promises_no_h100_time() -> None:
-    from tuner.cli.search_cmd import CPU_DEFAULTS, GPU_DEFAULTS, _intro
+    from tuner.search.request import SearchRequest, intro
+    from tuner.targets.archs import load_arch
+    from tuner.targets.target import Target
 
-    mine = _intro("cpu", {"model": Path("big.gguf"), "trials": None}, CPU_DEFAULTS)
+    cpu, h100 = (Target(arch=load_arch(a), local_archs=()) for a in ("cpu", "sm_90"))
+    mine = intro(SearchRequest(target=cpu, model=Path("big.gguf")))
     assert "H100" not in mine and "ETAs after the first round" in mine and "rerunning the same command resumes" in mine
-    assert "a few minutes on 2 cores" in _intro("cpu", {"trials": None}, CPU_DEFAULTS)
-    assert "on an H100" in _intro("sm_90", {"trials": None}, GPU_DEFAULTS)
+    assert "a few minutes on 2 cores" in intro(SearchRequest(target=cpu))
+    assert "on an H100" in intro(SearchRequest(target=h100))
 
 
 def test_a_file_system_without_locks_warns_and_goes_on(

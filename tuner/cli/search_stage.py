@@ -1,0 +1,106 @@
+"""The stage ``tuner search`` and ``tuner worker`` call (no click command here): resolve the request
+(:func:`tuner.search.request.resolve_search`), run the search (:mod:`tuner.search.pipeline`) and export
+its result (:func:`tuner.cli.export_cmd.export_study`, which reaches :mod:`tuner.result`).
+
+It lives in the command-line layer because it joins two stages the layers keep apart: ``search/``
+and ``result/`` may not import each other (``lint-imports``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["dashboard_hint", "search_and_export", "tune_worker"]
+
+import time
+from pathlib import Path
+
+import click
+
+from tuner import interrupts, log
+from tuner.redact import redact
+from tuner.search.request import SearchRequest, resolve_search
+from tuner.search.study import SearchConfig
+from tuner.source.spec import DEFAULT_SPEC
+from tuner.study.record import SearchOutcome
+
+
+def _announce(cfg: SearchConfig, request: SearchRequest) -> str:
+    """The storage URL as shown (a password in --storage never reaches the screen or a log), after
+    logging what the search runs on."""
+    shown = redact(cfg.storage_url)
+    log.info(
+        f"tuner search: arch {cfg.arch}, source {request.source_spec or DEFAULT_SPEC} (era {cfg.source.era}), model {cfg.model.name}, "
+        f"depths {list(cfg.depths)}, pp{cfg.pp}/tg{cfg.tg}\n"
+        f"  study {cfg.study!r} in {shown}; run dir {cfg.run_dir}\n"
+        f"  {dashboard_hint(cfg.storage_url)}"
+    )
+    return shown
+
+
+def search_and_export(request: SearchRequest, out: Path | None = None) -> SearchOutcome | None:
+    """Run (or resume) the search ``request`` asks for and export its result into ``out`` (default
+    ``<run dir>/export``); an interruption says how to go on. Returns the outcome (None: the time
+    budget stopped the search before it finished)."""
+    from tuner.cli.export_cmd import export_study
+    from tuner.result.pipeline_export import summary_line
+    from tuner.search.pipeline import BudgetReached, run_pipeline
+
+    cfg = resolve_search(request)
+    shown = _announce(cfg, request)
+    out_dir = out or (cfg.run_dir / "export")
+
+    def export(result: SearchOutcome) -> None:  # inside the run dir's lock: no second search exports here meanwhile
+        log.info(f"\nSearch done in {time.monotonic() - t0:.0f} s.")
+        export_study(cfg.study, storage=cfg.storage_url, out_dir=out_dir)
+        log.info(
+            f"\nExported the result to {out_dir}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's)."
+        )
+
+    t0 = time.monotonic()
+    try:
+        with interrupts.sigterm_interrupts():
+            result = run_pipeline(cfg, then=export)
+    except BudgetReached as stop:
+        log.notice(
+            f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
+            f"in {shown}. Rerun the same command to resume; nothing was exported yet."
+        )
+        return None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how to go on before `tuner: aborted`
+        log.notice(
+            f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
+            "(a trial cut off is run again). Rerun the same command to resume."
+        )
+        raise
+    click.echo(summary_line(result))
+    return result
+
+
+def tune_worker(request: SearchRequest) -> int | None:
+    """``tuner worker``: add tune trials to the study ``request`` names. Returns the trials it holds
+    afterwards (None: the time budget stopped the worker)."""
+    from tuner.search.pipeline import BudgetReached, run_tune_worker
+
+    cfg = resolve_search(request, worker=True)
+    shown = _announce(cfg, request)
+    try:
+        with interrupts.sigterm_interrupts():
+            n = run_tune_worker(cfg)
+    except BudgetReached as stop:
+        log.notice(f"time budget reached during {stop}; the trials so far are in {shown}.")
+        return None
+    log.info(
+        f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports."
+    )
+    return n
+
+
+def dashboard_hint(storage_url: str) -> str:
+    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it.
+    The command carries no password (PGPASSWORD or ~/.pgpass supplies it)."""
+    import importlib.util
+
+    from tuner.result.report import dashboard_command
+
+    if importlib.util.find_spec("optuna_dashboard") is not None:
+        return f"open it live with: {dashboard_command(storage_url)}"
+    return "to watch it live, install the dashboard extra: pip install -e '.[dashboard]' (then optuna-dashboard <storage URL>)"

@@ -1,0 +1,230 @@
+"""What ``tuner search`` and ``tuner worker`` were asked (:class:`SearchRequest`: the flags as given, with
+the target resolved and the ``--set`` pins parsed) and the stage that turns it into the frozen
+:class:`~tuner.search.study.SearchConfig` a search runs on (:func:`resolve_search`): the storage URL
+checked, the source fetched, the model found or synthesized, the default depths cut at its context
+length and the pins checked, before anything is built, measured or stored.
+
+The command line maps its flags into a :class:`SearchRequest`; :mod:`tuner.cli.search_stage` resolves it
+here, runs the search and exports its result.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CPU_DEFAULTS", "GPU_DEFAULTS", "Defaults", "SearchRequest", "intro", "resolve_search"]
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from tuner import log
+from tuner.errors import TunerError, UsageError
+from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
+from tuner.source.spec import DEFAULT_SPEC, Source
+from tuner.targets.target import Target
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Defaults:
+    """What a search does where a flag is not given: one set for the CPU backend, one for a GPU."""
+
+    like: str
+    depths: tuple[int, ...]
+    pp: int
+    tg: int
+    trials: int
+    max_rounds: int
+    refine: int
+    variants: tuple[str, ...] | None = None
+    """Variants searched (None: every variant of the space)."""
+
+
+# The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
+# Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
+# One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
+# --variant cpu --variant cpu-no-native to search both.
+CPU_DEFAULTS = Defaults(
+    like="tiny", depths=(0, 1024, 4096), pp=128, tg=32, trials=3, max_rounds=3, refine=0, variants=("cpu",)
+)
+# The depth ladder of issue 15, capped by the model's context length.
+GPU_DEFAULTS = Defaults(
+    like="llama-3.2-1b", depths=(0, 4096, 8192, 16384, 32768, 65536), pp=512, tg=128, trials=6, max_rounds=6, refine=1
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchRequest:
+    """A search as the command line asked for it; None where a flag was not given (a default applies)."""
+
+    target: Target
+    source_spec: str | None = None
+    model: Path | None = None
+    like: str | None = None
+    quant: str | None = None
+    depths: tuple[int, ...] | None = None
+    pp: int | None = None
+    tg: int | None = None
+    trials: int | None = None
+    time_budget: float | None = None
+    storage: str | None = None
+    study: str | None = None
+    run_dir: Path | None = None
+    jobs: int | None = None
+    variants: tuple[str, ...] = ()
+    sets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """``--set`` pins, parsed (:func:`tuner.pairs.parse_pairs`), not yet checked against the space."""
+    gate: bool = True
+    seed: int = 0
+    min_rounds: int = 3
+    max_rounds: int | None = None
+    ci_target: float = 1.0
+    reps_pp: int | None = None
+    reps_tg: int | None = None
+    confirm_extra: int | None = None
+    refine: int | None = None
+    cpu_mask: tuple[int, ...] | None = None
+
+    @property
+    def defaults(self) -> Defaults:
+        """The CPU backend's defaults or a GPU's."""
+        return CPU_DEFAULTS if self.target.is_cpu else GPU_DEFAULTS
+
+
+def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchConfig:
+    """The frozen configuration of the search ``request`` asks for (``worker``: for ``tuner worker``).
+
+    Raises:
+        UsageError: a bad --storage URL (before anything is fetched or built), both --model and --like,
+            a --model that does not exist, or a --set pin the space resolved for this machine refuses.
+    """
+    d = request.defaults
+    if request.storage is not None:  # refused before anything is fetched, built or created
+        check_storage_url(request.storage)
+    if not worker:
+        log.info(intro(request))
+    from tuner.source import fetch_source
+
+    source = fetch_source(request.source_spec or DEFAULT_SPEC)
+    t_model = time.monotonic()
+    model = _model(request, source)
+    model_seconds = time.monotonic() - t_model if request.model is None else None  # --like: synthesized (cached) here
+    study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
+    ctx = _context_length(model)
+    depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
+    _check_pins(request.target, source, model, request.sets, request.cpu_mask)
+    return SearchConfig(
+        target=request.target,
+        source=source,
+        model=model.resolve(),
+        depths=tuple(depths),
+        pp=request.pp or d.pp,
+        tg=request.tg or d.tg,
+        trials=request.trials if request.trials is not None else d.trials,
+        time_budget=request.time_budget,
+        storage=request.storage,
+        study=study,
+        run_dir=request.run_dir or default_run_dir(study),
+        jobs=request.jobs,
+        seed=request.seed,
+        gate=request.gate,
+        variants=request.variants or d.variants,
+        fixed=dict(request.sets),
+        worker=worker,
+        min_rounds=request.min_rounds,
+        max_rounds=max(request.min_rounds, request.max_rounds or d.max_rounds),
+        ci_target=request.ci_target,
+        refine=request.refine if request.refine is not None else d.refine,
+        cpu_mask=request.cpu_mask,
+        model_seconds=model_seconds,
+        reps_pp=_given_or_default(request.reps_pp, "reps_pp"),
+        reps_tg=_given_or_default(request.reps_tg, "reps_tg"),
+        confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
+    )
+
+
+def _given_or_default(value: int | None, name: str) -> int:
+    """A flag's value, or SearchConfig's default for the field ``name`` where it was not given."""
+    if value is not None:
+        return value
+    default: int = getattr(SearchConfig, name)  # a dataclass field's default is its class attribute
+    return default
+
+
+def _baseline_build(target: Target, source: Source) -> Path:
+    """The upstream-default variant's ``llama-quantize`` (a build cached like every build)."""
+    from tuner.builder.cmake import build_variant
+    from tuner.plan.render import render_variant
+    from tuner.plan.space import load_space
+
+    space = load_space(target.name, source.era)
+    rv = render_variant(source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space)
+    return Path(build_variant(rv).exe("llama-quantize"))
+
+
+def _model(request: SearchRequest, source: Source) -> Path:
+    """--model as given, or a synthesized (and optionally quantized) model of --like's shape."""
+    if request.model is not None and request.like:
+        raise UsageError("give either --model GGUF or --like NAME, not both.")
+    if request.model is None:
+        from tuner.targets.models import synth_cached
+
+        like = request.like or request.defaults.like
+        qbin = _baseline_build(request.target, source) if request.quant else None
+        return Path(synth_cached(like, source=source, quant=request.quant, quantize_bin=qbin))
+    if not request.model.is_file():
+        raise UsageError(
+            f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
+        )
+    return request.model
+
+
+def _context_length(model: Path) -> int | None:
+    from tuner.targets.models import load_gguf_shape
+
+    try:
+        return int(load_gguf_shape(model).context_length)
+    except TunerError:
+        return None
+
+
+def _check_pins(
+    target: Target, source: Source, model: Path, sets: Mapping[str, str], cpu_mask: tuple[int, ...] | None
+) -> None:
+    """--set values checked against the space resolved for this machine, mask and model (threads within
+    the CPUs, -ngl within the layers), so a bad pin is refused before any build or measurement."""
+    from tuner.plan.derive import space_for_run
+    from tuner.plan.space import load_space, set_values
+
+    space, _ = space_for_run(load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
+    set_values(space, {k: v for k, v in sets.items() if k != "variant"})
+    if "variant" in sets and sets["variant"] not in space.variants:
+        from tuner.errors import close_matches
+
+        raise UsageError(
+            f"--set variant={sets['variant']} is not a variant of the {target.name} space; it has "
+            f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
+            "or leave variant unpinned."
+        )
+
+
+def intro(request: SearchRequest) -> str:
+    """What the run will do and roughly how long, before anything starts (measured on this project's
+    machines: a CPU build ~5-8 min on 2 cores, an sm_90 build ~4.5 min on 16; the CPU default's
+    measuring a few minutes on 2 cores)."""
+    cpu = request.target.is_cpu
+    trials = request.trials if request.trials is not None else request.defaults.trials
+    what = "llama.cpp's CPU backend (no GPU found)" if cpu else f"{request.target.name}"
+    build = "about 5-8 minutes on 2 cores" if cpu else "about 5 minutes on 16 cores for one CUDA arch"
+    if cpu:  # the H100 figure says nothing about a CPU run
+        measure = (
+            "a few minutes on 2 cores"
+            if not request.model
+            else "a time that grows with the model's size and the depths; the ETAs after the first round say"
+        )
+    else:
+        measure = "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536"
+    return (
+        f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
+        f"({build}); then screen the kernels per phase and depth, compose rules, tune {trials} Optuna trial(s) and "
+        f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes."
+    )
