@@ -141,6 +141,7 @@ def ab(
             "paired rounds",
             rounds=[rounds],
             ceiling_pct=NOISE_CEILING_PCT,
+            rule="sequential",  # compose.judge_phase's default: the verdicts above are the decision rule's
             noise="A/A: upstream against the same kernel forced, in the same rounds (its CI's reach), "
             "at least the phase's median A/A noise.",
         )

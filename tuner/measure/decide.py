@@ -122,9 +122,9 @@ def _complete(values: Mapping[str, Sequence[float | None]], names: Sequence[str]
     n = min(len(values[x]) for x in names)
     out = []
     for i in range(n):
-        row = [values[x][i] for x in names]
-        if all(v is not None and math.isfinite(v) and v > 0 for v in row):
-            out.append([math.log(float(v)) for v in row])  # type: ignore[arg-type]
+        row = [v for v in (values[x][i] for x in names) if v is not None and math.isfinite(v) and v > 0]
+        if len(row) == len(names):
+            out.append([math.log(v) for v in row])
     return out
 
 

@@ -59,16 +59,19 @@ def summary_line(outcome: SearchOutcome) -> str:
             "says what to do."
         )
     faster = [r for r in rows if r["verdict"] == "faster"]
+    # rows judged by the decision rule (measure/decide) say so; stored results judged by the earlier
+    # whole-CI-beyond-the-A/A-noise rule keep their wording
+    by = "by the decision rule" if any(r.get("rule") == "sequential" for r in rows) else "beyond the A/A noise"
     if not faster:
         return (
-            "Result: nothing beat upstream beyond the A/A noise; the export is upstream's selection "
+            f"Result: nothing beat upstream {by}; the export is upstream's selection "
             f"({len(rows)} point(s) confirmed as no difference)."
             if rows
             else "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection."
         )
     best = max(faster, key=lambda r: r["speedup"])
     return (
-        f"Result: {len(faster)} point(s) faster than upstream beyond the A/A noise, best "
+        f"Result: {len(faster)} point(s) faster than upstream {by}, best "
         f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
         f"rules: {', '.join(outcome.rule_texts) or 'none'}"
         + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else ".")

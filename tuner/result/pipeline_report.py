@@ -337,6 +337,7 @@ def report_text(
             "paired rounds",
             rounds=[int(r.get("rounds") or 0) for r in rows],
             ceiling_pct=NOISE_CEILING_PCT,
+            rule="sequential" if any(r.get("rule") == "sequential" for r in rows) else None,
             noise="A/A: how far upstream measured against itself in the same rounds strays from 1 "
             "(its CI's reach), at least the phase's median A/A noise.",
         )

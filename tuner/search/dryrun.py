@@ -261,7 +261,7 @@ def _screen_stages(
         _stage(
             "compose",
             "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream beyond the A/A noise; nothing is run",
+            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); nothing is run",
         )
     )
     return stages
