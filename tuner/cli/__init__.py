@@ -39,6 +39,7 @@ _COMMANDS: dict[str, str] = {
     "worker": "tuner.cli.search_cmd:worker",
     "export": "tuner.cli.export_cmd:export",
     "validate": "tuner.cli.export_cmd:validate",
+    "sweep": "tuner.cli.sweep_cmd:sweep",
 }
 
 

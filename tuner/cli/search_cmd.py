@@ -31,7 +31,10 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
         click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
         click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
         click.option(
-            "--quant", default=None, help="Quantize the synthesized model (e.g. Q4_K_M) with the built llama-quantize."
+            "--quant",
+            default=None,
+            help="Weight type of the synthesized model, made by the built llama-quantize (default on a GPU: Q4_K_M; "
+            "on the CPU, and with f16: the synthesized f16 model).",
         ),
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),

@@ -37,6 +37,8 @@ class Defaults:
     refine: int
     variants: tuple[str, ...] | None = None
     """Variants searched (None: every variant of the space)."""
+    quant: str | None = None
+    """The synthesized model's weight type when --quant is not given (None: f16, as synthesized)."""
 
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
@@ -46,9 +48,20 @@ class Defaults:
 CPU_DEFAULTS = Defaults(
     like="tiny", depths=(0, 1024, 4096), pp=128, tg=32, trials=3, max_rounds=3, refine=0, variants=("cpu",)
 )
-# The depth ladder of issue 15, capped by the model's context length.
+# On a GPU: the llama-3.2-1b shape quantized to Q4_K_M (the weight type users run; an f16 model
+# measures another decode balance), over the context depths users compare with llama-bench -d, capped
+# by the model's context length. No compile-time trials by default: each one is a rebuild plus a
+# measurement (about a minute on an H100) and the kernel rules come from the screen, not the tune;
+# --trials N adds them.
 GPU_DEFAULTS = Defaults(
-    like="llama-3.2-1b", depths=(0, 4096, 8192, 16384, 32768, 65536), pp=512, tg=128, trials=6, max_rounds=6, refine=1
+    like="llama-3.2-1b",
+    depths=(0, 4096, 8192, 16384, 32768, 65536),
+    pp=512,
+    tg=128,
+    trials=0,
+    max_rounds=6,
+    refine=1,
+    quant="Q4_K_M",
 )
 
 
@@ -169,13 +182,19 @@ def _model(request: SearchRequest, source: Source) -> Path:
         from tuner.targets.models import synth_cached
 
         like = request.like or request.defaults.like
-        qbin = _baseline_build(request.target, source) if request.quant else None
-        return Path(synth_cached(like, source=source, quant=request.quant, quantize_bin=qbin))
+        quant = _quant(request.quant if request.quant is not None else request.defaults.quant)
+        qbin = _baseline_build(request.target, source) if quant else None
+        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin))
     if not request.model.is_file():
         raise UsageError(
             f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
         )
     return request.model
+
+
+def _quant(value: str | None) -> str | None:
+    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``)."""
+    return None if value is None or value.lower() in ("f16", "none") else value
 
 
 def _context_length(model: Path) -> int | None:
@@ -214,6 +233,7 @@ def intro(request: SearchRequest) -> str:
     cpu = request.target.is_cpu
     trials = request.trials if request.trials is not None else request.defaults.trials
     what = "llama.cpp's CPU backend (no GPU found)" if cpu else f"{request.target.name}"
+    tune = f"tune {trials} Optuna trial(s)" if trials else "no compile-time trials (--trials N adds them)"
     build = "about 5-8 minutes on 2 cores" if cpu else "about 5 minutes on 16 cores for one CUDA arch"
     if cpu:  # the H100 figure says nothing about a CPU run
         measure = (
@@ -225,6 +245,6 @@ def intro(request: SearchRequest) -> str:
         measure = "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536"
     return (
         f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
-        f"({build}); then screen the kernels per phase and depth, compose rules, tune {trials} Optuna trial(s) and "
+        f"({build}); then screen the kernels per phase and depth, compose rules, {tune} and "
         f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes."
     )

@@ -244,7 +244,7 @@ def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild
         return types.SimpleNamespace(seconds=12.5, meta={"offload_targets": {o: ["gfx1151"] for o in objects}})
 
     monkeypatch.setattr(tuner.builder.cmake, "build_variant", fake_build)
-    res = _run(["search", "--arch", "gfx1151", "--dry-run"])
+    res = _run(["search", "--arch", "gfx1151", "--dry-run", "--trials", "2"])
     assert res.exit_code == 0, res.stderr
     rows = _section(res.stdout, "Compile checks")
     assert len(rows) == 3 and all("| ok " in ln and "device code" in ln for ln in rows)
