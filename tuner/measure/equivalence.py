@@ -1,4 +1,4 @@
-"""Output-equivalence gate: the real model, end to end, against upstream's config (issue 17, item 1).
+"""Output-equivalence gate: the real model, end to end, against upstream's config.
 
 test-backend-ops (:mod:`tuner.measure.gate`) checks single ops; this gate checks what a user gets,
 the logits of a whole model, with llama.cpp's own ``llama-perplexity``:

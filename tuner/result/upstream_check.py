@@ -1,4 +1,4 @@
-"""``tuner validate --gpu``: ``upstream.patch`` built and run on a GPU of the result's arch (issue 16).
+"""``tuner validate --gpu``: ``upstream.patch`` built and run on a GPU of the result's arch.
 
 For a stored result whose folder holds ``upstream.patch`` (the pull-request form of its rules), on a
 machine with a GPU of the result's arch:

@@ -2,7 +2,7 @@
 
 ``tuned.patch`` carries the whole tuner hook (rule tables, env parsing, baked constants); it reproduces
 the tuned build but is not what a llama.cpp maintainer would merge. This module writes the other
-form (issue 16, item 1): ``upstream.patch``, a minimal unified diff against the *pristine* tree that
+form: ``upstream.patch``, a minimal unified diff against the *pristine* tree that
 adds the rules as plain conditions to upstream's own ``ggml_cuda_get_best_fattn_kernel`` in
 ``ggml/src/ggml-cuda/fattn.cu``, and ``PR.md``, a pull-request body with a compare-llama-bench-shaped
 table. It is pure: text in, text out; the caller (export) reads the tree and writes the files.
