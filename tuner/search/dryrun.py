@@ -325,7 +325,10 @@ def plan_stages(
     nd = len(depths)
     rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
 
-    stages = _screen_stages(kernels, inputs, depths, per_depth, (rmin, rmax))
+    # the screen's shared calls repeat each test reps_pp + 1 times (-r 9), the confirm's and tune's
+    # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
+    screen_depth = float(rec.get("screen_call_depth_s", per_depth))
+    stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax))
     knobs = tn.tunable_knobs(space, {k: True for k in pinned})
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
@@ -372,6 +375,7 @@ def plan_stages(
             "sources": sorted(
                 {
                     rec["bench_source"],
+                    *([rec["screen_source"]] if "screen_source" in rec else []),
                     rec["gate_source"],
                     rec["equivalence_source"],
                     rec["residency_source"],

@@ -242,7 +242,10 @@ def intro(request: SearchRequest) -> str:
             else "a time that grows with the model's size and the depths; the ETAs after the first round say"
         )
     else:
-        measure = "15-25 minutes on an H100 for a 1B-8B model at depths up to 65536"
+        measure = (
+            "a time that grows with the model and the depths; `--dry-run` estimates it stage by stage from costs "
+            "recorded on an H100, and ETAs follow the first round"
+        )
     return (
         f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
         f"({build}); then screen the kernels per phase and depth, compose rules, {tune} and "
