@@ -227,7 +227,7 @@ def run_cmd(
     for r in outcome.rules:
         click.echo(f"  {r.text}")
     if not outcome.rules:
-        click.echo("  none: upstream's choice stays everywhere measured")
+        click.echo(f"  none: {live.no_rules_text(outcome)}")
     click.echo(f"cells with a verdict: {len(cells) - n_gap} of {len(cells)}")
     if n_gap:
         click.echo(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")

@@ -41,6 +41,7 @@ __all__ = [
     "estimate_seconds",
     "estimate_text",
     "judge_sample",
+    "no_rules_text",
     "report_text",
     "round_processes",
     "run_sweep",
@@ -78,6 +79,7 @@ CASE_S = 1.0
 """Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
 
 _SCHEMA = 1
+_NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
 
 RunRound = Callable[..., list[kb.KernelTime]]
 
@@ -281,8 +283,10 @@ def run_sweep(
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, ``rounds`` rounds, one process per config.
 
-    Prints a line per chunk and round with the time it took and the ETA of the rest. Returns (processes
-    run, processes skipped as already recorded).
+    Prints a line per chunk and round with the time it took and the ETA of the rest. Without the FA log
+    (``expect_log`` False: a CPU build, which has no tuner hook) a forced kernel cannot run, so its
+    samples are stored as failed without starting a process. Returns (processes run, processes skipped
+    as already recorded).
     """
     chunks = chunk_cells(cells, chunk_size)
     todo: list[tuple[int, int, str, list[Cell]]] = []
@@ -292,14 +296,27 @@ def run_sweep(
             for cfg, cs in round_processes(chunk, r):
                 have = store.recorded(cfg, r)
                 missing = [c for c in cs if (c.shape.key, c.n_kv) not in have]
-                if missing:
+                if not missing:
+                    skipped += 1
+                elif expect_log or cfg in (DEFAULT, AA):
                     todo.append((ci, r, cfg, missing))
                 else:
-                    skipped += 1
+                    store.add(
+                        Sample(
+                            shape=c.shape,
+                            n_kv=c.n_kv,
+                            config=cfg,
+                            round=r,
+                            us_per_run=None,
+                            kernel=None,
+                            error=_NO_HOOK,
+                        )
+                        for c in missing
+                    )
     total_cases = sum(len(cs) for *_, cs in todo)
     log.info(
         f"sweep: {len(cells)} cells in {len(chunks)} chunks x {rounds} rounds; {len(todo)} processes "
-        f"({total_cases} cases) to run, {skipped} already recorded; estimated "
+        f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
         f"{_hours(estimate_seconds(len(todo), total_cases))}"
     )
     start = time.monotonic()
@@ -402,6 +419,13 @@ def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, rounds: int) ->
     return Outcome(stats=stats, no_verdict=gaps, decisions=decisions, rules=tuple(rules))
 
 
+def no_rules_text(outcome: Outcome) -> str:
+    """Why the table is empty, in words."""
+    if not outcome.stats:
+        return "no cell has a verdict"
+    return "upstream's choice stays in every cell with a verdict"
+
+
 def report_text(
     outcome: Outcome, cells: Sequence[Cell], *, rounds: int, identity: Mapping[str, Any], patch: bool
 ) -> str:
@@ -423,7 +447,7 @@ def report_text(
         "",
         "## Rules",
         "",
-        *([f"- {r.text}" for r in outcome.rules] or ["None: upstream's choice stays everywhere measured."]),
+        *([f"- {r.text}" for r in outcome.rules] or [f"None: {no_rules_text(outcome)}."]),
         "",
         ("`upstream.patch` adds them to `ggml_cuda_get_best_fattn_kernel`." if patch else "No `upstream.patch`."),
     ]

@@ -204,3 +204,18 @@ def test_chunks_keep_shapes_whole() -> None:
         assert [c for ch in chunks for c in ch] == cells
         shapes = [{c.shape for c in ch} for ch in chunks]
         assert all(not (a & b) for i, a in enumerate(shapes) for b in shapes[i + 1 :])
+
+
+def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_path: Path) -> None:
+    cells = _cells([WIN])
+    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    fake = FakeRunRound()
+    ran, _ = _run(fake, store, cells, 2, expect_log=False)
+    assert ran == len(fake.calls) == 2 * 2 and {lbl for lbl, _, _ in fake.calls} == {"upstream", "AA"}
+    samples = store.samples()
+    forced = [s for s in samples if s.config not in (DEFAULT, AA)]
+    assert len(samples) == 2 * sum(len(c.configs) for c in cells)
+    assert forced and all(s.us_per_run is None and s.error.startswith("not run") for s in forced)
+    out = live.compose(cells, samples, rounds=2)
+    assert not out.stats and set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
+    assert live.no_rules_text(out) == "no cell has a verdict"
