@@ -4,9 +4,12 @@ from __future__ import annotations
 
 __all__ = ["sweep"]
 
+from pathlib import Path
+from typing import Any
+
 import click
 
-from tuner.cli._params import depths_option
+from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
 
 
 @click.group()
@@ -19,30 +22,64 @@ def sweep() -> None:
     """
 
 
+def _cells(
+    a: Any,
+    head_sizes: tuple[int, ...],
+    gqa_ratios: tuple[int, ...],
+    kv_types: tuple[str, ...],
+    query_batches: tuple[int, ...],
+    n_kv: tuple[int, ...] | None,
+) -> list[Any]:
+    from tuner.sweep import grid
+
+    return grid.plan(
+        a,
+        head_sizes=head_sizes or grid.HEAD_SIZES,
+        gqa_ratios=gqa_ratios or grid.GQA_RATIOS,
+        kv_types=kv_types or grid.KV_TYPES,
+        query_batches=query_batches or grid.QUERY_BATCHES,
+        n_kv=n_kv or grid.N_KV,
+    )
+
+
+def _grid_options(f: Any) -> Any:
+    for opt in reversed(
+        (
+            click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
+            click.option(
+                "--head-size",
+                "head_sizes",
+                type=click.IntRange(1, 4096),
+                multiple=True,
+                help="Head sizes (default: all of the grid).",
+            ),
+            click.option(
+                "--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all)."
+            ),
+            click.option(
+                "--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all)."
+            ),
+            click.option(
+                "--ne1",
+                "query_batches",
+                type=click.IntRange(1, 4096),
+                multiple=True,
+                help="Query columns Q->ne[1] (default: 1, 2, 4, 8).",
+            ),
+            click.option(
+                "--n-kv",
+                "n_kv",
+                callback=depths_option,
+                help="Comma-separated n_kv points, multiples of 256 (default: half-octaves 256..131072).",
+            ),
+        )
+    ):
+        f = opt(f)
+    return f
+
+
 @sweep.command("plan")
-@click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`).")
-@click.option(
-    "--head-size",
-    "head_sizes",
-    type=click.IntRange(1, 4096),
-    multiple=True,
-    help="Head sizes (default: all of the grid).",
-)
-@click.option("--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all).")
-@click.option("--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all).")
-@click.option(
-    "--ne1",
-    "query_batches",
-    type=click.IntRange(1, 4096),
-    multiple=True,
-    help="Query columns Q->ne[1] (default: 1, 2, 4, 8).",
-)
-@click.option(
-    "--n-kv",
-    "n_kv",
-    callback=depths_option,
-    help="Comma-separated n_kv points, multiples of 256 (default: half-octaves 256..131072).",
-)
+@_grid_options
 @click.option("--rounds", type=click.IntRange(min=2), default=5, show_default=True, help="Paired rounds per cell.")
 @click.option(
     "--per-call-s",
@@ -62,17 +99,136 @@ def plan_cmd(
     per_call_s: float,
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs)."""
-    from tuner.sweep import grid, mmq
+    from tuner.sweep import grid, live, mmq
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
-    cells = grid.plan(
-        a,
-        head_sizes=head_sizes or grid.HEAD_SIZES,
-        gqa_ratios=gqa_ratios or grid.GQA_RATIOS,
-        kv_types=kv_types or grid.KV_TYPES,
-        query_batches=query_batches or grid.QUERY_BATCHES,
-        n_kv=n_kv or grid.N_KV,
-    )
+    cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     click.echo(grid.dry_run_text(cells, rounds=rounds, per_call_s=per_call_s), nl=False)
+    click.echo(live.estimate_text(cells, rounds=rounds, chunk_size=72), nl=False)
     click.echo(mmq.mmq_dry_run_text(mmq.plan_mmq(a), rounds=rounds, per_call_s=per_call_s), nl=False)
+
+
+@sweep.command("run")
+@_grid_options
+@click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per cell.")
+@click.option(
+    "--build",
+    "build_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Build (or bin) directory with test-backend-ops, a tuner-patched build (`tuner build` prints it). "
+    "Default: build the arch's default variant.",
+)
+@click.option(
+    "--backend",
+    default="CUDA0",
+    show_default=True,
+    help="test-backend-ops backend (CPU times upstream's kernel only: it has no tuner hook to force one).",
+)
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
+)
+@click.option(
+    "--storage",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/sweep.sqlite3).",
+)
+@click.option(
+    "--chunk-cells",
+    type=click.IntRange(1, 100000),
+    default=72,
+    show_default=True,
+    help="Cells per test-backend-ops process (whole shapes at a time).",
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-<time>).",
+)
+def run_cmd(
+    arch: str,
+    head_sizes: tuple[int, ...],
+    gqa_ratios: tuple[int, ...],
+    kv_types: tuple[str, ...],
+    query_batches: tuple[int, ...],
+    n_kv: tuple[int, ...] | None,
+    rounds: int,
+    build_dir: Path | None,
+    backend: str,
+    spec: str | None,
+    storage: Path | None,
+    chunk_cells: int,
+    out_dir: Path | None,
+) -> None:
+    """Measure the sweep with test-backend-ops and compose the table (resumable).
+
+    Per chunk of cells and round, one process per config: upstream's choice, its A/A twin and each
+    forced kernel over the cells where it is a candidate. Samples go to --storage as they come; a rerun
+    skips what is recorded. A sample whose kernel is not the one asked for (FA log) or that failed leaves
+    its cell without a verdict. Writes report.md and, where a rule was found, upstream.patch to -o.
+
+    Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
+    """
+    from tuner import log
+    from tuner.sweep import live
+    from tuner.sweep.table import render_table_patch
+    from tuner.targets.archs import load_arch
+
+    a = load_arch(arch)
+    cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
+    out = out_dir or stamped_run_dir("sweep")
+    if build_dir is not None:
+        bin_dir = find_bin_dir(build_dir, "test-backend-ops")
+    else:
+        from tuner import source
+        from tuner.builder.cmake import build_variant
+        from tuner.plan.render import render_variant
+        from tuner.targets.archs import detect_local_archs
+
+        src = source.fetch_source(spec) if spec else source.fetch_source()
+        rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs())
+        with log.step(f"Building {rv.short} from {src.spec}"):
+            bin_dir = build_variant(rv).bin_dir
+    identity = {"arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "n_head_kv": live.N_HEAD_KV}
+    store = live.SampleStore(storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
+    try:
+        live.run_sweep(
+            cells,
+            rounds=rounds,
+            store=store,
+            bin_dir=bin_dir,
+            backend=backend,
+            log_dir=out / "logs",
+            chunk_size=chunk_cells,
+            expect_log=not backend.upper().startswith("CPU"),
+        )
+        outcome = live.compose(cells, store.samples(), rounds=rounds)
+    finally:
+        store.close()
+    patch = None
+    if outcome.rules:
+        from tuner import source
+
+        src = source.fetch_source(spec) if spec else source.fetch_source()
+        note = f"Kernel choices measured on {a.name}: FLASH_ATTN_EXT per forced kernel, {rounds} paired rounds."
+        patch = render_table_patch(src.root, outcome.rules, a, note=note)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    (out / "report.md").write_text(
+        live.report_text(outcome, cells, rounds=rounds, identity=identity, patch=bool(patch))
+    )
+    n_gap = sum(len(v) for v in outcome.no_verdict.values())
+    click.echo(f"rules ({len(outcome.rules)}):")
+    for r in outcome.rules:
+        click.echo(f"  {r.text}")
+    if not outcome.rules:
+        click.echo(f"  none: {live.no_rules_text(outcome)}")
+    click.echo(f"cells with a verdict: {len(cells) - n_gap} of {len(cells)}")
+    if n_gap:
+        click.echo(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
+    click.echo(f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))

@@ -14,14 +14,17 @@ from typing import Any
 
 # The hook may print more fields between n_kv and kernel (type_k=f16 type_v=f16 since rules carry the K/V type).
 _FA_LINE = re.compile(
-    r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)(?: [a-z_]+=\S+)*? kernel=(\w+) \((\w+)\)"
+    r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)((?: [a-z_]+=\S+)*?) kernel=(\w+) \((\w+)\)"
 )
+_FIELD = re.compile(r" ([a-z_]+)=(\S+)")
 
 
 def parse_fa_log(text: str) -> list[dict[str, Any]]:
-    """The ``tuner-fa:`` lines of a llama-bench log."""
+    """The ``tuner-fa:`` lines of a llama-bench log; ``type_k`` and ``type_v`` are None where the line has
+    none (a build from before the hook printed them)."""
     out = []
     for m in _FA_LINE.finditer(text):
+        extra = dict(_FIELD.findall(m.group(6)))
         out.append(
             {
                 "D": int(m.group(1)),
@@ -29,8 +32,10 @@ def parse_fa_log(text: str) -> list[dict[str, Any]]:
                 "ne1": int(m.group(3)),
                 "gqa": int(m.group(4)),
                 "n_kv": int(m.group(5)),
-                "kernel": m.group(6),
-                "why": m.group(7),
+                "type_k": extra.get("type_k"),
+                "type_v": extra.get("type_v"),
+                "kernel": m.group(7),
+                "why": m.group(8),
             }
         )
     return out

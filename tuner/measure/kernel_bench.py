@@ -296,8 +296,14 @@ def run_round(
         fa = parse_fa_log(text)
         for i, s in enumerate(shapes):
             runs, us, why_not = cases.get(i, (0, None, error or f"no result for case {i}; see {log_file}"))
+            # the K/V type too where the log names it: f16 and q8_0 calls of one size pick different kernels
             hit = next(
-                (x for x in fa if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)),
+                (
+                    x
+                    for x in fa
+                    if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)
+                    and x.get("type_k") in (None, s.kv_type)
+                ),
                 None,
             )
             out.append(

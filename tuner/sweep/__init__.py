@@ -7,6 +7,8 @@ the verdicts compose into one table per arch, emitted as a change to upstream's 
 
 * :mod:`tuner.sweep.grid`: the grid, the legal kernels per cell, upstream's own choice, the dry run;
 * :mod:`tuner.sweep.rounds`: the timer interface, paired rounds per cell, verdicts and composition;
+* :mod:`tuner.sweep.live`: the sweep measured through test-backend-ops, many cells per process, its
+  samples in SQLite (``tuner sweep run``);
 * :mod:`tuner.sweep.table`: the composed FlashAttention table as C++ (``upstream.patch``), its Python
   matcher and a host-only harness of the emitted C++;
 * :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook and upstream condition).

@@ -22,6 +22,11 @@ L638-665) for the calls llama makes: a mask, no ALiBi, 16-byte aligned strides, 
 sequence (``Q->ne[3] == 1``), so the GQA optimisation applies exactly when GQA >= 2. The branch's
 sparse-gather clause only fires for D = 256 with GQA > 4, where the VEC condition already fails, so it
 does not change the answer on this grid.
+
+**Shapes llama makes.** ``llama_init_from_model`` (``src/llama-context.cpp`` of 0c1e570) refuses a
+quantized K/V cache whose block size does not divide the head size (q8_0's 32 does not divide 80 or
+112), so the grid has no q8_0 cell at those head sizes: llama never makes the call, and test-backend-ops
+cannot lay out its tensors.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ AA = "A/A"
 """Upstream's choice once more: the A/A pair that measures the noise of the procedure."""
 
 _KERNELS = ("VEC", "TILE", "MMA")
+_KV_BLOCK = {"q8_0": 32}
+"""Block size of each quantized K/V type of the grid (ggml's type traits); unquantized types are 1."""
 _UNQUANTIZED = ("f32", "f16", "bf16")
 _TURING = 750
 _ADA = 890
@@ -170,13 +177,16 @@ def plan(
     query_batches: Iterable[int] = QUERY_BATCHES,
     n_kv: Iterable[int] = N_KV,
 ) -> list[Cell]:
-    """Every cell of the grid, shape by shape (sorted), n_kv ascending within a shape."""
+    """Every cell of the grid, shape by shape (sorted), n_kv ascending within a shape; quantized K/V only at
+    head sizes its block size divides (module doc)."""
     points = sorted(set(n_kv))
     bad = [x for x in points if x <= 0 or x % STRIDE]
     if bad:
         raise UsageError(f"n_kv points must be positive multiples of {STRIDE} (llama pads the KV cache to it): {bad}.")
     out = []
     for D, gqa, kv, ne1 in itertools.product(sorted(set(head_sizes)), sorted(set(gqa_ratios)), kv_types, query_batches):
+        if D % _KV_BLOCK.get(kv, 1):
+            continue  # a shape llama never makes (module doc)
         shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
         for x in points:
             out.append(

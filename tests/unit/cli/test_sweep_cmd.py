@@ -1,4 +1,4 @@
-"""``tuner sweep plan``: the dry run's counts, and bad input as a usage error."""
+"""``tuner sweep plan`` and ``run``: the dry run's counts, and bad input as a usage error."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
 from tuner.sweep.grid import N_KV, dry_run_text, plan
+from tuner.sweep.live import estimate_text
 from tuner.sweep.mmq import mmq_dry_run_text, plan_mmq
 from tuner.targets.archs import load_arch
 
@@ -16,7 +17,11 @@ def test_plan_prints_the_full_grid_and_its_time() -> None:
     res = CliRunner().invoke(sweep, ["plan", "--rounds", "4", "--per-call-s", "0.02"])
     assert res.exit_code == 0, res.output
     a = load_arch("sm_90")
-    want = dry_run_text(plan(a), rounds=4, per_call_s=0.02) + mmq_dry_run_text(plan_mmq(a), rounds=4, per_call_s=0.02)
+    want = (
+        dry_run_text(plan(a), rounds=4, per_call_s=0.02)
+        + estimate_text(plan(a), rounds=4, chunk_size=72)
+        + mmq_dry_run_text(plan_mmq(a), rounds=4, per_call_s=0.02)
+    )
     assert res.output == want
 
 
@@ -30,3 +35,18 @@ def test_plan_takes_a_subset() -> None:
 def test_plan_refuses_bad_input(args: list[str], why: str) -> None:
     with pytest.raises(UsageError, match=why):
         CliRunner().invoke(sweep, ["plan", *args], standalone_mode=False, catch_exceptions=False)
+
+
+def test_run_refuses_a_storage_of_another_build(tmp_path) -> None:
+    from tuner.sweep.live import SampleStore
+
+    build = tmp_path / "bin"
+    build.mkdir()
+    (build / "test-backend-ops").write_text("")
+    SampleStore(
+        tmp_path / "s.db", {"arch": "sm_90", "backend": "CUDA0", "build": "/elsewhere", "n_head_kv": "8"}
+    ).close()
+    args = ["run", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1", "--n-kv", "256"]
+    args += ["--build", str(build), "--storage", str(tmp_path / "s.db"), "-o", str(tmp_path / "out")]
+    with pytest.raises(UsageError, match="another build"):
+        CliRunner().invoke(sweep, args, standalone_mode=False, catch_exceptions=False)

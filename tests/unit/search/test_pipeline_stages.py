@@ -266,6 +266,7 @@ def test_fa_log_lines_of_the_h100_run_are_read() -> None:
     )
     lines = parse_fa_log(text)
     assert len(lines) == 4
+    assert [(x["type_k"], x["type_v"]) for x in lines] == [("f16", "f16")] * 3 + [(None, None)]
     assert kernel_at(lines, "tg", 0, 128) == ("VEC", "default")
     assert kernel_at(lines, "pp", 3840, 512) == ("MMA", "default")
     assert kernel_at(lines, "tg", 65536, 128) == ("TILE", "rule")

@@ -1,0 +1,459 @@
+"""The FlashAttention sweep measured for real: batched kernel timings through test-backend-ops, kept in SQLite.
+
+The timer of :mod:`tuner.sweep.rounds` is called once per cell, config and round; a
+``test-backend-ops`` process costs seconds of CUDA initialisation, so here one process times many
+cells. The cells are packed, whole shapes at a time, into *chunks*; per chunk and round, one
+:func:`tuner.measure.kernel_bench.run_round` process runs per config: upstream's choice (empty
+environment), its A/A twin (upstream again, a second process) and each forced kernel over the cells
+where it is a candidate (legal there and not upstream's choice; the other cells are not given to that
+process). The configs' order is rotated from round to round (:func:`tuner.measure.paired.rotated`), as
+:func:`tuner.sweep.rounds.paired_rounds` rotates it per cell.
+
+Each sample, one (cell, config, round), goes into a SQLite table as soon as its process ends; a rerun
+with the same storage skips the processes whose samples are all recorded, so an interrupted sweep
+resumes where it stopped. A sample *fails* when its process errored or timed out, the case printed
+no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the one asked
+for: a forced kernel the hook did not run, or upstream's config running another kernel than
+:func:`tuner.sweep.grid.upstream_kernel` says. A failed sample is stored with its reason and never as
+a time; a cell with any failed or missing sample gets no verdict and breaks the n_kv intervals of its
+shape's rules (:func:`compose`), so no rule spans a point that was not measured.
+
+A cell's value per config and round is its throughput, ``1 / us_per_run``; composition goes through
+:func:`tuner.sweep.rounds.cell_stats` and :func:`tuner.sweep.rounds.decide`, as a fake timer's rounds do.
+
+**Head counts.** The sweep's shape names a GQA ratio, not head counts; the test file needs both. The
+KV head count is fixed at :data:`N_HEAD_KV` (8, as in Llama 3 8B and 70B and Mistral 7B) and the query
+heads are ``8 * gqa``. Kernels parallelise over heads, so a model with far fewer KV heads may rank
+kernels differently at small n_kv; the sweep measures this one count.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LABELS",
+    "N_HEAD_KV",
+    "Outcome",
+    "Sample",
+    "SampleStore",
+    "bench_shape",
+    "chunk_cells",
+    "compose",
+    "estimate_seconds",
+    "estimate_text",
+    "judge_sample",
+    "no_rules_text",
+    "report_text",
+    "round_processes",
+    "run_sweep",
+]
+
+import dataclasses
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import UsageError
+from tuner.measure import kernel_bench as kb
+from tuner.measure.paired import rotated
+from tuner.progress import format_seconds
+from tuner.search.compose import Decision, Shape, rules_from
+from tuner.search.screen import CellStats
+from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
+from tuner.sweep.rounds import cell_stats, decide
+from tuner.sweep.table import TableRule
+
+N_HEAD_KV = 8
+"""KV heads of every timed call (module doc); query heads are ``N_HEAD_KV * gqa``."""
+
+LABELS = {DEFAULT: "upstream", AA: "AA", "VEC": "VEC", "TILE": "TILE", "MMA": "MMA"}
+"""Config -> the label of its test-backend-ops process and log (``A/A`` is no file name)."""
+
+PROCESS_S = 2.5
+"""Estimate: seconds a test-backend-ops process costs besides its cases on an H100 (CUDA initialisation;
+docs/sweep.md says where the figure comes from)."""
+CASE_S = 1.0
+"""Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
+
+_SCHEMA = 1
+_NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
+
+RunRound = Callable[..., list[kb.KernelTime]]
+
+
+def bench_shape(shape: FaShape, n_kv: int) -> kb.FaShape:
+    """The test-backend-ops shape of one cell: D = DV, :data:`N_HEAD_KV` KV heads, ``ne1`` query columns."""
+    return kb.FaShape(
+        head_dim=shape.D,
+        head_dim_v=shape.D,
+        n_head=N_HEAD_KV * shape.gqa,
+        n_head_kv=N_HEAD_KV,
+        n_kv=n_kv,
+        n_batch=shape.ne1,
+        kv_type=shape.kv,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One (cell, config, round): microseconds per run, or None with the reason it failed."""
+
+    shape: FaShape
+    n_kv: int
+    config: str
+    round: int
+    us_per_run: float | None
+    kernel: str | None
+    error: str
+
+    @property
+    def ok(self) -> bool:
+        return self.us_per_run is not None and not self.error
+
+
+def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool) -> tuple[float | None, str]:
+    """(microseconds or None, reason it failed or ""): a time counts only if the kernel asked for ran.
+
+    ``expect_log``: the backend prints the tuner hook's FA log (a CUDA build); without it (CPU) a forced
+    kernel cannot be confirmed, so it fails, and upstream's config is taken as it comes.
+    """
+    want = cell.upstream if config in (DEFAULT, AA) else config
+    us = kt.us_per_run
+    if kt.error or us is None:
+        return None, kt.error or "no time printed"
+    if not (math.isfinite(us) and us > 0):
+        return None, f"time {us!r} us is not a positive number"
+    if kt.kernel is None:
+        if expect_log or config not in (DEFAULT, AA):
+            return None, f"no FA log line: cannot confirm that {want} ran"
+        return us, ""
+    if kt.kernel != want:
+        return None, f"{kt.kernel} ran ({kt.why}), not {want}"
+    return us, ""
+
+
+class SampleStore:
+    """Samples in a SQLite file (one row per cell, config and round) and the identity of the run they belong to.
+
+    The identity (arch, backend, build, head counts) is written by the first run; a later run with
+    another identity is refused, so one file never mixes two builds' timings.
+    """
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path)
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS samples (shape TEXT NOT NULL, n_kv INTEGER NOT NULL, "
+                "config TEXT NOT NULL, round INTEGER NOT NULL, us_per_run REAL, kernel TEXT, error TEXT NOT NULL, "
+                "D INTEGER NOT NULL, gqa INTEGER NOT NULL, kv TEXT NOT NULL, ne1 INTEGER NOT NULL, "
+                "at REAL NOT NULL, PRIMARY KEY (shape, n_kv, config, round))"
+            )
+            have = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as err:
+            raise UsageError(f"{self.path} is not a sweep storage this command can use ({err}).") from err
+        want = {"schema": str(_SCHEMA), **{k: str(v) for k, v in identity.items()}}
+        differ = {k: (have[k], v) for k, v in want.items() if k in have and have[k] != v}
+        if differ:
+            self.db.close()
+            raise UsageError(
+                f"{self.path} holds a sweep with another "
+                + ", ".join(f"{k} ({a!r}, not {b!r})" for k, (a, b) in sorted(differ.items()))
+                + "; its samples would mix with these. Pass another --storage, or the same build and backend."
+            )
+        with self.db:
+            self.db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def recorded(self, config: str, round_index: int) -> set[tuple[str, int]]:
+        """(shape key, n_kv) of every sample of ``config`` in round ``round_index``, failed ones included."""
+        rows = self.db.execute("SELECT shape, n_kv FROM samples WHERE config = ? AND round = ?", (config, round_index))
+        return {(str(s), int(n)) for s, n in rows}
+
+    def add(self, samples: Iterable[Sample]) -> None:
+        now = time.time()
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        s.shape.key,
+                        s.n_kv,
+                        s.config,
+                        s.round,
+                        s.us_per_run,
+                        s.kernel,
+                        s.error,
+                        s.shape.D,
+                        s.shape.gqa,
+                        s.shape.kv,
+                        s.shape.ne1,
+                        now,
+                    )
+                    for s in samples
+                ],
+            )
+
+    def samples(self) -> list[Sample]:
+        rows = self.db.execute(
+            "SELECT D, gqa, kv, ne1, n_kv, config, round, us_per_run, kernel, error FROM samples "
+            "ORDER BY shape, n_kv, config, round"
+        )
+        return [
+            Sample(
+                shape=FaShape(D=int(D), gqa=int(g), kv=str(kv), ne1=int(ne1)),
+                n_kv=int(n),
+                config=str(c),
+                round=int(r),
+                us_per_run=None if us is None else float(us),
+                kernel=None if k is None else str(k),
+                error=str(e),
+            )
+            for D, g, kv, ne1, n, c, r, us, k, e in rows
+        ]
+
+
+def chunk_cells(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
+    """The cells packed, whole shapes at a time in the given order, into chunks of about ``size`` cells
+    (a shape with more cells than ``size`` is a chunk of its own)."""
+    by_shape: dict[FaShape, list[Cell]] = {}
+    for c in cells:
+        by_shape.setdefault(c.shape, []).append(c)
+    out: list[list[Cell]] = []
+    cur: list[Cell] = []
+    for group in by_shape.values():
+        if cur and len(cur) + len(group) > size:
+            out.append(cur)
+            cur = []
+        cur = cur + group
+    if cur:
+        out.append(cur)
+    return out
+
+
+def round_processes(chunk: Sequence[Cell], round_index: int) -> list[tuple[str, list[Cell]]]:
+    """One round of a chunk: (config, its cells) per process, configs in the round's rotated order."""
+    base = [DEFAULT, AA] + [k for k in LABELS if k not in (DEFAULT, AA) and any(k in c.candidates for c in chunk)]
+    return [
+        (cfg, [c for c in chunk if cfg in (DEFAULT, AA) or cfg in c.candidates]) for cfg in rotated(base, round_index)
+    ]
+
+
+def estimate_seconds(n_processes: int, n_cases: int) -> float:
+    """The time of ``n_processes`` test-backend-ops processes over ``n_cases`` cases in all, at
+    :data:`PROCESS_S` and :data:`CASE_S` (an estimate)."""
+    return n_processes * PROCESS_S + n_cases * CASE_S
+
+
+def _hours(seconds: float) -> str:
+    h, rem = divmod(round(seconds), 3600)
+    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
+
+
+def estimate_text(cells: Sequence[Cell], *, rounds: int, chunk_size: int) -> str:
+    """What ``tuner sweep run`` would start for ``cells``: processes, cases and the estimated time."""
+    chunks = chunk_cells(cells, chunk_size)
+    procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(rounds))
+    cases = rounds * sum(len(c.configs) for c in cells)
+    return (
+        f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells x {rounds} rounds = {procs} test-backend-ops "
+        f"processes, {cases} cases; estimated {_hours(estimate_seconds(procs, cases))} "
+        f"at {PROCESS_S:g} s a process and {CASE_S:g} s a case on an H100\n"
+    )
+
+
+def run_sweep(
+    cells: Sequence[Cell],
+    *,
+    rounds: int,
+    store: SampleStore,
+    bin_dir: Path,
+    backend: str,
+    log_dir: Path,
+    chunk_size: int = 72,
+    run_round: RunRound = kb.run_round,
+    expect_log: bool = True,
+) -> tuple[int, int]:
+    """Measure what ``store`` does not hold yet: per chunk, ``rounds`` rounds, one process per config.
+
+    Prints a line per chunk and round with the time it took and the ETA of the rest. Without the FA log
+    (``expect_log`` False: a CPU build, which has no tuner hook) a forced kernel cannot run, so its
+    samples are stored as failed without starting a process. Returns (processes run, processes skipped
+    as already recorded).
+    """
+    chunks = chunk_cells(cells, chunk_size)
+    todo: list[tuple[int, int, str, list[Cell]]] = []
+    skipped = 0
+    for ci, chunk in enumerate(chunks):
+        for r in range(rounds):
+            for cfg, cs in round_processes(chunk, r):
+                have = store.recorded(cfg, r)
+                missing = [c for c in cs if (c.shape.key, c.n_kv) not in have]
+                if not missing:
+                    skipped += 1
+                elif expect_log or cfg in (DEFAULT, AA):
+                    todo.append((ci, r, cfg, missing))
+                else:
+                    store.add(
+                        Sample(
+                            shape=c.shape,
+                            n_kv=c.n_kv,
+                            config=cfg,
+                            round=r,
+                            us_per_run=None,
+                            kernel=None,
+                            error=_NO_HOOK,
+                        )
+                        for c in missing
+                    )
+    total_cases = sum(len(cs) for *_, cs in todo)
+    log.info(
+        f"sweep: {len(cells)} cells in {len(chunks)} chunks x {rounds} rounds; {len(todo)} processes "
+        f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
+        f"{_hours(estimate_seconds(len(todo), total_cases))}"
+    )
+    start = time.monotonic()
+    done_cases = 0
+    i = 0
+    while i < len(todo):
+        ci, r = todo[i][0], todo[i][1]
+        t0 = time.monotonic()
+        failed = n_round = 0
+        while i < len(todo) and todo[i][:2] == (ci, r):
+            _, _, cfg, cs = todo[i]
+            out = run_round(
+                bin_dir,
+                [bench_shape(c.shape, c.n_kv) for c in cs],
+                {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
+                log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
+                backend=backend,
+                timeout=120.0 + 10.0 * len(cs),
+            )
+            samples = []
+            for c, kt in zip(cs, out, strict=True):
+                us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
+                failed += bool(err)
+                samples.append(
+                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
+                )
+            store.add(samples)
+            n_round += len(cs)
+            i += 1
+        done_cases += n_round
+        elapsed = time.monotonic() - start
+        left = total_cases - done_cases
+        eta = elapsed / done_cases * left if done_cases else 0.0
+        log.info(
+            f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{rounds}: {n_round} cases in {time.monotonic() - t0:.1f} s"
+            + (f", {failed} failed" if failed else "")
+            + f"; {done_cases}/{total_cases} cases done, ETA {format_seconds(eta)}"
+        )
+    return len(todo), skipped
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """A measured sweep: the stats of the cells with a verdict, the cells without one and why, the rules."""
+
+    stats: Mapping[FaShape, Mapping[int, CellStats]]
+    no_verdict: Mapping[FaShape, Mapping[int, str]]
+    decisions: Mapping[FaShape, Sequence[Decision]]
+    rules: tuple[TableRule, ...]
+
+
+def _gap(shape: FaShape, n_kv: int, upstream: str, why: str) -> Decision:
+    return Decision(
+        phase=shape.phase.bench,
+        depth=n_kv,
+        upstream_kernel=upstream,
+        winner=None,
+        effect_pct=0.0,
+        ci=(math.nan, math.nan),
+        noise_pct=math.nan,
+        reason=f"no verdict: {why}",
+    )
+
+
+def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, rounds: int) -> Outcome:
+    """Verdicts and rules from the stored samples of rounds ``0 .. rounds-1`` (module doc).
+
+    A cell has a verdict only when every config has a good sample in every round; the others are
+    listed with the first reason, and stand in their shape's decisions as points without a winner.
+    """
+    got: dict[tuple[FaShape, int, str, int], Sample] = {
+        (s.shape, s.n_kv, s.config, s.round): s for s in samples if s.round < rounds
+    }
+    stats: dict[FaShape, dict[int, CellStats]] = {}
+    gaps: dict[FaShape, dict[int, str]] = {}
+    upstream: dict[tuple[FaShape, int], str] = {}
+    for c in cells:
+        upstream[(c.shape, c.n_kv)] = c.upstream
+        values: dict[str, list[float]] = {}
+        why = ""
+        for cfg in c.configs:
+            for r in range(rounds):
+                s = got.get((c.shape, c.n_kv, cfg, r))
+                if s is None or not s.ok or s.us_per_run is None:
+                    why = why or (f"{cfg} round {r + 1}: " + ("not measured" if s is None else s.error))
+                    continue
+                values.setdefault(cfg, []).append(1e6 / s.us_per_run)
+        if why:
+            gaps.setdefault(c.shape, {})[c.n_kv] = why
+        else:
+            stats.setdefault(c.shape, {})[c.n_kv] = cell_stats(c.n_kv, c.upstream, values)
+    rules: list[TableRule] = []
+    decisions: dict[FaShape, list[Decision]] = {}
+    for shape in sorted(set(stats) | set(gaps)):
+        ds = decide(shape.phase.bench, stats[shape]) if shape in stats else []
+        ds += [_gap(shape, n, upstream[(shape, n)], w) for n, w in gaps.get(shape, {}).items()]
+        ds.sort(key=lambda d: d.depth)
+        decisions[shape] = ds
+        rules += [TableRule.of(r, ne1=shape.ne1) for r in rules_from(ds, Shape(D=shape.D, gqa=shape.gqa, kv=shape.kv))]
+    return Outcome(stats=stats, no_verdict=gaps, decisions=decisions, rules=tuple(rules))
+
+
+def no_rules_text(outcome: Outcome) -> str:
+    """Why the table is empty, in words."""
+    if not outcome.stats:
+        return "no cell has a verdict"
+    return "upstream's choice stays in every cell with a verdict"
+
+
+def report_text(
+    outcome: Outcome, cells: Sequence[Cell], *, rounds: int, identity: Mapping[str, Any], patch: bool
+) -> str:
+    """report.md: what was measured, the table, and every cell without a verdict."""
+    n_gap = sum(len(v) for v in outcome.no_verdict.values())
+    lines = [
+        "# FlashAttention sweep",
+        "",
+        *(f"- {k}: {v}" for k, v in identity.items()),
+        f"- cells: {len(cells)} over {len({c.shape for c in cells})} shapes, {rounds} paired rounds each "
+        f"(upstream's choice, its A/A twin and every other legal kernel forced; {N_HEAD_KV} KV heads, "
+        f"{N_HEAD_KV} x GQA query heads)",
+        f"- cells with a verdict: {len(cells) - n_gap}; without one: {n_gap}",
+        "",
+        "Each config of a chunk of cells ran as one `test-backend-ops perf -o FLASH_ATTN_EXT --test-file` process "
+        "per round, configs in an order rotated from round to round; a sample counts only where the FA log names "
+        "the kernel asked for. A forced kernel wins a cell only when its paired effect clears the decision rule "
+        "(A/A-controlled, at least the phase's noise floor); consecutive winning n_kv points form one rule.",
+        "",
+        "## Rules",
+        "",
+        *([f"- {r.text}" for r in outcome.rules] or [f"None: {no_rules_text(outcome)}."]),
+        "",
+        ("`upstream.patch` adds them to `ggml_cuda_get_best_fattn_kernel`." if patch else "No `upstream.patch`."),
+    ]
+    if n_gap:
+        lines += ["", "## Cells without a verdict", ""]
+        for shape in sorted(outcome.no_verdict):
+            for n, why in sorted(outcome.no_verdict[shape].items()):
+                lines.append(f"- {shape.key} n_kv {n}: {why}")
+    return "\n".join(lines) + "\n"
