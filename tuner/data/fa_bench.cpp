@@ -147,21 +147,11 @@ std::vector<ggml_fp16_t> make_mask(int64_t ne0, int64_t ne1, std::mt19937 & gen)
     return f16;
 }
 
-// uniform [-1, 1) values: a pool of 2^20 drawn once per case, repeated from a random offset, so a large
-// K/V (a 128 MB cache at 64k cells) costs a copy and a conversion, not a random draw per element
 std::vector<uint8_t> random_rows(ggml_type type, int64_t n_per_row, int64_t nrows, std::mt19937 & gen) {
     std::uniform_real_distribution<float> dis(-1.0f, 1.0f);
-    const size_t n = size_t(n_per_row * nrows);
-    std::vector<float> pool(std::min<size_t>(n, size_t(1) << 20));
-    for (float & x : pool) {
+    std::vector<float> f32(size_t(n_per_row * nrows));
+    for (float & x : f32) {
         x = dis(gen);
-    }
-    std::vector<float> f32(n);
-    for (size_t i = 0, off = gen() % pool.size(); i < n;) {
-        const size_t len = std::min(n - i, pool.size() - off);
-        std::memcpy(f32.data() + i, pool.data() + off, len * sizeof(float));
-        i += len;
-        off = 0;
     }
     std::vector<uint8_t> out(ggml_row_size(type, n_per_row) * size_t(nrows));
     if (type == GGML_TYPE_F32) {
@@ -244,14 +234,23 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
         return;
     }
     std::mt19937 gen(1234 + uint32_t(idx));
+    // K and V: random rows, up to about 2^20 values, repeated over the cache cells, so a 512 MB cache at
+    // 128k cells costs an upload, not a random draw and a conversion per value
+    auto pool_rows = [&](int64_t n_per_row) { return std::min<int64_t>(c.nkv, std::max<int64_t>(1, (1 << 20) / n_per_row)); };
     const std::vector<uint8_t> q_data = random_rows(GGML_TYPE_F32, c.hsk, c.nh * c.nb, gen);
-    const std::vector<uint8_t> k_data = random_rows(c.type, c.hsk * c.nhkv, c.nkv, gen);
-    const std::vector<uint8_t> v_data = random_rows(c.type, c.hsv * c.nhkv, c.nkv, gen);
+    const std::vector<uint8_t> k_data = random_rows(c.type, c.hsk * c.nhkv, pool_rows(c.hsk * c.nhkv), gen);
+    const std::vector<uint8_t> v_data = random_rows(c.type, c.hsv * c.nhkv, pool_rows(c.hsv * c.nhkv), gen);
     const std::vector<ggml_fp16_t> m_data = make_mask(c.nkv, mask_rows(c), gen);
+    auto fill = [](ggml_tensor * t, const std::vector<uint8_t> & data) {
+        const size_t n = ggml_nbytes(t);
+        for (size_t off = 0; off < n; off += data.size()) {
+            ggml_backend_tensor_set(t, data.data(), off, std::min(data.size(), n - off));
+        }
+    };
     for (const fa_tensors & t : ops) {
         ggml_backend_tensor_set(t.q, q_data.data(), 0, q_data.size());
-        ggml_backend_tensor_set(t.k, k_data.data(), 0, k_data.size());
-        ggml_backend_tensor_set(t.v, v_data.data(), 0, v_data.size());
+        fill(t.k, k_data);
+        fill(t.v, v_data);
         ggml_backend_tensor_set(t.m, m_data.data(), 0, m_data.size() * sizeof(ggml_fp16_t));
     }
 
