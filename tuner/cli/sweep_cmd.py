@@ -240,6 +240,7 @@ def run_cmd(
             log_dir=out / "logs",
             chunk_size=chunk_cells,
             run_round=run_round,
+            case_s=live.FA_BENCH_CASE_S if timer == "fa-bench" else live.CASE_S,
             expect_log=not backend.upper().startswith("CPU"),
         )
         outcome = live.compose(cells, store.samples(), rounds=rounds)
