@@ -124,7 +124,7 @@ def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
     except TunerError as err:  # UsageError included: no shared libraries, headers or compiler
         if timer == "fa-bench":
             raise
-        log.warning(f"fa-bench is not usable with this build ({err}); timing with test-backend-ops instead.")
+        log.warning(f"fa-bench is not usable with this build: {err} Timing with test-backend-ops instead.")
         return kb.run_round, "test-backend-ops"
     return fa_bench.run_round_fast, "fa-bench"
 
