@@ -1,8 +1,8 @@
-"""``tuner sweep run`` end to end on the real CPU build: test-backend-ops perf over the sweep's cells, samples
-stored in SQLite, a rerun resuming with nothing left to do. The CPU backend has no tuner hook, so a forced
-kernel can neither run nor be confirmed there: its samples are stored as failed without a process, and the
-cells get no verdict (upstream's config and its A/A twin time fine). About a minute on 2 cores once the
-build is cached."""
+"""``tuner sweep run`` end to end on the real CPU build: its default timer (fa-bench, compiled against the
+build) over the sweep's cells, samples stored in SQLite, a rerun resuming with nothing left to do. The CPU
+backend has no tuner hook, so a forced kernel can neither run nor be confirmed there: its samples are
+stored as failed without a process, and the cells get no verdict (upstream's config and its A/A twin
+time fine). About a minute on 2 cores once the build is cached."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ def test_sweep_run_on_cpu_build_stores_rows_and_resumes(cpu_build, tuner, tmp_pa
     configs = cells[0].configs  # default, A/A and the two forced kernels other than upstream's VEC
     with sqlite3.connect(db) as c:
         rows = c.execute("SELECT config, round, n_kv, us_per_run, kernel, error FROM samples").fetchall()
+        meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
+    assert meta["timer"] == "fa-bench"
     assert sorted((r[0], r[1], r[2]) for r in rows) == sorted(
         (cfg, r, cell.n_kv) for cfg in configs for r in range(2) for cell in cells
     )

@@ -109,6 +109,26 @@ def plan_cmd(
     click.echo(mmq.mmq_dry_run_text(mmq.plan_mmq(a), rounds=rounds, per_call_s=per_call_s), nl=False)
 
 
+def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
+    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` unless test-backend-ops is
+    asked for; the default falls back to test-backend-ops, with a warning, where fa-bench does not compile."""
+    from tuner import log
+    from tuner.errors import TunerError
+    from tuner.measure import fa_bench
+    from tuner.measure import kernel_bench as kb
+
+    if timer == "test-backend-ops":
+        return kb.run_round, timer
+    try:
+        fa_bench.build_fa_bench(bin_dir)
+    except TunerError as err:  # UsageError included: no shared libraries, headers or compiler
+        if timer == "fa-bench":
+            raise
+        log.warning(f"fa-bench is not usable with this build: {err} Timing with test-backend-ops instead.")
+        return kb.run_round, "test-backend-ops"
+    return fa_bench.run_round_fast, "fa-bench"
+
+
 @sweep.command("run")
 @_grid_options
 @click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per cell.")
@@ -142,6 +162,14 @@ def plan_cmd(
     show_default=True,
     help="Cells per test-backend-ops process (whole shapes at a time).",
 )
+@click.option(
+    "--timer",
+    type=click.Choice(["fa-bench", "test-backend-ops"]),
+    default=None,
+    help="What times the op: fa-bench (a small ggml program tuner compiles against the build; cold K/V, "
+    "50 ops a case) or test-backend-ops perf (at least 1 s a case, one K/V buffer). "
+    "Default: fa-bench, or test-backend-ops where fa-bench does not compile.",
+)
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -161,9 +189,10 @@ def run_cmd(
     spec: str | None,
     storage: Path | None,
     chunk_cells: int,
+    timer: str | None,
     out_dir: Path | None,
 ) -> None:
-    """Measure the sweep with test-backend-ops and compose the table (resumable).
+    """Measure the sweep with fa-bench (or test-backend-ops) and compose the table (resumable).
 
     Per chunk of cells and round, one process per config: upstream's choice, its A/A twin and each
     forced kernel over the cells where it is a candidate. Samples go to --storage as they come; a rerun
@@ -192,7 +221,14 @@ def run_cmd(
         rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs())
         with log.step(f"Building {rv.short} from {src.spec}"):
             bin_dir = build_variant(rv).bin_dir
-    identity = {"arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "n_head_kv": live.N_HEAD_KV}
+    run_round, timer = _pick_timer(timer, Path(bin_dir))
+    identity = {
+        "arch": a.name,
+        "backend": backend,
+        "build": str(Path(bin_dir).resolve()),
+        "n_head_kv": live.N_HEAD_KV,
+        "timer": timer,
+    }
     store = live.SampleStore(storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
         live.run_sweep(
@@ -203,6 +239,8 @@ def run_cmd(
             backend=backend,
             log_dir=out / "logs",
             chunk_size=chunk_cells,
+            run_round=run_round,
+            case_s=live.FA_BENCH_CASE_S if timer == "fa-bench" else live.CASE_S,
             expect_log=not backend.upper().startswith("CPU"),
         )
         outcome = live.compose(cells, store.samples(), rounds=rounds)

@@ -25,9 +25,11 @@ from __future__ import annotations
 __all__ = [
     "FaShape",
     "KernelTime",
+    "fa_log_hit",
     "fa_test_file",
     "force_kernel_env",
     "ggml_enums",
+    "ggml_h_above",
     "parse_perf_output",
     "run_round",
     "shape_for_model",
@@ -221,7 +223,7 @@ def parse_perf_output(text: str) -> dict[int, tuple[int, float | None, str]]:
     return out
 
 
-def _ggml_h(bin_dir: Path) -> Path:
+def ggml_h_above(bin_dir: Path) -> Path:
     """The build's ``ggml.h``: a tuner build keeps its tree in ``<key>/src`` above ``<key>/build/bin`` and
     ``<key>/artifacts/<candidate>/bin``; the nearest ``src/ggml/include/ggml.h`` (or ``ggml/include``) up."""
     for d in Path(bin_dir).resolve().parents:
@@ -229,6 +231,22 @@ def _ggml_h(bin_dir: Path) -> Path:
             if (d / rel).is_file():
                 return d / rel
     raise UsageError(f"No ggml/include/ggml.h above {bin_dir}; pass ggml_h= (the build's llama.cpp tree).")
+
+
+def fa_log_hit(fa: Sequence[Mapping[str, object]], shape: FaShape) -> Mapping[str, object] | None:
+    """The FA log line (:func:`tuner.measure.falog.parse_fa_log`) of ``shape``, or None: matched on D,
+    the batch, the GQA ratio and n_kv, and the K/V type where the line names it (f16 and q8_0 calls of
+    one size pick different kernels)."""
+    s = shape
+    return next(
+        (
+            x
+            for x in fa
+            if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)
+            and x.get("type_k") in (None, s.kv_type)
+        ),
+        None,
+    )
 
 
 def run_round(
@@ -270,7 +288,7 @@ def run_round(
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     test_file = log_dir / "fa-shapes.txt"
-    test_file.write_text(fa_test_file(shapes, ggml_h or _ggml_h(bin_dir)))
+    test_file.write_text(fa_test_file(shapes, ggml_h or ggml_h_above(bin_dir)))
     cmd = [str(exe), "perf", "-b", backend, "-o", "FLASH_ATTN_EXT", "--test-file", str(test_file)]
     out: list[KernelTime] = []
     for lbl, env in envs.items():
@@ -296,16 +314,7 @@ def run_round(
         fa = parse_fa_log(text)
         for i, s in enumerate(shapes):
             runs, us, why_not = cases.get(i, (0, None, error or f"no result for case {i}; see {log_file}"))
-            # the K/V type too where the log names it: f16 and q8_0 calls of one size pick different kernels
-            hit = next(
-                (
-                    x
-                    for x in fa
-                    if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)
-                    and x.get("type_k") in (None, s.kv_type)
-                ),
-                None,
-            )
+            hit = fa_log_hit(fa, s)
             out.append(
                 KernelTime(
                     label=lbl,

@@ -77,6 +77,9 @@ PROCESS_S = 2.5
 docs/sweep.md says where the figure comes from)."""
 CASE_S = 1.0
 """Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
+FA_BENCH_CASE_S = 0.1
+"""Estimate, not yet measured on a GPU: seconds per case with fa-bench (:mod:`tuner.measure.fa_bench`): its
+inputs' upload and two graphs of 50 ops or more (docs/sweep.md says how the figure was reached)."""
 
 _SCHEMA = 1
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
@@ -246,10 +249,10 @@ def round_processes(chunk: Sequence[Cell], round_index: int) -> list[tuple[str, 
     ]
 
 
-def estimate_seconds(n_processes: int, n_cases: int) -> float:
-    """The time of ``n_processes`` test-backend-ops processes over ``n_cases`` cases in all, at
-    :data:`PROCESS_S` and :data:`CASE_S` (an estimate)."""
-    return n_processes * PROCESS_S + n_cases * CASE_S
+def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S) -> float:
+    """The time of ``n_processes`` timer processes over ``n_cases`` cases in all, at :data:`PROCESS_S`
+    and ``case_s`` (:data:`CASE_S` for test-backend-ops, :data:`FA_BENCH_CASE_S` for fa-bench; an estimate)."""
+    return n_processes * PROCESS_S + n_cases * case_s
 
 
 def _hours(seconds: float) -> str:
@@ -263,9 +266,11 @@ def estimate_text(cells: Sequence[Cell], *, rounds: int, chunk_size: int) -> str
     procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(rounds))
     cases = rounds * sum(len(c.configs) for c in cells)
     return (
-        f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells x {rounds} rounds = {procs} test-backend-ops "
+        f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells x {rounds} rounds = {procs} "
         f"processes, {cases} cases; estimated {_hours(estimate_seconds(procs, cases))} "
-        f"at {PROCESS_S:g} s a process and {CASE_S:g} s a case on an H100\n"
+        f"at {PROCESS_S:g} s a process and {CASE_S:g} s a case on an H100 with --timer test-backend-ops; "
+        f"{_hours(estimate_seconds(procs, cases, FA_BENCH_CASE_S))} with fa-bench (the default) "
+        f"at {FA_BENCH_CASE_S:g} s a case (an estimate, not yet measured on a GPU)\n"
     )
 
 
@@ -280,6 +285,7 @@ def run_sweep(
     chunk_size: int = 72,
     run_round: RunRound = kb.run_round,
     expect_log: bool = True,
+    case_s: float = CASE_S,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, ``rounds`` rounds, one process per config.
 
@@ -317,7 +323,7 @@ def run_sweep(
     log.info(
         f"sweep: {len(cells)} cells in {len(chunks)} chunks x {rounds} rounds; {len(todo)} processes "
         f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
-        f"{_hours(estimate_seconds(len(todo), total_cases))}"
+        f"{_hours(estimate_seconds(len(todo), total_cases, case_s))}"
     )
     start = time.monotonic()
     done_cases = 0

@@ -50,3 +50,16 @@ def test_run_refuses_a_storage_of_another_build(tmp_path) -> None:
     args += ["--build", str(build), "--storage", str(tmp_path / "s.db"), "-o", str(tmp_path / "out")]
     with pytest.raises(UsageError, match="another build"):
         CliRunner().invoke(sweep, args, standalone_mode=False, catch_exceptions=False)
+
+
+def test_timer_falls_back_to_test_backend_ops_only_by_default(tmp_path, capsys) -> None:
+    from tuner.cli.sweep_cmd import _pick_timer
+    from tuner.measure import kernel_bench
+
+    bin_dir = tmp_path / "bin"  # no libggml*.so: fa-bench cannot be linked
+    bin_dir.mkdir()
+    assert _pick_timer("test-backend-ops", bin_dir) == (kernel_bench.run_round, "test-backend-ops")
+    assert _pick_timer(None, bin_dir) == (kernel_bench.run_round, "test-backend-ops")
+    assert "fa-bench is not usable with this build: No libggml.so" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="libggml"):
+        _pick_timer("fa-bench", bin_dir)

@@ -1,0 +1,56 @@
+"""fa-bench (tuner/data/fa_bench.cpp) compiled against the real CPU build and run on the CPU backend: two of
+the ``tiny`` model's FA shapes, positive times, and more copies of the inputs for a larger cache size.
+A few seconds on 2 cores once the build is cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner import _run
+from tuner.measure.fa_bench import build_fa_bench, fa_bench_cases, parse_fa_bench_output, run_round_fast
+from tuner.measure.kernel_bench import shape_for_model
+from tuner.targets.models import load_models
+
+pytestmark = pytest.mark.integration
+
+
+def _bin_dir(cpu_build: object) -> Path:
+    bin_dir = Path(getattr(cpu_build, "bin_dir"))  # noqa: B009
+    if not (bin_dir / "libggml.so").exists():
+        pytest.skip(f"the CPU build at {bin_dir} has no shared libggml.so to link fa-bench against")
+    return bin_dir
+
+
+def test_fa_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
+    bin_dir = _bin_dir(cpu_build)
+    tiny = load_models()["tiny"]
+    shapes = [shape_for_model(tiny, n_kv=256), shape_for_model(tiny, n_kv=512, kv_type="q8_0")]
+    out = run_round_fast(bin_dir, shapes, {"upstream": {}}, log_dir=tmp_path / "logs", iters=8, cache_mb=1)
+    assert [k.shape for k in out] == shapes
+    for k in out:
+        assert k.error == "" and k.us_per_run is not None and k.us_per_run > 0 and k.runs >= 8, k
+        assert k.kernel is None  # the CPU backend has no tuner hook, so no FA log line
+
+    exe = build_fa_bench(bin_dir)  # cached: the same program
+    cases = tmp_path / "cases.txt"
+    cases.write_text(fa_bench_cases(shapes))
+    copies = {}
+    for mb in (0, 4):
+        res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "4", "-c", str(mb), "-t", "1"], timeout=300)
+        got = parse_fa_bench_output(res.output)
+        assert sorted(got) == [0, 1]
+        for c in got.values():
+            assert c.us_per_op is not None and c.us_per_op > 0 and c.copies * c.copy_bytes > mb << 20
+        copies[mb] = [got[i].copies for i in range(len(shapes))]
+    assert copies[0] == [1, 1]
+    assert all(big > 1 for big in copies[4])
+
+
+def test_fa_bench_refuses_bad_cases(cpu_build, tmp_path: Path) -> None:
+    exe = build_fa_bench(_bin_dir(cpu_build))
+    cases = tmp_path / "cases.txt"
+    cases.write_text("64 64 4 3 256 1 f16\n")  # 4 heads over 3 KV heads
+    res = _run.run([exe, "-b", "CPU", "-f", cases], timeout=60, check=False)
+    assert res.returncode == 2 and "multiple of n_head_kv" in res.output

@@ -1,0 +1,225 @@
+"""``fa-bench``: ``FLASH_ATTN_EXT`` timed at exact shapes on cold K/V, in a fraction of test-backend-ops' time.
+
+``test-backend-ops perf`` (:func:`tuner.measure.kernel_bench.run_round`) repeats each case for at least
+one second (``tests/test-backend-ops.cpp``, ``while (total_time_us < 1000*1000)``) on one set of inputs,
+so K/V that fit the GPU's L2 stay there from one op to the next. ``tuner/data/fa_bench.cpp`` is a small
+program on ggml's public API that builds the same op (the tensor layout of llama.cpp's graph, as
+:func:`tuner.measure.kernel_bench.fa_test_file` describes it), allocates enough copies of its inputs that
+together they exceed a cache size (``cache_mb``, 128 MB by default: more than an H100's 50 MB L2) and
+times one graph of ``iters`` ops (at least one per copy) that cycles through the copies, after one
+warm-up run of that graph.
+
+:func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
+against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in
+``<bin>/../fa-bench/<source hash>/``. :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round`
+on it: same arguments, same :class:`~tuner.measure.kernel_bench.KernelTime` records, the kernel read back
+from the FA log (``GGML_TUNER_FA_LOG=1``; the environment that forces a kernel is read by the CUDA
+backend, so it works here unchanged).
+"""
+
+from __future__ import annotations
+
+__all__ = ["CASE_RE", "FaBenchCase", "build_fa_bench", "fa_bench_cases", "parse_fa_bench_output", "run_round_fast"]
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError
+from tuner.measure.exe import check_env
+from tuner.measure.falog import parse_fa_log
+from tuner.measure.kernel_bench import FaShape, KernelTime, fa_log_hit, ggml_h_above
+from tuner.paths import package_data
+
+SOURCE = "fa_bench.cpp"
+EXE = "fa-bench"
+
+CASE_RE = re.compile(
+    r"^case=(?P<case>\d+) hsk=(?P<hsk>\d+) hsv=(?P<hsv>\d+) nh=(?P<nh>\d+) nhkv=(?P<nhkv>\d+) nkv=(?P<nkv>\d+)"
+    r" nb=(?P<nb>\d+) type=(?P<type>\w+)(?: copies=(?P<copies>\d+) copy_bytes=(?P<copy_bytes>\d+))?"
+    r"(?: ops=(?P<ops>\d+) us_per_op=(?P<us>[0-9.]+)| error=(?P<error>.*))\s*$"
+)
+"""One case line of fa-bench's output (``tuner/data/fa_bench.cpp``)."""
+
+
+def _lib_dir(bin_dir: Path) -> Path:
+    for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64"):
+        if (d / "libggml.so").exists() and (d / "libggml-base.so").exists():
+            return d
+    raise UsageError(
+        f"No libggml.so and libggml-base.so in {bin_dir} (or ../lib); fa-bench links against a build's shared "
+        "ggml libraries (tuner's builds put them beside the binaries)."
+    )
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "c++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise UsageError(f"No C++ compiler {cxx!r} on PATH to build fa-bench; install one or set CXX.")
+    return path
+
+
+def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
+    """fa-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
+    (keyed by the source's hash), then reused.
+
+    Raises:
+        UsageError: No shared ggml libraries, headers or compiler.
+        TunerError: The compiler failed (the message names its log).
+    """
+    bin_dir = Path(bin_dir).resolve()
+    lib = _lib_dir(bin_dir)
+    inc = Path(ggml_h or ggml_h_above(bin_dir)).resolve().parent
+    if not (inc / "ggml-backend.h").is_file():
+        raise UsageError(f"{inc} has no ggml-backend.h; fa-bench needs a ggml tree with the backend API.")
+    src = package_data(SOURCE)
+    key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+    out_dir = bin_dir.parent / EXE / key
+    exe = out_dir / EXE
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return exe
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{EXE}.{os.getpid()}"
+    cmd = [_compiler(), "-O2", "-std=c++17", f"-I{inc}", str(src), f"-L{lib}", "-lggml", "-lggml-base"]
+    cmd += [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+    with log.step(f"Compiling fa-bench against {lib}"):
+        try:
+            _run.run(cmd, log_file=out_dir / "compile.log", timeout=timeout, what="fa-bench compile")
+            os.replace(tmp, exe)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return exe
+
+
+def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
+    """fa-bench's cases file for ``shapes``: case ``i`` is line ``i``."""
+    return "".join(
+        f"{s.head_dim} {s.head_dim_v} {s.n_head} {s.n_head_kv} {s.n_kv} {s.n_batch} {s.kv_type}\n" for s in shapes
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaBenchCase:
+    """One case line of fa-bench's output."""
+
+    ops: int
+    """Ops timed (0 where the case did not run)."""
+    us_per_op: float | None
+    copies: int
+    """Copies of the inputs the ops cycled through (0 where the line does not say)."""
+    copy_bytes: int
+    """Bytes of one copy: Q, K, V and the mask."""
+    error: str = ""
+
+
+def parse_fa_bench_output(text: str) -> dict[int, FaBenchCase]:
+    """{case index: its :class:`FaBenchCase`} from fa-bench's output; a case that did not run has
+    ``us_per_op`` None and ``error`` saying why."""
+    out: dict[int, FaBenchCase] = {}
+    for line in text.splitlines():
+        m = CASE_RE.match(line.strip())
+        if not m:
+            continue
+        copies, size = int(m["copies"] or 0), int(m["copy_bytes"] or 0)
+        if m["us"] is not None:
+            out[int(m["case"])] = FaBenchCase(
+                ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size
+            )
+        else:
+            err = m["error"].strip() or "failed"
+            out[int(m["case"])] = FaBenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
+    return out
+
+
+def run_round_fast(
+    bin_dir: Path,
+    shapes: Sequence[FaShape],
+    candidates: Mapping[str, Mapping[str, str]],
+    *,
+    log_dir: Path,
+    backend: str = "CPU",
+    ggml_h: Path | None = None,
+    timeout: float = 600.0,
+    iters: int = 50,
+    cache_mb: int = 128,
+    threads: int | None = None,
+) -> list[KernelTime]:
+    """:func:`tuner.measure.kernel_bench.run_round` on fa-bench: a process per candidate over every shape.
+
+    Args:
+        bin_dir: A build's bin directory with its ``libggml*.so`` (fa-bench is compiled there on first use).
+        shapes, candidates, log_dir, backend, ggml_h, timeout: As for ``run_round``.
+        iters: Ops timed per shape (at least one per copy of the inputs).
+        cache_mb: The inputs' copies together exceed this many MiB, so every op reads cold K/V.
+        threads: CPU backend threads (default: half the cores, as test-backend-ops).
+
+    Returns:
+        One :class:`KernelTime` per (candidate, shape), candidates in order; ``runs`` is the ops timed.
+    """
+    if not shapes:
+        raise UsageError("No FA shapes to time; give at least one.")
+    if not candidates:
+        raise UsageError("No candidates to time; give at least one (an empty environment is upstream's choice).")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
+        raise UsageError(f"Backend name {backend!r} is not a ggml backend name such as CUDA0 or CPU.")
+    if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
+        raise UsageError(f"fa-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb}).")
+    envs = {str(lbl): check_env(env) for lbl, env in candidates.items()}
+    for lbl in envs:
+        if not re.fullmatch(r"[\w.@+-]+", lbl):
+            raise UsageError(f"Candidate label {lbl!r} may only contain letters, digits and . _ @ + -.")
+    exe = build_fa_bench(bin_dir, ggml_h=ggml_h)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cases_file = log_dir / "fa-bench-cases.txt"
+    cases_file.write_text(fa_bench_cases(shapes))
+    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    out: list[KernelTime] = []
+    for lbl, env in envs.items():
+        log_file = log_dir / f"fabench-{lbl}.log"
+        log_file.unlink(missing_ok=True)
+        log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} (fa-bench)")
+        error = ""
+        try:
+            res = _run.run(
+                cmd,
+                env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
+                log_file=log_file,
+                timeout=timeout,
+                check=False,
+                what="fa-bench",
+            )
+            if res.returncode != 0:
+                error = f"fa-bench exited with code {res.returncode}; see {log_file}."
+        except TunerError as err:  # a timeout: data, like a failed test-backend-ops call
+            error = str(err)
+        text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+        cases = parse_fa_bench_output(text)
+        fa = parse_fa_log(text)
+        for i, s in enumerate(shapes):
+            c = cases.get(i)
+            ops, us = (c.ops, c.us_per_op) if c else (0, None)
+            why_not = c.error if c and c.error else error or f"no result for case {i}; see {log_file}"
+            hit = fa_log_hit(fa, s)
+            out.append(
+                KernelTime(
+                    label=lbl,
+                    shape=s,
+                    us_per_run=us,
+                    runs=ops,
+                    kernel=None if hit is None else str(hit["kernel"]),
+                    why=None if hit is None else str(hit["why"]),
+                    backend=backend,
+                    error=why_not if us is None else error,
+                    log_file=str(log_file),
+                )
+            )
+    return out
