@@ -84,9 +84,9 @@ def _grid_options(f: Any) -> Any:
 @click.option(
     "--per-call-s",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.05,
-    show_default=True,
-    help="Assumed seconds per timer call (one config of one cell in one round), for the time estimate.",
+    default=None,
+    help="Also print the time at this many seconds per timer call (one config of one cell in one round): "
+    "a what-if; the `sweep run` line's estimate is the one from recorded costs.",
 )
 def plan_cmd(
     arch: str,
@@ -96,7 +96,7 @@ def plan_cmd(
     query_batches: tuple[int, ...],
     n_kv: tuple[int, ...] | None,
     rounds: int,
-    per_call_s: float,
+    per_call_s: float | None,
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs)."""
     from tuner.sweep import grid, live, mmq

@@ -361,15 +361,18 @@ def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int]
     return [MmqCell(type=t, ne11=b) for t in types for b in sorted(set(batches))]
 
 
-def mmq_dry_run_text(cells: Sequence[MmqCell], *, rounds: int, per_call_s: float) -> str:
-    """What an MMQ sweep of ``cells`` would run, and its time at ``per_call_s`` per timer call."""
+def mmq_dry_run_text(cells: Sequence[MmqCell], *, rounds: int, per_call_s: float | None = None) -> str:
+    """What an MMQ sweep of ``cells`` would run (and, given ``per_call_s``, its what-if time); no MMQ
+    timer exists yet, so there is no recorded cost to estimate from."""
     per_round = sum(len(c.configs) for c in cells)
-    return (
+    text = (
         f"MMQ vs cuBLAS sweep: {len(sorted({c.type for c in cells}))} types x {len(sorted({c.ne11 for c in cells}))} "
-        f"batch sizes = {len(cells)} cells\n"
+        f"batch sizes = {len(cells)} cells (no matmul timer yet: planned, not runnable)\n"
         f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}\n"
-        f"estimated time at {per_call_s:g} s per call: {per_round * rounds * per_call_s / 60:.1f} min\n"
     )
+    if per_call_s is not None:
+        text += f"time at {per_call_s:g} s per call (what-if): {per_round * rounds * per_call_s / 60:.1f} min\n"
+    return text
 
 
 def compose_mmq(stats: Mapping[str, Mapping[int, CellStats]]) -> tuple[MmqChoice, ...]:

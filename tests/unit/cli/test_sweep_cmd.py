@@ -63,3 +63,13 @@ def test_timer_falls_back_to_test_backend_ops_only_by_default(tmp_path, capsys) 
     assert "fa-bench is not usable with this build: No libggml.so" in capsys.readouterr().err
     with pytest.raises(UsageError, match="libggml"):
         _pick_timer("fa-bench", bin_dir)
+
+
+def test_plan_prints_no_assumed_time_unless_asked() -> None:
+    """The only estimate by default is the run's, from recorded costs; a per-call what-if needs the flag."""
+    res = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"])
+    assert res.exit_code == 0, res.output
+    assert "what-if" not in res.output and "sweep run:" in res.output
+    assert "no matmul timer yet" in res.output
+    asked = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--per-call-s", "0.5"])
+    assert "time at 0.5 s per call (what-if)" in asked.output
