@@ -434,8 +434,25 @@ def _skip_reason(vendor: str) -> str | None:
 
         if find_hip_toolchain() is None:
             return "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, about a minute)"
-    elif vendor == "nvidia" and shutil.which("nvcc") is None:
-        return "nvcc not on PATH"
+    elif vendor == "nvidia":
+        nvcc = shutil.which("nvcc")
+        if nvcc is None:
+            return "nvcc not on PATH"
+        if _cublas_header(Path(nvcc)) is None:
+            # ggml-cuda links CUDA::cublas: CMake's configure fails without it, before anything compiles
+            return (
+                f"the CUDA toolkit of {nvcc} has no cuBLAS headers (cublas_v2.h), which ggml-cuda needs; install "
+                "the toolkit's cuBLAS development files (e.g. Debian's libcublas-dev) to compile-check"
+            )
+    return None
+
+
+def _cublas_header(nvcc: Path) -> Path | None:
+    """``cublas_v2.h`` of the toolkit ``nvcc`` belongs to (its include dirs, then /usr/local/cuda's)."""
+    root = nvcc.resolve().parent.parent
+    for inc in [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]:
+        if (inc / "cublas_v2.h").is_file():
+            return inc / "cublas_v2.h"
     return None
 
 
