@@ -30,10 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner import _run, log
-from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env
-from tuner.measure.falog import parse_fa_log
-from tuner.measure.kernel_bench import FaShape, KernelTime, fa_log_hit, ggml_h_above
+from tuner.errors import UsageError
+from tuner.measure.kernel_bench import FaShape, KernelTime, check_candidates, ggml_h_above, run_candidates
 from tuner.paths import package_data
 
 SOURCE = "fa_bench.cpp"
@@ -162,18 +160,9 @@ def run_round_fast(
     Returns:
         One :class:`KernelTime` per (candidate, shape), candidates in order; ``runs`` is the ops timed.
     """
-    if not shapes:
-        raise UsageError("No FA shapes to time; give at least one.")
-    if not candidates:
-        raise UsageError("No candidates to time; give at least one (an empty environment is upstream's choice).")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
-        raise UsageError(f"Backend name {backend!r} is not a ggml backend name such as CUDA0 or CPU.")
+    envs = check_candidates(shapes, candidates, backend, "a ggml backend name")
     if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
         raise UsageError(f"fa-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb}).")
-    envs = {str(lbl): check_env(env) for lbl, env in candidates.items()}
-    for lbl in envs:
-        if not re.fullmatch(r"[\w.@+-]+", lbl):
-            raise UsageError(f"Candidate label {lbl!r} may only contain letters, digits and . _ @ + -.")
     exe = build_fa_bench(bin_dir, ggml_h=ggml_h)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -182,44 +171,19 @@ def run_round_fast(
     cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
     if threads is not None:
         cmd += ["-t", str(threads)]
-    out: list[KernelTime] = []
-    for lbl, env in envs.items():
-        log_file = log_dir / f"fabench-{lbl}.log"
-        log_file.unlink(missing_ok=True)
-        log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} (fa-bench)")
-        error = ""
-        try:
-            res = _run.run(
-                cmd,
-                env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                what="fa-bench",
-            )
-            if res.returncode != 0:
-                error = f"fa-bench exited with code {res.returncode}; see {log_file}."
-        except TunerError as err:  # a timeout: data, like a failed test-backend-ops call
-            error = str(err)
-        text = log_file.read_text(errors="replace") if log_file.is_file() else ""
-        cases = parse_fa_bench_output(text)
-        fa = parse_fa_log(text)
-        for i, s in enumerate(shapes):
-            c = cases.get(i)
-            ops, us = (c.ops, c.us_per_op) if c else (0, None)
-            why_not = c.error if c and c.error else error or f"no result for case {i}; see {log_file}"
-            hit = fa_log_hit(fa, s)
-            out.append(
-                KernelTime(
-                    label=lbl,
-                    shape=s,
-                    us_per_run=us,
-                    runs=ops,
-                    kernel=None if hit is None else str(hit["kernel"]),
-                    why=None if hit is None else str(hit["why"]),
-                    backend=backend,
-                    error=why_not if us is None else error,
-                    log_file=str(log_file),
-                )
-            )
-    return out
+
+    def parse(text: str) -> dict[int, tuple[int, float | None, str]]:
+        return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_fa_bench_output(text).items()}
+
+    return run_candidates(
+        cmd,
+        envs,
+        shapes,
+        parse,
+        log_dir=log_dir,
+        log_prefix="fabench",
+        backend=backend,
+        timeout=timeout,
+        tool="fa-bench",
+        what="fa-bench",
+    )

@@ -31,6 +31,7 @@ __all__ = [
     "ggml_enums",
     "ggml_h_above",
     "parse_perf_output",
+    "run_candidates",
     "run_round",
     "shape_for_model",
 ]
@@ -39,7 +40,7 @@ import dataclasses
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tuner import _run, log
@@ -275,42 +276,85 @@ def run_round(
         One :class:`KernelTime` per (candidate, shape), candidates in order.
     """
     exe = find_exe(Path(bin_dir), "test-backend-ops")
-    if not shapes:
-        raise UsageError("No FA shapes to time; give at least one.")
-    if not candidates:
-        raise UsageError("No candidates to time; give at least one (an empty environment is upstream's choice).")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
-        raise UsageError(f"Backend name {backend!r} is not a test-backend-ops backend name such as CUDA0 or CPU.")
-    envs = {str(lbl): check_env(env) for lbl, env in candidates.items()}
-    for lbl in envs:
-        if not re.fullmatch(r"[\w.@+-]+", lbl):
-            raise UsageError(f"Candidate label {lbl!r} may only contain letters, digits and . _ @ + -.")
+    envs = check_candidates(shapes, candidates, backend, "a test-backend-ops backend name")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     test_file = log_dir / "fa-shapes.txt"
     test_file.write_text(fa_test_file(shapes, ggml_h or ggml_h_above(bin_dir)))
     cmd = [str(exe), "perf", "-b", backend, "-o", "FLASH_ATTN_EXT", "--test-file", str(test_file)]
+    return run_candidates(
+        cmd,
+        envs,
+        shapes,
+        parse_perf_output,
+        log_dir=log_dir,
+        log_prefix="kbench",
+        backend=backend,
+        timeout=timeout,
+        tool="test-backend-ops",
+        what="test-backend-ops perf",
+    )
+
+
+def check_candidates(
+    shapes: Sequence[FaShape], candidates: Mapping[str, Mapping[str, str]], backend: str, backend_kind: str
+) -> dict[str, dict[str, str]]:
+    """A round's inputs checked (shapes and candidates given, names safe for a file, env values checked):
+    label -> environment. ``backend_kind`` names what ``backend`` must be in the error.
+
+    Raises:
+        UsageError: no shape or candidate, a bad backend name or candidate label, or a bad env value.
+    """
+    if not shapes:
+        raise UsageError("No FA shapes to time; give at least one.")
+    if not candidates:
+        raise UsageError("No candidates to time; give at least one (an empty environment is upstream's choice).")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
+        raise UsageError(f"Backend name {backend!r} is not {backend_kind} such as CUDA0 or CPU.")
+    envs = {str(lbl): check_env(env) for lbl, env in candidates.items()}
+    for lbl in envs:
+        if not re.fullmatch(r"[\w.@+-]+", lbl):
+            raise UsageError(f"Candidate label {lbl!r} may only contain letters, digits and . _ @ + -.")
+    return envs
+
+
+def run_candidates(
+    cmd: Sequence[str],
+    envs: Mapping[str, Mapping[str, str]],
+    shapes: Sequence[FaShape],
+    parse: Callable[[str], Mapping[int, tuple[int, float | None, str]]],
+    *,
+    log_dir: Path,
+    log_prefix: str,
+    backend: str,
+    timeout: float,
+    tool: str,
+    what: str,
+) -> list[KernelTime]:
+    """``cmd`` once per candidate (its env added, the FA log on), in order: one :class:`KernelTime` per
+    (candidate, shape), the kernel that ran from the FA log. ``parse``: the tool's output -> case index ->
+    (runs, µs per run or None, why not). A crash or timeout is data: every shape of the call carries it."""
     out: list[KernelTime] = []
     for lbl, env in envs.items():
-        log_file = log_dir / f"kbench-{lbl}.log"
+        log_file = log_dir / f"{log_prefix}-{lbl}.log"
         log_file.unlink(missing_ok=True)
-        log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend}")
+        log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} ({tool})")
         error = ""
         try:
             res = _run.run(
-                cmd,
+                list(cmd),
                 env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
                 log_file=log_file,
                 timeout=timeout,
                 check=False,
-                what="test-backend-ops perf",
+                what=what,
             )
             if res.returncode != 0:
-                error = f"test-backend-ops exited with code {res.returncode}; see {log_file}."
+                error = f"{tool} exited with code {res.returncode}; see {log_file}."
         except TunerError as err:  # a timeout: data, like a failed llama-bench call
             error = str(err)
         text = log_file.read_text(errors="replace") if log_file.is_file() else ""
-        cases = parse_perf_output(text)
+        cases = parse(text)
         fa = parse_fa_log(text)
         for i, s in enumerate(shapes):
             runs, us, why_not = cases.get(i, (0, None, error or f"no result for case {i}; see {log_file}"))
