@@ -100,6 +100,15 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Repetitions of a decode test per call (default 3).",
         ),
         click.option(
+            "--screen",
+            type=click.Choice(["auto", "kernel", "llama-bench"]),
+            default="auto",
+            show_default=True,
+            help="What times the kernel screen: kernel = test-backend-ops FLASH_ATTN_EXT at the model's shape "
+            "(seconds a round; auto picks it on an NVIDIA GPU with the whole model offloaded), llama-bench = end to end. "
+            "The confirm stage always uses llama-bench.",
+        ),
+        click.option(
             "--confirm-extra",
             type=click.IntRange(0, 8),
             default=None,
@@ -200,6 +209,15 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
         max_rounds=kw["max_rounds"] or d.max_rounds,
         refine=kw["refine"] if kw["refine"] is not None else d.refine,
         confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else 2,
+        # the auto rule of the real search (tuner.search.pipeline._screen_method), as far as flags tell it
+        kernel_screen=kw["screen"] == "kernel"
+        or (
+            kw["screen"] == "auto"
+            and target.arch.vendor == "nvidia"
+            and not target.is_cpu
+            and kw["cpu_mask"] is None
+            and not {"ngl", "no_kv_offload"} & set(_sets(kw["sets"]))
+        ),
     )
     run_dry_run(
         target=target,
@@ -252,6 +270,7 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         ci_target=kw["ci_target"],
         reps_pp=kw["reps_pp"],
         reps_tg=kw["reps_tg"],
+        screen=kw["screen"],
         confirm_extra=kw["confirm_extra"],
         refine=kw["refine"],
         cpu_mask=kw["cpu_mask"],

@@ -450,6 +450,14 @@ def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg:
 def _screen_section(outcome: SearchOutcome) -> str:
     """report.md's kernel-screen tables, one per phase."""
     out = ["\n\n## Kernel screen (every legal forced kernel vs upstream, per phase and depth)\n\n"]
+    op_level = outcome.screen_method == "kernel"
+    if op_level:
+        out.append(
+            "Timed at the op level: `test-backend-ops perf -o FLASH_ATTN_EXT` at the model's head size, head counts "
+            "and K/V type, at the cache cells each depth reads, one process per candidate and round. The values are "
+            "op runs per second, not tokens per second, and the op's gains are larger than end to end (the op is "
+            "part of a step); the confirm stage below measured the composed rules end to end with llama-bench.\n\n"
+        )
     # A study screened before compose.judge_phase stored each cell judged by its own A/A noise only; its
     # decisions hold the bar compose used, so such a cell is shown judged by that bar as well.
     bars = {(x["phase"], str(x["depth"])): x.get("noise_pct") for x in outcome.compose.get("decisions", [])}
@@ -489,7 +497,7 @@ def _screen_section(outcome: SearchOutcome) -> str:
                     [
                         "point",
                         "upstream kernel",
-                        "t/s upstream",
+                        "op runs/s upstream" if op_level else "t/s upstream",
                         "CPU% upstream",
                         "busiest core %",
                         "GPU% upstream",

@@ -145,6 +145,8 @@ class PlanInputs:
     max_rounds: int = 6
     refine: int = 1
     confirm_extra: int = 2
+    kernel_screen: bool = False
+    """The screen times FLASH_ATTN_EXT alone (``--screen kernel``; ``auto`` on an NVIDIA GPU)."""
 
 
 def load_step_costs() -> dict[str, Any]:
@@ -222,11 +224,15 @@ def _screen_stages(
     depths: Sequence[int],
     per_depth: float,
     rounds: tuple[int, int],
+    case_s: float | None = None,
 ) -> list[dict[str, Any]]:
-    """The plan's screen, refine and compose stages."""
+    """The plan's screen, refine and compose stages (``case_s``: a kernel-level screen, seconds per
+    candidate and case; None: llama-bench, ``per_depth`` seconds per call and depth)."""
     rmin, rmax = rounds
     nd = len(depths)
     stages = []
+    if case_s is not None:
+        return _kernel_screen_stages(kernels, inputs, depths, case_s, rounds)
 
     # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
     # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
@@ -265,6 +271,49 @@ def _screen_stages(
         )
     )
     return stages
+
+
+def _kernel_screen_stages(
+    kernels: Mapping[str, Sequence[str]],
+    inputs: PlanInputs,
+    depths: Sequence[int],
+    case_s: float,
+    rounds: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """The kernel-level screen's stages: a test-backend-ops call per candidate pair and round, one case
+    per phase and depth, each case timed for at least a second."""
+    rmin, rmax = rounds
+    nd = len(depths)
+    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
+    per_round = max(n_cands.values())
+    cases = 2 * nd
+    legal = "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+    return [
+        _stage(
+            "screen",
+            f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
+            f"({cases} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
+            calls=(per_round * rmin, per_round * rmax),
+            seconds=(per_round * rmin * cases * case_s, per_round * rmax * cases * case_s),
+            cost=f"{case_s:g} s per candidate and case",
+        ),
+        _stage(
+            "screen: refine",
+            f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between depths",
+            calls=(0, inputs.refine * sum(n_cands.values()) * rmax),
+            seconds=(0.0, inputs.refine * sum(n_cands.values()) * rmax * case_s),
+            cost=f"{case_s:g} s per candidate and case",
+        ),
+        _stage(
+            "compose",
+            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
+            "nothing is run. The confirm stage then judges the rules end to end",
+        ),
+    ]
 
 
 def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -328,7 +377,9 @@ def plan_stages(
     # the screen's shared calls repeat each test reps_pp + 1 times (-r 9), the confirm's and tune's
     # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
     screen_depth = float(rec.get("screen_call_depth_s", per_depth))
-    stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax))
+    use_kernel = inputs.kernel_screen and any(kernels.values()) and "kernel_case_s" in rec
+    case_s = float(rec["kernel_case_s"]) if use_kernel else None
+    stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax), case_s)
     knobs = tn.tunable_knobs(space, {k: True for k in pinned})
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
@@ -375,7 +426,8 @@ def plan_stages(
             "sources": sorted(
                 {
                     rec["bench_source"],
-                    *([rec["screen_source"]] if "screen_source" in rec else []),
+                    *([rec["screen_source"]] if "screen_source" in rec and not use_kernel else []),
+                    *([rec["kernel_source"]] if use_kernel and "kernel_source" in rec else []),
                     rec["gate_source"],
                     rec["equivalence_source"],
                     rec["residency_source"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = ["PHASES", "PIPELINE_VERSION", "BudgetReached", "kernels_for", "plan_text", "run_pipeline", "run_tune_worker"]
 
 import contextlib
+import dataclasses
 import functools
 import os
 import platform
@@ -32,6 +33,7 @@ from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
 from tuner.search.final_gates import run_output_gate, run_residency_gate
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
@@ -87,12 +89,18 @@ def plan_text(
     trials: int,
     confirm_depths: int,
     shared: bool = False,
+    method: str = METHOD_BENCH,
 ) -> str:
     calls = max(n_cands[p] for p in phases) if shared else sum(n_cands[p] for p in phases)
+    tool = (
+        "test-backend-ops FLASH_ATTN_EXT calls (the op alone at the model's shape; llama-bench judges in confirm)"
+        if method == METHOD_KERNEL
+        else "llama-bench calls"
+    )
     return (
         f"Plan: 1 build (cached after the first run) + gate; screen {len(phases)} phase(s) x {len(depths)} depths "
         f"x {', '.join(f'{n_cands[p]} candidates ({p})' for p in phases)} in {rounds[0]}-{rounds[1]} interleaved rounds "
-        f"({calls} llama-bench calls a round{', prefill and decode sharing each call' if shared else ''}); tune {trials} Optuna trial(s) (paired vs the composed rules); "
+        f"({calls} {tool} a round{', prefill and decode sharing each call' if shared else ''}); tune {trials} Optuna trial(s) (paired vs the composed rules); "
         f"confirm at {confirm_depths} depths, 3 candidates, {rounds[0]}-{rounds[1]} rounds. "
         "ETAs follow the first measured round."
     )
@@ -225,6 +233,10 @@ def _run_stages(
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
+    method = _screen_method(
+        st, cfg, kernels, base_args, custom_measure=measure_factory is not None, n_layers=shape_d.get("n_layers")
+    )
+    screen_measure = measure if method == METHOD_BENCH else _kernel_measure(cfg, build, shape_d, base_args)
     confirm_ds = sorted(
         set(cfg.depths)
         | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
@@ -237,7 +249,8 @@ def _run_stages(
             rounds=rounds,
             trials=cfg.trials or 0,
             confirm_depths=len(confirm_ds),
-            shared=hasattr(measure, "joint"),
+            shared=hasattr(screen_measure, "joint"),
+            method=method,
         )
     )
     if (past := past_cost_line(cfg.arch)) is not None:
@@ -246,9 +259,8 @@ def _run_stages(
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}
     with _timed(st, "screen"):
-        _screen_all(cfg, st, measure, kernels, base_env, base_args, rounds, deadline, decisions)
-    if getattr(measure, "info", {}).get("device") and not st.device:
-        st.set_device(measure.info["device"])
+        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, deadline, decisions)
+    _note_device(st, screen_measure)
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
     st.set_compose(
         {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
@@ -261,9 +273,21 @@ def _run_stages(
         tuned = _tune(
             cfg, st, study, storage, space, shape_d, fixed, rules, base_env, base_args, factory, deadline, builds
         )
+    conf_factory = _confirm_factory(cfg, st, factory, measure_factory, rules, tuned)
     with _timed(st, "confirm"):
         result = conf.run_confirm(
-            cfg, st, space, fixed, rules, tuned, (base_env, base_args), factory, builds, confirm_ds, deadline, PHASES
+            cfg,
+            st,
+            space,
+            fixed,
+            rules,
+            tuned,
+            (base_env, base_args),
+            conf_factory,
+            builds,
+            confirm_ds,
+            deadline,
+            PHASES,
         )
     with _timed(st, "residency"):
         result = run_residency_gate(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
@@ -281,6 +305,7 @@ def _run_stages(
             equivalence,
             {p.value: kernels[p.bench] for p in Phase},
         )
+    _note_device(st, measure)  # where the screen read no device name
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set_result(result)
     return load_outcome(study)
@@ -747,6 +772,89 @@ def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mappi
     if not st.has_toolchain():
         st.set_toolchain(dict(build.meta.get("toolchain", {})))
     return res
+
+
+def _screen_method(
+    st: StudyState,
+    cfg: SearchConfig,
+    kernels: Mapping[str, Sequence[str]],
+    base_args: Sequence[str],
+    *,
+    custom_measure: bool,
+    n_layers: int | None = None,
+) -> str:
+    """The screen's measuring tool (``--screen``; docs/llama-bench-cost.md): the one the study was screened
+    with if it holds rounds, else the asked one, else (``auto``) the kernel level where it stands for what
+    llama-bench would time: an NVIDIA GPU with kernels to force, the whole model on the GPU (no pinned
+    -ngl, -nkvo or CPU mask, where the host paces a step) and the live llama-bench (not a test's fake)."""
+    asked = cfg.screen_method
+    recorded = st.screen_method
+    if recorded is None and st.screen_rounds:
+        recorded = METHOD_BENCH  # studies screened before the kernel-level screen existed
+    if recorded is not None:
+        if asked not in (None, recorded):
+            raise UsageError(
+                f"The study {cfg.study!r} was screened with {recorded}; its rounds cannot be mixed with {asked}'s "
+                f"(another unit). Rerun with --screen {recorded}, or start a new study (--study NAME) to screen with {asked}."
+            )
+        return recorded
+    nvidia_gpu = cfg.target.arch.vendor == "nvidia" and not cfg.target.is_cpu
+    if asked == METHOD_KERNEL and not (nvidia_gpu and any(kernels.values())):
+        raise UsageError(
+            f"--screen kernel times the FlashAttention kernels tuner can force on an NVIDIA GPU; {cfg.arch} "
+            f"({'no kernel to force' if nvidia_gpu else cfg.target.arch.vendor}) has none. "
+            "Use --screen llama-bench (or auto)."
+        )
+    if asked is None:
+        host_paced = cfg.cpu_mask is not None or _partial_offload(base_args, n_layers)
+        asked = (
+            METHOD_KERNEL
+            if nvidia_gpu and any(kernels.values()) and not host_paced and not custom_measure
+            else METHOD_BENCH
+        )
+    st.set_screen_method(asked)
+    return asked
+
+
+def _note_device(st: StudyState, measure: Any) -> None:
+    """Record the device a measure reported (llama-bench's gpu_info, test-backend-ops' description) once."""
+    if getattr(measure, "info", {}).get("device") and not st.device:
+        st.set_device(measure.info["device"])
+
+
+def _confirm_factory(
+    cfg: SearchConfig, st: StudyState, factory: Any, measure_factory: Any, rules: Sequence[FaRule], tuned: Any
+) -> Any:
+    """The confirm stage's measure factory. Prefill rides along in the confirm's shared calls only to show it
+    did not move where nothing changes it: it then gets decode's repetitions, not the -r its own claims would
+    need (a call's -r is the larger of its phases')."""
+    if measure_factory is not None or tuned or any(r.phase is Phase.PREFILL for r in rules):
+        return factory
+    ride = dataclasses.replace(cfg, reps_pp=min(cfg.reps_pp, cfg.reps_tg))
+    return _counted(st, lambda b: _live(ride, b))
+
+
+def _partial_offload(bench_args: Sequence[str], n_layers: int | None) -> bool:
+    """True where pinned llama-bench args keep part of the model or the KV cache on the host."""
+    a = list(bench_args)
+    nkvo = a[a.index("-nkvo") + 1] if "-nkvo" in a[:-1] else "0"
+    ngl = a[a.index("-ngl") + 1] if "-ngl" in a[:-1] else None
+    layers_off = ngl is not None and (n_layers is None or not ngl.isdigit() or int(ngl) <= n_layers)
+    return nkvo not in ("0", "false", "off") or layers_off
+
+
+def _kernel_measure(cfg: SearchConfig, build: Any, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:
+    from tuner.search.kernel_screen import make_kernel_measure
+
+    return make_kernel_measure(
+        build.bin_dir,
+        shape,
+        pp=cfg.pp,
+        tg=cfg.tg,
+        kv_type=_kv_type(base_args),
+        bench_args=base_args,
+        log_dir=cfg.run_dir / "logs" / "kernel-screen",
+    )
 
 
 def _live(cfg: SearchConfig, build: Any) -> Any:

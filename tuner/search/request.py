@@ -93,6 +93,8 @@ class SearchRequest:
     ci_target: float = 1.0
     reps_pp: int | None = None
     reps_tg: int | None = None
+    screen: str = "auto"
+    """``--screen``: ``auto``, ``kernel`` or ``llama-bench``."""
     confirm_extra: int | None = None
     refine: int | None = None
     cpu_mask: tuple[int, ...] | None = None
@@ -152,6 +154,7 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         reps_pp=_given_or_default(request.reps_pp, "reps_pp"),
         reps_tg=_given_or_default(request.reps_tg, "reps_tg"),
         confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
+        screen_method=None if request.screen == "auto" else request.screen,
     )
 
 

@@ -78,6 +78,9 @@ class SearchConfig:
     """Seconds the CLI spent synthesizing/quantizing the model before the search (config.toml's ``[cost] model_s``)."""
     reps_tg: int = 3
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
+    screen_method: str | None = None
+    """``kernel`` (test-backend-ops FLASH_ATTN_EXT), ``llama-bench``, or None: chosen per target and study
+    (:func:`tuner.search.pipeline._screen_method`)."""
 
     @property
     def arch(self) -> str:

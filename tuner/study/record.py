@@ -160,6 +160,8 @@ class SearchOutcome:
     op_checks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """test-backend-ops FLASH_ATTN_EXT per build id."""
     screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    screen_method: str = "llama-bench"
+    """What timed the screen: ``kernel`` (test-backend-ops FLASH_ATTN_EXT alone) or ``llama-bench``."""
     """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -262,6 +264,7 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
         a.get(k.RESULT) or {},
         op_checks=dict(a.get(k.GATES) or {}),
         screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES},
+        screen_method=str(a.get(k.SCREEN_METHOD) or "llama-bench"),
         compose=dict(a.get(k.COMPOSE) or {}),
         stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}),
         llama_bench_calls=None if a.get(k.LLAMA_BENCH_CALLS) is None else int(a[k.LLAMA_BENCH_CALLS]),

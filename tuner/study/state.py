@@ -62,6 +62,7 @@ GATES = "gates"  # test-backend-ops per build id
 STAGE_SECONDS = "stage_seconds"
 LLAMA_BENCH_CALLS = "llama_bench_calls"  # llama-bench runs the search made (summed over resumed runs)
 SCREEN_ROUNDS = "screen_rounds"
+SCREEN_METHOD = "screen_method"  # what timed the screen: "kernel" (the FA op alone) or "llama-bench"
 COMPOSE = "compose"
 RESULT = "result"  # the search's outcome (tuner.study.record.SearchOutcome)
 
@@ -204,6 +205,15 @@ class StudyState:
 
     def add_llama_bench_calls(self, n: int = 1) -> None:
         self._set(LLAMA_BENCH_CALLS, (self.llama_bench_calls or 0) + n)
+
+    @property
+    def screen_method(self) -> str | None:
+        """What timed the screen's rounds (None: not recorded; studies before the kernel-level screen)."""
+        v = self._get(SCREEN_METHOD)
+        return None if v is None else str(v)
+
+    def set_screen_method(self, method: str) -> None:
+        self._set(SCREEN_METHOD, method)
 
     @property
     def screen_rounds(self) -> list[dict[str, Any]]:

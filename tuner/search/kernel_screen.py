@@ -1,0 +1,147 @@
+"""The kernel-level screen measure: ``FLASH_ATTN_EXT`` alone at the model's shape, one case per depth.
+
+Why: a llama-bench screen call pays a context fill per depth (about 8.7 s of a 1B call's 24.6 s on an
+H100 at six depths, docs/llama-bench-cost.md), and the screen needs four calls a round. The kernel
+choice is a property of the attention op, so the screen times the op itself with ``test-backend-ops
+perf`` (:mod:`tuner.measure.kernel_bench`) at the exact tensors llama.cpp's graph hands it: the
+model's head size, head counts and K/V type, at the cache cells a depth reads.
+
+It is a drop-in :data:`tuner.search.screen.Measure` (and ``joint``): each candidate is one
+test-backend-ops process over every (phase, depth) case, so the screen's rotated rounds, its A/A twin
+(upstream's kernel forced), the decision rule and composition apply unchanged. The values are op runs
+per second (10^6 / µs per run): a ratio scale like t/s, **not** tokens per second. The op's share of a
+decode step grows with depth, so a kernel-level gain is larger than the end-to-end one (1B at 16k
+context: MMA +9.3% at the op, +2.8% end to end); the confirm stage, llama-bench end to end, is the
+judge, and drops a rule whose points are not faster there.
+
+Depth to cache cells (``n_kv``): llama.cpp pads the cells an attention call reads to 256
+(``src/llama-kv-cache.cpp``). Decode at depth ``d`` generates ``tg`` tokens after ``d`` cached ones, so
+it reads ``pad256(d + tg)`` cells with one query row; prefill at depth ``d`` runs ``pp`` tokens in
+micro-batches of ``-ub`` (llama-bench's default 512), the last one reading ``pad256(d + pp)`` cells
+with ``min(pp, ub)`` query rows.
+"""
+
+from __future__ import annotations
+
+__all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure"]
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.measure.kernel_bench import FaShape, KernelTime, run_round
+from tuner.search.screen import Candidate
+
+METHOD_KERNEL = "kernel"
+"""Screen with test-backend-ops FLASH_ATTN_EXT (this module)."""
+METHOD_BENCH = "llama-bench"
+"""Screen end to end with llama-bench (:mod:`tuner.search.live`)."""
+
+_PAD = 256
+_UB_DEFAULT = 512  # llama-bench's default -ub (n_ubatch)
+
+
+def _pad(n: int) -> int:
+    return -(-n // _PAD) * _PAD
+
+
+def _ubatch(bench_args: Sequence[str]) -> int:
+    args = list(bench_args)
+    for flag in ("-ub", "--ubatch-size"):
+        if flag in args[:-1]:
+            return int(args[args.index(flag) + 1].split(",")[0])
+    return _UB_DEFAULT
+
+
+def kernel_shape(
+    shape: Mapping[str, int], phase: str, depth: int, *, pp: int, tg: int, kv_type: str, ubatch: int = _UB_DEFAULT
+) -> FaShape:
+    """The FA call a llama-bench ``phase`` test (``tg`` decode, ``pp`` prefill) makes at ``depth`` (module
+    docstring), for a model ``shape`` (``head_dim``, ``n_heads``, ``n_kv_heads``)."""
+    d = int(shape["head_dim"])
+    common = {"head_dim": d, "head_dim_v": d, "n_head": int(shape["n_heads"]), "n_head_kv": int(shape["n_kv_heads"])}
+    if phase == "tg":
+        return FaShape(**common, n_kv=_pad(depth + tg), n_batch=1, kv_type=kv_type)
+    return FaShape(**common, n_kv=_pad(depth + pp), n_batch=min(pp, ubatch), kv_type=kv_type)
+
+
+_DEVICE = re.compile(r"Device description:\s*(.+)")
+
+
+class _KernelMeasure:
+    """A screen measure (one phase per call) with ``joint`` (several phases per process) and ``info``."""
+
+    def __init__(
+        self,
+        bin_dir: Path,
+        shape: Mapping[str, int],
+        *,
+        pp: int,
+        tg: int,
+        kv_type: str,
+        ubatch: int,
+        log_dir: Path,
+        backend: str,
+    ) -> None:
+        self.bin_dir, self.shape, self.pp, self.tg = Path(bin_dir), dict(shape), pp, tg
+        self.kv_type, self.ubatch, self.log_dir, self.backend = kv_type, ubatch, Path(log_dir), backend
+        self.info: dict[str, str] = {}
+
+    def joint(
+        self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
+    ) -> dict[str, dict[int, dict[str, Any]]]:
+        cases = [(p, int(d)) for p in phases for d in depths]
+        shapes = [
+            kernel_shape(self.shape, p, d, pp=self.pp, tg=self.tg, kv_type=self.kv_type, ubatch=self.ubatch)
+            for p, d in cases
+        ]
+        # The same n_kv can serve two depths' decode and prefill cases: one process times each case apart.
+        times = run_round(
+            self.bin_dir, shapes, {label: dict(cand.env)}, log_dir=self.log_dir / label, backend=self.backend
+        )
+        self._read_device(times)
+        out: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in phases}
+        for (p, d), t in zip(cases, times, strict=True):
+            ok = t.us_per_run is not None and t.us_per_run > 0
+            out[p][d] = {
+                "ts": 1e6 / float(t.us_per_run) if ok and t.us_per_run else None,
+                "kernel": t.kernel,
+                "why": t.why,
+                "error": "" if ok else (t.error or f"no time; see {t.log_file}"),
+            }
+        return out
+
+    def __call__(
+        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
+    ) -> Mapping[int, Mapping[str, Any]]:
+        return self.joint(cand, [phase], depths, label)[phase]
+
+    def _read_device(self, times: Sequence[KernelTime]) -> None:
+        if self.info or not times or not times[0].log_file:
+            return
+        try:
+            m = _DEVICE.search(Path(times[0].log_file).read_text(errors="replace"))
+        except OSError:
+            return
+        if m:
+            self.info["device"] = m.group(1).strip()
+
+
+def make_kernel_measure(
+    bin_dir: Path,
+    shape: Mapping[str, int],
+    *,
+    pp: int,
+    tg: int,
+    kv_type: str,
+    bench_args: Sequence[str] = (),
+    log_dir: Path,
+    backend: str = "CUDA0",
+) -> _KernelMeasure:
+    """The screen measure of this module for the build in ``bin_dir`` (it needs ``test-backend-ops``,
+    which tuner's builds include). ``bench_args``: the pinned llama-bench args (their ``-ub`` sets the
+    prefill rows)."""
+    return _KernelMeasure(
+        bin_dir, shape, pp=pp, tg=tg, kv_type=kv_type, ubatch=_ubatch(bench_args), log_dir=log_dir, backend=backend
+    )
