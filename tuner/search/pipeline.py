@@ -193,6 +193,9 @@ def _run_locked(
     if model_s:  # the CLI synthesized/quantized the model before the study opened
         st.add_seconds("model", model_s)
         st.add_seconds("total", model_s)
+    if cfg.prebuild_seconds:  # ... after building upstream's variant for llama-quantize: the search's build
+        st.add_seconds("build", cfg.prebuild_seconds)
+        st.add_seconds("total", cfg.prebuild_seconds)
     with _timed(st, "total"):
         return _run_stages(
             cfg, study, storage, st, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence

@@ -121,8 +121,9 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
 
     source = fetch_source(request.source_spec or DEFAULT_SPEC)
     t_model = time.monotonic()
-    model = _model(request, source)
-    model_seconds = time.monotonic() - t_model if request.model is None else None  # --like: synthesized (cached) here
+    model, build_seconds = _model(request, source)
+    # --like: synthesized (cached) here; the quantizing build it may need first is the search's build, not the model's
+    model_seconds = time.monotonic() - t_model - build_seconds if request.model is None else None
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
     ctx = _context_length(model)
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
@@ -151,6 +152,7 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         refine=request.refine if request.refine is not None else d.refine,
         cpu_mask=request.cpu_mask,
         model_seconds=model_seconds,
+        prebuild_seconds=build_seconds or None,
         reps_pp=_given_or_default(request.reps_pp, "reps_pp"),
         reps_tg=_given_or_default(request.reps_tg, "reps_tg"),
         confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
@@ -177,8 +179,9 @@ def _baseline_build(target: Target, source: Source) -> Path:
     return Path(build_variant(rv).exe("llama-quantize"))
 
 
-def _model(request: SearchRequest, source: Source) -> Path:
-    """--model as given, or a synthesized (and optionally quantized) model of --like's shape."""
+def _model(request: SearchRequest, source: Source) -> tuple[Path, float]:
+    """--model as given, or a synthesized (and optionally quantized) model of --like's shape; and the seconds
+    spent building upstream's variant for llama-quantize (0.0 where none was built here)."""
     if request.model is not None and request.like:
         raise UsageError("give either --model GGUF or --like NAME, not both.")
     if request.model is None:
@@ -186,13 +189,15 @@ def _model(request: SearchRequest, source: Source) -> Path:
 
         like = request.like or request.defaults.like
         quant = _quant(request.quant if request.quant is not None else request.defaults.quant)
+        t0 = time.monotonic()
         qbin = _baseline_build(request.target, source) if quant else None
-        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin))
+        built = time.monotonic() - t0 if quant else 0.0
+        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin)), built
     if not request.model.is_file():
         raise UsageError(
             f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
         )
-    return request.model
+    return request.model, 0.0
 
 
 def _quant(value: str | None) -> str | None:

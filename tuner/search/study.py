@@ -76,6 +76,8 @@ class SearchConfig:
     reps_pp: int = 8
     model_seconds: float | None = None
     """Seconds the CLI spent synthesizing/quantizing the model before the search (config.toml's ``[cost] model_s``)."""
+    prebuild_seconds: float | None = None
+    """Seconds the CLI spent building upstream's variant for llama-quantize before the search (``build_s``)."""
     reps_tg: int = 3
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
     screen_method: str | None = None

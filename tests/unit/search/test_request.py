@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,15 @@ def test_the_synthesized_models_weight_type(
         return tmp_path / "m.gguf"
 
     monkeypatch.setattr("tuner.targets.models.synth_cached", synth)
-    monkeypatch.setattr(rq, "_baseline_build", lambda target, source: tmp_path / "llama-quantize")
+
+    def build(target: Any, source: Any) -> Path:
+        time.sleep(0.05)  # the build that llama-quantize needs is counted as the search's build, not the model's
+        return tmp_path / "llama-quantize"
+
+    monkeypatch.setattr(rq, "_baseline_build", build)
     req = rq.SearchRequest(target=_target(arch), quant=quant)
-    rq._model(req, source=object())  # type: ignore[arg-type]
+    _, built = rq._model(req, source=object())  # type: ignore[arg-type]
+    assert (built >= 0.05) == (made is not None) and (built == 0.0) == (made is None)
     assert asked["like"] == req.defaults.like
     assert asked["quant"] == made
     assert (asked["quantize_bin"] is not None) == (made is not None)
