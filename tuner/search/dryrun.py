@@ -238,10 +238,7 @@ def _screen_stages(
     # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
-    legal = "; ".join(
-        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-        for p in ("tg", "pp")
-    )
+    legal = _legal_text(kernels)
     stages.append(
         _stage(
             "screen",
@@ -273,6 +270,14 @@ def _screen_stages(
     return stages
 
 
+def _legal_text(kernels: Mapping[str, Sequence[str]]) -> str:
+    """What the screen compares per phase, for the plan's text."""
+    return "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+
+
 def _kernel_screen_stages(
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
@@ -287,10 +292,7 @@ def _kernel_screen_stages(
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
     cases = 2 * nd
-    legal = "; ".join(
-        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-        for p in ("tg", "pp")
-    )
+    legal = _legal_text(kernels)
     return [
         _stage(
             "screen",

@@ -4,13 +4,13 @@ the pipeline's choice of screen tool."""
 from __future__ import annotations
 
 import dataclasses
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.measure.test_kernel_bench import _fake_tbo
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.search import compose as comp
@@ -19,7 +19,6 @@ from tuner.search.pipeline import _screen_method
 from tuner.search.screen import candidates_for, run_joint_rounds, summarize_phase
 from tuner.study.state import StudyState
 
-ENUMS = Path(__file__).resolve().parents[2] / "data" / "kbench" / "ggml-enums.h"
 SHAPE_1B = {"head_dim": 64, "n_heads": 32, "n_kv_heads": 8, "gqa": 4}
 DEPTHS = [0, 4096, 16384, 65536]
 
@@ -52,17 +51,9 @@ for line in lines:
 
 
 def _fake_build(tmp_path: Path) -> Path:
-    root = tmp_path / "b"
-    bin_dir = root / "build" / "bin"
-    bin_dir.mkdir(parents=True)
-    inc = root / "src" / "ggml" / "include"
-    inc.mkdir(parents=True)
-    (inc / "ggml.h").write_text(ENUMS.read_text())
-    (bin_dir / "fake_tbo.py").write_text(FAKE)
-    exe = bin_dir / "test-backend-ops"
-    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {bin_dir / "fake_tbo.py"} "$@"\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return bin_dir
+    """The fake build of test_kernel_bench (a tree with ggml.h) whose test-backend-ops runs FAKE."""
+    (tmp_path / "fake_tbo.py").write_text(FAKE)
+    return _fake_tbo(tmp_path, f'exec {sys.executable} {tmp_path / "fake_tbo.py"} "$@"\n')
 
 
 def test_depth_maps_to_the_cells_and_rows_llama_bench_times() -> None:
