@@ -678,7 +678,7 @@ def render(rep: DryRunReport) -> str:
 
     out.append(
         log.table(
-            ["stage", "what it runs", "llama-bench calls", "seconds (estimate)", "per-step cost"],
+            ["stage", "what it runs", "calls (llama-bench or test-backend-ops)", "seconds (estimate)", "per-step cost"],
             [
                 [
                     s["stage"],

@@ -265,7 +265,7 @@ def run_joint_rounds(
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
     with progress.track(
-        f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="llama-bench calls"
+        f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="measuring calls"
     ) as bar:
         while True:
             todo = {p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle) for p in cands}
