@@ -103,12 +103,12 @@ class _KernelMeasure:
         self._read_device(times)
         out: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in phases}
         for (p, d), t in zip(cases, times, strict=True):
-            ok = t.us_per_run is not None and t.us_per_run > 0
+            us = t.us_per_run if t.us_per_run is not None and t.us_per_run > 0 else None
             out[p][d] = {
-                "ts": 1e6 / float(t.us_per_run) if ok and t.us_per_run else None,
+                "ts": None if us is None else 1e6 / us,
                 "kernel": t.kernel,
                 "why": t.why,
-                "error": "" if ok else (t.error or f"no time; see {t.log_file}"),
+                "error": "" if us is not None else (t.error or f"no time; see {t.log_file}"),
             }
         return out
 

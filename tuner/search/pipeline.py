@@ -34,6 +34,7 @@ from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
+from tuner.search.residency_gate import full_offload
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
@@ -809,7 +810,7 @@ def _screen_method(
             "Use --screen llama-bench (or auto)."
         )
     if asked is None:
-        host_paced = cfg.cpu_mask is not None or _partial_offload(base_args, n_layers)
+        host_paced = cfg.cpu_mask is not None or not full_offload(base_args, n_layers)
         asked = (
             METHOD_KERNEL
             if nvidia_gpu and any(kernels.values()) and not host_paced and not custom_measure
@@ -835,15 +836,6 @@ def _confirm_factory(
         return factory
     ride = dataclasses.replace(cfg, reps_pp=min(cfg.reps_pp, cfg.reps_tg))
     return _counted(st, lambda b: _live(ride, b))
-
-
-def _partial_offload(bench_args: Sequence[str], n_layers: int | None) -> bool:
-    """True where pinned llama-bench args keep part of the model or the KV cache on the host."""
-    a = list(bench_args)
-    nkvo = a[a.index("-nkvo") + 1] if "-nkvo" in a[:-1] else "0"
-    ngl = a[a.index("-ngl") + 1] if "-ngl" in a[:-1] else None
-    layers_off = ngl is not None and (n_layers is None or not ngl.isdigit() or int(ngl) <= n_layers)
-    return nkvo not in ("0", "false", "off") or layers_off
 
 
 def _kernel_measure(cfg: SearchConfig, build: Any, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:
