@@ -5,10 +5,11 @@ from __future__ import annotations
 
 __all__ = ["counted", "past_cost", "past_cost_line"]
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.search.observed import Observed
 from tuner.study.state import StudyState
 
 
@@ -16,31 +17,10 @@ def counted(st: StudyState, factory: Any) -> Any:
     """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
     ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
 
-    def make(build: Any) -> _Counted:
-        return _Counted(factory(build), st)
+    def make(build: Any) -> Observed:
+        return Observed(factory(build), before=lambda: st.add_llama_bench_calls(1))
 
     return make
-
-
-class _Counted:
-    """A measure ``m`` that counts each call in the study. What callers read off a measure (info,
-    calls...) is copied from ``m``; ``joint`` is there, counted too, only when ``m`` has one."""
-
-    joint: Callable[..., Any]
-
-    def __init__(self, m: Any, st: StudyState) -> None:
-        self.__dict__.update(getattr(m, "__dict__", {}))
-        self._m, self._st = m, st
-        if getattr(m, "joint", None) is not None:
-            self.joint = self._joint
-
-    def __call__(self, *a: Any, **kw: Any) -> Any:
-        self._st.add_llama_bench_calls(1)
-        return self._m(*a, **kw)
-
-    def _joint(self, *a: Any, **kw: Any) -> Any:
-        self._st.add_llama_bench_calls(1)
-        return self._m.joint(*a, **kw)
 
 
 def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[str, Any]] | None:

@@ -32,6 +32,7 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
+from tuner.search.device_guard import held
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
@@ -233,14 +234,16 @@ def _run_stages(
             f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
             f"log: {gate.get('log')}. Nothing was measured."
         )
-    factory = _counted(st, measure_factory or (lambda b: _live(cfg, b)))
+    factory = _counted(st, held(st, measure_factory or (lambda b: _live(cfg, b))))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
     method = _screen_method(
         st, cfg, kernels, base_args, custom_measure=measure_factory is not None, n_layers=shape_d.get("n_layers")
     )
-    screen_measure = measure if method == METHOD_BENCH else _kernel_measure(cfg, build, shape_d, base_args)
+    screen_measure = (
+        measure if method == METHOD_BENCH else held(st, lambda b: _kernel_measure(cfg, b, shape_d, base_args))(build)
+    )
     confirm_ds = sorted(
         set(cfg.depths)
         | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
@@ -264,7 +267,6 @@ def _run_stages(
     decisions: dict[str, list[comp.Decision]] = {}
     with _timed(st, "screen"):
         _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, deadline, decisions)
-    _note_device(st, screen_measure)
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
     st.set_compose(
         {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
@@ -309,7 +311,6 @@ def _run_stages(
             equivalence,
             {p.value: kernels[p.bench] for p in Phase},
         )
-    _note_device(st, measure)  # where the screen read no device name
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set_result(result)
     return load_outcome(study)
@@ -456,7 +457,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
             rules_from_texts(composed["rules"]),
             base_env,
             base_args,
-            _counted(st, lambda b: _live(cfg, b)),
+            _counted(st, held(st, lambda b: _live(cfg, b))),
             deadline,
             _Builds(cfg, space),
         )
@@ -820,12 +821,6 @@ def _screen_method(
     return asked
 
 
-def _note_device(st: StudyState, measure: Any) -> None:
-    """Record the device a measure reported (llama-bench's gpu_info, test-backend-ops' description) once."""
-    if getattr(measure, "info", {}).get("device") and not st.device:
-        st.set_device(measure.info["device"])
-
-
 def _confirm_factory(
     cfg: SearchConfig, st: StudyState, factory: Any, measure_factory: Any, rules: Sequence[FaRule], tuned: Any
 ) -> Any:
@@ -835,7 +830,7 @@ def _confirm_factory(
     if measure_factory is not None or tuned or any(r.phase is Phase.PREFILL for r in rules):
         return factory
     ride = dataclasses.replace(cfg, reps_pp=min(cfg.reps_pp, cfg.reps_tg))
-    return _counted(st, lambda b: _live(ride, b))
+    return _counted(st, held(st, lambda b: _live(ride, b)))
 
 
 def _kernel_measure(cfg: SearchConfig, build: Any, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:

@@ -1,0 +1,42 @@
+"""One study, one device: a study's rounds are only comparable when every one was measured on the same GPU
+(or CPU) model, and its result says which (config.toml's ``measured_on``). A study resumed on another
+machine is held to the device its first measurement reported: the first call that reports a different
+one stops the search before anything it measured is stored."""
+
+from __future__ import annotations
+
+__all__ = ["check_device", "held"]
+
+from collections.abc import Callable
+from typing import Any
+
+from tuner.errors import UsageError
+from tuner.search.observed import Observed
+from tuner.study.state import StudyState
+
+
+def check_device(st: StudyState, measure: Any) -> None:
+    """Record the device ``measure`` reported (llama-bench's gpu_info, test-backend-ops' device description)
+    in a study that has none; UsageError when the study recorded another one."""
+    device = (getattr(measure, "info", None) or {}).get("device")
+    if not device:
+        return
+    recorded = st.device
+    if recorded is None:
+        st.set_device(device)
+    elif recorded != device:
+        raise UsageError(
+            f"This study was measured on {recorded}, but this machine measures on {device}. A study's rounds "
+            "are compared with each other, so all of them must come from one device model; what this machine "
+            "just measured was not stored. Resume the study on a machine with the same device, or start a new "
+            "study here (--study NAME, or another --run-dir); the stored rounds stay in the old one."
+        )
+
+
+def held(st: StudyState, factory: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``factory`` whose measures call :func:`check_device` after every call (``joint`` too)."""
+
+    def make(build: Any) -> Observed:
+        return Observed(factory(build), after=lambda m: check_device(st, m))
+
+    return make
