@@ -48,7 +48,12 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget).",
         ),
         click.option(
-            "--time-budget", type=click.FloatRange(1), default=None, help="Seconds; no new trial starts after this."
+            "--time-budget",
+            type=click.FloatRange(1),
+            default=None,
+            help="Seconds; past this no new round or trial starts, nor a round that would overrun it. What was "
+            "measured stays in the study and the same command resumes. The clock starts when the study opens "
+            "(after a synthesized model's build and quantization).",
         ),
         click.option(
             "--storage",
