@@ -214,15 +214,9 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
         max_rounds=kw["max_rounds"] or d.max_rounds,
         refine=kw["refine"] if kw["refine"] is not None else d.refine,
         confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else 2,
-        # the auto rule of the real search (tuner.search.pipeline._screen_method), as far as flags tell it
-        kernel_screen=kw["screen"] == "kernel"
-        or (
-            kw["screen"] == "auto"
-            and target.arch.vendor == "nvidia"
-            and not target.is_cpu
-            and kw["cpu_mask"] is None
-            and not {"ngl", "no_kv_offload"} & set(_sets(kw["sets"]))
-        ),
+        # the real search's rule (tuner.search.screen_choice.screen_method) resolves these in run_dry_run
+        screen=kw["screen"],
+        cpu_mask=kw["cpu_mask"],
     )
     run_dry_run(
         target=target,

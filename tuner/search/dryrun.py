@@ -145,8 +145,11 @@ class PlanInputs:
     max_rounds: int = 6
     refine: int = 1
     confirm_extra: int = 2
-    kernel_screen: bool = False
-    """The screen times FLASH_ATTN_EXT alone (``--screen kernel``; ``auto`` on an NVIDIA GPU)."""
+    screen: str = "auto"
+    """``--screen``: ``auto``, ``kernel`` (FLASH_ATTN_EXT alone) or ``llama-bench``; the search's own rule
+    (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
+    cpu_mask: tuple[int, ...] | None = None
+    """``--cpu-mask`` (the host then paces a step: ``auto`` screens with llama-bench)."""
 
 
 def load_step_costs() -> dict[str, Any]:
@@ -352,12 +355,14 @@ def plan_stages(
     rebuild_s: float | None,
     n_variants: int,
     pinned: Sequence[str] = (),
+    screen_method: str = "llama-bench",
 ) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
     ``kernels``: phase (``tg``/``pp``) -> the kernels the space lets the screen force.
     ``pinned``: knobs fixed with ``--set`` (the tune stage does not sample them).
+    ``screen_method``: the screen's tool, ``kernel`` or ``llama-bench`` (:func:`tuner.search.screen_choice.screen_method`).
     ``rebuild_s``: a compile-time candidate's rebuild, from this dry run's own compile check (None: not
     measured here, so tune builds are left out of the time).
     """
@@ -379,7 +384,7 @@ def plan_stages(
     # the screen's shared calls repeat each test reps_pp + 1 times (-r 9), the confirm's and tune's
     # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
     screen_depth = float(rec.get("screen_call_depth_s", per_depth))
-    use_kernel = inputs.kernel_screen and any(kernels.values()) and "kernel_case_s" in rec
+    use_kernel = screen_method == "kernel" and any(kernels.values()) and "kernel_case_s" in rec
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
     stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax), case_s)
     knobs = tn.tunable_knobs(space, {k: True for k in pinned})
@@ -510,6 +515,83 @@ def _cublas_header(nvcc: Path) -> Path | None:
     return None
 
 
+def _space_for_plan(space: Any, n_layers: int) -> Any:
+    """``space`` with its derived knobs' pin ranges for the planned model on a target that is not here: ``-ngl``
+    0..n_layers + 1, as the search allows (the GPU's free memory is unknown, so only full offload is sampled),
+    and any thread count (the target's CPUs are unknown)."""
+    from tuner.plan.derive import Legal, legal_values, resolve_space
+    from tuner.plan.space import BENCH_DEFAULT
+    from tuner.targets.host import host_cpus
+
+    legal = legal_values(space, cpus=host_cpus(), shape={"n_layers": n_layers})
+    for k in space.runtime_knobs:
+        if k.meta.get("derive") == "threads":
+            why = "threads: the target's CPU count is unknown here, so any pinned count is taken"
+            legal[k.name] = Legal(choices=(BENCH_DEFAULT,), low=1, high=1 << 20, why=why)
+    return resolve_space(space, legal)
+
+
+def _check_pins(arch: str, era: str, space: Any, sets: Mapping[str, str]) -> None:
+    """The ``--set`` pins checked as the search checks them: knob values in range (a pinned ``-ngl`` within the
+    planned model's layers), a variant of the space, compile-time values the constraint check accepts."""
+    from tuner.plan.space import check_constraints, set_values
+
+    if not sets:
+        return
+    compile_pins, _ = set_values(space, {k: v for k, v in sets.items() if k != "variant"})  # a build, no knob
+    if "variant" in sets and sets["variant"] not in space.variants:
+        raise UsageError(
+            f"--set variant={sets['variant']} is not a variant of the {arch} space; it has "
+            f"{', '.join(space.variants)}. Pin one of those, or leave variant unpinned."
+        )
+    bad = check_constraints(arch, era, compile_pins, space=space)
+    if bad:
+        raise UsageError(
+            "the pinned values are illegal for "
+            + arch
+            + ": "
+            + "; ".join(map(str, bad))
+            + ". Nothing was compiled. Pick values the constraint check accepts (see the rows below "
+            "with `tuner search --arch " + arch + " --dry-run`)."
+        )
+
+
+def _plan_screen(
+    target: Target,
+    space: Any,
+    sets: Mapping[str, str],
+    n_layers: int,
+    inputs: PlanInputs,
+    kernels: Mapping[str, Sequence[str]],
+) -> str:
+    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the rule
+    :func:`tuner.search.pipeline.run_pipeline` applies) from the pinned runtime knobs rendered as it renders them.
+
+    Raises:
+        UsageError: ``--screen kernel`` where the search refuses it.
+    """
+    from tuner.search.screen_choice import pinned_runtime, screen_method
+
+    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in sets.items()}
+    _, base_args = pinned_runtime(space, fixed)
+    method = screen_method(
+        inputs.screen,
+        arch=target.arch.name,
+        vendor=target.arch.vendor,
+        gpu=not target.is_cpu,
+        has_kernels=any(kernels.values()),
+        base_args=base_args,
+        n_layers=n_layers,
+        cpu_mask=inputs.cpu_mask,
+    )
+    log.info(
+        f"Screen: {method}"
+        + (f" (pinned llama-bench arguments: {' '.join(base_args)})" if base_args else "")
+        + (f", --cpu-mask {','.join(map(str, inputs.cpu_mask))}" if inputs.cpu_mask is not None else "")
+    )
+    return method
+
+
 def run_dry_run(
     *,
     target: Target,
@@ -523,7 +605,7 @@ def run_dry_run(
     """Render, constraint-check and compile-check the ``target`` arch's space; print the plan on stdout (progress on
     stderr). Times nothing."""
     from tuner.plan.render import render_variant
-    from tuner.plan.space import load_space, set_values
+    from tuner.plan.space import load_space
     from tuner.search.pipeline import PHASES, kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
     from tuner.targets.models import load_gguf_shape, load_model_shape
@@ -534,25 +616,14 @@ def run_dry_run(
     if inputs.model is not None:
         inputs = dataclasses.replace(inputs, like=inputs.model.name)
     source = fetch_source(source_spec or DEFAULT_SPEC)
-    space = load_space(a.name, source.era)
+    space = _space_for_plan(load_space(a.name, source.era), shape.n_layers)
     log.info(
         f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
         "Nothing is benchmarked."
     )
-    if sets:
-        compile_pins, _ = set_values(space, sets)
-        from tuner.plan.space import check_constraints
-
-        bad = check_constraints(a.name, source.era, compile_pins, space=space)
-        if bad:
-            raise UsageError(
-                "the pinned values are illegal for "
-                + a.name
-                + ": "
-                + "; ".join(map(str, bad))
-                + ". Nothing was compiled. Pick values the constraint check accepts (see the rows below "
-                "with `tuner search --arch " + a.name + " --dry-run`)."
-            )
+    _check_pins(a.name, source.era, space, sets or {})  # before anything compiles
+    kernels = {p: kernels_for(space, p) for p in PHASES}
+    method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
     wanted = [v for v in space.variants if not variants or v in variants]
     vstatus: dict[str, str] = {}
     for v in wanted:
@@ -593,15 +664,16 @@ def run_dry_run(
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
     plan = plan_stages(
         space,
-        kernels={p: kernels_for(space, p) for p in PHASES},
+        kernels=kernels,
         inputs=inputs,
         context_length=shape.context_length,
         d_model=shape.d_model,
         rebuild_s=timed[0] if timed else None,
         n_variants=sum(1 for s in vstatus.values() if s == "ok"),
         pinned=tuple(sets or {}),
+        screen_method=method,
     )
-    plan = {"model": inputs.like, **plan}
+    plan = {"model": inputs.like, "screen_method": method, **plan}
     rep = DryRunReport(
         arch=a.name,
         era=source.era,

@@ -35,7 +35,6 @@ from tuner.search.cost import past_cost_line
 from tuner.search.device_guard import held
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
-from tuner.search.residency_gate import full_offload
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
@@ -49,6 +48,7 @@ from tuner.search.screen import (
     run_phase_rounds,
     summarize_phase,
 )
+from tuner.search.screen_choice import pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.study.record import SearchOutcome, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
@@ -220,7 +220,7 @@ def _run_stages(
 ) -> SearchOutcome:
     source = cfg.source
     _record_attrs(st, cfg, source, shape_d, legal)
-    base_env, base_args = _pinned_runtime(space, fixed)
+    base_env, base_args = pinned_runtime(space, fixed)
     shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
 
     # -- the upstream build, gated once ------------------------------------------------------------
@@ -444,7 +444,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
     fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
     shape_d = _model_shape(cfg.model)
     _record_attrs(st, cfg, source, shape_d, legal)
-    base_env, base_args = _pinned_runtime(space, fixed)
+    base_env, base_args = pinned_runtime(space, fixed)
     with _timed(st, "tune"):
         _tune(
             cfg,
@@ -641,13 +641,6 @@ def _resolved_space(cfg: SearchConfig, space: Any) -> tuple[Any, dict[str, Any]]
     return resolved, legal
 
 
-def _pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    from tuner.plan.space import runtime_env_and_args
-
-    names = {k.name for k in space.runtime_knobs}
-    return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
-
-
 def _kv_type(bench_args: Sequence[str]) -> str:
     """The K-cache type the runs use: llama-bench's -ctk when a pinned knob sets it, else its f16 default."""
     args = list(bench_args)
@@ -789,9 +782,11 @@ def _screen_method(
     n_layers: int | None = None,
 ) -> str:
     """The screen's measuring tool (``--screen``; docs/llama-bench-cost.md): the one the study was screened
-    with if it holds rounds, else the asked one, else (``auto``) the kernel level where it stands for what
-    llama-bench would time: an NVIDIA GPU with kernels to force, the whole model on the GPU (no pinned
-    -ngl, -nkvo or CPU mask, where the host paces a step) and the live llama-bench (not a test's fake)."""
+    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method` (the rule the dry run
+    plans with): the asked one, else (``auto``) the kernel level where it stands for what llama-bench
+    would time: an NVIDIA GPU with kernels to force, the whole model on the GPU (``base_args``, the pinned
+    runtime knobs' arguments, offload every layer and the KV cache; no CPU mask, where the host paces a
+    step) and the live llama-bench (not a test's fake)."""
     asked = cfg.screen_method
     recorded = st.screen_method
     if recorded is None and st.screen_rounds:
@@ -803,20 +798,17 @@ def _screen_method(
                 f"(another unit). Rerun with --screen {recorded}, or start a new study (--study NAME) to screen with {asked}."
             )
         return recorded
-    nvidia_gpu = cfg.target.arch.vendor == "nvidia" and not cfg.target.is_cpu
-    if asked == METHOD_KERNEL and not (nvidia_gpu and any(kernels.values())):
-        raise UsageError(
-            f"--screen kernel times the FlashAttention kernels tuner can force on an NVIDIA GPU; {cfg.arch} "
-            f"({'no kernel to force' if nvidia_gpu else cfg.target.arch.vendor}) has none. "
-            "Use --screen llama-bench (or auto)."
-        )
-    if asked is None:
-        host_paced = cfg.cpu_mask is not None or not full_offload(base_args, n_layers)
-        asked = (
-            METHOD_KERNEL
-            if nvidia_gpu and any(kernels.values()) and not host_paced and not custom_measure
-            else METHOD_BENCH
-        )
+    asked = screen_method(
+        asked,
+        arch=cfg.arch,
+        vendor=cfg.target.arch.vendor,
+        gpu=not cfg.target.is_cpu,
+        has_kernels=any(kernels.values()),
+        base_args=base_args,
+        n_layers=n_layers,
+        cpu_mask=cfg.cpu_mask,
+        custom_measure=custom_measure,
+    )
     st.set_screen_method(asked)
     return asked
 

@@ -1,0 +1,64 @@
+"""Which tool times the kernel screen (``--screen``; docs/llama-bench-cost.md): one rule for the search and its dry run.
+
+The kernel level (test-backend-ops ``FLASH_ATTN_EXT``, :mod:`tuner.search.kernel_screen`) stands for what
+llama-bench would time only where the whole model runs on the GPU: an NVIDIA GPU with kernels to force,
+every layer and the KV cache offloaded (:func:`tuner.search.residency_gate.full_offload` of the pinned
+llama-bench arguments) and no ``--cpu-mask`` (the host then paces a step), and the live llama-bench (not a
+test's or replay's fake). :func:`tuner.search.pipeline.run_pipeline` and ``tuner search --dry-run``
+(:func:`tuner.search.dryrun.run_dry_run`) both decide with :func:`screen_method`, from the pinned runtime
+knobs rendered by :func:`pinned_runtime`, so the plan names the tool the search will use.
+"""
+
+from __future__ import annotations
+
+__all__ = ["pinned_runtime", "screen_method"]
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.errors import UsageError
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
+from tuner.search.residency_gate import full_offload
+
+
+def pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs; ``fixed`` holds values
+    already coerced by ``space`` (resolved for the model, so a pinned ``-ngl`` is checked against its layers)."""
+    from tuner.plan.space import runtime_env_and_args
+
+    names = {k.name for k in space.runtime_knobs}
+    return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
+
+
+def screen_method(
+    asked: str | None,
+    *,
+    arch: str,
+    vendor: str,
+    gpu: bool,
+    has_kernels: bool,
+    base_args: Sequence[str],
+    n_layers: int | None,
+    cpu_mask: Sequence[int] | None,
+    custom_measure: bool = False,
+) -> str:
+    """The screen's tool for a new study: ``asked`` (``--screen kernel|llama-bench``; None or ``auto``: the rule).
+
+    ``gpu``: the target is a GPU (not the CPU backend); ``has_kernels``: the space has kernels to force in some
+    phase; ``base_args``: the pinned runtime knobs' llama-bench arguments (:func:`pinned_runtime`); ``n_layers``:
+    the model's; ``custom_measure``: a test's or replay's measure replaces llama-bench.
+
+    Raises:
+        UsageError: ``--screen kernel`` where no kernel can be forced on an NVIDIA GPU.
+    """
+    nvidia_gpu = vendor == "nvidia" and gpu
+    if asked == METHOD_KERNEL and not (nvidia_gpu and has_kernels):
+        raise UsageError(
+            f"--screen kernel times the FlashAttention kernels tuner can force on an NVIDIA GPU; {arch} "
+            f"({'no kernel to force' if nvidia_gpu else vendor}) has none. "
+            "Use --screen llama-bench (or auto)."
+        )
+    if asked not in (None, "auto"):
+        return asked
+    host_paced = cpu_mask is not None or not full_offload(base_args, n_layers)
+    return METHOD_KERNEL if nvidia_gpu and has_kernels and not host_paced and not custom_measure else METHOD_BENCH
