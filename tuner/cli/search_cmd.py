@@ -51,9 +51,8 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--time-budget",
             type=click.FloatRange(1),
             default=None,
-            help="Seconds; past this no new round or trial starts, nor a round that would overrun it. What was "
-            "measured stays in the study and the same command resumes. The clock starts when the study opens "
-            "(after a synthesized model's build and quantization).",
+            help="Seconds; no round or trial starts past this or would overrun it. The study keeps what was "
+            "measured and the same command resumes (the clock starts when the study opens).",
         ),
         click.option(
             "--storage",

@@ -3,6 +3,7 @@ before anything measured on it is stored; the first device a study sees is what 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -53,18 +54,13 @@ def _rounds(st: StudyState, device: str, recs: list, stored: list, calls: list, 
 def test_the_first_device_is_recorded_and_another_one_is_refused_with_the_fix() -> None:
     st = StudyState(optuna.create_study(directions=["maximize", "maximize"]))
 
-    class M:
-        info: dict[str, str] = {}
-
-    check_device(st, M())  # nothing measured yet: nothing recorded, nothing refused
+    check_device(st, SimpleNamespace(info={}))  # nothing measured yet: nothing recorded, nothing refused
     assert st.device is None
-    M.info = {"device": H100}
-    check_device(st, M())
-    check_device(st, M())  # the same device again: fine
+    check_device(st, SimpleNamespace(info={"device": H100}))
+    check_device(st, SimpleNamespace(info={"device": H100}))  # the same device again: fine
     assert st.device == H100
-    M.info = {"device": H200}
     with pytest.raises(UsageError) as e:
-        check_device(st, M())
+        check_device(st, SimpleNamespace(info={"device": H200}))
     msg = str(e.value)
     assert H100 in msg and H200 in msg and "--study" in msg and "not stored" in msg
     assert st.device == H100  # the study still names the device its rounds came from
