@@ -60,5 +60,5 @@ def screen_method(
         )
     if asked not in (None, "auto"):
         return asked
-    host_paced = cpu_mask is not None or not full_offload(base_args, n_layers)
+    host_paced = bool(cpu_mask) or not full_offload(base_args, n_layers)
     return METHOD_KERNEL if nvidia_gpu and has_kernels and not host_paced and not custom_measure else METHOD_BENCH
