@@ -9,13 +9,14 @@ where tuner starts a process or a stage, raises :class:`Terminated` for a mark n
 
 from __future__ import annotations
 
-__all__ = ["Terminated", "check", "mark", "sigterm_interrupts"]
+__all__ = ["Terminated", "check", "held", "mark", "sigterm_interrupts"]
 
 import contextlib
 import signal
 from collections.abc import Iterator
 
 _pending = False
+_held = 0
 
 
 class Terminated(KeyboardInterrupt):
@@ -37,6 +38,20 @@ def check() -> None:
 
 
 @contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A block that SIGTERM does not cut (say, one that creates a record and binds it to the name its
+    cleanup needs): a SIGTERM meanwhile is only marked, and raised as :class:`Terminated` as it ends."""
+    global _held
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+    if not _held:
+        check()
+
+
+@contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """A block in which SIGTERM raises :class:`Terminated` (the default would end the process at once,
     without recording the running trial as cut off or releasing the run dir's lock)."""
@@ -44,7 +59,8 @@ def sigterm_interrupts() -> Iterator[None]:
 
     def on_term(signum: int, frame: object) -> None:
         mark()
-        raise Terminated("SIGTERM")
+        if not _held:
+            raise Terminated("SIGTERM")
 
     try:
         old = signal.signal(signal.SIGTERM, on_term)

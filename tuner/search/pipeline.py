@@ -507,12 +507,7 @@ def _tune(
     with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
         while (n_done := tn.count_done(study)) < want:
             _check_budget(deadline, f"tune (after {n_done} trial(s))")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                # Heartbeats are recorded for optimize() only; tn.trial_heartbeat records them for this ask/tell trial.
-                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-                trial = study.ask(dists)
-            with tn.trial_heartbeat(study, storage, trial):
+            with tn.asked_trial(study, storage, dists) as trial:
                 _run_trial(
                     cfg,
                     st,
@@ -555,73 +550,69 @@ def _run_trial(
     builds: _Builds,
     trial: Any,
 ) -> None:
-    """One tune trial, told to the study however it ends (an interruption fails it and queues it again)."""
+    """One tune trial, told to the study however it ends (an interruption is recorded by :func:`tn.asked_trial`)."""
     import optuna
 
     from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
 
+    write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
+    vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
+    variant = str(vals.get("variant", fixed.get("variant", variants[0])))
+    compile_values = compile_values_of(space, vals)
+    changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
+    phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
+    write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
+    # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
+    # (the build renders these values as checked).
+    viol = check_constraints(
+        cfg.arch,
+        cfg.source.era,
+        compile_values,
+        model_shape=dict(shape_d) or None,
+        space=space,
+        source_root=Path(cfg.source.root),
+    )
+    if viol:
+        why = "; ".join(str(v) for v in viol)
+        write_trial(trial, status="infeasible", reason=why)
+        trial.set_constraint("constraint_check", 1.0)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        log.info(f"  [trial {trial.number}] infeasible: {why[:120]}")
+        return
+    trial.set_constraint("constraint_check", 0.0)
     try:
-        write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
-        vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
-        variant = str(vals.get("variant", fixed.get("variant", variants[0])))
-        compile_values = compile_values_of(space, vals)
-        changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
-        phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
-        write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
-        # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
-        # (the build renders these values as checked).
-        viol = check_constraints(
-            cfg.arch,
-            cfg.source.era,
-            compile_values,
-            model_shape=dict(shape_d) or None,
-            space=space,
-            source_root=Path(cfg.source.root),
+        b = builds.get(variant, compile_values)
+        g = _gate(st, cfg, cfg.target.arch, b, shape_d)
+        if g["status"] == "fail":
+            raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
+        env, args = runtime_env_and_args(space, vals)
+        cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
+        objs, ratios, cpu = tn.paired_objectives(
+            factory(builds.get(base_variant, {})),
+            ref,
+            factory(b),
+            cand,
+            phases,
+            cfg.depths,
+            label=f"tune-t{trial.number}",
+            flip=bool(trial.number % 2),
         )
-        if viol:
-            why = "; ".join(str(v) for v in viol)
-            write_trial(trial, status="infeasible", reason=why)
-            trial.set_constraint("constraint_check", 1.0)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            log.info(f"  [trial {trial.number}] infeasible: {why[:120]}")
-            return
-        trial.set_constraint("constraint_check", 0.0)
-        try:
-            b = builds.get(variant, compile_values)
-            g = _gate(st, cfg, cfg.target.arch, b, shape_d)
-            if g["status"] == "fail":
-                raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
-            env, args = runtime_env_and_args(space, vals)
-            cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-            objs, ratios, cpu = tn.paired_objectives(
-                factory(builds.get(base_variant, {})),
-                ref,
-                factory(b),
-                cand,
-                phases,
-                cfg.depths,
-                label=f"tune-t{trial.number}",
-                flip=bool(trial.number % 2),
-            )
-            write_trial(trial, ratios=ratios, cpu=cpu)
-            rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.screen("tg")))
-            trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
-            if rejected:
-                write_trial(trial, rejected=rejected)
-                log.info(f"  [trial {trial.number}] {rejected}")
-            write_trial(trial, status="ok")
-            study.tell(trial, objs)
-            log.info(
-                f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
-                f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
-            )
-        except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
-            write_trial(trial, status="failed", reason=str(err)[:2000])
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
-    except BaseException:  # Ctrl-C, SIGTERM, a lost machine, a bug: the trial measured nothing that counts
-        tn.interrupt_trial(study, trial)
-        raise
+        write_trial(trial, ratios=ratios, cpu=cpu)
+        rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.screen("tg")))
+        trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
+        if rejected:
+            write_trial(trial, rejected=rejected)
+            log.info(f"  [trial {trial.number}] {rejected}")
+        write_trial(trial, status="ok")
+        study.tell(trial, objs)
+        log.info(
+            f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
+            f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
+        )
+    except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
+        write_trial(trial, status="failed", reason=str(err)[:2000])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
 
 
 def _resolved_space(cfg: SearchConfig, space: Any) -> tuple[Any, dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "TUNE_KINDS",
+    "asked_trial",
     "count_done",
     "cpu_rejection",
     "fail_interrupted",
@@ -40,6 +41,7 @@ import platform
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from tuner import interrupts
 from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
 from tuner.study.state import retry_attrs, trial_attr, write_trial_in_storage
@@ -246,6 +248,32 @@ def fail_interrupted(study: Any, storage: Any) -> list[int]:
         except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
             continue
     return out
+
+
+@contextlib.contextmanager
+def asked_trial(study: Any, storage: Any, dists: Mapping[str, Any]) -> Iterator[Any]:
+    """A new (or queued) trial with its heartbeat; a block cut off by Ctrl-C, SIGTERM or an error
+    fails it and queues it again (:func:`interrupt_trial`).
+
+    ``study.ask`` stores the trial RUNNING before it returns it, so SIGTERM is held until the trial is
+    bound here: one in between left it RUNNING with nothing to mark it (seen on a loaded CI box)."""
+    import warnings
+
+    import optuna
+
+    trial = None
+    try:
+        with warnings.catch_warnings(), interrupts.held():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # Heartbeats are recorded for optimize() only; trial_heartbeat records them for this ask/tell trial.
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            trial = study.ask(dists)
+        with trial_heartbeat(study, storage, trial):
+            yield trial
+    except BaseException:
+        if trial is not None:
+            interrupt_trial(study, trial)
+        raise
 
 
 @contextlib.contextmanager

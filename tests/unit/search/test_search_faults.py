@@ -167,6 +167,27 @@ def test_a_trial_cut_off_by_ctrl_c_is_failed_and_run_again(tmp_path: Path) -> No
     assert trials[1].user_attrs["retry_of"] == 0 and not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_while_the_trial_is_asked_for_still_marks_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """study.ask stores the trial RUNNING before it returns it: a SIGTERM in between left it RUNNING and
+    unmarked (a loaded CI box); it is held until the trial is bound, then marks it like any other."""
+    from tuner.interrupts import sigterm_interrupts
+
+    study, tune = _tune_env(tmp_path, steady)
+    create = study._storage.create_new_trial
+
+    def create_then_sigterm(*a, **kw):
+        trial_id = create(*a, **kw)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, inside study.ask
+        return trial_id
+
+    monkeypatch.setattr(study._storage, "create_new_trial", create_then_sigterm)
+    with pytest.raises(KeyboardInterrupt), sigterm_interrupts():
+        tune()
+    assert _states(study) == [(0, "FAIL", "interrupted"), (1, "WAITING", None)]  # failed, and queued again
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # the test's own study.ask()
 def test_a_running_trial_of_a_dead_process_is_reaped_at_start(tmp_path: Path) -> None:
     """kill -9 leaves the trial RUNNING: the next search on this host sees its PID is gone."""
