@@ -27,6 +27,7 @@ __all__ = [
     "CPU_REJECTED",
     "NOISE_CEILING_PCT",
     "TOO_NOISY",
+    "UPSTREAM_KEPT",
     "Diff",
     "Effect",
     "block_effects",
@@ -221,6 +222,11 @@ noisiest phase measured ±16.5% (prefill, a 1B model); a shared 2-core CPU box m
 
 TOO_NOISY = "too noisy"
 """The verdict of every point of a phase :func:`too_noisy` judged."""
+
+UPSTREAM_KEPT = "upstream's kernel kept (forced kernel not faster here)"
+"""The verdict of a confirmed point a narrowed rule no longer covers (:func:`tuner.search.confirm.judge`): the
+forced kernel was measured there and was not faster, so the export keeps upstream's kernel; the measured
+numbers stay in the point under ``measured_*`` keys."""
 
 
 def too_noisy(noises: Sequence[float]) -> bool:

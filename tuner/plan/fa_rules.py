@@ -106,6 +106,12 @@ class FaRule:
         """Whether ``n_kv`` (a depth) lies in the rule's interval ``[lo, hi)``."""
         return self.lo <= n_kv and (self.hi is None or n_kv < self.hi)
 
+    def starting_at(self, lo: int) -> FaRule:
+        """The same rule from n_kv ``lo`` on (its ``hi`` kept); ``lo`` must lie below ``hi``."""
+        if self.hi is not None and lo >= self.hi:
+            raise ValueError(f"{self.text}: a lower bound {lo} is not below its hi {self.hi}")
+        return dataclasses.replace(self, lo=lo)
+
     def widened(self) -> FaRule:
         """The same rule for every n_kv (``lo`` 0, no ``hi``)."""
         return dataclasses.replace(self, lo=0, hi=None)

@@ -201,6 +201,7 @@ def _write_pipeline(
             "bench_args": args,
             "fa_rules": rules_texts(rules),
             "dropped_rules": as_stored(dict(outcome.dropped)),
+            "narrowed_rules": as_stored(dict(outcome.narrowed)),
             "tune_trial": outcome.tuned.trial if outcome.tuned else None,
         },
         "defines": dict(rv.defines),

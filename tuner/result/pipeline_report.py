@@ -325,6 +325,12 @@ def report_text(
         out.append(
             "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"
         )
+    if outcome.narrowed:
+        out.append(
+            "Narrowed after confirm (upstream's kernel kept where the forced kernel was not faster end to end): "
+            + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.narrowed.items())
+            + ".\n"
+        )
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
     if outcome.upstream_phases:

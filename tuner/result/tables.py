@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import Phase
 
 MARKS = {
@@ -43,6 +44,7 @@ MARKS = {
     "too few samples": "?",
     "no noise reference": "?",
     "too noisy": "?",
+    UPSTREAM_KEPT: "~",
 }
 
 _VERDICT_WORDS = {

@@ -122,9 +122,22 @@ def _schema(cfg: Mapping[str, Any]) -> list[str]:
                 errs.append(f"missing key {sec}.{k}")
             elif not isinstance(v, t):
                 errs.append(f"{sec}.{k} should be a {t.__name__}, not {type(v).__name__}")
+    errs += _narrowed_errors(cfg.get("choice"))
     if cfg.get("source", {}).get("era") not in (None, "mma", "rocwmma"):
         errs.append(f"source.era must be 'mma' or 'rocwmma', not {cfg['source']['era']!r}")
     return errs
+
+
+def _narrowed_errors(choice: Any) -> list[str]:
+    """``choice.narrowed_rules`` (optional: results before narrowing lack it): a table of the rules the confirm
+    narrowed, each one an exported rule of ``choice.fa_rules`` (a narrowed rule is exported, its old form not)."""
+    if not isinstance(choice, dict) or "narrowed_rules" not in choice:
+        return []
+    nr = choice["narrowed_rules"]
+    if not isinstance(nr, dict):
+        return [f"choice.narrowed_rules should be a dict, not {type(nr).__name__}"]
+    exported = set(choice.get("fa_rules") or [])
+    return [f"choice.narrowed_rules names {t!r}, which is not one of choice.fa_rules" for t in nr if t not in exported]
 
 
 def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:

@@ -7,7 +7,10 @@ was not measured. Only phases whose config differs from upstream are measured; t
 upstream's by construction and reported so.
 
 What does not confirm is dropped: a rule with a point slower than upstream inside its interval, or
-with no point faster, goes; so does a process-wide knob that makes any point slower. Faster and slower
+with no point faster, goes; so does a process-wide knob that makes any point slower. A kept rule whose
+shallowest inside points are not faster is narrowed to start at its first confirmed-faster depth (a
+kernel change that does not show end to end beyond the noise is reported, not exported), and the
+points it no longer covers are relabelled as upstream's kernel, their measurements kept aside. Faster and slower
 are the search's decision rule's (:mod:`tuner.measure.decide`, through
 :func:`tuner.search.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
 points, Bonferroni over the round counts a point may stop at). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
@@ -17,7 +20,7 @@ The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "extra_depths", "judge", "point_rows", "run_confirm"]
+__all__ = ["FINAL", "extra_depths", "judge", "narrowed_rule", "point_rows", "relabel_rows", "run_confirm"]
 
 import itertools
 import math
@@ -27,7 +30,7 @@ from typing import Any
 
 from tuner import log
 from tuner._hash import stable_hash
-from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.search.compose import judge_phase, open_depths
 from tuner.search.screen import (
@@ -121,10 +124,19 @@ def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) ->
 def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> dict[str, Any]:
     """Which rules (and whether the process-wide knobs) survive the confirmation.
 
-    Returns ``{"kept": (rule, ...), "dropped": {rule: why}, "process_ok": bool, "process_why": str}``.
+    A kept rule whose inside points below its shallowest ``faster`` one are not faster is narrowed to
+    start there (:func:`narrowed_rule`): a kernel change that does not show end to end beyond the noise is
+    reported, not exported. Only where the rules were confirmed alone (``process_changed`` False): with
+    tuned knobs the points measured knobs and kernel together, and upstream's kernel with the knobs alone
+    was never measured, so such a rule is kept whole. The points it no longer covers (and no other kept
+    rule does) are relabelled (:func:`relabel_rows`).
+
+    Returns ``{"kept": (rule, ...), "dropped": {rule: why}, "narrowed": {kept rule: why}, "rows": [the rows,
+    relabelled], "process_ok": bool, "process_why": str}``.
     """
     kept: list[FaRule] = []
     dropped: dict[FaRule, str] = {}
+    narrowed: dict[FaRule, tuple[FaRule, str]] = {}
     for r in rules:
         inside = [x for x in rows if x["phase"] == r.phase.bench and r.covers(x["depth"])]
         v = [x["verdict"] for x in inside]
@@ -142,6 +154,9 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
             )
         elif "faster" not in v:
             dropped[r] = "not faster than upstream at any depth inside it"
+        elif not process_changed and (n := narrowed_rule(r, inside)) is not None:
+            kept.append(n[0])
+            narrowed[n[0]] = (r, n[1])
         else:
             kept.append(r)
     slower = [f"{x['phase']}@d{x['depth']}" for x in rows if x["verdict"] == "slower"]
@@ -153,7 +168,79 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
         + ([f"CPU% up beyond the noise without a t/s gain at {', '.join(costly)}"] if costly else [])
         + ([f"A/A noise above the {NOISE_CEILING_PCT:g}% ceiling in {', '.join(noisy)}"] if noisy else [])
     )
-    return {"kept": tuple(kept), "dropped": dropped, "process_ok": ok, "process_why": "" if ok else why}
+    return {
+        "kept": tuple(kept),
+        "dropped": dropped,
+        "narrowed": {n: why for n, (_, why) in narrowed.items()},
+        "rows": relabel_rows(rows, kept, [old for old, _ in narrowed.values()]),
+        "process_ok": ok,
+        "process_why": "" if ok else why,
+    }
+
+
+def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[FaRule, str] | None:
+    """``(rule from its shallowest confirmed-faster depth on, why)`` where points of ``inside`` (its
+    confirmed points) lie below that depth, none of them faster; None where its shallowest point is faster
+    (or none is)."""
+    faster = [int(x["depth"]) for x in inside if x["verdict"] == "faster"]
+    if not faster:
+        return None
+    first = min(faster)
+    below = sorted(int(x["depth"]) for x in inside if int(x["depth"]) < first)
+    if not below:
+        return None
+    why = f"not faster end to end at depths {below}; starts at {first}, the first confirmed-faster depth"
+    return rule.starting_at(first), f"narrowed from {rule.text}: {why}"
+
+
+_MEASURED = (
+    "kernel",
+    "verdict",
+    "tuned_ts",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "tuned_cpu",
+    "cpu_delta",
+    "cpu_ci_low",
+    "cpu_ci_high",
+    "tuned_core",
+    "tuned_gpu",
+)
+"""A relabelled point's own measurements of the forced kernel, kept as ``measured_<key>``."""
+
+
+def relabel_rows(
+    rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
+) -> list[dict[str, Any]]:
+    """``rows`` with each point that a rule of ``narrowed_from`` (the rules before narrowing) covered and no
+    rule of ``kept`` covers any more relabelled: the export runs upstream's config there (rules confirmed
+    alone: no tuned knobs), so its kernel is upstream's, its verdict :data:`UPSTREAM_KEPT`, its final t/s
+    and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
+    measured stays under ``measured_<key>`` (:data:`_MEASURED`)."""
+    out = []
+    for x in rows:
+        d, ph = int(x["depth"]), x["phase"]
+        was = any(r.phase.bench == ph and r.covers(d) for r in narrowed_from)
+        if not was or any(r.phase.bench == ph and r.covers(d) for r in kept):
+            out.append(dict(x))
+            continue
+        nan = math.nan
+        out.append(
+            {
+                **x,
+                **{f"measured_{k}": x[k] for k in _MEASURED if k in x},
+                "kernel": x.get("upstream_kernel"),
+                "verdict": UPSTREAM_KEPT,
+                "tuned_ts": x.get("base_ts", nan),
+                "speedup": 1.0,
+                "ci_low": nan,
+                "ci_high": nan,
+                **{k: nan for k in ("cpu_delta", "cpu_ci_low", "cpu_ci_high") if k in x},
+                **{f"tuned_{k}": x[f"base_{k}"] for k in ("cpu", "core", "gpu") if f"base_{k}" in x},
+            }
+        )
+    return out
 
 
 def run_confirm(
@@ -188,10 +275,13 @@ def run_confirm(
     # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
+    for r, why in j["narrowed"].items():
+        log.info(f"  kept {r}, {why}")
     unmeasured = [p for p in all_phases if p not in phases]
     return {
         "rules": j["kept"],
         "dropped": j["dropped"],
+        "narrowed": j["narrowed"],
         "tuned": tuned,
         "rows": rows,
         "attempt": attempt,
@@ -301,6 +391,7 @@ def _confirm_attempt(
             raise BudgetReached(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
         rows += point_rows(phase, summarize_phase(phase, mine, depths), mine)
-    j = judge(rules, rows, process_changed=process_changed)
-    st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": j, "phases": phases})
-    return rows, j, phases
+    j = judge(rules, rows, process_changed=process_changed)  # its rows: relabelled where a rule was narrowed
+    judged = {k: v for k, v in j.items() if k != "rows"}
+    st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": judged, "phases": phases})
+    return j["rows"], j, phases

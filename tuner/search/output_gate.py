@@ -406,6 +406,14 @@ def upstream_instead(result: Mapping[str, Any], why: str) -> tuple[dict[str, Any
     rejected = {k: result.get(k) for k in ("rules", "tuned", "rows")}
     dropped = {**dict(result.get("dropped", {})), **{r: why for r in result.get("rules", [])}}
     return (
-        {**result, "rules": (), "tuned": None, "rows": [], "dropped": dropped, "upstream_phases": ["tg", "pp"]},
+        {
+            **result,
+            "rules": (),
+            "tuned": None,
+            "rows": [],
+            "dropped": dropped,
+            "narrowed": {},  # the narrowed rules are dropped with the rest
+            "upstream_phases": ["tg", "pp"],
+        },
         rejected,
     )

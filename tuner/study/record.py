@@ -145,6 +145,9 @@ class SearchOutcome:
     """The confirmed FlashAttention rules (upstream's selection elsewhere)."""
     dropped: Mapping[FaRule, str] = dataclasses.field(default_factory=dict)
     """Composed rules the confirm (or a gate) dropped, with why."""
+    narrowed: Mapping[FaRule, str] = dataclasses.field(default_factory=dict)
+    """Exported rules the confirm narrowed (:func:`tuner.search.confirm.judge`), each with the rule it was and
+    why: a lower bound raised to the first depth it confirmed faster at (empty in a study before narrowing)."""
     tuned: TunedTrial | None = None
     """The confirmed tune trial; None: process-wide and compile-time knobs stay upstream's."""
     rows: tuple[Mapping[str, Any], ...] = ()
@@ -207,6 +210,9 @@ class SearchOutcome:
             dropped={
                 r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])
             },
+            narrowed={
+                r: str(why) for text, why in dict(res.get("narrowed") or {}).items() for r in rules_from_texts([text])
+            },
             tuned=TunedTrial(
                 trial=int(tuned["trial"]),
                 values=dict(tuned.get("values") or {}),
@@ -231,6 +237,8 @@ class SearchOutcome:
             "tuned": self.tuned.stored() if self.tuned else None,
             "rows": [dict(r) for r in self.rows],
         }
+        if self.narrowed:  # written only where the confirm narrowed a rule: older results keep their layout
+            out["narrowed"] = as_stored(dict(self.narrowed))
         if self.attempt is not None:
             out["attempt"] = self.attempt
         out["upstream_phases"] = list(self.upstream_phases)

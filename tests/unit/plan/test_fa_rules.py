@@ -31,11 +31,13 @@ RESULTS = sorted((ROOT / "results").glob("*/*/config.toml"))
 
 
 def _stored_rule_texts(cfg: dict) -> list[str]:
-    """Every rule text a result's config.toml holds: the exported rules, the dropped ones, the rejected ones."""
+    """Every rule text a result's config.toml holds: the exported rules, the dropped ones, the narrowed ones,
+    the rejected ones."""
     choice = cfg["choice"]
     return [
         *choice["fa_rules"],
         *choice.get("dropped_rules", {}),
+        *choice.get("narrowed_rules", {}),
         *((cfg.get("gate") or {}).get("rejected") or {}).get("rules", []),
         *(cfg.get("residency") or {}).get("rejected_rules", []),
     ]
