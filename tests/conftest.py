@@ -9,6 +9,22 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
+def use_render_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tuner.source.fetch_source`` returns the small rendering tree (``tests/data/render/treeA``, era mma), so a
+    dry run renders and checks its space without fetching llama.cpp."""
+    import types
+
+    import tuner.source
+
+    monkeypatch.setattr(
+        tuner.source,
+        "fetch_source",
+        lambda spec=None: types.SimpleNamespace(
+            root=DATA / "render" / "treeA", era="mma", spec=str(spec), source_id="a" * 16, commit="0c1e570"
+        ),
+    )
+
+
 @pytest.fixture(autouse=True)
 def _fresh_local_archs() -> None:
     """Each test detects the GPUs afresh: tuner asks once per process, and tests fake the devices."""

@@ -15,10 +15,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import use_render_tree
 from tuner.cli import _COMMANDS, cli
 
 REPO = Path(__file__).resolve().parents[3]
-TREE_A = REPO / "tests" / "data" / "render" / "treeA"
 
 
 def _section(md: str, title: str) -> list[str]:
@@ -36,15 +36,8 @@ def dry_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dry run on the test tree, on a machine without the HIP toolchain (nothing may compile)."""
     import tuner.builder.cmake
     import tuner.builder.hip
-    import tuner.source
 
-    monkeypatch.setattr(
-        tuner.source,
-        "fetch_source",
-        lambda spec=None: types.SimpleNamespace(
-            root=TREE_A, era="mma", spec=str(spec), source_id="a" * 16, commit="0c1e570"
-        ),
-    )
+    use_render_tree(monkeypatch)
     monkeypatch.setattr(tuner.builder.hip, "find_hip_toolchain", lambda: None)
 
     def no_build(*a: object, **k: object) -> None:

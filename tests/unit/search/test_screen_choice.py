@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.conftest import use_render_tree
 from tuner.cli import cli
 from tuner.errors import TunerError, UsageError
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.screen_choice import screen_method
 
 REPO = Path(__file__).resolve().parents[3]
-TREE_A = REPO / "tests" / "data" / "render" / "treeA"
 LIKE = "llama-3.2-1b"  # 16 layers: -ngl 17 offloads everything
 
 
@@ -25,15 +25,8 @@ LIKE = "llama-3.2-1b"  # 16 layers: -ngl 17 offloads everything
 def dry_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     """The dry run on the test tree; nothing compiles."""
     import tuner.builder.cmake
-    import tuner.source
 
-    monkeypatch.setattr(
-        tuner.source,
-        "fetch_source",
-        lambda spec=None: types.SimpleNamespace(
-            root=TREE_A, era="mma", spec=str(spec), source_id="a" * 16, commit="0c1e570"
-        ),
-    )
+    use_render_tree(monkeypatch)
 
     def no_build(*a: object, **k: object) -> None:
         raise TunerError("nothing compiles in this test")
