@@ -570,9 +570,9 @@ def _plan_screen(
     Raises:
         UsageError: ``--screen kernel`` where the search refuses it.
     """
-    from tuner.search.screen_choice import pinned_runtime, screen_method
+    from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 
-    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in sets.items()}
+    fixed = coerce_pins(space, sets)
     _, base_args = pinned_runtime(space, fixed)
     method = screen_method(
         inputs.screen,

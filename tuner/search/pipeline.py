@@ -48,7 +48,7 @@ from tuner.search.screen import (
     run_phase_rounds,
     summarize_phase,
 )
-from tuner.search.screen_choice import pinned_runtime, screen_method
+from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.study.record import SearchOutcome, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
@@ -156,7 +156,7 @@ def run_pipeline(
             f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
             f"for era {source.era}; it has {space.variants}."
         )
-    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
+    fixed = coerce_pins(space, cfg.fixed)
     shape_d = _model_shape(cfg.model)
     _check_depths(cfg.depths, shape_d)
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
@@ -441,7 +441,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
         )
     source = cfg.source
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
-    fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
+    fixed = coerce_pins(space, cfg.fixed)
     shape_d = _model_shape(cfg.model)
     _record_attrs(st, cfg, source, shape_d, legal)
     base_env, base_args = pinned_runtime(space, fixed)

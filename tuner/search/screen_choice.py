@@ -11,7 +11,7 @@ knobs rendered by :func:`pinned_runtime`, so the plan names the tool the search 
 
 from __future__ import annotations
 
-__all__ = ["pinned_runtime", "screen_method"]
+__all__ = ["coerce_pins", "pinned_runtime", "screen_method"]
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +19,11 @@ from typing import Any
 from tuner.errors import UsageError
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
+
+
+def coerce_pins(space: Any, pins: Mapping[str, Any]) -> dict[str, Any]:
+    """``--set`` pins as ``space``'s knobs take them (``variant`` names a build, not a knob: kept as given)."""
+    return {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in pins.items()}
 
 
 def pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
