@@ -5,7 +5,7 @@ one stops the search before anything it measured is stored."""
 
 from __future__ import annotations
 
-__all__ = ["check_device", "held"]
+__all__ = ["OtherDevice", "check_device", "held"]
 
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +13,11 @@ from typing import Any
 from tuner.errors import UsageError
 from tuner.search.observed import Observed
 from tuner.study.state import StudyState
+
+
+class OtherDevice(UsageError):
+    """A study's measurement came from another device than the one its rounds were measured on. Not a failed
+    trial (a tune trial lets it through): the process must stop, so the trial is queued for a matching one."""
 
 
 def check_device(st: StudyState, measure: Any) -> None:
@@ -25,7 +30,7 @@ def check_device(st: StudyState, measure: Any) -> None:
     if recorded is None:
         st.set_device(device)
     elif recorded != device:
-        raise UsageError(
+        raise OtherDevice(
             f"This study was measured on {recorded}, but this machine measures on {device}. A study's rounds "
             "are compared with each other, so all of them must come from one device model; what this machine "
             "just measured was not stored. Resume the study on a machine with the same device, or start a new "

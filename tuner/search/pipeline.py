@@ -32,7 +32,7 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
-from tuner.search.device_guard import held
+from tuner.search.device_guard import OtherDevice, held
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 
@@ -609,6 +609,8 @@ def _run_trial(
             f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
             f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
         )
+    except OtherDevice:  # not this trial's failure: the worker stops, asked_trial queues the trial again
+        raise
     except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
         write_trial(trial, status="failed", reason=str(err)[:2000])
         study.tell(trial, state=optuna.trial.TrialState.FAIL)

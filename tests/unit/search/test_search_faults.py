@@ -13,6 +13,7 @@ import textwrap
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,6 +166,27 @@ def test_a_trial_cut_off_by_ctrl_c_is_failed_and_run_again(tmp_path: Path) -> No
     assert tn.count_done(study2) == 2  # the count asked for is reached: the cut-off trial does not count
     assert [s for _, s, _ in _states(study2)].count("COMPLETE") == 2 and trials[1].params == t0.params
     assert trials[1].user_attrs["retry_of"] == 0 and not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+
+
+def test_a_worker_on_another_device_stops_and_leaves_the_trial_for_a_matching_one(tmp_path: Path) -> None:
+    """The device check's refusal is not a failed trial: the tune stops, the trial is queued again."""
+    from tuner.search.device_guard import OtherDevice, held
+    from tuner.study.state import StudyState
+
+    box: dict[str, Any] = {}
+    study, tune = _tune_env(tmp_path, lambda *a: box["m"](*a))
+    st = StudyState(study)
+    st.set_device("GPU A")  # the study's rounds came from GPU A
+
+    def on_gpu_b(c, phase, depths, label):
+        return steady(c, phase, depths, label)
+
+    on_gpu_b.info = {"device": "GPU B"}
+    box["m"] = held(st, lambda b: on_gpu_b)(None)
+    with pytest.raises(OtherDevice, match="GPU A"):
+        tune()
+    assert _states(study) == [(0, "FAIL", "interrupted"), (1, "WAITING", None)]
+    assert st.device == "GPU A"
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
