@@ -204,7 +204,7 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(
     assert cost["llama_bench_calls"] > 2 and cost["tune_trials"] == len(result.trials) == 3
     assert "gates_s" in cost and "build_s" in cost and "model_s" not in cost  # --model given: nothing synthesized
     assert "**Cost** (resumed runs summed): build_s" in (out / "report.md").read_text()
-    # the device the measures reported is the study's (every measure goes through device_guard.held)
+    # the device the measures reported is the study's (every measure goes through device_guard.device_checked)
     assert tomllib.loads((out / "config.toml").read_text())["target"]["measured_on"] == "fake llama-bench"
     # resumed on the finished study: nothing is measured again, and the times add to the first run's
     again = run_pipeline(cfg, measure_factory=_threads_one_is_faster).cost

@@ -5,7 +5,7 @@ one stops the search before anything it measured is stored."""
 
 from __future__ import annotations
 
-__all__ = ["OtherDevice", "check_device", "held"]
+__all__ = ["OtherDevice", "check_device", "device_checked"]
 
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +38,7 @@ def check_device(st: StudyState, measure: Any) -> None:
         )
 
 
-def held(st: StudyState, factory: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def device_checked(st: StudyState, factory: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``factory`` whose measures call :func:`check_device` after every call (``joint`` too)."""
 
     def make(build: Any) -> Observed:

@@ -32,7 +32,7 @@ from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
 from tuner.search.cost import past_cost_line
-from tuner.search.device_guard import OtherDevice, held
+from tuner.search.device_guard import OtherDevice, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 
@@ -234,16 +234,14 @@ def _run_stages(
             f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
             f"log: {gate.get('log')}. Nothing was measured."
         )
-    factory = _counted(st, held(st, measure_factory or (lambda b: _live(cfg, b))))
+    factory = _counted(st, device_checked(st, measure_factory or (lambda b: _live(cfg, b))))
     measure = factory(build)
     rounds = (cfg.min_rounds, cfg.max_rounds)
     kernels = {p: kernels_for(space, p) for p in PHASES}
     method = _screen_method(
         st, cfg, kernels, base_args, custom_measure=measure_factory is not None, n_layers=shape_d.get("n_layers")
     )
-    screen_measure = (
-        measure if method == METHOD_BENCH else held(st, lambda b: _kernel_measure(cfg, b, shape_d, base_args))(build)
-    )
+    screen_measure = measure if method == METHOD_BENCH else _kernel_measure(cfg, st, build, shape_d, base_args)
     confirm_ds = sorted(
         set(cfg.depths)
         | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
@@ -457,7 +455,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
             rules_from_texts(composed["rules"]),
             base_env,
             base_args,
-            _counted(st, held(st, lambda b: _live(cfg, b))),
+            _counted(st, device_checked(st, lambda b: _live(cfg, b))),
             deadline,
             _Builds(cfg, space),
         )
@@ -815,21 +813,27 @@ def _confirm_factory(
     if measure_factory is not None or tuned or any(r.phase is Phase.PREFILL for r in rules):
         return factory
     ride = dataclasses.replace(cfg, reps_pp=min(cfg.reps_pp, cfg.reps_tg))
-    return _counted(st, held(st, lambda b: _live(ride, b)))
+    return _counted(st, device_checked(st, lambda b: _live(ride, b)))
 
 
-def _kernel_measure(cfg: SearchConfig, build: Any, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:
+def _kernel_measure(
+    cfg: SearchConfig, st: StudyState, build: Any, shape: Mapping[str, int], base_args: Sequence[str]
+) -> Any:
+    """The op-level screen's measure (test-backend-ops FLASH_ATTN_EXT), held to the study's device."""
     from tuner.search.kernel_screen import make_kernel_measure
 
-    return make_kernel_measure(
-        build.bin_dir,
-        shape,
-        pp=cfg.pp,
-        tg=cfg.tg,
-        kv_type=_kv_type(base_args),
-        bench_args=base_args,
-        log_dir=cfg.run_dir / "logs" / "kernel-screen",
-    )
+    def make(b: Any) -> Any:
+        return make_kernel_measure(
+            b.bin_dir,
+            shape,
+            pp=cfg.pp,
+            tg=cfg.tg,
+            kv_type=_kv_type(base_args),
+            bench_args=base_args,
+            log_dir=cfg.run_dir / "logs" / "kernel-screen",
+        )
+
+    return device_checked(st, make)(build)
 
 
 def _live(cfg: SearchConfig, build: Any) -> Any:

@@ -11,7 +11,7 @@ import pytest
 
 from tuner.errors import UsageError
 from tuner.search.cost import counted
-from tuner.search.device_guard import check_device, held
+from tuner.search.device_guard import check_device, device_checked
 from tuner.search.screen import candidates_for, run_joint_rounds
 from tuner.study.state import StudyState
 
@@ -44,7 +44,7 @@ def _factory(device: str, calls: list[str]):
 
 
 def _rounds(st: StudyState, device: str, recs: list, stored: list, calls: list, n: int) -> None:
-    m = counted(st, held(st, _factory(device, calls)))(None)
+    m = counted(st, device_checked(st, _factory(device, calls)))(None)
     cands = {"tg": candidates_for("tg", ["VEC", "TILE"]), "pp": candidates_for("pp", ["TILE"])}
     run_joint_rounds(
         m.joint, cands, DEPTHS, recs, pp_tokens=512, min_rounds=n, max_rounds=n, on_round=stored.append, prior=()

@@ -170,7 +170,7 @@ def test_a_trial_cut_off_by_ctrl_c_is_failed_and_run_again(tmp_path: Path) -> No
 
 def test_a_worker_on_another_device_stops_and_leaves_the_trial_for_a_matching_one(tmp_path: Path) -> None:
     """The device check's refusal is not a failed trial: the tune stops, the trial is queued again."""
-    from tuner.search.device_guard import OtherDevice, held
+    from tuner.search.device_guard import OtherDevice, device_checked
     from tuner.study.state import StudyState
 
     box: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def test_a_worker_on_another_device_stops_and_leaves_the_trial_for_a_matching_on
         return steady(c, phase, depths, label)
 
     on_gpu_b.info = {"device": "GPU B"}
-    box["m"] = held(st, lambda b: on_gpu_b)(None)
+    box["m"] = device_checked(st, lambda b: on_gpu_b)(None)
     with pytest.raises(OtherDevice, match="GPU A"):
         tune()
     assert _states(study) == [(0, "FAIL", "interrupted"), (1, "WAITING", None)]
