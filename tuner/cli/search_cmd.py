@@ -116,13 +116,13 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--confirm-extra",
             type=click.IntRange(0, 8),
             default=None,
-            help="Depths the confirm stage adds between the ladder's (default 2; each costs a depth fill per call).",
+            help="Depths the confirm stage adds between the ladder's, shallowest first from 8192 (default 1; each costs a depth fill per call).",
         ),
         click.option(
             "--refine",
             type=click.IntRange(0, 10),
             default=None,
-            help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU).",
+            help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU; llama-bench screen only: the op-level screen does not refine, the confirm places boundaries).",
         ),
         click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
         click.option(
@@ -201,6 +201,7 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
     """--dry-run: the plan uses the flags the real run would get, with the GPU defaults where not given."""
     from tuner.search.dryrun import PlanInputs, run_dry_run
     from tuner.search.request import GPU_DEFAULTS as d
+    from tuner.search.study import SearchConfig
 
     if kw["model"] and kw["like"]:
         raise UsageError("give either --model GGUF or --like NAME, not both.")
@@ -212,7 +213,7 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
         min_rounds=kw["min_rounds"],
         max_rounds=kw["max_rounds"] or d.max_rounds,
         refine=kw["refine"] if kw["refine"] is not None else d.refine,
-        confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else 2,
+        confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else SearchConfig.confirm_extra,
         # the real search's rule (tuner.search.screen_choice.screen_method) resolves these in run_dry_run
         screen=kw["screen"],
         cpu_mask=kw["cpu_mask"],

@@ -132,9 +132,7 @@ def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
 
 def _changed(c: CellStats) -> list[str]:
     """The candidates of a cell that ran another kernel than upstream's there (they can change a decision)."""
-    return [
-        n for n in c.effects if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel
-    ]
+    return c.changed
 
 
 def sequential_calls(cells: Mapping[int, CellStats]) -> dict[tuple[int, str], Call]:

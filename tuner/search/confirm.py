@@ -49,16 +49,18 @@ from tuner.study.state import StudyState
 FINAL = "final"
 
 
-def extra_depths(ladder: Sequence[int], *, limit: int = 2, max_depth: int | None = None) -> list[int]:
+def extra_depths(ladder: Sequence[int], *, limit: int = 1, max_depth: int | None = None) -> list[int]:
     """Depths the screen did not use: halfway between consecutive ladder depths from 8192 up (where
-    rule boundaries live), at most ``limit`` of them, the shallowest and the deepest first."""
+    rule boundaries live), at most ``limit`` of them: the shallowest, then the deepest, then the rest
+    from the shallow end. The shallow ones come first because they are cheap (a call fills every depth
+    it measures) and sit where measured boundaries are (docs/llama-bench-cost.md)."""
     ds = sorted(set(ladder))
     mids = [(a + b) // 2 // 256 * 256 for a, b in itertools.pairwise(ds) if a >= 8192]
     mids = [m for m in mids if m not in ds and (max_depth is None or m <= max_depth)]
     if len(mids) <= limit:
         return mids
-    picked = [mids[0], mids[-1]] if limit >= 2 else [mids[-1]]
-    return sorted(set(picked))[:limit]
+    order = [mids[0], mids[-1], *mids[1:-1]]
+    return sorted(order[:limit])
 
 
 def point_rows(

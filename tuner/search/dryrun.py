@@ -144,7 +144,7 @@ class PlanInputs:
     min_rounds: int = 3
     max_rounds: int = 6
     refine: int = 1
-    confirm_extra: int = 2
+    confirm_extra: int = 1
     screen: str = "auto"
     """``--screen``: ``auto``, ``kernel`` (FLASH_ATTN_EXT alone) or ``llama-bench``; the search's own rule
     (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
@@ -305,18 +305,13 @@ def _kernel_screen_stages(
             seconds=(per_round * rmin * cases * case_s, per_round * rmax * cases * case_s),
             cost=f"{case_s:g} s per candidate and case",
         ),
-        _stage(
-            "screen: refine",
-            f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between depths",
-            calls=(0, inputs.refine * sum(n_cands.values()) * rmax),
-            seconds=(0.0, inputs.refine * sum(n_cands.values()) * rmax * case_s),
-            cost=f"{case_s:g} s per candidate and case",
-        ),
+        # No refinement at the op level (pipeline._refine_steps): the confirm places the boundaries.
         _stage(
             "compose",
             "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
             "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
-            "nothing is run. The confirm stage then judges the rules end to end",
+            "nothing is run. No boundary refinement at the op level: the confirm stage judges the rules end to end "
+            "and narrows each to where it pays",
         ),
     ]
 

@@ -347,7 +347,8 @@ def _screen_all(
     deadline: float | None,
     decisions: dict[str, list[comp.Decision]],
 ) -> None:
-    """Screen each phase (resumable: finished phases are marked done), refine boundaries, compose.
+    """Screen each phase (resumable: finished phases are marked done), refine boundaries (llama-bench
+    screen only, :func:`_refine_steps`), compose.
 
     Phases not yet done are first screened together in shared llama-bench calls where the measure
     can (the ladder depths); each phase then refines its own boundaries alone."""
@@ -356,6 +357,7 @@ def _screen_all(
         st.append_screen_round(r)
 
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
+    refine = _refine_steps(cfg, st.screen_method or METHOD_BENCH)  # _screen_method recorded the tool
     todo = [p for p in PHASES if not st.screen_done(p)]
     joint = getattr(measure, "joint", None)
     if joint is not None and len(todo) > 1:
@@ -403,7 +405,7 @@ def _screen_all(
                 for extra in st.refined(phase):  # a resumed call completes earlier refinements
                     screen([int(extra)], recs)
                 _check_budget(deadline, f"screen {phase}")
-                for _ in range(cfg.refine - len(st.refined(phase))):
+                for _ in range(refine - len(st.refined(phase))):
                     new = comp.bisect_depths(comp.compose_phase(phase, summarize_phase(phase, recs, depths)), depths)
                     if not new:
                         break
@@ -761,6 +763,21 @@ def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mappi
     if not st.has_toolchain():
         st.set_toolchain(dict(build.meta.get("toolchain", {})))
     return res
+
+
+def _refine_steps(cfg: SearchConfig, method: str) -> int:
+    """Bisection steps for the screen: ``--refine`` with llama-bench, none at the op level.
+
+    The op level places a rule's boundary several times too shallow (docs/llama-bench-cost.md: MMA beat
+    VEC at the op from d6144 on the 1B, end to end only from d32768), so a bisection there buys a boundary
+    the confirm moves anyway (:func:`tuner.search.confirm.narrowed_rule`); its rounds cost about a minute."""
+    if method == METHOD_BENCH or cfg.refine == 0:
+        return cfg.refine
+    log.info(
+        f"Screen: no boundary refinement at the op level (--refine {cfg.refine} applies to the llama-bench "
+        "screen); the confirm measures the rules end to end and narrows them to where they pay"
+    )
+    return 0
 
 
 def _screen_method(

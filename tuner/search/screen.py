@@ -117,6 +117,8 @@ def _bench_said(error: str) -> tuple[str, str]:
 
 UPSTREAM = "upstream"
 AA_NAME = "upstream-aa"
+EARLY_SETTLE_ROUNDS = 2
+"""Rounds after which a depth settled by futility stops, below ``min_rounds`` (:func:`depths_to_measure`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -352,13 +354,24 @@ def depths_to_measure(
     Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within
     ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled. Rounds
     are counted per depth: a round that measured only the open depths counts for those.
+
+    A depth that ``settle`` calls settled after :data:`EARLY_SETTLE_ROUNDS` rounds stops there, before
+    ``min_rounds``: below the minimum nothing can be claimed (the decision rule gives those round counts
+    no alpha), so a settled depth is one where every candidate that runs another kernel than upstream's
+    is settled by futility (its upper bound is below the practical minimum, e.g. TILE forced for
+    prefill on an H100 at a tenth of MMA's speed); not a depth where none does (a confirm's points
+    outside every rule: those keep ``min_rounds``, their A/A rounds are the noise the report shows). Stopping there
+    only gives up claims, so the rule's error guarantee is unchanged.
     """
     st = summarize_phase(phase, mine, depths)
     n = {d: sum(1 for r in mine if str(d) in r["values"].get(UPSTREAM, {})) for d in depths}
     open_ = settle(phase, st) if settle is not None else set(depths)
     out = []
     for d in depths:
-        if n[d] < min_rounds or (
+        settled_early = (
+            settle is not None and d not in open_ and n[d] >= EARLY_SETTLE_ROUNDS and d in st and bool(st[d].changed)
+        )
+        if (n[d] < min_rounds and not settled_early) or (
             n[d] < max_rounds and d in open_ and not (d in st and st[d].max_halfwidth <= target_ci)
         ):
             out.append(d)
@@ -497,6 +510,15 @@ class CellStats:
     @property
     def max_halfwidth(self) -> float:
         return max((e.halfwidth_pct for e in self.effects.values()), default=math.inf)
+
+    @property
+    def changed(self) -> list[str]:
+        """The candidates that ran another kernel than upstream's here (they can change a decision)."""
+        return [
+            n
+            for n in self.effects
+            if n != self.aa and self.kernels.get(n) is not None and self.kernels.get(n) != self.upstream_kernel
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         return {

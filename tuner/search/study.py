@@ -69,8 +69,9 @@ class SearchConfig:
     """Percent half-width of a paired 95% CI at which rounds stop."""
     refine: int = 1
     """Bisection steps at kernel boundaries."""
-    confirm_extra: int = 2
-    """Depths the confirm stage adds between ladder depths."""
+    confirm_extra: int = 1
+    """Depths the confirm stage adds between ladder depths (the shallowest midpoints from 8192: where a
+    rule's boundary is checked cheaply; a deep midpoint costs a long depth fill in every call)."""
     cpu_mask: tuple[int, ...] | None = None
     """CPUs every llama-bench call is pinned to (``--cpu-mask``; None: not pinned)."""
     reps_pp: int = 8

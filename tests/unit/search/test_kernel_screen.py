@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,12 @@ def test_report_says_the_screen_was_timed_at_the_op_level() -> None:
     e2e = _screen_section(outcome_from_attrs(attrs))
     assert "op runs/s upstream" in op and "not tokens per second" in op
     assert "t/s upstream" in e2e and "op runs/s" not in e2e
+
+
+def test_the_op_level_screen_does_not_refine_boundaries() -> None:
+    # The op level places boundaries several times too shallow; the confirm narrows them instead.
+    from tuner.search.pipeline import _refine_steps
+
+    assert _refine_steps(types.SimpleNamespace(refine=2), METHOD_BENCH) == 2
+    assert _refine_steps(types.SimpleNamespace(refine=2), METHOD_KERNEL) == 0
+    assert _refine_steps(types.SimpleNamespace(refine=0), METHOD_KERNEL) == 0

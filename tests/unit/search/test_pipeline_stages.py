@@ -224,7 +224,10 @@ def test_confirm_keeps_only_what_confirms() -> None:
     assert "slower" in j["dropped"][pp] and "at any depth" in j["dropped"][shallow]
     assert j["process_ok"]
     assert not conf.judge([], rows, process_changed=True)["process_ok"]
-    assert conf.extra_depths(DEPTHS) == [12288, 49152]
+    assert conf.extra_depths(DEPTHS) == [12288]  # the default: one cheap shallow midpoint
+    assert conf.extra_depths(DEPTHS, limit=2) == [12288, 49152]
+    assert conf.extra_depths((*DEPTHS, 131072), limit=3) == [12288, 24576, 98304]
+    assert conf.extra_depths(DEPTHS, limit=0) == []
     assert conf.extra_depths([0, 1024, 4096]) == []
 
 
@@ -663,7 +666,9 @@ def test_settled_depths_get_no_more_rounds() -> None:
         target_ci=0.1,
         settle=comp.open_depths,
     )
-    assert all(c[2] == tuple(ds) for c in calls[:9])  # the minimum rounds measure every depth
+    assert all(c[2] == tuple(ds) for c in calls[:6])  # the first two rounds measure every depth
+    # d0 (TILE 10% slower) is settled by futility after two; the claim at 65536 needs the minimum of three
+    assert all(c[2] == (32768, 65536) for c in calls[6:9])
     later = {c[2] for c in calls[9:]}
     assert later == {(32768,)}  # then only the undecided depth
     cells = summarize_phase("tg", recs, ds)
@@ -717,3 +722,28 @@ def test_noise_floor_follows_a_depths_own_rounds() -> None:
     assert cells[32768].effects["VEC"].n == 12 and cells[0].effects["VEC"].n == 3
     assert comp.noise_floor(cells, 32768) < 0.6 * comp.noise_floor(cells, 0)
     assert math.isclose(comp.noise_floor(cells, 0), comp.noise_floor(cells, 65536))
+
+
+def test_a_depth_settled_by_futility_stops_before_the_minimum() -> None:
+    # TILE forced for prefill at a tenth of upstream's speed: settled after two rounds, where nothing could
+    # be claimed anyway. A depth where TILE might pay keeps the minimum and more.
+    from tuner.search.compose import open_depths
+
+    def tile_slow_shallow(k: str, d: int) -> float:
+        return 900.0 * (0.1 if k == "TILE" and d < 32768 else 1.06 if k == "TILE" else 1.0)
+
+    recs: list = []
+    run_phase_rounds(
+        fake(tile_slow_shallow, jitter=0.01, upstream="MMA"),
+        "pp",
+        candidates_for("pp", ["MMA", "TILE"]),
+        DEPTHS,
+        recs,
+        min_rounds=3,
+        max_rounds=6,
+        target_ci=0.1,
+        settle=open_depths,
+    )
+    n = {d: sum(str(d) in r["values"][UPSTREAM] for r in recs) for d in DEPTHS}
+    assert [n[d] for d in DEPTHS if d < 32768] == [2, 2, 2, 2]
+    assert n[32768] >= 3 and n[65536] >= 3

@@ -140,3 +140,14 @@ def test_the_rule_alone() -> None:
         screen_method(METHOD_KERNEL, base_args=[], cpu_mask=None, **{**kw, "has_kernels": False})
     with pytest.raises(UsageError, match=r"gfx1151 \(amd\)"):
         screen_method(METHOD_KERNEL, base_args=[], cpu_mask=None, **{**kw, "arch": "gfx1151", "vendor": "amd"})
+
+
+def test_the_plan_refines_only_with_the_llama_bench_screen(dry_tree: None) -> None:
+    def stages(screen: str) -> list[str]:
+        args = ["search", "--arch", "sm_90", "--like", LIKE, "--dry-run", "--json", "--screen", screen]
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, (res.stderr, res.exception)
+        return [s["stage"] for s in json.loads(res.stdout)["plan"]["stages"]]
+
+    assert "screen: refine" in stages("llama-bench")
+    assert "screen: refine" not in stages("auto")  # the op level: the confirm places boundaries
