@@ -16,7 +16,12 @@ The variance is pooled over the configurations of each depth (rounds as blocks: 
 mean square with (R-1)(C-1) degrees of freedom, as :func:`tuner.measure.paired.block_effects`); with
 ``pool="phase"`` it is pooled over the phase's depths as well. ``se = sqrt(2 s^2 / R)``, Student-t.
 
-Decision, per *family* (the cells of one phase; a search has two phases, each gets ``alpha / 2``):
+Decision, per *family* (the cells of one phase; a search has two phases, each gets ``alpha / 2``). The
+family holds only the cells that can differ from upstream (:func:`tuner.search.compose.sequential_calls`):
+a candidate that ran upstream's own kernel at a depth (a confirm's final config where no rule covers the
+depth) runs the identical kernel path, so its cell is A/A by construction and no hypothesis; it is not
+tested and does not raise the other cells' Holm thresholds. Which kernel ran decides the family, not the
+measured t/s, so Holm's guarantee over the cells tested is unchanged (a cell with an unknown kernel stays):
 
 1. each cell's two-sided p-value of ``mean(d) = 0`` is divided by the alpha share of the round count
    ``n`` it stopped at (weighted Bonferroni over the sequential looks, :func:`look_weight`: a cell can

@@ -12,12 +12,19 @@ winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
   the depth halfway between them for another screen round (the boundary then moves there);
 * rules carry the model's shape (head size, GQA ratio, K/V type): a rule found on one model never
   changes the kernel of a differently shaped model run with the same build.
+
+Faster and slower are the decision rule's (:mod:`tuner.measure.decide`, :func:`sequential_calls`): Holm's
+family of a phase is the cells that can differ from upstream; a candidate that ran upstream's own kernel
+at a depth (a confirm's final config where no rule covers it) is A/A there by construction and no
+hypothesis of the family.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "FAMILIES",
     "Decision",
+    "Family",
     "Shape",
     "bisect_depths",
     "compose_phase",
@@ -36,7 +43,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from scipy import stats as _stats
 
@@ -44,6 +51,11 @@ from tuner.measure.decide import Call, decide, phase_tests
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, rejects_cpu_cost, too_noisy, verdict
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.search.screen import UPSTREAM, CellStats
+
+Family = Literal["changed", "all"]
+FAMILIES = ("changed", "all")
+"""Holm's family of a phase (:func:`sequential_calls`): ``changed`` leaves out the cells where a candidate ran
+upstream's own kernel (the search's), ``all`` tests every cell (a config that differs beyond the kernel)."""
 
 RULES = ("sequential", "aa-bar")
 """The decision rules: ``sequential`` (:mod:`tuner.measure.decide`, the search's) and ``aa-bar`` (the
@@ -135,9 +147,25 @@ def _changed(c: CellStats) -> list[str]:
     return c.changed
 
 
-def sequential_calls(cells: Mapping[int, CellStats]) -> dict[tuple[int, str], Call]:
+def _unchanged(c: CellStats, name: str) -> bool:
+    """The candidate ran upstream's own kernel here (both kernels known and the same): its cell is A/A."""
+    k = c.kernels.get(name)
+    return k is not None and k == c.upstream_kernel
+
+
+def sequential_calls(cells: Mapping[int, CellStats], *, family: Family = "changed") -> dict[tuple[int, str], Call]:
     """:func:`tuner.measure.decide.decide` over one phase's cells: every candidate with an effect, the A/A
-    twin left out, at every depth that has an A/A twin (without one nothing is tested or claimed)."""
+    twin left out, at every depth that has an A/A twin (without one nothing is tested or claimed).
+
+    ``family="changed"`` (the search's): a candidate that ran upstream's own kernel at a depth (both
+    kernels known and the same; a confirm's final config where no rule covers the depth) is no hypothesis
+    of Holm's family. Its cell runs the identical kernel path as upstream, so it is A/A by construction:
+    it is not tested (a tiny p-value there is noise, never a claim) and does not raise the other cells'
+    Holm thresholds; Holm's guarantee over the cells that are tested is unchanged. It still gets a call
+    for the report: ``no difference``, settled, ``p_adjusted`` 1, its estimate as the effect. A candidate
+    whose kernel is unknown stays in the family. This holds only where a candidate differs from upstream
+    in the kernel it forces and nothing else: a config with other process knobs or another build can
+    differ at every depth, so its caller passes ``family="all"`` (every cell is tested, as before)."""
     tests = phase_tests(
         {
             d: (c.series, UPSTREAM, c.aa, [n for n in c.effects if n != c.aa])
@@ -147,16 +175,27 @@ def sequential_calls(cells: Mapping[int, CellStats]) -> dict[tuple[int, str], Ca
     )
     lims = [c.limits for c in cells.values()]
     limits = (min((x[0] for x in lims), default=1), max((x[1] for x in lims), default=1))
-    return decide({(d, n): t for d, ts in tests.items() for n, t in ts.items()}, limits=limits)
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}")
+    flat = {(d, n): t for d, ts in tests.items() for n, t in ts.items()}
+    tested = {k: t for k, t in flat.items() if family == "all" or not _unchanged(cells[k[0]], k[1])}
+    calls = decide(tested, limits=limits)
+    for k, t in flat.items():
+        if k not in calls:
+            eff = 100.0 * math.expm1(t.mean) if math.isfinite(t.mean) else math.nan
+            calls[k] = Call(verdict="no difference", settled=True, p_adjusted=1.0, effect_pct=eff)
+    return calls
 
 
-def open_depths(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> set[int]:
+def open_depths(
+    phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
+) -> set[int]:
     """The depths whose decision more rounds could still change: the screen's and the confirm's settle rule.
 
     ``sequential`` (the search's rule, :func:`sequential_calls`): a depth is open while a candidate that
     ran another kernel than upstream's there is neither claimed (faster or slower) nor settled by
     futility (its one-sided 95% upper bound below the practical minimum), and while a depth with such a
-    candidate has no A/A twin yet. ``aa-bar`` (the earlier rule):
+    candidate has no A/A twin yet; ``family``: :func:`sequential_calls`'. ``aa-bar`` (the earlier rule):
 
     Only a candidate that ran another kernel than upstream's there can change a decision (the A/A
     pair and a confirm's final config where no rule fires measure noise). A depth is settled once one
@@ -167,7 +206,7 @@ def open_depths(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequ
     noise is known yet, a depth with such a candidate stays open.
     """
     if rule == "sequential":
-        calls = sequential_calls(cells)
+        calls = sequential_calls(cells, family=family)
         return {
             d for d, c in cells.items() if any((d, n) not in calls or not calls[(d, n)].settled for n in _changed(c))
         }
@@ -189,7 +228,9 @@ def open_depths(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequ
     return out
 
 
-def judge_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> dict[int, CellStats]:
+def judge_phase(
+    phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
+) -> dict[int, CellStats]:
     """The cells with every verdict judged against the bar the search decides by.
 
     :func:`tuner.search.screen.summarize_phase` judges a cell by its own A/A noise; a decision also needs
@@ -199,12 +240,14 @@ def judge_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequ
     by it: what the report calls ``faster`` is what compose and confirm act on.
 
     ``rule``: ``sequential`` (the search's, :func:`sequential_calls`) decides the t/s verdicts; the bar
-    then serves the CPU% rule and the report. ``aa-bar`` is the earlier rule (the whole CI beyond the bar)."""
+    then serves the CPU% rule and the report, ``family`` is its Holm family (a config that differs from
+    upstream beyond the kernel it forces needs ``"all"``). ``aa-bar`` is the earlier rule (the whole CI beyond
+    the bar)."""
     if rule not in RULES:
         raise ValueError(f"unknown decision rule {rule!r}")
     cpu_floor = phase_cpu_noise(cells)
     noisy = too_noisy([c.noise_pct for c in cells.values()])  # beyond the ceiling the phase claims nothing
-    calls = sequential_calls(cells) if rule == "sequential" else {}
+    calls = sequential_calls(cells, family=family) if rule == "sequential" else {}
     out = {}
     for d, c in cells.items():
         bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)

@@ -13,7 +13,8 @@ kernel change that does not show end to end beyond the noise is reported, not ex
 points it no longer covers are relabelled as upstream's kernel, their measurements kept aside. Faster and slower
 are the search's decision rule's (:mod:`tuner.measure.decide`, through
 :func:`tuner.search.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
-points, Bonferroni over the round counts a point may stop at). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
+points, Bonferroni over the round counts a point may stop at; where the rules are confirmed alone, the
+points no rule covers run upstream's kernel and are no hypotheses of that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
 t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
 The export claims only the points that confirmed.
 """
@@ -32,7 +33,7 @@ from tuner import log
 from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.search.compose import judge_phase, open_depths
+from tuner.search.compose import Family, judge_phase, open_depths
 from tuner.search.screen import (
     AA_NAME,
     UPSTREAM,
@@ -64,13 +65,16 @@ def extra_depths(ladder: Sequence[int], *, limit: int = 1, max_depth: int | None
 
 
 def point_rows(
-    phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]]
+    phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]], *, family: Family = "changed"
 ) -> list[dict[str, Any]]:
     """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
     and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
-    CPU noise (NaN where the records carry no utilizations)."""
+    CPU noise (NaN where the records carry no utilizations). ``family``: the decision rule's Holm family
+    (:func:`tuner.search.compose.sequential_calls`): ``"changed"`` where the final config is upstream's
+    plus kernel rules (a point no rule covers runs upstream's kernel: it is not tested), ``"all"`` where it
+    changes process knobs or the build too (every point can differ)."""
     out = []
-    judged = judge_phase(phase, cells)  # the same bar and verdicts as the screen's decisions
+    judged = judge_phase(phase, cells, family=family)  # the same bar and verdicts as the screen's decisions
     for d in sorted(judged):
         c = judged[d]
         e = c.effects.get(FINAL)
@@ -344,6 +348,8 @@ def _confirm_attempt(
     # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
     # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
     settle = None if process_changed else open_depths
+    # Rules alone: a point no rule covers runs upstream's kernel (A/A by construction) and leaves Holm's family.
+    family: Family = "all" if process_changed else "changed"
     rows: list[dict[str, Any]] = []
     todo = [p for p in phases if not st.confirm_done(ckey, p)]
     if shared and len(todo) > 1:
@@ -369,7 +375,7 @@ def _confirm_attempt(
     for phase in phases:
         if st.confirm_done(ckey, phase):
             mine = [r for r in recs if r["phase"] == phase]
-            rows += point_rows(phase, summarize_phase(phase, mine, depths), mine)
+            rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)
             continue
         with log.step(
             f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
@@ -392,7 +398,7 @@ def _confirm_attempt(
         if deadline is not None and time.monotonic() > deadline:
             raise BudgetReached(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
-        rows += point_rows(phase, summarize_phase(phase, mine, depths), mine)
+        rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)
     j = judge(rules, rows, process_changed=process_changed)  # its rows: relabelled where a rule was narrowed
     judged = {k: v for k, v in j.items() if k != "rows"}
     st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": judged, "phases": phases})
