@@ -21,7 +21,7 @@ The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "extra_depths", "judge", "narrowed_rule", "point_rows", "relabel_rows", "run_confirm"]
+__all__ = ["FINAL", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
 
 import itertools
 import math
@@ -31,7 +31,7 @@ from typing import Any
 
 from tuner import log
 from tuner._hash import stable_hash
-from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, UPSTREAM_KEPT
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.search.compose import Family, judge_phase, open_depths
 from tuner.search.screen import (
@@ -45,6 +45,7 @@ from tuner.search.screen import (
     summarize_phase,
 )
 from tuner.search.study import SearchConfig
+from tuner.study.record import relabel_rows
 from tuner.study.state import StudyState
 
 FINAL = "final"
@@ -135,7 +136,8 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
     reported, not exported. Only where the rules were confirmed alone (``process_changed`` False): with
     tuned knobs the points measured knobs and kernel together, and upstream's kernel with the knobs alone
     was never measured, so such a rule is kept whole. The points it no longer covers (and no other kept
-    rule does) are relabelled (:func:`relabel_rows`).
+    rule does) are relabelled (:func:`relabel_rows`), and so are a dropped rule's points where the rules
+    were confirmed alone.
 
     Returns ``{"kept": (rule, ...), "dropped": {rule: why}, "narrowed": {kept rule: why}, "rows": [the rows,
     relabelled], "process_ok": bool, "process_why": str}``.
@@ -178,7 +180,11 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
         "kept": tuple(kept),
         "dropped": dropped,
         "narrowed": {n: why for n, (_, why) in narrowed.items()},
-        "rows": relabel_rows(rows, kept, [old for old, _ in narrowed.values()]),
+        # Without tuned knobs the export runs upstream's config wherever no kept rule fires, so the points
+        # of a dropped rule show upstream's kernel too (what the forced kernel measured is kept aside).
+        "rows": relabel_rows(
+            rows, kept, [old for old, _ in narrowed.values()] + ([] if process_changed else [*dropped])
+        ),
         "process_ok": ok,
         "process_why": "" if ok else why,
     }
@@ -197,56 +203,6 @@ def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[Fa
         return None
     why = f"not faster end to end at depths {below}; starts at {first}, the first confirmed-faster depth"
     return rule.starting_at(first), f"narrowed from {rule.text}: {why}"
-
-
-_MEASURED = (
-    "kernel",
-    "verdict",
-    "tuned_ts",
-    "speedup",
-    "ci_low",
-    "ci_high",
-    "tuned_cpu",
-    "cpu_delta",
-    "cpu_ci_low",
-    "cpu_ci_high",
-    "tuned_core",
-    "tuned_gpu",
-)
-"""A relabelled point's own measurements of the forced kernel, kept as ``measured_<key>``."""
-
-
-def relabel_rows(
-    rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
-) -> list[dict[str, Any]]:
-    """``rows`` with each point that a rule of ``narrowed_from`` (the rules before narrowing) covered and no
-    rule of ``kept`` covers any more relabelled: the export runs upstream's config there (rules confirmed
-    alone: no tuned knobs), so its kernel is upstream's, its verdict :data:`UPSTREAM_KEPT`, its final t/s
-    and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
-    measured stays under ``measured_<key>`` (:data:`_MEASURED`)."""
-    out = []
-    for x in rows:
-        d, ph = int(x["depth"]), x["phase"]
-        was = any(r.phase.bench == ph and r.covers(d) for r in narrowed_from)
-        if not was or any(r.phase.bench == ph and r.covers(d) for r in kept):
-            out.append(dict(x))
-            continue
-        nan = math.nan
-        out.append(
-            {
-                **x,
-                **{f"measured_{k}": x[k] for k in _MEASURED if k in x},
-                "kernel": x.get("upstream_kernel"),
-                "verdict": UPSTREAM_KEPT,
-                "tuned_ts": x.get("base_ts", nan),
-                "speedup": 1.0,
-                "ci_low": nan,
-                "ci_high": nan,
-                **{k: nan for k in ("cpu_delta", "cpu_ci_low", "cpu_ci_high") if k in x},
-                **{f"tuned_{k}": x[f"base_{k}"] for k in ("cpu", "core", "gpu") if f"base_{k}" in x},
-            }
-        )
-    return out
 
 
 def run_confirm(

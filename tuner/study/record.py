@@ -17,13 +17,16 @@ __all__ = [
     "load_header",
     "load_outcome",
     "outcome_from_attrs",
+    "relabel_rows",
 ]
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tuner.errors import TunerError
+from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
 from tuner.study import state as k
 from tuner.study.state import StudyState
@@ -220,7 +223,7 @@ class SearchOutcome:
             )
             if tuned
             else None,
-            rows=tuple(dict(r) for r in res.get("rows") or ()),
+            rows=tuple(_relabelled(res, tuned)),
             attempt=res.get("attempt"),
             upstream_phases=tuple(res.get("upstream_phases") or ()),
             confirm_depths=None if cd is None else tuple(int(d) for d in cd),
@@ -249,6 +252,17 @@ class SearchOutcome:
         if self.gate is not None:
             out["gate"] = dict(self.gate)
         return out
+
+
+def _relabelled(res: Mapping[str, Any], tuned: Any) -> list[dict[str, Any]]:
+    """The stored rows, a dropped rule's points relabelled as upstream's where the rules were confirmed
+    alone (no tuned knobs): the export runs upstream's config there (:func:`relabel_rows`)."""
+    rows = [dict(r) for r in res.get("rows") or ()]
+    if tuned:
+        return rows
+    return relabel_rows(
+        rows, rules_from_texts(res.get("rules") or ()), rules_from_texts(list(res.get("dropped") or {}))
+    )
 
 
 def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
@@ -298,3 +312,56 @@ def load_outcome(study: Any) -> SearchOutcome:
 def load_header(study: Any) -> StudyHeader:
     """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
     return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
+
+
+_MEASURED = (
+    "kernel",
+    "verdict",
+    "tuned_ts",
+    "speedup",
+    "ci_low",
+    "ci_high",
+    "tuned_cpu",
+    "cpu_delta",
+    "cpu_ci_low",
+    "cpu_ci_high",
+    "tuned_core",
+    "tuned_gpu",
+)
+"""A relabelled point's own measurements of the forced kernel, kept as ``measured_<key>``."""
+
+
+def relabel_rows(
+    rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
+) -> list[dict[str, Any]]:
+    """``rows`` with each point that a rule of ``narrowed_from`` (the rules before narrowing) covered and no
+    rule of ``kept`` covers any more relabelled: the export runs upstream's config there (rules confirmed
+    alone: no tuned knobs), so its kernel is upstream's, its verdict :data:`UPSTREAM_KEPT`, its final t/s
+    and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
+    measured stays under ``measured_<key>`` (:data:`_MEASURED`). A point relabelled before is left as it is.
+
+    The confirm relabels (``tuner.search.confirm.judge``) and so does :meth:`SearchOutcome.from_result` for
+    a dropped rule's points, which studies recorded before that was done still show with the forced kernel."""
+    out = []
+    for x in rows:
+        d, ph = int(x["depth"]), x["phase"]
+        was = any(r.phase.bench == ph and r.covers(d) for r in narrowed_from)
+        if not was or "measured_kernel" in x or any(r.phase.bench == ph and r.covers(d) for r in kept):
+            out.append(dict(x))
+            continue
+        nan = math.nan
+        out.append(
+            {
+                **x,
+                **{f"measured_{k}": x[k] for k in _MEASURED if k in x},
+                "kernel": x.get("upstream_kernel"),
+                "verdict": UPSTREAM_KEPT,
+                "tuned_ts": x.get("base_ts", nan),
+                "speedup": 1.0,
+                "ci_low": nan,
+                "ci_high": nan,
+                **{k: nan for k in ("cpu_delta", "cpu_ci_low", "cpu_ci_high") if k in x},
+                **{f"tuned_{k}": x[f"base_{k}"] for k in ("cpu", "core", "gpu") if f"base_{k}" in x},
+            }
+        )
+    return out

@@ -13,9 +13,9 @@ from typing import Any
 
 from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, parse_fa_rules
-from tuner.search.confirm import judge, narrowed_rule, relabel_rows
+from tuner.search.confirm import judge, narrowed_rule
 from tuner.search.output_gate import upstream_instead
-from tuner.study.record import SearchOutcome, StudyHeader
+from tuner.study.record import SearchOutcome, StudyHeader, relabel_rows
 
 RULE = "decode/D64/gqa4/kvf16:6144-=MMA"
 NARROWED = "decode/D64/gqa4/kvf16:32768-=MMA"
@@ -118,7 +118,19 @@ def test_rule_with_a_slower_point_is_still_dropped() -> None:
     rows = _rows({**H100, 12288: (0.941, "slower")}, rule)
     j = judge([rule], rows, process_changed=False)
     assert j["kept"] == () and j["narrowed"] == {} and "slower than upstream at depth [12288]" in j["dropped"][rule]
-    assert j["rows"] == rows
+    # the export runs upstream's kernel at every depth: the dropped rule's points say so, its measurements kept aside
+    out = {(r["phase"], r["depth"]): r for r in j["rows"]}
+    assert all(r["kernel"] == r["upstream_kernel"] for r in j["rows"])
+    assert out[("tg", 12288)]["verdict"] == UPSTREAM_KEPT and out[("tg", 12288)]["measured_verdict"] == "slower"
+    assert out[("tg", 12288)]["measured_kernel"] == "MMA" and out[("tg", 0)] == rows[0]
+
+
+def test_a_dropped_rule_confirmed_with_tuned_knobs_keeps_its_rows() -> None:
+    # upstream's kernel with the tuned knobs alone was never measured: nothing to relabel the points with
+    (rule,) = parse_fa_rules(RULE)
+    rows = _rows({**H100, 12288: (0.941, "slower")}, rule)
+    j = judge([rule], rows, process_changed=True)
+    assert j["kept"] == () and j["rows"] == rows
 
 
 def test_rule_confirmed_with_tuned_knobs_is_kept_whole() -> None:
@@ -151,3 +163,17 @@ def test_narrowed_rules_are_stored_loaded_and_dropped_with_a_failed_gate() -> No
     assert old.narrowed == {} and "narrowed" not in old.result_json()  # studies before narrowing load as they were
     out, rejected = upstream_instead({**res, "rules": (narrowed,), "narrowed": {narrowed: why}}, "failed a gate")
     assert out["narrowed"] == {} and out["dropped"] == {narrowed: "failed a gate"} and rejected["rules"] == (narrowed,)
+
+
+def test_a_stored_result_shows_a_dropped_rules_points_as_upstreams() -> None:
+    # a study recorded before the confirm relabelled dropped rules: the export must not show TILE at d0/d4096
+    kept, dropped = parse_fa_rules(f"{NARROWED},decode/D64/gqa4/kvf16:0-8192=TILE")
+    truth = {0: (0.995, "no difference"), 4096: (0.995, "no difference"), 32768: (1.08, "faster")}
+    rows = [_row("tg", d, s, v, forced="TILE" if d < 8192 else "MMA") for d, (s, v) in truth.items()]
+    res = {"rules": [kept.text], "dropped": {dropped.text: "not faster"}, "tuned": None, "rows": rows}
+    out = SearchOutcome.from_result(StudyHeader.from_attrs("s", {}), res)
+    by = {r["depth"]: r for r in out.rows}
+    assert by[0]["kernel"] == by[4096]["kernel"] == "VEC" and by[0]["measured_kernel"] == "TILE"
+    assert by[32768] == rows[2]
+    again = SearchOutcome.from_result(StudyHeader.from_attrs("s", {}), out.result_json())
+    assert again.rows == out.rows  # relabelling a relabelled point changes nothing
