@@ -131,9 +131,27 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
         ),
     ]
-    for o in reversed(opts):
+    for o in reversed([*opts, *_TUNE_OPTIONS]):
         f = o(f)
     return f
+
+
+_TUNE_OPTIONS = [
+    click.option(
+        "--tune-knobs",
+        default=None,
+        help="Comma-separated globs: the tune samples only the knobs they match, e.g. 'mma.ampere.d64.c8.*' "
+        "(the MMA rows of a head-64 decode step); 'variant' matches the build variant. Default: every tunable "
+        "knob (rows of other head sizes than the model's are never sampled).",
+    ),
+    click.option(
+        "--tune-depths",
+        callback=depths_option,
+        default=None,
+        help="Depths a tune trial measures, e.g. 32768,65536 (default: --depths). The confirm still measures "
+        "every depth.",
+    ),
+]
 
 
 @click.command()
@@ -214,6 +232,7 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
         max_rounds=kw["max_rounds"] or d.max_rounds,
         refine=kw["refine"] if kw["refine"] is not None else d.refine,
         confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else SearchConfig.confirm_extra,
+        tune_knobs=_globs(kw["tune_knobs"]),
         # the real search's rule (tuner.search.screen_choice.screen_method) resolves these in run_dry_run
         screen=kw["screen"],
         cpu_mask=kw["cpu_mask"],
@@ -273,4 +292,11 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         confirm_extra=kw["confirm_extra"],
         refine=kw["refine"],
         cpu_mask=kw["cpu_mask"],
+        tune_knobs=_globs(kw["tune_knobs"]),
+        tune_depths=kw["tune_depths"],
     )
+
+
+def _globs(value: str | None) -> tuple[str, ...]:
+    """``--tune-knobs``: comma-separated globs."""
+    return tuple(x.strip() for x in (value or "").split(",") if x.strip())

@@ -98,7 +98,7 @@ def export_pipeline(
     except KeyError as err:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
-    outcome = load_outcome(study)  # TunerError before the confirm stage finished
+    outcome = load_outcome(study).exported()  # TunerError before the confirm stage finished
     h = outcome.header
     # a NaN t/s (every llama-bench call failed) is never exported
     require_finite(outcome.result_json(), f"study {study_name!r}'s result")

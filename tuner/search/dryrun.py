@@ -145,6 +145,8 @@ class PlanInputs:
     max_rounds: int = 6
     refine: int = 1
     confirm_extra: int = 1
+    tune_knobs: tuple[str, ...] = ()
+    """``--tune-knobs`` globs (empty: every tunable knob)."""
     screen: str = "auto"
     """``--screen``: ``auto``, ``kernel`` (FLASH_ATTN_EXT alone) or ``llama-bench``; the search's own rule
     (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
@@ -351,6 +353,7 @@ def plan_stages(
     n_variants: int,
     pinned: Sequence[str] = (),
     screen_method: str = "llama-bench",
+    head_dim: int | None = None,
 ) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
@@ -382,7 +385,7 @@ def plan_stages(
     use_kernel = screen_method == "kernel" and any(kernels.values()) and "kernel_case_s" in rec
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
     stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax), case_s)
-    knobs = tn.tunable_knobs(space, {k: True for k in pinned})
+    knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
     stages.append(
@@ -617,6 +620,9 @@ def run_dry_run(
         "Nothing is benchmarked."
     )
     _check_pins(a.name, source.era, space, sets or {})  # before anything compiles
+    from tuner.search.tune import check_patterns
+
+    check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
     kernels = {p: kernels_for(space, p) for p in PHASES}
     method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
     wanted = [v for v in space.variants if not variants or v in variants]
@@ -667,6 +673,7 @@ def run_dry_run(
         n_variants=sum(1 for s in vstatus.values() if s == "ok"),
         pinned=tuple(sets or {}),
         screen_method=method,
+        head_dim=shape.head_dim,
     )
     plan = {"model": inputs.like, "screen_method": method, **plan}
     rep = DryRunReport(

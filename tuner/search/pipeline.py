@@ -486,10 +486,10 @@ def _tune(
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
     import optuna
 
-    knobs = tn.tunable_knobs(space, fixed)
+    knobs = tn.tunable_knobs(space, fixed, head_dim=shape_d.get("head_dim"), patterns=cfg.tune_knobs)
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
     dists = {k.name: k.to_optuna_distribution() for k in knobs}
-    if len(variants) > 1 and "variant" not in fixed:
+    if len(variants) > 1 and "variant" not in fixed and tn.wanted("variant", cfg.tune_knobs):
         dists["variant"] = optuna.distributions.CategoricalDistribution(variants)
     base_variant = str(fixed.get("variant", variants[0]))
     want = cfg.trials or 0
@@ -593,7 +593,7 @@ def _run_trial(
             factory(b),
             cand,
             phases,
-            cfg.depths,
+            cfg.tune_depths or cfg.depths,
             label=f"tune-t{trial.number}",
             flip=bool(trial.number % 2),
         )

@@ -14,7 +14,7 @@ __all__ = ["CPU_DEFAULTS", "GPU_DEFAULTS", "Defaults", "SearchRequest", "intro",
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner import log
@@ -97,6 +97,8 @@ class SearchRequest:
     """``--screen``: ``auto``, ``kernel`` or ``llama-bench``."""
     confirm_extra: int | None = None
     refine: int | None = None
+    tune_knobs: tuple[str, ...] = ()
+    tune_depths: tuple[int, ...] | None = None
     cpu_mask: tuple[int, ...] | None = None
 
     @property
@@ -127,7 +129,12 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
     ctx = _context_length(model)
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
-    _check_pins(request.target, source, model, request.sets, request.cpu_mask)
+    _check_pins(request.target, source, model, request.sets, request.cpu_mask, request.tune_knobs)
+    if request.tune_depths and ctx and max(request.tune_depths) > ctx:
+        raise UsageError(
+            f"--tune-depths {list(request.tune_depths)} go past the model's context length {ctx} (n_ctx_train in the "
+            f"GGUF). Use depths up to {ctx}."
+        )
     return SearchConfig(
         target=request.target,
         source=source,
@@ -157,6 +164,8 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         reps_tg=_given_or_default(request.reps_tg, "reps_tg"),
         confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
         screen_method=None if request.screen == "auto" else request.screen,
+        tune_knobs=request.tune_knobs,
+        tune_depths=request.tune_depths,
     )
 
 
@@ -215,14 +224,22 @@ def _context_length(model: Path) -> int | None:
 
 
 def _check_pins(
-    target: Target, source: Source, model: Path, sets: Mapping[str, str], cpu_mask: tuple[int, ...] | None
+    target: Target,
+    source: Source,
+    model: Path,
+    sets: Mapping[str, str],
+    cpu_mask: tuple[int, ...] | None,
+    tune_knobs: Sequence[str] = (),
 ) -> None:
     """--set values checked against the space resolved for this machine, mask and model (threads within
-    the CPUs, -ngl within the layers), so a bad pin is refused before any build or measurement."""
+    the CPUs, -ngl within the layers), and the --tune-knobs globs against its knobs, so a bad pin or glob
+    is refused before any build or measurement."""
     from tuner.plan.derive import space_for_run
     from tuner.plan.space import load_space, set_values
+    from tuner.search.tune import check_patterns
 
     space, _ = space_for_run(load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
+    check_patterns(space, tune_knobs)
     set_values(space, {k: v for k, v in sets.items() if k != "variant"})
     if "variant" in sets and sets["variant"] not in space.variants:
         from tuner.errors import close_matches

@@ -69,6 +69,10 @@ class SearchConfig:
     """Percent half-width of a paired 95% CI at which rounds stop."""
     refine: int = 1
     """Bisection steps at kernel boundaries."""
+    tune_knobs: tuple[str, ...] = ()
+    """``--tune-knobs`` globs: the tune samples only the knobs they match (empty: every tunable knob)."""
+    tune_depths: tuple[int, ...] | None = None
+    """``--tune-depths``: the depths a tune trial measures (None: ``depths``)."""
     confirm_extra: int = 1
     """Depths the confirm stage adds between ladder depths (the shallowest midpoints from 8192: where a
     rule's boundary is checked cheaply; a deep midpoint costs a long depth fill in every call)."""

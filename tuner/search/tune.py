@@ -22,6 +22,7 @@ from __future__ import annotations
 __all__ = [
     "TUNE_KINDS",
     "asked_trial",
+    "check_patterns",
     "count_done",
     "cpu_rejection",
     "fail_interrupted",
@@ -32,9 +33,11 @@ __all__ = [
     "screen_noise",
     "trial_heartbeat",
     "tunable_knobs",
+    "wanted",
 ]
 
 import contextlib
+import fnmatch
 import math
 import os
 import platform
@@ -42,16 +45,48 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tuner import interrupts
-from tuner.errors import TunerError
+from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
 from tuner.study.state import retry_attrs, trial_attr, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 
 
-def tunable_knobs(space: Any, fixed: Mapping[str, Any]) -> list[Any]:
-    """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set."""
-    return [k for k in (*space.compile_knobs, *space.runtime_knobs) if k.kind in TUNE_KINDS and k.name not in fixed]
+def tunable_knobs(
+    space: Any, fixed: Mapping[str, Any], *, head_dim: int | None = None, patterns: Sequence[str] = ()
+) -> list[Any]:
+    """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set.
+
+    ``head_dim``: the model's head size; a tile or MMA row of another head size is left out (the model never
+    runs it, so a trial changing it would rebuild a TU and measure nothing). ``patterns``: ``--tune-knobs``
+    globs; when given, only the knobs a glob matches."""
+    out = []
+    for k in (*space.compile_knobs, *space.runtime_knobs):
+        if k.kind not in TUNE_KINDS or k.name in fixed:
+            continue
+        dkq = k.meta.get("dkq") if k.kind in ("tile_row", "mma_row") else None
+        if head_dim and dkq is not None and int(dkq) != int(head_dim):
+            continue
+        if patterns and not wanted(k.name, patterns):
+            continue
+        out.append(k)
+    return out
+
+
+def wanted(name: str, patterns: Sequence[str]) -> bool:
+    """``name`` matches one of the ``--tune-knobs`` globs (every name when there are none)."""
+    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def check_patterns(space: Any, patterns: Sequence[str]) -> None:
+    """Refuse a ``--tune-knobs`` glob that matches no tunable knob (nor ``variant``) of ``space``."""
+    names = [k.name for k in tunable_knobs(space, {})] + ["variant"]
+    bad = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if bad:
+        raise UsageError(
+            f"--tune-knobs {','.join(bad)} matches no knob the {space.arch} space tunes. Its knobs: "
+            f"{', '.join(names)}. Give globs over these names, e.g. --tune-knobs 'mma.ampere.d64.c8.*'."
+        )
 
 
 def knob_phases(knob: Any) -> tuple[str, ...]:

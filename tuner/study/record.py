@@ -223,7 +223,7 @@ class SearchOutcome:
             )
             if tuned
             else None,
-            rows=tuple(_relabelled(res, tuned)),
+            rows=tuple(dict(r) for r in res.get("rows") or ()),
             attempt=res.get("attempt"),
             upstream_phases=tuple(res.get("upstream_phases") or ()),
             confirm_depths=None if cd is None else tuple(int(d) for d in cd),
@@ -232,16 +232,21 @@ class SearchOutcome:
             **rest,
         )
 
+    def exported(self) -> SearchOutcome:
+        """The outcome as an export shows it: a dropped rule's points relabelled as upstream's where the
+        rules were confirmed alone (the export runs upstream's config there; :func:`relabel_rows`). The
+        confirm does this itself now; studies recorded before it did keep their rows as they were."""
+        if self.tuned:
+            return self
+        return dataclasses.replace(self, rows=tuple(relabel_rows(self.rows, self.rules, list(self.dropped))))
+
     def result_json(self) -> dict[str, Any]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
-        out: dict[str, Any] = {
-            "rules": rules_texts(self.rules),
-            "dropped": as_stored(dict(self.dropped)),
-            "tuned": self.tuned.stored() if self.tuned else None,
-            "rows": [dict(r) for r in self.rows],
-        }
-        if self.narrowed:  # written only where the confirm narrowed a rule: older results keep their layout
-            out["narrowed"] = as_stored(dict(self.narrowed))
+        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
+        if self.narrowed:  # written only where the confirm narrowed a rule (after dropped, as the confirm
+            out["narrowed"] = as_stored(dict(self.narrowed))  # stores it): older results keep their layout
+        out["tuned"] = self.tuned.stored() if self.tuned else None
+        out["rows"] = [dict(r) for r in self.rows]
         if self.attempt is not None:
             out["attempt"] = self.attempt
         out["upstream_phases"] = list(self.upstream_phases)
@@ -252,17 +257,6 @@ class SearchOutcome:
         if self.gate is not None:
             out["gate"] = dict(self.gate)
         return out
-
-
-def _relabelled(res: Mapping[str, Any], tuned: Any) -> list[dict[str, Any]]:
-    """The stored rows, a dropped rule's points relabelled as upstream's where the rules were confirmed
-    alone (no tuned knobs): the export runs upstream's config there (:func:`relabel_rows`)."""
-    rows = [dict(r) for r in res.get("rows") or ()]
-    if tuned:
-        return rows
-    return relabel_rows(
-        rows, rules_from_texts(res.get("rules") or ()), rules_from_texts(list(res.get("dropped") or {}))
-    )
 
 
 def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
@@ -340,8 +334,8 @@ def relabel_rows(
     and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
     measured stays under ``measured_<key>`` (:data:`_MEASURED`). A point relabelled before is left as it is.
 
-    The confirm relabels (``tuner.search.confirm.judge``) and so does :meth:`SearchOutcome.from_result` for
-    a dropped rule's points, which studies recorded before that was done still show with the forced kernel."""
+    The confirm relabels (``tuner.search.confirm.judge``); :meth:`SearchOutcome.exported` relabels a
+    dropped rule's points of a study recorded before the confirm did that."""
     out = []
     for x in rows:
         d, ph = int(x["depth"]), x["phase"]

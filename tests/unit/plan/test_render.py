@@ -446,3 +446,13 @@ def test_cli_writes_files(cli_source: None, tmp_path: Path) -> None:
 def test_cli_bad_values_exit_2(cli_source: None, args: list[str], text: str) -> None:
     code, out = _invoke(["render", "--arch", "sm_90", "--dry-run", *args])
     assert code == 2 and text in out
+
+
+def test_a_decode_mma_row_targets_the_ncols1_2_instance() -> None:
+    # batch-1 decode at GQA 4 runs ncols1 2 x ncols2 4 (ncols 8): its row overrides that TU alone
+    rv = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c8.occupancy": 1})
+    overrides = {k: v for k, v in rv.tu_headers.items() if v}
+    tu = "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_2-ncols2_4.cu"
+    assert list(overrides) == [tu]
+    # upstream's row (64, 64, 8: 128, 2, 128, 32, 32, 32, 2, true) with occupancy 1
+    assert "GGML_CUDA_FATTN_MMA_CONFIG_CASE(64, 64, 8, 128, 1, 128, 32, 32, 32, 2, true);" in overrides[tu]

@@ -171,9 +171,10 @@ def test_a_stored_result_shows_a_dropped_rules_points_as_upstreams() -> None:
     truth = {0: (0.995, "no difference"), 4096: (0.995, "no difference"), 32768: (1.08, "faster")}
     rows = [_row("tg", d, s, v, forced="TILE" if d < 8192 else "MMA") for d, (s, v) in truth.items()]
     res = {"rules": [kept.text], "dropped": {dropped.text: "not faster"}, "tuned": None, "rows": rows}
-    out = SearchOutcome.from_result(StudyHeader.from_attrs("s", {}), res)
+    stored = SearchOutcome.from_result(StudyHeader.from_attrs("s", {}), res)
+    assert stored.rows == tuple(rows)  # the record is a view on what the study holds
+    out = stored.exported()
     by = {r["depth"]: r for r in out.rows}
     assert by[0]["kernel"] == by[4096]["kernel"] == "VEC" and by[0]["measured_kernel"] == "TILE"
     assert by[32768] == rows[2]
-    again = SearchOutcome.from_result(StudyHeader.from_attrs("s", {}), out.result_json())
-    assert again.rows == out.rows  # relabelling a relabelled point changes nothing
+    assert out.exported().rows == out.rows  # relabelling a relabelled point changes nothing

@@ -747,3 +747,20 @@ def test_a_depth_settled_by_futility_stops_before_the_minimum() -> None:
     n = {d: sum(str(d) in r["values"][UPSTREAM] for r in recs) for d in DEPTHS}
     assert [n[d] for d in DEPTHS if d < 32768] == [2, 2, 2, 2]
     assert n[32768] >= 3 and n[65536] >= 3
+
+
+def test_the_tune_samples_only_rows_the_model_runs_and_the_asked_knobs() -> None:
+    from tuner.errors import UsageError
+    from tuner.plan.space import load_space
+    from tuner.search import tune as tn
+
+    space = load_space("sm_90", "mma")
+    names = {k.name for k in tn.tunable_knobs(space, {}, head_dim=64)}
+    assert "mma.ampere.d64.c8.occupancy" in names and "cuda_pdl" in names
+    assert not any(".d128." in n for n in names)  # a head-64 model never runs a head-128 row
+    decode = tn.tunable_knobs(space, {}, head_dim=64, patterns=("mma.ampere.d64.c8.*",))
+    assert len(decode) == 8 and {tn.knob_phases(k) for k in decode} == {("tg",)}  # decode rows: decode only
+    assert tn.wanted("variant", ()) and not tn.wanted("variant", ("mma.*",))
+    tn.check_patterns(space, ("mma.ampere.d64.c8.*", "variant"))
+    with pytest.raises(UsageError, match=r"--tune-knobs mma\.ampere\.d96\.\* matches no knob"):
+        tn.check_patterns(space, ("mma.ampere.d64.c8.*", "mma.ampere.d96.*"))

@@ -109,6 +109,8 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         target=types.SimpleNamespace(arch=load_arch("cpu")),
         source=types.SimpleNamespace(era="mma", root=tmp_path),
         depths=(0,),
+        tune_depths=None,
+        tune_knobs=(),
         gate=False,
         run_dir=tmp_path,
         study="faults",
