@@ -349,6 +349,18 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
         out.append(_v("mma.nwarps", f"{tag}: nthreads {r.nthreads} is less than one wave of {arch.wave_size}"))
         return out
     cols_per_warp = 8 if r.ncols <= 8 else 16
+    if cols_per_warp == 8:
+        # np warps share a Q column; the KQ tile loop steps np * T_C_KQ::I (16) rows of nbatch_fa, so
+        # nbatch_fa must be a multiple of it (else KQ_C has zero size and the loop's static_assert fails)
+        np_ = nwarps if cols_per_warp > r.ncols else nwarps * cols_per_warp // r.ncols
+        if r.nbatch_fa % (np_ * 16):
+            out.append(
+                _v(
+                    "mma.nbatch_fa",
+                    f"{tag}: nbatch_fa {r.nbatch_fa} % (np {np_} * 16) != 0, np = nwarps {nwarps} * cols_per_warp "
+                    f"{cols_per_warp} / ncols {r.ncols} ({_MMA_LOC} L645, L780)",
+                )
+            )
     candidates = [ncols2] if ncols2 else [c for c in (1, 2, 4, 8, 16, 32) if r.ncols % c == 0]
     for c2 in candidates:
         ncols1 = r.ncols // c2

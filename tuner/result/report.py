@@ -383,6 +383,13 @@ def importances_section(
             f"Parameter importances: not computed ({len(done)} complete trial"
             f"{'' if len(done) == 1 else 's'}; need at least {min_trials})."
         )
+    if objective is not None and len({t.values[objective] for t in done}) < 2:
+        # e.g. the prefill objective of a decode-only tune: every trial reports 1.0 (the phase was not
+        # measured), so any ranking of parameters would be noise from ties
+        return (
+            f"Parameter importances{' for ' + target_name if target_name else ''}: not computed (its value is the "
+            f"same in all {len(done)} complete trials: the trials did not measure it)."
+        )
     names = list(params) if params is not None else sorted({k for t in done for k in t.params})
     varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
     if not varied:

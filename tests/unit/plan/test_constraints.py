@@ -128,6 +128,27 @@ def test_mma_rules() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("nthreads", "nbatch_fa", "builds"),
+    [
+        # the decode row (ncols 8) the H100 tune compiled (results/sm_90/llama-3.2-1b-q4_k_m-decode-tune): these
+        # three failed to compile ("zero-sized variable KQ_C", "bad loop size"); the others built and ran
+        (256, 32, False),
+        (256, 64, False),
+        (256, 128, True),
+        (128, 128, True),
+        (64, 64, True),
+        (128, 64, True),
+    ],
+)
+def test_mma_decode_row_nbatch_fa_steps_np_times_16(nthreads: int, nbatch_fa: int, builds: bool) -> None:
+    base = MMA["ampere"][(64, 64, 8)]
+    h100 = c.load_arch_limits("sm_90")
+    row = dataclasses.replace(base, nthreads=nthreads, nbatch_fa=nbatch_fa)
+    rules = {v.rule for v in c.check_mma_row(h100, "ampere", row, ncols2=4)}
+    assert ("mma.nbatch_fa" not in rules) == builds, rules
+
+
 def test_wmma_rules() -> None:
     rdna = c.load_arch_limits("gfx1151")
     assert c.check_wmma(rdna, nwarps=4, min_blocks=1, kq_stride=256) == []

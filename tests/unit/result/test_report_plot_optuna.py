@@ -141,6 +141,16 @@ def test_importances_per_objective_of_a_two_objective_study() -> None:
     tg = importances_section(st, objective=1, target_name="tg")
     assert "for pp" in pp and "for tg" in tg and "| ub" in pp and "| graph" in tg
 
+    # a decode-only tune: the prefill objective is 1.0 in every trial, so no importance is claimed for it
+    dec = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(8):
+        t = dec.ask({"nthreads": optuna.distributions.CategoricalDistribution([64, 128, 256])})
+        dec.tell(t, [1.0, 1.0 - t.params["nthreads"] / 1e4])
+    assert "not computed (its value is the same in all 8 complete trials" in importances_section(
+        dec, objective=0, target_name="pp"
+    )
+    assert "| nthreads" in importances_section(dec, objective=1, target_name="tg")
+
 
 def test_importances_rank_by_reaching_the_highest_speedups() -> None:
     """PED-ANOVA takes a given target as lower-is-better; a maximized objective must be negated.
