@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = ["gate_section", "need", "noisy_line", "noisy_phases", "report_text", "residency_section"]
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -535,6 +536,10 @@ def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 
 
+_ABS_PATH = re.compile(r"(?<![\w.])/[^\s:;,)]+")
+"""An absolute path in a trial's reason (a build log on the machine that ran it): the report keeps its name."""
+
+
 def _trials(trials: Sequence[TrialSummary]) -> str:
     rows = []
     for t in trials:
@@ -543,7 +548,7 @@ def _trials(trials: Sequence[TrialSummary]) -> str:
         score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
         note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
         if status != "ok" and t.reason:
-            note += f" ({str(t.reason)[:90]})"
+            note += f" ({_ABS_PATH.sub(lambda m: Path(m.group()).name, str(t.reason))[:90]})"
         rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"

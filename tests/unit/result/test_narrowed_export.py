@@ -74,3 +74,13 @@ def test_narrowed_rule_is_exported_and_reported(tmp_path: Path) -> None:
     (out / "config.toml").write_text(text)
     bad = [f for f in validate_result(out).findings if not f.ok]
     assert [f.check for f in bad] == ["schema"] and "not one of choice.fa_rules" in bad[0].detail
+
+
+def test_a_failed_trials_reason_names_its_log_without_this_machines_folders() -> None:
+    from tuner.result.pipeline_report import _trials
+    from tuner.study.record import TrialSummary
+
+    why = "Build of sm_90/cuda@00941afc failed with exit code 1. Full log: /work/x/.devhome/builds/5a/logs/b-0094.log. Last"
+    t = TrialSummary(number=2, status="failed", objectives=(), params={"k": 1}, phases=("tg",), reason=why)
+    text = _trials([t])
+    assert "/work" not in text and "Full log: b-0094.log" in text and "sm_90/cuda@00941afc" in text
