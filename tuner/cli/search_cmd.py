@@ -233,6 +233,7 @@ def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
         refine=kw["refine"] if kw["refine"] is not None else d.refine,
         confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else SearchConfig.confirm_extra,
         tune_knobs=_globs(kw["tune_knobs"]),
+        tune_depths=kw["tune_depths"],
         # the real search's rule (tuner.search.screen_choice.screen_method) resolves these in run_dry_run
         screen=kw["screen"],
         cpu_mask=kw["cpu_mask"],

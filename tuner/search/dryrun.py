@@ -147,6 +147,8 @@ class PlanInputs:
     confirm_extra: int = 1
     tune_knobs: tuple[str, ...] = ()
     """``--tune-knobs`` globs (empty: every tunable knob)."""
+    tune_depths: tuple[int, ...] | None = None
+    """``--tune-depths`` (None: the depths)."""
     screen: str = "auto"
     """``--screen``: ``auto``, ``kernel`` (FLASH_ATTN_EXT alone) or ``llama-bench``; the search's own rule
     (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
@@ -376,7 +378,6 @@ def plan_stages(
             f"depths {[d for d in inputs.depths if d not in depths]} exceed {inputs.like}'s context length "
             f"{context_length}: the real search refuses them; the plan leaves them out."
         )
-    nd = len(depths)
     rmin, rmax = inputs.min_rounds, max(inputs.min_rounds, inputs.max_rounds)
 
     # the screen's shared calls repeat each test reps_pp + 1 times (-r 9), the confirm's and tune's
@@ -388,14 +389,16 @@ def plan_stages(
     knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
+    n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
+    nt = len(inputs.tune_depths or depths)
     stages.append(
         _stage(
             "tune",
             f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
             f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
-            f"(2 calls per phase it can affect, at {nd} depths)",
-            calls=(2 * trials if trials else 0, 4 * trials),
-            seconds=(2 * trials * nd * per_depth, 4 * trials * nd * per_depth),
+            f"(2 calls per phase it can affect, at {nt} depths)",
+            calls=(2 * trials if trials else 0, 2 * n_phases * trials),
+            seconds=(2 * trials * nt * per_depth, 2 * n_phases * trials * nt * per_depth),
             cost=f"{per_depth:g} s per call and depth",
         )
     )
