@@ -328,15 +328,17 @@ def run_confirm(
     return out
 
 
+def pct(x: float) -> str:
+    """A share as a percentage with one decimal."""
+    return f"{100 * x:.1f}%"
+
+
 def confirm_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     head = (
         "| Holm family | true effect inside the rule | rule kept | shallowest covered point faster | "
         "any point faster | any point slower | mean rounds per depth: covered / other |\n"
         "|---|---|---|---|---|---|---|\n"
     )
-
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}%"
 
     what = {"changed": "cells that can differ", "all": "every cell (before)"}
     return head + "".join(
@@ -352,9 +354,6 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         "claims anything: prefill | claims anything: search | mean rounds per depth: decode / prefill |\n"
         "|---|---|---|---|---|---|---|---|\n"
     )
-
-    def pct(x: float) -> str:
-        return f"{100 * x:.1f}%"
 
     return head + "".join(
         f"| {r['rule']} | {r['effect_pct']:+g}% | {pct(r['power_tg'])} | {pct(r['power_pp'])} | "
