@@ -23,9 +23,13 @@ def counted(st: StudyState, factory: Any) -> Any:
     return make
 
 
-def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[str, Any]] | None:
+def past_cost(
+    arch: str, results: Path = Path("results"), *, trials: int | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
-    directory): the one with the most recorded fields (then the first by path); None when none has one."""
+    directory): with ``trials`` given, one that ran tune trials where the plan does and none where it does
+    not, if there is such a result; then the one with the most recorded fields (then the first by path);
+    None when none has one."""
     from tuner._compat import tomllib
 
     found = []
@@ -36,12 +40,15 @@ def past_cost(arch: str, results: Path = Path("results")) -> tuple[Path, dict[st
             continue
         if isinstance(cost, Mapping) and cost:
             found.append((f, dict(cost)))
+    if trials is not None:  # a search without trials is not priced by one that spent minutes on them
+        alike = [fc for fc in found if bool(fc[1].get("tune_trials")) == bool(trials)]
+        found = alike or found
     return max(found, key=lambda fc: len(fc[1]), default=None)  # max keeps the first of equals
 
 
-def past_cost_line(arch: str, results: Path = Path("results")) -> str | None:
+def past_cost_line(arch: str, results: Path = Path("results"), *, trials: int | None = None) -> str | None:
     """The plan's line of what a past search of ``arch`` cost (None: no stored result has a ``[cost]``)."""
-    past = past_cost(arch, results)
+    past = past_cost(arch, results, trials=trials)
     if past is None:
         return None
     path, cost = past

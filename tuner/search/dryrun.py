@@ -427,6 +427,7 @@ def plan_stages(
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]
     return {
         "stages": stages,
+        "tune_trials": trials,
         "estimated_minutes": [round(sum(t[0] for t in timed) / 60.0, 1), round(sum(t[1] for t in timed) / 60.0, 1)],
         "estimate_from": {
             "machine": costs["machine"]["name"],
@@ -777,7 +778,7 @@ def render(rep: DryRunReport) -> str:
     ]
     from tuner.search.cost import past_cost_line
 
-    past = past_cost_line(rep.arch)
+    past = past_cost_line(rep.arch, trials=p.get("tune_trials"))
     if past:  # a measured run of this arch: the figures a real search took, beside the estimate
         out += ["", past]
     return "\n".join(out)

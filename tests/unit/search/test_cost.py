@@ -107,3 +107,8 @@ def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
     line = past_cost_line("cpu", tmp_path)
     assert line is not None and "screen_s 20.0, llama_bench_calls 7" in line and str(path) in line
     assert past_cost_line("sm_90", tmp_path) is None  # no stored result of the arch: no line
+    (tmp_path / "cpu" / "e").mkdir()
+    (tmp_path / "cpu" / "e" / "config.toml").write_text("[cost]\ntune_s = 700.0\ntune_trials = 30\nscreen_s = 1.0\n")
+    assert past_cost("cpu", tmp_path)[0].parent.name == "e"  # most fields
+    assert past_cost("cpu", tmp_path, trials=0)[0].parent.name == "b"  # a plan without trials: a run without them
+    assert past_cost("cpu", tmp_path, trials=30)[0].parent.name == "e"
