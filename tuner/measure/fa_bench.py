@@ -11,7 +11,7 @@ warm-up run of that graph.
 
 :func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
 against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in
-``<bin>/../fa-bench/<source hash>/``. :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round`
+``<bin>/../fa-bench/<source hash>/`` (:func:`build_bench`, shared with mm-bench, :mod:`tuner.measure.mm_bench`). :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round`
 on it: same arguments, same :class:`~tuner.measure.kernel_bench.KernelTime` records, the kernel read back
 from the FA log (``GGML_TUNER_FA_LOG=1``; the environment that forces a kernel is read by the CUDA
 backend, so it works here unchanged).
@@ -19,7 +19,15 @@ backend, so it works here unchanged).
 
 from __future__ import annotations
 
-__all__ = ["CASE_RE", "FaBenchCase", "build_fa_bench", "fa_bench_cases", "parse_fa_bench_output", "run_round_fast"]
+__all__ = [
+    "CASE_RE",
+    "FaBenchCase",
+    "build_bench",
+    "build_fa_bench",
+    "fa_bench_cases",
+    "parse_fa_bench_output",
+    "run_round_fast",
+]
 
 import dataclasses
 import hashlib
@@ -45,22 +53,56 @@ CASE_RE = re.compile(
 """One case line of fa-bench's output (``tuner/data/fa_bench.cpp``)."""
 
 
-def _lib_dir(bin_dir: Path) -> Path:
+def _lib_dir(bin_dir: Path, exe_name: str = EXE) -> Path:
     for d in (bin_dir, bin_dir.parent / "lib", bin_dir.parent / "lib64"):
         if (d / "libggml.so").exists() and (d / "libggml-base.so").exists():
             return d
     raise UsageError(
-        f"No libggml.so and libggml-base.so in {bin_dir} (or ../lib); fa-bench links against a build's shared "
+        f"No libggml.so and libggml-base.so in {bin_dir} (or ../lib); {exe_name} links against a build's shared "
         "ggml libraries (tuner's builds put them beside the binaries)."
     )
 
 
-def _compiler() -> str:
+def _compiler(exe_name: str = EXE) -> str:
     cxx = os.environ.get("CXX") or "c++"
     path = shutil.which(cxx)
     if path is None:
-        raise UsageError(f"No C++ compiler {cxx!r} on PATH to build fa-bench; install one or set CXX.")
+        raise UsageError(f"No C++ compiler {cxx!r} on PATH to build {exe_name}; install one or set CXX.")
     return path
+
+
+def build_bench(
+    bin_dir: Path, source_name: str, exe_name: str, *, ggml_h: Path | None = None, timeout: float = 300.0
+) -> Path:
+    """The program ``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and
+    ``libggml*.so`` are in ``bin_dir``: on first use (in ``<bin>/../<exe_name>/<source hash>/``), then reused.
+
+    Raises:
+        UsageError: No shared ggml libraries, headers or compiler.
+        TunerError: The compiler failed (the message names its log).
+    """
+    bin_dir = Path(bin_dir).resolve()
+    lib = _lib_dir(bin_dir, exe_name)
+    inc = Path(ggml_h or ggml_h_above(bin_dir)).resolve().parent
+    if not (inc / "ggml-backend.h").is_file():
+        raise UsageError(f"{inc} has no ggml-backend.h; {exe_name} needs a ggml tree with the backend API.")
+    src = package_data(source_name)
+    key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+    out_dir = bin_dir.parent / exe_name / key
+    exe = out_dir / exe_name
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return exe
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{exe_name}.{os.getpid()}"
+    cmd = [_compiler(exe_name), "-O2", "-std=c++17", f"-I{inc}", str(src), f"-L{lib}", "-lggml", "-lggml-base"]
+    cmd += [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
+    with log.step(f"Compiling {exe_name} against {lib}"):
+        try:
+            _run.run(cmd, log_file=out_dir / "compile.log", timeout=timeout, what=f"{exe_name} compile")
+            os.replace(tmp, exe)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return exe
 
 
 def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
@@ -71,28 +113,7 @@ def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float 
         UsageError: No shared ggml libraries, headers or compiler.
         TunerError: The compiler failed (the message names its log).
     """
-    bin_dir = Path(bin_dir).resolve()
-    lib = _lib_dir(bin_dir)
-    inc = Path(ggml_h or ggml_h_above(bin_dir)).resolve().parent
-    if not (inc / "ggml-backend.h").is_file():
-        raise UsageError(f"{inc} has no ggml-backend.h; fa-bench needs a ggml tree with the backend API.")
-    src = package_data(SOURCE)
-    key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
-    out_dir = bin_dir.parent / EXE / key
-    exe = out_dir / EXE
-    if exe.is_file() and os.access(exe, os.X_OK):
-        return exe
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{EXE}.{os.getpid()}"
-    cmd = [_compiler(), "-O2", "-std=c++17", f"-I{inc}", str(src), f"-L{lib}", "-lggml", "-lggml-base"]
-    cmd += [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
-    with log.step(f"Compiling fa-bench against {lib}"):
-        try:
-            _run.run(cmd, log_file=out_dir / "compile.log", timeout=timeout, what="fa-bench compile")
-            os.replace(tmp, exe)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return exe
+    return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
 
 
 def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
