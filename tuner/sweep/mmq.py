@@ -330,7 +330,8 @@ def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
 
 
 class MatmulTimer(Protocol):
-    """Times one quantized matrix multiplication of ``type`` with batch ``ne11`` (the GPU side plugs in here).
+    """Times one quantized matrix multiplication of ``type`` with batch ``ne11`` (the GPU side plugs in here:
+    :class:`tuner.measure.mm_bench.MmBenchTimer` on mm-bench).
 
     ``backend`` is ``MMQ`` or ``BLAS`` to force one (e.g. through the hook), None for upstream's choice.
     Returns seconds per multiplication, one sample per timed call (at least one)."""

@@ -1,0 +1,58 @@
+"""mm-bench (tuner/data/mm_bench.cpp) compiled against the real CPU build and run on the CPU backend: two
+small quantized multiplications with positive times, more copies of the weights for a larger cache
+size, bad cases refused, and MmBenchTimer returning seconds. A few seconds on 2 cores once the build
+is cached."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tuner import _run
+from tuner.measure.mm_bench import MmBenchTimer, MmShape, build_mm_bench, mm_bench_cases, parse_mm_bench_output
+
+pytestmark = pytest.mark.integration
+
+SHAPES = [MmShape(type="q4_0", m=256, k=256, ne11=8), MmShape(type="q8_0", m=256, k=256, ne11=32)]
+
+
+def _bin_dir(cpu_build: object) -> Path:
+    bin_dir = Path(getattr(cpu_build, "bin_dir"))  # noqa: B009
+    if not (bin_dir / "libggml.so").exists():
+        pytest.skip(f"the CPU build at {bin_dir} has no shared libggml.so to link mm-bench against")
+    return bin_dir
+
+
+def test_mm_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
+    exe = build_mm_bench(_bin_dir(cpu_build))
+    cases = tmp_path / "cases.txt"
+    cases.write_text(mm_bench_cases(SHAPES))
+    copies = {}
+    for mb in (0, 1):
+        res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "8", "-c", str(mb), "-t", "2"], timeout=120)
+        got = parse_mm_bench_output(res.output)
+        assert sorted(got) == [0, 1], res.output
+        for c in got.values():
+            assert c.error == "" and c.us_per_op is not None and math.isfinite(c.us_per_op) and c.us_per_op > 0
+            assert c.copies * c.copy_bytes > mb << 20 and c.ops >= max(8, c.copies)
+        copies[mb] = [got[i].copies for i in range(len(SHAPES))]
+    assert copies[0] == [1, 1]
+    assert all(big > 1 for big in copies[1])
+
+
+def test_mm_bench_refuses_bad_cases(cpu_build, tmp_path: Path) -> None:
+    exe = build_mm_bench(_bin_dir(cpu_build))
+    for line, why in (("f32 256 256 8", "quantized ggml type"), ("q4_K 256 100 8", "block size 256")):
+        cases = tmp_path / "cases.txt"
+        cases.write_text(line + "\n")
+        res = _run.run([exe, "-b", "CPU", "-f", cases], timeout=60, check=False)
+        assert res.returncode == 2 and why in res.output, res.output
+
+
+def test_mm_bench_timer_on_cpu(cpu_build, tmp_path: Path) -> None:
+    timer = MmBenchTimer(_bin_dir(cpu_build), log_dir=tmp_path / "logs", m=256, k=256, iters=8, cache_mb=1, threads=2)
+    for backend in (None, "MMQ"):  # the CPU backend ignores the hook's variable: both run ggml-cpu's kernel
+        (s,) = timer("q4_K", 16, backend)
+        assert math.isfinite(s) and 0 < s < 1

@@ -1,0 +1,207 @@
+"""``mm-bench``: a quantized ``MUL_MAT`` timed on cold weights; the live MMQ-vs-cuBLAS timer.
+
+``tuner/data/mm_bench.cpp`` is fa-bench's sibling (:mod:`tuner.measure.fa_bench`): a small program on
+ggml's public API that times ``ggml_mul_mat(W, X)`` as llama.cpp's graph makes it for a dense
+projection (quantized weights ``W`` [k, m] as src0, F32 activations ``X`` [k, ne11] as src1, ``ne11``
+the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), one warm-up run of
+the graph, then one timed run of ``iters`` ops (at least one per copy).
+
+The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
+(:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, and
+:class:`MmBenchTimer` sets it per call, forcing one backend for the timed type at every batch size
+(``TYPE:0..=MMQ`` or ``TYPE:0..=BLAS``, as :func:`tuner.sweep.mmq.mmq_env` spells it) or leaving it
+unset for upstream's choice. :class:`MmBenchTimer` is a :class:`tuner.sweep.mmq.MatmulTimer` by its
+shape (this layer does not import the sweep's).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CASE_RE",
+    "ENV",
+    "EXE",
+    "SOURCE",
+    "MmBenchCase",
+    "MmBenchTimer",
+    "MmShape",
+    "build_mm_bench",
+    "choice_env",
+    "mm_bench_cases",
+    "parse_mm_bench_output",
+]
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.errors import TunerError, UsageError
+from tuner.measure.fa_bench import build_bench
+
+SOURCE = "mm_bench.cpp"
+EXE = "mm-bench"
+ENV = "GGML_TUNER_MMQ_CHOICES"
+"""The MMQ hook's environment variable (:data:`tuner.sweep.mmq.ENV`)."""
+
+CASE_RE = re.compile(
+    r"^case=(?P<case>\d+) type=(?P<type>\w+) m=(?P<m>\d+) k=(?P<k>\d+) ne11=(?P<ne11>\d+)"
+    r"(?: copies=(?P<copies>\d+) copy_bytes=(?P<copy_bytes>\d+))?"
+    r"(?: ops=(?P<ops>\d+) us_per_op=(?P<us>[0-9.]+)| error=(?P<error>.*))\s*$"
+)
+"""One case line of mm-bench's output (``tuner/data/mm_bench.cpp``)."""
+
+_TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.IGNORECASE)
+_BACKENDS = ("MMQ", "BLAS")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmShape:
+    """One multiplication: weights of quant ``type`` [k, m] by F32 activations [k, ne11]."""
+
+    type: str
+    m: int
+    k: int
+    ne11: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmBenchCase:
+    """One case line of mm-bench's output."""
+
+    ops: int
+    """Ops timed (0 where the case did not run)."""
+    us_per_op: float | None
+    copies: int
+    """Copies of the weights the ops cycled through (0 where the line does not say)."""
+    copy_bytes: int
+    """Bytes of one copy of the weights."""
+    error: str = ""
+
+
+def build_mm_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
+    """mm-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
+    (keyed by the source's hash, in ``<bin>/../mm-bench/``), then reused.
+
+    Raises:
+        UsageError: No shared ggml libraries, headers or compiler.
+        TunerError: The compiler failed (the message names its log).
+    """
+    return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
+
+
+def mm_bench_cases(shapes: Sequence[MmShape]) -> str:
+    """mm-bench's cases file for ``shapes``: case ``i`` is line ``i``."""
+    return "".join(f"{s.type} {s.m} {s.k} {s.ne11}\n" for s in shapes)
+
+
+def parse_mm_bench_output(text: str) -> dict[int, MmBenchCase]:
+    """{case index: its :class:`MmBenchCase`} from mm-bench's output; a case that did not run has
+    ``us_per_op`` None and ``error`` saying why."""
+    out: dict[int, MmBenchCase] = {}
+    for line in text.splitlines():
+        m = CASE_RE.match(line.strip())
+        if not m:
+            continue
+        copies, size = int(m["copies"] or 0), int(m["copy_bytes"] or 0)
+        if m["us"] is not None:
+            case = MmBenchCase(ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size)
+        else:
+            err = m["error"].strip() or "failed"
+            case = MmBenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
+        out[int(m["case"])] = case
+    return out
+
+
+def choice_env(type_name: str, backend: str | None) -> dict[str, str]:
+    """The hook's environment forcing ``backend`` (MMQ or BLAS) for ``type_name`` at every ``ne11``;
+    empty for upstream's choice (None)."""
+    if backend is None:
+        return {}
+    if backend not in _BACKENDS:
+        raise UsageError(
+            f"MMQ timer backend {backend!r} is not one of {', '.join(_BACKENDS)} (or None for upstream's)."
+        )
+    return {ENV: f"{type_name}:0..={backend}"}
+
+
+class MmBenchTimer:
+    """A :class:`tuner.sweep.mmq.MatmulTimer` on mm-bench: one process, one case and one sample a call.
+
+    Args:
+        bin_dir: A build's bin directory with its ``libggml*.so`` (mm-bench is compiled there on first use).
+        log_dir: Where each call's cases file and log go.
+        m, k: The weights' rows and row length (default 4096 x 4096, a llama-8B attention projection).
+        ggml_backend: The ggml backend to time on (``CUDA0``, ``CPU``...).
+        iters: Ops timed per call (at least one per copy of the weights).
+        cache_mb: The weights' copies together exceed this many MiB, so every op reads cold weights.
+        threads: CPU backend threads (default: half the cores).
+        ggml_h, timeout: The build's ``ggml.h`` (default: found above ``bin_dir``); seconds per call.
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path,
+        *,
+        log_dir: Path,
+        m: int = 4096,
+        k: int = 4096,
+        ggml_backend: str = "CPU",
+        iters: int = 50,
+        cache_mb: int = 128,
+        threads: int | None = None,
+        ggml_h: Path | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", ggml_backend):
+            raise UsageError(f"Backend name {ggml_backend!r} is not a ggml backend name such as CUDA0 or CPU.")
+        if not (1 <= m <= 1 << 20 and 1 <= k <= 1 << 20):
+            raise UsageError(f"mm-bench: m and k must be in [1, 1048576] ({m}, {k}).")
+        if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
+            raise UsageError(
+                f"mm-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb})."
+            )
+        self.bin_dir, self.ggml_h, self.log_dir = Path(bin_dir), ggml_h, Path(log_dir)
+        self.m, self.k, self.ggml_backend = m, k, ggml_backend
+        self.iters, self.cache_mb, self.threads, self.timeout = iters, cache_mb, threads, timeout
+        self.calls = 0
+        self._exe: Path | None = None
+
+    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]:
+        """Seconds per multiplication of ``type_name`` weights by ``ne11`` columns, ``backend`` forced
+        (None: upstream's choice).
+
+        Raises:
+            UsageError: A bad type name, batch size or backend.
+            TunerError: mm-bench failed or did not time the case (the message names its log).
+        """
+        if not _TYPE.fullmatch(type_name) or not 1 <= ne11 <= 1 << 20:
+            raise UsageError(f"mm-bench: bad case type {type_name!r} or ne11 {ne11} (in [1, 1048576]).")
+        env = choice_env(type_name, backend)
+        if self._exe is None:
+            self._exe = build_mm_bench(self.bin_dir, ggml_h=self.ggml_h)
+        self.calls += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"mmbench-{self.calls:05d}-{type_name}-ne{ne11}-{backend or 'upstream'}"
+        cases_file = self.log_dir / f"{stem}.txt"
+        cases_file.write_text(mm_bench_cases([MmShape(type=type_name, m=self.m, k=self.k, ne11=ne11)]))
+        cmd = [str(self._exe), "-b", self.ggml_backend, "-f", str(cases_file)]
+        cmd += ["-n", str(self.iters), "-c", str(self.cache_mb)]
+        if self.threads is not None:
+            cmd += ["-t", str(self.threads)]
+        log_file = self.log_dir / f"{stem}.log"
+        log_file.unlink(missing_ok=True)
+        log.progress(
+            f"  MUL_MAT {type_name} {self.m}x{self.k} ne11={ne11} {backend or 'upstream'} on {self.ggml_backend}"
+        )
+        base = {k: v for k, v in os.environ.items() if k != ENV}
+        res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=self.timeout, check=False, what=EXE)
+        case = parse_mm_bench_output(log_file.read_text(errors="replace")).get(0)
+        if res.returncode != 0 or case is None or case.us_per_op is None:
+            why = f"exit code {res.returncode}" if res.returncode else (case.error if case else "no case line")
+            raise TunerError(f"mm-bench did not time {type_name} ne11={ne11} ({why}); see {log_file}.")
+        if not (math.isfinite(case.us_per_op) and case.us_per_op > 0):
+            raise TunerError(f"mm-bench timed {type_name} ne11={ne11} at {case.us_per_op} us; see {log_file}.")
+        return [case.us_per_op * 1e-6]
