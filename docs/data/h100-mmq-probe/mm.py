@@ -1,4 +1,4 @@
-"""H100 probe: mm-bench on two builds (upstream's MMQ choice; GGML_CUDA_FORCE_CUBLAS) in rotated rounds."""
+"""H100 probe (bash mm.sh runs it; $OUT is where it writes): mm-bench on two builds (upstream's MMQ choice; GGML_CUDA_FORCE_CUBLAS) in rotated rounds."""
 import json, os, statistics, subprocess, sys, time
 from pathlib import Path
 from tuner.measure.mm_bench import MmShape, build_mm_bench, mm_bench_cases, parse_mm_bench_output

@@ -9,5 +9,5 @@ for v in cuda cuda-force-cublas; do
 done
 b1=$(awk -F'|' '/bin dir/{gsub(/ /,"",$3); print $3}' $OUT/build-cuda.txt); b2=$(awk -F'|' '/bin dir/{gsub(/ /,"",$3); print $3}' $OUT/build-cuda-force-cublas.txt)
 echo "bins: $b1 $b2 ($(( $(date +%s) - t0 )) s)"
-timeout 200 python3 .carry/mm.py "$b1" "$b2" 3 2>&1 | tee $OUT/mm-probe.txt
+timeout 200 python3 "$(dirname "$0")/mm.py" "$b1" "$b2" 3 2>&1 | tee $OUT/mm-probe.txt
 echo "wall=$(( $(date +%s) - t0 ))s"
