@@ -21,10 +21,12 @@ from __future__ import annotations
 
 __all__ = [
     "CASE_RE",
+    "BenchCase",
     "FaBenchCase",
     "build_bench",
     "build_fa_bench",
     "fa_bench_cases",
+    "parse_bench_output",
     "parse_fa_bench_output",
     "run_round_fast",
 ]
@@ -124,8 +126,8 @@ def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FaBenchCase:
-    """One case line of fa-bench's output."""
+class BenchCase:
+    """One case line of a bench program's output (fa-bench, mm-bench)."""
 
     ops: int
     """Ops timed (0 where the case did not run)."""
@@ -133,27 +135,34 @@ class FaBenchCase:
     copies: int
     """Copies of the inputs the ops cycled through (0 where the line does not say)."""
     copy_bytes: int
-    """Bytes of one copy: Q, K, V and the mask."""
+    """Bytes of one copy (fa-bench: Q, K, V and the mask; mm-bench: the weights)."""
     error: str = ""
 
 
-def parse_fa_bench_output(text: str) -> dict[int, FaBenchCase]:
-    """{case index: its :class:`FaBenchCase`} from fa-bench's output; a case that did not run has
+FaBenchCase = BenchCase
+
+
+def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCase]:
+    """{case index: its :class:`BenchCase`} from a bench program's output, its lines matched by ``case_re``
+    (groups ``case``, ``copies``, ``copy_bytes``, ``ops``, ``us``, ``error``); a case that did not run has
     ``us_per_op`` None and ``error`` saying why."""
-    out: dict[int, FaBenchCase] = {}
+    out: dict[int, BenchCase] = {}
     for line in text.splitlines():
-        m = CASE_RE.match(line.strip())
+        m = case_re.match(line.strip())
         if not m:
             continue
         copies, size = int(m["copies"] or 0), int(m["copy_bytes"] or 0)
         if m["us"] is not None:
-            out[int(m["case"])] = FaBenchCase(
-                ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size
-            )
+            out[int(m["case"])] = BenchCase(ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size)
         else:
             err = m["error"].strip() or "failed"
-            out[int(m["case"])] = FaBenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
+            out[int(m["case"])] = BenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
     return out
+
+
+def parse_fa_bench_output(text: str) -> dict[int, BenchCase]:
+    """:func:`parse_bench_output` of fa-bench's lines (:data:`CASE_RE`)."""
+    return parse_bench_output(text, CASE_RE)
 
 
 def run_round_fast(

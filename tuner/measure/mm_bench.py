@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.fa_bench import build_bench
+from tuner.measure.fa_bench import BenchCase, build_bench, parse_bench_output
 
 SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
@@ -67,18 +67,7 @@ class MmShape:
     ne11: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MmBenchCase:
-    """One case line of mm-bench's output."""
-
-    ops: int
-    """Ops timed (0 where the case did not run)."""
-    us_per_op: float | None
-    copies: int
-    """Copies of the weights the ops cycled through (0 where the line does not say)."""
-    copy_bytes: int
-    """Bytes of one copy of the weights."""
-    error: str = ""
+MmBenchCase = BenchCase
 
 
 def build_mm_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
@@ -97,22 +86,10 @@ def mm_bench_cases(shapes: Sequence[MmShape]) -> str:
     return "".join(f"{s.type} {s.m} {s.k} {s.ne11}\n" for s in shapes)
 
 
-def parse_mm_bench_output(text: str) -> dict[int, MmBenchCase]:
-    """{case index: its :class:`MmBenchCase`} from mm-bench's output; a case that did not run has
-    ``us_per_op`` None and ``error`` saying why."""
-    out: dict[int, MmBenchCase] = {}
-    for line in text.splitlines():
-        m = CASE_RE.match(line.strip())
-        if not m:
-            continue
-        copies, size = int(m["copies"] or 0), int(m["copy_bytes"] or 0)
-        if m["us"] is not None:
-            case = MmBenchCase(ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size)
-        else:
-            err = m["error"].strip() or "failed"
-            case = MmBenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
-        out[int(m["case"])] = case
-    return out
+def parse_mm_bench_output(text: str) -> dict[int, BenchCase]:
+    """{case index: its :class:`BenchCase`} from mm-bench's output (:data:`CASE_RE`); a case that did not
+    run has ``us_per_op`` None and ``error`` saying why."""
+    return parse_bench_output(text, CASE_RE)
 
 
 def choice_env(type_name: str, backend: str | None) -> dict[str, str]:
