@@ -63,6 +63,7 @@ STAGE_SECONDS = "stage_seconds"
 LLAMA_BENCH_CALLS = "llama_bench_calls"  # llama-bench runs the search made (summed over resumed runs)
 SCREEN_ROUNDS = "screen_rounds"
 SCREEN_METHOD = "screen_method"  # what timed the screen: "kernel" (the FA op alone) or "llama-bench"
+TUNE_FOCUS = "tune_focus"  # the tune's --tune-knobs globs and --tune-depths: what its trials sampled and measured
 COMPOSE = "compose"
 RESULT = "result"  # the search's outcome (tuner.study.record.SearchOutcome)
 
@@ -214,6 +215,15 @@ class StudyState:
 
     def set_screen_method(self, method: str) -> None:
         self._set(SCREEN_METHOD, method)
+
+    @property
+    def tune_focus(self) -> dict[str, list[Any]] | None:
+        """``{"knobs": globs, "depths": depths}`` the tune's trials were asked with (None: not recorded)."""
+        v = self._get(TUNE_FOCUS)
+        return None if v is None else {"knobs": list(v.get("knobs", [])), "depths": list(v.get("depths", []))}
+
+    def set_tune_focus(self, knobs: Sequence[str], depths: Sequence[int]) -> None:
+        self._set(TUNE_FOCUS, {"knobs": list(knobs), "depths": [int(d) for d in depths]})
 
     @property
     def screen_rounds(self) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -764,3 +765,26 @@ def test_the_tune_samples_only_rows_the_model_runs_and_the_asked_knobs() -> None
     tn.check_patterns(space, ("mma.ampere.d64.c8.*", "variant"))
     with pytest.raises(UsageError, match=r"--tune-knobs mma\.ampere\.d96\.\* matches no knob"):
         tn.check_patterns(space, ("mma.ampere.d64.c8.*", "mma.ampere.d96.*"))
+
+
+def test_a_studys_tune_trials_keep_one_focus() -> None:
+    import optuna
+
+    from tuner.errors import UsageError
+    from tuner.search.pipeline import _tune_focus
+    from tuner.search.study import SearchConfig
+    from tuner.study.state import StudyState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    st = StudyState(study)
+    base = SearchConfig(target=None, source=None, model=Path("m.gguf"), study="s", trials=30)  # type: ignore[arg-type]
+    focus = dataclasses.replace(base, tune_knobs=("mma.ampere.d64.c8.*",), tune_depths=(32768, 65536))
+    assert _tune_focus(focus, st, study) is focus  # the first sampling run records its focus
+    assert st.tune_focus == {"knobs": ["mma.ampere.d64.c8.*"], "depths": [32768, 65536]}
+    study.enqueue_trial({})  # the study now has a trial
+    worker = _tune_focus(dataclasses.replace(base, worker=True), st, study)  # a worker without the flags
+    assert (worker.tune_knobs, worker.tune_depths) == (("mma.ampere.d64.c8.*",), (32768, 65536))
+    assert _tune_focus(dataclasses.replace(base, trials=0), st, study).tune_knobs == ()  # samples nothing
+    with pytest.raises(UsageError, match=r"asked with --tune-knobs mma\.ampere\.d64\.c8\.\* --tune-depths 32768,65536"):
+        _tune_focus(base, st, study)  # the whole space on top of the decode rows' trials
