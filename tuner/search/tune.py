@@ -33,10 +33,12 @@ __all__ = [
     "screen_noise",
     "trial_heartbeat",
     "tunable_knobs",
+    "tune_focus",
     "wanted",
 ]
 
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import os
@@ -323,3 +325,38 @@ def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
         yield
     finally:
         hb.join()
+
+
+def tune_focus(cfg: Any, st: Any, study: Any) -> Any:
+    """``cfg`` (a :class:`~tuner.search.study.SearchConfig`) with the tune focus (``--tune-knobs``, ``--tune-depths``) its study's trials were asked with.
+
+    The first run that samples records its focus. A ``tuner worker`` without those flags takes the recorded
+    one; a run asking another focus of a study that already has trials is refused: its trials would mix
+    two spaces (and two sets of depths) in one sampler and one importance table."""
+    if not cfg.trials and not cfg.worker:  # this run samples nothing (e.g. a rerun that only exports)
+        return cfg
+    mine: dict[str, list[Any]] = {"knobs": list(cfg.tune_knobs), "depths": list(cfg.tune_depths or [])}
+    recorded = st.tune_focus
+    if recorded is None:
+        st.set_tune_focus(mine["knobs"], mine["depths"])
+        return cfg
+    if cfg.worker and not any(mine.values()):
+        knobs, depths = tuple(recorded["knobs"]), tuple(recorded["depths"]) or None
+        return dataclasses.replace(cfg, tune_knobs=knobs, tune_depths=depths)
+    if mine != recorded and study.get_trials(deepcopy=False):
+
+        def flags(f: Mapping[str, Any]) -> str:
+            return (
+                " ".join(
+                    [f"--tune-knobs {','.join(f['knobs'])}"] * bool(f["knobs"])
+                    + [f"--tune-depths {','.join(map(str, f['depths']))}"] * bool(f["depths"])
+                )
+                or "no --tune-knobs/--tune-depths"
+            )
+
+        raise UsageError(
+            f"study {cfg.study!r} has tune trials asked with {flags(recorded)}; this run asks {flags(mine)}. "
+            "Its trials would mix two spaces in one sampler. Rerun with the study's flags, or give a new --study."
+        )
+    st.set_tune_focus(mine["knobs"], mine["depths"])
+    return cfg

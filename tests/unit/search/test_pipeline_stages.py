@@ -771,8 +771,8 @@ def test_a_studys_tune_trials_keep_one_focus() -> None:
     import optuna
 
     from tuner.errors import UsageError
-    from tuner.search.pipeline import _tune_focus
     from tuner.search.study import SearchConfig
+    from tuner.search.tune import tune_focus as _tune_focus
     from tuner.study.state import StudyState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -111,6 +111,7 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         depths=(0,),
         tune_depths=None,
         tune_knobs=(),
+        worker=False,
         gate=False,
         run_dir=tmp_path,
         study="faults",
