@@ -1,7 +1,8 @@
 // fa-bench: time ggml's FLASH_ATTN_EXT at exact shapes, reading cold K/V on every op.
 //
 // Built by tuner (tuner/measure/fa_bench.py) against a llama.cpp build's ggml headers and shared
-// libraries; it uses only ggml's public API (ggml.h, ggml-alloc.h, ggml-backend.h).
+// libraries; it uses only ggml's public API (ggml.h, ggml-alloc.h, ggml-backend.h) and bench_common.h beside it
+// (the command line, the backend and the timed run it shares with the other bench program).
 //
 // The op is the one llama.cpp's graph hands the backend (src/llama-graph.cpp build_attn_mha) and the
 // one tuner's test-backend-ops file describes (tuner/measure/kernel_bench.py fa_test_file):
@@ -27,6 +28,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "bench_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +40,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -49,28 +50,10 @@ struct fa_case {
     ggml_type type;
 };
 
-[[noreturn]] void usage(const std::string & why) {
-    std::fprintf(stderr,
-                 "fa-bench: %s\n"
-                 "usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]\n",
-                 why.c_str());
-    std::exit(2);
-}
-
-int64_t parse_int(const char * s, const char * what, int64_t lo, int64_t hi) {
-    char * end = nullptr;
-    const long long v = std::strtoll(s, &end, 10);
-    if (end == s || *end != '\0' || v < lo || v > hi) {
-        usage(std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-              "] (got '" + s + "')");
-    }
-    return v;
-}
-
 std::vector<fa_case> read_cases(const std::string & path) {
     std::ifstream in(path);
     if (!in) {
-        usage("cannot read the cases file " + path);
+        bench::usage("cannot read the cases file " + path);
     }
     std::vector<fa_case> cases;
     std::string line;
@@ -85,7 +68,7 @@ std::vector<fa_case> read_cases(const std::string & path) {
         }
         std::string extra;
         if (!(ss >> c.hsv >> c.nh >> c.nhkv >> c.nkv >> c.nb >> c.type_name) || (ss >> extra)) {
-            usage(path + ":" + std::to_string(lineno) +
+            bench::usage(path + ":" + std::to_string(lineno) +
                   ": expected 'head_dim head_dim_v n_head n_head_kv n_kv n_batch kv_type'");
         }
         c.type = GGML_TYPE_COUNT;
@@ -96,17 +79,17 @@ std::vector<fa_case> read_cases(const std::string & path) {
             }
         }
         if (c.type == GGML_TYPE_COUNT) {
-            usage(path + ":" + std::to_string(lineno) + ": kv_type must be a ggml type name such as f16 or q8_0 (got " +
+            bench::usage(path + ":" + std::to_string(lineno) + ": kv_type must be a ggml type name such as f16 or q8_0 (got " +
                   c.type_name + ")");
         }
         const int64_t lim = int64_t(1) << 22;
         for (int64_t v : {c.hsk, c.hsv, c.nh, c.nhkv, c.nkv, c.nb}) {
             if (v < 1 || v > lim) {
-                usage(path + ":" + std::to_string(lineno) + ": sizes must be in [1, 4194304]");
+                bench::usage(path + ":" + std::to_string(lineno) + ": sizes must be in [1, 4194304]");
             }
         }
         if (c.nh % c.nhkv != 0 || c.hsk % ggml_blck_size(c.type) != 0 || c.hsv % ggml_blck_size(c.type) != 0) {
-            usage(path + ":" + std::to_string(lineno) +
+            bench::usage(path + ":" + std::to_string(lineno) +
                   ": n_head must be a multiple of n_head_kv and head sizes multiples of the type's block");
         }
         cases.push_back(c);
@@ -241,49 +224,19 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
     const std::vector<uint8_t> k_data = random_rows(c.type, c.hsk * c.nhkv, pool_rows(c.hsk * c.nhkv), gen);
     const std::vector<uint8_t> v_data = random_rows(c.type, c.hsv * c.nhkv, pool_rows(c.hsv * c.nhkv), gen);
     const std::vector<ggml_fp16_t> m_data = make_mask(c.nkv, mask_rows(c), gen);
-    auto fill = [](ggml_tensor * t, const std::vector<uint8_t> & data) {
-        const size_t n = ggml_nbytes(t);
-        for (size_t off = 0; off < n; off += data.size()) {
-            ggml_backend_tensor_set(t, data.data(), off, std::min(data.size(), n - off));
-        }
-    };
     for (const fa_tensors & t : ops) {
         ggml_backend_tensor_set(t.q, q_data.data(), 0, q_data.size());
-        fill(t.k, k_data);
-        fill(t.v, v_data);
+        bench::fill_repeating(t.k, k_data);
+        bench::fill_repeating(t.v, v_data);
         ggml_backend_tensor_set(t.m, m_data.data(), 0, m_data.size() * sizeof(ggml_fp16_t));
     }
 
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
+    std::vector<ggml_tensor *> outs;
     for (const fa_tensors & t : ops) {
-        ggml_build_forward_expand(gf, t.out);
+        outs.push_back(t.out);
     }
-    for (int64_t i = copies; i < n_ops; i++) {
-        ggml_graph_add_node(gf, ops[size_t(i % copies)].out);
-    }
-
-    for (int64_t w = 0; w < warmup; w++) {
-        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
-            print_case(idx, c);
-            std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
-            ggml_backend_buffer_free(buf);
-            ggml_free(ctx);
-            return;
-        }
-    }
-    ggml_backend_synchronize(backend);
-    const int64_t t0 = ggml_time_us();
-    const ggml_status status = ggml_backend_graph_compute(backend, gf);
-    ggml_backend_synchronize(backend);
-    const int64_t t1 = ggml_time_us();
-    print_case(idx, c);
-    if (status != GGML_STATUS_SUCCESS) {
-        std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
-    } else {
-        std::printf(" copies=%lld copy_bytes=%zu ops=%lld us_per_op=%.3f\n", (long long) copies, copy_bytes,
-                    (long long) n_ops, double(t1 - t0) / double(n_ops));
-    }
-    std::fflush(stdout);
+    ggml_cgraph * gf = bench::cycle_graph(ctx, graph_size, outs, n_ops);
+    bench::time_graph(backend, gf, warmup, n_ops, copies, copy_bytes, [&] { print_case(idx, c); });
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
 }
@@ -291,66 +244,15 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
 }  // namespace
 
 int main(int argc, char ** argv) {
-    std::string backend_name;
-    std::string cases_path;
-    int64_t iters = 50;
-    int64_t cache_mb = 128;
-    int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
-    int64_t warmup = 1;
-    for (int i = 1; i < argc; i++) {
-        const std::string a = argv[i];
-        if (i + 1 >= argc) {
-            usage("option " + a + " needs a value");
-        }
-        const char * val = argv[++i];
-        if (a == "-b") {
-            backend_name = val;
-        } else if (a == "-f") {
-            cases_path = val;
-        } else if (a == "-n") {
-            iters = parse_int(val, "-n", 1, 1000000);
-        } else if (a == "-c") {
-            cache_mb = parse_int(val, "-c", 0, 1 << 20);
-        } else if (a == "-t") {
-            threads = parse_int(val, "-t", 1, 4096);
-        } else if (a == "-w") {
-            warmup = parse_int(val, "-w", 0, 1000);
-        } else {
-            usage("unknown option " + a);
-        }
-    }
-    if (backend_name.empty() || cases_path.empty()) {
-        usage("-b BACKEND and -f CASES are required");
-    }
-    const std::vector<fa_case> cases = read_cases(cases_path);
+    bench::prog = "fa-bench";
+    const bench::args a = bench::parse_args(argc, argv);
+    const std::vector<fa_case> cases = read_cases(a.cases_path);
     if (cases.empty()) {
-        usage("no cases in " + cases_path);
+        bench::usage("no cases in " + a.cases_path);
     }
-
-    ggml_time_init();
-    ggml_backend_load_all();
-    ggml_backend_t backend = ggml_backend_init_by_name(backend_name.c_str(), nullptr);
-    if (backend == nullptr) {
-        std::string names;
-        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-        }
-        usage("no backend named " + backend_name + " (this build has: " + names + ")");
-    }
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    if (dev != nullptr) {
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-        auto set_threads =
-            (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-        if (set_threads != nullptr) {
-            set_threads(backend, int(threads));
-        }
-    }
-    std::printf("fa-bench backend=%s iters=%lld cache_mb=%lld warmup=%lld\n", ggml_backend_name(backend),
-                (long long) iters, (long long) cache_mb, (long long) warmup);
-    std::fflush(stdout);
+    ggml_backend_t backend = bench::init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
-        run_case(backend, i, cases[i], iters, cache_mb << 20, warmup);
+        run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
     }
     ggml_backend_free(backend);
     return 0;

@@ -1,7 +1,8 @@
 // mm-bench: time ggml's MUL_MAT of quantized weights by F32 activations, reading cold weights on every op.
 //
 // Built by tuner (tuner/measure/mm_bench.py) against a llama.cpp build's ggml headers and shared
-// libraries; it uses only ggml's public API (ggml.h, ggml-alloc.h, ggml-backend.h).
+// libraries; it uses only ggml's public API (ggml.h, ggml-alloc.h, ggml-backend.h) and bench_common.h beside it
+// (the command line, the backend and the timed run it shares with the other bench program).
 //
 // The op is the one llama.cpp's graph hands the backend for a dense projection (build_lora_mm):
 // ggml_mul_mat(ctx, W, X) with
@@ -30,6 +31,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "bench_common.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -40,7 +42,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -50,24 +51,6 @@ struct mm_case {
     int64_t m, k, ne11;
     ggml_type type;
 };
-
-[[noreturn]] void usage(const std::string & why) {
-    std::fprintf(stderr,
-                 "mm-bench: %s\n"
-                 "usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]\n",
-                 why.c_str());
-    std::exit(2);
-}
-
-int64_t parse_int(const char * s, const char * what, int64_t lo, int64_t hi) {
-    char * end = nullptr;
-    const long long v = std::strtoll(s, &end, 10);
-    if (end == s || *end != '\0' || v < lo || v > hi) {
-        usage(std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-              "] (got '" + s + "')");
-    }
-    return v;
-}
 
 ggml_type quantized_type(const std::string & name) {
     for (int t = 0; t < GGML_TYPE_COUNT; t++) {
@@ -83,7 +66,7 @@ ggml_type quantized_type(const std::string & name) {
 std::vector<mm_case> read_cases(const std::string & path) {
     std::ifstream in(path);
     if (!in) {
-        usage("cannot read the cases file " + path);
+        bench::usage("cannot read the cases file " + path);
     }
     std::vector<mm_case> cases;
     std::string line;
@@ -99,20 +82,20 @@ std::vector<mm_case> read_cases(const std::string & path) {
         std::string extra;
         const std::string where = path + ":" + std::to_string(lineno) + ": ";
         if (!(ss >> c.m >> c.k >> c.ne11) || (ss >> extra)) {
-            usage(where + "expected 'type m k ne11'");
+            bench::usage(where + "expected 'type m k ne11'");
         }
         c.type = quantized_type(c.type_name);
         if (c.type == GGML_TYPE_COUNT) {
-            usage(where + "type must be a quantized ggml type name such as q4_0 or q4_K (got " + c.type_name + ")");
+            bench::usage(where + "type must be a quantized ggml type name such as q4_0 or q4_K (got " + c.type_name + ")");
         }
         const int64_t lim = int64_t(1) << 20;
         for (int64_t v : {c.m, c.k, c.ne11}) {
             if (v < 1 || v > lim) {
-                usage(where + "sizes must be in [1, 1048576]");
+                bench::usage(where + "sizes must be in [1, 1048576]");
             }
         }
         if (c.k % ggml_blck_size(c.type) != 0) {
-            usage(where + "k must be a multiple of " + c.type_name + "'s block size " +
+            bench::usage(where + "k must be a multiple of " + c.type_name + "'s block size " +
                   std::to_string(ggml_blck_size(c.type)));
         }
         cases.push_back(c);
@@ -193,42 +176,10 @@ void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, int64_t ite
     const std::vector<float> x_data = random_floats(size_t(c.k * c.ne11), gen);
     ggml_backend_tensor_set(x, x_data.data(), 0, x_data.size() * sizeof(float));
     for (ggml_tensor * w : ws) {
-        const size_t n = ggml_nbytes(w);
-        for (size_t off = 0; off < n; off += w_data.size()) {
-            ggml_backend_tensor_set(w, w_data.data(), off, std::min(w_data.size(), n - off));
-        }
+        bench::fill_repeating(w, w_data);
     }
-
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
-    for (ggml_tensor * out : outs) {
-        ggml_build_forward_expand(gf, out);
-    }
-    for (int64_t i = copies; i < n_ops; i++) {
-        ggml_graph_add_node(gf, outs[size_t(i % copies)]);
-    }
-
-    for (int64_t w = 0; w < warmup; w++) {
-        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
-            print_case(idx, c);
-            std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
-            ggml_backend_buffer_free(buf);
-            ggml_free(ctx);
-            return;
-        }
-    }
-    ggml_backend_synchronize(backend);
-    const int64_t t0 = ggml_time_us();
-    const ggml_status status = ggml_backend_graph_compute(backend, gf);
-    ggml_backend_synchronize(backend);
-    const int64_t t1 = ggml_time_us();
-    print_case(idx, c);
-    if (status != GGML_STATUS_SUCCESS) {
-        std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
-    } else {
-        std::printf(" copies=%lld copy_bytes=%zu ops=%lld us_per_op=%.3f\n", (long long) copies, copy_bytes,
-                    (long long) n_ops, double(t1 - t0) / double(n_ops));
-    }
-    std::fflush(stdout);
+    ggml_cgraph * gf = bench::cycle_graph(ctx, graph_size, outs, n_ops);
+    bench::time_graph(backend, gf, warmup, n_ops, copies, copy_bytes, [&] { print_case(idx, c); });
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
 }
@@ -236,66 +187,15 @@ void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, int64_t ite
 }  // namespace
 
 int main(int argc, char ** argv) {
-    std::string backend_name;
-    std::string cases_path;
-    int64_t iters = 50;
-    int64_t cache_mb = 128;
-    int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
-    int64_t warmup = 1;
-    for (int i = 1; i < argc; i++) {
-        const std::string a = argv[i];
-        if (i + 1 >= argc) {
-            usage("option " + a + " needs a value");
-        }
-        const char * val = argv[++i];
-        if (a == "-b") {
-            backend_name = val;
-        } else if (a == "-f") {
-            cases_path = val;
-        } else if (a == "-n") {
-            iters = parse_int(val, "-n", 1, 1000000);
-        } else if (a == "-c") {
-            cache_mb = parse_int(val, "-c", 0, 1 << 20);
-        } else if (a == "-t") {
-            threads = parse_int(val, "-t", 1, 4096);
-        } else if (a == "-w") {
-            warmup = parse_int(val, "-w", 0, 1000);
-        } else {
-            usage("unknown option " + a);
-        }
-    }
-    if (backend_name.empty() || cases_path.empty()) {
-        usage("-b BACKEND and -f CASES are required");
-    }
-    const std::vector<mm_case> cases = read_cases(cases_path);
+    bench::prog = "mm-bench";
+    const bench::args a = bench::parse_args(argc, argv);
+    const std::vector<mm_case> cases = read_cases(a.cases_path);
     if (cases.empty()) {
-        usage("no cases in " + cases_path);
+        bench::usage("no cases in " + a.cases_path);
     }
-
-    ggml_time_init();
-    ggml_backend_load_all();
-    ggml_backend_t backend = ggml_backend_init_by_name(backend_name.c_str(), nullptr);
-    if (backend == nullptr) {
-        std::string names;
-        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
-            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-        }
-        usage("no backend named " + backend_name + " (this build has: " + names + ")");
-    }
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    if (dev != nullptr) {
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-        auto set_threads =
-            (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-        if (set_threads != nullptr) {
-            set_threads(backend, int(threads));
-        }
-    }
-    std::printf("mm-bench backend=%s iters=%lld cache_mb=%lld warmup=%lld\n", ggml_backend_name(backend),
-                (long long) iters, (long long) cache_mb, (long long) warmup);
-    std::fflush(stdout);
+    ggml_backend_t backend = bench::init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
-        run_case(backend, i, cases[i], iters, cache_mb << 20, warmup);
+        run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
     }
     ggml_backend_free(backend);
     return 0;

@@ -25,6 +25,7 @@ __all__ = [
     "FaBenchCase",
     "build_bench",
     "build_fa_bench",
+    "cached_bench",
     "fa_bench_cases",
     "parse_bench_output",
     "parse_fa_bench_output",
@@ -45,6 +46,8 @@ from tuner.measure.kernel_bench import FaShape, KernelTime, check_candidates, gg
 from tuner.paths import package_data
 
 SOURCE = "fa_bench.cpp"
+COMMON_HEADER = "bench_common.h"
+"""What fa-bench and mm-bench share (command line, backend, timed run), included from beside their source."""
 EXE = "fa-bench"
 
 CASE_RE = re.compile(
@@ -73,11 +76,19 @@ def _compiler(exe_name: str = EXE) -> str:
     return path
 
 
+def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
+    """Where :func:`build_bench` keeps ``exe_name`` for the build in ``bin_dir``:
+    ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of ``tuner/data/<source_name>`` and the shared header
+    (a change to either is a new program)."""
+    digest = hashlib.sha256(package_data(source_name).read_bytes() + package_data(COMMON_HEADER).read_bytes())
+    return Path(bin_dir).resolve().parent / exe_name / digest.hexdigest()[:16] / exe_name
+
+
 def build_bench(
     bin_dir: Path, source_name: str, exe_name: str, *, ggml_h: Path | None = None, timeout: float = 300.0
 ) -> Path:
     """The program ``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and
-    ``libggml*.so`` are in ``bin_dir``: on first use (in ``<bin>/../<exe_name>/<source hash>/``), then reused.
+    ``libggml*.so`` are in ``bin_dir``: on first use (at :func:`cached_bench`), then reused.
 
     Raises:
         UsageError: No shared ggml libraries, headers or compiler.
@@ -89,9 +100,8 @@ def build_bench(
     if not (inc / "ggml-backend.h").is_file():
         raise UsageError(f"{inc} has no ggml-backend.h; {exe_name} needs a ggml tree with the backend API.")
     src = package_data(source_name)
-    key = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
-    out_dir = bin_dir.parent / exe_name / key
-    exe = out_dir / exe_name
+    exe = cached_bench(bin_dir, source_name, exe_name)
+    out_dir = exe.parent
     if exe.is_file() and os.access(exe, os.X_OK):
         return exe
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +119,7 @@ def build_bench(
 
 def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
     """fa-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the source's hash), then reused.
+    (keyed by the hash of its source and the shared header), then reused.
 
     Raises:
         UsageError: No shared ggml libraries, headers or compiler.

@@ -72,7 +72,7 @@ MmBenchCase = BenchCase
 
 def build_mm_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
     """mm-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the source's hash, in ``<bin>/../mm-bench/``), then reused.
+    (keyed by the hash of its source and the shared header, in ``<bin>/../mm-bench/``), then reused.
 
     Raises:
         UsageError: No shared ggml libraries, headers or compiler.

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 import stat
 from pathlib import Path
 
 import pytest
 
 from tuner.errors import UsageError
-from tuner.measure.fa_bench import EXE, SOURCE, build_fa_bench, fa_bench_cases, parse_fa_bench_output, run_round_fast
+from tuner.measure.fa_bench import (
+    EXE,
+    SOURCE,
+    build_fa_bench,
+    cached_bench,
+    fa_bench_cases,
+    parse_fa_bench_output,
+    run_round_fast,
+)
 from tuner.measure.kernel_bench import FaShape, shape_for_model
-from tuner.paths import package_data
 from tuner.targets.models import load_models
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "fa_bench"
@@ -63,9 +69,9 @@ def test_cases_file_has_one_line_a_shape() -> None:
         ] + [s.kv_type]
 
 
-def _fake_build(tmp_path: Path, body: str) -> Path:
-    """A tuner build layout (src/ggml/include, artifacts/<id>/bin with libggml*.so) whose cached fa-bench
-    is a script, so nothing is compiled."""
+def fake_bench_build(tmp_path: Path, source: str, exe_name: str, body: str) -> Path:
+    """A tuner build layout (src/ggml/include, artifacts/<id>/bin with libggml*.so) whose cached bench program
+    (``exe_name`` built from ``tuner/data/<source>``) is a shell script running ``body``, so nothing is compiled."""
     root = tmp_path / "b"
     bin_dir = root / "artifacts" / "x" / "bin"
     bin_dir.mkdir(parents=True)
@@ -75,12 +81,15 @@ def _fake_build(tmp_path: Path, body: str) -> Path:
     inc.mkdir(parents=True)
     for h in ("ggml.h", "ggml-backend.h"):
         (inc / h).write_text("")
-    key = hashlib.sha256(package_data(SOURCE).read_bytes()).hexdigest()[:16]
-    exe = bin_dir.parent / EXE / key / EXE
+    exe = cached_bench(bin_dir, source, exe_name)
     exe.parent.mkdir(parents=True)
     exe.write_text("#!/bin/sh\n" + body)
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return bin_dir
+
+
+def _fake_build(tmp_path: Path, body: str) -> Path:
+    return fake_bench_build(tmp_path, SOURCE, EXE, body)
 
 
 def test_run_round_fast_maps_cases_kernels_and_failures(tmp_path: Path) -> None:

@@ -3,12 +3,11 @@ environment it forces, one sample a call, failures raised with the log, the MMQ 
 
 from __future__ import annotations
 
-import hashlib
-import stat
 from pathlib import Path
 
 import pytest
 
+from tests.unit.measure.test_fa_bench import fake_bench_build
 from tuner.errors import TunerError, UsageError
 from tuner.measure import mm_bench
 from tuner.measure.mm_bench import (
@@ -21,7 +20,6 @@ from tuner.measure.mm_bench import (
     mm_bench_cases,
     parse_mm_bench_output,
 )
-from tuner.paths import package_data
 from tuner.sweep.mmq import ENV, MatmulTimer, MmqCell, MmqChoice, mmq_env, run_mmq_sweep
 
 # Two lines of a run on the CPU build (2 cores: mm-bench -b CPU -n 8 -c 1 -t 2), then failures
@@ -74,20 +72,7 @@ echo "case=0 type=$t m=$m k=$k ne11=$n copies=2 copy_bytes=9 ops=50 us_per_op=$u
 
 def _fake_build(tmp_path: Path) -> Path:
     """A tuner build layout whose cached mm-bench is the stand-in script, so nothing is compiled."""
-    bin_dir = tmp_path / "b" / "artifacts" / "x" / "bin"
-    bin_dir.mkdir(parents=True)
-    for lib in ("libggml.so", "libggml-base.so"):
-        (bin_dir / lib).write_bytes(b"")
-    inc = tmp_path / "b" / "src" / "ggml" / "include"
-    inc.mkdir(parents=True)
-    for h in ("ggml.h", "ggml-backend.h"):
-        (inc / h).write_text("")
-    key = hashlib.sha256(package_data(SOURCE).read_bytes()).hexdigest()[:16]
-    exe = bin_dir.parent / EXE / key / EXE
-    exe.parent.mkdir(parents=True)
-    exe.write_text("#!/bin/sh\n" + FAKE)
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    return bin_dir
+    return fake_bench_build(tmp_path, SOURCE, EXE, FAKE)
 
 
 def test_timer_forces_the_backend_and_returns_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,159 @@
+// bench_common.h: what fa-bench and mm-bench share (tuner/data/fa_bench.cpp, tuner/data/mm_bench.cpp): the
+// command line, the backend, a graph that cycles through the copies of an op, and its timed run with the
+// tail of the case's output line. Header-only: each program is one file compiled with this beside it
+// (tuner/measure/fa_bench.py build_bench), using ggml's public API only.
+
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace bench {
+
+// the program's name in its messages ("fa-bench", "mm-bench"); set first thing in main
+inline const char * prog = "bench";
+
+[[noreturn]] inline void usage(const std::string & why) {
+    std::fprintf(stderr,
+                 "%s: %s\n"
+                 "usage: %s -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]\n",
+                 prog, why.c_str(), prog);
+    std::exit(2);
+}
+
+inline int64_t parse_int(const char * s, const char * what, int64_t lo, int64_t hi) {
+    char * end = nullptr;
+    const long long v = std::strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || v < lo || v > hi) {
+        usage(std::string(what) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+              "] (got '" + s + "')");
+    }
+    return v;
+}
+
+struct args {
+    std::string backend_name;
+    std::string cases_path;
+    int64_t iters = 50;
+    int64_t cache_mb = 128;
+    int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
+    int64_t warmup = 1;
+};
+
+// -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]; bad ones: usage (exit 2)
+inline args parse_args(int argc, char ** argv) {
+    args a;
+    for (int i = 1; i < argc; i++) {
+        const std::string opt = argv[i];
+        if (i + 1 >= argc) {
+            usage("option " + opt + " needs a value");
+        }
+        const char * val = argv[++i];
+        if (opt == "-b") {
+            a.backend_name = val;
+        } else if (opt == "-f") {
+            a.cases_path = val;
+        } else if (opt == "-n") {
+            a.iters = parse_int(val, "-n", 1, 1000000);
+        } else if (opt == "-c") {
+            a.cache_mb = parse_int(val, "-c", 0, 1 << 20);
+        } else if (opt == "-t") {
+            a.threads = parse_int(val, "-t", 1, 4096);
+        } else if (opt == "-w") {
+            a.warmup = parse_int(val, "-w", 0, 1000);
+        } else {
+            usage("unknown option " + opt);
+        }
+    }
+    if (a.backend_name.empty() || a.cases_path.empty()) {
+        usage("-b BACKEND and -f CASES are required");
+    }
+    return a;
+}
+
+// the backend named -b (usage, with the names this build has, when there is none), with -t threads where
+// it takes a thread count; prints the run's header line
+inline ggml_backend_t init_backend(const args & a) {
+    ggml_time_init();
+    ggml_backend_load_all();
+    ggml_backend_t backend = ggml_backend_init_by_name(a.backend_name.c_str(), nullptr);
+    if (backend == nullptr) {
+        std::string names;
+        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+        }
+        usage("no backend named " + a.backend_name + " (this build has: " + names + ")");
+    }
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    if (dev != nullptr) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        auto set_threads =
+            (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+        if (set_threads != nullptr) {
+            set_threads(backend, int(a.threads));
+        }
+    }
+    std::printf("%s backend=%s iters=%lld cache_mb=%lld warmup=%lld\n", prog, ggml_backend_name(backend),
+                (long long) a.iters, (long long) a.cache_mb, (long long) a.warmup);
+    std::fflush(stdout);
+    return backend;
+}
+
+// t filled with data repeated (a pool of random rows uploaded again and again: a large tensor costs an
+// upload, not a random draw and a conversion per value)
+inline void fill_repeating(ggml_tensor * t, const std::vector<uint8_t> & data) {
+    const size_t n = ggml_nbytes(t);
+    for (size_t off = 0; off < n; off += data.size()) {
+        ggml_backend_tensor_set(t, data.data(), off, std::min(data.size(), n - off));
+    }
+}
+
+// one graph of n_ops ops: each copy's output once, then again cycling through the copies
+inline ggml_cgraph * cycle_graph(ggml_context * ctx, size_t graph_size, const std::vector<ggml_tensor *> & outs,
+                                 int64_t n_ops) {
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
+    for (ggml_tensor * out : outs) {
+        ggml_build_forward_expand(gf, out);
+    }
+    const int64_t copies = int64_t(outs.size());
+    for (int64_t i = copies; i < n_ops; i++) {
+        ggml_graph_add_node(gf, outs[size_t(i % copies)]);
+    }
+    return gf;
+}
+
+// warm-up runs, then one timed run; print_case() prints the line's head, this its tail
+template <class PrintCase>
+void time_graph(ggml_backend_t backend, ggml_cgraph * gf, int64_t warmup, int64_t n_ops, int64_t copies,
+                size_t copy_bytes, PrintCase print_case) {
+    for (int64_t w = 0; w < warmup; w++) {
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            print_case();
+            std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
+            return;
+        }
+    }
+    ggml_backend_synchronize(backend);
+    const int64_t t0 = ggml_time_us();
+    const ggml_status status = ggml_backend_graph_compute(backend, gf);
+    ggml_backend_synchronize(backend);
+    const int64_t t1 = ggml_time_us();
+    print_case();
+    if (status != GGML_STATUS_SUCCESS) {
+        std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
+    } else {
+        std::printf(" copies=%lld copy_bytes=%zu ops=%lld us_per_op=%.3f\n", (long long) copies, copy_bytes,
+                    (long long) n_ops, double(t1 - t0) / double(n_ops));
+    }
+    std::fflush(stdout);
+}
+
+}  // namespace bench
