@@ -142,11 +142,6 @@ def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
     return statistics.median(vals) if vals else math.inf
 
 
-def _changed(c: CellStats) -> list[str]:
-    """The candidates of a cell that ran another kernel than upstream's there (they can change a decision)."""
-    return c.changed
-
-
 def _unchanged(c: CellStats, name: str) -> bool:
     """The candidate ran upstream's own kernel here (both kernels known and the same): its cell is A/A."""
     k = c.kernels.get(name)
@@ -207,9 +202,7 @@ def open_depths(
     """
     if rule == "sequential":
         calls = sequential_calls(cells, family=family)
-        return {
-            d for d, c in cells.items() if any((d, n) not in calls or not calls[(d, n)].settled for n in _changed(c))
-        }
+        return {d for d, c in cells.items() if any((d, n) not in calls or not calls[(d, n)].settled for n in c.changed)}
     out = set()
     for d, c in cells.items():
         bar = 1.0 + max(c.noise_pct, noise_floor(cells, d)) / 100.0

@@ -83,7 +83,7 @@ def wanted(name: str, patterns: Sequence[str]) -> bool:
 def check_patterns(space: Any, patterns: Sequence[str]) -> None:
     """Refuse a ``--tune-knobs`` glob that matches no tunable knob (nor ``variant``) of ``space``."""
     names = [k.name for k in tunable_knobs(space, {})] + ["variant"]
-    bad = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    bad = [p for p in patterns if not any(wanted(n, (p,)) for n in names)]
     if bad:
         raise UsageError(
             f"--tune-knobs {','.join(bad)} matches no knob the {space.arch} space tunes. Its knobs: "
