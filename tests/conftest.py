@@ -88,6 +88,15 @@ def cpu_build(tree_a):
 
 
 @pytest.fixture(scope="session")
+def cpu_shared_bin(cpu_build) -> Path:
+    """The CPU build's bin dir with its shared libggml*.so, which fa-bench and mm-bench link against."""
+    bin_dir = Path(cpu_build.bin_dir)
+    if not (bin_dir / "libggml.so").exists():
+        pytest.skip(f"the CPU build at {bin_dir} has no shared libggml.so to link a bench program against")
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tree_a) -> Path:
     """The `tiny` synthetic model (llama arch, head size 64, GQA 4), made once."""
     from tuner.targets.models import synth_cached

@@ -16,15 +16,8 @@ from tuner.targets.models import load_models
 pytestmark = pytest.mark.integration
 
 
-def _bin_dir(cpu_build: object) -> Path:
-    bin_dir = Path(getattr(cpu_build, "bin_dir"))  # noqa: B009
-    if not (bin_dir / "libggml.so").exists():
-        pytest.skip(f"the CPU build at {bin_dir} has no shared libggml.so to link fa-bench against")
-    return bin_dir
-
-
-def test_fa_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
-    bin_dir = _bin_dir(cpu_build)
+def test_fa_bench_on_cpu_build(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    bin_dir = cpu_shared_bin
     tiny = load_models()["tiny"]
     shapes = [shape_for_model(tiny, n_kv=256), shape_for_model(tiny, n_kv=512, kv_type="q8_0")]
     out = run_round_fast(bin_dir, shapes, {"upstream": {}}, log_dir=tmp_path / "logs", iters=8, cache_mb=1)
@@ -48,8 +41,8 @@ def test_fa_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
     assert all(big > 1 for big in copies[4])
 
 
-def test_fa_bench_refuses_bad_cases(cpu_build, tmp_path: Path) -> None:
-    exe = build_fa_bench(_bin_dir(cpu_build))
+def test_fa_bench_refuses_bad_cases(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    exe = build_fa_bench(cpu_shared_bin)
     cases = tmp_path / "cases.txt"
     cases.write_text("64 64 4 3 256 1 f16\n")  # 4 heads over 3 KV heads
     res = _run.run([exe, "-b", "CPU", "-f", cases], timeout=60, check=False)

@@ -18,15 +18,8 @@ pytestmark = pytest.mark.integration
 SHAPES = [MmShape(type="q4_0", m=256, k=256, ne11=8), MmShape(type="q8_0", m=256, k=256, ne11=32)]
 
 
-def _bin_dir(cpu_build: object) -> Path:
-    bin_dir = Path(getattr(cpu_build, "bin_dir"))  # noqa: B009
-    if not (bin_dir / "libggml.so").exists():
-        pytest.skip(f"the CPU build at {bin_dir} has no shared libggml.so to link mm-bench against")
-    return bin_dir
-
-
-def test_mm_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
-    exe = build_mm_bench(_bin_dir(cpu_build))
+def test_mm_bench_on_cpu_build(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    exe = build_mm_bench(cpu_shared_bin)
     cases = tmp_path / "cases.txt"
     cases.write_text(mm_bench_cases(SHAPES))
     copies = {}
@@ -42,8 +35,8 @@ def test_mm_bench_on_cpu_build(cpu_build, tmp_path: Path) -> None:
     assert all(big > 1 for big in copies[1])
 
 
-def test_mm_bench_refuses_bad_cases(cpu_build, tmp_path: Path) -> None:
-    exe = build_mm_bench(_bin_dir(cpu_build))
+def test_mm_bench_refuses_bad_cases(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    exe = build_mm_bench(cpu_shared_bin)
     for line, why in (("f32 256 256 8", "quantized ggml type"), ("q4_K 256 100 8", "block size 256")):
         cases = tmp_path / "cases.txt"
         cases.write_text(line + "\n")
@@ -51,8 +44,8 @@ def test_mm_bench_refuses_bad_cases(cpu_build, tmp_path: Path) -> None:
         assert res.returncode == 2 and why in res.output, res.output
 
 
-def test_mm_bench_timer_on_cpu(cpu_build, tmp_path: Path) -> None:
-    timer = MmBenchTimer(_bin_dir(cpu_build), log_dir=tmp_path / "logs", m=256, k=256, iters=8, cache_mb=1, threads=2)
+def test_mm_bench_timer_on_cpu(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    timer = MmBenchTimer(cpu_shared_bin, log_dir=tmp_path / "logs", m=256, k=256, iters=8, cache_mb=1, threads=2)
     for backend in (None, "MMQ"):  # the CPU backend ignores the hook's variable: both run ggml-cpu's kernel
         (s,) = timer("q4_K", 16, backend)
         assert math.isfinite(s) and 0 < s < 1
