@@ -108,8 +108,21 @@ def test_timer_raises_with_the_log(tmp_path: Path) -> None:
         MmBenchTimer(tmp_path, log_dir=tmp_path)("q4_K", 16, None)
 
 
+CROSSOVER = """\
+read -r t m k n < "$4"
+# 1% jitter from /dev/urandom (the decision rule needs a noise to judge by); cuBLAS 40% faster from ne11 64
+j=$(od -An -N1 -tu1 /dev/urandom | tr -d ' ')
+us=$((10000 + j * 100 / 255))
+case "$GGML_TUNER_MMQ_CHOICES" in *BLAS*) [ "$n" -ge 64 ] && us=$((us * 6 / 10));; esac
+echo "case=0 type=$t m=$m k=$k ne11=$n copies=2 copy_bytes=9 ops=50 us_per_op=$us"
+"""
+
+
 def test_timer_drives_the_mmq_sweep(tmp_path: Path) -> None:
-    timer: MatmulTimer = MmBenchTimer(_fake_build(tmp_path), log_dir=tmp_path / "logs", m=64, k=256)
-    choices = run_mmq_sweep(timer, [MmqCell(type="q4_K", ne11=16), MmqCell(type="q4_K", ne11=32)], rounds=3)
-    assert choices == ()  # BLAS is slower here: nothing to switch to
-    assert len(list((tmp_path / "logs").glob("*.log"))) == 2 * 3 * 3  # cells x configs x rounds
+    bin_dir = fake_bench_build(tmp_path, SOURCE, EXE, CROSSOVER)
+    timer: MatmulTimer = MmBenchTimer(bin_dir, log_dir=tmp_path / "logs", m=64, k=256)
+    cells = [MmqCell(type="q4_K", ne11=n) for n in (16, 32, 64, 128)]
+    choices = run_mmq_sweep(timer, cells, rounds=4)
+    # the forced backend reaches the program through the hook's variable, and the sweep composes the crossover
+    assert choices == (MmqChoice(type="q4_K", lo=64, hi=None, backend="BLAS"),)
+    assert len(list((tmp_path / "logs").glob("*.log"))) == 4 * 3 * 4  # cells x configs x rounds
