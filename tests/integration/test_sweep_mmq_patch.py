@@ -128,3 +128,21 @@ def test_cpp_hook_aborts_where_python_refuses(tree_a, tmp_path: Path, env: str) 
         parse_mmq_choices(env)
     res = _ask(_harness(tree_a, tmp_path), env, [("q4_K", 16)])
     assert res.returncode == 3 and "is not TYPE:LO..HI=MMQ|BLAS" in res.stderr
+
+
+def test_only_a_build_that_asks_for_the_hook_carries_it(tree_a) -> None:
+    """The hook is opt-in: a search's build (and so its tuned.patch and build id) has no MMQ hook; the
+    sweep's build (``hooks=("mmq",)``) carries exactly the text patched_mmq_hook makes, in another build directory."""
+    from tuner.plan.render import render_variant
+
+    plain = render_variant(tree_a, "sm_90", "cuda")
+    hooked = render_variant(tree_a, "sm_90", "cuda", hooks=("mmq",))
+    assert MMQ_FILE not in plain.files and "GGML_TUNER_MMQ_CHOICES" not in plain.patch
+    assert hooked.files[MMQ_FILE] == patched_mmq_hook(tree_a.root)
+    assert {k: v for k, v in hooked.files.items() if k != MMQ_FILE} == dict(plain.files)
+    assert hooked.key != plain.key
+    assert "+mmq-hook@" in hooked.short and "+mmq" not in plain.short
+    with pytest.raises(UsageError, match="No opt-in hook 'mqm'.*mmq"):
+        render_variant(tree_a, "sm_90", "cuda", hooks=("mqm",))
+    with pytest.raises(UsageError, match="CPU build has no opt-in hooks"):
+        render_variant(tree_a, "cpu", "cpu", hooks=("mmq",))

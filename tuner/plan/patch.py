@@ -3,7 +3,16 @@ pristine tree rendered from Jinja fragments, and the unified diff ``git apply`` 
 
 from __future__ import annotations
 
-__all__ = ["Edit", "PatchManifest", "load_manifests", "render_patch", "render_template", "unified_diff"]
+__all__ = [
+    "Edit",
+    "PatchManifest",
+    "load_manifests",
+    "opt_in_hooks",
+    "patched_file",
+    "render_patch",
+    "render_template",
+    "unified_diff",
+]
 
 import dataclasses
 import difflib
@@ -16,10 +25,11 @@ from typing import Any
 import jinja2
 
 from tuner._compat import tomllib
-from tuner.errors import TunerError, close_matches
+from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import data_dir
 
 _MODES = ("replace", "insert_before", "insert_after")
+_KEYS = ("description", "families", "opt_in", "edit")
 
 
 @functools.lru_cache(maxsize=4)
@@ -74,6 +84,9 @@ class PatchManifest:
     description: str
     families: tuple[str, ...]
     edits: tuple[Edit, ...]
+    opt_in: str = ""
+    """Non-empty: the manifest applies only to builds that ask for this hook by name (``render_patch``'s
+    ``opt_in``); e.g. the MMQ hook, which only the sweep's build carries."""
 
 
 def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]:
@@ -93,10 +106,8 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
         except tomllib.TOMLDecodeError as err:
             raise TunerError(f"Patch manifest {path} is not valid TOML: {err}.") from err
         for key in doc:
-            if key not in ("description", "families", "edit"):
-                raise TunerError(
-                    f"Unknown key {key!r} in {path}.{close_matches(key, ['description', 'families', 'edit'])}"
-                )
+            if key not in _KEYS:
+                raise TunerError(f"Unknown key {key!r} in {path}.{close_matches(key, _KEYS)}")
         edits = []
         for i, e in enumerate(doc.get("edit", [])):
             for key in e:
@@ -122,6 +133,7 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
                 description=doc.get("description", ""),
                 families=tuple(doc.get("families", ())),
                 edits=tuple(edits),
+                opt_in=str(doc.get("opt_in", "")),
             )
         )
     return out
@@ -190,11 +202,52 @@ def unified_diff(rel: str, old: str, new: str) -> str:
     return "".join(out)
 
 
+def patched_file(source_root: Path, era: str, manifest: str, rel: str, *, templates: Path | None = None) -> str:
+    """The text of ``rel`` after the one manifest named ``manifest`` (its file stem) alone is applied to
+    the pristine tree; for a manifest whose templates need no variant context (an opt-in hook).
+
+    Raises:
+        TunerError: No such manifest, it does not change ``rel``, or an anchor does not match the tree.
+    """
+    found = [m for m in load_manifests(era, base=templates) if m.name == manifest]
+    if not found:
+        raise TunerError(f"No patch manifest {manifest!r} for era {era!r}.")
+    files = _apply_edits(source_root, era, found, {"era": era})
+    if rel not in files:
+        raise TunerError(f"Patch manifest {manifest!r} does not change {rel}.")
+    return files[rel]
+
+
+def opt_in_hooks(era: str, family: str, *, templates: Path | None = None) -> list[str]:
+    """The names of the era's opt-in hooks for a variant family (``PatchManifest.opt_in``), sorted."""
+    return sorted({m.opt_in for m in load_manifests(era, base=templates) if m.opt_in and family in m.families})
+
+
 def render_patch(
-    source_root: Path, era: str, family: str, context: Mapping[str, Any], *, templates: Path | None = None
+    source_root: Path,
+    era: str,
+    family: str,
+    context: Mapping[str, Any],
+    *,
+    templates: Path | None = None,
+    opt_in: Sequence[str] = (),
 ) -> tuple[str, dict[str, str]]:
-    """Render the era's manifests for a variant family into ``(patch, files)``."""
-    manifests = [m for m in load_manifests(era, base=templates) if family in m.families]
+    """Render the era's manifests for a variant family into ``(patch, files)``; an opt-in manifest only
+    where ``opt_in`` names its hook.
+
+    Raises:
+        UsageError: ``opt_in`` names a hook the era has no manifest of for this family.
+    """
+    known = opt_in_hooks(era, family, templates=templates)
+    unknown = [h for h in opt_in if h not in known]
+    if unknown:
+        raise UsageError(
+            f"No opt-in hook {unknown[0]!r} for {family} builds of era {era}; the hooks there are: "
+            f"{', '.join(known) or 'none'}.{close_matches(unknown[0], known)}"
+        )
+    manifests = [
+        m for m in load_manifests(era, base=templates) if family in m.families and (not m.opt_in or m.opt_in in opt_in)
+    ]
     files = _apply_edits(source_root, era, manifests, {"era": era, "family": family, **context})
     patch = "".join(unified_diff(rel, (source_root / rel).read_text(), files[rel]) for rel in sorted(files))
     return patch, files

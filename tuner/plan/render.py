@@ -495,6 +495,7 @@ def render_variant(
     model_shape: Mapping[str, int] | None = None,
     space: SearchSpace | None = None,
     checked: bool = False,
+    hooks: Sequence[str] = (),
 ) -> RenderedVariant:
     """Render one variant of one source tree: defines, base patch and per-TU override headers.
 
@@ -512,6 +513,9 @@ def render_variant(
         space: The arch's search space for this era, when the caller has it (default: loaded here).
         checked: The caller constraint-checked ``compile_values`` against ``space`` already (the search
             checks each trial once, with the model's shape); they are only range-checked here.
+        hooks: Opt-in hooks to add to the base patch (``opt_in`` of ``templates/patches/<era>/*.toml``), e.g.
+            ``("mmq",)`` for the MMQ-vs-cuBLAS hook the sweep's build carries; the patch, and so the build
+            directory, differs from the variant's without them.
 
     Returns:
         The RenderedVariant the build stage consumes.
@@ -536,6 +540,8 @@ def render_variant(
     if compile_values:
         compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
     if family == "cpu":
+        if hooks:
+            raise UsageError(f"A CPU build has no opt-in hooks ({', '.join(hooks)}): they patch GPU sources.")
         return RenderedVariant(
             arch=arch,
             variant=variant,
@@ -549,7 +555,9 @@ def render_variant(
             warnings=tuple(warnings),
         )
     baked = baked_runtime is not None
-    patch, files = render_patch(root, era, family, _patch_context(root, arch, era, sp, compile_values, baked_runtime))
+    opt_in = tuple(sorted(set(hooks)))
+    context = _patch_context(root, arch, era, sp, compile_values, baked_runtime)
+    patch, files = render_patch(root, era, family, context, opt_in=opt_in)
     tu_headers: dict[str, str] = {}
     if not baked:
         tu_headers = (
@@ -569,6 +577,7 @@ def render_variant(
         tu_headers=tu_headers,
         compile_values=compile_values,
         warnings=tuple(warnings),
+        hooks=opt_in,
     )
 
 

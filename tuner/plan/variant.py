@@ -63,6 +63,8 @@ class RenderedVariant:
     """Compile-time knob values that produced ``tu_headers`` (for records and export)."""
     warnings: tuple[str, ...] = ()
     """Things the user should know (e.g. sm_89 requested on a non-Ada machine -> 89-virtual)."""
+    hooks: tuple[str, ...] = ()
+    """Opt-in hooks the patch carries beyond the variant's own (e.g. ``mmq``); already part of ``patch``."""
 
     @property
     def key(self) -> str:
@@ -74,7 +76,8 @@ class RenderedVariant:
 
     @property
     def short(self) -> str:
-        return f"{self.arch}/{self.variant}@{self.artifact_key[:8]}"
+        extra = "".join(f"+{h}-hook" for h in self.hooks)
+        return f"{self.arch}/{self.variant}{extra}@{self.artifact_key[:8]}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

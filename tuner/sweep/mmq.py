@@ -134,98 +134,17 @@ def match_mmq(choices: Sequence[MmqChoice], type_name: str, ne11: int) -> str | 
 
 # ------------------------------------------------------------------------------------------------- C++
 
-_HOOK = r"""// tuner: MMQ vs cuBLAS per quant type and batch size from GGML_TUNER_MMQ_CHOICES, read once: comma-separated
-// TYPE:LO..HI=MMQ|BLAS (TYPE a ggml type name, ne11 in [LO, HI), HI empty = unbounded); the first entry that
-// covers a dense multiplication (n_experts == 0) decides it, any other call keeps upstream's choice.
-struct ggml_tuner_mmq_choice {
-    ggml_type type;
-    int64_t   lo;
-    int64_t   hi; // -1: unbounded
-    bool      mmq;
-};
-
-static bool ggml_tuner_mmq_parse_int(const std::string & s, int64_t & out) {
-    if (s.empty() || s.size() > 18) {
-        return false;
-    }
-    out = 0;
-    for (const char c : s) {
-        if (c < '0' || c > '9') {
-            return false;
-        }
-        out = 10*out + (c - '0');
-    }
-    return true;
-}
-
-static std::vector<ggml_tuner_mmq_choice> ggml_tuner_mmq_parse(const char * text) {
-    std::vector<ggml_tuner_mmq_choice> out;
-    const std::string s = text ? text : "";
-    size_t pos = 0;
-    while (pos < s.size()) {
-        size_t end = s.find(',', pos);
-        if (end == std::string::npos) {
-            end = s.size();
-        }
-        const std::string item = s.substr(pos, end - pos);
-        pos = end + 1;
-        if (item.empty()) {
-            continue;
-        }
-        const size_t colon = item.find(':');
-        const size_t dots  = colon == std::string::npos ? colon : item.find("..", colon);
-        const size_t eq    = dots  == std::string::npos ? dots  : item.find('=', dots);
-        ggml_tuner_mmq_choice c = {GGML_TYPE_COUNT, 0, -1, true};
-        bool ok = eq != std::string::npos;
-        if (ok) {
-            const std::string name = item.substr(0, colon);
-            for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
-                const char * tn = ggml_type_name((ggml_type) t);
-                if (tn != nullptr && name == tn) {
-                    c.type = (ggml_type) t;
-                }
-            }
-            const std::string hi      = item.substr(dots + 2, eq - dots - 2);
-            const std::string backend = item.substr(eq + 1);
-            ok = c.type != GGML_TYPE_COUNT && ggml_tuner_mmq_parse_int(item.substr(colon + 1, dots - colon - 1), c.lo) &&
-                (hi.empty() || (ggml_tuner_mmq_parse_int(hi, c.hi) && c.hi > c.lo)) &&
-                (backend == "MMQ" || backend == "BLAS");
-            c.mmq = backend == "MMQ";
-        }
-        if (!ok) {
-            GGML_ABORT("GGML_TUNER_MMQ_CHOICES: '%s' is not TYPE:LO..HI=MMQ|BLAS", item.c_str());
-        }
-        out.push_back(c);
-    }
-    return out;
-}
-
-// 1: MMQ, 0: cuBLAS, -1: no entry covers this call
-static int ggml_tuner_mmq_choose(const ggml_type type, const int64_t ne11) {
-    static const std::vector<ggml_tuner_mmq_choice> choices = ggml_tuner_mmq_parse(getenv("GGML_TUNER_MMQ_CHOICES"));
-    for (const ggml_tuner_mmq_choice & c : choices) {
-        if (c.type == type && ne11 >= c.lo && (c.hi < 0 || ne11 < c.hi)) {
-            return c.mmq ? 1 : 0;
-        }
-    }
-    return -1;
-}
-
-"""
-
-_HOOK_CALL = """    if (n_experts == 0) {
-        const int tuned = ggml_tuner_mmq_choose(type, ne11);
-        if (tuned >= 0) {
-            return tuned == 1;
-        }
-    }
-
-"""
+_HOOK_MANIFEST = "mmq-hook"
+"""The opt-in patch manifest ``templates/patches/mma/mmq-hook.toml`` (hook ``mmq``): the hook's C++ is its
+templates, so the sweep's build and :func:`patched_mmq_hook` carry the same text."""
+_HOOK_TEMPLATE = "patches/mma/mmq-hook.cu.j2"
 
 
 def hook_block() -> str:
     """The hook's C++ (parser, table and lookup) as :func:`patched_mmq_hook` puts it before the function."""
-    return _HOOK
+    from tuner.plan.patch import render_template
+
+    return render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook")
 
 
 def _function(root: Path) -> tuple[str, int, int]:
@@ -245,9 +164,12 @@ def _function(root: Path) -> tuple[str, int, int]:
 
 
 def patched_mmq_hook(root: Path) -> str:
-    """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc)."""
-    text, start, at = _function(root)
-    return text[:start] + _HOOK + text[start:at] + _HOOK_CALL + text[at:]
+    """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc): the opt-in manifest
+    ``mmq-hook`` alone, as a build with ``render_variant(..., hooks=("mmq",))`` carries it."""
+    from tuner.plan.patch import patched_file
+
+    _function(root)  # the structure check, with its message
+    return patched_file(root, "mma", _HOOK_MANIFEST, MMQ_FILE)
 
 
 def patched_mmq_condition(
@@ -294,7 +216,7 @@ def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
     and exits with status 3. The program reads ``GGML_TUNER_MMQ_CHOICES``, then lines ``TYPE_INDEX NE11``
     from stdin, and prints ``MMQ``, ``BLAS`` or ``NONE`` per line.
     """
-    start = patched.find(_HOOK.splitlines()[0])
+    start = patched.find(hook_block().splitlines()[0])
     fn = patched.find("static int ggml_tuner_mmq_choose(", start)
     end = patched.find("\n}\n", fn)
     if start < 0 or fn < 0 or end < 0:
