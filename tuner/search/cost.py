@@ -23,37 +23,53 @@ def counted(st: StudyState, factory: Any) -> Any:
     return make
 
 
+_SHAPE_KEYS = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
+"""What makes two models cost alike in a search: attention and layer sizes (``[model.shape]``)."""
+
+
+def _same_shape(doc: Mapping[str, Any], shape: Mapping[str, Any]) -> bool:
+    have = (doc.get("model") or {}).get("shape") or {}
+    keys = [k for k in _SHAPE_KEYS if shape.get(k) is not None and have.get(k) is not None]
+    return bool(keys) and all(have.get(k) == shape[k] for k in keys)
+
+
 def past_cost(
-    arch: str, results: Path = Path("results"), *, trials: int | None = None
-) -> tuple[Path, dict[str, Any]] | None:
+    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, Any] | None = None
+) -> tuple[Path, dict[str, Any], bool] | None:
     """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
-    directory): with ``trials`` given, one that ran tune trials where the plan does and none where it does
-    not, if there is such a result; then the one with the most recorded fields (then the first by path);
-    None when none has one."""
+    directory) and whether its model has ``shape``: one of that model shape if there is one; among those,
+    with ``trials`` given, one that ran tune trials where the plan does and none where it does not, if
+    there is such a result; then the one with the most recorded fields (then the first by path); None
+    when none has one."""
     from tuner._compat import tomllib
 
     found = []
     for f in sorted((results / arch).glob("*/config.toml")):
         try:
-            cost = tomllib.loads(f.read_text()).get("cost")
+            doc = tomllib.loads(f.read_text())
         except (OSError, ValueError):  # an unreadable stored result only loses the plan its figures
             continue
+        cost = doc.get("cost")
         if isinstance(cost, Mapping) and cost:
-            found.append((f, dict(cost)))
+            found.append((f, dict(cost), bool(shape) and _same_shape(doc, shape or {})))
+    found = [fc for fc in found if fc[2]] or found  # a 1B's minutes do not price an 8B
     if trials is not None:  # a search without trials is not priced by one that spent minutes on them
         alike = [fc for fc in found if bool(fc[1].get("tune_trials")) == bool(trials)]
         found = alike or found
     return max(found, key=lambda fc: len(fc[1]), default=None)  # max keeps the first of equals
 
 
-def past_cost_line(arch: str, results: Path = Path("results"), *, trials: int | None = None) -> str | None:
+def past_cost_line(
+    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, Any] | None = None
+) -> str | None:
     """The plan's line of what a past search of ``arch`` cost (None: no stored result has a ``[cost]``)."""
-    past = past_cost(arch, results, trials=trials)
+    past = past_cost(arch, results, trials=trials, shape=shape)
     if past is None:
         return None
-    path, cost = past
-    return (
-        f"A past {arch} search cost "
-        + ", ".join(f"{k} {v}" for k, v in cost.items())
-        + f" (from {path}; another model, depths or round count change these figures)."
+    path, cost, same = past
+    caveat = (
+        "the same model shape; other depths or round counts change these figures"
+        if same
+        else "another model, depths or round count change these figures"
     )
+    return f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items()) + f" (from {path}; {caveat})."

@@ -679,7 +679,8 @@ def run_dry_run(
         screen_method=method,
         head_dim=shape.head_dim,
     )
-    plan = {"model": inputs.like, "screen_method": method, **plan}
+    keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
+    plan = {"model": inputs.like, "model_shape": {k: getattr(shape, k) for k in keys}, "screen_method": method, **plan}
     rep = DryRunReport(
         arch=a.name,
         era=source.era,
@@ -778,7 +779,7 @@ def render(rep: DryRunReport) -> str:
     ]
     from tuner.search.cost import past_cost_line
 
-    past = past_cost_line(rep.arch, trials=p.get("tune_trials"))
+    past = past_cost_line(rep.arch, trials=p.get("tune_trials"), shape=p.get("model_shape"))
     if past:  # a measured run of this arch: the figures a real search took, beside the estimate
         out += ["", past]
     return "\n".join(out)

@@ -258,7 +258,7 @@ def _run_stages(
             method=method,
         )
     )
-    if (past := past_cost_line(cfg.arch, trials=cfg.trials or 0)) is not None:
+    if (past := past_cost_line(cfg.arch, trials=cfg.trials or 0, shape=shape_d)) is not None:
         log.info(past)
 
     # -- screen + compose, per phase ---------------------------------------------------------------

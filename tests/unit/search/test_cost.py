@@ -102,7 +102,7 @@ def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
     ):
         (tmp_path / "cpu" / name).mkdir(parents=True)
         (tmp_path / "cpu" / name / "config.toml").write_text(body)
-    path, cost = past_cost("cpu", tmp_path)
+    path, cost, _same = past_cost("cpu", tmp_path)
     assert path == tmp_path / "cpu" / "b" / "config.toml" and cost == {"screen_s": 20.0, "llama_bench_calls": 7}
     line = past_cost_line("cpu", tmp_path)
     assert line is not None and "screen_s 20.0, llama_bench_calls 7" in line and str(path) in line
@@ -112,3 +112,26 @@ def test_the_plan_takes_a_past_search_cost_of_the_same_arch(tmp_path) -> None:
     assert past_cost("cpu", tmp_path)[0].parent.name == "e"  # most fields
     assert past_cost("cpu", tmp_path, trials=0)[0].parent.name == "b"  # a plan without trials: a run without them
     assert past_cost("cpu", tmp_path, trials=30)[0].parent.name == "e"
+
+
+def test_the_plan_prices_a_model_by_a_past_search_of_the_same_shape(tmp_path) -> None:
+    """An 8B plan is priced by the stored 8B search, not by a 1B one with more recorded fields."""
+    from tuner.search.cost import past_cost, past_cost_line
+
+    shape_1b = "[model.shape]\nhead_dim = 64\nn_layers = 16\nd_model = 2048\n"
+    shape_8b = "[model.shape]\nhead_dim = 128\nn_layers = 32\nd_model = 4096\n"
+    for name, body in (
+        ("a-1b", "[cost]\nscreen_s = 148.8\nconfirm_s = 259.1\ntotal_s = 700.8\n" + shape_1b),
+        ("b-8b", "[cost]\ntotal_s = 1246.6\n" + shape_8b),
+    ):
+        (tmp_path / "sm_90" / name).mkdir(parents=True)
+        (tmp_path / "sm_90" / name / "config.toml").write_text(body)
+    want_8b = {"head_dim": 128, "n_layers": 32, "d_model": 4096, "n_heads": 32, "n_kv_heads": 8}
+    path, cost, same = past_cost("sm_90", tmp_path, trials=0, shape=want_8b)
+    assert path.parent.name == "b-8b" and cost == {"total_s": 1246.6} and same
+    line = past_cost_line("sm_90", tmp_path, trials=0, shape=want_8b)
+    assert line is not None and "the same model shape" in line and "another model" not in line
+    other = {"head_dim": 80, "n_layers": 40, "d_model": 5120}
+    path, _cost, same = past_cost("sm_90", tmp_path, trials=0, shape=other)
+    assert path.parent.name == "a-1b" and not same  # no stored search of that shape: the fullest record, caveated
+    assert "another model" in (past_cost_line("sm_90", tmp_path, shape=other) or "")
