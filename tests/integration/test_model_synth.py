@@ -122,3 +122,28 @@ def test_llama_3_2_1b_full_size(tmp_path: Path, _src: Path) -> None:
     names = {t.name for t in r.tensors}
     assert "output.weight" not in names and "rope_freqs.weight" in names
     assert r.fields["llama.block_count"].contents() == 16
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "gemma-3-12b-shape"])
+def test_the_end_to_end_shapes_load_in_llama_bench(name: str, tmp_path: Path, cpu_build, _src: Path) -> None:
+    """The GQA-7 Qwen and the head-256 shapes, shrunk to 2 small layers with the same architecture, head
+    size and GQA ratio (and, for the head-256 one, query heads x head size unequal to d_model, as in Gemma 3):
+    llama.cpp loads them and runs FlashAttention on them."""
+    import dataclasses
+
+    from tuner.targets.models import synth_model
+
+    full = load_model_shape(name)
+    heads, kv_heads = full.n_heads // 4, max(1, full.n_kv_heads // 4)
+    # d_model stays heads x head size where the full model has it so (qwen2 needs it), else not (Gemma 3)
+    d_model = heads * full.head_dim if full.d_model == full.n_heads * full.head_dim else full.d_model // 8
+    small = dataclasses.replace(
+        full, n_layers=2, d_model=d_model, d_ff=full.d_ff // 8, n_heads=heads, n_kv_heads=kv_heads
+    )
+    assert small.n_heads // small.n_kv_heads == full.n_heads // full.n_kv_heads and small.head_dim == full.head_dim
+    out = tmp_path / f"{name}-small.gguf"
+    synth_model(small, out, vocab_path=_vocab_in(_src, small.vocab))
+    rows = _bench_rows(out, tmp_path, cpu_build.exe("llama-bench"))
+    assert [(row["n_prompt"], row["n_gen"]) for row in rows] == [(16, 0), (0, 4)]
+    for row in rows:
+        assert row["model_n_params"] == sum(t.n_elements for t in plan_tensors(small)) and row["avg_ts"] > 0

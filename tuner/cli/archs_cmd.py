@@ -94,7 +94,9 @@ def show(arch: str, as_json: bool) -> None:
     "--model", "model_path", type=click.Path(path_type=Path), help="A GGUF model: its real tensor sizes are used."
 )
 @click.option(
-    "--like", "like", help="A known model shape instead of a file (llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, tiny)."
+    "--like",
+    "like",
+    help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-7b, gemma-3-12b-shape, tiny).",
 )
 @click.option("--depth", "depths", type=int, multiple=True, help="KV depth(s), repeatable. Default 0 4096 16384 32768.")
 @click.option(

@@ -18,7 +18,11 @@ def model() -> None:
 
 
 @model.command("synth")
-@click.option("--like", required=True, help="Model shape to copy: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b or tiny.")
+@click.option(
+    "--like",
+    required=True,
+    help="Model shape to copy (tuner/data/models.toml): llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-7b, gemma-3-12b-shape or tiny.",
+)
 @click.option(
     "--type", "weight_type", default="f16", show_default=True, help="Weight type written directly: f16 or q8_0."
 )
