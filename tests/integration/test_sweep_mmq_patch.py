@@ -24,6 +24,7 @@ from tuner.sweep.mmq import (
     parse_mmq_choices,
     patched_mmq_condition,
     patched_mmq_hook,
+    render_mmq_patch,
 )
 from tuner.targets.archs import load_arch
 
@@ -75,8 +76,11 @@ def test_condition_patch_applies_to_pristine_tree(tree_a, tmp_path: Path) -> Non
     ) in flat
     patch = git_diff(MMQ_FILE, (tree_a.root / MMQ_FILE).read_text(), new)
     assert whitespace_only_hunks(patch) == []
+    # what `tuner sweep mmq` writes as upstream.patch: the same diff, the arch condition read from the tree
+    assert render_mmq_patch(tree_a.root, CHOICES, SM90, note="Measured on NVIDIA H100.") == patch
     _apply(tree_a, patch, tmp_path)
     assert patched_mmq_condition(tree_a.root, [c for c in CHOICES if c.backend == "MMQ"], SM90, cond) is None
+    assert render_mmq_patch(tree_a.root, [c for c in CHOICES if c.backend == "MMQ"], SM90) is None
 
 
 def _harness(tree_a, tmp: Path) -> Path:

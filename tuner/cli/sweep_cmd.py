@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
+from tuner.errors import UsageError
 
 
 @click.group()
@@ -99,14 +100,48 @@ def plan_cmd(
     per_call_s: float | None,
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs)."""
-    from tuner.sweep import grid, live, mmq
+    from tuner.sweep import grid, live
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     click.echo(grid.dry_run_text(cells, rounds=rounds, per_call_s=per_call_s), nl=False)
     click.echo(live.estimate_text(cells, rounds=rounds, chunk_size=72), nl=False)
-    click.echo(mmq.mmq_dry_run_text(mmq.plan_mmq(a), rounds=rounds, per_call_s=per_call_s), nl=False)
+    click.echo(_mmq_plan_text(a, rounds=rounds, per_call_s=per_call_s), nl=False)
+
+
+def _mmq_plan_text(
+    a: Any,
+    *,
+    rounds: int,
+    types: tuple[str, ...] = (),
+    batches: tuple[int, ...] = (),
+    sizes: tuple[str, ...] = (),
+    like: tuple[str, ...] = (),
+    per_call_s: float | None = None,
+) -> str:
+    """`tuner sweep mmq`'s plan: its points at the sizes of ``--size`` or the ``--like`` models."""
+    from tuner.sweep import mmq, mmq_live
+
+    cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
+    mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
+    points, _ = mmq_live.plan_points(cells, mk)
+    chunks = len(mmq_live.chunk_points(points))
+    return mmq.mmq_dry_run_text(cells, rounds=rounds, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
+
+
+def _default_build(arch: str, spec: str | None) -> Path:
+    """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree), built
+    (or taken from the build cache) as ``tuner build`` would."""
+    from tuner import log, source
+    from tuner.builder.cmake import build_variant
+    from tuner.plan.render import render_variant
+    from tuner.targets.archs import detect_local_archs
+
+    src = source.fetch_source(spec) if spec else source.fetch_source()
+    rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs())
+    with log.step(f"Building {rv.short} from {src.spec}"):
+        return Path(build_variant(rv).bin_dir)
 
 
 def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
@@ -201,7 +236,6 @@ def run_cmd(
 
     Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
     """
-    from tuner import log
     from tuner.sweep import live
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
@@ -209,18 +243,7 @@ def run_cmd(
     a = load_arch(arch)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     out = out_dir or stamped_run_dir("sweep")
-    if build_dir is not None:
-        bin_dir = find_bin_dir(build_dir, "test-backend-ops")
-    else:
-        from tuner import source
-        from tuner.builder.cmake import build_variant
-        from tuner.plan.render import render_variant
-        from tuner.targets.archs import detect_local_archs
-
-        src = source.fetch_source(spec) if spec else source.fetch_source()
-        rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs())
-        with log.step(f"Building {rv.short} from {src.spec}"):
-            bin_dir = build_variant(rv).bin_dir
+    bin_dir = find_bin_dir(build_dir, "test-backend-ops") if build_dir is not None else _default_build(arch, spec)
     run_round, timer = _pick_timer(timer, Path(bin_dir))
     identity = {
         "arch": a.name,
@@ -269,4 +292,188 @@ def run_cmd(
     click.echo(f"cells with a verdict: {len(cells) - n_gap} of {len(cells)}")
     if n_gap:
         click.echo(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
+    click.echo(f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))
+
+
+@sweep.command("mmq")
+@click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`).")
+@click.option(
+    "--type", "types", multiple=True, help="Quant types, repeatable (default: q4_0 q4_K q5_K q6_K q8_0 iq4_xs)."
+)
+@click.option(
+    "--ne11",
+    "batches",
+    type=click.IntRange(1, 1 << 20),
+    multiple=True,
+    help="Batch sizes, repeatable (default: 16..4096 in octaves).",
+)
+@click.option(
+    "--like",
+    "like",
+    multiple=True,
+    help="Models whose dense projection sizes (m x k) are timed, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b).",
+)
+@click.option(
+    "--size",
+    "sizes",
+    multiple=True,
+    hidden=True,
+    help="Weight sizes MxK instead of the --like models' (advanced, e.g. tests).",
+)
+@click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per point.")
+@click.option(
+    "--build",
+    "build_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Build (or bin) directory with libggml*.so, a tuner build with the MMQ hook. Default: build the arch's default variant.",
+)
+@click.option(
+    "--backend",
+    default="CUDA0",
+    show_default=True,
+    help="ggml backend to time on (CPU has no MMQ/cuBLAS choice: both configs time the same code there, and nothing is composed).",
+)
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
+)
+@click.option(
+    "--storage",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/mmq.sqlite3).",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(1, 1_000_000),
+    default=50,
+    show_default=True,
+    help="Ops timed per case (at least one per copy of the weights).",
+)
+@click.option(
+    "--cache-mb",
+    type=click.IntRange(0, 1 << 20),
+    default=128,
+    show_default=True,
+    help="The weights' copies together exceed this many MiB, so every op reads cold weights.",
+)
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-mmq-<time>).",
+)
+def mmq_cmd(
+    arch: str,
+    types: tuple[str, ...],
+    batches: tuple[int, ...],
+    like: tuple[str, ...],
+    sizes: tuple[str, ...],
+    rounds: int,
+    build_dir: Path | None,
+    backend: str,
+    spec: str | None,
+    storage: Path | None,
+    iters: int,
+    cache_mb: int,
+    out_dir: Path | None,
+) -> None:
+    """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
+    the batch sizes where cuBLAS is faster (resumable).
+
+    Per round, one mm-bench process per config over every point: upstream's choice, its A/A twin and
+    cuBLAS forced through the build's MMQ hook. Samples go to --storage as they come; a rerun skips what
+    is recorded. A batch size goes to cuBLAS for a type only where cuBLAS was faster at every size.
+    Writes report.md and, where a choice was composed, upstream.patch to -o.
+
+    Example: tuner sweep mmq --build BUILD --rounds 5 -o sweep-mmq-h100
+    """
+    from tuner.sweep import mmq, mmq_live
+    from tuner.targets.archs import load_arch
+
+    a = load_arch(arch)
+    cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
+    mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
+    points, skipped = mmq_live.plan_points(cells, mk)
+    if not points:
+        raise UsageError(
+            f"No point to time: every size's k ({sorted({k for _, k in mk})}) is a multiple of none of the types' "
+            "blocks (32 or 256 values). Pass other --size or --type values."
+        )
+    out = out_dir or stamped_run_dir("sweep-mmq")
+    bin_dir = find_bin_dir(build_dir, "libggml.so") if build_dir is not None else _default_build(arch, spec)
+    identity = {
+        "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
+        "iters": iters, "cache_mb": cache_mb,
+    }  # fmt: skip
+    cuda = backend.upper().startswith("CUDA")
+    store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
+    try:
+        forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
+        mmq_live.run_mmq_live(
+            points, rounds=rounds, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
+            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason,
+        )  # fmt: skip
+        withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
+        outcome = mmq_live.compose_live(points, store.samples(), rounds=rounds, withhold=withhold)
+    finally:
+        store.close()
+    _mmq_emit(outcome, points, skipped, a, rounds=rounds, identity=identity, spec=spec, out=out)
+
+
+def _mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
+    """Empty where the build reads GGML_TUNER_MMQ_CHOICES; else why the forced config cannot run."""
+    from tuner import log
+    from tuner.measure import mm_bench
+
+    if mm_bench.mmq_hook_present(bin_dir, log_dir=log_dir, backend=backend):
+        return ""
+    log.warning(
+        f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {backend} (no MMQ hook in its mmq.cu; "
+        f"probe log in {log_dir}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and no "
+        "point gets a verdict. Build a variant with the hook and pass it to --build."
+    )
+    return "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
+
+
+def _mmq_emit(
+    outcome: Any,
+    points: Any,
+    skipped: Any,
+    a: Any,
+    *,
+    rounds: int,
+    identity: dict[str, Any],
+    spec: str | None,
+    out: Path,
+) -> None:
+    """upstream.patch (where a cuBLAS choice was composed) and report.md in ``out``; the summary on stdout."""
+    from tuner import source
+    from tuner.sweep import mmq, mmq_live
+
+    patch = None
+    if outcome.choices:
+        src = source.fetch_source(spec) if spec else source.fetch_source()
+        note = (
+            f"cuBLAS is faster than MMQ for these types and batch sizes on {a.name}: mm-bench, {rounds} paired "
+            "rounds, at every swept weight size."
+        )
+        patch = mmq.render_mmq_patch(src.root, outcome.choices, a, note=note)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    report = mmq_live.report_text(outcome, points, rounds=rounds, identity=identity, skipped=skipped, patch=bool(patch))
+    (out / "report.md").write_text(report)
+    n_gap = len(outcome.no_verdict)
+    click.echo(f"choices ({len(outcome.choices)}):")
+    for c in outcome.choices:
+        click.echo(f"  {c.text}")
+    if not outcome.choices:
+        click.echo(f"  none: {mmq_live.no_choice_text(outcome)}")
+    click.echo(f"points with a verdict: {len(points) - n_gap} of {len(points)}")
+    if n_gap:
+        click.echo(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")
+    if skipped:
+        click.echo(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
     click.echo(f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))

@@ -27,14 +27,16 @@ __all__ = [
     "build_mm_bench",
     "choice_env",
     "mm_bench_cases",
+    "mmq_hook_present",
     "parse_mm_bench_output",
+    "run_cases",
 ]
 
 import dataclasses
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner import _run, log
@@ -55,6 +57,9 @@ CASE_RE = re.compile(
 
 _TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.IGNORECASE)
 _BACKENDS = ("MMQ", "BLAS")
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_:.,=-]{0,4096}")
+_HOOK_ABORT = "is not TYPE:LO..HI=MMQ|BLAS"
+"""What the MMQ hook prints when it aborts on a value it cannot parse (:data:`tuner.sweep.mmq.ENV`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -182,3 +187,92 @@ class MmBenchTimer:
         if not (math.isfinite(case.us_per_op) and case.us_per_op > 0):
             raise TunerError(f"mm-bench timed {type_name} ne11={ne11} at {case.us_per_op} us; see {log_file}.")
         return [case.us_per_op * 1e-6]
+
+
+def _check_run(shapes: Sequence[MmShape], env: Mapping[str, str], backend: str, iters: int, cache_mb: int) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
+        raise UsageError(f"Backend name {backend!r} is not a ggml backend name such as CUDA0 or CPU.")
+    if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
+        raise UsageError(f"mm-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb}).")
+    for s in shapes:
+        if not _TYPE.fullmatch(s.type) or not all(1 <= v <= 1 << 20 for v in (s.m, s.k, s.ne11)):
+            raise UsageError(f"mm-bench: bad case {s} (a ggml type name; m, k and ne11 in [1, 1048576]).")
+    for key, value in env.items():
+        if key != ENV or not _ENV_VALUE.fullmatch(value):
+            raise UsageError(f"mm-bench: environment {key}={value!r} is not {ENV} with an entry list.")
+
+
+def run_cases(
+    bin_dir: Path,
+    shapes: Sequence[MmShape],
+    env: Mapping[str, str],
+    *,
+    log_dir: Path,
+    backend: str = "CPU",
+    iters: int = 50,
+    cache_mb: int = 128,
+    threads: int | None = None,
+    ggml_h: Path | None = None,
+    timeout: float = 600.0,
+) -> list[BenchCase]:
+    """One mm-bench process over every shape, ``env`` (:func:`choice_env`-style, empty for upstream's
+    choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
+
+    Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
+    log's path; a process that failed or timed out fails every case (no time of it counts).
+
+    Raises:
+        UsageError: A bad backend name, shape, environment, ``iters`` or ``cache_mb`` (checked before
+            anything is written), or mm-bench cannot be built for ``bin_dir``.
+    """
+    _check_run(shapes, env, backend, iters, cache_mb)
+    exe = build_mm_bench(bin_dir, ggml_h=ggml_h)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cases_file, log_file = log_dir / "mm-bench-cases.txt", log_dir / "mm-bench.log"
+    cases_file.write_text(mm_bench_cases(shapes))
+    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    log_file.unlink(missing_ok=True)
+    error = ""
+    base = {k: v for k, v in os.environ.items() if k != ENV}
+    try:
+        res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
+        if res.returncode != 0:
+            error = f"mm-bench exited with code {res.returncode}; see {log_file}"
+    except TunerError as err:  # a timeout: data, as a crash is
+        error = str(err)
+    got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
+    out = []
+    for i in range(len(shapes)):
+        c = got.get(i)
+        if error or c is None or c.us_per_op is None:
+            why = error or (f"{c.error}; see {log_file}" if c else f"no result for case {i}; see {log_file}")
+            out.append(BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=why))
+        elif not (math.isfinite(c.us_per_op) and c.us_per_op > 0):
+            out.append(dataclasses.replace(c, us_per_op=None, error=f"time {c.us_per_op} us; see {log_file}"))
+        else:
+            out.append(c)
+    return out
+
+
+def mmq_hook_present(
+    bin_dir: Path, *, log_dir: Path, backend: str, ggml_h: Path | None = None, timeout: float = 120.0
+) -> bool:
+    """Whether the build's backend reads :data:`ENV` (tuner's MMQ hook in ``mmq.cu``): one small case run
+    with a value the hook cannot parse, which makes a hooked build abort naming it at its first quantized
+    multiplication; a build without the hook times the case and ignores the variable."""
+    _check_run([], {}, backend, 1, 0)
+    exe = build_mm_bench(bin_dir, ggml_h=ggml_h)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cases_file, log_file = log_dir / "mm-bench-cases.txt", log_dir / "mm-bench.log"
+    cases_file.write_text(mm_bench_cases([MmShape(type="q8_0", m=64, k=64, ne11=16)]))
+    base = {k: v for k, v in os.environ.items() if k != ENV}
+    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", "1", "-c", "0"]
+    try:
+        _run.run(cmd, env={**base, ENV: "tuner-probe"}, log_file=log_file, timeout=timeout, check=False, what=EXE)
+    except TunerError:
+        return False
+    return _HOOK_ABORT in (log_file.read_text(errors="replace") if log_file.is_file() else "")

@@ -29,9 +29,13 @@ __all__ = [
     "MMQ_FILE",
     "MMQ_SUPPORTED",
     "MMQ_TYPES",
+    "PROCESS_CASES",
+    "PROCESS_S",
+    "START_S",
     "MatmulTimer",
     "MmqCell",
     "MmqChoice",
+    "block_size",
     "compose_mmq",
     "hook_block",
     "match_mmq",
@@ -42,6 +46,7 @@ __all__ = [
     "patched_mmq_condition",
     "patched_mmq_hook",
     "plan_mmq",
+    "render_mmq_patch",
     "run_mmq_sweep",
 ]
 
@@ -52,6 +57,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tuner.errors import TunerError, UsageError, close_matches
+from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
 from tuner.search.compose import Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
@@ -70,6 +76,13 @@ MMQ_SUPPORTED = (
     *("iq1_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_xs", "iq4_nl", "mxfp4"),
 )
 """Types ``ggml_cuda_should_use_mmq`` supports (its ``mmq_supported`` switch), as ggml_type_name spells them."""
+_BLOCK_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4")
+PROCESS_S = 7.5
+"""Measured: seconds of one mm-bench process over 54 cases (6 types x 9 batch sizes, 4096 x 4096, 20 ops a
+case) on an H100 (docs/data/h100-mmq-probe/); :func:`mmq_dry_run_text` scales it by cases (an estimate)."""
+PROCESS_CASES = 54
+START_S = 2.5
+"""Estimate: the part of a process that is CUDA start (as for test-backend-ops, docs/sweep.md)."""
 
 _FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
 _TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
@@ -209,6 +222,16 @@ def patched_mmq_condition(
     return text[:at] + "\n".join(lines) + text[at:]
 
 
+def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Any, *, note: str = "") -> str | None:
+    """``upstream.patch`` of the composed choices: a git-format diff of mmq.cu of the pristine tree at
+    ``root`` (:func:`patched_mmq_condition`, the arch matched exactly); None where no choice is cuBLAS."""
+    common = root / COMMON
+    if not common.is_file():
+        raise TunerError(f"{root} has no {COMMON}; the MMQ patch needs the pristine llama.cpp tree.")
+    new = patched_mmq_condition(root, choices, arch, arch_condition(arch, common.read_text()), note=note)
+    return None if new is None else git_diff(MMQ_FILE, (root / MMQ_FILE).read_text(), new)
+
+
 def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
     """A host-only C++ program around the hook of a patched mmq.cu, for comparing it with :func:`match_mmq`.
 
@@ -284,17 +307,50 @@ def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int]
     return [MmqCell(type=t, ne11=b) for t in types for b in sorted(set(batches))]
 
 
-def mmq_dry_run_text(cells: Sequence[MmqCell], *, rounds: int, per_call_s: float | None = None) -> str:
-    """What an MMQ sweep of ``cells`` would run (and, given ``per_call_s``, its what-if time); no MMQ
-    timer exists yet, so there is no recorded cost to estimate from."""
-    per_round = sum(len(c.configs) for c in cells)
+def block_size(type_name: str) -> int:
+    """Values per quantization block of an MMQ type: 32 for the legacy types, iq4_nl and mxfp4, else 256;
+    a weight row (``k``) must be a multiple of it."""
+    return 32 if type_name in _BLOCK_32 else 256
+
+
+def _minutes(seconds: float) -> str:
+    h, rem = divmod(round(seconds), 3600)
+    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
+
+
+def mmq_dry_run_text(
+    cells: Sequence[MmqCell],
+    *,
+    rounds: int,
+    sizes: Sequence[tuple[int, int]] = ((4096, 4096),),
+    chunks: int = 1,
+    per_call_s: float | None = None,
+) -> str:
+    """What ``tuner sweep mmq`` runs for ``cells`` at the weight ``sizes`` (m x k): one mm-bench process per
+    config, round and chunk of sizes, every case of the chunk in it, with the time estimated from the H100
+    probe's 7.5 s per 54-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per case.
+    A (type, size) pair whose ``k`` is no multiple of the type's block is not swept (llama.cpp quantizes
+    such a tensor to another type)."""
+    cases = sum(1 for c in cells for _m, k in sizes if k % block_size(c.type) == 0)
+    n_configs = len(cells[0].configs) if cells else 3
+    procs = n_configs * chunks * rounds
+    total = cases * n_configs * rounds
+    per_case = (PROCESS_S - START_S) / PROCESS_CASES
+    est = procs * START_S + total * per_case
+    skipped = sum(1 for t in sorted({c.type for c in cells}) for _m, k in sizes if k % block_size(t))
     text = (
-        f"MMQ vs cuBLAS sweep: {len(sorted({c.type for c in cells}))} types x {len(sorted({c.ne11 for c in cells}))} "
-        f"batch sizes = {len(cells)} cells (no matmul timer yet: planned, not runnable)\n"
-        f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}\n"
+        f"MMQ vs cuBLAS sweep: {len({c.type for c in cells})} types x {len(sizes)} sizes x "
+        f"{len({c.ne11 for c in cells})} batch sizes = {cases} cases a config"
+        + (f" ({skipped} type/size pairs skipped: k not a multiple of the type's block)" if skipped else "")
+        + "\n"
+        f"  sizes m x k: {', '.join(f'{m}x{k}' for m, k in sizes)}\n"
+        f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
+        f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes) x {rounds} rounds = {procs} processes, "
+        f"{total} cases; estimated {_minutes(est)} (an estimate: {START_S:g} s a process and {per_case:.3f} s a case "
+        f"from an H100 process of {PROCESS_CASES} cases of 4096 x 4096 that took {PROCESS_S:g} s)\n"
     )
     if per_call_s is not None:
-        text += f"time at {per_call_s:g} s per call (what-if): {per_round * rounds * per_call_s / 60:.1f} min\n"
+        text += f"time at {per_call_s:g} s per case (what-if): {total * per_call_s / 60:.1f} min\n"
     return text
 
 

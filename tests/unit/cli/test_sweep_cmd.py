@@ -10,6 +10,7 @@ from tuner.errors import UsageError
 from tuner.sweep.grid import N_KV, dry_run_text, plan
 from tuner.sweep.live import estimate_text
 from tuner.sweep.mmq import mmq_dry_run_text, plan_mmq
+from tuner.sweep.mmq_live import DEFAULT_LIKE, like_sizes
 from tuner.targets.archs import load_arch
 
 
@@ -20,7 +21,7 @@ def test_plan_prints_the_full_grid_and_its_time() -> None:
     want = (
         dry_run_text(plan(a), rounds=4, per_call_s=0.02)
         + estimate_text(plan(a), rounds=4, chunk_size=72)
-        + mmq_dry_run_text(plan_mmq(a), rounds=4, per_call_s=0.02)
+        + mmq_dry_run_text(plan_mmq(a), rounds=4, sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
     )
     assert res.output == want
 
@@ -70,6 +71,7 @@ def test_plan_prints_no_assumed_time_unless_asked() -> None:
     res = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"])
     assert res.exit_code == 0, res.output
     assert "what-if" not in res.output and "sweep run:" in res.output
-    assert "no matmul timer yet" in res.output
+    assert "not runnable" not in res.output and "sweep mmq: 3 processes a round" in res.output
     asked = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--per-call-s", "0.5"])
     assert "time at 0.5 s per call (what-if)" in asked.output
+    assert "time at 0.5 s per case (what-if)" in asked.output

@@ -80,9 +80,13 @@ def test_mmq_plan_counts() -> None:
     assert len(cells) == len(MMQ_TYPES) * len(MMQ_BATCHES)
     assert MMQ_BATCHES[0] == 16 and MMQ_BATCHES[-1] == 4096
     assert {c.configs for c in cells} == {("default", "A/A", "BLAS")}
-    assert f"{3 * len(cells)} per round x 4 rounds = {12 * len(cells)}" in mmq_dry_run_text(
-        cells, rounds=4, per_call_s=0.1
-    )
+    text = mmq_dry_run_text(cells, rounds=4, sizes=[(4096, 4096), (896, 896)], per_call_s=0.1)
+    assert (
+        "6 types x 2 sizes x 9 batch sizes = 72 cases a config (4 type/size pairs skipped" in text
+    )  # 4 of 6 types need k % 256
+    assert "sizes m x k: 4096x4096, 896x896" in text and "not runnable" not in text
+    assert "3 processes a round" in text and "x 4 rounds = 12 processes, 864 cases; estimated" in text
+    assert "time at 0.1 s per case (what-if): 1.4 min" in text
     with pytest.raises(TunerError, match="not supported"):
         plan_mmq(SM90, types=["f16"])
 

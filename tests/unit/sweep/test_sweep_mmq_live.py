@@ -1,0 +1,286 @@
+"""The measured MMQ sweep (tuner/sweep/mmq_live.py) on a fake mm-bench runner: batching (3 processes a
+round), rotation, composition over every size, failed samples, resume and the storage's identity."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.errors import UsageError
+from tuner.measure import mm_bench
+from tuner.measure.fa_bench import BenchCase
+from tuner.sweep import mmq_live
+from tuner.sweep.grid import AA, DEFAULT
+from tuner.sweep.mmq import MmqChoice, block_size, parse_mmq_choices, plan_mmq
+from tuner.targets.archs import load_arch
+from tuner.targets.models import load_model_shape
+
+SM90 = load_arch("sm_90")
+A, B = (4096, 4096), (2048, 8192)
+BATCHES = (16, 64, 256, 1024, 2048, 4096)
+TYPES = ("q4_K", "q8_0")
+# planted truth: cuBLAS faster for q4_K from ne11 256 at A but only from 1024 at B; q8_0 from 64 at both
+FROM = {("q4_K", A): 256, ("q4_K", B): 1024, ("q8_0", A): 64, ("q8_0", B): 64}
+IDENT = {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "mm-bench", "iters": "50", "cache_mb": "128"}
+
+
+def _points(sizes: Sequence[tuple[int, int]] = (A, B)) -> list[mmq_live.MmqPoint]:
+    return mmq_live.plan_points(plan_mmq(SM90, TYPES, BATCHES), sizes)[0]
+
+
+class FakeRunCases:
+    """run_cases' signature; records each process. ``aa_only``: cuBLAS times as MMQ does (noise only);
+    ``fail``: (type, size, ne11, config label, round by call order) whose case prints an error."""
+
+    def __init__(self, *, aa_only: bool = False, fail: set[tuple[Any, ...]] = frozenset(), seed: int = 5) -> None:  # type: ignore[assignment]
+        self.calls: list[tuple[str, list[mm_bench.MmShape], Path]] = []
+        self.aa_only, self.fail, self.rng = aa_only, fail, random.Random(seed)
+
+    def __call__(
+        self,
+        bin_dir: Path,
+        shapes: Sequence[mm_bench.MmShape],
+        env: Mapping[str, str],
+        *,
+        log_dir: Path,
+        backend: str,
+        iters: int,
+        cache_mb: int,
+        timeout: float,
+    ) -> list[BenchCase]:
+        label = log_dir.name
+        self.calls.append((label, list(shapes), log_dir))
+        blas = parse_mmq_choices(env[mm_bench.ENV]) if env else ()
+        assert (label == "BLAS") == bool(blas), "only the forced process sets the hook's variable"
+        drift = math.exp(self.rng.gauss(0, 0.01))  # per process: cancelled by pairing
+        out = []
+        for s in shapes:
+            forced = any(c.type == s.type and c.covers(s.ne11) and c.backend == "BLAS" for c in blas)
+            factor = 1.0
+            if forced and not self.aa_only:
+                factor = 0.7 if s.ne11 >= FROM[(s.type, (s.m, s.k))] else 1.4
+            us = 10.0 * s.ne11 / 16 * factor * drift * math.exp(self.rng.gauss(0, 0.003))
+            if (s.type, (s.m, s.k), s.ne11, label, log_dir.parent.name) in self.fail:
+                out.append(BenchCase(ops=0, us_per_op=None, copies=1, copy_bytes=1, error="graph compute failed"))
+            else:
+                out.append(BenchCase(ops=50, us_per_op=us, copies=2, copy_bytes=1 << 20))
+        return out
+
+
+def _run(
+    fake: FakeRunCases, store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int, **kw: Any
+) -> tuple[int, int]:
+    return mmq_live.run_mmq_live(
+        points, rounds=rounds, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/logs"),
+        run_cases=fake, **kw,
+    )  # fmt: skip
+
+
+def _compose(store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int) -> mmq_live.MmqOutcome:
+    return mmq_live.compose_live(points, store.samples(), rounds=rounds)
+
+
+def test_projection_sizes_are_the_dense_multiplications_of_a_model() -> None:
+    # llama-3.1-8b: Q/O 4096x4096, K/V 1024x4096, gate/up 14336x4096, down 4096x14336 (m x k, W [k, m])
+    assert mmq_live.projection_sizes(load_model_shape("llama-3.1-8b")) == [
+        (1024, 4096),
+        (4096, 4096),
+        (4096, 14336),
+        (14336, 4096),
+    ]
+    sizes = mmq_live.like_sizes(mmq_live.DEFAULT_LIKE)
+    assert len(sizes) == len(set(sizes)) and (896, 896) in sizes and (128, 896) in sizes  # qwen2.5-0.5b
+    assert mmq_live.parse_size("256X512") == (256, 512)
+    for bad in ("256", "0x256", "256x", "1x2x3", "256x 4"):
+        with pytest.raises(UsageError, match="MxK"):
+            mmq_live.parse_size(bad)
+
+
+def test_types_whose_block_does_not_divide_k_are_left_out() -> None:
+    points, skipped = mmq_live.plan_points(plan_mmq(SM90, ("q4_0", "q4_K"), (16,)), [(896, 896), (512, 2048)])
+    assert block_size("q4_0") == 32 and block_size("q4_K") == 256 and block_size("iq4_xs") == 256
+    assert skipped == [("q4_K", 896, 896)]
+    assert [(p.type, p.size) for p in points] == [("q4_0", (512, 2048)), ("q4_K", (512, 2048)), ("q4_0", (896, 896))]
+
+
+def test_three_processes_a_round_over_every_point_order_rotated(tmp_path: Path) -> None:
+    points = _points()
+    fake = FakeRunCases()
+    ran, skipped = _run(fake, mmq_live.MmqStore(tmp_path / "s.db", IDENT), points, 3)
+    assert (ran, skipped) == (9, 0) and len(fake.calls) == 9
+    for r in range(3):
+        calls = fake.calls[3 * r : 3 * r + 3]
+        assert [c[0] for c in calls] == [mmq_live.LABELS[c] for c in mmq_live.round_configs(r)]
+        assert all(c[2].parent.name == f"r{r}" for c in calls)
+        for _, shapes, _ in calls:  # every type x size x ne11 in one cases file
+            assert [(s.type, s.m, s.k, s.ne11) for s in shapes] == [(p.type, p.m, p.k, p.ne11) for p in points]
+    assert mmq_live.round_configs(1) == [AA, "BLAS", DEFAULT]
+    assert mmq_live.blas_env(["q8_0", "q4_K", "q8_0"]) == {mm_bench.ENV: "q4_K:0..=BLAS,q8_0:0..=BLAS"}
+
+
+def test_chunks_split_by_whole_sizes_only_when_too_many_cases(tmp_path: Path) -> None:
+    points = _points()
+    assert len(mmq_live.chunk_points(points)) == 1
+    chunks = mmq_live.chunk_points(points, max_cases=len(points) // 2)
+    assert len(chunks) == 2 and [{p.size for p in ch} for ch in chunks] == [{B}, {A}]
+    fake = FakeRunCases()
+    assert _run(fake, mmq_live.MmqStore(tmp_path / "s.db", IDENT), points, 2, max_cases=len(points) // 2) == (12, 0)
+
+
+def test_the_rule_for_a_type_holds_at_every_size(tmp_path: Path) -> None:
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    points = _points()
+    _run(FakeRunCases(), store, points, 5)
+    out = _compose(store, points, 5)
+    assert not out.no_verdict
+    # at size A alone q4_K wins from 256, but B only from 1024: the composed rule starts at 1024
+    won = {size: [d.depth for d in out.decisions[("q4_K", size)] if d.winner == "BLAS"] for size in (A, B)}
+    assert won == {A: [256, 1024, 2048, 4096], B: [1024, 2048, 4096]}
+    assert out.choices == (
+        MmqChoice(type="q4_K", lo=1024, hi=None, backend="BLAS"),
+        MmqChoice(type="q8_0", lo=64, hi=None, backend="BLAS"),
+    )
+    q4k = {d.depth: d for d in out.type_decisions["q4_K"]}
+    assert q4k[256].winner is None and "2048x8192 (MMQ stays)" in q4k[256].reason
+    report = mmq_live.report_text(out, points, rounds=5, identity=IDENT, patch=True)
+    assert "- `q4_K:1024..=BLAS`" in report and "### q4_K" in report and "| 256 | " in report
+    assert "`upstream.patch` adds them" in report and "Points without a verdict" not in report
+
+
+def test_an_aa_only_grid_composes_nothing(tmp_path: Path) -> None:
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    points = _points()
+    _run(FakeRunCases(aa_only=True), store, points, 5)
+    out = _compose(store, points, 5)
+    assert out.choices == () and not out.no_verdict and len(out.stats) == 4
+    assert "MMQ (upstream's choice) stays" in mmq_live.no_choice_text(out)
+
+
+def test_a_failed_sample_leaves_its_point_without_verdict_and_splits_the_interval(tmp_path: Path) -> None:
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    points = _points()
+    _run(FakeRunCases(fail={("q4_K", B, 2048, "BLAS", "r1")}), store, points, 5)
+    out = _compose(store, points, 5)
+    assert out.no_verdict == {("q4_K", 2048, 8192, 2048): "BLAS round 2: graph compute failed"}
+    failed = [s for s in store.samples() if not s.ok]
+    assert len(failed) == 1 and failed[0].us_per_op is None  # stored with its reason, never a time
+    assert [c.text for c in out.choices] == ["q4_K:1024..2048=BLAS", "q4_K:4096..=BLAS", "q8_0:64..=BLAS"]
+    report = mmq_live.report_text(out, points, rounds=5, identity=IDENT, patch=False)
+    assert "- q4_K 2048x8192 ne11 2048: BLAS round 2: graph compute failed" in report
+
+
+def test_rerun_skips_recorded_processes_and_more_rounds_add_only_theirs(tmp_path: Path) -> None:
+    points = _points()
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    assert _run(FakeRunCases(), store, points, 2) == (6, 0)
+    store.close()
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    again = FakeRunCases()
+    assert _run(again, store, points, 2) == (0, 6) and again.calls == []
+    more = FakeRunCases()
+    assert _run(more, store, points, 3) == (3, 6)
+    assert {c[2].parent.name for c in more.calls} == {"r2"}
+    assert len(store.samples()) == 3 * 3 * len(points)
+
+
+def test_a_build_without_the_hook_stores_the_forced_config_failed(tmp_path: Path) -> None:
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    points = _points([A])
+    fake = FakeRunCases()
+    assert _run(fake, store, points, 2, forced_reason="not run: no hook") == (4, 0)
+    assert {c[0] for c in fake.calls} == {"upstream", "AA"}
+    out = _compose(store, points, 2)
+    assert out.choices == () and len(out.no_verdict) == len(points)
+    assert set(out.no_verdict.values()) == {"BLAS round 1: not run: no hook"}
+
+
+def test_storage_of_another_identity_is_refused(tmp_path: Path) -> None:
+    mmq_live.MmqStore(tmp_path / "s.db", IDENT).close()
+    with pytest.raises(UsageError, match="another build"):
+        mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "build": "/elsewhere"})
+    with pytest.raises(UsageError, match="iters"):
+        mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "iters": "20"})
+
+
+def _bin(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "libggml.so").write_text("")
+    return bin_dir
+
+
+def test_cli_refuses_a_storage_of_another_build(tmp_path: Path) -> None:
+    from tuner.cli.sweep_cmd import sweep
+
+    mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "backend": "CPU"}).close()
+    args = ["mmq", "--build", str(_bin(tmp_path)), "--backend", "CPU", "--type", "q8_0", "--ne11", "16"]
+    args += ["--size", "256x256", "--storage", str(tmp_path / "s.db"), "-o", str(tmp_path / "out")]
+    with pytest.raises(UsageError, match="another build") as err:
+        CliRunner().invoke(sweep, args, standalone_mode=False, catch_exceptions=False)
+    assert err.value.exit_code == 2  # one paragraph, exit 2 through tuner's error handler
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--type", "f16"], "not supported by MMQ"),
+        (["--size", "256"], "MxK"),
+        (["--like", "llama-9"], "Unknown model"),
+        (["--type", "q4_K", "--size", "256x100"], "No point to time"),
+        (["--arch", "sm_70"], "Turing"),
+    ],
+)
+def test_cli_refuses_bad_input(tmp_path: Path, args: list[str], why: str) -> None:
+    from tuner.cli.sweep_cmd import sweep
+
+    full = ["mmq", "--build", str(_bin(tmp_path)), "-o", str(tmp_path / "out"), *args]
+    with pytest.raises(UsageError, match=why):
+        CliRunner().invoke(sweep, full, standalone_mode=False, catch_exceptions=False)
+
+
+def test_cli_runs_the_sweep_through_the_runner_and_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA0 with a fake mm-bench: the hook probe runs once, three processes a round, the report written."""
+    from tuner.cli.sweep_cmd import sweep
+
+    fake, probes = FakeRunCases(aa_only=True), []
+    monkeypatch.setattr(mm_bench, "run_cases", fake)
+    monkeypatch.setattr(mm_bench, "mmq_hook_present", lambda *a, **kw: probes.append(kw) or True)
+    out = tmp_path / "out"
+    args = ["mmq", "--build", str(_bin(tmp_path)), "--type", "q4_K", "--type", "q8_0", "--ne11", "256"]
+    args += ["--ne11", "1024", "--size", "4096x4096", "--size", "2048x8192", "--rounds", "3", "-o", str(out)]
+    res = CliRunner().invoke(sweep, args)
+    assert res.exit_code == 0, res.output
+    assert len(probes) == 1 and len(fake.calls) == 9
+    assert "choices (0):" in res.output and "points with a verdict: 8 of 8" in res.output
+    assert (out / "report.md").is_file() and (out / "mmq.sqlite3").is_file() and not (out / "upstream.patch").exists()
+
+
+def test_run_cases_fails_every_case_of_a_failed_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real runner on a stand-in program: a crash after one printed time fails every case, with the log."""
+    exe = tmp_path / "mm-bench"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "print('case=0 type=q8_0 m=256 k=256 ne11=8 copies=1 copy_bytes=1 ops=8 us_per_op=3.5')\n"
+        "print('case=1 type=q8_0 m=256 k=256 ne11=16 copies=1 copy_bytes=1 error=graph compute failed')\n"
+        "sys.exit(int(sys.argv[sys.argv.index('-n') + 1]) % 7)\n"
+    )
+    exe.chmod(0o755)
+    monkeypatch.setattr(mm_bench, "build_mm_bench", lambda *a, **kw: exe)
+    shapes = [mm_bench.MmShape(type="q8_0", m=256, k=256, ne11=n) for n in (8, 16, 32)]
+    ok = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "a", iters=7)
+    assert ok[0].us_per_op == 3.5 and not ok[0].error
+    assert ok[1].us_per_op is None and ok[1].error.startswith("graph compute failed; see ")
+    assert ok[2].us_per_op is None and "no result for case 2" in ok[2].error
+    crashed = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "b", iters=10)
+    log_file = tmp_path / "b" / "mm-bench.log"
+    assert all(c.us_per_op is None and c.error == f"mm-bench exited with code 3; see {log_file}" for c in crashed)
+    with pytest.raises(UsageError, match="environment"):
+        mm_bench.run_cases(tmp_path, shapes, {mm_bench.ENV: "q8_0:0..=BLAS; rm"}, log_dir=tmp_path / "c")

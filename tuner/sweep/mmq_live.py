@@ -1,0 +1,552 @@
+"""The MMQ-vs-cuBLAS sweep measured for real: batched mm-bench processes, samples kept in SQLite.
+
+A point is one quant type, one weight size ``m x k`` (weights ``W`` [k, m] in ggml terms: ``k`` values a
+row, ``m`` rows, :class:`tuner.measure.mm_bench.MmShape`) and one batch size ``ne11``. The sizes are the
+dense projections of real models (:func:`projection_sizes`): attention Q and O, K and V, FFN gate/up and
+down, deduplicated over the models asked for.
+
+An mm-bench process costs seconds of CUDA start, so per round one process per config runs over every
+point of a chunk (by default all of them): upstream's choice (:data:`tuner.sweep.mmq.ENV` unset), its
+A/A twin (unset again, a second process) and cuBLAS forced for every swept type (``q4_0:0..=BLAS,...``),
+configs in an order rotated from round to round (:func:`tuner.measure.paired.rotated`), as
+:func:`tuner.sweep.rounds.paired_rounds` rotates them for one cell. Upstream's backend on an NVIDIA arch
+with Turing tensor cores is MMQ everywhere (:func:`tuner.sweep.mmq.plan_mmq`).
+
+Each process's samples, one (point, config, round) each, go into SQLite as it ends (:class:`MmqStore`); a
+rerun skips the processes whose samples are recorded. A failed process, or a case printed with an error,
+is a failed sample with its reason, never a time; its point gets no verdict.
+
+**Composition.** Per type and size, over its batch sizes, the sweep's verdicts (:func:`tuner.sweep.rounds.decide`).
+A batch size counts as cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept
+size of that type: a size that kept MMQ, or has no verdict there, blocks it. The per-type points then
+compose into batch-size intervals as :func:`tuner.sweep.mmq.compose_mmq` composes them
+(:func:`tuner.search.compose.rules_from`), so a blocked point splits an interval.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_LIKE",
+    "LABELS",
+    "MAX_CASES",
+    "MmqOutcome",
+    "MmqPoint",
+    "MmqSample",
+    "MmqStore",
+    "blas_env",
+    "chunk_points",
+    "compose_live",
+    "like_sizes",
+    "no_choice_text",
+    "parse_size",
+    "plan_points",
+    "projection_sizes",
+    "report_text",
+    "round_configs",
+    "run_mmq_live",
+]
+
+import dataclasses
+import math
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner import log
+from tuner.errors import UsageError
+from tuner.measure import mm_bench
+from tuner.measure.paired import rotated
+from tuner.progress import format_seconds
+from tuner.search.compose import Decision, Shape, rules_from
+from tuner.search.screen import CellStats
+from tuner.sweep.grid import AA, DEFAULT
+from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
+from tuner.sweep.rounds import cell_stats, decide
+from tuner.targets.models import ModelShape, load_model_shape
+
+DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b")
+"""The models whose projection sizes the sweep times unless ``--like`` or ``--size`` says otherwise."""
+LABELS = {DEFAULT: "upstream", AA: "AA", "BLAS": "BLAS"}
+"""Config -> the label of its process and log folder (``A/A`` is no file name)."""
+CONFIGS = (DEFAULT, AA, "BLAS")
+MAX_CASES = 2000
+"""Cases per process above which the points are split, whole sizes at a time, into chunks."""
+
+_SCHEMA = 1
+_SIZE = re.compile(r"([0-9]{1,7})x([0-9]{1,7})")
+
+RunCases = Callable[..., list[mm_bench.MmBenchCase]]
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+def projection_sizes(shape: ModelShape) -> list[tuple[int, int]]:
+    """The (m, k) of a model's dense projections, ``W`` [k, m]: attention Q (n_heads*head_dim x d_model),
+    O (d_model x n_heads*head_dim), K/V (n_kv_heads*head_dim x d_model), FFN gate/up (d_ff x d_model)
+    and down (d_model x d_ff); deduplicated, sorted."""
+    q = shape.n_heads * shape.head_dim
+    kv = shape.n_kv_heads * shape.head_dim
+    d, ff = shape.d_model, shape.d_ff
+    return sorted({(q, d), (d, q), (kv, d), (ff, d), (d, ff)})
+
+
+def like_sizes(names: Iterable[str]) -> list[tuple[int, int]]:
+    """The projection sizes of the named models (``tuner/data/models.toml``), deduplicated, sorted.
+
+    Raises:
+        UsageError: An unknown model name.
+    """
+    return sorted({s for n in names for s in projection_sizes(load_model_shape(n))})
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``MxK`` (e.g. ``4096x14336``: m rows of k values) as (m, k).
+
+    Raises:
+        UsageError: Not ``MxK`` with both in [1, 1048576].
+    """
+    m = _SIZE.fullmatch(text.strip().lower())
+    if not m or not all(1 <= int(v) <= 1 << 20 for v in m.groups()):
+        raise UsageError(f"Size {text!r} is not MxK with m and k in [1, 1048576] (e.g. 4096x14336).")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclasses.dataclass(frozen=True, order=True, kw_only=True)
+class MmqPoint:
+    """One quant type, weight size and batch size; upstream's backend there."""
+
+    type: str
+    m: int
+    k: int
+    ne11: int
+    upstream: str = "MMQ"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.m, self.k)
+
+    @property
+    def shape(self) -> mm_bench.MmShape:
+        return mm_bench.MmShape(type=self.type, m=self.m, k=self.k, ne11=self.ne11)
+
+
+def plan_points(
+    cells: Sequence[MmqCell], sizes: Sequence[tuple[int, int]]
+) -> tuple[list[MmqPoint], list[tuple[str, int, int]]]:
+    """Every cell (type, ne11 from :func:`tuner.sweep.mmq.plan_mmq`) at every size, sizes outermost; and
+    the (type, m, k) left out because ``k`` is no multiple of the type's block (llama.cpp stores such a
+    tensor in another type)."""
+    points, skipped = [], []
+    for m, k in sorted(set(sizes)):
+        for c in cells:
+            if k % block_size(c.type) == 0:
+                points.append(MmqPoint(type=c.type, m=m, k=k, ne11=c.ne11, upstream=c.upstream))
+            elif (c.type, m, k) not in skipped:
+                skipped.append((c.type, m, k))
+    return points, skipped
+
+
+def chunk_points(points: Sequence[MmqPoint], max_cases: int = MAX_CASES) -> list[list[MmqPoint]]:
+    """The points packed, whole sizes at a time in the given order, into chunks of at most ``max_cases``
+    (a size with more points is a chunk of its own); one chunk when everything fits."""
+    by_size: dict[tuple[int, int], list[MmqPoint]] = {}
+    for p in points:
+        by_size.setdefault(p.size, []).append(p)
+    out: list[list[MmqPoint]] = []
+    cur: list[MmqPoint] = []
+    for group in by_size.values():
+        if cur and len(cur) + len(group) > max_cases:
+            out.append(cur)
+            cur = []
+        cur = cur + group
+    if cur:
+        out.append(cur)
+    return out
+
+
+def round_configs(round_index: int) -> list[str]:
+    """The configs of one round in its rotated order (one process each per chunk)."""
+    return rotated(list(CONFIGS), round_index)
+
+
+def blas_env(types: Iterable[str]) -> dict[str, str]:
+    """The environment forcing cuBLAS for every one of ``types`` at every batch size."""
+    choices = [MmqChoice(type=t, lo=0, hi=None, backend="BLAS") for t in sorted(set(types))]
+    return {mm_bench.ENV: mmq_env(choices)}
+
+
+# --------------------------------------------------------------------------------------------- storage
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqSample:
+    """One (point, config, round): microseconds per multiplication, or None with the reason it failed."""
+
+    type: str
+    m: int
+    k: int
+    ne11: int
+    config: str
+    round: int
+    us_per_op: float | None
+    error: str
+
+    @property
+    def ok(self) -> bool:
+        return self.us_per_op is not None and not self.error
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.type, self.m, self.k, self.ne11)
+
+
+class MmqStore:
+    """Samples in a SQLite file (one row per point, config and round) and the identity of the run
+    (arch, backend, build, timer, ops and cache size): a later run with another identity is refused."""
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path)
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, k INTEGER NOT NULL, "
+                "ne11 INTEGER NOT NULL, config TEXT NOT NULL, round INTEGER NOT NULL, us_per_op REAL, "
+                "error TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (type, m, k, ne11, config, round))"
+            )
+            have = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as err:
+            raise UsageError(f"{self.path} is not an MMQ sweep storage this command can use ({err}).") from err
+        want = {"schema": str(_SCHEMA), "sweep": "mmq", **{k: str(v) for k, v in identity.items()}}
+        differ = {k: (have.get(k), v) for k, v in want.items() if have and have.get(k) != v}
+        if differ:
+            self.db.close()
+            raise UsageError(
+                f"{self.path} holds a sweep with another "
+                + ", ".join(f"{k} ({a!r}, not {b!r})" for k, (a, b) in sorted(differ.items()))
+                + "; its samples would mix with these. Pass another --storage, or the same build, backend, "
+                "--iters and --cache-mb."
+            )
+        with self.db:
+            self.db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def recorded(self, config: str, round_index: int) -> set[tuple[str, int, int, int]]:
+        """(type, m, k, ne11) of every sample of ``config`` in round ``round_index``, failed ones included."""
+        rows = self.db.execute(
+            "SELECT type, m, k, ne11 FROM mm_samples WHERE config = ? AND round = ?", (config, round_index)
+        )
+        return {(str(t), int(m), int(k), int(n)) for t, m, k, n in rows}
+
+    def add(self, samples: Iterable[MmqSample]) -> None:
+        now = time.time()
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO mm_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s.type, s.m, s.k, s.ne11, s.config, s.round, s.us_per_op, s.error, now) for s in samples],
+            )
+
+    def samples(self) -> list[MmqSample]:
+        rows = self.db.execute(
+            "SELECT type, m, k, ne11, config, round, us_per_op, error FROM mm_samples "
+            "ORDER BY type, m, k, ne11, config, round"
+        )
+        return [
+            MmqSample(
+                type=str(t), m=int(m), k=int(k), ne11=int(n), config=str(c), round=int(r),
+                us_per_op=None if us is None else float(us), error=str(e),
+            )
+            for t, m, k, n, c, r, us, e in rows
+        ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- measure
+
+
+def _todo(
+    chunks: Sequence[Sequence[MmqPoint]], rounds: int, store: MmqStore, forced_reason: str
+) -> tuple[list[tuple[int, int, str, list[MmqPoint]]], int]:
+    """The processes still to run (chunk, round, config, its missing points) and how many are recorded.
+    With ``forced_reason`` the forced config is stored failed with that reason instead of run."""
+    todo: list[tuple[int, int, str, list[MmqPoint]]] = []
+    skipped = 0
+    for ci, chunk in enumerate(chunks):
+        for r in range(rounds):
+            for cfg in round_configs(r):
+                have = store.recorded(cfg, r)
+                missing = [p for p in chunk if (p.type, p.m, p.k, p.ne11) not in have]
+                if not missing:
+                    skipped += 1
+                elif forced_reason and cfg not in (DEFAULT, AA):
+                    store.add(_failed(p, cfg, r, forced_reason) for p in missing)
+                else:
+                    todo.append((ci, r, cfg, missing))
+    return todo, skipped
+
+
+def _failed(p: MmqPoint, cfg: str, r: int, why: str) -> MmqSample:
+    return MmqSample(type=p.type, m=p.m, k=p.k, ne11=p.ne11, config=cfg, round=r, us_per_op=None, error=why)
+
+
+def run_mmq_live(
+    points: Sequence[MmqPoint],
+    *,
+    rounds: int,
+    store: MmqStore,
+    bin_dir: Path,
+    backend: str,
+    log_dir: Path,
+    run_cases: RunCases | None = None,
+    iters: int = 50,
+    cache_mb: int = 128,
+    max_cases: int = MAX_CASES,
+    forced_reason: str = "",
+) -> tuple[int, int]:
+    """Measure what ``store`` does not hold yet: per chunk and round, one process per config (module doc).
+
+    ``run_cases``: what runs one process (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass
+    a fake). ``forced_reason``: why the forced config cannot run (a build without the MMQ hook); its samples are
+    then stored failed with it, no process started. Prints a line per chunk and round with its time and
+    the ETA. Returns (processes run, processes skipped as already recorded).
+    """
+    if rounds < 2:
+        raise UsageError(f"A paired verdict needs at least 2 rounds; {rounds} were asked for.")
+    run = run_cases or mm_bench.run_cases
+    chunks = chunk_points(points, max_cases)
+    env = blas_env(p.type for p in points)
+    todo, skipped = _todo(chunks, rounds, store, forced_reason)
+    total = sum(len(ps) for *_, ps in todo)
+    per_case = (PROCESS_S - START_S) / PROCESS_CASES
+    log.info(
+        f"sweep mmq: {len(points)} points in {len(chunks)} chunk(s) x {rounds} rounds; {len(todo)} processes "
+        f"({total} cases) to run, {skipped} already recorded; estimated at the H100 probe's rate "
+        f"{format_seconds(len(todo) * START_S + total * per_case)}"
+    )
+    start, done, i = time.monotonic(), 0, 0
+    while i < len(todo):
+        ci, r = todo[i][0], todo[i][1]
+        t0 = time.monotonic()
+        failed = n_round = 0
+        while i < len(todo) and todo[i][:2] == (ci, r):
+            _, _, cfg, ps = todo[i]
+            out = run(
+                bin_dir,
+                [p.shape for p in ps],
+                {} if cfg in (DEFAULT, AA) else env,
+                log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
+                backend=backend,
+                iters=iters,
+                cache_mb=cache_mb,
+                timeout=120.0 + 5.0 * len(ps),
+            )
+            samples = []
+            for p, c in zip(ps, out, strict=True):
+                us = c.us_per_op if c.us_per_op is not None and not c.error else None
+                bad = us is None or not (math.isfinite(us) and us > 0)
+                failed += bad
+                why = (c.error or f"time {c.us_per_op!r} us is not a positive number") if bad else ""
+                samples.append(
+                    MmqSample(type=p.type, m=p.m, k=p.k, ne11=p.ne11, config=cfg, round=r, us_per_op=us, error=why)
+                )
+            store.add(samples)
+            n_round += len(ps)
+            i += 1
+        done += n_round
+        left = total - done
+        eta = (time.monotonic() - start) / done * left if done else 0.0
+        log.info(
+            f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{rounds}: {n_round} cases in {time.monotonic() - t0:.1f} s"
+            + (f", {failed} failed" if failed else "")
+            + f"; {done}/{total} cases done, ETA {format_seconds(eta)}"
+        )
+    return len(todo), skipped
+
+
+# --------------------------------------------------------------------------------------------- compose
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqOutcome:
+    """A measured MMQ sweep: per (type, size) its cells' stats and decisions, the points without a
+    verdict and why, per type the batch-size decisions over all its sizes, and the composed choices."""
+
+    stats: Mapping[tuple[str, tuple[int, int]], Mapping[int, CellStats]]
+    decisions: Mapping[tuple[str, tuple[int, int]], Sequence[Decision]]
+    no_verdict: Mapping[tuple[str, int, int, int], str]
+    type_decisions: Mapping[str, Sequence[Decision]]
+    choices: tuple[MmqChoice, ...]
+    withheld: str = ""
+    """Why no choice is composed whatever the verdicts (a backend without the choice), else empty."""
+
+
+def _gap(ne11: int, upstream: str, why: str) -> Decision:
+    nan = math.nan
+    return Decision(
+        phase="pp", depth=ne11, upstream_kernel=upstream, winner=None, effect_pct=0.0, ci=(nan, nan),
+        noise_pct=nan, reason=f"no verdict: {why}",
+    )  # fmt: skip
+
+
+def _type_decision(t: str, ne11: int, sizes: Sequence[tuple[int, int]], outcome_ds: Mapping[Any, Any]) -> Decision:
+    """cuBLAS wins ``ne11`` for type ``t`` only where it won at every size (module doc)."""
+    won: list[Decision] = []
+    blocked = []
+    for size in sizes:
+        d = next((x for x in outcome_ds.get((t, size), ()) if x.depth == ne11), None)
+        if d is None or d.winner != "BLAS":
+            why = "not measured" if d is None else ("no verdict" if "no verdict" in d.reason else "MMQ stays")
+            blocked.append(f"{size[0]}x{size[1]} ({why})")
+        else:
+            won.append(d)
+    if blocked or not won:
+        return _gap(ne11, "MMQ", "cuBLAS not faster at every size: " + ", ".join(blocked))
+    worst = min(won, key=lambda d: d.effect_pct)
+    return dataclasses.replace(
+        worst, reason=f"cuBLAS faster at all {len(won)} sizes (smallest gain {worst.effect_pct:+.1f}%)"
+    )
+
+
+def compose_live(
+    points: Sequence[MmqPoint], samples: Iterable[MmqSample], *, rounds: int, withhold: str = ""
+) -> MmqOutcome:
+    """Verdicts and choices from the stored samples of rounds ``0 .. rounds-1`` (module doc).
+
+    A point has a verdict only when every config has a good sample in every round. ``withhold``: a reason
+    to compose no choice (the backend has no MMQ-vs-cuBLAS choice); verdicts are still reported.
+    """
+    got = {(s.key, s.config, s.round): s for s in samples if s.round < rounds}
+    stats: dict[tuple[str, tuple[int, int]], dict[int, CellStats]] = {}
+    gaps: dict[tuple[str, int, int, int], str] = {}
+    for p in points:
+        values: dict[str, list[float]] = {}
+        why = ""
+        for cfg in CONFIGS:
+            for r in range(rounds):
+                s = got.get(((p.type, p.m, p.k, p.ne11), cfg, r))
+                if s is None or not s.ok or s.us_per_op is None:
+                    why = why or (f"{LABELS[cfg]} round {r + 1}: " + ("not measured" if s is None else s.error))
+                    continue
+                values.setdefault(cfg, []).append(1e6 / s.us_per_op)
+        if why:
+            gaps[(p.type, p.m, p.k, p.ne11)] = why
+        else:
+            stats.setdefault((p.type, p.size), {})[p.ne11] = cell_stats(p.ne11, p.upstream, values)
+    decisions: dict[tuple[str, tuple[int, int]], list[Decision]] = {}
+    for key in sorted({(p.type, p.size) for p in points}):
+        ds = decide("pp", stats[key]) if key in stats else []
+        ds += [_gap(n, "MMQ", w) for (t, m, k, n), w in gaps.items() if (t, (m, k)) == key]
+        decisions[key] = sorted(ds, key=lambda d: d.depth)
+    type_ds: dict[str, list[Decision]] = {}
+    choices: list[MmqChoice] = []
+    for t in sorted({p.type for p in points}):
+        sizes = sorted({p.size for p in points if p.type == t})
+        type_ds[t] = [_type_decision(t, n, sizes, decisions) for n in sorted({p.ne11 for p in points if p.type == t})]
+        if not withhold:
+            choices += [
+                MmqChoice(type=t, lo=r.lo, hi=r.hi, backend=r.kernel) for r in rules_from(type_ds[t], Shape(kv=None))
+            ]
+    return MmqOutcome(
+        stats=stats, decisions=decisions, no_verdict=gaps, type_decisions=type_ds, choices=tuple(choices),
+        withheld=withhold,
+    )  # fmt: skip
+
+
+def no_choice_text(outcome: MmqOutcome) -> str:
+    """Why nothing was composed, in words."""
+    if outcome.withheld:
+        return f"withheld: {outcome.withheld}"
+    if not outcome.stats:
+        return "no point has a verdict"
+    return "MMQ (upstream's choice) stays: at no batch size was cuBLAS faster at every size of a type"
+
+
+def _cell_text(st: CellStats | None, d: Decision | None, why: str | None) -> str:
+    """One point in the report: cuBLAS's speed over MMQ (MMQ time / cuBLAS time) with its 95% CI, the A/A
+    noise, the verdict."""
+    if why is not None:
+        return "no verdict"
+    e = None if st is None else st.effects.get("BLAS")
+    if st is None or e is None:
+        return "-"
+    ci = f"[{e.ci_low:.3f}, {e.ci_high:.3f}]" if math.isfinite(e.ci_low) else "[n/a]"
+    verdict = "cuBLAS" if d is not None and d.winner == "BLAS" else "MMQ"
+    return f"{e.ratio:.3f} {ci} ±{st.noise_pct:.1f}% {verdict}"
+
+
+def _type_table(outcome: MmqOutcome, t: str, points: Sequence[MmqPoint]) -> list[str]:
+    sizes = sorted({p.size for p in points if p.type == t})
+    lines = [
+        f"### {t}",
+        "",
+        "| ne11 | " + " | ".join(f"{m}x{k}" for m, k in sizes) + " | over all sizes |",
+        "|---:|" + "---|" * (len(sizes) + 1),
+    ]
+    for td in outcome.type_decisions.get(t, ()):
+        n = td.depth
+        row = []
+        for size in sizes:
+            st = outcome.stats.get((t, size), {}).get(n)
+            d = next((x for x in outcome.decisions.get((t, size), ()) if x.depth == n), None)
+            row.append(_cell_text(st, d, outcome.no_verdict.get((t, size[0], size[1], n))))
+        verdict = "**cuBLAS**" if td.winner == "BLAS" else "MMQ stays"
+        lines.append(f"| {n} | " + " | ".join(row) + f" | {verdict}: {td.reason.removeprefix('no verdict: ')} |")
+    return [*lines, ""]
+
+
+def report_text(
+    outcome: MmqOutcome,
+    points: Sequence[MmqPoint],
+    *,
+    rounds: int,
+    identity: Mapping[str, Any],
+    skipped: Sequence[tuple[str, int, int]] = (),
+    patch: bool,
+) -> str:
+    """report.md: what was measured, the composed choices, per type and batch size every size's ratio, and
+    every point without a verdict."""
+    n_gap = len(outcome.no_verdict)
+    types = sorted({p.type for p in points})
+    sizes = sorted({p.size for p in points})
+    lines = [
+        "# MMQ vs cuBLAS sweep",
+        "",
+        *(f"- {k}: {v}" for k, v in identity.items()),
+        f"- points: {len(points)} ({len(types)} types, {len(sizes)} sizes m x k: "
+        f"{', '.join(f'{m}x{k}' for m, k in sizes)}; batch sizes {sorted({p.ne11 for p in points})}), "
+        f"{rounds} paired rounds each",
+        f"- points with a verdict: {len(points) - n_gap}; without one: {n_gap}",
+        *(
+            [f"- not swept (k not a multiple of the type's block): {', '.join(f'{t} {m}x{k}' for t, m, k in skipped)}"]
+            if skipped
+            else []
+        ),
+        "",
+        "Per round, one mm-bench process per config over every point: upstream's choice (MMQ), the same again "
+        "(the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from round to round. "
+        "A cell below is `MMQ time / cuBLAS time` (above 1: cuBLAS faster) with its 95% CI, the A/A noise and the "
+        "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster). A batch size goes "
+        "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
+        "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
+        "",
+        "## Composed choices",
+        "",
+        *([f"- `{c.text}`" for c in outcome.choices] or [f"None: {no_choice_text(outcome)}."]),
+        "",
+        "`upstream.patch` adds them to `ggml_cuda_should_use_mmq`." if patch else "No `upstream.patch`.",
+        "",
+        "## Per type and batch size",
+        "",
+    ]
+    for t in types:
+        lines += _type_table(outcome, t, points)
+    if n_gap:
+        lines += ["## Points without a verdict", ""]
+        lines += [f"- {t} {m}x{k} ne11 {n}: {why}" for (t, m, k, n), why in sorted(outcome.no_verdict.items())]
+    return "\n".join(lines).rstrip("\n") + "\n"
