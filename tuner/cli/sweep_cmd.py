@@ -131,15 +131,16 @@ def _mmq_plan_text(
 
 
 def _default_build(arch: str, spec: str | None) -> Path:
-    """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree), built
-    (or taken from the build cache) as ``tuner build`` would."""
+    """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree) with the
+    opt-in MMQ hook (``templates/patches/mma/mmq-hook.toml``), so one build serves both sweeps; built (or
+    taken from the build cache) as ``tuner build`` would."""
     from tuner import log, source
     from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
     from tuner.targets.archs import detect_local_archs
 
     src = source.fetch_source(spec) if spec else source.fetch_source()
-    rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs())
+    rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs(), hooks=("mmq",))
     with log.step(f"Building {rv.short} from {src.spec}"):
         return Path(build_variant(rv).bin_dir)
 
