@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -70,7 +71,8 @@ def test_patch_applies_to_tree_a(
     out = _git_apply_check(rv, tmp_path)
     assert "ggml/src/ggml-cuda/fattn.cu" in out
     if baked is None:
-        assert len(rv.tu_headers) == 33
+        # CUDA: 12 tile instances + 126 per-head-size MMA TUs; HIP (hook not split): 12 tile + 21 MMA instances
+        assert len(rv.tu_headers) == (138 if variant.startswith("cuda") else 33)
         assert sum(1 for t in rv.tu_headers.values() if t) == (1 if values else 0)
 
 
@@ -152,3 +154,83 @@ def test_nvcc_compiles_patched_fattn_for_sm90(tree_a, tmp_path: Path, baked: dic
     assert (tmp_path / "fattn.o").stat().st_size > 100_000
     tuner_lines = [ln for ln in res.output.splitlines() if "warning" in ln and "fattn.cu" in ln]
     assert tuner_lines == []
+
+
+def _cublas_cache_entries(inc: Path, nvcc: Path) -> dict[str, str] | None:
+    """CMake cache entries that let FindCUDAToolkit resolve CUDA::cublas, cublasLt and cuda_driver for a
+    configure without linking; None where no libcublas is found (the test then skips).
+
+    The toolkit's own lib64 needs none; a pip-unpacked cuBLAS (``nvidia/cu13/{include,lib}``) is named
+    explicitly. Without a libcuda (no driver, no stubs) a placeholder path stands in: nothing is linked here.
+    """
+    toolkit = nvcc.resolve().parent.parent
+    libdirs = [toolkit / "lib64", *sorted(toolkit.glob("targets/*/lib"))]
+    out: dict[str, str] = {}
+    if not any(any(d.glob("libcublas.so*")) for d in libdirs):
+        cands = [os.environ.get("TUNER_TEST_CUBLAS_LIB", ""), str(inc.parent / "lib"), str(inc.parent / "lib64")]
+        for c in cands:
+            blas = sorted(Path(c).glob("libcublas.so*")) if c else []
+            blas_lt = sorted(Path(c).glob("libcublasLt.so*")) if c else []
+            if blas and blas_lt:
+                out |= {"CUDA_cublas_LIBRARY": str(blas[0]), "CUDA_cublasLt_LIBRARY": str(blas_lt[0])}
+                break
+        else:
+            return None
+    if not any(any(d.glob("libcuda.so*")) or any(d.glob("stubs/libcuda.so*")) for d in libdirs):
+        out["CUDA_cuda_driver_LIBRARY"] = "libcuda-placeholder.so"
+    return out
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cuda_hook_configures_one_tu_per_mma_head_size(tree_a, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A real CMake configure (no compile) of the tune-mode CUDA tree: the 21 MMA instances are replaced by
+    their 126 per-head-size TUs, each with its own header, under the names tuner's keys give them; a second
+    configure leaves the generated files untouched (a reconfigure must not rebuild every instance)."""
+    from tuner.builder import cmake as B
+    from tuner.plan import tu_split
+
+    nvcc = Path(shutil.which("nvcc") or "nvcc")
+    inc = _cublas_include()
+    entries = _cublas_cache_entries(inc, nvcc) if inc is not None else None
+    if entries is None:
+        pytest.skip(
+            "cuBLAS not found: CMake's FindCUDAToolkit needs cublas_v2.h and libcublas/libcublasLt (set "
+            "TUNER_TEST_CUBLAS_INCLUDE and TUNER_TEST_CUBLAS_LIB to a cuBLAS include and lib dir)"
+        )
+    if entries.get("CUDA_cuda_driver_LIBRARY"):
+        entries["CUDA_cuda_driver_LIBRARY"] = str(tmp_path / entries["CUDA_cuda_driver_LIBRARY"])
+        Path(entries["CUDA_cuda_driver_LIBRARY"]).touch()
+    rv = render.render_variant(tree_a, "sm_90", "cuda", compile_values={"mma.ampere.d64.c8.occupancy": 1})
+    src, build, tu = tmp_path / "src", tmp_path / "build", tmp_path / "tu"
+    B._prepare_src(rv, src)
+    B._write_tu_headers(rv, src, tu)
+    defines = {
+        **rv.defines,
+        **entries,
+        "GGML_TUNER_TU_DIR": str(tu),
+        "CMAKE_EXPORT_COMPILE_COMMANDS": "ON",
+        "GGML_CCACHE": "OFF",
+    }
+    cmd = [str(B.find_build_tools().cmake.cmake_path), f"-S{src}", f"-B{build}", "-GNinja"]
+    cmd += [f"-D{k}={v}" for k, v in defines.items()]
+    run(cmd, what="CMake configure", timeout=600)
+
+    splits = tu_split.split_tus(tree_a.root)
+    assert len(splits) == 126 and len(set(splits.values())) == 21
+    compiled = {
+        Path(os.path.relpath(Path(e["directory"], e["file"]), src)).as_posix(): e
+        for e in json.loads((build / "compile_commands.json").read_text())
+    }
+    assert {k for k in compiled if "/split/" in k} == set(splits)
+    assert not set(splits.values()) & set(compiled)  # the whole instances are not compiled
+    assert "ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu" in compiled
+    d64 = "ggml/src/ggml-cuda/template-instances/split/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.cu"
+    assert f"-include {tu}/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.h" in compiled[d64]["command"]
+    generated = (src / d64).read_text()
+    assert generated.endswith('#include "../../fattn-mma-f16.cuh"\n\nDECL_FATTN_MMA_F16_CASE(64, 64, 2, 4);\n')
+    assert "(64, 64, 8, 128, 1," in (tu / "fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.h").read_text()
+    assert B._object_targets(build, src, B.default_check_objects(rv))  # the default check TUs are compiled
+
+    mtimes = {k: (src / k).stat().st_mtime_ns for k in splits}
+    run([*cmd, "--fresh"], what="CMake configure again", timeout=600)
+    assert {k: (src / k).stat().st_mtime_ns for k in splits} == mtimes

@@ -57,7 +57,8 @@ from tuner.builder.quantize import quantize_model
 from tuner.builder.records import cached_record, load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
-from tuner.plan.variant import Build, RenderedVariant
+from tuner.plan import tu_split
+from tuner.plan.variant import Build, RenderedVariant, variant_family
 
 logger = logging.getLogger(__name__)
 
@@ -128,13 +129,18 @@ def default_check_objects(rv: RenderedVariant) -> list[str]:
 
     The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC
     hs64 instance (era ``rocwmma``), plus every TU the variant's compile-time knobs give a header.
+    Where the patch's CUDA hook splits the MMA instances per head size, the whole instance is not
+    compiled, so its D64 split TU stands in for it.
     """
     base = [_CUDA_DIR / "fattn.cu"]
     inst = _CUDA_DIR / "template-instances"
     if rv.era == "rocwmma":
         base += [_CUDA_DIR / "fattn-tile-f16.cu", inst / "fattn-vec-f16-instance-hs64-f16-f16.cu"]
     else:
-        base += [inst / "fattn-tile-instance-dkq64-dv64.cu", inst / "fattn-mma-f16-instance-ncols1_16-ncols2_4.cu"]
+        mma = (inst / "fattn-mma-f16-instance-ncols1_16-ncols2_4.cu").as_posix()
+        if tu_split.has_mma_split(rv.files, era=rv.era, family=variant_family(rv.variant)):
+            mma = tu_split.split_tu(mma, 64)
+        base += [inst / "fattn-tile-instance-dkq64-dv64.cu", Path(mma)]
     out = [p.as_posix() for p in base]
     out += [k for k, v in sorted(rv.tu_headers.items()) if v.strip() and k not in out]
     return out
@@ -267,12 +273,14 @@ def _write_tu_headers(rv: RenderedVariant, src: Path, tu_dir: Path) -> list[str]
     """Write ``tu/<stem>.h`` for every TU the hook may include; return the headers that changed.
 
     A header is only rewritten when its text changes, so Ninja's depfile check rebuilds exactly the
-    TUs whose override changed.
+    TUs whose override changed. The per-head-size MMA TUs that the CUDA hook generates at configure
+    (:func:`tuner.plan.tu_split.split_tus`) count as files of the tree before they exist.
     """
+    splits = set(tu_split.split_tus(src))
     for rel in rv.tu_headers:
-        if not (src / rel).is_file():
+        if not (src / rel).is_file() and rel not in splits:
             raise UsageError(f"tu_headers names {rel!r}, which is not a file of the source tree {rv.source_root}.")
-    known = {p.relative_to(src).as_posix() for p in (src / _CUDA_DIR).rglob("*.cu")} | set(rv.tu_headers)
+    known = {p.relative_to(src).as_posix() for p in (src / _CUDA_DIR).rglob("*.cu")} | splits | set(rv.tu_headers)
     tu_dir.mkdir(parents=True, exist_ok=True)
     changed = []
     for rel in sorted(known):

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import TunerError, UsageError, close_matches
-from tuner.plan import constraints, fa_rules
+from tuner.plan import constraints, fa_rules, tu_split
 from tuner.plan import space as space_mod
 from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
-from tuner.plan.variant import VARIANTS, RenderedVariant
+from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
 
 if TYPE_CHECKING:
@@ -65,11 +65,6 @@ _HIP_TARGET_VARS = ("GPU_TARGETS", "AMDGPU_TARGETS")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.;+\-]*$")
 _THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
 _INT_MAX = 2147483647
-
-
-def variant_family(variant: str) -> str:
-    """``cuda-force-mmq`` -> ``cuda``; the family picks the patch manifests."""
-    return variant.split("-", 1)[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,11 +254,19 @@ def tu_header_name(tu: str) -> str:
     return name.split(".", 1)[0] + ".h"
 
 
-def find_hooked_tus(source_root: Path, era: str) -> list[str]:
-    """Relative paths of every TU the era's CMake hook gives an override header."""
+def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[str]:
+    """Relative paths of every TU the era's CMake hook gives an override header.
+
+    For CUDA builds of era ``mma`` an MMA instance with DECL lines is replaced by its per-head-size
+    split TUs (:func:`tuner.plan.tu_split.split_tus`), which exist only in a configured build's source copy.
+    """
     out: set[str] = set()
     for pattern in _TU_GLOBS.get(era, ()):
         out.update(p.relative_to(source_root).as_posix() for p in source_root.glob(pattern))
+    if tu_split.splits_mma(era, family):
+        splits = tu_split.split_tus(source_root)
+        out.difference_update(splits.values())
+        out.update(splits)
     return sorted(out)
 
 
@@ -285,9 +288,13 @@ class _RowOverride:
 
 
 def _row_overrides(
-    source_root: Path, sp: SearchSpace, values: Mapping[str, int]
+    source_root: Path, sp: SearchSpace, values: Mapping[str, int], *, era: str = "", family: str = ""
 ) -> tuple[list[_RowOverride], dict[str, int]]:
-    """Group tile/MMA row knobs into full rows (untuned fields from the tree's table); wmma values apart."""
+    """Group tile/MMA row knobs into full rows (untuned fields from the tree's table); wmma values apart.
+
+    ``tu`` is the TU whose header carries the row: for a CUDA build of era ``mma`` an MMA row's head
+    size's split TU, otherwise the whole instance file (a tile instance is one head size already).
+    """
     groups: dict[tuple[str, str, tuple[int, int, int], int], dict[str, int]] = {}
     wmma: dict[str, int] = {}
     for knob in sp.compile_knobs:
@@ -302,6 +309,7 @@ def _row_overrides(
         ncols2 = int(m.get("ncols2", 0))
         groups.setdefault((knob.kind, str(m["table"]), key, ncols2), {})[str(m["field"])] = v
     out = []
+    split = tu_split.splits_mma(era, family)
     for (kind, table, key, ncols2), fields in groups.items():
         upstream = space_mod.upstream_row(source_root, kind, table, key)
         row = constraints.with_fields(upstream, fields)
@@ -313,17 +321,27 @@ def _row_overrides(
                 f"Knobs for {kind} {table} {key} target {tu}, which this tree lacks; check the knob's ncols2 "
                 f"(ncols {key[2]} must be ncols1*ncols2 of an existing fattn-mma-f16 instance)."
             )
+        if split and kind != "tile_row":
+            whole, tu = tu, tu_split.split_tu_of(source_root, tu, key[0]) or ""
+            if not tu:
+                raise UsageError(
+                    f"Knobs for {kind} {table} {key} target head size {key[0]} of {whole}, which instantiates no "
+                    f"DECL_FATTN_MMA_F16_CASE({key[0]}, ...) in this tree; pick a head size that instance compiles."
+                )
         out.append(_RowOverride(kind="tile" if kind == "tile_row" else "mma", table=table, key=key, row=row, tu=tu))
     return out, wmma
 
 
-def render_tu_headers(source_root: Path, era: str, sp: SearchSpace, values: Mapping[str, int]) -> dict[str, str]:
+def render_tu_headers(
+    source_root: Path, era: str, sp: SearchSpace, values: Mapping[str, int], *, family: str = "cuda"
+) -> dict[str, str]:
     """Override header text for every hooked TU ('' where the candidate changes nothing).
 
     Every hooked TU is listed so the build stage overwrites a header left by an earlier candidate.
+    ``family`` (``cuda`` or ``hip``) picks the CMake hook: CUDA's compiles MMA instances per head size.
     """
-    headers = {tu: "" for tu in find_hooked_tus(source_root, era)}
-    rows, wmma = _row_overrides(source_root, sp, values)
+    headers = {tu: "" for tu in find_hooked_tus(source_root, era, family)}
+    rows, wmma = _row_overrides(source_root, sp, values, era=era, family=family)
     per_tu: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         macro = f"GGML_TUNER_{'TILE' if r.kind == 'tile' else 'MMA'}_ROWS_{r.table.upper()}"
@@ -527,7 +545,10 @@ def render_variant(
     Example:
         >>> rv = render_variant(src, "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 256})
         >>> sorted(k for k, v in rv.tu_headers.items() if v)  # doctest: +SKIP
-        ['ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu']
+        ['ggml/src/ggml-cuda/template-instances/split/fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq64.cu']
+
+        The D64 row at ncols 64 is instantiated by ``fattn-mma-f16-instance-ncols1_16-ncols2_4.cu``; the
+        CUDA hook compiles its head sizes as separate TUs, so only the D64 one is rebuilt.
     """
     root = Path(source.root)
     era = str(source.era)
@@ -561,9 +582,9 @@ def render_variant(
     tu_headers: dict[str, str] = {}
     if not baked:
         tu_headers = (
-            render_tu_headers(root, era, sp, compile_values)
+            render_tu_headers(root, era, sp, compile_values, family=family)
             if sp is not None
-            else {tu: "" for tu in find_hooked_tus(root, era)}
+            else {tu: "" for tu in find_hooked_tus(root, era, family)}
         )
     return RenderedVariant(
         arch=arch,

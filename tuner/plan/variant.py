@@ -5,7 +5,7 @@ Kept in one small module so each stage can be written and tested against the sam
 
 from __future__ import annotations
 
-__all__ = ["VARIANTS", "Build", "RenderedVariant"]
+__all__ = ["VARIANTS", "Build", "RenderedVariant", "variant_family"]
 
 import dataclasses
 from collections.abc import Mapping
@@ -27,6 +27,11 @@ VARIANTS: dict[str, str] = {
     "hip-no-mmq-mfma": "HIP with GGML_HIP_MMQ_MFMA=OFF (also removes the CDNA MMA-FA path)",
 }
 """Variant name -> one-line description; each has ``templates/cmake/<name>.j2``."""
+
+
+def variant_family(variant: str) -> str:
+    """``cuda-force-mmq`` -> ``cuda``; the family picks the patch manifests."""
+    return variant.split("-", 1)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

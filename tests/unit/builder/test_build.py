@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -125,6 +126,21 @@ def test_default_check_objects_per_era() -> None:
     assert mma[0] == "ggml/src/ggml-cuda/fattn.cu"
     assert "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu" in mma
     assert "ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu" in mma
+    split = dataclasses.replace(
+        make_rv(tu="#define X 1\n"),
+        variant="cuda",
+        files={"ggml/src/ggml-cuda/CMakeLists.txt": "if (GGML_TUNER_TU_DIR)\n  # template-instances/split/\nendif()\n"},
+    )
+    # the CUDA hook compiles per-head-size TUs instead of the whole instance, so its D64 TU is checked
+    assert B.default_check_objects(split)[:3] == [
+        "ggml/src/ggml-cuda/fattn.cu",
+        "ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq64-dv64.cu",
+        "ggml/src/ggml-cuda/template-instances/split/fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq64.cu",
+    ]
+    hip = dataclasses.replace(split, variant="hip")  # ggml-hip's hook is not split
+    assert "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu" in (
+        B.default_check_objects(hip)
+    )
     roc = B.default_check_objects(make_rv(era="rocwmma"))
     assert roc == [
         "ggml/src/ggml-cuda/fattn.cu",
@@ -187,6 +203,26 @@ def test_tu_headers_rewritten_only_when_changed(tmp_path: Path) -> None:
             src,
             tu,
         )
+
+
+def test_tu_headers_accept_and_reset_split_tus(tmp_path: Path) -> None:
+    """Split TUs exist only after configure: their keys are valid before, and all get a header (reset to '')."""
+    src, tu = tmp_path / "src", tmp_path / "tu"
+    inst = src / "ggml/src/ggml-cuda/template-instances"
+    inst.mkdir(parents=True)
+    (inst / "fattn-mma-f16-instance-ncols1_2-ncols2_4.cu").write_text(
+        "DECL_FATTN_MMA_F16_CASE(64, 64, 2, 4);\nDECL_FATTN_MMA_F16_CASE(128, 128, 2, 4);\n"
+    )
+    d64 = "ggml/src/ggml-cuda/template-instances/split/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.cu"
+    rv = dataclasses.replace(make_rv(), tu_headers={d64: "#define X 1\n"})
+    assert len(B._write_tu_headers(make_rv(), src, tu)) == 3  # first write: the instance and both split TUs
+    assert B._write_tu_headers(rv, src, tu) == [d64]
+    assert (tu / "fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.h").read_text() == "#define X 1\n"
+    assert (tu / "fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq128.h").read_text() == ""
+    assert B._write_tu_headers(dataclasses.replace(rv, tu_headers={}), src, tu) == [d64]  # a later candidate
+    assert (tu / "fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.h").read_text() == ""
+    with pytest.raises(UsageError, match="not a file"):  # a head size the instance does not declare
+        B._write_tu_headers(dataclasses.replace(rv, tu_headers={d64.replace("dkq64", "dkq96"): "x"}), src, tu)
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,14 @@ from click.testing import CliRunner
 
 import tuner._run
 from tuner.errors import TunerError, UsageError
-from tuner.plan import fa_rules, render
+from tuner.plan import fa_rules, render, tu_split
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 TREE_A = DATA / "treeA"
 TREE_B = DATA / "treeB"
 MMA_16_4 = "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_16-ncols2_4.cu"
+SPLIT = "ggml/src/ggml-cuda/template-instances/split"
+MMA_16_4_D64 = f"{SPLIT}/fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq64.cu"
 
 
 @pytest.fixture(autouse=True)
@@ -153,9 +155,11 @@ def test_tu_headers_for_one_mma_candidate_match_golden() -> None:
         compile_values={"mma.ampere.d64.c64.nthreads": 256, "mma.ampere.d64.c64.occupancy": 1},
     )
     overrides = {k: v for k, v in rv.tu_headers.items() if v}
-    assert list(overrides) == [MMA_16_4]
-    assert overrides[MMA_16_4] == (DATA / "expected-mma-16-4.h").read_text()
-    assert len(rv.tu_headers) == 33  # 12 tile + 21 mma instances, all listed so stale headers get cleared
+    assert list(overrides) == [MMA_16_4_D64]  # the D64 instantiation of ncols1_16-ncols2_4 alone
+    assert overrides[MMA_16_4_D64] == (DATA / "expected-mma-16-4.h").read_text()
+    # 12 tile instances + 126 MMA head-size TUs (the DECLs of the 21 MMA instances), all listed so
+    # stale headers get cleared; the whole MMA instances are not compiled in a split build
+    assert len(rv.tu_headers) == 138 and MMA_16_4 not in rv.tu_headers
     base = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda")
     assert rv.key == base.key and rv.artifact_key != base.artifact_key  # same build dir, other binaries
     same = render.render_variant(
@@ -407,7 +411,7 @@ def test_cli_dry_run(cli_source: None) -> None:
     )
     assert code == 0
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in out and "GGML_TUNER_FA_T3=4096" in out
-    assert "## fattn-mma-f16-instance-ncols1_16-ncols2_4.h" in out and "--- a/ggml/src/ggml-cuda/fattn.cu" in out
+    assert "## fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq64.h" in out and "--- a/ggml/src/ggml-cuda/fattn.cu" in out
 
 
 def test_cli_writes_files(cli_source: None, tmp_path: Path) -> None:
@@ -430,9 +434,9 @@ def test_cli_writes_files(cli_source: None, tmp_path: Path) -> None:
     assert "-DGGML_CUDA=ON" in (o / "cmake-args.txt").read_text().splitlines()
     assert json.loads((o / "CMakeUserPresets.json").read_text())["configurePresets"][0]["name"] == "tuner-sm_90-cuda"
     assert (o / "bench-args.txt").read_text().strip() == "-ub 1024"
-    assert len(list((o / "tu").glob("*.h"))) == 33
-    assert "occupancy" not in (o / "tu" / "fattn-mma-f16-instance-ncols1_16-ncols2_4.h").read_text()
-    assert ", 1, 64, 32, 32, 32, 2, true);" in (o / "tu" / "fattn-mma-f16-instance-ncols1_16-ncols2_4.h").read_text()
+    assert len(list((o / "tu").glob("*.h"))) == 138
+    header = (o / "tu" / "fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq64.h").read_text()
+    assert "occupancy" not in header and ", 1, 64, 32, 32, 32, 2, true);" in header
 
 
 @pytest.mark.parametrize(
@@ -452,7 +456,78 @@ def test_a_decode_mma_row_targets_the_ncols1_2_instance() -> None:
     # batch-1 decode at GQA 4 runs ncols1 2 x ncols2 4 (ncols 8): its row overrides that TU alone
     rv = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c8.occupancy": 1})
     overrides = {k: v for k, v in rv.tu_headers.items() if v}
-    tu = "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_2-ncols2_4.cu"
+    tu = f"{SPLIT}/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.cu"
     assert list(overrides) == [tu]
     # upstream's row (64, 64, 8: 128, 2, 128, 32, 32, 32, 2, true) with occupancy 1
     assert "GGML_CUDA_FATTN_MMA_CONFIG_CASE(64, 64, 8, 128, 1, 128, 32, 32, 32, 2, true);" in overrides[tu]
+
+
+# ---------------------------------------------------------------- per-head-size MMA split
+
+
+def test_split_tus_of_the_pinned_instances() -> None:
+    """126 DECL lines over the 21 MMA instances (treeA holds the pinned tree's instance files verbatim)."""
+    splits = tu_split.split_tus(TREE_A)
+    assert len(splits) == 126 and len(set(splits.values())) == 21
+    inst = "ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_2-ncols2_4.cu"
+    assert sorted(k for k, v in splits.items() if v == inst) == [
+        f"{SPLIT}/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq{d}.cu" for d in (112, 128, 256, 512, 576, 64, 80, 96)
+    ]
+    assert tu_split.split_tu_of(TREE_A, inst, 64) == f"{SPLIT}/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.cu"
+    assert tu_split.split_tu_of(TREE_A, inst, 40) is None
+    assert render.tu_header_name(tu_split.split_tu(inst, 64)) == "fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.h"
+
+
+def test_decode_and_prefill_rows_land_in_their_head_size_only() -> None:
+    rv = render.render_variant(
+        src(TREE_A, "mma"),
+        "sm_90",
+        "cuda",
+        compile_values={"mma.ampere.d64.c8.occupancy": 1, "mma.ampere.d128.c64.occupancy": 1},
+    )
+    overrides = {k: v for k, v in rv.tu_headers.items() if v}
+    d64 = f"{SPLIT}/fattn-mma-f16-instance-ncols1_2-ncols2_4-dkq64.cu"
+    d128 = f"{SPLIT}/fattn-mma-f16-instance-ncols1_16-ncols2_4-dkq128.cu"
+    assert sorted(overrides) == sorted([d64, d128])
+    assert "(64, 64, 8, 128, 1," in overrides[d64] and "(128, 128," not in overrides[d64]
+    assert "(128, 128, 64," in overrides[d128] and "(64, 64," not in overrides[d128]
+    for k in rv.tu_headers:
+        assert "/template-instances/fattn-mma" not in k  # no whole MMA instance is hooked in a CUDA build
+
+
+def test_hip_keeps_whole_mma_instances() -> None:
+    """ggml-hip/CMakeLists.txt's hook is not split: a HIP build hooks the whole instance TUs."""
+    rv = render.render_variant(src(TREE_A, "mma"), "gfx1151", "hip", compile_values={"mma.rdna.d64.c64.occupancy": 1})
+    assert len(rv.tu_headers) == 33 and not any("/split/" in k for k in rv.tu_headers)
+    assert [k for k, v in rv.tu_headers.items() if v] == [MMA_16_4]
+    assert "template-instances/split/" not in rv.files["ggml/src/ggml-hip/CMakeLists.txt"]
+
+
+def test_split_row_for_a_head_size_the_instance_lacks_is_refused(tmp_path: Path) -> None:
+    import shutil
+
+    tree = tmp_path / "treeA"
+    shutil.copytree(TREE_A, tree)
+    (tree / MMA_16_4).write_text('#include "../fattn-mma-f16.cuh"\n\nDECL_FATTN_MMA_F16_CASE(128, 128, 16, 4);\n')
+    with pytest.raises(UsageError, match=r"instantiates no DECL_FATTN_MMA_F16_CASE\(64, \.\.\.\)"):
+        render.render_variant(src(tree, "mma"), "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.occupancy": 1})
+
+
+def test_cuda_tune_hook_splits_and_baked_patch_does_not() -> None:
+    """The split is tune-mode CMake only: a baked (export) patch carries no hook at all, as before."""
+    tuned = render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda")
+    cuda_cmake = tuned.files["ggml/src/ggml-cuda/CMakeLists.txt"]
+    cmake_pattern = tu_split.DECL_RE.pattern.replace("([0-9]+)", "[0-9]+").replace("\\", "\\\\")
+    assert f'string(REGEX MATCHALL "{cmake_pattern}"' in cuda_cmake  # Python names TUs with the hook's pattern
+    assert "HEADER_FILE_ONLY ON" in cuda_cmake and "file(CONFIGURE OUTPUT" in cuda_cmake
+    assert tu_split.has_mma_split(tuned.files, era="mma", family="cuda")
+    assert not tu_split.has_mma_split(tuned.files, era="mma", family="hip")
+    baked = render.render_variant(
+        src(TREE_A, "mma"),
+        "sm_90",
+        "cuda",
+        compile_values={"mma.ampere.d64.c8.occupancy": 1},
+        baked_runtime={"GGML_TUNER_FA_T3": 4096},
+    )
+    assert baked.tu_headers == {} and "split" not in baked.patch and "GGML_TUNER_TU_DIR" not in baked.patch
+    assert "ggml/src/ggml-cuda/CMakeLists.txt" not in baked.files
