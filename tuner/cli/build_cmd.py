@@ -39,6 +39,14 @@ def _default_variant(arch: str) -> str:
 @click.option("--variant", default=None, help="Variant family (default: cpu / cuda / hip by arch).")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Compile-time knob value (repeatable).")
 @click.option(
+    "--hook",
+    "hooks",
+    multiple=True,
+    metavar="NAME",
+    help="Opt-in hook to add to the patch (repeatable): mmq (MMQ or cuBLAS per type and batch from "
+    "GGML_TUNER_MMQ_CHOICES; the build `tuner sweep` makes).",
+)
+@click.option(
     "--targets",
     default=None,
     help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].",
@@ -63,6 +71,7 @@ def build(
     spec: str | None,
     variant: str | None,
     sets: tuple[str, ...],
+    hooks: tuple[str, ...],
     targets: str | None,
     jobs: int | None,
     compile_only: bool,
@@ -84,7 +93,9 @@ def build(
     src = source.fetch_source(spec) if spec else source.fetch_source()
     # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.
     local = [] if compile_only else detect_local_archs()
-    rv = render.render_variant(src, arch, variant or _default_variant(arch), compile_values=values, local_archs=local)
+    rv = render.render_variant(
+        src, arch, variant or _default_variant(arch), compile_values=values, local_archs=local, hooks=hooks
+    )
     for w in rv.warnings:
         log.warning(w)
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)

@@ -57,6 +57,8 @@ CASE_RE = re.compile(
 
 _TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.IGNORECASE)
 _BACKENDS = ("MMQ", "BLAS")
+MAX_RESTARTS = 8
+"""How many times :func:`run_cases` starts mm-bench again after a process died, for the cases after it."""
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_:.,=-]{0,4096}")
 _HOOK_ABORT = "is not TYPE:LO..HI=MMQ|BLAS"
 """What the MMQ hook prints when it aborts on a value it cannot parse (:data:`tuner.sweep.mmq.ENV`)."""
@@ -219,7 +221,8 @@ def run_cases(
     choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
 
     Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
-    log's path; a process that failed or timed out fails every case (no time of it counts).
+    log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
+    the reason, and a new process (``mm-bench-2.log``...) runs the rest, at most :data:`MAX_RESTARTS` times.
 
     Raises:
         UsageError: A bad backend name, shape, environment, ``iters`` or ``cache_mb`` (checked before
@@ -229,32 +232,61 @@ def run_cases(
     exe = build_mm_bench(bin_dir, ggml_h=ggml_h)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    cases_file, log_file = log_dir / "mm-bench-cases.txt", log_dir / "mm-bench.log"
-    cases_file.write_text(mm_bench_cases(shapes))
-    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
-    if threads is not None:
-        cmd += ["-t", str(threads)]
-    log_file.unlink(missing_ok=True)
-    error = ""
-    base = {k: v for k, v in os.environ.items() if k != ENV}
-    try:
-        res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-        if res.returncode != 0:
-            error = f"mm-bench exited with code {res.returncode}; see {log_file}"
-    except TunerError as err:  # a timeout: data, as a crash is
-        error = str(err)
-    got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
-    out = []
-    for i in range(len(shapes)):
-        c = got.get(i)
-        if error or c is None or c.us_per_op is None:
-            why = error or (f"{c.error}; see {log_file}" if c else f"no result for case {i}; see {log_file}")
-            out.append(BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=why))
-        elif not (math.isfinite(c.us_per_op) and c.us_per_op > 0):
-            out.append(dataclasses.replace(c, us_per_op=None, error=f"time {c.us_per_op} us; see {log_file}"))
-        else:
-            out.append(c)
-    return out
+    out: list[BenchCase | None] = [None] * len(shapes)
+    first, attempt = 0, 0
+    # A process that dies mid-file (a CUDA error in one case) keeps the cases it printed: each was timed
+    # on its own before the failure. The case it died in fails with the reason; a new process takes the
+    # rest, up to MAX_RESTARTS times.
+    while first < len(shapes):
+        attempt += 1
+        part = f"-{attempt}" if attempt > 1 else ""
+        cases_file, log_file = log_dir / f"mm-bench-cases{part}.txt", log_dir / f"mm-bench{part}.log"
+        cases_file.write_text(mm_bench_cases(shapes[first:]))
+        cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+        if threads is not None:
+            cmd += ["-t", str(threads)]
+        log_file.unlink(missing_ok=True)
+        error = ""
+        base = {k: v for k, v in os.environ.items() if k != ENV}
+        try:
+            res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
+            if res.returncode != 0:
+                error = f"mm-bench exited with code {res.returncode}; see {log_file}"
+        except TunerError as err:  # a timeout: data, as a crash is
+            error = str(err)
+        got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
+        n = len(shapes) - first
+        printed = 0
+        while printed < n and printed in got:
+            printed += 1
+        for i in range(printed):
+            out[first + i] = _checked_case(got[i], log_file)
+        if not error:
+            for i in range(printed, n):
+                out[first + i] = BenchCase(
+                    ops=0, us_per_op=None, copies=0, copy_bytes=0, error=f"no result for case {i}; see {log_file}"
+                )
+            break
+        if printed < n:  # the case it died in
+            out[first + printed] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
+        first += printed + 1
+        if attempt > MAX_RESTARTS:
+            why = f"not run: mm-bench failed {attempt} times in this call (last: {error})"
+            for i in range(first, len(shapes)):
+                out[i] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=why)
+            break
+    return [
+        c if c is not None else BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error="not run") for c in out
+    ]
+
+
+def _checked_case(c: BenchCase, log_file: Path) -> BenchCase:
+    """A printed case as a sample: its time, or None with the reason (an ``error=`` line, a bad time)."""
+    if c.us_per_op is None:
+        return dataclasses.replace(c, error=f"{c.error}; see {log_file}")
+    if not (math.isfinite(c.us_per_op) and c.us_per_op > 0):
+        return dataclasses.replace(c, us_per_op=None, error=f"time {c.us_per_op} us; see {log_file}")
+    return c
 
 
 def mmq_hook_present(

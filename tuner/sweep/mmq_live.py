@@ -13,8 +13,10 @@ configs in an order rotated from round to round (:func:`tuner.measure.paired.rot
 with Turing tensor cores is MMQ everywhere (:func:`tuner.sweep.mmq.plan_mmq`).
 
 Each process's samples, one (point, config, round) each, go into SQLite as it ends (:class:`MmqStore`); a
-rerun skips the processes whose samples are recorded. A failed process, or a case printed with an error,
-is a failed sample with its reason, never a time; its point gets no verdict.
+rerun skips the processes whose samples are recorded. A case printed with an error, or the case a process
+died in (the process's other printed cases keep their times, and a new process runs the rest:
+:func:`tuner.measure.mm_bench.run_cases`), is a failed sample with its reason, never a time; its point
+gets no verdict.
 
 **Composition.** Per type and size, over its batch sizes, the sweep's verdicts (:func:`tuner.sweep.rounds.decide`).
 A batch size counts as cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept

@@ -357,7 +357,7 @@ def test_cli_build_prints_dirs(fake_tools: Path, monkeypatch: pytest.MonkeyPatch
     def render_variant(source, arch, variant, *, compile_values=None, **kw):
         if compile_values is None:
             compile_values = {}
-        seen.update(arch=arch, variant=variant, values=dict(compile_values))
+        seen.update(arch=arch, variant=variant, values=dict(compile_values), hooks=tuple(kw.get("hooks", ())))
         return make_rv()
 
     fake_source = types.SimpleNamespace(fetch_source=lambda spec=None: types.SimpleNamespace(spec=spec or "pinned"))
@@ -369,7 +369,9 @@ def test_cli_build_prints_dirs(fake_tools: Path, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(pkg, name, mod, raising=False)
     res = CliRunner().invoke(cli, ["build", "--arch", "cpu", "--set", "rows=3", "--targets", "llama-bench", "-j", "1"])
     assert res.exit_code == 0, res.output
-    assert seen == {"arch": "cpu", "variant": "cpu", "values": {"rows": 3}}
+    assert seen == {"arch": "cpu", "variant": "cpu", "values": {"rows": 3}, "hooks": ()}
+    res = CliRunner().invoke(cli, ["build", "--arch", "cpu", "--hook", "mmq", "--targets", "llama-bench", "-j", "1"])
+    assert res.exit_code == 0 and seen["hooks"] == ("mmq",)  # passed through; render_variant checks the name
     assert "bin dir" in res.output and "artifacts" in res.output and "| cached" in res.output
 
 
