@@ -432,6 +432,38 @@ def no_rules_text(outcome: Outcome) -> str:
     return "upstream's choice stays in every cell with a verdict"
 
 
+_TIMER_TEXT = {
+    "fa-bench": "fa-bench (`tuner/data/fa_bench.cpp`, cold K/V, 50 ops a case)",
+    "test-backend-ops": "`test-backend-ops perf -o FLASH_ATTN_EXT --test-file`",
+}
+
+
+def _cell_tables(outcome: Outcome) -> list[str]:
+    """Per shape, a row per n_kv: upstream's kernel and time, the A/A noise, each forced kernel's speed
+    relative to upstream (time upstream / time forced) with its 95% CI, and the decision."""
+    lines: list[str] = []
+    for shape in sorted(outcome.decisions):
+        cells = outcome.stats.get(shape, {})
+        kernels = sorted({k for st in cells.values() for k in st.effects})
+        lines += ["", f"## {shape.key}", ""]
+        lines += ["| n_kv | upstream | us upstream | A/A noise | " + " | ".join(kernels) + " | decision |"]
+        lines += ["|---:|---|---:|---:|" + "---|" * len(kernels) + "---|"]
+        for d in outcome.decisions[shape]:
+            st = cells.get(d.depth)
+            if st is None:
+                lines.append(f"| {d.depth} | {d.upstream_kernel} | - | - |" + " - |" * len(kernels) + f" {d.reason} |")
+                continue
+            us = f"{1e6 / st.upstream_ts:.1f}" if st.upstream_ts > 0 else "-"
+            row = [str(d.depth), str(st.upstream_kernel), us, f"±{st.noise_pct:.1f}%"]
+            for k in kernels:
+                e = st.effects.get(k)
+                ci = f" [{e.ci_low:.3f}, {e.ci_high:.3f}]" if e is not None and math.isfinite(e.ci_low) else ""
+                row.append("-" if e is None else f"{e.ratio:.3f}{ci}")
+            row.append(f"{d.winner} ({d.effect_pct:+.1f}%)" if d.winner else d.reason)
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def report_text(
     outcome: Outcome, cells: Sequence[Cell], *, rounds: int, identity: Mapping[str, Any], patch: bool
 ) -> str:
@@ -446,10 +478,11 @@ def report_text(
         f"{N_HEAD_KV} x GQA query heads)",
         f"- cells with a verdict: {len(cells) - n_gap}; without one: {n_gap}",
         "",
-        "Each config of a chunk of cells ran as one `test-backend-ops perf -o FLASH_ATTN_EXT --test-file` process "
-        "per round, configs in an order rotated from round to round; a sample counts only where the FA log names "
-        "the kernel asked for. A forced kernel wins a cell only when its paired effect clears the decision rule "
-        "(A/A-controlled, at least the phase's noise floor); consecutive winning n_kv points form one rule.",
+        f"Each config of a chunk of cells ran as one {_TIMER_TEXT.get(str(identity.get('timer')), 'timer')} "
+        "process per round, configs in an order rotated from round to round; a sample counts only where the FA "
+        "log names the kernel asked for. A forced kernel wins a cell only when its paired effect clears the "
+        "decision rule (A/A-controlled, at least the phase's noise floor); consecutive winning n_kv points form "
+        "one rule.",
         "",
         "## Rules",
         "",
@@ -457,6 +490,7 @@ def report_text(
         "",
         ("`upstream.patch` adds them to `ggml_cuda_get_best_fattn_kernel`." if patch else "No `upstream.patch`."),
     ]
+    lines += _cell_tables(outcome)
     if n_gap:
         lines += ["", "## Cells without a verdict", ""]
         for shape in sorted(outcome.no_verdict):
