@@ -49,3 +49,14 @@ def test_mm_bench_timer_on_cpu(cpu_shared_bin: Path, tmp_path: Path) -> None:
     for backend in (None, "MMQ"):  # the CPU backend ignores the hook's variable: both run ggml-cpu's kernel
         (s,) = timer("q4_K", 16, backend)
         assert math.isfinite(s) and 0 < s < 1
+
+
+def test_a_case_over_its_time_limit_ends_the_program_with_124(cpu_shared_bin: Path, tmp_path: Path) -> None:
+    """-T: the small case runs, the large one (minutes on one CPU thread) is abandoned after 1 s with exit
+    code 124 and a message, so a hung case costs its limit and the caller runs the rest in a new process."""
+    exe = build_mm_bench(cpu_shared_bin)
+    cases = tmp_path / "cases.txt"
+    cases.write_text(mm_bench_cases([SHAPES[0], MmShape(type="q8_0", m=4096, k=4096, ne11=4096)]))
+    res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "50", "-c", "0", "-t", "1", "-T", "1"], timeout=60, check=False)
+    assert res.returncode == 124, res.output
+    assert sorted(parse_mm_bench_output(res.output)) == [0] and "case timed out (-T): abandoned" in res.output

@@ -9,12 +9,15 @@
 #include "ggml.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace bench {
 
@@ -24,7 +27,7 @@ inline const char * prog = "bench";
 [[noreturn]] inline void usage(const std::string & why) {
     std::fprintf(stderr,
                  "%s: %s\n"
-                 "usage: %s -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]\n",
+                 "usage: %s -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]\n",
                  prog, why.c_str(), prog);
     std::exit(2);
 }
@@ -46,9 +49,11 @@ struct args {
     int64_t cache_mb = 128;
     int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
     int64_t warmup = 1;
+    int64_t case_timeout = 0;  // -T: seconds one case may take before the program exits 124 (0: no limit)
 };
 
-// -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]; bad ones: usage (exit 2)
+// -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]; bad ones:
+// usage (exit 2)
 inline args parse_args(int argc, char ** argv) {
     args a;
     for (int i = 1; i < argc; i++) {
@@ -69,6 +74,8 @@ inline args parse_args(int argc, char ** argv) {
             a.threads = parse_int(val, "-t", 1, 4096);
         } else if (opt == "-w") {
             a.warmup = parse_int(val, "-w", 0, 1000);
+        } else if (opt == "-T") {
+            a.case_timeout = parse_int(val, "-T", 0, 86400);
         } else {
             usage("unknown option " + opt);
         }
@@ -105,6 +112,21 @@ inline ggml_backend_t init_backend(const args & a) {
                 (long long) a.iters, (long long) a.cache_mb, (long long) a.warmup);
     std::fflush(stdout);
     return backend;
+}
+
+// -T: a case that hangs (a stuck kernel or library call) ends the program with exit code 124 instead of
+// holding the whole run; the caller fails that case and runs the rest in a new process. alarm() and a
+// handler that only write()s and _exit()s are async-signal-safe.
+inline void on_case_timeout(int) {
+    static const char msg[] = "case timed out (-T): abandoned\n";
+    (void) !write(2, msg, sizeof(msg) - 1);
+    _exit(124);
+}
+
+// call before each case with -T's value (0: no limit), and with 0 after it
+inline void case_deadline(int64_t seconds) {
+    std::signal(SIGALRM, on_case_timeout);
+    alarm(static_cast<unsigned>(seconds));
 }
 
 // t filled with data repeated (a pool of random rows uploaded again and again: a large tensor costs an

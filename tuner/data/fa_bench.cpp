@@ -19,7 +19,8 @@
 // graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
 // synchronizes) over its ops.
 //
-// Usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]
+// Usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
+// -T: a case running longer ends the program with exit code 124 (default 0: no limit).
 // CASES: one case a line, "head_dim head_dim_v n_head n_head_kv n_kv n_batch kv_type" (kv_type f16, q8_0 or
 // any ggml type name but f32); '#' starts a comment. Output: one line a case,
 //   case=I hsk=.. hsv=.. nh=.. nhkv=.. nkv=.. nb=.. type=.. copies=C copy_bytes=B ops=N us_per_op=T
@@ -252,7 +253,9 @@ int main(int argc, char ** argv) {
     }
     ggml_backend_t backend = bench::init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
+        bench::case_deadline(a.case_timeout);
         run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
+        bench::case_deadline(0);
     }
     ggml_backend_free(backend);
     return 0;

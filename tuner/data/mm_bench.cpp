@@ -21,7 +21,8 @@
 // graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
 // synchronizes) over its ops.
 //
-// Usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS]
+// Usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
+// -T: a case running longer ends the program with exit code 124 (default 0: no limit).
 // CASES: one case a line, "type m k ne11" (type a quantized ggml type name such as q4_K; k a multiple of
 // its block size); '#' starts a comment. Output: one line a case,
 //   case=I type=.. m=.. k=.. ne11=.. copies=C copy_bytes=B ops=N us_per_op=T
@@ -195,7 +196,9 @@ int main(int argc, char ** argv) {
     }
     ggml_backend_t backend = bench::init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
+        bench::case_deadline(a.case_timeout);
         run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
+        bench::case_deadline(0);
     }
     ggml_backend_free(backend);
     return 0;

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "CASE_RE",
+    "CASE_TIMEOUT_S",
     "BenchCase",
     "FaBenchCase",
     "build_bench",
@@ -49,6 +50,10 @@ SOURCE = "fa_bench.cpp"
 COMMON_HEADER = "bench_common.h"
 """What fa-bench and mm-bench share (command line, backend, timed run), included from beside their source."""
 EXE = "fa-bench"
+CASE_TIMEOUT_S = 120
+"""fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124. Their
+largest cases take seconds (setup and upload included); a case that hangs (a stuck kernel or library
+call) costs this much, not the whole call's timeout."""
 
 CASE_RE = re.compile(
     r"^case=(?P<case>\d+) hsk=(?P<hsk>\d+) hsv=(?P<hsv>\d+) nh=(?P<nh>\d+) nhkv=(?P<nhkv>\d+) nkv=(?P<nkv>\d+)"
@@ -209,6 +214,7 @@ def run_round_fast(
     cases_file = log_dir / "fa-bench-cases.txt"
     cases_file.write_text(fa_bench_cases(shapes))
     cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+    cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
     if threads is not None:
         cmd += ["-t", str(threads)]
 

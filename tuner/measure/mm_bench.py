@@ -41,7 +41,7 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.fa_bench import BenchCase, build_bench, parse_bench_output
+from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, build_bench, parse_bench_output
 
 SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
@@ -243,6 +243,7 @@ def run_cases(
         cases_file, log_file = log_dir / f"mm-bench-cases{part}.txt", log_dir / f"mm-bench{part}.log"
         cases_file.write_text(mm_bench_cases(shapes[first:]))
         cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+        cmd += ["-T", str(CASE_TIMEOUT_S)]
         if threads is not None:
             cmd += ["-t", str(threads)]
         log_file.unlink(missing_ok=True)
@@ -250,7 +251,9 @@ def run_cases(
         base = {k: v for k, v in os.environ.items() if k != ENV}
         try:
             res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-            if res.returncode != 0:
+            if res.returncode == 124:
+                error = f"mm-bench: the case ran longer than {CASE_TIMEOUT_S} s (-T) and was abandoned; see {log_file}"
+            elif res.returncode != 0:
                 error = f"mm-bench exited with code {res.returncode}; see {log_file}"
         except TunerError as err:  # a timeout: data, as a crash is
             error = str(err)

@@ -108,7 +108,7 @@ def test_run_round_fast_maps_cases_kernels_and_failures(tmp_path: Path) -> None:
     assert all(k.error == "" and k.backend == "CPU" for k in vec)
     assert all(k.us_per_run is None and "code 3" in k.error for k in bad)
     cmd = (tmp_path / "logs" / "fabench-vec.log").read_text().splitlines()[0]
-    assert cmd.endswith(f"-b CPU -f {tmp_path / 'logs' / 'fa-bench-cases.txt'} -n 50 -c 128")
+    assert cmd.endswith(f"-b CPU -f {tmp_path / 'logs' / 'fa-bench-cases.txt'} -n 50 -c 128 -T 120")
 
 
 def test_run_round_fast_rejects_bad_input(tmp_path: Path) -> None:
