@@ -57,6 +57,8 @@ def test_a_case_over_its_time_limit_ends_the_program_with_124(cpu_shared_bin: Pa
     exe = build_mm_bench(cpu_shared_bin)
     cases = tmp_path / "cases.txt"
     cases.write_text(mm_bench_cases([SHAPES[0], MmShape(type="q8_0", m=4096, k=4096, ne11=4096)]))
-    res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "50", "-c", "0", "-t", "1", "-T", "1"], timeout=60, check=False)
+    res = _run.run(
+        [exe, "-b", "CPU", "-f", cases, "-n", "50", "-c", "0", "-t", "1", "-T", "1"], timeout=60, check=False
+    )
     assert res.returncode == 124, res.output
     assert sorted(parse_mm_bench_output(res.output)) == [0] and "case timed out (-T): abandoned" in res.output

@@ -451,7 +451,9 @@ def _cell_tables(outcome: Outcome) -> list[str]:
         for d in outcome.decisions[shape]:
             st = cells.get(d.depth)
             if st is None:
-                lines.append(f"| {d.depth} | {d.upstream_kernel} | - | - |" + " - |" * len(kernels) + f" {d.reason} |")
+                lines.append(
+                    f"| {d.depth} | {d.upstream_kernel} | - | - |" + " - |" * len(kernels) + " no verdict (below) |"
+                )
                 continue
             us = f"{1e6 / st.upstream_ts:.1f}" if st.upstream_ts > 0 else "-"
             row = [str(d.depth), str(st.upstream_kernel), us, f"±{st.noise_pct:.1f}%"]

@@ -169,7 +169,7 @@ def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdic
     assert f"{WIN.key} n_kv {N_KV[1]}: MMA round 1: TILE ran (rule), not MMA" in text
     # the per-cell table: the measured points with the forced kernel's speed and the decision, the gap named
     rows = [ln for ln in text.splitlines() if ln.startswith(f"| {N_KV[0]} |") or ln.startswith(f"| {N_KV[1]} |")]
-    assert len(rows) == 2 and "MMA (+" in rows[0] and "no verdict: MMA round 1" in rows[1]
+    assert len(rows) == 2 and "MMA (+" in rows[0] and "no verdict (below)" in rows[1]
     assert "one timer process per round" in text  # IDENT names no timer: nothing is claimed about which ran
     named = live.report_text(out, cells, rounds=5, identity={**IDENT, "timer": "fa-bench"}, patch=False)
     assert "one fa-bench (`tuner/data/fa_bench.cpp`" in named and "test-backend-ops" not in named
