@@ -49,14 +49,12 @@ __all__ = [
 
 import dataclasses
 import math
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner.errors import UsageError
 from tuner.measure import kernel_bench as kb
 from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
@@ -64,6 +62,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.rounds import cell_stats, decide
+from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
 N_HEAD_KV = 8
@@ -149,30 +148,17 @@ class SampleStore:
 
     def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = sqlite3.connect(self.path)
-            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS samples (shape TEXT NOT NULL, n_kv INTEGER NOT NULL, "
-                "config TEXT NOT NULL, round INTEGER NOT NULL, us_per_run REAL, kernel TEXT, error TEXT NOT NULL, "
-                "D INTEGER NOT NULL, gqa INTEGER NOT NULL, kv TEXT NOT NULL, ne1 INTEGER NOT NULL, "
-                "at REAL NOT NULL, PRIMARY KEY (shape, n_kv, config, round))"
-            )
-            have = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as err:
-            raise UsageError(f"{self.path} is not a sweep storage this command can use ({err}).") from err
-        want = {"schema": str(_SCHEMA), **{k: str(v) for k, v in identity.items()}}
-        differ = {k: (have[k], v) for k, v in want.items() if k in have and have[k] != v}
-        if differ:
-            self.db.close()
-            raise UsageError(
-                f"{self.path} holds a sweep with another "
-                + ", ".join(f"{k} ({a!r}, not {b!r})" for k, (a, b) in sorted(differ.items()))
-                + "; its samples would mix with these. Pass another --storage, or the same build and backend."
-            )
-        with self.db:
-            self.db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
+        self.db = open_store(
+            self.path,
+            {"schema": str(_SCHEMA), **identity},
+            table_sql="CREATE TABLE IF NOT EXISTS samples (shape TEXT NOT NULL, n_kv INTEGER NOT NULL, "
+            "config TEXT NOT NULL, round INTEGER NOT NULL, us_per_run REAL, kernel TEXT, error TEXT NOT NULL, "
+            "D INTEGER NOT NULL, gqa INTEGER NOT NULL, kv TEXT NOT NULL, ne1 INTEGER NOT NULL, "
+            "at REAL NOT NULL, PRIMARY KEY (shape, n_kv, config, round))",
+            what="a sweep storage",
+            fix="Pass another --storage, or the same build and backend.",
+            strict=False,
+        )
 
     def close(self) -> None:
         self.db.close()

@@ -51,7 +51,6 @@ __all__ = [
 import dataclasses
 import math
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -67,6 +66,7 @@ from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
 from tuner.sweep.rounds import cell_stats, decide
+from tuner.sweep.store import open_store
 from tuner.targets.models import ModelShape, load_model_shape
 
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b")
@@ -212,30 +212,16 @@ class MmqStore:
 
     def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = sqlite3.connect(self.path)
-            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, k INTEGER NOT NULL, "
-                "ne11 INTEGER NOT NULL, config TEXT NOT NULL, round INTEGER NOT NULL, us_per_op REAL, "
-                "error TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (type, m, k, ne11, config, round))"
-            )
-            have = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as err:
-            raise UsageError(f"{self.path} is not an MMQ sweep storage this command can use ({err}).") from err
-        want = {"schema": str(_SCHEMA), "sweep": "mmq", **{k: str(v) for k, v in identity.items()}}
-        differ = {k: (have.get(k), v) for k, v in want.items() if have and have.get(k) != v}
-        if differ:
-            self.db.close()
-            raise UsageError(
-                f"{self.path} holds a sweep with another "
-                + ", ".join(f"{k} ({a!r}, not {b!r})" for k, (a, b) in sorted(differ.items()))
-                + "; its samples would mix with these. Pass another --storage, or the same build, backend, "
-                "--iters and --cache-mb."
-            )
-        with self.db:
-            self.db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
+        self.db = open_store(
+            self.path,
+            {"schema": str(_SCHEMA), "sweep": "mmq", **identity},
+            table_sql="CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, "
+            "k INTEGER NOT NULL, ne11 INTEGER NOT NULL, config TEXT NOT NULL, round INTEGER NOT NULL, "
+            "us_per_op REAL, error TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (type, m, k, ne11, config, round))",
+            what="an MMQ sweep storage",
+            fix="Pass another --storage, or the same build, backend, --iters and --cache-mb.",
+            strict=True,
+        )
 
     def close(self) -> None:
         self.db.close()

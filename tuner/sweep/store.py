@@ -1,0 +1,51 @@
+"""The SQLite file a sweep keeps its samples in, with the identity of the run they belong to.
+
+The identity (arch, backend, build, timer...) is written by the first run into a ``meta`` table; a later
+run with another identity is refused, so one file never mixes two builds' timings.
+"""
+
+from __future__ import annotations
+
+__all__ = ["open_store"]
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+
+from tuner.errors import UsageError
+
+
+def open_store(
+    path: Path, identity: Mapping[str, str], *, table_sql: str, what: str, fix: str, strict: bool
+) -> sqlite3.Connection:
+    """``path`` opened (made if new) with its samples table (``table_sql``, a ``CREATE TABLE IF NOT EXISTS``)
+    and ``identity`` checked against the one recorded, then recorded where it was not.
+
+    ``strict``: a file that records an identity must record every key of this one (a file of another
+    kind of sweep lacks this kind's keys); otherwise only the keys it records are compared (files made
+    before a key was added still resume). ``what`` names the storage and ``fix`` ends the refusal.
+
+    Raises:
+        UsageError: Not a SQLite file this can use, or one with another identity.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute(table_sql)
+        have = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.Error as err:
+        raise UsageError(f"{path} is not {what} this command can use ({err}).") from err
+    want = {k: str(v) for k, v in identity.items()}
+    differ = {k: (have.get(k), v) for k, v in want.items() if (k in have or (strict and have)) and have.get(k) != v}
+    if differ:
+        db.close()
+        raise UsageError(
+            f"{path} holds a sweep with another "
+            + ", ".join(f"{k} ({a!r}, not {b!r})" for k, (a, b) in sorted(differ.items()))
+            + f"; its samples would mix with these. {fix}"
+        )
+    with db:
+        db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
+    return db
