@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["sweep"]
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,31 +166,48 @@ def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
     return fa_bench.run_round_fast, "fa-bench"
 
 
+def _measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[Any], Any]:
+    """--build, --backend, --source and --storage, as `sweep run` and `sweep mmq` both take them."""
+
+    def wrap(f: Any) -> Any:
+        for opt in reversed(
+            (
+                click.option(
+                    "--build",
+                    "build_dir",
+                    type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    default=None,
+                    help=build_help,
+                ),
+                click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
+                click.option(
+                    "--source",
+                    "spec",
+                    default=None,
+                    help="llama.cpp source SPEC to build and patch (default: the pinned tree).",
+                ),
+                click.option(
+                    "--storage",
+                    type=click.Path(dir_okay=False, path_type=Path),
+                    default=None,
+                    help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
+                ),
+            )
+        ):
+            f = opt(f)
+        return f
+
+    return wrap
+
+
 @sweep.command("run")
 @_grid_options
 @click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per cell.")
-@click.option(
-    "--build",
-    "build_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Build (or bin) directory with test-backend-ops, a tuner-patched build (`tuner build` prints it). "
+@_measure_options(
+    build_help="Build (or bin) directory with test-backend-ops, a tuner-patched build (`tuner build` prints it). "
     "Default: build the arch's default variant.",
-)
-@click.option(
-    "--backend",
-    default="CUDA0",
-    show_default=True,
-    help="test-backend-ops backend (CPU times upstream's kernel only: it has no tuner hook to force one).",
-)
-@click.option(
-    "--source", "spec", default=None, help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
-)
-@click.option(
-    "--storage",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/sweep.sqlite3).",
+    backend_help="test-backend-ops backend (CPU times upstream's kernel only: it has no tuner hook to force one).",
+    storage="sweep.sqlite3",
 )
 @click.option(
     "--chunk-cells",
@@ -322,27 +340,10 @@ def run_cmd(
     help="Weight sizes MxK instead of the --like models' (advanced, e.g. tests).",
 )
 @click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per point.")
-@click.option(
-    "--build",
-    "build_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Build (or bin) directory with libggml*.so, a tuner build with the MMQ hook. Default: build the arch's default variant.",
-)
-@click.option(
-    "--backend",
-    default="CUDA0",
-    show_default=True,
-    help="ggml backend to time on (CPU has no MMQ/cuBLAS choice: both configs time the same code there, and nothing is composed).",
-)
-@click.option(
-    "--source", "spec", default=None, help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
-)
-@click.option(
-    "--storage",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/mmq.sqlite3).",
+@_measure_options(
+    build_help="Build (or bin) directory with libggml*.so, a tuner build with the MMQ hook. Default: build the arch's default variant.",
+    backend_help="ggml backend to time on (CPU has no MMQ/cuBLAS choice: both configs time the same code there, and nothing is composed).",
+    storage="mmq.sqlite3",
 )
 @click.option(
     "--iters",
