@@ -57,11 +57,10 @@ from typing import Any
 from tuner import log
 from tuner.measure import kernel_bench as kb
 from tuner.measure.paired import rotated
-from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
-from tuner.sweep.rounds import cell_stats, decide
+from tuner.sweep.rounds import cell_stats, decide, round_line
 from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
@@ -342,13 +341,19 @@ def run_sweep(
             n_round += len(cs)
             i += 1
         done_cases += n_round
-        elapsed = time.monotonic() - start
-        left = total_cases - done_cases
-        eta = elapsed / done_cases * left if done_cases else 0.0
         log.info(
-            f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{rounds}: {n_round} cases in {time.monotonic() - t0:.1f} s"
-            + (f", {failed} failed" if failed else "")
-            + f"; {done_cases}/{total_cases} cases done, ETA {format_seconds(eta)}"
+            round_line(
+                chunk=ci,
+                chunks=len(chunks),
+                rnd=r,
+                rounds=rounds,
+                cases=n_round,
+                seconds=time.monotonic() - t0,
+                failed=failed,
+                done=done_cases,
+                total=total_cases,
+                elapsed=time.monotonic() - start,
+            )
         )
     return len(todo), skipped
 

@@ -65,7 +65,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, decide
+from tuner.sweep.rounds import cell_stats, decide, round_line
 from tuner.sweep.store import open_store
 from tuner.targets.models import ModelShape, load_model_shape
 
@@ -347,12 +347,19 @@ def run_mmq_live(
             n_round += len(ps)
             i += 1
         done += n_round
-        left = total - done
-        eta = (time.monotonic() - start) / done * left if done else 0.0
         log.info(
-            f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{rounds}: {n_round} cases in {time.monotonic() - t0:.1f} s"
-            + (f", {failed} failed" if failed else "")
-            + f"; {done}/{total} cases done, ETA {format_seconds(eta)}"
+            round_line(
+                chunk=ci,
+                chunks=len(chunks),
+                rnd=r,
+                rounds=rounds,
+                cases=n_round,
+                seconds=time.monotonic() - t0,
+                failed=failed,
+                done=done,
+                total=total,
+                elapsed=time.monotonic() - start,
+            )
         )
     return len(todo), skipped
 

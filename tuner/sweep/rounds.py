@@ -24,6 +24,7 @@ __all__ = [
     "measure_cell",
     "midpoints",
     "paired_rounds",
+    "round_line",
     "run_fa_sweep",
 ]
 
@@ -35,6 +36,7 @@ from typing import Protocol
 
 from tuner.errors import TunerError
 from tuner.measure.paired import block_effects, noise_pct, rotated
+from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
@@ -150,3 +152,26 @@ def midpoints(result: SweepResult) -> dict[FaShape, list[int]]:
         if mids:
             out[shape] = mids
     return out
+
+
+def round_line(
+    *,
+    chunk: int,
+    chunks: int,
+    rnd: int,
+    rounds: int,
+    cases: int,
+    seconds: float,
+    failed: int,
+    done: int,
+    total: int,
+    elapsed: float,
+) -> str:
+    """A sweep's progress line after one chunk's round: its cases, time and failures, the cases done and
+    the ETA at the rate so far (``chunk`` and ``rnd`` count from 0)."""
+    eta = elapsed / done * (total - done) if done else 0.0
+    return (
+        f"chunk {chunk + 1}/{chunks} round {rnd + 1}/{rounds}: {cases} cases in {seconds:.1f} s"
+        + (f", {failed} failed" if failed else "")
+        + f"; {done}/{total} cases done, ETA {format_seconds(eta)}"
+    )
