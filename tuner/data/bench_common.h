@@ -178,4 +178,24 @@ void time_graph(ggml_backend_t backend, ggml_cgraph * gf, int64_t warmup, int64_
     std::fflush(stdout);
 }
 
+// a program's main: the command line, its cases (read_cases; usage when there are none), the backend,
+// then run_case on each case in turn under -T's deadline
+template <typename Case, typename ReadCases, typename RunCase>
+int main_loop(int argc, char ** argv, const char * name, ReadCases read_cases, RunCase run_case) {
+    prog = name;
+    const args a = parse_args(argc, argv);
+    const std::vector<Case> cases = read_cases(a.cases_path);
+    if (cases.empty()) {
+        usage("no cases in " + a.cases_path);
+    }
+    ggml_backend_t backend = init_backend(a);
+    for (size_t i = 0; i < cases.size(); i++) {
+        case_deadline(a.case_timeout);
+        run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
+        case_deadline(0);
+    }
+    ggml_backend_free(backend);
+    return 0;
+}
+
 }  // namespace bench

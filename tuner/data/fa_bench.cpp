@@ -245,18 +245,5 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
 }  // namespace
 
 int main(int argc, char ** argv) {
-    bench::prog = "fa-bench";
-    const bench::args a = bench::parse_args(argc, argv);
-    const std::vector<fa_case> cases = read_cases(a.cases_path);
-    if (cases.empty()) {
-        bench::usage("no cases in " + a.cases_path);
-    }
-    ggml_backend_t backend = bench::init_backend(a);
-    for (size_t i = 0; i < cases.size(); i++) {
-        bench::case_deadline(a.case_timeout);
-        run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
-        bench::case_deadline(0);
-    }
-    ggml_backend_free(backend);
-    return 0;
+    return bench::main_loop<fa_case>(argc, argv, "fa-bench", read_cases, run_case);
 }
