@@ -60,7 +60,7 @@ from tuner.measure.paired import rotated
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
-from tuner.sweep.rounds import cell_stats, decide, round_line
+from tuner.sweep.rounds import cell_stats, decide, run_processes
 from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
@@ -313,48 +313,26 @@ def run_sweep(
         f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
         f"{_hours(estimate_seconds(len(todo), total_cases, case_s))}"
     )
-    start = time.monotonic()
-    done_cases = 0
-    i = 0
-    while i < len(todo):
-        ci, r = todo[i][0], todo[i][1]
-        t0 = time.monotonic()
-        failed = n_round = 0
-        while i < len(todo) and todo[i][:2] == (ci, r):
-            _, _, cfg, cs = todo[i]
-            out = run_round(
-                bin_dir,
-                [bench_shape(c.shape, c.n_kv) for c in cs],
-                {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
-                log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
-                backend=backend,
-                timeout=120.0 + 10.0 * len(cs),
-            )
-            samples = []
-            for c, kt in zip(cs, out, strict=True):
-                us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
-                failed += bool(err)
-                samples.append(
-                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
-                )
-            store.add(samples)
-            n_round += len(cs)
-            i += 1
-        done_cases += n_round
-        log.info(
-            round_line(
-                chunk=ci,
-                chunks=len(chunks),
-                rnd=r,
-                rounds=rounds,
-                cases=n_round,
-                seconds=time.monotonic() - t0,
-                failed=failed,
-                done=done_cases,
-                total=total_cases,
-                elapsed=time.monotonic() - start,
-            )
+
+    def measure(ci: int, r: int, cfg: str, cs: list[Cell]) -> int:
+        out = run_round(
+            bin_dir,
+            [bench_shape(c.shape, c.n_kv) for c in cs],
+            {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
+            log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
+            backend=backend,
+            timeout=120.0 + 10.0 * len(cs),
         )
+        samples = []
+        for c, kt in zip(cs, out, strict=True):
+            us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
+            samples.append(
+                Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
+            )
+        store.add(samples)
+        return sum(1 for smp in samples if smp.error)
+
+    run_processes(todo, chunks=len(chunks), rounds=rounds, cases=len, measure=measure)
     return len(todo), skipped
 
 

@@ -65,7 +65,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, decide, round_line
+from tuner.sweep.rounds import cell_stats, decide, run_processes
 from tuner.sweep.store import open_store
 from tuner.targets.models import ModelShape, load_model_shape
 
@@ -317,50 +317,30 @@ def run_mmq_live(
         f"({total} cases) to run, {skipped} already recorded; estimated at the H100 probe's rate "
         f"{format_seconds(len(todo) * START_S + total * per_case)}"
     )
-    start, done, i = time.monotonic(), 0, 0
-    while i < len(todo):
-        ci, r = todo[i][0], todo[i][1]
-        t0 = time.monotonic()
-        failed = n_round = 0
-        while i < len(todo) and todo[i][:2] == (ci, r):
-            _, _, cfg, ps = todo[i]
-            out = run(
-                bin_dir,
-                [p.shape for p in ps],
-                {} if cfg in (DEFAULT, AA) else env,
-                log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
-                backend=backend,
-                iters=iters,
-                cache_mb=cache_mb,
-                timeout=120.0 + 5.0 * len(ps),
-            )
-            samples = []
-            for p, c in zip(ps, out, strict=True):
-                us = c.us_per_op if c.us_per_op is not None and not c.error else None
-                bad = us is None or not (math.isfinite(us) and us > 0)
-                failed += bad
-                why = (c.error or f"time {c.us_per_op!r} us is not a positive number") if bad else ""
-                samples.append(
-                    MmqSample(type=p.type, m=p.m, k=p.k, ne11=p.ne11, config=cfg, round=r, us_per_op=us, error=why)
-                )
-            store.add(samples)
-            n_round += len(ps)
-            i += 1
-        done += n_round
-        log.info(
-            round_line(
-                chunk=ci,
-                chunks=len(chunks),
-                rnd=r,
-                rounds=rounds,
-                cases=n_round,
-                seconds=time.monotonic() - t0,
-                failed=failed,
-                done=done,
-                total=total,
-                elapsed=time.monotonic() - start,
-            )
+
+    def measure(ci: int, r: int, cfg: str, ps: list[MmqPoint]) -> int:
+        out = run(
+            bin_dir,
+            [p.shape for p in ps],
+            {} if cfg in (DEFAULT, AA) else env,
+            log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
+            backend=backend,
+            iters=iters,
+            cache_mb=cache_mb,
+            timeout=120.0 + 5.0 * len(ps),
         )
+        samples = []
+        for p, c in zip(ps, out, strict=True):
+            us = c.us_per_op if c.us_per_op is not None and not c.error else None
+            bad = us is None or not (math.isfinite(us) and us > 0)
+            why = (c.error or f"time {c.us_per_op!r} us is not a positive number") if bad else ""
+            samples.append(
+                MmqSample(type=p.type, m=p.m, k=p.k, ne11=p.ne11, config=cfg, round=r, us_per_op=us, error=why)
+            )
+        store.add(samples)
+        return sum(1 for smp in samples if smp.error)
+
+    run_processes(todo, chunks=len(chunks), rounds=rounds, cases=len, measure=measure)
     return len(todo), skipped
 
 
