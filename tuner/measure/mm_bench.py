@@ -139,14 +139,9 @@ class MmBenchTimer:
         ggml_h: Path | None = None,
         timeout: float = 600.0,
     ) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", ggml_backend):
-            raise UsageError(f"Backend name {ggml_backend!r} is not a ggml backend name such as CUDA0 or CPU.")
+        _check_run([], {}, ggml_backend, iters, cache_mb)
         if not (1 <= m <= 1 << 20 and 1 <= k <= 1 << 20):
             raise UsageError(f"mm-bench: m and k must be in [1, 1048576] ({m}, {k}).")
-        if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
-            raise UsageError(
-                f"mm-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb})."
-            )
         self.bin_dir, self.ggml_h, self.log_dir = Path(bin_dir), ggml_h, Path(log_dir)
         self.m, self.k, self.ggml_backend = m, k, ggml_backend
         self.iters, self.cache_mb, self.threads, self.timeout = iters, cache_mb, threads, timeout
