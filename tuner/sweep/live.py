@@ -60,7 +60,7 @@ from tuner.measure.paired import rotated
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
-from tuner.sweep.rounds import cell_stats, decide, run_processes
+from tuner.sweep.rounds import cell_stats, decide, pack_groups, run_processes
 from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
@@ -213,19 +213,7 @@ class SampleStore:
 def chunk_cells(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
     """The cells packed, whole shapes at a time in the given order, into chunks of about ``size`` cells
     (a shape with more cells than ``size`` is a chunk of its own)."""
-    by_shape: dict[FaShape, list[Cell]] = {}
-    for c in cells:
-        by_shape.setdefault(c.shape, []).append(c)
-    out: list[list[Cell]] = []
-    cur: list[Cell] = []
-    for group in by_shape.values():
-        if cur and len(cur) + len(group) > size:
-            out.append(cur)
-            cur = []
-        cur = cur + group
-    if cur:
-        out.append(cur)
-    return out
+    return pack_groups(cells, lambda c: c.shape, size)
 
 
 def round_processes(chunk: Sequence[Cell], round_index: int) -> list[tuple[str, list[Cell]]]:

@@ -65,7 +65,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, decide, run_processes
+from tuner.sweep.rounds import cell_stats, decide, pack_groups, run_processes
 from tuner.sweep.store import open_store
 from tuner.targets.models import ModelShape, load_model_shape
 
@@ -155,19 +155,7 @@ def plan_points(
 def chunk_points(points: Sequence[MmqPoint], max_cases: int = MAX_CASES) -> list[list[MmqPoint]]:
     """The points packed, whole sizes at a time in the given order, into chunks of at most ``max_cases``
     (a size with more points is a chunk of its own); one chunk when everything fits."""
-    by_size: dict[tuple[int, int], list[MmqPoint]] = {}
-    for p in points:
-        by_size.setdefault(p.size, []).append(p)
-    out: list[list[MmqPoint]] = []
-    cur: list[MmqPoint] = []
-    for group in by_size.values():
-        if cur and len(cur) + len(group) > max_cases:
-            out.append(cur)
-            cur = []
-        cur = cur + group
-    if cur:
-        out.append(cur)
-    return out
+    return pack_groups(points, lambda p: p.size, max_cases)
 
 
 def round_configs(round_index: int) -> list[str]:

@@ -23,6 +23,7 @@ __all__ = [
     "decide",
     "measure_cell",
     "midpoints",
+    "pack_groups",
     "paired_rounds",
     "run_fa_sweep",
     "run_processes",
@@ -32,7 +33,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from tuner import log
@@ -155,6 +156,24 @@ def midpoints(result: SweepResult) -> dict[FaShape, list[int]]:
         mids = bisect_depths(ds, sorted(result.stats[shape]))
         if mids:
             out[shape] = mids
+    return out
+
+
+def pack_groups(items: Sequence[T], key: Callable[[T], Hashable], size: int) -> list[list[T]]:
+    """``items`` packed into chunks of at most ``size``, whole groups (equal ``key``, in first-seen order)
+    at a time; a group larger than ``size`` is a chunk of its own, and everything fits one chunk when it can."""
+    groups: dict[Hashable, list[T]] = {}
+    for x in items:
+        groups.setdefault(key(x), []).append(x)
+    out: list[list[T]] = []
+    cur: list[T] = []
+    for group in groups.values():
+        if cur and len(cur) + len(group) > size:
+            out.append(cur)
+            cur = []
+        cur = cur + group
+    if cur:
+        out.append(cur)
     return out
 
 
