@@ -1,0 +1,170 @@
+"""``tuner sweep confirm`` (tuner/sweep/confirm.py) on fake llama-bench timings of known truth: a rule faster
+end to end is kept, one without a gain or with a slower point is reported, rounds resume from SQLite, and
+PR.md has every model's rows."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli.sweep_cmd import sweep
+from tuner.errors import UsageError
+from tuner.search.screen import Candidate
+from tuner.sweep import confirm
+from tuner.sweep.confirm_report import e2e_text, pr_text
+from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
+from tuner.sweep.live import Sample, SampleStore
+from tuner.targets.archs import load_arch
+
+SM90 = load_arch("sm_90")
+SHAPE = FaShape(D=64, gqa=4, kv="f16", ne1=1)  # llama-3.2-1b's decode shape
+N_KV = (4096, 8192, 16384, 32768)
+DEPTHS = (0, 16384, 32768)
+
+
+def _sweep_dir(tmp_path: Path, extra: Sequence[FaShape] = ()) -> Path:
+    """A sweep storage where MMA is 25% faster than upstream's VEC from n_kv 16384 on (the rule
+    ``D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA``), and slower below; TILE always slower."""
+    out = tmp_path / "sweep"
+    store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
+    rng = random.Random(1)
+    rows = []
+    for c in plan(SM90, n_kv=N_KV):
+        if c.shape not in (SHAPE, *extra):
+            continue
+        for r in range(3):
+            for cfg in c.configs:
+                us = 100.0 * (1 + rng.uniform(-0.002, 0.002))
+                if cfg == ("MMA" if c.upstream != "MMA" else "VEC"):  # the other kernel wins a shape at ne1 > 1
+                    us *= 0.8 if c.n_kv >= 16384 else 1.3
+                elif cfg not in (DEFAULT, AA):
+                    us *= 1.5
+                rows.append(
+                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error="")
+                )
+    store.add(rows)
+    store.close()
+    return out
+
+
+class FakeBench:
+    """The live measure's ``joint``: t/s of 100 with 0.2% noise; the table's candidate runs MMA where its
+    decode rules cover the depth's n_kv (per the FA rules env), at ``gain`` x the speed (``gain_at``: per
+    depth instead). Counts its calls."""
+
+    def __init__(self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None) -> None:
+        self.gain, self.gain_at = gain, dict(gain_at or {})
+        self.calls = 0
+        self.rng = random.Random(7)
+
+    def __call__(
+        self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
+    ) -> dict[str, dict[int, dict[str, Any]]]:
+        from tuner.plan.fa_rules import parse_fa_rules
+
+        self.calls += 1
+        rules = parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", ""))
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for p in phases:
+            out[p] = {}
+            for d in depths:
+                lo, _ = confirm.tg_window(d)
+                forced = p == "tg" and any(r.covers(lo) for r in rules)
+                g = self.gain_at.get(d, self.gain) if forced else 1.0
+                ts = 100.0 * g * (1 + self.rng.uniform(-0.002, 0.002))
+                kernel = "MMA" if forced else ("VEC" if p == "tg" else "MMA")
+                out[p][d] = {"ts": ts, "kernel": kernel, "why": "rule" if forced else "default", "error": ""}
+        return out
+
+
+def _run(tmp_path: Path, bench: FakeBench, *, likes: Sequence[str] = confirm.DEFAULT_LIKE) -> confirm.Confirmed:
+    table = confirm.load_table(_sweep_dir(tmp_path))
+    store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
+    made: list[str] = []
+    try:
+        return confirm.confirm_models(
+            table,
+            likes,
+            depths=DEPTHS,
+            rounds=4,
+            store=store,
+            model_for=lambda like: made.append(like) or tmp_path / f"{like}.gguf",
+            joint_for=lambda path, like: bench,
+            gate=lambda plan_, path: {"verdict": "pass", "checks": []},
+            weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
+        )
+    finally:
+        store.close()
+
+
+def test_load_table_recomposes_the_sweeps_rule(tmp_path: Path) -> None:
+    table = confirm.load_table(_sweep_dir(tmp_path))
+    assert [r.text for r in table.rules] == ["D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"]
+    assert table.rounds == 3 and len(table.cells) == len(N_KV) and table.with_verdict == len(N_KV)
+    p = confirm.plan_model(table, "llama-3.2-1b")
+    assert p.env == {"GGML_TUNER_FA_RULES": "decode/D64/gqa4/kvf16:16384-=MMA"}
+    assert confirm.plan_model(table, "qwen2.5-7b").env == {}  # GQA 7: no entry of its shape
+
+
+def test_a_rule_faster_end_to_end_is_kept_and_pr_md_has_every_model(tmp_path: Path) -> None:
+    conf = _run(tmp_path, FakeBench(gain=1.10))
+    assert [f.kept for f in conf.fates] == [True], conf.fates
+    assert "faster end to end" in conf.fates[0].why and "llama-3.2-1b tg128@d16384" in conf.fates[0].why
+    assert list(conf.points) == ["llama-3.2-1b"]  # the other three shapes have no entry: not measured
+    table = confirm.load_table(tmp_path / "sweep")
+    pr = pr_text(table, conf, backend_ops=[{"op": "FLASH_ATTN_EXT", "passed": True, "summary": "ok"}], patch=True)
+    for like in confirm.DEFAULT_LIKE:
+        assert like in pr
+    assert "tg128@d16384" in pr and "pp512@d32768" in pr and "## Kept" in pr and "issues/18865" in pr
+    e2e = e2e_text(conf, identity={"build": "/b"}, rounds=4)
+    assert "| t/s upstream | t/s table |" in e2e and "the table does not change this model" in e2e.lower()
+
+
+def test_no_gain_keeps_nothing_and_renders_no_patch(tmp_path: Path) -> None:
+    from tuner.sweep.table import render_table_patch
+
+    conf = _run(tmp_path, FakeBench(gain=1.0))
+    assert not conf.kept_rules and "no end-to-end gain beyond noise" in conf.fates[0].why
+    assert render_table_patch(tmp_path, conf.kept_rules, SM90) is None
+
+
+def test_a_slower_point_drops_the_rule(tmp_path: Path) -> None:
+    conf = _run(tmp_path, FakeBench(gain=1.10, gain_at={32768: 0.85}))
+    assert not conf.kept_rules
+    assert "slower end to end beyond noise at llama-3.2-1b tg128@d32768" in conf.fates[0].why
+    assert confirm.unexplained_slower(conf.points) == ["llama-3.2-1b tg128@d32768"]
+
+
+def test_a_second_call_resumes_without_measuring_again(tmp_path: Path) -> None:
+    first = FakeBench(gain=1.10)
+    _run(tmp_path, first, likes=["llama-3.2-1b"])
+    assert first.calls == 3 * 4  # 3 candidates x 4 rounds, pp and tg sharing each call
+    again = FakeBench(gain=1.10)
+    conf = _run(tmp_path, again, likes=["llama-3.2-1b"])
+    assert again.calls == 0 and conf.kept_rules
+
+
+def test_entries_at_other_query_batches_are_reported_not_confirmed(tmp_path: Path) -> None:
+    ne4 = FaShape(D=64, gqa=4, kv="f16", ne1=4)
+    table = confirm.load_table(_sweep_dir(tmp_path, extra=[ne4]))
+    fates = confirm.decide_rules(table, [confirm.plan_model(table, "llama-3.2-1b")], {}, {})
+    by = {f.rule.ne1: f for f in fates if f.rule}
+    assert not by[4].kept and "Q->ne[1] = 4" in by[4].why
+
+
+def test_dry_run_prints_the_plan_and_its_time(tmp_path: Path) -> None:
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path)), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "1 FlashAttention rule(s)" in res.output and "estimated GPU time" in res.output
+    assert "llama-3.2-1b (D64/gqa4/kvf16): 1 decode rule(s); 9 llama-bench calls" in res.output
+    assert "qwen2.5-7b (D128/gqa7/kvf16): the table does not change this model" in res.output
+
+
+def test_a_directory_without_a_sweep_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="holds no sweep.sqlite3"):
+        CliRunner().invoke(sweep, ["confirm", str(tmp_path)], standalone_mode=False, catch_exceptions=False)

@@ -1,0 +1,618 @@
+"""The sweep's table confirmed end to end: llama-bench on model shapes, upstream against the table's env.
+
+Kernel-level wins can overstate end-to-end gains (an isolated op's K/V may sit in L2 where a model's
+layers do not), so a rule of ``tuner sweep run`` (and a choice of ``tuner sweep mmq``) goes upstream only
+once a real model shape shows it. Per ``--like`` model this runs the search's paired, interleaved rounds
+(:func:`tuner.search.screen.run_joint_rounds`: upstream, its A/A twin and the table, order rotated per
+round, pp and tg sharing each depth's fill) with the table given to the build's runtime hooks, and judges
+each point as the search judges (:func:`tuner.search.compose.judge_phase`).
+
+**What the env reproduces.** The patch keys an entry by ``Q->ne[1]`` exactly; llama-bench's ``tg128``
+makes attention calls at ``Q->ne[1] = 1`` and ``pp512`` at 512 (one micro-batch). So the table's env is
+its ``Q->ne[1] = 1`` entries of the model's shape as ``decode/D../gqa../kv..`` rules, plus the MMQ
+choices (which key by batch size: ``pp512`` multiplies at ``ne11 = 512``, ``tg128`` at 1). No prefill
+rule goes into the env: the table has no entry at ``Q->ne[1] = 512``, so ``pp512`` runs upstream's
+kernel as the patch would, and its rows are a check that nothing else changed. Entries at ``Q->ne[1]``
+2-8 are made by no ``pp512``/``tg128`` call: they are reported as not confirmed end to end.
+
+**Which rules are kept** (:func:`decide_rules`). A rule is kept when some point it acts on (a ``tg128``
+depth whose n_kv window meets its interval, on a model of its shape) is faster beyond noise, none is
+slower beyond noise, and its models passed the output-equivalence gate. Everything else is reported with
+the reason, not patched.
+
+**A model the table does not change** (no entry of its shape, no MMQ choice of its weights' types) is
+not measured: its upstream A/A rounds would cost as much as a confirmation (about a minute a call for an
+8B at depth 65536) and could show nothing about the table; the report says so.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_DEPTHS",
+    "DEFAULT_LIKE",
+    "PP",
+    "TABLE",
+    "TG",
+    "ConfirmStore",
+    "Confirmed",
+    "ModelPlan",
+    "RuleFate",
+    "Table",
+    "backend_ops_check",
+    "confirm_models",
+    "decide_rules",
+    "gate_model",
+    "judge_model",
+    "load_table",
+    "measure_model",
+    "model_points",
+    "plan_model",
+    "plan_text",
+    "tg_window",
+    "unexplained_slower",
+]
+
+import dataclasses
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import UsageError
+from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner.search.compose import Family, judge_phase
+from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
+from tuner.sweep import live, mmq, mmq_live
+from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, upstream_kernel
+from tuner.sweep.store import open_store
+from tuner.sweep.table import TableRule
+
+DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-7b", "gemma-3-12b-shape")
+DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
+"""0: the short-context case every user hits; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and
+32768: where the sweep's decode rules on Hopper act; 65536: long context. 131072 is left out: one fill of
+an 8-12B model there costs minutes a call, and the grid's deepest rules start well below it."""
+TABLE = "table"
+"""The candidate that runs with the table's env."""
+PP, TG = 512, 128
+_SCHEMA = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Table:
+    """A measured sweep recomposed from its storage: the rules, where they were measured and how."""
+
+    rules: tuple[TableRule, ...]
+    identity: Mapping[str, str]
+    rounds: int
+    cells: tuple[Cell, ...]
+    with_verdict: int
+    arch: Any
+    mmq: tuple[mmq.MmqChoice, ...] = ()
+    mmq_identity: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    mmq_points: int = 0
+
+    @property
+    def shapes(self) -> list[FaShape]:
+        return sorted({c.shape for c in self.cells})
+
+    @property
+    def n_kv(self) -> list[int]:
+        return sorted({c.n_kv for c in self.cells})
+
+
+def _meta(path: Path) -> dict[str, str]:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
+    except sqlite3.Error as err:
+        raise UsageError(f"{path} is not a sweep storage this command can read ({err}).") from err
+
+
+def _storage(directory: Path, name: str, command: str) -> Path:
+    path = Path(directory) / name
+    if not path.is_file():
+        raise UsageError(
+            f"{directory} holds no {name}: pass the output directory (-o) of `{command}`, which keeps its samples "
+            f"there, or the directory of its --storage file renamed to {name}."
+        )
+    return path
+
+
+def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
+    """The table ``tuner sweep run`` composed in ``sweep_dir`` (and the MMQ choices of ``mmq_dir``),
+    recomposed from their samples over every round recorded, as the commands compose them.
+
+    Raises:
+        UsageError: A directory without its storage, or a storage that is not a sweep's.
+    """
+    from tuner.targets.archs import load_arch
+
+    path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
+    meta = _meta(path)
+    if "arch" not in meta:
+        raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
+    arch = load_arch(meta["arch"])
+    store = live.SampleStore(path, {})
+    try:
+        samples = store.samples()
+    finally:
+        store.close()
+    keys = sorted({(s.shape, s.n_kv) for s in samples})
+    cells = tuple(
+        Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n))
+        for sh, n in keys
+    )
+    rounds = max((s.round for s in samples), default=0) + 1
+    outcome = live.compose(cells, samples, rounds=rounds)
+    n_gap = sum(len(v) for v in outcome.no_verdict.values())
+    table = Table(
+        rules=outcome.rules, identity=meta, rounds=rounds, cells=cells, with_verdict=len(cells) - n_gap, arch=arch
+    )
+    if mmq_dir is None:
+        return table
+    mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
+    mmeta = _meta(mpath)
+    mstore = mmq_live.MmqStore(mpath, {})
+    try:
+        msamples = mstore.samples()
+    finally:
+        mstore.close()
+    points = sorted({mmq_live.MmqPoint(type=s.type, m=s.m, k=s.k, ne11=s.ne11) for s in msamples})
+    cuda = mmeta.get("backend", "").upper().startswith("CUDA")
+    withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
+    mrounds = max((s.round for s in msamples), default=0) + 1
+    mout = mmq_live.compose_live(points, msamples, rounds=mrounds, withhold=withhold)
+    return dataclasses.replace(table, mmq=mout.choices, mmq_identity=mmeta, mmq_points=len(points))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelPlan:
+    """One model shape to confirm on: its attention shape and what of the table acts on it."""
+
+    like: str
+    D: int
+    gqa: int
+    kv: str
+    context: int
+    fa_rules: tuple[TableRule, ...]
+    """The table's ``Q->ne[1] = 1`` entries of this shape: what tg128 exercises."""
+    unexercised: tuple[TableRule, ...]
+    """Entries of this shape at other ``Q->ne[1]``: no pp512/tg128 call makes them."""
+    mmq: tuple[mmq.MmqChoice, ...] = ()
+
+    @property
+    def decode_rules(self) -> tuple[FaRule, ...]:
+        return tuple(
+            FaRule(phase=Phase.DECODE, lo=r.lo, hi=r.hi, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv)
+            for r in self.fa_rules
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The table's runtime env for this model (empty: the table does not change it)."""
+        out = {"GGML_TUNER_FA_RULES": rules_env(self.decode_rules)} if self.fa_rules else {}
+        return out | ({mmq.ENV: mmq.mmq_env(self.mmq)} if self.mmq else {})
+
+    @property
+    def shape_text(self) -> str:
+        return f"D{self.D}/gqa{self.gqa}/kv{self.kv}"
+
+    def depths(self, depths: Sequence[int]) -> list[int]:
+        """``depths`` within the model's context (as the search refuses deeper ones)."""
+        return [d for d in depths if not self.context or d <= self.context]
+
+
+def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterable[str] | None = None) -> ModelPlan:
+    """What the table does to model ``like`` (``tuner/data/models.toml``); ``weight_types``: the ggml types
+    of its GGUF's tensors (None: every MMQ choice, as a plan made before the model exists)."""
+    from tuner.targets.models import load_model_shape
+
+    s = load_model_shape(like)
+    gqa = s.n_heads // s.n_kv_heads if s.n_kv_heads and s.n_heads % s.n_kv_heads == 0 else 0
+    mine = [r for r in table.rules if (r.D, r.gqa, r.kv) == (s.head_dim, gqa, kv)]
+    types = None if weight_types is None else {t.lower() for t in weight_types}
+    return ModelPlan(
+        like=s.name,
+        D=s.head_dim,
+        gqa=gqa,
+        kv=kv,
+        context=int(s.context_length or 0),
+        fa_rules=tuple(r for r in mine if r.ne1 == 1),
+        unexercised=tuple(r for r in mine if r.ne1 != 1),
+        mmq=tuple(c for c in table.mmq if types is None or c.type.lower() in types),
+    )
+
+
+def _pad(n: int) -> int:
+    return -(-n // STRIDE) * STRIDE
+
+
+def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
+    """The n_kv a ``tg`` test at ``depth`` runs attention at, first and last: llama pads the KV cache it
+    attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
+    return _pad(depth + 1), _pad(depth + tg)
+
+
+def _touches(rule: TableRule, depth: int) -> bool:
+    lo, hi = tg_window(depth)
+    return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
+
+
+def plan_text(
+    table: Table, plans: Sequence[ModelPlan], depths: Sequence[int], *, rounds: int, reps: int, quant: str
+) -> str:
+    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
+    (recorded costs of ``tuner/data/step_costs.toml``, the nearest model by width; an estimate)."""
+    from tuner.search.dryrun import load_step_costs
+    from tuner.targets.models import load_model_shape
+
+    costs = load_step_costs()
+    recs = list(costs["models"].values())
+    lines = [
+        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {table.rounds} round(s) over "
+        f"{len(table.cells)} cells"
+        + (f", {len(table.mmq)} MMQ choice(s)" if table.mmq_identity else "")
+        + f"; {len(plans)} model(s) at {quant}, depths {list(depths)}, {rounds} rounds, -r {reps}"
+    ]
+    total = 0.0
+    for p in plans:
+        ds = p.depths(depths)
+        if not p.env:
+            lines.append(f"  {p.like} ({p.shape_text}): the table does not change this model; not measured")
+            continue
+        d_model = load_model_shape(p.like).d_model
+        rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+        calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
+        secs = calls * len(ds) * float(rec["bench_call_depth_s"]) * reps / 4 + 4 * float(rec["equivalence_check_s"])
+        total += secs
+        what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
+        lines.append(
+            f"  {p.like} ({p.shape_text}): {', '.join(what)}; {calls} llama-bench calls (pp{PP}+tg{TG}) at depths "
+            f"{ds}, about {round(secs / 60)} min with the output gate"
+            + (f"; {len(p.unexercised)} entry(ies) at Q->ne[1] > 1 not exercised" if p.unexercised else "")
+        )
+    lines.append(
+        f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
+        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps} / 4; plus model synthesis "
+        "and quantization on first use)"
+    )
+    return "\n".join(lines) + "\n"
+
+
+class ConfirmStore:
+    """The rounds' records (one row per model, phase and round, the search's record as JSON) and the gate's
+    checks, in SQLite; the identity (build, quant, the table's env per model...) is checked on reopening."""
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.db = open_store(
+            self.path,
+            {"schema": str(_SCHEMA), "sweep": "confirm", **identity},
+            table_sql="CREATE TABLE IF NOT EXISTS rounds (model TEXT NOT NULL, phase TEXT NOT NULL, "
+            "round INTEGER NOT NULL, record TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (model, phase, round))",
+            what="a sweep confirm storage",
+            fix="Pass another -o or --storage, or the same build, --quant, -r and sweep table.",
+            strict=True,
+        )
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS gate (model TEXT NOT NULL, name TEXT NOT NULL, record TEXT NOT NULL, "
+            "PRIMARY KEY (model, name))"
+        )
+
+    def close(self) -> None:
+        self.db.close()
+
+    def records(self, model: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT record FROM rounds WHERE model = ? ORDER BY phase, round", (model,))
+        return [json.loads(r) for (r,) in rows]
+
+    def add(self, model: str, rec: Mapping[str, Any]) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
+                (model, rec["phase"], int(rec["round"]), json.dumps(rec), time.time()),
+            )
+
+    def gate(self, model: str) -> dict[str, Any]:
+        rows = self.db.execute("SELECT name, record FROM gate WHERE model = ?", (model,))
+        return {str(n): json.loads(r) for n, r in rows}
+
+    def add_gate(self, model: str, name: str, rec: Mapping[str, Any]) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
+
+
+def measure_model(
+    joint: JointMeasure, plan: ModelPlan, depths: Sequence[int], *, rounds: int, store: ConfirmStore
+) -> dict[str, list[dict[str, Any]]]:
+    """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
+    ``store`` count, so a second call only adds what is missing."""
+    cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME), Candidate(name=TABLE, env=plan.env)]
+    recs = store.records(plan.like)
+    return run_joint_rounds(
+        joint,
+        {"pp": cands, "tg": cands},
+        list(depths),
+        recs,
+        pp_tokens=PP,
+        min_rounds=rounds,
+        max_rounds=rounds,
+        target_ci=0.0,
+        on_round=lambda rec: store.add(plan.like, rec),
+        tag=f"confirm {plan.like}",
+    )
+
+
+def judge_model(
+    recs: Mapping[str, Sequence[Mapping[str, Any]]], depths: Sequence[int], *, mmq_changed: bool
+) -> dict[str, dict[int, CellStats]]:
+    """Per phase and depth, the table against upstream judged as the search judges (A/A bar, noise floor,
+    the sequential rule). With MMQ choices the table differs beyond the FA kernel, so every cell is tested
+    (``family="all"``); else a cell where the table ran upstream's own kernel is A/A by construction."""
+    family: Family = "all" if mmq_changed else "changed"
+    return {
+        p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in ("pp", "tg")
+    }
+
+
+def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]]) -> list[dict[str, Any]]:
+    """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input)."""
+    pts = []
+    for phase, by_depth in cells.items():
+        for d, c in sorted(by_depth.items()):
+            e = c.effects.get(TABLE)
+            pts.append(
+                {
+                    "model": like,
+                    "phase": phase,
+                    "depth": d,
+                    "test": f"pp{PP}" if phase == "pp" else f"tg{TG}",
+                    "base_ts": c.upstream_ts,
+                    "tuned_ts": c.levels.get(TABLE, {}).get("ts") if e else None,
+                    "ci_low": e.ci_low if e else None,
+                    "ci_high": e.ci_high if e else None,
+                    "aa_noise_pct": c.bar_pct if math.isfinite(c.bar_pct) else c.noise_pct,
+                    "noise_kind": "A/A",
+                    "verdict": c.verdicts.get(TABLE, "fell back") if e else "fell back",
+                    "upstream_kernel": c.upstream_kernel,
+                    "kernel": c.kernels.get(TABLE),
+                }
+            )
+    return pts
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuleFate:
+    """One rule or MMQ choice: kept for the patch, or reported with why."""
+
+    text: str
+    kept: bool
+    why: str
+    rule: TableRule | None = None
+    choice: mmq.MmqChoice | None = None
+
+
+def _fate(
+    text: str, touched: Sequence[Mapping[str, Any]], failed_gate: Sequence[str], none_why: str
+) -> tuple[bool, str]:
+    where = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in touched)
+    slower = [p for p in touched if p["verdict"] == "slower"]
+    faster = [p for p in touched if p["verdict"] == "faster"]
+    if not touched:
+        return False, none_why
+    if failed_gate:
+        return False, f"the output-equivalence gate failed on {', '.join(failed_gate)}"
+    if slower:
+        return False, "slower end to end beyond noise at " + ", ".join(
+            f"{p['model']} {p['test']}@d{p['depth']}" for p in slower
+        )
+    if faster:
+        return True, "faster end to end beyond noise at " + ", ".join(
+            f"{p['model']} {p['test']}@d{p['depth']}" for p in faster
+        )
+    return False, f"no end-to-end gain beyond noise at {where} (a kernel-level gain only)"
+
+
+def decide_rules(
+    table: Table,
+    plans: Sequence[ModelPlan],
+    points: Mapping[str, Sequence[Mapping[str, Any]]],
+    gates: Mapping[str, Mapping[str, Any]],
+    *,
+    weight_types: Mapping[str, Iterable[str]] = {},
+) -> list[RuleFate]:
+    """Each rule and MMQ choice of the table, kept or reported (module doc). ``points``: per model, its
+    compare points (:func:`model_points`; a model not measured has none); ``gates``: per model, the gate
+    record; ``weight_types``: per model, its GGUF's tensor types (an MMQ choice acts on those only)."""
+    failed = [m for m, g in gates.items() if g.get("verdict") == "fail"]
+    out = []
+    for r in table.rules:
+        if r.ne1 != 1:
+            out.append(
+                RuleFate(
+                    text=r.text,
+                    kept=False,
+                    rule=r,
+                    why=f"Q->ne[1] = {r.ne1}: llama-bench's pp{PP} and tg{TG} make no such call, so it was not "
+                    "confirmed end to end",
+                )
+            )
+            continue
+        models = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv)]
+        touched = [q for m in models for q in points.get(m, ()) if q["phase"] == "tg" and _touches(r, int(q["depth"]))]
+        none = (
+            "no confirmed model has this shape"
+            if not models
+            else f"no measured tg{TG} depth of {', '.join(models)} reaches its n_kv range"
+        )
+        kept, why = _fate(r.text, touched, [m for m in models if m in failed], none)
+        out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
+    for c in table.mmq:
+        models = [p.like for p in plans if c.type.lower() in {t.lower() for t in weight_types.get(p.like, ())}]
+        touched = [q for m in models for q in points.get(m, ()) if c.covers(PP if q["phase"] == "pp" else 1)]
+        none = (
+            f"no confirmed model has {c.type} weights"
+            if not models
+            else f"no pp{PP} or tg{TG} test multiplies in its batch range"
+        )
+        kept, why = _fate(c.text, touched, [m for m in models if m in failed], none)
+        out.append(RuleFate(text=f"MMQ {c.text}", kept=kept, why=why, choice=c))
+    return out
+
+
+def unexplained_slower(points: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Points slower beyond noise (for the report: any, whichever rule acted there)."""
+    return [
+        f"{p['model']} {p['test']}@d{p['depth']}" for pts in points.values() for p in pts if p["verdict"] == "slower"
+    ]
+
+
+def gate_model(
+    plan: ModelPlan,
+    model: Path,
+    bin_dir: Path,
+    *,
+    arch: Any,
+    era: str,
+    store: ConfirmStore,
+    work_dir: Path,
+    run_one: Callable[[Any], Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The output-equivalence gate of the table's env on ``model`` against upstream, as the search's final
+    gate plans and judges it (:mod:`tuner.search.output_gate`: each decode rule's kernel widened to ``0-``,
+    the kernel band first); MMQ choices widened likewise (the gate's micro-batch is 128 tokens, below most
+    choices' batch range). Each check is stored as it ends; a rerun runs only the missing ones."""
+    from tuner.measure.equivalence import run_equivalence
+    from tuner.search import output_gate as og
+
+    widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
+    checks = og.plan_checks(
+        rules=plan.decode_rules,
+        base_env={},
+        base_args=(),
+        final_env={mmq.ENV: mmq.mmq_env(dict.fromkeys(widened))} if widened else {},
+        final_args=(),
+        changed={mmq.ENV: ("pp",)} if widened else {},
+        build_changed=False,
+        era=era,
+    )
+    kernels = {"decode": [k for k in legal_kernels(arch, plan.D, STRIDE)]}
+
+    def run(c: Any) -> Mapping[str, Any]:
+        if run_one is not None:
+            return run_one(c)
+        wd = work_dir / plan.like / "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in c.name)
+        return run_equivalence(
+            bin_dir, bin_dir, model, mode=c.mode, candidate_env=c.env, candidate_args=c.args,
+            upstream_env=c.upstream_env, upstream_args=c.upstream_args, work_dir=wd, strict=c.strict,
+        ).as_dict()  # fmt: skip
+
+    return og.run_checks(
+        checks,
+        done=store.gate(plan.like),
+        run_one=run,
+        on_check=lambda name, rec: store.add_gate(plan.like, name, rec),
+        band=og.plan_band(checks, kernels),
+    )
+
+
+def backend_ops_check(
+    bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0
+) -> dict[str, Any]:
+    """``test-backend-ops test -o OP -b BACKEND`` with the kept table's env: every case of the op against
+    the CPU backend, the table's kernels forced at its shapes. A record: ``passed``, the summary line, the log."""
+    import os
+    import subprocess
+
+    exe = Path(bin_dir) / "test-backend-ops"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    if not exe.is_file():
+        return {"op": op, "passed": False, "summary": f"no test-backend-ops in {bin_dir}", "log": str(log_file)}
+    cmd = [str(exe), "test", "-o", op, "-b", backend]
+    try:
+        res = subprocess.run(
+            cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        text, rc = res.stdout + res.stderr, res.returncode
+    except subprocess.TimeoutExpired:
+        text, rc = f"timed out after {timeout:.0f} s", 124
+    log_file.write_text("$ " + " ".join(cmd) + "\n" + "".join(f"{k}={v}\n" for k, v in env.items()) + text)
+    summary = next((ln.strip() for ln in reversed(text.splitlines()) if "tests passed" in ln), "")
+    return {
+        "op": op,
+        "passed": rc == 0 and "FAIL" not in text,
+        "summary": summary or f"exit code {rc}",
+        "env": dict(env),
+        "log": str(log_file),
+    }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Confirmed:
+    """What a confirm run measured and decided."""
+
+    plans: tuple[ModelPlan, ...]
+    depths: Mapping[str, tuple[int, ...]]
+    points: Mapping[str, list[dict[str, Any]]]
+    gates: Mapping[str, dict[str, Any]]
+    weight_types: Mapping[str, tuple[str, ...]]
+    fates: tuple[RuleFate, ...]
+
+    @property
+    def kept_rules(self) -> list[TableRule]:
+        return [f.rule for f in self.fates if f.kept and f.rule is not None]
+
+    @property
+    def kept_mmq(self) -> list[mmq.MmqChoice]:
+        return [f.choice for f in self.fates if f.kept and f.choice is not None]
+
+
+def confirm_models(
+    table: Table,
+    likes: Sequence[str],
+    *,
+    depths: Sequence[int],
+    rounds: int,
+    store: ConfirmStore,
+    model_for: Callable[[str], Path],
+    joint_for: Callable[[Path, str], JointMeasure],
+    gate: Callable[[ModelPlan, Path], dict[str, Any]],
+    weight_types_of: Callable[[Path], Iterable[str]],
+    kv: str = "f16",
+) -> Confirmed:
+    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds,
+    run the gate; then decide every rule. A model the table does not change is neither made nor measured."""
+    from tuner import log
+
+    plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
+    for i, like in enumerate(likes):
+        dry = plan_model(table, like, kv=kv)
+        ds = tuple(dry.depths(depths))
+        dmap[dry.like] = ds
+        if not dry.env:
+            log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
+            plans.append(dry)
+            continue
+        path = model_for(like)
+        wtypes[dry.like] = tuple(sorted({str(t) for t in weight_types_of(path)}))
+        plan = plan_model(table, like, kv=kv, weight_types=wtypes[dry.like])
+        plans.append(plan)
+        if not plan.env:
+            log.info(f"[{i + 1}/{len(likes)}] {plan.like}: no table entry or MMQ choice acts on its weights")
+            continue
+        log.info(
+            f"[{i + 1}/{len(likes)}] {plan.like} ({plan.shape_text}): {len(plan.fa_rules)} decode rule(s), "
+            f"{len(plan.mmq)} MMQ choice(s); {rounds} rounds x 3 llama-bench calls at depths {list(ds)}"
+        )
+        recs = measure_model(joint_for(path, plan.like), plan, ds, rounds=rounds, store=store)
+        cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
+        points[plan.like] = model_points(plan.like, cells)
+        gates[plan.like] = gate(plan, path)
+    fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
+    return Confirmed(
+        plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)
+    )

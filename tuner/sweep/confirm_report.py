@@ -1,0 +1,151 @@
+"""``e2e.md`` and ``PR.md`` of ``tuner sweep confirm``: the end-to-end table, the rules kept and reported,
+the gates, and the method and coverage of the sweep(s) behind them.
+
+Only public llama.cpp sources are cited (``ggml/src/ggml-cuda/fattn.cu``, ``mmq.cu``, issue 18865,
+PR 15035); a reviewer upstream cannot open anything else.
+"""
+
+from __future__ import annotations
+
+__all__ = ["coverage_lines", "e2e_text", "pr_text"]
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.result.tables import compare_table
+from tuner.sweep.confirm import PP, TG, Confirmed, Table
+
+_REFS = [
+    "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
+    "- `ggml/src/ggml-cuda/mmq.cu`, `ggml_cuda_should_use_mmq`: the MMQ-vs-cuBLAS choice.",
+    "- https://github.com/ggml-org/llama.cpp/issues/18865: the request to check these choices on datacenter GPUs.",
+    "- https://github.com/ggml-org/llama.cpp/pull/15035: the earlier change to the FlashAttention kernel selection.",
+]
+
+
+def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
+    if not gate:
+        return f"- {model}: not run (the table does not change this model)"
+    checks = gate.get("checks") or []
+    detail = "; ".join(
+        f"{c.get('name')}: {str(c.get('verdict', '?')).upper()}"
+        + (f" ({' '.join(c.get('reasons', []))})" if c.get("reasons") else "")
+        for c in checks
+    )
+    return f"- {model}: **{str(gate.get('verdict', '?')).upper()}**" + (f" ({detail})" if detail else "")
+
+
+def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> str:
+    """``e2e.md``: per model, the table's env and a compare-llama-bench table of upstream against the table."""
+    lines = ["# End-to-end confirmation of the sweep's table", ""]
+    lines += [f"- {k}: {v}" for k, v in identity.items()]
+    lines += [
+        f"- {rounds} paired rounds per model: upstream, its A/A twin and the table, order rotated per round; "
+        f"pp{PP} and tg{TG} share each depth's fill",
+        "",
+    ]
+    for p in conf.plans:
+        lines += [f"## {p.like} ({p.shape_text})", ""]
+        env = p.env
+        if not env or p.like not in conf.points:
+            lines += ["The table does not change this model: not measured.", ""]
+            continue
+        lines += [f"- `{k}={v}`" for k, v in env.items()]
+        lines += ["", compare_table(conf.points[p.like], name_a="upstream", name_b="table"), ""]
+        lines += [_gate_line(p.like, conf.gates.get(p.like)), ""]
+    return "\n".join(lines) + "\n"
+
+
+def coverage_lines(table: Table) -> list[str]:
+    """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
+    shapes = table.shapes
+    by_d: dict[int, list[Any]] = {}
+    for s in shapes:
+        by_d.setdefault(s.D, []).append(s)
+    lines = [
+        f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {table.rounds} paired "
+        f"rounds each; {table.with_verdict} cells with a verdict",
+        f"- n_kv: {table.n_kv[0] if table.n_kv else '-'} .. {table.n_kv[-1] if table.n_kv else '-'} "
+        "(half-octaves, multiples of 256)",
+        "",
+        "| head size | GQA ratios | K/V types | Q->ne[1] | rules |",
+        "|---:|---|---|---|---:|",
+    ]
+    per_head = Counter(r.D for r in table.rules)
+    for head, ss in sorted(by_d.items()):
+        n = per_head[head]
+        lines.append(
+            f"| {head} | {', '.join(map(str, sorted({s.gqa for s in ss})))} | {', '.join(sorted({s.kv for s in ss}))} "
+            f"| {', '.join(map(str, sorted({s.ne1 for s in ss})))} | {n} |"
+        )
+    if table.mmq_identity:
+        lines += ["", f"- MMQ vs cuBLAS: {table.mmq_points} points (quant type x weight size x batch size)"]
+    return lines
+
+
+def _method(table: Table) -> list[str]:
+    timer = table.identity.get("timer", "fa-bench")
+    return [
+        f"1. **Kernel level** (`tuner sweep run`, timer {timer}): every cell (head size, GQA ratio, K/V type, "
+        "Q->ne[1], n_kv) times `FLASH_ATTN_EXT` with upstream's choice, the same choice again (the A/A pair) and "
+        "every other legal kernel forced, in paired rounds with the order rotated per round. A kernel wins a cell "
+        "only when its paired effect clears an A/A-controlled sequential test (Holm over cells); consecutive "
+        "winning n_kv points form one entry.",
+        "2. **End to end** (`tuner sweep confirm`): each model shape, random weights quantized as stated, "
+        f"llama-bench pp{PP} and tg{TG} at each depth (-d), upstream against the table given to the build's "
+        "runtime hook, with an A/A pair, in paired interleaved rounds, judged by the same rule.",
+        "3. **Kept** are the entries whose model points are faster end to end beyond noise, with none slower "
+        "beyond noise and the models' output-equivalence gate (llama-perplexity KLD against upstream, within "
+        "twice the spread of upstream's own kernels) passed; the rest are reported below, not patched.",
+        "4. The patch is rendered on the pristine tree from the kept entries only: a static table and a lookup "
+        "called at the top of the Turing-and-newer branch, guarded by `cc == GGML_CUDA_CC_HOPPER`; a shape it "
+        "does not list keeps upstream's logic.",
+    ]
+
+
+def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
+    """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
+    kept = [f for f in conf.fates if f.kept]
+    dropped = [f for f in conf.fates if not f.kept]
+    lines = [
+        f"# CUDA: tuned FlashAttention kernel selection for {table.arch.name} (measured)",
+        "",
+        f"{len(kept)} of {len(conf.fates)} kernel-level entries are kept after the end-to-end confirmation"
+        + (" and go into the patch." if patch else "; the patch is empty."),
+        "",
+        "## Method",
+        "",
+        *_method(table),
+        "",
+        "## Coverage",
+        "",
+        *coverage_lines(table),
+        "",
+        "## End to end",
+        "",
+    ]
+    for p in conf.plans:
+        if p.like in conf.points:
+            lines.append(compare_table(conf.points[p.like], name_a="upstream", name_b="table"))
+            lines.append("")
+        else:
+            lines += [f"{p.like} ({p.shape_text}): the table does not change this model.", ""]
+    lines += ["## Gates", "", "Output equivalence (table vs upstream, per model):", ""]
+    lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
+    lines += ["", "test-backend-ops with the kept table's env (every case against the CPU backend):", ""]
+    lines += [
+        f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in backend_ops
+    ] or ["- not run (no entry kept)"]
+    lines += ["", "## Kept", ""]
+    lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
+    lines += ["", "## Reported, not patched", ""]
+    lines += [f"- {f.text}: {f.why}" for f in dropped] or ["None."]
+    lines += ["", "## Patch", ""]
+    lines.append(
+        "`upstream.patch` (this directory) adds the kept entries; `git apply` on the pristine tree."
+        if patch
+        else "No patch: no entry was confirmed end to end."
+    )
+    lines += ["", "## References", "", *_REFS, ""]
+    return "\n".join(lines)
