@@ -131,10 +131,11 @@ def _mmq_plan_text(
     return mmq.mmq_dry_run_text(cells, rounds=rounds, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
 
 
-def _default_build(arch: str, spec: str | None) -> Path:
+def _default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
     """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree) with the
     opt-in MMQ hook (``templates/patches/mma/mmq-hook.toml``), so one build serves both sweeps; built (or
-    taken from the build cache) as ``tuner build`` would."""
+    taken from the build cache) as ``tuner build`` would; ``extra`` tools (``llama-perplexity``) added on
+    demand without changing its build id."""
     from tuner import log, source
     from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
@@ -143,7 +144,12 @@ def _default_build(arch: str, spec: str | None) -> Path:
     src = source.fetch_source(spec) if spec else source.fetch_source()
     rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs(), hooks=("mmq",))
     with log.step(f"Building {rv.short} from {src.spec}"):
-        return Path(build_variant(rv).bin_dir)
+        b = build_variant(rv)
+    if extra:
+        from tuner.builder.extra import ensure_targets
+
+        b = ensure_targets(b, list(extra))
+    return Path(b.bin_dir)
 
 
 def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
@@ -497,7 +503,12 @@ def _mmq_emit(
     help="Model shapes, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, gemma-3-12b-shape: head "
     "sizes 64, 128, 128 with GQA 7, and 256).",
 )
-@click.option("--quant", default="Q4_K_M", show_default=True, help="llama-quantize type of the random-weight models.")
+@click.option(
+    "--quant",
+    default="Q4_K_M",
+    show_default=True,
+    help="llama-quantize type of the random-weight models (f16: as synthesized, not quantized).",
+)
 @click.option(
     "--depths",
     default="0,4096,16384,32768,65536",
@@ -558,7 +569,18 @@ def confirm_cmd(
     if dry_run:
         return
     out = out_dir or sweep_dir / "confirm"
-    bin_dir = find_bin_dir(build_dir) if build_dir is not None else _default_build(table.arch.name, spec)
+    tools = ("llama-perplexity",) + (() if quant.lower() in ("f16", "none") else ("llama-quantize",))
+    if build_dir is None:
+        bin_dir = _default_build(table.arch.name, spec, extra=tools)
+    else:
+        bin_dir = find_bin_dir(build_dir)
+        missing = [t for t in tools if not (bin_dir / t).is_file()]
+        if missing:
+            raise UsageError(
+                f"{bin_dir} has no {' or '.join(missing)}, which the confirmation needs (the output-equivalence "
+                "gate runs llama-perplexity; the models are quantized with llama-quantize). Leave --build out to "
+                "use the sweeps' default build with them added, or build them into this one."
+            )
     _run_confirm(table, likes, out, Path(bin_dir), depths=depths, rounds=rounds, reps=reps, quant=quant,
                  backend=backend, spec=spec, storage=storage)  # fmt: skip
 
@@ -603,6 +625,7 @@ def _run_confirm(
     identity = _confirm_identity(table, bin_dir, quant=quant, reps=reps)
     store = confirm.ConfirmStore(storage or out / "confirm.sqlite3", identity)
     qbin = bin_dir / "llama-quantize"
+    qtype = None if quant.lower() in ("f16", "none") else quant  # f16: the synthesized model as written
 
     def measure(path: Path, like: str) -> Any:
         reps_by = {"pp": reps, "tg": reps}
@@ -618,7 +641,7 @@ def _run_confirm(
             depths=depths,
             rounds=rounds,
             store=store,
-            model_for=lambda like: Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin)),
+            model_for=lambda like: Path(synth_cached(like, source=src, quant=qtype, quantize_bin=qbin)),
             joint_for=lambda path, like: cast(Any, measure(path, like)).joint,  # search.live's both-phases call
             gate=lambda plan, path: confirm.gate_model(
                 plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"

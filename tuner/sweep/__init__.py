@@ -11,5 +11,7 @@ the verdicts compose into one table per arch, emitted as a change to upstream's 
   samples in SQLite (``tuner sweep run``);
 * :mod:`tuner.sweep.table`: the composed FlashAttention table as C++ (``upstream.patch``), its Python
   matcher and a host-only harness of the emitted C++;
-* :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook and upstream condition).
+* :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook and upstream condition);
+* :mod:`tuner.sweep.confirm`, :mod:`tuner.sweep.confirm_report`: the table confirmed end to end with
+  llama-bench on model shapes, the entries kept or reported, ``e2e.md`` and ``PR.md`` (``tuner sweep confirm``).
 """

@@ -343,7 +343,7 @@ def measure_model(
         max_rounds=rounds,
         target_ci=0.0,
         on_round=lambda rec: store.add(plan.like, rec),
-        tag=f"confirm {plan.like}",
+        tag=f"confirm-{plan.like}",
     )
 
 

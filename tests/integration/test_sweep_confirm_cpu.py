@@ -1,0 +1,64 @@
+"""``tuner sweep confirm`` end to end on the real CPU build with the `tiny` shape (head size 64, GQA 4): a
+sweep storage with one planted rule of that shape, llama-bench rounds of upstream, its A/A twin and the
+table's env, the output-equivalence gate through llama-perplexity, e2e.md and PR.md, and a rerun that
+resumes with nothing left to measure. The CPU backend has no tuner hook, so the table's env changes no
+kernel there: the rule shows no end-to-end gain and is reported, and no patch is written. About a
+minute on 2 cores once the build is cached."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli.sweep_cmd import sweep
+from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
+from tuner.sweep.live import Sample, SampleStore
+from tuner.targets.archs import load_arch
+
+pytestmark = pytest.mark.integration
+
+
+def _planted_sweep(out: Path) -> None:
+    """MMA 20% faster than upstream's VEC at D64/gqa4/f16 decode over every n_kv: the rule [0, inf) -> MMA."""
+    shape = FaShape(D=64, gqa=4, kv="f16", ne1=1)
+    store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
+    rows = []
+    for c in plan(load_arch("sm_90"), n_kv=(256, 512, 1024)):
+        if c.shape != shape:
+            continue
+        for r in range(3):
+            for i, cfg in enumerate(c.configs):
+                us = 100.0 + 0.01 * ((r + i) % 3)
+                us = us * 0.8 if cfg == "MMA" else us if cfg in (DEFAULT, AA) else us * 1.5
+                rows.append(Sample(shape=shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error=""))
+    store.add(rows)
+    store.close()
+
+
+def test_confirm_on_cpu_build_reports_the_rule_and_resumes(cpu_build, tmp_path: Path) -> None:
+    from tuner.builder.extra import ensure_targets
+
+    bin_dir = Path(ensure_targets(cpu_build, ["llama-perplexity"]).bin_dir)
+    sweep_dir, out = tmp_path / "sweep", tmp_path / "out"
+    _planted_sweep(sweep_dir)
+    args = ["confirm", str(sweep_dir), "--like", "tiny", "--quant", "f16", "--depths", "0,256", "--rounds", "2"]
+    args += ["--reps", "1", "--build", str(bin_dir), "--backend", "CPU", "-o", str(out)]
+    res = CliRunner().invoke(sweep, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "tiny (D64/gqa4/kvf16): 1 decode rule(s); 6 llama-bench calls" in res.output
+    assert "reported: D64 gqa4 f16 ne1 1, n_kv in [0, inf) -> MMA" in res.output
+    e2e, pr = (out / "e2e.md").read_text(), (out / "PR.md").read_text()
+    assert "tg128@d256" in e2e and "pp512@d256" in e2e and "GGML_TUNER_FA_RULES=decode/D64/gqa4/kvf16:0-=MMA" in e2e
+    assert "## Reported, not patched" in pr and "tiny" in pr
+    assert not (out / "upstream.patch").exists()
+    with sqlite3.connect(out / "confirm.sqlite3") as db:
+        n = db.execute("SELECT count(*) FROM rounds").fetchone()[0]
+        gate = db.execute("SELECT count(*) FROM gate WHERE model = 'tiny'").fetchone()[0]
+    assert n == 4 and gate >= 1  # 2 rounds x (pp, tg); the gate's checks stored
+    again = CliRunner().invoke(sweep, args, catch_exceptions=False)
+    assert again.exit_code == 0 and "round 1/2" not in again.output
+    with sqlite3.connect(out / "confirm.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM rounds").fetchone()[0] == n
