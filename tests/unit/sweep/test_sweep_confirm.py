@@ -168,3 +168,24 @@ def test_dry_run_prints_the_plan_and_its_time(tmp_path: Path) -> None:
 def test_a_directory_without_a_sweep_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="holds no sweep.sqlite3"):
         CliRunner().invoke(sweep, ["confirm", str(tmp_path)], standalone_mode=False, catch_exceptions=False)
+
+
+def test_an_mmq_choice_is_judged_on_the_models_with_its_weight_type(tmp_path: Path) -> None:
+    import dataclasses
+
+    from tuner.sweep.mmq import MmqChoice
+
+    choice = MmqChoice(type="q4_K", lo=256, hi=None, backend="BLAS")
+    table = dataclasses.replace(confirm.load_table(_sweep_dir(tmp_path)), rules=(), mmq=(choice,))
+    plans = [confirm.plan_model(table, like, weight_types=["Q4_K"]) for like in ("llama-3.2-1b", "llama-3.1-8b")]
+    assert plans[0].env == {"GGML_TUNER_MMQ_CHOICES": "q4_K:256..=BLAS"}
+    pts = {
+        "llama-3.2-1b": [{"model": "llama-3.2-1b", "phase": "pp", "test": "pp512", "depth": 0, "verdict": "faster"}],
+        "llama-3.1-8b": [{"model": "llama-3.1-8b", "phase": "tg", "test": "tg128", "depth": 0, "verdict": "slower"}],
+    }
+    types = {"llama-3.2-1b": ["Q4_K"], "llama-3.1-8b": ["Q4_K"]}
+    (fate,) = confirm.decide_rules(table, plans, pts, {}, weight_types=types)
+    assert fate.kept and "llama-3.2-1b pp512@d0" in fate.why  # tg multiplies at batch 1: outside the choice
+    failed = {"llama-3.2-1b": {"verdict": "fail"}}
+    (fate,) = confirm.decide_rules(table, plans, pts, failed, weight_types=types)
+    assert not fate.kept and "gate failed on llama-3.2-1b" in fate.why
