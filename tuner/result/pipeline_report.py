@@ -369,7 +369,7 @@ def report_text(
             )
             + "\n\n"
         )
-    out.append(_trials(outcome.trials))
+    out.append(_trials(outcome.trials, outcome.tune_method))
     if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
             out.append("\n" + importances_section(study, objective=i, target_name=name) + "\n")
@@ -540,7 +540,7 @@ _ABS_PATH = re.compile(r"(?<![\w.])/[^\s:;,)]+")
 """An absolute path in a trial's reason (a build log on the machine that ran it): the report keeps its name."""
 
 
-def _trials(trials: Sequence[TrialSummary]) -> str:
+def _trials(trials: Sequence[TrialSummary], method: str = "llama-bench") -> str:
     rows = []
     for t in trials:
         status = t.status
@@ -552,8 +552,13 @@ def _trials(trials: Sequence[TrialSummary]) -> str:
         rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
+    timer = (
+        "each trial timed at the op level (test-backend-ops FLASH_ATTN_EXT at the model's shape)"
+        if method == "kernel"
+        else "each trial timed with llama-bench"
+    )
     return (
-        "## Tune (Optuna, one paired round per trial vs the composed rules; proposals only: confirm decides)\n\n"
+        f"## Tune (Optuna, one paired round per trial vs the composed rules, {timer}; proposals only: confirm decides)\n\n"
         + log.table(["trial", "status", "objectives", "phases measured", "params"], rows)
         + "\n"
     )

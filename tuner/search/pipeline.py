@@ -241,7 +241,7 @@ def _run_stages(
     method = _screen_method(
         st, cfg, kernels, base_args, custom_measure=measure_factory is not None, n_layers=shape_d.get("n_layers")
     )
-    screen_measure = measure if method == METHOD_BENCH else _kernel_measure(cfg, st, build, shape_d, base_args)
+    screen_measure = measure if method == METHOD_BENCH else _kernel_factory(cfg, st, shape_d, base_args)(build)
     confirm_ds = sorted(
         set(cfg.depths)
         | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
@@ -499,6 +499,13 @@ def _tune(
         return None
     rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
     ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
+    factory = tn.trial_factory(
+        st,
+        study,
+        knobs if "variant" not in dists else [],
+        factory,
+        lambda: _kernel_factory(cfg, st, shape_d, base_args),
+    )
     reaped = tn.fail_interrupted(study, storage)
     if reaped:
         log.notice(
@@ -583,7 +590,7 @@ def _run_trial(
     trial.set_constraint("constraint_check", 0.0)
     try:
         b = builds.get(variant, compile_values)
-        g = _gate(st, cfg, cfg.target.arch, b, shape_d)
+        g = _gate(st, cfg, cfg.target.arch, b, shape_d, tn.gate_kernels(changed))
         if g["status"] == "fail":
             raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
         env, args = runtime_env_and_args(space, vals)
@@ -725,8 +732,16 @@ class _Builds:
         return self._known[key]
 
 
-def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mapping[str, int]) -> dict[str, Any]:
-    """test-backend-ops FLASH_ATTN_EXT per selectable kernel, once per build (recorded in the study)."""
+def _gate(
+    st: StudyState,
+    cfg: SearchConfig,
+    arch: Any,
+    build: Any,
+    shape: Mapping[str, int],
+    kernels: Sequence[str] = tn.ALL_KERNELS,
+) -> dict[str, Any]:
+    """test-backend-ops FLASH_ATTN_EXT with each of ``kernels`` forced, once per build (recorded in the study
+    with the kernels it forced; a tune trial forces only those its rows change, :func:`tn.gate_kernels`)."""
     gates = st.gates
     if build.build_id in gates:
         return dict(gates[build.build_id])
@@ -743,11 +758,11 @@ def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mappi
 
         t0 = time.monotonic()
         with log.step(
-            f"Gate: test-backend-ops FLASH_ATTN_EXT with each kernel forced (head size {shape.get('head_dim', 64)})"
+            f"Gate: test-backend-ops FLASH_ATTN_EXT with {'each kernel' if len(kernels) == len(tn.ALL_KERNELS) else '/'.join(kernels)} forced (head size {shape.get('head_dim', 64)})"
         ):
             g = run_gate(
                 build.bin_dir,
-                kernels=["VEC", "TILE", "MMA"],
+                kernels=list(kernels),
                 backend=f"{arch.backend}0",
                 params=params_for_model(shape.get("head_dim", 64), "f16"),
                 log_dir=cfg.run_dir / "logs",
@@ -758,6 +773,7 @@ def _gate(st: StudyState, cfg: SearchConfig, arch: Any, build: Any, shape: Mappi
             "summary": g.summary,
             "failing": list(g.failing)[:20],
             "log": str(g.log_file),
+            "kernels": list(kernels),
         }
     gates[build.build_id] = res
     st.set_gates(gates)
@@ -834,10 +850,9 @@ def _confirm_factory(
     return _counted(st, device_checked(st, lambda b: _live(ride, b)))
 
 
-def _kernel_measure(
-    cfg: SearchConfig, st: StudyState, build: Any, shape: Mapping[str, int], base_args: Sequence[str]
-) -> Any:
-    """The op-level screen's measure (test-backend-ops FLASH_ATTN_EXT), held to the study's device."""
+def _kernel_factory(cfg: SearchConfig, st: StudyState, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:
+    """build -> the op-level measure (test-backend-ops FLASH_ATTN_EXT at the model's shape), held to the
+    study's device: the screen's, and the tune's where its trials run at the op level."""
     from tuner.search.kernel_screen import make_kernel_measure
 
     def make(b: Any) -> Any:
@@ -851,7 +866,7 @@ def _kernel_measure(
             log_dir=cfg.run_dir / "logs" / "kernel-screen",
         )
 
-    return device_checked(st, make)(build)
+    return device_checked(st, make)
 
 
 def _live(cfg: SearchConfig, build: Any) -> Any:

@@ -15,6 +15,12 @@ The CPU% rule (docs/design.md, "CPU% in decode decisions") applies to the decode
 screen's A/A CPU noise while its decode t/s gain stays within the screen's t/s noise is infeasible
 (``cpu_cost`` constraint, ``rejected`` attribute) and never picked. One paired round has no interval,
 so the trial's point estimates are held against the noise.
+
+Where the search screened at the op level and every sampled knob is a tile or MMA config row, a trial is
+timed at the op level too (:func:`trial_method`): the row changes only the FlashAttention op, which
+test-backend-ops times at the model's shape in seconds, where two llama-bench calls at deep contexts spend
+most of a minute refilling the context. llama-bench end to end still judges the proposal in the confirm.
+A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ __all__ = [
     "count_done",
     "cpu_rejection",
     "fail_interrupted",
+    "gate_kernels",
     "interrupt_trial",
     "knob_phases",
     "paired_objectives",
     "pick",
     "screen_noise",
+    "trial_factory",
     "trial_heartbeat",
+    "trial_method",
     "tunable_knobs",
     "tune_focus",
     "wanted",
@@ -43,15 +52,65 @@ import fnmatch
 import math
 import os
 import platform
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from tuner import interrupts
+from tuner import interrupts, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.study.state import retry_attrs, trial_attr, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
+ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
+"""Config-row kinds -> the FlashAttention kernel their translation units build (as the gate names it)."""
+ALL_KERNELS = ("VEC", "TILE", "MMA")
+
+
+def trial_method(knobs: Sequence[Any], *, screen_method: str | None, recorded: str | None) -> str:
+    """What times the tune's trials: ``kernel`` (the FA op alone) or ``llama-bench``.
+
+    The op level where the screen ran there (an NVIDIA GPU, the whole model offloaded: the op is what
+    llama-bench's step waits on) and every sampled knob is a tile/MMA config row, which changes that op
+    alone. A process knob (threads, CUDA graphs, -ub) or a build variant changes the whole step, so
+    llama-bench times those. A study that already has trials keeps its ``recorded`` method: two methods'
+    ratios are not one objective."""
+    if recorded is not None:
+        return recorded
+    if screen_method == METHOD_KERNEL and knobs and all(k.kind in ROW_KERNELS for k in knobs):
+        return METHOD_KERNEL
+    return METHOD_BENCH
+
+
+def trial_factory(st: Any, study: Any, knobs: Sequence[Any], bench: Any, op: Callable[[], Any]) -> Any:
+    """The trials' measure factory: ``bench`` (llama-bench's) or ``op()`` (the op level's), as
+    :func:`trial_method` picks; the method is recorded in the study (``st``) before its first trial."""
+    import optuna
+
+    # trials measured before the method was recorded were llama-bench's
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    recorded = st.tune_method or (METHOD_BENCH if done else None)
+    method = trial_method(knobs, screen_method=st.screen_method, recorded=recorded)
+    st.set_tune_method(method)
+    if method != METHOD_KERNEL:
+        return bench
+    log.info(
+        "Tune: each trial is timed at the op level (test-backend-ops FLASH_ATTN_EXT at the model's shape, as the "
+        "screen was): its knobs are config rows, which change that op alone; llama-bench judges the proposal "
+        "in the confirm"
+    )
+    return op()
+
+
+def gate_kernels(changed: Sequence[Any]) -> list[str]:
+    """The kernels a trial's test-backend-ops gate forces: those whose config rows the trial changed.
+
+    Another kernel's code is the base build's, which passed the gate with every kernel forced; a
+    variant or process knob (``"variant"`` or a non-row knob) can change any kernel, so all are forced."""
+    kernels = {ROW_KERNELS.get(getattr(k, "kind", "")) for k in changed}
+    if not changed or None in kernels:
+        return list(ALL_KERNELS)
+    return [k for k in ALL_KERNELS if k in kernels]
 
 
 def tunable_knobs(

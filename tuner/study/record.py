@@ -168,6 +168,8 @@ class SearchOutcome:
     screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     screen_method: str = "llama-bench"
     """What timed the screen: ``kernel`` (test-backend-ops FLASH_ATTN_EXT alone) or ``llama-bench``."""
+    tune_method: str = "llama-bench"
+    """What timed the tune's trials, as ``screen_method``."""
     """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
@@ -281,6 +283,7 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
         op_checks=dict(a.get(k.GATES) or {}),
         screens={p: dict(a.get(k.screen_key(p)) or {}) for p in k.PHASES},
         screen_method=str(a.get(k.SCREEN_METHOD) or "llama-bench"),
+        tune_method=str(a.get(k.TUNE_METHOD) or "llama-bench"),
         compose=dict(a.get(k.COMPOSE) or {}),
         stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}),
         llama_bench_calls=None if a.get(k.LLAMA_BENCH_CALLS) is None else int(a[k.LLAMA_BENCH_CALLS]),

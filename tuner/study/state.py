@@ -63,6 +63,7 @@ STAGE_SECONDS = "stage_seconds"
 LLAMA_BENCH_CALLS = "llama_bench_calls"  # llama-bench runs the search made (summed over resumed runs)
 SCREEN_ROUNDS = "screen_rounds"
 SCREEN_METHOD = "screen_method"  # what timed the screen: "kernel" (the FA op alone) or "llama-bench"
+TUNE_METHOD = "tune_method"  # what timed the tune's trials: "kernel" (the FA op alone) or "llama-bench"
 TUNE_FOCUS = "tune_focus"  # the tune's --tune-knobs globs and --tune-depths: what its trials sampled and measured
 COMPOSE = "compose"
 RESULT = "result"  # the search's outcome (tuner.study.record.SearchOutcome)
@@ -215,6 +216,15 @@ class StudyState:
 
     def set_screen_method(self, method: str) -> None:
         self._set(SCREEN_METHOD, method)
+
+    @property
+    def tune_method(self) -> str | None:
+        """What timed the tune's trials (None: not recorded; studies before op-level trials used llama-bench)."""
+        v = self._get(TUNE_METHOD)
+        return None if v is None else str(v)
+
+    def set_tune_method(self, method: str) -> None:
+        self._set(TUNE_METHOD, method)
 
     @property
     def tune_focus(self) -> dict[str, list[Any]] | None:
