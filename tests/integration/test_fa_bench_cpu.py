@@ -34,6 +34,8 @@ def test_fa_bench_on_cpu_build(cpu_shared_bin: Path, tmp_path: Path) -> None:
         res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "4", "-c", str(mb), "-t", "1"], timeout=300)
         got = parse_fa_bench_output(res.output)
         assert sorted(got) == [0, 1]
+        # two warm-up runs by default: on a CUDA build with graphs the timed run replays the captured graph
+        assert " warmup=2" in res.output.splitlines()[0], res.output
         for c in got.values():
             assert c.us_per_op is not None and c.us_per_op > 0 and c.copies * c.copy_bytes > mb << 20
         copies[mb] = [got[i].copies for i in range(len(shapes))]

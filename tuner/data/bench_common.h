@@ -48,7 +48,12 @@ struct args {
     int64_t iters = 50;
     int64_t cache_mb = 128;
     int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
-    int64_t warmup = 1;
+    // -w: untimed runs of a case's graph before the timed one. Two, so that on a CUDA build with graphs
+    // (GGML_CUDA_USE_GRAPHS, llama.cpp's default) the timed run replays a captured CUDA graph, as a model's
+    // repeated graphs do: ggml_backend_cuda_graph_compute (ggml/src/ggml-cuda/ggml-cuda.cu) runs a new graph
+    // directly on its first call, captures and instantiates it on the second (the first with the same node
+    // properties) and only replays it from the third; with one warm-up the timed run was the capture.
+    int64_t warmup = 2;
     int64_t case_timeout = 0;  // -T: seconds one case may take before the program exits 124 (0: no limit)
 };
 

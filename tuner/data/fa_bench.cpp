@@ -15,9 +15,9 @@
 // Unlike test-backend-ops perf (which repeats one op on one set of inputs for at least a second), each
 // case allocates enough copies of Q, K, V and the mask that together they exceed --cache-mb, and one
 // graph runs the op --iters times (at least once per copy), cycling through the copies, so each op reads
-// K/V that the previous ones evicted from the cache, as a model's layers do. One warm-up run of the
-// graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
-// synchronizes) over its ops.
+// K/V that the previous ones evicted from the cache, as a model's layers do. Two warm-up runs of the
+// graph (-w; on a CUDA build with graphs the second captures it: bench_common.h), then one timed run:
+// the mean is the timed run's wall time (ggml_backend_graph_compute synchronizes) over its ops.
 //
 // Usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
 // -T: a case running longer ends the program with exit code 124 (default 0: no limit).

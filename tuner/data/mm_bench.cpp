@@ -17,9 +17,9 @@
 // As fa-bench (tuner/data/fa_bench.cpp): each case allocates enough copies of W that together they exceed
 // --cache-mb, and one graph runs the op --iters times (at least once per copy), cycling through the copies,
 // so each op reads weights that the previous ones evicted from the cache, as a model's layers do. X is
-// one tensor shared by every op (a layer's activations are fresh in the cache). One warm-up run of the
-// graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
-// synchronizes) over its ops.
+// one tensor shared by every op (a layer's activations are fresh in the cache). Two warm-up runs of the
+// graph (-w; on a CUDA build with graphs the second captures it: bench_common.h), then one timed run:
+// the mean is the timed run's wall time (ggml_backend_graph_compute synchronizes) over its ops.
 //
 // Usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
 // -T: a case running longer ends the program with exit code 124 (default 0: no limit).

@@ -6,8 +6,9 @@ so K/V that fit the GPU's L2 stay there from one op to the next. ``tuner/data/fa
 program on ggml's public API that builds the same op (the tensor layout of llama.cpp's graph, as
 :func:`tuner.measure.kernel_bench.fa_test_file` describes it), allocates enough copies of its inputs that
 together they exceed a cache size (``cache_mb``, 128 MB by default: more than an H100's 50 MB L2) and
-times one graph of ``iters`` ops (at least one per copy) that cycles through the copies, after one
-warm-up run of that graph.
+times one graph of ``iters`` ops (at least one per copy) that cycles through the copies, after two
+warm-up runs of that graph (the second is where ggml's CUDA backend captures it as a CUDA graph, so the
+timed run replays it, as a model's repeated graph is replayed; ``tuner/data/bench_common.h``).
 
 :func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
 against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in

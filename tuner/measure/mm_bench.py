@@ -3,8 +3,8 @@
 ``tuner/data/mm_bench.cpp`` is fa-bench's sibling (:mod:`tuner.measure.fa_bench`): a small program on
 ggml's public API that times ``ggml_mul_mat(W, X)`` as llama.cpp's graph makes it for a dense
 projection (quantized weights ``W`` [k, m] as src0, F32 activations ``X`` [k, ne11] as src1, ``ne11``
-the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), one warm-up run of
-the graph, then one timed run of ``iters`` ops (at least one per copy).
+the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), two warm-up runs of
+the graph (as fa-bench's), then one timed run of ``iters`` ops (at least one per copy).
 
 The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
 (:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, and
