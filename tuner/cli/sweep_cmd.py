@@ -388,6 +388,14 @@ def run_cmd(
     show_default=True,
     help="The weights' copies together exceed this many MiB, so every op reads cold weights.",
 )
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="Let ggml's CUDA backend capture each case's graph as a CUDA graph, as it does for any graph llama.cpp "
+    "repeats (llama-bench's prompt tests included); --no-cuda-graphs runs every config with "
+    "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
+)
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -407,6 +415,7 @@ def mmq_cmd(
     storage: Path | None,
     iters: int,
     cache_mb: int,
+    cuda_graphs: bool,
     out_dir: Path | None,
 ) -> None:
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
@@ -435,7 +444,7 @@ def mmq_cmd(
     bin_dir = find_bin_dir(build_dir, "libggml.so") if build_dir is not None else _default_build(arch, spec)
     identity = {
         "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
-        "iters": iters, "cache_mb": cache_mb,
+        "iters": iters, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
     }  # fmt: skip
     cuda = backend.upper().startswith("CUDA")
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
@@ -443,7 +452,7 @@ def mmq_cmd(
         forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
         mmq_live.run_mmq_live(
             points, rounds=rounds, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
-            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason,
+            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
         )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
         outcome = mmq_live.compose_live(points, store.samples(), rounds=rounds, withhold=withhold)

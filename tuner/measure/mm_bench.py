@@ -20,6 +20,7 @@ __all__ = [
     "CASE_RE",
     "ENV",
     "EXE",
+    "GRAPHS_ENV",
     "SOURCE",
     "MmBenchCase",
     "MmBenchTimer",
@@ -47,6 +48,9 @@ SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
 ENV = "GGML_TUNER_MMQ_CHOICES"
 """The MMQ hook's environment variable (:data:`tuner.sweep.mmq.ENV`)."""
+GRAPHS_ENV = "GGML_CUDA_DISABLE_GRAPHS"
+"""Set (to anything), ggml's CUDA backend runs every graph directly instead of capturing it as a CUDA graph:
+``ggml_cuda_graph::is_enabled`` in ``ggml/src/ggml-cuda/common.cuh`` tests ``getenv(...) != nullptr``."""
 
 CASE_RE = re.compile(
     r"^case=(?P<case>\d+) type=(?P<type>\w+) m=(?P<m>\d+) k=(?P<k>\d+) ne11=(?P<ne11>\d+)"
@@ -211,9 +215,12 @@ def run_cases(
     threads: int | None = None,
     ggml_h: Path | None = None,
     timeout: float = 600.0,
+    cuda_graphs: bool = True,
 ) -> list[BenchCase]:
     """One mm-bench process over every shape, ``env`` (:func:`choice_env`-style, empty for upstream's
     choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
+    ``cuda_graphs`` False sets :data:`GRAPHS_ENV`, so a CUDA backend runs each graph directly; True
+    removes it from the environment, so an inherited value cannot turn graphs off unrecorded.
 
     Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
     log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
@@ -243,7 +250,9 @@ def run_cases(
             cmd += ["-t", str(threads)]
         log_file.unlink(missing_ok=True)
         error = ""
-        base = {k: v for k, v in os.environ.items() if k != ENV}
+        base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
+        if not cuda_graphs:
+            base[GRAPHS_ENV] = "1"
         try:
             res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
             if res.returncode == 124:
