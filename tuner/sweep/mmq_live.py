@@ -21,8 +21,8 @@ gets no verdict.
 **Composition.** Per type and size, over its batch sizes, the sweep's verdicts (:func:`tuner.sweep.rounds.decide`).
 A batch size counts as cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept
 size of that type: a size that kept MMQ, or has no verdict there, blocks it. The per-type points then
-compose into batch-size intervals as :func:`tuner.sweep.mmq.compose_mmq` composes them
-(:func:`tuner.search.compose.rules_from`), so a blocked point splits an interval.
+compose into batch-size intervals (:func:`tuner.search.compose.rules_from`, as the FlashAttention sweep's
+n_kv points do), so a blocked point splits an interval.
 
 **CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
 the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures any repeated graph as a CUDA
