@@ -1,6 +1,6 @@
 """mm-bench (tuner/data/mm_bench.cpp) compiled against the real CPU build and run on the CPU backend: two
 small quantized multiplications with positive times, more copies of the weights for a larger cache
-size, bad cases refused, and MmBenchTimer returning seconds. A few seconds on 2 cores once the build
+size, bad cases refused, and -T ending a case. A few seconds on 2 cores once the build
 is cached."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.measure.mm_bench import MmBenchTimer, MmShape, build_mm_bench, mm_bench_cases, parse_mm_bench_output
+from tuner.measure.mm_bench import MmShape, build_mm_bench, mm_bench_cases, parse_mm_bench_output
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +42,6 @@ def test_mm_bench_refuses_bad_cases(cpu_shared_bin: Path, tmp_path: Path) -> Non
         cases.write_text(line + "\n")
         res = _run.run([exe, "-b", "CPU", "-f", cases], timeout=60, check=False)
         assert res.returncode == 2 and why in res.output, res.output
-
-
-def test_mm_bench_timer_on_cpu(cpu_shared_bin: Path, tmp_path: Path) -> None:
-    timer = MmBenchTimer(cpu_shared_bin, log_dir=tmp_path / "logs", m=256, k=256, iters=8, cache_mb=1, threads=2)
-    for backend in (None, "MMQ"):  # the CPU backend ignores the hook's variable: both run ggml-cpu's kernel
-        (s,) = timer("q4_K", 16, backend)
-        assert math.isfinite(s) and 0 < s < 1
 
 
 def test_a_case_over_its_time_limit_ends_the_program_with_124(cpu_shared_bin: Path, tmp_path: Path) -> None:

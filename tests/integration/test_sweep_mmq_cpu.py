@@ -25,6 +25,7 @@ def test_sweep_mmq_on_cpu_build_stores_three_processes_a_round(cpu_shared_bin: P
         rows = c.execute("SELECT type, m, k, ne11, config, round, us_per_op, error FROM mm_samples").fetchall()
         meta = dict(c.execute("SELECT key, value FROM meta").fetchall())
     assert meta["timer"] == "mm-bench" and meta["backend"] == "CPU" and meta["sweep"] == "mmq"
+    assert meta["cuda_graphs"] == "on"  # the default (the CPU backend has no graphs to turn off)
     assert sorted((r[3], r[4], r[5]) for r in rows) == sorted(
         (n, cfg, r) for n in (8, 16) for cfg in ("default", "A/A", "BLAS") for r in range(2)
     )

@@ -90,6 +90,13 @@ def _grid_options(f: Any) -> Any:
     help="Also print the time at this many seconds per timer call (one config of one cell in one round): "
     "a what-if; the `sweep run` line's estimate is the one from recorded costs.",
 )
+@click.option(
+    "--target-ms",
+    type=click.IntRange(0, 60_000),
+    default=20,
+    show_default=True,
+    help="fa-bench's --target-ms that the `sweep run` estimate assumes (its value on a GPU backend).",
+)
 def plan_cmd(
     arch: str,
     head_sizes: tuple[int, ...],
@@ -99,6 +106,7 @@ def plan_cmd(
     n_kv: tuple[int, ...] | None,
     rounds: int,
     per_call_s: float | None,
+    target_ms: int,
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs)."""
     from tuner.sweep import grid, live
@@ -107,7 +115,7 @@ def plan_cmd(
     a = load_arch(arch)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     click.echo(grid.dry_run_text(cells, rounds=rounds, per_call_s=per_call_s), nl=False)
-    click.echo(live.estimate_text(cells, rounds=rounds, chunk_size=72), nl=False)
+    click.echo(live.estimate_text(cells, rounds=rounds, chunk_size=72, target_ms=target_ms), nl=False)
     click.echo(_mmq_plan_text(a, rounds=rounds, per_call_s=per_call_s), nl=False)
 
 
@@ -152,9 +160,12 @@ def _default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> 
     return Path(b.bin_dir)
 
 
-def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
-    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` unless test-backend-ops is
-    asked for; the default falls back to test-backend-ops, with a warning, where fa-bench does not compile."""
+def _pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[Any, str]:
+    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
+    it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
+    warning, where fa-bench does not compile."""
+    import functools
+
     from tuner import log
     from tuner.errors import TunerError
     from tuner.measure import fa_bench
@@ -169,6 +180,8 @@ def _pick_timer(timer: str | None, bin_dir: Path) -> tuple[Any, str]:
             raise
         log.warning(f"fa-bench is not usable with this build: {err} Timing with test-backend-ops instead.")
         return kb.run_round, "test-backend-ops"
+    if target_ms:
+        return functools.partial(fa_bench.run_round_fast, target_ms=target_ms), "fa-bench"
     return fa_bench.run_round_fast, "fa-bench"
 
 
@@ -227,8 +240,15 @@ def _measure_options(*, build_help: str, backend_help: str, storage: str) -> Cal
     type=click.Choice(["fa-bench", "test-backend-ops"]),
     default=None,
     help="What times the op: fa-bench (a small ggml program tuner compiles against the build; cold K/V, "
-    "50 ops a case) or test-backend-ops perf (at least 1 s a case, one K/V buffer). "
+    "at least 50 ops a case, see --target-ms) or test-backend-ops perf (at least 1 s a case, one K/V buffer). "
     "Default: fa-bench, or test-backend-ops where fa-bench does not compile.",
+)
+@click.option(
+    "--target-ms",
+    type=click.IntRange(0, 60_000),
+    default=None,
+    help="fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
+    "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
 @output_option(
     "out_dir",
@@ -250,6 +270,7 @@ def run_cmd(
     storage: Path | None,
     chunk_cells: int,
     timer: str | None,
+    target_ms: int | None,
     out_dir: Path | None,
 ) -> None:
     """Measure the sweep with fa-bench (or test-backend-ops) and compose the table (resumable).
@@ -261,6 +282,7 @@ def run_cmd(
 
     Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
     """
+    from tuner.measure.fa_bench import TARGET_MS
     from tuner.sweep import live
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
@@ -269,14 +291,20 @@ def run_cmd(
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     out = out_dir or stamped_run_dir("sweep")
     bin_dir = find_bin_dir(build_dir, "test-backend-ops") if build_dir is not None else _default_build(arch, spec)
-    run_round, timer = _pick_timer(timer, Path(bin_dir))
-    identity = {
+    # the target only where the ops are a GPU's: the CPU backend (the tests' build) times 50 ops a case
+    if target_ms is None:
+        target_ms = 0 if backend.upper().startswith("CPU") else TARGET_MS
+    run_round, timer = _pick_timer(timer, Path(bin_dir), target_ms)
+    identity: dict[str, Any] = {
         "arch": a.name,
         "backend": backend,
         "build": str(Path(bin_dir).resolve()),
         "n_head_kv": live.N_HEAD_KV,
         "timer": timer,
     }
+    fa = timer == "fa-bench"
+    if fa:
+        identity["target_ms"] = target_ms
     store = live.SampleStore(storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
         live.run_sweep(
@@ -288,7 +316,8 @@ def run_cmd(
             log_dir=out / "logs",
             chunk_size=chunk_cells,
             run_round=run_round,
-            case_s=live.FA_BENCH_CASE_S if timer == "fa-bench" else live.CASE_S,
+            case_s=live.fa_bench_case_s(target_ms) if fa else live.CASE_S,
+            process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
             expect_log=not backend.upper().startswith("CPU"),
         )
         outcome = live.compose(cells, store.samples(), rounds=rounds)
@@ -365,6 +394,14 @@ def run_cmd(
     show_default=True,
     help="The weights' copies together exceed this many MiB, so every op reads cold weights.",
 )
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="Let ggml's CUDA backend capture each case's graph as a CUDA graph, as it does for any graph llama.cpp "
+    "repeats (llama-bench's prompt tests included); --no-cuda-graphs runs every config with "
+    "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
+)
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -384,6 +421,7 @@ def mmq_cmd(
     storage: Path | None,
     iters: int,
     cache_mb: int,
+    cuda_graphs: bool,
     out_dir: Path | None,
 ) -> None:
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
@@ -412,7 +450,7 @@ def mmq_cmd(
     bin_dir = find_bin_dir(build_dir, "libggml.so") if build_dir is not None else _default_build(arch, spec)
     identity = {
         "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
-        "iters": iters, "cache_mb": cache_mb,
+        "iters": iters, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
     }  # fmt: skip
     cuda = backend.upper().startswith("CUDA")
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
@@ -420,7 +458,7 @@ def mmq_cmd(
         forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
         mmq_live.run_mmq_live(
             points, rounds=rounds, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
-            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason,
+            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
         )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
         outcome = mmq_live.compose_live(points, store.samples(), rounds=rounds, withhold=withhold)

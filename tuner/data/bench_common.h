@@ -9,6 +9,7 @@
 #include "ggml.h"
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +28,8 @@ inline const char * prog = "bench";
 [[noreturn]] inline void usage(const std::string & why) {
     std::fprintf(stderr,
                  "%s: %s\n"
-                 "usage: %s -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]\n",
+                 "usage: %s -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-m TARGET_MS]\n"
+                 "       [-T CASE_SECONDS]\n",
                  prog, why.c_str(), prog);
     std::exit(2);
 }
@@ -48,12 +50,22 @@ struct args {
     int64_t iters = 50;
     int64_t cache_mb = 128;
     int64_t threads = std::max<int64_t>(1, int64_t(std::thread::hardware_concurrency()) / 2);
-    int64_t warmup = 1;
+    // -w: untimed runs of a case's graph before the timed one. Two, so that on a CUDA build with graphs
+    // (GGML_CUDA_USE_GRAPHS, llama.cpp's default) the timed run replays a captured CUDA graph, as a model's
+    // repeated graphs do: ggml_backend_cuda_graph_compute (ggml/src/ggml-cuda/ggml-cuda.cu) runs a new graph
+    // directly on its first call, captures and instantiates it on the second (the first with the same node
+    // properties) and only replays it from the third; with one warm-up the timed run was the capture.
+    int64_t warmup = 2;
     int64_t case_timeout = 0;  // -T: seconds one case may take before the program exits 124 (0: no limit)
+    int64_t target_ms = 0;     // -m: time at least this many ms of ops per case (0: -n ops); time_case
 };
 
-// -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]; bad ones:
-// usage (exit 2)
+// the most ops -m makes a case time (a power of two, so on the half-octave series of calibrated_ops): an op
+// of 1.2 us or more still reaches a 20 ms target, and a graph stays small enough to capture in milliseconds
+inline constexpr int64_t max_ops = 16384;
+
+// -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-m TARGET_MS] [-T CASE_SECONDS];
+// bad ones: usage (exit 2)
 inline args parse_args(int argc, char ** argv) {
     args a;
     for (int i = 1; i < argc; i++) {
@@ -74,6 +86,8 @@ inline args parse_args(int argc, char ** argv) {
             a.threads = parse_int(val, "-t", 1, 4096);
         } else if (opt == "-w") {
             a.warmup = parse_int(val, "-w", 0, 1000);
+        } else if (opt == "-m") {
+            a.target_ms = parse_int(val, "-m", 0, 60000);
         } else if (opt == "-T") {
             a.case_timeout = parse_int(val, "-T", 0, 86400);
         } else {
@@ -108,8 +122,9 @@ inline ggml_backend_t init_backend(const args & a) {
             set_threads(backend, int(a.threads));
         }
     }
-    std::printf("%s backend=%s iters=%lld cache_mb=%lld warmup=%lld\n", prog, ggml_backend_name(backend),
-                (long long) a.iters, (long long) a.cache_mb, (long long) a.warmup);
+    std::printf("%s backend=%s iters=%lld cache_mb=%lld warmup=%lld target_ms=%lld\n", prog,
+                ggml_backend_name(backend), (long long) a.iters, (long long) a.cache_mb, (long long) a.warmup,
+                (long long) a.target_ms);
     std::fflush(stdout);
     return backend;
 }
@@ -138,10 +153,21 @@ inline void fill_repeating(ggml_tensor * t, const std::vector<uint8_t> & data) {
     }
 }
 
-// one graph of n_ops ops: each copy's output once, then again cycling through the copies
-inline ggml_cgraph * cycle_graph(ggml_context * ctx, size_t graph_size, const std::vector<ggml_tensor *> & outs,
+// one graph of n_ops ops in a context of its own (*gctx; ggml_free it): each copy's output once (with the
+// nodes_per_copy tensors it is built from), then again cycling through the copies. nullptr if ggml_init fails.
+inline ggml_cgraph * cycle_graph(ggml_context ** gctx, const std::vector<ggml_tensor *> & outs, size_t nodes_per_copy,
                                  int64_t n_ops) {
-    ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size, false);
+    const size_t graph_size = size_t(n_ops) + outs.size() * nodes_per_copy + 16;
+    ggml_init_params params = {
+        /*.mem_size   =*/ggml_graph_overhead_custom(graph_size, false),
+        /*.mem_buffer =*/nullptr,
+        /*.no_alloc   =*/true,
+    };
+    *gctx = ggml_init(params);
+    if (*gctx == nullptr) {
+        return nullptr;
+    }
+    ggml_cgraph * gf = ggml_new_graph_custom(*gctx, graph_size, false);
     for (ggml_tensor * out : outs) {
         ggml_build_forward_expand(gf, out);
     }
@@ -152,15 +178,44 @@ inline ggml_cgraph * cycle_graph(ggml_context * ctx, size_t graph_size, const st
     return gf;
 }
 
-// warm-up runs, then one timed run; print_case() prints the line's head, this its tail
-template <class PrintCase>
-void time_graph(ggml_backend_t backend, ggml_cgraph * gf, int64_t warmup, int64_t n_ops, int64_t copies,
-                size_t copy_bytes, PrintCase print_case) {
+// the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is at least n
+inline int64_t half_octave_ceil(int64_t n) {
+    for (int64_t v = 1;; v *= 2) {
+        if (v >= n) {
+            return v;
+        }
+        if (v >= 2 && v + v / 2 >= n) {
+            return v + v / 2;
+        }
+    }
+}
+
+// -m: the ops a case times so that its timed run lasts at least target_us, from a timed run of n_min ops
+// that took run_us: the ops the target needs at that rate, rounded up to the half-octave series (so the
+// processes of a paired comparison, whose calibrations differ by noise, mostly time the same count; one
+// step apart where they do not, which changes the count, not the mean per op), at least n_min, at most
+// max_ops. A run that already lasts the target keeps its n_min ops.
+inline int64_t calibrated_ops(int64_t n_min, double run_us, int64_t target_us) {
+    if (target_us <= 0 || run_us >= double(target_us)) {
+        return n_min;
+    }
+    const double per_op = run_us / double(n_min);
+    const double need = per_op > 0 ? std::ceil(double(target_us) / per_op) : double(max_ops);
+    return std::max(n_min, half_octave_ceil(int64_t(std::min(need, double(max_ops)))));
+}
+
+// how a case is timed: -n, -w and -m
+struct timing {
+    int64_t iters;      // the fewest ops timed (at least one per copy as well)
+    int64_t warmup;     // untimed runs of each graph before its timed run
+    int64_t target_us;  // the timed run's least duration (0: iters ops, no calibration)
+};
+
+// warm-up runs, then one timed run (microseconds, or -1 where a run failed)
+inline double run_graph(ggml_backend_t backend, ggml_cgraph * gf, int64_t warmup) {
     for (int64_t w = 0; w < warmup; w++) {
         if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
-            print_case();
-            std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
-            return;
+            return -1;
         }
     }
     ggml_backend_synchronize(backend);
@@ -168,14 +223,42 @@ void time_graph(ggml_backend_t backend, ggml_cgraph * gf, int64_t warmup, int64_
     const ggml_status status = ggml_backend_graph_compute(backend, gf);
     ggml_backend_synchronize(backend);
     const int64_t t1 = ggml_time_us();
+    return status == GGML_STATUS_SUCCESS ? double(t1 - t0) : -1;
+}
+
+// time a case whose copies' outputs are outs (each built from nodes_per_copy tensors): a graph of
+// max(iters, copies) ops, its warm-up runs, then its timed run. With a target (-m), that timed run is the
+// calibration: where it was shorter than the target, a graph of calibrated_ops() ops replaces it and is
+// warmed up and timed the same way (a new graph: on CUDA it is captured again). print_case() prints the
+// line's head, this its tail: copies=C copy_bytes=B ops=N us_per_op=T, or error=WHY.
+template <class PrintCase>
+void time_case(ggml_backend_t backend, const std::vector<ggml_tensor *> & outs, size_t nodes_per_copy,
+               size_t copy_bytes, const timing & tm, PrintCase print_case) {
+    const int64_t copies = int64_t(outs.size());
+    int64_t n_ops = std::max<int64_t>(tm.iters, copies);
+    ggml_context * gctx = nullptr;
+    ggml_cgraph * gf = cycle_graph(&gctx, outs, nodes_per_copy, n_ops);
+    double us = gf == nullptr ? -1 : run_graph(backend, gf, tm.warmup);
+    const int64_t n_target = us < 0 ? n_ops : calibrated_ops(n_ops, us, tm.target_us);
+    if (n_target > n_ops) {
+        ggml_free(gctx);
+        n_ops = n_target;
+        gf = cycle_graph(&gctx, outs, nodes_per_copy, n_ops);
+        us = gf == nullptr ? -1 : run_graph(backend, gf, tm.warmup);
+    }
     print_case();
-    if (status != GGML_STATUS_SUCCESS) {
+    if (gf == nullptr) {
+        std::printf(" copies=%lld copy_bytes=%zu error=ggml_init failed (graph)\n", (long long) copies, copy_bytes);
+    } else if (us < 0) {
         std::printf(" copies=%lld copy_bytes=%zu error=graph compute failed\n", (long long) copies, copy_bytes);
     } else {
         std::printf(" copies=%lld copy_bytes=%zu ops=%lld us_per_op=%.3f\n", (long long) copies, copy_bytes,
-                    (long long) n_ops, double(t1 - t0) / double(n_ops));
+                    (long long) n_ops, us / double(n_ops));
     }
     std::fflush(stdout);
+    if (gctx != nullptr) {
+        ggml_free(gctx);
+    }
 }
 
 // a program's main: the command line, its cases (read_cases; usage when there are none), the backend,
@@ -191,7 +274,7 @@ int main_loop(int argc, char ** argv, const char * name, ReadCases read_cases, R
     ggml_backend_t backend = init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
         case_deadline(a.case_timeout);
-        run_case(backend, i, cases[i], a.iters, a.cache_mb << 20, a.warmup);
+        run_case(backend, i, cases[i], timing{a.iters, a.warmup, a.target_ms * 1000}, a.cache_mb << 20);
         case_deadline(0);
     }
     ggml_backend_free(backend);

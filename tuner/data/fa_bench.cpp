@@ -15,11 +15,16 @@
 // Unlike test-backend-ops perf (which repeats one op on one set of inputs for at least a second), each
 // case allocates enough copies of Q, K, V and the mask that together they exceed --cache-mb, and one
 // graph runs the op --iters times (at least once per copy), cycling through the copies, so each op reads
-// K/V that the previous ones evicted from the cache, as a model's layers do. One warm-up run of the
-// graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
-// synchronizes) over its ops.
+// K/V that the previous ones evicted from the cache, as a model's layers do. Two warm-up runs of the
+// graph (-w; on a CUDA build with graphs the second captures it: bench_common.h), then one timed run:
+// the mean is the timed run's wall time (ggml_backend_graph_compute synchronizes) over its ops.
 //
-// Usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
+// Usage: fa-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-m TARGET_MS]
+//                 [-T CASE_SECONDS]
+// -m: time at least TARGET_MS of ops per case (default 0: ITERS ops). The timed run of ITERS ops is then a
+// calibration: where it was shorter, a graph of enough ops to last TARGET_MS at the rate it measured
+// (rounded up to 2^k or 3 * 2^k ops, at most 16384) is warmed up and timed instead (bench_common.h
+// time_case), so a case of 15 us ops times about as much GPU work as one of 400 us ops.
 // -T: a case running longer ends the program with exit code 124 (default 0: no limit).
 // CASES: one case a line, "head_dim head_dim_v n_head n_head_kv n_kv n_batch kv_type" (kv_type f16, q8_0 or
 // any ggml type name but f32); '#' starts a comment. Output: one line a case,
@@ -175,8 +180,7 @@ void print_case(size_t i, const fa_case & c) {
 }
 
 // one case: allocate the copies, run the graph; prints its line
-void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t iters, int64_t cache_bytes,
-              int64_t warmup) {
+void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, const bench::timing & tm, int64_t cache_bytes) {
     const int64_t max_copies = 16384;
     const size_t q_bytes = size_t(c.hsk * c.nh * c.nb) * sizeof(float);
     const size_t k_bytes = ggml_row_size(c.type, c.hsk * c.nhkv) * size_t(c.nkv);
@@ -184,12 +188,11 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
     const size_t m_bytes = size_t(c.nkv * mask_rows(c)) * sizeof(ggml_fp16_t);
     const size_t copy_bytes = q_bytes + k_bytes + v_bytes + m_bytes;
     const int64_t copies = std::min<int64_t>(max_copies, cache_bytes / int64_t(copy_bytes) + 1);
-    const int64_t n_ops = std::max<int64_t>(iters, copies);
 
-    const size_t n_tensors = size_t(copies) * 8;
-    const size_t graph_size = size_t(n_ops + copies * 8 + 16);
+    const size_t per_copy = 8;  // q, k, v, m, the permute, two views, the op
+    const size_t n_tensors = size_t(copies) * per_copy;
     ggml_init_params params = {
-        /*.mem_size   =*/ggml_tensor_overhead() * n_tensors + ggml_graph_overhead_custom(graph_size, false),
+        /*.mem_size   =*/ggml_tensor_overhead() * n_tensors,
         /*.mem_buffer =*/nullptr,
         /*.no_alloc   =*/true,
     };
@@ -236,8 +239,7 @@ void run_case(ggml_backend_t backend, size_t idx, const fa_case & c, int64_t ite
     for (const fa_tensors & t : ops) {
         outs.push_back(t.out);
     }
-    ggml_cgraph * gf = bench::cycle_graph(ctx, graph_size, outs, n_ops);
-    bench::time_graph(backend, gf, warmup, n_ops, copies, copy_bytes, [&] { print_case(idx, c); });
+    bench::time_case(backend, outs, per_copy, copy_bytes, tm, [&] { print_case(idx, c); });
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
 }

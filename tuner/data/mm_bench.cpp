@@ -17,11 +17,13 @@
 // As fa-bench (tuner/data/fa_bench.cpp): each case allocates enough copies of W that together they exceed
 // --cache-mb, and one graph runs the op --iters times (at least once per copy), cycling through the copies,
 // so each op reads weights that the previous ones evicted from the cache, as a model's layers do. X is
-// one tensor shared by every op (a layer's activations are fresh in the cache). One warm-up run of the
-// graph, then one timed run: the mean is the timed run's wall time (ggml_backend_graph_compute
-// synchronizes) over its ops.
+// one tensor shared by every op (a layer's activations are fresh in the cache). Two warm-up runs of the
+// graph (-w; on a CUDA build with graphs the second captures it: bench_common.h), then one timed run:
+// the mean is the timed run's wall time (ggml_backend_graph_compute synchronizes) over its ops.
 //
-// Usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-T CASE_SECONDS]
+// Usage: mm-bench -b BACKEND -f CASES [-n ITERS] [-c CACHE_MB] [-t THREADS] [-w WARMUP_RUNS] [-m TARGET_MS]
+//                 [-T CASE_SECONDS]
+// -m: time at least TARGET_MS of ops per case, as fa-bench's -m (default 0: ITERS ops).
 // -T: a case running longer ends the program with exit code 124 (default 0: no limit).
 // CASES: one case a line, "type m k ne11" (type a quantized ggml type name such as q4_K; k a multiple of
 // its block size); '#' starts a comment. Output: one line a case,
@@ -129,17 +131,15 @@ void print_case(size_t i, const mm_case & c) {
 }
 
 // one case: allocate the copies, run the graph; prints its line
-void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, int64_t iters, int64_t cache_bytes,
-              int64_t warmup) {
+void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, const bench::timing & tm, int64_t cache_bytes) {
     const int64_t max_copies = 16384;
     const size_t copy_bytes = ggml_row_size(c.type, c.k) * size_t(c.m);
     const int64_t copies = std::min<int64_t>(max_copies, cache_bytes / int64_t(copy_bytes) + 1);
-    const int64_t n_ops = std::max<int64_t>(iters, copies);
 
-    const size_t n_tensors = size_t(copies) * 2 + 1;
-    const size_t graph_size = size_t(n_ops + copies * 2 + 16);
+    const size_t per_copy = 2;  // W and the op (X is shared)
+    const size_t n_tensors = size_t(copies) * per_copy + 1;
     ggml_init_params params = {
-        /*.mem_size   =*/ggml_tensor_overhead() * n_tensors + ggml_graph_overhead_custom(graph_size, false),
+        /*.mem_size   =*/ggml_tensor_overhead() * n_tensors,
         /*.mem_buffer =*/nullptr,
         /*.no_alloc   =*/true,
     };
@@ -179,8 +179,7 @@ void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, int64_t ite
     for (ggml_tensor * w : ws) {
         bench::fill_repeating(w, w_data);
     }
-    ggml_cgraph * gf = bench::cycle_graph(ctx, graph_size, outs, n_ops);
-    bench::time_graph(backend, gf, warmup, n_ops, copies, copy_bytes, [&] { print_case(idx, c); });
+    bench::time_case(backend, outs, per_copy, copy_bytes, tm, [&] { print_case(idx, c); });
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
 }

@@ -6,8 +6,10 @@ so K/V that fit the GPU's L2 stay there from one op to the next. ``tuner/data/fa
 program on ggml's public API that builds the same op (the tensor layout of llama.cpp's graph, as
 :func:`tuner.measure.kernel_bench.fa_test_file` describes it), allocates enough copies of its inputs that
 together they exceed a cache size (``cache_mb``, 128 MB by default: more than an H100's 50 MB L2) and
-times one graph of ``iters`` ops (at least one per copy) that cycles through the copies, after one
-warm-up run of that graph.
+times one graph of ``iters`` ops (at least one per copy; more with ``target_ms``, :data:`TARGET_MS`)
+that cycles through the copies, after two warm-up runs of that graph (the second is where ggml's CUDA
+backend captures it as a CUDA graph, so the timed run replays it, as a model's repeated graph is
+replayed; ``tuner/data/bench_common.h``).
 
 :func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
 against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in
@@ -22,6 +24,8 @@ from __future__ import annotations
 __all__ = [
     "CASE_RE",
     "CASE_TIMEOUT_S",
+    "MAX_TARGET_MS",
+    "TARGET_MS",
     "BenchCase",
     "FaBenchCase",
     "build_bench",
@@ -54,6 +58,28 @@ CASE_TIMEOUT_S = 120
 """fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124. Their
 largest cases take seconds (setup and upload included); a case that hangs (a stuck kernel or library
 call) costs this much, not the whole call's timeout."""
+TARGET_MS = 20
+"""fa-bench's ``-m`` for the sweep on a GPU: each case times at least this many milliseconds of ops.
+
+fa-bench calibrates (``tuner/data/bench_common.h`` ``time_case``): it times the case's graph of ``iters``
+ops (at least one per copy of the inputs) after its warm-ups and, where that run was shorter than the
+target, times a graph of enough ops to last it (rounded up to 2^k or 3 * 2^k ops, at most 16384). Why
+20 ms: on the H100 the first sweep's A/A pairs strayed ±19-42% where 50 decode ops of 15-22 µs made
+a timed graph of about 1 ms (n_kv ≤ 4096), and ±3-9% where it lasted 1.4-13 ms (n_kv 8192 and up;
+docs/sweep.md); 20 ms puts every case above the longest graphs measured then, and keeps the timer's
+own jitter (``ggml_time_us`` around a synchronized graph: microseconds, tens of them for launch and
+synchronization) under 0.2% of a run. Each case costs about three runs of it (two warm-ups, one timed),
+so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`).
+
+Why a calibration in the program, not an op count from Python: an op's time depends on the GPU, the
+build and the kernel forced (VEC, TILE and MMA differ by up to 2x at the same shape), which a cost model
+would have to know for every cell; the program measures the op it is about to time, on the GPU it runs
+on. The price is an op count chosen per process: two processes of a paired comparison may time counts
+one step of the series apart, which changes how many ops are averaged, not their mean.
+
+0 (the sweep's value on the CPU backend, where the tests run) times ``iters`` ops as before."""
+MAX_TARGET_MS = 60_000
+"""The largest ``-m`` fa-bench and mm-bench take."""
 
 CASE_RE = re.compile(
     r"^case=(?P<case>\d+) hsk=(?P<hsk>\d+) hsv=(?P<hsv>\d+) nh=(?P<nh>\d+) nhkv=(?P<nhkv>\d+) nkv=(?P<nkv>\d+)"
@@ -192,6 +218,7 @@ def run_round_fast(
     iters: int = 50,
     cache_mb: int = 128,
     threads: int | None = None,
+    target_ms: int = 0,
 ) -> list[KernelTime]:
     """:func:`tuner.measure.kernel_bench.run_round` on fa-bench: a process per candidate over every shape.
 
@@ -201,6 +228,8 @@ def run_round_fast(
         iters: Ops timed per shape (at least one per copy of the inputs).
         cache_mb: The inputs' copies together exceed this many MiB, so every op reads cold K/V.
         threads: CPU backend threads (default: half the cores, as test-backend-ops).
+        target_ms: Time at least this many ms of ops per shape, more than ``iters`` where its ops are
+            short (fa-bench's calibration, :data:`TARGET_MS`); 0: ``iters`` ops.
 
     Returns:
         One :class:`KernelTime` per (candidate, shape), candidates in order; ``runs`` is the ops timed.
@@ -208,6 +237,8 @@ def run_round_fast(
     envs = check_candidates(shapes, candidates, backend, "a ggml backend name")
     if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
         raise UsageError(f"fa-bench: iters must be in [1, 1000000] and cache_mb in [0, 1048576] ({iters}, {cache_mb}).")
+    if not 0 <= target_ms <= MAX_TARGET_MS:
+        raise UsageError(f"fa-bench: target_ms must be in [0, {MAX_TARGET_MS}] ({target_ms}).")
     exe = build_fa_bench(bin_dir, ggml_h=ggml_h)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -215,6 +246,8 @@ def run_round_fast(
     cases_file.write_text(fa_bench_cases(shapes))
     cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
     cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
+    if target_ms:
+        cmd += ["-m", str(target_ms)]
     if threads is not None:
         cmd += ["-t", str(threads)]
 

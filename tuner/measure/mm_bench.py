@@ -3,15 +3,13 @@
 ``tuner/data/mm_bench.cpp`` is fa-bench's sibling (:mod:`tuner.measure.fa_bench`): a small program on
 ggml's public API that times ``ggml_mul_mat(W, X)`` as llama.cpp's graph makes it for a dense
 projection (quantized weights ``W`` [k, m] as src0, F32 activations ``X`` [k, ne11] as src1, ``ne11``
-the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), one warm-up run of
-the graph, then one timed run of ``iters`` ops (at least one per copy).
+the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), two warm-up runs of
+the graph (as fa-bench's), then one timed run of ``iters`` ops (at least one per copy).
 
 The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
-(:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, and
-:class:`MmBenchTimer` sets it per call, forcing one backend for the timed type at every batch size
-(``TYPE:0..=MMQ`` or ``TYPE:0..=BLAS``, as :func:`tuner.sweep.mmq.mmq_env` spells it) or leaving it
-unset for upstream's choice. :class:`MmBenchTimer` is a :class:`tuner.sweep.mmq.MatmulTimer` by its
-shape (this layer does not import the sweep's).
+(:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, which :func:`run_cases`
+passes to one process over many cases (``tuner sweep mmq`` forces cuBLAS with ``TYPE:0..=BLAS`` for
+every swept type, :func:`tuner.sweep.mmq_live.blas_env`, or leaves it unset for upstream's choice).
 """
 
 from __future__ import annotations
@@ -20,12 +18,11 @@ __all__ = [
     "CASE_RE",
     "ENV",
     "EXE",
+    "GRAPHS_ENV",
     "SOURCE",
     "MmBenchCase",
-    "MmBenchTimer",
     "MmShape",
     "build_mm_bench",
-    "choice_env",
     "mm_bench_cases",
     "mmq_hook_present",
     "parse_mm_bench_output",
@@ -39,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run, log
+from tuner import _run
 from tuner.errors import TunerError, UsageError
 from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, build_bench, parse_bench_output
 
@@ -47,6 +44,9 @@ SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
 ENV = "GGML_TUNER_MMQ_CHOICES"
 """The MMQ hook's environment variable (:data:`tuner.sweep.mmq.ENV`)."""
+GRAPHS_ENV = "GGML_CUDA_DISABLE_GRAPHS"
+"""Set (to anything), ggml's CUDA backend runs every graph directly instead of capturing it as a CUDA graph:
+``ggml_cuda_graph::is_enabled`` in ``ggml/src/ggml-cuda/common.cuh`` tests ``getenv(...) != nullptr``."""
 
 CASE_RE = re.compile(
     r"^case=(?P<case>\d+) type=(?P<type>\w+) m=(?P<m>\d+) k=(?P<k>\d+) ne11=(?P<ne11>\d+)"
@@ -56,7 +56,6 @@ CASE_RE = re.compile(
 """One case line of mm-bench's output (``tuner/data/mm_bench.cpp``)."""
 
 _TYPE = re.compile(r"[a-z][a-z0-9_]{0,31}", re.IGNORECASE)
-_BACKENDS = ("MMQ", "BLAS")
 MAX_RESTARTS = 8
 """How many times :func:`run_cases` starts mm-bench again after a process died, for the cases after it."""
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_:.,=-]{0,4096}")
@@ -99,93 +98,6 @@ def parse_mm_bench_output(text: str) -> dict[int, BenchCase]:
     return parse_bench_output(text, CASE_RE)
 
 
-def choice_env(type_name: str, backend: str | None) -> dict[str, str]:
-    """The hook's environment forcing ``backend`` (MMQ or BLAS) for ``type_name`` at every ``ne11``;
-    empty for upstream's choice (None)."""
-    if backend is None:
-        return {}
-    if backend not in _BACKENDS:
-        raise UsageError(
-            f"MMQ timer backend {backend!r} is not one of {', '.join(_BACKENDS)} (or None for upstream's)."
-        )
-    return {ENV: f"{type_name}:0..={backend}"}
-
-
-class MmBenchTimer:
-    """A :class:`tuner.sweep.mmq.MatmulTimer` on mm-bench: one process, one case and one sample a call.
-
-    Args:
-        bin_dir: A build's bin directory with its ``libggml*.so`` (mm-bench is compiled there on first use).
-        log_dir: Where each call's cases file and log go.
-        m, k: The weights' rows and row length (default 4096 x 4096, a llama-8B attention projection).
-        ggml_backend: The ggml backend to time on (``CUDA0``, ``CPU``...).
-        iters: Ops timed per call (at least one per copy of the weights).
-        cache_mb: The weights' copies together exceed this many MiB, so every op reads cold weights.
-        threads: CPU backend threads (default: half the cores).
-        ggml_h, timeout: The build's ``ggml.h`` (default: found above ``bin_dir``); seconds per call.
-    """
-
-    def __init__(
-        self,
-        bin_dir: Path,
-        *,
-        log_dir: Path,
-        m: int = 4096,
-        k: int = 4096,
-        ggml_backend: str = "CPU",
-        iters: int = 50,
-        cache_mb: int = 128,
-        threads: int | None = None,
-        ggml_h: Path | None = None,
-        timeout: float = 600.0,
-    ) -> None:
-        _check_run([], {}, ggml_backend, iters, cache_mb)
-        if not (1 <= m <= 1 << 20 and 1 <= k <= 1 << 20):
-            raise UsageError(f"mm-bench: m and k must be in [1, 1048576] ({m}, {k}).")
-        self.bin_dir, self.ggml_h, self.log_dir = Path(bin_dir), ggml_h, Path(log_dir)
-        self.m, self.k, self.ggml_backend = m, k, ggml_backend
-        self.iters, self.cache_mb, self.threads, self.timeout = iters, cache_mb, threads, timeout
-        self.calls = 0
-        self._exe: Path | None = None
-
-    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]:
-        """Seconds per multiplication of ``type_name`` weights by ``ne11`` columns, ``backend`` forced
-        (None: upstream's choice).
-
-        Raises:
-            UsageError: A bad type name, batch size or backend.
-            TunerError: mm-bench failed or did not time the case (the message names its log).
-        """
-        if not _TYPE.fullmatch(type_name) or not 1 <= ne11 <= 1 << 20:
-            raise UsageError(f"mm-bench: bad case type {type_name!r} or ne11 {ne11} (in [1, 1048576]).")
-        env = choice_env(type_name, backend)
-        if self._exe is None:
-            self._exe = build_mm_bench(self.bin_dir, ggml_h=self.ggml_h)
-        self.calls += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"mmbench-{self.calls:05d}-{type_name}-ne{ne11}-{backend or 'upstream'}"
-        cases_file = self.log_dir / f"{stem}.txt"
-        cases_file.write_text(mm_bench_cases([MmShape(type=type_name, m=self.m, k=self.k, ne11=ne11)]))
-        cmd = [str(self._exe), "-b", self.ggml_backend, "-f", str(cases_file)]
-        cmd += ["-n", str(self.iters), "-c", str(self.cache_mb)]
-        if self.threads is not None:
-            cmd += ["-t", str(self.threads)]
-        log_file = self.log_dir / f"{stem}.log"
-        log_file.unlink(missing_ok=True)
-        log.progress(
-            f"  MUL_MAT {type_name} {self.m}x{self.k} ne11={ne11} {backend or 'upstream'} on {self.ggml_backend}"
-        )
-        base = {k: v for k, v in os.environ.items() if k != ENV}
-        res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=self.timeout, check=False, what=EXE)
-        case = parse_mm_bench_output(log_file.read_text(errors="replace")).get(0)
-        if res.returncode != 0 or case is None or case.us_per_op is None:
-            why = f"exit code {res.returncode}" if res.returncode else (case.error if case else "no case line")
-            raise TunerError(f"mm-bench did not time {type_name} ne11={ne11} ({why}); see {log_file}.")
-        if not (math.isfinite(case.us_per_op) and case.us_per_op > 0):
-            raise TunerError(f"mm-bench timed {type_name} ne11={ne11} at {case.us_per_op} us; see {log_file}.")
-        return [case.us_per_op * 1e-6]
-
-
 def _check_run(shapes: Sequence[MmShape], env: Mapping[str, str], backend: str, iters: int, cache_mb: int) -> None:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
         raise UsageError(f"Backend name {backend!r} is not a ggml backend name such as CUDA0 or CPU.")
@@ -211,9 +123,12 @@ def run_cases(
     threads: int | None = None,
     ggml_h: Path | None = None,
     timeout: float = 600.0,
+    cuda_graphs: bool = True,
 ) -> list[BenchCase]:
-    """One mm-bench process over every shape, ``env`` (:func:`choice_env`-style, empty for upstream's
-    choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
+    """One mm-bench process over every shape, ``env`` (:data:`ENV` with the hook's entries, or empty for
+    upstream's choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
+    ``cuda_graphs`` False sets :data:`GRAPHS_ENV`, so a CUDA backend runs each graph directly; True
+    removes it from the environment, so an inherited value cannot turn graphs off unrecorded.
 
     Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
     log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
@@ -243,7 +158,9 @@ def run_cases(
             cmd += ["-t", str(threads)]
         log_file.unlink(missing_ok=True)
         error = ""
-        base = {k: v for k, v in os.environ.items() if k != ENV}
+        base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
+        if not cuda_graphs:
+            base[GRAPHS_ENV] = "1"
         try:
             res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
             if res.returncode == 124:

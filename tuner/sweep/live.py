@@ -40,6 +40,7 @@ __all__ = [
     "compose",
     "estimate_seconds",
     "estimate_text",
+    "fa_bench_case_s",
     "judge_sample",
     "no_rules_text",
     "report_text",
@@ -56,6 +57,7 @@ from typing import Any
 
 from tuner import log
 from tuner.measure import kernel_bench as kb
+from tuner.measure.fa_bench import TARGET_MS
 from tuner.measure.paired import rotated
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
@@ -75,11 +77,17 @@ PROCESS_S = 2.5
 docs/sweep.md says where the figure comes from)."""
 CASE_S = 1.0
 """Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
-FA_BENCH_CASE_S = 0.1
-"""Estimate: seconds per case with fa-bench (:mod:`tuner.measure.fa_bench`): its inputs' upload and two
-graphs of 50 ops or more. One H100 run (docs/data/h100-sweep-first/) took 1.0-1.2 s a process of 18
-head-128 decode cases, process start included (0.06 s a case all told); the grid's largest cases move
-16 times as much K/V, so 0.1 s stays as the figure (docs/sweep.md)."""
+FA_BENCH_PROCESS_S = 1.0
+"""Estimate: seconds an fa-bench process costs besides its cases: one H100 run (docs/data/h100-sweep-first/)
+took 1.0-1.2 s a whole process of 18 head-128 decode cases, start included, so its start is at most this."""
+FA_BENCH_SETUP_S = 0.06
+"""Estimate: seconds per fa-bench case besides its target's runs: that run's 0.06 s a case all told (the
+inputs' fill and upload and two graphs of 50 ops, process start included), before fa-bench had a target."""
+FA_BENCH_TARGET_RUNS = 4.0
+"""Estimate: a case with a target costs about this many runs of ``target_ms``: two warm-ups and the timed
+run of a graph of 1-1.5 x the target (the op count is rounded up to 2^k or 3 * 2^k), plus the calibration's
+three runs of ``iters`` ops, which are short for short ops and up to about three targets for ops just
+under target / iters."""
 
 _SCHEMA = 1
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
@@ -224,10 +232,17 @@ def round_processes(chunk: Sequence[Cell], round_index: int) -> list[tuple[str, 
     ]
 
 
-def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S) -> float:
-    """The time of ``n_processes`` timer processes over ``n_cases`` cases in all, at :data:`PROCESS_S`
-    and ``case_s`` (:data:`CASE_S` for test-backend-ops, :data:`FA_BENCH_CASE_S` for fa-bench; an estimate)."""
-    return n_processes * PROCESS_S + n_cases * case_s
+def fa_bench_case_s(target_ms: int) -> float:
+    """Estimate: seconds per fa-bench case with ``-m target_ms`` (0: none): :data:`FA_BENCH_SETUP_S` plus
+    :data:`FA_BENCH_TARGET_RUNS` runs of the target. Not measured on a GPU with a target yet."""
+    return FA_BENCH_SETUP_S + FA_BENCH_TARGET_RUNS * target_ms / 1000
+
+
+def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S, process_s: float = PROCESS_S) -> float:
+    """The time of ``n_processes`` timer processes over ``n_cases`` cases in all, at ``process_s`` and
+    ``case_s`` (:data:`PROCESS_S` and :data:`CASE_S` for test-backend-ops, :data:`FA_BENCH_PROCESS_S` and
+    :func:`fa_bench_case_s` for fa-bench; an estimate)."""
+    return n_processes * process_s + n_cases * case_s
 
 
 def _hours(seconds: float) -> str:
@@ -235,18 +250,21 @@ def _hours(seconds: float) -> str:
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 
 
-def estimate_text(cells: Sequence[Cell], *, rounds: int, chunk_size: int) -> str:
-    """What ``tuner sweep run`` would start for ``cells``: processes, cases and the estimated time."""
+def estimate_text(cells: Sequence[Cell], *, rounds: int, chunk_size: int, target_ms: int = TARGET_MS) -> str:
+    """What ``tuner sweep run`` would start for ``cells``: processes, cases and the estimated time with
+    either timer (fa-bench at ``target_ms``)."""
     chunks = chunk_cells(cells, chunk_size)
     procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(rounds))
     cases = rounds * sum(len(c.configs) for c in cells)
+    case_s = fa_bench_case_s(target_ms)
     return (
         f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells x {rounds} rounds = {procs} "
         f"processes, {cases} cases; estimated {_hours(estimate_seconds(procs, cases))} "
         f"at {PROCESS_S:g} s a process and {CASE_S:g} s a case on an H100 with --timer test-backend-ops; "
-        f"{_hours(estimate_seconds(procs, cases, FA_BENCH_CASE_S))} with fa-bench (the default) "
-        f"at {FA_BENCH_CASE_S:g} s a case (an estimate; one H100 run of 18 head-128 cells took 0.06 s a case, "
-        "process start included)\n"
+        f"{_hours(estimate_seconds(procs, cases, case_s, FA_BENCH_PROCESS_S))} with fa-bench (the default) "
+        f"at {FA_BENCH_PROCESS_S:g} s a process and {case_s:.2f} s a case with --target-ms {target_ms} "
+        f"(an estimate: {FA_BENCH_SETUP_S:g} s a case measured on an H100 before the target, plus about "
+        f"{FA_BENCH_TARGET_RUNS:g} runs of the target)\n"
     )
 
 
@@ -262,6 +280,7 @@ def run_sweep(
     run_round: RunRound = kb.run_round,
     expect_log: bool = True,
     case_s: float = CASE_S,
+    process_s: float = PROCESS_S,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, ``rounds`` rounds, one process per config.
 
@@ -299,7 +318,7 @@ def run_sweep(
     log.info(
         f"sweep: {len(cells)} cells in {len(chunks)} chunks x {rounds} rounds; {len(todo)} processes "
         f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
-        f"{_hours(estimate_seconds(len(todo), total_cases, case_s))}"
+        f"{_hours(estimate_seconds(len(todo), total_cases, case_s, process_s))}"
     )
 
     def measure(ci: int, r: int, cfg: str, cs: list[Cell]) -> int:
@@ -393,7 +412,8 @@ def no_rules_text(outcome: Outcome) -> str:
 
 
 _TIMER_TEXT = {
-    "fa-bench": "fa-bench (`tuner/data/fa_bench.cpp`, cold K/V, 50 ops a case)",
+    "fa-bench": "fa-bench (`tuner/data/fa_bench.cpp`, cold K/V, at least 50 ops a case and, with a target_ms above, "
+    "enough ops for the timed graph to last that long)",
     "test-backend-ops": "`test-backend-ops perf -o FLASH_ATTN_EXT --test-file`",
 }
 

@@ -11,10 +11,10 @@ type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper inc
   (``n_experts == 0``) after upstream's own support and shared-memory checks, before the arch
   branches; a call no entry covers keeps upstream's choice, and text that does not parse aborts
   with the entry named. The same hook is how a sweep forces either backend (``q4_K:0..=BLAS``).
-* **Sweep.** Per quant type and batch size ``ne11``, paired rounds of upstream's choice, its A/A twin
-  and the other backend forced (:mod:`tuner.sweep.rounds`), composed per type into intervals of batch
-  sizes where the other backend is faster (:func:`compose_mmq`), as the FlashAttention sweep composes
-  n_kv intervals.
+* **Sweep.** Per quant type and batch size ``ne11`` (:func:`plan_mmq`), paired rounds of upstream's
+  choice, its A/A twin and the other backend forced, composed per type into intervals of batch sizes
+  where the other backend is faster, as the FlashAttention sweep composes n_kv intervals; measured and
+  composed by :mod:`tuner.sweep.mmq_live` (``tuner sweep mmq``).
 * **Upstream form.** :func:`patched_mmq_condition`: for the measured arch (``cc == GGML_CUDA_CC_HOPPER``),
   a ``switch`` on the type returning false (cuBLAS) inside each composed interval, before the
   Turing branch; :func:`match_mmq` is the same lookup in Python.
@@ -32,11 +32,9 @@ __all__ = [
     "PROCESS_CASES",
     "PROCESS_S",
     "START_S",
-    "MatmulTimer",
     "MmqCell",
     "MmqChoice",
     "block_size",
-    "compose_mmq",
     "hook_block",
     "match_mmq",
     "mmq_dry_run_text",
@@ -47,21 +45,17 @@ __all__ = [
     "patched_mmq_hook",
     "plan_mmq",
     "render_mmq_patch",
-    "run_mmq_sweep",
 ]
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
-from tuner.search.compose import Shape, rules_from
-from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT
-from tuner.sweep.rounds import cell_stats, decide, paired_rounds
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
 ENV = "GGML_TUNER_MMQ_CHOICES"
@@ -274,16 +268,6 @@ def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------------------- sweep
 
 
-class MatmulTimer(Protocol):
-    """Times one quantized matrix multiplication of ``type`` with batch ``ne11`` (the GPU side plugs in here:
-    :class:`tuner.measure.mm_bench.MmBenchTimer` on mm-bench).
-
-    ``backend`` is ``MMQ`` or ``BLAS`` to force one (e.g. through the hook), None for upstream's choice.
-    Returns seconds per multiplication, one sample per timed call (at least one)."""
-
-    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]: ...
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MmqCell:
     """One quant type at one batch size; upstream's backend and the other one, forced."""
@@ -352,26 +336,3 @@ def mmq_dry_run_text(
     if per_call_s is not None:
         text += f"time at {per_call_s:g} s per case (what-if): {total * per_call_s / 60:.1f} min\n"
     return text
-
-
-def compose_mmq(stats: Mapping[str, Mapping[int, CellStats]]) -> tuple[MmqChoice, ...]:
-    """Per type, the batch-size intervals where the other backend is faster (as :func:`tuner.sweep.rounds.compose_fa`)."""
-    out = []
-    for t in sorted(stats):
-        for r in rules_from(decide("pp", stats[t]), Shape(kv=None)):
-            out.append(MmqChoice(type=t, lo=r.lo, hi=r.hi, backend=r.kernel))
-    return tuple(out)
-
-
-def run_mmq_sweep(timer: MatmulTimer, cells: Sequence[MmqCell], *, rounds: int) -> tuple[MmqChoice, ...]:
-    """Measure every cell and compose the choices."""
-    stats: dict[str, dict[int, CellStats]] = {}
-    for cell in cells:
-
-        def call(name: str, cell: MmqCell = cell) -> Sequence[float]:
-            return timer(cell.type, cell.ne11, None if name in (DEFAULT, AA) else name)
-
-        stats.setdefault(cell.type, {})[cell.ne11] = cell_stats(
-            cell.ne11, cell.upstream, paired_rounds(call, cell.configs, rounds)
-        )
-    return compose_mmq(stats)

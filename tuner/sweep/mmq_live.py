@@ -21,8 +21,21 @@ gets no verdict.
 **Composition.** Per type and size, over its batch sizes, the sweep's verdicts (:func:`tuner.sweep.rounds.decide`).
 A batch size counts as cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept
 size of that type: a size that kept MMQ, or has no verdict there, blocks it. The per-type points then
-compose into batch-size intervals as :func:`tuner.sweep.mmq.compose_mmq` composes them
-(:func:`tuner.search.compose.rules_from`), so a blocked point splits an interval.
+compose into batch-size intervals (:func:`tuner.search.compose.rules_from`, as the FlashAttention sweep's
+n_kv points do), so a blocked point splits an interval.
+
+**CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
+the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures any repeated graph as a CUDA
+graph, batched multiplications included: ``ggml_cuda_graph_check_compability`` in
+``ggml/src/ggml-cuda/ggml-cuda.cu`` turns graphs off only for a ``MUL_MAT_ID`` whose fallback path
+synchronizes, and ``ggml_backend_cuda_graph_compute`` captures a graph on its second call with unchanged
+node properties. (Older trees turned them off for any batch above 1: ``check_node_graph_compatibility_and_refresh_copy_ops``
+in llama.cpp 4227c9b, llama-cpp-python 0.3.16, on an ``ADD`` whose ``src[1]->ne[1] > 1``.) So llama-bench's
+prompt test, which runs the same graph every repetition, runs its multiplications in a CUDA graph, while
+the ubatches of one long prompt, whose K/V views grow from one to the next, run directly. The sweep keeps
+graphs on by default, as llama.cpp does; ``cuda_graphs=False`` (``tuner sweep mmq --no-cuda-graphs``) runs
+every config with ``GGML_CUDA_DISABLE_GRAPHS=1``, which ``ggml_cuda_graph::is_enabled`` (``common.cuh``)
+reads, and the storage's identity and the report say which was used.
 """
 
 from __future__ import annotations
@@ -196,7 +209,8 @@ class MmqSample:
 
 class MmqStore:
     """Samples in a SQLite file (one row per point, config and round) and the identity of the run
-    (arch, backend, build, timer, ops and cache size): a later run with another identity is refused."""
+    (arch, backend, build, timer, ops, cache size and ``cuda_graphs``): a later run with another identity
+    is refused."""
 
     def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
         self.path = Path(path)
@@ -207,8 +221,9 @@ class MmqStore:
             "k INTEGER NOT NULL, ne11 INTEGER NOT NULL, config TEXT NOT NULL, round INTEGER NOT NULL, "
             "us_per_op REAL, error TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (type, m, k, ne11, config, round))",
             what="an MMQ sweep storage",
-            fix="Pass another --storage, or the same build, backend, --iters and --cache-mb.",
+            fix="Pass another --storage, or the same build, backend, --iters, --cache-mb and CUDA graph setting.",
             strict=True,
+            legacy={"cuda_graphs": "on"},  # files made before the option were measured with graphs on
         )
 
     def close(self) -> None:
@@ -284,13 +299,15 @@ def run_mmq_live(
     cache_mb: int = 128,
     max_cases: int = MAX_CASES,
     forced_reason: str = "",
+    cuda_graphs: bool = True,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk and round, one process per config (module doc).
 
     ``run_cases``: what runs one process (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass
     a fake). ``forced_reason``: why the forced config cannot run (a build without the MMQ hook); its samples are
-    then stored failed with it, no process started. Prints a line per chunk and round with its time and
-    the ETA. Returns (processes run, processes skipped as already recorded).
+    then stored failed with it, no process started. ``cuda_graphs`` False runs every config's process with
+    ggml's CUDA graphs off (:data:`tuner.measure.mm_bench.GRAPHS_ENV`). Prints a line per chunk and round
+    with its time and the ETA. Returns (processes run, processes skipped as already recorded).
     """
     if rounds < 2:
         raise UsageError(f"A paired verdict needs at least 2 rounds; {rounds} were asked for.")
@@ -316,6 +333,7 @@ def run_mmq_live(
             iters=iters,
             cache_mb=cache_mb,
             timeout=120.0 + 5.0 * len(ps),
+            cuda_graphs=cuda_graphs,
         )
         samples = []
         for p, c in zip(ps, out, strict=True):
@@ -463,6 +481,23 @@ def _type_table(outcome: MmqOutcome, t: str, points: Sequence[MmqPoint]) -> list
     return [*lines, ""]
 
 
+def _graphs_text(setting: Any) -> list[str]:
+    """The report's sentence on CUDA graphs, from the identity's ``cuda_graphs``."""
+    if setting == "off":
+        return [
+            "",
+            "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
+            "multiplications ran directly, kernel by kernel.",
+        ]
+    if setting == "on":
+        return [
+            "",
+            "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
+            "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
+        ]
+    return []
+
+
 def report_text(
     outcome: MmqOutcome,
     points: Sequence[MmqPoint],
@@ -497,6 +532,7 @@ def report_text(
         "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster). A batch size goes "
         "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
         "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
+        *_graphs_text(identity.get("cuda_graphs")),
         "",
         "## Composed choices",
         "",

@@ -16,14 +16,24 @@ from tuner.errors import UsageError
 
 
 def open_store(
-    path: Path, identity: Mapping[str, str], *, table_sql: str, what: str, fix: str, strict: bool
+    path: Path,
+    identity: Mapping[str, str],
+    *,
+    table_sql: str,
+    what: str,
+    fix: str,
+    strict: bool,
+    legacy: Mapping[str, str] | None = None,
 ) -> sqlite3.Connection:
     """``path`` opened (made if new) with its samples table (``table_sql``, a ``CREATE TABLE IF NOT EXISTS``)
     and ``identity`` checked against the one recorded, then recorded where it was not.
 
     ``strict``: a file that records an identity must record every key of this one (a file of another
     kind of sweep lacks this kind's keys); otherwise only the keys it records are compared (files made
-    before a key was added still resume). ``what`` names the storage and ``fix`` ends the refusal.
+    before a key was added still resume). ``legacy``: keys added later, with the value a file that records
+    an identity without them was measured with (what the sweep did before the key existed), so such a file
+    resumes where that value is asked for and is refused otherwise. ``what`` names the storage and ``fix``
+    ends the refusal.
 
     Raises:
         UsageError: Not a SQLite file this can use, or one with another identity.
@@ -37,6 +47,8 @@ def open_store(
         have = dict(db.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.Error as err:
         raise UsageError(f"{path} is not {what} this command can use ({err}).") from err
+    if have and legacy:
+        have = {**{k: str(v) for k, v in legacy.items()}, **have}
     want = {k: str(v) for k, v in identity.items()}
     differ = {k: (have.get(k), v) for k, v in want.items() if (k in have or (strict and have)) and have.get(k) != v}
     if differ:

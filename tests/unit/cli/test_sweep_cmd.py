@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from tests.unit.measure.test_fa_bench import REC, fake_bench_build
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
 from tuner.sweep.grid import N_KV, dry_run_text, plan
@@ -75,3 +76,41 @@ def test_plan_prints_no_assumed_time_unless_asked() -> None:
     asked = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--per-call-s", "0.5"])
     assert "time at 0.5 s per call (what-if)" in asked.output
     assert "time at 0.5 s per case (what-if)" in asked.output
+
+
+def test_plan_estimates_fa_bench_at_its_target() -> None:
+    """The `sweep run` line prices fa-bench's cases at the target (default 20 ms; --target-ms 0: none)."""
+    from tuner.sweep import live
+
+    sub = ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"]
+    default = CliRunner().invoke(sweep, sub)
+    assert f"{live.fa_bench_case_s(20):.2f} s a case with --target-ms 20 (an estimate" in default.output
+    none = CliRunner().invoke(sweep, [*sub, "--target-ms", "0"])
+    assert f"{live.fa_bench_case_s(0):.2f} s a case with --target-ms 0" in none.output
+    assert live.fa_bench_case_s(0) < live.fa_bench_case_s(20)
+
+
+@pytest.mark.parametrize(
+    ("backend", "extra", "target"), [("CUDA0", [], "20"), ("CPU", [], "0"), ("CUDA0", ["--target-ms", "7"], "7")]
+)
+def test_run_passes_the_target_to_fa_bench_on_a_gpu_backend_only(tmp_path, backend, extra, target) -> None:
+    """fa-bench gets -m 20 on a GPU backend by default and none on CPU (the tests' backend stays at 50 ops a
+    case); the store records the target, so a rerun with another one is refused."""
+    import sqlite3
+
+    from tuner.measure.fa_bench import EXE, SOURCE
+
+    bin_dir = fake_bench_build(tmp_path, SOURCE, EXE, f'cat "{REC}"\n')
+    (bin_dir / "test-backend-ops").write_text("")
+    db, out = tmp_path / "s.db", tmp_path / "out"
+    args = ["run", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1", "--n-kv", "256", "--rounds", "2"]
+    args += ["--build", str(bin_dir), "--backend", backend, "--storage", str(db), "-o", str(out), *extra]
+    res = CliRunner().invoke(sweep, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    cmd = (out / "logs" / "chunk0000" / "r0" / "upstream" / "fabench-upstream.log").read_text().splitlines()[0]
+    assert cmd.endswith(" -T 120" + ("" if target == "0" else f" -m {target}")), cmd
+    with sqlite3.connect(db) as c:
+        assert dict(c.execute("SELECT key, value FROM meta").fetchall())["target_ms"] == target
+    other = "5" if target != "5" else "6"
+    with pytest.raises(UsageError, match="target_ms"):
+        CliRunner().invoke(sweep, [*args, "--target-ms", other], standalone_mode=False, catch_exceptions=False)

@@ -10,6 +10,7 @@ import pytest
 from tuner.errors import UsageError
 from tuner.measure.fa_bench import (
     EXE,
+    MAX_TARGET_MS,
     SOURCE,
     build_fa_bench,
     cached_bench,
@@ -109,6 +110,20 @@ def test_run_round_fast_maps_cases_kernels_and_failures(tmp_path: Path) -> None:
     assert all(k.us_per_run is None and "code 3" in k.error for k in bad)
     cmd = (tmp_path / "logs" / "fabench-vec.log").read_text().splitlines()[0]
     assert cmd.endswith(f"-b CPU -f {tmp_path / 'logs' / 'fa-bench-cases.txt'} -n 50 -c 128 -T 120")
+
+
+def test_run_round_fast_passes_the_target_only_when_asked(tmp_path: Path) -> None:
+    """target_ms becomes fa-bench's -m (its calibration); 0, the default, passes nothing, so a CPU run times
+    iters ops as before."""
+    bin_dir = _fake_build(tmp_path, f'cat "{REC}"\n')
+    for target, tail in ((20, " -T 120 -m 20"), (0, " -T 120")):
+        log_dir = tmp_path / f"logs{target}"
+        out = run_round_fast(bin_dir, SHAPES, {"up": {}}, log_dir=log_dir, target_ms=target)
+        assert all(k.error == "" and k.us_per_run is not None for k in out)
+        assert (log_dir / "fabench-up.log").read_text().splitlines()[0].endswith(tail)
+    for bad in (-1, MAX_TARGET_MS + 1):
+        with pytest.raises(UsageError, match="target_ms"):
+            run_round_fast(bin_dir, SHAPES, {"up": {}}, log_dir=tmp_path, target_ms=bad)
 
 
 def test_run_round_fast_rejects_bad_input(tmp_path: Path) -> None:

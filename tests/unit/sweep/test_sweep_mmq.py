@@ -1,10 +1,6 @@
-"""The MMQ-vs-cuBLAS sweep: choice text, matcher, plan, and composition of planted crossovers."""
+"""The MMQ-vs-cuBLAS sweep: choice text, matcher and plan (composition: test_sweep_mmq_live.py)."""
 
 from __future__ import annotations
-
-import math
-import random
-from collections.abc import Sequence
 
 import pytest
 
@@ -18,7 +14,6 @@ from tuner.sweep.mmq import (
     mmq_env,
     parse_mmq_choices,
     plan_mmq,
-    run_mmq_sweep,
 )
 from tuner.targets.archs import load_arch
 
@@ -29,19 +24,6 @@ PLANTED = (
     MmqChoice(type="q8_0", lo=256, hi=2048, backend="BLAS"),
     MmqChoice(type="iq4_xs", lo=0, hi=64, backend="BLAS"),
 )
-
-
-class FakeMatmul:
-    def __init__(self, *, aa_only: bool = False, seed: int = 3) -> None:
-        self.rng, self.aa_only = random.Random(seed), aa_only
-
-    def __call__(self, type_name: str, ne11: int, backend: str | None) -> Sequence[float]:
-        base = 1e-4 * ne11 / 16
-        factor = 1.0
-        if backend == "BLAS" and not self.aa_only:
-            factor = 0.8 if match_mmq(PLANTED, type_name, ne11) == "BLAS" else 1.3
-        drift = math.exp(self.rng.gauss(0, 0.03))
-        return [base * factor * drift * math.exp(self.rng.gauss(0, 0.004)) for _ in range(5)]
 
 
 def test_choice_text_round_trips() -> None:
@@ -89,11 +71,3 @@ def test_mmq_plan_counts() -> None:
     assert "time at 0.1 s per case (what-if): 1.4 min" in text
     with pytest.raises(TunerError, match="not supported"):
         plan_mmq(SM90, types=["f16"])
-
-
-def test_fake_timings_compose_exactly_the_planted_crossovers() -> None:
-    assert run_mmq_sweep(FakeMatmul(), plan_mmq(SM90), rounds=5) == tuple(sorted(PLANTED))
-
-
-def test_an_aa_only_mmq_grid_composes_nothing() -> None:
-    assert run_mmq_sweep(FakeMatmul(aa_only=True), plan_mmq(SM90), rounds=5) == ()

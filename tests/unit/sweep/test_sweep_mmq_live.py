@@ -41,6 +41,7 @@ class FakeRunCases:
 
     def __init__(self, *, aa_only: bool = False, fail: set[tuple[Any, ...]] = frozenset(), seed: int = 5) -> None:  # type: ignore[assignment]
         self.calls: list[tuple[str, list[mm_bench.MmShape], Path]] = []
+        self.graphs: list[bool] = []
         self.aa_only, self.fail, self.rng = aa_only, fail, random.Random(seed)
 
     def __call__(
@@ -54,9 +55,11 @@ class FakeRunCases:
         iters: int,
         cache_mb: int,
         timeout: float,
+        cuda_graphs: bool,
     ) -> list[BenchCase]:
         label = log_dir.name
         self.calls.append((label, list(shapes), log_dir))
+        self.graphs.append(cuda_graphs)
         blas = parse_mmq_choices(env[mm_bench.ENV]) if env else ()
         assert (label == "BLAS") == bool(blas), "only the forced process sets the hook's variable"
         drift = math.exp(self.rng.gauss(0, 0.01))  # per process: cancelled by pairing
@@ -260,6 +263,44 @@ def test_cli_runs_the_sweep_through_the_runner_and_probe(tmp_path: Path, monkeyp
     assert len(probes) == 1 and len(fake.calls) == 9
     assert "choices (0):" in res.output and "points with a verdict: 8 of 8" in res.output
     assert (out / "report.md").is_file() and (out / "mmq.sqlite3").is_file() and not (out / "upstream.patch").exists()
+    assert fake.graphs == [True] * 9  # CUDA graphs on by default, as llama.cpp runs a repeated graph
+    report = (out / "report.md").read_text()
+    assert "- cuda_graphs: on" in report and "CUDA graphs were on in every process" in report
+
+
+def test_cli_runs_every_config_without_cuda_graphs_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-cuda-graphs: every process (upstream, A/A, cuBLAS) without graphs, recorded in the storage and the
+    report; the same storage is then refused with graphs on, and one made before the option (no cuda_graphs
+    key: measured with graphs on) resumes with graphs on only."""
+    import sqlite3
+
+    from tuner.cli.sweep_cmd import sweep
+
+    fake = FakeRunCases(aa_only=True)
+    monkeypatch.setattr(mm_bench, "run_cases", fake)
+    monkeypatch.setattr(mm_bench, "mmq_hook_present", lambda *a, **kw: True)
+    out = tmp_path / "out"
+    args = ["mmq", "--build", str(_bin(tmp_path)), "--type", "q8_0", "--ne11", "256", "--size", "4096x4096"]
+    args += ["--rounds", "2", "-o", str(out)]
+    res = CliRunner().invoke(sweep, [*args, "--no-cuda-graphs"])
+    assert res.exit_code == 0, res.output
+    assert sorted({c[0] for c in fake.calls}) == ["AA", "BLAS", "upstream"] and fake.graphs == [False] * 6
+    with sqlite3.connect(out / "mmq.sqlite3") as c:
+        assert dict(c.execute("SELECT key, value FROM meta").fetchall())["cuda_graphs"] == "off"
+    report = (out / "report.md").read_text()
+    assert "- cuda_graphs: off" in report and "`GGML_CUDA_DISABLE_GRAPHS=1`" in report
+    with pytest.raises(UsageError, match="cuda_graphs"):
+        CliRunner().invoke(sweep, args, standalone_mode=False, catch_exceptions=False)
+
+    old = {**IDENT, "build": str((tmp_path / "bin").resolve()), "arch": "sm_90"}
+    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    with sqlite3.connect(tmp_path / "old.db") as c:  # as a file made before the option
+        c.execute("DELETE FROM meta WHERE key = 'cuda_graphs'")
+    mmq_live.MmqStore(tmp_path / "old.db", {**old, "cuda_graphs": "on"}).close()
+    with sqlite3.connect(tmp_path / "old.db") as c:
+        c.execute("DELETE FROM meta WHERE key = 'cuda_graphs'")
+    with pytest.raises(UsageError, match="cuda_graphs"):
+        mmq_live.MmqStore(tmp_path / "old.db", {**old, "cuda_graphs": "off"})
 
 
 def test_run_cases_keeps_what_a_process_timed_before_it_died(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,3 +347,22 @@ def test_run_cases_keeps_what_a_process_timed_before_it_died(tmp_path: Path, mon
     assert dead[-1].error.startswith(f"not run: mm-bench failed {mm_bench.MAX_RESTARTS + 1} times")
     with pytest.raises(UsageError, match="environment"):
         mm_bench.run_cases(tmp_path, shapes, {mm_bench.ENV: "q8_0:0..=BLAS; rm"}, log_dir=tmp_path / "d")
+
+
+def test_run_cases_turns_cuda_graphs_off_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuda_graphs=False sets GGML_CUDA_DISABLE_GRAPHS for the process; True (the default) removes an inherited
+    one, so the setting recorded is the one that ran."""
+    exe = tmp_path / "mm-bench"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import os\n"
+        "us = 2.0 if 'GGML_CUDA_DISABLE_GRAPHS' in os.environ else 1.0\n"
+        "print(f'case=0 type=q8_0 m=256 k=256 ne11=8 copies=1 copy_bytes=1 ops=8 us_per_op={us}')\n"
+    )
+    exe.chmod(0o755)
+    monkeypatch.setattr(mm_bench, "build_mm_bench", lambda *a, **kw: exe)
+    monkeypatch.setenv(mm_bench.GRAPHS_ENV, "1")
+    shapes = [mm_bench.MmShape(type="q8_0", m=256, k=256, ne11=8)]
+    on = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "on")
+    off = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "off", cuda_graphs=False)
+    assert (on[0].us_per_op, off[0].us_per_op) == (1.0, 2.0)
