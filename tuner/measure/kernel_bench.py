@@ -250,6 +250,14 @@ def fa_log_hit(fa: Sequence[Mapping[str, object]], shape: FaShape) -> Mapping[st
     )
 
 
+def process_timeout(n_shapes: int) -> float:
+    """Seconds a GPU test-backend-ops/fa-bench process of ``n_shapes`` cases may take before it counts as
+    hung: 120 s (CUDA initialisation, build of the graphs) plus 10 s a case, about 20 times what such a
+    process takes on an H100. A process has hung there once after its CUDA graph warm-up, which the 600-s
+    default would have waited out."""
+    return 120.0 + 10.0 * n_shapes
+
+
 def run_round(
     bin_dir: Path,
     shapes: Sequence[FaShape],

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.measure.kernel_bench import FaShape, KernelTime, run_round
+from tuner.measure.kernel_bench import FaShape, KernelTime, process_timeout, run_round
 from tuner.search.screen import Candidate
 
 METHOD_KERNEL = "kernel"
@@ -98,7 +98,12 @@ class _KernelMeasure:
         ]
         # The same n_kv can serve two depths' decode and prefill cases: one process times each case apart.
         times = run_round(
-            self.bin_dir, shapes, {label: dict(cand.env)}, log_dir=self.log_dir / label, backend=self.backend
+            self.bin_dir,
+            shapes,
+            {label: dict(cand.env)},
+            log_dir=self.log_dir / label,
+            backend=self.backend,
+            timeout=process_timeout(len(shapes)),
         )
         self._read_device(times)
         out: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in phases}

@@ -196,7 +196,9 @@ class SearchOutcome:
             out["total_s"] = round(float(secs["total"]), 1)
         if self.llama_bench_calls is not None:
             out["llama_bench_calls"] = int(self.llama_bench_calls)
-        out["tune_trials"] = len(self.trials)  # the study holds every trial, a worker's and a resumed run's
+        # the study holds every trial, a worker's and a resumed run's; one cut off was asked again, so it
+        # is not counted (tuner.search.tune.INTERRUPTED)
+        out["tune_trials"] = sum(t.status != "interrupted" for t in self.trials)
         return out
 
     @property

@@ -328,7 +328,7 @@ def run_sweep(
             {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
             log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
             backend=backend,
-            timeout=120.0 + 10.0 * len(cs),
+            timeout=kb.process_timeout(len(cs)),
         )
         samples = []
         for c, kt in zip(cs, out, strict=True):

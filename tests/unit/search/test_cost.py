@@ -3,6 +3,8 @@ and an older study exports only the fields it recorded."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 
 from tuner.result.cost import COST_FIELDS, cost_line
@@ -135,3 +137,15 @@ def test_the_plan_prices_a_model_by_a_past_search_of_the_same_shape(tmp_path) ->
     path, _cost, same = past_cost("sm_90", tmp_path, trials=0, shape=other)
     assert path.parent.name == "a-1b" and not same  # no stored search of that shape: the fullest record, caveated
     assert "another model" in (past_cost_line("sm_90", tmp_path, shape=other) or "")
+
+
+def test_a_trial_cut_off_and_asked_again_counts_once() -> None:
+    from tuner.study.record import TrialSummary
+
+    def trial(n: int, status: str) -> TrialSummary:
+        return TrialSummary(number=n, status=status, objectives=(), params={}, phases=("tg",), reason=None)
+
+    trials = [trial(0, "interrupted"), trial(1, "ok"), trial(2, "infeasible"), trial(3, "failed")]
+    out = outcome_from_attrs({}, trials=[])
+    out = dataclasses.replace(out, trials=tuple(trials))
+    assert out.cost["tune_trials"] == 3  # trial 0 was run again as another number

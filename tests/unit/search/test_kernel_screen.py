@@ -191,3 +191,24 @@ def test_the_op_level_screen_does_not_refine_boundaries() -> None:
     assert _refine_steps(types.SimpleNamespace(refine=2), METHOD_BENCH) == 2
     assert _refine_steps(types.SimpleNamespace(refine=2), METHOD_KERNEL) == 0
     assert _refine_steps(types.SimpleNamespace(refine=0), METHOD_KERNEL) == 0
+
+
+def test_a_hung_test_backend_ops_costs_minutes_not_ten(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A test-backend-ops process once hung on the H100 after its CUDA graph warm-up; the measure's calls
+    carry a timeout scaled to their cases (2 cases: 140 s), not the 600-s default."""
+    import tuner.search.kernel_screen as ks
+    from tuner.measure.kernel_bench import process_timeout
+
+    seen: list[float] = []
+
+    def fake_round(bin_dir, shapes, cands, *, log_dir, backend, timeout):  # type: ignore[no-untyped-def]
+        seen.append(timeout)
+        return []
+
+    monkeypatch.setattr(ks, "run_round", fake_round)
+    m = make_kernel_measure(tmp_path, SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
+    from tuner.search.screen import Candidate
+
+    with pytest.raises(ValueError):  # the fake returns no times: zip(strict=True) refuses
+        m.joint(Candidate(name="x"), ["tg"], [32768, 65536], "lab")
+    assert seen == [process_timeout(2)] and seen[0] == 140.0
