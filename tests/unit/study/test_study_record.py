@@ -136,6 +136,7 @@ def _write(st: StudyState, out: SearchOutcome) -> None:
         st.set_screen(phase, cells)
     st.set_compose(out.compose)
     st.set_screen_method(out.screen_method)
+    st.set_tune_method(out.tune_method)
     if out.llama_bench_calls is not None:
         st.add_llama_bench_calls(out.llama_bench_calls)
     st.set_result(out.result_json())
