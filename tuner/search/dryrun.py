@@ -195,8 +195,10 @@ def _builds_stage(
     n_compile: int,
     n_variants: int,
     rebuild_s: float | None,
+    trial_gate_share: float = 1.0,
 ) -> dict[str, Any]:
-    """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds."""
+    """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
+    (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
     full = float(costs["full_build"]["seconds"])
     gate_s = float(rec["gate_s"])
     tune_builds = trials if n_compile else 0
@@ -209,8 +211,12 @@ def _builds_stage(
         f"1 full build of upstream's variant (cached after the first run), up to {more_full} "
         f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
         "changed translation units for compile-time trials; each build gated by test-backend-ops FLASH_ATTN_EXT with "
-        "every kernel forced",
-        seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s),
+        + (
+            "every kernel forced"
+            if trial_gate_share >= 1
+            else "every kernel forced (a trial's build: its rows' kernels)"
+        ),
+        seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s * trial_gate_share),
         cost=(
             f"{full:g} s a full build, {gate_s:g} s a gate"
             + (
@@ -391,15 +397,22 @@ def plan_stages(
     trials = inputs.trials if knobs else 0
     n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
     nt = len(inputs.tune_depths or depths)
+    # op-level trials (tn.trial_method): two test-backend-ops processes a phase, gated with their rows' kernels only
+    op_trials = case_s is not None and tn.trial_method(knobs, screen_method="kernel", recorded=None) == "kernel"
+    trial_s = nt * (case_s if op_trials and case_s is not None else per_depth)
     stages.append(
         _stage(
             "tune",
             f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
             f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
-            f"(2 calls per phase it can affect, at {nt} depths)",
-            calls=(2 * trials if trials else 0, 2 * n_phases * trials),
-            seconds=(2 * trials * nt * per_depth, 2 * n_phases * trials * nt * per_depth),
-            cost=f"{per_depth:g} s per call and depth",
+            + (
+                f"timed at the op level (2 test-backend-ops calls per phase it can affect, {nt} cases each)"
+                if op_trials
+                else f"(2 calls per phase it can affect, at {nt} depths)"
+            ),
+            calls=(0 if op_trials else 2 * trials if trials else 0, 0 if op_trials else 2 * n_phases * trials),
+            seconds=(2 * trials * trial_s, 2 * n_phases * trials * trial_s),
+            cost=f"{case_s:g} s a test-backend-ops case" if op_trials else f"{per_depth:g} s per call and depth",
         )
     )
     cdepths = sorted(set(depths) | set(extra_depths(depths, limit=inputs.confirm_extra, max_depth=context_length)))
@@ -422,6 +435,7 @@ def plan_stages(
             n_compile=n_compile,
             n_variants=1 if "variant" in pinned else n_variants,
             rebuild_s=rebuild_s,
+            trial_gate_share=len(tn.gate_kernels(knobs)) / len(tn.ALL_KERNELS) if knobs else 1.0,
         )
     )
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]

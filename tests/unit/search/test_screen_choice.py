@@ -156,8 +156,16 @@ def test_the_plan_refines_only_with_the_llama_bench_screen(dry_tree: None) -> No
 def test_the_plan_counts_the_tune_knobs_and_depths_asked_for(dry_tree: None) -> None:
     args = ["search", "--arch", "sm_90", "--like", LIKE, "--dry-run", "--json", "--trials", "30"]
     focus = ["--tune-knobs", "mma.ampere.d64.c8.*", "--tune-depths", "32768,65536"]
-    res = CliRunner().invoke(cli, args + focus)
-    assert res.exit_code == 0, (res.stderr, res.exception)
-    (tune,) = [s for s in json.loads(res.stdout)["plan"]["stages"] if s["stage"] == "tune"]
-    assert "over 8 knob(s) (8 compile-time, 0 process-wide)" in tune["what"] and "at 2 depths" in tune["what"]
-    assert tune["llama_bench_calls"] == [60, 60]  # decode rows: one phase, two calls a trial
+
+    def tune(screen: str) -> dict:
+        res = CliRunner().invoke(cli, [*args, *focus, "--screen", screen])
+        assert res.exit_code == 0, (res.stderr, res.exception)
+        (stage,) = [s for s in json.loads(res.stdout)["plan"]["stages"] if s["stage"] == "tune"]
+        return stage
+
+    bench = tune("llama-bench")
+    assert "over 8 knob(s) (8 compile-time, 0 process-wide)" in bench["what"] and "at 2 depths" in bench["what"]
+    assert bench["llama_bench_calls"] == [60, 60]  # decode rows: one phase, two calls a trial
+    op = tune("auto")  # the op-level screen: config-row trials are timed there too, two cases a process
+    assert "timed at the op level" in op["what"] and "2 cases each" in op["what"]
+    assert op["llama_bench_calls"] == [0, 0] and op["seconds"][1] < bench["seconds"][1]
