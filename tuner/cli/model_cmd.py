@@ -29,6 +29,12 @@ def model() -> None:
 @click.option("--quant", help="Then quantize with llama-quantize to this type (e.g. Q4_K_M); needs --quantize-with.")
 @click.option("--quantize-with", type=click.Path(path_type=Path), help="Path to a llama-quantize binary (for --quant).")
 @click.option(
+    "--direct",
+    is_flag=True,
+    help="With --quant Q4_K_M: write random Q4_K_M blocks of each tensor's type directly (no f16 file, no "
+    "llama-quantize; much faster). Same tensors, types and sizes as llama-quantize's file, other values.",
+)
+@click.option(
     "--source",
     "spec",
     default=None,
@@ -48,6 +54,7 @@ def synth(
     weight_type: str,
     quant: str | None,
     quantize_with: Path | None,
+    direct: bool,
     spec: str | None,
     vocab_path: Path | None,
     out: Path,
@@ -59,6 +66,9 @@ def synth(
     Random weights keep a dense model's speed, not its output quality: every tensor has the real
     name, shape and type, so llama.cpp runs the same kernels over the same bytes, but the text it
     generates is noise. Use it for benchmarks, never for quality checks.
+
+    --quant Q4_K_M --direct skips the f16 file and llama-quantize: each tensor is written as random
+    blocks of the type llama-quantize would give it, scaled to the f16 path's spread (see docs/h100.md).
     """
     from tuner.errors import TunerError, UsageError
     from tuner.targets.models import find_vocab, load_model_shape, run_quantize, synth_model
@@ -66,8 +76,14 @@ def synth(
     shape = load_model_shape(like)
     if weight_type not in ("f16", "q8_0"):
         raise UsageError(
-            f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH."
+            f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH, or --quant Q4_K_M --direct."
         )
+    if direct:
+        if (quant or "").upper() != "Q4_K_M" or quantize_with is not None or weight_type != "f16":
+            raise UsageError(
+                "--direct writes Q4_K_M blocks itself: pass --quant Q4_K_M, without --quantize-with or --type."
+            )
+        weight_type, quant = "q4_k_m", None
     if quant is not None and quantize_with is None:
         raise UsageError("--quant needs --quantize-with PATH (a llama-quantize binary, e.g. from `tuner build`).")
     if quant is not None and weight_type != "f16":
@@ -110,7 +126,7 @@ def synth(
     summary = {
         "path": str(out),
         "like": shape.name,
-        "type": quant.upper() if quant else weight_type,
+        "type": quant.upper() if quant else ("Q4_K_M" if direct else weight_type),
         "tensors": res.n_tensors,
         "params": res.n_params,
         "bytes": size,

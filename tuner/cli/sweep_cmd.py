@@ -545,7 +545,9 @@ def _mmq_emit(
     "--quant",
     default="Q4_K_M",
     show_default=True,
-    help="llama-quantize type of the random-weight models (f16: as synthesized, not quantized).",
+    help="Type of the random-weight models: Q4_K_M is written directly as random blocks of llama-quantize's "
+    "per-tensor types (no llama-quantize); other types are quantized from f16 with llama-quantize (f16: as "
+    "synthesized, not quantized).",
 )
 @click.option(
     "--depths",
@@ -607,7 +609,7 @@ def confirm_cmd(
     if dry_run:
         return
     out = out_dir or sweep_dir / "confirm"
-    tools = ("llama-perplexity",) + (() if quant.lower() in ("f16", "none") else ("llama-quantize",))
+    tools = ("llama-perplexity",) + (() if _quant_mode(quant) in ("f16", "direct") else ("llama-quantize",))
     if build_dir is None:
         bin_dir = _default_build(table.arch.name, spec, extra=tools)
     else:
@@ -623,6 +625,16 @@ def confirm_cmd(
                  backend=backend, spec=spec, storage=storage)  # fmt: skip
 
 
+def _quant_mode(quant: str) -> str:
+    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` Q4_K_M blocks written
+    directly (synth_cached(direct=True)), else ``quantize`` the f16 file with llama-quantize."""
+    from tuner.targets.models import DIRECT_QUANTS
+
+    if quant.lower() in ("f16", "none"):
+        return "f16"
+    return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
+
+
 def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
     """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
     import hashlib
@@ -634,6 +646,7 @@ def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> di
         "arch": table.arch.name,
         "build": str(bin_dir.resolve()),
         "quant": quant.upper(),
+        "models": _quant_mode(quant),
         "reps": str(reps),
         "tests": f"pp{PP},tg{TG}",
         "table": hashlib.sha256(text.encode()).hexdigest()[:16],
@@ -663,7 +676,8 @@ def _run_confirm(
     identity = _confirm_identity(table, bin_dir, quant=quant, reps=reps)
     store = confirm.ConfirmStore(storage or out / "confirm.sqlite3", identity)
     qbin = bin_dir / "llama-quantize"
-    qtype = None if quant.lower() in ("f16", "none") else quant  # f16: the synthesized model as written
+    mode = _quant_mode(quant)
+    qtype = None if mode == "f16" else quant  # f16: the synthesized model as written
 
     def measure(path: Path, like: str) -> Any:
         reps_by = {"pp": reps, "tg": reps}
@@ -679,7 +693,9 @@ def _run_confirm(
             depths=depths,
             rounds=rounds,
             store=store,
-            model_for=lambda like: Path(synth_cached(like, source=src, quant=qtype, quantize_bin=qbin)),
+            model_for=lambda like: Path(
+                synth_cached(like, source=src, quant=qtype, quantize_bin=qbin, direct=mode == "direct")
+            ),
             joint_for=lambda path, like: cast(Any, measure(path, like)).joint,  # search.live's both-phases call
             gate=lambda plan, path: confirm.gate_model(
                 plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"

@@ -388,7 +388,7 @@ def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(t.get("params") or t.get("values") or {})
 
 
-_SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)-s\d+-[0-9a-f]{8}$")
+_SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)(?:-direct)?-s\d+-[0-9a-f]{8}$")
 
 
 def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> dict[str, Any]:

@@ -278,7 +278,7 @@ def plan_text(
     lines.append(
         f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
         f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps} / 4; plus model synthesis "
-        "and quantization on first use)"
+        "on first use)"
     )
     return "\n".join(lines) + "\n"
 

@@ -92,7 +92,7 @@ def _method(table: Table) -> list[str]:
         "every other legal kernel forced, in paired rounds with the order rotated per round. A kernel wins a cell "
         "only when its paired effect clears an A/A-controlled sequential test (Holm over cells); consecutive "
         "winning n_kv points form one entry.",
-        "2. **End to end** (`tuner sweep confirm`): each model shape, random weights quantized as stated, "
+        "2. **End to end** (`tuner sweep confirm`): each model shape, random weights of the stated type, "
         f"llama-bench pp{PP} and tg{TG} at each depth (-d), upstream against the table given to the build's "
         "runtime hook, with an A/A pair, in paired interleaved rounds, judged by the same rule.",
         "3. **Kept** are the entries whose model points are faster end to end beyond noise, with none slower "

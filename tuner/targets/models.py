@@ -10,6 +10,7 @@ ggml shapes follow llama.cpp's loaders (tree A ``src/models/llama.cpp``, ``src/m
 from __future__ import annotations
 
 __all__ = [
+    "DIRECT_QUANTS",
     "QUANT_TYPES",
     "WEIGHT_TYPES",
     "GGUFTensor",
@@ -45,9 +46,12 @@ from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
+from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
-"""Weight types plan_tensors knows; synth writes f16 and q8_0 itself (q4_k_m needs llama-quantize)."""
+"""Weight types plan_tensors and synth_model know. f16 and q8_0 are N(0, 0.02) values (q8_0 quantized from
+them); q4_k_m writes random blocks of each tensor's planned type directly (tuner.targets.quant_blocks),
+not the blocks llama-quantize would make from the f16 file."""
 
 QUANT_TYPES = (
     "Q4_0",
@@ -324,10 +328,11 @@ class _StreamedTensor:
 
     write_tensor_data only reads ``.nbytes`` and calls ``.tofile(fout)``; generating the values
     chunk by chunk there keeps memory bounded (llama-3.1-8b's token_embd is 1 GB in F16).
+    ``direct``: quantized tensors are random blocks of their type (quant_blocks), not quantized values.
     """
 
-    def __init__(self, spec: TensorSpec, rng: np.random.Generator, shape: ModelShape) -> None:
-        self.spec, self.rng, self.shape = spec, rng, shape
+    def __init__(self, spec: TensorSpec, rng: np.random.Generator, shape: ModelShape, *, direct: bool = False) -> None:
+        self.spec, self.rng, self.shape, self.direct = spec, rng, shape, direct
         self.nbytes = spec.n_bytes
 
     def tofile(self, fout: IO[bytes]) -> None:
@@ -342,6 +347,9 @@ class _StreamedTensor:
             return
         if spec.kind == "bias":
             (self.rng.standard_normal(spec.n_elements, dtype=np.float32) * 0.02).tofile(fout)
+            return
+        if self.direct and spec.ggml_type in BLOCK_LAYOUTS:
+            write_random_blocks(fout, spec.ggml_type, spec.n_elements, self.rng, chunk_elems=_CHUNK_ELEMS)
             return
         ncols, nrows = spec.ne[0], math.prod(spec.ne[1:])
         rows = max(1, _CHUNK_ELEMS // ncols)
@@ -408,7 +416,8 @@ def _add_metadata(writer: Any, shape: ModelShape, weight_type: str, vocab_path: 
     writer.add_float32(f"{a}.rope.freq_base", shape.rope_freq_base)
     writer.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
     writer.add_uint32(f"{a}.vocab_size", shape.vocab_size)
-    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if weight_type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0))
+    ftype = {"f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_k_m": "MOSTLY_Q4_K_M"}[weight_type]
+    writer.add_file_type(int(gguf.LlamaFileType[ftype]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _copy_tokenizer(writer, vocab_path, shape)
 
@@ -435,6 +444,7 @@ def _write_tensors(
     shape: ModelShape,
     *,
     seed: int,
+    direct: bool,
     on_tensor: Callable[[int, int, str], None] | None,
     tmp: Path,
     out: Path,
@@ -448,7 +458,7 @@ def _write_tensors(
             if on_tensor:
                 on_tensor(i, len(specs), spec.name)
             rng = np.random.default_rng([seed, i])
-            writer.write_tensor_data(_StreamedTensor(spec, rng, shape))
+            writer.write_tensor_data(_StreamedTensor(spec, rng, shape, direct=direct))
         writer.close()
         os.replace(tmp, out)
     except OSError as err:
@@ -470,7 +480,10 @@ def synth_model(
     """Write a random-weight GGUF with ``shape``'s exact tensors and metadata.
 
     Weights are N(0, 0.02), norms 1, biases N(0, 0.02) in F32; values are a pure function of
-    ``seed`` and the tensor's index. Tensors are generated and written one at a time (and big ones
+    ``seed`` and the tensor's index. ``q4_k_m`` writes each weight in its planned type (plan_tensors:
+    llama-quantize's Q4_K_M choices) as random blocks whose scales give about the same spread
+    (tuner.targets.quant_blocks), with no f16 file and no llama-quantize; a different file from
+    quantizing the f16 one, with the same tensors, types and sizes. Tensors are generated and written one at a time (and big ones
     in chunks), so memory stays far below the file size. The file appears under its final name
     only when complete.
 
@@ -478,7 +491,8 @@ def synth_model(
         shape: The model shape.
         out: Output GGUF path.
         vocab_path: Vocab-only GGUF whose ``tokenizer.*`` fields are copied.
-        weight_type: ``f16`` or ``q8_0`` (for Q4_K_M, quantize the f16 file with run_quantize).
+        weight_type: ``f16``, ``q8_0`` or ``q4_k_m`` (random blocks; other quants: quantize the f16
+            file with run_quantize).
         seed: Random seed.
         on_tensor: Progress callback ``(index, count, name)``.
 
@@ -488,9 +502,9 @@ def synth_model(
     """
     import gguf
 
-    if weight_type not in ("f16", "q8_0"):
+    if weight_type not in WEIGHT_TYPES:
         raise UsageError(
-            f"synth writes f16 or q8_0 weights, not {weight_type!r}. For K-quants, synth f16 and quantize it with llama-quantize (--quant Q4_K_M --quantize-with PATH)."
+            f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
         )
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"Seed must be an integer in [0, 2^63), got {seed!r}.")
@@ -502,7 +516,8 @@ def synth_model(
     writer = gguf.GGUFWriter(tmp, shape.arch)
     _add_metadata(writer, shape, weight_type, vocab_path)
     _add_tensor_infos(writer, specs)
-    _write_tensors(writer, specs, shape, seed=seed, on_tensor=on_tensor, tmp=tmp, out=out)
+    direct = weight_type == "q4_k_m"
+    _write_tensors(writer, specs, shape, seed=seed, direct=direct, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
         path=out,
         shape=shape,
@@ -631,6 +646,10 @@ def read_shape(path: Path) -> dict[str, int]:
     }
 
 
+DIRECT_QUANTS = ("Q4_K_M",)
+"""Quant types ``synth_cached(direct=True)`` and ``model synth --direct`` write as random blocks."""
+
+
 def synth_cached(
     like: str,
     *,
@@ -639,22 +658,34 @@ def synth_cached(
     quantize_bin: Path | None = None,
     weight_type: str = "f16",
     seed: int = 0,
+    direct: bool = False,
 ) -> Path:
     """A synthesized (and optionally quantized) model under ``$TUNER_HOME/models``, made once.
 
     The file name carries the shape, type, seed and source id, so a cached file is reused only
-    for exactly the same request.
+    for exactly the same request. ``direct`` (``quant`` Q4_K_M only): write the quantized blocks
+    directly (synth_model's ``q4_k_m``), with no f16 file and no llama-quantize, as
+    ``<shape>-q4_k_m-direct-s<seed>-<source>.gguf``: a different file from the quantized one, so
+    it has its own name and studies that named the quantized file keep their model.
 
     Raises:
-        UsageError: unknown model name, or ``quant`` without a ``quantize_bin``.
+        UsageError: unknown model name, ``quant`` without a ``quantize_bin``, or ``direct`` with a
+            quant it cannot write.
     """
     from tuner import log
     from tuner.paths import tuner_home
 
     shape = load_model_shape(like)
+    if direct and (quant or "").upper() not in DIRECT_QUANTS:
+        raise UsageError(f"direct synthesis writes {', '.join(DIRECT_QUANTS)} only, not {quant!r}.")
+    if weight_type not in ("f16", "q8_0"):  # q4_k_m only as direct=True: its own file name, never the quantized one's
+        raise UsageError(
+            f"synth_cached's weight_type is f16 or q8_0, not {weight_type!r}; for Q4_K_M blocks pass direct=True."
+        )
     models = tuner_home() / "models"
     models.mkdir(parents=True, exist_ok=True)
-    base = models / f"{shape.name}-{weight_type}-s{seed}-{source.source_id[:8]}.gguf"
+    wt = "q4_k_m" if direct else weight_type
+    base = models / f"{shape.name}-{wt}{'-direct' if direct else ''}-s{seed}-{source.source_id[:8]}.gguf"
     if not base.is_file():
         vocab = find_vocab(source.root, shape.vocab)
         if vocab is None:
@@ -662,9 +693,10 @@ def synth_cached(
                 f"the llama.cpp tree {source.root} has no models/ggml-vocab-{shape.vocab}.gguf, which "
                 f"{shape.name} copies its tokenizer from. Use a full (untrimmed) source."
             )
-        with log.step(f"Synthesizing a random-weight {shape.name} ({weight_type}) -> {base.name}"):
-            synth_model(shape, base, vocab_path=vocab, weight_type=weight_type, seed=seed)
-    if not quant:
+        what = "Q4_K_M, random blocks written directly" if direct else weight_type
+        with log.step(f"Synthesizing a random-weight {shape.name} ({what}) -> {base.name}"):
+            synth_model(shape, base, vocab_path=vocab, weight_type=wt, seed=seed)
+    if not quant or direct:
         return base
     out = base.with_name(base.stem.replace(f"-{weight_type}-", f"-{quant.lower()}-") + ".gguf")
     if out.is_file():

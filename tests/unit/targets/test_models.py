@@ -143,8 +143,8 @@ def test_synth_q8_0_qwen(micro: dict, tmp_path: Path) -> None:
 
 
 def test_synth_rejects_bad_input(micro: dict, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="f16 or q8_0"):
-        synth_model(micro["micro"], tmp_path / "x.gguf", vocab_path=VOCAB, weight_type="q4_k_m")
+    with pytest.raises(UsageError, match="f16, q8_0, q4_k_m weights, not 'q4_0'"):
+        synth_model(micro["micro"], tmp_path / "x.gguf", vocab_path=VOCAB, weight_type="q4_0")
     with pytest.raises(UsageError, match="needs vocab_size 128256"):
         synth_model(load_model_shape("tiny"), tmp_path / "x.gguf", vocab_path=VOCAB)
     with pytest.raises(UsageError, match="Seed"):
@@ -218,3 +218,70 @@ def test_cli_synth_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{") :])
     assert summary["tensors"] == 21 and summary["bytes"] == out.stat().st_size and summary["tied_output"]
+
+
+def _k_shape(micro: dict):
+    """micro with 256-wide rows, so Q4_K_M has Q4_K and Q6_K tensors next to its Q5_0/Q8_0 fallbacks."""
+    import dataclasses
+
+    return dataclasses.replace(micro["micro"], d_model=256)
+
+
+def test_synth_q4_k_m_direct_writes_the_planned_blocks(micro: dict, tmp_path: Path) -> None:
+    shape = _k_shape(micro)
+    res = synth_model(shape, tmp_path / "d.gguf", vocab_path=VOCAB, weight_type="q4_k_m", seed=3)
+    plan = plan_tensors(shape, "q4_k_m")
+    got = [(t.name, t.ggml_type, t.ne, t.n_bytes) for t in load_gguf_tensors(res.path)]
+    assert got == [(s.name, s.ggml_type, s.ne, s.n_bytes) for s in plan]
+    assert {s.ggml_type for s in plan} == {"F32", "Q4_K", "Q6_K", "Q5_0", "Q8_0"}
+    r = gguf.GGUFReader(res.path)
+    assert r.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    for t in r.tensors:
+        if t.tensor_type.name == "F32":
+            continue
+        w = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        assert np.all(np.isfinite(w)) and 0.012 < float(w.std()) < 0.03, t.name
+    again = synth_model(shape, tmp_path / "e.gguf", vocab_path=VOCAB, weight_type="q4_k_m", seed=3)
+    other = synth_model(shape, tmp_path / "f.gguf", vocab_path=VOCAB, weight_type="q4_k_m", seed=4)
+    assert res.path.read_bytes() == again.path.read_bytes() != other.path.read_bytes()
+    assert res.n_bytes == other.n_bytes == res.path.stat().st_size
+
+
+def test_synth_cached_direct_has_its_own_name(micro: dict, tmp_path: Path, monkeypatch, isolated_home: Path) -> None:
+    import types
+
+    import tuner.targets.models as models_mod
+    from tuner.targets.models import synth_cached
+
+    (tmp_path / "src" / "models").mkdir(parents=True)
+    (tmp_path / "src" / "models" / "ggml-vocab-micro.gguf").write_bytes(VOCAB.read_bytes())
+    src = types.SimpleNamespace(root=tmp_path / "src", source_id="0123456789abcdef")
+    monkeypatch.setattr(models_mod, "load_model_shape", lambda name: _k_shape(micro))
+    path = synth_cached("micro", source=src, quant="q4_k_m", direct=True)  # no llama-quantize needed
+    assert path == isolated_home / "models" / "micro-q4_k_m-direct-s0-01234567.gguf"
+    assert [p.name for p in (isolated_home / "models").iterdir()] == [path.name]  # no f16 file
+    assert synth_cached("micro", source=src, quant="Q4_K_M", direct=True) == path  # cached
+    with pytest.raises(UsageError, match="writes Q4_K_M only"):
+        synth_cached("micro", source=src, quant="Q8_0", direct=True)
+    with pytest.raises(UsageError, match="pass direct=True"):
+        synth_cached("micro", source=src, weight_type="q4_k_m")
+
+
+def test_cli_synth_direct(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, micro: dict) -> None:
+    import tuner.targets.models as models_mod
+
+    monkeypatch.setattr(models_mod, "load_model_shape", lambda name: _k_shape(micro))
+    out = tmp_path / "m.gguf"
+    base = ["model", "synth", "--like", "micro", "-o", str(out), "--vocab", str(VOCAB)]
+    res = CliRunner().invoke(cli, [*base, "--quant", "Q4_K_M", "--direct", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{") :])
+    assert summary["type"] == "Q4_K_M" and summary["bytes"] == out.stat().st_size
+    assert {t.ggml_type for t in load_gguf_tensors(out)} >= {"Q4_K", "Q6_K"}
+    for extra in (
+        ["--direct"],
+        ["--quant", "Q8_0", "--direct"],
+        ["--quant", "Q4_K_M", "--direct", "--quantize-with", "q"],
+    ):
+        res = CliRunner().invoke(cli, [*base, *extra])
+        assert isinstance(res.exception, UsageError) and "--direct writes Q4_K_M" in str(res.exception), extra

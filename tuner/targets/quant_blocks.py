@@ -1,0 +1,118 @@
+"""Random ggml quantized blocks, written directly (no f16 file, no llama-quantize).
+
+A synthetic model is timed, not read, so a quantized tensor only needs the right type, size and
+finite values: random payload bytes (quants, sub-block scales) with each block's fp16 scale fields
+set to a constant chosen so the dequantized weights have about the spread of the f16 path's N(0, 0.02).
+Layouts follow llama.cpp's ``ggml/src/ggml-common.h`` (``QK_K`` = 256):
+
+=======  ======================================================  ==========  =====
+type     struct                                                  elements    bytes
+=======  ======================================================  ==========  =====
+Q4_K     ``half d, dmin; uint8 scales[12]; uint8 qs[128]``       256         144
+Q6_K     ``uint8 ql[128], qh[64]; int8 scales[16]; half d``      256         210
+Q5_0     ``half d; uint8 qh[4]; uint8 qs[16]``                   32          22
+Q5_1     ``half d, m; uint8 qh[4]; uint8 qs[16]``                32          24
+Q8_0     ``half d; int8 qs[32]``                                 32          34
+=======  ======================================================  ==========  =====
+
+Spread arithmetic (target rms 0.02; q, sc, m uniform over their bit widths, as random bytes make them;
+dequantization as in llama.cpp's ``ggml/src/ggml-quants.c`` ``dequantize_row_*``):
+
+- Q4_K: y = d*sc*q - dmin*m with q in 0..15 (mean 7.5, var 21.25) and 6-bit sc, m in 0..63 (mean 31.5,
+  var 341.25). dmin = 7.5*d centres it (E[y] = 7.5*d*31.5 - 7.5*d*31.5 = 0). Var(sc*q) =
+  E[sc^2]E[q^2] - (E[sc]E[q])^2 = 1333.5*77.5 - 236.25^2 = 47532; Var(7.5*m) = 56.25*341.25 = 19195;
+  rms = d*sqrt(66727) = 258.3*d, so d = 0.02/258.3 = 7.74e-5 and dmin = 5.81e-4 (both normal fp16).
+- Q6_K: y = d*s*(q - 32) with q in 0..63 (E[(q-32)^2] = 341.5) and int8 s (E[s^2] = 5461.5):
+  rms = d*sqrt(5461.5*341.5) = 1365.7*d, so d = 1.46e-5 (an fp16 subnormal, as llama-quantize's own
+  Q6_K scales of N(0, 0.02) weights are; finite, and every kernel widens it to fp32).
+- Q5_0: y = d*(q - 16) with q in 0..31 (E[(q-16)^2] = 85.5): rms = 9.25*d, d = 2.16e-3.
+- Q5_1: y = d*q + m with q in 0..31 (mean 15.5, var 85.25): m = -15.5*d centres it, rms = 9.23*d,
+  d = 2.17e-3, m = -3.36e-2.
+- Q8_0: y = d*q with int8 q (E[q^2] = 5461.5): rms = 73.9*d, d = 2.71e-4.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BLOCK_LAYOUTS", "BlockLayout", "random_blocks", "write_random_blocks"]
+
+import dataclasses
+import math
+from typing import IO
+
+import numpy as np
+
+_RMS = 0.02  # the f16 path's N(0, 0.02)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+    """One ggml block type: elements and bytes per block, and its fp16 scale fields (byte offset, value)."""
+
+    elements: int
+    nbytes: int
+    halves: tuple[tuple[int, float], ...]
+
+
+def _q4_k() -> BlockLayout:
+    d = _RMS / math.sqrt((31.5**2 + 341.25) * (7.5**2 + 21.25) - (31.5 * 7.5) ** 2 + 7.5**2 * 341.25)
+    return BlockLayout(256, 144, ((0, d), (2, 7.5 * d)))  # d, dmin; then scales[12], qs[128]
+
+
+def _q5_1() -> BlockLayout:
+    d = _RMS / math.sqrt(85.25)
+    return BlockLayout(32, 24, ((0, d), (2, -15.5 * d)))  # d, m; then qh[4], qs[16]
+
+
+BLOCK_LAYOUTS: dict[str, BlockLayout] = {
+    "Q4_K": _q4_k(),
+    "Q6_K": BlockLayout(256, 210, ((208, _RMS / math.sqrt(5461.5 * 341.5)),)),  # ql, qh, scales; d last
+    "Q5_0": BlockLayout(32, 22, ((0, _RMS / math.sqrt(85.5)),)),  # d; then qh[4], qs[16]
+    "Q5_1": _q5_1(),
+    "Q8_0": BlockLayout(32, 34, ((0, _RMS / math.sqrt(5461.5)),)),  # d; then qs[32]
+}
+"""The ggml types the direct Q4_K_M path writes (plan_tensors' Q4_K_M types and fallbacks)."""
+
+
+def _layout(ggml_type: str) -> BlockLayout:
+    try:
+        return BLOCK_LAYOUTS[ggml_type]
+    except KeyError:
+        raise ValueError(
+            f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}"
+        ) from None
+
+
+def random_blocks(ggml_type: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_blocks`` random blocks of ``ggml_type`` as a ``(n_blocks, block bytes)`` uint8 array.
+
+    Raises:
+        ValueError: A type without a layout here.
+    """
+    lay = _layout(ggml_type)
+    out = np.frombuffer(bytearray(rng.bytes(n_blocks * lay.nbytes)), dtype=np.uint8).reshape(n_blocks, lay.nbytes)
+    for offset, value in lay.halves:
+        out[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    return out
+
+
+def write_random_blocks(
+    fout: IO[bytes], ggml_type: str, n_elements: int, rng: np.random.Generator, *, chunk_elems: int = 1 << 23
+) -> int:
+    """Write ``n_elements`` values of random ``ggml_type`` blocks to ``fout``, ``chunk_elems`` at a time.
+
+    Returns the number of bytes written.
+
+    Raises:
+        ValueError: A type without a layout here, or ``n_elements`` not a whole number of blocks.
+    """
+    lay = _layout(ggml_type)
+    if n_elements % lay.elements:
+        raise ValueError(f"{n_elements} values are not a whole number of {ggml_type} blocks of {lay.elements}")
+    total = n_elements // lay.elements
+    per_chunk = max(1, chunk_elems // lay.elements)
+    written = 0
+    for start in range(0, total, per_chunk):
+        blocks = random_blocks(ggml_type, min(per_chunk, total - start), rng)
+        fout.write(blocks.data)  # no copy; works for files and BytesIO alike
+        written += blocks.nbytes
+    return written
