@@ -80,9 +80,48 @@ def _grid_options(f: Any) -> Any:
     return f
 
 
+def _round_options(f: Any) -> Any:
+    """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
+    for opt in reversed(
+        (
+            click.option(
+                "--rounds",
+                type=click.IntRange(2, 100),
+                default=None,
+                help="A fixed number of paired rounds for every cell (sets --min-rounds and --max-rounds).",
+            ),
+            click.option(
+                "--min-rounds",
+                type=click.IntRange(2, 100),
+                default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
+                show_default=True,
+                help="Paired rounds every cell gets.",
+            ),
+            click.option(
+                "--max-rounds",
+                type=click.IntRange(2, 100),
+                default=6,
+                show_default=True,
+                help="Further rounds, up to this many, go only to the cells whose verdict is still open; a rerun "
+                "with a higher value adds rounds to the cells still open.",
+            ),
+        )
+    ):
+        f = opt(f)
+    return f
+
+
+def _limits(rounds: int | None, min_rounds: int, max_rounds: int) -> tuple[int, int]:
+    if rounds is not None:
+        return rounds, rounds
+    if max_rounds < min_rounds:
+        raise UsageError(f"--max-rounds {max_rounds} is below --min-rounds {min_rounds}.")
+    return min_rounds, max_rounds
+
+
 @sweep.command("plan")
 @_grid_options
-@click.option("--rounds", type=click.IntRange(min=2), default=5, show_default=True, help="Paired rounds per cell.")
+@_round_options
 @click.option(
     "--per-call-s",
     type=click.FloatRange(min=0, min_open=True),
@@ -104,19 +143,25 @@ def plan_cmd(
     kv_types: tuple[str, ...],
     query_batches: tuple[int, ...],
     n_kv: tuple[int, ...] | None,
-    rounds: int,
+    rounds: int | None,
+    min_rounds: int,
+    max_rounds: int,
     per_call_s: float | None,
     target_ms: int,
 ) -> None:
-    """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs)."""
+    """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs).
+
+    The FlashAttention sweep's rounds are sequential (--min-rounds, --max-rounds) unless --rounds fixes
+    them; the MMQ sweep's are --rounds (default 5)."""
     from tuner.sweep import grid, live
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
+    limits = _limits(rounds, min_rounds, max_rounds)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
-    click.echo(grid.dry_run_text(cells, rounds=rounds, per_call_s=per_call_s), nl=False)
-    click.echo(live.estimate_text(cells, rounds=rounds, chunk_size=72, target_ms=target_ms), nl=False)
-    click.echo(_mmq_plan_text(a, rounds=rounds, per_call_s=per_call_s), nl=False)
+    click.echo(grid.dry_run_text(cells, rounds=limits[0], per_call_s=per_call_s, max_rounds=limits[1]), nl=False)
+    click.echo(live.estimate_text(cells, limits=limits, chunk_size=72, target_ms=target_ms), nl=False)
+    click.echo(_mmq_plan_text(a, rounds=rounds or 5, per_call_s=per_call_s), nl=False)
 
 
 def _mmq_plan_text(
@@ -221,7 +266,7 @@ def _measure_options(*, build_help: str, backend_help: str, storage: str) -> Cal
 
 @sweep.command("run")
 @_grid_options
-@click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per cell.")
+@_round_options
 @_measure_options(
     build_help="Build (or bin) directory with test-backend-ops, a tuner-patched build (`tuner build` prints it). "
     "Default: build the arch's default variant.",
@@ -263,7 +308,9 @@ def run_cmd(
     kv_types: tuple[str, ...],
     query_batches: tuple[int, ...],
     n_kv: tuple[int, ...] | None,
-    rounds: int,
+    rounds: int | None,
+    min_rounds: int,
+    max_rounds: int,
     build_dir: Path | None,
     backend: str,
     spec: str | None,
@@ -288,6 +335,7 @@ def run_cmd(
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
+    limits = _limits(rounds, min_rounds, max_rounds)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     out = out_dir or stamped_run_dir("sweep")
     bin_dir = find_bin_dir(build_dir, "test-backend-ops") if build_dir is not None else _default_build(arch, spec)
@@ -309,7 +357,7 @@ def run_cmd(
     try:
         live.run_sweep(
             cells,
-            rounds=rounds,
+            limits=limits,
             store=store,
             bin_dir=bin_dir,
             backend=backend,
@@ -320,7 +368,7 @@ def run_cmd(
             process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
             expect_log=not backend.upper().startswith("CPU"),
         )
-        outcome = live.compose(cells, store.samples(), rounds=rounds)
+        outcome = live.compose(cells, store.samples(), limits=limits)
     finally:
         store.close()
     patch = None
@@ -328,14 +376,17 @@ def run_cmd(
         from tuner import source
 
         src = source.fetch_source(spec) if spec else source.fetch_source()
-        note = f"Kernel choices measured on {a.name}: FLASH_ATTN_EXT per forced kernel, {rounds} paired rounds."
+        note = (
+            f"Kernel choices measured on {a.name}: FLASH_ATTN_EXT per forced kernel, "
+            f"{live.rounds_text(limits)} (paired)."
+        )
         patch = render_table_patch(src.root, outcome.rules, a, note=note)
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:
         (out / "upstream.patch").write_text(patch)
     (out / "report.md").write_text(
-        live.report_text(outcome, cells, rounds=rounds, identity=identity, patch=bool(patch))
+        live.report_text(outcome, cells, limits=limits, identity=identity, patch=bool(patch))
     )
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
     click.echo(f"rules ({len(outcome.rules)}):")

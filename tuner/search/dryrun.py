@@ -350,6 +350,31 @@ def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -
     return stages
 
 
+def _tune_stage(
+    knobs: Sequence[Any], trials: int, n_compile: int, nt: int, per_depth: float, case_s: float | None
+) -> dict[str, Any]:
+    """The tune stage's plan: ``nt`` depths a trial; ``case_s`` set where the screen runs at the op level."""
+    from tuner.search import tune as tn
+
+    n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
+    # op-level trials (tn.trial_method): two test-backend-ops processes a phase, gated with their rows' kernels only
+    op_trials = case_s is not None and tn.trial_method(knobs, screen_method="kernel", recorded=None) == "kernel"
+    trial_s = nt * (case_s if op_trials and case_s is not None else per_depth)
+    return _stage(
+        "tune",
+        f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
+        f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
+        + (
+            f"timed at the op level (2 test-backend-ops calls per phase it can affect, {nt} cases each)"
+            if op_trials
+            else f"(2 calls per phase it can affect, at {nt} depths)"
+        ),
+        calls=(0 if op_trials else 2 * trials if trials else 0, 0 if op_trials else 2 * n_phases * trials),
+        seconds=(2 * trials * trial_s, 2 * n_phases * trials * trial_s),
+        cost=f"{case_s:g} s a test-backend-ops case" if op_trials else f"{per_depth:g} s per call and depth",
+    )
+
+
 def plan_stages(
     space: Any,
     *,
@@ -395,26 +420,7 @@ def plan_stages(
     knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
-    n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
-    nt = len(inputs.tune_depths or depths)
-    # op-level trials (tn.trial_method): two test-backend-ops processes a phase, gated with their rows' kernels only
-    op_trials = case_s is not None and tn.trial_method(knobs, screen_method="kernel", recorded=None) == "kernel"
-    trial_s = nt * (case_s if op_trials and case_s is not None else per_depth)
-    stages.append(
-        _stage(
-            "tune",
-            f"{trials} Optuna trial(s) over {len(knobs)} knob(s) ({n_compile} compile-time, "
-            f"{len(knobs) - n_compile} process-wide); each trial is one paired round vs the composed rules "
-            + (
-                f"timed at the op level (2 test-backend-ops calls per phase it can affect, {nt} cases each)"
-                if op_trials
-                else f"(2 calls per phase it can affect, at {nt} depths)"
-            ),
-            calls=(0 if op_trials else 2 * trials if trials else 0, 0 if op_trials else 2 * n_phases * trials),
-            seconds=(2 * trials * trial_s, 2 * n_phases * trials * trial_s),
-            cost=f"{case_s:g} s a test-backend-ops case" if op_trials else f"{per_depth:g} s per call and depth",
-        )
-    )
+    stages.append(_tune_stage(knobs, trials, n_compile, len(inputs.tune_depths or depths), per_depth, case_s))
     cdepths = sorted(set(depths) | set(extra_depths(depths, limit=inputs.confirm_extra, max_depth=context_length)))
     stages.append(
         _stage(

@@ -139,6 +139,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     store = live.SampleStore(path, {})
     try:
         samples = store.samples()
+        limits = store.limits()
     finally:
         store.close()
     keys = sorted({(s.shape, s.n_kv) for s in samples})
@@ -147,7 +148,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         for sh, n in keys
     )
     rounds = max((s.round for s in samples), default=0) + 1
-    outcome = live.compose(cells, samples, rounds=rounds)
+    outcome = live.compose(cells, samples, limits=limits)
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
     table = Table(
         rules=outcome.rules, identity=meta, rounds=rounds, cells=cells, with_verdict=len(cells) - n_gap, arch=arch

@@ -200,9 +200,12 @@ def _duration(seconds: float) -> str:
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 
 
-def dry_run_text(cells: Sequence[Cell], *, rounds: int, per_call_s: float | None = None) -> str:
+def dry_run_text(
+    cells: Sequence[Cell], *, rounds: int, per_call_s: float | None = None, max_rounds: int | None = None
+) -> str:
     """What a sweep of ``cells`` would run: shapes, cells, timer calls (and, given ``per_call_s``, their
-    time at that many seconds a call: a what-if, not a recorded cost)."""
+    time at that many seconds a call: a what-if, not a recorded cost). ``max_rounds`` above ``rounds``: the
+    further rounds the cells still open can take (sequential rounds), counted as the most there can be."""
     shapes = sorted({c.shape for c in cells})
     per_round = sum(len(c.configs) for c in cells)
     by_kernels: dict[tuple[str, ...], int] = {}
@@ -217,7 +220,12 @@ def dry_run_text(cells: Sequence[Cell], *, rounds: int, per_call_s: float | None
         f"  n_kv {sorted({c.n_kv for c in cells})}",
         *(f"  {n} cells with legal kernels {'/'.join(k)}" for k, n in sorted(by_kernels.items())),
         f"  {changes} forced kernels that differ from upstream's choice; every cell adds upstream and its A/A pair",
-        f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}",
+        f"timer calls: {per_round} per round x {rounds} rounds = {per_round * rounds}"
+        + (
+            f"; at most {per_round * max_rounds} if every cell stayed open to {max_rounds} rounds"
+            if max_rounds is not None and max_rounds > rounds
+            else ""
+        ),
     ]
     if per_call_s is not None:
         lines.append(f"time at {per_call_s:g} s per call (what-if): {_duration(per_round * rounds * per_call_s)}")

@@ -32,10 +32,13 @@ from __future__ import annotations
 __all__ = [
     "LABELS",
     "N_HEAD_KV",
+    "OPEN_SHARE",
     "Outcome",
     "Sample",
     "SampleStore",
     "bench_shape",
+    "cell_values",
+    "cell_verdicts",
     "chunk_cells",
     "compose",
     "estimate_seconds",
@@ -43,8 +46,10 @@ __all__ = [
     "fa_bench_case_s",
     "judge_sample",
     "no_rules_text",
+    "open_cells",
     "report_text",
     "round_processes",
+    "rounds_text",
     "run_sweep",
 ]
 
@@ -59,10 +64,11 @@ from tuner import log
 from tuner.measure import kernel_bench as kb
 from tuner.measure.fa_bench import TARGET_MS
 from tuner.measure.paired import rotated
+from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
-from tuner.search.screen import CellStats
+from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
-from tuner.sweep.rounds import cell_stats, decide, pack_groups, run_processes
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_points, pack_groups
 from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
@@ -88,6 +94,12 @@ FA_BENCH_TARGET_RUNS = 4.0
 run of a graph of 1-1.5 x the target (the op count is rounded up to 2^k or 3 * 2^k), plus the calibration's
 three runs of ``iters`` ops, which are short for short ops and up to about three targets for ops just
 under target / iters."""
+
+OPEN_SHARE = 0.5
+"""Assumption: the share of cells whose verdict is still open after ``min_rounds`` and that then take every
+round up to ``max_rounds``; the plan's estimate of the sequential rounds. Replayed on the only recorded H100
+sweep (docs/data/h100-sweep-first/, 18 cells, 50 ops a case, before the target): 14 of 18 cells open after 3
+rounds, 5 of the 9 from n_kv 8192 up, where the A/A noise was already the lower one the target aims at."""
 
 _SCHEMA = 1
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
@@ -170,6 +182,22 @@ class SampleStore:
     def close(self) -> None:
         self.db.close()
 
+    def set_limits(self, limits: tuple[int, int]) -> None:
+        """Record the round limits of this run (the looks its verdicts spend alpha over); a later run may
+        change them (more rounds for the open cells), so they are no part of the identity."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
+
+    def limits(self) -> tuple[int, int]:
+        """The round limits of the last run; a file made before they were recorded was measured with a fixed
+        number of rounds, every round it holds (one look)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
+        if row is not None:
+            lo, hi = (int(x) for x in str(row[0]).split(","))
+            return lo, hi
+        n = int(self.db.execute("SELECT coalesce(max(round), -1) + 1 FROM samples").fetchone()[0])
+        return n, n
+
     def recorded(self, config: str, round_index: int) -> set[tuple[str, int]]:
         """(shape key, n_kv) of every sample of ``config`` in round ``round_index``, failed ones included."""
         rows = self.db.execute("SELECT shape, n_kv FROM samples WHERE config = ? AND round = ?", (config, round_index))
@@ -199,10 +227,15 @@ class SampleStore:
                 ],
             )
 
-    def samples(self) -> list[Sample]:
+    def samples(self, shape_keys: Iterable[str] | None = None) -> list[Sample]:
+        """Every stored sample (of the shapes ``shape_keys`` where given)."""
+        keys = None if shape_keys is None else sorted(set(shape_keys))
+        where = "" if keys is None else f" WHERE shape IN ({', '.join('?' * len(keys))})"
         rows = self.db.execute(
-            "SELECT D, gqa, kv, ne1, n_kv, config, round, us_per_run, kernel, error FROM samples "
-            "ORDER BY shape, n_kv, config, round"
+            "SELECT D, gqa, kv, ne1, n_kv, config, round, us_per_run, kernel, error FROM samples"
+            + where
+            + " ORDER BY shape, n_kv, config, round",
+            keys or (),
         )
         return [
             Sample(
@@ -250,28 +283,50 @@ def _hours(seconds: float) -> str:
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 
 
-def estimate_text(cells: Sequence[Cell], *, rounds: int, chunk_size: int, target_ms: int = TARGET_MS) -> str:
-    """What ``tuner sweep run`` would start for ``cells``: processes, cases and the estimated time with
-    either timer (fa-bench at ``target_ms``)."""
+def estimate_text(
+    cells: Sequence[Cell],
+    *,
+    limits: tuple[int, int],
+    chunk_size: int,
+    target_ms: int = TARGET_MS,
+    open_share: float = OPEN_SHARE,
+) -> str:
+    """What ``tuner sweep run`` would start for ``cells`` and its estimated time with either timer (fa-bench
+    at ``target_ms``): ``min_rounds`` rounds of every cell, then up to ``max_rounds`` for an assumed
+    ``open_share`` of the cells (each of them taking every further round; every chunk's processes counted in
+    every further round, an upper figure where whole chunks settle)."""
+    lo, hi = limits
     chunks = chunk_cells(cells, chunk_size)
-    procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(rounds))
-    cases = rounds * sum(len(c.configs) for c in cells)
+    per_round = sum(len(c.configs) for c in cells)
+    procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(lo))
+    cases = lo * per_round
+    more_procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(lo, hi))
+    more_cases = round((hi - lo) * open_share * per_round)
     case_s = fa_bench_case_s(target_ms)
+    fa = estimate_seconds(procs + more_procs, cases + more_cases, case_s, FA_BENCH_PROCESS_S)
+    tbo = estimate_seconds(procs + more_procs, cases + more_cases)
+    head = f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells; {rounds_text(limits)}: "
+    if hi > lo:
+        head += (
+            f"{procs} processes and {cases} cases for the first {lo} rounds, then about {more_procs} processes and "
+            f"{more_cases} cases (assumed: {open_share:.0%} of the cells still open after {lo} rounds, each to "
+            f"{hi}); fixed {hi} rounds would be {hi * per_round} cases, "
+            f"{_hours(estimate_seconds(procs + more_procs, hi * per_round, case_s, FA_BENCH_PROCESS_S))} with fa-bench"
+        )
+    else:
+        head += f"{procs} processes, {cases} cases"
     return (
-        f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells x {rounds} rounds = {procs} "
-        f"processes, {cases} cases; estimated {_hours(estimate_seconds(procs, cases))} "
-        f"at {PROCESS_S:g} s a process and {CASE_S:g} s a case on an H100 with --timer test-backend-ops; "
-        f"{_hours(estimate_seconds(procs, cases, case_s, FA_BENCH_PROCESS_S))} with fa-bench (the default) "
-        f"at {FA_BENCH_PROCESS_S:g} s a process and {case_s:.2f} s a case with --target-ms {target_ms} "
-        f"(an estimate: {FA_BENCH_SETUP_S:g} s a case measured on an H100 before the target, plus about "
-        f"{FA_BENCH_TARGET_RUNS:g} runs of the target)\n"
+        head + f"\nestimated {_hours(fa)} with fa-bench (the default) at {FA_BENCH_PROCESS_S:g} s a process and "
+        f"{case_s:.3f} s a case with --target-ms {target_ms} (an estimate: {FA_BENCH_SETUP_S:g} s a case of "
+        f"setup, from H100 processes before the target, plus about {FA_BENCH_TARGET_RUNS:g} runs of the target); "
+        f"{_hours(tbo)} with --timer test-backend-ops at {PROCESS_S:g} s a process and {CASE_S:g} s a case\n"
     )
 
 
 def run_sweep(
     cells: Sequence[Cell],
     *,
-    rounds: int,
+    limits: tuple[int, int],
     store: SampleStore,
     bin_dir: Path,
     backend: str,
@@ -282,25 +337,50 @@ def run_sweep(
     case_s: float = CASE_S,
     process_s: float = PROCESS_S,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet: per chunk, ``rounds`` rounds, one process per config.
+    """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_cells`), one
+    process per config and round over the cells that get the round.
 
-    Prints a line per chunk and round with the time it took and the ETA of the rest. Without the FA log
-    (``expect_log`` False: a CPU build, which has no tuner hook) a forced kernel cannot run, so its
-    samples are stored as failed without starting a process. Returns (processes run, processes skipped
-    as already recorded).
+    ``limits``: (min_rounds, max_rounds). Prints a line per chunk and round with the time it took and the
+    ETA of the rest. Without the FA log (``expect_log`` False: a CPU build, which has no tuner hook) a
+    forced kernel cannot run, so its samples are stored as failed without starting a process. Returns
+    (processes run, processes skipped as already recorded).
     """
+    lo, hi = check_limits(limits)
+    store.set_limits(limits)
     chunks = chunk_cells(cells, chunk_size)
-    todo: list[tuple[int, int, str, list[Cell]]] = []
-    skipped = 0
+    first = [
+        (cfg, [c for c in cs if (c.shape.key, c.n_kv) not in store.recorded(cfg, r)])
+        for chunk in chunks
+        for r in range(lo)
+        for cfg, cs in round_processes(chunk, r)
+    ]
+    first_cases = sum(len(cs) for cfg, cs in first if expect_log or cfg in (DEFAULT, AA))
+    first_procs = sum(1 for cfg, cs in first if cs and (expect_log or cfg in (DEFAULT, AA)))
+    later = (hi - lo) * OPEN_SHARE * sum(len(c.configs) for c in cells)
+    log.info(
+        f"sweep: {len(cells)} cells in {len(chunks)} chunks, {rounds_text(limits)}; first {lo} rounds: "
+        f"{first_procs} processes ({first_cases} cases) to run, {sum(1 for _, cs in first if not cs)} already "
+        f"recorded; estimated at H100 rates {_hours(estimate_seconds(first_procs, first_cases, case_s, process_s))}"
+        + (f", and about {round(later)} cases more if {OPEN_SHARE:.0%} of the cells stay open" if hi > lo else "")
+    )
+    ran = skipped = done = 0
+    start = time.monotonic()
     for ci, chunk in enumerate(chunks):
-        for r in range(rounds):
-            for cfg, cs in round_processes(chunk, r):
+        for r in range(hi):
+            want = open_cells(chunk, store.samples({c.shape.key for c in chunk}), r, limits)
+            if not want:
+                break
+            t0, n_round, failed = time.monotonic(), 0, 0
+            for cfg, cs in round_processes(want, r):
                 have = store.recorded(cfg, r)
                 missing = [c for c in cs if (c.shape.key, c.n_kv) not in have]
                 if not missing:
                     skipped += 1
                 elif expect_log or cfg in (DEFAULT, AA):
-                    todo.append((ci, r, cfg, missing))
+                    failed += _measure(missing, cfg, r, ci, store=store, run_round=run_round, bin_dir=bin_dir,
+                                       backend=backend, log_dir=log_dir, expect_log=expect_log)  # fmt: skip
+                    ran += 1
+                    n_round += len(missing)
                 else:
                     store.add(
                         Sample(
@@ -314,33 +394,55 @@ def run_sweep(
                         )
                         for c in missing
                     )
-    total_cases = sum(len(cs) for *_, cs in todo)
-    log.info(
-        f"sweep: {len(cells)} cells in {len(chunks)} chunks x {rounds} rounds; {len(todo)} processes "
-        f"({total_cases} cases) to run, {skipped} already recorded; estimated at H100 rates "
-        f"{_hours(estimate_seconds(len(todo), total_cases, case_s, process_s))}"
+            if n_round:
+                done += n_round
+                rate = (time.monotonic() - start) / done
+                eta = rate * max(0.0, first_cases + later - done)
+                log.info(
+                    f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{hi}: {len(want)} cells, {n_round} cases in "
+                    f"{time.monotonic() - t0:.1f} s" + (f", {failed} failed" if failed else "")
+                    + f"; {done} cases done, ETA ~{format_seconds(eta)}"
+                )  # fmt: skip
+    return ran, skipped
+
+
+def _measure(
+    cs: list[Cell],
+    cfg: str,
+    r: int,
+    ci: int,
+    *,
+    store: SampleStore,
+    run_round: RunRound,
+    bin_dir: Path,
+    backend: str,
+    log_dir: Path,
+    expect_log: bool,
+) -> int:
+    """One process: ``cfg`` over ``cs`` in round ``r`` of chunk ``ci``, its samples stored; returns the failed."""
+    out = run_round(
+        bin_dir,
+        [bench_shape(c.shape, c.n_kv) for c in cs],
+        {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
+        log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
+        backend=backend,
+        timeout=kb.process_timeout(len(cs)),
     )
-
-    def measure(ci: int, r: int, cfg: str, cs: list[Cell]) -> int:
-        out = run_round(
-            bin_dir,
-            [bench_shape(c.shape, c.n_kv) for c in cs],
-            {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
-            log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
-            backend=backend,
-            timeout=kb.process_timeout(len(cs)),
+    samples = []
+    for c, kt in zip(cs, out, strict=True):
+        us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
+        samples.append(
+            Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
         )
-        samples = []
-        for c, kt in zip(cs, out, strict=True):
-            us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
-            samples.append(
-                Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
-            )
-        store.add(samples)
-        return sum(1 for smp in samples if smp.error)
+    store.add(samples)
+    return sum(1 for smp in samples if smp.error)
 
-    run_processes(todo, chunks=len(chunks), rounds=rounds, cases=len, measure=measure)
-    return len(todo), skipped
+
+def rounds_text(limits: tuple[int, int]) -> str:
+    lo, hi = limits
+    if lo == hi:
+        return f"{lo} rounds"
+    return f"{lo} rounds for every cell, up to {hi} for the cells whose verdict is still open"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -366,33 +468,83 @@ def _gap(shape: FaShape, n_kv: int, upstream: str, why: str) -> Decision:
     )
 
 
-def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, rounds: int) -> Outcome:
-    """Verdicts and rules from the stored samples of rounds ``0 .. rounds-1`` (module doc).
+def cell_values(
+    c: Cell, got: Mapping[tuple[FaShape, int, str, int], Sample], max_rounds: int
+) -> tuple[dict[str, list[float]], str]:
+    """One cell's throughput per config over its complete rounds, and why it has no verdict ("" if it has one).
 
-    A cell has a verdict only when every config has a good sample in every round; the others are
-    listed with the first reason, and stand in their shape's decisions as points without a winner.
-    """
-    got: dict[tuple[FaShape, int, str, int], Sample] = {
-        (s.shape, s.n_kv, s.config, s.round): s for s in samples if s.round < rounds
-    }
+    The cell's rounds are the leading rounds ``0 .. n-1`` (``n <= max_rounds``) in which every config has a
+    sample: a cell that stopped early (settled) has fewer than the others. A failed sample among them
+    leaves the cell without a verdict, with the first such reason."""
+    n = 0
+    while n < max_rounds and all((c.shape, c.n_kv, cfg, n) in got for cfg in c.configs):
+        n += 1
+    values: dict[str, list[float]] = {}
+    why = ""
+    for r in range(n):
+        for cfg in c.configs:
+            s = got[(c.shape, c.n_kv, cfg, r)]
+            if not s.ok or s.us_per_run is None:
+                why = why or f"{cfg} round {r + 1}: {s.error}"
+                continue
+            values.setdefault(cfg, []).append(1e6 / s.us_per_run)
+    return values, why
+
+
+def _sample_map(samples: Iterable[Sample], below: int) -> dict[tuple[FaShape, int, str, int], Sample]:
+    return {(s.shape, s.n_kv, s.config, s.round): s for s in samples if s.round < below}
+
+
+def cell_verdicts(
+    cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int], below: int | None = None
+) -> tuple[dict[FaShape, dict[int, CellStats]], dict[FaShape, dict[int, str]]]:
+    """(stats of the cells with enough rounds for a verdict, by shape and n_kv; the others and why), from
+    the samples of rounds ``< below`` (default ``max_rounds``). A cell needs ``min_rounds`` complete rounds;
+    its looks are ``limits`` (:func:`tuner.sweep.rounds.cell_stats`)."""
+    lo, hi = limits
+    got = _sample_map(samples, hi if below is None else min(below, hi))
     stats: dict[FaShape, dict[int, CellStats]] = {}
     gaps: dict[FaShape, dict[int, str]] = {}
-    upstream: dict[tuple[FaShape, int], str] = {}
     for c in cells:
-        upstream[(c.shape, c.n_kv)] = c.upstream
-        values: dict[str, list[float]] = {}
-        why = ""
-        for cfg in c.configs:
-            for r in range(rounds):
-                s = got.get((c.shape, c.n_kv, cfg, r))
-                if s is None or not s.ok or s.us_per_run is None:
-                    why = why or (f"{cfg} round {r + 1}: " + ("not measured" if s is None else s.error))
-                    continue
-                values.setdefault(cfg, []).append(1e6 / s.us_per_run)
+        values, why = cell_values(c, got, hi if below is None else min(below, hi))
+        n = len(values.get(DEFAULT, ()))
+        if not why and n < lo:
+            cfg = next((x for x in c.configs if (c.shape, c.n_kv, x, n) not in got), DEFAULT)
+            why = f"{cfg} round {n + 1}: not measured"
         if why:
             gaps.setdefault(c.shape, {})[c.n_kv] = why
         else:
-            stats.setdefault(c.shape, {})[c.n_kv] = cell_stats(c.n_kv, c.upstream, values)
+            stats.setdefault(c.shape, {})[c.n_kv] = cell_stats(c.n_kv, c.upstream, values, limits)
+    return stats, gaps
+
+
+def open_cells(chunk: Sequence[Cell], samples: Iterable[Sample], r: int, limits: tuple[int, int]) -> list[Cell]:
+    """The cells of ``chunk`` that get round ``r`` (0-based): every cell below ``min_rounds``; from there the
+    cells with all ``r`` rounds (none failed) whose point is still open by the decision rule over their
+    shape's points (:func:`tuner.sweep.rounds.open_points`), judged on the samples of rounds ``< r`` only, so
+    that a resumed run takes the same decisions. A settled cell, or one that stopped, gets no more rounds."""
+    lo, hi = limits
+    if r >= hi:
+        return []
+    if r < lo:
+        return list(chunk)
+    stats, _ = cell_verdicts(chunk, samples, limits=limits, below=r)
+    out = []
+    for shape, st in stats.items():
+        want = open_points(shape.phase.bench, st)
+        out += [c for c in chunk if c.shape == shape and c.n_kv in want and len(st[c.n_kv].series[UPSTREAM]) == r]
+    return out
+
+
+def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int]) -> Outcome:
+    """Verdicts and rules from the stored samples of rounds ``0 .. max_rounds-1`` (module doc).
+
+    A cell has a verdict when every config has a good sample in each of its rounds and it has at least
+    ``min_rounds`` of them (:func:`cell_verdicts`); the others are listed with the first reason, and stand
+    in their shape's decisions as points without a winner.
+    """
+    stats, gaps = cell_verdicts(cells, samples, limits=limits)
+    upstream = {(c.shape, c.n_kv): c.upstream for c in cells}
     rules: list[TableRule] = []
     decisions: dict[FaShape, list[Decision]] = {}
     for shape in sorted(set(stats) | set(gaps)):
@@ -447,7 +599,7 @@ def _cell_tables(outcome: Outcome) -> list[str]:
 
 
 def report_text(
-    outcome: Outcome, cells: Sequence[Cell], *, rounds: int, identity: Mapping[str, Any], patch: bool
+    outcome: Outcome, cells: Sequence[Cell], *, limits: tuple[int, int], identity: Mapping[str, Any], patch: bool
 ) -> str:
     """report.md: what was measured, the table, and every cell without a verdict."""
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
@@ -455,7 +607,7 @@ def report_text(
         "# FlashAttention sweep",
         "",
         *(f"- {k}: {v}" for k, v in identity.items()),
-        f"- cells: {len(cells)} over {len({c.shape for c in cells})} shapes, {rounds} paired rounds each "
+        f"- cells: {len(cells)} over {len({c.shape for c in cells})} shapes, paired rounds: {rounds_text(limits)} "
         f"(upstream's choice, its A/A twin and every other legal kernel forced; {N_HEAD_KV} KV heads, "
         f"{N_HEAD_KV} x GQA query heads)",
         f"- cells with a verdict: {len(cells) - n_gap}; without one: {n_gap}",

@@ -1,6 +1,7 @@
 """Paired rounds per cell, the verdicts, and the composition of the sweep's FlashAttention table.
 
-Each cell runs ``rounds`` rounds; a round times every config of the cell once, back to back, in the
+Each cell runs between ``min_rounds`` and ``max_rounds`` rounds (``limits``; the search's defaults, 3 and 6);
+a round times every config of the cell once, back to back, in the
 order :func:`tuner.measure.paired.rotated` gives it: upstream's own choice (``default``, the
 reference), the same choice again (``A/A``, the noise of the whole procedure) and each legal kernel
 other than upstream's, forced. A config's value in a round is its throughput, the inverse of the
@@ -11,6 +12,18 @@ The verdicts and the rules are the search's (:mod:`tuner.search.compose`), appli
 its n_kv points as the search applies them to one model over its depths: the A/A bar, the phase's
 noise floor, intervals of consecutive winning points. :func:`decide` is the one call of the verdict
 rule; a sharper rule there changes every decision of the sweep.
+
+**Sequential rounds, as the search's screen adds them** (:mod:`tuner.search.screen`,
+:func:`tuner.search.compose.open_depths`). Every cell gets ``min_rounds`` rounds; after that a round goes
+only to the cells whose decision is still *open* (:func:`open_points`): a forced kernel that is neither
+claimed (faster or slower) nor settled by futility (its one-sided 95% upper bound below the practical
+minimum effect). A settled cell gets no further round, and a cell that has stopped does not come back. The
+decision rule is the search's sequential one (:mod:`tuner.measure.decide`): a cell's p-value is divided by
+the share of alpha of the round count it stopped at (:func:`tuner.measure.decide.look_weight` over
+``limits``: 0.8 at ``max_rounds``, the rest split over the earlier counts), then Holm over the shape's
+points; that p-value is valid whatever the data-dependent stopping, so stopping settled cells early keeps
+the family-wise error of a fixed number of rounds. With ``min_rounds == max_rounds`` it is the fixed-round
+sweep (one look, all the alpha on it).
 """
 
 from __future__ import annotations
@@ -18,11 +31,14 @@ from __future__ import annotations
 __all__ = [
     "KernelTimer",
     "SweepResult",
+    "add_round",
     "cell_stats",
+    "check_limits",
     "compose_fa",
     "decide",
     "measure_cell",
     "midpoints",
+    "open_points",
     "pack_groups",
     "paired_rounds",
     "run_fa_sweep",
@@ -38,9 +54,10 @@ from typing import Protocol, TypeVar
 
 from tuner import log
 from tuner.errors import TunerError
+from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.measure.paired import block_effects, noise_pct, rotated
 from tuner.progress import format_seconds
-from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, rules_from
+from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, open_depths, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
@@ -70,16 +87,40 @@ def paired_rounds(
         raise TunerError(f"A paired verdict needs at least 2 rounds per cell; {rounds} were asked for.")
     out: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(rounds):
-        for name in rotated(list(configs), r):
-            samples = [float(s) for s in call(name) if math.isfinite(s) and s > 0]
-            if not samples:
-                raise TunerError(f"The timer returned no positive sample for {name!r}; a kernel time must be > 0 s.")
-            out[name].append(1.0 / statistics.median(samples))
+        add_round(call, configs, r, out)
     return out
 
 
-def cell_stats(n_kv: int, upstream: str, values: Mapping[str, Sequence[float]]) -> CellStats:
-    """The screen's per-depth summary of one cell's rounds (``values``: throughput per config and round)."""
+def add_round(
+    call: Callable[[str], Sequence[float]], configs: Sequence[str], r: int, out: dict[str, list[float]]
+) -> None:
+    """Round ``r`` of every config (order rotated by ``r``), its throughput appended to ``out[config]``.
+
+    Raises:
+        TunerError: The timer returned no positive finite sample for a config.
+    """
+    for name in rotated(list(configs), r):
+        samples = [float(s) for s in call(name) if math.isfinite(s) and s > 0]
+        if not samples:
+            raise TunerError(f"The timer returned no positive sample for {name!r}; a kernel time must be > 0 s.")
+        out.setdefault(name, []).append(1.0 / statistics.median(samples))
+
+
+def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
+    """``limits`` (min_rounds, max_rounds) as given, or a TunerError where no paired verdict can come of them."""
+    lo, hi = limits
+    if lo < 2 or hi < lo:
+        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
+    return lo, hi
+
+
+def cell_stats(
+    n_kv: int, upstream: str, values: Mapping[str, Sequence[float]], limits: tuple[int, int] | None = None
+) -> CellStats:
+    """The screen's per-depth summary of one cell's rounds (``values``: throughput per config and round).
+
+    ``limits``: the (min, max) round counts the cell could stop at, the looks the decision rule spends its
+    alpha over; None: a fixed number of rounds, the ones in ``values`` (one look)."""
     effects = block_effects(values, DEFAULT)
     kernels: dict[str, str | None] = {DEFAULT: upstream, AA: upstream}
     kernels.update({n: n for n in values if n not in (DEFAULT, AA)})
@@ -93,20 +134,23 @@ def cell_stats(n_kv: int, upstream: str, values: Mapping[str, Sequence[float]]) 
         verdicts={},
         fallback=(),
         kernels=kernels,
-        # a fixed number of rounds, decided once: one look, so the decision rule spends all its alpha on it
-        limits=(len(values[DEFAULT]), len(values[DEFAULT])),
+        # the looks: a fixed number of rounds is one look, so the decision rule spends all its alpha on it
+        limits=limits or (len(values[DEFAULT]), len(values[DEFAULT])),
         # the per-round throughputs the decision rule pairs (it names upstream as the screen does)
         series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
     )
 
 
 def measure_cell(timer: KernelTimer, cell: Cell, rounds: int) -> CellStats:
-    """One cell's paired rounds through ``timer``."""
+    """One cell's paired rounds through ``timer`` (a fixed number: one look)."""
+    return cell_stats(cell.n_kv, cell.upstream, paired_rounds(_cell_call(timer, cell), cell.configs, rounds))
 
-    def call(name: str) -> Sequence[float]:
-        return timer(cell.shape, cell.n_kv, None if name in (DEFAULT, AA) else name)
 
-    return cell_stats(cell.n_kv, cell.upstream, paired_rounds(call, cell.configs, rounds))
+def open_points(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
+    """The points (n_kv) of one shape whose decision more rounds could still change: the search's settle
+    rule, :func:`tuner.search.compose.open_depths` with the sequential rule (module doc). ``cells``: every
+    point of the shape with a verdict so far (the whole Holm family, stopped points included)."""
+    return open_depths(phase, cells)
 
 
 def decide(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
@@ -139,13 +183,40 @@ class SweepResult:
     rules: tuple[TableRule, ...]
 
 
-def run_fa_sweep(timer: KernelTimer, cells: Sequence[Cell], *, rounds: int) -> SweepResult:
-    """Measure every cell (in the given order) and compose the table."""
-    stats: dict[FaShape, dict[int, CellStats]] = {}
-    for cell in cells:
-        stats.setdefault(cell.shape, {})[cell.n_kv] = measure_cell(timer, cell, rounds)
+def run_fa_sweep(timer: KernelTimer, cells: Sequence[Cell], *, limits: tuple[int, int] = DEFAULT_LIMITS) -> SweepResult:
+    """Measure every cell with sequential rounds (module doc) and compose the table.
+
+    Round ``r`` (in the given order of cells) goes to every cell while ``r < min_rounds``, then only to the
+    cells that have all ``r`` rounds and whose point :func:`open_points` calls open; at ``max_rounds`` or
+    when no cell is open, the sweep stops."""
+    lo, hi = check_limits(limits)
+    values: dict[Cell, dict[str, list[float]]] = {c: {} for c in cells}
+    by_shape: dict[FaShape, list[Cell]] = {}
+    for c in cells:
+        by_shape.setdefault(c.shape, []).append(c)
+
+    def stats_of(cs: Sequence[Cell]) -> dict[int, CellStats]:
+        return {c.n_kv: cell_stats(c.n_kv, c.upstream, values[c], (lo, hi)) for c in cs}
+
+    for r in range(hi):
+        todo: list[Cell] = []
+        for shape, cs in by_shape.items():
+            want = {c.n_kv for c in cs} if r < lo else open_points(shape.phase.bench, stats_of(cs))
+            todo += [c for c in cs if c.n_kv in want and len(values[c].get(DEFAULT, ())) == r]
+        if not todo:
+            break
+        for cell in todo:
+            add_round(_cell_call(timer, cell), cell.configs, r, values[cell])
+    stats = {shape: stats_of(cs) for shape, cs in by_shape.items()}
     rules, decisions = compose_fa(stats)
     return SweepResult(stats=stats, decisions=decisions, rules=rules)
+
+
+def _cell_call(timer: KernelTimer, cell: Cell) -> Callable[[str], Sequence[float]]:
+    def call(name: str) -> Sequence[float]:
+        return timer(cell.shape, cell.n_kv, None if name in (DEFAULT, AA) else name)
+
+    return call
 
 
 def midpoints(result: SweepResult) -> dict[FaShape, list[int]]:

@@ -20,8 +20,8 @@ def test_plan_prints_the_full_grid_and_its_time() -> None:
     assert res.exit_code == 0, res.output
     a = load_arch("sm_90")
     want = (
-        dry_run_text(plan(a), rounds=4, per_call_s=0.02)
-        + estimate_text(plan(a), rounds=4, chunk_size=72)
+        dry_run_text(plan(a), rounds=4, per_call_s=0.02, max_rounds=4)
+        + estimate_text(plan(a), limits=(4, 4), chunk_size=72)
         + mmq_dry_run_text(plan_mmq(a), rounds=4, sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
     )
     assert res.output == want
@@ -84,9 +84,9 @@ def test_plan_estimates_fa_bench_at_its_target() -> None:
 
     sub = ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"]
     default = CliRunner().invoke(sweep, sub)
-    assert f"{live.fa_bench_case_s(20):.2f} s a case with --target-ms 20 (an estimate" in default.output
+    assert f"{live.fa_bench_case_s(20):.3f} s a case with --target-ms 20 (an estimate" in default.output
     none = CliRunner().invoke(sweep, [*sub, "--target-ms", "0"])
-    assert f"{live.fa_bench_case_s(0):.2f} s a case with --target-ms 0" in none.output
+    assert f"{live.fa_bench_case_s(0):.3f} s a case with --target-ms 0" in none.output
     assert live.fa_bench_case_s(0) < live.fa_bench_case_s(20)
 
 

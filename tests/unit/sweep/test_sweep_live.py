@@ -83,7 +83,7 @@ class FakeRunRound:
 
 def _run(fake: FakeRunRound, store: live.SampleStore, cells: Sequence[Cell], rounds: int, **kw: Any) -> tuple[int, int]:
     return live.run_sweep(
-        cells, rounds=rounds, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/nonexistent"),
+        cells, limits=(rounds, rounds), store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/nonexistent"),
         run_round=fake, **kw,
     )  # fmt: skip
 
@@ -151,7 +151,7 @@ def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdic
     cells = _cells([WIN])
     store = live.SampleStore(tmp_path / "s.db", IDENT)
     _run(FakeRunRound(), store, cells, 5)
-    clean = live.compose(cells, store.samples(), rounds=5)
+    clean = live.compose(cells, store.samples(), limits=(5, 5))
     assert not clean.no_verdict
     assert [(r.lo, r.hi, r.kernel) for r in clean.rules] == [(0, None, "MMA")]
 
@@ -160,18 +160,18 @@ def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdic
     bad = [s for s in store2.samples() if s.error]
     assert bad and all(s.us_per_run is None and (s.n_kv, s.config) == (N_KV[1], "MMA") for s in bad)
     assert all("TILE ran (rule), not MMA" in s.error for s in bad)
-    out = live.compose(cells, store2.samples(), rounds=5)
+    out = live.compose(cells, store2.samples(), limits=(5, 5))
     assert set(out.no_verdict[WIN]) == {N_KV[1]} and N_KV[1] not in out.stats[WIN]
     # the gap splits the interval: no rule covers the point that was not measured
     assert [(r.lo, r.hi) for r in out.rules] == [(0, N_KV[1]), (N_KV[2], None)]
     assert not any(r.covers(N_KV[1]) for r in out.rules)
-    text = live.report_text(out, cells, rounds=5, identity=IDENT, patch=False)
+    text = live.report_text(out, cells, limits=(5, 5), identity=IDENT, patch=False)
     assert f"{WIN.key} n_kv {N_KV[1]}: MMA round 1: TILE ran (rule), not MMA" in text
     # the per-cell table: the measured points with the forced kernel's speed and the decision, the gap named
     rows = [ln for ln in text.splitlines() if ln.startswith(f"| {N_KV[0]} |") or ln.startswith(f"| {N_KV[1]} |")]
     assert len(rows) == 2 and "MMA (+" in rows[0] and "no verdict (below)" in rows[1]
     assert "one timer process per round" in text  # IDENT names no timer: nothing is claimed about which ran
-    named = live.report_text(out, cells, rounds=5, identity={**IDENT, "timer": "fa-bench"}, patch=False)
+    named = live.report_text(out, cells, limits=(5, 5), identity={**IDENT, "timer": "fa-bench"}, patch=False)
     assert "one fa-bench (`tuner/data/fa_bench.cpp`" in named and "test-backend-ops" not in named
 
 
@@ -179,7 +179,7 @@ def test_rounds_not_measured_leave_cells_without_a_verdict(tmp_path: Path) -> No
     cells = _cells([WIN])
     store = live.SampleStore(tmp_path / "s.db", IDENT)
     _run(FakeRunRound(), store, cells, 2)
-    out = live.compose(cells, store.samples(), rounds=3)
+    out = live.compose(cells, store.samples(), limits=(3, 3))
     assert set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
     assert all("round 3: not measured" in w for w in out.no_verdict[WIN].values())
 
@@ -222,6 +222,6 @@ def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_pat
     forced = [s for s in samples if s.config not in (DEFAULT, AA)]
     assert len(samples) == 2 * sum(len(c.configs) for c in cells)
     assert forced and all(s.us_per_run is None and s.error.startswith("not run") for s in forced)
-    out = live.compose(cells, samples, rounds=2)
+    out = live.compose(cells, samples, limits=(2, 2))
     assert not out.stats and set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
     assert live.no_rules_text(out) == "no cell has a verdict"

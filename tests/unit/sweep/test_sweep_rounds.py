@@ -142,7 +142,7 @@ def test_planted_rules_are_real_changes() -> None:
 def test_fake_timings_compose_exactly_the_planted_rules() -> None:
     timer = FakeTimer()
     cells = _cells(_planted_shapes())
-    result = run_fa_sweep(timer, cells, rounds=5)
+    result = run_fa_sweep(timer, cells, limits=(5, 5))
     assert timer.calls == 5 * sum(len(c.configs) for c in cells)
     assert result.rules == tuple(sorted(PLANTED))
     for shape, ds in result.decisions.items():
@@ -172,7 +172,7 @@ def test_fake_timings_compose_exactly_the_planted_rules() -> None:
 
 def test_an_aa_only_grid_composes_nothing() -> None:
     shapes = sorted(set(itertools.product((64, 96), (1, 8), KV_TYPES, (1, 4))))
-    result = run_fa_sweep(FakeTimer(aa_only=True, seed=7), _cells([S(*s) for s in shapes]), rounds=5)
+    result = run_fa_sweep(FakeTimer(aa_only=True, seed=7), _cells([S(*s) for s in shapes]), limits=(5, 5))
     assert result.rules == ()
     assert all(d.winner is None for ds in result.decisions.values() for d in ds)
 
