@@ -136,7 +136,7 @@ def validate(
     log_dir: Path | None,
     soak: int | None,
 ) -> None:
-    """Validate stored winners (default: results/). Non-zero exit if any check fails."""
+    """Validate stored winners and sweep tables (default: results/). Non-zero exit if any check fails."""
     from tuner.errors import UsageError
     from tuner.result.validate import validate_paths
 
@@ -157,6 +157,7 @@ def validate(
 
         check_gpu_args(models, None, None)
     from tuner.search.rebench import rebench
+    from tuner.sweep.table_check import find_tables, validate_table
 
     checks = validate_paths(
         paths or (Path("results"),),
@@ -165,8 +166,11 @@ def validate(
         gpu=gpu,
         models=list(models),
     )
+    # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
+    tables = find_tables(paths or (Path("results"),))
+    checks += [validate_table(t, gpu={"log_dir": log_dir} if do_gpu else None) for t in tables]
     if not checks:
-        log.warning("no results found (no config.toml under the given paths)")
+        log.warning("no results found (no config.toml or table.toml under the given paths)")
     bad = 0
     for c in checks:
         mark = "ok " if c.ok else "FAIL"

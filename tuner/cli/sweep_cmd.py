@@ -688,11 +688,8 @@ def _quant_mode(quant: str) -> str:
 
 def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
     """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
-    import hashlib
+    from tuner.sweep.confirm import PP, TG, table_id
 
-    from tuner.sweep.confirm import PP, TG
-
-    text = "\n".join([r.text for r in table.rules] + [c.text for c in table.mmq])
     return {
         "arch": table.arch.name,
         "build": str(bin_dir.resolve()),
@@ -700,7 +697,7 @@ def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> di
         "models": _quant_mode(quant),
         "reps": str(reps),
         "tests": f"pp{PP},tg{TG}",
-        "table": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "table": table_id(table),
     }
 
 
@@ -752,6 +749,7 @@ def _run_confirm(
                 plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
             ),
             weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
+            era=src.era,
         )
         ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
     finally:
@@ -791,17 +789,10 @@ def _confirm_emit(
     table: Any, conf: Any, ops: Any, src: Any, *, out: Path, identity: dict[str, str], rounds: int
 ) -> None:
     """e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree) in ``out``; the summary."""
-    from tuner.sweep import mmq
-    from tuner.sweep.confirm import unexplained_slower
+    from tuner.sweep.confirm import kept_patch, unexplained_slower
     from tuner.sweep.confirm_report import e2e_text, pr_text
-    from tuner.sweep.table import render_table_patch
 
-    note = f"Kernel choices measured on {table.arch.name} and confirmed end to end with llama-bench on model shapes."
-    parts = [
-        render_table_patch(src.root, conf.kept_rules, table.arch, note=note),
-        mmq.render_mmq_patch(src.root, conf.kept_mmq, table.arch, note=note),
-    ]
-    patch = "".join(p for p in parts if p)
+    patch = kept_patch(src.root, conf, table.arch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:
@@ -815,3 +806,55 @@ def _confirm_emit(
     for where in unexplained_slower(conf.points):
         click.echo(f"slower beyond noise: {where}")
     click.echo(f"e2e: {out / 'e2e.md'}\nPR: {out / 'PR.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))
+
+
+@sweep.command("export")
+@click.argument("confirm_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--sweep",
+    "sweep_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Output directory of `tuner sweep run` the confirmation was run on (default: CONFIRM_DIR's parent).",
+)
+@click.option(
+    "--mmq",
+    "mmq_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Output directory of `tuner sweep mmq`, where the confirmation was run with --mmq.",
+)
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: pinned)."
+)
+@click.option("--measured-on", default=None, help="The device the sweeps ran on, e.g. 'NVIDIA H100 80GB HBM3'.")
+@output_option(
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Result folder, e.g. results/sm_90/fattn-mmq-table (new, empty or an earlier export; replaced whole).",
+)
+def export_cmd(
+    confirm_dir: Path,
+    sweep_dir: Path | None,
+    mmq_dir: Path | None,
+    spec: str | None,
+    measured_on: str | None,
+    out_dir: Path,
+) -> None:
+    """Export a confirmed sweep table as a result folder that `tuner validate` checks.
+
+    Writes upstream.patch (the kept entries), PR.md, e2e.md, report.md, plots/, table.toml (the manifest)
+    and evidence/ (the three stores, xz-compressed) to -o, and nothing outside it. See docs/sweep.md.
+
+    Example: tuner sweep export sweep-sm90/confirm --mmq sweep-mmq-sm90 -o results/sm_90/fattn-mmq-table
+    """
+    from tuner.sweep.export import export_table
+
+    m = export_table(confirm_dir, out_dir, sweep_dir=sweep_dir, mmq_dir=mmq_dir, spec=spec, measured_on=measured_on)
+    t = m["table"]
+    click.echo(
+        f"{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
+        f"{len(t['reported'])} reported" + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
+    )
+    click.echo(str(out_dir))

@@ -43,11 +43,14 @@ __all__ = [
     "decide_rules",
     "gate_model",
     "judge_model",
+    "kept_patch",
     "load_table",
     "measure_model",
     "model_points",
     "plan_model",
     "plan_text",
+    "recompose",
+    "table_id",
     "tg_window",
     "unexplained_slower",
 ]
@@ -303,6 +306,7 @@ class ConfirmStore:
             "CREATE TABLE IF NOT EXISTS gate (model TEXT NOT NULL, name TEXT NOT NULL, record TEXT NOT NULL, "
             "PRIMARY KEY (model, name))"
         )
+        self.db.execute("CREATE TABLE IF NOT EXISTS models (ord INTEGER PRIMARY KEY, record TEXT NOT NULL)")
 
     def close(self) -> None:
         self.db.close()
@@ -325,6 +329,17 @@ class ConfirmStore:
     def add_gate(self, model: str, name: str, rec: Mapping[str, Any]) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
+
+    def set_models(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The models of the last call, in order (``like``, ``kv``, ``depths``, ``rounds``, ``era`` and the
+        GGUF's ``weight_types``, None for a model not made): what PR.md and upstream.patch were decided over,
+        so :func:`recompose` decides them again from this file alone."""
+        with self.db:
+            self.db.execute("DELETE FROM models")
+            self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])
+
+    def models(self) -> list[dict[str, Any]]:
+        return [json.loads(r) for (r,) in self.db.execute("SELECT record FROM models ORDER BY ord")]
 
 
 def measure_model(
@@ -584,22 +599,28 @@ def confirm_models(
     gate: Callable[[ModelPlan, Path], dict[str, Any]],
     weight_types_of: Callable[[Path], Iterable[str]],
     kv: str = "f16",
+    era: str = "",
 ) -> Confirmed:
     """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds,
-    run the gate; then decide every rule. A model the table does not change is neither made nor measured."""
+    run the gate; then decide every rule. A model the table does not change is neither made nor measured.
+    The models of this call are recorded in ``store`` once every one is done (:func:`recompose` reads them)."""
     from tuner import log
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
+    rows: list[dict[str, Any]] = []
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
         ds = tuple(dry.depths(depths))
         dmap[dry.like] = ds
+        row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), "rounds": rounds, "era": era}
+        rows.append(row | {"weight_types": None})
         if not dry.env:
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
             plans.append(dry)
             continue
         path = model_for(like)
         wtypes[dry.like] = tuple(sorted({str(t) for t in weight_types_of(path)}))
+        rows[-1] = row | {"weight_types": list(wtypes[dry.like])}
         plan = plan_model(table, like, kv=kv, weight_types=wtypes[dry.like])
         plans.append(plan)
         if not plan.env:
@@ -613,6 +634,75 @@ def confirm_models(
         cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
         points[plan.like] = model_points(plan.like, cells)
         gates[plan.like] = gate(plan, path)
+    store.set_models(rows)
+    fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
+    return Confirmed(
+        plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)
+    )
+
+
+def table_id(table: Table) -> str:
+    """A short hash of the table's composed rules and MMQ choices: a confirm storage records the table it confirms."""
+    import hashlib
+
+    text = "\n".join([r.text for r in table.rules] + [c.text for c in table.mmq])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kept_patch(root: Path, conf: Confirmed, arch: Any) -> str:
+    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept): the FA
+    table (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
+    from tuner.sweep.table import render_table_patch
+
+    note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
+    parts = [
+        render_table_patch(root, conf.kept_rules, arch, note=note),
+        mmq.render_mmq_patch(root, conf.kept_mmq, arch, note=note),
+    ]
+    return "".join(p for p in parts if p)
+
+
+def _stored_only(*_: Any) -> Any:
+    raise UsageError(
+        "the confirm storage lacks a round or a gate check its recorded models need (a truncated or edited "
+        "confirm.sqlite3): nothing can be recomposed from it."
+    )
+
+
+def recompose(table: Table, store: ConfirmStore) -> Confirmed:
+    """What :func:`confirm_models` decided, decided again from ``store`` alone: the recorded models of the last
+    call, their stored rounds (judged by :func:`judge_model`), their stored gate checks (judged by
+    :func:`gate_model`) and :func:`decide_rules`. Nothing is measured or run.
+
+    Raises:
+        UsageError: A storage without its models (made before they were recorded: rerun the same
+            ``tuner sweep confirm``, which resumes and measures nothing), or without a round or gate
+            check they need.
+    """
+    rows = store.models()
+    if not rows:
+        raise UsageError(
+            f"{store.path} records no models: it was made before `tuner sweep confirm` recorded them, or no call "
+            "finished. Rerun the same `tuner sweep confirm` command: it resumes from the storage, measures "
+            "nothing already measured and records them."
+        )
+    plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
+    for row in rows:
+        types = row.get("weight_types")
+        plan = plan_model(table, str(row["like"]), kv=str(row["kv"]), weight_types=types)
+        ds = tuple(int(d) for d in row["depths"])
+        dmap[plan.like] = ds
+        plans.append(plan)
+        if types is None or not plan.env:
+            continue
+        wtypes[plan.like] = tuple(str(t) for t in types)
+        joint: Any = _stored_only
+        recs = measure_model(joint, plan, ds, rounds=int(row["rounds"]), store=store)
+        points[plan.like] = model_points(plan.like, judge_model(recs, ds, mmq_changed=bool(plan.mmq)))
+        gates[plan.like] = gate_model(
+            plan, Path(), Path(), arch=table.arch, era=str(row["era"]), store=store, work_dir=Path(),
+            run_one=_stored_only,
+        )  # fmt: skip
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
         plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)

@@ -1,0 +1,361 @@
+"""``tuner sweep export``: the confirmed sweep table as a result folder (``results/<arch>/<name>/``).
+
+From a ``tuner sweep confirm`` directory and the stores of the two sweeps behind it, the folder holds:
+
+- ``upstream.patch``: the kept entries on the pristine tree (:func:`tuner.sweep.confirm.kept_patch`; none
+  where nothing was kept), ``PR.md`` and ``e2e.md`` as the confirmation wrote them, ``report.md`` (the
+  FlashAttention and MMQ sweep reports and ``e2e.md``, one section each);
+- ``plots/`` (:mod:`tuner.sweep.plots`);
+- ``evidence/``: ``sweep.sqlite3.xz``, ``mmq.sqlite3.xz`` (where the confirmation had MMQ choices) and
+  ``confirm.sqlite3.xz``, consistent copies of the three stores, xz-compressed as a search result keeps
+  ``evidence/study.db.xz``;
+- ``table.toml``, the manifest: schema, kind, source, arch and device, the kept FlashAttention entries and
+  MMQ choices as text (and those reported, with why), sha256 of ``upstream.patch`` and of each evidence
+  file, and coverage counts.
+
+Everything in the manifest's table is recomposed from the stored copies, by the commands' own code
+(:func:`load_evidence`: :func:`tuner.sweep.confirm.load_table` and :func:`tuner.sweep.confirm.recompose`),
+which ``tuner validate`` runs again on the decompressed evidence. The export never writes outside ``-o``
+(the copies are staged in a temporary directory) and replaces ``-o`` only where it is a new or empty
+folder or an earlier export.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EVIDENCE",
+    "KIND",
+    "MANIFEST",
+    "SCHEMA",
+    "Evidence",
+    "decompress_evidence",
+    "export_table",
+    "is_export",
+    "load_evidence",
+    "manifest_table",
+]
+
+import dataclasses
+import lzma
+import re
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner._compat import tomllib
+from tuner._hash import text_sha256
+from tuner.errors import UsageError
+from tuner.sweep import confirm, live, mmq_live
+
+MANIFEST = "table.toml"
+SCHEMA = 1
+KIND = "sweep table"
+EVIDENCE = {"sweep": "sweep.sqlite3", "mmq": "mmq.sqlite3", "confirm": "confirm.sqlite3"}
+"""The stores an export keeps, by role, each as ``evidence/<name>.xz``."""
+_COMMANDS = {"sweep": "tuner sweep run", "mmq": "tuner sweep mmq", "confirm": "tuner sweep confirm"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """The table and its confirmation recomposed from the three stores, and what the plots need."""
+
+    table: confirm.Table
+    confirmed: confirm.Confirmed
+    models: tuple[dict[str, Any], ...]
+    confirm_identity: Mapping[str, str]
+    fa_samples: tuple[Any, ...]
+    mmq_samples: tuple[Any, ...]
+
+
+def _meta(path: Path) -> dict[str, str]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
+
+
+def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
+    """Recompose from the stores in ``dirs`` (role -> directory holding ``EVIDENCE[role]``; ``mmq`` may be
+    None): the sweep's table as ``tuner sweep confirm`` loads it, then the confirmation's decisions from its
+    stored rounds and gate checks. Opens the confirm store for writing (its tables are made if missing):
+    pass copies.
+
+    Raises:
+        UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one.
+    """
+    sweep_dir, confirm_dir = dirs.get("sweep"), dirs.get("confirm")
+    if sweep_dir is None or confirm_dir is None:
+        raise UsageError("A sweep table needs the stores of `tuner sweep run` and `tuner sweep confirm`.")
+    table = confirm.load_table(sweep_dir, dirs.get("mmq"))
+    cpath = confirm_dir / EVIDENCE["confirm"]
+    if not cpath.is_file():
+        raise UsageError(
+            f"{confirm_dir} holds no {EVIDENCE['confirm']}: pass the output directory of `tuner sweep confirm`."
+        )
+    try:
+        meta = _meta(cpath)
+    except sqlite3.Error as err:
+        raise UsageError(f"{cpath} is not a sweep confirm storage ({err}).") from err
+    if meta.get("sweep") != "confirm":
+        raise UsageError(f"{cpath} is not the storage of `tuner sweep confirm` (its meta has no sweep = confirm).")
+    if meta.get("table") and meta["table"] != confirm.table_id(table):
+        raise UsageError(
+            f"{cpath} confirmed another table (id {meta['table']}) than the sweep stores give "
+            f"({confirm.table_id(table)}): pass the sweep directory the confirmation was run on and, where it "
+            "had MMQ choices, its --mmq directory."
+        )
+    store = confirm.ConfirmStore(cpath, {})
+    try:
+        conf = confirm.recompose(table, store)
+        models = tuple(store.models())
+    finally:
+        store.close()
+    fa = live.SampleStore(sweep_dir / EVIDENCE["sweep"], {})
+    try:
+        fa_samples = tuple(fa.samples())
+    finally:
+        fa.close()
+    mm: tuple[Any, ...] = ()
+    mdir = dirs.get("mmq")
+    if mdir is not None:
+        ms = mmq_live.MmqStore(mdir / EVIDENCE["mmq"], {})
+        try:
+            mm = tuple(ms.samples())
+        finally:
+            ms.close()
+    return Evidence(
+        table=table, confirmed=conf, models=models, confirm_identity=meta, fa_samples=fa_samples, mmq_samples=mm
+    )
+
+
+def decompress_evidence(folder: Path, into: Path) -> dict[str, Path | None]:
+    """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/``: the directories
+    :func:`load_evidence` takes (None for a role without its file).
+
+    Raises:
+        UsageError: A file that is not xz.
+    """
+    out: dict[str, Path | None] = {}
+    for role, name in EVIDENCE.items():
+        xz = folder / "evidence" / f"{name}.xz"
+        if not xz.is_file():
+            out[role] = None
+            continue
+        (into / role).mkdir(parents=True, exist_ok=True)
+        try:
+            (into / role / name).write_bytes(lzma.decompress(xz.read_bytes()))
+        except lzma.LZMAError as err:
+            raise UsageError(f"{xz} is not xz-compressed ({err}).") from err
+        out[role] = into / role
+    return out
+
+
+def is_export(folder: Path) -> bool:
+    """``folder`` holds the manifest of a sweep table export."""
+    try:
+        return tomllib.loads((folder / MANIFEST).read_text()).get("kind") == KIND
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def _check_out(out: Path) -> None:
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_export(out)):
+        return
+    raise UsageError(
+        f"{out} exists and is not an earlier sweep table export (it has no {MANIFEST} of kind {KIND!r}). "
+        "`tuner sweep export` replaces its -o whole, so it writes only to a new or empty folder or over an "
+        "earlier export; pass another -o (e.g. results/<arch>/<name>), or remove that folder yourself if "
+        "nothing in it is needed."
+    )
+
+
+def _locate(confirm_dir: Path, sweep_dir: Path | None, mmq_dir: Path | None) -> dict[str, Path | None]:
+    dirs: dict[str, Path | None] = {"confirm": confirm_dir, "sweep": sweep_dir, "mmq": mmq_dir}
+    if sweep_dir is None:  # `tuner sweep confirm`'s default -o is SWEEP_DIR/confirm
+        dirs["sweep"] = confirm_dir.parent
+    for role, d in dirs.items():
+        if d is not None and not (d / EVIDENCE[role]).is_file():
+            hint = (
+                " (pass --sweep: it is not the confirm directory's parent)" if role == "sweep" and not sweep_dir else ""
+            )
+            raise UsageError(
+                f"{d} holds no {EVIDENCE[role]}{hint}: pass the output directory of `{_COMMANDS[role]}` "
+                "that the confirmation was run on."
+            )
+    return dirs
+
+
+def _backup(src: Path, dest: Path) -> None:
+    """A consistent copy of a SQLite file (its WAL included), read-only on the source."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as a, sqlite3.connect(dest) as b:
+        a.backup(b)
+
+
+def _demoted(text: str) -> str:
+    """Markdown headings two levels down (outside code fences), for a report inside a section."""
+    out, fence = [], False
+    for ln in text.splitlines():
+        fence ^= ln.lstrip().startswith("```")
+        out.append("##" + ln if not fence and re.match(r"#+ ", ln) else ln)
+    return "\n".join(out)
+
+
+def _report(dirs: Mapping[str, Path | None]) -> str:
+    parts = [
+        "# Sweep table: the reports behind it",
+        "",
+        "As each command wrote them (headings two levels down): the FlashAttention sweep, the MMQ-vs-cuBLAS "
+        "sweep and the end-to-end confirmation. `PR.md` has the kept and reported entries, `table.toml` the "
+        "manifest.",
+        "",
+    ]
+    for title, role, name in (
+        ("FlashAttention kernels (`tuner sweep run`)", "sweep", "report.md"),
+        ("MMQ vs cuBLAS (`tuner sweep mmq`)", "mmq", "report.md"),
+        ("End to end (`tuner sweep confirm`)", "confirm", "e2e.md"),
+    ):
+        d = dirs.get(role)
+        f = d / name if d is not None else None
+        body = _demoted(f.read_text()) if f is not None and f.is_file() else "Not part of this table (no report)."
+        parts += [f"## {title}", "", body.rstrip(), ""]
+    return "\n".join(parts)
+
+
+def _clean(meta: Mapping[str, str]) -> dict[str, str]:
+    """An identity without local paths (a build directory: its name only); read on other machines."""
+    return {k: (Path(v).name if v.startswith("/") else v) for k, v in sorted(meta.items())}
+
+
+def manifest_table(ev: Evidence) -> dict[str, Any]:
+    """The manifest's ``[table]`` and ``[coverage]``: everything :func:`load_evidence` recomposes."""
+    t, c = ev.table, ev.confirmed
+    kept = [f for f in c.fates if f.kept]
+    return {
+        "table": {
+            "fa_rules": [r.text for r in c.kept_rules],
+            "mmq_choices": [m.text for m in c.kept_mmq],
+            "reported": [f"{f.text}: {f.why}" for f in c.fates if not f.kept],
+            "composed_fa_rules": [r.text for r in t.rules],
+            "composed_mmq_choices": [m.text for m in t.mmq],
+            "models": [str(m["like"]) for m in ev.models],
+        },
+        "coverage": {
+            "shapes": len(t.shapes),
+            "n_kv_points": len(t.n_kv),
+            "cells": len(t.cells),
+            "cells_with_verdict": t.with_verdict,
+            "rounds": t.rounds,
+            "mmq_points": t.mmq_points,
+            "models_measured": len(c.points),
+            "kept": len(kept),
+            "reported": len(c.fates) - len(kept),
+        },
+    }
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write(
+    stage: Path, ev: Evidence, src: Any, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
+) -> dict[str, Any]:
+    """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
+    from tuner.sweep.plots import plot_fa, plot_mmq
+
+    if patch:
+        (stage / "upstream.patch").write_text(patch)
+    confirm_dir = dirs["confirm"]
+    assert confirm_dir is not None
+    for name in ("PR.md", "e2e.md"):
+        if not (confirm_dir / name).is_file():
+            raise UsageError(f"{confirm_dir} has no {name}: run `tuner sweep confirm` to the end before exporting.")
+        shutil.copyfile(confirm_dir / name, stage / name)
+    (stage / "report.md").write_text(_report(dirs))
+    (stage / "plots").mkdir()
+    t = ev.table
+    plots = plot_fa(t.cells, ev.fa_samples, t.rules, stage / "plots")
+    by_type: dict[str, list[Any]] = {}
+    for ch in t.mmq:
+        by_type.setdefault(ch.type, []).append(ch)
+    mplot = plot_mmq(ev.mmq_samples, by_type, stage / "plots" / "mmq.png") if ev.mmq_samples else None
+    plots += [mplot] if mplot else []
+    evidence = sorted((stage / "evidence").iterdir())
+    return {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "source": {"spec": src.spec, "source_id": src.source_id, "commit": src.commit or "", "era": src.era},
+        "target": {"arch": t.arch.name, "measured_on": measured_on},
+        **manifest_table(ev),
+        "hashes": {
+            "patch_sha256": text_sha256(patch) if patch else "",
+            "evidence": {p.name: _sha(p) for p in evidence},
+        },
+        "identity": {
+            "sweep": _clean(t.identity),
+            "mmq": _clean(t.mmq_identity),
+            "confirm": _clean(ev.confirm_identity),
+        },
+        "files": {"plots": [f"plots/{p.name}" for p in plots], "evidence": [f"evidence/{p.name}" for p in evidence]},
+    }
+
+
+def export_table(
+    confirm_dir: Path,
+    out: Path,
+    *,
+    sweep_dir: Path | None = None,
+    mmq_dir: Path | None = None,
+    spec: str | None = None,
+    measured_on: str | None = None,
+) -> dict[str, Any]:
+    """Write the result folder ``out`` (module doc) and return its manifest.
+
+    Raises:
+        UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or
+            not the one the confirmation used; the confirmation's own ``upstream.patch`` differs from the
+            one its stored decisions give (a stale confirm directory).
+    """
+    import tomli_w
+
+    from tuner import source
+
+    out, cdir = Path(out), Path(confirm_dir)
+    _check_out(out)
+    dirs = _locate(cdir, sweep_dir, mmq_dir)
+    with tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp:
+        raw, stage = Path(tmp) / "raw", Path(tmp) / "out"
+        (stage / "evidence").mkdir(parents=True)
+        for role, d in dirs.items():
+            if d is not None:
+                _backup(d / EVIDENCE[role], raw / role / EVIDENCE[role])
+                data = (raw / role / EVIDENCE[role]).read_bytes()
+                (stage / "evidence" / f"{EVIDENCE[role]}.xz").write_bytes(lzma.compress(data, preset=9))
+        ev = load_evidence({r: (raw / r if d is not None else None) for r, d in dirs.items()})
+        src = source.fetch_source(spec) if spec else source.fetch_source()
+        eras = {str(m.get("era")) for m in ev.models if m.get("era")}
+        if eras - {src.era}:
+            raise UsageError(
+                f"The confirmation ran on a tree of era {', '.join(sorted(eras))}; {src.spec} is {src.era}."
+            )
+        patch = confirm.kept_patch(src.root, ev.confirmed, ev.table.arch)
+        old = cdir / "upstream.patch"
+        if (old.read_text() if old.is_file() else "") != patch:
+            raise UsageError(
+                f"{cdir}'s upstream.patch is not the patch its confirm.sqlite3 decides on {src.spec} (the "
+                "directory's outputs are stale, or it was confirmed on another tree): rerun the same `tuner sweep "
+                "confirm` command (it measures nothing already stored and rewrites them), or pass --source."
+            )
+        ident = ev.table.identity
+        device = measured_on or ident.get("device") or f"not recorded (backend {ident.get('backend', '?')})"
+        manifest = _write(stage, ev, src, dirs, patch=patch, measured_on=device)
+        (stage / MANIFEST).write_text(tomli_w.dumps(manifest))
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(stage, out)
+    return manifest

@@ -1,0 +1,138 @@
+"""The plots of an exported sweep table (``tuner sweep export``), from the stored samples.
+
+- ``fa-D<head size>.png``: per K/V type, a heatmap of GQA ratio x n_kv at ``Q->ne[1] = 1``: the kernel the
+  sweep's composed table chooses in each cell (upstream's where no rule covers it) and the speedup of that
+  kernel over upstream's choice (median upstream time / median time of the chosen kernel over the rounds).
+- ``mmq.png``: per quant type and batch size, the speedup of cuBLAS over MMQ (upstream's choice), the
+  geometric mean over the swept weight sizes of the median ratios.
+
+matplotlib's Agg backend; nothing is shown.
+"""
+
+from __future__ import annotations
+
+__all__ = ["fa_speedups", "mmq_speedups", "plot_fa", "plot_mmq"]
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.sweep.grid import DEFAULT, Cell, FaShape
+from tuner.sweep.table import TableRule
+
+_COLOURS = {"VEC": "#4c72b0", "TILE": "#dd8452", "MMA": "#55a868"}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _medians(samples: Iterable[Any], key: Any, value: str) -> dict[Any, float]:
+    by: dict[Any, list[float]] = defaultdict(list)
+    for s in samples:
+        v = getattr(s, value)
+        if s.ok and v:
+            by[key(s)].append(float(v))
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def fa_speedups(
+    cells: Sequence[Cell], samples: Iterable[Any], rules: Sequence[TableRule]
+) -> dict[tuple[FaShape, int], tuple[str, float]]:
+    """Per cell: the kernel the composed table chooses (upstream's where no rule covers it) and its speedup
+    over upstream's choice (NaN where either was not measured)."""
+    med = _medians(samples, lambda s: (s.shape, s.n_kv, s.config), "us_per_run")
+    out = {}
+    for c in cells:
+        s = c.shape
+        rule = next(
+            (r for r in rules if (r.D, r.gqa, r.kv, r.ne1) == (s.D, s.gqa, s.kv, s.ne1) and r.covers(c.n_kv)), None
+        )
+        kernel = rule.kernel if rule else c.upstream
+        base = med.get((s, c.n_kv, DEFAULT), math.nan)
+        mine = base if rule is None or kernel == c.upstream else med.get((s, c.n_kv, kernel), math.nan)
+        out[(s, c.n_kv)] = (kernel, base / mine if mine else math.nan)
+    return out
+
+
+def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[TableRule], out_dir: Path) -> list[Path]:
+    """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1`` (module doc)."""
+    plt = _pyplot()
+    from matplotlib.colors import TwoSlopeNorm
+
+    sp = fa_speedups(cells, samples, rules)
+    out = []
+    for D in sorted({c.shape.D for c in cells if c.shape.ne1 == 1}):
+        kvs = sorted({c.shape.kv for c in cells if c.shape.D == D and c.shape.ne1 == 1})
+        fig, axes = plt.subplots(len(kvs), 1, figsize=(12, 1.2 + 1.6 * len(kvs) * 1.4), squeeze=False)
+        for ax, kv in zip(axes[:, 0], kvs):
+            mine = [c for c in cells if (c.shape.D, c.shape.kv, c.shape.ne1) == (D, kv, 1)]
+            gqas, nkvs = sorted({c.shape.gqa for c in mine}), sorted({c.n_kv for c in mine})
+            grid = [[math.nan] * len(nkvs) for _ in gqas]
+            for c in mine:
+                kernel, x = sp[(c.shape, c.n_kv)]
+                i, j = gqas.index(c.shape.gqa), nkvs.index(c.n_kv)
+                grid[i][j] = x
+                label = kernel + ("" if math.isnan(x) else f"\n{x:.2f}x")
+                ax.text(j, i, label, ha="center", va="center", fontsize=6, color=_COLOURS.get(kernel, "black"))
+            ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.5, vmax=1.5), aspect="auto")
+            ax.set_xticks(range(len(nkvs)), [str(n) for n in nkvs], rotation=60, fontsize=7)
+            ax.set_yticks(range(len(gqas)), [str(g) for g in gqas])
+            ax.set_ylabel("GQA ratio")
+            ax.set_title(f"head size {D}, K/V {kv}, Q->ne[1] = 1: chosen kernel and speedup vs upstream", fontsize=9)
+        axes[-1, 0].set_xlabel("n_kv")
+        fig.tight_layout()
+        path = out_dir / f"fa-D{D}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def mmq_speedups(samples: Iterable[Any]) -> dict[tuple[str, int], float]:
+    """(type, batch size) -> speedup of cuBLAS over upstream's MMQ: geometric mean over the weight sizes of
+    median MMQ time / median cuBLAS time (points with both measured only)."""
+    med = _medians(samples, lambda s: (s.type, s.m, s.k, s.ne11, s.config), "us_per_op")
+    logs: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (t, m, k, n, cfg), base in med.items():
+        blas = med.get((t, m, k, n, "BLAS"))
+        if cfg == DEFAULT and blas:
+            logs[(t, n)].append(math.log(base / blas))
+    return {k: math.exp(statistics.fmean(v)) for k, v in logs.items()}
+
+
+def plot_mmq(samples: Sequence[Any], choices: Mapping[str, Sequence[Any]], path: Path) -> Path | None:
+    """``mmq.png``: the speedup of cuBLAS over MMQ per type and batch size; None without a measured pair.
+    ``choices``: per type, its composed choices (marked in the cells they cover)."""
+    sp = mmq_speedups(samples)
+    if not sp:
+        return None
+    plt = _pyplot()
+    from matplotlib.colors import TwoSlopeNorm
+
+    types, batches = sorted({t for t, _ in sp}), sorted({n for _, n in sp})
+    grid = [[sp.get((t, n), math.nan) for n in batches] for t in types]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(batches), 1.0 + 0.6 * len(types)))
+    ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.25, vmax=4.0), aspect="auto")
+    for i, t in enumerate(types):
+        for j, n in enumerate(batches):
+            x = grid[i][j]
+            chosen = any(c.covers(n) and c.backend == "BLAS" for c in choices.get(t, ()))
+            if not math.isnan(x):
+                ax.text(j, i, f"{x:.2f}x" + ("\nBLAS" if chosen else ""), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(batches)), [str(n) for n in batches])
+    ax.set_yticks(range(len(types)), types)
+    ax.set_xlabel("batch size (ne11)")
+    ax.set_title("cuBLAS speedup over MMQ (geometric mean over weight sizes); BLAS: the composed choice", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

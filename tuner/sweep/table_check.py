@@ -1,0 +1,334 @@
+"""``tuner validate`` of an exported sweep table (a folder with ``table.toml`` of kind ``sweep table``).
+
+Static checks: the manifest's schema and types; the files it lists (``PR.md``, ``report.md``, the plots, the
+evidence) are there and the evidence hashes to what it records; ``upstream.patch`` hashes to its record (no
+patch where nothing was kept); the pinned source resolves to the recorded id and era; the decompressed
+evidence recomposes, by the commands' own code (:func:`tuner.sweep.export.load_evidence`), to the kept
+entries, the composed table and the counts of the manifest; re-rendering the kept entries on the pristine
+tree reproduces ``upstream.patch`` byte for byte; it applies (``git apply --check``) with no whitespace-only
+hunk; and the C++ lookup in the patched ``fattn.cu``, compiled host-only, returns what the Python matcher
+(:func:`tuner.sweep.table.match_table`) returns at every stored cell, with and without the GQA optimisation.
+
+``--gpu`` (on a GPU of the table's arch): the pristine tree with ``upstream.patch`` builds with the arch's
+``cuda`` defines, and ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
+types) and ``-o MUL_MAT`` pass on it. The kernel it selects at the table's shapes is not read on the GPU:
+the patched upstream tree has no kernel log (``GGML_TUNER_FA_LOG`` is tuner's hook, not the patch's); the
+static lookup check above covers the selection at every stored cell.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REQUIRED", "find_tables", "validate_table"]
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner._compat import tomllib
+from tuner._hash import text_sha256
+from tuner.errors import TunerError, UsageError
+from tuner.result.checks import Finding, git_apply_to_copy
+from tuner.result.validate import ResultCheck
+from tuner.sweep import export
+
+REQUIRED: dict[str, dict[str, type[Any]]] = {
+    "source": {"spec": str, "source_id": str, "commit": str, "era": str},
+    "target": {"arch": str, "measured_on": str},
+    "table": {
+        "fa_rules": list,
+        "mmq_choices": list,
+        "reported": list,
+        "composed_fa_rules": list,
+        "composed_mmq_choices": list,
+        "models": list,
+    },
+    "coverage": dict.fromkeys(
+        (
+            "shapes",
+            "n_kv_points",
+            "cells",
+            "cells_with_verdict",
+            "rounds",
+            "mmq_points",
+            "models_measured",
+            "kept",
+            "reported",
+        ),
+        int,
+    ),
+    "hashes": {"patch_sha256": str, "evidence": dict},
+    "files": {"plots": list, "evidence": list},
+}
+
+
+def find_tables(paths: Iterable[Path]) -> list[Path]:
+    """Sweep table folders (a ``table.toml`` of kind ``sweep table``) under each path."""
+    out: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
+        cands = [p] if (p / export.MANIFEST).is_file() else sorted(m.parent for m in p.rglob(export.MANIFEST))
+        out += [c for c in cands if export.is_export(c)]
+    return out
+
+
+def _schema(m: Mapping[str, Any]) -> list[str]:
+    errs = []
+    if m.get("schema") != export.SCHEMA:
+        errs.append(f"schema is {m.get('schema')!r}; this tuner reads schema {export.SCHEMA}")
+    for sec, keys in REQUIRED.items():
+        if not isinstance(m.get(sec), dict):
+            errs.append(f"missing table [{sec}]")
+            continue
+        for k, t in keys.items():
+            v = m[sec].get(k)
+            if v is None:
+                errs.append(f"missing key {sec}.{k}")
+            elif not isinstance(v, t) or (t is int and isinstance(v, bool)):
+                errs.append(f"{sec}.{k} should be a {t.__name__}, not {type(v).__name__}")
+            elif isinstance(v, list) and not all(isinstance(x, str) for x in v):
+                errs.append(f"{sec}.{k} should be a list of strings")
+    return errs
+
+
+def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
+    f = []
+    want = ["PR.md", "report.md", *m["files"]["plots"], *m["files"]["evidence"]]
+    missing = [w for w in want if not (folder / w).is_file() or not (folder / w).stat().st_size]
+    f.append(
+        Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
+    )
+    recorded = dict(m["hashes"]["evidence"])
+    have = {p.name for p in (folder / "evidence").glob("*.xz")} if (folder / "evidence").is_dir() else set()
+    bad = [
+        n
+        for n in sorted(recorded)
+        if n in have and hashlib.sha256((folder / "evidence" / n).read_bytes()).hexdigest() != recorded[n]
+    ]
+    bad += [f"{n} (not in the manifest)" for n in sorted(have - set(recorded))]
+    bad += [f"{n} (missing)" for n in sorted(set(recorded) - have)]
+    if "confirm.sqlite3.xz" not in recorded or "sweep.sqlite3.xz" not in recorded:
+        bad.append("the manifest lists no sweep.sqlite3.xz or confirm.sqlite3.xz")
+    f.append(
+        Finding(
+            check="evidence", ok=not bad, detail="sha256 differs or file unexpected: " + "; ".join(bad) if bad else ""
+        )
+    )
+    return f
+
+
+def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
+    want = m["hashes"]["patch_sha256"]
+    kept = bool(m["table"]["fa_rules"] or m["table"]["mmq_choices"])
+    if not want:
+        ok = patch is None and not kept
+        why = (
+            "empty table: no entry was kept end to end, so there is no upstream.patch"
+            if ok
+            else "the manifest records no patch, but the folder has an upstream.patch"
+            if patch is not None
+            else "the manifest records no patch but lists kept entries"
+        )
+        return Finding(check="patch hash", ok=ok, detail=why)
+    if patch is None:
+        return Finding(
+            check="patch hash", ok=False, detail="the manifest records a patch, but upstream.patch is missing"
+        )
+    ok = text_sha256(patch) == want
+    why = f"sha256(upstream.patch)={text_sha256(patch)[:12]}… but table.toml records {want[:12]}… (edited patch or stale hash)"
+    return Finding(check="patch hash", ok=ok, detail="" if ok else why)
+
+
+def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
+    """The manifest's table and coverage equal what the evidence recomposes to (first few differences)."""
+    got = export.manifest_table(ev)
+    diffs = []
+    for sec in ("table", "coverage"):
+        for k, v in got[sec].items():
+            if m[sec].get(k) != v:
+                diffs.append(f"{sec}.{k}: table.toml has {m[sec].get(k)!r}, the evidence gives {v!r}")
+    t = ev.table
+    if m["target"]["arch"] != t.arch.name:
+        diffs.append(f"target.arch is {m['target']['arch']!r}; the sweep was measured for {t.arch.name}")
+    eras = {str(r.get("era")) for r in ev.models if r.get("era")}
+    if eras - {m["source"]["era"]}:
+        diffs.append(f"the confirmation ran on era {', '.join(sorted(eras))}, source.era is {m['source']['era']!r}")
+    detail = (
+        f"{len(got['table']['fa_rules'])} FlashAttention entr(ies) and {len(got['table']['mmq_choices'])} MMQ "
+        f"choice(s) kept of {got['coverage']['kept'] + got['coverage']['reported']}, from {got['coverage']['cells']} cells"
+    )
+    return Finding(check="recomposed from evidence", ok=not diffs, detail="; ".join(diffs[:4]) if diffs else detail)
+
+
+def _lookup(patched: str, ev: Any) -> Finding:
+    """The C++ lookup of the patched fattn.cu against :func:`match_table` at every stored cell."""
+    from tuner.sweep.table import harness_source, match_table
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        return Finding(
+            check="table lookup", ok=True, detail="skipped: g++ not on PATH (host-only compile of the lookup)"
+        )
+    kvs = sorted({c.shape.kv for c in ev.table.cells} | {r.kv for r in ev.confirmed.kept_rules})
+    queries = []
+    for c in ev.table.cells:
+        s = c.shape
+        for opt in (True, False):
+            queries.append((s.D, s.gqa, s.kv, s.ne1, c.n_kv, "VEC" in c.legal, opt))
+    with tempfile.TemporaryDirectory(prefix="tuner-lookup-") as tmp:
+        src, exe = Path(tmp) / "lookup.cpp", Path(tmp) / "lookup"
+        try:
+            src.write_text(harness_source(patched, kvs))
+        except TunerError as err:
+            return Finding(check="table lookup", ok=False, detail=str(err))
+        cc = subprocess.run(
+            [gxx, "-std=c++17", "-O1", "-o", str(exe), str(src)], capture_output=True, text=True, check=False
+        )
+        if cc.returncode != 0:
+            return Finding(
+                check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.stderr.strip()[-400:]}"
+            )
+        text = "".join(
+            f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
+        )
+        got = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=False).stdout.split()
+    rules = ev.confirmed.kept_rules
+    bad = []
+    for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):
+        D, gqa, kv, ne1, n, vec, opt = q
+        want = match_table(
+            rules, D=D, gqa=gqa, type_k=kv, type_v=kv, ne1=ne1, n_kv=n, can_use_vector_kernel=vec, gqa_opt_applies=opt
+        )
+        if g != (want or "NONE"):
+            bad.append(f"D{D} gqa{gqa} {kv} ne1 {ne1} n_kv {n} (gqa opt {opt}): C++ {g}, Python {want or 'NONE'}")
+    detail = f"C++ lookup and Python matcher agree at {len(queries)} calls ({len(ev.table.cells)} stored cells)"
+    return Finding(check="table lookup", ok=not bad, detail="; ".join(bad[:3]) if bad else detail)
+
+
+def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> list[Finding]:
+    from tuner.result.upstream_patch import whitespace_only_hunks
+    from tuner.sweep.confirm import kept_patch
+
+    try:
+        want = kept_patch(source.root, ev.confirmed, ev.table.arch)
+    except TunerError as err:
+        return [Finding(check="re-render", ok=False, detail=str(err))]
+    same = want == (patch or "")
+    why = "re-rendering the kept entries on the pristine tree does not reproduce upstream.patch byte for byte"
+    out = [Finding(check="re-render", ok=same, detail="" if same else why)]
+    if patch is None:
+        return out
+    res, new = git_apply_to_copy(folder / "upstream.patch", source.root, check=False)
+    ok = res.returncode == 0
+    last = (res.output.strip().splitlines() or [""])[-1]
+    out.append(
+        Finding(
+            check="upstream.patch applies", ok=ok, detail="" if ok else f"git apply against the pristine tree: {last}"
+        )
+    )
+    ws = whitespace_only_hunks(patch)
+    out.append(Finding(check="upstream.patch whitespace", ok=not ws, detail="; ".join(ws)))
+    fattn = next((t for p, t in new.items() if p.endswith("fattn.cu")), None)
+    if ok and ev.confirmed.kept_rules and fattn is not None:
+        out.append(_lookup(fattn, ev))
+    return out
+
+
+def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
+    """Every check of one sweep table folder (module doc); failures are findings, not exceptions.
+    ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them."""
+    from tuner.source import fetch_source
+
+    f: list[Finding] = []
+    try:
+        m = tomllib.loads((folder / export.MANIFEST).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+    errs = _schema(m)
+    f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "sweep table"))
+    if errs:
+        return ResultCheck(path=folder, findings=tuple(f))
+    f += _files(folder, m)
+    pfile = folder / "upstream.patch"
+    patch = pfile.read_text() if pfile.is_file() else None
+    f.append(_patch_hash(patch, m))
+    try:
+        source = fetch_source(m["source"]["spec"])
+    except TunerError as err:
+        return ResultCheck(path=folder, findings=(*f, Finding(check="source", ok=False, detail=str(err))))
+    same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
+    f.append(
+        Finding(check="source", ok=same, detail="" if same else f"{source.spec} is {source.source_id} era {source.era}")
+    )
+    with tempfile.TemporaryDirectory(prefix="tuner-table-evidence-") as tmp:
+        try:
+            ev = export.load_evidence(export.decompress_evidence(folder, Path(tmp)))
+        except TunerError as err:
+            f.append(Finding(check="recomposed from evidence", ok=False, detail=str(err)))
+            return ResultCheck(path=folder, findings=tuple(f))
+    f.append(_recomposed(ev, m))
+    f += _patch_findings(folder, patch, ev, source)
+    if gpu is not None:
+        try:
+            f += _gpu_findings(folder, patch, ev, source, log_dir=gpu.get("log_dir"))
+        except TunerError as err:  # a failed build or run is a failed check, not a crash
+            f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
+    return ResultCheck(path=folder, findings=tuple(f))
+
+
+def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, *, log_dir: Path | None) -> list[Finding]:
+    """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT."""
+    from tuner.builder.cmake import build_variant
+    from tuner.measure.gate import params_for_model, run_check
+    from tuner.plan.render import render_variant
+    from tuner.plan.variant import RenderedVariant
+    from tuner.result.upstream_check import patched_tree_text
+    from tuner.targets.archs import detect_local_archs
+
+    arch = ev.table.arch
+    local = detect_local_archs()
+    if patch is None:
+        return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the table has no upstream.patch")]
+    if arch.name not in local:
+        return [
+            Finding(
+                check="upstream.patch on the GPU",
+                ok=True,
+                detail=f"skipped: needs a {arch.name} GPU, this machine has {', '.join(local) or 'none'}",
+            )
+        ]
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tuner-validate-table-"))
+    base = render_variant(source, arch.name, "cuda", local_archs=local)
+    rv = RenderedVariant(
+        arch=arch.name, variant="cuda+upstream.patch", era=source.era, source_id=source.source_id,
+        source_root=source.root, defines=dict(base.defines), patch=patch,
+        files=patched_tree_text(folder / "upstream.patch", source.root),
+    )  # fmt: skip
+    b = build_variant(rv, targets=("test-backend-ops",))
+    out = [
+        Finding(
+            check="upstream.patch builds", ok=True, detail=f"{'cached' if b.cached else f'built in {b.seconds:.0f} s'}"
+        )
+    ]
+    shapes = sorted({(r.D, r.kv) for r in ev.confirmed.kept_rules})
+    fa = "|".join(f"({params_for_model(D, kv)})" for D, kv in shapes) or None
+    for op, params in (("FLASH_ATTN_EXT", fa), ("MUL_MAT", None)):
+        if op == "FLASH_ATTN_EXT" and not shapes:
+            continue
+        chk = run_check(
+            b.bin_dir, ops=(op,), backend=f"{arch.backend}0", log_dir=log_dir, params=params, label=f"table-{op}"
+        )
+        out.append(Finding(check=f"test-backend-ops {op}", ok=chk.passed, detail=f"{chk.summary} (log {chk.log_file})"))
+    out.append(
+        Finding(
+            check="upstream.patch selects the table's kernels",
+            ok=True,
+            detail="skipped on the GPU: the patched upstream tree has no kernel log (GGML_TUNER_FA_LOG is tuner's "
+            "hook); the static 'table lookup' check compares its lookup with the matcher at every stored cell",
+        )
+    )
+    return out
