@@ -2,8 +2,9 @@
 sweep storage with one planted rule of that shape, llama-bench rounds of upstream, its A/A twin and the
 table's env, the output-equivalence gate through llama-perplexity, e2e.md and PR.md, and a rerun that
 resumes with nothing left to measure. The CPU backend has no tuner hook, so the table's env changes no
-kernel there: the rule shows no end-to-end gain and is reported, and no patch is written. About a
-minute on 2 cores once the build is cached."""
+kernel there: the rule shows no end-to-end gain and is reported, and no patch is written. Then
+`tuner sweep export` of that confirmation (an empty table, its evidence) and `tuner validate` of the folder.
+About a minute on 2 cores once the build is cached."""
 
 from __future__ import annotations
 
@@ -62,3 +63,23 @@ def test_confirm_on_cpu_build_reports_the_rule_and_resumes(cpu_build, tmp_path: 
     assert again.exit_code == 0 and "round 1/2" not in again.output
     with sqlite3.connect(out / "confirm.sqlite3") as db:
         assert db.execute("SELECT count(*) FROM rounds").fetchone()[0] == n
+    _export_and_validate(sweep_dir, out, tmp_path / "results" / "cpu" / "table")
+
+
+def _export_and_validate(sweep_dir: Path, confirm_dir: Path, dest: Path) -> None:
+    """The confirmed CPU run as a result folder: an empty table (the rule was reported), evidence kept, and
+    `tuner validate` recomposing it from the stored evidence on the pinned tree."""
+    from tuner._compat import tomllib
+    from tuner.cli.export_cmd import validate
+
+    args = ["export", str(confirm_dir), "--sweep", str(sweep_dir), "-o", str(dest)]
+    res = CliRunner().invoke(sweep, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "0 FlashAttention entr(ies) and 0 MMQ choice(s) kept, 1 reported" in res.output
+    m = tomllib.loads((dest / "table.toml").read_text())
+    assert m["table"]["composed_fa_rules"] == ["D64 gqa4 f16 ne1 1, n_kv in [0, inf) -> MMA"]
+    assert m["table"]["fa_rules"] == [] and m["table"]["models"] == ["tiny"] and not (dest / "upstream.patch").exists()
+    assert m["files"]["plots"] == ["plots/fa-D64.png"]
+    check = CliRunner().invoke(validate, [str(dest)], catch_exceptions=False)
+    assert check.exit_code == 0 and "1 passed, 0 failed" in check.output, check.output
+    assert "empty table: no entry was kept end to end" in check.output
