@@ -23,8 +23,6 @@ from typing import Any
 from tuner.sweep.grid import DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
 
-_COLOURS = {"VEC": "#4c72b0", "TILE": "#dd8452", "MMA": "#55a868"}
-
 
 def _pyplot() -> Any:
     import matplotlib
@@ -82,7 +80,7 @@ def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[Table
                 i, j = gqas.index(c.shape.gqa), nkvs.index(c.n_kv)
                 grid[i][j] = x
                 label = kernel + ("" if math.isnan(x) else f"\n{x:.2f}x")
-                ax.text(j, i, label, ha="center", va="center", fontsize=6, color=_COLOURS.get(kernel, "black"))
+                ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
             ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.5, vmax=1.5), aspect="auto")
             ax.set_xticks(range(len(nkvs)), [str(n) for n in nkvs], rotation=60, fontsize=7)
             ax.set_yticks(range(len(gqas)), [str(g) for g in gqas])
