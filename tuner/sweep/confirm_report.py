@@ -108,8 +108,9 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
     dropped = [f for f in conf.fates if not f.kept]
+    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
     lines = [
-        f"# CUDA: tuned FlashAttention kernel selection for {table.arch.name} (measured)",
+        f"# CUDA: {what} selection for {table.arch.name}, measured",
         "",
         f"{len(kept)} of {len(conf.fates)} kernel-level entries are kept after the end-to-end confirmation"
         + (" and go into the patch." if patch else "; the patch is empty."),
