@@ -66,8 +66,7 @@ def coverage_lines(table: Table) -> list[str]:
     lines = [
         f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {table.rounds} paired "
         f"rounds each; {table.with_verdict} cells with a verdict",
-        f"- n_kv: {table.n_kv[0] if table.n_kv else '-'} .. {table.n_kv[-1] if table.n_kv else '-'} "
-        "(half-octaves, multiples of 256)",
+        f"- n_kv: {', '.join(map(str, table.n_kv)) or '-'} (llama pads n_kv to a multiple of 256)",
         "",
         "| head size | GQA ratios | K/V types | Q->ne[1] | rules |",
         "|---:|---|---|---|---:|",
