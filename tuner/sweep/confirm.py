@@ -160,13 +160,13 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     mstore = mmq_live.MmqStore(mpath, {})
     try:
         msamples = mstore.samples()
+        mlimits = mstore.limits()
     finally:
         mstore.close()
     points = sorted({mmq_live.MmqPoint(type=s.type, m=s.m, k=s.k, ne11=s.ne11) for s in msamples})
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
     withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
-    mrounds = max((s.round for s in msamples), default=0) + 1
-    mout = mmq_live.compose_live(points, msamples, rounds=mrounds, withhold=withhold)
+    mout = mmq_live.compose_live(points, msamples, limits=mlimits, withhold=withhold)
     return dataclasses.replace(table, mmq=mout.choices, mmq_identity=mmeta, mmq_points=len(points))
 
 

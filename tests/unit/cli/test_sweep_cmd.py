@@ -24,7 +24,7 @@ def test_plan_prints_the_default_grid_and_its_time() -> None:
     want = (
         dry_run_text(cells, rounds=4, per_call_s=0.02, max_rounds=4)
         + estimate_text(cells, limits=(4, 4), chunk_size=72)
-        + mmq_dry_run_text(plan_mmq(a), rounds=4, sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
+        + mmq_dry_run_text(plan_mmq(a), limits=(4, 4), sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
     )
     assert res.output == want
     assert DEFAULT_N_KV == (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
