@@ -38,6 +38,8 @@ def test_fa_bench_on_cpu_build(cpu_shared_bin: Path, tmp_path: Path) -> None:
         assert " warmup=2" in res.output.splitlines()[0], res.output
         for c in got.values():
             assert c.us_per_op is not None and c.us_per_op > 0 and c.copies * c.copy_bytes > mb << 20
+            # its wall time covers at least the timed run (and the warm-ups, the upload: the setup)
+            assert c.wall_ms is not None and c.wall_ms * 1000 >= c.ops * c.us_per_op, c
         copies[mb] = [got[i].copies for i in range(len(shapes))]
     assert copies[0] == [1, 1]
     assert all(big > 1 for big in copies[4])

@@ -39,8 +39,8 @@ def _cells(
         head_sizes=head_sizes or grid.HEAD_SIZES,
         gqa_ratios=gqa_ratios or grid.GQA_RATIOS,
         kv_types=kv_types or grid.KV_TYPES,
-        query_batches=query_batches or grid.QUERY_BATCHES,
-        n_kv=n_kv or grid.N_KV,
+        query_batches=query_batches or grid.DEFAULT_QUERY_BATCHES,
+        n_kv=n_kv or grid.DEFAULT_N_KV,
     )
 
 
@@ -66,13 +66,15 @@ def _grid_options(f: Any) -> Any:
                 "query_batches",
                 type=click.IntRange(1, 4096),
                 multiple=True,
-                help="Query columns Q->ne[1] (default: 1, 2, 4, 8).",
+                help="Query columns Q->ne[1] (default: 1, the decode calls the end-to-end confirm checks; "
+                "2, 4, 8 (parallel and speculative decoding) are measured when asked and reported, not patched).",
             ),
             click.option(
                 "--n-kv",
                 "n_kv",
                 callback=depths_option,
-                help="Comma-separated n_kv points, multiples of 256 (default: half-octaves 256..131072).",
+                help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
+                "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
             ),
         )
     ):
@@ -88,22 +90,22 @@ def _round_options(f: Any) -> Any:
                 "--rounds",
                 type=click.IntRange(2, 100),
                 default=None,
-                help="A fixed number of paired rounds for every cell (sets --min-rounds and --max-rounds).",
+                help="A fixed number of paired rounds for every cell (MMQ: point); sets --min-rounds and --max-rounds.",
             ),
             click.option(
                 "--min-rounds",
                 type=click.IntRange(2, 100),
                 default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
                 show_default=True,
-                help="Paired rounds every cell gets.",
+                help="Paired rounds every cell (MMQ: point) gets.",
             ),
             click.option(
                 "--max-rounds",
                 type=click.IntRange(2, 100),
                 default=6,
                 show_default=True,
-                help="Further rounds, up to this many, go only to the cells whose verdict is still open; a rerun "
-                "with a higher value adds rounds to the cells still open.",
+                help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
+                "open; a rerun with a higher value adds rounds to the ones still open.",
             ),
         )
     ):
@@ -151,8 +153,8 @@ def plan_cmd(
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs).
 
-    The FlashAttention sweep's rounds are sequential (--min-rounds, --max-rounds) unless --rounds fixes
-    them; the MMQ sweep's are --rounds (default 5)."""
+    Both sweeps' rounds are sequential (--min-rounds for every cell or point, up to --max-rounds for the
+    ones still open) unless --rounds fixes them."""
     from tuner.sweep import grid, live
     from tuner.targets.archs import load_arch
 
@@ -161,13 +163,13 @@ def plan_cmd(
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
     click.echo(grid.dry_run_text(cells, rounds=limits[0], per_call_s=per_call_s, max_rounds=limits[1]), nl=False)
     click.echo(live.estimate_text(cells, limits=limits, chunk_size=72, target_ms=target_ms), nl=False)
-    click.echo(_mmq_plan_text(a, rounds=rounds or 5, per_call_s=per_call_s), nl=False)
+    click.echo(_mmq_plan_text(a, limits=limits, per_call_s=per_call_s), nl=False)
 
 
 def _mmq_plan_text(
     a: Any,
     *,
-    rounds: int,
+    limits: tuple[int, int],
     types: tuple[str, ...] = (),
     batches: tuple[int, ...] = (),
     sizes: tuple[str, ...] = (),
@@ -181,7 +183,7 @@ def _mmq_plan_text(
     mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
     points, _ = mmq_live.plan_points(cells, mk)
     chunks = len(mmq_live.chunk_points(points))
-    return mmq.mmq_dry_run_text(cells, rounds=rounds, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
+    return mmq.mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
 
 
 def _default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -425,7 +427,7 @@ def run_cmd(
     hidden=True,
     help="Weight sizes MxK instead of the --like models' (advanced, e.g. tests).",
 )
-@click.option("--rounds", type=click.IntRange(2, 100), default=5, show_default=True, help="Paired rounds per point.")
+@_round_options
 @_measure_options(
     build_help="Build (or bin) directory with libggml*.so, a tuner build with the MMQ hook. Default: build the arch's default variant.",
     backend_help="ggml backend to time on (CPU has no MMQ/cuBLAS choice: both configs time the same code there, and nothing is composed).",
@@ -465,7 +467,9 @@ def mmq_cmd(
     batches: tuple[int, ...],
     like: tuple[str, ...],
     sizes: tuple[str, ...],
-    rounds: int,
+    rounds: int | None,
+    min_rounds: int,
+    max_rounds: int,
     build_dir: Path | None,
     backend: str,
     spec: str | None,
@@ -478,17 +482,20 @@ def mmq_cmd(
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
     the batch sizes where cuBLAS is faster (resumable).
 
-    Per round, one mm-bench process per config over every point: upstream's choice, its A/A twin and
-    cuBLAS forced through the build's MMQ hook. Samples go to --storage as they come; a rerun skips what
-    is recorded. A batch size goes to cuBLAS for a type only where cuBLAS was faster at every size.
-    Writes report.md and, where a choice was composed, upstream.patch to -o.
+    Per round, one mm-bench process per config over the points that get the round: upstream's choice, its
+    A/A twin and cuBLAS forced through the build's MMQ hook. Every point gets --min-rounds rounds, then only
+    the points whose verdict is still open get more, up to --max-rounds (--rounds N: N for every point).
+    Samples go to --storage as they come; a rerun skips what is recorded, and a higher --max-rounds adds
+    rounds to the points still open. A batch size goes to cuBLAS for a type only where cuBLAS was faster at
+    every size. Writes report.md and, where a choice was composed, upstream.patch to -o.
 
-    Example: tuner sweep mmq --build BUILD --rounds 5 -o sweep-mmq-h100
+    Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
     from tuner.sweep import mmq, mmq_live
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
+    limits = _limits(rounds, min_rounds, max_rounds)
     cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
     mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
     points, skipped = mmq_live.plan_points(cells, mk)
@@ -508,14 +515,14 @@ def mmq_cmd(
     try:
         forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
         mmq_live.run_mmq_live(
-            points, rounds=rounds, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
+            points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
             iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
         )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
-        outcome = mmq_live.compose_live(points, store.samples(), rounds=rounds, withhold=withhold)
+        outcome = mmq_live.compose_live(points, store.samples(), limits=limits, withhold=withhold)
     finally:
         store.close()
-    _mmq_emit(outcome, points, skipped, a, rounds=rounds, identity=identity, spec=spec, out=out)
+    _mmq_emit(outcome, points, skipped, a, limits=limits, identity=identity, spec=spec, out=out)
 
 
 def _mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
@@ -539,7 +546,7 @@ def _mmq_emit(
     skipped: Any,
     a: Any,
     *,
-    rounds: int,
+    limits: tuple[int, int],
     identity: dict[str, Any],
     spec: str | None,
     out: Path,
@@ -552,15 +559,15 @@ def _mmq_emit(
     if outcome.choices:
         src = source.fetch_source(spec) if spec else source.fetch_source()
         note = (
-            f"cuBLAS is faster than MMQ for these types and batch sizes on {a.name}: mm-bench, {rounds} paired "
-            "rounds, at every swept weight size."
+            f"cuBLAS is faster than MMQ for these types and batch sizes on {a.name}: mm-bench, "
+            f"{mmq_live.rounds_text(limits)} (paired), at every swept weight size."
         )
         patch = mmq.render_mmq_patch(src.root, outcome.choices, a, note=note)
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:
         (out / "upstream.patch").write_text(patch)
-    report = mmq_live.report_text(outcome, points, rounds=rounds, identity=identity, skipped=skipped, patch=bool(patch))
+    report = mmq_live.report_text(outcome, points, limits=limits, identity=identity, skipped=skipped, patch=bool(patch))
     (out / "report.md").write_text(report)
     n_gap = len(outcome.no_verdict)
     click.echo(f"choices ({len(outcome.choices)}):")

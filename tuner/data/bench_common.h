@@ -288,8 +288,13 @@ int main_loop(int argc, char ** argv, const char * name, ReadCases read_cases, R
     ggml_backend_t backend = init_backend(a);
     for (size_t i = 0; i < cases.size(); i++) {
         case_deadline(a.case_timeout);
+        const int64_t t0 = ggml_time_us();
         run_case(backend, i, cases[i], timing{a.iters, a.warmup, a.target_ms * 1000}, a.cache_mb << 20);
         case_deadline(0);
+        // the case's whole wall time (allocation, upload, graph builds and every run): with ops and
+        // us_per_op it splits a case's cost into setup and timing, which is what a sweep's budget is made of
+        std::printf("wall case=%zu ms=%.1f\n", i, double(ggml_time_us() - t0) / 1000.0);
+        std::fflush(stdout);
     }
     ggml_backend_free(backend);
     return 0;

@@ -178,9 +178,15 @@ class BenchCase:
     copy_bytes: int
     """Bytes of one copy (fa-bench: Q, K, V and the mask; mm-bench: the weights)."""
     error: str = ""
+    wall_ms: float | None = None
+    """The case's whole wall time in the program (allocation, upload, graph builds, every run; None where
+    the output has no ``wall`` line): less the timed ops, the setup a sweep's budget pays per case."""
 
 
 FaBenchCase = BenchCase
+
+WALL_RE = re.compile(r"^wall case=(?P<case>\d+) ms=(?P<ms>[0-9.]+)\s*$")
+"""The line fa-bench and mm-bench print after each case (``bench::main_loop`` in ``tuner/data/bench_common.h``)."""
 
 
 def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCase]:
@@ -188,9 +194,12 @@ def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCa
     (groups ``case``, ``copies``, ``copy_bytes``, ``ops``, ``us``, ``error``); a case that did not run has
     ``us_per_op`` None and ``error`` saying why."""
     out: dict[int, BenchCase] = {}
+    walls: dict[int, float] = {}
     for line in text.splitlines():
         m = case_re.match(line.strip())
         if not m:
+            if w := WALL_RE.match(line.strip()):
+                walls[int(w["case"])] = float(w["ms"])
             continue
         copies, size = int(m["copies"] or 0), int(m["copy_bytes"] or 0)
         if m["us"] is not None:
@@ -198,7 +207,7 @@ def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCa
         else:
             err = m["error"].strip() or "failed"
             out[int(m["case"])] = BenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
-    return out
+    return {i: dataclasses.replace(c, wall_ms=walls.get(i)) for i, c in out.items()}
 
 
 def parse_fa_bench_output(text: str) -> dict[int, BenchCase]:

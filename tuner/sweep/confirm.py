@@ -163,13 +163,13 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     mstore = mmq_live.MmqStore(mpath, {})
     try:
         msamples = mstore.samples()
+        mlimits = mstore.limits()
     finally:
         mstore.close()
     points = sorted({mmq_live.MmqPoint(type=s.type, m=s.m, k=s.k, ne11=s.ne11) for s in msamples})
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
     withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
-    mrounds = max((s.round for s in msamples), default=0) + 1
-    mout = mmq_live.compose_live(points, msamples, rounds=mrounds, withhold=withhold)
+    mout = mmq_live.compose_live(points, msamples, limits=mlimits, withhold=withhold)
     return dataclasses.replace(table, mmq=mout.choices, mmq_identity=mmeta, mmq_points=len(points))
 
 
@@ -246,11 +246,18 @@ def _touches(rule: TableRule, depth: int) -> bool:
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
 
 
+def _params(like: str) -> int:
+    from tuner.targets.models import load_model_shape, plan_tensors
+
+    return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
+
+
 def plan_text(
     table: Table, plans: Sequence[ModelPlan], depths: Sequence[int], *, rounds: int, reps: int, quant: str
 ) -> str:
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
-    (recorded costs of ``tuner/data/step_costs.toml``, the nearest model by width; an estimate)."""
+    (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
+    an estimate)."""
     from tuner.search.dryrun import load_step_costs
     from tuner.targets.models import load_model_shape
 
@@ -270,8 +277,13 @@ def plan_text(
             continue
         d_model = load_model_shape(p.like).d_model
         rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+        # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
+        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width)
+        size = _params(p.like) / _params(str(rec["like"]))
         calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
-        secs = calls * len(ds) * float(rec["bench_call_depth_s"]) * reps / 4 + 4 * float(rec["equivalence_check_s"])
+        secs = size * (
+            calls * len(ds) * float(rec["bench_call_depth_s"]) * reps / 4 + 4 * float(rec["equivalence_check_s"])
+        )
         total += secs
         what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
         lines.append(
@@ -281,8 +293,8 @@ def plan_text(
         )
     lines.append(
         f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
-        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps} / 4; plus model synthesis "
-        "on first use)"
+        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps} / 4 and by parameter count; plus "
+        "model synthesis on first use)"
     )
     return "\n".join(lines) + "\n"
 

@@ -66,8 +66,7 @@ def coverage_lines(table: Table) -> list[str]:
     lines = [
         f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {table.rounds} paired "
         f"rounds each; {table.with_verdict} cells with a verdict",
-        f"- n_kv: {table.n_kv[0] if table.n_kv else '-'} .. {table.n_kv[-1] if table.n_kv else '-'} "
-        "(half-octaves, multiples of 256)",
+        f"- n_kv: {', '.join(map(str, table.n_kv)) or '-'} (llama pads n_kv to a multiple of 256)",
         "",
         "| head size | GQA ratios | K/V types | Q->ne[1] | rules |",
         "|---:|---|---|---|---:|",
@@ -108,8 +107,9 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
     dropped = [f for f in conf.fates if not f.kept]
+    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
     lines = [
-        f"# CUDA: tuned FlashAttention kernel selection for {table.arch.name} (measured)",
+        f"# CUDA: {what} selection for {table.arch.name}, measured",
         "",
         f"{len(kept)} of {len(conf.fates)} kernel-level entries are kept after the end-to-end confirmation"
         + (" and go into the patch." if patch else "; the patch is empty."),

@@ -6,7 +6,7 @@ ratio, K/V type (K and V alike) and query columns ``Q->ne[1]`` (1 = decode). A *
 one n_kv (``K->ne[1]``).
 
 **n_kv grid.** Half-octaves from 256 to 131072 (256, 512, 768, 1024, 1536, ... 98304, 131072; 18
-points): the work of one attention call grows linearly with n_kv, and the kernels' relative costs
+points; ``tuner sweep run`` measures the octaves among them unless asked, :data:`DEFAULT_N_KV`): the work of one attention call grows linearly with n_kv, and the kernels' relative costs
 change with its order of magnitude (upstream's own VEC-to-MMA switch sits at 8192), so a crossover is
 located to within a factor of 1.5 at the same cost in every octave; a linear grid of the same
 resolution at the short end would need 512 points. Every point is a multiple of 256, as llama pads
@@ -34,6 +34,8 @@ from __future__ import annotations
 __all__ = [
     "AA",
     "DEFAULT",
+    "DEFAULT_N_KV",
+    "DEFAULT_QUERY_BATCHES",
     "GQA_RATIOS",
     "HEAD_SIZES",
     "KV_TYPES",
@@ -90,6 +92,16 @@ def nkv_grid(lo: int = STRIDE, hi: int = 131072) -> tuple[int, ...]:
 
 
 N_KV = nkv_grid()
+"""The grid's n_kv extent: half-octaves 256..131072 (18 points)."""
+DEFAULT_N_KV = tuple(x for x in N_KV if x & (x - 1) == 0)
+"""What ``tuner sweep run`` measures unless ``--n-kv`` says otherwise: the octaves 256..131072 (10 points).
+Upstream's own thresholds are powers of two (``n_kv >= 8192``), a rule's boundary is then placed within a
+factor of 2 instead of 1.5, and the sweep costs 10/18 of the half-octave grid's time."""
+DEFAULT_QUERY_BATCHES = (1,)
+"""What ``tuner sweep run`` measures unless ``--ne1`` says otherwise: the decode calls (``Q->ne[1] = 1``)
+that the end-to-end confirmation can check (llama-bench's tg128). Entries at 2-8 (parallel and
+speculative decoding) are measured at the op level with ``--ne1 2,4,8`` and reported, not patched, since
+no pp512/tg128 call exercises them; by default they would be three quarters of the sweep's time."""
 
 
 @dataclasses.dataclass(frozen=True, order=True, kw_only=True)

@@ -69,7 +69,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_points, pack_groups
-from tuner.sweep.store import open_store
+from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.sweep.table import TableRule
 
 N_HEAD_KV = 8
@@ -183,20 +183,12 @@ class SampleStore:
         self.db.close()
 
     def set_limits(self, limits: tuple[int, int]) -> None:
-        """Record the round limits of this run (the looks its verdicts spend alpha over); a later run may
-        change them (more rounds for the open cells), so they are no part of the identity."""
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
+        """Record the round limits of this run (:func:`tuner.sweep.store.write_limits`)."""
+        write_limits(self.db, limits)
 
     def limits(self) -> tuple[int, int]:
-        """The round limits of the last run; a file made before they were recorded was measured with a fixed
-        number of rounds, every round it holds (one look)."""
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
-        if row is not None:
-            lo, hi = (int(x) for x in str(row[0]).split(","))
-            return lo, hi
-        n = int(self.db.execute("SELECT coalesce(max(round), -1) + 1 FROM samples").fetchone()[0])
-        return n, n
+        """The round limits of the last run; (n, n) for a file made before they were recorded, with n rounds."""
+        return read_limits(self.db, "samples")
 
     def recorded(self, config: str, round_index: int) -> set[tuple[str, int]]:
         """(shape key, n_kv) of every sample of ``config`` in round ``round_index``, failed ones included."""

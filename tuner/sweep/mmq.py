@@ -29,6 +29,7 @@ __all__ = [
     "MMQ_FILE",
     "MMQ_SUPPORTED",
     "MMQ_TYPES",
+    "OPEN_SHARE",
     "PROCESS_CASES",
     "PROCESS_S",
     "START_S",
@@ -77,6 +78,14 @@ case) on an H100 (docs/data/h100-mmq-probe/); :func:`mmq_dry_run_text` scales it
 PROCESS_CASES = 54
 START_S = 2.5
 """Estimate: the part of a process that is CUDA start (as for test-backend-ops, docs/sweep.md)."""
+OPEN_SHARE = 0.5
+"""Assumption: the share of points whose verdict is still open after ``min_rounds`` and that then take every
+round up to ``max_rounds``; the plan's estimate of the sequential rounds. The only MMQ-vs-cuBLAS rounds on
+record (docs/data/h100-mmq-probe/: 4096 x 4096 only, 3 rounds, two builds rather than the hook), replayed
+through the settle rule with limits 3..6, leave 11 of 54 points open (20%; 8 of them at the crossover,
+ne11 256 and 512). The default grid's other eleven sizes, most of them far smaller, have no cuBLAS rounds
+to replay (the first H100 sweep's cuBLAS process failed: docs/data/h100-sweep-first/), so the plan assumes
+the FlashAttention sweep's 50%, an upper-side figure."""
 
 _FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
 _TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
@@ -305,34 +314,54 @@ def _minutes(seconds: float) -> str:
 def mmq_dry_run_text(
     cells: Sequence[MmqCell],
     *,
-    rounds: int,
+    limits: tuple[int, int],
     sizes: Sequence[tuple[int, int]] = ((4096, 4096),),
     chunks: int = 1,
     per_call_s: float | None = None,
+    open_share: float = OPEN_SHARE,
 ) -> str:
     """What ``tuner sweep mmq`` runs for ``cells`` at the weight ``sizes`` (m x k): one mm-bench process per
-    config, round and chunk of sizes, every case of the chunk in it, with the time estimated from the H100
-    probe's 7.5 s per 54-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per case.
-    A (type, size) pair whose ``k`` is no multiple of the type's block is not swept (llama.cpp quantizes
-    such a tensor to another type)."""
+    config, round and chunk of sizes, every case of the chunk still open in it, with the time estimated from
+    the H100 probe's 7.5 s per 54-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per
+    case. ``limits`` (min_rounds, max_rounds): every point gets the minimum, then an assumed ``open_share``
+    of the points takes every further round up to the maximum (every chunk's processes counted in every
+    further round: an upper figure where a whole chunk settles). A (type, size) pair whose ``k`` is no
+    multiple of the type's block is not swept (llama.cpp quantizes such a tensor to another type)."""
+    lo, hi = limits
     cases = sum(1 for c in cells for _m, k in sizes if k % block_size(c.type) == 0)
     n_configs = len(cells[0].configs) if cells else 3
-    procs = n_configs * chunks * rounds
-    total = cases * n_configs * rounds
+    procs = n_configs * chunks * lo
+    total = cases * n_configs * lo
+    more_procs = n_configs * chunks * (hi - lo)
+    more = round((hi - lo) * open_share * cases * n_configs)
     per_case = (PROCESS_S - START_S) / PROCESS_CASES
-    est = procs * START_S + total * per_case
+    est = (procs + more_procs) * START_S + (total + more) * per_case
     skipped = sum(1 for t in sorted({c.type for c in cells}) for _m, k in sizes if k % block_size(t))
+    head = (
+        f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
+        f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes)"
+    )
+    first = f"{_minutes(procs * START_S + total * per_case)} for the first {lo} rounds; " if hi > lo else ""
+    tail = ""
+    if hi > lo:
+        fixed = (procs + more_procs) * START_S + cases * n_configs * hi * per_case
+        head += (
+            f"; {lo} rounds for every point, up to {hi} for the points whose verdict is still open: {procs} "
+            f"processes and {total} cases for the first {lo} rounds, then about {more_procs} processes and {more} "
+            f"cases (assumed: {open_share:.0%} of the points still open after {lo} rounds, each to {hi})"
+        )
+        tail = f"; fixed {hi} rounds would be {cases * n_configs * hi} cases, {_minutes(fixed)}"
+    else:
+        head += f" x {lo} rounds = {procs} processes, {total} cases"
     text = (
         f"MMQ vs cuBLAS sweep: {len({c.type for c in cells})} types x {len(sizes)} sizes x "
         f"{len({c.ne11 for c in cells})} batch sizes = {cases} cases a config"
         + (f" ({skipped} type/size pairs skipped: k not a multiple of the type's block)" if skipped else "")
         + "\n"
         f"  sizes m x k: {', '.join(f'{m}x{k}' for m, k in sizes)}\n"
-        f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
-        f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes) x {rounds} rounds = {procs} processes, "
-        f"{total} cases; estimated {_minutes(est)} (an estimate: {START_S:g} s a process and {per_case:.3f} s a case "
-        f"from an H100 process of {PROCESS_CASES} cases of 4096 x 4096 that took {PROCESS_S:g} s)\n"
+        f"{head}; estimated {_minutes(est)} ({first}an estimate: {START_S:g} s a process and {per_case:.3f} s a "
+        f"case from an H100 process of {PROCESS_CASES} cases of 4096 x 4096 that took {PROCESS_S:g} s){tail}\n"
     )
     if per_call_s is not None:
-        text += f"time at {per_call_s:g} s per case (what-if): {total * per_call_s / 60:.1f} min\n"
+        text += f"time at {per_call_s:g} s per case (what-if): {(total + more) * per_call_s / 60:.1f} min\n"
     return text

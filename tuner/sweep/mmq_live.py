@@ -5,15 +5,26 @@ row, ``m`` rows, :class:`tuner.measure.mm_bench.MmShape`) and one batch size ``n
 dense projections of real models (:func:`projection_sizes`): attention Q and O, K and V, FFN gate/up and
 down, deduplicated over the models asked for.
 
-An mm-bench process costs seconds of CUDA start, so per round one process per config runs over every
-point of a chunk (by default all of them): upstream's choice (:data:`tuner.sweep.mmq.ENV` unset), its
+An mm-bench process costs seconds of CUDA start, so per round one process per config runs over the
+points of a chunk (by default all of them) that get the round: upstream's choice (:data:`tuner.sweep.mmq.ENV` unset), its
 A/A twin (unset again, a second process) and cuBLAS forced for every swept type (``q4_0:0..=BLAS,...``),
 configs in an order rotated from round to round (:func:`tuner.measure.paired.rotated`), as
 :func:`tuner.sweep.rounds.paired_rounds` rotates them for one cell. Upstream's backend on an NVIDIA arch
 with Turing tensor cores is MMQ everywhere (:func:`tuner.sweep.mmq.plan_mmq`).
 
-Each process's samples, one (point, config, round) each, go into SQLite as it ends (:class:`MmqStore`); a
-rerun skips the processes whose samples are recorded. A case printed with an error, or the case a process
+**Sequential rounds**, as ``tuner sweep run`` has them (:mod:`tuner.sweep.rounds`): every point gets
+``min_rounds`` rounds; after that a round goes only to the points whose verdict is still open by the
+search's settle rule (:func:`tuner.sweep.rounds.open_points` over a type and size's batch sizes, the family
+its Holm correction runs over: :func:`open_chunk_points`), so later rounds' processes carry fewer cases. A
+point's p-value is divided by the share of alpha of the round count it stopped at
+(:func:`tuner.measure.decide.look_weight` over ``limits``), which keeps the family-wise error of fixed
+rounds; ``min_rounds == max_rounds`` is the fixed-round sweep (one look).
+
+Each process's samples, one (point, config, round) each, go into SQLite as it ends (:class:`MmqStore`),
+with the round limits of the run; a rerun skips the processes whose samples are recorded. The points open
+in round r are decided from the stored rounds before r only, so a resumed run takes the same decisions,
+and a rerun with a higher ``max_rounds`` adds rounds to the points open at the old maximum. A file made
+before the limits were recorded holds fixed rounds (:meth:`MmqStore.limits`). A case printed with an error, or the case a process
 died in (the process's other printed cases keep their times, and a new process runs the rest:
 :func:`tuner.measure.mm_bench.run_cases`), is a failed sample with its reason, never a time; its point
 gets no verdict.
@@ -53,11 +64,15 @@ __all__ = [
     "compose_live",
     "like_sizes",
     "no_choice_text",
+    "open_chunk_points",
     "parse_size",
     "plan_points",
+    "point_values",
+    "point_verdicts",
     "projection_sizes",
     "report_text",
     "round_configs",
+    "rounds_text",
     "run_mmq_live",
 ]
 
@@ -75,11 +90,11 @@ from tuner.measure import mm_bench
 from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
-from tuner.search.screen import CellStats
+from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT
-from tuner.sweep.mmq import PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, decide, pack_groups, run_processes
-from tuner.sweep.store import open_store
+from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_points, pack_groups
+from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.targets.models import ModelShape, load_model_shape
 
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b")
@@ -143,6 +158,10 @@ class MmqPoint:
     @property
     def size(self) -> tuple[int, int]:
         return (self.m, self.k)
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.type, self.m, self.k, self.ne11)
 
     @property
     def shape(self) -> mm_bench.MmShape:
@@ -229,6 +248,15 @@ class MmqStore:
     def close(self) -> None:
         self.db.close()
 
+    def set_limits(self, limits: tuple[int, int]) -> None:
+        """Record the round limits of this run (:func:`tuner.sweep.store.write_limits`)."""
+        write_limits(self.db, limits)
+
+    def limits(self) -> tuple[int, int]:
+        """The round limits of the last run; (n, n) for a file made before they were recorded (fixed rounds:
+        every one of its n rounds, one look)."""
+        return read_limits(self.db, "mm_samples")
+
     def recorded(self, config: str, round_index: int) -> set[tuple[str, int, int, int]]:
         """(type, m, k, ne11) of every sample of ``config`` in round ``round_index``, failed ones included."""
         rows = self.db.execute(
@@ -261,35 +289,25 @@ class MmqStore:
 # --------------------------------------------------------------------------------------------- measure
 
 
-def _todo(
-    chunks: Sequence[Sequence[MmqPoint]], rounds: int, store: MmqStore, forced_reason: str
-) -> tuple[list[tuple[int, int, str, list[MmqPoint]]], int]:
-    """The processes still to run (chunk, round, config, its missing points) and how many are recorded.
-    With ``forced_reason`` the forced config is stored failed with that reason instead of run."""
-    todo: list[tuple[int, int, str, list[MmqPoint]]] = []
-    skipped = 0
-    for ci, chunk in enumerate(chunks):
-        for r in range(rounds):
-            for cfg in round_configs(r):
-                have = store.recorded(cfg, r)
-                missing = [p for p in chunk if (p.type, p.m, p.k, p.ne11) not in have]
-                if not missing:
-                    skipped += 1
-                elif forced_reason and cfg not in (DEFAULT, AA):
-                    store.add(_failed(p, cfg, r, forced_reason) for p in missing)
-                else:
-                    todo.append((ci, r, cfg, missing))
-    return todo, skipped
-
-
 def _failed(p: MmqPoint, cfg: str, r: int, why: str) -> MmqSample:
     return MmqSample(type=p.type, m=p.m, k=p.k, ne11=p.ne11, config=cfg, round=r, us_per_op=None, error=why)
+
+
+def _first_rounds(chunks: Sequence[Sequence[MmqPoint]], lo: int, store: MmqStore) -> list[tuple[str, list[MmqPoint]]]:
+    """(config, its points not recorded yet) of every process of the first ``lo`` rounds, which every point gets."""
+    out = []
+    for chunk in chunks:
+        for r in range(lo):
+            for cfg in round_configs(r):
+                have = store.recorded(cfg, r)
+                out.append((cfg, [p for p in chunk if p.key not in have]))
+    return out
 
 
 def run_mmq_live(
     points: Sequence[MmqPoint],
     *,
-    rounds: int,
+    limits: tuple[int, int],
     store: MmqStore,
     bin_dir: Path,
     backend: str,
@@ -301,26 +319,35 @@ def run_mmq_live(
     forced_reason: str = "",
     cuda_graphs: bool = True,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet: per chunk and round, one process per config (module doc).
+    """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_chunk_points`),
+    one process per config and round over the points that get the round (module doc).
 
-    ``run_cases``: what runs one process (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass
-    a fake). ``forced_reason``: why the forced config cannot run (a build without the MMQ hook); its samples are
-    then stored failed with it, no process started. ``cuda_graphs`` False runs every config's process with
-    ggml's CUDA graphs off (:data:`tuner.measure.mm_bench.GRAPHS_ENV`). Prints a line per chunk and round
-    with its time and the ETA. Returns (processes run, processes skipped as already recorded).
+    ``limits``: (min_rounds, max_rounds), recorded in ``store``. ``run_cases``: what runs one process
+    (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass a fake). ``forced_reason``: why the
+    forced config cannot run (a build without the MMQ hook); its samples are then stored failed with it, no
+    process started. ``cuda_graphs`` False runs every config's process with ggml's CUDA graphs off
+    (:data:`tuner.measure.mm_bench.GRAPHS_ENV`). Prints a line per chunk and round with its time and the
+    ETA. Returns (processes run, processes skipped as already recorded).
     """
-    if rounds < 2:
-        raise UsageError(f"A paired verdict needs at least 2 rounds; {rounds} were asked for.")
+    lo, hi = check_limits(limits)
+    store.set_limits(limits)
     run = run_cases or mm_bench.run_cases
     chunks = chunk_points(points, max_cases)
     env = blas_env(p.type for p in points)
-    todo, skipped = _todo(chunks, rounds, store, forced_reason)
-    total = sum(len(ps) for *_, ps in todo)
+
+    def runs(cfg: str) -> bool:
+        return not forced_reason or cfg in (DEFAULT, AA)
+
+    first = _first_rounds(chunks, lo, store)
+    first_cases = sum(len(ps) for cfg, ps in first if runs(cfg))
+    first_procs = sum(1 for cfg, ps in first if ps and runs(cfg))
+    later = (hi - lo) * OPEN_SHARE * len(points) * len(CONFIGS)
     per_case = (PROCESS_S - START_S) / PROCESS_CASES
     log.info(
-        f"sweep mmq: {len(points)} points in {len(chunks)} chunk(s) x {rounds} rounds; {len(todo)} processes "
-        f"({total} cases) to run, {skipped} already recorded; estimated at the H100 probe's rate "
-        f"{format_seconds(len(todo) * START_S + total * per_case)}"
+        f"sweep mmq: {len(points)} points in {len(chunks)} chunk(s), {rounds_text(limits)}; first {lo} rounds: "
+        f"{first_procs} processes ({first_cases} cases) to run, {sum(1 for _, ps in first if not ps)} already "
+        f"recorded; estimated at the H100 probe's rate {format_seconds(first_procs * START_S + first_cases * per_case)}"
+        + (f", and about {round(later)} cases more if {OPEN_SHARE:.0%} of the points stay open" if hi > lo else "")
     )
 
     def measure(ci: int, r: int, cfg: str, ps: list[MmqPoint]) -> int:
@@ -346,8 +373,115 @@ def run_mmq_live(
         store.add(samples)
         return sum(1 for smp in samples if smp.error)
 
-    run_processes(todo, chunks=len(chunks), rounds=rounds, cases=len, measure=measure)
-    return len(todo), skipped
+    ran = skipped = done = 0
+    start = time.monotonic()
+    for ci, chunk in enumerate(chunks):
+        for r in range(hi):
+            want = open_chunk_points(chunk, store.samples(), r, limits)
+            if not want:
+                break
+            t0, n_round, failed = time.monotonic(), 0, 0
+            for cfg in round_configs(r):
+                have = store.recorded(cfg, r)
+                missing = [p for p in want if p.key not in have]
+                if not missing:
+                    skipped += 1
+                elif not runs(cfg):
+                    store.add(_failed(p, cfg, r, forced_reason) for p in missing)
+                else:
+                    failed += measure(ci, r, cfg, missing)
+                    ran += 1
+                    n_round += len(missing)
+            if n_round:
+                done += n_round
+                eta = (time.monotonic() - start) / done * max(0.0, first_cases + later - done)
+                log.info(
+                    f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{hi}: {len(want)} points, {n_round} cases in "
+                    f"{time.monotonic() - t0:.1f} s" + (f", {failed} failed" if failed else "")
+                    + f"; {done} cases done, ETA ~{format_seconds(eta)}"
+                )  # fmt: skip
+    return ran, skipped
+
+
+def rounds_text(limits: tuple[int, int]) -> str:
+    """The round limits in words (the report's, the log's and the patch note's)."""
+    lo, hi = limits
+    if lo == hi:
+        return f"{lo} rounds"
+    return f"{lo} rounds for every point, up to {hi} for the points whose verdict is still open"
+
+
+# ----------------------------------------------------------------------------------------------- rounds
+
+SampleMap = Mapping[tuple[tuple[str, int, int, int], str, int], MmqSample]
+
+
+def point_values(p: MmqPoint, got: SampleMap, max_rounds: int) -> tuple[dict[str, list[float]], str]:
+    """One point's throughput per config over its complete rounds, and why it has no verdict ("" if none).
+
+    The point's rounds are the leading rounds ``0 .. n-1`` (``n <= max_rounds``) in which every config has a
+    sample: a point that stopped early (settled) has fewer than the others. A failed sample among them
+    leaves the point without a verdict, with the first such reason."""
+    n = 0
+    while n < max_rounds and all((p.key, cfg, n) in got for cfg in CONFIGS):
+        n += 1
+    values: dict[str, list[float]] = {}
+    why = ""
+    for r in range(n):
+        for cfg in CONFIGS:
+            s = got[(p.key, cfg, r)]
+            if not s.ok or s.us_per_op is None:
+                why = why or f"{LABELS[cfg]} round {r + 1}: {s.error}"
+                continue
+            values.setdefault(cfg, []).append(1e6 / s.us_per_op)
+    return values, why
+
+
+def point_verdicts(
+    points: Sequence[MmqPoint], samples: Iterable[MmqSample], *, limits: tuple[int, int], below: int | None = None
+) -> tuple[dict[tuple[str, tuple[int, int]], dict[int, CellStats]], dict[tuple[str, int, int, int], str]]:
+    """(stats of the points with enough rounds for a verdict, by (type, size) and ne11; the others and why),
+    from the samples of rounds ``< below`` (default ``max_rounds``). A point needs ``min_rounds`` complete
+    rounds; its looks are ``limits`` (:func:`tuner.sweep.rounds.cell_stats`)."""
+    lo, hi = limits
+    top = hi if below is None else min(below, hi)
+    got = {(s.key, s.config, s.round): s for s in samples if s.round < top}
+    stats: dict[tuple[str, tuple[int, int]], dict[int, CellStats]] = {}
+    gaps: dict[tuple[str, int, int, int], str] = {}
+    for p in points:
+        values, why = point_values(p, got, top)
+        n = len(values.get(DEFAULT, ()))
+        if not why and n < lo:
+            cfg = next((x for x in CONFIGS if (p.key, x, n) not in got), DEFAULT)
+            why = f"{LABELS[cfg]} round {n + 1}: not measured"
+        if why:
+            gaps[p.key] = why
+        else:
+            stats.setdefault((p.type, p.size), {})[p.ne11] = cell_stats(p.ne11, p.upstream, values, limits)
+    return stats, gaps
+
+
+def open_chunk_points(
+    chunk: Sequence[MmqPoint], samples: Iterable[MmqSample], r: int, limits: tuple[int, int]
+) -> list[MmqPoint]:
+    """The points of ``chunk`` (whole (type, size) families: :func:`chunk_points`) that get round ``r``
+    (0-based), in the chunk's order: every point below ``min_rounds``; from there the points with all ``r``
+    rounds (none failed) whose batch size is still open by the decision rule over their type and size's
+    batch sizes (:func:`tuner.sweep.rounds.open_points`), judged on the samples of rounds ``< r`` only, so
+    that a resumed run takes the same decisions. A settled point, or one that stopped, gets no more rounds."""
+    lo, hi = limits
+    if r >= hi:
+        return []
+    if r < lo:
+        return list(chunk)
+    stats, _ = point_verdicts(chunk, samples, limits=limits, below=r)
+    want = {
+        (t, size, n)
+        for (t, size), st in stats.items()
+        for n in open_points("pp", st)
+        if len(st[n].series[UPSTREAM]) == r
+    }
+    return [p for p in chunk if (p.type, p.size, p.ne11) in want]
 
 
 # --------------------------------------------------------------------------------------------- compose
@@ -395,30 +529,15 @@ def _type_decision(t: str, ne11: int, sizes: Sequence[tuple[int, int]], outcome_
 
 
 def compose_live(
-    points: Sequence[MmqPoint], samples: Iterable[MmqSample], *, rounds: int, withhold: str = ""
+    points: Sequence[MmqPoint], samples: Iterable[MmqSample], *, limits: tuple[int, int], withhold: str = ""
 ) -> MmqOutcome:
-    """Verdicts and choices from the stored samples of rounds ``0 .. rounds-1`` (module doc).
+    """Verdicts and choices from the stored samples of rounds ``0 .. max_rounds-1`` (module doc).
 
-    A point has a verdict only when every config has a good sample in every round. ``withhold``: a reason
-    to compose no choice (the backend has no MMQ-vs-cuBLAS choice); verdicts are still reported.
+    A point has a verdict when every config has a good sample in each of its rounds and it has at least
+    ``min_rounds`` of them (:func:`point_verdicts`). ``withhold``: a reason to compose no choice (the backend
+    has no MMQ-vs-cuBLAS choice); verdicts are still reported.
     """
-    got = {(s.key, s.config, s.round): s for s in samples if s.round < rounds}
-    stats: dict[tuple[str, tuple[int, int]], dict[int, CellStats]] = {}
-    gaps: dict[tuple[str, int, int, int], str] = {}
-    for p in points:
-        values: dict[str, list[float]] = {}
-        why = ""
-        for cfg in CONFIGS:
-            for r in range(rounds):
-                s = got.get(((p.type, p.m, p.k, p.ne11), cfg, r))
-                if s is None or not s.ok or s.us_per_op is None:
-                    why = why or (f"{LABELS[cfg]} round {r + 1}: " + ("not measured" if s is None else s.error))
-                    continue
-                values.setdefault(cfg, []).append(1e6 / s.us_per_op)
-        if why:
-            gaps[(p.type, p.m, p.k, p.ne11)] = why
-        else:
-            stats.setdefault((p.type, p.size), {})[p.ne11] = cell_stats(p.ne11, p.upstream, values)
+    stats, gaps = point_verdicts(points, samples, limits=limits)
     decisions: dict[tuple[str, tuple[int, int]], list[Decision]] = {}
     for key in sorted({(p.type, p.size) for p in points}):
         ds = decide("pp", stats[key]) if key in stats else []
@@ -498,11 +617,23 @@ def _graphs_text(setting: Any) -> list[str]:
     return []
 
 
+def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
+    """The report's count of points per number of rounds they got (sequential rounds only)."""
+    if limits[1] == limits[0]:
+        return []
+    by_n: dict[int, int] = {}
+    for st in outcome.stats.values():
+        for c in st.values():
+            n = len(c.series[UPSTREAM])
+            by_n[n] = by_n.get(n, 0) + 1
+    return ["- rounds a point with a verdict got: " + ", ".join(f"{n}: {k} points" for n, k in sorted(by_n.items()))]
+
+
 def report_text(
     outcome: MmqOutcome,
     points: Sequence[MmqPoint],
     *,
-    rounds: int,
+    limits: tuple[int, int],
     identity: Mapping[str, Any],
     skipped: Sequence[tuple[str, int, int]] = (),
     patch: bool,
@@ -518,17 +649,27 @@ def report_text(
         *(f"- {k}: {v}" for k, v in identity.items()),
         f"- points: {len(points)} ({len(types)} types, {len(sizes)} sizes m x k: "
         f"{', '.join(f'{m}x{k}' for m, k in sizes)}; batch sizes {sorted({p.ne11 for p in points})}), "
-        f"{rounds} paired rounds each",
+        f"paired rounds: {rounds_text(limits)}",
         f"- points with a verdict: {len(points) - n_gap}; without one: {n_gap}",
+        *_rounds_line(outcome, limits),
         *(
             [f"- not swept (k not a multiple of the type's block): {', '.join(f'{t} {m}x{k}' for t, m, k in skipped)}"]
             if skipped
             else []
         ),
         "",
-        "Per round, one mm-bench process per config over every point: upstream's choice (MMQ), the same again "
-        "(the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from round to round. "
-        "A cell below is `MMQ time / cuBLAS time` (above 1: cuBLAS faster) with its 95% CI, the A/A noise and the "
+        "Per round, one mm-bench process per config over every point that gets the round: upstream's choice (MMQ), "
+        "the same again (the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from "
+        "round to round. "
+        + (
+            f"Every point gets {limits[0]} rounds; a further round, up to {limits[1]}, goes only to the points whose "
+            "verdict is still open (neither claimed nor settled by futility, the search's settle rule), and a "
+            "point's p-value is divided by the share of alpha of the round count it stopped at before Holm over "
+            "its type and size's batch sizes. "
+            if limits[1] > limits[0]
+            else ""
+        )
+        + "A cell below is `MMQ time / cuBLAS time` (above 1: cuBLAS faster) with its 95% CI, the A/A noise and the "
         "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster). A batch size goes "
         "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
         "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",

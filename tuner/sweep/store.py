@@ -6,7 +6,7 @@ run with another identity is refused, so one file never mixes two builds' timing
 
 from __future__ import annotations
 
-__all__ = ["open_store"]
+__all__ = ["open_store", "read_limits", "write_limits"]
 
 import sqlite3
 from collections.abc import Mapping
@@ -61,3 +61,22 @@ def open_store(
     with db:
         db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", sorted(want.items()))
     return db
+
+
+def write_limits(db: sqlite3.Connection, limits: tuple[int, int]) -> None:
+    """Record a run's round limits (min_rounds, max_rounds: the looks its verdicts spend alpha over) in
+    ``meta``; a later run may change them (more rounds for the points still open), so they are no part of
+    the identity."""
+    with db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
+
+
+def read_limits(db: sqlite3.Connection, table: str) -> tuple[int, int]:
+    """The round limits of the last run; a file made before they were recorded was measured with a fixed
+    number of rounds, every round its samples ``table`` holds (one look)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
+    if row is not None:
+        lo, hi = (int(x) for x in str(row[0]).split(","))
+        return lo, hi
+    n = int(db.execute(f"SELECT coalesce(max(round), -1) + 1 FROM {table}").fetchone()[0])
+    return n, n

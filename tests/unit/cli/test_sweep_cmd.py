@@ -8,29 +8,37 @@ from click.testing import CliRunner
 from tests.unit.measure.test_fa_bench import REC, fake_bench_build
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
-from tuner.sweep.grid import N_KV, dry_run_text, plan
+from tuner.sweep.grid import DEFAULT_N_KV, DEFAULT_QUERY_BATCHES, N_KV, dry_run_text, plan
 from tuner.sweep.live import estimate_text
 from tuner.sweep.mmq import mmq_dry_run_text, plan_mmq
 from tuner.sweep.mmq_live import DEFAULT_LIKE, like_sizes
 from tuner.targets.archs import load_arch
 
 
-def test_plan_prints_the_full_grid_and_its_time() -> None:
+def test_plan_prints_the_default_grid_and_its_time() -> None:
+    """The default: decode (Q->ne[1] = 1) at octave n_kv points; the grid's other points when asked."""
     res = CliRunner().invoke(sweep, ["plan", "--rounds", "4", "--per-call-s", "0.02"])
     assert res.exit_code == 0, res.output
     a = load_arch("sm_90")
+    cells = plan(a, query_batches=DEFAULT_QUERY_BATCHES, n_kv=DEFAULT_N_KV)
     want = (
-        dry_run_text(plan(a), rounds=4, per_call_s=0.02, max_rounds=4)
-        + estimate_text(plan(a), limits=(4, 4), chunk_size=72)
-        + mmq_dry_run_text(plan_mmq(a), rounds=4, sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
+        dry_run_text(cells, rounds=4, per_call_s=0.02, max_rounds=4)
+        + estimate_text(cells, limits=(4, 4), chunk_size=72)
+        + mmq_dry_run_text(plan_mmq(a), limits=(4, 4), sizes=like_sizes(DEFAULT_LIKE), per_call_s=0.02)
     )
     assert res.output == want
+    assert DEFAULT_N_KV == (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    assert "50 shapes x 10 n_kv points = 500 cells" in res.output
+    full = CliRunner().invoke(
+        sweep, ["plan", "--ne1", "1", "--ne1", "2", "--ne1", "4", "--ne1", "8", "--n-kv", ",".join(map(str, N_KV))]
+    )
+    assert "200 shapes x 18 n_kv points = 3600 cells" in full.output  # the whole grid, when asked
 
 
 def test_plan_takes_a_subset() -> None:
     res = CliRunner().invoke(sweep, ["plan", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1"])
     assert res.exit_code == 0, res.output
-    assert f"1 shapes x {len(N_KV)} n_kv points = {len(N_KV)} cells" in res.output
+    assert f"1 shapes x {len(DEFAULT_N_KV)} n_kv points = {len(DEFAULT_N_KV)} cells" in res.output
 
 
 @pytest.mark.parametrize(("args", "why"), [(["--n-kv", "300"], "multiples of 256"), (["--arch", "sm_70"], "Turing")])

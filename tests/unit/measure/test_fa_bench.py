@@ -59,6 +59,14 @@ def test_parse_errors_and_noise() -> None:
     assert sorted(got) == [3, 4]
     assert got[3].us_per_op is None and got[3].error == "not supported" and got[3].copies == 0
     assert got[4].us_per_op is None and got[4].error == "graph compute failed" and got[4].copies == 2
+    assert got[3].wall_ms is None  # an output without wall lines (older programs)
+
+
+def test_each_case_carries_its_wall_time() -> None:
+    head = "case=0 hsk=64 hsv=64 nh=8 nhkv=2 nkv=256 nb=1 type=f16"
+    text = f"{head} copies=4 copy_bytes=9 ops=64 us_per_op=20.000\nwall case=0 ms=31.5\nwall case=7 ms=1.0\n"
+    got = parse_fa_bench_output(text)
+    assert sorted(got) == [0] and got[0].wall_ms == 31.5  # a wall line of a case without its line is ignored
 
 
 def test_cases_file_has_one_line_a_shape() -> None:

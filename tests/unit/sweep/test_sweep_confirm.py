@@ -121,6 +121,7 @@ def test_a_rule_faster_end_to_end_is_kept_and_pr_md_has_every_model(tmp_path: Pa
     for like in confirm.DEFAULT_LIKE:
         assert like in pr
     assert "tg128@d16384" in pr and "pp512@d32768" in pr and "## Kept" in pr and "issues/18865" in pr
+    assert pr.startswith("# CUDA: FlashAttention kernel selection for sm_90")  # no MMQ choice in this table
     e2e = e2e_text(conf, identity={"build": "/b"}, rounds=4)
     assert "| t/s upstream | t/s table |" in e2e and "the table does not change this model" in e2e.lower()
 
@@ -189,3 +190,17 @@ def test_an_mmq_choice_is_judged_on_the_models_with_its_weight_type(tmp_path: Pa
     failed = {"llama-3.2-1b": {"verdict": "fail"}}
     (fate,) = confirm.decide_rules(table, plans, pts, failed, weight_types=types)
     assert not fate.kept and "gate failed on llama-3.2-1b" in fate.why
+    conf = confirm.Confirmed(plans=tuple(plans), depths={}, points={}, gates={}, weight_types=types, fates=(fate,))
+    assert "FlashAttention kernel and MMQ-vs-cuBLAS selection" in pr_text(table, conf, backend_ops=[], patch=False)
+
+
+def test_the_plan_prices_a_model_by_its_size_not_only_its_width(tmp_path: Path) -> None:
+    """gemma-3-12b-shape is nearest the recorded 8B by width (3840 vs 4096) but has half again its
+    parameters: its estimate is the 8B's scaled up, not the 8B's."""
+    import re
+
+    extra = (FaShape(D=128, gqa=4, kv="f16", ne1=1), FaShape(D=256, gqa=2, kv="f16", ne1=1))
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
+    assert int(mins["gemma-3-12b-shape"]) > int(mins["llama-3.1-8b"]) > int(mins["llama-3.2-1b"]), mins

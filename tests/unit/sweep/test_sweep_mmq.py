@@ -62,7 +62,7 @@ def test_mmq_plan_counts() -> None:
     assert len(cells) == len(MMQ_TYPES) * len(MMQ_BATCHES)
     assert MMQ_BATCHES[0] == 16 and MMQ_BATCHES[-1] == 4096
     assert {c.configs for c in cells} == {("default", "A/A", "BLAS")}
-    text = mmq_dry_run_text(cells, rounds=4, sizes=[(4096, 4096), (896, 896)], per_call_s=0.1)
+    text = mmq_dry_run_text(cells, limits=(4, 4), sizes=[(4096, 4096), (896, 896)], per_call_s=0.1)
     assert (
         "6 types x 2 sizes x 9 batch sizes = 72 cases a config (4 type/size pairs skipped" in text
     )  # 4 of 6 types need k % 256

@@ -81,13 +81,13 @@ def _run(
     fake: FakeRunCases, store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int, **kw: Any
 ) -> tuple[int, int]:
     return mmq_live.run_mmq_live(
-        points, rounds=rounds, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/logs"),
+        points, limits=(rounds, rounds), store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/logs"),
         run_cases=fake, **kw,
     )  # fmt: skip
 
 
 def _compose(store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int) -> mmq_live.MmqOutcome:
-    return mmq_live.compose_live(points, store.samples(), rounds=rounds)
+    return mmq_live.compose_live(points, store.samples(), limits=(rounds, rounds))
 
 
 def test_projection_sizes_are_the_dense_multiplications_of_a_model() -> None:
@@ -152,7 +152,7 @@ def test_the_rule_for_a_type_holds_at_every_size(tmp_path: Path) -> None:
     )
     q4k = {d.depth: d for d in out.type_decisions["q4_K"]}
     assert q4k[256].winner is None and "2048x8192 (MMQ stays)" in q4k[256].reason
-    report = mmq_live.report_text(out, points, rounds=5, identity=IDENT, patch=True)
+    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=True)
     assert "- `q4_K:1024..=BLAS`" in report and "### q4_K" in report and "| 256 | " in report
     assert "`upstream.patch` adds them" in report and "Points without a verdict" not in report
 
@@ -175,7 +175,7 @@ def test_a_failed_sample_leaves_its_point_without_verdict_and_splits_the_interva
     failed = [s for s in store.samples() if not s.ok]
     assert len(failed) == 1 and failed[0].us_per_op is None  # stored with its reason, never a time
     assert [c.text for c in out.choices] == ["q4_K:1024..2048=BLAS", "q4_K:4096..=BLAS", "q8_0:64..=BLAS"]
-    report = mmq_live.report_text(out, points, rounds=5, identity=IDENT, patch=False)
+    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
     assert "- q4_K 2048x8192 ne11 2048: BLAS round 2: graph compute failed" in report
 
 
