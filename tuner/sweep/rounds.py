@@ -42,21 +42,17 @@ __all__ = [
     "pack_groups",
     "paired_rounds",
     "run_fa_sweep",
-    "run_processes",
 ]
 
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from tuner import log
 from tuner.errors import TunerError
 from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.measure.paired import block_effects, noise_pct, rotated
-from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, open_depths, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
@@ -246,35 +242,3 @@ def pack_groups(items: Sequence[T], key: Callable[[T], Hashable], size: int) -> 
     if cur:
         out.append(cur)
     return out
-
-
-def run_processes(
-    todo: Sequence[tuple[int, int, str, T]],
-    *,
-    chunks: int,
-    rounds: int,
-    cases: Callable[[T], int],
-    measure: Callable[[int, int, str, T], int],
-) -> None:
-    """Run a sweep's processes in order: ``todo`` is (chunk, round, config, its items) with a chunk's
-    round consecutive; ``measure(chunk, round, config, items)`` runs and stores one process and returns
-    its failed samples. After each chunk's round, a progress line: its cases, time and failures, the
-    cases done and the ETA at the rate so far."""
-    total = sum(cases(items) for *_, items in todo)
-    start, done, i = time.monotonic(), 0, 0
-    while i < len(todo):
-        ci, r = todo[i][0], todo[i][1]
-        t0 = time.monotonic()
-        failed = n_round = 0
-        while i < len(todo) and todo[i][:2] == (ci, r):
-            _, _, cfg, items = todo[i]
-            failed += measure(ci, r, cfg, items)
-            n_round += cases(items)
-            i += 1
-        done += n_round
-        eta = (time.monotonic() - start) / done * (total - done) if done else 0.0
-        log.info(
-            f"chunk {ci + 1}/{chunks} round {r + 1}/{rounds}: {n_round} cases in {time.monotonic() - t0:.1f} s"
-            + (f", {failed} failed" if failed else "")
-            + f"; {done}/{total} cases done, ETA {format_seconds(eta)}"
-        )

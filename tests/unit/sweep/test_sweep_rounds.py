@@ -191,27 +191,3 @@ def test_paired_rounds_rotate_and_refuse_bad_samples() -> None:
         paired_rounds(lambda name: [0.0, math.nan], ["a"], 2)
     with pytest.raises(TunerError, match="at least 2 rounds"):
         paired_rounds(call, ["a"], 1)
-
-
-def test_run_processes_measures_in_order_and_reports_each_chunk_round(capsys: pytest.CaptureFixture[str]) -> None:
-    """The sweeps' driver: every process once, in order; one progress line per chunk and round with its
-    cases and failures, the running total and the ETA."""
-    from tuner.sweep.rounds import run_processes
-
-    todo = [(0, 0, "A", ["x", "y"]), (0, 0, "B", ["x"]), (0, 1, "A", ["x", "y"]), (1, 0, "A", ["z"])]
-    calls = []
-
-    def measure(ci: int, r: int, cfg: str, items: list[str]) -> int:
-        calls.append((ci, r, cfg, tuple(items)))
-        return 1 if cfg == "B" else 0
-
-    run_processes(todo, chunks=2, rounds=2, cases=len, measure=measure)
-    assert calls == [(ci, r, cfg, tuple(items)) for ci, r, cfg, items in todo]
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("chunk ")]
-    assert [ln.split(" s")[0].rsplit(" in ", 1)[0] for ln in lines] == [
-        "chunk 1/2 round 1/2: 3 cases",
-        "chunk 1/2 round 2/2: 2 cases",
-        "chunk 2/2 round 1/2: 1 cases",
-    ]
-    assert ", 1 failed; 3/6 cases done" in lines[0] and "failed" not in lines[1]
-    assert "; 6/6 cases done, ETA " in lines[2]
