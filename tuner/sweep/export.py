@@ -223,6 +223,17 @@ def _report(dirs: Mapping[str, Path | None]) -> str:
     return "\n".join(parts)
 
 
+_LOCAL_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@=-]+/)*[\w.+@=-]+/?")
+"""An absolute path on the machine that ran the sweep (not a URL's path, not a relative source path)."""
+
+
+def without_local_paths(text: str) -> str:
+    """``text`` with each absolute local path cut to its last component (a log or build directory's name):
+    the exported reports are read on other machines, and a path of the measuring one tells its reader nothing
+    and its owner's layout to everyone."""
+    return _LOCAL_PATH.sub(lambda m: m.group().rstrip("/").rsplit("/", 1)[-1], text)
+
+
 def _clean(meta: Mapping[str, str]) -> dict[str, str]:
     """An identity without local paths (a build directory: its name only); read on other machines."""
     return {k: (Path(v).name if v.startswith("/") else v) for k, v in sorted(meta.items())}
@@ -274,8 +285,8 @@ def _write(
     for name in ("PR.md", "e2e.md"):
         if not (confirm_dir / name).is_file():
             raise UsageError(f"{confirm_dir} has no {name}: run `tuner sweep confirm` to the end before exporting.")
-        shutil.copyfile(confirm_dir / name, stage / name)
-    (stage / "report.md").write_text(_report(dirs))
+        (stage / name).write_text(without_local_paths((confirm_dir / name).read_text()))
+    (stage / "report.md").write_text(without_local_paths(_report(dirs)))
     (stage / "plots").mkdir()
     t = ev.table
     plots = plot_fa(t.cells, ev.fa_samples, t.rules, stage / "plots")

@@ -161,6 +161,8 @@ def test_export_then_validate_passes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     report = (out / "report.md").read_text()
     assert "## FlashAttention kernels" in report and "## MMQ vs cuBLAS" in report and "## End to end" in report
     assert "/b" not in str(m["identity"])  # no local path of the build
+    for name in ("report.md", "PR.md", "e2e.md"):  # nor in the reports: a path's last component only
+        assert str(tmp_path) not in (out / name).read_text(), name
     check = validate_table(out)
     assert check.ok, [f for f in check.findings if not f.ok]
     names = {f.check for f in check.findings}
@@ -273,3 +275,16 @@ def test_a_stale_confirm_directory_is_refused(tmp_path: Path, monkeypatch: pytes
         CliRunner().invoke(
             sweep, ["export", str(cdir), "-o", str(tmp_path / "x")], standalone_mode=False, catch_exceptions=False
         )
+
+
+def test_local_paths_are_cut_to_their_names_and_urls_stay() -> None:
+    from tuner.sweep.export import without_local_paths
+
+    text = (
+        "- build: /work/main/.devhome/builds/8e0a/bin\nlog `/tmp/x/logs/r0/upstream.log` (see /opt/x/)\n"
+        "https://github.com/ggml-org/llama.cpp/issues/18865, ggml/src/ggml-cuda/fattn.cu"
+    )
+    assert without_local_paths(text) == (
+        "- build: bin\nlog `upstream.log` (see x)\n"
+        "https://github.com/ggml-org/llama.cpp/issues/18865, ggml/src/ggml-cuda/fattn.cu"
+    )
