@@ -66,9 +66,9 @@ from tuner.measure.fa_bench import TARGET_MS
 from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
-from tuner.search.screen import UPSTREAM, CellStats
+from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
-from tuner.sweep.rounds import cell_stats, check_limits, decide, open_points, pack_groups
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_in_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.sweep.table import TableRule
 
@@ -513,7 +513,7 @@ def cell_verdicts(
 def open_cells(chunk: Sequence[Cell], samples: Iterable[Sample], r: int, limits: tuple[int, int]) -> list[Cell]:
     """The cells of ``chunk`` that get round ``r`` (0-based): every cell below ``min_rounds``; from there the
     cells with all ``r`` rounds (none failed) whose point is still open by the decision rule over their
-    shape's points (:func:`tuner.sweep.rounds.open_points`), judged on the samples of rounds ``< r`` only, so
+    shape's points (:func:`tuner.sweep.rounds.open_in_round`), judged on the samples of rounds ``< r`` only, so
     that a resumed run takes the same decisions. A settled cell, or one that stopped, gets no more rounds."""
     lo, hi = limits
     if r >= hi:
@@ -521,11 +521,8 @@ def open_cells(chunk: Sequence[Cell], samples: Iterable[Sample], r: int, limits:
     if r < lo:
         return list(chunk)
     stats, _ = cell_verdicts(chunk, samples, limits=limits, below=r)
-    out = []
-    for shape, st in stats.items():
-        want = open_points(shape.phase.bench, st)
-        out += [c for c in chunk if c.shape == shape and c.n_kv in want and len(st[c.n_kv].series[UPSTREAM]) == r]
-    return out
+    want = open_in_round(stats, lambda shape: shape.phase.bench, r)
+    return [c for c in chunk if (c.shape, c.n_kv) in want]
 
 
 def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int]) -> Outcome:

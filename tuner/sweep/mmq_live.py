@@ -93,7 +93,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, check_limits, decide, open_points, pack_groups
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_in_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.targets.models import ModelShape, load_model_shape
 
@@ -467,7 +467,7 @@ def open_chunk_points(
     """The points of ``chunk`` (whole (type, size) families: :func:`chunk_points`) that get round ``r``
     (0-based), in the chunk's order: every point below ``min_rounds``; from there the points with all ``r``
     rounds (none failed) whose batch size is still open by the decision rule over their type and size's
-    batch sizes (:func:`tuner.sweep.rounds.open_points`), judged on the samples of rounds ``< r`` only, so
+    batch sizes (:func:`tuner.sweep.rounds.open_in_round`), judged on the samples of rounds ``< r`` only, so
     that a resumed run takes the same decisions. A settled point, or one that stopped, gets no more rounds."""
     lo, hi = limits
     if r >= hi:
@@ -475,13 +475,8 @@ def open_chunk_points(
     if r < lo:
         return list(chunk)
     stats, _ = point_verdicts(chunk, samples, limits=limits, below=r)
-    want = {
-        (t, size, n)
-        for (t, size), st in stats.items()
-        for n in open_points("pp", st)
-        if len(st[n].series[UPSTREAM]) == r
-    }
-    return [p for p in chunk if (p.type, p.size, p.ne11) in want]
+    want = open_in_round(stats, lambda _: "pp", r)
+    return [p for p in chunk if ((p.type, p.size), p.ne11) in want]
 
 
 # --------------------------------------------------------------------------------------------- compose

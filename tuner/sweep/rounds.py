@@ -38,6 +38,7 @@ __all__ = [
     "decide",
     "measure_cell",
     "midpoints",
+    "open_in_round",
     "open_points",
     "pack_groups",
     "paired_rounds",
@@ -59,6 +60,7 @@ from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
 
 T = TypeVar("T")
+H = TypeVar("H", bound=Hashable)
 
 
 class KernelTimer(Protocol):
@@ -147,6 +149,16 @@ def open_points(phase: str, cells: Mapping[int, CellStats]) -> set[int]:
     rule, :func:`tuner.search.compose.open_depths` with the sequential rule (module doc). ``cells``: every
     point of the shape with a verdict so far (the whole Holm family, stopped points included)."""
     return open_depths(phase, cells)
+
+
+def open_in_round(
+    stats: Mapping[H, Mapping[int, CellStats]], phase_of: Callable[[H], str], r: int
+) -> set[tuple[H, int]]:
+    """(family, point) of every point that gets round ``r`` (0-based) past ``min_rounds``: open by
+    :func:`open_points` over its family (a shape's n_kv points, a quant type and size's batch sizes) and
+    with all ``r`` rounds so far (a point that stopped, or failed a round, gets no more). ``stats``: the
+    families' verdicts from the rounds before ``r``; ``phase_of``: a family's phase (``tg`` or ``pp``)."""
+    return {(f, x) for f, st in stats.items() for x in open_points(phase_of(f), st) if len(st[x].series[UPSTREAM]) == r}
 
 
 def decide(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
