@@ -441,7 +441,7 @@ def plan_stages(
             n_compile=n_compile,
             n_variants=1 if "variant" in pinned else n_variants,
             rebuild_s=rebuild_s,
-            trial_gate_share=len(tn.gate_kernels(knobs)) / len(tn.ALL_KERNELS) if knobs else 1.0,
+            trial_gate_share=len(tn.gate_kernels(knobs)) / len(tn.ALL_KERNELS),
         )
     )
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]
