@@ -5,7 +5,17 @@ matplotlib's Agg backend; nothing is shown."""
 
 from __future__ import annotations
 
-__all__ = ["as_float", "depth_axis", "pareto_front", "plot_depth", "plot_pareto", "plot_speedup", "speedup_spans"]
+__all__ = [
+    "as_float",
+    "depth_axis",
+    "pareto_front",
+    "plot_depth",
+    "plot_pareto",
+    "plot_speedup",
+    "pyplot",
+    "save_png",
+    "speedup_spans",
+]
 
 import math
 from collections.abc import Mapping, Sequence
@@ -21,7 +31,7 @@ if TYPE_CHECKING:
 _PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
@@ -31,7 +41,8 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, fig: Any, png_path: str | Path) -> Path:
+def save_png(plt: Any, fig: Any, png_path: str | Path) -> Path:
+    """``fig`` written to ``png_path`` (its folder made) at the plots' resolution, then closed."""
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png_path, dpi=110)
@@ -62,7 +73,7 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
     Returns:
         ``png_path``.
     """
-    plt = _pyplot()
+    plt = pyplot()
 
     if not frames:
         raise UsageError("No bench results to plot.")
@@ -89,7 +100,7 @@ def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
         if any_line:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(plt, fig, png_path)
+    return save_png(plt, fig, png_path)
 
 
 _PHASE_TITLES = {"pp": "Prefill", "tg": "Decode"}
@@ -379,7 +390,7 @@ def plot_speedup(
     Returns:
         ``png_path``.
     """
-    plt = _pyplot()
+    plt = pyplot()
 
     pts = [p for p in points if math.isfinite(as_float(p.get("depth")))]
     if not pts:
@@ -405,7 +416,7 @@ def plot_speedup(
         _speedup_panel(ax, sub, x, phase=phase, color=color, has_span=has_span, name_a=name_a, name_b=name_b)
         _ts_panel(ax2, sub, x, axis, color=color, name_a=name_a, name_b=name_b)
     _speedup_legend(fig, pts, kernels, kcolor, title=title, ncol=ncol)
-    return _save(plt, fig, png_path)
+    return save_png(plt, fig, png_path)
 
 
 def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -429,7 +440,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     Returns:
         ``png_path``.
     """
-    plt = _pyplot()
+    plt = pyplot()
 
     pts = [p for p in points if math.isfinite(as_float(p.get("ts"))) and math.isfinite(as_float(p.get("cpu")))]
     if not pts:
@@ -472,4 +483,4 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: s
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title or "Decode: t/s vs CPU% (up and to the left is better)", fontsize=11)
     fig.tight_layout()
-    return _save(plt, fig, png_path)
+    return save_png(plt, fig, png_path)

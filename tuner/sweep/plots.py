@@ -20,17 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.result.plots import pyplot, save_png
 from tuner.sweep.grid import DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _medians(samples: Iterable[Any], key: Any, value: str) -> dict[Any, float]:
@@ -63,7 +55,7 @@ def fa_speedups(
 
 def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[TableRule], out_dir: Path) -> list[Path]:
     """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1`` (module doc)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     sp = fa_speedups(cells, samples, rules)
@@ -88,10 +80,7 @@ def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[Table
             ax.set_title(f"head size {D}, K/V {kv}, Q->ne[1] = 1: chosen kernel and speedup vs upstream", fontsize=9)
         axes[-1, 0].set_xlabel("n_kv")
         fig.tight_layout()
-        path = out_dir / f"fa-D{D}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        out.append(path)
+        out.append(save_png(plt, fig, out_dir / f"fa-D{D}.png"))
     return out
 
 
@@ -113,7 +102,7 @@ def plot_mmq(samples: Sequence[Any], choices: Mapping[str, Sequence[Any]], path:
     sp = mmq_speedups(samples)
     if not sp:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     types, batches = sorted({t for t, _ in sp}), sorted({n for _, n in sp})
@@ -131,6 +120,4 @@ def plot_mmq(samples: Sequence[Any], choices: Mapping[str, Sequence[Any]], path:
     ax.set_xlabel("batch size (ne11)")
     ax.set_title("cuBLAS speedup over MMQ (geometric mean over weight sizes); BLAS: the composed choice", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(plt, fig, path)
