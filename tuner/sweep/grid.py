@@ -45,6 +45,7 @@ __all__ = [
     "Cell",
     "FaShape",
     "dry_run_text",
+    "duration_text",
     "legal_kernels",
     "nkv_grid",
     "plan",
@@ -207,7 +208,8 @@ def plan(
     return out
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """``5400`` -> ``1 h 30 min``; ``75`` -> ``1 min 15 s``: the sweeps' plans' estimates."""
     h, rem = divmod(round(seconds), 3600)
     return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
 
@@ -240,5 +242,5 @@ def dry_run_text(
         ),
     ]
     if per_call_s is not None:
-        lines.append(f"time at {per_call_s:g} s per call (what-if): {_duration(per_round * rounds * per_call_s)}")
+        lines.append(f"time at {per_call_s:g} s per call (what-if): {duration_text(per_round * rounds * per_call_s)}")
     return "\n".join(lines) + "\n"

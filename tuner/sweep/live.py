@@ -67,7 +67,7 @@ from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
-from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
+from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_in_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.sweep.table import TableRule
@@ -270,11 +270,6 @@ def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S, pro
     return n_processes * process_s + n_cases * case_s
 
 
-def _hours(seconds: float) -> str:
-    h, rem = divmod(round(seconds), 3600)
-    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
-
-
 def estimate_text(
     cells: Sequence[Cell],
     *,
@@ -303,15 +298,15 @@ def estimate_text(
             f"{procs} processes and {cases} cases for the first {lo} rounds, then about {more_procs} processes and "
             f"{more_cases} cases (assumed: {open_share:.0%} of the cells still open after {lo} rounds, each to "
             f"{hi}); fixed {hi} rounds would be {hi * per_round} cases, "
-            f"{_hours(estimate_seconds(procs + more_procs, hi * per_round, case_s, FA_BENCH_PROCESS_S))} with fa-bench"
+            f"{duration_text(estimate_seconds(procs + more_procs, hi * per_round, case_s, FA_BENCH_PROCESS_S))} with fa-bench"
         )
     else:
         head += f"{procs} processes, {cases} cases"
     return (
-        head + f"\nestimated {_hours(fa)} with fa-bench (the default) at {FA_BENCH_PROCESS_S:g} s a process and "
+        head + f"\nestimated {duration_text(fa)} with fa-bench (the default) at {FA_BENCH_PROCESS_S:g} s a process and "
         f"{case_s:.3f} s a case with --target-ms {target_ms} (an estimate: {FA_BENCH_SETUP_S:g} s a case of "
         f"setup, from H100 processes before the target, plus about {FA_BENCH_TARGET_RUNS:g} runs of the target); "
-        f"{_hours(tbo)} with --timer test-backend-ops at {PROCESS_S:g} s a process and {CASE_S:g} s a case\n"
+        f"{duration_text(tbo)} with --timer test-backend-ops at {PROCESS_S:g} s a process and {CASE_S:g} s a case\n"
     )
 
 
@@ -352,7 +347,7 @@ def run_sweep(
     log.info(
         f"sweep: {len(cells)} cells in {len(chunks)} chunks, {rounds_text(limits)}; first {lo} rounds: "
         f"{first_procs} processes ({first_cases} cases) to run, {sum(1 for _, cs in first if not cs)} already "
-        f"recorded; estimated at H100 rates {_hours(estimate_seconds(first_procs, first_cases, case_s, process_s))}"
+        f"recorded; estimated at H100 rates {duration_text(estimate_seconds(first_procs, first_cases, case_s, process_s))}"
         + (f", and about {round(later)} cases more if {OPEN_SHARE:.0%} of the cells stay open" if hi > lo else "")
     )
     ran = skipped = done = 0

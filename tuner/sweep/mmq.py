@@ -56,7 +56,7 @@ from typing import Any
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
-from tuner.sweep.grid import AA, DEFAULT
+from tuner.sweep.grid import AA, DEFAULT, duration_text
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
 ENV = "GGML_TUNER_MMQ_CHOICES"
@@ -306,11 +306,6 @@ def block_size(type_name: str) -> int:
     return 32 if type_name in _BLOCK_32 else 256
 
 
-def _minutes(seconds: float) -> str:
-    h, rem = divmod(round(seconds), 3600)
-    return f"{h} h {rem // 60:02d} min" if h else f"{rem // 60} min {rem % 60:02d} s"
-
-
 def mmq_dry_run_text(
     cells: Sequence[MmqCell],
     *,
@@ -341,7 +336,7 @@ def mmq_dry_run_text(
         f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
         f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes)"
     )
-    first = f"{_minutes(procs * START_S + total * per_case)} for the first {lo} rounds; " if hi > lo else ""
+    first = f"{duration_text(procs * START_S + total * per_case)} for the first {lo} rounds; " if hi > lo else ""
     tail = ""
     if hi > lo:
         fixed = (procs + more_procs) * START_S + cases * n_configs * hi * per_case
@@ -350,7 +345,7 @@ def mmq_dry_run_text(
             f"processes and {total} cases for the first {lo} rounds, then about {more_procs} processes and {more} "
             f"cases (assumed: {open_share:.0%} of the points still open after {lo} rounds, each to {hi})"
         )
-        tail = f"; fixed {hi} rounds would be {cases * n_configs * hi} cases, {_minutes(fixed)}"
+        tail = f"; fixed {hi} rounds would be {cases * n_configs * hi} cases, {duration_text(fixed)}"
     else:
         head += f" x {lo} rounds = {procs} processes, {total} cases"
     text = (
@@ -359,7 +354,7 @@ def mmq_dry_run_text(
         + (f" ({skipped} type/size pairs skipped: k not a multiple of the type's block)" if skipped else "")
         + "\n"
         f"  sizes m x k: {', '.join(f'{m}x{k}' for m, k in sizes)}\n"
-        f"{head}; estimated {_minutes(est)} ({first}an estimate: {START_S:g} s a process and {per_case:.3f} s a "
+        f"{head}; estimated {duration_text(est)} ({first}an estimate: {START_S:g} s a process and {per_case:.3f} s a "
         f"case from an H100 process of {PROCESS_CASES} cases of 4096 x 4096 that took {PROCESS_S:g} s){tail}\n"
     )
     if per_call_s is not None:
