@@ -425,11 +425,17 @@ class RuleFate:
 
 
 def _fate(
-    text: str, touched: Sequence[Mapping[str, Any]], failed_gate: Sequence[str], none_why: str
+    text: str,
+    touched: Sequence[Mapping[str, Any]],
+    failed_gate: Sequence[str],
+    none_why: str,
+    kernel: str | None = None,
 ) -> tuple[bool, str]:
+    """``kernel``: a FlashAttention rule's kernel; a faster point counts for the rule only where the FA log
+    shows the table's candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
     where = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in touched)
     slower = [p for p in touched if p["verdict"] == "slower"]
-    faster = [p for p in touched if p["verdict"] == "faster"]
+    faster = [p for p in touched if p["verdict"] == "faster" and (kernel is None or p.get("kernel") == kernel)]
     if not touched:
         return False, none_why
     if failed_gate:
@@ -477,7 +483,7 @@ def decide_rules(
             if not models
             else f"no measured tg{TG} depth of {', '.join(models)} reaches its n_kv range"
         )
-        kept, why = _fate(r.text, touched, [m for m in models if m in failed], none)
+        kept, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
         out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
     for c in table.mmq:
         models = [p.like for p in plans if c.type.lower() in {t.lower() for t in weight_types.get(p.like, ())}]

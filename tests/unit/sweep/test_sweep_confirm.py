@@ -204,3 +204,20 @@ def test_the_plan_prices_a_model_by_its_size_not_only_its_width(tmp_path: Path) 
     assert res.exit_code == 0, res.output
     mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
     assert int(mins["gemma-3-12b-shape"]) > int(mins["llama-3.1-8b"]) > int(mins["llama-3.2-1b"]), mins
+
+
+def test_a_faster_point_counts_for_a_rule_only_where_its_kernel_ran(tmp_path: Path) -> None:
+    """On a backend without the FA log (the CPU build), or where the table's candidate fell back, the
+    table ran no rule: a 'faster' there is noise or another cause, and keeps nothing."""
+    table = confirm.load_table(_sweep_dir(tmp_path))
+    plans = [confirm.plan_model(table, "llama-3.2-1b", weight_types=["Q4_K"])]
+
+    def pts(kernel: str | None) -> dict[str, list[dict[str, Any]]]:
+        point = {"model": "llama-3.2-1b", "phase": "tg", "test": "tg128", "depth": 32768, "verdict": "faster"}
+        return {"llama-3.2-1b": [{**point, "kernel": kernel}]}
+
+    (ran,) = confirm.decide_rules(table, plans, pts("MMA"), {})
+    assert ran.kept and "faster end to end" in ran.why
+    for kernel in (None, "VEC"):
+        (fate,) = confirm.decide_rules(table, plans, pts(kernel), {})
+        assert not fate.kept and "a kernel-level gain only" in fate.why, kernel
