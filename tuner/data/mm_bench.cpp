@@ -7,8 +7,10 @@
 // The op is the one llama.cpp's graph hands the backend for a dense projection (build_lora_mm):
 // ggml_mul_mat(ctx, W, X) with
 //   W: the weights, src0, of a quantized type [k, m] (k values a row, m rows), filled by quantizing
-//      uniform random floats with ggml_quantize_chunk (an importance matrix of ones where the type needs one);
-//   X: the activations, src1, F32 [k, ne11] (ne11 = the batch size), uniform random floats;
+//      uniform random floats with ggml_quantize_chunk (an importance matrix of ones where the type needs one;
+//      rows of a pool of about 2^20 values, repeated);
+//   X: the activations, src1, F32 [k, ne11] (ne11 = the batch size), uniform random floats (rows of a pool
+//      of about 2^20 values, repeated);
 //   out: F32 [m, ne11].
 // Which kernel the backend runs is not chosen here: the CUDA backend decides between MMQ and cuBLAS in
 // ggml_cuda_should_use_mmq, which a tuner-patched mmq.cu lets GGML_TUNER_MMQ_CHOICES override
@@ -42,6 +44,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -125,6 +128,33 @@ std::vector<uint8_t> quantized_rows(ggml_type type, int64_t n_per_row, int64_t n
     return out;
 }
 
+// the quantized pool of W for (type, k), at least nrows rows (grown when a case needs more), made once
+const std::vector<uint8_t> & weight_pool(ggml_type type, int64_t k, int64_t nrows) {
+    static std::map<std::pair<int, int64_t>, std::vector<uint8_t>> pools;
+    std::vector<uint8_t> & pool = pools[{int(type), k}];
+    const size_t bytes = ggml_row_size(type, k) * size_t(nrows);
+    if (pool.size() < bytes) {
+        std::mt19937 gen(1234 + uint32_t(type) * 7919u + uint32_t(k));
+        pool = quantized_rows(type, k, nrows, gen);
+    }
+    return pool;
+}
+
+// a pool of X's bytes for rows of k values: whole rows, up to about 2^20 values (at least one row)
+const std::vector<uint8_t> & activation_pool(int64_t k, int64_t ne11) {
+    static std::map<int64_t, std::vector<uint8_t>> pools;
+    std::vector<uint8_t> & pool = pools[k];
+    const int64_t rows = std::min<int64_t>(ne11, std::max<int64_t>(1, (1 << 20) / k));
+    const size_t bytes = size_t(k * rows) * sizeof(float);
+    if (pool.size() < bytes) {
+        std::mt19937 gen(4321 + uint32_t(k));
+        const std::vector<float> f = random_floats(size_t(k * rows), gen);
+        pool.resize(bytes);
+        std::memcpy(pool.data(), f.data(), bytes);
+    }
+    return pool;
+}
+
 void print_case(size_t i, const mm_case & c) {
     std::printf("case=%zu type=%s m=%lld k=%lld ne11=%lld", i, c.type_name.c_str(), (long long) c.m, (long long) c.k,
                 (long long) c.ne11);
@@ -169,13 +199,13 @@ void run_case(ggml_backend_t backend, size_t idx, const mm_case & c, const bench
         ggml_free(ctx);
         return;
     }
-    std::mt19937 gen(1234 + uint32_t(idx));
-    // W: random rows, up to about 2^20 values, repeated over the matrix, so a large W costs an upload,
-    // not a random draw and a quantization per value
+    // W: random rows, up to about 2^20 values, repeated over the matrix; X likewise. A large tensor costs
+    // an upload, not a random draw and a quantization per value. The pools are made once a process, per
+    // (type, k) for W and per k for X: a sweep's cases vary m and ne11 under them, and quantizing 2^20
+    // values (IQ4_XS: about half a second) was most of a case's wall time
     const int64_t pool_rows = std::min<int64_t>(c.m, std::max<int64_t>(1, (1 << 20) / c.k));
-    const std::vector<uint8_t> w_data = quantized_rows(c.type, c.k, pool_rows, gen);
-    const std::vector<float> x_data = random_floats(size_t(c.k * c.ne11), gen);
-    ggml_backend_tensor_set(x, x_data.data(), 0, x_data.size() * sizeof(float));
+    const std::vector<uint8_t> & w_data = weight_pool(c.type, c.k, pool_rows);
+    bench::fill_repeating(x, activation_pool(c.k, c.ne11));
     for (ggml_tensor * w : ws) {
         bench::fill_repeating(w, w_data);
     }
