@@ -448,6 +448,14 @@ def run_cmd(
     help="The weights' copies together exceed this many MiB, so every op reads cold weights.",
 )
 @click.option(
+    "--target-ms",
+    type=click.IntRange(0, 60_000),
+    default=None,
+    help="Time at least this many ms of ops a case (mm-bench's -m; default 20 on a GPU backend, 0 on the CPU: "
+    "--iters ops). Without it a microsecond op is timed over a fraction of a millisecond, and its A/A noise "
+    "(over 20% on the H100) leaves its type and size without a verdict.",
+)
+@click.option(
     "--cuda-graphs/--no-cuda-graphs",
     default=True,
     show_default=True,
@@ -476,6 +484,7 @@ def mmq_cmd(
     storage: Path | None,
     iters: int,
     cache_mb: int,
+    target_ms: int | None,
     cuda_graphs: bool,
     out_dir: Path | None,
 ) -> None:
@@ -506,17 +515,22 @@ def mmq_cmd(
         )
     out = out_dir or stamped_run_dir("sweep-mmq")
     bin_dir = find_bin_dir(build_dir, "libggml.so") if build_dir is not None else _default_build(arch, spec)
+    cuda = backend.upper().startswith("CUDA")
+    if target_ms is None:  # as `sweep run`: the target where the ops are a GPU's
+        from tuner.measure.fa_bench import TARGET_MS
+
+        target_ms = 0 if backend.upper().startswith("CPU") else TARGET_MS
     identity = {
         "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
-        "iters": iters, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
+        "iters": iters, "target_ms": target_ms, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
     }  # fmt: skip
-    cuda = backend.upper().startswith("CUDA")
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
         forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
         mmq_live.run_mmq_live(
             points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
             iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
+            target_ms=target_ms,
         )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
         outcome = mmq_live.compose_live(points, store.samples(), limits=limits, withhold=withhold)

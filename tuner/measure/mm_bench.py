@@ -124,11 +124,14 @@ def run_cases(
     ggml_h: Path | None = None,
     timeout: float = 600.0,
     cuda_graphs: bool = True,
+    target_ms: int = 0,
 ) -> list[BenchCase]:
     """One mm-bench process over every shape, ``env`` (:data:`ENV` with the hook's entries, or empty for
     upstream's choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
     ``cuda_graphs`` False sets :data:`GRAPHS_ENV`, so a CUDA backend runs each graph directly; True
     removes it from the environment, so an inherited value cannot turn graphs off unrecorded.
+    ``target_ms`` above 0: enough ops a case for the timed graph to last that long (mm-bench's ``-m``), so a
+    microsecond op is not timed over a fraction of a millisecond.
 
     Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
     log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
@@ -139,6 +142,8 @@ def run_cases(
             anything is written), or mm-bench cannot be built for ``bin_dir``.
     """
     _check_run(shapes, env, backend, iters, cache_mb)
+    if not 0 <= target_ms <= 60_000:
+        raise UsageError(f"mm-bench: target_ms must be in [0, 60000] (got {target_ms}).")
     exe = build_mm_bench(bin_dir, ggml_h=ggml_h)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +159,8 @@ def run_cases(
         cases_file.write_text(mm_bench_cases(shapes[first:]))
         cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
         cmd += ["-T", str(CASE_TIMEOUT_S)]
+        if target_ms:
+            cmd += ["-m", str(target_ms)]
         if threads is not None:
             cmd += ["-t", str(threads)]
         log_file.unlink(missing_ok=True)

@@ -228,7 +228,7 @@ class MmqSample:
 
 class MmqStore:
     """Samples in a SQLite file (one row per point, config and round) and the identity of the run
-    (arch, backend, build, timer, ops, cache size and ``cuda_graphs``): a later run with another identity
+    (arch, backend, build, timer, ops, ``target_ms``, cache size and ``cuda_graphs``): a later run with another identity
     is refused."""
 
     def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
@@ -242,7 +242,8 @@ class MmqStore:
             what="an MMQ sweep storage",
             fix="Pass another --storage, or the same build, backend, --iters, --cache-mb and CUDA graph setting.",
             strict=True,
-            legacy={"cuda_graphs": "on"},  # files made before the option were measured with graphs on
+            # files made before these options were measured with graphs on and ITERS ops a case
+            legacy={"cuda_graphs": "on", "target_ms": "0"},
         )
 
     def close(self) -> None:
@@ -318,6 +319,7 @@ def run_mmq_live(
     max_cases: int = MAX_CASES,
     forced_reason: str = "",
     cuda_graphs: bool = True,
+    target_ms: int = 0,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_chunk_points`),
     one process per config and round over the points that get the round (module doc).
@@ -326,7 +328,8 @@ def run_mmq_live(
     (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass a fake). ``forced_reason``: why the
     forced config cannot run (a build without the MMQ hook); its samples are then stored failed with it, no
     process started. ``cuda_graphs`` False runs every config's process with ggml's CUDA graphs off
-    (:data:`tuner.measure.mm_bench.GRAPHS_ENV`). Prints a line per chunk and round with its time and the
+    (:data:`tuner.measure.mm_bench.GRAPHS_ENV`); ``target_ms`` is mm-bench's ``-m`` (0: ``iters`` ops a
+    case). Prints a line per chunk and round with its time and the
     ETA. Returns (processes run, processes skipped as already recorded).
     """
     lo, hi = check_limits(limits)
@@ -361,6 +364,7 @@ def run_mmq_live(
             cache_mb=cache_mb,
             timeout=120.0 + 5.0 * len(ps),
             cuda_graphs=cuda_graphs,
+            target_ms=target_ms,
         )
         samples = []
         for p, c in zip(ps, out, strict=True):

@@ -42,6 +42,7 @@ class FakeRunCases:
     def __init__(self, *, aa_only: bool = False, fail: set[tuple[Any, ...]] = frozenset(), seed: int = 5) -> None:  # type: ignore[assignment]
         self.calls: list[tuple[str, list[mm_bench.MmShape], Path]] = []
         self.graphs: list[bool] = []
+        self.targets: list[int] = []
         self.aa_only, self.fail, self.rng = aa_only, fail, random.Random(seed)
 
     def __call__(
@@ -56,10 +57,12 @@ class FakeRunCases:
         cache_mb: int,
         timeout: float,
         cuda_graphs: bool,
+        target_ms: int = 0,
     ) -> list[BenchCase]:
         label = log_dir.name
         self.calls.append((label, list(shapes), log_dir))
         self.graphs.append(cuda_graphs)
+        self.targets.append(target_ms)
         blas = parse_mmq_choices(env[mm_bench.ENV]) if env else ()
         assert (label == "BLAS") == bool(blas), "only the forced process sets the hook's variable"
         drift = math.exp(self.rng.gauss(0, 0.01))  # per process: cancelled by pairing
@@ -264,6 +267,7 @@ def test_cli_runs_the_sweep_through_the_runner_and_probe(tmp_path: Path, monkeyp
     assert "choices (0):" in res.output and "points with a verdict: 8 of 8" in res.output
     assert (out / "report.md").is_file() and (out / "mmq.sqlite3").is_file() and not (out / "upstream.patch").exists()
     assert fake.graphs == [True] * 9  # CUDA graphs on by default, as llama.cpp runs a repeated graph
+    assert fake.targets == [20] * 9  # a GPU backend's default: at least 20 ms of ops a case
     report = (out / "report.md").read_text()
     assert "- cuda_graphs: on" in report and "CUDA graphs were on in every process" in report
 
@@ -366,3 +370,43 @@ def test_run_cases_turns_cuda_graphs_off_only_when_asked(tmp_path: Path, monkeyp
     on = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "on")
     off = mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "off", cuda_graphs=False)
     assert (on[0].us_per_op, off[0].us_per_op) == (1.0, 2.0)
+
+
+def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """target_ms reaches mm-bench as -m (none at 0: ITERS ops a case); the CLI's default is 20 on a GPU backend
+    and 0 on the CPU, recorded in the storage, and a storage made before the option (ITERS ops) resumes at 0 only."""
+    import sqlite3
+
+    from tuner.cli.sweep_cmd import sweep
+
+    exe = tmp_path / "mm-bench"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "m = sys.argv[sys.argv.index('-m') + 1] if '-m' in sys.argv else '0'\n"
+        "print(f'case=0 type=q8_0 m=256 k=256 ne11=8 copies=1 copy_bytes=1 ops=8 us_per_op={1 + int(m)}')\n"
+    )
+    exe.chmod(0o755)
+    monkeypatch.setattr(mm_bench, "build_mm_bench", lambda *a, **kw: exe)
+    shapes = [mm_bench.MmShape(type="q8_0", m=256, k=256, ne11=8)]
+    assert mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "a")[0].us_per_op == 1.0
+    assert mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "b", target_ms=20)[0].us_per_op == 21.0
+    with pytest.raises(UsageError, match="target_ms"):
+        mm_bench.run_cases(tmp_path, shapes, {}, log_dir=tmp_path / "c", target_ms=-1)
+
+    fake = FakeRunCases(aa_only=True)
+    monkeypatch.setattr(mm_bench, "run_cases", fake)
+    monkeypatch.setattr(mm_bench, "mmq_hook_present", lambda *a, **kw: True)
+    args = ["mmq", "--build", str(_bin(tmp_path)), "--type", "q8_0", "--ne11", "256", "--size", "4096x4096"]
+    res = CliRunner().invoke(sweep, [*args, "--rounds", "2", "--backend", "CPU", "-o", str(tmp_path / "cpu")])
+    assert res.exit_code == 0, res.output
+    assert fake.targets == [0] * 6  # the CPU backend times ITERS ops a case
+    with sqlite3.connect(tmp_path / "cpu" / "mmq.sqlite3") as c:
+        assert dict(c.execute("SELECT key, value FROM meta").fetchall())["target_ms"] == "0"
+    old = {**IDENT, "build": str((tmp_path / "bin").resolve()), "arch": "sm_90", "target_ms": "0"}
+    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    with sqlite3.connect(tmp_path / "old.db") as c:  # as a file made before the option
+        c.execute("DELETE FROM meta WHERE key = 'target_ms'")
+    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    with pytest.raises(UsageError, match="target_ms"):
+        mmq_live.MmqStore(tmp_path / "old.db", {**old, "target_ms": "20"})

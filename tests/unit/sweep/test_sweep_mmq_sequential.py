@@ -51,6 +51,7 @@ class SeqFake:
         cache_mb: int,
         timeout: float,
         cuda_graphs: bool,
+        target_ms: int = 0,
     ) -> list[BenchCase]:
         self.calls.append((log_dir.name, list(shapes), log_dir))
         forced = bool(parse_mmq_choices(env[mm_bench.ENV])) if env else False
