@@ -519,7 +519,8 @@ def gate_model(
     """The output-equivalence gate of the table's env on ``model`` against upstream, as the search's final
     gate plans and judges it (:mod:`tuner.search.output_gate`: each decode rule's kernel widened to ``0-``,
     the kernel band first); MMQ choices widened likewise (the gate's micro-batch is 128 tokens, below most
-    choices' batch range). Each check is stored as it ends; a rerun runs only the missing ones."""
+    choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
+    stored as it ends; a rerun runs only the missing ones."""
     from tuner.measure.equivalence import run_equivalence
     from tuner.search import output_gate as og
 
@@ -550,8 +551,39 @@ def gate_model(
         done=store.gate(plan.like),
         run_one=run,
         on_check=lambda name, rec: store.add_gate(plan.like, name, rec),
-        band=og.plan_band(checks, kernels),
+        band=og.plan_band(checks, kernels) + cublas_band(checks, widened),
     )
+
+
+def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list[Any]:
+    """The prefill band of MMQ choices: upstream with every type the choices name on cuBLAS at every batch
+    size, against upstream's own MMQ. cuBLAS is upstream's other path for these multiplications (its pick
+    on GPUs without MMQ's int8 paths, and under ``GGML_CUDA_FORCE_CUBLAS``): it multiplies the f16
+    activations where MMQ quantizes them to q8_1, so the two differ by rounding far beyond the CPU
+    calibrated thresholds (on the H100: mean KLD 0.004 on the 1B shape, 0.03 on the 8B). A choice then
+    passes within the band as a kernel rule does (:mod:`tuner.search.output_gate`). Where the choices cover
+    every type with the same range as the band (``lo=0``), the check and the band are the same config and
+    the gate shows only that the hook runs; the correctness evidence is then ``test-backend-ops -o
+    MUL_MAT`` against the CPU backend with the table's env (:func:`backend_ops_check`). Empty without
+    choices or without a prefill check."""
+    from tuner.search import output_gate as og
+
+    ref = next((c for c in checks if c.mode == "prefill"), None)
+    if not choices or ref is None:
+        return []
+    every = dict.fromkeys(mmq.MmqChoice(type=c.type, lo=0, hi=None, backend="BLAS") for c in choices)
+    return [
+        og.GateCheck(
+            name=f"{og.BAND} prefill cuBLAS",
+            mode="prefill",
+            strict=False,
+            env={**ref.upstream_env, mmq.ENV: mmq.mmq_env(every)},
+            args=ref.upstream_args,
+            upstream_env=ref.upstream_env,
+            upstream_args=ref.upstream_args,
+            why="upstream's own cuBLAS path forced for the choices' types at every batch size vs upstream's MMQ",
+        )
+    ]
 
 
 def backend_ops_check(

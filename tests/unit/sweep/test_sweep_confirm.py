@@ -221,3 +221,60 @@ def test_a_faster_point_counts_for_a_rule_only_where_its_kernel_ran(tmp_path: Pa
     for kernel in (None, "VEC"):
         (fate,) = confirm.decide_rules(table, plans, pts(kernel), {})
         assert not fate.kept and "a kernel-level gain only" in fate.why, kernel
+
+
+def _kld(c: Any, mean: float) -> dict[str, Any]:
+    """A gate run's record with the given mean KLD (99% KLD 3x it, a top token flipped at 40x it, in percent)."""
+    stats = {"mean_kld": mean, "p99_kld": 3 * mean, "max_kld": 4 * mean, "same_top_pct": 100.0 - 40 * 100 * mean}
+    stats |= dict.fromkeys(("mean_kld_unc", "median_kld", "same_top_unc", "ppl_q", "ppl_base"), 0.0)
+    return {
+        "mode": c.mode,
+        "strict": c.strict,
+        "deterministic": True,
+        "identical_to_upstream": mean == 0,
+        "stats": stats,
+    }
+
+
+@pytest.mark.parametrize(("choice_kld", "passes"), [(0.004, True), (0.2, False)])
+def test_mmq_choices_are_judged_against_upstreams_cublas_band(tmp_path: Path, choice_kld: float, passes: bool) -> None:
+    """A model with MMQ choices gets a prefill band (its choices' types on cuBLAS at every batch size vs upstream's
+    MMQ), measured before the checks; the prefill check then passes within twice the band, not by the CPU
+    thresholds (1e-5) that cuBLAS's f16 rounding never meets, and fails an order of magnitude beyond it."""
+    from tuner.measure.equivalence import DEFAULT_THRESHOLDS
+
+    plan_ = confirm.ModelPlan(
+        like="llama-3.2-1b", D=64, gqa=4, kv="f16", context=131072, fa_rules=(), unexercised=(),
+        mmq=(confirm.mmq.MmqChoice(type="q4_K", lo=1024, hi=None, backend="BLAS"),),
+    )  # fmt: skip
+    runs: list[Any] = []
+
+    def run_one(c: Any) -> dict[str, Any]:
+        runs.append(c)
+        return _kld(c, 0.004 if c.name.startswith("band") else choice_kld)
+
+    store = confirm.ConfirmStore(tmp_path / "confirm.sqlite3", {"build": "/b"})
+    try:
+        gate = confirm.gate_model(
+            plan_, tmp_path / "m.gguf", tmp_path, arch=SM90, era="mma", store=store, work_dir=tmp_path, run_one=run_one
+        )
+    finally:
+        store.close()
+    assert [c.name for c in runs] == ["band prefill cuBLAS", "prefill process"]
+    band = runs[0]
+    assert band.env[confirm.mmq.ENV] == "q4_K:0..=BLAS" and band.mode == "prefill" and not band.strict
+    assert runs[1].env[confirm.mmq.ENV] == "q4_K:0..=BLAS"  # the choice widened to every batch: it fires at the gate's
+    (check,) = gate["checks"]
+    assert check["thresholds"]["mean_kld"] == 0.008 > DEFAULT_THRESHOLDS.mean_kld
+    assert gate["verdict"] == ("pass" if passes else "fail") and check["passed"] is passes
+    assert [b["name"] for b in gate["band"]] == ["band prefill cuBLAS"]
+
+
+def test_no_cublas_band_without_choices_or_prefill_check() -> None:
+    from tuner.search import output_gate as og
+
+    decode = og.GateCheck(
+        name="decode x", mode="decode", strict=False, env={}, args=(), upstream_env={}, upstream_args=(), why=""
+    )
+    choice = confirm.mmq.MmqChoice(type="q8_0", lo=512, hi=None, backend="BLAS")
+    assert confirm.cublas_band([decode], (choice,)) == [] and confirm.cublas_band([decode], ()) == []
