@@ -68,7 +68,7 @@ from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
-from tuner.sweep.rounds import cell_stats, check_limits, decide, open_in_round, pack_groups
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.sweep.table import TableRule
 
@@ -510,14 +510,14 @@ def open_cells(chunk: Sequence[Cell], samples: Iterable[Sample], r: int, limits:
     cells with all ``r`` rounds (none failed) whose point is still open by the decision rule over their
     shape's points (:func:`tuner.sweep.rounds.open_in_round`), judged on the samples of rounds ``< r`` only, so
     that a resumed run takes the same decisions. A settled cell, or one that stopped, gets no more rounds."""
-    lo, hi = limits
-    if r >= hi:
-        return []
-    if r < lo:
-        return list(chunk)
-    stats, _ = cell_verdicts(chunk, samples, limits=limits, below=r)
-    want = open_in_round(stats, lambda shape: shape.phase.bench, r)
-    return [c for c in chunk if (c.shape, c.n_kv) in want]
+    return open_for_round(
+        chunk,
+        r,
+        limits,
+        lambda below: cell_verdicts(chunk, samples, limits=limits, below=below)[0],
+        lambda shape: shape.phase.bench,
+        lambda c: (c.shape, c.n_kv),
+    )
 
 
 def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int]) -> Outcome:

@@ -93,7 +93,7 @@ from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
-from tuner.sweep.rounds import cell_stats, check_limits, decide, open_in_round, pack_groups
+from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
 from tuner.targets.models import ModelShape, load_model_shape
 
@@ -473,14 +473,14 @@ def open_chunk_points(
     rounds (none failed) whose batch size is still open by the decision rule over their type and size's
     batch sizes (:func:`tuner.sweep.rounds.open_in_round`), judged on the samples of rounds ``< r`` only, so
     that a resumed run takes the same decisions. A settled point, or one that stopped, gets no more rounds."""
-    lo, hi = limits
-    if r >= hi:
-        return []
-    if r < lo:
-        return list(chunk)
-    stats, _ = point_verdicts(chunk, samples, limits=limits, below=r)
-    want = open_in_round(stats, lambda _: "pp", r)
-    return [p for p in chunk if ((p.type, p.size), p.ne11) in want]
+    return open_for_round(
+        chunk,
+        r,
+        limits,
+        lambda below: point_verdicts(chunk, samples, limits=limits, below=below)[0],
+        lambda _: "pp",
+        lambda p: ((p.type, p.size), p.ne11),
+    )
 
 
 # --------------------------------------------------------------------------------------------- compose

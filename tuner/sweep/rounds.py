@@ -38,6 +38,7 @@ __all__ = [
     "decide",
     "measure_cell",
     "midpoints",
+    "open_for_round",
     "open_in_round",
     "open_points",
     "pack_groups",
@@ -159,6 +160,27 @@ def open_in_round(
     with all ``r`` rounds so far (a point that stopped, or failed a round, gets no more). ``stats``: the
     families' verdicts from the rounds before ``r``; ``phase_of``: a family's phase (``tg`` or ``pp``)."""
     return {(f, x) for f, st in stats.items() for x in open_points(phase_of(f), st) if len(st[x].series[UPSTREAM]) == r}
+
+
+def open_for_round(
+    chunk: Sequence[T],
+    r: int,
+    limits: tuple[int, int],
+    stats_before: Callable[[int], Mapping[H, Mapping[int, CellStats]]],
+    phase_of: Callable[[H], str],
+    key: Callable[[T], tuple[H, int]],
+) -> list[T]:
+    """The items of ``chunk`` (cells, MMQ points) that get round ``r`` (0-based), in the chunk's order: every
+    item below ``min_rounds``, none from ``max_rounds``; in between those :func:`open_in_round` names from
+    ``stats_before(r)``, the families' verdicts from the samples of rounds ``< r`` only, so that a resumed
+    run takes the same decisions. ``key``: an item's (family, point)."""
+    lo, hi = limits
+    if r >= hi:
+        return []
+    if r < lo:
+        return list(chunk)
+    want = open_in_round(stats_before(r), phase_of, r)
+    return [x for x in chunk if key(x) in want]
 
 
 def decide(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
