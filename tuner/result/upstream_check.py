@@ -25,6 +25,7 @@ __all__ = [
     "decision_depths",
     "decode_family",
     "find_ncu",
+    "gpu_skip",
     "model_for",
     "parse_ncu_csv",
     "patched_tree_text",
@@ -49,6 +50,17 @@ KERNEL_FUNCTIONS = {"flash_attn_ext_vec": "VEC", "flash_attn_tile": "TILE", "fla
 _NCU_FILTER = "regex:^(" + "|".join(KERNEL_FUNCTIONS) + ")$"
 _FILL_UBATCH = 2048  # the depth fill in few, large batches: fewer launches for ncu to intercept
 _N_GEN = 4
+
+
+def gpu_skip(arch: str, local: Sequence[str]) -> list[Finding]:
+    """The finding of a GPU check skipped because this machine has no ``arch`` GPU (``local``: the ones it has)."""
+    return [
+        Finding(
+            check="upstream.patch on the GPU",
+            ok=True,
+            detail=f"skipped: needs a {arch} GPU, this machine has {', '.join(local) or 'none'}",
+        )
+    ]
 
 
 def find_ncu() -> Path | None:
@@ -227,13 +239,7 @@ def upstream_gpu_findings(
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the result has no upstream.patch")]
     local = detect_local_archs()
     if arch.name not in local:
-        return [
-            Finding(
-                check="upstream.patch on the GPU",
-                ok=True,
-                detail=f"skipped: needs a {arch.name} GPU, this machine has {', '.join(local) or 'none'}",
-            )
-        ]
+        return gpu_skip(arch.name, local)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="tuner-validate-gpu-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     out: list[Any] = []

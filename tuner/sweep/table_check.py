@@ -286,7 +286,7 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, *, log_
     from tuner.measure.gate import params_for_model, run_check
     from tuner.plan.render import render_variant
     from tuner.plan.variant import RenderedVariant
-    from tuner.result.upstream_check import patched_tree_text
+    from tuner.result.upstream_check import gpu_skip, patched_tree_text
     from tuner.targets.archs import detect_local_archs
 
     arch = ev.table.arch
@@ -294,13 +294,7 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, *, log_
     if patch is None:
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the table has no upstream.patch")]
     if arch.name not in local:
-        return [
-            Finding(
-                check="upstream.patch on the GPU",
-                ok=True,
-                detail=f"skipped: needs a {arch.name} GPU, this machine has {', '.join(local) or 'none'}",
-            )
-        ]
+        return gpu_skip(arch.name, local)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tuner-validate-table-"))
     base = render_variant(source, arch.name, "cuda", local_archs=local)
     rv = RenderedVariant(
