@@ -561,11 +561,12 @@ def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list
     on GPUs without MMQ's int8 paths, and under ``GGML_CUDA_FORCE_CUBLAS``): it multiplies the f16
     activations where MMQ quantizes them to q8_1, so the two differ by rounding far beyond the CPU
     calibrated thresholds (on the H100: mean KLD 0.004 on the 1B shape, 0.03 on the 8B). A choice then
-    passes within the band as a kernel rule does (:mod:`tuner.search.output_gate`). Where the choices cover
-    every type with the same range as the band (``lo=0``), the check and the band are the same config and
-    the gate shows only that the hook runs; the correctness evidence is then ``test-backend-ops -o
-    MUL_MAT`` against the CPU backend with the table's env (:func:`backend_ops_check`). Empty without
-    choices or without a prefill check."""
+    passes within the band as a kernel rule does (:mod:`tuner.search.output_gate`). The sweep composes
+    cuBLAS choices only, and the gate widens them to every batch size, so the prefill check multiplies
+    exactly as the band does (its env adds only the decode rules, which do not fire in prefill): it shows
+    that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
+    CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
+    prefill check."""
     from tuner.search import output_gate as og
 
     ref = next((c for c in checks if c.mode == "prefill"), None)
