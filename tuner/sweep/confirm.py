@@ -94,6 +94,8 @@ class Table:
     cells: tuple[Cell, ...]
     with_verdict: int
     arch: Any
+    min_rounds: int = 0
+    """The fewest rounds any cell got (``rounds`` is the most): rounds past the minimum go only to open cells."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
     mmq_identity: Mapping[str, str] = dataclasses.field(default_factory=dict)
     mmq_points: int = 0
@@ -151,10 +153,20 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         for sh, n in keys
     )
     rounds = max((s.round for s in samples), default=0) + 1
+    per_cell: dict[tuple[Any, int], set[int]] = {}
+    for s in samples:
+        per_cell.setdefault((s.shape, s.n_kv), set()).add(s.round)
+    fewest = min((len(v) for v in per_cell.values()), default=0)
     outcome = live.compose(cells, samples, limits=limits)
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
     table = Table(
-        rules=outcome.rules, identity=meta, rounds=rounds, cells=cells, with_verdict=len(cells) - n_gap, arch=arch
+        rules=outcome.rules,
+        identity=meta,
+        rounds=rounds,
+        min_rounds=fewest,
+        cells=cells,
+        with_verdict=len(cells) - n_gap,
+        arch=arch,
     )
     if mmq_dir is None:
         return table
@@ -246,6 +258,12 @@ def _touches(rule: TableRule, depth: int) -> bool:
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
 
 
+def _rounds_text(table: Table) -> str:
+    """``3-6 round(s)``: every cell got the fewest, the open ones up to the most."""
+    lo = table.min_rounds or table.rounds
+    return f"{lo}-{table.rounds} round(s)" if lo != table.rounds else f"{table.rounds} round(s)"
+
+
 def _params(like: str) -> int:
     from tuner.targets.models import load_model_shape, plan_tensors
 
@@ -263,8 +281,9 @@ def plan_text(
 
     costs = load_step_costs()
     recs = list(costs["models"].values())
+    own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     lines = [
-        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {table.rounds} round(s) over "
+        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "
         f"{len(table.cells)} cells"
         + (f", {len(table.mmq)} MMQ choice(s)" if table.mmq_identity else "")
         + f"; {len(plans)} model(s) at {quant}, depths {list(depths)}, {rounds} rounds, -r {reps}"
@@ -278,12 +297,13 @@ def plan_text(
         d_model = load_model_shape(p.like).d_model
         rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
         # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
-        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width)
+        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
+        # confirm itself was recorded on this model
         size = _params(p.like) / _params(str(rec["like"]))
+        per_depth = own[p.like] / size if p.like in own else float(rec["bench_call_depth_s"])
         calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
-        secs = size * (
-            calls * len(ds) * float(rec["bench_call_depth_s"]) * reps / 4 + 4 * float(rec["equivalence_check_s"])
-        )
+        # recorded at -r 4: llama-bench runs -r reps + 1 (the first run is a warm-up, dropped)
+        secs = size * (calls * len(ds) * per_depth * (reps + 1) / 4 + 4 * float(rec["equivalence_check_s"]))
         total += secs
         what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
         lines.append(
@@ -293,8 +313,8 @@ def plan_text(
         )
     lines.append(
         f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
-        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps} / 4 and by parameter count; plus "
-        "model synthesis on first use)"
+        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps + 1} / 4 and, for a model without its own confirm "
+        "recording, by parameter count; plus model synthesis on first use)"
     )
     return "\n".join(lines) + "\n"
 

@@ -57,6 +57,13 @@ def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> st
     return "\n".join(lines) + "\n"
 
 
+def _cell_rounds(table: Table) -> str:
+    lo = table.min_rounds or table.rounds
+    if lo == table.rounds:
+        return f"{lo} paired rounds each"
+    return f"{lo} paired rounds each, up to {table.rounds} where a cell's verdict was still open"
+
+
 def coverage_lines(table: Table) -> list[str]:
     """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
     shapes = table.shapes
@@ -64,8 +71,8 @@ def coverage_lines(table: Table) -> list[str]:
     for s in shapes:
         by_d.setdefault(s.D, []).append(s)
     lines = [
-        f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {table.rounds} paired "
-        f"rounds each; {table.with_verdict} cells with a verdict",
+        f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {_cell_rounds(table)}; "
+        f"{table.with_verdict} cells with a verdict",
         f"- n_kv: {', '.join(map(str, table.n_kv)) or '-'} (llama pads n_kv to a multiple of 256)",
         "",
         "| head size | GQA ratios | K/V types | Q->ne[1] | rules |",
@@ -85,22 +92,52 @@ def coverage_lines(table: Table) -> list[str]:
 
 def _method(table: Table) -> list[str]:
     timer = table.identity.get("timer", "fa-bench")
-    return [
-        f"1. **Kernel level** (`tuner sweep run`, timer {timer}): every cell (head size, GQA ratio, K/V type, "
+    items = [
+        f"**Kernel level** (`tuner sweep run`, timer {timer}): every cell (head size, GQA ratio, K/V type, "
         "Q->ne[1], n_kv) times `FLASH_ATTN_EXT` with upstream's choice, the same choice again (the A/A pair) and "
         "every other legal kernel forced, in paired rounds with the order rotated per round. A kernel wins a cell "
         "only when its paired effect clears an A/A-controlled sequential test (Holm over cells); consecutive "
         "winning n_kv points form one entry.",
-        "2. **End to end** (`tuner sweep confirm`): each model shape, random weights of the stated type, "
+        *(
+            [
+                "**MMQ vs cuBLAS** (`tuner sweep mmq`, timer mm-bench): every point (quant type, weight size m x k, "
+                "batch size ne11) times `MUL_MAT` with upstream's choice, its A/A twin and cuBLAS forced through "
+                "the build's hook, in paired rounds judged by the same rule. A batch size goes to cuBLAS for a "
+                "type only where cuBLAS won at every weight size, as `ggml_cuda_should_use_mmq` has no size key."
+            ]
+            if table.mmq_identity
+            else []
+        ),
+        "**End to end** (`tuner sweep confirm`): each model shape, random weights of the stated type, "
         f"llama-bench pp{PP} and tg{TG} at each depth (-d), upstream against the table given to the build's "
         "runtime hook, with an A/A pair, in paired interleaved rounds, judged by the same rule.",
-        "3. **Kept** are the entries whose model points are faster end to end beyond noise, with none slower "
+        "**Kept** are the entries whose model points are faster end to end beyond noise, with none slower "
         "beyond noise and the models' output-equivalence gate (llama-perplexity KLD against upstream, within "
         "twice the spread of upstream's own kernels) passed; the rest are reported below, not patched.",
-        "4. The patch is rendered on the pristine tree from the kept entries only: a static table and a lookup "
+        "The patch is rendered on the pristine tree from the kept entries only: a static table and a lookup "
         "called at the top of the Turing-and-newer branch, guarded by `cc == GGML_CUDA_CC_HOPPER`; a shape it "
         "does not list keeps upstream's logic.",
     ]
+    return [f"{i}. {t}" for i, t in enumerate(items, 1)]
+
+
+def _reported_lines(dropped: Sequence[Any]) -> list[str]:
+    """Entries measured end to end but not kept first (each with its why); then, as one list, the entries no
+    confirmed model exercised, which are kernel-level verdicts only."""
+    if not dropped:
+        return ["None."]
+    unmeasured = [f for f in dropped if f.why.startswith("no confirmed model")]
+    measured = [f for f in dropped if f not in unmeasured]
+    out = [f"- {f.text}: {f.why}" for f in measured]
+    if unmeasured:
+        out += [
+            *([""] if out else []),
+            f"Not exercised by any confirmed model ({len(unmeasured)}; kernel-level verdicts only, "
+            "each needs a model of its shape or weight type to be confirmed):",
+            "",
+            *[f"- {f.text}" for f in unmeasured],
+        ]
+    return out
 
 
 def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
@@ -136,11 +173,11 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     lines += ["", "test-backend-ops with the kept table's env (every case against the CPU backend):", ""]
     lines += [
         f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in backend_ops
-    ] or ["- not run (no entry kept)"]
+    ] or ["- not run (no entry kept)" if not kept else "- not run"]
     lines += ["", "## Kept", ""]
     lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
     lines += ["", "## Reported, not patched", ""]
-    lines += [f"- {f.text}: {f.why}" for f in dropped] or ["None."]
+    lines += _reported_lines(dropped)
     lines += ["", "## Patch", ""]
     lines.append(
         "`upstream.patch` (this directory) adds the kept entries; `git apply` on the pristine tree."

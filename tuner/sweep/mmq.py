@@ -72,10 +72,11 @@ MMQ_SUPPORTED = (
 )
 """Types ``ggml_cuda_should_use_mmq`` supports (its ``mmq_supported`` switch), as ggml_type_name spells them."""
 _BLOCK_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4")
-PROCESS_S = 7.5
-"""Measured: seconds of one mm-bench process over 54 cases (6 types x 9 batch sizes, 4096 x 4096, 20 ops a
-case) on an H100 (docs/data/h100-mmq-probe/); :func:`mmq_dry_run_text` scales it by cases (an estimate)."""
-PROCESS_CASES = 54
+PROCESS_S = 59.4
+"""Measured: seconds of one mm-bench process over the default grid's 540 cases at the default 20 ms target on
+an H100 (docs/data/h100-sweep-sm90/mmq-transcript.txt: two full rounds of three processes took 178.7 and
+177.8 s); :func:`mmq_dry_run_text` scales it by cases (an estimate; ``--target-ms 0`` runs faster)."""
+PROCESS_CASES = 540
 START_S = 2.5
 """Estimate: the part of a process that is CUDA start (as for test-backend-ops, docs/sweep.md)."""
 OPEN_SHARE = 0.5
@@ -317,7 +318,7 @@ def mmq_dry_run_text(
 ) -> str:
     """What ``tuner sweep mmq`` runs for ``cells`` at the weight ``sizes`` (m x k): one mm-bench process per
     config, round and chunk of sizes, every case of the chunk still open in it, with the time estimated from
-    the H100 probe's 7.5 s per 54-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per
+    the H100 sweep's 59.4 s per 540-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per
     case. ``limits`` (min_rounds, max_rounds): every point gets the minimum, then an assumed ``open_share``
     of the points takes every further round up to the maximum (every chunk's processes counted in every
     further round: an upper figure where a whole chunk settles). A (type, size) pair whose ``k`` is no
@@ -355,7 +356,7 @@ def mmq_dry_run_text(
         + "\n"
         f"  sizes m x k: {', '.join(f'{m}x{k}' for m, k in sizes)}\n"
         f"{head}; estimated {duration_text(est)} ({first}an estimate: {START_S:g} s a process and {per_case:.3f} s a "
-        f"case from an H100 process of {PROCESS_CASES} cases of 4096 x 4096 that took {PROCESS_S:g} s){tail}\n"
+        f"case from an H100 process of the default grid's {PROCESS_CASES} cases at 20 ms that took {PROCESS_S:g} s){tail}\n"
     )
     if per_call_s is not None:
         text += f"time at {per_call_s:g} s per case (what-if): {(total + more) * per_call_s / 60:.1f} min\n"

@@ -349,7 +349,7 @@ def run_mmq_live(
     log.info(
         f"sweep mmq: {len(points)} points in {len(chunks)} chunk(s), {rounds_text(limits)}; first {lo} rounds: "
         f"{first_procs} processes ({first_cases} cases) to run, {sum(1 for _, ps in first if not ps)} already "
-        f"recorded; estimated at the H100 probe's rate {format_seconds(first_procs * START_S + first_cases * per_case)}"
+        f"recorded; estimated at the H100 sweep's rate {format_seconds(first_procs * START_S + first_cases * per_case)}"
         + (f", and about {round(later)} cases more if {OPEN_SHARE:.0%} of the points stay open" if hi > lo else "")
     )
 

@@ -106,7 +106,9 @@ def test_step_costs_cite_files_in_the_repo() -> None:
     from tuner.search.dryrun import load_step_costs
 
     costs = load_step_costs()
-    srcs = [costs["full_build"]["source"]] + [m[k] for m in costs["models"].values() for k in m if k.endswith("source")]
+    srcs = [costs["full_build"]["source"]] + [
+        m[k] for part in ("models", "confirm") for m in costs[part].values() for k in m if k.endswith("source")
+    ]
     for s in srcs:
         path = s.split(":")[0].split(" (")[0]
         assert (REPO / path).is_file(), s

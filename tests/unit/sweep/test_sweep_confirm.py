@@ -4,6 +4,7 @@ PR.md has every model's rows."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,8 +83,10 @@ class FakeBench:
         return out
 
 
-def _run(tmp_path: Path, bench: FakeBench, *, likes: Sequence[str] = confirm.DEFAULT_LIKE) -> confirm.Confirmed:
-    table = confirm.load_table(_sweep_dir(tmp_path))
+def _run(
+    tmp_path: Path, bench: FakeBench, *, likes: Sequence[str] = confirm.DEFAULT_LIKE, extra: Sequence[FaShape] = ()
+) -> confirm.Confirmed:
+    table = confirm.load_table(_sweep_dir(tmp_path, extra))
     store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
     made: list[str] = []
     try:
@@ -172,7 +175,6 @@ def test_a_directory_without_a_sweep_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_an_mmq_choice_is_judged_on_the_models_with_its_weight_type(tmp_path: Path) -> None:
-    import dataclasses
 
     from tuner.sweep.mmq import MmqChoice
 
@@ -278,3 +280,50 @@ def test_no_cublas_band_without_choices_or_prefill_check() -> None:
     )
     choice = confirm.mmq.MmqChoice(type="q8_0", lo=512, hi=None, backend="BLAS")
     assert confirm.cublas_band([decode], (choice,)) == [] and confirm.cublas_band([decode], ()) == []
+
+
+def test_coverage_says_the_fewest_and_the_most_rounds_a_cell_got(tmp_path: Path) -> None:
+    """Rounds past the minimum go only to open cells: PR.md says 3 each, up to 4, not "4 each"."""
+    from tuner.sweep.confirm_report import coverage_lines
+
+    out = _sweep_dir(tmp_path)
+    store = SampleStore(out / "sweep.sqlite3", {})
+    extra = [s for s in store.samples() if s.round == 2 and s.n_kv == N_KV[0]]
+    store.add([dataclasses.replace(s, round=3) for s in extra])  # one cell gets a fourth round
+    store.close()
+    table = confirm.load_table(out)
+    assert (table.min_rounds, table.rounds) == (3, 4)
+    assert "3 paired rounds each, up to 4 where a cell's verdict was still open" in coverage_lines(table)[0]
+    even = dataclasses.replace(table, min_rounds=4)
+    assert "4 paired rounds each;" in coverage_lines(even)[0]
+
+
+def test_pr_md_lists_the_entries_no_model_exercised_apart(tmp_path: Path) -> None:
+    """A rule measured on a model and not kept keeps its why; rules of shapes no confirmed model has go
+    into one list after it, each once."""
+    other = FaShape(D=128, gqa=2, kv="f16", ne1=1)  # no default model has this shape
+    conf = _run(tmp_path, FakeBench(gain=1.0), extra=[other])
+    table = confirm.load_table(tmp_path / "sweep")
+    pr = pr_text(table, conf, backend_ops=[], patch=False)
+    section = pr.split("## Reported, not patched")[1].split("## Patch")[0]
+    measured, _, unexercised = section.partition("Not exercised by any confirmed model")
+    assert "D64 gqa4 f16" in measured and "no end-to-end gain beyond noise" in measured
+    assert "D128 gqa2 f16" in unexercised and "D128 gqa2 f16" not in measured
+    assert "no confirmed model" not in section  # said once, in the list's heading
+
+
+def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: Path) -> None:
+    """gemma-3-12b-shape's confirm was recorded (step_costs.toml [confirm]): its calls are priced at that
+    figure, with -r 3 counted as the -r 4 llama-bench runs (the warm-up run included)."""
+    import re
+
+    from tuner.search.dryrun import load_step_costs
+
+    extra = (FaShape(D=256, gqa=2, kv="f16", ne1=1),)
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run", "--rounds", "3"])
+    assert res.exit_code == 0, res.output
+    own = {r["like"]: r["call_depth_s"] for r in load_step_costs()["confirm"].values()}
+    calls_s = 3 * 3 * 5 * own["gemma-3-12b-shape"]  # 3 rounds x 3 calls x 5 depths, at -r 3 + 1 = 4
+    mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
+    assert round(calls_s / 60) <= int(mins["gemma-3-12b-shape"]) <= round(calls_s / 60) + 2, (mins, calls_s)
+    assert "scaled by -r 4 / 4" in res.output
