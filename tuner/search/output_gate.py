@@ -275,8 +275,10 @@ def run_checks(
     run_one: Callable[[GateCheck], Mapping[str, Any]],
     on_check: Callable[[str, Mapping[str, Any]], None],
     band: Sequence[GateCheck] = (),
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Run each check not in ``done`` (``name -> record``, resumed from the study); a record per check.
+    ``quiet``: no progress lines (a validator re-judging stored checks runs nothing to report).
 
     ``run_one(check)`` returns :meth:`EquivalenceResult.as_dict` (or a fake's equivalent); ``on_check``
     persists each record as soon as it exists. ``band`` (:func:`plan_band`) runs first; each mode's
@@ -302,11 +304,12 @@ def run_checks(
                 log.info(f"  output-equivalence gate, {c.name}: measured (judged below)")
         return dict(rec)
 
+    say = (lambda _msg: None) if quiet else log.info
     bands = [one(b) for b in band]
     thr = {m: band_thresholds([b for b in bands if b.get("mode") == m]) for m in {b.mode for b in band}}
     for b in bands:
         s = b.get("stats") or {}
-        log.info(
+        say(
             f"  kernel band, {b['name']}: mean KLD {s.get('mean_kld')}, 99% KLD {s.get('p99_kld')}, "
             f"same top p {s.get('same_top_pct')}%"
         )
@@ -316,7 +319,7 @@ def run_checks(
         t = thr.get(c.mode)
         if t is not None and not c.strict:
             rec = _rejudged(rec, t)
-        log.info(
+        say(
             f"  output-equivalence gate, {c.name}: {str(rec.get('verdict', '?')).upper()}"
             + (f" ({' '.join(rec.get('reasons', []))})" if rec.get("reasons") else "")
             + (f"; thresholds from the kernel band: {rec.get('thresholds')}" if t is not None and not c.strict else "")

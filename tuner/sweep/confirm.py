@@ -535,6 +535,7 @@ def gate_model(
     store: ConfirmStore,
     work_dir: Path,
     run_one: Callable[[Any], Mapping[str, Any]] | None = None,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """The output-equivalence gate of the table's env on ``model`` against upstream, as the search's final
     gate plans and judges it (:mod:`tuner.search.output_gate`: each decode rule's kernel widened to ``0-``,
@@ -572,6 +573,7 @@ def gate_model(
         run_one=run,
         on_check=lambda name, rec: store.add_gate(plan.like, name, rec),
         band=og.plan_band(checks, kernels) + cublas_band(checks, widened),
+        quiet=quiet,
     )
 
 
@@ -772,7 +774,7 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         points[plan.like] = model_points(plan.like, judge_model(recs, ds, mmq_changed=bool(plan.mmq)))
         gates[plan.like] = gate_model(
             plan, Path(), Path(), arch=table.arch, era=str(row["era"]), store=store, work_dir=Path(),
-            run_one=_stored_only,
+            run_one=_stored_only, quiet=True,
         )  # fmt: skip
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(

@@ -172,6 +172,7 @@ def test_export_then_validate_passes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert "agree at 8 calls (4 stored cells)" in lookup.detail
     res = CliRunner().invoke(validate, [str(tmp_path / "results")])
     assert res.exit_code == 0 and "1 passed, 0 failed" in res.output, res.output
+    assert "output-equivalence gate" not in res.output  # stored checks re-judged, nothing run: no progress lines
     again = _export(tmp_path, tmp_path / "sweep" / "confirm", "--mmq", str(tmp_path / "mmq"))  # over its own export
     assert (again / "table.toml").read_text() == (out / "table.toml").read_text()
 
