@@ -36,10 +36,35 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
     return f"- {model}: **{str(gate.get('verdict', '?')).upper()}**" + (f" ({detail})" if detail else "")
 
 
+def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
+    """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
+    llama-bench runs one more, discarded as warm-up)."""
+    known = {"arch", "build", "quant", "models", "reps", "table", "tests", "schema", "sweep"}
+    out = []
+    if "arch" in identity:
+        out.append(f"- arch: {identity['arch']}; build: `{identity.get('build', '?')}`")
+    if "quant" in identity:
+        how = {"direct": "blocks written directly", "quantize": "quantized with llama-quantize", "f16": "as written"}
+        out.append(
+            f"- models: random weights of each shape, {identity['quant']} "
+            f"({how.get(str(identity.get('models')), identity.get('models'))})"
+        )
+    if "reps" in identity:
+        reps = int(identity["reps"])
+        out.append(
+            f"- llama-bench {str(identity.get('tests', f'pp{PP},tg{TG}')).replace(',', ' and ')}, -r {reps + 1} a call: "
+            f"{reps} timed repetitions after one discarded as warm-up"
+        )
+    if "table" in identity:
+        out.append(f"- table id: {identity['table']} (a hash of the composed entries and MMQ choices)")
+    out += [f"- {k}: {v}" for k, v in identity.items() if k not in known]
+    return out
+
+
 def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> str:
     """``e2e.md``: per model, the table's env and a compare-llama-bench table of upstream against the table."""
     lines = ["# End-to-end confirmation of the sweep's table", ""]
-    lines += [f"- {k}: {v}" for k, v in identity.items()]
+    lines += _identity_lines(identity)
     lines += [
         f"- {rounds} paired rounds per model: upstream, its A/A twin and the table, order rotated per round; "
         f"pp{PP} and tg{TG} share each depth's fill",

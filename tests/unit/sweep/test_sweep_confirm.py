@@ -327,3 +327,12 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
     mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
     assert round(calls_s / 60) <= int(mins["gemma-3-12b-shape"]) <= round(calls_s / 60) + 2, (mins, calls_s)
     assert "scaled by -r 4 / 4" in res.output
+
+
+def test_e2e_md_says_how_many_runs_llama_bench_made(tmp_path: Path) -> None:
+    """The storage's ``reps`` is the timed repetitions; llama-bench ran one more (the warm-up, discarded)."""
+    conf = _run(tmp_path, FakeBench(gain=1.10))
+    ident = {"arch": "sm_90", "build": "bin", "quant": "Q4_K_M", "models": "direct", "reps": "3", "table": "ab"}
+    text = e2e_text(conf, identity=ident | {"tests": "pp512,tg128"}, rounds=4)
+    assert "-r 4 a call: 3 timed repetitions after one discarded as warm-up" in text
+    assert "Q4_K_M (blocks written directly)" in text and "- reps:" not in text
