@@ -676,7 +676,8 @@ def confirm_cmd(
 
     table = confirm.load_table(sweep_dir, mmq_dir)
     likes = likes or confirm.DEFAULT_LIKE
-    plans = [confirm.plan_model(table, like) for like in likes]  # an unknown name: its UsageError, exit 2
+    # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
+    plans = [confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, quant)) for like in likes]
     click.echo(confirm.plan_text(table, plans, depths, rounds=rounds, reps=reps, quant=quant), nl=False)
     if dry_run:
         return

@@ -243,6 +243,18 @@ def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterab
     )
 
 
+def planned_weight_types(like: str, quant: str) -> list[str] | None:
+    """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
+    known before it is made: f16 as written, and Q4_K_M written directly (llama-quantize's per-tensor rule,
+    :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
+    from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
+
+    wt = "f16" if quant.lower() in ("f16", "none") else "q4_k_m" if quant.upper() in DIRECT_QUANTS else None
+    if wt is None:
+        return None
+    return sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})
+
+
 def _pad(n: int) -> int:
     return -(-n // STRIDE) * STRIDE
 
@@ -311,6 +323,11 @@ def plan_text(
             f"{ds}, about {round(secs / 60)} min with the output gate"
             + (f"; {len(p.unexercised)} entry(ies) at Q->ne[1] > 1 not exercised" if p.unexercised else "")
         )
+    for c in table.mmq:  # what no planned test can confirm, said before the GPU time is spent
+        why = [f"no planned model's weights have {c.type} at {quant}"] if all(c not in p.mmq for p in plans) else []
+        why += [] if c.covers(PP) else [f"pp{PP} multiplies at ne11 = {PP}, outside its batch range"]
+        if why:
+            lines.append(f"  MMQ {c.text} will be reported, not confirmed: {'; '.join(why)}")
     lines.append(
         f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
         f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps + 1} / 4 and, for a model without its own confirm "

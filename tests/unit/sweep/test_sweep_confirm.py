@@ -336,3 +336,27 @@ def test_e2e_md_says_how_many_runs_llama_bench_made(tmp_path: Path) -> None:
     text = e2e_text(conf, identity=ident | {"tests": "pp512,tg128"}, rounds=4)
     assert "-r 4 a call: 3 timed repetitions after one discarded as warm-up" in text
     assert "Q4_K_M (blocks written directly)" in text and "- reps:" not in text
+
+
+def test_the_plan_says_which_mmq_choices_no_planned_test_exercises(tmp_path: Path) -> None:
+    """At Q4_K_M (written directly) the weight types are known before a model exists: a q5_K choice acts
+    on no model, and one from batch 2048 on no pp512; the plan says so, and a model the table then leaves
+    alone is not priced."""
+    from tuner.sweep.mmq import MmqChoice
+
+    assert {"Q4_K", "Q6_K"} <= set(confirm.planned_weight_types("llama-3.1-8b", "Q4_K_M") or ())
+    assert confirm.planned_weight_types("llama-3.1-8b", "Q5_K_M") is None  # llama-quantize decides
+    choices = (
+        MmqChoice(type="q5_K", lo=2048, hi=None, backend="BLAS"),
+        MmqChoice(type="q4_K", lo=256, hi=None, backend="BLAS"),
+    )
+    table = dataclasses.replace(confirm.load_table(_sweep_dir(tmp_path)), mmq=choices, mmq_identity={"arch": "sm_90"})
+    likes = ("llama-3.2-1b", "qwen2.5-7b")
+    plans = [
+        confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, "Q4_K_M")) for like in likes
+    ]
+    text = confirm.plan_text(table, plans, DEPTHS, rounds=3, reps=3, quant="Q4_K_M")
+    assert "MMQ q5_K:2048..=BLAS will be reported, not confirmed: no planned model's weights have q5_K" in text
+    assert "pp512 multiplies at ne11 = 512, outside its batch range" in text
+    assert "MMQ q4_K:256..=BLAS will be reported" not in text  # q4_K weights, and 512 is in its range
+    assert "qwen2.5-7b (D128/gqa7/kvf16): 0 decode rule(s), 1 MMQ choice(s)" in text  # q4_K acts on it
