@@ -1,0 +1,66 @@
+"""Options and the default build shared by the ``tuner sweep`` commands (sweep_cmd, sweep_confirm_cmd)."""
+
+from __future__ import annotations
+
+__all__ = ["default_build", "measure_options"]
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
+    """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree) with the
+    opt-in MMQ hook (``templates/patches/mma/mmq-hook.toml``), so one build serves both sweeps; built (or
+    taken from the build cache) as ``tuner build`` would; ``extra`` tools (``llama-perplexity``) added on
+    demand without changing its build id."""
+    from tuner import log, source
+    from tuner.builder.cmake import build_variant
+    from tuner.plan.render import render_variant
+    from tuner.targets.archs import detect_local_archs
+
+    src = source.fetch_source(spec) if spec else source.fetch_source()
+    rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs(), hooks=("mmq",))
+    with log.step(f"Building {rv.short} from {src.spec}"):
+        b = build_variant(rv)
+    if extra:
+        from tuner.builder.extra import ensure_targets
+
+        b = ensure_targets(b, list(extra))
+    return Path(b.bin_dir)
+
+
+def measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[Any], Any]:
+    """--build, --backend, --source and --storage, as `sweep run`, `sweep mmq` and `sweep confirm` take them."""
+
+    def wrap(f: Any) -> Any:
+        for opt in reversed(
+            (
+                click.option(
+                    "--build",
+                    "build_dir",
+                    type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    default=None,
+                    help=build_help,
+                ),
+                click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
+                click.option(
+                    "--source",
+                    "spec",
+                    default=None,
+                    help="llama.cpp source SPEC to build and patch (default: the pinned tree).",
+                ),
+                click.option(
+                    "--storage",
+                    type=click.Path(dir_okay=False, path_type=Path),
+                    default=None,
+                    help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
+                ),
+            )
+        ):
+            f = opt(f)
+        return f
+
+    return wrap

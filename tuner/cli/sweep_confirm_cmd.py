@@ -1,0 +1,300 @@
+"""``tuner sweep confirm`` and ``tuner sweep export``: the sweep's table confirmed end to end on model
+shapes, and exported as a result folder (docs/sweep.md). Registered on the ``sweep`` group by sweep_cmd."""
+
+from __future__ import annotations
+
+__all__ = ["confirm_cmd", "export_cmd"]
+
+from pathlib import Path
+from typing import Any, cast
+
+import click
+
+from tuner.cli._params import depths_option, find_bin_dir, output_option
+from tuner.cli.sweep_common import default_build, measure_options
+from tuner.errors import UsageError
+
+
+@click.command("confirm")
+@click.argument("sweep_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--mmq",
+    "mmq_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Output directory of `tuner sweep mmq`: its MMQ choices are confirmed too (GGML_TUNER_MMQ_CHOICES).",
+)
+@click.option(
+    "--like",
+    "likes",
+    multiple=True,
+    help="Model shapes, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, gemma-3-12b-shape: head "
+    "sizes 64, 128, 128 with GQA 7, and 256).",
+)
+@click.option(
+    "--quant",
+    default="Q4_K_M",
+    show_default=True,
+    help="Type of the random-weight models: Q4_K_M is written directly as random blocks of llama-quantize's "
+    "per-tensor types (no llama-quantize); other types are quantized from f16 with llama-quantize (f16: as "
+    "synthesized, not quantized).",
+)
+@click.option(
+    "--depths",
+    default="0,4096,16384,32768,65536",
+    show_default=True,
+    callback=depths_option,
+    help="KV depths (llama-bench -d): 0 as every short prompt, 4096 below upstream's VEC-to-MMA switch at 8192, "
+    "16384 and 32768 where the Hopper decode rules act, 65536 long context; 131072 costs minutes a call on "
+    "an 8-12B model. Depths past a model's context length are left out for it.",
+)
+@click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds per model.")
+@click.option(
+    "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
+)
+@measure_options(
+    build_help="Build (or bin) directory of a tuner build with the FA rules hook (and the MMQ hook for --mmq). "
+    "Default: the sweeps' default build of the sweep's arch.",
+    backend_help="Backend test-backend-ops checks the kept table on.",
+    storage="confirm.sqlite3",
+)
+@click.option("--dry-run", is_flag=True, help="Print the plan (models, calls, estimated GPU time) and stop.")
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
+)
+def confirm_cmd(
+    sweep_dir: Path,
+    mmq_dir: Path | None,
+    likes: tuple[str, ...],
+    quant: str,
+    depths: tuple[int, ...],
+    rounds: int,
+    reps: int,
+    build_dir: Path | None,
+    backend: str,
+    spec: str | None,
+    storage: Path | None,
+    dry_run: bool,
+    out_dir: Path | None,
+) -> None:
+    """Confirm the sweep's table end to end with llama-bench on model shapes, and write PR.md (resumable).
+
+    Per model: a random-weight model of the shape, quantized; paired interleaved rounds of upstream, its A/A
+    twin and the table (the model shape's entries through GGML_TUNER_FA_RULES, MMQ choices through
+    GGML_TUNER_MMQ_CHOICES), pp512 and tg128 at each depth; the output-equivalence gate. An entry is kept
+    only where its model points are faster beyond noise and none slower; the rest are reported. Writes
+    e2e.md, PR.md and upstream.patch (kept entries only) to -o. See docs/sweep.md.
+
+    Example: tuner sweep confirm sweep-sm90 --mmq sweep-mmq-sm90 --rounds 3
+    """
+    from tuner.sweep import confirm
+
+    table = confirm.load_table(sweep_dir, mmq_dir)
+    likes = likes or confirm.DEFAULT_LIKE
+    # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
+    plans = [confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, quant)) for like in likes]
+    click.echo(confirm.plan_text(table, plans, depths, rounds=rounds, reps=reps, quant=quant), nl=False)
+    if dry_run:
+        return
+    out = out_dir or sweep_dir / "confirm"
+    tools = ("llama-perplexity",) + (() if _quant_mode(quant) in ("f16", "direct") else ("llama-quantize",))
+    if build_dir is None:
+        bin_dir = default_build(table.arch.name, spec, extra=tools)
+    else:
+        bin_dir = find_bin_dir(build_dir)
+        missing = [t for t in tools if not (bin_dir / t).is_file()]
+        if missing:
+            raise UsageError(
+                f"{bin_dir} has no {' or '.join(missing)}, which the confirmation needs (the output-equivalence "
+                "gate runs llama-perplexity; the models are quantized with llama-quantize). Leave --build out to "
+                "use the sweeps' default build with them added, or build them into this one."
+            )
+    _run_confirm(table, likes, out, Path(bin_dir), depths=depths, rounds=rounds, reps=reps, quant=quant,
+                 backend=backend, spec=spec, storage=storage)  # fmt: skip
+
+
+def _quant_mode(quant: str) -> str:
+    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` Q4_K_M blocks written
+    directly (synth_cached(direct=True)), else ``quantize`` the f16 file with llama-quantize."""
+    from tuner.targets.models import DIRECT_QUANTS
+
+    if quant.lower() in ("f16", "none"):
+        return "f16"
+    return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
+
+
+def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
+    """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
+    from tuner.sweep.confirm import PP, TG, table_id
+
+    return {
+        "arch": table.arch.name,
+        "build": str(bin_dir.resolve()),
+        "quant": quant.upper(),
+        "models": _quant_mode(quant),
+        "reps": str(reps),
+        "tests": f"pp{PP},tg{TG}",
+        "table": table_id(table),
+    }
+
+
+def _run_confirm(
+    table: Any,
+    likes: tuple[str, ...],
+    out: Path,
+    bin_dir: Path,
+    *,
+    depths: tuple[int, ...],
+    rounds: int,
+    reps: int,
+    quant: str,
+    backend: str,
+    spec: str | None,
+    storage: Path | None,
+) -> None:
+    from tuner import source
+    from tuner.search.live import make_live_measure
+    from tuner.sweep import confirm
+    from tuner.targets.models import load_gguf_tensors, synth_cached
+
+    src = source.fetch_source(spec) if spec else source.fetch_source()
+    identity = _confirm_identity(table, bin_dir, quant=quant, reps=reps)
+    store = confirm.ConfirmStore(storage or out / "confirm.sqlite3", identity)
+    qbin = bin_dir / "llama-quantize"
+    mode = _quant_mode(quant)
+    qtype = None if mode == "f16" else quant  # f16: the synthesized model as written
+
+    def measure(path: Path, like: str) -> Any:
+        reps_by = {"pp": reps, "tg": reps}
+        log_dir = out / "logs" / like
+        return make_live_measure(
+            bin_dir, path, pp=confirm.PP, tg=confirm.TG, reps=reps_by, log_dir=log_dir, era=src.era, arch=None
+        )
+
+    try:
+        conf = confirm.confirm_models(
+            table,
+            likes,
+            depths=depths,
+            rounds=rounds,
+            store=store,
+            model_for=lambda like: Path(
+                synth_cached(like, source=src, quant=qtype, quantize_bin=qbin, direct=mode == "direct")
+            ),
+            joint_for=lambda path, like: cast(Any, measure(path, like)).joint,  # search.live's both-phases call
+            gate=lambda plan, path: confirm.gate_model(
+                plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
+            ),
+            weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
+            era=src.era,
+        )
+        ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
+    finally:
+        store.close()
+    _confirm_emit(table, conf, ops, src, out=out, identity=identity, rounds=rounds)
+
+
+def _backend_ops(conf: Any, bin_dir: Path, *, backend: str, store: Any, log_dir: Path) -> list[dict[str, Any]]:
+    """test-backend-ops FLASH_ATTN_EXT and MUL_MAT with the kept entries' env (intervals widened, so every
+    test case of a kept shape runs its kernel); stored, so a rerun with the same env does not run them again."""
+    import dataclasses
+
+    from tuner.plan.fa_rules import FaRule, Phase, rules_env
+    from tuner.sweep import confirm, mmq
+
+    rules = [
+        FaRule(phase=Phase.DECODE, lo=0, hi=None, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv) for r in conf.kept_rules
+    ]
+    choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
+    env = ({"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(rules))} if rules else {}) | (
+        {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
+    )
+    if not env:
+        return []
+    done = store.gate("test-backend-ops")
+    out = []
+    for op in ("FLASH_ATTN_EXT", "MUL_MAT"):
+        rec = done.get(op)
+        if rec is None or rec.get("env") != env:
+            rec = confirm.backend_ops_check(bin_dir, op, env, log_dir / f"test-backend-ops-{op}.log", backend=backend)
+            store.add_gate("test-backend-ops", op, rec)
+        out.append(rec)
+    return out
+
+
+def _confirm_emit(
+    table: Any, conf: Any, ops: Any, src: Any, *, out: Path, identity: dict[str, str], rounds: int
+) -> None:
+    """e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree) in ``out``; the summary."""
+    from tuner.sweep.confirm import kept_patch, unexplained_slower
+    from tuner.sweep.confirm_report import e2e_text, pr_text
+
+    patch = kept_patch(src.root, conf, table.arch)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    (out / "e2e.md").write_text(e2e_text(conf, identity=identity, rounds=rounds))
+    (out / "PR.md").write_text(pr_text(table, conf, backend_ops=ops, patch=bool(patch)))
+    for f in conf.fates:
+        click.echo(f"{'kept' if f.kept else 'reported'}: {f.text}: {f.why}")
+    if not conf.fates:
+        click.echo("the table has no entry to confirm")
+    for where in unexplained_slower(conf.points):
+        click.echo(f"slower beyond noise: {where}")
+    click.echo(f"e2e: {out / 'e2e.md'}\nPR: {out / 'PR.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))
+
+
+@click.command("export")
+@click.argument("confirm_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--sweep",
+    "sweep_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Output directory of `tuner sweep run` the confirmation was run on (default: CONFIRM_DIR's parent).",
+)
+@click.option(
+    "--mmq",
+    "mmq_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Output directory of `tuner sweep mmq`, where the confirmation was run with --mmq.",
+)
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: pinned)."
+)
+@click.option("--measured-on", default=None, help="The device the sweeps ran on, e.g. 'NVIDIA H100 80GB HBM3'.")
+@output_option(
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Result folder, e.g. results/sm_90/fattn-mmq-table (new, empty or an earlier export; replaced whole).",
+)
+def export_cmd(
+    confirm_dir: Path,
+    sweep_dir: Path | None,
+    mmq_dir: Path | None,
+    spec: str | None,
+    measured_on: str | None,
+    out_dir: Path,
+) -> None:
+    """Export a confirmed sweep table as a result folder that `tuner validate` checks.
+
+    Writes upstream.patch (the kept entries), PR.md, e2e.md, report.md, plots/, table.toml (the manifest)
+    and evidence/ (the three stores, xz-compressed) to -o, and nothing outside it. See docs/sweep.md.
+
+    Example: tuner sweep export sweep-sm90/confirm --mmq sweep-mmq-sm90 -o results/sm_90/fattn-mmq-table
+    """
+    from tuner.sweep.export import export_table
+
+    m = export_table(confirm_dir, out_dir, sweep_dir=sweep_dir, mmq_dir=mmq_dir, spec=spec, measured_on=measured_on)
+    t = m["table"]
+    click.echo(
+        f"{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
+        f"{len(t['reported'])} reported" + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
+    )
+    click.echo(str(out_dir))
