@@ -48,6 +48,14 @@ from tuner.errors import UsageError
     "16384 and 32768 where the Hopper decode rules act, 65536 long context; 131072 costs minutes a call on "
     "an 8-12B model. Depths past a model's context length are left out for it.",
 )
+@click.option(
+    "--mmq-like",
+    default="llama-3.1-8b",
+    show_default=True,
+    help="Model shape of the MMQ passes: for each MMQ choice no --like model's weights or pp512 exercise, this "
+    "shape quantized to the choice's type (q5_K: Q5_K_M, iq4_xs: IQ4_XS, ...) with llama-quantize, its prompt "
+    "one micro-batch at the choice's lowest batch size, at depth 0. 'none': no passes.",
+)
 @click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds per model.")
 @click.option(
     "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
@@ -71,6 +79,7 @@ def confirm_cmd(
     likes: tuple[str, ...],
     quant: str,
     depths: tuple[int, ...],
+    mmq_like: str,
     rounds: int,
     reps: int,
     build_dir: Path | None,
@@ -91,16 +100,21 @@ def confirm_cmd(
     Example: tuner sweep confirm sweep-sm90 --mmq sweep-mmq-sm90 --rounds 3
     """
     from tuner.sweep import confirm
+    from tuner.sweep.confirm_report import plan_text
 
     table = confirm.load_table(sweep_dir, mmq_dir)
     likes = likes or confirm.DEFAULT_LIKE
     # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
     plans = [confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, quant)) for like in likes]
-    click.echo(confirm.plan_text(table, plans, depths, rounds=rounds, reps=reps, quant=quant), nl=False)
+    like_mmq = None if mmq_like.lower() == "none" else mmq_like
+    passes = confirm.mmq_passes(table, plans, like_mmq) if like_mmq else []
+    text = plan_text(table, plans, depths, rounds=rounds, reps=reps, quant=quant, passes=passes)
+    click.echo(text, nl=False)
     if dry_run:
         return
     out = out_dir or sweep_dir / "confirm"
-    tools = ("llama-perplexity",) + (() if _quant_mode(quant) in ("f16", "direct") else ("llama-quantize",))
+    quantizes = passes or _quant_mode(quant) not in ("f16", "direct")
+    tools = ("llama-perplexity",) + (("llama-quantize",) if quantizes else ())
     if build_dir is None:
         bin_dir = default_build(table.arch.name, spec, extra=tools)
     else:
@@ -113,7 +127,7 @@ def confirm_cmd(
                 "use the sweeps' default build with them added, or build them into this one."
             )
     _run_confirm(table, likes, out, Path(bin_dir), depths=depths, rounds=rounds, reps=reps, quant=quant,
-                 backend=backend, spec=spec, storage=storage)  # fmt: skip
+                 backend=backend, spec=spec, storage=storage, mmq_like=like_mmq)  # fmt: skip
 
 
 def _quant_mode(quant: str) -> str:
@@ -154,6 +168,7 @@ def _run_confirm(
     backend: str,
     spec: str | None,
     storage: Path | None,
+    mmq_like: str | None = None,
 ) -> None:
     from tuner import source
     from tuner.search.live import make_live_measure
@@ -167,11 +182,11 @@ def _run_confirm(
     mode = _quant_mode(quant)
     qtype = None if mode == "f16" else quant  # f16: the synthesized model as written
 
-    def measure(path: Path, like: str) -> Any:
+    def measure(path: Path, plan: Any) -> Any:
         reps_by = {"pp": reps, "tg": reps}
-        log_dir = out / "logs" / like
+        log_dir = out / "logs" / plan.like
         return make_live_measure(
-            bin_dir, path, pp=confirm.PP, tg=confirm.TG, reps=reps_by, log_dir=log_dir, era=src.era, arch=None
+            bin_dir, path, pp=plan.pp, tg=confirm.TG, reps=reps_by, log_dir=log_dir, era=src.era, arch=None
         )
 
     try:
@@ -184,12 +199,14 @@ def _run_confirm(
             model_for=lambda like: Path(
                 synth_cached(like, source=src, quant=qtype, quantize_bin=qbin, direct=mode == "direct")
             ),
-            joint_for=lambda path, like: cast(Any, measure(path, like)).joint,  # search.live's both-phases call
+            joint_for=lambda path, plan: cast(Any, measure(path, plan)).joint,  # search.live's both-phases call
             gate=lambda plan, path: confirm.gate_model(
                 plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
             ),
             weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
             era=src.era,
+            mmq_like=mmq_like,
+            quantized_for=lambda like, q: Path(synth_cached(like, source=src, quant=q, quantize_bin=qbin)),
         )
         ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
     finally:

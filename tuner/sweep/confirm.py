@@ -13,7 +13,9 @@ its ``Q->ne[1] = 1`` entries of the model's shape as ``decode/D../gqa../kv..`` r
 choices (which key by batch size: ``pp512`` multiplies at ``ne11 = 512``, ``tg128`` at 1). No prefill
 rule goes into the env: the table has no entry at ``Q->ne[1] = 512``, so ``pp512`` runs upstream's
 kernel as the patch would, and its rows are a check that nothing else changed. Entries at ``Q->ne[1]``
-2-8 are made by no ``pp512``/``tg128`` call: they are reported as not confirmed end to end.
+2-8 are made by no ``pp512``/``tg128`` call: they are reported as not confirmed end to end. An MMQ choice
+that no model's weights or ``pp512`` exercise gets an MMQ pass (:func:`mmq_passes`): one shape quantized to
+the choice's type, its prompt one micro-batch in the choice's range, at depth 0.
 
 **Which rules are kept** (:func:`decide_rules`). A rule is kept when some point it acts on (a ``tg128``
 depth whose n_kv window meets its interval, on a model of its shape) is faster beyond noise, none is
@@ -48,7 +50,6 @@ __all__ = [
     "measure_model",
     "model_points",
     "plan_model",
-    "plan_text",
     "recompose",
     "table_id",
     "tg_window",
@@ -199,6 +200,19 @@ class ModelPlan:
     unexercised: tuple[TableRule, ...]
     """Entries of this shape at other ``Q->ne[1]``: no pp512/tg128 call makes them."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
+    pp: int = PP
+    """The prompt test's tokens, one micro-batch (``-ub``/``-b`` set where it is not llama-bench's 512)."""
+    base: str = ""
+    """An MMQ pass (:func:`mmq_passes`): the model shape ``like`` names a quantization of; prefill only."""
+    quant: str = ""
+
+    @property
+    def bench_args(self) -> tuple[str, ...]:
+        return () if self.pp == PP else ("-ub", str(self.pp), "-b", str(self.pp))
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        return ("pp",) if self.base else ("pp", "tg")
 
     @property
     def decode_rules(self) -> tuple[FaRule, ...]:
@@ -243,6 +257,30 @@ def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterab
     )
 
 
+MMQ_QUANT = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_K": "Q4_K_M", "q5_K": "Q5_K_M", "q6_K": "Q6_K", "iq4_xs": "IQ4_XS"}
+"""The llama-quantize type whose tensors are mostly of an MMQ choice's type (an MMQ pass's model)."""
+
+
+def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[ModelPlan]:
+    """An MMQ pass per choice no planned test exercises (no planned model has its type, or pp512 is outside
+    its batch range): model ``like`` quantized to :data:`MMQ_QUANT` of its type, the prompt one micro-batch
+    of the choice's lowest batch size, prefill only, at depth 0 (a weight multiplication costs the same at
+    every depth), against upstream with only that choice in the env."""
+    out = []
+    for c in table.mmq:
+        if c.covers(PP) and any(c in p.mmq for p in plans):
+            continue
+        quant = MMQ_QUANT.get(c.type)
+        if quant is None:
+            continue  # reported: no confirmed model has its weights
+        pp = PP if c.covers(PP) else max(c.lo, 1)
+        one = plan_model(dataclasses.replace(table, rules=(), mmq=(c,)), like)
+        out.append(
+            dataclasses.replace(one, like=f"{one.like}@{quant.lower()}-pp{pp}", base=one.like, quant=quant, pp=pp)
+        )
+    return out
+
+
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
     known before it is made: f16 as written, and Q4_K_M written directly (llama-quantize's per-tensor rule,
@@ -268,72 +306,6 @@ def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
 def _touches(rule: TableRule, depth: int) -> bool:
     lo, hi = tg_window(depth)
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
-
-
-def _rounds_text(table: Table) -> str:
-    """``3-6 round(s)``: every cell got the fewest, the open ones up to the most."""
-    lo = table.min_rounds or table.rounds
-    return f"{lo}-{table.rounds} round(s)" if lo != table.rounds else f"{table.rounds} round(s)"
-
-
-def _params(like: str) -> int:
-    from tuner.targets.models import load_model_shape, plan_tensors
-
-    return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
-
-
-def plan_text(
-    table: Table, plans: Sequence[ModelPlan], depths: Sequence[int], *, rounds: int, reps: int, quant: str
-) -> str:
-    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
-    (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
-    an estimate)."""
-    from tuner.search.dryrun import load_step_costs
-    from tuner.targets.models import load_model_shape
-
-    costs = load_step_costs()
-    recs = list(costs["models"].values())
-    own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
-    lines = [
-        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "
-        f"{len(table.cells)} cells"
-        + (f", {len(table.mmq)} MMQ choice(s)" if table.mmq_identity else "")
-        + f"; {len(plans)} model(s) at {quant}, depths {list(depths)}, {rounds} rounds, -r {reps}"
-    ]
-    total = 0.0
-    for p in plans:
-        ds = p.depths(depths)
-        if not p.env:
-            lines.append(f"  {p.like} ({p.shape_text}): the table does not change this model; not measured")
-            continue
-        d_model = load_model_shape(p.like).d_model
-        rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
-        # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
-        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
-        # confirm itself was recorded on this model
-        size = _params(p.like) / _params(str(rec["like"]))
-        per_depth = own[p.like] / size if p.like in own else float(rec["bench_call_depth_s"])
-        calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
-        # recorded at -r 4: llama-bench runs -r reps + 1 (the first run is a warm-up, dropped)
-        secs = size * (calls * len(ds) * per_depth * (reps + 1) / 4 + 4 * float(rec["equivalence_check_s"]))
-        total += secs
-        what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
-        lines.append(
-            f"  {p.like} ({p.shape_text}): {', '.join(what)}; {calls} llama-bench calls (pp{PP}+tg{TG}) at depths "
-            f"{ds}, about {round(secs / 60)} min with the output gate"
-            + (f"; {len(p.unexercised)} entry(ies) at Q->ne[1] > 1 not exercised" if p.unexercised else "")
-        )
-    for c in table.mmq:  # what no planned test can confirm, said before the GPU time is spent
-        why = [f"no planned model's weights have {c.type} at {quant}"] if all(c not in p.mmq for p in plans) else []
-        why += [] if c.covers(PP) else [f"pp{PP} multiplies at ne11 = {PP}, outside its batch range"]
-        if why:
-            lines.append(f"  MMQ {c.text} will be reported, not confirmed: {'; '.join(why)}")
-    lines.append(
-        f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
-        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps + 1} / 4 and, for a model without its own confirm "
-        "recording, by parameter count; plus model synthesis on first use)"
-    )
-    return "\n".join(lines) + "\n"
 
 
 class ConfirmStore:
@@ -396,14 +368,19 @@ def measure_model(
 ) -> dict[str, list[dict[str, Any]]]:
     """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
     ``store`` count, so a second call only adds what is missing."""
-    cands = [Candidate(name=UPSTREAM), Candidate(name=AA_NAME), Candidate(name=TABLE, env=plan.env)]
+    args = plan.bench_args
+    cands = [
+        Candidate(name=UPSTREAM, args=args),
+        Candidate(name=AA_NAME, args=args),
+        Candidate(name=TABLE, env=plan.env, args=args),
+    ]
     recs = store.records(plan.like)
     return run_joint_rounds(
         joint,
-        {"pp": cands, "tg": cands},
+        dict.fromkeys(plan.phases, cands),
         list(depths),
         recs,
-        pp_tokens=PP,
+        pp_tokens=plan.pp,
         min_rounds=rounds,
         max_rounds=rounds,
         target_ci=0.0,
@@ -413,19 +390,22 @@ def measure_model(
 
 
 def judge_model(
-    recs: Mapping[str, Sequence[Mapping[str, Any]]], depths: Sequence[int], *, mmq_changed: bool
+    recs: Mapping[str, Sequence[Mapping[str, Any]]],
+    depths: Sequence[int],
+    *,
+    mmq_changed: bool,
+    phases: Sequence[str] = ("pp", "tg"),
 ) -> dict[str, dict[int, CellStats]]:
     """Per phase and depth, the table against upstream judged as the search judges (A/A bar, noise floor,
     the sequential rule). With MMQ choices the table differs beyond the FA kernel, so every cell is tested
     (``family="all"``); else a cell where the table ran upstream's own kernel is A/A by construction."""
     family: Family = "all" if mmq_changed else "changed"
-    return {
-        p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in ("pp", "tg")
-    }
+    return {p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in phases}
 
 
-def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]]) -> list[dict[str, Any]]:
-    """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input)."""
+def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[dict[str, Any]]:
+    """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input); ``ne11``:
+    the batch its weight multiplications run at (the prompt's one micro-batch, or 1 in decode)."""
     pts = []
     for phase, by_depth in cells.items():
         for d, c in sorted(by_depth.items()):
@@ -435,7 +415,8 @@ def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]]) -> lis
                     "model": like,
                     "phase": phase,
                     "depth": d,
-                    "test": f"pp{PP}" if phase == "pp" else f"tg{TG}",
+                    "test": f"pp{pp}" if phase == "pp" else f"tg{TG}",
+                    "ne11": pp if phase == "pp" else 1,
                     "base_ts": c.upstream_ts,
                     "tuned_ts": c.levels.get(TABLE, {}).get("ts") if e else None,
                     "ci_low": e.ci_low if e else None,
@@ -513,7 +494,7 @@ def decide_rules(
                 )
             )
             continue
-        models = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv)]
+        models = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and r in p.fa_rules]
         touched = [q for m in models for q in points.get(m, ()) if q["phase"] == "tg" and _touches(r, int(q["depth"]))]
         none = (
             "no confirmed model has this shape"
@@ -523,12 +504,20 @@ def decide_rules(
         kept, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
         out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
     for c in table.mmq:
-        models = [p.like for p in plans if c.type.lower() in {t.lower() for t in weight_types.get(p.like, ())}]
-        touched = [q for m in models for q in points.get(m, ()) if c.covers(PP if q["phase"] == "pp" else 1)]
+        # a model whose weights have the type and whose env had the choice (an MMQ pass has its own only)
+        models = [
+            p.like for p in plans if c in p.mmq and c.type.lower() in {t.lower() for t in weight_types.get(p.like, ())}
+        ]
+        touched = [
+            q
+            for m in models
+            for q in points.get(m, ())
+            if c.covers(int(q.get("ne11", PP if q["phase"] == "pp" else 1)))  # points stored before ne11: pp512
+        ]
         none = (
             f"no confirmed model has {c.type} weights"
             if not models
-            else f"no pp{PP} or tg{TG} test multiplies in its batch range"
+            else "no measured pp or tg test multiplies in its batch range"
         )
         kept, why = _fate(c.text, touched, [m for m in models if m in failed], none)
         out.append(RuleFate(text=f"MMQ {c.text}", kept=kept, why=why, choice=c))
@@ -685,14 +674,18 @@ def confirm_models(
     rounds: int,
     store: ConfirmStore,
     model_for: Callable[[str], Path],
-    joint_for: Callable[[Path, str], JointMeasure],
+    joint_for: Callable[[Path, ModelPlan], JointMeasure],
     gate: Callable[[ModelPlan, Path], dict[str, Any]],
     weight_types_of: Callable[[Path], Iterable[str]],
     kv: str = "f16",
     era: str = "",
+    mmq_like: str | None = None,
+    quantized_for: Callable[[str, str], Path] | None = None,
 ) -> Confirmed:
     """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds,
     run the gate; then decide every rule. A model the table does not change is neither made nor measured.
+    With ``mmq_like``, then an MMQ pass (:func:`mmq_passes`) per choice no model exercised, its model made
+    by ``quantized_for(like, quant)``. ``joint_for(path, plan)`` measures ``plan``'s calls on ``path``.
     The models of this call are recorded in ``store`` once every one is done (:func:`recompose` reads them)."""
     from tuner import log
 
@@ -720,10 +713,29 @@ def confirm_models(
             f"[{i + 1}/{len(likes)}] {plan.like} ({plan.shape_text}): {len(plan.fa_rules)} decode rule(s), "
             f"{len(plan.mmq)} MMQ choice(s); {rounds} rounds x 3 llama-bench calls at depths {list(ds)}"
         )
-        recs = measure_model(joint_for(path, plan.like), plan, ds, rounds=rounds, store=store)
+        recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store)
         cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
         points[plan.like] = model_points(plan.like, cells)
         gates[plan.like] = gate(plan, path)
+    make: Callable[[str, str], Path] = quantized_for or _stored_only
+    for one in mmq_passes(table, plans, mmq_like) if mmq_like and quantized_for else []:
+        path = make(one.base, one.quant)
+        types = tuple(sorted({str(t) for t in weight_types_of(path)}))
+        choice = table.mmq.index(one.mmq[0])
+        one = dataclasses.replace(one, mmq=tuple(c for c in one.mmq if c.type.lower() in {t.lower() for t in types}))
+        rows.append({"like": one.base, "kv": kv, "depths": [0], "rounds": rounds, "era": era, "weight_types": list(types),
+                     "pass": {"quant": one.quant, "pp": one.pp, "choice": choice}})  # fmt: skip
+        plans.append(one)
+        dmap[one.like] = (0,)
+        wtypes[one.like] = types
+        if not one.mmq:
+            log.info(f"MMQ pass {one.like}: its weights ({', '.join(types)}) lack the choice's type; not measured")
+            continue
+        log.info(f"MMQ pass {one.like}: {one.mmq[0].text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds")
+        recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store)
+        cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
+        points[one.like] = model_points(one.like, cells, pp=one.pp)
+        gates[one.like] = gate(one, path)
     store.set_models(rows)
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
@@ -780,6 +792,16 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
     for row in rows:
         types = row.get("weight_types")
         plan = plan_model(table, str(row["like"]), kv=str(row["kv"]), weight_types=types)
+        if "pass" in row:  # an MMQ pass: its choice alone, on the quantization it was measured on
+            ps, i = row["pass"], int(row["pass"]["choice"])
+            one = plan_model(
+                dataclasses.replace(table, rules=(), mmq=table.mmq[i : i + 1] if i >= 0 else ()), plan.like
+            )
+            plan = dataclasses.replace(
+                one, like=f"{one.like}@{str(ps['quant']).lower()}-pp{int(ps['pp'])}", base=one.like,
+                quant=str(ps["quant"]), pp=int(ps["pp"]),
+                mmq=tuple(c for c in one.mmq if c.type.lower() in {str(t).lower() for t in types or ()}),
+            )  # fmt: skip
         ds = tuple(int(d) for d in row["depths"])
         dmap[plan.like] = ds
         plans.append(plan)
@@ -788,7 +810,8 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         wtypes[plan.like] = tuple(str(t) for t in types)
         joint: Any = _stored_only
         recs = measure_model(joint, plan, ds, rounds=int(row["rounds"]), store=store)
-        points[plan.like] = model_points(plan.like, judge_model(recs, ds, mmq_changed=bool(plan.mmq)))
+        cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
+        points[plan.like] = model_points(plan.like, cells, pp=plan.pp)
         gates[plan.like] = gate_model(
             plan, Path(), Path(), arch=table.arch, era=str(row["era"]), store=store, work_dir=Path(),
             run_one=_stored_only, quiet=True,

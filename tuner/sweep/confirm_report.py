@@ -7,14 +7,15 @@ PR 15035); a reviewer upstream cannot open anything else.
 
 from __future__ import annotations
 
-__all__ = ["coverage_lines", "e2e_text", "pr_text"]
+__all__ = ["coverage_lines", "e2e_text", "plan_text", "pr_text"]
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.result.tables import compare_table
-from tuner.sweep.confirm import PP, TG, Confirmed, Table
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table
 
 _REFS = [
     "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
@@ -211,3 +212,84 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     )
     lines += ["", "## References", "", *_REFS, ""]
     return "\n".join(lines)
+
+
+def _rounds_text(table: Table) -> str:
+    """``3-6 round(s)``: every cell got the fewest, the open ones up to the most."""
+    lo = table.min_rounds or table.rounds
+    return f"{lo}-{table.rounds} round(s)" if lo != table.rounds else f"{table.rounds} round(s)"
+
+
+def _params(like: str) -> int:
+    from tuner.targets.models import load_model_shape, plan_tensors
+
+    return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
+
+
+def plan_text(
+    table: Table,
+    plans: Sequence[ModelPlan],
+    depths: Sequence[int],
+    *,
+    rounds: int,
+    reps: int,
+    quant: str,
+    passes: Sequence[ModelPlan] = (),
+) -> str:
+    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
+    (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
+    an estimate)."""
+    from tuner.search.dryrun import load_step_costs
+    from tuner.targets.models import load_model_shape
+
+    costs = load_step_costs()
+    recs = list(costs["models"].values())
+    own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
+    lines = [
+        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "
+        f"{len(table.cells)} cells"
+        + (f", {len(table.mmq)} MMQ choice(s)" if table.mmq_identity else "")
+        + f"; {len(plans)} model(s) at {quant}, depths {list(depths)}, {rounds} rounds, -r {reps}"
+    ]
+    total = 0.0
+    for p in plans:
+        ds = p.depths(depths)
+        if not p.env:
+            lines.append(f"  {p.like} ({p.shape_text}): the table does not change this model; not measured")
+            continue
+        d_model = load_model_shape(p.like).d_model
+        rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+        # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
+        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
+        # confirm itself was recorded on this model
+        size = _params(p.like) / _params(str(rec["like"]))
+        per_depth = own[p.like] / size if p.like in own else float(rec["bench_call_depth_s"])
+        calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
+        # recorded at -r 4: llama-bench runs -r reps + 1 (the first run is a warm-up, dropped)
+        secs = size * (calls * len(ds) * per_depth * (reps + 1) / 4 + 4 * float(rec["equivalence_check_s"]))
+        total += secs
+        what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
+        lines.append(
+            f"  {p.like} ({p.shape_text}): {', '.join(what)}; {calls} llama-bench calls (pp{PP}+tg{TG}) at depths "
+            f"{ds}, about {round(secs / 60)} min with the output gate"
+            + (f"; {len(p.unexercised)} entry(ies) at Q->ne[1] > 1 not exercised" if p.unexercised else "")
+        )
+    for one in passes:
+        lines.append(
+            f"  MMQ pass {one.like}: {', '.join(c.text for c in one.mmq)} on {one.base} at {one.quant} "
+            f"(llama-quantize), pp{one.pp} as one micro-batch (-ub {one.pp} -b {one.pp}) at depth 0: "
+            f"{3 * rounds} llama-bench calls and a prefill gate, plus making the model (not in the estimate below)"
+        )
+    for c in table.mmq:  # what no planned test can confirm, said before the GPU time is spent
+        if any(c in one.mmq for one in passes):
+            continue
+        why = [f"no planned model's weights have {c.type} at {quant}"] if all(c not in p.mmq for p in plans) else []
+        why += [] if c.covers(PP) else [f"pp{PP} multiplies at ne11 = {PP}, outside its batch range"]
+        if why:
+            lines.append(f"  MMQ {c.text} will be reported, not confirmed: {'; '.join(why)}")
+    lines.append(
+        f"estimated GPU time: about {round(total / 60)} min (ESTIMATE: per-depth costs recorded on an "
+        f"{costs['machine']['name']}, tuner/data/step_costs.toml, scaled by -r {reps + 1} / 4 and, for a model without its own confirm "
+        "recording, by parameter count; plus model synthesis on first use)"
+    )
+    return "\n".join(lines) + "\n"

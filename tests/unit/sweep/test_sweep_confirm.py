@@ -17,7 +17,7 @@ from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
 from tuner.search.screen import Candidate
 from tuner.sweep import confirm
-from tuner.sweep.confirm_report import e2e_text, pr_text
+from tuner.sweep.confirm_report import e2e_text, plan_text, pr_text
 from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
 from tuner.sweep.live import Sample, SampleStore
 from tuner.targets.archs import load_arch
@@ -58,9 +58,10 @@ class FakeBench:
     decode rules cover the depth's n_kv (per the FA rules env), at ``gain`` x the speed (``gain_at``: per
     depth instead). Counts its calls."""
 
-    def __init__(self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None) -> None:
-        self.gain, self.gain_at = gain, dict(gain_at or {})
+    def __init__(self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None, pp_gain: float = 1.0) -> None:
+        self.gain, self.gain_at, self.pp_gain = gain, dict(gain_at or {}), pp_gain  # pp_gain: with MMQ choices
         self.calls = 0
+        self.args: list[tuple[str, ...]] = []
         self.rng = random.Random(7)
 
     def __call__(
@@ -69,6 +70,7 @@ class FakeBench:
         from tuner.plan.fa_rules import parse_fa_rules
 
         self.calls += 1
+        self.args.append(tuple(cand.args))
         rules = parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", ""))
         out: dict[str, dict[int, dict[str, Any]]] = {}
         for p in phases:
@@ -77,6 +79,8 @@ class FakeBench:
                 lo, _ = confirm.tg_window(d)
                 forced = p == "tg" and any(r.covers(lo) for r in rules)
                 g = self.gain_at.get(d, self.gain) if forced else 1.0
+                if p == "pp" and "GGML_TUNER_MMQ_CHOICES" in cand.env:
+                    g = self.pp_gain
                 ts = 100.0 * g * (1 + self.rng.uniform(-0.002, 0.002))
                 kernel = "MMA" if forced else ("VEC" if p == "tg" else "MMA")
                 out[p][d] = {"ts": ts, "kernel": kernel, "why": "rule" if forced else "default", "error": ""}
@@ -97,7 +101,7 @@ def _run(
             rounds=4,
             store=store,
             model_for=lambda like: made.append(like) or tmp_path / f"{like}.gguf",
-            joint_for=lambda path, like: bench,
+            joint_for=lambda path, plan_: bench,
             gate=lambda plan_, path: {"verdict": "pass", "checks": []},
             weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
         )
@@ -355,8 +359,74 @@ def test_the_plan_says_which_mmq_choices_no_planned_test_exercises(tmp_path: Pat
     plans = [
         confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, "Q4_K_M")) for like in likes
     ]
-    text = confirm.plan_text(table, plans, DEPTHS, rounds=3, reps=3, quant="Q4_K_M")
+    text = plan_text(table, plans, DEPTHS, rounds=3, reps=3, quant="Q4_K_M")
     assert "MMQ q5_K:2048..=BLAS will be reported, not confirmed: no planned model's weights have q5_K" in text
     assert "pp512 multiplies at ne11 = 512, outside its batch range" in text
     assert "MMQ q4_K:256..=BLAS will be reported" not in text  # q4_K weights, and 512 is in its range
     assert "qwen2.5-7b (D128/gqa7/kvf16): 0 decode rule(s), 1 MMQ choice(s)" in text  # q4_K acts on it
+    (one,) = confirm.mmq_passes(table, plans, "llama-3.1-8b")  # the q5_K choice: a pass of its own
+    assert (one.like, one.quant, one.pp, one.bench_args) == (
+        "llama-3.1-8b@q5_k_m-pp2048",
+        "Q5_K_M",
+        2048,
+        ("-ub", "2048", "-b", "2048"),
+    )
+    text = plan_text(table, plans, DEPTHS, rounds=3, reps=3, quant="Q4_K_M", passes=[one])
+    assert "MMQ pass llama-3.1-8b@q5_k_m-pp2048: q5_K:2048..=BLAS on llama-3.1-8b at Q5_K_M" in text
+    assert "MMQ q5_K:2048..=BLAS will be reported" not in text
+
+
+def passing_check(c: Any) -> dict[str, Any]:
+    """An equivalence check that passed (run_equivalence's as_dict), for gate records on fake timings."""
+    return {
+        "verdict": "pass",
+        "passed": True,
+        "mode": c.mode,
+        "strict": c.strict,
+        "reasons": [],
+        "deterministic": True,
+        "stats": {
+            "mean_kld": 0.0,
+            "p99_kld": 1e-6,
+            "max_kld": 1e-6,
+            "same_top_pct": 100.0,
+            **dict.fromkeys(("mean_kld_unc", "median_kld", "same_top_unc", "ppl_q", "ppl_base"), 0.0),
+        },
+        "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0},
+    }
+
+
+def test_an_mmq_choice_no_model_exercises_gets_a_pass_of_its_own(tmp_path: Path) -> None:
+    """q5_K from batch 2048: the Q4_K_M models have no q5_K weights and pp512 is below 2048, so the confirm
+    quantizes --mmq-like to Q5_K_M and runs pp2048 as one micro-batch at depth 0; the choice is kept on
+    that pass alone, and recompose decides the same from the storage."""
+    from tuner.sweep.mmq import MmqChoice
+
+    choice = MmqChoice(type="q5_K", lo=2048, hi=None, backend="BLAS")
+    table = dataclasses.replace(confirm.load_table(_sweep_dir(tmp_path)), mmq=(choice,), mmq_identity={"a": "b"})
+    store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
+    bench, made = FakeBench(gain=1.10, pp_gain=1.3), []
+    try:
+        conf = confirm.confirm_models(
+            table, ["llama-3.2-1b"], depths=DEPTHS, rounds=3, store=store,
+            model_for=lambda like: tmp_path / f"{like}.gguf",
+            joint_for=lambda path, plan_: bench,
+            gate=lambda p, path: confirm.gate_model(
+                p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp_path, run_one=passing_check
+            ),
+            weight_types_of=lambda path: ["Q5_K", "Q6_K", "F32"] if "q5_k_m" in path.name else ["Q4_K", "Q6_K", "F32"],
+            mmq_like="llama-3.1-8b",
+            quantized_for=lambda like, q: made.append((like, q)) or tmp_path / f"{like}-{q.lower()}.gguf",
+        )  # fmt: skip
+        assert made == [("llama-3.1-8b", "Q5_K_M")]
+        assert ("-ub", "2048", "-b", "2048") in bench.args and () in bench.args  # the pass, and the 1B's calls
+        key = "llama-3.1-8b@q5_k_m-pp2048"
+        assert [(p["test"], p["depth"], p["ne11"]) for p in conf.points[key]] == [("pp2048", 0, 2048)]
+        fates = {f.text: f for f in conf.fates}
+        assert fates["MMQ q5_K:2048..=BLAS"].kept and f"{key} pp2048@d0" in fates["MMQ q5_K:2048..=BLAS"].why
+        again = confirm.recompose(table, store)
+        assert [(f.text, f.kept, f.why) for f in again.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
+    finally:
+        store.close()
+    pr = pr_text(table, conf, backend_ops=[], patch=True)
+    assert "pp2048" in pr and "MMQ q5_K:2048..=BLAS: faster end to end beyond noise" in pr

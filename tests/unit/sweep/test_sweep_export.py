@@ -9,12 +9,11 @@ import lzma
 import shutil
 import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from tests.unit.sweep.test_sweep_confirm import SHAPE, SM90, FakeBench, _sweep_dir
+from tests.unit.sweep.test_sweep_confirm import SHAPE, SM90, FakeBench, _sweep_dir, passing_check
 from tuner._compat import tomllib
 from tuner.cli.export_cmd import validate
 from tuner.cli.sweep_cmd import sweep
@@ -64,25 +63,6 @@ def _fake_source(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def _pass(c: Any) -> dict[str, Any]:
-    return {
-        "verdict": "pass",
-        "passed": True,
-        "mode": c.mode,
-        "strict": c.strict,
-        "reasons": [],
-        "deterministic": True,
-        "stats": {
-            "mean_kld": 0.0,
-            "p99_kld": 1e-6,
-            "max_kld": 1e-6,
-            "same_top_pct": 100.0,
-            **dict.fromkeys(("mean_kld_unc", "median_kld", "same_top_unc", "ppl_q", "ppl_base"), 0.0),
-        },
-        "thresholds": {"mean_kld": 1e-5, "p99_kld": 1e-4, "same_top_pct": 98.0},
-    }
-
-
 def _mmq_dir(tmp: Path) -> Path:
     """A CPU MMQ sweep (no MMQ-vs-cuBLAS choice there, so nothing composes), cuBLAS 2x faster at batch 512."""
     out = tmp / "mmq"
@@ -114,9 +94,9 @@ def _confirmed(tmp: Path, *, gain: float = 1.10, sweep_dir: Path | None = None, 
             rounds=4,
             store=store,
             model_for=lambda like: tmp / f"{like}.gguf",
-            joint_for=lambda path, like: bench,
+            joint_for=lambda path, plan_: bench,
             gate=lambda p, path: confirm.gate_model(
-                p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp, run_one=_pass
+                p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp, run_one=passing_check
             ),
             weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
             era="mma",
