@@ -56,7 +56,17 @@ from tuner.errors import UsageError
     "shape quantized to the choice's type (q5_K: Q5_K_M, iq4_xs: IQ4_XS, ...) with llama-quantize, its prompt "
     "one micro-batch at the choice's lowest batch size, at depth 0. 'none': no passes.",
 )
-@click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds per model.")
+@click.option(
+    "--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds every depth gets."
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(2, 100),
+    default=None,
+    help="Further rounds, up to this many, go only to the depths still open: a decode rule changes the kernel "
+    "there and its verdict is neither claimed nor settled (the search confirm's rule); an MMQ pass's one depth "
+    "takes them all. Default: --rounds (fixed). A rerun with a higher value adds rounds to what is still open.",
+)
 @click.option(
     "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
 )
@@ -81,6 +91,7 @@ def confirm_cmd(
     depths: tuple[int, ...],
     mmq_like: str,
     rounds: int,
+    max_rounds: int | None,
     reps: int,
     build_dir: Path | None,
     backend: str,
@@ -109,6 +120,11 @@ def confirm_cmd(
     like_mmq = None if mmq_like.lower() == "none" else mmq_like
     passes = confirm.mmq_passes(table, plans, like_mmq) if like_mmq else []
     text = plan_text(table, plans, depths, rounds=rounds, reps=reps, quant=quant, passes=passes)
+    if max_rounds and max_rounds > rounds:
+        text += (
+            f"  up to {max_rounds} rounds at the depths still open after {rounds} (not in the estimate: "
+            "how many stay open is known only then)\n"
+        )
     click.echo(text, nl=False)
     if dry_run:
         return
@@ -127,7 +143,7 @@ def confirm_cmd(
                 "use the sweeps' default build with them added, or build them into this one."
             )
     _run_confirm(table, likes, out, Path(bin_dir), depths=depths, rounds=rounds, reps=reps, quant=quant,
-                 backend=backend, spec=spec, storage=storage, mmq_like=like_mmq)  # fmt: skip
+                 backend=backend, spec=spec, storage=storage, mmq_like=like_mmq, max_rounds=max_rounds)  # fmt: skip
 
 
 def _quant_mode(quant: str) -> str:
@@ -169,6 +185,7 @@ def _run_confirm(
     spec: str | None,
     storage: Path | None,
     mmq_like: str | None = None,
+    max_rounds: int | None = None,
 ) -> None:
     from tuner import source
     from tuner.search.live import make_live_measure
@@ -206,6 +223,7 @@ def _run_confirm(
             weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
             era=src.era,
             mmq_like=mmq_like,
+            max_rounds=max_rounds,
             quantized_for=lambda like, q: Path(synth_cached(like, source=src, quant=q, quantize_bin=qbin)),
         )
         ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")

@@ -364,10 +364,24 @@ class ConfirmStore:
 
 
 def measure_model(
-    joint: JointMeasure, plan: ModelPlan, depths: Sequence[int], *, rounds: int, store: ConfirmStore
+    joint: JointMeasure,
+    plan: ModelPlan,
+    depths: Sequence[int],
+    *,
+    rounds: int,
+    store: ConfirmStore,
+    max_rounds: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
-    ``store`` count, so a second call only adds what is missing."""
+    ``store`` count, so a second call only adds what is missing. ``rounds`` every depth gets; with a higher
+    ``max_rounds``, further rounds go only to the depths still open by the search confirm's settle rule
+    (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
+    neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
+    at every depth, as the search's process knobs do)."""
+    from tuner.search.compose import open_depths
+
+    hi = max(rounds, max_rounds or rounds)
+    settle = None if hi == rounds or plan.mmq else open_depths
     args = plan.bench_args
     cands = [
         Candidate(name=UPSTREAM, args=args),
@@ -382,8 +396,9 @@ def measure_model(
         recs,
         pp_tokens=plan.pp,
         min_rounds=rounds,
-        max_rounds=rounds,
+        max_rounds=hi,
         target_ci=0.0,
+        settle=settle,
         on_round=lambda rec: store.add(plan.like, rec),
         tag=f"confirm-{plan.like}",
     )
@@ -681,6 +696,7 @@ def confirm_models(
     era: str = "",
     mmq_like: str | None = None,
     quantized_for: Callable[[str, str], Path] | None = None,
+    max_rounds: int | None = None,
 ) -> Confirmed:
     """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds,
     run the gate; then decide every rule. A model the table does not change is neither made nor measured.
@@ -695,7 +711,9 @@ def confirm_models(
         dry = plan_model(table, like, kv=kv)
         ds = tuple(dry.depths(depths))
         dmap[dry.like] = ds
+        hi = max(rounds, max_rounds or rounds)
         row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), "rounds": rounds, "era": era}
+        row |= {"max_rounds": hi} if hi > rounds else {}
         rows.append(row | {"weight_types": None})
         if not dry.env:
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
@@ -713,7 +731,7 @@ def confirm_models(
             f"[{i + 1}/{len(likes)}] {plan.like} ({plan.shape_text}): {len(plan.fa_rules)} decode rule(s), "
             f"{len(plan.mmq)} MMQ choice(s); {rounds} rounds x 3 llama-bench calls at depths {list(ds)}"
         )
-        recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store)
+        recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
         cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
         points[plan.like] = model_points(plan.like, cells)
         gates[plan.like] = gate(plan, path)
@@ -724,7 +742,8 @@ def confirm_models(
         choice = table.mmq.index(one.mmq[0])
         one = dataclasses.replace(one, mmq=tuple(c for c in one.mmq if c.type.lower() in {t.lower() for t in types}))
         rows.append({"like": one.base, "kv": kv, "depths": [0], "rounds": rounds, "era": era, "weight_types": list(types),
-                     "pass": {"quant": one.quant, "pp": one.pp, "choice": choice}})  # fmt: skip
+                     "pass": {"quant": one.quant, "pp": one.pp, "choice": choice}}
+                    | ({"max_rounds": max_rounds} if (max_rounds or rounds) > rounds else {}))  # fmt: skip
         plans.append(one)
         dmap[one.like] = (0,)
         wtypes[one.like] = types
@@ -732,7 +751,7 @@ def confirm_models(
             log.info(f"MMQ pass {one.like}: its weights ({', '.join(types)}) lack the choice's type; not measured")
             continue
         log.info(f"MMQ pass {one.like}: {one.mmq[0].text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds")
-        recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store)
+        recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store, max_rounds=max_rounds)
         cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
         points[one.like] = model_points(one.like, cells, pp=one.pp)
         gates[one.like] = gate(one, path)
@@ -809,7 +828,8 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
             continue
         wtypes[plan.like] = tuple(str(t) for t in types)
         joint: Any = _stored_only
-        recs = measure_model(joint, plan, ds, rounds=int(row["rounds"]), store=store)
+        top = row.get("max_rounds")
+        recs = measure_model(joint, plan, ds, rounds=int(row["rounds"]), store=store, max_rounds=top and int(top))
         cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
         points[plan.like] = model_points(plan.like, cells, pp=plan.pp)
         gates[plan.like] = gate_model(

@@ -58,8 +58,11 @@ class FakeBench:
     decode rules cover the depth's n_kv (per the FA rules env), at ``gain`` x the speed (``gain_at``: per
     depth instead). Counts its calls."""
 
-    def __init__(self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None, pp_gain: float = 1.0) -> None:
+    def __init__(
+        self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None, pp_gain: float = 1.0, noise: float = 0.002
+    ) -> None:
         self.gain, self.gain_at, self.pp_gain = gain, dict(gain_at or {}), pp_gain  # pp_gain: with MMQ choices
+        self.noise = noise
         self.calls = 0
         self.args: list[tuple[str, ...]] = []
         self.rng = random.Random(7)
@@ -81,7 +84,7 @@ class FakeBench:
                 g = self.gain_at.get(d, self.gain) if forced else 1.0
                 if p == "pp" and "GGML_TUNER_MMQ_CHOICES" in cand.env:
                     g = self.pp_gain
-                ts = 100.0 * g * (1 + self.rng.uniform(-0.002, 0.002))
+                ts = 100.0 * g * (1 + self.rng.uniform(-self.noise, self.noise))
                 kernel = "MMA" if forced else ("VEC" if p == "tg" else "MMA")
                 out[p][d] = {"ts": ts, "kernel": kernel, "why": "rule" if forced else "default", "error": ""}
         return out
@@ -430,3 +433,29 @@ def test_an_mmq_choice_no_model_exercises_gets_a_pass_of_its_own(tmp_path: Path)
         store.close()
     pr = pr_text(table, conf, backend_ops=[], patch=True)
     assert "pp2048" in pr and "MMQ q5_K:2048..=BLAS: faster end to end beyond noise" in pr
+
+
+def test_max_rounds_go_only_to_the_open_depths_where_a_rule_acts(tmp_path: Path) -> None:
+    """With --max-rounds above --rounds, a depth no rule acts on (d0: upstream's VEC on both sides) keeps the
+    minimum, and a rule's depths whose verdict is still open (a 3% gain in 5% noise) take rounds up to the
+    maximum; recompose reads the same rounds back, measuring nothing."""
+    table = confirm.load_table(_sweep_dir(tmp_path))
+    store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
+    try:
+        conf = confirm.confirm_models(
+            table, ["llama-3.2-1b"], depths=DEPTHS, rounds=3, store=store,
+            model_for=lambda like: tmp_path / f"{like}.gguf",
+            joint_for=lambda path, plan_: FakeBench(gain=1.03, noise=0.05),
+            gate=lambda p, path: confirm.gate_model(
+                p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp_path, run_one=passing_check
+            ),
+            weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
+            max_rounds=6,
+        )  # fmt: skip
+        tg = [r for r in store.records("llama-3.2-1b") if r["phase"] == "tg"]
+        n = {d: sum(1 for r in tg if str(d) in r["values"].get("upstream", {})) for d in DEPTHS}
+        assert n[0] == 3 and n[16384] > 3 and max(n.values()) <= 6, n
+        again = confirm.recompose(table, store)
+        assert [(f.text, f.kept, f.why) for f in again.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
+    finally:
+        store.close()
