@@ -129,7 +129,7 @@ def confirm_cmd(
     if dry_run:
         return
     out = out_dir or sweep_dir / "confirm"
-    quantizes = passes or _quant_mode(quant) not in ("f16", "direct")
+    quantizes = passes or confirm.quant_mode(quant) not in ("f16", "direct")
     tools = ("llama-perplexity",) + (("llama-quantize",) if quantizes else ())
     if build_dir is None:
         bin_dir = default_build(table.arch.name, spec, extra=tools)
@@ -146,25 +146,15 @@ def confirm_cmd(
                  backend=backend, spec=spec, storage=storage, mmq_like=like_mmq, max_rounds=max_rounds)  # fmt: skip
 
 
-def _quant_mode(quant: str) -> str:
-    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` Q4_K_M blocks written
-    directly (synth_cached(direct=True)), else ``quantize`` the f16 file with llama-quantize."""
-    from tuner.targets.models import DIRECT_QUANTS
-
-    if quant.lower() in ("f16", "none"):
-        return "f16"
-    return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
-
-
 def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
     """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
-    from tuner.sweep.confirm import PP, TG, table_id
+    from tuner.sweep.confirm import PP, TG, quant_mode, table_id
 
     return {
         "arch": table.arch.name,
         "build": str(bin_dir.resolve()),
         "quant": quant.upper(),
-        "models": _quant_mode(quant),
+        "models": quant_mode(quant),
         "reps": str(reps),
         "tests": f"pp{PP},tg{TG}",
         "table": table_id(table),
@@ -196,7 +186,7 @@ def _run_confirm(
     identity = _confirm_identity(table, bin_dir, quant=quant, reps=reps)
     store = confirm.ConfirmStore(storage or out / "confirm.sqlite3", identity)
     qbin = bin_dir / "llama-quantize"
-    mode = _quant_mode(quant)
+    mode = confirm.quant_mode(quant)
     qtype = None if mode == "f16" else quant  # f16: the synthesized model as written
 
     def measure(path: Path, plan: Any) -> Any:

@@ -50,6 +50,7 @@ __all__ = [
     "measure_model",
     "model_points",
     "plan_model",
+    "quant_mode",
     "recompose",
     "table_id",
     "tg_window",
@@ -273,21 +274,36 @@ def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[Mode
         quant = MMQ_QUANT.get(c.type)
         if quant is None:
             continue  # reported: no confirmed model has its weights
-        pp = PP if c.covers(PP) else max(c.lo, 1)
-        one = plan_model(dataclasses.replace(table, rules=(), mmq=(c,)), like)
-        out.append(
-            dataclasses.replace(one, like=f"{one.like}@{quant.lower()}-pp{pp}", base=one.like, quant=quant, pp=pp)
-        )
+        out.append(pass_plan(table, c, like, quant=quant, pp=PP if c.covers(PP) else max(c.lo, 1)))
     return out
+
+
+def pass_plan(
+    table: Table, choice: mmq.MmqChoice, like: str, *, quant: str, pp: int, weight_types: Iterable[str] | None = None
+) -> ModelPlan:
+    """The MMQ pass of ``choice`` on ``like`` at ``quant`` (``<shape>@<quant>-pp<N>``): that choice alone in the
+    env, kept only where ``weight_types`` (the made model's, None before it exists) have its type."""
+    one = plan_model(dataclasses.replace(table, rules=(), mmq=(choice,)), like, weight_types=weight_types)
+    return dataclasses.replace(one, like=f"{one.like}@{quant.lower()}-pp{pp}", base=one.like, quant=quant, pp=pp)
+
+
+def quant_mode(quant: str) -> str:
+    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` Q4_K_M blocks written
+    directly (synth_cached(direct=True)), else ``quantize`` the f16 file with llama-quantize."""
+    from tuner.targets.models import DIRECT_QUANTS
+
+    if quant.lower() in ("f16", "none"):
+        return "f16"
+    return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
 
 
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
     known before it is made: f16 as written, and Q4_K_M written directly (llama-quantize's per-tensor rule,
     :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
-    from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
+    from tuner.targets.models import load_model_shape, plan_tensors
 
-    wt = "f16" if quant.lower() in ("f16", "none") else "q4_k_m" if quant.upper() in DIRECT_QUANTS else None
+    wt = {"f16": "f16", "direct": "q4_k_m"}.get(quant_mode(quant))
     if wt is None:
         return None
     return sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})
@@ -707,13 +723,13 @@ def confirm_models(
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
+    top = max(rounds, max_rounds or rounds)
+    limits = {"rounds": rounds} | ({"max_rounds": top} if top > rounds else {})  # what recompose measures again
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
         ds = tuple(dry.depths(depths))
         dmap[dry.like] = ds
-        hi = max(rounds, max_rounds or rounds)
-        row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), "rounds": rounds, "era": era}
-        row |= {"max_rounds": hi} if hi > rounds else {}
+        row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
         rows.append(row | {"weight_types": None})
         if not dry.env:
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
@@ -735,22 +751,22 @@ def confirm_models(
         cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
         points[plan.like] = model_points(plan.like, cells)
         gates[plan.like] = gate(plan, path)
-    make: Callable[[str, str], Path] = quantized_for or _stored_only
-    for one in mmq_passes(table, plans, mmq_like) if mmq_like and quantized_for else []:
-        path = make(one.base, one.quant)
+    for one in mmq_passes(table, plans, mmq_like) if mmq_like else []:
+        if quantized_for is None:  # nothing to make the pass's model with
+            break
+        path = quantized_for(one.base, one.quant)
         types = tuple(sorted({str(t) for t in weight_types_of(path)}))
-        choice = table.mmq.index(one.mmq[0])
-        one = dataclasses.replace(one, mmq=tuple(c for c in one.mmq if c.type.lower() in {t.lower() for t in types}))
-        rows.append({"like": one.base, "kv": kv, "depths": [0], "rounds": rounds, "era": era, "weight_types": list(types),
-                     "pass": {"quant": one.quant, "pp": one.pp, "choice": choice}}
-                    | ({"max_rounds": max_rounds} if (max_rounds or rounds) > rounds else {}))  # fmt: skip
+        choice = one.mmq[0]
+        one = pass_plan(table, choice, one.base, quant=one.quant, pp=one.pp, weight_types=types)
+        rows.append({"like": one.base, "kv": kv, "depths": [0], **limits, "era": era, "weight_types": list(types),
+                     "pass": {"quant": one.quant, "pp": one.pp, "choice": table.mmq.index(choice)}})  # fmt: skip
         plans.append(one)
         dmap[one.like] = (0,)
         wtypes[one.like] = types
         if not one.mmq:
             log.info(f"MMQ pass {one.like}: its weights ({', '.join(types)}) lack the choice's type; not measured")
             continue
-        log.info(f"MMQ pass {one.like}: {one.mmq[0].text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds")
+        log.info(f"MMQ pass {one.like}: {choice.text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds")
         recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store, max_rounds=max_rounds)
         cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
         points[one.like] = model_points(one.like, cells, pp=one.pp)
@@ -812,15 +828,9 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         types = row.get("weight_types")
         plan = plan_model(table, str(row["like"]), kv=str(row["kv"]), weight_types=types)
         if "pass" in row:  # an MMQ pass: its choice alone, on the quantization it was measured on
-            ps, i = row["pass"], int(row["pass"]["choice"])
-            one = plan_model(
-                dataclasses.replace(table, rules=(), mmq=table.mmq[i : i + 1] if i >= 0 else ()), plan.like
-            )
-            plan = dataclasses.replace(
-                one, like=f"{one.like}@{str(ps['quant']).lower()}-pp{int(ps['pp'])}", base=one.like,
-                quant=str(ps["quant"]), pp=int(ps["pp"]),
-                mmq=tuple(c for c in one.mmq if c.type.lower() in {str(t).lower() for t in types or ()}),
-            )  # fmt: skip
+            ps = row["pass"]
+            choice = table.mmq[int(ps["choice"])]
+            plan = pass_plan(table, choice, plan.like, quant=str(ps["quant"]), pp=int(ps["pp"]), weight_types=types)
         ds = tuple(int(d) for d in row["depths"])
         dmap[plan.like] = ds
         plans.append(plan)

@@ -263,10 +263,10 @@ def plan_text(
         # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
         # confirm itself was recorded on this model
         size = _params(p.like) / _params(str(rec["like"]))
-        per_depth = own[p.like] / size if p.like in own else float(rec["bench_call_depth_s"])
+        call_depth_s = own.get(p.like, size * float(rec["bench_call_depth_s"]))
         calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
         # recorded at -r 4: llama-bench runs -r reps + 1 (the first run is a warm-up, dropped)
-        secs = size * (calls * len(ds) * per_depth * (reps + 1) / 4 + 4 * float(rec["equivalence_check_s"]))
+        secs = calls * len(ds) * call_depth_s * (reps + 1) / 4 + size * 4 * float(rec["equivalence_check_s"])
         total += secs
         what = [f"{len(p.fa_rules)} decode rule(s)"] + ([f"{len(p.mmq)} MMQ choice(s)"] if p.mmq else [])
         lines.append(
