@@ -75,7 +75,7 @@ from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, upstream_kern
 from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
-DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-7b", "gemma-3-12b-shape")
+DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-12b-shape")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
 """0: the short-context case every user hits; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and
 32768: where the sweep's decode rules on Hopper act; 65536: long context. 131072 is left out: one fill of
@@ -718,13 +718,24 @@ def confirm_models(
     run the gate; then decide every rule. A model the table does not change is neither made nor measured.
     With ``mmq_like``, then an MMQ pass (:func:`mmq_passes`) per choice no model exercised, its model made
     by ``quantized_for(like, quant)``. ``joint_for(path, plan)`` measures ``plan``'s calls on ``path``.
-    The models of this call are recorded in ``store`` once every one is done (:func:`recompose` reads them)."""
+    The models of this call are recorded in ``store`` once every one is done (:func:`recompose` reads them);
+    a model an earlier call recorded whose rounds and checks are all stored is judged from them, not made."""
     from tuner import log
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
     top = max(rounds, max_rounds or rounds)
     limits = {"rounds": rounds} | ({"max_rounds": top} if top > rounds else {})  # what recompose measures again
+    known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
+
+    def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
+        """Judge ``plan`` from ``store`` alone where every round and check is there (no model made)."""
+        try:
+            points[plan.like], gates[plan.like] = _stored_verdict(table, store, plan, ds, rounds, max_rounds, era)
+        except UsageError:
+            return False
+        return True
+
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
         ds = tuple(dry.depths(depths))
@@ -735,10 +746,15 @@ def confirm_models(
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
             plans.append(dry)
             continue
-        path = model_for(like)
-        wtypes[dry.like] = tuple(sorted({str(t) for t in weight_types_of(path)}))
-        rows[-1] = row | {"weight_types": list(wtypes[dry.like])}
-        plan = plan_model(table, like, kv=kv, weight_types=wtypes[dry.like])
+        types = known.get(_row_key(row))
+        plan = dry if types is None else plan_model(table, like, kv=kv, weight_types=types)
+        path = None
+        if types is None or (plan.env and not stored(plan, ds)):
+            path = model_for(like)
+            types = sorted({str(t) for t in weight_types_of(path)})
+            plan = plan_model(table, like, kv=kv, weight_types=types)
+        wtypes[dry.like] = tuple(types)
+        rows[-1] = row | {"weight_types": list(types)}
         plans.append(plan)
         if not plan.env:
             log.info(f"[{i + 1}/{len(likes)}] {plan.like}: no table entry or MMQ choice acts on its weights")
@@ -746,31 +762,43 @@ def confirm_models(
         log.info(
             f"[{i + 1}/{len(likes)}] {plan.like} ({plan.shape_text}): {len(plan.fa_rules)} decode rule(s), "
             f"{len(plan.mmq)} MMQ choice(s); {rounds} rounds x 3 llama-bench calls at depths {list(ds)}"
+            + ("" if path else "; all stored")
         )
-        recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
-        cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
-        points[plan.like] = model_points(plan.like, cells)
-        gates[plan.like] = gate(plan, path)
+        if path is not None:
+            recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
+            cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
+            points[plan.like] = model_points(plan.like, cells)
+            gates[plan.like] = gate(plan, path)
     for one in mmq_passes(table, plans, mmq_like) if mmq_like else []:
         if quantized_for is None:  # nothing to make the pass's model with
             break
-        path = quantized_for(one.base, one.quant)
-        types = tuple(sorted({str(t) for t in weight_types_of(path)}))
         choice = one.mmq[0]
-        one = pass_plan(table, choice, one.base, quant=one.quant, pp=one.pp, weight_types=types)
-        rows.append({"like": one.base, "kv": kv, "depths": [0], **limits, "era": era, "weight_types": list(types),
-                     "pass": {"quant": one.quant, "pp": one.pp, "choice": table.mmq.index(choice)}})  # fmt: skip
+        row = {"like": one.base, "kv": kv, "depths": [0], **limits, "era": era,
+               "pass": {"quant": one.quant, "pp": one.pp, "choice": table.mmq.index(choice)}}  # fmt: skip
+        types = known.get(_row_key(row))
+        path = None
+        if types is not None:
+            one = pass_plan(table, choice, one.base, quant=one.quant, pp=one.pp, weight_types=types)
+        if types is None or (one.mmq and not stored(one, (0,))):
+            path = quantized_for(one.base, one.quant)
+            types = sorted({str(t) for t in weight_types_of(path)})
+            one = pass_plan(table, choice, one.base, quant=one.quant, pp=one.pp, weight_types=types)
+        rows.append(row | {"weight_types": list(types)})
         plans.append(one)
         dmap[one.like] = (0,)
-        wtypes[one.like] = types
+        wtypes[one.like] = tuple(types)
         if not one.mmq:
-            log.info(f"MMQ pass {one.like}: its weights ({', '.join(types)}) lack the choice's type; not measured")
+            log.info(
+                f"MMQ pass {one.like}: its weights ({', '.join(wtypes[one.like])}) lack the choice's type; not measured"
+            )
             continue
-        log.info(f"MMQ pass {one.like}: {choice.text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds")
-        recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store, max_rounds=max_rounds)
-        cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
-        points[one.like] = model_points(one.like, cells, pp=one.pp)
-        gates[one.like] = gate(one, path)
+        log.info(f"MMQ pass {one.like}: {choice.text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds"
+                 + ("" if path else "; all stored"))  # fmt: skip
+        if path is not None:
+            recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store, max_rounds=max_rounds)
+            cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
+            points[one.like] = model_points(one.like, cells, pp=one.pp)
+            gates[one.like] = gate(one, path)
     store.set_models(rows)
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
@@ -806,6 +834,31 @@ def _stored_only(*_: Any) -> Any:
     )
 
 
+def _row_key(row: Mapping[str, Any]) -> str:
+    """A recorded model row's identity across calls (all but the weight types, which making the model gives)."""
+    return json.dumps({k: row.get(k) for k in ("like", "kv", "depths", "pass")}, sort_keys=True)
+
+
+def _stored_verdict(
+    table: Table,
+    store: ConfirmStore,
+    plan: ModelPlan,
+    ds: Sequence[int],
+    rounds: int,
+    max_rounds: int | None,
+    era: str,
+    *,
+    quiet: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
+    recs = measure_model(_stored_only, plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
+    cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
+    gate = gate_model(
+        plan, Path(), Path(), arch=table.arch, era=era, store=store, work_dir=Path(), run_one=_stored_only, quiet=quiet
+    )
+    return model_points(plan.like, cells, pp=plan.pp), gate
+
+
 def recompose(table: Table, store: ConfirmStore) -> Confirmed:
     """What :func:`confirm_models` decided, decided again from ``store`` alone: the recorded models of the last
     call, their stored rounds (judged by :func:`judge_model`), their stored gate checks (judged by
@@ -837,15 +890,10 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         if types is None or not plan.env:
             continue
         wtypes[plan.like] = tuple(str(t) for t in types)
-        joint: Any = _stored_only
         top = row.get("max_rounds")
-        recs = measure_model(joint, plan, ds, rounds=int(row["rounds"]), store=store, max_rounds=top and int(top))
-        cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
-        points[plan.like] = model_points(plan.like, cells, pp=plan.pp)
-        gates[plan.like] = gate_model(
-            plan, Path(), Path(), arch=table.arch, era=str(row["era"]), store=store, work_dir=Path(),
-            run_one=_stored_only, quiet=True,
-        )  # fmt: skip
+        points[plan.like], gates[plan.like] = _stored_verdict(
+            table, store, plan, ds, int(row["rounds"]), top and int(top), str(row["era"]), quiet=True
+        )
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
         plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)

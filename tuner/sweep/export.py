@@ -218,7 +218,12 @@ def _report(dirs: Mapping[str, Path | None]) -> str:
     ):
         d = dirs.get(role)
         f = d / name if d is not None else None
-        body = _demoted(f.read_text()) if f is not None and f.is_file() else "Not part of this table (no report)."
+        if f is not None and f.is_file():
+            body = _demoted(f.read_text())
+        elif d is not None:  # the sweep is part of the table: its samples are in evidence/, its report was not there
+            body = f"The sweep's directory held no {name} at export; its samples are in `evidence/`."
+        else:
+            body = "Not part of this table."
         parts += [f"## {title}", "", body.rstrip(), ""]
     return "\n".join(parts)
 

@@ -68,8 +68,10 @@ QUANT_TYPES = (
     "Q5_K_S",
     "Q5_K_M",
     "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
 )
-"""llama-quantize type names accepted by ``model synth --quant``."""
+"""llama-quantize type names accepted by ``model synth --quant`` (the IQ4 types need no imatrix)."""
 
 _INT_KEYS = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length")
 _CHUNK_ELEMS = 1 << 23  # 8M values per write: bounded memory even for a 1 GB token_embd

@@ -429,10 +429,24 @@ def test_an_mmq_choice_no_model_exercises_gets_a_pass_of_its_own(tmp_path: Path)
         assert fates["MMQ q5_K:2048..=BLAS"].kept and f"{key} pp2048@d0" in fates["MMQ q5_K:2048..=BLAS"].why
         again = confirm.recompose(table, store)
         assert [(f.text, f.kept, f.why) for f in again.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
+        # a rerun on a fresh machine (no models there) makes none: every round and check is stored
+        calls, rows = bench.calls, store.models()
+        rerun = confirm.confirm_models(
+            table, ["llama-3.2-1b"], depths=DEPTHS, rounds=3, store=store,
+            model_for=_no_model, joint_for=lambda path, plan_: bench, gate=_no_model, weight_types_of=_no_model,
+            mmq_like="llama-3.1-8b", quantized_for=_no_model,
+        )  # fmt: skip
+        assert bench.calls == calls
+        assert [(f.text, f.kept, f.why) for f in rerun.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
+        assert store.models() == rows and len(rows) == 2  # the 1B and the pass, recorded as before
     finally:
         store.close()
     pr = pr_text(table, conf, backend_ops=[], patch=True)
     assert "pp2048" in pr and "MMQ q5_K:2048..=BLAS: faster end to end beyond noise" in pr
+
+
+def _no_model(*args: Any) -> Any:
+    raise AssertionError(f"a stored model was made or run again: {args}")
 
 
 def test_max_rounds_go_only_to_the_open_depths_where_a_rule_acts(tmp_path: Path) -> None:
@@ -459,3 +473,11 @@ def test_max_rounds_go_only_to_the_open_depths_where_a_rule_acts(tmp_path: Path)
         assert [(f.text, f.kept, f.why) for f in again.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
     finally:
         store.close()
+
+
+def test_every_mmq_pass_quantization_is_a_type_synth_accepts() -> None:
+    """An MMQ pass quantizes with synth_cached(quant=MMQ_QUANT[type]); a name it refuses stops the confirm
+    (on the H100, IQ4_XS did, after the f16 synthesis)."""
+    from tuner.targets.models import QUANT_TYPES
+
+    assert set(confirm.MMQ_QUANT.values()) <= set(QUANT_TYPES)
