@@ -224,28 +224,32 @@ def _run_confirm(
 
 def _backend_ops(conf: Any, bin_dir: Path, *, backend: str, store: Any, log_dir: Path) -> list[dict[str, Any]]:
     """test-backend-ops FLASH_ATTN_EXT and MUL_MAT with the kept entries' env (intervals widened, so every
-    test case of a kept shape runs its kernel); stored, so a rerun with the same env does not run them again."""
+    test case of a kept shape runs its kernel; FLASH_ATTN_EXT once per kernel a shape has, as the hook's first
+    matching rule wins); stored, so a rerun with the same env does not run them again."""
     import dataclasses
 
-    from tuner.plan.fa_rules import FaRule, Phase, rules_env
+    from tuner.plan.fa_rules import rules_env
     from tuner.sweep import confirm, mmq
+    from tuner.sweep.table import widened_layers
 
-    rules = [
-        FaRule(phase=Phase.DECODE, lo=0, hi=None, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv) for r in conf.kept_rules
-    ]
+    layers = widened_layers(conf.kept_rules)
     choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
-    env = ({"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(rules))} if rules else {}) | (
-        {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
-    )
-    if not env:
-        return []
+    mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
+    fa_envs = [{"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))} for ly in layers]
+    runs = [(f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}", "FLASH_ATTN_EXT", env)
+            for i, env in enumerate(fa_envs)]  # fmt: skip
+    if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
+        every = [r for ly in layers for r in ly]
+        fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}
+        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env))
     done = store.gate("test-backend-ops")
     out = []
-    for op in ("FLASH_ATTN_EXT", "MUL_MAT"):
-        rec = done.get(op)
+    for name, op, env in runs:
+        rec = done.get(name)
         if rec is None or rec.get("env") != env:
-            rec = confirm.backend_ops_check(bin_dir, op, env, log_dir / f"test-backend-ops-{op}.log", backend=backend)
-            store.add_gate("test-backend-ops", op, rec)
+            log = log_dir / f"test-backend-ops-{name.replace(' ', '-').replace('(', '').replace(')', '')}.log"
+            rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend) | {"op": name}
+            store.add_gate("test-backend-ops", name, rec)
         out.append(rec)
     return out
 

@@ -23,6 +23,7 @@ __all__ = [
     "patched_fattn_table",
     "render_table_patch",
     "table_block",
+    "widened_layers",
 ]
 
 import dataclasses
@@ -94,6 +95,26 @@ def match_table(
             return None
         return r.kernel
     return None
+
+
+def widened_layers(rules: Sequence[TableRule]) -> list[list[FaRule]]:
+    """The kept entries as decode rules widened to every n_kv, in layers where no shape appears twice: the
+    hook's first matching rule wins, so one env per layer makes ``test-backend-ops`` run each kept kernel
+    of a shape (a shape with TILE then MMA takes two runs; one env would test TILE only)."""
+    from tuner.plan.fa_rules import Phase
+
+    layers: list[list[FaRule]] = []
+    for r in rules:
+        rule = FaRule(phase=Phase.DECODE, lo=0, hi=None, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv)
+        if any(rule in ly for ly in layers):
+            continue  # the same kernel for another n_kv range of this shape: widened, it is one rule
+        key = (r.D, r.gqa, r.kv)
+        free = next((ly for ly in layers if all((x.D, x.gqa, x.kv) != key for x in ly)), None)
+        if free is None:
+            layers.append([rule])
+        else:
+            free.append(rule)
+    return layers
 
 
 def _check(rules: Sequence[TableRule]) -> None:

@@ -481,3 +481,22 @@ def test_every_mmq_pass_quantization_is_a_type_synth_accepts() -> None:
     from tuner.targets.models import QUANT_TYPES
 
     assert set(confirm.MMQ_QUANT.values()) <= set(QUANT_TYPES)
+
+
+def test_backend_ops_runs_each_kept_kernel_of_a_shape() -> None:
+    """The H100's kept entries: D256 GQA 2 has TILE in [16384, 65536) and MMA from 65536. Widened in one env the
+    hook's first match (TILE) would shadow MMA, so FLASH_ATTN_EXT runs twice; a kernel kept for two ranges of
+    one shape is one widened rule."""
+    from tuner.plan.fa_rules import rules_env
+    from tuner.sweep.table import TableRule, widened_layers
+
+    def e(D: int, gqa: int, lo: int, hi: int | None, kernel: str) -> TableRule:
+        return TableRule(D=D, gqa=gqa, kv="f16", ne1=1, lo=lo, hi=hi, kernel=kernel)
+
+    kept = [e(128, 4, 8192, None, "MMA"), e(256, 2, 16384, 65536, "TILE"), e(256, 2, 65536, None, "MMA")]
+    assert [rules_env(ly) for ly in widened_layers(kept)] == [
+        "decode/D128/gqa4/kvf16:0-=MMA,decode/D256/gqa2/kvf16:0-=TILE",
+        "decode/D256/gqa2/kvf16:0-=MMA",
+    ]
+    twice = [e(64, 4, 1024, 2048, "TILE"), e(64, 4, 65536, 131072, "TILE")]
+    assert [rules_env(ly) for ly in widened_layers(twice)] == ["decode/D64/gqa4/kvf16:0-=TILE"]
