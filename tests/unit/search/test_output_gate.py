@@ -262,3 +262,11 @@ def test_a_stored_check_whose_run_failed_is_run_again_on_resume() -> None:
     )
     assert ran == [checks[0].name]
     assert [c["verdict"] for c in gate["checks"]] == ["pass", "fail"] and gate["verdict"] == "fail"
+
+
+def test_a_band_under_half_same_top_floors_the_threshold_at_zero() -> None:
+    """cuBLAS against MMQ on the H100's random-weight 8B at Q5_K_M agreed on 41.27% of top tokens; twice that
+    distance would ask for -17.46%, which reads as a bug: the floor says 'any share' as 0%."""
+    band = [{"stats": {"mean_kld": 0.05746, "p99_kld": 0.142648, "same_top_pct": 41.27}}]
+    thr = og.band_thresholds(band)
+    assert thr is not None and thr.same_top_pct == 0.0 and thr.mean_kld == 0.11492
