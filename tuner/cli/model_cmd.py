@@ -31,8 +31,8 @@ def model() -> None:
 @click.option(
     "--direct",
     is_flag=True,
-    help="With --quant Q4_K_M: write random Q4_K_M blocks of each tensor's type directly (no f16 file, no "
-    "llama-quantize; much faster). Same tensors, types and sizes as llama-quantize's file, other values.",
+    help="With --quant Q4_K_M, Q5_K_M or IQ4_XS: write random blocks of each tensor's type directly (no f16 file, "
+    "no llama-quantize; much faster). Same tensors, types and sizes as llama-quantize's file, other values.",
 )
 @click.option(
     "--source",
@@ -67,23 +67,25 @@ def synth(
     name, shape and type, so llama.cpp runs the same kernels over the same bytes, but the text it
     generates is noise. Use it for benchmarks, never for quality checks.
 
-    --quant Q4_K_M --direct skips the f16 file and llama-quantize: each tensor is written as random
+    --quant Q4_K_M (or Q5_K_M, IQ4_XS) --direct skips the f16 file and llama-quantize: each tensor is written as random
     blocks of the type llama-quantize would give it, scaled to the f16 path's spread (see docs/h100.md).
     """
     from tuner.errors import TunerError, UsageError
-    from tuner.targets.models import find_vocab, load_model_shape, run_quantize, synth_model
+    from tuner.targets.models import DIRECT_QUANTS, find_vocab, load_model_shape, run_quantize, synth_model
 
     shape = load_model_shape(like)
     if weight_type not in ("f16", "q8_0"):
         raise UsageError(
             f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH, or --quant Q4_K_M --direct."
         )
+    direct_type = (quant or "").upper()
     if direct:
-        if (quant or "").upper() != "Q4_K_M" or quantize_with is not None or weight_type != "f16":
+        if direct_type not in DIRECT_QUANTS or quantize_with is not None or weight_type != "f16":
             raise UsageError(
-                "--direct writes Q4_K_M blocks itself: pass --quant Q4_K_M, without --quantize-with or --type."
+                f"--direct writes {', '.join(DIRECT_QUANTS)} blocks itself: pass --quant with one of them, without "
+                "--quantize-with or --type."
             )
-        weight_type, quant = "q4_k_m", None
+        weight_type, quant = direct_type.lower(), None
     if quant is not None and quantize_with is None:
         raise UsageError("--quant needs --quantize-with PATH (a llama-quantize binary, e.g. from `tuner build`).")
     if quant is not None and weight_type != "f16":
@@ -126,7 +128,7 @@ def synth(
     summary = {
         "path": str(out),
         "like": shape.name,
-        "type": quant.upper() if quant else ("Q4_K_M" if direct else weight_type),
+        "type": quant.upper() if quant else (direct_type if direct else weight_type),
         "tensors": res.n_tensors,
         "params": res.n_params,
         "bytes": size,

@@ -129,8 +129,8 @@ def confirm_cmd(
     if dry_run:
         return
     out = out_dir or sweep_dir / "confirm"
-    quantizes = passes or confirm.quant_mode(quant) not in ("f16", "direct")
-    tools = ("llama-perplexity",) + (("llama-quantize",) if quantizes else ())
+    modes = {confirm.quant_mode(q) for q in (quant, *(p.quant for p in passes))}  # the passes' types too
+    tools = ("llama-perplexity",) + (("llama-quantize",) if "quantize" in modes else ())
     if build_dir is None:
         bin_dir = default_build(table.arch.name, spec, extra=tools)
     else:
@@ -214,7 +214,9 @@ def _run_confirm(
             era=src.era,
             mmq_like=mmq_like,
             max_rounds=max_rounds,
-            quantized_for=lambda like, q: Path(synth_cached(like, source=src, quant=q, quantize_bin=qbin)),
+            quantized_for=lambda like, q: Path(  # a pass's type written directly where it can be: no f16, no quantize
+                synth_cached(like, source=src, quant=q, quantize_bin=qbin, direct=confirm.quant_mode(q) == "direct")
+            ),
         )
         ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
     finally:

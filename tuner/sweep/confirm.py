@@ -288,8 +288,8 @@ def pass_plan(
 
 
 def quant_mode(quant: str) -> str:
-    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` Q4_K_M blocks written
-    directly (synth_cached(direct=True)), else ``quantize`` the f16 file with llama-quantize."""
+    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks written directly
+    (synth_cached(direct=True): Q4_K_M, Q5_K_M, IQ4_XS), else ``quantize`` the f16 file with llama-quantize."""
     from tuner.targets.models import DIRECT_QUANTS
 
     if quant.lower() in ("f16", "none"):
@@ -299,11 +299,11 @@ def quant_mode(quant: str) -> str:
 
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
-    known before it is made: f16 as written, and Q4_K_M written directly (llama-quantize's per-tensor rule,
+    known before it is made: f16 as written, and the types written directly (llama-quantize's per-tensor rule,
     :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
     from tuner.targets.models import load_model_shape, plan_tensors
 
-    wt = {"f16": "f16", "direct": "q4_k_m"}.get(quant_mode(quant))
+    wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
     if wt is None:
         return None
     return sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.result.tables import compare_table
-from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table, quant_mode
 
 _REFS = [
     "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
@@ -277,7 +277,8 @@ def plan_text(
     for one in passes:
         lines.append(
             f"  MMQ pass {one.like}: {', '.join(c.text for c in one.mmq)} on {one.base} at {one.quant} "
-            f"(llama-quantize), pp{one.pp} as one micro-batch (-ub {one.pp} -b {one.pp}) at depth 0: "
+            f"({'blocks written directly' if quant_mode(one.quant) == 'direct' else 'llama-quantize'}), "
+            f"pp{one.pp} as one micro-batch (-ub {one.pp} -b {one.pp}) at depth 0: "
             f"{3 * rounds} llama-bench calls and a prefill gate, plus making the model (not in the estimate below)"
         )
     for c in table.mmq:  # what no planned test can confirm, said before the GPU time is spent

@@ -48,10 +48,10 @@ from tuner.paths import package_data
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
 from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
 
-WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m")
+WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m", "iq4_xs")
 """Weight types plan_tensors and synth_model know. f16 and q8_0 are N(0, 0.02) values (q8_0 quantized from
-them); q4_k_m writes random blocks of each tensor's planned type directly (tuner.targets.quant_blocks),
-not the blocks llama-quantize would make from the f16 file."""
+them); q4_k_m, q5_k_m and iq4_xs write random blocks of each tensor's planned type directly
+(tuner.targets.quant_blocks), not the blocks llama-quantize would make from the f16 file."""
 
 QUANT_TYPES = (
     "Q4_0",
@@ -234,9 +234,9 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 
 def _fallback(qtype: str, ncols: int) -> str:
-    # llama-quant.cpp tensor_type_fallback(): 256-wide K-quants on rows not divisible by 256.
-    if qtype in ("Q4_K", "Q5_K", "Q6_K") and ncols % 256:
-        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}[qtype]
+    # llama-quant.cpp tensor_type_fallback(): 256-wide types on rows not divisible by 256.
+    if qtype in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS") and ncols % 256:
+        return {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}[qtype]
     return qtype
 
 
@@ -245,21 +245,29 @@ def _weight_type(spec_kind: str, name: str, ncols: int, layer: int, shape: Model
         return "F16"
     if weight_type == "q8_0":
         return "Q8_0" if ncols % 32 == 0 else "F16"
-    # q4_k_m: the llama_tensor_get_type() rules of tree A src/llama-quant.cpp for LLAMA_FTYPE_MOSTLY_Q4_K_M.
+    # the llama_tensor_get_type() rules of tree A src/llama-quant.cpp for LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    # _Q5_K_M and _IQ4_XS (no imatrix), for the dense llama/qwen2 tensors plan_tensors writes
     if spec_kind == "output" or (spec_kind == "embd" and shape.tied_output):
         return "Q6_K" if ncols % 256 == 0 else "Q8_0"
+    if weight_type == "iq4_xs":
+        if name.endswith("attn_v.weight") and shape.n_heads // shape.n_kv_heads >= 4:
+            return _fallback("Q5_K", ncols)
+        if name.endswith("ffn_down.weight") and layer < shape.n_layers // 8:
+            return _fallback("Q5_K", ncols)
+        return _fallback("IQ4_XS", ncols)
     if name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, shape.n_layers):
         return _fallback("Q6_K", ncols)
-    return _fallback("Q4_K", ncols)
+    return _fallback("Q4_K" if weight_type == "q4_k_m" else "Q5_K", ncols)
 
 
 def plan_tensors(shape: ModelShape, weight_type: str = "f16") -> list[TensorSpec]:
     """Every tensor llama.cpp loads for ``shape``, in write order, with its storage type.
 
     1-D tensors (norms, biases, rope factors) stay F32, as convert_hf_to_gguf.py writes them.
-    ``q4_k_m`` follows llama-quantize's per-tensor rules (Q6_K for the tied/untied LM head and for
-    attn_v/ffn_down on "more bits" layers, Q4_K elsewhere, with its fallbacks), so estimates from a
-    shape match the file llama-quantize would write.
+    ``q4_k_m`` and ``q5_k_m`` follow llama-quantize's per-tensor rules (Q6_K for the tied/untied LM head and
+    for attn_v/ffn_down on "more bits" layers, Q4_K/Q5_K elsewhere, with its fallbacks), ``iq4_xs`` its IQ4_XS
+    rules without an imatrix (Q6_K LM head, Q5_K for attn_v at GQA >= 4 and the first eighth's ffn_down), so
+    estimates from a shape match the file llama-quantize would write.
 
     Raises:
         UsageError: Unknown ``weight_type``.
@@ -418,7 +426,8 @@ def _add_metadata(writer: Any, shape: ModelShape, weight_type: str, vocab_path: 
     writer.add_float32(f"{a}.rope.freq_base", shape.rope_freq_base)
     writer.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
     writer.add_uint32(f"{a}.vocab_size", shape.vocab_size)
-    ftype = {"f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_k_m": "MOSTLY_Q4_K_M"}[weight_type]
+    ftype = {"f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_k_m": "MOSTLY_Q4_K_M", "q5_k_m": "MOSTLY_Q5_K_M",
+             "iq4_xs": "MOSTLY_IQ4_XS"}[weight_type]  # fmt: skip
     writer.add_file_type(int(gguf.LlamaFileType[ftype]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _copy_tokenizer(writer, vocab_path, shape)
@@ -482,8 +491,8 @@ def synth_model(
     """Write a random-weight GGUF with ``shape``'s exact tensors and metadata.
 
     Weights are N(0, 0.02), norms 1, biases N(0, 0.02) in F32; values are a pure function of
-    ``seed`` and the tensor's index. ``q4_k_m`` writes each weight in its planned type (plan_tensors:
-    llama-quantize's Q4_K_M choices) as random blocks whose scales give about the same spread
+    ``seed`` and the tensor's index. ``q4_k_m``, ``q5_k_m`` and ``iq4_xs`` write each weight in its planned
+    type (plan_tensors: llama-quantize's choices) as random blocks whose scales give about the same spread
     (tuner.targets.quant_blocks), with no f16 file and no llama-quantize; a different file from
     quantizing the f16 one, with the same tensors, types and sizes. Tensors are generated and written one at a time (and big ones
     in chunks), so memory stays far below the file size. The file appears under its final name
@@ -493,7 +502,7 @@ def synth_model(
         shape: The model shape.
         out: Output GGUF path.
         vocab_path: Vocab-only GGUF whose ``tokenizer.*`` fields are copied.
-        weight_type: ``f16``, ``q8_0`` or ``q4_k_m`` (random blocks; other quants: quantize the f16
+        weight_type: ``f16``, ``q8_0``, or ``q4_k_m``/``q5_k_m``/``iq4_xs`` (random blocks; other quants: quantize the f16
             file with run_quantize).
         seed: Random seed.
         on_tensor: Progress callback ``(index, count, name)``.
@@ -518,7 +527,7 @@ def synth_model(
     writer = gguf.GGUFWriter(tmp, shape.arch)
     _add_metadata(writer, shape, weight_type, vocab_path)
     _add_tensor_infos(writer, specs)
-    direct = weight_type == "q4_k_m"
+    direct = weight_type in DIRECT_WEIGHT_TYPES
     _write_tensors(writer, specs, shape, seed=seed, direct=direct, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
         path=out,
@@ -648,8 +657,9 @@ def read_shape(path: Path) -> dict[str, int]:
     }
 
 
-DIRECT_QUANTS = ("Q4_K_M",)
+DIRECT_QUANTS = ("Q4_K_M", "Q5_K_M", "IQ4_XS")
 """Quant types ``synth_cached(direct=True)`` and ``model synth --direct`` write as random blocks."""
+DIRECT_WEIGHT_TYPES = tuple(q.lower() for q in DIRECT_QUANTS)
 
 
 def synth_cached(
@@ -665,9 +675,9 @@ def synth_cached(
     """A synthesized (and optionally quantized) model under ``$TUNER_HOME/models``, made once.
 
     The file name carries the shape, type, seed and source id, so a cached file is reused only
-    for exactly the same request. ``direct`` (``quant`` Q4_K_M only): write the quantized blocks
-    directly (synth_model's ``q4_k_m``), with no f16 file and no llama-quantize, as
-    ``<shape>-q4_k_m-direct-s<seed>-<source>.gguf``: a different file from the quantized one, so
+    for exactly the same request. ``direct`` (``quant`` one of :data:`DIRECT_QUANTS`): write the
+    quantized blocks directly (synth_model's ``q4_k_m``...), with no f16 file and no llama-quantize, as
+    ``<shape>-<quant>-direct-s<seed>-<source>.gguf``: a different file from the quantized one, so
     it has its own name and studies that named the quantized file keep their model.
 
     Raises:
@@ -680,13 +690,17 @@ def synth_cached(
     shape = load_model_shape(like)
     if direct and (quant or "").upper() not in DIRECT_QUANTS:
         raise UsageError(f"direct synthesis writes {', '.join(DIRECT_QUANTS)} only, not {quant!r}.")
-    if weight_type not in ("f16", "q8_0"):  # q4_k_m only as direct=True: its own file name, never the quantized one's
+    if weight_type not in (
+        "f16",
+        "q8_0",
+    ):  # block types only as direct=True: their own file name, never the quantized one's
         raise UsageError(
-            f"synth_cached's weight_type is f16 or q8_0, not {weight_type!r}; for Q4_K_M blocks pass direct=True."
+            f"synth_cached's weight_type is f16 or q8_0, not {weight_type!r}; for {', '.join(DIRECT_QUANTS)} blocks "
+            "pass direct=True."
         )
     models = tuner_home() / "models"
     models.mkdir(parents=True, exist_ok=True)
-    wt = "q4_k_m" if direct else weight_type
+    wt = str(quant).lower() if direct else weight_type
     base = models / f"{shape.name}-{wt}{'-direct' if direct else ''}-s{seed}-{source.source_id[:8]}.gguf"
     if not base.is_file():
         vocab = find_vocab(source.root, shape.vocab)
@@ -695,7 +709,7 @@ def synth_cached(
                 f"the llama.cpp tree {source.root} has no models/ggml-vocab-{shape.vocab}.gguf, which "
                 f"{shape.name} copies its tokenizer from. Use a full (untrimmed) source."
             )
-        what = "Q4_K_M, random blocks written directly" if direct else weight_type
+        what = f"{str(quant).upper()}, random blocks written directly" if direct else weight_type
         with log.step(f"Synthesizing a random-weight {shape.name} ({what}) -> {base.name}"):
             synth_model(shape, base, vocab_path=vocab, weight_type=wt, seed=seed)
     if not quant or direct:

@@ -9,6 +9,9 @@ Layouts follow llama.cpp's ``ggml/src/ggml-common.h`` (``QK_K`` = 256):
 type     struct                                                  elements    bytes
 =======  ======================================================  ==========  =====
 Q4_K     ``half d, dmin; uint8 scales[12]; uint8 qs[128]``       256         144
+Q5_K     ``half d, dmin; uint8 scales[12], qh[32], qs[128]``     256         176
+IQ4_XS   ``half d; uint16 scales_h; uint8 scales_l[4], qs[128]``  256         136
+IQ4_NL   ``half d; uint8 qs[16]``                                32          18
 Q6_K     ``uint8 ql[128], qh[64]; int8 scales[16]; half d``      256         210
 Q5_0     ``half d; uint8 qh[4]; uint8 qs[16]``                   32          22
 Q5_1     ``half d, m; uint8 qh[4]; uint8 qs[16]``                32          24
@@ -22,6 +25,12 @@ dequantization as in llama.cpp's ``ggml/src/ggml-quants.c`` ``dequantize_row_*``
   var 341.25). dmin = 7.5*d centres it (E[y] = 7.5*d*31.5 - 7.5*d*31.5 = 0). Var(sc*q) =
   E[sc^2]E[q^2] - (E[sc]E[q])^2 = 1333.5*77.5 - 236.25^2 = 47532; Var(7.5*m) = 56.25*341.25 = 19195;
   rms = d*sqrt(66727) = 258.3*d, so d = 0.02/258.3 = 7.74e-5 and dmin = 5.81e-4 (both normal fp16).
+- Q5_K: as Q4_K with q in 0..31 (mean 15.5, var 85.25) and dmin = 15.5*d: Var(sc*q) = 1333.5*325.5 -
+  488.25^2 = 195666; Var(15.5*m) = 81985; rms = d*sqrt(277652) = 526.9*d, so d = 3.80e-5 (fp16 subnormal)
+  and dmin = 5.88e-4.
+- IQ4_XS: y = d*(ls - 32)*k[q] with a 6-bit ls (E[(ls-32)^2] = 341.5) and k the 16 levels of
+  ``kvalues_iq4nl`` (E[k^2] = 4548, mean -5.9): rms = d*sqrt(341.5*4548) = 1246.3*d, d = 1.60e-5 (subnormal).
+- IQ4_NL: y = d*k[q]: rms = 67.4*d, d = 2.97e-4.
 - Q6_K: y = d*s*(q - 32) with q in 0..63 (E[(q-32)^2] = 341.5) and int8 s (E[s^2] = 5461.5):
   rms = d*sqrt(5461.5*341.5) = 1365.7*d, so d = 1.46e-5 (an fp16 subnormal, as llama-quantize's own
   Q6_K scales of N(0, 0.02) weights are; finite, and every kernel widens it to fp32).
@@ -63,14 +72,33 @@ def _q5_1() -> BlockLayout:
     return BlockLayout(32, 24, ((0, d), (2, -15.5 * d)))  # d, m; then qh[4], qs[16]
 
 
+def _q5_k() -> BlockLayout:
+    # as Q4_K with 5-bit quants (0..31: mean 15.5, variance 85.25); dmin = 15.5 d centres the values
+    d = _RMS / math.sqrt((31.5**2 + 341.25) * (15.5**2 + 85.25) - (31.5 * 15.5) ** 2 + 15.5**2 * 341.25)
+    return BlockLayout(256, 176, ((0, d), (2, 15.5 * d)))  # d, dmin; then scales[12], qh[32], qs[128]
+
+
+# ggml-common.h kvalues_iq4nl: the 16 non-uniform levels both IQ4 types index
+_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_IQ4NL_SQ = sum(k * k for k in _IQ4NL) / 16
+
+
+def _iq4_xs() -> BlockLayout:
+    # d * (ls - 32) * level, with ls a random 6-bit scale (E[(ls - 32)^2] = 341.5)
+    return BlockLayout(256, 136, ((0, _RMS / math.sqrt(341.5 * _IQ4NL_SQ)),))  # d; scales_h, scales_l[4], qs[128]
+
+
 BLOCK_LAYOUTS: dict[str, BlockLayout] = {
     "Q4_K": _q4_k(),
+    "Q5_K": _q5_k(),
+    "IQ4_XS": _iq4_xs(),
+    "IQ4_NL": BlockLayout(32, 18, ((0, _RMS / math.sqrt(_IQ4NL_SQ)),)),  # d; then qs[16]
     "Q6_K": BlockLayout(256, 210, ((208, _RMS / math.sqrt(5461.5 * 341.5)),)),  # ql, qh, scales; d last
     "Q5_0": BlockLayout(32, 22, ((0, _RMS / math.sqrt(85.5)),)),  # d; then qh[4], qs[16]
     "Q5_1": _q5_1(),
     "Q8_0": BlockLayout(32, 34, ((0, _RMS / math.sqrt(5461.5)),)),  # d; then qs[32]
 }
-"""The ggml types the direct Q4_K_M path writes (plan_tensors' Q4_K_M types and fallbacks)."""
+"""The ggml types the direct Q4_K_M, Q5_K_M and IQ4_XS paths write (plan_tensors' types and fallbacks)."""
 
 
 def _layout(ggml_type: str) -> BlockLayout:

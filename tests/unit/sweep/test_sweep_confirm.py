@@ -352,7 +352,9 @@ def test_the_plan_says_which_mmq_choices_no_planned_test_exercises(tmp_path: Pat
     from tuner.sweep.mmq import MmqChoice
 
     assert {"Q4_K", "Q6_K"} <= set(confirm.planned_weight_types("llama-3.1-8b", "Q4_K_M") or ())
-    assert confirm.planned_weight_types("llama-3.1-8b", "Q5_K_M") is None  # llama-quantize decides
+    # Q5_K_M and IQ4_XS (the passes' types) are written directly too; Q4_0 is left to llama-quantize
+    assert confirm.planned_weight_types("llama-3.1-8b", "IQ4_XS") == ["F32", "IQ4_XS", "Q5_K", "Q6_K"]
+    assert confirm.planned_weight_types("llama-3.1-8b", "Q4_0") is None
     choices = (
         MmqChoice(type="q5_K", lo=2048, hi=None, backend="BLAS"),
         MmqChoice(type="q4_K", lo=256, hi=None, backend="BLAS"),

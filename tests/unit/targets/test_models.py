@@ -143,7 +143,7 @@ def test_synth_q8_0_qwen(micro: dict, tmp_path: Path) -> None:
 
 
 def test_synth_rejects_bad_input(micro: dict, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="f16, q8_0, q4_k_m weights, not 'q4_0'"):
+    with pytest.raises(UsageError, match="f16, q8_0, q4_k_m, q5_k_m, iq4_xs weights, not 'q4_0'"):
         synth_model(micro["micro"], tmp_path / "x.gguf", vocab_path=VOCAB, weight_type="q4_0")
     with pytest.raises(UsageError, match="needs vocab_size 128256"):
         synth_model(load_model_shape("tiny"), tmp_path / "x.gguf", vocab_path=VOCAB)
@@ -261,7 +261,7 @@ def test_synth_cached_direct_has_its_own_name(micro: dict, tmp_path: Path, monke
     assert path == isolated_home / "models" / "micro-q4_k_m-direct-s0-01234567.gguf"
     assert [p.name for p in (isolated_home / "models").iterdir()] == [path.name]  # no f16 file
     assert synth_cached("micro", source=src, quant="Q4_K_M", direct=True) == path  # cached
-    with pytest.raises(UsageError, match="writes Q4_K_M only"):
+    with pytest.raises(UsageError, match="writes Q4_K_M, Q5_K_M, IQ4_XS only"):
         synth_cached("micro", source=src, quant="Q8_0", direct=True)
     with pytest.raises(UsageError, match="pass direct=True"):
         synth_cached("micro", source=src, weight_type="q4_k_m")
