@@ -61,7 +61,6 @@ import dataclasses
 import json
 import math
 import sqlite3
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,8 +70,8 @@ from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.search.compose import Family, judge_phase
 from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
 from tuner.sweep import live, mmq, mmq_live
+from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, upstream_kernel
-from tuner.sweep.store import open_store
 from tuner.sweep.table import TableRule
 
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-12b-shape")
@@ -83,7 +82,6 @@ an 8-12B model there costs minutes a call, and the grid's deepest rules start we
 TABLE = "table"
 """The candidate that runs with the table's env."""
 PP, TG = 512, 128
-_SCHEMA = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -322,61 +320,6 @@ def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
 def _touches(rule: TableRule, depth: int) -> bool:
     lo, hi = tg_window(depth)
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
-
-
-class ConfirmStore:
-    """The rounds' records (one row per model, phase and round, the search's record as JSON) and the gate's
-    checks, in SQLite; the identity (build, quant, the table's env per model...) is checked on reopening."""
-
-    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
-        self.path = Path(path)
-        self.db = open_store(
-            self.path,
-            {"schema": str(_SCHEMA), "sweep": "confirm", **identity},
-            table_sql="CREATE TABLE IF NOT EXISTS rounds (model TEXT NOT NULL, phase TEXT NOT NULL, "
-            "round INTEGER NOT NULL, record TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (model, phase, round))",
-            what="a sweep confirm storage",
-            fix="Pass another -o or --storage, or the same build, --quant, -r and sweep table.",
-            strict=True,
-        )
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS gate (model TEXT NOT NULL, name TEXT NOT NULL, record TEXT NOT NULL, "
-            "PRIMARY KEY (model, name))"
-        )
-        self.db.execute("CREATE TABLE IF NOT EXISTS models (ord INTEGER PRIMARY KEY, record TEXT NOT NULL)")
-
-    def close(self) -> None:
-        self.db.close()
-
-    def records(self, model: str) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT record FROM rounds WHERE model = ? ORDER BY phase, round", (model,))
-        return [json.loads(r) for (r,) in rows]
-
-    def add(self, model: str, rec: Mapping[str, Any]) -> None:
-        with self.db:
-            self.db.execute(
-                "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
-                (model, rec["phase"], int(rec["round"]), json.dumps(rec), time.time()),
-            )
-
-    def gate(self, model: str) -> dict[str, Any]:
-        rows = self.db.execute("SELECT name, record FROM gate WHERE model = ?", (model,))
-        return {str(n): json.loads(r) for n, r in rows}
-
-    def add_gate(self, model: str, name: str, rec: Mapping[str, Any]) -> None:
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
-
-    def set_models(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """The models of the last call, in order (``like``, ``kv``, ``depths``, ``rounds``, ``era`` and the
-        GGUF's ``weight_types``, None for a model not made): what PR.md and upstream.patch were decided over,
-        so :func:`recompose` decides them again from this file alone."""
-        with self.db:
-            self.db.execute("DELETE FROM models")
-            self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])
-
-    def models(self) -> list[dict[str, Any]]:
-        return [json.loads(r) for (r,) in self.db.execute("SELECT record FROM models ORDER BY ord")]
 
 
 def measure_model(
