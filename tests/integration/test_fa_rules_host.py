@@ -71,7 +71,10 @@ int main() {
         ggml_tensor Q = {}, K = {}, V = {}, dst = {};
         K.ne[0] = D; K.ne[1] = n_kv; K.ne[2] = 2; K.ne[3] = 1; K.type = type_of(kt);
         V.ne[0] = D; V.ne[1] = n_kv; V.ne[2] = 2; V.ne[3] = 1; V.type = type_of(vt);
-        Q.ne[0] = D; Q.ne[1] = std::string(phase) == "decode" ? 1 : 512; Q.ne[2] = 2*gqa; Q.ne[3] = 1; Q.type = GGML_TYPE_F32;
+        // "decode": Q->ne[1] 1; "prefill": 512; "prefillN": N (a small batch)
+        const std::string ph(phase);
+        const long long ne1 = ph == "decode" ? 1 : ph == "prefill" ? 512 : atoll(ph.c_str() + 7);
+        Q.ne[0] = D; Q.ne[1] = ne1; Q.ne[2] = 2*gqa; Q.ne[3] = 1; Q.type = GGML_TYPE_F32;
         dst.src[0] = &Q; dst.src[1] = &K; dst.src[2] = &V;
         const best_fattn_kernel k = ggml_cuda_get_best_fattn_kernel(0, &dst);
         printf("%s\n", k == BEST_FATTN_KERNEL_WMMA_F16 ? "UPSTREAM" : ggml_tuner_fa_kernel_name(k));
@@ -128,13 +131,14 @@ def _run(exe: Path, shapes: list[tuple], rules: str | None = None, log: bool = F
 
 RULES = (
     "decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/kvq8_0:0-16384=VEC,prefill/gqa8:4096-=TILE,"
-    "decode/D72:0-=MMA,decode/kvbf16/gqa1:0-=TILE,prefill/kviq4_nl:0-=VEC,decode:65536-=TILE"
+    "decode/D72:0-=MMA,decode/kvbf16/gqa1:0-=TILE,prefill/kviq4_nl:0-=VEC,decode:65536-=TILE,"
+    "prefill/D128/gqa4/kvf16/nb4:16384-=VEC,prefill/nb2:0-4096=MMA,prefill/nb2/D64:0-=VEC"
 )
 KINDS = ("f16", "q8_0", "bf16", "iq4_nl", "q4_0")
 SHAPES = [
     (phase, n_kv, D, gqa, kt, vt)
     for phase, n_kv, D, gqa, (kt, vt) in itertools.product(
-        ("decode", "prefill"),
+        ("decode", "prefill", "prefill2", "prefill4", "prefill8"),
         (0, 4095, 4096, 16383, 16384, 32767, 32768, 65535, 65536, 131072),
         (64, 72, 128, 256),
         (1, 4, 8),
@@ -145,7 +149,8 @@ SHAPES = [
 
 def _expected(rules: list[fa_rules.FaRule], shape: tuple) -> str:
     phase, n_kv, D, gqa, kt, vt = shape
-    r = fa_rules.match_rules(rules, phase, n_kv, D, gqa, kt, kv_v=vt)
+    ne1 = 1 if phase == "decode" else 512 if phase == "prefill" else int(phase[7:])
+    r = fa_rules.match_rules(rules, phase[:7] if ne1 > 1 else phase, n_kv, D, gqa, kt, kv_v=vt, ne1=ne1)
     if r is None or (r.kernel == "MMA" and D == 72):  # no rule, or an illegal forced kernel (fallback)
         return "UPSTREAM"
     return r.kernel
@@ -165,6 +170,11 @@ def test_env_mode_matches_python_mirror(env_exe: Path) -> None:
     want = [_expected(parsed, s) for s in SHAPES]
     assert got == want
     assert {"UPSTREAM", "MMA", "VEC", "TILE"} <= set(got)  # every branch was exercised
+    # an nb key fires at its batch only: VEC at Q->ne[1] 4, not at 8 or a prompt's 512
+    at = {s: g for s, g in zip(SHAPES, got, strict=True)}
+    assert at[("prefill4", 16384, 128, 4, "f16", "f16")] == "VEC"
+    assert at[("prefill8", 16384, 128, 4, "f16", "f16")] != "VEC"
+    assert at[("prefill", 16384, 128, 4, "f16", "f16")] != "VEC"
     # no rules (or only rules for other shapes): every call keeps upstream's choice
     assert set(_run(env_exe, SHAPES).stdout.split()) == {"UPSTREAM"}
     assert set(_run(env_exe, SHAPES, "decode/D96:0-=TILE,prefill/gqa3/kvf16:0-=MMA").stdout.split()) == {"UPSTREAM"}
@@ -203,6 +213,9 @@ def test_env_mode_log_names_the_key_fields(env_exe: Path) -> None:
         ("decode/kvf61:0-=MMA", "'f61' is not a ggml type name"),
         ("decode/kvDEPRECATED:0-=MMA", "'DEPRECATED' is not a ggml type name"),
         ("decode/D64/D64:0-=MMA", "shape key 'D64' given twice"),
+        ("prefill/nb1:0-=MMA", "nb must be an integer in [2, 65536]"),
+        ("prefill/nb4/nb4:0-=MMA", "shape key 'nb4' given twice"),
+        ("decode/nb2:0-=MMA", "a decode rule runs at Q->ne[1] = 1"),
         ("decoder/D64:0-=MMA", "phase must be decode or prefill"),
         ("decode/D64=MMA", "is not phase[/key...]:lo-hi=KERNEL"),
     ],

@@ -80,9 +80,15 @@ class FaRule:
     """GQA ratio (``Q->ne[2] / K->ne[2]``); key ``gqa<int>``."""
     kv: str | None = None
     """ggml type name that both K and V must have (``f16``, ``q8_0``...); key ``kv<type>``."""
+    nb: int | None = None
+    """Query batch ``Q->ne[1]`` exactly, for prefill rules only (2 and up; decode is 1); key ``nb<int>``.
+    Small batches (speculative decoding, parallel sequences) take other kernels than a prompt's, so a
+    rule measured at one must not fire at the other."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))  # "decode" and Phase.DECODE are one rule
+        if self.nb is not None and self.phase is Phase.DECODE:
+            raise ValueError(f"{self.text}: a decode rule has Q->ne[1] = 1; the nb key is for prefill rules")
 
     @property
     def key(self) -> str:
@@ -91,12 +97,13 @@ class FaRule:
             f"/D{self.D}" if self.D is not None else "",
             f"/gqa{self.gqa}" if self.gqa is not None else "",
             f"/kv{self.kv}" if self.kv is not None else "",
+            f"/nb{self.nb}" if self.nb is not None else "",
         ]
         return "".join(parts)
 
     @property
     def text(self) -> str:
-        """The rule as GGML_TUNER_FA_RULES spells it (keys in the order D, gqa, kv)."""
+        """The rule as GGML_TUNER_FA_RULES spells it (keys in the order D, gqa, kv, nb)."""
         return f"{self.phase.value}{self.key}:{self.lo}-{'' if self.hi is None else self.hi}={self.kernel}"
 
     def __str__(self) -> str:
@@ -125,28 +132,30 @@ FA_RULES_MAX = 32
 FA_RULE_KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")
 """K/V type names a ``kv<type>`` key may name (as ``ggml_type_name`` spells them; FlashAttention K/V types)."""
 
-FA_RULE_KEY_RANGES: dict[str, tuple[int, int]] = {"D": (1, 4096), "gqa": (1, 256)}
+FA_RULE_KEY_RANGES: dict[str, tuple[int, int]] = {"D": (1, 4096), "gqa": (1, 256), "nb": (2, 65536)}
 
 _RULE_GRAMMAR = (
     "PHASE[/KEY...]:LO-HI=KERNEL (PHASE decode|prefill; optional shape keys D<head size> (1..4096), "
-    "gqa<GQA ratio> (1..256), kv<K/V type> (" + "|".join(FA_RULE_KV_TYPES) + "), each at most once, a missing "
+    "gqa<GQA ratio> (1..256), kv<K/V type> (" + "|".join(FA_RULE_KV_TYPES) + "), nb<query batch Q->ne[1]> "
+    "(2..65536, prefill only), each at most once, a missing "
     "key matching any shape; LO-HI an n_kv range, HI may be empty = unbounded; KERNEL VEC|TILE|MMA), "
-    "e.g. 'decode:8192-=MMA' or 'decode/D64/gqa4/kvf16:32768-=MMA'"
+    "e.g. 'decode:8192-=MMA', 'decode/D64/gqa4/kvf16:32768-=MMA' or 'prefill/D128/gqa4/kvf16/nb4:16384-=TILE'"
 )
 
 
 def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys.split("/")[1:]:
-        m = re.fullmatch(r"(D|gqa)([0-9]+)|kv([a-z0-9_]+)", key)
+        m = re.fullmatch(r"(D|gqa|nb)([0-9]+)|kv([a-z0-9_]+)", key)
         if not m:
             raise UsageError(
-                f"FA rule {item!r}: shape key {key!r} is not D<int>, gqa<int> or kv<type>. Rules are {_RULE_GRAMMAR}."
+                f"FA rule {item!r}: shape key {key!r} is not D<int>, gqa<int>, kv<type> or nb<int>. "
+                f"Rules are {_RULE_GRAMMAR}."
             )
         name = m.group(1) or "kv"
         if name in out:
             raise UsageError(
-                f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv at most once."
+                f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv, nb at most once."
             )
         if name == "kv":
             if m.group(3) not in FA_RULE_KV_TYPES:
@@ -169,9 +178,9 @@ def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
 def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
     """Parse a GGML_TUNER_FA_RULES string (the same grammar the C++ hook accepts).
 
-    Grammar: comma-separated ``PHASE[/KEY...]:LO-HI=KERNEL`` with keys ``D<int>``, ``gqa<int>`` and
-    ``kv<type>`` in any order (``FaRule.text`` writes them as D, gqa, kv), e.g.
-    ``decode/D64/gqa4/kvf16:32768-=MMA``. The C++ parser accepts any ggml type name after ``kv``; this
+    Grammar: comma-separated ``PHASE[/KEY...]:LO-HI=KERNEL`` with keys ``D<int>``, ``gqa<int>``,
+    ``kv<type>`` and (prefill only) ``nb<int>`` in any order (``FaRule.text`` writes them as D, gqa, kv, nb),
+    e.g. ``decode/D64/gqa4/kvf16:32768-=MMA``. The C++ parser accepts any ggml type name after ``kv``; this
     one only the FlashAttention K/V types in :data:`FA_RULE_KV_TYPES`.
 
     Raises:
@@ -185,6 +194,11 @@ def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
         if not m:
             raise UsageError(f"FA rule {item!r} is not phase:lo-hi=KERNEL; rules are {_RULE_GRAMMAR}.")
         keys = _parse_rule_keys(item, m.group(2))
+        if "nb" in keys and m.group(1) == "decode":
+            raise UsageError(
+                f"FA rule {item!r}: a decode rule runs at Q->ne[1] = 1; the nb key (a query batch of 2 or more) "
+                "belongs on a prefill rule, e.g. 'prefill/D128/gqa4/kvf16/nb4:16384-=TILE'."
+            )
         lo, hi = int(m.group(3)), int(m.group(4)) if m.group(4) else None
         if hi is not None and hi <= lo:
             raise UsageError(f"FA rule {item!r}: hi {hi} must be greater than lo {lo}.")
@@ -233,7 +247,15 @@ def as_stored(value: Any) -> Any:
 
 
 def match_rules(
-    rules: Sequence[FaRule], phase: str, n_kv: int, D: int, gqa: int, kv: str, *, kv_v: str | None = None
+    rules: Sequence[FaRule],
+    phase: str,
+    n_kv: int,
+    D: int,
+    gqa: int,
+    kv: str,
+    *,
+    kv_v: str | None = None,
+    ne1: int | None = None,
 ) -> FaRule | None:
     """The rule the patched selector applies to one FlashAttention call, or None for upstream's choice.
 
@@ -250,6 +272,8 @@ def match_rules(
         gqa: GQA ratio (Q->ne[2] / K->ne[2]).
         kv: ggml type name of K (and of V unless ``kv_v`` is given).
         kv_v: ggml type name of V where it differs from K's; a ``kv`` key needs both to equal it.
+        ne1: The query batch Q->ne[1] of a prefill call; an ``nb`` key needs it to equal it (None: a call
+            of unknown batch, which no ``nb`` key matches).
     """
     v_type = kv if kv_v is None else kv_v
     for r in rules:
@@ -259,6 +283,7 @@ def match_rules(
             (r.D is not None and r.D != D)
             or (r.gqa is not None and r.gqa != gqa)
             or (r.kv is not None and (r.kv != kv or r.kv != v_type))
+            or (r.nb is not None and r.nb != ne1)
         ):
             continue
         return r

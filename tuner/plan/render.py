@@ -435,6 +435,7 @@ def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
         "D": keys["D"],
         "gqa": keys["gqa"],
         "kv": kv,
+        "nb": keys["nb"],
         "text": r.text,
     }
 

@@ -192,6 +192,8 @@ def _check_rule(rule: FaRule, arch: Any) -> None:
         )
     if gqa is not None and gqa < 1:
         raise TunerError(f"{where}: the GQA ratio must be >= 1.")
+    if rule.nb is not None and (type(rule.nb) is not int or rule.nb < 2):
+        raise TunerError(f"{where}: a query batch key (nb) must be an integer >= 2.")
     if D is not None and rule.kernel == "VEC" and not (D <= 256 and D % 64 == 0 and D != 192):
         raise TunerError(f"{where}: no vector kernel exists for head size {D} (can_use_vector_kernel is false).")
     if rule.kernel == "MMA":
@@ -207,7 +209,7 @@ def _check_rule(rule: FaRule, arch: Any) -> None:
 def _overlap(a: FaRule, b: FaRule) -> bool:
     if a.phase != b.phase:
         return False
-    for x, y in ((a.D, b.D), (a.gqa, b.gqa), (a.kv, b.kv)):
+    for x, y in ((a.D, b.D), (a.gqa, b.gqa), (a.kv, b.kv), (a.nb, b.nb)):
         if x is not None and y is not None and str(x).lower() != str(y).lower():
             return False
     a_hi = math.inf if a.hi is None else a.hi
@@ -221,7 +223,10 @@ def rule_condition(rule: FaRule, arch: Any) -> list[str]:
     The one place a rule becomes a C++ condition in upstream's own selection function (``upstream.patch``);
     the tuner hook of ``tuned.patch`` reads rules as data instead (``tuner.plan.render``)."""
     D, gqa, kv = rule.D, rule.gqa, rule.kv
-    parts = ["Q->ne[1] == 1" if rule.phase is Phase.DECODE else "Q->ne[1] > 1"]
+    if rule.phase is Phase.DECODE:
+        parts = ["Q->ne[1] == 1"]
+    else:
+        parts = ["Q->ne[1] > 1" if rule.nb is None else f"Q->ne[1] == {int(rule.nb)}"]
     if D is not None:
         parts.append(f"Q->ne[0] == {D}")
     if gqa is not None:

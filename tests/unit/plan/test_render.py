@@ -207,7 +207,9 @@ def test_baked_mode_compiles_values_in() -> None:
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     assert "getenv" not in fattn.split("ggml_cuda_get_best_fattn_kernel_default")[0]
     assert "{0, 4, 256, 4096, 2, 8, 16, 2, 2147483647}" in fattn
-    assert "{0, 16384, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1},  // decode:16384-=MMA" in fattn  # no keys: any shape
+    assert (
+        "{0, 16384, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1, -1},  // decode:16384-=MMA" in fattn
+    )  # no keys: any shape
     mma = rv.files["ggml/src/ggml-cuda/fattn-mma-f16.cuh"]
     assert "GGML_CUDA_FATTN_MMA_CONFIG_CASE(64, 64, 64, 256, 2, 64, 32, 32, 32, 2, true); // tuner" in mma
     assert "GGML_TUNER_MMA_ROWS" not in mma and "GGML_TUNER_TU_DIR" not in rv.patch
@@ -224,25 +226,26 @@ def test_baked_keyed_rule_is_compiled_in() -> None:
         "sm_90",
         "cuda",
         baked_runtime={
-            "GGML_TUNER_FA_RULES": "decode/kvq8_0/D128/gqa4:32768-=MMA,decode/D64:0-4096=TILE,prefill:0-=MMA"
+            "GGML_TUNER_FA_RULES": "decode/kvq8_0/D128/gqa4:32768-=MMA,decode/D64:0-4096=TILE,prefill:0-=MMA,prefill/nb4/D64:0-=VEC"
         },
     )
     fattn = rv.files["ggml/src/ggml-cuda/fattn.cu"]
     knobs = fattn.split("static best_fattn_kernel ggml_cuda_get_best_fattn_kernel_default")[0]
     assert "getenv" not in knobs
-    assert "        3,\n" in knobs  # n_rules
+    assert "        4,\n" in knobs  # n_rules
     assert (
-        "{0, 32768, -1, BEST_FATTN_KERNEL_MMA_F16, 128, 4, GGML_TYPE_Q8_0},  // decode/D128/gqa4/kvq8_0:32768-=MMA"
+        "{0, 32768, -1, BEST_FATTN_KERNEL_MMA_F16, 128, 4, GGML_TYPE_Q8_0, -1},  // decode/D128/gqa4/kvq8_0:32768-=MMA"
         in knobs
     )
-    assert "{0, 0, 4096, BEST_FATTN_KERNEL_TILE, 64, -1, -1},  // decode/D64:0-4096=TILE" in knobs
-    assert "{1, 0, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1},  // prefill:0-=MMA" in knobs
+    assert "{0, 0, 4096, BEST_FATTN_KERNEL_TILE, 64, -1, -1, -1},  // decode/D64:0-4096=TILE" in knobs
+    assert "{1, 0, -1, BEST_FATTN_KERNEL_MMA_F16, -1, -1, -1, -1},  // prefill:0-=MMA" in knobs
+    assert "{1, 0, -1, BEST_FATTN_KERNEL_VEC, 64, -1, -1, 4},  // prefill/D64/nb4:0-=VEC" in knobs
     # the matcher skips a rule whose keys do not match the tensors
     assert "(rule.kv >= 0 && ((int) K->type != rule.kv || (int) V->type != rule.kv))" in fattn
     for bad, msg in (
         ("decode/D5000:0-=MMA", r"D must be in \[1, 4096\]"),
         ("decode/kvq4_k:0-=MMA", "is not one of f32"),
-        ("decode/hd64:0-=MMA", "is not D<int>, gqa<int> or kv<type>"),
+        ("decode/hd64:0-=MMA", "is not D<int>, gqa<int>, kv<type> or nb<int>"),
     ):
         with pytest.raises(UsageError, match=msg):
             render.render_variant(src(TREE_A, "mma"), "sm_90", "cuda", baked_runtime={"GGML_TUNER_FA_RULES": bad})
