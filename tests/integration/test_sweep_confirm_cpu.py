@@ -23,18 +23,21 @@ pytestmark = pytest.mark.integration
 
 
 def _planted_sweep(out: Path) -> None:
-    """MMA 20% faster than upstream's VEC at D64/gqa4/f16 decode over every n_kv: the rule [0, inf) -> MMA."""
-    shape = FaShape(D=64, gqa=4, kv="f16", ne1=1)
+    """MMA 20% faster than upstream's VEC at D64/gqa4/f16 decode over every n_kv (the rule [0, inf) -> MMA), and
+    VEC 20% faster than upstream's MMA at Q->ne[1] = 2 (the entry ne1 2, [0, inf) -> VEC: a small-batch pass)."""
+    shapes = {FaShape(D=64, gqa=4, kv="f16", ne1=1): "MMA", FaShape(D=64, gqa=4, kv="f16", ne1=2): "VEC"}
     store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
     rows = []
-    for c in plan(load_arch("sm_90"), n_kv=(256, 512, 1024)):
-        if c.shape != shape:
+    for c in plan(load_arch("sm_90"), n_kv=(256, 512, 1024), query_batches=(1, 2)):
+        if c.shape not in shapes:
             continue
         for r in range(3):
             for i, cfg in enumerate(c.configs):
                 us = 100.0 + 0.01 * ((r + i) % 3)
-                us = us * 0.8 if cfg == "MMA" else us if cfg in (DEFAULT, AA) else us * 1.5
-                rows.append(Sample(shape=shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error=""))
+                us = us * 0.8 if cfg == shapes[c.shape] else us if cfg in (DEFAULT, AA) else us * 1.5
+                rows.append(
+                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error="")
+                )
     store.add(rows)
     store.close()
 
@@ -51,14 +54,18 @@ def test_confirm_on_cpu_build_reports_the_rule_and_resumes(cpu_build, tmp_path: 
     assert res.exit_code == 0, res.output
     assert "tiny (D64/gqa4/kvf16): 1 decode rule(s); 6 llama-bench calls" in res.output
     assert "reported: D64 gqa4 f16 ne1 1, n_kv in [0, inf) -> MMA" in res.output
+    # the Q->ne[1] = 2 entry: its own pass of llama-bench pp2 at both depths, keyed to its batch; reported too
+    assert "small-batch pass tiny-pp2: 1 entry(ies) at Q->ne[1] = 2, pp2 at depths [0, 256]" in res.output
+    assert "reported: D64 gqa4 f16 ne1 2, n_kv in [0, inf) -> VEC" in res.output
     e2e, pr = (out / "e2e.md").read_text(), (out / "PR.md").read_text()
     assert "tg128@d256" in e2e and "pp512@d256" in e2e and "GGML_TUNER_FA_RULES=decode/D64/gqa4/kvf16:0-=MMA" in e2e
+    assert "pp2@d256" in e2e and "GGML_TUNER_FA_RULES=prefill/D64/gqa4/kvf16/nb2:0-=VEC" in e2e
     assert "## Reported, not patched" in pr and "tiny" in pr
     assert not (out / "upstream.patch").exists()
     with sqlite3.connect(out / "confirm.sqlite3") as db:
         n = db.execute("SELECT count(*) FROM rounds").fetchone()[0]
         gate = db.execute("SELECT count(*) FROM gate WHERE model = 'tiny'").fetchone()[0]
-    assert n == 4 and gate >= 1  # 2 rounds x (pp, tg); the gate's checks stored
+    assert n == 6 and gate >= 1  # 2 rounds x (pp, tg) and 2 rounds of the pass's pp; the gate's checks stored
     again = CliRunner().invoke(sweep, args, catch_exceptions=False)
     assert again.exit_code == 0 and "round 1/2" not in again.output
     with sqlite3.connect(out / "confirm.sqlite3") as db:
@@ -75,10 +82,18 @@ def _export_and_validate(sweep_dir: Path, confirm_dir: Path, dest: Path) -> None
     args = ["export", str(confirm_dir), "--sweep", str(sweep_dir), "-o", str(dest)]
     res = CliRunner().invoke(sweep, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    assert "0 FlashAttention entr(ies) and 0 MMQ choice(s) kept, 1 reported" in res.output
+    assert "0 FlashAttention entr(ies) and 0 MMQ choice(s) kept, 2 reported" in res.output
     m = tomllib.loads((dest / "table.toml").read_text())
-    assert m["table"]["composed_fa_rules"] == ["D64 gqa4 f16 ne1 1, n_kv in [0, inf) -> MMA"]
-    assert m["table"]["fa_rules"] == [] and m["table"]["models"] == ["tiny"] and not (dest / "upstream.patch").exists()
+    assert m["table"]["composed_fa_rules"] == [
+        "D64 gqa4 f16 ne1 1, n_kv in [0, inf) -> MMA",
+        "D64 gqa4 f16 ne1 2, n_kv in [0, inf) -> VEC",
+    ]
+    # "models": one name per recorded row, the model's and its small-batch pass's
+    assert (
+        m["table"]["fa_rules"] == []
+        and m["table"]["models"] == ["tiny", "tiny"]
+        and not (dest / "upstream.patch").exists()
+    )
     assert m["files"]["plots"] == ["plots/fa-D64.png"]
     check = CliRunner().invoke(validate, [str(dest)], catch_exceptions=False)
     assert check.exit_code == 0 and "1 passed, 0 failed" in check.output, check.output

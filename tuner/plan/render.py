@@ -394,6 +394,8 @@ def _baked_context(
     return {
         "t": t,
         "rules": rules,
+        # a baked patch carries the batch key only where a rule has one: one without keeps its bytes
+        "nb_key": any(r["nb"] != -1 for r in rules),
         "baked_rows": baked_rows,
         "wmma": wmma,
         "wmma_decode": wmma_decode,

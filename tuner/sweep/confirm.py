@@ -13,13 +13,16 @@ its ``Q->ne[1] = 1`` entries of the model's shape as ``decode/D../gqa../kv..`` r
 choices (which key by batch size: ``pp512`` multiplies at ``ne11 = 512``, ``tg128`` at 1). No prefill
 rule goes into the env: the table has no entry at ``Q->ne[1] = 512``, so ``pp512`` runs upstream's
 kernel as the patch would, and its rows are a check that nothing else changed. Entries at ``Q->ne[1]``
-2-8 are made by no ``pp512``/``tg128`` call: they are reported as not confirmed end to end. An MMQ choice
+2-8 are made by no ``pp512``/``tg128`` call: a small-batch pass per model and batch checks them
+(:mod:`tuner.sweep.confirm_batch`: ``pp2``..``pp8`` at the depths they act on, the entries as
+``prefill/../nbN`` rules). An MMQ choice
 that no model's weights or ``pp512`` exercise gets an MMQ pass (:func:`mmq_passes`): one shape quantized to
 the choice's type, its prompt one micro-batch in the choice's range, at depth 0.
 
 **Which rules are kept** (:func:`decide_rules`). A rule is kept when some point it acts on (a ``tg128``
 depth whose n_kv window meets its interval, on a model of its shape) is faster beyond noise, none is
-slower beyond noise, and its models passed the output-equivalence gate. Everything else is reported with
+slower beyond noise, and its models passed the output-equivalence gate (an entry at ``Q->ne[1] = N``: its
+``ppN`` points of the small-batch pass). Everything else is reported with
 the reason, not patched.
 
 **A model the table does not change** (no entry of its shape, no MMQ choice of its weights' types) is
@@ -66,10 +69,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UsageError
-from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.search.compose import Family, judge_phase
 from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
 from tuner.sweep import live, mmq, mmq_live
+from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, upstream_kernel
 from tuner.sweep.table import TableRule
@@ -195,7 +199,8 @@ class ModelPlan:
     kv: str
     context: int
     fa_rules: tuple[TableRule, ...]
-    """The table's ``Q->ne[1] = 1`` entries of this shape: what tg128 exercises."""
+    """The table's ``Q->ne[1] = 1`` entries of this shape: what tg128 exercises (a small-batch pass: its
+    entries at ``Q->ne[1] = batch``)."""
     unexercised: tuple[TableRule, ...]
     """Entries of this shape at other ``Q->ne[1]``: no pp512/tg128 call makes them."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
@@ -204,26 +209,33 @@ class ModelPlan:
     base: str = ""
     """An MMQ pass (:func:`mmq_passes`): the model shape ``like`` names a quantization of; prefill only."""
     quant: str = ""
+    batch: int = 0
+    """A small-batch pass (:mod:`tuner.sweep.confirm_batch`): the ``Q->ne[1]`` its ``pp`` test attends at."""
 
     @property
     def bench_args(self) -> tuple[str, ...]:
-        return () if self.pp == PP else ("-ub", str(self.pp), "-b", str(self.pp))
+        # a small batch fits llama-bench's micro-batch; a smaller -ub would slow every depth fill
+        return () if self.pp == PP or self.batch else ("-ub", str(self.pp), "-b", str(self.pp))
 
     @property
     def phases(self) -> tuple[str, ...]:
         return ("pp",) if self.base else ("pp", "tg")
 
     @property
-    def decode_rules(self) -> tuple[FaRule, ...]:
-        return tuple(
-            FaRule(phase=Phase.DECODE, lo=r.lo, hi=r.hi, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv)
-            for r in self.fa_rules
-        )
+    def hook_rules(self) -> tuple[FaRule, ...]:
+        """The entries as the hook's rules: decode rules, or a small-batch pass's ``prefill/../nbN`` rules."""
+        return tuple(r.hook_rule() for r in self.fa_rules)
+
+    @property
+    def gate_rules(self) -> tuple[FaRule, ...]:
+        """The rules the output gate widens and forces: a batch pass's without their batch key, as
+        llama-perplexity evaluates whole micro-batches (the kernel's numerics at the gate's batch)."""
+        return tuple(r.hook_rule(widened=True) if self.batch else r.hook_rule() for r in self.fa_rules)
 
     @property
     def env(self) -> dict[str, str]:
         """The table's runtime env for this model (empty: the table does not change it)."""
-        out = {"GGML_TUNER_FA_RULES": rules_env(self.decode_rules)} if self.fa_rules else {}
+        out = {"GGML_TUNER_FA_RULES": rules_env(self.hook_rules)} if self.fa_rules else {}
         return out | ({mmq.ENV: mmq.mmq_env(self.mmq)} if self.mmq else {})
 
     @property
@@ -457,23 +469,23 @@ def decide_rules(
     failed = [m for m, g in gates.items() if g.get("verdict") == "fail"]
     out = []
     for r in table.rules:
-        if r.ne1 != 1:
-            out.append(
-                RuleFate(
-                    text=r.text,
-                    kept=False,
-                    rule=r,
-                    why=f"Q->ne[1] = {r.ne1}: llama-bench's pp{PP} and tg{TG} make no such call, so it was not "
-                    "confirmed end to end",
-                )
-            )
-            continue
-        models = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and r in p.fa_rules]
-        touched = [q for m in models for q in points.get(m, ()) if q["phase"] == "tg" and _touches(r, int(q["depth"]))]
+        shaped = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and not p.base]
+        if r.ne1 != 1:  # a small-batch pass's ppN points
+            models = [p.like for p in plans if p.batch == r.ne1 and r in p.fa_rules]
+            test = f"pp{r.ne1}"
+            touched = [q for m in models for q in points.get(m, ()) if batch_touches(r, int(q["depth"]), r.ne1)]
+        else:
+            models = [
+                p.like for p in plans if not p.base and (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and r in p.fa_rules
+            ]
+            test = f"tg{TG}"
+            touched = [
+                q for m in models for q in points.get(m, ()) if q["phase"] == "tg" and _touches(r, int(q["depth"]))
+            ]
         none = (
             "no confirmed model has this shape"
-            if not models
-            else f"no measured tg{TG} depth of {', '.join(models)} reaches its n_kv range"
+            if not shaped
+            else f"no measured {test} depth of {', '.join(shaped)} reaches its n_kv range"
         )
         kept, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
         out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
@@ -527,7 +539,7 @@ def gate_model(
 
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
-        rules=plan.decode_rules,
+        rules=plan.gate_rules,
         base_env={},
         base_args=(),
         final_env={mmq.ENV: mmq.mmq_env(dict.fromkeys(widened))} if widened else {},
@@ -536,7 +548,8 @@ def gate_model(
         build_changed=False,
         era=era,
     )
-    kernels = {"decode": [k for k in legal_kernels(arch, plan.D, STRIDE)]}
+    # the band's phase: a batch pass's rules act in prefill (MMQ choices keep their own prefill band)
+    kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE))}
 
     def run(c: Any) -> Mapping[str, Any]:
         if run_one is not None:
@@ -657,12 +670,10 @@ def confirm_models(
     quantized_for: Callable[[str, str], Path] | None = None,
     max_rounds: int | None = None,
 ) -> Confirmed:
-    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds,
-    run the gate; then decide every rule. A model the table does not change is neither made nor measured.
-    With ``mmq_like``, then an MMQ pass (:func:`mmq_passes`) per choice no model exercised, its model made
-    by ``quantized_for(like, quant)``. ``joint_for(path, plan)`` measures ``plan``'s calls on ``path``.
-    The models of this call are recorded in ``store`` once every one is done (:func:`recompose` reads them);
-    a model an earlier call recorded whose rounds and checks are all stored is judged from them, not made."""
+    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds, run
+    the gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
+    models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is
+    not made; one an earlier call recorded with every round and check stored is judged from ``store``."""
     from tuner import log
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
@@ -671,9 +682,15 @@ def confirm_models(
     limits = {"rounds": rounds} | ({"max_rounds": top} if top > rounds else {})  # what recompose measures again
     known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
 
+    def measure(one: ModelPlan, ds: tuple[int, ...], mmq_changed: bool, path: Path | None = None) -> list[str]:
+        path = path or model_for(one.base)  # a small-batch pass runs on its base model's file
+        recs = measure_model(joint_for(path, one), one, ds, rounds=rounds, store=store, max_rounds=max_rounds)
+        cells = judge_model(recs, ds, mmq_changed=mmq_changed, phases=one.phases)
+        points[one.like], gates[one.like] = model_points(one.like, cells, pp=one.pp), gate(one, path)
+        return sorted({str(t) for t in weight_types_of(path)})
+
     def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
-        """Judge ``plan`` from ``store`` alone where every round and check is there (no model made)."""
-        try:
+        try:  # judged from the storage alone where every round and check is there (no model made)
             points[plan.like], gates[plan.like] = _stored_verdict(table, store, plan, ds, rounds, max_rounds, era)
         except UsageError:
             return False
@@ -686,7 +703,8 @@ def confirm_models(
         row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
         rows.append(row | {"weight_types": None})
         if not dry.env:
-            log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): the table does not change this model")
+            log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): " + (
+                "no entry at Q->ne[1] = 1 and no MMQ choice" if dry.unexercised else "the table does not change this model"))  # fmt: skip
             plans.append(dry)
             continue
         types = known.get(_row_key(row))
@@ -708,10 +726,12 @@ def confirm_models(
             + ("" if path else "; all stored")
         )
         if path is not None:
-            recs = measure_model(joint_for(path, plan), plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
-            cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq))
-            points[plan.like] = model_points(plan.like, cells)
-            gates[plan.like] = gate(plan, path)
+            measure(plan, ds, bool(plan.mmq), path)
+    for one, ds, types in _batch_rounds(plans, depths, known, {"kv": kv, **limits, "era": era}, stored, measure):
+        rows.append({"like": one.base, "kv": kv, "depths": list(ds), **limits, "era": era, "batch": one.batch}
+                    | {"weight_types": list(types)})  # fmt: skip
+        plans.append(one)
+        dmap[one.like], wtypes[one.like] = ds, tuple(types)
     for one in mmq_passes(table, plans, mmq_like) if mmq_like else []:
         if quantized_for is None:  # nothing to make the pass's model with
             break
@@ -728,25 +748,44 @@ def confirm_models(
             one = pass_plan(table, choice, one.base, quant=one.quant, pp=one.pp, weight_types=types)
         rows.append(row | {"weight_types": list(types)})
         plans.append(one)
-        dmap[one.like] = (0,)
-        wtypes[one.like] = tuple(types)
+        dmap[one.like], wtypes[one.like] = (0,), tuple(types)
         if not one.mmq:
-            log.info(
-                f"MMQ pass {one.like}: its weights ({', '.join(wtypes[one.like])}) lack the choice's type; not measured"
-            )
+            log.info(f"MMQ pass {one.like}: its weights ({', '.join(wtypes[one.like])}) lack the choice's type; "
+                     "not measured")  # fmt: skip
             continue
         log.info(f"MMQ pass {one.like}: {choice.text} at pp{one.pp} (-ub {one.pp}), depth 0, {rounds} rounds"
                  + ("" if path else "; all stored"))  # fmt: skip
         if path is not None:
-            recs = measure_model(joint_for(path, one), one, (0,), rounds=rounds, store=store, max_rounds=max_rounds)
-            cells = judge_model(recs, (0,), mmq_changed=True, phases=one.phases)
-            points[one.like] = model_points(one.like, cells, pp=one.pp)
-            gates[one.like] = gate(one, path)
+            measure(one, (0,), True, path)
     store.set_models(rows)
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
         plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)
     )
+
+
+def _batch_rounds(
+    plans: Sequence[ModelPlan],
+    depths: Sequence[int],
+    known: Mapping[str, Any],
+    row: Mapping[str, Any],
+    stored: Callable[[ModelPlan, tuple[int, ...]], bool],
+    measure: Callable[[ModelPlan, tuple[int, ...], bool], list[str]],
+) -> list[tuple[ModelPlan, tuple[int, ...], list[str]]]:
+    """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
+    the storage where an earlier call measured it all, else measured on its base model's file; with its
+    depths and its model's weight types."""
+    from tuner import log
+
+    out = []
+    for one, ds in batch_passes(plans, depths):
+        types = known.get(_row_key({**row, "like": one.base, "depths": list(ds), "batch": one.batch}))
+        log.info(f"small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} "
+                 f"at depths {list(ds)}" + ("" if types is None else "; stored"))  # fmt: skip
+        if types is None or not stored(one, ds):
+            types = measure(one, ds, False)
+        out.append((one, ds, list(types)))
+    return out
 
 
 def table_id(table: Table) -> str:
@@ -779,7 +818,7 @@ def _stored_only(*_: Any) -> Any:
 
 def _row_key(row: Mapping[str, Any]) -> str:
     """A recorded model row's identity across calls (all but the weight types, which making the model gives)."""
-    return json.dumps({k: row.get(k) for k in ("like", "kv", "depths", "pass")}, sort_keys=True)
+    return json.dumps({k: row.get(k) for k in ("like", "kv", "depths", "pass", "batch")}, sort_keys=True)
 
 
 def _stored_verdict(
@@ -827,6 +866,8 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
             ps = row["pass"]
             choice = table.mmq[int(ps["choice"])]
             plan = pass_plan(table, choice, plan.like, quant=str(ps["quant"]), pp=int(ps["pp"]), weight_types=types)
+        if "batch" in row:  # a small-batch pass: the shape's entries at that Q->ne[1], on the model's own file
+            plan = batch_plan(plan, int(row["batch"]))
         ds = tuple(int(d) for d in row["depths"])
         dmap[plan.like] = ds
         plans.append(plan)

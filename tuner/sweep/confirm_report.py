@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.result.tables import compare_table
 from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table, quant_mode
+from tuner.sweep.confirm_batch import batch_passes
 
 _REFS = [
     "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
@@ -75,7 +76,13 @@ def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> st
         lines += [f"## {p.like} ({p.shape_text})", ""]
         env = p.env
         if not env or p.like not in conf.points:
-            lines += ["The table does not change this model: not measured.", ""]
+            lines += [
+                "No entry at Q->ne[1] = 1 and no MMQ choice of its weights: its pp512 and tg128 rounds were not "
+                "measured; its small-batch passes follow."
+                if p.unexercised
+                else "The table does not change this model: not measured.",
+                "",
+            ]
             continue
         lines += [f"- `{k}={v}`" for k, v in env.items()]
         lines += ["", compare_table(conf.points[p.like], name_a="upstream", name_b="table"), ""]
@@ -136,7 +143,14 @@ def _method(table: Table) -> list[str]:
         ),
         "**End to end** (`tuner sweep confirm`): each model shape, random weights of the stated type, "
         f"llama-bench pp{PP} and tg{TG} at each depth (-d), upstream against the table given to the build's "
-        "runtime hook, with an A/A pair, in paired interleaved rounds, judged by the same rule.",
+        "runtime hook, with an A/A pair, in paired interleaved rounds, judged by the same rule."
+        + (
+            " Entries at Q->ne[1] = N > 1 get a pass of llama-bench ppN of their own (a prompt of N tokens after "
+            "the depth: one attention call at that batch per layer, the call speculative decoding makes to check "
+            "N drafted tokens) at the depths their n_kv range reaches."
+            if any(r.ne1 > 1 for r in table.rules)
+            else ""
+        ),
         "**Kept** are the entries whose model points are faster end to end beyond noise, with none slower "
         "beyond noise and the models' output-equivalence gate (llama-perplexity KLD against upstream, within "
         "twice the spread of upstream's own kernels) passed; the rest are reported below, not patched.",
@@ -255,7 +269,14 @@ def plan_text(
     for p in plans:
         ds = p.depths(depths)
         if not p.env:
-            lines.append(f"  {p.like} ({p.shape_text}): the table does not change this model; not measured")
+            lines.append(
+                f"  {p.like} ({p.shape_text}): "
+                + (
+                    "no entry at Q->ne[1] = 1 and no MMQ choice; pp512/tg128 not measured, small-batch passes below"
+                    if p.unexercised
+                    else "the table does not change this model; not measured"
+                )
+            )
             continue
         d_model = load_model_shape(p.like).d_model
         rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
@@ -272,7 +293,11 @@ def plan_text(
         lines.append(
             f"  {p.like} ({p.shape_text}): {', '.join(what)}; {calls} llama-bench calls (pp{PP}+tg{TG}) at depths "
             f"{ds}, about {round(secs / 60)} min with the output gate"
-            + (f"; {len(p.unexercised)} entry(ies) at Q->ne[1] > 1 not exercised" if p.unexercised else "")
+        )
+    for one, at in batch_passes(plans, depths):
+        lines.append(
+            f"  small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} at "
+            f"depths {list(at)}: {3 * rounds} llama-bench calls and a prefill gate (not in the estimate below)"
         )
     for one in passes:
         lines.append(

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.plan.fa_rules import FaRule
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import COMMON, FATTN, KERNEL_ENUMS, arch_condition, git_diff, kv_type_enum
 
 LOOKUP_PREFIX = "ggml_cuda_fattn_tuned_kernel_"
@@ -72,6 +72,16 @@ class TableRule:
     def covers(self, n_kv: int) -> bool:
         return self.lo <= n_kv and (self.hi is None or n_kv < self.hi)
 
+    def hook_rule(self, *, widened: bool = False) -> FaRule:
+        """The entry as the runtime hook's rule: a decode rule at ``Q->ne[1] = 1``, else a prefill rule keyed to
+        its batch (``nb``). ``widened``: every n_kv, and a batch entry at every prefill batch (no ``nb``), so a
+        test of other batch sizes (test-backend-ops' cases, the output gate's micro-batch) runs its kernel."""
+        lo, hi = (0, None) if widened else (self.lo, self.hi)
+        if self.ne1 == 1:
+            return FaRule(phase=Phase.DECODE, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv)
+        nb = None if widened else self.ne1
+        return FaRule(phase=Phase.PREFILL, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv, nb=nb)
+
 
 def match_table(
     rules: Sequence[TableRule],
@@ -98,18 +108,17 @@ def match_table(
 
 
 def widened_layers(rules: Sequence[TableRule]) -> list[list[FaRule]]:
-    """The kept entries as decode rules widened to every n_kv, in layers where no shape appears twice: the
+    """The kept entries as rules widened to every n_kv (:meth:`TableRule.hook_rule`: decode rules, and prefill
+    rules at every batch for entries at ``Q->ne[1]`` 2-8), in layers where no shape appears twice in a phase: the
     hook's first matching rule wins, so one env per layer makes ``test-backend-ops`` run each kept kernel
     of a shape (a shape with TILE then MMA takes two runs; one env would test TILE only)."""
-    from tuner.plan.fa_rules import Phase
-
     layers: list[list[FaRule]] = []
     for r in rules:
-        rule = FaRule(phase=Phase.DECODE, lo=0, hi=None, kernel=r.kernel, D=r.D, gqa=r.gqa, kv=r.kv)
+        rule = r.hook_rule(widened=True)
         if any(rule in ly for ly in layers):
             continue  # the same kernel for another n_kv range of this shape: widened, it is one rule
-        key = (r.D, r.gqa, r.kv)
-        free = next((ly for ly in layers if all((x.D, x.gqa, x.kv) != key for x in ly)), None)
+        key = (rule.phase, r.D, r.gqa, r.kv)
+        free = next((ly for ly in layers if all((x.phase, x.D, x.gqa, x.kv) != key for x in ly)), None)
         if free is None:
             layers.append([rule])
         else:

@@ -59,10 +59,16 @@ class FakeBench:
     depth instead). Counts its calls."""
 
     def __init__(
-        self, gain: float = 1.0, gain_at: Mapping[int, float] | None = None, pp_gain: float = 1.0, noise: float = 0.002
+        self,
+        gain: float = 1.0,
+        gain_at: Mapping[int, float] | None = None,
+        pp_gain: float = 1.0,
+        noise: float = 0.002,
+        batch_gain: float = 1.0,
     ) -> None:
         self.gain, self.gain_at, self.pp_gain = gain, dict(gain_at or {}), pp_gain  # pp_gain: with MMQ choices
         self.noise = noise
+        self.batch, self.batch_gain = 0, batch_gain  # a small-batch pass's Q->ne[1] (set per plan) and its gain
         self.calls = 0
         self.args: list[tuple[str, ...]] = []
         self.rng = random.Random(7)
@@ -84,8 +90,12 @@ class FakeBench:
                 g = self.gain_at.get(d, self.gain) if forced else 1.0
                 if p == "pp" and "GGML_TUNER_MMQ_CHOICES" in cand.env:
                     g = self.pp_gain
+                n_kv = -(-(d + self.batch) // 256) * 256  # a ppN test's n_kv: padded to 256
+                nb = [r for r in rules if p == "pp" and r.nb == self.batch and r.covers(n_kv)]
+                if nb:
+                    forced, g = True, self.batch_gain
                 ts = 100.0 * g * (1 + self.rng.uniform(-self.noise, self.noise))
-                kernel = "MMA" if forced else ("VEC" if p == "tg" else "MMA")
+                kernel = nb[0].kernel if nb else "MMA" if forced else ("VEC" if p == "tg" else "MMA")
                 out[p][d] = {"ts": ts, "kernel": kernel, "why": "rule" if forced else "default", "error": ""}
         return out
 
@@ -104,7 +114,7 @@ def _run(
             rounds=4,
             store=store,
             model_for=lambda like: made.append(like) or tmp_path / f"{like}.gguf",
-            joint_for=lambda path, plan_: bench,
+            joint_for=lambda path, plan_: setattr(bench, "batch", plan_.batch) or bench,
             gate=lambda plan_, path: {"verdict": "pass", "checks": []},
             weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
         )
@@ -160,12 +170,60 @@ def test_a_second_call_resumes_without_measuring_again(tmp_path: Path) -> None:
     assert again.calls == 0 and conf.kept_rules
 
 
-def test_entries_at_other_query_batches_are_reported_not_confirmed(tmp_path: Path) -> None:
-    ne4 = FaShape(D=64, gqa=4, kv="f16", ne1=4)
-    table = confirm.load_table(_sweep_dir(tmp_path, extra=[ne4]))
-    fates = confirm.decide_rules(table, [confirm.plan_model(table, "llama-3.2-1b")], {}, {})
-    by = {f.rule.ne1: f for f in fates if f.rule}
-    assert not by[4].kept and "Q->ne[1] = 4" in by[4].why
+NE4 = FaShape(D=64, gqa=4, kv="f16", ne1=4)  # the sweep's fake: VEC 25% faster than upstream's MMA from 16384
+
+
+def test_an_entry_at_a_small_batch_gets_a_pass_of_its_own_and_is_kept_when_faster(tmp_path: Path) -> None:
+    bench = FakeBench(gain=1.10, batch_gain=1.10)
+    conf = _run(tmp_path, bench, likes=["llama-3.2-1b"], extra=[NE4])
+    by = {f.rule.ne1: f for f in conf.fates if f.rule}
+    assert by[4].rule is not None and by[4].rule.text == "D64 gqa4 f16 ne1 4, n_kv in [16384, inf) -> VEC"
+    one = next(p for p in conf.plans if p.batch)
+    # its own env: the shape's batch-4 entry, keyed to that batch; the decode rule is not in it
+    assert (one.like, one.base, one.pp, one.phases) == ("llama-3.2-1b-pp4", "llama-3.2-1b", 4, ("pp",))
+    assert one.env == {"GGML_TUNER_FA_RULES": "prefill/D64/gqa4/kvf16/nb4:16384-=VEC"}
+    assert one.bench_args == ()  # 4 tokens fit llama-bench's micro-batch; a -ub 4 would slow every fill
+    assert conf.depths[one.like] == (16384, 32768)  # depth 0 attends at n_kv 256, outside the entry
+    assert by[4].kept and "llama-3.2-1b-pp4 pp4@d16384" in by[4].why, by[4].why
+    assert by[1].kept
+    assert bench.calls == 2 * 3 * 4  # the model and its pass: 3 candidates x 4 rounds each
+    assert {q["test"] for q in conf.points[one.like]} == {"pp4"}
+    # the gate forces the kernel at its own micro-batch: the batch key dropped, the interval widened
+    assert [r.text for r in one.gate_rules] == ["prefill/D64/gqa4/kvf16:0-=VEC"]
+    # resumed: nothing measured again, the same decision; the storage records the pass as its own model row
+    again = FakeBench(gain=1.10, batch_gain=1.10)
+    conf2 = _run(tmp_path, again, likes=["llama-3.2-1b"], extra=[NE4])
+    assert again.calls == 0 and [f.kept for f in conf2.fates] == [f.kept for f in conf.fates]
+    store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
+    try:
+        rows = store.models()
+    finally:
+        store.close()
+    assert [(r["like"], r.get("batch"), r["depths"]) for r in rows] == [
+        ("llama-3.2-1b", None, [0, 16384, 32768]),
+        ("llama-3.2-1b", 4, [16384, 32768]),
+    ]
+
+
+def test_a_small_batch_entry_without_an_end_to_end_gain_is_reported(tmp_path: Path) -> None:
+    conf = _run(tmp_path, FakeBench(gain=1.10, batch_gain=1.0), likes=["llama-3.2-1b"], extra=[NE4])
+    by = {f.rule.ne1: f for f in conf.fates if f.rule}
+    assert not by[4].kept and "no end-to-end gain beyond noise at llama-3.2-1b-pp4 pp4@d16384" in by[4].why
+    assert by[1].kept  # the decode rule is judged on its own points
+
+
+def test_a_small_batch_entry_no_model_reaches_is_reported_with_why(tmp_path: Path) -> None:
+    from tuner.sweep.confirm_batch import batch_passes, batch_touches
+
+    table = confirm.load_table(_sweep_dir(tmp_path, extra=[NE4]))
+    plans = [confirm.plan_model(table, "llama-3.2-1b")]
+    assert batch_passes(plans, (0, 4096)) == []  # pp4 at 0 and 4096 attends at 256 and 4352: below 16384
+    fates = {f.rule.ne1: f for f in confirm.decide_rules(table, plans, {}, {}) if f.rule}
+    assert not fates[4].kept and "no measured pp4 depth of llama-3.2-1b reaches its n_kv range" in fates[4].why
+    other = confirm.decide_rules(table, [confirm.plan_model(table, "qwen2.5-7b")], {}, {})
+    assert all("no confirmed model has this shape" in f.why for f in other)
+    r = fates[4].rule
+    assert r is not None and not batch_touches(r, 16124, 4) and batch_touches(r, 16125, 4)  # n_kv 16128, 16384
 
 
 def test_dry_run_prints_the_plan_and_its_time(tmp_path: Path) -> None:
