@@ -44,8 +44,12 @@ def parse_fa_log(text: str) -> list[dict[str, Any]]:
 def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: int) -> tuple[str | None, str | None]:
     """(kernel, why) of the test at ``depth``: entries of the phase's batch shape whose n_kv lies in
     (depth, depth + ntok + 256] (llama.cpp pads n_kv to 256; the untimed depth fill stays at or below
-    ``depth``)."""
+    ``depth``). A prompt shorter than the micro-batch (``pp2`` after a depth) attends at ``Q->ne[1] = ntok``,
+    but the scheduler's graph reservation at the full micro-batch logs a line at the same n_kv: where a line
+    has the test's own batch, only those count."""
     hits = [x for x in lines if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
+    own = [x for x in hits if phase == "pp" and x["ne1"] == ntok]
+    hits = own or hits
     if not hits:
         return None, None
     best = max(hits, key=lambda x: x["n_kv"])

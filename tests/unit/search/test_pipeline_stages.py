@@ -275,6 +275,15 @@ def test_fa_log_lines_of_the_h100_run_are_read() -> None:
     assert kernel_at(lines, "pp", 3840, 512) == ("MMA", "default")
     assert kernel_at(lines, "tg", 65536, 128) == ("TILE", "rule")
     assert kernel_at(lines, "tg", 8192, 128) == ("VEC", "fallback")
+    # pp2 after a depth of 4096 (an H100 log): the graph reservation at the micro-batch logs ne1=512 at the
+    # same n_kv as the test's own call at ne1=2; the test's batch is the one that counts
+    small = parse_fa_log(
+        "tuner-fa: D=64 DV=64 ne1=512 gqa=4 n_kv=4352 type_k=f16 type_v=f16 kernel=MMA (default)\n"
+        "tuner-fa: D=64 DV=64 ne1=512 gqa=4 n_kv=4096 type_k=f16 type_v=f16 kernel=MMA (default)\n"
+        "tuner-fa: D=64 DV=64 ne1=2 gqa=4 n_kv=4352 type_k=f16 type_v=f16 kernel=VEC (rule)\n"
+    )
+    assert kernel_at(small, "pp", 4096, 2) == ("VEC", "rule")
+    assert kernel_at(small, "pp", 3840, 512) == ("MMA", "default")
     assert kernel_at(lines, "tg", 16384, 128) == (None, None)
 
 
