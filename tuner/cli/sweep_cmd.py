@@ -67,8 +67,8 @@ def _grid_options(f: Any) -> Any:
                 "query_batches",
                 type=click.IntRange(1, 4096),
                 multiple=True,
-                help="Query columns Q->ne[1] (default: 1, the decode calls the end-to-end confirm checks; "
-                "2, 4, 8 (parallel and speculative decoding) are measured when asked and reported, not patched).",
+                help="Query columns Q->ne[1] (default: 1, decode; 2, 4, 8: parallel and speculative decoding, "
+                "measured when asked and checked end to end by the confirm's small-batch passes, llama-bench ppN).",
             ),
             click.option(
                 "--n-kv",
