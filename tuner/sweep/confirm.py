@@ -560,11 +560,13 @@ def gate_model(
             upstream_env=c.upstream_env, upstream_args=c.upstream_args, work_dir=wd, strict=c.strict,
         ).as_dict()  # fmt: skip
 
+    # a model's small-batch passes force the same kernels on the same file in prefill: one band serves them all
+    band_key = f"{plan.base} small-batch band" if plan.batch else plan.like
     return og.run_checks(
         checks,
-        done=store.gate(plan.like),
+        done={**store.gate(band_key), **store.gate(plan.like)},
         run_one=run,
-        on_check=lambda name, rec: store.add_gate(plan.like, name, rec),
+        on_check=lambda name, rec: store.add_gate(band_key if name.startswith(og.BAND) else plan.like, name, rec),
         band=og.plan_band(checks, kernels) + cublas_band(checks, widened),
         quiet=quiet,
     )

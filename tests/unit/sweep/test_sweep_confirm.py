@@ -337,6 +337,42 @@ def test_mmq_choices_are_judged_against_upstreams_cublas_band(tmp_path: Path, ch
     assert [b["name"] for b in gate["band"]] == ["band prefill cuBLAS"]
 
 
+def test_a_models_small_batch_passes_share_one_prefill_band(tmp_path: Path) -> None:
+    """Each pass's gate forces its entries' kernels in prefill with the batch key dropped, judged within the prefill
+    kernel band; the band (upstream's own kernels forced on the same model) runs once for all of a model's passes."""
+    from tuner.sweep.confirm_batch import batch_plan
+    from tuner.sweep.table import TableRule
+
+    entries = tuple(TableRule(D=64, gqa=4, kv="f16", ne1=n, lo=0, hi=4096, kernel="TILE") for n in (2, 4))
+    model = confirm.ModelPlan(
+        like="llama-3.2-1b", D=64, gqa=4, kv="f16", context=131072, fa_rules=(), unexercised=entries
+    )
+    runs: list[Any] = []
+
+    def run_one(c: Any) -> dict[str, Any]:
+        runs.append(c.name)
+        return _kld(c, 0.004)
+
+    def nothing(c: Any) -> dict[str, Any]:
+        raise AssertionError(f"{c.name} was stored and must not run again")
+
+    store = confirm.ConfirmStore(tmp_path / "confirm.sqlite3", {"build": "/b"})
+
+    def gate(n: int, run: Any) -> dict[str, Any]:
+        plan_ = batch_plan(model, n)
+        m = tmp_path / "m.gguf"
+        return confirm.gate_model(plan_, m, tmp_path, arch=SM90, era="mma", store=store, work_dir=tmp_path, run_one=run)
+
+    try:
+        gates = [gate(2, run_one), gate(4, run_one)]
+        again = gate(4, nothing)
+    finally:
+        store.close()
+    bands = ["band prefill VEC", "band prefill TILE", "band prefill MMA"]
+    assert runs == [*bands, "prefill prefill/D64/gqa4/kvf16:0-=TILE", "prefill prefill/D64/gqa4/kvf16:0-=TILE"]
+    assert all(g["verdict"] == "pass" for g in gates) and again["verdict"] == "pass"  # judged from the store
+
+
 def test_no_cublas_band_without_choices_or_prefill_check() -> None:
     from tuner.search import output_gate as og
 
