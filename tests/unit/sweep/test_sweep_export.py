@@ -79,13 +79,20 @@ def _mmq_dir(tmp: Path) -> Path:
     return out
 
 
-def _confirmed(tmp: Path, *, gain: float = 1.10, sweep_dir: Path | None = None, mmq_dir: Path | None = None) -> Path:
+def _confirmed(
+    tmp: Path,
+    *,
+    gain: float = 1.10,
+    sweep_dir: Path | None = None,
+    mmq_dir: Path | None = None,
+    bench: FakeBench | None = None,
+) -> Path:
     """``tuner sweep confirm``'s output directory (SWEEP_DIR/confirm) on fake timings and a passing gate."""
     sweep_dir = sweep_dir or _sweep_dir(tmp)
     table = confirm.load_table(sweep_dir, mmq_dir)
     out = sweep_dir / "confirm"
     store = confirm.ConfirmStore(out / "confirm.sqlite3", {"build": "/b", "table": confirm.table_id(table)})
-    bench = FakeBench(gain=gain)
+    bench = bench or FakeBench(gain=gain)
     try:
         conf = confirm.confirm_models(
             table,
@@ -94,7 +101,7 @@ def _confirmed(tmp: Path, *, gain: float = 1.10, sweep_dir: Path | None = None, 
             rounds=4,
             store=store,
             model_for=lambda like: tmp / f"{like}.gguf",
-            joint_for=lambda path, plan_: bench,
+            joint_for=lambda path, plan_: setattr(bench, "batch", plan_.batch) or bench,
             gate=lambda p, path: confirm.gate_model(
                 p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp, run_one=passing_check
             ),
@@ -122,6 +129,25 @@ def _export(tmp: Path, confirm_dir: Path, *args: str) -> Path:
 
 def _failed(folder: Path) -> dict[str, str]:
     return {f.check: f.detail for f in validate_table(folder).findings if not f.ok}
+
+
+def test_a_kept_small_batch_entry_exports_and_validates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry at Q->ne[1] = 4 kept by its small-batch pass: the patch keys it by that batch, and validate decides
+    it again from the evidence (the pass's stored rounds and gate) and checks the lookup at its cells."""
+    from tests.unit.sweep.test_sweep_confirm import NE4
+
+    _fake_source(tmp_path, monkeypatch)
+    sweep_dir = _sweep_dir(tmp_path, extra=[NE4])
+    out = _export(tmp_path, _confirmed(tmp_path, sweep_dir=sweep_dir, bench=FakeBench(gain=1.10, batch_gain=1.10)))
+    m = tomllib.loads((out / "table.toml").read_text())
+    assert m["table"]["fa_rules"] == [
+        "D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA",
+        "D64 gqa4 f16 ne1 4, n_kv in [16384, inf) -> VEC",
+    ]
+    assert (
+        "{  64, 4, GGML_TYPE_F16,  4,  16384,     -1, BEST_FATTN_KERNEL_VEC}," in (out / "upstream.patch").read_text()
+    )
+    assert _failed(out) == {}
 
 
 def test_export_then_validate_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
