@@ -240,6 +240,24 @@ def _params(like: str) -> int:
     return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
 
 
+def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
+    """A small-batch pass's estimated seconds: its calls at the recorded per-call cost of ``like``'s passes
+    (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
+    llama-bench's reps + 1 runs, recorded at 4) and its gate: one check, plus the model's prefill band of three
+    kernels where this is its first pass (its passes share one)."""
+    from tuner.targets.models import load_model_shape
+
+    recs = list(costs.get("confirm_batch", {}).values())
+    own = next((r for r in recs if r["like"] == like), None)
+    d_model = load_model_shape(like).d_model
+    rec = own or min(recs, key=lambda r: abs(math.log(load_model_shape(str(r["like"])).d_model / d_model)))
+    size = 1.0 if own else _params(like) / _params(str(rec["like"]))
+    bench = min(costs["models"].values(), key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+    checks = 1 + (3 if band else 0)
+    scale = _params(like) / _params(str(bench["like"]))
+    return calls * size * float(rec["call_s"]) * (reps + 1) / 4 + checks * scale * float(bench["equivalence_check_s"])
+
+
 def plan_text(
     table: Table,
     plans: Sequence[ModelPlan],
@@ -294,10 +312,14 @@ def plan_text(
             f"  {p.like} ({p.shape_text}): {', '.join(what)}; {calls} llama-bench calls (pp{PP}+tg{TG}) at depths "
             f"{ds}, about {round(secs / 60)} min with the output gate"
         )
+    banded: set[str] = set()
     for one, at in batch_passes(plans, depths):
+        secs = _batch_pass_s(costs, one.base, calls=3 * rounds, reps=reps, band=one.base not in banded)
+        banded.add(one.base)
+        total += secs
         lines.append(
             f"  small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} at "
-            f"depths {list(at)}: {3 * rounds} llama-bench calls and a prefill gate (not in the estimate below)"
+            f"depths {list(at)}: {3 * rounds} llama-bench calls, about {max(1, round(secs / 60))} min with its gate"
         )
     for one in passes:
         lines.append(

@@ -107,7 +107,11 @@ def test_step_costs_cite_files_in_the_repo() -> None:
 
     costs = load_step_costs()
     srcs = [costs["full_build"]["source"]] + [
-        m[k] for part in ("models", "confirm") for m in costs[part].values() for k in m if k.endswith("source")
+        m[k]
+        for part in ("models", "confirm", "confirm_batch")
+        for m in costs[part].values()
+        for k in m
+        if k.endswith("source")
     ]
     for s in srcs:
         path = s.split(":")[0].split(" (")[0]

@@ -430,6 +430,28 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
     assert "scaled by -r 4 / 4" in res.output
 
 
+def test_the_plan_prices_small_batch_passes_from_their_recording(tmp_path: Path) -> None:
+    """A small-batch pass is priced at its model's recorded per-call cost ([confirm_batch]) plus its gate: one
+    check and, on a model's first pass, its prefill band of three kernels."""
+    from tuner.search.dryrun import load_step_costs
+    from tuner.sweep.confirm_report import _batch_pass_s
+
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, [NE4])), "--dry-run", "--rounds", "3"])
+    assert res.exit_code == 0, res.output
+    costs = load_step_costs()
+    call_s = next(r["call_s"] for r in costs["confirm_batch"].values() if r["like"] == "llama-3.2-1b")
+    check_s = next(r["equivalence_check_s"] for r in costs["models"].values() if r["like"] == "llama-3.2-1b")
+    want = 9 * call_s * 4 / 4 + 4 * check_s  # 3 rounds x 3 calls at -r 3 + 1; one check and three band runs
+    assert _batch_pass_s(costs, "llama-3.2-1b", calls=9, reps=3, band=True) == pytest.approx(want)
+    assert _batch_pass_s(costs, "llama-3.2-1b", calls=9, reps=3, band=False) == pytest.approx(want - 3 * check_s)
+    line = next(ln for ln in res.output.splitlines() if "small-batch pass llama-3.2-1b-pp4" in ln)
+    assert f"about {max(1, round(want / 60))} min with its gate" in line, line
+    # a model with no recording of its own: the nearest recorded one's per-call cost, scaled by parameter count
+    assert _batch_pass_s(costs, "gemma-3-12b-shape", calls=9, reps=3, band=False) > 9 * max(
+        r["call_s"] for r in costs["confirm_batch"].values()
+    )
+
+
 def test_e2e_md_says_how_many_runs_llama_bench_made(tmp_path: Path) -> None:
     """The storage's ``reps`` is the timed repetitions; llama-bench ran one more (the warm-up, discarded)."""
     conf = _run(tmp_path, FakeBench(gain=1.10))
