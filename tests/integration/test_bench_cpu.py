@@ -65,10 +65,18 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
         # busiest thread is at most the tree (lenient bounds: the CI box is shared). A test too short for
         # the CPU clock (pp64 here: ~8 ms a repetition) falls back to its samples (busiest thread NaN) or is NaN, never 0.0
         if math.isfinite(r.cpu_util_mean):
-            # the upper bound is the box's cores: a ~8 ms window read with 10 ms CPU-clock ticks once gave 178%
-            assert (
-                10 < r.cpu_util_mean <= 100 * (os.cpu_count() or 1) + 30 and not r.cpu_core_max > r.cpu_util_mean + 1
-            ), (r.cpu_util_mean, r.cpu_core_max)
+            # the upper bound is the box's cores: a ~8 ms window read with 10 ms CPU-clock ticks once gave 178%;
+            # the thread and the tree are read at their own ticks, so they may differ by one tick over the windows
+            # (pp64's 7.5 ms once read 96.9% for the thread against 94.6% for the tree)
+            window_s = r.n * int(r.test[2:]) / r.median_ts
+            tick_pct = 100.0 / os.sysconf("SC_CLK_TCK") / window_s
+            assert 10 < r.cpu_util_mean <= 100 * (
+                os.cpu_count() or 1
+            ) + 30 and not r.cpu_core_max > r.cpu_util_mean + max(1.0, tick_pct), (
+                r.cpu_util_mean,
+                r.cpu_core_max,
+                tick_pct,
+            )
         assert math.isnan(r.gpu_util_mean)  # no GPU here: NaN, not an error
         assert math.isnan(r.roofline_pct) and r.roofline_note
         assert " -fa on " in r.cmd and " -t 1" in r.cmd and json.loads(r.env) == {}
