@@ -75,7 +75,7 @@ from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMe
 from tuner.sweep import live, mmq, mmq_live
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
-from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, upstream_kernel
+from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
 from tuner.sweep.table import TableRule
 
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-12b-shape")
@@ -319,14 +319,10 @@ def planned_weight_types(like: str, quant: str) -> list[str] | None:
     return sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})
 
 
-def _pad(n: int) -> int:
-    return -(-n // STRIDE) * STRIDE
-
-
 def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
     """The n_kv a ``tg`` test at ``depth`` runs attention at, first and last: llama pads the KV cache it
     attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
-    return _pad(depth + 1), _pad(depth + tg)
+    return pad_kv(depth + 1), pad_kv(depth + tg)
 
 
 def _touches(rule: TableRule, depth: int) -> bool:
@@ -469,15 +465,13 @@ def decide_rules(
     failed = [m for m, g in gates.items() if g.get("verdict") == "fail"]
     out = []
     for r in table.rules:
-        shaped = [p.like for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and not p.base]
+        shaped = [p for p in plans if (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and not p.base]
         if r.ne1 != 1:  # a small-batch pass's ppN points
             models = [p.like for p in plans if p.batch == r.ne1 and r in p.fa_rules]
             test = f"pp{r.ne1}"
             touched = [q for m in models for q in points.get(m, ()) if batch_touches(r, int(q["depth"]), r.ne1)]
         else:
-            models = [
-                p.like for p in plans if not p.base and (p.D, p.gqa, p.kv) == (r.D, r.gqa, r.kv) and r in p.fa_rules
-            ]
+            models = [p.like for p in shaped if r in p.fa_rules]
             test = f"tg{TG}"
             touched = [
                 q for m in models for q in points.get(m, ()) if q["phase"] == "tg" and _touches(r, int(q["depth"]))
@@ -485,7 +479,7 @@ def decide_rules(
         none = (
             "no confirmed model has this shape"
             if not shaped
-            else f"no measured {test} depth of {', '.join(shaped)} reaches its n_kv range"
+            else f"no measured {test} depth of {', '.join(p.like for p in shaped)} reaches its n_kv range"
         )
         kept, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
         out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
@@ -564,7 +558,7 @@ def gate_model(
     band_key = f"{plan.base} small-batch band" if plan.batch else plan.like
     return og.run_checks(
         checks,
-        done={**store.gate(band_key), **store.gate(plan.like)},
+        done={**(store.gate(band_key) if plan.batch else {}), **store.gate(plan.like)},
         run_one=run,
         on_check=lambda name, rec: store.add_gate(band_key if name.startswith(og.BAND) else plan.like, name, rec),
         band=og.plan_band(checks, kernels) + cublas_band(checks, widened),
@@ -684,11 +678,13 @@ def confirm_models(
     limits = {"rounds": rounds} | ({"max_rounds": top} if top > rounds else {})  # what recompose measures again
     known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
 
-    def measure(one: ModelPlan, ds: tuple[int, ...], mmq_changed: bool, path: Path | None = None) -> list[str]:
-        path = path or model_for(one.base)  # a small-batch pass runs on its base model's file
+    def measure(one: ModelPlan, ds: tuple[int, ...], mmq_changed: bool, path: Path) -> None:
         recs = measure_model(joint_for(path, one), one, ds, rounds=rounds, store=store, max_rounds=max_rounds)
         cells = judge_model(recs, ds, mmq_changed=mmq_changed, phases=one.phases)
         points[one.like], gates[one.like] = model_points(one.like, cells, pp=one.pp), gate(one, path)
+
+    def measure_pass(one: ModelPlan, ds: tuple[int, ...]) -> list[str]:  # on its base model's file
+        measure(one, ds, False, path := model_for(one.base))
         return sorted({str(t) for t in weight_types_of(path)})
 
     def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
@@ -729,11 +725,10 @@ def confirm_models(
         )
         if path is not None:
             measure(plan, ds, bool(plan.mmq), path)
-    for one, ds, types in _batch_rounds(plans, depths, known, {"kv": kv, **limits, "era": era}, stored, measure):
-        rows.append({"like": one.base, "kv": kv, "depths": list(ds), **limits, "era": era, "batch": one.batch}
-                    | {"weight_types": list(types)})  # fmt: skip
+    for one, ds, row in _batch_rounds(plans, depths, known, {"kv": kv, **limits, "era": era}, stored, measure_pass):
+        rows.append(row)
         plans.append(one)
-        dmap[one.like], wtypes[one.like] = ds, tuple(types)
+        dmap[one.like], wtypes[one.like] = ds, tuple(row["weight_types"])
     for one in mmq_passes(table, plans, mmq_like) if mmq_like else []:
         if quantized_for is None:  # nothing to make the pass's model with
             break
@@ -772,21 +767,22 @@ def _batch_rounds(
     known: Mapping[str, Any],
     row: Mapping[str, Any],
     stored: Callable[[ModelPlan, tuple[int, ...]], bool],
-    measure: Callable[[ModelPlan, tuple[int, ...], bool], list[str]],
-) -> list[tuple[ModelPlan, tuple[int, ...], list[str]]]:
+    measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
+) -> list[tuple[ModelPlan, tuple[int, ...], dict[str, Any]]]:
     """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
-    the storage where an earlier call measured it all, else measured on its base model's file; with its
-    depths and its model's weight types."""
+    the storage where an earlier call measured it all, else measured (``measure``: on its base model's file,
+    returning that file's weight types); with its depths and its recorded row (``row`` completed)."""
     from tuner import log
 
     out = []
     for one, ds in batch_passes(plans, depths):
-        types = known.get(_row_key({**row, "like": one.base, "depths": list(ds), "batch": one.batch}))
+        mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}
+        types = known.get(_row_key(mine))
         log.info(f"small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} "
                  f"at depths {list(ds)}" + ("" if types is None else "; stored"))  # fmt: skip
         if types is None or not stored(one, ds):
-            types = measure(one, ds, False)
-        out.append((one, ds, list(types)))
+            types = measure(one, ds)
+        out.append((one, ds, mine | {"weight_types": list(types)}))
     return out
 
 

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from tuner.sweep.grid import STRIDE
+from tuner.sweep.grid import pad_kv
 from tuner.sweep.table import TableRule
 
 ModelPlan = Any
@@ -27,7 +27,7 @@ ModelPlan = Any
 def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
     """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval: llama pads the KV
     cache it attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
-    return rule.covers(-(-(depth + batch) // STRIDE) * STRIDE)
+    return rule.covers(pad_kv(depth + batch))
 
 
 def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:

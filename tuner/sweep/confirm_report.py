@@ -240,6 +240,16 @@ def _params(like: str) -> int:
     return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
 
 
+def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, Any]:
+    """The recording whose model is nearest ``d_model`` in width (costs scale with model size)."""
+    from tuner.targets.models import load_model_shape
+
+    def width(r: Mapping[str, Any]) -> float:
+        return float(r["d_model"]) if "d_model" in r else float(load_model_shape(str(r["like"])).d_model)
+
+    return min(recs, key=lambda r: abs(math.log(width(r) / d_model)))
+
+
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
     """A small-batch pass's estimated seconds: its calls at the recorded per-call cost of ``like``'s passes
     (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
@@ -249,12 +259,12 @@ def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int,
 
     recs = list(costs.get("confirm_batch", {}).values())
     own = next((r for r in recs if r["like"] == like), None)
-    d_model = load_model_shape(like).d_model
-    rec = own or min(recs, key=lambda r: abs(math.log(load_model_shape(str(r["like"])).d_model / d_model)))
-    size = 1.0 if own else _params(like) / _params(str(rec["like"]))
-    bench = min(costs["models"].values(), key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+    d_model, params = load_model_shape(like).d_model, _params(like)
+    rec = own or _nearest(recs, d_model)
+    size = 1.0 if own else params / _params(str(rec["like"]))
+    bench = _nearest(list(costs["models"].values()), d_model)
     checks = 1 + (3 if band else 0)
-    scale = _params(like) / _params(str(bench["like"]))
+    scale = params / _params(str(bench["like"]))
     return calls * size * float(rec["call_s"]) * (reps + 1) / 4 + checks * scale * float(bench["equivalence_check_s"])
 
 
@@ -297,7 +307,7 @@ def plan_text(
             )
             continue
         d_model = load_model_shape(p.like).d_model
-        rec = min(recs, key=lambda r: abs(math.log(float(r["d_model"]) / d_model)))
+        rec = _nearest(recs, d_model)
         # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
         # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
         # confirm itself was recorded on this model

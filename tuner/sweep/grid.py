@@ -48,6 +48,7 @@ __all__ = [
     "duration_text",
     "legal_kernels",
     "nkv_grid",
+    "pad_kv",
     "plan",
     "upstream_kernel",
 ]
@@ -66,6 +67,12 @@ KV_TYPES = ("f16", "q8_0")
 QUERY_BATCHES = (1, 2, 4, 8)
 STRIDE = 256
 """llama.cpp's ``FATTN_KQ_STRIDE``: llama pads n_kv to a multiple of it."""
+
+
+def pad_kv(n: int) -> int:
+    """The n_kv llama attends over when its KV cache holds ``n`` tokens: ``n`` padded to :data:`STRIDE`."""
+    return -(-n // STRIDE) * STRIDE
+
 
 DEFAULT = "default"
 """The config that runs upstream's own choice (the reference of every paired effect)."""
