@@ -59,6 +59,14 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
     with locked(root):
         missing = [t for t in targets if not (art / "bin" / t).is_file()]
         rec = load_build_record(art / "build.json") or dict(build.meta)
+        if missing and rec.get("carried"):
+            # a carried build has no build directory here to add a target to
+            raise UsageError(
+                f"The build in {art} was carried from another machine (`tuner build --from-pack`) and has no "
+                f"{', '.join(missing)}. On the machine that built it, pack it again with those targets "
+                f"(`tuner build ... --targets llama-bench,test-backend-ops,llama-quantize,{','.join(missing)} "
+                "--pack FILE`), or build here without --from-pack."
+            )
         if missing:
             defines = dict(rec.get("defines", {}))
             if is_on(defines.get("GGML_HIP")):

@@ -42,9 +42,14 @@ def locked(root: Path) -> Iterator[None]:
 
 
 def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
-    """The artifact's record when it was built ok for this build id and holds every target, else None."""
+    """The artifact's record when it was built ok for this build id (or carried here from another machine)
+    and holds every target, else None."""
     rec = load_build_record(art / "build.json")
-    if not rec or rec.get("build_id") != build_id or rec.get("status") != "ok":
+    if not rec or rec.get("status") != "ok":
+        return None
+    # A carried build (`tuner build --from-pack`) was compiled elsewhere: its id names that toolchain, and
+    # it stands for this variant here until it is replaced.
+    if rec.get("build_id") != build_id and not rec.get("carried"):
         return None
     if not all((art / "bin" / t).is_file() for t in targets):
         return None

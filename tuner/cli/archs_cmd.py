@@ -96,7 +96,7 @@ def show(arch: str, as_json: bool) -> None:
 @click.option(
     "--like",
     "like",
-    help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-7b, gemma-3-12b-shape, tiny).",
+    help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape, tiny).",
 )
 @click.option("--depth", "depths", type=int, multiple=True, help="KV depth(s), repeatable. Default 0 4096 16384 32768.")
 @click.option(

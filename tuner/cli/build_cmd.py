@@ -66,6 +66,22 @@ def _default_variant(arch: str) -> str:
     metavar="PATH",
     help="With --compile-only: a TU path relative to the tree (repeatable).",
 )
+@click.option(
+    "--pack",
+    "pack_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the finished build as FILE (an xz tar: binaries, libraries, ggml headers) to carry to "
+    "another machine of the same OS and CPU architecture.",
+)
+@click.option(
+    "--from-pack",
+    "pack_in",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Install FILE (written by --pack with the same source and arguments) as this variant's build "
+    "instead of compiling: build where the compilers are, measure where the GPU is.",
+)
 def build(
     arch: str,
     spec: str | None,
@@ -76,6 +92,8 @@ def build(
     jobs: int | None,
     compile_only: bool,
     objects: tuple[str, ...],
+    pack_out: Path | None,
+    pack_in: Path | None,
 ) -> None:
     """Render and build one llama.cpp variant; print where its binaries are.
 
@@ -89,6 +107,12 @@ def build(
 
     if objects and not compile_only:
         raise UsageError("--object only applies with --compile-only.")
+    if compile_only and (pack_out or pack_in):
+        raise UsageError("--pack and --from-pack carry linked builds; drop --compile-only.")
+    if pack_out and pack_in:
+        raise UsageError(
+            "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
+        )
     values = parse_sets(sets)
     src = source.fetch_source(spec) if spec else source.fetch_source()
     # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.
@@ -99,16 +123,28 @@ def build(
     for w in rv.warnings:
         log.warning(w)
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)
-    what = "Compile-checking" if compile_only else "Building"
-    with log.step(f"{what} {rv.short} from {src.spec}"):
-        b = build_stage.build_variant(
-            rv, targets=tlist, jobs=jobs, compile_only=compile_only, objects=list(objects) or None
-        )
+    if pack_in:
+        from tuner.builder.carry import unpack_build
+        from tuner.builder.extra import ensure_targets
+
+        with log.step(f"Installing {rv.short} from {pack_in}"):
+            b = unpack_build(pack_in, rv)
+        ensure_targets(b, tlist)  # names what the pack lacks
+    else:
+        what = "Compile-checking" if compile_only else "Building"
+        with log.step(f"{what} {rv.short} from {src.spec}"):
+            b = build_stage.build_variant(
+                rv, targets=tlist, jobs=jobs, compile_only=compile_only, objects=list(objects) or None
+            )
+    carried = b.meta.get("carried")
     rows = [
         ("variant", rv.short),
         ("build dir", b.build_dir),
         ("bin dir", "(compile-only: no binaries)" if b.compile_only else b.bin_dir),
-        ("cached", "yes" if b.cached else "no"),
+        (
+            "cached",
+            f"carried ({carried['pack']}, built on {carried['built_on']})" if carried else "yes" if b.cached else "no",
+        ),
         ("seconds", f"{b.seconds:.1f}"),
         ("rebuilt TUs", b.meta.get("rebuilt_count", 0)),
         ("log", b.log_file),
@@ -117,6 +153,14 @@ def build(
         for obj, archs in (b.meta.get("offload_targets") or {}).items():
             rows.append((f"code objects in {Path(obj).name}", ", ".join(archs)))
     click.echo(log.table(["", ""], rows))
+    if pack_out:
+        from tuner.builder.carry import pack_build
+
+        with log.step(f"Packing {rv.short} into {pack_out}"):
+            path = pack_build(b, rv, pack_out, spec=src.spec)
+        log.info(
+            f"{path.stat().st_size / 1e6:.1f} MB; on the other machine: `tuner source unpack` the tree, then the same `tuner build` with --from-pack {path.name}"
+        )
 
 
 @click.group("toolchain")

@@ -21,7 +21,7 @@ def model() -> None:
 @click.option(
     "--like",
     required=True,
-    help="Model shape to copy (tuner/data/models.toml): llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-7b, gemma-3-12b-shape or tiny.",
+    help="Model shape to copy (tuner/data/models.toml): llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape or tiny.",
 )
 @click.option(
     "--type", "weight_type", default="f16", show_default=True, help="Weight type written directly: f16 or q8_0."

@@ -28,8 +28,8 @@ from tuner.errors import UsageError
     "--like",
     "likes",
     multiple=True,
-    help="Model shapes, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, gemma-3-12b-shape: head "
-    "sizes 64, 128, 128 with GQA 7, and 256).",
+    help="Model shapes, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape: "
+    "head sizes 64, 128 with GQA 4, 8 and 7, and 256 with GQA 2).",
 )
 @click.option(
     "--quant",

@@ -78,7 +78,9 @@ from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
 from tuner.sweep.table import TableRule
 
-DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-12b-shape")
+# Gemma 3 4B's shape, not 12B's: the same FlashAttention shape (head size 256, GQA 2) for about a third
+# of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
+DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-4b-shape")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
 """0: the short-context case every user hits; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and
 32768: where the sweep's decode rules on Hopper act; 65536: long context. 131072 is left out: one fill of

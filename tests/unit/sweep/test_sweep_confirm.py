@@ -267,10 +267,28 @@ def test_the_plan_prices_a_model_by_its_size_not_only_its_width(tmp_path: Path) 
     import re
 
     extra = (FaShape(D=128, gqa=4, kv="f16", ne1=1), FaShape(D=256, gqa=2, kv="f16", ne1=1))
-    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run"])
+    likes = ["--like", "llama-3.2-1b", "--like", "llama-3.1-8b", "--like", "gemma-3-12b-shape"]
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run", *likes])
     assert res.exit_code == 0, res.output
     mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
     assert int(mins["gemma-3-12b-shape"]) > int(mins["llama-3.1-8b"]) > int(mins["llama-3.2-1b"]), mins
+
+
+def test_the_default_head_256_shape_is_priced_below_the_12b(tmp_path: Path) -> None:
+    """The default confirms head size 256 on Gemma 3 4B's shape: the same FlashAttention shape as the 12B's
+    for well under half its rounds' time."""
+    import re
+
+    extra = (FaShape(D=256, gqa=2, kv="f16", ne1=1),)
+    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    mins = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
+    assert "gemma-3-12b-shape" not in mins, mins
+    res = CliRunner().invoke(
+        sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run", "--like", "gemma-3-12b-shape"]
+    )
+    big = dict(re.findall(r"  (\S+) \(D\d+/.*about (\d+) min with the output gate", res.output))
+    assert 0 < 2 * int(mins["gemma-3-4b-shape"]) < int(big["gemma-3-12b-shape"]), (mins, big)
 
 
 def test_a_faster_point_counts_for_a_rule_only_where_its_kernel_ran(tmp_path: Path) -> None:
@@ -421,7 +439,10 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
     from tuner.search.dryrun import load_step_costs
 
     extra = (FaShape(D=256, gqa=2, kv="f16", ne1=1),)
-    res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run", "--rounds", "3"])
+    res = CliRunner().invoke(
+        sweep,
+        ["confirm", str(_sweep_dir(tmp_path, extra)), "--dry-run", "--rounds", "3", "--like", "gemma-3-12b-shape"],
+    )
     assert res.exit_code == 0, res.output
     own = {r["like"]: r["call_depth_s"] for r in load_step_costs()["confirm"].values()}
     calls_s = 3 * 3 * 5 * own["gemma-3-12b-shape"]  # 3 rounds x 3 calls x 5 depths, at -r 3 + 1 = 4
