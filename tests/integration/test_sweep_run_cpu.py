@@ -52,3 +52,13 @@ def test_sweep_run_on_cpu_build_stores_rows_and_resumes(cpu_build, tuner, tmp_pa
     assert f"0 processes (0 cases) to run, {2 * len(configs)} already recorded" in again.stderr
     with sqlite3.connect(db) as c:
         assert c.execute("SELECT count(*) FROM samples").fetchone()[0] == len(rows)
+
+    # the store names the device its samples came from; resumed on another device model, it is refused
+    assert meta["device"].startswith("CPU ") and f"- device: {meta['device']}" in report
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE meta SET value = 'NVIDIA H100 80GB HBM3' WHERE key = 'device'")
+    other = tuner(*args, home=tmp_path / "home", check=False)
+    assert other.returncode == 2, other.stderr
+    assert "measured on NVIDIA H100 80GB HBM3, but this machine measures on CPU" in other.stderr
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM samples").fetchone()[0] == len(rows)

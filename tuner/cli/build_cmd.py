@@ -146,7 +146,12 @@ def build(
             f"carried ({carried['pack']}, built on {carried['built_on']})" if carried else "yes" if b.cached else "no",
         ),
         ("seconds", f"{b.seconds:.1f}"),
-        ("rebuilt TUs", b.meta.get("rebuilt_count", 0)),
+        (
+            "rebuilt TUs",
+            f"0 here ({b.meta.get('rebuilt_count', '?')} where it was built)"
+            if carried
+            else b.meta.get("rebuilt_count", 0),
+        ),
         ("log", b.log_file),
     ]
     if b.compile_only:

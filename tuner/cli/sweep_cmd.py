@@ -297,6 +297,7 @@ def run_cmd(
         "build": str(Path(bin_dir).resolve()),
         "n_head_kv": live.N_HEAD_KV,
         "timer": timer,
+        **_device(bin_dir, backend),
     }
     fa = timer == "fa-bench"
     if fa:
@@ -469,6 +470,7 @@ def mmq_cmd(
     identity = {
         "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
         "iters": iters, "target_ms": target_ms, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
+        **_device(bin_dir, backend),
     }  # fmt: skip
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
@@ -483,6 +485,15 @@ def mmq_cmd(
     finally:
         store.close()
     _mmq_emit(outcome, points, skipped, a, limits=limits, identity=identity, spec=spec, out=out)
+
+
+def _device(bin_dir: Path, backend: str) -> dict[str, str]:
+    """``{"device": ...}`` for a store's identity where the build names its backend's device, else nothing."""
+    from tuner.measure.device import backend_device
+    from tuner.sweep.store import DEVICE
+
+    dev = backend_device(Path(bin_dir), backend)
+    return {DEVICE: dev} if dev else {}
 
 
 def _mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:

@@ -161,6 +161,27 @@ def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> di
     }
 
 
+def _same_device(table: Any, bin_dir: Path, backend: str) -> dict[str, str]:
+    """``{"device": ...}`` for the confirm storage; UsageError where the sweeps recorded another device (a table
+    swept on one GPU model is confirmed on the same one, or its kernel-level and end-to-end numbers disagree
+    for reasons that are not the table's)."""
+    from tuner.measure.device import backend_device
+    from tuner.sweep.store import DEVICE
+
+    dev = backend_device(bin_dir, backend)
+    if not dev:
+        return {}
+    for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
+        swept = ident.get(DEVICE)
+        if swept and swept != dev:
+            raise UsageError(
+                f"The table's `{what}` samples were measured on {swept}, but this machine measures on {dev}. A "
+                "table is confirmed on the device it was swept on; run the confirmation on such a machine, or "
+                "sweep this device first."
+            )
+    return {DEVICE: dev}
+
+
 def _run_confirm(
     table: Any,
     likes: tuple[str, ...],
@@ -183,7 +204,7 @@ def _run_confirm(
     from tuner.targets.models import load_gguf_tensors, synth_cached
 
     src = source.fetch_source(spec) if spec else source.fetch_source()
-    identity = _confirm_identity(table, bin_dir, quant=quant, reps=reps)
+    identity = {**_confirm_identity(table, bin_dir, quant=quant, reps=reps), **_same_device(table, bin_dir, backend)}
     store = confirm.ConfirmStore(storage or out / "confirm.sqlite3", identity)
     qbin = bin_dir / "llama-quantize"
     mode = confirm.quant_mode(quant)

@@ -6,13 +6,17 @@ run with another identity is refused, so one file never mixes two builds' timing
 
 from __future__ import annotations
 
-__all__ = ["open_store", "read_limits", "write_limits"]
+__all__ = ["DEVICE", "open_store", "read_limits", "write_limits"]
 
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
 from tuner.errors import UsageError
+
+DEVICE = "device"
+"""The identity key of the device a store's samples were measured on (``llama-bench --list-devices``'s
+description); compared where the file records one, recorded where it does not."""
 
 
 def open_store(
@@ -50,7 +54,20 @@ def open_store(
     if have and legacy:
         have = {**{k: str(v) for k, v in legacy.items()}, **have}
     want = {k: str(v) for k, v in identity.items()}
-    differ = {k: (have.get(k), v) for k, v in want.items() if (k in have or (strict and have)) and have.get(k) != v}
+    if DEVICE in want and DEVICE in have and have[DEVICE] != want[DEVICE]:
+        db.close()
+        raise UsageError(
+            f"{path} holds samples measured on {have[DEVICE]}, but this machine measures on {want[DEVICE]}. Its "
+            "samples are compared with each other, so all of them must come from one device model; nothing was "
+            "measured. Resume it on a machine with that device, or pass another storage (-o or --storage) to "
+            "start one here."
+        )
+    # a file made before the device was recorded resumes, and records it from now on
+    differ = {
+        k: (have.get(k), v)
+        for k, v in want.items()
+        if k != DEVICE and (k in have or (strict and have)) and have.get(k) != v
+    }
     if differ:
         db.close()
         raise UsageError(

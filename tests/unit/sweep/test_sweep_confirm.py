@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -639,3 +640,18 @@ def test_backend_ops_runs_each_kept_kernel_of_a_shape() -> None:
     ]
     twice = [e(64, 4, 1024, 2048, "TILE"), e(64, 4, 65536, 131072, "TILE")]
     assert [rules_env(ly) for ly in widened_layers(twice)] == ["decode/D64/gqa4/kvf16:0-=TILE"]
+
+
+def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path, monkeypatch) -> None:
+    from tuner.cli import sweep_confirm_cmd
+    from tuner.measure import device
+
+    sweep_dir = _sweep_dir(tmp_path)
+    with sqlite3.connect(sweep_dir / "sweep.sqlite3") as c:
+        c.execute("INSERT INTO meta VALUES ('device', 'NVIDIA H100 80GB HBM3')")
+    table = confirm.load_table(sweep_dir, None)
+    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H200")
+    with pytest.raises(UsageError, match=r"`tuner sweep run` samples were measured on NVIDIA H100 80GB HBM3, but this"):
+        sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0")
+    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H100 80GB HBM3")
+    assert sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}

@@ -147,6 +147,21 @@ def test_storage_of_another_build_is_refused(tmp_path: Path) -> None:
         live.SampleStore(tmp_path / "s.db", {**IDENT, "build": "/other"})
 
 
+def test_storage_of_another_device_is_refused_and_an_older_one_records_it(tmp_path: Path) -> None:
+    """An H100 run resumed on an H200 (both lent as "one GPU") would mix two devices' timings in one file."""
+    h100, h200 = {**IDENT, "device": "NVIDIA H100 80GB HBM3"}, {**IDENT, "device": "NVIDIA H200"}
+    live.SampleStore(tmp_path / "s.db", h100).close()
+    with pytest.raises(
+        UsageError, match=r"measured on NVIDIA H100 80GB HBM3, but this machine measures on NVIDIA H200"
+    ):
+        live.SampleStore(tmp_path / "s.db", h200)
+    live.SampleStore(tmp_path / "s.db", h100).close()  # the same device resumes
+    live.SampleStore(tmp_path / "old.db", IDENT).close()  # made before the device was recorded
+    live.SampleStore(tmp_path / "old.db", h200).close()  # resumes, and records the device from now on
+    with pytest.raises(UsageError, match="measured on NVIDIA H200"):
+        live.SampleStore(tmp_path / "old.db", h100)
+
+
 def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdict(tmp_path: Path) -> None:
     cells = _cells([WIN])
     store = live.SampleStore(tmp_path / "s.db", IDENT)
