@@ -38,9 +38,10 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
     return f"- {model}: **{str(gate.get('verdict', '?')).upper()}**" + (f" ({detail})" if detail else "")
 
 
-def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
+def _identity_lines(identity: Mapping[str, Any], *, model_rounds: bool = True) -> list[str]:
     """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
-    llama-bench runs one more, discarded as warm-up)."""
+    llama-bench runs one more, discarded as warm-up). ``model_rounds``: some model's own rounds (the storage's
+    ``tests``) ran; where none did, only the small-batch passes' tests did, and each pass names its own."""
     known = {"arch", "build", "quant", "models", "reps", "table", "tests", "schema", "sweep"}
     out = []
     if "arch" in identity:
@@ -53,9 +54,15 @@ def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
         )
     if "reps" in identity:
         reps = int(identity["reps"])
+        tests = str(identity.get("tests", f"pp{PP},tg{TG}")).replace(",", " and ")
         out.append(
-            f"- llama-bench {str(identity.get('tests', f'pp{PP},tg{TG}')).replace(',', ' and ')}, -r {reps + 1} a call: "
+            f"- llama-bench {tests if model_rounds else '(each pass names its test)'}, -r {reps + 1} a call: "
             f"{reps} timed repetitions after one discarded as warm-up"
+            + (
+                ""
+                if model_rounds
+                else f"; no model's {tests} rounds ran, every entry measured here is a small-batch one"
+            )
         )
     if "table" in identity:
         out.append(f"- table id: {identity['table']} (a hash of the composed entries and MMQ choices)")
@@ -66,10 +73,13 @@ def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
 def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> str:
     """``e2e.md``: per model, the table's env and a compare-llama-bench table of upstream against the table."""
     lines = ["# End-to-end confirmation of the sweep's table", ""]
-    lines += _identity_lines(identity)
+    model_rounds = any(p.like in conf.points for p in conf.plans)
+    lines += _identity_lines(identity, model_rounds=model_rounds)
     lines += [
         f"- {rounds} paired rounds per model: upstream, its A/A twin and the table, order rotated per round; "
-        f"pp{PP} and tg{TG} share each depth's fill",
+        f"pp{PP} and tg{TG} share each depth's fill"
+        if model_rounds
+        else f"- {rounds} paired rounds per small-batch pass: upstream, its A/A twin and the table, order rotated per round",
         "",
     ]
     for p in conf.plans:

@@ -481,6 +481,12 @@ def test_e2e_md_says_how_many_runs_llama_bench_made(tmp_path: Path) -> None:
     text = e2e_text(conf, identity=ident | {"tests": "pp512,tg128"}, rounds=4)
     assert "-r 4 a call: 3 timed repetitions after one discarded as warm-up" in text
     assert "Q4_K_M (blocks written directly)" in text and "- reps:" not in text
+    assert "pp512 and tg128 share each depth's fill" in text
+    # a table of small-batch entries only: no model's pp512/tg128 rounds ran, and the header does not say they did
+    passes_only = e2e_text(dataclasses.replace(conf, points={}), identity=ident | {"tests": "pp512,tg128"}, rounds=4)
+    assert "llama-bench pp512 and tg128" not in passes_only and "share each depth's fill" not in passes_only
+    assert "(each pass names its test), -r 4 a call" in passes_only
+    assert "no model's pp512 and tg128 rounds ran" in passes_only and "rounds per small-batch pass" in passes_only
 
 
 def test_the_plan_says_which_mmq_choices_no_planned_test_exercises(tmp_path: Path) -> None:
