@@ -143,7 +143,7 @@ def _check_members(members: list[tarfile.TarInfo]) -> tuple[tarfile.TarInfo, lis
     return manifest, rest
 
 
-def _check_manifest(raw: bytes, rv: RenderedVariant) -> dict[str, Any]:
+def _check_manifest(raw: bytes) -> dict[str, Any]:
     try:
         man = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
@@ -201,7 +201,7 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
             fh = tar.extractfile(man_member)
             if fh is None or man_member.size > 1 << 22:
                 raise _BadPack(f"{_MANIFEST} is not readable")
-            man = _check_manifest(fh.read(), rv)
+            man = _check_manifest(fh.read())
             if why := _mismatch(man, rv):
                 raise UsageError(
                     f"{archive} is not a build of {rv.short} for this machine: {why}. Pack the build on a machine "
