@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner._hash import file_sha256
 from tuner.builder.records import load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
@@ -40,14 +41,6 @@ _KEY_RE = re.compile(r"[0-9a-f]{16}")
 _MAX_BYTES = 8 << 30  # unpacked; a one-arch CUDA build is a few hundred MB
 _MAX_MEMBERS = 10_000
 _READ_ERRORS = (tarfile.TarError, EOFError, lzma.LZMAError, OSError, UnicodeDecodeError, ValueError)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _headers_dir(build: Build) -> Path:
@@ -83,7 +76,7 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
         "machine": platform.machine(),
         "system": platform.system(),
         "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "files": {name: _sha256(p) for name, p in entries if p.is_file() and not p.is_symlink()},
+        "files": {name: file_sha256(p) for name, p in entries if p.is_file() and not p.is_symlink()},
         "record": {k: v for k, v in record.items() if k not in ("log", "carried")},
     }
     out = Path(out)
@@ -241,7 +234,7 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
             f"{archive} is not a valid tuner build pack: {err}. Write it again with `tuner build ... --pack FILE`."
         ) from None
     except _READ_ERRORS as err:
-        if isinstance(err, OSError) and err.errno is not None and not isinstance(err, tarfile.TarError):
+        if isinstance(err, OSError) and err.errno is not None:  # a write failed (a corrupt gzip has no errno)
             raise TunerError(f"Unpacking {archive} into {art} failed: {err}") from err
         raise UsageError(
             f"{archive} could not be read as a build pack ({err}); it may be cut short. Copy it again."

@@ -64,8 +64,8 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             raise UsageError(
                 f"The build in {art} was carried from another machine (`tuner build --from-pack`) and has no "
                 f"{', '.join(missing)}. On the machine that built it, pack it again with those targets "
-                f"(`tuner build ... --targets llama-bench,test-backend-ops,llama-quantize,{','.join(missing)} "
-                "--pack FILE`), or build here without --from-pack."
+                f"(`tuner build ... --targets {','.join([*rec.get('targets', []), *missing])} --pack FILE`), or build "
+                "here without --from-pack."
             )
         if missing:
             defines = dict(rec.get("defines", {}))

@@ -279,6 +279,7 @@ def run_cmd(
     """
     from tuner.measure.fa_bench import TARGET_MS
     from tuner.sweep import live
+    from tuner.sweep.store import device_identity
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
 
@@ -297,7 +298,7 @@ def run_cmd(
         "build": str(Path(bin_dir).resolve()),
         "n_head_kv": live.N_HEAD_KV,
         "timer": timer,
-        **_device(bin_dir, backend),
+        **device_identity(bin_dir, backend),
     }
     fa = timer == "fa-bench"
     if fa:
@@ -448,6 +449,7 @@ def mmq_cmd(
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
     from tuner.sweep import mmq, mmq_live
+    from tuner.sweep.store import device_identity
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
@@ -470,7 +472,7 @@ def mmq_cmd(
     identity = {
         "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
         "iters": iters, "target_ms": target_ms, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
-        **_device(bin_dir, backend),
+        **device_identity(bin_dir, backend),
     }  # fmt: skip
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
@@ -485,15 +487,6 @@ def mmq_cmd(
     finally:
         store.close()
     _mmq_emit(outcome, points, skipped, a, limits=limits, identity=identity, spec=spec, out=out)
-
-
-def _device(bin_dir: Path, backend: str) -> dict[str, str]:
-    """``{"device": ...}`` for a store's identity where the build names its backend's device, else nothing."""
-    from tuner.measure.device import backend_device
-    from tuner.sweep.store import DEVICE
-
-    dev = backend_device(Path(bin_dir), backend)
-    return {DEVICE: dev} if dev else {}
 
 
 def _mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:

@@ -165,21 +165,19 @@ def _same_device(table: Any, bin_dir: Path, backend: str) -> dict[str, str]:
     """``{"device": ...}`` for the confirm storage; UsageError where the sweeps recorded another device (a table
     swept on one GPU model is confirmed on the same one, or its kernel-level and end-to-end numbers disagree
     for reasons that are not the table's)."""
-    from tuner.measure.device import backend_device
-    from tuner.sweep.store import DEVICE
+    from tuner.sweep.store import DEVICE, device_identity
 
-    dev = backend_device(bin_dir, backend)
-    if not dev:
-        return {}
+    mine = device_identity(bin_dir, backend)
+    dev = mine.get(DEVICE)
     for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
         swept = ident.get(DEVICE)
-        if swept and swept != dev:
+        if dev and swept and swept != dev:
             raise UsageError(
                 f"The table's `{what}` samples were measured on {swept}, but this machine measures on {dev}. A "
                 "table is confirmed on the device it was swept on; run the confirmation on such a machine, or "
                 "sweep this device first."
             )
-    return {DEVICE: dev}
+    return mine
 
 
 def _run_confirm(

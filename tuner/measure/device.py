@@ -21,7 +21,7 @@ def parse_list_devices(text: str) -> dict[str, str]:
     ``{"CUDA0": "NVIDIA H100 80GB HBM3"}`` (the memory figures dropped: free memory changes between calls)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
-        if (m := _DEV_RE.match(line)) and not line.startswith("Available"):
+        if m := _DEV_RE.match(line):  # not the "Available devices:" header or "(none)": neither is "NAME: ..."
             out[m["name"]] = m["desc"]
     return out
 

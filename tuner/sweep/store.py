@@ -6,7 +6,7 @@ run with another identity is refused, so one file never mixes two builds' timing
 
 from __future__ import annotations
 
-__all__ = ["DEVICE", "open_store", "read_limits", "write_limits"]
+__all__ = ["DEVICE", "device_identity", "open_store", "read_limits", "write_limits"]
 
 import sqlite3
 from collections.abc import Mapping
@@ -17,6 +17,14 @@ from tuner.errors import UsageError
 DEVICE = "device"
 """The identity key of the device a store's samples were measured on (``llama-bench --list-devices``'s
 description); compared where the file records one, recorded where it does not."""
+
+
+def device_identity(bin_dir: Path, backend: str) -> dict[str, str]:
+    """``{DEVICE: ...}`` for a store's identity where the build names its backend's device, else nothing."""
+    from tuner.measure.device import backend_device
+
+    dev = backend_device(Path(bin_dir), backend)
+    return {DEVICE: dev} if dev else {}
 
 
 def open_store(
