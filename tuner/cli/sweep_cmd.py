@@ -11,7 +11,7 @@ import click
 
 from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
 from tuner.cli.sweep_common import default_build, measure_options
-from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd
+from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 from tuner.errors import UsageError
 
 
@@ -549,3 +549,4 @@ def _mmq_emit(
 
 sweep.add_command(confirm_cmd)
 sweep.add_command(export_cmd)
+sweep.add_command(merge_cmd)

@@ -1,9 +1,9 @@
-"""``tuner sweep confirm`` and ``tuner sweep export``: the sweep's table confirmed end to end on model
-shapes, and exported as a result folder (docs/sweep.md). Registered on the ``sweep`` group by sweep_cmd."""
+"""``tuner sweep confirm``, ``tuner sweep export`` and ``tuner sweep merge``: the sweep's table confirmed end
+to end on model shapes, exported as a result folder, and exported tables joined into one (docs/sweep.md). Registered on the ``sweep`` group by sweep_cmd."""
 
 from __future__ import annotations
 
-__all__ = ["confirm_cmd", "export_cmd"]
+__all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
 from pathlib import Path
 from typing import Any, cast
@@ -346,5 +346,38 @@ def export_cmd(
     click.echo(
         f"{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
         f"{len(t['reported'])} reported" + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
+    )
+    click.echo(str(out_dir))
+
+
+@click.command("merge")
+@click.argument("tables", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: the tables')."
+)
+@output_option(
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Result folder, e.g. results/sm_90/hopper-table (new, empty or an earlier merge; replaced whole).",
+)
+def merge_cmd(tables: tuple[Path, ...], spec: str | None, out_dir: Path) -> None:
+    """Merge exported sweep tables into one result folder with one upstream.patch.
+
+    TABLES are folders written by `tuner sweep export`, measured on the same source, arch and device over
+    disjoint cells (e.g. a decode sweep and a sweep of query batches 2-8). Writes parts/<name>/ (each table
+    whole), upstream.patch (every table's kept entries together), PR.md and table.toml to -o. Each table's
+    verdicts stand as its confirmation decided them. See docs/sweep.md.
+
+    Example: tuner sweep merge results/sm_90/fattn-mmq-table results/sm_90/fattn-ne1-table -o results/sm_90/hopper-table
+    """
+    from tuner.sweep.merge import merge_tables
+
+    m = merge_tables(tables, out_dir, spec=spec)
+    t = m["table"]
+    click.echo(
+        f"{len(m['parts'])} tables merged: {len(t['fa_rules'])} FlashAttention entr(ies) and "
+        f"{len(t['mmq_choices'])} MMQ choice(s) kept, {len(t['reported'])} reported"
+        + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
     )
     click.echo(str(out_dir))

@@ -797,15 +797,17 @@ def table_id(table: Table) -> str:
 
 
 def kept_patch(root: Path, conf: Confirmed, arch: Any) -> str:
-    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept): the FA
-    table (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
+    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
+    return render_kept(root, conf.kept_rules, conf.kept_mmq, arch)
+
+
+def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Any) -> str:
+    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none): the FA table
+    (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
     from tuner.sweep.table import render_table_patch
 
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
-    parts = [
-        render_table_patch(root, conf.kept_rules, arch, note=note),
-        mmq.render_mmq_patch(root, conf.kept_mmq, arch, note=note),
-    ]
+    parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)
 
 

@@ -7,8 +7,9 @@ PR 15035); a reviewer upstream cannot open anything else.
 
 from __future__ import annotations
 
-__all__ = ["coverage_lines", "e2e_text", "plan_text", "pr_text"]
+__all__ = ["coverage_lines", "e2e_text", "merged_pr_text", "plan_text", "pr_text"]
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -190,6 +191,27 @@ def _reported_lines(dropped: Sequence[Any]) -> list[str]:
     return out
 
 
+def _e2e_lines(conf: Confirmed) -> list[str]:
+    lines = []
+    for p in conf.plans:
+        if p.like in conf.points:
+            lines += [compare_table(conf.points[p.like], name_a="upstream", name_b="table"), ""]
+        else:
+            lines += [f"{p.like} ({p.shape_text}): the table does not change this model.", ""]
+    return lines
+
+
+def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["Output equivalence (table vs upstream, per model):", ""]
+    lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
+    lines += ["", "test-backend-ops with the kept table's env (every case against the CPU backend):", ""]
+    kept = any(f.kept for f in conf.fates)
+    lines += [
+        f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in backend_ops
+    ] or ["- not run (no entry kept)" if not kept else "- not run"]
+    return lines
+
+
 def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
@@ -211,19 +233,11 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
         "",
         "## End to end",
         "",
+        *_e2e_lines(conf),
+        "## Gates",
+        "",
+        *_gates_lines(conf, backend_ops),
     ]
-    for p in conf.plans:
-        if p.like in conf.points:
-            lines.append(compare_table(conf.points[p.like], name_a="upstream", name_b="table"))
-            lines.append("")
-        else:
-            lines += [f"{p.like} ({p.shape_text}): the table does not change this model.", ""]
-    lines += ["## Gates", "", "Output equivalence (table vs upstream, per model):", ""]
-    lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
-    lines += ["", "test-backend-ops with the kept table's env (every case against the CPU backend):", ""]
-    lines += [
-        f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in backend_ops
-    ] or ["- not run (no entry kept)" if not kept else "- not run"]
     lines += ["", "## Kept", ""]
     lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
     lines += ["", "## Reported, not patched", ""]
@@ -231,6 +245,59 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     lines += ["", "## Patch", ""]
     lines.append(
         "`upstream.patch` (this directory) adds the kept entries; `git apply` on the pristine tree."
+        if patch
+        else "No patch: no entry was confirmed end to end."
+    )
+    lines += ["", "## References", "", *_REFS, ""]
+    return "\n".join(lines)
+
+
+def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
+    """``PR.md`` of a merged table (:mod:`tuner.sweep.merge`): one method, then each part's coverage, end-to-end
+    tables and gates under its name, the kept and reported entries of all parts, the one patch."""
+    tables = [p.evidence.table for p in parts]
+    confs = [p.evidence.confirmed for p in parts]
+    fates = [f for c in confs for f in c.fates]
+    kept = [f for f in fates if f.kept]
+    mmq_id: Mapping[str, str] = next((t.mmq_identity for t in tables if t.mmq_identity), {})
+    union = dataclasses.replace(tables[0], rules=tuple(r for t in tables for r in t.rules), mmq_identity=mmq_id)
+    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in fates) else "")
+    names = ", ".join(f"`{p.name}`" for p in parts)
+    lines = [
+        f"# CUDA: {what} selection for {union.arch.name}, measured",
+        "",
+        f"{len(kept)} of {len(fates)} kernel-level entries are kept after the end-to-end confirmation"
+        + (" and go into the patch." if patch else "; the patch is empty.")
+        + f" The table joins {len(parts)} sweeps over disjoint cells ({names}), each confirmed end to end on its "
+        "own; its sections below are named after them, and `parts/<name>/` holds each one's evidence and report.",
+        "",
+        "## Method",
+        "",
+        *_method(union),
+    ]
+    sections: list[tuple[str, list[list[str]]]] = [
+        ("Coverage", [coverage_lines(p.evidence.table) for p in parts]),
+        ("End to end", [_e2e_lines(p.evidence.confirmed) for p in parts]),
+        ("Gates", [[*_gates_lines(p.evidence.confirmed, p.backend_ops), ""] for p in parts]),
+    ]
+    for title, bodies in sections:
+        lines += ["", f"## {title}", ""]
+        for p, body in zip(parts, bodies):
+            lines += [f"### {p.name}", "", *body]
+            lines += [] if lines[-1] == "" else [""]
+    lines += [
+        "`tuner validate --gpu` builds the pristine tree with this patch (all parts' entries together) and runs "
+        "test-backend-ops FLASH_ATTN_EXT and MUL_MAT on it.",
+        "",
+        "## Kept",
+        "",
+    ]
+    lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
+    lines += ["", "## Reported, not patched", ""]
+    lines += _reported_lines([f for f in fates if not f.kept])
+    lines += ["", "## Patch", ""]
+    lines.append(
+        "`upstream.patch` (this directory) adds the kept entries of every part; `git apply` on the pristine tree."
         if patch
         else "No patch: no entry was confirmed end to end."
     )

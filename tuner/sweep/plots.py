@@ -2,7 +2,8 @@
 
 - ``fa-D<head size>.png``: per K/V type, a heatmap of GQA ratio x n_kv at ``Q->ne[1] = 1``: the kernel the
   sweep's composed table chooses in each cell (upstream's where no rule covers it) and the speedup of that
-  kernel over upstream's choice (median upstream time / median time of the chosen kernel over the rounds).
+  kernel over upstream's choice (median upstream time / median time of the chosen kernel over the rounds);
+  ``fa-D<head size>-ne1-<N>.png`` the same at a query batch ``Q->ne[1] = N`` > 1.
 - ``mmq.png``: per quant type and batch size, the speedup of cuBLAS over MMQ (upstream's choice), the
   geometric mean over the swept weight sizes of the median ratios.
 
@@ -54,17 +55,18 @@ def fa_speedups(
 
 
 def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[TableRule], out_dir: Path) -> list[Path]:
-    """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1`` (module doc)."""
+    """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1``, and one
+    ``fa-D<head size>-ne1-<N>.png`` per head size and query batch N > 1 (module doc)."""
     plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm
 
     sp = fa_speedups(cells, samples, rules)
     out = []
-    for D in sorted({c.shape.D for c in cells if c.shape.ne1 == 1}):
-        kvs = sorted({c.shape.kv for c in cells if c.shape.D == D and c.shape.ne1 == 1})
+    for D, ne1 in sorted({(c.shape.D, c.shape.ne1) for c in cells}, key=lambda k: (k[1] != 1, k)):
+        kvs = sorted({c.shape.kv for c in cells if (c.shape.D, c.shape.ne1) == (D, ne1)})
         fig, axes = plt.subplots(len(kvs), 1, figsize=(12, 1.2 + 1.6 * len(kvs) * 1.4), squeeze=False)
         for ax, kv in zip(axes[:, 0], kvs):
-            mine = [c for c in cells if (c.shape.D, c.shape.kv, c.shape.ne1) == (D, kv, 1)]
+            mine = [c for c in cells if (c.shape.D, c.shape.kv, c.shape.ne1) == (D, kv, ne1)]
             gqas, nkvs = sorted({c.shape.gqa for c in mine}), sorted({c.n_kv for c in mine})
             grid = [[math.nan] * len(nkvs) for _ in gqas]
             for c in mine:
@@ -77,10 +79,12 @@ def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[Table
             ax.set_xticks(range(len(nkvs)), [str(n) for n in nkvs], rotation=60, fontsize=7)
             ax.set_yticks(range(len(gqas)), [str(g) for g in gqas])
             ax.set_ylabel("GQA ratio")
-            ax.set_title(f"head size {D}, K/V {kv}, Q->ne[1] = 1: chosen kernel and speedup vs upstream", fontsize=9)
+            ax.set_title(
+                f"head size {D}, K/V {kv}, Q->ne[1] = {ne1}: chosen kernel and speedup vs upstream", fontsize=9
+            )
         axes[-1, 0].set_xlabel("n_kv")
         fig.tight_layout()
-        out.append(save_png(plt, fig, out_dir / f"fa-D{D}.png"))
+        out.append(save_png(plt, fig, out_dir / (f"fa-D{D}.png" if ne1 == 1 else f"fa-D{D}-ne1-{ne1}.png")))
     return out
 
 

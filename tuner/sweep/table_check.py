@@ -18,9 +18,10 @@ static lookup check above covers the selection at every stored cell.
 
 from __future__ import annotations
 
-__all__ = ["REQUIRED", "find_tables", "validate_table"]
+__all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
 
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -33,7 +34,7 @@ from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.result.checks import Finding, git_apply_to_copy
 from tuner.result.validate import ResultCheck
-from tuner.sweep import export
+from tuner.sweep import export, merge
 
 REQUIRED: dict[str, dict[str, type[Any]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
@@ -66,21 +67,23 @@ REQUIRED: dict[str, dict[str, type[Any]]] = {
 
 
 def find_tables(paths: Iterable[Path]) -> list[Path]:
-    """Sweep table folders (a ``table.toml`` of kind ``sweep table``) under each path."""
+    """Sweep table folders (a ``table.toml`` of kind ``sweep table``, or a merged one) under each path; the
+    parts inside a merged table are checked by it, not again on their own."""
     out: list[Path] = []
     for p in paths:
         if not p.exists():
             raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
         cands = [p] if (p / export.MANIFEST).is_file() else sorted(m.parent for m in p.rglob(export.MANIFEST))
-        out += [c for c in cands if export.is_export(c)]
+        merged = [c for c in cands if merge.is_merged(c)]
+        out += [c for c in cands if c in merged or (export.is_export(c) and not any(mg in c.parents for mg in merged))]
     return out
 
 
-def _schema(m: Mapping[str, Any]) -> list[str]:
+def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]] = REQUIRED) -> list[str]:
     errs = []
     if m.get("schema") != export.SCHEMA:
         errs.append(f"schema is {m.get('schema')!r}; this tuner reads schema {export.SCHEMA}")
-    for sec, keys in REQUIRED.items():
+    for sec, keys in required.items():
         if not isinstance(m.get(sec), dict):
             errs.append(f"missing table [{sec}]")
             continue
@@ -239,44 +242,154 @@ def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> li
 
 
 def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
-    """Every check of one sweep table folder (module doc); failures are findings, not exceptions.
-    ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them."""
+    """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
+    failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them."""
+    if merge.is_merged(folder):
+        return validate_merged(folder, gpu=gpu)
+    f, _ = _table_findings(folder, gpu=gpu)
+    return ResultCheck(path=folder, findings=tuple(f))
+
+
+def _source(m: Mapping[str, Any]) -> tuple[Any, Finding]:
     from tuner.source import fetch_source
 
+    try:
+        source = fetch_source(m["source"]["spec"])
+    except TunerError as err:
+        return None, Finding(check="source", ok=False, detail=str(err))
+    same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
+    return source, Finding(
+        check="source", ok=same, detail="" if same else f"{source.spec} is {source.source_id} era {source.era}"
+    )
+
+
+def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None) -> tuple[list[Finding], Any]:
+    """One table's findings, and its recomposed evidence (None where it could not be recomposed)."""
     f: list[Finding] = []
     try:
         m = tomllib.loads((folder / export.MANIFEST).read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
-        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+        return [Finding(check="schema", ok=False, detail=str(err))], None
     errs = _schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "sweep table"))
     if errs:
-        return ResultCheck(path=folder, findings=tuple(f))
+        return f, None
     f += _files(folder, m)
     pfile = folder / "upstream.patch"
     patch = pfile.read_text() if pfile.is_file() else None
     f.append(_patch_hash(patch, m))
-    try:
-        source = fetch_source(m["source"]["spec"])
-    except TunerError as err:
-        return ResultCheck(path=folder, findings=(*f, Finding(check="source", ok=False, detail=str(err))))
-    same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
-    f.append(
-        Finding(check="source", ok=same, detail="" if same else f"{source.spec} is {source.source_id} era {source.era}")
-    )
+    source, found = _source(m)
+    f.append(found)
+    if source is None:
+        return f, None
     with tempfile.TemporaryDirectory(prefix="tuner-table-evidence-") as tmp:
         try:
             ev = export.load_evidence(export.decompress_evidence(folder, Path(tmp)))
         except TunerError as err:
             f.append(Finding(check="recomposed from evidence", ok=False, detail=str(err)))
-            return ResultCheck(path=folder, findings=tuple(f))
+            return f, None
     f.append(_recomposed(ev, m))
     f += _patch_findings(folder, patch, ev, source)
     if gpu is not None:
-        try:
-            f += _gpu_findings(folder, patch, ev, source, log_dir=gpu.get("log_dir"))
-        except TunerError as err:  # a failed build or run is a failed check, not a crash
-            f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
+        f += _gpu_checked(folder, patch, ev, source, gpu)
+    return f, ev
+
+
+def _gpu_checked(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
+    try:
+        return _gpu_findings(folder, patch, ev, source, log_dir=gpu.get("log_dir"))
+    except TunerError as err:  # a failed build or run is a failed check, not a crash
+        return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
+
+
+def _merged_schema(m: Mapping[str, Any]) -> list[str]:
+    req: dict[str, Mapping[str, type[Any]]] = {
+        "source": REQUIRED["source"],
+        "target": REQUIRED["target"],
+        "hashes": {"patch_sha256": str},
+    }
+    errs = _schema(m, req)
+    table = m.get("table")
+    for k in ("fa_rules", "mmq_choices", "reported", "models"):
+        v = table.get(k) if isinstance(table, dict) else None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            errs.append(f"table.{k} should be a list of strings")
+    parts = m.get("parts")
+    if not isinstance(parts, list) or len(parts) < 2:
+        errs.append("parts should list two or more tables")
+    elif not all(
+        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("manifest_sha256"), str)
+        for p in parts
+    ):
+        errs.append("each [[parts]] needs a name and a manifest_sha256 (strings)")
+    elif any(not re.fullmatch(r"[\w.+-]+", p["name"]) or p["name"] in (".", "..") for p in parts):
+        errs.append("a part's name must be a plain folder name under parts/")
+    return errs
+
+
+def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
+    """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
+    its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
+    manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
+    byte, applies, and its C++ lookup agrees with the matcher at every part's stored cells. ``gpu``: the merged
+    patch built and test-backend-ops run on it, as for one table."""
+    f: list[Finding] = []
+    try:
+        m = tomllib.loads((folder / export.MANIFEST).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+    errs = _merged_schema(m)
+    f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
+    if errs:
+        return ResultCheck(path=folder, findings=tuple(f))
+    missing = [w for w in ("PR.md",) if not (folder / w).is_file() or not (folder / w).stat().st_size]
+    f.append(
+        Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
+    )
+    parts = []
+    for rec, d in zip(m["parts"], merge.part_dirs(folder, m)):
+        mf = d / export.MANIFEST
+        got = hashlib.sha256(mf.read_bytes()).hexdigest() if mf.is_file() else "missing"
+        if got != rec["manifest_sha256"]:
+            f.append(Finding(check=f"part {d.name}", ok=False, detail=f"{mf.name} is {got[:12]}, recorded "
+                             f"{rec['manifest_sha256'][:12]} (an edited or replaced part)"))  # fmt: skip
+            continue
+        pf, ev = _table_findings(d, gpu=None)
+        bad = [x for x in pf if not x.ok]
+        detail = "; ".join(f"{x.check}: {x.detail}" for x in bad)[:600] or f"{len(pf)} checks passed"
+        f.append(Finding(check=f"part {d.name}", ok=not bad, detail=detail))
+        if ev is not None:
+            pm = tomllib.loads(mf.read_text())
+            parts.append(merge.Part(name=d.name, folder=d, manifest=pm, evidence=ev, backend_ops=()))
+    if not all(x.ok for x in f):
+        return ResultCheck(path=folder, findings=tuple(f))
+    source, found = _source(m)
+    f.append(found)
+    try:
+        merged = merge.merged_view(parts)
+    except TunerError as err:
+        f.append(Finding(check="parts join", ok=False, detail=str(err)))
+        return ResultCheck(path=folder, findings=tuple(f))
+    got_t = merge.manifest_table(merged)
+    diffs = [f"table.{k}: table.toml has {m['table'].get(k)!r}, the parts give {v!r}" for k, v in got_t.items()
+             if m["table"].get(k) != v]  # fmt: skip
+    diffs += [f"{k} differs from the parts'" for k in ("source", "target") if m[k] != parts[0].manifest[k]]
+    f.append(
+        Finding(
+            check="recomposed from the parts",
+            ok=not diffs,
+            detail="; ".join(diffs[:4])
+            or f"{len(got_t['fa_rules'])} FlashAttention entr(ies) and {len(got_t['mmq_choices'])} MMQ choice(s) "
+            f"kept from {len(parts)} tables",
+        )
+    )
+    pfile = folder / "upstream.patch"
+    patch = pfile.read_text() if pfile.is_file() else None
+    f.append(_patch_hash(patch, m))
+    if source is not None:
+        f += _patch_findings(folder, patch, merged, source)
+        if gpu is not None:
+            f += _gpu_checked(folder, patch, merged, source, gpu)
     return ResultCheck(path=folder, findings=tuple(f))
 
 

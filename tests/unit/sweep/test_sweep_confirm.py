@@ -29,15 +29,19 @@ N_KV = (4096, 8192, 16384, 32768)
 DEPTHS = (0, 16384, 32768)
 
 
-def _sweep_dir(tmp_path: Path, extra: Sequence[FaShape] = ()) -> Path:
+def _sweep_dir(
+    tmp_path: Path, extra: Sequence[FaShape] = (), *, only: Sequence[FaShape] | None = None, name: str = "sweep"
+) -> Path:
     """A sweep storage where MMA is 25% faster than upstream's VEC from n_kv 16384 on (the rule
-    ``D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA``), and slower below; TILE always slower."""
-    out = tmp_path / "sweep"
+    ``D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA``), and slower below; TILE always slower.
+    ``only``: these shapes instead of SHAPE and ``extra``; ``name``: the directory under ``tmp_path``."""
+    out = tmp_path / name
+    shapes = tuple(only) if only is not None else (SHAPE, *extra)
     store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
     rng = random.Random(1)
     rows = []
     for c in plan(SM90, n_kv=N_KV):
-        if c.shape not in (SHAPE, *extra):
+        if c.shape not in shapes:
             continue
         for r in range(3):
             for cfg in c.configs:

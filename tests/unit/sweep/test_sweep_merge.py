@@ -1,0 +1,123 @@
+"""``tuner sweep merge``: exported tables over disjoint cells joined into one folder with one upstream.patch,
+and ``tuner validate`` of the merged folder (parts, join, re-render, lookup), on fake timings."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.unit.sweep.test_sweep_confirm import NE4, SHAPE, FakeBench, _sweep_dir
+from tests.unit.sweep.test_sweep_export import _confirmed, _fake_source, _mmq_dir
+from tuner._compat import tomllib
+from tuner.cli.export_cmd import validate
+from tuner.cli.sweep_cmd import sweep
+from tuner.errors import TunerError
+from tuner.sweep.table_check import find_tables, validate_table
+
+DECODE = "D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"
+BATCH = "D64 gqa4 f16 ne1 4, n_kv in [16384, inf) -> VEC"
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    """Exit code and output as `tuner` gives them (a TunerError: its exit code, 2 for bad input, and message)."""
+    res = CliRunner().invoke(sweep, list(args), standalone_mode=False)
+    if isinstance(res.exception, TunerError):
+        return res.exception.exit_code, str(res.exception)
+    assert res.exception is None, res.exception
+    return res.exit_code, res.output
+
+
+def _exported(tmp: Path, name: str, *, only: list, measured_on: str = "GPU X", mmq: bool = False) -> Path:
+    """A sweep of ``only``'s shapes, confirmed on fake timings (10% faster where the table changes a model) and
+    exported to results/sm_90/<name>."""
+    sweep_dir = _sweep_dir(tmp, only=only, name=f"sweep-{name}")
+    mdir = _mmq_dir(tmp) if mmq else None
+    cdir = _confirmed(tmp, sweep_dir=sweep_dir, mmq_dir=mdir, bench=FakeBench(gain=1.10, batch_gain=1.10))
+    out = tmp / "results" / "sm_90" / name
+    args = ["export", str(cdir), "-o", str(out), "--measured-on", measured_on]
+    code, text = _invoke(*args, *(["--mmq", str(mdir)] if mdir else []))
+    assert code == 0, text
+    return out
+
+
+def _failed(folder: Path) -> dict[str, str]:
+    return {f.check: f.detail for f in validate_table(folder).findings if not f.ok}
+
+
+@pytest.fixture
+def two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    _fake_source(tmp_path, monkeypatch)
+    return _exported(tmp_path, "decode", only=[SHAPE], mmq=True), _exported(tmp_path, "batch", only=[NE4])
+
+
+def test_two_tables_merge_into_one_patch_that_validates(tmp_path: Path, two: tuple[Path, Path]) -> None:
+    out = tmp_path / "results" / "sm_90" / "merged"
+    code, text = _invoke("merge", *map(str, two), "-o", str(out))
+    assert code == 0, text
+    assert "2 tables merged: 2 FlashAttention entr(ies)" in text
+    m = tomllib.loads((out / "table.toml").read_text())
+    assert m["kind"] == "merged sweep table" and m["table"]["fa_rules"] == [DECODE, BATCH]
+    assert [p["name"] for p in m["parts"]] == ["decode", "batch"]
+    patch = (out / "upstream.patch").read_text()
+    assert "{  64, 4, GGML_TYPE_F16,  1,  16384,     -1, BEST_FATTN_KERNEL_MMA_F16}," in patch
+    assert "{  64, 4, GGML_TYPE_F16,  4,  16384,     -1, BEST_FATTN_KERNEL_VEC}," in patch
+    assert patch.count("struct ggml_cuda_fattn_kernel_choice {") == 1  # one table, not two patches stacked
+    assert (out / "parts/batch/plots/fa-D64-ne1-4.png").stat().st_size > 0  # a plot per query batch too
+    pr = (out / "PR.md").read_text()
+    assert "The table joins 2 sweeps" in pr and "### decode" in pr and "### batch" in pr
+    assert f"- {DECODE}:" in pr and f"- {BATCH}:" in pr
+    check = validate_table(out)
+    assert check.ok, [f for f in check.findings if not f.ok]
+    names = {f.check for f in check.findings}
+    assert {"part decode", "part batch", "recomposed from the parts", "re-render", "upstream.patch applies"} <= names
+    # the parts are checked inside the merged table, not again on their own; the two exports beside it are
+    assert sorted(p.name for p in find_tables([tmp_path / "results"])) == ["batch", "decode", "merged"]
+    res = CliRunner().invoke(validate, [str(out)])
+    assert res.exit_code == 0 and "1 passed, 0 failed" in res.output, res.output
+    code, text = _invoke("merge", *map(str, two), "-o", str(out))  # over its own earlier merge
+    assert code == 0, text
+
+
+def test_tampering_with_a_merged_table_fails(tmp_path: Path, two: tuple[Path, Path]) -> None:
+    out = tmp_path / "merged"
+    assert _invoke("merge", *map(str, two), "-o", str(out))[0] == 0
+    part = out / "parts" / "batch" / "table.toml"
+    kept = part.read_text()
+    part.write_text(kept.replace('measured_on = "GPU X"', 'measured_on = "GPU Y"'))
+    assert "replaced part" in _failed(out)["part batch"]
+    part.write_text(kept)
+    manifest = out / "table.toml"
+    text = manifest.read_text()
+    manifest.write_text(text.replace(f'    "{BATCH}",\n', ""))
+    assert "the parts give" in _failed(out)["recomposed from the parts"]
+    manifest.write_text(text.replace('name = "batch"', 'name = "../batch"'))
+    assert "plain folder name" in _failed(out)["schema"]
+    manifest.write_text(text)
+    (out / "upstream.patch").write_text((out / "upstream.patch").read_text().replace("VEC}", "TILE}"))
+    assert "patch hash" in _failed(out)
+
+
+def test_tables_that_do_not_join_are_refused(tmp_path: Path, two: tuple[Path, Path]) -> None:
+    decode, batch = two
+    code, text = _invoke("merge", str(decode), str(decode), "-o", str(tmp_path / "m1"))
+    assert code == 2 and "share a folder name" in text
+    copy = tmp_path / "other" / "decode-again"
+    copy.parent.mkdir()
+    shutil.copytree(decode, copy)
+    code, text = _invoke("merge", str(decode), str(copy), "-o", str(tmp_path / "m2"))
+    assert code == 2 and "disjoint cells" in text and not (tmp_path / "m2").exists()
+    other = _exported(tmp_path, "batch-elsewhere", only=[NE4], measured_on="GPU Z")
+    code, text = _invoke("merge", str(decode), str(other), "-o", str(tmp_path / "m3"))
+    assert code == 2 and "different devices" in text and "GPU Z" in text
+    code, text = _invoke("merge", str(decode), "-o", str(tmp_path / "m4"))
+    assert code == 2 and "two or more" in text
+    code, text = _invoke("merge", str(decode), str(batch), "-o", str(decode))
+    assert code == 2 and "one of the tables to merge" in text
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    code, text = _invoke("merge", str(decode), str(batch), "-o", str(tmp_path / "busy"))
+    assert code == 2 and "not an earlier merged table" in text
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"

@@ -1,0 +1,258 @@
+"""``tuner sweep merge``: several exported sweep tables as one result folder with one ``upstream.patch``.
+
+A sweep table is confirmed end to end over the cells of its own sweep (e.g. decode at ``Q->ne[1] = 1`` with
+the MMQ sweep, and the small query batches 2-8 in a sweep of their own). A maintainer takes one patch, so
+the merged folder holds:
+
+- ``parts/<name>/``: each part, copied whole as ``tuner sweep export`` wrote it (its own manifest, evidence,
+  PR.md and patch of its entries alone), validated as a table of its own;
+- ``upstream.patch``: every part's kept entries rendered together on the pristine tree (one FlashAttention
+  table, one MMQ condition), ``PR.md`` over all parts, and ``table.toml`` (kind ``merged sweep table``): the
+  kept and reported entries of all parts, the parts with the sha256 of their manifests, the patch's sha256.
+
+Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
+n_kv) measured in two parts, no quant type's MMQ choice in two parts. Each part's verdicts stand as its
+confirmation decided them; merging decides nothing again.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KIND",
+    "Merged",
+    "Part",
+    "is_merged",
+    "load_parts",
+    "manifest_table",
+    "merge_tables",
+    "merged_patch",
+    "merged_view",
+    "part_dirs",
+]
+
+import dataclasses
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner._compat import tomllib
+from tuner._hash import text_sha256
+from tuner.errors import TunerError, UsageError
+from tuner.sweep import confirm, export
+
+KIND = "merged sweep table"
+PARTS = "parts"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Part:
+    """One exported table: its folder name in ``parts/``, its manifest and its evidence recomposed."""
+
+    name: str
+    folder: Path
+    manifest: dict[str, Any]
+    evidence: export.Evidence
+    backend_ops: tuple[dict[str, Any], ...]
+    """The test-backend-ops records its confirmation stored (by name), as its own PR.md lists them."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Cells:
+    arch: Any
+    cells: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Kept:
+    kept_rules: list[Any]
+    kept_mmq: list[Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Merged:
+    """What the checks and the patch need of an :class:`export.Evidence`, over all parts: ``table.arch``,
+    ``table.cells`` (every part's stored cells), ``confirmed.kept_rules`` and ``confirmed.kept_mmq``."""
+
+    table: _Cells
+    confirmed: _Kept
+    parts: tuple[Part, ...]
+
+
+def is_merged(folder: Path) -> bool:
+    """``folder`` holds the manifest of a merged sweep table."""
+    try:
+        return tomllib.loads((folder / export.MANIFEST).read_text()).get("kind") == KIND
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
+    return [folder / PARTS / str(p["name"]) for p in manifest.get("parts", []) if isinstance(p, dict)]
+
+
+def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
+    """Each exported table's manifest and evidence (decompressed under ``tmp``).
+
+    Raises:
+        UsageError: A folder that is not a sweep table export, or whose evidence does not recompose.
+    """
+    out = []
+    for i, f in enumerate(folders):
+        if not export.is_export(f):
+            raise UsageError(
+                f"{f} is not an exported sweep table (no {export.MANIFEST} of kind {export.KIND!r}): pass folders "
+                "written by `tuner sweep export`."
+            )
+        m = tomllib.loads((f / export.MANIFEST).read_text())
+        dirs = export.decompress_evidence(f, tmp / str(i))
+        ev = export.load_evidence(dirs)
+        cdir = dirs["confirm"]
+        assert cdir is not None  # load_evidence needs it
+        store = confirm.ConfirmStore(cdir / export.EVIDENCE["confirm"], {})
+        try:
+            ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
+        finally:
+            store.close()
+        out.append(Part(name=f.name, folder=f, manifest=m, evidence=ev, backend_ops=ops))
+    return out
+
+
+def _same(parts: Sequence[Part], what: str, get: Any, fix: str) -> None:
+    seen = {p.name: get(p) for p in parts}
+    if len(set(seen.values())) > 1:
+        each = ", ".join(f"{n}: {v}" for n, v in seen.items())
+        raise UsageError(f"The tables were measured on different {what} ({each}); a merged table needs one. {fix}")
+
+
+def merged_view(parts: Sequence[Part]) -> Merged:
+    """The parts as one table (module doc).
+
+    Raises:
+        UsageError: Parts of different sources, archs or devices; a cell or an MMQ type in two parts; names
+            that repeat.
+    """
+    if len(parts) < 2:
+        raise UsageError("A merged table joins two or more exported tables; pass at least two folders.")
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        raise UsageError(f"Two tables share a folder name ({', '.join(names)}); each part is kept as parts/<name>.")
+    _same(parts, "llama.cpp sources", lambda p: p.manifest["source"]["source_id"], "Export each on the same --source.")
+    _same(parts, "archs", lambda p: p.manifest["target"]["arch"], "Merge tables of one arch.")
+    _same(
+        parts,
+        "devices",
+        lambda p: p.manifest["target"]["measured_on"],
+        "Merge tables of one GPU model; where a table says 'not recorded', export it again with --measured-on.",
+    )
+    owner: dict[tuple[Any, int], str] = {}
+    for p in parts:
+        for c in p.evidence.table.cells:
+            key = (c.shape, c.n_kv)
+            if key in owner and owner[key] != p.name:
+                raise UsageError(
+                    f"{owner[key]} and {p.name} both measured {c.shape} at n_kv {c.n_kv}: merged tables must cover "
+                    "disjoint cells (merge sweeps of other shapes, K/V types or query batches)."
+                )
+            owner[key] = p.name
+    mtypes: dict[str, str] = {}
+    for p in parts:
+        for ch in p.evidence.table.mmq:
+            if mtypes.setdefault(ch.type, p.name) != p.name:
+                raise UsageError(f"{mtypes[ch.type]} and {p.name} both have MMQ choices for {ch.type}.")
+    return Merged(
+        table=_Cells(arch=parts[0].evidence.table.arch, cells=tuple(c for p in parts for c in p.evidence.table.cells)),
+        confirmed=_Kept(
+            kept_rules=[r for p in parts for r in p.evidence.confirmed.kept_rules],
+            kept_mmq=[m for p in parts for m in p.evidence.confirmed.kept_mmq],
+        ),
+        parts=tuple(parts),
+    )
+
+
+def merged_patch(root: Path, merged: Merged) -> str:
+    """Every part's kept entries on the pristine tree at ``root`` ('' where no part kept one)."""
+    try:
+        return confirm.render_kept(root, merged.confirmed.kept_rules, merged.confirmed.kept_mmq, merged.table.arch)
+    except TunerError as err:  # entries of two parts that overlap (the renderer checks)
+        raise UsageError(f"The parts' kept entries cannot form one table: {err}") from err
+
+
+def manifest_table(merged: Merged) -> dict[str, Any]:
+    """The merged manifest's ``[table]``: what :func:`merged_view` gives from the parts' evidence."""
+    fates = [(p.name, f) for p in merged.parts for f in p.evidence.confirmed.fates]
+    return {
+        "fa_rules": [r.text for r in merged.confirmed.kept_rules],
+        "mmq_choices": [m.text for m in merged.confirmed.kept_mmq],
+        "reported": [f"{f.text}: {f.why}" for _, f in fates if not f.kept],
+        "models": sorted({str(m["like"]) for p in merged.parts for m in p.evidence.models}),
+    }
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_out(out: Path) -> None:
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_merged(out)):
+        return
+    raise UsageError(
+        f"{out} exists and is not an earlier merged table (it has no {export.MANIFEST} of kind {KIND!r}). "
+        "`tuner sweep merge` replaces its -o whole, so it writes only to a new or empty folder or over an earlier "
+        "merge; pass another -o, or remove that folder yourself if nothing in it is needed."
+    )
+
+
+def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None) -> dict[str, Any]:
+    """Write the merged folder ``out`` (module doc) and return its manifest.
+
+    Raises:
+        UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
+            export; parts that do not join (:func:`merged_view`); a source other than the parts'.
+    """
+    import tomli_w
+
+    from tuner import source
+    from tuner.sweep.confirm_report import merged_pr_text
+
+    out = Path(out)
+    folders = [Path(f) for f in folders]
+    if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):
+        raise UsageError(f"-o {out} is one of the tables to merge, or holds one; pass a new folder.")
+    _check_out(out)
+    with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp:
+        merged = merged_view(load_parts(folders, Path(tmp) / "ev"))
+        first = merged.parts[0].manifest["source"]
+        src = source.fetch_source(spec or first["spec"])
+        if src.source_id != first["source_id"]:
+            raise UsageError(
+                f"{src.spec} is source {src.source_id}; the tables were measured on {first['source_id']} "
+                f"({first['spec']}). Pass --source with that tree."
+            )
+        patch = merged_patch(src.root, merged)
+        stage = Path(tmp) / "out"
+        for p in merged.parts:
+            shutil.copytree(p.folder, stage / PARTS / p.name)
+        if patch:
+            (stage / "upstream.patch").write_text(patch)
+        (stage / "PR.md").write_text(merged_pr_text(merged.parts, patch=bool(patch)))
+        manifest = {
+            "schema": export.SCHEMA,
+            "kind": KIND,
+            "source": dict(first),
+            "target": dict(merged.parts[0].manifest["target"]),
+            "table": manifest_table(merged),
+            "parts": [
+                {"name": p.name, "manifest_sha256": _sha(stage / PARTS / p.name / export.MANIFEST)}
+                for p in merged.parts
+            ],
+            "hashes": {"patch_sha256": text_sha256(patch) if patch else ""},
+        }
+        (stage / export.MANIFEST).write_text(tomli_w.dumps(manifest))
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(stage, out)
+    return manifest
