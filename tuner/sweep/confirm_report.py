@@ -215,7 +215,6 @@ def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> l
 def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
-    dropped = [f for f in conf.fates if not f.kept]
     what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
     lines = [
         f"# CUDA: {what} selection for {table.arch.name}, measured",
@@ -238,18 +237,20 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
         "",
         *_gates_lines(conf, backend_ops),
     ]
-    lines += ["", "## Kept", ""]
-    lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
-    lines += ["", "## Reported, not patched", ""]
-    lines += _reported_lines(dropped)
+    return "\n".join([*lines, "", *_closing_lines(conf.fates, patch=patch, adds="the kept entries")])
+
+
+def _closing_lines(fates: Sequence[Any], *, patch: bool, adds: str) -> list[str]:
+    """PR.md's last sections: kept, reported (:func:`_reported_lines`), the patch, the references."""
+    lines = ["## Kept", "", *([f"- {f.text}: {f.why}" for f in fates if f.kept] or ["None."])]
+    lines += ["", "## Reported, not patched", "", *_reported_lines([f for f in fates if not f.kept])]
     lines += ["", "## Patch", ""]
     lines.append(
-        "`upstream.patch` (this directory) adds the kept entries; `git apply` on the pristine tree."
+        f"`upstream.patch` (this directory) adds {adds}; `git apply` on the pristine tree."
         if patch
         else "No patch: no entry was confirmed end to end."
     )
-    lines += ["", "## References", "", *_REFS, ""]
-    return "\n".join(lines)
+    return [*lines, "", "## References", "", *_REFS, ""]
 
 
 def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
@@ -289,19 +290,8 @@ def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
         "`tuner validate --gpu` builds the pristine tree with this patch (all parts' entries together) and runs "
         "test-backend-ops FLASH_ATTN_EXT and MUL_MAT on it.",
         "",
-        "## Kept",
-        "",
+        *_closing_lines(fates, patch=patch, adds="the kept entries of every part"),
     ]
-    lines += [f"- {f.text}: {f.why}" for f in kept] or ["None."]
-    lines += ["", "## Reported, not patched", ""]
-    lines += _reported_lines([f for f in fates if not f.kept])
-    lines += ["", "## Patch", ""]
-    lines.append(
-        "`upstream.patch` (this directory) adds the kept entries of every part; `git apply` on the pristine tree."
-        if patch
-        else "No patch: no entry was confirmed end to end."
-    )
-    lines += ["", "## References", "", *_REFS, ""]
     return "\n".join(lines)
 
 
