@@ -7,7 +7,8 @@ the merged folder holds:
 - ``parts/<name>/``: each part, copied whole as ``tuner sweep export`` wrote it (its own manifest, evidence,
   PR.md and patch of its entries alone), validated as a table of its own;
 - ``upstream.patch``: every part's kept entries rendered together on the pristine tree (one FlashAttention
-  table, one MMQ condition), ``PR.md`` over all parts, and ``table.toml`` (kind ``merged sweep table``): the
+  table, one MMQ condition), ``PR.md`` over all parts, ``report.md`` (where each part's reports are), and
+  ``table.toml`` (kind ``merged sweep table``): the
   kept and reported entries of all parts, the parts with the sha256 of their manifests, the patch's sha256.
 
 Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
@@ -205,6 +206,28 @@ def _check_out(out: Path) -> None:
     )
 
 
+def _report(parts: Sequence[Part]) -> str:
+    """``report.md``: where each part's reports and plots are (they stay in the part, as exported)."""
+    lines = [
+        "# Merged sweep table: the reports behind it",
+        "",
+        "`PR.md` has the kept and reported entries of every part, `table.toml` the manifest. Each part keeps the "
+        "reports its export wrote:",
+        "",
+        "| part | measured | reports | plots |",
+        "|---|---|---|---|",
+    ]
+    for p in parts:
+        t = p.manifest.get("coverage", {})
+        plots = p.manifest.get("files", {}).get("plots", [])
+        lines.append(
+            f"| `{p.name}` | {t.get('cells', '?')} cells, {t.get('mmq_points', 0)} MMQ points, "
+            f"{t.get('models_measured', '?')} model passes | `parts/{p.name}/report.md`, `parts/{p.name}/PR.md`, "
+            f"`parts/{p.name}/e2e.md` | {len(plots)} in `parts/{p.name}/plots/` |"
+        )
+    return "\n".join([*lines, ""])
+
+
 def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None) -> dict[str, Any]:
     """Write the merged folder ``out`` (module doc) and return its manifest.
 
@@ -238,6 +261,7 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
         if patch:
             (stage / "upstream.patch").write_text(patch)
         (stage / "PR.md").write_text(merged_pr_text(merged.parts, patch=bool(patch)))
+        (stage / "report.md").write_text(_report(merged.parts))
         manifest = {
             "schema": export.SCHEMA,
             "kind": KIND,

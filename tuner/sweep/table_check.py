@@ -342,7 +342,7 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
     if errs:
         return ResultCheck(path=folder, findings=tuple(f))
-    missing = [w for w in ("PR.md",) if not (folder / w).is_file() or not (folder / w).stat().st_size]
+    missing = [w for w in ("PR.md", "report.md") if not (folder / w).is_file() or not (folder / w).stat().st_size]
     f.append(
         Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
     )

@@ -38,5 +38,9 @@ fi
 step fa sweep run --arch sm_90 -o $P/fa \
   && step mmq sweep mmq --arch sm_90 --no-cuda-graphs -o $P/mmq \
   && step confirm sweep confirm $P/fa --mmq $P/mmq -o $P/confirm
-tar -cf "$OUT/pipe.tar" -C .devhome --exclude=logs pipe
+# the state only: stores, reports, transcripts. The confirm's equivalence files (32 MB logits per run) and
+# models are remade where a resumed call needs them; a file over 4 MB would not come back anyway.
+find .devhome/pipe -type f -size +4M > "$OUT/left-out.txt"
+tar -czf "$OUT/pipe.tar" -C .devhome --exclude=logs --exclude='*.kld' --exclude='*.gguf' \
+  --exclude-from=<(sed 's|^\.devhome/||' "$OUT/left-out.txt") pipe
 ls -la "$OUT"; cat "$T"
