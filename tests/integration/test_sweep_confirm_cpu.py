@@ -94,7 +94,7 @@ def _export_and_validate(sweep_dir: Path, confirm_dir: Path, dest: Path) -> None
         and m["table"]["models"] == ["tiny", "tiny"]
         and not (dest / "upstream.patch").exists()
     )
-    assert m["files"]["plots"] == ["plots/fa-D64.png"]
+    assert m["files"]["plots"] == ["plots/fa-D64.png", "plots/fa-D64-ne1-2.png"]  # decode, then Q->ne[1] = 2
     check = CliRunner().invoke(validate, [str(dest)], catch_exceptions=False)
     assert check.exit_code == 0 and "1 passed, 0 failed" in check.output, check.output
     assert "empty table: no entry was kept end to end" in check.output
