@@ -33,6 +33,7 @@ __all__ = [
 
 import dataclasses
 import hashlib
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ from tuner.sweep import confirm, export
 
 KIND = "merged sweep table"
 PARTS = "parts"
+NAME = re.compile(r"[\w.+-]+")
+"""A part's name: its folder under ``parts/`` (no separator, no space)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,7 +120,7 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
             ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
         finally:
             store.close()
-        out.append(Part(name=f.name, folder=f, manifest=m, evidence=ev, backend_ops=ops))
+        out.append(Part(name=f.resolve().name, folder=f, manifest=m, evidence=ev, backend_ops=ops))
     return out
 
 
@@ -138,6 +141,12 @@ def merged_view(parts: Sequence[Part]) -> Merged:
     if len(parts) < 2:
         raise UsageError("A merged table joins two or more exported tables; pass at least two folders.")
     names = [p.name for p in parts]
+    odd = [n for n in names if not NAME.fullmatch(n) or n in (".", "..")]
+    if odd:
+        raise UsageError(
+            f"Table folder name(s) {', '.join(map(repr, odd))} cannot name a part (parts/<name>): use letters, "
+            "digits and . _ + - only; rename the folder."
+        )
     if len(set(names)) != len(names):
         raise UsageError(f"Two tables share a folder name ({', '.join(names)}); each part is kept as parts/<name>.")
     _same(parts, "llama.cpp sources", lambda p: p.manifest["source"]["source_id"], "Export each on the same --source.")

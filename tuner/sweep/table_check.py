@@ -21,7 +21,6 @@ from __future__ import annotations
 __all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
 
 import hashlib
-import re
 import shutil
 import subprocess
 import tempfile
@@ -322,7 +321,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
         for p in parts
     ):
         errs.append("each [[parts]] needs a name and a manifest_sha256 (strings)")
-    elif any(not re.fullmatch(r"[\w.+-]+", p["name"]) or p["name"] in (".", "..") for p in parts):
+    elif any(not merge.NAME.fullmatch(p["name"]) or p["name"] in (".", "..") for p in parts):
         errs.append("a part's name must be a plain folder name under parts/")
     return errs
 

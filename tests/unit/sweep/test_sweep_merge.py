@@ -112,6 +112,10 @@ def test_tables_that_do_not_join_are_refused(tmp_path: Path, two: tuple[Path, Pa
     other = _exported(tmp_path, "batch-elsewhere", only=[NE4], measured_on="GPU Z")
     code, text = _invoke("merge", str(decode), str(other), "-o", str(tmp_path / "m3"))
     assert code == 2 and "different devices" in text and "GPU Z" in text
+    spaced = tmp_path / "my table"
+    shutil.copytree(batch, spaced)
+    code, text = _invoke("merge", str(decode), str(spaced), "-o", str(tmp_path / "m5"))
+    assert code == 2 and "cannot name a part" in text
     code, text = _invoke("merge", str(decode), "-o", str(tmp_path / "m4"))
     assert code == 2 and "two or more" in text
     code, text = _invoke("merge", str(decode), str(batch), "-o", str(decode))
