@@ -125,6 +125,19 @@ def export(
     default=None,
     help="With --gpu: where the runs' logs go (default: a temporary directory).",
 )
+@click.option(
+    "--pack",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --gpu, one sweep table: also write its patched build to FILE (an xz tar), so a GPU machine "
+    "without compilers or cores to spare runs the tests with --from-pack FILE. Builds without the GPU.",
+)
+@click.option(
+    "--from-pack",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --gpu, one sweep table: install the patched build from FILE (written by --pack) instead of building.",
+)
 def validate(
     paths: tuple[Path, ...],
     do_compile: bool,
@@ -135,6 +148,8 @@ def validate(
     tuned_bin: Path | None,
     log_dir: Path | None,
     soak: int | None,
+    pack: Path | None,
+    from_pack: Path | None,
 ) -> None:
     """Validate stored winners and sweep tables (default: results/). Non-zero exit if any check fails."""
     from tuner.errors import UsageError
@@ -146,8 +161,10 @@ def validate(
 
         check_gpu_args(models, upstream_bin, tuned_bin)
         gpu = {"upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
-    elif upstream_bin or tuned_bin or log_dir:
-        raise UsageError("--upstream-bin, --tuned-bin and --log-dir belong to --gpu; add --gpu or drop them.")
+    elif upstream_bin or tuned_bin or log_dir or pack or from_pack:
+        raise UsageError(
+            "--upstream-bin, --tuned-bin, --log-dir, --pack and --from-pack belong to --gpu; add --gpu or drop them."
+        )
     elif models and not do_bench and soak is None:
         raise UsageError(
             "--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it."
@@ -168,7 +185,17 @@ def validate(
     )
     # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
     tables = find_tables(paths or (Path("results"),))
-    checks += [validate_table(t, gpu={"log_dir": log_dir} if do_gpu else None) for t in tables]
+    if (pack or from_pack) and (len(tables) != 1 or checks):
+        raise UsageError(
+            f"--pack and --from-pack carry the build of one sweep table's patch; the paths hold {len(tables)} "
+            f"table(s) and {len(checks)} other result(s). Pass the one table folder."
+        )
+    if pack and from_pack:
+        raise UsageError(
+            "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
+        )
+    tgpu = {"log_dir": log_dir, "pack": pack, "from_pack": from_pack}
+    checks += [validate_table(t, gpu=tgpu if do_gpu else None) for t in tables]
     if not checks:
         log.warning("no results found (no config.toml or table.toml under the given paths)")
     bad = 0

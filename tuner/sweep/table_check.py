@@ -296,7 +296,9 @@ def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None) -> tuple[lis
 
 def _gpu_checked(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
     try:
-        return _gpu_findings(folder, patch, ev, source, log_dir=gpu.get("log_dir"))
+        return _gpu_findings(folder, patch, ev, source, gpu)
+    except UsageError:  # bad input (a pack of another build): exit 2 with its paragraph, not a failed check
+        raise
     except TunerError as err:  # a failed build or run is a failed check, not a crash
         return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
 
@@ -392,8 +394,10 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
     return ResultCheck(path=folder, findings=tuple(f))
 
 
-def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, *, log_dir: Path | None) -> list[Finding]:
-    """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT."""
+def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
+    """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
+    ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
+    from tuner.builder.carry import pack_build, unpack_build
     from tuner.builder.cmake import build_variant
     from tuner.measure.gate import params_for_model, run_check
     from tuner.plan.render import render_variant
@@ -405,21 +409,27 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, *, log_
     local = detect_local_archs()
     if patch is None:
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the table has no upstream.patch")]
-    if arch.name not in local:
+    pack, from_pack = gpu.get("pack"), gpu.get("from_pack")
+    if arch.name not in local and pack is None:
         return gpu_skip(arch.name, local)
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tuner-validate-table-"))
+    log_dir = Path(gpu.get("log_dir") or tempfile.mkdtemp(prefix="tuner-validate-table-"))
     base = render_variant(source, arch.name, "cuda", local_archs=local)
     rv = RenderedVariant(
         arch=arch.name, variant="cuda+upstream.patch", era=source.era, source_id=source.source_id,
         source_root=source.root, defines=dict(base.defines), patch=patch,
         files=patched_tree_text(folder / "upstream.patch", source.root),
     )  # fmt: skip
+    if from_pack is not None:
+        unpack_build(Path(from_pack), rv)  # then build_variant takes it as cached
     b = build_variant(rv, targets=("test-backend-ops",))
-    out = [
-        Finding(
-            check="upstream.patch builds", ok=True, detail=f"{'cached' if b.cached else f'built in {b.seconds:.0f} s'}"
-        )
-    ]
+    how = "carried" if from_pack is not None else "cached" if b.cached else f"built in {b.seconds:.0f} s"
+    out = [Finding(check="upstream.patch builds", ok=True, detail=how)]
+    if pack is not None:
+        pack_build(b, rv, Path(pack), spec=source.spec)
+        out.append(Finding(check="build packed", ok=True, detail=f"{pack}: run the tests on a {arch.name} GPU "
+                           f"with `tuner validate --gpu --from-pack {Path(pack).name} {folder.name}`"))  # fmt: skip
+        if arch.name not in local:
+            return out + gpu_skip(arch.name, local)
     shapes = sorted({(r.D, r.kv) for r in ev.confirmed.kept_rules})
     fa = "|".join(f"({params_for_model(D, kv)})" for D, kv in shapes) or None
     for op, params in (("FLASH_ATTN_EXT", fa), ("MUL_MAT", None)):
