@@ -427,7 +427,7 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
     if pack is not None:
         pack_build(b, rv, Path(pack), spec=source.spec)
         out.append(Finding(check="build packed", ok=True, detail=f"{pack}: run the tests on a {arch.name} GPU "
-                           f"with `tuner validate --gpu --from-pack {Path(pack).name} {folder.name}`"))  # fmt: skip
+                           f"with `tuner validate --gpu --from-pack {pack} {folder}`"))  # fmt: skip
         if arch.name not in local:
             return out + gpu_skip(arch.name, local)
     shapes = sorted({(r.D, r.kv) for r in ev.confirmed.kept_rules})
