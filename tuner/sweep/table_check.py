@@ -10,10 +10,9 @@ hunk; and the C++ lookup in the patched ``fattn.cu``, compiled host-only, return
 (:func:`tuner.sweep.table.match_table`) returns at every stored cell, with and without the GQA optimisation.
 
 ``--gpu`` (on a GPU of the table's arch): the pristine tree with ``upstream.patch`` builds with the arch's
-``cuda`` defines, and ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
-types) and ``-o MUL_MAT`` pass on it. The kernel it selects at the table's shapes is not read on the GPU:
-the patched upstream tree has no kernel log (``GGML_TUNER_FA_LOG`` is tuner's hook, not the patch's); the
-static lookup check above covers the selection at every stored cell.
+``cuda`` defines, ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
+types) and ``-o MUL_MAT`` pass on it, and the kernel it launches at two stored cells of each kept entry,
+read with Nsight Compute, is the table's (:mod:`tuner.sweep.table_select`).
 """
 
 from __future__ import annotations
@@ -439,12 +438,7 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
             b.bin_dir, ops=(op,), backend=f"{arch.backend}0", log_dir=log_dir, params=params, label=f"table-{op}"
         )
         out.append(Finding(check=f"test-backend-ops {op}", ok=chk.passed, detail=f"{chk.summary} (log {chk.log_file})"))
-    out.append(
-        Finding(
-            check="upstream.patch selects the table's kernels",
-            ok=True,
-            detail="skipped on the GPU: the patched upstream tree has no kernel log (GGML_TUNER_FA_LOG is tuner's "
-            "hook); the static 'table lookup' check compares its lookup with the matcher at every stored cell",
-        )
-    )
+    from tuner.sweep.table_select import selected_kernels
+
+    out.append(selected_kernels(b.bin_dir, ev, backend=f"{arch.backend}0", log_dir=log_dir))
     return out

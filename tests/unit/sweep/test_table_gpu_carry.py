@@ -34,6 +34,7 @@ def _fakes(monkeypatch: pytest.MonkeyPatch, *, gpu: bool, ran: list[Path]) -> No
     monkeypatch.setattr(tuner.targets.archs, "detect_local_archs", lambda: ["sm_90"] if gpu else [])
     monkeypatch.setattr(tuner.plan.render, "render_variant", lambda *a, **k: types.SimpleNamespace(defines={}))
     monkeypatch.setattr(tuner.result.upstream_check, "patched_tree_text", lambda *a: {})
+    monkeypatch.setattr(tuner.result.upstream_check, "find_ncu", lambda: None)  # the kernel read: tested on its own
 
     def build(rv: Any, targets: Any = ()) -> Build:
         art = tuner_home() / "builds" / rv.key / "artifacts" / rv.artifact_key
