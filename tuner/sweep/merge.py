@@ -7,9 +7,10 @@ the merged folder holds:
 - ``parts/<name>/``: each part, copied whole as ``tuner sweep export`` wrote it (its own manifest, evidence,
   PR.md and patch of its entries alone), validated as a table of its own;
 - ``upstream.patch``: every part's kept entries rendered together on the pristine tree (one FlashAttention
-  table, one MMQ condition), ``PR.md`` over all parts, ``report.md`` (where each part's reports are), and
-  ``table.toml`` (kind ``merged sweep table``): the
-  kept and reported entries of all parts, the parts with the sha256 of their manifests, the patch's sha256.
+  table, one MMQ condition);
+- ``PR.md`` over all parts, ``report.md`` (where each part's reports are), and ``table.toml`` (kind
+  ``merged sweep table``): the kept and reported entries of all parts, the parts with the sha256 of their
+  manifests, the patch's sha256.
 
 Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
 n_kv) measured in two parts, no quant type's MMQ choice in two parts. Each part's verdicts stand as its
