@@ -176,6 +176,16 @@ def validate(
     from tuner.search.rebench import rebench
     from tuner.sweep.table_check import find_tables, validate_table
 
+    if pack and from_pack:
+        raise UsageError(
+            "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
+        )
+    if (pack or from_pack) and (len(paths) != 1 or find_tables(paths) != [paths[0]]):
+        raise UsageError(
+            "--pack and --from-pack carry the build of one sweep table's patch: pass exactly one path, the "
+            "table's folder (the one with its table.toml), e.g. results/sm_90/hopper-table."
+        )
+
     checks = validate_paths(
         paths or (Path("results"),),
         compile=do_compile,
@@ -185,15 +195,6 @@ def validate(
     )
     # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
     tables = find_tables(paths or (Path("results"),))
-    if (pack or from_pack) and (len(tables) != 1 or checks):
-        raise UsageError(
-            f"--pack and --from-pack carry the build of one sweep table's patch; the paths hold {len(tables)} "
-            f"table(s) and {len(checks)} other result(s). Pass the one table folder."
-        )
-    if pack and from_pack:
-        raise UsageError(
-            "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
-        )
     tgpu = {"log_dir": log_dir, "pack": pack, "from_pack": from_pack}
     checks += [validate_table(t, gpu=tgpu if do_gpu else None) for t in tables]
     if not checks:

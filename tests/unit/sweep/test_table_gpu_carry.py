@@ -94,7 +94,7 @@ def test_pack_options_refuse_what_they_cannot_carry(tmp_path: Path, monkeypatch:
     code, out = _validate("--pack", str(tmp_path / "p.tar.xz"), str(table))
     assert code == 2 and "belong to --gpu" in out
     code, out = _validate("--gpu", "--pack", str(tmp_path / "p.tar.xz"), str(tmp_path / "results"), str(table))
-    assert code == 2 and "Pass the one table folder" in out
+    assert code == 2 and "pass exactly one path, the table's folder" in out
     both = ("--gpu", "--pack", str(tmp_path / "a.tar.xz"), "--from-pack", str(tmp_path / "b.tar.xz"), str(table))
     code, out = _validate(*both)
     assert code == 2 and "two ends of one carry" in out
