@@ -1,5 +1,6 @@
 """``tuner sweep confirm``, ``tuner sweep export`` and ``tuner sweep merge``: the sweep's table confirmed end
-to end on model shapes, exported as a result folder, and exported tables joined into one (docs/sweep.md). Registered on the ``sweep`` group by sweep_cmd."""
+to end on model shapes, exported as a result folder, and exported tables joined into one (docs/sweep.md).
+Registered on the ``sweep`` group by sweep_cmd."""
 
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ __all__ = [
     "export_table",
     "is_export",
     "load_evidence",
+    "manifest_kind",
     "manifest_table",
 ]
 
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
-from tuner._hash import text_sha256
+from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
 from tuner.sweep import confirm, live, mmq_live
 
@@ -151,12 +152,18 @@ def decompress_evidence(folder: Path, into: Path) -> dict[str, Path | None]:
     return out
 
 
+def manifest_kind(folder: Path) -> str | None:
+    """The ``kind`` of ``folder``'s manifest (a sweep table export's, a merged table's), None where it has none."""
+    try:
+        kind = tomllib.loads((folder / MANIFEST).read_text()).get("kind")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def is_export(folder: Path) -> bool:
     """``folder`` holds the manifest of a sweep table export."""
-    try:
-        return tomllib.loads((folder / MANIFEST).read_text()).get("kind") == KIND
-    except (OSError, tomllib.TOMLDecodeError):
-        return False
+    return manifest_kind(folder) == KIND
 
 
 def _check_out(out: Path) -> None:
@@ -271,12 +278,6 @@ def manifest_table(ev: Evidence) -> dict[str, Any]:
     }
 
 
-def _sha(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _write(
     stage: Path, ev: Evidence, src: Any, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
 ) -> dict[str, Any]:
@@ -309,7 +310,7 @@ def _write(
         **manifest_table(ev),
         "hashes": {
             "patch_sha256": text_sha256(patch) if patch else "",
-            "evidence": {p.name: _sha(p) for p in evidence},
+            "evidence": {p.name: file_sha256(p) for p in evidence},
         },
         "identity": {
             "sweep": _clean(t.identity),

@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 import dataclasses
-import hashlib
 import re
 import shutil
 import tempfile
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
-from tuner._hash import text_sha256
+from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.sweep import confirm, export
 
@@ -88,10 +87,7 @@ class Merged:
 
 def is_merged(folder: Path) -> bool:
     """``folder`` holds the manifest of a merged sweep table."""
-    try:
-        return tomllib.loads((folder / export.MANIFEST).read_text()).get("kind") == KIND
-    except (OSError, tomllib.TOMLDecodeError):
-        return False
+    return export.manifest_kind(folder) == KIND
 
 
 def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
@@ -193,17 +189,13 @@ def merged_patch(root: Path, merged: Merged) -> str:
 
 def manifest_table(merged: Merged) -> dict[str, Any]:
     """The merged manifest's ``[table]``: what :func:`merged_view` gives from the parts' evidence."""
-    fates = [(p.name, f) for p in merged.parts for f in p.evidence.confirmed.fates]
+    fates = [f for p in merged.parts for f in p.evidence.confirmed.fates]
     return {
         "fa_rules": [r.text for r in merged.confirmed.kept_rules],
         "mmq_choices": [m.text for m in merged.confirmed.kept_mmq],
-        "reported": [f"{f.text}: {f.why}" for _, f in fates if not f.kept],
+        "reported": [f"{f.text}: {f.why}" for f in fates if not f.kept],
         "models": sorted({str(m["like"]) for p in merged.parts for m in p.evidence.models}),
     }
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _check_out(out: Path) -> None:
@@ -279,7 +271,7 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
             "target": dict(merged.parts[0].manifest["target"]),
             "table": manifest_table(merged),
             "parts": [
-                {"name": p.name, "manifest_sha256": _sha(stage / PARTS / p.name / export.MANIFEST)}
+                {"name": p.name, "manifest_sha256": file_sha256(stage / PARTS / p.name / export.MANIFEST)}
                 for p in merged.parts
             ],
             "hashes": {"patch_sha256": text_sha256(patch) if patch else ""},

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 __all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
 
-import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
-from tuner._hash import text_sha256
+from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.result.checks import Finding, git_apply_to_copy
 from tuner.result.validate import ResultCheck
@@ -72,8 +71,13 @@ def find_tables(paths: Iterable[Path]) -> list[Path]:
         if not p.exists():
             raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
         cands = [p] if (p / export.MANIFEST).is_file() else sorted(m.parent for m in p.rglob(export.MANIFEST))
-        merged = [c for c in cands if merge.is_merged(c)]
-        out += [c for c in cands if c in merged or (export.is_export(c) and not any(mg in c.parents for mg in merged))]
+        kinds = {c: export.manifest_kind(c) for c in cands}
+        merged = [c for c, k in kinds.items() if k == merge.KIND]
+        out += [
+            c
+            for c, k in kinds.items()
+            if k == merge.KIND or (k == export.KIND and not any(m in c.parents for m in merged))
+        ]
     return out
 
 
@@ -96,20 +100,17 @@ def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]
     return errs
 
 
-def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
-    f = []
-    want = ["PR.md", "report.md", *m["files"]["plots"], *m["files"]["evidence"]]
+def _present(folder: Path, want: Iterable[str]) -> Finding:
+    """The ``files`` finding: each of ``want`` is a non-empty file in ``folder``."""
     missing = [w for w in want if not (folder / w).is_file() or not (folder / w).stat().st_size]
-    f.append(
-        Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
-    )
+    return Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
+
+
+def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
+    f = [_present(folder, ["PR.md", "report.md", *m["files"]["plots"], *m["files"]["evidence"]])]
     recorded = dict(m["hashes"]["evidence"])
     have = {p.name for p in (folder / "evidence").glob("*.xz")} if (folder / "evidence").is_dir() else set()
-    bad = [
-        n
-        for n in sorted(recorded)
-        if n in have and hashlib.sha256((folder / "evidence" / n).read_bytes()).hexdigest() != recorded[n]
-    ]
+    bad = [n for n in sorted(recorded) if n in have and file_sha256(folder / "evidence" / n) != recorded[n]]
     bad += [f"{n} (not in the manifest)" for n in sorted(have - set(recorded))]
     bad += [f"{n} (missing)" for n in sorted(set(recorded) - have)]
     if "confirm.sqlite3.xz" not in recorded or "sweep.sqlite3.xz" not in recorded:
@@ -342,14 +343,11 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
     if errs:
         return ResultCheck(path=folder, findings=tuple(f))
-    missing = [w for w in ("PR.md", "report.md") if not (folder / w).is_file() or not (folder / w).stat().st_size]
-    f.append(
-        Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
-    )
+    f.append(_present(folder, ("PR.md", "report.md")))
     parts = []
     for rec, d in zip(m["parts"], merge.part_dirs(folder, m)):
         mf = d / export.MANIFEST
-        got = hashlib.sha256(mf.read_bytes()).hexdigest() if mf.is_file() else "missing"
+        got = file_sha256(mf) if mf.is_file() else "missing"
         if got != rec["manifest_sha256"]:
             f.append(Finding(check=f"part {d.name}", ok=False, detail=f"{mf.name} is {got[:12]}, recorded "
                              f"{rec['manifest_sha256'][:12]} (an edited or replaced part)"))  # fmt: skip
