@@ -4,6 +4,7 @@ and ``tuner validate`` of the merged folder (parts, join, re-render, lookup), on
 from __future__ import annotations
 
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,20 @@ def test_tables_that_do_not_join_are_refused(tmp_path: Path, two: tuple[Path, Pa
     code, text = _invoke("merge", str(decode), str(batch), "-o", str(tmp_path / "busy"))
     assert code == 2 and "not an earlier merged table" in text
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_an_mmq_type_with_choices_in_two_tables_is_refused() -> None:
+    """Two tables over disjoint FlashAttention cells that both chose for q5_K: one MMQ condition cannot hold both."""
+    from tuner.errors import UsageError
+    from tuner.sweep import merge
+    from tuner.sweep.mmq import MmqChoice
+
+    def part(name: str, lo: int) -> merge.Part:
+        choice = MmqChoice(type="q5_K", lo=lo, hi=None, backend="BLAS")
+        table = types.SimpleNamespace(cells=(), mmq=(choice,), arch=None)
+        ev = types.SimpleNamespace(table=table, confirmed=types.SimpleNamespace(kept_rules=[], kept_mmq=[choice]))
+        m = {"source": {"source_id": "s"}, "target": {"arch": "sm_90", "measured_on": "GPU X"}}
+        return merge.Part(name=name, folder=Path(name), manifest=m, evidence=ev, backend_ops=())  # type: ignore[arg-type]
+
+    with pytest.raises(UsageError, match="a and b both have MMQ choices for q5_K"):
+        merge.merged_view([part("a", 2048), part("b", 1024)])
