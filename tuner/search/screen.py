@@ -300,16 +300,32 @@ def run_joint_rounds(
                     on_round(rec)
                 st = summarize_phase(p, mine[p], depths)
                 worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
-                wide = f"±{worst:.1f}%" if worst < 100 else "over ±100%"
                 others = "+".join(q for q in recs if q != p) if rec["shared"] else ""
                 where = "" if ds == sorted(want) else f" at depths {ds} (the others are settled)"
                 log.info(
                     f"  {tag} {p} round {rec['round'] + 1}/{max_rounds}{where} ({rec['seconds']:.0f} s"
                     + (f", calls shared with {others}" if others else "")
-                    + f"): widest 95% CI {wide} "
-                    f"(target ±{target_ci:g}%)" + (f"; errors: {rec['errors']}" if rec["errors"] else "")
+                    + f"): {ci_note(len(mine[p]), worst, min_rounds, max_rounds, target_ci)}"
+                    + (f"; errors: {rec['errors']}" if rec["errors"] else "")
                 )
     return mine
+
+
+def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, target_ci: float) -> str:
+    """A round's progress note: the widest CI so far and what stops the rounds. One round has no CI (inf),
+    and a target of 0 means the rounds are counted, not sized to a CI: "over ±100% (target ±0%)" there
+    read as a failed measurement."""
+    if n_rounds < 2:
+        wide = "widest 95% CI after round 2"
+    else:
+        wide = "widest 95% CI " + (f"±{worst:.1f}%" if worst < 100 else "over ±100%")
+    if target_ci > 0:
+        goal = f"target ±{target_ci:g}%"
+    elif min_rounds >= max_rounds:
+        goal = "a fixed number of rounds"
+    else:
+        goal = f"{min_rounds} rounds, more only where the verdict is open"
+    return f"{wide} ({goal})"
 
 
 def _out_of_time(
