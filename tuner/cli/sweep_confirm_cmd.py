@@ -77,6 +77,14 @@ from tuner.errors import UsageError
     backend_help="Backend test-backend-ops checks the kept table on.",
     storage="confirm.sqlite3",
 )
+@click.option(
+    "--time-budget",
+    type=click.FloatRange(1),
+    default=None,
+    help="Seconds from now: no model is made and no round starts that would end past this (a model's first round "
+    "priced as the dry run prices it, later ones by its longest so far). What was measured is stored; the same "
+    "command resumes. Exit status 3 where the budget stopped it.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan (models, calls, estimated GPU time) and stop.")
 @output_option(
     "out_dir",
@@ -98,6 +106,7 @@ def confirm_cmd(
     backend: str,
     spec: str | None,
     storage: Path | None,
+    time_budget: float | None,
     dry_run: bool,
     out_dir: Path | None,
 ) -> None:
@@ -112,8 +121,11 @@ def confirm_cmd(
     Example: tuner sweep confirm sweep-sm90 --mmq sweep-mmq-sm90 --rounds 3
     """
     from tuner.sweep import confirm
-    from tuner.sweep.confirm_report import plan_text
+    from tuner.sweep.budget import RoundBudget
+    from tuner.sweep.confirm_report import plan_text, round_seconds
 
+    # the clock starts before anything is loaded: a caller's limit counts from the command's start
+    budget = RoundBudget.from_now(time_budget, lambda p, ds: round_seconds(p, ds, reps=reps)) if time_budget else None
     table = confirm.load_table(sweep_dir, mmq_dir)
     likes = likes or confirm.DEFAULT_LIKE
     # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
@@ -144,7 +156,8 @@ def confirm_cmd(
                 "use the sweeps' default build with them added, or build them into this one."
             )
     _run_confirm(table, likes, out, Path(bin_dir), depths=depths, rounds=rounds, reps=reps, quant=quant,
-                 backend=backend, spec=spec, storage=storage, mmq_like=like_mmq, max_rounds=max_rounds)  # fmt: skip
+                 backend=backend, spec=spec, storage=storage, mmq_like=like_mmq, max_rounds=max_rounds,
+                 budget=budget)  # fmt: skip
 
 
 def _confirm_identity(table: Any, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
@@ -196,9 +209,11 @@ def _run_confirm(
     storage: Path | None,
     mmq_like: str | None = None,
     max_rounds: int | None = None,
+    budget: Any = None,
 ) -> None:
-    from tuner import source
+    from tuner import log, source
     from tuner.search.live import make_live_measure
+    from tuner.search.screen import BudgetReached
     from tuner.sweep import confirm
     from tuner.targets.models import load_gguf_tensors, synth_cached
 
@@ -216,6 +231,11 @@ def _run_confirm(
             bin_dir, path, pp=plan.pp, tg=confirm.TG, reps=reps_by, log_dir=log_dir, era=src.era, arch=None
         )
 
+    def model_for(like: str, quant: str | None = qtype, direct: bool = mode == "direct") -> Path:
+        if budget is not None:
+            budget.check(f"making the {like}{f' {quant}' if quant else ''} model")
+        return Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin, direct=direct))
+
     try:
         conf = confirm.confirm_models(
             table,
@@ -223,9 +243,7 @@ def _run_confirm(
             depths=depths,
             rounds=rounds,
             store=store,
-            model_for=lambda like: Path(
-                synth_cached(like, source=src, quant=qtype, quantize_bin=qbin, direct=mode == "direct")
-            ),
+            model_for=model_for,
             joint_for=lambda path, plan: cast(Any, measure(path, plan)).joint,  # search.live's both-phases call
             gate=lambda plan, path: confirm.gate_model(
                 plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
@@ -234,11 +252,17 @@ def _run_confirm(
             era=src.era,
             mmq_like=mmq_like,
             max_rounds=max_rounds,
-            quantized_for=lambda like, q: Path(  # a pass's type written directly where it can be: no f16, no quantize
-                synth_cached(like, source=src, quant=q, quantize_bin=qbin, direct=confirm.quant_mode(q) == "direct")
-            ),
+            # a pass's type written directly where it can be: no f16, no quantize
+            quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
+            budget=budget,
         )
         ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
+    except BudgetReached as stop:
+        log.notice(
+            f"time budget reached before {stop}: every finished round and check is stored in {store.path}. Run the "
+            "same command again to go on; nothing was written to PR.md, e2e.md or upstream.patch yet."
+        )
+        raise click.exceptions.Exit(3) from None
     finally:
         store.close()
     _confirm_emit(table, conf, ops, src, out=out, identity=identity, rounds=rounds)

@@ -73,6 +73,7 @@ from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.search.compose import Family, judge_phase
 from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
 from tuner.sweep import live, mmq, mmq_live
+from tuner.sweep.budget import RoundBudget
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
@@ -340,9 +341,11 @@ def measure_model(
     rounds: int,
     store: ConfirmStore,
     max_rounds: int | None = None,
+    budget: RoundBudget | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
-    ``store`` count, so a second call only adds what is missing. ``rounds`` every depth gets; with a higher
+    ``store`` count, so a second call only adds what is missing. ``budget``: no round starts that would end
+    past its deadline (:class:`tuner.search.screen.BudgetReached`). ``rounds`` every depth gets; with a higher
     ``max_rounds``, further rounds go only to the depths still open by the search confirm's settle rule
     (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
     neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
@@ -368,6 +371,8 @@ def measure_model(
         max_rounds=hi,
         target_ci=0.0,
         settle=settle,
+        deadline=budget.deadline if budget else None,
+        prior=budget.prior(plan, depths, [c.name for c in cands]) if budget else (),
         on_round=lambda rec: store.add(plan.like, rec),
         tag=f"confirm-{plan.like}",
     )
@@ -667,21 +672,22 @@ def confirm_models(
     mmq_like: str | None = None,
     quantized_for: Callable[[str, str], Path] | None = None,
     max_rounds: int | None = None,
+    budget: RoundBudget | None = None,
 ) -> Confirmed:
-    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds, run
-    the gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
-    models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is
-    not made; one an earlier call recorded with every round and check stored is judged from ``store``."""
+    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds, run the
+    gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
+    models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is not
+    made; one stored whole by an earlier call is judged from ``store``. ``budget``: :func:`measure_model`'s."""
     from tuner import log
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
-    top = max(rounds, max_rounds or rounds)
-    limits = {"rounds": rounds} | ({"max_rounds": top} if top > rounds else {})  # what recompose measures again
+    limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
     known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
 
     def measure(one: ModelPlan, ds: tuple[int, ...], mmq_changed: bool, path: Path) -> None:
-        recs = measure_model(joint_for(path, one), one, ds, rounds=rounds, store=store, max_rounds=max_rounds)
+        recs = measure_model(joint_for(path, one), one, ds, rounds=rounds, store=store, max_rounds=max_rounds,
+                             budget=budget)  # fmt: skip
         cells = judge_model(recs, ds, mmq_changed=mmq_changed, phases=one.phases)
         points[one.like], gates[one.like] = model_points(one.like, cells, pp=one.pp), gate(one, path)
 
@@ -698,8 +704,7 @@ def confirm_models(
 
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
-        ds = tuple(dry.depths(depths))
-        dmap[dry.like] = ds
+        ds = dmap[dry.like] = tuple(dry.depths(depths))
         row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
         rows.append(row | {"weight_types": None})
         if not dry.env:

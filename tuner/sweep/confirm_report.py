@@ -7,7 +7,7 @@ PR 15035); a reviewer upstream cannot open anything else.
 
 from __future__ import annotations
 
-__all__ = ["coverage_lines", "e2e_text", "merged_pr_text", "plan_text", "pr_text"]
+__all__ = ["coverage_lines", "e2e_text", "merged_pr_text", "plan_text", "pr_text", "round_seconds"]
 
 import dataclasses
 import math
@@ -317,6 +317,30 @@ def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, An
     return min(recs, key=lambda r: abs(math.log(width(r) / d_model)))
 
 
+def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str, Any], float]:
+    """(size vs the recording, the recording, seconds per llama-bench call and depth) of a pp512+tg128 call on
+    ``like``. A call's time grows about with the weights a token reads: scaled by the parameter count's ratio to
+    the recorded model nearest in width (a 12B shape is not priced as the 8B it is nearest to), unless the
+    confirm itself was recorded on this model."""
+    from tuner.targets.models import load_model_shape
+
+    rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
+    own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
+    size = _params(like) / _params(str(rec["like"]))
+    return size, rec, own.get(like, size * float(rec["bench_call_depth_s"]))
+
+
+def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
+    """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
+    0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
+    from tuner.search.dryrun import load_step_costs
+
+    if plan.base:
+        return 0.0
+    _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
+    return 3 * len(depths) * call_depth_s * (reps + 1) / 4
+
+
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
     """A small-batch pass's estimated seconds: its calls at the recorded per-call cost of ``like``'s passes
     (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
@@ -349,11 +373,8 @@ def plan_text(
     (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
     an estimate)."""
     from tuner.search.dryrun import load_step_costs
-    from tuner.targets.models import load_model_shape
 
     costs = load_step_costs()
-    recs = list(costs["models"].values())
-    own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "
         f"{len(table.cells)} cells"
@@ -373,13 +394,7 @@ def plan_text(
                 )
             )
             continue
-        d_model = load_model_shape(p.like).d_model
-        rec = _nearest(recs, d_model)
-        # a call's time grows about with the weights a token reads: scaled by the parameter count's ratio
-        # to the recorded model (a 12B shape is not priced as the 8B it is nearest to in width), unless the
-        # confirm itself was recorded on this model
-        size = _params(p.like) / _params(str(rec["like"]))
-        call_depth_s = own.get(p.like, size * float(rec["bench_call_depth_s"]))
+        size, rec, call_depth_s = _call_cost(costs, p.like)
         calls = 3 * rounds  # upstream, its A/A twin and the table, pp and tg sharing each call
         # recorded at -r 4: llama-bench runs -r reps + 1 (the first run is a warm-up, dropped)
         secs = calls * len(ds) * call_depth_s * (reps + 1) / 4 + size * 4 * float(rec["equivalence_check_s"])

@@ -106,7 +106,12 @@ class FakeBench:
 
 
 def _run(
-    tmp_path: Path, bench: FakeBench, *, likes: Sequence[str] = confirm.DEFAULT_LIKE, extra: Sequence[FaShape] = ()
+    tmp_path: Path,
+    bench: FakeBench,
+    *,
+    likes: Sequence[str] = confirm.DEFAULT_LIKE,
+    extra: Sequence[FaShape] = (),
+    budget: Any = None,
 ) -> confirm.Confirmed:
     table = confirm.load_table(_sweep_dir(tmp_path, extra))
     store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
@@ -122,6 +127,7 @@ def _run(
             joint_for=lambda path, plan_: setattr(bench, "batch", plan_.batch) or bench,
             gate=lambda plan_, path: {"verdict": "pass", "checks": []},
             weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
+            budget=budget,
         )
     finally:
         store.close()
@@ -665,3 +671,98 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
         sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0")
     monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H100 80GB HBM3")
     assert sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}
+
+
+class Clock:
+    """time.monotonic for the budget tests: each llama-bench call of the fake bench takes 10 s."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import RoundBudget
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+
+    class Timed(FakeBench):
+        def __call__(self, *args: Any, **kw: Any) -> Any:
+            clock.now += 10.0
+            return super().__call__(*args, **kw)
+
+    first = Timed(gain=1.10)
+    # rounds of 3 calls (30 s): two fit in 75 s; a third would end at 90 s, so it does not start
+    with pytest.raises(BudgetReached, match="confirm-llama-3.2-1b"):
+        _run(tmp_path, first, likes=["llama-3.2-1b"], budget=RoundBudget.from_now(75, lambda plan, ds: 30.0))
+    assert first.calls == 6
+    rest = Timed(gain=1.10)
+    conf = _run(tmp_path, rest, likes=["llama-3.2-1b"])
+    assert rest.calls == 3 * 4 - 6 and conf.kept_rules  # the rounds stored are not measured again
+
+
+def test_a_budget_shorter_than_the_first_round_measures_nothing(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import RoundBudget
+
+    monkeypatch.setattr(time, "monotonic", Clock())
+    bench = FakeBench(gain=1.10)
+    with pytest.raises(BudgetReached):  # the estimate (200 s) does not fit the 100 s left
+        _run(tmp_path, bench, likes=["llama-3.2-1b"], budget=RoundBudget.from_now(100, lambda plan, ds: 200.0))
+    assert bench.calls == 0
+    spent = RoundBudget(deadline=999.0)
+    with pytest.raises(BudgetReached, match="making the llama-3.2-1b model"):
+        spent.check("making the llama-3.2-1b model")
+
+
+def test_the_round_estimate_is_the_dry_runs_price(tmp_path: Path) -> None:
+    from tuner.sweep.confirm_report import round_seconds
+
+    table = confirm.load_table(_sweep_dir(tmp_path))
+    p = confirm.plan_model(table, "llama-3.2-1b")
+    one = round_seconds(p, DEPTHS, reps=3)
+    assert one > 0 and round_seconds(p, DEPTHS[:1], reps=3) == pytest.approx(one / len(DEPTHS))
+
+    def minutes(rounds: int) -> int:
+        text = plan_text(table, [p], DEPTHS, rounds=rounds, reps=3, quant="Q4_K_M")
+        return int(text.split("estimated GPU time: about ")[1].split(" min")[0])
+
+    # the dry run prices a model as rounds x this, plus its gate: 96 more rounds cost 96 estimates
+    assert abs((minutes(100) - minutes(4)) * 60 - 96 * one) <= 60, (minutes(100), minutes(4), one)
+
+
+def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_path: Path, monkeypatch) -> None:
+    import types
+
+    from tuner import source
+    from tuner.cli import sweep_confirm_cmd
+    from tuner.search.screen import BudgetReached
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for exe in ("llama-bench", "llama-perplexity", "llama-quantize"):
+        (bins / exe).write_text("")
+    seen = {}
+
+    def stopped(*args: Any, budget: Any = None, **kw: Any) -> Any:
+        seen["budget"] = budget
+        raise BudgetReached("confirm-llama-3.2-1b tg+pp")
+
+    monkeypatch.setattr(source, "fetch_source", lambda *a: types.SimpleNamespace(era="mma", root=tmp_path))
+    monkeypatch.setattr(sweep_confirm_cmd, "_same_device", lambda *a: {})
+    monkeypatch.setattr(confirm, "confirm_models", stopped)
+    out = tmp_path / "confirm"
+    args = ["confirm", str(_sweep_dir(tmp_path)), "--build", str(bins), "--time-budget", "600", "-o", str(out)]
+    res = CliRunner().invoke(sweep, args)
+    assert res.exit_code == 3, res.output
+    assert seen["budget"] is not None and seen["budget"].round_s is not None
+    assert "time budget reached before confirm-llama-3.2-1b" in res.output and "Run the same command again" in res.output
+    assert not (out / "PR.md").exists()
