@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
-from tuner.cli.sweep_common import default_build, measure_options
+from tuner.cli.sweep_common import budget_stop, default_build, measure_options, time_budget_option
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 from tuner.errors import UsageError
 
@@ -243,6 +243,7 @@ def _pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[A
     help="fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
     "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
+@time_budget_option("timer process (one config of a chunk's round, priced at the H100 sweep's rates)")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -266,6 +267,7 @@ def run_cmd(
     chunk_cells: int,
     timer: str | None,
     target_ms: int | None,
+    time_budget: float | None,
     out_dir: Path | None,
 ) -> None:
     """Measure the sweep with fa-bench (or test-backend-ops) and compose the table (resumable).
@@ -279,7 +281,10 @@ def run_cmd(
     """
     from tuner.measure.fa_bench import TARGET_MS
     from tuner.sweep import live
+    from tuner.sweep.budget import ProcessBudget
     from tuner.sweep.store import device_identity
+
+    budget = ProcessBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
 
@@ -305,19 +310,21 @@ def run_cmd(
         identity["target_ms"] = target_ms
     store = live.SampleStore(storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
-        live.run_sweep(
-            cells,
-            limits=limits,
-            store=store,
-            bin_dir=bin_dir,
-            backend=backend,
-            log_dir=out / "logs",
-            chunk_size=chunk_cells,
-            run_round=run_round,
-            case_s=live.fa_bench_case_s(target_ms) if fa else live.CASE_S,
-            process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
-            expect_log=not backend.upper().startswith("CPU"),
-        )
+        with budget_stop(store.path, "report.md and upstream.patch are"):
+            live.run_sweep(
+                cells,
+                limits=limits,
+                store=store,
+                bin_dir=bin_dir,
+                backend=backend,
+                log_dir=out / "logs",
+                chunk_size=chunk_cells,
+                run_round=run_round,
+                case_s=live.fa_bench_case_s(target_ms) if fa else live.CASE_S,
+                process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
+                expect_log=not backend.upper().startswith("CPU"),
+                budget=budget,
+            )
         outcome = live.compose(cells, store.samples(), limits=limits)
     finally:
         store.close()
@@ -411,6 +418,7 @@ def run_cmd(
     "repeats (llama-bench's prompt tests included); --no-cuda-graphs runs every config with "
     "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
 )
+@time_budget_option("mm-bench process (one config of a round, priced at the H100 sweep's rates)")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -434,6 +442,7 @@ def mmq_cmd(
     cache_mb: int,
     target_ms: int | None,
     cuda_graphs: bool,
+    time_budget: float | None,
     out_dir: Path | None,
 ) -> None:
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
@@ -449,9 +458,11 @@ def mmq_cmd(
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
     from tuner.sweep import mmq, mmq_live
+    from tuner.sweep.budget import ProcessBudget
     from tuner.sweep.store import device_identity
     from tuner.targets.archs import load_arch
 
+    budget = ProcessBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
     cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
@@ -476,12 +487,13 @@ def mmq_cmd(
     }  # fmt: skip
     store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
-        forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
-        mmq_live.run_mmq_live(
-            points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
-            iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
-            target_ms=target_ms,
-        )  # fmt: skip
+        with budget_stop(store.path, "report.md and upstream.patch are"):
+            forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
+            mmq_live.run_mmq_live(
+                points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
+                iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
+                target_ms=target_ms, budget=budget,
+            )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
         outcome = mmq_live.compose_live(points, store.samples(), limits=limits, withhold=withhold)
     finally:

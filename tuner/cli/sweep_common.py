@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["default_build", "measure_options"]
+__all__ = ["budget_stop", "default_build", "measure_options", "time_budget_option"]
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,31 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
         return f
 
     return wrap
+
+
+def time_budget_option(unit: str) -> Callable[[Any], Any]:
+    """--time-budget, as `sweep run`, `sweep mmq` and `sweep confirm` take it (``unit``: what does not start)."""
+    return click.option(
+        "--time-budget",
+        type=click.FloatRange(1),
+        default=None,
+        help=f"Seconds from now: no {unit} starts that would end past this. What was measured is stored and the "
+        "same command goes on from there; exit status 3 where the budget stopped it.",
+    )
+
+
+@contextlib.contextmanager
+def budget_stop(storage: Path, emitted: str) -> Iterator[None]:
+    """A sweep stopped by its --time-budget: what is stored, how to go on, exit status 3 (``emitted``: what
+    the command would have written, and has not)."""
+    from tuner import log
+    from tuner.search.screen import BudgetReached
+
+    try:
+        yield
+    except BudgetReached as stop:
+        log.notice(
+            f"time budget reached before {stop}: everything measured so far is stored in {storage}. Run the same "
+            f"command again to go on; {emitted} not written yet."
+        )
+        raise click.exceptions.Exit(3) from None

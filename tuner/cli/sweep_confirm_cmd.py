@@ -12,7 +12,7 @@ from typing import Any, cast
 import click
 
 from tuner.cli._params import depths_option, find_bin_dir, output_option
-from tuner.cli.sweep_common import default_build, measure_options
+from tuner.cli.sweep_common import budget_stop, default_build, measure_options, time_budget_option
 from tuner.errors import UsageError
 
 
@@ -77,13 +77,8 @@ from tuner.errors import UsageError
     backend_help="Backend test-backend-ops checks the kept table on.",
     storage="confirm.sqlite3",
 )
-@click.option(
-    "--time-budget",
-    type=click.FloatRange(1),
-    default=None,
-    help="Seconds from now: no model is made and no round starts that would end past this (a model's first round "
-    "priced as the dry run prices it, later ones by its longest so far). What was measured is stored; the same "
-    "command resumes. Exit status 3 where the budget stopped it.",
+@time_budget_option(
+    "model is made and no round (a model's first priced as --dry-run prices it, later ones by its longest so far)"
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan (models, calls, estimated GPU time) and stop.")
 @output_option(
@@ -211,9 +206,8 @@ def _run_confirm(
     max_rounds: int | None = None,
     budget: Any = None,
 ) -> None:
-    from tuner import log, source
+    from tuner import source
     from tuner.search.live import make_live_measure
-    from tuner.search.screen import BudgetReached
     from tuner.sweep import confirm
     from tuner.targets.models import load_gguf_tensors, synth_cached
 
@@ -237,32 +231,27 @@ def _run_confirm(
         return Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin, direct=direct))
 
     try:
-        conf = confirm.confirm_models(
-            table,
-            likes,
-            depths=depths,
-            rounds=rounds,
-            store=store,
-            model_for=model_for,
-            joint_for=lambda path, plan: cast(Any, measure(path, plan)).joint,  # search.live's both-phases call
-            gate=lambda plan, path: confirm.gate_model(
-                plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
-            ),
-            weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
-            era=src.era,
-            mmq_like=mmq_like,
-            max_rounds=max_rounds,
-            # a pass's type written directly where it can be: no f16, no quantize
-            quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
-            budget=budget,
-        )
-        ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
-    except BudgetReached as stop:
-        log.notice(
-            f"time budget reached before {stop}: every finished round and check is stored in {store.path}. Run the "
-            "same command again to go on; nothing was written to PR.md, e2e.md or upstream.patch yet."
-        )
-        raise click.exceptions.Exit(3) from None
+        with budget_stop(store.path, "PR.md, e2e.md and upstream.patch are"):
+            conf = confirm.confirm_models(
+                table,
+                likes,
+                depths=depths,
+                rounds=rounds,
+                store=store,
+                model_for=model_for,
+                joint_for=lambda path, plan: cast(Any, measure(path, plan)).joint,  # search.live's both-phases call
+                gate=lambda plan, path: confirm.gate_model(
+                    plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
+                ),
+                weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
+                era=src.era,
+                mmq_like=mmq_like,
+                max_rounds=max_rounds,
+                # a pass's type written directly where it can be: no f16, no quantize
+                quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
+                budget=budget,
+            )
+            ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
     finally:
         store.close()
     _confirm_emit(table, conf, ops, src, out=out, identity=identity, rounds=rounds)

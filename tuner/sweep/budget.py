@@ -1,11 +1,12 @@
-"""A confirmation's time budget (``tuner sweep confirm --time-budget``): no model is made and no round of
-paired llama-bench calls starts that would end past the deadline, so a call that a machine's time limit ends
-stops between rounds instead of losing the round in flight. What was measured is stored; the same command
-resumes."""
+"""The sweeps' time budget (``--time-budget`` of ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
+that would end past the deadline, so a call that a machine's time limit ends stops between units of work
+instead of losing the one in flight. A unit is a timer process of the kernel sweeps (its samples are stored
+as it ends) and a round of paired llama-bench calls of the confirmation. What was measured is stored; the
+same command resumes."""
 
 from __future__ import annotations
 
-__all__ = ["RoundBudget"]
+__all__ = ["ProcessBudget", "RoundBudget"]
 
 import dataclasses
 import time
@@ -21,9 +22,9 @@ def _unknown(plan: Any, depths: Sequence[int]) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class RoundBudget:
-    """``deadline``: ``time.monotonic()`` seconds. ``round_s(plan, depths)``: a model's first round estimated
-    (seconds), which decides whether it starts; later rounds are judged by the model's longest so far
-    (:func:`tuner.search.screen.run_joint_rounds`)."""
+    """The confirmation's. ``deadline``: ``time.monotonic()`` seconds. ``round_s(plan, depths)``: a model's first
+    round estimated (seconds), which decides whether it starts; later rounds are judged by the model's longest
+    so far (:func:`tuner.search.screen.run_joint_rounds`)."""
 
     deadline: float
     round_s: Callable[[Any, Sequence[int]], float] = _unknown
@@ -40,3 +41,29 @@ class RoundBudget:
     def prior(self, plan: Any, depths: Sequence[int], calls: Sequence[str]) -> list[dict[str, Any]]:
         """The estimate as a round record, as :func:`tuner.search.screen.run_joint_rounds` reads ``prior``."""
         return [{"seconds": self.round_s(plan, depths), "depths": list(depths), "order": list(calls)}]
+
+
+@dataclasses.dataclass
+class ProcessBudget:
+    """A kernel sweep's, per timer process. A process starts only where its estimate (the sweep's recorded
+    H100 rates), times the most any finished process of this call overran its own, ends by the deadline: a
+    slower machine or a longer case than recorded stops the call earlier, never later."""
+
+    deadline: float
+    slower: float = 1.0
+
+    @classmethod
+    def from_now(cls, seconds: float) -> ProcessBudget:
+        return cls(deadline=time.monotonic() + seconds)
+
+    def start(self, estimate_s: float, what: str) -> float:
+        """The start time of a process estimated at ``estimate_s``; BudgetReached where it would end too late."""
+        now = time.monotonic()
+        if now + estimate_s * self.slower > self.deadline:
+            raise BudgetReached(what)
+        return now
+
+    def done(self, estimate_s: float, started: float) -> None:
+        """Record how long a process took against its estimate."""
+        if estimate_s > 0:
+            self.slower = max(self.slower, (time.monotonic() - started) / estimate_s)

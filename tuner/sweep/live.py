@@ -67,6 +67,7 @@ from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
+from tuner.sweep.budget import ProcessBudget
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, write_limits
@@ -323,9 +324,11 @@ def run_sweep(
     expect_log: bool = True,
     case_s: float = CASE_S,
     process_s: float = PROCESS_S,
+    budget: ProcessBudget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_cells`), one
-    process per config and round over the cells that get the round.
+    process per config and round over the cells that get the round; with ``budget``, none that would end past
+    its deadline (:class:`tuner.search.screen.BudgetReached`).
 
     ``limits``: (min_rounds, max_rounds). Prints a line per chunk and round with the time it took and the
     ETA of the rest. Without the FA log (``expect_log`` False: a CPU build, which has no tuner hook) a
@@ -364,8 +367,12 @@ def run_sweep(
                 if not missing:
                     skipped += 1
                 elif expect_log or cfg in (DEFAULT, AA):
+                    est = estimate_seconds(1, len(missing), case_s, process_s)
+                    t_p = budget.start(est, f"chunk {ci + 1} round {r + 1} ({cfg})") if budget else 0.0
                     failed += _measure(missing, cfg, r, ci, store=store, run_round=run_round, bin_dir=bin_dir,
                                        backend=backend, log_dir=log_dir, expect_log=expect_log)  # fmt: skip
+                    if budget:
+                        budget.done(est, t_p)
                     ran += 1
                     n_round += len(missing)
                 else:

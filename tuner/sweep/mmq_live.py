@@ -91,6 +91,7 @@ from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
+from tuner.sweep.budget import ProcessBudget
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
@@ -320,9 +321,11 @@ def run_mmq_live(
     forced_reason: str = "",
     cuda_graphs: bool = True,
     target_ms: int = 0,
+    budget: ProcessBudget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_chunk_points`),
-    one process per config and round over the points that get the round (module doc).
+    one process per config and round over the points that get the round (module doc); with ``budget``, none
+    that would end past its deadline (:class:`tuner.search.screen.BudgetReached`).
 
     ``limits``: (min_rounds, max_rounds), recorded in ``store``. ``run_cases``: what runs one process
     (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass a fake). ``forced_reason``: why the
@@ -393,7 +396,11 @@ def run_mmq_live(
                 elif not runs(cfg):
                     store.add(_failed(p, cfg, r, forced_reason) for p in missing)
                 else:
+                    est = START_S + len(missing) * per_case
+                    t_p = budget.start(est, f"chunk {ci + 1} round {r + 1} ({LABELS[cfg]})") if budget else 0.0
                     failed += measure(ci, r, cfg, missing)
+                    if budget:
+                        budget.done(est, t_p)
                     ran += 1
                     n_round += len(missing)
             if n_round:

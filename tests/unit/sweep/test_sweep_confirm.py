@@ -764,5 +764,7 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
     res = CliRunner().invoke(sweep, args)
     assert res.exit_code == 3, res.output
     assert seen["budget"] is not None and seen["budget"].round_s is not None
-    assert "time budget reached before confirm-llama-3.2-1b" in res.output and "Run the same command again" in res.output
+    assert (
+        "time budget reached before confirm-llama-3.2-1b" in res.output and "Run the same command again" in res.output
+    )
     assert not (out / "PR.md").exists()

@@ -240,3 +240,31 @@ def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_pat
     out = live.compose(cells, samples, limits=(2, 2))
     assert not out.stats and set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
     assert live.no_rules_text(out) == "no cell has a verdict"
+
+
+def test_a_time_budget_stops_between_processes_and_the_rerun_measures_the_rest(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import ProcessBudget
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+
+    class Slow(FakeRunRound):  # each process 60 s
+        def __call__(self, *args: Any, **kw: Any) -> Any:
+            now[0] += 60.0
+            return super().__call__(*args, **kw)
+
+    cells = _cells()
+    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    first = Slow()
+    with pytest.raises(BudgetReached):
+        _run(first, store, cells, 2, budget=ProcessBudget.from_now(250))
+    assert len(first.calls) == 4 and now[0] - 1000.0 <= 250  # a fifth would end at 300 s
+    rest = Slow()
+    ran, skipped = _run(rest, store, cells, 2)
+    assert skipped == 4 and ran == len(rest.calls) > 0
+    ref = FakeRunRound()
+    _run(ref, live.SampleStore(tmp_path / "ref.db", IDENT), cells, 2)
+    assert len(first.calls) + len(rest.calls) == len(ref.calls)  # nothing measured twice, nothing left out

@@ -410,3 +410,67 @@ def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monk
     mmq_live.MmqStore(tmp_path / "old.db", old).close()
     with pytest.raises(UsageError, match="target_ms"):
         mmq_live.MmqStore(tmp_path / "old.db", {**old, "target_ms": "20"})
+
+
+class Clock:
+    """time.monotonic for the budget tests."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_time_budget_starts_no_process_that_would_end_past_it(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import ProcessBudget
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+
+    class Slow(FakeRunCases):  # every process takes 10 s, about twice the sweep's estimate for 24 cases
+        def __call__(self, *args: Any, **kw: Any) -> Any:
+            clock.now += 10.0
+            return super().__call__(*args, **kw)
+
+    points = _points()
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    first = Slow()
+    # five processes end by 50 s; a sixth, priced at the estimate alone (~5 s), would start: priced at the
+    # first process's overrun it would end at 60 s, past the 57 s budget, so it does not start
+    with pytest.raises(BudgetReached, match=r"chunk 1 round 2"):
+        _run(first, store, points, 3, budget=ProcessBudget.from_now(57))
+    assert len(first.calls) == 5 and clock.now - 1000.0 <= 57
+    rest = Slow()
+    assert _run(rest, store, points, 3) == (4, 5)  # the rerun starts none of the stored processes again
+    assert len(store.samples()) == 3 * 3 * len(points)
+
+
+def test_cli_exits_3_where_the_time_budget_stopped_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from tuner.cli.sweep_cmd import sweep
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    fake = FakeRunCases(aa_only=True)
+
+    def slow(*args: Any, **kw: Any) -> Any:
+        clock.now += 30.0
+        return fake(*args, **kw)
+
+    monkeypatch.setattr(mm_bench, "run_cases", slow)
+    monkeypatch.setattr(mm_bench, "mmq_hook_present", lambda *a, **kw: True)
+    out = tmp_path / "out"
+    args = ["mmq", "--build", str(_bin(tmp_path)), "--type", "q4_K", "--ne11", "256", "--size", "4096x4096"]
+    res = CliRunner().invoke(sweep, [*args, "--rounds", "3", "--time-budget", "100", "-o", str(out)])
+    assert res.exit_code == 3, res.output
+    assert len(fake.calls) == 3 and "time budget reached before chunk 1 round 2" in res.output
+    assert "Run the same command again to go on; report.md and upstream.patch are not written yet" in res.output
+    assert (out / "mmq.sqlite3").is_file() and not (out / "report.md").exists()
+    res = CliRunner().invoke(sweep, [*args, "--rounds", "3", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert len(fake.calls) == 9 and (out / "report.md").is_file()
