@@ -243,7 +243,7 @@ def _pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[A
     help="fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
     "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
-@time_budget_option("timer process (one config of a chunk's round, priced at the H100 sweep's rates)")
+@time_budget_option("round of a chunk (its configs' timer processes, priced at the H100 sweep's rates)")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -281,10 +281,10 @@ def run_cmd(
     """
     from tuner.measure.fa_bench import TARGET_MS
     from tuner.sweep import live
-    from tuner.sweep.budget import ProcessBudget
+    from tuner.sweep.budget import SweepBudget
     from tuner.sweep.store import device_identity
 
-    budget = ProcessBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
+    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
 
@@ -418,7 +418,7 @@ def run_cmd(
     "repeats (llama-bench's prompt tests included); --no-cuda-graphs runs every config with "
     "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
 )
-@time_budget_option("mm-bench process (one config of a round, priced at the H100 sweep's rates)")
+@time_budget_option("round (its configs' mm-bench processes, priced at the H100 sweep's rates)")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -458,11 +458,11 @@ def mmq_cmd(
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
     from tuner.sweep import mmq, mmq_live
-    from tuner.sweep.budget import ProcessBudget
+    from tuner.sweep.budget import SweepBudget
     from tuner.sweep.store import device_identity
     from tuner.targets.archs import load_arch
 
-    budget = ProcessBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
+    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
     cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)

@@ -1,12 +1,13 @@
 """The sweeps' time budget (``--time-budget`` of ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
 that would end past the deadline, so a call that a machine's time limit ends stops between units of work
-instead of losing the one in flight. A unit is a timer process of the kernel sweeps (its samples are stored
-as it ends) and a round of paired llama-bench calls of the confirmation. What was measured is stored; the
+instead of losing the one in flight. A unit is a round: the timer processes of one chunk's round in the kernel
+sweeps (:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), the
+paired llama-bench calls of one model's round in the confirmation. What was measured is stored; the
 same command resumes."""
 
 from __future__ import annotations
 
-__all__ = ["ProcessBudget", "RoundBudget"]
+__all__ = ["RoundBudget", "SweepBudget"]
 
 import dataclasses
 import time
@@ -44,26 +45,27 @@ class RoundBudget:
 
 
 @dataclasses.dataclass
-class ProcessBudget:
-    """A kernel sweep's, per timer process. A process starts only where its estimate (the sweep's recorded
-    H100 rates), times the most any finished process of this call overran its own, ends by the deadline: a
+class SweepBudget:
+    """A kernel sweep's, per round of a chunk (its configs' timer processes, run back to back: a round is
+    paired, so it is started whole or not at all). A round starts only where its estimate (the sweep's recorded
+    H100 rates), times the most any finished round of this call overran its own, ends by the deadline: a
     slower machine or a longer case than recorded stops the call earlier, never later."""
 
     deadline: float
     slower: float = 1.0
 
     @classmethod
-    def from_now(cls, seconds: float) -> ProcessBudget:
+    def from_now(cls, seconds: float) -> SweepBudget:
         return cls(deadline=time.monotonic() + seconds)
 
     def start(self, estimate_s: float, what: str) -> float:
-        """The start time of a process estimated at ``estimate_s``; BudgetReached where it would end too late."""
+        """The start time of a round estimated at ``estimate_s``; BudgetReached where it would end too late."""
         now = time.monotonic()
         if now + estimate_s * self.slower > self.deadline:
             raise BudgetReached(what)
         return now
 
     def done(self, estimate_s: float, started: float) -> None:
-        """Record how long a process took against its estimate."""
+        """Record how long a round took against its estimate."""
         if estimate_s > 0:
             self.slower = max(self.slower, (time.monotonic() - started) / estimate_s)

@@ -10,8 +10,9 @@ process). The configs' order is rotated from round to round (:func:`tuner.measur
 :func:`tuner.sweep.rounds.paired_rounds` rotates it per cell.
 
 Each sample, one (cell, config, round), goes into a SQLite table as soon as its process ends; a rerun
-with the same storage skips the processes whose samples are all recorded, so an interrupted sweep
-resumes where it stopped. A sample *fails* when its process errored or timed out, the case printed
+with the same storage skips the rounds whose samples are all recorded, so an interrupted sweep
+resumes where it stopped; a round it left partly recorded is measured again whole
+(:func:`tuner.sweep.store.whole_round`: a round's configs are paired, so they run back to back). A sample *fails* when its process errored or timed out, the case printed
 no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the one asked
 for: a forced kernel the hook did not run, or upstream's config running another kernel than
 :func:`tuner.sweep.grid.upstream_kernel` says. A failed sample is stored with its reason and never as
@@ -67,10 +68,10 @@ from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import CellStats
-from tuner.sweep.budget import ProcessBudget
+from tuner.sweep.budget import SweepBudget
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
-from tuner.sweep.store import open_store, read_limits, write_limits
+from tuner.sweep.store import open_store, read_limits, whole_round, write_limits
 from tuner.sweep.table import TableRule
 
 N_HEAD_KV = 8
@@ -195,6 +196,13 @@ class SampleStore:
         """(shape key, n_kv) of every sample of ``config`` in round ``round_index``, failed ones included."""
         rows = self.db.execute("SELECT shape, n_kv FROM samples WHERE config = ? AND round = ?", (config, round_index))
         return {(str(s), int(n)) for s, n in rows}
+
+    def forget(self, round_index: int, keys: Iterable[tuple[str, int]]) -> None:
+        """Delete every config's sample of round ``round_index`` at the cells ``keys`` (a round to measure again)."""
+        with self.db:
+            self.db.executemany(
+                "DELETE FROM samples WHERE shape = ? AND n_kv = ? AND round = ?", [(*key, round_index) for key in keys]
+            )
 
     def add(self, samples: Iterable[Sample]) -> None:
         now = time.time()
@@ -324,7 +332,7 @@ def run_sweep(
     expect_log: bool = True,
     case_s: float = CASE_S,
     process_s: float = PROCESS_S,
-    budget: ProcessBudget | None = None,
+    budget: SweepBudget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_cells`), one
     process per config and round over the cells that get the round; with ``budget``, none that would end past
@@ -361,18 +369,21 @@ def run_sweep(
             if not want:
                 break
             t0, n_round, failed = time.monotonic(), 0, 0
-            for cfg, cs in round_processes(want, r):
-                have = store.recorded(cfg, r)
-                missing = [c for c in cs if (c.shape.key, c.n_kv) not in have]
+            procs = round_processes(want, r)
+            todo = whole_round(
+                store, {cfg: [(c.shape.key, c.n_kv) for c in cs] for cfg, cs in procs}, r,
+                f"chunk {ci + 1} round {r + 1}",
+            )  # fmt: skip
+            runs = [ks for cfg, ks in todo if ks and (expect_log or cfg in (DEFAULT, AA))]
+            est = estimate_seconds(len(runs), sum(len(ks) for ks in runs), case_s, process_s)
+            t_r = budget.start(est, f"chunk {ci + 1} round {r + 1}") if budget and runs else 0.0
+            for (cfg, ks), (_, cs) in zip(todo, procs, strict=True):
+                missing = [c for c in cs if (c.shape.key, c.n_kv) in ks]
                 if not missing:
                     skipped += 1
                 elif expect_log or cfg in (DEFAULT, AA):
-                    est = estimate_seconds(1, len(missing), case_s, process_s)
-                    t_p = budget.start(est, f"chunk {ci + 1} round {r + 1} ({cfg})") if budget else 0.0
                     failed += _measure(missing, cfg, r, ci, store=store, run_round=run_round, bin_dir=bin_dir,
                                        backend=backend, log_dir=log_dir, expect_log=expect_log)  # fmt: skip
-                    if budget:
-                        budget.done(est, t_p)
                     ran += 1
                     n_round += len(missing)
                 else:
@@ -388,6 +399,8 @@ def run_sweep(
                         )
                         for c in missing
                     )
+            if budget and runs:
+                budget.done(est, t_r)
             if n_round:
                 done += n_round
                 rate = (time.monotonic() - start) / done

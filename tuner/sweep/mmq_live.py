@@ -21,7 +21,8 @@ point's p-value is divided by the share of alpha of the round count it stopped a
 rounds; ``min_rounds == max_rounds`` is the fixed-round sweep (one look).
 
 Each process's samples, one (point, config, round) each, go into SQLite as it ends (:class:`MmqStore`),
-with the round limits of the run; a rerun skips the processes whose samples are recorded. The points open
+with the round limits of the run; a rerun skips the rounds whose samples are recorded and measures a round an
+earlier call left partly recorded again whole (:func:`tuner.sweep.store.whole_round`). The points open
 in round r are decided from the stored rounds before r only, so a resumed run takes the same decisions,
 and a rerun with a higher ``max_rounds`` adds rounds to the points open at the old maximum. A file made
 before the limits were recorded holds fixed rounds (:meth:`MmqStore.limits`). A case printed with an error, or the case a process
@@ -91,11 +92,11 @@ from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
-from tuner.sweep.budget import ProcessBudget
+from tuner.sweep.budget import SweepBudget
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
-from tuner.sweep.store import open_store, read_limits, write_limits
+from tuner.sweep.store import open_store, read_limits, whole_round, write_limits
 from tuner.targets.models import ModelShape, load_model_shape
 
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b")
@@ -266,6 +267,14 @@ class MmqStore:
         )
         return {(str(t), int(m), int(k), int(n)) for t, m, k, n in rows}
 
+    def forget(self, round_index: int, keys: Iterable[tuple[str, int, int, int]]) -> None:
+        """Delete every config's sample of round ``round_index`` at the points ``keys`` (a round to measure again)."""
+        with self.db:
+            self.db.executemany(
+                "DELETE FROM mm_samples WHERE type = ? AND m = ? AND k = ? AND ne11 = ? AND round = ?",
+                [(*key, round_index) for key in keys],
+            )
+
     def add(self, samples: Iterable[MmqSample]) -> None:
         now = time.time()
         with self.db:
@@ -321,7 +330,7 @@ def run_mmq_live(
     forced_reason: str = "",
     cuda_graphs: bool = True,
     target_ms: int = 0,
-    budget: ProcessBudget | None = None,
+    budget: SweepBudget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_chunk_points`),
     one process per config and round over the points that get the round (module doc); with ``budget``, none
@@ -388,21 +397,22 @@ def run_mmq_live(
             if not want:
                 break
             t0, n_round, failed = time.monotonic(), 0, 0
-            for cfg in round_configs(r):
-                have = store.recorded(cfg, r)
-                missing = [p for p in want if p.key not in have]
+            keys = [p.key for p in want]
+            todo = whole_round(store, dict.fromkeys(round_configs(r), keys), r, f"chunk {ci + 1} round {r + 1}")
+            est = sum(START_S + len(ks) * per_case for cfg, ks in todo if ks and runs(cfg))
+            t_r = budget.start(est, f"chunk {ci + 1} round {r + 1}") if budget and est else 0.0
+            for cfg, ks in todo:
+                missing = [p for p in want if p.key in ks]
                 if not missing:
                     skipped += 1
                 elif not runs(cfg):
                     store.add(_failed(p, cfg, r, forced_reason) for p in missing)
                 else:
-                    est = START_S + len(missing) * per_case
-                    t_p = budget.start(est, f"chunk {ci + 1} round {r + 1} ({LABELS[cfg]})") if budget else 0.0
                     failed += measure(ci, r, cfg, missing)
-                    if budget:
-                        budget.done(est, t_p)
                     ran += 1
                     n_round += len(missing)
+            if budget and est:
+                budget.done(est, t_r)
             if n_round:
                 done += n_round
                 eta = (time.monotonic() - start) / done * max(0.0, first_cases + later - done)

@@ -6,11 +6,12 @@ run with another identity is refused, so one file never mixes two builds' timing
 
 from __future__ import annotations
 
-__all__ = ["DEVICE", "device_identity", "open_store", "read_limits", "write_limits"]
+__all__ = ["DEVICE", "RoundStore", "device_identity", "open_store", "read_limits", "whole_round", "write_limits"]
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from tuner.errors import UsageError
 
@@ -105,3 +106,32 @@ def read_limits(db: sqlite3.Connection, table: str) -> tuple[int, int]:
         return lo, hi
     n = int(db.execute(f"SELECT coalesce(max(round), -1) + 1 FROM {table}").fetchone()[0])
     return n, n
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class RoundStore(Protocol[K]):
+    """What :func:`whole_round` needs of a sweep store: the keys a config has in a round, and forgetting them."""
+
+    def recorded(self, config: str, round_index: int) -> set[K]: ...
+
+    def forget(self, round_index: int, keys: Iterable[K]) -> None: ...
+
+
+def whole_round(store: RoundStore[K], want: Mapping[str, Collection[K]], r: int, what: str) -> list[tuple[str, set[K]]]:
+    """(config, its keys still to measure) of round ``r`` (0-based), in ``want``'s order (config -> the keys
+    its process times in the round).
+
+    A round is paired: its configs' ratios are taken within it, so they must run back to back on one machine.
+    A round partly stored (one config's samples there, another's missing) was cut off by an earlier call,
+    which may have run on another machine hours before; it is forgotten and measured again whole."""
+    from tuner import log
+
+    have = {cfg: store.recorded(cfg, r) & set(ks) for cfg, ks in want.items()}
+    missing = {cfg: set(ks) - have[cfg] for cfg, ks in want.items()}
+    if any(have.values()) and any(missing.values()):
+        store.forget(r, {k for ks in want.values() for k in ks})
+        log.info(f"{what}: partly measured by an earlier call; measuring it again whole, its configs back to back")
+        missing = {cfg: set(ks) for cfg, ks in want.items()}
+    return list(missing.items())

@@ -246,12 +246,12 @@ def test_a_time_budget_stops_between_processes_and_the_rerun_measures_the_rest(t
     import time
 
     from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import ProcessBudget
+    from tuner.sweep.budget import SweepBudget
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
 
-    class Slow(FakeRunRound):  # each process 60 s
+    class Slow(FakeRunRound):  # each process 60 s, four a round
         def __call__(self, *args: Any, **kw: Any) -> Any:
             now[0] += 60.0
             return super().__call__(*args, **kw)
@@ -260,8 +260,9 @@ def test_a_time_budget_stops_between_processes_and_the_rerun_measures_the_rest(t
     store = live.SampleStore(tmp_path / "s.db", IDENT)
     first = Slow()
     with pytest.raises(BudgetReached):
-        _run(first, store, cells, 2, budget=ProcessBudget.from_now(250))
-    assert len(first.calls) == 4 and now[0] - 1000.0 <= 250  # a fifth would end at 300 s
+        _run(first, store, cells, 2, budget=SweepBudget.from_now(250))
+    # round 1's four processes end at 240 s; round 2 is started whole or not at all, and would end at 480 s
+    assert len(first.calls) == 4 and now[0] - 1000.0 <= 250
     rest = Slow()
     ran, skipped = _run(rest, store, cells, 2)
     assert skipped == 4 and ran == len(rest.calls) > 0

@@ -426,7 +426,7 @@ def test_a_time_budget_starts_no_process_that_would_end_past_it(tmp_path: Path, 
     import time
 
     from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import ProcessBudget
+    from tuner.sweep.budget import SweepBudget
 
     clock = Clock()
     monkeypatch.setattr(time, "monotonic", clock)
@@ -439,13 +439,14 @@ def test_a_time_budget_starts_no_process_that_would_end_past_it(tmp_path: Path, 
     points = _points()
     store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
     first = Slow()
-    # five processes end by 50 s; a sixth, priced at the estimate alone (~5 s), would start: priced at the
-    # first process's overrun it would end at 60 s, past the 57 s budget, so it does not start
+    # a round (three processes) is started whole or not at all: the first ends at 30 s; the second, priced at
+    # the estimate alone (~15 s) would start, but priced at the first round's overrun it would end at 60 s,
+    # past the 57 s budget, so it does not start
     with pytest.raises(BudgetReached, match=r"chunk 1 round 2"):
-        _run(first, store, points, 3, budget=ProcessBudget.from_now(57))
-    assert len(first.calls) == 5 and clock.now - 1000.0 <= 57
+        _run(first, store, points, 3, budget=SweepBudget.from_now(57))
+    assert len(first.calls) == 3 and clock.now - 1000.0 <= 57
     rest = Slow()
-    assert _run(rest, store, points, 3) == (4, 5)  # the rerun starts none of the stored processes again
+    assert _run(rest, store, points, 3) == (6, 3)  # the rerun starts none of the stored processes again
     assert len(store.samples()) == 3 * 3 * len(points)
 
 
