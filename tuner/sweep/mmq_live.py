@@ -88,7 +88,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure import mm_bench
-from tuner.measure.paired import rotated
+from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY, rotated
 from tuner.progress import format_seconds
 from tuner.search.compose import Decision, Shape, rules_from
 from tuner.search.screen import UPSTREAM, CellStats
@@ -533,6 +533,7 @@ def _type_decision(t: str, ne11: int, sizes: Sequence[tuple[int, int]], outcome_
         d = next((x for x in outcome_ds.get((t, size), ()) if x.depth == ne11), None)
         if d is None or d.winner != "BLAS":
             why = "not measured" if d is None else ("no verdict" if "no verdict" in d.reason else "MMQ stays")
+            why = "too noisy" if d is not None and TOO_NOISY in d.reason else why
             blocked.append(f"{size[0]}x{size[1]} ({why})")
         else:
             won.append(d)
@@ -593,6 +594,8 @@ def _cell_text(st: CellStats | None, d: Decision | None, why: str | None) -> str
         return "-"
     ci = f"[{e.ci_low:.3f}, {e.ci_high:.3f}]" if math.isfinite(e.ci_low) else "[n/a]"
     verdict = "cuBLAS" if d is not None and d.winner == "BLAS" else "MMQ"
+    if d is not None and d.winner is None and TOO_NOISY in d.reason:
+        verdict += " (size too noisy)"  # its own interval may look clear; the size's A/A noise decides (legend)
     return f"{e.ratio:.3f} {ci} ±{st.noise_pct:.1f}% {verdict}"
 
 
@@ -686,7 +689,9 @@ def report_text(
             else ""
         )
         + "A cell below is `MMQ time / cuBLAS time` (above 1: cuBLAS faster) with its 95% CI, the A/A noise and the "
-        "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster). A batch size goes "
+        "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster; `MMQ (size too noisy)` "
+        f"where the size's A/A noise, the median over its batch sizes, is above the {NOISE_CEILING_PCT:g}% ceiling, so "
+        "none of its batch sizes claims anything, whatever its own interval). A batch size goes "
         "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
         "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
         *_graphs_text(identity.get("cuda_graphs")),

@@ -3,6 +3,7 @@ round), rotation, composition over every size, failed samples, resume and the st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -475,3 +476,31 @@ def test_cli_exits_3_where_the_time_budget_stopped_the_sweep(tmp_path: Path, mon
     res = CliRunner().invoke(sweep, [*args, "--rounds", "3", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert len(fake.calls) == 9 and (out / "report.md").is_file()
+
+
+def test_a_size_above_the_noise_ceiling_says_so_in_its_cells(tmp_path: Path) -> None:
+    """Size B's processes jitter by tens of percent at small batches (launch-bound on a noisy machine): its A/A
+    noise, the median over its batch sizes, is above the ceiling, so it claims nothing even at a batch size
+    whose own interval is narrow; the report says why instead of a bare `MMQ`."""
+
+    class Jittery(FakeRunCases):
+        def __call__(self, bin_dir: Path, shapes: Sequence[mm_bench.MmShape], *a: Any, **kw: Any) -> Any:
+            out = super().__call__(bin_dir, shapes, *a, **kw)
+            return [
+                dataclasses.replace(c, us_per_op=c.us_per_op * math.exp(self.rng.gauss(0, 0.5)))
+                if (s.m, s.k) == B and s.ne11 <= 1024 and c.us_per_op
+                else c
+                for s, c in zip(shapes, out, strict=True)
+            ]
+
+    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    points = _points()
+    _run(Jittery(), store, points, 5)
+    out = _compose(store, points, 5)
+    q8 = {d.depth: d for d in out.decisions[("q8_0", B)]}
+    assert q8[4096].winner is None and "ceiling" in q8[4096].reason  # its own ratio is clean: 1/0.7
+    assert out.stats[("q8_0", B)][4096].noise_pct < 5
+    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
+    row = next(line for line in report.splitlines() if line.startswith("| 4096 |") and "2048x8192" in line)
+    assert "MMQ (size too noisy)" in row and "2048x8192 (too noisy)" in row
+    assert "above the 20% ceiling" in report
