@@ -673,24 +673,9 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
     assert sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}
 
 
-class Clock:
-    """time.monotonic for the budget tests: each llama-bench call of the fake bench takes 10 s."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, monkeypatch) -> None:
-    import time
-
+def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, clock: Any) -> None:
     from tuner.search.screen import BudgetReached
     from tuner.sweep.budget import RoundBudget
-
-    clock = Clock()
-    monkeypatch.setattr(time, "monotonic", clock)
 
     class Timed(FakeBench):
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -707,13 +692,10 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp
     assert rest.calls == 3 * 4 - 6 and conf.kept_rules  # the rounds stored are not measured again
 
 
-def test_a_budget_shorter_than_the_first_round_measures_nothing(tmp_path: Path, monkeypatch) -> None:
-    import time
-
+def test_a_budget_shorter_than_the_first_round_measures_nothing(tmp_path: Path, clock: Any) -> None:
     from tuner.search.screen import BudgetReached
     from tuner.sweep.budget import RoundBudget
 
-    monkeypatch.setattr(time, "monotonic", Clock())
     bench = FakeBench(gain=1.10)
     with pytest.raises(BudgetReached):  # the estimate (200 s) does not fit the 100 s left
         _run(tmp_path, bench, likes=["llama-3.2-1b"], budget=RoundBudget.from_now(100, lambda plan, ds: 200.0))

@@ -242,18 +242,13 @@ def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_pat
     assert live.no_rules_text(out) == "no cell has a verdict"
 
 
-def test_a_time_budget_stops_between_processes_and_the_rerun_measures_the_rest(tmp_path: Path, monkeypatch) -> None:
-    import time
-
+def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_path: Path, clock: Any) -> None:
     from tuner.search.screen import BudgetReached
     from tuner.sweep.budget import SweepBudget
 
-    now = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: now[0])
-
     class Slow(FakeRunRound):  # each process 60 s, four a round
         def __call__(self, *args: Any, **kw: Any) -> Any:
-            now[0] += 60.0
+            clock.now += 60.0
             return super().__call__(*args, **kw)
 
     cells = _cells()
@@ -262,7 +257,7 @@ def test_a_time_budget_stops_between_processes_and_the_rerun_measures_the_rest(t
     with pytest.raises(BudgetReached):
         _run(first, store, cells, 2, budget=SweepBudget.from_now(250))
     # round 1's four processes end at 240 s; round 2 is started whole or not at all, and would end at 480 s
-    assert len(first.calls) == 4 and now[0] - 1000.0 <= 250
+    assert len(first.calls) == 4 and clock.now - 1000.0 <= 250
     rest = Slow()
     ran, skipped = _run(rest, store, cells, 2)
     assert skipped == 4 and ran == len(rest.calls) > 0

@@ -413,24 +413,9 @@ def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monk
         mmq_live.MmqStore(tmp_path / "old.db", {**old, "target_ms": "20"})
 
 
-class Clock:
-    """time.monotonic for the budget tests."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_time_budget_starts_no_process_that_would_end_past_it(tmp_path: Path, monkeypatch) -> None:
-    import time
-
+def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, clock: Any) -> None:
     from tuner.search.screen import BudgetReached
     from tuner.sweep.budget import SweepBudget
-
-    clock = Clock()
-    monkeypatch.setattr(time, "monotonic", clock)
 
     class Slow(FakeRunCases):  # every process takes 10 s, about twice the sweep's estimate for 24 cases
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -451,13 +436,11 @@ def test_a_time_budget_starts_no_process_that_would_end_past_it(tmp_path: Path, 
     assert len(store.samples()) == 3 * 3 * len(points)
 
 
-def test_cli_exits_3_where_the_time_budget_stopped_the_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import time
-
+def test_cli_exits_3_where_the_time_budget_stopped_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Any
+) -> None:
     from tuner.cli.sweep_cmd import sweep
 
-    clock = Clock()
-    monkeypatch.setattr(time, "monotonic", clock)
     fake = FakeRunCases(aa_only=True)
 
     def slow(*args: Any, **kw: Any) -> Any:
