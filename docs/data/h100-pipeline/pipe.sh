@@ -18,7 +18,7 @@ step() {  # step NAME ARGS...: `tuner ARGS` unless NAME is done, within the time
   left=$(( deadline - $(date +%s) ))
   [ $left -le 30 ] && return 1
   s=$(date +%s)
-  # each step stops between processes or rounds within the call (exit 3: resumed by the next call)
+  # each step stops between rounds within the call (exit 3: resumed by the next call)
   set -- "$@" --time-budget $(( left - 30 ))
   echo "\$ tuner $*" >> "$P/$name-transcript.txt"
   timeout $left python3 -m tuner "$@" 2>&1 | tee -a "$P/$name-transcript.txt" | grep -v '^\s*$' | grep -v "measuring calls" | tail -30
