@@ -52,7 +52,8 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             type=click.FloatRange(1),
             default=None,
             help="Seconds; no round or trial starts past this or would overrun it. The study keeps what was "
-            "measured and the same command resumes (the clock starts when the study opens).",
+            "measured and the same command resumes (the clock starts when the study opens); exit status 3 where "
+            "the budget stopped it.",
         ),
         click.option(
             "--storage",
@@ -212,7 +213,8 @@ def search(
         return
     from tuner.cli.search_stage import search_and_export
 
-    search_and_export(_request(target, kw), export_dir)
+    if search_and_export(_request(target, kw), export_dir) is None:
+        raise click.exceptions.Exit(3)  # stopped by --time-budget: a script must not take it for a finished search
 
 
 def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
@@ -258,7 +260,8 @@ def worker(**kw: Any) -> None:
 
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
-    tune_worker(_request(resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"]), kw))
+    if tune_worker(_request(resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"]), kw)) is None:
+        raise click.exceptions.Exit(3)  # stopped by --time-budget, as `tuner search`
 
 
 def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:

@@ -97,6 +97,13 @@ def test_good_pins_and_the_mask_reach_the_pipeline(
     assert cfg.cpu_mask == (0,) and dict(cfg.fixed) == {"ngl": "3", "threads": "1"}
 
 
+def test_a_search_the_budget_stopped_exits_3(micro_model: Path, no_measuring: list, monkeypatch) -> None:
+    monkeypatch.setattr(archs, "detect_local_archs", lambda: ["sm_90"])
+    res = CliRunner().invoke(cli, ["search", "--arch", "sm_90", "--model", str(micro_model)])
+    assert res.exit_code == 3 and no_measuring, res.output  # a script must not take it for a finished search
+    assert "time budget reached" in res.output and "Rerun the same command to resume" in res.output
+
+
 def test_bench_refuses_a_bad_mask_and_threads_beyond_it(tmp_path: Path, micro_model: Path) -> None:
     b = tmp_path / "build" / "bin"
     b.mkdir(parents=True)
