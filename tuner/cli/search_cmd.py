@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["search", "worker"]
 
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,9 +52,8 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--time-budget",
             type=click.FloatRange(1),
             default=None,
-            help="Seconds; no round or trial starts past this or would overrun it. The study keeps what was "
-            "measured and the same command resumes (the clock starts when the study opens); exit status 3 where "
-            "the budget stopped it.",
+            help="Seconds; no round or trial starts past this or would overrun it. What was measured stays in the "
+            "study, the same command resumes (the clock starts when the study opens); exit 3 where it stopped.",
         ),
         click.option(
             "--storage",
@@ -214,7 +214,7 @@ def search(
     from tuner.cli.search_stage import search_and_export
 
     if search_and_export(_request(target, kw), export_dir) is None:
-        raise click.exceptions.Exit(3)  # stopped by --time-budget: a script must not take it for a finished search
+        sys.exit(3)  # stopped by --time-budget: a script must not take it for a finished search
 
 
 def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
@@ -261,7 +261,7 @@ def worker(**kw: Any) -> None:
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
     if tune_worker(_request(resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"]), kw)) is None:
-        raise click.exceptions.Exit(3)  # stopped by --time-budget, as `tuner search`
+        sys.exit(3)  # stopped by --time-budget, as `tuner search`
 
 
 def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:

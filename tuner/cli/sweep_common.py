@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["budget_stop", "default_build", "measure_options", "time_budget_option"]
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,4 +93,4 @@ def budget_stop(storage: Path, emitted: str) -> Iterator[None]:
             f"time budget reached before {stop}: everything measured so far is stored in {storage}. Run the same "
             f"command again to go on; {emitted} not written yet."
         )
-        raise click.exceptions.Exit(3) from None
+        sys.exit(3)  # SystemExit: click.main(standalone_mode=False) would swallow an Exit
