@@ -459,6 +459,13 @@ def test_cli_exits_3_where_the_time_budget_stopped_the_sweep(
     res = CliRunner().invoke(sweep, [*args, "--rounds", "3", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert len(fake.calls) == 9 and (out / "report.md").is_file()
+    # through tuner's own entry point (click without standalone mode, which returns an Exit instead of raising)
+    from tuner import cli
+
+    monkeypatch.setattr(sys, "argv", ["tuner", "sweep", *args, "--rounds", "4", "--time-budget", "1", "-o", str(out)])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 3
 
 
 def test_a_size_above_the_noise_ceiling_says_so_in_its_cells(tmp_path: Path) -> None:
