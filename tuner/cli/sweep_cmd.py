@@ -283,11 +283,10 @@ def run_cmd(
     from tuner.sweep import live
     from tuner.sweep.budget import SweepBudget
     from tuner.sweep.store import device_identity
-
-    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
 
+    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
     cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
