@@ -9,15 +9,15 @@ where it is a candidate (legal there and not upstream's choice; the other cells 
 process). The configs' order is rotated from round to round (:func:`tuner.measure.paired.rotated`), as
 :func:`tuner.sweep.rounds.paired_rounds` rotates it per cell.
 
-Each sample, one (cell, config, round), goes into a SQLite table as soon as its process ends; a rerun
-with the same storage skips the rounds whose samples are all recorded, so an interrupted sweep
-resumes where it stopped; a round it left partly recorded is measured again whole
-(:func:`tuner.sweep.store.whole_round`: a round's configs are paired, so they run back to back). A
-sample *fails* when its process errored or timed out, the case printed no time, or the kernel that ran
-(the build's FA log, :mod:`tuner.measure.falog`) is not the one asked for: a forced kernel the hook did not run, or upstream's config running another kernel than
-:func:`tuner.sweep.grid.upstream_kernel` says. A failed sample is stored with its reason and never as
-a time; a cell with any failed or missing sample gets no verdict and breaks the n_kv intervals of its
-shape's rules (:func:`compose`), so no rule spans a point that was not measured.
+Each sample, one (cell, config, round), goes into a SQLite table as soon as its process ends; a rerun with the
+same storage skips the rounds whose samples are all recorded, so an interrupted sweep resumes where it
+stopped; a round it left partly recorded is measured again whole (:func:`tuner.sweep.store.whole_round`: a
+round's configs are paired, so they run back to back). A sample *fails* when its process errored or timed out,
+the case printed no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the
+one asked for: a forced kernel the hook did not run, or upstream's config running another kernel than
+:func:`tuner.sweep.grid.upstream_kernel` says. A failed sample is stored with its reason and never as a time;
+a cell with any failed or missing sample gets no verdict and breaks the n_kv intervals of its shape's rules
+(:func:`compose`), so no rule spans a point that was not measured.
 
 A cell's value per config and round is its throughput, ``1 / us_per_run``; composition goes through
 :func:`tuner.sweep.rounds.cell_stats` and :func:`tuner.sweep.rounds.decide`, as a fake timer's rounds do.
