@@ -6,6 +6,7 @@ from __future__ import annotations
 
 __all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -78,7 +79,8 @@ from tuner.errors import UsageError
     storage="confirm.sqlite3",
 )
 @time_budget_option(
-    "model is made and no round (a model's first priced as --dry-run prices it, later ones by its longest so far)"
+    "model is made, no round (a model's first priced as --dry-run prices it, later ones by its longest so far), "
+    "no output-equivalence check and no test-backend-ops run (priced at recorded runs)"
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan (models, calls, estimated GPU time) and stop.")
 @output_option(
@@ -241,7 +243,14 @@ def _run_confirm(
                 model_for=model_for,
                 joint_for=lambda path, plan: cast(Any, measure(path, plan)).joint,  # search.live's both-phases call
                 gate=lambda plan, path: confirm.gate_model(
-                    plan, path, bin_dir, arch=table.arch, era=src.era, store=store, work_dir=out / "equivalence"
+                    plan,
+                    path,
+                    bin_dir,
+                    arch=table.arch,
+                    era=src.era,
+                    store=store,
+                    work_dir=out / "equivalence",
+                    before=_check_budget(budget, plan),
                 ),
                 weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
                 era=src.era,
@@ -251,39 +260,72 @@ def _run_confirm(
                 quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
                 budget=budget,
             )
-            ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs")
+            ops = _backend_ops(conf, bin_dir, backend=backend, store=store, log_dir=out / "logs", budget=budget)
     finally:
         store.close()
     _confirm_emit(table, conf, ops, src, out=out, identity=identity, rounds=rounds)
 
 
-def _backend_ops(conf: Any, bin_dir: Path, *, backend: str, store: Any, log_dir: Path) -> list[dict[str, Any]]:
-    """test-backend-ops FLASH_ATTN_EXT and MUL_MAT with the kept entries' env (intervals widened, so every
-    test case of a kept shape runs its kernel; FLASH_ATTN_EXT once per kernel a shape has, as the hook's first
-    matching rule wins); stored, so a rerun with the same env does not run them again."""
+def _check_budget(budget: Any, plan: Any) -> Callable[[str], None] | None:
+    """The gate's ``before``: no output-equivalence check of ``plan``'s model starts that would end past the
+    budget (each priced as the dry run prices it)."""
+    if budget is None:
+        return None
+    from tuner.sweep.confirm_report import check_seconds
+
+    secs = check_seconds(plan.base or plan.like)
+    return lambda name: budget.fits(secs, f"the {plan.like} output-equivalence check {name} (about {secs:.0f} s)")
+
+
+def _cases(rules: Any) -> str | None:
+    """The ``-p`` of FLASH_ATTN_EXT's cases at ``rules``' head sizes and K/V types (None: a rule of any head size)."""
+    from tuner.measure.gate import params_for_model
+
+    shapes = sorted({(r.D, r.kv) for r in rules}, key=str)
+    if any(D is None for D, _ in shapes):
+        return None
+    return "|".join(f"({params_for_model(D, kv)})" for D, kv in shapes)
+
+
+def _backend_ops(
+    conf: Any, bin_dir: Path, *, backend: str, store: Any, log_dir: Path, budget: Any = None
+) -> list[dict[str, Any]]:
+    """test-backend-ops FLASH_ATTN_EXT (the kept entries' head sizes and K/V types) and MUL_MAT (every case)
+    with the kept entries' env (intervals widened, so every test case of a kept shape runs its kernel;
+    FLASH_ATTN_EXT once per kernel a shape has, as the hook's first matching rule wins); stored, so a rerun
+    with the same env and cases does not run them again. ``budget``: none starts that would end past it
+    (priced at the recorded runs)."""
     import dataclasses
 
     from tuner.plan.fa_rules import rules_env
     from tuner.sweep import confirm, mmq
+    from tuner.sweep.confirm_report import backend_ops_seconds
     from tuner.sweep.table import widened_layers
 
     layers = widened_layers(conf.kept_rules)
     choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
     mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
     fa_envs = [{"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))} for ly in layers]
-    runs = [(f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}", "FLASH_ATTN_EXT", env)
-            for i, env in enumerate(fa_envs)]  # fmt: skip
+    # the cases of the kept entries' head sizes and K/V types (as `tuner validate --gpu`): elsewhere the hook
+    # matches nothing and every case runs upstream's selection (all 3982 took 129-141 s on an H100)
+    runs: list[tuple[str, str, dict[str, str], str | None]] = []
+    for i, (env, ly) in enumerate(zip(fa_envs, layers)):
+        name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}"
+        runs.append((name, "FLASH_ATTN_EXT", env, _cases(ly)))
     if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
         every = [r for ly in layers for r in ly]
         fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}
-        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env))
+        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env, None))  # an MMQ choice acts at every shape
     done = store.gate("test-backend-ops")
     out = []
-    for name, op, env in runs:
+    for name, op, env, p in runs:
         rec = done.get(name)
-        if rec is None or rec.get("env") != env:
+        if rec is None or rec.get("env") != env or rec.get("params") != p:
+            if budget is not None:
+                secs = backend_ops_seconds(op)
+                budget.fits(secs, f"test-backend-ops {name} (about {secs:.0f} s)")
             log = log_dir / f"test-backend-ops-{name.replace(' ', '-').replace('(', '').replace(')', '')}.log"
-            rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend) | {"op": name}
+            rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend, params=p) | {"op": name}
             store.add_gate("test-backend-ops", name, rec)
         out.append(rec)
     return out

@@ -2,8 +2,8 @@
 that would end past the deadline, so a call that a machine's time limit ends stops between units of work
 instead of losing the one in flight. A unit is a round: the timer processes of one chunk's round in the kernel
 sweeps (:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), the
-paired llama-bench calls of one model's round in the confirmation. What was measured is stored; the
-same command resumes."""
+paired llama-bench calls of one model's round in the confirmation, and there each output-equivalence check
+and test-backend-ops run. What was measured is stored; the same command resumes."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ class RoundBudget:
     def check(self, what: str) -> None:
         """BudgetReached where the deadline has passed: ``what`` is what would have started."""
         if time.monotonic() >= self.deadline:
+            raise BudgetReached(what)
+
+    def fits(self, seconds: float, what: str) -> None:
+        """BudgetReached where ``what``, estimated at ``seconds``, would end past the deadline (a gate check,
+        a test-backend-ops run: units that are not rounds, stored as each ends)."""
+        if time.monotonic() + seconds > self.deadline:
             raise BudgetReached(what)
 
     def prior(self, plan: Any, depths: Sequence[int], calls: Sequence[str]) -> list[dict[str, Any]]:

@@ -529,12 +529,14 @@ def gate_model(
     work_dir: Path,
     run_one: Callable[[Any], Mapping[str, Any]] | None = None,
     quiet: bool = False,
+    before: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The output-equivalence gate of the table's env on ``model`` against upstream, as the search's final
     gate plans and judges it (:mod:`tuner.search.output_gate`: each decode rule's kernel widened to ``0-``,
     the kernel band first); MMQ choices widened likewise (the gate's micro-batch is 128 tokens, below most
     choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
-    stored as it ends; a rerun runs only the missing ones."""
+    stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
+    budget's stop, :meth:`tuner.sweep.budget.RoundBudget.fits`)."""
     from tuner.measure.equivalence import run_equivalence
     from tuner.search import output_gate as og
 
@@ -553,6 +555,8 @@ def gate_model(
     kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE))}
 
     def run(c: Any) -> Mapping[str, Any]:
+        if before is not None:
+            before(c.name)
         if run_one is not None:
             return run_one(c)
         wd = work_dir / plan.like / "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in c.name)
@@ -606,10 +610,12 @@ def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list
 
 
 def backend_ops_check(
-    bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0
-) -> dict[str, Any]:
-    """``test-backend-ops test -o OP -b BACKEND`` with the kept table's env: every case of the op against
-    the CPU backend, the table's kernels forced at its shapes. A record: ``passed``, the summary line, the log."""
+    bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0,
+    params: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env: the op's cases (those
+    ``params`` selects) against the CPU backend, the table's kernels forced at its shapes. A record: ``passed``,
+    the summary line, ``params``, the log."""
     import os
     import subprocess
 
@@ -617,7 +623,7 @@ def backend_ops_check(
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if not exe.is_file():
         return {"op": op, "passed": False, "summary": f"no test-backend-ops in {bin_dir}", "log": str(log_file)}
-    cmd = [str(exe), "test", "-o", op, "-b", backend]
+    cmd = [str(exe), "test", "-o", op, "-b", backend] + (["-p", params] if params else [])
     try:
         res = subprocess.run(
             cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, check=False
@@ -632,6 +638,7 @@ def backend_ops_check(
         "passed": rc == 0 and "FAIL" not in text,
         "summary": summary or f"exit code {rc}",
         "env": dict(env),
+        "params": params,
         "log": str(log_file),
     }
 

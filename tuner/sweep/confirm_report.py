@@ -7,7 +7,16 @@ PR 15035); a reviewer upstream cannot open anything else.
 
 from __future__ import annotations
 
-__all__ = ["coverage_lines", "e2e_text", "merged_pr_text", "plan_text", "pr_text", "round_seconds"]
+__all__ = [
+    "backend_ops_seconds",
+    "check_seconds",
+    "coverage_lines",
+    "e2e_text",
+    "merged_pr_text",
+    "plan_text",
+    "pr_text",
+    "round_seconds",
+]
 
 import dataclasses
 import math
@@ -204,11 +213,14 @@ def _e2e_lines(conf: Confirmed) -> list[str]:
 def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["Output equivalence (table vs upstream, per model):", ""]
     lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
-    lines += ["", "test-backend-ops with the kept table's env (every case against the CPU backend):", ""]
+    lines += ["", "test-backend-ops with the kept table's env, against the CPU backend:", ""]
     kept = any(f.kept for f in conf.fates)
     lines += [
-        f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in backend_ops
-    ] or ["- not run (no entry kept)" if not kept else "- not run"]
+        f"- {r['op']}: {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')}; "
+        + (f"the cases `-p '{r['params']}'` selects: the kept entries' head sizes and K/V types)" if r.get("params")
+           else "every case)")
+        for r in backend_ops
+    ] or ["- not run (no entry kept)" if not kept else "- not run"]  # fmt: skip
     return lines
 
 
@@ -339,6 +351,24 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
         return 0.0
     _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
     return 3 * len(depths) * call_depth_s * (reps + 1) / 4
+
+
+def check_seconds(like: str) -> float:
+    """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
+    the dry run prices it: the nearest recorded model's check scaled by parameter count."""
+    from tuner.search.dryrun import load_step_costs
+
+    size, rec, _ = _call_cost(load_step_costs(), like)
+    return size * float(rec["equivalence_check_s"])
+
+
+def backend_ops_seconds(op: str) -> float:
+    """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``); the
+    largest recording for an op not recorded."""
+    from tuner.search.dryrun import load_step_costs
+
+    recs = {str(r["op"]): float(r["seconds"]) for r in load_step_costs().get("backend_ops", {}).values()}
+    return recs.get(op, max(recs.values(), default=0.0))
 
 
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:

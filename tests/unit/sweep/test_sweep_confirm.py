@@ -750,3 +750,102 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
         "time budget reached before confirm-llama-3.2-1b" in res.output and "Run the same command again" in res.output
     )
     assert not (out / "PR.md").exists()
+
+
+def test_no_gate_check_starts_that_would_end_past_the_budget(tmp_path: Path, clock: Any) -> None:
+    """On the H100 the budget priced rounds only: a model's gate checks and test-backend-ops ran past it and the
+    call's limit cut them. Each check is now priced as the dry run prices it; a stop keeps the checks that ran."""
+    from tuner.cli.sweep_confirm_cmd import _check_budget
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import RoundBudget
+    from tuner.sweep.confirm_report import check_seconds
+
+    plan_ = confirm.plan_model(confirm.load_table(_sweep_dir(tmp_path)), "llama-3.2-1b")
+    secs = check_seconds("llama-3.2-1b")
+    ran: list[str] = []
+
+    def run_one(c: Any) -> dict[str, Any]:
+        clock.now += secs
+        ran.append(c.name)
+        return _kld(c, 0.0 if c.name == "band decode VEC" else 0.0005)
+
+    store = confirm.ConfirmStore(tmp_path / "confirm.sqlite3", {"build": "/b"})
+
+    def gate(before: Any) -> dict[str, Any]:
+        return confirm.gate_model(plan_, tmp_path / "m.gguf", tmp_path, arch=SM90, era="mma", store=store,
+                                  work_dir=tmp_path, run_one=run_one, before=before)  # fmt: skip
+
+    try:
+        assert secs > 0
+        with pytest.raises(BudgetReached, match=r"the llama-3.2-1b output-equivalence check band decode MMA \(about"):
+            gate(_check_budget(RoundBudget.from_now(2.5 * secs), plan_))  # two checks fit, the third does not
+        assert ran == ["band decode VEC", "band decode TILE"]
+        with pytest.raises(BudgetReached):  # nothing left of a budget shorter than one check: none starts
+            gate(_check_budget(RoundBudget.from_now(0.5 * secs), plan_))
+        assert len(ran) == 2
+        done = gate(_check_budget(RoundBudget.from_now(10 * secs), plan_))  # the stored checks are not run again
+    finally:
+        store.close()
+    assert ran[:2] == ["band decode VEC", "band decode TILE"] and ran[2] == "band decode MMA" and len(ran) == 4
+    assert done["verdict"] == "pass" and _check_budget(None, plan_) is None
+
+
+def _kept(tmp_path: Path) -> Any:
+    """A confirmation that kept ``D64 gqa4 f16`` MMA from 16384 (the fake sweep's rule, 10% faster end to end)."""
+    conf = _run(tmp_path, FakeBench(gain=1.10), likes=["llama-3.2-1b"])
+    assert [r.text for r in conf.kept_rules] == ["D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"]
+    return conf
+
+
+def test_test_backend_ops_runs_the_kept_shapes_cases_within_the_budget(tmp_path: Path, clock: Any, monkeypatch) -> None:
+    """FLASH_ATTN_EXT runs the cases of the kept entries' head sizes and K/V types (`-p`, as validate --gpu), MUL_MAT
+    every case; neither starts where its recorded time would end past the budget, and a stored run is not repeated."""
+    from tuner.cli.sweep_confirm_cmd import _backend_ops
+    from tuner.search.screen import BudgetReached
+    from tuner.sweep.budget import RoundBudget
+    from tuner.sweep.confirm_report import backend_ops_seconds
+
+    conf = _kept(tmp_path)
+    ran: list[tuple[str, str | None]] = []
+
+    def check(bin_dir: Path, op: str, env: Mapping[str, str], log: Path, *, backend: str, params: Any = None) -> Any:
+        clock.now += backend_ops_seconds(op)
+        ran.append((op, params))
+        return {"op": op, "passed": True, "summary": "1/1 tests passed", "env": dict(env), "params": params}
+
+    monkeypatch.setattr(confirm, "backend_ops_check", check)
+    fa_s, mm_s = backend_ops_seconds("FLASH_ATTN_EXT"), backend_ops_seconds("MUL_MAT")
+    assert fa_s > mm_s > 0  # recorded on the H100 (tuner/data/step_costs.toml)
+    store = confirm.ConfirmStore(tmp_path / "ops.sqlite3", {"build": "/b"})
+    try:
+
+        def ops(budget_s: float | None) -> list[dict[str, Any]]:
+            budget = RoundBudget.from_now(budget_s) if budget_s else None
+            return _backend_ops(conf, tmp_path, backend="CUDA0", store=store, log_dir=tmp_path, budget=budget)
+
+        with pytest.raises(BudgetReached, match=r"test-backend-ops FLASH_ATTN_EXT \(about"):
+            ops(fa_s - 1)
+        assert ran == []
+        with pytest.raises(BudgetReached, match=r"test-backend-ops MUL_MAT"):
+            ops(fa_s + mm_s / 2)
+        assert ran == [("FLASH_ATTN_EXT", "(hsk=64,hsv=64,.*type_K=f16,type_V=f16,)")]
+        recs = ops(None)
+    finally:
+        store.close()
+    assert ran[1:] == [("MUL_MAT", None)] and [r["op"] for r in recs] == ["FLASH_ATTN_EXT", "MUL_MAT"]
+    text = pr_text(confirm.load_table(_sweep_dir(tmp_path)), conf, backend_ops=recs, patch=True)
+    assert "FLASH_ATTN_EXT: PASS (1/1 tests passed; the cases `-p '(hsk=64" in text
+    assert "MUL_MAT: PASS (1/1 tests passed; every case)" in text
+
+
+def test_backend_ops_check_passes_the_case_filter(tmp_path: Path) -> None:
+    exe = tmp_path / "test-backend-ops"
+    exe.write_text('#!/bin/sh\necho "$@"\necho "  2/2 tests passed"\n')
+    exe.chmod(0o755)
+    rec = confirm.backend_ops_check(
+        tmp_path, "FLASH_ATTN_EXT", {}, tmp_path / "l.log", backend="CUDA0", params="hsk=64"
+    )
+    assert rec["passed"] and rec["params"] == "hsk=64" and rec["summary"] == "2/2 tests passed"
+    assert "test -o FLASH_ATTN_EXT -b CUDA0 -p hsk=64" in (tmp_path / "l.log").read_text()
+    plain = confirm.backend_ops_check(tmp_path, "MUL_MAT", {}, tmp_path / "m.log", backend="CUDA0")
+    assert plain["params"] is None and "-p" not in (tmp_path / "m.log").read_text().split("\n")[1]
