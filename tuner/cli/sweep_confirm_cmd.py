@@ -307,22 +307,24 @@ def _backend_ops(
     mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
     fa_envs = [{"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))} for ly in layers]
     # the cases of the kept entries' head sizes and K/V types (as `tuner validate --gpu`): elsewhere the hook
-    # matches nothing and every case runs upstream's selection (all 3982 took 129-141 s on an H100)
-    runs: list[tuple[str, str, dict[str, str], str | None]] = []
+    # matches nothing and every case runs upstream's selection (on an H100 all 3982 took 129-141 s, the 540 of
+    # head size 128 and f16 K/V 17-19 s)
+    runs: list[tuple[str, str, dict[str, str], str | None, int | None]] = []
     for i, (env, ly) in enumerate(zip(fa_envs, layers)):
         name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}"
-        runs.append((name, "FLASH_ATTN_EXT", env, _cases(ly)))
+        p = _cases(ly)
+        runs.append((name, "FLASH_ATTN_EXT", env, p, len({(r.D, r.kv) for r in ly}) if p else None))
     if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
         every = [r for ly in layers for r in ly]
         fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}
-        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env, None))  # an MMQ choice acts at every shape
+        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env, None, None))  # an MMQ choice acts at every shape
     done = store.gate("test-backend-ops")
     out = []
-    for name, op, env, p in runs:
+    for name, op, env, p, shapes in runs:
         rec = done.get(name)
         if rec is None or rec.get("env") != env or rec.get("params") != p:
             if budget is not None:
-                secs = backend_ops_seconds(op)
+                secs = backend_ops_seconds(op, shapes)
                 budget.fits(secs, f"test-backend-ops {name} (about {secs:.0f} s)")
             log = log_dir / f"test-backend-ops-{name.replace(' ', '-').replace('(', '').replace(')', '')}.log"
             rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend, params=p) | {"op": name}

@@ -362,13 +362,16 @@ def check_seconds(like: str) -> float:
     return size * float(rec["equivalence_check_s"])
 
 
-def backend_ops_seconds(op: str) -> float:
-    """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``); the
-    largest recording for an op not recorded."""
+def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
+    """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
+    case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
+    the largest recording for an op not recorded."""
     from tuner.search.dryrun import load_step_costs
 
-    recs = {str(r["op"]): float(r["seconds"]) for r in load_step_costs().get("backend_ops", {}).values()}
-    return recs.get(op, max(recs.values(), default=0.0))
+    recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
+    rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
+    whole = float(rec["seconds"])
+    return whole if shapes is None or "shape_s" not in rec else min(whole, shapes * float(rec["shape_s"]))
 
 
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
