@@ -277,16 +277,6 @@ def _check_budget(budget: Any, plan: Any) -> Callable[[str], None] | None:
     return lambda name: budget.fits(secs, f"the {plan.like} output-equivalence check {name} (about {secs:.0f} s)")
 
 
-def _cases(rules: Any) -> str | None:
-    """The ``-p`` of FLASH_ATTN_EXT's cases at ``rules``' head sizes and K/V types (None: a rule of any head size)."""
-    from tuner.measure.gate import params_for_model
-
-    shapes = sorted({(r.D, r.kv) for r in rules}, key=str)
-    if any(D is None for D, _ in shapes):
-        return None
-    return "|".join(f"({params_for_model(D, kv)})" for D, kv in shapes)
-
-
 def _backend_ops(
     conf: Any, bin_dir: Path, *, backend: str, store: Any, log_dir: Path, budget: Any = None
 ) -> list[dict[str, Any]]:
@@ -297,6 +287,7 @@ def _backend_ops(
     (priced at the recorded runs)."""
     import dataclasses
 
+    from tuner.measure.gate import params_for_shapes
     from tuner.plan.fa_rules import rules_env
     from tuner.sweep import confirm, mmq
     from tuner.sweep.confirm_report import backend_ops_seconds
@@ -312,8 +303,9 @@ def _backend_ops(
     runs: list[tuple[str, str, dict[str, str], str | None, int | None]] = []
     for i, (env, ly) in enumerate(zip(fa_envs, layers)):
         name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}"
-        p = _cases(ly)
-        runs.append((name, "FLASH_ATTN_EXT", env, p, len({(r.D, r.kv) for r in ly}) if p else None))
+        pairs = {(r.D, r.kv) for r in ly}
+        p = params_for_shapes(pairs)
+        runs.append((name, "FLASH_ATTN_EXT", env, p, len(pairs) if p else None))
     if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
         every = [r for ly in layers for r in ly]
         fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}

@@ -17,13 +17,22 @@ tile config of a kernel the default heuristics would not pick for the test shape
 
 from __future__ import annotations
 
-__all__ = ["KERNELS", "CheckResult", "GateResult", "params_for_model", "parse_check_output", "run_check", "run_gate"]
+__all__ = [
+    "KERNELS",
+    "CheckResult",
+    "GateResult",
+    "params_for_model",
+    "params_for_shapes",
+    "parse_check_output",
+    "run_check",
+    "run_gate",
+]
 
 import dataclasses
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tuner import _run, log
@@ -197,6 +206,22 @@ def params_for_model(head_dim: int, kv_type: str | None = None, *, head_dim_v: i
             )
         rx += f".*type_K={kv_type},type_V={kv_type},"
     return rx
+
+
+def params_for_shapes(shapes: Iterable[tuple[int | None, str | None]]) -> str | None:
+    """A ``-p`` regex selecting the FLASH_ATTN_EXT cases of any of ``shapes`` ((head size, K/V type) pairs, as
+    :func:`params_for_model` takes them). None, every case, where there is no shape or one of any head size
+    (a rule without ``D`` matches them all).
+
+    Example:
+        >>> params_for_shapes([(128, "f16"), (64, None)])
+        '(hsk=64,hsv=64,)|(hsk=128,hsv=128,.*type_K=f16,type_V=f16,)'
+    """
+    pairs = set(shapes)
+    sized = [(D, kv) for D, kv in pairs if D is not None]
+    if not pairs or len(sized) < len(pairs):
+        return None
+    return "|".join(f"({params_for_model(D, kv)})" for D, kv in sorted(sized, key=lambda s: (s[0], s[1] or "")))
 
 
 def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | None) -> None:

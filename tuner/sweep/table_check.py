@@ -396,7 +396,7 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
     ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
     from tuner.builder.carry import pack_build, unpack_build
     from tuner.builder.cmake import build_variant
-    from tuner.measure.gate import params_for_model, run_check
+    from tuner.measure.gate import params_for_shapes, run_check
     from tuner.plan.render import render_variant
     from tuner.plan.variant import RenderedVariant
     from tuner.result.upstream_check import gpu_skip, patched_tree_text
@@ -427,10 +427,9 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
                            f"with `tuner validate --gpu --from-pack {pack} {folder}`"))  # fmt: skip
         if arch.name not in local:
             return out + gpu_skip(arch.name, local)
-    shapes = sorted({(r.D, r.kv) for r in ev.confirmed.kept_rules})
-    fa = "|".join(f"({params_for_model(D, kv)})" for D, kv in shapes) or None
+    fa = params_for_shapes((r.D, r.kv) for r in ev.confirmed.kept_rules)
     for op, params in (("FLASH_ATTN_EXT", fa), ("MUL_MAT", None)):
-        if op == "FLASH_ATTN_EXT" and not shapes:
+        if op == "FLASH_ATTN_EXT" and fa is None:  # no kept entry: nothing of FLASH_ATTN_EXT changed
             continue
         chk = run_check(
             b.bin_dir, ops=(op,), backend=f"{arch.backend}0", log_dir=log_dir, params=params, label=f"table-{op}"

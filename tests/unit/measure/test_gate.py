@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import tuner._run
 from tuner._run import RunResult
 from tuner.errors import UsageError
-from tuner.measure.gate import params_for_model, parse_check_output, run_check, run_gate
+from tuner.measure.gate import params_for_model, params_for_shapes, parse_check_output, run_check, run_gate
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "bench"
 
@@ -58,6 +59,17 @@ def test_zero_cases_is_not_a_pass() -> None:
     text = "Testing 1 devices\n\nBackend 1/1: CPU\n  Device description: x\n\n  0/0 tests passed\n  Backend CPU: OK\n"
     r = parse_check_output(text, backend="CPU")
     assert not r.passed and "no case matched" in r.summary
+
+
+def test_params_for_shapes_selects_any_of_them_in_order_or_every_case() -> None:
+    """One ``-p`` for several kept shapes (the confirm's and validate's test-backend-ops), sorted by head size;
+    None (every case) where there is none, or where a rule has no head size and so matches them all."""
+    line = "FLASH_ATTN_EXT(hsk=256,hsv=256,nh=4,nr23=[2,1],kv=512,nb=1,mask=1,sinks=0,max_bias=0.000000,logit_softcap=0.000000,prec=f32,type_K=f16,type_V=f16,permute=[0,1,2,3])"
+    both = params_for_shapes([(256, "f16"), (128, "f16"), (256, "f16")])
+    assert both == "(hsk=128,hsv=128,.*type_K=f16,type_V=f16,)|(hsk=256,hsv=256,.*type_K=f16,type_V=f16,)"
+    other = params_for_shapes([(128, "f16"), (256, "q8_0")])
+    assert re.search(both, line) and other is not None and not re.search(other, line)
+    assert params_for_shapes([]) is None and params_for_shapes([(128, "f16"), (None, "f16")]) is None
 
 
 def test_params_for_model() -> None:
