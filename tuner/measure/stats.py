@@ -41,6 +41,14 @@ if TYPE_CHECKING:
 N_BOOT = 4000
 """Bootstrap resamples; 4000 keeps the 2.5%/97.5% percentiles stable to ~1% of the CI width."""
 
+BOOT_CHUNK = 1 << 22
+"""Most resampled values held at once (32 MiB of indices): the resamples are drawn in chunks of rows, so
+memory does not grow with ``n_boot * n`` (4000 resamples of a million samples would be 30 GiB)."""
+
+MAX_BOOT_SAMPLES = 1_000_000
+"""Most samples one side may have: beyond it a bootstrap takes minutes and no benchmark has that many
+repetitions (tuner.measure.frames refuses files above its own, lower MAX_SAMPLES first)."""
+
 
 def median(xs: Iterable[float | None], *, upper: bool = False) -> float:
     """The median of the finite values of ``xs`` (None and NaN left out), NaN when there are none.
@@ -60,6 +68,29 @@ def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     arr = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=float)
     finite: np.ndarray = arr[np.isfinite(arr)]  # numpy types a boolean-mask index as Any
     return finite
+
+
+def _rates(samples: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The tokens/s values that are measurements: finite and positive (a zero or negative rate is none)."""
+    arr = _clean(samples)
+    pos: np.ndarray = arr[arr > 0]
+    return pos
+
+
+def _boot_medians(rng: np.random.Generator, arr: np.ndarray, n_boot: int) -> np.ndarray:
+    """Medians of ``n_boot`` resamples of ``arr``, drawn BOOT_CHUNK values at a time (the same draws as one
+    ``(n_boot, n)`` call while that fits in one chunk)."""
+    if arr.size > MAX_BOOT_SAMPLES:
+        raise UsageError(
+            f"{arr.size} samples in one bootstrap; tuner resamples at most {MAX_BOOT_SAMPLES}. Pass fewer "
+            "repetitions (split the file)."
+        )
+    rows = max(1, BOOT_CHUNK // arr.size)
+    out = np.empty(n_boot)
+    for start in range(0, n_boot, rows):
+        k = min(rows, n_boot - start)
+        out[start : start + k] = np.median(arr[rng.integers(0, arr.size, size=(k, arr.size))], axis=1)
+    return out
 
 
 def _check_confidence(confidence: float) -> None:
@@ -87,9 +118,7 @@ def bootstrap_median_ci(
         return (math.nan, math.nan)
     if arr.size == 1:
         return (float(arr[0]), float(arr[0]))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
-    meds = np.median(arr[idx], axis=1)
+    meds = _boot_medians(np.random.default_rng(seed), arr, n_boot)
     alpha = 1.0 - confidence
     low, high = np.quantile(meds, [alpha / 2, 1 - alpha / 2])
     return (float(low), float(high))
@@ -114,10 +143,11 @@ class Verdict:
     """Upper end of the bootstrap CI of ``delta_pct``."""
     p_value: float
     """Two-sided Mann-Whitney U p-value (nan with fewer than 2 samples a side)."""
-    verdict: Literal["faster", "slower", "no difference", "too few samples"]
+    verdict: Literal["faster", "slower", "no difference", "too few samples", "missing"]
     """``faster``/``slower`` only when the CI excludes 0 and ``p_value < 1 - confidence``; ``too few
     samples`` when the CI excludes 0 but the rank test could not reach that level with this many samples
-    (3 against 3 gives p >= 0.1 whatever the data), so the run needs more repetitions to decide."""
+    (3 against 3 gives p >= 0.1 whatever the data), so the run needs more repetitions to decide;
+    ``missing`` when a side has no measurement (no finite positive rate): nothing is compared."""
     confidence: float
     n_a: int = 0
     n_b: int = 0
@@ -170,6 +200,8 @@ def compare(
 ) -> Verdict:
     """Compare candidate samples B against reference samples A (both tokens/s, higher is better).
 
+    Only finite positive rates count; a side with none is ``missing``, never ``no difference``.
+
     Args:
         a_samples: Reference (baseline) measurements.
         b_samples: Candidate measurements.
@@ -189,22 +221,22 @@ def compare(
     from scipy import stats as sps
 
     _check_confidence(confidence)
-    a, b = _clean(a_samples), _clean(b_samples)
-    if a.size == 0 or b.size == 0 or np.median(a) <= 0:
+    a, b = _rates(a_samples), _rates(b_samples)
+    if a.size == 0 or b.size == 0:
         return Verdict(
             delta_pct=math.nan,
             ci_low=math.nan,
             ci_high=math.nan,
             p_value=math.nan,
-            verdict="no difference",
+            verdict="missing",
             confidence=confidence,
             n_a=int(a.size),
             n_b=int(b.size),
         )
     delta = 100.0 * (float(np.median(b)) / float(np.median(a)) - 1.0)
     rng = np.random.default_rng(seed)
-    med_a = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
-    med_b = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+    med_a = _boot_medians(rng, a, n_boot)
+    med_b = _boot_medians(rng, b, n_boot)
     ratios = 100.0 * (med_b / med_a - 1.0)
     alpha = 1.0 - confidence
     low, high = (float(x) for x in np.quantile(ratios, [alpha / 2, 1 - alpha / 2]))
@@ -218,8 +250,9 @@ def compare(
             p = 1.0
     significant = math.isfinite(p) and p < alpha
     # The smallest two-sided Mann-Whitney p for these sizes (complete separation, no ties).
-    decidable = a.size >= 2 and b.size >= 2 and 2.0 / math.comb(a.size + b.size, a.size) < alpha
-    verdict: Literal["faster", "slower", "no difference", "too few samples"] = "no difference"
+    # (compared as comb > 2 / alpha: an int against a float, exact however large the comb)
+    decidable = a.size >= 2 and b.size >= 2 and math.comb(a.size + b.size, a.size) > 2.0 / alpha
+    verdict: Literal["faster", "slower", "no difference", "too few samples", "missing"] = "no difference"
     if significant and low > min_effect_pct:
         verdict = "faster"
     elif significant and high < -min_effect_pct:

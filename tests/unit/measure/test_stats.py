@@ -65,7 +65,7 @@ def test_min_effect_and_degenerate_inputs() -> None:
     b = [102, 103, 101, 102.5, 101.5, 102.2]
     assert compare(a, b).verdict == "faster"
     assert compare(a, b, min_effect_pct=5.0).verdict == "no difference"
-    assert compare([], b).verdict == "no difference"
+    assert compare([], b).verdict == "missing"  # no measurement on one side: nothing to judge
     assert compare([5.0] * 4, [5.0] * 4).verdict == "no difference"
 
 
