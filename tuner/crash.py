@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from tuner.redact import redact, redact_argv
+from tuner.redact import redact, redact_argv, remember_argv
 
 EXIT_INTERNAL = 70
 """Exit status for a bug in tuner (``EX_SOFTWARE`` in sysexits.h)."""
@@ -95,6 +95,7 @@ def _context(argv: Sequence[str]) -> list[str]:
 
 def write_crash_log(err: BaseException, argv: Sequence[str]) -> Path:
     """Write the traceback and the run's context to a new file in :func:`crash_log_dir`; return its path."""
+    remember_argv(argv)  # a --storage value's password, hidden in the traceback's messages too
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = crash_log_dir() / f"crash-{stamp}-{os.getpid()}.log"
     tb = redact("".join(traceback.format_exception(type(err), err, err.__traceback__)))  # messages and locals' reprs
@@ -114,6 +115,7 @@ def _one_line(err: BaseException) -> str:
 def report_crash(err: BaseException, argv: Sequence[str] | None = None) -> int:
     """Print the internal-error paragraph (and, when debugging, the traceback); return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    remember_argv(argv)
     command = shlex.join(["tuner", *redact_argv(argv)])
     debug = debug_requested(argv)
     try:

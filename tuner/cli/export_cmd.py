@@ -71,13 +71,16 @@ def export(
     `git apply` tuned.patch there; an export whose kernels are upstream's has no tuned.patch."""
     from tuner.errors import UsageError
     from tuner.search.study import default_run_dir
+    from tuner.study.storage import check_storage, storage_guard
 
     if storage is None:
         db = (run_dir or default_run_dir(study)) / "study.db"
         if not db.is_file():
             raise UsageError(f"no study database at {db}. Pass --storage URL or --run-dir DIR of the search.")
         storage = f"sqlite:///{db.resolve()}"
-    export_study(study, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
+    check_storage(storage, existing=True)  # search's and worker's check; a missing SQLite file is not created
+    with storage_guard(storage):
+        export_study(study, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
     click.echo(str(out_dir))
 
 

@@ -212,8 +212,13 @@ def search(
         _dry_run(target, kw, as_json)
         return
     from tuner.cli.search_stage import search_and_export
+    from tuner.study.storage import check_storage, storage_guard
 
-    if search_and_export(_request(target, kw), export_dir) is None:
+    if kw["storage"] is not None:  # the shared storage check, before minutes of fetching and building
+        check_storage(kw["storage"])
+    with storage_guard(kw["storage"]):
+        outcome = search_and_export(_request(target, kw), export_dir)
+    if outcome is None:
         sys.exit(3)  # stopped by --time-budget: a script must not take it for a finished search
 
 
@@ -256,11 +261,16 @@ def worker(**kw: Any) -> None:
     """Join a study that `tuner search` screened and composed (``--storage postgresql://... --study NAME``)
     and add tune trials until --trials or the budget; `tuner search` again confirms and exports."""
     from tuner.cli.search_stage import tune_worker
+    from tuner.study.storage import check_storage, storage_guard
     from tuner.targets.target import resolve_target
 
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
-    if tune_worker(_request(resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"]), kw)) is None:
+    target = resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"])
+    check_storage(kw["storage"], existing=True)  # a worker joins a study: a mistyped SQLite path is not created
+    with storage_guard(kw["storage"]):
+        held = tune_worker(_request(target, kw))
+    if held is None:
         sys.exit(3)  # stopped by --time-budget, as `tuner search`
 
 

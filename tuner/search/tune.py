@@ -375,15 +375,12 @@ def asked_trial(study: Any, storage: Any, dists: Mapping[str, Any]) -> Iterator[
 @contextlib.contextmanager
 def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
     """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
-    trial whose process dies is found stale by :func:`fail_interrupted` on any host."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
+    trial whose process dies is found stale by :func:`fail_interrupted` on any host; a lost database
+    is reported once by the main thread, not by a traceback from the heartbeat's."""
+    from tuner.study.storage import trial_heartbeat as heartbeat
 
-    hb = get_heartbeat_thread(trial._trial_id, storage)
-    hb.start()
-    try:
+    with heartbeat(storage, trial._trial_id):
         yield
-    finally:
-        hb.join()
 
 
 def tune_focus(cfg: Any, st: Any, study: Any) -> Any:

@@ -3,15 +3,31 @@ directory by default, or PostgreSQL shared by several hosts), and the check of a
 
 from __future__ import annotations
 
-__all__ = ["GRACE_S", "HEARTBEAT_S", "STORAGE_DIALECTS", "check_storage_url", "make_storage"]
+__all__ = [
+    "GRACE_S",
+    "HEARTBEAT_S",
+    "STORAGE_DIALECTS",
+    "StorageLost",
+    "check_storage",
+    "check_storage_url",
+    "make_storage",
+    "storage_guard",
+    "trial_heartbeat",
+]
 
+import contextlib
+import logging
 import re
+import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import UsageError
-from tuner.redact import redact
+from tuner.errors import TunerError, UsageError
+from tuner.redact import redact, redact_value, remember
+
+logger = logging.getLogger(__name__)
 
 STORAGE_DIALECTS = ("sqlite", "postgresql", "postgres", "mysql", "mariadb")
 """Database dialects an Optuna RDB storage URL may name (``dialect[+driver]://...``)."""
@@ -27,11 +43,18 @@ def check_storage_url(url: str) -> str:
     is promised to resume), a SQLite file whose folder does not exist (SQLAlchemy would fail, or tuner
     would create folders outside the run dir unasked), a bad port. Passwords stay out of the message.
     """
-    shown = redact(url)
+    if isinstance(url, str):
+        remember(url)  # from here on any text quoting it (an error's message, a traceback) hides its password
+    shown = redact_value(str(url))
     fix = (
         "Pass --storage sqlite:///PATH/study.db (an existing folder), postgresql://USER@HOST/DB, or leave "
         "--storage out for a SQLite study in the run dir."
     )
+    if isinstance(url, str) and "://" not in url and "=" in url:
+        raise UsageError(
+            f"--storage {shown!r} is a libpq keyword/value string; Optuna opens a study by URL. Write it as "
+            "postgresql://USER@HOST:PORT/DB (a password from PGPASSWORD or ~/.pgpass, or percent-encoded in the URL)."
+        )
     if not isinstance(url, str) or not url or url != url.strip() or any(ord(c) < 32 or c.isspace() for c in url):
         raise UsageError(
             f"--storage {shown!r} is not a storage URL (it is empty or holds spaces or control characters). {fix}"
@@ -84,12 +107,24 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def make_storage(url: str) -> Any:
+def make_storage(url: str, *, existing: bool = False) -> Any:
     """An Optuna RDB storage for ``url`` (checked by :func:`check_storage_url`), with heartbeats so a
-    trial whose process died is failed and run again; UsageError when it cannot be opened."""
+    trial whose process died is failed and run again; UsageError when it cannot be opened.
+
+    The one storage check of ``search``, ``worker`` and ``export``: a wrong password, a server that is
+    down or a database that does not exist is exit 2 with the URL (password hidden), never a traceback.
+    ``existing``: the study must be there already (export, worker), so a SQLite file that does not
+    exist is refused and not created (a typo would otherwise leave an empty database behind)."""
     import optuna
 
     check_storage_url(url)
+    if existing and url.split(":", 1)[0].split("+", 1)[0].lower() == "sqlite":
+        db = Path(url.partition("?")[0].split("://", 1)[1][1:])
+        if not db.is_file():
+            raise UsageError(
+                f"no study database at {db} (--storage {redact_value(url)!r}); this command reads a study that "
+                "`tuner search` wrote and creates none. Check the path, or pass the search's --run-dir instead."
+            )
     try:
         with warnings.catch_warnings():
             # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
@@ -105,13 +140,21 @@ def make_storage(url: str) -> Any:
         from tuner.extras import missing_module_error
 
         raise missing_module_error(err) or UsageError(
-            f"storage {redact(url)!r} needs a database driver that is not installed ({err})."
+            f"storage {redact_value(url)!r} needs a database driver that is not installed ({err})."
         ) from None
     except Exception as err:  # sqlalchemy OperationalError and friends
         raise UsageError(
-            f"cannot open the study storage {redact(url)!r}: {redact(_first_line(err))}. Check the URL, that the server "
-            "is up and that the database exists (createdb NAME)."
+            f"cannot open the study storage {redact_value(url)!r}: {redact(_first_line(err))}. Check the URL, that "
+            "the server is up and that the database exists (createdb NAME)."
         ) from None
+
+
+def check_storage(url: str, *, existing: bool = False) -> None:
+    """:func:`make_storage`'s check, before a command spends minutes on a fetch, a build or a model: the
+    storage is opened (its tables made where it is new, unless ``existing``) and closed again."""
+    storage = make_storage(url, existing=existing)
+    with contextlib.suppress(Exception):
+        storage.engine.dispose()
 
 
 HEARTBEAT_S = 10
@@ -119,6 +162,92 @@ HEARTBEAT_S = 10
 GRACE_S = 60
 """A RUNNING trial without a heartbeat for this long belongs to a process that died: it is failed and
 re-run (Optuna's fail_stale_trials; a retry copy of it is queued)."""
+
+
+class StorageLost(TunerError):
+    """The study's database went away while a command used it (a PostgreSQL server stopped, the network
+    dropped): exit 1, not a bug in tuner."""
+
+
+_LOST_HINT = (
+    "What was measured before is in the study. Once the database is reachable again, rerun the same command: "
+    "it resumes, and a tune trial that was running is marked failed and run again."
+)
+
+
+def _lost_storage_error(err: BaseException) -> BaseException | None:
+    """The driver-level connection failure in ``err``'s chain (sqlalchemy's OperationalError, InterfaceError
+    or DisconnectionError of a database server), or None. SQLite's own errors (a full disk, a locked file)
+    are not a lost server: the CLI words those itself."""
+    try:
+        from sqlalchemy import exc
+    except ImportError:
+        return None
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError)):
+            orig = getattr(e, "orig", None)
+            if not type(orig).__module__.startswith("sqlite3"):
+                return e
+        stack += [e.__cause__, e.__context__]
+    return None
+
+
+@contextlib.contextmanager
+def storage_guard(url: str | None) -> Iterator[None]:
+    """Turn a lost study database inside the block into :class:`StorageLost` (one paragraph, exit 1)."""
+    try:
+        yield
+    except TunerError:
+        raise
+    except Exception as err:
+        lost = _lost_storage_error(err)
+        if lost is None:
+            raise
+        where = f" {redact_value(url)}" if url else ""
+        raise StorageLost(
+            f"lost the study storage{where} ({redact(_first_line(getattr(lost, 'orig', None) or lost))}). {_LOST_HINT}"
+        ) from None
+
+
+@contextlib.contextmanager
+def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
+    """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna records
+    them only inside ``optimize()``), so a trial whose process dies is found stale on any host.
+
+    Optuna's own heartbeat thread dies with a traceback on stderr at the first failed write; this one
+    logs the failure, keeps beating (a database back within the grace period loses nothing) and leaves
+    the loss to the main thread, whose next write meets it and reports it once (:func:`storage_guard`)."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    if not is_heartbeat_enabled(storage):
+        yield
+        return
+    interval = float(storage.get_heartbeat_interval())
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as err:  # any failure: the main thread meets the loss and reports it
+                logger.debug("heartbeat of trial %s not recorded: %s", trial_id, redact(_first_line(err)))
+            if stop.wait(interval):
+                return
+
+    # A daemon: a beat stuck on a dead network must not keep the process alive once the command ends.
+    thread = threading.Thread(target=beat, name=f"tuner-heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=interval)
 
 
 def _first_line(err: BaseException) -> str:
