@@ -233,6 +233,106 @@ def test_a_storage_password_is_in_nothing_tuner_prints_or_writes(
         assert not [p for p in logs.glob("*") if secret.encode() in p.read_bytes() and p not in crash_before]
 
 
+def _pg_server(url: str) -> tuple[list[str], str, str]:
+    """How to stop and start the ``postgres`` fixture's server again: the command prefix it runs as,
+    its data folder and the start options (asked from the server itself)."""
+    import shutil
+
+    import psycopg
+
+    plain = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain, autocommit=True) as c:
+        data = c.execute("SHOW data_directory").fetchone()[0]
+        sock = c.execute("SHOW unix_socket_directories").fetchone()[0]
+        port = c.execute("SHOW port").fetchone()[0]
+    pg_ctl = next(
+        (str(d / "pg_ctl") for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)),
+        shutil.which("pg_ctl") or "pg_ctl",
+    )
+    run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    return [*run_as, pg_ctl, "-D", data], f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", str(Path(data).parent)
+
+
+def _running_trials(url: str, study: str) -> int:
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(url.replace("+psycopg", ""), connect_timeout=5) as c:
+        row = c.execute(
+            "SELECT count(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
+            "WHERE s.study_name = %s AND t.state = 'RUNNING'",
+            (study,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+    return 0
+
+
+@pytest.mark.postgres
+def test_postgres_stopping_mid_trial_is_one_error_and_the_trial_runs_again(
+    cpu_build, tiny_model, tuner_home: Path, tmp_path: Path, postgres: str, tuner, load
+) -> None:
+    """The server stops while a tune trial runs: exit 1 'lost the study storage' in one paragraph (no
+    thread tracebacks, not exit 70); started again, the same command fails that trial and runs it again."""
+    ctl, opts, base = _pg_server(postgres)
+    args = ["search", *SMALL, "--model", str(tiny_model), "--storage", postgres, "--study", "lost"]
+    args += ["--run-dir", str(tmp_path / "run"), "--trials", "3", "--reps-tg", "6"]  # trials of seconds, not one
+    env = {**os.environ, "TUNER_HOME": str(tuner_home), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    stopped = False
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _running_trials(postgres, "lost"):
+                subprocess.run([*ctl, "-m", "fast", "-w", "stop"], check=True, capture_output=True)
+                stopped = True
+                break
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        if stopped:
+            subprocess.run([*ctl, "-l", f"{base}/log", "-w", "-o", opts, "start"], check=True, capture_output=True)
+    assert stopped, f"no tune trial was seen running (exit {proc.returncode}):\n{err[-3000:]}"
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "Exception in thread" not in err and "internal error" not in err, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("tuner: error:")]
+    assert len(errors) == 1 and errors[0].startswith("tuner: error: lost the study storage postgresql+psycopg://")
+    assert err.rstrip().endswith(errors[0])  # the last thing printed, nothing after it
+    left = [t for t in load(postgres, "lost").trials if t.state.name == "RUNNING"]
+    assert len(left) == 1  # nobody could mark it: the next search does
+    # the server is back: the same command resumes, fails the cut-off trial and runs its parameters again
+    again = tuner(*args, home=tuner_home, timeout=900)
+    assert "were cut off by an interrupted search or worker" in again.stderr
+    st = load(postgres, "lost")
+    cut = next(t for t in st.trials if t.number == left[0].number)
+    assert cut.state.name == "FAIL" and cut.user_attrs["status"] == "interrupted"
+    assert any(t.user_attrs.get("retry_of") == cut.number and t.params == cut.params for t in st.trials)
+    assert not [t for t in st.trials if t.state.name in ("RUNNING", "WAITING")] and "result" in st.user_attrs
+
+
+@pytest.mark.postgres
+def test_export_and_worker_check_the_storage_as_search_does(tmp_path: Path, postgres: str, tuner) -> None:
+    """A database that does not exist on a real server, and one that holds no study: exit 2 naming it (it
+    was exit 70 for export), before the worker fetches or builds anything; the empty database stays empty."""
+    import psycopg
+
+    home = tmp_path / "home"
+    nodb = postgres.rsplit("/", 1)[0] + "/nosuchdb"
+    plain = postgres.replace("+psycopg", "")
+    with psycopg.connect(plain, autocommit=True) as c:
+        c.execute("CREATE DATABASE emptydb")
+    empty = postgres.rsplit("/", 1)[0] + "/emptydb"
+    for url, want in ((nodb, 'database "nosuchdb" does not exist'), (empty, "holds no Optuna study")):
+        for cmd in (["export", "-o", str(tmp_path / "out")], ["worker", "--arch", "cpu"]):
+            res = tuner(*cmd, "--storage", url, "--study", "s", home=home, check=False, timeout=120)
+            assert res.returncode == 2 and want in res.stderr and "internal error" not in res.stderr, res.stderr
+            assert not (tmp_path / "out").exists() and not (home / "sources").exists()
+    with psycopg.connect(plain.rsplit("/", 1)[0] + "/emptydb") as c:
+        assert c.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone() == (0,)
+
+
 def test_export_redacts_the_storage_and_refuses_a_nan_result(tree_a, tmp_path: Path) -> None:
     """PR.md (written only for GPU rules, so not by a CPU search) names no storage, and the export's NaN
     guard, on the stored H100 study with test_pipeline_export's CRAFTED confirm rows."""

@@ -118,7 +118,7 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
     import optuna
 
     check_storage_url(url)
-    if existing and url.split(":", 1)[0].split("+", 1)[0].lower() == "sqlite":
+    if existing and _is_sqlite(url):
         db = Path(url.partition("?")[0].split("://", 1)[1][1:])
         if not db.is_file():
             raise UsageError(
@@ -135,6 +135,7 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
                 grace_period=GRACE_S,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
                 engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+                skip_table_creation=existing,  # a database without a study stays as it was
             )
     except ImportError as err:
         from tuner.extras import missing_module_error
@@ -142,7 +143,13 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
         raise missing_module_error(err) or UsageError(
             f"storage {redact_value(url)!r} needs a database driver that is not installed ({err})."
         ) from None
-    except Exception as err:  # sqlalchemy OperationalError and friends
+    except Exception as err:  # sqlalchemy OperationalError and friends (Optuna wraps some in StorageInternalError)
+        err = _root_cause(err)
+        if existing and "version_info" in str(err):  # Optuna's schema table: there is no study here
+            raise UsageError(
+                f"the study storage {redact_value(url)!r} holds no Optuna study (it has no Optuna tables): it is "
+                "not a database `tuner search` wrote. Check --storage (or pass the search's --run-dir)."
+            ) from None
         raise UsageError(
             f"cannot open the study storage {redact_value(url)!r}: {redact(_first_line(err))}. Check the URL, that "
             "the server is up and that the database exists (createdb NAME)."
@@ -150,11 +157,19 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
 
 
 def check_storage(url: str, *, existing: bool = False) -> None:
-    """:func:`make_storage`'s check, before a command spends minutes on a fetch, a build or a model: the
-    storage is opened (its tables made where it is new, unless ``existing``) and closed again."""
+    """:func:`make_storage`'s check, before a command spends minutes on a fetch, a build or a model: a
+    server's storage is opened and closed again (a new SQLite file is left for the search to create, so a
+    search refused later leaves none); with ``existing`` the study's database is opened and changed in nothing."""
+    if not existing and _is_sqlite(url):
+        check_storage_url(url)
+        return
     storage = make_storage(url, existing=existing)
     with contextlib.suppress(Exception):
         storage.engine.dispose()
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.split(":", 1)[0].split("+", 1)[0].lower() == "sqlite"
 
 
 HEARTBEAT_S = 10
@@ -248,6 +263,15 @@ def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(timeout=interval)
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The error that started ``err`` (``raise ... from``): the driver's, which says what went wrong."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err
 
 
 def _first_line(err: BaseException) -> str:

@@ -38,6 +38,9 @@ def test_a_missing_sqlite_file_is_refused_and_not_created(
     code, err = _run_cli(argv, monkeypatch, capsys)
     assert code == 2 and f"no study database at {typo}" in err, err
     assert not typo.exists() and not (tmp_path / "out").exists() and not (tmp_path / "r").exists()
+    typo.touch()  # a file that is no study (an empty one, another program's database) is refused, not written
+    code, err = _run_cli(argv, monkeypatch, capsys)
+    assert code == 2 and "holds no Optuna study" in err and typo.stat().st_size == 0, err
 
 
 @pytest.mark.parametrize("cmd", ["search", "worker", "export"])
