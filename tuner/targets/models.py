@@ -601,8 +601,34 @@ def load_gguf_shape(path: Path) -> ModelShape:
     def get(key: str, default: Any = None) -> Any:
         return kv[key][2] if key in kv else default
 
+    def bad(key: str, val: Any, want: str) -> UsageError:
+        shown = repr(val) if len(repr(val)) <= 60 else repr(val)[:57] + "..."
+        return UsageError(
+            f"{path}: metadata {key} = {shown} is not {want}; tuner estimates dense llama-style models only, "
+            "from metadata as llama.cpp's convert_hf_to_gguf.py writes it. Pass such a GGUF (or --like NAME)."
+        )
+
+    def count(key: str, default: Any = None) -> int:
+        """A positive integer key; per-layer arrays (some archs) give their first layer's value."""
+        v = get(key, default)
+        if isinstance(v, list):
+            if not v:
+                raise bad(key, v, "a positive integer (an empty per-layer array)")
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 31:
+            raise bad(key, v, "a positive integer")
+        return v
+
+    def positive(key: str, default: float) -> float:
+        v = get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise bad(key, v, "a positive finite number")
+        return float(v)
+
     arch = get("general.architecture")
-    if not isinstance(arch, str):
+    if not isinstance(arch, str) or not arch:
+        if "general.architecture" in kv:
+            raise bad("general.architecture", arch, "an architecture name (llama, qwen2...)")
         raise UsageError(f"{path} has no general.architecture; it is not a llama.cpp model GGUF.")
     need = {
         "n_layers": f"{arch}.block_count",
@@ -610,34 +636,32 @@ def load_gguf_shape(path: Path) -> ModelShape:
         "d_ff": f"{arch}.feed_forward_length",
         "n_heads": f"{arch}.attention.head_count",
     }
-    vals: dict[str, Any] = {}
-    for k, key in need.items():
-        v = get(key)
-        if isinstance(v, list):  # per-layer arrays (some archs): use the first layer's value
-            v = v[0] if v else None
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise UsageError(
-                f"{path}: metadata {key} is missing or not a positive integer; tuner estimates dense llama-style models only."
-            )
-        vals[k] = v
-    n_kv = get(f"{arch}.attention.head_count_kv", vals["n_heads"])
-    if isinstance(n_kv, list):
-        n_kv = n_kv[0]
-    head_dim = get(f"{arch}.attention.key_length", vals["d_model"] // vals["n_heads"])
+    for key in need.values():
+        if key not in kv:
+            raise UsageError(f"{path}: metadata {key} is missing; tuner estimates dense llama-style models only.")
+    vals: dict[str, Any] = {k: count(key) for k, key in need.items()}
+    kv_key = f"{arch}.attention.head_count_kv"
+    n_kv = count(kv_key, vals["n_heads"])
+    if vals["n_heads"] % n_kv:
+        raise bad(kv_key, n_kv, f"a divisor of {arch}.attention.head_count ({vals['n_heads']})")
+    head_dim = count(f"{arch}.attention.key_length", max(1, vals["d_model"] // vals["n_heads"]))
     names = {t.name: t for t in tensors}
     embd = names.get("token_embd.weight")
-    vocab = embd.ne[1] if embd is not None and len(embd.ne) > 1 else int(get(f"{arch}.vocab_size", 0) or 0)
+    if embd is not None and len(embd.ne) > 1:
+        vocab = embd.ne[1]
+    else:
+        vocab = count(f"{arch}.vocab_size") if f"{arch}.vocab_size" in kv else 0
     return ModelShape(
         name=Path(path).name,
         arch=arch,
-        n_kv_heads=int(n_kv),
-        head_dim=int(head_dim),
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
         vocab_size=vocab,
         tied_output="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
-        rope_freq_base=float(get(f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        context_length=int(get(f"{arch}.context_length", 4096)),
+        rope_freq_base=positive(f"{arch}.rope.freq_base", 10000.0),
+        rms_eps=positive(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+        context_length=count(f"{arch}.context_length", 4096),
         source=f"GGUF metadata of {path}",
         **vals,
     )

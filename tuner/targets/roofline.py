@@ -81,7 +81,7 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
     # Keyed on mtime and size so a rewritten file is read again; one header parse per estimate.
     path = Path(path_str)
     shape = load_gguf_shape(path)
-    tensors = []
+    tensors: list[dict[str, Any]] = []
     for t in load_gguf_tensors(path):
         if t.name == "token_embd.weight":
             kind = "embd"
@@ -100,6 +100,12 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
                 "n_elements": t.n_elements,
                 "n_bytes": t.n_bytes,
             }
+        )
+    if not any(t["kind"] == "matmul" and t["n_bytes"] > 0 for t in tensors):
+        # a vocab-only GGUF (models/ggml-vocab-*.gguf) has the metadata and no weights: its bound would be x/0
+        raise UsageError(
+            f"{path} has no weight tensors (a vocab-only GGUF?); a roofline needs the model's weights. "
+            "Pass the model file, or --like NAME for a known shape."
         )
     return shape, tuple(tensors)
 
