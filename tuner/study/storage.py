@@ -144,14 +144,14 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
             f"storage {redact_value(url)!r} needs a database driver that is not installed ({err})."
         ) from None
     except Exception as err:  # sqlalchemy OperationalError and friends (Optuna wraps some in StorageInternalError)
-        err = _root_cause(err)
-        if existing and "version_info" in str(err):  # Optuna's schema table: there is no study here
+        cause = _root_cause(err)
+        if existing and "version_info" in str(cause):  # Optuna's schema table: there is no study here
             raise UsageError(
                 f"the study storage {redact_value(url)!r} holds no Optuna study (it has no Optuna tables): it is "
                 "not a database `tuner search` wrote. Check --storage (or pass the search's --run-dir)."
             ) from None
         raise UsageError(
-            f"cannot open the study storage {redact_value(url)!r}: {redact(_first_line(err))}. Check the URL, that "
+            f"cannot open the study storage {redact_value(url)!r}: {redact(_first_line(cause))}. Check the URL, that "
             "the server is up and that the database exists (createdb NAME)."
         ) from None
 
