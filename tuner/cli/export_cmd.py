@@ -89,6 +89,12 @@ def export(
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
 @click.option(
+    "--fetch",
+    is_flag=True,
+    help="Download a source a folder's SPEC names when the cache lacks it, or read its path: folder "
+    "(default: fetch nothing; an uncached SPEC is a failed check).",
+)
+@click.option(
     "--gpu",
     "do_gpu",
     is_flag=True,
@@ -153,8 +159,12 @@ def validate(
     soak: int | None,
     pack: Path | None,
     from_pack: Path | None,
+    fetch: bool,
 ) -> None:
-    """Validate stored winners and sweep tables (default: results/). Non-zero exit if any check fails."""
+    """Validate stored winners and sweep tables (default: results/). Exit 1 if any check fails.
+
+    A folder is data: no code from it is compiled or run unless it is what tuner renders from the folder's
+    own values, nothing it names is fetched (see --fetch), and only its regular files are read."""
     from tuner.errors import UsageError
     from tuner.result.validate import validate_paths
 
@@ -195,11 +205,12 @@ def validate(
         bench=rebench if do_bench else None,
         gpu=gpu,
         models=list(models),
+        fetch=fetch,
     )
     # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
     tables = find_tables(paths or (Path("results"),))
     tgpu = {"log_dir": log_dir, "pack": pack, "from_pack": from_pack}
-    checks += [validate_table(t, gpu=tgpu if do_gpu else None) for t in tables]
+    checks += [validate_table(t, gpu=tgpu if do_gpu else None, fetch=fetch) for t in tables]
     if not checks:
         log.warning("no results found (no config.toml or table.toml under the given paths)")
     bad = 0

@@ -7,7 +7,11 @@ hashes (no ``tuned.patch`` where the render changes nothing: the kernels are ups
 to the pristine tree (``git apply --check``); the build presets are a ``CMakeUserPresets.json`` (never a
 ``CMakePresets.json``, which would replace llama.cpp's own); no file names a local absolute path; every compile-time value passes
 the arch's constraint check; where the folder holds ``upstream.patch``, it applies to the pristine tree
-and has no whitespace-only hunks. Optional: ``--compile`` compiles the translation units the patch touches
+and has no whitespace-only hunks; ``report.md`` is there. A folder from others is data
+(:mod:`tuner.result.checks`): only its regular files are read (no link, FIFO or device; bounded sizes), no
+path a patch names leaves the tree, nothing is fetched (a SPEC the source cache lacks is a finding unless
+``fetch``), a folder left by an interrupted export fails, and a folder whose checks stop on something
+unexpected is a failed check of that folder, the others still checked. Optional: ``--compile`` compiles the translation units the patch touches
 for the target (nvcc for NVIDIA, the HIP compile-check toolchain for AMD); ``--bench`` re-measures on
 matching hardware and fails when a bucket the winner claims is no longer faster beyond noise.
 """
@@ -17,8 +21,12 @@ from __future__ import annotations
 __all__ = [
     "Finding",
     "ResultCheck",
+    "cached_or_fetched",
+    "contents_finding",
     "find_results",
     "git_apply_to_copy",
+    "guarded",
+    "leftover_finding",
     "load_config",
     "render_result",
     "validate_paths",
@@ -27,15 +35,28 @@ __all__ = [
 
 import dataclasses
 import json
+import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner._compat import tomllib
 from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.result.checks import Finding, git_apply_to_copy
+from tuner.result.checks import (
+    ArgumentError,
+    Finding,
+    folder_problems,
+    git_apply_to_copy,
+    is_leftover,
+    load_toml_in,
+    present_in,
+    read_bytes_in,
+    read_text_in,
+)
+
+logger = logging.getLogger(__name__)
 
 REQUIRED = {
     "schema": int,
@@ -67,23 +88,32 @@ class ResultCheck:
 
 
 def find_results(paths: Iterable[Path]) -> list[Path]:
-    """Result folders (holding config.toml) under each path."""
+    """Result folders (holding an entry named config.toml, of any kind: the checks say what is wrong with
+    it) under each path, and folders left by an interrupted export (``.OUT.tmp-*``); links not followed."""
     out: list[Path] = []
     for p in paths:
         if not p.exists():
             raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
-        if (p / "config.toml").is_file():
+        if present_in(p, "config.toml") or is_leftover(p.name):
             out.append(p)
-        else:
-            out += sorted(c.parent for c in p.rglob("config.toml"))
+            continue
+        found = []
+        for dirpath, dirnames, filenames in os.walk(p):  # followlinks=False: a link out is not walked
+            d = Path(dirpath)
+            if d != p and (is_leftover(d.name) or "config.toml" in filenames or "config.toml" in dirnames):
+                found.append(d)
+                dirnames[:] = [] if is_leftover(d.name) else dirnames
+        out += sorted(found)
     return out
 
 
 def load_config(folder: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads((folder / "config.toml").read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise TunerError(f"{folder / 'config.toml'} is not valid TOML: {err}") from err
+    """``folder/config.toml`` (a regular file of bounded size, UTF-8 TOML).
+
+    Raises:
+        FolderError: It cannot be read or parsed.
+    """
+    return load_toml_in(folder, "config.toml")
 
 
 def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
@@ -123,8 +153,9 @@ def _schema(cfg: Mapping[str, Any]) -> list[str]:
             elif not isinstance(v, t):
                 errs.append(f"{sec}.{k} should be a {t.__name__}, not {type(v).__name__}")
     errs += _narrowed_errors(cfg.get("choice"))
-    if cfg.get("source", {}).get("era") not in (None, "mma", "rocwmma"):
-        errs.append(f"source.era must be 'mma' or 'rocwmma', not {cfg['source']['era']!r}")
+    src = cfg.get("source")
+    if isinstance(src, dict) and src.get("era") not in (None, "mma", "rocwmma"):
+        errs.append(f"source.era must be 'mma' or 'rocwmma', not {src['era']!r}")
     return errs
 
 
@@ -298,13 +329,22 @@ _LOCAL_PATH = re.compile(
 
 
 def _files_findings(folder: Path) -> list[Finding]:
-    """The preset file is a CMakeUserPresets.json that inherits the tree's presets, and no exported text
-    names a local absolute path (an export is read on other machines)."""
+    """The preset file is a CMakeUserPresets.json that inherits the tree's presets, report.md is there (an
+    export writes it last of its files), and no exported text names a local absolute path (an export is read
+    on other machines)."""
     from tuner.result.export import PRESETS_FILE
 
     out = []
     user, old = folder / PRESETS_FILE, folder / "CMakePresets.json"
     ok = user.is_file() and not old.is_file()
+    if not (folder / "report.md").is_file():
+        out.append(
+            Finding(
+                check="report",
+                ok=False,
+                detail="report.md is missing: an incomplete export (rerun `tuner export`, which writes it)",
+            )
+        )
     out.append(
         Finding(
             check="presets",
@@ -322,7 +362,8 @@ def _files_findings(folder: Path) -> list[Finding]:
     hits = []
     for f in sorted(folder.iterdir()):
         if f.is_file() and f.suffix in (".toml", ".md", ".env", ".patch", ".json"):
-            hits += [f"{f.name}: {m}" for m in _LOCAL_PATH.findall(f.read_text(errors="replace"))]
+            text = read_bytes_in(folder, f.name).decode(errors="replace")
+            hits += [f"{f.name}: {m}" for m in _LOCAL_PATH.findall(text)]
     out.append(
         Finding(
             check="no local paths",
@@ -333,11 +374,14 @@ def _files_findings(folder: Path) -> list[Finding]:
     return out
 
 
-def _applies_finding(patch: str, patch_file: Path, root: Path) -> Finding:
+def _applies_finding(patch: str, root: Path) -> Finding:
     """tuned.patch applies to pristine copies of the files it touches (none is exported when it would be empty)."""
     if not patch:
         return Finding(check="patch applies", ok=True, detail="no tuned.patch: the kernels are upstream's")
-    res, _ = git_apply_to_copy(patch_file, root)
+    try:
+        res, _ = git_apply_to_copy(patch, root)
+    except TunerError as err:
+        return Finding(check="patch applies", ok=False, detail=str(err))
     return Finding(
         check="patch applies",
         ok=res.returncode == 0,
@@ -352,18 +396,102 @@ def validate_result(
     bench: Callable[..., tuple[bool, str]] | None = None,
     gpu: Mapping[str, Any] | None = None,
     models: Sequence[Path] = (),
+    fetch: bool = False,
 ) -> ResultCheck:
     """Run every check on one result folder; failures are findings, not exceptions.
 
     ``bench``: the re-measurement (:func:`tuner.search.rebench.rebench`, given by the CLI: this stage does
     not import the search); None skips it. ``gpu``: run :func:`tuner.result.upstream_check.upstream_gpu_findings` with these keyword arguments
     (``upstream_bin``, ``tuned_bin``, ``log_dir``); None skips the GPU checks. ``models``: the GGUFs
-    ``bench`` and ``gpu`` run, matched to a result by file name.
+    ``bench`` and ``gpu`` run, matched to a result by file name. ``fetch``: download (or read, for
+    ``path:``) a source the cache does not hold; without it that is a failed ``source`` check.
     """
+    return guarded(
+        folder, lambda: _validate_result(folder, compile=compile, bench=bench, gpu=gpu, models=models, fetch=fetch)
+    )
+
+
+def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
+    """``run()``, or, where a folder's content stops the checks with an error, one failed check naming the
+    folder (the traceback goes to the debug log): one bad folder never hides the others' findings."""
+    try:
+        return run()
+    except ArgumentError:  # bad command-line input: exit 2 for the whole command
+        raise
+    except Exception as err:  # data from others may break any check in a way not foreseen
+        logger.debug("checks of %s stopped", folder, exc_info=True)
+        what = str(err) if isinstance(err, TunerError) else f"{type(err).__name__}: {err}"
+        return ResultCheck(
+            path=folder,
+            findings=(
+                Finding(
+                    check="readable",
+                    ok=False,
+                    detail=f"the checks of {folder} stopped: {what[:600]} (a value of the wrong type or shape?)",
+                ),
+            ),
+        )
+
+
+def leftover_finding(folder: Path) -> Finding:
+    """A folder an interrupted export left beside its ``-o`` (never renamed into place)."""
+    return Finding(
+        check="leftover",
+        ok=False,
+        detail=f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into "
+        "place); it is not a result: remove it, or run the export again",
+    )
+
+
+def contents_finding(folder: Path) -> Finding:
+    """The folder holds only folders and regular files of bounded size (nothing else is read)."""
+    bad = folder_problems(folder)
+    return Finding(
+        check="folder contents",
+        ok=not bad,
+        detail=f"a result folder holds only folders and regular files; found {'; '.join(bad[:5])}"
+        + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+        if bad
+        else "",
+    )
+
+
+def cached_or_fetched(spec: str, fetch: bool) -> Any:
+    """The source a folder's SPEC names: from the cache only, unless ``fetch``.
+
+    Raises:
+        TunerError: The SPEC is bad, not cached (without ``fetch``), or the fetch failed.
+    """
+    from tuner.source import cached_source, fetch_source
+
+    if fetch:
+        return fetch_source(spec)
+    hit = cached_source(spec)
+    if hit is None:
+        raise TunerError(
+            f"{spec} is not in the source cache, and validate fetches nothing a folder names unless asked: run "
+            f"`tuner source fetch '{spec}'` if you trust that source, or pass --fetch"
+        )
+    return hit
+
+
+def _validate_result(
+    folder: Path,
+    *,
+    compile: bool,
+    bench: Callable[..., tuple[bool, str]] | None,
+    gpu: Mapping[str, Any] | None,
+    models: Sequence[Path],
+    fetch: bool,
+) -> ResultCheck:
     from tuner.plan.space import check_constraints
-    from tuner.source import fetch_source
 
     f: list[Finding] = []
+    if is_leftover(folder.name):
+        return ResultCheck(path=folder, findings=(leftover_finding(folder),))
+    f.append(contents_finding(folder))
+    if not f[-1].ok:
+        return ResultCheck(path=folder, findings=tuple(f))
     try:
         cfg = load_config(folder)
     except TunerError as err:
@@ -374,7 +502,7 @@ def validate_result(
         return ResultCheck(path=folder, findings=tuple(f))
     patch_file = folder / "tuned.patch"
     # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
-    patch = patch_file.read_text() if patch_file.is_file() else ""
+    patch = read_text_in(folder, patch_file.name) if patch_file.is_file() else ""
     if patch_file.is_file() and not patch:
         f.append(
             Finding(
@@ -393,7 +521,7 @@ def validate_result(
         f.append(_residency_finding(cfg))
     f.append(_patch_hash_finding(patch, cfg))
     try:
-        source = fetch_source(src_cfg["spec"])
+        source = cached_or_fetched(src_cfg["spec"], fetch)
     except TunerError as err:
         f.append(Finding(check="source", ok=False, detail=str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
@@ -412,30 +540,56 @@ def validate_result(
         return ResultCheck(path=folder, findings=tuple(f))
     f += _rendered_findings(rv, patch, cfg)
 
-    f.append(_applies_finding(patch, patch_file, source.root))
+    f.append(_applies_finding(patch, source.root))
 
-    if compile:
+    if compile:  # tuner's own render (rv), never the folder's tuned.patch
         f.append(_compile_check(rv))
     if bench:
         f.append(_bench_check(cfg, source, models, bench))
     if gpu is not None:
-        from tuner.result.upstream_check import upstream_gpu_findings
-
-        try:
-            f += upstream_gpu_findings(folder, cfg, source, models=models, **gpu)
-        except TunerError as err:  # a failed build or run is a failed check, not a crash
-            f.append(Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500]))
+        f += _gpu_checks(folder, cfg, source, f, models, gpu)
     return ResultCheck(path=folder, findings=tuple(f))
+
+
+def _gpu_checks(
+    folder: Path,
+    cfg: Mapping[str, Any],
+    source: Any,
+    static: Sequence[Finding],
+    models: Sequence[Path],
+    gpu: Mapping[str, Any],
+) -> list[Finding]:
+    """``--gpu``: builds and runs the folder's upstream.patch, so only where it is byte for byte what tuner
+    renders from config.toml (:func:`_upstream_rerender_finding`)."""
+    from tuner.result.upstream_check import upstream_gpu_findings
+
+    rerender = next((x for x in static if x.check == "upstream.patch re-render"), None)
+    if (folder / "upstream.patch").is_file() and (rerender is None or not rerender.ok):
+        return [
+            Finding(
+                check="upstream.patch on the GPU",
+                ok=False,
+                detail="not built: upstream.patch is not what tuner renders from config.toml, and validate "
+                "compiles no code from a folder that tuner did not render",
+            )
+        ]
+    try:
+        return list(upstream_gpu_findings(folder, cfg, source, models=models, **gpu))
+    except TunerError as err:  # a failed build or run is a failed check, not a crash
+        return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
 
 
 def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
     """``upstream.patch`` (the pull-request form of the rules): applies to the pristine tree, no whitespace noise."""
     from tuner.result.upstream_patch import whitespace_only_hunks
 
-    text = patch_file.read_text()
-    res = git_apply_to_copy(patch_file, root)[0] if text.strip() else None
+    text = read_text_in(patch_file.parent, patch_file.name)
+    try:
+        res = git_apply_to_copy(text, root)[0] if text.strip() else None
+        why = "empty patch" if res is None else (res.output.strip().splitlines() or [""])[-1]
+    except TunerError as err:
+        res, why = None, str(err)
     applies = res is not None and res.returncode == 0
-    why = "empty patch" if res is None else (res.output.strip().splitlines() or [""])[-1]
     ws = whitespace_only_hunks(text)
     return [
         Finding(
@@ -494,5 +648,10 @@ def validate_paths(
     bench: Callable[..., tuple[bool, str]] | None = None,
     gpu: Mapping[str, Any] | None = None,
     models: Sequence[Path] = (),
+    fetch: bool = False,
 ) -> list[ResultCheck]:
-    return [validate_result(p, compile=compile, bench=bench, gpu=gpu, models=models) for p in find_results(paths)]
+    """:func:`validate_result` of each result folder under ``paths`` (:func:`find_results`), each on its own."""
+    return [
+        validate_result(p, compile=compile, bench=bench, gpu=gpu, models=models, fetch=fetch)
+        for p in find_results(paths)
+    ]

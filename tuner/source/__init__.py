@@ -7,7 +7,7 @@ names are re-exported here: ``from tuner.source import fetch_source``.
 
 from __future__ import annotations
 
-from tuner.source.fetch import fetch_source, run_pip_download
+from tuner.source.fetch import cached_source, fetch_source, run_pip_download
 from tuner.source.pack import pack_source, unpack_source
 from tuner.source.spec import DEFAULT_SPEC, Source, SourceSpec, parse_spec
 from tuner.source.tree import (
@@ -26,6 +26,7 @@ __all__ = [
     "CMakeOption",
     "Source",
     "SourceSpec",
+    "cached_source",
     "fetch_source",
     "find_commit",
     "find_era",

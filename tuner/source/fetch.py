@@ -14,7 +14,7 @@ SPEC to its source_id so fetching the same SPEC again does no work at all.
 
 from __future__ import annotations
 
-__all__ = ["fetch_source", "run_pip_download"]
+__all__ = ["cached_source", "fetch_source", "run_pip_download"]
 
 import hashlib
 import json
@@ -78,14 +78,9 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
     if parsed.scheme == "path":
         return _path_source(parsed)
     index = index_file(norm)
-    if not refresh and index.is_file():
-        try:
-            sid = json.loads(index.read_text())["source_id"]
-        except (OSError, ValueError, KeyError):
-            sid = None
-        hit = load_cached(sid, norm) if sid else None
+    if not refresh:
+        hit = _indexed(parsed)
         if hit is not None:
-            logger.info("source %s: cached as %s", norm, sid)
             return hit
     try:
         src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
@@ -95,6 +90,32 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
             raise no_space_error(err, sources_dir()) from err
         raise
     return src
+
+
+def cached_source(spec: str) -> Source | None:
+    """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads,
+    clones or reads a ``path:`` folder (for checks of files from others, which must not reach out).
+
+    Raises:
+        UsageError: a bad SPEC.
+    """
+    parsed = parse_spec(spec)
+    return None if parsed.scheme == "path" else _indexed(parsed)
+
+
+def _indexed(parsed: SourceSpec) -> Source | None:
+    norm = parsed.normalized
+    index = index_file(norm)
+    if not index.is_file():
+        return None
+    try:
+        sid = json.loads(index.read_text())["source_id"]
+    except (OSError, ValueError, KeyError):
+        sid = None
+    hit = load_cached(sid, norm) if isinstance(sid, str) and sid else None
+    if hit is not None:
+        logger.info("source %s: cached as %s", norm, sid)
+    return hit
 
 
 def run_pip_download(version: str, dest: Path) -> Path:

@@ -26,6 +26,7 @@ __all__ = [
     "EVIDENCE",
     "KIND",
     "MANIFEST",
+    "MAX_EVIDENCE_BYTES",
     "SCHEMA",
     "Evidence",
     "decompress_evidence",
@@ -56,6 +57,8 @@ SCHEMA = 1
 KIND = "sweep table"
 EVIDENCE = {"sweep": "sweep.sqlite3", "mmq": "mmq.sqlite3", "confirm": "confirm.sqlite3"}
 """The stores an export keeps, by role, each as ``evidence/<name>.xz``."""
+MAX_EVIDENCE_BYTES = 256 * 2**20
+"""The most one decompressed evidence store may be (the stored ones are under 1 MiB)."""
 _COMMANDS = {"sweep": "tuner sweep run", "mmq": "tuner sweep mmq", "confirm": "tuner sweep confirm"}
 
 
@@ -130,26 +133,60 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
     )
 
 
-def decompress_evidence(folder: Path, into: Path) -> dict[str, Path | None]:
+def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:
     """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/``: the directories
-    :func:`load_evidence` takes (None for a role without its file).
+    :func:`load_evidence` takes (None for a role without its file). Streamed to disk, each file stopped at
+    ``limit`` bytes (default :data:`MAX_EVIDENCE_BYTES`): a small file that expands without bound is refused,
+    not decompressed whole. Only regular files are read (a link or FIFO is refused). Check the compressed
+    files' hashes first.
 
     Raises:
-        UsageError: A file that is not xz.
+        UsageError: A file that is not xz, not a regular file, or decompresses past the limit.
     """
+    from tuner.result.checks import FolderError, present_in
+
+    cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
-        xz = folder / "evidence" / f"{name}.xz"
-        if not xz.is_file():
+        rel = f"evidence/{name}.xz"
+        if not present_in(folder, rel):
             out[role] = None
             continue
         (into / role).mkdir(parents=True, exist_ok=True)
         try:
-            (into / role / name).write_bytes(lzma.decompress(xz.read_bytes()))
-        except lzma.LZMAError as err:
-            raise UsageError(f"{xz} is not xz-compressed ({err}).") from err
+            _decompress_capped(folder, rel, into / role / name, cap)
+        except FolderError as err:
+            raise UsageError(str(err)) from err
         out[role] = into / role
     return out
+
+
+def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
+    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
+    from tuner.result.checks import read_bytes_in
+
+    xz = folder / rel
+    data = read_bytes_in(folder, rel)
+    dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    written, chunk = 0, 1 << 20
+    try:
+        with dest.open("wb") as fh:
+            buf = dec.decompress(data, max_length=chunk)
+            while True:
+                written += len(buf)
+                if written > cap:
+                    raise UsageError(
+                        f"{xz} decompresses to more than {cap // 2**20} MiB, the most a piece of evidence may "
+                        "be; it is not read"
+                    )
+                fh.write(buf)
+                if dec.eof or (dec.needs_input and not buf):
+                    break
+                buf = dec.decompress(b"", max_length=chunk)
+    except lzma.LZMAError as err:
+        raise UsageError(f"{xz} is not xz-compressed ({err}).") from err
+    if not dec.eof:
+        raise UsageError(f"{xz} is not a whole xz stream (truncated).")
 
 
 def manifest_kind(folder: Path) -> str | None:

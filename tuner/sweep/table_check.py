@@ -8,6 +8,10 @@ entries, the composed table and the counts of the manifest; re-rendering the kep
 tree reproduces ``upstream.patch`` byte for byte; it applies (``git apply --check``) with no whitespace-only
 hunk; and the C++ lookup in the patched ``fattn.cu``, compiled host-only, returns what the Python matcher
 (:func:`tuner.sweep.table.match_table`) returns at every stored cell, with and without the GQA optimisation.
+The folder is data (:mod:`tuner.result.checks`): only its regular files are read, the evidence is
+decompressed (with a cap) only once it hashes to its record, nothing is fetched unless ``fetch``, and the
+lookup and ``--gpu`` compile only tuner's own re-render of the kept entries, never the folder's patch where it
+differs.
 
 ``--gpu`` (on a GPU of the table's arch): the pristine tree with ``upstream.patch`` builds with the arch's
 ``cuda`` defines, ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
@@ -19,18 +23,27 @@ from __future__ import annotations
 
 __all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
 
+import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.result.checks import Finding, git_apply_to_copy
-from tuner.result.validate import ResultCheck
+from tuner.result.checks import (
+    ArgumentError,
+    Finding,
+    FolderError,
+    git_apply_to_copy,
+    is_leftover,
+    load_toml_in,
+    present_in,
+    read_text_in,
+)
+from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
 from tuner.sweep import export, merge
 
 REQUIRED: dict[str, dict[str, type[Any]]] = {
@@ -70,8 +83,8 @@ def find_tables(paths: Iterable[Path]) -> list[Path]:
     for p in paths:
         if not p.exists():
             raise UsageError(f"{p} does not exist. Pass a result folder or a folder of results (default results/).")
-        cands = [p] if (p / export.MANIFEST).is_file() else sorted(m.parent for m in p.rglob(export.MANIFEST))
-        kinds = {c: export.manifest_kind(c) for c in cands}
+        cands = [p] if present_in(p, export.MANIFEST) else _manifests_under(p)
+        kinds = {c: _kind(c) for c in cands}
         merged = [c for c, k in kinds.items() if k == merge.KIND]
         out += [
             c
@@ -79,6 +92,26 @@ def find_tables(paths: Iterable[Path]) -> list[Path]:
             if k == merge.KIND or (k == export.KIND and not any(m in c.parents for m in merged))
         ]
     return out
+
+
+def _manifests_under(p: Path) -> list[Path]:
+    """Folders under ``p`` with an entry named table.toml; links not followed, export leftovers skipped (they
+    are reported by :func:`tuner.result.validate.find_results`)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(p):
+        dirnames[:] = [d for d in dirnames if not is_leftover(d)]
+        if export.MANIFEST in filenames or export.MANIFEST in dirnames:
+            out.append(Path(dirpath))
+    return sorted(out)
+
+
+def _kind(folder: Path) -> str | None:
+    """The manifest's kind; a manifest that cannot be read as data counts as a table (its checks say why)."""
+    try:
+        kind = load_toml_in(folder, export.MANIFEST).get("kind")
+    except FolderError:
+        return export.KIND
+    return kind if isinstance(kind, str) else None
 
 
 def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]] = REQUIRED) -> list[str]:
@@ -102,8 +135,13 @@ def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]
 
 def _present(folder: Path, want: Iterable[str]) -> Finding:
     """The ``files`` finding: each of ``want`` is a non-empty file in ``folder``."""
-    missing = [w for w in want if not (folder / w).is_file() or not (folder / w).stat().st_size]
+    missing = [w for w in want if not _inside(w) or not (folder / w).is_file() or not (folder / w).stat().st_size]
     return Finding(check="files", ok=not missing, detail="missing or empty: " + ", ".join(missing) if missing else "")
+
+
+def _inside(rel: str) -> bool:
+    parts = Path(rel).parts
+    return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
 
 
 def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
@@ -187,9 +225,16 @@ def _lookup(patched: str, ev: Any) -> Finding:
             src.write_text(harness_source(patched, kvs))
         except TunerError as err:
             return Finding(check="table lookup", ok=False, detail=str(err))
-        cc = subprocess.run(
-            [gxx, "-std=c++17", "-O1", "-o", str(exe), str(src)], capture_output=True, text=True, check=False
-        )
+        try:
+            cc = subprocess.run(
+                [gxx, "-std=c++17", "-O1", "-o", str(exe), str(src)],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            return Finding(check="table lookup", ok=False, detail="the lookup did not compile within 300 s")
         if cc.returncode != 0:
             return Finding(
                 check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.stderr.strip()[-400:]}"
@@ -197,7 +242,12 @@ def _lookup(patched: str, ev: Any) -> Finding:
         text = "".join(
             f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
         )
-        got = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=False).stdout.split()
+        try:
+            got = subprocess.run(
+                [str(exe)], input=text, capture_output=True, text=True, check=False, timeout=300
+            ).stdout.split()
+        except subprocess.TimeoutExpired:
+            return Finding(check="table lookup", ok=False, detail="the lookup did not answer within 300 s")
     rules = ev.confirmed.kept_rules
     bad = []
     for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):
@@ -224,9 +274,11 @@ def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> li
     out = [Finding(check="re-render", ok=same, detail="" if same else why)]
     if patch is None:
         return out
-    res, new = git_apply_to_copy(folder / "upstream.patch", source.root, check=False)
-    ok = res.returncode == 0
-    last = (res.output.strip().splitlines() or [""])[-1]
+    try:
+        res, _ = git_apply_to_copy(patch, source.root)
+        ok, last = res.returncode == 0, (res.output.strip().splitlines() or [""])[-1]
+    except TunerError as err:
+        ok, last = False, str(err)
     out.append(
         Finding(
             check="upstream.patch applies", ok=ok, detail="" if ok else f"git apply against the pristine tree: {last}"
@@ -234,26 +286,45 @@ def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> li
     )
     ws = whitespace_only_hunks(patch)
     out.append(Finding(check="upstream.patch whitespace", ok=not ws, detail="; ".join(ws)))
+    if not ev.confirmed.kept_rules:
+        return out
+    if not (same and ok):  # the lookup compiles code: only tuner's own render, and only the one the folder ships
+        out.append(
+            Finding(
+                check="table lookup",
+                ok=False,
+                detail="not run: upstream.patch is not tuner's re-render of the kept entries (or does not apply), "
+                "and validate compiles no code from a folder that tuner did not render",
+            )
+        )
+        return out
+    res, new = git_apply_to_copy(want, source.root, check=False)
     fattn = next((t for p, t in new.items() if p.endswith("fattn.cu")), None)
-    if ok and ev.confirmed.kept_rules and fattn is not None:
+    if res.returncode == 0 and fattn is not None:
         out.append(_lookup(fattn, ev))
     return out
 
 
-def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
+def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
     """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
-    failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them."""
-    if merge.is_merged(folder):
-        return validate_merged(folder, gpu=gpu)
-    f, _ = _table_findings(folder, gpu=gpu)
-    return ResultCheck(path=folder, findings=tuple(f))
+    failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them.
+    ``fetch``: download a source the cache lacks (else a failed ``source`` check)."""
+
+    def run() -> ResultCheck:
+        contents = contents_finding(folder)
+        if not contents.ok:
+            return ResultCheck(path=folder, findings=(contents,))
+        if _kind(folder) == merge.KIND:
+            return validate_merged(folder, gpu=gpu, fetch=fetch)
+        f, _ = _table_findings(folder, gpu=gpu, fetch=fetch)
+        return ResultCheck(path=folder, findings=tuple(f))
+
+    return guarded(folder, run)
 
 
-def _source(m: Mapping[str, Any]) -> tuple[Any, Finding]:
-    from tuner.source import fetch_source
-
+def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Any, Finding]:
     try:
-        source = fetch_source(m["source"]["spec"])
+        source = cached_or_fetched(m["source"]["spec"], fetch)
     except TunerError as err:
         return None, Finding(check="source", ok=False, detail=str(err))
     same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
@@ -262,12 +333,12 @@ def _source(m: Mapping[str, Any]) -> tuple[Any, Finding]:
     )
 
 
-def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None) -> tuple[list[Finding], Any]:
+def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None, fetch: bool) -> tuple[list[Finding], Any]:
     """One table's findings, and its recomposed evidence (None where it could not be recomposed)."""
     f: list[Finding] = []
     try:
-        m = tomllib.loads((folder / export.MANIFEST).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        m = load_toml_in(folder, export.MANIFEST)
+    except FolderError as err:
         return [Finding(check="schema", ok=False, detail=str(err))], None
     errs = _schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "sweep table"))
@@ -275,11 +346,15 @@ def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None) -> tuple[lis
         return f, None
     f += _files(folder, m)
     pfile = folder / "upstream.patch"
-    patch = pfile.read_text() if pfile.is_file() else None
+    patch = read_text_in(folder, pfile.name) if pfile.is_file() else None
     f.append(_patch_hash(patch, m))
-    source, found = _source(m)
+    source, found = _source(m, fetch)
     f.append(found)
     if source is None:
+        return f, None
+    if not next(x for x in f if x.check == "evidence").ok:  # hashed first, then decompressed (with a cap)
+        why = "not run: the evidence files do not hash to what table.toml records"
+        f.append(Finding(check="recomposed from evidence", ok=False, detail=why))
         return f, None
     with tempfile.TemporaryDirectory(prefix="tuner-table-evidence-") as tmp:
         try:
@@ -290,15 +365,27 @@ def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None) -> tuple[lis
     f.append(_recomposed(ev, m))
     f += _patch_findings(folder, patch, ev, source)
     if gpu is not None:
-        f += _gpu_checked(folder, patch, ev, source, gpu)
+        f += _gpu_checked(folder, patch, ev, source, gpu, f)
     return f, ev
 
 
-def _gpu_checked(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
+def _gpu_checked(
+    folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any], static: Sequence[Finding]
+) -> list[Finding]:
+    rerender = next((x for x in static if x.check == "re-render"), None)
+    if patch is not None and (rerender is None or not rerender.ok):
+        return [
+            Finding(
+                check="upstream.patch on the GPU",
+                ok=False,
+                detail="not built: upstream.patch is not tuner's re-render of the kept entries, and validate "
+                "compiles no code from a folder that tuner did not render",
+            )
+        ]
     try:
         return _gpu_findings(folder, patch, ev, source, gpu)
-    except UsageError:  # bad input (a pack of another build): exit 2 with its paragraph, not a failed check
-        raise
+    except UsageError as err:  # bad input (a pack of another build): exit 2 with its paragraph, not a failed check
+        raise ArgumentError(str(err)) from err
     except TunerError as err:  # a failed build or run is a failed check, not a crash
         return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
 
@@ -328,7 +415,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> ResultCheck:
+def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
     """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
     its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
     manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
@@ -336,8 +423,8 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
     patch built and test-backend-ops run on it, as for one table."""
     f: list[Finding] = []
     try:
-        m = tomllib.loads((folder / export.MANIFEST).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+        m = load_toml_in(folder, export.MANIFEST)
+    except FolderError as err:
         return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
     errs = _merged_schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
@@ -352,16 +439,16 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
             f.append(Finding(check=f"part {d.name}", ok=False, detail=f"{mf.name} is {got[:12]}, recorded "
                              f"{rec['manifest_sha256'][:12]} (an edited or replaced part)"))  # fmt: skip
             continue
-        pf, ev = _table_findings(d, gpu=None)
+        pf, ev = _table_findings(d, gpu=None, fetch=fetch)
         bad = [x for x in pf if not x.ok]
         detail = "; ".join(f"{x.check}: {x.detail}" for x in bad)[:600] or f"{len(pf)} checks passed"
         f.append(Finding(check=f"part {d.name}", ok=not bad, detail=detail))
         if ev is not None:
-            pm = tomllib.loads(mf.read_text())
+            pm = load_toml_in(d, export.MANIFEST)
             parts.append(merge.Part(name=d.name, folder=d, manifest=pm, evidence=ev, backend_ops=()))
     if not all(x.ok for x in f):
         return ResultCheck(path=folder, findings=tuple(f))
-    source, found = _source(m)
+    source, found = _source(m, fetch)
     f.append(found)
     try:
         merged = merge.merged_view(parts)
@@ -382,12 +469,12 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None) -> Re
         )
     )
     pfile = folder / "upstream.patch"
-    patch = pfile.read_text() if pfile.is_file() else None
+    patch = read_text_in(folder, pfile.name) if pfile.is_file() else None
     f.append(_patch_hash(patch, m))
     if source is not None:
         f += _patch_findings(folder, patch, merged, source)
         if gpu is not None:
-            f += _gpu_checked(folder, patch, merged, source, gpu)
+            f += _gpu_checked(folder, patch, merged, source, gpu, f)
     return ResultCheck(path=folder, findings=tuple(f))
 
 

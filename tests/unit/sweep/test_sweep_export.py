@@ -51,7 +51,7 @@ COMMON = "#define GGML_CUDA_CC_TURING 750\n#define GGML_CUDA_CC_HOPPER 900\n"
 
 
 def _fake_source(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``fetch_source`` returns a tree with just the fattn.cu structure the table's patch is written for."""
+    """``fetch_source`` (and validate's ``cached_source``) returns a tree with just the fattn.cu structure the table's patch is written for."""
     import tuner.source
 
     root = tmp / "tree"
@@ -60,6 +60,7 @@ def _fake_source(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "ggml/src/ggml-cuda/common.cuh").write_text(COMMON)
     ns = types.SimpleNamespace(root=root, era="mma", spec="fake:tree", source_id="f" * 16, commit="0c1e570")
     monkeypatch.setattr(tuner.source, "fetch_source", lambda spec=None: ns)
+    monkeypatch.setattr(tuner.source, "cached_source", lambda spec: ns)  # what validate looks up: cached
     return root
 
 
@@ -206,7 +207,8 @@ def test_tampering_fails_with_a_clear_message(tmp_path: Path, monkeypatch: pytes
     (out / "evidence" / "confirm.sqlite3.xz").unlink()
     bad = _failed(out)
     assert "evidence/confirm.sqlite3.xz" in bad["files"] and "confirm.sqlite3.xz (missing)" in bad["evidence"]
-    assert "sweep confirm" in bad["recomposed from evidence"]
+    # evidence that does not hash to its record is never decompressed
+    assert "do not hash to what table.toml records" in bad["recomposed from evidence"]
 
     shutil.rmtree(out)
     shutil.copytree(good, out)
