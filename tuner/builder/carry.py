@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._hash import file_sha256
-from tuner.builder.records import load_build_record, locked, write_json
+from tuner.builder.records import hold_artifact, install_artifact, load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
 from tuner.plan.variant import Build, RenderedVariant
@@ -220,12 +220,11 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
                         },
                     }
                     write_json(staging / "build.json", record)
-                    shutil.rmtree(art, ignore_errors=True)
-                    art.parent.mkdir(parents=True, exist_ok=True)
-                    staging.rename(art)
+                    folder = install_artifact(staging, art)  # a new folder: never over one in use
+                    hold_artifact(art, lambda d: d)
                     if not (inc / "ggml.h").is_file():
                         inc.mkdir(parents=True, exist_ok=True)
-                        for h in (art / "include").glob("*.h"):
+                        for h in (folder / "include").glob("*.h"):
                             shutil.copy2(h, inc / h.name)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
@@ -242,7 +241,7 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     return Build(
         build_id=str(record.get("build_id", "")),
         build_dir=root / "build",
-        bin_dir=art / "bin",
+        bin_dir=folder / "bin",
         log_file=archive,
         cached=True,
         seconds=0.0,

@@ -6,7 +6,9 @@ Layout under ``$TUNER_HOME/builds/<rv.key>/`` (one directory per source + patch 
     build/                    CMake (Ninja) build directory, shared by the key's candidates
     tu/<stem>.h               per-TU override headers force-included by the patch's CMake hook
     logs/                     configure.log, build-<artifact_key>.log
-    artifacts/<artifact_key>/ bin/ (executables + shared libraries) and build.json
+    artifacts/<artifact_key>  link to the current artifacts/<artifact_key>.v<N>/: bin/ (executables +
+                              shared libraries), build.json; a build that changes it installs a new
+                              folder, and old ones stay while a command runs from them (records.py)
     build.json                record of the latest attempt (ok or failed)
 
 Every scikit-build-core import of tuner lives in this module (its CMake API is not documented as
@@ -54,7 +56,16 @@ from scikit_build_core.program_search import best_program, get_ninja_programs
 from tuner import _run, log, progress
 from tuner._hash import file_sha256, stable_hash
 from tuner.builder.quantize import quantize_model
-from tuner.builder.records import cached_record, load_build_record, locked, write_json
+from tuner.builder.records import (
+    adopt_old_layout,
+    cached_record,
+    current_artifact,
+    hold_artifact,
+    install_artifact,
+    load_build_record,
+    locked,
+    write_json,
+)
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
 from tuner.plan import tu_split
@@ -455,8 +466,9 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
     return targets
 
 
-def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> None:
-    """Copy the targets' executables and all shared libraries, then rename into place."""
+def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> Path:
+    """Copy the targets' executables and all shared libraries into a new folder and make it the artifact's
+    current one (:func:`tuner.builder.records.install_artifact`); returns that folder."""
     bin_src = build_dir / "bin"
     for stale in art.parent.glob(art.name + ".partial-*"):  # left by a killed build; we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
@@ -474,9 +486,19 @@ def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: 
         else:
             shutil.copy2(lib, tmp / "bin" / lib.name)
     write_json(tmp / "build.json", record)
-    shutil.rmtree(art, ignore_errors=True)
-    art.parent.mkdir(parents=True, exist_ok=True)
-    tmp.rename(art)
+    # Never over the folder in use: a running search keeps the binaries it holds (records' docstring).
+    return install_artifact(tmp, art)
+
+
+def _with_earlier_targets(art: Path, targets: Sequence[str]) -> list[str]:
+    """``targets`` and those the artifact's current folder already has (its own and extra ones), so a
+    build that adds one tool installs a folder that still has the others."""
+    cur = current_artifact(art)
+    rec = load_build_record(cur / "build.json") if cur is not None else None
+    if not rec or rec.get("status") != "ok":
+        return list(targets)
+    earlier = [*rec.get("targets", []), *rec.get("extra_targets", {})]
+    return [*targets, *(t for t in earlier if isinstance(t, str) and t not in targets)]
 
 
 def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[str]) -> dict[str, list[str]]:
@@ -667,11 +689,11 @@ def build_variant(
     art = root / "artifacts" / rv.artifact_key
     build_dir, logs, src, tu_dir = root / "build", root / "logs", root / "src", root / "tu"
 
-    def _done(rec: Mapping[str, Any], cached: bool) -> Build:
+    def _done(rec: Mapping[str, Any], cached: bool, folder: Path) -> Build:
         return Build(
             build_id=build_id,
             build_dir=build_dir,
-            bin_dir=art / "bin",
+            bin_dir=folder / "bin",  # the folder this process holds, not the link another build may move
             log_file=Path(rec.get("log", logs / "build.log")),
             cached=cached,
             seconds=time.monotonic() - start,
@@ -679,12 +701,18 @@ def build_variant(
             meta=dict(rec),
         )
 
-    if not compile_only and (rec := cached_record(art, build_id, targets)):
-        return _done(rec, True)
+    def _cached() -> tuple[Path, dict[str, Any]] | None:
+        return hold_artifact(art, lambda folder: cached_record(folder, build_id, targets))
+
+    if not compile_only and (got := _cached()):
+        return _done(got[1], True, got[0])
 
     with locked(root):
-        if not compile_only and (rec := cached_record(art, build_id, targets)):  # another worker built it
-            return _done(rec, True)
+        if not compile_only:
+            adopt_old_layout(art)
+            if got := _cached():  # another worker built it
+                return _done(got[1], True, got[0])
+            targets = _with_earlier_targets(art, targets)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(
             rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs, log_file=log_file
@@ -709,7 +737,7 @@ def build_variant(
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
-                _copy_artifacts(build_dir, art, targets, record)
+                folder = _copy_artifacts(build_dir, art, targets, record)
         except TunerError as err:
             failure = _record_failure(rv, root, record, err, start)
             if failure is err:
@@ -727,4 +755,5 @@ def build_variant(
             compile_only=True,
             meta=record,
         )
-    return _done(record, False)
+    held = hold_artifact(art, lambda d: d)
+    return _done(record, False, held[0] if held else folder)

@@ -1,15 +1,58 @@
-"""Build records and the per-key build lock: ``build.json`` files and the artifact cache lookup."""
+"""Build records, build locks and artifact folders: ``build.json`` files, the cache lookup, and the
+versions of an artifact that running commands hold.
+
+An artifact ``artifacts/<artifact_key>`` is a symbolic link to its current folder
+``artifacts/<artifact_key>.v<N>``. A build that changes it (more targets, another toolchain) installs a
+new folder and moves the link with one ``os.replace``; it never writes over a folder in use. A command
+that uses a build holds a shared ``flock`` on its folder's ``.users`` file for the rest of its life
+(:func:`hold_artifact`), so an older folder is removed only once no process holds it (the kernel drops
+the lock of a process however it ends). A running search therefore keeps the binaries it started with
+while ``tuner build`` adds ``llama-perplexity`` to the same variant.
+"""
 
 from __future__ import annotations
 
-__all__ = ["cached_record", "load_build_record", "locked", "write_json"]
+__all__ = [
+    "WAIT_NOTE_S",
+    "adopt_old_layout",
+    "cached_record",
+    "current_artifact",
+    "describe_owner",
+    "hold_artifact",
+    "install_artifact",
+    "load_build_record",
+    "locked",
+    "owner_record",
+    "pid_alive",
+    "prune_artifacts",
+    "write_json",
+]
 
 import contextlib
+import datetime
+import errno
 import fcntl
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from tuner import log
+from tuner.redact import redact_argv
+
+_T = TypeVar("_T")
+
+WAIT_NOTE_S = 30.0
+"""How often a command waiting on another's build lock says it is still waiting (seconds)."""
+
+_USERS = ".users"
+_held: dict[str, int] = {}  # version folder -> descriptor holding its shared lock, for the process's life
 
 
 def load_build_record(path: Path) -> dict[str, Any] | None:
@@ -28,17 +71,230 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
+# --------------------------------------------------------------------------- lock owners
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (signal 0; EPERM means it exists, as another user)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError as err:
+        return err.errno == errno.EPERM
+    return True
+
+
+def owner_record(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a lock file says about the process holding it: PID, host, start time, command (passwords redacted)."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(["tuner", *redact_argv(sys.argv[1:] if argv is None else argv)]),
+    }
+
+
+def describe_owner(owner: Mapping[str, Any]) -> str:
+    """``PID 12 on host h, started T: `tuner ...``` for an :func:`owner_record`."""
+    return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}" + (
+        f": `{owner['command']}`" if owner.get("command") else ""
+    )
+
+
+def _read_owner(fd: int) -> dict[str, Any]:
+    try:
+        data = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    pid = data.get("pid")
+    if data.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
+        return {}  # left by a process that died; whoever holds the lock now did not say
+    return data
+
+
+def _holder(fd: int) -> str:
+    owner = _read_owner(fd)
+    return describe_owner(owner) if owner else "a process that does not say which (an older tuner?)"
+
+
+def _wait_exclusive(fd: int, what: str) -> None:
+    """Take ``fd``'s exclusive flock; while another holds it, say so at once and every WAIT_NOTE_S."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    start = time.monotonic()
+    log.notice(
+        f"waiting for {what}: {_holder(fd)} holds it (another command building the same variant). "
+        "This command goes on when that one is done."
+    )
+    say = start + WAIT_NOTE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now >= say:
+            log.notice(f"still waiting for {what} ({now - start:.0f} s so far; held by {_holder(fd)}).")
+            say = now + WAIT_NOTE_S
+        time.sleep(min(0.2, WAIT_NOTE_S / 4))
+    log.notice(f"got {what} after {time.monotonic() - start:.0f} s.")
+
+
 @contextlib.contextmanager
 def locked(root: Path) -> Iterator[None]:
-    """Hold the key directory's exclusive lock (``root/.lock``) for the block."""
+    """Hold the key directory's exclusive lock (``root/.lock``) for the block.
+
+    The lock file names its holder (:func:`owner_record`), and a command that has to wait for it says
+    who holds it and, at intervals, how long it has waited.
+    """
     # Parallel search workers may build candidates of one key; they share build/ and must take turns.
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    # Not O_TRUNC: opening the file must not erase the holder's record that the waiter is about to read.
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        _wait_exclusive(fd, f"the build lock of {root}")
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(owner_record()) + "\n").encode(), 0)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- artifact folders
+
+
+def current_artifact(art: Path) -> Path | None:
+    """The folder the artifact link ``art`` points at; ``art`` itself for a real folder (the layout of an
+    older tuner); None when there is neither."""
+    try:
+        target = os.readlink(art)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.EINVAL:  # not a link
+            return art if art.is_dir() else None
+        raise
+    # tuner writes a sibling's plain name; anything else is not its link
+    if "/" in target or target in ("", ".", ".."):
+        return None
+    return art.parent / target
+
+
+def _hold(folder: Path) -> bool:
+    """Take (once per process) a shared lock on ``folder``'s ``.users``; False when the folder is going."""
+    if str(folder) in _held:
+        return True
+    try:
+        fd = os.open(folder / _USERS, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while prune_artifacts deletes this folder
+        st = os.fstat(fd)
+        if st.st_nlink == 0 or os.stat(folder / _USERS).st_ino != st.st_ino:
+            raise FileNotFoundError(folder)  # deleted while we waited
+    except OSError:
+        os.close(fd)
+        return False
+    _held[str(folder)] = fd
+    return True
+
+
+def hold_artifact(art: Path, accept: Callable[[Path], _T | None]) -> tuple[Path, _T] | None:
+    """The artifact's current folder and ``accept(folder)``, with the folder held for this process's life.
+
+    None when there is no current folder in the versioned layout, or ``accept`` returns None (e.g. the
+    build lacks a target); nothing is held then.
+    """
+    for _ in range(20):  # a folder replaced between reading the link and locking: read it again
+        cur = current_artifact(art)
+        if cur is None or cur == art:
+            return None
+        got = accept(cur)
+        if got is None:
+            return None
+        if _hold(cur):
+            return cur, got
+    return None
+
+
+def _next_folder(art: Path) -> Path:
+    nums = [int(tail) for d in art.parent.glob(art.name + ".v*") if (tail := d.name[len(art.name) + 2 :]).isdigit()]
+    return art.with_name(f"{art.name}.v{max(nums, default=0) + 1}")
+
+
+def _point(art: Path, folder: Path) -> None:
+    """Move the link ``art`` to ``folder`` in one rename (a reader sees the old folder or the new one)."""
+    tmp = art.with_name(f".{art.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(folder.name, tmp)
+    os.replace(tmp, art)
+
+
+def adopt_old_layout(art: Path) -> None:
+    """Turn a real artifact folder of an older tuner into the versioned layout (caller holds the build lock)."""
+    if art.is_symlink() or not art.is_dir():
+        return
+    (art / _USERS).touch()
+    dest = _next_folder(art)
+    art.rename(dest)
+    _point(art, dest)
+
+
+def install_artifact(staging: Path, art: Path) -> Path:
+    """Install the complete folder ``staging`` as the artifact ``art``'s new current folder; returns it.
+
+    The caller holds the key's build lock. The folder the link pointed at before stays for whoever runs
+    from it; folders no process holds any more are removed (:func:`prune_artifacts`).
+    """
+    art.parent.mkdir(parents=True, exist_ok=True)
+    adopt_old_layout(art)
+    (staging / _USERS).touch()
+    dest = _next_folder(art)
+    staging.rename(dest)
+    _point(art, dest)
+    prune_artifacts(art)
+    return dest
+
+
+def prune_artifacts(art: Path) -> list[Path]:
+    """Remove the artifact's old folders that no process holds; returns those removed."""
+    cur = current_artifact(art)
+    gone = []
+    for d in sorted(art.parent.glob(art.name + ".v*")):
+        if (cur is not None and d.name == cur.name) or d.is_symlink() or not d.is_dir():
+            continue
+        try:
+            fd = os.open(d / _USERS, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # half removed before: no one can hold it
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a running command uses it
+            # .users first: a folder without it is never taken, even if the rest cannot be removed
+            (d / _USERS).unlink(missing_ok=True)
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+        finally:
+            os.close(fd)
+    return gone
 
 
 def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:
