@@ -65,7 +65,7 @@ Exit status:
        or unwritable folder, or a file in the way of a path tuner writes)
   2    usage error: a bad flag, argument, path or setting (e.g. TUNER_HOME)
   70   internal error: a bug in tuner; the message names a log file with the traceback
-  130  interrupted (Ctrl-C)
+  130  interrupted (Ctrl-C or SIGTERM)
 """
 
 
@@ -184,8 +184,14 @@ def main() -> None:
     (:func:`os_error_message`: a full disk, a path not writable or in the way) -> its paragraph and exit 1;
     anything else is a bug and goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
     """
+    from tuner import interrupts
+
     try:
-        cli.main(standalone_mode=False)
+        # SIGTERM unwinds every command like Ctrl-C (exit 130, as the help says), not only a search:
+        # the default action would end the process at once (status 143) with no cleanup.
+        with interrupts.sigterm_interrupts():
+            cli.main(standalone_mode=False)
+            interrupts.check()  # a SIGTERM whose exception was dropped in a finalizer
     except TunerError as err:
         from tuner.redact import redact  # a storage password in any message stays off the screen
 

@@ -56,3 +56,41 @@ def test_sigterm_raises_terminated_inside_the_block_and_is_a_keyboard_interrupt(
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)
     interrupts.check()  # the block's end clears the mark: nothing pending afterwards
+
+
+_SLOW_COMMAND = """
+import sys, time
+import click
+from tuner import cli
+
+@click.command()
+def slow() -> None:
+    print("ready", flush=True)
+    time.sleep(30)
+
+cli._COMMANDS["slow"] = "__main__:slow"
+sys.argv = ["tuner", "slow"]
+cli.main()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_to_any_command_exits_130() -> None:
+    # Not only `tuner search`: a command with no handler of its own (export, report, ...) ended by
+    # SIGTERM's default action (143), which the exit-status help does not list.
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_COMMAND], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "tuner: aborted" in err
