@@ -532,6 +532,7 @@ def _validate_result(
 
     if (folder / "upstream.patch").is_file():
         f += _upstream_patch_checks(folder / "upstream.patch", source.root)
+        f.append(_upstream_rerender_finding(read_text_in(folder, "upstream.patch"), cfg, source))
 
     try:
         rv = render_result(source, cfg)
@@ -603,6 +604,40 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
             detail="" if not ws else f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}",
         ),
     ]
+
+
+_NOTE_LINE = re.compile(r"^\+ *// ?(.*)$")
+
+
+def _upstream_rerender_finding(text: str, cfg: Mapping[str, Any], source: Any) -> Finding:
+    """``upstream.patch`` is byte for byte what tuner renders from config.toml's rules and arch, with the
+    comment note the patch carries (the only text an export adds that config.toml does not record). A note
+    with a backslash or a control character is refused: it could carry a ``//`` comment into code."""
+    from tuner.plan.fa_rules import rules_from_texts
+    from tuner.result.upstream_patch import render_upstream_patch
+    from tuner.targets.archs import load_arch
+
+    check = "upstream.patch re-render"
+    lines = text.splitlines()
+    at = next((i for i, ln in enumerate(lines) if re.match(r"^\+ *if \(", ln)), None)
+    notes: list[str] = []
+    for ln in reversed(lines[:at] if at is not None else []):
+        m = _NOTE_LINE.match(ln)
+        if m is None:
+            break
+        notes.insert(0, m.group(1))
+    note = "\n".join(" ".join(para.split("\n")) for para in "\n".join(notes).split("\n\n"))
+    if any(c == "\\" or (ord(c) < 32 and c != "\n") for c in note):
+        return Finding(check=check, ok=False, detail="the patch's comment has a backslash or a control character")
+    try:
+        want = render_upstream_patch(
+            source, rules_from_texts(list(cfg["choice"]["fa_rules"])), load_arch(cfg["target"]["arch"]), note=note
+        )
+    except TunerError as err:
+        return Finding(check=check, ok=False, detail=str(err))
+    same = want == text
+    why = "upstream.patch is not what tuner renders from config.toml's rules (an edited patch or value)"
+    return Finding(check=check, ok=same, detail="" if same else why)
 
 
 def _compile_check(rv: Any) -> Finding:

@@ -332,3 +332,30 @@ def test_hostile_copies_of_every_stored_result_write_nothing_outside(
         snap.pop(str(scratch))
     assert after == before
     assert _snapshot(tuner_home / "sources") == cache
+
+
+@pytest.mark.integration
+def test_gpu_builds_only_tuners_render_of_upstream_patch(
+    tree_a, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--gpu`` builds a result's upstream.patch only where it is tuner's re-render of config.toml."""
+    from tuner.result import upstream_check
+    from tuner.result.validate import validate_result
+
+    built: list[Path] = []
+
+    def fake_gpu(folder: Path, *_: object, **__: object) -> list[checks.Finding]:
+        built.append(folder)
+        return [checks.Finding(check="upstream.patch builds", ok=True, detail="faked")]
+
+    monkeypatch.setattr(upstream_check, "upstream_gpu_findings", fake_gpu)
+    good = _copy(RESULT, tmp_path / "good")
+    assert validate_result(good, gpu={}).ok and built == [good]
+    bad = _copy(RESULT, tmp_path / "bad")
+    up = bad / "upstream.patch"
+    first_added = next(ln for ln in up.read_text().splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+    up.write_text(_add_lines(up.read_text(), first_added, ['+        static const int pwn = system("id");']))
+    found = {f.check: f for f in validate_result(bad, gpu={}).findings}
+    assert built == [good]
+    assert not found["upstream.patch re-render"].ok and found["upstream.patch applies"].ok
+    assert "not built" in found["upstream.patch on the GPU"].detail
