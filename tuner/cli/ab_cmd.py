@@ -135,7 +135,8 @@ def ab(
                     "kernel": c.kernels.get(name),
                 }
             )
-        click.echo(f"{name}: {r}\n\n" + compare_table(pts, name_a="upstream", name_b=name) + "\n")
+        table = compare_table(pts, name_a="upstream", name_b=name, model=model.name)
+        click.echo(f"{name}: {r}\n\n" + table + "\n")
     log.info(
         method_paragraph(
             "paired rounds",

@@ -139,3 +139,24 @@ def test_rules_reach_the_hook_in_canonical_form(tmp_path: Path, monkeypatch) -> 
     )
     assert res.exit_code == 0, res.output
     assert seen and set(seen) == {"decode:0-4096=VEC,prefill:0-=MMA"}
+
+
+def test_ab_names_the_model_in_its_table(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The Model column was empty: the points carried no model.
+    import tuner.search.live as live
+
+    def measure(cand, phase, depths, label):  # type: ignore[no-untyped-def]
+        return {d: {"ts": 100.0, "error": "", "kernel": "VEC", "why": "default"} for d in depths}
+
+    monkeypatch.setattr(live, "make_live_measure", lambda *a, **k: measure)
+    b = _fake_build(tmp_path, b"...GGML_TUNER_FA_RULES...")
+    model = tmp_path / "llama-1b-q4.gguf"
+    model.write_bytes(b"GGUF")
+    res = CliRunner().invoke(
+        cli,
+        ["ab", "--build", str(b), "--model", str(model), "--rules", "decode:0-=TILE", "--rounds", "2"]
+        + ["-o", str(tmp_path / "run")],
+    )
+    assert res.exit_code == 0, res.output
+    rows = [ln for ln in res.stdout.splitlines() if ln.startswith("|") and "tg128" in ln]
+    assert rows and {ln.strip("|").split("|")[0].strip() for ln in rows} == {model.name}
