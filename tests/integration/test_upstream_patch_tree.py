@@ -144,13 +144,17 @@ def test_validate_upstream_patch_on_stored_result(tree_a, tmp_path: Path) -> Non
     (dst / "upstream.patch").write_text(patch)
     found = {f.check: f for f in validate_result(dst).findings}
     assert found["upstream.patch applies"].ok and found["upstream.patch whitespace"].ok
+    # EXAMPLE is not the stored config's rules: the patch applies cleanly but is not its re-render
+    rerender = found.pop("upstream.patch re-render")
+    assert not rerender.ok and "not what tuner renders from config.toml" in rerender.detail
     assert all(f.ok for f in found.values()), [f for f in found.values() if not f.ok]
 
     (dst / "upstream.patch").write_text(
         patch.replace("     if (turing_mma_available(cc)", "     if (volta_mma_available(cc)", 1)
     )
     bad = {f.check: f.detail for f in validate_result(dst).findings if not f.ok}
-    assert list(bad) == ["upstream.patch applies"] and "git apply --check" in bad["upstream.patch applies"]
+    assert list(bad) == ["upstream.patch applies", "upstream.patch re-render"]
+    assert "git apply --check" in bad["upstream.patch applies"]
 
     hunk = "@@ -720,2 +728,3 @@ static best_fattn_kernel ggml_cuda_get_best_fattn_kernel(const int device, const\n"
     (dst / "upstream.patch").write_text(patch + hunk + "     return BEST_FATTN_KERNEL_TILE;\n+\n }\n")
