@@ -88,6 +88,29 @@ def show(arch: str, as_json: bool) -> None:
                 click.echo(f"    {key}: {src}")
 
 
+def _assumed_product(arch_name: str) -> str | None:
+    """The product an estimate without --product uses: this machine's GPU where it is one of the arch's
+    (an H200 is sm_90, whose first product is the H100), else the first listed; one line on stderr says
+    which and why where the arch has more than one."""
+    from tuner.targets.archs import load_arch, local_product
+
+    arch = load_arch(arch_name)
+    if len(arch.products) < 2:
+        return None
+    others = ", ".join(p.name for p in arch.products)
+    local = local_product(arch.name)
+    if local is not None:
+        log.info(
+            f"estimate: product {local[0]} (this machine's GPU, {local[1]}); --product picks another of: {others}."
+        )
+        return local[0]
+    log.info(
+        f"estimate: product {arch.products[0].name} assumed (the first listed for {arch.name}; no local GPU is "
+        f"one of its products); --product picks another of: {others}."
+    )
+    return None
+
+
 @click.command()
 @click.option("--arch", "arch_name", required=True, help="Arch name (tuner archs lists them).")
 @click.option(
@@ -114,7 +137,10 @@ def show(arch: str, as_json: bool) -> None:
 @click.option("--pp", default=512, show_default=True, type=int, help="Prompt tokens per pp test.")
 @click.option("--tg", default=128, show_default=True, type=int, help="Generated tokens per tg test.")
 @click.option("--bandwidth", type=float, help="Memory bandwidth in GB/s (overrides the product's; needed for cpu).")
-@click.option("--product", help="Which product of the arch (default: the first listed).")
+@click.option(
+    "--product",
+    help="Which product of the arch, by part of its name (default: this machine's GPU where it is one, else the first listed).",
+)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON rows (the estimate's label included) instead of a table."
 )
@@ -154,6 +180,8 @@ def estimate(
         model = model_path
     else:
         raise UsageError(one)
+    if product is None:
+        product = _assumed_product(arch_name)
     rows = run_estimate(
         arch_name,
         model,

@@ -18,6 +18,8 @@ __all__ = [
     "gpu_free_bytes",
     "load_arch",
     "load_archs",
+    "local_gpu_names",
+    "local_product",
     "newer_nvidia",
     "normalize_arch_name",
 ]
@@ -331,6 +333,31 @@ def find_product(device: str) -> tuple[str, str] | None:
             model = next((w for w in re.findall(r"[a-z0-9]+", p.name.lower()) if re.search(r"\d", w)), None)
             if model and model in words:
                 return arch.name, p.name
+    return None
+
+
+def local_gpu_names() -> list[str]:
+    """Names of this machine's NVIDIA GPUs as the driver reports them ("NVIDIA H200"): NVML, else
+    nvidia-smi; ``[]`` when there is none (or no tool)."""
+
+    def name(nvml: Any, handle: Any) -> str:
+        raw = nvml.nvmlDeviceGetName(handle)
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+    found = _nvml_each(name)
+    if found is None:
+        out = _tool_output("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+        found = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return found
+
+
+def local_product(arch: str) -> tuple[str, str] | None:
+    """(product, device name) of this machine's first GPU that is a product of ``arch`` (an H200 for
+    sm_90 on an H200, where the arch's first product is the H100); None when no local GPU is one."""
+    for device in local_gpu_names():
+        found = find_product(device)
+        if found is not None and found[0] == arch:
+            return found[1], device
     return None
 
 

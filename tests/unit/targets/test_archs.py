@@ -281,3 +281,29 @@ def test_gpu_free_memory_from_nvml_then_nvidia_smi(monkeypatch: pytest.MonkeyPat
     assert gpu_free_bytes() == 81000 << 20
     monkeypatch.setattr(archs_mod.shutil, "which", lambda name: None)
     assert gpu_free_bytes() is None
+
+
+def test_estimate_uses_the_local_gpus_product_or_says_which_it_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sm_90 lists the H100 first; on an H200 the estimate used the H100's bandwidth without a word.
+    from tuner.targets import archs
+    from tuner.targets.models import load_model_shape
+    from tuner.targets.roofline import estimate
+
+    h200 = next(p.name for p in archs.load_arch("sm_90").products if "H200" in p.name)
+    args = ["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--depth", "0", "--json"]
+    monkeypatch.setattr(archs, "local_gpu_names", lambda: ["NVIDIA H200"])
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    want = estimate("sm_90", load_model_shape("llama-3.2-1b"), [0], product=h200)
+    assert {r["product"] for r in rows} == {h200} and rows == want
+    assert f"product {h200} (this machine's GPU, NVIDIA H200)" in res.stderr
+
+    monkeypatch.setattr(archs, "local_gpu_names", lambda: [])
+    res = CliRunner().invoke(cli, args)
+    first = archs.load_arch("sm_90").products[0].name
+    assert {r["product"] for r in json.loads(res.stdout)} == {first}
+    assert f"product {first} assumed" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+    res = CliRunner().invoke(cli, [*args, "--product", "H200"])
+    assert {r["product"] for r in json.loads(res.stdout)} == {h200}

@@ -113,7 +113,7 @@ def test_cli_estimate() -> None:
         cli, ["estimate", "--arch", "sm89", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--depth", "0", "--json"]
     )
     assert res.exit_code == 0, res.output
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     assert {r["test"] for r in rows} == {"pp512", "tg128"} and rows[0]["product"].startswith("GeForce RTX 4060 Ti")
     res = runner.invoke(cli, ["estimate", "--arch", "gfx1151", "--like", "tiny", "--depth", "0"])
     assert "not a measurement" in res.output and "| tg128" in res.output
