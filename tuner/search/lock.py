@@ -1,4 +1,4 @@
-"""One ``tuner search`` per run dir: a lock file that names its owner.
+"""One ``tuner search`` per run dir and per study: lock files that name their owner.
 
 Two searches on one run dir would both measure every screen round and store it twice, count each
 other's running trial as done and export into one folder. :func:`run_dir_lock` holds an exclusive
@@ -7,27 +7,36 @@ host, start time, command, passwords redacted) into it. The kernel drops a flock
 dies, however it dies, so a lock left by a killed search is never mistaken for a live one: the next
 search takes it over and says so. ``tuner worker`` does not take the lock (workers share a study on
 purpose; each trial is its own).
+
+Two searches on one study from different run dirs do the same harm through the storage, so
+:func:`study_lock` holds a lock keyed by the storage and the study: for SQLite a flock on a file beside
+the database (``<db>.study-<hash of the name>.lock``, with the same owner record; every process that
+can write the database can create it); for PostgreSQL a session advisory lock on the database, keyed by
+a hash of the study name, held on a connection of its own whose ``application_name`` names the owner.
+A lock file in ``$TUNER_HOME`` would only see searches of this host and user, while a PostgreSQL study is
+the one meant to be reached from several hosts; the server drops an advisory lock when the holder's
+connection ends, as the kernel drops a flock.
 """
 
 from __future__ import annotations
 
-__all__ = ["LOCK_NAME", "RunDirBusy", "pid_alive", "read_owner", "run_dir_lock"]
+__all__ = ["LOCK_NAME", "RunDirBusy", "StudyBusy", "pid_alive", "read_owner", "run_dir_lock", "study_lock"]
 
 import contextlib
-import datetime
 import errno
+import hashlib
 import json
 import os
-import shlex
+import re
 import socket
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner import log
+from tuner.builder.records import describe_owner, owner_record, pid_alive
 from tuner.errors import TunerError
-from tuner.redact import redact_argv
+from tuner.redact import redact, redact_value
 
 LOCK_NAME = "search.lock"
 
@@ -36,37 +45,28 @@ class RunDirBusy(TunerError):
     """Another live ``tuner search`` holds the run dir's lock."""
 
 
-def pid_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists on this host (signal 0; EPERM means it exists, as another user)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError as err:
-        return err.errno == errno.EPERM
-    return True
+class StudyBusy(TunerError):
+    """Another live ``tuner search`` holds the study's lock (from another run dir, or another host)."""
 
 
-def read_owner(run_dir: Path) -> dict[str, Any]:
-    """What the lock file says about its last owner ({} when absent or unreadable)."""
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads((Path(run_dir) / LOCK_NAME).read_text())
+        data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def _describe(owner: Mapping[str, Any]) -> str:
-    return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}" + (
-        f": `{owner['command']}`" if owner.get("command") else ""
-    )
+def read_owner(run_dir: Path) -> dict[str, Any]:
+    """What the lock file says about its last owner ({} when absent or unreadable)."""
+    return _read_json(Path(run_dir) / LOCK_NAME)
 
 
 def _busy(run_dir: Path) -> RunDirBusy:
     """The refusal for a run dir whose lock a live process holds, naming that process and what to do."""
     owner = read_owner(run_dir)
     return RunDirBusy(
-        f"another `tuner search` is running on the run dir {run_dir} ({_describe(owner) if owner else 'owner unknown'}). "
+        f"another `tuner search` is running on the run dir {run_dir} ({describe_owner(owner) if owner else 'owner unknown'}). "
         "Two searches on one run dir would measure every round twice and export into one folder. Wait for it "
         f"to finish, or stop it (kill {owner.get('pid', 'PID')} on {owner.get('host', 'its host')}) and rerun this "
         "command to resume its study; to run a separate search beside it, pass another --run-dir and --study. "
@@ -74,17 +74,25 @@ def _busy(run_dir: Path) -> RunDirBusy:
     )
 
 
-@contextlib.contextmanager
-def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Hold the run dir's lock for the block; yields the owner record written into it.
+def _study_busy(storage_url: str, study: str, holder: str, pid: object, host: object) -> StudyBusy:
+    return StudyBusy(
+        f"another `tuner search` is running the study {study!r} in {redact(storage_url)} ({holder}), from "
+        "another run dir or host. Two searches on one study would both measure its rounds and add tune trials "
+        f"beyond --trials. Wait for it to finish, or stop it (kill {pid} on {host}) and rerun to resume the study; "
+        "to add tune trials to that study from here, use `tuner worker`; for a search of its own, pass another "
+        "--study."
+    )
 
-    Raises:
-        RunDirBusy: another live process holds it (the message names it and what to do).
+
+@contextlib.contextmanager
+def _owned_flock(path: Path, argv: Sequence[str] | None, busy: Any, what: str, name: str) -> Iterator[dict[str, Any]]:
+    """An exclusive flock on ``path`` for the block, its owner record written into the file.
+
+    ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
+    with a note naming it. A file system without locks warns that ``what`` is not prevented and goes on.
     """
     import fcntl
 
-    run_dir = Path(run_dir)
-    path = run_dir / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         try:
@@ -92,14 +100,14 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
         except OSError as err:
             if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # e.g. an NFS mount without locking
                 log.warning(
-                    f"the file system of {run_dir} does not support file locks ({err.strerror}): a second "
-                    "search on this run dir is not prevented; run one at a time."
+                    f"the file system of {path.parent} does not support file locks ({err.strerror}): {what} is "
+                    "not prevented; run one at a time."
                 )
             elif err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
             else:
-                raise _busy(run_dir) from None
-        old = read_owner(run_dir)
+                raise busy() from None
+        old = _read_json(path)
         host = socket.gethostname()
         if old.get("pid") and old.get("pid") != os.getpid():  # a search that ended without its cleanup
             gone = (
@@ -108,15 +116,10 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
                 else "no longer holds it"
             )
             log.notice(
-                f"took over the run dir's lock from a search that stopped without releasing it "
-                f"({_describe(old)}; that process {gone})."
+                f"took over {name} ({path}) from a search that stopped without releasing it "
+                f"({describe_owner(old)}; that process {gone})."
             )
-        me = {
-            "pid": os.getpid(),
-            "host": host,
-            "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "command": shlex.join(["tuner", *redact_argv(sys.argv[1:] if argv is None else argv)]),
-        }
+        me = owner_record(argv)
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         os.fsync(fd)
@@ -128,3 +131,107 @@ def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[d
                 os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Hold the run dir's lock for the block; yields the owner record written into it.
+
+    Raises:
+        RunDirBusy: another live process holds it (the message names it and what to do).
+    """
+    run_dir = Path(run_dir)
+    with _owned_flock(
+        run_dir / LOCK_NAME, argv, lambda: _busy(run_dir), "a second search on this run dir", "the run dir's lock"
+    ) as me:
+        yield me
+
+
+def _study_key(study: str) -> str:
+    return hashlib.sha256(b"tuner search\0" + study.encode()).hexdigest()[:16]
+
+
+def _sqlite_path(storage_url: str) -> Path:
+    # sqlite:////abs/x.db and sqlite:///rel.db (check_storage_url has refused in-memory and bad forms)
+    return Path(os.path.realpath(storage_url.partition("?")[0].split("://", 1)[1][1:]))
+
+
+def study_lock_path(storage_url: str, study: str) -> Path:
+    """The lock file of a SQLite study: beside its database, keyed by the study name."""
+    db = _sqlite_path(storage_url)
+    return db.with_name(f"{db.name}.study-{_study_key(study)}.lock")
+
+
+@contextlib.contextmanager
+def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) -> Iterator[None]:
+    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring).
+
+    Raises:
+        StudyBusy: another live search holds it (the message names it and what to do).
+    """
+    dialect = storage_url.split("://", 1)[0].split("+", 1)[0].lower()
+    if dialect == "sqlite":
+        path = study_lock_path(storage_url, study)
+
+        def busy() -> StudyBusy:
+            owner = _read_json(path)
+            holder = describe_owner(owner) if owner else "owner unknown"
+            return _study_busy(storage_url, study, holder, owner.get("pid", "PID"), owner.get("host", "its host"))
+
+        with _owned_flock(path, argv, busy, "a second search on this study", "the study's lock"):
+            yield
+    elif dialect in ("postgresql", "postgres"):
+        with _pg_study_lock(storage_url, study):
+            yield
+    else:
+        log.warning(
+            f"{redact_value(storage_url)}: tuner cannot lock a study in a {dialect} database, so a second "
+            f"`tuner search` on the study {study!r} is not prevented; run one at a time."
+        )
+        yield
+
+
+@contextlib.contextmanager
+def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
+    """A session advisory lock on the study's database, on a connection held for the block."""
+    from tuner.study.storage import make_storage
+
+    key = int.from_bytes(bytes.fromhex(_study_key(study)), "big", signed=True)
+    hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF  # how pg_locks shows a bigint key
+    host = re.sub(r"[^A-Za-z0-9._-]", "", socket.gethostname())
+    # application_name is how the refused search learns who holds the lock (at most 63 bytes kept)
+    name = f"tuner search PID {os.getpid()} on {host}"[:63]
+    conn = make_storage(storage_url).engine.connect()
+    try:
+        # Only integers and the sanitized name are written into the SQL: no driver's paramstyle needed.
+        conn.exec_driver_sql(f"SELECT set_config('application_name', '{name}', false)")
+        got = conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar()
+        row = (
+            None
+            if got
+            else conn.exec_driver_sql(
+                "SELECT a.application_name, a.backend_start, a.client_addr FROM pg_locks l "
+                "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                f"AND l.classid::bigint = {hi} AND l.objid::bigint = {lo} AND l.objsubid = 1"
+            ).first()
+        )
+        conn.commit()  # the lock is the session's; no transaction stays open for the search's hours
+        if not got:
+            app, since, addr = row if row is not None else ("", None, None)
+            m = re.fullmatch(r"tuner search PID (\d+) on (\S+)", str(app or ""))
+            holder = (
+                f"PID {m[1]} on host {m[2]}, connected since {since}" + (f" from {addr}" if addr else "")
+                if m
+                else "owner unknown"
+            )
+            raise _study_busy(storage_url, study, holder, m[1] if m else "PID", m[2] if m else "its host")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a lost server dropped the lock with the session
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+                conn.commit()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()

@@ -139,7 +139,7 @@ def run_pipeline(
 ) -> SearchOutcome:
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
-    The run dir's lock (:mod:`tuner.search.lock`) is held throughout and through ``then(result)`` (the
+    The run dir's and the study's locks (:mod:`tuner.search.lock`) are held throughout and through ``then(result)`` (the
     CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
     measure of :mod:`tuner.search.live` runs the build's real llama-bench. ``equivalence(check,
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
@@ -161,9 +161,11 @@ def run_pipeline(
     _check_depths(cfg.depths, shape_d)
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    from tuner.search.lock import run_dir_lock
+    from tuner.search.lock import run_dir_lock, study_lock
 
-    with run_dir_lock(cfg.run_dir):
+    # The study's lock too: a second search on it from another run dir (or host) would measure its rounds
+    # at the same time and add trials beyond --trials. `tuner worker` takes neither, on purpose.
+    with run_dir_lock(cfg.run_dir), study_lock(cfg.storage_url, cfg.study):
         try:
             result = _run_locked(cfg, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence)
         except AllCallsFailed as err:
