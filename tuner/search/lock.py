@@ -85,7 +85,9 @@ def _study_busy(storage_url: str, study: str, holder: str, pid: object, host: ob
 
 
 @contextlib.contextmanager
-def _owned_flock(path: Path, argv: Sequence[str] | None, busy: Any, what: str, name: str) -> Iterator[dict[str, Any]]:
+def _owned_flock(
+    path: Path, argv: Sequence[str] | None, busy: Callable[[], TunerError], what: str, name: str
+) -> Iterator[dict[str, Any]]:
     """An exclusive flock on ``path`` for the block, its owner record written into the file.
 
     ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
