@@ -203,7 +203,8 @@ def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
     host = re.sub(r"[^A-Za-z0-9._-]", "", socket.gethostname())
     # application_name is how the refused search learns who holds the lock (at most 63 bytes kept)
     name = f"tuner search PID {os.getpid()} on {host}"[:63]
-    conn = make_storage(storage_url).engine.connect()
+    engine = make_storage(storage_url).engine
+    conn = engine.connect()
     try:
         # Only integers and the sanitized name are written into the SQL: no driver's paramstyle needed.
         conn.exec_driver_sql(f"SELECT set_config('application_name', '{name}', false)")
@@ -237,3 +238,4 @@ def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             conn.close()
+            engine.dispose()  # the storage's other pooled connections too
