@@ -21,6 +21,7 @@ __all__ = [
     "PRESETS_FILE",
     "baked_runtime",
     "check_out_dir",
+    "clean_leftovers",
     "export_render",
     "server_args",
     "staged_export",
@@ -31,13 +32,15 @@ __all__ = [
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,26 +113,88 @@ def check_out_dir(out_dir: Path) -> None:
             )
 
 
+_STAGING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-[a-z0-9_]{8}")
+"""The names :func:`staged_export` gives its folders beside ``-o`` (``tempfile.mkdtemp``'s 8 characters)."""
+
+
+def _own(folder: Path) -> int | None:
+    """An fd holding an exclusive flock on ``folder`` (released when closed, or when its process dies, even by
+    ``kill -9``), or None where another process holds it (a live export) or it is not a plain folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def clean_leftovers(out_dir: Path) -> list[Path]:
+    """Remove what killed exports to ``out_dir`` left beside it: staging folders (``.NAME.tmp-*``) and moved-aside
+    previous exports (``.NAME.old-*``) that no live process holds. A previous export moved aside by an export
+    killed before its new one was renamed into place is put back as ``out_dir`` (it is the last whole export).
+    Only these names are touched. Returns what was removed."""
+    parent = out_dir.parent
+    try:
+        entries = sorted(parent.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    gone = []
+    for p in entries:
+        m = _STAGING.fullmatch(p.name)
+        if m is None or m["name"] != out_dir.name or p.is_symlink() or not p.is_dir():
+            continue
+        fd = _own(p)
+        if fd is None:  # a live export is writing it, or it is not ours to judge
+            continue
+        try:
+            prev = p / "x"
+            if m["kind"] == "old" and not os.path.lexists(out_dir) and prev.is_dir() and not prev.is_symlink():
+                os.replace(prev, out_dir)
+                log.info(f"put back the previous export {out_dir} (an export was killed while replacing it)")
+            shutil.rmtree(p)
+            gone.append(p)
+        finally:
+            os.close(fd)
+    if gone:
+        log.info(f"removed {len(gone)} folder(s) left beside {out_dir} by a killed export")
+    return gone
+
+
 @contextlib.contextmanager
-def staged_export(out_dir: Path) -> Iterator[Path]:
+def staged_export(out_dir: Path, *, check: Callable[[Path], None] = check_out_dir) -> Iterator[Path]:
     """Yield a temporary folder beside ``out_dir`` to write the export into; on success it replaces
     ``out_dir`` (the previous export is moved aside, then removed), on any failure it is removed and
-    ``out_dir`` is left as it was.
+    ``out_dir`` is left as it was. Every command that replaces a result folder whole goes through here.
+
+    The staging folders are flocked while in use, so an export killed (even by ``kill -9``) leaves folders no
+    process holds, and the next export to the same ``-o`` removes them (:func:`clean_leftovers`).
+
+    Args:
+        out_dir: The folder to write.
+        check: Raises UsageError unless ``out_dir`` may be replaced (default :func:`check_out_dir`).
 
     Raises:
-        UsageError: ``out_dir`` is a llama.cpp tree or holds files an export does not write.
+        UsageError: ``check`` refuses ``out_dir`` (by default: a llama.cpp tree or a folder holding files an
+            export does not write).
     """
-    check_out_dir(out_dir)
+    check(out_dir)
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(out_dir)
     # Beside the target, so the final rename stays on one filesystem (atomic, no copy).
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+    held = [fd for fd in [_own(tmp)] if fd is not None]
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; an export folder gets the usual mode
         old = None
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
+            held += [fd for fd in [_own(old)] if fd is not None]
             os.replace(out_dir, old / "x")
         try:
             os.replace(tmp, out_dir)
@@ -143,6 +208,9 @@ def staged_export(out_dir: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def _umask() -> int:

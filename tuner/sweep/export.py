@@ -40,7 +40,6 @@ __all__ = [
 import dataclasses
 import lzma
 import re
-import shutil
 import sqlite3
 import tempfile
 from collections.abc import Mapping
@@ -381,8 +380,14 @@ def export_table(
     out, cdir = Path(out), Path(confirm_dir)
     _check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)
-    with tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp:
-        raw, stage = Path(tmp) / "raw", Path(tmp) / "out"
+    from tuner.result.export import staged_export
+
+    # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier export).
+    with (
+        tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp,
+        staged_export(out, check=_check_out) as stage,
+    ):
+        raw = Path(tmp) / "raw"
         (stage / "evidence").mkdir(parents=True)
         for role, d in dirs.items():
             if d is not None:
@@ -408,8 +413,4 @@ def export_table(
         device = measured_on or ident.get("device") or f"not recorded (backend {ident.get('backend', '?')})"
         manifest = _write(stage, ev, src, dirs, patch=patch, measured_on=device)
         (stage / MANIFEST).write_text(tomli_w.dumps(manifest))
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(stage, out)
     return manifest

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 import dataclasses
+import os
 import re
 import shutil
 import tempfile
@@ -230,6 +231,20 @@ def _report(parts: Sequence[Part]) -> str:
     return "\n".join([*lines, ""])
 
 
+def _copy_part(src: Path, dest: Path) -> None:
+    """A part's files copied into the merge; a link or anything but a plain file or folder in the part is
+    refused (copying would follow it and write what it points at into the merged table)."""
+    for d, subdirs, files in os.walk(src):
+        for n in [*subdirs, *files]:
+            p = Path(d) / n
+            if p.is_symlink() or not (p.is_dir() or p.is_file()):
+                raise UsageError(
+                    f"{p} is a link or a special file, not a file of a sweep table export; `tuner sweep merge` copies "
+                    "only plain files. Export that table again (`tuner sweep export`), or remove the link."
+                )
+    shutil.copytree(src, dest)
+
+
 def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None) -> dict[str, Any]:
     """Write the merged folder ``out`` (module doc) and return its manifest.
 
@@ -247,7 +262,10 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):
         raise UsageError(f"-o {out} is one of the tables to merge, or holds one; pass a new folder.")
     _check_out(out)
-    with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp:
+    from tuner.result.export import staged_export
+
+    # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier merge).
+    with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp, staged_export(out, check=_check_out) as stage:
         merged = merged_view(load_parts(folders, Path(tmp) / "ev"))
         first = merged.parts[0].manifest["source"]
         src = source.fetch_source(spec or first["spec"])
@@ -257,9 +275,8 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
                 f"({first['spec']}). Pass --source with that tree."
             )
         patch = merged_patch(src.root, merged)
-        stage = Path(tmp) / "out"
         for p in merged.parts:
-            shutil.copytree(p.folder, stage / PARTS / p.name)
+            _copy_part(p.folder, stage / PARTS / p.name)
         if patch:
             (stage / "upstream.patch").write_text(patch)
         (stage / "PR.md").write_text(merged_pr_text(merged.parts, patch=bool(patch)))
@@ -277,8 +294,4 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
             "hashes": {"patch_sha256": text_sha256(patch) if patch else ""},
         }
         (stage / export.MANIFEST).write_text(tomli_w.dumps(manifest))
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(stage, out)
     return manifest

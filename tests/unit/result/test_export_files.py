@@ -186,3 +186,62 @@ def test_validate_flags_a_tree_preset_file_and_local_paths(tmp_path: Path) -> No
     bad = {f.check: f.detail for f in validate_result(out).findings if not f.ok}
     assert "would replace llama.cpp's own preset file" in bad["presets"]
     assert bad["no local paths"] == "report.md: /home/someone/models/l1b.gguf"
+
+
+_STAGING_CHILD = """
+import sys, time
+from pathlib import Path
+from tuner.result.export import staged_export
+with staged_export(Path(sys.argv[1])) as tmp:
+    (tmp / "config.toml").write_text("half an export")
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def _exporting(out: Path) -> subprocess.Popen[str]:
+    """A process inside :func:`staged_export` of ``out``, its staging folder half written."""
+    proc = subprocess.Popen([sys.executable, "-c", _STAGING_CHILD, str(out)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_killed_exports_leftovers_are_removed_by_the_next_export(tmp_path: Path) -> None:
+    from tuner.result.export import staged_export
+
+    out = tmp_path / "results" / "out"
+    proc = _exporting(out)
+    proc.kill()  # kill -9: no cleanup runs
+    proc.communicate()
+    (left,) = out.parent.iterdir()
+    assert left.name.startswith(".out.tmp-") and (left / "config.toml").is_file()
+    # names that are not an export's staging of this -o stay: another -o's, and one mkdtemp would not make
+    others = [out.parent / ".other.tmp-abcdefgh", out.parent / ".out.tmp-mine"]
+    for p in others:
+        p.mkdir()
+    live = _exporting(out)  # a live export's staging folder is not removed under it
+    try:
+        with staged_export(out) as tmp:
+            (tmp / "report.md").write_text("whole")
+        names = {p.name for p in out.parent.iterdir()} - {p.name for p in others}
+        (live_tmp,) = names - {"out"}
+        assert left.name != live_tmp and live_tmp.startswith(".out.tmp-") and "out" in names
+    finally:
+        live.kill()
+        live.communicate()
+    with staged_export(out) as tmp:
+        (tmp / "report.md").write_text("again")
+    assert {p.name for p in out.parent.iterdir()} == {"out", *(p.name for p in others)}
+    assert (out / "report.md").read_text() == "again"
+
+
+def test_a_previous_export_moved_aside_by_a_killed_export_is_put_back(tmp_path: Path) -> None:
+    # Killed between the two renames: -o is missing, the last whole export is in .out.old-*/x.
+    from tuner.result.export import clean_leftovers
+
+    out = tmp_path / "out"
+    (tmp_path / ".out.old-abcd1234" / "x").mkdir(parents=True)
+    (tmp_path / ".out.old-abcd1234" / "x" / "report.md").write_text("previous")
+    (tmp_path / ".out.tmp-efgh5678").mkdir()
+    clean_leftovers(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "report.md").read_text() == "previous"

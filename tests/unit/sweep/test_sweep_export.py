@@ -297,3 +297,36 @@ def test_local_paths_are_cut_to_their_names_and_urls_stay() -> None:
         "- build: bin\nlog `upstream.log` (see x)\n"
         "https://github.com/ggml-org/llama.cpp/issues/18865, ggml/src/ggml-cuda/fattn.cu"
     )
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_sweep_export_is_staged_beside_o_and_clears_a_killed_exports_leftovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It removed -o and then copied the new folder in: a full disk or a kill in between lost both.
+    import errno
+
+    import tuner.sweep.export as ex
+
+    _fake_source(tmp_path, monkeypatch)
+    cdir = _confirmed(tmp_path)
+    out = _export(tmp_path, cdir)
+    before = _files(out)
+    dead = out.parent / f".{out.name}.tmp-abcd1234"  # what a killed export leaves: no process holds it
+    dead.mkdir()
+    (dead / "table.toml").write_text("half")
+    real = ex._write
+
+    def disk_full(stage: Path, *a: object, **k: object) -> object:
+        real(stage, *a, **k)  # type: ignore[arg-type]
+        raise OSError(errno.ENOSPC, "No space left on device", str(stage / "table.toml"))
+
+    monkeypatch.setattr(ex, "_write", disk_full)
+    with pytest.raises(OSError):
+        CliRunner().invoke(sweep, ["export", str(cdir), "-o", str(out)], catch_exceptions=False)
+    assert _files(out) == before and list(out.parent.iterdir()) == [out]
+    monkeypatch.setattr(ex, "_write", real)
+    assert _files(_export(tmp_path, cdir)) == before and list(out.parent.iterdir()) == [out]

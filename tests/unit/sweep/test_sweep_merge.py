@@ -143,3 +143,18 @@ def test_an_mmq_type_with_choices_in_two_tables_is_refused() -> None:
 
     with pytest.raises(UsageError, match="a and b both have MMQ choices for q5_K"):
         merge.merged_view([part("a", 2048), part("b", 1024)])
+
+
+def test_merge_is_staged_beside_o_and_refuses_a_link_in_a_part(tmp_path: Path, two: tuple[Path, Path]) -> None:
+    out = tmp_path / "results" / "sm_90" / "merged"
+    dead = out.parent / ".merged.old-abcd1234"  # a killed merge's moved-aside folder, -o still in place
+    (dead / "x").mkdir(parents=True)
+    code, text = _invoke("merge", *map(str, two), "-o", str(out))
+    assert code == 0, text
+    assert not dead.exists() and (out / "table.toml").is_file()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not part of any table")
+    (two[1] / "notes.md").symlink_to(secret)  # copied, it would put the file it points at into the merge
+    code, text = _invoke("merge", *map(str, two), "-o", str(out))
+    assert code == 2 and "notes.md is a link" in text, text
+    assert not any("not part of any table" in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
