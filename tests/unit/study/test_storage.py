@@ -6,13 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tuner.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the tune fixture below
+from unit.search.test_search_faults import _tune_env, steady
 
 REPO = Path(__file__).resolve().parents[3]
 PG_DOWN = "postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna"  # nothing listens on port 1: refused at once
@@ -62,43 +63,6 @@ def test_every_command_that_opens_a_storage_checks_it_first(
 # ------------------------------------------------------------------ the database lost during a trial
 
 
-def _tune_env(tmp_path: Path, measure: Any, trials: int = 2) -> tuple[Any, Any]:
-    """pipeline._tune on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
-    from tuner.plan.space import load_space
-    from tuner.search import pipeline as pl
-    from tuner.study.state import StudyState
-    from tuner.targets.archs import load_arch
-
-    cfg = types.SimpleNamespace(
-        trials=trials,
-        variants=("cpu",),
-        arch="cpu",
-        target=types.SimpleNamespace(arch=load_arch("cpu")),
-        source=types.SimpleNamespace(era="mma", root=tmp_path),
-        depths=(0,),
-        tune_depths=None,
-        tune_knobs=(),
-        worker=False,
-        gate=False,
-        run_dir=tmp_path,
-        study="lost",
-        seed=0,
-        storage=None,
-        storage_url=f"sqlite:///{tmp_path / 'study.db'}",
-    )
-    study, storage = pl._open_study(cfg)
-    build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=tmp_path)
-    builds = types.SimpleNamespace(get=lambda variant, cv: build)
-    space = load_space("cpu", "mma")
-    args = (cfg, StudyState(study), study, storage, space, {}, {}, [], {}, [], lambda b: measure, None, builds)
-    return study, lambda: pl._tune(*args)
-
-
-def steady(c: Any, phase: str, depths: Any, label: str) -> dict[int, dict[str, Any]]:
-    ts = 100.0 * (1.05 if c.name == "candidate" else 1.0)
-    return {d: {"ts": ts, "kernel": None, "why": None, "error": ""} for d in depths}
-
-
 # The search process: its database server stops while a tune trial measures. Every storage call then
 # raises what SQLAlchemy raises for a refused connection, the heartbeat thread's too (every second here).
 LOST_CHILD = textwrap.dedent("""
@@ -108,7 +72,7 @@ LOST_CHILD = textwrap.dedent("""
     import psycopg, sqlalchemy.exc
     import tuner.study.storage as storage_mod
     from tuner.errors import TunerError
-    from unit.study.test_storage import _tune_env, steady
+    from unit.search.test_search_faults import _tune_env, steady
 
     storage_mod.HEARTBEAT_S = 1
     KEEP = ("get_heartbeat_interval", "get_heartbeat_stale_trial_callback")
