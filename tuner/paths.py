@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["data_dir", "package_data", "tuner_home"]
+__all__ = ["data_dir", "package_data", "subfolder", "tuner_home", "write_into"]
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from tuner.errors import UsageError
@@ -60,3 +62,50 @@ def data_dir(name: str) -> Path:
 def package_data(name: str) -> Path:
     """A file shipped inside the package (``tuner/data/NAME``)."""
     return _PKG / "data" / name
+
+
+def write_into(folder: Path, name: str, data: str | bytes) -> Path:
+    """Write ``folder/name`` without following a link already there: the data goes to a temporary file in
+    ``folder``, renamed over the name (a rename replaces a link, it never writes where the link points). A
+    reader never sees half a file either. Returns the path written.
+
+    Raises:
+        UsageError: ``folder/name`` is a folder (a rename would not replace it).
+    """
+    path = folder / name
+    if path.is_dir() and not path.is_symlink():
+        raise UsageError(f"{path} is a folder where tuner writes a file. Move it away, or choose another -o.")
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; an output file gets the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def subfolder(folder: Path, name: str) -> Path:
+    """``folder/name``, made where missing, never through a link: a link there would send every file
+    written into it wherever it points.
+
+    Raises:
+        UsageError: ``folder/name`` is a link or not a folder.
+    """
+    path = folder / name
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise UsageError(
+            f"{path} is a link or a file, where tuner writes a folder of its own; it does not write through a "
+            "link. Remove it, or choose another -o."
+        )
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _umask() -> int:
+    cur = os.umask(0)
+    os.umask(cur)
+    return cur

@@ -364,8 +364,10 @@ def report(
         click.echo(text)
     if out_dir is not None:
         text = render_report(frames, base, aa=aa, confidence=confidence)
+        from tuner.paths import write_into
+
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "report.md").write_text(text, encoding="utf-8")
+        write_into(out_dir, "report.md", text)  # replaces a link there, never writes through it
         png = plot_depth(frames, out_dir / "depth.png")
         log.info(f"wrote {out_dir / 'report.md'} and {png}")
 

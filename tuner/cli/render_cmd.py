@@ -122,17 +122,19 @@ def render(
         click.echo("# tuned.patch\n" + rv.patch, nl=False)
         return
     out = output or Path(f"render-{arch}-{variant}")
+    from tuner.paths import subfolder, write_into
+
+    # Each file renamed over its name: a link already in -o is replaced, never written through.
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cmake-args.txt").write_text("\n".join(cmake_args) + "\n")
-    (out / "CMakeUserPresets.json").write_text(json.dumps(preset, indent=2) + "\n")
-    (out / "tuned.patch").write_text(rv.patch)
-    (out / "runtime.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
-    (out / "bench-args.txt").write_text(" ".join(runtime.bench_args) + "\n")
-    if rv.tu_headers:
-        tu_dir = out / "tu"
-        tu_dir.mkdir(exist_ok=True)
+    tu_dir = subfolder(out, "tu") if rv.tu_headers else None  # refused before anything is written
+    write_into(out, "cmake-args.txt", "\n".join(cmake_args) + "\n")
+    write_into(out, "CMakeUserPresets.json", json.dumps(preset, indent=2) + "\n")
+    write_into(out, "tuned.patch", rv.patch)
+    write_into(out, "runtime.env", "".join(f"{k}={v}\n" for k, v in env.items()))
+    write_into(out, "bench-args.txt", " ".join(runtime.bench_args) + "\n")
+    if tu_dir is not None:
         for tu, text in rv.tu_headers.items():
-            (tu_dir / render_mod.tu_header_name(tu)).write_text(text)
+            write_into(tu_dir, render_mod.tu_header_name(tu), text)
     log.info(
         f"Wrote {out}: {len(cmake_args)} CMake defines, patch of {len(rv.files)} files, "
         f"{len(overrides)} TU override(s), {len(env)} env var(s)."

@@ -43,11 +43,19 @@ def pyplot() -> Any:
 
 def save_png(plt: Any, fig: Any, png_path: str | Path) -> Path:
     """``fig`` written to ``png_path`` (its folder made) at the plots' resolution, then closed."""
+    import io
+
+    from tuner.paths import write_into
+
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    # renamed over the name: a link already at png_path is replaced, never written through
+    return write_into(png_path.parent, png_path.name, buf.getvalue())
 
 
 def as_float(x: Any) -> float:

@@ -535,3 +535,21 @@ def test_cuda_tune_hook_splits_and_baked_patch_does_not() -> None:
     )
     assert baked.tu_headers == {} and "split" not in baked.patch and "GGML_TUNER_TU_DIR" not in baked.patch
     assert "ggml/src/ggml-cuda/CMakeLists.txt" not in baked.files
+
+
+def test_cli_o_replaces_links_and_refuses_a_linked_tu_folder(cli_source: None, tmp_path: Path) -> None:
+    # render -o wrote through links already in the folder: into the file or folder they point at.
+    o, victim, elsewhere = tmp_path / "o", tmp_path / "victim.txt", tmp_path / "elsewhere"
+    o.mkdir()
+    elsewhere.mkdir()
+    victim.write_text("someone else's file")
+    (o / "tuned.patch").symlink_to(victim)
+    (o / "tu").symlink_to(elsewhere)
+    code, text = _invoke(["render", "--arch", "sm_90", "-o", str(o)])
+    assert code == 2 and "tu is a link" in text, text
+    assert victim.read_text() == "someone else's file" and not any(elsewhere.iterdir())
+    (o / "tu").unlink()
+    code, text = _invoke(["render", "--arch", "sm_90", "-o", str(o)])
+    assert code == 0, text
+    assert victim.read_text() == "someone else's file" and not (o / "tuned.patch").is_symlink()
+    assert (o / "tuned.patch").read_text().startswith("--- a/") and len(list((o / "tu").glob("*.h"))) > 0
