@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["TunerError", "UsageError", "close_matches"]
+__all__ = ["TunerError", "UsageError", "close_matches", "error_chain"]
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 
 class TunerError(Exception):
@@ -28,3 +28,17 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> str:
     if len(matches) == 1:
         return f" Did you mean {matches[0]!r}?"
     return " Did you mean one of " + ", ".join(repr(m) for m in matches) + "?"
+
+
+def error_chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and every exception it came from (``__cause__``, ``__context__``, and a database driver's
+    error that SQLAlchemy keeps in ``orig``), each once: what a handler looks through to name the real fault."""
+    seen: set[int] = set()
+    stack: list[object] = [err]
+    while stack:
+        e = stack.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [e.__cause__, e.__context__, getattr(e, "orig", None)]

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from tuner import __version__
-from tuner.errors import TunerError
+from tuner.errors import TunerError, error_chain
 
 # name -> "module:attribute"; modules are imported only when the command runs (fast --help).
 _COMMANDS: dict[str, str] = {
@@ -161,20 +161,10 @@ _SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message (sqlite3, sql
 def _full_disk_in_chain(err: BaseException) -> bool:
     """Whether ``err`` or an exception it came from is a full disk without a path: a study's SQLite write
     (``sqlite3.OperationalError``, wrapped by SQLAlchemy/Optuna) fails so during a search."""
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [err]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if _SQLITE_FULL in str(e):
-            return True
-        orig = getattr(e, "orig", None)  # sqlalchemy.exc.DBAPIError holds the driver's error here
-        stack += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
-    return False
+    return any(
+        (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or _SQLITE_FULL in str(e)
+        for e in error_chain(err)
+    )
 
 
 def main() -> None:

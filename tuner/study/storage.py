@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import TunerError, UsageError
+from tuner.errors import TunerError, UsageError, error_chain
 from tuner.redact import redact, redact_value, remember
 
 logger = logging.getLogger(__name__)
@@ -198,18 +198,11 @@ def _lost_storage_error(err: BaseException) -> BaseException | None:
         from sqlalchemy import exc
     except ImportError:
         return None
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [err]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in error_chain(err):
         if isinstance(e, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError)):
             orig = getattr(e, "orig", None)
             if not type(orig).__module__.startswith("sqlite3"):
                 return e
-        stack += [e.__cause__, e.__context__]
     return None
 
 

@@ -3,6 +3,7 @@ and a database lost in the middle of a tune trial (one paragraph, exit 1, the tr
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,11 @@ import pytest
 
 from tuner.cli import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the tune fixture below
-from unit.search.test_search_faults import _tune_env, steady
+# The tune fixture of the search's fault tests (a real CPU space and SQLite study, fakes for the rest); the
+# child process below imports it the same way.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+_faults = importlib.import_module("unit.search.test_search_faults")
+_tune_env, steady = _faults._tune_env, _faults.steady
 
 REPO = Path(__file__).resolve().parents[3]
 PG_DOWN = "postgresql+psycopg://tuner:s3cr3t@127.0.0.1:1/optuna"  # nothing listens on port 1: refused at once
