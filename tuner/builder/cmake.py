@@ -25,6 +25,7 @@ __all__ = [
     "check_target_names",
     "default_check_objects",
     "find_build_tools",
+    "is_built",
     "is_on",
     "load_build_record",
     "ninja_log_lines",
@@ -651,6 +652,16 @@ def _record_failure(
         return err
     msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
     return TunerError(msg)
+
+
+def is_built(rv: RenderedVariant, targets: Sequence[str] = DEFAULT_TARGETS) -> bool:
+    """Whether :func:`build_variant` of ``rv`` would find its artifact built (and start no compile): a time
+    budget prices only a build that runs. Reads the current artifact's record; holds and changes nothing."""
+    tc = _find_toolchain(rv)
+    art = tuner_home() / "builds" / rv.key / "artifacts" / rv.artifact_key
+    cur = current_artifact(art)
+    build_id = stable_hash(rv.artifact_key, tc.identity)
+    return cur is not None and cached_record(cur, build_id, targets) is not None  # cur is art: the older layout
 
 
 def build_variant(

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = ["search", "worker"]
 
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,8 +53,9 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--time-budget",
             type=click.FloatRange(1),
             default=None,
-            help="Seconds; no round or trial starts past this or would overrun it. What was measured stays in the "
-            "study, the same command resumes (the clock starts when the study opens); exit 3 where it stopped.",
+            help="Seconds from the command's start (the build and the model count); no build, round or trial starts "
+            "that would end past it. What was measured stays in the study, the same command resumes; exit 3 where it "
+            "stopped.",
         ),
         click.option(
             "--storage",
@@ -185,6 +187,8 @@ def search(
     """
     from tuner.targets.target import resolve_target
 
+    kw["started"] = time.monotonic()  # --time-budget counts from here: detection, build and model included
+
     if bool(replay) != replay_mode:
         raise UsageError(
             "--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ..."
@@ -264,6 +268,8 @@ def worker(**kw: Any) -> None:
     from tuner.study.storage import check_storage, storage_guard
     from tuner.targets.target import resolve_target
 
+    kw["started"] = time.monotonic()  # --time-budget counts from here, as `tuner search`'s
+
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
     target = resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"])
@@ -289,6 +295,7 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         tg=kw["tg"],
         trials=kw["trials"],
         time_budget=kw["time_budget"],
+        started=kw.get("started"),
         storage=kw["storage"],
         study=kw["study"],
         run_dir=kw["run_dir"],

@@ -44,7 +44,11 @@ def search_and_export(request: SearchRequest, out: Path | None = None) -> Search
     from tuner.result.pipeline_export import summary_line
     from tuner.search.pipeline import BudgetReached, run_pipeline
 
-    cfg = resolve_search(request)
+    try:
+        cfg = resolve_search(request)
+    except BudgetReached as stop:  # the build or model it needs would end past --time-budget
+        log.notice(f"time budget reached before {stop}; nothing was started. Give a longer --time-budget.")
+        return None
     shown = _announce(cfg, request)
     out_dir = out or (cfg.run_dir / "export")
 
@@ -55,7 +59,7 @@ def search_and_export(request: SearchRequest, out: Path | None = None) -> Search
             f"\nExported the result to {out_dir}/ (config.toml, CMakeUserPresets.json, run.env, report.md; tuned.patch where the kernels differ from upstream's)."
         )
 
-    t0 = time.monotonic()
+    t0 = cfg.started if cfg.started is not None else time.monotonic()  # the budget's clock
     try:
         with interrupts.sigterm_interrupts():
             result = run_pipeline(cfg, then=export)
@@ -80,7 +84,11 @@ def tune_worker(request: SearchRequest) -> int | None:
     afterwards (None: the time budget stopped the worker)."""
     from tuner.search.pipeline import BudgetReached, run_tune_worker
 
-    cfg = resolve_search(request, worker=True)
+    try:
+        cfg = resolve_search(request, worker=True)
+    except BudgetReached as stop:
+        log.notice(f"time budget reached before {stop}; nothing was started. Give a longer --time-budget.")
+        return None
     shown = _announce(cfg, request)
     try:
         with interrupts.sigterm_interrupts():

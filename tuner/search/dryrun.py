@@ -20,7 +20,16 @@ benchmarked, and the output says so.
 
 from __future__ import annotations
 
-__all__ = ["DryRunReport", "PlanInputs", "count_space", "load_step_costs", "plan_stages", "render", "run_dry_run"]
+__all__ = [
+    "DryRunReport",
+    "PlanInputs",
+    "count_space",
+    "full_build_seconds",
+    "load_step_costs",
+    "plan_stages",
+    "render",
+    "run_dry_run",
+]
 
 import collections
 import dataclasses
@@ -165,6 +174,12 @@ def load_step_costs() -> dict[str, Any]:
         return tomllib.load(f)
 
 
+def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
+    """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
+    checks before starting one that is not cached."""
+    return float((costs or load_step_costs())["full_build"]["seconds"])
+
+
 def _nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, Any]:
     """The recorded model whose width is nearest the planned model's (costs scale with model size)."""
     return min(costs["models"].values(), key=lambda m: abs(math.log(m["d_model"] / max(d_model, 1))))
@@ -199,7 +214,7 @@ def _builds_stage(
 ) -> dict[str, Any]:
     """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
     (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
-    full = float(costs["full_build"]["seconds"])
+    full = full_build_seconds(costs)
     gate_s = float(rec["gate_s"])
     tune_builds = trials if n_compile else 0
     # The tune stage samples the variant too when several are renderable (pipeline._tune): each other

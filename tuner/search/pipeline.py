@@ -42,7 +42,9 @@ from tuner.search.screen import (
     AllCallsFailed,
     BudgetReached,
     Candidate,
+    budget_deadline,
     candidates_for,
+    check_fits,
     phase_stops,
     run_joint_rounds,
     run_phase_rounds,
@@ -65,6 +67,12 @@ def _timed(st: StudyState, stage: str) -> Any:
         yield
     finally:
         st.add_seconds(stage, time.monotonic() - t0)
+
+
+def _deadline(cfg: SearchConfig) -> float | None:
+    """``--time-budget``'s deadline, counted from the command's start (``cfg.started``): the build and the model
+    made before the study opened count too."""
+    return budget_deadline(getattr(cfg, "started", None), cfg.time_budget)  # a test's stand-in config may lack it
 
 
 def _check_budget(deadline: float | None, where: str) -> None:
@@ -147,7 +155,7 @@ def run_pipeline(
     """
     from tuner.plan.space import load_space
 
-    deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
+    deadline = _deadline(cfg)
     source = cfg.source
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
@@ -227,7 +235,7 @@ def _run_stages(
 
     # -- the upstream build, gated once ------------------------------------------------------------
     base_variant = str(fixed.get("variant", variants[0]))
-    builds = _Builds(cfg, space)
+    builds = _Builds(cfg, space, deadline)
     with _timed(st, "build"):
         build = builds.get(base_variant, {})
     gate = _gate(st, cfg, cfg.target.arch, build, shape_d)
@@ -431,7 +439,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
     Returns the number of trials the study holds afterwards."""
     from tuner.plan.space import load_space
 
-    deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else None
+    deadline = _deadline(cfg)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     study, storage = _open_study(cfg)
     st = StudyState(study)
@@ -461,7 +469,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
             base_args,
             _counted(st, device_checked(st, lambda b: _live(cfg, b))),
             deadline,
-            _Builds(cfg, space),
+            _Builds(cfg, space, deadline),
         )
     return len(study.get_trials(deepcopy=False))
 
@@ -711,8 +719,8 @@ class _Builds:
     Compile values reach it from tune trials, whose constraint check already passed: the render does
     not check them again."""
 
-    def __init__(self, cfg: SearchConfig, space: Any) -> None:
-        self.cfg, self.space = cfg, space
+    def __init__(self, cfg: SearchConfig, space: Any, deadline: float | None = None) -> None:
+        self.cfg, self.space, self.deadline = cfg, space, deadline
         self._known: dict[str, Any] = {}
 
     def get(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
@@ -730,6 +738,12 @@ class _Builds:
                 space=self.space,
                 checked=True,
             )
+            if self.deadline is not None:
+                from tuner.builder.cmake import is_built
+                from tuner.search.dryrun import full_build_seconds
+
+                if not is_built(rv):  # a build cut off by the machine's limit is lost whole: start none that won't end
+                    check_fits(self.deadline, full_build_seconds(), f"the build of {rv.short}")
             self._known[key] = build_variant(rv, jobs=self.cfg.jobs)
         return self._known[key]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.search.screen import budget_deadline, check_fits
 from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
 from tuner.source.spec import DEFAULT_SPEC, Source
 from tuner.targets.target import Target
@@ -79,6 +80,8 @@ class SearchRequest:
     tg: int | None = None
     trials: int | None = None
     time_budget: float | None = None
+    started: float | None = None
+    """``time.monotonic()`` when the command started: ``time_budget`` counts from it (None: from resolving)."""
     storage: str | None = None
     study: str | None = None
     run_dir: Path | None = None
@@ -121,9 +124,10 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         log.info(intro(request))
     from tuner.source import fetch_source
 
+    started = request.started if request.started is not None else time.monotonic()
     source = fetch_source(request.source_spec or DEFAULT_SPEC)
     t_model = time.monotonic()
-    model, build_seconds = _model(request, source)
+    model, build_seconds = _model(request, source, budget_deadline(started, request.time_budget))
     # --like: synthesized (cached) here; the quantizing build it may need first is the search's build, not the model's
     model_seconds = time.monotonic() - t_model - build_seconds if request.model is None else None
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
@@ -144,6 +148,7 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         tg=request.tg or d.tg,
         trials=request.trials if request.trials is not None else d.trials,
         time_budget=request.time_budget,
+        started=started,
         storage=request.storage,
         study=study,
         run_dir=request.run_dir or default_run_dir(study),
@@ -177,18 +182,22 @@ def _given_or_default(value: int | None, name: str) -> int:
     return default
 
 
-def _baseline_build(target: Target, source: Source) -> Path:
-    """The upstream-default variant's ``llama-quantize`` (a build cached like every build)."""
-    from tuner.builder.cmake import build_variant
+def _baseline_build(target: Target, source: Source, deadline: float | None = None) -> Path:
+    """The upstream-default variant's ``llama-quantize`` (a build cached like every build); with a ``deadline``,
+    a build that is not cached starts only where its price (the dry run's) ends before it."""
+    from tuner.builder.cmake import build_variant, is_built
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
+    from tuner.search.dryrun import full_build_seconds
 
     space = load_space(target.name, source.era)
     rv = render_variant(source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space)
+    if deadline is not None and not is_built(rv):
+        check_fits(deadline, full_build_seconds(), f"the build of {rv.short} (for llama-quantize)")
     return Path(build_variant(rv).exe("llama-quantize"))
 
 
-def _model(request: SearchRequest, source: Source) -> tuple[Path, float]:
+def _model(request: SearchRequest, source: Source, deadline: float | None = None) -> tuple[Path, float]:
     """--model as given, or a synthesized (and optionally quantized) model of --like's shape; and the seconds
     spent building upstream's variant for llama-quantize (0.0 where none was built here)."""
     if request.model is not None and request.like:
@@ -199,7 +208,7 @@ def _model(request: SearchRequest, source: Source) -> tuple[Path, float]:
         like = request.like or request.defaults.like
         quant = _quant(request.quant if request.quant is not None else request.defaults.quant)
         t0 = time.monotonic()
-        qbin = _baseline_build(request.target, source) if quant else None
+        qbin = _baseline_build(request.target, source, deadline) if quant else None
         built = time.monotonic() - t0 if quant else 0.0
         return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin)), built
     if not request.model.is_file():

@@ -40,7 +40,9 @@ __all__ = [
     "Measure",
     "PhaseScreen",
     "Settle",
+    "budget_deadline",
     "candidates_for",
+    "check_fits",
     "depths_to_measure",
     "merge_call",
     "run_joint_rounds",
@@ -326,6 +328,21 @@ def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, targe
     else:
         goal = f"{min_rounds} rounds, more only where the verdict is open"
     return f"{wide} ({goal})"
+
+
+def budget_deadline(started: float | None, seconds: float | None) -> float | None:
+    """The ``time.monotonic()`` deadline of a ``--time-budget`` of ``seconds`` counted from ``started`` (the
+    command's start: its build and model count too; None: from now); None without a budget."""
+    if not seconds:
+        return None
+    return (time.monotonic() if started is None else started) + seconds
+
+
+def check_fits(deadline: float | None, seconds: float, what: str) -> None:
+    """BudgetReached where ``what``, priced at ``seconds``, would end past ``deadline`` (a unit that is not a
+    round: a build, a model's synthesis), so it is not started to be cut off."""
+    if deadline is not None and time.monotonic() + seconds > deadline:
+        raise BudgetReached(f"{what} (about {seconds:.0f} s, {max(0.0, deadline - time.monotonic()):.0f} s left)")
 
 
 def _out_of_time(

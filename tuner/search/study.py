@@ -44,7 +44,9 @@ class SearchConfig:
     tg: int = 128
     trials: int | None = 20
     time_budget: float | None = None
-    """Seconds; the search stops starting new trials after this."""
+    """Seconds from ``started``; nothing starts that would end past it (a round, a trial, a build)."""
+    started: float | None = None
+    """``time.monotonic()`` at the command's start, which ``time_budget`` counts from (None: the pipeline's start)."""
     profile: str = "balanced"
     storage: str | None = None
     study: str = "tuner"

@@ -38,7 +38,7 @@ def test_the_synthesized_models_weight_type(
 
     monkeypatch.setattr("tuner.targets.models.synth_cached", synth)
 
-    def build(target: Any, source: Any) -> Path:
+    def build(target: Any, source: Any, deadline: float | None = None) -> Path:
         time.sleep(0.05)  # the build that llama-quantize needs is counted as the search's build, not the model's
         return tmp_path / "llama-quantize"
 

@@ -1,0 +1,112 @@
+"""``--time-budget`` counts from the command's start: the build llama-quantize needs and the model synthesized
+before the study opens are inside it, and no build or round starts that would end past it."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.sweep.conftest import Clock
+from tuner.search import pipeline as pl
+from tuner.search import request as rq
+from tuner.search.dryrun import full_build_seconds
+from tuner.search.screen import BudgetReached, candidates_for, run_joint_rounds
+from tuner.targets.archs import load_arch
+from tuner.targets.target import Target
+
+BUILD_S, MODEL_S, ROUND_S = 290.0, 20.0, 150.0  # the fakes' durations, on the fake clock
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    import time
+
+    c = Clock()
+    monkeypatch.setattr(time, "monotonic", c)
+    return c
+
+
+def _slow_build_and_model(monkeypatch: pytest.MonkeyPatch, clock: Clock, tmp_path: Path, *, cached: bool) -> list[str]:
+    """resolve_search's steps before the study with fakes: a build of upstream's variant that takes BUILD_S
+    (uncached unless ``cached``), a model synthesis that takes MODEL_S. Returns the builds started."""
+    import tuner.builder.cmake
+    import tuner.plan.render
+    import tuner.plan.space
+    import tuner.source
+    import tuner.targets.models
+
+    built: list[str] = []
+
+    def build(rv: Any, **k: Any) -> Any:
+        built.append(rv.short)
+        clock.now += BUILD_S
+        return types.SimpleNamespace(exe=lambda name: tmp_path / name)
+
+    def synth(like: str, **k: Any) -> Path:
+        clock.now += MODEL_S
+        return tmp_path / "m.gguf"
+
+    src = types.SimpleNamespace(era="mma", root=tmp_path, spec="fake", source_id="a" * 16)
+    monkeypatch.setattr(tuner.source, "fetch_source", lambda spec=None: src)
+    monkeypatch.setattr(tuner.plan.space, "load_space", lambda arch, era: types.SimpleNamespace(variants=["mma"]))
+    monkeypatch.setattr(tuner.plan.render, "render_variant", lambda *a, **k: types.SimpleNamespace(short="sm_90-mma"))
+    monkeypatch.setattr(tuner.builder.cmake, "is_built", lambda rv, targets=(): cached)
+    monkeypatch.setattr(tuner.builder.cmake, "build_variant", build)
+    monkeypatch.setattr(tuner.targets.models, "synth_cached", synth)
+    monkeypatch.setattr(rq, "_context_length", lambda model: None)
+    monkeypatch.setattr(rq, "_check_pins", lambda *a, **k: None)
+    return built
+
+
+def _request(budget: float, started: float) -> rq.SearchRequest:
+    return rq.SearchRequest(
+        target=Target(arch=load_arch("sm_90"), local_archs=("sm_90",)), time_budget=budget, started=started
+    )
+
+
+def test_the_budget_counts_the_build_and_stops_before_a_round_past_it(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, tmp_path: Path
+) -> None:
+    # On an H200, --time-budget 558 started counting after the build and the model (about 290 s) and was
+    # still measuring at 590 s: rounds were judged against a deadline 290 s late.
+    built = _slow_build_and_model(monkeypatch, clock, tmp_path, cached=False)
+    start = clock.now
+    cfg = rq.resolve_search(_request(558.0, start))
+    assert built == ["sm_90-mma"] and clock.now == start + BUILD_S + MODEL_S
+    deadline = pl._deadline(cfg)
+    assert deadline == start + 558.0
+
+    ends: list[float] = []
+
+    def joint(cand: Any, phases: Any, depths: Any, label: str) -> Any:
+        clock.now += ROUND_S / 2  # two candidates a round
+        ends.append(clock.now)
+        return {p: {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths} for p in phases}
+
+    with pytest.raises(BudgetReached):
+        run_joint_rounds(
+            joint, {"tg": candidates_for("tg", [])}, [0], [], pp_tokens=0, min_rounds=3, max_rounds=3, deadline=deadline
+        )
+    assert ends and max(ends) <= start + 558.0  # the round that would have ended past the budget never started
+
+
+def test_a_build_that_would_end_past_the_budget_is_not_started(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, tmp_path: Path
+) -> None:
+    budget = full_build_seconds() / 2  # less than the dry run's price of one build
+    built = _slow_build_and_model(monkeypatch, clock, tmp_path, cached=False)
+    with pytest.raises(BudgetReached, match="the build of sm_90-mma"):
+        rq.resolve_search(_request(budget, clock.now))
+    assert built == []
+    built = _slow_build_and_model(monkeypatch, clock, tmp_path, cached=True)  # cached: no compile to price
+    rq.resolve_search(_request(budget, clock.now))
+    assert built == ["sm_90-mma"]
+    # the pipeline's own builds (other variants, compile-time trials) are priced the same way
+    cfg = types.SimpleNamespace(source=None, arch="sm_90", target=types.SimpleNamespace(local_archs=()), jobs=None)
+    builds = pl._Builds(cfg, space=None, deadline=clock.now + budget)  # type: ignore[arg-type]
+    monkeypatch.setattr("tuner.builder.cmake.is_built", lambda rv, targets=(): False)
+    with pytest.raises(BudgetReached):
+        builds.get("mma", {})
