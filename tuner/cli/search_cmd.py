@@ -54,8 +54,7 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             type=click.FloatRange(1),
             default=None,
             help="Seconds from the command's start (the build and the model count); no build, round or trial starts "
-            "that would end past it. What was measured stays in the study, the same command resumes; exit 3 where it "
-            "stopped.",
+            "that would end past it. The same command resumes from the study; exit 3 where it stopped.",
         ),
         click.option(
             "--storage",

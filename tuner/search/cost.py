@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["counted", "past_cost", "past_cost_line"]
+__all__ = ["counted", "full_build_seconds", "load_step_costs", "past_cost", "past_cost_line"]
 
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,3 +73,18 @@ def past_cost_line(
         else "another model, depths or round count change these figures"
     )
     return f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items()) + f" (from {path}; {caveat})."
+
+
+def load_step_costs() -> dict[str, Any]:
+    """``tuner/data/step_costs.toml``: recorded per-step costs (machine, figures and their sources)."""
+    from tuner._compat import tomllib
+    from tuner.paths import package_data
+
+    with open(package_data("step_costs.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
+    """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
+    checks before starting one that is not cached."""
+    return float((costs or load_step_costs())["full_build"]["seconds"])

@@ -45,6 +45,7 @@ import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.search.cost import full_build_seconds, load_step_costs
 from tuner.targets.target import Target
 
 
@@ -163,21 +164,6 @@ class PlanInputs:
     (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
     cpu_mask: tuple[int, ...] | None = None
     """``--cpu-mask`` (the host then paces a step: ``auto`` screens with llama-bench)."""
-
-
-def load_step_costs() -> dict[str, Any]:
-    """``tuner/data/step_costs.toml``: recorded per-step costs (machine, figures and their sources)."""
-    from tuner._compat import tomllib
-    from tuner.paths import package_data
-
-    with open(package_data("step_costs.toml"), "rb") as f:
-        return tomllib.load(f)
-
-
-def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
-    """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
-    checks before starting one that is not cached."""
-    return float((costs or load_step_costs())["full_build"]["seconds"])
 
 
 def _nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, Any]:

@@ -31,7 +31,7 @@ from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
-from tuner.search.cost import past_cost_line
+from tuner.search.cost import full_build_seconds, past_cost_line
 from tuner.search.device_guard import OtherDevice, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
@@ -740,7 +740,6 @@ class _Builds:
             )
             if self.deadline is not None:
                 from tuner.builder.cmake import is_built
-                from tuner.search.dryrun import full_build_seconds
 
                 if not is_built(rv):  # a build cut off by the machine's limit is lost whole: start none that won't end
                     check_fits(self.deadline, full_build_seconds(), f"the build of {rv.short}")

@@ -188,7 +188,7 @@ def _baseline_build(target: Target, source: Source, deadline: float | None = Non
     from tuner.builder.cmake import build_variant, is_built
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
-    from tuner.search.dryrun import full_build_seconds
+    from tuner.search.cost import full_build_seconds
 
     space = load_space(target.name, source.era)
     rv = render_variant(source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space)
