@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["data_dir", "package_data", "subfolder", "tuner_home", "write_into"]
+__all__ = ["data_dir", "package_data", "refuse_links_inside", "subfolder", "tuner_home", "write_into"]
 
 import contextlib
 import os
@@ -103,6 +103,28 @@ def subfolder(folder: Path, name: str) -> Path:
         )
     path.mkdir(exist_ok=True)
     return path
+
+
+def refuse_links_inside(folder: Path) -> None:
+    """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their
+    logs, stores and reports into an existing ``-o`` open files by name; a link left there (by another user,
+    or copied in with someone's run) would send those writes wherever it points. ``folder`` itself may be a
+    link: the user named it.
+
+    Raises:
+        UsageError: a link below ``folder`` (the first one found, and where it points).
+    """
+    if not folder.is_dir():
+        return
+    for top, dirs, files in os.walk(folder):  # followlinks=False: a linked folder is listed, not entered
+        for name in sorted(dirs + files):
+            path = Path(top) / name
+            if path.is_symlink():
+                raise UsageError(
+                    f"{path} is a symbolic link (to {os.readlink(path)!r}) inside the output folder {folder}. "
+                    "tuner writes its logs, stores and reports there by name and does not write through links "
+                    "it finds: remove the link, or choose another -o."
+                )
 
 
 def _umask() -> int:

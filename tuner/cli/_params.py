@@ -81,8 +81,20 @@ class AliasOption(click.Option):
 
 
 def output_option(
-    dest: str, *, old: tuple[str, ...] = ("--out",), **kw: Any
+    dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
-    spellings stay accepted, hidden)."""
+    spellings stay accepted, hidden). ``in_place``: the command writes into the folder as it stands (a run
+    directory), so a folder holding a symbolic link is refused (:func:`tuner.paths.refuse_links_inside`);
+    exports build a new folder and swap it in, and need no such check."""
+    if in_place:
+        kw["callback"] = _no_links_inside
     return click.option("-o", "--output", *old, dest, cls=AliasOption, hidden_aliases=old, **kw)
+
+
+def _no_links_inside(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    from tuner.paths import refuse_links_inside
+
+    if value is not None:
+        refuse_links_inside(Path(value))
+    return value

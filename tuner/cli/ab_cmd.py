@@ -62,6 +62,7 @@ def _has_fa_hook(bin_dir: Path) -> bool:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).",
+    in_place=True,
 )
 def ab(
     build_dir: Path,

@@ -114,6 +114,7 @@ def _seed_runs(
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Run directory (default $TUNER_HOME/runs/bench-<time>).",
+    in_place=True,
 )
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(
@@ -395,6 +396,7 @@ def report(
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).",
+    in_place=True,
 )
 def check(
     build_dir: Path,

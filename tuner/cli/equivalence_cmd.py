@@ -94,6 +94,7 @@ def _split(text: str | None, flag: str) -> list[str]:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).",
+    in_place=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def equivalence(

@@ -249,6 +249,7 @@ def _pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[A
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-<time>).",
+    in_place=True,
 )
 def run_cmd(
     arch: str,
@@ -423,6 +424,7 @@ def run_cmd(
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-mmq-<time>).",
+    in_place=True,
 )
 def mmq_cmd(
     arch: str,

@@ -88,6 +88,7 @@ from tuner.errors import UsageError
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
+    in_place=True,
 )
 def confirm_cmd(
     sweep_dir: Path,
