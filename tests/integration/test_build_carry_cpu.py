@@ -28,8 +28,10 @@ def test_cpu_build_carried_to_another_home_runs_without_compiling(
     tuner("source", "unpack", str(src_pack), home=there)
     out = tuner("build", "--arch", "cpu", "--targets", TARGETS, "--from-pack", str(pack), home=there)
     assert "carried (cpu-build.tar.xz" in out.stdout
-    art = Path(cpu_build.bin_dir).relative_to(tuner_home)
-    bin_dir = there / art
+    # artifacts/<candidate> is a link to the current numbered folder (<candidate>.vN), whose number is each
+    # home's own: the carried build is found through the link
+    version = Path(cpu_build.bin_dir).parent.relative_to(tuner_home)
+    bin_dir = there / version.with_name(version.name.rpartition(".v")[0]) / "bin"
     rec = json.loads((bin_dir.parent / "build.json").read_text())
     assert rec["carried"]["pack"] == "cpu-build.tar.xz" and rec["build_id"] == cpu_build.build_id
     # the same command without the pack now finds the carried build: nothing configured or compiled here
