@@ -120,25 +120,25 @@ def _holder(fd: int) -> str:
     return describe_owner(owner) if owner else "a process that does not say which (an older tuner?)"
 
 
-def _wait_exclusive(fd: int, what: str) -> None:
-    """Take ``fd``'s exclusive flock; while another holds it, say so at once and every WAIT_NOTE_S."""
+def _try_exclusive(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return
     except BlockingIOError:
-        pass
+        return False
+    return True
+
+
+def _wait_exclusive(fd: int, what: str) -> None:
+    """Take ``fd``'s exclusive flock; while another holds it, say so at once and every WAIT_NOTE_S."""
+    if _try_exclusive(fd):
+        return
     start = time.monotonic()
     log.notice(
         f"waiting for {what}: {_holder(fd)} holds it (another command building the same variant). "
         "This command goes on when that one is done."
     )
     say = start + WAIT_NOTE_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            pass
+    while not _try_exclusive(fd):
         now = time.monotonic()
         if now >= say:
             log.notice(f"still waiting for {what} ({now - start:.0f} s so far; held by {_holder(fd)}).")
