@@ -19,6 +19,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +108,22 @@ def check_storage_url(url: str) -> str:
     return url
 
 
+def _rdb_storage(url: str, existing: bool) -> Any:
+    import optuna
+
+    with warnings.catch_warnings():
+        # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=HEARTBEAT_S,
+            grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+            skip_table_creation=existing,  # a database without a study stays as it was
+        )
+
+
 def make_storage(url: str, *, existing: bool = False) -> Any:
     """An Optuna RDB storage for ``url`` (checked by :func:`check_storage_url`), with heartbeats so a
     trial whose process died is failed and run again; UsageError when it cannot be opened.
@@ -115,7 +132,6 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
     down or a database that does not exist is exit 2 with the URL (password hidden), never a traceback.
     ``existing``: the study must be there already (export, worker), so a SQLite file that does not
     exist is refused and not created (a typo would otherwise leave an empty database behind)."""
-    import optuna
 
     check_storage_url(url)
     if existing and _is_sqlite(url):
@@ -126,17 +142,16 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
                 "`tuner search` wrote and creates none. Check the path, or pass the search's --run-dir instead."
             )
     try:
-        with warnings.catch_warnings():
-            # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url,
-                heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-                engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
-                skip_table_creation=existing,  # a database without a study stays as it was
-            )
+        for attempt in range(3):
+            try:
+                return _rdb_storage(url, existing)
+            except Exception as err:
+                # Two processes opening a new database at once both create Optuna's tables, and the later
+                # one fails on "table ... already exists": the tables are there now, so open it again.
+                if attempt == 2 or "already exists" not in str(_root_cause(err)):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
     except ImportError as err:
         from tuner.extras import missing_module_error
 

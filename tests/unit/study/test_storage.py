@@ -147,3 +147,29 @@ def test_the_guard_leaves_other_errors_alone() -> None:
     with pytest.raises(StorageLost) as e, storage_guard(PG_DOWN):
         raise sqlalchemy.exc.InterfaceError("SELECT 1", {}, Exception("connection already closed"))
     assert e.value.exit_code == 1 and "s3cr3t" not in str(e.value) and "connection already closed" in str(e.value)
+
+
+def test_a_database_another_process_is_creating_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening a new SQLite study at once (a search and a reader of its study.db) both create
+    Optuna's tables; the later one's "table ... already exists" is not a bad storage: it opens it again."""
+    import sqlalchemy.exc
+
+    import tuner.study.storage as storage_mod
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    real, calls = storage_mod._rdb_storage, []
+
+    def racing(u: str, existing: bool) -> object:
+        calls.append(u)
+        if len(calls) == 1:
+            real(u, existing)  # the other process got there first
+            raise sqlalchemy.exc.OperationalError(
+                "CREATE TABLE alembic_version", {}, Exception("table alembic_version already exists")
+            )
+        return real(u, existing)
+
+    monkeypatch.setattr(storage_mod, "_rdb_storage", racing)
+    st = storage_mod.make_storage(url)
+    assert len(calls) == 2 and st.get_all_studies() == []
