@@ -304,11 +304,14 @@ def test_postgres_stopping_mid_trial_is_one_error_and_the_trial_runs_again(
     assert len(left) == 1  # nobody could mark it: the next search does
     # the server is back: the same command resumes, fails the cut-off trial and runs its parameters again
     again = tuner(*args, home=tuner_home, timeout=900)
-    assert "were cut off by an interrupted search or worker" in again.stderr
     st = load(postgres, "lost")
     cut = next(t for t in st.trials if t.number == left[0].number)
-    assert cut.state.name == "FAIL" and cut.user_attrs["status"] == "interrupted"
-    assert any(t.user_attrs.get("retry_of") == cut.number and t.params == cut.params for t in st.trials)
+    assert cut.state.name == "FAIL"
+    if "were cut off by an interrupted search or worker" in again.stderr:  # tuner's own reaping
+        assert cut.user_attrs["status"] == "interrupted"
+        assert any(t.user_attrs.get("retry_of") == cut.number and t.params == cut.params for t in st.trials)
+    else:  # a loaded machine let the heartbeat's grace period pass first: Optuna's stale-trial retry ran it again
+        assert any(t.number > cut.number and t.params == cut.params for t in st.trials)
     assert not [t for t in st.trials if t.state.name in ("RUNNING", "WAITING")] and "result" in st.user_attrs
 
 
