@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner import _run
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.result.checks import (
@@ -226,18 +227,14 @@ def _lookup(patched: str, ev: Any) -> Finding:
         except TunerError as err:
             return Finding(check="table lookup", ok=False, detail=str(err))
         try:
-            cc = subprocess.run(
-                [gxx, "-std=c++17", "-O1", "-o", str(exe), str(src)],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=300,
+            cc = _run.run(
+                [gxx, "-std=c++17", "-O1", "-o", exe, src], check=False, timeout=300, what="the table lookup's compile"
             )
-        except subprocess.TimeoutExpired:
-            return Finding(check="table lookup", ok=False, detail="the lookup did not compile within 300 s")
+        except TunerError as err:  # the timeout
+            return Finding(check="table lookup", ok=False, detail=f"the lookup did not compile: {err}")
         if cc.returncode != 0:
             return Finding(
-                check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.stderr.strip()[-400:]}"
+                check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.output.strip()[-400:]}"
             )
         text = "".join(
             f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
