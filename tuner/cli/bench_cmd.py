@@ -280,9 +280,9 @@ def compare(
 
     A and B are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
     The table has the shape of llama.cpp's scripts/compare-llama-bench.py (tests named
-    pp512@d4096, `Model | Test | t/s A | t/s B | Speedup`) plus the CI, the noise reference and the
-    verdict. Faster/slower needs the whole CI beyond the noise: an A/A pair (--aa) or the recorded
-    run-to-run floor. The table goes to stdout, notes to stderr.
+    pp512@d4096, `Model | Test | t/s A | t/s B | Speedup`, its mean t/s) plus tuner's median ratio, its
+    CI, the noise reference and the verdict. Faster/slower needs the whole CI beyond the noise: an A/A
+    pair (--aa) or the recorded run-to-run floor. The table goes to stdout, notes to stderr.
     """
     from tuner.measure.bench import load_results
     from tuner.result.report import aa_warning, compare_points, format_compare, noise_line, plot_speedup
@@ -296,6 +296,10 @@ def compare(
     if warn:
         log.warning(warn)
     log.info("noise reference: " + noise_line(points))
+    if fmt == "md" and not as_json:
+        from tuner.result.tables import ESTIMATORS
+
+        log.info(ESTIMATORS)
     text = format_compare(points, "json" if as_json else fmt, name_a=la, name_b=lb)
     click.echo(text.rstrip("\n"))
     if plot_path is not None:
