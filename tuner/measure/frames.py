@@ -5,7 +5,8 @@
 ``-o sql``), grouped as llama.cpp's ``scripts/compare-llama-bench.py`` groups it: one row per model,
 test (``pp512``, ``tg128``) and depth, rows of one group with the same settings pooled (a file of
 several appended runs). JSON/JSONL carry every repetition (``samples_ts``); CSV and SQL carry only the
-mean (``avg_ts``), so such a row has one sample and no verdict can come from it.
+mean (``avg_ts``), so such a row has one sample and no verdict can come from it. The frame's ``avg_ts``
+is the script's t/s: the mean over a group's rows of their ``avg_ts``.
 """
 
 from __future__ import annotations
@@ -555,6 +556,20 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _row_avg_ts(r: dict[str, Any]) -> float:
+    """llama-bench's avg_ts of one record (the mean of its samples_ts), as recorded, else from the samples."""
+    avg = r.get("avg_ts")
+    if isinstance(avg, str) or _is_num(avg):
+        try:
+            val = float(avg)
+        except ValueError:
+            val = math.nan
+        if math.isfinite(val) and val > 0:
+            return val
+    samples = r["samples_ts"]
+    return sum(samples) / len(samples) if samples else math.nan
+
+
 def _model_name(rec: dict[str, Any]) -> str:
     """The Model column as compare-llama-bench.py prints it (``llama 8B Q4_K_M``), else the file's stem."""
     mt = str(rec.get("model_type") or "")
@@ -596,6 +611,8 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
             )
         first = rs[0]
         stats = summarize_samples(samples, confidence=0.95, seed=0)
+        # compare-llama-bench.py's t/s: AVG(avg_ts) over the rows of one test (not the pooled samples' mean)
+        avgs = [a for r in rs if math.isfinite(a := _row_avg_ts(r))]
         rows.append(
             {
                 "label": path.stem,
@@ -606,6 +623,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 else ("tg" if test.startswith("tg") else "pg"),
                 "depth": depth,
                 **stats,
+                "avg_ts": sum(avgs) / len(avgs) if avgs else math.nan,
                 "n_batches": len(rs),
                 "warmup_discarded": 0,
                 "status": "ok",

@@ -441,8 +441,10 @@ def judge(v: Verdict, noise: NoiseRef, *, min_effect_pct: float = 0.0) -> str:
 def method_text(confidence: float = 0.95) -> str:
     """What :func:`compare` and the tables built on it compute, in words (kept here, beside the code)."""
     return (
-        "t/s: the median of each side's repetitions (llama-bench's samples_ts; compare-llama-bench.py prints "
-        "their mean instead; CSV/SQL output carries only the mean, one sample per row, which decides nothing). "
-        f"Speedup = t/s B / t/s A. {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} resamples) of the ratio "
-        f"of medians; a change also needs a two-sided Mann-Whitney U test at p < {1 - confidence:.2g}."
+        "t/s: llama-bench's mean t/s as compare-llama-bench.py prints it (the mean over a test's rows of their "
+        "avg_ts; for a tuner bench file the mean of its repetitions); Speedup = t/s B / t/s A. Median ratio: the "
+        "median of B's repetitions over A's (llama-bench's samples_ts; CSV/SQL output carries only the mean, one "
+        f"sample per row, which decides nothing). {confidence * 100:g}% CI: percentile bootstrap ({N_BOOT} "
+        "resamples) of that ratio of medians; a change also needs a two-sided Mann-Whitney U test at "
+        f"p < {1 - confidence:.2g}."
     )

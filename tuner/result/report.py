@@ -41,6 +41,7 @@ from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run
 from tuner.result.plots import as_float, plot_depth, plot_speedup
 from tuner.result.tables import (
     COMPARE_FIELDS,
+    ESTIMATORS,
     MARKS,
     bench_test_name,
     compare_records,
@@ -83,6 +84,18 @@ def _samples(r: Any) -> list[float]:
     return list(r["samples"]) if r is not None and r["samples"] is not None else []
 
 
+def _anchor_ts(r: Any) -> float:
+    """compare-llama-bench.py's t/s of a row: a raw llama-bench file's ``avg_ts`` (the mean over its rows of
+    llama-bench's avg_ts), else, for a `tuner bench` row, the mean of the repetitions its median is taken of."""
+    if r is None:
+        return math.nan
+    avg = as_float(r.get("avg_ts"))
+    if math.isfinite(avg):
+        return avg
+    s = [x for x in _samples(r) if math.isfinite(x)]
+    return sum(s) / len(s) if s else math.nan
+
+
 def compare_points(
     df_a: pd.DataFrame,
     df_b: pd.DataFrame,
@@ -94,6 +107,8 @@ def compare_points(
 ) -> list[dict[str, Any]]:
     """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames, judged by the rule.
 
+    ``base_ts``/``tuned_ts`` are compare-llama-bench.py's t/s (llama-bench's mean, :func:`_anchor_ts`);
+    ``base_median_ts``/``tuned_median_ts`` and ``speedup`` (their ratio) are the medians the CI is of.
     Per model, test and depth: :func:`tuner.measure.stats.compare` of the two sides' repetitions, then
     :func:`tuner.measure.stats.judge` against the noise reference: with ``aa`` (two runs of one build
     on this machine) the A/A comparison's reach at that point, else the recorded run-to-run floor of
@@ -138,8 +153,11 @@ def compare_points(
                 "phase": phase,
                 "depth": depth,
                 "test": test,
-                "base_ts": base,
-                "tuned_ts": new,
+                # the t/s shown: compare-llama-bench.py's mean; the CI and verdict: tuner's medians
+                "base_ts": _anchor_ts(ra),
+                "tuned_ts": _anchor_ts(rb),
+                "base_median_ts": base,
+                "tuned_median_ts": new,
                 "speedup": new / base if base > 0 else math.nan,
                 "ci_low": 1 + v.ci_low / 100,
                 "ci_high": 1 + v.ci_high / 100,
@@ -290,7 +308,7 @@ def render_report(
         warn = aa_warning(frames[baseline], frames[k])
         if warn:
             out += [f"**Note: {warn}**", ""]
-        out += [compare_table(pts, name_a=baseline, name_b=k), ""]
+        out += [compare_table(pts, name_a=baseline, name_b=k), "", ESTIMATORS, ""]
     if not pairs:
         out += ["Only one variant: nothing to compare.", ""]
     all_pts = [p for _, pts in pairs for p in pts]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "COMPARE_FIELDS",
+    "ESTIMATORS",
     "MARKS",
     "bench_test_name",
     "compare_records",
@@ -68,6 +69,9 @@ COMPARE_FIELDS: tuple[str, ...] = (
     "ts_a",
     "ts_b",
     "speedup",
+    "median_a",
+    "median_b",
+    "median_ratio",
     "ci_low",
     "ci_high",
     "noise_pct",
@@ -77,8 +81,18 @@ COMPARE_FIELDS: tuple[str, ...] = (
     "kernel",
 )
 """Fields of one row in the JSON and CSV forms of :func:`compare_table` (same fields in both).
-``speedup`` = ``ts_b / ts_a``; ``ci_low``/``ci_high`` ratios B/A; ``noise_pct`` percent; ``noise`` its
-kind (``A/A``, ``floor``, ``none``)."""
+``speedup`` = ``ts_b / ts_a``; ``median_a``/``median_b`` the medians of the repetitions where the
+points carry them (``tuner compare``/``report``: then ``ts_a``/``ts_b`` are compare-llama-bench.py's mean
+t/s) and ``median_ratio`` their ratio, the estimate the CI is of; ``ci_low``/``ci_high`` ratios B/A;
+``noise_pct`` percent; ``noise`` its kind (``A/A``, ``floor``, ``none``)."""
+
+
+ESTIMATORS = (
+    "t/s and Speedup: llama-bench's mean t/s (avg_ts; over several rows of one test, the mean of their avg_ts), "
+    "as llama.cpp's scripts/compare-llama-bench.py prints them. Median ratio and 95% CI: tuner's estimate, the "
+    "ratio of the medians of the repetitions, which the verdict is judged on."
+)
+"""Which column of a :func:`compare_table` with a ``Median ratio`` column is which estimator (one line)."""
 
 
 def bench_test_name(test: str, depth: int) -> str:
@@ -122,13 +136,15 @@ def compare_records(
     """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
 
     ``points``: dicts with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here),
-    ``base_ts``/``tuned_ts`` (the t/s shown), ``ci_low``/``ci_high`` (ratios B/A), ``aa_noise_pct``
+    ``base_ts``/``tuned_ts`` (the t/s shown), optionally ``base_median_ts``/``tuned_median_ts`` (the
+    medians the CI is of, where the t/s shown are another estimator), ``ci_low``/``ci_high`` (ratios B/A), ``aa_noise_pct``
     (percent), ``noise_kind`` (``A/A`` when missing and a noise is given), ``verdict``, and optionally
     ``model``, ``upstream_kernel``, ``kernel``. None where a number is missing.
     """
     out = []
     for p in _sorted(points):
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
+        ma, mb = _num(p.get("base_median_ts")), _num(p.get("tuned_median_ts"))
         noise = _num(p.get("aa_noise_pct"))
         kind = p.get("noise_kind") or ("A/A" if noise is not None else "none")
         out.append(
@@ -142,6 +158,9 @@ def compare_records(
                 "ts_a": a,
                 "ts_b": b,
                 "speedup": b / a if a and b is not None and a > 0 else None,
+                "median_a": ma,
+                "median_b": mb,
+                "median_ratio": mb / ma if ma and mb is not None and ma > 0 else None,
                 "ci_low": _num(p.get("ci_low")),
                 "ci_high": _num(p.get("ci_high")),
                 "noise_pct": noise if kind != "none" else None,
@@ -180,11 +199,19 @@ def compare_table(
     ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel`` too where a
     point's kernel differs from upstream's). Speedup is ``t/s B / t/s A`` at two decimals, as the
     script prints it; the CI is of the ratio B/A; Noise is ``±x% A/A``, ``±x% floor`` or ``none``.
+    Where the points carry medians (``tuner compare``/``report``: the t/s are then the script's mean),
+    a ``Median ratio`` column before the CI holds the estimate the CI is of (:data:`ESTIMATORS`).
     """
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
-    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup", "95% CI", "Noise", "Verdict"]
-    right = [False, False, True, True, True, True, True, False]
+    show_median = any(r["median_a"] is not None or r["median_b"] is not None for r in recs)
+    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup"]
+    right = [False, False, True, True, True]
+    if show_median:
+        headers.append("Median ratio")
+        right.append(True)
+    headers += ["95% CI", "Noise", "Verdict"]
+    right += [True, True, False]
     if show_kernel:
         headers.append("Kernel")
         right.append(False)
@@ -199,6 +226,7 @@ def compare_table(
             _f2(r["ts_a"]),
             _f2(r["ts_b"]),
             _f2(r["speedup"]),
+            *([_f2(r["median_ratio"])] if show_median else []),
             ci,
             noise,
             f"{MARKS.get(v, '')} {_VERDICT_WORDS.get(v, v)}".strip(),

@@ -246,7 +246,17 @@ def test_cli_compare_formats_and_aa(tmp_path: Path) -> None:
     r = CliRunner().invoke(compare_cmd, args)
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert _split(lines[0]) == ["Model", "Test", "t/s base", "t/s new", "Speedup", "95% CI", "Noise", "Verdict"]
+    assert _split(lines[0]) == [
+        "Model",
+        "Test",
+        "t/s base",
+        "t/s new",
+        "Speedup",
+        "Median ratio",
+        "95% CI",
+        "Noise",
+        "Verdict",
+    ]
     # no backend recorded in these frames: no floor, so a +20% change claims nothing without --aa
     assert any(_split(line)[1] == "pp512@d4096" and "no noise reference" in line for line in lines)
     assert "no recorded run-to-run floor" in r.stderr

@@ -58,7 +58,7 @@ def test_render_report_tables_marks_and_notes() -> None:
     assert "## tuned vs base" in md and "## same vs base" in md and "## Method" in md
     tuned = md.split("## tuned vs base")[1].split("## same vs base")[0]
     head = [c.strip() for c in next(ln for ln in tuned.splitlines() if ln.startswith("| Model")).strip("|").split("|")]
-    assert head == ["Model", "Test", "t/s base", "t/s tuned", "Speedup", "95% CI", "Noise", "Verdict"]
+    assert head == ["Model", "Test", "t/s base", "t/s tuned", "Speedup", "Median ratio", "95% CI", "Noise", "Verdict"]
     # +20% prefill clears the CUDA prefill floor; -10% decode clears the CUDA decode floor
     pp_line = next(line for line in tuned.splitlines() if "| pp512@d4096 " in line)
     assert "1.20" in pp_line and "✓ faster" in pp_line and "floor" in pp_line
