@@ -263,6 +263,24 @@ def _pump(
     return proc.wait(), timed_out
 
 
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> threading.Thread:
+    """Write ``data`` to the child's stdin from a thread, then close it: the pump goes on reading the child's
+    output meanwhile (a child that answers as it reads would otherwise fill its output pipe and stop reading
+    ours). A child that exits, or closes its stdin, before taking it all only ends the write."""
+    stdin = proc.stdin
+    assert stdin is not None
+
+    def write() -> None:
+        with contextlib.suppress(OSError):  # BrokenPipeError: the child is gone or stopped reading
+            stdin.write(data)
+        with contextlib.suppress(OSError):
+            stdin.close()
+
+    writer = threading.Thread(target=write, name="tuner-run-stdin", daemon=True)
+    writer.start()
+    return writer
+
+
 def _check_outcome(
     what: str,
     cmdline: str,
@@ -300,6 +318,7 @@ def run(
     check: bool = True,
     on_line: Callable[[str], None] | None = None,
     what: str | None = None,
+    input: str | bytes | None = None,  # subprocess.run's name for it
 ) -> RunResult:
     """Run ``cmd``; stream its output to ``log_file`` (and ``on_line``) or capture it.
 
@@ -311,6 +330,8 @@ def run(
         check: Raise ``TunerError`` on a non-zero exit, naming the log and its last lines.
         on_line: Called with each output line (used for progress display).
         what: Short description for error messages, e.g. "CMake build".
+        input: What the child reads on stdin (text in the locale's encoding, as its output is read); None:
+            an empty stdin. The timeout holds while it is written.
 
     Returns:
         A RunResult.
@@ -330,7 +351,7 @@ def run(
             env=dict(env) if env is not None else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
             start_new_session=True,
             preexec_fn=_preexec(),
         )
@@ -342,6 +363,8 @@ def run(
         else:
             msg = f"{what} could not start: {err}. Check that {args[0]!r} is an executable program."
         raise TunerError(msg) from err
+    data = input.encode(locale.getpreferredencoding(False)) if isinstance(input, str) else input
+    writer = _feed(proc, data) if data is not None else None
     try:
         with _signals_stop_child():
             try:
@@ -351,6 +374,8 @@ def run(
                 _kill_group(proc)
                 raise
     finally:
+        if writer is not None:  # the child is gone (its group was stopped): the write ends with a broken pipe
+            writer.join(timeout=_EOF_GRACE)
         if proc.stdout is not None:
             proc.stdout.close()
         if fh:

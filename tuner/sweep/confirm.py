@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import UsageError
+from tuner.errors import TunerError, UsageError
 from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.search.compose import Family, judge_phase
 from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
@@ -617,7 +617,8 @@ def backend_ops_check(
     ``params`` selects) against the CPU backend, the table's kernels forced at its shapes. A record: ``passed``,
     the summary line, ``params``, the log."""
     import os
-    import subprocess
+
+    from tuner import _run
 
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -625,12 +626,10 @@ def backend_ops_check(
         return {"op": op, "passed": False, "summary": f"no test-backend-ops in {bin_dir}", "log": str(log_file)}
     cmd = [str(exe), "test", "-o", op, "-b", backend] + (["-p", params] if params else [])
     try:
-        res = subprocess.run(
-            cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        text, rc = res.stdout + res.stderr, res.returncode
-    except subprocess.TimeoutExpired:
-        text, rc = f"timed out after {timeout:.0f} s", 124
+        res = _run.run(cmd, env={**os.environ, **env}, timeout=timeout, check=False, what="test-backend-ops")
+        text, rc = res.output, res.returncode
+    except TunerError as err:  # the timeout (the process group stopped), or a program that cannot start
+        text, rc = str(err), 124
     log_file.write_text("$ " + " ".join(cmd) + "\n" + "".join(f"{k}={v}\n" for k, v in env.items()) + text)
     summary = next((ln.strip() for ln in reversed(text.splitlines()) if "tests passed" in ln), "")
     return {

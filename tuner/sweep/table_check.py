@@ -25,7 +25,6 @@ __all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
 
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -240,11 +239,9 @@ def _lookup(patched: str, ev: Any) -> Finding:
             f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
         )
         try:
-            got = subprocess.run(
-                [str(exe)], input=text, capture_output=True, text=True, check=False, timeout=300
-            ).stdout.split()
-        except subprocess.TimeoutExpired:
-            return Finding(check="table lookup", ok=False, detail="the lookup did not answer within 300 s")
+            got = _run.run([exe], input=text, check=False, timeout=300, what="the table lookup").output.split()
+        except TunerError as err:  # the timeout
+            return Finding(check="table lookup", ok=False, detail=f"the lookup did not answer: {err}")
     rules = ev.confirmed.kept_rules
     bad = []
     for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):

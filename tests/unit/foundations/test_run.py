@@ -199,3 +199,23 @@ def test_a_program_that_cannot_start_is_a_tuner_error(tmp_path: Path) -> None:
     script.write_text("echo hi\n")
     with pytest.raises(TunerError, match="could not start: .*Permission denied"):
         _run.run([script])
+
+
+def test_input_reaches_the_child_while_its_output_is_read() -> None:
+    # 2 MB each way: more than a pipe holds, so writing all of stdin before reading stdout would deadlock
+    text = "".join(f"{i}\n" for i in range(300_000))
+    res = _run.run(
+        [sys.executable, "-c", "import sys\nfor ln in sys.stdin: print(ln.strip(), flush=False)"], input=text
+    )
+    assert res.output == text and res.returncode == 0
+    assert _run.run(["cat"], input="é ü\n".encode()).output == "é ü\n"  # bytes too
+    assert _run.run(["cat"]).output == ""  # no input: the child reads an empty stdin, as before
+
+
+def test_a_child_that_never_reads_its_input_still_times_out() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(TunerError, match="timed out after 1s"):
+        _run.run(["sleep", "15"], input="x" * (4 << 20), timeout=1)  # the writer blocks on a full pipe
+    assert time.monotonic() - t0 < 4
+    res = _run.run(["true"], input="x" * (4 << 20))  # a child that exits without reading: no BrokenPipeError
+    assert res.returncode == 0

@@ -9,6 +9,7 @@ import lzma
 import shutil
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -182,6 +183,35 @@ def test_export_then_validate_passes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "output-equivalence gate" not in res.output  # stored checks re-judged, nothing run: no progress lines
     again = _export(tmp_path, tmp_path / "sweep" / "confirm", "--mmq", str(tmp_path / "mmq"))  # over its own export
     assert (again / "table.toml").read_text() == (out / "table.toml").read_text()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the lookup is compiled with the host's g++")
+def test_the_lookup_runs_through_tuner_run_with_its_queries_on_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The compiled lookup took its queries through subprocess.run, outside tuner/_run.py (no process group, no
+    # SIGTERM handling), since _run.run had no stdin.
+    import subprocess
+
+    from tuner import _run
+
+    _fake_source(tmp_path, monkeypatch)
+    out = _export(tmp_path, _confirmed(tmp_path))
+    started: list[tuple[str, bool]] = []
+    real = _run.run
+
+    def run(cmd: Any, **kw: Any) -> Any:
+        started.append((Path(cmd[0]).name, kw.get("input") is not None))
+        return real(cmd, **kw)
+
+    def elsewhere(cmd: Any, *a: Any, **kw: Any) -> Any:
+        raise AssertionError(f"subprocess.run({cmd!r}) outside tuner/_run.py")
+
+    monkeypatch.setattr(_run, "run", run)
+    monkeypatch.setattr(subprocess, "run", elsewhere)
+    lookup = next(f for f in validate_table(out).findings if f.check == "table lookup")
+    assert lookup.ok and "agree at 8 calls" in lookup.detail, lookup.detail
+    assert ("lookup", True) in started  # the program, its queries on stdin
 
 
 def test_tampering_fails_with_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
