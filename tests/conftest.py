@@ -1,12 +1,32 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
+
+NO_INSTALL = "TUNER_TEST_NO_INSTALL"
+"""Set (to anything but empty or 0) and no test fixture installs system packages: those tests skip instead."""
+
+
+def no_install() -> bool:
+    return os.environ.get(NO_INSTALL, "") not in ("", "0")
+
+
+def say(config: pytest.Config, line: str) -> None:
+    """One line on the terminal now, past pytest's capture (a fixture's own print shows only if a test fails)."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if tr is None:
+        print(line, file=sys.__stderr__, flush=True)
+        return
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        tr.write_line(line)
 
 
 def use_render_tree(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,13 +98,20 @@ def tree_b(tuner_home: Path):
 
 
 @pytest.fixture(scope="session")
-def cpu_build(tree_a):
+def cpu_build(tree_a, tuner_home: Path, pytestconfig: pytest.Config):
     """A real CPU build of llama-bench, test-backend-ops and llama-quantize from tree A (cached)."""
-    from tuner.builder.cmake import build_variant
+    from tuner.builder.cmake import build_variant, is_built
     from tuner.plan.render import render_variant
 
     rv = render_variant(tree_a, "cpu", "cpu", local_archs=[])
-    return build_variant(rv, targets=("llama-bench", "test-backend-ops", "llama-quantize"))
+    targets = ("llama-bench", "test-backend-ops", "llama-quantize")
+    if not is_built(rv, targets):  # else pytest would sit silent for the whole compile
+        say(
+            pytestconfig,
+            f"building llama.cpp for the integration tests (cold cache: about 20 min on 2 cores; this machine has "
+            f"{os.cpu_count()}) ... log: {tuner_home / 'builds' / rv.key / 'logs'}",
+        )
+    return build_variant(rv, targets=targets)
 
 
 @pytest.fixture(scope="session")
@@ -105,20 +132,33 @@ def tiny_model(tree_a) -> Path:
 
 
 @pytest.fixture(scope="session")
-def hip_toolchain(tuner_home: Path):
+def hip_toolchain(tuner_home: Path, pytestconfig: pytest.Config):
     """The HIP compile-check toolchain (clang-19 + Debian ROCm headers), set up on first use.
 
-    Setting it up needs root for apt-get (CI runs as root); elsewhere the test is skipped with the
-    command that sets it up.
+    Setting it up needs root for apt-get (CI runs as root) and installs system packages, which it
+    says on the terminal first; without root, or with ``TUNER_TEST_NO_INSTALL=1``, the tests that
+    need it are skipped with the command that sets it up.
     """
-    from tuner.builder.hip import find_hip_toolchain, run_hip_setup
+    from tuner.builder.hip import _SYSTEM_PACKAGES, default_prefix, find_hip_toolchain, run_hip_setup
     from tuner.errors import TunerError
 
     tc = find_hip_toolchain()
     if tc is not None:
         return tc
+    setup = f"`TUNER_HOME={tuner_home} tuner toolchain hip` as root"
+    if no_install():
+        pytest.skip(
+            f"HIP toolchain not set up, and {NO_INSTALL} is set: setting it up would apt-get install "
+            f"{' '.join(_SYSTEM_PACKAGES)} system-wide; unset {NO_INSTALL} or run {setup}"
+        )
     if os.geteuid() != 0:
-        pytest.skip(f"HIP toolchain not set up; run `TUNER_HOME={tuner_home} tuner toolchain hip` as root")
+        pytest.skip(f"HIP toolchain not set up; run {setup}")
+    say(
+        pytestconfig,
+        f"setting up the HIP toolchain for the HIP tests: apt-get update && apt-get install -y "
+        f"{' '.join(_SYSTEM_PACKAGES)} (system-wide, as root), ROCm -dev packages unpacked into {default_prefix()} "
+        f"(about a minute and 600 MB); {NO_INSTALL}=1 skips these tests instead",
+    )
     try:
         return run_hip_setup()[0]
     except TunerError as err:  # registry unreachable: say why instead of failing unrelated tests

@@ -19,11 +19,20 @@ def _pg_bin(name: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def postgres():
+def postgres(pytestconfig: pytest.Config):
     """A real PostgreSQL server (Debian package `postgresql`) on 127.0.0.1, started for these tests."""
+    from tests.conftest import NO_INSTALL, no_install, say
+
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
+        if no_install():
+            pytest.skip(f"PostgreSQL server binaries not found, and {NO_INSTALL} is set (apt-get install postgresql)")
         if os.geteuid() == 0 and shutil.which("apt-get"):
+            say(
+                pytestconfig,
+                "installing the PostgreSQL server for the shared-study tests: apt-get update && apt-get install -y "
+                f"postgresql (system-wide, as root); {NO_INSTALL}=1 skips these tests instead",
+            )
             subprocess.run(["apt-get", "update"], check=False, capture_output=True)
             subprocess.run(
                 ["apt-get", "install", "-y", "-q", "postgresql"],
