@@ -558,7 +558,7 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
 
 def _row_avg_ts(r: dict[str, Any]) -> float:
     """llama-bench's avg_ts of one record (the mean of its samples_ts), as recorded, else from the samples."""
-    avg = r.get("avg_ts")
+    avg: Any = r.get("avg_ts")
     if isinstance(avg, str) or _is_num(avg):
         try:
             val = float(avg)
