@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["TunerError", "UsageError", "close_matches", "error_chain"]
+__all__ = ["EXIT_STATUSES", "EXIT_TIME_BUDGET", "TunerError", "UsageError", "close_matches", "error_chain"]
 
 import difflib
 from collections.abc import Iterable, Iterator
@@ -18,6 +18,22 @@ class UsageError(TunerError):
     """Bad input from the user (unknown arch, bad SPEC, missing path...)."""
 
     exit_code = 2
+
+
+EXIT_TIME_BUDGET = 3
+"""A search or sweep stopped by its --time-budget: what finished is stored, the same command resumes."""
+
+EXIT_STATUSES: dict[int, str] = {
+    0: "success",
+    TunerError.exit_code: "error: the message says what failed and what to do (also a full disk, a read-only\n"
+    "or unwritable folder, or a file in the way of a path tuner writes)",
+    UsageError.exit_code: "usage error: a bad flag, argument, path or setting (e.g. TUNER_HOME)",
+    EXIT_TIME_BUDGET: "stopped by --time-budget (search, worker, sweep): what finished is stored; the same\n"
+    "command resumes",
+    70: "internal error: a bug in tuner; the message names a log file with the traceback",
+    130: "interrupted (Ctrl-C or SIGTERM)",
+}
+"""Every status tuner exits with, and what it means: ``tuner --help`` lists them from here."""
 
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> str:

@@ -18,7 +18,8 @@ from pathlib import Path
 import click
 
 from tuner import __version__
-from tuner.errors import TunerError, error_chain
+from tuner.cli._params import SuggestingGroup
+from tuner.errors import EXIT_STATUSES, TunerError, error_chain
 
 # name -> "module:attribute"; modules are imported only when the command runs (fast --help).
 _COMMANDS: dict[str, str] = {
@@ -43,7 +44,7 @@ _COMMANDS: dict[str, str] = {
 }
 
 
-class _LazyGroup(click.Group):
+class _LazyGroup(SuggestingGroup):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
 
@@ -58,15 +59,15 @@ class _LazyGroup(click.Group):
         return cmd
 
 
-_EPILOG = """\b
-Exit status:
-  0    success
-  1    error: the message says what failed and what to do (also a full disk, a read-only
-       or unwritable folder, or a file in the way of a path tuner writes)
-  2    usage error: a bad flag, argument, path or setting (e.g. TUNER_HOME)
-  70   internal error: a bug in tuner; the message names a log file with the traceback
-  130  interrupted (Ctrl-C or SIGTERM)
-"""
+def _epilog() -> str:
+    rows = []
+    for code, what in EXIT_STATUSES.items():
+        first, *rest = what.split("\n")
+        rows += [f"  {code:<4} {first}", *(f"       {line}" for line in rest)]
+    return "\b\nExit status:\n" + "\n".join(rows) + "\n"
+
+
+_EPILOG = _epilog()
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["AliasOption", "cpu_mask_option", "depths_option", "find_bin_dir", "output_option", "stamped_run_dir"]
+__all__ = [
+    "DEPRECATED",
+    "AliasOption",
+    "SuggestingGroup",
+    "cpu_mask_option",
+    "deprecated_option",
+    "depths_option",
+    "find_bin_dir",
+    "output_option",
+    "round_limits",
+    "rounds_option",
+    "stamped_run_dir",
+    "warn_deprecated",
+]
 
 import datetime as _dt
 import re
@@ -12,7 +25,25 @@ from typing import Any
 
 import click
 
-from tuner.errors import UsageError
+from tuner.errors import UsageError, close_matches
+
+
+class SuggestingGroup(click.Group):
+    """A group whose "No such command" names the closest subcommands: ``tuner serch`` -> Did you mean 'search'?"""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as err:
+            name = args[0] if args else ""
+            if err.message != f"No such command {name!r}.":
+                raise
+            # one suggestion, from every command a lazy group has too (click >= 8.4 suggests only from the
+            # commands it holds, in its own words; older click not at all)
+            hint = close_matches(name, self.list_commands(ctx), n=1)
+            raise click.UsageError(err.message + hint, ctx=err.ctx) from None
 
 
 def depths_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -63,21 +94,110 @@ def stamped_run_dir(kind: str) -> Path:
     return tuner_home() / "runs" / f"{kind}-{stamp}"
 
 
+DEPRECATED = "tuner: {old} is deprecated, use {new}; the old spelling goes in the next release"
+"""The one line an old spelling prints on stderr (it still works for one release)."""
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    click.echo(DEPRECATED.format(old=old, new=new), err=True)
+
+
 class AliasOption(click.Option):
     """An option that still accepts old spellings (``hidden_aliases``) but shows only its current names in
-    --help, so every command documents one spelling while old scripts keep working."""
+    --help, so every command documents one spelling while old scripts keep working; an old spelling prints
+    the :data:`DEPRECATED` line."""
 
     def __init__(self, *args: Any, hidden_aliases: tuple[str, ...] = (), **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._hidden = set(hidden_aliases)
 
+    def _current(self) -> list[str]:
+        return [o for o in self.opts if o not in self._hidden]
+
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         opts = self.opts
-        self.opts = [o for o in opts if o not in self._hidden]
+        self.opts = self._current()
         try:
             return super().get_help_record(ctx)
         finally:
             self.opts = opts
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        # The old spellings get a parser entry of their own, so their use can be told apart (the parser records
+        # only the option, not the spelling that matched): its process step prints the line, then stores as usual.
+        opts, old = self.opts, [o for o in self.opts if o in self._hidden]
+        new = "/".join(self._current())
+        try:
+            self.opts = self._current()
+            super().add_to_parser(parser, ctx)
+            if old:
+                self.opts = old
+                super().add_to_parser(parser, ctx)
+        finally:
+            self.opts = opts
+        for spelling in old:
+            entry = parser._long_opt.get(spelling) or parser._short_opt.get(spelling)
+            if entry is not None:
+                entry.process = _warn_then(entry.process, spelling, new)
+
+
+def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Callable[[Any, Any], None]:
+    def wrapped(value: Any, state: Any) -> None:
+        warn_deprecated(old, new)
+        process(value, state)
+
+    return wrapped
+
+
+def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hidden option for an old spelling whose value has another shape than the new one's (``--depth D``,
+    repeated, for ``--depths D,...``): the command folds ``dest`` into the new option; given, it prints the
+    :data:`DEPRECATED` line."""
+
+    def note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if param.name and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
+            warn_deprecated(old, new)
+        return value
+
+    return click.option(old, dest, hidden=True, callback=note, **kw)
+
+
+def rounds_option(what: str = "every depth") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--rounds N``: the shorthand every command with paired rounds takes for ``--min-rounds N --max-rounds N``."""
+    return click.option(
+        "--rounds",
+        type=click.IntRange(2, 100),
+        default=None,
+        help=f"N paired rounds for {what}, fixed: --min-rounds N --max-rounds N (an explicit --max-rounds M "
+        "still lets the ones still open go on to M).",
+    )
+
+
+def round_limits(
+    ctx: click.Context, rounds: int | None, min_rounds: int, max_rounds: int | None
+) -> tuple[int, int | None]:
+    """(min, max) paired rounds from ``--rounds``, ``--min-rounds`` and ``--max-rounds`` as every command reads
+    them: ``--rounds N`` is ``--min-rounds N`` with ``--max-rounds`` N unless that is given too; ``max`` stays
+    None where neither sets it (the command's own default applies)."""
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) in (
+            click.core.ParameterSource.COMMANDLINE,
+            click.core.ParameterSource.ENVIRONMENT,
+        )
+
+    if rounds is not None:
+        if given("min_rounds") and min_rounds != rounds:
+            raise UsageError(
+                f"--rounds {rounds} and --min-rounds {min_rounds} disagree: --rounds N is --min-rounds N "
+                "--max-rounds N. Give one of them."
+            )
+        min_rounds = rounds
+        if not given("max_rounds"):
+            max_rounds = rounds
+    if max_rounds is not None and max_rounds < min_rounds:
+        raise UsageError(f"--max-rounds {max_rounds} is below --min-rounds {min_rounds}; raise it or drop it.")
+    return min_rounds, max_rounds
 
 
 def output_option(

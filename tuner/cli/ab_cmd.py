@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from tuner import log
-from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
+from tuner.cli._params import depths_option, find_bin_dir, output_option, round_limits, rounds_option, stamped_run_dir
 from tuner.errors import UsageError
 
 
@@ -20,6 +20,9 @@ def _has_fa_hook(bin_dir: Path) -> bool:
         if lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes():
             return True
     return False
+
+
+_CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule of the rounds past --min-rounds
 
 
 @click.command()
@@ -46,7 +49,17 @@ def _has_fa_hook(bin_dir: Path) -> bool:
 )
 @click.option("--pp", type=click.IntRange(1, 1 << 16), default=512, show_default=True)
 @click.option("--tg", type=click.IntRange(1, 1 << 16), default=128, show_default=True)
-@click.option("--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired interleaved rounds.")
+@rounds_option()
+@click.option(
+    "--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired interleaved rounds."
+)
+@click.option(
+    "--max-rounds",
+    type=click.IntRange(2, 100),
+    default=None,
+    help="Further rounds, up to this many, go only to the depths where a paired 95% CI is still wider than "
+    "±1% (the search's --ci-target). Default: --min-rounds (fixed).",
+)
 @click.option(
     "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
 )
@@ -72,7 +85,9 @@ def ab(
     phase: str,
     pp: int,
     tg: int,
-    rounds: int,
+    rounds: int | None,
+    min_rounds: int,
+    max_rounds: int | None,
     reps: int,
     era: str,
     out_dir: Path | None,
@@ -90,6 +105,8 @@ def ab(
     from tuner.search.live import make_live_measure
     from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
 
+    low, high = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
+    high = high or low
     bin_dir = find_bin_dir(build_dir)
     # Bad syntax or a kernel other than VEC/TILE/MMA: one paragraph, exit 2. The hook gets the parsed
     # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
@@ -107,9 +124,10 @@ def ab(
         bin_dir, model, pp=pp, tg=tg, reps={"pp": reps, "tg": reps}, log_dir=run / "logs", era=era, arch=None
     )
     recs: list[dict[str, Any]] = []
-    log.info(f"tuner ab: {len(cands)} candidates x {rounds} rounds at depths {list(depths)} ({phase}); logs in {run}")
+    how = f"{low} rounds" if high == low else f"{low} to {high} rounds"
+    log.info(f"tuner ab: {len(cands)} candidates x {how} at depths {list(depths)} ({phase}); logs in {run}")
     run_phase_rounds(
-        measure, phase, cands, list(depths), recs, min_rounds=rounds, max_rounds=rounds, target_ci=0.0, tag="ab"
+        measure, phase, cands, list(depths), recs, min_rounds=low, max_rounds=high, target_ci=_CI_TARGET, tag="ab"
     )
     # judged as the search judges: the A/A pair, at least the phase's noise floor, the noise ceiling
     cells = judge_phase(phase, summarize_phase(phase, recs, list(depths)))
@@ -141,7 +159,7 @@ def ab(
     log.info(
         method_paragraph(
             "paired rounds",
-            rounds=[rounds],
+            rounds=[sum(1 for r in recs if str(d) in r["values"].get(UPSTREAM, {})) for d in depths],
             ceiling_pct=NOISE_CEILING_PCT,
             rule="sequential",  # compose.judge_phase's default: the verdicts above are the decision rule's
             noise="A/A: upstream against the same kernel forced, in the same rounds (its CI's reach), "

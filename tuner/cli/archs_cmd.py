@@ -8,16 +8,18 @@ import json
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from tuner import log
-from tuner.cli._params import AliasOption
+from tuner.cli._params import AliasOption, SuggestingGroup, deprecated_option, depths_option
+from tuner.targets.defaults import DEFAULT_QUANT
 
 
 def _fmt_bytes(n: int) -> str:
     return f"{n // 1024} KiB" if n and n % 1024 == 0 else str(n)
 
 
-@click.group(invoke_without_command=True)
+@click.group(cls=SuggestingGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def archs(ctx: click.Context, as_json: bool) -> None:
@@ -121,17 +123,24 @@ def _assumed_product(arch_name: str) -> str | None:
     "like",
     help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape, tiny).",
 )
-@click.option("--depth", "depths", type=int, multiple=True, help="KV depth(s), repeatable. Default 0 4096 16384 32768.")
+@click.option(
+    "--depths",
+    default="0,4096,16384,32768",
+    show_default=True,
+    callback=depths_option,
+    help="Comma-separated KV depths, as `tuner search --depths`.",
+)
+@deprecated_option("--depth", "old_depths", "--depths", type=int, multiple=True)
 @click.option(
     "--quant",
     "--type",
     "weight_type",
     cls=AliasOption,
     hidden_aliases=("--type",),
-    default="f16",
-    show_default=True,
+    default=None,
     type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
-    help="Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m).",
+    help=f"Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m). Default: {DEFAULT_QUANT}, "
+    "the search's.",
 )
 @click.option("--kv-type", default="f16", show_default=True, help="KV-cache type (f16, q8_0, q4_0, ...).")
 @click.option("--pp", default=512, show_default=True, type=int, help="Prompt tokens per pp test.")
@@ -149,7 +158,8 @@ def estimate(
     model_path: Path | None,
     like: str | None,
     depths: tuple[int, ...],
-    weight_type: str,
+    old_depths: tuple[int, ...],
+    weight_type: str | None,
     kv_type: str,
     pp: int,
     tg: int,
@@ -171,8 +181,13 @@ def estimate(
     one = "Pass exactly one of --model GGUF (a real file) or --like NAME (a known shape)."
     if model_path is not None and like is not None:
         raise UsageError(one)
-    if model_path is not None and weight_type != "f16":
+    if model_path is not None and weight_type is not None:
         raise UsageError("--quant applies to --like only; with --model the GGUF's own tensor types are used.")
+    if old_depths and click.get_current_context().get_parameter_source("depths") is ParameterSource.DEFAULT:
+        depths = tuple(sorted(set(old_depths)))
+    elif old_depths:
+        depths = tuple(sorted({*depths, *old_depths}))
+    weight_type = (weight_type or DEFAULT_QUANT).lower()
     model: ModelShape | Path
     if like is not None:
         model = load_model_shape(like)
@@ -185,7 +200,7 @@ def estimate(
     rows = run_estimate(
         arch_name,
         model,
-        depths or (0, 4096, 16384, 32768),
+        depths,
         pp=pp,
         tg=tg,
         weight_type=weight_type,

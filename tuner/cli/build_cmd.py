@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
+from tuner.cli._params import SuggestingGroup
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 
@@ -168,7 +169,7 @@ def build(
         )
 
 
-@click.group("toolchain")
+@click.group("toolchain", cls=SuggestingGroup)
 def toolchain() -> None:
     """Set up extra compilers tuner needs (the AMD HIP compile-check toolchain)."""
 

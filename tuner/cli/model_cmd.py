@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 
 from tuner import log
+from tuner.cli._params import SuggestingGroup
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def model() -> None:
     """Make test models."""
 

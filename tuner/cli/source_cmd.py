@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 
 from tuner import log
+from tuner.cli._params import SuggestingGroup
 from tuner.source import DEFAULT_SPEC, fetch_source, pack_source, source_info
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def source() -> None:
     """Fetch, describe and pack llama.cpp source trees.
 

@@ -9,13 +9,21 @@ from typing import Any
 
 import click
 
-from tuner.cli._params import depths_option, find_bin_dir, output_option, stamped_run_dir
+from tuner.cli._params import (
+    SuggestingGroup,
+    depths_option,
+    find_bin_dir,
+    output_option,
+    round_limits,
+    rounds_option,
+    stamped_run_dir,
+)
 from tuner.cli.sweep_common import budget_stop, default_build, measure_options, time_budget_option
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 from tuner.errors import UsageError
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def sweep() -> None:
     """Sweep llama.cpp's FlashAttention kernel choice and MMQ-vs-cuBLAS choice over a grid of shapes.
 
@@ -87,12 +95,7 @@ def _round_options(f: Any) -> Any:
     """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
     for opt in reversed(
         (
-            click.option(
-                "--rounds",
-                type=click.IntRange(2, 100),
-                default=None,
-                help="A fixed number of paired rounds for every cell (MMQ: point); sets --min-rounds and --max-rounds.",
-            ),
+            rounds_option("every cell (MMQ: point)"),
             click.option(
                 "--min-rounds",
                 type=click.IntRange(2, 100),
@@ -115,11 +118,8 @@ def _round_options(f: Any) -> Any:
 
 
 def _limits(rounds: int | None, min_rounds: int, max_rounds: int) -> tuple[int, int]:
-    if rounds is not None:
-        return rounds, rounds
-    if max_rounds < min_rounds:
-        raise UsageError(f"--max-rounds {max_rounds} is below --min-rounds {min_rounds}.")
-    return min_rounds, max_rounds
+    low, high = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
+    return low, high if high is not None else max_rounds
 
 
 @sweep.command("plan")

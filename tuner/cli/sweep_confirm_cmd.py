@@ -12,9 +12,10 @@ from typing import Any, cast
 
 import click
 
-from tuner.cli._params import depths_option, find_bin_dir, output_option
+from tuner.cli._params import depths_option, find_bin_dir, output_option, round_limits, rounds_option
 from tuner.cli.sweep_common import budget_stop, default_build, measure_options, time_budget_option
 from tuner.errors import UsageError
+from tuner.targets.defaults import DEFAULT_QUANT
 
 
 @click.command("confirm")
@@ -35,9 +36,9 @@ from tuner.errors import UsageError
 )
 @click.option(
     "--quant",
-    default="Q4_K_M",
+    default=DEFAULT_QUANT,
     show_default=True,
-    help="Type of the random-weight models: Q4_K_M is written directly as random blocks of llama-quantize's "
+    help="Type of the random-weight models (the default is `tuner search`'s): Q4_K_M is written directly as random blocks of llama-quantize's "
     "per-tensor types (no llama-quantize); other types are quantized from f16 with llama-quantize (f16: as "
     "synthesized, not quantized).",
 )
@@ -58,8 +59,9 @@ from tuner.errors import UsageError
     "shape quantized to the choice's type (q5_K: Q5_K_M, iq4_xs: IQ4_XS, ...) with llama-quantize, its prompt "
     "one micro-batch at the choice's lowest batch size, at depth 0. 'none': no passes.",
 )
+@rounds_option()
 @click.option(
-    "--rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds every depth gets."
+    "--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds every depth gets."
 )
 @click.option(
     "--max-rounds",
@@ -67,7 +69,7 @@ from tuner.errors import UsageError
     default=None,
     help="Further rounds, up to this many, go only to the depths still open: a decode rule changes the kernel "
     "there and its verdict is neither claimed nor settled (the search confirm's rule); an MMQ pass's one depth "
-    "takes them all. Default: --rounds (fixed). A rerun with a higher value adds rounds to what is still open.",
+    "takes them all. Default: --min-rounds (fixed). A rerun with a higher value adds rounds to what is still open.",
 )
 @click.option(
     "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
@@ -97,7 +99,8 @@ def confirm_cmd(
     quant: str,
     depths: tuple[int, ...],
     mmq_like: str,
-    rounds: int,
+    rounds: int | None,
+    min_rounds: int,
     max_rounds: int | None,
     reps: int,
     build_dir: Path | None,
@@ -121,6 +124,8 @@ def confirm_cmd(
     from tuner.sweep import confirm
     from tuner.sweep.budget import RoundBudget
     from tuner.sweep.confirm_report import plan_text, round_seconds
+
+    rounds, max_rounds = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
 
     # the clock starts before anything is loaded: a caller's limit counts from the command's start
     budget = RoundBudget.from_now(time_budget, lambda p, ds: round_seconds(p, ds, reps=reps)) if time_budget else None

@@ -286,16 +286,17 @@ def test_gpu_free_memory_from_nvml_then_nvidia_smi(monkeypatch: pytest.MonkeyPat
 def test_estimate_uses_the_local_gpus_product_or_says_which_it_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
     # sm_90 lists the H100 first; on an H200 the estimate used the H100's bandwidth without a word.
     from tuner.targets import archs
+    from tuner.targets.defaults import DEFAULT_QUANT
     from tuner.targets.models import load_model_shape
     from tuner.targets.roofline import estimate
 
     h200 = next(p.name for p in archs.load_arch("sm_90").products if "H200" in p.name)
-    args = ["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--depth", "0", "--json"]
+    args = ["estimate", "--arch", "sm_90", "--like", "llama-3.2-1b", "--depths", "0", "--json"]
     monkeypatch.setattr(archs, "local_gpu_names", lambda: ["NVIDIA H200"])
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
-    want = estimate("sm_90", load_model_shape("llama-3.2-1b"), [0], product=h200)
+    want = estimate("sm_90", load_model_shape("llama-3.2-1b"), [0], product=h200, weight_type=DEFAULT_QUANT.lower())
     assert {r["product"] for r in rows} == {h200} and rows == want
     assert f"product {h200} (this machine's GPU, NVIDIA H200)" in res.stderr
 

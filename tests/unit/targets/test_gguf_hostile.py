@@ -141,7 +141,7 @@ def test_a_gguf_without_weights_has_no_bound(tmp_path: Path) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
-    msg = _refused("estimate", "--arch", "sm_90", "--model", str(m), "--depth", "0")
+    msg = _refused("estimate", "--arch", "sm_90", "--model", str(m), "--depths", "0")
     assert "no weight tensors" in msg
 
 

@@ -110,16 +110,16 @@ def test_tg_roofline_tps(tmp_path: Path) -> None:
 def test_cli_estimate() -> None:
     runner = CliRunner()
     res = runner.invoke(
-        cli, ["estimate", "--arch", "sm89", "--like", "llama-3.2-1b", "--type", "q4_k_m", "--depth", "0", "--json"]
+        cli, ["estimate", "--arch", "sm89", "--like", "llama-3.2-1b", "--quant", "q4_k_m", "--depths", "0", "--json"]
     )
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert {r["test"] for r in rows} == {"pp512", "tg128"} and rows[0]["product"].startswith("GeForce RTX 4060 Ti")
-    res = runner.invoke(cli, ["estimate", "--arch", "gfx1151", "--like", "tiny", "--depth", "0"])
+    res = runner.invoke(cli, ["estimate", "--arch", "gfx1151", "--like", "tiny", "--depths", "0"])
     assert "not a measurement" in res.output and "| tg128" in res.output
     res = runner.invoke(cli, ["estimate", "--arch", "sm_89"])
     assert isinstance(res.exception, UsageError) and "--like" in str(res.exception)
     res = runner.invoke(
-        cli, ["estimate", "--arch", "sm_89", "--like", "tiny", "--product", "4090", "--json", "--depth", "0"]
+        cli, ["estimate", "--arch", "sm_89", "--like", "tiny", "--product", "4090", "--json", "--depths", "0"]
     )
     assert json.loads(res.output)[1]["limit"].startswith("memory: 1008")
