@@ -220,7 +220,15 @@ def _load_aa(aa: tuple[Path, Path] | None) -> tuple[Any, Any] | None:
 
     if not aa:
         return None
-    return load_results(aa[0]), load_results(aa[1])
+    a1, a2 = aa
+    if a1.resolve() == a2.resolve() or a1.read_bytes() == a2.read_bytes():
+        same = "is one file given twice" if a1.resolve() == a2.resolve() else "are two copies of one run"
+        raise UsageError(
+            f"--aa {a1} {a2} {same}: an A/A pair needs two runs of build A (run its llama-bench again with the "
+            "same settings and pass both files), since their difference is the noise a change must clear; one "
+            "run against itself has none."
+        )
+    return load_results(a1), load_results(a2)
 
 
 def _label(df: object, path: Path) -> str:
@@ -322,9 +330,7 @@ def compare(
     metavar="A1 A2",
     help=_AA_HELP,
 )
-@click.option(
-    "-o",
-    "--out",
+@output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option
+from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, round_limits, rounds_option
 from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
 from tuner.source.spec import DEFAULT_SPEC
@@ -133,11 +133,22 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
         ),
     ]
-    for o in reversed([*opts, *_TUNE_OPTIONS]):
+    for o in reversed([*opts, *_SHORTHANDS, *_TUNE_OPTIONS]):
         f = o(f)
     return f
 
 
+# the spellings ab, bench and sweep take for their rounds and repetitions (folded in by _shorthands)
+_SHORTHANDS = [
+    rounds_option("the screen and the confirm"),
+    click.option(
+        "--reps",
+        type=click.IntRange(1, 100),
+        default=None,
+        help="llama-bench repetitions per call for both phases, as `tuner bench`/`ab` take it; --reps-pp and "
+        "--reps-tg set one phase's.",
+    ),
+]
 _TUNE_OPTIONS = [
     click.option(
         "--tune-knobs",
@@ -187,6 +198,7 @@ def search(
     from tuner.targets.target import resolve_target
 
     kw["started"] = time.monotonic()  # --time-budget counts from here: detection, build and model included
+    _shorthands(kw)
 
     if bool(replay) != replay_mode:
         raise UsageError(
@@ -268,6 +280,7 @@ def worker(**kw: Any) -> None:
     from tuner.targets.target import resolve_target
 
     kw["started"] = time.monotonic()  # --time-budget counts from here, as `tuner search`'s
+    _shorthands(kw)
 
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
@@ -277,6 +290,15 @@ def worker(**kw: Any) -> None:
         held = tune_worker(_request(target, kw))
     if held is None:
         sys.exit(3)  # stopped by --time-budget, as `tuner search`
+
+
+def _shorthands(kw: dict[str, Any]) -> None:
+    """--rounds N (--min-rounds N --max-rounds N) and --reps N (both phases' reps), as every command reads them."""
+    ctx = click.get_current_context()
+    kw["min_rounds"], kw["max_rounds"] = round_limits(ctx, kw.pop("rounds"), kw["min_rounds"], kw["max_rounds"])
+    reps = kw.pop("reps")
+    for phase in ("reps_pp", "reps_tg"):
+        kw[phase] = reps if kw[phase] is None else kw[phase]
 
 
 def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
