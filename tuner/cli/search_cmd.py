@@ -223,14 +223,15 @@ def search(
         )
         return
     target = resolve_target(kw["arch"], dry_run=dry_run, replay=bool(replay), ptx_jit=kw["ptx_jit"])
+    from tuner.study.storage import check_storage, storage_guard
+
+    if kw["storage"] is not None:  # the shared storage check, before minutes of fetching and building (or a plan)
+        check_storage(kw["storage"])
     if dry_run:
         _dry_run(target, kw, as_json)
         return
     from tuner.cli.search_stage import search_and_export
-    from tuner.study.storage import check_storage, storage_guard
 
-    if kw["storage"] is not None:  # the shared storage check, before minutes of fetching and building
-        check_storage(kw["storage"])
     with storage_guard(kw["storage"]):
         outcome = search_and_export(_request(target, kw), export_dir)
     if outcome is None:
@@ -238,36 +239,10 @@ def search(
 
 
 def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
-    """--dry-run: the plan uses the flags the real run would get, with the GPU defaults where not given."""
-    from tuner.search.dryrun import PlanInputs, run_dry_run
-    from tuner.search.request import GPU_DEFAULTS as d
-    from tuner.search.study import SearchConfig
+    """--dry-run: the plan of the request the real run gets, resolved and refused as it resolves it."""
+    from tuner.search.dryrun import run_dry_run
 
-    if kw["model"] and kw["like"]:
-        raise UsageError("give either --model GGUF or --like NAME, not both.")
-    inputs = PlanInputs(
-        like=str(kw["like"] or d.like),
-        model=kw["model"],
-        depths=tuple(kw["depths"] or d.depths),
-        trials=kw["trials"] if kw["trials"] is not None else d.trials,
-        min_rounds=kw["min_rounds"],
-        max_rounds=kw["max_rounds"] or d.max_rounds,
-        refine=kw["refine"] if kw["refine"] is not None else d.refine,
-        confirm_extra=kw["confirm_extra"] if kw["confirm_extra"] is not None else SearchConfig.confirm_extra,
-        tune_knobs=_globs(kw["tune_knobs"]),
-        tune_depths=kw["tune_depths"],
-        # the real search's rule (tuner.search.screen_choice.screen_method) resolves these in run_dry_run
-        screen=kw["screen"],
-        cpu_mask=kw["cpu_mask"],
-    )
-    run_dry_run(
-        target=target,
-        source_spec=kw["source_spec"],
-        sets=_sets(kw["sets"]),
-        variants=kw["variants"],
-        inputs=inputs,
-        as_json=as_json,
-    )
+    run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
 
 
 @click.command()

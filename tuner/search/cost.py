@@ -3,9 +3,26 @@
 
 from __future__ import annotations
 
-__all__ = ["counted", "full_build_seconds", "load_step_costs", "past_cost", "past_cost_line"]
+__all__ = [
+    "Price",
+    "counted",
+    "full_build_seconds",
+    "load_step_costs",
+    "local_prices",
+    "nearest_recording",
+    "past_cost",
+    "past_cost_line",
+    "priced_screen_call",
+    "screen_round_seconds",
+    "synth_price",
+    "this_cpu_device",
+]
 
-from collections.abc import Mapping
+import dataclasses
+import math
+import os
+import platform
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +105,114 @@ def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
     """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
     checks before starting one that is not cached."""
     return float((costs or load_step_costs())["full_build"]["seconds"])
+
+
+def nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, Any]:
+    """The recorded model (``[models.*]``) whose width is nearest ``d_model`` (costs scale with model size)."""
+    return min(costs["models"].values(), key=lambda m: abs(math.log(m["d_model"] / max(d_model, 1))))
+
+
+def screen_round_seconds(rec: Mapping[str, Any], n_calls: int, n_depths: int, *, kernel: bool = False) -> float:
+    """One screen round's price from the recording ``rec``: ``n_calls`` shared llama-bench calls at ``n_depths``
+    depths (``screen_call_depth_s`` per call and depth, else ``bench_call_depth_s``), or with ``kernel``
+    ``n_calls`` test-backend-ops calls of a prefill and a decode case per depth (``kernel_case_s`` a case).
+    What the dry run counts per round, and what a fresh study's first round is judged by against a budget."""
+    if kernel:
+        return n_calls * 2 * n_depths * float(rec["kernel_case_s"])
+    return n_calls * n_depths * float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
+
+
+def priced_screen_call(d_model: int | None, depths: Sequence[int], *, kernel: bool = False) -> dict[str, Any]:
+    """One screen call at ``depths`` priced by :func:`screen_round_seconds`, as the round record the round loops
+    scale to a round's calls and depths (``prior`` of :func:`tuner.search.screen.run_joint_rounds`): a study
+    without a measured round starts none that its price says would end past ``--time-budget``."""
+    rec = nearest_recording(load_step_costs(), d_model or 0)
+    kernel = kernel and "kernel_case_s" in rec  # the dry run prices a screen without the figure as llama-bench's
+    return {"seconds": screen_round_seconds(rec, 1, len(depths), kernel=kernel), "depths": list(depths), "order": [""]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Price:
+    """One per-step cost the dry run multiplies by its counts, and where it was recorded."""
+
+    seconds: float
+    source: str
+    """Where the figure comes from: a file of this machine's searches, or another machine's recording."""
+    here: bool
+    """Recorded on this machine (the same device and core count), not on another one."""
+
+
+def this_cpu_device() -> str:
+    """The ``measured_on`` a CPU-backend search on this machine records (:mod:`tuner.search.live`'s wording)."""
+    return f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+
+
+def _local_docs(arch: str, device: str, results: Path, runs: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Stored results of ``arch`` and run dirs' exports measured on ``device``, with a ``[cost]``."""
+    from tuner._compat import tomllib
+
+    out = []
+    for f in [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]:
+        try:
+            doc = tomllib.loads(f.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):  # an unreadable record only loses the plan its figures
+            continue
+        target, cost = doc.get("target"), doc.get("cost")
+        if not isinstance(target, Mapping) or not isinstance(cost, Mapping) or not cost:
+            continue
+        if target.get("arch") == arch and target.get("measured_on") == device:
+            out.append((f, doc))
+    return out
+
+
+def local_prices(
+    arch: str,
+    device: str,
+    *,
+    shape: Mapping[str, Any],
+    pp: int,
+    tg: int,
+    results: Path = Path("results"),
+    runs: Path | None = None,
+) -> dict[str, Price]:
+    """Per-step costs that searches of ``arch`` recorded on this machine (``device``: its ``measured_on``):
+    ``full_build`` (the longest upstream build over a minute: a resumed run's cached build counts seconds),
+    ``model`` (the synthesis of the same model shape) and ``call_depth`` (a llama-bench call per depth, from a
+    search of the same shape and pp/tg that counted its calls). Keys are left out where nothing recorded them."""
+    from tuner.search.study import default_run_dir
+
+    docs = _local_docs(arch, device, results, runs if runs is not None else default_run_dir("x").parent)
+    out: dict[str, Price] = {}
+    builds = [(float(d["cost"]["build_s"]), f) for f, d in docs if float(d["cost"].get("build_s", 0)) > 60]
+    if builds:
+        s, f = max(builds)
+        out["full_build"] = Price(s, f"{f}: [cost] build_s (on this machine, {device})", True)
+    same = [(f, d) for f, d in docs if _same_shape(d, shape)]
+    models = [(float(d["cost"]["model_s"]), f) for f, d in same if d["cost"].get("model_s")]
+    if models:
+        s, f = max(models)
+        out["model"] = Price(s, f"{f}: [cost] model_s (on this machine, {device})", True)
+    for f, d in same:
+        c, m = d["cost"], d.get("model") or {}
+        depths: Sequence[int] = m.get("depths") or ()
+        calls = int(c.get("llama_bench_calls", 0))
+        if calls and depths and m.get("pp") == pp and m.get("tg") == tg:
+            secs = sum(float(c.get(k, 0.0)) for k in ("screen_s", "tune_s", "confirm_s"))
+            per = round(secs / (calls * len(depths)), 2)
+            why = f"{f}: [cost] screen_s + tune_s + confirm_s over {calls} llama-bench calls at {len(depths)} depths"
+            out["call_depth"] = Price(per, f"{why} (on this machine, {device})", True)
+            break
+    return out
+
+
+def synth_price(shape: Any, quant: str | None, costs: Mapping[str, Any] | None = None) -> tuple[Price, Price | None]:
+    """The recorded cost of synthesizing a ``shape`` model in f16 and, with ``quant``, of llama-quantize making it
+    (``[model_synth]``: seconds per billion parameters, recorded on another machine)."""
+    from tuner.targets.models import plan_tensors
+
+    rec = (costs or load_step_costs())["model_synth"]
+    gparams = sum(math.prod(t.ne) for t in plan_tensors(shape)) / 1e9
+    where = f"recorded on {rec['machine']}: {rec['source']}"
+    synth = Price(round(float(rec["synth_s_per_gparam"]) * gparams, 1), where, False)
+    quantize = Price(round(float(rec["quantize_s_per_gparam"]) * gparams, 1), where, False) if quant else None
+    return synth, quantize

@@ -35,18 +35,21 @@ import collections
 import dataclasses
 import itertools
 import json
-import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.search.cost import full_build_seconds, load_step_costs
+from tuner.search.cost import full_build_seconds, load_step_costs, nearest_recording, screen_round_seconds
+from tuner.search.plan_here import Here, here_for
 from tuner.targets.target import Target
+
+if TYPE_CHECKING:
+    from tuner.search.request import PlannedSearch, SearchRequest
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,7 +67,7 @@ class DryRunReport:
 
     @property
     def ok(self) -> bool:
-        return all(c["status"] in ("ok", "skipped") for c in self.compile_checks)
+        return all(c["status"] in ("ok", "skipped", "not applicable") for c in self.compile_checks)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json`` (every value is JSON-serializable)."""
@@ -164,11 +167,34 @@ class PlanInputs:
     (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
     cpu_mask: tuple[int, ...] | None = None
     """``--cpu-mask`` (the host then paces a step: ``auto`` screens with llama-bench)."""
+    pp: int = 512
+    tg: int = 128
+    quant: str | None = None
+    """The llama-quantize type the synthesized model is made in (None: f16)."""
+    direct: bool = False
+    """``quant``'s blocks written by the synthesis itself (no llama-quantize)."""
 
-
-def _nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, Any]:
-    """The recorded model whose width is nearest the planned model's (costs scale with model size)."""
-    return min(costs["models"].values(), key=lambda m: abs(math.log(m["d_model"] / max(d_model, 1))))
+    @classmethod
+    def of(cls, p: PlannedSearch, cpu_mask: tuple[int, ...] | None) -> PlanInputs:
+        """The inputs of the search :func:`tuner.search.request.plan_search` resolved (the real run's settings)."""
+        return cls(
+            like=p.like or "",
+            model=p.model,
+            depths=p.depths,
+            trials=p.trials,
+            min_rounds=p.min_rounds,
+            max_rounds=p.max_rounds,
+            refine=p.refine,
+            confirm_extra=p.confirm_extra,
+            tune_knobs=p.tune_knobs,
+            tune_depths=p.tune_depths,
+            screen=p.screen_method or "auto",
+            cpu_mask=cpu_mask,
+            pp=p.pp,
+            tg=p.tg,
+            quant=p.quant,
+            direct=p.direct,
+        )
 
 
 def _stage(
@@ -197,11 +223,15 @@ def _builds_stage(
     n_variants: int,
     rebuild_s: float | None,
     trial_gate_share: float = 1.0,
+    here: Here | None = None,
 ) -> dict[str, Any]:
     """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
     (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
-    full = full_build_seconds(costs)
-    gate_s = float(rec["gate_s"])
+    here = here or Here()
+    price = here.prices.get("full_build")
+    full = price.seconds if price is not None else full_build_seconds(costs)
+    gate_s = float(rec["gate_s"]) if here.gate else 0.0
+    first = 0.0 if here.built else full  # a cached build costs a no-op ninja run
     tune_builds = trials if n_compile else 0
     # The tune stage samples the variant too when several are renderable (pipeline._tune): each other
     # variant it tries is one more full build.
@@ -209,17 +239,29 @@ def _builds_stage(
     rebuilds = tune_builds * (rebuild_s or 0.0)
     return _stage(
         "builds + test-backend-ops",
-        f"1 full build of upstream's variant (cached after the first run), up to {more_full} "
+        ("upstream's variant: built already (cached)" if here.built else "1 full build of upstream's variant")
+        + f" (cached after the first run), up to {more_full} "
         f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
-        "changed translation units for compile-time trials; each build gated by test-backend-ops FLASH_ATTN_EXT with "
+        "changed translation units for compile-time trials; "
         + (
-            "every kernel forced"
+            "no test-backend-ops gate (the CPU backend is its reference)"
+            if not here.gate
+            else "each build gated by test-backend-ops FLASH_ATTN_EXT with "
+        )
+        + (
+            ""
+            if not here.gate
+            else "every kernel forced"
             if trial_gate_share >= 1
             else "every kernel forced (a trial's build: its rows' kernels)"
         ),
-        seconds=(full + gate_s, (1 + more_full) * (full + gate_s) + rebuilds + tune_builds * gate_s * trial_gate_share),
+        seconds=(
+            first + gate_s,
+            first + gate_s + more_full * (full + gate_s) + rebuilds + tune_builds * gate_s * trial_gate_share,
+        ),
         cost=(
-            f"{full:g} s a full build, {gate_s:g} s a gate"
+            f"{full:g} s a full build ({'this machine' if price is not None and price.here else 'recorded on ' + str(costs['machine']['name'])})"
+            + (f", {gate_s:g} s a gate" if here.gate else "")
             + (
                 ""
                 if not tune_builds
@@ -236,22 +278,24 @@ def _screen_stages(
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
     depths: Sequence[int],
-    per_depth: float,
+    rec: Mapping[str, Any],
     rounds: tuple[int, int],
-    case_s: float | None = None,
+    kernel: bool = False,
 ) -> list[dict[str, Any]]:
-    """The plan's screen, refine and compose stages (``case_s``: a kernel-level screen, seconds per
-    candidate and case; None: llama-bench, ``per_depth`` seconds per call and depth)."""
+    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (``kernel``: a kernel-level
+    screen, else llama-bench; a round as :func:`tuner.search.cost.screen_round_seconds` prices it)."""
     rmin, rmax = rounds
     nd = len(depths)
     stages = []
-    if case_s is not None:
-        return _kernel_screen_stages(kernels, inputs, depths, case_s, rounds)
+    if kernel:
+        return _kernel_screen_stages(kernels, inputs, depths, rec, rounds)
+    per_depth = float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
 
     # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
     # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
+    round_s = screen_round_seconds(rec, per_round, nd)
     legal = _legal_text(kernels)
     stages.append(
         _stage(
@@ -259,7 +303,7 @@ def _screen_stages(
             f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
             f"{nd} depths {list(depths)}",
             calls=(per_round * rmin, per_round * rmax),
-            seconds=(per_round * rmin * nd * per_depth, per_round * rmax * nd * per_depth),
+            seconds=(rmin * round_s, rmax * round_s),
             cost=f"{per_depth:g} s per call and depth",
         )
     )
@@ -296,7 +340,7 @@ def _kernel_screen_stages(
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
     depths: Sequence[int],
-    case_s: float,
+    rec: Mapping[str, Any],
     rounds: tuple[int, int],
 ) -> list[dict[str, Any]]:
     """The kernel-level screen's stages: a test-backend-ops call per candidate pair and round, one case
@@ -305,7 +349,8 @@ def _kernel_screen_stages(
     nd = len(depths)
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
-    cases = 2 * nd
+    cases, case_s = 2 * nd, float(rec["kernel_case_s"])
+    round_s = screen_round_seconds(rec, per_round, nd, kernel=True)
     legal = _legal_text(kernels)
     return [
         _stage(
@@ -313,7 +358,7 @@ def _kernel_screen_stages(
             f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
             f"({cases} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
             calls=(per_round * rmin, per_round * rmax),
-            seconds=(per_round * rmin * cases * case_s, per_round * rmax * cases * case_s),
+            seconds=(rmin * round_s, rmax * round_s),
             cost=f"{case_s:g} s per candidate and case",
         ),
         # No refinement at the op level (pipeline._refine_steps): the confirm places the boundaries.
@@ -388,6 +433,7 @@ def plan_stages(
     pinned: Sequence[str] = (),
     screen_method: str = "llama-bench",
     head_dim: int | None = None,
+    here: Here | None = None,
 ) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
@@ -397,12 +443,17 @@ def plan_stages(
     ``screen_method``: the screen's tool, ``kernel`` or ``llama-bench`` (:func:`tuner.search.screen_choice.screen_method`).
     ``rebuild_s``: a compile-time candidate's rebuild, from this dry run's own compile check (None: not
     measured here, so tune builds are left out of the time).
+    ``here``: the machine's own recorded costs and caches (:class:`Here`; None: the recorded machine's, nothing cached).
     """
     from tuner.search import tune as tn
     from tuner.search.confirm import extra_depths
 
     costs = load_step_costs()
-    rec = _nearest_recording(costs, d_model)
+    rec = nearest_recording(costs, d_model)
+    here = here or Here()
+    if (local := here.prices.get("call_depth")) is not None:  # this machine's own figure replaces the recording's
+        rec = {**rec, "bench_call_depth_s": local.seconds, "screen_call_depth_s": local.seconds}
+        rec |= {"bench_source": local.source, "screen_source": local.source}
     per_depth = float(rec["bench_call_depth_s"])
     depths = [d for d in inputs.depths if not context_length or d <= context_length]
     if len(depths) < len(inputs.depths):
@@ -414,10 +465,10 @@ def plan_stages(
 
     # the screen's shared calls repeat each test reps_pp + 1 times (-r 9), the confirm's and tune's
     # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
-    screen_depth = float(rec.get("screen_call_depth_s", per_depth))
     use_kernel = screen_method == "kernel" and any(kernels.values()) and "kernel_case_s" in rec
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
-    stages = _screen_stages(kernels, inputs, depths, screen_depth, (rmin, rmax), case_s)
+    stages = [dict(here.model_stage)] if here.model_stage else []
+    stages += _screen_stages(kernels, inputs, depths, rec, (rmin, rmax), use_kernel)
     knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
@@ -443,6 +494,7 @@ def plan_stages(
             n_variants=1 if "variant" in pinned else n_variants,
             rebuild_s=rebuild_s,
             trial_gate_share=len(tn.gate_kernels(knobs)) / len(tn.ALL_KERNELS),
+            here=here,
         )
     )
     timed = [s["seconds"] for s in stages if s["seconds"] is not None]
@@ -461,14 +513,17 @@ def plan_stages(
                     rec["gate_source"],
                     rec["equivalence_source"],
                     rec["residency_source"],
-                    costs["full_build"]["source"],
+                    *(p.source for k, p in here.prices.items() if k != "call_depth"),
+                    *([] if "full_build" in here.prices else [costs["full_build"]["source"]]),
                 }
             ),
         },
         "note": (
-            f"ESTIMATE, not a measurement of the target: per-step costs recorded by tuner on an "
-            f"{costs['machine']['name']} with {rec['like']} (tuner/data/step_costs.toml), times the counts above; "
-            "the target's own speed and core count change every figure"
+            "ESTIMATE, not a measurement: per-step costs recorded on this machine where tuner has them ("
+            + (", ".join(k for k, p in here.prices.items() if p.here) or "none")
+            + f"), else recorded by tuner on an {costs['machine']['name']} with {rec['like']} at pp512/tg128 "
+            "(tuner/data/step_costs.toml), times the counts above; another machine's speed and core count change "
+            "every figure it gives"
             + ("; the rebuild time is this machine's compile check" if rebuild_s is not None and n_compile else "")
         ),
     }
@@ -483,20 +538,29 @@ def _compile_sample(
     *,
     only_selector: bool = False,
     skip: str | None = None,
+    cpu: bool = False,
+    what: str = "",
 ) -> dict[str, Any]:
-    from tuner.builder.cmake import build_variant, default_check_objects
+    from tuner.builder.cmake import build_variant
     from tuner.plan.render import render_variant
+    from tuner.search.plan_here import CPU_CHECK_OBJECTS, check_objects
 
     rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
-    objs = default_check_objects(rv)
-    if only_selector:
+    objs = check_objects(rv, source.root, cpu=cpu)
+    if objs is None:  # a check that cannot apply is not a failure
+        why = f"this tree has none of the CPU backend's TUs {', '.join(CPU_CHECK_OBJECTS)}"
+        log.info(f"Compile check of {variant}: not applicable: {why}")
+        return {"variant": variant, "status": "not applicable", "objects": [], "why": why}
+    if only_selector and not cpu:
         # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
         # check proves something was compiled for the target.
         objs = objs[:1] if rv.era == "mma" else objs[:2]
-    if skip is not None:
+    if skip is not None:  # say skipped: a ✓ would claim a check that did not run
+        log.info(f"Compile check of {variant} ({what}): skipped: {skip}")
         return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
     try:
-        b = build_variant(rv, compile_only=True, objects=objs)
+        with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
+            b = build_variant(rv, compile_only=True, objects=objs)
     except TunerError as err:
         return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
     return {
@@ -507,6 +571,35 @@ def _compile_sample(
         "values": dict(sample),
         "offload": dict(b.meta.get("offload_targets", {})),
     }
+
+
+def _compile_checks(
+    source: Any, target: Target, rows: Sequence[Mapping[str, Any]], vstatus: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The compile check of each renderable variant (:func:`_compile_sample`)."""
+    a = target.arch
+    checks: list[dict[str, Any]] = []
+    samples: dict[str, Any] = {}
+    for r in rows:
+        if r["sample_legal"]:
+            samples.update(r["sample_legal"])
+    skip = _skip_reason(a.vendor)
+    first = True
+    for v, st in vstatus.items():
+        if st != "ok":
+            continue
+        # The first variant compiles the sample candidates' TUs too; the others differ only in
+        # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
+        what = "upstream + one legal candidate per row" if first else "the patched selector TU"
+        if target.is_cpu:
+            what = "the CPU backend's FLASH_ATTN_EXT TU"
+        sample = samples if first else {}
+        cpu = target.is_cpu
+        checks.append(
+            _compile_sample(source, a.name, v, sample, a.vendor, only_selector=not first, skip=skip, cpu=cpu, what=what)
+        )
+        first = False
+    return checks
 
 
 def _skip_reason(vendor: str) -> str | None:
@@ -624,15 +717,25 @@ def run_dry_run(
     compile_check: bool = True,
     inputs: PlanInputs | None = None,
     as_json: bool = False,
+    request: SearchRequest | None = None,
 ) -> DryRunReport:
     """Render, constraint-check and compile-check the ``target`` arch's space; print the plan on stdout (progress on
-    stderr). Times nothing."""
+    stderr). Times nothing. ``request`` (replacing the other arguments): the search it runs, resolved and refused by
+    :func:`tuner.search.request.plan_search` as the real run does, priced with this machine's recorded costs.
+    Raises UsageError where the real run refuses, TunerError where a compile check failed (after the report)."""
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
     from tuner.search.pipeline import PHASES, kernels_for
     from tuner.source import DEFAULT_SPEC, fetch_source
     from tuner.targets.models import load_gguf_shape, load_model_shape
 
+    planned = None
+    if request is not None:
+        from tuner.search.request import plan_search
+
+        planned = plan_search(request)  # the real run's settings, and its refusals
+        target, source_spec, sets = request.target, request.source_spec, request.sets
+        inputs, variants = PlanInputs.of(planned, request.cpu_mask), planned.variants or ()
     inputs = inputs or PlanInputs()
     a = target.arch
     shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
@@ -645,6 +748,10 @@ def run_dry_run(
         "Nothing is benchmarked."
     )
     _check_pins(a.name, source.era, space, sets or {})  # before anything compiles
+    if planned is not None:
+        from tuner.search.request import check_variants
+
+        check_variants(space.variants, planned.variants, a.name, source.era)
     from tuner.search.tune import check_patterns
 
     check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
@@ -660,33 +767,7 @@ def run_dry_run(
             vstatus[v] = f"not renderable: {err}"
     with log.step(f"Constraint-checking the compile-time space ({len(space.compile_knobs)} knobs)"):
         rows, legal, total = count_space(a.name, source.era, space)
-    checks: list[dict[str, Any]] = []
-    if compile_check:
-        samples = {}
-        for r in rows:
-            if r["sample_legal"]:
-                samples.update(r["sample_legal"])
-        skip = _skip_reason(a.vendor)
-        first = True
-        for v, st in vstatus.items():
-            if st != "ok":
-                continue
-            # The first variant compiles the sample candidates' TUs too; the others differ only in
-            # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
-            what = "upstream + one legal candidate per row" if first else "the patched selector TU"
-            if skip is not None:  # say skipped: a ✓ would claim a check that did not run
-                log.info(f"Compile check of {v} ({what}): skipped: {skip}")
-                checks.append(
-                    _compile_sample(
-                        source, a.name, v, samples if first else {}, a.vendor, only_selector=not first, skip=skip
-                    )
-                )
-            else:
-                with log.step(f"Compile-checking {v} ({what})"):
-                    checks.append(
-                        _compile_sample(source, a.name, v, samples if first else {}, a.vendor, only_selector=not first)
-                    )
-            first = False
+    checks = _compile_checks(source, target, rows, vstatus) if compile_check else []
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
     plan = plan_stages(
         space,
@@ -699,9 +780,14 @@ def run_dry_run(
         pinned=tuple(sets or {}),
         screen_method=method,
         head_dim=shape.head_dim,
+        here=None
+        if planned is None
+        else here_for(target, source, inputs, shape, [v for v in vstatus if vstatus[v] == "ok"]),
     )
     keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
     plan = {"model": inputs.like, "model_shape": {k: getattr(shape, k) for k in keys}, "screen_method": method, **plan}
+    if planned is not None:  # what the real run resolves, for a reader and for the test that compares both
+        plan["request"] = json.loads(json.dumps(dataclasses.asdict(planned), default=str))
     rep = DryRunReport(
         arch=a.name,
         era=source.era,
@@ -713,6 +799,12 @@ def run_dry_run(
         plan=plan,
     )
     click.echo(json.dumps(rep.to_dict(), indent=2) if as_json else render(rep))
+    if not rep.ok:  # the real run's build would fail the same way: a plan that cannot run is not exit 0
+        bad = [c["variant"] for c in rep.compile_checks if c["status"] == "failed"]
+        raise TunerError(
+            f"the compile check of {', '.join(bad)} failed (the report above has the error): the real search's build "
+            "would fail the same way. Fix the toolchain or the source, or search another variant (--variant)."
+        )
     return rep
 
 

@@ -1,0 +1,94 @@
+"""What the machine a search will run on changes in ``tuner search --dry-run``'s plan: the per-step costs tuner
+recorded on it (its stored results and run dirs, :func:`tuner.search.cost.local_prices`), whether upstream's
+build and the model are cached, the model step's price (synthesis and llama-quantize), and which translation
+units a compile check of the variant can compile."""
+
+from __future__ import annotations
+
+__all__ = ["CPU_CHECK_OBJECTS", "Here", "check_objects", "here_for", "model_stage"]
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.search.cost import Price, local_prices, synth_price, this_cpu_device
+
+CPU_CHECK_OBJECTS = ("ggml/src/ggml-cpu/ops.cpp",)
+"""A CPU variant's compile check: the TU of the CPU backend's FLASH_ATTN_EXT (the op the search times)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Here:
+    """The plan's machine: the per-step costs recorded on it (``full_build``, ``call_depth``, ``model``), whether
+    upstream's build is cached, whether the test-backend-ops gate runs (not on the CPU backend: it is the
+    reference), and the model step's stage."""
+
+    prices: Mapping[str, Price] = dataclasses.field(default_factory=dict)
+    built: bool = False
+    gate: bool = True
+    model_stage: Mapping[str, Any] | None = None
+
+
+def check_objects(rv: Any, root: Path, *, cpu: bool) -> list[str] | None:
+    """The TUs a compile check of ``rv`` compiles: the CPU backend's for a CPU variant (None: the tree has none of
+    them, so the check does not apply), else :func:`tuner.builder.cmake.default_check_objects`."""
+    from tuner.builder.cmake import default_check_objects
+
+    if not cpu:
+        return default_check_objects(rv)
+    objs = [o for o in CPU_CHECK_OBJECTS if (root / o).is_file()]
+    return objs or None
+
+
+def model_stage(inputs: Any, shape: Any, source: Any, prices: Mapping[str, Price]) -> dict[str, Any]:
+    """The model step before the study opens (:func:`tuner.search.request.resolve_search`): nothing for --model, a
+    cached synthesized file, or its synthesis (and llama-quantize for --quant), priced."""
+    from tuner.paths import tuner_home
+
+    def stage(what: str, seconds: float, cost: str) -> dict[str, Any]:
+        return {"stage": "model", "what": what, "llama_bench_calls": [0, 0], "seconds": [seconds] * 2, "cost": cost}
+
+    if inputs.model is not None:
+        return stage(f"--model {inputs.model}: nothing is made", 0.0, "")
+    # the file names tuner.targets.models.synth_cached gives the search's model (its default seed, s0)
+    models, sid = tuner_home() / "models", source.source_id[:8]
+    if inputs.direct:  # one file, quant's blocks written by the synthesis: priced as an f16 synthesis
+        base = final = models / f"{shape.name}-{inputs.quant.lower()}-direct-s0-{sid}.gguf"
+    else:
+        base = models / f"{shape.name}-f16-s0-{sid}.gguf"
+        final = (
+            base.with_name(base.stem.replace("-f16-", f"-{inputs.quant.lower()}-") + ".gguf") if inputs.quant else base
+        )
+    if final.is_file():
+        return stage(f"{final.name}: cached (synthesized by an earlier run)", 0.0, "")
+    synth, quantize = synth_price(shape, None if inputs.direct else inputs.quant)
+    synth = prices.get("model", synth)
+    kind = f"{inputs.quant.upper()} blocks written directly" if inputs.direct else "f16"
+    parts = [] if base.is_file() else [(f"synthesize the random-weight GGUF ({kind})", synth)]
+    if quantize is not None:
+        parts.append((f"llama-quantize it to {inputs.quant.upper()} (with upstream's build)", quantize))
+    what = f"{shape.name} -> {final.name}: " + "; ".join(w for w, _ in parts)
+    cost = "; ".join(f"{p.seconds:g} s ({'this machine' if p.here else p.source.split(':')[0]})" for _, p in parts)
+    return stage(what, sum(p.seconds for _, p in parts), cost)
+
+
+def here_for(target: Any, source: Any, inputs: Any, shape: Any, variants: Sequence[str]) -> Here:
+    """The plan's machine when the search runs here: its recorded costs, upstream's build (the first of
+    ``variants``, rendered as the search renders it, with this machine's GPU archs) cached or not, the model step."""
+    from tuner.builder.cmake import is_built
+    from tuner.plan.render import render_variant
+
+    # a target that is not this machine's builds elsewhere: nothing of this machine's cache applies
+    here = bool(variants) and (target.is_cpu or target.arch.name in target.local_archs)
+    rv = render_variant(source, target.arch.name, variants[0], local_archs=list(target.local_archs)) if here else None
+    keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
+    prices: dict[str, Price] = {}
+    if target.is_cpu:  # a GPU's recorded device name is llama-bench's, not known before a call
+        prices = local_prices(
+            target.arch.name, this_cpu_device(), shape={k: getattr(shape, k) for k in keys}, pp=inputs.pp, tg=inputs.tg
+        )
+    built = rv is not None and is_built(rv)
+    return Here(
+        prices=prices, built=built, gate=not target.is_cpu, model_stage=model_stage(inputs, shape, source, prices)
+    )
