@@ -22,6 +22,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.search.screen import budget_deadline, check_fits
 from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
 from tuner.source.spec import DEFAULT_SPEC, Source
+from tuner.targets.defaults import DEFAULT_QUANT
 from tuner.targets.target import Target
 
 
@@ -62,7 +63,7 @@ GPU_DEFAULTS = Defaults(
     trials=0,
     max_rounds=6,
     refine=1,
-    quant="Q4_K_M",
+    quant=DEFAULT_QUANT,
 )
 
 
