@@ -10,7 +10,17 @@ here, runs the search and exports its result.
 
 from __future__ import annotations
 
-__all__ = ["CPU_DEFAULTS", "GPU_DEFAULTS", "Defaults", "SearchRequest", "intro", "resolve_search"]
+__all__ = [
+    "CPU_DEFAULTS",
+    "GPU_DEFAULTS",
+    "Defaults",
+    "PlannedSearch",
+    "SearchRequest",
+    "check_variants",
+    "intro",
+    "plan_search",
+    "resolve_search",
+]
 
 import dataclasses
 import time
@@ -41,14 +51,35 @@ class Defaults:
     """Variants searched (None: every variant of the space)."""
     quant: str | None = None
     """The synthesized model's weight type when --quant is not given (None: f16, as synthesized)."""
+    direct: bool = False
+    """Write ``quant``'s blocks straight away when synth can (:data:`tuner.targets.models.DIRECT_QUANTS`): the
+    same tensors, types and sizes as llama-quantize's file, with no build before the model."""
+    reps_pp: int | None = None
+    """llama-bench repetitions a prefill call makes, the discarded first one not counted (None: SearchConfig's)."""
+    reps_tg: int | None = None
 
 
-# The embedded default: what `tuner search` does with no arguments on a machine without a GPU.
-# Small enough to finish in minutes on 2 cores, real enough to exercise every stage.
-# One build variant by default (a second CPU build costs ~6 more minutes on 2 cores); pass
-# --variant cpu --variant cpu-no-native to search both.
+# The embedded default: what `tuner search` does with no arguments on a machine without a GPU, sized
+# to finish cold in about 10 minutes on 2 cores with A/A noise well under the ceiling. The SmolLM2-135M
+# shape in Q4_K_M (what CPU users run) makes every repetition last a few tenths of a second, long
+# enough for a 2-core machine's scheduling jitter to stay a few percent (the 2-layer `tiny` shape's
+# tg32 lasted 0.1 s: A/A noise of 30-100%). Depth 1024 is where FlashAttention on/off shows on a CPU
+# while its fill stays a few seconds; the model is written quantized, so the one build is llama-bench's.
+# One build variant (a second costs ~5 more minutes on 2 cores); --variant cpu --variant cpu-no-native
+# searches both.
 CPU_DEFAULTS = Defaults(
-    like="tiny", depths=(0, 1024, 4096), pp=128, tg=32, trials=3, max_rounds=3, refine=0, variants=("cpu",)
+    like="smollm2-135m",
+    depths=(0, 1024),
+    pp=256,
+    tg=64,
+    trials=3,
+    max_rounds=3,
+    refine=0,
+    variants=("cpu",),
+    quant=DEFAULT_QUANT,
+    direct=True,
+    reps_pp=4,
+    reps_tg=4,
 )
 # On a GPU: the llama-3.2-1b shape quantized to Q4_K_M (the weight type users run; an f16 model
 # measures another decode balance), over the context depths users compare with llama-bench -d, capped
@@ -115,39 +146,35 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     """The frozen configuration of the search ``request`` asks for (``worker``: for ``tuner worker``).
 
     Raises:
-        UsageError: a bad --storage URL (before anything is fetched or built), both --model and --like,
-            a --model that does not exist, or a --set pin the space resolved for this machine refuses.
+        UsageError: what :func:`plan_search` refuses (before anything is fetched or built), a --variant the
+            space does not have (before the model is made), or a --set pin the space resolved for this machine refuses.
     """
-    d = request.defaults
-    if request.storage is not None:  # refused before anything is fetched, built or created
-        check_storage_url(request.storage)
+    planned = plan_search(request)  # every refusal that needs no source or model file, before either is made
     if not worker:
         log.info(intro(request))
     from tuner.source import fetch_source
 
     started = request.started if request.started is not None else time.monotonic()
     source = fetch_source(request.source_spec or DEFAULT_SPEC)
+    from tuner.plan.space import load_space
+
+    check_variants(
+        load_space(request.target.name, source.era).variants, planned.variants, request.target.name, source.era
+    )
     t_model = time.monotonic()
     model, build_seconds = _model(request, source, budget_deadline(started, request.time_budget))
     # --like: synthesized (cached) here; the quantizing build it may need first is the search's build, not the model's
     model_seconds = time.monotonic() - t_model - build_seconds if request.model is None else None
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
-    ctx = _context_length(model)
-    depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
     _check_pins(request.target, source, model, request.sets, request.cpu_mask, request.tune_knobs)
-    if request.tune_depths and ctx and max(request.tune_depths) > ctx:
-        raise UsageError(
-            f"--tune-depths {list(request.tune_depths)} go past the model's context length {ctx} (n_ctx_train in the "
-            f"GGUF). Use depths up to {ctx}."
-        )
     return SearchConfig(
         target=request.target,
         source=source,
         model=model.resolve(),
-        depths=tuple(depths),
-        pp=request.pp or d.pp,
-        tg=request.tg or d.tg,
-        trials=request.trials if request.trials is not None else d.trials,
+        depths=planned.depths,
+        pp=planned.pp,
+        tg=planned.tg,
+        trials=planned.trials,
         time_budget=request.time_budget,
         started=started,
         storage=request.storage,
@@ -156,23 +183,128 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         jobs=request.jobs,
         seed=request.seed,
         gate=request.gate,
-        variants=request.variants or d.variants,
+        variants=planned.variants,
         fixed=dict(request.sets),
         worker=worker,
-        min_rounds=request.min_rounds,
-        max_rounds=max(request.min_rounds, request.max_rounds or d.max_rounds),
+        min_rounds=planned.min_rounds,
+        max_rounds=planned.max_rounds,
         ci_target=request.ci_target,
-        refine=request.refine if request.refine is not None else d.refine,
+        refine=planned.refine,
         cpu_mask=request.cpu_mask,
         model_seconds=model_seconds,
         prebuild_seconds=build_seconds or None,
-        reps_pp=_given_or_default(request.reps_pp, "reps_pp"),
-        reps_tg=_given_or_default(request.reps_tg, "reps_tg"),
+        reps_pp=planned.reps_pp,
+        reps_tg=planned.reps_tg,
+        confirm_extra=planned.confirm_extra,
+        screen_method=planned.screen_method,
+        tune_knobs=planned.tune_knobs,
+        tune_depths=planned.tune_depths,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlannedSearch:
+    """What a request resolves to before anything is fetched, built or synthesized: the settings
+    :func:`resolve_search` gives the search and ``tuner search --dry-run`` plans (one code path for both)."""
+
+    like: str | None
+    """The synthesized model's shape (None with --model)."""
+    model: Path | None
+    quant: str | None
+    """The llama-quantize type the synthesized model is made in (None: f16, as synthesized)."""
+    direct: bool
+    """``quant``'s blocks written directly by the synthesis, with no llama-quantize (:func:`_direct`)."""
+    context_length: int | None
+    depths: tuple[int, ...]
+    pp: int
+    tg: int
+    trials: int
+    min_rounds: int
+    max_rounds: int
+    refine: int
+    variants: tuple[str, ...] | None
+    confirm_extra: int
+    reps_pp: int
+    reps_tg: int
+    screen_method: str | None
+    """``--screen`` as asked (None: ``auto``, the search's rule picks)."""
+    tune_knobs: tuple[str, ...]
+    tune_depths: tuple[int, ...] | None
+
+
+def plan_search(request: SearchRequest) -> PlannedSearch:
+    """The settings of the search ``request`` asks for, with every refusal that needs neither the source nor a
+    model file made: a bad --storage URL, both --model and --like, a --model that does not exist, an unknown
+    --like shape or --quant type, --depths or --tune-depths past the model's context length.
+
+    Raises:
+        UsageError: one of those.
+    """
+    d = request.defaults
+    if request.storage is not None:  # refused before anything is fetched, built or created
+        check_storage_url(request.storage)
+    if request.model is not None and request.like:
+        raise UsageError("give either --model GGUF or --like NAME, not both.")
+    if request.model is not None and not request.model.is_file():
+        raise UsageError(
+            f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
+        )
+    like = None if request.model is not None else request.like or d.like
+    quant = None if like is None else _quant(request.quant if request.quant is not None else d.quant)
+    if like is not None:
+        from tuner.targets.models import load_model_shape
+
+        ctx: int | None = int(load_model_shape(like).context_length)  # the synthesized GGUF's n_ctx_train
+    else:
+        ctx = _context_length(Path(str(request.model)))
+    depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
+    too_deep = [x for x in depths if ctx and x > ctx]
+    if too_deep:
+        raise UsageError(
+            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
+            f"Use depths up to {ctx}, e.g. --depths {','.join(str(x) for x in depths if x <= (ctx or 0))}."
+        )
+    if request.tune_depths and ctx and max(request.tune_depths) > ctx:
+        raise UsageError(
+            f"--tune-depths {list(request.tune_depths)} go past the model's context length {ctx} (n_ctx_train in the "
+            f"GGUF). Use depths up to {ctx}."
+        )
+    return PlannedSearch(
+        like=like,
+        model=request.model,
+        quant=quant,
+        direct=_direct(request, quant),
+        context_length=ctx,
+        depths=tuple(depths),
+        pp=request.pp or d.pp,
+        tg=request.tg or d.tg,
+        trials=request.trials if request.trials is not None else d.trials,
+        min_rounds=request.min_rounds,
+        max_rounds=max(request.min_rounds, request.max_rounds or d.max_rounds),
+        refine=request.refine if request.refine is not None else d.refine,
+        variants=request.variants or d.variants,
         confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
+        reps_pp=_given_or_default(request.reps_pp if request.reps_pp is not None else d.reps_pp, "reps_pp"),
+        reps_tg=_given_or_default(request.reps_tg if request.reps_tg is not None else d.reps_tg, "reps_tg"),
         screen_method=None if request.screen == "auto" else request.screen,
         tune_knobs=request.tune_knobs,
         tune_depths=request.tune_depths,
     )
+
+
+def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None, arch: str, era: str) -> list[str]:
+    """The variants a search builds: ``variants`` (None: every one) of the space's, in the space's order.
+
+    Raises:
+        UsageError: none of ``variants`` is in the space.
+    """
+    kept = [v for v in space_variants if variants is None or v in variants]
+    if not kept:
+        raise UsageError(
+            f"none of the requested variants {list(variants or [])} is in the {arch} space "
+            f"for era {era}; it has {list(space_variants)}."
+        )
+    return kept
 
 
 def _given_or_default(value: int | None, name: str) -> int:
@@ -208,10 +340,11 @@ def _model(request: SearchRequest, source: Source, deadline: float | None = None
 
         like = request.like or request.defaults.like
         quant = _quant(request.quant if request.quant is not None else request.defaults.quant)
+        direct = _direct(request, quant)
         t0 = time.monotonic()
-        qbin = _baseline_build(request.target, source, deadline) if quant else None
-        built = time.monotonic() - t0 if quant else 0.0
-        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin)), built
+        qbin = _baseline_build(request.target, source, deadline) if quant and not direct else None
+        built = time.monotonic() - t0 if qbin else 0.0
+        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin, direct=direct)), built
     if not request.model.is_file():
         raise UsageError(
             f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
@@ -219,9 +352,30 @@ def _model(request: SearchRequest, source: Source, deadline: float | None = None
     return request.model, 0.0
 
 
+def _direct(request: SearchRequest, quant: str | None) -> bool:
+    """Whether the model step writes ``quant``'s blocks directly (no llama-quantize, no build before the model)."""
+    from tuner.targets.models import DIRECT_QUANTS
+
+    return bool(quant) and request.defaults.direct and str(quant).upper() in DIRECT_QUANTS
+
+
 def _quant(value: str | None) -> str | None:
-    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``)."""
-    return None if value is None or value.lower() in ("f16", "none") else value
+    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``).
+
+    Raises:
+        UsageError: a type llama-quantize does not make (refused here, not after the build it needs).
+    """
+    if value is None or value.lower() in ("f16", "none"):
+        return None
+    from tuner.errors import close_matches
+    from tuner.targets.models import QUANT_TYPES
+
+    if value.upper() not in QUANT_TYPES:
+        raise UsageError(
+            f"--quant {value} is not a type llama-quantize makes.{close_matches(value.upper(), QUANT_TYPES)} Use f16 "
+            f"(the synthesized model as it is) or one of {', '.join(QUANT_TYPES)}."
+        )
+    return value
 
 
 def _context_length(model: Path) -> int | None:

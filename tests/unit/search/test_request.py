@@ -18,22 +18,24 @@ def _target(arch: str) -> Target:
 
 
 @pytest.mark.parametrize(
-    ("arch", "quant", "made"),
+    ("arch", "quant", "made", "direct"),
     [
-        ("sm_90", None, "Q4_K_M"),  # a GPU's default: the weight type users run
-        ("sm_90", "Q8_0", "Q8_0"),
-        ("sm_90", "f16", None),  # the synthesized f16 model, no llama-quantize
-        ("cpu", None, None),  # the embedded CPU default stays f16 (no quantize build)
-        ("cpu", "Q4_K_M", "Q4_K_M"),
+        ("sm_90", None, "Q4_K_M", False),  # a GPU's default: the weight type users run, made by llama-quantize
+        ("sm_90", "Q8_0", "Q8_0", False),
+        ("sm_90", "f16", None, False),  # the synthesized f16 model, no llama-quantize
+        ("cpu", None, "Q4_K_M", True),  # the embedded CPU default: Q4_K_M blocks written directly, no build first
+        ("cpu", "IQ4_XS", "IQ4_XS", True),
+        ("cpu", "Q8_0", "Q8_0", False),  # a type synth cannot write needs llama-quantize's build
+        ("cpu", "f16", None, False),
     ],
 )
 def test_the_synthesized_models_weight_type(
-    arch: str, quant: str | None, made: str | None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    arch: str, quant: str | None, made: str | None, direct: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     asked: dict[str, Any] = {}
 
-    def synth(like: str, *, source: Any, quant: str | None, quantize_bin: Path | None) -> Path:
-        asked.update(like=like, quant=quant, quantize_bin=quantize_bin)
+    def synth(like: str, *, source: Any, quant: str | None, quantize_bin: Path | None, direct: bool) -> Path:
+        asked.update(like=like, quant=quant, quantize_bin=quantize_bin, direct=direct)
         return tmp_path / "m.gguf"
 
     monkeypatch.setattr("tuner.targets.models.synth_cached", synth)
@@ -45,10 +47,11 @@ def test_the_synthesized_models_weight_type(
     monkeypatch.setattr(rq, "_baseline_build", build)
     req = rq.SearchRequest(target=_target(arch), quant=quant)
     _, built = rq._model(req, source=object())  # type: ignore[arg-type]
-    assert (built >= 0.05) == (made is not None) and (built == 0.0) == (made is None)
+    quantized = made is not None and not direct
+    assert (built >= 0.05) == quantized and (built == 0.0) == (not quantized)
     assert asked["like"] == req.defaults.like
-    assert asked["quant"] == made
-    assert (asked["quantize_bin"] is not None) == (made is not None)
+    assert asked["quant"] == made and asked["direct"] == direct
+    assert (asked["quantize_bin"] is not None) == quantized
 
 
 def test_a_gpu_search_runs_no_compile_time_trials_unless_asked() -> None:
