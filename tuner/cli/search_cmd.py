@@ -16,6 +16,7 @@ from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, out
 from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
 from tuner.source.spec import DEFAULT_SPEC
+from tuner.targets.defaults import DEFAULT_QUANT
 
 if TYPE_CHECKING:
     from tuner.search.request import SearchRequest
@@ -35,8 +36,9 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--quant",
             default=None,
-            help="Weight type of the synthesized model, made by the built llama-quantize (default on a GPU: Q4_K_M; "
-            "on the CPU, and with f16: the synthesized f16 model).",
+            help=f"Weight type of the synthesized model (default {DEFAULT_QUANT}, on a GPU and on the CPU, as `tuner "
+            "estimate` assumes): written directly where tuner can, else made by the built llama-quantize; f16: the "
+            "synthesized f16 model as it is.",
         ),
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
