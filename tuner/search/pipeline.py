@@ -31,7 +31,7 @@ from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
-from tuner.search.cost import full_build_seconds, past_cost_line
+from tuner.search.cost import full_build_seconds, past_cost_line, priced_screen_call
 from tuner.search.device_guard import OtherDevice, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
@@ -273,8 +273,9 @@ def _run_stages(
 
     # -- screen + compose, per phase ---------------------------------------------------------------
     decisions: dict[str, list[comp.Decision]] = {}
+    priced = priced_screen_call(shape_d.get("d_model"), cfg.depths, kernel=method == METHOD_KERNEL)
     with _timed(st, "screen"):
-        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, deadline, decisions)
+        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, deadline, decisions, priced)
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
     st.set_compose(
         {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
@@ -356,16 +357,15 @@ def _screen_all(
     rounds: tuple[int, int],
     deadline: float | None,
     decisions: dict[str, list[comp.Decision]],
+    priced: dict[str, Any],
 ) -> None:
     """Screen each phase (resumable: finished phases are marked done), refine boundaries (llama-bench
     screen only, :func:`_refine_steps`), compose.
 
     Phases not yet done are first screened together in shared llama-bench calls where the measure
-    can (the ladder depths); each phase then refines its own boundaries alone."""
-
-    def persist_shared(r: Mapping[str, Any]) -> None:
-        st.append_screen_round(r)
-
+    can (the ladder depths); each phase then refines its own boundaries alone. A round that would end past
+    ``deadline`` is not started: judged by the study's measured rounds, or without one by ``priced``
+    (:func:`tuner.search.cost.priced_screen_call`)."""
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
     refine = _refine_steps(cfg, st.screen_method or METHOD_BENCH)  # _screen_method recorded the tool
     todo = [p for p in PHASES if not st.screen_done(p)]
@@ -385,7 +385,8 @@ def _screen_all(
                 max_rounds=rounds[1],
                 target_ci=cfg.ci_target,
                 deadline=deadline,
-                on_round=persist_shared,
+                on_round=st.append_screen_round,
+                prior=st.screen_rounds or [priced],
                 settle=comp.open_depths,
             )
         _check_budget(deadline, "screen")
@@ -394,10 +395,6 @@ def _screen_all(
         recs = st.screen_rounds
         depths = sorted(set(cfg.depths) | {int(d) for d in st.refined(phase)})
         if not st.screen_done(phase):
-
-            def persist(r: Mapping[str, Any]) -> None:
-                st.append_screen_round(r)
-
             with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
                 screen = functools.partial(
                     run_phase_rounds,
@@ -408,7 +405,8 @@ def _screen_all(
                     max_rounds=rounds[1],
                     target_ci=cfg.ci_target,
                     deadline=deadline,
-                    on_round=persist,
+                    on_round=st.append_screen_round,
+                    prior=recs or [priced],  # the list the rounds go into: measured ones judge a refinement's first
                     settle=comp.open_depths,
                 )
                 screen(list(cfg.depths), recs)
@@ -426,9 +424,7 @@ def _screen_all(
                     depths = sorted(set(depths) | set(new))
                     _check_budget(deadline, f"screen {phase} (refining)")
             st.set_screen_done(phase, True)
-        cells = comp.judge_phase(
-            phase, summarize_phase(phase, recs, depths)
-        )  # the report shows the verdicts compose acts on
+        cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
         st.set_screen(phase, {str(d): c.as_dict() for d, c in cells.items()})
 

@@ -278,12 +278,15 @@ def run_joint_rounds(
                 break
             ds = sorted({d for p in active for d in todo[p]})
             n_calls = max(len(cands[p]) for p in active)
-            if _out_of_time(deadline, [r for p in active for r in mine[p]], prior, n_calls, ds):
+            est = _round_estimate([r for p in active for r in mine[p]], prior, n_calls, ds)
+            if deadline is not None and time.monotonic() + est > deadline:
+                n, left = min(len(mine[p]) for p in active), max(0.0, deadline - time.monotonic())
+                what = f"{tag} {'+'.join(active)} round {n + 1} (about {est:.0f} s, {left:.0f} s left)"
                 log.warning(
-                    f"{tag} {'+'.join(active)}: no time for another round within the budget after "
-                    f"{min(len(mine[p]) for p in active)} round(s); rerun the same command to add rounds"
+                    f"no time for {what} within the budget; rerun the same command to add rounds"
+                    + ("" if n else ", with a --time-budget long enough for one")
                 )
-                raise BudgetReached(f"{tag} {'+'.join(active)}")
+                raise BudgetReached(what)
             recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
             # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
             # records): the model or the build does not run at all. A phase failing beside one that
@@ -345,19 +348,17 @@ def check_fits(deadline: float | None, seconds: float, what: str) -> None:
         raise BudgetReached(f"{what} (about {seconds:.0f} s, {max(0.0, deadline - time.monotonic()):.0f} s left)")
 
 
-def _out_of_time(
-    deadline: float | None,
+def _round_estimate(
     done: Sequence[Mapping[str, Any]],
     prior: Sequence[Mapping[str, Any]] = (),
     n_calls: int = 1,
     depths: Sequence[int] = (0,),
-) -> bool:
-    """True when the next round would end past ``deadline``, judged by the longest round so far
-    (a killed call loses its round in flight; stopping before it keeps the budget's promise).
-    Before this loop's first round, the slowest call of ``prior`` rounds is scaled to this round's
-    calls and depths (a confirm stage started with too little time left would be killed mid-round)."""
-    if deadline is None:
-        return False
+) -> float:
+    """The next round's seconds, judged by the longest round so far (a killed call loses its round in flight;
+    stopping before it keeps the budget's promise). Before this loop's first round, the slowest call of
+    ``prior`` rounds is scaled to this round's calls and depths (a confirm stage started with too little time
+    left would be killed mid-round; a fresh study's screen passes its price, :func:`tuner.search.cost.priced_screen_call`);
+    0 without either."""
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
     if not done:
         # The latest rounds only: an older one may have run another way (an H100 confirm, results/sm_90/llama-3.1-8b-q4_k_m/evidence, was
@@ -365,7 +366,7 @@ def _out_of_time(
         recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
         rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
         est = max(rates, default=0.0) * n_calls * _call_weight(depths)
-    return time.monotonic() + est > deadline
+    return est
 
 
 def _call_weight(depths: Sequence[int]) -> float:

@@ -110,3 +110,69 @@ def test_a_build_that_would_end_past_the_budget_is_not_started(
     monkeypatch.setattr("tuner.builder.cmake.is_built", lambda rv, targets=(): False)
     with pytest.raises(BudgetReached):
         builds.get("mma", {})
+
+
+def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_budget(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A new study has no round to judge its first by: it was estimated at 0 s, so a budget shorter than one
+    # round still started it (and a machine's time limit would cut it off). It is priced as the dry run prices
+    # a screen round, from the recorded per-step costs.
+    from click.testing import CliRunner
+
+    from tests.conftest import use_render_tree
+    from tests.unit.search.test_knob_cli import DATA
+    from tuner.cli import cli
+    from tuner.search.cost import load_step_costs, nearest_recording, screen_round_seconds
+    from tuner.targets.models import load_models, synth_model
+
+    use_render_tree(monkeypatch)
+    shape = load_models(DATA / "micro_models.toml")["micro"]
+    model = synth_model(shape, tmp_path / "micro.gguf", vocab_path=DATA / "vocab-micro.gguf").path
+    calls: list[str] = []
+
+    def bench(cand: Any, phase: str, depths: Any, label: str) -> Any:
+        calls.append(label)
+        return {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths}
+
+    def joint(cand: Any, phases: Any, depths: Any, label: str) -> Any:
+        calls.append(label)
+        return {p: bench(cand, p, depths, label) for p in phases}
+
+    bench.joint = joint  # shared calls, as the live llama-bench measure
+    fake_build = types.SimpleNamespace(build_id="b", bin_dir=tmp_path, meta={})
+    monkeypatch.setattr(pl._Builds, "get", lambda self, variant, values: fake_build)
+    monkeypatch.setattr(pl, "_live", lambda cfg, build: bench)
+    depths = [0, 64, 128, 192]
+    # the CPU screen: upstream and its A/A twin per phase, both phases in each call
+    price = screen_round_seconds(nearest_recording(load_step_costs(), shape.d_model), 2, len(depths))
+    args = ["search", "--arch", "cpu", "--model", str(model), "--depths", ",".join(map(str, depths))]
+    args += ["--run-dir", str(tmp_path / "run"), "--trials", "0", "--time-budget", f"{price / 2:.1f}"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 3, (res.output, res.exception)
+    assert calls == []  # no round started that the budget could not hold
+    assert f"screen tg+pp round 1 (about {price:.0f} s" in res.output, res.output
+
+
+def test_once_a_round_ran_the_measured_round_judges_the_next_not_the_price(clock: Clock) -> None:
+    from tuner.search.cost import priced_screen_call
+
+    depths = [0, 4096]
+    priced = priced_screen_call(2048, depths)
+    price = priced["seconds"] * 2  # a round: upstream and its A/A twin
+    rounds: list[dict[str, Any]] = []
+
+    def joint(cand: Any, phases: Any, depths: Any, label: str) -> Any:
+        clock.now += price / 20  # this machine: a tenth of the recorded price a round
+        return {p: {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths} for p in phases}
+
+    cands = {"tg": candidates_for("tg", [])}
+    with pytest.raises(BudgetReached, match=r"screen tg round 1 \(about"):  # less than the price left: none starts
+        run_joint_rounds(joint, cands, depths, rounds, pp_tokens=0, deadline=clock.now + price / 2, prior=[priced])
+    assert rounds == []
+    start = clock.now
+    deadline = start + 1.5 * price
+    run_joint_rounds(
+        joint, cands, depths, rounds, pp_tokens=0, min_rounds=4, max_rounds=4, deadline=deadline, prior=[priced]
+    )
+    assert len(rounds) == 4 and clock.now <= start + 1.5 * price  # the price alone would have held back round 2
