@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["data_dir", "package_data", "refuse_links_inside", "subfolder", "tuner_home", "write_into"]
+__all__ = [
+    "data_dir",
+    "package_data",
+    "refuse_linked_folder",
+    "refuse_links_inside",
+    "subfolder",
+    "tuner_home",
+    "write_into",
+]
 
 import contextlib
 import os
@@ -105,14 +113,15 @@ def subfolder(folder: Path, name: str) -> Path:
     return path
 
 
-def refuse_links_inside(folder: Path) -> None:
+def refuse_links_inside(folder: Path, option: str = "-o") -> None:
     """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their
     logs, stores and reports into an existing ``-o`` open files by name; a link left there (by another user,
     or copied in with someone's run) would send those writes wherever it points. ``folder`` itself may be a
     link: the user named it.
 
     Raises:
-        UsageError: a link below ``folder`` (the first one found, and where it points).
+        UsageError: a link below ``folder`` (the first one found, and where it points); the paragraph names
+            ``option``, the flag that chose the folder.
     """
     if not folder.is_dir():
         return
@@ -123,8 +132,26 @@ def refuse_links_inside(folder: Path) -> None:
                 raise UsageError(
                     f"{path} is a symbolic link (to {os.readlink(path)!r}) inside the output folder {folder}. "
                     "tuner writes its logs, stores and reports there by name and does not write through links "
-                    "it finds: remove the link, or choose another -o."
+                    f"it finds: remove the link, or choose another {option}."
                 )
+
+
+def refuse_linked_folder(folder: Path, option: str) -> Path:
+    """``folder``, a folder tuner keeps its own files in and writes in place (a search's run dir: the study
+    database, its locks, logs and export), refused where it is a symbolic link or holds one below it: either
+    would send those writes wherever the link points. Returns ``folder`` (it need not exist yet).
+
+    Raises:
+        UsageError: ``folder`` is a link, or holds one (:func:`refuse_links_inside`); ``option`` names the flag.
+    """
+    if folder.is_symlink():
+        raise UsageError(
+            f"{option} {folder} is a symbolic link (to {os.readlink(folder)!r}). tuner writes the files of this "
+            f"folder (a study database, locks, logs) by name and does not write through links: pass the folder "
+            f"it points to, or choose another {option}."
+        )
+    refuse_links_inside(folder, option)
+    return folder
 
 
 def _umask() -> int:

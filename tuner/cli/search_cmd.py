@@ -296,7 +296,7 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         started=kw.get("started"),
         storage=kw["storage"],
         study=kw["study"],
-        run_dir=kw["run_dir"],
+        run_dir=_run_dir(kw["run_dir"]),
         jobs=kw["jobs"],
         variants=tuple(kw["variants"]),
         sets=_sets(kw["sets"]),
@@ -314,6 +314,14 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         tune_knobs=_globs(kw["tune_knobs"]),
         tune_depths=kw["tune_depths"],
     )
+
+
+def _run_dir(path: Path | None) -> Path | None:
+    """``--run-dir``, refused before anything is fetched or built where it is a symbolic link or holds one: the
+    study database, its locks and logs are written into it by name (:func:`tuner.paths.refuse_linked_folder`)."""
+    from tuner.paths import refuse_linked_folder
+
+    return None if path is None else refuse_linked_folder(path, "--run-dir")
 
 
 def _globs(value: str | None) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 from tuner import log
 from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
+from tuner.paths import refuse_linked_folder
 from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
 from tuner.redact import redact
 from tuner.sanity import require_finite
@@ -168,7 +169,7 @@ def run_pipeline(
     shape_d = _model_shape(cfg.model)
     _check_depths(cfg.depths, shape_d)
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)  # the default one too
     from tuner.search.lock import run_dir_lock, study_lock
 
     # The study's lock too: a second search on it from another run dir (or host) would measure its rounds
@@ -436,7 +437,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
     from tuner.plan.space import load_space
 
     deadline = _deadline(cfg)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)
     study, storage = _open_study(cfg)
     st = StudyState(study)
     composed = st.compose

@@ -306,6 +306,56 @@ def test_a_second_search_on_a_locked_run_dir_refuses(tmp_path: Path) -> None:
         holder.stdout.close()
 
 
+def test_a_linked_run_dir_or_one_holding_a_link_is_refused_before_anything_is_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `tuner search --run-dir` wrote its study database, locks and logs through links: a run dir that is a link,
+    # or a study.db link planted in one, sent them wherever the link pointed.
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    elsewhere, victim = tmp_path / "elsewhere", tmp_path / "victim.db"
+    elsewhere.mkdir()
+    linked = tmp_path / "run-link"
+    linked.symlink_to(elsewhere)
+    planted = tmp_path / "run"
+    planted.mkdir()
+    (planted / "study.db").symlink_to(victim)
+    fetched: list[object] = []
+    monkeypatch.setattr("tuner.source.fetch_source", lambda spec=None: fetched.append(spec))
+    for run_dir, says in (
+        (linked, f"--run-dir {linked} is a symbolic link (to {str(elsewhere)!r})"),
+        (planted, f"{planted / 'study.db'} is a symbolic link (to {str(victim)!r})"),
+    ):
+        res = CliRunner().invoke(cli, ["search", "--arch", "cpu", "--run-dir", str(run_dir)], standalone_mode=False)
+        err = res.exception
+        assert isinstance(err, UsageError) and err.exit_code == 2, res.output
+        assert says in str(err) and "--run-dir" in str(err) and "\n" not in str(err), str(err)
+    assert fetched == [] and list(elsewhere.iterdir()) == [] and not victim.exists()
+
+
+def test_the_default_run_dir_is_refused_as_a_link_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.plan.space
+    from tests.unit.search.test_study_lock import _cfg
+    from tuner.search import pipeline
+
+    # the checks before the run dir appears, faked (tests/unit/search/test_study_lock.py does the same)
+    monkeypatch.setattr(tuner.plan.space, "load_space", lambda arch, era: None)
+    monkeypatch.setattr(pipeline, "_resolved_space", lambda cfg, space: (types.SimpleNamespace(variants=["cpu"]), {}))
+    monkeypatch.setattr(pipeline, "coerce_pins", lambda space, fixed: {})
+    monkeypatch.setattr(pipeline, "_model_shape", lambda model: {})
+    monkeypatch.setattr(pipeline, "_check_depths", lambda depths, shape: None)
+    monkeypatch.setattr(pipeline, "_run_locked", lambda *a: pytest.fail("measured in a linked run dir"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "tuner-runs").mkdir()
+    (tmp_path / "tuner-runs" / "s").symlink_to(elsewhere)  # ./tuner-runs/<study>, planted
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        pipeline.run_pipeline(_cfg(tmp_path / "tuner-runs" / "s", f"sqlite:///{tmp_path / 's.db'}", "s"))
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_stale_lock_is_taken_over_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tuner.search.lock import LOCK_NAME, read_owner, run_dir_lock
 
