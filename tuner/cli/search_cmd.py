@@ -36,9 +36,8 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--quant",
             default=None,
-            help=f"Weight type of the synthesized model (default {DEFAULT_QUANT}, on a GPU and on the CPU, as `tuner "
-            "estimate` assumes): written directly where tuner can, else made by the built llama-quantize; f16: the "
-            "synthesized f16 model as it is.",
+            help=f"Weight type of the synthesized model (default {DEFAULT_QUANT}, as `tuner estimate` assumes; the CPU's "
+            "default is written directly, others by the built llama-quantize); f16: the synthesized model as it is.",
         ),
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
         click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),

@@ -62,6 +62,8 @@ def summary_line(outcome: SearchOutcome) -> str:
     # rows judged by the decision rule (measure/decide) say so; stored results judged by the earlier
     # whole-CI-beyond-the-A/A-noise rule keep their wording
     by = "by the decision rule" if any(r.get("rule") == "sequential" for r in rows) else "beyond the A/A noise"
+    if not faster and not rows and outcome.knobs_dropped:
+        return _dropped_line(outcome)
     if not faster:
         return (
             f"Result: nothing beat upstream {by}; the export is upstream's selection "
@@ -593,3 +595,20 @@ def _write_pareto(png: Path, outcome: SearchOutcome, *, title: str) -> None:
         from tuner.result.plots import plot_pareto
 
         plot_pareto(pts, png, title=title)
+
+
+def _dropped_line(outcome: SearchOutcome) -> str:
+    """The closing line where the tune's best trial went to confirm and was dropped: its one-round score, what
+    the confirm measured and why it was dropped (a trial that scored well in one round is not "nothing")."""
+    kd = outcome.knobs_dropped or {}
+    trial = next((t for t in outcome.trials if t.number == kd.get("trial")), None)
+    score = ""
+    if trial is not None and trial.objectives:
+        ratios = [f"{ph} x{v:.2f}" for ph, v in zip(("pp", "tg"), trial.objectives) if math.isfinite(v)]
+        score = f" scored {' / '.join(ratios)} in its one paired round;" if ratios else ""
+    rounds = max((int(r.get("rounds") or 0) for r in kd.get("rows") or ()), default=0)
+    return (
+        f"Result: tune trial {kd.get('trial')} ({dict(kd.get('params') or {})}){score} the confirm measured it "
+        f"against upstream in {rounds} paired round(s) and dropped it: {kd.get('why')}. The export is upstream's "
+        "selection; report.md shows those rounds and what to do."
+    )

@@ -4,7 +4,16 @@ output-equivalence gate, graph splits and residency, the kernel screen and the t
 
 from __future__ import annotations
 
-__all__ = ["gate_section", "need", "noisy_line", "noisy_phases", "report_text", "residency_section"]
+__all__ = [
+    "fresh_study_advice",
+    "gate_section",
+    "knobs_dropped_section",
+    "need",
+    "noisy_line",
+    "noisy_phases",
+    "report_text",
+    "residency_section",
+]
 
 import math
 import re
@@ -62,9 +71,54 @@ def noisy_line(outcome: SearchOutcome) -> str:
         "there is called faster and the export keeps upstream's selection.** To measure: stop other work on the "
         "machine (other benchmarks, builds, test suites), pin llama-bench to idle cores (`--cpu-mask`)"
         + ("" if outcome.header.arch == "cpu" else ", keep the GPU's clocks steady")
-        + ", then rerun the same `tuner search` command (it resumes); `--max-rounds` buys rounds "
-        "where a decision is open."
+        + f", then {fresh_study_advice(outcome.header.name)}"
     )
+
+
+def fresh_study_advice(study: str) -> str:
+    """How to measure again: a new study. The same command resumes this one, whose rounds are stored and whose
+    stages are done, so it measures nothing new (the build and the model are cached either way)."""
+    return (
+        f"run the same `tuner search` command with `--study {study + '-2' if study else 'NEW-NAME'}` added: a new study measures every stage "
+        "again. Rerunning it unchanged resumes this study, whose rounds are already measured, and measures nothing new."
+    )
+
+
+def knobs_dropped_section(outcome: SearchOutcome) -> str:
+    """What the confirm measured of a tune trial it then dropped ("" when none was dropped): the rounds ran,
+    so the report shows them rather than saying nothing was measured."""
+    kd = outcome.knobs_dropped
+    if not kd:
+        return ""
+    rows = list(kd.get("rows") or ())
+    rounds = max((int(r.get("rounds") or 0) for r in rows), default=0)
+    phases = " and ".join(Phase.from_bench(p).value for p in kd.get("phases") or ())
+    head = (
+        f"**The confirm measured tune trial {kd.get('trial')}'s knobs {dict(kd.get('params') or {})} against upstream "
+        f"({phases or 'no phase'}, {rounds} paired round(s) with the A/A pair) and dropped them: {kd.get('why')}.** "
+        "The export is upstream's config for those knobs; what the confirm measured:\n\n"
+    )
+    table = log.table(
+        ["Test", "t/s upstream", "t/s trial", "Speedup", "95% CI", "A/A noise", "rounds", "verdict"],
+        [
+            [
+                f"{r['phase']}@d{r['depth']}",
+                _num(r.get("base_ts")),
+                _num(r.get("tuned_ts")),
+                _num(r.get("speedup"), 3),
+                _ci(r.get("ci_low", math.nan), r.get("ci_high", math.nan)),
+                f"±{r['aa_noise_pct']:.1f}%" if isinstance(r.get("aa_noise_pct"), float) else "over ±100%",
+                str(r.get("rounds", "")),
+                r.get("verdict", ""),
+            ]
+            for r in rows
+        ],
+    )
+    return head + table + "\n"
+
+
+def _num(x: Any, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
 def device_name(h: StudyHeader, unknown: str) -> str:
@@ -334,10 +388,12 @@ def report_text(
         )
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
-    if outcome.upstream_phases:
-        out.append(
-            f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(outcome.upstream_phases)}.\n"
-        )
+    measured = set((outcome.knobs_dropped or {}).get("phases") or ())
+    left = [p for p in outcome.upstream_phases if p not in measured]
+    if left:
+        out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(left)}.\n")
+    if outcome.knobs_dropped:
+        out.append("\n" + knobs_dropped_section(outcome))
     out.append(
         "\n## Confirmed points (final config vs upstream, paired interleaved rounds)\n\n"
         + method_paragraph(
@@ -350,7 +406,7 @@ def report_text(
         )
         + "\n\n"
     )
-    out.append(_confirmed_table(rows, model, pp, tg))
+    out.append(_confirmed_table(rows, model, pp, tg, dropped=bool(outcome.knobs_dropped)))
     if gate is not None:
         out.append("\n\n" + gate_section(gate))
     if residency:
@@ -386,7 +442,7 @@ def report_text(
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
 
 
-def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int) -> str:
+def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int, dropped: bool = False) -> str:
     """report.md's confirmed points: the speedup table and the per-point table with CPU% and GPU%."""
     from tuner.result.report import compare_table
 
@@ -450,7 +506,8 @@ def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg:
         "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
         f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
         if tab
-        else "(nothing differed from upstream, so nothing was re-measured)"
+        else "(the final config is upstream's, so no point of it was confirmed"
+        + ("; the dropped trial's rounds are above)" if dropped else ")")
     )
 
 

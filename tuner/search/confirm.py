@@ -225,6 +225,7 @@ def run_confirm(
     Rounds are stored as they finish (keyed by what is confirmed), so a resumed search goes on from
     them. Tuned process knobs that make a point slower are dropped and the rules confirmed alone."""
     attempt = 0
+    knobs_dropped: dict[str, Any] | None = None
     while True:
         rows, j, phases = _confirm_attempt(
             cfg, st, space, fixed, rules, tuned, base, factory, builds, depths, deadline, all_phases
@@ -232,6 +233,14 @@ def run_confirm(
         if j["process_ok"] or attempt > 0:
             break
         log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
+        # What was measured of them stays in the result: the report shows the rounds that ran, not "nothing".
+        knobs_dropped = {
+            "trial": (tuned or {}).get("trial"),
+            "params": dict((tuned or {}).get("params") or (tuned or {}).get("values") or {}),
+            "why": j["process_why"],
+            "phases": list(phases),
+            "rows": _finite_rows(rows),
+        }
         tuned = None
         attempt += 1
     # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
@@ -249,7 +258,14 @@ def run_confirm(
         "attempt": attempt,
         "upstream_phases": unmeasured,
         "confirm_depths": list(depths),
+        **({"knobs_dropped": knobs_dropped} if knobs_dropped else {}),
     }
+
+
+def _finite_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without their non-finite numbers (a too-noisy point's CI can be infinite): stored as they are
+    measured, and a result is stored only finite."""
+    return [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in rows]
 
 
 def _confirm_attempt(

@@ -156,6 +156,9 @@ class SearchOutcome:
     rows: tuple[Mapping[str, Any], ...] = ()
     """The confirmed points: final config vs upstream per (phase, depth), as the confirm judged them."""
     attempt: int | None = None
+    knobs_dropped: Mapping[str, Any] | None = None
+    """The tune trial the confirm measured against upstream and then dropped (``trial``, ``params``, ``why``,
+    ``phases``, its ``rows``); None: none was dropped."""
     upstream_phases: tuple[str, ...] = ()
     """Phases left as upstream and not measured again."""
     confirm_depths: tuple[int, ...] | None = None
@@ -229,6 +232,7 @@ class SearchOutcome:
             else None,
             rows=tuple(dict(r) for r in res.get("rows") or ()),
             attempt=res.get("attempt"),
+            knobs_dropped=None if res.get("knobs_dropped") is None else dict(res["knobs_dropped"]),
             upstream_phases=tuple(res.get("upstream_phases") or ()),
             confirm_depths=None if cd is None else tuple(int(d) for d in cd),
             gate=None if res.get("gate") is None else dict(res["gate"]),
@@ -253,6 +257,10 @@ class SearchOutcome:
         out["rows"] = [dict(r) for r in self.rows]
         if self.attempt is not None:
             out["attempt"] = self.attempt
+        if (
+            self.knobs_dropped is not None
+        ):  # written only where the confirm dropped knobs: older results keep their layout
+            out["knobs_dropped"] = dict(self.knobs_dropped)
         out["upstream_phases"] = list(self.upstream_phases)
         if self.confirm_depths is not None:
             out["confirm_depths"] = list(self.confirm_depths)

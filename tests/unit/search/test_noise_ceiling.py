@@ -80,10 +80,14 @@ def test_report_first_line_says_too_noisy() -> None:
     a = _cpu_attrs()
     text = report_text(outcome_from_attrs(a, name="cpu-default"))
     first = text.splitlines()[0]
-    assert first == noisy_line(outcome_from_attrs(a)) and first.startswith(
+    assert first == noisy_line(outcome_from_attrs(a, name="cpu-default")) and first.startswith(
         "**This machine was too noisy to claim anything in decode and prefill"
     )
-    assert f"above the {NOISE_CEILING_PCT:g}% ceiling" in first and "--cpu-mask" in first and "rerun" in first
+    assert (
+        f"above the {NOISE_CEILING_PCT:g}% ceiling" in first
+        and "--cpu-mask" in first
+        and "--study cpu-default-2" in first
+    )
     # the recorded CPU study's A/A CI reaches >1000% in decode: shown as "over ±100%", not a huge number
     assert "decode over ±100%" in first and not re.search(r"±\d{4,}%", first)
     quiet = {

@@ -105,7 +105,9 @@ def test_a_build_that_would_end_past_the_budget_is_not_started(
     rq.resolve_search(_request(budget, clock.now))
     assert built == ["sm_90-mma"]
     # the pipeline's own builds (other variants, compile-time trials) are priced the same way
-    cfg = types.SimpleNamespace(source=None, arch="sm_90", target=types.SimpleNamespace(local_archs=()), jobs=None)
+    cfg = types.SimpleNamespace(
+        source=None, arch="sm_90", target=types.SimpleNamespace(local_archs=(), is_cpu=False), jobs=None
+    )
     builds = pl._Builds(cfg, space=None, deadline=clock.now + budget)  # type: ignore[arg-type]
     monkeypatch.setattr("tuner.builder.cmake.is_built", lambda rv, targets=(): False)
     with pytest.raises(BudgetReached):
