@@ -60,26 +60,28 @@ class Defaults:
 
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU, sized
-# to finish cold in about 10 minutes on 2 cores with A/A noise well under the ceiling. The SmolLM2-135M
-# shape in Q4_K_M (what CPU users run) makes every repetition last a few tenths of a second, long
-# enough for a 2-core machine's scheduling jitter to stay a few percent (the 2-layer `tiny` shape's
-# tg32 lasted 0.1 s: A/A noise of 30-100%). Depth 1024 is where FlashAttention on/off shows on a CPU
-# while its fill stays a few seconds; the model is written quantized, so the one build is llama-bench's.
-# One build variant (a second costs ~5 more minutes on 2 cores); --variant cpu --variant cpu-no-native
-# searches both.
+# to finish cold in about 10 minutes on 2 cores with A/A noise under the ceiling. The SmolLM2-135M
+# shape in Q4_K_M (what CPU users run) makes a repetition last a few tenths of a second (the 2-layer
+# `tiny` shape's tg32 lasted 0.1 s). On a 2-core VM two llama-bench calls of one build differ by about
+# 12% (their ratio's sd, idle: docs/noise-floors.md), whatever a call's length, so the noise is beaten
+# with rounds, not repetitions: 6 paired rounds of short calls (one kept repetition a test) put the
+# A/A CI's reach near 13%, where 3 rounds of long calls reached 30%. Depth 512 is where FlashAttention
+# on/off shows on a CPU at a fill of about a second. The model is written quantized, so the one build
+# is llama-bench's. One build variant (a second costs ~5 more minutes on 2 cores); --variant cpu
+# --variant cpu-no-native searches both.
 CPU_DEFAULTS = Defaults(
     like="smollm2-135m",
-    depths=(0, 1024),
+    depths=(0, 512),
     pp=256,
-    tg=64,
+    tg=32,
     trials=3,
-    max_rounds=3,
+    max_rounds=6,
     refine=0,
     variants=("cpu",),
-    quant=DEFAULT_QUANT,
+    quant="Q4_K_M",
     direct=True,
-    reps_pp=4,
-    reps_tg=4,
+    reps_pp=1,
+    reps_tg=1,
 )
 # On a GPU: the llama-3.2-1b shape quantized to Q4_K_M (the weight type users run; an f16 model
 # measures another decode balance), over the context depths users compare with llama-bench -d, capped
