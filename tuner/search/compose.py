@@ -200,6 +200,11 @@ def open_depths(
     The bar is :func:`compose_phase`'s: the cell's A/A noise, at least :func:`noise_floor`; where no
     noise is known yet, a depth with such a candidate stays open.
     """
+    if too_noisy([c.noise_pct for c in cells.values()]):
+        # Above the ceiling the phase claims nothing, so rounds can still change that: the A/A CI narrows with
+        # them (on a 2-core VM 3 rounds reach 30-50% where 6 reach 13-20%). Without this an A/A-only screen
+        # (the CPU backend's: no kernel to choose) stopped at --min-rounds however noisy it was.
+        return set(cells)
     if rule == "sequential":
         calls = sequential_calls(cells, family=family)
         return {d for d, c in cells.items() if any((d, n) not in calls or not calls[(d, n)].settled for n in c.changed)}

@@ -64,8 +64,9 @@ class Defaults:
 # shape in Q4_K_M (what CPU users run) makes a repetition last a few tenths of a second (the 2-layer
 # `tiny` shape's tg32 lasted 0.1 s). On a 2-core VM two llama-bench calls of one build differ by about
 # 12% (their ratio's sd, idle: docs/noise-floors.md), whatever a call's length, so the noise is beaten
-# with rounds, not repetitions: 6 paired rounds of short calls (one kept repetition a test) put the
-# A/A CI's reach near 13%, where 3 rounds of long calls reached 30%. Depth 512 is where FlashAttention
+# with rounds, not repetitions: 7 paired rounds of short calls (one kept repetition a test) put the
+# A/A CI's reach near 13%, where 3 rounds of long calls reached 30%; 2 tune trials keep the cold run,
+# a confirm of 7 rounds included, within 10 minutes. Depth 512 is where FlashAttention
 # on/off shows on a CPU at a fill of about a second. The model is written quantized, so the one build
 # is llama-bench's. One build variant (a second costs ~5 more minutes on 2 cores); --variant cpu
 # --variant cpu-no-native searches both.
@@ -74,8 +75,8 @@ CPU_DEFAULTS = Defaults(
     depths=(0, 512),
     pp=256,
     tg=32,
-    trials=3,
-    max_rounds=6,
+    trials=2,
+    max_rounds=7,
     refine=0,
     variants=("cpu",),
     quant="Q4_K_M",

@@ -113,3 +113,34 @@ def test_summary_line_names_the_noisy_phase_only_when_nothing_is_kept() -> None:
         outcome_from_attrs({"result": {"rules": ["decode/D128/gqa4/kvf16:32768-=MMA"], "rows": [noisy, won]}})
     )
     assert "too noisy" not in line and "1 point(s) faster" in line and "tg128@d65536 +14.0%" in line
+
+
+def _aa_only_rounds(spread: float) -> list[dict[str, Any]]:
+    """The CPU backend's screen (A/A only: no kernel to choose) run by the real round loop on a fake
+    llama-bench whose calls differ by up to ``spread`` (0.3: a busy 2-core VM)."""
+    import random
+
+    from tuner.search.screen import candidates_for, run_joint_rounds
+
+    rng = random.Random(7)
+
+    def joint(c: Any, phases: Any, depths: Any, label: str) -> dict[str, Any]:
+        f = rng.uniform(1 - spread, 1 + spread)
+        return {p: {d: {"ts": 100.0 * f, "kernel": None, "why": None, "error": ""} for d in depths} for p in phases}
+
+    rounds: list[dict[str, Any]] = []
+    cands = {"tg": candidates_for("tg", []), "pp": candidates_for("pp", [])}
+    run_joint_rounds(joint, cands, [0, 512], rounds, pp_tokens=256, min_rounds=3, max_rounds=7, settle=comp.open_depths)
+    return rounds
+
+
+def test_a_noisy_aa_screen_gets_its_rounds_and_a_quiet_one_stops_at_the_minimum() -> None:
+    # above the ceiling the phase claims nothing, so more rounds can change that: the screen goes on
+    noisy = _aa_only_rounds(0.3)
+    assert all(sum(r["phase"] == p for r in noisy) == 7 for p in ("tg", "pp"))
+    # under it an A/A-only screen has nothing open: it stops at --min-rounds
+    quiet = _aa_only_rounds(0.005)
+    assert all(sum(r["phase"] == p for r in quiet) == 3 for p in ("tg", "pp"))
+    for phase in ("tg", "pp"):
+        cells = summarize_phase(phase, quiet, [0, 512])
+        assert not too_noisy([c.noise_pct for c in cells.values()])
