@@ -85,7 +85,7 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--max-rounds",
             type=click.IntRange(2, 100),
             default=None,
-            help="Rounds at most (default 6 on a GPU, 4 on the CPU).",
+            help="Rounds at most (default 6 on a GPU, 7 on the CPU).",
         ),
         click.option(
             "--ci-target",
@@ -98,13 +98,13 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "--reps-pp",
             type=click.IntRange(1, 100),
             default=None,
-            help="llama-bench repetitions of a prefill test per call (default 8). Calls shared by both phases use the larger of the two.",
+            help="Kept repetitions of a prefill test per call (default 8 on a GPU, 1 on the CPU; a discarded one is added). Calls shared by both phases use the larger.",
         ),
         click.option(
             "--reps-tg",
             type=click.IntRange(1, 100),
             default=None,
-            help="Repetitions of a decode test per call (default 3).",
+            help="Kept repetitions of a decode test per call (default 3 on a GPU, 1 on the CPU).",
         ),
         click.option(
             "--screen",

@@ -9,6 +9,7 @@ __all__ = [
     "gate_section",
     "knobs_dropped_section",
     "need",
+    "noise_line",
     "noisy_line",
     "noisy_phases",
     "report_text",
@@ -53,6 +54,27 @@ def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
         if too_noisy(ns) or any(r["verdict"] == TOO_NOISY for r in rows):
             out[ph] = statistics.median(ns or [float(r["aa_noise_pct"]) for r in rows])
     return out
+
+
+def noise_line(outcome: SearchOutcome) -> str:
+    """The A/A noise each phase's screen measured (the median over its depths) against the ceiling, in one
+    line ("" when the screen measured none): what a claim had to clear, stated whether or not one was made."""
+    import statistics
+
+    parts = []
+    for ph in ("tg", "pp"):
+        ns = [float(c["noise_pct"]) for c in outcome.screens.get(ph, {}).values() if c.get("noise_pct") is not None]
+        ns = [x for x in ns if math.isfinite(x)]
+        if ns:
+            med = statistics.median(ns)
+            parts.append(f"{Phase.from_bench(ph).value} " + ("over ±100%" if med > 100 else f"±{med:.1f}%"))
+    if not parts:
+        return ""
+    where = "above" if noisy_phases(outcome) else "under"
+    return (
+        f"A/A noise (upstream against itself in the screen's rounds, median over depths): {', '.join(parts)}; "
+        f"{where} the {NOISE_CEILING_PCT:g}% ceiling.\n"
+    )
 
 
 def noisy_line(outcome: SearchOutcome) -> str:
@@ -386,6 +408,8 @@ def report_text(
             + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.narrowed.items())
             + ".\n"
         )
+    if noise := noise_line(outcome):
+        out.append(noise)
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
     measured = set((outcome.knobs_dropped or {}).get("phases") or ())

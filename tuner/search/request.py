@@ -420,26 +420,31 @@ def _check_pins(
 
 def intro(request: SearchRequest) -> str:
     """What the run will do and roughly how long, before anything starts (measured on this project's
-    machines: a CPU build ~5-8 min on 2 cores, an sm_90 build ~4.5 min on 16; the CPU default's
-    measuring a few minutes on 2 cores)."""
+    machines: the CPU default's llama-bench build 280 s on an idle 2-core VM, its measuring 2-4 minutes
+    there; an sm_90 build ~4.5 min on 16 cores)."""
     cpu = request.target.is_cpu
     trials = request.trials if request.trials is not None else request.defaults.trials
     what = "llama.cpp's CPU backend (no GPU found)" if cpu else f"{request.target.name}"
     tune = f"tune {trials} Optuna trial(s)" if trials else "no compile-time trials (--trials N adds them)"
-    build = "about 5-8 minutes on 2 cores" if cpu else "about 5 minutes on 16 cores for one CUDA arch"
+    build = "about 5 minutes on 2 idle cores" if cpu else "about 5 minutes on 16 cores for one CUDA arch"
     if cpu:  # the H100 figure says nothing about a CPU run
         measure = (
-            "a few minutes on 2 cores"
+            "2-4 minutes on 2 idle cores"
             if not request.model
             else "a time that grows with the model's size and the depths; the ETAs after the first round say"
         )
     else:
         measure = (
-            "a time that grows with the model and the depths; `--dry-run` estimates it stage by stage from costs "
-            "recorded on an H100, and ETAs follow the first round"
+            "a time that grows with the model and the depths; `--dry-run` estimates it stage by stage, and ETAs "
+            "follow the first round"
         )
+    screen = (
+        "measure upstream against itself (the noise)"
+        if cpu
+        else "screen the kernels per phase and depth, compose rules"
+    )
     return (
-        f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (10 MB) and build it "
-        f"({build}); then screen the kernels per phase and depth, compose rules, {tune} and "
+        f"tuner search: tunes {what}. Once per machine: fetch the pinned llama.cpp (a 77 MB sdist from PyPI) and "
+        f"build it ({build}); then {screen}, {tune} and "
         f"confirm against upstream ({measure}). Progress and ETAs follow; rerunning the same command resumes."
     )

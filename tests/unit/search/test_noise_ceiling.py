@@ -144,3 +144,28 @@ def test_a_noisy_aa_screen_gets_its_rounds_and_a_quiet_one_stops_at_the_minimum(
     for phase in ("tg", "pp"):
         cells = summarize_phase(phase, quiet, [0, 512])
         assert not too_noisy([c.noise_pct for c in cells.values()])
+
+
+def test_the_report_states_the_noise_under_or_above_the_ceiling() -> None:
+    from tuner.result.pipeline_report import noise_line, report_text
+    from tuner.study.record import outcome_from_attrs
+
+    a = _cpu_attrs()
+    noisy = outcome_from_attrs(a, name="busy")
+    assert "above the 20% ceiling" in noise_line(noisy) and noise_line(noisy) in report_text(noisy)
+    quiet = outcome_from_attrs(
+        {
+            **a,
+            **{
+                f"screen_{ph}": {
+                    d: {**c, "noise_pct": 12.0 + i, "bar_pct": 12.0}
+                    for i, (d, c) in enumerate(a[f"screen_{ph}"].items())
+                }
+                for ph in ("tg", "pp")
+            },
+        },
+        name="quiet",
+    )
+    line = noise_line(quiet)
+    assert line.startswith("A/A noise") and "under the 20% ceiling" in line and "decode ±13.0%" in line
+    assert line in report_text(quiet)
