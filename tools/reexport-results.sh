@@ -27,4 +27,5 @@ export_one sm_90/llama-3.1-8b-q4_k_m-decode-tune sm_90-llama-3.1-8b-q4_k_m-s0-83
 export_one sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3 paced-4 llama-3.2-1b q4_k_m
 export_one sm_89/llama-3.2-1b-q4_k_m-measured-on-h100 sm89-l1b-v4 llama-3.2-1b q4_k_m
 export_one cpu/tiny-f16 cpu-tiny-f16-s0-832db069-mma tiny f16
+export_one cpu/smollm2-135m-q4_k_m cpu-smollm2-135m-q4_k_m-direct-s0-832db069-mma smollm2-135m q4_k_m
 tuner validate results/

@@ -33,6 +33,7 @@ __all__ = [
     "parse_ninja_progress",
     "quantize_model",
     "rebuilt_objects",
+    "search_targets",
 ]
 
 import contextlib
@@ -75,6 +76,15 @@ from tuner.plan.variant import Build, RenderedVariant, variant_family
 logger = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = ("llama-bench", "test-backend-ops", "llama-quantize")
+
+
+def search_targets(cpu: bool) -> tuple[str, ...]:
+    """What ``tuner search`` builds: llama-bench alone on the CPU backend (test-backend-ops' reference: no gate, no
+    kernel screen; its default model is written quantized), a third less compiling on 2 cores; the default targets
+    on a GPU. llama-perplexity is added when the output gate needs it (:mod:`tuner.builder.extra`)."""
+    return ("llama-bench",) if cpu else DEFAULT_TARGETS
+
+
 _CMAKE_SPEC = ">=3.28"
 HIP_CMAKE_SPEC = ">=3.28,<4"
 _NINJA_SPEC = ">=1.10"

@@ -176,18 +176,21 @@ def local_prices(
     runs: Path | None = None,
 ) -> dict[str, Price]:
     """Per-step costs that searches of ``arch`` recorded on this machine (``device``: its ``measured_on``):
-    ``full_build`` (the longest upstream build over a minute: a resumed run's cached build counts seconds),
+    ``full_build`` (the longest upstream build over a minute of a search of the same model shape, else of any:
+    a resumed run's cached build counts seconds),
     ``model`` (the synthesis of the same model shape) and ``call_depth`` (a llama-bench call per depth, from a
     search of the same shape and pp/tg that counted its calls). Keys are left out where nothing recorded them."""
     from tuner.search.study import default_run_dir
 
     docs = _local_docs(arch, device, results, runs if runs is not None else default_run_dir("x").parent)
     out: dict[str, Price] = {}
-    builds = [(float(d["cost"]["build_s"]), f) for f, d in docs if float(d["cost"].get("build_s", 0)) > 60]
+    same = [(f, d) for f, d in docs if _same_shape(d, shape)]
+    # a search of the same model built what this one builds (the CPU default: llama-bench alone), so its build
+    # is the price; else the longest of this machine's builds
+    builds = [(float(d["cost"]["build_s"]), f) for f, d in same or docs if float(d["cost"].get("build_s", 0)) > 60]
     if builds:
         s, f = max(builds)
         out["full_build"] = Price(s, f"{f}: [cost] build_s (on this machine, {device})", True)
-    same = [(f, d) for f, d in docs if _same_shape(d, shape)]
     models = [(float(d["cost"]["model_s"]), f) for f, d in same if d["cost"].get("model_s")]
     if models:
         s, f = max(models)

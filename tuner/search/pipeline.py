@@ -719,8 +719,9 @@ class _Builds:
     def __init__(self, cfg: SearchConfig, space: Any, deadline: float | None = None) -> None:
         self.cfg, self.space, self.deadline = cfg, space, deadline
         self._known: dict[str, Any] = {}
-        # CPU: llama-bench alone (no gate, no kernel screen): a third less compiling; perplexity comes when needed
-        self.targets = ("llama-bench",) if cfg.target.is_cpu else ("llama-bench", "test-backend-ops", "llama-quantize")
+        from tuner.builder.cmake import search_targets
+
+        self.targets = search_targets(cfg.target.is_cpu)
 
     def get(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
         key = stable_hash(variant, dict(compile_values))

@@ -76,7 +76,7 @@ def model_stage(inputs: Any, shape: Any, source: Any, prices: Mapping[str, Price
 def here_for(target: Any, source: Any, inputs: Any, shape: Any, variants: Sequence[str]) -> Here:
     """The plan's machine when the search runs here: its recorded costs, upstream's build (the first of
     ``variants``, rendered as the search renders it, with this machine's GPU archs) cached or not, the model step."""
-    from tuner.builder.cmake import is_built
+    from tuner.builder.cmake import is_built, search_targets
     from tuner.plan.render import render_variant
 
     # a target that is not this machine's builds elsewhere: nothing of this machine's cache applies
@@ -88,7 +88,7 @@ def here_for(target: Any, source: Any, inputs: Any, shape: Any, variants: Sequen
         prices = local_prices(
             target.arch.name, this_cpu_device(), shape={k: getattr(shape, k) for k in keys}, pp=inputs.pp, tg=inputs.tg
         )
-    built = rv is not None and is_built(rv)
+    built = rv is not None and is_built(rv, search_targets(target.is_cpu))
     return Here(
         prices=prices, built=built, gate=not target.is_cpu, model_stage=model_stage(inputs, shape, source, prices)
     )

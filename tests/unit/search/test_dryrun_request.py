@@ -207,12 +207,13 @@ def test_a_check_that_cannot_apply_is_not_applicable(tree: None, monkeypatch: py
     assert [c["status"] for c in json.loads(res.stdout)["compile_checks"]] == ["not applicable"]
 
 
-def _record(path: Path, device: str, **cost: float) -> None:
+def _record(path: Path, device: str, shape: dict[str, int] | None = None, **cost: float) -> None:
     path.parent.mkdir(parents=True)
     body = "\n".join(f"{k} = {v}" for k, v in cost.items())
+    dims = "\n".join(f"{k} = {v}" for k, v in (shape or {"head_dim": 64, "n_layers": 2}).items())
     path.write_text(
         f'[target]\narch = "cpu"\nmeasured_on = "{device}"\n\n[model]\ndepths = [0, 1024]\npp = 128\ntg = 32\n\n'
-        f"[model.shape]\nhead_dim = 64\nn_layers = 2\n\n[cost]\n{body}\n"
+        f"[model.shape]\n{dims}\n\n[cost]\n{body}\n"
     )
 
 
@@ -232,6 +233,20 @@ def test_prices_recorded_on_this_machine_come_first_and_say_so(tmp_path: Path) -
     # another pp/tg prices no llama-bench call from that record
     other = local_prices("cpu", this_cpu_device(), shape={"head_dim": 64}, pp=512, tg=32, results=tmp_path / "results")
     assert "call_depth" not in other
+    # a search of the same shape built what this one builds: its build is the price, not a longer one of another model
+    _record(tmp_path / "results/cpu/c/config.toml", this_cpu_device(), build_s=900.0, shape={"head_dim": 128})
+    assert (
+        local_prices(
+            "cpu", this_cpu_device(), shape={"head_dim": 64, "n_layers": 2}, pp=128, tg=32, results=tmp_path / "results"
+        )["full_build"].seconds
+        == 400.0
+    )
+    assert (
+        local_prices("cpu", this_cpu_device(), shape={"head_dim": 32}, pp=128, tg=32, results=tmp_path / "results")[
+            "full_build"
+        ].seconds
+        == 900.0
+    )  # no same-shape record: the longest build of this machine
 
 
 def test_model_synthesis_is_a_priced_line_of_the_plan(tree: None, monkeypatch: pytest.MonkeyPatch) -> None:
