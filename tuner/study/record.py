@@ -179,6 +179,9 @@ class SearchOutcome:
     llama_bench_calls: int | None = None
     """llama-bench runs the search made, resumed runs summed (None: the study predates the count)."""
     trials: tuple[TrialSummary, ...] = ()
+    stored_keys: frozenset[str] = dataclasses.field(default=frozenset(), compare=False, repr=False)
+    """The keys of the stored result it was read from: an optional one it held empty is written back
+    (the confirm stores ``narrowed: {}``, results exported before narrowing have no such key)."""
 
     @property
     def cost(self) -> dict[str, float | int]:
@@ -237,6 +240,7 @@ class SearchOutcome:
             confirm_depths=None if cd is None else tuple(int(d) for d in cd),
             gate=None if res.get("gate") is None else dict(res["gate"]),
             residency=None if res.get("residency") is None else dict(res["residency"]),
+            stored_keys=frozenset(res),
             **rest,
         )
 
@@ -251,8 +255,8 @@ class SearchOutcome:
     def result_json(self) -> dict[str, Any]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
         out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
-        if self.narrowed:  # written only where the confirm narrowed a rule (after dropped, as the confirm
-            out["narrowed"] = as_stored(dict(self.narrowed))  # stores it): older results keep their layout
+        if self.narrowed or "narrowed" in self.stored_keys:  # after dropped, as the confirm stores it; results
+            out["narrowed"] = as_stored(dict(self.narrowed))  # from before narrowing keep their layout
         out["tuned"] = self.tuned.stored() if self.tuned else None
         out["rows"] = [dict(r) for r in self.rows]
         if self.attempt is not None:
