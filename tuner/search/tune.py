@@ -59,7 +59,7 @@ from tuner import interrupts, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
-from tuner.study.state import retry_attrs, trial_attr, write_trial_in_storage
+from tuner.study.state import retry_attrs, trial_attr, write_trial, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
@@ -314,6 +314,19 @@ def _pid_dead_here(worker: str) -> bool:
     return False
 
 
+def _orphan(t: Any) -> bool:
+    """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
+    the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
+    import datetime
+
+    from tuner.study.storage import GRACE_S
+
+    start = getattr(t, "datetime_start", None)
+    if trial_attr(t, "worker") or start is None:
+        return False
+    return bool((datetime.datetime.now() - start).total_seconds() > GRACE_S)
+
+
 def fail_interrupted(study: Any, storage: Any) -> list[int]:
     """Fail the RUNNING trials whose process is gone, queue them again; returns their numbers.
 
@@ -329,7 +342,7 @@ def fail_interrupted(study: Any, storage: Any) -> list[int]:
         stale = set(storage._get_stale_trial_ids(study._study_id))
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")):
+        if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")) and not _orphan(t):
             continue
         try:
             write_trial_in_storage(
@@ -364,6 +377,8 @@ def asked_trial(study: Any, storage: Any, dists: Mapping[str, Any]) -> Iterator[
             # Heartbeats are recorded for optimize() only; trial_heartbeat records them for this ask/tell trial.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
             trial = study.ask(dists)
+            # who runs it, at once: a storage lost before this write leaves a trial no one can tell is dead
+            write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
         with trial_heartbeat(study, storage, trial):
             yield trial
     except BaseException:

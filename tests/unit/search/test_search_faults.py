@@ -462,3 +462,29 @@ def test_a_file_system_without_locks_warns_and_goes_on(
     with run_dir_lock(tmp_path, ["search"]):
         assert read_owner(tmp_path)["pid"] == os.getpid()
     assert "does not support file locks" in capsys.readouterr().err
+
+
+def test_a_trial_asked_but_never_claimed_is_reaped_after_the_grace_period(tmp_path: Path) -> None:
+    """The storage lost between ``ask`` and the trial naming its worker left it RUNNING with no owner and no
+    heartbeat: once older than the grace period it is failed and queued again; a fresh one is left alone."""
+    import datetime
+
+    import optuna
+
+    from tuner.search import tune as tn
+    from tuner.study.storage import GRACE_S
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    study = optuna.create_study(study_name="orphan", storage=storage)
+    dist = {"x": optuna.distributions.IntDistribution(0, 9)}
+    old, fresh = study.ask(dist), study.ask(dist)  # neither names a worker
+    assert tn.fail_interrupted(study, storage) == []  # may still be claimed by its asker
+    past = datetime.datetime.now() - datetime.timedelta(seconds=GRACE_S + 5)
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    import types
+
+    aged = types.SimpleNamespace(**{**vars(frozen[old.number]), "datetime_start": past})
+    assert tn._orphan(aged) and not tn._orphan(frozen[fresh.number])
+    with tn.asked_trial(study, storage, dist) as t:  # a trial asked through tuner names its worker at once
+        assert t.user_attrs["worker"].endswith(f":{os.getpid()}")
+        study.tell(t, 1.0)
