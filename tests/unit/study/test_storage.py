@@ -149,8 +149,15 @@ def test_the_guard_leaves_other_errors_alone() -> None:
     assert e.value.exit_code == 1 and "s3cr3t" not in str(e.value) and "connection already closed" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "table alembic_version already exists",
+        "UNIQUE constraint failed: alembic_version.version_num",  # both inserted the schema version row
+    ],
+)
 def test_a_database_another_process_is_creating_is_opened_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, message: str
 ) -> None:
     """Two processes opening a new SQLite study at once (a search and a reader of its study.db) both create
     Optuna's tables; the later one's "table ... already exists" is not a bad storage: it opens it again."""
@@ -165,9 +172,7 @@ def test_a_database_another_process_is_creating_is_opened_again(
         calls.append(u)
         if len(calls) == 1:
             real(u, existing)  # the other process got there first
-            raise sqlalchemy.exc.OperationalError(
-                "CREATE TABLE alembic_version", {}, Exception("table alembic_version already exists")
-            )
+            raise sqlalchemy.exc.OperationalError("CREATE TABLE alembic_version", {}, Exception(message))
         return real(u, existing)
 
     monkeypatch.setattr(storage_mod, "_rdb_storage", racing)
