@@ -149,8 +149,8 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
                 # Two processes opening a new database at once both create Optuna's tables, and the later
                 # one fails on "table ... already exists" (or on the schema version row both insert: "UNIQUE
                 # constraint failed: alembic_version"): the tables are there now, so open it again.
-                cause = str(_root_cause(err))
-                if attempt == 2 or not ("already exists" in cause or "alembic_version" in cause):
+                why = str(_root_cause(err))
+                if attempt == 2 or not ("already exists" in why or "alembic_version" in why):
                     raise
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
