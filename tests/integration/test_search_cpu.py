@@ -39,7 +39,8 @@ def test_search_then_rerun_resumes_without_remeasuring(
     assert " -p 32 -n 8 -d 0,256 -r 3 " in shared[0].read_text().splitlines()[0]  # --reps 2 kept + 1 discarded
     assert (run / "export" / "config.toml").is_file() and (run / "export" / "report.md").is_file()
     # seed 004 §21.1: the screen's decode cells carry CPU% of the timed repetitions, reported and plotted
-    screen_d0 = next(ln for ln in (run / "export" / "report.md").read_text().splitlines() if ln.startswith("| tg@d0 "))
+    screen = (run / "export" / "report.md").read_text().split("## Kernel screen", 1)[1]  # not a dropped trial's rows
+    screen_d0 = next(ln for ln in screen.splitlines() if ln.startswith("| tg@d0 "))
     cpu_up = screen_d0.split("|")[4].strip()
     assert cpu_up != "—" and 10 < float(cpu_up) < 400, screen_d0
     storage = f"sqlite:///{run / 'study.db'}"
