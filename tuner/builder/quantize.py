@@ -10,33 +10,9 @@ from pathlib import Path
 from tuner import _run, log
 from tuner._hash import file_sha256
 from tuner.builder.records import load_build_record, write_json
-from tuner.errors import UsageError, close_matches
+from tuner.errors import UsageError
 from tuner.plan.variant import Build
-
-# llama-quantize's type names (tools/quantize/quantize.cpp QUANT_OPTIONS), the ones worth offering.
-_QTYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q2_K_S",
-    "Q3_K_S",
-    "Q3_K_M",
-    "Q3_K_L",
-    "Q4_K_S",
-    "Q4_K_M",
-    "Q5_K_S",
-    "Q5_K_M",
-    "Q6_K",
-    "IQ4_NL",
-    "IQ4_XS",
-    "MXFP4_MOE",
-    "F16",
-    "BF16",
-    "F32",
-)
+from tuner.targets.quant_types import quant_type
 
 
 def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
@@ -46,7 +22,7 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
         build: A build that includes the ``llama-quantize`` target.
         src_gguf: Input model (F32/F16/BF16 GGUF).
         dst_gguf: Output path; written atomically, with a ``.tuner.json`` sidecar recording the input hash.
-        qtype: llama-quantize type name, e.g. ``Q4_K_M``, ``Q8_0``.
+        qtype: a :data:`tuner.targets.quant_types.QUANT_TYPES` name, e.g. ``Q4_K_M``, ``Q8_0`` (any case).
 
     Returns:
         ``dst_gguf``.
@@ -55,11 +31,7 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
         UsageError: Unknown qtype, missing input, or the build lacks llama-quantize.
         TunerError: llama-quantize failed (log path and last lines).
     """
-    qtype = qtype.upper()
-    if qtype not in _QTYPES:
-        raise UsageError(
-            f"Unknown quantization type {qtype!r}.{close_matches(qtype, _QTYPES)} Known: {', '.join(_QTYPES)}."
-        )
+    qtype = quant_type(qtype)
     src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
     if not src_gguf.is_file():
         raise UsageError(f"Model {src_gguf} does not exist. Create one with `tuner model synth`.")

@@ -47,31 +47,12 @@ from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
 from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
+from tuner.targets.quant_types import QUANT_TYPES, quant_type
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m", "iq4_xs")
 """Weight types plan_tensors and synth_model know. f16 and q8_0 are N(0, 0.02) values (q8_0 quantized from
 them); q4_k_m, q5_k_m and iq4_xs write random blocks of each tensor's planned type directly
 (tuner.targets.quant_blocks), not the blocks llama-quantize would make from the f16 file."""
-
-QUANT_TYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q3_K_S",
-    "Q3_K_M",
-    "Q3_K_L",
-    "Q4_K_S",
-    "Q4_K_M",
-    "Q5_K_S",
-    "Q5_K_M",
-    "Q6_K",
-    "IQ4_NL",
-    "IQ4_XS",
-)
-"""llama-quantize type names accepted by ``model synth --quant`` (the IQ4 types need no imatrix)."""
 
 _INT_KEYS = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length")
 _CHUNK_ELEMS = 1 << 23  # 8M values per write: bounded memory even for a 1 GB token_embd
@@ -551,11 +532,7 @@ def run_quantize(
     """
     from tuner import _run
 
-    q = quant.upper()
-    if q not in QUANT_TYPES:
-        raise UsageError(
-            f"Unknown quant type {quant!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
-        )
+    q = quant_type(quant)
     exe = Path(quantize_bin)
     if not exe.is_file() or not os.access(exe, os.X_OK):
         raise UsageError(
