@@ -158,3 +158,28 @@ def test_merge_is_staged_beside_o_and_refuses_a_link_in_a_part(tmp_path: Path, t
     code, text = _invoke("merge", *map(str, two), "-o", str(out))
     assert code == 2 and "notes.md is a link" in text, text
     assert not any("not part of any table" in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+
+
+def test_a_merge_whose_writing_fails_leaves_the_previous_merge_intact(
+    tmp_path: Path, two: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The parts are copied into the staging folder first; a full disk on a later file must not reach -o.
+    import errno
+
+    from tuner.sweep import merge
+
+    out = tmp_path / "results" / "sm_90" / "merged"
+    code, text = _invoke("merge", *map(str, two), "-o", str(out))
+    assert code == 0, text
+    before = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    def disk_full(parts: object) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device", "report.md")
+
+    monkeypatch.setattr(merge, "_report", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        merge.merge_tables(list(reversed(two)), out)
+    after = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before and sorted(p.name for p in out.parent.iterdir()) == sorted(
+        ["merged", *(f.name for f in two)]
+    )
