@@ -55,8 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.plan.fa_rules import FaRule, Phase  # noqa: E402
-from tuner.search import compose, confirm  # noqa: E402
-from tuner.search.screen import AA_NAME, UPSTREAM, depths_to_measure, summarize_phase  # noqa: E402
+from tuner.rounds import compose  # noqa: E402
+from tuner.rounds.joint import depths_to_measure  # noqa: E402
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase  # noqa: E402
+from tuner.search import confirm  # noqa: E402
 
 DEPTHS = (0, 4096, 16384, 32768)
 KERNELS = {"tg": ("VEC", ("TILE", "MMA")), "pp": ("MMA", ("TILE",))}

@@ -88,7 +88,7 @@ def test_the_search_spaces_bench_switches_reach_llama_perplexity_as_it_spells_th
 ) -> None:
     # on the H100 the gate passed llama-bench's `-nkvo 1` as is, and llama-perplexity exited
     # "error: invalid argument: 1". On the CPU backend the KV cache is on the host either way: a pass.
-    from tuner.search.output_gate import perplexity_args
+    from tuner.rounds.output_gate import perplexity_args
 
     args, _ = perplexity_args(["-t", "2", "-nkvo", "1"], "mma")
     res = run_equivalence(

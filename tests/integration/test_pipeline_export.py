@@ -47,7 +47,7 @@ def _crafted_rows() -> list[dict]:
 
 
 def _crafted_gate(*, passed: bool) -> dict:
-    """A gate record shaped like tuner.search.output_gate's (CRAFTED numbers: that run had no gate)."""
+    """A gate record shaped like tuner.rounds.output_gate's (CRAFTED numbers: that run had no gate)."""
     mean = 0.0 if passed else 0.006275
     return {
         "verdict": "pass" if passed else "fail",

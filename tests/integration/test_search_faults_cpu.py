@@ -422,7 +422,7 @@ def _crafted_rows() -> list[dict]:
 _PASSED_GATE = {
     "verdict": "pass",
     "checks": [
-        {  # CRAFTED, shaped like tuner.search.output_gate's record
+        {  # CRAFTED, shaped like tuner.rounds.output_gate's record
             "name": "decode decode/D64/gqa4/kvf16:0-=TILE",
             "mode": "decode",
             "strict": False,

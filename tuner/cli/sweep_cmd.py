@@ -281,8 +281,8 @@ def run_cmd(
     Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
     """
     from tuner.measure.fa_bench import TARGET_MS
+    from tuner.rounds.budget import SweepBudget
     from tuner.sweep import live
-    from tuner.sweep.budget import SweepBudget
     from tuner.sweep.store import device_identity
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
@@ -458,8 +458,8 @@ def mmq_cmd(
 
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
+    from tuner.rounds.budget import SweepBudget
     from tuner.sweep import mmq, mmq_live
-    from tuner.sweep.budget import SweepBudget
     from tuner.sweep.store import device_identity
     from tuner.targets.archs import load_arch
 

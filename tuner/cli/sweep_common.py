@@ -84,7 +84,7 @@ def budget_stop(storage: Path, emitted: str) -> Iterator[None]:
     """A sweep stopped by its --time-budget: what is stored, how to go on, exit status 3 (``emitted``: what
     the command would have written, and has not)."""
     from tuner import log
-    from tuner.search.screen import BudgetReached
+    from tuner.rounds.budget import BudgetReached
 
     try:
         yield

@@ -121,8 +121,8 @@ def confirm_cmd(
 
     Example: tuner sweep confirm sweep-sm90 --mmq sweep-mmq-sm90 --rounds 3
     """
+    from tuner.rounds.budget import RoundBudget
     from tuner.sweep import confirm
-    from tuner.sweep.budget import RoundBudget
     from tuner.sweep.confirm_report import plan_text, round_seconds
 
     rounds, max_rounds = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
@@ -215,7 +215,7 @@ def _run_confirm(
     budget: Any = None,
 ) -> None:
     from tuner import source
-    from tuner.search.live import make_live_measure
+    from tuner.rounds.live import make_live_measure
     from tuner.sweep import confirm
     from tuner.targets.models import load_gguf_tensors, synth_cached
 

@@ -17,7 +17,7 @@ mean square with (R-1)(C-1) degrees of freedom, as :func:`tuner.measure.paired.b
 ``pool="phase"`` it is pooled over the phase's depths as well. ``se = sqrt(2 s^2 / R)``, Student-t.
 
 Decision, per *family* (the cells of one phase; a search has two phases, each gets ``alpha / 2``). The
-family holds only the cells that can differ from upstream (:func:`tuner.search.compose.sequential_calls`):
+family holds only the cells that can differ from upstream (:func:`tuner.rounds.compose.sequential_calls`):
 a candidate that ran upstream's own kernel at a depth (a confirm's final config where no rule covers the
 depth) runs the identical kernel path, so its cell is A/A by construction and no hypothesis; it is not
 tested and does not raise the other cells' Holm thresholds. Which kernel ran decides the family, not the

@@ -45,7 +45,7 @@ std ~0.3), so a given relative error gives a far smaller KLD than on a trained m
 with the logits' variance), and "Same top p" (argmax flips among near-equal logits) is the most
 sensitive of the three there. These fixed thresholds are the CPU backend's; on a GPU the search's gate
 derives its thresholds from the kernel band it measures on the model (upstream's own kernels forced vs
-its pick, :mod:`tuner.search.output_gate`; the H100 numbers are in docs/equivalence.md).
+its pick, :mod:`tuner.rounds.output_gate`; the H100 numbers are in docs/equivalence.md).
 """
 
 from __future__ import annotations

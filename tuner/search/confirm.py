@@ -12,7 +12,7 @@ shallowest inside points are not faster is narrowed to start at its first confir
 kernel change that does not show end to end beyond the noise is reported, not exported), and the
 points it no longer covers are relabelled as upstream's kernel, their measurements kept aside. Faster and slower
 are the search's decision rule's (:mod:`tuner.measure.decide`, through
-:func:`tuner.search.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
+:func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
 points, Bonferroni over the round counts a point may stop at; where the rules are confirmed alone, the
 points no rule covers run upstream's kernel and are no hypotheses of that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
 t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
@@ -33,17 +33,11 @@ from tuner import log
 from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.search.compose import Family, judge_phase, open_depths
-from tuner.search.screen import (
-    AA_NAME,
-    UPSTREAM,
-    BudgetReached,
-    Candidate,
-    CellStats,
-    run_joint_rounds,
-    run_phase_rounds,
-    summarize_phase,
-)
+from tuner.rounds.budget import BudgetReached
+from tuner.rounds.compose import Family, judge_phase, open_depths
+from tuner.rounds.joint import Candidate, run_joint_rounds
+from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
+from tuner.search.screen import run_phase_rounds
 from tuner.search.study import SearchConfig
 from tuner.study.record import relabel_rows
 from tuner.study.state import StudyState
@@ -71,7 +65,7 @@ def point_rows(
     """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
     and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
     CPU noise (NaN where the records carry no utilizations). ``family``: the decision rule's Holm family
-    (:func:`tuner.search.compose.sequential_calls`): ``"changed"`` where the final config is upstream's
+    (:func:`tuner.rounds.compose.sequential_calls`): ``"changed"`` where the final config is upstream's
     plus kernel rules (a point no rule covers runs upstream's kernel: it is not tested), ``"all"`` where it
     changes process knobs or the build too (every point can differ)."""
     out = []

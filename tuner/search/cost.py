@@ -7,7 +7,6 @@ __all__ = [
     "Price",
     "counted",
     "full_build_seconds",
-    "load_step_costs",
     "local_prices",
     "nearest_recording",
     "past_cost",
@@ -26,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.rounds.costs import load_step_costs
 from tuner.search.observed import Observed
 from tuner.study.state import StudyState
 
@@ -92,15 +92,6 @@ def past_cost_line(
     return f"A past {arch} search cost " + ", ".join(f"{k} {v}" for k, v in cost.items()) + f" (from {path}; {caveat})."
 
 
-def load_step_costs() -> dict[str, Any]:
-    """``tuner/data/step_costs.toml``: recorded per-step costs (machine, figures and their sources)."""
-    from tuner._compat import tomllib
-    from tuner.paths import package_data
-
-    with open(package_data("step_costs.toml"), "rb") as f:
-        return tomllib.load(f)
-
-
 def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
     """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
     checks before starting one that is not cached."""
@@ -124,7 +115,7 @@ def screen_round_seconds(rec: Mapping[str, Any], n_calls: int, n_depths: int, *,
 
 def priced_screen_call(d_model: int | None, depths: Sequence[int], *, kernel: bool = False) -> dict[str, Any]:
     """One screen call at ``depths`` priced by :func:`screen_round_seconds`, as the round record the round loops
-    scale to a round's calls and depths (``prior`` of :func:`tuner.search.screen.run_joint_rounds`): a study
+    scale to a round's calls and depths (``prior`` of :func:`tuner.rounds.joint.run_joint_rounds`): a study
     without a measured round starts none that its price says would end past ``--time-budget``."""
     rec = nearest_recording(load_step_costs(), d_model or 0)
     kernel = kernel and "kernel_case_s" in rec  # the dry run prices a screen without the figure as llama-bench's
@@ -143,7 +134,7 @@ class Price:
 
 
 def this_cpu_device() -> str:
-    """The ``measured_on`` a CPU-backend search on this machine records (:mod:`tuner.search.live`'s wording)."""
+    """The ``measured_on`` a CPU-backend search on this machine records (:mod:`tuner.rounds.live`'s wording)."""
     return f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
 
 

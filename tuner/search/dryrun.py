@@ -20,16 +20,7 @@ benchmarked, and the output says so.
 
 from __future__ import annotations
 
-__all__ = [
-    "DryRunReport",
-    "PlanInputs",
-    "count_space",
-    "full_build_seconds",
-    "load_step_costs",
-    "plan_stages",
-    "render",
-    "run_dry_run",
-]
+__all__ = ["DryRunReport", "PlanInputs", "count_space", "full_build_seconds", "plan_stages", "render", "run_dry_run"]
 
 import collections
 import dataclasses
@@ -44,7 +35,8 @@ import click
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.search.cost import full_build_seconds, load_step_costs, nearest_recording, screen_round_seconds
+from tuner.rounds.costs import load_step_costs
+from tuner.search.cost import full_build_seconds, nearest_recording, screen_round_seconds
 from tuner.search.plan_here import Here, here_for
 from tuner.targets.target import Target
 

@@ -1,6 +1,6 @@
 """The gates the confirmed final config passes before it is exported: the residency gate (graph splits
 and buffers, :mod:`tuner.search.residency_gate`) and the output-equivalence gate (llama-perplexity,
-:mod:`tuner.search.output_gate`). Each stores its record per final config, so a resumed search does
+:mod:`tuner.rounds.output_gate`). Each stores its record per final config, so a resumed search does
 not run it again; a failing final config becomes upstream's selection."""
 
 from __future__ import annotations
@@ -129,13 +129,13 @@ def run_output_gate(
     equivalence: Any,
     kernels: Mapping[str, Sequence[str]] = {},
 ) -> dict[str, Any]:
-    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.search.output_gate`),
+    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.rounds.output_gate`),
     its thresholds from the kernel band where ``kernels`` (per mode) can be forced.
 
     Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
     config), so a resumed search does not run it again. A failing final config becomes upstream's
     selection; nothing confirmed: the gate is not needed and nothing runs."""
-    from tuner.search import output_gate as og
+    from tuner.rounds import output_gate as og
 
     base_variant, variant, compile_values, vals, env, args = final_of(cfg, space, fixed, result, base_env, base_args)
     changed = [k for k in space.runtime_knobs if k.name in vals and k.name not in fixed and vals[k.name] != k.default]

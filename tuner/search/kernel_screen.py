@@ -6,7 +6,7 @@ choice is a property of the attention op, so the screen times the op itself with
 perf`` (:mod:`tuner.measure.kernel_bench`) at the exact tensors llama.cpp's graph hands it: the
 model's head size, head counts and K/V type, at the cache cells a depth reads.
 
-It is a drop-in :data:`tuner.search.screen.Measure` (and ``joint``): each candidate is one
+It is a drop-in :data:`tuner.rounds.joint.Measure` (and ``joint``): each candidate is one
 test-backend-ops process over every (phase, depth) case, so the screen's rotated rounds, its A/A twin
 (upstream's kernel forced), the decision rule and composition apply unchanged. The values are op runs
 per second (10^6 / µs per run): a ratio scale like t/s, **not** tokens per second. The op's share of a
@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.kernel_bench import FaShape, KernelTime, process_timeout, run_round
-from tuner.search.screen import Candidate
+from tuner.rounds.joint import Candidate
 
 METHOD_KERNEL = "kernel"
 """Screen with test-backend-ops FLASH_ATTN_EXT (this module)."""
 METHOD_BENCH = "llama-bench"
-"""Screen end to end with llama-bench (:mod:`tuner.search.live`)."""
+"""Screen end to end with llama-bench (:mod:`tuner.rounds.live`)."""
 
 _PAD = 256
 _UB_DEFAULT = 512  # llama-bench's default -ub (n_ubatch)

@@ -27,8 +27,14 @@ from tuner.errors import TunerError, UsageError
 from tuner.paths import refuse_linked_folder
 from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
 from tuner.redact import redact
+from tuner.rounds import compose as comp
+
+# BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
+# same command resumes from there (raised by the round loops too, before a round that would overrun).
+from tuner.rounds.budget import BudgetReached, budget_deadline, check_fits
+from tuner.rounds.joint import AllCallsFailed, Candidate, phase_stops, run_joint_rounds
+from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
-from tuner.search import compose as comp
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
 from tuner.search.cost import counted as _counted
@@ -36,21 +42,7 @@ from tuner.search.cost import full_build_seconds, past_cost_line, priced_screen_
 from tuner.search.device_guard import OtherDevice, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
-
-# BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
-# same command resumes from there (raised by the round loops too, before a round that would overrun).
-from tuner.search.screen import (
-    AllCallsFailed,
-    BudgetReached,
-    Candidate,
-    budget_deadline,
-    candidates_for,
-    check_fits,
-    phase_stops,
-    run_joint_rounds,
-    run_phase_rounds,
-    summarize_phase,
-)
+from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.study.record import SearchOutcome, load_outcome
@@ -150,9 +142,9 @@ def run_pipeline(
 
     The run dir's and the study's locks (:mod:`tuner.search.lock`) are held throughout and through ``then(result)`` (the
     CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
-    measure of :mod:`tuner.search.live` runs the build's real llama-bench. ``equivalence(check,
+    measure of :mod:`tuner.rounds.live` runs the build's real llama-bench. ``equivalence(check,
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
-    llama-perplexity runs (:func:`tuner.search.output_gate.run_gate_check`).
+    llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`).
     """
     from tuner.plan.space import load_space
 
@@ -885,7 +877,7 @@ def _kernel_factory(cfg: SearchConfig, st: StudyState, shape: Mapping[str, int],
 
 
 def _live(cfg: SearchConfig, build: Any) -> Any:
-    from tuner.search.live import make_live_measure
+    from tuner.rounds.live import make_live_measure
 
     return make_live_measure(
         build.bin_dir,

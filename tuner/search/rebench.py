@@ -29,8 +29,10 @@ def rebench(
     from tuner.builder.cmake import build_variant
     from tuner.plan.fa_rules import rules_env, rules_from_texts
     from tuner.plan.render import render_variant
-    from tuner.search.live import make_live_measure
-    from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, run_phase_rounds, summarize_phase
+    from tuner.rounds.joint import Candidate
+    from tuner.rounds.live import make_live_measure
+    from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
+    from tuner.search.screen import run_phase_rounds
 
     claims = [p for p in cfg.get("points", []) if p.get("verdict") == "faster"]
     if not claims:

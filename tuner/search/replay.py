@@ -201,7 +201,7 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
 
 
 def grid_measure(grid: ReplayGrid) -> GridMeasure:
-    """A :data:`~tuner.search.screen.Measure` that serves round ``i`` from the i-th recorded sample.
+    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample.
 
     ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads
     the default recording one sample later (the recordings carry no kernel log, so upstream's pick is
@@ -215,7 +215,7 @@ class GridMeasure:
     efficiency line."""
 
     def __init__(self, grid: ReplayGrid) -> None:
-        from tuner.search.screen import AA_NAME, UPSTREAM
+        from tuner.rounds.stats import AA_NAME, UPSTREAM
 
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
         self.calls = {"n": 0}
@@ -256,8 +256,9 @@ def replay_screen(
     labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
     winners and the counts of measurements used against the exhaustive grid.
     """
-    from tuner.search import compose as comp
-    from tuner.search.screen import candidates_for, run_phase_rounds, summarize_phase
+    from tuner.rounds import compose as comp
+    from tuner.rounds.stats import summarize_phase
+    from tuner.search.screen import candidates_for, run_phase_rounds
 
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")

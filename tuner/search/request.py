@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.search.screen import budget_deadline, check_fits
+from tuner.rounds.budget import budget_deadline, check_fits
 from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
 from tuner.source.spec import DEFAULT_SPEC, Source
 from tuner.targets.defaults import DEFAULT_QUANT

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner.search.output_gate import upstream_instead
+from tuner.rounds.output_gate import upstream_instead
 
 
 def full_offload(args: Sequence[str], n_layers: int | None) -> bool:

@@ -70,10 +70,11 @@ from typing import Any
 
 from tuner.errors import TunerError, UsageError
 from tuner.plan.fa_rules import FaRule, rules_env
-from tuner.search.compose import Family, judge_phase
-from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, CellStats, JointMeasure, run_joint_rounds, summarize_phase
+from tuner.rounds.budget import RoundBudget
+from tuner.rounds.compose import Family, judge_phase
+from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
+from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
 from tuner.sweep import live, mmq, mmq_live
-from tuner.sweep.budget import RoundBudget
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
@@ -350,7 +351,7 @@ def measure_model(
     (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
     neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
     at every depth, as the search's process knobs do)."""
-    from tuner.search.compose import open_depths
+    from tuner.rounds.compose import open_depths
 
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
@@ -538,7 +539,7 @@ def gate_model(
     stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
     budget's stop, :meth:`tuner.sweep.budget.RoundBudget.fits`)."""
     from tuner.measure.equivalence import run_equivalence
-    from tuner.search import output_gate as og
+    from tuner.rounds import output_gate as og
 
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
@@ -589,7 +590,7 @@ def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list
     that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
     CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
     prefill check."""
-    from tuner.search import output_gate as og
+    from tuner.rounds import output_gate as og
 
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:

@@ -345,7 +345,7 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
 def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
     """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
     0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
 
     if plan.base:
         return 0.0
@@ -356,7 +356,7 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
 def check_seconds(like: str) -> float:
     """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
     the dry run prices it: the nearest recorded model's check scaled by parameter count."""
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
 
     size, rec, _ = _call_cost(load_step_costs(), like)
     return size * float(rec["equivalence_check_s"])
@@ -366,7 +366,7 @@ def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
     """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
     case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
     the largest recording for an op not recorded."""
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
 
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
@@ -405,7 +405,7 @@ def plan_text(
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
     (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
     an estimate)."""
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
 
     costs = load_step_costs()
     lines = [

@@ -11,8 +11,8 @@ change with its order of magnitude (upstream's own VEC-to-MMA switch sits at 819
 located to within a factor of 1.5 at the same cost in every octave; a linear grid of the same
 resolution at the short end would need 512 points. Every point is a multiple of 256, as llama pads
 n_kv to ``FATTN_KQ_STRIDE`` (a vector kernel needs it); 256 is the shortest padded KV cache, and a rule
-whose first winning point is 256 starts at n_kv 0 (:func:`tuner.search.compose.rules_from`).
-Composition then proposes midpoints between disagreeing neighbours (:func:`tuner.search.compose.bisect_depths`).
+whose first winning point is 256 starts at n_kv 0 (:func:`tuner.rounds.compose.rules_from`).
+Composition then proposes midpoints between disagreeing neighbours (:func:`tuner.rounds.compose.bisect_depths`).
 
 **Legality** is the tuner hook's (``ggml_tuner_fa_kernel_legal`` in ``templates/patches/mma/fattn-tail.cu.j2``)
 on an NVIDIA arch with Turing tensor cores: VEC needs D <= 256, D % 64 == 0, D != 192 and n_kv % 256 == 0

@@ -66,9 +66,9 @@ from tuner.measure import kernel_bench as kb
 from tuner.measure.fa_bench import TARGET_MS
 from tuner.measure.paired import rotated
 from tuner.progress import format_seconds
-from tuner.search.compose import Decision, Shape, rules_from
-from tuner.search.screen import CellStats
-from tuner.sweep.budget import SweepBudget
+from tuner.rounds.budget import SweepBudget
+from tuner.rounds.compose import Decision, Shape, rules_from
+from tuner.rounds.stats import CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
 from tuner.sweep.store import open_store, read_limits, whole_round, write_limits

@@ -90,9 +90,9 @@ from tuner.errors import UsageError
 from tuner.measure import mm_bench
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY, rotated
 from tuner.progress import format_seconds
-from tuner.search.compose import Decision, Shape, rules_from
-from tuner.search.screen import UPSTREAM, CellStats
-from tuner.sweep.budget import SweepBudget
+from tuner.rounds.budget import SweepBudget
+from tuner.rounds.compose import Decision, Shape, rules_from
+from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT
 from tuner.sweep.mmq import OPEN_SHARE, PROCESS_CASES, PROCESS_S, START_S, MmqCell, MmqChoice, block_size, mmq_env
 from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups

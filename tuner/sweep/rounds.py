@@ -55,8 +55,8 @@ from typing import Protocol, TypeVar
 from tuner.errors import TunerError
 from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.measure.paired import block_effects, noise_pct, rotated
-from tuner.search.compose import Decision, Shape, bisect_depths, compose_phase, open_depths, rules_from
-from tuner.search.screen import UPSTREAM, CellStats
+from tuner.rounds.compose import Decision, Shape, bisect_depths, compose_phase, open_depths, rules_from
+from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape
 from tuner.sweep.table import TableRule
 

@@ -1,6 +1,6 @@
 """config.toml's [gate], report.md's gate section, `tuner export`'s refusal and `tuner validate`'s gate check.
 
-The records are what :mod:`tuner.search.output_gate` stores (fake numbers shaped like the real ones;
+The records are what :mod:`tuner.rounds.output_gate` stores (fake numbers shaped like the real ones;
 the real CPU run is tests/integration/test_pipeline_export.py)."""
 
 from __future__ import annotations

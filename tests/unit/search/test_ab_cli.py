@@ -51,7 +51,7 @@ def test_depths_must_be_integers(tmp_path: Path) -> None:
 
 def test_ab_prints_the_compare_table_judged_like_the_search(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # A stand-in measure: upstream runs VEC; the forced rule runs TILE, 10% faster at d32768 and equal at d0.
-    import tuner.search.live as live
+    import tuner.rounds.live as live
 
     calls = {"n": 0}
 
@@ -109,7 +109,7 @@ def test_ab_prints_the_compare_table_judged_like_the_search(tmp_path: Path, monk
 def test_rules_reach_the_hook_in_canonical_form(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The parser tolerates spaces after commas; the C++ hook does not (it would abort on " prefill"), so
     # the env value is the parsed rules written back.
-    import tuner.search.live as live
+    import tuner.rounds.live as live
 
     seen: list[str] = []
 
@@ -143,7 +143,7 @@ def test_rules_reach_the_hook_in_canonical_form(tmp_path: Path, monkeypatch) -> 
 
 def test_ab_names_the_model_in_its_table(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The Model column was empty: the points carried no model.
-    import tuner.search.live as live
+    import tuner.rounds.live as live
 
     def measure(cand, phase, depths, label):  # type: ignore[no-untyped-def]
         return {d: {"ts": 100.0, "error": "", "kernel": "VEC", "why": "default"} for d in depths}

@@ -13,8 +13,8 @@ from typing import Any
 
 from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, parse_fa_rules
+from tuner.rounds.output_gate import upstream_instead
 from tuner.search.confirm import judge, narrowed_rule
-from tuner.search.output_gate import upstream_instead
 from tuner.study.record import SearchOutcome, StudyHeader, relabel_rows
 
 RULE = "decode/D64/gqa4/kvf16:6144-=MMA"

@@ -17,9 +17,9 @@ import pytest
 from scipy.optimize import brentq
 
 from tuner.measure.decide import PHASE_ALPHA
-from tuner.search import compose as comp
+from tuner.rounds import compose as comp
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search.confirm import FINAL, point_rows
-from tuner.search.screen import AA_NAME, UPSTREAM, summarize_phase
 
 R = 6
 DRIFT = (0.0, 0.04, -0.03, 0.02, -0.05, 0.01)

@@ -13,9 +13,9 @@ import json
 import math
 from pathlib import Path
 
-from tuner.search import compose as comp
+from tuner.rounds import compose as comp
+from tuner.rounds.stats import summarize_phase
 from tuner.search.confirm import point_rows
-from tuner.search.screen import summarize_phase
 
 ROUNDS = json.loads((Path(__file__).parents[2] / "data" / "screen" / "sm89-l1b-v4-tg-rounds.json").read_text())
 DEPTHS = [0, 4096, 16384, 32768]

@@ -14,10 +14,12 @@ import pytest
 from tests.unit.measure.test_kernel_bench import _fake_tbo
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import FaRule, Phase
-from tuner.search import compose as comp
+from tuner.rounds import compose as comp
+from tuner.rounds.joint import run_joint_rounds
+from tuner.rounds.stats import summarize_phase
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, kernel_shape, make_kernel_measure
 from tuner.search.pipeline import _screen_method
-from tuner.search.screen import candidates_for, run_joint_rounds, summarize_phase
+from tuner.search.screen import candidates_for
 from tuner.study.state import StudyState
 
 SHAPE_1B = {"head_dim": 64, "n_heads": 32, "n_kv_heads": 8, "gqa": 4}
@@ -207,7 +209,7 @@ def test_a_hung_test_backend_ops_costs_minutes_not_ten(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ks, "run_round", fake_round)
     m = make_kernel_measure(tmp_path, SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
-    from tuner.search.screen import Candidate
+    from tuner.rounds.joint import Candidate
 
     with pytest.raises(ValueError):  # the fake returns no times: zip(strict=True) refuses
         m.joint(Candidate(name="x"), ["tg"], [32768, 65536], "lab")

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
+from tuner.rounds.budget import BudgetReached
 from tuner.search import pipeline
-from tuner.search.screen import BudgetReached
 from tuner.targets import archs
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "models"

@@ -16,9 +16,9 @@ from typing import Any
 
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY, too_noisy
 from tuner.plan.fa_rules import parse_fa_rules
-from tuner.search import compose as comp
+from tuner.rounds import compose as comp
+from tuner.rounds.stats import summarize_phase
 from tuner.search.confirm import judge
-from tuner.search.screen import summarize_phase
 
 ROOT = Path(__file__).resolve().parents[3]
 H100_ROUNDS = json.loads((ROOT / "tests" / "data" / "screen" / "sm89-l1b-v4-tg-rounds.json").read_text())
@@ -120,7 +120,8 @@ def _aa_only_rounds(spread: float) -> list[dict[str, Any]]:
     llama-bench whose calls differ by up to ``spread`` (0.3: a busy 2-core VM)."""
     import random
 
-    from tuner.search.screen import candidates_for, run_joint_rounds
+    from tuner.rounds.joint import run_joint_rounds
+    from tuner.search.screen import candidates_for
 
     rng = random.Random(7)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tuner.plan.fa_rules import parse_fa_rules
-from tuner.search import output_gate as og
+from tuner.rounds import output_gate as og
 from tuner.search.final_gates import run_output_gate as _output_gate
 from tuner.study.state import StudyState
 

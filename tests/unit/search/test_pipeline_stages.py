@@ -12,9 +12,11 @@ import pytest
 
 from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_texts
-from tuner.search import compose as comp
+from tuner.rounds import compose as comp
+from tuner.rounds.joint import Candidate
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search import confirm as conf
-from tuner.search.screen import AA_NAME, UPSTREAM, Candidate, candidates_for, run_phase_rounds, summarize_phase
+from tuner.search.screen import candidates_for, run_phase_rounds
 
 REPO = Path(__file__).resolve().parents[3]
 DEPTHS = [0, 4096, 8192, 16384, 32768, 65536]
@@ -260,7 +262,7 @@ def test_bad_rules_text_is_refused(bad: str) -> None:
 
 def test_fa_log_lines_of_the_h100_run_are_read() -> None:
     # Lines exactly as the sm_90 build printed them on the H100 (the hook added type_k/type_v).
-    from tuner.search.live import kernel_at, parse_fa_log
+    from tuner.rounds.live import kernel_at, parse_fa_log
 
     text = (
         "tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=256 type_k=f16 type_v=f16 kernel=VEC (default)\n"
@@ -363,7 +365,7 @@ def mma_prefill_best(kernel: str, d: int) -> float:
 
 
 def test_merge_call_combines_phase_rules_and_keeps_the_fill_on_upstream() -> None:
-    from tuner.search.screen import merge_call
+    from tuner.rounds.joint import merge_call
 
     pp = candidates_for("pp", ["TILE", "MMA"])
     tg = candidates_for("tg", ["VEC", "TILE", "MMA"])
@@ -391,7 +393,7 @@ def test_merge_call_combines_phase_rules_and_keeps_the_fill_on_upstream() -> Non
 
 
 def test_shared_rounds_screen_both_phases_in_one_call_each() -> None:
-    from tuner.search.screen import run_joint_rounds
+    from tuner.rounds.joint import run_joint_rounds
 
     calls: list = []
     cands = {"pp": candidates_for("pp", ["TILE", "MMA"]), "tg": candidates_for("tg", ["VEC", "TILE", "MMA"])}
@@ -418,7 +420,7 @@ def test_shared_rounds_screen_both_phases_in_one_call_each() -> None:
 
 
 def test_a_failing_phase_in_shared_calls_never_stops_the_other() -> None:
-    from tuner.search.screen import run_joint_rounds
+    from tuner.rounds.joint import run_joint_rounds
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
     mine = run_joint_rounds(
@@ -437,7 +439,7 @@ def test_a_failing_phase_in_shared_calls_never_stops_the_other() -> None:
 
 
 def test_shared_rounds_let_a_finished_phase_stop_and_resume_per_phase() -> None:
-    from tuner.search.screen import run_joint_rounds
+    from tuner.rounds.joint import run_joint_rounds
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["VEC", "TILE"])}
     recs: list = []
@@ -466,7 +468,8 @@ def test_shared_rounds_let_a_finished_phase_stop_and_resume_per_phase() -> None:
 def test_no_round_starts_that_would_overrun_the_budget() -> None:
     import time
 
-    from tuner.search.screen import BudgetReached, run_joint_rounds
+    from tuner.rounds.budget import BudgetReached
+    from tuner.rounds.joint import run_joint_rounds
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
     recs: list = []
@@ -512,7 +515,8 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
     calls and depths, decides whether its first round fits (the H100 calls end hard at 600 s)."""
     import time
 
-    from tuner.search.screen import BudgetReached, run_joint_rounds
+    from tuner.rounds.budget import BudgetReached
+    from tuner.rounds.joint import run_joint_rounds
 
     cands = {"pp": candidates_for("pp", ["TILE"]), "tg": candidates_for("tg", ["TILE"])}
     screen: list = []
@@ -611,7 +615,7 @@ def test_a_raised_round_cap_reopens_a_finished_screen() -> None:
     rounds, not compose the same 4 again. A phase that met its CI target, or its cap, stays done."""
     import types
 
-    from tuner.search.compose import open_depths
+    from tuner.rounds.compose import open_depths
     from tuner.search.pipeline import reopen_raised_caps
     from tuner.study.state import StudyState
 
@@ -737,7 +741,7 @@ def test_noise_floor_follows_a_depths_own_rounds() -> None:
 def test_a_depth_settled_by_futility_stops_before_the_minimum() -> None:
     # TILE forced for prefill at a tenth of upstream's speed: settled after two rounds, where nothing could
     # be claimed anyway. A depth where TILE might pay keeps the minimum and more.
-    from tuner.search.compose import open_depths
+    from tuner.rounds.compose import open_depths
 
     def tile_slow_shallow(k: str, d: int) -> float:
         return 900.0 * (0.1 if k == "TILE" and d < 32768 else 1.06 if k == "TILE" else 1.0)

@@ -33,7 +33,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
         return measure
 
-    monkeypatch.setattr("tuner.search.live.make_live_measure", make)
+    monkeypatch.setattr("tuner.rounds.live.make_live_measure", make)
     return seen
 
 

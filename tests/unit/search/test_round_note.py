@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tuner.search.screen import ci_note
+from tuner.rounds.joint import ci_note
 
 
 def test_one_round_has_no_ci_yet() -> None:

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from tests.unit.sweep.conftest import Clock
+from tuner.rounds.budget import BudgetReached
+from tuner.rounds.joint import run_joint_rounds
 from tuner.search import pipeline as pl
 from tuner.search import request as rq
 from tuner.search.dryrun import full_build_seconds
-from tuner.search.screen import BudgetReached, candidates_for, run_joint_rounds
+from tuner.search.screen import candidates_for
 from tuner.targets.archs import load_arch
 from tuner.targets.target import Target
 
@@ -125,7 +127,8 @@ def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_bu
     from tests.conftest import use_render_tree
     from tests.unit.search.test_knob_cli import DATA
     from tuner.cli import cli
-    from tuner.search.cost import load_step_costs, nearest_recording, screen_round_seconds
+    from tuner.rounds.costs import load_step_costs
+    from tuner.search.cost import nearest_recording, screen_round_seconds
     from tuner.targets.models import load_models, synth_model
 
     use_render_tree(monkeypatch)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
-from tuner.search.screen import Candidate
+from tuner.rounds.joint import Candidate
 from tuner.sweep import confirm
 from tuner.sweep.confirm_report import e2e_text, plan_text, pr_text
 from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
@@ -403,7 +403,7 @@ def test_a_models_small_batch_passes_share_one_prefill_band(tmp_path: Path) -> N
 
 
 def test_no_cublas_band_without_choices_or_prefill_check() -> None:
-    from tuner.search import output_gate as og
+    from tuner.rounds import output_gate as og
 
     decode = og.GateCheck(
         name="decode x", mode="decode", strict=False, env={}, args=(), upstream_env={}, upstream_args=(), why=""
@@ -447,7 +447,7 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
     figure, with -r 3 counted as the -r 4 llama-bench runs (the warm-up run included)."""
     import re
 
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
 
     extra = (FaShape(D=256, gqa=2, kv="f16", ne1=1),)
     res = CliRunner().invoke(
@@ -465,7 +465,7 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
 def test_the_plan_prices_small_batch_passes_from_their_recording(tmp_path: Path) -> None:
     """A small-batch pass is priced at its model's recorded per-call cost ([confirm_batch]) plus its gate: one
     check and, on a model's first pass, its prefill band of three kernels."""
-    from tuner.search.dryrun import load_step_costs
+    from tuner.rounds.costs import load_step_costs
     from tuner.sweep.confirm_report import _batch_pass_s
 
     res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, [NE4])), "--dry-run", "--rounds", "3"])
@@ -674,8 +674,7 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, clock: Any) -> None:
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import RoundBudget
+    from tuner.rounds.budget import BudgetReached, RoundBudget
 
     class Timed(FakeBench):
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -693,8 +692,7 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp
 
 
 def test_a_budget_shorter_than_the_first_round_measures_nothing(tmp_path: Path, clock: Any) -> None:
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import RoundBudget
+    from tuner.rounds.budget import BudgetReached, RoundBudget
 
     bench = FakeBench(gain=1.10)
     with pytest.raises(BudgetReached):  # the estimate (200 s) does not fit the 100 s left
@@ -726,7 +724,7 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
 
     from tuner import source
     from tuner.cli import sweep_confirm_cmd
-    from tuner.search.screen import BudgetReached
+    from tuner.rounds.budget import BudgetReached
 
     bins = tmp_path / "bin"
     bins.mkdir()
@@ -756,8 +754,7 @@ def test_no_gate_check_starts_that_would_end_past_the_budget(tmp_path: Path, clo
     """On the H100 the budget priced rounds only: a model's gate checks and test-backend-ops ran past it and the
     call's limit cut them. Each check is now priced as the dry run prices it; a stop keeps the checks that ran."""
     from tuner.cli.sweep_confirm_cmd import _check_budget
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import RoundBudget
+    from tuner.rounds.budget import BudgetReached, RoundBudget
     from tuner.sweep.confirm_report import check_seconds
 
     plan_ = confirm.plan_model(confirm.load_table(_sweep_dir(tmp_path)), "llama-3.2-1b")
@@ -801,8 +798,7 @@ def test_test_backend_ops_runs_the_kept_shapes_cases_within_the_budget(tmp_path:
     """FLASH_ATTN_EXT runs the cases of the kept entries' head sizes and K/V types (`-p`, as validate --gpu), MUL_MAT
     every case; neither starts where its recorded time would end past the budget, and a stored run is not repeated."""
     from tuner.cli.sweep_confirm_cmd import _backend_ops
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import RoundBudget
+    from tuner.rounds.budget import BudgetReached, RoundBudget
     from tuner.sweep.confirm_report import backend_ops_seconds
 
     conf = _kept(tmp_path)

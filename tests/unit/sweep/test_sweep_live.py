@@ -243,8 +243,7 @@ def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_pat
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_path: Path, clock: Any) -> None:
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import SweepBudget
+    from tuner.rounds.budget import BudgetReached, SweepBudget
 
     class Slow(FakeRunRound):  # each process 60 s, four a round
         def __call__(self, *args: Any, **kw: Any) -> Any:

@@ -414,8 +414,7 @@ def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monk
 
 
 def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, clock: Any) -> None:
-    from tuner.search.screen import BudgetReached
-    from tuner.sweep.budget import SweepBudget
+    from tuner.rounds.budget import BudgetReached, SweepBudget
 
     class Slow(FakeRunCases):  # every process takes 10 s, about twice the sweep's estimate for 24 cases
         def __call__(self, *args: Any, **kw: Any) -> Any:

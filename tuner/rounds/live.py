@@ -27,10 +27,10 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.measure.falog import kernel_at, parse_fa_log
-from tuner.search.screen import Candidate, JointMeasure, Measure
+from tuner.rounds.joint import Candidate, JointMeasure, Measure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
-"""Record keys (:data:`tuner.search.screen.OBSERVED`) and the bench columns they come from."""
+"""Record keys (:data:`tuner.rounds.stats.OBSERVED`) and the bench columns they come from."""
 
 
 def _finite(x: Any) -> float | None:
@@ -50,7 +50,7 @@ def make_live_measure(
     arch: str | None,
     cpus: Sequence[int] | None = None,
 ) -> Measure:
-    """A :data:`~tuner.search.screen.Measure` running the real llama-bench of ``bin_dir`` (pinned to
+    """A :data:`~tuner.rounds.joint.Measure` running the real llama-bench of ``bin_dir`` (pinned to
     ``cpus`` when given: the host-paced scenario)."""
     import os
     import platform
@@ -120,8 +120,8 @@ def make_live_measure(
 
 
 class _LiveMeasure:
-    """A :data:`~tuner.search.screen.Measure` (one phase per call) that also has ``joint`` (both phases
-    in one call: :func:`tuner.search.screen.run_joint_rounds`) and ``info`` (the device llama-bench
+    """A :data:`~tuner.rounds.joint.Measure` (one phase per call) that also has ``joint`` (both phases
+    in one call: :func:`tuner.rounds.joint.run_joint_rounds`) and ``info`` (the device llama-bench
     reported, for the report)."""
 
     def __init__(self, joint: JointMeasure, info: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""The sweeps' time budget (``--time-budget`` of ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
+"""The time budgets (``--time-budget`` of ``tuner search``, ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
 that would end past the deadline, so a call that a machine's time limit ends stops between units of work
 instead of losing the one in flight. A unit is a round: the timer processes of one chunk's round in the kernel
 sweeps (:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), the
@@ -7,14 +7,31 @@ and test-backend-ops run. What was measured is stored; the same command resumes.
 
 from __future__ import annotations
 
-__all__ = ["RoundBudget", "SweepBudget"]
+__all__ = ["BudgetReached", "RoundBudget", "SweepBudget", "budget_deadline", "check_fits"]
 
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuner.search.screen import BudgetReached
+
+class BudgetReached(Exception):
+    """The time budget ended a stage; rerunning the same command resumes it."""
+
+
+def budget_deadline(started: float | None, seconds: float | None) -> float | None:
+    """The ``time.monotonic()`` deadline of a ``--time-budget`` of ``seconds`` counted from ``started`` (the
+    command's start: its build and model count too; None: from now); None without a budget."""
+    if not seconds:
+        return None
+    return (time.monotonic() if started is None else started) + seconds
+
+
+def check_fits(deadline: float | None, seconds: float, what: str) -> None:
+    """BudgetReached where ``what``, priced at ``seconds``, would end past ``deadline`` (a unit that is not a
+    round: a build, a model's synthesis), so it is not started to be cut off."""
+    if deadline is not None and time.monotonic() + seconds > deadline:
+        raise BudgetReached(f"{what} (about {seconds:.0f} s, {max(0.0, deadline - time.monotonic()):.0f} s left)")
 
 
 def _unknown(plan: Any, depths: Sequence[int]) -> float:
@@ -25,7 +42,7 @@ def _unknown(plan: Any, depths: Sequence[int]) -> float:
 class RoundBudget:
     """The confirmation's. ``deadline``: ``time.monotonic()`` seconds. ``round_s(plan, depths)``: a model's first
     round estimated (seconds), which decides whether it starts; later rounds are judged by the model's longest
-    so far (:func:`tuner.search.screen.run_joint_rounds`)."""
+    so far (:func:`tuner.rounds.joint.run_joint_rounds`)."""
 
     deadline: float
     round_s: Callable[[Any, Sequence[int]], float] = _unknown
@@ -46,7 +63,7 @@ class RoundBudget:
             raise BudgetReached(what)
 
     def prior(self, plan: Any, depths: Sequence[int], calls: Sequence[str]) -> list[dict[str, Any]]:
-        """The estimate as a round record, as :func:`tuner.search.screen.run_joint_rounds` reads ``prior``."""
+        """The estimate as a round record, as :func:`tuner.rounds.joint.run_joint_rounds` reads ``prior``."""
         return [{"seconds": self.round_s(plan, depths), "depths": list(depths), "order": list(calls)}]
 
 

@@ -50,7 +50,7 @@ from scipy import stats as _stats
 from tuner.measure.decide import Call, decide, phase_tests
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, rejects_cpu_cost, too_noisy, verdict
 from tuner.plan.fa_rules import FaRule, Phase
-from tuner.search.screen import UPSTREAM, CellStats
+from tuner.rounds.stats import UPSTREAM, CellStats
 
 Family = Literal["changed", "all"]
 FAMILIES = ("changed", "all")
@@ -231,7 +231,7 @@ def judge_phase(
 ) -> dict[int, CellStats]:
     """The cells with every verdict judged against the bar the search decides by.
 
-    :func:`tuner.search.screen.summarize_phase` judges a cell by its own A/A noise; a decision also needs
+    :func:`tuner.rounds.stats.summarize_phase` judges a cell by its own A/A noise; a decision also needs
     the phase's noise floor at the cell's rounds (:func:`noise_floor`), so that one lucky A/A cell
     does not let a candidate through. The bar is the larger of the two (``bar_pct``, ``cpu_bar`` for
     CPU%), and the verdicts, the CPU rejection of decode changes (docs/design.md) included, are recomputed

@@ -1,0 +1,394 @@
+"""Paired rounds: every candidate measured once per round, back to back, in an order rotated each round.
+
+A candidate's effect at a point is its paired ratio to upstream within each round (see
+:mod:`tuner.measure.paired`). Rounds are added until every cell's CI half-width is at most
+``target_ci`` percent, or ``max_rounds``, or the deadline; with a settle rule (the search passes
+:func:`tuner.rounds.compose.open_depths`), a depth whose decision is settled gets no rounds past the
+minimum, so the rounds go where a decision is still open (a long-context cell on the 1B needed ~12). Prefill and decode are judged
+separately: what one phase measures never stops the other. Where the measure can run both phases in
+one llama-bench call (:func:`run_joint_rounds`), a round pairs a prefill candidate with a decode
+candidate per call, so the two phases share every depth fill, the larger part of a long-context call.
+
+The decisions (claim, keep upstream, more rounds) are :mod:`tuner.measure.decide`'s, through
+:func:`tuner.rounds.compose.judge_phase` and :func:`tuner.rounds.compose.open_depths`: each round records
+its stop rule's limits (``limits``), the looks that rule accounts for.
+
+The round records are plain JSON (stored in the study, so a resumed search adds rounds instead of
+starting over). Next to t/s (``values``) they keep what the measure observed in the timed window:
+CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
+older studies lack them, and everything derived from them is then NaN (:mod:`tuner.rounds.stats`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EARLY_SETTLE_ROUNDS",
+    "AllCallsFailed",
+    "Candidate",
+    "JointMeasure",
+    "Measure",
+    "Settle",
+    "ci_note",
+    "depths_to_measure",
+    "merge_call",
+    "phase_stops",
+    "run_joint_rounds",
+]
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence, Set
+from typing import Any
+
+from tuner import log, progress
+from tuner.errors import TunerError
+from tuner.measure.paired import rotated
+from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
+from tuner.rounds.budget import BudgetReached
+from tuner.rounds.stats import OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
+
+
+class AllCallsFailed(TunerError):
+    """Every llama-bench call of a stage's rounds so far failed (a model that does not load, a build that
+    crashes): nothing can be compared, so the search stops (exit 1) instead of composing from no data.
+    The failed round is not stored; rerunning after the fix measures it again."""
+
+    def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
+        self.tag, self.calls, self.errors = tag, calls, list(errors)
+        said, where = _bench_said(errors[0] if errors else "")
+        super().__init__(
+            f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
+            f"llama-bench said: {said!r}" + (f" (log: {where})." if where else ".")
+        )
+
+
+def _bench_said(error: str) -> tuple[str, str]:
+    """llama-bench's own last lines for a failed call's error text (read from the log it names), and the log."""
+    import re
+    from pathlib import Path
+
+    m = re.search(r"see (\S+\.log)", error)
+    log_file = m[1] if m else ""
+    try:
+        lines = Path(log_file).read_text(errors="replace").splitlines() if log_file else []
+    except OSError:
+        lines = []
+    if not lines:
+        lines = error.split("Last lines:", 1)[-1].splitlines()
+    # the command line (first line of a log) and progress lines say nothing about the failure
+    keep = [
+        ln.strip()
+        for ln in lines
+        if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")
+    ]
+    keep = list(dict.fromkeys(keep))  # a retried call repeats its error
+    return (" | ".join(keep[-3:]) or error[:300] or "no error text"), log_file
+
+
+EARLY_SETTLE_ROUNDS = 2
+"""Rounds after which a depth settled by futility stops, below ``min_rounds`` (:func:`depths_to_measure`)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One runtime configuration measured in a round."""
+
+    name: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    kernel: str | None = None
+    """The kernel this candidate forces (None: upstream's own choice)."""
+
+
+# measure(candidate, phase, depths, label) -> {depth: {"ts": float|None, "kernel": str|None,
+#                                                      "why": str|None, "error": str,
+#                                                      optional "cpu"/"core"/"gpu": float|None}}
+Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[str, Any]]]
+
+
+# joint(candidate, phases, depths, label) -> {phase: {depth: {...as Measure...}}}: one llama-bench call
+# measuring several phases at the same depths, so they share each depth's fill (llama-bench keeps the
+# context state of the last depth it filled and restores it for the next test at that depth).
+JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Mapping[str, Any]]]]
+
+# settle(phase, cells) -> the depths whose decision more rounds could still change
+# (tuner.rounds.compose.open_depths); the others get no more rounds once they have the minimum.
+Settle = Callable[[str, "PhaseScreen"], Set[int]]
+
+
+def _phase_rules(cand: Candidate, phase: str) -> list[FaRule]:
+    """The candidate's FA rules that act on ``phase`` (read back from the env its llama-bench gets)."""
+    want = Phase.from_bench(phase)
+    return [r for r in parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", "")) if r.phase is want]
+
+
+def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_tokens: int) -> Candidate | None:
+    """One candidate that runs each phase's candidate in one process, or None where they cannot share one.
+
+    Kernel rules act per phase, so a prefill candidate and a decode candidate combine; anything else
+    (process env, bench args) must be equal. A forced prefill kernel is narrowed to the timed tests'
+    n_kv windows ``(d, d + pp + 256]`` so the untimed depth fill runs upstream's prefill kernel
+    whichever candidate is measured (a slow forced kernel would otherwise slow every fill).
+    """
+    cands = list(by_phase.values())
+    rest = [({k: v for k, v in c.env.items() if k != "GGML_TUNER_FA_RULES"}, c.args) for c in cands]
+    if any(r != rest[0] for r in rest[1:]):
+        return None
+    rules: list[FaRule] = []
+    for phase, c in by_phase.items():
+        for r in _phase_rules(c, phase):
+            if r == FaRule(phase=Phase.PREFILL, lo=0, hi=None, kernel=str(c.kernel)):  # a forced prefill kernel
+                rules += [dataclasses.replace(r, lo=d + 1, hi=d + pp_tokens + 257) for d in depths]
+            else:
+                rules.append(r)
+    env = dict(rest[0][0]) | ({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})
+    return Candidate(name="+".join(c.name for c in cands), env=env, args=rest[0][1])
+
+
+def run_joint_rounds(
+    joint: JointMeasure,
+    cands: Mapping[str, Sequence[Candidate]],
+    depths: Sequence[int],
+    rounds: list[dict[str, Any]],
+    *,
+    pp_tokens: int,
+    min_rounds: int = 3,
+    max_rounds: int = 6,
+    target_ci: float = 1.0,
+    deadline: float | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    tag: str = "screen",
+    prior: Sequence[Mapping[str, Any]] = (),
+    settle: Settle | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
+
+    ``prior``: rounds of an earlier stage, used only to estimate this loop's first round against
+    the deadline. ``settle``: see :func:`depths_to_measure`.
+
+    Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
+    the records are the same per-phase records, so each phase's stop rule, summary and resume stay
+    its own: a phase that has met its target stops adding rows while the other goes on. A round
+    measures only the depths some active phase still needs (both phases at their union, sharing fills).
+    """
+    want = set(depths)
+    mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
+    calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
+    with progress.track(
+        f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="measuring calls"
+    ) as bar:
+        while True:
+            todo = {p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle) for p in cands}
+            active = [p for p in cands if todo[p]]
+            if not active:
+                break
+            ds = sorted({d for p in active for d in todo[p]})
+            n_calls = max(len(cands[p]) for p in active)
+            est = _round_estimate([r for p in active for r in mine[p]], prior, n_calls, ds)
+            if deadline is not None and time.monotonic() + est > deadline:
+                n, left = min(len(mine[p]) for p in active), max(0.0, deadline - time.monotonic())
+                what = f"{tag} {'+'.join(active)} round {n + 1} (about {est:.0f} s, {left:.0f} s left)"
+                log.warning(
+                    f"no time for {what} within the budget; rerun the same command to add rounds"
+                    + ("" if n else ", with a --time-budget long enough for one")
+                )
+                raise BudgetReached(what)
+            recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
+            # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
+            # records): the model or the build does not run at all. A phase failing beside one that
+            # measures is data (a prefill crash never stops decode), and is kept as such.
+            if not _any_value(recs.values()) and not _any_value(rounds):
+                raise AllCallsFailed(
+                    tag,
+                    max(len(cands[p]) for p in active),
+                    sorted({e for r in recs.values() for e in r["errors"].values()}),
+                )
+            for p, rec in recs.items():
+                rec["limits"] = [min_rounds, max_rounds]  # the looks the decision rule accounts for
+                mine[p].append(rec)
+                rounds.append(rec)
+                if on_round is not None:
+                    on_round(rec)
+                st = summarize_phase(p, mine[p], depths)
+                worst = max((c.max_halfwidth for c in st.values()), default=math.inf)
+                others = "+".join(q for q in recs if q != p) if rec["shared"] else ""
+                where = "" if ds == sorted(want) else f" at depths {ds} (the others are settled)"
+                log.info(
+                    f"  {tag} {p} round {rec['round'] + 1}/{max_rounds}{where} ({rec['seconds']:.0f} s"
+                    + (f", calls shared with {others}" if others else "")
+                    + f"): {ci_note(len(mine[p]), worst, min_rounds, max_rounds, target_ci)}"
+                    + (f"; errors: {rec['errors']}" if rec["errors"] else "")
+                )
+    return mine
+
+
+def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, target_ci: float) -> str:
+    """A round's progress note: the widest CI so far and what stops the rounds. One round has no CI (inf),
+    and a target of 0 means the rounds are counted, not sized to a CI: "over ±100% (target ±0%)" there
+    read as a failed measurement."""
+    if n_rounds < 2:
+        wide = "widest 95% CI after round 2"
+    else:
+        wide = "widest 95% CI " + (f"±{worst:.1f}%" if worst < 100 else "over ±100%")
+    if target_ci > 0:
+        goal = f"target ±{target_ci:g}%"
+    elif min_rounds >= max_rounds:
+        goal = "a fixed number of rounds"
+    else:
+        goal = f"{min_rounds} rounds, more only where the verdict is open"
+    return f"{wide} ({goal})"
+
+
+def _round_estimate(
+    done: Sequence[Mapping[str, Any]],
+    prior: Sequence[Mapping[str, Any]] = (),
+    n_calls: int = 1,
+    depths: Sequence[int] = (0,),
+) -> float:
+    """The next round's seconds, judged by the longest round so far (a killed call loses its round in flight;
+    stopping before it keeps the budget's promise). Before this loop's first round, the slowest call of
+    ``prior`` rounds is scaled to this round's calls and depths (a confirm stage started with too little time
+    left would be killed mid-round; a fresh study's screen passes its price, :func:`tuner.search.cost.priced_screen_call`);
+    0 without either."""
+    est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
+    if not done:
+        # The latest rounds only: an older one may have run another way (an H100 confirm, results/sm_90/llama-3.1-8b-q4_k_m/evidence, was
+        # held back by a 337 s round of an earlier version, when the screen's last rounds took 240 s).
+        recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
+        rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
+        est = max(rates, default=0.0) * n_calls * _call_weight(depths)
+    return est
+
+
+def _call_weight(depths: Sequence[int]) -> float:
+    # A call's time grows with the tokens it fills (the depths) plus a fixed cost per depth's tests.
+    return float(sum(int(d) for d in depths) + 4096 * len(depths))
+
+
+def depths_to_measure(
+    phase: str,
+    mine: Sequence[Mapping[str, Any]],
+    depths: Sequence[int],
+    min_rounds: int,
+    max_rounds: int,
+    target_ci: float,
+    settle: Settle | None = None,
+) -> list[int]:
+    """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
+
+    Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within
+    ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled. Rounds
+    are counted per depth: a round that measured only the open depths counts for those.
+
+    A depth that ``settle`` calls settled after :data:`EARLY_SETTLE_ROUNDS` rounds stops there, before
+    ``min_rounds``: below the minimum nothing can be claimed (the decision rule gives those round counts
+    no alpha), so a settled depth is one where every candidate that runs another kernel than upstream's
+    is settled by futility (its upper bound is below the practical minimum, e.g. TILE forced for
+    prefill on an H100 at a tenth of MMA's speed); not a depth where none does (a confirm's points
+    outside every rule: those keep ``min_rounds``, their A/A rounds are the noise the report shows). Stopping there
+    only gives up claims, so the rule's error guarantee is unchanged.
+    """
+    st = summarize_phase(phase, mine, depths)
+    n = {d: sum(1 for r in mine if str(d) in r["values"].get(UPSTREAM, {})) for d in depths}
+    open_ = settle(phase, st) if settle is not None else set(depths)
+    out = []
+    for d in depths:
+        settled_early = (
+            settle is not None and d not in open_ and n[d] >= EARLY_SETTLE_ROUNDS and d in st and bool(st[d].changed)
+        )
+        if (n[d] < min_rounds and not settled_early) or (
+            n[d] < max_rounds and d in open_ and not (d in st and st[d].max_halfwidth <= target_ci)
+        ):
+            out.append(d)
+    return out
+
+
+def phase_stops(
+    phase: str,
+    mine: Sequence[Mapping[str, Any]],
+    depths: Sequence[int],
+    min_rounds: int,
+    max_rounds: int,
+    target_ci: float,
+    settle: Settle | None = None,
+) -> bool:
+    return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle)
+
+
+def _joint_round(
+    joint: JointMeasure,
+    cands: Mapping[str, Sequence[Candidate]],
+    depths: Sequence[int],
+    mine: Mapping[str, Sequence[Mapping[str, Any]]],
+    bar: Any,
+    *,
+    pp_tokens: int,
+    tag: str,
+) -> dict[str, dict[str, Any]]:
+    """One round of every active phase; returns its record per phase."""
+    orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
+    recs: dict[str, dict[str, Any]] = {
+        p: {
+            "phase": p,
+            "depths": [int(d) for d in depths],
+            "round": len(mine[p]),
+            "order": orders[p],
+            "values": {},
+            "kernels": {},
+            "why": {},
+            "errors": {},
+            "t": time.time(),
+            "shared": False,
+        }
+        for p in cands
+    }
+    t0 = time.monotonic()
+    for j in range(max(len(o) for o in orders.values())):
+        pick = {p: next(c for c in cands[p] if c.name == orders[p][j]) for p in cands if j < len(orders[p])}
+        merged = merge_call(pick, depths=depths, pp_tokens=pp_tokens) if len(pick) > 1 else None
+        groups = [(merged, list(pick))] if merged is not None else [(c, [p]) for p, c in pick.items()]
+        for p in pick if merged is not None else ():
+            recs[p]["shared"] = True
+        for cand, phases in groups:
+            label = f"{tag}-{'+'.join(phases)}-r{min(recs[p]['round'] for p in phases)}-{cand.name}"
+            res = joint(cand, phases, depths, label)
+            for p in phases:
+                _store(recs[p], pick[p].name, res.get(p, {}), depths)
+        bar.advance()
+    for rec in recs.values():
+        rec["seconds"] = round(time.monotonic() - t0, 1)
+    return recs
+
+
+def _any_value(records: Any) -> bool:
+    """True when some round record holds a measured t/s (a call that ran)."""
+    return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
+
+
+def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]], depths: Sequence[int]) -> None:
+    rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
+    for key in OBSERVED:
+        rec.setdefault(key, {})[name] = {str(d): _util(res.get(d, {}).get(key)) for d in depths}
+    rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
+    rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
+    errs = sorted({str(res[d]["error"]) for d in res if res[d].get("error")})
+    if errs:
+        rec["errors"][name] = "; ".join(errs)[:500]
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _util(x: Any) -> float | None:
+    """A utilization in percent as stored (0 is a real value, unlike a t/s of 0); None when unknown."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(v, 2) if math.isfinite(v) and v >= 0 else None
