@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from tuner.errors import UsageError, close_matches
+from tuner.measure.exe import find_bin_dir  # where --build points: re-exported for the commands
 
 
 class SuggestingGroup(click.Group):
@@ -73,17 +74,6 @@ CPU_MASK_HELP = (
     "Pin every llama-bench process to these CPUs (taskset -c), e.g. 0-1 or 0,2: a host-paced run where the "
     "CPU is the limit. Threads' legal values then follow the mask's size."
 )
-
-
-def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:
-    """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin (what --build may point at)."""
-    for cand in (path, path / "bin", path / "build" / "bin"):
-        if (cand / exe).is_file():
-            return cand
-    raise UsageError(
-        f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
-        "directory or its bin directory (`tuner build` prints it)."
-    )
 
 
 def stamped_run_dir(kind: str) -> Path:

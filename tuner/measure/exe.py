@@ -3,7 +3,7 @@ bin directory, and the environment overrides are well-formed (bench, gate, soak,
 
 from __future__ import annotations
 
-__all__ = ["check_env", "find_exe"]
+__all__ = ["check_env", "find_bin_dir", "find_exe"]
 
 import os
 import re
@@ -36,3 +36,14 @@ def find_exe(bin_dir: Path, name: str) -> Path:
             f"contain {name}; `tuner build` builds it), or build llama.cpp with that target."
         )
     return exe
+
+
+def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:
+    """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin (what --build may point at)."""
+    for cand in (path, path / "bin", path / "build" / "bin"):
+        if (cand / exe).is_file():
+            return cand
+    raise UsageError(
+        f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
+        "directory or its bin directory (`tuner build` prints it)."
+    )

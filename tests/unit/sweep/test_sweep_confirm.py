@@ -659,8 +659,8 @@ def test_backend_ops_runs_each_kept_kernel_of_a_shape() -> None:
 
 
 def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path, monkeypatch) -> None:
-    from tuner.cli import sweep_confirm_cmd
     from tuner.measure import device
+    from tuner.sweep import confirm_stage
 
     sweep_dir = _sweep_dir(tmp_path)
     with sqlite3.connect(sweep_dir / "sweep.sqlite3") as c:
@@ -668,9 +668,9 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
     table = confirm.load_table(sweep_dir, None)
     monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H200")
     with pytest.raises(UsageError, match=r"`tuner sweep run` samples were measured on NVIDIA H100 80GB HBM3, but this"):
-        sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0")
+        confirm_stage._same_device(table, tmp_path, "CUDA0")
     monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H100 80GB HBM3")
-    assert sweep_confirm_cmd._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}
+    assert confirm_stage._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, clock: Any) -> None:
@@ -723,8 +723,8 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
     import types
 
     from tuner import source
-    from tuner.cli import sweep_confirm_cmd
     from tuner.rounds.budget import BudgetReached
+    from tuner.sweep import confirm_stage
 
     bins = tmp_path / "bin"
     bins.mkdir()
@@ -737,7 +737,7 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
         raise BudgetReached("confirm-llama-3.2-1b tg+pp")
 
     monkeypatch.setattr(source, "fetch_source", lambda *a: types.SimpleNamespace(era="mma", root=tmp_path))
-    monkeypatch.setattr(sweep_confirm_cmd, "_same_device", lambda *a: {})
+    monkeypatch.setattr(confirm_stage, "_same_device", lambda *a: {})
     monkeypatch.setattr(confirm, "confirm_models", stopped)
     out = tmp_path / "confirm"
     args = ["confirm", str(_sweep_dir(tmp_path)), "--build", str(bins), "--time-budget", "600", "-o", str(out)]
@@ -753,9 +753,9 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
 def test_no_gate_check_starts_that_would_end_past_the_budget(tmp_path: Path, clock: Any) -> None:
     """On the H100 the budget priced rounds only: a model's gate checks and test-backend-ops ran past it and the
     call's limit cut them. Each check is now priced as the dry run prices it; a stop keeps the checks that ran."""
-    from tuner.cli.sweep_confirm_cmd import _check_budget
     from tuner.rounds.budget import BudgetReached, RoundBudget
     from tuner.sweep.confirm_report import check_seconds
+    from tuner.sweep.confirm_stage import _check_budget
 
     plan_ = confirm.plan_model(confirm.load_table(_sweep_dir(tmp_path)), "llama-3.2-1b")
     secs = check_seconds("llama-3.2-1b")
@@ -797,9 +797,9 @@ def _kept(tmp_path: Path) -> Any:
 def test_test_backend_ops_runs_the_kept_shapes_cases_within_the_budget(tmp_path: Path, clock: Any, monkeypatch) -> None:
     """FLASH_ATTN_EXT runs the cases of the kept entries' head sizes and K/V types (`-p`, as validate --gpu), MUL_MAT
     every case; neither starts where its recorded time would end past the budget, and a stored run is not repeated."""
-    from tuner.cli.sweep_confirm_cmd import _backend_ops
     from tuner.rounds.budget import BudgetReached, RoundBudget
     from tuner.sweep.confirm_report import backend_ops_seconds
+    from tuner.sweep.confirm_stage import _backend_ops
 
     conf = _kept(tmp_path)
     ran: list[tuple[str, str | None]] = []

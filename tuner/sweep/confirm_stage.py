@@ -1,0 +1,336 @@
+"""``tuner sweep confirm`` as two stages over one frozen request: :func:`plan_confirm` (the table loaded, the
+models planned, the dry run's text) and :func:`run_confirm` (the build found or made, the storage opened, the
+models measured and gated, test-backend-ops run, e2e.md, PR.md and upstream.patch written). The command only
+parses its flags into a :class:`ConfirmRequest`, calls them and prints what they return."""
+
+from __future__ import annotations
+
+__all__ = ["ConfirmOutcome", "ConfirmPlan", "ConfirmRequest", "outcome_text", "plan_confirm", "run_confirm"]
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from tuner import source
+from tuner.errors import UsageError
+from tuner.measure.exe import find_bin_dir
+from tuner.measure.gate import params_for_shapes
+from tuner.plan.fa_rules import rules_env
+from tuner.rounds.budget import RoundBudget
+from tuner.rounds.joint import JointMeasure
+from tuner.rounds.live import make_live_measure
+from tuner.source import Source
+from tuner.sweep import confirm, mmq
+from tuner.sweep.build import default_build
+from tuner.sweep.confirm import Confirmed, ModelPlan, Table
+from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
+from tuner.sweep.confirm_store import ConfirmStore
+from tuner.sweep.store import DEVICE, device_identity
+from tuner.sweep.table import widened_layers
+from tuner.targets.defaults import DEFAULT_QUANT
+from tuner.targets.models import load_gguf_tensors, synth_cached
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConfirmRequest:
+    """``tuner sweep confirm``'s flags, as given (the rounds already checked against each other)."""
+
+    sweep_dir: Path
+    mmq_dir: Path | None = None
+    likes: tuple[str, ...] = ()
+    """Model shapes; empty: :data:`tuner.sweep.confirm.DEFAULT_LIKE`."""
+    quant: str = DEFAULT_QUANT
+    depths: tuple[int, ...] = confirm.DEFAULT_DEPTHS
+    mmq_like: str = "llama-3.1-8b"
+    """The MMQ passes' model shape; ``none``: no passes."""
+    rounds: int = 3
+    max_rounds: int | None = None
+    reps: int = 3
+    build_dir: Path | None = None
+    """A build or bin directory; None: the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
+    backend: str = "CUDA0"
+    spec: str | None = None
+    storage: Path | None = None
+    time_budget: float | None = None
+    out_dir: Path | None = None
+    """Where the outputs go; None: ``sweep_dir/confirm``."""
+
+    @property
+    def out(self) -> Path:
+        return self.out_dir or self.sweep_dir / "confirm"
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage or self.out / "confirm.sqlite3"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConfirmPlan:
+    """What :func:`plan_confirm` decided: the table, the models it changes, the MMQ passes, the dry run's text."""
+
+    request: ConfirmRequest
+    table: Table
+    likes: tuple[str, ...]
+    plans: tuple[ModelPlan, ...]
+    passes: tuple[ModelPlan, ...]
+    mmq_like: str | None
+    budget: RoundBudget | None
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConfirmOutcome:
+    """What :func:`run_confirm` measured, decided and wrote to ``out``."""
+
+    conf: Confirmed
+    backend_ops: tuple[dict[str, Any], ...]
+    patch: bool
+    """Whether ``upstream.patch`` was written (an entry was kept)."""
+    out: Path
+
+
+def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
+    """The table of ``request.sweep_dir`` (and ``mmq_dir``) and its models planned; nothing built or measured.
+
+    Raises:
+        UsageError: a store that is not a sweep's, an unknown model shape (exit 2).
+    """
+    r = request
+    # the clock starts before anything is loaded: a caller's limit counts from the command's start
+    budget = (
+        RoundBudget.from_now(r.time_budget, lambda p, ds: round_seconds(p, ds, reps=r.reps)) if r.time_budget else None
+    )
+    table = confirm.load_table(r.sweep_dir, r.mmq_dir)
+    likes = r.likes or confirm.DEFAULT_LIKE
+    # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
+    plans = [
+        confirm.plan_model(table, like, weight_types=confirm.planned_weight_types(like, r.quant)) for like in likes
+    ]
+    like_mmq = None if r.mmq_like.lower() == "none" else r.mmq_like
+    passes = confirm.mmq_passes(table, plans, like_mmq) if like_mmq else []
+    text = plan_text(table, plans, r.depths, rounds=r.rounds, reps=r.reps, quant=r.quant, passes=passes)
+    if r.max_rounds and r.max_rounds > r.rounds:
+        text += (
+            f"  up to {r.max_rounds} rounds at the depths still open after {r.rounds} (not in the estimate: "
+            "how many stay open is known only then)\n"
+        )
+    return ConfirmPlan(
+        request=r,
+        table=table,
+        likes=tuple(likes),
+        plans=tuple(plans),
+        passes=tuple(passes),
+        mmq_like=like_mmq,
+        budget=budget,
+        text=text,
+    )
+
+
+def _bin_dir(plan: ConfirmPlan) -> Path:
+    """The build the confirmation runs: ``--build``'s, with the tools it needs, or the sweeps' default build
+    with them added."""
+    r = plan.request
+    modes = {confirm.quant_mode(q) for q in (r.quant, *(p.quant for p in plan.passes))}  # the passes' types too
+    tools = ("llama-perplexity",) + (("llama-quantize",) if "quantize" in modes else ())
+    if r.build_dir is None:
+        return default_build(plan.table.arch.name, r.spec, extra=tools)
+    bin_dir = find_bin_dir(r.build_dir)
+    missing = [t for t in tools if not (bin_dir / t).is_file()]
+    if missing:
+        raise UsageError(
+            f"{bin_dir} has no {' or '.join(missing)}, which the confirmation needs (the output-equivalence "
+            "gate runs llama-perplexity; the models are quantized with llama-quantize). Leave --build out to "
+            "use the sweeps' default build with them added, or build them into this one."
+        )
+    return Path(bin_dir)
+
+
+def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
+    """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
+    return {
+        "arch": table.arch.name,
+        "build": str(bin_dir.resolve()),
+        "quant": quant.upper(),
+        "models": confirm.quant_mode(quant),
+        "reps": str(reps),
+        "tests": f"pp{confirm.PP},tg{confirm.TG}",
+        "table": confirm.table_id(table),
+    }
+
+
+def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
+    """``{"device": ...}`` for the confirm storage; UsageError where the sweeps recorded another device (a table
+    swept on one GPU model is confirmed on the same one, or its kernel-level and end-to-end numbers disagree
+    for reasons that are not the table's)."""
+    mine = device_identity(bin_dir, backend)
+    dev = mine.get(DEVICE)
+    for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
+        swept = ident.get(DEVICE)
+        if dev and swept and swept != dev:
+            raise UsageError(
+                f"The table's `{what}` samples were measured on {swept}, but this machine measures on {dev}. A "
+                "table is confirmed on the device it was swept on; run the confirmation on such a machine, or "
+                "sweep this device first."
+            )
+    return mine
+
+
+def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
+    """Measure, gate and decide ``plan``'s models (resuming what its storage holds), run test-backend-ops on the
+    kept table and write e2e.md, PR.md and upstream.patch (kept entries only) to the request's ``out``.
+
+    Raises:
+        UsageError: a build without the tools it needs, a device other than the sweeps' (exit 2).
+        BudgetReached: the time budget stopped it; what was measured is stored, nothing is written.
+    """
+    r, table, budget = plan.request, plan.table, plan.budget
+    out = r.out
+    bin_dir = _bin_dir(plan)
+    src = source.fetch_source(r.spec) if r.spec else source.fetch_source()
+    identity = {
+        **_confirm_identity(table, bin_dir, quant=r.quant, reps=r.reps),
+        **_same_device(table, bin_dir, r.backend),
+    }
+    store = ConfirmStore(r.storage_path, identity)
+    qbin = bin_dir / "llama-quantize"
+    mode = confirm.quant_mode(r.quant)
+    qtype = None if mode == "f16" else r.quant  # f16: the synthesized model as written
+
+    def joint_for(path: Path, one: ModelPlan) -> JointMeasure:
+        reps_by = {"pp": r.reps, "tg": r.reps}
+        m = make_live_measure(
+            bin_dir,
+            path,
+            pp=one.pp,
+            tg=confirm.TG,
+            reps=reps_by,
+            log_dir=out / "logs" / one.like,
+            era=src.era,
+            arch=None,
+        )
+        joint: JointMeasure = cast(Any, m).joint  # rounds.live's both-phases call
+        return joint
+
+    def model_for(like: str, quant: str | None = qtype, direct: bool = mode == "direct") -> Path:
+        if budget is not None:
+            budget.check(f"making the {like}{f' {quant}' if quant else ''} model")
+        return Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin, direct=direct))
+
+    def gate(one: ModelPlan, path: Path) -> dict[str, Any]:
+        return confirm.gate_model(one, path, bin_dir, arch=table.arch, era=src.era, store=store,
+                                  work_dir=out / "equivalence", before=_check_budget(budget, one))  # fmt: skip
+
+    try:
+        conf = confirm.confirm_models(
+            table,
+            plan.likes,
+            depths=r.depths,
+            rounds=r.rounds,
+            store=store,
+            model_for=model_for,
+            joint_for=joint_for,
+            gate=gate,
+            weight_types_of=lambda path: [t.ggml_type for t in load_gguf_tensors(path)],
+            era=src.era,
+            mmq_like=plan.mmq_like,
+            max_rounds=r.max_rounds,
+            # a pass's type written directly where it can be: no f16, no quantize
+            quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
+            budget=budget,
+        )
+        ops = _backend_ops(conf, bin_dir, backend=r.backend, store=store, log_dir=out / "logs", budget=budget)
+    finally:
+        store.close()
+    patch = _write(table, conf, ops, src, out=out, identity=identity, rounds=r.rounds)
+    return ConfirmOutcome(conf=conf, backend_ops=tuple(ops), patch=bool(patch), out=out)
+
+
+def _check_budget(budget: RoundBudget | None, plan: ModelPlan) -> Callable[[str], None] | None:
+    """The gate's ``before``: no output-equivalence check of ``plan``'s model starts that would end past the
+    budget (each priced as the dry run prices it)."""
+    if budget is None:
+        return None
+    secs = check_seconds(plan.base or plan.like)
+    return lambda name: budget.fits(secs, f"the {plan.like} output-equivalence check {name} (about {secs:.0f} s)")
+
+
+def _backend_ops(
+    conf: Confirmed,
+    bin_dir: Path,
+    *,
+    backend: str,
+    store: ConfirmStore,
+    log_dir: Path,
+    budget: RoundBudget | None = None,
+) -> list[dict[str, Any]]:
+    """test-backend-ops FLASH_ATTN_EXT (the kept entries' head sizes and K/V types) and MUL_MAT (every case)
+    with the kept entries' env (intervals widened, so every test case of a kept shape runs its kernel;
+    FLASH_ATTN_EXT once per kernel a shape has, as the hook's first matching rule wins); stored, so a rerun
+    with the same env and cases does not run them again. ``budget``: none starts that would end past it
+    (priced at the recorded runs)."""
+    layers = widened_layers(conf.kept_rules)
+    choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
+    mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
+    fa_envs = [{"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))} for ly in layers]
+    # the cases of the kept entries' head sizes and K/V types (as `tuner validate --gpu`): elsewhere the hook
+    # matches nothing and every case runs upstream's selection (on an H100 all 3982 took 129-141 s, the 540 of
+    # head size 128 and f16 K/V 17-19 s)
+    runs: list[tuple[str, str, dict[str, str], str | None, int | None]] = []
+    for i, (env, ly) in enumerate(zip(fa_envs, layers)):
+        name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}"
+        pairs = {(r.D, r.kv) for r in ly}
+        p = params_for_shapes(pairs)
+        runs.append((name, "FLASH_ATTN_EXT", env, p, len(pairs) if p else None))
+    if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
+        every = [r for ly in layers for r in ly]
+        fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}
+        runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env, None, None))  # an MMQ choice acts at every shape
+    done = store.gate("test-backend-ops")
+    out = []
+    for name, op, env, p, shapes in runs:
+        rec = done.get(name)
+        if rec is None or rec.get("env") != env or rec.get("params") != p:
+            if budget is not None:
+                secs = backend_ops_seconds(op, shapes)
+                budget.fits(secs, f"test-backend-ops {name} (about {secs:.0f} s)")
+            log = log_dir / f"test-backend-ops-{name.replace(' ', '-').replace('(', '').replace(')', '')}.log"
+            rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend, params=p) | {"op": name}
+            store.add_gate("test-backend-ops", name, rec)
+        out.append(rec)
+    return out
+
+
+def _write(
+    table: Table,
+    conf: Confirmed,
+    ops: list[dict[str, Any]],
+    src: Source,
+    *,
+    out: Path,
+    identity: Mapping[str, str],
+    rounds: int,
+) -> str:
+    """e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree) in ``out``; the patch."""
+    patch = confirm.kept_patch(src.root, conf, table.arch)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    (out / "e2e.md").write_text(e2e_text(conf, identity=identity, rounds=rounds))
+    (out / "PR.md").write_text(pr_text(table, conf, backend_ops=ops, patch=bool(patch)))
+    return patch
+
+
+def outcome_text(outcome: ConfirmOutcome) -> str:
+    """The command's summary: each entry kept or reported and why, any model point slower beyond noise that no
+    entry explains, and the files written."""
+    conf, out = outcome.conf, outcome.out
+    lines = [f"{'kept' if f.kept else 'reported'}: {f.text}: {f.why}" for f in conf.fates]
+    if not conf.fates:
+        lines.append("the table has no entry to confirm")
+    lines += [f"slower beyond noise: {where}" for where in confirm.unexplained_slower(conf.points)]
+    lines.append(
+        f"e2e: {out / 'e2e.md'}\nPR: {out / 'PR.md'}" + (f"\npatch: {out / 'upstream.patch'}" if outcome.patch else "")
+    )
+    return "\n".join(lines)
