@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli.sweep_cmd import sweep
+from tuner.rounds.store import Sample, SampleStore
+from tuner.sweep import live
 from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
-from tuner.sweep.live import Sample, SampleStore
 from tuner.targets.archs import load_arch
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,9 @@ def _planted_sweep(out: Path) -> None:
     """MMA 20% faster than upstream's VEC at D64/gqa4/f16 decode over every n_kv (the rule [0, inf) -> MMA), and
     VEC 20% faster than upstream's MMA at Q->ne[1] = 2 (the entry ne1 2, [0, inf) -> VEC: a small-batch pass)."""
     shapes = {FaShape(D=64, gqa=4, kv="f16", ne1=1): "MMA", FaShape(D=64, gqa=4, kv="f16", ne1=2): "VEC"}
-    store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
+    store = SampleStore(
+        live.TABLE, out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"}
+    )
     rows = []
     for c in plan(load_arch("sm_90"), n_kv=(256, 512, 1024), query_batches=(1, 2)):
         if c.shape not in shapes:
@@ -35,9 +38,7 @@ def _planted_sweep(out: Path) -> None:
             for i, cfg in enumerate(c.configs):
                 us = 100.0 + 0.01 * ((r + i) % 3)
                 us = us * 0.8 if cfg == shapes[c.shape] else us if cfg in (DEFAULT, AA) else us * 1.5
-                rows.append(
-                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error="")
-                )
+                rows.append(Sample(key=(c.shape, c.n_kv), config=cfg, round=r, us=us))
     store.add(rows)
     store.close()
 

@@ -178,12 +178,13 @@ def _mmq_plan_text(
     per_call_s: float | None = None,
 ) -> str:
     """`tuner sweep mmq`'s plan: its points at the sizes of ``--size`` or the ``--like`` models."""
-    from tuner.sweep import mmq, mmq_live
+    from tuner.rounds.engine import pack_groups
+    from tuner.sweep import mmq
 
     cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
-    mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
-    points, _ = mmq_live.plan_points(cells, mk)
-    chunks = len(mmq_live.chunk_points(points))
+    mk = [mmq.parse_size(t) for t in sizes] if sizes else mmq.like_sizes(like or mmq.DEFAULT_LIKE)
+    points, _ = mmq.plan_points(cells, mk)
+    chunks = len(pack_groups(points, mmq.MMQ.group, mmq.MAX_CASES))
     return mmq.mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
 
 
@@ -282,8 +283,9 @@ def run_cmd(
     """
     from tuner.measure.fa_bench import TARGET_MS
     from tuner.rounds.budget import SweepBudget
+    from tuner.rounds.engine import rounds_text
+    from tuner.rounds.store import SampleStore, device_identity
     from tuner.sweep import live
-    from tuner.sweep.store import device_identity
     from tuner.sweep.table import render_table_patch
     from tuner.targets.archs import load_arch
 
@@ -308,7 +310,7 @@ def run_cmd(
     fa = timer == "fa-bench"
     if fa:
         identity["target_ms"] = target_ms
-    store = live.SampleStore(storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
+    store = SampleStore(live.TABLE, storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
         with budget_stop(store.path, "report.md and upstream.patch are"):
             live.run_sweep(
@@ -335,7 +337,7 @@ def run_cmd(
         src = source.fetch_source(spec) if spec else source.fetch_source()
         note = (
             f"Kernel choices measured on {a.name}: FLASH_ATTN_EXT per forced kernel, "
-            f"{live.rounds_text(limits)} (paired)."
+            f"{rounds_text(limits)} (paired)."
         )
         patch = render_table_patch(src.root, outcome.rules, a, note=note)
     out.mkdir(parents=True, exist_ok=True)
@@ -343,7 +345,9 @@ def run_cmd(
     if patch:
         (out / "upstream.patch").write_text(patch)
     (out / "report.md").write_text(
-        live.report_text(outcome, cells, limits=limits, identity=identity, patch=bool(patch))
+        live.report_text(
+            outcome, cells, limits=limits, identity={k: str(v) for k, v in identity.items()}, patch=bool(patch)
+        )
     )
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
     click.echo(f"rules ({len(outcome.rules)}):")
@@ -459,16 +463,16 @@ def mmq_cmd(
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
     from tuner.rounds.budget import SweepBudget
-    from tuner.sweep import mmq, mmq_live
-    from tuner.sweep.store import device_identity
+    from tuner.rounds.store import SampleStore, device_identity
+    from tuner.sweep import mmq
     from tuner.targets.archs import load_arch
 
     budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
     cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
-    mk = [mmq_live.parse_size(t) for t in sizes] if sizes else mmq_live.like_sizes(like or mmq_live.DEFAULT_LIKE)
-    points, skipped = mmq_live.plan_points(cells, mk)
+    mk = [mmq.parse_size(t) for t in sizes] if sizes else mmq.like_sizes(like or mmq.DEFAULT_LIKE)
+    points, skipped = mmq.plan_points(cells, mk)
     if not points:
         raise UsageError(
             f"No point to time: every size's k ({sorted({k for _, k in mk})}) is a multiple of none of the types' "
@@ -486,17 +490,17 @@ def mmq_cmd(
         "iters": iters, "target_ms": target_ms, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
         **device_identity(bin_dir, backend),
     }  # fmt: skip
-    store = mmq_live.MmqStore(storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
+    store = SampleStore(mmq.MMQ_TABLE, storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
     try:
         with budget_stop(store.path, "report.md and upstream.patch are"):
             forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
-            mmq_live.run_mmq_live(
+            mmq.run_mmq(
                 points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
                 iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
                 target_ms=target_ms, budget=budget,
             )  # fmt: skip
         withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
-        outcome = mmq_live.compose_live(points, store.samples(), limits=limits, withhold=withhold)
+        outcome = mmq.compose_mmq(points, store.samples(), limits=limits, withhold=withhold)
     finally:
         store.close()
     _mmq_emit(outcome, points, skipped, a, limits=limits, identity=identity, spec=spec, out=out)
@@ -530,28 +534,30 @@ def _mmq_emit(
 ) -> None:
     """upstream.patch (where a cuBLAS choice was composed) and report.md in ``out``; the summary on stdout."""
     from tuner import source
-    from tuner.sweep import mmq, mmq_live
+    from tuner.rounds.engine import rounds_text
+    from tuner.sweep import mmq
 
     patch = None
     if outcome.choices:
         src = source.fetch_source(spec) if spec else source.fetch_source()
         note = (
             f"cuBLAS is faster than MMQ for these types and batch sizes on {a.name}: mm-bench, "
-            f"{mmq_live.rounds_text(limits)} (paired), at every swept weight size."
+            f"{rounds_text(limits, 'point')} (paired), at every swept weight size."
         )
         patch = mmq.render_mmq_patch(src.root, outcome.choices, a, note=note)
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:
         (out / "upstream.patch").write_text(patch)
-    report = mmq_live.report_text(outcome, points, limits=limits, identity=identity, skipped=skipped, patch=bool(patch))
+    identity = {k: str(v) for k, v in identity.items()}
+    report = mmq.mmq_report_text(outcome, points, limits=limits, identity=identity, skipped=skipped, patch=bool(patch))
     (out / "report.md").write_text(report)
-    n_gap = len(outcome.no_verdict)
+    n_gap = outcome.n_gaps
     click.echo(f"choices ({len(outcome.choices)}):")
     for c in outcome.choices:
         click.echo(f"  {c.text}")
     if not outcome.choices:
-        click.echo(f"  none: {mmq_live.no_choice_text(outcome)}")
+        click.echo(f"  none: {mmq.no_choice_text(outcome)}")
     click.echo(f"points with a verdict: {len(points) - n_gap} of {len(points)}")
     if n_gap:
         click.echo(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")

@@ -9,7 +9,7 @@ the graph (as fa-bench's), then one timed run of ``iters`` ops (at least one per
 The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
 (:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, which :func:`run_cases`
 passes to one process over many cases (``tuner sweep mmq`` forces cuBLAS with ``TYPE:0..=BLAS`` for
-every swept type, :func:`tuner.sweep.mmq_live.blas_env`, or leaves it unset for upstream's choice).
+every swept type, :func:`tuner.sweep.mmq.blas_env`, or leaves it unset for upstream's choice).
 """
 
 from __future__ import annotations

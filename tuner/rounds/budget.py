@@ -1,7 +1,7 @@
 """The time budgets (``--time-budget`` of ``tuner search``, ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
 that would end past the deadline, so a call that a machine's time limit ends stops between units of work
 instead of losing the one in flight. A unit is a round: the timer processes of one chunk's round in the kernel
-sweeps (:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), the
+sweeps (:meth:`tuner.rounds.store.SampleStore.whole_round` measures a round cut off by an earlier call again whole), the
 paired llama-bench calls of one model's round in the confirmation, and there each output-equivalence check
 and test-backend-ops run. What was measured is stored; the same command resumes."""
 

@@ -6,12 +6,13 @@ and batch sizes), forcing each legal kernel in paired, interleaved rounds with a
 the verdicts compose into one table per arch, emitted as a change to upstream's selection functions.
 
 * :mod:`tuner.sweep.grid`: the grid, the legal kernels per cell, upstream's own choice, the dry run;
-* :mod:`tuner.sweep.rounds`: the timer interface, paired rounds per cell, verdicts and composition;
-* :mod:`tuner.sweep.live`: the sweep measured through test-backend-ops, many cells per process, its
-  samples in SQLite (``tuner sweep run``);
+* :mod:`tuner.sweep.live`: the FlashAttention sweep as a spec of the round engine (:mod:`tuner.rounds.engine`:
+  paired rounds over many cells per timer process, samples in SQLite, verdicts and their composition),
+  its report (``tuner sweep run``);
 * :mod:`tuner.sweep.table`: the composed FlashAttention table as C++ (``upstream.patch``), its Python
   matcher and a host-only harness of the emitted C++;
-* :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook and upstream condition);
+* :mod:`tuner.sweep.mmq`: the same for ``ggml_cuda_should_use_mmq`` (runtime hook, the MMQ sweep's spec and
+  report, upstream condition; ``tuner sweep mmq``);
 * :mod:`tuner.sweep.confirm`, :mod:`tuner.sweep.confirm_report`: the table confirmed end to end with
   llama-bench on model shapes, the entries kept or reported, ``e2e.md`` and ``PR.md`` (``tuner sweep confirm``).
 """

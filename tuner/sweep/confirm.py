@@ -74,7 +74,8 @@ from tuner.rounds.budget import RoundBudget
 from tuner.rounds.compose import Family, judge_phase
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
-from tuner.sweep import live, mmq, mmq_live
+from tuner.rounds.store import SampleStore
+from tuner.sweep import live, mmq
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
@@ -149,13 +150,13 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     if "arch" not in meta:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
-    store = live.SampleStore(path, {})
+    store = SampleStore(live.TABLE, path, {})
     try:
         samples = store.samples()
         limits = store.limits()
     finally:
         store.close()
-    keys = sorted({(s.shape, s.n_kv) for s in samples})
+    keys = sorted({s.key for s in samples})
     cells = tuple(
         Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n))
         for sh, n in keys
@@ -163,7 +164,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     rounds = max((s.round for s in samples), default=0) + 1
     per_cell: dict[tuple[Any, int], set[int]] = {}
     for s in samples:
-        per_cell.setdefault((s.shape, s.n_kv), set()).add(s.round)
+        per_cell.setdefault(s.key, set()).add(s.round)
     fewest = min((len(v) for v in per_cell.values()), default=0)
     outcome = live.compose(cells, samples, limits=limits)
     n_gap = sum(len(v) for v in outcome.no_verdict.values())
@@ -180,16 +181,16 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         return table
     mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
     mmeta = _meta(mpath)
-    mstore = mmq_live.MmqStore(mpath, {})
+    mstore = SampleStore(mmq.MMQ_TABLE, mpath, {})
     try:
         msamples = mstore.samples()
         mlimits = mstore.limits()
     finally:
         mstore.close()
-    points = sorted({mmq_live.MmqPoint(type=s.type, m=s.m, k=s.k, ne11=s.ne11) for s in msamples})
+    points = mmq.stored_points(msamples)
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
     withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
-    mout = mmq_live.compose_live(points, msamples, limits=mlimits, withhold=withhold)
+    mout = mmq.compose_mmq(points, msamples, limits=mlimits, withhold=withhold)
     return dataclasses.replace(table, mmq=mout.choices, mmq_identity=mmeta, mmq_points=len(points))
 
 

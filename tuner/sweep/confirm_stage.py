@@ -20,13 +20,13 @@ from tuner.plan.fa_rules import rules_env
 from tuner.rounds.budget import RoundBudget
 from tuner.rounds.joint import JointMeasure
 from tuner.rounds.live import make_live_measure
+from tuner.rounds.store import DEVICE, device_identity
 from tuner.source import Source
 from tuner.sweep import confirm, mmq
 from tuner.sweep.build import default_build
 from tuner.sweep.confirm import Confirmed, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
 from tuner.sweep.confirm_store import ConfirmStore
-from tuner.sweep.store import DEVICE, device_identity
 from tuner.sweep.table import widened_layers
 from tuner.targets.defaults import DEFAULT_QUANT
 from tuner.targets.models import load_gguf_tensors, synth_cached

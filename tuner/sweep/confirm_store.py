@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.sweep.store import open_store
+from tuner.rounds.store import open_store
 
 _SCHEMA = 1
 

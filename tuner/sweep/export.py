@@ -49,7 +49,8 @@ from typing import Any
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
-from tuner.sweep import confirm, live, mmq_live
+from tuner.rounds.store import Sample, SampleStore
+from tuner.sweep import confirm, live, mmq
 
 MANIFEST = "table.toml"
 SCHEMA = 1
@@ -69,8 +70,8 @@ class Evidence:
     confirmed: confirm.Confirmed
     models: tuple[dict[str, Any], ...]
     confirm_identity: Mapping[str, str]
-    fa_samples: tuple[Any, ...]
-    mmq_samples: tuple[Any, ...]
+    fa_samples: tuple[Sample[live.FaKey], ...]
+    mmq_samples: tuple[Sample[mmq.MmqKey], ...]
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -114,15 +115,15 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
         models = tuple(store.models())
     finally:
         store.close()
-    fa = live.SampleStore(sweep_dir / EVIDENCE["sweep"], {})
+    fa = SampleStore(live.TABLE, sweep_dir / EVIDENCE["sweep"], {})
     try:
         fa_samples = tuple(fa.samples())
     finally:
         fa.close()
-    mm: tuple[Any, ...] = ()
+    mm: tuple[Sample[mmq.MmqKey], ...] = ()
     mdir = dirs.get("mmq")
     if mdir is not None:
-        ms = mmq_live.MmqStore(mdir / EVIDENCE["mmq"], {})
+        ms = SampleStore(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"], {})
         try:
             mm = tuple(ms.samples())
         finally:

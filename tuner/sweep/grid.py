@@ -60,6 +60,7 @@ from typing import Any
 
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import Phase
+from tuner.rounds.engine import AA, DEFAULT
 
 HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 GQA_RATIOS = (1, 2, 4, 6, 8)
@@ -73,11 +74,6 @@ def pad_kv(n: int) -> int:
     """The n_kv llama attends over when its KV cache holds ``n`` tokens: ``n`` padded to :data:`STRIDE`."""
     return -(-n // STRIDE) * STRIDE
 
-
-DEFAULT = "default"
-"""The config that runs upstream's own choice (the reference of every paired effect)."""
-AA = "A/A"
-"""Upstream's choice once more: the A/A pair that measures the noise of the procedure."""
 
 _KERNELS = ("VEC", "TILE", "MMA")
 _KV_BLOCK = {"q8_0": 32}

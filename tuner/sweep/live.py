@@ -1,26 +1,21 @@
-"""The FlashAttention sweep measured for real: batched kernel timings through test-backend-ops, kept in SQLite.
+"""The FlashAttention sweep: its cells' spec of the round engine, their timer processes, composition and report.
 
-The timer of :mod:`tuner.sweep.rounds` is called once per cell, config and round; a
-``test-backend-ops`` process costs seconds of CUDA initialisation, so here one process times many
-cells. The cells are packed, whole shapes at a time, into *chunks*; per chunk and round, one
-:func:`tuner.measure.kernel_bench.run_round` process runs per config: upstream's choice (empty
-environment), its A/A twin (upstream again, a second process) and each forced kernel over the cells
-where it is a candidate (legal there and not upstream's choice; the other cells are not given to that
-process). The configs' order is rotated from round to round (:func:`tuner.measure.paired.rotated`), as
-:func:`tuner.sweep.rounds.paired_rounds` rotates it per cell.
+A cell is one shape at one n_kv (:class:`tuner.sweep.grid.Cell`); the round engine
+(:mod:`tuner.rounds.engine`) packs the cells, whole shapes at a time, into chunks and runs per chunk and
+round one timer process per config (:func:`tuner.measure.kernel_bench.run_round`, or fa-bench's
+:func:`tuner.measure.fa_bench.run_round_fast`): upstream's choice (empty environment), its A/A twin
+(upstream again, a second process) and each forced kernel over the cells where it is a candidate (legal
+there and not upstream's choice; the other cells are not given to that process), configs rotated from
+round to round. A ``test-backend-ops`` process costs seconds of CUDA initialisation, so one process times
+many cells.
 
-Each sample, one (cell, config, round), goes into a SQLite table as soon as its process ends; a rerun with the
-same storage skips the rounds whose samples are all recorded, so an interrupted sweep resumes where it
-stopped; a round it left partly recorded is measured again whole (:func:`tuner.sweep.store.whole_round`: a
-round's configs are paired, so they run back to back). A sample *fails* when its process errored or timed out,
-the case printed no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the
-one asked for: a forced kernel the hook did not run, or upstream's config running another kernel than
-:func:`tuner.sweep.grid.upstream_kernel` says. A failed sample is stored with its reason and never as a time;
-a cell with any failed or missing sample gets no verdict and breaks the n_kv intervals of its shape's rules
-(:func:`compose`), so no rule spans a point that was not measured.
-
-A cell's value per config and round is its throughput, ``1 / us_per_run``; composition goes through
-:func:`tuner.sweep.rounds.cell_stats` and :func:`tuner.sweep.rounds.decide`, as a fake timer's rounds do.
+Each sample, one (cell, config, round), goes into SQLite (:data:`TABLE`) as its process ends; a rerun with
+the same storage resumes where it stopped. A sample *fails* when its process errored or timed out, the case
+printed no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the one
+asked for: a forced kernel the hook did not run, or upstream's config running another kernel than
+:func:`tuner.sweep.grid.upstream_kernel` says (:func:`judge_sample`). A failed sample is stored with its
+reason and never as a time; a cell with any failed or missing sample gets no verdict and breaks the n_kv
+intervals of its shape's rules (:func:`compose`), so no rule spans a point that was not measured.
 
 **Head counts.** The sweep's shape names a GQA ratio, not head counts; the test file needs both. The
 KV head count is fixed at :data:`N_HEAD_KV` (8, as in Llama 3 8B and 70B and Mistral 7B) and the query
@@ -31,47 +26,47 @@ kernels differently at small n_kv; the sweep measures this one count.
 from __future__ import annotations
 
 __all__ = [
+    "FA",
     "LABELS",
     "N_HEAD_KV",
     "OPEN_SHARE",
+    "TABLE",
+    "FaKey",
     "Outcome",
-    "Sample",
-    "SampleStore",
     "bench_shape",
-    "cell_values",
-    "cell_verdicts",
-    "chunk_cells",
     "compose",
     "estimate_seconds",
     "estimate_text",
     "fa_bench_case_s",
     "judge_sample",
     "no_rules_text",
-    "open_cells",
     "report_text",
-    "round_processes",
-    "rounds_text",
     "run_sweep",
 ]
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import log
 from tuner.measure import kernel_bench as kb
 from tuner.measure.fa_bench import TARGET_MS
-from tuner.measure.paired import rotated
-from tuner.progress import format_seconds
 from tuner.rounds.budget import SweepBudget
-from tuner.rounds.compose import Decision, Shape, rules_from
-from tuner.rounds.stats import CellStats
-from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, duration_text
-from tuner.sweep.rounds import cell_stats, check_limits, decide, open_for_round, pack_groups
-from tuner.sweep.store import open_store, read_limits, whole_round, write_limits
+from tuner.rounds.compose import Shape, rules_from
+from tuner.rounds.engine import (
+    AA,
+    DEFAULT,
+    Spec,
+    Verdicts,
+    judge,
+    pack_groups,
+    round_processes,
+    rounds_text,
+    run_rounds,
+)
+from tuner.rounds.store import Column, Sample, SampleStore, Table
+from tuner.sweep.grid import Cell, FaShape, duration_text
 from tuner.sweep.table import TableRule
 
 N_HEAD_KV = 8
@@ -103,10 +98,60 @@ round up to ``max_rounds``; the plan's estimate of the sequential rounds. Replay
 sweep (docs/data/h100-sweep-first/, 18 cells, 50 ops a case, before the target): 14 of 18 cells open after 3
 rounds, 5 of the 9 from n_kv 8192 up, where the A/A noise was already the lower one the target aims at."""
 
-_SCHEMA = 1
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
 
 RunRound = Callable[..., list[kb.KernelTime]]
+FaKey = tuple[FaShape, int]
+"""A cell's sample key: its shape and n_kv."""
+
+
+def _encode(key: FaKey) -> tuple[Column, ...]:
+    s, n_kv = key
+    return (s.key, n_kv, s.D, s.gqa, s.kv, s.ne1)
+
+
+def _decode(row: Sequence[Any]) -> FaKey:
+    _, n_kv, D, gqa, kv, ne1 = row
+    return FaShape(D=int(D), gqa=int(gqa), kv=str(kv), ne1=int(ne1)), int(n_kv)
+
+
+TABLE = Table[FaKey](
+    name="samples",
+    create="CREATE TABLE IF NOT EXISTS samples (shape TEXT NOT NULL, n_kv INTEGER NOT NULL, "
+    "config TEXT NOT NULL, round INTEGER NOT NULL, us_per_run REAL, kernel TEXT, error TEXT NOT NULL, "
+    "D INTEGER NOT NULL, gqa INTEGER NOT NULL, kv TEXT NOT NULL, ne1 INTEGER NOT NULL, "
+    "at REAL NOT NULL, PRIMARY KEY (shape, n_kv, config, round))",
+    columns=("shape", "n_kv", "D", "gqa", "kv", "ne1"),
+    n_key=2,
+    encode=_encode,
+    decode=_decode,
+    value="us_per_run",
+    kernel=True,
+    identity={"schema": "1"},
+    what="a sweep storage",
+    fix="Pass another --storage, or the same build and backend.",
+    # files made before a key of the identity was added resume: only the keys a file records are compared
+    strict=False,
+)
+"""The FlashAttention sweep's samples (``sweep.sqlite3``): one row per cell, config and round. The identity
+(arch, backend, build, head counts, timer...) is written by the first run; a later run with another
+identity is refused, so one file never mixes two builds' timings."""
+
+FA = Spec[Cell, FaKey, FaShape](
+    name="sweep",
+    noun="cell",
+    configs=tuple(LABELS),
+    labels=LABELS,
+    key=lambda c: (c.shape, c.n_kv),
+    family=lambda c: c.shape,
+    x=lambda c: c.n_kv,
+    group=lambda c: c.shape,
+    phase=lambda shape: shape.phase.bench,
+    upstream=lambda c: c.upstream,
+    configs_of=lambda c: c.configs,
+    open_share=OPEN_SHARE,
+)
+"""The cells' spec of the round engine: a shape's n_kv points are one family, chunks keep shapes whole."""
 
 
 def bench_shape(shape: FaShape, n_kv: int) -> kb.FaShape:
@@ -120,23 +165,6 @@ def bench_shape(shape: FaShape, n_kv: int) -> kb.FaShape:
         n_batch=shape.ne1,
         kv_type=shape.kv,
     )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Sample:
-    """One (cell, config, round): microseconds per run, or None with the reason it failed."""
-
-    shape: FaShape
-    n_kv: int
-    config: str
-    round: int
-    us_per_run: float | None
-    kernel: str | None
-    error: str
-
-    @property
-    def ok(self) -> bool:
-        return self.us_per_run is not None and not self.error
 
 
 def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool) -> tuple[float | None, str]:
@@ -158,112 +186,6 @@ def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool
     if kt.kernel != want:
         return None, f"{kt.kernel} ran ({kt.why}), not {want}"
     return us, ""
-
-
-class SampleStore:
-    """Samples in a SQLite file (one row per cell, config and round) and the identity of the run they belong to.
-
-    The identity (arch, backend, build, head counts) is written by the first run; a later run with
-    another identity is refused, so one file never mixes two builds' timings.
-    """
-
-    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
-        self.path = Path(path)
-        self.db = open_store(
-            self.path,
-            {"schema": str(_SCHEMA), **identity},
-            table_sql="CREATE TABLE IF NOT EXISTS samples (shape TEXT NOT NULL, n_kv INTEGER NOT NULL, "
-            "config TEXT NOT NULL, round INTEGER NOT NULL, us_per_run REAL, kernel TEXT, error TEXT NOT NULL, "
-            "D INTEGER NOT NULL, gqa INTEGER NOT NULL, kv TEXT NOT NULL, ne1 INTEGER NOT NULL, "
-            "at REAL NOT NULL, PRIMARY KEY (shape, n_kv, config, round))",
-            what="a sweep storage",
-            fix="Pass another --storage, or the same build and backend.",
-            strict=False,
-        )
-
-    def close(self) -> None:
-        self.db.close()
-
-    def set_limits(self, limits: tuple[int, int]) -> None:
-        """Record the round limits of this run (:func:`tuner.sweep.store.write_limits`)."""
-        write_limits(self.db, limits)
-
-    def limits(self) -> tuple[int, int]:
-        """The round limits of the last run; (n, n) for a file made before they were recorded, with n rounds."""
-        return read_limits(self.db, "samples")
-
-    def recorded(self, config: str, round_index: int) -> set[tuple[str, int]]:
-        """(shape key, n_kv) of every sample of ``config`` in round ``round_index``, failed ones included."""
-        rows = self.db.execute("SELECT shape, n_kv FROM samples WHERE config = ? AND round = ?", (config, round_index))
-        return {(str(s), int(n)) for s, n in rows}
-
-    def forget(self, round_index: int, keys: Iterable[tuple[str, int]]) -> None:
-        """Delete every config's sample of round ``round_index`` at the cells ``keys`` (a round to measure again)."""
-        with self.db:
-            self.db.executemany(
-                "DELETE FROM samples WHERE shape = ? AND n_kv = ? AND round = ?", [(*key, round_index) for key in keys]
-            )
-
-    def add(self, samples: Iterable[Sample]) -> None:
-        now = time.time()
-        with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        s.shape.key,
-                        s.n_kv,
-                        s.config,
-                        s.round,
-                        s.us_per_run,
-                        s.kernel,
-                        s.error,
-                        s.shape.D,
-                        s.shape.gqa,
-                        s.shape.kv,
-                        s.shape.ne1,
-                        now,
-                    )
-                    for s in samples
-                ],
-            )
-
-    def samples(self, shape_keys: Iterable[str] | None = None) -> list[Sample]:
-        """Every stored sample (of the shapes ``shape_keys`` where given)."""
-        keys = None if shape_keys is None else sorted(set(shape_keys))
-        where = "" if keys is None else f" WHERE shape IN ({', '.join('?' * len(keys))})"
-        rows = self.db.execute(
-            "SELECT D, gqa, kv, ne1, n_kv, config, round, us_per_run, kernel, error FROM samples"
-            + where
-            + " ORDER BY shape, n_kv, config, round",
-            keys or (),
-        )
-        return [
-            Sample(
-                shape=FaShape(D=int(D), gqa=int(g), kv=str(kv), ne1=int(ne1)),
-                n_kv=int(n),
-                config=str(c),
-                round=int(r),
-                us_per_run=None if us is None else float(us),
-                kernel=None if k is None else str(k),
-                error=str(e),
-            )
-            for D, g, kv, ne1, n, c, r, us, k, e in rows
-        ]
-
-
-def chunk_cells(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
-    """The cells packed, whole shapes at a time in the given order, into chunks of about ``size`` cells
-    (a shape with more cells than ``size`` is a chunk of its own)."""
-    return pack_groups(cells, lambda c: c.shape, size)
-
-
-def round_processes(chunk: Sequence[Cell], round_index: int) -> list[tuple[str, list[Cell]]]:
-    """One round of a chunk: (config, its cells) per process, configs in the round's rotated order."""
-    base = [DEFAULT, AA] + [k for k in LABELS if k not in (DEFAULT, AA) and any(k in c.candidates for c in chunk)]
-    return [
-        (cfg, [c for c in chunk if cfg in (DEFAULT, AA) or cfg in c.candidates]) for cfg in rotated(base, round_index)
-    ]
 
 
 def fa_bench_case_s(target_ms: int) -> float:
@@ -292,11 +214,11 @@ def estimate_text(
     ``open_share`` of the cells (each of them taking every further round; every chunk's processes counted in
     every further round, an upper figure where whole chunks settle)."""
     lo, hi = limits
-    chunks = chunk_cells(cells, chunk_size)
+    chunks = pack_groups(cells, FA.group, chunk_size)
     per_round = sum(len(c.configs) for c in cells)
-    procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(lo))
+    procs = sum(len(round_processes(FA, ch, r)) for ch in chunks for r in range(lo))
     cases = lo * per_round
-    more_procs = sum(len(round_processes(ch, r)) for ch in chunks for r in range(lo, hi))
+    more_procs = sum(len(round_processes(FA, ch, r)) for ch in chunks for r in range(lo, hi))
     more_cases = round((hi - lo) * open_share * per_round)
     case_s = fa_bench_case_s(target_ms)
     fa = estimate_seconds(procs + more_procs, cases + more_cases, case_s, FA_BENCH_PROCESS_S)
@@ -323,7 +245,7 @@ def run_sweep(
     cells: Sequence[Cell],
     *,
     limits: tuple[int, int],
-    store: SampleStore,
+    store: SampleStore[FaKey],
     bin_dir: Path,
     backend: str,
     log_dir: Path,
@@ -334,230 +256,50 @@ def run_sweep(
     process_s: float = PROCESS_S,
     budget: SweepBudget | None = None,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_cells`), one
-    process per config and round over the cells that get the round; with ``budget``, none that would end past
-    its deadline (:class:`tuner.search.screen.BudgetReached`).
+    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`), ``run_round`` one
+    process per config, round and chunk; ``limits``: (min_rounds, max_rounds). Without the FA log
+    (``expect_log`` False: a CPU build, which has no tuner hook) a forced kernel cannot run, so its samples
+    are stored as failed without starting a process. Returns (processes run, processes skipped as already
+    recorded)."""
 
-    ``limits``: (min_rounds, max_rounds). Prints a line per chunk and round with the time it took and the
-    ETA of the rest. Without the FA log (``expect_log`` False: a CPU build, which has no tuner hook) a
-    forced kernel cannot run, so its samples are stored as failed without starting a process. Returns
-    (processes run, processes skipped as already recorded).
-    """
-    lo, hi = check_limits(limits)
-    store.set_limits(limits)
-    chunks = chunk_cells(cells, chunk_size)
-    first = [
-        (cfg, [c for c in cs if (c.shape.key, c.n_kv) not in store.recorded(cfg, r)])
-        for chunk in chunks
-        for r in range(lo)
-        for cfg, cs in round_processes(chunk, r)
-    ]
-    first_cases = sum(len(cs) for cfg, cs in first if expect_log or cfg in (DEFAULT, AA))
-    first_procs = sum(1 for cfg, cs in first if cs and (expect_log or cfg in (DEFAULT, AA)))
-    later = (hi - lo) * OPEN_SHARE * sum(len(c.configs) for c in cells)
-    log.info(
-        f"sweep: {len(cells)} cells in {len(chunks)} chunks, {rounds_text(limits)}; first {lo} rounds: "
-        f"{first_procs} processes ({first_cases} cases) to run, {sum(1 for _, cs in first if not cs)} already "
-        f"recorded; estimated at H100 rates {duration_text(estimate_seconds(first_procs, first_cases, case_s, process_s))}"
-        + (f", and about {round(later)} cases more if {OPEN_SHARE:.0%} of the cells stay open" if hi > lo else "")
-    )
-    ran = skipped = done = 0
-    start = time.monotonic()
-    for ci, chunk in enumerate(chunks):
-        for r in range(hi):
-            want = open_cells(chunk, store.samples({c.shape.key for c in chunk}), r, limits)
-            if not want:
-                break
-            t0, n_round, failed = time.monotonic(), 0, 0
-            procs = round_processes(want, r)
-            todo = whole_round(
-                store, {cfg: [(c.shape.key, c.n_kv) for c in cs] for cfg, cs in procs}, r,
-                f"chunk {ci + 1} round {r + 1}",
-            )  # fmt: skip
-            runs = [ks for cfg, ks in todo if ks and (expect_log or cfg in (DEFAULT, AA))]
-            est = estimate_seconds(len(runs), sum(len(ks) for ks in runs), case_s, process_s)
-            t_r = budget.start(est, f"chunk {ci + 1} round {r + 1}") if budget and runs else 0.0
-            for (cfg, ks), (_, cs) in zip(todo, procs, strict=True):
-                missing = [c for c in cs if (c.shape.key, c.n_kv) in ks]
-                if not missing:
-                    skipped += 1
-                elif expect_log or cfg in (DEFAULT, AA):
-                    failed += _measure(missing, cfg, r, ci, store=store, run_round=run_round, bin_dir=bin_dir,
-                                       backend=backend, log_dir=log_dir, expect_log=expect_log)  # fmt: skip
-                    ran += 1
-                    n_round += len(missing)
-                else:
-                    store.add(
-                        Sample(
-                            shape=c.shape,
-                            n_kv=c.n_kv,
-                            config=cfg,
-                            round=r,
-                            us_per_run=None,
-                            kernel=None,
-                            error=_NO_HOOK,
-                        )
-                        for c in missing
-                    )
-            if budget and runs:
-                budget.done(est, t_r)
-            if n_round:
-                done += n_round
-                rate = (time.monotonic() - start) / done
-                eta = rate * max(0.0, first_cases + later - done)
-                log.info(
-                    f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{hi}: {len(want)} cells, {n_round} cases in "
-                    f"{time.monotonic() - t0:.1f} s" + (f", {failed} failed" if failed else "")
-                    + f"; {done} cases done, ETA ~{format_seconds(eta)}"
-                )  # fmt: skip
-    return ran, skipped
-
-
-def _measure(
-    cs: list[Cell],
-    cfg: str,
-    r: int,
-    ci: int,
-    *,
-    store: SampleStore,
-    run_round: RunRound,
-    bin_dir: Path,
-    backend: str,
-    log_dir: Path,
-    expect_log: bool,
-) -> int:
-    """One process: ``cfg`` over ``cs`` in round ``r`` of chunk ``ci``, its samples stored; returns the failed."""
-    out = run_round(
-        bin_dir,
-        [bench_shape(c.shape, c.n_kv) for c in cs],
-        {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
-        log_dir=log_dir / f"chunk{ci:04d}" / f"r{r}" / LABELS[cfg],
-        backend=backend,
-        timeout=kb.process_timeout(len(cs)),
-    )
-    samples = []
-    for c, kt in zip(cs, out, strict=True):
-        us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
-        samples.append(
-            Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=kt.kernel, error=err)
+    def measure(cs: Sequence[Cell], cfg: str, r: int, logs: Path) -> list[Sample[FaKey]]:
+        out = run_round(
+            bin_dir,
+            [bench_shape(c.shape, c.n_kv) for c in cs],
+            {LABELS[cfg]: {} if cfg in (DEFAULT, AA) else kb.force_kernel_env(cfg)},
+            log_dir=logs,
+            backend=backend,
+            timeout=kb.process_timeout(len(cs)),
         )
-    store.add(samples)
-    return sum(1 for smp in samples if smp.error)
+        samples = []
+        for c, kt in zip(cs, out, strict=True):
+            us, err = judge_sample(c, cfg, kt, expect_log=expect_log)
+            samples.append(Sample(key=(c.shape, c.n_kv), config=cfg, round=r, us=us, kernel=kt.kernel, error=err))
+        return samples
 
-
-def rounds_text(limits: tuple[int, int]) -> str:
-    lo, hi = limits
-    if lo == hi:
-        return f"{lo} rounds"
-    return f"{lo} rounds for every cell, up to {hi} for the cells whose verdict is still open"
+    return run_rounds(
+        FA, cells, limits=limits, store=store, measure=measure, log_dir=log_dir, chunk_size=chunk_size,
+        cost=(process_s, case_s), forced_reason="" if expect_log else _NO_HOOK, budget=budget,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Outcome:
-    """A measured sweep: the stats of the cells with a verdict, the cells without one and why, the rules."""
+class Outcome(Verdicts[FaShape]):
+    """A measured sweep: per shape its cells' stats and decisions, the cells without a verdict and why, the rules."""
 
-    stats: Mapping[FaShape, Mapping[int, CellStats]]
-    no_verdict: Mapping[FaShape, Mapping[int, str]]
-    decisions: Mapping[FaShape, Sequence[Decision]]
     rules: tuple[TableRule, ...]
 
 
-def _gap(shape: FaShape, n_kv: int, upstream: str, why: str) -> Decision:
-    return Decision(
-        phase=shape.phase.bench,
-        depth=n_kv,
-        upstream_kernel=upstream,
-        winner=None,
-        effect_pct=0.0,
-        ci=(math.nan, math.nan),
-        noise_pct=math.nan,
-        reason=f"no verdict: {why}",
-    )
-
-
-def cell_values(
-    c: Cell, got: Mapping[tuple[FaShape, int, str, int], Sample], max_rounds: int
-) -> tuple[dict[str, list[float]], str]:
-    """One cell's throughput per config over its complete rounds, and why it has no verdict ("" if it has one).
-
-    The cell's rounds are the leading rounds ``0 .. n-1`` (``n <= max_rounds``) in which every config has a
-    sample: a cell that stopped early (settled) has fewer than the others. A failed sample among them
-    leaves the cell without a verdict, with the first such reason."""
-    n = 0
-    while n < max_rounds and all((c.shape, c.n_kv, cfg, n) in got for cfg in c.configs):
-        n += 1
-    values: dict[str, list[float]] = {}
-    why = ""
-    for r in range(n):
-        for cfg in c.configs:
-            s = got[(c.shape, c.n_kv, cfg, r)]
-            if not s.ok or s.us_per_run is None:
-                why = why or f"{cfg} round {r + 1}: {s.error}"
-                continue
-            values.setdefault(cfg, []).append(1e6 / s.us_per_run)
-    return values, why
-
-
-def _sample_map(samples: Iterable[Sample], below: int) -> dict[tuple[FaShape, int, str, int], Sample]:
-    return {(s.shape, s.n_kv, s.config, s.round): s for s in samples if s.round < below}
-
-
-def cell_verdicts(
-    cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int], below: int | None = None
-) -> tuple[dict[FaShape, dict[int, CellStats]], dict[FaShape, dict[int, str]]]:
-    """(stats of the cells with enough rounds for a verdict, by shape and n_kv; the others and why), from
-    the samples of rounds ``< below`` (default ``max_rounds``). A cell needs ``min_rounds`` complete rounds;
-    its looks are ``limits`` (:func:`tuner.sweep.rounds.cell_stats`)."""
-    lo, hi = limits
-    got = _sample_map(samples, hi if below is None else min(below, hi))
-    stats: dict[FaShape, dict[int, CellStats]] = {}
-    gaps: dict[FaShape, dict[int, str]] = {}
-    for c in cells:
-        values, why = cell_values(c, got, hi if below is None else min(below, hi))
-        n = len(values.get(DEFAULT, ()))
-        if not why and n < lo:
-            cfg = next((x for x in c.configs if (c.shape, c.n_kv, x, n) not in got), DEFAULT)
-            why = f"{cfg} round {n + 1}: not measured"
-        if why:
-            gaps.setdefault(c.shape, {})[c.n_kv] = why
-        else:
-            stats.setdefault(c.shape, {})[c.n_kv] = cell_stats(c.n_kv, c.upstream, values, limits)
-    return stats, gaps
-
-
-def open_cells(chunk: Sequence[Cell], samples: Iterable[Sample], r: int, limits: tuple[int, int]) -> list[Cell]:
-    """The cells of ``chunk`` that get round ``r`` (0-based): every cell below ``min_rounds``; from there the
-    cells with all ``r`` rounds (none failed) whose point is still open by the decision rule over their
-    shape's points (:func:`tuner.sweep.rounds.open_in_round`), judged on the samples of rounds ``< r`` only, so
-    that a resumed run takes the same decisions. A settled cell, or one that stopped, gets no more rounds."""
-    return open_for_round(
-        chunk,
-        r,
-        limits,
-        lambda below: cell_verdicts(chunk, samples, limits=limits, below=below)[0],
-        lambda shape: shape.phase.bench,
-        lambda c: (c.shape, c.n_kv),
-    )
-
-
-def compose(cells: Sequence[Cell], samples: Iterable[Sample], *, limits: tuple[int, int]) -> Outcome:
-    """Verdicts and rules from the stored samples of rounds ``0 .. max_rounds-1`` (module doc).
-
-    A cell has a verdict when every config has a good sample in each of its rounds and it has at least
-    ``min_rounds`` of them (:func:`cell_verdicts`); the others are listed with the first reason, and stand
-    in their shape's decisions as points without a winner.
-    """
-    stats, gaps = cell_verdicts(cells, samples, limits=limits)
-    upstream = {(c.shape, c.n_kv): c.upstream for c in cells}
-    rules: list[TableRule] = []
-    decisions: dict[FaShape, list[Decision]] = {}
-    for shape in sorted(set(stats) | set(gaps)):
-        ds = decide(shape.phase.bench, stats[shape]) if shape in stats else []
-        ds += [_gap(shape, n, upstream[(shape, n)], w) for n, w in gaps.get(shape, {}).items()]
-        ds.sort(key=lambda d: d.depth)
-        decisions[shape] = ds
-        rules += [TableRule.of(r, ne1=shape.ne1) for r in rules_from(ds, Shape(D=shape.D, gqa=shape.gqa, kv=shape.kv))]
-    return Outcome(stats=stats, no_verdict=gaps, decisions=decisions, rules=tuple(rules))
+def compose(cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], *, limits: tuple[int, int]) -> Outcome:
+    """Verdicts and rules from the stored samples of rounds ``0 .. max_rounds-1``
+    (:func:`tuner.rounds.engine.judge`): per shape, consecutive winning n_kv points form one rule."""
+    v = judge(FA, cells, samples, limits=limits)
+    rules = [
+        TableRule.of(r, ne1=shape.ne1)
+        for shape, ds in v.decisions.items()
+        for r in rules_from(ds, Shape(D=shape.D, gqa=shape.gqa, kv=shape.kv))
+    ]
+    return Outcome(stats=v.stats, no_verdict=v.no_verdict, decisions=v.decisions, rules=tuple(rules))
 
 
 def no_rules_text(outcome: Outcome) -> str:
@@ -603,10 +345,10 @@ def _cell_tables(outcome: Outcome) -> list[str]:
 
 
 def report_text(
-    outcome: Outcome, cells: Sequence[Cell], *, limits: tuple[int, int], identity: Mapping[str, Any], patch: bool
+    outcome: Outcome, cells: Sequence[Cell], *, limits: tuple[int, int], identity: Mapping[str, str], patch: bool
 ) -> str:
     """report.md: what was measured, the table, and every cell without a verdict."""
-    n_gap = sum(len(v) for v in outcome.no_verdict.values())
+    n_gap = outcome.n_gaps
     lines = [
         "# FlashAttention sweep",
         "",
@@ -616,7 +358,7 @@ def report_text(
         f"{N_HEAD_KV} x GQA query heads)",
         f"- cells with a verdict: {len(cells) - n_gap}; without one: {n_gap}",
         "",
-        f"Each config of a chunk of cells ran as one {_TIMER_TEXT.get(str(identity.get('timer')), 'timer')} "
+        f"Each config of a chunk of cells ran as one {_TIMER_TEXT.get(identity.get('timer', ''), 'timer')} "
         "process per round, configs in an order rotated from round to round; a sample counts only where the FA "
         "log names the kernel asked for. A forced kernel wins a cell only when its paired effect clears the "
         "decision rule (A/A-controlled, at least the phase's noise floor); consecutive winning n_kv points form "

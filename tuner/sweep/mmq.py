@@ -11,23 +11,54 @@ type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper inc
   (``n_experts == 0``) after upstream's own support and shared-memory checks, before the arch
   branches; a call no entry covers keeps upstream's choice, and text that does not parse aborts
   with the entry named. The same hook is how a sweep forces either backend (``q4_K:0..=BLAS``).
-* **Sweep.** Per quant type and batch size ``ne11`` (:func:`plan_mmq`), paired rounds of upstream's
-  choice, its A/A twin and the other backend forced, composed per type into intervals of batch sizes
-  where the other backend is faster, as the FlashAttention sweep composes n_kv intervals; measured and
-  composed by :mod:`tuner.sweep.mmq_live` (``tuner sweep mmq``).
+* **Sweep** (``tuner sweep mmq``: :data:`MMQ`, a spec of :mod:`tuner.rounds.engine`). A point is one quant
+  type, one weight size ``m x k`` (weights ``W`` [k, m] in ggml terms: ``k`` values a row, ``m`` rows,
+  :class:`tuner.measure.mm_bench.MmShape`) and one batch size ``ne11``; the sizes are the dense projections
+  of real models (:func:`projection_sizes`: attention Q and O, K and V, FFN gate/up and down), deduplicated
+  over the models asked for. Per round one mm-bench process per config runs over the points of a chunk (by
+  default all of them) that get the round: upstream's choice (:data:`ENV` unset), its A/A twin (unset
+  again, a second process) and cuBLAS forced for every swept type (``q4_0:0..=BLAS,...``). Upstream's
+  backend on an NVIDIA arch with Turing tensor cores is MMQ everywhere (:func:`plan_mmq`). A case printed
+  with an error, or the case a process died in (the process's other printed cases keep their times, and a
+  new process runs the rest: :func:`tuner.measure.mm_bench.run_cases`), is a failed sample with its reason,
+  never a time; its point gets no verdict.
+* **Composition.** Per type and size, over its batch sizes, the engine's verdicts. A batch size counts as
+  cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept size of that type: a size
+  that kept MMQ, or has no verdict there, blocks it. The per-type points then compose into batch-size
+  intervals (:func:`tuner.rounds.compose.rules_from`, as the FlashAttention sweep's n_kv points do), so a
+  blocked point splits an interval.
 * **Upstream form.** :func:`patched_mmq_condition`: for the measured arch (``cc == GGML_CUDA_CC_HOPPER``),
   a ``switch`` on the type returning false (cuBLAS) inside each composed interval, before the
   Turing branch; :func:`match_mmq` is the same lookup in Python.
+
+**CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
+the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures any repeated graph as a CUDA
+graph, batched multiplications included: ``ggml_cuda_graph_check_compability`` in
+``ggml/src/ggml-cuda/ggml-cuda.cu`` turns graphs off only for a ``MUL_MAT_ID`` whose fallback path
+synchronizes, and ``ggml_backend_cuda_graph_compute`` captures a graph on its second call with unchanged
+node properties. (Older trees turned them off for any batch above 1: ``check_node_graph_compatibility_and_refresh_copy_ops``
+in llama.cpp 4227c9b, llama-cpp-python 0.3.16, on an ``ADD`` whose ``src[1]->ne[1] > 1``.) So llama-bench's
+prompt test, which runs the same graph every repetition, runs its multiplications in a CUDA graph, while
+the ubatches of one long prompt, whose K/V views grow from one to the next, run directly. The sweep keeps
+graphs on by default, as llama.cpp does; ``cuda_graphs=False`` (``tuner sweep mmq --no-cuda-graphs``) runs
+every config with ``GGML_CUDA_DISABLE_GRAPHS=1``, which ``ggml_cuda_graph::is_enabled`` (``common.cuh``)
+reads, and the storage's identity and the report say which was used.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "BACKENDS",
+    "CONFIGS",
+    "DEFAULT_LIKE",
     "ENV",
+    "LABELS",
+    "MAX_CASES",
+    "MMQ",
     "MMQ_BATCHES",
     "MMQ_FILE",
     "MMQ_SUPPORTED",
+    "MMQ_TABLE",
     "MMQ_TYPES",
     "OPEN_SHARE",
     "PROCESS_CASES",
@@ -35,28 +66,52 @@ __all__ = [
     "START_S",
     "MmqCell",
     "MmqChoice",
+    "MmqFamily",
+    "MmqKey",
+    "MmqOutcome",
+    "MmqPoint",
+    "blas_env",
     "block_size",
+    "compose_mmq",
     "hook_block",
+    "like_sizes",
     "match_mmq",
     "mmq_dry_run_text",
     "mmq_env",
     "mmq_harness_source",
+    "mmq_plan_text",
+    "mmq_report_text",
+    "no_choice_text",
     "parse_mmq_choices",
+    "parse_size",
     "patched_mmq_condition",
     "patched_mmq_hook",
     "plan_mmq",
+    "plan_points",
+    "projection_sizes",
     "render_mmq_patch",
+    "run_mmq",
+    "stored_points",
 ]
 
 import dataclasses
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError, UsageError, close_matches
+from tuner.measure import mm_bench
+from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
-from tuner.sweep.grid import AA, DEFAULT, duration_text
+from tuner.rounds.budget import SweepBudget
+from tuner.rounds.compose import Decision, Shape, rules_from
+from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge, pack_groups, rounds_text, run_rounds
+from tuner.rounds.stats import UPSTREAM, CellStats
+from tuner.rounds.store import Sample, SampleStore, Table
+from tuner.sweep.grid import duration_text
+from tuner.targets.models import ModelShape, load_model_shape
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
 ENV = "GGML_TUNER_MMQ_CHOICES"
@@ -361,3 +416,400 @@ def mmq_dry_run_text(
     if per_call_s is not None:
         text += f"time at {per_call_s:g} s per case (what-if): {(total + more) * per_call_s / 60:.1f} min\n"
     return text
+
+
+# ----------------------------------------------------------------------------------------- measured sweep
+
+DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b")
+"""The models whose projection sizes the sweep times unless ``--like`` or ``--size`` says otherwise."""
+LABELS = {DEFAULT: "upstream", AA: "AA", "BLAS": "BLAS"}
+"""Config -> the label of its process and log folder (``A/A`` is no file name)."""
+CONFIGS = (DEFAULT, AA, "BLAS")
+MAX_CASES = 2000
+"""Cases per process above which the points are split, whole sizes at a time, into chunks."""
+
+_SIZE = re.compile(r"([0-9]{1,7})x([0-9]{1,7})")
+
+RunCases = Callable[..., list[mm_bench.MmBenchCase]]
+MmqKey = tuple[str, int, int, int]
+"""A point's sample key: (type, m, k, ne11)."""
+MmqFamily = tuple[str, tuple[int, int]]
+"""The points one Holm correction runs over: a type and a size's batch sizes."""
+
+
+def projection_sizes(shape: ModelShape) -> list[tuple[int, int]]:
+    """The (m, k) of a model's dense projections, ``W`` [k, m]: attention Q (n_heads*head_dim x d_model),
+    O (d_model x n_heads*head_dim), K/V (n_kv_heads*head_dim x d_model), FFN gate/up (d_ff x d_model)
+    and down (d_model x d_ff); deduplicated, sorted."""
+    q = shape.n_heads * shape.head_dim
+    kv = shape.n_kv_heads * shape.head_dim
+    d, ff = shape.d_model, shape.d_ff
+    return sorted({(q, d), (d, q), (kv, d), (ff, d), (d, ff)})
+
+
+def like_sizes(names: Iterable[str]) -> list[tuple[int, int]]:
+    """The projection sizes of the named models (``tuner/data/models.toml``), deduplicated, sorted.
+
+    Raises:
+        UsageError: An unknown model name.
+    """
+    return sorted({s for n in names for s in projection_sizes(load_model_shape(n))})
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``MxK`` (e.g. ``4096x14336``: m rows of k values) as (m, k).
+
+    Raises:
+        UsageError: Not ``MxK`` with both in [1, 1048576].
+    """
+    m = _SIZE.fullmatch(text.strip().lower())
+    if not m or not all(1 <= int(v) <= 1 << 20 for v in m.groups()):
+        raise UsageError(f"Size {text!r} is not MxK with m and k in [1, 1048576] (e.g. 4096x14336).")
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclasses.dataclass(frozen=True, order=True, kw_only=True)
+class MmqPoint:
+    """One quant type, weight size and batch size; upstream's backend there."""
+
+    type: str
+    m: int
+    k: int
+    ne11: int
+    upstream: str = "MMQ"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (self.m, self.k)
+
+    @property
+    def key(self) -> MmqKey:
+        return (self.type, self.m, self.k, self.ne11)
+
+    @property
+    def shape(self) -> mm_bench.MmShape:
+        return mm_bench.MmShape(type=self.type, m=self.m, k=self.k, ne11=self.ne11)
+
+
+def plan_points(
+    cells: Sequence[MmqCell], sizes: Sequence[tuple[int, int]]
+) -> tuple[list[MmqPoint], list[tuple[str, int, int]]]:
+    """Every cell (type, ne11 from :func:`plan_mmq`) at every size, sizes outermost; and the (type, m, k)
+    left out because ``k`` is no multiple of the type's block (llama.cpp stores such a tensor in another
+    type)."""
+    points, skipped = [], []
+    for m, k in sorted(set(sizes)):
+        for c in cells:
+            if k % block_size(c.type) == 0:
+                points.append(MmqPoint(type=c.type, m=m, k=k, ne11=c.ne11, upstream=c.upstream))
+            elif (c.type, m, k) not in skipped:
+                skipped.append((c.type, m, k))
+    return points, skipped
+
+
+def stored_points(samples: Iterable[Sample[MmqKey]]) -> list[MmqPoint]:
+    """The points a store's samples measured (upstream's backend: MMQ), sorted."""
+    return sorted({MmqPoint(type=t, m=m, k=k, ne11=n) for t, m, k, n in (s.key for s in samples)})
+
+
+def blas_env(types: Iterable[str]) -> dict[str, str]:
+    """The environment forcing cuBLAS for every one of ``types`` at every batch size."""
+    choices = [MmqChoice(type=t, lo=0, hi=None, backend="BLAS") for t in sorted(set(types))]
+    return {mm_bench.ENV: mmq_env(choices)}
+
+
+def mmq_plan_text(arch: Any, *, limits: tuple[int, int], per_call_s: float | None = None) -> str:
+    """`tuner sweep mmq`'s plan at its defaults: every type and batch size at the default models' sizes."""
+    cells = plan_mmq(arch)
+    sizes = like_sizes(DEFAULT_LIKE)
+    chunks = len(pack_groups(plan_points(cells, sizes)[0], MMQ.group, MAX_CASES))
+    return mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(sizes)), chunks=chunks, per_call_s=per_call_s)
+
+
+def _decode(row: Sequence[Any]) -> MmqKey:
+    t, m, k, n = row
+    return (str(t), int(m), int(k), int(n))
+
+
+MMQ_TABLE = Table[MmqKey](
+    name="mm_samples",
+    create="CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, "
+    "k INTEGER NOT NULL, ne11 INTEGER NOT NULL, config TEXT NOT NULL, round INTEGER NOT NULL, "
+    "us_per_op REAL, error TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (type, m, k, ne11, config, round))",
+    columns=("type", "m", "k", "ne11"),
+    n_key=4,
+    encode=lambda key: key,
+    decode=_decode,
+    value="us_per_op",
+    identity={"schema": "1", "sweep": "mmq"},
+    what="an MMQ sweep storage",
+    fix="Pass another --storage, or the same build, backend, --iters, --cache-mb and CUDA graph setting.",
+    strict=True,
+    # files made before these options were measured with graphs on and ITERS ops a case
+    legacy={"cuda_graphs": "on", "target_ms": "0"},
+)
+"""The MMQ sweep's samples (``mmq.sqlite3``): one row per point, config and round, with the identity of the
+run (arch, backend, build, timer, ops, ``target_ms``, cache size and ``cuda_graphs``): a later run with
+another identity is refused; a file made before the limits were recorded holds fixed rounds."""
+
+MMQ = Spec[MmqPoint, MmqKey, MmqFamily](
+    name="sweep mmq",
+    noun="point",
+    configs=CONFIGS,
+    labels=LABELS,
+    key=lambda p: p.key,
+    family=lambda p: (p.type, p.size),
+    x=lambda p: p.ne11,
+    group=lambda p: p.size,
+    phase=lambda _: "pp",
+    upstream=lambda p: p.upstream,
+    configs_of=lambda _: CONFIGS,
+    open_share=OPEN_SHARE,
+    reason_names=LABELS,
+)
+"""The points' spec of the round engine: a type and size's batch sizes are one family, chunks keep sizes whole."""
+
+
+def run_mmq(
+    points: Sequence[MmqPoint],
+    *,
+    limits: tuple[int, int],
+    store: SampleStore[MmqKey],
+    bin_dir: Path,
+    backend: str,
+    log_dir: Path,
+    run_cases: RunCases | None = None,
+    iters: int = 50,
+    cache_mb: int = 128,
+    max_cases: int = MAX_CASES,
+    forced_reason: str = "",
+    cuda_graphs: bool = True,
+    target_ms: int = 0,
+    budget: SweepBudget | None = None,
+) -> tuple[int, int]:
+    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`): per round, one
+    mm-bench process per config over the points of a chunk (at most ``max_cases``) that get the round.
+
+    ``run_cases``: what runs one process (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass
+    a fake). ``forced_reason``: why the forced config cannot run (a build without the MMQ hook); its samples
+    are then stored failed with it, no process started. ``cuda_graphs`` False runs every config's process
+    with ggml's CUDA graphs off (:data:`tuner.measure.mm_bench.GRAPHS_ENV`); ``target_ms`` is mm-bench's
+    ``-m`` (0: ``iters`` ops a case). Returns (processes run, processes skipped as already recorded).
+    """
+    run = run_cases or mm_bench.run_cases
+    env = blas_env(p.type for p in points)
+
+    def measure(ps: Sequence[MmqPoint], cfg: str, r: int, logs: Path) -> list[Sample[MmqKey]]:
+        out = run(
+            bin_dir, [p.shape for p in ps], {} if cfg in (DEFAULT, AA) else env, log_dir=logs, backend=backend,
+            iters=iters, cache_mb=cache_mb, timeout=120.0 + 5.0 * len(ps), cuda_graphs=cuda_graphs,
+            target_ms=target_ms,
+        )  # fmt: skip
+        samples = []
+        for p, c in zip(ps, out, strict=True):
+            us = c.us_per_op if c.us_per_op is not None and not c.error else None
+            bad = us is None or not (math.isfinite(us) and us > 0)
+            why = (c.error or f"time {c.us_per_op!r} us is not a positive number") if bad else ""
+            samples.append(Sample(key=p.key, config=cfg, round=r, us=us, error=why))
+        return samples
+
+    return run_rounds(
+        MMQ, points, limits=limits, store=store, measure=measure, log_dir=log_dir, chunk_size=max_cases,
+        cost=(START_S, (PROCESS_S - START_S) / PROCESS_CASES), forced_reason=forced_reason, budget=budget,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqOutcome(Verdicts[MmqFamily]):
+    """A measured MMQ sweep: per (type, size) its points' stats and decisions and the points without a
+    verdict and why, per type the batch-size decisions over all its sizes, and the composed choices."""
+
+    type_decisions: Mapping[str, Sequence[Decision]]
+    choices: tuple[MmqChoice, ...]
+    withheld: str = ""
+    """Why no choice is composed whatever the verdicts (a backend without the choice), else empty."""
+
+
+def _type_decision(
+    t: str, ne11: int, sizes: Sequence[tuple[int, int]], decisions: Mapping[MmqFamily, Sequence[Decision]]
+) -> Decision:
+    """cuBLAS wins ``ne11`` for type ``t`` only where it won at every size (module doc)."""
+    won: list[Decision] = []
+    blocked = []
+    for size in sizes:
+        d = next((x for x in decisions.get((t, size), ()) if x.depth == ne11), None)
+        if d is None or d.winner != "BLAS":
+            why = "not measured" if d is None else ("no verdict" if "no verdict" in d.reason else "MMQ stays")
+            why = "too noisy" if d is not None and TOO_NOISY in d.reason else why
+            blocked.append(f"{size[0]}x{size[1]} ({why})")
+        else:
+            won.append(d)
+    if blocked or not won:
+        return gap_decision("pp", ne11, "MMQ", "cuBLAS not faster at every size: " + ", ".join(blocked))
+    worst = min(won, key=lambda d: d.effect_pct)
+    return dataclasses.replace(
+        worst, reason=f"cuBLAS faster at all {len(won)} sizes (smallest gain {worst.effect_pct:+.1f}%)"
+    )
+
+
+def compose_mmq(
+    points: Sequence[MmqPoint], samples: Iterable[Sample[MmqKey]], *, limits: tuple[int, int], withhold: str = ""
+) -> MmqOutcome:
+    """Verdicts and choices from the stored samples of rounds ``0 .. max_rounds-1``
+    (:func:`tuner.rounds.engine.judge`; a batch size goes to cuBLAS for a type only where it won at every
+    size: module doc). ``withhold``: a reason to compose no choice (the backend has no MMQ-vs-cuBLAS
+    choice); verdicts are still reported.
+    """
+    v = judge(MMQ, points, samples, limits=limits)
+    type_ds: dict[str, list[Decision]] = {}
+    choices: list[MmqChoice] = []
+    for t in sorted({p.type for p in points}):
+        sizes = sorted({p.size for p in points if p.type == t})
+        type_ds[t] = [_type_decision(t, n, sizes, v.decisions) for n in sorted({p.ne11 for p in points if p.type == t})]
+        if not withhold:
+            choices += [
+                MmqChoice(type=t, lo=r.lo, hi=r.hi, backend=r.kernel) for r in rules_from(type_ds[t], Shape(kv=None))
+            ]
+    return MmqOutcome(
+        stats=v.stats, no_verdict=v.no_verdict, decisions=v.decisions, type_decisions=type_ds,
+        choices=tuple(choices), withheld=withhold,
+    )  # fmt: skip
+
+
+def no_choice_text(outcome: MmqOutcome) -> str:
+    """Why nothing was composed, in words."""
+    if outcome.withheld:
+        return f"withheld: {outcome.withheld}"
+    if not outcome.stats:
+        return "no point has a verdict"
+    return "MMQ (upstream's choice) stays: at no batch size was cuBLAS faster at every size of a type"
+
+
+def _cell_text(st: CellStats | None, d: Decision | None, why: str | None) -> str:
+    """One point in the report: cuBLAS's speed over MMQ (MMQ time / cuBLAS time) with its 95% CI, the A/A
+    noise, the verdict."""
+    if why is not None:
+        return "no verdict"
+    e = None if st is None else st.effects.get("BLAS")
+    if st is None or e is None:
+        return "-"
+    ci = f"[{e.ci_low:.3f}, {e.ci_high:.3f}]" if math.isfinite(e.ci_low) else "[n/a]"
+    verdict = "cuBLAS" if d is not None and d.winner == "BLAS" else "MMQ"
+    if d is not None and d.winner is None and TOO_NOISY in d.reason:
+        verdict += " (size too noisy)"  # its own interval may look clear; the size's A/A noise decides (legend)
+    return f"{e.ratio:.3f} {ci} ±{st.noise_pct:.1f}% {verdict}"
+
+
+def _type_table(outcome: MmqOutcome, t: str, points: Sequence[MmqPoint]) -> list[str]:
+    sizes = sorted({p.size for p in points if p.type == t})
+    lines = [
+        f"### {t}",
+        "",
+        "| ne11 | " + " | ".join(f"{m}x{k}" for m, k in sizes) + " | over all sizes |",
+        "|---:|" + "---|" * (len(sizes) + 1),
+    ]
+    for td in outcome.type_decisions.get(t, ()):
+        n = td.depth
+        row = []
+        for size in sizes:
+            st = outcome.stats.get((t, size), {}).get(n)
+            d = next((x for x in outcome.decisions.get((t, size), ()) if x.depth == n), None)
+            row.append(_cell_text(st, d, outcome.no_verdict.get((t, size), {}).get(n)))
+        verdict = "**cuBLAS**" if td.winner == "BLAS" else "MMQ stays"
+        lines.append(f"| {n} | " + " | ".join(row) + f" | {verdict}: {td.reason.removeprefix('no verdict: ')} |")
+    return [*lines, ""]
+
+
+def _graphs_text(setting: str | None) -> list[str]:
+    """The report's sentence on CUDA graphs, from the identity's ``cuda_graphs``."""
+    if setting == "off":
+        return [
+            "",
+            "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
+            "multiplications ran directly, kernel by kernel.",
+        ]
+    if setting == "on":
+        return [
+            "",
+            "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
+            "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
+        ]
+    return []
+
+
+def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
+    """The report's count of points per number of rounds they got (sequential rounds only)."""
+    if limits[1] == limits[0]:
+        return []
+    by_n: dict[int, int] = {}
+    for st in outcome.stats.values():
+        for c in st.values():
+            n = len(c.series[UPSTREAM])
+            by_n[n] = by_n.get(n, 0) + 1
+    return ["- rounds a point with a verdict got: " + ", ".join(f"{n}: {k} points" for n, k in sorted(by_n.items()))]
+
+
+def mmq_report_text(
+    outcome: MmqOutcome,
+    points: Sequence[MmqPoint],
+    *,
+    limits: tuple[int, int],
+    identity: Mapping[str, str],
+    skipped: Sequence[tuple[str, int, int]] = (),
+    patch: bool,
+) -> str:
+    """report.md: what was measured, the composed choices, per type and batch size every size's ratio, and
+    every point without a verdict."""
+    n_gap = outcome.n_gaps
+    types = sorted({p.type for p in points})
+    sizes = sorted({p.size for p in points})
+    lines = [
+        "# MMQ vs cuBLAS sweep",
+        "",
+        *(f"- {k}: {v}" for k, v in identity.items()),
+        f"- points: {len(points)} ({len(types)} types, {len(sizes)} sizes m x k: "
+        f"{', '.join(f'{m}x{k}' for m, k in sizes)}; batch sizes {sorted({p.ne11 for p in points})}), "
+        f"paired rounds: {rounds_text(limits, 'point')}",
+        f"- points with a verdict: {len(points) - n_gap}; without one: {n_gap}",
+        *_rounds_line(outcome, limits),
+        *(
+            [f"- not swept (k not a multiple of the type's block): {', '.join(f'{t} {m}x{k}' for t, m, k in skipped)}"]
+            if skipped
+            else []
+        ),
+        "",
+        "Per round, one mm-bench process per config over every point that gets the round: upstream's choice (MMQ), "
+        "the same again (the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from "
+        "round to round. "
+        + (
+            f"Every point gets {limits[0]} rounds; a further round, up to {limits[1]}, goes only to the points whose "
+            "verdict is still open (neither claimed nor settled by futility, the search's settle rule), and a "
+            "point's p-value is divided by the share of alpha of the round count it stopped at before Holm over "
+            "its type and size's batch sizes. "
+            if limits[1] > limits[0]
+            else ""
+        )
+        + "A cell below is `MMQ time / cuBLAS time` (above 1: cuBLAS faster) with its 95% CI, the A/A noise and the "
+        "verdict there (cuBLAS only where the decision rule, A/A-controlled, calls it faster; `MMQ (size too noisy)` "
+        f"where the size's A/A noise, the median over its batch sizes, is above the {NOISE_CEILING_PCT:g}% ceiling, so "
+        "none of its batch sizes claims anything, whatever its own interval). A batch size goes "
+        "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
+        "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
+        *_graphs_text(identity.get("cuda_graphs")),
+        "",
+        "## Composed choices",
+        "",
+        *([f"- `{c.text}`" for c in outcome.choices] or [f"None: {no_choice_text(outcome)}."]),
+        "",
+        "`upstream.patch` adds them to `ggml_cuda_should_use_mmq`." if patch else "No `upstream.patch`.",
+        "",
+        "## Per type and batch size",
+        "",
+    ]
+    for t in types:
+        lines += _type_table(outcome, t, points)
+    if n_gap:
+        lines += ["## Points without a verdict", ""]
+        gaps = sorted(outcome.no_verdict.items())
+        lines += [f"- {t} {m}x{k} ne11 {n}: {why}" for (t, (m, k)), xs in gaps for n, why in sorted(xs.items())]
+    return "\n".join(lines).rstrip("\n") + "\n"

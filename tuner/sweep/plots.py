@@ -17,30 +17,36 @@ __all__ = ["fa_speedups", "mmq_speedups", "plot_fa", "plot_mmq"]
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from tuner.result.plots import pyplot, save_png
-from tuner.sweep.grid import DEFAULT, Cell, FaShape
+from tuner.rounds.engine import DEFAULT
+from tuner.rounds.store import Sample
+from tuner.sweep.grid import Cell
+from tuner.sweep.live import FaKey
+from tuner.sweep.mmq import MmqChoice, MmqKey
 from tuner.sweep.table import TableRule
 
+K = TypeVar("K", bound=Hashable)
 
-def _medians(samples: Iterable[Any], key: Any, value: str) -> dict[Any, float]:
-    by: dict[Any, list[float]] = defaultdict(list)
+
+def _medians(samples: Iterable[Sample[K]]) -> dict[tuple[K, str], float]:
+    """(key, config) -> the median of its good samples' times."""
+    by: dict[tuple[K, str], list[float]] = defaultdict(list)
     for s in samples:
-        v = getattr(s, value)
-        if s.ok and v:
-            by[key(s)].append(float(v))
+        if s.ok and s.us:
+            by[(s.key, s.config)].append(s.us)
     return {k: statistics.median(v) for k, v in by.items()}
 
 
 def fa_speedups(
-    cells: Sequence[Cell], samples: Iterable[Any], rules: Sequence[TableRule]
-) -> dict[tuple[FaShape, int], tuple[str, float]]:
+    cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], rules: Sequence[TableRule]
+) -> dict[FaKey, tuple[str, float]]:
     """Per cell: the kernel the composed table chooses (upstream's where no rule covers it) and its speedup
     over upstream's choice (NaN where either was not measured)."""
-    med = _medians(samples, lambda s: (s.shape, s.n_kv, s.config), "us_per_run")
+    med = _medians(samples)
     out = {}
     for c in cells:
         s = c.shape
@@ -48,13 +54,15 @@ def fa_speedups(
             (r for r in rules if (r.D, r.gqa, r.kv, r.ne1) == (s.D, s.gqa, s.kv, s.ne1) and r.covers(c.n_kv)), None
         )
         kernel = rule.kernel if rule else c.upstream
-        base = med.get((s, c.n_kv, DEFAULT), math.nan)
-        mine = base if rule is None or kernel == c.upstream else med.get((s, c.n_kv, kernel), math.nan)
+        base = med.get(((s, c.n_kv), DEFAULT), math.nan)
+        mine = base if rule is None or kernel == c.upstream else med.get(((s, c.n_kv), kernel), math.nan)
         out[(s, c.n_kv)] = (kernel, base / mine if mine else math.nan)
     return out
 
 
-def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[TableRule], out_dir: Path) -> list[Path]:
+def plot_fa(
+    cells: Sequence[Cell], samples: Sequence[Sample[FaKey]], rules: Sequence[TableRule], out_dir: Path
+) -> list[Path]:
     """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1``, and one
     ``fa-D<head size>-ne1-<N>.png`` per head size and query batch N > 1 (module doc)."""
     plt = pyplot()
@@ -88,19 +96,20 @@ def plot_fa(cells: Sequence[Cell], samples: Sequence[Any], rules: Sequence[Table
     return out
 
 
-def mmq_speedups(samples: Iterable[Any]) -> dict[tuple[str, int], float]:
+def mmq_speedups(samples: Iterable[Sample[MmqKey]]) -> dict[tuple[str, int], float]:
     """(type, batch size) -> speedup of cuBLAS over upstream's MMQ: geometric mean over the weight sizes of
     median MMQ time / median cuBLAS time (points with both measured only)."""
-    med = _medians(samples, lambda s: (s.type, s.m, s.k, s.ne11, s.config), "us_per_op")
+    med = _medians(samples)
     logs: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for (t, m, k, n, cfg), base in med.items():
-        blas = med.get((t, m, k, n, "BLAS"))
+    for (key, cfg), base in med.items():
+        t, _, _, n = key
+        blas = med.get((key, "BLAS"))
         if cfg == DEFAULT and blas:
             logs[(t, n)].append(math.log(base / blas))
     return {k: math.exp(statistics.fmean(v)) for k, v in logs.items()}
 
 
-def plot_mmq(samples: Sequence[Any], choices: Mapping[str, Sequence[Any]], path: Path) -> Path | None:
+def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[MmqChoice]], path: Path) -> Path | None:
     """``mmq.png``: the speedup of cuBLAS over MMQ per type and batch size; None without a measured pair.
     ``choices``: per type, its composed choices (marked in the cells they cover)."""
     sp = mmq_speedups(samples)

@@ -10,8 +10,7 @@ from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
 from tuner.sweep.grid import DEFAULT_N_KV, DEFAULT_QUERY_BATCHES, N_KV, dry_run_text, plan
 from tuner.sweep.live import estimate_text
-from tuner.sweep.mmq import mmq_dry_run_text, plan_mmq
-from tuner.sweep.mmq_live import DEFAULT_LIKE, like_sizes
+from tuner.sweep.mmq import DEFAULT_LIKE, like_sizes, mmq_dry_run_text, plan_mmq
 from tuner.targets.archs import load_arch
 
 
@@ -48,13 +47,14 @@ def test_plan_refuses_bad_input(args: list[str], why: str) -> None:
 
 
 def test_run_refuses_a_storage_of_another_build(tmp_path) -> None:
-    from tuner.sweep.live import SampleStore
+    from tuner.rounds.store import SampleStore
+    from tuner.sweep.live import TABLE
 
     build = tmp_path / "bin"
     build.mkdir()
     (build / "test-backend-ops").write_text("")
     SampleStore(
-        tmp_path / "s.db", {"arch": "sm_90", "backend": "CUDA0", "build": "/elsewhere", "n_head_kv": "8"}
+        TABLE, tmp_path / "s.db", {"arch": "sm_90", "backend": "CUDA0", "build": "/elsewhere", "n_head_kv": "8"}
     ).close()
     args = ["run", "--head-size", "64", "--gqa", "4", "--kv", "f16", "--ne1", "1", "--n-kv", "256"]
     args += ["--build", str(build), "--storage", str(tmp_path / "s.db"), "-o", str(tmp_path / "out")]

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
 from tuner.rounds.joint import Candidate
-from tuner.sweep import confirm
+from tuner.rounds.store import Sample, SampleStore
+from tuner.sweep import confirm, live
 from tuner.sweep.confirm_report import e2e_text, plan_text, pr_text
 from tuner.sweep.grid import AA, DEFAULT, FaShape, plan
-from tuner.sweep.live import Sample, SampleStore
 from tuner.targets.archs import load_arch
 
 SM90 = load_arch("sm_90")
@@ -37,7 +37,8 @@ def _sweep_dir(
     ``only``: these shapes instead of SHAPE and ``extra``; ``name``: the directory under ``tmp_path``."""
     out = tmp_path / name
     shapes = tuple(only) if only is not None else (SHAPE, *extra)
-    store = SampleStore(out / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
+    ident = {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"}
+    store = SampleStore(live.TABLE, out / "sweep.sqlite3", ident)
     rng = random.Random(1)
     rows = []
     for c in plan(SM90, n_kv=N_KV):
@@ -50,9 +51,7 @@ def _sweep_dir(
                     us *= 0.8 if c.n_kv >= 16384 else 1.3
                 elif cfg not in (DEFAULT, AA):
                     us *= 1.5
-                rows.append(
-                    Sample(shape=c.shape, n_kv=c.n_kv, config=cfg, round=r, us_per_run=us, kernel=None, error="")
-                )
+                rows.append(Sample(key=(c.shape, c.n_kv), config=cfg, round=r, us=us))
     store.add(rows)
     store.close()
     return out
@@ -417,8 +416,8 @@ def test_coverage_says_the_fewest_and_the_most_rounds_a_cell_got(tmp_path: Path)
     from tuner.sweep.confirm_report import coverage_lines
 
     out = _sweep_dir(tmp_path)
-    store = SampleStore(out / "sweep.sqlite3", {})
-    extra = [s for s in store.samples() if s.round == 2 and s.n_kv == N_KV[0]]
+    store = SampleStore(live.TABLE, out / "sweep.sqlite3", {})
+    extra = [s for s in store.samples() if s.round == 2 and s.key[1] == N_KV[0]]
     store.add([dataclasses.replace(s, round=3) for s in extra])  # one cell gets a fourth round
     store.close()
     table = confirm.load_table(out)

@@ -19,11 +19,10 @@ from tuner._compat import tomllib
 from tuner.cli.export_cmd import validate
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import UsageError
-from tuner.sweep import confirm
+from tuner.rounds.store import Sample, SampleStore
+from tuner.sweep import confirm, live, mmq
 from tuner.sweep.confirm_report import e2e_text, pr_text
 from tuner.sweep.grid import AA, DEFAULT, plan
-from tuner.sweep.live import Sample, SampleStore
-from tuner.sweep.mmq_live import MmqSample, MmqStore
 from tuner.sweep.table_check import validate_table
 
 FATTN = """#include "common.cuh"
@@ -68,9 +67,11 @@ def _fake_source(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _mmq_dir(tmp: Path) -> Path:
     """A CPU MMQ sweep (no MMQ-vs-cuBLAS choice there, so nothing composes), cuBLAS 2x faster at batch 512."""
     out = tmp / "mmq"
-    store = MmqStore(out / "mmq.sqlite3", {"arch": "sm_90", "backend": "CPU", "build": "/b", "timer": "mm-bench"})
+    store = SampleStore(
+        mmq.MMQ_TABLE, out / "mmq.sqlite3", {"arch": "sm_90", "backend": "CPU", "build": "/b", "timer": "mm-bench"}
+    )
     rows = [
-        MmqSample(type=t, m=256, k=256, ne11=n, config=cfg, round=r, us_per_op=us, error="")
+        Sample(key=(t, 256, 256, n), config=cfg, round=r, us=us)
         for t in ("q4_0", "q8_0")
         for n in (16, 512)
         for r in range(3)
@@ -265,18 +266,12 @@ def test_truncated_confirm_evidence_is_refused(tmp_path: Path, monkeypatch: pyte
 def test_an_aa_only_grid_exports_an_empty_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_source(tmp_path, monkeypatch)
     sweep_dir = tmp_path / "sweep"
-    store = SampleStore(sweep_dir / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"})
+    store = SampleStore(
+        live.TABLE, sweep_dir / "sweep.sqlite3", {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "t"}
+    )
     store.add(
         [
-            Sample(
-                shape=c.shape,
-                n_kv=c.n_kv,
-                config=cfg,
-                round=r,
-                us_per_run=100.0 + 0.01 * ((r + i) % 3),
-                kernel=None,
-                error="",
-            )
+            Sample(key=(c.shape, c.n_kv), config=cfg, round=r, us=100.0 + 0.01 * ((r + i) % 3))
             for c in plan(SM90, n_kv=(4096, 8192))
             if c.shape == SHAPE
             for r in range(3)

@@ -1,4 +1,4 @@
-"""The measured sweep (tuner/sweep/live.py) on a fake run_round: batching, rotation, resume, failed samples."""
+"""The measured FlashAttention sweep (tuner/sweep/live.py, a spec of tuner/rounds/engine.py) on a fake run_round: batching, rotation, resume, failed samples."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from tuner.errors import UsageError
 from tuner.measure import kernel_bench as kb
 from tuner.measure.paired import rotated
+from tuner.rounds.engine import pack_groups, round_processes
+from tuner.rounds.store import SampleStore
 from tuner.sweep import live
 from tuner.sweep.grid import AA, DEFAULT, Cell, FaShape, plan, upstream_kernel
 from tuner.targets.archs import load_arch
@@ -81,7 +83,9 @@ class FakeRunRound:
         return out
 
 
-def _run(fake: FakeRunRound, store: live.SampleStore, cells: Sequence[Cell], rounds: int, **kw: Any) -> tuple[int, int]:
+def _run(
+    fake: FakeRunRound, store: SampleStore[live.FaKey], cells: Sequence[Cell], rounds: int, **kw: Any
+) -> tuple[int, int]:
     return live.run_sweep(
         cells, limits=(rounds, rounds), store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/nonexistent"),
         run_round=fake, **kw,
@@ -97,11 +101,13 @@ def test_bench_shape_maps_the_sweep_shape() -> None:
 def test_one_process_per_config_round_and_chunk_with_its_legal_cells_only(tmp_path: Path) -> None:
     cells = _cells()
     fake = FakeRunRound()
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     ran, skipped = _run(fake, store, cells, 3, chunk_size=len(N_KV))  # one shape per chunk
-    chunks = live.chunk_cells(cells, len(N_KV))
+    chunks = pack_groups(cells, live.FA.group, len(N_KV))
     assert len(chunks) == 2 and all(len({c.shape for c in ch}) == 1 for ch in chunks)
-    expect = [(ci, r, cfg) for ci, ch in enumerate(chunks) for r in range(3) for cfg, _ in live.round_processes(ch, r)]
+    expect = [
+        (ci, r, cfg) for ci, ch in enumerate(chunks) for r in range(3) for cfg, _ in round_processes(live.FA, ch, r)
+    ]
     assert (ran, skipped) == (len(expect), 0) and len(fake.calls) == len(expect)
     for (ci, r, cfg), (label, shapes, log_dir) in zip(expect, fake.calls, strict=True):
         assert label == live.LABELS[cfg] and log_dir.parts[-3:] == (f"chunk{ci:04d}", f"r{r}", label)
@@ -116,7 +122,7 @@ def test_one_process_per_config_round_and_chunk_with_its_legal_cells_only(tmp_pa
 def test_config_order_rotates_from_round_to_round(tmp_path: Path) -> None:
     cells = _cells([WIN])
     fake = FakeRunRound()
-    _run(fake, live.SampleStore(tmp_path / "s.db", IDENT), cells, 3)
+    _run(fake, SampleStore(live.TABLE, tmp_path / "s.db", IDENT), cells, 3)
     base = [live.LABELS[c] for c in cells[0].configs]  # default, A/A, TILE, MMA
     got = [lbl for lbl, _, _ in fake.calls]
     assert got == [x for r in range(3) for x in rotated(base, r)]
@@ -125,7 +131,7 @@ def test_config_order_rotates_from_round_to_round(tmp_path: Path) -> None:
 
 def test_a_rerun_skips_recorded_rounds_and_resumes_the_rest(tmp_path: Path) -> None:
     cells = _cells()
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     first = FakeRunRound()
     ran2, _ = _run(first, store, cells, 2)
     again = FakeRunRound()
@@ -137,43 +143,43 @@ def test_a_rerun_skips_recorded_rounds_and_resumes_the_rest(tmp_path: Path) -> N
     assert rounds_run == {2}
     store.close()
     # a new process finds the file and resumes too
-    reopened = live.SampleStore(tmp_path / "s.db", IDENT)
+    reopened = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     assert _run(FakeRunRound(), reopened, cells, 3) == (0, ran3 + skipped3)
 
 
 def test_storage_of_another_build_is_refused(tmp_path: Path) -> None:
-    live.SampleStore(tmp_path / "s.db", IDENT).close()
+    SampleStore(live.TABLE, tmp_path / "s.db", IDENT).close()
     with pytest.raises(UsageError, match="another build"):
-        live.SampleStore(tmp_path / "s.db", {**IDENT, "build": "/other"})
+        SampleStore(live.TABLE, tmp_path / "s.db", {**IDENT, "build": "/other"})
 
 
 def test_storage_of_another_device_is_refused_and_an_older_one_records_it(tmp_path: Path) -> None:
     """An H100 run resumed on an H200 (both lent as "one GPU") would mix two devices' timings in one file."""
     h100, h200 = {**IDENT, "device": "NVIDIA H100 80GB HBM3"}, {**IDENT, "device": "NVIDIA H200"}
-    live.SampleStore(tmp_path / "s.db", h100).close()
+    SampleStore(live.TABLE, tmp_path / "s.db", h100).close()
     with pytest.raises(
         UsageError, match=r"measured on NVIDIA H100 80GB HBM3, but this machine measures on NVIDIA H200"
     ):
-        live.SampleStore(tmp_path / "s.db", h200)
-    live.SampleStore(tmp_path / "s.db", h100).close()  # the same device resumes
-    live.SampleStore(tmp_path / "old.db", IDENT).close()  # made before the device was recorded
-    live.SampleStore(tmp_path / "old.db", h200).close()  # resumes, and records the device from now on
+        SampleStore(live.TABLE, tmp_path / "s.db", h200)
+    SampleStore(live.TABLE, tmp_path / "s.db", h100).close()  # the same device resumes
+    SampleStore(live.TABLE, tmp_path / "old.db", IDENT).close()  # made before the device was recorded
+    SampleStore(live.TABLE, tmp_path / "old.db", h200).close()  # resumes, and records the device from now on
     with pytest.raises(UsageError, match="measured on NVIDIA H200"):
-        live.SampleStore(tmp_path / "old.db", h100)
+        SampleStore(live.TABLE, tmp_path / "old.db", h100)
 
 
 def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdict(tmp_path: Path) -> None:
     cells = _cells([WIN])
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     _run(FakeRunRound(), store, cells, 5)
     clean = live.compose(cells, store.samples(), limits=(5, 5))
     assert not clean.no_verdict
     assert [(r.lo, r.hi, r.kernel) for r in clean.rules] == [(0, None, "MMA")]
 
-    store2 = live.SampleStore(tmp_path / "s2.db", IDENT)
+    store2 = SampleStore(live.TABLE, tmp_path / "s2.db", IDENT)
     _run(FakeRunRound(wrong={(WIN, N_KV[1], "MMA")}), store2, cells, 5)
     bad = [s for s in store2.samples() if s.error]
-    assert bad and all(s.us_per_run is None and (s.n_kv, s.config) == (N_KV[1], "MMA") for s in bad)
+    assert bad and all(s.us is None and (s.key[1], s.config) == (N_KV[1], "MMA") for s in bad)
     assert all("TILE ran (rule), not MMA" in s.error for s in bad)
     out = live.compose(cells, store2.samples(), limits=(5, 5))
     assert set(out.no_verdict[WIN]) == {N_KV[1]} and N_KV[1] not in out.stats[WIN]
@@ -192,7 +198,7 @@ def test_planted_winner_composes_and_a_mismatch_leaves_its_cell_without_a_verdic
 
 def test_rounds_not_measured_leave_cells_without_a_verdict(tmp_path: Path) -> None:
     cells = _cells([WIN])
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     _run(FakeRunRound(), store, cells, 2)
     out = live.compose(cells, store.samples(), limits=(3, 3))
     assert set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
@@ -221,7 +227,7 @@ def test_judge_sample_needs_the_asked_kernel() -> None:
 def test_chunks_keep_shapes_whole() -> None:
     cells = _cells()
     for size in (1, 3, len(N_KV), len(cells)):
-        chunks = live.chunk_cells(cells, size)
+        chunks = pack_groups(cells, live.FA.group, size)
         assert [c for ch in chunks for c in ch] == cells
         shapes = [{c.shape for c in ch} for ch in chunks]
         assert all(not (a & b) for i, a in enumerate(shapes) for b in shapes[i + 1 :])
@@ -229,14 +235,14 @@ def test_chunks_keep_shapes_whole() -> None:
 
 def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_path: Path) -> None:
     cells = _cells([WIN])
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     fake = FakeRunRound()
     ran, _ = _run(fake, store, cells, 2, expect_log=False)
     assert ran == len(fake.calls) == 2 * 2 and {lbl for lbl, _, _ in fake.calls} == {"upstream", "AA"}
     samples = store.samples()
     forced = [s for s in samples if s.config not in (DEFAULT, AA)]
     assert len(samples) == 2 * sum(len(c.configs) for c in cells)
-    assert forced and all(s.us_per_run is None and s.error.startswith("not run") for s in forced)
+    assert forced and all(s.us is None and s.error.startswith("not run") for s in forced)
     out = live.compose(cells, samples, limits=(2, 2))
     assert not out.stats and set(out.no_verdict[WIN]) == set(N_KV) and not out.rules
     assert live.no_rules_text(out) == "no cell has a verdict"
@@ -251,7 +257,7 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_
             return super().__call__(*args, **kw)
 
     cells = _cells()
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     first = Slow()
     with pytest.raises(BudgetReached):
         _run(first, store, cells, 2, budget=SweepBudget.from_now(250))
@@ -261,5 +267,5 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_
     ran, skipped = _run(rest, store, cells, 2)
     assert skipped == 4 and ran == len(rest.calls) > 0
     ref = FakeRunRound()
-    _run(ref, live.SampleStore(tmp_path / "ref.db", IDENT), cells, 2)
+    _run(ref, SampleStore(live.TABLE, tmp_path / "ref.db", IDENT), cells, 2)
     assert len(first.calls) + len(rest.calls) == len(ref.calls)  # nothing measured twice, nothing left out

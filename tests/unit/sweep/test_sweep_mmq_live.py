@@ -1,4 +1,4 @@
-"""The measured MMQ sweep (tuner/sweep/mmq_live.py) on a fake mm-bench runner: batching (3 processes a
+"""The measured MMQ sweep (tuner/sweep/mmq.py) on a fake mm-bench runner: batching (3 processes a
 round), rotation, composition over every size, failed samples, resume and the storage's identity."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from tuner.errors import UsageError
 from tuner.measure import mm_bench
 from tuner.measure.fa_bench import BenchCase
-from tuner.sweep import mmq_live
-from tuner.sweep.grid import AA, DEFAULT
+from tuner.rounds.engine import AA, DEFAULT, pack_groups, round_processes
+from tuner.rounds.store import SampleStore
+from tuner.sweep import mmq
 from tuner.sweep.mmq import MmqChoice, block_size, parse_mmq_choices, plan_mmq
 from tuner.targets.archs import load_arch
 from tuner.targets.models import load_model_shape
@@ -32,8 +33,8 @@ FROM = {("q4_K", A): 256, ("q4_K", B): 1024, ("q8_0", A): 64, ("q8_0", B): 64}
 IDENT = {"arch": "sm_90", "backend": "CUDA0", "build": "/b", "timer": "mm-bench", "iters": "50", "cache_mb": "128"}
 
 
-def _points(sizes: Sequence[tuple[int, int]] = (A, B)) -> list[mmq_live.MmqPoint]:
-    return mmq_live.plan_points(plan_mmq(SM90, TYPES, BATCHES), sizes)[0]
+def _points(sizes: Sequence[tuple[int, int]] = (A, B)) -> list[mmq.MmqPoint]:
+    return mmq.plan_points(plan_mmq(SM90, TYPES, BATCHES), sizes)[0]
 
 
 class FakeRunCases:
@@ -82,36 +83,36 @@ class FakeRunCases:
 
 
 def _run(
-    fake: FakeRunCases, store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int, **kw: Any
+    fake: FakeRunCases, store: SampleStore[mmq.MmqKey], points: Sequence[mmq.MmqPoint], rounds: int, **kw: Any
 ) -> tuple[int, int]:
-    return mmq_live.run_mmq_live(
+    return mmq.run_mmq(
         points, limits=(rounds, rounds), store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/logs"),
         run_cases=fake, **kw,
     )  # fmt: skip
 
 
-def _compose(store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], rounds: int) -> mmq_live.MmqOutcome:
-    return mmq_live.compose_live(points, store.samples(), limits=(rounds, rounds))
+def _compose(store: SampleStore[mmq.MmqKey], points: Sequence[mmq.MmqPoint], rounds: int) -> mmq.MmqOutcome:
+    return mmq.compose_mmq(points, store.samples(), limits=(rounds, rounds))
 
 
 def test_projection_sizes_are_the_dense_multiplications_of_a_model() -> None:
     # llama-3.1-8b: Q/O 4096x4096, K/V 1024x4096, gate/up 14336x4096, down 4096x14336 (m x k, W [k, m])
-    assert mmq_live.projection_sizes(load_model_shape("llama-3.1-8b")) == [
+    assert mmq.projection_sizes(load_model_shape("llama-3.1-8b")) == [
         (1024, 4096),
         (4096, 4096),
         (4096, 14336),
         (14336, 4096),
     ]
-    sizes = mmq_live.like_sizes(mmq_live.DEFAULT_LIKE)
+    sizes = mmq.like_sizes(mmq.DEFAULT_LIKE)
     assert len(sizes) == len(set(sizes)) and (896, 896) in sizes and (128, 896) in sizes  # qwen2.5-0.5b
-    assert mmq_live.parse_size("256X512") == (256, 512)
+    assert mmq.parse_size("256X512") == (256, 512)
     for bad in ("256", "0x256", "256x", "1x2x3", "256x 4"):
         with pytest.raises(UsageError, match="MxK"):
-            mmq_live.parse_size(bad)
+            mmq.parse_size(bad)
 
 
 def test_types_whose_block_does_not_divide_k_are_left_out() -> None:
-    points, skipped = mmq_live.plan_points(plan_mmq(SM90, ("q4_0", "q4_K"), (16,)), [(896, 896), (512, 2048)])
+    points, skipped = mmq.plan_points(plan_mmq(SM90, ("q4_0", "q4_K"), (16,)), [(896, 896), (512, 2048)])
     assert block_size("q4_0") == 32 and block_size("q4_K") == 256 and block_size("iq4_xs") == 256
     assert skipped == [("q4_K", 896, 896)]
     assert [(p.type, p.size) for p in points] == [("q4_0", (512, 2048)), ("q4_K", (512, 2048)), ("q4_0", (896, 896))]
@@ -120,29 +121,32 @@ def test_types_whose_block_does_not_divide_k_are_left_out() -> None:
 def test_three_processes_a_round_over_every_point_order_rotated(tmp_path: Path) -> None:
     points = _points()
     fake = FakeRunCases()
-    ran, skipped = _run(fake, mmq_live.MmqStore(tmp_path / "s.db", IDENT), points, 3)
+    ran, skipped = _run(fake, SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT), points, 3)
     assert (ran, skipped) == (9, 0) and len(fake.calls) == 9
     for r in range(3):
         calls = fake.calls[3 * r : 3 * r + 3]
-        assert [c[0] for c in calls] == [mmq_live.LABELS[c] for c in mmq_live.round_configs(r)]
+        assert [c[0] for c in calls] == [mmq.LABELS[c] for c, _ in round_processes(mmq.MMQ, points, r)]
         assert all(c[2].parent.name == f"r{r}" for c in calls)
         for _, shapes, _ in calls:  # every type x size x ne11 in one cases file
             assert [(s.type, s.m, s.k, s.ne11) for s in shapes] == [(p.type, p.m, p.k, p.ne11) for p in points]
-    assert mmq_live.round_configs(1) == [AA, "BLAS", DEFAULT]
-    assert mmq_live.blas_env(["q8_0", "q4_K", "q8_0"]) == {mm_bench.ENV: "q4_K:0..=BLAS,q8_0:0..=BLAS"}
+    assert [c for c, _ in round_processes(mmq.MMQ, points, 1)] == [AA, "BLAS", DEFAULT]
+    assert mmq.blas_env(["q8_0", "q4_K", "q8_0"]) == {mm_bench.ENV: "q4_K:0..=BLAS,q8_0:0..=BLAS"}
 
 
 def test_chunks_split_by_whole_sizes_only_when_too_many_cases(tmp_path: Path) -> None:
     points = _points()
-    assert len(mmq_live.chunk_points(points)) == 1
-    chunks = mmq_live.chunk_points(points, max_cases=len(points) // 2)
+    assert len(pack_groups(points, mmq.MMQ.group, mmq.MAX_CASES)) == 1
+    chunks = pack_groups(points, mmq.MMQ.group, len(points) // 2)
     assert len(chunks) == 2 and [{p.size for p in ch} for ch in chunks] == [{B}, {A}]
     fake = FakeRunCases()
-    assert _run(fake, mmq_live.MmqStore(tmp_path / "s.db", IDENT), points, 2, max_cases=len(points) // 2) == (12, 0)
+    assert _run(fake, SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT), points, 2, max_cases=len(points) // 2) == (
+        12,
+        0,
+    )
 
 
 def test_the_rule_for_a_type_holds_at_every_size(tmp_path: Path) -> None:
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     points = _points()
     _run(FakeRunCases(), store, points, 5)
     out = _compose(store, points, 5)
@@ -156,39 +160,39 @@ def test_the_rule_for_a_type_holds_at_every_size(tmp_path: Path) -> None:
     )
     q4k = {d.depth: d for d in out.type_decisions["q4_K"]}
     assert q4k[256].winner is None and "2048x8192 (MMQ stays)" in q4k[256].reason
-    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=True)
+    report = mmq.mmq_report_text(out, points, limits=(5, 5), identity=IDENT, patch=True)
     assert "- `q4_K:1024..=BLAS`" in report and "### q4_K" in report and "| 256 | " in report
     assert "`upstream.patch` adds them" in report and "Points without a verdict" not in report
 
 
 def test_an_aa_only_grid_composes_nothing(tmp_path: Path) -> None:
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     points = _points()
     _run(FakeRunCases(aa_only=True), store, points, 5)
     out = _compose(store, points, 5)
     assert out.choices == () and not out.no_verdict and len(out.stats) == 4
-    assert "MMQ (upstream's choice) stays" in mmq_live.no_choice_text(out)
+    assert "MMQ (upstream's choice) stays" in mmq.no_choice_text(out)
 
 
 def test_a_failed_sample_leaves_its_point_without_verdict_and_splits_the_interval(tmp_path: Path) -> None:
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     points = _points()
     _run(FakeRunCases(fail={("q4_K", B, 2048, "BLAS", "r1")}), store, points, 5)
     out = _compose(store, points, 5)
-    assert out.no_verdict == {("q4_K", 2048, 8192, 2048): "BLAS round 2: graph compute failed"}
+    assert out.no_verdict == {("q4_K", (2048, 8192)): {2048: "BLAS round 2: graph compute failed"}}
     failed = [s for s in store.samples() if not s.ok]
-    assert len(failed) == 1 and failed[0].us_per_op is None  # stored with its reason, never a time
+    assert len(failed) == 1 and failed[0].us is None  # stored with its reason, never a time
     assert [c.text for c in out.choices] == ["q4_K:1024..2048=BLAS", "q4_K:4096..=BLAS", "q8_0:64..=BLAS"]
-    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
+    report = mmq.mmq_report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
     assert "- q4_K 2048x8192 ne11 2048: BLAS round 2: graph compute failed" in report
 
 
 def test_rerun_skips_recorded_processes_and_more_rounds_add_only_theirs(tmp_path: Path) -> None:
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     assert _run(FakeRunCases(), store, points, 2) == (6, 0)
     store.close()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     again = FakeRunCases()
     assert _run(again, store, points, 2) == (0, 6) and again.calls == []
     more = FakeRunCases()
@@ -198,22 +202,22 @@ def test_rerun_skips_recorded_processes_and_more_rounds_add_only_theirs(tmp_path
 
 
 def test_a_build_without_the_hook_stores_the_forced_config_failed(tmp_path: Path) -> None:
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     points = _points([A])
     fake = FakeRunCases()
     assert _run(fake, store, points, 2, forced_reason="not run: no hook") == (4, 0)
     assert {c[0] for c in fake.calls} == {"upstream", "AA"}
     out = _compose(store, points, 2)
-    assert out.choices == () and len(out.no_verdict) == len(points)
-    assert set(out.no_verdict.values()) == {"BLAS round 1: not run: no hook"}
+    assert out.choices == () and out.n_gaps == len(points)
+    assert {w for ws in out.no_verdict.values() for w in ws.values()} == {"BLAS round 1: not run: no hook"}
 
 
 def test_storage_of_another_identity_is_refused(tmp_path: Path) -> None:
-    mmq_live.MmqStore(tmp_path / "s.db", IDENT).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT).close()
     with pytest.raises(UsageError, match="another build"):
-        mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "build": "/elsewhere"})
+        SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", {**IDENT, "build": "/elsewhere"})
     with pytest.raises(UsageError, match="iters"):
-        mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "iters": "20"})
+        SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", {**IDENT, "iters": "20"})
 
 
 def _bin(tmp_path: Path) -> Path:
@@ -226,7 +230,7 @@ def _bin(tmp_path: Path) -> Path:
 def test_cli_refuses_a_storage_of_another_build(tmp_path: Path) -> None:
     from tuner.cli.sweep_cmd import sweep
 
-    mmq_live.MmqStore(tmp_path / "s.db", {**IDENT, "backend": "CPU"}).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", {**IDENT, "backend": "CPU"}).close()
     args = ["mmq", "--build", str(_bin(tmp_path)), "--backend", "CPU", "--type", "q8_0", "--ne11", "16"]
     args += ["--size", "256x256", "--storage", str(tmp_path / "s.db"), "-o", str(tmp_path / "out")]
     with pytest.raises(UsageError, match="another build") as err:
@@ -298,14 +302,14 @@ def test_cli_runs_every_config_without_cuda_graphs_when_asked(tmp_path: Path, mo
         CliRunner().invoke(sweep, args, standalone_mode=False, catch_exceptions=False)
 
     old = {**IDENT, "build": str((tmp_path / "bin").resolve()), "arch": "sm_90"}
-    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", old).close()
     with sqlite3.connect(tmp_path / "old.db") as c:  # as a file made before the option
         c.execute("DELETE FROM meta WHERE key = 'cuda_graphs'")
-    mmq_live.MmqStore(tmp_path / "old.db", {**old, "cuda_graphs": "on"}).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", {**old, "cuda_graphs": "on"}).close()
     with sqlite3.connect(tmp_path / "old.db") as c:
         c.execute("DELETE FROM meta WHERE key = 'cuda_graphs'")
     with pytest.raises(UsageError, match="cuda_graphs"):
-        mmq_live.MmqStore(tmp_path / "old.db", {**old, "cuda_graphs": "off"})
+        SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", {**old, "cuda_graphs": "off"})
 
 
 def test_run_cases_keeps_what_a_process_timed_before_it_died(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,12 +409,12 @@ def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monk
     with sqlite3.connect(tmp_path / "cpu" / "mmq.sqlite3") as c:
         assert dict(c.execute("SELECT key, value FROM meta").fetchall())["target_ms"] == "0"
     old = {**IDENT, "build": str((tmp_path / "bin").resolve()), "arch": "sm_90", "target_ms": "0"}
-    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", old).close()
     with sqlite3.connect(tmp_path / "old.db") as c:  # as a file made before the option
         c.execute("DELETE FROM meta WHERE key = 'target_ms'")
-    mmq_live.MmqStore(tmp_path / "old.db", old).close()
+    SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", old).close()
     with pytest.raises(UsageError, match="target_ms"):
-        mmq_live.MmqStore(tmp_path / "old.db", {**old, "target_ms": "20"})
+        SampleStore(mmq.MMQ_TABLE, tmp_path / "old.db", {**old, "target_ms": "20"})
 
 
 def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, clock: Any) -> None:
@@ -422,7 +426,7 @@ def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, cl
             return super().__call__(*args, **kw)
 
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     first = Slow()
     # a round (three processes) is started whole or not at all: the first ends at 30 s; the second, priced at
     # the estimate alone (~15 s) would start, but priced at the first round's overrun it would end at 60 s,
@@ -482,14 +486,14 @@ def test_a_size_above_the_noise_ceiling_says_so_in_its_cells(tmp_path: Path) -> 
                 for s, c in zip(shapes, out, strict=True)
             ]
 
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     points = _points()
     _run(Jittery(), store, points, 5)
     out = _compose(store, points, 5)
     q8 = {d.depth: d for d in out.decisions[("q8_0", B)]}
     assert q8[4096].winner is None and "ceiling" in q8[4096].reason  # its own ratio is clean: 1/0.7
     assert out.stats[("q8_0", B)][4096].noise_pct < 5
-    report = mmq_live.report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
+    report = mmq.mmq_report_text(out, points, limits=(5, 5), identity=IDENT, patch=False)
     row = next(line for line in report.splitlines() if line.startswith("| 4096 |") and "2048x8192" in line)
     assert "MMQ (size too noisy)" in row and "2048x8192 (too noisy)" in row
     assert "above the 20% ceiling" in report

@@ -1,4 +1,4 @@
-"""Sequential rounds in the MMQ sweep (tuner/sweep/mmq_live.py), as in the FlashAttention sweep: every point
+"""Sequential rounds in the MMQ sweep (tuner/sweep/mmq.py), as in the FlashAttention sweep: every point
 gets the minimum, later rounds' processes carry only the points whose verdict is still open, the store keeps
 every round and the limits, a rerun resumes with the same decisions and a higher --max-rounds reopens only the
 open points. Fake mm-bench timings of known truth."""
@@ -19,16 +19,17 @@ from tests.unit.sweep.test_sweep_mmq_live import FROM, IDENT, SM90, A, B, FakeRu
 from tuner.measure import mm_bench
 from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.measure.fa_bench import BenchCase
-from tuner.sweep import mmq_live
-from tuner.sweep.grid import DEFAULT
+from tuner.rounds.engine import DEFAULT, open_points, round_processes
+from tuner.rounds.store import SampleStore
+from tuner.sweep import mmq
 from tuner.sweep.mmq import MmqChoice, mmq_dry_run_text, parse_mmq_choices, plan_mmq
 
 BATCHES = (16, 64, 256, 1024, 4096)
 NOISY = "q6_K"  # cuBLAS at MMQ's speed under 20% noise a case: its points stay open to the maximum
 
 
-def _points(types: Sequence[str] = ("q4_K", "q8_0", NOISY)) -> list[mmq_live.MmqPoint]:
-    return mmq_live.plan_points(plan_mmq(SM90, types, BATCHES), [A, B])[0]
+def _points(types: Sequence[str] = ("q4_K", "q8_0", NOISY)) -> list[mmq.MmqPoint]:
+    return mmq.plan_points(plan_mmq(SM90, types, BATCHES), [A, B])[0]
 
 
 class SeqFake:
@@ -66,8 +67,8 @@ class SeqFake:
         return out
 
 
-def _run(fake: Any, store: mmq_live.MmqStore, points: Sequence[mmq_live.MmqPoint], limits: tuple[int, int]) -> Any:
-    return mmq_live.run_mmq_live(
+def _run(fake: Any, store: SampleStore[mmq.MmqKey], points: Sequence[mmq.MmqPoint], limits: tuple[int, int]) -> Any:
+    return mmq.run_mmq(
         points, limits=limits, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/logs"),
         run_cases=fake,
     )  # fmt: skip
@@ -77,7 +78,7 @@ def _key(s: mm_bench.MmShape) -> tuple[str, int, int, int]:
     return (s.type, s.m, s.k, s.ne11)
 
 
-def _rounds_of(store: mmq_live.MmqStore) -> dict[tuple[str, int, int, int], int]:
+def _rounds_of(store: SampleStore[mmq.MmqKey]) -> dict[tuple[str, int, int, int], int]:
     out: dict[tuple[str, int, int, int], int] = {}
     for s in store.samples():
         if s.config == DEFAULT:
@@ -87,7 +88,7 @@ def _rounds_of(store: mmq_live.MmqStore) -> dict[tuple[str, int, int, int], int]
 
 def test_settled_points_get_the_minimum_and_later_processes_carry_only_open_points(tmp_path: Path) -> None:
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     fake = SeqFake()
     ran, skipped = _run(fake, store, points, (3, 6))
     rounds = _rounds_of(store)
@@ -96,19 +97,19 @@ def test_settled_points_get_the_minimum_and_later_processes_carry_only_open_poin
     assert sum(n == 6 for n in noisy) > len(noisy) // 2  # most stay open to the maximum (a few settle: futility)
     samples = store.samples()
     for r in range(6):  # each round's processes carry exactly the points open then, in the points' order
-        want = [p.shape for p in mmq_live.open_chunk_points(points, samples, r, (3, 6))]
+        want = [p.shape for p in open_points(mmq.MMQ, points, samples, r, (3, 6))]
         got = [shapes for _, shapes, d in fake.calls if d.parent.name == f"r{r}"]
         assert len(got) == 3 and all(shapes == want for shapes in got)
         assert len(want) == (len(points) if r < 3 else sum(n > r for n in noisy))
     assert (ran, skipped) == (18, 0) and store.limits() == (3, 6)
-    out = mmq_live.compose_live(points, samples, limits=store.limits())
+    out = mmq.compose_mmq(points, samples, limits=store.limits())
     assert not out.no_verdict
     assert out.choices == (
         MmqChoice(type="q4_K", lo=1024, hi=None, backend="BLAS"),
         MmqChoice(type="q8_0", lo=64, hi=None, backend="BLAS"),
     )
     assert {c.limits for st in out.stats.values() for c in st.values()} == {(3, 6)}
-    report = mmq_live.report_text(out, points, limits=(3, 6), identity=IDENT, patch=True)
+    report = mmq.mmq_report_text(out, points, limits=(3, 6), identity=IDENT, patch=True)
     assert "paired rounds: 3 rounds for every point, up to 6 for the points whose verdict is still open" in report
     by_n = {n: sum(1 for m in rounds.values() if m == n) for n in sorted(set(rounds.values()))}
     assert "- rounds a point with a verdict got: " + ", ".join(f"{n}: {k} points" for n, k in by_n.items()) in report
@@ -116,9 +117,9 @@ def test_settled_points_get_the_minimum_and_later_processes_carry_only_open_poin
 
 def test_an_aa_only_grid_composes_nothing_with_sequential_rounds(tmp_path: Path) -> None:
     points = _points(("q4_K", "q8_0"))
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     _run(FakeRunCases(aa_only=True, seed=11), store, points, DEFAULT_LIMITS)
-    out = mmq_live.compose_live(points, store.samples(), limits=DEFAULT_LIMITS)
+    out = mmq.compose_mmq(points, store.samples(), limits=DEFAULT_LIMITS)
     assert out.choices == () and not out.no_verdict
     assert all(d.winner is None for ds in out.decisions.values() for d in ds)
     assert all(d.winner is None for ds in out.type_decisions.values() for d in ds)
@@ -126,25 +127,23 @@ def test_an_aa_only_grid_composes_nothing_with_sequential_rounds(tmp_path: Path)
 
 def test_open_points_of_a_round_are_decided_from_the_rounds_before_it_only(tmp_path: Path) -> None:
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     _run(SeqFake(), store, points, (3, 6))
     every = store.samples()
     for r in range(7):
         before = [s for s in every if s.round < r]
-        assert mmq_live.open_chunk_points(points, every, r, (3, 6)) == mmq_live.open_chunk_points(
-            points, before, r, (3, 6)
-        )
-    assert mmq_live.open_chunk_points(points, every, 2, (3, 6)) == points  # below the minimum: every point
-    assert {p.type for p in mmq_live.open_chunk_points(points, every, 3, (3, 6))} == {NOISY}
-    assert mmq_live.open_chunk_points(points, every, 6, (3, 6)) == []
+        assert open_points(mmq.MMQ, points, every, r, (3, 6)) == open_points(mmq.MMQ, points, before, r, (3, 6))
+    assert open_points(mmq.MMQ, points, every, 2, (3, 6)) == points  # below the minimum: every point
+    assert {p.type for p in open_points(mmq.MMQ, points, every, 3, (3, 6))} == {NOISY}
+    assert open_points(mmq.MMQ, points, every, 6, (3, 6)) == []
 
 
 def test_a_rerun_resumes_and_a_higher_maximum_reopens_only_open_points(tmp_path: Path) -> None:
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     _run(SeqFake(), store, points, (3, 5))
     store.close()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     again = SeqFake(seed=99)  # other timings: nothing may be re-decided from them
     ran, skipped = _run(again, store, points, (3, 5))
     assert (ran, again.calls) == (0, []) and skipped == 15
@@ -161,7 +160,7 @@ def test_a_rerun_resumes_and_a_higher_maximum_reopens_only_open_points(tmp_path:
         )
     fix = SeqFake()
     assert _run(fix, store, points, (3, 5))[0] == 3
-    assert [lbl for lbl, _, _ in fix.calls] == [mmq_live.LABELS[c] for c in mmq_live.round_configs(4)]
+    assert [lbl for lbl, _, _ in fix.calls] == [mmq.LABELS[c] for c, _ in round_processes(mmq.MMQ, points, 4)]
     assert all(sorted(_key(s) for s in ss) == at_max for _, ss, _ in fix.calls)
     assert _rounds_of(store) == before
     more = SeqFake()
@@ -174,7 +173,7 @@ def test_a_rerun_resumes_and_a_higher_maximum_reopens_only_open_points(tmp_path:
     assert {d.parent.name for _, _, d in more.calls} == {"r5", "r6"}
     assert all({_key(s) for s in ss} <= set(at_max) for _, ss, _ in more.calls)
     assert store.limits() == (3, 7)
-    out = mmq_live.compose_live(points, store.samples(), limits=store.limits())
+    out = mmq.compose_mmq(points, store.samples(), limits=store.limits())
     assert not out.no_verdict and [c.text for c in out.choices] == ["q4_K:1024..=BLAS", "q8_0:64..=BLAS"]
 
 
@@ -182,14 +181,14 @@ def test_a_store_without_limits_was_fixed_rounds_and_resumes(tmp_path: Path) -> 
     """A file from before the limits were recorded holds fixed rounds: its limits read (n, n), one look, so
     confirm composes it as measured; a sequential rerun keeps its rounds and adds only the open points'."""
     points = _points()
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     _run(SeqFake(), store, points, (4, 4))
     store.close()
     with sqlite3.connect(tmp_path / "s.db") as c:
         c.execute("DELETE FROM meta WHERE key = 'limits'")
-    store = mmq_live.MmqStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(mmq.MMQ_TABLE, tmp_path / "s.db", IDENT)
     assert store.limits() == (4, 4)
-    assert not mmq_live.compose_live(points, store.samples(), limits=store.limits()).no_verdict
+    assert not mmq.compose_mmq(points, store.samples(), limits=store.limits()).no_verdict
     fake = SeqFake()
     _run(fake, store, points, (3, 6))
     assert {d.parent.name for _, _, d in fake.calls} == {"r4", "r5"}  # rounds 1-4 kept, not rerun

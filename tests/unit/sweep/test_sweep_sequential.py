@@ -13,6 +13,8 @@ from tests.unit.sweep.test_sweep_live import IDENT, N_KV, WIN, FakeRunRound, _ba
 from tests.unit.sweep.test_sweep_rounds import FakeTimer
 from tuner.measure import kernel_bench as kb
 from tuner.measure.decide import DEFAULT_LIMITS
+from tuner.rounds.engine import round_processes
+from tuner.rounds.store import SampleStore
 from tuner.sweep import live
 from tuner.sweep.grid import DEFAULT, Cell, FaShape, plan, upstream_kernel
 from tuner.sweep.rounds import run_fa_sweep
@@ -87,7 +89,7 @@ class NoisyRunRound(FakeRunRound):
 
 
 def _run(
-    fake: FakeRunRound, store: live.SampleStore, cells: Sequence[Cell], limits: tuple[int, int]
+    fake: FakeRunRound, store: SampleStore[live.FaKey], cells: Sequence[Cell], limits: tuple[int, int]
 ) -> tuple[int, int]:
     return live.run_sweep(
         cells, limits=limits, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=Path("/nonexistent"),
@@ -95,17 +97,17 @@ def _run(
     )  # fmt: skip
 
 
-def _rounds_of(store: live.SampleStore) -> dict[tuple[FaShape, int], int]:
+def _rounds_of(store: SampleStore[live.FaKey]) -> dict[tuple[FaShape, int], int]:
     out: dict[tuple[FaShape, int], int] = {}
     for s in store.samples():
         if s.config == DEFAULT:
-            out[(s.shape, s.n_kv)] = max(out.get((s.shape, s.n_kv), 0), s.round + 1)
+            out[s.key] = max(out.get(s.key, 0), s.round + 1)
     return out
 
 
 def test_live_rounds_go_to_open_cells_only_and_a_higher_maximum_reopens_them(tmp_path: Path) -> None:
     cells = _cells([WIN, NOISY])
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     fake = NoisyRunRound()
     _run(fake, store, cells, (3, 5))
     rounds = _rounds_of(store)
@@ -136,7 +138,7 @@ def test_live_rounds_go_to_open_cells_only_and_a_higher_maximum_reopens_them(tmp
 
 def test_an_interrupted_round_is_measured_again_whole(tmp_path: Path) -> None:
     cells = _cells([NOISY])
-    store = live.SampleStore(tmp_path / "s.db", IDENT)
+    store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     _run(NoisyRunRound(), store, cells, (3, 5))
     # drop one config of the last round, as if the run had stopped inside it
     with store.db:
@@ -145,8 +147,8 @@ def test_an_interrupted_round_is_measured_again_whole(tmp_path: Path) -> None:
     fake = NoisyRunRound()
     ran, _ = _run(fake, store, cells, (3, 5))
     # the stored configs of round 5 may come from another machine: every config runs again, back to back
-    assert ran == len(fake.calls) == len(live.round_processes(cells, 4))
-    assert [lbl for lbl, _, _ in fake.calls] == [live.LABELS[cfg] for cfg, _ in live.round_processes(cells, 4)]
+    assert ran == len(fake.calls) == len(round_processes(live.FA, cells, 4))
+    assert [lbl for lbl, _, _ in fake.calls] == [live.LABELS[cfg] for cfg, _ in round_processes(live.FA, cells, 4)]
     assert {int(d.parts[-2][1:]) for _, _, d in fake.calls} == {4}
     assert set(_rounds_of(store).values()) == {5}
     store.close()

@@ -1,0 +1,388 @@
+"""Paired rounds over many points, batched into timer processes: the engine both kernel sweeps are specs of.
+
+A *point* is one exact shape the timer runs (a FlashAttention cell, :mod:`tuner.sweep.live`; an MMQ
+point, :mod:`tuner.sweep.mmq`); a :class:`Spec` says how to key it, which *family* it belongs to (the
+points one Holm correction runs over: a shape's n_kv points, a quant type and size's batch sizes) and
+which configs its rounds time: upstream's own choice (:data:`DEFAULT`, the reference of every effect), the
+same again (:data:`AA`, the noise of the whole procedure) and each forced alternative.
+
+**Rounds** (:func:`run_rounds`). The points are packed, whole groups at a time, into chunks; per chunk
+and round one timer process runs per config over the chunk's points that get the round and time that
+config, configs in an order rotated from round to round (:func:`tuner.measure.paired.rotated`). Each
+process's samples go into a :class:`tuner.rounds.store.SampleStore` as it ends; a rerun skips the
+rounds whose samples are recorded and measures a round an earlier call left partly recorded again whole
+(:meth:`tuner.rounds.store.SampleStore.whole_round`). With a budget, no round starts that would end past
+its deadline (:class:`tuner.rounds.budget.SweepBudget`).
+
+**Sequential rounds, the search's settle rule** (:func:`open_points`). Every point gets ``min_rounds``
+rounds; after that a round goes only to the points whose decision is still *open*
+(:func:`tuner.rounds.compose.open_depths` over the family): a forced config neither claimed (faster or
+slower) nor settled by futility (its one-sided 95% upper bound below the practical minimum effect). The
+open points of round r are decided from the stored rounds before r only, so a resumed run takes the same
+decisions; a settled point, or one that stopped, gets no more rounds. A point's p-value is divided by the
+share of alpha of the round count it stopped at (:func:`tuner.measure.decide.look_weight` over
+``limits``), then Holm over its family, which keeps the family-wise error of fixed rounds;
+``min_rounds == max_rounds`` is the fixed-round run (one look).
+
+**Verdicts** (:func:`judge`). A point's value per config and round is its throughput, ``1 / us``; a point
+has a verdict when every config has a good sample in each of its (leading, complete) rounds and it has
+at least ``min_rounds`` of them; the others are listed with the first reason and stand in their family's
+decisions as points without a winner, so no interval composed from them spans a point that was not
+measured. :func:`decide` is the one call of the decision rule.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AA",
+    "DEFAULT",
+    "Spec",
+    "Verdicts",
+    "cell_stats",
+    "check_limits",
+    "decide",
+    "gap_decision",
+    "judge",
+    "open_points",
+    "pack_groups",
+    "point_verdicts",
+    "round_processes",
+    "rounds_text",
+    "run_rounds",
+]
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from tuner import log
+from tuner.errors import TunerError
+from tuner.measure.paired import block_effects, noise_pct, rotated
+from tuner.progress import format_seconds
+from tuner.rounds.budget import SweepBudget
+from tuner.rounds.compose import Decision, compose_phase, open_depths
+from tuner.rounds.stats import UPSTREAM, CellStats
+from tuner.rounds.store import Sample, SampleStore
+
+DEFAULT = "default"
+"""The config that runs upstream's own choice (the reference of every paired effect); the stores' name."""
+AA = "A/A"
+"""Upstream's choice once more: the A/A pair that measures the noise of the procedure."""
+
+
+class _Ordered(Protocol):
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+T = TypeVar("T")
+P = TypeVar("P")
+K = TypeVar("K", bound=Hashable)
+F = TypeVar("F", bound=_Ordered)
+
+Measure = Callable[[Sequence[P], str, int, Path], list[Sample[K]]]
+"""One timer process: (its points, config, round, its log folder) -> a sample per point."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec(Generic[P, K, F]):
+    """What the engine needs of one kind of point (module doc). ``configs``: every config in its base order
+    (the rotation's); ``configs_of``: the ones a point's round times, in its order; ``labels``: a config's
+    process and log folder name; ``reason_names``: a config's name in a missing verdict's reason where it is
+    not the config itself; ``open_share``: the share of points assumed open after ``min_rounds`` (the log's
+    estimate)."""
+
+    name: str
+    noun: str
+    configs: tuple[str, ...]
+    labels: Mapping[str, str]
+    key: Callable[[P], K]
+    family: Callable[[P], F]
+    x: Callable[[P], int]
+    group: Callable[[P], Hashable]
+    phase: Callable[[F], str]
+    upstream: Callable[[P], str]
+    configs_of: Callable[[P], Sequence[str]]
+    open_share: float
+    reason_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def reason_name(self, config: str) -> str:
+        return self.reason_names.get(config, config)
+
+
+def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
+    """``limits`` (min_rounds, max_rounds) as given, or a TunerError where no paired verdict can come of them."""
+    lo, hi = limits
+    if lo < 2 or hi < lo:
+        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
+    return lo, hi
+
+
+def rounds_text(limits: tuple[int, int], noun: str = "cell") -> str:
+    """The round limits in words (the reports', the log's and the patch notes')."""
+    lo, hi = limits
+    if lo == hi:
+        return f"{lo} rounds"
+    return f"{lo} rounds for every {noun}, up to {hi} for the {noun}s whose verdict is still open"
+
+
+def pack_groups(items: Sequence[T], key: Callable[[T], Hashable], size: int) -> list[list[T]]:
+    """``items`` packed into chunks of at most ``size``, whole groups (equal ``key``, in first-seen order)
+    at a time; a group larger than ``size`` is a chunk of its own, and everything fits one chunk when it can."""
+    groups: dict[Hashable, list[T]] = {}
+    for x in items:
+        groups.setdefault(key(x), []).append(x)
+    out: list[list[T]] = []
+    cur: list[T] = []
+    for group in groups.values():
+        if cur and len(cur) + len(group) > size:
+            out.append(cur)
+            cur = []
+        cur = cur + group
+    if cur:
+        out.append(cur)
+    return out
+
+
+def round_processes(spec: Spec[P, K, F], chunk: Sequence[P], round_index: int) -> list[tuple[str, list[P]]]:
+    """One round of a chunk: (config, the points it times) per process, configs in the round's rotated order."""
+    base = [cfg for cfg in spec.configs if any(cfg in spec.configs_of(p) for p in chunk)]
+    return [(cfg, [p for p in chunk if cfg in spec.configs_of(p)]) for cfg in rotated(base, round_index)]
+
+
+def cell_stats(
+    x: int, upstream: str, values: Mapping[str, Sequence[float]], limits: tuple[int, int] | None = None
+) -> CellStats:
+    """The screen's per-point summary of one point's rounds (``values``: throughput per config and round).
+
+    ``limits``: the (min, max) round counts the point could stop at, the looks the decision rule spends its
+    alpha over; None: a fixed number of rounds, the ones in ``values`` (one look)."""
+    effects = block_effects(values, DEFAULT)
+    kernels: dict[str, str | None] = {DEFAULT: upstream, AA: upstream}
+    kernels.update({n: n for n in values if n not in (DEFAULT, AA)})
+    return CellStats(
+        depth=x,
+        upstream_kernel=upstream,
+        aa=AA,
+        noise_pct=noise_pct(effects[AA]) if AA in effects else math.inf,
+        upstream_ts=statistics.median(values[DEFAULT]),
+        effects=effects,
+        verdicts={},
+        fallback=(),
+        kernels=kernels,
+        # the looks: a fixed number of rounds is one look, so the decision rule spends all its alpha on it
+        limits=limits or (len(values[DEFAULT]), len(values[DEFAULT])),
+        # the per-round throughputs the decision rule pairs (it names upstream as the screen does)
+        series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
+    )
+
+
+def decide(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
+    """The verdict per point of one family (``phase`` ``tg`` or ``pp``; ``cells`` by point): the engine's
+    only call of the decision rule (module doc)."""
+    return compose_phase(phase, cells)
+
+
+def _values(
+    spec: Spec[P, K, F], p: P, got: Mapping[tuple[K, str, int], Sample[K]], max_rounds: int
+) -> tuple[dict[str, list[float]], str]:
+    """One point's throughput per config over its complete rounds, and why it has no verdict ("" if none).
+
+    The point's rounds are the leading rounds ``0 .. n-1`` (``n <= max_rounds``) in which every config has a
+    sample: a point that stopped early (settled) has fewer than the others. A failed sample among them
+    leaves the point without a verdict, with the first such reason."""
+    key, cfgs = spec.key(p), spec.configs_of(p)
+    n = 0
+    while n < max_rounds and all((key, cfg, n) in got for cfg in cfgs):
+        n += 1
+    values: dict[str, list[float]] = {}
+    why = ""
+    for r in range(n):
+        for cfg in cfgs:
+            s = got[(key, cfg, r)]
+            if not s.ok or s.us is None:
+                why = why or f"{spec.reason_name(cfg)} round {r + 1}: {s.error}"
+                continue
+            values.setdefault(cfg, []).append(1e6 / s.us)
+    return values, why
+
+
+def point_verdicts(
+    spec: Spec[P, K, F],
+    points: Sequence[P],
+    samples: Iterable[Sample[K]],
+    *,
+    limits: tuple[int, int],
+    below: int | None = None,
+) -> tuple[dict[F, dict[int, CellStats]], dict[F, dict[int, str]]]:
+    """(stats of the points with enough rounds for a verdict, by family and point; the others and why), from
+    the samples of rounds ``< below`` (default ``max_rounds``). A point needs ``min_rounds`` complete rounds;
+    its looks are ``limits`` (:func:`cell_stats`)."""
+    lo, hi = limits
+    top = hi if below is None else min(below, hi)
+    got = {(s.key, s.config, s.round): s for s in samples if s.round < top}
+    stats: dict[F, dict[int, CellStats]] = {}
+    gaps: dict[F, dict[int, str]] = {}
+    for p in points:
+        values, why = _values(spec, p, got, top)
+        n = len(values.get(DEFAULT, ()))
+        if not why and n < lo:
+            cfg = next((c for c in spec.configs_of(p) if (spec.key(p), c, n) not in got), DEFAULT)
+            why = f"{spec.reason_name(cfg)} round {n + 1}: not measured"
+        if why:
+            gaps.setdefault(spec.family(p), {})[spec.x(p)] = why
+        else:
+            stats.setdefault(spec.family(p), {})[spec.x(p)] = cell_stats(spec.x(p), spec.upstream(p), values, limits)
+    return stats, gaps
+
+
+def open_points(
+    spec: Spec[P, K, F], chunk: Sequence[P], samples: Iterable[Sample[K]], r: int, limits: tuple[int, int]
+) -> list[P]:
+    """The points of ``chunk`` that get round ``r`` (0-based), in the chunk's order: every point below
+    ``min_rounds``, none from ``max_rounds``; in between, the points with all ``r`` rounds (none failed) that
+    are open by :func:`tuner.rounds.compose.open_depths` over their family (the whole Holm family, stopped
+    points included), judged on the samples of rounds ``< r`` only, so that a resumed run takes the same
+    decisions."""
+    lo, hi = limits
+    if r >= hi:
+        return []
+    if r < lo:
+        return list(chunk)
+    stats = point_verdicts(spec, chunk, samples, limits=limits, below=r)[0]
+    want = {
+        (f, x) for f, st in stats.items() for x in open_depths(spec.phase(f), st) if len(st[x].series[UPSTREAM]) == r
+    }
+    return [p for p in chunk if (spec.family(p), spec.x(p)) in want]
+
+
+def run_rounds(
+    spec: Spec[P, K, F],
+    points: Sequence[P],
+    *,
+    limits: tuple[int, int],
+    store: SampleStore[K],
+    measure: Measure[P, K],
+    log_dir: Path,
+    chunk_size: int,
+    cost: tuple[float, float],
+    forced_reason: str = "",
+    budget: SweepBudget | None = None,
+) -> tuple[int, int]:
+    """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_points`), one
+    ``measure`` process per config and round over the points that get the round, its log folder
+    ``log_dir/chunkNNNN/rR/LABEL``; with ``budget``, none that would end past its deadline.
+
+    ``limits``: (min_rounds, max_rounds), recorded in ``store``. ``cost``: (seconds a process, seconds a
+    case), the budget's and the log's estimate. ``forced_reason``: why no forced config can run (a build
+    without the tuner's hook); its samples are then stored failed with it, no process started. Prints a line
+    per chunk and round with its time and the ETA. Returns (processes run, processes skipped as already
+    recorded).
+    """
+    lo, hi = check_limits(limits)
+    store.set_limits(limits)
+    chunks = pack_groups(points, spec.group, chunk_size)
+    process_s, case_s = cost
+
+    def runs(cfg: str) -> bool:
+        return not forced_reason or cfg in (DEFAULT, AA)
+
+    first = []
+    for chunk in chunks:
+        for r in range(lo):
+            for cfg, ps in round_processes(spec, chunk, r):
+                have = store.recorded(cfg, r)
+                first.append((cfg, [p for p in ps if spec.key(p) not in have]))
+    first_cases = sum(len(ps) for cfg, ps in first if runs(cfg))
+    first_procs = sum(1 for cfg, ps in first if ps and runs(cfg))
+    later = (hi - lo) * spec.open_share * sum(len(spec.configs_of(p)) for p in points)
+    noun = spec.noun
+    log.info(
+        f"{spec.name}: {len(points)} {noun}s in {len(chunks)} chunk(s), {rounds_text(limits, noun)}; first {lo} "
+        f"rounds: {first_procs} processes ({first_cases} cases) to run, {sum(1 for _, ps in first if not ps)} already "
+        f"recorded; estimated at the H100 sweep's rates {format_seconds(first_procs * process_s + first_cases * case_s)}"
+        + (
+            f", and about {round(later)} cases more if {spec.open_share:.0%} of the {noun}s stay open"
+            if hi > lo
+            else ""
+        )
+    )
+    ran = skipped = done = 0
+    start = time.monotonic()
+    for ci, chunk in enumerate(chunks):
+        for r in range(hi):
+            want = open_points(spec, chunk, store.samples([spec.key(p) for p in chunk]), r, limits)
+            if not want:
+                break
+            t0, n_round, failed, what = time.monotonic(), 0, 0, f"chunk {ci + 1} round {r + 1}"
+            procs = round_processes(spec, want, r)
+            todo = store.whole_round({cfg: [spec.key(p) for p in ps] for cfg, ps in procs}, r, what)
+            started = [ks for cfg, ks in todo if ks and runs(cfg)]
+            est = len(started) * process_s + sum(len(ks) for ks in started) * case_s
+            t_r = budget.start(est, what) if budget and started else 0.0
+            for (cfg, ks), (_, ps) in zip(todo, procs, strict=True):
+                missing = [p for p in ps if spec.key(p) in ks]
+                if not missing:
+                    skipped += 1
+                elif not runs(cfg):
+                    store.add(
+                        Sample(key=spec.key(p), config=cfg, round=r, us=None, error=forced_reason) for p in missing
+                    )
+                else:
+                    got = measure(missing, cfg, r, log_dir / f"chunk{ci:04d}" / f"r{r}" / spec.labels[cfg])
+                    store.add(got)
+                    failed += sum(1 for s in got if s.error)
+                    ran += 1
+                    n_round += len(missing)
+            if budget and started:
+                budget.done(est, t_r)
+            if n_round:
+                done += n_round
+                eta = (time.monotonic() - start) / done * max(0.0, first_cases + later - done)
+                log.info(
+                    f"chunk {ci + 1}/{len(chunks)} round {r + 1}/{hi}: {len(want)} {noun}s, {n_round} cases in "
+                    f"{time.monotonic() - t0:.1f} s" + (f", {failed} failed" if failed else "")
+                    + f"; {done} cases done, ETA ~{format_seconds(eta)}"
+                )  # fmt: skip
+    return ran, skipped
+
+
+def gap_decision(phase: str, x: int, upstream: str, why: str) -> Decision:
+    """A point without a verdict in its family's decisions: no winner, ``why`` its reason."""
+    nan = math.nan
+    return Decision(
+        phase=phase, depth=x, upstream_kernel=upstream, winner=None, effect_pct=0.0, ci=(nan, nan), noise_pct=nan,
+        reason=f"no verdict: {why}",
+    )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdicts(Generic[F]):
+    """Per family: its points' stats where they have a verdict, the points without one and why, and every
+    point's decision (n ascending; a point without a verdict has no winner)."""
+
+    stats: Mapping[F, Mapping[int, CellStats]]
+    no_verdict: Mapping[F, Mapping[int, str]]
+    decisions: Mapping[F, Sequence[Decision]]
+
+    @property
+    def n_gaps(self) -> int:
+        """The points without a verdict."""
+        return sum(len(v) for v in self.no_verdict.values())
+
+
+def judge(
+    spec: Spec[P, K, F], points: Sequence[P], samples: Iterable[Sample[K]], *, limits: tuple[int, int]
+) -> Verdicts[F]:
+    """Verdicts and decisions from the stored samples of rounds ``0 .. max_rounds-1`` (module doc)."""
+    stats, gaps = point_verdicts(spec, points, samples, limits=limits)
+    upstream = {(spec.family(p), spec.x(p)): spec.upstream(p) for p in points}
+    decisions: dict[F, list[Decision]] = {}
+    for f in sorted(set(stats) | set(gaps)):
+        ds = decide(spec.phase(f), stats[f]) if f in stats else []
+        ds += [gap_decision(spec.phase(f), x, upstream[(f, x)], why) for x, why in gaps.get(f, {}).items()]
+        decisions[f] = sorted(ds, key=lambda d: d.depth)
+    return Verdicts(stats=stats, no_verdict=gaps, decisions=decisions)
