@@ -1,15 +1,21 @@
-"""The sweep's plan and composition, on fake kernel timings whose truth is planted."""
+"""The sweep's plan, and its composition through the round engine on fake kernel timings whose truth is planted."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
 from tuner.errors import TunerError
+from tuner.measure import kernel_bench as kb
+from tuner.measure.decide import DEFAULT_LIMITS
+from tuner.rounds.compose import bisect_depths
+from tuner.rounds.store import SampleStore
+from tuner.sweep import live
 from tuner.sweep.grid import (
     GQA_RATIOS,
     HEAD_SIZES,
@@ -25,7 +31,6 @@ from tuner.sweep.grid import (
     plan,
     upstream_kernel,
 )
-from tuner.sweep.rounds import midpoints, paired_rounds, run_fa_sweep
 from tuner.sweep.table import TableRule, match_table
 from tuner.targets.archs import load_arch
 
@@ -59,25 +64,58 @@ def _truth(cell_shape: FaShape, n_kv: int) -> str | None:
     return hit[0] if hit else None
 
 
-class FakeTimer:
-    """Seconds per launch: a base time growing with n_kv, the planted winner faster, other forced kernels
-    slower, lognormal noise (``sigma``) from a seeded generator; ``aa_only``: every kernel as fast as upstream."""
+class PlantedRunRound:
+    """run_round's signature: microseconds per run growing with n_kv, the planted winner SPEEDUP faster, every
+    other forced kernel SLOWDOWN slower, lognormal noise per process and per case from a seeded generator;
+    ``aa_only``: every kernel as fast as upstream."""
 
     def __init__(self, *, sigma: float = 0.004, aa_only: bool = False, seed: int = 1) -> None:
         self.rng = random.Random(seed)
         self.sigma, self.aa_only = sigma, aa_only
-        self.calls = 0
+        self.cases = 0
 
-    def __call__(self, shape: FaShape, n_kv: int, kernel: str | None) -> Sequence[float]:
-        self.calls += 1
-        base = 1e-5 * (1 + n_kv / 4096) * shape.D / 64
-        up = upstream_kernel(SM90, shape, n_kv)
-        assert kernel is None or kernel in legal_kernels(SM90, shape.D, n_kv)
-        factor = 1.0
-        if not self.aa_only and kernel not in (None, up):
-            factor = 1 / SPEEDUP if kernel == _truth(shape, n_kv) else SLOWDOWN
-        drift = math.exp(self.rng.gauss(0, 0.03))  # per call: the same for its samples, cancelled by pairing
-        return [base * factor * drift * math.exp(self.rng.gauss(0, self.sigma)) for _ in range(5)]
+    def __call__(
+        self,
+        bin_dir: Path,
+        shapes: Sequence[kb.FaShape],
+        candidates: Mapping[str, Mapping[str, str]],
+        *,
+        log_dir: Path,
+        backend: str,
+        timeout: float,
+    ) -> list[kb.KernelTime]:
+        ((label, env),) = candidates.items()
+        forced = None if not env else next(k for k in ("VEC", "TILE", "MMA") if env == kb.force_kernel_env(k))
+        drift = math.exp(self.rng.gauss(0, 0.01))  # per process: the same for all its cases
+        out = []
+        for s in shapes:
+            self.cases += 1
+            shape = FaShape(D=s.head_dim, gqa=s.gqa, kv=s.kv_type, ne1=s.n_batch)
+            up = upstream_kernel(SM90, shape, s.n_kv)
+            assert forced is None or forced in legal_kernels(SM90, shape.D, s.n_kv)
+            factor = 1.0
+            if not self.aa_only and forced not in (None, up):
+                factor = 1 / SPEEDUP if forced == _truth(shape, s.n_kv) else SLOWDOWN
+            us = 10.0 * (1 + s.n_kv / 4096) * shape.D / 64 * factor * drift * math.exp(self.rng.gauss(0, self.sigma))
+            kernel = forced or up
+            why = "rule" if forced else "default"
+            out.append(
+                kb.KernelTime(label=label, shape=s, us_per_run=us, runs=100, kernel=kernel, why=why, backend=backend)
+            )
+        return out
+
+
+def _sweep(tmp_path: Path, fake: PlantedRunRound, cells: Sequence[Cell], limits: tuple[int, int]) -> live.Outcome:
+    """``cells`` measured through the sweep's engine on ``fake``, composed."""
+    store = SampleStore(live.TABLE, tmp_path / "s.db", {"arch": "sm_90", "backend": "CUDA0", "build": "/b"})
+    live.run_sweep(
+        cells, limits=limits, store=store, bin_dir=Path("/b"), backend="CUDA0", log_dir=tmp_path / "logs",
+        run_round=fake,
+    )  # fmt: skip
+    try:
+        return live.compose(cells, store.samples(), limits=limits)
+    finally:
+        store.close()
 
 
 def _cells(shapes: Sequence[FaShape]) -> list[Cell]:
@@ -139,16 +177,16 @@ def test_planted_rules_are_real_changes() -> None:
                 assert r.kernel in legal_kernels(SM90, r.D, x) and r.kernel != upstream_kernel(SM90, shape, x)
 
 
-def test_fake_timings_compose_exactly_the_planted_rules() -> None:
-    timer = FakeTimer()
+def test_fake_timings_compose_exactly_the_planted_rules(tmp_path: Path) -> None:
+    fake = PlantedRunRound()
     cells = _cells(_planted_shapes())
-    result = run_fa_sweep(timer, cells, limits=(5, 5))
-    assert timer.calls == 5 * sum(len(c.configs) for c in cells)
+    result = _sweep(tmp_path, fake, cells, (5, 5))
+    assert fake.cases == 5 * sum(len(c.configs) for c in cells)
     assert result.rules == tuple(sorted(PLANTED))
     for shape, ds in result.decisions.items():
         assert [d.winner for d in ds] == [_truth(shape, x) for x in N_KV]
-    # a second pass goes halfway between the neighbours that straddle each planted boundary
-    mids = midpoints(result)
+    # a second pass would go halfway between the neighbours that straddle each planted boundary
+    mids = {s: m for s, ds in result.decisions.items() if (m := bisect_depths(ds, sorted(result.stats[s])))}
     assert set(mids) == {S(r.D, r.gqa, r.kv, r.ne1) for r in PLANTED if r.lo or r.hi}
     for shape, ms in mids.items():
         for m in ms:
@@ -170,24 +208,10 @@ def test_fake_timings_compose_exactly_the_planted_rules() -> None:
         assert got == _truth(c.shape, c.n_kv)
 
 
-def test_an_aa_only_grid_composes_nothing() -> None:
-    shapes = sorted(set(itertools.product((64, 96), (1, 8), KV_TYPES, (1, 4))))
-    result = run_fa_sweep(FakeTimer(aa_only=True, seed=7), _cells([S(*s) for s in shapes]), limits=(5, 5))
+@pytest.mark.parametrize(("limits", "n_kv"), [((5, 5), N_KV), (DEFAULT_LIMITS, (1024, 4096, 16384))])
+def test_an_aa_only_grid_composes_nothing(tmp_path: Path, limits: tuple[int, int], n_kv: Sequence[int]) -> None:
+    shapes = [S(*s) for s in itertools.product((64, 96), (1, 8), KV_TYPES, (1, 4))]
+    cells = [c for c in plan(SM90, n_kv=n_kv) if c.shape in set(shapes)]
+    result = _sweep(tmp_path, PlantedRunRound(aa_only=True, seed=7), cells, limits)
     assert result.rules == ()
     assert all(d.winner is None for ds in result.decisions.values() for d in ds)
-
-
-def test_paired_rounds_rotate_and_refuse_bad_samples() -> None:
-    seen: list[str] = []
-
-    def call(name: str) -> Sequence[float]:
-        seen.append(name)
-        return [2.0]
-
-    out = paired_rounds(call, ["a", "b", "c"], 3)
-    assert seen == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert out == {n: [0.5] * 3 for n in "abc"}
-    with pytest.raises(TunerError, match="no positive sample"):
-        paired_rounds(lambda name: [0.0, math.nan], ["a"], 2)
-    with pytest.raises(TunerError, match="at least 2 rounds"):
-        paired_rounds(call, ["a"], 1)

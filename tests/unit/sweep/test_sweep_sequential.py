@@ -1,65 +1,27 @@
-"""Sequential rounds in the sweep (tuner/sweep/rounds.py, tuner/sweep/live.py): every cell gets the minimum,
+"""Sequential rounds in the sweep (tuner/rounds/engine.py, tuner/sweep/live.py): every cell gets the minimum,
 further rounds go only to the cells whose verdict is still open, settled cells get none, the store keeps every
 round, a rerun resumes and a higher --max-rounds reopens the open cells. Fake timings of known truth."""
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.unit.sweep.test_sweep_live import IDENT, N_KV, WIN, FakeRunRound, _back
-from tests.unit.sweep.test_sweep_rounds import FakeTimer
 from tuner.measure import kernel_bench as kb
-from tuner.measure.decide import DEFAULT_LIMITS
 from tuner.rounds.engine import round_processes
 from tuner.rounds.store import SampleStore
 from tuner.sweep import live
-from tuner.sweep.grid import DEFAULT, Cell, FaShape, plan, upstream_kernel
-from tuner.sweep.rounds import run_fa_sweep
+from tuner.sweep.grid import DEFAULT, Cell, FaShape, plan
 from tuner.targets.archs import load_arch
 
 SM90 = load_arch("sm_90")
 NOISY = FaShape(D=128, gqa=8, kv="f16", ne1=1)  # nothing differs, and the A/A noise is too wide to settle
 
 
-class CountingTimer:
-    """Seconds per launch: every forced kernel 30% slower than upstream (settles at the minimum), except on
-    NOISY, where every kernel is upstream's speed under 20% noise per call (stays open to the maximum)."""
-
-    def __init__(self, seed: int = 5) -> None:
-        self.rng = random.Random(seed)
-        self.calls: dict[tuple[FaShape, int], int] = {}
-
-    def __call__(self, shape: FaShape, n_kv: int, kernel: str | None) -> Sequence[float]:
-        self.calls[(shape, n_kv)] = self.calls.get((shape, n_kv), 0) + 1
-        slow = 1.0 if shape == NOISY or kernel in (None, upstream_kernel(SM90, shape, n_kv)) else 1.3
-        sigma = 0.2 if shape == NOISY else 0.002
-        return [1e-5 * (1 + n_kv / 4096) * slow * math.exp(self.rng.gauss(0, sigma))]
-
-
 def _cells(shapes: Sequence[FaShape], n_kv: Sequence[int] = N_KV) -> list[Cell]:
     return [c for c in plan(SM90, n_kv=tuple(n_kv)) if c.shape in set(shapes)]
-
-
-def test_settled_cells_get_no_more_rounds_and_open_ones_run_to_the_maximum() -> None:
-    timer = CountingTimer()
-    cells = _cells([WIN, NOISY])
-    result = run_fa_sweep(timer, cells, limits=(3, 6))
-    for c in cells:
-        rounds = timer.calls[(c.shape, c.n_kv)] / len(c.configs)
-        assert rounds == (6 if c.shape == NOISY else 3), (c.shape, c.n_kv)
-    assert result.rules == ()
-    assert {len(st.series["upstream"]) for st in result.stats[WIN].values()} == {3}
-    assert {st.limits for sts in result.stats.values() for st in sts.values()} == {(3, 6)}
-
-
-def test_an_aa_only_grid_composes_nothing_with_sequential_rounds() -> None:
-    shapes = [FaShape(D=64, gqa=g, kv=kv, ne1=n) for g in (1, 8) for kv in ("f16", "q8_0") for n in (1, 4)]
-    result = run_fa_sweep(FakeTimer(aa_only=True, seed=11), _cells(shapes, (1024, 4096, 16384)), limits=DEFAULT_LIMITS)
-    assert result.rules == ()
-    assert all(d.winner is None for ds in result.decisions.values() for d in ds)
 
 
 class NoisyRunRound(FakeRunRound):
