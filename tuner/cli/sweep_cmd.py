@@ -12,15 +12,13 @@ import click
 from tuner.cli._params import (
     SuggestingGroup,
     depths_option,
-    find_bin_dir,
     output_option,
     round_limits,
     rounds_option,
     stamped_run_dir,
 )
-from tuner.cli.sweep_common import budget_stop, default_build, measure_options, time_budget_option
+from tuner.cli.sweep_common import budget_stop, measure_options, time_budget_option
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
-from tuner.errors import UsageError
 
 
 @click.group(cls=SuggestingGroup)
@@ -31,26 +29,6 @@ def sweep() -> None:
     A/A pair; the verdicts compose into one table per arch, emitted as a change to upstream's selection
     functions. See docs/sweep.md.
     """
-
-
-def _cells(
-    a: Any,
-    head_sizes: tuple[int, ...],
-    gqa_ratios: tuple[int, ...],
-    kv_types: tuple[str, ...],
-    query_batches: tuple[int, ...],
-    n_kv: tuple[int, ...] | None,
-) -> list[Any]:
-    from tuner.sweep import grid
-
-    return grid.plan(
-        a,
-        head_sizes=head_sizes or grid.HEAD_SIZES,
-        gqa_ratios=gqa_ratios or grid.GQA_RATIOS,
-        kv_types=kv_types or grid.KV_TYPES,
-        query_batches=query_batches or grid.DEFAULT_QUERY_BATCHES,
-        n_kv=n_kv or grid.DEFAULT_N_KV,
-    )
 
 
 def _grid_options(f: Any) -> Any:
@@ -156,61 +134,18 @@ def plan_cmd(
 
     Both sweeps' rounds are sequential (--min-rounds for every cell or point, up to --max-rounds for the
     ones still open) unless --rounds fixes them."""
-    from tuner.sweep import grid, live
+    from tuner.sweep import grid, live, mmq
+    from tuner.sweep.run_stage import Grid
     from tuner.targets.archs import load_arch
 
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
-    cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
+    cells = Grid(
+        head_sizes=head_sizes, gqa_ratios=gqa_ratios, kv_types=kv_types, query_batches=query_batches, n_kv=n_kv
+    ).cells(a)
     click.echo(grid.dry_run_text(cells, rounds=limits[0], per_call_s=per_call_s, max_rounds=limits[1]), nl=False)
     click.echo(live.estimate_text(cells, limits=limits, chunk_size=72, target_ms=target_ms), nl=False)
-    click.echo(_mmq_plan_text(a, limits=limits, per_call_s=per_call_s), nl=False)
-
-
-def _mmq_plan_text(
-    a: Any,
-    *,
-    limits: tuple[int, int],
-    types: tuple[str, ...] = (),
-    batches: tuple[int, ...] = (),
-    sizes: tuple[str, ...] = (),
-    like: tuple[str, ...] = (),
-    per_call_s: float | None = None,
-) -> str:
-    """`tuner sweep mmq`'s plan: its points at the sizes of ``--size`` or the ``--like`` models."""
-    from tuner.rounds.engine import pack_groups
-    from tuner.sweep import mmq
-
-    cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
-    mk = [mmq.parse_size(t) for t in sizes] if sizes else mmq.like_sizes(like or mmq.DEFAULT_LIKE)
-    points, _ = mmq.plan_points(cells, mk)
-    chunks = len(pack_groups(points, mmq.MMQ.group, mmq.MAX_CASES))
-    return mmq.mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(mk)), chunks=chunks, per_call_s=per_call_s)
-
-
-def _pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[Any, str]:
-    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
-    it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
-    warning, where fa-bench does not compile."""
-    import functools
-
-    from tuner import log
-    from tuner.errors import TunerError
-    from tuner.measure import fa_bench
-    from tuner.measure import kernel_bench as kb
-
-    if timer == "test-backend-ops":
-        return kb.run_round, timer
-    try:
-        fa_bench.build_fa_bench(bin_dir)
-    except TunerError as err:  # UsageError included: no shared libraries, headers or compiler
-        if timer == "fa-bench":
-            raise
-        log.warning(f"fa-bench is not usable with this build: {err} Timing with test-backend-ops instead.")
-        return kb.run_round, "test-backend-ops"
-    if target_ms:
-        return functools.partial(fa_bench.run_round_fast, target_ms=target_ms), "fa-bench"
-    return fa_bench.run_round_fast, "fa-bench"
+    click.echo(mmq.mmq_plan_text(a, limits=limits, per_call_s=per_call_s), nl=False)
 
 
 @sweep.command("run")
@@ -281,84 +216,27 @@ def run_cmd(
 
     Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
     """
-    from tuner.measure.fa_bench import TARGET_MS
-    from tuner.rounds.budget import SweepBudget
-    from tuner.rounds.engine import rounds_text
-    from tuner.rounds.store import SampleStore, device_identity
-    from tuner.sweep import live
-    from tuner.sweep.table import render_table_patch
-    from tuner.targets.archs import load_arch
+    from tuner.sweep.run_stage import FaRequest, Grid, run_fa
 
-    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
-    a = load_arch(arch)
-    limits = _limits(rounds, min_rounds, max_rounds)
-    cells = _cells(a, head_sizes, gqa_ratios, kv_types, query_batches, n_kv)
-    out = out_dir or stamped_run_dir("sweep")
-    bin_dir = find_bin_dir(build_dir, "test-backend-ops") if build_dir is not None else default_build(arch, spec)
-    # the target only where the ops are a GPU's: the CPU backend (the tests' build) times 50 ops a case
-    if target_ms is None:
-        target_ms = 0 if backend.upper().startswith("CPU") else TARGET_MS
-    run_round, timer = _pick_timer(timer, Path(bin_dir), target_ms)
-    identity: dict[str, Any] = {
-        "arch": a.name,
-        "backend": backend,
-        "build": str(Path(bin_dir).resolve()),
-        "n_head_kv": live.N_HEAD_KV,
-        "timer": timer,
-        **device_identity(bin_dir, backend),
-    }
-    fa = timer == "fa-bench"
-    if fa:
-        identity["target_ms"] = target_ms
-    store = SampleStore(live.TABLE, storage or out / "sweep.sqlite3", {k: str(v) for k, v in identity.items()})
-    try:
-        with budget_stop(store.path, "report.md and upstream.patch are"):
-            live.run_sweep(
-                cells,
-                limits=limits,
-                store=store,
-                bin_dir=bin_dir,
-                backend=backend,
-                log_dir=out / "logs",
-                chunk_size=chunk_cells,
-                run_round=run_round,
-                case_s=live.fa_bench_case_s(target_ms) if fa else live.CASE_S,
-                process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
-                expect_log=not backend.upper().startswith("CPU"),
-                budget=budget,
-            )
-        outcome = live.compose(cells, store.samples(), limits=limits)
-    finally:
-        store.close()
-    patch = None
-    if outcome.rules:
-        from tuner import source
-
-        src = source.fetch_source(spec) if spec else source.fetch_source()
-        note = (
-            f"Kernel choices measured on {a.name}: FLASH_ATTN_EXT per forced kernel, "
-            f"{rounds_text(limits)} (paired)."
-        )
-        patch = render_table_patch(src.root, outcome.rules, a, note=note)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "upstream.patch").unlink(missing_ok=True)
-    if patch:
-        (out / "upstream.patch").write_text(patch)
-    (out / "report.md").write_text(
-        live.report_text(
-            outcome, cells, limits=limits, identity={k: str(v) for k, v in identity.items()}, patch=bool(patch)
-        )
+    request = FaRequest(
+        arch=arch,
+        grid=Grid(
+            head_sizes=head_sizes, gqa_ratios=gqa_ratios, kv_types=kv_types, query_batches=query_batches, n_kv=n_kv
+        ),
+        limits=_limits(rounds, min_rounds, max_rounds),
+        build_dir=build_dir,
+        backend=backend,
+        spec=spec,
+        storage=storage,
+        out=out_dir or stamped_run_dir("sweep"),
+        chunk_cells=chunk_cells,
+        timer=timer,
+        target_ms=target_ms,
+        time_budget=time_budget,
     )
-    n_gap = sum(len(v) for v in outcome.no_verdict.values())
-    click.echo(f"rules ({len(outcome.rules)}):")
-    for r in outcome.rules:
-        click.echo(f"  {r.text}")
-    if not outcome.rules:
-        click.echo(f"  none: {live.no_rules_text(outcome)}")
-    click.echo(f"cells with a verdict: {len(cells) - n_gap} of {len(cells)}")
-    if n_gap:
-        click.echo(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
-    click.echo(f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))
+    with budget_stop(request.storage_path, "report.md and upstream.patch are"):
+        done = run_fa(request)
+    click.echo("\n".join(done.lines))
 
 
 @sweep.command("mmq")
@@ -462,108 +340,29 @@ def mmq_cmd(
 
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
-    from tuner.rounds.budget import SweepBudget
-    from tuner.rounds.store import SampleStore, device_identity
-    from tuner.sweep import mmq
-    from tuner.targets.archs import load_arch
+    from tuner.sweep.run_stage import MmqRequest, run_mmq
 
-    budget = SweepBudget.from_now(time_budget) if time_budget else None  # the clock starts with the command
-    a = load_arch(arch)
-    limits = _limits(rounds, min_rounds, max_rounds)
-    cells = mmq.plan_mmq(a, types or mmq.MMQ_TYPES, batches or mmq.MMQ_BATCHES)
-    mk = [mmq.parse_size(t) for t in sizes] if sizes else mmq.like_sizes(like or mmq.DEFAULT_LIKE)
-    points, skipped = mmq.plan_points(cells, mk)
-    if not points:
-        raise UsageError(
-            f"No point to time: every size's k ({sorted({k for _, k in mk})}) is a multiple of none of the types' "
-            "blocks (32 or 256 values). Pass other --size or --type values."
-        )
-    out = out_dir or stamped_run_dir("sweep-mmq")
-    bin_dir = find_bin_dir(build_dir, "libggml.so") if build_dir is not None else default_build(arch, spec)
-    cuda = backend.upper().startswith("CUDA")
-    if target_ms is None:  # as `sweep run`: the target where the ops are a GPU's
-        from tuner.measure.fa_bench import TARGET_MS
-
-        target_ms = 0 if backend.upper().startswith("CPU") else TARGET_MS
-    identity = {
-        "arch": a.name, "backend": backend, "build": str(Path(bin_dir).resolve()), "timer": "mm-bench",
-        "iters": iters, "target_ms": target_ms, "cache_mb": cache_mb, "cuda_graphs": "on" if cuda_graphs else "off",
-        **device_identity(bin_dir, backend),
-    }  # fmt: skip
-    store = SampleStore(mmq.MMQ_TABLE, storage or out / "mmq.sqlite3", {k: str(v) for k, v in identity.items()})
-    try:
-        with budget_stop(store.path, "report.md and upstream.patch are"):
-            forced_reason = _mmq_hook_reason(bin_dir, backend, out / "logs" / "hook-probe") if cuda else ""
-            mmq.run_mmq(
-                points, limits=limits, store=store, bin_dir=bin_dir, backend=backend, log_dir=out / "logs",
-                iters=iters, cache_mb=cache_mb, forced_reason=forced_reason, cuda_graphs=cuda_graphs,
-                target_ms=target_ms, budget=budget,
-            )  # fmt: skip
-        withhold = "" if cuda else f"the {backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
-        outcome = mmq.compose_mmq(points, store.samples(), limits=limits, withhold=withhold)
-    finally:
-        store.close()
-    _mmq_emit(outcome, points, skipped, a, limits=limits, identity=identity, spec=spec, out=out)
-
-
-def _mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
-    """Empty where the build reads GGML_TUNER_MMQ_CHOICES; else why the forced config cannot run."""
-    from tuner import log
-    from tuner.measure import mm_bench
-
-    if mm_bench.mmq_hook_present(bin_dir, log_dir=log_dir, backend=backend):
-        return ""
-    log.warning(
-        f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {backend} (no MMQ hook in its mmq.cu; "
-        f"probe log in {log_dir}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and no "
-        "point gets a verdict. Build a variant with the hook and pass it to --build."
+    request = MmqRequest(
+        arch=arch,
+        types=types,
+        batches=batches,
+        like=like,
+        sizes=sizes,
+        limits=_limits(rounds, min_rounds, max_rounds),
+        build_dir=build_dir,
+        backend=backend,
+        spec=spec,
+        storage=storage,
+        out=out_dir or stamped_run_dir("sweep-mmq"),
+        iters=iters,
+        cache_mb=cache_mb,
+        target_ms=target_ms,
+        cuda_graphs=cuda_graphs,
+        time_budget=time_budget,
     )
-    return "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
-
-
-def _mmq_emit(
-    outcome: Any,
-    points: Any,
-    skipped: Any,
-    a: Any,
-    *,
-    limits: tuple[int, int],
-    identity: dict[str, Any],
-    spec: str | None,
-    out: Path,
-) -> None:
-    """upstream.patch (where a cuBLAS choice was composed) and report.md in ``out``; the summary on stdout."""
-    from tuner import source
-    from tuner.rounds.engine import rounds_text
-    from tuner.sweep import mmq
-
-    patch = None
-    if outcome.choices:
-        src = source.fetch_source(spec) if spec else source.fetch_source()
-        note = (
-            f"cuBLAS is faster than MMQ for these types and batch sizes on {a.name}: mm-bench, "
-            f"{rounds_text(limits, 'point')} (paired), at every swept weight size."
-        )
-        patch = mmq.render_mmq_patch(src.root, outcome.choices, a, note=note)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "upstream.patch").unlink(missing_ok=True)
-    if patch:
-        (out / "upstream.patch").write_text(patch)
-    identity = {k: str(v) for k, v in identity.items()}
-    report = mmq.mmq_report_text(outcome, points, limits=limits, identity=identity, skipped=skipped, patch=bool(patch))
-    (out / "report.md").write_text(report)
-    n_gap = outcome.n_gaps
-    click.echo(f"choices ({len(outcome.choices)}):")
-    for c in outcome.choices:
-        click.echo(f"  {c.text}")
-    if not outcome.choices:
-        click.echo(f"  none: {mmq.no_choice_text(outcome)}")
-    click.echo(f"points with a verdict: {len(points) - n_gap} of {len(points)}")
-    if n_gap:
-        click.echo(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")
-    if skipped:
-        click.echo(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
-    click.echo(f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else ""))
+    with budget_stop(request.storage_path, "report.md and upstream.patch are"):
+        done = run_mmq(request)
+    click.echo("\n".join(done.lines))
 
 
 sweep.add_command(confirm_cmd)

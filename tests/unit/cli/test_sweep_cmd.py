@@ -1,4 +1,5 @@
-"""``tuner sweep plan`` and ``run``: the dry run's counts, and bad input as a usage error."""
+"""``tuner sweep plan`` and ``run`` (its stage, tuner/sweep/run_stage.py): the dry run's counts, the timer, and bad
+input as a usage error."""
 
 from __future__ import annotations
 
@@ -63,16 +64,16 @@ def test_run_refuses_a_storage_of_another_build(tmp_path) -> None:
 
 
 def test_timer_falls_back_to_test_backend_ops_only_by_default(tmp_path, capsys) -> None:
-    from tuner.cli.sweep_cmd import _pick_timer
     from tuner.measure import kernel_bench
+    from tuner.sweep.run_stage import pick_timer
 
     bin_dir = tmp_path / "bin"  # no libggml*.so: fa-bench cannot be linked
     bin_dir.mkdir()
-    assert _pick_timer("test-backend-ops", bin_dir) == (kernel_bench.run_round, "test-backend-ops")
-    assert _pick_timer(None, bin_dir) == (kernel_bench.run_round, "test-backend-ops")
+    assert pick_timer("test-backend-ops", bin_dir) == (kernel_bench.run_round, "test-backend-ops")
+    assert pick_timer(None, bin_dir) == (kernel_bench.run_round, "test-backend-ops")
     assert "fa-bench is not usable with this build: No libggml.so" in capsys.readouterr().err
     with pytest.raises(UsageError, match="libggml"):
-        _pick_timer("fa-bench", bin_dir)
+        pick_timer("fa-bench", bin_dir)
 
 
 def test_plan_prints_no_assumed_time_unless_asked() -> None:

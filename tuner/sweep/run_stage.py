@@ -1,0 +1,296 @@
+"""The stages of ``tuner sweep run`` and ``tuner sweep mmq``: each takes one frozen request (the command's
+flags, as given), starts the time budget, plans the cells or points, finds or builds the build, picks the
+timer, opens the store, runs the rounds (:mod:`tuner.rounds.engine`), composes the verdicts, renders
+``upstream.patch`` against the source tree and writes it and ``report.md``; it returns what the command
+prints. A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of the rounds, with
+every sample so far stored."""
+
+from __future__ import annotations
+
+__all__ = ["Done", "FaRequest", "Grid", "MmqRequest", "mmq_hook_reason", "pick_timer", "run_fa", "run_mmq"]
+
+import dataclasses
+import functools
+from pathlib import Path
+
+from tuner import log, source
+from tuner.errors import TunerError, UsageError
+from tuner.measure import fa_bench, mm_bench
+from tuner.measure import kernel_bench as kb
+from tuner.measure.exe import find_bin_dir
+from tuner.rounds.budget import SweepBudget
+from tuner.rounds.engine import rounds_text
+from tuner.rounds.store import SampleStore, device_identity
+from tuner.sweep import grid, live, mmq
+from tuner.sweep.build import default_build
+from tuner.sweep.grid import Cell
+from tuner.sweep.table import render_table_patch
+from tuner.targets.archs import Arch, load_arch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Grid:
+    """The FlashAttention grid's flags as given; an empty one: the grid's default (decode at octave n_kv)."""
+
+    head_sizes: tuple[int, ...] = ()
+    gqa_ratios: tuple[int, ...] = ()
+    kv_types: tuple[str, ...] = ()
+    query_batches: tuple[int, ...] = ()
+    n_kv: tuple[int, ...] | None = None
+
+    def cells(self, arch: Arch) -> list[Cell]:
+        """The grid's cells on ``arch`` (:func:`tuner.sweep.grid.plan`).
+
+        Raises:
+            UsageError: An arch the sweep does not model, an n_kv point off the stride.
+        """
+        return grid.plan(
+            arch,
+            head_sizes=self.head_sizes or grid.HEAD_SIZES,
+            gqa_ratios=self.gqa_ratios or grid.GQA_RATIOS,
+            kv_types=self.kv_types or grid.KV_TYPES,
+            query_batches=self.query_batches or grid.DEFAULT_QUERY_BATCHES,
+            n_kv=self.n_kv or grid.DEFAULT_N_KV,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaRequest:
+    """``tuner sweep run``'s flags, as given (the round limits checked against each other, -o resolved).
+    ``build_dir`` None: the sweeps' default build (:func:`tuner.sweep.build.default_build`); ``timer`` None:
+    fa-bench where it compiles; ``target_ms`` None: 20 on a GPU backend, 0 on the CPU."""
+
+    arch: str
+    grid: Grid
+    limits: tuple[int, int]
+    build_dir: Path | None
+    backend: str
+    spec: str | None
+    storage: Path | None
+    out: Path
+    chunk_cells: int
+    timer: str | None
+    target_ms: int | None
+    time_budget: float | None
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage or self.out / "sweep.sqlite3"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqRequest:
+    """``tuner sweep mmq``'s flags, as given (empty ``types``, ``batches``: the defaults; ``sizes``: ``MxK``
+    texts instead of the ``like`` models' sizes); ``build_dir`` and ``target_ms`` as :class:`FaRequest`'s."""
+
+    arch: str
+    types: tuple[str, ...]
+    batches: tuple[int, ...]
+    like: tuple[str, ...]
+    sizes: tuple[str, ...]
+    limits: tuple[int, int]
+    build_dir: Path | None
+    backend: str
+    spec: str | None
+    storage: Path | None
+    out: Path
+    iters: int
+    cache_mb: int
+    target_ms: int | None
+    cuda_graphs: bool
+    time_budget: float | None
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage or self.out / "mmq.sqlite3"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Done:
+    """A stage's outputs: report.md, upstream.patch where something was composed, the summary lines."""
+
+    report: Path
+    patch: Path | None
+    lines: tuple[str, ...]
+
+
+def _target(target_ms: int | None, backend: str) -> int:
+    # the target only where the ops are a GPU's: the CPU backend (the tests' build) times 50 ops a case
+    if target_ms is not None:
+        return target_ms
+    return 0 if backend.upper().startswith("CPU") else fa_bench.TARGET_MS
+
+
+def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
+    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
+    it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
+    warning, where fa-bench does not compile."""
+    if timer == "test-backend-ops":
+        return kb.run_round, timer
+    try:
+        fa_bench.build_fa_bench(bin_dir)
+    except TunerError as err:  # UsageError included: no shared libraries, headers or compiler
+        if timer == "fa-bench":
+            raise
+        log.warning(f"fa-bench is not usable with this build: {err} Timing with test-backend-ops instead.")
+        return kb.run_round, "test-backend-ops"
+    if target_ms:
+        return functools.partial(fa_bench.run_round_fast, target_ms=target_ms), "fa-bench"
+    return fa_bench.run_round_fast, "fa-bench"
+
+
+def _write(out: Path, patch: str | None, report: str) -> tuple[Path, Path | None]:
+    """report.md and, where given, upstream.patch in ``out`` (an older patch removed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    (out / "report.md").write_text(report)
+    return out / "report.md", (out / "upstream.patch" if patch else None)
+
+
+def _paths_line(report: Path, patch: Path | None) -> str:
+    return f"report: {report}" + (f"\npatch: {patch}" if patch else "")
+
+
+def run_fa(req: FaRequest) -> Done:
+    """``tuner sweep run``'s stage (module doc).
+
+    Raises:
+        UsageError: Bad input (the grid, the build, a storage of another run): nothing measured (exit 2).
+        BudgetReached: The time budget stopped the rounds; what was measured is stored.
+    """
+    budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
+    arch = load_arch(req.arch)
+    cells = req.grid.cells(arch)
+    bin_dir = (
+        find_bin_dir(req.build_dir, "test-backend-ops")
+        if req.build_dir is not None
+        else default_build(req.arch, req.spec)
+    )
+    target_ms = _target(req.target_ms, req.backend)
+    run_round, timer = pick_timer(req.timer, bin_dir, target_ms)
+    identity = {
+        "arch": arch.name,
+        "backend": req.backend,
+        "build": str(bin_dir.resolve()),
+        "n_head_kv": str(live.N_HEAD_KV),
+        "timer": timer,
+        **device_identity(bin_dir, req.backend),
+    }
+    fa = timer == "fa-bench"
+    if fa:
+        identity["target_ms"] = str(target_ms)
+    store = SampleStore(live.TABLE, req.storage_path, identity)
+    try:
+        live.run_sweep(
+            cells, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
+            log_dir=req.out / "logs", chunk_size=req.chunk_cells, run_round=run_round,
+            case_s=live.fa_bench_case_s(target_ms) if fa else live.CASE_S,
+            process_s=live.FA_BENCH_PROCESS_S if fa else live.PROCESS_S,
+            expect_log=not req.backend.upper().startswith("CPU"), budget=budget,
+        )  # fmt: skip
+        outcome = live.compose(cells, store.samples(), limits=req.limits)
+    finally:
+        store.close()
+    patch = None
+    if outcome.rules:
+        note = (
+            f"Kernel choices measured on {arch.name}: FLASH_ATTN_EXT per forced kernel, "
+            f"{rounds_text(req.limits)} (paired)."
+        )
+        patch = render_table_patch(source.fetch_source(req.spec).root, outcome.rules, arch, note=note)
+    text = live.report_text(outcome, cells, limits=req.limits, identity=identity, patch=bool(patch))
+    report, patch_path = _write(req.out, patch, text)
+    n, n_gap = len(cells), outcome.n_gaps
+    lines = [f"rules ({len(outcome.rules)}):", *(f"  {r.text}" for r in outcome.rules)]
+    lines += [] if outcome.rules else [f"  none: {live.no_rules_text(outcome)}"]
+    lines.append(f"cells with a verdict: {n - n_gap} of {n}")
+    if n_gap:
+        lines.append(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
+    return Done(report=report, patch=patch_path, lines=(*lines, _paths_line(report, patch_path)))
+
+
+def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
+    """Empty where the build reads GGML_TUNER_MMQ_CHOICES; else why the forced config cannot run."""
+    if mm_bench.mmq_hook_present(bin_dir, log_dir=log_dir, backend=backend):
+        return ""
+    log.warning(
+        f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {backend} (no MMQ hook in its mmq.cu; "
+        f"probe log in {log_dir}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and no "
+        "point gets a verdict. Build a variant with the hook and pass it to --build."
+    )
+    return "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
+
+
+def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
+    """The request's points (every type and batch size at every size) and the type/size pairs left out.
+
+    Raises:
+        UsageError: An arch or type MMQ does not model, a bad size or model name, no point to time.
+    """
+    cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
+    sizes = [mmq.parse_size(t) for t in req.sizes] if req.sizes else mmq.like_sizes(req.like or mmq.DEFAULT_LIKE)
+    points, skipped = mmq.plan_points(cells, sizes)
+    if not points:
+        raise UsageError(
+            f"No point to time: every size's k ({sorted({k for _, k in sizes})}) is a multiple of none of the types' "
+            "blocks (32 or 256 values). Pass other --size or --type values."
+        )
+    return points, skipped
+
+
+def run_mmq(req: MmqRequest) -> Done:
+    """``tuner sweep mmq``'s stage (module doc).
+
+    Raises:
+        UsageError: Bad input (points, the build, a storage of another run): nothing measured (exit 2).
+        BudgetReached: The time budget stopped the rounds; what was measured is stored.
+    """
+    budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
+    arch = load_arch(req.arch)
+    points, skipped = _mmq_points(req, arch)
+    bin_dir = (
+        find_bin_dir(req.build_dir, "libggml.so") if req.build_dir is not None else default_build(req.arch, req.spec)
+    )
+    cuda = req.backend.upper().startswith("CUDA")
+    target_ms = _target(req.target_ms, req.backend)
+    identity = {
+        "arch": arch.name, "backend": req.backend, "build": str(bin_dir.resolve()), "timer": "mm-bench",
+        "iters": str(req.iters), "target_ms": str(target_ms), "cache_mb": str(req.cache_mb),
+        "cuda_graphs": "on" if req.cuda_graphs else "off", **device_identity(bin_dir, req.backend),
+    }  # fmt: skip
+    store = SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)
+    try:
+        forced_reason = mmq_hook_reason(bin_dir, req.backend, req.out / "logs" / "hook-probe") if cuda else ""
+        mmq.run_mmq(
+            points, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
+            log_dir=req.out / "logs", iters=req.iters, cache_mb=req.cache_mb, forced_reason=forced_reason,
+            cuda_graphs=req.cuda_graphs, target_ms=target_ms, budget=budget,
+        )  # fmt: skip
+        withhold = (
+            "" if cuda else f"the {req.backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
+        )
+        outcome = mmq.compose_mmq(points, store.samples(), limits=req.limits, withhold=withhold)
+    finally:
+        store.close()
+    patch = None
+    if outcome.choices:
+        note = (
+            f"cuBLAS is faster than MMQ for these types and batch sizes on {arch.name}: mm-bench, "
+            f"{rounds_text(req.limits, 'point')} (paired), at every swept weight size."
+        )
+        patch = mmq.render_mmq_patch(source.fetch_source(req.spec).root, outcome.choices, arch, note=note)
+    text = mmq.mmq_report_text(
+        outcome, points, limits=req.limits, identity=identity, skipped=skipped, patch=bool(patch)
+    )
+    report, patch_path = _write(req.out, patch, text)
+    n, n_gap = len(points), outcome.n_gaps
+    lines = [f"choices ({len(outcome.choices)}):", *(f"  {c.text}" for c in outcome.choices)]
+    lines += [] if outcome.choices else [f"  none: {mmq.no_choice_text(outcome)}"]
+    lines.append(f"points with a verdict: {n - n_gap} of {n}")
+    if n_gap:
+        lines.append(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")
+    if skipped:
+        lines.append(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
+    return Done(report=report, patch=patch_path, lines=(*lines, _paths_line(report, patch_path)))
