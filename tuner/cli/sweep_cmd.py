@@ -235,8 +235,8 @@ def run_cmd(
         time_budget=time_budget,
     )
     with budget_stop(request.storage_path, "report.md and upstream.patch are"):
-        done = run_fa(request)
-    click.echo("\n".join(done.lines))
+        summary = run_fa(request)
+    click.echo(summary)
 
 
 @sweep.command("mmq")
@@ -361,8 +361,8 @@ def mmq_cmd(
         time_budget=time_budget,
     )
     with budget_stop(request.storage_path, "report.md and upstream.patch are"):
-        done = run_mmq(request)
-    click.echo("\n".join(done.lines))
+        summary = run_mmq(request)
+    click.echo(summary)
 
 
 sweep.add_command(confirm_cmd)

@@ -1,17 +1,18 @@
-"""The stages of ``tuner sweep run`` and ``tuner sweep mmq``: each takes one frozen request (the command's
-flags, as given), starts the time budget, plans the cells or points, finds or builds the build, picks the
-timer, opens the store, runs the rounds (:mod:`tuner.rounds.engine`), composes the verdicts, renders
-``upstream.patch`` against the source tree and writes it and ``report.md``; it returns what the command
-prints. A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of the rounds, with
-every sample so far stored."""
+"""The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`): each takes one
+frozen request (the command's flags, as given), starts the time budget, plans the cells or points, finds or
+builds the build, picks the timer, opens the store, runs the rounds (:mod:`tuner.rounds.engine`), composes
+the verdicts, renders ``upstream.patch`` against the source tree, writes it and ``report.md``, and returns
+the summary the command prints. A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached`
+out of the rounds, with every sample so far stored."""
 
 from __future__ import annotations
 
-__all__ = ["Done", "FaRequest", "Grid", "MmqRequest", "mmq_hook_reason", "pick_timer", "run_fa", "run_mmq"]
+__all__ = ["FaRequest", "Grid", "MmqRequest", "mmq_hook_reason", "pick_timer", "run_fa", "run_mmq"]
 
 import dataclasses
 import functools
 from pathlib import Path
+from typing import ClassVar
 
 from tuner import log, source
 from tuner.errors import TunerError, UsageError
@@ -30,7 +31,7 @@ from tuner.targets.archs import Arch, load_arch
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Grid:
-    """The FlashAttention grid's flags as given; an empty one: the grid's default (decode at octave n_kv)."""
+    """The FlashAttention grid's flags as given; empty: the grid's default (decode at octave n_kv points)."""
 
     head_sizes: tuple[int, ...] = ()
     gqa_ratios: tuple[int, ...] = ()
@@ -39,11 +40,7 @@ class Grid:
     n_kv: tuple[int, ...] | None = None
 
     def cells(self, arch: Arch) -> list[Cell]:
-        """The grid's cells on ``arch`` (:func:`tuner.sweep.grid.plan`).
-
-        Raises:
-            UsageError: An arch the sweep does not model, an n_kv point off the stride.
-        """
+        """The grid's cells on ``arch`` (:func:`tuner.sweep.grid.plan`; its UsageError for bad input)."""
         return grid.plan(
             arch,
             head_sizes=self.head_sizes or grid.HEAD_SIZES,
@@ -55,70 +52,68 @@ class Grid:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class FaRequest:
-    """``tuner sweep run``'s flags, as given (the round limits checked against each other, -o resolved).
-    ``build_dir`` None: the sweeps' default build (:func:`tuner.sweep.build.default_build`); ``timer`` None:
-    fa-bench where it compiles; ``target_ms`` None: 20 on a GPU backend, 0 on the CPU."""
+class _Request:
+    """What both sweeps take (the round limits checked against each other, -o resolved): ``build_dir`` None:
+    the sweeps' default build; ``target_ms`` None: 20 on a GPU backend, 0 on the CPU."""
 
     arch: str
-    grid: Grid
     limits: tuple[int, int]
     build_dir: Path | None
     backend: str
     spec: str | None
     storage: Path | None
     out: Path
-    chunk_cells: int
-    timer: str | None
     target_ms: int | None
     time_budget: float | None
 
+    STORE: ClassVar[str]
+    EXE: ClassVar[str]
+
     @property
     def storage_path(self) -> Path:
-        return self.storage or self.out / "sweep.sqlite3"
+        return self.storage or self.out / self.STORE
+
+    @property
+    def target(self) -> int:
+        # the target only where the ops are a GPU's: the CPU backend (the tests' build) times 50 ops a case
+        if self.target_ms is not None:
+            return self.target_ms
+        return 0 if self.backend.upper().startswith("CPU") else fa_bench.TARGET_MS
+
+    def bin_dir(self) -> Path:
+        """``--build``'s bin dir, or the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
+        return (
+            find_bin_dir(self.build_dir, self.EXE)
+            if self.build_dir is not None
+            else default_build(self.arch, self.spec)
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MmqRequest:
-    """``tuner sweep mmq``'s flags, as given (empty ``types``, ``batches``: the defaults; ``sizes``: ``MxK``
-    texts instead of the ``like`` models' sizes); ``build_dir`` and ``target_ms`` as :class:`FaRequest`'s."""
+class FaRequest(_Request):
+    """``tuner sweep run``'s flags; ``timer`` None: fa-bench where it compiles."""
 
-    arch: str
+    STORE = "sweep.sqlite3"
+    EXE = "test-backend-ops"
+    grid: Grid
+    chunk_cells: int
+    timer: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MmqRequest(_Request):
+    """``tuner sweep mmq``'s flags (empty ``types``, ``batches``: the defaults; ``sizes``: ``MxK`` texts
+    instead of the ``like`` models' sizes)."""
+
+    STORE = "mmq.sqlite3"
+    EXE = "libggml.so"
     types: tuple[str, ...]
     batches: tuple[int, ...]
     like: tuple[str, ...]
     sizes: tuple[str, ...]
-    limits: tuple[int, int]
-    build_dir: Path | None
-    backend: str
-    spec: str | None
-    storage: Path | None
-    out: Path
     iters: int
     cache_mb: int
-    target_ms: int | None
     cuda_graphs: bool
-    time_budget: float | None
-
-    @property
-    def storage_path(self) -> Path:
-        return self.storage or self.out / "mmq.sqlite3"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Done:
-    """A stage's outputs: report.md, upstream.patch where something was composed, the summary lines."""
-
-    report: Path
-    patch: Path | None
-    lines: tuple[str, ...]
-
-
-def _target(target_ms: int | None, backend: str) -> int:
-    # the target only where the ops are a GPU's: the CPU backend (the tests' build) times 50 ops a case
-    if target_ms is not None:
-        return target_ms
-    return 0 if backend.upper().startswith("CPU") else fa_bench.TARGET_MS
 
 
 def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
@@ -139,45 +134,27 @@ def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[li
     return fa_bench.run_round_fast, "fa-bench"
 
 
-def _write(out: Path, patch: str | None, report: str) -> tuple[Path, Path | None]:
-    """report.md and, where given, upstream.patch in ``out`` (an older patch removed)."""
+def _write(out: Path, patch: str | None, report: str) -> str:
+    """report.md and, where given, upstream.patch in ``out`` (an older patch removed); the summary's last line."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:
         (out / "upstream.patch").write_text(patch)
     (out / "report.md").write_text(report)
-    return out / "report.md", (out / "upstream.patch" if patch else None)
+    return f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else "")
 
 
-def _paths_line(report: Path, patch: Path | None) -> str:
-    return f"report: {report}" + (f"\npatch: {patch}" if patch else "")
-
-
-def run_fa(req: FaRequest) -> Done:
-    """``tuner sweep run``'s stage (module doc).
-
-    Raises:
-        UsageError: Bad input (the grid, the build, a storage of another run): nothing measured (exit 2).
-        BudgetReached: The time budget stopped the rounds; what was measured is stored.
-    """
+def run_fa(req: FaRequest) -> str:
+    """``tuner sweep run``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
     arch = load_arch(req.arch)
     cells = req.grid.cells(arch)
-    bin_dir = (
-        find_bin_dir(req.build_dir, "test-backend-ops")
-        if req.build_dir is not None
-        else default_build(req.arch, req.spec)
-    )
-    target_ms = _target(req.target_ms, req.backend)
+    bin_dir, target_ms = req.bin_dir(), req.target
     run_round, timer = pick_timer(req.timer, bin_dir, target_ms)
     identity = {
-        "arch": arch.name,
-        "backend": req.backend,
-        "build": str(bin_dir.resolve()),
-        "n_head_kv": str(live.N_HEAD_KV),
-        "timer": timer,
-        **device_identity(bin_dir, req.backend),
-    }
+        "arch": arch.name, "backend": req.backend, "build": str(bin_dir.resolve()), "n_head_kv": str(live.N_HEAD_KV),
+        "timer": timer, **device_identity(bin_dir, req.backend),
+    }  # fmt: skip
     fa = timer == "fa-bench"
     if fa:
         identity["target_ms"] = str(target_ms)
@@ -200,15 +177,16 @@ def run_fa(req: FaRequest) -> Done:
             f"{rounds_text(req.limits)} (paired)."
         )
         patch = render_table_patch(source.fetch_source(req.spec).root, outcome.rules, arch, note=note)
-    text = live.report_text(outcome, cells, limits=req.limits, identity=identity, patch=bool(patch))
-    report, patch_path = _write(req.out, patch, text)
+    paths = _write(
+        req.out, patch, live.report_text(outcome, cells, limits=req.limits, identity=identity, patch=bool(patch))
+    )
     n, n_gap = len(cells), outcome.n_gaps
     lines = [f"rules ({len(outcome.rules)}):", *(f"  {r.text}" for r in outcome.rules)]
     lines += [] if outcome.rules else [f"  none: {live.no_rules_text(outcome)}"]
     lines.append(f"cells with a verdict: {n - n_gap} of {n}")
     if n_gap:
         lines.append(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
-    return Done(report=report, patch=patch_path, lines=(*lines, _paths_line(report, patch_path)))
+    return "\n".join([*lines, paths])
 
 
 def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
@@ -224,11 +202,8 @@ def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
 
 
 def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
-    """The request's points (every type and batch size at every size) and the type/size pairs left out.
-
-    Raises:
-        UsageError: An arch or type MMQ does not model, a bad size or model name, no point to time.
-    """
+    """The request's points (every type and batch size at every size) and the type/size pairs left out;
+    UsageError for an arch or type MMQ does not model, a bad size or model name, or no point to time."""
     cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
     sizes = [mmq.parse_size(t) for t in req.sizes] if req.sizes else mmq.like_sizes(req.like or mmq.DEFAULT_LIKE)
     points, skipped = mmq.plan_points(cells, sizes)
@@ -240,24 +215,15 @@ def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[t
     return points, skipped
 
 
-def run_mmq(req: MmqRequest) -> Done:
-    """``tuner sweep mmq``'s stage (module doc).
-
-    Raises:
-        UsageError: Bad input (points, the build, a storage of another run): nothing measured (exit 2).
-        BudgetReached: The time budget stopped the rounds; what was measured is stored.
-    """
+def run_mmq(req: MmqRequest) -> str:
+    """``tuner sweep mmq``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
     arch = load_arch(req.arch)
     points, skipped = _mmq_points(req, arch)
-    bin_dir = (
-        find_bin_dir(req.build_dir, "libggml.so") if req.build_dir is not None else default_build(req.arch, req.spec)
-    )
-    cuda = req.backend.upper().startswith("CUDA")
-    target_ms = _target(req.target_ms, req.backend)
+    bin_dir, cuda = req.bin_dir(), req.backend.upper().startswith("CUDA")
     identity = {
         "arch": arch.name, "backend": req.backend, "build": str(bin_dir.resolve()), "timer": "mm-bench",
-        "iters": str(req.iters), "target_ms": str(target_ms), "cache_mb": str(req.cache_mb),
+        "iters": str(req.iters), "target_ms": str(req.target), "cache_mb": str(req.cache_mb),
         "cuda_graphs": "on" if req.cuda_graphs else "off", **device_identity(bin_dir, req.backend),
     }  # fmt: skip
     store = SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)
@@ -266,7 +232,7 @@ def run_mmq(req: MmqRequest) -> Done:
         mmq.run_mmq(
             points, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
             log_dir=req.out / "logs", iters=req.iters, cache_mb=req.cache_mb, forced_reason=forced_reason,
-            cuda_graphs=req.cuda_graphs, target_ms=target_ms, budget=budget,
+            cuda_graphs=req.cuda_graphs, target_ms=req.target, budget=budget,
         )  # fmt: skip
         withhold = (
             "" if cuda else f"the {req.backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
@@ -281,10 +247,10 @@ def run_mmq(req: MmqRequest) -> Done:
             f"{rounds_text(req.limits, 'point')} (paired), at every swept weight size."
         )
         patch = mmq.render_mmq_patch(source.fetch_source(req.spec).root, outcome.choices, arch, note=note)
-    text = mmq.mmq_report_text(
+    report = mmq.mmq_report_text(
         outcome, points, limits=req.limits, identity=identity, skipped=skipped, patch=bool(patch)
     )
-    report, patch_path = _write(req.out, patch, text)
+    paths = _write(req.out, patch, report)
     n, n_gap = len(points), outcome.n_gaps
     lines = [f"choices ({len(outcome.choices)}):", *(f"  {c.text}" for c in outcome.choices)]
     lines += [] if outcome.choices else [f"  none: {mmq.no_choice_text(outcome)}"]
@@ -293,4 +259,4 @@ def run_mmq(req: MmqRequest) -> Done:
         lines.append(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")
     if skipped:
         lines.append(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
-    return Done(report=report, patch=patch_path, lines=(*lines, _paths_line(report, patch_path)))
+    return "\n".join([*lines, paths])
