@@ -183,7 +183,7 @@ def screen_once(
     settle = partial(compose.open_depths, rule=rule)
     mine: list[dict[str, Any]] = []
     while True:
-        todo = depths_to_measure(phase, mine, DEPTHS, min_rounds, max_rounds, target_ci, settle)
+        todo = depths_to_measure(phase, mine, DEPTHS, min_rounds, max_rounds, target_ci, settle=settle)
         if not todo:
             break
         draws = {}
@@ -277,7 +277,7 @@ def confirm_once(
     settle = partial(compose.open_depths, family=family)
     mine: list[dict[str, Any]] = []
     while True:
-        todo = depths_to_measure("tg", mine, CONFIRM_DEPTHS, min_rounds, max_rounds, target_ci, settle)
+        todo = depths_to_measure("tg", mine, CONFIRM_DEPTHS, min_rounds, max_rounds, target_ci, settle=settle)
         if not todo:
             break
         k = {d: sum(str(d) in r["values"][UPSTREAM] for r in mine) for d in todo}

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import click
 
-from tuner import __version__
+from tuner import __version__, log
 from tuner.cli._params import SuggestingGroup
-from tuner.errors import EXIT_STATUSES, TunerError, error_chain
+from tuner.errors import EXIT_STATUSES, EXIT_TIME_BUDGET, TunerError, error_chain
+from tuner.redact import redact
 
 # name -> "module:attribute"; modules are imported only when the command runs (fast --help).
 _COMMANDS: dict[str, str] = {
@@ -171,7 +172,8 @@ def _full_disk_in_chain(err: BaseException) -> bool:
 def main() -> None:
     """Console-script entry point: run the CLI and map every failure to a message and an exit code.
 
-    TunerError -> its message and exit code (1, or 2 for a UsageError); an OSError about the machine
+    TunerError -> its message and exit code (1, 2 for a UsageError, 3 for a --time-budget stop, shown as a
+    note); an OSError about the machine
     (:func:`os_error_message`: a full disk, a path not writable or in the way) -> its paragraph and exit 1;
     anything else is a bug and goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
     """
@@ -184,9 +186,10 @@ def main() -> None:
             cli.main(standalone_mode=False)
             interrupts.check()  # a SIGTERM whose exception was dropped in a finalizer
     except TunerError as err:
-        from tuner.redact import redact  # a storage password in any message stays off the screen
-
-        click.echo(f"tuner: error: {redact(str(err))}", err=True)
+        if err.exit_code == EXIT_TIME_BUDGET:  # a --time-budget stop is no error: what finished is stored
+            log.notice(str(err))
+        else:  # a storage password in any message stays off the screen
+            click.echo(f"tuner: error: {redact(str(err))}", err=True)
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("tuner: aborted", err=True)

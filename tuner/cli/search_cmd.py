@@ -4,7 +4,6 @@ from __future__ import annotations
 
 __all__ = ["search", "worker"]
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -233,10 +232,8 @@ def search(
         return
     from tuner.cli.search_stage import search_and_export
 
-    with storage_guard(kw["storage"]):
-        outcome = search_and_export(_request(target, kw), export_dir)
-    if outcome is None:
-        sys.exit(3)  # stopped by --time-budget: a script must not take it for a finished search
+    with storage_guard(kw["storage"]):  # a --time-budget stop exits 3 (tuner.cli.main): not a finished search
+        search_and_export(_request(target, kw), export_dir)
 
 
 def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
@@ -263,9 +260,7 @@ def worker(**kw: Any) -> None:
     target = resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"])
     check_storage(kw["storage"], existing=True)  # a worker joins a study: a mistyped SQLite path is not created
     with storage_guard(kw["storage"]):
-        held = tune_worker(_request(target, kw))
-    if held is None:
-        sys.exit(3)  # stopped by --time-budget, as `tuner search`
+        tune_worker(_request(target, kw))
 
 
 def _shorthands(kw: dict[str, Any]) -> None:

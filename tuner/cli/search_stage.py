@@ -17,6 +17,7 @@ import click
 
 from tuner import interrupts, log
 from tuner.redact import redact
+from tuner.rounds.budget import BudgetReached
 from tuner.search.request import SearchRequest, resolve_search
 from tuner.search.study import SearchConfig
 from tuner.source.spec import DEFAULT_SPEC
@@ -36,19 +37,27 @@ def _announce(cfg: SearchConfig, request: SearchRequest) -> str:
     return shown
 
 
-def search_and_export(request: SearchRequest, out: Path | None = None) -> SearchOutcome | None:
+def _resolved(request: SearchRequest, *, worker: bool = False) -> SearchConfig:
+    try:
+        return resolve_search(request, worker=worker)
+    except BudgetReached as stop:  # the build or model it needs would end past --time-budget
+        raise BudgetReached(
+            f"time budget reached before {stop}; nothing was started. Give a longer --time-budget."
+        ) from None
+
+
+def search_and_export(request: SearchRequest, out: Path | None = None) -> SearchOutcome:
     """Run (or resume) the search ``request`` asks for and export its result into ``out`` (default
-    ``<run dir>/export``); an interruption says how to go on. Returns the outcome (None: the time
-    budget stopped the search before it finished)."""
+    ``<run dir>/export``); an interruption says how to go on. Returns the outcome.
+
+    Raises:
+        BudgetReached: the time budget stopped the search (its message says what is stored and how to go on).
+    """
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
-    from tuner.search.pipeline import BudgetReached, run_pipeline
+    from tuner.search.pipeline import run_pipeline
 
-    try:
-        cfg = resolve_search(request)
-    except BudgetReached as stop:  # the build or model it needs would end past --time-budget
-        log.notice(f"time budget reached before {stop}; nothing was started. Give a longer --time-budget.")
-        return None
+    cfg = _resolved(request)
     shown = _announce(cfg, request)
     out_dir = out or (cfg.run_dir / "export")
 
@@ -64,11 +73,10 @@ def search_and_export(request: SearchRequest, out: Path | None = None) -> Search
         with interrupts.sigterm_interrupts():
             result = run_pipeline(cfg, then=export)
     except BudgetReached as stop:
-        log.notice(
+        raise BudgetReached(
             f"time budget reached during {stop} after {time.monotonic() - t0:.0f} s; everything measured so far is "
             f"in {shown}. Rerun the same command to resume; nothing was exported yet."
-        )
-        return None
+        ) from None
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say how to go on before `tuner: aborted`
         log.notice(
             f"interrupted after {time.monotonic() - t0:.0f} s; every finished round and trial is in {shown} "
@@ -79,23 +87,22 @@ def search_and_export(request: SearchRequest, out: Path | None = None) -> Search
     return result
 
 
-def tune_worker(request: SearchRequest) -> int | None:
+def tune_worker(request: SearchRequest) -> int:
     """``tuner worker``: add tune trials to the study ``request`` names. Returns the trials it holds
-    afterwards (None: the time budget stopped the worker)."""
-    from tuner.search.pipeline import BudgetReached, run_tune_worker
+    afterwards.
 
-    try:
-        cfg = resolve_search(request, worker=True)
-    except BudgetReached as stop:
-        log.notice(f"time budget reached before {stop}; nothing was started. Give a longer --time-budget.")
-        return None
+    Raises:
+        BudgetReached: the time budget stopped the worker.
+    """
+    from tuner.search.pipeline import run_tune_worker
+
+    cfg = _resolved(request, worker=True)
     shown = _announce(cfg, request)
     try:
         with interrupts.sigterm_interrupts():
             n = run_tune_worker(cfg)
     except BudgetReached as stop:
-        log.notice(f"time budget reached during {stop}; the trials so far are in {shown}.")
-        return None
+        raise BudgetReached(f"time budget reached during {stop}; the trials so far are in {shown}.") from None
     log.info(
         f"\nDone: the study holds {n} tune trials. `tuner search` with the same --storage/--study confirms and exports."
     )

@@ -1,22 +1,31 @@
-"""The time budgets (``--time-budget`` of ``tuner search``, ``tuner sweep run``, ``mmq`` and ``confirm``): nothing starts
-that would end past the deadline, so a call that a machine's time limit ends stops between units of work
-instead of losing the one in flight. A unit is a round: the timer processes of one chunk's round in the kernel
-sweeps (:meth:`tuner.rounds.store.SampleStore.whole_round` measures a round cut off by an earlier call again whole), the
-paired llama-bench calls of one model's round in the confirmation, and there each output-equivalence check
-and test-backend-ops run. What was measured is stored; the same command resumes."""
+"""The time budget (``--time-budget`` of ``tuner search``, ``tuner worker``, ``tuner sweep run``, ``mmq`` and
+``confirm``): one policy, :class:`Budget`. Nothing starts that would end past its deadline, so a call that a
+machine's time limit ends stops between units of work instead of losing the one in flight. A unit is what is
+stored whole: a build, a model's synthesis, a test-backend-ops gate, a round (the paired calls of a screen's or
+a confirm's round; the timer processes of one chunk's round in the kernel sweeps, where
+:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), a tune trial,
+an output-equivalence check, a residency probe. What was measured is stored; the same command resumes.
+
+A budget stop is :class:`BudgetReached`, a :class:`~tuner.errors.TunerError` with exit status 3
+(:data:`tuner.errors.EXIT_TIME_BUDGET`), mapped once by ``tuner.cli.main``."""
 
 from __future__ import annotations
 
-__all__ = ["BudgetReached", "RoundBudget", "SweepBudget", "budget_deadline", "check_fits"]
+__all__ = ["Budget", "BudgetReached", "RoundBudget", "SweepBudget", "budget_deadline"]
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tuner.errors import EXIT_TIME_BUDGET, TunerError
 
-class BudgetReached(Exception):
-    """The time budget ended a stage; rerunning the same command resumes it."""
+
+class BudgetReached(TunerError):
+    """The time budget ended a command before what its message names; rerunning the same command resumes it."""
+
+    exit_code = EXIT_TIME_BUDGET
 
 
 def budget_deadline(started: float | None, seconds: float | None) -> float | None:
@@ -27,11 +36,34 @@ def budget_deadline(started: float | None, seconds: float | None) -> float | Non
     return (time.monotonic() if started is None else started) + seconds
 
 
-def check_fits(deadline: float | None, seconds: float, what: str) -> None:
-    """BudgetReached where ``what``, priced at ``seconds``, would end past ``deadline`` (a unit that is not a
-    round: a build, a model's synthesis), so it is not started to be cut off."""
-    if deadline is not None and time.monotonic() + seconds > deadline:
-        raise BudgetReached(f"{what} (about {seconds:.0f} s, {max(0.0, deadline - time.monotonic()):.0f} s left)")
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A command's time budget: ``deadline`` in ``time.monotonic()`` seconds (None: no budget, nothing stops)."""
+
+    deadline: float | None = None
+
+    @classmethod
+    def counted_from(cls, started: float | None, seconds: float | None) -> Budget:
+        """The budget of ``seconds`` from ``started`` (the command's start; None: from now); none without seconds."""
+        return cls(budget_deadline(started, seconds))
+
+    def remaining(self) -> float:
+        """Seconds left (infinite without a budget)."""
+        return math.inf if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def check(self, what: str) -> None:
+        """BudgetReached where the deadline has passed: ``what`` is what would have started."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise BudgetReached(what)
+
+    def fits(self, seconds: float, what: str) -> None:
+        """BudgetReached where ``what``, priced at ``seconds``, would end past the deadline, so it is not started
+        to be cut off; the message says the price and what is left."""
+        if self.deadline is not None and time.monotonic() + seconds > self.deadline:
+            raise BudgetReached(self._stop(what, seconds))
+
+    def _stop(self, what: str, seconds: float) -> str:
+        return f"{what} (about {seconds:.0f} s, {self.remaining():.0f} s left)"
 
 
 def _unknown(plan: Any, depths: Sequence[int]) -> float:
@@ -39,28 +71,20 @@ def _unknown(plan: Any, depths: Sequence[int]) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class RoundBudget:
-    """The confirmation's. ``deadline``: ``time.monotonic()`` seconds. ``round_s(plan, depths)``: a model's first
-    round estimated (seconds), which decides whether it starts; later rounds are judged by the model's longest
-    so far (:func:`tuner.rounds.joint.run_joint_rounds`)."""
+class RoundBudget(Budget):
+    """The sweep confirmation's :class:`Budget`, with ``round_s(plan, depths)``: a model's first round estimated
+    (seconds), which decides whether it starts; later rounds are judged by the model's longest so far
+    (:func:`tuner.rounds.joint.run_joint_rounds`). Its callers word the price in ``what`` themselves."""
 
-    deadline: float
+    deadline: float | None = None
     round_s: Callable[[Any, Sequence[int]], float] = _unknown
 
     @classmethod
     def from_now(cls, seconds: float, round_s: Callable[[Any, Sequence[int]], float] = _unknown) -> RoundBudget:
         return cls(deadline=time.monotonic() + seconds, round_s=round_s)
 
-    def check(self, what: str) -> None:
-        """BudgetReached where the deadline has passed: ``what`` is what would have started."""
-        if time.monotonic() >= self.deadline:
-            raise BudgetReached(what)
-
-    def fits(self, seconds: float, what: str) -> None:
-        """BudgetReached where ``what``, estimated at ``seconds``, would end past the deadline (a gate check,
-        a test-backend-ops run: units that are not rounds, stored as each ends)."""
-        if time.monotonic() + seconds > self.deadline:
-            raise BudgetReached(what)
+    def _stop(self, what: str, seconds: float) -> str:
+        return what
 
     def prior(self, plan: Any, depths: Sequence[int], calls: Sequence[str]) -> list[dict[str, Any]]:
         """The estimate as a round record, as :func:`tuner.rounds.joint.run_joint_rounds` reads ``prior``."""
@@ -71,7 +95,7 @@ class RoundBudget:
 class SweepBudget:
     """A kernel sweep's, per round of a chunk (its configs' timer processes, run back to back: a round is
     paired, so it is started whole or not at all). A round starts only where its estimate (the sweep's recorded
-    H100 rates), times the most any finished round of this call overran its own, ends by the deadline: a
+    H100 rates), times the most any finished round of this call overran its own, fits the :class:`Budget`: a
     slower machine or a longer case than recorded stops the call earlier, never later."""
 
     deadline: float
@@ -83,10 +107,8 @@ class SweepBudget:
 
     def start(self, estimate_s: float, what: str) -> float:
         """The start time of a round estimated at ``estimate_s``; BudgetReached where it would end too late."""
-        now = time.monotonic()
-        if now + estimate_s * self.slower > self.deadline:
-            raise BudgetReached(what)
-        return now
+        RoundBudget(self.deadline).fits(estimate_s * self.slower, what)
+        return time.monotonic()
 
     def done(self, estimate_s: float, started: float) -> None:
         """Record how long a round took against its estimate."""

@@ -27,7 +27,9 @@ __all__ = [
     "Candidate",
     "JointMeasure",
     "Measure",
+    "Point",
     "Settle",
+    "SharedMeasure",
     "ci_note",
     "depths_to_measure",
     "merge_call",
@@ -37,15 +39,17 @@ __all__ = [
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence, Set
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from tuner import log, progress
 from tuner.errors import TunerError
 from tuner.measure.paired import rotated
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
-from tuner.rounds.budget import BudgetReached
+from tuner.rounds.budget import Budget, BudgetReached
 from tuner.rounds.stats import OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
 
 
@@ -65,9 +69,6 @@ class AllCallsFailed(TunerError):
 
 def _bench_said(error: str) -> tuple[str, str]:
     """llama-bench's own last lines for a failed call's error text (read from the log it names), and the log."""
-    import re
-    from pathlib import Path
-
     m = re.search(r"see (\S+\.log)", error)
     log_file = m[1] if m else ""
     try:
@@ -101,16 +102,30 @@ class Candidate:
     """The kernel this candidate forces (None: upstream's own choice)."""
 
 
-# measure(candidate, phase, depths, label) -> {depth: {"ts": float|None, "kernel": str|None,
-#                                                      "why": str|None, "error": str,
-#                                                      optional "cpu"/"core"/"gpu": float|None}}
-Measure = Callable[[Candidate, str, Sequence[int], str], Mapping[int, Mapping[str, Any]]]
+Point = Mapping[str, Any]
+"""What a measure returns per depth: ``{"ts": float|None, "kernel": str|None, "why": str|None, "error": str,
+optional "cpu"/"core"/"gpu": float|None}``."""
+
+# joint(candidate, phases, depths, label) -> {phase: {depth: Point}}: one llama-bench call measuring several
+# phases at the same depths, so they share each depth's fill (llama-bench keeps the context state of the last
+# depth it filled and restores it for the next test at that depth).
+JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Point]]]
 
 
-# joint(candidate, phases, depths, label) -> {phase: {depth: {...as Measure...}}}: one llama-bench call
-# measuring several phases at the same depths, so they share each depth's fill (llama-bench keeps the
-# context state of the last depth it filled and restores it for the next test at that depth).
-JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Mapping[str, Any]]]]
+class Measure(Protocol):
+    """``measure(candidate, phase, depths, label) -> {depth: Point}``: one call of one phase (a plain function
+    will do)."""
+
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str, /) -> Mapping[int, Point]: ...
+
+
+@runtime_checkable
+class SharedMeasure(Measure, Protocol):
+    """A :class:`Measure` that also runs several phases in one call (``joint``), which then share each depth's
+    fill: the live llama-bench's and the op level's (:func:`run_joint_rounds` pairs the phases' candidates)."""
+
+    joint: JointMeasure
+
 
 # settle(phase, cells) -> the depths whose decision more rounds could still change
 # (tuner.rounds.compose.open_depths); the others get no more rounds once they have the minimum.
@@ -172,6 +187,7 @@ def run_joint_rounds(
     its own: a phase that has met its target stops adding rows while the other goes on. A round
     measures only the depths some active phase still needs (both phases at their union, sharing fills).
     """
+    budget = Budget(deadline)
     want = set(depths)
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
@@ -179,21 +195,25 @@ def run_joint_rounds(
         f"{tag} {'+'.join(cands)} (up to {max_rounds} rounds)", total=calls, unit="measuring calls"
     ) as bar:
         while True:
-            todo = {p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle) for p in cands}
+            todo = {
+                p: depths_to_measure(p, mine[p], depths, min_rounds, max_rounds, target_ci, settle=settle)
+                for p in cands
+            }
             active = [p for p in cands if todo[p]]
             if not active:
                 break
             ds = sorted({d for p in active for d in todo[p]})
             n_calls = max(len(cands[p]) for p in active)
             est = _round_estimate([r for p in active for r in mine[p]], prior, n_calls, ds)
-            if deadline is not None and time.monotonic() + est > deadline:
-                n, left = min(len(mine[p]) for p in active), max(0.0, deadline - time.monotonic())
-                what = f"{tag} {'+'.join(active)} round {n + 1} (about {est:.0f} s, {left:.0f} s left)"
+            n = min(len(mine[p]) for p in active)
+            try:
+                budget.fits(est, f"{tag} {'+'.join(active)} round {n + 1}")
+            except BudgetReached as stop:
                 log.warning(
-                    f"no time for {what} within the budget; rerun the same command to add rounds"
+                    f"no time for {stop} within the budget; rerun the same command to add rounds"
                     + ("" if n else ", with a --time-budget long enough for one")
                 )
-                raise BudgetReached(what)
+                raise
             recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
             # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
             # records): the model or the build does not run at all. A phase failing beside one that
@@ -273,6 +293,7 @@ def depths_to_measure(
     min_rounds: int,
     max_rounds: int,
     target_ci: float,
+    *,
     settle: Settle | None = None,
 ) -> list[int]:
     """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
@@ -311,9 +332,10 @@ def phase_stops(
     min_rounds: int,
     max_rounds: int,
     target_ci: float,
+    *,
     settle: Settle | None = None,
 ) -> bool:
-    return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle)
+    return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle=settle)
 
 
 def _joint_round(

@@ -25,7 +25,6 @@ __all__ = ["FINAL", "extra_depths", "judge", "narrowed_rule", "point_rows", "run
 
 import itertools
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ from tuner import log
 from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.rounds.budget import BudgetReached
+from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
@@ -210,7 +209,7 @@ def run_confirm(
     factory: Any,
     builds: Any,
     depths: Sequence[int],
-    deadline: float | None,
+    budget: Budget,
     all_phases: Sequence[str],
 ) -> dict[str, Any]:
     """The confirm stage: the final config (``rules`` plus the ``tuned`` proposal) against upstream (its
@@ -222,7 +221,7 @@ def run_confirm(
     knobs_dropped: dict[str, Any] | None = None
     while True:
         rows, j, phases = _confirm_attempt(
-            cfg, st, space, fixed, rules, tuned, base, factory, builds, depths, deadline, all_phases
+            cfg, st, space, fixed, rules, tuned, base, factory, builds, depths, budget, all_phases
         )
         if j["process_ok"] or attempt > 0:
             break
@@ -273,7 +272,7 @@ def _confirm_attempt(
     factory: Any,
     builds: Any,
     depths: Sequence[int],
-    deadline: float | None,
+    budget: Budget,
     all_phases: Sequence[str],
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     """One confirm of one final config: its rows, the judgement and the phases measured (stored)."""
@@ -332,7 +331,7 @@ def _confirm_attempt(
                 min_rounds=cfg.min_rounds,
                 max_rounds=cfg.max_rounds,
                 target_ci=cfg.ci_target,
-                deadline=deadline,
+                deadline=budget.deadline,
                 on_round=persist,
                 tag="confirm",
                 prior=st.screen_rounds,
@@ -355,14 +354,13 @@ def _confirm_attempt(
                 min_rounds=cfg.min_rounds,
                 max_rounds=cfg.max_rounds,
                 target_ci=cfg.ci_target,
-                deadline=deadline,
+                deadline=budget.deadline,
                 on_round=persist,
                 tag="confirm",
                 prior=st.screen_rounds,
                 settle=settle,
             )
-        if deadline is not None and time.monotonic() > deadline:
-            raise BudgetReached(f"confirm {phase}")
+        budget.check(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
         rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)
     j = judge(rules, rows, process_changed=process_changed)  # its rows: relabelled where a rule was narrowed

@@ -31,7 +31,7 @@ from tuner.rounds import compose as comp
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
-from tuner.rounds.budget import BudgetReached, budget_deadline, check_fits
+from tuner.rounds.budget import Budget, BudgetReached
 from tuner.rounds.joint import AllCallsFailed, Candidate, phase_stops, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
@@ -60,17 +60,6 @@ def _timed(st: StudyState, stage: str) -> Any:
         yield
     finally:
         st.add_seconds(stage, time.monotonic() - t0)
-
-
-def _deadline(cfg: SearchConfig) -> float | None:
-    """``--time-budget``'s deadline, counted from the command's start (``cfg.started``): the build and the model
-    made before the study opened count too."""
-    return budget_deadline(getattr(cfg, "started", None), cfg.time_budget)  # a test's stand-in config may lack it
-
-
-def _check_budget(deadline: float | None, where: str) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise BudgetReached(where)
 
 
 def kernels_for(space: Any, phase: str) -> list[str]:
@@ -148,7 +137,7 @@ def run_pipeline(
     """
     from tuner.plan.space import load_space
 
-    deadline = _deadline(cfg)
+    budget = cfg.budget
     source = cfg.source
     space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
     variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
@@ -168,7 +157,7 @@ def run_pipeline(
     # at the same time and add trials beyond --trials. `tuner worker` takes neither, on purpose.
     with run_dir_lock(cfg.run_dir), study_lock(cfg.storage_url, cfg.study):
         try:
-            result = _run_locked(cfg, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence)
+            result = _run_locked(cfg, space, legal, variants, fixed, shape_d, budget, measure_factory, equivalence)
         except AllCallsFailed as err:
             raise TunerError(
                 f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
@@ -187,7 +176,7 @@ def _run_locked(
     variants: Sequence[str],
     fixed: Mapping[str, Any],
     shape_d: Mapping[str, int],
-    deadline: float | None,
+    budget: Budget,
     measure_factory: Any,
     equivalence: Any,
 ) -> SearchOutcome:
@@ -203,7 +192,7 @@ def _run_locked(
         st.add_seconds("total", cfg.prebuild_seconds)
     with _timed(st, "total"):
         return _run_stages(
-            cfg, study, storage, st, space, legal, variants, fixed, shape_d, deadline, measure_factory, equivalence
+            cfg, study, storage, st, space, legal, variants, fixed, shape_d, budget, measure_factory, equivalence
         )
 
 
@@ -217,7 +206,7 @@ def _run_stages(
     variants: Sequence[str],
     fixed: Mapping[str, Any],
     shape_d: Mapping[str, int],
-    deadline: float | None,
+    budget: Budget,
     measure_factory: Any,
     equivalence: Any,
 ) -> SearchOutcome:
@@ -228,7 +217,7 @@ def _run_stages(
 
     # -- the upstream build, gated once ------------------------------------------------------------
     base_variant = str(fixed.get("variant", variants[0]))
-    builds = _Builds(cfg, space, deadline)
+    builds = _Builds(cfg, space, budget)
     with _timed(st, "build"):
         build = builds.get(base_variant, {})
     gate = _gate(st, cfg, cfg.target.arch, build, shape_d)
@@ -268,7 +257,7 @@ def _run_stages(
     decisions: dict[str, list[comp.Decision]] = {}
     priced = priced_screen_call(shape_d.get("d_model"), cfg.depths, kernel=method == METHOD_KERNEL)
     with _timed(st, "screen"):
-        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, deadline, decisions, priced)
+        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, budget, decisions, priced)
     rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
     st.set_compose(
         {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
@@ -279,23 +268,12 @@ def _run_stages(
 
     with _timed(st, "tune"):
         tuned = _tune(
-            cfg, st, study, storage, space, shape_d, fixed, rules, base_env, base_args, factory, deadline, builds
+            cfg, st, study, storage, space, shape_d, fixed, rules, base_env, base_args, factory, budget, builds
         )
     conf_factory = _confirm_factory(cfg, st, factory, measure_factory, rules, tuned)
     with _timed(st, "confirm"):
         result = conf.run_confirm(
-            cfg,
-            st,
-            space,
-            fixed,
-            rules,
-            tuned,
-            (base_env, base_args),
-            conf_factory,
-            builds,
-            confirm_ds,
-            deadline,
-            PHASES,
+            cfg, st, space, fixed, rules, tuned, (base_env, base_args), conf_factory, builds, confirm_ds, budget, PHASES
         )
     with _timed(st, "residency"):
         result = run_residency_gate(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
@@ -348,7 +326,7 @@ def _screen_all(
     base_env: Mapping[str, str],
     base_args: Sequence[str],
     rounds: tuple[int, int],
-    deadline: float | None,
+    budget: Budget,
     decisions: dict[str, list[comp.Decision]],
     priced: dict[str, Any],
 ) -> None:
@@ -377,12 +355,12 @@ def _screen_all(
                 min_rounds=rounds[0],
                 max_rounds=rounds[1],
                 target_ci=cfg.ci_target,
-                deadline=deadline,
+                deadline=budget.deadline,
                 on_round=st.append_screen_round,
                 prior=st.screen_rounds or [priced],
                 settle=comp.open_depths,
             )
-        _check_budget(deadline, "screen")
+        budget.check("screen")
     for phase in PHASES:
         cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
         recs = st.screen_rounds
@@ -397,7 +375,7 @@ def _screen_all(
                     min_rounds=rounds[0],
                     max_rounds=rounds[1],
                     target_ci=cfg.ci_target,
-                    deadline=deadline,
+                    deadline=budget.deadline,
                     on_round=st.append_screen_round,
                     prior=recs or [priced],  # the list the rounds go into: measured ones judge a refinement's first
                     settle=comp.open_depths,
@@ -405,7 +383,7 @@ def _screen_all(
                 screen(list(cfg.depths), recs)
                 for extra in st.refined(phase):  # a resumed call completes earlier refinements
                     screen([int(extra)], recs)
-                _check_budget(deadline, f"screen {phase}")
+                budget.check(f"screen {phase}")
                 for _ in range(refine - len(st.refined(phase))):
                     new = comp.bisect_depths(comp.compose_phase(phase, summarize_phase(phase, recs, depths)), depths)
                     if not new:
@@ -415,7 +393,7 @@ def _screen_all(
                     for extra in new:
                         screen([extra], recs)
                     depths = sorted(set(depths) | set(new))
-                    _check_budget(deadline, f"screen {phase} (refining)")
+                    budget.check(f"screen {phase} (refining)")
             st.set_screen_done(phase, True)
         cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
@@ -428,7 +406,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
     Returns the number of trials the study holds afterwards."""
     from tuner.plan.space import load_space
 
-    deadline = _deadline(cfg)
+    budget = cfg.budget
     refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)
     study, storage = _open_study(cfg)
     st = StudyState(study)
@@ -457,8 +435,8 @@ def run_tune_worker(cfg: SearchConfig) -> int:
             base_env,
             base_args,
             _counted(st, device_checked(st, lambda b: _live(cfg, b))),
-            deadline,
-            _Builds(cfg, space, deadline),
+            budget,
+            _Builds(cfg, space, budget),
         )
     return len(study.get_trials(deepcopy=False))
 
@@ -479,7 +457,7 @@ def _tune(
     base_env: Mapping[str, str],
     base_args: Sequence[str],
     factory: Any,
-    deadline: float | None,
+    budget: Budget,
     builds: _Builds,
 ) -> dict[str, Any] | None:
     """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
@@ -513,7 +491,7 @@ def _tune(
         )
     with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
         while (n_done := tn.count_done(study)) < want:
-            _check_budget(deadline, f"tune (after {n_done} trial(s))")
+            budget.check(f"tune (after {n_done} trial(s))")
             with tn.asked_trial(study, storage, dists) as trial:
                 _run_trial(
                     cfg,
@@ -616,7 +594,7 @@ def _run_trial(
             f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
             f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
         )
-    except OtherDevice:  # not this trial's failure: the worker stops, asked_trial queues the trial again
+    except (OtherDevice, BudgetReached):  # not this trial's failure: asked_trial queues the trial again
         raise
     except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
         write_trial(trial, status="failed", reason=str(err)[:2000])
@@ -708,8 +686,8 @@ class _Builds:
     Compile values reach it from tune trials, whose constraint check already passed: the render does
     not check them again."""
 
-    def __init__(self, cfg: SearchConfig, space: Any, deadline: float | None = None) -> None:
-        self.cfg, self.space, self.deadline = cfg, space, deadline
+    def __init__(self, cfg: SearchConfig, space: Any, budget: Budget) -> None:
+        self.cfg, self.space, self.budget = cfg, space, budget
         self._known: dict[str, Any] = {}
         from tuner.builder.cmake import search_targets
 
@@ -730,11 +708,10 @@ class _Builds:
                 space=self.space,
                 checked=True,
             )
-            if self.deadline is not None:
-                from tuner.builder.cmake import is_built
+            from tuner.builder.cmake import is_built
 
-                if not is_built(rv, self.targets):  # a build cut off by the limit is lost whole
-                    check_fits(self.deadline, full_build_seconds(), f"the build of {rv.short}")
+            if not is_built(rv, self.targets):  # a build cut off by the limit is lost whole
+                self.budget.fits(full_build_seconds(), f"the build of {rv.short}")
             self._known[key] = build_variant(rv, targets=self.targets, jobs=self.cfg.jobs)
         return self._known[key]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tuner import log
 from tuner.errors import TunerError, UsageError
-from tuner.rounds.budget import budget_deadline, check_fits
+from tuner.rounds.budget import Budget
 from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
 from tuner.source.spec import DEFAULT_SPEC, Source
 from tuner.targets.defaults import DEFAULT_QUANT
@@ -165,7 +165,7 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
         load_space(request.target.name, source.era).variants, planned.variants, request.target.name, source.era
     )
     t_model = time.monotonic()
-    model, build_seconds = _model(request, source, budget_deadline(started, request.time_budget))
+    model, build_seconds = _model(request, planned, source, Budget.counted_from(started, request.time_budget))
     # --like: synthesized (cached) here; the quantizing build it may need first is the search's build, not the model's
     model_seconds = time.monotonic() - t_model - build_seconds if request.model is None else None
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
@@ -318,9 +318,9 @@ def _given_or_default(value: int | None, name: str) -> int:
     return default
 
 
-def _baseline_build(target: Target, source: Source, deadline: float | None = None) -> Path:
-    """The upstream-default variant's ``llama-quantize`` (a build cached like every build); with a ``deadline``,
-    a build that is not cached starts only where its price (the dry run's) ends before it."""
+def _baseline_build(target: Target, source: Source, budget: Budget) -> Path:
+    """The upstream-default variant's ``llama-quantize`` (a build cached like every build); a build that is not
+    cached starts only where its price (the dry run's) fits the ``budget``."""
     from tuner.builder.cmake import build_variant, is_built
     from tuner.plan.render import render_variant
     from tuner.plan.space import load_space
@@ -328,31 +328,27 @@ def _baseline_build(target: Target, source: Source, deadline: float | None = Non
 
     space = load_space(target.name, source.era)
     rv = render_variant(source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space)
-    if deadline is not None and not is_built(rv):
-        check_fits(deadline, full_build_seconds(), f"the build of {rv.short} (for llama-quantize)")
+    if not is_built(rv):
+        budget.fits(full_build_seconds(), f"the build of {rv.short} (for llama-quantize)")
     return Path(build_variant(rv).exe("llama-quantize"))
 
 
-def _model(request: SearchRequest, source: Source, deadline: float | None = None) -> tuple[Path, float]:
-    """--model as given, or a synthesized (and optionally quantized) model of --like's shape; and the seconds
-    spent building upstream's variant for llama-quantize (0.0 where none was built here)."""
-    if request.model is not None and request.like:
-        raise UsageError("give either --model GGUF or --like NAME, not both.")
-    if request.model is None:
-        from tuner.targets.models import synth_cached
+def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budget: Budget) -> tuple[Path, float]:
+    """--model as given, or a synthesized (and optionally quantized) model of --like's shape, made only where its
+    price fits the ``budget``; and the seconds spent building upstream's variant for llama-quantize (0.0 where
+    none was built here)."""
+    if planned.like is None:
+        return Path(str(planned.model)), 0.0
+    from tuner.search.plan_here import model_stage
+    from tuner.targets.models import load_model_shape, synth_cached
 
-        like = request.like or request.defaults.like
-        quant = _quant(request.quant if request.quant is not None else request.defaults.quant)
-        direct = _direct(request, quant)
-        t0 = time.monotonic()
-        qbin = _baseline_build(request.target, source, deadline) if quant and not direct else None
-        built = time.monotonic() - t0 if qbin else 0.0
-        return Path(synth_cached(like, source=source, quant=quant, quantize_bin=qbin, direct=direct)), built
-    if not request.model.is_file():
-        raise UsageError(
-            f"--model {request.model} does not exist. Pass a GGUF file or use --like NAME to synthesize one."
-        )
-    return request.model, 0.0
+    t0 = time.monotonic()
+    qbin = _baseline_build(request.target, source, budget) if planned.quant and not planned.direct else None
+    built = time.monotonic() - t0 if qbin else 0.0
+    price = model_stage(planned, load_model_shape(planned.like), source, {})["seconds"][0]
+    budget.fits(price, f"making the {planned.like} model")
+    model = synth_cached(planned.like, source=source, quant=planned.quant, quantize_bin=qbin, direct=planned.direct)
+    return Path(model), built
 
 
 def _direct(request: SearchRequest, quant: str | None) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.rounds.budget import Budget
 from tuner.source.spec import Source
 from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
 from tuner.targets.target import Target, resolve_target
@@ -100,6 +101,11 @@ class SearchConfig:
     def source_spec(self) -> str:
         """The source's normalized SPEC."""
         return self.source.spec
+
+    @property
+    def budget(self) -> Budget:
+        """``--time-budget`` counted from the command's start (``started``; None: from now)."""
+        return Budget.counted_from(self.started, self.time_budget)
 
     @property
     def storage_url(self) -> str:

@@ -13,6 +13,7 @@ import optuna
 from tuner.plan.space import load_space
 from tuner.result.pipeline_export import summary_line
 from tuner.result.pipeline_report import fresh_study_advice, noisy_line, report_text
+from tuner.rounds.budget import Budget
 from tuner.search import confirm as conf
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
 from tuner.study.state import StudyState
@@ -48,7 +49,7 @@ def _confirm(st: StudyState, calls: list[str]) -> dict[str, Any]:
         _noisy_factory(calls),
         builds,
         [0, 1024],
-        None,
+        Budget(),
         ("tg", "pp"),
     )
 

@@ -57,8 +57,8 @@ def _resolved(args: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
     got: dict[str, Any] = {}
 
-    def model(request: Any, source: Any, deadline: Any = None) -> tuple[Path, float]:
-        f = tmp_path / f"{request.like or request.defaults.like}.gguf"
+    def model(request: Any, planned: Any, source: Any, budget: Any) -> tuple[Path, float]:
+        f = tmp_path / f"{planned.like}.gguf"
         f.write_bytes(b"")
         return f, 0.0
 

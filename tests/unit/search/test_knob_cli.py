@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import types
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from tuner.cli import cli
+from tuner.cli import cli, main
 from tuner.rounds.budget import BudgetReached
 from tuner.search import pipeline
 from tuner.targets import archs
@@ -39,6 +40,17 @@ def no_measuring(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list:
     monkeypatch.setattr(pipeline, "run_pipeline", stop)
     monkeypatch.chdir(tmp_path)
     return seen
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``tuner ARGS`` through ``tuner.cli.main`` (which maps a budget stop to exit 3): its status and stderr."""
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
 
 
 def _search(*args: str) -> object:
@@ -92,16 +104,18 @@ def test_good_pins_and_the_mask_reach_the_pipeline(
     res = _search(
         "--arch", "sm_90", "--model", str(micro_model), "--cpu-mask", "0", "--set", "ngl=3", "--set", "threads=1"
     )
-    assert res.exit_code == 3, res.output  # type: ignore[attr-defined]  # the fake pipeline stops as a budget does
+    assert isinstance(res.exception, BudgetReached), res.output  # type: ignore[attr-defined]  # the fake's stop
     cfg = no_measuring[0]
     assert cfg.cpu_mask == (0,) and dict(cfg.fixed) == {"ngl": "3", "threads": "1"}
 
 
-def test_a_search_the_budget_stopped_exits_3(micro_model: Path, no_measuring: list, monkeypatch) -> None:
+def test_a_search_the_budget_stopped_exits_3(
+    micro_model: Path, no_measuring: list, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(archs, "detect_local_archs", lambda: ["sm_90"])
-    res = CliRunner().invoke(cli, ["search", "--arch", "sm_90", "--model", str(micro_model)])
-    assert res.exit_code == 3 and no_measuring, res.output  # a script must not take it for a finished search
-    assert "time budget reached" in res.output and "Rerun the same command to resume" in res.output
+    code, err = run_main(monkeypatch, capsys, "search", "--arch", "sm_90", "--model", str(micro_model))
+    assert code == 3 and no_measuring, err  # a script must not take it for a finished search
+    assert "note: time budget reached" in err and "Rerun the same command to resume" in err and "error" not in err
 
 
 def test_bench_refuses_a_bad_mask_and_threads_beyond_it(tmp_path: Path, micro_model: Path) -> None:

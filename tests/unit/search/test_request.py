@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tuner.rounds.budget import Budget
 from tuner.search import request as rq
 from tuner.targets.archs import load_arch
 from tuner.targets.target import Target
@@ -40,13 +42,14 @@ def test_the_synthesized_models_weight_type(
 
     monkeypatch.setattr("tuner.targets.models.synth_cached", synth)
 
-    def build(target: Any, source: Any, deadline: float | None = None) -> Path:
+    def build(target: Any, source: Any, budget: Any) -> Path:
         time.sleep(0.05)  # the build that llama-quantize needs is counted as the search's build, not the model's
         return tmp_path / "llama-quantize"
 
     monkeypatch.setattr(rq, "_baseline_build", build)
     req = rq.SearchRequest(target=_target(arch), quant=quant)
-    _, built = rq._model(req, source=object())  # type: ignore[arg-type]
+    src = types.SimpleNamespace(source_id="0" * 16)
+    _, built = rq._model(req, rq.plan_search(req), src, Budget())  # type: ignore[arg-type]
     quantized = made is not None and not direct
     assert (built >= 0.05) == quantized and (built == 0.0) == (not quantized)
     assert asked["like"] == req.defaults.like

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.unit.sweep.conftest import Clock
-from tuner.rounds.budget import BudgetReached
+from tuner.rounds.budget import Budget, BudgetReached
 from tuner.rounds.joint import run_joint_rounds
 from tuner.search import pipeline as pl
 from tuner.search import request as rq
@@ -44,7 +44,7 @@ def _slow_build_and_model(monkeypatch: pytest.MonkeyPatch, clock: Clock, tmp_pat
 
     def build(rv: Any, **k: Any) -> Any:
         built.append(rv.short)
-        clock.now += BUILD_S
+        clock.now += 0.0 if cached else BUILD_S  # a cached build is a no-op ninja run
         return types.SimpleNamespace(exe=lambda name: tmp_path / name)
 
     def synth(like: str, **k: Any) -> Path:
@@ -78,7 +78,7 @@ def test_the_budget_counts_the_build_and_stops_before_a_round_past_it(
     start = clock.now
     cfg = rq.resolve_search(_request(558.0, start))
     assert built == ["sm_90-mma"] and clock.now == start + BUILD_S + MODEL_S
-    deadline = pl._deadline(cfg)
+    deadline = cfg.budget.deadline
     assert deadline == start + 558.0
 
     ends: list[float] = []
@@ -110,23 +110,20 @@ def test_a_build_that_would_end_past_the_budget_is_not_started(
     cfg = types.SimpleNamespace(
         source=None, arch="sm_90", target=types.SimpleNamespace(local_archs=(), is_cpu=False), jobs=None
     )
-    builds = pl._Builds(cfg, space=None, deadline=clock.now + budget)  # type: ignore[arg-type]
+    builds = pl._Builds(cfg, space=None, budget=Budget(clock.now + budget))  # type: ignore[arg-type]
     monkeypatch.setattr("tuner.builder.cmake.is_built", lambda rv, targets=(): False)
     with pytest.raises(BudgetReached):
         builds.get("mma", {})
 
 
 def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_budget(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A new study has no round to judge its first by: it was estimated at 0 s, so a budget shorter than one
     # round still started it (and a machine's time limit would cut it off). It is priced as the dry run prices
     # a screen round, from the recorded per-step costs.
-    from click.testing import CliRunner
-
     from tests.conftest import use_render_tree
-    from tests.unit.search.test_knob_cli import DATA
-    from tuner.cli import cli
+    from tests.unit.search.test_knob_cli import DATA, run_main
     from tuner.rounds.costs import load_step_costs
     from tuner.search.cost import nearest_recording, screen_round_seconds
     from tuner.targets.models import load_models, synth_model
@@ -153,10 +150,10 @@ def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_bu
     price = screen_round_seconds(nearest_recording(load_step_costs(), shape.d_model), 2, len(depths))
     args = ["search", "--arch", "cpu", "--model", str(model), "--depths", ",".join(map(str, depths))]
     args += ["--run-dir", str(tmp_path / "run"), "--trials", "0", "--time-budget", f"{price / 2:.1f}"]
-    res = CliRunner().invoke(cli, args)
-    assert res.exit_code == 3, (res.output, res.exception)
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert code == 3, err
     assert calls == []  # no round started that the budget could not hold
-    assert f"screen tg+pp round 1 (about {price:.0f} s" in res.output, res.output
+    assert f"screen tg+pp round 1 (about {price:.0f} s" in err, err
 
 
 def test_once_a_round_ran_the_measured_round_judges_the_next_not_the_price(clock: Clock) -> None:
@@ -181,3 +178,51 @@ def test_once_a_round_ran_the_measured_round_judges_the_next_not_the_price(clock
         joint, cands, depths, rounds, pp_tokens=0, min_rounds=4, max_rounds=4, deadline=deadline, prior=[priced]
     )
     assert len(rounds) == 4 and clock.now <= start + 1.5 * price  # the price alone would have held back round 2
+
+
+def test_a_build_that_takes_most_of_the_budget_stops_the_search_inside_it_and_a_rerun_resumes(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The case end to end: `tuner search --time-budget` whose build eats most of the budget exits 3
+    # before the budget ends (no round started that would end past it), and the same command resumes: the
+    # build is cached, the rounds measured are kept, and the next call adds rounds after them.
+    import tuner.builder.cmake
+    from tests.conftest import use_render_tree
+    from tests.unit.search.test_knob_cli import DATA, run_main
+    from tuner.targets.models import load_models, synth_model
+
+    use_render_tree(monkeypatch)
+    model = synth_model(
+        load_models(DATA / "micro_models.toml")["micro"], tmp_path / "micro.gguf", vocab_path=DATA / "vocab-micro.gguf"
+    ).path
+    build_s, call_s, budget = 0.9 * full_build_seconds(), 30.0, full_build_seconds() + 60.0
+    built: list[float] = []
+
+    def build(rv: Any, **k: Any) -> Any:
+        if not built:
+            clock.now += build_s  # the first, uncached build: most of the budget
+        built.append(clock.now)
+        return types.SimpleNamespace(build_id="b", bin_dir=tmp_path, meta={})
+
+    monkeypatch.setattr(tuner.builder.cmake, "build_variant", build)
+    monkeypatch.setattr(tuner.builder.cmake, "is_built", lambda rv, targets=(): bool(built))
+    labels: list[str] = []
+
+    def bench(cand: Any, phase: str, depths: Any, label: str) -> Any:
+        clock.now += call_s
+        labels.append(label)
+        return {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths}
+
+    monkeypatch.setattr(pl, "_live", lambda cfg, b: bench)  # one phase a call: no shared calls
+    args = ["search", "--arch", "cpu", "--model", str(model), "--depths", "0,64", "--run-dir", str(tmp_path / "run")]
+    args += ["--trials", "0", "--rounds", "6", "--time-budget", f"{budget:.0f}"]
+    start = clock.now
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert code == 3 and "note: time budget reached" in err, err
+    assert len(built) == 1 and labels and clock.now <= start + budget  # stopped inside its budget
+    first = len(labels)
+    start = clock.now
+    code, err = run_main(monkeypatch, capsys, *args)  # the same command again: it resumes
+    assert code == 3 and "note: time budget reached" in err, err
+    assert len(labels) > first and clock.now <= start + budget
+    assert labels[first].startswith(f"screen-tg-r{first // 2}-"), labels  # after the stored rounds, not over

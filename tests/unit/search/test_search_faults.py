@@ -99,6 +99,7 @@ def test_nothing_nan_is_stored_or_exported() -> None:
 def _tune_env(tmp_path: Path, measure, trials: int = 2):
     """pipeline._tune on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
     from tuner.plan.space import load_space
+    from tuner.rounds.budget import Budget
     from tuner.search import pipeline as pl
     from tuner.study.state import StudyState
     from tuner.targets.archs import load_arch
@@ -135,7 +136,7 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
         {},
         [],
         lambda b: measure,
-        None,
+        Budget(),
         builds,
     )
     return study, lambda: pl._tune(*args)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tuner.rounds.budget import Budget
 from tuner.search import pipeline
 from tuner.search.lock import StudyBusy, study_lock, study_lock_path
 
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _cfg(run_dir: Path, storage: str, study: str) -> Any:
     return types.SimpleNamespace(
-        time_budget=None,
+        budget=Budget(),
         source=types.SimpleNamespace(era="mma"),
         arch="cpu",
         variants=None,
