@@ -15,7 +15,9 @@ DOC = ROOT / "docs" / "design.md"
 PACKAGES = {p.name for p in (ROOT / "tuner").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
 MODULES = {p.stem for p in (ROOT / "tuner").glob("*.py")}
 # A backticked file name, not code: config.toml, study.db, report.md ...
-FILE_SUFFIX = re.compile(r"\.(db|toml|md|json|env|png|txt|cu|cuh|cpp|h|j2|sqlite3|xz|gguf|patch|cmake|jsonl|parquet|csv|sh)$")
+FILE_SUFFIX = re.compile(
+    r"\.(db|toml|md|json|env|png|txt|cu|cuh|cpp|h|j2|sqlite3|xz|gguf|patch|cmake|jsonl|parquet|csv|sh)$"
+)
 NAME = re.compile(r"^(?:tuner[./])?[a-z_][a-z0-9_]*(?:/[a-z_][a-z0-9_]*)*(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?:\(\))?$")
 
 
