@@ -238,7 +238,7 @@ def _touched(text: str) -> list[str]:
     return sorted(rels)
 
 
-def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> tuple[Any, dict[str, str]]:
+def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> tuple[_run.RunResult, dict[str, str]]:
     """``git apply`` (``--check`` by default) against pristine copies of the files the patch touches.
 
     ``patch``: the patch's text, or a file of it (read as a result folder's file: no link, bounded size).

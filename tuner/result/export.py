@@ -19,11 +19,14 @@ __all__ = [
     "EXPORT_FILES",
     "NO_PATCH_NOTE",
     "PRESETS_FILE",
+    "Choice",
     "baked_runtime",
     "check_out_dir",
     "clean_leftovers",
     "export_render",
+    "hashes_table",
     "server_args",
+    "source_table",
     "staged_export",
     "tomlable",
     "write_build_files",
@@ -42,17 +45,75 @@ import statistics
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import tomli_w
 
 from tuner import log
 from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.measure.bench import COLUMNS
+from tuner.measure.stats import bootstrap_median_ci
+from tuner.plan import render
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.plan.space import RULE_KINDS
+from tuner.plan.render import render_presets
+from tuner.plan.space import RULE_KINDS, SearchSpace, compile_values_of, runtime_env_and_args
+from tuner.plan.variant import RenderedVariant
+from tuner.result.report import plot_depth, render_report
 from tuner.study import legacy
 from tuner.study.record import StudyHeader, load_header
+from tuner.targets import models
+from tuner.targets.archs import find_product, load_arch
+from tuner.targets.models import ModelShape
+from tuner.targets.roofline import estimate
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.source.spec import Source
 
 SCHEMA_VERSION = 1
+
+
+class Samples(Protocol):
+    """One config's measurement at one point (:class:`tuner.search.select.Measurement`)."""
+
+    @property
+    def samples(self) -> tuple[float, ...]: ...
+
+
+class ChosenWinner(Protocol):
+    """What the export reads of :class:`tuner.search.winner.Winner` (result/ does not import search/)."""
+
+    @property
+    def global_config(self) -> str: ...
+    @property
+    def values(self) -> Mapping[str, Any]: ...
+    @property
+    def rules(self) -> tuple[FaRule, ...]: ...
+    @property
+    def buckets(self) -> tuple[Mapping[str, Any], ...]: ...
+
+
+class Finished(Protocol):
+    """What the export reads of :class:`tuner.search.winner.FinishedStudy`."""
+
+    @property
+    def study(self) -> optuna.Study: ...
+    @property
+    def source(self) -> Source: ...
+    @property
+    def space(self) -> SearchSpace: ...
+    @property
+    def winner(self) -> ChosenWinner: ...
+    @property
+    def results(self) -> Mapping[str, Mapping[tuple[str, int], Samples]]: ...
+    @property
+    def base(self) -> str: ...
+    @property
+    def baseline_trial(self) -> FrozenTrial | None: ...
+
 
 PRESETS_FILE = "CMakeUserPresets.json"
 """The preset file an export writes: CMake reads it beside the tree's own ``CMakePresets.json`` (which it
@@ -219,34 +280,67 @@ def _umask() -> int:
     return cur
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Choice:
+    """A chosen config's knob values as an export writes them: the variant, the compile values, and the runtime
+    knobs' environment (``run_env``, the hook's ``GGML_TUNER_*`` apart as ``fa_env``) and llama-bench args."""
+
+    variant: str
+    compile_values: dict[str, Any]
+    run_env: dict[str, str]
+    fa_env: dict[str, str]
+    args: list[str]
+
+    @classmethod
+    def of(cls, space: SearchSpace, values: Mapping[str, Any], *, runtime: Mapping[str, Any] | None = None) -> Choice:
+        """``runtime``: the values the environment and args are rendered from (default ``values``)."""
+        env, args = runtime_env_and_args(space, values if runtime is None else runtime)
+        return cls(
+            variant=str(values.get("variant") or space.variants[0]),
+            compile_values=compile_values_of(space, values),
+            run_env={k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")},
+            fa_env={k: v for k, v in env.items() if k.startswith("GGML_TUNER_")},
+            args=args,
+        )
+
+
+def source_table(source: Source) -> dict[str, str]:
+    """config.toml's ``[source]``."""
+    return {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era}
+
+
+def hashes_table(rv: RenderedVariant) -> dict[str, str]:
+    """config.toml's ``[hashes]``: what validate checks the folder's patch and defines against."""
+    return {
+        "patch_sha256": text_sha256(rv.patch),
+        "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True)),
+    }
+
+
 def export_render(
-    source: Any, arch: str, variant: str, *, compile_values: Mapping[str, int], baked: Mapping[str, str]
-) -> Any:
+    source: Source, arch: str, variant: str, *, compile_values: Mapping[str, int], baked: Mapping[str, str]
+) -> RenderedVariant:
     """The exported (baked) render of a config; its ``patch`` is empty when it behaves as upstream.
 
     The baked hook with no rule, upstream's thresholds and no compile value selects exactly upstream's
     kernels, so shipping it would be a patch that changes nothing: the render of that default config is
     compared with this one, and an equal patch is dropped (``tuned.patch`` is then not written)."""
-    from tuner.plan.render import render_variant
-
-    rv = render_variant(source, arch, variant, compile_values=compile_values, baked_runtime=baked)
+    rv = render.render_variant(source, arch, variant, compile_values=compile_values, baked_runtime=baked)
     if rv.patch:
-        default = render_variant(source, arch, variant, baked_runtime={})
+        default = render.render_variant(source, arch, variant, baked_runtime={})
         if default.patch == rv.patch:
             return dataclasses.replace(rv, patch="", files={})
     return rv
 
 
-def write_build_files(out_dir: Path, rv: Any, *, preset_name: str) -> None:
+def write_build_files(out_dir: Path, rv: RenderedVariant, *, preset_name: str) -> None:
     """``tuned.patch`` (only when it changes something) and ``CMakeUserPresets.json``."""
-    from tuner.plan.render import render_presets
-
     if rv.patch:
         (out_dir / "tuned.patch").write_text(rv.patch)
     (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=preset_name))
 
 
-def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
+def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
     """Write the result folder of a finished study; returns ``out_dir``.
 
     Args:
@@ -256,62 +350,34 @@ def write_result(finished: Any, out_dir: Path, *, like: str | None = None, weigh
         like: Model shape name for the roofline when the GGUF is not here (default: the study's).
         weight_type: Weight type for that shape (default: the study's).
     """
-    from tuner.plan.space import compile_values_of, runtime_env_and_args
-
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
     study_name = study.study_name
     h = load_header(study)
     vals = dict(w.values)
-    variant = vals.get("variant") or space.variants[0]
-    compile_values = compile_values_of(space, vals)
-    env, args = runtime_env_and_args(
-        space, {k: v for k, v in vals.items() if k not in {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}}
+    rule_knobs = {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}
+    choice = Choice.of(space, vals, runtime={k: v for k, v in vals.items() if k not in rule_knobs})
+    baked = baked_runtime(w.rules, choice.fa_env)
+    rv = export_render(
+        source, h.required(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked
     )
-    fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
-    run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    baked = baked_runtime(w.rules, fa_env)
-    rv = export_render(source, h.required(h.arch, "arch"), variant, compile_values=compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        _write_result(
-            finished,
-            tmp,
-            rv,
-            variant=variant,
-            compile_values=compile_values,
-            run_env=run_env,
-            fa_env=fa_env,
-            args=args,
-            like=like,
-            weight_type=weight_type,
-        )
+        _write_result(finished, tmp, rv, choice, like=like, weight_type=weight_type)
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
 def _write_result(
-    finished: Any,
-    out_dir: Path,
-    rv: Any,
-    *,
-    variant: str,
-    compile_values: Mapping[str, int],
-    run_env: Mapping[str, str],
-    fa_env: Mapping[str, str],
-    args: list[str],
-    like: str | None,
-    weight_type: str | None,
+    finished: Finished, out_dir: Path, rv: RenderedVariant, choice: Choice, *, like: str | None, weight_type: str | None
 ) -> None:
-    import tomli_w
-
     study, source, w = finished.study, finished.source, finished.winner
     h = load_header(study)
     write_build_files(out_dir, rv, preset_name=f"tuned-{h.required(h.arch, 'arch').replace('_', '')}")
     model = Path(h.required(h.model, "model"))
-    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *args]
-    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *server_args(args)]
+    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *choice.args]
+    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *server_args(choice.args)]
     (out_dir / "run.env").write_text(
         "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + "".join(f"{k}={v}\n" for k, v in sorted(choice.run_env.items()))
         + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
     )
     trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
@@ -319,16 +385,8 @@ def _write_result(
     measured = _measured(study)
     config = {
         "schema": SCHEMA_VERSION,
-        "source": {
-            "spec": source.spec,
-            "source_id": source.source_id,
-            "commit": source.commit or "",
-            "era": source.era,
-        },
-        "hashes": {
-            "patch_sha256": text_sha256(rv.patch),
-            "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True)),
-        },
+        "source": source_table(source),
+        "hashes": hashes_table(rv),
         "target": {
             "arch": h.arch,
             "measured_on": _device_name(study),
@@ -337,12 +395,12 @@ def _write_result(
         },
         "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
         "choice": {
-            "variant": variant,
+            "variant": choice.variant,
             "global_config": w.global_config,
-            "compile": compile_values,
-            "runtime_env": run_env,
-            "fa_env": fa_env,
-            "bench_args": args,
+            "compile": choice.compile_values,
+            "runtime_env": choice.run_env,
+            "fa_env": choice.fa_env,
+            "bench_args": choice.args,
             "fa_rules": rules_texts(w.rules),
         },
         "defines": dict(rv.defines),
@@ -396,7 +454,7 @@ def server_args(args: list[str]) -> list[str]:
     return out
 
 
-def _device_name(study: Any) -> str:
+def _device_name(study: optuna.Study) -> str:
     for t in study.trials:
         d = legacy.trial_attr(t, "device")
         if d:
@@ -405,7 +463,7 @@ def _device_name(study: Any) -> str:
     return str(d) if d is not None else "unknown"
 
 
-def _toolchain_of(study: Any) -> dict[str, str]:
+def _toolchain_of(study: optuna.Study) -> dict[str, str]:
     return dict(load_header(study).toolchain)
 
 
@@ -420,40 +478,35 @@ def tomlable(x: Any) -> Any:
     return x
 
 
-def _measured(study: Any) -> tuple[str, str | None]:
+def _measured(study: optuna.Study) -> tuple[str, str | None]:
     """(arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the
     target's when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)."""
-    from tuner.targets.archs import find_product
-
     found = find_product(_device_name(study))
     return found if found else (str(load_header(study).arch), None)
 
 
 def _roofline_for(
     h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None] | None = None
-) -> Any:
+) -> dict[tuple[str, int], float | None] | None:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
-    from tuner.targets.models import load_model_shape
-    from tuner.targets.roofline import estimate
-
-    model: Any = Path(h.required(h.model, "model"))
-    kw: dict[str, Any] = {}
-    if not model.is_file():
+    model: Path | ModelShape = Path(h.required(h.model, "model"))
+    wt = "f16"  # estimate's default: a GGUF's own weight types are read from it
+    if isinstance(model, Path) and not model.is_file():
         if not like:
             return None
-        model = load_model_shape(like)
-        kw["weight_type"] = weight_type or "f16"
+        model = models.load_model_shape(like)
+        wt = weight_type or "f16"
     try:
         arch, product = measured or (h.required(h.arch, "arch"), None)
         pp, tg = h.required(h.pp, "pp"), h.required(h.tg, "tg")
-        rows = estimate(arch, model, tuple(h.depths), pp=pp, tg=tg, product=product, **kw)
+        rows = estimate(arch, model, tuple(h.depths), pp=pp, tg=tg, product=product, weight_type=wt)
     except TunerError:
         return None  # e.g. cpu: no bandwidth known for an arbitrary host
     return {(("pp" if str(r["test"]).startswith("pp") else "tg"), int(r["depth"])): r.get("bound_tps") for r in rows}
 
 
 def _write_report(
-    finished: Any,
+    finished: Finished,
     out_dir: Path,
     measured: tuple[str, str | None],
     *,
@@ -463,8 +516,6 @@ def _write_report(
 ) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
     import pandas as pd
-
-    from tuner.result.report import plot_depth, render_report
 
     study, w = finished.study, finished.winner
     results, base = finished.results, finished.base
@@ -519,8 +570,6 @@ def _write_report(
 
 def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | None, weight_type: str | None) -> str:
     """What a result measured through --ptx-jit says, and does not say, about a real target card."""
-    from tuner.targets.archs import load_arch
-
     target = load_arch(h.required(h.arch, "arch"))
     prod = target.products[0] if target.products else None
     note = (
@@ -541,7 +590,7 @@ def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | 
     return note
 
 
-def _trials_section(study: Any, base: Any | None) -> str:
+def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
     """Every trial: status, score and what it changed from upstream, so a reader sees what was tried;
     ``base`` is the enqueued upstream-default trial."""
     ref = dict(base.params) if base else {}
@@ -569,17 +618,11 @@ def _trials_section(study: Any, base: Any | None) -> str:
 
 
 def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader) -> dict[str, Any]:
-    from tuner.measure.stats import bootstrap_median_ci
-
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
     n_tok = h.pp if phase == "pp" else h.tg
-    from tuner.measure.bench import COLUMNS
-
     row: dict[str, Any] = {c: math.nan for c in COLUMNS}
-    from tuner.targets.archs import load_arch
-
     row.update(
         {
             "build_commit": h.commit or "",

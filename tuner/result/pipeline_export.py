@@ -20,21 +20,50 @@ __all__ = [
     "summary_line",
 ]
 
-import json
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+import optuna
+import tomli_w
+
+import tuner.plan.space
+import tuner.source
 from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
+from tuner.plan.derive import resolve_space
 from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
 from tuner.redact import redact
+from tuner.result.export import (
+    NO_PATCH_NOTE,
+    Choice,
+    baked_runtime,
+    export_render,
+    hashes_table,
+    portable_paths,
+    server_args,
+    source_table,
+    staged_export,
+    tomlable,
+    write_build_files,
+)
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
+from tuner.result.plots import plot_pareto
+from tuner.result.report import plot_speedup
+from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
+from tuner.targets.archs import load_arch
+from tuner.targets.host import mask_text
+from tuner.targets.models import load_models, read_gguf
+
+if TYPE_CHECKING:
+    from tuner.plan.variant import RenderedVariant
+    from tuner.source.spec import Source
 
 SCHEMA_VERSION = 3
 """3: ``[gate]`` is the output-equivalence gate (llama-perplexity vs upstream) and ``[op_check]`` the
@@ -84,17 +113,26 @@ def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
     return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Export:
+    """What a pipeline export writes from; ``study`` (the Optuna study) and ``storage`` only for the report's
+    parameter importances and dashboard line, ``like``/``weight_type`` for PR.md's model note."""
+
+    outcome: SearchOutcome
+    study: optuna.Study
+    storage: str
+    source: Source
+    rv: RenderedVariant
+    gate: Mapping[str, Any]
+    choice: Choice
+    like: str | None = None
+    weight_type: str | None = None
+
+
 def export_pipeline(
     study_name: str, *, storage: str, out_dir: Path, like: str | None = None, weight_type: str | None = None
 ) -> Path:
     """Write the result folder of a pipeline study; returns ``out_dir``."""
-    import optuna
-
-    from tuner.plan.derive import resolve_space
-    from tuner.plan.space import compile_values_of, load_space, runtime_env_and_args
-    from tuner.result.export import baked_runtime, export_render, staged_export
-    from tuner.source import fetch_source
-
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
@@ -105,69 +143,36 @@ def export_pipeline(
     # a NaN t/s (every llama-bench call failed) is never exported
     require_finite(outcome.result_json(), f"study {study_name!r}'s result")
     gate = _checked_gate(study_name, outcome)
-    source = fetch_source(h.source_spec)
+    source = tuner.source.fetch_source(h.source_spec)
     if source.source_id != h.source_id:
         raise TunerError(
             f"the study was run on source {h.source_id} but {h.source_spec} now resolves to "
             f"{source.source_id}. Export needs the exact tree the numbers came from."
         )
-    space = resolve_space(load_space(need(h.arch, "arch"), need(h.era, "era")), dict(h.derived_knobs))
-    vals = dict(outcome.tuned.values) if outcome.tuned else {}
-    variant = str(vals.get("variant") or space.variants[0])
-    compile_values = compile_values_of(space, vals)
-    env, args = runtime_env_and_args(space, vals)
-    rules = outcome.rules
-    fa_env = {k: v for k, v in env.items() if k.startswith("GGML_TUNER_")}
-    run_env = {k: v for k, v in env.items() if not k.startswith("GGML_TUNER_")}
-    rv = export_render(
-        source, need(h.arch, "arch"), variant, compile_values=compile_values, baked=baked_runtime(rules, fa_env)
+    space = resolve_space(tuner.plan.space.load_space(need(h.arch, "arch"), need(h.era, "era")), dict(h.derived_knobs))
+    choice = Choice.of(space, dict(outcome.tuned.values) if outcome.tuned else {})
+    baked = baked_runtime(outcome.rules, choice.fa_env)
+    rv = export_render(source, need(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked)
+    e = _Export(
+        outcome=outcome,
+        study=study,
+        storage=storage,
+        source=source,
+        rv=rv,
+        gate=gate,
+        choice=choice,
+        like=like,
+        weight_type=weight_type,
     )
     with staged_export(out_dir) as tmp:
-        _write_pipeline(
-            tmp,
-            outcome,
-            study,
-            storage,
-            source,
-            rv,
-            gate,
-            variant=variant,
-            compile_values=compile_values,
-            run_env=run_env,
-            fa_env=fa_env,
-            args=args,
-            like=like,
-            weight_type=weight_type,
-        )
+        _write_pipeline(tmp, e)
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
 
 
-def _write_pipeline(
-    out_dir: Path,
-    outcome: SearchOutcome,
-    study: Any,
-    storage: str,
-    source: Any,
-    rv: Any,
-    gate: Mapping[str, Any],
-    *,
-    variant: str,
-    compile_values: Mapping[str, int],
-    run_env: Mapping[str, str],
-    fa_env: Mapping[str, str],
-    args: list[str],
-    like: str | None = None,
-    weight_type: str | None = None,
-) -> None:
-    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`); ``study``, the
-    Optuna study, only for its trials' parameter importances."""
-    import tomli_w
-
-    from tuner._hash import text_sha256
-    from tuner.result.export import NO_PATCH_NOTE, portable_paths, tomlable, write_build_files
-    from tuner.targets.host import mask_text
-
+def _write_pipeline(out_dir: Path, e: _Export) -> None:
+    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
+    outcome, source, rv, choice = e.outcome, e.source, e.rv, e.choice
     h = outcome.header
     study_name = h.name
     rules = outcome.rules
@@ -175,19 +180,11 @@ def _write_pipeline(
     model = Path(need(h.model, "model"))
     ds = ",".join(map(str, outcome.confirm_depths or h.depths))
     mask = mask_text(h.cpu_mask or [])
-    _write_run_env(out_dir, run_env, rules, model=model.name, depths=ds, args=args, mask=mask)
+    _write_run_env(out_dir, choice.run_env, rules, model=model.name, depths=ds, args=choice.args, mask=mask)
     config: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
-        "source": {
-            "spec": source.spec,
-            "source_id": source.source_id,
-            "commit": source.commit or "",
-            "era": source.era,
-        },
-        "hashes": {
-            "patch_sha256": text_sha256(rv.patch),
-            "defines_sha256": text_sha256(json.dumps(dict(rv.defines), sort_keys=True)),
-        },
+        "source": source_table(source),
+        "hashes": hashes_table(rv),
         "target": {
             "arch": h.arch,
             "measured_on": device_name(h, "unknown"),
@@ -196,11 +193,11 @@ def _write_pipeline(
         },
         "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
         "choice": {
-            "variant": variant,
-            "compile": compile_values,
-            "runtime_env": run_env,
-            "fa_env": fa_env,
-            "bench_args": args,
+            "variant": choice.variant,
+            "compile": choice.compile_values,
+            "runtime_env": choice.run_env,
+            "fa_env": choice.fa_env,
+            "bench_args": choice.args,
             "fa_rules": rules_texts(rules),
             "dropped_rules": as_stored(dict(outcome.dropped)),
             "narrowed_rules": as_stored(dict(outcome.narrowed)),
@@ -211,7 +208,7 @@ def _write_pipeline(
             {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
             for r in outcome.rows
         ],
-        "gate": gate_table(gate),
+        "gate": gate_table(e.gate),
         **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
         "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
         "study": {"name": study_name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
@@ -220,16 +217,16 @@ def _write_pipeline(
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
     points = confirmed_points(outcome.rows, need(h.pp, "pp"), need(h.tg, "tg"))
     _write_upstream(
-        out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
+        out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=e.like, weight_type=e.weight_type
     )
     if points:
-        from tuner.result.report import plot_speedup
-
         plot_speedup(
             points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)", rules=rules
         )
     _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
-    report = report_text(outcome, study=study, storage=storage, gate=config["gate"], residency=config.get("residency"))
+    report = report_text(
+        outcome, study=e.study, storage=e.storage, gate=config["gate"], residency=config.get("residency")
+    )
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
@@ -243,8 +240,6 @@ def _write_run_env(
     args: Sequence[str],
     mask: str,
 ) -> None:
-    from tuner.result.export import server_args
-
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
     server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
@@ -393,7 +388,13 @@ def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
 _SYNTH_NAME = re.compile(r"^(?P<like>[a-z0-9.\-]+?)-(?P<wt>f16|q8_0|q\w+)(?:-direct)?-s\d+-[0-9a-f]{8}$")
 
 
-def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> dict[str, Any]:
+class ModelOrigin(TypedDict):
+    like: str | None
+    quant: str | None
+    synthetic: bool | None
+
+
+def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> ModelOrigin:
     """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown).
 
     In order: the GGUF itself when it is on this machine (``tuner model synth`` names its models
@@ -403,8 +404,6 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
     path = Path(str(h.model if h.model is not None else ""))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
-        from tuner.targets.models import read_gguf
-
         try:
             name = str(read_gguf(path)[0].get("general.name", (0, None, ""))[2])
         except UsageError:
@@ -422,8 +421,6 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
             "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
             "synthetic": True,
         }
-    from tuner.targets.models import load_models
-
     shape = h.shape
     match = [
         n
@@ -439,7 +436,7 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
 
 def _write_upstream(
     out_dir: Path,
-    source: Any,
+    source: Source,
     h: StudyHeader,
     rules: Sequence[FaRule],
     points: Sequence[Mapping[str, Any]],
@@ -449,9 +446,6 @@ def _write_upstream(
     weight_type: str | None = None,
 ) -> None:
     """``upstream.patch`` (the kept rules as conditions in upstream's selection function) and ``PR.md``."""
-    from tuner.result.upstream_patch import render_upstream_patch
-    from tuner.targets.archs import load_arch
-
     for stale in ("upstream.patch", "PR.md"):
         (out_dir / stale).unlink(missing_ok=True)
     arch = load_arch(need(h.arch, "arch"))
@@ -490,10 +484,6 @@ def pr_body(
 ) -> str:
     """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
     confirmed rows as :func:`confirmed_points` makes them."""
-    from tuner.measure.paired import NOISE_CEILING_PCT
-    from tuner.result.upstream_patch import models_note, render_pr_body, reproduce_commands
-    from tuner.targets.archs import load_arch
-
     arch = load_arch(need(h.arch, "arch"))
     model_file = Path(need(h.model, "model")).name
     origin = model_origin(h, like, weight_type)
@@ -510,7 +500,7 @@ def pr_body(
         tg=need(h.tg, "tg"),
         phases=sorted({p["phase"] for p in points}),
         search_depths=h.depths,
-        search_args=(["--cpu-mask", _mask_text(mask)] if mask else []),
+        search_args=(["--cpu-mask", mask_text(mask)] if mask else []),
     )
     models = models_note(model_file=model_file, shape=dict(h.shape), like=origin["like"], synthetic=origin["synthetic"])
     return render_pr_body(
@@ -524,12 +514,6 @@ def pr_body(
         models=models,
         noise_ceiling_pct=NOISE_CEILING_PCT,
     )
-
-
-def _mask_text(mask: Sequence[int]) -> str:
-    from tuner.targets.host import mask_text
-
-    return str(mask_text(mask))
 
 
 def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
@@ -561,7 +545,7 @@ def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
     return [p for p in out if finite(p["ts"]) and finite(p["cpu"])]
 
 
-def _beyond(lo: Any, hi: Any, noise: Any) -> bool:
+def _beyond(lo: object, hi: object, noise: object) -> bool:
     """A CI ``[lo, hi]`` (points) entirely outside ``±noise``."""
     if not (finite(lo) and finite(hi)):
         return False
@@ -592,8 +576,6 @@ def _write_pareto(png: Path, outcome: SearchOutcome, *, title: str) -> None:
     png.unlink(missing_ok=True)
     pts = pareto_points(outcome)
     if pts and pareto_differs(outcome):
-        from tuner.result.plots import plot_pareto
-
         plot_pareto(pts, png, title=title)
 
 

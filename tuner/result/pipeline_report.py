@@ -18,9 +18,10 @@ __all__ = [
 
 import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from tuner import log
 from tuner.errors import TunerError
@@ -28,7 +29,12 @@ from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Eff
 from tuner.plan.fa_rules import Phase
 from tuner.redact import redact
 from tuner.result.cost import cost_line
+from tuner.result.report import compare_table, dashboard_command, importances_section
+from tuner.result.tables import method_paragraph
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
+
+if TYPE_CHECKING:
+    import optuna
 
 T = TypeVar("T")
 
@@ -45,8 +51,6 @@ def need(value: T | None, field: str) -> T:
 def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
     """Phases whose A/A noise is above the ceiling (:func:`tuner.measure.paired.too_noisy`): the screen's
     per-depth A/A noise, or a confirm row judged ``too noisy``; phase -> the median noise, percent."""
-    import statistics
-
     out = {}
     for ph in ("tg", "pp"):
         ns = [float(c["noise_pct"]) for c in outcome.screens.get(ph, {}).values() if c.get("noise_pct") is not None]
@@ -59,8 +63,6 @@ def noisy_phases(outcome: SearchOutcome) -> dict[str, float]:
 def noise_line(outcome: SearchOutcome) -> str:
     """The A/A noise each phase's screen measured (the median over its depths) against the ceiling, in one
     line ("" when the screen measured none): what a claim had to clear, stated whether or not one was made."""
-    import statistics
-
     parts = []
     for ph in ("tg", "pp"):
         ns = [float(c["noise_pct"]) for c in outcome.screens.get(ph, {}).values() if c.get("noise_pct") is not None]
@@ -139,7 +141,7 @@ def knobs_dropped_section(outcome: SearchOutcome) -> str:
     return head + table + "\n"
 
 
-def _num(x: Any, digits: int = 2) -> str:
+def _num(x: object, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
@@ -148,7 +150,7 @@ def device_name(h: StudyHeader, unknown: str) -> str:
     return str(h.device) if h.device is not None else unknown
 
 
-def _f6(x: Any) -> str:
+def _f6(x: object) -> str:
     # llama-perplexity's KLD of identical logits can be a hair below 0; print it as 0, not "-0.000000"
     return f"{(0.0 if abs(x) < 5e-7 else x):.6f}" if isinstance(x, (int, float)) else "-"
 
@@ -169,7 +171,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
         "verdict",
     ]
 
-    def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[object]]:
         return [
             [
                 c["name"],
@@ -297,7 +299,7 @@ def residency_section(rec: Mapping[str, Any]) -> str:
         "verdict",
     ]
 
-    def row(name: str, p: Mapping[str, Any]) -> list[Any]:
+    def row(name: str, p: Mapping[str, Any]) -> list[object]:
         layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
         kv = ", ".join(f"{k} {v:.2f}" for k, v in p.get("kv_buffers", {}).items()) or "-"
         return [
@@ -336,11 +338,11 @@ def confirmed_points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> lis
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
 
-def finite(x: Any) -> bool:
+def finite(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def _pair(a: Any, b: Any, fmt: str = ".0f") -> str:
+def _pair(a: object, b: object, fmt: str = ".0f") -> str:
     """``a → b`` for two utilizations, "—" for a side not measured (or both)."""
     if not (finite(a) or finite(b)):
         return "—"
@@ -374,7 +376,7 @@ def _ci(lo: float, hi: float) -> str:
 def report_text(
     outcome: SearchOutcome,
     *,
-    study: Any = None,
+    study: optuna.Study | None = None,
     storage: str | None = None,
     gate: Mapping[str, Any] | None = None,
     residency: Mapping[str, Any] | None = None,
@@ -382,9 +384,6 @@ def report_text(
     """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
     ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
     parameter importances (left out: no importances)."""
-    from tuner.result.report import dashboard_command, importances_section
-    from tuner.result.tables import method_paragraph
-
     h = outcome.header
     pp, tg = need(h.pp, "pp"), need(h.tg, "tg")
     model = Path(need(h.model, "model")).name
@@ -468,8 +467,6 @@ def report_text(
 
 def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int, dropped: bool = False) -> str:
     """report.md's confirmed points: the speedup table and the per-point table with CPU% and GPU%."""
-    from tuner.result.report import compare_table
-
     tab = []
     for r in rows:
         n_tok = pp if r["phase"] == "pp" else tg
@@ -603,7 +600,7 @@ def _screen_section(outcome: SearchOutcome) -> str:
 _EFFECT_KEYS = ("n", "ratio", "ci_low", "ci_high")  # Effect.as_dict(), as the study stores each screen effect
 
 
-def _judged_cell(c: Mapping[str, Any], bar: Any) -> Mapping[str, Any]:
+def _judged_cell(c: Mapping[str, Any], bar: object) -> Mapping[str, Any]:
     if finite(c.get("bar_pct")) or not finite(bar) or not finite(c.get("noise_pct")) or bar <= c["noise_pct"]:
         return c
 

@@ -17,21 +17,26 @@ __all__ = [
     "speedup_spans",
 ]
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tuner.errors import UsageError
+from tuner.paths import write_into
 from tuner.plan.fa_rules import FaRule
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
 
 
-def pyplot() -> Any:
+def pyplot() -> ModuleType:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
@@ -41,12 +46,8 @@ def pyplot() -> Any:
     return plt
 
 
-def save_png(plt: Any, fig: Any, png_path: str | Path) -> Path:
+def save_png(plt: ModuleType, fig: Figure, png_path: str | Path) -> Path:
     """``fig`` written to ``png_path`` (its folder made) at the plots' resolution, then closed."""
-    import io
-
-    from tuner.paths import write_into
-
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
@@ -172,7 +173,9 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     return out
 
 
-def _draw_spans(ax: Any, ax2: Any, spans: Sequence[Mapping[str, Any]], right: float, kcolor: Mapping[str, str]) -> bool:
+def _draw_spans(
+    ax: Axes, ax2: Axes, spans: Sequence[Mapping[str, Any]], right: float, kcolor: Mapping[str, str]
+) -> bool:
     """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
     for sp in spans:
         x0, x1 = float(sp["x0"]), right if sp["x1"] is None else min(float(sp["x1"]), right)
@@ -193,7 +196,14 @@ def _draw_spans(ax: Any, ax2: Any, spans: Sequence[Mapping[str, Any]], right: fl
     return bool(spans)
 
 
-def depth_axis(depths: Sequence[int]) -> dict[str, Any]:
+class DepthAxis(TypedDict):
+    linthresh: float
+    left: float
+    right: float
+    ticks: list[int]
+
+
+def depth_axis(depths: Sequence[int]) -> DepthAxis:
     """The numeric depth axis of :func:`plot_speedup`: symlog (linear below the smallest non-zero depth, so
     depth 0 fits; logarithmic above, so 1k..64k do not crowd), its limits and ticks."""
     pos = [d for d in depths if d > 0]
@@ -224,7 +234,7 @@ def _speedup_ylim(
 
 
 def _speedup_panel(
-    ax: Any,
+    ax: Axes,
     sub: Sequence[Mapping[str, Any]],
     x: Sequence[int],
     *,
@@ -315,10 +325,10 @@ def _speedup_panel(
 
 
 def _ts_panel(
-    ax2: Any,
+    ax2: Axes,
     sub: Sequence[Mapping[str, Any]],
     x: Sequence[int],
-    axis: Mapping[str, Any],
+    axis: DepthAxis,
     *,
     color: str,
     name_a: str,
@@ -341,7 +351,7 @@ def _ts_panel(
 
 
 def _speedup_legend(
-    fig: Any,
+    fig: Figure,
     pts: Sequence[Mapping[str, Any]],
     kernels: Sequence[str],
     kcolor: Mapping[str, str],

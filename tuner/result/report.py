@@ -31,12 +31,16 @@ __all__ = [
 ]
 
 import math
+import shlex
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tuner import log
-from tuner.errors import UsageError
+from tuner.errors import UsageError, close_matches
+from tuner.measure.frames import same_build
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
 from tuner.result.plots import as_float, plot_depth, plot_speedup
 from tuner.result.tables import (
@@ -51,19 +55,23 @@ from tuner.result.tables import (
 )
 
 if TYPE_CHECKING:
+    import optuna
     import pandas as pd
+
+    Row = pd.Series[Any]
+    """One bench row (a frame's row)."""
 
 
 Point = tuple[str, str, int]
 """(model, test, depth): one point of a comparison."""
 
 
-def _groups(df: pd.DataFrame) -> dict[Point, Any]:
+def _groups(df: pd.DataFrame) -> dict[Point, Row]:
     models = df["model"] if "model" in df.columns else [""] * len(df)
     return {(str(m), str(r["test"]), int(r["depth"])): r for m, (_, r) in zip(models, df.iterrows())}
 
 
-def _one_model(ga: Mapping[Point, Any], gb: Mapping[Point, Any]) -> dict[Point, Any]:
+def _one_model(ga: Mapping[Point, Row], gb: Mapping[Point, Row]) -> dict[Point, Row]:
     """B's keys renamed to A's model when each side holds one model (a tuner file names it by file, a
     raw llama-bench file by model type: the same model either way)."""
     ma, mb = {k[0] for k in ga}, {k[0] for k in gb}
@@ -80,11 +88,11 @@ def _backend(*frames: pd.DataFrame | None) -> str | None:
     return None
 
 
-def _samples(r: Any) -> list[float]:
+def _samples(r: Row | None) -> list[float]:
     return list(r["samples"]) if r is not None and r["samples"] is not None else []
 
 
-def _anchor_ts(r: Any) -> float:
+def _anchor_ts(r: Row | None) -> float:
     """compare-llama-bench.py's t/s of a row: a raw llama-bench file's ``avg_ts`` (the mean over its rows of
     llama-bench's avg_ts), else, for a `tuner bench` row, the mean of the repetitions its median is taken of."""
     if r is None:
@@ -116,7 +124,7 @@ def compare_points(
     """
     ga, gb = _groups(df_a), _groups(df_b)
     gb = _one_model(ga, gb)
-    gaa: tuple[dict[Point, Any], dict[Point, Any]] | None = None
+    gaa: tuple[dict[Point, Row], dict[Point, Row]] | None = None
     if aa is not None:
         g1 = _one_model(ga, _groups(aa[0]))
         gaa = (g1, _one_model(ga, _groups(aa[1])))
@@ -190,8 +198,6 @@ def noise_line(points: Sequence[Mapping[str, Any]]) -> str:
 
 def aa_warning(df_a: pd.DataFrame, df_b: pd.DataFrame) -> str:
     """The warning for an A/A comparison (both sides one build, one command), or ``""``."""
-    from tuner.measure.frames import same_build
-
     why = same_build(df_a, df_b)
     if not why:
         return ""
@@ -271,8 +277,6 @@ def _pairs(
     confidence: float,
     seed: int,
 ) -> list[tuple[str, list[dict[str, Any]]]]:
-    from tuner.errors import close_matches
-
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
     if baseline not in frames:
@@ -348,9 +352,6 @@ def dashboard_command(storage_url: str) -> str:
     command works from any directory. A password in the URL is left out of the printed command
     (it would land in logs); PostgreSQL then takes it from ``PGPASSWORD`` or ``~/.pgpass``.
     """
-    import shlex
-    from urllib.parse import urlsplit, urlunsplit
-
     url = str(storage_url)
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
@@ -368,7 +369,7 @@ def dashboard_command(storage_url: str) -> str:
 
 
 def importances_section(
-    study: Any,
+    study: optuna.Study,
     params: Sequence[str] | None = None,
     *,
     min_trials: int = 4,
@@ -384,7 +385,7 @@ def importances_section(
     that took at least 2 distinct values among them. A multi-objective study needs ``objective`` (the
     index of one of its values) and names it ``target_name``.
     """
-    import optuna
+    import optuna  # heavy: only a study's report needs it, not `tuner report` over bench files
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -419,8 +420,6 @@ def importances_section(
     ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
     evaluator = ev_cls() if ev_cls is not None else None
     ev_name = "PED-ANOVA" if ev_cls is not None else "default evaluator"
-    import warnings
-
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -15,13 +15,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import tuner.builder.cmake
+import tuner.source
 from tuner.errors import UsageError
+from tuner.measure.soak import SoakResult, plan_chunks, run_soak
+from tuner.paths import tuner_home
+from tuner.result.validate import find_results, load_config, render_result
+from tuner.targets import archs
 
 
 def find_model(cfg: dict[str, Any], folder: Path) -> Path | None:
     """The result's model file (``[model] file``) in the result folder, ``$TUNER_HOME/models`` or the current directory."""
-    from tuner.paths import tuner_home
-
     name = str(cfg.get("model", {}).get("file", ""))
     if not name or Path(name).name != name:
         return None
@@ -31,15 +35,11 @@ def find_model(cfg: dict[str, Any], folder: Path) -> Path | None:
     return None
 
 
-def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> Any:
-    from tuner.builder.cmake import build_variant
-    from tuner.measure.soak import run_soak
-    from tuner.paths import tuner_home
-    from tuner.result.validate import render_result
-    from tuner.source import fetch_source
-
+def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> SoakResult:
     choice, arch = cfg["choice"], cfg["target"]["arch"]
-    build = build_variant(render_result(fetch_source(cfg["source"]["spec"]), cfg), targets=("llama-bench",))
+    build = tuner.builder.cmake.build_variant(
+        render_result(tuner.source.fetch_source(cfg["source"]["spec"]), cfg), targets=("llama-bench",)
+    )
     # run.env's llama-bench line: results are measured and exported with FlashAttention on.
     args = ["-fa", "1", *[str(a) for a in choice.get("bench_args", [])]]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -56,10 +56,6 @@ def soak_results(
         UsageError: ``n_tokens`` <= 0, a ``--model`` that does not exist, or a result whose model is
             not on this machine and no ``--model`` was given (checked before anything runs).
     """
-    from tuner.measure.soak import plan_chunks
-    from tuner.result.validate import find_results, load_config
-    from tuner.targets.archs import detect_local_archs
-
     plan_chunks(n_tokens)
     if model is not None and not Path(model).is_file():
         raise UsageError(
@@ -72,7 +68,7 @@ def soak_results(
         cfg = load_config(folder)
         arch = cfg["target"]["arch"]
         if arch != "cpu":
-            local = detect_local_archs() if local is None else local
+            local = archs.detect_local_archs() if local is None else local
             if arch not in local:
                 echo(f"skip {folder}: soak needs a {arch} device, this machine has {local or 'none'}")
                 continue

@@ -28,13 +28,19 @@ __all__ = [
     "pipe_table",
 ]
 
+import csv
+import io
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.measure.decide import method_text as rule_text
 from tuner.measure.paired import UPSTREAM_KEPT
+from tuner.measure.paired import method_text as paired_text
+from tuner.measure.stats import method_text
 from tuner.plan.fa_rules import Phase
 
 MARKS = {
@@ -251,13 +257,8 @@ def format_compare(
         return compare_table(points, name_a=name_a, name_b=name_b, model=model)
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     if fmt == "json":
-        import json
-
         return json.dumps(recs, indent=1, ensure_ascii=False)
     if fmt == "csv":
-        import csv
-        import io
-
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
         w.writeheader()
@@ -285,18 +286,12 @@ def method_paragraph(
     the noise reference), which stored results and separate runs use.
     """
     if kind == "separate runs":
-        from tuner.measure.stats import method_text
-
         text = method_text(confidence)
     elif kind == "paired rounds":
-        from tuner.measure.paired import method_text as paired_text
-
         text = paired_text(rounds, confidence)
     else:
         raise ValueError(f"unknown method {kind!r}")
     if rule == "sequential":
-        from tuner.measure.decide import method_text as rule_text
-
         text += " " + rule_text() + (f" Noise (shown, not a bar): {noise}" if noise else "")
     else:
         text += (

@@ -41,9 +41,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner import _run
+from tuner.builder import cmake
 from tuner.errors import TunerError, UsageError
+from tuner.measure import gate
+from tuner.measure.falog import kernel_at, parse_fa_log
+from tuner.measure.gate import params_for_model
 from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
+from tuner.plan.variant import Build, RenderedVariant
 from tuner.result.checks import Finding, git_apply_to_copy
+from tuner.source.spec import Source
+from tuner.targets import archs
+from tuner.targets.archs import load_arch
 
 # FlashAttention kernel functions of the mma-era tree (fattn-vec.cuh, fattn-tile.cuh, fattn-mma-f16.cuh).
 KERNEL_FUNCTIONS = {"flash_attn_ext_vec": "VEC", "flash_attn_tile": "TILE", "flash_attn_ext_f16": "MMA"}
@@ -123,7 +132,7 @@ def decode_family(names: Sequence[str], n_layers: int, n_gen: int = _N_GEN) -> t
     return fams.pop(), ""
 
 
-def _probe(bin_dir: Path, model: Path, depth: int) -> list[Any]:
+def _probe(bin_dir: Path, model: Path, depth: int) -> list[str | Path]:
     """The llama-bench run both sides are read from: ``n_gen`` decode steps after one fill to ``depth``."""
     return [
         bin_dir / "llama-bench",
@@ -150,8 +159,6 @@ def _probe(bin_dir: Path, model: Path, depth: int) -> list[Any]:
 def _ncu_decode_kernel(
     ncu: Path, bin_dir: Path, model: Path, depth: int, n_layers: int, log: Path
 ) -> tuple[str | None, str]:
-    from tuner._run import run
-
     cmd = [
         ncu,
         "--clock-control",
@@ -173,7 +180,7 @@ def _ncu_decode_kernel(
     ]
     # Graph replay is not what is checked, and one launch per kernel keeps the count exact.
     env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
-    res = run(cmd, env=env, check=False, timeout=900, what="ncu llama-bench")
+    res = _run.run(cmd, env=env, check=False, timeout=900, what="ncu llama-bench")
     log.write_text(res.output)
     if res.returncode != 0:
         return None, f"ncu exited {res.returncode}; see {log}"
@@ -183,23 +190,17 @@ def _ncu_decode_kernel(
 def _tuned_decode_kernel(
     bin_dir: Path, model: Path, depth: int, rules: Sequence[FaRule], fa_env: Mapping[str, str], log: Path
 ) -> tuple[str | None, str]:
-    from tuner._run import run
-    from tuner.measure.falog import kernel_at, parse_fa_log
-
     env = {**os.environ, **fa_env, "GGML_TUNER_FA_LOG": "1", "GGML_CUDA_DISABLE_GRAPHS": "1"}
     if rules:
         env["GGML_TUNER_FA_RULES"] = rules_env(rules)
-    res = run(_probe(bin_dir, model, depth), env=env, check=False, timeout=900, what="llama-bench (tuned)")
+    res = _run.run(_probe(bin_dir, model, depth), env=env, check=False, timeout=900, what="llama-bench (tuned)")
     log.write_text(res.output)
     kernel, _why = kernel_at(parse_fa_log(res.output), "tg", depth, _N_GEN)
     return kernel, "" if kernel else f"no tuner-fa line for decode at d{depth}; see {log}"
 
 
-def _build_upstream(folder: Path, cfg: Mapping[str, Any], source: Any) -> Any:
+def _build_upstream(folder: Path, cfg: Mapping[str, Any], source: Source) -> Build:
     """The pristine tree with ``upstream.patch``, built with the result's defines (no tuner hook)."""
-    from tuner.builder.cmake import build_variant
-    from tuner.plan.variant import RenderedVariant
-
     files = patched_tree_text(folder / "upstream.patch", source.root)
     rv = RenderedVariant(
         arch=cfg["target"]["arch"],
@@ -211,7 +212,7 @@ def _build_upstream(folder: Path, cfg: Mapping[str, Any], source: Any) -> Any:
         patch=(folder / "upstream.patch").read_text(),
         files=files,
     )
-    return build_variant(rv, targets=("llama-bench", "test-backend-ops"))
+    return cmake.build_variant(rv, targets=("llama-bench", "test-backend-ops"))
 
 
 def model_for(cfg: Mapping[str, Any], models: Sequence[Path]) -> Path | None:
@@ -223,26 +224,23 @@ def model_for(cfg: Mapping[str, Any], models: Sequence[Path]) -> Path | None:
 def upstream_gpu_findings(
     folder: Path,
     cfg: Mapping[str, Any],
-    source: Any,
+    source: Source,
     *,
     models: Sequence[Path] = (),
     upstream_bin: Path | None = None,
     tuned_bin: Path | None = None,
     log_dir: Path | None = None,
-) -> list[Any]:
+) -> list[Finding]:
     """The three GPU checks of ``upstream.patch`` as validate findings (skips say why)."""
-    from tuner.measure.gate import params_for_model, run_check
-    from tuner.targets.archs import detect_local_archs, load_arch
-
     arch = load_arch(cfg["target"]["arch"])
     if not (folder / "upstream.patch").is_file():
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the result has no upstream.patch")]
-    local = detect_local_archs()
+    local = archs.detect_local_archs()
     if arch.name not in local:
         return gpu_skip(arch.name, local)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="tuner-validate-gpu-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    out: list[Any] = []
+    out: list[Finding] = []
     if upstream_bin is None:
         try:
             b = _build_upstream(folder, cfg, source)
@@ -262,7 +260,7 @@ def upstream_gpu_findings(
     # The cases of the result's head size (as the search's gate): the patch changes only their selection,
     # and all FLASH_ATTN_EXT cases against the CPU reference take many minutes.
     head = int(cfg["model"].get("shape", {}).get("head_dim", 0)) or None
-    chk = run_check(
+    chk = gate.run_check(
         upstream_bin,
         ops=("FLASH_ATTN_EXT",),
         backend=f"{arch.backend}0",

@@ -76,6 +76,12 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.plan.fa_rules import FaRule, Phase
+from tuner.result.tables import compare_table, method_paragraph
+from tuner.source.spec import Source
+from tuner.targets.archs import Arch
+
+Tree = str | os.PathLike[str] | Source
+"""A pristine llama.cpp tree: its path, or the ``Source`` whose ``.root`` it is."""
 
 FATTN = "ggml/src/ggml-cuda/fattn.cu"
 COMMON = "ggml/src/ggml-cuda/common.cuh"
@@ -119,7 +125,7 @@ _NEEDS = ("const int gqa_ratio", "bool gqa_opt_applies", "const bool can_use_vec
 _WIDTH = 120
 
 
-def _root(source_root: Any) -> Path:
+def _root(source_root: Tree) -> Path:
     """A tree path, or a ``Source``'s ``.root`` (a ``Path`` has a ``.root`` too: the anchor, not the tree)."""
     if isinstance(source_root, (str, os.PathLike)):
         return Path(source_root)
@@ -141,7 +147,7 @@ def _cc_constants(common_text: str) -> tuple[dict[int, str], dict[int, str]]:
     return nv, amd
 
 
-def arch_condition(arch: Any, common_text: str) -> str:
+def arch_condition(arch: Arch, common_text: str) -> str:
     """The C++ condition on ``cc`` that selects exactly the arch a rule was measured on (module doc).
 
     Raises:
@@ -159,11 +165,11 @@ def arch_condition(arch: Any, common_text: str) -> str:
     )
 
 
-def _in_turing_branch(arch: Any) -> bool:
+def _in_turing_branch(arch: Arch) -> bool:
     return arch.vendor == "nvidia" and (arch.cc or 0) >= 750
 
 
-def _mma_available(arch: Any) -> str | None:
+def _mma_available(arch: Arch) -> str | None:
     """Upstream's own check that MMA has device code, for a block placed before the Turing branch."""
     math_ = getattr(arch, "math", {}) or {}
     if arch.vendor == "nvidia":
@@ -179,7 +185,7 @@ def _mma_available(arch: Any) -> str | None:
 # --------------------------------------------------------------------------------------------- rules
 
 
-def _check_rule(rule: FaRule, arch: Any) -> None:
+def _check_rule(rule: FaRule, arch: Arch) -> None:
     D, gqa, kv = rule.D, rule.gqa, rule.kv
     where = f"rule {rule.text}"
     if rule.kernel not in _RETURN:
@@ -217,7 +223,7 @@ def _overlap(a: FaRule, b: FaRule) -> bool:
     return a.lo < b_hi and b.lo < a_hi
 
 
-def rule_condition(rule: FaRule, arch: Any) -> list[str]:
+def rule_condition(rule: FaRule, arch: Arch) -> list[str]:
     """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality.
 
     The one place a rule becomes a C++ condition in upstream's own selection function (``upstream.patch``);
@@ -275,7 +281,7 @@ def _comment(note: str, indent: int) -> list[str]:
     return out
 
 
-def _block(rules: Sequence[FaRule], arch: Any, cond: str, note: str, indent: int) -> list[str]:
+def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: int) -> list[str]:
     pad = " " * indent
     out = _comment(note or f"Kernel choice measured on {arch.name}.", indent)
     out.append(f"{pad}if ({cond}) {{")
@@ -288,7 +294,7 @@ def _block(rules: Sequence[FaRule], arch: Any, cond: str, note: str, indent: int
     return [ln + "\n" if ln else "\n" for ln in out]
 
 
-def patched_fattn(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note: str = "") -> str | None:
+def patched_fattn(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
     """fattn.cu of the pristine tree with the rules added to its selection function; None for no rules.
 
     Raises:
@@ -350,7 +356,7 @@ def _blob(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def render_upstream_patch(source_root: Any, rules: Sequence[FaRule], arch: Any, *, note: str = "") -> str | None:
+def render_upstream_patch(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
     """``upstream.patch``: a git-format unified diff of fattn.cu adding ``rules`` for ``arch``.
 
     Args:
@@ -494,7 +500,7 @@ def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, 
 def reproduce_commands(
     *,
     commit: str | None,
-    arch: Any,
+    arch: Arch,
     defines: Mapping[str, str],
     model_file: str,
     like: str | None,
@@ -552,7 +558,7 @@ def reproduce_commands(
 
 def render_pr_body(
     rules: Sequence[FaRule],
-    arch: Any,
+    arch: Arch,
     *,
     gpu: str,
     model: str,
@@ -584,8 +590,6 @@ def render_pr_body(
         models: The "Models" section's text (:func:`models_note`).
         noise_ceiling_pct: The A/A noise above which a phase claims nothing, stated in the method.
     """
-    from tuner.result.tables import compare_table, method_paragraph
-
     name = arch.name
     up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})

@@ -36,14 +36,22 @@ __all__ = [
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import tuner.source
 from tuner._hash import text_sha256
+from tuner.builder import cmake
 from tuner.errors import TunerError, UsageError
+from tuner.measure.equivalence import KldStats, Thresholds, judge
+from tuner.plan.fa_rules import rules_from_texts
+from tuner.plan.space import check_constraints
+from tuner.plan.variant import RenderedVariant
+from tuner.result import upstream_check
 from tuner.result.checks import (
     ArgumentError,
     Finding,
@@ -55,6 +63,12 @@ from tuner.result.checks import (
     read_bytes_in,
     read_text_in,
 )
+from tuner.result.export import PRESETS_FILE, baked_runtime, export_render
+from tuner.result.upstream_check import model_for
+from tuner.result.upstream_patch import render_upstream_patch, whitespace_only_hunks
+from tuner.source.spec import Source
+from tuner.targets import archs
+from tuner.targets.archs import load_arch
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +130,9 @@ def load_config(folder: Path) -> dict[str, Any]:
     return load_toml_in(folder, "config.toml")
 
 
-def render_result(source: Any, cfg: Mapping[str, Any]) -> Any:
+def render_result(source: Source, cfg: Mapping[str, Any]) -> RenderedVariant:
     """The result's config rendered on ``source`` as it was exported (variant, compile values, baked FA rules;
     an empty patch where that changes nothing from upstream)."""
-    from tuner.plan.fa_rules import rules_from_texts
-    from tuner.result.export import baked_runtime, export_render
-
     choice = cfg["choice"]
     return export_render(
         source,
@@ -159,7 +170,7 @@ def _schema(cfg: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def _narrowed_errors(choice: Any) -> list[str]:
+def _narrowed_errors(choice: object) -> list[str]:
     """``choice.narrowed_rules`` (optional: results before narrowing lack it): a table of the rules the confirm
     narrowed, each one an exported rule of ``choice.fa_rules`` (a narrowed rule is exported, its old form not)."""
     if not isinstance(choice, dict) or "narrowed_rules" not in choice:
@@ -184,7 +195,7 @@ def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     )
 
 
-def _source_finding(source: Any, src_cfg: Mapping[str, Any]) -> Finding:
+def _source_finding(source: Source, src_cfg: Mapping[str, Any]) -> Finding:
     """The fetched source is the one (id and era) config.toml names."""
     ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
     return Finding(
@@ -230,9 +241,7 @@ def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
     check = "output-equivalence gate"
     arch = cfg["target"]["arch"]
     if cfg["schema"] < 3:
-        from tuner.targets.archs import detect_local_archs
-
-        local = detect_local_archs()
+        local = archs.detect_local_archs()
         if arch != "cpu" and arch not in local:
             return Finding(
                 check=check,
@@ -269,10 +278,6 @@ def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
 
 def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
     """Every recorded check judged again from its numbers and the recorded thresholds (an edited verdict fails)."""
-    import math
-
-    from tuner.measure.equivalence import KldStats, Thresholds, judge
-
     try:
         thr = Thresholds(**dict(g["thresholds"]))
     except (KeyError, TypeError) as err:
@@ -306,7 +311,7 @@ def _rejudged(g: Mapping[str, Any], check: str) -> Finding:
     return Finding(check=check, ok=not bad, detail="; ".join(bad) if bad else detail)
 
 
-def _rendered_findings(rv: Any, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
+def _rendered_findings(rv: RenderedVariant, patch: str, cfg: Mapping[str, Any]) -> list[Finding]:
     """Re-rendering config.toml reproduces tuned.patch byte for byte, and the recorded CMake defines."""
     same = rv.patch == patch
     why = (
@@ -332,8 +337,6 @@ def _files_findings(folder: Path) -> list[Finding]:
     """The preset file is a CMakeUserPresets.json that inherits the tree's presets, report.md is there (an
     export writes it last of its files), and no exported text names a local absolute path (an export is read
     on other machines)."""
-    from tuner.result.export import PRESETS_FILE
-
     out = []
     user, old = folder / PRESETS_FILE, folder / "CMakePresets.json"
     ok = user.is_file() and not old.is_file()
@@ -456,17 +459,15 @@ def contents_finding(folder: Path) -> Finding:
     )
 
 
-def cached_or_fetched(spec: str, fetch: bool) -> Any:
+def cached_or_fetched(spec: str, fetch: bool) -> Source:
     """The source a folder's SPEC names: from the cache only, unless ``fetch``.
 
     Raises:
         TunerError: The SPEC is bad, not cached (without ``fetch``), or the fetch failed.
     """
-    from tuner.source import cached_source, fetch_source
-
     if fetch:
-        return fetch_source(spec)
-    hit = cached_source(spec)
+        return tuner.source.fetch_source(spec)
+    hit = tuner.source.cached_source(spec)
     if hit is None:
         raise TunerError(
             f"{spec} is not in the source cache, and validate fetches nothing a folder names unless asked: run "
@@ -484,8 +485,6 @@ def _validate_result(
     models: Sequence[Path],
     fetch: bool,
 ) -> ResultCheck:
-    from tuner.plan.space import check_constraints
-
     f: list[Finding] = []
     if is_leftover(folder.name):
         return ResultCheck(path=folder, findings=(leftover_finding(folder),))
@@ -555,15 +554,13 @@ def _validate_result(
 def _gpu_checks(
     folder: Path,
     cfg: Mapping[str, Any],
-    source: Any,
+    source: Source,
     static: Sequence[Finding],
     models: Sequence[Path],
     gpu: Mapping[str, Any],
 ) -> list[Finding]:
     """``--gpu``: builds and runs the folder's upstream.patch, so only where it is byte for byte what tuner
     renders from config.toml (:func:`_upstream_rerender_finding`)."""
-    from tuner.result.upstream_check import upstream_gpu_findings
-
     rerender = next((x for x in static if x.check == "upstream.patch re-render"), None)
     if (folder / "upstream.patch").is_file() and (rerender is None or not rerender.ok):
         return [
@@ -575,15 +572,13 @@ def _gpu_checks(
             )
         ]
     try:
-        return list(upstream_gpu_findings(folder, cfg, source, models=models, **gpu))
+        return list(upstream_check.upstream_gpu_findings(folder, cfg, source, models=models, **gpu))
     except TunerError as err:  # a failed build or run is a failed check, not a crash
         return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
 
 
 def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
     """``upstream.patch`` (the pull-request form of the rules): applies to the pristine tree, no whitespace noise."""
-    from tuner.result.upstream_patch import whitespace_only_hunks
-
     text = read_text_in(patch_file.parent, patch_file.name)
     try:
         res = git_apply_to_copy(text, root)[0] if text.strip() else None
@@ -609,14 +604,10 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
 _NOTE_LINE = re.compile(r"^\+ *// ?(.*)$")
 
 
-def _upstream_rerender_finding(text: str, cfg: Mapping[str, Any], source: Any) -> Finding:
+def _upstream_rerender_finding(text: str, cfg: Mapping[str, Any], source: Source) -> Finding:
     """``upstream.patch`` is byte for byte what tuner renders from config.toml's rules and arch, with the
     comment note the patch carries (the only text an export adds that config.toml does not record). A note
     with a backslash or a control character is refused: it could carry a ``//`` comment into code."""
-    from tuner.plan.fa_rules import rules_from_texts
-    from tuner.result.upstream_patch import render_upstream_patch
-    from tuner.targets.archs import load_arch
-
     check = "upstream.patch re-render"
     lines = text.splitlines()
     at = next((i for i, ln in enumerate(lines) if re.match(r"^\+ *if \(", ln)), None)
@@ -640,35 +631,29 @@ def _upstream_rerender_finding(text: str, cfg: Mapping[str, Any], source: Any) -
     return Finding(check=check, ok=same, detail="" if same else why)
 
 
-def _compile_check(rv: Any) -> Finding:
-    from tuner.builder.cmake import build_variant
-
+def _compile_check(rv: RenderedVariant) -> Finding:
     tus = [p for p in rv.files if p.endswith((".cu", ".cpp"))] + list(rv.tu_headers)
     if not tus:
         # header-only changes: compile the FA TUs that include them
         tus = [p for p in rv.files]
     try:
-        b = build_variant(rv, compile_only=True, objects=tus or None)
+        b = cmake.build_variant(rv, compile_only=True, objects=tus or None)
     except TunerError as err:
         return Finding(check="compile", ok=False, detail=str(err)[:1500])
     return Finding(check="compile", ok=True, detail=f"{len(tus)} TU(s) compiled in {b.seconds:.0f}s")
 
 
 def _bench_check(
-    cfg: Mapping[str, Any], source: Any, models: Sequence[Path], rebench: Callable[..., tuple[bool, str]]
+    cfg: Mapping[str, Any], source: Source, models: Sequence[Path], rebench: Callable[..., tuple[bool, str]]
 ) -> Finding:
-    from tuner.targets.archs import detect_local_archs
-
     arch = cfg["target"]["arch"]
-    local = detect_local_archs()
+    local = archs.detect_local_archs()
     if arch != "cpu" and arch not in local:
         return Finding(
             check="bench",
             ok=True,
             detail=f"skipped: needs a {arch} device, this machine has {local or 'none'} (static checks only)",
         )
-    from tuner.result.upstream_check import model_for
-
     try:
         ok, detail = rebench(cfg, source=source, model=model_for(cfg, models))
         return Finding(check="bench", ok=ok, detail=detail)
