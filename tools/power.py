@@ -14,7 +14,7 @@ means are removed (what is left is the noise of one measurement in one round; re
   repeat its rounds and fake agreement); configurations are shuffled within the round;
 * a known multiplicative effect is injected into one candidate at one depth (``--effects``, percent);
 * rounds are added as the search adds them (``screen.depths_to_measure`` with the rule's settle
-  function, the same minimum and maximum rounds and CI target as ``SearchConfig``), and the phase is
+  function, the same minimum and maximum rounds and CI target as a GPU search's defaults), and the phase is
   judged by ``compose.judge_phase`` with that rule: the very functions the live search calls.
 
 Reported per rule and effect: the share of searches that claim the injected cell faster (power), the

@@ -161,6 +161,11 @@ def test_cpu_search_gates_its_final_config_and_exports_the_numbers(
         max_rounds=3,
         refine=0,
         confirm_extra=0,
+        seed=0,
+        gate=True,
+        ci_target=1.0,
+        reps_pp=8,
+        reps_tg=3,
     )
     result = run_pipeline(cfg, measure_factory=_threads_one_is_faster)
     assert result.tuned is not None and result.tuned.values["threads"] == 1, result  # confirmed by the fake timing

@@ -244,13 +244,13 @@ def _run_stages(
             depths=cfg.depths,
             n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
             rounds=rounds,
-            trials=cfg.trials or 0,
+            trials=cfg.trials,
             confirm_depths=len(confirm_ds),
             shared=hasattr(screen_measure, "joint"),
             method=method,
         )
     )
-    if (past := past_cost_line(cfg.arch, trials=cfg.trials or 0, shape=shape_d)) is not None:
+    if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=shape_d)) is not None:
         log.info(past)
 
     # -- screen + compose, per phase ---------------------------------------------------------------
@@ -308,7 +308,7 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
         if not st.screen_done(p):
             continue
         mine = [r for r in recs if r["phase"] == p and set(depths) & {int(d) for d in r["depths"]}]
-        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, comp.open_depths):
+        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, settle=comp.open_depths):
             log.info(
                 f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
                 f"{rounds[1]}: screening on"
@@ -470,7 +470,7 @@ def _tune(
     if len(variants) > 1 and "variant" not in fixed and tn.wanted("variant", cfg.tune_knobs):
         dists["variant"] = optuna.distributions.CategoricalDistribution(variants)
     base_variant = str(fixed.get("variant", variants[0]))
-    want = cfg.trials or 0
+    want = cfg.trials
     if not dists or want <= 0:
         log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
         return None

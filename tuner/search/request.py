@@ -47,6 +47,11 @@ class Defaults:
     trials: int
     max_rounds: int
     refine: int
+    reps_pp: int
+    """llama-bench repetitions a prefill call makes, the discarded first one not counted."""
+    reps_tg: int
+    confirm_extra: int
+    """Depths the confirm adds between the ladder's (:func:`tuner.search.confirm.extra_depths`)."""
     variants: tuple[str, ...] | None = None
     """Variants searched (None: every variant of the space)."""
     quant: str | None = None
@@ -54,9 +59,6 @@ class Defaults:
     direct: bool = False
     """Write ``quant``'s blocks straight away when synth can (:data:`tuner.targets.models.DIRECT_QUANTS`): the
     same tensors, types and sizes as llama-quantize's file, with no build before the model."""
-    reps_pp: int | None = None
-    """llama-bench repetitions a prefill call makes, the discarded first one not counted (None: SearchConfig's)."""
-    reps_tg: int | None = None
 
 
 # The embedded default: what `tuner search` does with no arguments on a machine without a GPU, sized
@@ -83,6 +85,7 @@ CPU_DEFAULTS = Defaults(
     direct=True,
     reps_pp=1,
     reps_tg=1,
+    confirm_extra=1,
 )
 # On a GPU: the llama-3.2-1b shape quantized to Q4_K_M (the weight type users run; an f16 model
 # measures another decode balance), over the context depths users compare with llama-bench -d, capped
@@ -98,6 +101,9 @@ GPU_DEFAULTS = Defaults(
     max_rounds=6,
     refine=1,
     quant=DEFAULT_QUANT,
+    reps_pp=8,
+    reps_tg=3,
+    confirm_extra=1,
 )
 
 
@@ -286,9 +292,9 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
         max_rounds=max(request.min_rounds, request.max_rounds or d.max_rounds),
         refine=request.refine if request.refine is not None else d.refine,
         variants=request.variants or d.variants,
-        confirm_extra=_given_or_default(request.confirm_extra, "confirm_extra"),
-        reps_pp=_given_or_default(request.reps_pp if request.reps_pp is not None else d.reps_pp, "reps_pp"),
-        reps_tg=_given_or_default(request.reps_tg if request.reps_tg is not None else d.reps_tg, "reps_tg"),
+        confirm_extra=d.confirm_extra if request.confirm_extra is None else request.confirm_extra,
+        reps_pp=d.reps_pp if request.reps_pp is None else request.reps_pp,
+        reps_tg=d.reps_tg if request.reps_tg is None else request.reps_tg,
         screen_method=None if request.screen == "auto" else request.screen,
         tune_knobs=request.tune_knobs,
         tune_depths=request.tune_depths,
@@ -308,14 +314,6 @@ def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None
             f"for era {era}; it has {list(space_variants)}."
         )
     return kept
-
-
-def _given_or_default(value: int | None, name: str) -> int:
-    """A flag's value, or SearchConfig's default for the field ``name`` where it was not given."""
-    if value is not None:
-        return value
-    default: int = getattr(SearchConfig, name)  # a dataclass field's default is its class attribute
-    return default
 
 
 def _baseline_build(target: Target, source: Source, budget: Budget) -> Path:

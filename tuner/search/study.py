@@ -35,59 +35,56 @@ PROFILES: dict[str, dict[str, float]] = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchConfig:
+    """A search as it runs: every setting resolved (:func:`tuner.search.request.resolve_search` chooses the
+    defaults, the CPU's or a GPU's: :data:`tuner.search.request.CPU_DEFAULTS`); a field with a default here
+    is one that may be absent (no budget, no pin, no mask), never a second choice of a setting."""
+
     target: Target
     """Target arch (already resolved: detected or explicitly given and present)."""
     source: Source
     """The llama.cpp tree, fetched once."""
     model: Path
-    depths: tuple[int, ...] = (0, 4096, 16384, 32768)
-    pp: int = 512
-    tg: int = 128
-    trials: int | None = 20
+    depths: tuple[int, ...]
+    pp: int
+    tg: int
+    trials: int
+    study: str
+    run_dir: Path
+    seed: int
+    gate: bool
+    min_rounds: int
+    max_rounds: int
+    ci_target: float
+    """Percent half-width of a paired 95% CI at which rounds stop."""
+    refine: int
+    """Bisection steps at kernel boundaries."""
+    confirm_extra: int
+    """Depths the confirm stage adds between ladder depths (the shallowest midpoints from 8192: where a
+    rule's boundary is checked cheaply; a deep midpoint costs a long depth fill in every call)."""
+    reps_pp: int
+    reps_tg: int
+    """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
     time_budget: float | None = None
     """Seconds from ``started``; nothing starts that would end past it (a round, a trial, a build)."""
     started: float | None = None
     """``time.monotonic()`` at the command's start, which ``time_budget`` counts from (None: the pipeline's start)."""
-    profile: str = "balanced"
     storage: str | None = None
-    study: str = "tuner"
-    run_dir: Path = Path("tuner-runs/tuner")
-    reps: int | None = None
-    target_ci: float | None = 3.0
-    """Percent half-width of the median's CI at which repetitions stop."""
-    max_reps: int = 10
     jobs: int | None = None
-    anchor_every: int = 4
-    seed: int = 0
-    gate: bool = True
     variants: tuple[str, ...] | None = None
     """Restrict the space's variants (None = all the space declares)."""
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Knob values pinned by the user (``--set``)."""
     worker: bool = False
-    # screen -> compose -> tune -> confirm (tuner.search.pipeline)
-    min_rounds: int = 3
-    max_rounds: int = 6
-    ci_target: float = 1.0
-    """Percent half-width of a paired 95% CI at which rounds stop."""
-    refine: int = 1
-    """Bisection steps at kernel boundaries."""
     tune_knobs: tuple[str, ...] = ()
     """``--tune-knobs`` globs: the tune samples only the knobs they match (empty: every tunable knob)."""
     tune_depths: tuple[int, ...] | None = None
     """``--tune-depths``: the depths a tune trial measures (None: ``depths``)."""
-    confirm_extra: int = 1
-    """Depths the confirm stage adds between ladder depths (the shallowest midpoints from 8192: where a
-    rule's boundary is checked cheaply; a deep midpoint costs a long depth fill in every call)."""
     cpu_mask: tuple[int, ...] | None = None
     """CPUs every llama-bench call is pinned to (``--cpu-mask``; None: not pinned)."""
-    reps_pp: int = 8
     model_seconds: float | None = None
     """Seconds the CLI spent synthesizing/quantizing the model before the search (config.toml's ``[cost] model_s``)."""
     prebuild_seconds: float | None = None
     """Seconds the CLI spent building upstream's variant for llama-quantize before the search (``build_s``)."""
-    reps_tg: int = 3
-    """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
     screen_method: str | None = None
     """``kernel`` (test-backend-ops FLASH_ATTN_EXT), ``llama-bench``, or None: chosen per target and study
     (:func:`tuner.search.pipeline._screen_method`)."""
@@ -96,11 +93,6 @@ class SearchConfig:
     def arch(self) -> str:
         """The target arch's name."""
         return self.target.name
-
-    @property
-    def source_spec(self) -> str:
-        """The source's normalized SPEC."""
-        return self.source.spec
 
     @property
     def budget(self) -> Budget:

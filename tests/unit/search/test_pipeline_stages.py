@@ -19,6 +19,12 @@ from tuner.search import confirm as conf
 from tuner.search.screen import candidates_for, run_phase_rounds
 
 REPO = Path(__file__).resolve().parents[3]
+_SETTINGS = dict(
+    depths=(0,), pp=512, tg=128, trials=0, study="s", run_dir=Path("run"), seed=0, gate=True, min_rounds=3,
+    max_rounds=6, ci_target=1.0, refine=1, confirm_extra=1, reps_pp=8, reps_tg=3,
+)  # fmt: skip
+"""Every setting a SearchConfig needs (tuner.search.request.resolve_search resolves them for a real search)."""
+
 DEPTHS = [0, 4096, 8192, 16384, 32768, 65536]
 
 
@@ -791,7 +797,12 @@ def test_a_studys_tune_trials_keep_one_focus() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()
     st = StudyState(study)
-    base = SearchConfig(target=None, source=None, model=Path("m.gguf"), study="s", trials=30)  # type: ignore[arg-type]
+    base = SearchConfig(
+        target=None,  # type: ignore[arg-type]
+        source=None,  # type: ignore[arg-type]
+        model=Path("m.gguf"),
+        **{**_SETTINGS, "study": "s", "trials": 30},  # type: ignore[arg-type]
+    )
     focus = dataclasses.replace(base, tune_knobs=("mma.ampere.d64.c8.*",), tune_depths=(32768, 65536))
     assert _tune_focus(focus, st, study) is focus  # the first sampling run records its focus
     assert st.tune_focus == {"knobs": ["mma.ampere.d64.c8.*"], "depths": [32768, 65536]}
