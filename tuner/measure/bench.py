@@ -110,6 +110,7 @@ from tuner.measure.frames import compare, json_lines, load_results, render_table
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline
+from tuner.targets.archs import load_arch
 from tuner.targets.host import check_threads, crash_hint, host_cpus, mask_text, parse_cpu_mask, pin_command
 
 if TYPE_CHECKING:
@@ -166,48 +167,14 @@ COLUMNS: tuple[str, ...] = (
 DEFAULT_REPS = 5
 """Kept samples per (test, depth) when neither ``reps`` nor ``target_ci`` says otherwise."""
 
-# Flags run_bench sets itself; passing them through extra_args would desynchronize the parser.
-_OWN_FLAGS = {
-    "-m",
-    "--model",
-    "-p",
-    "--n-prompt",
-    "-n",
-    "--n-gen",
-    "-pg",
-    "-d",
-    "--n-depth",
-    "-r",
-    "--repetitions",
-    "-o",
-    "--output",
-    "-oe",
-    "--output-err",
-    "-fa",
-    "--flash-attn",
-    "--progress",
-}
-# Flags a one-process llama-bench probe (soak, residency) sets itself
-PROBE_OWN_FLAGS = frozenset(
-    {
-        "-m",
-        "--model",
-        "-p",
-        "--n-prompt",
-        "-n",
-        "--n-gen",
-        "-pg",
-        "-r",
-        "--repetitions",
-        "-o",
-        "--output",
-        "-oe",
-        "--output-err",
-        "-v",
-        "--verbose",
-        "--progress",
-    }
+_LLAMA_BENCH_OWN = frozenset(
+    {"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-r", "--repetitions"}
+    | {"-o", "--output", "-oe", "--output-err", "--progress"}
 )
+# Flags run_bench sets itself; passing them through extra_args would desynchronize the parser.
+_OWN_FLAGS = _LLAMA_BENCH_OWN | {"-d", "--n-depth", "-fa", "--flash-attn"}
+# Flags a one-process llama-bench probe (soak, residency) sets itself
+PROBE_OWN_FLAGS = _LLAMA_BENCH_OWN | {"-v", "--verbose"}
 _PROGRESS = "llama-bench: benchmark "
 _TIMED_REP = re.compile(r"^(?:prompt|generation) run (\d+)/\d+$")
 _MAX_TOKENS = 1 << 20
@@ -286,7 +253,7 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
         raise UsageError(f"{name} must be an integer in [{lo}, {hi}] (got {value!r}).")
     return int(value)
@@ -345,7 +312,7 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
 
 
 def _roofline(
-    phase: str, arch: str | None, bandwidth: float | None, model: Path, depth: int, ntok: int, kv_type: str | None
+    phase: str, arch: str | None, bandwidth: float | None, model: Path, *, depth: int, ntok: int, kv_type: str | None
 ) -> tuple[float, float, str]:
     """(bytes_per_token, roofline t/s, note) for one row; NaNs and a note when unavailable.
 
@@ -364,8 +331,6 @@ def _roofline(
             return bpt, nan, "prompt-processing roofline needs --arch (compute peaks)"
         assert bandwidth is not None
         return bpt, bandwidth * 1e9 / bpt, f"model estimate: {bandwidth:g} GB/s (given) / bytes per token"
-    from tuner.targets.archs import load_arch
-
     load_arch(arch)  # an unknown arch is the user's error, not a missing roofline
     try:
         rows = roofline.estimate(
@@ -406,13 +371,24 @@ class _Acc:
     log_file: str = ""
 
 
-def _run_call(
-    exe: Path, cmd: list[str], *, env: Mapping[str, str], log_file: Path, timeout: float, observe: bool
-) -> tuple[list[tuple[float, dict[str, Any]]], Observer | None, str, float]:
-    """One llama-bench call: (timestamped parsed records, observer, error text, start time)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Call:
+    """One llama-bench call as run: its command and log, the timestamped parsed records, the observer, the
+    error text ("" when none) and the start time."""
+
+    cmd: list[str]
+    log_file: Path
+    records: list[tuple[float, dict[str, Any]]]
+    obs: Observer | None
+    error: str
+    t0: float
+
+
+def _run_call(plan: _BenchPlan, cmd: list[str], log_file: Path) -> _Call:
+    """One llama-bench call of ``plan`` (its env, timeout and observer setting)."""
     records: list[tuple[float, dict[str, Any]]] = []
 
-    obs = Observer() if observe else None
+    obs = Observer() if plan.observe else None
 
     def on_line(line: str) -> None:
         if "{" in line and "n_prompt" in line:
@@ -424,13 +400,13 @@ def _run_call(
 
     error = ""
     full_env = dict(os.environ)
-    full_env.update(env)
+    full_env.update(plan.env)
     t0 = time.monotonic()
     if obs is not None:
         obs.start()
     try:
         res = _run.run(
-            cmd, env=full_env, log_file=log_file, timeout=timeout, check=False, on_line=on_line, what="llama-bench"
+            cmd, env=full_env, log_file=log_file, timeout=plan.timeout, check=False, on_line=on_line, what="llama-bench"
         )
         if res.returncode != 0:
             error = (
@@ -442,7 +418,7 @@ def _run_call(
     finally:
         if obs is not None:
             obs.stop()
-    return records, obs, error, t0
+    return _Call(cmd=cmd, log_file=log_file, records=records, obs=obs, error=error, t0=t0)
 
 
 def _finite(vals: Sequence[float], how: str) -> float:
@@ -542,7 +518,7 @@ def _check_bench_args(
         # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
         for ph, n in (("pp", pp), ("tg", tg)):
             if n > 0:
-                _roofline(ph, arch, bandwidth, model, depths[0], n, None)
+                _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
     return _BenchPlan(
         exe=exe,
         model=model,
@@ -567,19 +543,12 @@ def _check_bench_args(
     )
 
 
-def _absorb_records(
-    accs: Mapping[tuple[str, int], _Acc],
-    phase: str | None,
-    records: Sequence[tuple[float, dict[str, Any]]],
-    obs: Observer | None,
-    t_prev: float,
-    cmd: Sequence[str],
-    log_file: Path,
-) -> set[tuple[str, int]]:
+def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phase: str | None, call: _Call) -> set[tuple[str, int]]:
     """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
     depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
     seen: set[tuple[str, int]] = set()
-    for t_rec, rec in records:
+    obs, t_prev = call.obs, call.t0
+    for t_rec, rec in call.records:
         d, ph = rec["n_depth"], rec["phase"]
         acc = accs.get((ph, d))
         if acc is None or (ph, d) in seen or (phase is not None and ph != phase):
@@ -590,7 +559,7 @@ def _absorb_records(
         acc.discarded += min(1, len(rec["samples_ts"]))
         acc.n_batches += 1
         acc.meta = rec
-        acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+        acc.cmd, acc.log_file = shlex.join(call.cmd), str(call.log_file)
         if obs is not None:
             acc.obs.append(_test_observation(obs, t_prev, t_rec))
         t_prev = t_rec
@@ -618,20 +587,19 @@ def _still_pending(
     phase: str,
     pending: Sequence[int],
     seen: set[int],
-    error: str,
-    cmd: Sequence[str],
-    log_file: Path,
+    call: _Call,
 ) -> list[int]:
-    """Record errors for depths a call missed; return the depths whose CI is still above target_ci."""
+    """Record errors for depths ``call`` missed (not in ``seen``); return the depths whose CI is still above
+    target_ci."""
     next_pending = []
     for d in pending:
         acc = accs[(phase, d)]
         if d not in seen:
-            acc.error = error or f"llama-bench printed no result for depth {d}; see {log_file}."
-            acc.cmd, acc.log_file = shlex.join(cmd), str(log_file)
+            acc.error = call.error or f"llama-bench printed no result for depth {d}; see {call.log_file}."
+            acc.cmd, acc.log_file = shlex.join(call.cmd), str(call.log_file)
             continue
-        if error and not acc.error:
-            acc.error = error
+        if call.error and not acc.error:
+            acc.error = call.error
         if plan.target_ci is None or len(acc.samples) >= plan.max_reps:
             continue
         st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
@@ -640,9 +608,18 @@ def _still_pending(
     return next_pending
 
 
-def _progress(plan: _BenchPlan) -> list[str]:
-    # The observer's marks: one stderr line per repetition (a few microseconds inside the timed part).
-    return ["--progress"] if plan.observe else []
+def _bench_cmd(plan: _BenchPlan, *, p: int, n: int, depths: Sequence[int], reps: int) -> list[str]:
+    """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
+    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
+    progress = ["--progress"] if plan.observe else []
+    ds = ",".join(str(d) for d in depths)
+    return [
+        *plan.pin,
+        *[str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps), "-o", "jsonl"],
+        *plan.fa,
+        *progress,
+        *plan.extra,
+    ]
 
 
 def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
@@ -653,31 +630,12 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
     for d in plan.depths:
         accs[(phase, d)] = _Acc()
     while pending:
-        cmd = [
-            *plan.pin,
-            str(plan.exe),
-            "-m",
-            str(plan.model),
-            "-p",
-            str(ntok if phase == "pp" else 0),
-            "-n",
-            str(ntok if phase == "tg" else 0),
-            "-d",
-            ",".join(str(d) for d in pending),
-            "-r",
-            str(k + 1),
-            "-o",
-            "jsonl",
-            *plan.fa,
-            *_progress(plan),
-            *plan.extra,
-        ]
+        p, n = (ntok, 0) if phase == "pp" else (0, ntok)
+        cmd = _bench_cmd(plan, p=p, n=n, depths=pending, reps=k + 1)
         log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
-        records, obs, error, t_prev = _run_call(
-            plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout, observe=plan.observe
-        )
-        seen = {d for _, d in _absorb_records(accs, phase, records, obs, t_prev, cmd, log_file)}
-        pending = _still_pending(plan, accs, phase, pending, seen, error, cmd, log_file)
+        call = _run_call(plan, cmd, log_file)
+        seen = {d for _, d in _absorb_records(accs, phase, call)}
+        pending = _still_pending(plan, accs, phase, pending, seen, call)
         if pending:
             room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
             k = max(2, min(plan.want, room))
@@ -694,32 +652,12 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     for ph in ("pp", "tg"):
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
-    cmd = [
-        *plan.pin,
-        str(plan.exe),
-        "-m",
-        str(plan.model),
-        "-p",
-        str(plan.pp),
-        "-n",
-        str(plan.tg),
-        "-d",
-        ",".join(str(d) for d in plan.depths),
-        "-r",
-        str(plan.want + 1),
-        "-o",
-        "jsonl",
-        *plan.fa,
-        *_progress(plan),
-        *plan.extra,
-    ]
+    cmd = _bench_cmd(plan, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
     log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
-    records, obs, error, t_prev = _run_call(
-        plan.exe, cmd, env=plan.env, log_file=log_file, timeout=plan.timeout, observe=plan.observe
-    )
-    seen = _absorb_records(accs, None, records, obs, t_prev, cmd, log_file)
+    call = _run_call(plan, cmd, log_file)
+    seen = _absorb_records(accs, None, call)
     for ph in ("pp", "tg"):
-        _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, error, cmd, log_file)
+        _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, call)
     return str(log_file)
 
 
@@ -729,7 +667,9 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
     ntok = plan.pp if phase == "pp" else plan.tg
     meta = acc.meta
     try:
-        bpt, roof, note = _roofline(phase, plan.arch, plan.bandwidth, plan.model, d, ntok, meta.get("type_k"))
+        bpt, roof, note = _roofline(
+            phase, plan.arch, plan.bandwidth, plan.model, depth=d, ntok=ntok, kv_type=meta.get("type_k")
+        )
     except TunerError as err:  # e.g. an unreadable GGUF: the measurement still stands
         bpt, roof, note = math.nan, math.nan, f"roofline unavailable: {err}"
     return {

@@ -78,6 +78,8 @@ from typing import Any
 from tuner import _run, log
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.measure.bench import check_passthrough_args
+from tuner.measure.exe import check_env, find_exe
 from tuner.plan.fa_rules import FaRule, Phase
 
 MODES = ("prefill", "decode")
@@ -441,8 +443,6 @@ def widened_rules(rules: Sequence[FaRule]) -> dict[Phase, list[FaRule]]:
 
 
 def _check_args(args: Sequence[str], side: str) -> list[str]:
-    from tuner.measure.bench import check_passthrough_args
-
     return list(
         check_passthrough_args(
             args,
@@ -462,16 +462,35 @@ class _Step:
     digest: str = ""
 
 
-def _run_ppl(
-    exe: Path, base: list[str], extra: Sequence[str], env: Mapping[str, str], *, log_file: Path, timeout: float
-) -> _Step:
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    """One side of the gate, checked: its llama-perplexity, extra arguments and environment."""
+
+    exe: Path
+    args: list[str]
+    env: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Gate:
+    """One gate run's shared settings; ``logs`` and ``digests`` fill as its steps run."""
+
+    common: list[str]
+    mode: str
+    work_dir: Path
+    timeout: float
+    logs: dict[str, Path] = dataclasses.field(default_factory=dict)
+    digests: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) -> _Step:
     """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
     try:
         res = _run.run(
-            [exe, *base, *extra],
-            env={**os.environ, **env},
+            [side.exe, *base, *side.args],
+            env={**os.environ, **side.env},
             log_file=log_file,
             timeout=timeout,
             check=False,
@@ -485,19 +504,10 @@ def _run_ppl(
     return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
 
 
-def _base_step(
-    exe: Path,
-    common: list[str],
-    extra: Sequence[str],
-    env: Mapping[str, str],
-    out: Path,
-    *,
-    log_file: Path,
-    timeout: float,
-) -> tuple[_Step, str]:
+def _base_step(side: _Side, g: _Gate, out: Path, *, log_file: Path) -> tuple[_Step, str]:
     """A base-mode run writing ``out``; returns the step and '' or why it failed."""
     out.unlink(missing_ok=True)
-    st = _run_ppl(exe, [*common, "--kl-divergence-base", str(out)], extra, env, log_file=log_file, timeout=timeout)
+    st = _run_ppl(side, [*g.common, "--kl-divergence-base", str(out)], log_file=log_file, timeout=g.timeout)
     if st.rc != 0 or parse_base_output(st.text) is None or not out.is_file():
         err = _tool_error(st.text) or "no final perplexity estimate"
         return st, f"llama-perplexity failed (exit {st.rc}): {err}. Log: {log_file}."
@@ -505,20 +515,9 @@ def _base_step(
 
 
 def _checked_inputs(
-    candidate_bin: Path,
-    upstream_bin: Path,
-    model: Path,
-    mode: str,
-    ctx: int,
-    chunks: int,
-    c_args: Sequence[str],
-    u_args: Sequence[str],
-    c_env: Mapping[str, str],
-    u_env: Mapping[str, str],
-) -> tuple[Any, ...]:
-    """run_equivalence's arguments checked: (cand_exe, up_exe, model, c_args, u_args, c_env, u_env); UsageError otherwise."""
-    from tuner.measure.exe import check_env, find_exe
-
+    candidate_bin: Path, upstream_bin: Path, model: Path, *, mode: str, ctx: int, chunks: int
+) -> tuple[Path, Path, Path]:
+    """run_equivalence's binaries and model checked: (cand_exe, up_exe, model); UsageError otherwise."""
     if mode not in MODES:
         raise UsageError(
             f"mode must be one of {', '.join(MODES)} (got {mode!r}): prefill checks prefill kernels "
@@ -538,84 +537,49 @@ def _checked_inputs(
         raise UsageError(
             f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one)."
         )
-    cand_exe = find_exe(Path(candidate_bin), PERPLEXITY)
-    up_exe = find_exe(Path(upstream_bin), PERPLEXITY)
-    return (
-        cand_exe,
-        up_exe,
-        model,
-        _check_args(c_args, "candidate"),
-        _check_args(u_args, "upstream"),
-        check_env(c_env),
-        check_env(u_env),
-    )
+    return find_exe(Path(candidate_bin), PERPLEXITY), find_exe(Path(upstream_bin), PERPLEXITY), model
 
 
-def _upstream_base(
-    up_exe: Path,
-    common: list[str],
-    u_args: Sequence[str],
-    u_env: Mapping[str, str],
-    model: Path,
-    *,
-    mode: str,
-    work_dir: Path,
-    logs: dict[str, Path],
-    digests: dict[str, str],
-    timeout: float,
-) -> tuple[Path, str]:
+def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
     """Upstream's log-prob file, keyed by everything that shapes it and reused across candidates; (file, error)."""
     ukey = hashlib.sha256(
         repr(
             (
-                str(up_exe),
-                up_exe.stat().st_mtime_ns,
-                common,
-                list(u_args),
-                sorted(u_env.items()),
+                str(up.exe),
+                up.exe.stat().st_mtime_ns,
+                g.common,
+                list(up.args),
+                sorted(up.env.items()),
                 model.stat().st_size,
                 model.stat().st_mtime_ns,
             )
         ).encode()
     ).hexdigest()[:16]
-    up_file = work_dir / f"upstream-{mode}-{ukey}.kld"
-    stamp = work_dir / f"upstream-{mode}-{ukey}.sha256"
-    logs["upstream"] = work_dir / f"upstream-{mode}-{ukey}.log"
+    up_file = g.work_dir / f"upstream-{g.mode}-{ukey}.kld"
+    stamp = g.work_dir / f"upstream-{g.mode}-{ukey}.sha256"
+    g.logs["upstream"] = g.work_dir / f"upstream-{g.mode}-{ukey}.log"
     if up_file.is_file() and stamp.is_file():
-        digests["upstream"] = stamp.read_text().strip()
+        g.digests["upstream"] = stamp.read_text().strip()
         return up_file, ""
-    with log.step(f"equivalence gate ({mode}): upstream's log-probabilities"):
-        st, err = _base_step(up_exe, common, u_args, u_env, up_file, log_file=logs["upstream"], timeout=timeout)
+    with log.step(f"equivalence gate ({g.mode}): upstream's log-probabilities"):
+        st, err = _base_step(up, g, up_file, log_file=g.logs["upstream"])
     if err:
         return up_file, err
-    digests["upstream"] = st.digest
+    g.digests["upstream"] = st.digest
     stamp.write_text(st.digest + "\n")
     return up_file, ""
 
 
-def _candidate_runs(
-    cand_exe: Path,
-    common: list[str],
-    c_args: Sequence[str],
-    c_env: Mapping[str, str],
-    *,
-    mode: str,
-    work_dir: Path,
-    logs: dict[str, Path],
-    digests: dict[str, str],
-    timeout: float,
-) -> str:
+def _candidate_runs(cand: _Side, g: _Gate) -> str:
     """The candidate's two base-mode runs (files ``candidate-a/b.kld``); '' or why one failed."""
     for tag in ("a", "b"):
         name = f"candidate-{tag}"
-        logs[name] = work_dir / f"{name}.log"
-        with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
-            st, err = _base_step(
-                cand_exe, common, c_args, c_env, work_dir / f"{name}.kld", log_file=logs[name], timeout=timeout
-            )
+        g.logs[name] = g.work_dir / f"{name}.log"
+        with log.step(f"equivalence gate ({g.mode}): candidate run {tag.upper()}"):
+            st, err = _base_step(cand, g, g.work_dir / f"{name}.kld", log_file=g.logs[name])
         if err:
             return f"The candidate's run {tag.upper()} failed: {err}"
-        digests[name] = st.digest
+        g.digests[name] = st.digest
     return ""
 
 
@@ -663,18 +627,10 @@ def run_equivalence(
     Raises:
         UsageError: A missing binary or model, a bad mode, context, chunk count or argument.
     """
-    cand_exe, up_exe, model, c_args, u_args, c_env, u_env = _checked_inputs(
-        candidate_bin,
-        upstream_bin,
-        model,
-        mode,
-        ctx,
-        chunks,
-        candidate_args,
-        upstream_args,
-        candidate_env,
-        upstream_env,
-    )
+    cand_exe, up_exe, model = _checked_inputs(candidate_bin, upstream_bin, model, mode=mode, ctx=ctx, chunks=chunks)
+    c_args, u_args = _check_args(candidate_args, "candidate"), _check_args(upstream_args, "upstream")
+    cand = _Side(cand_exe, c_args, check_env(candidate_env))
+    up = _Side(up_exe, u_args, check_env(upstream_env))
     t0 = time.monotonic()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -690,13 +646,12 @@ def run_equivalence(
         "text_sha256": file_sha256(text)[:16],
         "candidate_bin": str(candidate_bin),
         "upstream_bin": str(upstream_bin),
-        "candidate_env": c_env,
+        "candidate_env": cand.env,
         "candidate_args": c_args,
-        "upstream_env": u_env,
+        "upstream_env": up.env,
         "upstream_args": u_args,
     }
-    logs: dict[str, Path] = {}
-    digests: dict[str, str] = {}
+    g = _Gate(common=common, mode=mode, work_dir=work_dir, timeout=timeout)
 
     def done(
         reasons: Sequence[str], *, det: bool | None = None, ident: bool | None = None, stats: KldStats | None = None
@@ -719,38 +674,32 @@ def run_equivalence(
             stats=stats,
             thresholds=thresholds,
             strict=strict,
-            logs=dict(logs),
-            digests=dict(digests),
+            logs=dict(g.logs),
+            digests=dict(g.digests),
             seconds=time.monotonic() - t0,
             settings=settings,
         )
 
-    up_file, err = _upstream_base(
-        up_exe, common, u_args, u_env, model, mode=mode, work_dir=work_dir, logs=logs, digests=digests, timeout=timeout
-    )
+    up_file, err = _upstream_base(up, model, g)
     if err:
         return done([f"Upstream's run failed, so nothing could be compared: {err}"])
-    err = _candidate_runs(
-        cand_exe, common, c_args, c_env, mode=mode, work_dir=work_dir, logs=logs, digests=digests, timeout=timeout
-    )
+    err = _candidate_runs(cand, g)
     if err:
         return done([err])
-    det = digests["candidate-a"] == digests["candidate-b"]
-    ident = digests["candidate-a"] == digests["upstream"]
+    det = g.digests["candidate-a"] == g.digests["candidate-b"]
+    ident = g.digests["candidate-a"] == g.digests["upstream"]
 
-    logs["kld"] = work_dir / "kld.log"
+    g.logs["kld"] = work_dir / "kld.log"
     with log.step(f"equivalence gate ({mode}): candidate's KL divergence vs upstream"):
         st = _run_ppl(
-            cand_exe,
+            cand,
             [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"],
-            c_args,
-            c_env,
-            log_file=logs["kld"],
+            log_file=g.logs["kld"],
             timeout=timeout,
         )
     stats = parse_kld_output(st.text)
     reasons = []
     if st.rc != 0 or not stats.complete:
         err = _tool_error(st.text) or "no KL divergence statistics"
-        reasons.append(f"The candidate's KL divergence run failed (exit {st.rc}): {err}. Log: {logs['kld']}.")
+        reasons.append(f"The candidate's KL divergence run failed (exit {st.rc}): {err}. Log: {g.logs['kld']}.")
     return done(reasons, det=det, ident=ident, stats=stats)

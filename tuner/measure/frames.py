@@ -23,6 +23,7 @@ __all__ = [
     "save_results",
 ]
 
+import csv
 import json
 import math
 import numbers
@@ -35,7 +36,7 @@ import numpy as np
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure.stats import compare_frames
+from tuner.measure.stats import compare_frames, summarize_samples
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -255,8 +256,6 @@ def _records(path: Path, text: str | None = None) -> list[_Record]:
 
 
 def _read_csv(text: str, path: Path) -> list[_Record]:
-    import csv
-
     lines = [(no, ln) for no, ln in enumerate(text.splitlines(), 1) if ln.strip()]
     start = next(
         (i for i, (_, ln) in enumerate(lines) if ln.startswith("build_commit") or "n_prompt" in ln.split(",")), None
@@ -436,7 +435,7 @@ def _read_sql(text: str, path: Path) -> list[_Record]:
 # ----------------------------------------------------------------------------- field checks
 
 
-def _bad(where: str, field: str, value: Any, want: str) -> UsageError:
+def _bad(where: str, field: str, value: object, want: str) -> UsageError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return UsageError(
@@ -498,7 +497,7 @@ def _scalar(where: str, field: str, x: Any) -> Any:
     return x
 
 
-def _text(where: str, field: str, x: Any) -> str | None:
+def _text(where: str, field: str, x: object) -> str | None:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return None
     if not isinstance(x, str):
@@ -581,8 +580,6 @@ def _model_name(rec: dict[str, Any]) -> str:
 def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
     """Raw llama-bench records -> a bench frame, one row per (model, test, depth)."""
     import pandas as pd
-
-    from tuner.measure.stats import summarize_samples
 
     recs = [_checked_llama_bench(where, r) for where, r in records]
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError, close_matches
+from tuner.measure.exe import check_env, find_exe
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 
 KERNELS = ("VEC", "TILE", "MMA")
@@ -244,25 +245,21 @@ def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | 
 def _check_op(
     exe: Path,
     op: str,
+    flags: Sequence[str],
     *,
     backend: str,
-    params: str | None,
-    jobs: int | None,
     env: Mapping[str, str],
     log_file: Path,
     timeout: float,
     bin_dir: Path,
 ) -> CheckResult:
-    """One ``test-backend-ops test -o OP`` call as a CheckResult (a timeout is a failed result, returncode -1).
+    """One ``test-backend-ops test -o OP -b BACKEND FLAGS...`` call as a CheckResult (a timeout is a failed
+    result, returncode -1).
 
     Raises:
         UsageError: The binary has no such backend device.
     """
-    cmd = [str(exe), "test", "-o", op, "-b", backend]
-    if params is not None:
-        cmd += ["-p", params]
-    if jobs is not None:
-        cmd += ["-j", str(jobs)]
+    cmd = [str(exe), "test", "-o", op, "-b", backend, *flags]
     lines: list[str] = []
     try:
         res = _run.run(
@@ -346,8 +343,6 @@ def run_check(
     Raises:
         UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
     """
-    from tuner.measure.exe import check_env, find_exe
-
     exe = find_exe(Path(bin_dir), "test-backend-ops")
     _validate(ops, backend, params, jobs)
     env = check_env(env)
@@ -357,17 +352,10 @@ def run_check(
     parts: list[CheckResult] = []
     start = time.monotonic()
     rc_max = 0
+    flags = (["-p", params] if params is not None else []) + (["-j", str(jobs)] if jobs is not None else [])
     for op in ops:
         part = _check_op(
-            exe,
-            op,
-            backend=backend,
-            params=params,
-            jobs=jobs,
-            env=full_env,
-            log_file=log_file,
-            timeout=timeout,
-            bin_dir=bin_dir,
+            exe, op, flags, backend=backend, env=full_env, log_file=log_file, timeout=timeout, bin_dir=bin_dir
         )
         parts.append(part)
         rc_max = part.returncode if part.returncode != 0 else rc_max

@@ -41,11 +41,11 @@ class BenchTarget:
 class InterleavedResult:
     """Outcome of :func:`run_interleaved`."""
 
-    frames: dict[str, Any]
+    frames: dict[str, pd.DataFrame]
     """label -> DataFrame: candidates (drift-corrected where flagged) and the baseline (pooled anchors)."""
-    anchors: Any
+    anchors: pd.DataFrame
     """Every anchor measurement: bench rows plus ``anchor_index``."""
-    drift: Any
+    drift: pd.DataFrame
     """Per (test, depth): ``drift_pct``, ``noise_pct``, ``flagged``, ``reference_ts``."""
 
 
@@ -210,7 +210,7 @@ def run_interleaved(
                 f"{r['noise_pct']:.1f}% at {r['test']} @ d{r['depth']}: correcting by anchor ratio"
             )
 
-    frames: dict[str, Any] = {}
+    frames: dict[str, pd.DataFrame] = {}
     for i, (c, df) in enumerate(zip(candidates, cands)):
         rows = _corrected_candidate(df, anchors[i], anchors[i + 1], drift_rows, confidence=confidence, seed=seed)
         frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))

@@ -30,10 +30,17 @@ import functools
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Protocol
+
+import psutil
+
+from tuner import log
+from tuner.extras import install_command
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +91,7 @@ class _GpuProbe(Protocol):
 class _NvmlProbe:
     name = "nvml"
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: ModuleType) -> None:
         self._nvml = nvml
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()
@@ -108,7 +115,7 @@ class _NvmlProbe:
 class _AmdSmiProbe:
     name = "amdsmi"
 
-    def __init__(self, amdsmi: Any) -> None:
+    def __init__(self, amdsmi: ModuleType) -> None:
         self._smi = amdsmi
         amdsmi.amdsmi_init()
         self._handles = list(amdsmi.amdsmi_get_processor_handles())
@@ -130,13 +137,8 @@ class _AmdSmiProbe:
 
 @functools.cache  # once per process
 def _warn_nvml_missing() -> None:
-    import shutil
-
     if shutil.which("nvidia-smi") is None:  # no NVIDIA driver: nothing to observe anyway
         return
-    from tuner import log
-    from tuner.extras import install_command
-
     log.warning(
         "GPU utilization and memory columns stay empty: the NVML bindings (pynvml) are not "
         f"installed. Install them with `{install_command('nvml')}`."
@@ -228,8 +230,6 @@ class Observer:
     def _cpu_seconds(self, threads: dict[tuple[int, int], float] | None = None) -> float:
         """Total CPU seconds of the live child tree since the last sample; with ``threads``, also fills
         it with the CPU seconds of every thread of the tree."""
-        import psutil
-
         delta = 0.0
         try:
             children = psutil.Process(os.getpid()).children(recursive=True)

@@ -47,6 +47,9 @@ from typing import Any
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
+from tuner.measure.exe import check_env, find_exe
+from tuner.targets.models import load_gguf_tensors
 
 DEFAULT_MAX_SPLITS = 2
 """Decode-graph splits allowed for full offload: the host embedding lookup plus one GPU split."""
@@ -205,8 +208,6 @@ def parse_residency(text: str) -> Residency:
 
 def input_layer_mib(model: Path) -> float:
     """MiB of the input-layer tensors (token embeddings...) that llama.cpp always keeps on the host."""
-    from tuner.targets.models import load_gguf_tensors
-
     return sum(t.n_bytes for t in load_gguf_tensors(Path(model)) if t.name.startswith(_INPUT_TENSORS)) / 2**20
 
 
@@ -268,8 +269,6 @@ def judge(
 
 
 def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
-
     return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
 
 
@@ -293,8 +292,6 @@ def run_residency(
     Raises:
         UsageError: No llama-bench in ``bin_dir``, no model, a bad argument.
     """
-    from tuner.measure.exe import check_env, find_exe
-
     exe = find_exe(Path(bin_dir), "llama-bench")
     if not Path(model).is_file():
         raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE`).")

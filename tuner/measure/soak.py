@@ -58,9 +58,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args, parse_bench_jsonl
+from tuner.measure.exe import check_env, find_exe
 from tuner.measure.stats import median
+from tuner.paths import tuner_home
 
 DEFAULT_CHUNK = 256
 """Tokens per repetition (``-n``): long enough to time well, short enough for many windows."""
@@ -248,8 +253,6 @@ def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
 
 
 def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
-
     return check_passthrough_args(
         args,
         PROBE_OWN_FLAGS,
@@ -281,14 +284,12 @@ class _Sampler:
 
     def __init__(self, exe: Path, t0: float) -> None:
         self.exe, self.t0 = exe.resolve(), t0
-        self.proc: Any = None
+        self.proc: psutil.Process | None = None
         self.samples: list[MemSample] = []
         self.lines: list[str] = []
         self.device = bool(shutil.which("nvidia-smi"))
 
-    def _child(self) -> Any:
-        import psutil
-
+    def _child(self) -> psutil.Process | None:
         if self.proc is None:
             for p in psutil.Process(os.getpid()).children(recursive=True):
                 try:
@@ -300,8 +301,6 @@ class _Sampler:
         return self.proc
 
     def __call__(self, line: str) -> None:
-        import psutil
-
         self.lines.append(line)
         m = _REP_LINE.search(line)
         if not m or int(m.group(1)) < 2:  # the first boundary is after warm-up: pages not yet touched
@@ -328,8 +327,6 @@ def _run_bench(
 ) -> str:
     """Run the soak's one llama-bench process, ``sampler`` reading its output as it comes; what went
     wrong, or "" when it exited 0."""
-    from tuner.measure.exe import check_env
-
     try:
         rc = _run.run(
             cmd,
@@ -379,9 +376,6 @@ def run_soak(
     Raises:
         UsageError: No llama-bench, no model, a bad length or argument.
     """
-    from tuner.measure.bench import parse_bench_jsonl
-    from tuner.measure.exe import find_exe
-
     c, reps = plan_chunks(n_tokens, chunk)
     exe = find_exe(Path(bin_dir), "llama-bench")
     if not Path(model).is_file():
@@ -405,8 +399,6 @@ def run_soak(
         *_check_args(args),
     ]
     if log_dir is None:
-        from tuner.paths import tuner_home
-
         log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
     log_file = Path(log_dir) / "soak.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)

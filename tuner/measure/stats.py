@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from tuner._compat import tomllib
 from tuner.errors import UsageError
+from tuner.paths import package_data
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -378,9 +380,6 @@ def aa_noise(v: Verdict) -> float:
 
 
 def _floors() -> dict[str, Any]:
-    from tuner._compat import tomllib
-    from tuner.paths import package_data
-
     return tomllib.loads(package_data("aa_floors.toml").read_text(encoding="utf-8"))
 
 
