@@ -29,10 +29,12 @@ import functools
 import logging
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar
 
+from tuner import _run
 from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data
@@ -340,7 +342,7 @@ def local_gpu_names() -> list[str]:
     """Names of this machine's NVIDIA GPUs as the driver reports them ("NVIDIA H200"): NVML, else
     nvidia-smi; ``[]`` when there is none (or no tool)."""
 
-    def name(nvml: Any, handle: Any) -> str:
+    def name(nvml: ModuleType, handle: object) -> str:
         raw = nvml.nvmlDeviceGetName(handle)
         return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
@@ -388,8 +390,6 @@ def _tool_output(name: str, *args: str) -> str:
     exe = shutil.which(name)
     if exe is None:
         return ""
-    from tuner import _run
-
     try:
         res = _run.run([exe, *args], check=False, timeout=60, what=name)
     except TunerError as err:
@@ -404,7 +404,10 @@ def _detect_nvidia_smi() -> list[str]:
     return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
 
 
-def _nvml_each(query: Any) -> list[Any] | None:
+_T = TypeVar("_T")
+
+
+def _nvml_each(query: Callable[[ModuleType, object], _T]) -> list[_T] | None:
     """``query(pynvml, handle)`` for every NVIDIA device; None when pynvml is not importable (use
     nvidia-smi then), ``[]`` when NVML finds no usable device."""
     try:
@@ -431,7 +434,7 @@ def _nvml_each(query: Any) -> list[Any] | None:
 
 
 def _detect_nvidia() -> list[str]:
-    def cc(nvml: Any, handle: Any) -> str:
+    def cc(nvml: ModuleType, handle: object) -> str:
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         return f"sm_{major}{minor}"
 

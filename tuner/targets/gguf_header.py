@@ -6,9 +6,12 @@ __all__ = ["GGUFTensor", "parse_gguf"]
 
 import dataclasses
 import math
+import mmap
+import struct
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 
@@ -58,11 +61,6 @@ def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[in
     Raises:
         ValueError: Not a GGUF, or a header that does not fit its file (naming the key or tensor).
     """
-    import mmap
-    import struct
-
-    import gguf
-
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
             raise ValueError("bad magic (not a GGUF file)")

@@ -27,6 +27,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from tuner.errors import UsageError
 
 _SYS_CPU = Path("/sys/devices/system/cpu")
@@ -123,8 +125,6 @@ def _physical_cores(ids: Sequence[int]) -> int:
     keys = [_core_key(c) for c in ids]
     if ids and all(k is not None for k in keys):
         return len(set(keys))
-    import psutil
-
     logical, physical = psutil.cpu_count() or len(ids), psutil.cpu_count(logical=False) or len(ids)
     return max(1, round(len(ids) * physical / logical))
 

@@ -26,6 +26,7 @@ __all__ = [
     "read_gguf",
     "read_shape",
     "run_quantize",
+    "shape_ints",
     "synth_cached",
     "synth_model",
 ]
@@ -38,13 +39,15 @@ import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
+import gguf
 import numpy as np
 
+from tuner import _run, log
 from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
-from tuner.paths import package_data
+from tuner.paths import package_data, tuner_home
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
 from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
 from tuner.targets.quant_types import QUANT_TYPES, quant_type
@@ -107,8 +110,6 @@ class TensorSpec:
 
     @property
     def n_bytes(self) -> int:
-        import gguf
-
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[self.ggml_type]]
         return self.n_elements // block * size
 
@@ -327,8 +328,6 @@ class _StreamedTensor:
         self.nbytes = spec.n_bytes
 
     def tofile(self, fout: IO[bytes]) -> None:
-        import gguf
-
         spec = self.spec
         if spec.kind == "norm":
             np.ones(spec.ne, dtype=np.float32).tofile(fout)
@@ -360,9 +359,7 @@ def find_vocab(source_root: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
-    import gguf
-
+def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape) -> None:
     try:
         kv, _ = parse_gguf(vocab_path)
     except (OSError, ValueError, KeyError, struct.error) as err:
@@ -388,10 +385,8 @@ def _copy_tokenizer(writer: Any, vocab_path: Path, shape: ModelShape) -> None:
             writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=gguf.GGUFValueType(sub))
 
 
-def _add_metadata(writer: Any, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
+def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
     """The GGUF's key/values: name, the shape's hyperparameters, file type and the copied tokenizer."""
-    import gguf
-
     a = shape.arch
     writer.add_name(f"tuner-random-{shape.name}")
     writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
@@ -414,10 +409,8 @@ def _add_metadata(writer: Any, shape: ModelShape, weight_type: str, vocab_path: 
     _copy_tokenizer(writer, vocab_path, shape)
 
 
-def _add_tensor_infos(writer: Any, specs: Sequence[TensorSpec]) -> None:
+def _add_tensor_infos(writer: gguf.GGUFWriter, specs: Sequence[TensorSpec]) -> None:
     """One tensor-info entry per planned tensor (F32/F16 as arrays, quantized as raw bytes)."""
-    import gguf
-
     for spec in specs:
         gtype = gguf.GGMLQuantizationType[spec.ggml_type]
         np_shape = tuple(reversed(spec.ne))
@@ -431,7 +424,7 @@ def _add_tensor_infos(writer: Any, specs: Sequence[TensorSpec]) -> None:
 
 
 def _write_tensors(
-    writer: Any,
+    writer: Any,  # a GGUFWriter, handed a _StreamedTensor where its types say ndarray
     specs: Sequence[TensorSpec],
     shape: ModelShape,
     *,
@@ -492,8 +485,6 @@ def synth_model(
         UsageError: Bad weight type or seed, or a vocab file that does not fit the shape.
         TunerError: The file could not be written.
     """
-    import gguf
-
     if weight_type not in WEIGHT_TYPES:
         raise UsageError(
             f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
@@ -530,8 +521,6 @@ def run_quantize(
         UsageError: Unknown quant type or missing binary.
         TunerError: llama-quantize failed (the message carries its last log lines).
     """
-    from tuner import _run
-
     q = quant_type(quant)
     exe = Path(quantize_bin)
     if not exe.is_file() or not os.access(exe, os.X_OK):
@@ -646,7 +635,11 @@ def load_gguf_shape(path: Path) -> ModelShape:
 
 def read_shape(path: Path) -> dict[str, int]:
     """Head size, GQA ratio and sizes of a GGUF, as plain ints (for constraints and the gate)."""
-    s = load_gguf_shape(Path(path))
+    return shape_ints(load_gguf_shape(Path(path)))
+
+
+def shape_ints(s: ModelShape) -> dict[str, int]:
+    """Head size, GQA ratio and sizes of ``s`` as plain ints: what a study's header records (``shape``)."""
     return {
         "head_dim": s.head_dim,
         "gqa": s.gqa,
@@ -663,10 +656,19 @@ DIRECT_QUANTS = ("Q4_K_M", "Q5_K_M", "IQ4_XS")
 DIRECT_WEIGHT_TYPES = tuple(q.lower() for q in DIRECT_QUANTS)
 
 
+class SourceTree(Protocol):
+    """The llama.cpp tree a model is synthesized against (a :class:`tuner.source.Source`)."""
+
+    @property
+    def source_id(self) -> str: ...
+    @property
+    def root(self) -> Path: ...
+
+
 def synth_cached(
     like: str,
     *,
-    source: Any,
+    source: SourceTree,
     quant: str | None = None,
     quantize_bin: Path | None = None,
     weight_type: str = "f16",
@@ -685,9 +687,6 @@ def synth_cached(
         UsageError: unknown model name, ``quant`` without a ``quantize_bin``, or ``direct`` with a
             quant it cannot write.
     """
-    from tuner import log
-    from tuner.paths import tuner_home
-
     shape = load_model_shape(like)
     if direct and (quant or "").upper() not in DIRECT_QUANTS:
         raise UsageError(f"direct synthesis writes {', '.join(DIRECT_QUANTS)} only, not {quant!r}.")

@@ -22,7 +22,8 @@ from typing import Any, TypedDict
 
 from tuner.errors import UsageError, close_matches
 from tuner.targets.archs import Arch, Product, load_arch
-from tuner.targets.models import ModelShape, load_gguf_shape, load_gguf_tensors, plan_tensors
+from tuner.targets.gguf_header import GGUFTensor
+from tuner.targets.models import ModelShape, TensorSpec, load_gguf_shape, load_gguf_tensors, plan_tensors
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
@@ -47,22 +48,30 @@ def _check_depth(depth: int) -> None:
         raise UsageError(f"Depth must be an integer between 0 and {_MAX_DEPTH}, got {depth!r}.")
 
 
-def _resolve(
-    model: ModelShape | str | os.PathLike[str], weight_type: str
-) -> tuple[ModelShape, list[dict[str, Any]], str]:
+class _Tensor(TypedDict):
+    name: str
+    kind: str
+    ne: tuple[int, ...]
+    type: str
+    n_elements: int
+    n_bytes: int
+
+
+def _tensor(t: TensorSpec | GGUFTensor, kind: str) -> _Tensor:
+    return {
+        "name": t.name,
+        "kind": kind,
+        "ne": t.ne,
+        "type": t.ggml_type,
+        "n_elements": t.n_elements,
+        "n_bytes": t.n_bytes,
+    }
+
+
+def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, list[_Tensor], str]:
     """(shape, tensors as dicts with name/kind/ne/type/n_elements/n_bytes, where the sizes come from)."""
     if isinstance(model, ModelShape):
-        tensors = [
-            {
-                "name": t.name,
-                "kind": t.kind,
-                "ne": t.ne,
-                "type": t.ggml_type,
-                "n_elements": t.n_elements,
-                "n_bytes": t.n_bytes,
-            }
-            for t in plan_tensors(model, weight_type)
-        ]
+        tensors = [_tensor(t, t.kind) for t in plan_tensors(model, weight_type)]
         return model, tensors, f"shape {model.name} with {weight_type} weights (llama-quantize type rules)"
     path = Path(model)
     try:
@@ -73,15 +82,15 @@ def _resolve(
         load_gguf_shape(path)  # raises the UsageError naming the missing file
     assert st is not None
     shape, cached = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
-    return shape, [dict(t) for t in cached], f"GGUF tensor sizes of {path}"
+    return shape, [t.copy() for t in cached], f"GGUF tensor sizes of {path}"
 
 
 @functools.lru_cache(maxsize=16)
-def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape, tuple[dict[str, Any], ...]]:
+def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape, tuple[_Tensor, ...]]:
     # Keyed on mtime and size so a rewritten file is read again; one header parse per estimate.
     path = Path(path_str)
     shape = load_gguf_shape(path)
-    tensors: list[dict[str, Any]] = []
+    tensors: list[_Tensor] = []
     for t in load_gguf_tensors(path):
         if t.name == "token_embd.weight":
             kind = "embd"
@@ -91,16 +100,7 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
             kind = "matmul"
         else:
             kind = "vector"
-        tensors.append(
-            {
-                "name": t.name,
-                "kind": kind,
-                "ne": t.ne,
-                "type": t.ggml_type,
-                "n_elements": t.n_elements,
-                "n_bytes": t.n_bytes,
-            }
-        )
+        tensors.append(_tensor(t, kind))
     if not any(t["kind"] == "matmul" and t["n_bytes"] > 0 for t in tensors):
         # a vocab-only GGUF (models/ggml-vocab-*.gguf) has the metadata and no weights: its bound would be x/0
         raise UsageError(
