@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.plan.space import BENCH_DEFAULT, SearchSpace
-from tuner.targets.host import Cpus, mask_text
+from tuner.targets import archs, models
+from tuner.targets.host import Cpus, host_cpus, mask_text
 
 _FIT_MARGIN = 0.9
 """Share of the free GPU memory the weights and KV may take (compute buffers need the rest)."""
@@ -143,20 +144,16 @@ def space_for_run(
     Raises:
         UsageError: The model is unreadable (via :func:`tuner.targets.models.read_shape`).
     """
-    from tuner.targets.archs import gpu_free_bytes
-    from tuner.targets.host import host_cpus
-    from tuner.targets.models import read_shape
-
     if not any(k.meta.get("derive") for k in space.runtime_knobs):
         return space, {}
-    shape = read_shape(model) if model is not None else None
+    shape = models.read_shape(model) if model is not None else None
     needs_gpu = gpu and any(k.meta.get("derive") == "ngl" for k in space.runtime_knobs)
     legal = legal_values(
         space,
         cpus=host_cpus(cpu_mask),
         shape=shape,
         model_bytes=model.stat().st_size if model else None,
-        gpu_free_bytes=gpu_free_bytes() if needs_gpu else None,
+        gpu_free_bytes=archs.gpu_free_bytes() if needs_gpu else None,
         tokens=tokens,
     )
     return resolve_space(space, legal), legal

@@ -33,7 +33,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan import constraints, fa_rules, tu_split
@@ -41,6 +41,7 @@ from tuner.plan import space as space_mod
 from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
+from tuner.targets.archs import newer_nvidia
 
 if TYPE_CHECKING:
     from tuner.plan.space import SearchSpace
@@ -111,8 +112,6 @@ def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | 
     major = str(arch.cc // 10)
     if not local_archs or arch.name in local_archs:
         return f"{major}-real", []
-    from tuner.targets.archs import newer_nvidia
-
     if newer_nvidia(arch.cc, local_archs):
         warn = (
             f"{arch.name} was requested but this machine's GPU is {', '.join(local_archs)}: building "
@@ -458,6 +457,7 @@ def _checked_compile_values(
     era: str,
     sp: SearchSpace | None,
     compile_values: Mapping[str, int],
+    *,
     model_shape: Mapping[str, int] | None,
     checked: bool = False,
 ) -> dict[str, int]:
@@ -505,8 +505,19 @@ def _patch_context(
     return context
 
 
+class SourceTree(Protocol):
+    """What a render reads of a :class:`tuner.source.Source`."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def era(self) -> str: ...
+    @property
+    def source_id(self) -> str: ...
+
+
 def render_variant(
-    source: Any,
+    source: SourceTree,
     arch: str,
     variant: str,
     *,
@@ -562,33 +573,23 @@ def render_variant(
     if compile_values or family != "cpu":
         sp = space if space is not None else _find_space(arch, era)
     if compile_values:
-        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
-    if family == "cpu":
-        if hooks:
-            raise UsageError(f"A CPU build has no opt-in hooks ({', '.join(hooks)}): they patch GPU sources.")
-        return RenderedVariant(
-            arch=arch,
-            variant=variant,
-            era=era,
-            source_id=str(source.source_id),
-            source_root=root,
-            defines=defines,
-            patch="",
-            files={},
-            compile_values=compile_values,
-            warnings=tuple(warnings),
+        compile_values = _checked_compile_values(
+            root, arch, era, sp, compile_values, model_shape=model_shape, checked=checked
         )
-    baked = baked_runtime is not None
-    opt_in = tuple(sorted(set(hooks)))
-    context = _patch_context(root, arch, era, sp, compile_values, baked_runtime)
-    patch, files = render_patch(root, era, family, context, opt_in=opt_in)
-    tu_headers: dict[str, str] = {}
-    if not baked:
-        tu_headers = (
-            render_tu_headers(root, era, sp, compile_values, family=family)
-            if sp is not None
-            else {tu: "" for tu in find_hooked_tus(root, era, family)}
-        )
+    patch, opt_in = "", tuple(sorted(set(hooks)))
+    files: Mapping[str, str] = {}
+    tu_headers: Mapping[str, str] = {}
+    if family == "cpu" and hooks:
+        raise UsageError(f"A CPU build has no opt-in hooks ({', '.join(hooks)}): they patch GPU sources.")
+    if family != "cpu":
+        context = _patch_context(root, arch, era, sp, compile_values, baked_runtime)
+        patch, files = render_patch(root, era, family, context, opt_in=opt_in)
+        if baked_runtime is None:
+            tu_headers = (
+                render_tu_headers(root, era, sp, compile_values, family=family)
+                if sp is not None
+                else {tu: "" for tu in find_hooked_tus(root, era, family)}
+            )
     return RenderedVariant(
         arch=arch,
         variant=variant,

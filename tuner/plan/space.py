@@ -311,7 +311,7 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
 
 
 def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> None:
-    def need(key: str, allowed: Sequence[Any]) -> None:
+    def need(key: str, allowed: Sequence[object]) -> None:
         if meta[key] not in allowed:
             raise _err(
                 path,
@@ -590,12 +590,12 @@ def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int
     return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)
 
 
-def compile_values_of(space: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+def compile_values_of(space: SearchSpace, values: Mapping[str, Any]) -> dict[str, Any]:
     """The compile-time knob values that differ from upstream (what a build is keyed and patched by)."""
     return {k.name: values[k.name] for k in space.compile_knobs if k.name in values and values[k.name] != k.default}
 
 
-def runtime_env_and_args(space: Any, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def runtime_env_and_args(space: SearchSpace, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`.
 
     Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
