@@ -57,6 +57,8 @@ from scikit_build_core.program_search import best_program, get_ninja_programs
 
 from tuner import _run, log, progress
 from tuner._hash import file_sha256, stable_hash
+from tuner.builder import hip
+from tuner.builder.hip import HipToolchain
 from tuner.builder.quantize import quantize_model
 from tuner.builder.records import (
     adopt_old_layout,
@@ -178,7 +180,7 @@ def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
     return Path(found).resolve() if found else None
 
 
-def _fingerprint(path: Path | None) -> list[Any]:
+def _fingerprint(path: Path | None) -> list[str | int | None]:
     # Identity without running anything (a cache hit must not start a process), and by content rather
     # than path and mtime: each fresh venv (CI makes one per run) installs the same cmake/ninja wheel
     # under a new path with a new mtime, which must not invalidate every cached build.
@@ -200,10 +202,10 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
 class _Toolchain:
     tools: BuildTools
     compilers: Mapping[str, Path | None]
-    hip: Any | None  # tuner.builder.hip.HipToolchain
+    hip: HipToolchain | None
 
     @property
-    def identity(self) -> list[Any]:
+    def identity(self) -> list[list[object]]:
         items = {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
         return [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
 
@@ -211,8 +213,6 @@ class _Toolchain:
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     d = rv.defines
     if is_on(d.get("GGML_HIP")):
-        from tuner.builder import hip
-
         targets = _hip_targets(d)
         tc = hip.require_hip_toolchain()
         for t in targets:
@@ -519,12 +519,10 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
     at all; that is recorded as ``[]``. An object *with* a bundle that lacks a requested target, or
     no object holding any code for it, is an error.
     """
-    from tuner.builder.hip import load_offload_targets
-
     found: dict[str, list[str]] = {}
     for t in obj_targets:
         path = build_dir / t
-        got = load_offload_targets(path)
+        got = hip.load_offload_targets(path)
         has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
         missing = [a for a in archs if a not in got]
         if has_bundle and missing:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner import _run, log
+from tuner.builder import hip
 from tuner.builder.cmake import (
     HIP_CMAKE_SPEC,
     check_target_names,
@@ -70,8 +71,6 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
         if missing:
             defines = dict(rec.get("defines", {}))
             if is_on(defines.get("GGML_HIP")):
-                from tuner.builder import hip
-
                 tc_hip = hip.require_hip_toolchain()
                 tools, env = find_build_tools(str(tc_hip.cmake), HIP_CMAKE_SPEC), tc_hip.env()
             else:
