@@ -7,10 +7,9 @@ __all__ = ["file_sha256", "stable_hash", "text_sha256"]
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 
-def stable_hash(*parts: Any, n: int = 16) -> str:
+def stable_hash(*parts: object, n: int = 16) -> str:
     """sha256 over a canonical JSON encoding of ``parts``; the first ``n`` hex digits."""
     blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:n]

@@ -13,6 +13,7 @@ __all__ = ["RunResult", "run", "tail"]
 
 import codecs
 import contextlib
+import ctypes
 import dataclasses
 import io
 import locale
@@ -27,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from tuner import interrupts
 from tuner.errors import TunerError
@@ -70,7 +71,7 @@ _KILL_GRACE = 2.0
 _EOF_GRACE = 1.0
 _POLL = 0.1
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_prctl: Any = None
+_prctl: Callable[..., int] | Literal[False] | None = None  # libc's prctl; False: none to call
 
 
 def _preexec() -> Callable[[], None] | None:
@@ -83,8 +84,6 @@ def _preexec() -> Callable[[], None] | None:
         return None
     if _prctl is None:
         try:
-            import ctypes
-
             _prctl = ctypes.CDLL(None, use_errno=True).prctl
         except (OSError, AttributeError):
             _prctl = False

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import click
 
+from tuner import __version__
+from tuner.paths import tuner_home
 from tuner.redact import redact, redact_argv, remember_argv
 
 EXIT_INTERNAL = 70
@@ -54,8 +56,6 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
 def crash_log_dir() -> Path:
     """``$TUNER_HOME/logs`` when that is a writable folder, else ``<tmp>/tuner-logs``."""
     try:
-        from tuner.paths import tuner_home
-
         d = tuner_home() / "logs"
         d.mkdir(parents=True, exist_ok=True)
         if os.access(d, os.W_OK | os.X_OK):
@@ -68,8 +68,6 @@ def crash_log_dir() -> Path:
 
 
 def _context(argv: Sequence[str]) -> list[str]:
-    from tuner import __version__
-
     argv = redact_argv(argv)
     lines = [
         f"time:      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",

@@ -144,6 +144,7 @@ class Tracker:
     # -- bar mode
 
     def _open_bar(self) -> None:
+        # only a terminal draws a bar, and rich takes a tenth of a second to import
         from rich.console import Console
         from rich.progress import (
             BarColumn,

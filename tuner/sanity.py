@@ -12,12 +12,11 @@ __all__ = ["nonfinite", "require_finite"]
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from tuner.errors import TunerError
 
 
-def nonfinite(obj: Any, keys: Iterable[str] = ("base_ts", "tuned_ts"), _path: str = "") -> list[str]:
+def nonfinite(obj: object, keys: Iterable[str] = ("base_ts", "tuned_ts"), _path: str = "") -> list[str]:
     """Paths (``rows[3].ts_final``) of NaN/inf numbers under a key of ``keys`` anywhere in ``obj``.
 
     Only measured throughputs are checked: a CPU% or CI that a record could not observe is NaN by
@@ -37,7 +36,7 @@ def nonfinite(obj: Any, keys: Iterable[str] = ("base_ts", "tuned_ts"), _path: st
     return out
 
 
-def require_finite(result: Any, what: str, keys: Iterable[str] = ("base_ts", "tuned_ts")) -> None:
+def require_finite(result: object, what: str, keys: Iterable[str] = ("base_ts", "tuned_ts")) -> None:
     """Raise when ``result`` holds a non-finite measured throughput (see :func:`nonfinite`).
 
     Raises:
