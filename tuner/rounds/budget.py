@@ -3,7 +3,7 @@
 machine's time limit ends stops between units of work instead of losing the one in flight. A unit is what is
 stored whole: a build, a model's synthesis, a test-backend-ops gate, a round (the paired calls of a screen's or
 a confirm's round; the timer processes of one chunk's round in the kernel sweeps, where
-:func:`tuner.sweep.store.whole_round` measures a round cut off by an earlier call again whole), a tune trial,
+:meth:`tuner.rounds.store.SampleStore.whole_round` measures a round cut off by an earlier call again whole), a tune trial,
 an output-equivalence check, a residency probe. What was measured is stored; the same command resumes.
 
 A budget stop is :class:`BudgetReached`, a :class:`~tuner.errors.TunerError` with exit status 3
