@@ -30,7 +30,7 @@ import numbers
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -316,7 +316,7 @@ def _sql_statements(text: str) -> Iterator[list[tuple[int, str, str]]]:
         raise _SqlRefused(stmt[0][0], "a statement without its closing ';' (a truncated file?)")
 
 
-def _sql_value(kind: str, tok: str, col_type: str) -> Any:
+def _sql_value(kind: str, tok: str, col_type: str) -> int | float | str | None:
     """A literal as SQLite stores it in a column of ``col_type`` (its type affinity); NULL is None."""
     if kind == "name":
         return None
@@ -444,26 +444,26 @@ def _bad(where: str, field: str, value: object, want: str) -> UsageError:
     )
 
 
-def _is_num(x: Any) -> bool:
+def _is_num(x: object) -> TypeGuard[numbers.Real]:
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
-def _as_int(where: str, field: str, x: Any, lo: int = 0, hi: int = _MAX_TOKENS) -> int:
-    val: Any = x
+def _as_int(where: str, field: str, x: object, lo: int = 0, hi: int = _MAX_TOKENS) -> int:
+    val: object = x
     if isinstance(x, str) and re.fullmatch(r"\s*[-+]?\d{1,19}\s*", x):
         val = int(x)
     elif isinstance(x, str) and re.fullmatch(r"\s*[-+]?\d{1,19}\.0*\s*", x):
         val = int(float(x))
     elif _is_num(x) and math.isfinite(float(x)) and float(x).is_integer():
-        val = int(x)
+        val = int(float(x))  # an integral float: exact below 2**53, far beyond every bound here
     if not isinstance(val, int) or isinstance(val, bool) or not lo <= val <= hi:
         raise _bad(where, field, x, f"an integer from {lo} to {hi}")
     return val
 
 
-def _as_rate(where: str, field: str, x: Any) -> float:
+def _as_rate(where: str, field: str, x: object) -> float:
     """A tokens/s value: a positive finite number (a zero, negative, NaN or infinite rate is no measurement)."""
-    val: Any = x
+    val: object = x
     if isinstance(x, str):
         try:
             val = float(x)
@@ -474,7 +474,7 @@ def _as_rate(where: str, field: str, x: Any) -> float:
     return float(val)
 
 
-def _as_rates(where: str, field: str, x: Any) -> list[float]:
+def _as_rates(where: str, field: str, x: object) -> list[float]:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return []
     if isinstance(x, str):  # never written by llama-bench, but be lenient with hand-made CSVs
@@ -491,7 +491,7 @@ def _as_rates(where: str, field: str, x: Any) -> list[float]:
     return [_as_rate(where, f"{field}[{i}]", v) for i, v in enumerate(x)]
 
 
-def _scalar(where: str, field: str, x: Any) -> Any:
+def _scalar(where: str, field: str, x: object) -> object:
     if isinstance(x, (list, tuple, dict, np.ndarray)):
         raise _bad(where, field, x, "a single value (text or number)")
     return x

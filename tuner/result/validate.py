@@ -397,7 +397,7 @@ def validate_result(
     *,
     compile: bool = False,
     bench: Callable[..., tuple[bool, str]] | None = None,
-    gpu: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Path | None] | None = None,
     models: Sequence[Path] = (),
     fetch: bool = False,
 ) -> ResultCheck:
@@ -481,7 +481,7 @@ def _validate_result(
     *,
     compile: bool,
     bench: Callable[..., tuple[bool, str]] | None,
-    gpu: Mapping[str, Any] | None,
+    gpu: Mapping[str, Path | None] | None,
     models: Sequence[Path],
     fetch: bool,
 ) -> ResultCheck:
@@ -557,7 +557,7 @@ def _gpu_checks(
     source: Source,
     static: Sequence[Finding],
     models: Sequence[Path],
-    gpu: Mapping[str, Any],
+    gpu: Mapping[str, Path | None],
 ) -> list[Finding]:
     """``--gpu``: builds and runs the folder's upstream.patch, so only where it is byte for byte what tuner
     renders from config.toml (:func:`_upstream_rerender_finding`)."""
@@ -666,7 +666,7 @@ def validate_paths(
     *,
     compile: bool = False,
     bench: Callable[..., tuple[bool, str]] | None = None,
-    gpu: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Path | None] | None = None,
     models: Sequence[Path] = (),
     fetch: bool = False,
 ) -> list[ResultCheck]:
