@@ -21,8 +21,9 @@ The export claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
+__all__ = ["FINAL", "confirm_depths", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -32,14 +33,13 @@ from tuner import log
 from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.rounds.budget import Budget
+from tuner.plan.space import compile_values_of, runtime_env_and_args
 from tuner.rounds.compose import Family, judge_phase, open_depths
-from tuner.rounds.joint import Candidate, run_joint_rounds
+from tuner.rounds.joint import Candidate, Point, SharedMeasure, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
+from tuner.search.context import PHASES, Proposal, SearchRun, confirm_factory
 from tuner.search.screen import run_phase_rounds
-from tuner.search.study import SearchConfig
-from tuner.study.record import relabel_rows
-from tuner.study.state import StudyState
+from tuner.study.record import SearchOutcome, relabel_rows
 
 FINAL = "final"
 
@@ -198,61 +198,57 @@ def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[Fa
     return rule.starting_at(first), f"narrowed from {rule.text}: {why}"
 
 
-def run_confirm(
-    cfg: SearchConfig,
-    st: StudyState,
-    space: Any,
-    fixed: Mapping[str, Any],
-    rules: Sequence[FaRule],
-    tuned: Mapping[str, Any] | None,
-    base: tuple[Mapping[str, str], Sequence[str]],
-    factory: Any,
-    builds: Any,
-    depths: Sequence[int],
-    budget: Budget,
-    all_phases: Sequence[str],
-) -> dict[str, Any]:
-    """The confirm stage: the final config (``rules`` plus the ``tuned`` proposal) against upstream (its
-    runtime ``base`` env and args) in every phase of ``all_phases`` it changes, at ``depths``.
+def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
+    """The confirm stage: the final config (the ``proposal``'s rules and tuned trial) against upstream (the run's
+    runtime) in every phase it changes, at the screen's depths plus :func:`extra_depths`.
 
     Rounds are stored as they finish (keyed by what is confirmed), so a resumed search goes on from
     them. Tuned process knobs that make a point slower are dropped and the rules confirmed alone."""
     attempt = 0
     knobs_dropped: dict[str, Any] | None = None
+    depths = confirm_depths(run)
     while True:
-        rows, j, phases = _confirm_attempt(
-            cfg, st, space, fixed, rules, tuned, base, factory, builds, depths, budget, all_phases
-        )
+        rows, j, phases = _confirm_attempt(run, proposal, depths)
         if j["process_ok"] or attempt > 0:
             break
         log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
         # What was measured of them stays in the result: the report shows the rounds that ran, not "nothing".
+        tuned = proposal.tuned
         knobs_dropped = {
-            "trial": (tuned or {}).get("trial"),
-            "params": dict((tuned or {}).get("params") or (tuned or {}).get("values") or {}),
+            "trial": tuned.trial if tuned else None,
+            "params": dict((tuned.params or tuned.values) if tuned else {}),
             "why": j["process_why"],
             "phases": list(phases),
             "rows": _finite_rows(rows),
         }
-        tuned = None
+        proposal = dataclasses.replace(proposal, tuned=None)
         attempt += 1
     # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
     for r, why in j["narrowed"].items():
         log.info(f"  kept {r}, {why}")
-    unmeasured = [p for p in all_phases if p not in phases]
-    return {
-        "rules": j["kept"],
-        "dropped": j["dropped"],
-        "narrowed": j["narrowed"],
-        "tuned": tuned,
-        "rows": rows,
-        "attempt": attempt,
-        "upstream_phases": unmeasured,
-        "confirm_depths": list(depths),
-        **({"knobs_dropped": knobs_dropped} if knobs_dropped else {}),
-    }
+    return SearchOutcome(
+        header=run.header,
+        rules=tuple(j["kept"]),
+        dropped=dict(j["dropped"]),
+        narrowed=dict(j["narrowed"]),
+        tuned=proposal.tuned,
+        rows=tuple(rows),
+        attempt=attempt,
+        knobs_dropped=knobs_dropped,
+        upstream_phases=tuple(p for p in PHASES if p not in phases),
+        confirm_depths=tuple(depths),
+        stored_keys=frozenset({"narrowed"}),  # the confirm stores it, empty or not
+    )
+
+
+def confirm_depths(run: SearchRun) -> list[int]:
+    """The depths the confirm measures: the screen's and :func:`extra_depths` (``--confirm-extra``) up to the
+    model's context length."""
+    cfg = run.cfg
+    extra = extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=run.shape.context_length)
+    return sorted(set(cfg.depths) | set(extra))
 
 
 def _finite_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -262,49 +258,36 @@ def _finite_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _confirm_attempt(
-    cfg: SearchConfig,
-    st: StudyState,
-    space: Any,
-    fixed: Mapping[str, Any],
-    rules: Sequence[FaRule],
-    tuned: Mapping[str, Any] | None,
-    base: tuple[Mapping[str, str], Sequence[str]],
-    factory: Any,
-    builds: Any,
-    depths: Sequence[int],
-    budget: Budget,
-    all_phases: Sequence[str],
+    run: SearchRun, proposal: Proposal, depths: Sequence[int]
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     """One confirm of one final config: its rows, the judgement and the phases measured (stored)."""
-    from tuner.plan.space import compile_values_of, runtime_env_and_args
-
-    base_env, base_args = base
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    variant = str((tuned or {}).get("values", {}).get("variant", fixed.get("variant", variants[0])))
+    cfg, st, space, builds = run.cfg, run.st, run.space, run.builds
+    rules, tuned = proposal.rules, proposal.tuned
+    variant = str((tuned.values if tuned else {}).get("variant", run.base_variant))
     compile_values: dict[str, Any] = {}
-    env, args = dict(base_env), list(base_args)
+    env, args = dict(run.base_env), list(run.base_args)
     if tuned:
-        vals = tuned["values"]
-        compile_values = compile_values_of(space, vals)
-        env, args = runtime_env_and_args(space, vals)
-    build, fb = builds.get(str(fixed.get("variant", variants[0])), {}), builds.get(variant, compile_values)
+        compile_values = compile_values_of(space, tuned.values)
+        env, args = runtime_env_and_args(space, tuned.values)
+    build, fb = builds.get(run.base_variant, {}), builds.get(variant, compile_values)
     process_changed = bool(tuned)
     rule_phases = {r.phase.bench for r in rules}
     # One build on both sides: both phases share each call, so the phase without a change is
     # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
+    factory = confirm_factory(run, proposal)
     m_up, m_fin = factory(build), factory(fb)
-    shared = getattr(m_up, "joint", None) if fb is build else None
-    phases = [p for p in all_phases if process_changed or p in rule_phases or (shared and (rules or process_changed))]
+    shared = m_up.joint if fb is build and isinstance(m_up, SharedMeasure) else None
+    phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
     final = Candidate(
         name=FINAL, env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=tuple(args)
     )
-    up = Candidate(name=UPSTREAM, env=dict(base_env), args=tuple(base_args))
-    aa = Candidate(name=AA_NAME, env=dict(base_env), args=tuple(base_args))
+    up = Candidate(name=UPSTREAM, env=dict(run.base_env), args=run.base_args)
+    aa = Candidate(name=AA_NAME, env=dict(run.base_env), args=run.base_args)
     # Records are keyed by what is confirmed: a rerun that confirms another config starts afresh.
-    ckey = stable_hash({"rules": rules_texts(rules), "tuned": (tuned or {}).get("values")})[:12]
+    ckey = stable_hash({"rules": rules_texts(rules), "tuned": dict(tuned.values) if tuned else None})[:12]
     recs = st.confirm_rounds(ckey)
 
-    def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Any:
+    def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Mapping[int, Point]:
         return (m_fin if c.name == FINAL else m_up)(c, phase, ds, label)
 
     def persist(r: Mapping[str, Any]) -> None:
@@ -331,7 +314,7 @@ def _confirm_attempt(
                 min_rounds=cfg.min_rounds,
                 max_rounds=cfg.max_rounds,
                 target_ci=cfg.ci_target,
-                deadline=budget.deadline,
+                deadline=run.budget.deadline,
                 on_round=persist,
                 tag="confirm",
                 prior=st.screen_rounds,
@@ -354,16 +337,19 @@ def _confirm_attempt(
                 min_rounds=cfg.min_rounds,
                 max_rounds=cfg.max_rounds,
                 target_ci=cfg.ci_target,
-                deadline=budget.deadline,
+                deadline=run.budget.deadline,
                 on_round=persist,
                 tag="confirm",
                 prior=st.screen_rounds,
                 settle=settle,
             )
-        budget.check(f"confirm {phase}")
+        run.budget.check(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
         rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)
     j = judge(rules, rows, process_changed=process_changed)  # its rows: relabelled where a rule was narrowed
     judged = {k: v for k, v in j.items() if k != "rows"}
-    st.set_confirm(ckey, {"rules": rules, "tuned": tuned, "rows": rows, "judge": judged, "phases": phases})
+    st.set_confirm(
+        ckey,
+        {"rules": rules, "tuned": tuned.stored() if tuned else None, "rows": rows, "judge": judged, "phases": phases},
+    )
     return j["rows"], j, phases

@@ -21,20 +21,22 @@ import dataclasses
 import math
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.plan.variant import Build
 from tuner.rounds.costs import load_step_costs
+from tuner.rounds.joint import Measure
 from tuner.search.observed import Observed
 from tuner.study.state import StudyState
 
 
-def counted(st: StudyState, factory: Any) -> Any:
+def counted(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
     """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
     ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
 
-    def make(build: Any) -> Observed:
+    def make(build: Build) -> Observed:
         return Observed(factory(build), before=lambda: st.add_llama_bench_calls(1))
 
     return make

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.plan.variant import Build
+from tuner.rounds.joint import Measure
 from tuner.search.observed import Observed
 from tuner.study.state import StudyState
 
@@ -38,10 +40,10 @@ def check_device(st: StudyState, measure: Any) -> None:
         )
 
 
-def device_checked(st: StudyState, factory: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def device_checked(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
     """``factory`` whose measures call :func:`check_device` after every call (``joint`` too)."""
 
-    def make(build: Any) -> Observed:
+    def make(build: Build) -> Observed:
         return Observed(factory(build), after=lambda m: check_device(st, m))
 
     return make

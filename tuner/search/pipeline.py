@@ -4,6 +4,10 @@ Every stage writes what it measured into the Optuna study (user attributes for t
 rounds, trials for the tune stage), so rerunning the same command continues where a call stopped
 (a time budget, a lost machine) instead of starting over, and ``tuner export`` works from the study
 database alone.
+
+The stages take the run (:class:`tuner.search.context.SearchRun`, resolved once) and what the stage before
+handed on: gate -> screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm
+(:func:`tuner.search.confirm.run_confirm`) -> residency and output gates (:mod:`tuner.search.final_gates`).
 """
 
 from __future__ import annotations
@@ -13,63 +17,58 @@ __all__ = ["PHASES", "PIPELINE_VERSION", "BudgetReached", "kernels_for", "plan_t
 import contextlib
 import dataclasses
 import functools
-import os
-import platform
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from tuner import log
-from tuner._hash import stable_hash
 from tuner.errors import TunerError, UsageError
 from tuner.paths import refuse_linked_folder
-from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
+from tuner.plan import space as sp
+from tuner.plan.derive import Legal, space_for_run
+from tuner.plan.fa_rules import FaRule, rules_from_texts
+from tuner.plan.variant import Build
 from tuner.redact import redact
 from tuner.rounds import compose as comp
 
 # BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
 # same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.rounds.budget import Budget, BudgetReached
-from tuner.rounds.joint import AllCallsFailed, Candidate, phase_stops, run_joint_rounds
+from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, phase_stops, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
-from tuner.search import confirm as conf
-from tuner.search import tune as tn
-from tuner.search.cost import counted as _counted
-from tuner.search.cost import full_build_seconds, past_cost_line, priced_screen_call
-from tuner.search.device_guard import OtherDevice, device_checked
+from tuner.search import context as cx
+from tuner.search import lock
+from tuner.search.confirm import confirm_depths, run_confirm
+from tuner.search.context import PHASES, GateResult, SearchRun, gate, kernels_for
+from tuner.search.cost import counted, past_cost_line, priced_screen_call
+from tuner.search.device_guard import device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
-from tuner.study.record import SearchOutcome, load_outcome
-from tuner.study.state import RESUME_CHECKED, StudyState, trial_attr, write_trial
+from tuner.search.tune import tune_stage
+from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
+from tuner.study.state import RESUME_CHECKED, StudyState
+from tuner.study.storage import make_storage
+from tuner.targets.models import ModelShape, load_gguf_shape, shape_ints
 
 PIPELINE_VERSION = 2
-PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
 
 
 @contextlib.contextmanager
-def _timed(st: StudyState, stage: str) -> Any:
+def _timed(st: StudyState, stage: str) -> Iterator[None]:
     """Wall time per stage, recorded even when the budget stops the stage (resumed calls add up)."""
     t0 = time.monotonic()
     try:
         yield
     finally:
         st.add_seconds(stage, time.monotonic() - t0)
-
-
-def kernels_for(space: Any, phase: str) -> list[str]:
-    """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
-    want = Phase.from_bench(phase)
-    ks: list[str] = []
-    for k in space.runtime_knobs:
-        if k.kind == "rule" and k.meta.get("phase") == want.value:
-            ks += [str(c) for c in (k.choices or ()) if c != "default" and str(c) not in ks]
-    return ks
 
 
 def plan_text(
@@ -98,11 +97,7 @@ def plan_text(
     )
 
 
-def _open_study(cfg: SearchConfig) -> Any:
-    import optuna
-
-    from tuner.study.storage import make_storage
-
+def _open_study(cfg: SearchConfig) -> tuple[optuna.Study, optuna.storages.RDBStorage]:
     storage = make_storage(cfg.storage_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Feasibility reaches TPE through Trial.set_constraint (Optuna 5's replacement of constraints_func).
@@ -124,8 +119,39 @@ def _open_study(cfg: SearchConfig) -> Any:
         ) from err
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Checked:
+    """What :func:`run_pipeline` checks before the run dir appears: the space resolved for this machine and
+    model (and its derived values), the variants searched, the pins and the model's shape."""
+
+    space: sp.SearchSpace
+    legal: Mapping[str, Legal]
+    variants: tuple[str, ...]
+    fixed: Mapping[str, Any]
+    shape: ModelShape
+
+
+def _checked(cfg: SearchConfig) -> _Checked:
+    source = cfg.source
+    space, legal = _resolved_space(cfg, sp.load_space(cfg.arch, source.era))
+    variants = tuple(v for v in space.variants if cfg.variants is None or v in cfg.variants)
+    if not variants:
+        raise UsageError(
+            f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
+            f"for era {source.era}; it has {space.variants}."
+        )
+    fixed = coerce_pins(space, cfg.fixed)
+    shape = _model_shape(cfg.model)
+    _check_depths(cfg.depths, shape)
+    return _Checked(space=space, legal=legal, variants=variants, fixed=fixed, shape=shape)
+
+
 def run_pipeline(
-    cfg: SearchConfig, *, measure_factory: Any = None, equivalence: Any = None, then: Any = None
+    cfg: SearchConfig,
+    *,
+    measure_factory: cx.MeasureFactory | None = None,
+    equivalence: cx.Equivalence | None = None,
+    then: Any = None,
 ) -> SearchOutcome:
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
@@ -135,29 +161,15 @@ def run_pipeline(
     upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
     llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`).
     """
-    from tuner.plan.space import load_space
-
-    budget = cfg.budget
-    source = cfg.source
-    space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    if not variants:
-        raise UsageError(
-            f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
-            f"for era {source.era}; it has {space.variants}."
-        )
-    fixed = coerce_pins(space, cfg.fixed)
-    shape_d = _model_shape(cfg.model)
-    _check_depths(cfg.depths, shape_d)
+    budget = cfg.budget  # counted from the command's start: the build and the model made before count too
+    checked = _checked(cfg)
     # Everything the user gave is checked (--storage by the CLI first): only now does the run dir appear.
     refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)  # the default one too
-    from tuner.search.lock import run_dir_lock, study_lock
-
     # The study's lock too: a second search on it from another run dir (or host) would measure its rounds
     # at the same time and add trials beyond --trials. `tuner worker` takes neither, on purpose.
-    with run_dir_lock(cfg.run_dir), study_lock(cfg.storage_url, cfg.study):
+    with lock.run_dir_lock(cfg.run_dir), lock.study_lock(cfg.storage_url, cfg.study):
         try:
-            result = _run_locked(cfg, space, legal, variants, fixed, shape_d, budget, measure_factory, equivalence)
+            result = _run_locked(cfg, checked, budget, measure_factory, equivalence)
         except AllCallsFailed as err:
             raise TunerError(
                 f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
@@ -169,131 +181,130 @@ def run_pipeline(
         return result
 
 
+def _search_run(
+    cfg: SearchConfig,
+    checked: _Checked,
+    budget: Budget,
+    *,
+    measure_factory: cx.MeasureFactory | None = None,
+    equivalence: cx.Equivalence | None = None,
+    opened: tuple[optuna.Study, optuna.storages.RDBStorage] | None = None,
+) -> SearchRun:
+    """The run record: the study opened (unless ``opened``), its header recorded (checked against a resumed
+    study's), and every value the stages share resolved once."""
+    study, storage = opened or _open_study(cfg)
+    st = StudyState(study)
+    header = _record_attrs(st, cfg, cfg.source, shape_ints(checked.shape), checked.legal)
+    base_env, base_args = pinned_runtime(checked.space, checked.fixed)
+
+    def live(b: Build) -> Measure:
+        return cx.live_measure(cfg, b)
+
+    return SearchRun(
+        cfg=cfg,
+        study=study,
+        storage=storage,
+        st=st,
+        header=header,
+        space=checked.space,
+        legal=checked.legal,
+        variants=checked.variants,
+        fixed=checked.fixed,
+        shape=checked.shape,
+        base_env=base_env,
+        base_args=tuple(base_args),
+        builds=cx.Builds(cfg, checked.space, budget),
+        budget=budget,
+        factory=counted(st, device_checked(st, measure_factory or live)),
+        custom=measure_factory,
+        equivalence=equivalence,
+    )
+
+
 def _run_locked(
     cfg: SearchConfig,
-    space: Any,
-    legal: Any,
-    variants: Sequence[str],
-    fixed: Mapping[str, Any],
-    shape_d: Mapping[str, int],
+    checked: _Checked,
     budget: Budget,
-    measure_factory: Any,
-    equivalence: Any,
+    measure_factory: cx.MeasureFactory | None,
+    equivalence: cx.Equivalence | None,
 ) -> SearchOutcome:
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
-    study, storage = _open_study(cfg)
-    st = StudyState(study)
-    model_s = getattr(cfg, "model_seconds", None)
-    if model_s:  # the CLI synthesized/quantized the model before the study opened
-        st.add_seconds("model", model_s)
-        st.add_seconds("total", model_s)
+    run = _search_run(cfg, checked, budget, measure_factory=measure_factory, equivalence=equivalence)
+    st = run.st
+    if cfg.model_seconds:  # the CLI synthesized/quantized the model before the study opened
+        st.add_seconds("model", cfg.model_seconds)
+        st.add_seconds("total", cfg.model_seconds)
     if cfg.prebuild_seconds:  # ... after building upstream's variant for llama-quantize: the search's build
         st.add_seconds("build", cfg.prebuild_seconds)
         st.add_seconds("total", cfg.prebuild_seconds)
     with _timed(st, "total"):
-        return _run_stages(
-            cfg, study, storage, st, space, legal, variants, fixed, shape_d, budget, measure_factory, equivalence
-        )
+        return _run_stages(run)
 
 
-def _run_stages(
-    cfg: SearchConfig,
-    study: Any,
-    storage: Any,
-    st: StudyState,
-    space: Any,
-    legal: Any,
-    variants: Sequence[str],
-    fixed: Mapping[str, Any],
-    shape_d: Mapping[str, int],
-    budget: Budget,
-    measure_factory: Any,
-    equivalence: Any,
-) -> SearchOutcome:
-    source = cfg.source
-    _record_attrs(st, cfg, source, shape_d, legal)
-    base_env, base_args = pinned_runtime(space, fixed)
-    shape = comp.Shape(D=shape_d.get("head_dim"), gqa=shape_d.get("gqa"), kv=_kv_type(base_args))
-
+def _run_stages(run: SearchRun) -> SearchOutcome:
+    cfg, st = run.cfg, run.st
     # -- the upstream build, gated once ------------------------------------------------------------
-    base_variant = str(fixed.get("variant", variants[0]))
-    builds = _Builds(cfg, space, budget)
     with _timed(st, "build"):
-        build = builds.get(base_variant, {})
-    gate = _gate(st, cfg, cfg.target.arch, build, shape_d)
-    if gate["status"] == "fail":
-        raise TunerError(
-            f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({gate.get('failing')}); "
-            f"log: {gate.get('log')}. Nothing was measured."
-        )
-    factory = _counted(st, device_checked(st, measure_factory or (lambda b: _live(cfg, b))))
-    measure = factory(build)
-    rounds = (cfg.min_rounds, cfg.max_rounds)
-    kernels = {p: kernels_for(space, p) for p in PHASES}
-    method = _screen_method(
-        st, cfg, kernels, base_args, custom_measure=measure_factory is not None, n_layers=shape_d.get("n_layers")
-    )
-    screen_measure = measure if method == METHOD_BENCH else _kernel_factory(cfg, st, shape_d, base_args)(build)
-    confirm_ds = sorted(
-        set(cfg.depths)
-        | set(conf.extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=shape_d.get("context_length")))
-    )
+        build = run.builds.get(run.base_variant, {})
+    upstream_gate(run, build)
+    screener = _screener(run, build)
     log.info(
         plan_text(
             phases=PHASES,
             depths=cfg.depths,
-            n_cands={p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in PHASES},
-            rounds=rounds,
+            n_cands={p: len(ks) + 1 + (0 if ks else 1) for p, ks in run.kernels.items()},
+            rounds=(cfg.min_rounds, cfg.max_rounds),
             trials=cfg.trials,
-            confirm_depths=len(confirm_ds),
-            shared=hasattr(screen_measure, "joint"),
-            method=method,
+            confirm_depths=len(confirm_depths(run)),
+            shared=isinstance(screener.measure, SharedMeasure),
+            method=screener.method,
         )
     )
-    if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=shape_d)) is not None:
+    if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=run.header.shape)) is not None:
         log.info(past)
-
-    # -- screen + compose, per phase ---------------------------------------------------------------
-    decisions: dict[str, list[comp.Decision]] = {}
-    priced = priced_screen_call(shape_d.get("d_model"), cfg.depths, kernel=method == METHOD_KERNEL)
     with _timed(st, "screen"):
-        _screen_all(cfg, st, screen_measure, kernels, base_env, base_args, rounds, budget, decisions, priced)
-    rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
-    st.set_compose(
-        {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
-    )
-    log.info(
-        "Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)")
-    )
-
+        decisions = screen_stage(run, screener)
+    rules = compose_stage(run, decisions)
     with _timed(st, "tune"):
-        tuned = _tune(
-            cfg, st, study, storage, space, shape_d, fixed, rules, base_env, base_args, factory, budget, builds
-        )
-    conf_factory = _confirm_factory(cfg, st, factory, measure_factory, rules, tuned)
+        proposal = tune_stage(run, rules)
     with _timed(st, "confirm"):
-        result = conf.run_confirm(
-            cfg, st, space, fixed, rules, tuned, (base_env, base_args), conf_factory, builds, confirm_ds, budget, PHASES
-        )
+        outcome = run_confirm(run, proposal)
     with _timed(st, "residency"):
-        result = run_residency_gate(cfg, st, space, fixed, result, base_env, base_args, builds, shape_d)
+        outcome = run_residency_gate(run, outcome)
     with _timed(st, "equivalence"):
-        result = run_output_gate(
-            cfg,
-            st,
-            space,
-            fixed,
-            source.era,
-            result,
-            base_env,
-            base_args,
-            builds,
-            equivalence,
-            {p.value: kernels[p.bench] for p in Phase},
-        )
+        outcome = run_output_gate(run, outcome)
+    result = outcome.result_json()
     require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
     st.set_result(result)
-    return load_outcome(study)
+    return load_outcome(run.study)
+
+
+def upstream_gate(run: SearchRun, build: Build) -> GateResult:
+    """The gate stage: test-backend-ops on upstream's build (:func:`tuner.search.context.gate`); a failure stops
+    the search before anything is measured."""
+    res = gate(run, build)
+    if res.status == "fail":
+        raise TunerError(
+            f"the upstream build {build.bin_dir} fails test-backend-ops FLASH_ATTN_EXT ({list(res.failing)}); "
+            f"log: {res.log}. Nothing was measured."
+        )
+    return res
+
+
+@dataclasses.dataclass(frozen=True)
+class Screener:
+    """What times the screen: ``method`` (``kernel`` or ``llama-bench``, :func:`_screen_method`) and its measure
+    of upstream's build."""
+
+    method: str
+    measure: Measure
+
+
+def _screener(run: SearchRun, build: Build) -> Screener:
+    method = _screen_method(
+        run.st, run.cfg, run.kernels, run.base_args, custom_measure=run.custom is not None, n_layers=run.shape.n_layers
+    )
+    return Screener(method, run.factory(build) if method == METHOD_BENCH else cx.kernel_factory(run)(build))
 
 
 def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
@@ -318,36 +329,29 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
     return reopened
 
 
-def _screen_all(
-    cfg: SearchConfig,
-    st: StudyState,
-    measure: Any,
-    kernels: Mapping[str, list[str]],
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-    rounds: tuple[int, int],
-    budget: Budget,
-    decisions: dict[str, list[comp.Decision]],
-    priced: dict[str, Any],
-) -> None:
-    """Screen each phase (resumable: finished phases are marked done), refine boundaries (llama-bench
-    screen only, :func:`_refine_steps`), compose.
+def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Decision]]:
+    """The screen and compose of each phase (resumable: finished phases are marked done), with boundaries refined
+    (llama-bench screen only, :func:`_refine_steps`); returns each phase's decisions.
 
     Phases not yet done are first screened together in shared llama-bench calls where the measure
     can (the ladder depths); each phase then refines its own boundaries alone. A round that would end past
-    ``deadline`` is not started: judged by the study's measured rounds, or without one by ``priced``
-    (:func:`tuner.search.cost.priced_screen_call`)."""
+    the budget is not started: judged by the study's measured rounds, or without one by the price of a screen
+    call (:func:`tuner.search.cost.priced_screen_call`)."""
+    cfg, st, budget, measure = run.cfg, run.st, run.budget, screener.measure
+    rounds = (cfg.min_rounds, cfg.max_rounds)
+    priced = priced_screen_call(run.shape.d_model, cfg.depths, kernel=screener.method == METHOD_KERNEL)
+    kernels, base_env, base_args = run.kernels, run.base_env, run.base_args
+    decisions: dict[str, list[comp.Decision]] = {}
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
-    refine = _refine_steps(cfg, st.screen_method or METHOD_BENCH)  # _screen_method recorded the tool
+    refine = _refine_steps(cfg, screener.method)
     todo = [p for p in PHASES if not st.screen_done(p)]
-    joint = getattr(measure, "joint", None)
-    if joint is not None and len(todo) > 1:
+    if isinstance(measure, SharedMeasure) and len(todo) > 1:
         joint_cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
         with log.step(
             f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"
         ):
             run_joint_rounds(
-                joint,
+                measure.joint,
                 joint_cands,
                 list(cfg.depths),
                 st.screen_rounds,
@@ -398,220 +402,49 @@ def _screen_all(
         cells = comp.judge_phase(phase, summarize_phase(phase, recs, depths))  # the verdicts compose acts on
         decisions[phase] = comp.compose_phase(phase, cells)
         st.set_screen(phase, {str(d): c.as_dict() for d, c in cells.items()})
+    return decisions
+
+
+def compose_stage(run: SearchRun, decisions: Mapping[str, Sequence[comp.Decision]]) -> tuple[FaRule, ...]:
+    """The rules the screen's decisions compose into, keyed by the model's shape (stored as the study's compose)."""
+    shape = comp.Shape(D=run.shape.head_dim, gqa=run.shape.gqa, kv=cx.kv_type(run.base_args))
+    rules = tuple(r for p in PHASES for r in comp.rules_from(decisions[p], shape))
+    run.st.set_compose(
+        {"rules": rules, "decisions": [d.as_dict() for p in PHASES for d in decisions[p]], "shape": shape.key()}
+    )
+    log.info(
+        "Composed rules: " + (", ".join(map(str, rules)) if rules else "none (upstream's selection stays everywhere)")
+    )
+    return rules
 
 
 def run_tune_worker(cfg: SearchConfig) -> int:
     """``tuner worker``: join a study that ``tuner search`` screened and composed, and add tune trials
     (several hosts on one PostgreSQL study share the expensive part: builds of compile-time rows).
     Returns the number of trials the study holds afterwards."""
-    from tuner.plan.space import load_space
-
     budget = cfg.budget
     refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)
-    study, storage = _open_study(cfg)
-    st = StudyState(study)
-    composed = st.compose
+    opened = _open_study(cfg)
+    composed = StudyState(opened[0]).compose
     if not composed:
         raise UsageError(
             f"study {cfg.study!r} in {redact(cfg.storage_url)} has no composed rules yet: run `tuner search` with the "
             "same --storage and --study first (it screens and composes; workers then add tune trials)."
         )
-    source = cfg.source
-    space, legal = _resolved_space(cfg, load_space(cfg.arch, source.era))
-    fixed = coerce_pins(space, cfg.fixed)
-    shape_d = _model_shape(cfg.model)
-    _record_attrs(st, cfg, source, shape_d, legal)
-    base_env, base_args = pinned_runtime(space, fixed)
-    with _timed(st, "tune"):
-        _tune(
-            cfg,
-            st,
-            study,
-            storage,
-            space,
-            shape_d,
-            fixed,
-            rules_from_texts(composed["rules"]),
-            base_env,
-            base_args,
-            _counted(st, device_checked(st, lambda b: _live(cfg, b))),
-            budget,
-            _Builds(cfg, space, budget),
-        )
-    return len(study.get_trials(deepcopy=False))
+    run = _search_run(cfg, _checked(cfg), budget, opened=opened)
+    with _timed(run.st, "tune"):
+        tune_stage(run, rules_from_texts(composed["rules"]))
+    return len(run.study.get_trials(deepcopy=False))
 
 
-# ------------------------------------------------------------------------------------------------
-# stages
-
-
-def _tune(
-    cfg: SearchConfig,
-    st: StudyState,
-    study: Any,
-    storage: Any,
-    space: Any,
-    shape_d: Mapping[str, int],
-    fixed: Mapping[str, Any],
-    rules: Sequence[FaRule],
-    base_env: Mapping[str, str],
-    base_args: Sequence[str],
-    factory: Any,
-    budget: Budget,
-    builds: _Builds,
-) -> dict[str, Any] | None:
-    """Optuna trials over compile-time rows and process knobs; returns the proposal to confirm (or None)."""
-    import optuna
-
-    cfg = tn.tune_focus(cfg, st, study)
-    knobs = tn.tunable_knobs(space, fixed, head_dim=shape_d.get("head_dim"), patterns=cfg.tune_knobs)
-    variants = [v for v in space.variants if cfg.variants is None or v in cfg.variants]
-    dists = {k.name: k.to_optuna_distribution() for k in knobs}
-    if len(variants) > 1 and "variant" not in fixed and tn.wanted("variant", cfg.tune_knobs):
-        dists["variant"] = optuna.distributions.CategoricalDistribution(variants)
-    base_variant = str(fixed.get("variant", variants[0]))
-    want = cfg.trials
-    if not dists or want <= 0:
-        log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
-        return None
-    rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
-    ref = Candidate(name="composed", env={**base_env, **rule_env}, args=tuple(base_args))
-    factory = tn.trial_factory(
-        st,
-        study,
-        knobs if "variant" not in dists else [],
-        factory,
-        lambda: _kernel_factory(cfg, st, shape_d, base_args),
-    )
-    reaped = tn.fail_interrupted(study, storage)
-    if reaped:
-        log.notice(
-            f"tune trial(s) {', '.join(map(str, reaped))} were cut off by an interrupted search or worker; "
-            "they are marked failed and run again"
-        )
-    with log.step(f"Tune: {want} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
-        while (n_done := tn.count_done(study)) < want:
-            budget.check(f"tune (after {n_done} trial(s))")
-            with tn.asked_trial(study, storage, dists) as trial:
-                _run_trial(
-                    cfg,
-                    st,
-                    study,
-                    space,
-                    shape_d,
-                    fixed,
-                    knobs,
-                    variants,
-                    base_variant,
-                    rule_env,
-                    ref,
-                    factory,
-                    builds,
-                    trial,
-                )
-    best = tn.pick([t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE])
-    if best is None:
-        log.info(
-            "Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's"
-        )
-        return None
-    log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
-    return {"trial": best.number, "values": dict(trial_attr(best, "values", {})), "params": dict(best.params)}
-
-
-def _run_trial(
-    cfg: SearchConfig,
-    st: StudyState,
-    study: Any,
-    space: Any,
-    shape_d: Mapping[str, int],
-    fixed: Mapping[str, Any],
-    knobs: Sequence[Any],
-    variants: Sequence[str],
-    base_variant: str,
-    rule_env: Mapping[str, str],
-    ref: Candidate,
-    factory: Any,
-    builds: _Builds,
-    trial: Any,
-) -> None:
-    """One tune trial, told to the study however it ends (an interruption is recorded by :func:`tn.asked_trial`)."""
-    import optuna
-
-    from tuner.plan.space import check_constraints, compile_values_of, runtime_env_and_args
-
-    write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
-    vals = {**{k.name: k.default for k in knobs}, **fixed, **trial.params}
-    variant = str(vals.get("variant", fixed.get("variant", variants[0])))
-    compile_values = compile_values_of(space, vals)
-    changed = [k for k in knobs if vals.get(k.name) != k.default] + ([] if variant == variants[0] else ["variant"])
-    phases = sorted({p for k in changed for p in (tn.knob_phases(k) if k != "variant" else ("pp", "tg"))})
-    write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
-    # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
-    # (the build renders these values as checked).
-    viol = check_constraints(
-        cfg.arch,
-        cfg.source.era,
-        compile_values,
-        model_shape=dict(shape_d) or None,
-        space=space,
-        source_root=Path(cfg.source.root),
-    )
-    if viol:
-        why = "; ".join(str(v) for v in viol)
-        write_trial(trial, status="infeasible", reason=why)
-        trial.set_constraint("constraint_check", 1.0)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        log.info(f"  [trial {trial.number}] infeasible: {why[:120]}")
-        return
-    trial.set_constraint("constraint_check", 0.0)
-    try:
-        b = builds.get(variant, compile_values)
-        g = _gate(st, cfg, cfg.target.arch, b, shape_d, tn.gate_kernels(changed))
-        if g["status"] == "fail":
-            raise TunerError(f"test-backend-ops failed: {g.get('failing')}; log {g.get('log')}")
-        env, args = runtime_env_and_args(space, vals)
-        cand = Candidate(name="candidate", env={**env, **rule_env}, args=tuple(args))
-        objs, ratios, cpu = tn.paired_objectives(
-            factory(builds.get(base_variant, {})),
-            ref,
-            factory(b),
-            cand,
-            phases,
-            cfg.tune_depths or cfg.depths,
-            label=f"tune-t{trial.number}",
-            flip=bool(trial.number % 2),
-        )
-        write_trial(trial, ratios=ratios, cpu=cpu)
-        rejected = tn.cpu_rejection(objs, cpu, *tn.screen_noise(st.screen("tg")))
-        trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
-        if rejected:
-            write_trial(trial, rejected=rejected)
-            log.info(f"  [trial {trial.number}] {rejected}")
-        write_trial(trial, status="ok")
-        study.tell(trial, objs)
-        log.info(
-            f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
-            f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
-        )
-    except (OtherDevice, BudgetReached):  # not this trial's failure: asked_trial queues the trial again
-        raise
-    except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
-        write_trial(trial, status="failed", reason=str(err)[:2000])
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")
-
-
-def _resolved_space(cfg: SearchConfig, space: Any) -> tuple[Any, dict[str, Any]]:
+def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.SearchSpace, dict[str, Legal]]:
     """The space with threads/-ngl legal values for this machine, the --cpu-mask and the model
     (and those values, which the study records so the export resolves the same space)."""
-    from tuner.plan.derive import space_for_run
-
     tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
     resolved, legal = space_for_run(
         space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=not cfg.target.is_cpu, tokens=tokens
     )
-    pinned = getattr(cfg, "fixed", {}) or {}
+    pinned = cfg.fixed
     for name, lg in legal.items():  # a --set pin replaces what would be sampled: say so beside the derivation
         log.info(
             f"  {lg.why}" + (f"; pinned here at {pinned[name]} (--set {name}={pinned[name]})" if name in pinned else "")
@@ -619,20 +452,12 @@ def _resolved_space(cfg: SearchConfig, space: Any) -> tuple[Any, dict[str, Any]]
     return resolved, legal
 
 
-def _kv_type(bench_args: Sequence[str]) -> str:
-    """The K-cache type the runs use: llama-bench's -ctk when a pinned knob sets it, else its f16 default."""
-    args = list(bench_args)
-    return str(args[args.index("-ctk") + 1]) if "-ctk" in args[:-1] else "f16"
+def _model_shape(model: Path) -> ModelShape:
+    return load_gguf_shape(Path(model))  # an unreadable or non-llama GGUF is a UsageError there
 
 
-def _model_shape(model: Path) -> dict[str, int]:
-    from tuner.targets.models import read_shape
-
-    return dict(read_shape(Path(model)))  # an unreadable or non-llama GGUF is a UsageError there
-
-
-def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
-    ctx = shape.get("context_length")
+def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
+    ctx = shape.context_length
     too_deep = [d for d in depths if ctx and d > ctx]
     if too_deep:
         raise UsageError(
@@ -642,13 +467,10 @@ def _check_depths(depths: Sequence[int], shape: Mapping[str, int]) -> None:
 
 
 def _record_attrs(
-    st: StudyState, cfg: SearchConfig, source: Any, shape: Mapping[str, int], legal: Mapping[str, Any]
-) -> None:
-    import dataclasses
-
-    from tuner.study.record import StudyHeader
-
-    mine = StudyHeader(
+    st: StudyState, cfg: SearchConfig, source: Any, shape: Mapping[str, int], legal: Mapping[str, Legal]
+) -> StudyHeader:
+    """The study's header for this run, recorded (a resumed study's checked against it, :data:`RESUME_CHECKED`)."""
+    header = StudyHeader(
         name=cfg.study,
         pipeline=PIPELINE_VERSION,
         arch=cfg.arch,
@@ -663,7 +485,8 @@ def _record_attrs(
         shape=dict(shape),
         profile="per-phase",
         cpu_mask=tuple(cfg.cpu_mask or ()),
-    ).stored()
+    )
+    mine = header.stored()
     if st.arch is not None:
         for k in RESUME_CHECKED:
             if (
@@ -678,92 +501,7 @@ def _record_attrs(
     )  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
     # threads/-ngl legal values on this machine: the export resolves the same space from them
     st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
-
-
-class _Builds:
-    """The builds of one process, looked up once per (variant, compile values): a cached build still
-    costs a render and a no-op ninja run, which the tune and confirm stages must not pay per trial.
-    Compile values reach it from tune trials, whose constraint check already passed: the render does
-    not check them again."""
-
-    def __init__(self, cfg: SearchConfig, space: Any, budget: Budget) -> None:
-        self.cfg, self.space, self.budget = cfg, space, budget
-        self._known: dict[str, Any] = {}
-        from tuner.builder.cmake import search_targets
-
-        self.targets = search_targets(cfg.target.is_cpu)
-
-    def get(self, variant: str, compile_values: Mapping[str, Any]) -> Any:
-        key = stable_hash(variant, dict(compile_values))
-        if key not in self._known:
-            from tuner.builder.cmake import build_variant
-            from tuner.plan.render import render_variant
-
-            rv = render_variant(
-                self.cfg.source,
-                self.cfg.arch,
-                variant,
-                compile_values=compile_values,
-                local_archs=list(self.cfg.target.local_archs),
-                space=self.space,
-                checked=True,
-            )
-            from tuner.builder.cmake import is_built
-
-            if not is_built(rv, self.targets):  # a build cut off by the limit is lost whole
-                self.budget.fits(full_build_seconds(), f"the build of {rv.short}")
-            self._known[key] = build_variant(rv, targets=self.targets, jobs=self.cfg.jobs)
-        return self._known[key]
-
-
-def _gate(
-    st: StudyState,
-    cfg: SearchConfig,
-    arch: Any,
-    build: Any,
-    shape: Mapping[str, int],
-    kernels: Sequence[str] = tn.ALL_KERNELS,
-) -> dict[str, Any]:
-    """test-backend-ops FLASH_ATTN_EXT with each of ``kernels`` forced, once per build (recorded in the study
-    with the kernels it forced; a tune trial forces only those its rows change, :func:`tn.gate_kernels`)."""
-    gates = st.gates
-    if build.build_id in gates:
-        return dict(gates[build.build_id])
-    res: dict[str, Any]
-    if not cfg.gate or arch.vendor == "cpu":
-        res = {
-            "status": "skipped",
-            "why": "CPU backend is the reference test-backend-ops compares against"
-            if arch.vendor == "cpu"
-            else "--no-gate",
-        }
-    else:
-        from tuner.measure.gate import params_for_model, run_gate
-
-        t0 = time.monotonic()
-        with log.step(
-            f"Gate: test-backend-ops FLASH_ATTN_EXT with {'each kernel' if len(kernels) == len(tn.ALL_KERNELS) else '/'.join(kernels)} forced (head size {shape.get('head_dim', 64)})"
-        ):
-            g = run_gate(
-                build.bin_dir,
-                kernels=list(kernels),
-                backend=f"{arch.backend}0",
-                params=params_for_model(shape.get("head_dim", 64), "f16"),
-                log_dir=cfg.run_dir / "logs",
-            )
-        st.add_seconds("gate", time.monotonic() - t0)
-        res = {
-            "status": "pass" if g.passed else "fail",
-            "summary": g.summary,
-            "failing": list(g.failing)[:20],
-            "log": str(g.log_file),
-            "kernels": list(kernels),
-        }
-    gates[build.build_id] = res
-    st.set_gates(gates)
-    if not st.has_toolchain():
-        st.set_toolchain(dict(build.meta.get("toolchain", {})))
-    return res
+    return header
 
 
 def _refine_steps(cfg: SearchConfig, method: str) -> int:
@@ -820,50 +558,3 @@ def _screen_method(
     )
     st.set_screen_method(asked)
     return asked
-
-
-def _confirm_factory(
-    cfg: SearchConfig, st: StudyState, factory: Any, measure_factory: Any, rules: Sequence[FaRule], tuned: Any
-) -> Any:
-    """The confirm stage's measure factory. Prefill rides along in the confirm's shared calls only to show it
-    did not move where nothing changes it: it then gets decode's repetitions, not the -r its own claims would
-    need (a call's -r is the larger of its phases')."""
-    if measure_factory is not None or tuned or any(r.phase is Phase.PREFILL for r in rules):
-        return factory
-    ride = dataclasses.replace(cfg, reps_pp=min(cfg.reps_pp, cfg.reps_tg))
-    return _counted(st, device_checked(st, lambda b: _live(ride, b)))
-
-
-def _kernel_factory(cfg: SearchConfig, st: StudyState, shape: Mapping[str, int], base_args: Sequence[str]) -> Any:
-    """build -> the op-level measure (test-backend-ops FLASH_ATTN_EXT at the model's shape), held to the
-    study's device: the screen's, and the tune's where its trials run at the op level."""
-    from tuner.search.kernel_screen import make_kernel_measure
-
-    def make(b: Any) -> Any:
-        return make_kernel_measure(
-            b.bin_dir,
-            shape,
-            pp=cfg.pp,
-            tg=cfg.tg,
-            kv_type=_kv_type(base_args),
-            bench_args=base_args,
-            log_dir=cfg.run_dir / "logs" / "kernel-screen",
-        )
-
-    return device_checked(st, make)
-
-
-def _live(cfg: SearchConfig, build: Any) -> Any:
-    from tuner.rounds.live import make_live_measure
-
-    return make_live_measure(
-        build.bin_dir,
-        cfg.model,
-        pp=cfg.pp,
-        tg=cfg.tg,
-        reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
-        log_dir=cfg.run_dir / "logs",
-        era=cfg.source.era,
-        arch=cfg.arch,
-        cpus=cfg.cpu_mask,
-    )

@@ -26,6 +26,7 @@ A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernel
 from __future__ import annotations
 
 __all__ = [
+    "ALL_KERNELS",
     "TUNE_KINDS",
     "asked_trial",
     "check_patterns",
@@ -43,28 +44,45 @@ __all__ = [
     "trial_method",
     "tunable_knobs",
     "tune_focus",
+    "tune_stage",
     "wanted",
 ]
 
 import contextlib
 import dataclasses
+import datetime
 import fnmatch
 import math
 import os
 import platform
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages._heartbeat import is_heartbeat_enabled
+from optuna.trial import TrialState
 
 from tuner import interrupts, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, rejects_cpu_cost
+from tuner.plan.fa_rules import FaRule, rules_env
+from tuner.plan.space import Knob, SearchSpace, check_constraints, compile_values_of, runtime_env_and_args
+from tuner.rounds.budget import BudgetReached
+from tuner.rounds.joint import Candidate, Measure
+from tuner.search.context import ALL_KERNELS, MeasureFactory, Proposal, SearchRun, gate, kernel_factory
+from tuner.search.device_guard import OtherDevice
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
-from tuner.study.state import retry_attrs, trial_attr, write_trial, write_trial_in_storage
+from tuner.search.study import SearchConfig
+from tuner.study import storage as sto
+from tuner.study.record import TunedTrial
+from tuner.study.state import StudyState, retry_attrs, trial_attr, write_trial, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
 """Config-row kinds -> the FlashAttention kernel their translation units build (as the gate names it)."""
-ALL_KERNELS = ("VEC", "TILE", "MMA")
 
 
 def trial_method(knobs: Sequence[Any], *, screen_method: str | None, recorded: str | None) -> str:
@@ -82,11 +100,11 @@ def trial_method(knobs: Sequence[Any], *, screen_method: str | None, recorded: s
     return METHOD_BENCH
 
 
-def trial_factory(st: Any, study: Any, knobs: Sequence[Any], bench: Any, op: Callable[[], Any]) -> Any:
+def trial_factory(
+    st: StudyState, study: optuna.Study, knobs: Sequence[Knob], bench: MeasureFactory, op: Callable[[], MeasureFactory]
+) -> MeasureFactory:
     """The trials' measure factory: ``bench`` (llama-bench's) or ``op()`` (the op level's), as
     :func:`trial_method` picks; the method is recorded in the study (``st``) before its first trial."""
-    import optuna
-
     # trials measured before the method was recorded were llama-bench's
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     recorded = st.tune_method or (METHOD_BENCH if done else None)
@@ -102,20 +120,20 @@ def trial_factory(st: Any, study: Any, knobs: Sequence[Any], bench: Any, op: Cal
     return op()
 
 
-def gate_kernels(changed: Sequence[Any]) -> list[str]:
+def gate_kernels(changed: Sequence[Knob | str]) -> list[str]:
     """The kernels a trial's test-backend-ops gate forces: those whose config rows the trial changed.
 
     Another kernel's code is the base build's, which passed the gate with every kernel forced; a
     variant or process knob (``"variant"`` or a non-row knob) can change any kernel, so all are forced."""
-    kernels = {ROW_KERNELS.get(getattr(k, "kind", "")) for k in changed}
+    kernels = {None if isinstance(k, str) else ROW_KERNELS.get(k.kind) for k in changed}
     if not changed or None in kernels:
         return list(ALL_KERNELS)
     return [k for k in ALL_KERNELS if k in kernels]
 
 
 def tunable_knobs(
-    space: Any, fixed: Mapping[str, Any], *, head_dim: int | None = None, patterns: Sequence[str] = ()
-) -> list[Any]:
+    space: SearchSpace, fixed: Mapping[str, Any], *, head_dim: int | None = None, patterns: Sequence[str] = ()
+) -> list[Knob]:
     """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set.
 
     ``head_dim``: the model's head size; a tile or MMA row of another head size is left out (the model never
@@ -139,7 +157,7 @@ def wanted(name: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def check_patterns(space: Any, patterns: Sequence[str]) -> None:
+def check_patterns(space: SearchSpace, patterns: Sequence[str]) -> None:
     """Refuse a ``--tune-knobs`` glob that matches no tunable knob (nor ``variant``) of ``space``."""
     names = [k.name for k in tunable_knobs(space, {})] + ["variant"]
     bad = [p for p in patterns if not any(wanted(n, (p,)) for n in names)]
@@ -160,7 +178,9 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
 
-def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) -> Any | None:
+def pick(
+    trials: Sequence[optuna.trial.FrozenTrial], *, min_gain: float = 1.02, floor: float = 0.99
+) -> optuna.trial.FrozenTrial | None:
     """The trial worth confirming: not rejected for its CPU cost, no phase objective below ``floor`` and
     the product of the objectives at least ``min_gain``; the best such by that product. None when no
     trial qualifies."""
@@ -180,10 +200,10 @@ def pick(trials: Sequence[Any], *, min_gain: float = 1.02, floor: float = 0.99) 
 
 
 def paired_objectives(
-    m_ref: Any,
-    ref: Any,
-    m_cand: Any,
-    cand: Any,
+    m_ref: Measure,
+    ref: Candidate,
+    m_cand: Measure,
+    cand: Candidate,
     phases: Sequence[str],
     depths: Sequence[int],
     *,
@@ -260,13 +280,11 @@ _COUNTED = ("ok", "failed", "infeasible")
 """``status`` of a FAIL trial that counts as done: judged (infeasible) or failed with its reason."""
 
 
-def count_done(study: Any) -> int:
+def count_done(study: optuna.Study) -> int:
     """Trials that count toward ``--trials``: measured (COMPLETE, PRUNED) or failed with a reason.
 
     RUNNING trials (this search's or another worker's) and trials cut off by an interruption do not
     count: a resumed search runs them again, so the study reaches the number asked for."""
-    from optuna.trial import TrialState
-
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
         if t.state != TrialState.FAIL or trial_attr(t, "status") in _COUNTED:
@@ -280,8 +298,6 @@ def interrupt_trial(
     """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
 
     Best effort: an interruption must never be hidden by a second error while it is recorded."""
-    from optuna.trial import TrialState
-
     with contextlib.suppress(Exception):
         storage = study._storage
         write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
@@ -290,10 +306,6 @@ def interrupt_trial(
 
 
 def _requeue(study: Any, params: Mapping[str, Any], number: int) -> None:
-    import warnings
-
-    import optuna
-
     if not params:
         return
     with warnings.catch_warnings():
@@ -317,26 +329,18 @@ def _pid_dead_here(worker: str) -> bool:
 def _orphan(t: Any) -> bool:
     """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
     the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
-    import datetime
-
-    from tuner.study.storage import GRACE_S
-
     start = getattr(t, "datetime_start", None)
     if trial_attr(t, "worker") or start is None:
         return False
-    return bool((datetime.datetime.now() - start).total_seconds() > GRACE_S)
+    return bool((datetime.datetime.now() - start).total_seconds() > sto.GRACE_S)
 
 
-def fail_interrupted(study: Any, storage: Any) -> list[int]:
+def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -> list[int]:
     """Fail the RUNNING trials whose process is gone, queue them again; returns their numbers.
 
     A trial is gone when its ``worker`` (``host:pid``) is this host and that PID no longer exists
     (at once), or when its heartbeat (:func:`trial_heartbeat`) is older than the storage's grace
     period (another host's worker that died). A live worker's trial is left running."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-    from optuna.trial import TrialState
-
     stale: set[int] = set()
     if is_heartbeat_enabled(storage):
         stale = set(storage._get_stale_trial_ids(study._study_id))
@@ -360,23 +364,23 @@ def fail_interrupted(study: Any, storage: Any) -> list[int]:
 
 
 @contextlib.contextmanager
-def asked_trial(study: Any, storage: Any, dists: Mapping[str, Any]) -> Iterator[Any]:
+def asked_trial(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    dists: Mapping[str, optuna.distributions.BaseDistribution],
+) -> Iterator[optuna.Trial]:
     """A new (or queued) trial with its heartbeat; a block cut off by Ctrl-C, SIGTERM or an error
     fails it and queues it again (:func:`interrupt_trial`).
 
     ``study.ask`` stores the trial RUNNING before it returns it, so SIGTERM is held until the trial is
     bound here: one in between left it RUNNING with nothing to mark it (seen on a loaded CI box)."""
-    import warnings
-
-    import optuna
-
     trial = None
     try:
         with warnings.catch_warnings(), interrupts.held():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # Heartbeats are recorded for optimize() only; trial_heartbeat records them for this ask/tell trial.
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-            trial = study.ask(dists)
+            trial = study.ask(dict(dists))
             # who runs it, at once: a storage lost before this write leaves a trial no one can tell is dead
             write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
         with trial_heartbeat(study, storage, trial):
@@ -392,14 +396,12 @@ def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
     """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
     trial whose process dies is found stale by :func:`fail_interrupted` on any host; a lost database
     is reported once by the main thread, not by a traceback from the heartbeat's."""
-    from tuner.study.storage import trial_heartbeat as heartbeat
-
-    with heartbeat(storage, trial._trial_id):
+    with sto.trial_heartbeat(storage, trial._trial_id):
         yield
 
 
-def tune_focus(cfg: Any, st: Any, study: Any) -> Any:
-    """``cfg`` (a :class:`~tuner.search.study.SearchConfig`) with the tune focus (``--tune-knobs``, ``--tune-depths``) its study's trials were asked with.
+def tune_focus(cfg: SearchConfig, st: StudyState, study: optuna.Study) -> SearchConfig:
+    """``cfg`` with the tune focus (``--tune-knobs``, ``--tune-depths``) its study's trials were asked with.
 
     The first run that samples records its focus. A ``tuner worker`` without those flags takes the recorded
     one; a run asking another focus of a study that already has trials is refused: its trials would mix
@@ -431,3 +433,131 @@ def tune_focus(cfg: Any, st: Any, study: Any) -> Any:
         )
     st.set_tune_focus(mine["knobs"], mine["depths"])
     return cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# the stage
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Trials:
+    """What every trial of one tune stage shares: the knobs it samples (their distributions ``dists``), the
+    composed rules' env, the reference candidate and the trials' measure factory."""
+
+    knobs: tuple[Knob, ...]
+    dists: Mapping[str, optuna.distributions.BaseDistribution]
+    rule_env: Mapping[str, str]
+    ref: Candidate
+    factory: MeasureFactory
+
+
+def tune_stage(run: SearchRun, rules: Sequence[FaRule]) -> Proposal:
+    """Optuna trials over compile-time rows and process knobs, paired with the composed ``rules``; returns the
+    proposal to confirm (the rules, with the best trial where one qualifies, :func:`pick`)."""
+    study, st = run.study, run.st
+    run = dataclasses.replace(run, cfg=tune_focus(run.cfg, st, study))
+    cfg = run.cfg
+    knobs = tunable_knobs(run.space, run.fixed, head_dim=run.shape.head_dim, patterns=cfg.tune_knobs)
+    dists = {k.name: k.to_optuna_distribution() for k in knobs}
+    if len(run.variants) > 1 and "variant" not in run.fixed and wanted("variant", cfg.tune_knobs):
+        dists["variant"] = optuna.distributions.CategoricalDistribution(run.variants)
+    proposal = Proposal(rules=tuple(rules))
+    if not dists or cfg.trials <= 0:
+        log.info("Tune: nothing to sample (no compile-time rows or process knobs left, or --trials 0)")
+        return proposal
+    rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
+    trials = _Trials(
+        knobs=tuple(knobs),
+        dists=dists,
+        rule_env=rule_env,
+        ref=Candidate(name="composed", env={**run.base_env, **rule_env}, args=run.base_args),
+        factory=trial_factory(
+            st, study, knobs if "variant" not in dists else [], run.factory, lambda: kernel_factory(run)
+        ),
+    )
+    reaped = fail_interrupted(study, run.storage)
+    if reaped:
+        log.notice(
+            f"tune trial(s) {', '.join(map(str, reaped))} were cut off by an interrupted search or worker; "
+            "they are marked failed and run again"
+        )
+    with log.step(f"Tune: {cfg.trials} Optuna trial(s) over {len(dists)} knob(s), each paired with the composed rules"):
+        while (n_done := count_done(study)) < cfg.trials:
+            run.budget.check(f"tune (after {n_done} trial(s))")
+            with asked_trial(study, run.storage, dists) as trial:
+                _run_trial(run, trials, trial)
+    best = pick([t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE])
+    if best is None:
+        log.info(
+            "Tune: no trial beat the composed rules by 2% without costing a phase 1%: process knobs stay upstream's"
+        )
+        return proposal
+    log.info(f"Tune: trial {best.number} goes to confirm ({best.params})")
+    tuned = TunedTrial(trial=best.number, values=dict(trial_attr(best, "values", {})), params=dict(best.params))
+    return dataclasses.replace(proposal, tuned=tuned)
+
+
+def _run_trial(run: SearchRun, trials: _Trials, trial: optuna.Trial) -> None:
+    """One tune trial, told to the study however it ends (an interruption is recorded by :func:`asked_trial`)."""
+    cfg, study, space, fixed = run.cfg, run.study, run.space, run.fixed
+    write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
+    vals = {**{k.name: k.default for k in trials.knobs}, **fixed, **trial.params}
+    variant = str(vals.get("variant", fixed.get("variant", run.variants[0])))
+    compile_values = compile_values_of(space, vals)
+    changed: list[Knob | str] = [k for k in trials.knobs if vals.get(k.name) != k.default]
+    changed += [] if variant == run.variants[0] else ["variant"]
+    phases = sorted({p for k in changed for p in (("pp", "tg") if isinstance(k, str) else knob_phases(k))})
+    write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
+    # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
+    # (the build renders these values as checked).
+    viol = check_constraints(
+        cfg.arch,
+        cfg.source.era,
+        compile_values,
+        model_shape=dict(run.header.shape) or None,
+        space=space,
+        source_root=Path(cfg.source.root),
+    )
+    if viol:
+        why = "; ".join(str(v) for v in viol)
+        write_trial(trial, status="infeasible", reason=why)
+        trial.set_constraint("constraint_check", 1.0)
+        study.tell(trial, state=TrialState.FAIL)
+        log.info(f"  [trial {trial.number}] infeasible: {why[:120]}")
+        return
+    trial.set_constraint("constraint_check", 0.0)
+    try:
+        b = run.builds.get(variant, compile_values)
+        g = gate(run, b, gate_kernels(changed))
+        if g.status == "fail":
+            raise TunerError(f"test-backend-ops failed: {list(g.failing)}; log {g.log}")
+        env, args = runtime_env_and_args(space, vals)
+        cand = Candidate(name="candidate", env={**env, **trials.rule_env}, args=tuple(args))
+        objs, ratios, cpu = paired_objectives(
+            trials.factory(run.builds.get(run.base_variant, {})),
+            trials.ref,
+            trials.factory(b),
+            cand,
+            phases,
+            cfg.tune_depths or cfg.depths,
+            label=f"tune-t{trial.number}",
+            flip=bool(trial.number % 2),
+        )
+        write_trial(trial, ratios=ratios, cpu=cpu)
+        rejected = cpu_rejection(objs, cpu, *screen_noise(run.st.screen("tg")))
+        trial.set_constraint("cpu_cost", 1.0 if rejected else 0.0)
+        if rejected:
+            write_trial(trial, rejected=rejected)
+            log.info(f"  [trial {trial.number}] {rejected}")
+        write_trial(trial, status="ok")
+        study.tell(trial, objs)
+        log.info(
+            f"  [trial {trial.number}] {', '.join(k if isinstance(k, str) else k.name for k in changed) or 'upstream'}: "
+            f"pp x{objs[0]:.3f}, tg x{objs[1]:.3f} (one paired round; confirm decides)"
+        )
+    except (OtherDevice, BudgetReached):  # not this trial's failure: asked_trial queues the trial again
+        raise
+    except TunerError as err:  # a failed build/gate/benchmark is a failed trial with its reason
+        write_trial(trial, status="failed", reason=str(err)[:2000])
+        study.tell(trial, state=TrialState.FAIL)
+        log.warning(f"  [trial {trial.number}] failed: {str(err)[:200]}")

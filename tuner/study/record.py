@@ -261,13 +261,11 @@ class SearchOutcome:
         out["rows"] = [dict(r) for r in self.rows]
         if self.attempt is not None:
             out["attempt"] = self.attempt
-        if (
-            self.knobs_dropped is not None
-        ):  # written only where the confirm dropped knobs: older results keep their layout
-            out["knobs_dropped"] = dict(self.knobs_dropped)
         out["upstream_phases"] = list(self.upstream_phases)
         if self.confirm_depths is not None:
             out["confirm_depths"] = list(self.confirm_depths)
+        if self.knobs_dropped is not None:  # only where the confirm dropped knobs, after what it always writes
+            out["knobs_dropped"] = dict(self.knobs_dropped)
         if self.residency is not None:  # the residency gate runs before the output-equivalence gate
             out["residency"] = dict(self.residency)
         if self.gate is not None:

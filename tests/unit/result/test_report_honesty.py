@@ -4,25 +4,28 @@ again (a new study), where rerunning the same command measures nothing new."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import types
 from typing import Any
 
 import optuna
 
+from tests.unit.search.conftest import search_run
 from tuner.plan.space import load_space
 from tuner.result.pipeline_export import summary_line
 from tuner.result.pipeline_report import fresh_study_advice, noisy_line, report_text
-from tuner.rounds.budget import Budget
 from tuner.search import confirm as conf
-from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
-from tuner.study.state import StudyState
+from tuner.search.context import Proposal
+from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary, TunedTrial
 
-TUNED = {"trial": 0, "values": {"ubatch": 128, "flash_attn": "off"}, "params": {"ubatch": 128, "flash_attn": "off"}}
+TUNED = TunedTrial(trial=0, values={"ubatch": 128, "flash_attn": "off"}, params={"ubatch": 128, "flash_attn": "off"})
 
 
 def _cfg() -> Any:
-    return types.SimpleNamespace(min_rounds=3, max_rounds=3, ci_target=1.0, pp=256, tg=64, variants=("cpu",))
+    return types.SimpleNamespace(
+        min_rounds=3, max_rounds=3, ci_target=1.0, pp=256, tg=64, variants=("cpu",), depths=(0, 1024), confirm_extra=0
+    )
 
 
 def _noisy_factory(calls: list[str]) -> Any:
@@ -35,23 +38,11 @@ def _noisy_factory(calls: list[str]) -> Any:
     return lambda build: measure
 
 
-def _confirm(st: StudyState, calls: list[str]) -> dict[str, Any]:
+def _confirm(study: Any, calls: list[str]) -> SearchOutcome:
     build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=None)
     builds = types.SimpleNamespace(get=lambda variant, cv: build)
-    return conf.run_confirm(
-        _cfg(),
-        st,
-        load_space("cpu", "mma"),
-        {},
-        [],
-        TUNED,
-        ({}, []),
-        _noisy_factory(calls),
-        builds,
-        [0, 1024],
-        Budget(),
-        ("tg", "pp"),
-    )
+    run = search_run(_cfg(), study, space=load_space("cpu", "mma"), builds=builds, factory=_noisy_factory(calls))
+    return conf.run_confirm(run, Proposal(rules=(), tuned=TUNED))
 
 
 def _header(name: str) -> StudyHeader:
@@ -71,17 +62,17 @@ def _header(name: str) -> StudyHeader:
 
 def test_a_dropped_trials_confirm_rounds_are_kept_and_reported() -> None:
     calls: list[str] = []
-    st = StudyState(optuna.create_study(study_name="noisy"))
-    res = _confirm(st, calls)
-    assert res["tuned"] is None and res["rows"] == []  # dropped: the export is upstream's
-    kd = res["knobs_dropped"]
+    res = _confirm(optuna.create_study(study_name="noisy"), calls)
+    assert res.tuned is None and res.rows == ()  # dropped: the export is upstream's
+    kd = res.knobs_dropped
+    assert kd is not None
     assert kd["trial"] == 0 and sorted(kd["phases"]) == ["pp", "tg"] and "ceiling" in kd["why"]
     assert {(r["phase"], r["depth"]) for r in kd["rows"]} == {("tg", 0), ("tg", 1024), ("pp", 0), ("pp", 1024)}
     assert all(r["rounds"] == 3 for r in kd["rows"]) and len(calls) == 2 * 3 * 3  # 3 candidates, 3 rounds, 2 phases
 
-    outcome = SearchOutcome.from_result(
-        _header("noisy"),
+    outcome = dataclasses.replace(
         res,
+        header=_header("noisy"),
         trials=(
             TrialSummary(
                 number=0, status="complete", objectives=(6.5, 5.9), params={}, phases=("pp", "tg"), reason=None
@@ -103,16 +94,15 @@ def test_a_dropped_trials_confirm_rounds_are_kept_and_reported() -> None:
 def test_the_advice_followed_measures_again_and_the_plain_rerun_does_not() -> None:
     calls: list[str] = []
     storage = optuna.storages.InMemoryStorage()
-    st = StudyState(optuna.create_study(study_name="noisy", storage=storage))
-    _confirm(st, calls)
+    _confirm(optuna.create_study(study_name="noisy", storage=storage), calls)
     first = len(calls)
     # the same command resumes the same study: every confirm round is stored, nothing is measured
-    _confirm(StudyState(optuna.load_study(study_name="noisy", storage=storage)), calls)
+    _confirm(optuna.load_study(study_name="noisy", storage=storage), calls)
     assert len(calls) == first
     advice = fresh_study_advice("noisy")
     assert "--study noisy-2" in advice and "measures nothing new" in advice
     # followed: a new study of that name measures every round again
-    _confirm(StudyState(optuna.create_study(study_name="noisy-2", storage=storage)), calls)
+    _confirm(optuna.create_study(study_name="noisy-2", storage=storage), calls)
     assert len(calls) == 2 * first
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.search.conftest import search_run
 from tuner.plan.fa_rules import parse_fa_rules
 from tuner.rounds import output_gate as og
 from tuner.search.final_gates import run_output_gate as _output_gate
+from tuner.study.record import SearchOutcome
 from tuner.study.state import StudyState
 
 RULES = parse_fa_rules(
@@ -138,8 +140,10 @@ def stage(tmp_path: Path):
     from tuner.plan.space import load_space
     from tuner.targets.host import Cpus
 
-    cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf", jobs=1)
-    st = StudyState(_Study())
+    cfg = types.SimpleNamespace(
+        variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf", jobs=1, source=types.SimpleNamespace(era="mma")
+    )
+    study = _Study()
     calls = []
 
     def run(passed):
@@ -155,14 +159,15 @@ def stage(tmp_path: Path):
         legal_values(load_space("cpu", "mma"), cpus=Cpus(ids=(0, 1), physical=2, masked=False)),
     )
 
-    def go(result, passed=True):
-        return _output_gate(cfg, st, space, {}, "mma", result, {}, [], _Builds(), run(passed))
+    def go(result, passed=True):  # the result as the study stores it, in and out
+        r = search_run(cfg, study, space=space, builds=_Builds(), equivalence=run(passed))
+        return _output_gate(r, SearchOutcome.from_result(r.header, result)).result_json()
 
-    return types.SimpleNamespace(go=go, calls=calls, st=st)
+    return types.SimpleNamespace(go=go, calls=calls, st=StudyState(study))
 
 
 def test_stage_runs_the_gate_once_and_stores_it(stage) -> None:
-    tuned = {"trial": 3, "values": {"threads": 1, "ubatch": 512, "flash_attn": "on"}}
+    tuned = {"trial": 3, "values": {"threads": 1, "ubatch": 512, "flash_attn": "on"}, "params": {}}
     res = stage.go({"rules": [], "tuned": tuned, "rows": [], "dropped": {}})
     assert [c[:4] for c in stage.calls] == [
         ("decode process", True, "cpu-[]", "cpu-[]"),
@@ -177,9 +182,10 @@ def test_stage_runs_the_gate_once_and_stores_it(stage) -> None:
 def test_stage_not_needed_and_failing(stage) -> None:
     res = stage.go({"rules": [], "tuned": None, "rows": [], "dropped": {}})
     assert res["gate"]["verdict"] == "not needed" and stage.calls == []
-    bad = stage.go({"rules": [], "tuned": {"values": {"flash_attn": "off"}}, "rows": [{}], "dropped": {}}, passed=False)
+    off = {"trial": 0, "values": {"flash_attn": "off"}, "params": {}}
+    bad = stage.go({"rules": [], "tuned": off, "rows": [{}], "dropped": {}}, passed=False)
     assert [c[1] for c in stage.calls] == [False, False]  # -fa off changes numerics: not strict
-    assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == {"values": {"flash_attn": "off"}}
+    assert bad["tuned"] is None and bad["gate"]["rejected"]["tuned"] == off
 
 
 CALIB = Path(__file__).resolve().parents[3] / "tests" / "data" / "equivalence" / "h100-calib"

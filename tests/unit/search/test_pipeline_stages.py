@@ -317,10 +317,12 @@ def test_tune_measures_only_the_phases_a_knob_can_change() -> None:
 def test_depths_beyond_the_models_context_are_refused_before_anything_runs() -> None:
     from tuner.errors import UsageError
     from tuner.search.pipeline import _check_depths
+    from tuner.targets.models import load_model_shape
 
-    _check_depths([0, 65536], {"context_length": 131072})
+    shape = dataclasses.replace(load_model_shape("llama-3.1-8b"), context_length=131072)
+    _check_depths([0, 65536], shape)
     with pytest.raises(UsageError) as e:
-        _check_depths([0, 4096, 200000], {"context_length": 131072})
+        _check_depths([0, 4096, 200000], shape)
     assert e.value.exit_code == 2 and "200000" in str(e.value) and "--depths 0,4096" in str(e.value)
 
 

@@ -189,10 +189,12 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
     import gzip
     import types
 
+    from tests.unit.search.conftest import search_run
     from tuner.plan.derive import legal_values, resolve_space
     from tuner.plan.space import load_space
     from tuner.search.final_gates import config_key as _config_key
     from tuner.search.final_gates import run_residency_gate as _residency
+    from tuner.study.record import SearchOutcome
     from tuner.study.state import StudyState
     from tuner.targets.host import Cpus
 
@@ -223,15 +225,19 @@ def test_the_stage_redecides_a_stored_record_and_probes_again_where_a_probe_fail
         return parsed[d.name]
 
     cfg = types.SimpleNamespace(variants=None, run_dir=tmp_path, model=tmp_path / "m.gguf")
-    st = StudyState(_Study())
-    result = {"rules": [], "tuned": {"values": {"threads": 1}}, "rows": [{"phase": "tg"}], "dropped": {}}
+    study = _Study()
+    st = StudyState(study)
+    result = {"rules": [], "tuned": {"trial": 0, "values": {"threads": 1}}, "rows": [{"phase": "tg"}], "dropped": {}}
     key = _config_key([], {"threads": 1})
     st.set_residency(
         key, rg.decide(parsed["upstream"], parsed["final"], full=True, host_weights_mib=INPUT_MIB)
     )  # the old rule's "fail"
 
-    def go():
-        return _residency(cfg, st, space, {}, result, {}, ["-ngl", "8"], builds, {"n_layers": 16}, probe=probe)
+    shape = types.SimpleNamespace(n_layers=16, d_model=2048)
+    run = search_run(cfg, study, space=space, builds=builds, base_args=("-ngl", "8"), shape=shape)
+
+    def go():  # the result as the study stores it, in and out
+        return _residency(run, SearchOutcome.from_result(run.header, result), probe=probe).result_json()
 
     out = go()
     assert (

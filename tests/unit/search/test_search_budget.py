@@ -12,7 +12,7 @@ import pytest
 from tests.unit.sweep.conftest import Clock
 from tuner.rounds.budget import Budget, BudgetReached
 from tuner.rounds.joint import run_joint_rounds
-from tuner.search import pipeline as pl
+from tuner.search import context as cx
 from tuner.search import request as rq
 from tuner.search.dryrun import full_build_seconds
 from tuner.search.screen import candidates_for
@@ -110,7 +110,7 @@ def test_a_build_that_would_end_past_the_budget_is_not_started(
     cfg = types.SimpleNamespace(
         source=None, arch="sm_90", target=types.SimpleNamespace(local_archs=(), is_cpu=False), jobs=None
     )
-    builds = pl._Builds(cfg, space=None, budget=Budget(clock.now + budget))  # type: ignore[arg-type]
+    builds = cx.Builds(cfg, None, Budget(clock.now + budget))  # type: ignore[arg-type]
     monkeypatch.setattr("tuner.builder.cmake.is_built", lambda rv, targets=(): False)
     with pytest.raises(BudgetReached):
         builds.get("mma", {})
@@ -143,8 +143,8 @@ def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_bu
 
     bench.joint = joint  # shared calls, as the live llama-bench measure
     fake_build = types.SimpleNamespace(build_id="b", bin_dir=tmp_path, meta={})
-    monkeypatch.setattr(pl._Builds, "get", lambda self, variant, values: fake_build)
-    monkeypatch.setattr(pl, "_live", lambda cfg, build: bench)
+    monkeypatch.setattr(cx.Builds, "get", lambda self, variant, values: fake_build)
+    monkeypatch.setattr(cx, "live_measure", lambda cfg, build: bench)
     depths = [0, 64, 128, 192]
     # the CPU screen: upstream and its A/A twin per phase, both phases in each call
     price = screen_round_seconds(nearest_recording(load_step_costs(), shape.d_model), 2, len(depths))
@@ -213,7 +213,7 @@ def test_a_build_that_takes_most_of_the_budget_stops_the_search_inside_it_and_a_
         labels.append(label)
         return {d: {"ts": 100.0, "kernel": None, "why": None, "error": ""} for d in depths}
 
-    monkeypatch.setattr(pl, "_live", lambda cfg, b: bench)  # one phase a call: no shared calls
+    monkeypatch.setattr(cx, "live_measure", lambda cfg, b: bench)  # one phase a call: no shared calls
     args = ["search", "--arch", "cpu", "--model", str(model), "--depths", "0,64", "--run-dir", str(tmp_path / "run")]
     args += ["--trials", "0", "--rounds", "6", "--time-budget", f"{budget:.0f}"]
     start = clock.now

@@ -97,11 +97,11 @@ def test_nothing_nan_is_stored_or_exported() -> None:
 
 
 def _tune_env(tmp_path: Path, measure, trials: int = 2):
-    """pipeline._tune on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
+    """The tune stage on the real CPU space and a real SQLite study, with a fake llama-bench and build."""
+    from tests.unit.search.conftest import search_run
     from tuner.plan.space import load_space
-    from tuner.rounds.budget import Budget
     from tuner.search import pipeline as pl
-    from tuner.study.state import StudyState
+    from tuner.search.tune import tune_stage
     from tuner.targets.archs import load_arch
 
     cfg = types.SimpleNamespace(
@@ -124,22 +124,10 @@ def _tune_env(tmp_path: Path, measure, trials: int = 2):
     study, storage = pl._open_study(cfg)
     build = types.SimpleNamespace(build_id="b0", meta={}, bin_dir=tmp_path)
     builds = types.SimpleNamespace(get=lambda variant, cv: build)
-    args = (
-        cfg,
-        StudyState(study),
-        study,
-        storage,
-        load_space("cpu", "mma"),
-        {},
-        {},
-        [],
-        {},
-        [],
-        lambda b: measure,
-        Budget(),
-        builds,
+    run = search_run(
+        cfg, study, storage=storage, space=load_space("cpu", "mma"), builds=builds, factory=lambda b: measure
     )
-    return study, lambda: pl._tune(*args)
+    return study, lambda: tune_stage(run, [])
 
 
 def steady(c, phase, depths, label):
@@ -338,16 +326,11 @@ def test_a_linked_run_dir_or_one_holding_a_link_is_refused_before_anything_is_fe
 
 
 def test_the_default_run_dir_is_refused_as_a_link_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.plan.space
     from tests.unit.search.test_study_lock import _cfg
     from tuner.search import pipeline
 
     # the checks before the run dir appears, faked (tests/unit/search/test_study_lock.py does the same)
-    monkeypatch.setattr(tuner.plan.space, "load_space", lambda arch, era: None)
-    monkeypatch.setattr(pipeline, "_resolved_space", lambda cfg, space: (types.SimpleNamespace(variants=["cpu"]), {}))
-    monkeypatch.setattr(pipeline, "coerce_pins", lambda space, fixed: {})
-    monkeypatch.setattr(pipeline, "_model_shape", lambda model: {})
-    monkeypatch.setattr(pipeline, "_check_depths", lambda depths, shape: None)
+    monkeypatch.setattr(pipeline, "_checked", lambda cfg: None)
     monkeypatch.setattr(pipeline, "_run_locked", lambda *a: pytest.fail("measured in a linked run dir"))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

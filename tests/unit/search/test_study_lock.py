@@ -39,14 +39,8 @@ def _cfg(run_dir: Path, storage: str, study: str) -> Any:
 def test_a_second_search_on_the_study_from_another_run_dir_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tuner.plan.space
-
     # the checks before the lock, faked: this test is about what runs under it
-    monkeypatch.setattr(tuner.plan.space, "load_space", lambda arch, era: None)
-    monkeypatch.setattr(pipeline, "_resolved_space", lambda cfg, space: (types.SimpleNamespace(variants=["cpu"]), {}))
-    monkeypatch.setattr(pipeline, "coerce_pins", lambda space, fixed: {})
-    monkeypatch.setattr(pipeline, "_model_shape", lambda model: {})
-    monkeypatch.setattr(pipeline, "_check_depths", lambda depths, shape: None)
+    monkeypatch.setattr(pipeline, "_checked", lambda cfg: None)
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
     measured: list[Path] = []
     refused: list[StudyBusy] = []

@@ -1,0 +1,293 @@
+"""One search run as its stages see it: :class:`SearchRun`, resolved once before the first stage (the config, the
+study, the space resolved for this machine and model, the pins, the model's shape, upstream's runtime, the
+builds, the budget, the measures), and the records the stages hand on (:class:`GateResult`,
+:class:`Proposal`; the confirm and the gates hand on :class:`~tuner.study.record.SearchOutcome`). Each stage of
+:mod:`tuner.search.pipeline` is ``stage(run, previous) -> record``.
+
+Here too: the run's builds (:class:`Builds`), the test-backend-ops gate of a build (:func:`gate`) and the measures
+(llama-bench's, :func:`live_measure`; the op level's, :func:`kernel_factory`; the confirm's, :func:`confirm_factory`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PHASES",
+    "Builds",
+    "Equivalence",
+    "GateResult",
+    "MeasureFactory",
+    "Proposal",
+    "SearchRun",
+    "confirm_factory",
+    "gate",
+    "kernel_factory",
+    "kernels_for",
+    "kv_type",
+    "live_measure",
+]
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tuner import log
+from tuner._hash import stable_hash
+from tuner.builder import cmake
+from tuner.measure import gate as tbo
+from tuner.plan import render
+from tuner.plan.derive import Legal
+from tuner.plan.fa_rules import FaRule, Phase
+from tuner.plan.space import SearchSpace
+from tuner.plan.variant import Build
+from tuner.rounds import live as live_bench
+from tuner.rounds.budget import Budget
+from tuner.rounds.costs import load_step_costs
+from tuner.rounds.joint import Measure
+from tuner.rounds.output_gate import GateCheck
+from tuner.search.cost import counted, full_build_seconds, nearest_recording
+from tuner.search.device_guard import device_checked
+from tuner.search.kernel_screen import make_kernel_measure
+from tuner.search.study import SearchConfig
+from tuner.study.record import StudyHeader, TunedTrial
+from tuner.study.state import StudyState
+from tuner.targets.models import ModelShape
+
+if TYPE_CHECKING:
+    import optuna
+
+PHASES = ("tg", "pp")  # decode first: it is where the kernel choice matters most; phases never gate each other
+ALL_KERNELS = ("VEC", "TILE", "MMA")
+"""The FlashAttention kernels a gate forces (as test-backend-ops names them)."""
+
+MeasureFactory = Callable[[Build], Measure]
+"""build -> the measure that runs it (llama-bench's by default; a test's or the replay's fake)."""
+
+
+class Equivalence(Protocol):
+    """``equivalence(check, upstream_build, final_build, work_dir) -> record``: replaces the output-equivalence
+    gate's llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`)."""
+
+    def __call__(self, check: GateCheck, upstream: Build, final: Build, work_dir: Path, /) -> Mapping[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GateResult:
+    """test-backend-ops FLASH_ATTN_EXT on one build with ``kernels`` forced, as the study stores it (``gates``, by
+    build id): ``status`` ``pass``, ``fail`` or ``skipped`` (``why``)."""
+
+    status: str
+    why: str = ""
+    summary: str = ""
+    failing: tuple[str, ...] = ()
+    log: str = ""
+    kernels: tuple[str, ...] = ()
+
+    def stored(self) -> dict[str, Any]:
+        if self.status == "skipped":
+            return {"status": self.status, "why": self.why}
+        return {
+            "status": self.status,
+            "summary": self.summary,
+            "failing": list(self.failing),
+            "log": self.log,
+            "kernels": list(self.kernels),
+        }
+
+    @classmethod
+    def from_stored(cls, rec: Mapping[str, Any]) -> GateResult:
+        return cls(
+            status=str(rec["status"]),
+            why=str(rec.get("why") or ""),
+            summary=str(rec.get("summary") or ""),
+            failing=tuple(rec.get("failing") or ()),
+            log=str(rec.get("log") or ""),
+            kernels=tuple(rec.get("kernels") or ()),
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Proposal:
+    """What the confirm measures against upstream: the composed rules and the tune's trial (None: upstream's knobs)."""
+
+    rules: tuple[FaRule, ...]
+    tuned: TunedTrial | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchRun:
+    """Everything the stages of one search (or ``tuner worker``) share, resolved once (module docstring)."""
+
+    cfg: SearchConfig
+    study: optuna.Study
+    storage: optuna.storages.RDBStorage
+    st: StudyState
+    header: StudyHeader
+    """What the study records it measured (its shape: the model's, as stored)."""
+    space: SearchSpace
+    """The space with this machine's threads/-ngl values (:func:`tuner.plan.derive.space_for_run`)."""
+    legal: Mapping[str, Legal]
+    variants: tuple[str, ...]
+    """The variants searched, upstream's first."""
+    fixed: Mapping[str, Any]
+    """The ``--set`` pins, coerced by the space."""
+    shape: ModelShape
+    base_env: Mapping[str, str]
+    base_args: tuple[str, ...]
+    """Upstream's runtime: the pinned runtime knobs' env and llama-bench arguments."""
+    builds: Builds
+    budget: Budget
+    factory: MeasureFactory
+    """The measure of a build: llama-bench's (or ``custom``), counted in the study and held to its device."""
+    custom: MeasureFactory | None = None
+    """The measure that replaces llama-bench (a test's, the replay's); None: the live one."""
+    equivalence: Equivalence | None = None
+
+    @property
+    def base_variant(self) -> str:
+        """Upstream's variant: the pinned one, else the space's first."""
+        return str(self.fixed.get("variant", self.variants[0]))
+
+    @property
+    def kernels(self) -> dict[str, list[str]]:
+        """Forced kernels the space allows per phase (:func:`kernels_for`)."""
+        return {p: kernels_for(self.space, p) for p in PHASES}
+
+    def price(self, key: str) -> float:
+        """A per-step cost recorded for the model size nearest this one (``gate_s``, ``residency_s``,
+        ``equivalence_check_s`` of ``tuner/data/step_costs.toml``): what the budget checks before such a step."""
+        return float(nearest_recording(load_step_costs(), self.shape.d_model)[key])
+
+
+def kernels_for(space: SearchSpace, phase: str) -> list[str]:
+    """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
+    want = Phase.from_bench(phase)
+    ks: list[str] = []
+    for k in space.runtime_knobs:
+        if k.kind == "rule" and k.meta.get("phase") == want.value:
+            ks += [str(c) for c in (k.choices or ()) if c != "default" and str(c) not in ks]
+    return ks
+
+
+class Builds:
+    """The builds of one process, looked up once per (variant, compile values): a cached build still costs a
+    render and a no-op ninja run, which the tune and confirm stages must not pay per trial. Compile values
+    reach it from tune trials, whose constraint check already passed: the render does not check them again.
+    A build that is not cached starts only where its price fits the ``budget`` (one cut off is lost whole)."""
+
+    def __init__(self, cfg: SearchConfig, space: SearchSpace | None, budget: Budget) -> None:
+        self.cfg, self.space, self.budget = cfg, space, budget
+        self._known: dict[str, Build] = {}
+        self.targets = cmake.search_targets(cfg.target.is_cpu)
+
+    def get(self, variant: str, compile_values: Mapping[str, Any]) -> Build:
+        key = stable_hash(variant, dict(compile_values))
+        if key not in self._known:
+            rv = render.render_variant(
+                self.cfg.source,
+                self.cfg.arch,
+                variant,
+                compile_values=compile_values,
+                local_archs=list(self.cfg.target.local_archs),
+                space=self.space,
+                checked=True,
+            )
+            if not cmake.is_built(rv, self.targets):
+                self.budget.fits(full_build_seconds(), f"the build of {rv.short}")
+            self._known[key] = cmake.build_variant(rv, targets=self.targets, jobs=self.cfg.jobs)
+        return self._known[key]
+
+
+def gate(run: SearchRun, build: Build, kernels: Sequence[str] = ALL_KERNELS) -> GateResult:
+    """test-backend-ops FLASH_ATTN_EXT with each of ``kernels`` forced, once per build (recorded in the study
+    with the kernels it forced; a tune trial forces only those its rows change,
+    :func:`tuner.search.tune.gate_kernels`); started only where its price fits the budget."""
+    st, cfg, arch = run.st, run.cfg, run.cfg.target.arch
+    gates = st.gates
+    if build.build_id in gates:
+        return GateResult.from_stored(gates[build.build_id])
+    if not cfg.gate or arch.vendor == "cpu":
+        res = GateResult(
+            status="skipped",
+            why="CPU backend is the reference test-backend-ops compares against"
+            if arch.vendor == "cpu"
+            else "--no-gate",
+        )
+    else:
+        run.budget.fits(
+            run.price("gate_s") * len(kernels) / len(ALL_KERNELS), f"the test-backend-ops gate of {build.build_id}"
+        )
+        t0 = time.monotonic()
+        which = "each kernel" if len(kernels) == len(ALL_KERNELS) else "/".join(kernels)
+        with log.step(f"Gate: test-backend-ops FLASH_ATTN_EXT with {which} forced (head size {run.shape.head_dim})"):
+            g = tbo.run_gate(
+                build.bin_dir,
+                kernels=list(kernels),
+                backend=f"{arch.backend}0",
+                params=tbo.params_for_model(run.shape.head_dim, "f16"),
+                log_dir=cfg.run_dir / "logs",
+            )
+        st.add_seconds("gate", time.monotonic() - t0)
+        res = GateResult(
+            status="pass" if g.passed else "fail",
+            summary=g.summary,
+            failing=tuple(g.failing)[:20],
+            log=str(g.log_file),
+            kernels=tuple(kernels),
+        )
+    gates[build.build_id] = res.stored()
+    st.set_gates(gates)
+    if not st.has_toolchain():
+        st.set_toolchain(dict(build.meta.get("toolchain", {})))
+    return res
+
+
+def kv_type(bench_args: Sequence[str]) -> str:
+    """The K-cache type the runs use: llama-bench's -ctk when a pinned knob sets it, else its f16 default."""
+    args = list(bench_args)
+    return str(args[args.index("-ctk") + 1]) if "-ctk" in args[:-1] else "f16"
+
+
+def live_measure(cfg: SearchConfig, build: Build) -> Measure:
+    """The real llama-bench of ``build`` (:mod:`tuner.rounds.live`), with ``cfg``'s tokens and repetitions."""
+    return live_bench.make_live_measure(
+        build.bin_dir,
+        cfg.model,
+        pp=cfg.pp,
+        tg=cfg.tg,
+        reps={"pp": cfg.reps_pp, "tg": cfg.reps_tg},
+        log_dir=cfg.run_dir / "logs",
+        era=cfg.source.era,
+        arch=cfg.arch,
+        cpus=cfg.cpu_mask,
+    )
+
+
+def kernel_factory(run: SearchRun) -> MeasureFactory:
+    """build -> the op-level measure (test-backend-ops FLASH_ATTN_EXT at the model's shape), held to the
+    study's device: the screen's, and the tune's where its trials run at the op level."""
+    cfg = run.cfg
+
+    def make(b: Build) -> Measure:
+        return make_kernel_measure(
+            b.bin_dir,
+            run.header.shape,
+            pp=cfg.pp,
+            tg=cfg.tg,
+            kv_type=kv_type(run.base_args),
+            bench_args=run.base_args,
+            log_dir=cfg.run_dir / "logs" / "kernel-screen",
+        )
+
+    return device_checked(run.st, make)
+
+
+def confirm_factory(run: SearchRun, proposal: Proposal) -> MeasureFactory:
+    """The confirm stage's measure factory. Prefill rides along in the confirm's shared calls only to show it
+    did not move where nothing changes it: it then gets decode's repetitions, not the -r its own claims would
+    need (a call's -r is the larger of its phases')."""
+    if run.custom is not None or proposal.tuned or any(r.phase is Phase.PREFILL for r in proposal.rules):
+        return run.factory
+    ride = dataclasses.replace(run.cfg, reps_pp=min(run.cfg.reps_pp, run.cfg.reps_tg))
+    return counted(run.st, device_checked(run.st, lambda b: live_measure(ride, b)))
