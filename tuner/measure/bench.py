@@ -801,7 +801,7 @@ def run_bench(
         for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
             last_log = _measure_phase(plan, phase, ntok, accs)
     rows = [_bench_row(plan, phase, d, acc) for (phase, d), acc in accs.items()]
-    df: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))  # the constructor is Any before 3.11
+    df: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))  # the constructor is untyped before 3.11
     df.attrs["log_file"] = last_log
     df.attrs["errors"] = [r["error"] for r in rows if r["error"]]
     for r in rows:

@@ -27,7 +27,6 @@ __all__ = [
     "MAX_TARGET_MS",
     "TARGET_MS",
     "BenchCase",
-    "FaBenchCase",
     "build_bench",
     "build_fa_bench",
     "cached_bench",
@@ -182,8 +181,6 @@ class BenchCase:
     """The case's whole wall time in the program (allocation, upload, graph builds, every run; None where
     the output has no ``wall`` line): less the timed ops, the setup a sweep's budget pays per case."""
 
-
-FaBenchCase = BenchCase
 
 WALL_RE = re.compile(r"^wall case=(?P<case>\d+) ms=(?P<ms>[0-9.]+)\s*$")
 """The line fa-bench and mm-bench print after each case (``bench::main_loop`` in ``tuner/data/bench_common.h``)."""

@@ -131,7 +131,7 @@ def load_results(path: Path) -> pd.DataFrame:
             f"{path} lacks bench columns {sorted(missing)}: it is neither a file `tuner bench` wrote nor "
             "llama-bench's own output. Pass one of those."
         )
-    df: pd.DataFrame = pd.DataFrame([_tuner_row(where, r) for where, r in recs])  # (Any in pandas-stubs < 3.11)
+    df: pd.DataFrame = pd.DataFrame([_tuner_row(where, r) for where, r in recs])  # (untyped in pandas-stubs < 3.11)
     if "timestamp" in df.columns and pd.api.types.is_datetime64_any_dtype(df["timestamp"]):
         # parquet may hold a datetime "timestamp" column; keep it the ISO text run_bench wrote
         df["timestamp"] = [t.isoformat() if not pd.isna(t) else None for t in df["timestamp"]]
@@ -557,7 +557,7 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
 
 def _row_avg_ts(r: dict[str, Any]) -> float:
     """llama-bench's avg_ts of one record (the mean of its samples_ts), as recorded, else from the samples."""
-    avg: Any = r.get("avg_ts")
+    avg: object = r.get("avg_ts")
     if isinstance(avg, str) or _is_num(avg):
         try:
             val = float(avg)
@@ -639,7 +639,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 "source_format": "llama-bench",
             }
         )
-    frame: pd.DataFrame = pd.DataFrame(rows)  # pandas-stubs types the constructor as Any before 3.11
+    frame: pd.DataFrame = pd.DataFrame(rows)  # pandas-stubs leave the constructor untyped before 3.11
     return frame
 
 

@@ -68,7 +68,7 @@ def median(xs: Iterable[float | None], *, upper: bool = False) -> float:
 
 def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     arr = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=float)
-    finite: np.ndarray = arr[np.isfinite(arr)]  # numpy types a boolean-mask index as Any
+    finite: np.ndarray = arr[np.isfinite(arr)]  # numpy leaves a boolean-mask index untyped
     return finite
 
 
@@ -347,7 +347,7 @@ def compare_frames(
         "p_value",
         "verdict",
     ]
-    frame: pd.DataFrame = pd.DataFrame(out, columns=cols)  # pandas-stubs types the constructor as Any before 3.11
+    frame: pd.DataFrame = pd.DataFrame(out, columns=cols)  # pandas-stubs leave the constructor untyped before 3.11
     return frame
 
 

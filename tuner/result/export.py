@@ -31,6 +31,7 @@ __all__ = [
     "tomlable",
     "write_build_files",
     "write_result",
+    "write_run_env",
 ]
 
 import contextlib
@@ -373,13 +374,8 @@ def _write_result(
     h = load_header(study)
     write_build_files(out_dir, rv, preset_name=f"tuned-{h.required(h.arch, 'arch').replace('_', '')}")
     model = Path(h.required(h.model, "model"))
-    bench_cmd = ["llama-bench", "-m", model.name, "-fa", "1", "-d", ",".join(map(str, h.depths)), *choice.args]
-    server_cmd = ["llama-server", "-m", model.name, "-fa", "on", *server_args(choice.args)]
-    (out_dir / "run.env").write_text(
-        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(choice.run_env.items()))
-        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
-    )
+    depths = ",".join(map(str, h.depths))
+    write_run_env(out_dir, choice.run_env, (), model=model.name, depths=depths, args=choice.args)
     trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
     g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
     measured = _measured(study)
@@ -416,6 +412,34 @@ def _write_result(
         like=like or legacy.study_attr(study, "like"),
         weight_type=weight_type or legacy.study_attr(study, "weight_type"),
         no_patch=not rv.patch,
+    )
+
+
+def write_run_env(
+    out_dir: Path,
+    run_env: Mapping[str, str],
+    rules: Sequence[FaRule],
+    *,
+    model: str,
+    depths: str,
+    args: Sequence[str],
+    mask: str = "",
+) -> None:
+    """``run.env``: the runtime environment, the FA rules (when the export has any) and the llama-bench and
+    llama-server command lines (under ``taskset -c mask`` when measured pinned)."""
+    pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
+    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
+    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
+    (out_dir / "run.env").write_text(
+        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+        + (
+            f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}"
+            if rules
+            else ""
+        )
+        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
     )
 
 

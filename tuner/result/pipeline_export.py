@@ -36,7 +36,7 @@ from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.derive import resolve_space
-from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_env, rules_texts
+from tuner.plan.fa_rules import FaRule, Phase, as_stored, rules_texts
 from tuner.redact import redact
 from tuner.result.export import (
     NO_PATCH_NOTE,
@@ -45,11 +45,11 @@ from tuner.result.export import (
     export_render,
     hashes_table,
     portable_paths,
-    server_args,
     source_table,
     staged_export,
     tomlable,
     write_build_files,
+    write_run_env,
 )
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
 from tuner.result.plots import plot_pareto
@@ -180,7 +180,7 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
     model = Path(need(h.model, "model"))
     ds = ",".join(map(str, outcome.confirm_depths or h.depths))
     mask = mask_text(h.cpu_mask or [])
-    _write_run_env(out_dir, choice.run_env, rules, model=model.name, depths=ds, args=choice.args, mask=mask)
+    write_run_env(out_dir, choice.run_env, rules, model=model.name, depths=ds, args=choice.args, mask=mask)
     config: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "source": source_table(source),
@@ -228,32 +228,6 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
         outcome, study=e.study, storage=e.storage, gate=config["gate"], residency=config.get("residency")
     )
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
-
-
-def _write_run_env(
-    out_dir: Path,
-    run_env: Mapping[str, str],
-    rules: Sequence[FaRule],
-    *,
-    model: str,
-    depths: str,
-    args: Sequence[str],
-    mask: str,
-) -> None:
-    pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
-    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
-    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
-    (out_dir / "run.env").write_text(
-        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
-        + (
-            f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}"
-            if rules
-            else ""
-        )
-        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
-    )
 
 
 def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
