@@ -41,6 +41,7 @@ from tuner.plan import space as space_mod
 from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
+from tuner.targets import models
 from tuner.targets.archs import newer_nvidia
 
 if TYPE_CHECKING:
@@ -505,15 +506,11 @@ def _patch_context(
     return context
 
 
-class SourceTree(Protocol):
-    """What a render reads of a :class:`tuner.source.Source`."""
+class SourceTree(models.SourceTree, Protocol):
+    """What a render reads of a :class:`tuner.source.Source`: its tree, id and era."""
 
     @property
-    def root(self) -> Path: ...
-    @property
     def era(self) -> str: ...
-    @property
-    def source_id(self) -> str: ...
 
 
 def render_variant(
