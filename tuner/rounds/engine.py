@@ -12,7 +12,8 @@ config, configs in an order rotated from round to round (:func:`tuner.measure.pa
 process's samples go into a :class:`tuner.rounds.store.SampleStore` as it ends; a rerun skips the
 rounds whose samples are recorded and measures a round an earlier call left partly recorded again whole
 (:meth:`tuner.rounds.store.SampleStore.whole_round`). With a budget, no round starts that would end past
-its deadline (:class:`tuner.rounds.budget.SweepBudget`).
+its deadline (:class:`tuner.rounds.budget.Budget`), each priced at its estimate times the most any finished
+round of the call overran its own: a slower machine or a longer case than recorded stops the call earlier, never later.
 
 **Sequential rounds, the search's settle rule** (:func:`open_points`). Every point gets ``min_rounds``
 rounds; after that a round goes only to the points whose decision is still *open*
@@ -63,7 +64,7 @@ from tuner import log
 from tuner.errors import TunerError
 from tuner.measure.paired import block_effects, noise_pct, rotated
 from tuner.progress import format_seconds
-from tuner.rounds.budget import SweepBudget
+from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Decision, compose_phase, open_depths
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore
@@ -270,7 +271,7 @@ def run_rounds(
     chunk_size: int,
     cost: tuple[float, float],
     forced_reason: str = "",
-    budget: SweepBudget | None = None,
+    budget: Budget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_points`), one
     ``measure`` process per config and round over the points that get the round, its log folder
@@ -311,7 +312,7 @@ def run_rounds(
         )
     )
     ran = skipped = done = 0
-    start = time.monotonic()
+    start, slower = time.monotonic(), 1.0
     for ci, chunk in enumerate(chunks):
         for r in range(hi):
             want = open_points(spec, chunk, store.samples([spec.key(p) for p in chunk]), r, limits)
@@ -322,7 +323,8 @@ def run_rounds(
             todo = store.whole_round({cfg: [spec.key(p) for p in ps] for cfg, ps in procs}, r, what)
             started = [ks for cfg, ks in todo if ks and runs(cfg)]
             est = len(started) * process_s + sum(len(ks) for ks in started) * case_s
-            t_r = budget.start(est, what) if budget and started else 0.0
+            if budget and started:  # a round is paired: started whole or not at all
+                budget.fits(est * slower, what, worded=True)
             for (cfg, ks), (_, ps) in zip(todo, procs, strict=True):
                 missing = [p for p in ps if spec.key(p) in ks]
                 if not missing:
@@ -337,8 +339,8 @@ def run_rounds(
                     failed += sum(1 for s in got if s.error)
                     ran += 1
                     n_round += len(missing)
-            if budget and started:
-                budget.done(est, t_r)
+            if started and est > 0:
+                slower = max(slower, (time.monotonic() - t0) / est)
             if n_round:
                 done += n_round
                 eta = (time.monotonic() - start) / done * max(0.0, first_cases + later - done)

@@ -68,11 +68,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.paired import NOISE_CEILING_PCT
 from tuner.plan.fa_rules import FaRule, rules_env
-from tuner.rounds.budget import RoundBudget
-from tuner.rounds.compose import Family, judge_phase
+from tuner.rounds import output_gate as og
+from tuner.rounds.budget import Budget
+from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
+from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
 from tuner.rounds.store import SampleStore
 from tuner.sweep import live, mmq
@@ -343,16 +347,16 @@ def measure_model(
     rounds: int,
     store: ConfirmStore,
     max_rounds: int | None = None,
-    budget: RoundBudget | None = None,
+    budget: Budget | None = None,
+    round_s: Callable[[ModelPlan, Sequence[int]], float] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
     ``store`` count, so a second call only adds what is missing. ``budget``: no round starts that would end
-    past its deadline (:class:`tuner.search.screen.BudgetReached`). ``rounds`` every depth gets; with a higher
+    past it (the first priced by ``round_s(plan, depths)``). ``rounds`` every depth gets; with a higher
     ``max_rounds``, further rounds go only to the depths still open by the search confirm's settle rule
     (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
     neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
     at every depth, as the search's process knobs do)."""
-    from tuner.rounds.compose import open_depths
 
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
@@ -362,7 +366,7 @@ def measure_model(
         Candidate(name=AA_NAME, args=args),
         Candidate(name=TABLE, env=plan.env, args=args),
     ]
-    recs = store.records(plan.like)
+    recs, first_s = store.records(plan.like), round_s(plan, depths) if budget and round_s else 0.0
     return run_joint_rounds(
         joint,
         dict.fromkeys(plan.phases, cands),
@@ -374,7 +378,7 @@ def measure_model(
         target_ci=0.0,
         settle=settle,
         deadline=budget.deadline if budget else None,
-        prior=budget.prior(plan, depths, [c.name for c in cands]) if budget else (),
+        prior=[{"seconds": first_s, "depths": list(depths), "order": [c.name for c in cands]}],  # 0: unknown
         on_round=lambda rec: store.add(plan.like, rec),
         tag=f"confirm-{plan.like}",
     )
@@ -440,24 +444,20 @@ def _fate(
     none_why: str,
     kernel: str | None = None,
 ) -> tuple[bool, str]:
-    """``kernel``: a FlashAttention rule's kernel; a faster point counts for the rule only where the FA log
-    shows the table's candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
-    where = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in touched)
-    slower = [p for p in touched if p["verdict"] == "slower"]
-    faster = [p for p in touched if p["verdict"] == "faster" and (kernel is None or p.get("kernel") == kernel)]
-    if not touched:
-        return False, none_why
-    if failed_gate:
-        return False, f"the output-equivalence gate failed on {', '.join(failed_gate)}"
-    if slower:
-        return False, "slower end to end beyond noise at " + ", ".join(
-            f"{p['model']} {p['test']}@d{p['depth']}" for p in slower
-        )
-    if faster:
-        return True, "faster end to end beyond noise at " + ", ".join(
-            f"{p['model']} {p['test']}@d{p['depth']}" for p in faster
-        )
-    return False, f"no end-to-end gain beyond noise at {where} (a kernel-level gain only)"
+    """The entry's fate by the one rule (:func:`tuner.rounds.keep.keep`), in the sweep's words. ``kernel``: a
+    FlashAttention rule's kernel; a faster point counts for the rule only where the FA log shows the table's
+    candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
+    fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
+    at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
+    return fate.kept, {
+        "none": none_why,
+        "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
+        "slower": f"slower end to end beyond noise at {at}",
+        "cpu": f"CPU% up beyond the noise without a t/s gain at {at}",
+        "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling at {at}",
+        "faster": f"faster end to end beyond noise at {at}",
+        "no gain": f"no end-to-end gain beyond noise at {at} (a kernel-level gain only)",
+    }[fate.reason]
 
 
 def decide_rules(
@@ -538,9 +538,8 @@ def gate_model(
     the kernel band first); MMQ choices widened likewise (the gate's micro-batch is 128 tokens, below most
     choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
     stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
-    budget's stop, :meth:`tuner.sweep.budget.RoundBudget.fits`)."""
+    budget's stop, :meth:`tuner.rounds.budget.Budget.fits`)."""
     from tuner.measure.equivalence import run_equivalence
-    from tuner.rounds import output_gate as og
 
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
@@ -591,7 +590,6 @@ def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list
     that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
     CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
     prefill check."""
-    from tuner.rounds import output_gate as og
 
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:
@@ -680,13 +678,13 @@ def confirm_models(
     mmq_like: str | None = None,
     quantized_for: Callable[[str, str], Path] | None = None,
     max_rounds: int | None = None,
-    budget: RoundBudget | None = None,
+    budget: Budget | None = None,
+    round_s: Callable[[ModelPlan, Sequence[int]], float] | None = None,
 ) -> Confirmed:
     """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds, run the
     gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
     models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is not
-    made; one stored whole by an earlier call is judged from ``store``. ``budget``: :func:`measure_model`'s."""
-    from tuner import log
+    made; one stored whole by an earlier call is judged from ``store``. ``budget``, ``round_s``: :func:`measure_model`'s."""
 
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
@@ -695,7 +693,7 @@ def confirm_models(
 
     def measure(one: ModelPlan, ds: tuple[int, ...], mmq_changed: bool, path: Path) -> None:
         recs = measure_model(joint_for(path, one), one, ds, rounds=rounds, store=store, max_rounds=max_rounds,
-                             budget=budget)  # fmt: skip
+                             budget=budget, round_s=round_s)  # fmt: skip
         cells = judge_model(recs, ds, mmq_changed=mmq_changed, phases=one.phases)
         points[one.like], gates[one.like] = model_points(one.like, cells, pp=one.pp), gate(one, path)
 
@@ -787,7 +785,6 @@ def _batch_rounds(
     """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
     the storage where an earlier call measured it all, else measured (``measure``: on its base model's file,
     returning that file's weight types); with its depths and its recorded row (``row`` completed)."""
-    from tuner import log
 
     out = []
     for one, ds in batch_passes(plans, depths):

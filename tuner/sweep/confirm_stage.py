@@ -17,7 +17,7 @@ from tuner.errors import UsageError
 from tuner.measure.exe import find_bin_dir
 from tuner.measure.gate import params_for_shapes
 from tuner.plan.fa_rules import rules_env
-from tuner.rounds.budget import RoundBudget
+from tuner.rounds.budget import Budget
 from tuner.rounds.joint import JointMeasure
 from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
@@ -75,7 +75,7 @@ class ConfirmPlan:
     plans: tuple[ModelPlan, ...]
     passes: tuple[ModelPlan, ...]
     mmq_like: str | None
-    budget: RoundBudget | None
+    budget: Budget | None
     text: str
 
 
@@ -98,9 +98,7 @@ def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
     """
     r = request
     # the clock starts before anything is loaded: a caller's limit counts from the command's start
-    budget = (
-        RoundBudget.from_now(r.time_budget, lambda p, ds: round_seconds(p, ds, reps=r.reps)) if r.time_budget else None
-    )
+    budget = Budget.counted_from(None, r.time_budget) if r.time_budget else None
     table = confirm.load_table(r.sweep_dir, r.mmq_dir)
     likes = r.likes or confirm.DEFAULT_LIKE
     # an unknown name: its UsageError, exit 2; an MMQ choice counts only where the model's weights have its type
@@ -238,6 +236,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
             # a pass's type written directly where it can be: no f16, no quantize
             quantized_for=lambda like, q: model_for(like, q, confirm.quant_mode(q) == "direct"),
             budget=budget,
+            round_s=lambda p, ds: round_seconds(p, ds, reps=r.reps),
         )
         ops = _backend_ops(conf, bin_dir, backend=r.backend, store=store, log_dir=out / "logs", budget=budget)
     finally:
@@ -246,23 +245,19 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
     return ConfirmOutcome(conf=conf, backend_ops=tuple(ops), patch=bool(patch), out=out)
 
 
-def _check_budget(budget: RoundBudget | None, plan: ModelPlan) -> Callable[[str], None] | None:
+def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], None] | None:
     """The gate's ``before``: no output-equivalence check of ``plan``'s model starts that would end past the
     budget (each priced as the dry run prices it)."""
     if budget is None:
         return None
     secs = check_seconds(plan.base or plan.like)
-    return lambda name: budget.fits(secs, f"the {plan.like} output-equivalence check {name} (about {secs:.0f} s)")
+    return lambda name: budget.fits(
+        secs, f"the {plan.like} output-equivalence check {name} (about {secs:.0f} s)", worded=True
+    )
 
 
 def _backend_ops(
-    conf: Confirmed,
-    bin_dir: Path,
-    *,
-    backend: str,
-    store: ConfirmStore,
-    log_dir: Path,
-    budget: RoundBudget | None = None,
+    conf: Confirmed, bin_dir: Path, *, backend: str, store: ConfirmStore, log_dir: Path, budget: Budget | None = None
 ) -> list[dict[str, Any]]:
     """test-backend-ops FLASH_ATTN_EXT (the kept entries' head sizes and K/V types) and MUL_MAT (every case)
     with the kept entries' env (intervals widened, so every test case of a kept shape runs its kernel;
@@ -293,7 +288,7 @@ def _backend_ops(
         if rec is None or rec.get("env") != env or rec.get("params") != p:
             if budget is not None:
                 secs = backend_ops_seconds(op, shapes)
-                budget.fits(secs, f"test-backend-ops {name} (about {secs:.0f} s)")
+                budget.fits(secs, f"test-backend-ops {name} (about {secs:.0f} s)", worded=True)
             log = log_dir / f"test-backend-ops-{name.replace(' ', '-').replace('(', '').replace(')', '')}.log"
             rec = confirm.backend_ops_check(bin_dir, op, env, log, backend=backend, params=p) | {"op": name}
             store.add_gate("test-backend-ops", name, rec)

@@ -52,7 +52,7 @@ from typing import Any
 
 from tuner.measure import kernel_bench as kb
 from tuner.measure.fa_bench import TARGET_MS
-from tuner.rounds.budget import SweepBudget
+from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Shape, rules_from
 from tuner.rounds.engine import (
     AA,
@@ -254,7 +254,7 @@ def run_sweep(
     expect_log: bool = True,
     case_s: float = CASE_S,
     process_s: float = PROCESS_S,
-    budget: SweepBudget | None = None,
+    budget: Budget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`), ``run_round`` one
     process per config, round and chunk; ``limits``: (min_rounds, max_rounds). Without the FA log

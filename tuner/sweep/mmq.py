@@ -105,7 +105,7 @@ from tuner.errors import TunerError, UsageError, close_matches
 from tuner.measure import mm_bench
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
-from tuner.rounds.budget import SweepBudget
+from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Decision, Shape, rules_from
 from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge, pack_groups, rounds_text, run_rounds
 from tuner.rounds.stats import UPSTREAM, CellStats
@@ -585,7 +585,7 @@ def run_mmq(
     forced_reason: str = "",
     cuda_graphs: bool = True,
     target_ms: int = 0,
-    budget: SweepBudget | None = None,
+    budget: Budget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`): per round, one
     mm-bench process per config over the points of a chunk (at most ``max_cases``) that get the round.

@@ -19,7 +19,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.measure import fa_bench, mm_bench
 from tuner.measure import kernel_bench as kb
 from tuner.measure.exe import find_bin_dir
-from tuner.rounds.budget import SweepBudget
+from tuner.rounds.budget import Budget
 from tuner.rounds.engine import rounds_text
 from tuner.rounds.store import SampleStore, device_identity
 from tuner.sweep import grid, live, mmq
@@ -146,7 +146,7 @@ def _write(out: Path, patch: str | None, report: str) -> str:
 
 def run_fa(req: FaRequest) -> str:
     """``tuner sweep run``'s stage (module doc); UsageError (nothing measured) for bad input."""
-    budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
+    budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
     cells = req.grid.cells(arch)
     bin_dir, target_ms = req.bin_dir(), req.target
@@ -217,7 +217,7 @@ def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[t
 
 def run_mmq(req: MmqRequest) -> str:
     """``tuner sweep mmq``'s stage (module doc); UsageError (nothing measured) for bad input."""
-    budget = SweepBudget.from_now(req.time_budget) if req.time_budget else None  # the clock starts first
+    budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
     points, skipped = _mmq_points(req, arch)
     bin_dir, cuda = req.bin_dir(), req.backend.upper().startswith("CUDA")

@@ -111,6 +111,7 @@ def _run(
     likes: Sequence[str] = confirm.DEFAULT_LIKE,
     extra: Sequence[FaShape] = (),
     budget: Any = None,
+    round_s: Any = None,
 ) -> confirm.Confirmed:
     table = confirm.load_table(_sweep_dir(tmp_path, extra))
     store = confirm.ConfirmStore(tmp_path / "out" / "confirm.sqlite3", {"build": "/b"})
@@ -127,6 +128,7 @@ def _run(
             gate=lambda plan_, path: {"verdict": "pass", "checks": []},
             weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"],
             budget=budget,
+            round_s=round_s,
         )
     finally:
         store.close()
@@ -673,7 +675,7 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, clock: Any) -> None:
-    from tuner.rounds.budget import BudgetReached, RoundBudget
+    from tuner.rounds.budget import Budget, BudgetReached
 
     class Timed(FakeBench):
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -683,7 +685,7 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp
     first = Timed(gain=1.10)
     # rounds of 3 calls (30 s): two fit in 75 s; a third would end at 90 s, so it does not start
     with pytest.raises(BudgetReached, match="confirm-llama-3.2-1b"):
-        _run(tmp_path, first, likes=["llama-3.2-1b"], budget=RoundBudget.from_now(75, lambda plan, ds: 30.0))
+        _run(tmp_path, first, likes=["llama-3.2-1b"], budget=Budget.counted_from(None, 75), round_s=lambda p, ds: 30.0)
     assert first.calls == 6
     rest = Timed(gain=1.10)
     conf = _run(tmp_path, rest, likes=["llama-3.2-1b"])
@@ -691,13 +693,15 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp
 
 
 def test_a_budget_shorter_than_the_first_round_measures_nothing(tmp_path: Path, clock: Any) -> None:
-    from tuner.rounds.budget import BudgetReached, RoundBudget
+    from tuner.rounds.budget import Budget, BudgetReached
 
     bench = FakeBench(gain=1.10)
     with pytest.raises(BudgetReached):  # the estimate (200 s) does not fit the 100 s left
-        _run(tmp_path, bench, likes=["llama-3.2-1b"], budget=RoundBudget.from_now(100, lambda plan, ds: 200.0))
+        _run(
+            tmp_path, bench, likes=["llama-3.2-1b"], budget=Budget.counted_from(None, 100), round_s=lambda p, ds: 200.0
+        )
     assert bench.calls == 0
-    spent = RoundBudget(deadline=999.0)
+    spent = Budget(deadline=999.0)
     with pytest.raises(BudgetReached, match="making the llama-3.2-1b model"):
         spent.check("making the llama-3.2-1b model")
 
@@ -731,8 +735,8 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
         (bins / exe).write_text("")
     seen = {}
 
-    def stopped(*args: Any, budget: Any = None, **kw: Any) -> Any:
-        seen["budget"] = budget
+    def stopped(*args: Any, budget: Any = None, round_s: Any = None, **kw: Any) -> Any:
+        seen["budget"], seen["round_s"] = budget, round_s
         raise BudgetReached("confirm-llama-3.2-1b tg+pp")
 
     monkeypatch.setattr(source, "fetch_source", lambda *a: types.SimpleNamespace(era="mma", root=tmp_path))
@@ -742,7 +746,7 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
     args = ["confirm", str(_sweep_dir(tmp_path)), "--build", str(bins), "--time-budget", "600", "-o", str(out)]
     res = CliRunner().invoke(sweep, args)
     assert res.exit_code == 3, res.output
-    assert seen["budget"] is not None and seen["budget"].round_s is not None
+    assert seen["budget"] is not None and seen["round_s"] is not None
     assert (
         "time budget reached before confirm-llama-3.2-1b" in res.output and "Run the same command again" in res.output
     )
@@ -752,7 +756,7 @@ def test_the_cli_exits_3_where_the_budget_stopped_it_and_says_how_to_go_on(tmp_p
 def test_no_gate_check_starts_that_would_end_past_the_budget(tmp_path: Path, clock: Any) -> None:
     """On the H100 the budget priced rounds only: a model's gate checks and test-backend-ops ran past it and the
     call's limit cut them. Each check is now priced as the dry run prices it; a stop keeps the checks that ran."""
-    from tuner.rounds.budget import BudgetReached, RoundBudget
+    from tuner.rounds.budget import Budget, BudgetReached
     from tuner.sweep.confirm_report import check_seconds
     from tuner.sweep.confirm_stage import _check_budget
 
@@ -774,12 +778,12 @@ def test_no_gate_check_starts_that_would_end_past_the_budget(tmp_path: Path, clo
     try:
         assert secs > 0
         with pytest.raises(BudgetReached, match=r"the llama-3.2-1b output-equivalence check band decode MMA \(about"):
-            gate(_check_budget(RoundBudget.from_now(2.5 * secs), plan_))  # two checks fit, the third does not
+            gate(_check_budget(Budget.counted_from(None, 2.5 * secs), plan_))  # two checks fit, the third does not
         assert ran == ["band decode VEC", "band decode TILE"]
         with pytest.raises(BudgetReached):  # nothing left of a budget shorter than one check: none starts
-            gate(_check_budget(RoundBudget.from_now(0.5 * secs), plan_))
+            gate(_check_budget(Budget.counted_from(None, 0.5 * secs), plan_))
         assert len(ran) == 2
-        done = gate(_check_budget(RoundBudget.from_now(10 * secs), plan_))  # the stored checks are not run again
+        done = gate(_check_budget(Budget.counted_from(None, 10 * secs), plan_))  # the stored checks are not run again
     finally:
         store.close()
     assert ran[:2] == ["band decode VEC", "band decode TILE"] and ran[2] == "band decode MMA" and len(ran) == 4
@@ -796,7 +800,7 @@ def _kept(tmp_path: Path) -> Any:
 def test_test_backend_ops_runs_the_kept_shapes_cases_within_the_budget(tmp_path: Path, clock: Any, monkeypatch) -> None:
     """FLASH_ATTN_EXT runs the cases of the kept entries' head sizes and K/V types (`-p`, as validate --gpu), MUL_MAT
     every case; neither starts where its recorded time would end past the budget, and a stored run is not repeated."""
-    from tuner.rounds.budget import BudgetReached, RoundBudget
+    from tuner.rounds.budget import Budget, BudgetReached
     from tuner.sweep.confirm_report import backend_ops_seconds
     from tuner.sweep.confirm_stage import _backend_ops
 
@@ -816,7 +820,7 @@ def test_test_backend_ops_runs_the_kept_shapes_cases_within_the_budget(tmp_path:
     try:
 
         def ops(budget_s: float | None) -> list[dict[str, Any]]:
-            budget = RoundBudget.from_now(budget_s) if budget_s else None
+            budget = Budget.counted_from(None, budget_s) if budget_s else None
             return _backend_ops(conf, tmp_path, backend="CUDA0", store=store, log_dir=tmp_path, budget=budget)
 
         with pytest.raises(BudgetReached, match=r"test-backend-ops FLASH_ATTN_EXT \(about"):

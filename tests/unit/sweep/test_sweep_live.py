@@ -249,7 +249,7 @@ def test_without_the_fa_log_forced_kernels_are_stored_failed_and_not_run(tmp_pat
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_path: Path, clock: Any) -> None:
-    from tuner.rounds.budget import BudgetReached, SweepBudget
+    from tuner.rounds.budget import Budget, BudgetReached
 
     class Slow(FakeRunRound):  # each process 60 s, four a round
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -260,7 +260,7 @@ def test_a_time_budget_stops_between_rounds_and_the_rerun_measures_the_rest(tmp_
     store = SampleStore(live.TABLE, tmp_path / "s.db", IDENT)
     first = Slow()
     with pytest.raises(BudgetReached):
-        _run(first, store, cells, 2, budget=SweepBudget.from_now(250))
+        _run(first, store, cells, 2, budget=Budget.counted_from(None, 250))
     # round 1's four processes end at 240 s; round 2 is started whole or not at all, and would end at 480 s
     assert len(first.calls) == 4 and clock.now - 1000.0 <= 250
     rest = Slow()

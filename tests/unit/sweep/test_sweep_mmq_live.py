@@ -418,7 +418,7 @@ def test_run_cases_passes_the_target_and_the_cli_records_it(tmp_path: Path, monk
 
 
 def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, clock: Any) -> None:
-    from tuner.rounds.budget import BudgetReached, SweepBudget
+    from tuner.rounds.budget import Budget, BudgetReached
 
     class Slow(FakeRunCases):  # every process takes 10 s, about twice the sweep's estimate for 24 cases
         def __call__(self, *args: Any, **kw: Any) -> Any:
@@ -432,7 +432,7 @@ def test_a_time_budget_starts_no_round_that_would_end_past_it(tmp_path: Path, cl
     # the estimate alone (~15 s) would start, but priced at the first round's overrun it would end at 60 s,
     # past the 57 s budget, so it does not start
     with pytest.raises(BudgetReached, match=r"chunk 1 round 2"):
-        _run(first, store, points, 3, budget=SweepBudget.from_now(57))
+        _run(first, store, points, 3, budget=Budget.counted_from(None, 57))
     assert len(first.calls) == 3 and clock.now - 1000.0 <= 57
     rest = Slow()
     assert _run(rest, store, points, 3) == (6, 3)  # the rerun starts none of the stored processes again

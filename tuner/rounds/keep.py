@@ -1,0 +1,45 @@
+"""The one keep-or-not rule after a confirmation, the search's (:func:`tuner.search.confirm.judge`) and the
+sweep's (:func:`tuner.sweep.confirm.decide_rules`): a change is kept where some point it acts on is faster
+beyond the A/A noise and none is slower beyond it, costs CPU% beyond the noise without a t/s gain, or was too
+noisy to judge (its A/A noise above the ceiling: no claim stands there, "not slower" included). Each caller
+words why from the :class:`Fate`."""
+
+from __future__ import annotations
+
+__all__ = ["Fate", "keep"]
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from tuner.measure.paired import CPU_REJECTED, TOO_NOISY
+
+Reason = Literal["none", "gate", "slower", "cpu", "noisy", "faster", "no gain"]
+_AGAINST: tuple[tuple[Reason, str], ...] = (("slower", "slower"), ("cpu", CPU_REJECTED), ("noisy", TOO_NOISY))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fate:
+    """Kept or not, the ``reason`` and the points it names (every point for ``no gain``, none for ``none`` and
+    ``gate``)."""
+
+    kept: bool
+    reason: Reason
+    points: tuple[Mapping[str, Any], ...] = ()
+
+
+def keep(points: Sequence[Mapping[str, Any]], *, gate_failed: bool = False, kernel: str | None = None) -> Fate:
+    """The fate of a change over the confirmed ``points`` it acts on (each with its ``verdict``), in this order:
+    no point; its output-equivalence gate failed; any point slower, CPU-rejected or too noisy; some point faster
+    (with ``kernel``, only one whose ``kernel`` is it: the log shows the change's kernel ran there); else no gain.
+    """
+    if not points:
+        return Fate(False, "none")
+    if gate_failed:
+        return Fate(False, "gate")
+    for reason, v in _AGAINST:
+        bad = tuple(p for p in points if p["verdict"] == v)
+        if bad:
+            return Fate(False, reason, bad)
+    faster = tuple(p for p in points if p["verdict"] == "faster" and (kernel is None or p.get("kernel") == kernel))
+    return Fate(True, "faster", faster) if faster else Fate(False, "no gain", tuple(points))
