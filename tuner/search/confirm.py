@@ -36,6 +36,7 @@ from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.space import compile_values_of, runtime_env_and_args
 from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, Point, SharedMeasure, run_joint_rounds
+from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
 from tuner.search.context import PHASES, Proposal, SearchRun, confirm_factory
 from tuner.search.screen import run_phase_rounds
@@ -140,21 +141,17 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
     narrowed: dict[FaRule, tuple[FaRule, str]] = {}
     for r in rules:
         inside = [x for x in rows if x["phase"] == r.phase.bench and r.covers(x["depth"])]
-        v = [x["verdict"] for x in inside]
-        if not inside:
-            dropped[r] = "no confirmed point inside its interval"
-        elif "slower" in v:
-            bad = [x["depth"] for x in inside if x["verdict"] == "slower"]
-            dropped[r] = f"slower than upstream at depth {bad}"
-        elif CPU_REJECTED in v:
-            bad = [x["depth"] for x in inside if x["verdict"] == CPU_REJECTED]
-            dropped[r] = f"CPU% up beyond the noise without a t/s gain at depth {bad}"
-        elif TOO_NOISY in v:
-            dropped[r] = (
-                f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy to confirm it"
-            )
-        elif "faster" not in v:
-            dropped[r] = "not faster than upstream at any depth inside it"
+        fate = keep(inside)  # the one rule (tuner.rounds.keep), in the search's words
+        bad = [x["depth"] for x in fate.points]
+        if not fate.kept:
+            dropped[r] = {
+                "none": "no confirmed point inside its interval",
+                "slower": f"slower than upstream at depth {bad}",
+                "cpu": f"CPU% up beyond the noise without a t/s gain at depth {bad}",
+                "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: the machine was too noisy "
+                "to confirm it",
+                "no gain": "not faster than upstream at any depth inside it",
+            }[fate.reason]
         elif not process_changed and (n := narrowed_rule(r, inside)) is not None:
             kept.append(n[0])
             narrowed[n[0]] = (r, n[1])
