@@ -25,11 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner._compat import tomllib
 from tuner.plan.variant import Build
 from tuner.rounds.costs import load_step_costs
 from tuner.rounds.joint import Measure
 from tuner.search.observed import Observed
+from tuner.search.study import default_run_dir
 from tuner.study.state import StudyState
+from tuner.targets.models import plan_tensors
 
 
 def counted(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
@@ -60,8 +63,6 @@ def past_cost(
     with ``trials`` given, one that ran tune trials where the plan does and none where it does not, if
     there is such a result; then the one with the most recorded fields (then the first by path); None
     when none has one."""
-    from tuner._compat import tomllib
-
     found = []
     for f in sorted((results / arch).glob("*/config.toml")):
         try:
@@ -142,8 +143,6 @@ def this_cpu_device() -> str:
 
 def _local_docs(arch: str, device: str, results: Path, runs: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Stored results of ``arch`` and run dirs' exports measured on ``device``, with a ``[cost]``."""
-    from tuner._compat import tomllib
-
     out = []
     for f in [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]:
         try:
@@ -173,8 +172,6 @@ def local_prices(
     a resumed run's cached build counts seconds),
     ``model`` (the synthesis of the same model shape) and ``call_depth`` (a llama-bench call per depth, from a
     search of the same shape and pp/tg that counted its calls). Keys are left out where nothing recorded them."""
-    from tuner.search.study import default_run_dir
-
     docs = _local_docs(arch, device, results, runs if runs is not None else default_run_dir("x").parent)
     out: dict[str, Price] = {}
     same = [(f, d) for f, d in docs if _same_shape(d, shape)]
@@ -204,8 +201,6 @@ def local_prices(
 def synth_price(shape: Any, quant: str | None, costs: Mapping[str, Any] | None = None) -> tuple[Price, Price | None]:
     """The recorded cost of synthesizing a ``shape`` model in f16 and, with ``quant``, of llama-quantize making it
     (``[model_synth]``: seconds per billion parameters, recorded on another machine)."""
-    from tuner.targets.models import plan_tensors
-
     rec = (costs or load_step_costs())["model_synth"]
     gparams = sum(math.prod(t.ne) for t in plan_tensors(shape)) / 1e9
     where = f"recorded on {rec['machine']}: {rec['source']}"

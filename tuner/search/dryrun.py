@@ -225,7 +225,7 @@ def _builds_stage(
     gate_s = float(rec["gate_s"]) if here.gate else 0.0
     first = 0.0 if here.built else full  # a cached build costs a no-op ninja run
     tune_builds = trials if n_compile else 0
-    # The tune stage samples the variant too when several are renderable (pipeline._tune): each other
+    # The tune stage samples the variant too when several are renderable (tune.tune_stage): each other
     # variant it tries is one more full build.
     more_full = min(n_variants - 1, trials) if n_variants > 1 else 0
     rebuilds = tune_builds * (rebuild_s or 0.0)

@@ -27,12 +27,22 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import tuner.source
 from tuner import log
-from tuner.errors import TunerError, UsageError
+from tuner.builder import cmake
+from tuner.errors import TunerError, UsageError, close_matches
+from tuner.plan import render
+from tuner.plan import space as sp
+from tuner.plan.derive import space_for_run
 from tuner.rounds.budget import Budget
+from tuner.search.cost import full_build_seconds
+from tuner.search.plan_here import model_stage
 from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
+from tuner.search.tune import check_patterns
 from tuner.source.spec import DEFAULT_SPEC, Source
+from tuner.targets import models
 from tuner.targets.defaults import DEFAULT_QUANT
+from tuner.targets.models import QUANT_TYPES
 from tuner.targets.target import Target
 
 
@@ -161,14 +171,10 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     planned = plan_search(request)  # every refusal that needs no source or model file, before either is made
     if not worker:
         log.info(intro(request))
-    from tuner.source import fetch_source
-
     started = request.started if request.started is not None else time.monotonic()
-    source = fetch_source(request.source_spec or DEFAULT_SPEC)
-    from tuner.plan.space import load_space
-
+    source = tuner.source.fetch_source(request.source_spec or DEFAULT_SPEC)
     check_variants(
-        load_space(request.target.name, source.era).variants, planned.variants, request.target.name, source.era
+        sp.load_space(request.target.name, source.era).variants, planned.variants, request.target.name, source.era
     )
     t_model = time.monotonic()
     model, build_seconds = _model(request, planned, source, Budget.counted_from(started, request.time_budget))
@@ -261,9 +267,7 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
     like = None if request.model is not None else request.like or d.like
     quant = None if like is None else _quant(request.quant if request.quant is not None else d.quant)
     if like is not None:
-        from tuner.targets.models import load_model_shape
-
-        ctx: int | None = int(load_model_shape(like).context_length)  # the synthesized GGUF's n_ctx_train
+        ctx: int | None = int(models.load_model_shape(like).context_length)  # the synthesized GGUF's n_ctx_train
     else:
         ctx = _context_length(Path(str(request.model)))
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
@@ -319,16 +323,13 @@ def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None
 def _baseline_build(target: Target, source: Source, budget: Budget) -> Path:
     """The upstream-default variant's ``llama-quantize`` (a build cached like every build); a build that is not
     cached starts only where its price (the dry run's) fits the ``budget``."""
-    from tuner.builder.cmake import build_variant, is_built
-    from tuner.plan.render import render_variant
-    from tuner.plan.space import load_space
-    from tuner.search.cost import full_build_seconds
-
-    space = load_space(target.name, source.era)
-    rv = render_variant(source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space)
-    if not is_built(rv):
+    space = sp.load_space(target.name, source.era)
+    rv = render.render_variant(
+        source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space
+    )
+    if not cmake.is_built(rv):
         budget.fits(full_build_seconds(), f"the build of {rv.short} (for llama-quantize)")
-    return Path(build_variant(rv).exe("llama-quantize"))
+    return Path(cmake.build_variant(rv).exe("llama-quantize"))
 
 
 def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budget: Budget) -> tuple[Path, float]:
@@ -337,23 +338,20 @@ def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budge
     none was built here)."""
     if planned.like is None:
         return Path(str(planned.model)), 0.0
-    from tuner.search.plan_here import model_stage
-    from tuner.targets.models import load_model_shape, synth_cached
-
     t0 = time.monotonic()
     qbin = _baseline_build(request.target, source, budget) if planned.quant and not planned.direct else None
     built = time.monotonic() - t0 if qbin else 0.0
-    price = model_stage(planned, load_model_shape(planned.like), source, {})["seconds"][0]
+    price = model_stage(planned, models.load_model_shape(planned.like), source, {})["seconds"][0]
     budget.fits(price, f"making the {planned.like} model")
-    model = synth_cached(planned.like, source=source, quant=planned.quant, quantize_bin=qbin, direct=planned.direct)
+    model = models.synth_cached(
+        planned.like, source=source, quant=planned.quant, quantize_bin=qbin, direct=planned.direct
+    )
     return Path(model), built
 
 
 def _direct(request: SearchRequest, quant: str | None) -> bool:
     """Whether the model step writes ``quant``'s blocks directly (no llama-quantize, no build before the model)."""
-    from tuner.targets.models import DIRECT_QUANTS
-
-    return bool(quant) and request.defaults.direct and str(quant).upper() in DIRECT_QUANTS
+    return bool(quant) and request.defaults.direct and str(quant).upper() in models.DIRECT_QUANTS
 
 
 def _quant(value: str | None) -> str | None:
@@ -364,9 +362,6 @@ def _quant(value: str | None) -> str | None:
     """
     if value is None or value.lower() in ("f16", "none"):
         return None
-    from tuner.errors import close_matches
-    from tuner.targets.models import QUANT_TYPES
-
     if value.upper() not in QUANT_TYPES:
         raise UsageError(
             f"--quant {value} is not a type llama-quantize makes.{close_matches(value.upper(), QUANT_TYPES)} Use f16 "
@@ -376,10 +371,8 @@ def _quant(value: str | None) -> str | None:
 
 
 def _context_length(model: Path) -> int | None:
-    from tuner.targets.models import load_gguf_shape
-
     try:
-        return int(load_gguf_shape(model).context_length)
+        return int(models.load_gguf_shape(model).context_length)
     except TunerError:
         return None
 
@@ -395,16 +388,10 @@ def _check_pins(
     """--set values checked against the space resolved for this machine, mask and model (threads within
     the CPUs, -ngl within the layers), and the --tune-knobs globs against its knobs, so a bad pin or glob
     is refused before any build or measurement."""
-    from tuner.plan.derive import space_for_run
-    from tuner.plan.space import load_space, set_values
-    from tuner.search.tune import check_patterns
-
-    space, _ = space_for_run(load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
+    space, _ = space_for_run(sp.load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
     check_patterns(space, tune_knobs)
-    set_values(space, {k: v for k, v in sets.items() if k != "variant"})
+    sp.set_values(space, {k: v for k, v in sets.items() if k != "variant"})
     if "variant" in sets and sets["variant"] not in space.variants:
-        from tuner.errors import close_matches
-
         raise UsageError(
             f"--set variant={sets['variant']} is not a variant of the {target.name} space; it has "
             f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
