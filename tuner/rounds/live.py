@@ -27,7 +27,7 @@ from typing import Any
 
 from tuner.errors import TunerError
 from tuner.measure.falog import kernel_at, parse_fa_log
-from tuner.rounds.joint import Candidate, JointMeasure, Measure
+from tuner.rounds.joint import Candidate, JointMeasure, SharedMeasure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
 """Record keys (:data:`tuner.rounds.stats.OBSERVED`) and the bench columns they come from."""
@@ -49,7 +49,7 @@ def make_live_measure(
     era: str,
     arch: str | None,
     cpus: Sequence[int] | None = None,
-) -> Measure:
+) -> SharedMeasure:
     """A :data:`~tuner.rounds.joint.Measure` running the real llama-bench of ``bin_dir`` (pinned to
     ``cpus`` when given: the host-paced scenario)."""
     import os

@@ -10,7 +10,7 @@ __all__ = ["ConfirmOutcome", "ConfirmPlan", "ConfirmRequest", "outcome_text", "p
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from tuner import source
 from tuner.errors import UsageError
@@ -207,8 +207,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
             era=src.era,
             arch=None,
         )
-        joint: JointMeasure = cast(Any, m).joint  # rounds.live's both-phases call
-        return joint
+        return m.joint  # rounds.live's both-phases call
 
     def model_for(like: str, quant: str | None = qtype, direct: bool = mode == "direct") -> Path:
         if budget is not None:
