@@ -11,7 +11,7 @@ A budget stop is :class:`BudgetReached`, a :class:`~tuner.errors.TunerError` wit
 
 from __future__ import annotations
 
-__all__ = ["Budget", "BudgetReached", "budget_deadline"]
+__all__ = ["UNBOUNDED", "Budget", "BudgetReached", "budget_deadline"]
 
 import dataclasses
 import math
@@ -60,3 +60,7 @@ class Budget:
         word their stops, a price named there where they name one)."""
         if self.deadline is not None and time.monotonic() + seconds > self.deadline:
             raise BudgetReached(what if worded else f"{what} (about {seconds:.0f} s, {self.remaining():.0f} s left)")
+
+
+UNBOUNDED = Budget()
+"""No budget: nothing stops (the round loops' default)."""

@@ -49,7 +49,7 @@ from tuner import log, progress
 from tuner.errors import TunerError
 from tuner.measure.paired import rotated
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
-from tuner.rounds.budget import Budget, BudgetReached
+from tuner.rounds.budget import UNBOUNDED, Budget, BudgetReached
 from tuner.rounds.stats import OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
 
 
@@ -171,7 +171,7 @@ def run_joint_rounds(
     min_rounds: int = 3,
     max_rounds: int = 6,
     target_ci: float = 1.0,
-    deadline: float | None = None,
+    budget: Budget = UNBOUNDED,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
     prior: Sequence[Mapping[str, Any]] = (),
@@ -180,14 +180,13 @@ def run_joint_rounds(
     """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
 
     ``prior``: rounds of an earlier stage, used only to estimate this loop's first round against
-    the deadline. ``settle``: see :func:`depths_to_measure`.
+    the budget. ``settle``: see :func:`depths_to_measure`.
 
     Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
     the records are the same per-phase records, so each phase's stop rule, summary and resume stay
     its own: a phase that has met its target stops adding rows while the other goes on. A round
     measures only the depths some active phase still needs (both phases at their union, sharing fills).
     """
-    budget = Budget(deadline)
     want = set(depths)
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))

@@ -359,7 +359,7 @@ def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Deci
                 min_rounds=rounds[0],
                 max_rounds=rounds[1],
                 target_ci=cfg.ci_target,
-                deadline=budget.deadline,
+                budget=budget,
                 on_round=st.append_screen_round,
                 prior=st.screen_rounds or [priced],
                 settle=comp.open_depths,
@@ -379,7 +379,7 @@ def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Deci
                     min_rounds=rounds[0],
                     max_rounds=rounds[1],
                     target_ci=cfg.ci_target,
-                    deadline=budget.deadline,
+                    budget=budget,
                     on_round=st.append_screen_round,
                     prior=recs or [priced],  # the list the rounds go into: measured ones judge a refinement's first
                     settle=comp.open_depths,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner.rounds.budget import UNBOUNDED, Budget
 from tuner.rounds.joint import Candidate, Measure, Settle, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM
 
@@ -48,7 +49,7 @@ def run_phase_rounds(
     min_rounds: int = 3,
     max_rounds: int = 6,
     target_ci: float = 1.0,
-    deadline: float | None = None,
+    budget: Budget = UNBOUNDED,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     tag: str = "screen",
     prior: Sequence[Mapping[str, Any]] = (),
@@ -71,7 +72,7 @@ def run_phase_rounds(
         min_rounds=min_rounds,
         max_rounds=max_rounds,
         target_ci=target_ci,
-        deadline=deadline,
+        budget=budget,
         on_round=on_round,
         tag=tag,
         prior=prior,

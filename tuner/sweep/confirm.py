@@ -73,7 +73,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.measure.paired import NOISE_CEILING_PCT
 from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.rounds import output_gate as og
-from tuner.rounds.budget import Budget
+from tuner.rounds.budget import UNBOUNDED, Budget
 from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
@@ -377,7 +377,7 @@ def measure_model(
         max_rounds=hi,
         target_ci=0.0,
         settle=settle,
-        deadline=budget.deadline if budget else None,
+        budget=budget or UNBOUNDED,
         prior=[{"seconds": first_s, "depths": list(depths), "order": [c.name for c in cands]}],  # 0: unknown
         on_round=lambda rec: store.add(plan.like, rec),
         tag=f"confirm-{plan.like}",

@@ -13,6 +13,7 @@ import pytest
 from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_texts
 from tuner.rounds import compose as comp
+from tuner.rounds.budget import Budget
 from tuner.rounds.joint import Candidate
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search import confirm as conf
@@ -502,7 +503,7 @@ def test_no_round_starts_that_would_overrun_the_budget() -> None:
             pp_tokens=512,
             min_rounds=3,
             max_rounds=3,
-            deadline=time.monotonic() + 60,
+            budget=Budget(time.monotonic() + 60),
         )
     with pytest.raises(BudgetReached):
         run_phase_rounds(
@@ -513,7 +514,7 @@ def test_no_round_starts_that_would_overrun_the_budget() -> None:
             recs,
             min_rounds=3,
             max_rounds=3,
-            deadline=time.monotonic() + 60,
+            budget=Budget(time.monotonic() + 60),
         )
     assert calls == [] and len(recs) == 2  # nothing measured, nothing lost
 
@@ -549,7 +550,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
             pp_tokens=512,
             min_rounds=1,
             max_rounds=1,
-            deadline=time.monotonic() + 60,
+            budget=Budget(time.monotonic() + 60),
             prior=screen,
         )
     assert calls == []
@@ -563,7 +564,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
         pp_tokens=512,
         min_rounds=1,
         max_rounds=1,
-        deadline=time.monotonic() + 1000,
+        budget=Budget(time.monotonic() + 1000),
         prior=screen,
     )
     assert calls and {r["phase"] for r in confirm} == {"pp", "tg"}
@@ -579,7 +580,7 @@ def test_a_first_round_is_estimated_from_an_earlier_stage() -> None:
         pp_tokens=512,
         min_rounds=1,
         max_rounds=1,
-        deadline=time.monotonic() + 60,
+        budget=Budget(time.monotonic() + 60),
         prior=old + fresh,
     )
     assert calls

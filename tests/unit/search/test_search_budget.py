@@ -90,7 +90,14 @@ def test_the_budget_counts_the_build_and_stops_before_a_round_past_it(
 
     with pytest.raises(BudgetReached):
         run_joint_rounds(
-            joint, {"tg": candidates_for("tg", [])}, [0], [], pp_tokens=0, min_rounds=3, max_rounds=3, deadline=deadline
+            joint,
+            {"tg": candidates_for("tg", [])},
+            [0],
+            [],
+            pp_tokens=0,
+            min_rounds=3,
+            max_rounds=3,
+            budget=Budget(deadline),
         )
     assert ends and max(ends) <= start + 558.0  # the round that would have ended past the budget never started
 
@@ -170,12 +177,14 @@ def test_once_a_round_ran_the_measured_round_judges_the_next_not_the_price(clock
 
     cands = {"tg": candidates_for("tg", [])}
     with pytest.raises(BudgetReached, match=r"screen tg round 1 \(about"):  # less than the price left: none starts
-        run_joint_rounds(joint, cands, depths, rounds, pp_tokens=0, deadline=clock.now + price / 2, prior=[priced])
+        run_joint_rounds(
+            joint, cands, depths, rounds, pp_tokens=0, budget=Budget(clock.now + price / 2), prior=[priced]
+        )
     assert rounds == []
     start = clock.now
     deadline = start + 1.5 * price
     run_joint_rounds(
-        joint, cands, depths, rounds, pp_tokens=0, min_rounds=4, max_rounds=4, deadline=deadline, prior=[priced]
+        joint, cands, depths, rounds, pp_tokens=0, min_rounds=4, max_rounds=4, budget=Budget(deadline), prior=[priced]
     )
     assert len(rounds) == 4 and clock.now <= start + 1.5 * price  # the price alone would have held back round 2
 
