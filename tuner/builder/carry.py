@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._hash import file_sha256
-from tuner.builder.records import hold_artifact, install_artifact, load_build_record, locked, write_json
+from tuner.builder.records import hold_artifact, install_artifact, load_build_record, locked, native_isa, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
 from tuner.plan.variant import Build, RenderedVariant
@@ -75,6 +75,7 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
         "spec": spec,
         "machine": platform.machine(),
         "system": platform.system(),
+        "host_isa": native_isa(rv.defines),  # None for a portable build
         "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "files": {name: file_sha256(p) for name, p in entries if p.is_file() and not p.is_symlink()},
         "record": {k: v for k, v in record.items() if k not in ("log", "carried")},
@@ -157,6 +158,11 @@ def _mismatch(man: Mapping[str, Any], rv: RenderedVariant) -> str | None:
     """Why the pack is not a build of ``rv`` for this machine, in words; None when it is."""
     if (man["system"], man["machine"]) != (platform.system(), platform.machine()):
         return f"it was built for {man['system']} {man['machine']}, this machine is {platform.system()} {platform.machine()}"
+    if (isa := native_isa(rv.defines)) is not None and man.get("host_isa") != isa:
+        return (
+            "it is a -march=native build (GGML_NATIVE) made on a CPU with other instruction-set features "
+            f"({man.get('host_isa') or 'not recorded'}; this CPU is {isa}), whose binaries would die of SIGILL here"
+        )
     if man["source_id"] != rv.source_id:
         return (
             f"it was built from source {man['source_id']} ({man['spec']}), this command renders source {rv.source_id}"

@@ -68,6 +68,7 @@ from tuner.builder.records import (
     install_artifact,
     load_build_record,
     locked,
+    native_isa,
     write_json,
 )
 from tuner.errors import TunerError, UsageError, close_matches
@@ -203,11 +204,17 @@ class _Toolchain:
     tools: BuildTools
     compilers: Mapping[str, Path | None]
     hip: HipToolchain | None
+    host_isa: str | None = None
+    """This CPU's :func:`tuner.targets.host.host_isa` for a ``GGML_NATIVE`` build (``-march=native``), else
+    None: its objects are this CPU's code, so another CPU must not take them as built."""
 
     @property
     def identity(self) -> list[list[object]]:
         items = {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
-        return [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
+        out: list[list[object]] = [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
+        if self.host_isa is not None:  # absent otherwise: the ids of portable builds stay as they were
+            out.append(["host_isa", self.host_isa])
+        return out
 
 
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
@@ -227,7 +234,7 @@ def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     if is_on(d.get("GGML_CUDA")):
         nvcc = d.get("CMAKE_CUDA_COMPILER") or os.environ.get("CUDACXX") or shutil.which("nvcc")
         compilers["nvcc"] = _resolve(nvcc or "/usr/local/cuda/bin/nvcc")
-    return _Toolchain(tools=tools, compilers=compilers, hip=None)
+    return _Toolchain(tools=tools, compilers=compilers, hip=None, host_isa=native_isa(d))
 
 
 @functools.cache
@@ -414,6 +421,12 @@ def _configure(
     old = load_build_record(stamp_file)
     if old == stamp and (build_dir / "build.ninja").is_file():
         return notes
+    if old and _isa_of(old) != tc.host_isa:
+        # Another CPU's -march=native objects: their compile commands are the same text, so Ninja would
+        # keep them. Only a new build folder recompiles them.
+        shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir(parents=True)
+        old = None
     try:
         # CMaker validates the dirs, writes the file-API query and wipes a stale cache (source dir or
         # skbc install moved; fresh=True when the toolchain changed under an existing cache).
@@ -451,6 +464,14 @@ def _configure(
     )
     write_json(stamp_file, stamp)
     return notes
+
+
+def _isa_of(stamp: Mapping[str, Any]) -> object:
+    """The ``host_isa`` entry of a configure stamp's toolchain identity, or None."""
+    for entry in stamp.get("toolchain") or []:
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "host_isa":
+            return entry[1]
+    return None
 
 
 def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[str]:

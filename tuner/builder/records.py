@@ -22,6 +22,7 @@ __all__ = [
     "install_artifact",
     "load_build_record",
     "locked",
+    "native_isa",
     "owner_record",
     "pid_alive",
     "prune_artifacts",
@@ -45,6 +46,7 @@ from typing import Any, TypeVar
 
 from tuner import log
 from tuner.redact import redact_argv
+from tuner.targets.host import host_isa
 
 _T = TypeVar("_T")
 
@@ -295,6 +297,15 @@ def prune_artifacts(art: Path) -> list[Path]:
         finally:
             os.close(fd)
     return gone
+
+
+def native_isa(defines: Mapping[str, object]) -> str | None:
+    """This CPU's :func:`tuner.targets.host.host_isa` when ``defines`` make a ``GGML_NATIVE`` build (llama.cpp's
+    default), else None: such a build's binaries hold this CPU's instructions and run on no other."""
+    native = defines.get("GGML_NATIVE")
+    if native is not None and str(native).upper() not in {"ON", "1", "TRUE", "YES", "Y"}:
+        return None
+    return host_isa()
 
 
 def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:

@@ -15,13 +15,17 @@ __all__ = [
     "crash_hint",
     "host_cpus",
     "host_has_amx",
+    "host_isa",
     "mask_text",
     "parse_cpu_mask",
     "pin_command",
 ]
 
 import dataclasses
+import functools
+import hashlib
 import os
+import platform
 import re
 import shutil
 from collections.abc import Sequence
@@ -177,8 +181,36 @@ def host_has_amx() -> bool:
         return False
 
 
+@functools.cache
+def host_isa() -> str:
+    """This CPU's instruction-set identity: the machine and a digest of its feature flags.
+
+    A ``GGML_NATIVE=ON`` build compiles with ``-march=native``, so its binaries hold this CPU's
+    instructions: the build cache keys such builds on this, or a home folder shared between hosts
+    (NFS, a VM image restored on another host) runs another CPU's build and dies of SIGILL. Read from
+    ``/proc/cpuinfo`` without starting a process, as a cache hit must not.
+    """
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() in ("flags", "Features", "isa"):  # x86, Arm, RISC-V
+                flags = " ".join(sorted(value.split()))
+                break
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+
+
 def crash_hint(returncode: int, cmd: Sequence[str]) -> str:
-    """A known cause for a llama-bench that died of SIGSEGV, or ''."""
+    """A known cause for a llama-bench that died of SIGILL or SIGSEGV, or ''."""
+    if returncode == -4:
+        return (
+            " llama-bench was killed by SIGILL (an illegal instruction): the binary uses instructions this CPU "
+            "lacks, as a -march=native build made on another CPU does. tuner keys native builds on the CPU, so "
+            "a build copied or shared from elsewhere (a carried pack, a shared $TUNER_HOME) is the usual cause: "
+            "remove it from $TUNER_HOME/builds/ and rerun to build it here."
+        )
     if returncode != -11 or "--repack" in cmd or not host_has_amx():
         return ""
     # A native CPU build on an AMX host repacks quantized weights into the AMX buffer, and upstream's

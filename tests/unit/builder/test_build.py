@@ -392,3 +392,44 @@ def test_configure_does_not_relink_dependents_of_a_changed_shared_library(
     B.build_variant(own, targets=["llama-bench"])
     configure = next(c for c in fake.calls if any(a.startswith("-S") for a in c))
     assert "-DCMAKE_LINK_DEPENDS_NO_SHARED=OFF" in configure and "-DCMAKE_LINK_DEPENDS_NO_SHARED=ON" not in configure
+
+
+def test_a_native_build_is_not_taken_as_built_on_a_cpu_with_other_features(
+    fake_tools: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A -march=native build (llama.cpp's default GGML_NATIVE) made on one CPU died of SIGILL on another that
+    # shared its $TUNER_HOME: the cache must key such builds on the CPU, and recompile every object.
+    from tuner.builder import records
+
+    fake = FakeRun()
+    monkeypatch.setattr(_run, "run", fake)
+    monkeypatch.setattr(records, "host_isa", lambda: "x86_64-cpuA")
+    rv = make_rv()  # no GGML_NATIVE define: native, as llama.cpp defaults
+    first = B.build_variant(rv, targets=["llama-bench"])
+    stale = first.build_dir / "CMakeFiles" / "stale.o"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("cpu A's code")
+    monkeypatch.setattr(records, "host_isa", lambda: "x86_64-cpuB")
+    second = B.build_variant(rv, targets=["llama-bench"])
+    assert not second.cached and second.build_id != first.build_id
+    assert not stale.exists()  # a new build folder: Ninja would have kept cpu A's objects (same commands)
+    assert sum(1 for c in fake.calls if any(a.startswith("-S") for a in c)) == 2
+    # back on cpu B nothing runs; a portable build (GGML_NATIVE=OFF) keeps one id on every CPU
+    monkeypatch.setattr(_run, "run", fail_on_call)
+    assert B.build_variant(rv, targets=["llama-bench"]).cached
+    monkeypatch.setattr(_run, "run", fake)
+    portable = make_rv(defines={"TOY_TILE": "64", "GGML_NATIVE": "OFF"})
+    a = B.build_variant(portable, targets=["llama-bench"])
+    monkeypatch.setattr(records, "host_isa", lambda: "x86_64-cpuA")
+    monkeypatch.setattr(_run, "run", fail_on_call)
+    b = B.build_variant(portable, targets=["llama-bench"])
+    assert b.cached and b.build_id == a.build_id
+
+
+def test_sigill_names_a_build_from_another_cpu() -> None:
+    from tuner.targets.host import crash_hint, host_isa
+
+    hint = crash_hint(-4, ["llama-bench", "-m", "x.gguf"])
+    assert "SIGILL" in hint and "-march=native" in hint and "$TUNER_HOME/builds/" in hint
+    assert crash_hint(1, ["llama-bench"]) == ""
+    assert host_isa() == host_isa() and host_isa().startswith(os.uname().machine)

@@ -141,6 +141,18 @@ def test_other_machine_is_refused(packed: Path, tmp_path: Path) -> None:
         carry.unpack_build(_rewrite(packed, tmp_path / "rv.tar.xz", edit), make_rv())
 
 
+def test_a_native_build_from_a_cpu_with_other_features_is_refused(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # make_rv has no GGML_NATIVE define: a -march=native build, whose binaries die of SIGILL on another CPU
+    from tuner.builder import records
+
+    monkeypatch.setattr(records, "host_isa", lambda: "x86_64-othercpu")
+    with pytest.raises(UsageError, match=r"-march=native build .* other instruction-set features.*SIGILL"):
+        carry.unpack_build(packed, make_rv())
+    assert not (tmp_path / "b" / "builds").exists()
+
+
 @pytest.mark.parametrize(
     ("name", "kind", "link", "why"),
     [
