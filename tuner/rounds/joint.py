@@ -61,10 +61,15 @@ class AllCallsFailed(TunerError):
     def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
         self.tag, self.calls, self.errors = tag, calls, list(errors)
         said, where = _bench_said(errors[0] if errors else "")
+        # a signal's known cause (targets.host.crash_hint), which the truncated text would lose
+        self.crash = next((e[e.index(_KILLED) :].strip() for e in self.errors if _KILLED in e), "")
         super().__init__(
             f"all {calls} llama-bench call(s) of the first {tag} round failed, so nothing was measured; "
             f"llama-bench said: {said!r}" + (f" (log: {where})." if where else ".")
         )
+
+
+_KILLED = "llama-bench was killed by"
 
 
 def _bench_said(error: str) -> tuple[str, str]:

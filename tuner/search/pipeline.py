@@ -171,10 +171,13 @@ def run_pipeline(
         try:
             result = _run_locked(cfg, checked, budget, measure_factory, equivalence)
         except AllCallsFailed as err:
+            why = err.crash or (
+                "A model that fails to load is usually truncated or corrupt (an interrupted download or copy): "
+                "check its size and checksum, or pass another --model."
+            )
             raise TunerError(
-                f"llama-bench cannot run the model {cfg.model}: {err} A model that fails to load is usually "
-                "truncated or corrupt (an interrupted download or copy): check its size and checksum, or pass "
-                "another --model. Nothing of the failed round was stored; rerun the same command after the fix."
+                f"llama-bench cannot run the model {cfg.model}: {err} {why} Nothing of the failed round was "
+                "stored; rerun the same command after the fix."
             ) from None
         if then is not None:
             then(result)

@@ -62,6 +62,31 @@ def test_a_stage_where_every_call_fails_stops() -> None:
         )
 
 
+def test_a_build_that_dies_of_sigill_is_named_and_not_blamed_on_the_model() -> None:
+    # The last CI run's main job: a cached -march=native build from another CPU; llama-bench logs nothing
+    # before the signal, so the stop's text must carry the crash hint, not "the model is corrupt".
+    from tuner.targets.host import crash_hint
+
+    cmd = ["/home/builds/x/bin/llama-bench", "-m", "/m/tiny.gguf"]
+    err = (
+        "llama-bench exited with code -4; see /nonexistent/screen.log. Last lines: $ llama-bench -m /m/tiny.gguf\n"
+        "llama-bench: benchmark 1/4: warmup prompt run" + crash_hint(-4, cmd)
+    )
+    with pytest.raises(AllCallsFailed) as e:
+        run_joint_rounds(
+            lambda c, phases, depths, label: {
+                p: {d: {"ts": None, "kernel": None, "why": None, "error": err} for d in depths} for p in phases
+            },
+            {"tg": candidates_for("tg", []), "pp": candidates_for("pp", [])},
+            [0],
+            [],
+            pp_tokens=32,
+            min_rounds=2,
+            max_rounds=2,
+        )
+    assert e.value.crash.startswith("llama-bench was killed by SIGILL") and "$TUNER_HOME/builds/" in e.value.crash
+
+
 def test_a_call_failing_beside_one_that_measures_is_data() -> None:
     def half(c, phases, depths, label):  # the deep depth runs out of memory, the shallow one measures
         return {
