@@ -435,6 +435,10 @@ class RuleFate:
     why: str
     rule: TableRule | None = None
     choice: mmq.MmqChoice | None = None
+    reason: str = ""
+    """:func:`tuner.rounds.keep.keep`'s reason (``faster``, ``slower``, ``none``...): what joins GPU models."""
+    touched: tuple[Mapping[str, Any], ...] = ()
+    """The model points the entry acts on (its n_kv range, its MMQ batch range)."""
 
 
 def _fate(
@@ -443,13 +447,13 @@ def _fate(
     failed_gate: Sequence[str],
     none_why: str,
     kernel: str | None = None,
-) -> tuple[bool, str]:
+) -> tuple[bool, str, str]:
     """The entry's fate by the one rule (:func:`tuner.rounds.keep.keep`), in the sweep's words. ``kernel``: a
     FlashAttention rule's kernel; a faster point counts for the rule only where the FA log shows the table's
     candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
     fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
     at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
-    return fate.kept, {
+    return fate.kept, fate.reason, {
         "none": none_why,
         "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
         "slower": f"slower end to end beyond noise at {at}",
@@ -490,8 +494,8 @@ def decide_rules(
             if not shaped
             else f"no measured {test} depth of {', '.join(p.like for p in shaped)} reaches its n_kv range"
         )
-        kept, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
-        out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r))
+        kept, reason, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
+        out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r, reason=reason, touched=tuple(touched)))
     for c in table.mmq:
         # a model whose weights have the type and whose env had the choice (an MMQ pass has its own only)
         models = [
@@ -508,8 +512,8 @@ def decide_rules(
             if not models
             else "no measured pp or tg test multiplies in its batch range"
         )
-        kept, why = _fate(c.text, touched, [m for m in models if m in failed], none)
-        out.append(RuleFate(text=f"MMQ {c.text}", kept=kept, why=why, choice=c))
+        kept, reason, why = _fate(c.text, touched, [m for m in models if m in failed], none)
+        out.append(RuleFate(text=f"MMQ {c.text}", kept=kept, why=why, choice=c, reason=reason, touched=tuple(touched)))
     return out
 
 
