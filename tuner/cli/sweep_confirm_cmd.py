@@ -142,7 +142,7 @@ def confirm_cmd(
     click.echo(plan.text, nl=False)
     if dry_run:
         return
-    with budget_stop(request.storage_path, "PR.md, e2e.md and upstream.patch are"):
+    with budget_stop(plan.request.storage_path, "PR.md, e2e.md and upstream.patch are"):
         outcome = run_confirm(plan)
     click.echo(outcome_text(outcome))
 

@@ -27,7 +27,9 @@ from tuner.sweep.build import default_build
 from tuner.sweep.confirm import Confirmed, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
 from tuner.sweep.confirm_store import ConfirmStore
+from tuner.sweep.gpus import slug
 from tuner.sweep.table import widened_layers
+from tuner.targets.archs import detect_local_archs, local_gpu_names
 from tuner.targets.defaults import DEFAULT_QUANT
 from tuner.targets.models import load_gguf_tensors, synth_cached
 
@@ -108,6 +110,8 @@ def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
     like_mmq = None if r.mmq_like.lower() == "none" else r.mmq_like
     passes = confirm.mmq_passes(table, plans, like_mmq) if like_mmq else []
     text = plan_text(table, plans, r.depths, rounds=r.rounds, reps=r.reps, quant=r.quant, passes=passes)
+    r, beside = _beside_the_first_model(r, table)
+    text += beside
     if r.max_rounds and r.max_rounds > r.rounds:
         text += (
             f"  up to {r.max_rounds} rounds at the depths still open after {r.rounds} (not in the estimate: "
@@ -123,6 +127,21 @@ def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
         budget=budget,
         text=text,
     )
+
+
+def _beside_the_first_model(r: ConfirmRequest, table: Table) -> tuple[ConfirmRequest, str]:
+    """On a GPU model of the table's arch other than the one it was swept on, the default output goes beside
+    the first model's (``confirm-<model>``), never over it; the line that says so. Unchanged elsewhere."""
+    swept = table.identity.get(DEVICE)
+    names = local_gpu_names() if r.out_dir is None and r.storage is None and swept else []
+    if not names or names[0] == swept:
+        return r, ""
+    out = r.sweep_dir / f"confirm-{slug(names[0])}"
+    note = (
+        f"  this GPU ({names[0]}) is another model than the table was swept on ({swept}): its confirmation is "
+        f"kept apart, in {out} (`tuner sweep merge --gpu` joins the two models' verdicts)\n"
+    )
+    return dataclasses.replace(r, out_dir=out), note
 
 
 def _bin_dir(plan: ConfirmPlan) -> Path:
@@ -158,18 +177,18 @@ def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> 
 
 
 def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
-    """``{"device": ...}`` for the confirm storage; UsageError where the sweeps recorded another device (a table
-    swept on one GPU model is confirmed on the same one, or its kernel-level and end-to-end numbers disagree
-    for reasons that are not the table's)."""
+    """``{"device": ...}`` for the confirm storage (it never pairs rounds of two GPU models). A device other than
+    the sweeps' must be of the table's arch (another model of it: the H200 for a table swept on the H100), else
+    UsageError: the table's patch would not act on it."""
     mine = device_identity(bin_dir, backend)
     dev = mine.get(DEVICE)
     for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
         swept = ident.get(DEVICE)
-        if dev and swept and swept != dev:
+        if dev and swept and swept != dev and table.arch.name not in detect_local_archs():
             raise UsageError(
-                f"The table's `{what}` samples were measured on {swept}, but this machine measures on {dev}. A "
-                "table is confirmed on the device it was swept on; run the confirmation on such a machine, or "
-                "sweep this device first."
+                f"The table's `{what}` samples were measured on {swept} ({table.arch.name}), but this machine "
+                f"measures on {dev}, which is not {table.arch.name}: the table's patch would not act here. Confirm "
+                f"it on a {table.arch.name} GPU, or sweep this device first."
             )
     return mine
 

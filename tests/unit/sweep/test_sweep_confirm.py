@@ -659,7 +659,7 @@ def test_backend_ops_runs_each_kept_kernel_of_a_shape() -> None:
     assert [rules_env(ly) for ly in widened_layers(twice)] == ["decode/D64/gqa4/kvf16:0-=TILE"]
 
 
-def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path, monkeypatch) -> None:
+def test_a_table_swept_on_one_gpu_model_is_confirmed_on_another_of_its_arch_apart(tmp_path: Path, monkeypatch) -> None:
     from tuner.measure import device
     from tuner.sweep import confirm_stage
 
@@ -667,11 +667,23 @@ def test_a_table_swept_on_one_device_is_not_confirmed_on_another(tmp_path: Path,
     with sqlite3.connect(sweep_dir / "sweep.sqlite3") as c:
         c.execute("INSERT INTO meta VALUES ('device', 'NVIDIA H100 80GB HBM3')")
     table = confirm.load_table(sweep_dir, None)
+    # another model of the arch: measured, into a store whose identity names it (so never paired with the H100's)
     monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H200")
-    with pytest.raises(UsageError, match=r"`tuner sweep run` samples were measured on NVIDIA H100 80GB HBM3, but this"):
+    monkeypatch.setattr(confirm_stage, "detect_local_archs", lambda: ["sm_90"])
+    assert confirm_stage._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H200"}
+    # and its default output goes beside the first model's confirmation, not over it
+    monkeypatch.setattr(confirm_stage, "local_gpu_names", lambda: ["NVIDIA H200"])
+    plan = confirm_stage.plan_confirm(confirm_stage.ConfirmRequest(sweep_dir=sweep_dir, likes=("llama-3.2-1b",)))
+    assert plan.request.out == sweep_dir / "confirm-nvidia-h200" and "is another model than the table" in plan.text
+    assert plan.request.storage_path == sweep_dir / "confirm-nvidia-h200" / "confirm.sqlite3"
+    monkeypatch.setattr(confirm_stage, "local_gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    plan = confirm_stage.plan_confirm(confirm_stage.ConfirmRequest(sweep_dir=sweep_dir, likes=("llama-3.2-1b",)))
+    assert plan.request.out == sweep_dir / "confirm" and "another model" not in plan.text
+    # a GPU of another arch: the table's patch would not act there
+    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA GeForce RTX 4060 Ti")
+    monkeypatch.setattr(confirm_stage, "detect_local_archs", lambda: ["sm_89"])
+    with pytest.raises(UsageError, match=r"measured on NVIDIA H100 80GB HBM3 \(sm_90\), but this machine measures"):
         confirm_stage._same_device(table, tmp_path, "CUDA0")
-    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H100 80GB HBM3")
-    assert confirm_stage._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H100 80GB HBM3"}
 
 
 def test_a_time_budget_stops_between_rounds_and_the_rerun_adds_only_the_rest(tmp_path: Path, clock: Any) -> None:
