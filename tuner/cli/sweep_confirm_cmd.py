@@ -204,25 +204,34 @@ def export_cmd(
 @click.option(
     "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: the tables')."
 )
+@click.option(
+    "--gpu",
+    "gpu_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The -o folder of a `tuner sweep confirm` of one of the tables run on another GPU model of the arch "
+    "(repeatable): kept as gpus/<model>/<name>/, and every entry decided over all models.",
+)
 @output_option(
     "out_dir",
     type=click.Path(path_type=Path),
     required=True,
     help="Result folder, e.g. results/sm_90/hopper-table (new, empty or an earlier merge; replaced whole).",
 )
-def merge_cmd(tables: tuple[Path, ...], spec: str | None, out_dir: Path) -> None:
+def merge_cmd(tables: tuple[Path, ...], spec: str | None, gpu_dirs: tuple[Path, ...], out_dir: Path) -> None:
     """Merge exported sweep tables into one result folder with one upstream.patch.
 
     TABLES are folders written by `tuner sweep export`, measured on the same source, arch and device over
     disjoint cells (e.g. a decode sweep and a sweep of query batches 2-8). Writes parts/<name>/ (each table
-    whole), upstream.patch (every table's kept entries together), PR.md and table.toml to -o. Each table's
-    verdicts stand as its confirmation decided them. See docs/sweep.md.
+    whole), upstream.patch (every table's kept entries together), PR.md, report.md and table.toml to -o.
+    With --gpu, the tables' confirmations on other GPU models of the arch join in: an entry is patched where
+    some model is faster end to end and none slower, dropped where they disagree. See docs/sweep.md.
 
     Example: tuner sweep merge results/sm_90/fattn-mmq-table results/sm_90/fattn-ne1-table -o results/sm_90/hopper-table
     """
     from tuner.sweep.merge import merge_tables
 
-    m = merge_tables(tables, out_dir, spec=spec)
+    m = merge_tables(tables, out_dir, spec=spec, gpu_dirs=gpu_dirs)
     t = m["table"]
     click.echo(
         f"{len(m['parts'])} tables merged: {len(t['fa_rules'])} FlashAttention entr(ies) and "

@@ -453,15 +453,19 @@ def _fate(
     candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
     fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
     at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
-    return fate.kept, fate.reason, {
-        "none": none_why,
-        "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
-        "slower": f"slower end to end beyond noise at {at}",
-        "cpu": f"CPU% up beyond the noise without a t/s gain at {at}",
-        "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling at {at}",
-        "faster": f"faster end to end beyond noise at {at}",
-        "no gain": f"no end-to-end gain beyond noise at {at} (a kernel-level gain only)",
-    }[fate.reason]
+    return (
+        fate.kept,
+        fate.reason,
+        {
+            "none": none_why,
+            "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
+            "slower": f"slower end to end beyond noise at {at}",
+            "cpu": f"CPU% up beyond the noise without a t/s gain at {at}",
+            "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling at {at}",
+            "faster": f"faster end to end beyond noise at {at}",
+            "no gain": f"no end-to-end gain beyond noise at {at} (a kernel-level gain only)",
+        }[fate.reason],
+    )
 
 
 def decide_rules(

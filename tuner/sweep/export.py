@@ -29,7 +29,11 @@ __all__ = [
     "MAX_EVIDENCE_BYTES",
     "SCHEMA",
     "Evidence",
+    "backup_store",
+    "clean_identity",
     "decompress_evidence",
+    "decompress_file",
+    "demoted",
     "export_table",
     "is_export",
     "load_evidence",
@@ -161,6 +165,20 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
     return out
 
 
+def decompress_file(folder: Path, rel: str, dest: Path) -> None:
+    """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence.
+
+    Raises:
+        UsageError: not a regular xz file inside ``folder``, or one that decompresses past the cap.
+    """
+    from tuner.result.checks import FolderError
+
+    try:
+        _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
+    except FolderError as err:
+        raise UsageError(str(err)) from err
+
+
 def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
     """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
     from tuner.result.checks import read_bytes_in
@@ -230,14 +248,14 @@ def _locate(confirm_dir: Path, sweep_dir: Path | None, mmq_dir: Path | None) -> 
     return dirs
 
 
-def _backup(src: Path, dest: Path) -> None:
+def backup_store(src: Path, dest: Path) -> None:
     """A consistent copy of a SQLite file (its WAL included), read-only on the source."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as a, sqlite3.connect(dest) as b:
         a.backup(b)
 
 
-def _demoted(text: str) -> str:
+def demoted(text: str) -> str:
     """Markdown headings two levels down (outside code fences), for a report inside a section."""
     out, fence = [], False
     for ln in text.splitlines():
@@ -263,7 +281,7 @@ def _report(dirs: Mapping[str, Path | None]) -> str:
         d = dirs.get(role)
         f = d / name if d is not None else None
         if f is not None and f.is_file():
-            body = _demoted(f.read_text())
+            body = demoted(f.read_text())
         elif d is not None:  # the sweep is part of the table: its samples are in evidence/, its report was not there
             body = f"The sweep's directory held no {name} at export; its samples are in `evidence/`."
         else:
@@ -283,7 +301,7 @@ def without_local_paths(text: str) -> str:
     return _LOCAL_PATH.sub(lambda m: m.group().rstrip("/").rsplit("/", 1)[-1], text)
 
 
-def _clean(meta: Mapping[str, str]) -> dict[str, str]:
+def clean_identity(meta: Mapping[str, str]) -> dict[str, str]:
     """An identity without local paths (a build directory: its name only); read on other machines."""
     return {k: (Path(v).name if v.startswith("/") else v) for k, v in sorted(meta.items())}
 
@@ -350,9 +368,9 @@ def _write(
             "evidence": {p.name: file_sha256(p) for p in evidence},
         },
         "identity": {
-            "sweep": _clean(t.identity),
-            "mmq": _clean(t.mmq_identity),
-            "confirm": _clean(ev.confirm_identity),
+            "sweep": clean_identity(t.identity),
+            "mmq": clean_identity(t.mmq_identity),
+            "confirm": clean_identity(ev.confirm_identity),
         },
         "files": {"plots": [f"plots/{p.name}" for p in plots], "evidence": [f"evidence/{p.name}" for p in evidence]},
     }
@@ -392,7 +410,7 @@ def export_table(
         (stage / "evidence").mkdir(parents=True)
         for role, d in dirs.items():
             if d is not None:
-                _backup(d / EVIDENCE[role], raw / role / EVIDENCE[role])
+                backup_store(d / EVIDENCE[role], raw / role / EVIDENCE[role])
                 data = (raw / role / EVIDENCE[role]).read_bytes()
                 (stage / "evidence" / f"{EVIDENCE[role]}.xz").write_bytes(lzma.compress(data, preset=9))
         ev = load_evidence({r: (raw / r if d is not None else None) for r, d in dirs.items()})

@@ -57,6 +57,8 @@ class GpuConfirmation:
     """Its folder under ``gpus/<slug(device)>/``."""
     identity: Mapping[str, str]
     confirmed: Confirmed
+    models: tuple[Mapping[str, object], ...]
+    """The models its store recorded (what the ``tuner sweep confirm`` call was)."""
     backend_ops: tuple[Mapping[str, object], ...]
 
 
@@ -82,6 +84,8 @@ class Joined:
 
     @property
     def why(self) -> str:
+        if len(self.verdicts) == 1:  # one GPU model: its confirmation's words, as before models were joined
+            return self.verdicts[0].why
         each = "; ".join(f"{v.device}: {v.why}" for v in self.verdicts)
         if self.action == "dropped":
             return f"GPU models disagree ({each})"
@@ -160,10 +164,13 @@ def load_confirmation(
     store = ConfirmStore(store_path, {})
     try:
         conf = recompose(table, store)
+        models = tuple(store.models())
         ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
     finally:
         store.close()
-    return GpuConfirmation(device=device, part=part, name=name, identity=meta, confirmed=conf, backend_ops=ops)
+    return GpuConfirmation(
+        device=device, part=part, name=name, identity=meta, confirmed=conf, models=models, backend_ops=ops
+    )
 
 
 def gpu_specs() -> dict[str, dict[str, object]]:

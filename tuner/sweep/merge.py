@@ -13,8 +13,11 @@ the merged folder holds:
   manifests, the patch's sha256.
 
 Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
-n_kv) measured in two parts, no quant type's MMQ choice in two parts. Each part's verdicts stand as its
-confirmation decided them; merging decides nothing again.
+n_kv) measured in two parts, no quant type's MMQ choice in two parts. With one GPU model each part's verdicts
+stand as its confirmation decided them. ``--gpu DIR`` adds a confirmation made on another GPU model of the
+arch (``tuner sweep confirm`` there): it is kept as ``gpus/<model>/<name>/`` beside the first model's evidence,
+and each entry is decided over every model (:func:`tuner.sweep.gpus.join`); ``table.toml`` lists them under
+``gpus``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
 ]
 
 import dataclasses
+import lzma
 import os
 import re
 import shutil
@@ -44,10 +48,15 @@ from typing import Any
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.sweep import confirm, export
+from tuner.sweep import confirm, export, gpus
+from tuner.sweep.confirm_report import e2e_text
+from tuner.sweep.gpus import GpuConfirmation, Joined
+from tuner.sweep.table_pr import Confirmation, table_pr_text
 
 KIND = "merged sweep table"
 PARTS = "parts"
+GPUS = "gpus"
+STORE = "confirm.sqlite3"
 NAME = re.compile(r"[\w.+-]+")
 """A part's name: its folder under ``parts/`` (no separator, no space)."""
 
@@ -84,6 +93,14 @@ class Merged:
     table: _Cells
     confirmed: _Kept
     parts: tuple[Part, ...]
+    joined: tuple[tuple[int, Joined], ...] = ()
+    """Every entry of every part decided over every GPU model (with its index in its part's fates)."""
+    gpus: tuple[GpuConfirmation, ...] = ()
+    """The confirmations of other GPU models."""
+
+    @property
+    def devices(self) -> list[str]:
+        return list(dict.fromkeys([self.parts[0].manifest["target"]["measured_on"], *(g.device for g in self.gpus)]))
 
 
 def is_merged(folder: Path) -> bool:
@@ -129,8 +146,8 @@ def _same(parts: Sequence[Part], what: str, get: Any, fix: str) -> None:
         raise UsageError(f"The tables were measured on different {what} ({each}); a merged table needs one. {fix}")
 
 
-def merged_view(parts: Sequence[Part]) -> Merged:
-    """The parts as one table (module doc).
+def merged_view(parts: Sequence[Part], others: Sequence[GpuConfirmation] = ()) -> Merged:
+    """The parts as one table (module doc), with the other GPU models' confirmations ``others``.
 
     Raises:
         UsageError: Parts of different sources, archs or devices; a cell or an MMQ type in two parts; names
@@ -170,13 +187,29 @@ def merged_view(parts: Sequence[Part]) -> Merged:
         for ch in p.evidence.table.mmq:
             if mtypes.setdefault(ch.type, p.name) != p.name:
                 raise UsageError(f"{mtypes[ch.type]} and {p.name} both have MMQ choices for {ch.type}.")
+    return joined_view(parts, others)
+
+
+def joined_view(parts: Sequence[Part], others: Sequence[GpuConfirmation]) -> Merged:
+    """The parts' entries decided over the first GPU model and every other one that confirmed a part."""
+    first = parts[0].manifest["target"]["measured_on"]
+    joined: list[tuple[int, Joined]] = []
+    for p in parts:
+        by_device = [
+            (first, p.evidence.confirmed.fates),
+            *((g.device, g.confirmed.fates) for g in others if g.part == p.name),
+        ]
+        joined += list(enumerate(gpus.join(by_device)))
+    kept = [j.fate for _, j in joined if j.kept]
     return Merged(
         table=_Cells(arch=parts[0].evidence.table.arch, cells=tuple(c for p in parts for c in p.evidence.table.cells)),
         confirmed=_Kept(
-            kept_rules=[r for p in parts for r in p.evidence.confirmed.kept_rules],
-            kept_mmq=[m for p in parts for m in p.evidence.confirmed.kept_mmq],
+            kept_rules=[f.rule for f in kept if f.rule is not None],
+            kept_mmq=[f.choice for f in kept if f.choice is not None],
         ),
         parts=tuple(parts),
+        joined=tuple(joined),
+        gpus=tuple(others),
     )
 
 
@@ -190,13 +223,62 @@ def merged_patch(root: Path, merged: Merged) -> str:
 
 def manifest_table(merged: Merged) -> dict[str, Any]:
     """The merged manifest's ``[table]``: what :func:`merged_view` gives from the parts' evidence."""
-    fates = [f for p in merged.parts for f in p.evidence.confirmed.fates]
     return {
         "fa_rules": [r.text for r in merged.confirmed.kept_rules],
         "mmq_choices": [m.text for m in merged.confirmed.kept_mmq],
-        "reported": [f"{f.text}: {f.why}" for f in fates if not f.kept],
+        "reported": [f"{j.fate.text}: {j.why}" for _, j in merged.joined if not j.kept],
         "models": sorted({str(m["like"]) for p in merged.parts for m in p.evidence.models}),
     }
+
+
+def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[Part]) -> list[GpuConfirmation]:
+    """Each ``(name, confirm store)`` of another GPU model recomposed against the part it confirmed (copies:
+    the stores are opened for writing)."""
+    tables = {p.name: p.evidence.table for p in parts}
+    first = parts[0].manifest["target"]["measured_on"] if parts else ""
+    return [gpus.load_confirmation(path, tables, name=name, first_device=first) for name, path in stores]
+
+
+def confirmations(merged: Merged) -> list[Confirmation]:
+    """Every confirm store behind the merged table, the first GPU model's first, as PR.md reads them."""
+    out = [
+        Confirmation(
+            device=merged.devices[0], part=p.name, folder=f"{PARTS}/{p.name}/evidence",
+            identity=p.evidence.confirm_identity, confirmed=p.evidence.confirmed, models=p.evidence.models,
+            backend_ops=p.backend_ops,
+        )
+        for p in merged.parts
+    ]  # fmt: skip
+    for g in merged.gpus:
+        out.append(
+            Confirmation(
+                device=g.device, part=g.part, folder=f"{GPUS}/{gpus.slug(g.device)}/{g.name}",
+                identity=g.identity, confirmed=g.confirmed, models=tuple(g.models), backend_ops=g.backend_ops,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _store_in(folder: Path) -> Path:
+    """The confirm store of a ``tuner sweep confirm -o`` folder: ``confirm.sqlite3`` or ``confirm.sqlite3.xz``."""
+    for name in (STORE, f"{STORE}.xz"):
+        if (folder / name).is_file() and not (folder / name).is_symlink():
+            return folder / name
+    raise UsageError(
+        f"{folder} holds no {STORE} (or {STORE}.xz): --gpu takes the -o folder of a `tuner sweep confirm` run on "
+        "another GPU model."
+    )
+
+
+def merged_pr(merged: Merged, patch: str) -> str:
+    """PR.md of the merged table (:mod:`tuner.sweep.table_pr`)."""
+    return table_pr_text(
+        arch=merged.table.arch.name,
+        joined=merged.joined,
+        confirmations=confirmations(merged),
+        patch=patch,
+        has_mmq={p.name: bool(p.evidence.table.mmq_identity) for p in merged.parts},
+    )
 
 
 def _check_out(out: Path) -> None:
@@ -245,7 +327,9 @@ def _copy_part(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest)
 
 
-def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None) -> dict[str, Any]:
+def merge_tables(
+    folders: Sequence[Path], out: Path, *, spec: str | None = None, gpu_dirs: Sequence[Path] = ()
+) -> dict[str, Any]:
     """Write the merged folder ``out`` (module doc) and return its manifest.
 
     Raises:
@@ -266,7 +350,20 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
 
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier merge).
     with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp, staged_export(out, check=_check_out) as stage:
-        merged = merged_view(load_parts(folders, Path(tmp) / "ev"))
+        parts = load_parts(folders, Path(tmp) / "ev")
+        raw = []
+        for i, d in enumerate(Path(g) for g in gpu_dirs):
+            src_store, copy = _store_in(d), Path(tmp) / "gpu" / str(i) / STORE
+            copy.parent.mkdir(parents=True)
+            if src_store.suffix == ".xz":
+                copy.write_bytes(lzma.decompress(src_store.read_bytes()))
+            else:
+                export.backup_store(src_store, copy)
+            raw.append((d.resolve().name, copy))
+        merged = merged_view(parts, load_gpu_confirmations(raw, parts))
+        names = [(g.device, g.name) for g in merged.gpus]
+        if len(set(names)) != len(names):
+            raise UsageError("Two --gpu folders of one GPU model share a name; each is kept as gpus/<model>/<name>.")
         first = merged.parts[0].manifest["source"]
         src = source.fetch_source(spec or first["spec"])
         if src.source_id != first["source_id"]:
@@ -277,10 +374,26 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
         patch = merged_patch(src.root, merged)
         for p in merged.parts:
             _copy_part(p.folder, stage / PARTS / p.name)
+        gpu_records = []
+        for g, (_, copy) in zip(merged.gpus, raw):
+            dest = stage / GPUS / gpus.slug(g.device) / g.name
+            dest.mkdir(parents=True)
+            (dest / f"{STORE}.xz").write_bytes(lzma.compress(copy.read_bytes(), preset=9))
+            rounds = max((int(str(m.get("rounds", 3))) for m in g.models), default=3)
+            (dest / "e2e.md").write_text(
+                export.without_local_paths(
+                    e2e_text(g.confirmed, identity=export.clean_identity(g.identity), rounds=rounds)
+                )
+            )
+            gpu_records.append({"device": g.device, "part": g.part, "name": g.name,
+                                "confirm_sha256": file_sha256(dest / f"{STORE}.xz")})  # fmt: skip
         if patch:
             (stage / "upstream.patch").write_text(patch)
-        (stage / "PR.md").write_text(merged_pr_text(merged.parts, patch=bool(patch)))
-        (stage / "report.md").write_text(_report(merged.parts))
+        (stage / "PR.md").write_text(merged_pr(merged, patch))
+        full = export.demoted(merged_pr_text(merged.parts, patch=bool(patch)))
+        (stage / "report.md").write_text(
+            f"{_report(merged.parts)}\n## The table in full, as measured on {merged.devices[0]}\n\n{full}\n"
+        )
         manifest = {
             "schema": export.SCHEMA,
             "kind": KIND,
@@ -292,6 +405,7 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
                 for p in merged.parts
             ],
             "hashes": {"patch_sha256": text_sha256(patch) if patch else ""},
+            **({"gpus": gpu_records} if gpu_records else {}),
         }
         (stage / export.MANIFEST).write_text(tomli_w.dumps(manifest))
     return manifest

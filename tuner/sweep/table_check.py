@@ -44,7 +44,7 @@ from tuner.result.checks import (
     read_text_in,
 )
 from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
-from tuner.sweep import export, merge
+from tuner.sweep import export, gpus, merge
 
 REQUIRED: dict[str, dict[str, type[Any]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
@@ -406,7 +406,36 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
         errs.append("each [[parts]] needs a name and a manifest_sha256 (strings)")
     elif any(not merge.NAME.fullmatch(p["name"]) or p["name"] in (".", "..") for p in parts):
         errs.append("a part's name must be a plain folder name under parts/")
+    others = m.get("gpus", [])
+    keys = ("device", "part", "name", "confirm_sha256")
+    if not isinstance(others, list) or not all(
+        isinstance(g, dict) and all(isinstance(g.get(k), str) for k in keys) for g in others
+    ):
+        errs.append("each [[gpus]] needs a device, part, name and confirm_sha256 (strings)")
+    elif any(not merge.NAME.fullmatch(g["name"]) or g["name"] in (".", "..") for g in others):
+        errs.append("a [[gpus]] name must be a plain folder name")
     return errs
+
+
+def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tuple[str, Path]], list[Finding]]:
+    """The other GPU models' confirm stores of a merged table, each hashed as recorded, then decompressed
+    (capped) under ``into``; a finding per store."""
+    stores, found = [], []
+    for i, g in enumerate(m.get("gpus", [])):
+        rel = f"{merge.GPUS}/{gpus.slug(g['device'])}/{g['name']}/{merge.STORE}.xz"
+        try:
+            got = file_sha256(folder / rel) if present_in(folder, rel) else "missing"
+        except FolderError as err:
+            got = str(err)
+        ok = got == g["confirm_sha256"]
+        detail = f"{g['device']}, {g['part']}" if ok else f"{rel} is {got[:12]}, recorded {g['confirm_sha256'][:12]}"
+        found.append(Finding(check=f"gpu {g['name']}", ok=ok, detail=detail))
+        if ok:
+            dest = into / str(i) / merge.STORE
+            dest.parent.mkdir(parents=True)
+            export.decompress_file(folder, rel, dest)
+            stores.append((g["name"], dest))
+    return stores, found
 
 
 def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
@@ -445,7 +474,12 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch
     source, found = _source(m, fetch)
     f.append(found)
     try:
-        merged = merge.merged_view(parts)
+        with tempfile.TemporaryDirectory(prefix="tuner-validate-gpus-") as tmp:
+            stores, gf = _gpu_stores(folder, m, Path(tmp))
+            f += gf
+            if not all(x.ok for x in gf):
+                return ResultCheck(path=folder, findings=tuple(f))
+            merged = merge.merged_view(parts, merge.load_gpu_confirmations(stores, parts))
     except TunerError as err:
         f.append(Finding(check="parts join", ok=False, detail=str(err)))
         return ResultCheck(path=folder, findings=tuple(f))

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.unit.sweep.test_sweep_confirm import NE4, SHAPE, FakeBench, _sweep_dir
+from tests.unit.sweep.test_sweep_confirm import NE4, SHAPE, SM90, FakeBench, _sweep_dir, passing_check
 from tests.unit.sweep.test_sweep_export import _confirmed, _fake_source, _mmq_dir
 from tuner._compat import tomllib
 from tuner.cli.export_cmd import validate
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import TunerError
+from tuner.sweep import confirm
 from tuner.sweep.table_check import find_tables, validate_table
 
 DECODE = "D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"
@@ -68,8 +69,18 @@ def test_two_tables_merge_into_one_patch_that_validates(tmp_path: Path, two: tup
     assert patch.count("struct ggml_cuda_fattn_kernel_choice {") == 1  # one table, not two patches stacked
     assert (out / "parts/batch/plots/fa-D64-ne1-4.png").stat().st_size > 0  # a plot per query batch too
     pr = (out / "PR.md").read_text()
-    assert "The table joins 2 sweeps" in pr and "### decode" in pr and "### batch" in pr
-    assert f"- {DECODE}:" in pr and f"- {BATCH}:" in pr
+    # PR.md: the entries with each GPU model's verdict, a compare table per model, the commands, one line a check
+    assert pr.startswith("# CUDA: FlashAttention kernel selection for sm_90, measured on GPU X")
+    assert f"| `{DECODE}` | faster |" in pr and f"| `{BATCH}` | faster |" in pr
+    assert "\n## GPU X\n" in pr and "| tg128@d16384 |" in pr and "| pp4@d32768   |" in pr
+    assert (
+        "tuner sweep confirm decode/fa --mmq decode/mmq --like llama-3.2-1b --like qwen2.5-7b --depths 0,16384,32768 "
+        "--rounds 4 -o decode/confirm" in pr
+    )
+    assert "- test-backend-ops on GPU X" in pr and "- Output equivalence on GPU X" in pr and "docs/sweep.md" in pr
+    # everything else in report.md
+    report = (out / "report.md").read_text()
+    assert "The table joins 2 sweeps" in report and "##### decode" in report and f"- {DECODE}:" in report
     check = validate_table(out)
     assert check.ok, [f for f in check.findings if not f.ok]
     names = {f.check for f in check.findings}
@@ -80,6 +91,72 @@ def test_two_tables_merge_into_one_patch_that_validates(tmp_path: Path, two: tup
     assert res.exit_code == 0 and "1 passed, 0 failed" in res.output, res.output
     code, text = _invoke("merge", *map(str, two), "-o", str(out))  # over its own earlier merge
     assert code == 0, text
+
+
+def _on_other_gpu(
+    tmp: Path, sweep_dir: Path, *, gain: float, device: str = "GPU Y", mmq_dir: Path | None = None
+) -> Path:
+    """``tuner sweep confirm`` of ``sweep_dir``'s table run on another GPU model (its store names it), on fake
+    timings: the table's candidate ``gain`` x upstream where it acts."""
+    table = confirm.load_table(sweep_dir, mmq_dir)
+    out = tmp / f"confirm-{device.lower().replace(' ', '-')}-{sweep_dir.name}"
+    ident = {"build": "/b", "table": confirm.table_id(table), "device": device, "arch": "sm_90"}
+    store = confirm.ConfirmStore(out / "confirm.sqlite3", ident)
+    bench = FakeBench(gain=gain, batch_gain=gain)
+    try:
+        confirm.confirm_models(
+            table, ["llama-3.2-1b", "qwen2.5-7b"], depths=(0, 16384, 32768), rounds=4, store=store,
+            model_for=lambda like: tmp / f"{like}.gguf",
+            joint_for=lambda path, plan_: setattr(bench, "batch", plan_.batch) or bench,
+            gate=lambda p, path: confirm.gate_model(
+                p, path, path, arch=SM90, era="mma", store=store, work_dir=tmp, run_one=passing_check
+            ),
+            weight_types_of=lambda path: ["Q4_K", "Q6_K", "F32"], era="mma",
+        )  # fmt: skip
+    finally:
+        store.close()
+    return out
+
+
+def test_another_gpu_models_confirmation_joins_the_merge_beside_the_first(
+    tmp_path: Path, two: tuple[Path, Path]
+) -> None:
+    decode, batch = two
+    agree = _on_other_gpu(tmp_path, tmp_path / "sweep-decode", gain=1.2, mmq_dir=tmp_path / "mmq")
+    disagree = _on_other_gpu(tmp_path, tmp_path / "sweep-batch", gain=0.8)
+    out = tmp_path / "merged"
+    code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(agree), "--gpu", str(disagree), "-o", str(out))
+    assert code == 0, text
+    m = tomllib.loads((out / "table.toml").read_text())
+    # faster on both models: patched on the arch alone; faster on GPU X, slower on GPU Y: dropped
+    assert m["table"]["fa_rules"] == [DECODE]
+    assert any(r.startswith(f"{BATCH}: GPU models disagree (GPU X: faster") for r in m["table"]["reported"])
+    assert [(g["device"], g["part"]) for g in m["gpus"]] == [("GPU Y", "decode"), ("GPU Y", "batch")]
+    for g in m["gpus"]:
+        assert (out / "gpus" / "gpu-y" / g["name"] / "confirm.sqlite3.xz").is_file()
+        assert (out / "gpus" / "gpu-y" / g["name"] / "e2e.md").is_file()
+    assert "{  64, 4, GGML_TYPE_F16,  4," not in (out / "upstream.patch").read_text()
+    pr = (out / "PR.md").read_text()
+    assert "measured on GPU X and GPU Y" in pr and f"| `{DECODE}` | faster | faster |" in pr
+    assert f"- `{BATCH}`: GPU models disagree" in pr and "\n## GPU Y\n" in pr
+    check = validate_table(out)
+    assert check.ok, [f for f in check.findings if not f.ok]
+    assert {"gpu " + g["name"] for g in m["gpus"]} <= {f.check for f in check.findings}
+    # another model's store edited after the merge: its hash no longer matches, nothing is recomposed from it
+    store = out / "gpus" / "gpu-y" / m["gpus"][0]["name"] / "confirm.sqlite3.xz"
+    store.write_bytes(store.read_bytes()[:-8])
+    assert "recorded" in _failed(out)[f"gpu {m['gpus'][0]['name']}"]
+    # the first model's own confirmation is not another model's evidence
+    code, text = _invoke(
+        "merge",
+        str(decode),
+        str(batch),
+        "--gpu",
+        str(tmp_path / "sweep-decode" / "confirm"),
+        "-o",
+        str(tmp_path / "m9"),
+    )
+    assert code == 2 and "records no GPU model" in text
 
 
 def test_tampering_with_a_merged_table_fails(tmp_path: Path, two: tuple[Path, Path]) -> None:
