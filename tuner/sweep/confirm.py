@@ -89,11 +89,9 @@ from tuner.sweep.table import TableRule
 # of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-4b-shape")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
-"""0: the short-context case every user hits; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and
-32768: where the sweep's decode rules on Hopper act; 65536: long context. 131072 is left out: one fill of
-an 8-12B model there costs minutes a call, and the grid's deepest rules start well below it."""
-TABLE = "table"
-"""The candidate that runs with the table's env."""
+"""0: every user's short context; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and 32768: where
+the Hopper decode rules act; 65536: long context. Not 131072: one fill of an 8-12B model costs minutes."""
+TABLE = "table"  # the candidate that runs with the table's env
 PP, TG = 512, 128
 
 
@@ -435,10 +433,8 @@ class RuleFate:
     why: str
     rule: TableRule | None = None
     choice: mmq.MmqChoice | None = None
-    reason: str = ""
-    """:func:`tuner.rounds.keep.keep`'s reason (``faster``, ``slower``, ``none``...): what joins GPU models."""
-    touched: tuple[Mapping[str, Any], ...] = ()
-    """The model points the entry acts on (its n_kv range, its MMQ batch range)."""
+    reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.gpus joins GPU models by
+    touched: tuple[Mapping[str, Any], ...] = ()  # the model points the entry acts on
 
 
 def _fate(

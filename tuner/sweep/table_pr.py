@@ -90,12 +90,17 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
         if ch is None:
             continue
         for like, types in c.confirmed.weight_types.items():
-            if ch.type.lower() in {t.lower() for t in types}:
-                below = [p for p in c.confirmed.points.get(like, ()) if not ch.covers(int(p.get("ne11", 1)))]
-                out += [{**p, "model": f"{p['model']}{label}"} for p in below if p not in f.touched]
+            # the choice's own weight type at llama-bench's default -ub, where its batch is never reached
+            if quant.upper().startswith(ch.type.upper()) and ch.type.lower() in {t.lower() for t in types}:
+                below = [p for p in c.confirmed.points.get(like, ()) if not ch.covers(int(str(p.get("ne11", 1))))]
+                out += [{**p, "model": f"{p['model']}{label}, -ub 512"} for p in below]
+    return out
+
+
+def _unique(points: Sequence[dict[str, object]]) -> list[dict[str, object]]:
     seen: set[tuple[object, ...]] = set()
     unique = []
-    for p in out:
+    for p in points:
         key = (p["model"], p["test"], p["depth"])
         if key not in seen:
             seen.add(key)
@@ -114,11 +119,19 @@ def _caption(device: str) -> str:
 
 
 def _ops_line(device: str, confs: Sequence[Confirmation]) -> str:
-    recs = [r for c in confs for r in c.backend_ops]
-    if not recs:
+    each = [
+        f"{c.part}: "
+        + ", ".join(
+            f"{r.get('op')} {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in c.backend_ops
+        )
+        for c in confs
+        if c.backend_ops
+    ]
+    if not each:
         return f"- test-backend-ops on {device}: not run (no entry kept there)"
-    each = ", ".join(f"{r.get('op')} {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in recs)
-    return f"- test-backend-ops on {device}, the entries its confirmation kept, against the CPU backend: {each}"
+    return (
+        f"- test-backend-ops on {device}, each confirmation's kept entries, against the CPU backend: {'; '.join(each)}"
+    )
 
 
 def _gate_line(device: str, confs: Sequence[Confirmation]) -> str:
@@ -174,13 +187,26 @@ def table_pr_text(
                 f"- `{j.fate.text}`: {j.why}"
                 + (f". A run-time key on their {key} would separate them; this patch adds none." if key else ".")
             )
+    lines += [
+        "",
+        "faster: faster end to end beyond the A/A noise where the entry acts; no gain: measured there, within the "
+        "noise; not measured: no confirmed model of its shape on that GPU model. Below, per GPU model, the points "
+        "the patched entries act on.",
+    ]
     for d in devices:
         mine = [c for c in confirmations if c.device == d]
-        rows = [p for i, j in patched for p in _points(i, [c for c in mine if c.part == _part_of(j, mine)], j.fate)]
+        rows, unmeasured = [], []
+        for i, j in patched:
+            got = _points(i, [c for c in mine if c.part == _part_of(j, mine)], j.fate)
+            rows += got
+            if j.fate.choice is not None and not any(", -ub 512" in str(p["model"]) for p in got):
+                unmeasured.append(f"- `{j.fate.text}` at the default `-ub 512`: not measured on {d}.")
+        rows = _unique(rows)
         lines += ["", _caption(d), ""]
         lines.append(
             compare_table(rows, name_a="upstream", name_b="table") if rows else "No point of a patched entry measured."
         )
+        lines += ["", *unmeasured] if unmeasured else []
     lines += ["", "## Reproduce", "", "From this folder, with tuner installed, on each GPU model:", "", "```sh"]
     for part in dict.fromkeys(c.part for c in confirmations):  # the sweeps' stores, once a part
         mmq = has_mmq.get(part)
