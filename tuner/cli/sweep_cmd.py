@@ -145,6 +145,8 @@ def plan_cmd(
     ).cells(a)
     click.echo(grid.dry_run_text(cells, rounds=limits[0], per_call_s=per_call_s, max_rounds=limits[1]), nl=False)
     click.echo(live.estimate_text(cells, limits=limits, chunk_size=72, target_ms=target_ms), nl=False)
+    if a.vendor == "amd":
+        click.echo(f"No {a.name} GPU was timed here: the times above are estimated from an H100's processes.")
     click.echo(mmq.mmq_plan_text(a, limits=limits, per_call_s=per_call_s), nl=False)
 
 

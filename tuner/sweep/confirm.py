@@ -160,7 +160,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         store.close()
     keys = sorted({s.key for s in samples})
     cells = tuple(
-        Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n))
+        Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n, sh.gqa))
         for sh, n in keys
     )
     rounds = max((s.round for s in samples), default=0) + 1
@@ -557,7 +557,7 @@ def gate_model(
         era=era,
     )
     # the band's phase: a batch pass's rules act in prefill (MMQ choices keep their own prefill band)
-    kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE))}
+    kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE, plan.gqa))}
 
     def run(c: Any) -> Mapping[str, Any]:
         if before is not None:

@@ -40,10 +40,12 @@ __all__ = [
     "HEAD_SIZES",
     "KV_TYPES",
     "N_KV",
+    "OFFSET_AMD",
     "QUERY_BATCHES",
     "STRIDE",
     "Cell",
     "FaShape",
+    "cc_of",
     "dry_run_text",
     "duration_text",
     "legal_kernels",
@@ -147,32 +149,90 @@ class Cell:
         return (DEFAULT, AA, *self.candidates)
 
 
+OFFSET_AMD = 0x1000000
+"""``GGML_CUDA_CCOFFSET_AMD``: an AMD device's cc is this plus its gfx number read as hex (gfx1151 -> 0x1151)."""
+_RDNA3, _RDNA1, _CDNA1 = OFFSET_AMD + 0x1100, OFFSET_AMD + 0x1010, OFFSET_AMD + 0x908
+_GCN_APUS = (OFFSET_AMD + 0x909, OFFSET_AMD + 0x90C)
+
+
+def cc_of(arch: Any) -> int:
+    """The compute capability ``ggml_cuda_info()`` reports for ``arch`` (common.cuh of llama.cpp 0c1e570)."""
+    gfx = getattr(arch, "gfx", None)
+    if getattr(arch, "vendor", None) == "amd" and isinstance(gfx, str) and gfx.startswith("gfx"):
+        return OFFSET_AMD + int(gfx[3:], 16)
+    return int(getattr(arch, "cc", 0) or 0)
+
+
 def _check_arch(arch: Any) -> int:
-    cc = int(getattr(arch, "cc", 0) or 0)
-    if getattr(arch, "vendor", None) != "nvidia" or cc < _TURING:
-        raise UsageError(
-            f"The FlashAttention sweep models upstream's kernel choice on NVIDIA GPUs with Turing tensor cores "
-            f"(cc >= {_TURING}); {getattr(arch, 'name', arch)!r} is not one. Sweep an sm_75 or newer arch."
-        )
-    return cc
+    cc = cc_of(arch)
+    if cc >= OFFSET_AMD or (getattr(arch, "vendor", None) == "nvidia" and cc >= _TURING):
+        return cc
+    raise UsageError(
+        f"The FlashAttention sweep models upstream's kernel choice on NVIDIA GPUs with Turing tensor cores "
+        f"(cc >= {_TURING}) and on AMD GPUs; {getattr(arch, 'name', arch)!r} is neither. Sweep an sm_75 or newer "
+        "arch, or a gfx one."
+    )
 
 
-def legal_kernels(arch: Any, D: int, n_kv: int) -> tuple[str, ...]:
-    """The kernels with device code for head size ``D`` at ``n_kv`` on ``arch`` (module doc), VEC, TILE, MMA order."""
-    _check_arch(arch)
+def _amd_wmma(cc: int) -> bool:
+    return cc >= _RDNA3  # RDNA3, RDNA3.5, RDNA4: amd_wmma_available
+
+
+def _amd_mfma(cc: int) -> bool:
+    return _CDNA1 <= cc < _RDNA1 and cc not in _GCN_APUS  # CDNA: amd_mfma_available
+
+
+def legal_kernels(arch: Any, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...]:
+    """The kernels with device code for head size ``D`` at ``n_kv`` (and GQA ``gqa``: AMD's WMMA tiles need
+    the GQA packing) on ``arch`` (module doc), VEC, TILE, MMA order."""
+    cc = _check_arch(arch)
     vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
     mma = D not in (40, 72)
+    if cc >= OFFSET_AMD:  # the hook's AMD rule: WMMA with the GQA optimisation and DKQ <= 256, MFMA on CDNA
+        mma = mma and ((_amd_wmma(cc) and gqa >= 2 and D <= 256) or _amd_mfma(cc))
     return tuple(k for k, ok in zip(_KERNELS, (vec, True, mma)) if ok)
+
+
+def _gqa_eff(D: int, gqa: int) -> int:
+    """fattn.cu's ``gqa_ratio_eff``: the largest power of two dividing GQA, up to ``ncols2_max``."""
+    cap = 32 if D == 320 else 16 if D in (576, 192) else 8
+    eff = 1
+    while gqa % (2 * eff) == 0 and eff < cap:
+        eff *= 2
+    return eff
+
+
+def _upstream_amd(cc: int, shape: FaShape, n_kv: int, can_vec: bool) -> str:
+    """fattn.cu L667-720 (the branches after Turing and Volta) for the calls llama makes (module doc)."""
+    D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
+    gqa_opt = gqa >= 2 and n_kv % STRIDE == 0
+    cols = ne1 * _gqa_eff(D, gqa)
+    if D not in (40, 72):
+        if _amd_mfma(cc) and ((D <= 64 and cols > 8) or (D <= 128 and cols > 16) or (D <= 256 and cols > 64)):
+            return "MMA"
+        if _amd_mfma(cc) and D > 256 and gqa_opt and cols > 128:
+            return "MMA"
+        if _amd_wmma(cc) and gqa_opt and D <= 256 and cols > (8 if D <= 128 else 16):
+            return "MMA"
+    if can_vec:
+        if shape.kv in _UNQUANTIZED:
+            if ne1 == 1 and not gqa_opt:
+                return "VEC"
+        elif ne1 <= 2:
+            return "VEC"
+    return "TILE"
 
 
 def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
     """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
     cc = _check_arch(arch)
     D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
+    can_vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
+    if cc >= OFFSET_AMD:
+        return _upstream_amd(cc, shape, n_kv, can_vec)
     if D in (40, 72):
         return "TILE"  # the Turing branch excludes them; the fallthrough ends on TILE for a GQA-packed call
     gqa_opt = gqa >= 2 and n_kv % STRIDE == 0
-    can_vec = "VEC" in legal_kernels(arch, D, n_kv)
     if can_vec:
         if shape.kv in _UNQUANTIZED:
             if cc >= _ADA and ne1 == 1 and not (gqa > 4 and (D >= 256 or n_kv >= 8192)):
@@ -206,7 +266,9 @@ def plan(
         shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
         for x in points:
             out.append(
-                Cell(shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x))
+                Cell(
+                    shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x, gqa)
+                )
             )
     return out
 

@@ -110,7 +110,7 @@ from tuner.rounds.compose import Decision, Shape, rules_from
 from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge, pack_groups, rounds_text, run_rounds
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore, Table
-from tuner.sweep.grid import duration_text
+from tuner.sweep.grid import OFFSET_AMD, cc_of, duration_text
 from tuner.targets.models import ModelShape, load_model_shape
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
@@ -346,14 +346,39 @@ class MmqCell:
         return (DEFAULT, AA, *(b for b in BACKENDS if b != self.upstream))
 
 
+def upstream_backend(arch: Any, type_name: str, ne11: int) -> str:
+    """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model (no experts) on a
+    GPU with 48 KiB or more of shared memory a block: ``MMQ`` or ``BLAS``. MMQ everywhere on NVIDIA with Turing
+    tensor cores; on AMD by its own per-family rules (CDNA's MFMA, RDNA3/3.5's and RDNA4's WMMA)."""
+    cc = cc_of(arch)
+    if getattr(arch, "vendor", None) == "nvidia" and cc >= 750:
+        return "MMQ"
+    if cc < OFFSET_AMD:
+        raise UsageError(
+            f"The MMQ sweep models upstream's choice with Turing tensor cores and on AMD; {arch.name!r} is neither."
+        )
+    gfx = cc - OFFSET_AMD
+    if 0x908 <= gfx < 0x1010 and gfx not in (0x909, 0x90C):  # CDNA (amd_mfma_available)
+        if gfx >= 0x942 and gfx < 0x950:  # CDNA3: rocBLAS performs poorly there, MMQ always
+            return "MMQ"
+        ok = ne11 <= 128 or type_name in ("q4_0", "q4_1", "q5_0", "q5_1")
+        return "MMQ" if ok or (ne11 <= 256 and type_name in ("q4_K", "q5_K")) else "BLAS"
+    if 0x1100 <= gfx < 0x1200:  # RDNA3 and RDNA3.5 (amd_wmma_available; RDNA4 is MMQ always)
+        limit = {"q2_K": 128, "q6_K": 128 if gfx < 0x1150 else 256}
+        if type_name in ("iq2_xs", "iq2_s"):
+            return "MMQ" if gfx >= 0x1150 or ne11 <= 128 else "BLAS"
+        return "MMQ" if ne11 <= limit.get(type_name, ne11) else "BLAS"
+    if gfx == 0x900 or gfx in (0x909, 0x90C):  # Vega 10 and the GCN APUs: no native dp4a
+        return "BLAS"
+    return "MMQ"
+
+
 def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
-    """Every (type, ne11) cell; upstream's backend is MMQ on an NVIDIA arch with Turing tensor cores (module doc)."""
-    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
-        raise UsageError(f"The MMQ sweep models upstream's choice with Turing tensor cores; {arch.name!r} has none.")
+    """Every (type, ne11) cell with upstream's backend there (:func:`upstream_backend`)."""
     bad = [t for t in types if t not in MMQ_SUPPORTED]
     if bad:
         raise UsageError(f"Types {bad} are not supported by MMQ ({', '.join(MMQ_SUPPORTED)}).")
-    return [MmqCell(type=t, ne11=b) for t in types for b in sorted(set(batches))]
+    return [MmqCell(type=t, ne11=b, upstream=upstream_backend(arch, t, b)) for t in types for b in sorted(set(batches))]
 
 
 def block_size(type_name: str) -> int:
@@ -523,7 +548,19 @@ def mmq_plan_text(arch: Any, *, limits: tuple[int, int], per_call_s: float | Non
     cells = plan_mmq(arch)
     sizes = like_sizes(DEFAULT_LIKE)
     chunks = len(pack_groups(plan_points(cells, sizes)[0], MMQ.group, MAX_CASES))
-    return mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(sizes)), chunks=chunks, per_call_s=per_call_s)
+    text = mmq_dry_run_text(cells, limits=limits, sizes=sorted(set(sizes)), chunks=chunks, per_call_s=per_call_s)
+    blas = [c for c in cells if c.upstream == "BLAS"]
+    if cc_of(arch) < OFFSET_AMD:
+        return text
+    # on AMD, ggml_cuda_should_use_mmq picks hipBLAS at some points: there MMQ is the config forced
+    each = ", ".join(
+        f"{t} from {min(c.ne11 for c in blas if c.type == t)}" for t in dict.fromkeys(c.type for c in blas)
+    )
+    return (
+        f"upstream on {arch.name} (ggml_cuda_should_use_mmq's AMD rules): MMQ at {len(cells) - len(blas)} of "
+        f"{len(cells)} (type, batch) points, hipBLAS at {len(blas)}{f' ({each})' if blas else ''}; where upstream "
+        f"is hipBLAS the forced config is MMQ. No {arch.name} was timed here: the times below are an H100's.\n" + text
+    )
 
 
 def _decode(row: Sequence[Any]) -> MmqKey:
