@@ -111,6 +111,7 @@ from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore, Table
 from tuner.sweep.grid import OFFSET_AMD, cc_of, duration_text
+from tuner.sweep.table import amd_family_condition
 from tuner.targets.models import ModelShape, load_model_shape
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
@@ -255,7 +256,8 @@ def patched_mmq_condition(
     Raises:
         TunerError: An arch without Turing tensor cores, or a tree of another structure.
     """
-    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
+    amd = getattr(arch, "vendor", None) == "amd"
+    if not amd and (getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750):
         raise TunerError(f"The MMQ condition goes before the Turing branch; {arch.name!r} has no Turing tensor cores.")
     blas = sorted(c for c in choices if c.backend == "BLAS")
     if not blas:
@@ -287,7 +289,9 @@ def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Any, *, not
     common = root / COMMON
     if not common.is_file():
         raise TunerError(f"{root} has no {COMMON}; the MMQ patch needs the pristine llama.cpp tree.")
-    new = patched_mmq_condition(root, choices, arch, arch_condition(arch, common.read_text()), note=note)
+    # AMD: upstream's own family test (GGML_CUDA_CC_IS_RDNA3_5(cc)...), as the FlashAttention table is keyed
+    cond = amd_family_condition(arch) if arch.vendor == "amd" else arch_condition(arch, common.read_text())
+    new = patched_mmq_condition(root, choices, arch, cond, note=note)
     return None if new is None else git_diff(MMQ_FILE, (root / MMQ_FILE).read_text(), new)
 
 

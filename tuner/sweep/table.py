@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "LOOKUP_PREFIX",
     "TableRule",
+    "amd_family_condition",
     "harness_source",
     "match_table",
     "patched_fattn_table",
@@ -227,8 +228,11 @@ def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, no
     rules = list(rules)
     if not rules:
         return None
-    if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
-        raise TunerError(f"A sweep table goes into the Turing-and-newer branch; {arch.name!r} has none.")
+    amd = getattr(arch, "vendor", None) == "amd"
+    if not amd and (getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750):
+        raise TunerError(
+            f"A sweep table goes into the Turing-and-newer branch or an AMD one; {arch.name!r} has neither."
+        )
     _check(rules)
     path, common = root / FATTN, root / COMMON
     if not path.is_file() or not common.is_file():
@@ -244,9 +248,38 @@ def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, no
             f"written for (missing {', '.join(missing) or repr(_TURING_BRANCH.strip())}, or already patched); "
             "it differs from llama.cpp 0c1e570 (docs/selector.md)."
         )
-    branch = start + body.index(_TURING_BRANCH) + len(_TURING_BRANCH)
-    call = _call(arch, arch_condition(arch, common.read_text()))
+    if amd:  # before the Turing branch (and its comment), which no AMD device enters; keyed on the family
+        branch = start + body.index(_TURING_BRANCH)
+        comment = text.rfind("\n", start, branch - 1) + 1
+        branch = comment if text[comment:branch].lstrip().startswith("//") else branch
+        call = (
+            _call(arch, amd_family_condition(arch)).replace("\n        ", "\n    ").replace("        if", "    if", 1)
+            + "\n"
+        )
+    else:
+        branch = start + body.index(_TURING_BRANCH) + len(_TURING_BRANCH)
+        call = _call(arch, arch_condition(arch, common.read_text()))
     return text[:start] + table_block(rules, arch, note=note) + text[start:branch] + call + text[branch:]
+
+
+_AMD_FAMILIES = {
+    "RDNA3": "GGML_CUDA_CC_IS_RDNA3_0(cc)",
+    "RDNA3.5": "GGML_CUDA_CC_IS_RDNA3_5(cc)",
+    "RDNA4": "GGML_CUDA_CC_IS_RDNA4(cc)",
+    "CDNA3": "GGML_CUDA_CC_IS_CDNA3(cc)",
+}
+
+
+def amd_family_condition(arch: Any) -> str:
+    """The family test upstream's own AMD branches use (common.cuh's ``GGML_CUDA_CC_IS_RDNA3_5(cc)`` ...): the
+    measured GPU's family, as a Strix Halo's gfx1151 and a gfx1150 share RDNA3.5's kernels and tuning."""
+    cond = _AMD_FAMILIES.get(str(getattr(arch, "family", "")))
+    if cond is None:
+        raise TunerError(
+            f"No family macro of common.cuh names {arch.name!r} ({getattr(arch, 'family', '?')}); a sweep table for "
+            f"AMD is keyed on one of {', '.join(_AMD_FAMILIES)}."
+        )
+    return cond
 
 
 def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
