@@ -106,3 +106,17 @@ def test_the_amd_patch_compiles_for_gfx1151(hip_toolchain, tree_a) -> None:
     got = {name: load_offload_targets(b.build_dir / obj) for name, obj in objs.items()}
     # fattn.cu holds gfx1151 device code; mmq.cu's condition is host code (its kernels are in template instances)
     assert got["fattn.cu.o"] == ["gfx1151"] and got["mmq.cu.o"] in ([], ["gfx1151"]), got
+
+
+@pytest.mark.slow
+def test_the_sweeps_default_build_for_gfx1151_has_both_hooks_and_they_compile(hip_toolchain, tree_a) -> None:
+    """The build `tuner sweep run/mmq/confirm --arch gfx1151` makes: the hip variant with the FlashAttention
+    hook (GGML_TUNER_FA_RULES) and the MMQ hook (GGML_TUNER_MMQ_CHOICES), compile-checked for gfx1151."""
+    from tuner.plan.render import render_variant
+
+    rv = render_variant(tree_a, "gfx1151", "hip", local_archs=[], hooks=("mmq",))
+    assert "GGML_TUNER_FA_RULES" in rv.files[FATTN] and "GGML_TUNER_MMQ_CHOICES" in rv.files[MMQ_FILE]
+    b = build_variant(rv, compile_only=True, objects=[FATTN, MMQ_FILE], jobs=os.cpu_count())
+    assert b.meta["status"] == "ok"
+    got = {Path(o).name: load_offload_targets(b.build_dir / o) for o in b.meta["offload_targets"]}
+    assert got["fattn.cu.o"] == ["gfx1151"] and "mmq.cu.o" in got, got

@@ -182,6 +182,7 @@ def plan_cmd(
     "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
 @time_budget_option("round of a chunk (its configs' timer processes, priced at the H100 sweep's rates)")
+@click.option("--dry-run", is_flag=True, help="Print the grid, the timer calls and the estimated time, and stop.")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -207,6 +208,7 @@ def run_cmd(
     timer: str | None,
     target_ms: int | None,
     time_budget: float | None,
+    dry_run: bool,
     out_dir: Path | None,
 ) -> None:
     """Measure the sweep with fa-bench (or test-backend-ops) and compose the table (resumable).
@@ -218,7 +220,7 @@ def run_cmd(
 
     Example: tuner sweep run --head-size 128 --gqa 4 -o sweep-h100
     """
-    from tuner.sweep.run_stage import FaRequest, Grid, run_fa
+    from tuner.sweep.run_stage import FaRequest, Grid, dry_run_fa, run_fa
 
     request = FaRequest(
         arch=arch,
@@ -236,6 +238,9 @@ def run_cmd(
         target_ms=target_ms,
         time_budget=time_budget,
     )
+    if dry_run:
+        click.echo(dry_run_fa(request), nl=False)
+        return
     with budget_stop(request.storage_path, "report.md and upstream.patch are"):
         summary = run_fa(request)
     click.echo(summary)
@@ -303,6 +308,7 @@ def run_cmd(
     "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
 )
 @time_budget_option("round (its configs' mm-bench processes, priced at the H100 sweep's rates)")
+@click.option("--dry-run", is_flag=True, help="Print the points, the mm-bench calls and the estimated time, and stop.")
 @output_option(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -328,6 +334,7 @@ def mmq_cmd(
     target_ms: int | None,
     cuda_graphs: bool,
     time_budget: float | None,
+    dry_run: bool,
     out_dir: Path | None,
 ) -> None:
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
@@ -342,7 +349,7 @@ def mmq_cmd(
 
     Example: tuner sweep mmq --build BUILD -o sweep-mmq-h100
     """
-    from tuner.sweep.run_stage import MmqRequest, run_mmq
+    from tuner.sweep.run_stage import MmqRequest, dry_run_mmq, run_mmq
 
     request = MmqRequest(
         arch=arch,
@@ -362,6 +369,9 @@ def mmq_cmd(
         cuda_graphs=cuda_graphs,
         time_budget=time_budget,
     )
+    if dry_run:
+        click.echo(dry_run_mmq(request), nl=False)
+        return
     with budget_stop(request.storage_path, "report.md and upstream.patch are"):
         summary = run_mmq(request)
     click.echo(summary)

@@ -2,26 +2,50 @@
 
 from __future__ import annotations
 
-__all__ = ["default_build"]
+__all__ = ["default_build", "gpu_backend", "require_gpu"]
 
 from pathlib import Path
 
 from tuner import log, source
 from tuner.builder.cmake import build_variant
 from tuner.builder.extra import ensure_targets
+from tuner.errors import UsageError
 from tuner.plan.render import render_variant
-from tuner.targets.archs import detect_local_archs
+from tuner.targets.archs import Arch, detect_local_archs, load_arch
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
-    """The bin dir of the arch's default ``cuda`` variant of ``spec`` (default: the pinned tree) with the
+    """The bin dir of the arch's default ``cuda`` (NVIDIA) or ``hip`` (AMD) variant of ``spec`` (default: the pinned tree) with the
     opt-in MMQ hook (``templates/patches/mma/mmq-hook.toml``), so one build serves both sweeps; built (or
     taken from the build cache) as ``tuner build`` would; ``extra`` tools (``llama-perplexity``) added on
     demand without changing its build id."""
     src = source.fetch_source(spec) if spec else source.fetch_source()
-    rv = render_variant(src, arch, "cuda", local_archs=detect_local_archs(), hooks=("mmq",))
+    variant = "hip" if load_arch(arch).vendor == "amd" else "cuda"
+    rv = render_variant(src, arch, variant, local_archs=detect_local_archs(), hooks=("mmq",))
     with log.step(f"Building {rv.short} from {src.spec}"):
         b = build_variant(rv)
     if extra:
         b = ensure_targets(b, list(extra))
     return Path(b.bin_dir)
+
+
+def gpu_backend(arch: Arch, backend: str) -> str:
+    """``backend`` as ggml names it on ``arch``: the HIP backend registers as ``ROCm``, so the commands' default
+    ``CUDA0`` means ``ROCm0`` on an AMD arch."""
+    return "ROCm0" if arch.vendor == "amd" and backend == "CUDA0" else backend
+
+
+def require_gpu(arch: Arch, backend: str, dry_run: str) -> None:
+    """An AMD sweep times kernels on that GPU model: with none here (no AMD GPU exists on tuner's own machines),
+    exit 2 naming ``dry_run`` (the command that prints the plan) before anything is built. A CPU backend (the
+    tests') times anywhere."""
+    if arch.vendor != "amd" or backend.upper().startswith("CPU"):
+        return
+    local = detect_local_archs()
+    if arch.name in local:
+        return
+    raise UsageError(
+        f"This times kernels on a {arch.name} GPU, and this machine has "
+        f"{', '.join(local) if local else 'no GPU tuner can see'}. `{dry_run}` prints what it would run and an "
+        "estimate of its time; run the command on the machine with the GPU (README, 'Tuning a Strix Halo')."
+    )

@@ -23,7 +23,7 @@ from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
 from tuner.source import Source
 from tuner.sweep import confirm, mmq
-from tuner.sweep.build import default_build
+from tuner.sweep.build import default_build, gpu_backend, require_gpu
 from tuner.sweep.confirm import Confirmed, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
 from tuner.sweep.confirm_store import ConfirmStore
@@ -202,8 +202,10 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
         BudgetReached: the time budget stopped it; what was measured is stored, nothing is written.
     """
     r, table, budget = plan.request, plan.table, plan.budget
+    r = dataclasses.replace(r, backend=gpu_backend(table.arch, r.backend))
+    require_gpu(table.arch, r.backend, f"tuner sweep confirm {r.sweep_dir} --dry-run")
     out = r.out
-    bin_dir = _bin_dir(plan)
+    bin_dir = _bin_dir(dataclasses.replace(plan, request=r))
     src = source.fetch_source(r.spec) if r.spec else source.fetch_source()
     identity = {
         **_confirm_identity(table, bin_dir, quant=r.quant, reps=r.reps),

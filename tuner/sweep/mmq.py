@@ -562,8 +562,9 @@ def mmq_plan_text(arch: Any, *, limits: tuple[int, int], per_call_s: float | Non
     )
     return (
         f"upstream on {arch.name} (ggml_cuda_should_use_mmq's AMD rules): MMQ at {len(cells) - len(blas)} of "
-        f"{len(cells)} (type, batch) points, hipBLAS at {len(blas)}{f' ({each})' if blas else ''}; where upstream "
-        f"is hipBLAS the forced config is MMQ. No {arch.name} was timed here: the times below are an H100's.\n" + text
+        f"{len(cells)} (type, batch) points, hipBLAS at {len(blas)}{f' ({each})' if blas else ''}; the sweep times "
+        f"hipBLAS against upstream's MMQ, so those are left out. No {arch.name} was timed here: the times below are "
+        "an H100's.\n" + text
     )
 
 

@@ -7,12 +7,23 @@ out of the rounds, with every sample so far stored."""
 
 from __future__ import annotations
 
-__all__ = ["FaRequest", "Grid", "MmqRequest", "mmq_hook_reason", "pick_timer", "run_fa", "run_mmq"]
+__all__ = [
+    "FaRequest",
+    "Grid",
+    "MmqRequest",
+    "dry_run_fa",
+    "dry_run_mmq",
+    "for_arch",
+    "mmq_hook_reason",
+    "pick_timer",
+    "run_fa",
+    "run_mmq",
+]
 
 import dataclasses
 import functools
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from tuner import log, source
 from tuner.errors import TunerError, UsageError
@@ -20,10 +31,10 @@ from tuner.measure import fa_bench, mm_bench
 from tuner.measure import kernel_bench as kb
 from tuner.measure.exe import find_bin_dir
 from tuner.rounds.budget import Budget
-from tuner.rounds.engine import rounds_text
+from tuner.rounds.engine import pack_groups, rounds_text
 from tuner.rounds.store import SampleStore, device_identity
 from tuner.sweep import grid, live, mmq
-from tuner.sweep.build import default_build
+from tuner.sweep.build import default_build, gpu_backend, require_gpu
 from tuner.sweep.grid import Cell
 from tuner.sweep.table import render_table_patch
 from tuner.targets.archs import Arch, load_arch
@@ -116,6 +127,38 @@ class MmqRequest(_Request):
     cuda_graphs: bool
 
 
+_R = TypeVar("_R", "FaRequest", "MmqRequest")
+
+
+def for_arch(req: _R, arch: Arch) -> _R:
+    """``req`` with its backend as ggml names it on ``arch`` (:func:`tuner.sweep.build.gpu_backend`)."""
+    return dataclasses.replace(req, backend=gpu_backend(arch, req.backend))
+
+
+def dry_run_fa(req: FaRequest) -> str:
+    """What ``tuner sweep run`` would time for ``req``, with its estimate; nothing built or run."""
+    arch = load_arch(req.arch)
+    cells = req.grid.cells(arch)
+    text = grid.dry_run_text(cells, rounds=req.limits[0], max_rounds=req.limits[1])
+    text += live.estimate_text(cells, limits=req.limits, chunk_size=req.chunk_cells, target_ms=req.target)
+    if arch.vendor == "amd":
+        text += f"No {arch.name} GPU was timed here: the times above are estimated from an H100's processes.\n"
+    return text
+
+
+def dry_run_mmq(req: MmqRequest) -> str:
+    """What ``tuner sweep mmq`` would time for ``req``, with its estimate; nothing built or run."""
+    arch = load_arch(req.arch)
+    points, _ = _mmq_points(req, arch)
+    cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
+    sizes = sorted({(p.m, p.k) for p in points})
+    chunks = len(pack_groups(points, mmq.MMQ.group, mmq.MAX_CASES))
+    text = mmq.mmq_dry_run_text(cells, limits=req.limits, sizes=sizes, chunks=chunks)
+    if arch.vendor == "amd":
+        text += f"No {arch.name} GPU was timed here: the times above are an H100's.\n"
+    return text
+
+
 def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
     """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
     it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
@@ -148,7 +191,9 @@ def run_fa(req: FaRequest) -> str:
     """``tuner sweep run``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
+    req = for_arch(req, arch)
     cells = req.grid.cells(arch)
+    require_gpu(arch, req.backend, f"tuner sweep run --arch {arch.name} --dry-run")
     bin_dir, target_ms = req.bin_dir(), req.target
     run_round, timer = pick_timer(req.timer, bin_dir, target_ms)
     identity = {
@@ -207,6 +252,14 @@ def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[t
     cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
     sizes = [mmq.parse_size(t) for t in req.sizes] if req.sizes else mmq.like_sizes(req.like or mmq.DEFAULT_LIKE)
     points, skipped = mmq.plan_points(cells, sizes)
+    upstream_blas = [p for p in points if p.upstream != "MMQ"]
+    if upstream_blas:  # the sweep forces cuBLAS/hipBLAS against upstream's MMQ; the reverse is not swept yet
+        log.warning(
+            f"{len(upstream_blas)} point(s) where upstream already runs hipBLAS on {arch.name} "
+            f"({', '.join(sorted({p.type for p in upstream_blas}))}) are left out: this sweep times hipBLAS "
+            "against upstream's MMQ only."
+        )
+        points = [p for p in points if p.upstream == "MMQ"]
     if not points:
         raise UsageError(
             f"No point to time: every size's k ({sorted({k for _, k in sizes})}) is a multiple of none of the types' "
@@ -219,8 +272,10 @@ def run_mmq(req: MmqRequest) -> str:
     """``tuner sweep mmq``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
+    req = for_arch(req, arch)
     points, skipped = _mmq_points(req, arch)
-    bin_dir, cuda = req.bin_dir(), req.backend.upper().startswith("CUDA")
+    require_gpu(arch, req.backend, f"tuner sweep mmq --arch {arch.name} --dry-run")
+    bin_dir, cuda = req.bin_dir(), req.backend.upper().startswith(("CUDA", "ROCM"))  # a GPU backend: a choice
     identity = {
         "arch": arch.name, "backend": req.backend, "build": str(bin_dir.resolve()), "timer": "mm-bench",
         "iters": str(req.iters), "target_ms": str(req.target), "cache_mb": str(req.cache_mb),
