@@ -20,12 +20,15 @@ from __future__ import annotations
 __all__ = ["kernel_at", "make_live_measure", "parse_fa_log"]
 
 import math
+import os
+import platform
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
+from tuner.measure.bench import run_bench
 from tuner.measure.falog import kernel_at, parse_fa_log
 from tuner.rounds.joint import Candidate, JointMeasure, SharedMeasure
 
@@ -52,11 +55,6 @@ def make_live_measure(
 ) -> SharedMeasure:
     """A :data:`~tuner.rounds.joint.Measure` running the real llama-bench of ``bin_dir`` (pinned to
     ``cpus`` when given: the host-paced scenario)."""
-    import os
-    import platform
-
-    from tuner.measure.bench import run_bench
-
     info: dict[str, str] = {}
 
     def joint(

@@ -51,8 +51,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from tuner import log
+from tuner.builder.extra import ensure_targets
 from tuner.errors import TunerError, UsageError
-from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, widened_rules
+from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, run_equivalence, widened_rules
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 
 SCHEDULING_FLAGS = frozenset({"-t"})
@@ -349,9 +350,6 @@ def run_gate_check(
 
     A failed tool build is a failed check with its reason, never a crash. Logs are recorded relative
     to ``run_dir``: the study and the export must not name this machine's paths."""
-    from tuner.builder.extra import ensure_targets
-    from tuner.measure.equivalence import run_equivalence
-
     try:
         up, fin = (ensure_targets(b, ["llama-perplexity"], jobs=jobs) for b in (up_build, fin_build))
     except TunerError as err:

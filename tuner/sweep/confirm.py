@@ -61,15 +61,18 @@ __all__ = [
 ]
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import log
+from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.equivalence import run_equivalence
 from tuner.measure.paired import NOISE_CEILING_PCT
 from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.rounds import output_gate as og
@@ -83,7 +86,9 @@ from tuner.sweep import live, mmq
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
-from tuner.sweep.table import TableRule
+from tuner.sweep.table import TableRule, render_table_patch
+from tuner.targets.archs import Arch, load_arch
+from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
 
 # Gemma 3 4B's shape, not 12B's: the same FlashAttention shape (head size 256, GQA 2) for about a third
 # of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
@@ -106,7 +111,7 @@ class Table:
     rounds: int
     cells: tuple[Cell, ...]
     with_verdict: int
-    arch: Any
+    arch: Arch
     min_rounds: int = 0
     """The fewest rounds any cell got (``rounds`` is the most): rounds past the minimum go only to open cells."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
@@ -147,8 +152,6 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     Raises:
         UsageError: A directory without its storage, or a storage that is not a sweep's.
     """
-    from tuner.targets.archs import load_arch
-
     path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
     meta = _meta(path)
     if "arch" not in meta:
@@ -259,8 +262,6 @@ class ModelPlan:
 def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterable[str] | None = None) -> ModelPlan:
     """What the table does to model ``like`` (``tuner/data/models.toml``); ``weight_types``: the ggml types
     of its GGUF's tensors (None: every MMQ choice, as a plan made before the model exists)."""
-    from tuner.targets.models import load_model_shape
-
     s = load_model_shape(like)
     gqa = s.n_heads // s.n_kv_heads if s.n_kv_heads and s.n_heads % s.n_kv_heads == 0 else 0
     mine = [r for r in table.rules if (r.D, r.gqa, r.kv) == (s.head_dim, gqa, kv)]
@@ -309,8 +310,6 @@ def pass_plan(
 def quant_mode(quant: str) -> str:
     """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks written directly
     (synth_cached(direct=True): Q4_K_M, Q5_K_M, IQ4_XS), else ``quantize`` the f16 file with llama-quantize."""
-    from tuner.targets.models import DIRECT_QUANTS
-
     if quant.lower() in ("f16", "none"):
         return "f16"
     return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
@@ -320,8 +319,6 @@ def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
     known before it is made: f16 as written, and the types written directly (llama-quantize's per-tensor rule,
     :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
-    from tuner.targets.models import load_model_shape, plan_tensors
-
     wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
     if wt is None:
         return None
@@ -525,7 +522,7 @@ def gate_model(
     model: Path,
     bin_dir: Path,
     *,
-    arch: Any,
+    arch: Arch,
     era: str,
     store: ConfirmStore,
     work_dir: Path,
@@ -539,8 +536,6 @@ def gate_model(
     choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
     stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
     budget's stop, :meth:`tuner.rounds.budget.Budget.fits`)."""
-    from tuner.measure.equivalence import run_equivalence
-
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
         rules=plan.gate_rules,
@@ -616,10 +611,6 @@ def backend_ops_check(
     """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env: the op's cases (those
     ``params`` selects) against the CPU backend, the table's kernels forced at its shapes. A record: ``passed``,
     the summary line, ``params``, the log."""
-    import os
-
-    from tuner import _run
-
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if not exe.is_file():
@@ -800,22 +791,18 @@ def _batch_rounds(
 
 def table_id(table: Table) -> str:
     """A short hash of the table's composed rules and MMQ choices: a confirm storage records the table it confirms."""
-    import hashlib
-
     text = "\n".join([r.text for r in table.rules] + [c.text for c in table.mmq])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def kept_patch(root: Path, conf: Confirmed, arch: Any) -> str:
+def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
     """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
     return render_kept(root, conf.kept_rules, conf.kept_mmq, arch)
 
 
-def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Any) -> str:
+def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
     """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none): the FA table
     (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
-    from tuner.sweep.table import render_table_patch
-
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)

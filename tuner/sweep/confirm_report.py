@@ -25,8 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.result.tables import compare_table
+from tuner.rounds.costs import load_step_costs
 from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table, quant_mode
 from tuner.sweep.confirm_batch import batch_passes
+from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [
     "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
@@ -314,14 +316,11 @@ def _rounds_text(table: Table) -> str:
 
 
 def _params(like: str) -> int:
-    from tuner.targets.models import load_model_shape, plan_tensors
-
     return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
 
 
 def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, Any]:
     """The recording whose model is nearest ``d_model`` in width (costs scale with model size)."""
-    from tuner.targets.models import load_model_shape
 
     def width(r: Mapping[str, Any]) -> float:
         return float(r["d_model"]) if "d_model" in r else float(load_model_shape(str(r["like"])).d_model)
@@ -334,8 +333,6 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
     ``like``. A call's time grows about with the weights a token reads: scaled by the parameter count's ratio to
     the recorded model nearest in width (a 12B shape is not priced as the 8B it is nearest to), unless the
     confirm itself was recorded on this model."""
-    from tuner.targets.models import load_model_shape
-
     rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
     own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     size = _params(like) / _params(str(rec["like"]))
@@ -345,8 +342,6 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
 def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
     """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
     0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
-    from tuner.rounds.costs import load_step_costs
-
     if plan.base:
         return 0.0
     _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
@@ -356,8 +351,6 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
 def check_seconds(like: str) -> float:
     """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
     the dry run prices it: the nearest recorded model's check scaled by parameter count."""
-    from tuner.rounds.costs import load_step_costs
-
     size, rec, _ = _call_cost(load_step_costs(), like)
     return size * float(rec["equivalence_check_s"])
 
@@ -366,8 +359,6 @@ def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
     """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
     case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
     the largest recording for an op not recorded."""
-    from tuner.rounds.costs import load_step_costs
-
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
     whole = float(rec["seconds"])
@@ -379,8 +370,6 @@ def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int,
     (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
     llama-bench's reps + 1 runs, recorded at 4) and its gate: one check, plus the model's prefill band of three
     kernels where this is its first pass (its passes share one)."""
-    from tuner.targets.models import load_model_shape
-
     recs = list(costs.get("confirm_batch", {}).values())
     own = next((r for r in recs if r["like"] == like), None)
     d_model, params = load_model_shape(like).d_model, _params(like)
@@ -405,8 +394,6 @@ def plan_text(
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
     (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
     an estimate)."""
-    from tuner.rounds.costs import load_step_costs
-
     costs = load_step_costs()
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "

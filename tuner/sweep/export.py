@@ -46,11 +46,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from tuner import source
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
+from tuner.result.checks import FolderError, present_in, read_bytes_in
+from tuner.result.export import staged_export
 from tuner.rounds.store import Sample, SampleStore
 from tuner.sweep import confirm, live, mmq
+from tuner.sweep.plots import plot_fa, plot_mmq
 
 MANIFEST = "table.toml"
 SCHEMA = 1
@@ -143,8 +149,6 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
     Raises:
         UsageError: A file that is not xz, not a regular file, or decompresses past the limit.
     """
-    from tuner.result.checks import FolderError, present_in
-
     cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
@@ -163,8 +167,6 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
 
 def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
     """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
-    from tuner.result.checks import read_bytes_in
-
     xz = folder / rel
     data = read_bytes_in(folder, rel)
     dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
@@ -319,8 +321,6 @@ def _write(
     stage: Path, ev: Evidence, src: Any, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
 ) -> dict[str, Any]:
     """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
-    from tuner.sweep.plots import plot_fa, plot_mmq
-
     if patch:
         (stage / "upstream.patch").write_text(patch)
     confirm_dir = dirs["confirm"]
@@ -374,15 +374,9 @@ def export_table(
             not the one the confirmation used; the confirmation's own ``upstream.patch`` differs from the
             one its stored decisions give (a stale confirm directory).
     """
-    import tomli_w
-
-    from tuner import source
-
     out, cdir = Path(out), Path(confirm_dir)
     _check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)
-    from tuner.result.export import staged_export
-
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier export).
     with (
         tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp,

@@ -56,11 +56,11 @@ __all__ = [
 import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import Phase
 from tuner.rounds.engine import AA, DEFAULT
+from tuner.targets.archs import Arch
 
 HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 GQA_RATIOS = (1, 2, 4, 6, 8)
@@ -147,7 +147,7 @@ class Cell:
         return (DEFAULT, AA, *self.candidates)
 
 
-def _check_arch(arch: Any) -> int:
+def _check_arch(arch: Arch) -> int:
     cc = int(getattr(arch, "cc", 0) or 0)
     if getattr(arch, "vendor", None) != "nvidia" or cc < _TURING:
         raise UsageError(
@@ -157,7 +157,7 @@ def _check_arch(arch: Any) -> int:
     return cc
 
 
-def legal_kernels(arch: Any, D: int, n_kv: int) -> tuple[str, ...]:
+def legal_kernels(arch: Arch, D: int, n_kv: int) -> tuple[str, ...]:
     """The kernels with device code for head size ``D`` at ``n_kv`` on ``arch`` (module doc), VEC, TILE, MMA order."""
     _check_arch(arch)
     vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
@@ -165,7 +165,7 @@ def legal_kernels(arch: Any, D: int, n_kv: int) -> tuple[str, ...]:
     return tuple(k for k, ok in zip(_KERNELS, (vec, True, mma)) if ok)
 
 
-def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
+def upstream_kernel(arch: Arch, shape: FaShape, n_kv: int) -> str:
     """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
     cc = _check_arch(arch)
     D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
@@ -185,7 +185,7 @@ def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
 
 
 def plan(
-    arch: Any,
+    arch: Arch,
     *,
     head_sizes: Iterable[int] = HEAD_SIZES,
     gqa_ratios: Iterable[int] = GQA_RATIOS,

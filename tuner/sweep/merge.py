@@ -41,10 +41,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from tuner import source
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.result.export import staged_export
 from tuner.sweep import confirm, export
+from tuner.sweep.confirm_report import merged_pr_text
+from tuner.targets.archs import Arch
 
 KIND = "merged sweep table"
 PARTS = "parts"
@@ -66,7 +72,7 @@ class Part:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Cells:
-    arch: Any
+    arch: Arch
     cells: tuple[Any, ...]
 
 
@@ -252,18 +258,11 @@ def merge_tables(folders: Sequence[Path], out: Path, *, spec: str | None = None)
         UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
             export; parts that do not join (:func:`merged_view`); a source other than the parts'.
     """
-    import tomli_w
-
-    from tuner import source
-    from tuner.sweep.confirm_report import merged_pr_text
-
     out = Path(out)
     folders = [Path(f) for f in folders]
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):
         raise UsageError(f"-o {out} is one of the tables to merge, or holds one; pass a new folder.")
     _check_out(out)
-    from tuner.result.export import staged_export
-
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier merge).
     with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp, staged_export(out, check=_check_out) as stage:
         merged = merged_view(load_parts(folders, Path(tmp) / "ev"))

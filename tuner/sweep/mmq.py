@@ -104,6 +104,7 @@ from typing import Any
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.measure import mm_bench
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY
+from tuner.plan.patch import patched_file, render_template
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
 from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Decision, Shape, rules_from
@@ -111,6 +112,7 @@ from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore, Table
 from tuner.sweep.grid import duration_text
+from tuner.targets.archs import Arch
 from tuner.targets.models import ModelShape, load_model_shape
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
@@ -214,8 +216,6 @@ _HOOK_TEMPLATE = "patches/mma/mmq-hook.cu.j2"
 
 def hook_block() -> str:
     """The hook's C++ (parser, table and lookup) as :func:`patched_mmq_hook` puts it before the function."""
-    from tuner.plan.patch import render_template
-
     return render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook")
 
 
@@ -238,14 +238,12 @@ def _function(root: Path) -> tuple[str, int, int]:
 def patched_mmq_hook(root: Path) -> str:
     """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc): the opt-in manifest
     ``mmq-hook`` alone, as a build with ``render_variant(..., hooks=("mmq",))`` carries it."""
-    from tuner.plan.patch import patched_file
-
     _function(root)  # the structure check, with its message
     return patched_file(root, "mma", _HOOK_MANIFEST, MMQ_FILE)
 
 
 def patched_mmq_condition(
-    root: Path, choices: Sequence[MmqChoice], arch: Any, cond: str, *, note: str = ""
+    root: Path, choices: Sequence[MmqChoice], arch: Arch, cond: str, *, note: str = ""
 ) -> str | None:
     """mmq.cu with the composed choices as upstream-style conditions for ``arch`` (None where none is BLAS).
 
@@ -281,7 +279,7 @@ def patched_mmq_condition(
     return text[:at] + "\n".join(lines) + text[at:]
 
 
-def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Any, *, note: str = "") -> str | None:
+def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, note: str = "") -> str | None:
     """``upstream.patch`` of the composed choices: a git-format diff of mmq.cu of the pristine tree at
     ``root`` (:func:`patched_mmq_condition`, the arch matched exactly); None where no choice is cuBLAS."""
     common = root / COMMON
@@ -346,7 +344,7 @@ class MmqCell:
         return (DEFAULT, AA, *(b for b in BACKENDS if b != self.upstream))
 
 
-def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
+def plan_mmq(arch: Arch, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
     """Every (type, ne11) cell; upstream's backend is MMQ on an NVIDIA arch with Turing tensor cores (module doc)."""
     if getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750:
         raise UsageError(f"The MMQ sweep models upstream's choice with Turing tensor cores; {arch.name!r} has none.")
@@ -518,7 +516,7 @@ def blas_env(types: Iterable[str]) -> dict[str, str]:
     return {mm_bench.ENV: mmq_env(choices)}
 
 
-def mmq_plan_text(arch: Any, *, limits: tuple[int, int], per_call_s: float | None = None) -> str:
+def mmq_plan_text(arch: Arch, *, limits: tuple[int, int], per_call_s: float | None = None) -> str:
     """`tuner sweep mmq`'s plan at its defaults: every type and batch size at the default models' sizes."""
     cells = plan_mmq(arch)
     sizes = like_sizes(DEFAULT_LIKE)

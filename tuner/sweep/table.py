@@ -31,11 +31,11 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import COMMON, FATTN, KERNEL_ENUMS, arch_condition, git_diff, kv_type_enum
+from tuner.targets.archs import Arch
 
 LOOKUP_PREFIX = "ggml_cuda_fattn_tuned_kernel_"
 _FUNCTION = "static best_fattn_kernel ggml_cuda_get_best_fattn_kernel("
@@ -144,11 +144,11 @@ def _check(rules: Sequence[TableRule]) -> None:
                 )
 
 
-def _suffix(arch: Any) -> str:
+def _suffix(arch: Arch) -> str:
     return re.sub(r"[^a-z0-9]+", "_", str(getattr(arch, "family", "") or arch.name).lower()).strip("_")
 
 
-def table_block(rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str:
+def table_block(rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str:
     """The static table and its lookup function (C++ lines ending in a newline), for ``arch``."""
     suffix = _suffix(arch)
     rows = []
@@ -202,7 +202,7 @@ def table_block(rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str
     )
 
 
-def _call(arch: Any, cond: str) -> str:
+def _call(arch: Arch, cond: str) -> str:
     return "\n".join(
         [
             f"        if ({cond} && Q->ne[3] == 1) {{",
@@ -217,7 +217,7 @@ def _call(arch: Any, cond: str) -> str:
     )
 
 
-def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
     """fattn.cu of the pristine tree at ``root`` with the table added (module doc); None for no rules.
 
     Raises:
@@ -249,7 +249,7 @@ def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, no
     return text[:start] + table_block(rules, arch, note=note) + text[start:branch] + call + text[branch:]
 
 
-def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
     """``upstream.patch`` for the whole table: a git-format diff of fattn.cu (None for no rules)."""
     new = patched_fattn_table(root, rules, arch, note=note)
     return None if new is None else git_diff(FATTN, (root / FATTN).read_text(), new)

@@ -32,7 +32,14 @@ from typing import Any
 
 from tuner import _run
 from tuner._hash import file_sha256, text_sha256
+from tuner.builder import cmake
+from tuner.builder.carry import pack_build, unpack_build
 from tuner.errors import TunerError, UsageError
+from tuner.measure import gate
+from tuner.measure.gate import params_for_shapes
+from tuner.plan import render
+from tuner.plan.variant import RenderedVariant
+from tuner.result import upstream_check
 from tuner.result.checks import (
     ArgumentError,
     Finding,
@@ -43,8 +50,14 @@ from tuner.result.checks import (
     present_in,
     read_text_in,
 )
+from tuner.result.upstream_check import gpu_skip
+from tuner.result.upstream_patch import whitespace_only_hunks
 from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
 from tuner.sweep import export, merge
+from tuner.sweep.confirm import kept_patch
+from tuner.sweep.table import harness_source, match_table
+from tuner.sweep.table_select import selected_kernels
+from tuner.targets import archs
 
 REQUIRED: dict[str, dict[str, type[Any]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
@@ -206,8 +219,6 @@ def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
 
 def _lookup(patched: str, ev: Any) -> Finding:
     """The C++ lookup of the patched fattn.cu against :func:`match_table` at every stored cell."""
-    from tuner.sweep.table import harness_source, match_table
-
     gxx = shutil.which("g++")
     if gxx is None:
         return Finding(
@@ -256,9 +267,6 @@ def _lookup(patched: str, ev: Any) -> Finding:
 
 
 def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> list[Finding]:
-    from tuner.result.upstream_patch import whitespace_only_hunks
-    from tuner.sweep.confirm import kept_patch
-
     try:
         want = kept_patch(source.root, ev.confirmed, ev.table.arch)
     except TunerError as err:
@@ -475,31 +483,23 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch
 def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
     """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
     ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
-    from tuner.builder.carry import pack_build, unpack_build
-    from tuner.builder.cmake import build_variant
-    from tuner.measure.gate import params_for_shapes, run_check
-    from tuner.plan.render import render_variant
-    from tuner.plan.variant import RenderedVariant
-    from tuner.result.upstream_check import gpu_skip, patched_tree_text
-    from tuner.targets.archs import detect_local_archs
-
     arch = ev.table.arch
-    local = detect_local_archs()
+    local = archs.detect_local_archs()
     if patch is None:
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the table has no upstream.patch")]
     pack, from_pack = gpu.get("pack"), gpu.get("from_pack")
     if arch.name not in local and pack is None:
         return gpu_skip(arch.name, local)
     log_dir = Path(gpu.get("log_dir") or tempfile.mkdtemp(prefix="tuner-validate-table-"))
-    base = render_variant(source, arch.name, "cuda", local_archs=local)
+    base = render.render_variant(source, arch.name, "cuda", local_archs=local)
     rv = RenderedVariant(
         arch=arch.name, variant="cuda+upstream.patch", era=source.era, source_id=source.source_id,
         source_root=source.root, defines=dict(base.defines), patch=patch,
-        files=patched_tree_text(folder / "upstream.patch", source.root),
+        files=upstream_check.patched_tree_text(folder / "upstream.patch", source.root),
     )  # fmt: skip
     if from_pack is not None:
         unpack_build(Path(from_pack), rv)  # then build_variant takes it as cached
-    b = build_variant(rv, targets=("test-backend-ops",))
+    b = cmake.build_variant(rv, targets=("test-backend-ops",))
     how = "carried" if from_pack is not None else "cached" if b.cached else f"built in {b.seconds:.0f} s"
     out = [Finding(check="upstream.patch builds", ok=True, detail=how)]
     if pack is not None:
@@ -512,11 +512,9 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
     for op, params in (("FLASH_ATTN_EXT", fa), ("MUL_MAT", None)):
         if op == "FLASH_ATTN_EXT" and fa is None:  # no kept entry: nothing of FLASH_ATTN_EXT changed
             continue
-        chk = run_check(
+        chk = gate.run_check(
             b.bin_dir, ops=(op,), backend=f"{arch.backend}0", log_dir=log_dir, params=params, label=f"table-{op}"
         )
         out.append(Finding(check=f"test-backend-ops {op}", ok=chk.passed, detail=f"{chk.summary} (log {chk.log_file})"))
-    from tuner.sweep.table_select import selected_kernels
-
     out.append(selected_kernels(b.bin_dir, ev, backend=f"{arch.backend}0", log_dir=log_dir))
     return out
