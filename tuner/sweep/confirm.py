@@ -68,7 +68,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
@@ -169,7 +169,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         for sh, n in keys
     )
     rounds = max((s.round for s in samples), default=0) + 1
-    per_cell: dict[tuple[Any, int], set[int]] = {}
+    per_cell: dict[live.FaKey, set[int]] = {}
     for s in samples:
         per_cell.setdefault(s.key, set()).add(s.round)
     fewest = min((len(v) for v in per_cell.values()), default=0)
@@ -526,7 +526,7 @@ def gate_model(
     era: str,
     store: ConfirmStore,
     work_dir: Path,
-    run_one: Callable[[Any], Mapping[str, Any]] | None = None,
+    run_one: Callable[[og.GateCheck], Mapping[str, Any]] | None = None,
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -550,7 +550,7 @@ def gate_model(
     # the band's phase: a batch pass's rules act in prefill (MMQ choices keep their own prefill band)
     kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE))}
 
-    def run(c: Any) -> Mapping[str, Any]:
+    def run(c: og.GateCheck) -> Mapping[str, Any]:
         if before is not None:
             before(c.name)
         if run_one is not None:
@@ -573,7 +573,7 @@ def gate_model(
     )
 
 
-def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list[Any]:
+def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]) -> list[og.GateCheck]:
     """The prefill band of MMQ choices: upstream with every type the choices name on cuBLAS at every batch
     size, against upstream's own MMQ. cuBLAS is upstream's other path for these multiplications (its pick
     on GPUs without MMQ's int8 paths, and under ``GGML_CUDA_FORCE_CUBLAS``): it multiplies the f16
@@ -808,7 +808,7 @@ def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.Mm
     return "".join(p for p in parts if p)
 
 
-def _stored_only(*_: Any) -> Any:
+def _stored_only(*_: object) -> NoReturn:
     raise UsageError(
         "the confirm storage lacks a round or a gate check its recorded models need (a truncated or edited "
         "confirm.sqlite3): nothing can be recomposed from it."

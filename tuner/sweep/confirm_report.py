@@ -26,8 +26,9 @@ from typing import Any
 
 from tuner.result.tables import compare_table
 from tuner.rounds.costs import load_step_costs
-from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table, quant_mode
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, quant_mode
 from tuner.sweep.confirm_batch import batch_passes
+from tuner.sweep.grid import FaShape
 from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [
@@ -50,7 +51,7 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
     return f"- {model}: **{str(gate.get('verdict', '?')).upper()}**" + (f" ({detail})" if detail else "")
 
 
-def _identity_lines(identity: Mapping[str, Any], *, model_rounds: bool = True) -> list[str]:
+def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -> list[str]:
     """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
     llama-bench runs one more, discarded as warm-up). ``model_rounds``: some model's own rounds (the storage's
     ``tests``) ran; where none did, only the small-batch passes' tests did, and each pass names its own."""
@@ -82,7 +83,7 @@ def _identity_lines(identity: Mapping[str, Any], *, model_rounds: bool = True) -
     return out
 
 
-def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> str:
+def e2e_text(conf: Confirmed, *, identity: Mapping[str, str], rounds: int) -> str:
     """``e2e.md``: per model, the table's env and a compare-llama-bench table of upstream against the table."""
     lines = ["# End-to-end confirmation of the sweep's table", ""]
     model_rounds = any(p.like in conf.points for p in conf.plans)
@@ -122,7 +123,7 @@ def _cell_rounds(table: Table) -> str:
 def coverage_lines(table: Table) -> list[str]:
     """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
     shapes = table.shapes
-    by_d: dict[int, list[Any]] = {}
+    by_d: dict[int, list[FaShape]] = {}
     for s in shapes:
         by_d.setdefault(s.D, []).append(s)
     lines = [
@@ -183,7 +184,7 @@ def _method(table: Table) -> list[str]:
     return [f"{i}. {t}" for i, t in enumerate(items, 1)]
 
 
-def _reported_lines(dropped: Sequence[Any]) -> list[str]:
+def _reported_lines(dropped: Sequence[RuleFate]) -> list[str]:
     """Entries measured end to end but not kept first (each with its why); then, as one list, the entries no
     confirmed model exercised, which are kernel-level verdicts only."""
     if not dropped:
@@ -254,7 +255,7 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     return "\n".join([*lines, "", *_closing_lines(conf.fates, patch=patch, adds="the kept entries")])
 
 
-def _closing_lines(fates: Sequence[Any], *, patch: bool, adds: str) -> list[str]:
+def _closing_lines(fates: Sequence[RuleFate], *, patch: bool, adds: str) -> list[str]:
     """PR.md's last sections: kept, reported (:func:`_reported_lines`), the patch, the references."""
     lines = ["## Kept", "", *([f"- {f.text}: {f.why}" for f in fates if f.kept] or ["None."])]
     lines += ["", "## Reported, not patched", "", *_reported_lines([f for f in fates if not f.kept])]

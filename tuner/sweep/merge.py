@@ -37,7 +37,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,10 @@ from tuner.errors import TunerError, UsageError
 from tuner.result.export import staged_export
 from tuner.sweep import confirm, export
 from tuner.sweep.confirm_report import merged_pr_text
+from tuner.sweep.grid import Cell
+from tuner.sweep.live import FaKey
+from tuner.sweep.mmq import MmqChoice
+from tuner.sweep.table import TableRule
 from tuner.targets.archs import Arch
 
 KIND = "merged sweep table"
@@ -73,13 +77,13 @@ class Part:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Cells:
     arch: Arch
-    cells: tuple[Any, ...]
+    cells: tuple[Cell, ...]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Kept:
-    kept_rules: list[Any]
-    kept_mmq: list[Any]
+    kept_rules: list[TableRule]
+    kept_mmq: list[MmqChoice]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,7 +132,7 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
     return out
 
 
-def _same(parts: Sequence[Part], what: str, get: Any, fix: str) -> None:
+def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: str) -> None:
     seen = {p.name: get(p) for p in parts}
     if len(set(seen.values())) > 1:
         each = ", ".join(f"{n}: {v}" for n, v in seen.items())
@@ -161,7 +165,7 @@ def merged_view(parts: Sequence[Part]) -> Merged:
         lambda p: p.manifest["target"]["measured_on"],
         "Merge tables of one GPU model; where a table says 'not recorded', export it again with --measured-on.",
     )
-    owner: dict[tuple[Any, int], str] = {}
+    owner: dict[FaKey, str] = {}
     for p in parts:
         for c in p.evidence.table.cells:
             key = (c.shape, c.n_kv)

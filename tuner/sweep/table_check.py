@@ -53,11 +53,17 @@ from tuner.result.checks import (
 from tuner.result.upstream_check import gpu_skip
 from tuner.result.upstream_patch import whitespace_only_hunks
 from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
+from tuner.source import Source
 from tuner.sweep import export, merge
-from tuner.sweep.confirm import kept_patch
+from tuner.sweep.confirm import render_kept
 from tuner.sweep.table import harness_source, match_table
 from tuner.sweep.table_select import selected_kernels
 from tuner.targets import archs
+
+Kept = export.Evidence | merge.Merged
+"""A table's recomposed evidence, or a merged table's view of its parts': what the patch checks read."""
+GpuArg = str | Path | None
+"""A ``gpu`` value of ``tuner validate --gpu``: ``log_dir``, ``pack`` or ``from_pack``."""
 
 REQUIRED: dict[str, dict[str, type[Any]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
@@ -196,7 +202,7 @@ def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
     return Finding(check="patch hash", ok=ok, detail="" if ok else why)
 
 
-def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
+def _recomposed(ev: export.Evidence, m: Mapping[str, Any]) -> Finding:
     """The manifest's table and coverage equal what the evidence recomposes to (first few differences)."""
     got = export.manifest_table(ev)
     diffs = []
@@ -217,7 +223,7 @@ def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
     return Finding(check="recomposed from evidence", ok=not diffs, detail="; ".join(diffs[:4]) if diffs else detail)
 
 
-def _lookup(patched: str, ev: Any) -> Finding:
+def _lookup(patched: str, ev: Kept) -> Finding:
     """The C++ lookup of the patched fattn.cu against :func:`match_table` at every stored cell."""
     gxx = shutil.which("g++")
     if gxx is None:
@@ -266,9 +272,9 @@ def _lookup(patched: str, ev: Any) -> Finding:
     return Finding(check="table lookup", ok=not bad, detail="; ".join(bad[:3]) if bad else detail)
 
 
-def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> list[Finding]:
+def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -> list[Finding]:
     try:
-        want = kept_patch(source.root, ev.confirmed, ev.table.arch)
+        want = render_kept(source.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
     except TunerError as err:
         return [Finding(check="re-render", ok=False, detail=str(err))]
     same = want == (patch or "")
@@ -307,7 +313,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> li
     return out
 
 
-def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
+def validate_table(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
     """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
     failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them.
     ``fetch``: download a source the cache lacks (else a failed ``source`` check)."""
@@ -324,7 +330,7 @@ def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch:
     return guarded(folder, run)
 
 
-def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Any, Finding]:
+def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Source | None, Finding]:
     try:
         source = cached_or_fetched(m["source"]["spec"], fetch)
     except TunerError as err:
@@ -335,7 +341,9 @@ def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Any, Finding]:
     )
 
 
-def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None, fetch: bool) -> tuple[list[Finding], Any]:
+def _table_findings(
+    folder: Path, *, gpu: Mapping[str, GpuArg] | None, fetch: bool
+) -> tuple[list[Finding], export.Evidence | None]:
     """One table's findings, and its recomposed evidence (None where it could not be recomposed)."""
     f: list[Finding] = []
     try:
@@ -372,7 +380,7 @@ def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None, fetch: bool)
 
 
 def _gpu_checked(
-    folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any], static: Sequence[Finding]
+    folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg], static: Sequence[Finding]
 ) -> list[Finding]:
     rerender = next((x for x in static if x.check == "re-render"), None)
     if patch is not None and (rerender is None or not rerender.ok):
@@ -417,7 +425,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
     return errs
 
 
-def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
+def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
     """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
     its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
     manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
@@ -480,7 +488,9 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch
     return ResultCheck(path=folder, findings=tuple(f))
 
 
-def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
+def _gpu_findings(
+    folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg]
+) -> list[Finding]:
     """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
     ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
     arch = ev.table.arch
