@@ -347,7 +347,7 @@ def _joint_round(
     cands: Mapping[str, Sequence[Candidate]],
     depths: Sequence[int],
     mine: Mapping[str, Sequence[Mapping[str, Any]]],
-    bar: Any,
+    bar: progress.Tracker,
     *,
     pp_tokens: int,
     tag: str,
@@ -392,7 +392,7 @@ def _any_value(records: Any) -> bool:
     return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
 
 
-def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]], depths: Sequence[int]) -> None:
+def _store(rec: dict[str, Any], name: str, res: Mapping[int, Point], depths: Sequence[int]) -> None:
     rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
     for key in OBSERVED:
         rec.setdefault(key, {})[name] = {str(d): _util(res.get(d, {}).get(key)) for d in depths}
@@ -403,18 +403,19 @@ def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]],
         rec["errors"][name] = "; ".join(errs)[:500]
 
 
-def _num(x: Any) -> float | None:
+def _float(x: float | str | None) -> float | None:
     try:
-        v = float(x)
+        return None if x is None else float(x)
     except (TypeError, ValueError):
         return None
-    return v if math.isfinite(v) and v > 0 else None
 
 
-def _util(x: Any) -> float | None:
+def _num(x: float | str | None) -> float | None:
+    v = _float(x)
+    return v if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def _util(x: float | str | None) -> float | None:
     """A utilization in percent as stored (0 is a real value, unlike a t/s of 0); None when unknown."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return round(v, 2) if math.isfinite(v) and v >= 0 else None
+    v = _float(x)
+    return round(v, 2) if v is not None and math.isfinite(v) and v >= 0 else None

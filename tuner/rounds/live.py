@@ -30,13 +30,13 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.measure.bench import run_bench
 from tuner.measure.falog import kernel_at, parse_fa_log
-from tuner.rounds.joint import Candidate, JointMeasure, SharedMeasure
+from tuner.rounds.joint import Candidate, JointMeasure, Point, SharedMeasure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
 """Record keys (:data:`tuner.rounds.stats.OBSERVED`) and the bench columns they come from."""
 
 
-def _finite(x: Any) -> float | None:
+def _finite(x: float | str) -> float | None:
     v = float(x)
     return v if math.isfinite(v) else None
 
@@ -126,7 +126,5 @@ class _LiveMeasure:
         self.joint = joint
         self.info = info
 
-    def __call__(
-        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
-    ) -> Mapping[int, Mapping[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> Mapping[int, Point]:
         return self.joint(cand, [phase], depths, label)[phase]

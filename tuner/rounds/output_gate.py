@@ -55,6 +55,7 @@ from tuner.builder.extra import ensure_targets
 from tuner.errors import TunerError, UsageError
 from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, run_equivalence, widened_rules
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner.plan.variant import Build
 
 SCHEDULING_FLAGS = frozenset({"-t"})
 """llama-bench flags that only schedule work (the CPU gives byte-identical logits for -t 1 and -t 2)."""
@@ -338,8 +339,8 @@ def run_checks(
 
 def run_gate_check(
     check: GateCheck,
-    up_build: Any,
-    fin_build: Any,
+    up_build: Build,
+    fin_build: Build,
     work_dir: Path,
     *,
     model: Path,
