@@ -10,7 +10,17 @@ is written as its process ends, so an interrupted run resumes where it stopped
 
 from __future__ import annotations
 
-__all__ = ["DEVICE", "Sample", "SampleStore", "Table", "device_identity", "open_store", "read_limits", "write_limits"]
+__all__ = [
+    "DEVICE",
+    "Sample",
+    "SampleStore",
+    "Table",
+    "device_identity",
+    "open_store",
+    "read_limits",
+    "read_store",
+    "write_limits",
+]
 
 import dataclasses
 import sqlite3
@@ -259,3 +269,12 @@ class SampleStore(Generic[K]):
             log.info(f"{what}: partly measured by an earlier call; measuring it again whole, its configs back to back")
             missing = {cfg: set(ks) for cfg, ks in want.items()}
         return list(missing.items())
+
+
+def read_store(table: Table[K], path: Path) -> tuple[list[Sample[K]], tuple[int, int]]:
+    """A storage's samples and round limits, the file closed after (what a recomposition reads)."""
+    store = SampleStore(table, path, {})
+    try:
+        return store.samples(), store.limits()
+    finally:
+        store.close()

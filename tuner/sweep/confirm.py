@@ -81,7 +81,7 @@ from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
-from tuner.rounds.store import SampleStore
+from tuner.rounds.store import read_store
 from tuner.sweep import live, mmq
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
@@ -157,12 +157,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     if "arch" not in meta:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
-    store = SampleStore(live.TABLE, path, {})
-    try:
-        samples = store.samples()
-        limits = store.limits()
-    finally:
-        store.close()
+    samples, limits = read_store(live.TABLE, path)
     keys = sorted({s.key for s in samples})
     cells = tuple(
         Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n))
@@ -188,12 +183,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         return table
     mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
     mmeta = _meta(mpath)
-    mstore = SampleStore(mmq.MMQ_TABLE, mpath, {})
-    try:
-        msamples = mstore.samples()
-        mlimits = mstore.limits()
-    finally:
-        mstore.close()
+    msamples, mlimits = read_store(mmq.MMQ_TABLE, mpath)
     points = mmq.stored_points(msamples)
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
     withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
@@ -354,7 +344,6 @@ def measure_model(
     (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
     neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
     at every depth, as the search's process knobs do)."""
-
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
     args = plan.bench_args
@@ -585,7 +574,6 @@ def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]
     that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
     CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
     prefill check."""
-
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:
         return []
@@ -676,7 +664,6 @@ def confirm_models(
     gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
     models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is not
     made; one stored whole by an earlier call is judged from ``store``. ``budget``, ``round_s``: :func:`measure_model`'s."""
-
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
@@ -776,7 +763,6 @@ def _batch_rounds(
     """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
     the storage where an earlier call measured it all, else measured (``measure``: on its base model's file,
     returning that file's weight types); with its depths and its recorded row (``row`` completed)."""
-
     out = []
     for one, ds in batch_passes(plans, depths):
         mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}

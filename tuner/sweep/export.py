@@ -54,7 +54,7 @@ from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
 from tuner.result.checks import FolderError, present_in, read_bytes_in
 from tuner.result.export import staged_export
-from tuner.rounds.store import Sample, SampleStore
+from tuner.rounds.store import Sample, read_store
 from tuner.sweep import confirm, live, mmq
 from tuner.sweep.plots import plot_fa, plot_mmq
 
@@ -121,22 +121,10 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
         models = tuple(store.models())
     finally:
         store.close()
-    fa = SampleStore(live.TABLE, sweep_dir / EVIDENCE["sweep"], {})
-    try:
-        fa_samples = tuple(fa.samples())
-    finally:
-        fa.close()
-    mm: tuple[Sample[mmq.MmqKey], ...] = ()
+    fa = tuple(read_store(live.TABLE, sweep_dir / EVIDENCE["sweep"])[0])
     mdir = dirs.get("mmq")
-    if mdir is not None:
-        ms = SampleStore(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"], {})
-        try:
-            mm = tuple(ms.samples())
-        finally:
-            ms.close()
-    return Evidence(
-        table=table, confirmed=conf, models=models, confirm_identity=meta, fa_samples=fa_samples, mmq_samples=mm
-    )
+    mm = () if mdir is None else tuple(read_store(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"])[0])
+    return Evidence(table=table, confirmed=conf, models=models, confirm_identity=meta, fa_samples=fa, mmq_samples=mm)
 
 
 def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:

@@ -35,7 +35,6 @@ _TIMEOUT_S = 300
 def probes(rules: Sequence[TableRule], cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
     """(cell, kernel the patched tree must launch there) at the lowest and highest stored n_kv each kept entry
     covers, in the entries' order."""
-
     out: list[tuple[Cell, str]] = []
     for r in rules:
         cov = sorted(
@@ -55,7 +54,6 @@ def probes(rules: Sequence[TableRule], cells: Sequence[Cell]) -> list[tuple[Cell
 
 def _launched(ncu: Path, exe: Path, cases: Path, backend: str, log: Path) -> tuple[set[str] | None, str]:
     """The kernel families one fa-bench run launched under ncu, or None with why."""
-
     cmd: list[str | Path] = [ncu, "--clock-control", "none", "--cache-control", "none"]
     cmd += ["--kernel-name", "regex:^(" + "|".join(KERNEL_FUNCTIONS) + ")$", "--metrics", "gpu__time_duration.sum"]
     cmd += ["--csv", "--page", "raw", "--print-kernel-base", "function"]
@@ -73,7 +71,6 @@ def _launched(ncu: Path, exe: Path, cases: Path, backend: str, log: Path) -> tup
 
 def selected_kernels(bin_dir: Path, ev: export.Evidence | merge.Merged, *, backend: str, log_dir: Path) -> Finding:
     """:data:`CHECK` (module doc) on the patched build in ``bin_dir``; ``ev``: the table's kept rules and cells."""
-
     todo = probes(ev.confirmed.kept_rules, ev.table.cells)
     if not todo:
         return Finding(check=CHECK, ok=True, detail="skipped: no FlashAttention entry kept")
