@@ -40,6 +40,7 @@ __all__ = [
     "TG",
     "ConfirmStore",
     "Confirmed",
+    "E2ePoint",
     "ModelPlan",
     "RuleFate",
     "Table",
@@ -68,7 +69,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
@@ -384,10 +385,10 @@ def judge_model(
     return {p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in phases}
 
 
-def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[dict[str, Any]]:
+def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[E2ePoint]:
     """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input); ``ne11``:
     the batch its weight multiplications run at (the prompt's one micro-batch, or 1 in decode)."""
-    pts = []
+    pts: list[E2ePoint] = []
     for phase, by_depth in cells.items():
         for d, c in sorted(by_depth.items()):
             e = c.effects.get(TABLE)
@@ -412,6 +413,25 @@ def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp:
     return pts
 
 
+class E2ePoint(TypedDict):
+    """One model point of the end-to-end table: :func:`tuner.result.tables.compare_table`'s input."""
+
+    model: str
+    phase: str
+    depth: int
+    test: str
+    ne11: int
+    base_ts: float
+    tuned_ts: float | None
+    ci_low: float | None
+    ci_high: float | None
+    aa_noise_pct: float
+    noise_kind: str
+    verdict: str
+    upstream_kernel: str | None
+    kernel: str | None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RuleFate:
     """One rule or MMQ choice: kept for the patch, or reported with why."""
@@ -425,7 +445,7 @@ class RuleFate:
 
 def _fate(
     text: str,
-    touched: Sequence[Mapping[str, Any]],
+    touched: Sequence[E2ePoint],
     failed_gate: Sequence[str],
     none_why: str,
     kernel: str | None = None,
@@ -449,7 +469,7 @@ def _fate(
 def decide_rules(
     table: Table,
     plans: Sequence[ModelPlan],
-    points: Mapping[str, Sequence[Mapping[str, Any]]],
+    points: Mapping[str, Sequence[E2ePoint]],
     gates: Mapping[str, Mapping[str, Any]],
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
@@ -499,7 +519,7 @@ def decide_rules(
     return out
 
 
-def unexplained_slower(points: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+def unexplained_slower(points: Mapping[str, Sequence[E2ePoint]]) -> list[str]:
     """Points slower beyond noise (for the report: any, whichever rule acted there)."""
     return [
         f"{p['model']} {p['test']}@d{p['depth']}" for pts in points.values() for p in pts if p["verdict"] == "slower"
@@ -627,7 +647,7 @@ class Confirmed:
 
     plans: tuple[ModelPlan, ...]
     depths: Mapping[str, tuple[int, ...]]
-    points: Mapping[str, list[dict[str, Any]]]
+    points: Mapping[str, list[E2ePoint]]
     gates: Mapping[str, dict[str, Any]]
     weight_types: Mapping[str, tuple[str, ...]]
     fates: tuple[RuleFate, ...]
@@ -816,7 +836,7 @@ def _stored_verdict(
     era: str,
     *,
     quiet: bool = False,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[E2ePoint], dict[str, Any]]:
     """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
     recs = measure_model(_stored_only, plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
     cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
