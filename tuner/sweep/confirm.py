@@ -444,11 +444,7 @@ class RuleFate:
 
 
 def _fate(
-    text: str,
-    touched: Sequence[E2ePoint],
-    failed_gate: Sequence[str],
-    none_why: str,
-    kernel: str | None = None,
+    text: str, touched: Sequence[E2ePoint], failed_gate: Sequence[str], none_why: str, kernel: str | None = None
 ) -> tuple[bool, str]:
     """The entry's fate by the one rule (:func:`tuner.rounds.keep.keep`), in the sweep's words. ``kernel``: a
     FlashAttention rule's kernel; a faster point counts for the rule only where the FA log shows the table's
@@ -535,7 +531,7 @@ def gate_model(
     era: str,
     store: ConfirmStore,
     work_dir: Path,
-    run_one: Callable[[og.GateCheck], Mapping[str, Any]] | None = None,
+    run_one: Callable[[og.GateCheck], Mapping[str, object]] | None = None,
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -559,7 +555,7 @@ def gate_model(
     # the band's phase: a batch pass's rules act in prefill (MMQ choices keep their own prefill band)
     kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE))}
 
-    def run(c: og.GateCheck) -> Mapping[str, Any]:
+    def run(c: og.GateCheck) -> Mapping[str, object]:
         if before is not None:
             before(c.name)
         if run_one is not None:
@@ -775,7 +771,7 @@ def confirm_models(
 def _batch_rounds(
     plans: Sequence[ModelPlan],
     depths: Sequence[int],
-    known: Mapping[str, Any],
+    known: Mapping[str, list[str] | None],
     row: Mapping[str, Any],
     stored: Callable[[ModelPlan, tuple[int, ...]], bool],
     measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
@@ -821,7 +817,7 @@ def _stored_only(*_: object) -> NoReturn:
     )
 
 
-def _row_key(row: Mapping[str, Any]) -> str:
+def _row_key(row: Mapping[str, object]) -> str:
     """A recorded model row's identity across calls (all but the weight types, which making the model gives)."""
     return json.dumps({k: row.get(k) for k in ("like", "kv", "depths", "pass", "batch")}, sort_keys=True)
 

@@ -306,7 +306,7 @@ def manifest_table(ev: Evidence) -> dict[str, Any]:
 
 
 def _write(
-    stage: Path, ev: Evidence, src: Any, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
+    stage: Path, ev: Evidence, src: source.Source, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
 ) -> dict[str, Any]:
     """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
     if patch:
@@ -321,7 +321,7 @@ def _write(
     (stage / "plots").mkdir()
     t = ev.table
     plots = plot_fa(t.cells, ev.fa_samples, t.rules, stage / "plots")
-    by_type: dict[str, list[Any]] = {}
+    by_type: dict[str, list[mmq.MmqChoice]] = {}
     for ch in t.mmq:
         by_type.setdefault(ch.type, []).append(ch)
     mplot = plot_mmq(ev.mmq_samples, by_type, stage / "plots" / "mmq.png") if ev.mmq_samples else None

@@ -198,7 +198,7 @@ def merged_patch(root: Path, merged: Merged) -> str:
         raise UsageError(f"The parts' kept entries cannot form one table: {err}") from err
 
 
-def manifest_table(merged: Merged) -> dict[str, Any]:
+def manifest_table(merged: Merged) -> dict[str, list[str]]:
     """The merged manifest's ``[table]``: what :func:`merged_view` gives from the parts' evidence."""
     fates = [f for p in merged.parts for f in p.evidence.confirmed.fates]
     return {

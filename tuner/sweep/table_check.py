@@ -65,7 +65,7 @@ Kept = export.Evidence | merge.Merged
 GpuArg = str | Path | None
 """A ``gpu`` value of ``tuner validate --gpu``: ``log_dir``, ``pack`` or ``from_pack``."""
 
-REQUIRED: dict[str, dict[str, type[Any]]] = {
+REQUIRED: dict[str, dict[str, type[object]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
     "target": {"arch": str, "measured_on": str},
     "table": {
@@ -133,7 +133,7 @@ def _kind(folder: Path) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]] = REQUIRED) -> list[str]:
+def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[object]]] = REQUIRED) -> list[str]:
     errs = []
     if m.get("schema") != export.SCHEMA:
         errs.append(f"schema is {m.get('schema')!r}; this tuner reads schema {export.SCHEMA}")
@@ -401,7 +401,7 @@ def _gpu_checked(
 
 
 def _merged_schema(m: Mapping[str, Any]) -> list[str]:
-    req: dict[str, Mapping[str, type[Any]]] = {
+    req: dict[str, Mapping[str, type[object]]] = {
         "source": REQUIRED["source"],
         "target": REQUIRED["target"],
         "hashes": {"patch_sha256": str},
