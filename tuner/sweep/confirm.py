@@ -697,7 +697,8 @@ def confirm_models(
 
     def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
         try:  # judged from the storage alone where every round and check is there (no model made)
-            points[plan.like], gates[plan.like] = _stored_verdict(table, store, plan, ds, rounds, max_rounds, era)
+            verdict = _stored_verdict(table, store, plan, ds, rounds=rounds, max_rounds=max_rounds, era=era)
+            points[plan.like], gates[plan.like] = verdict
         except UsageError:
             return False
         return True
@@ -827,10 +828,10 @@ def _stored_verdict(
     store: ConfirmStore,
     plan: ModelPlan,
     ds: Sequence[int],
+    *,
     rounds: int,
     max_rounds: int | None,
     era: str,
-    *,
     quiet: bool = False,
 ) -> tuple[list[E2ePoint], dict[str, Any]]:
     """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
@@ -875,9 +876,9 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         if types is None or not plan.env:
             continue
         wtypes[plan.like] = tuple(str(t) for t in types)
-        top = row.get("max_rounds")
+        n, top = int(row["rounds"]), row.get("max_rounds")
         points[plan.like], gates[plan.like] = _stored_verdict(
-            table, store, plan, ds, int(row["rounds"]), top and int(top), str(row["era"]), quiet=True
+            table, store, plan, ds, rounds=n, max_rounds=top and int(top), era=str(row["era"]), quiet=True
         )
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(
