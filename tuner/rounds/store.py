@@ -59,12 +59,10 @@ def open_store(
     """``path`` opened (made if new) with its samples table (``table_sql``, a ``CREATE TABLE IF NOT EXISTS``)
     and ``identity`` checked against the one recorded, then recorded where it was not.
 
-    ``strict``: a file that records an identity must record every key of this one (a file of another
-    kind of sweep lacks this kind's keys); otherwise only the keys it records are compared (files made
-    before a key was added still resume). ``legacy``: keys added later, with the value a file that records
-    an identity without them was measured with (what the sweep did before the key existed), so such a file
-    resumes where that value is asked for and is refused otherwise. ``what`` names the storage and ``fix``
-    ends the refusal.
+    ``strict``: a recorded identity must have every key of this one (another kind of sweep lacks this kind's
+    keys); else only its recorded keys are compared (older files still resume). ``legacy``: keys added later,
+    with the value older files were measured with (they resume where that value is asked for). ``what`` names
+    the storage and ``fix`` ends the refusal.
 
     Raises:
         UsageError: Not a SQLite file this can use, or one with another identity.

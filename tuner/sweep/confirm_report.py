@@ -213,7 +213,7 @@ def _e2e_lines(conf: Confirmed) -> list[str]:
     return lines
 
 
-def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> list[str]:
+def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, object]]) -> list[str]:
     lines = ["Output equivalence (table vs upstream, per model):", ""]
     lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
     lines += ["", "test-backend-ops with the kept table's env, against the CPU backend:", ""]
@@ -227,7 +227,7 @@ def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> l
     return lines
 
 
-def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
+def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, object]], patch: bool) -> str:
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
     what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
