@@ -579,17 +579,12 @@ def gate_model(
 
 
 def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]) -> list[og.GateCheck]:
-    """The prefill band of MMQ choices: upstream with every type the choices name on cuBLAS at every batch
-    size, against upstream's own MMQ. cuBLAS is upstream's other path for these multiplications (its pick
-    on GPUs without MMQ's int8 paths, and under ``GGML_CUDA_FORCE_CUBLAS``): it multiplies the f16
-    activations where MMQ quantizes them to q8_1, so the two differ by rounding far beyond the CPU
-    calibrated thresholds (on the H100: mean KLD 0.004 on the 1B shape, 0.03 on the 8B). A choice then
-    passes within the band as a kernel rule does (:mod:`tuner.search.output_gate`). The sweep composes
-    cuBLAS choices only, and the gate widens them to every batch size, so the prefill check multiplies
-    exactly as the band does (its env adds only the decode rules, which do not fire in prefill): it shows
-    that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
-    CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
-    prefill check."""
+    """The prefill band of MMQ choices: upstream with the choices' types on cuBLAS at every batch size, against
+    upstream's own MMQ (empty without choices or a prefill check). cuBLAS (upstream's pick without MMQ's int8
+    paths, or under ``GGML_CUDA_FORCE_CUBLAS``) multiplies the f16 activations where MMQ quantizes them to
+    q8_1, so the two differ far beyond the CPU-calibrated thresholds (H100: mean KLD 0.004 on the 1B shape,
+    0.03 on the 8B). The widened choices' prefill check then multiplies as the band does: it shows the hook
+    runs; ``test-backend-ops -o MUL_MAT`` (:func:`backend_ops_check`) is the correctness evidence."""
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:
         return []
