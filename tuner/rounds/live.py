@@ -25,7 +25,6 @@ import platform
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError
 from tuner.measure.bench import run_bench
@@ -57,9 +56,7 @@ def make_live_measure(
     ``cpus`` when given: the host-paced scenario)."""
     info: dict[str, str] = {}
 
-    def joint(
-        cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
-    ) -> dict[str, dict[int, dict[str, Any]]]:
+    def joint(cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str) -> dict[str, dict[int, Point]]:
         args = list(cand.args)
         fa = True
         if "-fa" in args:  # a knob on some spaces; run_bench owns the flag's era-dependent spelling
@@ -97,7 +94,7 @@ def make_live_measure(
             )
         log_file = Path(str(df.attrs.get("log_file") or ""))
         lines = parse_fa_log(log_file.read_text(errors="replace")) if log_file.is_file() else []
-        out: dict[str, dict[int, dict[str, Any]]] = {}
+        out: dict[str, dict[int, Point]] = {}
         for phase in phases:
             out[phase] = {}
             for d in depths:
