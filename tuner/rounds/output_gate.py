@@ -278,7 +278,7 @@ def run_checks(
     *,
     done: Mapping[str, Any],
     run_one: Callable[[GateCheck], Mapping[str, Any]],
-    on_check: Callable[[str, Mapping[str, Any]], None],
+    on_check: Callable[[str, Mapping[str, object]], None],
     band: Sequence[GateCheck] = (),
     quiet: bool = False,
 ) -> dict[str, Any]:

@@ -32,17 +32,15 @@ type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper inc
   Turing branch; :func:`match_mmq` is the same lookup in Python.
 
 **CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
-the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures any repeated graph as a CUDA
-graph, batched multiplications included: ``ggml_cuda_graph_check_compability`` in
-``ggml/src/ggml-cuda/ggml-cuda.cu`` turns graphs off only for a ``MUL_MAT_ID`` whose fallback path
-synchronizes, and ``ggml_backend_cuda_graph_compute`` captures a graph on its second call with unchanged
-node properties. (Older trees turned them off for any batch above 1: ``check_node_graph_compatibility_and_refresh_copy_ops``
-in llama.cpp 4227c9b, llama-cpp-python 0.3.16, on an ``ADD`` whose ``src[1]->ne[1] > 1``.) So llama-bench's
-prompt test, which runs the same graph every repetition, runs its multiplications in a CUDA graph, while
-the ubatches of one long prompt, whose K/V views grow from one to the next, run directly. The sweep keeps
-graphs on by default, as llama.cpp does; ``cuda_graphs=False`` (``tuner sweep mmq --no-cuda-graphs``) runs
-every config with ``GGML_CUDA_DISABLE_GRAPHS=1``, which ``ggml_cuda_graph::is_enabled`` (``common.cuh``)
-reads, and the storage's identity and the report say which was used.
+the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures a repeated graph as a CUDA graph
+on its second call (``ggml_backend_cuda_graph_compute`` in ``ggml/src/ggml-cuda/ggml-cuda.cu``), batched
+multiplications included: ``ggml_cuda_graph_check_compability`` turns graphs off only for a ``MUL_MAT_ID``
+whose fallback synchronizes. (Older trees turned them off for any batch above 1:
+``check_node_graph_compatibility_and_refresh_copy_ops`` in llama.cpp 4227c9b, llama-cpp-python 0.3.16.) So
+llama-bench's prompt test runs its multiplications in a CUDA graph, while the ubatches of one long prompt
+(K/V views growing) run directly. The sweep keeps graphs on, as llama.cpp does; ``cuda_graphs=False``
+(``--no-cuda-graphs``) sets ``GGML_CUDA_DISABLE_GRAPHS=1`` (``ggml_cuda_graph::is_enabled``, ``common.cuh``)
+for every config, and the storage's identity and the report say which was used.
 """
 
 from __future__ import annotations
