@@ -149,18 +149,14 @@ def _unchanged(c: CellStats, name: str) -> bool:
 
 
 def sequential_calls(cells: Mapping[int, CellStats], *, family: Family = "changed") -> dict[tuple[int, str], Call]:
-    """:func:`tuner.measure.decide.decide` over one phase's cells: every candidate with an effect, the A/A
-    twin left out, at every depth that has an A/A twin (without one nothing is tested or claimed).
+    """:func:`tuner.measure.decide.decide` over one phase's cells: every candidate but the A/A twin, at every
+    depth that has an A/A twin (without one nothing is tested or claimed).
 
-    ``family="changed"`` (the search's): a candidate that ran upstream's own kernel at a depth (both
-    kernels known and the same; a confirm's final config where no rule covers the depth) is no hypothesis
-    of Holm's family. Its cell runs the identical kernel path as upstream, so it is A/A by construction:
-    it is not tested (a tiny p-value there is noise, never a claim) and does not raise the other cells'
-    Holm thresholds; Holm's guarantee over the cells that are tested is unchanged. It still gets a call
-    for the report: ``no difference``, settled, ``p_adjusted`` 1, its estimate as the effect. A candidate
-    whose kernel is unknown stays in the family. This holds only where a candidate differs from upstream
-    in the kernel it forces and nothing else: a config with other process knobs or another build can
-    differ at every depth, so its caller passes ``family="all"`` (every cell is tested, as before)."""
+    ``family="changed"`` (the search's): a candidate that ran upstream's own kernel at a depth is A/A by
+    construction, so it is not tested and does not raise the others' Holm thresholds; the report still gets
+    a ``no difference`` call (settled, ``p_adjusted`` 1). A candidate whose kernel is unknown stays in the
+    family. A config that differs from upstream beyond the kernel it forces (process knobs, another build)
+    can differ at every depth: its caller passes ``family="all"`` (every cell tested)."""
     tests = phase_tests(
         {
             d: (c.series, UPSTREAM, c.aa, [n for n in c.effects if n != c.aa])
@@ -186,19 +182,13 @@ def open_depths(
     phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
 ) -> set[int]:
     """The depths whose decision more rounds could still change: the screen's and the confirm's settle rule.
+    Only a candidate that ran another kernel than upstream's there can change a decision.
 
-    ``sequential`` (the search's rule, :func:`sequential_calls`): a depth is open while a candidate that
-    ran another kernel than upstream's there is neither claimed (faster or slower) nor settled by
-    futility (its one-sided 95% upper bound below the practical minimum), and while a depth with such a
-    candidate has no A/A twin yet; ``family``: :func:`sequential_calls`'. ``aa-bar`` (the earlier rule):
-
-    Only a candidate that ran another kernel than upstream's there can change a decision (the A/A
-    pair and a confirm's final config where no rule fires measure noise). A depth is settled once one
-    such candidate is faster beyond the noise (which of two winners is faster is their point
-    estimates' to say), or while every such candidate's interval ends at or below the noise bar
-    (at the widths measured it cannot be a winner; rounds go to the depths where one still can).
-    The bar is :func:`compose_phase`'s: the cell's A/A noise, at least :func:`noise_floor`; where no
-    noise is known yet, a depth with such a candidate stays open.
+    ``sequential`` (the search's rule, :func:`sequential_calls`, ``family`` its): a depth is open while such
+    a candidate is neither claimed nor settled by futility (one-sided 95% upper bound below the practical
+    minimum), or has no A/A twin yet. ``aa-bar`` (the earlier rule): settled once one such candidate is
+    faster beyond the noise bar (:func:`compose_phase`'s: the A/A noise, at least :func:`noise_floor`), or
+    while every such candidate's interval ends at or below it; open while no noise is known yet.
     """
     if too_noisy([c.noise_pct for c in cells.values()]):
         # Above the ceiling the phase claims nothing, so rounds can still change that: the A/A CI narrows with
@@ -211,11 +201,7 @@ def open_depths(
     out = set()
     for d, c in cells.items():
         bar = 1.0 + max(c.noise_pct, noise_floor(cells, d)) / 100.0
-        changed = [
-            e
-            for n, e in c.effects.items()
-            if n != c.aa and c.kernels.get(n) is not None and c.kernels.get(n) != c.upstream_kernel
-        ]
+        changed = [c.effects[n] for n in c.changed]
         if changed and not math.isfinite(bar):  # no noise measured yet: nothing can be judged
             out.add(d)
             continue
@@ -229,18 +215,12 @@ def open_depths(
 def judge_phase(
     phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
 ) -> dict[int, CellStats]:
-    """The cells with every verdict judged against the bar the search decides by.
-
-    :func:`tuner.rounds.stats.summarize_phase` judges a cell by its own A/A noise; a decision also needs
-    the phase's noise floor at the cell's rounds (:func:`noise_floor`), so that one lucky A/A cell
-    does not let a candidate through. The bar is the larger of the two (``bar_pct``, ``cpu_bar`` for
-    CPU%), and the verdicts, the CPU rejection of decode changes (docs/design.md) included, are recomputed
-    by it: what the report calls ``faster`` is what compose and confirm act on.
-
-    ``rule``: ``sequential`` (the search's, :func:`sequential_calls`) decides the t/s verdicts; the bar
-    then serves the CPU% rule and the report, ``family`` is its Holm family (a config that differs from
-    upstream beyond the kernel it forces needs ``"all"``). ``aa-bar`` is the earlier rule (the whole CI beyond
-    the bar)."""
+    """The cells with every verdict judged against the bar the search decides by: the larger of the cell's
+    A/A noise and the phase's noise floor at its rounds (:func:`noise_floor`; one lucky A/A cell must not let
+    a candidate through), as ``bar_pct`` and ``cpu_bar``. The verdicts, the CPU rejection of decode changes
+    (docs/design.md) included, are recomputed by it: what the report calls ``faster`` is what compose and
+    confirm act on. ``rule``: ``sequential`` (:func:`sequential_calls`, ``family`` its Holm family) decides
+    the t/s verdicts, the bar then serving the CPU% rule and the report; ``aa-bar``: the whole CI beyond it."""
     if rule not in RULES:
         raise ValueError(f"unknown decision rule {rule!r}")
     cpu_floor = phase_cpu_noise(cells)

@@ -274,14 +274,12 @@ def run_rounds(
     budget: Budget | None = None,
 ) -> tuple[int, int]:
     """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_points`), one
-    ``measure`` process per config and round over the points that get the round, its log folder
-    ``log_dir/chunkNNNN/rR/LABEL``; with ``budget``, none that would end past its deadline.
+    ``measure`` process per config and round (log folder ``log_dir/chunkNNNN/rR/LABEL``); with ``budget``,
+    none that would end past its deadline. Returns (processes run, processes already recorded).
 
     ``limits``: (min_rounds, max_rounds), recorded in ``store``. ``cost``: (seconds a process, seconds a
     case), the budget's and the log's estimate. ``forced_reason``: why no forced config can run (a build
-    without the tuner's hook); its samples are then stored failed with it, no process started. Prints a line
-    per chunk and round with its time and the ETA. Returns (processes run, processes skipped as already
-    recorded).
+    without the tuner's hook): its samples are stored failed with it, no process started.
     """
     lo, hi = check_limits(limits)
     store.set_limits(limits)

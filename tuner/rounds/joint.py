@@ -182,15 +182,12 @@ def run_joint_rounds(
     prior: Sequence[Mapping[str, Any]] = (),
     settle: Settle | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """:func:`run_phase_rounds` for several phases at once, sharing llama-bench calls.
+    """Paired rounds of several phases at once, call ``j`` of a round running the ``j``-th candidate of each
+    phase's rotated order in one process, at the union of the depths the active phases still need.
 
-    ``prior``: rounds of an earlier stage, used only to estimate this loop's first round against
-    the budget. ``settle``: see :func:`depths_to_measure`.
-
-    Call ``j`` of a round runs the ``j``-th candidate of each phase's rotated order in one process;
-    the records are the same per-phase records, so each phase's stop rule, summary and resume stay
-    its own: a phase that has met its target stops adding rows while the other goes on. A round
-    measures only the depths some active phase still needs (both phases at their union, sharing fills).
+    Records stay per phase, so each phase's stop rule, summary and resume are its own. ``prior``: an earlier
+    stage's rounds, pricing only this loop's first round against the budget. ``settle``: see
+    :func:`depths_to_measure`.
     """
     want = set(depths)
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
@@ -302,17 +299,14 @@ def depths_to_measure(
 ) -> list[int]:
     """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
 
-    Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within
-    ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled. Rounds
-    are counted per depth: a round that measured only the open depths counts for those.
+    Each depth gets rounds (counted per depth) until it has ``min_rounds``; after that until its widest CI is
+    within ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled.
 
-    A depth that ``settle`` calls settled after :data:`EARLY_SETTLE_ROUNDS` rounds stops there, before
-    ``min_rounds``: below the minimum nothing can be claimed (the decision rule gives those round counts
-    no alpha), so a settled depth is one where every candidate that runs another kernel than upstream's
-    is settled by futility (its upper bound is below the practical minimum, e.g. TILE forced for
-    prefill on an H100 at a tenth of MMA's speed); not a depth where none does (a confirm's points
-    outside every rule: those keep ``min_rounds``, their A/A rounds are the noise the report shows). Stopping there
-    only gives up claims, so the rule's error guarantee is unchanged.
+    A depth with a changed kernel that ``settle`` calls settled after :data:`EARLY_SETTLE_ROUNDS` rounds stops
+    there, before ``min_rounds``: below the minimum nothing can be claimed, so only futility can settle it
+    (e.g. TILE forced for prefill on an H100 at a tenth of MMA's speed), and stopping only gives up claims.
+    A depth with no changed kernel (a confirm's point outside every rule) keeps ``min_rounds``: its A/A rounds
+    are the noise the report shows.
     """
     st = summarize_phase(phase, mine, depths)
     n = {d: sum(1 for r in mine if str(d) in r["values"].get(UPSTREAM, {})) for d in depths}
@@ -347,7 +341,7 @@ def _joint_round(
     cands: Mapping[str, Sequence[Candidate]],
     depths: Sequence[int],
     mine: Mapping[str, Sequence[Mapping[str, Any]]],
-    bar: Any,
+    bar: progress.Tracker,
     *,
     pp_tokens: int,
     tag: str,
@@ -392,7 +386,7 @@ def _any_value(records: Any) -> bool:
     return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
 
 
-def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]], depths: Sequence[int]) -> None:
+def _store(rec: dict[str, Any], name: str, res: Mapping[int, Point], depths: Sequence[int]) -> None:
     rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
     for key in OBSERVED:
         rec.setdefault(key, {})[name] = {str(d): _util(res.get(d, {}).get(key)) for d in depths}
@@ -403,18 +397,19 @@ def _store(rec: dict[str, Any], name: str, res: Mapping[int, Mapping[str, Any]],
         rec["errors"][name] = "; ".join(errs)[:500]
 
 
-def _num(x: Any) -> float | None:
+def _float(x: float | str | None) -> float | None:
     try:
-        v = float(x)
+        return None if x is None else float(x)
     except (TypeError, ValueError):
         return None
-    return v if math.isfinite(v) and v > 0 else None
 
 
-def _util(x: Any) -> float | None:
+def _num(x: float | str | None) -> float | None:
+    v = _float(x)
+    return v if v is not None and math.isfinite(v) and v > 0 else None
+
+
+def _util(x: float | str | None) -> float | None:
     """A utilization in percent as stored (0 is a real value, unlike a t/s of 0); None when unknown."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return round(v, 2) if math.isfinite(v) and v >= 0 else None
+    v = _float(x)
+    return round(v, 2) if v is not None and math.isfinite(v) and v >= 0 else None

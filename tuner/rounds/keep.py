@@ -10,25 +10,26 @@ __all__ = ["Fate", "keep"]
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
 from tuner.measure.paired import CPU_REJECTED, TOO_NOISY
 
 Reason = Literal["none", "gate", "slower", "cpu", "noisy", "faster", "no gain"]
+P = TypeVar("P", bound=Mapping[str, object])
 _AGAINST: tuple[tuple[Reason, str], ...] = (("slower", "slower"), ("cpu", CPU_REJECTED), ("noisy", TOO_NOISY))
 
 
 @dataclasses.dataclass(frozen=True)
-class Fate:
+class Fate(Generic[P]):
     """Kept or not, the ``reason`` and the points it names (every point for ``no gain``, none for ``none`` and
     ``gate``)."""
 
     kept: bool
     reason: Reason
-    points: tuple[Mapping[str, Any], ...] = ()
+    points: tuple[P, ...] = ()
 
 
-def keep(points: Sequence[Mapping[str, Any]], *, gate_failed: bool = False, kernel: str | None = None) -> Fate:
+def keep(points: Sequence[P], *, gate_failed: bool = False, kernel: str | None = None) -> Fate[P]:
     """The fate of a change over the confirmed ``points`` it acts on (each with its ``verdict``), in this order:
     no point; its output-equivalence gate failed; any point slower, CPU-rejected or too noisy; some point faster
     (with ``kernel``, only one whose ``kernel`` is it: the log shows the change's kernel ran there); else no gain.

@@ -20,20 +20,22 @@ from __future__ import annotations
 __all__ = ["kernel_at", "make_live_measure", "parse_fa_log"]
 
 import math
+import os
+import platform
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError
+from tuner.measure.bench import run_bench
 from tuner.measure.falog import kernel_at, parse_fa_log
-from tuner.rounds.joint import Candidate, JointMeasure, SharedMeasure
+from tuner.rounds.joint import Candidate, JointMeasure, Point, SharedMeasure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
 """Record keys (:data:`tuner.rounds.stats.OBSERVED`) and the bench columns they come from."""
 
 
-def _finite(x: Any) -> float | None:
+def _finite(x: float | str) -> float | None:
     v = float(x)
     return v if math.isfinite(v) else None
 
@@ -52,16 +54,9 @@ def make_live_measure(
 ) -> SharedMeasure:
     """A :data:`~tuner.rounds.joint.Measure` running the real llama-bench of ``bin_dir`` (pinned to
     ``cpus`` when given: the host-paced scenario)."""
-    import os
-    import platform
-
-    from tuner.measure.bench import run_bench
-
     info: dict[str, str] = {}
 
-    def joint(
-        cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
-    ) -> dict[str, dict[int, dict[str, Any]]]:
+    def joint(cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str) -> dict[str, dict[int, Point]]:
         args = list(cand.args)
         fa = True
         if "-fa" in args:  # a knob on some spaces; run_bench owns the flag's era-dependent spelling
@@ -99,7 +94,7 @@ def make_live_measure(
             )
         log_file = Path(str(df.attrs.get("log_file") or ""))
         lines = parse_fa_log(log_file.read_text(errors="replace")) if log_file.is_file() else []
-        out: dict[str, dict[int, dict[str, Any]]] = {}
+        out: dict[str, dict[int, Point]] = {}
         for phase in phases:
             out[phase] = {}
             for d in depths:
@@ -128,7 +123,5 @@ class _LiveMeasure:
         self.joint = joint
         self.info = info
 
-    def __call__(
-        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
-    ) -> Mapping[int, Mapping[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> Mapping[int, Point]:
         return self.joint(cand, [phase], depths, label)[phase]

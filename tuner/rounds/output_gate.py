@@ -51,9 +51,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from tuner import log
+from tuner.builder.extra import ensure_targets
 from tuner.errors import TunerError, UsageError
-from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, widened_rules
+from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, run_equivalence, widened_rules
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner.plan.variant import Build
 
 SCHEDULING_FLAGS = frozenset({"-t"})
 """llama-bench flags that only schedule work (the CPU gives byte-identical logits for -t 1 and -t 2)."""
@@ -276,7 +278,7 @@ def run_checks(
     *,
     done: Mapping[str, Any],
     run_one: Callable[[GateCheck], Mapping[str, Any]],
-    on_check: Callable[[str, Mapping[str, Any]], None],
+    on_check: Callable[[str, Mapping[str, object]], None],
     band: Sequence[GateCheck] = (),
     quiet: bool = False,
 ) -> dict[str, Any]:
@@ -337,8 +339,8 @@ def run_checks(
 
 def run_gate_check(
     check: GateCheck,
-    up_build: Any,
-    fin_build: Any,
+    up_build: Build,
+    fin_build: Build,
     work_dir: Path,
     *,
     model: Path,
@@ -349,9 +351,6 @@ def run_gate_check(
 
     A failed tool build is a failed check with its reason, never a crash. Logs are recorded relative
     to ``run_dir``: the study and the export must not name this machine's paths."""
-    from tuner.builder.extra import ensure_targets
-    from tuner.measure.equivalence import run_equivalence
-
     try:
         up, fin = (ensure_targets(b, ["llama-perplexity"], jobs=jobs) for b in (up_build, fin_build))
     except TunerError as err:

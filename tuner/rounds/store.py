@@ -10,7 +10,17 @@ is written as its process ends, so an interrupted run resumes where it stopped
 
 from __future__ import annotations
 
-__all__ = ["DEVICE", "Sample", "SampleStore", "Table", "device_identity", "open_store", "read_limits", "write_limits"]
+__all__ = [
+    "DEVICE",
+    "Sample",
+    "SampleStore",
+    "Table",
+    "device_identity",
+    "open_store",
+    "read_limits",
+    "read_store",
+    "write_limits",
+]
 
 import dataclasses
 import sqlite3
@@ -49,12 +59,10 @@ def open_store(
     """``path`` opened (made if new) with its samples table (``table_sql``, a ``CREATE TABLE IF NOT EXISTS``)
     and ``identity`` checked against the one recorded, then recorded where it was not.
 
-    ``strict``: a file that records an identity must record every key of this one (a file of another
-    kind of sweep lacks this kind's keys); otherwise only the keys it records are compared (files made
-    before a key was added still resume). ``legacy``: keys added later, with the value a file that records
-    an identity without them was measured with (what the sweep did before the key existed), so such a file
-    resumes where that value is asked for and is refused otherwise. ``what`` names the storage and ``fix``
-    ends the refusal.
+    ``strict``: a recorded identity must have every key of this one (another kind of sweep lacks this kind's
+    keys); else only its recorded keys are compared (older files still resume). ``legacy``: keys added later,
+    with the value older files were measured with (they resume where that value is asked for). ``what`` names
+    the storage and ``fix`` ends the refusal.
 
     Raises:
         UsageError: Not a SQLite file this can use, or one with another identity.
@@ -259,3 +267,12 @@ class SampleStore(Generic[K]):
             log.info(f"{what}: partly measured by an earlier call; measuring it again whole, its configs back to back")
             missing = {cfg: set(ks) for cfg, ks in want.items()}
         return list(missing.items())
+
+
+def read_store(table: Table[K], path: Path) -> tuple[list[Sample[K]], tuple[int, int]]:
+    """A storage's samples and round limits, the file closed after (what a recomposition reads)."""
+    store = SampleStore(table, path, {})
+    try:
+        return store.samples(), store.limits()
+    finally:
+        store.close()

@@ -40,6 +40,7 @@ __all__ = [
     "TG",
     "ConfirmStore",
     "Confirmed",
+    "E2ePoint",
     "ModelPlan",
     "RuleFate",
     "Table",
@@ -61,15 +62,18 @@ __all__ = [
 ]
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypedDict
 
-from tuner import log
+from tuner import _run, log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.equivalence import run_equivalence
 from tuner.measure.paired import NOISE_CEILING_PCT
 from tuner.plan.fa_rules import FaRule, rules_env
 from tuner.rounds import output_gate as og
@@ -78,12 +82,14 @@ from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
-from tuner.rounds.store import SampleStore
+from tuner.rounds.store import read_store
 from tuner.sweep import live, mmq
 from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
 from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
-from tuner.sweep.table import TableRule
+from tuner.sweep.table import TableRule, render_table_patch
+from tuner.targets.archs import Arch, load_arch
+from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
 
 # Gemma 3 4B's shape, not 12B's: the same FlashAttention shape (head size 256, GQA 2) for about a third
 # of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
@@ -104,7 +110,7 @@ class Table:
     rounds: int
     cells: tuple[Cell, ...]
     with_verdict: int
-    arch: Any
+    arch: Arch
     min_rounds: int = 0
     """The fewest rounds any cell got (``rounds`` is the most): rounds past the minimum go only to open cells."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
@@ -145,26 +151,19 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     Raises:
         UsageError: A directory without its storage, or a storage that is not a sweep's.
     """
-    from tuner.targets.archs import load_arch
-
     path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
     meta = _meta(path)
     if "arch" not in meta:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
-    store = SampleStore(live.TABLE, path, {})
-    try:
-        samples = store.samples()
-        limits = store.limits()
-    finally:
-        store.close()
+    samples, limits = read_store(live.TABLE, path)
     keys = sorted({s.key for s in samples})
     cells = tuple(
         Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n, sh.gqa))
         for sh, n in keys
     )
     rounds = max((s.round for s in samples), default=0) + 1
-    per_cell: dict[tuple[Any, int], set[int]] = {}
+    per_cell: dict[live.FaKey, set[int]] = {}
     for s in samples:
         per_cell.setdefault(s.key, set()).add(s.round)
     fewest = min((len(v) for v in per_cell.values()), default=0)
@@ -183,12 +182,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         return table
     mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
     mmeta = _meta(mpath)
-    mstore = SampleStore(mmq.MMQ_TABLE, mpath, {})
-    try:
-        msamples = mstore.samples()
-        mlimits = mstore.limits()
-    finally:
-        mstore.close()
+    msamples, mlimits = read_store(mmq.MMQ_TABLE, mpath)
     points = mmq.stored_points(msamples)
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
     withhold = "" if cuda else f"the {mmeta.get('backend')} backend has no MMQ-vs-cuBLAS choice"
@@ -257,8 +251,6 @@ class ModelPlan:
 def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterable[str] | None = None) -> ModelPlan:
     """What the table does to model ``like`` (``tuner/data/models.toml``); ``weight_types``: the ggml types
     of its GGUF's tensors (None: every MMQ choice, as a plan made before the model exists)."""
-    from tuner.targets.models import load_model_shape
-
     s = load_model_shape(like)
     gqa = s.n_heads // s.n_kv_heads if s.n_kv_heads and s.n_heads % s.n_kv_heads == 0 else 0
     mine = [r for r in table.rules if (r.D, r.gqa, r.kv) == (s.head_dim, gqa, kv)]
@@ -307,8 +299,6 @@ def pass_plan(
 def quant_mode(quant: str) -> str:
     """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks written directly
     (synth_cached(direct=True): Q4_K_M, Q5_K_M, IQ4_XS), else ``quantize`` the f16 file with llama-quantize."""
-    from tuner.targets.models import DIRECT_QUANTS
-
     if quant.lower() in ("f16", "none"):
         return "f16"
     return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
@@ -318,8 +308,6 @@ def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
     known before it is made: f16 as written, and the types written directly (llama-quantize's per-tensor rule,
     :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
-    from tuner.targets.models import load_model_shape, plan_tensors
-
     wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
     if wt is None:
         return None
@@ -355,7 +343,6 @@ def measure_model(
     (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
     neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
     at every depth, as the search's process knobs do)."""
-
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
     args = plan.bench_args
@@ -396,10 +383,10 @@ def judge_model(
     return {p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in phases}
 
 
-def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[dict[str, Any]]:
+def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[E2ePoint]:
     """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input); ``ne11``:
     the batch its weight multiplications run at (the prompt's one micro-batch, or 1 in decode)."""
-    pts = []
+    pts: list[E2ePoint] = []
     for phase, by_depth in cells.items():
         for d, c in sorted(by_depth.items()):
             e = c.effects.get(TABLE)
@@ -424,6 +411,25 @@ def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp:
     return pts
 
 
+class E2ePoint(TypedDict):
+    """One model point of the end-to-end table: :func:`tuner.result.tables.compare_table`'s input."""
+
+    model: str
+    phase: str
+    depth: int
+    test: str
+    ne11: int
+    base_ts: float
+    tuned_ts: float | None
+    ci_low: float | None
+    ci_high: float | None
+    aa_noise_pct: float
+    noise_kind: str
+    verdict: str
+    upstream_kernel: str | None
+    kernel: str | None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RuleFate:
     """One rule or MMQ choice: kept for the patch, or reported with why."""
@@ -434,15 +440,11 @@ class RuleFate:
     rule: TableRule | None = None
     choice: mmq.MmqChoice | None = None
     reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.gpus joins GPU models by
-    touched: tuple[Mapping[str, Any], ...] = ()  # the model points the entry acts on
+    touched: tuple[E2ePoint, ...] = ()  # the model points the entry acts on
 
 
 def _fate(
-    text: str,
-    touched: Sequence[Mapping[str, Any]],
-    failed_gate: Sequence[str],
-    none_why: str,
-    kernel: str | None = None,
+    text: str, touched: Sequence[E2ePoint], failed_gate: Sequence[str], none_why: str, kernel: str | None = None
 ) -> tuple[bool, str, str]:
     """The entry's fate by the one rule (:func:`tuner.rounds.keep.keep`), in the sweep's words. ``kernel``: a
     FlashAttention rule's kernel; a faster point counts for the rule only where the FA log shows the table's
@@ -467,7 +469,7 @@ def _fate(
 def decide_rules(
     table: Table,
     plans: Sequence[ModelPlan],
-    points: Mapping[str, Sequence[Mapping[str, Any]]],
+    points: Mapping[str, Sequence[E2ePoint]],
     gates: Mapping[str, Mapping[str, Any]],
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
@@ -517,7 +519,7 @@ def decide_rules(
     return out
 
 
-def unexplained_slower(points: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+def unexplained_slower(points: Mapping[str, Sequence[E2ePoint]]) -> list[str]:
     """Points slower beyond noise (for the report: any, whichever rule acted there)."""
     return [
         f"{p['model']} {p['test']}@d{p['depth']}" for pts in points.values() for p in pts if p["verdict"] == "slower"
@@ -529,11 +531,11 @@ def gate_model(
     model: Path,
     bin_dir: Path,
     *,
-    arch: Any,
+    arch: Arch,
     era: str,
     store: ConfirmStore,
     work_dir: Path,
-    run_one: Callable[[Any], Mapping[str, Any]] | None = None,
+    run_one: Callable[[og.GateCheck], Mapping[str, object]] | None = None,
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -543,8 +545,6 @@ def gate_model(
     choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
     stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
     budget's stop, :meth:`tuner.rounds.budget.Budget.fits`)."""
-    from tuner.measure.equivalence import run_equivalence
-
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
         rules=plan.gate_rules,
@@ -559,7 +559,7 @@ def gate_model(
     # the band's phase: a batch pass's rules act in prefill (MMQ choices keep their own prefill band)
     kernels = {"prefill" if plan.batch else "decode": list(legal_kernels(arch, plan.D, STRIDE, plan.gqa))}
 
-    def run(c: Any) -> Mapping[str, Any]:
+    def run(c: og.GateCheck) -> Mapping[str, object]:
         if before is not None:
             before(c.name)
         if run_one is not None:
@@ -582,19 +582,13 @@ def gate_model(
     )
 
 
-def cublas_band(checks: Sequence[Any], choices: Sequence[mmq.MmqChoice]) -> list[Any]:
-    """The prefill band of MMQ choices: upstream with every type the choices name on cuBLAS at every batch
-    size, against upstream's own MMQ. cuBLAS is upstream's other path for these multiplications (its pick
-    on GPUs without MMQ's int8 paths, and under ``GGML_CUDA_FORCE_CUBLAS``): it multiplies the f16
-    activations where MMQ quantizes them to q8_1, so the two differ by rounding far beyond the CPU
-    calibrated thresholds (on the H100: mean KLD 0.004 on the 1B shape, 0.03 on the 8B). A choice then
-    passes within the band as a kernel rule does (:mod:`tuner.search.output_gate`). The sweep composes
-    cuBLAS choices only, and the gate widens them to every batch size, so the prefill check multiplies
-    exactly as the band does (its env adds only the decode rules, which do not fire in prefill): it shows
-    that the hook runs, not more. The correctness evidence is ``test-backend-ops -o MUL_MAT`` against the
-    CPU backend with the table's env (:func:`backend_ops_check`). Empty without choices or without a
-    prefill check."""
-
+def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]) -> list[og.GateCheck]:
+    """The prefill band of MMQ choices: upstream with the choices' types on cuBLAS at every batch size, against
+    upstream's own MMQ (empty without choices or a prefill check). cuBLAS (upstream's pick without MMQ's int8
+    paths, or under ``GGML_CUDA_FORCE_CUBLAS``) multiplies the f16 activations where MMQ quantizes them to
+    q8_1, so the two differ far beyond the CPU-calibrated thresholds (H100: mean KLD 0.004 on the 1B shape,
+    0.03 on the 8B). The widened choices' prefill check then multiplies as the band does: it shows the hook
+    runs; ``test-backend-ops -o MUL_MAT`` (:func:`backend_ops_check`) is the correctness evidence."""
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:
         return []
@@ -620,10 +614,6 @@ def backend_ops_check(
     """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env: the op's cases (those
     ``params`` selects) against the CPU backend, the table's kernels forced at its shapes. A record: ``passed``,
     the summary line, ``params``, the log."""
-    import os
-
-    from tuner import _run
-
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if not exe.is_file():
@@ -652,7 +642,7 @@ class Confirmed:
 
     plans: tuple[ModelPlan, ...]
     depths: Mapping[str, tuple[int, ...]]
-    points: Mapping[str, list[dict[str, Any]]]
+    points: Mapping[str, list[E2ePoint]]
     gates: Mapping[str, dict[str, Any]]
     weight_types: Mapping[str, tuple[str, ...]]
     fates: tuple[RuleFate, ...]
@@ -689,7 +679,6 @@ def confirm_models(
     gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
     models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is not
     made; one stored whole by an earlier call is judged from ``store``. ``budget``, ``round_s``: :func:`measure_model`'s."""
-
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
@@ -707,7 +696,8 @@ def confirm_models(
 
     def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
         try:  # judged from the storage alone where every round and check is there (no model made)
-            points[plan.like], gates[plan.like] = _stored_verdict(table, store, plan, ds, rounds, max_rounds, era)
+            verdict = _stored_verdict(table, store, plan, ds, rounds=rounds, max_rounds=max_rounds, era=era)
+            points[plan.like], gates[plan.like] = verdict
         except UsageError:
             return False
         return True
@@ -781,7 +771,7 @@ def confirm_models(
 def _batch_rounds(
     plans: Sequence[ModelPlan],
     depths: Sequence[int],
-    known: Mapping[str, Any],
+    known: Mapping[str, list[str] | None],
     row: Mapping[str, Any],
     stored: Callable[[ModelPlan, tuple[int, ...]], bool],
     measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
@@ -789,7 +779,6 @@ def _batch_rounds(
     """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
     the storage where an earlier call measured it all, else measured (``measure``: on its base model's file,
     returning that file's weight types); with its depths and its recorded row (``row`` completed)."""
-
     out = []
     for one, ds in batch_passes(plans, depths):
         mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}
@@ -804,35 +793,31 @@ def _batch_rounds(
 
 def table_id(table: Table) -> str:
     """A short hash of the table's composed rules and MMQ choices: a confirm storage records the table it confirms."""
-    import hashlib
-
     text = "\n".join([r.text for r in table.rules] + [c.text for c in table.mmq])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def kept_patch(root: Path, conf: Confirmed, arch: Any) -> str:
+def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
     """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
     return render_kept(root, conf.kept_rules, conf.kept_mmq, arch)
 
 
-def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Any) -> str:
+def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
     """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none): the FA table
     (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
-    from tuner.sweep.table import render_table_patch
-
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)
 
 
-def _stored_only(*_: Any) -> Any:
+def _stored_only(*_: object) -> NoReturn:
     raise UsageError(
         "the confirm storage lacks a round or a gate check its recorded models need (a truncated or edited "
         "confirm.sqlite3): nothing can be recomposed from it."
     )
 
 
-def _row_key(row: Mapping[str, Any]) -> str:
+def _row_key(row: Mapping[str, object]) -> str:
     """A recorded model row's identity across calls (all but the weight types, which making the model gives)."""
     return json.dumps({k: row.get(k) for k in ("like", "kv", "depths", "pass", "batch")}, sort_keys=True)
 
@@ -842,12 +827,12 @@ def _stored_verdict(
     store: ConfirmStore,
     plan: ModelPlan,
     ds: Sequence[int],
+    *,
     rounds: int,
     max_rounds: int | None,
     era: str,
-    *,
     quiet: bool = False,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[E2ePoint], dict[str, Any]]:
     """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
     recs = measure_model(_stored_only, plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
     cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)
@@ -890,9 +875,9 @@ def recompose(table: Table, store: ConfirmStore) -> Confirmed:
         if types is None or not plan.env:
             continue
         wtypes[plan.like] = tuple(str(t) for t in types)
-        top = row.get("max_rounds")
+        n, top = int(row["rounds"]), row.get("max_rounds")
         points[plan.like], gates[plan.like] = _stored_verdict(
-            table, store, plan, ds, int(row["rounds"]), top and int(top), str(row["era"]), quiet=True
+            table, store, plan, ds, rounds=n, max_rounds=top and int(top), era=str(row["era"]), quiet=True
         )
     fates = decide_rules(table, plans, points, gates, weight_types=wtypes)
     return Confirmed(

@@ -25,8 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.result.tables import compare_table
-from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, Table, quant_mode
+from tuner.rounds.costs import load_step_costs
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, quant_mode
 from tuner.sweep.confirm_batch import batch_passes
+from tuner.sweep.grid import FaShape
+from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [
     "- `ggml/src/ggml-cuda/fattn.cu`, `ggml_cuda_get_best_fattn_kernel`: the selection the table goes into.",
@@ -48,7 +51,7 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
     return f"- {model}: **{str(gate.get('verdict', '?')).upper()}**" + (f" ({detail})" if detail else "")
 
 
-def _identity_lines(identity: Mapping[str, Any], *, model_rounds: bool = True) -> list[str]:
+def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -> list[str]:
     """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
     llama-bench runs one more, discarded as warm-up). ``model_rounds``: some model's own rounds (the storage's
     ``tests``) ran; where none did, only the small-batch passes' tests did, and each pass names its own."""
@@ -80,7 +83,7 @@ def _identity_lines(identity: Mapping[str, Any], *, model_rounds: bool = True) -
     return out
 
 
-def e2e_text(conf: Confirmed, *, identity: Mapping[str, Any], rounds: int) -> str:
+def e2e_text(conf: Confirmed, *, identity: Mapping[str, str], rounds: int) -> str:
     """``e2e.md``: per model, the table's env and a compare-llama-bench table of upstream against the table."""
     lines = ["# End-to-end confirmation of the sweep's table", ""]
     model_rounds = any(p.like in conf.points for p in conf.plans)
@@ -120,7 +123,7 @@ def _cell_rounds(table: Table) -> str:
 def coverage_lines(table: Table) -> list[str]:
     """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
     shapes = table.shapes
-    by_d: dict[int, list[Any]] = {}
+    by_d: dict[int, list[FaShape]] = {}
     for s in shapes:
         by_d.setdefault(s.D, []).append(s)
     lines = [
@@ -181,7 +184,7 @@ def _method(table: Table) -> list[str]:
     return [f"{i}. {t}" for i, t in enumerate(items, 1)]
 
 
-def _reported_lines(dropped: Sequence[Any]) -> list[str]:
+def _reported_lines(dropped: Sequence[RuleFate]) -> list[str]:
     """Entries measured end to end but not kept first (each with its why); then, as one list, the entries no
     confirmed model exercised, which are kernel-level verdicts only."""
     if not dropped:
@@ -210,7 +213,7 @@ def _e2e_lines(conf: Confirmed) -> list[str]:
     return lines
 
 
-def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> list[str]:
+def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, object]]) -> list[str]:
     lines = ["Output equivalence (table vs upstream, per model):", ""]
     lines += [_gate_line(p.like, conf.gates.get(p.like)) for p in conf.plans]
     lines += ["", "test-backend-ops with the kept table's env, against the CPU backend:", ""]
@@ -224,7 +227,7 @@ def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, Any]]) -> l
     return lines
 
 
-def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, Any]], patch: bool) -> str:
+def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, object]], patch: bool) -> str:
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
     kept = [f for f in conf.fates if f.kept]
     what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
@@ -252,7 +255,7 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
     return "\n".join([*lines, "", *_closing_lines(conf.fates, patch=patch, adds="the kept entries")])
 
 
-def _closing_lines(fates: Sequence[Any], *, patch: bool, adds: str) -> list[str]:
+def _closing_lines(fates: Sequence[RuleFate], *, patch: bool, adds: str) -> list[str]:
     """PR.md's last sections: kept, reported (:func:`_reported_lines`), the patch, the references."""
     lines = ["## Kept", "", *([f"- {f.text}: {f.why}" for f in fates if f.kept] or ["None."])]
     lines += ["", "## Reported, not patched", "", *_reported_lines([f for f in fates if not f.kept])]
@@ -314,14 +317,11 @@ def _rounds_text(table: Table) -> str:
 
 
 def _params(like: str) -> int:
-    from tuner.targets.models import load_model_shape, plan_tensors
-
     return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
 
 
 def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, Any]:
     """The recording whose model is nearest ``d_model`` in width (costs scale with model size)."""
-    from tuner.targets.models import load_model_shape
 
     def width(r: Mapping[str, Any]) -> float:
         return float(r["d_model"]) if "d_model" in r else float(load_model_shape(str(r["like"])).d_model)
@@ -334,8 +334,6 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
     ``like``. A call's time grows about with the weights a token reads: scaled by the parameter count's ratio to
     the recorded model nearest in width (a 12B shape is not priced as the 8B it is nearest to), unless the
     confirm itself was recorded on this model."""
-    from tuner.targets.models import load_model_shape
-
     rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
     own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     size = _params(like) / _params(str(rec["like"]))
@@ -345,8 +343,6 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
 def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
     """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
     0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
-    from tuner.rounds.costs import load_step_costs
-
     if plan.base:
         return 0.0
     _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
@@ -356,8 +352,6 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
 def check_seconds(like: str) -> float:
     """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
     the dry run prices it: the nearest recorded model's check scaled by parameter count."""
-    from tuner.rounds.costs import load_step_costs
-
     size, rec, _ = _call_cost(load_step_costs(), like)
     return size * float(rec["equivalence_check_s"])
 
@@ -366,8 +360,6 @@ def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
     """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
     case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
     the largest recording for an op not recorded."""
-    from tuner.rounds.costs import load_step_costs
-
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
     whole = float(rec["seconds"])
@@ -379,8 +371,6 @@ def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int,
     (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
     llama-bench's reps + 1 runs, recorded at 4) and its gate: one check, plus the model's prefill band of three
     kernels where this is its first pass (its passes share one)."""
-    from tuner.targets.models import load_model_shape
-
     recs = list(costs.get("confirm_batch", {}).values())
     own = next((r for r in recs if r["like"] == like), None)
     d_model, params = load_model_shape(like).d_model, _params(like)
@@ -405,8 +395,6 @@ def plan_text(
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
     (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
     an estimate)."""
-    from tuner.rounds.costs import load_step_costs
-
     costs = load_step_costs()
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "

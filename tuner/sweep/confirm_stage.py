@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ["ConfirmOutcome", "ConfirmPlan", "ConfirmRequest", "outcome_text", "plan_confirm", "run_confirm"]
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,7 +319,7 @@ def _backend_ops(
 def _write(
     table: Table,
     conf: Confirmed,
-    ops: list[dict[str, Any]],
+    ops: Sequence[Mapping[str, object]],
     src: Source,
     *,
     out: Path,

@@ -56,11 +56,11 @@ class ConfirmStore:
         rows = self.db.execute("SELECT name, record FROM gate WHERE model = ?", (model,))
         return {str(n): json.loads(r) for n, r in rows}
 
-    def add_gate(self, model: str, name: str, rec: Mapping[str, Any]) -> None:
+    def add_gate(self, model: str, name: str, rec: Mapping[str, object]) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
 
-    def set_models(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    def set_models(self, rows: Sequence[Mapping[str, object]]) -> None:
         """The models of the last call, in order (``like``, ``kv``, ``depths``, ``rounds``, ``era`` and the
         GGUF's ``weight_types``, None for a model not made): what PR.md and upstream.patch were decided over,
         so :func:`recompose` decides them again from this file alone."""

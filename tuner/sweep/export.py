@@ -50,11 +50,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from tuner import source
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
-from tuner.rounds.store import Sample, SampleStore
+from tuner.result.checks import FolderError, present_in, read_bytes_in
+from tuner.result.export import staged_export
+from tuner.rounds.store import Sample, read_store
 from tuner.sweep import confirm, live, mmq
+from tuner.sweep.plots import plot_fa, plot_mmq
 
 MANIFEST = "table.toml"
 SCHEMA = 1
@@ -119,22 +125,10 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
         models = tuple(store.models())
     finally:
         store.close()
-    fa = SampleStore(live.TABLE, sweep_dir / EVIDENCE["sweep"], {})
-    try:
-        fa_samples = tuple(fa.samples())
-    finally:
-        fa.close()
-    mm: tuple[Sample[mmq.MmqKey], ...] = ()
+    fa = tuple(read_store(live.TABLE, sweep_dir / EVIDENCE["sweep"])[0])
     mdir = dirs.get("mmq")
-    if mdir is not None:
-        ms = SampleStore(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"], {})
-        try:
-            mm = tuple(ms.samples())
-        finally:
-            ms.close()
-    return Evidence(
-        table=table, confirmed=conf, models=models, confirm_identity=meta, fa_samples=fa_samples, mmq_samples=mm
-    )
+    mm = () if mdir is None else tuple(read_store(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"])[0])
+    return Evidence(table=table, confirmed=conf, models=models, confirm_identity=meta, fa_samples=fa, mmq_samples=mm)
 
 
 def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:
@@ -147,8 +141,6 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
     Raises:
         UsageError: A file that is not xz, not a regular file, or decompresses past the limit.
     """
-    from tuner.result.checks import FolderError, present_in
-
     cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
@@ -181,8 +173,6 @@ def decompress_file(folder: Path, rel: str, dest: Path) -> None:
 
 def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
     """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
-    from tuner.result.checks import read_bytes_in
-
     xz = folder / rel
     data = read_bytes_in(folder, rel)
     dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
@@ -334,11 +324,9 @@ def manifest_table(ev: Evidence) -> dict[str, Any]:
 
 
 def _write(
-    stage: Path, ev: Evidence, src: Any, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
+    stage: Path, ev: Evidence, src: source.Source, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
 ) -> dict[str, Any]:
     """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
-    from tuner.sweep.plots import plot_fa, plot_mmq
-
     if patch:
         (stage / "upstream.patch").write_text(patch)
     confirm_dir = dirs["confirm"]
@@ -351,7 +339,7 @@ def _write(
     (stage / "plots").mkdir()
     t = ev.table
     plots = plot_fa(t.cells, ev.fa_samples, t.rules, stage / "plots")
-    by_type: dict[str, list[Any]] = {}
+    by_type: dict[str, list[mmq.MmqChoice]] = {}
     for ch in t.mmq:
         by_type.setdefault(ch.type, []).append(ch)
     mplot = plot_mmq(ev.mmq_samples, by_type, stage / "plots" / "mmq.png") if ev.mmq_samples else None
@@ -392,15 +380,9 @@ def export_table(
             not the one the confirmation used; the confirmation's own ``upstream.patch`` differs from the
             one its stored decisions give (a stale confirm directory).
     """
-    import tomli_w
-
-    from tuner import source
-
     out, cdir = Path(out), Path(confirm_dir)
     _check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)
-    from tuner.result.export import staged_export
-
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier export).
     with (
         tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp,

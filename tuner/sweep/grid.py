@@ -58,11 +58,11 @@ __all__ = [
 import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import Phase
 from tuner.rounds.engine import AA, DEFAULT
+from tuner.targets.archs import Arch
 
 HEAD_SIZES = (64, 80, 96, 112, 128, 256)
 GQA_RATIOS = (1, 2, 4, 6, 8)
@@ -150,12 +150,12 @@ class Cell:
 
 
 OFFSET_AMD = 0x1000000
-"""``GGML_CUDA_CCOFFSET_AMD``: an AMD device's cc is this plus its gfx number read as hex (gfx1151 -> 0x1151)."""
+"""``GGML_CUDA_CC_OFFSET_AMD``: an AMD device's cc is this plus its gfx number read as hex (gfx1151 -> 0x1151)."""
 _RDNA3, _RDNA1, _CDNA1 = OFFSET_AMD + 0x1100, OFFSET_AMD + 0x1010, OFFSET_AMD + 0x908
 _GCN_APUS = (OFFSET_AMD + 0x909, OFFSET_AMD + 0x90C)
 
 
-def cc_of(arch: Any) -> int:
+def cc_of(arch: Arch) -> int:
     """The compute capability ``ggml_cuda_info()`` reports for ``arch`` (common.cuh of llama.cpp 0c1e570)."""
     gfx = getattr(arch, "gfx", None)
     if getattr(arch, "vendor", None) == "amd" and isinstance(gfx, str) and gfx.startswith("gfx"):
@@ -163,7 +163,7 @@ def cc_of(arch: Any) -> int:
     return int(getattr(arch, "cc", 0) or 0)
 
 
-def _check_arch(arch: Any) -> int:
+def _check_arch(arch: Arch) -> int:
     cc = cc_of(arch)
     if cc >= OFFSET_AMD or (getattr(arch, "vendor", None) == "nvidia" and cc >= _TURING):
         return cc
@@ -182,7 +182,7 @@ def _amd_mfma(cc: int) -> bool:
     return _CDNA1 <= cc < _RDNA1 and cc not in _GCN_APUS  # CDNA: amd_mfma_available
 
 
-def legal_kernels(arch: Any, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...]:
+def legal_kernels(arch: Arch, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...]:
     """The kernels with device code for head size ``D`` at ``n_kv`` (and GQA ``gqa``: AMD's WMMA tiles need
     the GQA packing) on ``arch`` (module doc), VEC, TILE, MMA order."""
     cc = _check_arch(arch)
@@ -223,7 +223,7 @@ def _upstream_amd(cc: int, shape: FaShape, n_kv: int, can_vec: bool) -> str:
     return "TILE"
 
 
-def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
+def upstream_kernel(arch: Arch, shape: FaShape, n_kv: int) -> str:
     """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
     cc = _check_arch(arch)
     D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
@@ -245,7 +245,7 @@ def upstream_kernel(arch: Any, shape: FaShape, n_kv: int) -> str:
 
 
 def plan(
-    arch: Any,
+    arch: Arch,
     *,
     head_sizes: Iterable[int] = HEAD_SIZES,
     gqa_ratios: Iterable[int] = GQA_RATIOS,

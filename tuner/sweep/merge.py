@@ -41,17 +41,26 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from tuner import source
 from tuner._compat import tomllib
 from tuner._hash import file_sha256, text_sha256
 from tuner.errors import TunerError, UsageError
+from tuner.result.export import staged_export
 from tuner.sweep import confirm, export, gpus
-from tuner.sweep.confirm_report import e2e_text
+from tuner.sweep.confirm_report import e2e_text, merged_pr_text
 from tuner.sweep.gpus import GpuConfirmation, Joined
+from tuner.sweep.grid import Cell
+from tuner.sweep.live import FaKey
+from tuner.sweep.mmq import MmqChoice
+from tuner.sweep.table import TableRule
 from tuner.sweep.table_pr import Confirmation, table_pr_text
+from tuner.targets.archs import Arch
 
 KIND = "merged sweep table"
 PARTS = "parts"
@@ -75,14 +84,14 @@ class Part:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Cells:
-    arch: Any
-    cells: tuple[Any, ...]
+    arch: Arch
+    cells: tuple[Cell, ...]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Kept:
-    kept_rules: list[Any]
-    kept_mmq: list[Any]
+    kept_rules: list[TableRule]
+    kept_mmq: list[MmqChoice]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,7 +148,7 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
     return out
 
 
-def _same(parts: Sequence[Part], what: str, get: Any, fix: str) -> None:
+def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: str) -> None:
     seen = {p.name: get(p) for p in parts}
     if len(set(seen.values())) > 1:
         each = ", ".join(f"{n}: {v}" for n, v in seen.items())
@@ -172,7 +181,7 @@ def merged_view(parts: Sequence[Part], others: Sequence[GpuConfirmation] = ()) -
         lambda p: p.manifest["target"]["measured_on"],
         "Merge tables of one GPU model; where a table says 'not recorded', export it again with --measured-on.",
     )
-    owner: dict[tuple[Any, int], str] = {}
+    owner: dict[FaKey, str] = {}
     for p in parts:
         for c in p.evidence.table.cells:
             key = (c.shape, c.n_kv)
@@ -221,7 +230,7 @@ def merged_patch(root: Path, merged: Merged) -> str:
         raise UsageError(f"The parts' kept entries cannot form one table: {err}") from err
 
 
-def manifest_table(merged: Merged) -> dict[str, Any]:
+def manifest_table(merged: Merged) -> dict[str, list[str]]:
     """The merged manifest's ``[table]``: what :func:`merged_view` gives from the parts' evidence."""
     return {
         "fa_rules": [r.text for r in merged.confirmed.kept_rules],
@@ -336,18 +345,11 @@ def merge_tables(
         UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
             export; parts that do not join (:func:`merged_view`); a source other than the parts'.
     """
-    import tomli_w
-
-    from tuner import source
-    from tuner.sweep.confirm_report import merged_pr_text
-
     out = Path(out)
     folders = [Path(f) for f in folders]
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):
         raise UsageError(f"-o {out} is one of the tables to merge, or holds one; pass a new folder.")
     _check_out(out)
-    from tuner.result.export import staged_export
-
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier merge).
     with tempfile.TemporaryDirectory(prefix="tuner-sweep-merge-") as tmp, staged_export(out, check=_check_out) as stage:
         parts = load_parts(folders, Path(tmp) / "ev")

@@ -32,17 +32,15 @@ type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper inc
   Turing branch; :func:`match_mmq` is the same lookup in Python.
 
 **CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
-the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures any repeated graph as a CUDA
-graph, batched multiplications included: ``ggml_cuda_graph_check_compability`` in
-``ggml/src/ggml-cuda/ggml-cuda.cu`` turns graphs off only for a ``MUL_MAT_ID`` whose fallback path
-synchronizes, and ``ggml_backend_cuda_graph_compute`` captures a graph on its second call with unchanged
-node properties. (Older trees turned them off for any batch above 1: ``check_node_graph_compatibility_and_refresh_copy_ops``
-in llama.cpp 4227c9b, llama-cpp-python 0.3.16, on an ``ADD`` whose ``src[1]->ne[1] > 1``.) So llama-bench's
-prompt test, which runs the same graph every repetition, runs its multiplications in a CUDA graph, while
-the ubatches of one long prompt, whose K/V views grow from one to the next, run directly. The sweep keeps
-graphs on by default, as llama.cpp does; ``cuda_graphs=False`` (``tuner sweep mmq --no-cuda-graphs``) runs
-every config with ``GGML_CUDA_DISABLE_GRAPHS=1``, which ``ggml_cuda_graph::is_enabled`` (``common.cuh``)
-reads, and the storage's identity and the report say which was used.
+the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures a repeated graph as a CUDA graph
+on its second call (``ggml_backend_cuda_graph_compute`` in ``ggml/src/ggml-cuda/ggml-cuda.cu``), batched
+multiplications included: ``ggml_cuda_graph_check_compability`` turns graphs off only for a ``MUL_MAT_ID``
+whose fallback synchronizes. (Older trees turned them off for any batch above 1:
+``check_node_graph_compatibility_and_refresh_copy_ops`` in llama.cpp 4227c9b, llama-cpp-python 0.3.16.) So
+llama-bench's prompt test runs its multiplications in a CUDA graph, while the ubatches of one long prompt
+(K/V views growing) run directly. The sweep keeps graphs on, as llama.cpp does; ``cuda_graphs=False``
+(``--no-cuda-graphs``) sets ``GGML_CUDA_DISABLE_GRAPHS=1`` (``ggml_cuda_graph::is_enabled``, ``common.cuh``)
+for every config, and the storage's identity and the report say which was used.
 """
 
 from __future__ import annotations
@@ -104,6 +102,7 @@ from typing import Any
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.measure import mm_bench
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY
+from tuner.plan.patch import patched_file, render_template
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
 from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Decision, Shape, rules_from
@@ -112,6 +111,7 @@ from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore, Table
 from tuner.sweep.grid import OFFSET_AMD, cc_of, duration_text
 from tuner.sweep.table import amd_family_condition
+from tuner.targets.archs import Arch
 from tuner.targets.models import ModelShape, load_model_shape
 
 MMQ_FILE = "ggml/src/ggml-cuda/mmq.cu"
@@ -215,8 +215,6 @@ _HOOK_TEMPLATE = "patches/mma/mmq-hook.cu.j2"
 
 def hook_block() -> str:
     """The hook's C++ (parser, table and lookup) as :func:`patched_mmq_hook` puts it before the function."""
-    from tuner.plan.patch import render_template
-
     return render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook")
 
 
@@ -239,14 +237,12 @@ def _function(root: Path) -> tuple[str, int, int]:
 def patched_mmq_hook(root: Path) -> str:
     """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc): the opt-in manifest
     ``mmq-hook`` alone, as a build with ``render_variant(..., hooks=("mmq",))`` carries it."""
-    from tuner.plan.patch import patched_file
-
     _function(root)  # the structure check, with its message
     return patched_file(root, "mma", _HOOK_MANIFEST, MMQ_FILE)
 
 
 def patched_mmq_condition(
-    root: Path, choices: Sequence[MmqChoice], arch: Any, cond: str, *, note: str = ""
+    root: Path, choices: Sequence[MmqChoice], arch: Arch, cond: str, *, note: str = ""
 ) -> str | None:
     """mmq.cu with the composed choices as upstream-style conditions for ``arch`` (None where none is BLAS).
 
@@ -283,7 +279,7 @@ def patched_mmq_condition(
     return text[:at] + "\n".join(lines) + text[at:]
 
 
-def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Any, *, note: str = "") -> str | None:
+def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, note: str = "") -> str | None:
     """``upstream.patch`` of the composed choices: a git-format diff of mmq.cu of the pristine tree at
     ``root`` (:func:`patched_mmq_condition`, the arch matched exactly); None where no choice is cuBLAS."""
     common = root / COMMON
@@ -350,7 +346,7 @@ class MmqCell:
         return (DEFAULT, AA, *(b for b in BACKENDS if b != self.upstream))
 
 
-def upstream_backend(arch: Any, type_name: str, ne11: int) -> str:
+def upstream_backend(arch: Arch, type_name: str, ne11: int) -> str:
     """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model (no experts) on a
     GPU with 48 KiB or more of shared memory a block: ``MMQ`` or ``BLAS``. MMQ everywhere on NVIDIA with Turing
     tensor cores; on AMD by its own per-family rules (CDNA's MFMA, RDNA3/3.5's and RDNA4's WMMA)."""
@@ -377,7 +373,7 @@ def upstream_backend(arch: Any, type_name: str, ne11: int) -> str:
     return "MMQ"
 
 
-def plan_mmq(arch: Any, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
+def plan_mmq(arch: Arch, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int] = MMQ_BATCHES) -> list[MmqCell]:
     """Every (type, ne11) cell with upstream's backend there (:func:`upstream_backend`)."""
     bad = [t for t in types if t not in MMQ_SUPPORTED]
     if bad:
@@ -547,7 +543,7 @@ def blas_env(types: Iterable[str]) -> dict[str, str]:
     return {mm_bench.ENV: mmq_env(choices)}
 
 
-def mmq_plan_text(arch: Any, *, limits: tuple[int, int], per_call_s: float | None = None) -> str:
+def mmq_plan_text(arch: Arch, *, limits: tuple[int, int], per_call_s: float | None = None) -> str:
     """`tuner sweep mmq`'s plan at its defaults: every type and batch size at the default models' sizes."""
     cells = plan_mmq(arch)
     sizes = like_sizes(DEFAULT_LIKE)

@@ -66,7 +66,7 @@ def plot_fa(
     """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1``, and one
     ``fa-D<head size>-ne1-<N>.png`` per head size and query batch N > 1 (module doc)."""
     plt = pyplot()
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
 
     sp = fa_speedups(cells, samples, rules)
     out = []
@@ -116,7 +116,7 @@ def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[M
     if not sp:
         return None
     plt = pyplot()
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
 
     types, batches = sorted({t for t, _ in sp}), sorted({n for _, n in sp})
     grid = [[sp.get((t, n), math.nan) for n in batches] for t in types]

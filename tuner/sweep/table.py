@@ -32,11 +32,11 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.result.upstream_patch import COMMON, FATTN, KERNEL_ENUMS, arch_condition, git_diff, kv_type_enum
+from tuner.targets.archs import Arch
 
 LOOKUP_PREFIX = "ggml_cuda_fattn_tuned_kernel_"
 _FUNCTION = "static best_fattn_kernel ggml_cuda_get_best_fattn_kernel("
@@ -145,11 +145,11 @@ def _check(rules: Sequence[TableRule]) -> None:
                 )
 
 
-def _suffix(arch: Any) -> str:
+def _suffix(arch: Arch) -> str:
     return re.sub(r"[^a-z0-9]+", "_", str(getattr(arch, "family", "") or arch.name).lower()).strip("_")
 
 
-def table_block(rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str:
+def table_block(rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str:
     """The static table and its lookup function (C++ lines ending in a newline), for ``arch``."""
     suffix = _suffix(arch)
     rows = []
@@ -203,7 +203,7 @@ def table_block(rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str
     )
 
 
-def _call(arch: Any, cond: str) -> str:
+def _call(arch: Arch, cond: str) -> str:
     return "\n".join(
         [
             f"        if ({cond} && Q->ne[3] == 1) {{",
@@ -218,7 +218,7 @@ def _call(arch: Any, cond: str) -> str:
     )
 
 
-def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
     """fattn.cu of the pristine tree at ``root`` with the table added (module doc); None for no rules.
 
     Raises:
@@ -270,7 +270,7 @@ _AMD_FAMILIES = {
 }
 
 
-def amd_family_condition(arch: Any) -> str:
+def amd_family_condition(arch: Arch) -> str:
     """The family test upstream's own AMD branches use (common.cuh's ``GGML_CUDA_CC_IS_RDNA3_5(cc)`` ...): the
     measured GPU's family, as a Strix Halo's gfx1151 and a gfx1150 share RDNA3.5's kernels and tuning."""
     cond = _AMD_FAMILIES.get(str(getattr(arch, "family", "")))
@@ -282,7 +282,7 @@ def amd_family_condition(arch: Any) -> str:
     return cond
 
 
-def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Any, *, note: str = "") -> str | None:
+def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
     """``upstream.patch`` for the whole table: a git-format diff of fattn.cu (None for no rules)."""
     new = patched_fattn_table(root, rules, arch, note=note)
     return None if new is None else git_diff(FATTN, (root / FATTN).read_text(), new)

@@ -32,7 +32,14 @@ from typing import Any
 
 from tuner import _run
 from tuner._hash import file_sha256, text_sha256
+from tuner.builder import cmake
+from tuner.builder.carry import pack_build, unpack_build
 from tuner.errors import TunerError, UsageError
+from tuner.measure import gate
+from tuner.measure.gate import params_for_shapes
+from tuner.plan import render
+from tuner.plan.variant import RenderedVariant
+from tuner.result import upstream_check
 from tuner.result.checks import (
     ArgumentError,
     Finding,
@@ -43,10 +50,22 @@ from tuner.result.checks import (
     present_in,
     read_text_in,
 )
+from tuner.result.upstream_check import gpu_skip
+from tuner.result.upstream_patch import whitespace_only_hunks
 from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
+from tuner.source import Source
 from tuner.sweep import export, gpus, merge
+from tuner.sweep.confirm import render_kept
+from tuner.sweep.table import harness_source, match_table
+from tuner.sweep.table_select import selected_kernels
+from tuner.targets import archs
 
-REQUIRED: dict[str, dict[str, type[Any]]] = {
+Kept = export.Evidence | merge.Merged
+"""A table's recomposed evidence, or a merged table's view of its parts': what the patch checks read."""
+GpuArg = str | Path | None
+"""A ``gpu`` value of ``tuner validate --gpu``: ``log_dir``, ``pack`` or ``from_pack``."""
+
+REQUIRED: dict[str, dict[str, type[object]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
     "target": {"arch": str, "measured_on": str},
     "table": {
@@ -114,7 +133,7 @@ def _kind(folder: Path) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[Any]]] = REQUIRED) -> list[str]:
+def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[object]]] = REQUIRED) -> list[str]:
     errs = []
     if m.get("schema") != export.SCHEMA:
         errs.append(f"schema is {m.get('schema')!r}; this tuner reads schema {export.SCHEMA}")
@@ -183,7 +202,7 @@ def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
     return Finding(check="patch hash", ok=ok, detail="" if ok else why)
 
 
-def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
+def _recomposed(ev: export.Evidence, m: Mapping[str, Any]) -> Finding:
     """The manifest's table and coverage equal what the evidence recomposes to (first few differences)."""
     got = export.manifest_table(ev)
     diffs = []
@@ -204,10 +223,8 @@ def _recomposed(ev: Any, m: Mapping[str, Any]) -> Finding:
     return Finding(check="recomposed from evidence", ok=not diffs, detail="; ".join(diffs[:4]) if diffs else detail)
 
 
-def _lookup(patched: str, ev: Any) -> Finding:
+def _lookup(patched: str, ev: Kept) -> Finding:
     """The C++ lookup of the patched fattn.cu against :func:`match_table` at every stored cell."""
-    from tuner.sweep.table import harness_source, match_table
-
     gxx = shutil.which("g++")
     if gxx is None:
         return Finding(
@@ -255,12 +272,9 @@ def _lookup(patched: str, ev: Any) -> Finding:
     return Finding(check="table lookup", ok=not bad, detail="; ".join(bad[:3]) if bad else detail)
 
 
-def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> list[Finding]:
-    from tuner.result.upstream_patch import whitespace_only_hunks
-    from tuner.sweep.confirm import kept_patch
-
+def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -> list[Finding]:
     try:
-        want = kept_patch(source.root, ev.confirmed, ev.table.arch)
+        want = render_kept(source.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
     except TunerError as err:
         return [Finding(check="re-render", ok=False, detail=str(err))]
     same = want == (patch or "")
@@ -299,7 +313,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Any, source: Any) -> li
     return out
 
 
-def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
+def validate_table(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
     """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
     failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them.
     ``fetch``: download a source the cache lacks (else a failed ``source`` check)."""
@@ -316,7 +330,7 @@ def validate_table(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch:
     return guarded(folder, run)
 
 
-def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Any, Finding]:
+def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Source | None, Finding]:
     try:
         source = cached_or_fetched(m["source"]["spec"], fetch)
     except TunerError as err:
@@ -327,7 +341,9 @@ def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Any, Finding]:
     )
 
 
-def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None, fetch: bool) -> tuple[list[Finding], Any]:
+def _table_findings(
+    folder: Path, *, gpu: Mapping[str, GpuArg] | None, fetch: bool
+) -> tuple[list[Finding], export.Evidence | None]:
     """One table's findings, and its recomposed evidence (None where it could not be recomposed)."""
     f: list[Finding] = []
     try:
@@ -364,7 +380,7 @@ def _table_findings(folder: Path, *, gpu: Mapping[str, Any] | None, fetch: bool)
 
 
 def _gpu_checked(
-    folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any], static: Sequence[Finding]
+    folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg], static: Sequence[Finding]
 ) -> list[Finding]:
     rerender = next((x for x in static if x.check == "re-render"), None)
     if patch is not None and (rerender is None or not rerender.ok):
@@ -385,7 +401,7 @@ def _gpu_checked(
 
 
 def _merged_schema(m: Mapping[str, Any]) -> list[str]:
-    req: dict[str, Mapping[str, type[Any]]] = {
+    req: dict[str, Mapping[str, type[object]]] = {
         "source": REQUIRED["source"],
         "target": REQUIRED["target"],
         "hashes": {"patch_sha256": str},
@@ -438,7 +454,7 @@ def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tu
     return stores, found
 
 
-def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch: bool = False) -> ResultCheck:
+def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
     """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
     its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
     manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
@@ -506,34 +522,28 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, Any] | None = None, fetch
     return ResultCheck(path=folder, findings=tuple(f))
 
 
-def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Mapping[str, Any]) -> list[Finding]:
+def _gpu_findings(
+    folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg]
+) -> list[Finding]:
     """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
     ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
-    from tuner.builder.carry import pack_build, unpack_build
-    from tuner.builder.cmake import build_variant
-    from tuner.measure.gate import params_for_shapes, run_check
-    from tuner.plan.render import render_variant
-    from tuner.plan.variant import RenderedVariant
-    from tuner.result.upstream_check import gpu_skip, patched_tree_text
-    from tuner.targets.archs import detect_local_archs
-
     arch = ev.table.arch
-    local = detect_local_archs()
+    local = archs.detect_local_archs()
     if patch is None:
         return [Finding(check="upstream.patch on the GPU", ok=True, detail="skipped: the table has no upstream.patch")]
     pack, from_pack = gpu.get("pack"), gpu.get("from_pack")
     if arch.name not in local and pack is None:
         return gpu_skip(arch.name, local)
     log_dir = Path(gpu.get("log_dir") or tempfile.mkdtemp(prefix="tuner-validate-table-"))
-    base = render_variant(source, arch.name, "cuda", local_archs=local)
+    base = render.render_variant(source, arch.name, "cuda", local_archs=local)
     rv = RenderedVariant(
         arch=arch.name, variant="cuda+upstream.patch", era=source.era, source_id=source.source_id,
         source_root=source.root, defines=dict(base.defines), patch=patch,
-        files=patched_tree_text(folder / "upstream.patch", source.root),
+        files=upstream_check.patched_tree_text(folder / "upstream.patch", source.root),
     )  # fmt: skip
     if from_pack is not None:
         unpack_build(Path(from_pack), rv)  # then build_variant takes it as cached
-    b = build_variant(rv, targets=("test-backend-ops",))
+    b = cmake.build_variant(rv, targets=("test-backend-ops",))
     how = "carried" if from_pack is not None else "cached" if b.cached else f"built in {b.seconds:.0f} s"
     out = [Finding(check="upstream.patch builds", ok=True, detail=how)]
     if pack is not None:
@@ -546,11 +556,9 @@ def _gpu_findings(folder: Path, patch: str | None, ev: Any, source: Any, gpu: Ma
     for op, params in (("FLASH_ATTN_EXT", fa), ("MUL_MAT", None)):
         if op == "FLASH_ATTN_EXT" and fa is None:  # no kept entry: nothing of FLASH_ATTN_EXT changed
             continue
-        chk = run_check(
+        chk = gate.run_check(
             b.bin_dir, ops=(op,), backend=f"{arch.backend}0", log_dir=log_dir, params=params, label=f"table-{op}"
         )
         out.append(Finding(check=f"test-backend-ops {op}", ok=chk.passed, detail=f"{chk.summary} (log {chk.log_file})"))
-    from tuner.sweep.table_select import selected_kernels
-
     out.append(selected_kernels(b.bin_dir, ev, backend=f"{arch.backend}0", log_dir=log_dir))
     return out

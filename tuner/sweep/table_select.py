@@ -16,20 +16,26 @@ __all__ = ["probes", "selected_kernels"]
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from tuner import _run
+from tuner.measure import fa_bench
+from tuner.measure.fa_bench import fa_bench_cases
+from tuner.result import upstream_check
 from tuner.result.checks import Finding
+from tuner.result.upstream_check import KERNEL_FUNCTIONS, parse_ncu_csv
+from tuner.sweep import export, merge
+from tuner.sweep.grid import Cell
+from tuner.sweep.live import bench_shape
+from tuner.sweep.table import TableRule, match_table
 
 CHECK = "upstream.patch selects the table's kernels"
 _TIMEOUT_S = 300
 
 
-def probes(rules: Sequence[Any], cells: Sequence[Any]) -> list[tuple[Any, str]]:
+def probes(rules: Sequence[TableRule], cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
     """(cell, kernel the patched tree must launch there) at the lowest and highest stored n_kv each kept entry
     covers, in the entries' order."""
-    from tuner.sweep.table import match_table
-
-    out: list[tuple[Any, str]] = []
+    out: list[tuple[Cell, str]] = []
     for r in rules:
         cov = sorted(
             (c for c in cells if (c.shape.D, c.shape.gqa, c.shape.kv, c.shape.ne1) == (r.D, r.gqa, r.kv, r.ne1)
@@ -48,15 +54,12 @@ def probes(rules: Sequence[Any], cells: Sequence[Any]) -> list[tuple[Any, str]]:
 
 def _launched(ncu: Path, exe: Path, cases: Path, backend: str, log: Path) -> tuple[set[str] | None, str]:
     """The kernel families one fa-bench run launched under ncu, or None with why."""
-    from tuner._run import run
-    from tuner.result.upstream_check import KERNEL_FUNCTIONS, parse_ncu_csv
-
-    cmd: list[Any] = [ncu, "--clock-control", "none", "--cache-control", "none"]
+    cmd: list[str | Path] = [ncu, "--clock-control", "none", "--cache-control", "none"]
     cmd += ["--kernel-name", "regex:^(" + "|".join(KERNEL_FUNCTIONS) + ")$", "--metrics", "gpu__time_duration.sum"]
     cmd += ["--csv", "--page", "raw", "--print-kernel-base", "function"]
     cmd += [exe, "-b", backend, "-f", cases, "-n", "1", "-c", "0", "-T", "120"]
     env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}  # one launch per op, each seen by ncu
-    res = run(cmd, env=env, check=False, timeout=_TIMEOUT_S, what="ncu fa-bench")
+    res = _run.run(cmd, env=env, check=False, timeout=_TIMEOUT_S, what="ncu fa-bench")
     log.write_text(res.output)
     if res.returncode != 0:
         return None, f"ncu exited {res.returncode} (log {log})"
@@ -66,16 +69,12 @@ def _launched(ncu: Path, exe: Path, cases: Path, backend: str, log: Path) -> tup
     return {KERNEL_FUNCTIONS.get(n, n) for n in names}, ""
 
 
-def selected_kernels(bin_dir: Path, ev: Any, *, backend: str, log_dir: Path) -> Finding:
+def selected_kernels(bin_dir: Path, ev: export.Evidence | merge.Merged, *, backend: str, log_dir: Path) -> Finding:
     """:data:`CHECK` (module doc) on the patched build in ``bin_dir``; ``ev``: the table's kept rules and cells."""
-    from tuner.measure.fa_bench import build_fa_bench, fa_bench_cases
-    from tuner.result.upstream_check import find_ncu
-    from tuner.sweep.live import bench_shape
-
     todo = probes(ev.confirmed.kept_rules, ev.table.cells)
     if not todo:
         return Finding(check=CHECK, ok=True, detail="skipped: no FlashAttention entry kept")
-    ncu = find_ncu()
+    ncu = upstream_check.find_ncu()
     if ncu is None:
         return Finding(
             check=CHECK,
@@ -83,7 +82,7 @@ def selected_kernels(bin_dir: Path, ev: Any, *, backend: str, log_dir: Path) -> 
             detail="skipped: Nsight Compute (ncu) not found; the static 'table lookup' check compares the "
             "patch's lookup with the matcher at every stored cell",
         )
-    exe = build_fa_bench(bin_dir)
+    exe = fa_bench.build_fa_bench(bin_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     rows, ok = [], True
     for i, (c, want) in enumerate(todo):
