@@ -79,3 +79,43 @@ def test_the_backend_is_ggmls_hip_name_and_the_default_build_the_hip_variant(mon
     with pytest.raises(UsageError, match="stop here"):
         build.default_build("gfx1151", None)
     assert seen == {"arch": "gfx1151", "variant": "hip", "hooks": ("mmq",)}
+
+
+def test_an_amd_table_confirms_exports_and_validates_from_fake_timings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gfx1151's grid with MMA planted faster than upstream's TILE from n_kv 16384 (fake timings of known truth,
+    through the sweep's store, composition, confirmation and export): the patch is keyed on RDNA3.5 and
+    `tuner validate` decides it again from the evidence."""
+    import random
+
+    from tests.unit.sweep.test_sweep_export import _confirmed, _export, _failed, _fake_source
+    from tuner._compat import tomllib
+    from tuner.rounds.engine import AA, DEFAULT
+    from tuner.rounds.store import Sample, SampleStore
+    from tuner.sweep import live
+    from tuner.sweep.grid import plan
+
+    _fake_source(tmp_path, monkeypatch)
+    gfx = load_arch("gfx1151")
+    sweep_dir = tmp_path / "sweep"
+    ident = {"arch": "gfx1151", "backend": "ROCm0", "build": "/b", "timer": "t", "device": "AMD Radeon 8060S"}
+    store = SampleStore(live.TABLE, sweep_dir / "sweep.sqlite3", ident)
+    rng, rows = random.Random(1), []
+    for c in plan(
+        gfx, head_sizes=(64,), gqa_ratios=(4,), kv_types=("f16",), query_batches=(1,), n_kv=(4096, 8192, 16384, 32768)
+    ):
+        assert c.upstream == "TILE"
+        for r in range(3):
+            for cfg in c.configs:
+                us = 100.0 * (1 + rng.uniform(-0.002, 0.002))
+                us *= (0.8 if c.n_kv >= 16384 else 1.3) if cfg == "MMA" else 1.5 if cfg not in (DEFAULT, AA) else 1.0
+                rows.append(Sample(key=(c.shape, c.n_kv), config=cfg, round=r, us=us))
+    store.add(rows)
+    store.close()
+    out = _export(tmp_path, _confirmed(tmp_path, sweep_dir=sweep_dir))
+    m = tomllib.loads((out / "table.toml").read_text())
+    assert m["target"] == {"arch": "gfx1151", "measured_on": "AMD Radeon 8060S"}
+    assert m["table"]["fa_rules"] == ["D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"]
+    assert "if (GGML_CUDA_CC_IS_RDNA3_5(cc) && Q->ne[3] == 1) {" in (out / "upstream.patch").read_text()
+    assert _failed(out) == {}

@@ -115,7 +115,7 @@ def _confirmed(
         store.close()
     import tuner.source
 
-    patch = confirm.kept_patch(tuner.source.fetch_source().root, conf, SM90)
+    patch = confirm.kept_patch(tuner.source.fetch_source().root, conf, table.arch)  # the arch the sweep recorded
     if patch:
         (out / "upstream.patch").write_text(patch)
     (out / "e2e.md").write_text(e2e_text(conf, identity={"build": "b"}, rounds=4))
