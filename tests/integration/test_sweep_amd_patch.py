@@ -120,3 +120,20 @@ def test_the_sweeps_default_build_for_gfx1151_has_both_hooks_and_they_compile(hi
     assert b.meta["status"] == "ok"
     got = {Path(o).name: load_offload_targets(b.build_dir / o) for o in b.meta["offload_targets"]}
     assert got["fattn.cu.o"] == ["gfx1151"] and "mmq.cu.o" in got, got
+
+
+@pytest.mark.slow
+def test_the_two_timers_compile_with_the_hip_toolchain(hip_toolchain, tree_a, tmp_path: Path) -> None:
+    """fa-bench and mm-bench are host programs on ggml's backend API (they time whatever backend the build has):
+    compiled, as `tuner sweep run/mmq` compiles them against a build, with the HIP toolchain's clang++ and the
+    pinned tree's headers, to object files (there is no ROCm build of libggml here to link against)."""
+    from tuner.paths import package_data
+
+    tc = find_hip_toolchain()
+    assert tc is not None
+    inc = tree_a.root / "ggml" / "include"
+    for name in ("fa_bench.cpp", "mm_bench.cpp"):
+        obj = tmp_path / f"{name}.o"
+        run([str(tc.clangxx), "-O2", "-std=c++17", f"-I{inc}", "-c", str(package_data(name)), "-o", str(obj)],
+            what=f"{name} with {tc.clangxx.name}")  # fmt: skip
+        assert obj.stat().st_size > 0
