@@ -29,19 +29,56 @@ import json
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 import click
 
 from tuner import log
+from tuner.builder import cmake
+from tuner.builder.hip import find_hip_toolchain
 from tuner.errors import TunerError, UsageError
+from tuner.plan.derive import Legal, legal_values, resolve_space
+from tuner.plan.render import render_variant
+from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints, load_space, set_values
 from tuner.rounds.costs import load_step_costs
-from tuner.search.cost import full_build_seconds, nearest_recording, screen_round_seconds
-from tuner.search.plan_here import Here, here_for
+from tuner.search import tune as tn
+from tuner.search.confirm import extra_depths
+from tuner.search.cost import full_build_seconds, nearest_recording, past_cost_line, screen_round_seconds
+from tuner.search.pipeline import PHASES, kernels_for
+from tuner.search.plan_here import CPU_CHECK_OBJECTS, Here, Stage, check_objects, here_for
+from tuner.search.request import PlannedSearch, SearchRequest, check_variants, plan_search
+from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
+from tuner.source import DEFAULT_SPEC, Source, fetch_source
+from tuner.targets.host import host_cpus
+from tuner.targets.models import load_gguf_shape, load_model_shape
 from tuner.targets.target import Target
 
-if TYPE_CHECKING:
-    from tuner.search.request import PlannedSearch, SearchRequest
+
+class SpaceRow(TypedDict):
+    """One kernel-config row of the compile-time space, constraint-checked (:func:`count_space`)."""
+
+    row: str
+    knobs: list[str]
+    candidates: int
+    legal: int
+    illegal_rules: dict[str, int]
+    sample_legal: dict[str, Any] | None
+    example_illegal: dict[str, object] | None
+
+
+class _Checked(TypedDict):
+    variant: str
+    status: str
+    objects: list[str]
+
+
+class CompileCheck(_Checked, total=False):
+    """One variant's compile check (:func:`_compile_sample`): ``why`` where it did not pass, else its time."""
+
+    why: str
+    seconds: float
+    values: dict[str, Any]
+    offload: dict[str, list[str]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,11 +87,10 @@ class DryRunReport:
     era: str
     variants: Mapping[str, str]
     """variant -> 'ok' or the reason it cannot be rendered."""
-    rows: tuple[Mapping[str, Any], ...]
-    """One entry per kernel-config row: name, candidates, legal, illegal reasons."""
+    rows: tuple[SpaceRow, ...]
     legal: int
     total: int
-    compile_checks: tuple[Mapping[str, Any], ...]
+    compile_checks: tuple[CompileCheck, ...]
     plan: Mapping[str, Any]
 
     @property
@@ -75,39 +111,38 @@ class DryRunReport:
         }
 
 
-def _row_key(k: Any) -> tuple[Any, ...]:
+def _row_key(k: Knob) -> tuple[object, ...]:
     m = k.meta
     if k.kind == "wmma":
         return ("wmma",)
     return (k.kind, m["table"], int(m["dkq"]), int(m["dv"]), int(m["ncols"]), int(m.get("ncols2", 0)))
 
 
-def _choices(k: Any) -> list[Any]:
+def _choices(k: Knob) -> list[Any]:
     if k.choices is not None:
         return list(k.choices)
-    return list(range(int(k.low), int(k.high) + 1, int(k.step)))
+    assert k.low is not None and k.high is not None  # a knob without choices has a range
+    return list(range(k.low, k.high + 1, k.step))
 
 
-def count_space(arch: str, era: str, space: Any) -> tuple[list[dict[str, Any]], int, int]:
+def count_space(arch: str, era: str, space: SearchSpace) -> tuple[list[SpaceRow], int, int]:
     """Constraint-check every candidate of every kernel-config row.
 
     Returns:
         (rows, legal, total): per row its candidate count, legal count and the broken rules with how
         often; ``legal``/``total`` for the whole compile-time space.
     """
-    from tuner.plan.space import check_constraints
-
-    groups: dict[tuple[Any, ...], list[Any]] = collections.defaultdict(list)
+    groups: dict[tuple[object, ...], list[Knob]] = collections.defaultdict(list)
     for k in space.compile_knobs:
         groups[_row_key(k)].append(k)
-    rows = []
+    rows: list[SpaceRow] = []
     legal_total, total = 1, 1
     for key, knobs in groups.items():
         names = [k.name for k in knobs]
         n = n_ok = 0
         reasons: collections.Counter[str] = collections.Counter()
         first_legal: dict[str, Any] | None = None
-        first_illegal: dict[str, Any] | None = None
+        first_illegal: dict[str, object] | None = None
         for combo in itertools.product(*(_choices(k) for k in knobs)):
             vals = dict(zip(names, combo))
             n += 1
@@ -196,7 +231,7 @@ def _stage(
     calls: tuple[int, int] = (0, 0),
     seconds: tuple[float, float] | None = (0.0, 0.0),
     cost: str = "",
-) -> dict[str, Any]:
+) -> Stage:
     return {
         "stage": name,
         "what": what,
@@ -216,7 +251,7 @@ def _builds_stage(
     rebuild_s: float | None,
     trial_gate_share: float = 1.0,
     here: Here | None = None,
-) -> dict[str, Any]:
+) -> Stage:
     """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
     (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
     here = here or Here()
@@ -273,7 +308,7 @@ def _screen_stages(
     rec: Mapping[str, Any],
     rounds: tuple[int, int],
     kernel: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Stage]:
     """The plan's screen, refine and compose stages, priced from the recording ``rec`` (``kernel``: a kernel-level
     screen, else llama-bench; a round as :func:`tuner.search.cost.screen_round_seconds` prices it)."""
     rmin, rmax = rounds
@@ -334,7 +369,7 @@ def _kernel_screen_stages(
     depths: Sequence[int],
     rec: Mapping[str, Any],
     rounds: tuple[int, int],
-) -> list[dict[str, Any]]:
+) -> list[Stage]:
     """The kernel-level screen's stages: a test-backend-ops call per candidate pair and round, one case
     per phase and depth, each case timed for at least a second."""
     rmin, rmax = rounds
@@ -364,7 +399,7 @@ def _kernel_screen_stages(
     ]
 
 
-def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[Stage]:
     """The plan's output-gate and residency stages."""
     stages = []
     n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
@@ -389,11 +424,9 @@ def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -
 
 
 def _tune_stage(
-    knobs: Sequence[Any], trials: int, n_compile: int, nt: int, per_depth: float, case_s: float | None
-) -> dict[str, Any]:
+    knobs: Sequence[Knob], trials: int, n_compile: int, nt: int, per_depth: float, case_s: float | None
+) -> Stage:
     """The tune stage's plan: ``nt`` depths a trial; ``case_s`` set where the screen runs at the op level."""
-    from tuner.search import tune as tn
-
     n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
     # op-level trials (tn.trial_method): two test-backend-ops processes a phase, gated with their rows' kernels only
     op_trials = case_s is not None and tn.trial_method(knobs, screen_method="kernel", recorded=None) == "kernel"
@@ -414,7 +447,7 @@ def _tune_stage(
 
 
 def plan_stages(
-    space: Any,
+    space: SearchSpace,
     *,
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
@@ -437,9 +470,6 @@ def plan_stages(
     measured here, so tune builds are left out of the time).
     ``here``: the machine's own recorded costs and caches (:class:`Here`; None: the recorded machine's, nothing cached).
     """
-    from tuner.search import tune as tn
-    from tuner.search.confirm import extra_depths
-
     costs = load_step_costs()
     rec = nearest_recording(costs, d_model)
     here = here or Here()
@@ -459,7 +489,7 @@ def plan_stages(
     # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
     use_kernel = screen_method == "kernel" and any(kernels.values()) and "kernel_case_s" in rec
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
-    stages = [dict(here.model_stage)] if here.model_stage else []
+    stages = [here.model_stage.copy()] if here.model_stage else []
     stages += _screen_stages(kernels, inputs, depths, rec, (rmin, rmax), use_kernel)
     knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
@@ -522,21 +552,16 @@ def plan_stages(
 
 
 def _compile_sample(
-    source: Any,
+    source: Source,
     arch: str,
     variant: str,
     sample: Mapping[str, Any],
-    vendor: str,
     *,
     only_selector: bool = False,
     skip: str | None = None,
     cpu: bool = False,
     what: str = "",
-) -> dict[str, Any]:
-    from tuner.builder.cmake import build_variant
-    from tuner.plan.render import render_variant
-    from tuner.search.plan_here import CPU_CHECK_OBJECTS, check_objects
-
+) -> CompileCheck:
     rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
     objs = check_objects(rv, source.root, cpu=cpu)
     if objs is None:  # a check that cannot apply is not a failure
@@ -552,7 +577,7 @@ def _compile_sample(
         return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
     try:
         with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
-            b = build_variant(rv, compile_only=True, objects=objs)
+            b = cmake.build_variant(rv, compile_only=True, objects=objs)
     except TunerError as err:
         return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
     return {
@@ -566,11 +591,11 @@ def _compile_sample(
 
 
 def _compile_checks(
-    source: Any, target: Target, rows: Sequence[Mapping[str, Any]], vstatus: Mapping[str, str]
-) -> list[dict[str, Any]]:
+    source: Source, target: Target, rows: Sequence[SpaceRow], vstatus: Mapping[str, str]
+) -> list[CompileCheck]:
     """The compile check of each renderable variant (:func:`_compile_sample`)."""
     a = target.arch
-    checks: list[dict[str, Any]] = []
+    checks: list[CompileCheck] = []
     samples: dict[str, Any] = {}
     for r in rows:
         if r["sample_legal"]:
@@ -586,9 +611,8 @@ def _compile_checks(
         if target.is_cpu:
             what = "the CPU backend's FLASH_ATTN_EXT TU"
         sample = samples if first else {}
-        cpu = target.is_cpu
         checks.append(
-            _compile_sample(source, a.name, v, sample, a.vendor, only_selector=not first, skip=skip, cpu=cpu, what=what)
+            _compile_sample(source, a.name, v, sample, only_selector=not first, skip=skip, cpu=target.is_cpu, what=what)
         )
         first = False
     return checks
@@ -597,8 +621,6 @@ def _compile_checks(
 def _skip_reason(vendor: str) -> str | None:
     """Why the compile check cannot run on this machine (None: it can)."""
     if vendor == "amd":
-        from tuner.builder.hip import find_hip_toolchain
-
         if find_hip_toolchain() is None:
             return "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, about a minute)"
     elif vendor == "nvidia":
@@ -623,14 +645,10 @@ def _cublas_header(nvcc: Path) -> Path | None:
     return None
 
 
-def _space_for_plan(space: Any, n_layers: int) -> Any:
+def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
     """``space`` with its derived knobs' pin ranges for the planned model on a target that is not here: ``-ngl``
     0..n_layers + 1, as the search allows (the GPU's free memory is unknown, so only full offload is sampled),
     and any thread count (the target's CPUs are unknown)."""
-    from tuner.plan.derive import Legal, legal_values, resolve_space
-    from tuner.plan.space import BENCH_DEFAULT
-    from tuner.targets.host import host_cpus
-
     legal = legal_values(space, cpus=host_cpus(), shape={"n_layers": n_layers})
     for k in space.runtime_knobs:
         if k.meta.get("derive") == "threads":
@@ -639,11 +657,9 @@ def _space_for_plan(space: Any, n_layers: int) -> Any:
     return resolve_space(space, legal)
 
 
-def _check_pins(arch: str, era: str, space: Any, sets: Mapping[str, str]) -> None:
+def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]) -> None:
     """The ``--set`` pins checked as the search checks them: knob values in range (a pinned ``-ngl`` within the
     planned model's layers), a variant of the space, compile-time values the constraint check accepts."""
-    from tuner.plan.space import check_constraints, set_values
-
     if not sets:
         return
     compile_pins, _ = set_values(space, {k: v for k, v in sets.items() if k != "variant"})  # a build, no knob
@@ -666,7 +682,7 @@ def _check_pins(arch: str, era: str, space: Any, sets: Mapping[str, str]) -> Non
 
 def _plan_screen(
     target: Target,
-    space: Any,
+    space: SearchSpace,
     sets: Mapping[str, str],
     n_layers: int,
     inputs: PlanInputs,
@@ -678,8 +694,6 @@ def _plan_screen(
     Raises:
         UsageError: ``--screen kernel`` where the search refuses it.
     """
-    from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
-
     fixed = coerce_pins(space, sets)
     _, base_args = pinned_runtime(space, fixed)
     method = screen_method(
@@ -715,16 +729,8 @@ def run_dry_run(
     stderr). Times nothing. ``request`` (replacing the other arguments): the search it runs, resolved and refused by
     :func:`tuner.search.request.plan_search` as the real run does, priced with this machine's recorded costs.
     Raises UsageError where the real run refuses, TunerError where a compile check failed (after the report)."""
-    from tuner.plan.render import render_variant
-    from tuner.plan.space import load_space
-    from tuner.search.pipeline import PHASES, kernels_for
-    from tuner.source import DEFAULT_SPEC, fetch_source
-    from tuner.targets.models import load_gguf_shape, load_model_shape
-
     planned = None
     if request is not None:
-        from tuner.search.request import plan_search
-
         planned = plan_search(request)  # the real run's settings, and its refusals
         target, source_spec, sets = request.target, request.source_spec, request.sets
         inputs, variants = PlanInputs.of(planned, request.cpu_mask), planned.variants or ()
@@ -741,12 +747,8 @@ def run_dry_run(
     )
     _check_pins(a.name, source.era, space, sets or {})  # before anything compiles
     if planned is not None:
-        from tuner.search.request import check_variants
-
         check_variants(space.variants, planned.variants, a.name, source.era)
-    from tuner.search.tune import check_patterns
-
-    check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
+    tn.check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
     kernels = {p: kernels_for(space, p) for p in PHASES}
     method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
     wanted = [v for v in space.variants if not variants or v in variants]
@@ -800,13 +802,13 @@ def run_dry_run(
     return rep
 
 
-def _detail(c: Mapping[str, Any]) -> str:
+def _detail(c: CompileCheck) -> str:
     """A compile check's outcome in words (never a dict repr)."""
     if c.get("why"):
         return " ".join(str(c["why"]).split())[:200]
-    targets: Mapping[str, Any] = c.get("offload") or {}
+    targets = c.get("offload") or {}
     # object -> the GPU archs its device code is for (empty: host code only), summarized per arch set
-    per: collections.Counter[str] = collections.Counter(", ".join(map(str, v)) for v in targets.values())
+    per = collections.Counter(", ".join(map(str, v)) for v in targets.values())
     code = "; ".join(
         f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
         for what, n in sorted(per.items())
@@ -854,7 +856,7 @@ def render(rep: DryRunReport) -> str:
     lo, hi = p["estimated_minutes"]
     out += ["", f"## Plan on the target ({p['model']}): the stages `tuner search --arch {rep.arch}` runs", ""]
 
-    def secs(s: Mapping[str, Any]) -> str:
+    def secs(s: Stage) -> str:
         if s["seconds"] is None:
             return "not estimated"
         a, b = s["seconds"]
@@ -882,8 +884,6 @@ def render(rep: DryRunReport) -> str:
         f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
         "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + ".",
     ]
-    from tuner.search.cost import past_cost_line
-
     past = past_cost_line(rep.arch, trials=p.get("tune_trials"), shape=p.get("model_shape"))
     if past:  # a measured run of this arch: the figures a real search took, beside the estimate
         out += ["", past]

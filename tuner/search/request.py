@@ -341,8 +341,8 @@ def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budge
     t0 = time.monotonic()
     qbin = _baseline_build(request.target, source, budget) if planned.quant and not planned.direct else None
     built = time.monotonic() - t0 if qbin else 0.0
-    price = model_stage(planned, models.load_model_shape(planned.like), source, {})["seconds"][0]
-    budget.fits(price, f"making the {planned.like} model")
+    seconds = model_stage(planned, models.load_model_shape(planned.like), source, {})["seconds"]
+    budget.fits(seconds[0] if seconds else 0.0, f"making the {planned.like} model")
     model = models.synth_cached(
         planned.like, source=source, quant=planned.quant, quantize_bin=qbin, direct=planned.direct
     )
