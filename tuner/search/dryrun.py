@@ -33,6 +33,7 @@ from typing import Any, TypedDict
 
 import click
 
+import tuner.source
 from tuner import log
 from tuner.builder import cmake
 from tuner.builder.hip import find_hip_toolchain
@@ -48,7 +49,7 @@ from tuner.search.pipeline import PHASES, kernels_for
 from tuner.search.plan_here import CPU_CHECK_OBJECTS, Here, Stage, check_objects, here_for
 from tuner.search.request import PlannedSearch, SearchRequest, check_variants, plan_search
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
-from tuner.source import DEFAULT_SPEC, Source, fetch_source
+from tuner.source import DEFAULT_SPEC, Source
 from tuner.targets.host import host_cpus
 from tuner.targets.models import load_gguf_shape, load_model_shape
 from tuner.targets.target import Target
@@ -739,7 +740,7 @@ def run_dry_run(
     shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
     if inputs.model is not None:
         inputs = dataclasses.replace(inputs, like=inputs.model.name)
-    source = fetch_source(source_spec or DEFAULT_SPEC)
+    source = tuner.source.fetch_source(source_spec or DEFAULT_SPEC)  # through the module: tests replace it
     space = _space_for_plan(load_space(a.name, source.era), shape.n_layers)
     log.info(
         f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "

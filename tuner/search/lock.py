@@ -24,6 +24,7 @@ __all__ = ["LOCK_NAME", "RunDirBusy", "StudyBusy", "pid_alive", "read_owner", "r
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ from tuner import log
 from tuner.builder.records import describe_owner, owner_record, pid_alive
 from tuner.errors import TunerError
 from tuner.redact import redact, redact_value
+from tuner.study.storage import make_storage
 
 LOCK_NAME = "search.lock"
 
@@ -93,8 +95,6 @@ def _owned_flock(
     ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
     with a note naming it. A file system without locks warns that ``what`` is not prevented and goes on.
     """
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         try:
@@ -196,8 +196,6 @@ def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) 
 @contextlib.contextmanager
 def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
     """A session advisory lock on the study's database, on a connection held for the block."""
-    from tuner.study.storage import make_storage
-
     key = int.from_bytes(bytes.fromhex(_study_key(study)), "big", signed=True)
     hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF  # how pg_locks shows a bigint key
     host = re.sub(r"[^A-Za-z0-9._-]", "", socket.gethostname())

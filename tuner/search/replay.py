@@ -31,11 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import click
+import optuna
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.measure.bench import parse_bench_jsonl
 from tuner.measure.stats import median
 from tuner.plan.fa_rules import rules_texts
+from tuner.rounds import compose as comp
+from tuner.rounds.joint import Candidate, Point
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
+from tuner.search.screen import candidates_for, run_phase_rounds
+from tuner.search.select import Measurement, select_winners
+from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
@@ -62,8 +70,6 @@ def load_grid(files: Sequence[Path]) -> ReplayGrid:
     Raises:
         UsageError: a name outside the convention, or no ``default`` recording for a phase.
     """
-    from tuner.measure.bench import parse_bench_jsonl
-
     out: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
     for f in files:
         m = _NAME.match(Path(f).name)
@@ -108,10 +114,6 @@ def sample_efficiency(
     samplers: Sequence[str] = ("random", "tpe"),
 ) -> dict[str, Any]:
     """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
-    import optuna
-
-    from tuner.search.study import PROFILES
-
     weights = PROFILES[profile]
     grid_configs = _configs(grid)
     values = {tuple(sorted(c.items())): objective(grid, c, weights) for c in grid_configs}
@@ -158,9 +160,6 @@ def sample_efficiency(
 
 def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
     """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
-    from tuner.search.select import Measurement, select_winners
-    from tuner.search.study import PROFILES
-
     grid = load_grid(files)
     log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
     weights = PROFILES[profile]
@@ -215,17 +214,15 @@ class GridMeasure:
     efficiency line."""
 
     def __init__(self, grid: ReplayGrid) -> None:
-        from tuner.rounds.stats import AA_NAME, UPSTREAM
-
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
         self.calls = {"n": 0}
 
-    def __call__(self, cand: Any, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, Point]:
         rnd = re.search(r"-r(\d+)-", label)
         i = int(rnd.group(1)) if rnd else 0
         kernel = "default" if cand.name in (self.upstream, self.aa_name) else cand.name
         shift = 1 if cand.name == self.aa_name else 0
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Point] = {}
         for d in depths:
             s = self.grid.samples.get((phase, kernel), {}).get(d)
             if not s:
@@ -256,10 +253,6 @@ def replay_screen(
     labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
     winners and the counts of measurements used against the exhaustive grid.
     """
-    from tuner.rounds import compose as comp
-    from tuner.rounds.stats import summarize_phase
-    from tuner.search.screen import candidates_for, run_phase_rounds
-
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
     measure = grid_measure(grid)

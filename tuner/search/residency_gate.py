@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
+from tuner.measure.residency import Residency, judge, parse_residency
 from tuner.rounds.output_gate import upstream_instead
 
 
@@ -47,7 +48,7 @@ def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
     return True
 
 
-def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
+def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
     """One probe as plain data for the study, ``config.toml`` and the report."""
     return {
         "summary": res.summary,
@@ -68,7 +69,7 @@ def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any
     }
 
 
-def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
+def decide(up: Residency, final: Residency | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
     """The record of the residency gate from the two parsed probes (``final`` None: the final config is upstream's).
 
     ``full`` is whether upstream's config offloads everything (:func:`full_offload` of its arguments).
@@ -76,8 +77,6 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
     ``fail`` only under full offload, when the final config fails where upstream's does not, or splits
     its decode graph more.
     """
-    from tuner.measure.residency import judge
-
     ok_up, why_up = judge(up, full_offload=full, host_weights_mib=host_weights_mib)
     rec: dict[str, Any] = {"full_offload": full, "upstream": summary_row(up, ok_up, why_up), "final": None}
     if final is None:
@@ -118,9 +117,8 @@ def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | No
     """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
     changed, as the partial-offload fix did on the H100); None where a log is gone or a probe had failed (the
     stored record stands: it cannot be re-read)."""
-    from tuner.measure.residency import parse_residency
 
-    def load(p: Mapping[str, Any] | None) -> Any:
+    def load(p: Mapping[str, Any] | None) -> Residency | None:
         if not p or p.get("error") or not p.get("log") or not Path(p["log"]).is_file():
             return None
         return parse_residency(Path(p["log"]).read_text(errors="replace"))

@@ -17,20 +17,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.errors import UsageError
+from tuner.plan.space import SearchSpace, runtime_env_and_args
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
 
 
-def coerce_pins(space: Any, pins: Mapping[str, Any]) -> dict[str, Any]:
+def coerce_pins(space: SearchSpace, pins: Mapping[str, Any]) -> dict[str, Any]:
     """``--set`` pins as ``space``'s knobs take them (``variant`` names a build, not a knob: kept as given)."""
     return {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in pins.items()}
 
 
-def pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def pinned_runtime(space: SearchSpace, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
     """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs; ``fixed`` holds values
     already coerced by ``space`` (resolved for the model, so a pinned ``-ngl`` is checked against its layers)."""
-    from tuner.plan.space import runtime_env_and_args
-
     names = {k.name for k in space.runtime_knobs}
     return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
 

@@ -22,12 +22,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import optuna
+
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.stats import compare
 from tuner.plan.fa_rules import FaRule, Phase
-from tuner.plan.space import RULE_KINDS
+from tuner.plan.space import RULE_KINDS, SearchSpace, load_space, render_runtime
 from tuner.redact import redact
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
+from tuner.search.select import Measurement, select_winners
+from tuner.source import Source, fetch_source
 from tuner.study import legacy
 from tuner.study.record import load_header
 
@@ -45,7 +50,7 @@ class Winner:
     rejected: Mapping[str, str]
 
 
-def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
+def _trial_values(study: optuna.Study, cfg: str) -> dict[str, Any]:
     if cfg == "baseline":
         # the enqueued upstream-default trial carries the baseline's full knob values
         t = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
@@ -54,13 +59,8 @@ def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
     return dict(legacy.trial_attr(study.trials[n], "values", {}))
 
 
-def choose_winner(study: Any, space: Any) -> Winner:
+def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
     """Apply the global pick + per-bucket selection described in the module docstring."""
-    import optuna
-
-    from tuner.measure.stats import compare
-    from tuner.search.select import select_winners
-
     results, base = study_results(study)
     if not results.get(base):
         raise TunerError(
@@ -129,8 +129,6 @@ def choose_winner(study: Any, space: Any) -> Winner:
                 "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
             }
         )
-    from tuner.plan.space import render_runtime
-
     rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
     return Winner(global_config=g, values=g_vals, rules=rt.rules, buckets=tuple(buckets), rejected=dict(sel.rejected))
 
@@ -145,7 +143,7 @@ def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def describe(study: Any, space: Any) -> str:
+def describe(study: optuna.Study, space: SearchSpace) -> str:
     """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
     results, base = study_results(study)
     if not results.get(base):
@@ -172,18 +170,18 @@ def describe(study: Any, space: Any) -> str:
 class FinishedStudy:
     """A finished study with its winner chosen: the value :mod:`tuner.search` hands to :mod:`tuner.result`."""
 
-    study: Any
-    """The Optuna study, read only (its user attrs and trials are the evidence)."""
-    source: Any
-    """The :class:`tuner.source.Source` the numbers came from (checked against the study's source id)."""
-    space: Any
-    """The :class:`tuner.plan.space.SearchSpace` of the study's arch and era."""
+    study: optuna.Study
+    """Read only (its user attrs and trials are the evidence)."""
+    source: Source
+    """The tree the numbers came from (checked against the study's source id)."""
+    space: SearchSpace
+    """The space of the study's arch and era."""
     winner: Winner
-    results: Mapping[str, Mapping[tuple[str, int], Any]]
+    results: Mapping[str, Mapping[tuple[str, int], Measurement]]
     """Measurements per config id (``baseline``, ``trial<N>``); see :func:`tuner.search.record.study_results`."""
     base: str
     """The baseline's config id in ``results``."""
-    baseline_trial: Any | None
+    baseline_trial: optuna.trial.FrozenTrial | None
     """The enqueued upstream-default trial, or None."""
 
 
@@ -194,11 +192,6 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
         UsageError: the study does not exist in ``storage``.
         TunerError: the source now resolves to another tree, or the study has no baseline measurement yet.
     """
-    import optuna
-
-    from tuner.plan.space import load_space
-    from tuner.source import fetch_source
-
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
