@@ -85,7 +85,7 @@ ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
 """Config-row kinds -> the FlashAttention kernel their translation units build (as the gate names it)."""
 
 
-def trial_method(knobs: Sequence[Any], *, screen_method: str | None, recorded: str | None) -> str:
+def trial_method(knobs: Sequence[Knob], *, screen_method: str | None, recorded: str | None) -> str:
     """What times the tune's trials: ``kernel`` (the FA op alone) or ``llama-bench``.
 
     The op level where the screen ran there (an NVIDIA GPU, the whole model offloaded: the op is what
@@ -168,8 +168,8 @@ def check_patterns(space: SearchSpace, patterns: Sequence[str]) -> None:
         )
 
 
-def knob_phases(knob: Any) -> tuple[str, ...]:
-    ph = knob.meta.get("phases") if hasattr(knob, "meta") else None
+def knob_phases(knob: Knob) -> tuple[str, ...]:
+    ph = knob.meta.get("phases")
     return tuple(ph) if ph else ("pp", "tg")
 
 
@@ -293,7 +293,9 @@ def count_done(study: optuna.Study) -> int:
 
 
 def interrupt_trial(
-    study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
+    study: optuna.Study,
+    trial: optuna.Trial,
+    why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured",
 ) -> None:
     """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
 
@@ -305,7 +307,7 @@ def interrupt_trial(
             _requeue(study, trial.params, trial.number)
 
 
-def _requeue(study: Any, params: Mapping[str, Any], number: int) -> None:
+def _requeue(study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
     if not params:
         return
     with warnings.catch_warnings():
@@ -326,7 +328,7 @@ def _pid_dead_here(worker: str) -> bool:
     return False
 
 
-def _orphan(t: Any) -> bool:
+def _orphan(t: optuna.trial.FrozenTrial) -> bool:
     """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
     the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
     start = getattr(t, "datetime_start", None)
@@ -392,7 +394,7 @@ def asked_trial(
 
 
 @contextlib.contextmanager
-def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
+def trial_heartbeat(study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.Trial) -> Iterator[None]:
     """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
     trial whose process dies is found stale by :func:`fail_interrupted` on any host; a lost database
     is reported once by the main thread, not by a traceback from the heartbeat's."""
