@@ -28,10 +28,9 @@ __all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.measure.kernel_bench import FaShape, KernelTime, process_timeout, run_round
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, Point
 
 METHOD_KERNEL = "kernel"
 """Screen with test-backend-ops FLASH_ATTN_EXT (this module)."""
@@ -90,7 +89,7 @@ class _KernelMeasure:
 
     def joint(
         self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
-    ) -> dict[str, dict[int, dict[str, Any]]]:
+    ) -> dict[str, dict[int, Point]]:
         cases = [(p, int(d)) for p in phases for d in depths]
         shapes = [
             kernel_shape(self.shape, p, d, pp=self.pp, tg=self.tg, kv_type=self.kv_type, ubatch=self.ubatch)
@@ -106,7 +105,7 @@ class _KernelMeasure:
             timeout=process_timeout(len(shapes)),
         )
         self._read_device(times)
-        out: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in phases}
+        out: dict[str, dict[int, Point]] = {p: {} for p in phases}
         for (p, d), t in zip(cases, times, strict=True):
             us = t.us_per_run if t.us_per_run is not None and t.us_per_run > 0 else None
             out[p][d] = {
@@ -117,9 +116,7 @@ class _KernelMeasure:
             }
         return out
 
-    def __call__(
-        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
-    ) -> Mapping[int, Mapping[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> Mapping[int, Point]:
         return self.joint(cand, [phase], depths, label)[phase]
 
     def _read_device(self, times: Sequence[KernelTime]) -> None:

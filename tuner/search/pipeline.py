@@ -19,9 +19,8 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -53,6 +52,7 @@ from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
+from tuner.source import Source
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState
 from tuner.study.storage import make_storage
@@ -127,7 +127,7 @@ class _Checked:
     space: sp.SearchSpace
     legal: Mapping[str, Legal]
     variants: tuple[str, ...]
-    fixed: Mapping[str, Any]
+    fixed: Mapping[str, object]
     shape: ModelShape
 
 
@@ -151,7 +151,7 @@ def run_pipeline(
     *,
     measure_factory: cx.MeasureFactory | None = None,
     equivalence: cx.Equivalence | None = None,
-    then: Any = None,
+    then: Callable[[SearchOutcome], None] | None = None,
 ) -> SearchOutcome:
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
@@ -470,7 +470,7 @@ def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
 
 
 def _record_attrs(
-    st: StudyState, cfg: SearchConfig, source: Any, shape: Mapping[str, int], legal: Mapping[str, Legal]
+    st: StudyState, cfg: SearchConfig, source: Source, shape: Mapping[str, int], legal: Mapping[str, Legal]
 ) -> StudyHeader:
     """The study's header for this run, recorded (a resumed study's checked against it, :data:`RESUME_CHECKED`)."""
     header = StudyHeader(

@@ -14,7 +14,6 @@ from __future__ import annotations
 __all__ = ["coerce_pins", "pinned_runtime", "screen_method"]
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tuner.errors import UsageError
 from tuner.plan.space import SearchSpace, runtime_env_and_args
@@ -22,12 +21,12 @@ from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
 
 
-def coerce_pins(space: SearchSpace, pins: Mapping[str, Any]) -> dict[str, Any]:
+def coerce_pins(space: SearchSpace, pins: Mapping[str, object]) -> dict[str, object]:
     """``--set`` pins as ``space``'s knobs take them (``variant`` names a build, not a knob: kept as given)."""
     return {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in pins.items()}
 
 
-def pinned_runtime(space: SearchSpace, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def pinned_runtime(space: SearchSpace, fixed: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs; ``fixed`` holds values
     already coerced by ``space`` (resolved for the model, so a pinned ``-ngl`` is checked against its layers)."""
     names = {k.name for k in space.runtime_knobs}

@@ -16,7 +16,6 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tuner.rounds.budget import Budget
 from tuner.source.spec import Source
@@ -72,7 +71,7 @@ class SearchConfig:
     jobs: int | None = None
     variants: tuple[str, ...] | None = None
     """Restrict the space's variants (None = all the space declares)."""
-    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fixed: Mapping[str, object] = dataclasses.field(default_factory=dict)
     """Knob values pinned by the user (``--set``)."""
     worker: bool = False
     tune_knobs: tuple[str, ...] = ()

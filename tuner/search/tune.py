@@ -132,7 +132,7 @@ def gate_kernels(changed: Sequence[Knob | str]) -> list[str]:
 
 
 def tunable_knobs(
-    space: SearchSpace, fixed: Mapping[str, Any], *, head_dim: int | None = None, patterns: Sequence[str] = ()
+    space: SearchSpace, fixed: Mapping[str, object], *, head_dim: int | None = None, patterns: Sequence[str] = ()
 ) -> list[Knob]:
     """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set.
 

@@ -133,14 +133,9 @@ def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
     return Winner(global_config=g, values=g_vals, rules=rt.rules, buckets=tuple(buckets), rejected=dict(sel.rejected))
 
 
-def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, float):
-            out[k] = round(v, 4) if math.isfinite(v) else str(v)
-        else:
-            out[k] = v
-    return out
+def _clean(d: Mapping[str, object]) -> dict[str, object]:
+    """``d`` with its floats rounded, a non-finite one as text (stored data is finite)."""
+    return {k: (round(v, 4) if math.isfinite(v) else str(v)) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def describe(study: optuna.Study, space: SearchSpace) -> str:
