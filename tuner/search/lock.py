@@ -51,7 +51,7 @@ class StudyBusy(TunerError):
     """Another live ``tuner search`` holds the study's lock (from another run dir, or another host)."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:  # JSON as read: checked where used
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -59,7 +59,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def read_owner(run_dir: Path) -> dict[str, Any]:
+def read_owner(run_dir: Path) -> dict[str, object]:
     """What the lock file says about its last owner ({} when absent or unreadable)."""
     return _read_json(Path(run_dir) / LOCK_NAME)
 
@@ -89,7 +89,7 @@ def _study_busy(storage_url: str, study: str, holder: str, pid: object, host: ob
 @contextlib.contextmanager
 def _owned_flock(
     path: Path, argv: Sequence[str] | None, busy: Callable[[], TunerError], what: str, name: str
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, object]]:
     """An exclusive flock on ``path`` for the block, its owner record written into the file.
 
     ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
@@ -136,7 +136,7 @@ def _owned_flock(
 
 
 @contextlib.contextmanager
-def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
+def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, object]]:
     """Hold the run dir's lock for the block; yields the owner record written into it.
 
     Raises:
