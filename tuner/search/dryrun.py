@@ -310,33 +310,53 @@ def _screen_stages(
     rounds: tuple[int, int],
     kernel: bool = False,
 ) -> list[Stage]:
-    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (``kernel``: a kernel-level
-    screen, else llama-bench; a round as :func:`tuner.search.cost.screen_round_seconds` prices it)."""
+    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (a round as
+    :func:`tuner.search.cost.screen_round_seconds` prices it): with ``kernel`` a test-backend-ops call per
+    candidate and round, one case per phase and depth; else llama-bench calls both phases share."""
     rmin, rmax = rounds
     nd = len(depths)
-    stages = []
-    if kernel:
-        return _kernel_screen_stages(kernels, inputs, depths, rec, rounds)
-    per_depth = float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
-
-    # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
-    # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
+    # upstream + each forcible kernel per phase (or an A/A twin where none can be forced): a round is as many
+    # calls as the larger phase has candidates
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
-    round_s = screen_round_seconds(rec, per_round, nd)
-    legal = _legal_text(kernels)
-    stages.append(
+    round_s = screen_round_seconds(rec, per_round, nd, kernel=kernel)
+    calls, seconds = (per_round * rmin, per_round * rmax), (rmin * round_s, rmax * round_s)
+    legal = "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+    compose = (
+        "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+        "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
+        "nothing is run"
+    )
+    if kernel:  # no refinement at the op level (pipeline._refine_steps): the confirm places the boundaries
+        return [
+            _stage(
+                "screen",
+                f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
+                f"({2 * nd} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
+                calls=calls,
+                seconds=seconds,
+                cost=f"{float(rec['kernel_case_s']):g} s per candidate and case",
+            ),
+            _stage(
+                "compose",
+                compose + ". No boundary refinement at the op level: the confirm stage judges the rules end to end "
+                "and narrows each to where it pays",
+            ),
+        ]
+    per_depth = float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
+    ref_calls = sum(n_cands.values())
+    return [
         _stage(
             "screen",
             f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
             f"{nd} depths {list(depths)}",
-            calls=(per_round * rmin, per_round * rmax),
-            seconds=(rmin * round_s, rmax * round_s),
+            calls=calls,
+            seconds=seconds,
             cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    ref_calls = sum(n_cands.values())
-    stages.append(
+        ),
         _stage(
             "screen: refine",
             f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
@@ -344,59 +364,8 @@ def _screen_stages(
             calls=(0, inputs.refine * ref_calls * rmax),
             seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
             cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    stages.append(
-        _stage(
-            "compose",
-            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); nothing is run",
-        )
-    )
-    return stages
-
-
-def _legal_text(kernels: Mapping[str, Sequence[str]]) -> str:
-    """What the screen compares per phase, for the plan's text."""
-    return "; ".join(
-        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-        for p in ("tg", "pp")
-    )
-
-
-def _kernel_screen_stages(
-    kernels: Mapping[str, Sequence[str]],
-    inputs: PlanInputs,
-    depths: Sequence[int],
-    rec: Mapping[str, Any],
-    rounds: tuple[int, int],
-) -> list[Stage]:
-    """The kernel-level screen's stages: a test-backend-ops call per candidate pair and round, one case
-    per phase and depth, each case timed for at least a second."""
-    rmin, rmax = rounds
-    nd = len(depths)
-    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
-    per_round = max(n_cands.values())
-    cases, case_s = 2 * nd, float(rec["kernel_case_s"])
-    round_s = screen_round_seconds(rec, per_round, nd, kernel=True)
-    legal = _legal_text(kernels)
-    return [
-        _stage(
-            "screen",
-            f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
-            f"({cases} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
-            calls=(per_round * rmin, per_round * rmax),
-            seconds=(rmin * round_s, rmax * round_s),
-            cost=f"{case_s:g} s per candidate and case",
         ),
-        # No refinement at the op level (pipeline._refine_steps): the confirm places the boundaries.
-        _stage(
-            "compose",
-            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
-            "nothing is run. No boundary refinement at the op level: the confirm stage judges the rules end to end "
-            "and narrows each to where it pays",
-        ),
+        _stage("compose", compose),
     ]
 
 
