@@ -1,21 +1,14 @@
 """``tuner search --dry-run``: everything short of timing, for a GPU that is not here.
 
-For the target arch and the source's era it
+For the target arch and the source's era it renders every variant (an unsupported one, e.g. ``hip-rocwmma``
+on a tree without rocWMMA FlashAttention, is reported with the reason); constraint-checks the compile-time
+space per kernel-config row (rows are independent, so the legal count is the product of the rows', exact
+without enumerating); compile-checks the upstream row plus the first legal non-default candidate of each row
+(HIP's compile-check toolchain for AMD, nvcc for NVIDIA); and prints the stages
+:func:`tuner.search.pipeline.run_pipeline` runs on the target with their counts and an *estimated* time from
+per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
 
-1. renders every variant of the search space (an unsupported variant, e.g. ``hip-rocwmma`` on a tree
-   without rocWMMA FlashAttention, is reported with the reason);
-2. constraint-checks the whole compile-time space. Knobs that form one kernel-config row are checked
-   together; rows are independent, so the number of legal candidates is the product of the legal
-   counts per row (exact, without enumerating millions of combinations);
-3. compile-checks a representative sample per variant: the upstream row plus the first legal
-   non-default candidate of each row, with the HIP compile-check toolchain for AMD targets or nvcc
-   for NVIDIA targets;
-4. prints the plan: the stages :func:`tuner.search.pipeline.run_pipeline` runs on the target (screen,
-   compose, tune, confirm, output gate, residency, builds) with their counts, and an *estimated* time
-   from per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
-
-The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is
-benchmarked, and the output says so.
+The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is benchmarked.
 """
 
 from __future__ import annotations
@@ -205,24 +198,10 @@ class PlanInputs:
     @classmethod
     def of(cls, p: PlannedSearch, cpu_mask: tuple[int, ...] | None) -> PlanInputs:
         """The inputs of the search :func:`tuner.search.request.plan_search` resolved (the real run's settings)."""
-        return cls(
-            like=p.like or "",
-            model=p.model,
-            depths=p.depths,
-            trials=p.trials,
-            min_rounds=p.min_rounds,
-            max_rounds=p.max_rounds,
-            refine=p.refine,
-            confirm_extra=p.confirm_extra,
-            tune_knobs=p.tune_knobs,
-            tune_depths=p.tune_depths,
-            screen=p.screen_method or "auto",
-            cpu_mask=cpu_mask,
-            pp=p.pp,
-            tg=p.tg,
-            quant=p.quant,
-            direct=p.direct,
-        )
+        same = {
+            f.name: getattr(p, f.name) for f in dataclasses.fields(cls) if f.name not in ("like", "screen", "cpu_mask")
+        }
+        return cls(like=p.like or "", screen=p.screen_method or "auto", cpu_mask=cpu_mask, **same)
 
 
 def _stage(

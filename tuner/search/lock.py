@@ -1,21 +1,16 @@
 """One ``tuner search`` per run dir and per study: lock files that name their owner.
 
-Two searches on one run dir would both measure every screen round and store it twice, count each
-other's running trial as done and export into one folder. :func:`run_dir_lock` holds an exclusive
-``fcntl.flock`` on ``<run dir>/search.lock`` for the life of the search and writes the owner (PID,
-host, start time, command, passwords redacted) into it. The kernel drops a flock when its process
-dies, however it dies, so a lock left by a killed search is never mistaken for a live one: the next
-search takes it over and says so. ``tuner worker`` does not take the lock (workers share a study on
-purpose; each trial is its own).
+Two searches on one run dir would measure and store every round twice, count each other's running trial as
+done and export into one folder. :func:`run_dir_lock` holds an exclusive ``fcntl.flock`` on
+``<run dir>/search.lock`` for the search's life, with the owner (PID, host, start time, command, passwords
+redacted) written into it. The kernel drops a flock however its process dies, so a killed search's lock is
+taken over (and said so), never mistaken for a live one. ``tuner worker`` takes no lock (workers share a study).
 
-Two searches on one study from different run dirs do the same harm through the storage, so
-:func:`study_lock` holds a lock keyed by the storage and the study: for SQLite a flock on a file beside
-the database (``<db>.study-<hash of the name>.lock``, with the same owner record; every process that
-can write the database can create it); for PostgreSQL a session advisory lock on the database, keyed by
-a hash of the study name, held on a connection of its own whose ``application_name`` names the owner.
-A lock file in ``$TUNER_HOME`` would only see searches of this host and user, while a PostgreSQL study is
-the one meant to be reached from several hosts; the server drops an advisory lock when the holder's
-connection ends, as the kernel drops a flock.
+:func:`study_lock` stops two searches on one study from different run dirs: for SQLite a flock on a file beside
+the database (``<db>.study-<hash of the name>.lock``); for PostgreSQL a session advisory lock keyed by a hash of
+the study name, on a connection of its own whose ``application_name`` names the owner (a PostgreSQL study is
+meant for several hosts, which a file in ``$TUNER_HOME`` would not see; the server drops the lock with the
+connection).
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def _checked(cfg: SearchConfig) -> _Checked:
             f"for era {source.era}; it has {space.variants}."
         )
     fixed = coerce_pins(space, cfg.fixed)
-    shape = _model_shape(cfg.model)
+    shape = load_gguf_shape(Path(cfg.model))  # an unreadable or non-llama GGUF is a UsageError there
     _check_depths(cfg.depths, shape)
     return _Checked(space=space, legal=legal, variants=variants, fixed=fixed, shape=shape)
 
@@ -455,10 +455,6 @@ def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.Search
     return resolved, legal
 
 
-def _model_shape(model: Path) -> ModelShape:
-    return load_gguf_shape(Path(model))  # an unreadable or non-llama GGUF is a UsageError there
-
-
 def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
     ctx = shape.context_length
     too_deep = [d for d in depths if ctx and d > ctx]
@@ -492,16 +488,13 @@ def _record_attrs(
     mine = header.stored()
     if st.arch is not None:
         for k in RESUME_CHECKED:
-            if (
-                st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]
-            ):  # a study from before --cpu-mask: unpinned
+            if st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]:  # before --cpu-mask: unpinned
                 raise UsageError(
                     f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.header_value(k)!r} but this run "
                     f"has {k}={mine[k]!r}. Use another --study name, or the same settings."
                 )
-    st.record_header(
-        mine
-    )  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
+    # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
+    st.record_header(mine)
     # threads/-ngl legal values on this machine: the export resolves the same space from them
     st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
     return header

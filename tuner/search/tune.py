@@ -1,26 +1,19 @@
-"""Tune: Optuna only for what really is a joint search, with the composed rules fixed.
+"""Tune: Optuna only for what really is a joint search (compile-time rows, process-wide knobs), with the
+composed rules fixed; kernel rules and selector thresholds are the screen's job. A candidate the constraint
+check rejects is recorded infeasible (``constraints_func``), never built.
 
-The dimensions are the space's compile-time rows (tile/MMA config rows, occupancy, WMMA knobs: one
-translation unit rebuilt per candidate) and process-wide knobs (CUDA graph/PDL/fusion env, -ub,
-threads); kernel rules and selector thresholds are the screen's job and stay out. TPE samples with
-``constraints_func`` (a candidate the constraint check rejects is recorded as infeasible, never built).
+A trial measures only the phases its knobs declare (``phases = ["pp"]`` in the space file; both by default),
+each against the composed reference in one paired round (order alternating between trials), and reports one
+objective per phase (geometric mean of the per-depth ratios; 1.0 for a phase it cannot change). No pruning
+across phases. The best trial is only a proposal: confirm decides.
 
-Each knob declares the phases it can affect (``phases = ["pp"]`` in the space file; both by default);
-a trial measures only those phases, each against the composed reference in one paired round (the
-order alternates between trials), and reports one objective per phase (geometric mean of the
-per-depth ratios; 1.0 for a phase the trial cannot change). No pruning across phases: a prefill
-result never stops a decode measurement. The best trial is only a proposal: confirm decides.
+The CPU% rule (docs/design.md, "CPU% in decode decisions"): a trial whose decode CPU% rises beyond the
+screen's A/A CPU noise without a decode t/s gain beyond its t/s noise is infeasible (``cpu_cost``, ``rejected``);
+one paired round has no interval, so its point estimates are held against the noise.
 
-The CPU% rule (docs/design.md, "CPU% in decode decisions") applies to the decode objective: a trial whose decode CPU% rises by more than the
-screen's A/A CPU noise while its decode t/s gain stays within the screen's t/s noise is infeasible
-(``cpu_cost`` constraint, ``rejected`` attribute) and never picked. One paired round has no interval,
-so the trial's point estimates are held against the noise.
-
-Where the search screened at the op level and every sampled knob is a tile or MMA config row, a trial is
-timed at the op level too (:func:`trial_method`): the row changes only the FlashAttention op, which
-test-backend-ops times at the model's shape in seconds, where two llama-bench calls at deep contexts spend
-most of a minute refilling the context. llama-bench end to end still judges the proposal in the confirm.
-A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
+Where the screen ran at the op level and every sampled knob is a tile/MMA config row, trials are timed at the
+op level too (:func:`trial_method`): seconds per trial where two deep llama-bench calls spend most of a minute
+refilling the context. A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
 """
 
 from __future__ import annotations
