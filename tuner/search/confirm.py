@@ -1,21 +1,18 @@
 """Confirm: the final config against upstream, paired and interleaved, at every point.
 
-Three candidates per round (rotated): upstream, upstream again (the A/A pair that measures the noise
-of this very procedure) and the final config. Depths: the screen's ladder plus depths it did not use
-(halfway between deeper neighbours, e.g. 12288 and 49152), so a rule's boundary is checked where it
-was not measured. Only phases whose config differs from upstream are measured; the others are
-upstream's by construction and reported so.
+Three candidates per round (rotated): upstream, upstream again (the A/A pair: this procedure's noise) and the
+final config, at the screen's ladder plus depths it did not use (halfway between deeper neighbours, e.g. 12288
+and 49152), so a rule's boundary is checked where it was not measured. Phases whose config is upstream's are
+not measured, and reported so.
 
-What does not confirm is dropped: a rule with a point slower than upstream inside its interval, or
-with no point faster, goes; so does a process-wide knob that makes any point slower. A kept rule whose
-shallowest inside points are not faster is narrowed to start at its first confirmed-faster depth (a
-kernel change that does not show end to end beyond the noise is reported, not exported), and the
-points it no longer covers are relabelled as upstream's kernel, their measurements kept aside. Faster and slower
-are the search's decision rule's (:mod:`tuner.measure.decide`, through
-:func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
-points, Bonferroni over the round counts a point may stop at; where the rules are confirmed alone, the
-points no rule covers run upstream's kernel and are no hypotheses of that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
-t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
+A rule with a point slower than upstream inside its interval, or with none faster, is dropped; so is a
+process-wide knob that makes any point slower. A kept rule whose shallowest points are not faster is narrowed
+to start at its first confirmed-faster depth; the points it no longer covers are relabelled as upstream's
+kernel, their measurements kept aside. Faster and slower are the decision rule's (:mod:`tuner.measure.decide`
+through :func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
+points, Bonferroni over the round counts a point may stop at; confirming rules alone, points no rule covers
+leave that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the t/s
+noise (docs/design.md, "CPU% in decode decisions") counts as slower (``rejected: CPU% up without a t/s gain``).
 The export claims only the points that confirmed.
 """
 

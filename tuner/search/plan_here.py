@@ -10,7 +10,7 @@ __all__ = ["CPU_CHECK_OBJECTS", "Here", "Stage", "check_objects", "here_for", "m
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import Protocol, TypedDict
 
 from tuner.builder import cmake
 from tuner.paths import tuner_home
@@ -20,9 +20,6 @@ from tuner.search.cost import Price, local_prices, synth_price, this_cpu_device
 from tuner.source import Source
 from tuner.targets.models import ModelShape
 from tuner.targets.target import Target
-
-if TYPE_CHECKING:
-    from tuner.search.dryrun import PlanInputs
 
 
 class Stage(TypedDict):
@@ -44,6 +41,15 @@ class ModelInputs(Protocol):
     def quant(self) -> str | None: ...
     @property
     def direct(self) -> bool: ...
+
+
+class RunInputs(ModelInputs, Protocol):
+    """A plan's model settings and tokens (:class:`tuner.search.dryrun.PlanInputs`)."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def tg(self) -> int: ...
 
 
 CPU_CHECK_OBJECTS = ("ggml/src/ggml-cpu/ops.cpp",)
@@ -101,7 +107,7 @@ def model_stage(inputs: ModelInputs, shape: ModelShape, source: Source, prices: 
     return stage(what, sum(p.seconds for _, p in parts), cost)
 
 
-def here_for(target: Target, source: Source, inputs: PlanInputs, shape: ModelShape, variants: Sequence[str]) -> Here:
+def here_for(target: Target, source: Source, inputs: RunInputs, shape: ModelShape, variants: Sequence[str]) -> Here:
     """The plan's machine when the search runs here: its recorded costs, upstream's build (the first of
     ``variants``, rendered as the search renders it, with this machine's GPU archs) cached or not, the model step."""
     # a target that is not this machine's builds elsewhere: nothing of this machine's cache applies

@@ -1,12 +1,10 @@
 """Which tool times the kernel screen (``--screen``; docs/llama-bench-cost.md): one rule for the search and its dry run.
 
 The kernel level (test-backend-ops ``FLASH_ATTN_EXT``, :mod:`tuner.search.kernel_screen`) stands for what
-llama-bench would time only where the whole model runs on the GPU: an NVIDIA GPU with kernels to force,
-every layer and the KV cache offloaded (:func:`tuner.search.residency_gate.full_offload` of the pinned
-llama-bench arguments) and no ``--cpu-mask`` (the host then paces a step), and the live llama-bench (not a
-test's or replay's fake). :func:`tuner.search.pipeline.run_pipeline` and ``tuner search --dry-run``
-(:func:`tuner.search.dryrun.run_dry_run`) both decide with :func:`screen_method`, from the pinned runtime
-knobs rendered by :func:`pinned_runtime`, so the plan names the tool the search will use.
+llama-bench would time only where the whole model runs on an NVIDIA GPU with kernels to force (every layer and
+the KV cache offloaded by the pinned arguments, :func:`tuner.search.residency_gate.full_offload`; no
+``--cpu-mask``, where the host paces a step) and the live llama-bench measures (not a test's or replay's fake).
+The search and ``tuner search --dry-run`` both decide with :func:`screen_method`, so the plan names its tool.
 """
 
 from __future__ import annotations
