@@ -28,8 +28,7 @@ import click
 
 import tuner.source
 from tuner import log
-from tuner.builder import cmake
-from tuner.builder.hip import find_hip_toolchain
+from tuner.builder import cmake, hip
 from tuner.errors import TunerError, UsageError
 from tuner.plan.derive import Legal, legal_values, resolve_space
 from tuner.plan.render import render_variant
@@ -570,7 +569,7 @@ def _compile_checks(
 def _skip_reason(vendor: str) -> str | None:
     """Why the compile check cannot run on this machine (None: it can)."""
     if vendor == "amd":
-        if find_hip_toolchain() is None:
+        if hip.find_hip_toolchain() is None:
             return "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, about a minute)"
     elif vendor == "nvidia":
         nvcc = shutil.which("nvcc")

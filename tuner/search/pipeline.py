@@ -1,13 +1,10 @@
 """``tuner search``: screen -> compose -> tune -> confirm on one build, resumable.
 
-Every stage writes what it measured into the Optuna study (user attributes for the screen and confirm
-rounds, trials for the tune stage), so rerunning the same command continues where a call stopped
-(a time budget, a lost machine) instead of starting over, and ``tuner export`` works from the study
-database alone.
-
-The stages take the run (:class:`tuner.search.context.SearchRun`, resolved once) and what the stage before
-handed on: gate -> screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm
-(:func:`tuner.search.confirm.run_confirm`) -> residency and output gates (:mod:`tuner.search.final_gates`).
+Every stage writes what it measured into the Optuna study, so rerunning the same command continues where a
+call stopped (a time budget, a lost machine), and ``tuner export`` works from the study database alone. The
+stages take the run (:class:`tuner.search.context.SearchRun`) and what the stage before handed on: gate ->
+screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm (:func:`tuner.search.confirm.run_confirm`)
+-> residency and output gates (:mod:`tuner.search.final_gates`).
 """
 
 from __future__ import annotations

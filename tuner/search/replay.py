@@ -1,18 +1,17 @@
 """``tuner search --replay FILE...``: the search logic on recorded llama-bench results.
 
-Nothing is measured: every number comes from the recorded files, and every line printed says
-REPLAY. Uses: CI of the search logic, comparing samplers, and results shared by users.
+Nothing is measured, and every line printed says REPLAY. Uses: CI of the search logic, comparing samplers,
+results shared by users.
 
-Recording convention (what ``tests/data/replay/`` holds, recorded on the H100): one llama-bench JSONL per
-(phase, forced FlashAttention kernel), named ``<phase>-<KERNEL>.jsonl`` with phase ``pp`` or ``tg``
-and KERNEL ``default``, ``VEC``, ``TILE`` or ``MMA``, each covering the same depths, e.g.::
+Recording convention (``tests/data/replay/``, recorded on the H100): one llama-bench JSONL per (phase, forced
+FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each covering the same depths, e.g.::
 
     GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
 
-The replayed space is the forced kernel per phase (``default`` = upstream selection); a config's
-objective is the profile-weighted geometric mean of its speed ratio to ``default`` over all points,
-as in the live search. Sample efficiency is the number of distinct configurations a sampler
-evaluates before one is within ``within`` (2%) of the best configuration of the exhaustive grid.
+A config is the forced kernel per phase (``default``: upstream's selection); its objective is the
+profile-weighted geometric mean of its speed ratio to ``default`` over all points, as in the live search.
+Sample efficiency: the distinct configurations a sampler evaluates before one is within ``within`` (2%) of the
+exhaustive grid's best.
 """
 
 from __future__ import annotations

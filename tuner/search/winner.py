@@ -1,16 +1,13 @@
 """The winner of a finished study, and what the search hands to the result stage.
 
-Choice of the winner (see :mod:`tuner.search.select`):
+Choice of the winner (see :mod:`tuner.search.select`): the *global* pick G is the complete, gate-passing
+trial with the best objective that is not slower than the baseline beyond noise at any point (else the
+baseline); per phase, the depths are split into buckets and each takes the min-max-regret config among
+trials sharing G's build and process-wide settings (they differ only in the per-phase FlashAttention rule),
+so the buckets combine into one binary and one command line.
 
-1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
-   than the baseline beyond noise at any point; the baseline when none is;
-2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
-   trials that share G's build and process-wide settings (they may differ only in the per-phase
-   FlashAttention rule), so the buckets combine into one binary and one command line.
-
-:func:`load_finished_study` loads a study, checks its source and chooses the winner; the
-:class:`FinishedStudy` it returns is all :mod:`tuner.result.export` needs, so the result stage never
-imports the study machinery.
+:func:`load_finished_study` returns a :class:`FinishedStudy`: all :mod:`tuner.result.export` needs, so the
+result stage never imports the study machinery.
 """
 
 from __future__ import annotations
