@@ -243,40 +243,33 @@ def _builds_stage(
     # variant it tries is one more full build.
     more_full = min(n_variants - 1, trials) if n_variants > 1 else 0
     rebuilds = tune_builds * (rebuild_s or 0.0)
+    gated = (
+        "each build gated by test-backend-ops FLASH_ATTN_EXT with every kernel forced"
+        + ("" if trial_gate_share >= 1 else " (a trial's build: its rows' kernels)")
+        if here.gate
+        else "no test-backend-ops gate (the CPU backend is its reference)"
+    )
+    where = "this machine" if price is not None and price.here else f"recorded on {costs['machine']['name']}"
+    if not tune_builds:
+        rebuild = ""
+    elif rebuild_s is not None:
+        rebuild = (
+            f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
+            "an upper bound per trial)"
+        )
+    else:
+        rebuild = "; rebuilds not counted: their time is not measured here (compile check skipped)"
     return _stage(
         "builds + test-backend-ops",
         ("upstream's variant: built already (cached)" if here.built else "1 full build of upstream's variant")
-        + f" (cached after the first run), up to {more_full} "
-        f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
-        "changed translation units for compile-time trials; "
-        + (
-            "no test-backend-ops gate (the CPU backend is its reference)"
-            if not here.gate
-            else "each build gated by test-backend-ops FLASH_ATTN_EXT with "
-        )
-        + (
-            ""
-            if not here.gate
-            else "every kernel forced"
-            if trial_gate_share >= 1
-            else "every kernel forced (a trial's build: its rows' kernels)"
-        ),
+        + f" (cached after the first run), up to {more_full} more if the tune stage samples another of the "
+        f"{n_variants} variants, up to {tune_builds} rebuild(s) of the changed translation units for compile-time "
+        f"trials; {gated}",
         seconds=(
             first + gate_s,
             first + gate_s + more_full * (full + gate_s) + rebuilds + tune_builds * gate_s * trial_gate_share,
         ),
-        cost=(
-            f"{full:g} s a full build ({'this machine' if price is not None and price.here else 'recorded on ' + str(costs['machine']['name'])})"
-            + (f", {gate_s:g} s a gate" if here.gate else "")
-            + (
-                ""
-                if not tune_builds
-                else f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
-                "an upper bound per trial)"
-                if rebuild_s is not None
-                else "; rebuilds not counted: their time is not measured here (compile check skipped)"
-            )
-        ),
+        cost=f"{full:g} s a full build ({where})" + (f", {gate_s:g} s a gate" if here.gate else "") + rebuild,
     )
 
 

@@ -198,19 +198,14 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
 # screen -> compose on recorded grids
 
 
-def grid_measure(grid: ReplayGrid) -> GridMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample.
-
-    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads
-    the default recording one sample later (the recordings carry no kernel log, so upstream's pick is
-    unknown and the A/A pair is upstream against its own later repetition).
-    """
-    return GridMeasure(grid)
-
-
 class GridMeasure:
-    """What :func:`grid_measure` returns; ``calls["n"]`` counts the measurements served, for the
-    efficiency line."""
+    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample; ``calls["n"]``
+    counts the measurements served, for the efficiency line.
+
+    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads the default
+    recording one sample later (the recordings carry no kernel log, so upstream's pick is unknown and the A/A
+    pair is upstream against its own later repetition).
+    """
 
     def __init__(self, grid: ReplayGrid) -> None:
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
@@ -254,7 +249,7 @@ def replay_screen(
     """
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
-    measure = grid_measure(grid)
+    measure = GridMeasure(grid)
     out: dict[str, Any] = {}
     for phase in ("tg", "pp"):
         if (phase, "default") not in grid.samples:
