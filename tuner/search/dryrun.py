@@ -119,12 +119,8 @@ def _choices(k: Knob) -> list[Any]:
 
 
 def count_space(arch: str, era: str, space: SearchSpace) -> tuple[list[SpaceRow], int, int]:
-    """Constraint-check every candidate of every kernel-config row.
-
-    Returns:
-        (rows, legal, total): per row its candidate count, legal count and the broken rules with how
-        often; ``legal``/``total`` for the whole compile-time space.
-    """
+    """Constraint-check every candidate of every kernel-config row: ``(rows, legal, total)``, per row its
+    candidate and legal counts and the broken rules with how often; ``legal``/``total`` for the whole space."""
     groups: dict[tuple[object, ...], list[Knob]] = collections.defaultdict(list)
     for k in space.compile_knobs:
         groups[_row_key(k)].append(k)
@@ -629,12 +625,8 @@ def _plan_screen(
     inputs: PlanInputs,
     kernels: Mapping[str, Sequence[str]],
 ) -> str:
-    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the rule
-    :func:`tuner.search.pipeline.run_pipeline` applies) from the pinned runtime knobs rendered as it renders them.
-
-    Raises:
-        UsageError: ``--screen kernel`` where the search refuses it.
-    """
+    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the search's
+    rule) from the pinned runtime knobs; UsageError for ``--screen kernel`` where the search refuses it."""
     fixed = coerce_pins(space, sets)
     _, base_args = pinned_runtime(space, fixed)
     method = screen_method(

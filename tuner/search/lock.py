@@ -132,11 +132,8 @@ def _owned_flock(
 
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, object]]:
-    """Hold the run dir's lock for the block; yields the owner record written into it.
-
-    Raises:
-        RunDirBusy: another live process holds it (the message names it and what to do).
-    """
+    """Hold the run dir's lock for the block; yields the owner record written into it. RunDirBusy where another
+    live process holds it (the message names it and what to do)."""
     run_dir = Path(run_dir)
     with _owned_flock(
         run_dir / LOCK_NAME, argv, lambda: _busy(run_dir), "a second search on this run dir", "the run dir's lock"
@@ -161,11 +158,8 @@ def study_lock_path(storage_url: str, study: str) -> Path:
 
 @contextlib.contextmanager
 def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) -> Iterator[None]:
-    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring).
-
-    Raises:
-        StudyBusy: another live search holds it (the message names it and what to do).
-    """
+    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring). StudyBusy where
+    another live search holds it (the message names it and what to do)."""
     dialect = storage_url.split("://", 1)[0].split("+", 1)[0].lower()
     if dialect == "sqlite":
         path = study_lock_path(storage_url, study)

@@ -522,11 +522,7 @@ def _screen_method(
     n_layers: int | None = None,
 ) -> str:
     """The screen's measuring tool (``--screen``; docs/llama-bench-cost.md): the one the study was screened
-    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method` (the rule the dry run
-    plans with): the asked one, else (``auto``) the kernel level where it stands for what llama-bench
-    would time: an NVIDIA GPU with kernels to force, the whole model on the GPU (``base_args``, the pinned
-    runtime knobs' arguments, offload every layer and the KV cache; no CPU mask, where the host paces a
-    step) and the live llama-bench (not a test's fake)."""
+    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method`'s (the dry run's rule)."""
     asked = cfg.screen_method
     recorded = st.screen_method
     if recorded is None and st.screen_rounds:

@@ -64,11 +64,8 @@ class ReplayGrid:
 
 
 def load_grid(files: Sequence[Path]) -> ReplayGrid:
-    """Read recorded llama-bench JSONL files named ``<pp|tg>-<KERNEL>.jsonl``.
-
-    Raises:
-        UsageError: a name outside the convention, or no ``default`` recording for a phase.
-    """
+    """Read recorded llama-bench JSONL files named ``<pp|tg>-<KERNEL>.jsonl``; UsageError for a name outside the
+    convention, or no ``default`` recording for a phase."""
     out: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
     for f in files:
         m = _NAME.match(Path(f).name)
