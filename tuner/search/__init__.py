@@ -2,20 +2,16 @@
 
 ``tuner search`` runs :func:`~tuner.search.pipeline.run_pipeline`: screen -> compose -> tune -> confirm.
 
-* ``screen`` measures upstream's kernel choice and every legal forced kernel per phase and depth in
-  paired, interleaved rounds (runtime only, zero rebuilds); ``live`` runs them on llama-bench;
-* ``compose`` turns the screen into FlashAttention rules keyed by the model's shape, a kernel per
-  depth interval, only where a kernel is faster than upstream by the decision rule
-  (:mod:`tuner.measure.decide`: per-round differences to the A/A pair, Holm over a phase's points);
-* ``tune`` runs Optuna only over what really is a joint search (compile-time rows, process-wide
-  knobs) with the composed rules fixed;
-* ``confirm`` re-measures the final config against upstream, paired, at every depth plus depths the
-  screen did not use; only what confirms is exported.
+* ``screen`` measures upstream's kernel choice and every legal forced kernel per phase and depth in paired,
+  interleaved rounds (runtime only, zero rebuilds);
+* ``compose`` turns it into FlashAttention rules keyed by the model's shape, a kernel per depth interval, only
+  where a kernel beats upstream by the decision rule (:mod:`tuner.measure.decide`);
+* ``tune`` runs Optuna only over what really is a joint search (compile-time rows, process-wide knobs);
+* ``confirm`` re-measures the final config against upstream at every depth plus depths the screen did not
+  use; only what confirms is exported.
 
-``study`` holds the configuration, arch resolution and storage. Studies of the earlier one-TPE search
-(the stored H100 results) are read back by ``record`` and exported through ``select``/``winner``;
-``dryrun`` and ``replay`` as before. The public names are
-re-exported here: ``from tuner.search import run_search``.
+``study`` holds the configuration; studies of the earlier one-TPE search (the stored H100 results) are read
+back by ``record`` and exported through ``select``/``winner``. The public names are re-exported here.
 """
 
 from __future__ import annotations

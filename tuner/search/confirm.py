@@ -1,21 +1,18 @@
 """Confirm: the final config against upstream, paired and interleaved, at every point.
 
-Three candidates per round (rotated): upstream, upstream again (the A/A pair that measures the noise
-of this very procedure) and the final config. Depths: the screen's ladder plus depths it did not use
-(halfway between deeper neighbours, e.g. 12288 and 49152), so a rule's boundary is checked where it
-was not measured. Only phases whose config differs from upstream are measured; the others are
-upstream's by construction and reported so.
+Three candidates per round (rotated): upstream, upstream again (the A/A pair: this procedure's noise) and the
+final config, at the screen's ladder plus depths it did not use (halfway between deeper neighbours, e.g. 12288
+and 49152), so a rule's boundary is checked where it was not measured. Phases whose config is upstream's are
+not measured, and reported so.
 
-What does not confirm is dropped: a rule with a point slower than upstream inside its interval, or
-with no point faster, goes; so does a process-wide knob that makes any point slower. A kept rule whose
-shallowest inside points are not faster is narrowed to start at its first confirmed-faster depth (a
-kernel change that does not show end to end beyond the noise is reported, not exported), and the
-points it no longer covers are relabelled as upstream's kernel, their measurements kept aside. Faster and slower
-are the search's decision rule's (:mod:`tuner.measure.decide`, through
-:func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
-points, Bonferroni over the round counts a point may stop at; where the rules are confirmed alone, the
-points no rule covers run upstream's kernel and are no hypotheses of that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the
-t/s noise (docs/design.md, "CPU% in decode decisions") counts as slower: its verdict is ``rejected: CPU% up without a t/s gain``.
+A rule with a point slower than upstream inside its interval, or with none faster, is dropped; so is a
+process-wide knob that makes any point slower. A kept rule whose shallowest points are not faster is narrowed
+to start at its first confirmed-faster depth; the points it no longer covers are relabelled as upstream's
+kernel, their measurements kept aside. Faster and slower are the decision rule's (:mod:`tuner.measure.decide`
+through :func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
+points, Bonferroni over the round counts a point may stop at; confirming rules alone, points no rule covers
+leave that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the t/s
+noise (docs/design.md, "CPU% in decode decisions") counts as slower (``rejected: CPU% up without a t/s gain``).
 The export claims only the points that confirmed.
 """
 
@@ -27,11 +24,11 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner import log
 from tuner._hash import stable_hash
-from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Diff
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.space import compile_values_of, runtime_env_and_args
 from tuner.rounds.compose import Family, judge_phase, open_depths
@@ -43,6 +40,19 @@ from tuner.search.screen import run_phase_rounds
 from tuner.study.record import SearchOutcome, relabel_rows
 
 FINAL = "final"
+
+
+class Judgement(TypedDict):
+    """What survives the confirmation (:func:`judge`)."""
+
+    kept: tuple[FaRule, ...]
+    dropped: dict[FaRule, str]
+    narrowed: dict[FaRule, str]
+    """Kept rule (narrowed) -> why."""
+    rows: list[dict[str, Any]]
+    """The point rows, relabelled where a rule no longer covers a point."""
+    process_ok: bool
+    process_why: str
 
 
 def extra_depths(ladder: Sequence[int], *, limit: int = 1, max_depth: int | None = None) -> list[int]:
@@ -99,7 +109,7 @@ def point_rows(
     return out
 
 
-def _utilizations(c: CellStats, cpu: Any, cpu_noise: float) -> dict[str, float]:
+def _utilizations(c: CellStats, cpu: Diff | None, cpu_noise: float) -> dict[str, float]:
     nan = math.nan
     up, fin = c.levels.get(UPSTREAM, {}), c.levels.get(FINAL, {})
     return {
@@ -122,7 +132,7 @@ def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) ->
     return max(set(ks), key=ks.count) if ks else None
 
 
-def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> dict[str, Any]:
+def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> Judgement:
     """Which rules (and whether the process-wide knobs) survive the confirmation.
 
     A kept rule whose inside points below its shallowest ``faster`` one are not faster is narrowed to
@@ -132,9 +142,6 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
     was never measured, so such a rule is kept whole. The points it no longer covers (and no other kept
     rule does) are relabelled (:func:`relabel_rows`), and so are a dropped rule's points where the rules
     were confirmed alone.
-
-    Returns ``{"kept": (rule, ...), "dropped": {rule: why}, "narrowed": {kept rule: why}, "rows": [the rows,
-    relabelled], "process_ok": bool, "process_why": str}``.
     """
     kept: list[FaRule] = []
     dropped: dict[FaRule, str] = {}
@@ -202,7 +209,7 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
     Rounds are stored as they finish (keyed by what is confirmed), so a resumed search goes on from
     them. Tuned process knobs that make a point slower are dropped and the rules confirmed alone."""
     attempt = 0
-    knobs_dropped: dict[str, Any] | None = None
+    knobs_dropped: dict[str, object] | None = None
     depths = confirm_depths(run)
     while True:
         rows, j, phases = _confirm_attempt(run, proposal, depths)
@@ -248,7 +255,7 @@ def confirm_depths(run: SearchRun) -> list[int]:
     return sorted(set(cfg.depths) | set(extra))
 
 
-def _finite_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _finite_rows(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """``rows`` without their non-finite numbers (a too-noisy point's CI can be infinite): stored as they are
     measured, and a result is stored only finite."""
     return [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in rows]
@@ -256,7 +263,7 @@ def _finite_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _confirm_attempt(
     run: SearchRun, proposal: Proposal, depths: Sequence[int]
-) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+) -> tuple[list[dict[str, Any]], Judgement, list[str]]:
     """One confirm of one final config: its rows, the judgement and the phases measured (stored)."""
     cfg, st, space, builds = run.cfg, run.st, run.space, run.builds
     rules, tuned = proposal.rules, proposal.tuned

@@ -84,7 +84,7 @@ class GateResult:
     log: str = ""
     kernels: tuple[str, ...] = ()
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         if self.status == "skipped":
             return {"status": self.status, "why": self.why}
         return {
@@ -130,7 +130,7 @@ class SearchRun:
     legal: Mapping[str, Legal]
     variants: tuple[str, ...]
     """The variants searched, upstream's first."""
-    fixed: Mapping[str, Any]
+    fixed: Mapping[str, object]
     """The ``--set`` pins, coerced by the space."""
     shape: ModelShape
     base_env: Mapping[str, str]

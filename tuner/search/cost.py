@@ -32,7 +32,7 @@ from tuner.rounds.joint import Measure
 from tuner.search.observed import Observed
 from tuner.search.study import default_run_dir
 from tuner.study.state import StudyState
-from tuner.targets.models import plan_tensors
+from tuner.targets.models import ModelShape, plan_tensors
 
 
 def counted(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
@@ -49,15 +49,15 @@ _SHAPE_KEYS = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
 """What makes two models cost alike in a search: attention and layer sizes (``[model.shape]``)."""
 
 
-def _same_shape(doc: Mapping[str, Any], shape: Mapping[str, Any]) -> bool:
+def _same_shape(doc: Mapping[str, Any], shape: Mapping[str, object]) -> bool:
     have = (doc.get("model") or {}).get("shape") or {}
     keys = [k for k in _SHAPE_KEYS if shape.get(k) is not None and have.get(k) is not None]
     return bool(keys) and all(have.get(k) == shape[k] for k in keys)
 
 
 def past_cost(
-    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, Any] | None = None
-) -> tuple[Path, dict[str, Any], bool] | None:
+    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, object] | None = None
+) -> tuple[Path, dict[str, object], bool] | None:
     """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
     directory) and whether its model has ``shape``: one of that model shape if there is one; among those,
     with ``trials`` given, one that ran tune trials where the plan does and none where it does not, if
@@ -80,7 +80,7 @@ def past_cost(
 
 
 def past_cost_line(
-    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, Any] | None = None
+    arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, object] | None = None
 ) -> str | None:
     """The plan's line of what a past search of ``arch`` cost (None: no stored result has a ``[cost]``)."""
     past = past_cost(arch, results, trials=trials, shape=shape)
@@ -116,7 +116,7 @@ def screen_round_seconds(rec: Mapping[str, Any], n_calls: int, n_depths: int, *,
     return n_calls * n_depths * float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
 
 
-def priced_screen_call(d_model: int | None, depths: Sequence[int], *, kernel: bool = False) -> dict[str, Any]:
+def priced_screen_call(d_model: int | None, depths: Sequence[int], *, kernel: bool = False) -> dict[str, object]:
     """One screen call at ``depths`` priced by :func:`screen_round_seconds`, as the round record the round loops
     scale to a round's calls and depths (``prior`` of :func:`tuner.rounds.joint.run_joint_rounds`): a study
     without a measured round starts none that its price says would end past ``--time-budget``."""
@@ -161,7 +161,7 @@ def local_prices(
     arch: str,
     device: str,
     *,
-    shape: Mapping[str, Any],
+    shape: Mapping[str, object],
     pp: int,
     tg: int,
     results: Path = Path("results"),
@@ -198,7 +198,9 @@ def local_prices(
     return out
 
 
-def synth_price(shape: Any, quant: str | None, costs: Mapping[str, Any] | None = None) -> tuple[Price, Price | None]:
+def synth_price(
+    shape: ModelShape, quant: str | None, costs: Mapping[str, Any] | None = None
+) -> tuple[Price, Price | None]:
     """The recorded cost of synthesizing a ``shape`` model in f16 and, with ``quant``, of llama-quantize making it
     (``[model_synth]``: seconds per billion parameters, recorded on another machine)."""
     rec = (costs or load_step_costs())["model_synth"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 __all__ = ["OtherDevice", "check_device", "device_checked"]
 
 from collections.abc import Callable
-from typing import Any
 
 from tuner.errors import UsageError
 from tuner.plan.variant import Build
@@ -22,7 +21,7 @@ class OtherDevice(UsageError):
     trial (a tune trial lets it through): the process must stop, so the trial is queued for a matching one."""
 
 
-def check_device(st: StudyState, measure: Any) -> None:
+def check_device(st: StudyState, measure: Measure) -> None:
     """Record the device ``measure`` reported (llama-bench's gpu_info, test-backend-ops' device description)
     in a study that has none; UsageError when the study recorded another one."""
     device = (getattr(measure, "info", None) or {}).get("device")

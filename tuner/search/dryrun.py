@@ -1,21 +1,14 @@
 """``tuner search --dry-run``: everything short of timing, for a GPU that is not here.
 
-For the target arch and the source's era it
+For the target arch and the source's era it renders every variant (an unsupported one, e.g. ``hip-rocwmma``
+on a tree without rocWMMA FlashAttention, is reported with the reason); constraint-checks the compile-time
+space per kernel-config row (rows are independent, so the legal count is the product of the rows', exact
+without enumerating); compile-checks the upstream row plus the first legal non-default candidate of each row
+(HIP's compile-check toolchain for AMD, nvcc for NVIDIA); and prints the stages
+:func:`tuner.search.pipeline.run_pipeline` runs on the target with their counts and an *estimated* time from
+per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
 
-1. renders every variant of the search space (an unsupported variant, e.g. ``hip-rocwmma`` on a tree
-   without rocWMMA FlashAttention, is reported with the reason);
-2. constraint-checks the whole compile-time space. Knobs that form one kernel-config row are checked
-   together; rows are independent, so the number of legal candidates is the product of the legal
-   counts per row (exact, without enumerating millions of combinations);
-3. compile-checks a representative sample per variant: the upstream row plus the first legal
-   non-default candidate of each row, with the HIP compile-check toolchain for AMD targets or nvcc
-   for NVIDIA targets;
-4. prints the plan: the stages :func:`tuner.search.pipeline.run_pipeline` runs on the target (screen,
-   compose, tune, confirm, output gate, residency, builds) with their counts, and an *estimated* time
-   from per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
-
-The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is
-benchmarked, and the output says so.
+The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is benchmarked.
 """
 
 from __future__ import annotations
@@ -29,19 +22,56 @@ import json
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 import click
 
+import tuner.source
 from tuner import log
+from tuner.builder import cmake, hip
 from tuner.errors import TunerError, UsageError
+from tuner.plan.derive import Legal, legal_values, resolve_space
+from tuner.plan.render import render_variant
+from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints, load_space, set_values
 from tuner.rounds.costs import load_step_costs
-from tuner.search.cost import full_build_seconds, nearest_recording, screen_round_seconds
-from tuner.search.plan_here import Here, here_for
+from tuner.search import tune as tn
+from tuner.search.confirm import extra_depths
+from tuner.search.cost import full_build_seconds, nearest_recording, past_cost_line, screen_round_seconds
+from tuner.search.pipeline import PHASES, kernels_for
+from tuner.search.plan_here import CPU_CHECK_OBJECTS, Here, Stage, check_objects, here_for
+from tuner.search.request import PlannedSearch, SearchRequest, check_variants, plan_search
+from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
+from tuner.source import DEFAULT_SPEC, Source
+from tuner.targets.host import host_cpus
+from tuner.targets.models import load_gguf_shape, load_model_shape
 from tuner.targets.target import Target
 
-if TYPE_CHECKING:
-    from tuner.search.request import PlannedSearch, SearchRequest
+
+class SpaceRow(TypedDict):
+    """One kernel-config row of the compile-time space, constraint-checked (:func:`count_space`)."""
+
+    row: str
+    knobs: list[str]
+    candidates: int
+    legal: int
+    illegal_rules: dict[str, int]
+    sample_legal: dict[str, Any] | None
+    example_illegal: dict[str, object] | None
+
+
+class _Checked(TypedDict):
+    variant: str
+    status: str
+    objects: list[str]
+
+
+class CompileCheck(_Checked, total=False):
+    """One variant's compile check (:func:`_compile_sample`): ``why`` where it did not pass, else its time."""
+
+    why: str
+    seconds: float
+    values: dict[str, Any]
+    offload: dict[str, list[str]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,11 +80,10 @@ class DryRunReport:
     era: str
     variants: Mapping[str, str]
     """variant -> 'ok' or the reason it cannot be rendered."""
-    rows: tuple[Mapping[str, Any], ...]
-    """One entry per kernel-config row: name, candidates, legal, illegal reasons."""
+    rows: tuple[SpaceRow, ...]
     legal: int
     total: int
-    compile_checks: tuple[Mapping[str, Any], ...]
+    compile_checks: tuple[CompileCheck, ...]
     plan: Mapping[str, Any]
 
     @property
@@ -75,39 +104,34 @@ class DryRunReport:
         }
 
 
-def _row_key(k: Any) -> tuple[Any, ...]:
+def _row_key(k: Knob) -> tuple[object, ...]:
     m = k.meta
     if k.kind == "wmma":
         return ("wmma",)
     return (k.kind, m["table"], int(m["dkq"]), int(m["dv"]), int(m["ncols"]), int(m.get("ncols2", 0)))
 
 
-def _choices(k: Any) -> list[Any]:
+def _choices(k: Knob) -> list[Any]:
     if k.choices is not None:
         return list(k.choices)
-    return list(range(int(k.low), int(k.high) + 1, int(k.step)))
+    assert k.low is not None and k.high is not None  # a knob without choices has a range
+    return list(range(k.low, k.high + 1, k.step))
 
 
-def count_space(arch: str, era: str, space: Any) -> tuple[list[dict[str, Any]], int, int]:
-    """Constraint-check every candidate of every kernel-config row.
-
-    Returns:
-        (rows, legal, total): per row its candidate count, legal count and the broken rules with how
-        often; ``legal``/``total`` for the whole compile-time space.
-    """
-    from tuner.plan.space import check_constraints
-
-    groups: dict[tuple[Any, ...], list[Any]] = collections.defaultdict(list)
+def count_space(arch: str, era: str, space: SearchSpace) -> tuple[list[SpaceRow], int, int]:
+    """Constraint-check every candidate of every kernel-config row: ``(rows, legal, total)``, per row its
+    candidate and legal counts and the broken rules with how often; ``legal``/``total`` for the whole space."""
+    groups: dict[tuple[object, ...], list[Knob]] = collections.defaultdict(list)
     for k in space.compile_knobs:
         groups[_row_key(k)].append(k)
-    rows = []
+    rows: list[SpaceRow] = []
     legal_total, total = 1, 1
     for key, knobs in groups.items():
         names = [k.name for k in knobs]
         n = n_ok = 0
         reasons: collections.Counter[str] = collections.Counter()
         first_legal: dict[str, Any] | None = None
-        first_illegal: dict[str, Any] | None = None
+        first_illegal: dict[str, object] | None = None
         for combo in itertools.product(*(_choices(k) for k in knobs)):
             vals = dict(zip(names, combo))
             n += 1
@@ -169,24 +193,10 @@ class PlanInputs:
     @classmethod
     def of(cls, p: PlannedSearch, cpu_mask: tuple[int, ...] | None) -> PlanInputs:
         """The inputs of the search :func:`tuner.search.request.plan_search` resolved (the real run's settings)."""
-        return cls(
-            like=p.like or "",
-            model=p.model,
-            depths=p.depths,
-            trials=p.trials,
-            min_rounds=p.min_rounds,
-            max_rounds=p.max_rounds,
-            refine=p.refine,
-            confirm_extra=p.confirm_extra,
-            tune_knobs=p.tune_knobs,
-            tune_depths=p.tune_depths,
-            screen=p.screen_method or "auto",
-            cpu_mask=cpu_mask,
-            pp=p.pp,
-            tg=p.tg,
-            quant=p.quant,
-            direct=p.direct,
-        )
+        same = {
+            f.name: getattr(p, f.name) for f in dataclasses.fields(cls) if f.name not in ("like", "screen", "cpu_mask")
+        }
+        return cls(like=p.like or "", screen=p.screen_method or "auto", cpu_mask=cpu_mask, **same)
 
 
 def _stage(
@@ -196,7 +206,7 @@ def _stage(
     calls: tuple[int, int] = (0, 0),
     seconds: tuple[float, float] | None = (0.0, 0.0),
     cost: str = "",
-) -> dict[str, Any]:
+) -> Stage:
     return {
         "stage": name,
         "what": what,
@@ -216,7 +226,7 @@ def _builds_stage(
     rebuild_s: float | None,
     trial_gate_share: float = 1.0,
     here: Here | None = None,
-) -> dict[str, Any]:
+) -> Stage:
     """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
     (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
     here = here or Here()
@@ -229,40 +239,33 @@ def _builds_stage(
     # variant it tries is one more full build.
     more_full = min(n_variants - 1, trials) if n_variants > 1 else 0
     rebuilds = tune_builds * (rebuild_s or 0.0)
+    gated = (
+        "each build gated by test-backend-ops FLASH_ATTN_EXT with every kernel forced"
+        + ("" if trial_gate_share >= 1 else " (a trial's build: its rows' kernels)")
+        if here.gate
+        else "no test-backend-ops gate (the CPU backend is its reference)"
+    )
+    where = "this machine" if price is not None and price.here else f"recorded on {costs['machine']['name']}"
+    if not tune_builds:
+        rebuild = ""
+    elif rebuild_s is not None:
+        rebuild = (
+            f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
+            "an upper bound per trial)"
+        )
+    else:
+        rebuild = "; rebuilds not counted: their time is not measured here (compile check skipped)"
     return _stage(
         "builds + test-backend-ops",
         ("upstream's variant: built already (cached)" if here.built else "1 full build of upstream's variant")
-        + f" (cached after the first run), up to {more_full} "
-        f"more if the tune stage samples another of the {n_variants} variants, up to {tune_builds} rebuild(s) of the "
-        "changed translation units for compile-time trials; "
-        + (
-            "no test-backend-ops gate (the CPU backend is its reference)"
-            if not here.gate
-            else "each build gated by test-backend-ops FLASH_ATTN_EXT with "
-        )
-        + (
-            ""
-            if not here.gate
-            else "every kernel forced"
-            if trial_gate_share >= 1
-            else "every kernel forced (a trial's build: its rows' kernels)"
-        ),
+        + f" (cached after the first run), up to {more_full} more if the tune stage samples another of the "
+        f"{n_variants} variants, up to {tune_builds} rebuild(s) of the changed translation units for compile-time "
+        f"trials; {gated}",
         seconds=(
             first + gate_s,
             first + gate_s + more_full * (full + gate_s) + rebuilds + tune_builds * gate_s * trial_gate_share,
         ),
-        cost=(
-            f"{full:g} s a full build ({'this machine' if price is not None and price.here else 'recorded on ' + str(costs['machine']['name'])})"
-            + (f", {gate_s:g} s a gate" if here.gate else "")
-            + (
-                ""
-                if not tune_builds
-                else f", {rebuild_s:g} s a rebuild (this dry run's compile check of every row's TUs, on this machine: "
-                "an upper bound per trial)"
-                if rebuild_s is not None
-                else "; rebuilds not counted: their time is not measured here (compile check skipped)"
-            )
-        ),
+        cost=f"{full:g} s a full build ({where})" + (f", {gate_s:g} s a gate" if here.gate else "") + rebuild,
     )
 
 
@@ -273,34 +276,54 @@ def _screen_stages(
     rec: Mapping[str, Any],
     rounds: tuple[int, int],
     kernel: bool = False,
-) -> list[dict[str, Any]]:
-    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (``kernel``: a kernel-level
-    screen, else llama-bench; a round as :func:`tuner.search.cost.screen_round_seconds` prices it)."""
+) -> list[Stage]:
+    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (a round as
+    :func:`tuner.search.cost.screen_round_seconds` prices it): with ``kernel`` a test-backend-ops call per
+    candidate and round, one case per phase and depth; else llama-bench calls both phases share."""
     rmin, rmax = rounds
     nd = len(depths)
-    stages = []
-    if kernel:
-        return _kernel_screen_stages(kernels, inputs, depths, rec, rounds)
-    per_depth = float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
-
-    # screen: upstream + each forcible kernel per phase (or an A/A twin where none can be forced),
-    # both phases sharing each llama-bench call, so a round is as many calls as the larger phase.
+    # upstream + each forcible kernel per phase (or an A/A twin where none can be forced): a round is as many
+    # calls as the larger phase has candidates
     n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
     per_round = max(n_cands.values())
-    round_s = screen_round_seconds(rec, per_round, nd)
-    legal = _legal_text(kernels)
-    stages.append(
+    round_s = screen_round_seconds(rec, per_round, nd, kernel=kernel)
+    calls, seconds = (per_round * rmin, per_round * rmax), (rmin * round_s, rmax * round_s)
+    legal = "; ".join(
+        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
+        for p in ("tg", "pp")
+    )
+    compose = (
+        "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
+        "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
+        "nothing is run"
+    )
+    if kernel:  # no refinement at the op level (pipeline._refine_steps): the confirm places the boundaries
+        return [
+            _stage(
+                "screen",
+                f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
+                f"({2 * nd} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
+                calls=calls,
+                seconds=seconds,
+                cost=f"{float(rec['kernel_case_s']):g} s per candidate and case",
+            ),
+            _stage(
+                "compose",
+                compose + ". No boundary refinement at the op level: the confirm stage judges the rules end to end "
+                "and narrows each to where it pays",
+            ),
+        ]
+    per_depth = float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
+    ref_calls = sum(n_cands.values())
+    return [
         _stage(
             "screen",
             f"{legal}; {per_round} shared llama-bench calls (pp+tg) a round × {rmin}-{rmax} rounds × "
             f"{nd} depths {list(depths)}",
-            calls=(per_round * rmin, per_round * rmax),
-            seconds=(rmin * round_s, rmax * round_s),
+            calls=calls,
+            seconds=seconds,
             cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    ref_calls = sum(n_cands.values())
-    stages.append(
+        ),
         _stage(
             "screen: refine",
             f"up to {inputs.refine} bisection step(s) per phase where the winning kernel changes between "
@@ -308,63 +331,12 @@ def _screen_stages(
             calls=(0, inputs.refine * ref_calls * rmax),
             seconds=(0.0, inputs.refine * ref_calls * rmax * per_depth),
             cost=f"{per_depth:g} s per call and depth",
-        )
-    )
-    stages.append(
-        _stage(
-            "compose",
-            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); nothing is run",
-        )
-    )
-    return stages
-
-
-def _legal_text(kernels: Mapping[str, Sequence[str]]) -> str:
-    """What the screen compares per phase, for the plan's text."""
-    return "; ".join(
-        f"{'decode' if p == 'tg' else 'prefill'}: upstream vs {', '.join(kernels[p]) or 'itself (A/A)'}"
-        for p in ("tg", "pp")
-    )
-
-
-def _kernel_screen_stages(
-    kernels: Mapping[str, Sequence[str]],
-    inputs: PlanInputs,
-    depths: Sequence[int],
-    rec: Mapping[str, Any],
-    rounds: tuple[int, int],
-) -> list[dict[str, Any]]:
-    """The kernel-level screen's stages: a test-backend-ops call per candidate pair and round, one case
-    per phase and depth, each case timed for at least a second."""
-    rmin, rmax = rounds
-    nd = len(depths)
-    n_cands = {p: len(kernels[p]) + 1 + (0 if kernels[p] else 1) for p in ("tg", "pp")}
-    per_round = max(n_cands.values())
-    cases, case_s = 2 * nd, float(rec["kernel_case_s"])
-    round_s = screen_round_seconds(rec, per_round, nd, kernel=True)
-    legal = _legal_text(kernels)
-    return [
-        _stage(
-            "screen",
-            f"{legal}; FLASH_ATTN_EXT alone at the model's shape: {per_round} test-backend-ops calls a round "
-            f"({cases} cases each: pp and tg at {nd} depths {list(depths)}) × {rmin}-{rmax} rounds",
-            calls=(per_round * rmin, per_round * rmax),
-            seconds=(rmin * round_s, rmax * round_s),
-            cost=f"{case_s:g} s per candidate and case",
         ),
-        # No refinement at the op level (pipeline._refine_steps): the confirm places the boundaries.
-        _stage(
-            "compose",
-            "FlashAttention rules per depth interval, keyed by head size, GQA ratio and K/V type, "
-            "only where a kernel beat upstream by the decision rule (A/A-controlled, Holm over the phase's points); "
-            "nothing is run. No boundary refinement at the op level: the confirm stage judges the rules end to end "
-            "and narrows each to where it pays",
-        ),
+        _stage("compose", compose),
     ]
 
 
-def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[Stage]:
     """The plan's output-gate and residency stages."""
     stages = []
     n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
@@ -389,11 +361,9 @@ def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -
 
 
 def _tune_stage(
-    knobs: Sequence[Any], trials: int, n_compile: int, nt: int, per_depth: float, case_s: float | None
-) -> dict[str, Any]:
+    knobs: Sequence[Knob], trials: int, n_compile: int, nt: int, per_depth: float, case_s: float | None
+) -> Stage:
     """The tune stage's plan: ``nt`` depths a trial; ``case_s`` set where the screen runs at the op level."""
-    from tuner.search import tune as tn
-
     n_phases = len({p for k in knobs for p in tn.knob_phases(k)}) or 2  # calls: 2 per phase a trial measures
     # op-level trials (tn.trial_method): two test-backend-ops processes a phase, gated with their rows' kernels only
     op_trials = case_s is not None and tn.trial_method(knobs, screen_method="kernel", recorded=None) == "kernel"
@@ -414,7 +384,7 @@ def _tune_stage(
 
 
 def plan_stages(
-    space: Any,
+    space: SearchSpace,
     *,
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
@@ -437,9 +407,6 @@ def plan_stages(
     measured here, so tune builds are left out of the time).
     ``here``: the machine's own recorded costs and caches (:class:`Here`; None: the recorded machine's, nothing cached).
     """
-    from tuner.search import tune as tn
-    from tuner.search.confirm import extra_depths
-
     costs = load_step_costs()
     rec = nearest_recording(costs, d_model)
     here = here or Here()
@@ -459,7 +426,7 @@ def plan_stages(
     # recorded calls -r 4: a screen call costs more per depth where its own figure is recorded
     use_kernel = screen_method == "kernel" and any(kernels.values()) and "kernel_case_s" in rec
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
-    stages = [dict(here.model_stage)] if here.model_stage else []
+    stages = [here.model_stage.copy()] if here.model_stage else []
     stages += _screen_stages(kernels, inputs, depths, rec, (rmin, rmax), use_kernel)
     knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
@@ -522,21 +489,16 @@ def plan_stages(
 
 
 def _compile_sample(
-    source: Any,
+    source: Source,
     arch: str,
     variant: str,
     sample: Mapping[str, Any],
-    vendor: str,
     *,
     only_selector: bool = False,
     skip: str | None = None,
     cpu: bool = False,
     what: str = "",
-) -> dict[str, Any]:
-    from tuner.builder.cmake import build_variant
-    from tuner.plan.render import render_variant
-    from tuner.search.plan_here import CPU_CHECK_OBJECTS, check_objects
-
+) -> CompileCheck:
     rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
     objs = check_objects(rv, source.root, cpu=cpu)
     if objs is None:  # a check that cannot apply is not a failure
@@ -552,7 +514,7 @@ def _compile_sample(
         return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
     try:
         with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
-            b = build_variant(rv, compile_only=True, objects=objs)
+            b = cmake.build_variant(rv, compile_only=True, objects=objs)
     except TunerError as err:
         return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
     return {
@@ -566,11 +528,11 @@ def _compile_sample(
 
 
 def _compile_checks(
-    source: Any, target: Target, rows: Sequence[Mapping[str, Any]], vstatus: Mapping[str, str]
-) -> list[dict[str, Any]]:
+    source: Source, target: Target, rows: Sequence[SpaceRow], vstatus: Mapping[str, str]
+) -> list[CompileCheck]:
     """The compile check of each renderable variant (:func:`_compile_sample`)."""
     a = target.arch
-    checks: list[dict[str, Any]] = []
+    checks: list[CompileCheck] = []
     samples: dict[str, Any] = {}
     for r in rows:
         if r["sample_legal"]:
@@ -586,9 +548,8 @@ def _compile_checks(
         if target.is_cpu:
             what = "the CPU backend's FLASH_ATTN_EXT TU"
         sample = samples if first else {}
-        cpu = target.is_cpu
         checks.append(
-            _compile_sample(source, a.name, v, sample, a.vendor, only_selector=not first, skip=skip, cpu=cpu, what=what)
+            _compile_sample(source, a.name, v, sample, only_selector=not first, skip=skip, cpu=target.is_cpu, what=what)
         )
         first = False
     return checks
@@ -597,9 +558,7 @@ def _compile_checks(
 def _skip_reason(vendor: str) -> str | None:
     """Why the compile check cannot run on this machine (None: it can)."""
     if vendor == "amd":
-        from tuner.builder.hip import find_hip_toolchain
-
-        if find_hip_toolchain() is None:
+        if hip.find_hip_toolchain() is None:
             return "HIP compile-check toolchain not set up; run `tuner toolchain hip` (root, about a minute)"
     elif vendor == "nvidia":
         nvcc = shutil.which("nvcc")
@@ -623,14 +582,10 @@ def _cublas_header(nvcc: Path) -> Path | None:
     return None
 
 
-def _space_for_plan(space: Any, n_layers: int) -> Any:
+def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
     """``space`` with its derived knobs' pin ranges for the planned model on a target that is not here: ``-ngl``
     0..n_layers + 1, as the search allows (the GPU's free memory is unknown, so only full offload is sampled),
     and any thread count (the target's CPUs are unknown)."""
-    from tuner.plan.derive import Legal, legal_values, resolve_space
-    from tuner.plan.space import BENCH_DEFAULT
-    from tuner.targets.host import host_cpus
-
     legal = legal_values(space, cpus=host_cpus(), shape={"n_layers": n_layers})
     for k in space.runtime_knobs:
         if k.meta.get("derive") == "threads":
@@ -639,11 +594,9 @@ def _space_for_plan(space: Any, n_layers: int) -> Any:
     return resolve_space(space, legal)
 
 
-def _check_pins(arch: str, era: str, space: Any, sets: Mapping[str, str]) -> None:
+def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]) -> None:
     """The ``--set`` pins checked as the search checks them: knob values in range (a pinned ``-ngl`` within the
     planned model's layers), a variant of the space, compile-time values the constraint check accepts."""
-    from tuner.plan.space import check_constraints, set_values
-
     if not sets:
         return
     compile_pins, _ = set_values(space, {k: v for k, v in sets.items() if k != "variant"})  # a build, no knob
@@ -666,20 +619,14 @@ def _check_pins(arch: str, era: str, space: Any, sets: Mapping[str, str]) -> Non
 
 def _plan_screen(
     target: Target,
-    space: Any,
+    space: SearchSpace,
     sets: Mapping[str, str],
     n_layers: int,
     inputs: PlanInputs,
     kernels: Mapping[str, Sequence[str]],
 ) -> str:
-    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the rule
-    :func:`tuner.search.pipeline.run_pipeline` applies) from the pinned runtime knobs rendered as it renders them.
-
-    Raises:
-        UsageError: ``--screen kernel`` where the search refuses it.
-    """
-    from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
-
+    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the search's
+    rule) from the pinned runtime knobs; UsageError for ``--screen kernel`` where the search refuses it."""
     fixed = coerce_pins(space, sets)
     _, base_args = pinned_runtime(space, fixed)
     method = screen_method(
@@ -715,16 +662,8 @@ def run_dry_run(
     stderr). Times nothing. ``request`` (replacing the other arguments): the search it runs, resolved and refused by
     :func:`tuner.search.request.plan_search` as the real run does, priced with this machine's recorded costs.
     Raises UsageError where the real run refuses, TunerError where a compile check failed (after the report)."""
-    from tuner.plan.render import render_variant
-    from tuner.plan.space import load_space
-    from tuner.search.pipeline import PHASES, kernels_for
-    from tuner.source import DEFAULT_SPEC, fetch_source
-    from tuner.targets.models import load_gguf_shape, load_model_shape
-
     planned = None
     if request is not None:
-        from tuner.search.request import plan_search
-
         planned = plan_search(request)  # the real run's settings, and its refusals
         target, source_spec, sets = request.target, request.source_spec, request.sets
         inputs, variants = PlanInputs.of(planned, request.cpu_mask), planned.variants or ()
@@ -733,7 +672,7 @@ def run_dry_run(
     shape = load_gguf_shape(inputs.model) if inputs.model is not None else load_model_shape(inputs.like)
     if inputs.model is not None:
         inputs = dataclasses.replace(inputs, like=inputs.model.name)
-    source = fetch_source(source_spec or DEFAULT_SPEC)
+    source = tuner.source.fetch_source(source_spec or DEFAULT_SPEC)  # through the module: tests replace it
     space = _space_for_plan(load_space(a.name, source.era), shape.n_layers)
     log.info(
         f"tuner search --dry-run: {a.name} ({a.vendor} {a.family}), source {source.spec} era {source.era}. "
@@ -741,12 +680,8 @@ def run_dry_run(
     )
     _check_pins(a.name, source.era, space, sets or {})  # before anything compiles
     if planned is not None:
-        from tuner.search.request import check_variants
-
         check_variants(space.variants, planned.variants, a.name, source.era)
-    from tuner.search.tune import check_patterns
-
-    check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
+    tn.check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
     kernels = {p: kernels_for(space, p) for p in PHASES}
     method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
     wanted = [v for v in space.variants if not variants or v in variants]
@@ -800,13 +735,13 @@ def run_dry_run(
     return rep
 
 
-def _detail(c: Mapping[str, Any]) -> str:
+def _detail(c: CompileCheck) -> str:
     """A compile check's outcome in words (never a dict repr)."""
     if c.get("why"):
         return " ".join(str(c["why"]).split())[:200]
-    targets: Mapping[str, Any] = c.get("offload") or {}
+    targets = c.get("offload") or {}
     # object -> the GPU archs its device code is for (empty: host code only), summarized per arch set
-    per: collections.Counter[str] = collections.Counter(", ".join(map(str, v)) for v in targets.values())
+    per = collections.Counter(", ".join(map(str, v)) for v in targets.values())
     code = "; ".join(
         f"{n} object(s) with {what} device code" if what else f"{n} object(s) of host code only"
         for what, n in sorted(per.items())
@@ -854,7 +789,7 @@ def render(rep: DryRunReport) -> str:
     lo, hi = p["estimated_minutes"]
     out += ["", f"## Plan on the target ({p['model']}): the stages `tuner search --arch {rep.arch}` runs", ""]
 
-    def secs(s: Mapping[str, Any]) -> str:
+    def secs(s: Stage) -> str:
         if s["seconds"] is None:
             return "not estimated"
         a, b = s["seconds"]
@@ -882,8 +817,6 @@ def render(rep: DryRunReport) -> str:
         f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",
         "Recorded in: " + "; ".join(p["estimate_from"]["sources"]) + ".",
     ]
-    from tuner.search.cost import past_cost_line
-
     past = past_cost_line(rep.arch, trials=p.get("tune_trials"), shape=p.get("model_shape"))
     if past:  # a measured run of this arch: the figures a real search took, beside the estimate
         out += ["", past]

@@ -36,8 +36,8 @@ class _Final:
 
     base_variant: str
     variant: str
-    compile_values: Mapping[str, Any]
-    values: Mapping[str, Any]
+    compile_values: Mapping[str, object]
+    values: Mapping[str, object]
     env: Mapping[str, str]
     args: tuple[str, ...]
 
@@ -57,7 +57,7 @@ def final_of(run: SearchRun, outcome: SearchOutcome) -> _Final:
     )
 
 
-def config_key(rules: Sequence[FaRule], vals: Mapping[str, Any]) -> str:
+def config_key(rules: Sequence[FaRule], vals: Mapping[str, object]) -> str:
     """The final config's key for records stored per final config (the gates' checks)."""
     return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 

@@ -1,24 +1,19 @@
 """The kernel-level screen measure: ``FLASH_ATTN_EXT`` alone at the model's shape, one case per depth.
 
-Why: a llama-bench screen call pays a context fill per depth (about 8.7 s of a 1B call's 24.6 s on an
-H100 at six depths, docs/llama-bench-cost.md), and the screen needs four calls a round. The kernel
-choice is a property of the attention op, so the screen times the op itself with ``test-backend-ops
-perf`` (:mod:`tuner.measure.kernel_bench`) at the exact tensors llama.cpp's graph hands it: the
-model's head size, head counts and K/V type, at the cache cells a depth reads.
+Why: a llama-bench screen call pays a context fill per depth (about 8.7 s of a 1B call's 24.6 s on an H100 at
+six depths, docs/llama-bench-cost.md). The kernel choice is a property of the attention op, so the screen times
+the op with ``test-backend-ops perf`` (:mod:`tuner.measure.kernel_bench`) at the tensors llama.cpp's graph hands
+it: the model's head size, head counts and K/V type, at the cache cells a depth reads.
 
-It is a drop-in :data:`tuner.rounds.joint.Measure` (and ``joint``): each candidate is one
-test-backend-ops process over every (phase, depth) case, so the screen's rotated rounds, its A/A twin
-(upstream's kernel forced), the decision rule and composition apply unchanged. The values are op runs
-per second (10^6 / µs per run): a ratio scale like t/s, **not** tokens per second. The op's share of a
-decode step grows with depth, so a kernel-level gain is larger than the end-to-end one (1B at 16k
-context: MMA +9.3% at the op, +2.8% end to end); the confirm stage, llama-bench end to end, is the
-judge, and drops a rule whose points are not faster there.
+A drop-in :data:`tuner.rounds.joint.Measure` (and ``joint``): each candidate is one process over every (phase,
+depth) case, so rotation, the A/A twin, the decision rule and composition apply unchanged. Values are op runs
+per second (10^6 / µs per run), **not** tokens per second. The op's share of a decode step grows with depth, so
+an op-level gain exceeds the end-to-end one (1B at 16k: MMA +9.3% at the op, +2.8% end to end); the confirm,
+llama-bench end to end, is the judge.
 
-Depth to cache cells (``n_kv``): llama.cpp pads the cells an attention call reads to 256
-(``src/llama-kv-cache.cpp``). Decode at depth ``d`` generates ``tg`` tokens after ``d`` cached ones, so
-it reads ``pad256(d + tg)`` cells with one query row; prefill at depth ``d`` runs ``pp`` tokens in
-micro-batches of ``-ub`` (llama-bench's default 512), the last one reading ``pad256(d + pp)`` cells
-with ``min(pp, ub)`` query rows.
+Cache cells (``n_kv``): llama.cpp pads them to 256 (``src/llama-kv-cache.cpp``). Decode at depth ``d`` reads
+``pad256(d + tg)`` cells with one query row; prefill runs ``pp`` tokens in micro-batches of ``-ub`` (default
+512), the last reading ``pad256(d + pp)`` cells with ``min(pp, ub)`` query rows.
 """
 
 from __future__ import annotations
@@ -28,10 +23,9 @@ __all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.measure.kernel_bench import FaShape, KernelTime, process_timeout, run_round
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, Point
 
 METHOD_KERNEL = "kernel"
 """Screen with test-backend-ops FLASH_ATTN_EXT (this module)."""
@@ -90,7 +84,7 @@ class _KernelMeasure:
 
     def joint(
         self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
-    ) -> dict[str, dict[int, dict[str, Any]]]:
+    ) -> dict[str, dict[int, Point]]:
         cases = [(p, int(d)) for p in phases for d in depths]
         shapes = [
             kernel_shape(self.shape, p, d, pp=self.pp, tg=self.tg, kv_type=self.kv_type, ubatch=self.ubatch)
@@ -106,7 +100,7 @@ class _KernelMeasure:
             timeout=process_timeout(len(shapes)),
         )
         self._read_device(times)
-        out: dict[str, dict[int, dict[str, Any]]] = {p: {} for p in phases}
+        out: dict[str, dict[int, Point]] = {p: {} for p in phases}
         for (p, d), t in zip(cases, times, strict=True):
             us = t.us_per_run if t.us_per_run is not None and t.us_per_run > 0 else None
             out[p][d] = {
@@ -117,9 +111,7 @@ class _KernelMeasure:
             }
         return out
 
-    def __call__(
-        self, cand: Candidate, phase: str, depths: Sequence[int], label: str
-    ) -> Mapping[int, Mapping[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> Mapping[int, Point]:
         return self.joint(cand, [phase], depths, label)[phase]
 
     def _read_device(self, times: Sequence[KernelTime]) -> None:

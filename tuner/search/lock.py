@@ -1,21 +1,16 @@
 """One ``tuner search`` per run dir and per study: lock files that name their owner.
 
-Two searches on one run dir would both measure every screen round and store it twice, count each
-other's running trial as done and export into one folder. :func:`run_dir_lock` holds an exclusive
-``fcntl.flock`` on ``<run dir>/search.lock`` for the life of the search and writes the owner (PID,
-host, start time, command, passwords redacted) into it. The kernel drops a flock when its process
-dies, however it dies, so a lock left by a killed search is never mistaken for a live one: the next
-search takes it over and says so. ``tuner worker`` does not take the lock (workers share a study on
-purpose; each trial is its own).
+Two searches on one run dir would measure and store every round twice, count each other's running trial as
+done and export into one folder. :func:`run_dir_lock` holds an exclusive ``fcntl.flock`` on
+``<run dir>/search.lock`` for the search's life, with the owner (PID, host, start time, command, passwords
+redacted) written into it. The kernel drops a flock however its process dies, so a killed search's lock is
+taken over (and said so), never mistaken for a live one. ``tuner worker`` takes no lock (workers share a study).
 
-Two searches on one study from different run dirs do the same harm through the storage, so
-:func:`study_lock` holds a lock keyed by the storage and the study: for SQLite a flock on a file beside
-the database (``<db>.study-<hash of the name>.lock``, with the same owner record; every process that
-can write the database can create it); for PostgreSQL a session advisory lock on the database, keyed by
-a hash of the study name, held on a connection of its own whose ``application_name`` names the owner.
-A lock file in ``$TUNER_HOME`` would only see searches of this host and user, while a PostgreSQL study is
-the one meant to be reached from several hosts; the server drops an advisory lock when the holder's
-connection ends, as the kernel drops a flock.
+:func:`study_lock` stops two searches on one study from different run dirs: for SQLite a flock on a file beside
+the database (``<db>.study-<hash of the name>.lock``); for PostgreSQL a session advisory lock keyed by a hash of
+the study name, on a connection of its own whose ``application_name`` names the owner (a PostgreSQL study is
+meant for several hosts, which a file in ``$TUNER_HOME`` would not see; the server drops the lock with the
+connection).
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ __all__ = ["LOCK_NAME", "RunDirBusy", "StudyBusy", "pid_alive", "read_owner", "r
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +33,7 @@ from tuner import log
 from tuner.builder.records import describe_owner, owner_record, pid_alive
 from tuner.errors import TunerError
 from tuner.redact import redact, redact_value
+from tuner.study.storage import make_storage
 
 LOCK_NAME = "search.lock"
 
@@ -49,7 +46,7 @@ class StudyBusy(TunerError):
     """Another live ``tuner search`` holds the study's lock (from another run dir, or another host)."""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, Any]:  # JSON as read: checked where used
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -57,7 +54,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def read_owner(run_dir: Path) -> dict[str, Any]:
+def read_owner(run_dir: Path) -> dict[str, object]:
     """What the lock file says about its last owner ({} when absent or unreadable)."""
     return _read_json(Path(run_dir) / LOCK_NAME)
 
@@ -87,14 +84,12 @@ def _study_busy(storage_url: str, study: str, holder: str, pid: object, host: ob
 @contextlib.contextmanager
 def _owned_flock(
     path: Path, argv: Sequence[str] | None, busy: Callable[[], TunerError], what: str, name: str
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[dict[str, object]]:
     """An exclusive flock on ``path`` for the block, its owner record written into the file.
 
     ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
     with a note naming it. A file system without locks warns that ``what`` is not prevented and goes on.
     """
-    import fcntl
-
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         try:
@@ -136,12 +131,9 @@ def _owned_flock(
 
 
 @contextlib.contextmanager
-def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Hold the run dir's lock for the block; yields the owner record written into it.
-
-    Raises:
-        RunDirBusy: another live process holds it (the message names it and what to do).
-    """
+def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, object]]:
+    """Hold the run dir's lock for the block; yields the owner record written into it. RunDirBusy where another
+    live process holds it (the message names it and what to do)."""
     run_dir = Path(run_dir)
     with _owned_flock(
         run_dir / LOCK_NAME, argv, lambda: _busy(run_dir), "a second search on this run dir", "the run dir's lock"
@@ -166,11 +158,8 @@ def study_lock_path(storage_url: str, study: str) -> Path:
 
 @contextlib.contextmanager
 def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) -> Iterator[None]:
-    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring).
-
-    Raises:
-        StudyBusy: another live search holds it (the message names it and what to do).
-    """
+    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring). StudyBusy where
+    another live search holds it (the message names it and what to do)."""
     dialect = storage_url.split("://", 1)[0].split("+", 1)[0].lower()
     if dialect == "sqlite":
         path = study_lock_path(storage_url, study)
@@ -196,8 +185,6 @@ def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) 
 @contextlib.contextmanager
 def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
     """A session advisory lock on the study's database, on a connection held for the block."""
-    from tuner.study.storage import make_storage
-
     key = int.from_bytes(bytes.fromhex(_study_key(study)), "big", signed=True)
     hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF  # how pg_locks shows a bigint key
     host = re.sub(r"[^A-Za-z0-9._-]", "", socket.gethostname())

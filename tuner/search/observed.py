@@ -5,8 +5,12 @@ from __future__ import annotations
 
 __all__ = ["Observed"]
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from tuner.rounds.joint import Candidate, JointMeasure, Measure, Point
+
+T = TypeVar("T")
 
 
 class Observed:
@@ -14,26 +18,29 @@ class Observed:
     calls too). What callers read off a measure (info, calls...) is copied from ``m``; ``joint`` is there
     only when ``m`` has one."""
 
-    joint: Callable[..., Any]
+    joint: JointMeasure
 
     def __init__(
-        self, m: Any, before: Callable[[], None] | None = None, after: Callable[[Any], None] | None = None
+        self, m: Measure, before: Callable[[], None] | None = None, after: Callable[[Measure], None] | None = None
     ) -> None:
         self.__dict__.update(getattr(m, "__dict__", {}))
         self._m, self._before, self._after = m, before, after
-        if getattr(m, "joint", None) is not None:
+        if (joint := getattr(m, "joint", None)) is not None:
+            self._m_joint: JointMeasure = joint
             self.joint = self._joint
 
-    def __call__(self, *a: Any, **kw: Any) -> Any:
-        return self._around(self._m, *a, **kw)
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str, /) -> Mapping[int, Point]:
+        return self._around(lambda: self._m(cand, phase, depths, label))
 
-    def _joint(self, *a: Any, **kw: Any) -> Any:
-        return self._around(self._m.joint, *a, **kw)
+    def _joint(
+        self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str, /
+    ) -> Mapping[str, Mapping[int, Point]]:
+        return self._around(lambda: self._m_joint(cand, phases, depths, label))
 
-    def _around(self, call: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+    def _around(self, call: Callable[[], T]) -> T:
         if self._before is not None:
             self._before()
-        out = call(*a, **kw)
+        out = call()
         if self._after is not None:
             self._after(self._m)
         return out

@@ -1,13 +1,10 @@
 """``tuner search``: screen -> compose -> tune -> confirm on one build, resumable.
 
-Every stage writes what it measured into the Optuna study (user attributes for the screen and confirm
-rounds, trials for the tune stage), so rerunning the same command continues where a call stopped
-(a time budget, a lost machine) instead of starting over, and ``tuner export`` works from the study
-database alone.
-
-The stages take the run (:class:`tuner.search.context.SearchRun`, resolved once) and what the stage before
-handed on: gate -> screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm
-(:func:`tuner.search.confirm.run_confirm`) -> residency and output gates (:mod:`tuner.search.final_gates`).
+Every stage writes what it measured into the Optuna study, so rerunning the same command continues where a
+call stopped (a time budget, a lost machine), and ``tuner export`` works from the study database alone. The
+stages take the run (:class:`tuner.search.context.SearchRun`) and what the stage before handed on: gate ->
+screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm (:func:`tuner.search.confirm.run_confirm`)
+-> residency and output gates (:mod:`tuner.search.final_gates`).
 """
 
 from __future__ import annotations
@@ -19,9 +16,8 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -53,6 +49,7 @@ from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
+from tuner.source import Source
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState
 from tuner.study.storage import make_storage
@@ -127,7 +124,7 @@ class _Checked:
     space: sp.SearchSpace
     legal: Mapping[str, Legal]
     variants: tuple[str, ...]
-    fixed: Mapping[str, Any]
+    fixed: Mapping[str, object]
     shape: ModelShape
 
 
@@ -141,7 +138,7 @@ def _checked(cfg: SearchConfig) -> _Checked:
             f"for era {source.era}; it has {space.variants}."
         )
     fixed = coerce_pins(space, cfg.fixed)
-    shape = _model_shape(cfg.model)
+    shape = load_gguf_shape(Path(cfg.model))  # an unreadable or non-llama GGUF is a UsageError there
     _check_depths(cfg.depths, shape)
     return _Checked(space=space, legal=legal, variants=variants, fixed=fixed, shape=shape)
 
@@ -151,7 +148,7 @@ def run_pipeline(
     *,
     measure_factory: cx.MeasureFactory | None = None,
     equivalence: cx.Equivalence | None = None,
-    then: Any = None,
+    then: Callable[[SearchOutcome], None] | None = None,
 ) -> SearchOutcome:
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
@@ -455,10 +452,6 @@ def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.Search
     return resolved, legal
 
 
-def _model_shape(model: Path) -> ModelShape:
-    return load_gguf_shape(Path(model))  # an unreadable or non-llama GGUF is a UsageError there
-
-
 def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
     ctx = shape.context_length
     too_deep = [d for d in depths if ctx and d > ctx]
@@ -470,7 +463,7 @@ def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
 
 
 def _record_attrs(
-    st: StudyState, cfg: SearchConfig, source: Any, shape: Mapping[str, int], legal: Mapping[str, Legal]
+    st: StudyState, cfg: SearchConfig, source: Source, shape: Mapping[str, int], legal: Mapping[str, Legal]
 ) -> StudyHeader:
     """The study's header for this run, recorded (a resumed study's checked against it, :data:`RESUME_CHECKED`)."""
     header = StudyHeader(
@@ -492,16 +485,13 @@ def _record_attrs(
     mine = header.stored()
     if st.arch is not None:
         for k in RESUME_CHECKED:
-            if (
-                st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]
-            ):  # a study from before --cpu-mask: unpinned
+            if st.header_value(k, [] if k == "cpu_mask" else None) != mine[k]:  # before --cpu-mask: unpinned
                 raise UsageError(
                     f"study {cfg.study!r} in {redact(cfg.storage_url)} was created with {k}={st.header_value(k)!r} but this run "
                     f"has {k}={mine[k]!r}. Use another --study name, or the same settings."
                 )
-    st.record_header(
-        mine
-    )  # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
+    # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
+    st.record_header(mine)
     # threads/-ngl legal values on this machine: the export resolves the same space from them
     st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
     return header
@@ -532,11 +522,7 @@ def _screen_method(
     n_layers: int | None = None,
 ) -> str:
     """The screen's measuring tool (``--screen``; docs/llama-bench-cost.md): the one the study was screened
-    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method` (the rule the dry run
-    plans with): the asked one, else (``auto``) the kernel level where it stands for what llama-bench
-    would time: an NVIDIA GPU with kernels to force, the whole model on the GPU (``base_args``, the pinned
-    runtime knobs' arguments, offload every layer and the KV cache; no CPU mask, where the host paces a
-    step) and the live llama-bench (not a test's fake)."""
+    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method`'s (the dry run's rule)."""
     asked = cfg.screen_method
     recorded = st.screen_method
     if recorded is None and st.screen_rounds:

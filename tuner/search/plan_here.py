@@ -5,14 +5,52 @@ units a compile check of the variant can compile."""
 
 from __future__ import annotations
 
-__all__ = ["CPU_CHECK_OBJECTS", "Here", "check_objects", "here_for", "model_stage"]
+__all__ = ["CPU_CHECK_OBJECTS", "Here", "Stage", "check_objects", "here_for", "model_stage"]
 
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypedDict
 
+from tuner.builder import cmake
+from tuner.paths import tuner_home
+from tuner.plan.render import render_variant
+from tuner.plan.variant import RenderedVariant
 from tuner.search.cost import Price, local_prices, synth_price, this_cpu_device
+from tuner.source import Source
+from tuner.targets.models import ModelShape
+from tuner.targets.target import Target
+
+
+class Stage(TypedDict):
+    """One stage of the dry run's plan: what it runs, its calls and seconds (low, high), its per-step cost."""
+
+    stage: str
+    what: str
+    llama_bench_calls: list[int]
+    seconds: list[float] | None
+    cost: str
+
+
+class ModelInputs(Protocol):
+    """The model settings of a search or its plan (:class:`tuner.search.request.PlannedSearch`, ``PlanInputs``)."""
+
+    @property
+    def model(self) -> Path | None: ...
+    @property
+    def quant(self) -> str | None: ...
+    @property
+    def direct(self) -> bool: ...
+
+
+class RunInputs(ModelInputs, Protocol):
+    """A plan's model settings and tokens (:class:`tuner.search.dryrun.PlanInputs`)."""
+
+    @property
+    def pp(self) -> int: ...
+    @property
+    def tg(self) -> int: ...
+
 
 CPU_CHECK_OBJECTS = ("ggml/src/ggml-cpu/ops.cpp",)
 """A CPU variant's compile check: the TU of the CPU backend's FLASH_ATTN_EXT (the op the search times)."""
@@ -27,58 +65,51 @@ class Here:
     prices: Mapping[str, Price] = dataclasses.field(default_factory=dict)
     built: bool = False
     gate: bool = True
-    model_stage: Mapping[str, Any] | None = None
+    model_stage: Stage | None = None
 
 
-def check_objects(rv: Any, root: Path, *, cpu: bool) -> list[str] | None:
+def check_objects(rv: RenderedVariant, root: Path, *, cpu: bool) -> list[str] | None:
     """The TUs a compile check of ``rv`` compiles: the CPU backend's for a CPU variant (None: the tree has none of
     them, so the check does not apply), else :func:`tuner.builder.cmake.default_check_objects`."""
-    from tuner.builder.cmake import default_check_objects
-
     if not cpu:
-        return default_check_objects(rv)
+        return cmake.default_check_objects(rv)
     objs = [o for o in CPU_CHECK_OBJECTS if (root / o).is_file()]
     return objs or None
 
 
-def model_stage(inputs: Any, shape: Any, source: Any, prices: Mapping[str, Price]) -> dict[str, Any]:
+def model_stage(inputs: ModelInputs, shape: ModelShape, source: Source, prices: Mapping[str, Price]) -> Stage:
     """The model step before the study opens (:func:`tuner.search.request.resolve_search`): nothing for --model, a
     cached synthesized file, or its synthesis (and llama-quantize for --quant), priced."""
-    from tuner.paths import tuner_home
 
-    def stage(what: str, seconds: float, cost: str) -> dict[str, Any]:
+    def stage(what: str, seconds: float, cost: str) -> Stage:
         return {"stage": "model", "what": what, "llama_bench_calls": [0, 0], "seconds": [seconds] * 2, "cost": cost}
 
     if inputs.model is not None:
         return stage(f"--model {inputs.model}: nothing is made", 0.0, "")
     # the file names tuner.targets.models.synth_cached gives the search's model (its default seed, s0)
     models, sid = tuner_home() / "models", source.source_id[:8]
+    quant = inputs.quant or ""  # direct implies a quant (the request refuses it without one)
     if inputs.direct:  # one file, quant's blocks written by the synthesis: priced as an f16 synthesis
-        base = final = models / f"{shape.name}-{inputs.quant.lower()}-direct-s0-{sid}.gguf"
+        base = final = models / f"{shape.name}-{quant.lower()}-direct-s0-{sid}.gguf"
     else:
         base = models / f"{shape.name}-f16-s0-{sid}.gguf"
-        final = (
-            base.with_name(base.stem.replace("-f16-", f"-{inputs.quant.lower()}-") + ".gguf") if inputs.quant else base
-        )
+        final = base.with_name(base.stem.replace("-f16-", f"-{quant.lower()}-") + ".gguf") if quant else base
     if final.is_file():
         return stage(f"{final.name}: cached (synthesized by an earlier run)", 0.0, "")
     synth, quantize = synth_price(shape, None if inputs.direct else inputs.quant)
     synth = prices.get("model", synth)
-    kind = f"{inputs.quant.upper()} blocks written directly" if inputs.direct else "f16"
+    kind = f"{quant.upper()} blocks written directly" if inputs.direct else "f16"
     parts = [] if base.is_file() else [(f"synthesize the random-weight GGUF ({kind})", synth)]
     if quantize is not None:
-        parts.append((f"llama-quantize it to {inputs.quant.upper()} (with upstream's build)", quantize))
+        parts.append((f"llama-quantize it to {quant.upper()} (with upstream's build)", quantize))
     what = f"{shape.name} -> {final.name}: " + "; ".join(w for w, _ in parts)
     cost = "; ".join(f"{p.seconds:g} s ({'this machine' if p.here else p.source.split(':')[0]})" for _, p in parts)
     return stage(what, sum(p.seconds for _, p in parts), cost)
 
 
-def here_for(target: Any, source: Any, inputs: Any, shape: Any, variants: Sequence[str]) -> Here:
+def here_for(target: Target, source: Source, inputs: RunInputs, shape: ModelShape, variants: Sequence[str]) -> Here:
     """The plan's machine when the search runs here: its recorded costs, upstream's build (the first of
     ``variants``, rendered as the search renders it, with this machine's GPU archs) cached or not, the model step."""
-    from tuner.builder.cmake import is_built, search_targets
-    from tuner.plan.render import render_variant
-
     # a target that is not this machine's builds elsewhere: nothing of this machine's cache applies
     here = bool(variants) and (target.is_cpu or target.arch.name in target.local_archs)
     rv = render_variant(source, target.arch.name, variants[0], local_archs=list(target.local_archs)) if here else None
@@ -88,7 +119,7 @@ def here_for(target: Any, source: Any, inputs: Any, shape: Any, variants: Sequen
         prices = local_prices(
             target.arch.name, this_cpu_device(), shape={k: getattr(shape, k) for k in keys}, pp=inputs.pp, tg=inputs.tg
         )
-    built = rv is not None and is_built(rv, search_targets(target.is_cpu))
+    built = rv is not None and cmake.is_built(rv, cmake.search_targets(target.is_cpu))
     return Here(
         prices=prices, built=built, gate=not target.is_cpu, model_stage=model_stage(inputs, shape, source, prices)
     )

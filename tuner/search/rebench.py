@@ -11,37 +11,37 @@ from __future__ import annotations
 
 __all__ = ["rebench"]
 
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.builder import cmake
+from tuner.plan import render
+from tuner.plan.fa_rules import rules_env, rules_from_texts
+from tuner.rounds import live
+from tuner.rounds.joint import Candidate
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
+from tuner.search.screen import run_phase_rounds
+from tuner.source import Source
+
 
 def rebench(
-    cfg: Mapping[str, Any], *, source: Any, model: Path | None, rounds: int = 3, log_dir: Path | None = None
+    cfg: Mapping[str, Any], *, source: Source, model: Path | None, rounds: int = 3, log_dir: Path | None = None
 ) -> tuple[bool, str]:
     """(holds, detail): each claimed point re-measured against upstream (``rounds`` paired rounds).
 
     ``tuner validate --bench`` passes this to :func:`tuner.result.validate.validate_paths` (the result
     stage does not import the search stage).
     """
-    import tempfile
-
-    from tuner.builder.cmake import build_variant
-    from tuner.plan.fa_rules import rules_env, rules_from_texts
-    from tuner.plan.render import render_variant
-    from tuner.rounds.joint import Candidate
-    from tuner.rounds.live import make_live_measure
-    from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
-    from tuner.search.screen import run_phase_rounds
-
     claims = [p for p in cfg.get("points", []) if p.get("verdict") == "faster"]
     if not claims:
         return True, "nothing to re-measure: the result claims no point over upstream"
     if model is None:
         return False, f"not measured: pass --model (the result was measured on {cfg['model'].get('file')})"
     choice = cfg["choice"]
-    rv = render_variant(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]))
-    build = build_variant(rv)
+    rv = render.render_variant(source, cfg["target"]["arch"], choice["variant"], compile_values=dict(choice["compile"]))
+    build = cmake.build_variant(rv)
     env = {**dict(choice.get("fa_env", {})), **dict(choice.get("runtime_env", {}))}
     if choice["fa_rules"]:
         env["GGML_TUNER_FA_RULES"] = rules_env(rules_from_texts(choice["fa_rules"]))
@@ -52,7 +52,7 @@ def rebench(
     ]
     run = log_dir or Path(tempfile.mkdtemp(prefix="tuner-rebench-"))
     pp, tg = int(cfg["model"].get("pp", 512)), int(cfg["model"].get("tg", 128))
-    measure = make_live_measure(
+    measure = live.make_live_measure(
         build.bin_dir,
         model,
         pp=pp,

@@ -10,12 +10,16 @@ from __future__ import annotations
 __all__ = ["BASELINE_PARAMS_ATTR", "anchor_drift", "baseline_repeats", "parse_point_key", "point_key", "study_results"]
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.measure.anchors import drift_pct, pool
 from tuner.measure.stats import median
+from tuner.search.select import Measurement
 from tuner.study import legacy
 from tuner.study.legacy import BASELINE_PARAMS_ATTR
+
+if TYPE_CHECKING:
+    import optuna
 
 
 def point_key(phase: str, depth: int) -> str:
@@ -27,17 +31,15 @@ def parse_point_key(key: str) -> tuple[str, int]:
     return phase, int(depth)
 
 
-def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], str]:
+def study_results(study: optuna.Study) -> tuple[dict[str, dict[tuple[str, int], Measurement]], str]:
     """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id.
 
     The baseline's samples are the pooled anchors; each COMPLETE (or pruned, for the points it
     reached) trial is a config ``"trial<N>"``.
     """
-    import optuna
+    import optuna  # lazy: `import tuner.search` (which reads point keys) does not load Optuna
 
-    from tuner.search.select import Measurement
-
-    results: dict[str, dict[tuple[str, int], Any]] = {}
+    results: dict[str, dict[tuple[str, int], Measurement]] = {}
     repeats = baseline_repeats(study)
     results["baseline"] = {
         parse_point_key(k): Measurement(samples=tuple(pool(v))) for k, v in _anchor_samples(study, repeats).items()
@@ -58,12 +60,12 @@ def study_results(study: Any) -> tuple[dict[str, dict[tuple[str, int], Any]], st
     return results, "baseline"
 
 
-def baseline_repeats(study: Any) -> list[Any]:
+def baseline_repeats(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Finished trials that measured the upstream default itself (the enqueued trial 0 and repeats).
 
     They are more anchors, not candidates: pooled into the baseline and counted in its drift.
     """
-    import optuna
+    import optuna  # lazy, as above
 
     trials = study.get_trials(deepcopy=False)
     base = next((t for t in trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
@@ -79,7 +81,7 @@ def baseline_repeats(study: Any) -> list[Any]:
     ]
 
 
-def _anchor_samples(study: Any, repeats: list[Any]) -> dict[str, list[Any]]:
+def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]) -> dict[str, list[Any]]:
     """Per point key, each anchor's samples: the study's recorded anchors, then the baseline repeats."""
     out: dict[str, list[Any]] = {}
     for a in legacy.study_attr(study, "anchors", []):
@@ -91,7 +93,7 @@ def _anchor_samples(study: Any, repeats: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
-def anchor_drift(study: Any) -> dict[tuple[str, int], float]:
+def anchor_drift(study: optuna.Study) -> dict[tuple[str, int], float]:
     """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise;
     :func:`tuner.measure.anchors.drift_pct`)."""
     out = {}

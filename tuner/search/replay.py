@@ -1,18 +1,17 @@
 """``tuner search --replay FILE...``: the search logic on recorded llama-bench results.
 
-Nothing is measured: every number comes from the recorded files, and every line printed says
-REPLAY. Uses: CI of the search logic, comparing samplers, and results shared by users.
+Nothing is measured, and every line printed says REPLAY. Uses: CI of the search logic, comparing samplers,
+results shared by users.
 
-Recording convention (what ``tests/data/replay/`` holds, recorded on the H100): one llama-bench JSONL per
-(phase, forced FlashAttention kernel), named ``<phase>-<KERNEL>.jsonl`` with phase ``pp`` or ``tg``
-and KERNEL ``default``, ``VEC``, ``TILE`` or ``MMA``, each covering the same depths, e.g.::
+Recording convention (``tests/data/replay/``, recorded on the H100): one llama-bench JSONL per (phase, forced
+FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each covering the same depths, e.g.::
 
     GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
 
-The replayed space is the forced kernel per phase (``default`` = upstream selection); a config's
-objective is the profile-weighted geometric mean of its speed ratio to ``default`` over all points,
-as in the live search. Sample efficiency is the number of distinct configurations a sampler
-evaluates before one is within ``within`` (2%) of the best configuration of the exhaustive grid.
+A config is the forced kernel per phase (``default``: upstream's selection); its objective is the
+profile-weighted geometric mean of its speed ratio to ``default`` over all points, as in the live search.
+Sample efficiency: the distinct configurations a sampler evaluates before one is within ``within`` (2%) of the
+exhaustive grid's best.
 """
 
 from __future__ import annotations
@@ -31,11 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import click
+import optuna
 
 from tuner import log
 from tuner.errors import UsageError
+from tuner.measure.bench import parse_bench_jsonl
 from tuner.measure.stats import median
 from tuner.plan.fa_rules import rules_texts
+from tuner.rounds import compose as comp
+from tuner.rounds.joint import Candidate, Point
+from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
+from tuner.search.screen import candidates_for, run_phase_rounds
+from tuner.search.select import Measurement, select_winners
+from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
@@ -57,13 +64,8 @@ class ReplayGrid:
 
 
 def load_grid(files: Sequence[Path]) -> ReplayGrid:
-    """Read recorded llama-bench JSONL files named ``<pp|tg>-<KERNEL>.jsonl``.
-
-    Raises:
-        UsageError: a name outside the convention, or no ``default`` recording for a phase.
-    """
-    from tuner.measure.bench import parse_bench_jsonl
-
+    """Read recorded llama-bench JSONL files named ``<pp|tg>-<KERNEL>.jsonl``; UsageError for a name outside the
+    convention, or no ``default`` recording for a phase."""
     out: dict[tuple[str, str], dict[int, tuple[float, ...]]] = {}
     for f in files:
         m = _NAME.match(Path(f).name)
@@ -108,10 +110,6 @@ def sample_efficiency(
     samplers: Sequence[str] = ("random", "tpe"),
 ) -> dict[str, Any]:
     """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
-    import optuna
-
-    from tuner.search.study import PROFILES
-
     weights = PROFILES[profile]
     grid_configs = _configs(grid)
     values = {tuple(sorted(c.items())): objective(grid, c, weights) for c in grid_configs}
@@ -158,9 +156,6 @@ def sample_efficiency(
 
 def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
     """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
-    from tuner.search.select import Measurement, select_winners
-    from tuner.search.study import PROFILES
-
     grid = load_grid(files)
     log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
     weights = PROFILES[profile]
@@ -200,32 +195,25 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
 # screen -> compose on recorded grids
 
 
-def grid_measure(grid: ReplayGrid) -> GridMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample.
-
-    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads
-    the default recording one sample later (the recordings carry no kernel log, so upstream's pick is
-    unknown and the A/A pair is upstream against its own later repetition).
-    """
-    return GridMeasure(grid)
-
-
 class GridMeasure:
-    """What :func:`grid_measure` returns; ``calls["n"]`` counts the measurements served, for the
-    efficiency line."""
+    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample; ``calls["n"]``
+    counts the measurements served, for the efficiency line.
+
+    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads the default
+    recording one sample later (the recordings carry no kernel log, so upstream's pick is unknown and the A/A
+    pair is upstream against its own later repetition).
+    """
 
     def __init__(self, grid: ReplayGrid) -> None:
-        from tuner.rounds.stats import AA_NAME, UPSTREAM
-
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
         self.calls = {"n": 0}
 
-    def __call__(self, cand: Any, phase: str, depths: Sequence[int], label: str) -> dict[int, dict[str, Any]]:
+    def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str) -> dict[int, Point]:
         rnd = re.search(r"-r(\d+)-", label)
         i = int(rnd.group(1)) if rnd else 0
         kernel = "default" if cand.name in (self.upstream, self.aa_name) else cand.name
         shift = 1 if cand.name == self.aa_name else 0
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Point] = {}
         for d in depths:
             s = self.grid.samples.get((phase, kernel), {}).get(d)
             if not s:
@@ -256,13 +244,9 @@ def replay_screen(
     labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
     winners and the counts of measurements used against the exhaustive grid.
     """
-    from tuner.rounds import compose as comp
-    from tuner.rounds.stats import summarize_phase
-    from tuner.search.screen import candidates_for, run_phase_rounds
-
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
-    measure = grid_measure(grid)
+    measure = GridMeasure(grid)
     out: dict[str, Any] = {}
     for phase in ("tg", "pp"):
         if (phase, "default") not in grid.samples:

@@ -306,11 +306,8 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
 
 
 def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None, arch: str, era: str) -> list[str]:
-    """The variants a search builds: ``variants`` (None: every one) of the space's, in the space's order.
-
-    Raises:
-        UsageError: none of ``variants`` is in the space.
-    """
+    """The variants a search builds: ``variants`` (None: every one) of the space's, in the space's order;
+    UsageError where none of them is in the space."""
     kept = [v for v in space_variants if variants is None or v in variants]
     if not kept:
         raise UsageError(
@@ -341,8 +338,8 @@ def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budge
     t0 = time.monotonic()
     qbin = _baseline_build(request.target, source, budget) if planned.quant and not planned.direct else None
     built = time.monotonic() - t0 if qbin else 0.0
-    price = model_stage(planned, models.load_model_shape(planned.like), source, {})["seconds"][0]
-    budget.fits(price, f"making the {planned.like} model")
+    seconds = model_stage(planned, models.load_model_shape(planned.like), source, {})["seconds"]
+    budget.fits(seconds[0] if seconds else 0.0, f"making the {planned.like} model")
     model = models.synth_cached(
         planned.like, source=source, quant=planned.quant, quantize_bin=qbin, direct=planned.direct
     )
@@ -355,11 +352,8 @@ def _direct(request: SearchRequest, quant: str | None) -> bool:
 
 
 def _quant(value: str | None) -> str | None:
-    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``).
-
-    Raises:
-        UsageError: a type llama-quantize does not make (refused here, not after the build it needs).
-    """
+    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``); UsageError for
+    a type llama-quantize does not make (refused here, not after the build it needs)."""
     if value is None or value.lower() in ("f16", "none"):
         return None
     if value.upper() not in QUANT_TYPES:

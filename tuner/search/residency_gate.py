@@ -1,21 +1,16 @@
 """The residency gate (docs/soak.md): the final config keeps the graph and the memory where upstream's does.
 
-After the confirm stage the search runs one verbose llama-bench probe (:func:`tuner.measure.residency.run_residency`)
-for upstream's config and one for the final config, reads llama.cpp's own loader and scheduler lines
-(graph splits, offloaded layers, weight and KV buffers, fused-op fallbacks) and judges the final config
-with :func:`tuner.measure.residency.judge`. A final config that fails where upstream's passes (or has
-more decode-graph splits than upstream's) is infeasible, like one that fails the output-equivalence
-gate: its rules and knobs are dropped as a whole and upstream's selection is exported. When upstream
-fails the same way (a model with an op the GPU backend lacks, a probe that printed nothing), the check
-cannot tell the configs apart: the final config is kept and the record says why.
+After the confirm, one verbose llama-bench probe each of upstream's and the final config
+(:func:`tuner.measure.residency.run_residency`) is read for graph splits, offloaded layers, weight and KV buffers
+and fused-op fallbacks, and judged (:func:`tuner.measure.residency.judge`). A final config that fails where
+upstream's passes, or has more decode-graph splits, is infeasible like an output-gate failure: upstream's
+selection is exported. Where upstream fails the same way, the check cannot tell them apart and says so.
 
-Which rule applies is the scenario's, read from upstream's config (the user's pinned knobs, e.g.
-``--set ngl=8``): where upstream offloads everything, the final config must too, so a tuned ``-nkvo 1``
-fails (its KV cache is in host memory). Where upstream itself keeps layers or the KV cache on the host
-(a host-paced, partial-offload scenario), residency is what the scenario trades: both probes are
-reported, not judged, and more graph splits are expected (on the H100, ``-ngl 8 -nkvo 1`` had 16
-decode splits to upstream's 2: results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3). On the CPU backend everything is on the host by design; the numbers
-are reported and the check passes.
+Upstream's config (the user's pins, e.g. ``--set ngl=8``) sets the scenario: under full offload the final config
+must offload everything too (a tuned ``-nkvo 1`` fails); where upstream keeps layers or the KV cache on the host,
+residency is what the scenario trades, so both probes are reported, not judged (on the H100 ``-ngl 8 -nkvo 1``
+had 16 decode splits to upstream's 2: results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3). On the CPU backend
+everything is on the host by design: reported, and the check passes.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
+from tuner.measure.residency import Residency, judge, parse_residency
 from tuner.rounds.output_gate import upstream_instead
 
 
@@ -47,7 +43,7 @@ def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
     return True
 
 
-def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
+def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
     """One probe as plain data for the study, ``config.toml`` and the report."""
     return {
         "summary": res.summary,
@@ -68,7 +64,7 @@ def summary_row(res: Any, passed: bool, reasons: Sequence[str]) -> dict[str, Any
     }
 
 
-def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
+def decide(up: Residency, final: Residency | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
     """The record of the residency gate from the two parsed probes (``final`` None: the final config is upstream's).
 
     ``full`` is whether upstream's config offloads everything (:func:`full_offload` of its arguments).
@@ -76,8 +72,6 @@ def decide(up: Any, final: Any | None, *, full: bool, host_weights_mib: float | 
     ``fail`` only under full offload, when the final config fails where upstream's does not, or splits
     its decode graph more.
     """
-    from tuner.measure.residency import judge
-
     ok_up, why_up = judge(up, full_offload=full, host_weights_mib=host_weights_mib)
     rec: dict[str, Any] = {"full_offload": full, "upstream": summary_row(up, ok_up, why_up), "final": None}
     if final is None:
@@ -118,9 +112,8 @@ def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | No
     """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
     changed, as the partial-offload fix did on the H100); None where a log is gone or a probe had failed (the
     stored record stands: it cannot be re-read)."""
-    from tuner.measure.residency import parse_residency
 
-    def load(p: Mapping[str, Any] | None) -> Any:
+    def load(p: Mapping[str, Any] | None) -> Residency | None:
         if not p or p.get("error") or not p.get("log") or not Path(p["log"]).is_file():
             return None
         return parse_residency(Path(p["log"]).read_text(errors="replace"))

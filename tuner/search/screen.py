@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 from tuner.rounds.budget import UNBOUNDED, Budget
-from tuner.rounds.joint import Candidate, Measure, Settle, run_joint_rounds
+from tuner.rounds.joint import Candidate, Measure, Point, Settle, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM
 
 
@@ -58,9 +58,7 @@ def run_phase_rounds(
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until
     the stop rule holds; returns the records for these depths. ``on_round`` persists each record."""
 
-    def one(
-        c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str
-    ) -> dict[str, Mapping[int, Mapping[str, Any]]]:
+    def one(c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str) -> dict[str, Mapping[int, Point]]:
         return {phases[0]: measure(c, phases[0], ds, label)}
 
     return run_joint_rounds(

@@ -1,12 +1,10 @@
 """Which tool times the kernel screen (``--screen``; docs/llama-bench-cost.md): one rule for the search and its dry run.
 
 The kernel level (test-backend-ops ``FLASH_ATTN_EXT``, :mod:`tuner.search.kernel_screen`) stands for what
-llama-bench would time only where the whole model runs on the GPU: an NVIDIA GPU with kernels to force,
-every layer and the KV cache offloaded (:func:`tuner.search.residency_gate.full_offload` of the pinned
-llama-bench arguments) and no ``--cpu-mask`` (the host then paces a step), and the live llama-bench (not a
-test's or replay's fake). :func:`tuner.search.pipeline.run_pipeline` and ``tuner search --dry-run``
-(:func:`tuner.search.dryrun.run_dry_run`) both decide with :func:`screen_method`, from the pinned runtime
-knobs rendered by :func:`pinned_runtime`, so the plan names the tool the search will use.
+llama-bench would time only where the whole model runs on an NVIDIA GPU with kernels to force (every layer and
+the KV cache offloaded by the pinned arguments, :func:`tuner.search.residency_gate.full_offload`; no
+``--cpu-mask``, where the host paces a step) and the live llama-bench measures (not a test's or replay's fake).
+The search and ``tuner search --dry-run`` both decide with :func:`screen_method`, so the plan names its tool.
 """
 
 from __future__ import annotations
@@ -14,23 +12,21 @@ from __future__ import annotations
 __all__ = ["coerce_pins", "pinned_runtime", "screen_method"]
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tuner.errors import UsageError
+from tuner.plan.space import SearchSpace, runtime_env_and_args
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
 
 
-def coerce_pins(space: Any, pins: Mapping[str, Any]) -> dict[str, Any]:
+def coerce_pins(space: SearchSpace, pins: Mapping[str, object]) -> dict[str, object]:
     """``--set`` pins as ``space``'s knobs take them (``variant`` names a build, not a knob: kept as given)."""
     return {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in pins.items()}
 
 
-def pinned_runtime(space: Any, fixed: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def pinned_runtime(space: SearchSpace, fixed: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs; ``fixed`` holds values
     already coerced by ``space`` (resolved for the model, so a pinned ``-ngl`` is checked against its layers)."""
-    from tuner.plan.space import runtime_env_and_args
-
     names = {k.name for k in space.runtime_knobs}
     return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
 

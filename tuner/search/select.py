@@ -217,27 +217,16 @@ def select_winners(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> Selection:
-    """Choose one config per context bucket of each phase.
+    """Choose one config per context bucket of each phase; the Selection has per-point evidence for each bucket.
 
-    Args:
-        results: config id -> point -> measurement. The baseline must cover every point; configs
-            may cover a subset (pruned trials) and are only considered where they were measured.
-        baseline: Id of the upstream-default config.
-        eligible: Optional filter ``(config, phase) -> bool`` (e.g. "shares the winning build").
-            The baseline stays the reference of the no-harm rule even when it is not eligible.
-        fallback: The config a bucket keeps when no eligible config beats the baseline beyond noise
-            there (default: the baseline itself).
-        noise_floor: Per point, the run-to-run drift (percent) seen between baseline anchors; a
-            verdict needs an effect beyond it (identical H100 runs minutes apart differed by up to
-            14% at pp d0, so a confidence interval from one run alone is not enough).
-        min_effect_pct: The noise floor where no anchor drift was measured (percent).
-        tau: A phase is split into more buckets only if that lowers the worst regret by more than
-            this fraction.
-        confidence: Confidence level of the per-point verdicts.
-        seed: Bootstrap seed (verdicts are reproducible).
-
-    Returns:
-        The Selection, with per-point evidence for each bucket.
+    ``results``: config id -> point -> measurement; the baseline covers every point, other configs are
+    considered only where they were measured (pruned trials). ``eligible(config, phase)``: an optional filter
+    (e.g. "shares the winning build"); the baseline stays the no-harm rule's reference even when not eligible.
+    ``fallback``: what a bucket keeps when no eligible config beats the baseline beyond noise (default: the
+    baseline). ``noise_floor``: per point, the drift (percent) between baseline anchors a verdict must exceed
+    (identical H100 runs minutes apart differed by up to 14% at pp d0), else ``min_effect_pct``. ``tau``: a
+    phase gets more buckets only where that lowers the worst regret by more than this fraction. ``seed``: the
+    bootstrap's, so verdicts are reproducible.
     """
     base = results[baseline]
     verdicts = _verdicts(

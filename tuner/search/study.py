@@ -12,18 +12,14 @@ from __future__ import annotations
 __all__ = ["PROFILES", "SearchConfig", "check_storage_url", "make_storage", "resolve_arch"]
 
 import dataclasses
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tuner.rounds.budget import Budget
 from tuner.source.spec import Source
 from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
 from tuner.targets.target import Target, resolve_target
-
-logger = logging.getLogger(__name__)
 
 PROFILES: dict[str, dict[str, float]] = {
     # weight of each phase in the single objective Optuna sees (geometric mean of speed ratios)
@@ -72,7 +68,7 @@ class SearchConfig:
     jobs: int | None = None
     variants: tuple[str, ...] | None = None
     """Restrict the space's variants (None = all the space declares)."""
-    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    fixed: Mapping[str, object] = dataclasses.field(default_factory=dict)
     """Knob values pinned by the user (``--set``)."""
     worker: bool = False
     tune_knobs: tuple[str, ...] = ()

@@ -1,26 +1,19 @@
-"""Tune: Optuna only for what really is a joint search, with the composed rules fixed.
+"""Tune: Optuna only for what really is a joint search (compile-time rows, process-wide knobs), with the
+composed rules fixed; kernel rules and selector thresholds are the screen's job. A candidate the constraint
+check rejects is recorded infeasible (``constraints_func``), never built.
 
-The dimensions are the space's compile-time rows (tile/MMA config rows, occupancy, WMMA knobs: one
-translation unit rebuilt per candidate) and process-wide knobs (CUDA graph/PDL/fusion env, -ub,
-threads); kernel rules and selector thresholds are the screen's job and stay out. TPE samples with
-``constraints_func`` (a candidate the constraint check rejects is recorded as infeasible, never built).
+A trial measures only the phases its knobs declare (``phases = ["pp"]`` in the space file; both by default),
+each against the composed reference in one paired round (order alternating between trials), and reports one
+objective per phase (geometric mean of the per-depth ratios; 1.0 for a phase it cannot change). No pruning
+across phases. The best trial is only a proposal: confirm decides.
 
-Each knob declares the phases it can affect (``phases = ["pp"]`` in the space file; both by default);
-a trial measures only those phases, each against the composed reference in one paired round (the
-order alternates between trials), and reports one objective per phase (geometric mean of the
-per-depth ratios; 1.0 for a phase the trial cannot change). No pruning across phases: a prefill
-result never stops a decode measurement. The best trial is only a proposal: confirm decides.
+The CPU% rule (docs/design.md, "CPU% in decode decisions"): a trial whose decode CPU% rises beyond the
+screen's A/A CPU noise without a decode t/s gain beyond its t/s noise is infeasible (``cpu_cost``, ``rejected``);
+one paired round has no interval, so its point estimates are held against the noise.
 
-The CPU% rule (docs/design.md, "CPU% in decode decisions") applies to the decode objective: a trial whose decode CPU% rises by more than the
-screen's A/A CPU noise while its decode t/s gain stays within the screen's t/s noise is infeasible
-(``cpu_cost`` constraint, ``rejected`` attribute) and never picked. One paired round has no interval,
-so the trial's point estimates are held against the noise.
-
-Where the search screened at the op level and every sampled knob is a tile or MMA config row, a trial is
-timed at the op level too (:func:`trial_method`): the row changes only the FlashAttention op, which
-test-backend-ops times at the model's shape in seconds, where two llama-bench calls at deep contexts spend
-most of a minute refilling the context. llama-bench end to end still judges the proposal in the confirm.
-A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
+Where the screen ran at the op level and every sampled knob is a tile/MMA config row, trials are timed at the
+op level too (:func:`trial_method`): seconds per trial where two deep llama-bench calls spend most of a minute
+refilling the context. A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
 """
 
 from __future__ import annotations
@@ -85,7 +78,7 @@ ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
 """Config-row kinds -> the FlashAttention kernel their translation units build (as the gate names it)."""
 
 
-def trial_method(knobs: Sequence[Any], *, screen_method: str | None, recorded: str | None) -> str:
+def trial_method(knobs: Sequence[Knob], *, screen_method: str | None, recorded: str | None) -> str:
     """What times the tune's trials: ``kernel`` (the FA op alone) or ``llama-bench``.
 
     The op level where the screen ran there (an NVIDIA GPU, the whole model offloaded: the op is what
@@ -132,7 +125,7 @@ def gate_kernels(changed: Sequence[Knob | str]) -> list[str]:
 
 
 def tunable_knobs(
-    space: SearchSpace, fixed: Mapping[str, Any], *, head_dim: int | None = None, patterns: Sequence[str] = ()
+    space: SearchSpace, fixed: Mapping[str, object], *, head_dim: int | None = None, patterns: Sequence[str] = ()
 ) -> list[Knob]:
     """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set.
 
@@ -168,8 +161,8 @@ def check_patterns(space: SearchSpace, patterns: Sequence[str]) -> None:
         )
 
 
-def knob_phases(knob: Any) -> tuple[str, ...]:
-    ph = knob.meta.get("phases") if hasattr(knob, "meta") else None
+def knob_phases(knob: Knob) -> tuple[str, ...]:
+    ph = knob.meta.get("phases")
     return tuple(ph) if ph else ("pp", "tg")
 
 
@@ -293,7 +286,9 @@ def count_done(study: optuna.Study) -> int:
 
 
 def interrupt_trial(
-    study: Any, trial: Any, why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
+    study: optuna.Study,
+    trial: optuna.Trial,
+    why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured",
 ) -> None:
     """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
 
@@ -305,7 +300,7 @@ def interrupt_trial(
             _requeue(study, trial.params, trial.number)
 
 
-def _requeue(study: Any, params: Mapping[str, Any], number: int) -> None:
+def _requeue(study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
     if not params:
         return
     with warnings.catch_warnings():
@@ -326,7 +321,7 @@ def _pid_dead_here(worker: str) -> bool:
     return False
 
 
-def _orphan(t: Any) -> bool:
+def _orphan(t: optuna.trial.FrozenTrial) -> bool:
     """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
     the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
     start = getattr(t, "datetime_start", None)
@@ -392,7 +387,7 @@ def asked_trial(
 
 
 @contextlib.contextmanager
-def trial_heartbeat(study: Any, storage: Any, trial: Any) -> Iterator[None]:
+def trial_heartbeat(study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.Trial) -> Iterator[None]:
     """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
     trial whose process dies is found stale by :func:`fail_interrupted` on any host; a lost database
     is reported once by the main thread, not by a traceback from the heartbeat's."""

@@ -1,16 +1,13 @@
 """The winner of a finished study, and what the search hands to the result stage.
 
-Choice of the winner (see :mod:`tuner.search.select`):
+Choice of the winner (see :mod:`tuner.search.select`): the *global* pick G is the complete, gate-passing
+trial with the best objective that is not slower than the baseline beyond noise at any point (else the
+baseline); per phase, the depths are split into buckets and each takes the min-max-regret config among
+trials sharing G's build and process-wide settings (they differ only in the per-phase FlashAttention rule),
+so the buckets combine into one binary and one command line.
 
-1. the *global* pick G is the complete, gate-passing trial with the best objective that is not slower
-   than the baseline beyond noise at any point; the baseline when none is;
-2. per phase, the depths are split into buckets and each bucket takes the min-max-regret config among
-   trials that share G's build and process-wide settings (they may differ only in the per-phase
-   FlashAttention rule), so the buckets combine into one binary and one command line.
-
-:func:`load_finished_study` loads a study, checks its source and chooses the winner; the
-:class:`FinishedStudy` it returns is all :mod:`tuner.result.export` needs, so the result stage never
-imports the study machinery.
+:func:`load_finished_study` returns a :class:`FinishedStudy`: all :mod:`tuner.result.export` needs, so the
+result stage never imports the study machinery.
 """
 
 from __future__ import annotations
@@ -22,12 +19,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import optuna
+
 from tuner import log
 from tuner.errors import TunerError, UsageError
+from tuner.measure.stats import compare
 from tuner.plan.fa_rules import FaRule, Phase
-from tuner.plan.space import RULE_KINDS
+from tuner.plan.space import RULE_KINDS, SearchSpace, load_space, render_runtime
 from tuner.redact import redact
 from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
+from tuner.search.select import Measurement, select_winners
+from tuner.source import Source, fetch_source
 from tuner.study import legacy
 from tuner.study.record import load_header
 
@@ -45,7 +47,7 @@ class Winner:
     rejected: Mapping[str, str]
 
 
-def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
+def _trial_values(study: optuna.Study, cfg: str) -> dict[str, Any]:
     if cfg == "baseline":
         # the enqueued upstream-default trial carries the baseline's full knob values
         t = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
@@ -54,13 +56,8 @@ def _trial_values(study: Any, cfg: str) -> dict[str, Any]:
     return dict(legacy.trial_attr(study.trials[n], "values", {}))
 
 
-def choose_winner(study: Any, space: Any) -> Winner:
+def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
     """Apply the global pick + per-bucket selection described in the module docstring."""
-    import optuna
-
-    from tuner.measure.stats import compare
-    from tuner.search.select import select_winners
-
     results, base = study_results(study)
     if not results.get(base):
         raise TunerError(
@@ -129,23 +126,16 @@ def choose_winner(study: Any, space: Any) -> Winner:
                 "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
             }
         )
-    from tuner.plan.space import render_runtime
-
     rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
     return Winner(global_config=g, values=g_vals, rules=rt.rules, buckets=tuple(buckets), rejected=dict(sel.rejected))
 
 
-def _clean(d: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, float):
-            out[k] = round(v, 4) if math.isfinite(v) else str(v)
-        else:
-            out[k] = v
-    return out
+def _clean(d: Mapping[str, object]) -> dict[str, object]:
+    """``d`` with its floats rounded, a non-finite one as text (stored data is finite)."""
+    return {k: (round(v, 4) if math.isfinite(v) else str(v)) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def describe(study: Any, space: Any) -> str:
+def describe(study: optuna.Study, space: SearchSpace) -> str:
     """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
     results, base = study_results(study)
     if not results.get(base):
@@ -172,18 +162,18 @@ def describe(study: Any, space: Any) -> str:
 class FinishedStudy:
     """A finished study with its winner chosen: the value :mod:`tuner.search` hands to :mod:`tuner.result`."""
 
-    study: Any
-    """The Optuna study, read only (its user attrs and trials are the evidence)."""
-    source: Any
-    """The :class:`tuner.source.Source` the numbers came from (checked against the study's source id)."""
-    space: Any
-    """The :class:`tuner.plan.space.SearchSpace` of the study's arch and era."""
+    study: optuna.Study
+    """Read only (its user attrs and trials are the evidence)."""
+    source: Source
+    """The tree the numbers came from (checked against the study's source id)."""
+    space: SearchSpace
+    """The space of the study's arch and era."""
     winner: Winner
-    results: Mapping[str, Mapping[tuple[str, int], Any]]
+    results: Mapping[str, Mapping[tuple[str, int], Measurement]]
     """Measurements per config id (``baseline``, ``trial<N>``); see :func:`tuner.search.record.study_results`."""
     base: str
     """The baseline's config id in ``results``."""
-    baseline_trial: Any | None
+    baseline_trial: optuna.trial.FrozenTrial | None
     """The enqueued upstream-default trial, or None."""
 
 
@@ -194,11 +184,6 @@ def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
         UsageError: the study does not exist in ``storage``.
         TunerError: the source now resolves to another tree, or the study has no baseline measurement yet.
     """
-    import optuna
-
-    from tuner.plan.space import load_space
-    from tuner.source import fetch_source
-
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
