@@ -6,6 +6,7 @@ __all__ = ["ensure_targets"]
 
 import dataclasses
 import os
+import re
 import shutil
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from tuner.builder.cmake import (
     ninja_log_lines,
     rebuilt_objects,
 )
-from tuner.builder.records import load_build_record, locked, write_json
+from tuner.builder.records import hold_artifact, load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.plan.variant import Build
 
@@ -58,6 +59,7 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
         return build
     root = Path(build.build_dir).parent
     with locked(root):
+        art = _current(art, build.build_id)
         missing = [t for t in targets if not (art / "bin" / t).is_file()]
         rec = load_build_record(art / "build.json") or dict(build.meta)
         if missing and rec.get("carried"):
@@ -117,4 +119,15 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
                 }
             rec["extra_targets"] = extra
             write_json(art / "build.json", rec)
-    return dataclasses.replace(build, meta=dict(rec))
+    return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))
+
+
+def _current(folder: Path, build_id: str) -> Path:
+    """The artifact's current folder where a later build of the same id installed one after ``folder`` (another
+    command added a target meanwhile, records.py): the extra target goes there, or the next cached lookup
+    would not see it. ``folder`` itself otherwise (an older layout, or another build id)."""
+    link = folder.parent / re.sub(r"\.v\d+$", "", folder.name)
+    got = hold_artifact(
+        link, lambda f: f if (load_build_record(f / "build.json") or {}).get("build_id") == build_id else None
+    )
+    return got[0] if got is not None else folder

@@ -145,3 +145,24 @@ def test_a_pack_installed_over_a_build_in_use_keeps_that_build(packed: Path) -> 
     second = carry.unpack_build(packed, carry_rv())  # `tuner build --from-pack` again while the first runs
     assert (first.bin_dir / "llama-bench").is_file() and (second.bin_dir / "llama-bench").is_file()
     assert second.bin_dir != first.bin_dir and second.cached
+
+
+def test_an_extra_target_goes_into_the_current_folder_where_a_later_build_moved_it(
+    fake_tools: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session's Build names the folder of its first build; another command then added a target (a new
+    folder). An extra tool added through the older Build must land in the current folder, or the next cached
+    lookup (which reads the current one) finds it missing: the last CI run's cold cache hit exactly this."""
+    from tuner.builder.extra import ensure_targets
+
+    monkeypatch.setattr(_run, "run", FakeRun())
+    rv = make_rv()
+    first = B.build_variant(rv, targets=["llama-bench"])
+    later = B.build_variant(rv, targets=["llama-tokenize"])  # e.g. `tuner build --targets llama-tokenize`
+    assert later.bin_dir != first.bin_dir
+    got = ensure_targets(first, ["llama-perplexity"])
+    assert got.bin_dir == later.bin_dir and (later.bin_dir / "llama-perplexity").is_file()
+    monkeypatch.setattr(_run, "run", lambda *a, **k: pytest.fail("rebuilt"))
+    again = B.build_variant(rv, targets=["llama-bench"])
+    assert again.cached and again.build_id == first.build_id and (again.bin_dir / "llama-perplexity").is_file()
