@@ -64,8 +64,13 @@ def _timed(st: StudyState, stage: str) -> Iterator[None]:
     t0 = time.monotonic()
     try:
         yield
-    finally:
-        st.add_seconds(stage, time.monotonic() - t0)
+    except BaseException:
+        # unwinding an interrupt, a budget stop or an error: a storage busy meanwhile (SQLite "database is
+        # locked" while another process reads the study) must not replace it with a crash
+        with contextlib.suppress(Exception):
+            st.add_seconds(stage, time.monotonic() - t0)
+        raise
+    st.add_seconds(stage, time.monotonic() - t0)
 
 
 def plan_text(

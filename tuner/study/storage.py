@@ -119,9 +119,19 @@ def _rdb_storage(url: str, existing: bool) -> Any:
             heartbeat_interval=HEARTBEAT_S,
             grace_period=GRACE_S,
             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-            engine_kwargs={"pool_pre_ping": True} if url.startswith("postgresql") else None,
+            engine_kwargs=_engine_kwargs(url),
             skip_table_creation=existing,  # a database without a study stays as it was
         )
+
+
+def _engine_kwargs(url: str) -> dict[str, object] | None:
+    if url.startswith("postgresql"):
+        return {"pool_pre_ping": True}
+    if _is_sqlite(url):
+        # a writer waits out readers (a worker, a dashboard, `tuner export`) up to a minute, not sqlite3's 5 s
+        # default: on a loaded machine a commit during a trial's cleanup otherwise fails "database is locked"
+        return {"connect_args": {"timeout": 60}}
+    return None
 
 
 def make_storage(url: str, *, existing: bool = False) -> Any:
