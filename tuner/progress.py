@@ -155,7 +155,7 @@ class Tracker:
             TimeRemainingColumn,
         )
 
-        bar = Progress(
+        columns = (
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -163,9 +163,8 @@ class Tracker:
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
-            console=Console(file=self._stream),
-            transient=True,
         )
+        bar = Progress(*columns, console=Console(file=self._stream), transient=True)
         bar.start()
         self._bar = (bar, bar.add_task(self.description, total=self.total, completed=self.completed))
 
