@@ -8,6 +8,8 @@ __all__ = ["BASELINE_PARAMS_ATTR", "STUDY_KEYS", "TRIAL_KEYS", "study_attr", "tr
 
 from typing import Any
 
+from tuner.study.state import UserAttrs
+
 BASELINE_PARAMS_ATTR = "tuner_baseline"
 """Marks the enqueued trial that measured upstream's defaults."""
 
@@ -31,19 +33,19 @@ TRIAL_KEYS = (
 )
 
 
-def study_attr(study: Any, key: str, default: Any = None) -> Any:
+def study_attr(study: UserAttrs, key: str, default: object = None) -> Any:
     if key not in STUDY_KEYS:
         raise KeyError(f"{key!r} is not an attribute of a one-TPE study ({STUDY_KEYS})")
     return study.user_attrs.get(key, default)
 
 
-def trial_attr(trial: Any, key: str, default: Any = None) -> Any:
+def trial_attr(trial: object, key: str, default: object = None) -> Any:
     if key not in TRIAL_KEYS:
         raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")
     return (getattr(trial, "user_attrs", None) or {}).get(key, default)
 
 
-def trial_has(trial: Any, key: str) -> bool:
+def trial_has(trial: object, key: str) -> bool:
     """Whether the trial holds ``key`` at all (even as null)."""
     if key not in TRIAL_KEYS:
         raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")

@@ -1,10 +1,8 @@
 """The typed record of a finished ``tuner search``: :class:`StudyHeader` (what was measured, on what) and
-:class:`SearchOutcome` (what the search concluded), built from the study by :func:`load_outcome` alone.
+:class:`SearchOutcome` (what it concluded), built from the study alone by :func:`load_outcome`.
 
-The search writes the outcome through :class:`tuner.study.state.StudyState` (its JSON is what earlier
-tuner versions stored, so old studies load unchanged) and returns it; the export reads it back here
-and never touches the study's attributes itself. Like cibuildwheel's options (command-line flags ->
-one record -> frozen resolved options), everything downstream works from one frozen value.
+The search writes the outcome through :class:`tuner.study.state.StudyState` (the JSON earlier versions stored);
+the export reads it back here. Like cibuildwheel's resolved options, everything downstream works from one frozen value.
 """
 
 from __future__ import annotations
@@ -23,13 +21,17 @@ __all__ = [
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuner.errors import TunerError
 from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
 from tuner.study import state as k
 from tuner.study.state import StudyState
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 _T = TypeVar("_T")
 
@@ -94,7 +96,7 @@ class StudyHeader:
             seeded_from=a.get(k.SEEDED_FROM),
         )
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         """The header's attributes as a search records them on first opening the study (every key of
         :data:`tuner.study.state.HEADER_KEYS`, in its order)."""
         return {
@@ -122,7 +124,7 @@ class TunedTrial:
     values: Mapping[str, Any]
     params: Mapping[str, Any]
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         return {"trial": self.trial, "values": dict(self.values), "params": dict(self.params)}
 
 
@@ -169,11 +171,11 @@ class SearchOutcome:
     op_checks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """test-backend-ops FLASH_ATTN_EXT per build id."""
     screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     screen_method: str = "llama-bench"
     """What timed the screen: ``kernel`` (test-backend-ops FLASH_ATTN_EXT alone) or ``llama-bench``."""
     tune_method: str = "llama-bench"
     """What timed the tune's trials, as ``screen_method``."""
-    """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     llama_bench_calls: int | None = None
@@ -252,9 +254,9 @@ class SearchOutcome:
             return self
         return dataclasses.replace(self, rows=tuple(relabel_rows(self.rows, self.rules, list(self.dropped))))
 
-    def result_json(self) -> dict[str, Any]:
+    def result_json(self) -> dict[str, object]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
-        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
+        out: dict[str, object] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
         if self.narrowed or "narrowed" in self.stored_keys:  # after dropped, as the confirm stores it; results
             out["narrowed"] = as_stored(dict(self.narrowed))  # from before narrowing keep their layout
         out["tuned"] = self.tuned.stored() if self.tuned else None
@@ -273,7 +275,7 @@ class SearchOutcome:
         return out
 
 
-def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
+def _trial_summaries(trials: Iterable[FrozenTrial]) -> tuple[TrialSummary, ...]:
     return tuple(
         TrialSummary(
             number=t.number,
@@ -287,7 +289,7 @@ def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
     )
 
 
-def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[Any] = ()) -> SearchOutcome:
+def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[FrozenTrial] = ()) -> SearchOutcome:
     """The outcome of a study whose attributes are ``a`` (its ``result`` may be missing: an empty outcome)."""
     return SearchOutcome.from_result(
         StudyHeader.from_attrs(name, a),
@@ -303,7 +305,7 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
     )
 
 
-def load_outcome(study: Any) -> SearchOutcome:
+def load_outcome(study: Study) -> SearchOutcome:
     """The finished search's record, from ``study`` (an Optuna study) alone.
 
     Raises:
@@ -318,7 +320,7 @@ def load_outcome(study: Any) -> SearchOutcome:
     return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
 
 
-def load_header(study: Any) -> StudyHeader:
+def load_header(study: Study) -> StudyHeader:
     """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
     return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
 

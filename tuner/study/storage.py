@@ -23,10 +23,15 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from tuner.errors import TunerError, UsageError, error_chain
+from tuner.extras import missing_module_error
 from tuner.redact import redact, redact_value, remember
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +101,6 @@ def check_storage_url(url: str) -> str:
                 "a path in an existing folder."
             )
         return url
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a non-numeric or out-of-range port
@@ -108,7 +111,7 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def _rdb_storage(url: str, existing: bool) -> Any:
+def _rdb_storage(url: str, existing: bool) -> RDBStorage:
     import optuna
 
     with warnings.catch_warnings():
@@ -124,7 +127,7 @@ def _rdb_storage(url: str, existing: bool) -> Any:
         )
 
 
-def make_storage(url: str, *, existing: bool = False) -> Any:
+def make_storage(url: str, *, existing: bool = False) -> RDBStorage:
     """An Optuna RDB storage for ``url`` (checked by :func:`check_storage_url`), with heartbeats so a
     trial whose process died is failed and run again; UsageError when it cannot be opened.
 
@@ -155,8 +158,6 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
     except ImportError as err:
-        from tuner.extras import missing_module_error
-
         raise missing_module_error(err) or UsageError(
             f"storage {redact_value(url)!r} needs a database driver that is not installed ({err})."
         ) from None
