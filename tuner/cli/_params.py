@@ -132,7 +132,7 @@ class AliasOption(click.Option):
 
 
 def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Callable[[Any, Any], None]:
-    def wrapped(value: Any, state: Any) -> None:
+    def wrapped(value: Any, state: object) -> None:
         warn_deprecated(old, new)
         process(value, state)
 
@@ -191,7 +191,7 @@ def round_limits(
 
 
 def output_option(
-    dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: Any
+    dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: object
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
     spellings stay accepted, hidden). ``in_place``: the command writes into the folder as it stands (a run

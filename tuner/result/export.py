@@ -90,7 +90,7 @@ class ChosenWinner(Protocol):
     @property
     def global_config(self) -> str: ...
     @property
-    def values(self) -> Mapping[str, Any]: ...
+    def values(self) -> Mapping[str, object]: ...
     @property
     def rules(self) -> tuple[FaRule, ...]: ...
     @property
@@ -293,7 +293,9 @@ class Choice:
     args: list[str]
 
     @classmethod
-    def of(cls, space: SearchSpace, values: Mapping[str, Any], *, runtime: Mapping[str, Any] | None = None) -> Choice:
+    def of(
+        cls, space: SearchSpace, values: Mapping[str, Any], *, runtime: Mapping[str, object] | None = None
+    ) -> Choice:
         """``runtime``: the values the environment and args are rendered from (default ``values``)."""
         env, args = runtime_env_and_args(space, values if runtime is None else runtime)
         return cls(
@@ -452,7 +454,7 @@ def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[st
     return out
 
 
-def portable_paths(x: Any, study_name: str) -> Any:
+def portable_paths(x: object, study_name: str) -> object:
     """``x`` with every absolute local path made portable: relative to the study's run folder
     (``…/runs/<study>/``) where it is under it, else the file name. An export is read on other machines;
     this machine's folders mean nothing there (and name its user)."""
@@ -491,7 +493,7 @@ def _toolchain_of(study: optuna.Study) -> dict[str, str]:
     return dict(load_header(study).toolchain)
 
 
-def tomlable(x: Any) -> Any:
+def tomlable(x: object) -> Any:
     """TOML has no null: drop None values, stringify the rest that TOML cannot hold."""
     if isinstance(x, Mapping):
         return {str(k): tomlable(v) for k, v in x.items() if v is not None}
@@ -545,7 +547,7 @@ def _write_report(
     results, base = finished.results, finished.base
     h = load_header(study)
     roof = _roofline_for(h, like, weight_type, measured) or {}
-    rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
+    rows: dict[str, list[dict[str, object]]] = {"baseline": [], "tuned": []}
     sel_rows = []
     for b in w.buckets:
         ph = b["phase"]

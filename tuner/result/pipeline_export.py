@@ -109,7 +109,7 @@ def summary_line(outcome: SearchOutcome) -> str:
     )
 
 
-def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
+def _test(r: Mapping[str, object], pp: int = 512, tg: int = 128) -> str:
     return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
 
@@ -123,7 +123,7 @@ class _Export:
     storage: str
     source: Source
     rv: RenderedVariant
-    gate: Mapping[str, Any]
+    gate: Mapping[str, object]
     choice: Choice
     like: str | None = None
     weight_type: str | None = None
@@ -333,10 +333,10 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
 def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     """config.toml's ``[residency]``: the residency gate's verdict and each probe's numbers (None-free for TOML)."""
 
-    def probe(p: Mapping[str, Any] | None) -> dict[str, Any]:
+    def probe(p: Mapping[str, object] | None) -> dict[str, object]:
         return {k: v for k, v in (p or {}).items() if v is not None and k != "log"}
 
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "verdict": rec["verdict"],
         "full_offload": rec["full_offload"],
         "why": rec.get("why", ""),
@@ -353,7 +353,7 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
+def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, object]:
     """A rejected trial's knobs as the tune sampled them (its ``values`` also repeat every pinned knob)."""
     t = tuned or {}
     return dict(t.get("params") or t.get("values") or {})

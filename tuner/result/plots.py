@@ -123,7 +123,9 @@ def _depth_label(d: int) -> str:
     return f"{d // 1024}k" if d % 1024 == 0 else str(d)
 
 
-def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()) -> dict[str, list[dict[str, Any]]]:
+def speedup_spans(
+    points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()
+) -> dict[str, list[dict[str, object]]]:
     """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (depth in tokens; ``x1``
     None = to the right edge), ``kernel`` and the ``upstream`` kernel(s) of the points inside.
 
@@ -132,7 +134,7 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     them (a comparison of two builds), each run of consecutive points whose ``kernel`` differs from
     ``upstream_kernel``, bounded halfway to the neighbouring depths.
     """
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[dict[str, object]]] = {}
     if rules:
         for r in rules:
             ph = r.phase.bench
@@ -235,7 +237,7 @@ def _speedup_ylim(
 
 def _speedup_panel(
     ax: Axes,
-    sub: Sequence[Mapping[str, Any]],
+    sub: Sequence[Mapping[str, object]],
     x: Sequence[int],
     *,
     phase: str,
@@ -326,7 +328,7 @@ def _speedup_panel(
 
 def _ts_panel(
     ax2: Axes,
-    sub: Sequence[Mapping[str, Any]],
+    sub: Sequence[Mapping[str, object]],
     x: Sequence[int],
     axis: DepthAxis,
     *,
@@ -352,7 +354,7 @@ def _ts_panel(
 
 def _speedup_legend(
     fig: Figure,
-    pts: Sequence[Mapping[str, Any]],
+    pts: Sequence[Mapping[str, object]],
     kernels: Sequence[str],
     kcolor: Mapping[str, str],
     *,

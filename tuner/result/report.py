@@ -112,7 +112,7 @@ def compare_points(
     confidence: float = 0.95,
     min_effect_pct: float = 0.0,
     seed: int = 0,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames, judged by the rule.
 
     ``base_ts``/``tuned_ts`` are compare-llama-bench.py's t/s (llama-bench's mean, :func:`_anchor_ts`);
@@ -181,7 +181,7 @@ def compare_points(
     return pts
 
 
-def noise_line(points: Sequence[Mapping[str, Any]]) -> str:
+def noise_line(points: Sequence[Mapping[str, object]]) -> str:
     """One sentence on the noise references ``points`` were judged against (for stderr and the method)."""
     srcs = sorted({str(p.get("noise_source")) for p in points if p.get("noise_source")})
     kinds = {p.get("noise_kind") for p in points}
@@ -276,7 +276,7 @@ def _pairs(
     aa: tuple[pd.DataFrame, pd.DataFrame] | None,
     confidence: float,
     seed: int,
-) -> list[tuple[str, list[dict[str, Any]]]]:
+) -> list[tuple[str, list[dict[str, object]]]]:
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
     if baseline not in frames:
@@ -331,7 +331,7 @@ def report_records(
     aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     confidence: float = 0.95,
     seed: int = 0,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """``tuner report --json``: the records of every table of :func:`render_report`."""
     return [
         rec

@@ -137,7 +137,7 @@ def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def compare_records(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> list[dict[str, Any]]:
     """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
 
@@ -245,7 +245,7 @@ def compare_table(
 
 
 def format_compare(
-    points: Sequence[Mapping[str, Any]],
+    points: Sequence[Mapping[str, object]],
     fmt: str = "md",
     *,
     name_a: str = "upstream",

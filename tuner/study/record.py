@@ -122,7 +122,7 @@ class TunedTrial:
 
     trial: int
     values: Mapping[str, Any]
-    params: Mapping[str, Any]
+    params: Mapping[str, object]
 
     def stored(self) -> dict[str, object]:
         return {"trial": self.trial, "values": dict(self.values), "params": dict(self.params)}
@@ -136,7 +136,7 @@ class TrialSummary:
     status: str
     """Its recorded status, else its Optuna state (lower case)."""
     objectives: tuple[float, ...]
-    params: Mapping[str, Any]
+    params: Mapping[str, object]
     phases: tuple[str, ...]
     reason: str | None
 
