@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DEPRECATED",
     "AliasOption",
+    "F",
     "SuggestingGroup",
     "cpu_mask_option",
     "deprecated_option",
@@ -21,12 +22,15 @@ import datetime as _dt
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from tuner.errors import UsageError, close_matches
 from tuner.measure.exe import find_bin_dir  # where --build points: re-exported for the commands
+
+F = TypeVar("F", bound=Callable[..., object])
+"""A click command function that an option decorator returns as it was given."""
 
 
 class SuggestingGroup(click.Group):
@@ -139,7 +143,7 @@ def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Calla
     return wrapped
 
 
-def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F], F]:
     """A hidden option for an old spelling whose value has another shape than the new one's (``--depth D``,
     repeated, for ``--depths D,...``): the command folds ``dest`` into the new option; given, it prints the
     :data:`DEPRECATED` line."""
@@ -152,7 +156,7 @@ def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[Cal
     return click.option(old, dest, hidden=True, callback=note, **kw)
 
 
-def rounds_option(what: str = "every depth") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rounds_option(what: str = "every depth") -> Callable[[F], F]:
     """``--rounds N``: the shorthand every command with paired rounds takes for ``--min-rounds N --max-rounds N``."""
     return click.option(
         "--rounds",
@@ -192,7 +196,7 @@ def round_limits(
 
 def output_option(
     dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: object
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[F], F]:
     """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
     spellings stay accepted, hidden). ``in_place``: the command writes into the folder as it stands (a run
     directory), so a folder holding a symbolic link is refused (:func:`tuner.paths.refuse_links_inside`);
