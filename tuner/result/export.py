@@ -1,16 +1,8 @@
-"""``tuner export``: turn a finished study into a reviewable, reproducible result folder.
-
-Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the chosen values baked in
-as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time; omitted when
-the export's kernels are upstream's, so there is nothing to patch), ``CMakeUserPresets.json`` (a user
-preset file beside llama.cpp's own ``CMakePresets.json``, inheriting its presets), ``run.env`` +
-command lines, ``report.md`` and ``depth.png``.
-
-Every export is written into a temporary folder beside the target and renamed into place
-(:func:`staged_export`), so a failure part-way (a full disk) leaves the previous export whole.
-
-The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrives here as a value, a
-:class:`~tuner.search.winner.FinishedStudy`; this module only writes what it holds.
+"""``tuner export``: a finished study as a reviewable, reproducible result folder: ``config.toml`` (the choice
+and its evidence), ``tuned.patch`` (the values baked in; omitted when the kernels are upstream's),
+``CMakeUserPresets.json`` (inheriting llama.cpp's ``CMakePresets.json``), ``run.env``, ``report.md`` and
+``depth.png``. Written into a staging folder and renamed into place (:func:`staged_export`), so a failure part-way
+leaves the previous export whole. The winner arrives chosen (:class:`tuner.search.winner.FinishedStudy`).
 """
 
 from __future__ import annotations
@@ -230,19 +222,9 @@ def clean_leftovers(out_dir: Path) -> list[Path]:
 def staged_export(out_dir: Path, *, check: Callable[[Path], None] = check_out_dir) -> Iterator[Path]:
     """Yield a temporary folder beside ``out_dir`` to write the export into; on success it replaces
     ``out_dir`` (the previous export is moved aside, then removed), on any failure it is removed and
-    ``out_dir`` is left as it was. Every command that replaces a result folder whole goes through here.
-
-    The staging folders are flocked while in use, so an export killed (even by ``kill -9``) leaves folders no
-    process holds, and the next export to the same ``-o`` removes them (:func:`clean_leftovers`).
-
-    Args:
-        out_dir: The folder to write.
-        check: Raises UsageError unless ``out_dir`` may be replaced (default :func:`check_out_dir`).
-
-    Raises:
-        UsageError: ``check`` refuses ``out_dir`` (by default: a llama.cpp tree or a folder holding files an
-            export does not write).
-    """
+    ``out_dir`` is left as it was; ``check`` (UsageError) first. Every command that replaces a result folder
+    whole goes through here. The staging folders are flocked while in use, so the next export to the same
+    ``-o`` removes those a killed export left (:func:`clean_leftovers`)."""
     check(out_dir)
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -344,15 +326,8 @@ def write_build_files(out_dir: Path, rv: RenderedVariant, *, preset_name: str) -
 
 
 def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
-    """Write the result folder of a finished study; returns ``out_dir``.
-
-    Args:
-        finished: A :class:`tuner.search.winner.FinishedStudy` (the study, its source and space, the
-            chosen winner and the measurements it was chosen from).
-        out_dir: The folder to write.
-        like: Model shape name for the roofline when the GGUF is not here (default: the study's).
-        weight_type: Weight type for that shape (default: the study's).
-    """
+    """Write the result folder of a finished study; returns ``out_dir``. ``like``/``weight_type``: the model
+    shape for the roofline when the GGUF is not here (default: the study's)."""
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
     study_name = study.study_name
     h = load_header(study)
