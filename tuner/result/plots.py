@@ -62,28 +62,20 @@ def save_png(plt: ModuleType, fig: Figure, png_path: str | Path) -> Path:
 def as_float(x: Any) -> float:
     """``float(x)``, NaN where that fails (also used by the report's tables)."""
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
         return math.nan
-    return v
 
 
 def _phase_of(p: Mapping[str, Any]) -> str:
     """A point's phase (``pp``/``tg``), from ``phase`` or the test name."""
-    ph = str(p.get("phase") or str(p.get("test", ""))[:2])
-    return ph
+    return str(p.get("phase") or str(p.get("test", ""))[:2])
 
 
 def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
-    """Plot tokens/s against depth, one line per variant, pp and tg panels side by side.
-
-    Error bars are the bootstrap CI of the median. Uses matplotlib's Agg backend (no display).
-
-    Returns:
-        ``png_path``.
-    """
+    """Plot tokens/s against depth, one line per variant (error bars: the bootstrap CI of the median), pp and
+    tg panels side by side; returns ``png_path``."""
     plt = pyplot()
-
     if not frames:
         raise UsageError("No bench results to plot.")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -126,14 +118,10 @@ def _depth_label(d: int) -> str:
 def speedup_spans(
     points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()
 ) -> dict[str, list[dict[str, object]]]:
-    """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (depth in tokens; ``x1``
-    None = to the right edge), ``kernel`` and the ``upstream`` kernel(s) of the points inside.
-
-    With ``rules`` (the exported FlashAttention rules), one span per rule from its threshold ``lo`` to its
-    ``hi``: where the exported config switches kernel, not where a screened depth happened to be. Without
-    them (a comparison of two builds), each run of consecutive points whose ``kernel`` differs from
-    ``upstream_kernel``, bounded halfway to the neighbouring depths.
-    """
+    """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (``x1`` None: to the right
+    edge), ``kernel`` and the ``upstream`` kernel(s) inside. With ``rules``: one span per rule, ``lo`` to ``hi``
+    (where the export switches kernel); without (two builds compared): each run of points whose ``kernel``
+    differs from ``upstream_kernel``, bounded halfway to the neighbouring depths."""
     out: dict[str, list[dict[str, object]]] = {}
     if rules:
         for r in rules:
@@ -269,27 +257,13 @@ def _speedup_panel(
             lw=0,
             zorder=2,
         )
-    for xx, a, b in zip(x, lo, hi):
-        if math.isfinite(b) and b > y1:
-            ax.annotate(
-                f"CI to {b:+.0f}% ↑",
-                (xx, y1),
-                textcoords="offset points",
-                xytext=(4, -11),
-                fontsize=7.5,
-                color=color,
-                ha="left",
-            )
-        if math.isfinite(a) and a < y0:
-            ax.annotate(
-                f"CI to {a:+.0f}% ↓",
-                (xx, y0),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=7.5,
-                color=color,
-                ha="left",
-            )
+    for xx, a, b in zip(x, lo, hi):  # a CI end beyond the y range is written at the edge
+        for end, y, up in ((b, y1, True), (a, y0, False)):
+            if math.isfinite(end) and (end > y if up else end < y):
+                text, dy = (f"CI to {end:+.0f}% ↑", -11) if up else (f"CI to {end:+.0f}% ↓", 4)
+                ax.annotate(
+                    text, (xx, y), textcoords="offset points", xytext=(4, dy), fontsize=7.5, color=color, ha="left"
+                )
     ax.plot(x, sp, color=color, lw=1.8, zorder=3)
     sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
     ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color, s=42, zorder=4)
@@ -397,21 +371,11 @@ def plot_speedup(
     name_b: str = "tuned",
     rules: Sequence[FaRule] = (),
 ) -> Path:
-    """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
-
-    One column per phase (pp, tg). Top row: ``(speedup - 1)`` in percent with the 95% CI as a
-    shaded band, a zero line, the A/A noise (``aa_noise_pct``) as a grey band around 0, and a
-    labelled background span per kernel switch (:func:`speedup_spans`: from each of ``rules``'
-    thresholds, or around the points whose ``kernel`` differs from ``upstream_kernel``); filled
-    markers are points whose verdict is faster/slower. Bottom row: absolute t/s of both sides.
-    The depth axis is numeric (:func:`depth_axis`, symlog: 0 fits, 1k..64k do not crowd), so a
-    span starts at its threshold. Uses matplotlib's Agg backend.
-
-    Returns:
-        ``png_path``.
-    """
+    """Plot the speedup (%) vs context depth per phase (one column each), with the absolute t/s of both sides
+    below; returns ``png_path``. Top row: the speedup with its 95% CI band, the A/A noise (``aa_noise_pct``) as a
+    grey band around 0, a labelled span per kernel switch (:func:`speedup_spans`), filled markers where the
+    verdict is faster/slower. The depth axis is symlog (:func:`depth_axis`), so a span starts at its threshold."""
     plt = pyplot()
-
     pts = [p for p in points if math.isfinite(as_float(p.get("depth")))]
     if not pts:
         raise UsageError("No points to plot.")
@@ -450,18 +414,11 @@ def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
 
 
 def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: str = "") -> Path:
-    """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth).
-
-    ``points``: dicts with ``config``, ``depth``, ``ts`` and ``cpu`` (percent of one core), optionally
-    ``stage`` (``screen``/``confirm``, shown as hollow/filled markers). One colour per depth, since
-    depth moves t/s far more than any config; the Pareto front of each depth is drawn through its
-    non-dominated points. Every point is labelled with its config (grey where dominated). Uses matplotlib's Agg backend.
-
-    Returns:
-        ``png_path``.
-    """
+    """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth),
+    labelled with its config (grey where dominated); returns ``png_path``. ``points``: ``config``, ``depth``,
+    ``ts``, ``cpu`` (percent of one core), optionally ``stage`` (``screen`` hollow, ``confirm`` filled). One
+    colour and Pareto front per depth, since depth moves t/s far more than any config."""
     plt = pyplot()
-
     pts = [p for p in points if math.isfinite(as_float(p.get("ts"))) and math.isfinite(as_float(p.get("cpu")))]
     if not pts:
         raise UsageError("No decode points with both t/s and CPU% to plot.")

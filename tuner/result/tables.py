@@ -20,6 +20,7 @@ __all__ = [
     "COMPARE_FIELDS",
     "ESTIMATORS",
     "MARKS",
+    "CompareRecord",
     "bench_test_name",
     "compare_records",
     "compare_table",
@@ -34,7 +35,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.errors import UsageError
 from tuner.measure.decide import method_text as rule_text
@@ -65,27 +66,30 @@ _VERDICT_WORDS = {
     "too noisy": "too noisy (A/A noise above the ceiling)",
 }
 
-COMPARE_FIELDS: tuple[str, ...] = (
-    "model",
-    "test",
-    "phase",
-    "depth",
-    "name_a",
-    "name_b",
-    "ts_a",
-    "ts_b",
-    "speedup",
-    "median_a",
-    "median_b",
-    "median_ratio",
-    "ci_low",
-    "ci_high",
-    "noise_pct",
-    "noise",
-    "verdict",
-    "upstream_kernel",
-    "kernel",
-)
+
+class CompareRecord(TypedDict):
+    model: str
+    test: str
+    phase: str
+    depth: int
+    name_a: str
+    name_b: str
+    ts_a: float | None
+    ts_b: float | None
+    speedup: float | None
+    median_a: float | None
+    median_b: float | None
+    median_ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    noise_pct: float | None
+    noise: object
+    verdict: str
+    upstream_kernel: object
+    kernel: object
+
+
+COMPARE_FIELDS: tuple[str, ...] = tuple(CompareRecord.__annotations__)
 """Fields of one row in the JSON and CSV forms of :func:`compare_table` (same fields in both).
 ``speedup`` = ``ts_b / ts_a``; ``median_a``/``median_b`` the medians of the repetitions where the
 points carry them (``tuner compare``/``report``: then ``ts_a``/``ts_b`` are compare-llama-bench.py's mean
@@ -138,16 +142,13 @@ def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def compare_records(
     points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> list[dict[str, Any]]:
-    """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
-
-    ``points``: dicts with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here),
-    ``base_ts``/``tuned_ts`` (the t/s shown), optionally ``base_median_ts``/``tuned_median_ts`` (the
-    medians the CI is of, where the t/s shown are another estimator), ``ci_low``/``ci_high`` (ratios B/A), ``aa_noise_pct``
-    (percent), ``noise_kind`` (``A/A`` when missing and a noise is given), ``verdict``, and optionally
-    ``model``, ``upstream_kernel``, ``kernel``. None where a number is missing.
-    """
-    out = []
+) -> list[CompareRecord]:
+    """The rows of :func:`compare_table` as plain records (None where a number is missing). ``points``: dicts
+    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts`` (the t/s
+    shown), optionally ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high``
+    (ratios B/A), ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given),
+    ``verdict``, optionally ``model``, ``upstream_kernel``, ``kernel``."""
+    out: list[CompareRecord] = []
     for p in _sorted(points):
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
         ma, mb = _num(p.get("base_median_ts")), _num(p.get("tuned_median_ts"))
