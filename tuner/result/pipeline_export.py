@@ -1,11 +1,8 @@
-"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else.
-
-Writes ``config.toml`` (the choice and its evidence), ``tuned.patch`` (the kept rules and tuned
-values baked in; omitted when the kernels are upstream's), ``CMakeUserPresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
-the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict, beside CPU% of the
-process tree, its busiest core and GPU% on both sides; the screen; the tune trials; per-stage wall
-time), ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png`` (decode t/s against CPU%).
-Studies recorded before CPU% was measured show "—" in those columns and get no Pareto plot.
+"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else. Writes
+``config.toml``, ``tuned.patch`` (omitted when the kernels are upstream's), ``CMakeUserPresets.json``,
+``run.env``, ``report.md`` (per point: kernels, Δ% with its paired 95% CI, A/A noise, verdict, CPU%/core/GPU%
+of both sides; the screen; the tune trials; stage times), ``speedup.png`` and, where CPU% was measured,
+``pareto_decode.png``. Studies from before CPU% was measured show "—" there and get no Pareto plot.
 """
 
 from __future__ import annotations
