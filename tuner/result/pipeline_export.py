@@ -49,7 +49,7 @@ from tuner.result.export import (
     write_run_env,
 )
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
-from tuner.result.plots import plot_pareto
+from tuner.result.plots import ParetoPoint, plot_pareto
 from tuner.result.report import plot_speedup
 from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
 from tuner.sanity import require_finite
@@ -487,33 +487,26 @@ def pr_body(
     )
 
 
-def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
+def pareto_points(outcome: SearchOutcome) -> list[ParetoPoint]:
     """Decode (config, depth) points with t/s and CPU% for :func:`tuner.result.plots.plot_pareto`: every
     screened candidate (median over its rounds) and both sides of every confirmed point. Empty when
     the study measured no CPU% (recorded before it did)."""
-    out = []
-    for d, c in outcome.screens.get("tg", {}).items():
-        for name, lv in c.get("levels", {}).items():
-            out.append({"config": name, "depth": int(d), "ts": lv.get("ts"), "cpu": lv.get("cpu"), "stage": "screen"})
-    for r in outcome.rows:
-        if r["phase"] == "tg":
-            out += [
-                {
-                    "config": "upstream",
-                    "depth": r["depth"],
-                    "ts": r.get("base_ts"),
-                    "cpu": r.get("base_cpu"),
-                    "stage": "confirm",
-                },
-                {
-                    "config": "final",
-                    "depth": r["depth"],
-                    "ts": r.get("tuned_ts"),
-                    "cpu": r.get("tuned_cpu"),
-                    "stage": "confirm",
-                },
-            ]
-    return [p for p in out if finite(p["ts"]) and finite(p["cpu"])]
+    sides = [
+        (name, int(d), lv.get("ts"), lv.get("cpu"), "screen")
+        for d, c in outcome.screens.get("tg", {}).items()
+        for name, lv in c.get("levels", {}).items()
+    ]
+    sides += [
+        (name, r["depth"], r.get(f"{side}_ts"), r.get(f"{side}_cpu"), "confirm")
+        for r in outcome.rows
+        if r["phase"] == "tg"
+        for name, side in (("upstream", "base"), ("final", "tuned"))
+    ]
+    return [
+        ParetoPoint(config=n, depth=d, ts=ts, cpu=cpu, stage=st)
+        for n, d, ts, cpu, st in sides
+        if finite(ts) and finite(cpu)
+    ]
 
 
 def _beyond(lo: object, hi: object, noise: object) -> bool:

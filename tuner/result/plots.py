@@ -6,6 +6,7 @@ matplotlib's Agg backend; nothing is shown."""
 from __future__ import annotations
 
 __all__ = [
+    "ParetoPoint",
     "as_float",
     "depth_axis",
     "pareto_front",
@@ -403,21 +404,31 @@ def plot_speedup(
     return save_png(plt, fig, png_path)
 
 
-def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+class ParetoPoint(TypedDict):
+    """One marker of :func:`plot_pareto`: a config's decode t/s and CPU% (percent of one core) at a depth."""
+
+    config: str
+    depth: int
+    ts: float
+    cpu: float
+    stage: str
+    """``screen`` (hollow marker) or ``confirm`` (filled)."""
+
+
+def pareto_front(points: Sequence[ParetoPoint]) -> list[ParetoPoint]:
     """The points no other point beats on both axes (more t/s for no more CPU%, or less CPU% for no
     less t/s), by ascending CPU%."""
-    front: list[Mapping[str, Any]] = []
+    front: list[ParetoPoint] = []
     for p in sorted(points, key=lambda p: (float(p["cpu"]), -float(p["ts"]))):
         if not front or float(p["ts"]) > float(front[-1]["ts"]):
             front.append(p)
     return front
 
 
-def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: str = "") -> Path:
+def plot_pareto(points: Sequence[ParetoPoint], png_path: Path, *, title: str = "") -> Path:
     """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth),
-    labelled with its config (grey where dominated); returns ``png_path``. ``points``: ``config``, ``depth``,
-    ``ts``, ``cpu`` (percent of one core), optionally ``stage`` (``screen`` hollow, ``confirm`` filled). One
-    colour and Pareto front per depth, since depth moves t/s far more than any config."""
+    labelled with its config (grey where dominated); returns ``png_path``. One colour and Pareto front per
+    depth, since depth moves t/s far more than any config."""
     plt = pyplot()
     pts = [p for p in points if math.isfinite(as_float(p.get("ts"))) and math.isfinite(as_float(p.get("cpu")))]
     if not pts:
