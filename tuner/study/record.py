@@ -187,12 +187,9 @@ class SearchOutcome:
 
     @property
     def cost(self) -> dict[str, float | int]:
-        """The search's cost (config.toml's ``[cost]``): seconds per stage, llama-bench calls, tune trials.
-
-        Only what the study measured: a study recorded before a stage was timed (or before the calls
-        were counted) lacks that field, never shows it as 0. ``gates_s`` is the residency and
-        output-equivalence gates together; ``build_s`` the upstream build (the tune's builds are in
-        ``tune_s``)."""
+        """The search's cost (config.toml's ``[cost]``): seconds per stage, llama-bench calls, tune trials; a
+        field the study did not measure is absent, never 0. ``gates_s``: residency and output-equivalence
+        together; ``build_s``: the upstream build (the tune's builds are in ``tune_s``)."""
         secs = self.stage_seconds
         out: dict[str, float | int] = {}
         for f in ("build", "model", "gate", "screen", "tune", "confirm"):
@@ -306,11 +303,7 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
 
 
 def load_outcome(study: Study) -> SearchOutcome:
-    """The finished search's record, from ``study`` (an Optuna study) alone.
-
-    Raises:
-        TunerError: the study has not finished its confirm stage (no result yet).
-    """
+    """The finished search's record, from ``study`` alone; TunerError before its confirm stage finished."""
     st = StudyState(study)
     if st.result() is None:
         raise TunerError(
@@ -345,14 +338,11 @@ _MEASURED = (
 def relabel_rows(
     rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
 ) -> list[dict[str, Any]]:
-    """``rows`` with each point that a rule of ``narrowed_from`` (the rules before narrowing) covered and no
-    rule of ``kept`` covers any more relabelled: the export runs upstream's config there (rules confirmed
-    alone: no tuned knobs), so its kernel is upstream's, its verdict :data:`UPSTREAM_KEPT`, its final t/s
-    and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
-    measured stays under ``measured_<key>`` (:data:`_MEASURED`). A point relabelled before is left as it is.
-
-    The confirm relabels (``tuner.search.confirm.judge``); :meth:`SearchOutcome.exported` relabels a
-    dropped rule's points of a study recorded before the confirm did that."""
+    """``rows`` with each point that a rule of ``narrowed_from`` (before narrowing) covered and no rule of
+    ``kept`` covers any more relabelled as upstream's (the export runs upstream's config there): its kernel,
+    verdict :data:`UPSTREAM_KEPT`, t/s and CPU/GPU% upstream's (speedup 1, no CI), what the forced kernel measured
+    kept as ``measured_<key>``. A point relabelled before is left as it is; the confirm relabels itself now
+    (``tuner.search.confirm.judge``), :meth:`SearchOutcome.exported` does it for older studies."""
     out = []
     for x in rows:
         d, ph = int(x["depth"]), x["phase"]
