@@ -121,22 +121,16 @@ def compare_points(
         model, test, depth = key
         ra, rb = ga.get(key), gb.get(key)
         phase = str((ra if ra is not None else gb[key])["phase"])  # the key came from one of the two
-        base, new = (
-            (as_float(ra["median_ts"]) if ra is not None else math.nan),
-            (as_float(rb["median_ts"]) if rb is not None else math.nan),
-        )
+        base = as_float(ra["median_ts"]) if ra is not None else math.nan
+        new = as_float(rb["median_ts"]) if rb is not None else math.nan
         noise = run_floor(backend, phase)
         if gaa is not None and key in gaa[0] and key in gaa[1]:
             va = compare(_samples(gaa[0][key]), _samples(gaa[1][key]), confidence=confidence, seed=seed)
             noise = NoiseRef(pct=aa_noise(va), kind="A/A", source="the A/A pair given with --aa")
         if ra is None or rb is None:
+            nan = math.nan
             v = Verdict(
-                delta_pct=math.nan,
-                ci_low=math.nan,
-                ci_high=math.nan,
-                p_value=math.nan,
-                verdict="no difference",
-                confidence=confidence,
+                delta_pct=nan, ci_low=nan, ci_high=nan, p_value=nan, verdict="no difference", confidence=confidence
             )
             verdict = "missing"
         else:
