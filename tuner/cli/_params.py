@@ -136,7 +136,7 @@ class AliasOption(click.Option):
 
 
 def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Callable[[Any, Any], None]:
-    def wrapped(value: Any, state: object) -> None:
+    def wrapped(value: object, state: object) -> None:
         warn_deprecated(old, new)
         process(value, state)
 

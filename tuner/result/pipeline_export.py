@@ -286,7 +286,7 @@ def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
 def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
     """config.toml's ``[gate]``: the verdict, the worst numbers over its checks, thresholds, and each check."""
     checks = [_gate_check_row(c) for c in gate.get("checks", [])]
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "verdict": gate["verdict"],
         "tool": "llama-perplexity",
         "modes": sorted({c["mode"] for c in checks}),

@@ -119,12 +119,12 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _phase(p: Mapping[str, Any]) -> str:
+def _phase(p: Mapping[str, object]) -> str:
     ph = str(p.get("phase") or str(p.get("test", ""))[:2])
     return Phase(ph).bench if ph in {p.value for p in Phase} else ph
 
 
-def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
     # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
     def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
         test = str(p.get("test", ""))
@@ -199,7 +199,7 @@ def _f2(x: float | None) -> str:
 
 
 def compare_table(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> str:
     """A Markdown table in the shape of ``scripts/compare-llama-bench.py`` plus tuner's columns.
 

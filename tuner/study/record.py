@@ -121,7 +121,7 @@ class TunedTrial:
     """The tune trial the confirm kept: its number, every knob's value and the sampled ones."""
 
     trial: int
-    values: Mapping[str, Any]
+    values: Mapping[str, object]
     params: Mapping[str, object]
 
     def stored(self) -> dict[str, object]:
@@ -168,7 +168,7 @@ class SearchOutcome:
     """The output-equivalence gate's record (None: the study finished before the gate existed)."""
     residency: Mapping[str, Any] | None = None
     """The residency gate's record (None: not recorded)."""
-    op_checks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    op_checks: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
     """test-backend-ops FLASH_ATTN_EXT per build id."""
     screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""

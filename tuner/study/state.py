@@ -147,7 +147,7 @@ class StudyState:
         return dict(self.study.user_attrs)
 
     # -- header ----------------------------------------------------------------------------------
-    def header_value(self, key: str, default: object = None) -> Any:
+    def header_value(self, key: str, default: object = None) -> object:
         if key not in HEADER_KEYS:
             raise KeyError(f"{key!r} is not a header key ({HEADER_KEYS})")
         return self._get(key, default)
