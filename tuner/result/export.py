@@ -187,10 +187,9 @@ def _own(folder: Path) -> int | None:
 
 
 def clean_leftovers(out_dir: Path) -> list[Path]:
-    """Remove what killed exports to ``out_dir`` left beside it: staging folders (``.NAME.tmp-*``) and moved-aside
-    previous exports (``.NAME.old-*``) that no live process holds. A previous export moved aside by an export
-    killed before its new one was renamed into place is put back as ``out_dir`` (it is the last whole export).
-    Only these names are touched. Returns what was removed."""
+    """Remove (and return) what killed exports to ``out_dir`` left beside it and no live process holds: staging
+    folders (``.NAME.tmp-*``) and moved-aside previous exports (``.NAME.old-*``); one moved aside before its
+    replacement was renamed into place is put back as ``out_dir`` (the last whole export)."""
     parent = out_dir.parent
     try:
         entries = sorted(parent.iterdir(), key=lambda p: p.name)
@@ -305,11 +304,8 @@ def hashes_table(rv: RenderedVariant) -> dict[str, str]:
 def export_render(
     source: Source, arch: str, variant: str, *, compile_values: Mapping[str, int], baked: Mapping[str, str]
 ) -> RenderedVariant:
-    """The exported (baked) render of a config; its ``patch`` is empty when it behaves as upstream.
-
-    The baked hook with no rule, upstream's thresholds and no compile value selects exactly upstream's
-    kernels, so shipping it would be a patch that changes nothing: the render of that default config is
-    compared with this one, and an equal patch is dropped (``tuned.patch`` is then not written)."""
+    """The exported (baked) render of a config; its ``patch`` is empty (no ``tuned.patch``) where it equals the
+    default config's, whose baked hook selects exactly upstream's kernels."""
     rv = render.render_variant(source, arch, variant, compile_values=compile_values, baked_runtime=baked)
     if rv.patch:
         default = render.render_variant(source, arch, variant, baked_runtime={})

@@ -42,13 +42,9 @@ _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>.*)", re.DOT
 
 
 def check_storage_url(url: str) -> str:
-    """``url`` unchanged when it names a database that keeps the study; else a UsageError (exit 2).
-
-    Refused: anything that is not ``dialect[+driver]://...`` with a known dialect, an in-memory SQLite
-    (``sqlite://``, ``sqlite:///``, ``:memory:``, ``mode=memory``: nothing would be saved, yet a rerun
-    is promised to resume), a SQLite file whose folder does not exist (SQLAlchemy would fail, or tuner
-    would create folders outside the run dir unasked), a bad port. Passwords stay out of the message.
-    """
+    """``url`` unchanged when it names a database that keeps the study; else a UsageError (exit 2, no password
+    in it). Refused: not ``dialect[+driver]://...`` of a known dialect, an in-memory SQLite (a rerun could not
+    resume), a SQLite file whose folder does not exist (tuner makes no folders outside the run dir), a bad port."""
     if isinstance(url, str):
         remember(url)  # from here on any text quoting it (an error's message, a traceback) hides its password
     shown = redact_value(str(url))
@@ -128,13 +124,10 @@ def _rdb_storage(url: str, existing: bool) -> RDBStorage:
 
 
 def make_storage(url: str, *, existing: bool = False) -> RDBStorage:
-    """An Optuna RDB storage for ``url`` (checked by :func:`check_storage_url`), with heartbeats so a
-    trial whose process died is failed and run again; UsageError when it cannot be opened.
-
-    The one storage check of ``search``, ``worker`` and ``export``: a wrong password, a server that is
-    down or a database that does not exist is exit 2 with the URL (password hidden), never a traceback.
-    ``existing``: the study must be there already (export, worker), so a SQLite file that does not
-    exist is refused and not created (a typo would otherwise leave an empty database behind)."""
+    """An Optuna RDB storage for ``url`` (:func:`check_storage_url`), with heartbeats so a trial whose process
+    died is run again. A wrong password, a server down or a missing database is a UsageError naming the URL
+    (password hidden), never a traceback. ``existing`` (export, worker): a missing SQLite file is refused, not
+    created (a typo would leave an empty database behind)."""
 
     check_storage_url(url)
     if existing and _is_sqlite(url):
@@ -243,12 +236,10 @@ def storage_guard(url: str | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
-    """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna records
-    them only inside ``optimize()``), so a trial whose process dies is found stale on any host.
-
-    Optuna's own heartbeat thread dies with a traceback on stderr at the first failed write; this one
-    logs the failure, keeps beating (a database back within the grace period loses nothing) and leaves
-    the loss to the main thread, whose next write meets it and reports it once (:func:`storage_guard`)."""
+    """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna does only inside
+    ``optimize()``), so a trial whose process dies is found stale on any host. Unlike Optuna's thread (a
+    traceback at the first failed write) this one logs a failure and keeps beating; the main thread's next
+    write meets a lost database and reports it once (:func:`storage_guard`)."""
     from optuna.storages._heartbeat import is_heartbeat_enabled
 
     if not is_heartbeat_enabled(storage):
