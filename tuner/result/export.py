@@ -525,12 +525,7 @@ def _write_report(
         for d in b["depths"]:
             for label, cfg in (("baseline", base), ("tuned", b["config"])):
                 m = results[cfg][(ph, d)]
-                r = _row(label, ph, d, m.samples, h)
-                bound = roof.get((ph, d))
-                if bound:
-                    r["roofline_tps"] = float(bound)
-                    r["roofline_pct"] = 100.0 * r["median_ts"] / float(bound)
-                rows[label].append(r)
+                rows[label].append(_row(label, ph, d, m.samples, h, roof.get((ph, d))))
             e = b["evidence"][str(d)]
             sel_rows.append(
                 [
@@ -614,12 +609,16 @@ def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
     )
 
 
-def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader) -> dict[str, Any]:
+def _row(
+    label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader, bound: float | None
+) -> dict[str, object]:
+    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), with its roofline % where
+    ``bound`` (the roofline t/s) is known."""
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
     n_tok = h.pp if phase == "pp" else h.tg
-    row: dict[str, Any] = {c: math.nan for c in COLUMNS}
+    row: dict[str, object] = {c: math.nan for c in COLUMNS}
     row.update(
         {
             "build_commit": h.commit or "",
@@ -633,7 +632,7 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
             "log_file": "",
         }
     )
-    return row | {
+    row |= {
         "label": label,
         "test": f"{phase}{n_tok}",
         "phase": phase,
@@ -646,3 +645,6 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
         "max_ts": s[-1],
         "samples": list(samples),
     }
+    if bound:
+        row |= {"roofline_tps": float(bound), "roofline_pct": 100.0 * med / float(bound)}
+    return row
