@@ -148,7 +148,7 @@ def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F],
     repeated, for ``--depths D,...``): the command folds ``dest`` into the new option; given, it prints the
     :data:`DEPRECATED` line."""
 
-    def note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    def note(ctx: click.Context, param: click.Parameter, value: Any) -> object:
         if param.name and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
             warn_deprecated(old, new)
         return value

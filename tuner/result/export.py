@@ -275,7 +275,7 @@ class Choice:
 
     @classmethod
     def of(
-        cls, space: SearchSpace, values: Mapping[str, Any], *, runtime: Mapping[str, object] | None = None
+        cls, space: SearchSpace, values: Mapping[str, object], *, runtime: Mapping[str, object] | None = None
     ) -> Choice:
         """``runtime``: the values the environment and args are rendered from (default ``values``)."""
         env, args = runtime_env_and_args(space, values if runtime is None else runtime)

@@ -227,7 +227,7 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
-def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
+def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
     """The result's output-equivalence gate record; UsageError for a final config that failed or never ran it."""
     gate = outcome.gate
     changed = bool(outcome.rules) or bool(outcome.tuned)
@@ -283,7 +283,7 @@ def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
+def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
     """config.toml's ``[gate]``: the verdict, the worst numbers over its checks, thresholds, and each check."""
     checks = [_gate_check_row(c) for c in gate.get("checks", [])]
     out: dict[str, object] = {
@@ -327,7 +327,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
+def residency_table(rec: Mapping[str, Any]) -> dict[str, object]:
     """config.toml's ``[residency]``: the residency gate's verdict and each probe's numbers (None-free for TOML)."""
 
     def probe(p: Mapping[str, object] | None) -> dict[str, object]:

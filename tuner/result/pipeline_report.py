@@ -234,7 +234,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
     keys = (
@@ -260,7 +260,7 @@ def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
     if not points:
         return ""
 
-    def num(p: Mapping[str, Any], k: str, f: str) -> str:
+    def num(p: Mapping[str, object], k: str, f: str) -> str:
         return format(p[k], f) if k in p else "—"
 
     rows = [
@@ -333,7 +333,7 @@ def residency_section(rec: Mapping[str, Any]) -> str:
     )
 
 
-def confirmed_points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, object]]:
+def confirmed_points(rows: Sequence[Mapping[str, object]], pp: int, tg: int) -> list[dict[str, object]]:
     """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 

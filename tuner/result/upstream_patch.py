@@ -419,7 +419,7 @@ def _upstream_kernels(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any
     return up
 
 
-def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, synthetic: bool | None) -> str:
+def models_note(*, model_file: str, shape: Mapping[str, object], like: str | None, synthetic: bool | None) -> str:
     """The PR's "Models" section: where the shapes came from, what the weights were, and what that shows."""
     dims = ", ".join(
         f"{k.replace('_', ' ')} {shape[k]}"

@@ -185,7 +185,7 @@ def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     )
 
 
-def _source_finding(source: Source, src_cfg: Mapping[str, Any]) -> Finding:
+def _source_finding(source: Source, src_cfg: Mapping[str, object]) -> Finding:
     """The fetched source is the one (id and era) config.toml names."""
     ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
     return Finding(
@@ -536,7 +536,7 @@ def _validate_result(
 
 def _gpu_checks(
     folder: Path,
-    cfg: Mapping[str, Any],
+    cfg: Mapping[str, object],
     source: Source,
     static: Sequence[Finding],
     models: Sequence[Path],

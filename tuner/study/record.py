@@ -166,7 +166,7 @@ class SearchOutcome:
     confirm_depths: tuple[int, ...] | None = None
     gate: Mapping[str, Any] | None = None
     """The output-equivalence gate's record (None: the study finished before the gate existed)."""
-    residency: Mapping[str, Any] | None = None
+    residency: Mapping[str, object] | None = None
     """The residency gate's record (None: not recorded)."""
     op_checks: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
     """test-backend-ops FLASH_ATTN_EXT per build id."""
@@ -337,7 +337,7 @@ _MEASURED = (
 
 def relabel_rows(
     rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """``rows`` with each point that a rule of ``narrowed_from`` (before narrowing) covered and no rule of
     ``kept`` covers any more relabelled as upstream's (the export runs upstream's config there): its kernel,
     verdict :data:`UPSTREAM_KEPT`, t/s and CPU/GPU% upstream's (speedup 1, no CI), what the forced kernel measured

@@ -142,7 +142,7 @@ class StudyState:
         self._set(key, [*self._get(key, []), dict(rec)])
 
     @property
-    def attrs(self) -> Mapping[str, Any]:
+    def attrs(self) -> Mapping[str, object]:
         """Every stored attribute (read only): what :mod:`tuner.study.record` builds its records from."""
         return dict(self.study.user_attrs)
 
