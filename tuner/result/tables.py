@@ -1,17 +1,8 @@
-"""The one comparison table: ``tuner compare``, ``tuner report``, a result's report.md and PR.md.
-
-Shape of llama.cpp's ``scripts/compare-llama-bench.py`` (``Model | Test | t/s A | t/s B | Speedup``,
-tests named ``pp512``, ``tg128@d32768``), then tuner's columns: the 95% CI, the noise reference the
-verdict was judged against and the verdict, and where kernels were chosen a ``Kernel`` column.
-
-* **Speedup is t/s B / t/s A of the two numbers in the row**, never another estimate, so a reader
-  can check it. Where the CI comes from a different estimator (the search's paired rounds: geometric
-  mean of per-round ratios), :func:`method_paragraph` says so once under the table.
-* **No faster/slower without a noise reference** (:func:`tuner.measure.stats.judge`,
-  :func:`tuner.measure.paired.verdict`): every row names it in the ``Noise`` column, ``A/A`` (an A/A
-  pair measured with these data), ``floor`` (the recorded run-to-run floor of the backend and phase,
-  docs/noise-floors.md) or ``none`` (nothing can be claimed).
-* The method paragraph is generated here, from the same parameters the numbers were computed with.
+"""The one comparison table (``tuner compare``, ``tuner report``, report.md, PR.md): llama.cpp's
+``scripts/compare-llama-bench.py`` shape (``Model | Test | t/s A | t/s B | Speedup``, tests ``pp512``,
+``tg128@d32768``) plus the 95% CI, the noise reference, the verdict and, where kernels were chosen, ``Kernel``.
+Speedup is always t/s B / t/s A of the row's two numbers (:func:`method_paragraph` says where the CI is of another
+estimate); no faster/slower without a noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
 """
 
 from __future__ import annotations
@@ -201,14 +192,9 @@ def _f2(x: float | None) -> str:
 def compare_table(
     points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> str:
-    """A Markdown table in the shape of ``scripts/compare-llama-bench.py`` plus tuner's columns.
-
-    ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel`` too where a
-    point's kernel differs from upstream's). Speedup is ``t/s B / t/s A`` at two decimals, as the
-    script prints it; the CI is of the ratio B/A; Noise is ``±x% A/A``, ``±x% floor`` or ``none``.
-    Where the points carry medians (``tuner compare``/``report``: the t/s are then the script's mean),
-    a ``Median ratio`` column before the CI holds the estimate the CI is of (:data:`ESTIMATORS`).
-    """
+    """The Markdown table: ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel``
+    too where a kernel differs from upstream's; a ``Median ratio`` before the CI, the estimate it is of, where
+    the points carry medians: :data:`ESTIMATORS`). Speedup at two decimals, as the script prints it."""
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
     show_median = any(r["median_a"] is not None or r["median_b"] is not None for r in recs)
@@ -278,14 +264,10 @@ def method_paragraph(
     ceiling_pct: float | None = None,
     rule: str | None = None,
 ) -> str:
-    """How the table's numbers were computed, written by the code that computed them.
-
-    ``kind``: ``separate runs`` (:func:`tuner.measure.stats.compare` on two files' repetitions) or
-    ``paired rounds`` (the search: :func:`tuner.measure.paired.block_effects` over interleaved rounds).
-    ``noise``: what the Noise column holds (one sentence). ``rule``: ``sequential`` where the search's
-    decision rule (:mod:`tuner.measure.decide`) gave the verdicts; else the earlier one (the whole CI beyond
-    the noise reference), which stored results and separate runs use.
-    """
+    """How the table's numbers were computed, written by the code that computed them. ``kind``: ``separate
+    runs`` (:func:`tuner.measure.stats.compare`) or ``paired rounds`` (:func:`tuner.measure.paired.block_effects`);
+    ``noise``: what the Noise column holds; ``rule``: ``sequential`` where :mod:`tuner.measure.decide` gave the
+    verdicts, else the whole CI beyond the noise reference (stored results, separate runs)."""
     if kind == "separate runs":
         text = method_text(confidence)
     elif kind == "paired rounds":

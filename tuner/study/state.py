@@ -61,9 +61,7 @@ RESUME_CHECKED = (ARCH, SOURCE_ID, DEPTHS, PP, TG, CPU_MASK)
 DERIVED_KNOBS = "derived_knobs"  # threads/-ngl legal values on the search's machine (the export resolves them)
 DEVICE = "device"  # the device llama-bench reported
 TOOLCHAIN = "toolchain"  # the first build's compilers
-SEEDED_FROM = (
-    "seeded_from"  # a study seeded from another one's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence); read only
-)
+SEEDED_FROM = "seeded_from"  # read only: seeded from another's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence/)
 
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id
