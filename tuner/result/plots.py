@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "ParetoPoint",
+    "Span",
     "as_float",
     "depth_axis",
     "pareto_front",
@@ -116,14 +117,25 @@ def _depth_label(d: int) -> str:
     return f"{d // 1024}k" if d % 1024 == 0 else str(d)
 
 
-def speedup_spans(
-    points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()
-) -> dict[str, list[dict[str, object]]]:
-    """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (``x1`` None: to the right
-    edge), ``kernel`` and the ``upstream`` kernel(s) inside. With ``rules``: one span per rule, ``lo`` to ``hi``
-    (where the export switches kernel); without (two builds compared): each run of points whose ``kernel``
-    differs from ``upstream_kernel``, bounded halfway to the neighbouring depths."""
-    out: dict[str, list[dict[str, object]]] = {}
+class _SpanRule(TypedDict, total=False):
+    rule: str
+    """The exported rule the span is (absent for a run of measured points)."""
+
+
+class Span(_SpanRule):
+    """A depth interval :func:`plot_speedup` shades: ``x1`` None runs to the right edge."""
+
+    x0: float
+    x1: float | None
+    kernel: str
+    upstream: str
+
+
+def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()) -> dict[str, list[Span]]:
+    """Per phase, the spans to shade, with the ``upstream`` kernel(s) inside. With ``rules``: one per rule, ``lo``
+    to ``hi`` (where the export switches kernel); without (two builds compared): each run of points whose
+    ``kernel`` differs from ``upstream_kernel``, bounded halfway to the neighbouring depths."""
+    out: dict[str, list[Span]] = {}
     if rules:
         for r in rules:
             ph = r.phase.bench
@@ -164,9 +176,7 @@ def speedup_spans(
     return out
 
 
-def _draw_spans(
-    ax: Axes, ax2: Axes, spans: Sequence[Mapping[str, Any]], right: float, kcolor: Mapping[str, str]
-) -> bool:
+def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor: Mapping[str, str]) -> bool:
     """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
     for sp in spans:
         x0, x1 = float(sp["x0"]), right if sp["x1"] is None else min(float(sp["x1"]), right)
