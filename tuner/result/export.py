@@ -512,7 +512,7 @@ def _write_report(
     no_patch: bool = False,
 ) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
-    import pandas as pd
+    import pandas as pd  # heavy: imported when a report is written
 
     study, w = finished.study, finished.winner
     results, base = finished.results, finished.base

@@ -40,7 +40,7 @@ _PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
 
 def pyplot() -> ModuleType:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
+    import matplotlib  # heavy: imported when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -347,7 +347,7 @@ def _speedup_legend(
     ncol: int,
 ) -> None:
     """The figure legend (noise band only when measured, one patch per chosen kernel), title and layout."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # matplotlib is heavy: imported when a plot is drawn (pyplot())
     from matplotlib.patches import Patch
 
     handles = [

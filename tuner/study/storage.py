@@ -108,7 +108,7 @@ def check_storage_url(url: str) -> str:
 
 
 def _rdb_storage(url: str, existing: bool) -> RDBStorage:
-    import optuna
+    import optuna  # heavy: imported when a storage is opened
 
     with warnings.catch_warnings():
         # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
@@ -240,7 +240,7 @@ def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
     ``optimize()``), so a trial whose process dies is found stale on any host. Unlike Optuna's thread (a
     traceback at the first failed write) this one logs a failure and keeps beating; the main thread's next
     write meets a lost database and reports it once (:func:`storage_guard`)."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    from optuna.storages._heartbeat import is_heartbeat_enabled  # optuna is heavy: imported where a trial runs
 
     if not is_heartbeat_enabled(storage):
         yield
