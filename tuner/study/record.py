@@ -99,21 +99,9 @@ class StudyHeader:
     def stored(self) -> dict[str, object]:
         """The header's attributes as a search records them on first opening the study (every key of
         :data:`tuner.study.state.HEADER_KEYS`, in its order)."""
-        return {
-            k.PIPELINE: self.pipeline,
-            k.ARCH: self.arch,
-            k.SOURCE_SPEC: self.source_spec,
-            k.SOURCE_ID: self.source_id,
-            k.COMMIT: self.commit,
-            k.ERA: self.era,
-            k.MODEL: self.model,
-            k.DEPTHS: list(self.depths),
-            k.PP: self.pp,
-            k.TG: self.tg,
-            k.SHAPE: dict(self.shape),
-            k.PROFILE: self.profile,
-            k.CPU_MASK: None if self.cpu_mask is None else list(self.cpu_mask),
-        }
+        plain = {key: getattr(self, key) for key in k.HEADER_KEYS}  # each header key is a field of the same name
+        mask = None if self.cpu_mask is None else list(self.cpu_mask)
+        return plain | {k.DEPTHS: list(self.depths), k.SHAPE: dict(self.shape), k.CPU_MASK: mask}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
