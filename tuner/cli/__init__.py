@@ -108,11 +108,8 @@ def _blocker(path: str) -> str:
 
 
 def os_error_message(err: OSError) -> str | None:
-    """One paragraph for an OSError the user can fix (where, what is wrong, the fix); None for a bug.
-
-    The machine's state, not tuner's code, is at fault when the OS names a path (a full disk, a read-only
-    or unwritable folder, a file where a folder is needed, a path that does not exist); a full disk is
-    one even without a path. Anything else (no path) is treated as a bug."""
+    """One paragraph for an OSError the user can fix (where, what is wrong, the fix): the OS names a path, or
+    the disk is full; None (a bug) otherwise."""
     path = err.filename if isinstance(err.filename, (str, bytes, os.PathLike)) else None
     path = os.fsdecode(path) if path is not None else None
     where = f" ({path})" if path else ""
@@ -170,13 +167,9 @@ def _full_disk_in_chain(err: BaseException) -> bool:
 
 
 def main() -> None:
-    """Console-script entry point: run the CLI and map every failure to a message and an exit code.
-
-    TunerError -> its message and exit code (1, 2 for a UsageError, 3 for a --time-budget stop, shown as a
-    note); an OSError about the machine
-    (:func:`os_error_message`: a full disk, a path not writable or in the way) -> its paragraph and exit 1;
-    anything else is a bug and goes through :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70).
-    """
+    """Console-script entry point: a TunerError is its message and exit code (1; 2 usage; 3 a --time-budget stop,
+    shown as a note); an OSError about the machine (:func:`os_error_message`) its paragraph and exit 1; anything
+    else is a bug for :func:`tuner.crash.report_crash` (one paragraph, a log file, exit 70)."""
     from tuner import interrupts
 
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DEPRECATED",
     "AliasOption",
+    "F",
     "SuggestingGroup",
     "cpu_mask_option",
     "deprecated_option",
@@ -21,12 +22,15 @@ import datetime as _dt
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from tuner.errors import UsageError, close_matches
 from tuner.measure.exe import find_bin_dir  # where --build points: re-exported for the commands
+
+F = TypeVar("F", bound=Callable[..., object])
+"""A click command function that an option decorator returns as it was given."""
 
 
 class SuggestingGroup(click.Group):
@@ -132,19 +136,19 @@ class AliasOption(click.Option):
 
 
 def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Callable[[Any, Any], None]:
-    def wrapped(value: Any, state: Any) -> None:
+    def wrapped(value: object, state: object) -> None:
         warn_deprecated(old, new)
         process(value, state)
 
     return wrapped
 
 
-def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F], F]:
     """A hidden option for an old spelling whose value has another shape than the new one's (``--depth D``,
     repeated, for ``--depths D,...``): the command folds ``dest`` into the new option; given, it prints the
     :data:`DEPRECATED` line."""
 
-    def note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    def note(ctx: click.Context, param: click.Parameter, value: Any) -> object:
         if param.name and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
             warn_deprecated(old, new)
         return value
@@ -152,7 +156,7 @@ def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[Cal
     return click.option(old, dest, hidden=True, callback=note, **kw)
 
 
-def rounds_option(what: str = "every depth") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def rounds_option(what: str = "every depth") -> Callable[[F], F]:
     """``--rounds N``: the shorthand every command with paired rounds takes for ``--min-rounds N --max-rounds N``."""
     return click.option(
         "--rounds",
@@ -191,8 +195,8 @@ def round_limits(
 
 
 def output_option(
-    dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: Any
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    dest: str, *, old: tuple[str, ...] = ("--out",), in_place: bool = False, **kw: object
+) -> Callable[[F], F]:
     """``-o/--output``: the one spelling of "where this command writes" across commands (``old`` long
     spellings stay accepted, hidden). ``in_place``: the command writes into the folder as it stands (a run
     directory), so a folder holding a symbolic link is refused (:func:`tuner.paths.refuse_links_inside`);

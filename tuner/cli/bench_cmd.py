@@ -22,6 +22,8 @@ from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tuner.plan.seed_builds import SeedRun
 
 
@@ -215,7 +217,7 @@ _AA_HELP = (
 )
 
 
-def _load_aa(aa: tuple[Path, Path] | None) -> tuple[Any, Any] | None:
+def _load_aa(aa: tuple[Path, Path] | None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     from tuner.measure.bench import load_results
 
     if not aa:

@@ -16,16 +16,9 @@ from tuner.cli._params import output_option
 def export_study(
     study_name: str, *, storage: str, out_dir: Path, like: str | None = None, weight_type: str | None = None
 ) -> Path:
-    """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage).
-
-    The folder is written beside ``out_dir`` and renamed into place, so a failure leaves the previous
-    export whole (:func:`tuner.result.export.staged_export`).
-
-    Raises:
-        UsageError: the study does not exist in ``storage``; ``out_dir`` is a llama.cpp tree or holds
-            files an export does not write.
-        TunerError: the study has no baseline measurement yet.
-    """
+    """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage, through
+    :func:`tuner.result.export.staged_export`). UsageError: no such study, or an ``out_dir`` an export may not
+    replace; TunerError: no baseline measurement yet."""
     import optuna
 
     from tuner.result.export import check_out_dir, write_result

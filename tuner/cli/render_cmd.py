@@ -7,16 +7,15 @@ __all__ = ["render"]
 import json
 import shlex
 from pathlib import Path
-from typing import Any
 
 import click
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.source.spec import DEFAULT_SPEC
+from tuner.source.spec import DEFAULT_SPEC, Source
 
 
-def _load_source(spec: str) -> Any:
+def _load_source(spec: str) -> Source:
     """Fetch (or reuse) the llama.cpp tree for SPEC through tuner.source."""
     from tuner.source import fetch_source
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 __all__ = ["sweep"]
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from tuner.cli._params import (
+    F,
     SuggestingGroup,
     depths_option,
     output_option,
@@ -31,7 +31,7 @@ def sweep() -> None:
     """
 
 
-def _grid_options(f: Any) -> Any:
+def _grid_options(f: F) -> F:
     for opt in reversed(
         (
             click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
@@ -69,7 +69,7 @@ def _grid_options(f: Any) -> Any:
     return f
 
 
-def _round_options(f: Any) -> Any:
+def _round_options(f: F) -> F:
     """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
     for opt in reversed(
         (

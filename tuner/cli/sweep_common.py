@@ -8,9 +8,10 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import click
+
+from tuner.cli._params import F
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -20,10 +21,10 @@ def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> P
     return build(arch, spec, extra)
 
 
-def measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[Any], Any]:
+def measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[F], F]:
     """--build, --backend, --source and --storage, as `sweep run`, `sweep mmq` and `sweep confirm` take them."""
 
-    def wrap(f: Any) -> Any:
+    def wrap(f: F) -> F:
         for opt in reversed(
             (
                 click.option(
@@ -54,7 +55,7 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
     return wrap
 
 
-def time_budget_option(unit: str) -> Callable[[Any], Any]:
+def time_budget_option(unit: str) -> Callable[[F], F]:
     """--time-budget, as `sweep run`, `sweep mmq` and `sweep confirm` take it (``unit``: what does not start)."""
     return click.option(
         "--time-budget",

@@ -1,12 +1,8 @@
-"""What the checks of a stored result share: one check's outcome (:class:`Finding`), reading a result
-folder as data (:func:`folder_problems`, :func:`read_bytes_in`, :func:`load_toml_in`), the paths a patch
-names (:func:`unsafe_patch_paths`) and applying a patch to pristine copies of the files it touches
-(:func:`git_apply_to_copy`). Used by :mod:`tuner.result.validate` (the static checks),
-:mod:`tuner.result.upstream_check` (the GPU checks of ``upstream.patch``) and :mod:`tuner.sweep.table_check`.
-
-A result folder arrives from others (a pull request): a static check opens only regular files inside it
-(no symbolic link, FIFO or device, each no larger than :data:`MAX_FILE_BYTES`), and touches no file a
-patch names before every such name is a plain relative path inside the tree.
+"""What the checks of a stored result share (:mod:`tuner.result.validate`, :mod:`tuner.result.upstream_check`,
+:mod:`tuner.sweep.table_check`): a check's outcome (:class:`Finding`), reading a result folder as data, and
+applying a patch to pristine copies of the files it touches. A result folder arrives from others (a pull
+request): only regular files inside it are opened (no link, FIFO or device; at most :data:`MAX_FILE_BYTES`),
+and no file a patch names is touched before every such name is a plain relative path inside the tree.
 """
 
 from __future__ import annotations
@@ -125,11 +121,8 @@ def present_in(folder: Path, rel: str) -> bool:
 
 
 def read_bytes_in(folder: Path, rel: str, *, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file ``folder/rel``, no larger than ``limit``.
-
-    Raises:
-        FolderError: ``rel`` leaves the folder, a part of it is a link, it is not a regular file, or is too large.
-    """
+    """The bytes of the regular file ``folder/rel``, no larger than ``limit``; FolderError where ``rel`` leaves
+    the folder, a part of it is a link, it is not a regular file, or is too large."""
     parts = PurePosixPath(rel).parts
     if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
         raise FolderError(f"{rel!r} is not a path inside {folder}")
@@ -239,17 +232,11 @@ def _touched(text: str) -> list[str]:
 
 
 def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> tuple[_run.RunResult, dict[str, str]]:
-    """``git apply`` (``--check`` by default) against pristine copies of the files the patch touches.
-
-    ``patch``: the patch's text, or a file of it (read as a result folder's file: no link, bounded size).
-    Returns the run's result and, when the patch was applied (``check=False``, exit 0), the new text of
-    each touched file. Not in the tree itself: a vendored tree may carry a ``.git`` file pointing at a
-    submodule that does not exist here, and a tree inside a git work tree makes git apply the paths
-    relative to that work tree's root and skip the others ("Skipped patch").
-
-    Raises:
-        FolderError: The patch names a path outside the tree (absolute, ``..``): nothing is copied or applied.
-    """
+    """``git apply`` (``--check`` by default) of ``patch`` (its text, or a result folder's file) against
+    pristine copies of the files it touches: the run's result and, when applied (``check=False``, exit 0), each
+    touched file's new text. Not in the tree itself: a vendored tree's ``.git`` file may point at a missing
+    submodule, and inside a git work tree git applies paths relative to its root ("Skipped patch"). FolderError,
+    with nothing copied, where the patch names a path outside the tree."""
     text = patch if isinstance(patch, str) else read_text_in(patch.parent, patch.name)
     bad = unsafe_patch_paths(text)
     if bad:

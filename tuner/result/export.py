@@ -1,16 +1,8 @@
-"""``tuner export``: turn a finished study into a reviewable, reproducible result folder.
-
-Writes ``config.toml`` (what was chosen and the evidence), ``tuned.patch`` (the chosen values baked in
-as constants: ``git apply``-able against the pinned llama.cpp, no env needed at run time; omitted when
-the export's kernels are upstream's, so there is nothing to patch), ``CMakeUserPresets.json`` (a user
-preset file beside llama.cpp's own ``CMakePresets.json``, inheriting its presets), ``run.env`` +
-command lines, ``report.md`` and ``depth.png``.
-
-Every export is written into a temporary folder beside the target and renamed into place
-(:func:`staged_export`), so a failure part-way (a full disk) leaves the previous export whole.
-
-The winner is chosen by the search stage (:mod:`tuner.search.winner`) and arrives here as a value, a
-:class:`~tuner.search.winner.FinishedStudy`; this module only writes what it holds.
+"""``tuner export``: a finished study as a reviewable, reproducible result folder: ``config.toml`` (the choice
+and its evidence), ``tuned.patch`` (the values baked in; omitted when the kernels are upstream's),
+``CMakeUserPresets.json`` (inheriting llama.cpp's ``CMakePresets.json``), ``run.env``, ``report.md`` and
+``depth.png``. Written into a staging folder and renamed into place (:func:`staged_export`), so a failure part-way
+leaves the previous export whole. The winner arrives chosen (:class:`tuner.search.winner.FinishedStudy`).
 """
 
 from __future__ import annotations
@@ -90,7 +82,7 @@ class ChosenWinner(Protocol):
     @property
     def global_config(self) -> str: ...
     @property
-    def values(self) -> Mapping[str, Any]: ...
+    def values(self) -> Mapping[str, object]: ...
     @property
     def rules(self) -> tuple[FaRule, ...]: ...
     @property
@@ -195,10 +187,9 @@ def _own(folder: Path) -> int | None:
 
 
 def clean_leftovers(out_dir: Path) -> list[Path]:
-    """Remove what killed exports to ``out_dir`` left beside it: staging folders (``.NAME.tmp-*``) and moved-aside
-    previous exports (``.NAME.old-*``) that no live process holds. A previous export moved aside by an export
-    killed before its new one was renamed into place is put back as ``out_dir`` (it is the last whole export).
-    Only these names are touched. Returns what was removed."""
+    """Remove (and return) what killed exports to ``out_dir`` left beside it and no live process holds: staging
+    folders (``.NAME.tmp-*``) and moved-aside previous exports (``.NAME.old-*``); one moved aside before its
+    replacement was renamed into place is put back as ``out_dir`` (the last whole export)."""
     parent = out_dir.parent
     try:
         entries = sorted(parent.iterdir(), key=lambda p: p.name)
@@ -230,19 +221,9 @@ def clean_leftovers(out_dir: Path) -> list[Path]:
 def staged_export(out_dir: Path, *, check: Callable[[Path], None] = check_out_dir) -> Iterator[Path]:
     """Yield a temporary folder beside ``out_dir`` to write the export into; on success it replaces
     ``out_dir`` (the previous export is moved aside, then removed), on any failure it is removed and
-    ``out_dir`` is left as it was. Every command that replaces a result folder whole goes through here.
-
-    The staging folders are flocked while in use, so an export killed (even by ``kill -9``) leaves folders no
-    process holds, and the next export to the same ``-o`` removes them (:func:`clean_leftovers`).
-
-    Args:
-        out_dir: The folder to write.
-        check: Raises UsageError unless ``out_dir`` may be replaced (default :func:`check_out_dir`).
-
-    Raises:
-        UsageError: ``check`` refuses ``out_dir`` (by default: a llama.cpp tree or a folder holding files an
-            export does not write).
-    """
+    ``out_dir`` is left as it was; ``check`` (UsageError) first. Every command that replaces a result folder
+    whole goes through here. The staging folders are flocked while in use, so the next export to the same
+    ``-o`` removes those a killed export left (:func:`clean_leftovers`)."""
     check(out_dir)
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -293,7 +274,9 @@ class Choice:
     args: list[str]
 
     @classmethod
-    def of(cls, space: SearchSpace, values: Mapping[str, Any], *, runtime: Mapping[str, Any] | None = None) -> Choice:
+    def of(
+        cls, space: SearchSpace, values: Mapping[str, object], *, runtime: Mapping[str, object] | None = None
+    ) -> Choice:
         """``runtime``: the values the environment and args are rendered from (default ``values``)."""
         env, args = runtime_env_and_args(space, values if runtime is None else runtime)
         return cls(
@@ -321,11 +304,8 @@ def hashes_table(rv: RenderedVariant) -> dict[str, str]:
 def export_render(
     source: Source, arch: str, variant: str, *, compile_values: Mapping[str, int], baked: Mapping[str, str]
 ) -> RenderedVariant:
-    """The exported (baked) render of a config; its ``patch`` is empty when it behaves as upstream.
-
-    The baked hook with no rule, upstream's thresholds and no compile value selects exactly upstream's
-    kernels, so shipping it would be a patch that changes nothing: the render of that default config is
-    compared with this one, and an equal patch is dropped (``tuned.patch`` is then not written)."""
+    """The exported (baked) render of a config; its ``patch`` is empty (no ``tuned.patch``) where it equals the
+    default config's, whose baked hook selects exactly upstream's kernels."""
     rv = render.render_variant(source, arch, variant, compile_values=compile_values, baked_runtime=baked)
     if rv.patch:
         default = render.render_variant(source, arch, variant, baked_runtime={})
@@ -342,15 +322,8 @@ def write_build_files(out_dir: Path, rv: RenderedVariant, *, preset_name: str) -
 
 
 def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
-    """Write the result folder of a finished study; returns ``out_dir``.
-
-    Args:
-        finished: A :class:`tuner.search.winner.FinishedStudy` (the study, its source and space, the
-            chosen winner and the measurements it was chosen from).
-        out_dir: The folder to write.
-        like: Model shape name for the roofline when the GGUF is not here (default: the study's).
-        weight_type: Weight type for that shape (default: the study's).
-    """
+    """Write the result folder of a finished study; returns ``out_dir``. ``like``/``weight_type``: the model
+    shape for the roofline when the GGUF is not here (default: the study's)."""
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
     study_name = study.study_name
     h = load_header(study)
@@ -452,7 +425,7 @@ def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[st
     return out
 
 
-def portable_paths(x: Any, study_name: str) -> Any:
+def portable_paths(x: object, study_name: str) -> object:
     """``x`` with every absolute local path made portable: relative to the study's run folder
     (``…/runs/<study>/``) where it is under it, else the file name. An export is read on other machines;
     this machine's folders mean nothing there (and name its user)."""
@@ -491,7 +464,7 @@ def _toolchain_of(study: optuna.Study) -> dict[str, str]:
     return dict(load_header(study).toolchain)
 
 
-def tomlable(x: Any) -> Any:
+def tomlable(x: object) -> Any:
     """TOML has no null: drop None values, stringify the rest that TOML cannot hold."""
     if isinstance(x, Mapping):
         return {str(k): tomlable(v) for k, v in x.items() if v is not None}
@@ -539,25 +512,20 @@ def _write_report(
     no_patch: bool = False,
 ) -> None:
     """report.md (seed-003 style tables) and depth.png, baseline vs tuned per bucket."""
-    import pandas as pd
+    import pandas as pd  # heavy: imported when a report is written
 
     study, w = finished.study, finished.winner
     results, base = finished.results, finished.base
     h = load_header(study)
     roof = _roofline_for(h, like, weight_type, measured) or {}
-    rows: dict[str, list[dict[str, Any]]] = {"baseline": [], "tuned": []}
+    rows: dict[str, list[dict[str, object]]] = {"baseline": [], "tuned": []}
     sel_rows = []
     for b in w.buckets:
         ph = b["phase"]
         for d in b["depths"]:
             for label, cfg in (("baseline", base), ("tuned", b["config"])):
                 m = results[cfg][(ph, d)]
-                r = _row(label, ph, d, m.samples, h)
-                bound = roof.get((ph, d))
-                if bound:
-                    r["roofline_tps"] = float(bound)
-                    r["roofline_pct"] = 100.0 * r["median_ts"] / float(bound)
-                rows[label].append(r)
+                rows[label].append(_row(label, ph, d, m.samples, h, roof.get((ph, d))))
             e = b["evidence"][str(d)]
             sel_rows.append(
                 [
@@ -641,12 +609,16 @@ def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
     )
 
 
-def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader) -> dict[str, Any]:
+def _row(
+    label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader, bound: float | None
+) -> dict[str, object]:
+    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), with its roofline % where
+    ``bound`` (the roofline t/s) is known."""
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
     n_tok = h.pp if phase == "pp" else h.tg
-    row: dict[str, Any] = {c: math.nan for c in COLUMNS}
+    row: dict[str, object] = {c: math.nan for c in COLUMNS}
     row.update(
         {
             "build_commit": h.commit or "",
@@ -660,7 +632,7 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
             "log_file": "",
         }
     )
-    return row | {
+    row |= {
         "label": label,
         "test": f"{phase}{n_tok}",
         "phase": phase,
@@ -673,3 +645,6 @@ def _row(label: str, phase: str, depth: int, samples: tuple[float, ...], h: Stud
         "max_ts": s[-1],
         "samples": list(samples),
     }
+    if bound:
+        row |= {"roofline_tps": float(bound), "roofline_pct": 100.0 * med / float(bound)}
+    return row

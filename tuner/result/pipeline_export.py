@@ -1,11 +1,8 @@
-"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else.
-
-Writes ``config.toml`` (the choice and its evidence), ``tuned.patch`` (the kept rules and tuned
-values baked in; omitted when the kernels are upstream's), ``CMakeUserPresets.json``, ``run.env`` and ``report.md`` (per point: upstream's kernel,
-the chosen kernel, Δ% with its paired 95% CI, the A/A noise and the verdict, beside CPU% of the
-process tree, its busiest core and GPU% on both sides; the screen; the tune trials; per-stage wall
-time), ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png`` (decode t/s against CPU%).
-Studies recorded before CPU% was measured show "—" in those columns and get no Pareto plot.
+"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else. Writes
+``config.toml``, ``tuned.patch`` (omitted when the kernels are upstream's), ``CMakeUserPresets.json``,
+``run.env``, ``report.md`` (per point: kernels, Δ% with its paired 95% CI, A/A noise, verdict, CPU%/core/GPU%
+of both sides; the screen; the tune trials; stage times), ``speedup.png`` and, where CPU% was measured,
+``pareto_decode.png``. Studies from before CPU% was measured show "—" there and get no Pareto plot.
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ from tuner.result.export import (
     write_run_env,
 )
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
-from tuner.result.plots import plot_pareto
+from tuner.result.plots import ParetoPoint, plot_pareto
 from tuner.result.report import plot_speedup
 from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
 from tuner.sanity import require_finite
@@ -109,7 +106,7 @@ def summary_line(outcome: SearchOutcome) -> str:
     )
 
 
-def _test(r: Mapping[str, Any], pp: int = 512, tg: int = 128) -> str:
+def _test(r: Mapping[str, object], pp: int = 512, tg: int = 128) -> str:
     return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
 
@@ -123,7 +120,7 @@ class _Export:
     storage: str
     source: Source
     rv: RenderedVariant
-    gate: Mapping[str, Any]
+    gate: Mapping[str, object]
     choice: Choice
     like: str | None = None
     weight_type: str | None = None
@@ -230,7 +227,7 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
     (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
-def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, Any]:
+def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
     """The result's output-equivalence gate record; UsageError for a final config that failed or never ran it."""
     gate = outcome.gate
     changed = bool(outcome.rules) or bool(outcome.tuned)
@@ -286,10 +283,10 @@ def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
+def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
     """config.toml's ``[gate]``: the verdict, the worst numbers over its checks, thresholds, and each check."""
     checks = [_gate_check_row(c) for c in gate.get("checks", [])]
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "verdict": gate["verdict"],
         "tool": "llama-perplexity",
         "modes": sorted({c["mode"] for c in checks}),
@@ -330,13 +327,13 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
+def residency_table(rec: Mapping[str, Any]) -> dict[str, object]:
     """config.toml's ``[residency]``: the residency gate's verdict and each probe's numbers (None-free for TOML)."""
 
-    def probe(p: Mapping[str, Any] | None) -> dict[str, Any]:
+    def probe(p: Mapping[str, object] | None) -> dict[str, object]:
         return {k: v for k, v in (p or {}).items() if v is not None and k != "log"}
 
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "verdict": rec["verdict"],
         "full_offload": rec["full_offload"],
         "why": rec.get("why", ""),
@@ -353,7 +350,7 @@ def residency_table(rec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, Any]:
+def _sampled(tuned: Mapping[str, Any] | None) -> dict[str, object]:
     """A rejected trial's knobs as the tune sampled them (its ``values`` also repeat every pinned knob)."""
     t = tuned or {}
     return dict(t.get("params") or t.get("values") or {})
@@ -490,33 +487,26 @@ def pr_body(
     )
 
 
-def pareto_points(outcome: SearchOutcome) -> list[dict[str, Any]]:
+def pareto_points(outcome: SearchOutcome) -> list[ParetoPoint]:
     """Decode (config, depth) points with t/s and CPU% for :func:`tuner.result.plots.plot_pareto`: every
     screened candidate (median over its rounds) and both sides of every confirmed point. Empty when
     the study measured no CPU% (recorded before it did)."""
-    out = []
-    for d, c in outcome.screens.get("tg", {}).items():
-        for name, lv in c.get("levels", {}).items():
-            out.append({"config": name, "depth": int(d), "ts": lv.get("ts"), "cpu": lv.get("cpu"), "stage": "screen"})
-    for r in outcome.rows:
-        if r["phase"] == "tg":
-            out += [
-                {
-                    "config": "upstream",
-                    "depth": r["depth"],
-                    "ts": r.get("base_ts"),
-                    "cpu": r.get("base_cpu"),
-                    "stage": "confirm",
-                },
-                {
-                    "config": "final",
-                    "depth": r["depth"],
-                    "ts": r.get("tuned_ts"),
-                    "cpu": r.get("tuned_cpu"),
-                    "stage": "confirm",
-                },
-            ]
-    return [p for p in out if finite(p["ts"]) and finite(p["cpu"])]
+    sides = [
+        (name, int(d), lv.get("ts"), lv.get("cpu"), "screen")
+        for d, c in outcome.screens.get("tg", {}).items()
+        for name, lv in c.get("levels", {}).items()
+    ]
+    sides += [
+        (name, r["depth"], r.get(f"{side}_ts"), r.get(f"{side}_cpu"), "confirm")
+        for r in outcome.rows
+        if r["phase"] == "tg"
+        for name, side in (("upstream", "base"), ("final", "tuned"))
+    ]
+    return [
+        ParetoPoint(config=n, depth=d, ts=ts, cpu=cpu, stage=st)
+        for n, d, ts, cpu, st in sides
+        if finite(ts) and finite(cpu)
+    ]
 
 
 def _beyond(lo: object, hi: object, noise: object) -> bool:

@@ -171,7 +171,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
         "verdict",
     ]
 
-    def rows(checks: Sequence[Mapping[str, Any]]) -> list[list[object]]:
+    def rows(checks: Sequence[Mapping[str, object]]) -> list[list[object]]:
         return [
             [
                 c["name"],
@@ -234,7 +234,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
     keys = (
@@ -260,7 +260,7 @@ def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
     if not points:
         return ""
 
-    def num(p: Mapping[str, Any], k: str, f: str) -> str:
+    def num(p: Mapping[str, object], k: str, f: str) -> str:
         return format(p[k], f) if k in p else "—"
 
     rows = [
@@ -333,7 +333,7 @@ def residency_section(rec: Mapping[str, Any]) -> str:
     )
 
 
-def confirmed_points(rows: Sequence[Mapping[str, Any]], pp: int, tg: int) -> list[dict[str, Any]]:
+def confirmed_points(rows: Sequence[Mapping[str, object]], pp: int, tg: int) -> list[dict[str, object]]:
     """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
@@ -349,7 +349,7 @@ def _pair(a: object, b: object, fmt: str = ".0f") -> str:
     return f"{format(a, fmt) if finite(a) else '—'} → {format(b, fmt) if finite(b) else '—'}"
 
 
-def _cpu_cell(r: Mapping[str, Any]) -> str:
+def _cpu_cell(r: Mapping[str, object]) -> str:
     """Confirm row's CPU%: upstream → final, the paired Δ with its 95% CI and the A/A CPU noise (points)."""
     pair = _pair(r.get("base_cpu"), r.get("tuned_cpu"))
     if not finite(r.get("cpu_delta")):
@@ -378,8 +378,8 @@ def report_text(
     *,
     study: optuna.Study | None = None,
     storage: str | None = None,
-    gate: Mapping[str, Any] | None = None,
-    residency: Mapping[str, Any] | None = None,
+    gate: Mapping[str, object] | None = None,
+    residency: Mapping[str, object] | None = None,
 ) -> str:
     """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
     ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'

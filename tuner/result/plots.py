@@ -6,6 +6,8 @@ matplotlib's Agg backend; nothing is shown."""
 from __future__ import annotations
 
 __all__ = [
+    "ParetoPoint",
+    "Span",
     "as_float",
     "depth_axis",
     "pareto_front",
@@ -38,7 +40,7 @@ _PHASES = (("pp", "Prefill (pp)"), ("tg", "Decode (tg)"))
 
 def pyplot() -> ModuleType:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
+    import matplotlib  # heavy: imported when a plot is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -62,28 +64,20 @@ def save_png(plt: ModuleType, fig: Figure, png_path: str | Path) -> Path:
 def as_float(x: Any) -> float:
     """``float(x)``, NaN where that fails (also used by the report's tables)."""
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
         return math.nan
-    return v
 
 
-def _phase_of(p: Mapping[str, Any]) -> str:
+def _phase_of(p: Mapping[str, object]) -> str:
     """A point's phase (``pp``/``tg``), from ``phase`` or the test name."""
-    ph = str(p.get("phase") or str(p.get("test", ""))[:2])
-    return ph
+    return str(p.get("phase") or str(p.get("test", ""))[:2])
 
 
 def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
-    """Plot tokens/s against depth, one line per variant, pp and tg panels side by side.
-
-    Error bars are the bootstrap CI of the median. Uses matplotlib's Agg backend (no display).
-
-    Returns:
-        ``png_path``.
-    """
+    """Plot tokens/s against depth, one line per variant (error bars: the bootstrap CI of the median), pp and
+    tg panels side by side; returns ``png_path``."""
     plt = pyplot()
-
     if not frames:
         raise UsageError("No bench results to plot.")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -123,16 +117,25 @@ def _depth_label(d: int) -> str:
     return f"{d // 1024}k" if d % 1024 == 0 else str(d)
 
 
-def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()) -> dict[str, list[dict[str, Any]]]:
-    """Per phase, the depth intervals to shade in :func:`plot_speedup`: ``x0``/``x1`` (depth in tokens; ``x1``
-    None = to the right edge), ``kernel`` and the ``upstream`` kernel(s) of the points inside.
+class _SpanRule(TypedDict, total=False):
+    rule: str
+    """The exported rule the span is (absent for a run of measured points)."""
 
-    With ``rules`` (the exported FlashAttention rules), one span per rule from its threshold ``lo`` to its
-    ``hi``: where the exported config switches kernel, not where a screened depth happened to be. Without
-    them (a comparison of two builds), each run of consecutive points whose ``kernel`` differs from
-    ``upstream_kernel``, bounded halfway to the neighbouring depths.
-    """
-    out: dict[str, list[dict[str, Any]]] = {}
+
+class Span(_SpanRule):
+    """A depth interval :func:`plot_speedup` shades: ``x1`` None runs to the right edge."""
+
+    x0: float
+    x1: float | None
+    kernel: str
+    upstream: str
+
+
+def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] = ()) -> dict[str, list[Span]]:
+    """Per phase, the spans to shade, with the ``upstream`` kernel(s) inside. With ``rules``: one per rule, ``lo``
+    to ``hi`` (where the export switches kernel); without (two builds compared): each run of points whose
+    ``kernel`` differs from ``upstream_kernel``, bounded halfway to the neighbouring depths."""
+    out: dict[str, list[Span]] = {}
     if rules:
         for r in rules:
             ph = r.phase.bench
@@ -173,9 +176,7 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     return out
 
 
-def _draw_spans(
-    ax: Axes, ax2: Axes, spans: Sequence[Mapping[str, Any]], right: float, kcolor: Mapping[str, str]
-) -> bool:
+def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor: Mapping[str, str]) -> bool:
     """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
     for sp in spans:
         x0, x1 = float(sp["x0"]), right if sp["x1"] is None else min(float(sp["x1"]), right)
@@ -235,7 +236,7 @@ def _speedup_ylim(
 
 def _speedup_panel(
     ax: Axes,
-    sub: Sequence[Mapping[str, Any]],
+    sub: Sequence[Mapping[str, object]],
     x: Sequence[int],
     *,
     phase: str,
@@ -267,27 +268,13 @@ def _speedup_panel(
             lw=0,
             zorder=2,
         )
-    for xx, a, b in zip(x, lo, hi):
-        if math.isfinite(b) and b > y1:
-            ax.annotate(
-                f"CI to {b:+.0f}% ↑",
-                (xx, y1),
-                textcoords="offset points",
-                xytext=(4, -11),
-                fontsize=7.5,
-                color=color,
-                ha="left",
-            )
-        if math.isfinite(a) and a < y0:
-            ax.annotate(
-                f"CI to {a:+.0f}% ↓",
-                (xx, y0),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=7.5,
-                color=color,
-                ha="left",
-            )
+    for xx, a, b in zip(x, lo, hi):  # a CI end beyond the y range is written at the edge
+        for end, y, up in ((b, y1, True), (a, y0, False)):
+            if math.isfinite(end) and (end > y if up else end < y):
+                text, dy = (f"CI to {end:+.0f}% ↑", -11) if up else (f"CI to {end:+.0f}% ↓", 4)
+                ax.annotate(
+                    text, (xx, y), textcoords="offset points", xytext=(4, dy), fontsize=7.5, color=color, ha="left"
+                )
     ax.plot(x, sp, color=color, lw=1.8, zorder=3)
     sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
     ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color, s=42, zorder=4)
@@ -326,7 +313,7 @@ def _speedup_panel(
 
 def _ts_panel(
     ax2: Axes,
-    sub: Sequence[Mapping[str, Any]],
+    sub: Sequence[Mapping[str, object]],
     x: Sequence[int],
     axis: DepthAxis,
     *,
@@ -352,7 +339,7 @@ def _ts_panel(
 
 def _speedup_legend(
     fig: Figure,
-    pts: Sequence[Mapping[str, Any]],
+    pts: Sequence[Mapping[str, object]],
     kernels: Sequence[str],
     kcolor: Mapping[str, str],
     *,
@@ -360,7 +347,7 @@ def _speedup_legend(
     ncol: int,
 ) -> None:
     """The figure legend (noise band only when measured, one patch per chosen kernel), title and layout."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # matplotlib is heavy: imported when a plot is drawn (pyplot())
     from matplotlib.patches import Patch
 
     handles = [
@@ -395,21 +382,11 @@ def plot_speedup(
     name_b: str = "tuned",
     rules: Sequence[FaRule] = (),
 ) -> Path:
-    """Plot the speedup (%) vs context depth per phase, with the absolute t/s below.
-
-    One column per phase (pp, tg). Top row: ``(speedup - 1)`` in percent with the 95% CI as a
-    shaded band, a zero line, the A/A noise (``aa_noise_pct``) as a grey band around 0, and a
-    labelled background span per kernel switch (:func:`speedup_spans`: from each of ``rules``'
-    thresholds, or around the points whose ``kernel`` differs from ``upstream_kernel``); filled
-    markers are points whose verdict is faster/slower. Bottom row: absolute t/s of both sides.
-    The depth axis is numeric (:func:`depth_axis`, symlog: 0 fits, 1k..64k do not crowd), so a
-    span starts at its threshold. Uses matplotlib's Agg backend.
-
-    Returns:
-        ``png_path``.
-    """
+    """Plot the speedup (%) vs context depth per phase (one column each), with the absolute t/s of both sides
+    below; returns ``png_path``. Top row: the speedup with its 95% CI band, the A/A noise (``aa_noise_pct``) as a
+    grey band around 0, a labelled span per kernel switch (:func:`speedup_spans`), filled markers where the
+    verdict is faster/slower. The depth axis is symlog (:func:`depth_axis`), so a span starts at its threshold."""
     plt = pyplot()
-
     pts = [p for p in points if math.isfinite(as_float(p.get("depth")))]
     if not pts:
         raise UsageError("No points to plot.")
@@ -437,29 +414,32 @@ def plot_speedup(
     return save_png(plt, fig, png_path)
 
 
-def pareto_front(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+class ParetoPoint(TypedDict):
+    """One marker of :func:`plot_pareto`: a config's decode t/s and CPU% (percent of one core) at a depth."""
+
+    config: str
+    depth: int
+    ts: float
+    cpu: float
+    stage: str
+    """``screen`` (hollow marker) or ``confirm`` (filled)."""
+
+
+def pareto_front(points: Sequence[ParetoPoint]) -> list[ParetoPoint]:
     """The points no other point beats on both axes (more t/s for no more CPU%, or less CPU% for no
     less t/s), by ascending CPU%."""
-    front: list[Mapping[str, Any]] = []
+    front: list[ParetoPoint] = []
     for p in sorted(points, key=lambda p: (float(p["cpu"]), -float(p["ts"]))):
         if not front or float(p["ts"]) > float(front[-1]["ts"]):
             front.append(p)
     return front
 
 
-def plot_pareto(points: Sequence[Mapping[str, Any]], png_path: Path, *, title: str = "") -> Path:
-    """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth).
-
-    ``points``: dicts with ``config``, ``depth``, ``ts`` and ``cpu`` (percent of one core), optionally
-    ``stage`` (``screen``/``confirm``, shown as hollow/filled markers). One colour per depth, since
-    depth moves t/s far more than any config; the Pareto front of each depth is drawn through its
-    non-dominated points. Every point is labelled with its config (grey where dominated). Uses matplotlib's Agg backend.
-
-    Returns:
-        ``png_path``.
-    """
+def plot_pareto(points: Sequence[ParetoPoint], png_path: Path, *, title: str = "") -> Path:
+    """Decode t/s against CPU% (the goal: more t/s for less CPU; docs/design.md), one marker per (config, depth),
+    labelled with its config (grey where dominated); returns ``png_path``. One colour and Pareto front per
+    depth, since depth moves t/s far more than any config."""
     plt = pyplot()
-
     pts = [p for p in points if math.isfinite(as_float(p.get("ts"))) and math.isfinite(as_float(p.get("cpu")))]
     if not pts:
         raise UsageError("No decode points with both t/s and CPU% to plot.")

@@ -1,13 +1,7 @@
-"""Markdown reports and depth plots from bench frames.
-
-Every comparison is one table of :mod:`tuner.result.tables` (the shape of llama.cpp's
-``scripts/compare-llama-bench.py`` plus the CI, the noise reference and the verdict) judged by one rule
-(:func:`tuner.measure.stats.judge`): no faster/slower without a noise reference, an A/A pair given with
-the data (``--aa``) or else the recorded run-to-run floor of the backend and phase
-(docs/noise-floors.md). :func:`compare_points` makes the table's points from two bench frames;
-:func:`render_report` is ``tuner report``'s Markdown (one table per variant against the baseline);
-:func:`plot_speedup` (:mod:`tuner.result.plots`) draws the speedup per depth. :func:`dashboard_command`
-and :func:`importances_section` connect a study to Optuna's own tools.
+"""Markdown reports and depth plots from bench frames. Every comparison is one table of
+:mod:`tuner.result.tables` (compare-llama-bench.py's shape plus CI, noise reference and verdict) judged by one
+rule (:func:`tuner.measure.stats.judge`): no faster/slower without a noise reference, an A/A pair (``--aa``) or
+else the recorded run-to-run floor of the backend and phase (docs/noise-floors.md).
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ from tuner.result.tables import (
     COMPARE_FIELDS,
     ESTIMATORS,
     MARKS,
+    CompareRecord,
     bench_test_name,
     compare_records,
     compare_table,
@@ -112,44 +107,30 @@ def compare_points(
     confidence: float = 0.95,
     min_effect_pct: float = 0.0,
     seed: int = 0,
-) -> list[dict[str, Any]]:
-    """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames, judged by the rule.
-
-    ``base_ts``/``tuned_ts`` are compare-llama-bench.py's t/s (llama-bench's mean, :func:`_anchor_ts`);
-    ``base_median_ts``/``tuned_median_ts`` and ``speedup`` (their ratio) are the medians the CI is of.
-    Per model, test and depth: :func:`tuner.measure.stats.compare` of the two sides' repetitions, then
-    :func:`tuner.measure.stats.judge` against the noise reference: with ``aa`` (two runs of one build
-    on this machine) the A/A comparison's reach at that point, else the recorded run-to-run floor of
-    the backend and phase (:func:`tuner.measure.stats.run_floor`).
-    """
+) -> list[dict[str, object]]:
+    """Points for :func:`compare_table` / :func:`plot_speedup` from two bench frames: per model, test and depth,
+    :func:`tuner.measure.stats.compare` of the repetitions, judged against ``aa``'s reach at that point (two runs
+    of one build here) or else :func:`tuner.measure.stats.run_floor`. ``base_ts``/``tuned_ts`` are
+    compare-llama-bench.py's t/s (:func:`_anchor_ts`); ``speedup`` is of the medians the CI is of."""
     ga, gb = _groups(df_a), _groups(df_b)
     gb = _one_model(ga, gb)
-    gaa: tuple[dict[Point, Row], dict[Point, Row]] | None = None
-    if aa is not None:
-        g1 = _one_model(ga, _groups(aa[0]))
-        gaa = (g1, _one_model(ga, _groups(aa[1])))
+    gaa = None if aa is None else (_one_model(ga, _groups(aa[0])), _one_model(ga, _groups(aa[1])))
     backend = _backend(df_a, df_b)
     pts = []
     for key in sorted(set(ga) | set(gb), key=lambda k: (k[0], k[1][:2], k[1], k[2])):
         model, test, depth = key
         ra, rb = ga.get(key), gb.get(key)
         phase = str((ra if ra is not None else gb[key])["phase"])  # the key came from one of the two
-        base, new = (
-            (as_float(ra["median_ts"]) if ra is not None else math.nan),
-            (as_float(rb["median_ts"]) if rb is not None else math.nan),
-        )
+        base = as_float(ra["median_ts"]) if ra is not None else math.nan
+        new = as_float(rb["median_ts"]) if rb is not None else math.nan
         noise = run_floor(backend, phase)
         if gaa is not None and key in gaa[0] and key in gaa[1]:
             va = compare(_samples(gaa[0][key]), _samples(gaa[1][key]), confidence=confidence, seed=seed)
             noise = NoiseRef(pct=aa_noise(va), kind="A/A", source="the A/A pair given with --aa")
         if ra is None or rb is None:
+            nan = math.nan
             v = Verdict(
-                delta_pct=math.nan,
-                ci_low=math.nan,
-                ci_high=math.nan,
-                p_value=math.nan,
-                verdict="no difference",
-                confidence=confidence,
+                delta_pct=nan, ci_low=nan, ci_high=nan, p_value=nan, verdict="no difference", confidence=confidence
             )
             verdict = "missing"
         else:
@@ -181,7 +162,7 @@ def compare_points(
     return pts
 
 
-def noise_line(points: Sequence[Mapping[str, Any]]) -> str:
+def noise_line(points: Sequence[Mapping[str, object]]) -> str:
     """One sentence on the noise references ``points`` were judged against (for stderr and the method)."""
     srcs = sorted({str(p.get("noise_source")) for p in points if p.get("noise_source")})
     kinds = {p.get("noise_kind") for p in points}
@@ -276,7 +257,7 @@ def _pairs(
     aa: tuple[pd.DataFrame, pd.DataFrame] | None,
     confidence: float,
     seed: int,
-) -> list[tuple[str, list[dict[str, Any]]]]:
+) -> list[tuple[str, list[dict[str, object]]]]:
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
     if baseline not in frames:
@@ -299,11 +280,8 @@ def render_report(
     seed: int = 0,
     title: str = "llama-bench results",
 ) -> str:
-    """Markdown: one :func:`compare_table` per variant against ``baseline``, the method, the roofline.
-
-    Raises:
-        UsageError: Unknown baseline or no frames.
-    """
+    """Markdown: one :func:`compare_table` per variant against ``baseline``, the method, the roofline;
+    UsageError for an unknown baseline or no frames."""
     pairs = _pairs(frames, baseline, aa=aa, confidence=confidence, seed=seed)
     labels = [baseline] + [k for k, _ in pairs]
     out = [f"# {title}", ""] + _intro(frames, labels, baseline)
@@ -331,7 +309,7 @@ def report_records(
     aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     confidence: float = 0.95,
     seed: int = 0,
-) -> list[dict[str, Any]]:
+) -> list[CompareRecord]:
     """``tuner report --json``: the records of every table of :func:`render_report`."""
     return [
         rec
@@ -340,18 +318,12 @@ def report_records(
     ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Optuna's ecosystem
-# ---------------------------------------------------------------------------------------------
+# -- Optuna's ecosystem --------------------------------------------------------------------------
 
 
 def dashboard_command(storage_url: str) -> str:
-    """The shell command that opens a study's storage in optuna-dashboard.
-
-    ``optuna-dashboard <storage>``, shell-quoted. A relative SQLite path is made absolute so the
-    command works from any directory. A password in the URL is left out of the printed command
-    (it would land in logs); PostgreSQL then takes it from ``PGPASSWORD`` or ``~/.pgpass``.
-    """
+    """``optuna-dashboard <storage>``, shell-quoted: a relative SQLite path made absolute (it works from any
+    folder), a password left out (it would land in logs; PostgreSQL takes it from ``PGPASSWORD`` or ``~/.pgpass``)."""
     url = str(storage_url)
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
@@ -376,15 +348,9 @@ def importances_section(
     objective: int | None = None,
     target_name: str = "",
 ) -> str:
-    """Optuna's parameter importances as a Markdown table, or one line saying why not.
-
-    Uses ``optuna.importance.get_param_importances`` with Optuna's default evaluator (PED-ANOVA;
-    fANOVA would need scikit-learn), importances normalized to sum to 1, most important first.
-
-    Needs at least ``min_trials`` COMPLETE trials and a parameter (of ``params``, default all)
-    that took at least 2 distinct values among them. A multi-objective study needs ``objective`` (the
-    index of one of its values) and names it ``target_name``.
-    """
+    """Optuna's parameter importances (``get_param_importances``, normalized) as a Markdown table, or one line
+    saying why not: it needs ``min_trials`` COMPLETE trials and a parameter (of ``params``, default all) that
+    took 2 or more values; a multi-objective study needs ``objective`` (a value's index), named ``target_name``."""
     import optuna  # heavy: only a study's report needs it, not `tuner report` over bench files
     from optuna.trial import TrialState
 

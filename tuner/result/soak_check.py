@@ -63,7 +63,7 @@ def soak_results(
             "(`tuner model synth --like tiny -o tiny.gguf` makes the CPU result's tiny model)."
         )
     local = None
-    todo: list[tuple[Path, dict[str, Any], Path]] = []
+    todo: list[tuple[Path, dict[str, object], Path]] = []
     for folder in find_results(paths):
         cfg = load_config(folder)
         arch = cfg["target"]["arch"]

@@ -1,17 +1,8 @@
-"""The one comparison table: ``tuner compare``, ``tuner report``, a result's report.md and PR.md.
-
-Shape of llama.cpp's ``scripts/compare-llama-bench.py`` (``Model | Test | t/s A | t/s B | Speedup``,
-tests named ``pp512``, ``tg128@d32768``), then tuner's columns: the 95% CI, the noise reference the
-verdict was judged against and the verdict, and where kernels were chosen a ``Kernel`` column.
-
-* **Speedup is t/s B / t/s A of the two numbers in the row**, never another estimate, so a reader
-  can check it. Where the CI comes from a different estimator (the search's paired rounds: geometric
-  mean of per-round ratios), :func:`method_paragraph` says so once under the table.
-* **No faster/slower without a noise reference** (:func:`tuner.measure.stats.judge`,
-  :func:`tuner.measure.paired.verdict`): every row names it in the ``Noise`` column, ``A/A`` (an A/A
-  pair measured with these data), ``floor`` (the recorded run-to-run floor of the backend and phase,
-  docs/noise-floors.md) or ``none`` (nothing can be claimed).
-* The method paragraph is generated here, from the same parameters the numbers were computed with.
+"""The one comparison table (``tuner compare``, ``tuner report``, report.md, PR.md): llama.cpp's
+``scripts/compare-llama-bench.py`` shape (``Model | Test | t/s A | t/s B | Speedup``, tests ``pp512``,
+``tg128@d32768``) plus the 95% CI, the noise reference, the verdict and, where kernels were chosen, ``Kernel``.
+Speedup is always t/s B / t/s A of the row's two numbers (:func:`method_paragraph` says where the CI is of another
+estimate); no faster/slower without a noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
 """
 
 from __future__ import annotations
@@ -20,6 +11,7 @@ __all__ = [
     "COMPARE_FIELDS",
     "ESTIMATORS",
     "MARKS",
+    "CompareRecord",
     "bench_test_name",
     "compare_records",
     "compare_table",
@@ -34,7 +26,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from tuner.errors import UsageError
 from tuner.measure.decide import method_text as rule_text
@@ -65,27 +57,30 @@ _VERDICT_WORDS = {
     "too noisy": "too noisy (A/A noise above the ceiling)",
 }
 
-COMPARE_FIELDS: tuple[str, ...] = (
-    "model",
-    "test",
-    "phase",
-    "depth",
-    "name_a",
-    "name_b",
-    "ts_a",
-    "ts_b",
-    "speedup",
-    "median_a",
-    "median_b",
-    "median_ratio",
-    "ci_low",
-    "ci_high",
-    "noise_pct",
-    "noise",
-    "verdict",
-    "upstream_kernel",
-    "kernel",
-)
+
+class CompareRecord(TypedDict):
+    model: str
+    test: str
+    phase: str
+    depth: int
+    name_a: str
+    name_b: str
+    ts_a: float | None
+    ts_b: float | None
+    speedup: float | None
+    median_a: float | None
+    median_b: float | None
+    median_ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    noise_pct: float | None
+    noise: object
+    verdict: str
+    upstream_kernel: object
+    kernel: object
+
+
+COMPARE_FIELDS: tuple[str, ...] = tuple(CompareRecord.__annotations__)
 """Fields of one row in the JSON and CSV forms of :func:`compare_table` (same fields in both).
 ``speedup`` = ``ts_b / ts_a``; ``median_a``/``median_b`` the medians of the repetitions where the
 points carry them (``tuner compare``/``report``: then ``ts_a``/``ts_b`` are compare-llama-bench.py's mean
@@ -115,12 +110,12 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _phase(p: Mapping[str, Any]) -> str:
+def _phase(p: Mapping[str, object]) -> str:
     ph = str(p.get("phase") or str(p.get("test", ""))[:2])
     return Phase(ph).bench if ph in {p.value for p in Phase} else ph
 
 
-def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
     # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
     def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
         test = str(p.get("test", ""))
@@ -137,17 +132,14 @@ def _sorted(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def compare_records(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> list[dict[str, Any]]:
-    """The rows of :func:`compare_table` as plain records (fields :data:`COMPARE_FIELDS`).
-
-    ``points``: dicts with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here),
-    ``base_ts``/``tuned_ts`` (the t/s shown), optionally ``base_median_ts``/``tuned_median_ts`` (the
-    medians the CI is of, where the t/s shown are another estimator), ``ci_low``/``ci_high`` (ratios B/A), ``aa_noise_pct``
-    (percent), ``noise_kind`` (``A/A`` when missing and a noise is given), ``verdict``, and optionally
-    ``model``, ``upstream_kernel``, ``kernel``. None where a number is missing.
-    """
-    out = []
+    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+) -> list[CompareRecord]:
+    """The rows of :func:`compare_table` as plain records (None where a number is missing). ``points``: dicts
+    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts`` (the t/s
+    shown), optionally ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high``
+    (ratios B/A), ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given),
+    ``verdict``, optionally ``model``, ``upstream_kernel``, ``kernel``."""
+    out: list[CompareRecord] = []
     for p in _sorted(points):
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
         ma, mb = _num(p.get("base_median_ts")), _num(p.get("tuned_median_ts"))
@@ -198,16 +190,11 @@ def _f2(x: float | None) -> str:
 
 
 def compare_table(
-    points: Sequence[Mapping[str, Any]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> str:
-    """A Markdown table in the shape of ``scripts/compare-llama-bench.py`` plus tuner's columns.
-
-    ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel`` too where a
-    point's kernel differs from upstream's). Speedup is ``t/s B / t/s A`` at two decimals, as the
-    script prints it; the CI is of the ratio B/A; Noise is ``±x% A/A``, ``±x% floor`` or ``none``.
-    Where the points carry medians (``tuner compare``/``report``: the t/s are then the script's mean),
-    a ``Median ratio`` column before the CI holds the estimate the CI is of (:data:`ESTIMATORS`).
-    """
+    """The Markdown table: ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel``
+    too where a kernel differs from upstream's; a ``Median ratio`` before the CI, the estimate it is of, where
+    the points carry medians: :data:`ESTIMATORS`). Speedup at two decimals, as the script prints it."""
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
     show_median = any(r["median_a"] is not None or r["median_b"] is not None for r in recs)
@@ -245,7 +232,7 @@ def compare_table(
 
 
 def format_compare(
-    points: Sequence[Mapping[str, Any]],
+    points: Sequence[Mapping[str, object]],
     fmt: str = "md",
     *,
     name_a: str = "upstream",
@@ -277,14 +264,10 @@ def method_paragraph(
     ceiling_pct: float | None = None,
     rule: str | None = None,
 ) -> str:
-    """How the table's numbers were computed, written by the code that computed them.
-
-    ``kind``: ``separate runs`` (:func:`tuner.measure.stats.compare` on two files' repetitions) or
-    ``paired rounds`` (the search: :func:`tuner.measure.paired.block_effects` over interleaved rounds).
-    ``noise``: what the Noise column holds (one sentence). ``rule``: ``sequential`` where the search's
-    decision rule (:mod:`tuner.measure.decide`) gave the verdicts; else the earlier one (the whole CI beyond
-    the noise reference), which stored results and separate runs use.
-    """
+    """How the table's numbers were computed, written by the code that computed them. ``kind``: ``separate
+    runs`` (:func:`tuner.measure.stats.compare`) or ``paired rounds`` (:func:`tuner.measure.paired.block_effects`);
+    ``noise``: what the Noise column holds; ``rule``: ``sequential`` where :mod:`tuner.measure.decide` gave the
+    verdicts, else the whole CI beyond the noise reference (stored results, separate runs)."""
     if kind == "separate runs":
         text = method_text(confidence)
     elif kind == "paired rounds":

@@ -1,21 +1,12 @@
-"""``tuner validate --gpu``: ``upstream.patch`` built and run on a GPU of the result's arch.
+"""``tuner validate --gpu``: on a GPU of the result's arch, ``upstream.patch`` (1) builds on the pristine tree
+with the result's defines, (2) passes ``test-backend-ops -o FLASH_ATTN_EXT``, and (3) launches, at the depths
+that decide each rule, the decode kernel the tuned build selects there.
 
-For a stored result whose folder holds ``upstream.patch`` (the pull-request form of its rules), on a
-machine with a GPU of the result's arch:
-
-1. the pristine tree with the patch applied builds (the result's own CMake defines, no tuner hook);
-2. ``test-backend-ops -o FLASH_ATTN_EXT`` passes on that build, with upstream's selection as patched;
-3. at the depths that decide each rule (the lowest recorded depth inside it and the highest below it),
-   the decode kernel the patched build launches is the one the tuned build selects there.
-
-How the kernels are read. The tuned build logs its choice itself (``GGML_TUNER_FA_LOG=1``, one line
-per shape and kernel, :func:`tuner.measure.falog.parse_fa_log`); the patched upstream build has no hook
-to log with, and a pull request must not add one. Its kernels are read by Nsight Compute from the
-launches themselves (``ncu`` filtered to the three FlashAttention kernel functions, one cheap metric,
-clocks left alone): the last ``n_gen x n_layers`` launches of a ``llama-bench -p 0 -n n_gen -d D``
-run are its decode steps, after the depth fill (prefill batches, ``-ub 2048`` so there are few).
-Without a tuned build the tuned side is the kernel recorded in ``config.toml``'s points, which came
-from the same log during the search's confirm rounds.
+The tuned build logs its choice (``GGML_TUNER_FA_LOG=1``, :func:`tuner.measure.falog.parse_fa_log`); the
+patched build has no hook (a pull request must not add one), so Nsight Compute reads its launches (``ncu`` on
+the FlashAttention kernel functions, one cheap metric): the last ``n_gen x n_layers`` launches of
+``llama-bench -p 0 -n n_gen -d D`` are the decode steps. Without a tuned build the tuned side is the kernel
+recorded in ``config.toml``'s points (the same log, from the confirm rounds).
 """
 
 from __future__ import annotations

@@ -1,50 +1,24 @@
-"""An upstream-ready export: the confirmed FA selection rules as a small change to llama.cpp itself.
+"""An upstream-ready export: the confirmed FA rules as plain conditions in upstream's own
+``ggml_cuda_get_best_fattn_kernel`` (``ggml/src/ggml-cuda/fattn.cu``), as ``upstream.patch`` (a minimal diff
+against the pristine tree, unlike ``tuned.patch``'s whole hook) and ``PR.md`` (a compare-llama-bench-shaped
+table). Pure: text in, text out. Choices (docs/selector.md walks through the function):
 
-``tuned.patch`` carries the whole tuner hook (rule tables, env parsing, baked constants); it reproduces
-the tuned build but is not what a llama.cpp maintainer would merge. This module writes the other
-form: ``upstream.patch``, a minimal unified diff against the *pristine* tree that
-adds the rules as plain conditions to upstream's own ``ggml_cuda_get_best_fattn_kernel`` in
-``ggml/src/ggml-cuda/fattn.cu``, and ``PR.md``, a pull-request body with a compare-llama-bench-shaped
-table. It is pure: text in, text out; the caller (export) reads the tree and writes the files.
+* **GPUs:** ``cc ==`` the measured compute capability (ggml's ``100*major + 10*minor``; sm_90 is exactly
+  ``GGML_CUDA_CC_HOPPER``). A range up to the next ``common.cuh`` constant would cover Blackwell's cc 1000
+  and 1100, never measured, and kernel choice differs between minor versions; without a constant the literal
+  is used, as upstream does (``!= 610``). AMD: ``GGML_CUDA_CC_OFFSET_AMD + 0x<gfx id>`` (``ggml_cuda_parse_id``).
+* **``cc``, not ``ggml_cuda_highest_compiled_arch(cc)``:** upstream keys policy on ``cc`` and availability on
+  the compiled arch. For NVIDIA >= Turing the block goes at the top of upstream's ``turing_mma_available(cc)``
+  branch, so a forced MMA has device code; elsewhere just before it, with its own availability check. A
+  ``--ptx-jit`` result is keyed to its target arch, which the PR body notes.
+* **Legality:** after upstream's head-size, K/V-type and mask gates; VEC also needs ``can_use_vector_kernel``;
+  a kernel never legal for its head size (VEC D=192, MMA D=40/72) is refused; MMA and TILE rules at GQA >= 2
+  need ``gqa_opt_applies`` (measured with the GQA-packed kernels).
+* **Phase:** ``Q->ne[1] == 1`` decode, ``> 1`` prefill; n_kv is ``K->ne[1]`` (``lo`` inclusive, ``hi`` exclusive).
+* **Order:** the hook applies the first matching rule; plain ``if`` blocks would fall through, so
+  overlapping rules are refused (confirmed rules do not overlap).
 
-Choices, and why (docs/selector.md walks through the function's structure):
-
-* **Which GPUs a rule applies to.** A rule is keyed to the exact compute capability it was measured
-  on: ``cc == GGML_CUDA_CC_HOPPER`` for sm_90. ggml's ``cc`` is ``100*major + 10*minor`` of the
-  device, so an sm_90 part (H100, H200, GH200; sm_90a too) is exactly 900. A range up to the next
-  constant in ``common.cuh`` would be wrong here: after ``GGML_CUDA_CC_HOPPER`` (900) comes
-  ``GGML_CUDA_CC_BLACKWELL`` (1200), and ``common.cuh`` itself notes that Blackwell also spans cc 1000
-  and 1100 (B200, GB300, Thor), which were never measured. The kernel choice depends on the SM's
-  resources, which differ between minor versions too (8.0 vs 8.6 vs 8.9), so equality is the honest
-  key. Where ``common.cuh`` has no constant of that value (sm_86 = 860), the literal is used, as
-  upstream does (``ggml_cuda_highest_compiled_arch(cc) != 610``). AMD: ggml's cc is
-  ``GGML_CUDA_CC_OFFSET_AMD + 0x<gfx id>`` (``ggml_cuda_parse_id``), keyed the same way.
-* **Why ``cc`` and not ``ggml_cuda_highest_compiled_arch(cc)``.** In this function upstream keys
-  *policy* on the device's ``cc`` (``cc >= GGML_CUDA_CC_ADA_LOVELACE``) and *availability* on the
-  compiled arch (``turing_mma_available(cc)`` uses ``ggml_cuda_highest_compiled_arch``). A rule is
-  policy. Availability is kept by where the rule goes: for NVIDIA >= Turing it is inserted at the top
-  of upstream's ``if (turing_mma_available(cc) && Q->ne[0] != 40 && Q->ne[0] != 72)`` branch, so a
-  forced MMA always has device code; elsewhere the block goes just before that branch and states the
-  availability check itself (``volta_mma_available``, ``amd_wmma_available`` ...). Note that a result
-  measured through ``--ptx-jit`` (e.g. sm_89 code on an H100) is keyed to its *target* arch, whose cc
-  the measuring GPU did not have; the PR body says so through ``note``.
-* **Legality.** The block sits after upstream's head-size, K/V-type and mask gates (so it never
-  turns an unsupported shape into a kernel). A VEC rule also needs ``can_use_vector_kernel`` (head
-  size and ``K->ne[1] % FATTN_KQ_STRIDE == 0``), as upstream checks before every VEC return. A rule
-  whose kernel can never be legal for its head size (VEC for D=192, MMA for D=40/72) is refused here.
-  MMA and TILE rules keyed to a GQA ratio >= 2 also require ``gqa_opt_applies``: the rule was measured
-  with the GQA-packed kernels (llama-bench: mask present, no ALiBi, KV padded to 256); without it
-  (ALiBi, no mask, unpadded KV) those kernels run a config that was never measured, so upstream's
-  choice stays.
-* **Phase** is ``Q->ne[1] == 1`` for decode and ``Q->ne[1] > 1`` for prefill, n_kv is ``K->ne[1]``
-  (``lo`` inclusive, ``hi`` exclusive), as the tuner hook reads them.
-* **Rule order.** The hook applies the first matching rule, and keeps upstream's choice when that
-  rule's kernel is illegal for the shape. Plain ``if`` blocks would fall through to a later rule
-  instead, so overlapping rules (same phase, compatible shape keys, intersecting n_kv ranges) are
-  refused; confirmed rules do not overlap.
-
-The diff is built with :mod:`difflib` (no subprocess), in git's format, hunk headers carrying the
-enclosing function as git prints it, so ``git apply`` and reviewers read it as a normal patch.
+The diff is git's format from :mod:`difflib`, hunk headers naming the enclosing function, so ``git apply`` takes it.
 """
 
 from __future__ import annotations
@@ -93,7 +67,6 @@ KERNEL_ENUMS: dict[str, str] = {
     "MMA": "BEST_FATTN_KERNEL_MMA_F16",
 }
 """The ``best_fattn_kernel`` enumerator (fattn.cu) of each kernel name a rule may force."""
-_RETURN = KERNEL_ENUMS
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
 _KV_TYPES = {
     "f32": "F32",
@@ -188,8 +161,8 @@ def _mma_available(arch: Arch) -> str | None:
 def _check_rule(rule: FaRule, arch: Arch) -> None:
     D, gqa, kv = rule.D, rule.gqa, rule.kv
     where = f"rule {rule.text}"
-    if rule.kernel not in _RETURN:
-        raise TunerError(f"{where}: kernel must be one of {sorted(_RETURN)}.")
+    if rule.kernel not in KERNEL_ENUMS:
+        raise TunerError(f"{where}: kernel must be one of {sorted(KERNEL_ENUMS)}.")
     if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
         raise TunerError(f"{where}: n_kv range must satisfy 0 <= lo < hi.")
     if kv is not None and kv.lower() not in _KV_TYPES:
@@ -287,7 +260,7 @@ def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: in
     out.append(f"{pad}if ({cond}) {{")
     for r in rules:
         out += _if_lines(rule_condition(r, arch), indent + 4)
-        out.append(f"{pad}        return {_RETURN[r.kernel]};")
+        out.append(f"{pad}        return {KERNEL_ENUMS[r.kernel]};")
         out.append(f"{pad}    }}")
     out.append(f"{pad}}}")
     out.append("")
@@ -357,20 +330,9 @@ def _blob(text: str) -> str:
 
 
 def render_upstream_patch(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
-    """``upstream.patch``: a git-format unified diff of fattn.cu adding ``rules`` for ``arch``.
-
-    Args:
-        source_root: The pristine llama.cpp tree (a path, or a ``Source`` whose ``.root`` is one).
-        rules: The confirmed selection rules, in order.
-        arch: A ``tuner.archs.Arch`` (vendor, cc / gfx, math).
-        note: Comment text put above the new block (GPU, model and how it was measured); wrapped.
-
-    Returns:
-        The patch text (ending in a newline), or None when there are no rules.
-
-    Raises:
-        TunerError: See :func:`patched_fattn`.
-    """
+    """``upstream.patch``: a git-format diff of the pristine tree's fattn.cu adding ``rules`` (in order) for
+    ``arch``, ``note`` (GPU, model, how measured) as a comment above them; None for no rules. TunerError: as
+    :func:`patched_fattn`."""
     new = patched_fattn(source_root, rules, arch, note=note)
     if new is None:
         return None
@@ -457,7 +419,7 @@ def _upstream_kernels(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any
     return up
 
 
-def models_note(*, model_file: str, shape: Mapping[str, Any], like: str | None, synthetic: bool | None) -> str:
+def models_note(*, model_file: str, shape: Mapping[str, object], like: str | None, synthetic: bool | None) -> str:
     """The PR's "Models" section: where the shapes came from, what the weights were, and what that shows."""
     dims = ", ".join(
         f"{k.replace('_', ' ')} {shape[k]}"
@@ -570,26 +532,11 @@ def render_pr_body(
     models: str = "",
     noise_ceiling_pct: float | None = None,
 ) -> str:
-    """``PR.md``: a pull-request body for ``upstream.patch``.
-
-    Args:
-        rules: The rules the patch encodes.
-        arch: The arch they are keyed to.
-        gpu: The measured GPU's name (e.g. ``NVIDIA H100 80GB HBM3``).
-        model: The model as the table's Model column shows it (e.g. ``llama 8B Q4_K_M``).
-        points: One dict per measured point, as :func:`tuner.result.tables.compare_records` reads them:
-            ``phase``, ``depth``, ``test`` (``tg128``; the table adds ``@d<depth>``), ``base_ts`` and
-            ``tuned_ts`` (the t/s shown; Speedup is their ratio), ``ci_low``/``ci_high`` (95% CI of the
-            paired ratio, as ratios), ``aa_noise_pct`` (the A/A noise the verdict cleared, percent),
-            ``verdict``, ``upstream_kernel`` and ``kernel`` (tuned), ``rounds``; ``rule`` (``sequential``)
-            where the search's decision rule gave the verdicts, which the method paragraph then states.
-        commands: Reproduction commands (:func:`reproduce_commands`), shown verbatim in a shell block.
-        source: The llama.cpp the patch is against (e.g. ``llama.cpp 0c1e570``).
-        rounds: Paired rounds per point (default: the points' ``rounds``).
-        note: Extra paragraph (e.g. a --ptx-jit caveat), verbatim.
-        models: The "Models" section's text (:func:`models_note`).
-        noise_ceiling_pct: The A/A noise above which a phase claims nothing, stated in the method.
-    """
+    """``PR.md``: a pull-request body for ``upstream.patch``. ``points``: one dict per measured point, as
+    :func:`tuner.result.tables.compare_records` reads them (a ``rule`` of ``sequential`` puts the search's
+    decision rule in the method paragraph); ``commands``: :func:`reproduce_commands`, verbatim; ``rounds``:
+    paired rounds per point (default: the points' ``rounds``); ``note``: an extra paragraph, verbatim;
+    ``models``: :func:`models_note`; ``noise_ceiling_pct``: the A/A noise above which a phase claims nothing."""
     name = arch.name
     up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})

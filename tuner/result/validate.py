@@ -1,19 +1,13 @@
 """``tuner validate``: check stored winners (``results/<arch>/<model>/``) still hold.
 
-Static checks (always): the schema of ``config.toml``; its ``[gate]`` table (the output-equivalence
-gate, schema 3) passed, re-judged from its recorded numbers; the pinned source still resolves to the same
-content id; re-rendering from ``config.toml`` reproduces ``tuned.patch`` byte for byte and the recorded
-hashes (no ``tuned.patch`` where the render changes nothing: the kernels are upstream's); the patch applies
-to the pristine tree (``git apply --check``); the build presets are a ``CMakeUserPresets.json`` (never a
-``CMakePresets.json``, which would replace llama.cpp's own); no file names a local absolute path; every compile-time value passes
-the arch's constraint check; where the folder holds ``upstream.patch``, it applies to the pristine tree
-and has no whitespace-only hunks; ``report.md`` is there. A folder from others is data
-(:mod:`tuner.result.checks`): only its regular files are read (no link, FIFO or device; bounded sizes), no
-path a patch names leaves the tree, nothing is fetched (a SPEC the source cache lacks is a finding unless
-``fetch``), a folder left by an interrupted export fails, and a folder whose checks stop on something
-unexpected is a failed check of that folder, the others still checked. Optional: ``--compile`` compiles the translation units the patch touches
-for the target (nvcc for NVIDIA, the HIP compile-check toolchain for AMD); ``--bench`` re-measures on
-matching hardware and fails when a bucket the winner claims is no longer faster beyond noise.
+Always: ``config.toml``'s schema; its ``[gate]`` (schema 3) passed, re-judged from its numbers; the pinned
+source resolves to the same content id; re-rendering reproduces ``tuned.patch`` (absent where the kernels are
+upstream's) and the recorded hashes; the patch applies to the pristine tree; the presets are a
+``CMakeUserPresets.json``; no file names a local absolute path; compile values pass the arch's constraints;
+``upstream.patch``, where present, applies and has no whitespace-only hunks; ``report.md`` is there. A folder
+from others is data (:mod:`tuner.result.checks`): only bounded regular files are read, nothing is fetched
+unless ``fetch``, and a check stopped by something unexpected fails that folder only. Optional: ``--compile``
+(the touched translation units, for the target) and ``--bench`` (re-measure on matching hardware).
 """
 
 from __future__ import annotations
@@ -122,11 +116,7 @@ def find_results(paths: Iterable[Path]) -> list[Path]:
 
 
 def load_config(folder: Path) -> dict[str, Any]:
-    """``folder/config.toml`` (a regular file of bounded size, UTF-8 TOML).
-
-    Raises:
-        FolderError: It cannot be read or parsed.
-    """
+    """``folder/config.toml`` (a regular file of bounded size, UTF-8 TOML); FolderError where it cannot be read."""
     return load_toml_in(folder, "config.toml")
 
 
@@ -195,7 +185,7 @@ def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     )
 
 
-def _source_finding(source: Source, src_cfg: Mapping[str, Any]) -> Finding:
+def _source_finding(source: Source, src_cfg: Mapping[str, object]) -> Finding:
     """The fetched source is the one (id and era) config.toml names."""
     ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
     return Finding(
@@ -401,14 +391,10 @@ def validate_result(
     models: Sequence[Path] = (),
     fetch: bool = False,
 ) -> ResultCheck:
-    """Run every check on one result folder; failures are findings, not exceptions.
-
-    ``bench``: the re-measurement (:func:`tuner.search.rebench.rebench`, given by the CLI: this stage does
-    not import the search); None skips it. ``gpu``: run :func:`tuner.result.upstream_check.upstream_gpu_findings` with these keyword arguments
-    (``upstream_bin``, ``tuned_bin``, ``log_dir``); None skips the GPU checks. ``models``: the GGUFs
-    ``bench`` and ``gpu`` run, matched to a result by file name. ``fetch``: download (or read, for
-    ``path:``) a source the cache does not hold; without it that is a failed ``source`` check.
-    """
+    """Run every check on one result folder; failures are findings, not exceptions. ``bench``: the
+    re-measurement (:func:`tuner.search.rebench.rebench`, passed in: result does not import search); ``gpu``: the
+    keyword arguments of :func:`tuner.result.upstream_check.upstream_gpu_findings`; None skips either. ``models``:
+    the GGUFs they run, matched by file name. ``fetch``: get a source the cache lacks (else a failed check)."""
     return guarded(
         folder, lambda: _validate_result(folder, compile=compile, bench=bench, gpu=gpu, models=models, fetch=fetch)
     )
@@ -460,11 +446,8 @@ def contents_finding(folder: Path) -> Finding:
 
 
 def cached_or_fetched(spec: str, fetch: bool) -> Source:
-    """The source a folder's SPEC names: from the cache only, unless ``fetch``.
-
-    Raises:
-        TunerError: The SPEC is bad, not cached (without ``fetch``), or the fetch failed.
-    """
+    """The source a folder's SPEC names: from the cache only, unless ``fetch``; TunerError where it is bad, not
+    cached (without ``fetch``) or the fetch failed."""
     if fetch:
         return tuner.source.fetch_source(spec)
     hit = tuner.source.cached_source(spec)
@@ -553,7 +536,7 @@ def _validate_result(
 
 def _gpu_checks(
     folder: Path,
-    cfg: Mapping[str, Any],
+    cfg: Mapping[str, object],
     source: Source,
     static: Sequence[Finding],
     models: Sequence[Path],

@@ -8,6 +8,8 @@ __all__ = ["BASELINE_PARAMS_ATTR", "STUDY_KEYS", "TRIAL_KEYS", "study_attr", "tr
 
 from typing import Any
 
+from tuner.study.state import UserAttrs
+
 BASELINE_PARAMS_ATTR = "tuner_baseline"
 """Marks the enqueued trial that measured upstream's defaults."""
 
@@ -31,20 +33,21 @@ TRIAL_KEYS = (
 )
 
 
-def study_attr(study: Any, key: str, default: Any = None) -> Any:
-    if key not in STUDY_KEYS:
-        raise KeyError(f"{key!r} is not an attribute of a one-TPE study ({STUDY_KEYS})")
+def _known(key: str, keys: tuple[str, ...], what: str) -> str:
+    if key not in keys:
+        raise KeyError(f"{key!r} is not an attribute of a one-TPE {what} ({keys})")
+    return key
+
+
+def study_attr(study: UserAttrs, key: str, default: object = None) -> Any:
+    key = _known(key, STUDY_KEYS, "study")
     return study.user_attrs.get(key, default)
 
 
-def trial_attr(trial: Any, key: str, default: Any = None) -> Any:
-    if key not in TRIAL_KEYS:
-        raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")
-    return (getattr(trial, "user_attrs", None) or {}).get(key, default)
+def trial_attr(trial: object, key: str, default: object = None) -> Any:
+    return (getattr(trial, "user_attrs", None) or {}).get(_known(key, TRIAL_KEYS, "trial"), default)
 
 
-def trial_has(trial: Any, key: str) -> bool:
+def trial_has(trial: object, key: str) -> bool:
     """Whether the trial holds ``key`` at all (even as null)."""
-    if key not in TRIAL_KEYS:
-        raise KeyError(f"{key!r} is not an attribute of a one-TPE trial ({TRIAL_KEYS})")
-    return key in (getattr(trial, "user_attrs", None) or {})
+    return _known(key, TRIAL_KEYS, "trial") in (getattr(trial, "user_attrs", None) or {})

@@ -1,10 +1,8 @@
 """The typed record of a finished ``tuner search``: :class:`StudyHeader` (what was measured, on what) and
-:class:`SearchOutcome` (what the search concluded), built from the study by :func:`load_outcome` alone.
+:class:`SearchOutcome` (what it concluded), built from the study alone by :func:`load_outcome`.
 
-The search writes the outcome through :class:`tuner.study.state.StudyState` (its JSON is what earlier
-tuner versions stored, so old studies load unchanged) and returns it; the export reads it back here
-and never touches the study's attributes itself. Like cibuildwheel's options (command-line flags ->
-one record -> frozen resolved options), everything downstream works from one frozen value.
+The search writes the outcome through :class:`tuner.study.state.StudyState` (the JSON earlier versions stored);
+the export reads it back here. Like cibuildwheel's resolved options, everything downstream works from one frozen value.
 """
 
 from __future__ import annotations
@@ -23,13 +21,17 @@ __all__ = [
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuner.errors import TunerError
 from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.plan.fa_rules import FaRule, as_stored, rules_from_texts, rules_texts
 from tuner.study import state as k
 from tuner.study.state import StudyState
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 _T = TypeVar("_T")
 
@@ -94,24 +96,12 @@ class StudyHeader:
             seeded_from=a.get(k.SEEDED_FROM),
         )
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         """The header's attributes as a search records them on first opening the study (every key of
         :data:`tuner.study.state.HEADER_KEYS`, in its order)."""
-        return {
-            k.PIPELINE: self.pipeline,
-            k.ARCH: self.arch,
-            k.SOURCE_SPEC: self.source_spec,
-            k.SOURCE_ID: self.source_id,
-            k.COMMIT: self.commit,
-            k.ERA: self.era,
-            k.MODEL: self.model,
-            k.DEPTHS: list(self.depths),
-            k.PP: self.pp,
-            k.TG: self.tg,
-            k.SHAPE: dict(self.shape),
-            k.PROFILE: self.profile,
-            k.CPU_MASK: None if self.cpu_mask is None else list(self.cpu_mask),
-        }
+        plain = {key: getattr(self, key) for key in k.HEADER_KEYS}  # each header key is a field of the same name
+        mask = None if self.cpu_mask is None else list(self.cpu_mask)
+        return plain | {k.DEPTHS: list(self.depths), k.SHAPE: dict(self.shape), k.CPU_MASK: mask}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,10 +109,10 @@ class TunedTrial:
     """The tune trial the confirm kept: its number, every knob's value and the sampled ones."""
 
     trial: int
-    values: Mapping[str, Any]
-    params: Mapping[str, Any]
+    values: Mapping[str, object]
+    params: Mapping[str, object]
 
-    def stored(self) -> dict[str, Any]:
+    def stored(self) -> dict[str, object]:
         return {"trial": self.trial, "values": dict(self.values), "params": dict(self.params)}
 
 
@@ -134,7 +124,7 @@ class TrialSummary:
     status: str
     """Its recorded status, else its Optuna state (lower case)."""
     objectives: tuple[float, ...]
-    params: Mapping[str, Any]
+    params: Mapping[str, object]
     phases: tuple[str, ...]
     reason: str | None
 
@@ -164,16 +154,16 @@ class SearchOutcome:
     confirm_depths: tuple[int, ...] | None = None
     gate: Mapping[str, Any] | None = None
     """The output-equivalence gate's record (None: the study finished before the gate existed)."""
-    residency: Mapping[str, Any] | None = None
+    residency: Mapping[str, object] | None = None
     """The residency gate's record (None: not recorded)."""
-    op_checks: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    op_checks: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
     """test-backend-ops FLASH_ATTN_EXT per build id."""
     screens: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     screen_method: str = "llama-bench"
     """What timed the screen: ``kernel`` (test-backend-ops FLASH_ATTN_EXT alone) or ``llama-bench``."""
     tune_method: str = "llama-bench"
     """What timed the tune's trials, as ``screen_method``."""
-    """The judged screen cells per phase (``tg``, ``pp``) and depth (as text)."""
     compose: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     llama_bench_calls: int | None = None
@@ -185,12 +175,9 @@ class SearchOutcome:
 
     @property
     def cost(self) -> dict[str, float | int]:
-        """The search's cost (config.toml's ``[cost]``): seconds per stage, llama-bench calls, tune trials.
-
-        Only what the study measured: a study recorded before a stage was timed (or before the calls
-        were counted) lacks that field, never shows it as 0. ``gates_s`` is the residency and
-        output-equivalence gates together; ``build_s`` the upstream build (the tune's builds are in
-        ``tune_s``)."""
+        """The search's cost (config.toml's ``[cost]``): seconds per stage, llama-bench calls, tune trials; a
+        field the study did not measure is absent, never 0. ``gates_s``: residency and output-equivalence
+        together; ``build_s``: the upstream build (the tune's builds are in ``tune_s``)."""
         secs = self.stage_seconds
         out: dict[str, float | int] = {}
         for f in ("build", "model", "gate", "screen", "tune", "confirm"):
@@ -252,9 +239,9 @@ class SearchOutcome:
             return self
         return dataclasses.replace(self, rows=tuple(relabel_rows(self.rows, self.rules, list(self.dropped))))
 
-    def result_json(self) -> dict[str, Any]:
+    def result_json(self) -> dict[str, object]:
         """The stored ``result`` attribute: the layout every tuner version since the pipeline wrote."""
-        out: dict[str, Any] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
+        out: dict[str, object] = {"rules": rules_texts(self.rules), "dropped": as_stored(dict(self.dropped))}
         if self.narrowed or "narrowed" in self.stored_keys:  # after dropped, as the confirm stores it; results
             out["narrowed"] = as_stored(dict(self.narrowed))  # from before narrowing keep their layout
         out["tuned"] = self.tuned.stored() if self.tuned else None
@@ -273,7 +260,7 @@ class SearchOutcome:
         return out
 
 
-def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
+def _trial_summaries(trials: Iterable[FrozenTrial]) -> tuple[TrialSummary, ...]:
     return tuple(
         TrialSummary(
             number=t.number,
@@ -287,7 +274,7 @@ def _trial_summaries(trials: Iterable[Any]) -> tuple[TrialSummary, ...]:
     )
 
 
-def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[Any] = ()) -> SearchOutcome:
+def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[FrozenTrial] = ()) -> SearchOutcome:
     """The outcome of a study whose attributes are ``a`` (its ``result`` may be missing: an empty outcome)."""
     return SearchOutcome.from_result(
         StudyHeader.from_attrs(name, a),
@@ -303,12 +290,8 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
     )
 
 
-def load_outcome(study: Any) -> SearchOutcome:
-    """The finished search's record, from ``study`` (an Optuna study) alone.
-
-    Raises:
-        TunerError: the study has not finished its confirm stage (no result yet).
-    """
+def load_outcome(study: Study) -> SearchOutcome:
+    """The finished search's record, from ``study`` alone; TunerError before its confirm stage finished."""
     st = StudyState(study)
     if st.result() is None:
         raise TunerError(
@@ -318,7 +301,7 @@ def load_outcome(study: Any) -> SearchOutcome:
     return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
 
 
-def load_header(study: Any) -> StudyHeader:
+def load_header(study: Study) -> StudyHeader:
     """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
     return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
 
@@ -342,15 +325,12 @@ _MEASURED = (
 
 def relabel_rows(
     rows: Sequence[Mapping[str, Any]], kept: Sequence[FaRule], narrowed_from: Sequence[FaRule]
-) -> list[dict[str, Any]]:
-    """``rows`` with each point that a rule of ``narrowed_from`` (the rules before narrowing) covered and no
-    rule of ``kept`` covers any more relabelled: the export runs upstream's config there (rules confirmed
-    alone: no tuned knobs), so its kernel is upstream's, its verdict :data:`UPSTREAM_KEPT`, its final t/s
-    and CPU/GPU% upstream's (the same config, by construction; speedup 1, no CI); what the forced kernel
-    measured stays under ``measured_<key>`` (:data:`_MEASURED`). A point relabelled before is left as it is.
-
-    The confirm relabels (``tuner.search.confirm.judge``); :meth:`SearchOutcome.exported` relabels a
-    dropped rule's points of a study recorded before the confirm did that."""
+) -> list[dict[str, object]]:
+    """``rows`` with each point that a rule of ``narrowed_from`` (before narrowing) covered and no rule of
+    ``kept`` covers any more relabelled as upstream's (the export runs upstream's config there): its kernel,
+    verdict :data:`UPSTREAM_KEPT`, t/s and CPU/GPU% upstream's (speedup 1, no CI), what the forced kernel measured
+    kept as ``measured_<key>``. A point relabelled before is left as it is; the confirm relabels itself now
+    (``tuner.search.confirm.judge``), :meth:`SearchOutcome.exported` does it for older studies."""
     out = []
     for x in rows:
         d, ph = int(x["depth"]), x["phase"]

@@ -1,16 +1,9 @@
-"""Every Optuna user attribute a ``tuner search`` study holds, by name, in one place.
+"""Every Optuna user attribute a ``tuner search`` study holds, by name, in one place: :class:`StudyState`
+is the only code that reads or writes them (a getter and setter per key, each key family spelled once).
 
-The search writes its resumable state into the study (study attributes for the header, the screen and
-confirm rounds and the gates' records; trial attributes for each tune trial), and ``tuner export``
-reads it back from the database alone. :class:`StudyState` is the only code that reads or writes
-those attributes: a typed getter and setter per key, the per-phase and per-config key families
-(``screen_done_tg``, ``confirm_done_<config key>_pp``...) spelled once here. The stored JSON is
-exactly what earlier tuner versions wrote (the stored studies, e.g. ``results/*/evidence/study.db.xz``, load
-unchanged); this is a view on it. Rules are :class:`tuner.plan.fa_rules.FaRule` values in memory and their
-text in the study (:func:`tuner.plan.fa_rules.as_stored` on every write).
-
-Optuna's own samplers namespace their study keys the same way (``optuna/samplers/_tpe/sampler.py``
-keeps its keys in one module-level table).
+The stored JSON is what earlier tuner versions wrote (``results/*/evidence/study.db.xz`` load unchanged);
+rules are :class:`tuner.plan.fa_rules.FaRule` in memory and their text in the study (:func:`tuner.plan.fa_rules.as_stored`).
+Optuna's samplers keep their study keys the same way (``optuna/samplers/_tpe/sampler.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +13,8 @@ __all__ = [
     "RESUME_CHECKED",
     "TRIAL_KEYS",
     "StudyState",
+    "TuneFocus",
+    "UserAttrs",
     "retry_attrs",
     "trial_attr",
     "write_trial",
@@ -27,9 +22,22 @@ __all__ = [
 ]
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from tuner.plan.fa_rules import as_stored
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
+
+
+class UserAttrs(Protocol):
+    """An Optuna study or trial: its user attributes are unchecked JSON, as Optuna stores them."""
+
+    @property
+    def user_attrs(self) -> dict[str, object]: ...
+
+    def set_user_attr(self, key: str, value: object) -> None: ...
+
 
 # -- study attributes -------------------------------------------------------------------------------
 # the header: what the study measured (written once, when a search first opens the study)
@@ -53,9 +61,7 @@ RESUME_CHECKED = (ARCH, SOURCE_ID, DEPTHS, PP, TG, CPU_MASK)
 DERIVED_KNOBS = "derived_knobs"  # threads/-ngl legal values on the search's machine (the export resolves them)
 DEVICE = "device"  # the device llama-bench reported
 TOOLCHAIN = "toolchain"  # the first build's compilers
-SEEDED_FROM = (
-    "seeded_from"  # a study seeded from another one's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence); read only
-)
+SEEDED_FROM = "seeded_from"  # read only: seeded from another's rounds (results/sm_90/llama-3.2-1b-q4_k_m/evidence/)
 
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id
@@ -110,36 +116,41 @@ def equivalence_key(ckey: str) -> str:
     return f"equivalence_{ckey}"
 
 
+class TuneFocus(TypedDict):
+    knobs: list[str]
+    depths: list[int]
+
+
 class StudyState:
     """The study's user attributes as the pipeline's resumable state (``study``: an Optuna study, or
     anything with ``user_attrs`` and ``set_user_attr``)."""
 
-    def __init__(self, study: Any) -> None:
+    def __init__(self, study: UserAttrs) -> None:
         self.study = study
 
     # -- raw access, for this class only ---------------------------------------------------------
-    def _get(self, key: str, default: Any = None) -> Any:
+    def _get(self, key: str, default: object = None) -> Any:
         return self.study.user_attrs.get(key, default)
 
-    def _set(self, key: str, value: Any) -> None:
+    def _set(self, key: str, value: object) -> None:
         # FaRules (a result's rules, its rule-keyed ``dropped``) as their text: the list[str] studies hold
         self.study.set_user_attr(key, as_stored(value))
 
-    def _append(self, key: str, rec: Mapping[str, Any]) -> None:
+    def _append(self, key: str, rec: Mapping[str, object]) -> None:
         self._set(key, [*self._get(key, []), dict(rec)])
 
     @property
-    def attrs(self) -> Mapping[str, Any]:
+    def attrs(self) -> Mapping[str, object]:
         """Every stored attribute (read only): what :mod:`tuner.study.record` builds its records from."""
         return dict(self.study.user_attrs)
 
     # -- header ----------------------------------------------------------------------------------
-    def header_value(self, key: str, default: Any = None) -> Any:
+    def header_value(self, key: str, default: object = None) -> object:
         if key not in HEADER_KEYS:
             raise KeyError(f"{key!r} is not a header key ({HEADER_KEYS})")
         return self._get(key, default)
 
-    def record_header(self, values: Mapping[str, Any]) -> None:
+    def record_header(self, values: Mapping[str, object]) -> None:
         """Write each header value the study does not hold yet (a study seeded from another one lacks
         some, e.g. the model); values already there stay."""
         unknown = set(values) - set(HEADER_KEYS)
@@ -161,10 +172,10 @@ class StudyState:
         return arch
 
     @property
-    def derived_knobs(self) -> dict[str, Any]:
+    def derived_knobs(self) -> dict[str, object]:
         return dict(self._get(DERIVED_KNOBS, {}))
 
-    def set_derived_knobs(self, knobs: Mapping[str, Any]) -> None:
+    def set_derived_knobs(self, knobs: Mapping[str, object]) -> None:
         self._set(DERIVED_KNOBS, dict(knobs))
 
     @property
@@ -178,7 +189,7 @@ class StudyState:
     def has_toolchain(self) -> bool:
         return TOOLCHAIN in self.study.user_attrs
 
-    def set_toolchain(self, toolchain: Mapping[str, Any]) -> None:
+    def set_toolchain(self, toolchain: Mapping[str, object]) -> None:
         self._set(TOOLCHAIN, dict(toolchain))
 
     # -- stage records ---------------------------------------------------------------------------
@@ -187,7 +198,7 @@ class StudyState:
         """test-backend-ops records per build id."""
         return dict(self._get(GATES, {}))
 
-    def set_gates(self, gates: Mapping[str, Any]) -> None:
+    def set_gates(self, gates: Mapping[str, object]) -> None:
         self._set(GATES, dict(gates))
 
     @property
@@ -227,7 +238,7 @@ class StudyState:
         self._set(TUNE_METHOD, method)
 
     @property
-    def tune_focus(self) -> dict[str, list[Any]] | None:
+    def tune_focus(self) -> TuneFocus | None:
         """``{"knobs": globs, "depths": depths}`` the tune's trials were asked with (None: not recorded)."""
         v = self._get(TUNE_FOCUS)
         return None if v is None else {"knobs": list(v.get("knobs", [])), "depths": list(v.get("depths", []))}
@@ -239,7 +250,7 @@ class StudyState:
     def screen_rounds(self) -> list[dict[str, Any]]:
         return list(self._get(SCREEN_ROUNDS, []))
 
-    def append_screen_round(self, rec: Mapping[str, Any]) -> None:
+    def append_screen_round(self, rec: Mapping[str, object]) -> None:
         self._append(SCREEN_ROUNDS, rec)
 
     def screen_done(self, phase: str) -> bool:
@@ -259,7 +270,7 @@ class StudyState:
         """The judged screen cells of ``phase`` by depth (as text)."""
         return dict(self._get(screen_key(phase), {}))
 
-    def set_screen(self, phase: str, cells: Mapping[str, Any]) -> None:
+    def set_screen(self, phase: str, cells: Mapping[str, object]) -> None:
         self._set(screen_key(phase), dict(cells))
 
     @property
@@ -267,13 +278,13 @@ class StudyState:
         """The composed rules, the decisions they came from and the shape key (empty before compose)."""
         return dict(self._get(COMPOSE) or {})
 
-    def set_compose(self, rec: Mapping[str, Any]) -> None:
+    def set_compose(self, rec: Mapping[str, object]) -> None:
         self._set(COMPOSE, dict(rec))
 
-    def confirm_rounds(self, ckey: str) -> list[dict[str, Any]]:
+    def confirm_rounds(self, ckey: str) -> list[dict[str, object]]:
         return list(self._get(confirm_rounds_key(ckey), []))
 
-    def append_confirm_round(self, ckey: str, rec: Mapping[str, Any]) -> None:
+    def append_confirm_round(self, ckey: str, rec: Mapping[str, object]) -> None:
         self._append(confirm_rounds_key(ckey), rec)
 
     def confirm_done(self, ckey: str, phase: str) -> bool:
@@ -282,30 +293,30 @@ class StudyState:
     def set_confirm_done(self, ckey: str, phase: str) -> None:
         self._set(confirm_done_key(ckey, phase), True)
 
-    def set_confirm(self, ckey: str, rec: Mapping[str, Any]) -> None:
+    def set_confirm(self, ckey: str, rec: Mapping[str, object]) -> None:
         self._set(confirm_key(ckey), dict(rec))
 
     def residency(self, ckey: str) -> dict[str, Any] | None:
         rec = self._get(residency_key(ckey))
         return None if rec is None else dict(rec)
 
-    def set_residency(self, ckey: str, rec: Mapping[str, Any]) -> None:
+    def set_residency(self, ckey: str, rec: Mapping[str, object]) -> None:
         self._set(residency_key(ckey), dict(rec))
 
-    def equivalence_checks(self, ckey: str) -> dict[str, Any]:
+    def equivalence_checks(self, ckey: str) -> dict[str, object]:
         """The output-equivalence gate's finished checks for the final config ``ckey``, by name."""
         return dict((self._get(equivalence_key(ckey)) or {}).get("checks", {}))
 
-    def set_equivalence_check(self, ckey: str, name: str, rec: Mapping[str, Any]) -> None:
+    def set_equivalence_check(self, ckey: str, name: str, rec: Mapping[str, object]) -> None:
         self._set(equivalence_key(ckey), {"checks": {**self.equivalence_checks(ckey), name: dict(rec)}})
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self) -> dict[str, object] | None:
         """The stored outcome as its JSON (None before the search finished); :func:`tuner.study.record.load_outcome`
         is its typed view."""
         res = self._get(RESULT)
         return dict(res) if res else None
 
-    def set_result(self, result: Mapping[str, Any]) -> None:
+    def set_result(self, result: Mapping[str, object]) -> None:
         self._set(RESULT, dict(result))
 
 
@@ -330,24 +341,24 @@ def _trial_key(key: str) -> str:
     return key
 
 
-def write_trial(trial: Any, **attrs: Any) -> None:
+def write_trial(trial: UserAttrs, **attrs: object) -> None:
     """Set trial attributes (each of :data:`TRIAL_KEYS`)."""
     for k, v in attrs.items():
         trial.set_user_attr(_trial_key(k), v)
 
 
-def trial_attr(trial: Any, key: str, default: Any = None) -> Any:
+def trial_attr(trial: object, key: str, default: object = None) -> Any:
     """One attribute of a trial (a FrozenTrial, a live Trial or any object with ``user_attrs``)."""
     return (getattr(trial, "user_attrs", None) or {}).get(_trial_key(key), default)
 
 
-def write_trial_in_storage(storage: Any, trial_id: int, **attrs: Any) -> None:
+def write_trial_in_storage(storage: BaseStorage, trial_id: int, **attrs: object) -> None:
     """Set attributes of a trial this process may not hold (one cut off by an interruption, or another
     process's stale trial) through the storage."""
     for k, v in attrs.items():
         storage.set_trial_user_attr(trial_id, _trial_key(k), v)
 
 
-def retry_attrs(number: int) -> dict[str, Any]:
+def retry_attrs(number: int) -> dict[str, int]:
     """The attributes of a queued retry of trial ``number`` (``enqueue_trial(user_attrs=...)``)."""
     return {_trial_key("retry_of"): number}

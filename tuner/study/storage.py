@@ -23,10 +23,15 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from tuner.errors import TunerError, UsageError, error_chain
+from tuner.extras import missing_module_error
 from tuner.redact import redact, redact_value, remember
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +42,9 @@ _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>.*)", re.DOT
 
 
 def check_storage_url(url: str) -> str:
-    """``url`` unchanged when it names a database that keeps the study; else a UsageError (exit 2).
-
-    Refused: anything that is not ``dialect[+driver]://...`` with a known dialect, an in-memory SQLite
-    (``sqlite://``, ``sqlite:///``, ``:memory:``, ``mode=memory``: nothing would be saved, yet a rerun
-    is promised to resume), a SQLite file whose folder does not exist (SQLAlchemy would fail, or tuner
-    would create folders outside the run dir unasked), a bad port. Passwords stay out of the message.
-    """
+    """``url`` unchanged when it names a database that keeps the study; else a UsageError (exit 2, no password
+    in it). Refused: not ``dialect[+driver]://...`` of a known dialect, an in-memory SQLite (a rerun could not
+    resume), a SQLite file whose folder does not exist (tuner makes no folders outside the run dir), a bad port."""
     if isinstance(url, str):
         remember(url)  # from here on any text quoting it (an error's message, a traceback) hides its password
     shown = redact_value(str(url))
@@ -96,8 +97,6 @@ def check_storage_url(url: str) -> str:
                 "a path in an existing folder."
             )
         return url
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a non-numeric or out-of-range port
@@ -108,8 +107,8 @@ def check_storage_url(url: str) -> str:
     return url
 
 
-def _rdb_storage(url: str, existing: bool) -> Any:
-    import optuna
+def _rdb_storage(url: str, existing: bool) -> RDBStorage:
+    import optuna  # heavy: imported when a storage is opened
 
     with warnings.catch_warnings():
         # Heartbeats and stale-trial retry are experimental in Optuna 5; we rely on them knowingly.
@@ -134,14 +133,11 @@ def _engine_kwargs(url: str) -> dict[str, object] | None:
     return None
 
 
-def make_storage(url: str, *, existing: bool = False) -> Any:
-    """An Optuna RDB storage for ``url`` (checked by :func:`check_storage_url`), with heartbeats so a
-    trial whose process died is failed and run again; UsageError when it cannot be opened.
-
-    The one storage check of ``search``, ``worker`` and ``export``: a wrong password, a server that is
-    down or a database that does not exist is exit 2 with the URL (password hidden), never a traceback.
-    ``existing``: the study must be there already (export, worker), so a SQLite file that does not
-    exist is refused and not created (a typo would otherwise leave an empty database behind)."""
+def make_storage(url: str, *, existing: bool = False) -> RDBStorage:
+    """An Optuna RDB storage for ``url`` (:func:`check_storage_url`), with heartbeats so a trial whose process
+    died is run again. A wrong password, a server down or a missing database is a UsageError naming the URL
+    (password hidden), never a traceback. ``existing`` (export, worker): a missing SQLite file is refused, not
+    created (a typo would leave an empty database behind)."""
 
     check_storage_url(url)
     if existing and _is_sqlite(url):
@@ -165,8 +161,6 @@ def make_storage(url: str, *, existing: bool = False) -> Any:
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
     except ImportError as err:
-        from tuner.extras import missing_module_error
-
         raise missing_module_error(err) or UsageError(
             f"storage {redact_value(url)!r} needs a database driver that is not installed ({err})."
         ) from None
@@ -252,13 +246,11 @@ def storage_guard(url: str | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
-    """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna records
-    them only inside ``optimize()``), so a trial whose process dies is found stale on any host.
-
-    Optuna's own heartbeat thread dies with a traceback on stderr at the first failed write; this one
-    logs the failure, keeps beating (a database back within the grace period loses nothing) and leaves
-    the loss to the main thread, whose next write meets it and reports it once (:func:`storage_guard`)."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled
+    """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna does only inside
+    ``optimize()``), so a trial whose process dies is found stale on any host. Unlike Optuna's thread (a
+    traceback at the first failed write) this one logs a failure and keeps beating; the main thread's next
+    write meets a lost database and reports it once (:func:`storage_guard`)."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled  # optuna is heavy: imported where a trial runs
 
     if not is_heartbeat_enabled(storage):
         yield
