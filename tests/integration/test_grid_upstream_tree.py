@@ -106,12 +106,20 @@ def _harness(root: Path) -> str:
     )
 
 
-def test_the_sweeps_model_of_upstreams_choice_is_the_trees_code(tree_a, tmp_path: Path) -> None:
-    src = tmp_path / "select.cpp"
-    src.write_text(_harness(tree_a.root))
-    exe = tmp_path / "select"
-    res = subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(src), "-o", str(exe)], capture_output=True, text=True)
+def _ask(source: str, lines: list[str], exe: Path) -> list[str]:
+    """``source`` compiled for the host as ``exe``, fed ``lines``: its one answer per line."""
+    exe.with_suffix(".cpp").write_text(source)
+    cmd = ["g++", "-std=c++17", "-O1", "-w", str(exe.with_suffix(".cpp")), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = out.stdout.split()
+    assert len(got) == len(lines)
+    return got
+
+
+def test_the_sweeps_model_of_upstreams_choice_is_the_trees_code(tree_a, tmp_path: Path) -> None:
     cases = []
     for name in ARCHS:
         arch = load_arch(name)
@@ -120,11 +128,8 @@ def test_the_sweeps_model_of_upstreams_choice_is_the_trees_code(tree_a, tmp_path
                 continue  # a shape llama never makes (grid's module doc)
             shape = grid.FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
             cases += [(name, grid.cc_of(arch), shape, n) for n in grid.N_KV]
-    stdin = "".join(f"{cc} {s.D} {s.gqa} {s.kv} {s.ne1} {n}\n" for _, cc, s, n in cases)
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = out.stdout.split()
-    assert len(got) == len(cases)
+    lines = [f"{cc} {s.D} {s.gqa} {s.kv} {s.ne1} {n}" for _, cc, s, n in cases]
+    got = _ask(_harness(tree_a.root), lines, tmp_path / "select")
     wrong = [
         f"{name} {s.key} n_kv {n}: tree {k}, model {grid.upstream_kernel(load_arch(name), s, n)}"
         for (name, _, s, n), k in zip(cases, got)
@@ -182,17 +187,11 @@ def _mmq_harness(root: Path) -> str:
 def test_the_mmq_sweeps_model_of_upstreams_backend_is_the_trees_code(tree_a, tmp_path: Path) -> None:
     from tuner.sweep import mmq
 
-    src = tmp_path / "mmq.cpp"
-    src.write_text(_mmq_harness(tree_a.root))
-    exe = tmp_path / "mmq"
-    res = subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(src), "-o", str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
     batches = sorted({*mmq.MMQ_BATCHES, 1, 64, 127, 128, 129, 255, 256, 257, 8192})
     cases = [(a, t, n) for a in ARCHS for t in mmq.MMQ_SUPPORTED for n in batches]
-    stdin = "".join(f"{grid.cc_of(load_arch(a))} {t} {n}\n" for a, t, n in cases)
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = out.stdout.split()
+    got = _ask(
+        _mmq_harness(tree_a.root), [f"{grid.cc_of(load_arch(a))} {t} {n}" for a, t, n in cases], tmp_path / "mmq"
+    )
     wrong = [
         f"{a} {t} ne11 {n}: tree {k}, model {mmq.upstream_backend(load_arch(a), t, n)}"
         for (a, t, n), k in zip(cases, got, strict=True)

@@ -15,7 +15,7 @@ evidence, as ``gpus/<model>/<name>/confirm.sqlite3.xz``, and :func:`join` decide
 
 from __future__ import annotations
 
-__all__ = ["GpuConfirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", "load_confirmation", "slug"]
+__all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", "load_confirmation", "slug"]
 
 import dataclasses
 import re
@@ -47,19 +47,23 @@ _AGAINST = ("gate failed", "slower")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GpuConfirmation:
-    """One ``tuner sweep confirm`` store of one GPU model, recomposed against the table it confirmed."""
+class Confirmation:
+    """One ``tuner sweep confirm`` store of one table (a merged table's part) on one GPU model, recomposed."""
 
     device: str
     part: str
-    """The name of the table (a merged table's part) it confirms."""
-    name: str
-    """Its folder under ``gpus/<slug(device)>/``."""
+    folder: str
+    """Where the merged table keeps its store: ``parts/<part>/evidence`` (the first GPU model's),
+    ``gpus/<slug(device)>/<name>`` (another model's)."""
     identity: Mapping[str, str]
     confirmed: Confirmed
     models: tuple[Mapping[str, object], ...]
     """The models its store recorded (what the ``tuner sweep confirm`` call was)."""
     backend_ops: tuple[Mapping[str, object], ...]
+
+    @property
+    def name(self) -> str:
+        return self.folder.rsplit("/", 1)[-1]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,9 +128,7 @@ def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Join
     return out
 
 
-def load_confirmation(
-    store_path: Path, tables: Mapping[str, Table], *, name: str, first_device: str
-) -> GpuConfirmation:
+def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: str, first_device: str) -> Confirmation:
     """A confirm store of another GPU model, recomposed against the table of ``tables`` (part name -> table)
     whose id it recorded. Opens the store for writing: pass a copy.
 
@@ -168,8 +170,9 @@ def load_confirmation(
         ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
     finally:
         store.close()
-    return GpuConfirmation(
-        device=device, part=part, name=name, identity=meta, confirmed=conf, models=models, backend_ops=ops
+    folder = f"gpus/{slug(device)}/{name}"
+    return Confirmation(
+        device=device, part=part, folder=folder, identity=meta, confirmed=conf, models=models, backend_ops=ops
     )
 
 

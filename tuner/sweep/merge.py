@@ -54,12 +54,12 @@ from tuner.errors import TunerError, UsageError
 from tuner.result.export import staged_export
 from tuner.sweep import confirm, export, gpus
 from tuner.sweep.confirm_report import e2e_text, merged_pr_text
-from tuner.sweep.gpus import GpuConfirmation, Joined
+from tuner.sweep.gpus import Confirmation, Joined
 from tuner.sweep.grid import Cell
 from tuner.sweep.live import FaKey
 from tuner.sweep.mmq import MmqChoice
 from tuner.sweep.table import TableRule
-from tuner.sweep.table_pr import Confirmation, table_pr_text
+from tuner.sweep.table_pr import table_pr_text
 from tuner.targets.archs import Arch
 
 KIND = "merged sweep table"
@@ -104,7 +104,7 @@ class Merged:
     parts: tuple[Part, ...]
     joined: tuple[tuple[int, Joined], ...] = ()
     """Every entry of every part decided over every GPU model (with its index in its part's fates)."""
-    gpus: tuple[GpuConfirmation, ...] = ()
+    gpus: tuple[Confirmation, ...] = ()
     """The confirmations of other GPU models."""
 
     @property
@@ -155,7 +155,7 @@ def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: 
         raise UsageError(f"The tables were measured on different {what} ({each}); a merged table needs one. {fix}")
 
 
-def merged_view(parts: Sequence[Part], others: Sequence[GpuConfirmation] = ()) -> Merged:
+def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> Merged:
     """The parts as one table (module doc), with the other GPU models' confirmations ``others``.
 
     Raises:
@@ -199,7 +199,7 @@ def merged_view(parts: Sequence[Part], others: Sequence[GpuConfirmation] = ()) -
     return joined_view(parts, others)
 
 
-def joined_view(parts: Sequence[Part], others: Sequence[GpuConfirmation]) -> Merged:
+def joined_view(parts: Sequence[Part], others: Sequence[Confirmation]) -> Merged:
     """The parts' entries decided over the first GPU model and every other one that confirmed a part."""
     first = parts[0].manifest["target"]["measured_on"]
     joined: list[tuple[int, Joined]] = []
@@ -240,7 +240,7 @@ def manifest_table(merged: Merged) -> dict[str, list[str]]:
     }
 
 
-def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[Part]) -> list[GpuConfirmation]:
+def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[Part]) -> list[Confirmation]:
     """Each ``(name, confirm store)`` of another GPU model recomposed against the part it confirmed (copies:
     the stores are opened for writing)."""
     tables = {p.name: p.evidence.table for p in parts}
@@ -258,13 +258,7 @@ def confirmations(merged: Merged) -> list[Confirmation]:
         )
         for p in merged.parts
     ]  # fmt: skip
-    for g in merged.gpus:
-        out.append(
-            Confirmation(
-                device=g.device, part=g.part, folder=f"{GPUS}/{gpus.slug(g.device)}/{g.name}",
-                identity=g.identity, confirmed=g.confirmed, models=tuple(g.models), backend_ops=g.backend_ops,
-            )
-        )  # fmt: skip
+    out += merged.gpus
     return out
 
 
@@ -378,7 +372,7 @@ def merge_tables(
             _copy_part(p.folder, stage / PARTS / p.name)
         gpu_records = []
         for g, (_, copy) in zip(merged.gpus, raw):
-            dest = stage / GPUS / gpus.slug(g.device) / g.name
+            dest = stage / g.folder
             dest.mkdir(parents=True)
             (dest / f"{STORE}.xz").write_bytes(lzma.compress(copy.read_bytes(), preset=9))
             rounds = max((int(str(m.get("rounds", 3))) for m in g.models), default=3)

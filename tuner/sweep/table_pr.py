@@ -9,27 +9,12 @@ __all__ = ["confirm_command", "table_pr_text"]
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from tuner.result.tables import compare_table
 from tuner.sweep import confirm
-from tuner.sweep.confirm import Confirmed, RuleFate
-from tuner.sweep.gpus import Joined, differs, gpu_specs
+from tuner.sweep.confirm import RuleFate
+from tuner.sweep.gpus import Confirmation, Joined, differs, gpu_specs
 from tuner.targets.defaults import DEFAULT_QUANT
-
-
-@dataclass(frozen=True, kw_only=True)
-class Confirmation:
-    """One confirm store of one part on one GPU model, as PR.md reads it."""
-
-    device: str
-    part: str
-    folder: str
-    """Where its store is, relative to the merged table (``parts/<part>/evidence``, ``gpus/<model>/<name>``)."""
-    identity: Mapping[str, str]
-    confirmed: Confirmed
-    models: tuple[Mapping[str, object], ...]
-    backend_ops: tuple[Mapping[str, object], ...]
 
 
 def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:

@@ -8,20 +8,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from tuner.cli.sweep_cmd import sweep
-from tuner.errors import TunerError, UsageError
+from tests.unit.sweep.test_sweep_merge import _invoke
+from tuner.errors import UsageError
 from tuner.sweep import build, confirm, confirm_stage, run_stage
 from tuner.targets.archs import load_arch
-
-
-def _invoke(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(sweep, list(args), standalone_mode=False)
-    if isinstance(res.exception, TunerError):
-        return res.exception.exit_code, str(res.exception)
-    assert res.exception is None, res.exception
-    return res.exit_code, res.output
 
 
 @pytest.fixture(autouse=True)
