@@ -28,4 +28,13 @@ export_one sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3 paced-4 llama-3.2-1b q4_k_m
 export_one sm_89/llama-3.2-1b-q4_k_m-measured-on-h100 sm89-l1b-v4 llama-3.2-1b q4_k_m
 export_one cpu/tiny-f16 cpu-tiny-f16-s0-832db069-mma tiny f16
 export_one cpu/smollm2-135m-q4_k_m cpu-smollm2-135m-q4_k_m-direct-s0-832db069-mma smollm2-135m q4_k_m
+# The merged Hopper table, merged again from its two parts and the H200's confirmation stores
+# (docs/data/h200-pipeline); its evidence/ folder is written by hand and kept.
+ht=results/sm_90/hopper-table
+cp -r "$ht/parts/fattn-mmq-table" "$ht/parts/fattn-ne1-table" "$tmp/"
+h200=docs/data/h200-pipeline
+tuner sweep merge "$tmp/fattn-mmq-table" "$tmp/fattn-ne1-table" -o "$tmp/hopper-table" \
+    --gpu "$h200/confirm" --gpu "$h200/confirm-ne1" --gpu "$h200/ub512-iq4_xs" --gpu "$h200/ub512-q5_k_m"
+cp -r "$ht/evidence" "$tmp/hopper-table/"
+rm -rf "$ht" && cp -r "$tmp/hopper-table" "$ht"
 tuner validate results/
