@@ -440,14 +440,16 @@ def portable_paths(x: object, study_name: str) -> object:
 
 
 def server_args(args: list[str]) -> list[str]:
-    # llama-bench and llama-server share -ub/-b/-t/-ngl spellings; the server's -nkvo is a switch
-    # (bench: -nkvo 0|1); anything else is bench-only.
+    # llama-bench and llama-server share -ub/-b/-t/-ngl spellings; the server's -nkvo and --no-repack are switches
+    # (bench: -nkvo 0|1, --repack 0|1); anything else is bench-only.
     out = []
     for i in range(0, len(args) - 1, 2):
         if args[i] in ("-ub", "-b", "-t", "-ngl", "-ctk", "-ctv"):
             out += [args[i], args[i + 1]]
         elif args[i] == "-nkvo" and args[i + 1] == "1":
             out.append("-nkvo")
+        elif args[i] == "--repack" and args[i + 1] == "0":  # llama-server (common/arg.cpp): --no-repack
+            out.append("--no-repack")
     return out
 
 

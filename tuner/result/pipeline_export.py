@@ -54,6 +54,7 @@ from tuner.result.report import plot_speedup
 from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
+from tuner.study.state import StudyState
 from tuner.targets.archs import load_arch
 from tuner.targets.host import mask_text
 from tuner.targets.models import load_models, read_gguf
@@ -148,6 +149,8 @@ def export_pipeline(
         )
     space = resolve_space(tuner.plan.space.load_space(need(h.arch, "arch"), need(h.era, "era")), dict(h.derived_knobs))
     choice = Choice.of(space, dict(outcome.tuned.values) if outcome.tuned else {})
+    # what every config ran with on the measuring host (--repack 0 where llama.cpp's AMX kernels died there)
+    choice = dataclasses.replace(choice, args=[*choice.args, *(StudyState(study).host_args or [])])
     baked = baked_runtime(outcome.rules, choice.fa_env)
     rv = export_render(source, need(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked)
     e = _Export(

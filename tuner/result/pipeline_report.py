@@ -32,6 +32,7 @@ from tuner.result.cost import cost_line
 from tuner.result.report import compare_table, dashboard_command, importances_section
 from tuner.result.tables import method_paragraph
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
+from tuner.study.state import StudyState
 
 if TYPE_CHECKING:
     import optuna
@@ -397,6 +398,11 @@ def report_text(
         f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
         f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n",
     ]
+    if host := (StudyState(study).host_args if study is not None else None):
+        out.append(
+            f"Every config, upstream included, ran with `{' '.join(host)}`: upstream's llama-bench died on this host "
+            "in llama.cpp's AMX kernels (the weights repacked for AMX tiles) and ran with it.\n"
+        )
     if outcome.dropped:
         out.append(
             "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"

@@ -273,6 +273,7 @@ def _confirm_attempt(
     if tuned:
         compile_values = compile_values_of(space, tuned.values)
         env, args = runtime_env_and_args(space, tuned.values)
+        args += run.host_args
     build, fb = builds.get(run.base_variant, {}), builds.get(variant, compile_values)
     process_changed = bool(tuned)
     rule_phases = {r.phase.bench for r in rules}

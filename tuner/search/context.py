@@ -135,7 +135,9 @@ class SearchRun:
     shape: ModelShape
     base_env: Mapping[str, str]
     base_args: tuple[str, ...]
-    """Upstream's runtime: the pinned runtime knobs' env and llama-bench arguments."""
+    """Upstream's runtime: the pinned runtime knobs' env and llama-bench arguments (with ``host_args``)."""
+    host_args: tuple[str, ...] = ()
+    """What every config runs with because of this host (:func:`tuner.search.host_probe.repack_probe`)."""
     builds: Builds
     budget: Budget
     factory: MeasureFactory

@@ -47,6 +47,7 @@ def final_of(run: SearchRun, outcome: SearchOutcome) -> _Final:
     tuned = outcome.tuned
     vals = dict(tuned.values if tuned else {})
     env, args = runtime_env_and_args(run.space, vals) if tuned else (dict(run.base_env), list(run.base_args))
+    args += run.host_args if tuned else ()  # base_args has them already
     return _Final(
         base_variant=run.base_variant,
         variant=str(vals.get("variant", run.base_variant)),

@@ -44,6 +44,7 @@ from tuner.search.context import PHASES, GateResult, SearchRun, gate, kernels_fo
 from tuner.search.cost import counted, past_cost_line, priced_screen_call
 from tuner.search.device_guard import device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
+from tuner.search.host_probe import repack_probe
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
@@ -252,6 +253,7 @@ def _run_stages(run: SearchRun) -> SearchOutcome:
     with _timed(st, "build"):
         build = run.builds.get(run.base_variant, {})
     upstream_gate(run, build)
+    run = repack_probe(run, build)  # upstream dies of llama.cpp's AMX kernels on some hosts: --repack 0 there
     screener = _screener(run, build)
     log.info(
         plan_text(

@@ -527,7 +527,7 @@ def _run_trial(run: SearchRun, trials: _Trials, trial: optuna.Trial) -> None:
         if g.status == "fail":
             raise TunerError(f"test-backend-ops failed: {list(g.failing)}; log {g.log}")
         env, args = runtime_env_and_args(space, vals)
-        cand = Candidate(name="candidate", env={**env, **trials.rule_env}, args=tuple(args))
+        cand = Candidate(name="candidate", env={**env, **trials.rule_env}, args=(*args, *run.host_args))
         objs, ratios, cpu = paired_objectives(
             trials.factory(run.builds.get(run.base_variant, {})),
             trials.ref,

@@ -66,6 +66,7 @@ SEEDED_FROM = "seeded_from"  # read only: seeded from another's rounds (results/
 # the stages' records
 GATES = "gates"  # test-backend-ops per build id
 STAGE_SECONDS = "stage_seconds"
+HOST_ARGS = "host_args"
 LLAMA_BENCH_CALLS = "llama_bench_calls"  # llama-bench runs the search made (summed over resumed runs)
 SCREEN_ROUNDS = "screen_rounds"
 SCREEN_METHOD = "screen_method"  # what timed the screen: "kernel" (the FA op alone) or "llama-bench"
@@ -193,6 +194,16 @@ class StudyState:
         self._set(TOOLCHAIN, dict(toolchain))
 
     # -- stage records ---------------------------------------------------------------------------
+    @property
+    def host_args(self) -> list[str] | None:
+        """llama-bench arguments every config of this study runs with because of the host (``--repack 0``
+        where llama.cpp's AMX kernels die here); None: not probed yet."""
+        got = self._get(HOST_ARGS)
+        return None if got is None else [str(a) for a in got]
+
+    def set_host_args(self, args: list[str]) -> None:
+        self._set(HOST_ARGS, list(args))
+
     @property
     def gates(self) -> dict[str, Any]:
         """test-backend-ops records per build id."""

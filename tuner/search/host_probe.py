@@ -1,0 +1,61 @@
+"""Whether upstream's own llama-bench runs on this host, before any round is spent on it.
+
+On a CPU with AMX, a native CPU build repacks quantized weights for llama.cpp's AMX kernels
+(``ggml-cpu/amx``), and on some hosts (virtual machines among them) those kernels die in the worker threads:
+SIGILL at ``tileloadd``, or SIGSEGV (llama.cpp issue 20824). There llama.cpp as shipped does not run the
+model at all, and ``--repack 0`` (the weights left as they are) is how it runs. One short llama-bench call
+finds out; where upstream dies of such a signal and ``--repack 0`` runs, every config of the study (upstream
+included) is measured with it, the study records it, and the export's commands carry it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["repack_probe"]
+
+import dataclasses
+from pathlib import Path
+
+from tuner import _run, log
+from tuner.errors import TunerError
+from tuner.plan.variant import Build
+from tuner.search.context import SearchRun
+from tuner.targets.host import host_has_amx
+
+_CRASH = (-4, -11)  # SIGILL, SIGSEGV
+
+
+def _runs(bin_dir: Path, model: Path, args: list[str], log_file: Path) -> int:
+    """llama-bench's exit status on a 32-token prompt (1 where it could not start or timed out: no signal)."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-p", "32", "-n", "0", "-r", "1", *args]
+    try:
+        return _run.run(cmd, check=False, timeout=300, log_file=log_file, what="llama-bench probe").returncode
+    except TunerError:
+        return 1
+
+
+def repack_probe(run: SearchRun, build: Build) -> SearchRun:
+    """``run`` with ``--repack 0`` in every config's arguments where upstream's llama-bench dies of SIGILL or
+    SIGSEGV on this AMX host and runs with it (module doc); decided once per study (stored), else unchanged."""
+    if run.cfg.target.arch.name != "cpu" or run.custom is not None or "--repack" in run.base_args or not host_has_amx():
+        return run
+    if not (Path(build.bin_dir) / "llama-bench").is_file():
+        return run  # no llama-bench to probe (a test's fake build): the rounds say what is wrong
+    extra = run.st.host_args
+    if extra is None:
+        logs = run.cfg.run_dir / "logs"
+        rc = _runs(Path(build.bin_dir), run.cfg.model, list(run.base_args), logs / "probe-upstream.log")
+        extra = []
+        if rc in _CRASH:
+            fixed = ["--repack", "0"]
+            if _runs(Path(build.bin_dir), run.cfg.model, [*run.base_args, *fixed], logs / "probe-repack-0.log") == 0:
+                extra = fixed
+                log.notice(
+                    f"upstream's llama-bench died of {'SIGILL' if rc == -4 else 'SIGSEGV'} on this CPU in llama.cpp's "
+                    "AMX kernels (the weights repacked for AMX tiles; log "
+                    f"{logs / 'probe-upstream.log'}) and runs with --repack 0: every config of this study, upstream "
+                    "included, is measured with --repack 0, and the export's commands carry it."
+                )
+        run.st.set_host_args(extra)
+    if not extra:
+        return run
+    return dataclasses.replace(run, base_args=(*run.base_args, *extra), host_args=tuple(extra))
