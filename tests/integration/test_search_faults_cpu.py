@@ -313,11 +313,16 @@ def test_postgres_stopping_mid_trial_is_one_error_and_the_trial_runs_again(
     st = load(postgres, "lost")
     cut = next(t for t in st.trials if t.number == left[0].number)
     assert cut.state.name == "FAIL"
+
+    # a trial cut inside ask has only the values sampled before the cut: its retry repeats those, samples the rest
+    def repeats(t: object) -> bool:
+        return all(t.params.get(k) == v for k, v in cut.params.items())  # type: ignore[attr-defined]
+
     if "were cut off by an interrupted search or worker" in again.stderr:  # tuner's own reaping
         assert cut.user_attrs["status"] == "interrupted"
-        assert any(t.user_attrs.get("retry_of") == cut.number and t.params == cut.params for t in st.trials)
+        assert any(t.user_attrs.get("retry_of") == cut.number and repeats(t) for t in st.trials)
     else:  # a loaded machine let the heartbeat's grace period pass first: Optuna's stale-trial retry ran it again
-        assert any(t.number > cut.number and t.params == cut.params for t in st.trials)
+        assert any(t.number > cut.number and repeats(t) for t in st.trials)
     assert not [t for t in st.trials if t.state.name in ("RUNNING", "WAITING")] and "result" in st.user_attrs
 
 
