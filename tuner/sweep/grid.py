@@ -174,11 +174,11 @@ def _check_arch(arch: Arch) -> int:
     )
 
 
-def _amd_wmma(cc: int) -> bool:
+def amd_wmma(cc: int) -> bool:
     return cc >= _RDNA3  # RDNA3, RDNA3.5, RDNA4: amd_wmma_available
 
 
-def _amd_mfma(cc: int) -> bool:
+def amd_mfma(cc: int) -> bool:
     return _CDNA1 <= cc < _RDNA1 and cc not in _GCN_APUS  # CDNA: amd_mfma_available
 
 
@@ -189,7 +189,7 @@ def legal_kernels(arch: Arch, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...
     vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
     mma = D not in (40, 72)
     if cc >= OFFSET_AMD:  # the hook's AMD rule: WMMA with the GQA optimisation and DKQ <= 256, MFMA on CDNA
-        mma = mma and ((_amd_wmma(cc) and gqa >= 2 and D <= 256) or _amd_mfma(cc))
+        mma = mma and ((amd_wmma(cc) and gqa >= 2 and D <= 256) or amd_mfma(cc))
     return tuple(k for k, ok in zip(_KERNELS, (vec, True, mma)) if ok)
 
 
@@ -208,11 +208,11 @@ def _upstream_amd(cc: int, shape: FaShape, n_kv: int, can_vec: bool) -> str:
     gqa_opt = gqa >= 2 and n_kv % STRIDE == 0
     cols = ne1 * _gqa_eff(D, gqa)
     if D not in (40, 72):
-        if _amd_mfma(cc) and ((D <= 64 and cols > 8) or (D <= 128 and cols > 16) or (D <= 256 and cols > 64)):
+        if amd_mfma(cc) and ((D <= 64 and cols > 8) or (D <= 128 and cols > 16) or (D <= 256 and cols > 64)):
             return "MMA"
-        if _amd_mfma(cc) and D > 256 and gqa_opt and cols > 128:
+        if amd_mfma(cc) and D > 256 and gqa_opt and cols > 128:
             return "MMA"
-        if _amd_wmma(cc) and gqa_opt and D <= 256 and cols > (8 if D <= 128 else 16):
+        if amd_wmma(cc) and gqa_opt and D <= 256 and cols > (8 if D <= 128 else 16):
             return "MMA"
     if can_vec:
         if shape.kv in _UNQUANTIZED:

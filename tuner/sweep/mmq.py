@@ -109,7 +109,7 @@ from tuner.rounds.compose import Decision, Shape, rules_from
 from tuner.rounds.engine import AA, DEFAULT, Spec, Verdicts, gap_decision, judge, pack_groups, rounds_text, run_rounds
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore, Table
-from tuner.sweep.grid import OFFSET_AMD, cc_of, duration_text
+from tuner.sweep.grid import OFFSET_AMD, amd_mfma, amd_wmma, cc_of, duration_text
 from tuner.sweep.table import amd_family_condition
 from tuner.targets.archs import Arch
 from tuner.targets.models import ModelShape, load_model_shape
@@ -358,12 +358,12 @@ def upstream_backend(arch: Arch, type_name: str, ne11: int) -> str:
             f"The MMQ sweep models upstream's choice with Turing tensor cores and on AMD; {arch.name!r} is neither."
         )
     gfx = cc - OFFSET_AMD
-    if 0x908 <= gfx < 0x1010 and gfx not in (0x909, 0x90C):  # CDNA (amd_mfma_available)
-        if gfx >= 0x942 and gfx < 0x950:  # CDNA3: rocBLAS performs poorly there, MMQ always
+    if amd_mfma(cc):  # CDNA
+        if 0x942 <= gfx < 0x950:  # CDNA3: rocBLAS performs poorly there, MMQ always
             return "MMQ"
         ok = ne11 <= 128 or type_name in ("q4_0", "q4_1", "q5_0", "q5_1")
         return "MMQ" if ok or (ne11 <= 256 and type_name in ("q4_K", "q5_K")) else "BLAS"
-    if 0x1100 <= gfx < 0x1200:  # RDNA3 and RDNA3.5 (amd_wmma_available; RDNA4 is MMQ always)
+    if amd_wmma(cc) and gfx < 0x1200:  # RDNA3 and RDNA3.5 (RDNA4 is MMQ always)
         limit = {"q2_K": 128, "q6_K": 128 if gfx < 0x1150 else 256}
         if type_name in ("iq2_xs", "iq2_s"):
             return "MMQ" if gfx >= 0x1150 or ne11 <= 128 else "BLAS"

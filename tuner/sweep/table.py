@@ -203,19 +203,18 @@ def table_block(rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> st
     )
 
 
-def _call(arch: Arch, cond: str) -> str:
-    return "\n".join(
-        [
-            f"        if ({cond} && Q->ne[3] == 1) {{",
-            f"            const best_fattn_kernel tuned = {LOOKUP_PREFIX}{_suffix(arch)}(",
-            "                Q->ne[0], gqa_ratio, K->type, V->type, Q->ne[1], K->ne[1], can_use_vector_kernel, gqa_opt_applies);",
-            "            if (tuned != BEST_FATTN_KERNEL_NONE) {",
-            "                return tuned;",
-            "            }",
-            "        }",
-            "",
-        ]
-    )
+def _call(arch: Arch, cond: str, indent: str = "        ") -> str:
+    """The lookup's call, at ``indent``: inside the Turing branch (NVIDIA), or at the function's level (AMD)."""
+    lines = [
+        f"if ({cond} && Q->ne[3] == 1) {{",
+        f"    const best_fattn_kernel tuned = {LOOKUP_PREFIX}{_suffix(arch)}(",
+        "        Q->ne[0], gqa_ratio, K->type, V->type, Q->ne[1], K->ne[1], can_use_vector_kernel, gqa_opt_applies);",
+        "    if (tuned != BEST_FATTN_KERNEL_NONE) {",
+        "        return tuned;",
+        "    }",
+        "}",
+    ]
+    return "".join(f"{indent}{ln}\n" for ln in lines)
 
 
 def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
@@ -252,10 +251,7 @@ def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, n
         branch = start + body.index(_TURING_BRANCH)
         comment = text.rfind("\n", start, branch - 1) + 1
         branch = comment if text[comment:branch].lstrip().startswith("//") else branch
-        call = (
-            _call(arch, amd_family_condition(arch)).replace("\n        ", "\n    ").replace("        if", "    if", 1)
-            + "\n"
-        )
+        call = _call(arch, amd_family_condition(arch), indent="    ") + "\n"
     else:
         branch = start + body.index(_TURING_BRANCH) + len(_TURING_BRANCH)
         call = _call(arch, arch_condition(arch, common.read_text()))
