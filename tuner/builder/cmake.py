@@ -66,6 +66,7 @@ from tuner.builder.records import (
     current_artifact,
     hold_artifact,
     install_artifact,
+    is_on,
     load_build_record,
     locked,
     native_isa,
@@ -130,11 +131,6 @@ def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMA
         msg = f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`."
         raise TunerError(msg)
     return BuildTools(cmake=cmake, ninja=ninja.path)
-
-
-def is_on(value: str | None) -> bool:
-    """A CMake boolean define's truth (``ON``, ``1``, ``TRUE``...; anything else, None included, is off)."""
-    return str(value).upper() in {"ON", "1", "TRUE", "YES", "Y"}
 
 
 def check_target_names(targets: Sequence[str]) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "describe_owner",
     "hold_artifact",
     "install_artifact",
+    "is_on",
     "load_build_record",
     "locked",
     "native_isa",
@@ -299,13 +300,16 @@ def prune_artifacts(art: Path) -> list[Path]:
     return gone
 
 
+def is_on(value: object) -> bool:
+    """A CMake boolean define's truth (``ON``, ``1``, ``TRUE``...; anything else, None included, is off)."""
+    return str(value).upper() in {"ON", "1", "TRUE", "YES", "Y"}
+
+
 def native_isa(defines: Mapping[str, object]) -> str | None:
     """This CPU's :func:`tuner.targets.host.host_isa` when ``defines`` make a ``GGML_NATIVE`` build (llama.cpp's
     default), else None: such a build's binaries hold this CPU's instructions and run on no other."""
     native = defines.get("GGML_NATIVE")
-    if native is not None and str(native).upper() not in {"ON", "1", "TRUE", "YES", "Y"}:
-        return None
-    return host_isa()
+    return host_isa() if native is None or is_on(native) else None
 
 
 def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str, Any] | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 __all__ = ["repack_probe"]
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from tuner import _run, log
@@ -24,11 +26,14 @@ from tuner.targets.host import host_has_amx
 _CRASH = (-4, -11)  # SIGILL, SIGSEGV
 
 
-def _runs(bin_dir: Path, model: Path, args: list[str], log_file: Path) -> int:
+def _runs(bin_dir: Path, model: Path, args: list[str], env: Mapping[str, str], log_file: Path) -> int:
     """llama-bench's exit status on a 32-token prompt (1 where it could not start or timed out: no signal)."""
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-p", "32", "-n", "0", "-r", "1", *args]
     try:
-        return _run.run(cmd, check=False, timeout=300, log_file=log_file, what="llama-bench probe").returncode
+        res = _run.run(
+            cmd, env={**os.environ, **env}, check=False, timeout=300, log_file=log_file, what="llama-bench probe"
+        )
+        return res.returncode
     except TunerError:
         return 1
 
@@ -42,12 +47,12 @@ def repack_probe(run: SearchRun, build: Build) -> SearchRun:
         return run  # no llama-bench to probe (a test's fake build): the rounds say what is wrong
     extra = run.st.host_args
     if extra is None:
-        logs = run.cfg.run_dir / "logs"
-        rc = _runs(Path(build.bin_dir), run.cfg.model, list(run.base_args), logs / "probe-upstream.log")
+        logs, bin_dir, env = run.cfg.run_dir / "logs", Path(build.bin_dir), run.base_env  # upstream's runtime
+        rc = _runs(bin_dir, run.cfg.model, list(run.base_args), env, logs / "probe-upstream.log")
         extra = []
         if rc in _CRASH:
             fixed = ["--repack", "0"]
-            if _runs(Path(build.bin_dir), run.cfg.model, [*run.base_args, *fixed], logs / "probe-repack-0.log") == 0:
+            if _runs(bin_dir, run.cfg.model, [*run.base_args, *fixed], env, logs / "probe-repack-0.log") == 0:
                 extra = fixed
                 log.notice(
                     f"upstream's llama-bench died of {'SIGILL' if rc == -4 else 'SIGSEGV'} on this CPU in llama.cpp's "

@@ -24,6 +24,7 @@ __all__ = [
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from tuner.errors import UsageError
 from tuner.plan.fa_rules import as_stored
 
 if TYPE_CHECKING:
@@ -199,7 +200,13 @@ class StudyState:
         """llama-bench arguments every config of this study runs with because of the host (``--repack 0``
         where llama.cpp's AMX kernels die here); None: not probed yet."""
         got = self._get(HOST_ARGS)
-        return None if got is None else [str(a) for a in got]
+        if got is None:
+            return None
+        if got not in ([], ["--repack", "0"]):  # what repack_probe writes; anything else reaches llama-bench's argv
+            raise UsageError(
+                f"the study's {HOST_ARGS} is {got!r}, which tuner never writes: an edited or foreign study."
+            )
+        return list(got)
 
     def set_host_args(self, args: list[str]) -> None:
         self._set(HOST_ARGS, list(args))

@@ -349,13 +349,19 @@ def merge_tables(
         parts = load_parts(folders, Path(tmp) / "ev")
         raw = []
         for i, d in enumerate(Path(g) for g in gpu_dirs):
+            name = d.resolve().name
+            if not NAME.fullmatch(name) or name in (".", ".."):
+                raise UsageError(
+                    f"--gpu folder name {name!r} cannot name gpus/<model>/<name>: use letters, digits and . _ + - "
+                    "only; rename the folder."
+                )
             src_store, copy = _store_in(d), Path(tmp) / "gpu" / str(i) / STORE
             copy.parent.mkdir(parents=True)
-            if src_store.suffix == ".xz":
-                copy.write_bytes(lzma.decompress(src_store.read_bytes()))
+            if src_store.suffix == ".xz":  # streamed and capped, as an export's evidence is (a small file can expand)
+                export.decompress_file(d, src_store.name, copy)
             else:
                 export.backup_store(src_store, copy)
-            raw.append((d.resolve().name, copy))
+            raw.append((name, copy))
         merged = merged_view(parts, load_gpu_confirmations(raw, parts))
         names = [(g.device, g.name) for g in merged.gpus]
         if len(set(names)) != len(names):

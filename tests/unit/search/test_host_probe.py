@@ -27,7 +27,7 @@ def _run(tmp_path: Path, study: FakeStudy, arch: str = "cpu"):
     cfg = types.SimpleNamespace(
         target=types.SimpleNamespace(arch=types.SimpleNamespace(name=arch)), run_dir=tmp_path, model=tmp_path / "m.gguf"
     )
-    return search_run(cfg, study, base_args=("-t", "2"), custom=None)
+    return search_run(cfg, study, base_args=("-t", "2"), base_env={"GGML_X": "1"}, custom=None)
 
 
 @pytest.fixture
@@ -35,7 +35,8 @@ def amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
     (tmp_path / "llama-bench").write_text("")  # a build that has one (the probe skips a build without)
 
-    def runs(bin_dir: Path, model: Path, args: list[str], log_file: Path) -> int:
+    def runs(bin_dir: Path, model: Path, args: list[str], env: dict[str, str], log_file: Path) -> int:
+        assert env == {"GGML_X": "1"}  # upstream's runtime: its pinned env with its pinned args
         calls.append(args)
         return 0 if "--repack" in args else -4  # SIGILL in the AMX kernels unless the weights stay as they are
 
@@ -71,3 +72,14 @@ def test_a_host_where_upstream_runs_or_without_amx_or_not_the_cpu_is_left_as_it_
     assert run.base_args == ("-t", "2") and study.user_attrs["host_args"] == []
     monkeypatch.setattr(host_probe, "host_has_amx", lambda: False)
     assert host_probe.repack_probe(_run(tmp_path, FakeStudy()), build).host_args == ()
+
+
+def test_a_study_recording_other_host_args_is_refused(tmp_path: Path, amx: list[list[str]]) -> None:
+    """The stored value reaches llama-bench's argv on resume and run.env on export: only what the probe writes."""
+    from tuner.errors import UsageError
+
+    study = FakeStudy()
+    study.user_attrs["host_args"] = ["-o", "/etc/passwd"]
+    with pytest.raises(UsageError, match="which tuner never writes"):
+        host_probe.repack_probe(_run(tmp_path, study), types.SimpleNamespace(bin_dir=tmp_path))
+    assert amx == []

@@ -3,6 +3,7 @@ and ``tuner validate`` of the merged folder (parts, join, re-render, lookup), on
 
 from __future__ import annotations
 
+import lzma
 import shutil
 import types
 from pathlib import Path
@@ -119,7 +120,7 @@ def _on_other_gpu(
 
 
 def test_another_gpu_models_confirmation_joins_the_merge_beside_the_first(
-    tmp_path: Path, two: tuple[Path, Path]
+    tmp_path: Path, two: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decode, batch = two
     agree = _on_other_gpu(tmp_path, tmp_path / "sweep-decode", gain=1.2, mmq_dir=tmp_path / "mmq")
@@ -146,6 +147,22 @@ def test_another_gpu_models_confirmation_joins_the_merge_beside_the_first(
     store = out / "gpus" / "gpu-y" / m["gpus"][0]["name"] / "confirm.sqlite3.xz"
     store.write_bytes(store.read_bytes()[:-8])
     assert "recorded" in _failed(out)[f"gpu {m['gpus'][0]['name']}"]
+    # a --gpu folder is read as data: a compressed store that expands past the evidence cap is refused, a folder
+    # name that cannot be gpus/<model>/<name> too, and nothing is written
+    from tuner.sweep import export
+
+    bomb = tmp_path / "bomb"
+    bomb.mkdir()
+    (bomb / "confirm.sqlite3.xz").write_bytes(lzma.compress(b"\0" * (8 << 20)))  # 8 MiB from about 1 KiB
+    monkeypatch.setattr(export, "MAX_EVIDENCE_BYTES", 4 << 20)  # above the parts' stores, below the bomb
+    code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(bomb), "-o", str(tmp_path / "m7"))
+    assert code == 2 and f"{bomb}/confirm.sqlite3.xz decompresses to more than 4 MiB" in text, text
+    assert not (tmp_path / "m7").exists()
+    monkeypatch.undo()
+    spaced = tmp_path / "my store"
+    shutil.copytree(agree, spaced)
+    code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(spaced), "-o", str(tmp_path / "m8"))
+    assert code == 2 and "cannot name gpus/<model>/<name>" in text and not (tmp_path / "m8").exists()
     # the first model's own confirmation is not another model's evidence
     code, text = _invoke(
         "merge",
