@@ -15,6 +15,7 @@ from tuner.sweep import confirm
 from tuner.sweep.confirm import RuleFate
 from tuner.sweep.gpus import Confirmation, Joined, differs, gpu_specs
 from tuner.targets.defaults import DEFAULT_QUANT
+from tuner.targets.quant_types import quant_type
 
 
 def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
@@ -27,8 +28,8 @@ def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
     passes = [r for r in rows if "pass" in r]
     args = [f"tuner sweep confirm {c.part}/fa", *([f"--mmq {c.part}/mmq"] if has_mmq else [])]
     args += [f"--like {x}" for x in likes]
-    quant = c.identity.get("quant", DEFAULT_QUANT)
-    if quant.upper() != DEFAULT_QUANT.upper():
+    quant = _quant(c)
+    if quant != DEFAULT_QUANT.upper():
         args.append(f"--quant {quant}")
     if tuple(depths) != confirm.DEFAULT_DEPTHS:
         args.append(f"--depths {','.join(map(str, depths))}")
@@ -40,6 +41,11 @@ def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
     if rounds != {3}:
         args.append(f"--rounds {max(rounds)}")
     return " ".join([*args, f"-o {out}"])
+
+
+def _quant(c: Confirmation) -> str:
+    """The models' type the store recorded, checked (it is printed into PR.md's commands): UsageError otherwise."""
+    return quant_type(c.identity.get("quant", DEFAULT_QUANT))
 
 
 def _ints(v: object) -> list[int]:
@@ -68,8 +74,8 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
     out: list[dict[str, object]] = []
     for c in confs:
         f = c.confirmed.fates[entry]
-        quant = c.identity.get("quant", DEFAULT_QUANT)
-        label = "" if quant.upper() == DEFAULT_QUANT.upper() else f" {quant}"
+        quant = _quant(c)
+        label = "" if quant == DEFAULT_QUANT.upper() else f" {quant}"
         out += [{**p, "model": f"{p['model']}{label}"} for p in f.touched]
         ch = fate.choice
         if ch is None:

