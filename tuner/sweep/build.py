@@ -9,9 +9,9 @@ from pathlib import Path
 from tuner import log, source
 from tuner.builder.cmake import build_variant
 from tuner.builder.extra import ensure_targets
-from tuner.errors import UsageError
 from tuner.plan.render import render_variant
 from tuner.targets.archs import Arch, detect_local_archs, load_arch
+from tuner.targets.target import resolve_target
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -37,15 +37,11 @@ def gpu_backend(arch: Arch, backend: str) -> str:
 
 def require_gpu(arch: Arch, backend: str, dry_run: str) -> None:
     """An AMD sweep times kernels on that GPU model: with none here (no AMD GPU exists on tuner's own machines),
-    exit 2 naming ``dry_run`` (the command that prints the plan) before anything is built. A CPU backend (the
-    tests') times anywhere."""
+    the search's refusal (exit 2) before anything is built, naming ``dry_run`` (the command that prints the
+    plan). A CPU backend (the tests') times anywhere."""
     if arch.vendor != "amd" or backend.upper().startswith("CPU"):
         return
-    local = detect_local_archs()
-    if arch.name in local:
-        return
-    raise UsageError(
-        f"This times kernels on a {arch.name} GPU, and this machine has "
-        f"{', '.join(local) if local else 'no GPU tuner can see'}. `{dry_run}` prints what it would run and an "
-        "estimate of its time; run the command on the machine with the GPU (README, 'Tuning a Strix Halo')."
+    resolve_target(
+        arch.name,
+        instead=f"`{dry_run}` to print what it would run and an estimate of its time (README, 'Tuning a Strix Halo')",
     )

@@ -37,13 +37,19 @@ class Target:
 
 
 def resolve_target(
-    requested: str | None, *, dry_run: bool = False, replay: bool = False, ptx_jit: bool = False
+    requested: str | None,
+    *,
+    dry_run: bool = False,
+    replay: bool = False,
+    ptx_jit: bool = False,
+    instead: str | None = None,
 ) -> Target:
     """The target to tune for: the requested arch if present here, else the local GPU, else ``cpu``.
 
     ``ptx_jit`` lets an NVIDIA target run on a newer local NVIDIA GPU through ``<cc>-virtual`` PTX
     (e.g. sm_89 code on an H100): the kernels are the target's, the clocks and memory are the
-    local GPU's, and every report names the GPU that was measured.
+    local GPU's, and every report names the GPU that was measured. ``instead``: what to do without the GPU, in
+    the refusal's words (default: ``tuner search``'s dry run).
 
     Raises:
         UsageError: ``requested`` is not in the arch database, or names a GPU this machine does not
@@ -71,7 +77,11 @@ def resolve_target(
     msg = (
         f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "
         f"{found}. tuner never benchmarks one device and reports it as another. Use "
-        f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check "
-        f"the whole space here, or run the same command on a machine with that GPU.{hint}"
+        + (
+            instead
+            or f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check the whole "
+            "space here"
+        )
+        + f", or run the same command on a machine with that GPU.{hint}"
     )
     raise UsageError(msg)
