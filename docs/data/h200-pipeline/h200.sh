@@ -28,6 +28,9 @@ if [ ! -d "$P" ]; then
 fi
 T=$P/timing.tsv
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+# the stores hold NVIDIA H200 rounds only (a confirm store refuses another model's, exit 2): on any other
+# GPU stop here, before the build, and say which one came
+[ "$GPU" = "NVIDIA H200" ] || { echo "this machine's GPU is $GPU, not an NVIDIA H200: nothing run" >&2; exit 4; }
 nvidia-smi --query-gpu=timestamp,name,driver_version,pci.bus_id,clocks.sm,clocks.max.sm,clocks.applications.graphics,clocks.mem,clocks.max.mem,memory.total,power.limit --format=csv | tee -a "$P/gpu.txt"
 if [ ! -f "$P/nvidia-smi-q.txt" ]; then  # once per state: the full report, and a copy bandwidth read by PyTorch
   nvidia-smi -q > "$P/nvidia-smi-q.txt"

@@ -7,6 +7,7 @@
 set -o pipefail
 source docs/h100-env.sh || exit 1
 P=$PWD/.devhome/h200
+[ "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" = "NVIDIA H200" ] || { echo "not an NVIDIA H200: nothing run" >&2; exit 4; }
 [ -f "$P/call.done" ] || { echo "no finished call step in $P: run h200.sh first" >&2; exit 2; }
 ht=results/sm_90/hopper-table
 tmp=$(mktemp -d)
