@@ -1,12 +1,9 @@
 """Small-batch passes of the confirm: the table's entries at ``Q->ne[1]`` 2-8 checked end to end.
 
-The patch keys an entry by ``Q->ne[1]`` exactly, and llama-bench's ``pp512`` and ``tg128`` attend at 512
-and 1 only. A prompt of N tokens after a depth (``-p N -d D``, N below the micro-batch) is one call of
-FLASH_ATTN_EXT per layer at ``Q->ne[1] = N`` over ``n_kv = pad(D + N)``: the call speculative decoding
-makes when it checks N drafted tokens, and parallel decoding with N sequences in one KV stream. So an
-entry at batch N is confirmed on its model shape by a pass of ``ppN`` at the model's depths that its n_kv
-range reaches, with the shape's entries at that batch given to the hook as ``prefill/../nbN`` rules (the
-``nb`` key makes them fire at that batch only, as the patch does). The pass reuses the model's file.
+llama-bench's ``pp512``/``tg128`` attend at 512 and 1 only; a prompt of N tokens after a depth (``-p N -d D``)
+attends at ``Q->ne[1] = N`` over ``n_kv = pad(D + N)``, the call of speculative and parallel decoding. So an
+entry at batch N is confirmed by a ``ppN`` pass at the depths its n_kv range reaches, the shape's entries given
+to the hook as ``prefill/../nbN`` rules (firing at that batch only, as the patch does), on the model's own file.
 """
 
 from __future__ import annotations
@@ -47,9 +44,8 @@ def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
 
 
 def batch_passes(plans: Sequence[ModelPlan], depths: Sequence[int]) -> list[tuple[ModelPlan, tuple[int, ...]]]:
-    """Per model (not a pass) and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths (of
-    ``depths``, within the model's context) whose ``pp<batch>`` reaches some entry's n_kv range. A batch whose
-    entries no depth reaches gets no pass (its entries are reported)."""
+    """Per model and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths whose
+    ``pp<batch>`` reaches some entry's n_kv range; a batch no depth reaches gets no pass (reported)."""
     out = []
     for p in plans:
         if p.base:

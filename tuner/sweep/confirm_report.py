@@ -1,8 +1,7 @@
-"""``e2e.md`` and ``PR.md`` of ``tuner sweep confirm``: the end-to-end table, the rules kept and reported,
-the gates, and the method and coverage of the sweep(s) behind them.
+"""``e2e.md`` and ``PR.md`` of ``tuner sweep confirm``: the end-to-end table, the kept and reported rules, the gates.
 
-Only public llama.cpp sources are cited (``ggml/src/ggml-cuda/fattn.cu``, ``mmq.cu``, issue 18865,
-PR 15035); a reviewer upstream cannot open anything else.
+Only public llama.cpp sources are cited (``fattn.cu``, ``mmq.cu``, issue 18865, PR 15035): a reviewer upstream
+cannot open anything else.
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
 
 
 def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -> list[str]:
-    """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
-    llama-bench runs one more, discarded as warm-up). ``model_rounds``: some model's own rounds (the storage's
-    ``tests``) ran; where none did, only the small-batch passes' tests did, and each pass names its own."""
+    """The confirm storage's identity in words (``reps``: timed repetitions; llama-bench runs one more as
+    warm-up). ``model_rounds`` False: only the small-batch passes ran, each naming its own tests."""
     known = {"arch", "build", "quant", "models", "reps", "table", "tests", "schema", "sweep"}
     out = []
     if "arch" in identity:
@@ -330,10 +328,8 @@ def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, An
 
 
 def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str, Any], float]:
-    """(size vs the recording, the recording, seconds per llama-bench call and depth) of a pp512+tg128 call on
-    ``like``. A call's time grows about with the weights a token reads: scaled by the parameter count's ratio to
-    the recorded model nearest in width (a 12B shape is not priced as the 8B it is nearest to), unless the
-    confirm itself was recorded on this model."""
+    """(size vs the recording, the recording, seconds per call and depth) of a pp512+tg128 call on ``like``:
+    scaled by parameter count from the recorded model nearest in width, unless ``like`` itself was recorded."""
     rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
     own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     size = _params(like) / _params(str(rec["like"]))
@@ -357,9 +353,8 @@ def check_seconds(like: str) -> float:
 
 
 def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
-    """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
-    case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
-    the largest recording for an op not recorded."""
+    """One ``test-backend-ops test -o OP`` run as recorded (``[backend_ops]``): every case, or ``shapes`` pairs'
+    cases where the op has a per-shape recording; the largest recording for an op not recorded."""
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
     whole = float(rec["seconds"])
@@ -367,10 +362,9 @@ def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
 
 
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
-    """A small-batch pass's estimated seconds: its calls at the recorded per-call cost of ``like``'s passes
-    (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
-    llama-bench's reps + 1 runs, recorded at 4) and its gate: one check, plus the model's prefill band of three
-    kernels where this is its first pass (its passes share one)."""
+    """A small-batch pass's estimated seconds: its calls at the recorded per-call cost (``[confirm_batch]``,
+    scaled as :func:`_call_cost`; -r as reps + 1 runs, recorded at 4) and its gate, plus the model's prefill band
+    of three kernels on its first pass."""
     recs = list(costs.get("confirm_batch", {}).values())
     own = next((r for r in recs if r["like"] == like), None)
     d_model, params = load_model_shape(like).d_model, _params(like)
@@ -393,8 +387,7 @@ def plan_text(
     passes: Sequence[ModelPlan] = (),
 ) -> str:
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
-    (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
-    an estimate)."""
+    (``tuner/data/step_costs.toml``, scaled by parameter count)."""
     costs = load_step_costs()
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "

@@ -1,7 +1,6 @@
-"""``tuner sweep confirm`` as two stages over one frozen request: :func:`plan_confirm` (the table loaded, the
-models planned, the dry run's text) and :func:`run_confirm` (the build found or made, the storage opened, the
-models measured and gated, test-backend-ops run, e2e.md, PR.md and upstream.patch written). The command only
-parses its flags into a :class:`ConfirmRequest`, calls them and prints what they return."""
+"""``tuner sweep confirm`` as two stages over one frozen request: :func:`plan_confirm` (table loaded, models
+planned, dry-run text) and :func:`run_confirm` (build, storage, measurements, gates, test-backend-ops, outputs).
+"""
 
 from __future__ import annotations
 
@@ -93,11 +92,8 @@ class ConfirmOutcome:
 
 
 def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
-    """The table of ``request.sweep_dir`` (and ``mmq_dir``) and its models planned; nothing built or measured.
-
-    Raises:
-        UsageError: a store that is not a sweep's, an unknown model shape (exit 2).
-    """
+    """The table and its models planned; nothing built or measured. UsageError: a store that is not a sweep's,
+    an unknown model shape."""
     r = request
     # the clock starts before anything is loaded: a caller's limit counts from the command's start
     budget = Budget.counted_from(None, r.time_budget) if r.time_budget else None
@@ -177,9 +173,8 @@ def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> 
 
 
 def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
-    """``{"device": ...}`` for the confirm storage (it never pairs rounds of two GPU models). A device other than
-    the sweeps' must be of the table's arch (another model of it: the H200 for a table swept on the H100), else
-    UsageError: the table's patch would not act on it."""
+    """``{"device": ...}`` for the confirm storage; UsageError where the device is not the sweeps' and not of the
+    table's arch (the patch would not act on it)."""
     mine = device_identity(bin_dir, backend)
     dev = mine.get(DEVICE)
     for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
@@ -279,11 +274,9 @@ def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], Non
 def _backend_ops(
     conf: Confirmed, bin_dir: Path, *, backend: str, store: ConfirmStore, log_dir: Path, budget: Budget | None = None
 ) -> list[dict[str, Any]]:
-    """test-backend-ops FLASH_ATTN_EXT (the kept entries' head sizes and K/V types) and MUL_MAT (every case)
-    with the kept entries' env (intervals widened, so every test case of a kept shape runs its kernel;
-    FLASH_ATTN_EXT once per kernel a shape has, as the hook's first matching rule wins); stored, so a rerun
-    with the same env and cases does not run them again. ``budget``: none starts that would end past it
-    (priced at the recorded runs)."""
+    """test-backend-ops FLASH_ATTN_EXT (the kept entries' shapes, once per layer of widened rules, as the hook's
+    first matching rule wins) and MUL_MAT with the kept entries' env; stored, so a rerun with the same env and
+    cases skips them. ``budget``: none starts that would end past it."""
     layers = widened_layers(conf.kept_rules)
     choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
     mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}

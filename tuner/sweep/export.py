@@ -1,23 +1,10 @@
 """``tuner sweep export``: the confirmed sweep table as a result folder (``results/<arch>/<name>/``).
 
-From a ``tuner sweep confirm`` directory and the stores of the two sweeps behind it, the folder holds:
-
-- ``upstream.patch``: the kept entries on the pristine tree (:func:`tuner.sweep.confirm.kept_patch`; none
-  where nothing was kept), ``PR.md`` and ``e2e.md`` as the confirmation wrote them, ``report.md`` (the
-  FlashAttention and MMQ sweep reports and ``e2e.md``, one section each);
-- ``plots/`` (:mod:`tuner.sweep.plots`);
-- ``evidence/``: ``sweep.sqlite3.xz``, ``mmq.sqlite3.xz`` (where the confirmation had MMQ choices) and
-  ``confirm.sqlite3.xz``, consistent copies of the three stores, xz-compressed as a search result keeps
-  ``evidence/study.db.xz``;
-- ``table.toml``, the manifest: schema, kind, source, arch and device, the kept FlashAttention entries and
-  MMQ choices as text (and those reported, with why), sha256 of ``upstream.patch`` and of each evidence
-  file, and coverage counts.
-
-Everything in the manifest's table is recomposed from the stored copies, by the commands' own code
-(:func:`load_evidence`: :func:`tuner.sweep.confirm.load_table` and :func:`tuner.sweep.confirm.recompose`),
-which ``tuner validate`` runs again on the decompressed evidence. The export never writes outside ``-o``
-(the copies are staged in a temporary directory) and replaces ``-o`` only where it is a new or empty
-folder or an earlier export.
+The folder holds ``upstream.patch`` (the kept entries; none where nothing was kept), ``PR.md``, ``e2e.md``,
+``report.md``, ``plots/``, ``evidence/`` (the three stores, xz-compressed) and the manifest ``table.toml``,
+whose table is recomposed from the stored copies by the commands' own code (:func:`load_evidence`), as
+``tuner validate`` does again. The export never writes outside ``-o`` and replaces ``-o`` only where it is new,
+empty or an earlier export. See docs/sweep.md ("The result folder").
 """
 
 from __future__ import annotations
@@ -90,14 +77,11 @@ def _meta(path: Path) -> dict[str, str]:
 
 
 def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
-    """Recompose from the stores in ``dirs`` (role -> directory holding ``EVIDENCE[role]``; ``mmq`` may be
-    None): the sweep's table as ``tuner sweep confirm`` loads it, then the confirmation's decisions from its
-    stored rounds and gate checks. Opens the confirm store for writing (its tables are made if missing):
-    pass copies.
+    """Recompose from the stores in ``dirs`` (role -> directory; ``mmq`` may be None) the table and the
+    confirmation's decisions. Opens the confirm store for writing: pass copies.
 
     Raises:
-        UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one.
-    """
+        UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one."""
     sweep_dir, confirm_dir = dirs.get("sweep"), dirs.get("confirm")
     if sweep_dir is None or confirm_dir is None:
         raise UsageError("A sweep table needs the stores of `tuner sweep run` and `tuner sweep confirm`.")
@@ -132,15 +116,12 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
 
 
 def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:
-    """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/``: the directories
-    :func:`load_evidence` takes (None for a role without its file). Streamed to disk, each file stopped at
-    ``limit`` bytes (default :data:`MAX_EVIDENCE_BYTES`): a small file that expands without bound is refused,
-    not decompressed whole. Only regular files are read (a link or FIFO is refused). Check the compressed
-    files' hashes first.
+    """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/`` (None for a role without its file),
+    streamed and stopped at ``limit`` bytes so a small file that expands without bound is refused. Check the
+    compressed files' hashes first.
 
     Raises:
-        UsageError: A file that is not xz, not a regular file, or decompresses past the limit.
-    """
+        UsageError: A file that is not xz, not a regular file, or decompresses past the limit."""
     cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
@@ -158,11 +139,8 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
 
 
 def decompress_file(folder: Path, rel: str, dest: Path) -> None:
-    """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence.
-
-    Raises:
-        UsageError: not a regular xz file inside ``folder``, or one that decompresses past the cap.
-    """
+    """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence;
+    UsageError for anything but a regular xz file inside ``folder`` within the cap."""
     from tuner.result.checks import FolderError
 
     try:
@@ -285,9 +263,8 @@ _LOCAL_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@=-]+/)*[\w.+@=-]+/?")
 
 
 def without_local_paths(text: str) -> str:
-    """``text`` with each absolute local path cut to its last component (a log or build directory's name):
-    the exported reports are read on other machines, and a path of the measuring one tells its reader nothing
-    and its owner's layout to everyone."""
+    """``text`` with each absolute local path cut to its last component: a path of the measuring machine tells
+    other readers nothing and its owner's layout to everyone."""
     return _LOCAL_PATH.sub(lambda m: m.group().rstrip("/").rsplit("/", 1)[-1], text)
 
 
@@ -376,10 +353,8 @@ def export_table(
     """Write the result folder ``out`` (module doc) and return its manifest.
 
     Raises:
-        UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or
-            not the one the confirmation used; the confirmation's own ``upstream.patch`` differs from the
-            one its stored decisions give (a stale confirm directory).
-    """
+        UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or not
+            the confirmation's; the confirmation's ``upstream.patch`` differs from its stored decisions'."""
     out, cdir = Path(out), Path(confirm_dir)
     _check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)

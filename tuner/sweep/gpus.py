@@ -1,16 +1,9 @@
 """One sweep table on several GPU models of its arch: their confirmations kept side by side, their verdicts joined.
 
-A table is swept and confirmed on one GPU model; its patch is keyed on the compute capability, which other
-models share (the H200 and the H100 are both sm_90). ``tuner sweep confirm`` on another model of the arch
-measures the same entries end to end into a store of its own (its identity names the model, so no store
-pairs rounds of two models). ``tuner sweep merge --gpu DIR`` keeps each such store beside the first model's
-evidence, as ``gpus/<model>/<name>/confirm.sqlite3.xz``, and :func:`join` decides each entry over all models:
-
-- **patched** on the compute capability alone where some model is faster beyond noise and none is slower
-  beyond noise or fails the output-equivalence gate;
-- **dropped** where one model is faster and another slower (or fails the gate): the patch has no key that
-  separates them, and PR.md names what differs between the models (:func:`differs`);
-- **reported** otherwise, with every model's verdict.
+The patch is keyed on the compute capability, which other models share (H100 and H200 are both sm_90).
+:func:`join` decides each entry over all models: **patched** where some model is faster beyond noise and none is
+slower or fails the gate; **dropped** where models disagree (PR.md names what differs, :func:`differs`);
+**reported** otherwise. See docs/sweep.md ("One table on several GPU models of its arch").
 """
 
 from __future__ import annotations
@@ -109,9 +102,8 @@ def _device_verdict(device: str, fates: Sequence[RuleFate]) -> Verdict:
 
 
 def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Joined]:
-    """Each entry of one table decided over every confirmation of it (module doc). ``fates_by_device``: one
-    ``(device, fates)`` per confirmation, the first GPU model's first; a model may have several (another
-    quantization, another depth list): its verdict is the worst of them."""
+    """Each entry of one table decided over every confirmation (``(device, fates)``, the first GPU model's
+    first); a model with several confirmations gets the worst of its verdicts."""
     if not fates_by_device:
         return []
     devices = list(dict.fromkeys(d for d, _ in fates_by_device))
@@ -129,12 +121,9 @@ def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Join
 
 
 def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: str, first_device: str) -> Confirmation:
-    """A confirm store of another GPU model, recomposed against the table of ``tables`` (part name -> table)
-    whose id it recorded. Opens the store for writing: pass a copy.
-
-    Raises:
-        UsageError: not a confirm store, no device recorded, the first model's own device, no such table.
-    """
+    """Another GPU model's confirm store, recomposed against the table of ``tables`` whose id it recorded. Opens
+    the store for writing: pass a copy. UsageError: not a confirm store, no device or the first model's own,
+    no such table."""
     try:
         with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True) as db:
             meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}

@@ -1,23 +1,10 @@
 """``tuner sweep merge``: several exported sweep tables as one result folder with one ``upstream.patch``.
 
-A sweep table is confirmed end to end over the cells of its own sweep (e.g. decode at ``Q->ne[1] = 1`` with
-the MMQ sweep, and the small query batches 2-8 in a sweep of their own). A maintainer takes one patch, so
-the merged folder holds:
-
-- ``parts/<name>/``: each part, copied whole as ``tuner sweep export`` wrote it (its own manifest, evidence,
-  PR.md and patch of its entries alone), validated as a table of its own;
-- ``upstream.patch``: every part's kept entries rendered together on the pristine tree (one FlashAttention
-  table, one MMQ condition);
-- ``PR.md`` over all parts, ``report.md`` (where each part's reports are), and ``table.toml`` (kind
-  ``merged sweep table``): the kept and reported entries of all parts, the parts with the sha256 of their
-  manifests, the patch's sha256.
-
-Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
-n_kv) measured in two parts, no quant type's MMQ choice in two parts. With one GPU model each part's verdicts
-stand as its confirmation decided them. ``--gpu DIR`` adds a confirmation made on another GPU model of the
-arch (``tuner sweep confirm`` there): it is kept as ``gpus/<model>/<name>/`` beside the first model's evidence,
-and each entry is decided over every model (:func:`tuner.sweep.gpus.join`); ``table.toml`` lists them under
-``gpus``.
+The folder holds ``parts/<name>/`` (each export copied whole), one ``upstream.patch`` of every part's kept
+entries, ``PR.md``, ``report.md`` and ``table.toml`` (kind ``merged sweep table``). Parts must share source,
+arch and device and must not overlap (no cell or MMQ type in two parts). ``--gpu DIR`` adds another GPU model's
+confirmation as ``gpus/<model>/<name>/``, each entry then decided over every model (:func:`tuner.sweep.gpus.join`).
+See docs/sweep.md ("One patch from several tables").
 """
 
 from __future__ import annotations
@@ -122,11 +109,8 @@ def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
 
 
 def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
-    """Each exported table's manifest and evidence (decompressed under ``tmp``).
-
-    Raises:
-        UsageError: A folder that is not a sweep table export, or whose evidence does not recompose.
-    """
+    """Each exported table's manifest and evidence (decompressed under ``tmp``); UsageError for a folder that is
+    not a sweep table export or whose evidence does not recompose."""
     out = []
     for i, f in enumerate(folders):
         if not export.is_export(f):
@@ -156,12 +140,10 @@ def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: 
 
 
 def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> Merged:
-    """The parts as one table (module doc), with the other GPU models' confirmations ``others``.
+    """The parts as one table, with the other GPU models' confirmations ``others``.
 
     Raises:
-        UsageError: Parts of different sources, archs or devices; a cell or an MMQ type in two parts; names
-            that repeat.
-    """
+        UsageError: Parts of different sources, archs or devices; a cell or MMQ type in two parts; repeated names."""
     if len(parts) < 2:
         raise UsageError("A merged table joins two or more exported tables; pass at least two folders.")
     names = [p.name for p in parts]
@@ -337,8 +319,7 @@ def merge_tables(
 
     Raises:
         UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
-            export; parts that do not join (:func:`merged_view`); a source other than the parts'.
-    """
+            export; parts that do not join (:func:`merged_view`); a source other than the parts'."""
     out = Path(out)
     folders = [Path(f) for f in folders]
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):

@@ -1,13 +1,8 @@
 """The plots of an exported sweep table (``tuner sweep export``), from the stored samples.
 
-- ``fa-D<head size>.png``: per K/V type, a heatmap of GQA ratio x n_kv at ``Q->ne[1] = 1``: the kernel the
-  sweep's composed table chooses in each cell (upstream's where no rule covers it) and the speedup of that
-  kernel over upstream's choice (median upstream time / median time of the chosen kernel over the rounds);
-  ``fa-D<head size>-ne1-<N>.png`` the same at a query batch ``Q->ne[1] = N`` > 1.
-- ``mmq.png``: per quant type and batch size, the speedup of cuBLAS over MMQ (upstream's choice), the
-  geometric mean over the swept weight sizes of the median ratios.
-
-matplotlib's Agg backend; nothing is shown.
+``fa-D<head size>[-ne1-<N>].png``: per K/V type, a heatmap of GQA ratio x n_kv with the kernel the composed
+table chooses and its speedup over upstream's choice (median times); ``mmq.png``: per quant type and batch size,
+cuBLAS's speedup over MMQ, the geometric mean over the swept sizes. matplotlib's Agg backend; nothing is shown.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`): each takes one
-frozen request (the command's flags, as given), starts the time budget, plans the cells or points, finds or
-builds the build, picks the timer, opens the store, runs the rounds (:mod:`tuner.rounds.engine`), composes
-the verdicts, renders ``upstream.patch`` against the source tree, writes it and ``report.md``, and returns
-the summary the command prints. A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached`
-out of the rounds, with every sample so far stored."""
+"""The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`).
+
+Each takes one frozen request, plans, finds or builds the build, opens the store, runs the rounds, composes,
+writes ``upstream.patch`` and ``report.md`` and returns the summary printed. A ``--time-budget`` stop is a
+:class:`tuner.rounds.budget.BudgetReached` out of the rounds, with every sample so far stored.
+"""
 
 from __future__ import annotations
 
@@ -160,9 +160,8 @@ def dry_run_mmq(req: MmqRequest) -> str:
 
 
 def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
-    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
-    it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
-    warning, where fa-bench does not compile."""
+    """(the run_round, its name): fa-bench compiled against ``bin_dir`` unless test-backend-ops is asked for;
+    the default falls back to test-backend-ops, with a warning, where fa-bench does not compile."""
     if timer == "test-backend-ops":
         return kb.run_round, timer
     try:

@@ -1,22 +1,13 @@
 """``tuner validate`` of an exported sweep table (a folder with ``table.toml`` of kind ``sweep table``).
 
-Static checks: the manifest's schema and types; the files it lists (``PR.md``, ``report.md``, the plots, the
-evidence) are there and the evidence hashes to what it records; ``upstream.patch`` hashes to its record (no
-patch where nothing was kept); the pinned source resolves to the recorded id and era; the decompressed
-evidence recomposes, by the commands' own code (:func:`tuner.sweep.export.load_evidence`), to the kept
-entries, the composed table and the counts of the manifest; re-rendering the kept entries on the pristine
-tree reproduces ``upstream.patch`` byte for byte; it applies (``git apply --check``) with no whitespace-only
-hunk; and the C++ lookup in the patched ``fattn.cu``, compiled host-only, returns what the Python matcher
-(:func:`tuner.sweep.table.match_table`) returns at every stored cell, with and without the GQA optimisation.
-The folder is data (:mod:`tuner.result.checks`): only its regular files are read, the evidence is
-decompressed (with a cap) only once it hashes to its record, nothing is fetched unless ``fetch``, and the
-lookup and ``--gpu`` compile only tuner's own re-render of the kept entries, never the folder's patch where it
-differs.
-
-``--gpu`` (on a GPU of the table's arch): the pristine tree with ``upstream.patch`` builds with the arch's
-``cuda`` defines, ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
-types) and ``-o MUL_MAT`` pass on it, and the kernel it launches at two stored cells of each kept entry,
-read with Nsight Compute, is the table's (:mod:`tuner.sweep.table_select`).
+Static checks: manifest schema, listed files and evidence hashes, the patch hash, the pinned source; the
+evidence recomposes (:func:`tuner.sweep.export.load_evidence`) to the manifest; re-rendering the kept entries
+reproduces ``upstream.patch`` byte for byte, which applies with no whitespace-only hunk; the patched lookup,
+compiled host-only, agrees with :func:`tuner.sweep.table.match_table` at every stored cell. The folder is data
+(:mod:`tuner.result.checks`): evidence is decompressed (capped) only once it hashes to its record, and only
+tuner's own re-render is ever compiled. ``--gpu``: the patched tree builds, ``test-backend-ops``
+``FLASH_ATTN_EXT`` and ``MUL_MAT`` pass, and the kernels launched are the table's
+(:mod:`tuner.sweep.table_select`).
 """
 
 from __future__ import annotations
@@ -314,9 +305,8 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
 
 
 def validate_table(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
-    failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them.
-    ``fetch``: download a source the cache lacks (else a failed ``source`` check)."""
+    """Every check of one sweep table folder, or of a merged one; failures are findings, not exceptions.
+    ``gpu`` None skips the GPU checks; ``fetch``: download a source the cache lacks."""
 
     def run() -> ResultCheck:
         contents = contents_finding(folder)
@@ -455,11 +445,8 @@ def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tu
 
 
 def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
-    its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
-    manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
-    byte, applies, and its C++ lookup agrees with the matcher at every part's stored cells. ``gpu``: the merged
-    patch built and test-backend-ops run on it, as for one table."""
+    """A merged table: each part validated as a table (without the GPU) with its recorded manifest sha256, the
+    parts join, the merged entries are the parts', and ``upstream.patch`` passes the table's patch checks."""
     f: list[Finding] = []
     try:
         m = load_toml_in(folder, export.MANIFEST)

@@ -1,7 +1,7 @@
-"""``PR.md`` of a merged table that a llama.cpp maintainer reads in a minute: the patch's entries with each GPU
-model's verdict, one compare-llama-bench table per GPU model (its datasheet figures in the caption), the
-commands that reproduce every number, the two checks as one line each, a five-line method. Everything else
-(coverage, every model's rows, the entries not patched) is in ``report.md``."""
+"""``PR.md`` of a merged table for a llama.cpp maintainer: the patched entries with each GPU model's verdict,
+one compare table per GPU model, the commands that reproduce every number, the checks and a short method;
+everything else is in ``report.md``.
+"""
 
 from __future__ import annotations
 
