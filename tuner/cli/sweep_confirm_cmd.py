@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -89,25 +90,7 @@ from tuner.targets.defaults import DEFAULT_QUANT
     help="Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
     in_place=True,
 )
-def confirm_cmd(
-    sweep_dir: Path,
-    mmq_dir: Path | None,
-    likes: tuple[str, ...],
-    quant: str,
-    depths: tuple[int, ...],
-    mmq_like: str,
-    rounds: int | None,
-    min_rounds: int,
-    max_rounds: int | None,
-    reps: int,
-    build_dir: Path | None,
-    backend: str,
-    spec: str | None,
-    storage: Path | None,
-    time_budget: float | None,
-    dry_run: bool,
-    out_dir: Path | None,
-) -> None:
+def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry_run: bool, **opts: Any) -> None:
     """Confirm the sweep's table end to end with llama-bench on model shapes, and write PR.md (resumable).
 
     Per model: a random-weight model of the shape, quantized; paired interleaved rounds of upstream, its A/A
@@ -121,24 +104,7 @@ def confirm_cmd(
     from tuner.sweep.confirm_stage import ConfirmRequest, outcome_text, plan_confirm, run_confirm
 
     rounds, max_rounds = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
-    request = ConfirmRequest(
-        sweep_dir=sweep_dir,
-        mmq_dir=mmq_dir,
-        likes=likes,
-        quant=quant,
-        depths=depths,
-        mmq_like=mmq_like,
-        rounds=rounds,
-        max_rounds=max_rounds,
-        reps=reps,
-        build_dir=build_dir,
-        backend=backend,
-        spec=spec,
-        storage=storage,
-        time_budget=time_budget,
-        out_dir=out_dir,
-    )
-    plan = plan_confirm(request)
+    plan = plan_confirm(ConfirmRequest(rounds=rounds, max_rounds=max_rounds, **opts))
     click.echo(plan.text, nl=False)
     if dry_run:
         return
