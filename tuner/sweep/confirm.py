@@ -37,6 +37,7 @@ __all__ = [
     "plan_model",
     "quant_mode",
     "recompose",
+    "store_meta",
     "table_id",
     "tg_window",
     "unexplained_slower",
@@ -107,12 +108,13 @@ class Table:
         return sorted({c.n_kv for c in self.cells})
 
 
-def _meta(path: Path) -> dict[str, str]:
+def store_meta(path: Path, what: str = "sweep storage this command can read") -> dict[str, str]:
+    """A sweep store's ``meta`` table, read-only; UsageError naming ``what`` the file is not."""
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
     except sqlite3.Error as err:
-        raise UsageError(f"{path} is not a sweep storage this command can read ({err}).") from err
+        raise UsageError(f"{path} is not a {what} ({err}).") from err
 
 
 def _storage(directory: Path, name: str, command: str) -> Path:
@@ -129,7 +131,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     """The tables ``tuner sweep run`` (and ``tuner sweep mmq``) composed, recomposed from their stores over every
     round recorded; UsageError for a directory without its store, or a store that is not a sweep's."""
     path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
-    meta = _meta(path)
+    meta = store_meta(path)
     if "arch" not in meta:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
@@ -158,7 +160,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     if mmq_dir is None:
         return table
     mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
-    mmeta = _meta(mpath)
+    mmeta = store_meta(mpath)
     msamples, mlimits = read_store(mmq.MMQ_TABLE, mpath)
     points = mmq.stored_points(msamples)
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")

@@ -17,6 +17,7 @@ __all__ = [
     "SCHEMA",
     "Evidence",
     "backup_store",
+    "check_out",
     "clean_identity",
     "decompress_evidence",
     "decompress_file",
@@ -71,11 +72,6 @@ class Evidence:
     mmq_samples: tuple[Sample[mmq.MmqKey], ...]
 
 
-def _meta(path: Path) -> dict[str, str]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
-
-
 def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
     """Recompose from the stores in ``dirs`` (role -> directory; ``mmq`` may be None) the table and the
     confirmation's decisions. Opens the confirm store for writing: pass copies.
@@ -91,10 +87,7 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
         raise UsageError(
             f"{confirm_dir} holds no {EVIDENCE['confirm']}: pass the output directory of `tuner sweep confirm`."
         )
-    try:
-        meta = _meta(cpath)
-    except sqlite3.Error as err:
-        raise UsageError(f"{cpath} is not a sweep confirm storage ({err}).") from err
+    meta = confirm.store_meta(cpath, "sweep confirm storage")
     if meta.get("sweep") != "confirm":
         raise UsageError(f"{cpath} is not the storage of `tuner sweep confirm` (its meta has no sweep = confirm).")
     if meta.get("table") and meta["table"] != confirm.table_id(table):
@@ -130,10 +123,7 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
             out[role] = None
             continue
         (into / role).mkdir(parents=True, exist_ok=True)
-        try:
-            _decompress_capped(folder, rel, into / role / name, cap)
-        except FolderError as err:
-            raise UsageError(str(err)) from err
+        _decompress_capped(folder, rel, into / role / name, cap)
         out[role] = into / role
     return out
 
@@ -141,18 +131,16 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
 def decompress_file(folder: Path, rel: str, dest: Path) -> None:
     """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence;
     UsageError for anything but a regular xz file inside ``folder`` within the cap."""
-    from tuner.result.checks import FolderError
-
-    try:
-        _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
-    except FolderError as err:
-        raise UsageError(str(err)) from err
+    _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
 
 
 def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
-    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
+    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes; UsageError for a bad file."""
     xz = folder / rel
-    data = read_bytes_in(folder, rel)
+    try:
+        data = read_bytes_in(folder, rel)
+    except FolderError as err:
+        raise UsageError(str(err)) from err
     dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
     written, chunk = 0, 1 << 20
     try:
@@ -189,14 +177,15 @@ def is_export(folder: Path) -> bool:
     return manifest_kind(folder) == KIND
 
 
-def _check_out(out: Path) -> None:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_export(out)):
+def check_out(out: Path, *, kind: str = KIND, what: str = "sweep table export", verb: str = "export") -> None:
+    """UsageError unless ``out`` is new, empty or an earlier ``kind`` folder (``tuner sweep VERB`` replaces it whole)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and manifest_kind(out) == kind):
         return
     raise UsageError(
-        f"{out} exists and is not an earlier sweep table export (it has no {MANIFEST} of kind {KIND!r}). "
-        "`tuner sweep export` replaces its -o whole, so it writes only to a new or empty folder or over an "
-        "earlier export; pass another -o (e.g. results/<arch>/<name>), or remove that folder yourself if "
-        "nothing in it is needed."
+        f"{out} exists and is not an earlier {what} (it has no {MANIFEST} of kind {kind!r}). `tuner sweep {verb}` "
+        f"replaces its -o whole, so it writes only to a new or empty folder or over an earlier {verb}; pass another "
+        f"-o{' (e.g. results/<arch>/<name>)' if kind == KIND else ''}, or remove that folder yourself if nothing in "
+        "it is needed."
     )
 
 
@@ -356,13 +345,10 @@ def export_table(
         UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or not
             the confirmation's; the confirmation's ``upstream.patch`` differs from its stored decisions'."""
     out, cdir = Path(out), Path(confirm_dir)
-    _check_out(out)
+    check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier export).
-    with (
-        tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp,
-        staged_export(out, check=_check_out) as stage,
-    ):
+    with tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp, staged_export(out, check=check_out) as stage:
         raw = Path(tmp) / "raw"
         (stage / "evidence").mkdir(parents=True)
         for role, d in dirs.items():

@@ -12,7 +12,6 @@ __all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", 
 
 import dataclasses
 import re
-import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -20,7 +19,7 @@ from typing import Literal
 from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import package_data
-from tuner.sweep.confirm import Confirmed, RuleFate, Table, recompose, table_id
+from tuner.sweep.confirm import Confirmed, RuleFate, Table, recompose, store_meta, table_id
 from tuner.sweep.confirm_store import ConfirmStore
 
 Action = Literal["patched", "dropped", "reported"]
@@ -124,11 +123,7 @@ def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: st
     """Another GPU model's confirm store, recomposed against the table of ``tables`` whose id it recorded. Opens
     the store for writing: pass a copy. UsageError: not a confirm store, no device or the first model's own,
     no such table."""
-    try:
-        with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True) as db:
-            meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
-    except sqlite3.Error as err:
-        raise UsageError(f"{store_path} is not a sweep confirm storage ({err}).") from err
+    meta = store_meta(store_path, "sweep confirm storage")
     if meta.get("sweep") != "confirm":
         raise UsageError(f"{store_path} is not the storage of `tuner sweep confirm`.")
     device = meta.get("device", "")

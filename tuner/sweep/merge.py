@@ -267,13 +267,7 @@ def merged_pr(merged: Merged, patch: str) -> str:
 
 
 def _check_out(out: Path) -> None:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_merged(out)):
-        return
-    raise UsageError(
-        f"{out} exists and is not an earlier merged table (it has no {export.MANIFEST} of kind {KIND!r}). "
-        "`tuner sweep merge` replaces its -o whole, so it writes only to a new or empty folder or over an earlier "
-        "merge; pass another -o, or remove that folder yourself if nothing in it is needed."
-    )
+    export.check_out(out, kind=KIND, what="merged table", verb="merge")
 
 
 def _report(parts: Sequence[Part]) -> str:
