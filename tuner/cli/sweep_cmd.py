@@ -38,68 +38,65 @@ def sweep() -> None:
     """
 
 
-def _grid_options(f: F) -> F:
-    for opt in reversed(
-        (
-            click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
-            click.option(
-                "--head-size",
-                "head_sizes",
-                type=click.IntRange(1, 4096),
-                multiple=True,
-                help="Head sizes (default: all of the grid).",
-            ),
-            click.option(
-                "--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all)."
-            ),
-            click.option(
-                "--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all)."
-            ),
-            click.option(
-                "--ne1",
-                "query_batches",
-                type=click.IntRange(1, 4096),
-                multiple=True,
-                help="Query columns Q->ne[1] (default: 1, decode; 2, 4, 8: parallel and speculative decoding, "
-                "measured when asked and checked end to end by the confirm's small-batch passes, llama-bench ppN).",
-            ),
-            click.option(
-                "--n-kv",
-                "n_kv",
-                callback=depths_option,
-                help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
-                "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
-            ),
-        )
-    ):
-        f = opt(f)
-    return f
+def _stacked(*opts: Callable[[F], F]) -> Callable[[F], F]:
+    """The options as one decorator, in the order given (as if listed top to bottom above a command)."""
+
+    def wrap(f: F) -> F:
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return wrap
 
 
-def _round_options(f: F) -> F:
-    """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
-    for opt in reversed(
-        (
-            rounds_option("every cell (MMQ: point)"),
-            click.option(
-                "--min-rounds",
-                type=click.IntRange(2, 100),
-                default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
-                show_default=True,
-                help="Paired rounds every cell (MMQ: point) gets.",
-            ),
-            click.option(
-                "--max-rounds",
-                type=click.IntRange(2, 100),
-                default=6,
-                show_default=True,
-                help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
-                "open; a rerun with a higher value adds rounds to the ones still open.",
-            ),
-        )
-    ):
-        f = opt(f)
-    return f
+_grid_options = _stacked(
+    click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
+    click.option(
+        "--head-size",
+        "head_sizes",
+        type=click.IntRange(1, 4096),
+        multiple=True,
+        help="Head sizes (default: all of the grid).",
+    ),
+    click.option("--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all)."),
+    click.option(
+        "--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all)."
+    ),
+    click.option(
+        "--ne1",
+        "query_batches",
+        type=click.IntRange(1, 4096),
+        multiple=True,
+        help="Query columns Q->ne[1] (default: 1, decode; 2, 4, 8: parallel and speculative decoding, "
+        "measured when asked and checked end to end by the confirm's small-batch passes, llama-bench ppN).",
+    ),
+    click.option(
+        "--n-kv",
+        "n_kv",
+        callback=depths_option,
+        help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
+        "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
+    ),
+)
+_round_options = _stacked(
+    rounds_option("every cell (MMQ: point)"),
+    click.option(
+        "--min-rounds",
+        type=click.IntRange(2, 100),
+        default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
+        show_default=True,
+        help="Paired rounds every cell (MMQ: point) gets.",
+    ),
+    click.option(
+        "--max-rounds",
+        type=click.IntRange(2, 100),
+        default=6,
+        show_default=True,
+        help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
+        "open; a rerun with a higher value adds rounds to the ones still open.",
+    ),
+)
+"""--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
 
 
 def _limits(rounds: int | None, min_rounds: int, max_rounds: int) -> tuple[int, int]:
