@@ -77,8 +77,7 @@ from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
 # of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-4b-shape")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
-"""0: short context; 4096: below upstream's VEC-to-MMA switch at 8192; 16384, 32768: where the Hopper decode
-rules act; 65536: long context (131072 would cost minutes a fill on an 8-12B model)."""
+"""0: short context; 4096: below upstream's VEC-to-MMA switch (8192); 16384, 32768: the Hopper decode rules."""
 TABLE = "table"  # the candidate that runs with the table's env
 PP, TG = 512, 128
 
@@ -128,8 +127,7 @@ def _storage(directory: Path, name: str, command: str) -> Path:
 
 
 def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
-    """The tables ``tuner sweep run`` (and ``tuner sweep mmq``) composed, recomposed from their stores over every
-    round recorded; UsageError for a directory without its store, or a store that is not a sweep's."""
+    """The composed tables recomposed from their stores; UsageError for a missing or foreign store."""
     path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
     meta = store_meta(path)
     if "arch" not in meta:
@@ -179,8 +177,7 @@ class ModelPlan:
     kv: str
     context: int
     fa_rules: tuple[TableRule, ...]
-    """The table's ``Q->ne[1] = 1`` entries of this shape: what tg128 exercises (a small-batch pass: its
-    entries at ``Q->ne[1] = batch``)."""
+    """The shape's ``Q->ne[1] = 1`` entries, what tg128 exercises (a small-batch pass: those at its batch)."""
     unexercised: tuple[TableRule, ...]
     """Entries of this shape at other ``Q->ne[1]``: no pp512/tg128 call makes them."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
@@ -208,8 +205,7 @@ class ModelPlan:
 
     @property
     def gate_rules(self) -> tuple[FaRule, ...]:
-        """The rules the output gate widens and forces (a batch pass's without their batch key: llama-perplexity
-        evaluates whole micro-batches)."""
+        """The rules the output gate forces (a batch pass's without their batch key: perplexity runs whole batches)."""
         return tuple(r.hook_rule(widened=True) if self.batch else r.hook_rule() for r in self.fa_rules)
 
     @property
@@ -250,8 +246,7 @@ MMQ_QUANT = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_K": "Q4_K_M", "q5_K": "Q5_K_M",
 
 
 def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[ModelPlan]:
-    """An MMQ pass per choice no planned test exercises: ``like`` quantized to :data:`MMQ_QUANT` of its type, a
-    prompt of one micro-batch at the choice's lowest batch size, prefill only, depth 0, that choice alone in the env."""
+    """An MMQ pass per choice no planned test exercises: ``like`` quantized to its type, one micro-batch, depth 0."""
     out = []
     for c in table.mmq:
         if c.covers(PP) and any(c in p.mmq for p in plans):
@@ -266,23 +261,20 @@ def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[Mode
 def pass_plan(
     table: Table, choice: mmq.MmqChoice, like: str, *, quant: str, pp: int, weight_types: Iterable[str] | None = None
 ) -> ModelPlan:
-    """The MMQ pass of ``choice`` on ``like`` at ``quant`` (``<shape>@<quant>-pp<N>``), kept only where
-    ``weight_types`` (None before the model exists) have its type."""
+    """The MMQ pass of ``choice`` on ``like`` at ``quant`` (``<shape>@<quant>-pp<N>``), that choice alone."""
     one = plan_model(dataclasses.replace(table, rules=(), mmq=(choice,)), like, weight_types=weight_types)
     return dataclasses.replace(one, like=f"{one.like}@{quant.lower()}-pp{pp}", base=one.like, quant=quant, pp=pp)
 
 
 def quant_mode(quant: str) -> str:
-    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` (blocks written directly:
-    Q4_K_M, Q5_K_M, IQ4_XS) or ``quantize`` with llama-quantize."""
+    """How confirm makes models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks, else ``quantize``."""
     if quant.lower() in ("f16", "none"):
         return "f16"
     return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
 
 
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
-    """The ggml types the model of ``like`` will have at ``quant`` where known before it is made
-    (:func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
+    """The ggml types ``like`` will have at ``quant`` where known before it is made, else None."""
     wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
     if wt is None:
         return None
@@ -347,8 +339,7 @@ def judge_model(
     mmq_changed: bool,
     phases: Sequence[str] = ("pp", "tg"),
 ) -> dict[str, dict[int, CellStats]]:
-    """Per phase and depth, the table against upstream judged as the search judges; with MMQ choices every
-    cell is tested (``family="all"``), else only cells where the table changed the kernel."""
+    """Per phase and depth, the table judged as the search judges (every cell tested with MMQ choices)."""
     family: Family = "all" if mmq_changed else "changed"
     return {p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in phases}
 
@@ -415,8 +406,7 @@ class RuleFate:
 def _fate(
     text: str, touched: Sequence[E2ePoint], failed_gate: Sequence[str], none_why: str, kernel: str | None = None
 ) -> tuple[bool, str, str]:
-    """The entry's fate by :func:`tuner.rounds.keep.keep`, in the sweep's words: (kept, reason, why). ``kernel``: a
-    FA rule's kernel, whose faster points count only where the FA log shows the table's candidate ran it."""
+    """(kept, reason, why) by :func:`tuner.rounds.keep.keep`; a FA rule's gains count only where its ``kernel`` ran."""
     fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
     at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
     return (
@@ -442,8 +432,7 @@ def decide_rules(
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
 ) -> list[RuleFate]:
-    """Each rule and MMQ choice of the table, kept or reported (module doc); an MMQ choice acts only on models
-    whose ``weight_types`` have its type."""
+    """Each rule and MMQ choice of the table, kept or reported (module doc)."""
     failed = [m for m, g in gates.items() if g.get("verdict") == "fail"]
     out = []
     for r in table.rules:
@@ -573,8 +562,7 @@ def backend_ops_check(
     bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0,
     params: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env, as a record (``passed``,
-    ``summary``, ``params``, ``log``)."""
+    """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env, as a record."""
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if not exe.is_file():
@@ -636,8 +624,7 @@ def confirm_models(
     budget: Budget | None = None,
     round_s: Callable[[ModelPlan, Sequence[int]], float] | None = None,
 ) -> Confirmed:
-    """Per model: make it, plan, measure and judge the rounds, gate; then the small-batch and MMQ passes and every
-    rule's decision. A model the table does not change is not made; one stored whole is judged from ``store``."""
+    """Per model: make, plan, measure, judge, gate; then the batch and MMQ passes and every rule's decision."""
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
@@ -735,8 +722,7 @@ def _batch_rounds(
     stored: Callable[[ModelPlan, tuple[int, ...]], bool],
     measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
 ) -> list[tuple[ModelPlan, tuple[int, ...], dict[str, Any]]]:
-    """The small-batch passes of ``plans``, each judged from the store where it is all there, else measured
-    (``measure`` returns its base model's weight types); with its depths and recorded row."""
+    """The small-batch passes of ``plans``, judged from the store where whole, else measured; with their rows."""
     out = []
     for one, ds in batch_passes(plans, depths):
         mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}
@@ -761,8 +747,7 @@ def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
 
 
 def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
-    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none): the FA table and the
-    MMQ condition."""
+    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none)."""
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)
@@ -801,10 +786,7 @@ def _stored_verdict(
 
 
 def recompose(table: Table, store: ConfirmStore) -> Confirmed:
-    """What :func:`confirm_models` decided, decided again from ``store`` alone; nothing is measured or run.
-
-    Raises:
-        UsageError: A storage without its recorded models, or without a round or gate check they need."""
+    """What :func:`confirm_models` decided, decided again from ``store`` alone; UsageError where it lacks a record."""
     rows = store.models()
     if not rows:
         raise UsageError(

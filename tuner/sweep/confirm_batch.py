@@ -22,14 +22,12 @@ ModelPlan = Any
 
 
 def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
-    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval: llama pads the KV
-    cache it attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
+    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval (KV padded to 256)."""
     return rule.covers(pad_kv(depth + batch))
 
 
 def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
-    """The pass of ``plan``'s model at ``Q->ne[1] = batch``: its shape's entries at that batch, prefill only, named
-    ``<shape>-pp<batch>``."""
+    """The pass of ``plan``'s model at ``Q->ne[1] = batch`` (``<shape>-pp<batch>``): its entries there, prefill."""
     mine = tuple(r for r in plan.unexercised if r.ne1 == batch)
     return dataclasses.replace(
         plan,

@@ -51,8 +51,7 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
 
 
 def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -> list[str]:
-    """The confirm storage's identity in words (``reps``: timed repetitions; llama-bench runs one more as
-    warm-up). ``model_rounds`` False: only the small-batch passes ran, each naming its own tests."""
+    """The confirm storage's identity in words (``model_rounds`` False: only small-batch passes ran)."""
     known = {"arch", "build", "quant", "models", "reps", "table", "tests", "schema", "sweep"}
     out = []
     if "arch" in identity:
@@ -183,8 +182,7 @@ def _method(table: Table) -> list[str]:
 
 
 def _reported_lines(dropped: Sequence[RuleFate]) -> list[str]:
-    """Entries measured end to end but not kept first (each with its why); then, as one list, the entries no
-    confirmed model exercised, which are kernel-level verdicts only."""
+    """Entries measured but not kept (with why), then the entries no confirmed model exercised."""
     if not dropped:
         return ["None."]
     unmeasured = [f for f in dropped if f.why.startswith("no confirmed model")]
@@ -267,8 +265,7 @@ def _closing_lines(fates: Sequence[RuleFate], *, patch: bool, adds: str) -> list
 
 
 def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
-    """``PR.md`` of a merged table (:mod:`tuner.sweep.merge`): one method, then each part's coverage, end-to-end
-    tables and gates under its name, the kept and reported entries of all parts, the one patch."""
+    """``PR.md`` of a merged table: one method, each part's sections under its name, all entries, one patch."""
     tables = [p.evidence.table for p in parts]
     confs = [p.evidence.confirmed for p in parts]
     fates = [f for c in confs for f in c.fates]
@@ -328,8 +325,7 @@ def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, An
 
 
 def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str, Any], float]:
-    """(size vs the recording, the recording, seconds per call and depth) of a pp512+tg128 call on ``like``:
-    scaled by parameter count from the recorded model nearest in width, unless ``like`` itself was recorded."""
+    """(size ratio, recording, seconds per call and depth) of a pp512+tg128 call on ``like``, scaled by params."""
     rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
     own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     size = _params(like) / _params(str(rec["like"]))
@@ -337,8 +333,7 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
 
 
 def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
-    """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
-    0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
+    """One paired round of a model as the dry run prices it; 0 (unknown) for a pass."""
     if plan.base:
         return 0.0
     _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
@@ -346,15 +341,13 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
 
 
 def check_seconds(like: str) -> float:
-    """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
-    the dry run prices it: the nearest recorded model's check scaled by parameter count."""
+    """One output-equivalence check on ``like`` as the dry run prices it (scaled by parameter count)."""
     size, rec, _ = _call_cost(load_step_costs(), like)
     return size * float(rec["equivalence_check_s"])
 
 
 def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
-    """One ``test-backend-ops test -o OP`` run as recorded (``[backend_ops]``): every case, or ``shapes`` pairs'
-    cases where the op has a per-shape recording; the largest recording for an op not recorded."""
+    """One ``test-backend-ops -o OP`` run as recorded (per shape pair where recorded; else the largest)."""
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
     whole = float(rec["seconds"])
@@ -386,8 +379,7 @@ def plan_text(
     quant: str,
     passes: Sequence[ModelPlan] = (),
 ) -> str:
-    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
-    (``tuner/data/step_costs.toml``, scaled by parameter count)."""
+    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time."""
     costs = load_step_costs()
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "

@@ -92,8 +92,7 @@ class ConfirmOutcome:
 
 
 def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
-    """The table and its models planned; nothing built or measured. UsageError: a store that is not a sweep's,
-    an unknown model shape."""
+    """The table and its models planned, nothing built; UsageError for a foreign store or unknown shape."""
     r = request
     # the clock starts before anything is loaded: a caller's limit counts from the command's start
     budget = Budget.counted_from(None, r.time_budget) if r.time_budget else None
@@ -126,8 +125,7 @@ def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
 
 
 def _beside_the_first_model(r: ConfirmRequest, table: Table) -> tuple[ConfirmRequest, str]:
-    """On a GPU model of the table's arch other than the one it was swept on, the default output goes beside
-    the first model's (``confirm-<model>``), never over it; the line that says so. Unchanged elsewhere."""
+    """On another GPU model of the arch, the default output goes to ``confirm-<model>``; the line saying so."""
     swept = table.identity.get(DEVICE)
     names = local_gpu_names() if r.out_dir is None and r.storage is None and swept else []
     if not names or names[0] == swept:
@@ -141,8 +139,7 @@ def _beside_the_first_model(r: ConfirmRequest, table: Table) -> tuple[ConfirmReq
 
 
 def _bin_dir(plan: ConfirmPlan) -> Path:
-    """The build the confirmation runs: ``--build``'s, with the tools it needs, or the sweeps' default build
-    with them added."""
+    """``--build``'s bin dir with the tools the confirmation needs, or the default build with them added."""
     r = plan.request
     modes = {confirm.quant_mode(q) for q in (r.quant, *(p.quant for p in plan.passes))}  # the passes' types too
     tools = ("llama-perplexity",) + (("llama-quantize",) if "quantize" in modes else ())
@@ -189,13 +186,11 @@ def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
 
 
 def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
-    """Measure, gate and decide ``plan``'s models (resuming what its storage holds), run test-backend-ops on the
-    kept table and write e2e.md, PR.md and upstream.patch (kept entries only) to the request's ``out``.
+    """Measure, gate and decide ``plan``'s models (resuming), run test-backend-ops and write the outputs.
 
     Raises:
         UsageError: a build without the tools it needs, a device other than the sweeps' (exit 2).
-        BudgetReached: the time budget stopped it; what was measured is stored, nothing is written.
-    """
+        BudgetReached: the time budget stopped it; what was measured is stored, nothing is written."""
     r, table, budget = plan.request, plan.table, plan.budget
     r = dataclasses.replace(r, backend=gpu_backend(table.arch, r.backend))
     require_gpu(table.arch, r.backend, f"tuner sweep confirm {r.sweep_dir} --dry-run")
@@ -261,8 +256,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
 
 
 def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], None] | None:
-    """The gate's ``before``: no output-equivalence check of ``plan``'s model starts that would end past the
-    budget (each priced as the dry run prices it)."""
+    """The gate's ``before``: no check starts that would end past the budget (priced as the dry run)."""
     if budget is None:
         return None
     secs = check_seconds(plan.base or plan.like)
@@ -331,8 +325,7 @@ def _write(
 
 
 def outcome_text(outcome: ConfirmOutcome) -> str:
-    """The command's summary: each entry kept or reported and why, any model point slower beyond noise that no
-    entry explains, and the files written."""
+    """The command's summary: each entry's fate, unexplained slower points, the files written."""
     conf, out = outcome.conf, outcome.out
     lines = [f"{'kept' if f.kept else 'reported'}: {f.text}: {f.why}" for f in conf.fates]
     if not conf.fates:

@@ -61,8 +61,7 @@ class ConfirmStore:
             self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
 
     def set_models(self, rows: Sequence[Mapping[str, object]]) -> None:
-        """The models of the last call, in order, with their GGUF's ``weight_types`` (None: not made), so
-        :func:`recompose` decides again from this file alone."""
+        """The models of the last call with their ``weight_types``, so :func:`recompose` can decide again."""
         with self.db:
             self.db.execute("DELETE FROM models")
             self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])

@@ -73,8 +73,7 @@ class Evidence:
 
 
 def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
-    """Recompose from the stores in ``dirs`` (role -> directory; ``mmq`` may be None) the table and the
-    confirmation's decisions. Opens the confirm store for writing: pass copies.
+    """The table and confirmation recomposed from the stores in ``dirs``; opens them for writing: pass copies.
 
     Raises:
         UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one."""
@@ -109,9 +108,7 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
 
 
 def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:
-    """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/`` (None for a role without its file),
-    streamed and stopped at ``limit`` bytes so a small file that expands without bound is refused. Check the
-    compressed files' hashes first.
+    """``folder/evidence/*.sqlite3.xz`` into ``into/<role>/``, each capped at ``limit`` bytes; check hashes first.
 
     Raises:
         UsageError: A file that is not xz, not a regular file, or decompresses past the limit."""
@@ -129,8 +126,7 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
 
 
 def decompress_file(folder: Path, rel: str, dest: Path) -> None:
-    """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence;
-    UsageError for anything but a regular xz file inside ``folder`` within the cap."""
+    """One xz file of a result folder into ``dest``, capped as the evidence is."""
     _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
 
 
@@ -252,8 +248,7 @@ _LOCAL_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@=-]+/)*[\w.+@=-]+/?")
 
 
 def without_local_paths(text: str) -> str:
-    """``text`` with each absolute local path cut to its last component: a path of the measuring machine tells
-    other readers nothing and its owner's layout to everyone."""
+    """``text`` with each absolute local path cut to its last component (the reader's machine is another)."""
     return _LOCAL_PATH.sub(lambda m: m.group().rstrip("/").rsplit("/", 1)[-1], text)
 
 
@@ -339,11 +334,11 @@ def export_table(
     spec: str | None = None,
     measured_on: str | None = None,
 ) -> dict[str, Any]:
-    """Write the result folder ``out`` (module doc) and return its manifest.
+    """Write the result folder ``out`` and return its manifest.
 
     Raises:
-        UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or not
-            the confirmation's; the confirmation's ``upstream.patch`` differs from its stored decisions'."""
+        UsageError: ``out`` is not new, empty or an earlier export; a store missing or not the confirmation's;
+            a stale confirmation ``upstream.patch``."""
     out, cdir = Path(out), Path(confirm_dir)
     check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)

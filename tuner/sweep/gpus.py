@@ -45,8 +45,7 @@ class Confirmation:
     device: str
     part: str
     folder: str
-    """Where the merged table keeps its store: ``parts/<part>/evidence`` (the first GPU model's),
-    ``gpus/<slug(device)>/<name>`` (another model's)."""
+    """``parts/<part>/evidence`` (the first GPU model's) or ``gpus/<slug(device)>/<name>``."""
     identity: Mapping[str, str]
     confirmed: Confirmed
     models: tuple[Mapping[str, object], ...]
@@ -101,8 +100,7 @@ def _device_verdict(device: str, fates: Sequence[RuleFate]) -> Verdict:
 
 
 def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Joined]:
-    """Each entry of one table decided over every confirmation (``(device, fates)``, the first GPU model's
-    first); a model with several confirmations gets the worst of its verdicts."""
+    """Each entry decided over every ``(device, fates)`` (the first GPU model's first; a model's worst verdict)."""
     if not fates_by_device:
         return []
     devices = list(dict.fromkeys(d for d, _ in fates_by_device))
@@ -120,9 +118,7 @@ def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Join
 
 
 def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: str, first_device: str) -> Confirmation:
-    """Another GPU model's confirm store, recomposed against the table of ``tables`` whose id it recorded. Opens
-    the store for writing: pass a copy. UsageError: not a confirm store, no device or the first model's own,
-    no such table."""
+    """Another GPU model's confirm store recomposed against the table it recorded (pass a copy); UsageError."""
     meta = store_meta(store_path, "sweep confirm storage")
     if meta.get("sweep") != "confirm":
         raise UsageError(f"{store_path} is not the storage of `tuner sweep confirm`.")

@@ -80,11 +80,9 @@ def nkv_grid(lo: int = STRIDE, hi: int = 131072) -> tuple[int, ...]:
 N_KV = nkv_grid()
 """The grid's n_kv extent: half-octaves 256..131072 (18 points)."""
 DEFAULT_N_KV = tuple(x for x in N_KV if x & (x - 1) == 0)
-"""The octaves 256..131072 (10 points) unless ``--n-kv`` says otherwise: upstream's thresholds are powers of
-two, and the sweep costs 10/18 of the half-octave grid's."""
+"""The octaves 256..131072 unless ``--n-kv`` says otherwise (upstream's thresholds are powers of two)."""
 DEFAULT_QUERY_BATCHES = (1,)
-"""Decode (``Q->ne[1] = 1``) unless ``--ne1`` says otherwise: what the confirmation's tg128 checks; 2-8
-(parallel and speculative decoding) would be three quarters of the sweep's time."""
+"""Decode only unless ``--ne1`` says otherwise: what the confirmation's tg128 checks."""
 
 
 @dataclasses.dataclass(frozen=True, order=True, kw_only=True)
@@ -160,8 +158,7 @@ def amd_mfma(cc: int) -> bool:
 
 
 def legal_kernels(arch: Arch, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...]:
-    """The kernels with device code for head size ``D`` at ``n_kv`` (and GQA ``gqa``: AMD's WMMA tiles need
-    the GQA packing) on ``arch`` (module doc), VEC, TILE, MMA order."""
+    """The kernels with device code for ``D`` at ``n_kv`` (AMD WMMA needs GQA packing), VEC, TILE, MMA order."""
     cc = _check_arch(arch)
     vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
     mma = D not in (40, 72)
@@ -230,8 +227,7 @@ def plan(
     query_batches: Iterable[int] = QUERY_BATCHES,
     n_kv: Iterable[int] = N_KV,
 ) -> list[Cell]:
-    """Every cell of the grid, shape by shape (sorted), n_kv ascending within a shape; quantized K/V only at
-    head sizes its block size divides (module doc)."""
+    """Every cell of the grid, shapes sorted, n_kv ascending; quantized K/V only where its block divides D."""
     points = sorted(set(n_kv))
     bad = [x for x in points if x <= 0 or x % STRIDE]
     if bad:
@@ -259,8 +255,7 @@ def duration_text(seconds: float) -> str:
 def dry_run_text(
     cells: Sequence[Cell], *, rounds: int, per_call_s: float | None = None, max_rounds: int | None = None
 ) -> str:
-    """What a sweep of ``cells`` would run: shapes, cells, timer calls (``per_call_s``: a what-if time a call).
-    ``max_rounds`` above ``rounds``: the most further rounds the open cells can take."""
+    """What a sweep of ``cells`` would run: shapes, cells, timer calls (``per_call_s``: a what-if)."""
     shapes = sorted({c.shape for c in cells})
     per_round = sum(len(c.configs) for c in cells)
     by_kernels: dict[tuple[str, ...], int] = {}

@@ -62,22 +62,18 @@ LABELS = {DEFAULT: "upstream", AA: "AA", "VEC": "VEC", "TILE": "TILE", "MMA": "M
 """Config -> the label of its test-backend-ops process and log (``A/A`` is no file name)."""
 
 PROCESS_S = 2.5
-"""Estimate: seconds a test-backend-ops process costs besides its cases on an H100 (CUDA initialisation;
-docs/sweep.md says where the figure comes from)."""
+"""Estimate: a test-backend-ops process's cost besides its cases on an H100 (docs/sweep.md)."""
 CASE_S = 1.0
 """Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
 FA_BENCH_PROCESS_S = 1.0
-"""Estimate: an fa-bench process's cost besides its cases; one H100 run (docs/data/h100-sweep-first/) took
-1.0-1.2 s a process of 18 cases, start included."""
+"""Estimate: an fa-bench process besides its cases (H100, docs/data/h100-sweep-first/)."""
 FA_BENCH_SETUP_S = 0.06
 """Estimate: per fa-bench case besides its target's runs (that run's 0.06 s a case all told)."""
 FA_BENCH_TARGET_RUNS = 4.0
-"""Estimate: runs of ``target_ms`` a case with a target costs (two warm-ups, the timed run of 1-1.5 targets,
-the calibration's three runs)."""
+"""Estimate: runs of ``target_ms`` a case costs (warm-ups, timed run, calibration)."""
 
 OPEN_SHARE = 0.5
-"""Assumption: the share of cells still open after ``min_rounds`` that take every round up to ``max_rounds``.
-Replayed on the only recorded H100 sweep (docs/data/h100-sweep-first/): 14 of 18 cells open after 3 rounds."""
+"""Assumption: the share of cells still open after ``min_rounds`` (H100 replay: 14 of 18 after 3 rounds)."""
 
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
 
@@ -114,8 +110,7 @@ TABLE = Table[FaKey](
     # files made before a key of the identity was added resume: only the keys a file records are compared
     strict=False,
 )
-"""The FlashAttention sweep's samples (``sweep.sqlite3``): one row per cell, config and round; a run with
-another identity (arch, backend, build, timer...) is refused, so one file never mixes two builds' timings."""
+"""The FlashAttention sweep's samples (``sweep.sqlite3``); a run of another identity is refused."""
 
 FA = Spec[Cell, FaKey, FaShape](
     name="sweep",
@@ -148,10 +143,7 @@ def bench_shape(shape: FaShape, n_kv: int) -> kb.FaShape:
 
 
 def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool) -> tuple[float | None, str]:
-    """(microseconds or None, reason it failed or ""): a time counts only if the kernel asked for ran.
-
-    ``expect_log`` False (no FA log, a CPU build): a forced kernel cannot be confirmed and fails; upstream's config
-    is taken as it comes."""
+    """(microseconds or None, why it failed or ""): a time counts only if the kernel asked for ran."""
     want = cell.upstream if config in (DEFAULT, AA) else config
     us = kt.us_per_run
     if kt.error or us is None:
@@ -168,8 +160,7 @@ def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool
 
 
 def fa_bench_case_s(target_ms: int) -> float:
-    """Estimate: seconds per fa-bench case with ``-m target_ms`` (0: none): :data:`FA_BENCH_SETUP_S` plus
-    :data:`FA_BENCH_TARGET_RUNS` runs of the target. Not measured on a GPU with a target yet."""
+    """Estimate: seconds per fa-bench case with ``-m target_ms`` (not measured with a target on a GPU yet)."""
     return FA_BENCH_SETUP_S + FA_BENCH_TARGET_RUNS * target_ms / 1000
 
 
@@ -186,8 +177,7 @@ def estimate_text(
     target_ms: int = TARGET_MS,
     open_share: float = OPEN_SHARE,
 ) -> str:
-    """What ``tuner sweep run`` would start for ``cells`` and its estimated time with either timer: every cell's
-    ``min_rounds``, then an assumed ``open_share`` of the cells up to ``max_rounds`` (an upper figure)."""
+    """What ``tuner sweep run`` would start for ``cells`` and its estimated time with either timer."""
     lo, hi = limits
     chunks = pack_groups(cells, FA.group, chunk_size)
     per_round = sum(len(c.configs) for c in cells)
@@ -231,9 +221,7 @@ def run_sweep(
     process_s: float = PROCESS_S,
     budget: Budget | None = None,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`). Without the FA log
-    (``expect_log`` False) a forced kernel's samples are stored failed without a process. Returns (processes run,
-    processes skipped as already recorded)."""
+    """Measure what ``store`` lacks; without the FA log forced kernels are stored failed. Returns (run, skipped)."""
 
     def measure(cs: Sequence[Cell], cfg: str, r: int, logs: Path) -> list[Sample[FaKey]]:
         out = run_round(
@@ -264,8 +252,7 @@ class Outcome(Verdicts[FaShape]):
 
 
 def compose(cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], *, limits: tuple[int, int]) -> Outcome:
-    """Verdicts and rules from the stored samples of rounds ``0 .. max_rounds-1``
-    (:func:`tuner.rounds.engine.judge`): per shape, consecutive winning n_kv points form one rule."""
+    """Verdicts and rules from the stored samples: per shape, consecutive winning n_kv points form one rule."""
     v = judge(FA, cells, samples, limits=limits)
     rules = [
         TableRule.of(r, ne1=shape.ne1)
@@ -290,8 +277,7 @@ _TIMER_TEXT = {
 
 
 def _cell_tables(outcome: Outcome) -> list[str]:
-    """Per shape, a row per n_kv: upstream's kernel and time, the A/A noise, each forced kernel's speed
-    relative to upstream (time upstream / time forced) with its 95% CI, and the decision."""
+    """Per shape, a row per n_kv: upstream's kernel and time, A/A noise, each kernel's ratio with CI, decision."""
     lines: list[str] = []
     for shape in sorted(outcome.decisions):
         cells = outcome.stats.get(shape, {})

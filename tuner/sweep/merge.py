@@ -83,8 +83,7 @@ class _Kept:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Merged:
-    """What the checks and the patch need of an :class:`export.Evidence`, over all parts: ``table.arch``,
-    ``table.cells`` (every part's stored cells), ``confirmed.kept_rules`` and ``confirmed.kept_mmq``."""
+    """What the checks and the patch need of an :class:`export.Evidence`, over all parts."""
 
     table: _Cells
     confirmed: _Kept
@@ -109,8 +108,7 @@ def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
 
 
 def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
-    """Each exported table's manifest and evidence (decompressed under ``tmp``); UsageError for a folder that is
-    not a sweep table export or whose evidence does not recompose."""
+    """Each exported table's manifest and evidence (under ``tmp``); UsageError for a folder that is not one."""
     out = []
     for i, f in enumerate(folders):
         if not export.is_export(f):
@@ -140,10 +138,7 @@ def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: 
 
 
 def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> Merged:
-    """The parts as one table, with the other GPU models' confirmations ``others``.
-
-    Raises:
-        UsageError: Parts of different sources, archs or devices; a cell or MMQ type in two parts; repeated names."""
+    """The parts as one table with the other GPU models' confirmations; UsageError where they do not join."""
     if len(parts) < 2:
         raise UsageError("A merged table joins two or more exported tables; pass at least two folders.")
     names = [p.name for p in parts]
@@ -223,8 +218,7 @@ def manifest_table(merged: Merged) -> dict[str, list[str]]:
 
 
 def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[Part]) -> list[Confirmation]:
-    """Each ``(name, confirm store)`` of another GPU model recomposed against the part it confirmed (copies:
-    the stores are opened for writing)."""
+    """Each ``(name, store)`` of another GPU model recomposed against its part (pass copies)."""
     tables = {p.name: p.evidence.table for p in parts}
     first = parts[0].manifest["target"]["measured_on"] if parts else ""
     return [gpus.load_confirmation(path, tables, name=name, first_device=first) for name, path in stores]
@@ -293,8 +287,7 @@ def _report(parts: Sequence[Part]) -> str:
 
 
 def _copy_part(src: Path, dest: Path) -> None:
-    """A part's files copied into the merge; a link or anything but a plain file or folder in the part is
-    refused (copying would follow it and write what it points at into the merged table)."""
+    """A part copied into the merge; links and special files are refused (copying would follow them)."""
     for d, subdirs, files in os.walk(src):
         for n in [*subdirs, *files]:
             p = Path(d) / n
@@ -309,11 +302,11 @@ def _copy_part(src: Path, dest: Path) -> None:
 def merge_tables(
     folders: Sequence[Path], out: Path, *, spec: str | None = None, gpu_dirs: Sequence[Path] = ()
 ) -> dict[str, Any]:
-    """Write the merged folder ``out`` (module doc) and return its manifest.
+    """Write the merged folder ``out`` and return its manifest.
 
     Raises:
-        UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
-            export; parts that do not join (:func:`merged_view`); a source other than the parts'."""
+        UsageError: ``out`` is not new, empty or an earlier merge; a folder not an export; parts that do not
+            join; a source other than the parts'."""
     out = Path(out)
     folders = [Path(f) for f in folders]
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):

@@ -97,16 +97,13 @@ MMQ_SUPPORTED = (
 """Types ``ggml_cuda_should_use_mmq`` supports (its ``mmq_supported`` switch), as ggml_type_name spells them."""
 _BLOCK_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4")
 PROCESS_S = 59.4
-"""Measured: one mm-bench process over the default grid's 540 cases at 20 ms on an H100
-(docs/data/h100-sweep-sm90/mmq-transcript.txt); :func:`mmq_dry_run_text` scales it by cases."""
+"""Measured: an H100 mm-bench process of 540 cases (docs/data/h100-sweep-sm90/mmq-transcript.txt)."""
 PROCESS_CASES = 540
 START_S = 2.5
 """Estimate: the part of a process that is CUDA start (as for test-backend-ops, docs/sweep.md)."""
 OPEN_SHARE = 0.5
-"""Assumption: the share of points still open after ``min_rounds`` that take every round up to
-``max_rounds``. The only MMQ rounds on record (docs/data/h100-mmq-probe/, 4096 x 4096) leave 20% open; the
-other sizes have none to replay (docs/data/h100-sweep-first/), so the plan assumes the FlashAttention sweep's
-50%, an upper-side figure."""
+"""Assumption: the share of points open after ``min_rounds``; the FlashAttention sweep's 50% (upper side)
+as the only MMQ rounds on record (docs/data/h100-mmq-probe/) cover one size."""
 
 _FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
 _TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
@@ -133,10 +130,7 @@ class MmqChoice:
 
 
 def parse_mmq_choices(text: str) -> tuple[MmqChoice, ...]:
-    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it, but only for types MMQ supports (:data:`MMQ_SUPPORTED`).
-
-    Raises:
-        UsageError: An entry that does not parse, an unknown type or ``HI <= LO`` (where the hook aborts)."""
+    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it; UsageError where the hook aborts or a type is not MMQ's."""
     out = []
     for item in text.split(","):
         if not item:
@@ -203,10 +197,7 @@ def patched_mmq_hook(root: Path) -> str:
 def patched_mmq_condition(
     root: Path, choices: Sequence[MmqChoice], arch: Arch, cond: str, *, note: str = ""
 ) -> str | None:
-    """mmq.cu with the composed cuBLAS choices as upstream-style conditions on ``cond`` (None where none is BLAS).
-
-    Raises:
-        TunerError: An arch without Turing tensor cores, or a tree of another structure."""
+    """mmq.cu with the cuBLAS choices as conditions on ``cond`` (None where none is BLAS); TunerError."""
     amd = getattr(arch, "vendor", None) == "amd"
     if not amd and (getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750):
         raise TunerError(f"The MMQ condition goes before the Turing branch; {arch.name!r} has no Turing tensor cores.")
@@ -246,8 +237,7 @@ def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, no
 
 
 def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
-    """A host-only C++ program around the hook of a patched mmq.cu, for comparing it with :func:`match_mmq`:
-    reads ``TYPE_INDEX NE11`` lines, prints ``MMQ``, ``BLAS`` or ``NONE`` each; ``GGML_ABORT`` exits 3."""
+    """A host-only C++ program around a patched mmq.cu's hook, to compare it with :func:`match_mmq`."""
     start = patched.find(hook_block().splitlines()[0])
     fn = patched.find("static int ggml_tuner_mmq_choose(", start)
     end = patched.find("\n}\n", fn)
@@ -297,8 +287,7 @@ class MmqCell:
 
 
 def upstream_backend(arch: Arch, type_name: str, ne11: int) -> str:
-    """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model on a GPU with
-    >= 48 KiB shared memory a block: MMQ with Turing tensor cores, AMD by its per-family rules."""
+    """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model: MMQ or BLAS."""
     cc = cc_of(arch)
     if getattr(arch, "vendor", None) == "nvidia" and cc >= 750:
         return "MMQ"
@@ -453,8 +442,7 @@ class MmqPoint:
 def plan_points(
     cells: Sequence[MmqCell], sizes: Sequence[tuple[int, int]]
 ) -> tuple[list[MmqPoint], list[tuple[str, int, int]]]:
-    """Every cell at every size, sizes outermost; and the (type, m, k) left out as ``k`` is no multiple of
-    the type's block."""
+    """Every cell at every size, and the (type, m, k) left out (``k`` not a multiple of the block)."""
     points, skipped = [], []
     for m, k in sorted(set(sizes)):
         for c in cells:
@@ -519,9 +507,7 @@ MMQ_TABLE = Table[MmqKey](
     # files made before these options were measured with graphs on and ITERS ops a case
     legacy={"cuda_graphs": "on", "target_ms": "0"},
 )
-"""The MMQ sweep's samples (``mmq.sqlite3``): one row per point, config and round, with the identity of the
-run (arch, backend, build, timer, ops, ``target_ms``, cache size and ``cuda_graphs``): a later run with
-another identity is refused; a file made before the limits were recorded holds fixed rounds."""
+"""The MMQ sweep's samples (``mmq.sqlite3``); a run of another identity is refused."""
 
 MMQ = Spec[MmqPoint, MmqKey, MmqFamily](
     name="sweep mmq",
@@ -619,8 +605,7 @@ def _type_decision(
 def compose_mmq(
     points: Sequence[MmqPoint], samples: Iterable[Sample[MmqKey]], *, limits: tuple[int, int], withhold: str = ""
 ) -> MmqOutcome:
-    """Verdicts and choices from the stored samples (:func:`tuner.rounds.engine.judge`). ``withhold``: a reason to
-    compose no choice (the backend has none); verdicts are still reported."""
+    """Verdicts and choices from the stored samples; ``withhold``: compose no choice, still report verdicts."""
     v = judge(MMQ, points, samples, limits=limits)
     type_ds: dict[str, list[Decision]] = {}
     choices: list[MmqChoice] = []

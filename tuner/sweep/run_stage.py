@@ -64,8 +64,7 @@ class Grid:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Request:
-    """What both sweeps take (the round limits checked against each other, -o resolved): ``build_dir`` None:
-    the sweeps' default build; ``target_ms`` None: 20 on a GPU backend, 0 on the CPU."""
+    """What both sweeps take; ``build_dir`` None: the default build; ``target_ms`` None: 20 on GPU, 0 on CPU."""
 
     arch: str
     limits: tuple[int, int]
@@ -113,8 +112,7 @@ class FaRequest(_Request):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MmqRequest(_Request):
-    """``tuner sweep mmq``'s flags (empty ``types``, ``batches``: the defaults; ``sizes``: ``MxK`` texts
-    instead of the ``like`` models' sizes)."""
+    """``tuner sweep mmq``'s flags (empty: the defaults; ``sizes``: ``MxK`` instead of ``like``'s)."""
 
     STORE = "mmq.sqlite3"
     EXE = "libggml.so"
@@ -160,8 +158,7 @@ def dry_run_mmq(req: MmqRequest) -> str:
 
 
 def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
-    """(the run_round, its name): fa-bench compiled against ``bin_dir`` unless test-backend-ops is asked for;
-    the default falls back to test-backend-ops, with a warning, where fa-bench does not compile."""
+    """(run_round, name): fa-bench unless test-backend-ops is asked for or fa-bench does not compile."""
     if timer == "test-backend-ops":
         return kb.run_round, timer
     try:
@@ -246,8 +243,7 @@ def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
 
 
 def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
-    """The request's points (every type and batch size at every size) and the type/size pairs left out;
-    UsageError for an arch or type MMQ does not model, a bad size or model name, or no point to time."""
+    """The request's points and the type/size pairs left out; UsageError for bad input or no point."""
     cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
     sizes = [mmq.parse_size(t) for t in req.sizes] if req.sizes else mmq.like_sizes(req.like or mmq.DEFAULT_LIKE)
     points, skipped = mmq.plan_points(cells, sizes)

@@ -103,8 +103,7 @@ def match_table(
 
 
 def widened_layers(rules: Sequence[TableRule]) -> list[list[FaRule]]:
-    """The kept entries as widened rules, in layers where no shape appears twice in a phase: the hook's first
-    matching rule wins, so one env per layer makes ``test-backend-ops`` run each kept kernel of a shape."""
+    """The kept entries as widened rules in layers, no shape twice a phase (the hook's first match wins)."""
     layers: list[list[FaRule]] = []
     for r in rules:
         rule = r.hook_rule(widened=True)
@@ -210,11 +209,8 @@ def _call(arch: Arch, cond: str, indent: str = "        ") -> str:
 
 
 def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
-    """fattn.cu of the pristine tree at ``root`` with the table added (module doc); None for no rules.
-
-    Raises:
-        TunerError: An arch without Turing tensor cores, a bad or overlapping entry, or a tree whose
-            selection function is not llama.cpp 0c1e570's (docs/selector.md)."""
+    """fattn.cu of the pristine tree at ``root`` with the table (None for no rules); TunerError for a
+    bad arch, entry or tree (not llama.cpp 0c1e570's, docs/selector.md)."""
     rules = list(rules)
     if not rules:
         return None
@@ -258,8 +254,7 @@ _AMD_FAMILIES = {
 
 
 def amd_family_condition(arch: Arch) -> str:
-    """The family test upstream's own AMD branches use (common.cuh's ``GGML_CUDA_CC_IS_RDNA3_5(cc)`` ...): the
-    measured GPU's family, as a Strix Halo's gfx1151 and a gfx1150 share RDNA3.5's kernels and tuning."""
+    """Upstream's family macro of the measured AMD GPU (gfx1151 and gfx1150 share RDNA3.5's)."""
     cond = _AMD_FAMILIES.get(str(getattr(arch, "family", "")))
     if cond is None:
         raise TunerError(
@@ -276,9 +271,7 @@ def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Arch, *, no
 
 
 def harness_source(patched: str, kv_types: Sequence[str]) -> str:
-    """A host-only C++ program around the lookup of a patched fattn.cu, for comparing it with :func:`match_table`:
-    reads ``D gqa K V ne1 n_kv can_use_vector_kernel gqa_opt_applies`` lines (K, V: indices into ``kv_types``),
-    prints ``VEC``, ``TILE``, ``MMA`` or ``NONE`` each."""
+    """A host-only C++ program around a patched fattn.cu's lookup, to compare it with :func:`match_table`."""
     enum = re.search(r"^enum best_fattn_kernel \{.*?^\};\n", patched, re.M | re.S)
     start = patched.find(f"struct {_STRUCT} {{")
     fn = patched.find(f"static best_fattn_kernel {LOOKUP_PREFIX}", start)

@@ -87,8 +87,7 @@ REQUIRED: dict[str, dict[str, type[object]]] = {
 
 
 def find_tables(paths: Iterable[Path]) -> list[Path]:
-    """Sweep table folders (a ``table.toml`` of kind ``sweep table``, or a merged one) under each path; the
-    parts inside a merged table are checked by it, not again on their own."""
+    """Sweep table folders under each path (a merged table's parts are checked by it, not again)."""
     out: list[Path] = []
     for p in paths:
         if not p.exists():
@@ -105,8 +104,7 @@ def find_tables(paths: Iterable[Path]) -> list[Path]:
 
 
 def _manifests_under(p: Path) -> list[Path]:
-    """Folders under ``p`` with an entry named table.toml; links not followed, export leftovers skipped (they
-    are reported by :func:`tuner.result.validate.find_results`)."""
+    """Folders under ``p`` with a table.toml; links not followed, export leftovers skipped."""
     out = []
     for dirpath, dirnames, filenames in os.walk(p):
         dirnames[:] = [d for d in dirnames if not is_leftover(d)]
@@ -122,6 +120,13 @@ def _kind(folder: Path) -> str | None:
     except FolderError:
         return export.KIND
     return kind if isinstance(kind, str) else None
+
+
+def _fail(check: str, detail: str) -> Finding:
+    return Finding(check=check, ok=False, detail=detail)
+
+
+_NOT_OURS = "and validate compiles no code from a folder that tuner did not render"
 
 
 def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[object]]] = REQUIRED) -> list[str]:
@@ -185,9 +190,7 @@ def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
         )
         return Finding(check="patch hash", ok=ok, detail=why)
     if patch is None:
-        return Finding(
-            check="patch hash", ok=False, detail="the manifest records a patch, but upstream.patch is missing"
-        )
+        return _fail("patch hash", "the manifest records a patch, but upstream.patch is missing")
     ok = text_sha256(patch) == want
     why = f"sha256(upstream.patch)={text_sha256(patch)[:12]}… but table.toml records {want[:12]}… (edited patch or stale hash)"
     return Finding(check="patch hash", ok=ok, detail="" if ok else why)
@@ -232,24 +235,22 @@ def _lookup(patched: str, ev: Kept) -> Finding:
         try:
             src.write_text(harness_source(patched, kvs))
         except TunerError as err:
-            return Finding(check="table lookup", ok=False, detail=str(err))
+            return _fail("table lookup", str(err))
         try:
             cc = _run.run(
                 [gxx, "-std=c++17", "-O1", "-o", exe, src], check=False, timeout=300, what="the table lookup's compile"
             )
         except TunerError as err:  # the timeout
-            return Finding(check="table lookup", ok=False, detail=f"the lookup did not compile: {err}")
+            return _fail("table lookup", f"the lookup did not compile: {err}")
         if cc.returncode != 0:
-            return Finding(
-                check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.output.strip()[-400:]}"
-            )
+            return _fail("table lookup", f"the lookup does not compile: {cc.output.strip()[-400:]}")
         text = "".join(
             f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
         )
         try:
             got = _run.run([exe], input=text, check=False, timeout=300, what="the table lookup").output.split()
         except TunerError as err:  # the timeout
-            return Finding(check="table lookup", ok=False, detail=f"the lookup did not answer: {err}")
+            return _fail("table lookup", f"the lookup did not answer: {err}")
     rules = ev.confirmed.kept_rules
     bad = []
     for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):
@@ -267,7 +268,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
     try:
         want = render_kept(source.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
     except TunerError as err:
-        return [Finding(check="re-render", ok=False, detail=str(err))]
+        return [_fail("re-render", str(err))]
     same = want == (patch or "")
     why = "re-rendering the kept entries on the pristine tree does not reproduce upstream.patch byte for byte"
     out = [Finding(check="re-render", ok=same, detail="" if same else why)]
@@ -288,15 +289,8 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
     if not ev.confirmed.kept_rules:
         return out
     if not (same and ok):  # the lookup compiles code: only tuner's own render, and only the one the folder ships
-        out.append(
-            Finding(
-                check="table lookup",
-                ok=False,
-                detail="not run: upstream.patch is not tuner's re-render of the kept entries (or does not apply), "
-                "and validate compiles no code from a folder that tuner did not render",
-            )
-        )
-        return out
+        why = "not run: upstream.patch is not tuner's re-render of the kept entries (or does not apply), "
+        return [*out, _fail("table lookup", why + _NOT_OURS)]
     res, new = git_apply_to_copy(want, source.root, check=False)
     fattn = next((t for p, t in new.items() if p.endswith("fattn.cu")), None)
     if res.returncode == 0 and fattn is not None:
@@ -305,8 +299,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
 
 
 def validate_table(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """Every check of one sweep table folder, or of a merged one; failures are findings, not exceptions.
-    ``gpu`` None skips the GPU checks; ``fetch``: download a source the cache lacks."""
+    """Every check of one sweep table folder, or of a merged one; failures are findings, not exceptions."""
 
     def run() -> ResultCheck:
         contents = contents_finding(folder)
@@ -324,7 +317,7 @@ def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Source | None, Finding]:
     try:
         source = cached_or_fetched(m["source"]["spec"], fetch)
     except TunerError as err:
-        return None, Finding(check="source", ok=False, detail=str(err))
+        return None, _fail("source", str(err))
     same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
     return source, Finding(
         check="source", ok=same, detail="" if same else f"{source.spec} is {source.source_id} era {source.era}"
@@ -339,7 +332,7 @@ def _table_findings(
     try:
         m = load_toml_in(folder, export.MANIFEST)
     except FolderError as err:
-        return [Finding(check="schema", ok=False, detail=str(err))], None
+        return [_fail("schema", str(err))], None
     errs = _schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "sweep table"))
     if errs:
@@ -354,13 +347,13 @@ def _table_findings(
         return f, None
     if not next(x for x in f if x.check == "evidence").ok:  # hashed first, then decompressed (with a cap)
         why = "not run: the evidence files do not hash to what table.toml records"
-        f.append(Finding(check="recomposed from evidence", ok=False, detail=why))
+        f.append(_fail("recomposed from evidence", why))
         return f, None
     with tempfile.TemporaryDirectory(prefix="tuner-table-evidence-") as tmp:
         try:
             ev = export.load_evidence(export.decompress_evidence(folder, Path(tmp)))
         except TunerError as err:
-            f.append(Finding(check="recomposed from evidence", ok=False, detail=str(err)))
+            f.append(_fail("recomposed from evidence", str(err)))
             return f, None
     f.append(_recomposed(ev, m))
     f += _patch_findings(folder, patch, ev, source)
@@ -374,20 +367,14 @@ def _gpu_checked(
 ) -> list[Finding]:
     rerender = next((x for x in static if x.check == "re-render"), None)
     if patch is not None and (rerender is None or not rerender.ok):
-        return [
-            Finding(
-                check="upstream.patch on the GPU",
-                ok=False,
-                detail="not built: upstream.patch is not tuner's re-render of the kept entries, and validate "
-                "compiles no code from a folder that tuner did not render",
-            )
-        ]
+        why = "not built: upstream.patch is not tuner's re-render of the kept entries, "
+        return [_fail("upstream.patch on the GPU", why + _NOT_OURS)]
     try:
         return _gpu_findings(folder, patch, ev, source, gpu)
     except UsageError as err:  # bad input (a pack of another build): exit 2 with its paragraph, not a failed check
         raise ArgumentError(str(err)) from err
     except TunerError as err:  # a failed build or run is a failed check, not a crash
-        return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
+        return [_fail("upstream.patch on the GPU", str(err)[:1500])]
 
 
 def _merged_schema(m: Mapping[str, Any]) -> list[str]:
@@ -424,8 +411,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
 
 
 def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tuple[str, Path]], list[Finding]]:
-    """The other GPU models' confirm stores of a merged table, each hashed as recorded, then decompressed
-    (capped) under ``into``; a finding per store."""
+    """A merged table's other GPU models' stores, each hashed, then decompressed (capped) under ``into``."""
     stores, found = [], []
     for i, g in enumerate(m.get("gpus", [])):
         rel = f"{merge.GPUS}/{gpus.slug(g['device'])}/{g['name']}/{merge.STORE}.xz"
@@ -445,13 +431,12 @@ def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tu
 
 
 def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """A merged table: each part validated as a table (without the GPU) with its recorded manifest sha256, the
-    parts join, the merged entries are the parts', and ``upstream.patch`` passes the table's patch checks."""
+    """A merged table: each part validated, the parts join and give its entries, its patch checked."""
     f: list[Finding] = []
     try:
         m = load_toml_in(folder, export.MANIFEST)
     except FolderError as err:
-        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+        return ResultCheck(path=folder, findings=(_fail("schema", str(err)),))
     errs = _merged_schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
     if errs:
@@ -462,8 +447,8 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
         mf = d / export.MANIFEST
         got = file_sha256(mf) if mf.is_file() else "missing"
         if got != rec["manifest_sha256"]:
-            f.append(Finding(check=f"part {d.name}", ok=False, detail=f"{mf.name} is {got[:12]}, recorded "
-                             f"{rec['manifest_sha256'][:12]} (an edited or replaced part)"))  # fmt: skip
+            why = f"{mf.name} is {got[:12]}, recorded {rec['manifest_sha256'][:12]} (an edited or replaced part)"
+            f.append(_fail(f"part {d.name}", why))
             continue
         pf, ev = _table_findings(d, gpu=None, fetch=fetch)
         bad = [x for x in pf if not x.ok]
@@ -484,7 +469,7 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
                 return ResultCheck(path=folder, findings=tuple(f))
             merged = merge.merged_view(parts, merge.load_gpu_confirmations(stores, parts))
     except TunerError as err:
-        f.append(Finding(check="parts join", ok=False, detail=str(err)))
+        f.append(_fail("parts join", str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
     got_t = merge.manifest_table(merged)
     diffs = [f"table.{k}: table.toml has {m['table'].get(k)!r}, the parts give {v!r}" for k, v in got_t.items()
@@ -512,8 +497,7 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
 def _gpu_findings(
     folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg]
 ) -> list[Finding]:
-    """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
-    ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
+    """``--gpu``: build the patched tree, run test-backend-ops FA and MUL_MAT (``pack``/``from_pack``)."""
     arch = ev.table.arch
     local = archs.detect_local_archs()
     if patch is None:

@@ -29,8 +29,7 @@ _TIMEOUT_S = 300
 
 
 def probes(rules: Sequence[TableRule], cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
-    """(cell, kernel the patched tree must launch there) at the lowest and highest stored n_kv each kept entry
-    covers, in the entries' order."""
+    """(cell, kernel the patched tree must launch) at the lowest and highest stored n_kv of each kept entry."""
     out: list[tuple[Cell, str]] = []
     for r in rules:
         cov = sorted(
