@@ -28,16 +28,9 @@ def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
 
 def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
     """The pass of ``plan``'s model at ``Q->ne[1] = batch`` (``<shape>-pp<batch>``): its entries there, prefill."""
-    mine = tuple(r for r in plan.unexercised if r.ne1 == batch)
+    mine, like = tuple(r for r in plan.unexercised if r.ne1 == batch), f"{plan.like}-pp{batch}"
     return dataclasses.replace(
-        plan,
-        like=f"{plan.like}-pp{batch}",
-        base=plan.like,
-        pp=batch,
-        batch=batch,
-        fa_rules=mine,
-        unexercised=(),
-        mmq=(),
+        plan, like=like, base=plan.like, pp=batch, batch=batch, fa_rules=mine, unexercised=(), mmq=()
     )
 
 

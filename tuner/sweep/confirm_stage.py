@@ -207,16 +207,9 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
     qtype = None if mode == "f16" else r.quant  # f16: the synthesized model as written
 
     def joint_for(path: Path, one: ModelPlan) -> JointMeasure:
-        reps_by = {"pp": r.reps, "tg": r.reps}
+        reps_by, logs = {"pp": r.reps, "tg": r.reps}, out / "logs" / one.like
         m = make_live_measure(
-            bin_dir,
-            path,
-            pp=one.pp,
-            tg=confirm.TG,
-            reps=reps_by,
-            log_dir=out / "logs" / one.like,
-            era=src.era,
-            arch=None,
+            bin_dir, path, pp=one.pp, tg=confirm.TG, reps=reps_by, log_dir=logs, era=src.era, arch=None
         )
         return m.joint  # rounds.live's both-phases call
 

@@ -237,12 +237,10 @@ def plan(
         if D % _KV_BLOCK.get(kv, 1):
             continue  # a shape llama never makes (module doc)
         shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
-        for x in points:
-            out.append(
-                Cell(
-                    shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x, gqa)
-                )
-            )
+        out += [
+            Cell(shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x, gqa))
+            for x in points
+        ]
     return out
 
 

@@ -665,21 +665,13 @@ def _type_table(outcome: MmqOutcome, t: str, points: Sequence[MmqPoint]) -> list
     return [*lines, ""]
 
 
-def _graphs_text(setting: str | None) -> list[str]:
-    """The report's sentence on CUDA graphs, from the identity's ``cuda_graphs``."""
-    if setting == "off":
-        return [
-            "",
-            "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
-            "multiplications ran directly, kernel by kernel.",
-        ]
-    if setting == "on":
-        return [
-            "",
-            "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
-            "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
-        ]
-    return []
+_GRAPHS_TEXT = {
+    "off": "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
+    "multiplications ran directly, kernel by kernel.",
+    "on": "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
+    "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
+}
+"""The report's sentence on CUDA graphs, by the identity's ``cuda_graphs`` (none for a store without it)."""
 
 
 def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
@@ -739,7 +731,7 @@ def mmq_report_text(
         "none of its batch sizes claims anything, whatever its own interval). A batch size goes "
         "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
         "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
-        *_graphs_text(identity.get("cuda_graphs")),
+        *(["", _GRAPHS_TEXT[identity["cuda_graphs"]]] if identity.get("cuda_graphs") in _GRAPHS_TEXT else []),
         "",
         "## Composed choices",
         "",

@@ -168,12 +168,8 @@ def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
     bad += [f"{n} (missing)" for n in sorted(set(recorded) - have)]
     if "confirm.sqlite3.xz" not in recorded or "sweep.sqlite3.xz" not in recorded:
         bad.append("the manifest lists no sweep.sqlite3.xz or confirm.sqlite3.xz")
-    f.append(
-        Finding(
-            check="evidence", ok=not bad, detail="sha256 differs or file unexpected: " + "; ".join(bad) if bad else ""
-        )
-    )
-    return f
+    why = "sha256 differs or file unexpected: " + "; ".join(bad) if bad else ""
+    return [*f, Finding(check="evidence", ok=not bad, detail=why)]
 
 
 def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
@@ -279,11 +275,8 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
         ok, last = res.returncode == 0, (res.output.strip().splitlines() or [""])[-1]
     except TunerError as err:
         ok, last = False, str(err)
-    out.append(
-        Finding(
-            check="upstream.patch applies", ok=ok, detail="" if ok else f"git apply against the pristine tree: {last}"
-        )
-    )
+    why = "" if ok else f"git apply against the pristine tree: {last}"
+    out.append(Finding(check="upstream.patch applies", ok=ok, detail=why))
     ws = whitespace_only_hunks(patch)
     out.append(Finding(check="upstream.patch whitespace", ok=not ws, detail="; ".join(ws)))
     if not ev.confirmed.kept_rules:
