@@ -6,6 +6,7 @@ from __future__ import annotations
 
 __all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +158,14 @@ def export_cmd(
     from tuner.sweep.export import export_table
 
     m = export_table(confirm_dir, out_dir, sweep_dir=sweep_dir, mmq_dir=mmq_dir, spec=spec, measured_on=measured_on)
+    _echo_kept(m, out_dir)
+
+
+def _echo_kept(m: Mapping[str, Any], out_dir: Path, head: str = "") -> None:
+    """What an export or a merge kept (its manifest ``m``), then the folder it wrote."""
     t = m["table"]
     click.echo(
-        f"{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
+        f"{head}{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
         f"{len(t['reported'])} reported" + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
     )
     click.echo(str(out_dir))
@@ -198,10 +204,4 @@ def merge_cmd(tables: tuple[Path, ...], spec: str | None, gpu_dirs: tuple[Path, 
     from tuner.sweep.merge import merge_tables
 
     m = merge_tables(tables, out_dir, spec=spec, gpu_dirs=gpu_dirs)
-    t = m["table"]
-    click.echo(
-        f"{len(m['parts'])} tables merged: {len(t['fa_rules'])} FlashAttention entr(ies) and "
-        f"{len(t['mmq_choices'])} MMQ choice(s) kept, {len(t['reported'])} reported"
-        + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
-    )
-    click.echo(str(out_dir))
+    _echo_kept(m, out_dir, head=f"{len(m['parts'])} tables merged: ")
