@@ -1,14 +1,10 @@
 """The sweep's table confirmed end to end: llama-bench on model shapes, upstream against the table's env.
 
-Kernel-level wins can overstate end-to-end gains, so a rule (or MMQ choice) goes upstream only once a real model
-shape shows it. Per ``--like`` model this runs the search's paired, interleaved rounds
-(:func:`tuner.rounds.joint.run_joint_rounds`) with the table in the build's runtime hooks and judges each point
-as the search does. ``tg128`` attends at ``Q->ne[1] = 1`` and ``pp512`` at 512, so the env holds the shape's
-``Q->ne[1] = 1`` entries as decode rules plus the MMQ choices; entries at 2-8 get small-batch passes
-(:mod:`tuner.sweep.confirm_batch`) and an MMQ choice no model exercises an MMQ pass (:func:`mmq_passes`). A rule
-is kept (:func:`decide_rules`) where some point it acts on is faster beyond noise, none is slower and its models
-passed the output-equivalence gate. A model the table does not change is not measured. See docs/sweep.md
-("End to end: `tuner sweep confirm`").
+Kernel-level wins can overstate end-to-end gains, so an entry goes upstream only once a model shape shows it:
+the search's paired rounds (:func:`tuner.rounds.joint.run_joint_rounds`) per ``--like`` model, ``tg128``
+exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:mod:`tuner.sweep.confirm_batch`) and MMQ passes
+(:func:`mmq_passes`) the rest; :func:`decide_rules` keeps what is faster somewhere, slower nowhere and passed the
+output-equivalence gate. A model the table does not change is not measured. See docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Small-batch passes of the confirm: the table's entries at ``Q->ne[1]`` 2-8 checked end to end.
 
-llama-bench's ``pp512``/``tg128`` attend at 512 and 1 only; a prompt of N tokens after a depth (``-p N -d D``)
-attends at ``Q->ne[1] = N`` over ``n_kv = pad(D + N)``, the call of speculative and parallel decoding. So an
-entry at batch N is confirmed by a ``ppN`` pass at the depths its n_kv range reaches, the shape's entries given
-to the hook as ``prefill/../nbN`` rules (firing at that batch only, as the patch does), on the model's own file.
+A ``ppN`` prompt after a depth attends at ``Q->ne[1] = N`` (the call of speculative and parallel decoding), so an
+entry at batch N is confirmed by a ``ppN`` pass with the entries as ``prefill/../nbN`` hook rules.
 """
 
 from __future__ import annotations

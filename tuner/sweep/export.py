@@ -1,10 +1,7 @@
 """``tuner sweep export``: the confirmed sweep table as a result folder (``results/<arch>/<name>/``).
 
-The folder holds ``upstream.patch`` (the kept entries; none where nothing was kept), ``PR.md``, ``e2e.md``,
-``report.md``, ``plots/``, ``evidence/`` (the three stores, xz-compressed) and the manifest ``table.toml``,
-whose table is recomposed from the stored copies by the commands' own code (:func:`load_evidence`), as
-``tuner validate`` does again. The export never writes outside ``-o`` and replaces ``-o`` only where it is new,
-empty or an earlier export. See docs/sweep.md ("The result folder").
+The manifest's table is recomposed from the stored evidence by the commands' own code (:func:`load_evidence`), as
+``tuner validate`` does again; nothing is written outside ``-o``. See docs/sweep.md ("The result folder").
 """
 
 from __future__ import annotations

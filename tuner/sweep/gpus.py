@@ -1,9 +1,7 @@
 """One sweep table on several GPU models of its arch: their confirmations kept side by side, their verdicts joined.
 
-The patch is keyed on the compute capability, which other models share (H100 and H200 are both sm_90).
-:func:`join` decides each entry over all models: **patched** where some model is faster beyond noise and none is
-slower or fails the gate; **dropped** where models disagree (PR.md names what differs, :func:`differs`);
-**reported** otherwise. See docs/sweep.md ("One table on several GPU models of its arch").
+The patch keys on the compute capability, which models share (H100 and H200: sm_90); :func:`join` patches an
+entry faster on some model and worse on none, drops it where models disagree. See docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The FlashAttention sweep's grid: shapes, n_kv points, the legal kernels per cell and upstream's choice.
 
-A *shape* is what ``ggml_cuda_get_best_fattn_kernel`` (fattn.cu L541-720 of llama.cpp 0c1e570,
-docs/selector.md) decides by besides the arch and n_kv: head size D (DV = D), GQA ratio, K/V type and query
-columns ``Q->ne[1]`` (1 = decode); a *cell* is a shape at one n_kv (``K->ne[1]``). The n_kv grid (half-octaves,
-multiples of 256), legality (the hook's ``ggml_tuner_fa_kernel_legal``, fattn.cu's ``can_use_vector_kernel``)
-and upstream's choice (the Turing-and-newer branch, fattn.cu L638-665; its sparse-gather clause never changes
-the answer on this grid) are explained in docs/sweep.md ("The grid"). The grid has no q8_0 cell at head sizes
-q8_0's block does not divide: ``llama_init_from_model`` (``src/llama-context.cpp``) refuses that K/V cache.
+A *shape* is what ``ggml_cuda_get_best_fattn_kernel`` (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md)
+decides by besides arch and n_kv (head size, GQA ratio, K/V type, ``Q->ne[1]``); a *cell* is a shape at one n_kv.
+There is no q8_0 cell where q8_0's block does not divide the head size: ``llama_init_from_model`` refuses that
+cache. See docs/sweep.md ("The grid").
 """
 
 from __future__ import annotations
@@ -198,7 +195,8 @@ def _upstream_amd(cc: int, shape: FaShape, n_kv: int, can_vec: bool) -> str:
 
 
 def upstream_kernel(arch: Arch, shape: FaShape, n_kv: int) -> str:
-    """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
+    """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc). Its
+    sparse-gather clause (D = 256, GQA > 4) never changes the answer on this grid: VEC already fails there."""
     cc = _check_arch(arch)
     D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
     can_vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0

@@ -1,12 +1,9 @@
 """The FlashAttention sweep: its cells' spec of the round engine, their timer processes, composition and report.
 
-Per chunk of cells and round, one timer process per config (upstream, its A/A twin, each forced kernel where it
-is a candidate); each sample goes into SQLite (:data:`TABLE`) as its process ends, so a rerun resumes. A sample
-fails where its process errored, no time was printed or the FA log shows another kernel than asked
-(:func:`judge_sample`); a failed sample is never a time, and its cell gets no verdict and breaks its shape's
-n_kv intervals (:func:`compose`). The KV head count is fixed at :data:`N_HEAD_KV` (query heads ``8 * gqa``);
-kernels parallelise over heads, so a model with far fewer KV heads may rank kernels differently at small n_kv.
-See docs/sweep.md ("Running it: `tuner sweep run`").
+A sample fails where its process errored, no time was printed or the FA log shows another kernel than asked
+(:func:`judge_sample`); its cell then gets no verdict and breaks its shape's n_kv intervals (:func:`compose`).
+The KV head count is fixed at :data:`N_HEAD_KV`; a model with far fewer KV heads may rank kernels differently at
+small n_kv. See docs/sweep.md ("Running it: `tuner sweep run`").
 """
 
 from __future__ import annotations

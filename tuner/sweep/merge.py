@@ -1,10 +1,7 @@
 """``tuner sweep merge``: several exported sweep tables as one result folder with one ``upstream.patch``.
 
-The folder holds ``parts/<name>/`` (each export copied whole), one ``upstream.patch`` of every part's kept
-entries, ``PR.md``, ``report.md`` and ``table.toml`` (kind ``merged sweep table``). Parts must share source,
-arch and device and must not overlap (no cell or MMQ type in two parts). ``--gpu DIR`` adds another GPU model's
-confirmation as ``gpus/<model>/<name>/``, each entry then decided over every model (:func:`tuner.sweep.gpus.join`).
-See docs/sweep.md ("One patch from several tables").
+Parts (``parts/<name>/``, copied whole) must share source, arch and device and cover disjoint cells; ``--gpu``
+adds other GPU models' confirmations (:func:`tuner.sweep.gpus.join`). See docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """MMQ vs cuBLAS: a runtime hook in ``ggml_cuda_should_use_mmq``, its sweep, and its upstream condition.
 
-``ggml_cuda_should_use_mmq(type, cc, ne11, n_experts)`` (``ggml/src/ggml-cuda/mmq.cu`` L318 of llama.cpp
-0c1e570) picks llama.cpp's MMQ kernels or cuBLAS for a quantized multiplication; with Turing tensor cores it
-returns true everywhere. :func:`patched_mmq_hook` adds a table read once from :data:`ENV`
-(``TYPE:LO..HI=MMQ|BLAS``, ``ne11`` in ``[LO, HI)``, the first covering entry decides) consulted for dense
-multiplications after upstream's support checks, before the arch branches; it is also how the sweep forces
-cuBLAS. The sweep (:data:`MMQ`) times each (type, weight size ``m x k`` of real models' projections, ``ne11``)
-point per round: upstream, its A/A twin and cuBLAS forced; a batch size goes to cuBLAS for a type only where
-cuBLAS won at *every* swept size (:func:`compose_mmq`). :func:`patched_mmq_condition` is the upstream form
-(a ``switch`` on the type before the Turing branch), :func:`match_mmq` the same lookup in Python. CUDA graphs
-stay on as in llama.cpp unless ``cuda_graphs=False``. See docs/sweep.md ("MMQ vs cuBLAS").
+``ggml_cuda_should_use_mmq`` (``ggml/src/ggml-cuda/mmq.cu`` L318 of llama.cpp 0c1e570) returns true everywhere
+with Turing tensor cores. :func:`patched_mmq_hook` adds a table read from :data:`ENV` (``TYPE:LO..HI=MMQ|BLAS``,
+the first covering entry decides) before the arch branches; the sweep (:data:`MMQ`) forces cuBLAS through it, and a
+batch size goes to cuBLAS for a type only where cuBLAS won at *every* swept size (:func:`compose_mmq`).
+:func:`patched_mmq_condition` is the upstream form, :func:`match_mmq` its lookup in Python. See docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The plots of an exported sweep table (``tuner sweep export``), from the stored samples.
-
-``fa-D<head size>[-ne1-<N>].png``: per K/V type, a heatmap of GQA ratio x n_kv with the kernel the composed
-table chooses and its speedup over upstream's choice (median times); ``mmq.png``: per quant type and batch size,
-cuBLAS's speedup over MMQ, the geometric mean over the swept sizes. matplotlib's Agg backend; nothing is shown.
-"""
+"""The plots of an exported sweep table (``tuner sweep export``), from the stored samples (matplotlib Agg)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`).
 
-Each takes one frozen request, plans, finds or builds the build, opens the store, runs the rounds, composes,
-writes ``upstream.patch`` and ``report.md`` and returns the summary printed. A ``--time-budget`` stop is a
-:class:`tuner.rounds.budget.BudgetReached` out of the rounds, with every sample so far stored.
+A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of the rounds, every sample stored.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The sweep's FlashAttention table: its rules, its Python matcher and its C++ form in upstream's fattn.cu.
 
-The table is a static array with a lookup function before ``ggml_cuda_get_best_fattn_kernel`` and one call at
-the top of its Turing-and-newer branch, guarded by the exact compute capability measured
-(:func:`tuner.result.upstream_patch.arch_condition` says why equality). An entry is used only where it was
-measured legal and measured at all (VEC: ``can_use_vector_kernel``; TILE/MMA at GQA >= 2: ``gqa_opt_applies``;
-``Q->ne[3] == 1``). :func:`match_table` is the same lookup in Python; :func:`harness_source` makes the emitted
-lookup a host-only C++ program to compare the two.
+A static array and lookup before ``ggml_cuda_get_best_fattn_kernel``, called at the top of its Turing-and-newer
+branch on the exact compute capability measured (:func:`tuner.result.upstream_patch.arch_condition` says why); an
+entry applies only where it was measured legal. :func:`match_table` is the lookup in Python.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``tuner validate`` of an exported sweep table (a folder with ``table.toml`` of kind ``sweep table``).
 
-Static checks: manifest schema, listed files and evidence hashes, the patch hash, the pinned source; the
-evidence recomposes (:func:`tuner.sweep.export.load_evidence`) to the manifest; re-rendering the kept entries
-reproduces ``upstream.patch`` byte for byte, which applies with no whitespace-only hunk; the patched lookup,
-compiled host-only, agrees with :func:`tuner.sweep.table.match_table` at every stored cell. The folder is data
-(:mod:`tuner.result.checks`): evidence is decompressed (capped) only once it hashes to its record, and only
-tuner's own re-render is ever compiled. ``--gpu``: the patched tree builds, ``test-backend-ops``
-``FLASH_ATTN_EXT`` and ``MUL_MAT`` pass, and the kernels launched are the table's
-(:mod:`tuner.sweep.table_select`).
+Static checks (manifest, files, hashes, source, recomposed evidence, byte-identical re-render, ``git apply``, the
+host-only lookup against :func:`tuner.sweep.table.match_table`) and, with ``--gpu``, the patched build's
+test-backend-ops and launched kernels. The folder is data (:mod:`tuner.result.checks`): evidence is decompressed
+only once it hashes to its record, and only tuner's own re-render is ever compiled. See docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``tuner validate --gpu`` of a sweep table: the kernel the patched upstream tree launches, read on the GPU.
 
-The patched tree has no kernel log, so fa-bench runs two stored cells of each kept FlashAttention entry (its
-lowest and highest n_kv) under Nsight Compute with CUDA graphs off, and the FlashAttention kernels launched must
-be the table's lookup's (:func:`tuner.sweep.table.match_table`). Without ``ncu`` the check is skipped and says so.
+The patched tree has no kernel log, so fa-bench runs stored cells of each kept entry under Nsight Compute and the
+launched kernels must be the table's (:func:`tuner.sweep.table.match_table`); skipped without ``ncu``.
 """
 
 from __future__ import annotations
