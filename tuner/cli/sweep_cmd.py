@@ -4,7 +4,9 @@ from __future__ import annotations
 
 __all__ = ["sweep"]
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +22,11 @@ from tuner.cli._params import (
 from tuner.cli.sweep_common import budget_stop, measure_options, time_budget_option
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 
+if TYPE_CHECKING:
+    from tuner.sweep.run_stage import FaRequest, MmqRequest
+
+_Req = TypeVar("_Req", "FaRequest", "MmqRequest")
+
 
 @click.group(cls=SuggestingGroup)
 def sweep() -> None:
@@ -31,73 +38,84 @@ def sweep() -> None:
     """
 
 
-def _grid_options(f: F) -> F:
-    for opt in reversed(
-        (
-            click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
-            click.option(
-                "--head-size",
-                "head_sizes",
-                type=click.IntRange(1, 4096),
-                multiple=True,
-                help="Head sizes (default: all of the grid).",
-            ),
-            click.option(
-                "--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all)."
-            ),
-            click.option(
-                "--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all)."
-            ),
-            click.option(
-                "--ne1",
-                "query_batches",
-                type=click.IntRange(1, 4096),
-                multiple=True,
-                help="Query columns Q->ne[1] (default: 1, decode; 2, 4, 8: parallel and speculative decoding, "
-                "measured when asked and checked end to end by the confirm's small-batch passes, llama-bench ppN).",
-            ),
-            click.option(
-                "--n-kv",
-                "n_kv",
-                callback=depths_option,
-                help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
-                "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
-            ),
-        )
-    ):
-        f = opt(f)
-    return f
+def _stacked(*opts: Callable[[F], F]) -> Callable[[F], F]:
+    """The options as one decorator, in the order given (as if listed top to bottom above a command)."""
+
+    def wrap(f: F) -> F:
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return wrap
 
 
-def _round_options(f: F) -> F:
-    """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
-    for opt in reversed(
-        (
-            rounds_option("every cell (MMQ: point)"),
-            click.option(
-                "--min-rounds",
-                type=click.IntRange(2, 100),
-                default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
-                show_default=True,
-                help="Paired rounds every cell (MMQ: point) gets.",
-            ),
-            click.option(
-                "--max-rounds",
-                type=click.IntRange(2, 100),
-                default=6,
-                show_default=True,
-                help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
-                "open; a rerun with a higher value adds rounds to the ones still open.",
-            ),
-        )
-    ):
-        f = opt(f)
-    return f
+_grid_options = _stacked(
+    click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
+    click.option(
+        "--head-size",
+        "head_sizes",
+        type=click.IntRange(1, 4096),
+        multiple=True,
+        help="Head sizes (default: all of the grid).",
+    ),
+    click.option("--gqa", "gqa_ratios", type=click.IntRange(1, 256), multiple=True, help="GQA ratios (default: all)."),
+    click.option(
+        "--kv", "kv_types", type=click.Choice(["f16", "q8_0"]), multiple=True, help="K/V types (default: all)."
+    ),
+    click.option(
+        "--ne1",
+        "query_batches",
+        type=click.IntRange(1, 4096),
+        multiple=True,
+        help="Query columns Q->ne[1] (default: 1, decode; 2, 4, 8: parallel and speculative decoding, "
+        "measured when asked and checked end to end by the confirm's small-batch passes, llama-bench ppN).",
+    ),
+    click.option(
+        "--n-kv",
+        "n_kv",
+        callback=depths_option,
+        help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
+        "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
+    ),
+)
+_round_options = _stacked(
+    rounds_option("every cell (MMQ: point)"),
+    click.option(
+        "--min-rounds",
+        type=click.IntRange(2, 100),
+        default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
+        show_default=True,
+        help="Paired rounds every cell (MMQ: point) gets.",
+    ),
+    click.option(
+        "--max-rounds",
+        type=click.IntRange(2, 100),
+        default=6,
+        show_default=True,
+        help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
+        "open; a rerun with a higher value adds rounds to the ones still open.",
+    ),
+)
+"""--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
 
 
 def _limits(rounds: int | None, min_rounds: int, max_rounds: int) -> tuple[int, int]:
     low, high = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
     return low, high if high is not None else max_rounds
+
+
+_GRID = ("head_sizes", "gqa_ratios", "kv_types", "query_batches", "n_kv")
+"""The grid's flags (:class:`tuner.sweep.run_stage.Grid`'s fields)."""
+
+
+def _dry_or_run(request: _Req, dry_run: bool, dry: Callable[[_Req], str], run: Callable[[_Req], str]) -> None:
+    """Print the dry run, or run the stage (a --time-budget stop: exit status 3) and print its summary."""
+    if dry_run:
+        click.echo(dry(request), nl=False)
+        return
+    with budget_stop(request.storage_path, "report.md and upstream.patch are"):
+        summary = run(request)
+    click.echo(summary)
 
 
 @sweep.command("plan")
@@ -119,16 +137,12 @@ def _limits(rounds: int | None, min_rounds: int, max_rounds: int) -> tuple[int, 
 )
 def plan_cmd(
     arch: str,
-    head_sizes: tuple[int, ...],
-    gqa_ratios: tuple[int, ...],
-    kv_types: tuple[str, ...],
-    query_batches: tuple[int, ...],
-    n_kv: tuple[int, ...] | None,
     rounds: int | None,
     min_rounds: int,
     max_rounds: int,
     per_call_s: float | None,
     target_ms: int,
+    **grid_opts: Any,
 ) -> None:
     """Print the sweep's grid, its timer calls and the estimated GPU time (nothing runs).
 
@@ -140,9 +154,7 @@ def plan_cmd(
 
     a = load_arch(arch)
     limits = _limits(rounds, min_rounds, max_rounds)
-    cells = Grid(
-        head_sizes=head_sizes, gqa_ratios=gqa_ratios, kv_types=kv_types, query_batches=query_batches, n_kv=n_kv
-    ).cells(a)
+    cells = Grid(**grid_opts).cells(a)
     click.echo(grid.dry_run_text(cells, rounds=limits[0], per_call_s=per_call_s, max_rounds=limits[1]), nl=False)
     click.echo(live.estimate_text(cells, limits=limits, chunk_size=72, target_ms=target_ms), nl=False)
     if a.vendor == "amd":
@@ -191,25 +203,7 @@ def plan_cmd(
     in_place=True,
 )
 def run_cmd(
-    arch: str,
-    head_sizes: tuple[int, ...],
-    gqa_ratios: tuple[int, ...],
-    kv_types: tuple[str, ...],
-    query_batches: tuple[int, ...],
-    n_kv: tuple[int, ...] | None,
-    rounds: int | None,
-    min_rounds: int,
-    max_rounds: int,
-    build_dir: Path | None,
-    backend: str,
-    spec: str | None,
-    storage: Path | None,
-    chunk_cells: int,
-    timer: str | None,
-    target_ms: int | None,
-    time_budget: float | None,
-    dry_run: bool,
-    out_dir: Path | None,
+    rounds: int | None, min_rounds: int, max_rounds: int, dry_run: bool, out_dir: Path | None, **opts: Any
 ) -> None:
     """Measure the sweep with fa-bench (or test-backend-ops) and compose the table (resumable).
 
@@ -222,28 +216,11 @@ def run_cmd(
     """
     from tuner.sweep.run_stage import FaRequest, Grid, dry_run_fa, run_fa
 
+    grid = Grid(**{k: opts.pop(k) for k in _GRID})
     request = FaRequest(
-        arch=arch,
-        grid=Grid(
-            head_sizes=head_sizes, gqa_ratios=gqa_ratios, kv_types=kv_types, query_batches=query_batches, n_kv=n_kv
-        ),
-        limits=_limits(rounds, min_rounds, max_rounds),
-        build_dir=build_dir,
-        backend=backend,
-        spec=spec,
-        storage=storage,
-        out=out_dir or stamped_run_dir("sweep"),
-        chunk_cells=chunk_cells,
-        timer=timer,
-        target_ms=target_ms,
-        time_budget=time_budget,
+        grid=grid, limits=_limits(rounds, min_rounds, max_rounds), out=out_dir or stamped_run_dir("sweep"), **opts
     )
-    if dry_run:
-        click.echo(dry_run_fa(request), nl=False)
-        return
-    with budget_stop(request.storage_path, "report.md and upstream.patch are"):
-        summary = run_fa(request)
-    click.echo(summary)
+    _dry_or_run(request, dry_run, dry_run_fa, run_fa)
 
 
 @sweep.command("mmq")
@@ -317,25 +294,7 @@ def run_cmd(
     in_place=True,
 )
 def mmq_cmd(
-    arch: str,
-    types: tuple[str, ...],
-    batches: tuple[int, ...],
-    like: tuple[str, ...],
-    sizes: tuple[str, ...],
-    rounds: int | None,
-    min_rounds: int,
-    max_rounds: int,
-    build_dir: Path | None,
-    backend: str,
-    spec: str | None,
-    storage: Path | None,
-    iters: int,
-    cache_mb: int,
-    target_ms: int | None,
-    cuda_graphs: bool,
-    time_budget: float | None,
-    dry_run: bool,
-    out_dir: Path | None,
+    rounds: int | None, min_rounds: int, max_rounds: int, dry_run: bool, out_dir: Path | None, **opts: Any
 ) -> None:
     """Measure MMQ against cuBLAS per quant type, weight size and batch size with mm-bench, and compose
     the batch sizes where cuBLAS is faster (resumable).
@@ -352,29 +311,9 @@ def mmq_cmd(
     from tuner.sweep.run_stage import MmqRequest, dry_run_mmq, run_mmq
 
     request = MmqRequest(
-        arch=arch,
-        types=types,
-        batches=batches,
-        like=like,
-        sizes=sizes,
-        limits=_limits(rounds, min_rounds, max_rounds),
-        build_dir=build_dir,
-        backend=backend,
-        spec=spec,
-        storage=storage,
-        out=out_dir or stamped_run_dir("sweep-mmq"),
-        iters=iters,
-        cache_mb=cache_mb,
-        target_ms=target_ms,
-        cuda_graphs=cuda_graphs,
-        time_budget=time_budget,
+        limits=_limits(rounds, min_rounds, max_rounds), out=out_dir or stamped_run_dir("sweep-mmq"), **opts
     )
-    if dry_run:
-        click.echo(dry_run_mmq(request), nl=False)
-        return
-    with budget_stop(request.storage_path, "report.md and upstream.patch are"):
-        summary = run_mmq(request)
-    click.echo(summary)
+    _dry_or_run(request, dry_run, dry_run_mmq, run_mmq)
 
 
 sweep.add_command(confirm_cmd)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 __all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -89,25 +91,7 @@ from tuner.targets.defaults import DEFAULT_QUANT
     help="Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
     in_place=True,
 )
-def confirm_cmd(
-    sweep_dir: Path,
-    mmq_dir: Path | None,
-    likes: tuple[str, ...],
-    quant: str,
-    depths: tuple[int, ...],
-    mmq_like: str,
-    rounds: int | None,
-    min_rounds: int,
-    max_rounds: int | None,
-    reps: int,
-    build_dir: Path | None,
-    backend: str,
-    spec: str | None,
-    storage: Path | None,
-    time_budget: float | None,
-    dry_run: bool,
-    out_dir: Path | None,
-) -> None:
+def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry_run: bool, **opts: Any) -> None:
     """Confirm the sweep's table end to end with llama-bench on model shapes, and write PR.md (resumable).
 
     Per model: a random-weight model of the shape, quantized; paired interleaved rounds of upstream, its A/A
@@ -121,24 +105,7 @@ def confirm_cmd(
     from tuner.sweep.confirm_stage import ConfirmRequest, outcome_text, plan_confirm, run_confirm
 
     rounds, max_rounds = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
-    request = ConfirmRequest(
-        sweep_dir=sweep_dir,
-        mmq_dir=mmq_dir,
-        likes=likes,
-        quant=quant,
-        depths=depths,
-        mmq_like=mmq_like,
-        rounds=rounds,
-        max_rounds=max_rounds,
-        reps=reps,
-        build_dir=build_dir,
-        backend=backend,
-        spec=spec,
-        storage=storage,
-        time_budget=time_budget,
-        out_dir=out_dir,
-    )
-    plan = plan_confirm(request)
+    plan = plan_confirm(ConfirmRequest(rounds=rounds, max_rounds=max_rounds, **opts))
     click.echo(plan.text, nl=False)
     if dry_run:
         return
@@ -191,9 +158,14 @@ def export_cmd(
     from tuner.sweep.export import export_table
 
     m = export_table(confirm_dir, out_dir, sweep_dir=sweep_dir, mmq_dir=mmq_dir, spec=spec, measured_on=measured_on)
+    _echo_kept(m, out_dir)
+
+
+def _echo_kept(m: Mapping[str, Any], out_dir: Path, head: str = "") -> None:
+    """What an export or a merge kept (its manifest ``m``), then the folder it wrote."""
     t = m["table"]
     click.echo(
-        f"{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
+        f"{head}{len(t['fa_rules'])} FlashAttention entr(ies) and {len(t['mmq_choices'])} MMQ choice(s) kept, "
         f"{len(t['reported'])} reported" + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
     )
     click.echo(str(out_dir))
@@ -232,10 +204,4 @@ def merge_cmd(tables: tuple[Path, ...], spec: str | None, gpu_dirs: tuple[Path, 
     from tuner.sweep.merge import merge_tables
 
     m = merge_tables(tables, out_dir, spec=spec, gpu_dirs=gpu_dirs)
-    t = m["table"]
-    click.echo(
-        f"{len(m['parts'])} tables merged: {len(t['fa_rules'])} FlashAttention entr(ies) and "
-        f"{len(t['mmq_choices'])} MMQ choice(s) kept, {len(t['reported'])} reported"
-        + ("" if m["hashes"]["patch_sha256"] else "; no upstream.patch (nothing kept)")
-    )
-    click.echo(str(out_dir))
+    _echo_kept(m, out_dir, head=f"{len(m['parts'])} tables merged: ")

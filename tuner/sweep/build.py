@@ -15,10 +15,7 @@ from tuner.targets.target import resolve_target
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
-    """The bin dir of the arch's default ``cuda`` (NVIDIA) or ``hip`` (AMD) variant of ``spec`` (default: the pinned tree) with the
-    opt-in MMQ hook (``templates/patches/mma/mmq-hook.toml``), so one build serves both sweeps; built (or
-    taken from the build cache) as ``tuner build`` would; ``extra`` tools (``llama-perplexity``) added on
-    demand without changing its build id."""
+    """The bin dir of the arch's default variant of ``spec`` with the opt-in MMQ hook (one build for both sweeps)."""
     src = source.fetch_source(spec) if spec else source.fetch_source()
     variant = "hip" if load_arch(arch).vendor == "amd" else "cuda"
     rv = render_variant(src, arch, variant, local_archs=detect_local_archs(), hooks=("mmq",))
@@ -30,15 +27,12 @@ def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> P
 
 
 def gpu_backend(arch: Arch, backend: str) -> str:
-    """``backend`` as ggml names it on ``arch``: the HIP backend registers as ``ROCm``, so the commands' default
-    ``CUDA0`` means ``ROCm0`` on an AMD arch."""
+    """``backend`` as ggml names it on ``arch``: the default ``CUDA0`` means ``ROCm0`` on an AMD arch."""
     return "ROCm0" if arch.vendor == "amd" and backend == "CUDA0" else backend
 
 
 def require_gpu(arch: Arch, backend: str, dry_run: str) -> None:
-    """An AMD sweep times kernels on that GPU model: with none here (no AMD GPU exists on tuner's own machines),
-    the search's refusal (exit 2) before anything is built, naming ``dry_run`` (the command that prints the
-    plan). A CPU backend (the tests') times anywhere."""
+    """An AMD sweep needs that GPU here, else the search's refusal (exit 2) naming ``dry_run``; CPU runs anywhere."""
     if arch.vendor != "amd" or backend.upper().startswith("CPU"):
         return
     resolve_target(

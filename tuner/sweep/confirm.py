@@ -1,33 +1,10 @@
 """The sweep's table confirmed end to end: llama-bench on model shapes, upstream against the table's env.
 
-Kernel-level wins can overstate end-to-end gains (an isolated op's K/V may sit in L2 where a model's
-layers do not), so a rule of ``tuner sweep run`` (and a choice of ``tuner sweep mmq``) goes upstream only
-once a real model shape shows it. Per ``--like`` model this runs the search's paired, interleaved rounds
-(:func:`tuner.search.screen.run_joint_rounds`: upstream, its A/A twin and the table, order rotated per
-round, pp and tg sharing each depth's fill) with the table given to the build's runtime hooks, and judges
-each point as the search judges (:func:`tuner.search.compose.judge_phase`).
-
-**What the env reproduces.** The patch keys an entry by ``Q->ne[1]`` exactly; llama-bench's ``tg128``
-makes attention calls at ``Q->ne[1] = 1`` and ``pp512`` at 512 (one micro-batch). So the table's env is
-its ``Q->ne[1] = 1`` entries of the model's shape as ``decode/D../gqa../kv..`` rules, plus the MMQ
-choices (which key by batch size: ``pp512`` multiplies at ``ne11 = 512``, ``tg128`` at 1). No prefill
-rule goes into the env: the table has no entry at ``Q->ne[1] = 512``, so ``pp512`` runs upstream's
-kernel as the patch would, and its rows are a check that nothing else changed. Entries at ``Q->ne[1]``
-2-8 are made by no ``pp512``/``tg128`` call: a small-batch pass per model and batch checks them
-(:mod:`tuner.sweep.confirm_batch`: ``pp2``..``pp8`` at the depths they act on, the entries as
-``prefill/../nbN`` rules). An MMQ choice
-that no model's weights or ``pp512`` exercise gets an MMQ pass (:func:`mmq_passes`): one shape quantized to
-the choice's type, its prompt one micro-batch in the choice's range, at depth 0.
-
-**Which rules are kept** (:func:`decide_rules`). A rule is kept when some point it acts on (a ``tg128``
-depth whose n_kv window meets its interval, on a model of its shape) is faster beyond noise, none is
-slower beyond noise, and its models passed the output-equivalence gate (an entry at ``Q->ne[1] = N``: its
-``ppN`` points of the small-batch pass). Everything else is reported with
-the reason, not patched.
-
-**A model the table does not change** (no entry of its shape, no MMQ choice of its weights' types) is
-not measured: its upstream A/A rounds would cost as much as a confirmation (about a minute a call for an
-8B at depth 65536) and could show nothing about the table; the report says so.
+Kernel-level wins can overstate end-to-end gains, so an entry goes upstream only once a model shape shows it:
+the search's paired rounds (:func:`tuner.rounds.joint.run_joint_rounds`) per ``--like`` model, ``tg128``
+exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:mod:`tuner.sweep.confirm_batch`) and MMQ passes
+(:func:`mmq_passes`) the rest; :func:`decide_rules` keeps what is faster somewhere, slower nowhere and passed the
+output-equivalence gate. A model the table does not change is not measured. See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -56,6 +33,7 @@ __all__ = [
     "plan_model",
     "quant_mode",
     "recompose",
+    "store_meta",
     "table_id",
     "tg_window",
     "unexplained_slower",
@@ -95,8 +73,7 @@ from tuner.targets.models import DIRECT_QUANTS, load_model_shape, plan_tensors
 # of the weights and of the rounds' time; --like gemma-3-12b-shape still confirms on the larger one.
 DEFAULT_LIKE = ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-3b", "qwen2.5-7b", "gemma-3-4b-shape")
 DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
-"""0: every user's short context; 4096: below upstream's VEC-to-MMA switch at 8192; 16384 and 32768: where
-the Hopper decode rules act; 65536: long context. Not 131072: one fill of an 8-12B model costs minutes."""
+"""0: short context; 4096: below upstream's VEC-to-MMA switch (8192); 16384, 32768: the Hopper decode rules."""
 TABLE = "table"  # the candidate that runs with the table's env
 PP, TG = 512, 128
 
@@ -126,12 +103,13 @@ class Table:
         return sorted({c.n_kv for c in self.cells})
 
 
-def _meta(path: Path) -> dict[str, str]:
+def store_meta(path: Path, what: str = "sweep storage this command can read") -> dict[str, str]:
+    """A sweep store's ``meta`` table, read-only; UsageError naming ``what`` the file is not."""
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
     except sqlite3.Error as err:
-        raise UsageError(f"{path} is not a sweep storage this command can read ({err}).") from err
+        raise UsageError(f"{path} is not a {what} ({err}).") from err
 
 
 def _storage(directory: Path, name: str, command: str) -> Path:
@@ -145,14 +123,9 @@ def _storage(directory: Path, name: str, command: str) -> Path:
 
 
 def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
-    """The table ``tuner sweep run`` composed in ``sweep_dir`` (and the MMQ choices of ``mmq_dir``),
-    recomposed from their samples over every round recorded, as the commands compose them.
-
-    Raises:
-        UsageError: A directory without its storage, or a storage that is not a sweep's.
-    """
+    """The composed tables recomposed from their stores; UsageError for a missing or foreign store."""
     path = _storage(sweep_dir, "sweep.sqlite3", "tuner sweep run")
-    meta = _meta(path)
+    meta = store_meta(path)
     if "arch" not in meta:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
@@ -181,7 +154,7 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
     if mmq_dir is None:
         return table
     mpath = _storage(mmq_dir, "mmq.sqlite3", "tuner sweep mmq")
-    mmeta = _meta(mpath)
+    mmeta = store_meta(mpath)
     msamples, mlimits = read_store(mmq.MMQ_TABLE, mpath)
     points = mmq.stored_points(msamples)
     cuda = mmeta.get("backend", "").upper().startswith("CUDA")
@@ -200,8 +173,7 @@ class ModelPlan:
     kv: str
     context: int
     fa_rules: tuple[TableRule, ...]
-    """The table's ``Q->ne[1] = 1`` entries of this shape: what tg128 exercises (a small-batch pass: its
-    entries at ``Q->ne[1] = batch``)."""
+    """The shape's ``Q->ne[1] = 1`` entries, what tg128 exercises (a small-batch pass: those at its batch)."""
     unexercised: tuple[TableRule, ...]
     """Entries of this shape at other ``Q->ne[1]``: no pp512/tg128 call makes them."""
     mmq: tuple[mmq.MmqChoice, ...] = ()
@@ -229,8 +201,7 @@ class ModelPlan:
 
     @property
     def gate_rules(self) -> tuple[FaRule, ...]:
-        """The rules the output gate widens and forces: a batch pass's without their batch key, as
-        llama-perplexity evaluates whole micro-batches (the kernel's numerics at the gate's batch)."""
+        """The rules the output gate forces (a batch pass's without their batch key: perplexity runs whole batches)."""
         return tuple(r.hook_rule(widened=True) if self.batch else r.hook_rule() for r in self.fa_rules)
 
     @property
@@ -249,8 +220,7 @@ class ModelPlan:
 
 
 def plan_model(table: Table, like: str, *, kv: str = "f16", weight_types: Iterable[str] | None = None) -> ModelPlan:
-    """What the table does to model ``like`` (``tuner/data/models.toml``); ``weight_types``: the ggml types
-    of its GGUF's tensors (None: every MMQ choice, as a plan made before the model exists)."""
+    """What the table does to model ``like``; ``weight_types``: its GGUF's tensor types (None: every MMQ choice)."""
     s = load_model_shape(like)
     gqa = s.n_heads // s.n_kv_heads if s.n_kv_heads and s.n_heads % s.n_kv_heads == 0 else 0
     mine = [r for r in table.rules if (r.D, r.gqa, r.kv) == (s.head_dim, gqa, kv)]
@@ -272,10 +242,7 @@ MMQ_QUANT = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_K": "Q4_K_M", "q5_K": "Q5_K_M",
 
 
 def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[ModelPlan]:
-    """An MMQ pass per choice no planned test exercises (no planned model has its type, or pp512 is outside
-    its batch range): model ``like`` quantized to :data:`MMQ_QUANT` of its type, the prompt one micro-batch
-    of the choice's lowest batch size, prefill only, at depth 0 (a weight multiplication costs the same at
-    every depth), against upstream with only that choice in the env."""
+    """An MMQ pass per choice no planned test exercises: ``like`` quantized to its type, one micro-batch, depth 0."""
     out = []
     for c in table.mmq:
         if c.covers(PP) and any(c in p.mmq for p in plans):
@@ -290,24 +257,20 @@ def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[Mode
 def pass_plan(
     table: Table, choice: mmq.MmqChoice, like: str, *, quant: str, pp: int, weight_types: Iterable[str] | None = None
 ) -> ModelPlan:
-    """The MMQ pass of ``choice`` on ``like`` at ``quant`` (``<shape>@<quant>-pp<N>``): that choice alone in the
-    env, kept only where ``weight_types`` (the made model's, None before it exists) have its type."""
+    """The MMQ pass of ``choice`` on ``like`` at ``quant`` (``<shape>@<quant>-pp<N>``), that choice alone."""
     one = plan_model(dataclasses.replace(table, rules=(), mmq=(choice,)), like, weight_types=weight_types)
     return dataclasses.replace(one, like=f"{one.like}@{quant.lower()}-pp{pp}", base=one.like, quant=quant, pp=pp)
 
 
 def quant_mode(quant: str) -> str:
-    """How confirm makes its models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks written directly
-    (synth_cached(direct=True): Q4_K_M, Q5_K_M, IQ4_XS), else ``quantize`` the f16 file with llama-quantize."""
+    """How confirm makes models of ``--quant``: ``f16`` as synthesized, ``direct`` blocks, else ``quantize``."""
     if quant.lower() in ("f16", "none"):
         return "f16"
     return "direct" if quant.upper() in DIRECT_QUANTS else "quantize"
 
 
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
-    """The ggml types of the tensors the confirm's model of ``like`` will have at ``quant``, where they are
-    known before it is made: f16 as written, and the types written directly (llama-quantize's per-tensor rule,
-    :func:`tuner.targets.models.plan_tensors`); None where llama-quantize decides them."""
+    """The ggml types ``like`` will have at ``quant`` where known before it is made, else None."""
     wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
     if wt is None:
         return None
@@ -315,8 +278,7 @@ def planned_weight_types(like: str, quant: str) -> list[str] | None:
 
 
 def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
-    """The n_kv a ``tg`` test at ``depth`` runs attention at, first and last: llama pads the KV cache it
-    attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
+    """The first and last n_kv a ``tg`` test at ``depth`` attends over (the KV cache padded to 256)."""
     return pad_kv(depth + 1), pad_kv(depth + tg)
 
 
@@ -336,13 +298,10 @@ def measure_model(
     budget: Budget | None = None,
     round_s: Callable[[ModelPlan, Sequence[int]], float] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """The paired rounds of one model (upstream, its A/A twin, the table), records per phase; rounds in
-    ``store`` count, so a second call only adds what is missing. ``budget``: no round starts that would end
-    past it (the first priced by ``round_s(plan, depths)``). ``rounds`` every depth gets; with a higher
-    ``max_rounds``, further rounds go only to the depths still open by the search confirm's settle rule
-    (:func:`tuner.search.compose.open_depths`: a decode rule changes the kernel there and its verdict is
-    neither claimed nor settled by futility), or to every depth where an MMQ choice is in the env (it acts
-    at every depth, as the search's process knobs do)."""
+    """The paired rounds of one model (upstream, its A/A twin, the table) per phase, resuming from ``store``.
+    ``max_rounds`` above ``rounds``: further rounds only at the depths still open
+    (:func:`tuner.rounds.compose.open_depths`), or at every depth with an MMQ choice in the env. ``budget``: no round
+    starts that would end past it (the first priced by ``round_s``)."""
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
     args = plan.bench_args
@@ -376,16 +335,13 @@ def judge_model(
     mmq_changed: bool,
     phases: Sequence[str] = ("pp", "tg"),
 ) -> dict[str, dict[int, CellStats]]:
-    """Per phase and depth, the table against upstream judged as the search judges (A/A bar, noise floor,
-    the sequential rule). With MMQ choices the table differs beyond the FA kernel, so every cell is tested
-    (``family="all"``); else a cell where the table ran upstream's own kernel is A/A by construction."""
+    """Per phase and depth, the table judged as the search judges (every cell tested with MMQ choices)."""
     family: Family = "all" if mmq_changed else "changed"
     return {p: judge_phase(p, summarize_phase(p, list(recs.get(p, ())), list(depths)), family=family) for p in phases}
 
 
 def model_points(like: str, cells: Mapping[str, Mapping[int, CellStats]], *, pp: int = PP) -> list[E2ePoint]:
-    """The compare-table points of one model (:func:`tuner.result.tables.compare_table`'s input); ``ne11``:
-    the batch its weight multiplications run at (the prompt's one micro-batch, or 1 in decode)."""
+    """The compare-table points of one model; ``ne11``: the batch its weight multiplications run at."""
     pts: list[E2ePoint] = []
     for phase, by_depth in cells.items():
         for d, c in sorted(by_depth.items()):
@@ -446,9 +402,7 @@ class RuleFate:
 def _fate(
     text: str, touched: Sequence[E2ePoint], failed_gate: Sequence[str], none_why: str, kernel: str | None = None
 ) -> tuple[bool, str, str]:
-    """The entry's fate by the one rule (:func:`tuner.rounds.keep.keep`), in the sweep's words. ``kernel``: a
-    FlashAttention rule's kernel; a faster point counts for the rule only where the FA log shows the table's
-    candidate ran it there (a backend without the log, or a fallback, proves nothing)."""
+    """(kept, reason, why) by :func:`tuner.rounds.keep.keep`; a FA rule's gains count only where its ``kernel`` ran."""
     fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
     at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
     return (
@@ -474,9 +428,7 @@ def decide_rules(
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
 ) -> list[RuleFate]:
-    """Each rule and MMQ choice of the table, kept or reported (module doc). ``points``: per model, its
-    compare points (:func:`model_points`; a model not measured has none); ``gates``: per model, the gate
-    record; ``weight_types``: per model, its GGUF's tensor types (an MMQ choice acts on those only)."""
+    """Each rule and MMQ choice of the table, kept or reported (module doc)."""
     failed = [m for m, g in gates.items() if g.get("verdict") == "fail"]
     out = []
     for r in table.rules:
@@ -539,12 +491,9 @@ def gate_model(
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The output-equivalence gate of the table's env on ``model`` against upstream, as the search's final
-    gate plans and judges it (:mod:`tuner.search.output_gate`: each decode rule's kernel widened to ``0-``,
-    the kernel band first); MMQ choices widened likewise (the gate's micro-batch is 128 tokens, below most
-    choices' batch range), judged within twice their prefill band (:func:`cublas_band`). Each check is
-    stored as it ends; a rerun runs only the missing ones. ``before(name)``: called before a check runs (a time
-    budget's stop, :meth:`tuner.rounds.budget.Budget.fits`)."""
+    """The output-equivalence gate of the table's env on ``model``, as the search's final gate plans and judges it
+    (:mod:`tuner.rounds.output_gate`), MMQ choices widened and judged against :func:`cublas_band`. Each check is
+    stored as it ends, so a rerun runs only the missing ones; ``before(name)`` runs before each check."""
     widened = tuple(dataclasses.replace(c, lo=0, hi=None) for c in plan.mmq)
     checks = og.plan_checks(
         rules=plan.gate_rules,
@@ -583,12 +532,10 @@ def gate_model(
 
 
 def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]) -> list[og.GateCheck]:
-    """The prefill band of MMQ choices: upstream with the choices' types on cuBLAS at every batch size, against
-    upstream's own MMQ (empty without choices or a prefill check). cuBLAS (upstream's pick without MMQ's int8
-    paths, or under ``GGML_CUDA_FORCE_CUBLAS``) multiplies the f16 activations where MMQ quantizes them to
-    q8_1, so the two differ far beyond the CPU-calibrated thresholds (H100: mean KLD 0.004 on the 1B shape,
-    0.03 on the 8B). The widened choices' prefill check then multiplies as the band does: it shows the hook
-    runs; ``test-backend-ops -o MUL_MAT`` (:func:`backend_ops_check`) is the correctness evidence."""
+    """The prefill band of MMQ choices: upstream with their types on cuBLAS at every batch size against upstream's
+    MMQ. cuBLAS multiplies f16 activations where MMQ quantizes them to q8_1, so they differ beyond the
+    CPU-calibrated thresholds (H100: mean KLD 0.004 on the 1B shape, 0.03 on the 8B); the check shows the hook
+    runs, and ``test-backend-ops -o MUL_MAT`` (:func:`backend_ops_check`) is the correctness evidence."""
     ref = next((c for c in checks if c.mode == "prefill"), None)
     if not choices or ref is None:
         return []
@@ -611,9 +558,7 @@ def backend_ops_check(
     bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0,
     params: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env: the op's cases (those
-    ``params`` selects) against the CPU backend, the table's kernels forced at its shapes. A record: ``passed``,
-    the summary line, ``params``, the log."""
+    """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env, as a record."""
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     if not exe.is_file():
@@ -675,10 +620,7 @@ def confirm_models(
     budget: Budget | None = None,
     round_s: Callable[[ModelPlan, Sequence[int]], float] | None = None,
 ) -> Confirmed:
-    """Per model: synthesize it (``model_for``), plan what the table changes, measure and judge the rounds, run the
-    gate; then the small-batch passes (:func:`_batch_rounds`), the MMQ passes (``mmq_like``: :func:`mmq_passes`,
-    models by ``quantized_for(like, quant)``) and every rule's decision. A model the table does not change is not
-    made; one stored whole by an earlier call is judged from ``store``. ``budget``, ``round_s``: :func:`measure_model`'s."""
+    """Per model: make, plan, measure, judge, gate; then the batch and MMQ passes and every rule's decision."""
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
     rows: list[dict[str, Any]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
@@ -776,9 +718,7 @@ def _batch_rounds(
     stored: Callable[[ModelPlan, tuple[int, ...]], bool],
     measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
 ) -> list[tuple[ModelPlan, tuple[int, ...], dict[str, Any]]]:
-    """The small-batch passes of ``plans`` (:func:`tuner.sweep.confirm_batch.batch_passes`), each judged from
-    the storage where an earlier call measured it all, else measured (``measure``: on its base model's file,
-    returning that file's weight types); with its depths and its recorded row (``row`` completed)."""
+    """The small-batch passes of ``plans``, judged from the store where whole, else measured; with their rows."""
     out = []
     for one, ds in batch_passes(plans, depths):
         mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}
@@ -803,8 +743,7 @@ def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
 
 
 def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
-    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none): the FA table
-    (:func:`tuner.sweep.table.render_table_patch`) and the MMQ condition (:func:`mmq.render_mmq_patch`)."""
+    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none)."""
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)
@@ -843,15 +782,7 @@ def _stored_verdict(
 
 
 def recompose(table: Table, store: ConfirmStore) -> Confirmed:
-    """What :func:`confirm_models` decided, decided again from ``store`` alone: the recorded models of the last
-    call, their stored rounds (judged by :func:`judge_model`), their stored gate checks (judged by
-    :func:`gate_model`) and :func:`decide_rules`. Nothing is measured or run.
-
-    Raises:
-        UsageError: A storage without its models (made before they were recorded: rerun the same
-            ``tuner sweep confirm``, which resumes and measures nothing), or without a round or gate
-            check they need.
-    """
+    """What :func:`confirm_models` decided, decided again from ``store`` alone; UsageError where it lacks a record."""
     rows = store.models()
     if not rows:
         raise UsageError(

@@ -1,12 +1,7 @@
 """Small-batch passes of the confirm: the table's entries at ``Q->ne[1]`` 2-8 checked end to end.
 
-The patch keys an entry by ``Q->ne[1]`` exactly, and llama-bench's ``pp512`` and ``tg128`` attend at 512
-and 1 only. A prompt of N tokens after a depth (``-p N -d D``, N below the micro-batch) is one call of
-FLASH_ATTN_EXT per layer at ``Q->ne[1] = N`` over ``n_kv = pad(D + N)``: the call speculative decoding
-makes when it checks N drafted tokens, and parallel decoding with N sequences in one KV stream. So an
-entry at batch N is confirmed on its model shape by a pass of ``ppN`` at the model's depths that its n_kv
-range reaches, with the shape's entries at that batch given to the hook as ``prefill/../nbN`` rules (the
-``nb`` key makes them fire at that batch only, as the patch does). The pass reuses the model's file.
+A ``ppN`` prompt after a depth attends at ``Q->ne[1] = N`` (the call of speculative and parallel decoding), so an
+entry at batch N is confirmed by a ``ppN`` pass with the entries as ``prefill/../nbN`` hook rules.
 """
 
 from __future__ import annotations
@@ -25,31 +20,21 @@ ModelPlan = Any
 
 
 def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
-    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval: llama pads the KV
-    cache it attends over to 256 (``FATTN_KQ_STRIDE``) past the tokens it holds."""
+    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval (KV padded to 256)."""
     return rule.covers(pad_kv(depth + batch))
 
 
 def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
-    """The pass of ``plan``'s model at ``Q->ne[1] = batch``: its shape's entries at that batch, prefill only, named
-    ``<shape>-pp<batch>``."""
-    mine = tuple(r for r in plan.unexercised if r.ne1 == batch)
+    """The pass of ``plan``'s model at ``Q->ne[1] = batch`` (``<shape>-pp<batch>``): its entries there, prefill."""
+    mine, like = tuple(r for r in plan.unexercised if r.ne1 == batch), f"{plan.like}-pp{batch}"
     return dataclasses.replace(
-        plan,
-        like=f"{plan.like}-pp{batch}",
-        base=plan.like,
-        pp=batch,
-        batch=batch,
-        fa_rules=mine,
-        unexercised=(),
-        mmq=(),
+        plan, like=like, base=plan.like, pp=batch, batch=batch, fa_rules=mine, unexercised=(), mmq=()
     )
 
 
 def batch_passes(plans: Sequence[ModelPlan], depths: Sequence[int]) -> list[tuple[ModelPlan, tuple[int, ...]]]:
-    """Per model (not a pass) and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths (of
-    ``depths``, within the model's context) whose ``pp<batch>`` reaches some entry's n_kv range. A batch whose
-    entries no depth reaches gets no pass (its entries are reported)."""
+    """Per model and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths whose
+    ``pp<batch>`` reaches some entry's n_kv range; a batch no depth reaches gets no pass (reported)."""
     out = []
     for p in plans:
         if p.base:

@@ -1,8 +1,7 @@
-"""``e2e.md`` and ``PR.md`` of ``tuner sweep confirm``: the end-to-end table, the rules kept and reported,
-the gates, and the method and coverage of the sweep(s) behind them.
+"""``e2e.md`` and ``PR.md`` of ``tuner sweep confirm``: the end-to-end table, the kept and reported rules, the gates.
 
-Only public llama.cpp sources are cited (``ggml/src/ggml-cuda/fattn.cu``, ``mmq.cu``, issue 18865,
-PR 15035); a reviewer upstream cannot open anything else.
+Only public llama.cpp sources are cited (``fattn.cu``, ``mmq.cu``, issue 18865, PR 15035): a reviewer upstream
+cannot open anything else.
 """
 
 from __future__ import annotations
@@ -52,9 +51,7 @@ def _gate_line(model: str, gate: Mapping[str, Any] | None) -> str:
 
 
 def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -> list[str]:
-    """The confirm storage's identity in words: what ran, not its keys (``reps`` is the timed repetitions;
-    llama-bench runs one more, discarded as warm-up). ``model_rounds``: some model's own rounds (the storage's
-    ``tests``) ran; where none did, only the small-batch passes' tests did, and each pass names its own."""
+    """The confirm storage's identity in words (``model_rounds`` False: only small-batch passes ran)."""
     known = {"arch", "build", "quant", "models", "reps", "table", "tests", "schema", "sweep"}
     out = []
     if "arch" in identity:
@@ -185,8 +182,7 @@ def _method(table: Table) -> list[str]:
 
 
 def _reported_lines(dropped: Sequence[RuleFate]) -> list[str]:
-    """Entries measured end to end but not kept first (each with its why); then, as one list, the entries no
-    confirmed model exercised, which are kernel-level verdicts only."""
+    """Entries measured but not kept (with why), then the entries no confirmed model exercised."""
     if not dropped:
         return ["None."]
     unmeasured = [f for f in dropped if f.why.startswith("no confirmed model")]
@@ -269,8 +265,7 @@ def _closing_lines(fates: Sequence[RuleFate], *, patch: bool, adds: str) -> list
 
 
 def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
-    """``PR.md`` of a merged table (:mod:`tuner.sweep.merge`): one method, then each part's coverage, end-to-end
-    tables and gates under its name, the kept and reported entries of all parts, the one patch."""
+    """``PR.md`` of a merged table: one method, each part's sections under its name, all entries, one patch."""
     tables = [p.evidence.table for p in parts]
     confs = [p.evidence.confirmed for p in parts]
     fates = [f for c in confs for f in c.fates]
@@ -330,10 +325,7 @@ def _nearest(recs: Sequence[Mapping[str, Any]], d_model: int) -> Mapping[str, An
 
 
 def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str, Any], float]:
-    """(size vs the recording, the recording, seconds per llama-bench call and depth) of a pp512+tg128 call on
-    ``like``. A call's time grows about with the weights a token reads: scaled by the parameter count's ratio to
-    the recorded model nearest in width (a 12B shape is not priced as the 8B it is nearest to), unless the
-    confirm itself was recorded on this model."""
+    """(size ratio, recording, seconds per call and depth) of a pp512+tg128 call on ``like``, scaled by params."""
     rec = _nearest(list(costs["models"].values()), load_model_shape(like).d_model)
     own = {str(r["like"]): float(r["call_depth_s"]) for r in costs.get("confirm", {}).values()}
     size = _params(like) / _params(str(rec["like"]))
@@ -341,8 +333,7 @@ def _call_cost(costs: Mapping[str, Any], like: str) -> tuple[float, Mapping[str,
 
 
 def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float:
-    """One paired round of a model (three pp512+tg128 calls at ``depths``) estimated as the dry run prices it;
-    0 (unknown) for a small-batch or MMQ pass, whose calls are priced otherwise."""
+    """One paired round of a model as the dry run prices it; 0 (unknown) for a pass."""
     if plan.base:
         return 0.0
     _, _, call_depth_s = _call_cost(load_step_costs(), plan.like)
@@ -350,16 +341,13 @@ def round_seconds(plan: ModelPlan, depths: Sequence[int], *, reps: int) -> float
 
 
 def check_seconds(like: str) -> float:
-    """One output-equivalence check on ``like`` (upstream's log-probabilities, the candidate twice, the KLD) as
-    the dry run prices it: the nearest recorded model's check scaled by parameter count."""
+    """One output-equivalence check on ``like`` as the dry run prices it (scaled by parameter count)."""
     size, rec, _ = _call_cost(load_step_costs(), like)
     return size * float(rec["equivalence_check_s"])
 
 
 def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
-    """One ``test-backend-ops test -o OP`` run against the CPU backend, as recorded (``[backend_ops]``): every
-    case, or ``shapes`` head size and K/V type pairs' cases (``-p``) where the op has a per-shape recording;
-    the largest recording for an op not recorded."""
+    """One ``test-backend-ops -o OP`` run as recorded (per shape pair where recorded; else the largest)."""
     recs = {str(r["op"]): r for r in load_step_costs().get("backend_ops", {}).values()}
     rec = recs.get(op) or max(recs.values(), key=lambda r: float(r["seconds"]), default={"seconds": 0.0})
     whole = float(rec["seconds"])
@@ -367,10 +355,9 @@ def backend_ops_seconds(op: str, shapes: int | None = None) -> float:
 
 
 def _batch_pass_s(costs: Mapping[str, Any], like: str, *, calls: int, reps: int, band: bool) -> float:
-    """A small-batch pass's estimated seconds: its calls at the recorded per-call cost of ``like``'s passes
-    (``[confirm_batch]``; else the nearest recorded model's, scaled by parameter count; -r counted as
-    llama-bench's reps + 1 runs, recorded at 4) and its gate: one check, plus the model's prefill band of three
-    kernels where this is its first pass (its passes share one)."""
+    """A small-batch pass's estimated seconds: its calls at the recorded per-call cost (``[confirm_batch]``,
+    scaled as :func:`_call_cost`; -r as reps + 1 runs, recorded at 4) and its gate, plus the model's prefill band
+    of three kernels on its first pass."""
     recs = list(costs.get("confirm_batch", {}).values())
     own = next((r for r in recs if r["like"] == like), None)
     d_model, params = load_model_shape(like).d_model, _params(like)
@@ -392,9 +379,7 @@ def plan_text(
     quant: str,
     passes: Sequence[ModelPlan] = (),
 ) -> str:
-    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time
-    (recorded costs of ``tuner/data/step_costs.toml``, of the nearest model by width, scaled by parameter count;
-    an estimate)."""
+    """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time."""
     costs = load_step_costs()
     lines = [
         f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "

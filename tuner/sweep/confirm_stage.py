@@ -1,7 +1,6 @@
-"""``tuner sweep confirm`` as two stages over one frozen request: :func:`plan_confirm` (the table loaded, the
-models planned, the dry run's text) and :func:`run_confirm` (the build found or made, the storage opened, the
-models measured and gated, test-backend-ops run, e2e.md, PR.md and upstream.patch written). The command only
-parses its flags into a :class:`ConfirmRequest`, calls them and prints what they return."""
+"""``tuner sweep confirm`` as two stages over one frozen request: :func:`plan_confirm` (table loaded, models
+planned, dry-run text) and :func:`run_confirm` (build, storage, measurements, gates, test-backend-ops, outputs).
+"""
 
 from __future__ import annotations
 
@@ -93,11 +92,7 @@ class ConfirmOutcome:
 
 
 def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
-    """The table of ``request.sweep_dir`` (and ``mmq_dir``) and its models planned; nothing built or measured.
-
-    Raises:
-        UsageError: a store that is not a sweep's, an unknown model shape (exit 2).
-    """
+    """The table and its models planned, nothing built; UsageError for a foreign store or unknown shape."""
     r = request
     # the clock starts before anything is loaded: a caller's limit counts from the command's start
     budget = Budget.counted_from(None, r.time_budget) if r.time_budget else None
@@ -130,8 +125,7 @@ def plan_confirm(request: ConfirmRequest) -> ConfirmPlan:
 
 
 def _beside_the_first_model(r: ConfirmRequest, table: Table) -> tuple[ConfirmRequest, str]:
-    """On a GPU model of the table's arch other than the one it was swept on, the default output goes beside
-    the first model's (``confirm-<model>``), never over it; the line that says so. Unchanged elsewhere."""
+    """On another GPU model of the arch, the default output goes to ``confirm-<model>``; the line saying so."""
     swept = table.identity.get(DEVICE)
     names = local_gpu_names() if r.out_dir is None and r.storage is None and swept else []
     if not names or names[0] == swept:
@@ -145,8 +139,7 @@ def _beside_the_first_model(r: ConfirmRequest, table: Table) -> tuple[ConfirmReq
 
 
 def _bin_dir(plan: ConfirmPlan) -> Path:
-    """The build the confirmation runs: ``--build``'s, with the tools it needs, or the sweeps' default build
-    with them added."""
+    """``--build``'s bin dir with the tools the confirmation needs, or the default build with them added."""
     r = plan.request
     modes = {confirm.quant_mode(q) for q in (r.quant, *(p.quant for p in plan.passes))}  # the passes' types too
     tools = ("llama-perplexity",) + (("llama-quantize",) if "quantize" in modes else ())
@@ -177,9 +170,8 @@ def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> 
 
 
 def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
-    """``{"device": ...}`` for the confirm storage (it never pairs rounds of two GPU models). A device other than
-    the sweeps' must be of the table's arch (another model of it: the H200 for a table swept on the H100), else
-    UsageError: the table's patch would not act on it."""
+    """``{"device": ...}`` for the confirm storage; UsageError where the device is not the sweeps' and not of the
+    table's arch (the patch would not act on it)."""
     mine = device_identity(bin_dir, backend)
     dev = mine.get(DEVICE)
     for what, ident in (("tuner sweep run", table.identity), ("tuner sweep mmq", table.mmq_identity)):
@@ -194,13 +186,11 @@ def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
 
 
 def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
-    """Measure, gate and decide ``plan``'s models (resuming what its storage holds), run test-backend-ops on the
-    kept table and write e2e.md, PR.md and upstream.patch (kept entries only) to the request's ``out``.
+    """Measure, gate and decide ``plan``'s models (resuming), run test-backend-ops and write the outputs.
 
     Raises:
         UsageError: a build without the tools it needs, a device other than the sweeps' (exit 2).
-        BudgetReached: the time budget stopped it; what was measured is stored, nothing is written.
-    """
+        BudgetReached: the time budget stopped it; what was measured is stored, nothing is written."""
     r, table, budget = plan.request, plan.table, plan.budget
     r = dataclasses.replace(r, backend=gpu_backend(table.arch, r.backend))
     require_gpu(table.arch, r.backend, f"tuner sweep confirm {r.sweep_dir} --dry-run")
@@ -217,16 +207,9 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
     qtype = None if mode == "f16" else r.quant  # f16: the synthesized model as written
 
     def joint_for(path: Path, one: ModelPlan) -> JointMeasure:
-        reps_by = {"pp": r.reps, "tg": r.reps}
+        reps_by, logs = {"pp": r.reps, "tg": r.reps}, out / "logs" / one.like
         m = make_live_measure(
-            bin_dir,
-            path,
-            pp=one.pp,
-            tg=confirm.TG,
-            reps=reps_by,
-            log_dir=out / "logs" / one.like,
-            era=src.era,
-            arch=None,
+            bin_dir, path, pp=one.pp, tg=confirm.TG, reps=reps_by, log_dir=logs, era=src.era, arch=None
         )
         return m.joint  # rounds.live's both-phases call
 
@@ -266,8 +249,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
 
 
 def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], None] | None:
-    """The gate's ``before``: no output-equivalence check of ``plan``'s model starts that would end past the
-    budget (each priced as the dry run prices it)."""
+    """The gate's ``before``: no check starts that would end past the budget (priced as the dry run)."""
     if budget is None:
         return None
     secs = check_seconds(plan.base or plan.like)
@@ -279,11 +261,9 @@ def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], Non
 def _backend_ops(
     conf: Confirmed, bin_dir: Path, *, backend: str, store: ConfirmStore, log_dir: Path, budget: Budget | None = None
 ) -> list[dict[str, Any]]:
-    """test-backend-ops FLASH_ATTN_EXT (the kept entries' head sizes and K/V types) and MUL_MAT (every case)
-    with the kept entries' env (intervals widened, so every test case of a kept shape runs its kernel;
-    FLASH_ATTN_EXT once per kernel a shape has, as the hook's first matching rule wins); stored, so a rerun
-    with the same env and cases does not run them again. ``budget``: none starts that would end past it
-    (priced at the recorded runs)."""
+    """test-backend-ops FLASH_ATTN_EXT (the kept entries' shapes, once per layer of widened rules, as the hook's
+    first matching rule wins) and MUL_MAT with the kept entries' env; stored, so a rerun with the same env and
+    cases skips them. ``budget``: none starts that would end past it."""
     layers = widened_layers(conf.kept_rules)
     choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
     mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
@@ -338,8 +318,7 @@ def _write(
 
 
 def outcome_text(outcome: ConfirmOutcome) -> str:
-    """The command's summary: each entry kept or reported and why, any model point slower beyond noise that no
-    entry explains, and the files written."""
+    """The command's summary: each entry's fate, unexplained slower points, the files written."""
     conf, out = outcome.conf, outcome.out
     lines = [f"{'kept' if f.kept else 'reported'}: {f.text}: {f.why}" for f in conf.fates]
     if not conf.fates:

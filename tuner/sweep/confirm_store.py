@@ -1,6 +1,6 @@
-"""The confirm's storage: ``tuner sweep confirm``'s rounds, gate checks and recorded models in one SQLite file
-(``confirm.sqlite3``), the unit that travels between machines. :mod:`tuner.sweep.confirm` measures and
-decides; this module only keeps what it measured."""
+"""The confirm's storage (``confirm.sqlite3``): rounds, gate checks and recorded models, the unit that travels
+between machines; :mod:`tuner.sweep.confirm` measures and decides.
+"""
 
 from __future__ import annotations
 
@@ -61,9 +61,7 @@ class ConfirmStore:
             self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
 
     def set_models(self, rows: Sequence[Mapping[str, object]]) -> None:
-        """The models of the last call, in order (``like``, ``kv``, ``depths``, ``rounds``, ``era`` and the
-        GGUF's ``weight_types``, None for a model not made): what PR.md and upstream.patch were decided over,
-        so :func:`recompose` decides them again from this file alone."""
+        """The models of the last call with their ``weight_types``, so :func:`recompose` can decide again."""
         with self.db:
             self.db.execute("DELETE FROM models")
             self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])

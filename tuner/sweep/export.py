@@ -1,23 +1,7 @@
 """``tuner sweep export``: the confirmed sweep table as a result folder (``results/<arch>/<name>/``).
 
-From a ``tuner sweep confirm`` directory and the stores of the two sweeps behind it, the folder holds:
-
-- ``upstream.patch``: the kept entries on the pristine tree (:func:`tuner.sweep.confirm.kept_patch`; none
-  where nothing was kept), ``PR.md`` and ``e2e.md`` as the confirmation wrote them, ``report.md`` (the
-  FlashAttention and MMQ sweep reports and ``e2e.md``, one section each);
-- ``plots/`` (:mod:`tuner.sweep.plots`);
-- ``evidence/``: ``sweep.sqlite3.xz``, ``mmq.sqlite3.xz`` (where the confirmation had MMQ choices) and
-  ``confirm.sqlite3.xz``, consistent copies of the three stores, xz-compressed as a search result keeps
-  ``evidence/study.db.xz``;
-- ``table.toml``, the manifest: schema, kind, source, arch and device, the kept FlashAttention entries and
-  MMQ choices as text (and those reported, with why), sha256 of ``upstream.patch`` and of each evidence
-  file, and coverage counts.
-
-Everything in the manifest's table is recomposed from the stored copies, by the commands' own code
-(:func:`load_evidence`: :func:`tuner.sweep.confirm.load_table` and :func:`tuner.sweep.confirm.recompose`),
-which ``tuner validate`` runs again on the decompressed evidence. The export never writes outside ``-o``
-(the copies are staged in a temporary directory) and replaces ``-o`` only where it is a new or empty
-folder or an earlier export.
+The manifest's table is recomposed from the stored evidence by the commands' own code (:func:`load_evidence`), as
+``tuner validate`` does again; nothing is written outside ``-o``. See docs/sweep.md ("The result folder").
 """
 
 from __future__ import annotations
@@ -30,6 +14,7 @@ __all__ = [
     "SCHEMA",
     "Evidence",
     "backup_store",
+    "check_out",
     "clean_identity",
     "decompress_evidence",
     "decompress_file",
@@ -84,20 +69,11 @@ class Evidence:
     mmq_samples: tuple[Sample[mmq.MmqKey], ...]
 
 
-def _meta(path: Path) -> dict[str, str]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
-
-
 def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
-    """Recompose from the stores in ``dirs`` (role -> directory holding ``EVIDENCE[role]``; ``mmq`` may be
-    None): the sweep's table as ``tuner sweep confirm`` loads it, then the confirmation's decisions from its
-    stored rounds and gate checks. Opens the confirm store for writing (its tables are made if missing):
-    pass copies.
+    """The table and confirmation recomposed from the stores in ``dirs``; opens them for writing: pass copies.
 
     Raises:
-        UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one.
-    """
+        UsageError: A store that is not of its kind, a confirmation of another table, or an incomplete one."""
     sweep_dir, confirm_dir = dirs.get("sweep"), dirs.get("confirm")
     if sweep_dir is None or confirm_dir is None:
         raise UsageError("A sweep table needs the stores of `tuner sweep run` and `tuner sweep confirm`.")
@@ -107,10 +83,7 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
         raise UsageError(
             f"{confirm_dir} holds no {EVIDENCE['confirm']}: pass the output directory of `tuner sweep confirm`."
         )
-    try:
-        meta = _meta(cpath)
-    except sqlite3.Error as err:
-        raise UsageError(f"{cpath} is not a sweep confirm storage ({err}).") from err
+    meta = confirm.store_meta(cpath, "sweep confirm storage")
     if meta.get("sweep") != "confirm":
         raise UsageError(f"{cpath} is not the storage of `tuner sweep confirm` (its meta has no sweep = confirm).")
     if meta.get("table") and meta["table"] != confirm.table_id(table):
@@ -132,15 +105,10 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
 
 
 def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -> dict[str, Path | None]:
-    """``folder/evidence/*.sqlite3.xz`` decompressed into ``into/<role>/``: the directories
-    :func:`load_evidence` takes (None for a role without its file). Streamed to disk, each file stopped at
-    ``limit`` bytes (default :data:`MAX_EVIDENCE_BYTES`): a small file that expands without bound is refused,
-    not decompressed whole. Only regular files are read (a link or FIFO is refused). Check the compressed
-    files' hashes first.
+    """``folder/evidence/*.sqlite3.xz`` into ``into/<role>/``, each capped at ``limit`` bytes; check hashes first.
 
     Raises:
-        UsageError: A file that is not xz, not a regular file, or decompresses past the limit.
-    """
+        UsageError: A file that is not xz, not a regular file, or decompresses past the limit."""
     cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
@@ -149,32 +117,23 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
             out[role] = None
             continue
         (into / role).mkdir(parents=True, exist_ok=True)
-        try:
-            _decompress_capped(folder, rel, into / role / name, cap)
-        except FolderError as err:
-            raise UsageError(str(err)) from err
+        _decompress_capped(folder, rel, into / role / name, cap)
         out[role] = into / role
     return out
 
 
 def decompress_file(folder: Path, rel: str, dest: Path) -> None:
-    """One xz file of a result folder into ``dest``, capped as :func:`decompress_evidence` caps evidence.
-
-    Raises:
-        UsageError: not a regular xz file inside ``folder``, or one that decompresses past the cap.
-    """
-    from tuner.result.checks import FolderError
-
-    try:
-        _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
-    except FolderError as err:
-        raise UsageError(str(err)) from err
+    """One xz file of a result folder into ``dest``, capped as the evidence is."""
+    _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
 
 
 def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
-    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes."""
+    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes; UsageError for a bad file."""
     xz = folder / rel
-    data = read_bytes_in(folder, rel)
+    try:
+        data = read_bytes_in(folder, rel)
+    except FolderError as err:
+        raise UsageError(str(err)) from err
     dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
     written, chunk = 0, 1 << 20
     try:
@@ -211,14 +170,15 @@ def is_export(folder: Path) -> bool:
     return manifest_kind(folder) == KIND
 
 
-def _check_out(out: Path) -> None:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_export(out)):
+def check_out(out: Path, *, kind: str = KIND, what: str = "sweep table export", verb: str = "export") -> None:
+    """UsageError unless ``out`` is new, empty or an earlier ``kind`` folder (``tuner sweep VERB`` replaces it whole)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and manifest_kind(out) == kind):
         return
     raise UsageError(
-        f"{out} exists and is not an earlier sweep table export (it has no {MANIFEST} of kind {KIND!r}). "
-        "`tuner sweep export` replaces its -o whole, so it writes only to a new or empty folder or over an "
-        "earlier export; pass another -o (e.g. results/<arch>/<name>), or remove that folder yourself if "
-        "nothing in it is needed."
+        f"{out} exists and is not an earlier {what} (it has no {MANIFEST} of kind {kind!r}). `tuner sweep {verb}` "
+        f"replaces its -o whole, so it writes only to a new or empty folder or over an earlier {verb}; pass another "
+        f"-o{' (e.g. results/<arch>/<name>)' if kind == KIND else ''}, or remove that folder yourself if nothing in "
+        "it is needed."
     )
 
 
@@ -285,9 +245,7 @@ _LOCAL_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@=-]+/)*[\w.+@=-]+/?")
 
 
 def without_local_paths(text: str) -> str:
-    """``text`` with each absolute local path cut to its last component (a log or build directory's name):
-    the exported reports are read on other machines, and a path of the measuring one tells its reader nothing
-    and its owner's layout to everyone."""
+    """``text`` with each absolute local path cut to its last component (the reader's machine is another)."""
     return _LOCAL_PATH.sub(lambda m: m.group().rstrip("/").rsplit("/", 1)[-1], text)
 
 
@@ -373,21 +331,16 @@ def export_table(
     spec: str | None = None,
     measured_on: str | None = None,
 ) -> dict[str, Any]:
-    """Write the result folder ``out`` (module doc) and return its manifest.
+    """Write the result folder ``out`` and return its manifest.
 
     Raises:
-        UsageError: ``out`` exists and is not an earlier export (nothing is written); a store missing or
-            not the one the confirmation used; the confirmation's own ``upstream.patch`` differs from the
-            one its stored decisions give (a stale confirm directory).
-    """
+        UsageError: ``out`` is not new, empty or an earlier export; a store missing or not the confirmation's;
+            a stale confirmation ``upstream.patch``."""
     out, cdir = Path(out), Path(confirm_dir)
-    _check_out(out)
+    check_out(out)
     dirs = _locate(cdir, sweep_dir, mmq_dir)
     # Written into a staging folder beside -o and swapped in whole (a failure or a kill leaves the earlier export).
-    with (
-        tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp,
-        staged_export(out, check=_check_out) as stage,
-    ):
+    with tempfile.TemporaryDirectory(prefix="tuner-sweep-export-") as tmp, staged_export(out, check=check_out) as stage:
         raw = Path(tmp) / "raw"
         (stage / "evidence").mkdir(parents=True)
         for role, d in dirs.items():

@@ -1,16 +1,7 @@
 """One sweep table on several GPU models of its arch: their confirmations kept side by side, their verdicts joined.
 
-A table is swept and confirmed on one GPU model; its patch is keyed on the compute capability, which other
-models share (the H200 and the H100 are both sm_90). ``tuner sweep confirm`` on another model of the arch
-measures the same entries end to end into a store of its own (its identity names the model, so no store
-pairs rounds of two models). ``tuner sweep merge --gpu DIR`` keeps each such store beside the first model's
-evidence, as ``gpus/<model>/<name>/confirm.sqlite3.xz``, and :func:`join` decides each entry over all models:
-
-- **patched** on the compute capability alone where some model is faster beyond noise and none is slower
-  beyond noise or fails the output-equivalence gate;
-- **dropped** where one model is faster and another slower (or fails the gate): the patch has no key that
-  separates them, and PR.md names what differs between the models (:func:`differs`);
-- **reported** otherwise, with every model's verdict.
+The patch keys on the compute capability, which models share (H100 and H200: sm_90); :func:`join` patches an
+entry faster on some model and worse on none, drops it where models disagree. See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -19,7 +10,6 @@ __all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", 
 
 import dataclasses
 import re
-import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -27,7 +17,7 @@ from typing import Literal
 from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import package_data
-from tuner.sweep.confirm import Confirmed, RuleFate, Table, recompose, table_id
+from tuner.sweep.confirm import Confirmed, RuleFate, Table, recompose, store_meta, table_id
 from tuner.sweep.confirm_store import ConfirmStore
 
 Action = Literal["patched", "dropped", "reported"]
@@ -53,8 +43,7 @@ class Confirmation:
     device: str
     part: str
     folder: str
-    """Where the merged table keeps its store: ``parts/<part>/evidence`` (the first GPU model's),
-    ``gpus/<slug(device)>/<name>`` (another model's)."""
+    """``parts/<part>/evidence`` (the first GPU model's) or ``gpus/<slug(device)>/<name>``."""
     identity: Mapping[str, str]
     confirmed: Confirmed
     models: tuple[Mapping[str, object], ...]
@@ -109,9 +98,7 @@ def _device_verdict(device: str, fates: Sequence[RuleFate]) -> Verdict:
 
 
 def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Joined]:
-    """Each entry of one table decided over every confirmation of it (module doc). ``fates_by_device``: one
-    ``(device, fates)`` per confirmation, the first GPU model's first; a model may have several (another
-    quantization, another depth list): its verdict is the worst of them."""
+    """Each entry decided over every ``(device, fates)`` (the first GPU model's first; a model's worst verdict)."""
     if not fates_by_device:
         return []
     devices = list(dict.fromkeys(d for d, _ in fates_by_device))
@@ -129,17 +116,8 @@ def join(fates_by_device: Sequence[tuple[str, Sequence[RuleFate]]]) -> list[Join
 
 
 def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: str, first_device: str) -> Confirmation:
-    """A confirm store of another GPU model, recomposed against the table of ``tables`` (part name -> table)
-    whose id it recorded. Opens the store for writing: pass a copy.
-
-    Raises:
-        UsageError: not a confirm store, no device recorded, the first model's own device, no such table.
-    """
-    try:
-        with sqlite3.connect(f"file:{store_path}?mode=ro", uri=True) as db:
-            meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
-    except sqlite3.Error as err:
-        raise UsageError(f"{store_path} is not a sweep confirm storage ({err}).") from err
+    """Another GPU model's confirm store recomposed against the table it recorded (pass a copy); UsageError."""
+    meta = store_meta(store_path, "sweep confirm storage")
     if meta.get("sweep") != "confirm":
         raise UsageError(f"{store_path} is not the storage of `tuner sweep confirm`.")
     device = meta.get("device", "")

@@ -1,32 +1,9 @@
 """The FlashAttention sweep's grid: shapes, n_kv points, the legal kernels per cell and upstream's choice.
 
-A *shape* is what ``ggml_cuda_get_best_fattn_kernel`` (fattn.cu L541-720 of llama.cpp 0c1e570,
-docs/selector.md) decides by besides the arch and n_kv: head size D (``Q->ne[0]``, DV = D), GQA
-ratio, K/V type (K and V alike) and query columns ``Q->ne[1]`` (1 = decode). A *cell* is a shape at
-one n_kv (``K->ne[1]``).
-
-**n_kv grid.** Half-octaves from 256 to 131072 (256, 512, 768, 1024, 1536, ... 98304, 131072; 18
-points; ``tuner sweep run`` measures the octaves among them unless asked, :data:`DEFAULT_N_KV`): the work of one attention call grows linearly with n_kv, and the kernels' relative costs
-change with its order of magnitude (upstream's own VEC-to-MMA switch sits at 8192), so a crossover is
-located to within a factor of 1.5 at the same cost in every octave; a linear grid of the same
-resolution at the short end would need 512 points. Every point is a multiple of 256, as llama pads
-n_kv to ``FATTN_KQ_STRIDE`` (a vector kernel needs it); 256 is the shortest padded KV cache, and a rule
-whose first winning point is 256 starts at n_kv 0 (:func:`tuner.rounds.compose.rules_from`).
-Composition then proposes midpoints between disagreeing neighbours (:func:`tuner.rounds.compose.bisect_depths`).
-
-**Legality** is the tuner hook's (``ggml_tuner_fa_kernel_legal`` in ``templates/patches/mma/fattn-tail.cu.j2``)
-on an NVIDIA arch with Turing tensor cores: VEC needs D <= 256, D % 64 == 0, D != 192 and n_kv % 256 == 0
-(fattn.cu's ``can_use_vector_kernel``); TILE exists for every head size the function accepts; MMA for
-all but D = 40 and 72. **Upstream's choice** is the function's Turing-and-newer branch (fattn.cu
-L638-665) for the calls llama makes: a mask, no ALiBi, 16-byte aligned strides, KV padded to 256, one
-sequence (``Q->ne[3] == 1``), so the GQA optimisation applies exactly when GQA >= 2. The branch's
-sparse-gather clause only fires for D = 256 with GQA > 4, where the VEC condition already fails, so it
-does not change the answer on this grid.
-
-**Shapes llama makes.** ``llama_init_from_model`` (``src/llama-context.cpp`` of 0c1e570) refuses a
-quantized K/V cache whose block size does not divide the head size (q8_0's 32 does not divide 80 or
-112), so the grid has no q8_0 cell at those head sizes: llama never makes the call, and test-backend-ops
-cannot lay out its tensors.
+A *shape* is what ``ggml_cuda_get_best_fattn_kernel`` (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md)
+decides by besides arch and n_kv (head size, GQA ratio, K/V type, ``Q->ne[1]``); a *cell* is a shape at one n_kv.
+There is no q8_0 cell where q8_0's block does not divide the head size: ``llama_init_from_model`` refuses that
+cache. See docs/sweep.md ("The grid").
 """
 
 from __future__ import annotations
@@ -100,14 +77,9 @@ def nkv_grid(lo: int = STRIDE, hi: int = 131072) -> tuple[int, ...]:
 N_KV = nkv_grid()
 """The grid's n_kv extent: half-octaves 256..131072 (18 points)."""
 DEFAULT_N_KV = tuple(x for x in N_KV if x & (x - 1) == 0)
-"""What ``tuner sweep run`` measures unless ``--n-kv`` says otherwise: the octaves 256..131072 (10 points).
-Upstream's own thresholds are powers of two (``n_kv >= 8192``), a rule's boundary is then placed within a
-factor of 2 instead of 1.5, and the sweep costs 10/18 of the half-octave grid's time."""
+"""The octaves 256..131072 unless ``--n-kv`` says otherwise (upstream's thresholds are powers of two)."""
 DEFAULT_QUERY_BATCHES = (1,)
-"""What ``tuner sweep run`` measures unless ``--ne1`` says otherwise: the decode calls (``Q->ne[1] = 1``)
-that the end-to-end confirmation can check (llama-bench's tg128). Entries at 2-8 (parallel and
-speculative decoding) are measured at the op level with ``--ne1 2,4,8`` and reported, not patched, since
-no pp512/tg128 call exercises them; by default they would be three quarters of the sweep's time."""
+"""Decode only unless ``--ne1`` says otherwise: what the confirmation's tg128 checks."""
 
 
 @dataclasses.dataclass(frozen=True, order=True, kw_only=True)
@@ -183,8 +155,7 @@ def amd_mfma(cc: int) -> bool:
 
 
 def legal_kernels(arch: Arch, D: int, n_kv: int, gqa: int = 2) -> tuple[str, ...]:
-    """The kernels with device code for head size ``D`` at ``n_kv`` (and GQA ``gqa``: AMD's WMMA tiles need
-    the GQA packing) on ``arch`` (module doc), VEC, TILE, MMA order."""
+    """The kernels with device code for ``D`` at ``n_kv`` (AMD WMMA needs GQA packing), VEC, TILE, MMA order."""
     cc = _check_arch(arch)
     vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
     mma = D not in (40, 72)
@@ -224,7 +195,8 @@ def _upstream_amd(cc: int, shape: FaShape, n_kv: int, can_vec: bool) -> str:
 
 
 def upstream_kernel(arch: Arch, shape: FaShape, n_kv: int) -> str:
-    """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc)."""
+    """The kernel ``ggml_cuda_get_best_fattn_kernel`` of llama.cpp 0c1e570 picks for this cell (module doc). Its
+    sparse-gather clause (D = 256, GQA > 4) never changes the answer on this grid: VEC already fails there."""
     cc = _check_arch(arch)
     D, gqa, ne1 = shape.D, shape.gqa, shape.ne1
     can_vec = D <= 256 and D % 64 == 0 and D != 192 and n_kv % STRIDE == 0
@@ -253,8 +225,7 @@ def plan(
     query_batches: Iterable[int] = QUERY_BATCHES,
     n_kv: Iterable[int] = N_KV,
 ) -> list[Cell]:
-    """Every cell of the grid, shape by shape (sorted), n_kv ascending within a shape; quantized K/V only at
-    head sizes its block size divides (module doc)."""
+    """Every cell of the grid, shapes sorted, n_kv ascending; quantized K/V only where its block divides D."""
     points = sorted(set(n_kv))
     bad = [x for x in points if x <= 0 or x % STRIDE]
     if bad:
@@ -264,12 +235,10 @@ def plan(
         if D % _KV_BLOCK.get(kv, 1):
             continue  # a shape llama never makes (module doc)
         shape = FaShape(D=D, gqa=gqa, kv=kv, ne1=ne1)
-        for x in points:
-            out.append(
-                Cell(
-                    shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x, gqa)
-                )
-            )
+        out += [
+            Cell(shape=shape, n_kv=x, upstream=upstream_kernel(arch, shape, x), legal=legal_kernels(arch, D, x, gqa))
+            for x in points
+        ]
     return out
 
 
@@ -282,9 +251,7 @@ def duration_text(seconds: float) -> str:
 def dry_run_text(
     cells: Sequence[Cell], *, rounds: int, per_call_s: float | None = None, max_rounds: int | None = None
 ) -> str:
-    """What a sweep of ``cells`` would run: shapes, cells, timer calls (and, given ``per_call_s``, their
-    time at that many seconds a call: a what-if, not a recorded cost). ``max_rounds`` above ``rounds``: the
-    further rounds the cells still open can take (sequential rounds), counted as the most there can be."""
+    """What a sweep of ``cells`` would run: shapes, cells, timer calls (``per_call_s``: a what-if)."""
     shapes = sorted({c.shape for c in cells})
     per_round = sum(len(c.configs) for c in cells)
     by_kernels: dict[tuple[str, ...], int] = {}

@@ -1,26 +1,9 @@
 """The FlashAttention sweep: its cells' spec of the round engine, their timer processes, composition and report.
 
-A cell is one shape at one n_kv (:class:`tuner.sweep.grid.Cell`); the round engine
-(:mod:`tuner.rounds.engine`) packs the cells, whole shapes at a time, into chunks and runs per chunk and
-round one timer process per config (:func:`tuner.measure.kernel_bench.run_round`, or fa-bench's
-:func:`tuner.measure.fa_bench.run_round_fast`): upstream's choice (empty environment), its A/A twin
-(upstream again, a second process) and each forced kernel over the cells where it is a candidate (legal
-there and not upstream's choice; the other cells are not given to that process), configs rotated from
-round to round. A ``test-backend-ops`` process costs seconds of CUDA initialisation, so one process times
-many cells.
-
-Each sample, one (cell, config, round), goes into SQLite (:data:`TABLE`) as its process ends; a rerun with
-the same storage resumes where it stopped. A sample *fails* when its process errored or timed out, the case
-printed no time, or the kernel that ran (the build's FA log, :mod:`tuner.measure.falog`) is not the one
-asked for: a forced kernel the hook did not run, or upstream's config running another kernel than
-:func:`tuner.sweep.grid.upstream_kernel` says (:func:`judge_sample`). A failed sample is stored with its
-reason and never as a time; a cell with any failed or missing sample gets no verdict and breaks the n_kv
-intervals of its shape's rules (:func:`compose`), so no rule spans a point that was not measured.
-
-**Head counts.** The sweep's shape names a GQA ratio, not head counts; the test file needs both. The
-KV head count is fixed at :data:`N_HEAD_KV` (8, as in Llama 3 8B and 70B and Mistral 7B) and the query
-heads are ``8 * gqa``. Kernels parallelise over heads, so a model with far fewer KV heads may rank
-kernels differently at small n_kv; the sweep measures this one count.
+A sample fails where its process errored, no time was printed or the FA log shows another kernel than asked
+(:func:`judge_sample`); its cell then gets no verdict and breaks its shape's n_kv intervals (:func:`compose`).
+The KV head count is fixed at :data:`N_HEAD_KV`; a model with far fewer KV heads may rank kernels differently at
+small n_kv. See docs/sweep.md ("Running it: `tuner sweep run`").
 """
 
 from __future__ import annotations
@@ -76,27 +59,18 @@ LABELS = {DEFAULT: "upstream", AA: "AA", "VEC": "VEC", "TILE": "TILE", "MMA": "M
 """Config -> the label of its test-backend-ops process and log (``A/A`` is no file name)."""
 
 PROCESS_S = 2.5
-"""Estimate: seconds a test-backend-ops process costs besides its cases on an H100 (CUDA initialisation;
-docs/sweep.md says where the figure comes from)."""
+"""Estimate: a test-backend-ops process's cost besides its cases on an H100 (docs/sweep.md)."""
 CASE_S = 1.0
 """Estimate: seconds per case: perf mode repeats each case's graph for at least one second."""
 FA_BENCH_PROCESS_S = 1.0
-"""Estimate: seconds an fa-bench process costs besides its cases: one H100 run (docs/data/h100-sweep-first/)
-took 1.0-1.2 s a whole process of 18 head-128 decode cases, start included, so its start is at most this."""
+"""Estimate: an fa-bench process besides its cases (H100, docs/data/h100-sweep-first/)."""
 FA_BENCH_SETUP_S = 0.06
-"""Estimate: seconds per fa-bench case besides its target's runs: that run's 0.06 s a case all told (the
-inputs' fill and upload and two graphs of 50 ops, process start included), before fa-bench had a target."""
+"""Estimate: per fa-bench case besides its target's runs (that run's 0.06 s a case all told)."""
 FA_BENCH_TARGET_RUNS = 4.0
-"""Estimate: a case with a target costs about this many runs of ``target_ms``: two warm-ups and the timed
-run of a graph of 1-1.5 x the target (the op count is rounded up to 2^k or 3 * 2^k), plus the calibration's
-three runs of ``iters`` ops, which are short for short ops and up to about three targets for ops just
-under target / iters."""
+"""Estimate: runs of ``target_ms`` a case costs (warm-ups, timed run, calibration)."""
 
 OPEN_SHARE = 0.5
-"""Assumption: the share of cells whose verdict is still open after ``min_rounds`` and that then take every
-round up to ``max_rounds``; the plan's estimate of the sequential rounds. Replayed on the only recorded H100
-sweep (docs/data/h100-sweep-first/, 18 cells, 50 ops a case, before the target): 14 of 18 cells open after 3
-rounds, 5 of the 9 from n_kv 8192 up, where the A/A noise was already the lower one the target aims at."""
+"""Assumption: the share of cells still open after ``min_rounds`` (H100 replay: 14 of 18 after 3 rounds)."""
 
 _NO_HOOK = "not run: the backend prints no FA log (no tuner hook), so a forced kernel can be neither run nor confirmed"
 
@@ -133,9 +107,7 @@ TABLE = Table[FaKey](
     # files made before a key of the identity was added resume: only the keys a file records are compared
     strict=False,
 )
-"""The FlashAttention sweep's samples (``sweep.sqlite3``): one row per cell, config and round. The identity
-(arch, backend, build, head counts, timer...) is written by the first run; a later run with another
-identity is refused, so one file never mixes two builds' timings."""
+"""The FlashAttention sweep's samples (``sweep.sqlite3``); a run of another identity is refused."""
 
 FA = Spec[Cell, FaKey, FaShape](
     name="sweep",
@@ -168,11 +140,7 @@ def bench_shape(shape: FaShape, n_kv: int) -> kb.FaShape:
 
 
 def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool) -> tuple[float | None, str]:
-    """(microseconds or None, reason it failed or ""): a time counts only if the kernel asked for ran.
-
-    ``expect_log``: the backend prints the tuner hook's FA log (a CUDA build); without it (CPU) a forced
-    kernel cannot be confirmed, so it fails, and upstream's config is taken as it comes.
-    """
+    """(microseconds or None, why it failed or ""): a time counts only if the kernel asked for ran."""
     want = cell.upstream if config in (DEFAULT, AA) else config
     us = kt.us_per_run
     if kt.error or us is None:
@@ -189,15 +157,12 @@ def judge_sample(cell: Cell, config: str, kt: kb.KernelTime, *, expect_log: bool
 
 
 def fa_bench_case_s(target_ms: int) -> float:
-    """Estimate: seconds per fa-bench case with ``-m target_ms`` (0: none): :data:`FA_BENCH_SETUP_S` plus
-    :data:`FA_BENCH_TARGET_RUNS` runs of the target. Not measured on a GPU with a target yet."""
+    """Estimate: seconds per fa-bench case with ``-m target_ms`` (not measured with a target on a GPU yet)."""
     return FA_BENCH_SETUP_S + FA_BENCH_TARGET_RUNS * target_ms / 1000
 
 
 def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S, process_s: float = PROCESS_S) -> float:
-    """The time of ``n_processes`` timer processes over ``n_cases`` cases in all, at ``process_s`` and
-    ``case_s`` (:data:`PROCESS_S` and :data:`CASE_S` for test-backend-ops, :data:`FA_BENCH_PROCESS_S` and
-    :func:`fa_bench_case_s` for fa-bench; an estimate)."""
+    """The estimated time of ``n_processes`` timer processes over ``n_cases`` cases in all."""
     return n_processes * process_s + n_cases * case_s
 
 
@@ -209,10 +174,7 @@ def estimate_text(
     target_ms: int = TARGET_MS,
     open_share: float = OPEN_SHARE,
 ) -> str:
-    """What ``tuner sweep run`` would start for ``cells`` and its estimated time with either timer (fa-bench
-    at ``target_ms``): ``min_rounds`` rounds of every cell, then up to ``max_rounds`` for an assumed
-    ``open_share`` of the cells (each of them taking every further round; every chunk's processes counted in
-    every further round, an upper figure where whole chunks settle)."""
+    """What ``tuner sweep run`` would start for ``cells`` and its estimated time with either timer."""
     lo, hi = limits
     chunks = pack_groups(cells, FA.group, chunk_size)
     per_round = sum(len(c.configs) for c in cells)
@@ -256,11 +218,7 @@ def run_sweep(
     process_s: float = PROCESS_S,
     budget: Budget | None = None,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`), ``run_round`` one
-    process per config, round and chunk; ``limits``: (min_rounds, max_rounds). Without the FA log
-    (``expect_log`` False: a CPU build, which has no tuner hook) a forced kernel cannot run, so its samples
-    are stored as failed without starting a process. Returns (processes run, processes skipped as already
-    recorded)."""
+    """Measure what ``store`` lacks; without the FA log forced kernels are stored failed. Returns (run, skipped)."""
 
     def measure(cs: Sequence[Cell], cfg: str, r: int, logs: Path) -> list[Sample[FaKey]]:
         out = run_round(
@@ -291,8 +249,7 @@ class Outcome(Verdicts[FaShape]):
 
 
 def compose(cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], *, limits: tuple[int, int]) -> Outcome:
-    """Verdicts and rules from the stored samples of rounds ``0 .. max_rounds-1``
-    (:func:`tuner.rounds.engine.judge`): per shape, consecutive winning n_kv points form one rule."""
+    """Verdicts and rules from the stored samples: per shape, consecutive winning n_kv points form one rule."""
     v = judge(FA, cells, samples, limits=limits)
     rules = [
         TableRule.of(r, ne1=shape.ne1)
@@ -317,8 +274,7 @@ _TIMER_TEXT = {
 
 
 def _cell_tables(outcome: Outcome) -> list[str]:
-    """Per shape, a row per n_kv: upstream's kernel and time, the A/A noise, each forced kernel's speed
-    relative to upstream (time upstream / time forced) with its 95% CI, and the decision."""
+    """Per shape, a row per n_kv: upstream's kernel and time, A/A noise, each kernel's ratio with CI, decision."""
     lines: list[str] = []
     for shape in sorted(outcome.decisions):
         cells = outcome.stats.get(shape, {})

@@ -1,23 +1,7 @@
 """``tuner sweep merge``: several exported sweep tables as one result folder with one ``upstream.patch``.
 
-A sweep table is confirmed end to end over the cells of its own sweep (e.g. decode at ``Q->ne[1] = 1`` with
-the MMQ sweep, and the small query batches 2-8 in a sweep of their own). A maintainer takes one patch, so
-the merged folder holds:
-
-- ``parts/<name>/``: each part, copied whole as ``tuner sweep export`` wrote it (its own manifest, evidence,
-  PR.md and patch of its entries alone), validated as a table of its own;
-- ``upstream.patch``: every part's kept entries rendered together on the pristine tree (one FlashAttention
-  table, one MMQ condition);
-- ``PR.md`` over all parts, ``report.md`` (where each part's reports are), and ``table.toml`` (kind
-  ``merged sweep table``): the kept and reported entries of all parts, the parts with the sha256 of their
-  manifests, the patch's sha256.
-
-Parts must come from the same llama.cpp source, arch and device, and must not overlap: no cell (shape and
-n_kv) measured in two parts, no quant type's MMQ choice in two parts. With one GPU model each part's verdicts
-stand as its confirmation decided them. ``--gpu DIR`` adds a confirmation made on another GPU model of the
-arch (``tuner sweep confirm`` there): it is kept as ``gpus/<model>/<name>/`` beside the first model's evidence,
-and each entry is decided over every model (:func:`tuner.sweep.gpus.join`); ``table.toml`` lists them under
-``gpus``.
+Parts (``parts/<name>/``, copied whole) must share source, arch and device and cover disjoint cells; ``--gpu``
+adds other GPU models' confirmations (:func:`tuner.sweep.gpus.join`). See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -96,8 +80,7 @@ class _Kept:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Merged:
-    """What the checks and the patch need of an :class:`export.Evidence`, over all parts: ``table.arch``,
-    ``table.cells`` (every part's stored cells), ``confirmed.kept_rules`` and ``confirmed.kept_mmq``."""
+    """What the checks and the patch need of an :class:`export.Evidence`, over all parts."""
 
     table: _Cells
     confirmed: _Kept
@@ -122,11 +105,7 @@ def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
 
 
 def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
-    """Each exported table's manifest and evidence (decompressed under ``tmp``).
-
-    Raises:
-        UsageError: A folder that is not a sweep table export, or whose evidence does not recompose.
-    """
+    """Each exported table's manifest and evidence (under ``tmp``); UsageError for a folder that is not one."""
     out = []
     for i, f in enumerate(folders):
         if not export.is_export(f):
@@ -156,12 +135,7 @@ def _same(parts: Sequence[Part], what: str, get: Callable[[Part], object], fix: 
 
 
 def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> Merged:
-    """The parts as one table (module doc), with the other GPU models' confirmations ``others``.
-
-    Raises:
-        UsageError: Parts of different sources, archs or devices; a cell or an MMQ type in two parts; names
-            that repeat.
-    """
+    """The parts as one table with the other GPU models' confirmations; UsageError where they do not join."""
     if len(parts) < 2:
         raise UsageError("A merged table joins two or more exported tables; pass at least two folders.")
     names = [p.name for p in parts]
@@ -241,8 +215,7 @@ def manifest_table(merged: Merged) -> dict[str, list[str]]:
 
 
 def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[Part]) -> list[Confirmation]:
-    """Each ``(name, confirm store)`` of another GPU model recomposed against the part it confirmed (copies:
-    the stores are opened for writing)."""
+    """Each ``(name, store)`` of another GPU model recomposed against its part (pass copies)."""
     tables = {p.name: p.evidence.table for p in parts}
     first = parts[0].manifest["target"]["measured_on"] if parts else ""
     return [gpus.load_confirmation(path, tables, name=name, first_device=first) for name, path in stores]
@@ -285,13 +258,7 @@ def merged_pr(merged: Merged, patch: str) -> str:
 
 
 def _check_out(out: Path) -> None:
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())) or (out.is_dir() and is_merged(out)):
-        return
-    raise UsageError(
-        f"{out} exists and is not an earlier merged table (it has no {export.MANIFEST} of kind {KIND!r}). "
-        "`tuner sweep merge` replaces its -o whole, so it writes only to a new or empty folder or over an earlier "
-        "merge; pass another -o, or remove that folder yourself if nothing in it is needed."
-    )
+    export.check_out(out, kind=KIND, what="merged table", verb="merge")
 
 
 def _report(parts: Sequence[Part]) -> str:
@@ -317,8 +284,7 @@ def _report(parts: Sequence[Part]) -> str:
 
 
 def _copy_part(src: Path, dest: Path) -> None:
-    """A part's files copied into the merge; a link or anything but a plain file or folder in the part is
-    refused (copying would follow it and write what it points at into the merged table)."""
+    """A part copied into the merge; links and special files are refused (copying would follow them)."""
     for d, subdirs, files in os.walk(src):
         for n in [*subdirs, *files]:
             p = Path(d) / n
@@ -333,12 +299,11 @@ def _copy_part(src: Path, dest: Path) -> None:
 def merge_tables(
     folders: Sequence[Path], out: Path, *, spec: str | None = None, gpu_dirs: Sequence[Path] = ()
 ) -> dict[str, Any]:
-    """Write the merged folder ``out`` (module doc) and return its manifest.
+    """Write the merged folder ``out`` and return its manifest.
 
     Raises:
-        UsageError: ``out`` exists and is not an earlier merge (nothing is written); a folder that is not an
-            export; parts that do not join (:func:`merged_view`); a source other than the parts'.
-    """
+        UsageError: ``out`` is not new, empty or an earlier merge; a folder not an export; parts that do not
+            join; a source other than the parts'."""
     out = Path(out)
     folders = [Path(f) for f in folders]
     if any(out.resolve() == f.resolve() or out.resolve() in f.resolve().parents for f in folders):

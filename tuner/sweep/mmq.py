@@ -1,46 +1,10 @@
 """MMQ vs cuBLAS: a runtime hook in ``ggml_cuda_should_use_mmq``, its sweep, and its upstream condition.
 
-``ggml_cuda_should_use_mmq(type, cc, ne11, n_experts)`` (``ggml/src/ggml-cuda/mmq.cu`` L318 of
-llama.cpp 0c1e570) decides whether a quantized matrix multiplication runs llama.cpp's own MMQ kernels
-or dequantizes to cuBLAS. On NVIDIA GPUs with Turing tensor cores it returns true for every supported
-type and batch size (``if (turing_mma_available(cc)) return true;``), Hopper included.
-
-* **Hook.** :func:`patched_mmq_hook` adds a table read once from ``GGML_TUNER_MMQ_CHOICES``
-  (comma-separated ``TYPE:LO..HI=MMQ|BLAS``: a ggml type name, ``ne11`` in ``[LO, HI)``, HI empty =
-  unbounded; the first entry that covers a call decides it) and consults it for dense multiplications
-  (``n_experts == 0``) after upstream's own support and shared-memory checks, before the arch
-  branches; a call no entry covers keeps upstream's choice, and text that does not parse aborts
-  with the entry named. The same hook is how a sweep forces either backend (``q4_K:0..=BLAS``).
-* **Sweep** (``tuner sweep mmq``: :data:`MMQ`, a spec of :mod:`tuner.rounds.engine`). A point is one quant
-  type, one weight size ``m x k`` (weights ``W`` [k, m] in ggml terms: ``k`` values a row, ``m`` rows,
-  :class:`tuner.measure.mm_bench.MmShape`) and one batch size ``ne11``; the sizes are the dense projections
-  of real models (:func:`projection_sizes`: attention Q and O, K and V, FFN gate/up and down), deduplicated
-  over the models asked for. Per round one mm-bench process per config runs over the points of a chunk (by
-  default all of them) that get the round: upstream's choice (:data:`ENV` unset), its A/A twin (unset
-  again, a second process) and cuBLAS forced for every swept type (``q4_0:0..=BLAS,...``). Upstream's
-  backend on an NVIDIA arch with Turing tensor cores is MMQ everywhere (:func:`plan_mmq`). A case printed
-  with an error, or the case a process died in (the process's other printed cases keep their times, and a
-  new process runs the rest: :func:`tuner.measure.mm_bench.run_cases`), is a failed sample with its reason,
-  never a time; its point gets no verdict.
-* **Composition.** Per type and size, over its batch sizes, the engine's verdicts. A batch size counts as
-  cuBLAS-faster for a type only where cuBLAS was decided faster at *every* swept size of that type: a size
-  that kept MMQ, or has no verdict there, blocks it. The per-type points then compose into batch-size
-  intervals (:func:`tuner.rounds.compose.rules_from`, as the FlashAttention sweep's n_kv points do), so a
-  blocked point splits an interval.
-* **Upstream form.** :func:`patched_mmq_condition`: for the measured arch (``cc == GGML_CUDA_CC_HOPPER``),
-  a ``switch`` on the type returning false (cuBLAS) inside each composed interval, before the
-  Turing branch; :func:`match_mmq` is the same lookup in Python.
-
-**CUDA graphs.** Each case is one ggml graph of many multiplications, run three times (two warm-ups, then
-the timed run: ``tuner/data/bench_common.h``). The pinned llama.cpp captures a repeated graph as a CUDA graph
-on its second call (``ggml_backend_cuda_graph_compute`` in ``ggml/src/ggml-cuda/ggml-cuda.cu``), batched
-multiplications included: ``ggml_cuda_graph_check_compability`` turns graphs off only for a ``MUL_MAT_ID``
-whose fallback synchronizes. (Older trees turned them off for any batch above 1:
-``check_node_graph_compatibility_and_refresh_copy_ops`` in llama.cpp 4227c9b, llama-cpp-python 0.3.16.) So
-llama-bench's prompt test runs its multiplications in a CUDA graph, while the ubatches of one long prompt
-(K/V views growing) run directly. The sweep keeps graphs on, as llama.cpp does; ``cuda_graphs=False``
-(``--no-cuda-graphs``) sets ``GGML_CUDA_DISABLE_GRAPHS=1`` (``ggml_cuda_graph::is_enabled``, ``common.cuh``)
-for every config, and the storage's identity and the report say which was used.
+``ggml_cuda_should_use_mmq`` (``ggml/src/ggml-cuda/mmq.cu`` L318 of llama.cpp 0c1e570) returns true everywhere
+with Turing tensor cores. :func:`patched_mmq_hook` adds a table read from :data:`ENV` (``TYPE:LO..HI=MMQ|BLAS``,
+the first covering entry decides) before the arch branches; the sweep (:data:`MMQ`) forces cuBLAS through it, and a
+batch size goes to cuBLAS for a type only where cuBLAS won at *every* swept size (:func:`compose_mmq`).
+:func:`patched_mmq_condition` is the upstream form, :func:`match_mmq` its lookup in Python. See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -120,8 +84,7 @@ BACKENDS = ("MMQ", "BLAS")
 MMQ_TYPES = ("q4_0", "q4_K", "q5_K", "q6_K", "q8_0", "iq4_xs")
 """The quant types swept (ggml_type_name spelling)."""
 MMQ_BATCHES = tuple(2**i for i in range(4, 13))
-"""``ne11`` from 16 to 4096 in octaves: below 16 llama.cpp multiplies by vector kernels, and cuBLAS's
-advantage, where it has one, grows with the batch's order of magnitude."""
+"""``ne11`` 16 to 4096 in octaves: below 16 llama.cpp uses vector kernels."""
 MMQ_SUPPORTED = (
     *("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"),
     *("iq1_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_xs", "iq4_nl", "mxfp4"),
@@ -129,20 +92,13 @@ MMQ_SUPPORTED = (
 """Types ``ggml_cuda_should_use_mmq`` supports (its ``mmq_supported`` switch), as ggml_type_name spells them."""
 _BLOCK_32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "mxfp4")
 PROCESS_S = 59.4
-"""Measured: seconds of one mm-bench process over the default grid's 540 cases at the default 20 ms target on
-an H100 (docs/data/h100-sweep-sm90/mmq-transcript.txt: two full rounds of three processes took 178.7 and
-177.8 s); :func:`mmq_dry_run_text` scales it by cases (an estimate; ``--target-ms 0`` runs faster)."""
+"""Measured: an H100 mm-bench process of 540 cases (docs/data/h100-sweep-sm90/mmq-transcript.txt)."""
 PROCESS_CASES = 540
 START_S = 2.5
 """Estimate: the part of a process that is CUDA start (as for test-backend-ops, docs/sweep.md)."""
 OPEN_SHARE = 0.5
-"""Assumption: the share of points whose verdict is still open after ``min_rounds`` and that then take every
-round up to ``max_rounds``; the plan's estimate of the sequential rounds. The only MMQ-vs-cuBLAS rounds on
-record (docs/data/h100-mmq-probe/: 4096 x 4096 only, 3 rounds, two builds rather than the hook), replayed
-through the settle rule with limits 3..6, leave 11 of 54 points open (20%; 8 of them at the crossover,
-ne11 256 and 512). The default grid's other eleven sizes, most of them far smaller, have no cuBLAS rounds
-to replay (the first H100 sweep's cuBLAS process failed: docs/data/h100-sweep-first/), so the plan assumes
-the FlashAttention sweep's 50%, an upper-side figure."""
+"""Assumption: the share of points open after ``min_rounds``; the FlashAttention sweep's 50% (upper side)
+as the only MMQ rounds on record (docs/data/h100-mmq-probe/) cover one size."""
 
 _FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
 _TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
@@ -169,13 +125,7 @@ class MmqChoice:
 
 
 def parse_mmq_choices(text: str) -> tuple[MmqChoice, ...]:
-    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it: comma-separated entries, empty ones skipped, no spaces.
-
-    The hook accepts any ggml type name; this parser only the types MMQ supports (:data:`MMQ_SUPPORTED`).
-
-    Raises:
-        UsageError: An entry that does not parse, an unknown type or ``HI <= LO`` (where the hook aborts).
-    """
+    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it; UsageError where the hook aborts or a type is not MMQ's."""
     out = []
     for item in text.split(","):
         if not item:
@@ -208,8 +158,7 @@ def match_mmq(choices: Sequence[MmqChoice], type_name: str, ne11: int) -> str | 
 # ------------------------------------------------------------------------------------------------- C++
 
 _HOOK_MANIFEST = "mmq-hook"
-"""The opt-in patch manifest ``templates/patches/mma/mmq-hook.toml`` (hook ``mmq``): the hook's C++ is its
-templates, so the sweep's build and :func:`patched_mmq_hook` carry the same text."""
+"""The opt-in patch manifest ``templates/patches/mma/mmq-hook.toml``: the hook's C++ is its templates."""
 _HOOK_TEMPLATE = "patches/mma/mmq-hook.cu.j2"
 
 
@@ -235,8 +184,7 @@ def _function(root: Path) -> tuple[str, int, int]:
 
 
 def patched_mmq_hook(root: Path) -> str:
-    """mmq.cu of the pristine tree at ``root`` with the runtime hook (module doc): the opt-in manifest
-    ``mmq-hook`` alone, as a build with ``render_variant(..., hooks=("mmq",))`` carries it."""
+    """mmq.cu of the pristine tree at ``root`` with the runtime hook: the opt-in manifest ``mmq-hook`` alone."""
     _function(root)  # the structure check, with its message
     return patched_file(root, "mma", _HOOK_MANIFEST, MMQ_FILE)
 
@@ -244,14 +192,7 @@ def patched_mmq_hook(root: Path) -> str:
 def patched_mmq_condition(
     root: Path, choices: Sequence[MmqChoice], arch: Arch, cond: str, *, note: str = ""
 ) -> str | None:
-    """mmq.cu with the composed choices as upstream-style conditions for ``arch`` (None where none is BLAS).
-
-    ``cond`` is the arch's condition on ``cc`` (:func:`tuner.result.upstream_patch.arch_condition`).
-    Only cuBLAS entries become code: on an arch with Turing tensor cores upstream runs MMQ everywhere.
-
-    Raises:
-        TunerError: An arch without Turing tensor cores, or a tree of another structure.
-    """
+    """mmq.cu with the cuBLAS choices as conditions on ``cond`` (None where none is BLAS); TunerError."""
     amd = getattr(arch, "vendor", None) == "amd"
     if not amd and (getattr(arch, "vendor", None) != "nvidia" or int(getattr(arch, "cc", 0) or 0) < 750):
         raise TunerError(f"The MMQ condition goes before the Turing branch; {arch.name!r} has no Turing tensor cores.")
@@ -280,8 +221,7 @@ def patched_mmq_condition(
 
 
 def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, note: str = "") -> str | None:
-    """``upstream.patch`` of the composed choices: a git-format diff of mmq.cu of the pristine tree at
-    ``root`` (:func:`patched_mmq_condition`, the arch matched exactly); None where no choice is cuBLAS."""
+    """``upstream.patch`` of the composed choices (:func:`patched_mmq_condition`); None where none is cuBLAS."""
     common = root / COMMON
     if not common.is_file():
         raise TunerError(f"{root} has no {COMMON}; the MMQ patch needs the pristine llama.cpp tree.")
@@ -292,12 +232,7 @@ def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, no
 
 
 def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
-    """A host-only C++ program around the hook of a patched mmq.cu, for comparing it with :func:`match_mmq`.
-
-    ggml's types are stubbed by ``type_names`` (in order, then ``GGML_TYPE_COUNT``), ``GGML_ABORT`` prints
-    and exits with status 3. The program reads ``GGML_TUNER_MMQ_CHOICES``, then lines ``TYPE_INDEX NE11``
-    from stdin, and prints ``MMQ``, ``BLAS`` or ``NONE`` per line.
-    """
+    """A host-only C++ program around a patched mmq.cu's hook, to compare it with :func:`match_mmq`."""
     start = patched.find(hook_block().splitlines()[0])
     fn = patched.find("static int ggml_tuner_mmq_choose(", start)
     end = patched.find("\n}\n", fn)
@@ -347,9 +282,7 @@ class MmqCell:
 
 
 def upstream_backend(arch: Arch, type_name: str, ne11: int) -> str:
-    """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model (no experts) on a
-    GPU with 48 KiB or more of shared memory a block: ``MMQ`` or ``BLAS``. MMQ everywhere on NVIDIA with Turing
-    tensor cores; on AMD by its own per-family rules (CDNA's MFMA, RDNA3/3.5's and RDNA4's WMMA)."""
+    """``ggml_cuda_should_use_mmq`` of llama.cpp 0c1e570 (mmq.cu L318-450) for a dense model: MMQ or BLAS."""
     cc = cc_of(arch)
     if getattr(arch, "vendor", None) == "nvidia" and cc >= 750:
         return "MMQ"
@@ -382,8 +315,7 @@ def plan_mmq(arch: Arch, types: Iterable[str] = MMQ_TYPES, batches: Iterable[int
 
 
 def block_size(type_name: str) -> int:
-    """Values per quantization block of an MMQ type: 32 for the legacy types, iq4_nl and mxfp4, else 256;
-    a weight row (``k``) must be a multiple of it."""
+    """Values per quantization block of an MMQ type; a weight row (``k``) must be a multiple of it."""
     return 32 if type_name in _BLOCK_32 else 256
 
 
@@ -396,13 +328,9 @@ def mmq_dry_run_text(
     per_call_s: float | None = None,
     open_share: float = OPEN_SHARE,
 ) -> str:
-    """What ``tuner sweep mmq`` runs for ``cells`` at the weight ``sizes`` (m x k): one mm-bench process per
-    config, round and chunk of sizes, every case of the chunk still open in it, with the time estimated from
-    the H100 sweep's 59.4 s per 540-case process (:data:`PROCESS_S`); ``per_call_s`` adds a what-if time per
-    case. ``limits`` (min_rounds, max_rounds): every point gets the minimum, then an assumed ``open_share``
-    of the points takes every further round up to the maximum (every chunk's processes counted in every
-    further round: an upper figure where a whole chunk settles). A (type, size) pair whose ``k`` is no
-    multiple of the type's block is not swept (llama.cpp quantizes such a tensor to another type)."""
+    """What ``tuner sweep mmq`` runs for ``cells`` at the weight ``sizes``, with the time estimated from
+    :data:`PROCESS_S`: every point gets ``limits[0]`` rounds, then an assumed ``open_share`` of them every further
+    round (an upper figure). ``per_call_s`` adds a what-if time per case."""
     lo, hi = limits
     cases = sum(1 for c in cells for _m, k in sizes if k % block_size(c.type) == 0)
     n_configs = len(cells[0].configs) if cells else 3
@@ -463,9 +391,7 @@ MmqFamily = tuple[str, tuple[int, int]]
 
 
 def projection_sizes(shape: ModelShape) -> list[tuple[int, int]]:
-    """The (m, k) of a model's dense projections, ``W`` [k, m]: attention Q (n_heads*head_dim x d_model),
-    O (d_model x n_heads*head_dim), K/V (n_kv_heads*head_dim x d_model), FFN gate/up (d_ff x d_model)
-    and down (d_model x d_ff); deduplicated, sorted."""
+    """The (m, k) of a model's dense projections (attention Q, O, K/V; FFN gate/up, down), deduplicated, sorted."""
     q = shape.n_heads * shape.head_dim
     kv = shape.n_kv_heads * shape.head_dim
     d, ff = shape.d_model, shape.d_ff
@@ -473,20 +399,12 @@ def projection_sizes(shape: ModelShape) -> list[tuple[int, int]]:
 
 
 def like_sizes(names: Iterable[str]) -> list[tuple[int, int]]:
-    """The projection sizes of the named models (``tuner/data/models.toml``), deduplicated, sorted.
-
-    Raises:
-        UsageError: An unknown model name.
-    """
+    """The projection sizes of the named models, deduplicated, sorted; UsageError for an unknown name."""
     return sorted({s for n in names for s in projection_sizes(load_model_shape(n))})
 
 
 def parse_size(text: str) -> tuple[int, int]:
-    """``MxK`` (e.g. ``4096x14336``: m rows of k values) as (m, k).
-
-    Raises:
-        UsageError: Not ``MxK`` with both in [1, 1048576].
-    """
+    """``MxK`` (e.g. ``4096x14336``) as (m, k); UsageError unless both are in [1, 1048576]."""
     m = _SIZE.fullmatch(text.strip().lower())
     if not m or not all(1 <= int(v) <= 1 << 20 for v in m.groups()):
         raise UsageError(f"Size {text!r} is not MxK with m and k in [1, 1048576] (e.g. 4096x14336).")
@@ -519,9 +437,7 @@ class MmqPoint:
 def plan_points(
     cells: Sequence[MmqCell], sizes: Sequence[tuple[int, int]]
 ) -> tuple[list[MmqPoint], list[tuple[str, int, int]]]:
-    """Every cell (type, ne11 from :func:`plan_mmq`) at every size, sizes outermost; and the (type, m, k)
-    left out because ``k`` is no multiple of the type's block (llama.cpp stores such a tensor in another
-    type)."""
+    """Every cell at every size, and the (type, m, k) left out (``k`` not a multiple of the block)."""
     points, skipped = [], []
     for m, k in sorted(set(sizes)):
         for c in cells:
@@ -586,9 +502,7 @@ MMQ_TABLE = Table[MmqKey](
     # files made before these options were measured with graphs on and ITERS ops a case
     legacy={"cuda_graphs": "on", "target_ms": "0"},
 )
-"""The MMQ sweep's samples (``mmq.sqlite3``): one row per point, config and round, with the identity of the
-run (arch, backend, build, timer, ops, ``target_ms``, cache size and ``cuda_graphs``): a later run with
-another identity is refused; a file made before the limits were recorded holds fixed rounds."""
+"""The MMQ sweep's samples (``mmq.sqlite3``); a run of another identity is refused."""
 
 MMQ = Spec[MmqPoint, MmqKey, MmqFamily](
     name="sweep mmq",
@@ -625,15 +539,9 @@ def run_mmq(
     target_ms: int = 0,
     budget: Budget | None = None,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`): per round, one
-    mm-bench process per config over the points of a chunk (at most ``max_cases``) that get the round.
-
-    ``run_cases``: what runs one process (:func:`tuner.measure.mm_bench.run_cases`, the default; tests pass
-    a fake). ``forced_reason``: why the forced config cannot run (a build without the MMQ hook); its samples
-    are then stored failed with it, no process started. ``cuda_graphs`` False runs every config's process
-    with ggml's CUDA graphs off (:data:`tuner.measure.mm_bench.GRAPHS_ENV`); ``target_ms`` is mm-bench's
-    ``-m`` (0: ``iters`` ops a case). Returns (processes run, processes skipped as already recorded).
-    """
+    """Measure what ``store`` does not hold yet (:func:`tuner.rounds.engine.run_rounds`), one mm-bench process
+    per config and chunk a round. ``forced_reason``: why the forced config cannot run (its samples are stored
+    failed); ``target_ms``: mm-bench's ``-m``. Returns (processes run, processes skipped as already recorded)."""
     run = run_cases or mm_bench.run_cases
     env = blas_env(p.type for p in points)
 
@@ -659,8 +567,7 @@ def run_mmq(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MmqOutcome(Verdicts[MmqFamily]):
-    """A measured MMQ sweep: per (type, size) its points' stats and decisions and the points without a
-    verdict and why, per type the batch-size decisions over all its sizes, and the composed choices."""
+    """A measured MMQ sweep: the engine's verdicts, per type its batch-size decisions and the composed choices."""
 
     type_decisions: Mapping[str, Sequence[Decision]]
     choices: tuple[MmqChoice, ...]
@@ -693,11 +600,7 @@ def _type_decision(
 def compose_mmq(
     points: Sequence[MmqPoint], samples: Iterable[Sample[MmqKey]], *, limits: tuple[int, int], withhold: str = ""
 ) -> MmqOutcome:
-    """Verdicts and choices from the stored samples of rounds ``0 .. max_rounds-1``
-    (:func:`tuner.rounds.engine.judge`; a batch size goes to cuBLAS for a type only where it won at every
-    size: module doc). ``withhold``: a reason to compose no choice (the backend has no MMQ-vs-cuBLAS
-    choice); verdicts are still reported.
-    """
+    """Verdicts and choices from the stored samples; ``withhold``: compose no choice, still report verdicts."""
     v = judge(MMQ, points, samples, limits=limits)
     type_ds: dict[str, list[Decision]] = {}
     choices: list[MmqChoice] = []
@@ -724,8 +627,7 @@ def no_choice_text(outcome: MmqOutcome) -> str:
 
 
 def _cell_text(st: CellStats | None, d: Decision | None, why: str | None) -> str:
-    """One point in the report: cuBLAS's speed over MMQ (MMQ time / cuBLAS time) with its 95% CI, the A/A
-    noise, the verdict."""
+    """One point in the report: MMQ time / cuBLAS time with its 95% CI, the A/A noise, the verdict."""
     if why is not None:
         return "no verdict"
     e = None if st is None else st.effects.get("BLAS")
@@ -758,21 +660,13 @@ def _type_table(outcome: MmqOutcome, t: str, points: Sequence[MmqPoint]) -> list
     return [*lines, ""]
 
 
-def _graphs_text(setting: str | None) -> list[str]:
-    """The report's sentence on CUDA graphs, from the identity's ``cuda_graphs``."""
-    if setting == "off":
-        return [
-            "",
-            "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
-            "multiplications ran directly, kernel by kernel.",
-        ]
-    if setting == "on":
-        return [
-            "",
-            "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
-            "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
-        ]
-    return []
+_GRAPHS_TEXT = {
+    "off": "CUDA graphs were off in every process (`GGML_CUDA_DISABLE_GRAPHS=1`): each case's graph of "
+    "multiplications ran directly, kernel by kernel.",
+    "on": "CUDA graphs were on in every process, as in llama.cpp's CUDA builds: ggml's CUDA backend captured each "
+    "case's graph of multiplications in its second warm-up run and the timed run replayed it.",
+}
+"""The report's sentence on CUDA graphs, by the identity's ``cuda_graphs`` (none for a store without it)."""
 
 
 def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
@@ -796,8 +690,7 @@ def mmq_report_text(
     skipped: Sequence[tuple[str, int, int]] = (),
     patch: bool,
 ) -> str:
-    """report.md: what was measured, the composed choices, per type and batch size every size's ratio, and
-    every point without a verdict."""
+    """report.md: what was measured, the composed choices, every size's ratio and every point without a verdict."""
     n_gap = outcome.n_gaps
     types = sorted({p.type for p in points})
     sizes = sorted({p.size for p in points})
@@ -833,7 +726,7 @@ def mmq_report_text(
         "none of its batch sizes claims anything, whatever its own interval). A batch size goes "
         "to cuBLAS for a type only where cuBLAS won at every size of that type; consecutive such batch sizes form "
         "one choice, `TYPE:LO..HI=BLAS` (ne11 in [LO, HI)).",
-        *_graphs_text(identity.get("cuda_graphs")),
+        *(["", _GRAPHS_TEXT[identity["cuda_graphs"]]] if identity.get("cuda_graphs") in _GRAPHS_TEXT else []),
         "",
         "## Composed choices",
         "",

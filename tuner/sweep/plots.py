@@ -1,14 +1,4 @@
-"""The plots of an exported sweep table (``tuner sweep export``), from the stored samples.
-
-- ``fa-D<head size>.png``: per K/V type, a heatmap of GQA ratio x n_kv at ``Q->ne[1] = 1``: the kernel the
-  sweep's composed table chooses in each cell (upstream's where no rule covers it) and the speedup of that
-  kernel over upstream's choice (median upstream time / median time of the chosen kernel over the rounds);
-  ``fa-D<head size>-ne1-<N>.png`` the same at a query batch ``Q->ne[1] = N`` > 1.
-- ``mmq.png``: per quant type and batch size, the speedup of cuBLAS over MMQ (upstream's choice), the
-  geometric mean over the swept weight sizes of the median ratios.
-
-matplotlib's Agg backend; nothing is shown.
-"""
+"""The plots of an exported sweep table (``tuner sweep export``), from the stored samples (matplotlib Agg)."""
 
 from __future__ import annotations
 
@@ -44,8 +34,7 @@ def _medians(samples: Iterable[Sample[K]]) -> dict[tuple[K, str], float]:
 def fa_speedups(
     cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], rules: Sequence[TableRule]
 ) -> dict[FaKey, tuple[str, float]]:
-    """Per cell: the kernel the composed table chooses (upstream's where no rule covers it) and its speedup
-    over upstream's choice (NaN where either was not measured)."""
+    """Per cell: the table's kernel and its speedup over upstream's (NaN where either was not measured)."""
     med = _medians(samples)
     out = {}
     for c in cells:
@@ -63,8 +52,7 @@ def fa_speedups(
 def plot_fa(
     cells: Sequence[Cell], samples: Sequence[Sample[FaKey]], rules: Sequence[TableRule], out_dir: Path
 ) -> list[Path]:
-    """One ``fa-D<head size>.png`` per head size with cells at ``Q->ne[1] = 1``, and one
-    ``fa-D<head size>-ne1-<N>.png`` per head size and query batch N > 1 (module doc)."""
+    """One ``fa-D<head size>.png`` per head size at ``Q->ne[1] = 1``, one ``...-ne1-<N>.png`` per batch N > 1."""
     plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
 
@@ -97,8 +85,7 @@ def plot_fa(
 
 
 def mmq_speedups(samples: Iterable[Sample[MmqKey]]) -> dict[tuple[str, int], float]:
-    """(type, batch size) -> speedup of cuBLAS over upstream's MMQ: geometric mean over the weight sizes of
-    median MMQ time / median cuBLAS time (points with both measured only)."""
+    """(type, batch size) -> cuBLAS's speedup over MMQ: geometric mean over sizes of median ratios."""
     med = _medians(samples)
     logs: dict[tuple[str, int], list[float]] = defaultdict(list)
     for (key, cfg), base in med.items():
@@ -110,8 +97,7 @@ def mmq_speedups(samples: Iterable[Sample[MmqKey]]) -> dict[tuple[str, int], flo
 
 
 def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[MmqChoice]], path: Path) -> Path | None:
-    """``mmq.png``: the speedup of cuBLAS over MMQ per type and batch size; None without a measured pair.
-    ``choices``: per type, its composed choices (marked in the cells they cover)."""
+    """``mmq.png``: cuBLAS over MMQ per type and batch size, composed choices marked; None without data."""
     sp = mmq_speedups(samples)
     if not sp:
         return None

@@ -1,9 +1,7 @@
-"""The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`): each takes one
-frozen request (the command's flags, as given), starts the time budget, plans the cells or points, finds or
-builds the build, picks the timer, opens the store, runs the rounds (:mod:`tuner.rounds.engine`), composes
-the verdicts, renders ``upstream.patch`` against the source tree, writes it and ``report.md``, and returns
-the summary the command prints. A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached`
-out of the rounds, with every sample so far stored."""
+"""The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`).
+
+A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of the rounds, every sample stored.
+"""
 
 from __future__ import annotations
 
@@ -64,8 +62,7 @@ class Grid:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Request:
-    """What both sweeps take (the round limits checked against each other, -o resolved): ``build_dir`` None:
-    the sweeps' default build; ``target_ms`` None: 20 on a GPU backend, 0 on the CPU."""
+    """What both sweeps take; ``build_dir`` None: the default build; ``target_ms`` None: 20 on GPU, 0 on CPU."""
 
     arch: str
     limits: tuple[int, int]
@@ -113,8 +110,7 @@ class FaRequest(_Request):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MmqRequest(_Request):
-    """``tuner sweep mmq``'s flags (empty ``types``, ``batches``: the defaults; ``sizes``: ``MxK`` texts
-    instead of the ``like`` models' sizes)."""
+    """``tuner sweep mmq``'s flags (empty: the defaults; ``sizes``: ``MxK`` instead of ``like``'s)."""
 
     STORE = "mmq.sqlite3"
     EXE = "libggml.so"
@@ -160,9 +156,7 @@ def dry_run_mmq(req: MmqRequest) -> str:
 
 
 def pick_timer(timer: str | None, bin_dir: Path, target_ms: int = 0) -> tuple[live.RunRound, str]:
-    """(the run_round to use, its name): fa-bench compiled against ``bin_dir`` (with ``-m target_ms`` where
-    it is not 0) unless test-backend-ops is asked for; the default falls back to test-backend-ops, with a
-    warning, where fa-bench does not compile."""
+    """(run_round, name): fa-bench unless test-backend-ops is asked for or fa-bench does not compile."""
     if timer == "test-backend-ops":
         return kb.run_round, timer
     try:
@@ -247,8 +241,7 @@ def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
 
 
 def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
-    """The request's points (every type and batch size at every size) and the type/size pairs left out;
-    UsageError for an arch or type MMQ does not model, a bad size or model name, or no point to time."""
+    """The request's points and the type/size pairs left out; UsageError for bad input or no point."""
     cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
     sizes = [mmq.parse_size(t) for t in req.sizes] if req.sizes else mmq.like_sizes(req.like or mmq.DEFAULT_LIKE)
     points, skipped = mmq.plan_points(cells, sizes)

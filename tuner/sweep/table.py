@@ -1,16 +1,8 @@
 """The sweep's FlashAttention table: its rules, its Python matcher and its C++ form in upstream's fattn.cu.
 
-The table is a small static array in ``ggml/src/ggml-cuda/fattn.cu`` with a lookup function, both put
-just before ``ggml_cuda_get_best_fattn_kernel``, and one call at the top of that function's
-Turing-and-newer branch, guarded by the exact compute capability measured (``cc == GGML_CUDA_CC_HOPPER``
-for sm_90; :func:`tuner.result.upstream_patch.arch_condition` says why equality). A shape the table
-does not list keeps upstream's choice. A listed entry is used only where it was measured to be
-legal and where it was measured at all: VEC needs ``can_use_vector_kernel``; TILE and MMA for a GQA
-ratio >= 2 need ``gqa_opt_applies`` (the GQA-packed kernels the sweep timed), as in
-:func:`tuner.result.upstream_patch.rule_condition`; the call needs ``Q->ne[3] == 1`` (one sequence).
-
-:func:`match_table` is the same lookup in Python; :func:`harness_source` turns the lookup of an
-emitted fattn.cu into a host-only C++ program, so a test compiles it and compares the two.
+A static array and lookup before ``ggml_cuda_get_best_fattn_kernel``, called at the top of its Turing-and-newer
+branch on the exact compute capability measured (:func:`tuner.result.upstream_patch.arch_condition` says why); an
+entry applies only where it was measured legal. :func:`match_table` is the lookup in Python.
 """
 
 from __future__ import annotations
@@ -74,9 +66,8 @@ class TableRule:
         return self.lo <= n_kv and (self.hi is None or n_kv < self.hi)
 
     def hook_rule(self, *, widened: bool = False) -> FaRule:
-        """The entry as the runtime hook's rule: a decode rule at ``Q->ne[1] = 1``, else a prefill rule keyed to
-        its batch (``nb``). ``widened``: every n_kv, and a batch entry at every prefill batch (no ``nb``), so a
-        test of other batch sizes (test-backend-ops' cases, the output gate's micro-batch) runs its kernel."""
+        """The entry as the runtime hook's rule: decode at ``Q->ne[1] = 1``, else prefill keyed to its batch
+        (``nb``). ``widened``: every n_kv and, for a batch entry, every batch (test-backend-ops, the gate)."""
         lo, hi = (0, None) if widened else (self.lo, self.hi)
         if self.ne1 == 1:
             return FaRule(phase=Phase.DECODE, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv)
@@ -109,10 +100,7 @@ def match_table(
 
 
 def widened_layers(rules: Sequence[TableRule]) -> list[list[FaRule]]:
-    """The kept entries as rules widened to every n_kv (:meth:`TableRule.hook_rule`: decode rules, and prefill
-    rules at every batch for entries at ``Q->ne[1]`` 2-8), in layers where no shape appears twice in a phase: the
-    hook's first matching rule wins, so one env per layer makes ``test-backend-ops`` run each kept kernel
-    of a shape (a shape with TILE then MMA takes two runs; one env would test TILE only)."""
+    """The kept entries as widened rules in layers, no shape twice a phase (the hook's first match wins)."""
     layers: list[list[FaRule]] = []
     for r in rules:
         rule = r.hook_rule(widened=True)
@@ -218,12 +206,8 @@ def _call(arch: Arch, cond: str, indent: str = "        ") -> str:
 
 
 def patched_fattn_table(root: Path, rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str | None:
-    """fattn.cu of the pristine tree at ``root`` with the table added (module doc); None for no rules.
-
-    Raises:
-        TunerError: An arch without Turing tensor cores, a bad or overlapping entry, or a tree whose
-            selection function is not the one of llama.cpp 0c1e570 (docs/selector.md).
-    """
+    """fattn.cu of the pristine tree at ``root`` with the table (None for no rules); TunerError for a
+    bad arch, entry or tree (not llama.cpp 0c1e570's, docs/selector.md)."""
     rules = list(rules)
     if not rules:
         return None
@@ -267,8 +251,7 @@ _AMD_FAMILIES = {
 
 
 def amd_family_condition(arch: Arch) -> str:
-    """The family test upstream's own AMD branches use (common.cuh's ``GGML_CUDA_CC_IS_RDNA3_5(cc)`` ...): the
-    measured GPU's family, as a Strix Halo's gfx1151 and a gfx1150 share RDNA3.5's kernels and tuning."""
+    """Upstream's family macro of the measured AMD GPU (gfx1151 and gfx1150 share RDNA3.5's)."""
     cond = _AMD_FAMILIES.get(str(getattr(arch, "family", "")))
     if cond is None:
         raise TunerError(
@@ -285,11 +268,7 @@ def render_table_patch(root: Path, rules: Sequence[TableRule], arch: Arch, *, no
 
 
 def harness_source(patched: str, kv_types: Sequence[str]) -> str:
-    """A host-only C++ program around the lookup of a patched fattn.cu, for comparing it with :func:`match_table`.
-
-    Reads lines ``D gqa K V ne1 n_kv can_use_vector_kernel gqa_opt_applies`` (K and V as indices into
-    ``kv_types``) from stdin and prints the kernel name (``VEC``, ``TILE``, ``MMA``) or ``NONE`` per line.
-    """
+    """A host-only C++ program around a patched fattn.cu's lookup, to compare it with :func:`match_table`."""
     enum = re.search(r"^enum best_fattn_kernel \{.*?^\};\n", patched, re.M | re.S)
     start = patched.find(f"struct {_STRUCT} {{")
     fn = patched.find(f"static best_fattn_kernel {LOOKUP_PREFIX}", start)

@@ -1,22 +1,9 @@
 """``tuner validate`` of an exported sweep table (a folder with ``table.toml`` of kind ``sweep table``).
 
-Static checks: the manifest's schema and types; the files it lists (``PR.md``, ``report.md``, the plots, the
-evidence) are there and the evidence hashes to what it records; ``upstream.patch`` hashes to its record (no
-patch where nothing was kept); the pinned source resolves to the recorded id and era; the decompressed
-evidence recomposes, by the commands' own code (:func:`tuner.sweep.export.load_evidence`), to the kept
-entries, the composed table and the counts of the manifest; re-rendering the kept entries on the pristine
-tree reproduces ``upstream.patch`` byte for byte; it applies (``git apply --check``) with no whitespace-only
-hunk; and the C++ lookup in the patched ``fattn.cu``, compiled host-only, returns what the Python matcher
-(:func:`tuner.sweep.table.match_table`) returns at every stored cell, with and without the GQA optimisation.
-The folder is data (:mod:`tuner.result.checks`): only its regular files are read, the evidence is
-decompressed (with a cap) only once it hashes to its record, nothing is fetched unless ``fetch``, and the
-lookup and ``--gpu`` compile only tuner's own re-render of the kept entries, never the folder's patch where it
-differs.
-
-``--gpu`` (on a GPU of the table's arch): the pristine tree with ``upstream.patch`` builds with the arch's
-``cuda`` defines, ``test-backend-ops test -o FLASH_ATTN_EXT`` (the kept entries' head sizes and K/V
-types) and ``-o MUL_MAT`` pass on it, and the kernel it launches at two stored cells of each kept entry,
-read with Nsight Compute, is the table's (:mod:`tuner.sweep.table_select`).
+Static checks (manifest, files, hashes, source, recomposed evidence, byte-identical re-render, ``git apply``, the
+host-only lookup against :func:`tuner.sweep.table.match_table`) and, with ``--gpu``, the patched build's
+test-backend-ops and launched kernels. The folder is data (:mod:`tuner.result.checks`): evidence is decompressed
+only once it hashes to its record, and only tuner's own re-render is ever compiled. See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -96,8 +83,7 @@ REQUIRED: dict[str, dict[str, type[object]]] = {
 
 
 def find_tables(paths: Iterable[Path]) -> list[Path]:
-    """Sweep table folders (a ``table.toml`` of kind ``sweep table``, or a merged one) under each path; the
-    parts inside a merged table are checked by it, not again on their own."""
+    """Sweep table folders under each path (a merged table's parts are checked by it, not again)."""
     out: list[Path] = []
     for p in paths:
         if not p.exists():
@@ -114,8 +100,7 @@ def find_tables(paths: Iterable[Path]) -> list[Path]:
 
 
 def _manifests_under(p: Path) -> list[Path]:
-    """Folders under ``p`` with an entry named table.toml; links not followed, export leftovers skipped (they
-    are reported by :func:`tuner.result.validate.find_results`)."""
+    """Folders under ``p`` with a table.toml; links not followed, export leftovers skipped."""
     out = []
     for dirpath, dirnames, filenames in os.walk(p):
         dirnames[:] = [d for d in dirnames if not is_leftover(d)]
@@ -131,6 +116,13 @@ def _kind(folder: Path) -> str | None:
     except FolderError:
         return export.KIND
     return kind if isinstance(kind, str) else None
+
+
+def _fail(check: str, detail: str) -> Finding:
+    return Finding(check=check, ok=False, detail=detail)
+
+
+_NOT_OURS = "and validate compiles no code from a folder that tuner did not render"
 
 
 def _schema(m: Mapping[str, Any], required: Mapping[str, Mapping[str, type[object]]] = REQUIRED) -> list[str]:
@@ -172,12 +164,8 @@ def _files(folder: Path, m: Mapping[str, Any]) -> list[Finding]:
     bad += [f"{n} (missing)" for n in sorted(set(recorded) - have)]
     if "confirm.sqlite3.xz" not in recorded or "sweep.sqlite3.xz" not in recorded:
         bad.append("the manifest lists no sweep.sqlite3.xz or confirm.sqlite3.xz")
-    f.append(
-        Finding(
-            check="evidence", ok=not bad, detail="sha256 differs or file unexpected: " + "; ".join(bad) if bad else ""
-        )
-    )
-    return f
+    why = "sha256 differs or file unexpected: " + "; ".join(bad) if bad else ""
+    return [*f, Finding(check="evidence", ok=not bad, detail=why)]
 
 
 def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
@@ -194,9 +182,7 @@ def _patch_hash(patch: str | None, m: Mapping[str, Any]) -> Finding:
         )
         return Finding(check="patch hash", ok=ok, detail=why)
     if patch is None:
-        return Finding(
-            check="patch hash", ok=False, detail="the manifest records a patch, but upstream.patch is missing"
-        )
+        return _fail("patch hash", "the manifest records a patch, but upstream.patch is missing")
     ok = text_sha256(patch) == want
     why = f"sha256(upstream.patch)={text_sha256(patch)[:12]}… but table.toml records {want[:12]}… (edited patch or stale hash)"
     return Finding(check="patch hash", ok=ok, detail="" if ok else why)
@@ -241,24 +227,22 @@ def _lookup(patched: str, ev: Kept) -> Finding:
         try:
             src.write_text(harness_source(patched, kvs))
         except TunerError as err:
-            return Finding(check="table lookup", ok=False, detail=str(err))
+            return _fail("table lookup", str(err))
         try:
             cc = _run.run(
                 [gxx, "-std=c++17", "-O1", "-o", exe, src], check=False, timeout=300, what="the table lookup's compile"
             )
         except TunerError as err:  # the timeout
-            return Finding(check="table lookup", ok=False, detail=f"the lookup did not compile: {err}")
+            return _fail("table lookup", f"the lookup did not compile: {err}")
         if cc.returncode != 0:
-            return Finding(
-                check="table lookup", ok=False, detail=f"the lookup does not compile: {cc.output.strip()[-400:]}"
-            )
+            return _fail("table lookup", f"the lookup does not compile: {cc.output.strip()[-400:]}")
         text = "".join(
             f"{D} {g} {kvs.index(kv)} {kvs.index(kv)} {n1} {n} {int(v)} {int(o)}\n" for D, g, kv, n1, n, v, o in queries
         )
         try:
             got = _run.run([exe], input=text, check=False, timeout=300, what="the table lookup").output.split()
         except TunerError as err:  # the timeout
-            return Finding(check="table lookup", ok=False, detail=f"the lookup did not answer: {err}")
+            return _fail("table lookup", f"the lookup did not answer: {err}")
     rules = ev.confirmed.kept_rules
     bad = []
     for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):
@@ -276,7 +260,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
     try:
         want = render_kept(source.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
     except TunerError as err:
-        return [Finding(check="re-render", ok=False, detail=str(err))]
+        return [_fail("re-render", str(err))]
     same = want == (patch or "")
     why = "re-rendering the kept entries on the pristine tree does not reproduce upstream.patch byte for byte"
     out = [Finding(check="re-render", ok=same, detail="" if same else why)]
@@ -287,25 +271,15 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
         ok, last = res.returncode == 0, (res.output.strip().splitlines() or [""])[-1]
     except TunerError as err:
         ok, last = False, str(err)
-    out.append(
-        Finding(
-            check="upstream.patch applies", ok=ok, detail="" if ok else f"git apply against the pristine tree: {last}"
-        )
-    )
+    why = "" if ok else f"git apply against the pristine tree: {last}"
+    out.append(Finding(check="upstream.patch applies", ok=ok, detail=why))
     ws = whitespace_only_hunks(patch)
     out.append(Finding(check="upstream.patch whitespace", ok=not ws, detail="; ".join(ws)))
     if not ev.confirmed.kept_rules:
         return out
     if not (same and ok):  # the lookup compiles code: only tuner's own render, and only the one the folder ships
-        out.append(
-            Finding(
-                check="table lookup",
-                ok=False,
-                detail="not run: upstream.patch is not tuner's re-render of the kept entries (or does not apply), "
-                "and validate compiles no code from a folder that tuner did not render",
-            )
-        )
-        return out
+        why = "not run: upstream.patch is not tuner's re-render of the kept entries (or does not apply), "
+        return [*out, _fail("table lookup", why + _NOT_OURS)]
     res, new = git_apply_to_copy(want, source.root, check=False)
     fattn = next((t for p, t in new.items() if p.endswith("fattn.cu")), None)
     if res.returncode == 0 and fattn is not None:
@@ -314,9 +288,7 @@ def _patch_findings(folder: Path, patch: str | None, ev: Kept, source: Source) -
 
 
 def validate_table(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """Every check of one sweep table folder (module doc), or of a merged one (:func:`validate_merged`);
-    failures are findings, not exceptions. ``gpu``: ``log_dir`` (optional) for the GPU checks; None skips them.
-    ``fetch``: download a source the cache lacks (else a failed ``source`` check)."""
+    """Every check of one sweep table folder, or of a merged one; failures are findings, not exceptions."""
 
     def run() -> ResultCheck:
         contents = contents_finding(folder)
@@ -334,7 +306,7 @@ def _source(m: Mapping[str, Any], fetch: bool) -> tuple[Source | None, Finding]:
     try:
         source = cached_or_fetched(m["source"]["spec"], fetch)
     except TunerError as err:
-        return None, Finding(check="source", ok=False, detail=str(err))
+        return None, _fail("source", str(err))
     same = (source.source_id, source.era) == (m["source"]["source_id"], m["source"]["era"])
     return source, Finding(
         check="source", ok=same, detail="" if same else f"{source.spec} is {source.source_id} era {source.era}"
@@ -349,7 +321,7 @@ def _table_findings(
     try:
         m = load_toml_in(folder, export.MANIFEST)
     except FolderError as err:
-        return [Finding(check="schema", ok=False, detail=str(err))], None
+        return [_fail("schema", str(err))], None
     errs = _schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "sweep table"))
     if errs:
@@ -364,13 +336,13 @@ def _table_findings(
         return f, None
     if not next(x for x in f if x.check == "evidence").ok:  # hashed first, then decompressed (with a cap)
         why = "not run: the evidence files do not hash to what table.toml records"
-        f.append(Finding(check="recomposed from evidence", ok=False, detail=why))
+        f.append(_fail("recomposed from evidence", why))
         return f, None
     with tempfile.TemporaryDirectory(prefix="tuner-table-evidence-") as tmp:
         try:
             ev = export.load_evidence(export.decompress_evidence(folder, Path(tmp)))
         except TunerError as err:
-            f.append(Finding(check="recomposed from evidence", ok=False, detail=str(err)))
+            f.append(_fail("recomposed from evidence", str(err)))
             return f, None
     f.append(_recomposed(ev, m))
     f += _patch_findings(folder, patch, ev, source)
@@ -384,20 +356,14 @@ def _gpu_checked(
 ) -> list[Finding]:
     rerender = next((x for x in static if x.check == "re-render"), None)
     if patch is not None and (rerender is None or not rerender.ok):
-        return [
-            Finding(
-                check="upstream.patch on the GPU",
-                ok=False,
-                detail="not built: upstream.patch is not tuner's re-render of the kept entries, and validate "
-                "compiles no code from a folder that tuner did not render",
-            )
-        ]
+        why = "not built: upstream.patch is not tuner's re-render of the kept entries, "
+        return [_fail("upstream.patch on the GPU", why + _NOT_OURS)]
     try:
         return _gpu_findings(folder, patch, ev, source, gpu)
     except UsageError as err:  # bad input (a pack of another build): exit 2 with its paragraph, not a failed check
         raise ArgumentError(str(err)) from err
     except TunerError as err:  # a failed build or run is a failed check, not a crash
-        return [Finding(check="upstream.patch on the GPU", ok=False, detail=str(err)[:1500])]
+        return [_fail("upstream.patch on the GPU", str(err)[:1500])]
 
 
 def _merged_schema(m: Mapping[str, Any]) -> list[str]:
@@ -434,8 +400,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
 
 
 def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tuple[str, Path]], list[Finding]]:
-    """The other GPU models' confirm stores of a merged table, each hashed as recorded, then decompressed
-    (capped) under ``into``; a finding per store."""
+    """A merged table's other GPU models' stores, each hashed, then decompressed (capped) under ``into``."""
     stores, found = [], []
     for i, g in enumerate(m.get("gpus", [])):
         rel = f"{merge.GPUS}/{gpus.slug(g['device'])}/{g['name']}/{merge.STORE}.xz"
@@ -455,16 +420,12 @@ def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tu
 
 
 def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fetch: bool = False) -> ResultCheck:
-    """A merged table (:mod:`tuner.sweep.merge`): each part validated as a table of its own (without the GPU),
-    its manifest's sha256 as recorded; the parts join (one source, arch and device, disjoint cells); the merged
-    manifest's entries are what the parts' evidence gives; ``upstream.patch`` re-renders from them byte for
-    byte, applies, and its C++ lookup agrees with the matcher at every part's stored cells. ``gpu``: the merged
-    patch built and test-backend-ops run on it, as for one table."""
+    """A merged table: each part validated, the parts join and give its entries, its patch checked."""
     f: list[Finding] = []
     try:
         m = load_toml_in(folder, export.MANIFEST)
     except FolderError as err:
-        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+        return ResultCheck(path=folder, findings=(_fail("schema", str(err)),))
     errs = _merged_schema(m)
     f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs) if errs else "merged sweep table"))
     if errs:
@@ -475,8 +436,8 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
         mf = d / export.MANIFEST
         got = file_sha256(mf) if mf.is_file() else "missing"
         if got != rec["manifest_sha256"]:
-            f.append(Finding(check=f"part {d.name}", ok=False, detail=f"{mf.name} is {got[:12]}, recorded "
-                             f"{rec['manifest_sha256'][:12]} (an edited or replaced part)"))  # fmt: skip
+            why = f"{mf.name} is {got[:12]}, recorded {rec['manifest_sha256'][:12]} (an edited or replaced part)"
+            f.append(_fail(f"part {d.name}", why))
             continue
         pf, ev = _table_findings(d, gpu=None, fetch=fetch)
         bad = [x for x in pf if not x.ok]
@@ -497,7 +458,7 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
                 return ResultCheck(path=folder, findings=tuple(f))
             merged = merge.merged_view(parts, merge.load_gpu_confirmations(stores, parts))
     except TunerError as err:
-        f.append(Finding(check="parts join", ok=False, detail=str(err)))
+        f.append(_fail("parts join", str(err)))
         return ResultCheck(path=folder, findings=tuple(f))
     got_t = merge.manifest_table(merged)
     diffs = [f"table.{k}: table.toml has {m['table'].get(k)!r}, the parts give {v!r}" for k, v in got_t.items()
@@ -525,8 +486,7 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
 def _gpu_findings(
     folder: Path, patch: str | None, ev: Kept, source: Source, gpu: Mapping[str, GpuArg]
 ) -> list[Finding]:
-    """``--gpu`` (module doc): build the pristine tree with upstream.patch, test-backend-ops FA and MUL_MAT.
-    ``gpu``: ``log_dir``; ``pack`` (write the build there, on any machine) or ``from_pack`` (install it)."""
+    """``--gpu``: build the patched tree, run test-backend-ops FA and MUL_MAT (``pack``/``from_pack``)."""
     arch = ev.table.arch
     local = archs.detect_local_archs()
     if patch is None:

@@ -1,7 +1,7 @@
-"""``PR.md`` of a merged table that a llama.cpp maintainer reads in a minute: the patch's entries with each GPU
-model's verdict, one compare-llama-bench table per GPU model (its datasheet figures in the caption), the
-commands that reproduce every number, the two checks as one line each, a five-line method. Everything else
-(coverage, every model's rows, the entries not patched) is in ``report.md``."""
+"""``PR.md`` of a merged table for a llama.cpp maintainer: the patched entries with each GPU model's verdict,
+one compare table per GPU model, the commands that reproduce every number, the checks and a short method;
+everything else is in ``report.md``.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from tuner.targets.quant_types import quant_type
 
 
 def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
-    """The ``tuner sweep confirm`` call that measured ``c``, from the models its store recorded, on the part's
-    sweep stores unpacked to ``<part>/fa`` and ``<part>/mmq``."""
+    """The ``tuner sweep confirm`` call that measured ``c``, on stores unpacked to ``<part>/fa``, ``/mmq``."""
     rows = c.models
     base = [r for r in rows if "pass" not in r and "batch" not in r]
     likes = list(dict.fromkeys(str(r["like"]) for r in base))
@@ -69,8 +68,7 @@ def _entry_text(fate: RuleFate) -> str:
 
 
 def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[dict[str, object]]:
-    """The rows of one patched entry on one GPU model: the points it acts on in each confirmation, and for an
-    MMQ choice the same weights' points below its batch (at llama-bench's default ``-ub``)."""
+    """The rows of one patched entry on one GPU model (for an MMQ choice also its weights below its batch)."""
     out: list[dict[str, object]] = []
     for c in confs:
         f = c.confirmed.fates[entry]
@@ -143,8 +141,7 @@ def table_pr_text(
     patch: str,
     has_mmq: Mapping[str, bool],
 ) -> str:
-    """PR.md (module doc). ``joined``: every entry of every part with its index in its part's fates, in the
-    parts' order; ``confirmations``: every confirm store, the first GPU model's first."""
+    """PR.md (module doc); ``confirmations``: every confirm store, the first GPU model's first."""
     devices = list(dict.fromkeys(c.device for c in confirmations))
     patched = [(i, j) for i, j in joined if j.kept]
     dropped = [(i, j) for i, j in joined if j.action == "dropped"]

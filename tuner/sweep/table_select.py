@@ -1,12 +1,7 @@
 """``tuner validate --gpu`` of a sweep table: the kernel the patched upstream tree launches, read on the GPU.
 
-The patched tree has no kernel log (``GGML_TUNER_FA_LOG`` is tuner's hook, not the patch's), so the launch is
-read with Nsight Compute: for two stored cells of each kept FlashAttention entry (the lowest and the highest
-n_kv it covers), fa-bench, compiled against the patched build, runs that one shape under ``ncu`` with CUDA
-graphs off, and the FlashAttention kernels it launched (``flash_attn_ext_vec``, ``flash_attn_tile``,
-``flash_attn_ext_f16``: VEC, TILE, MMA) must be the one the table's lookup gives there
-(:func:`tuner.sweep.table.match_table`; upstream's choice where the lookup defers to it). Without ``ncu`` the
-check is skipped and says so; the host-only lookup check covers every stored cell either way.
+The patched tree has no kernel log, so fa-bench runs stored cells of each kept entry under Nsight Compute and the
+launched kernels must be the table's (:func:`tuner.sweep.table.match_table`); skipped without ``ncu``.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ _TIMEOUT_S = 300
 
 
 def probes(rules: Sequence[TableRule], cells: Sequence[Cell]) -> list[tuple[Cell, str]]:
-    """(cell, kernel the patched tree must launch there) at the lowest and highest stored n_kv each kept entry
-    covers, in the entries' order."""
+    """(cell, kernel the patched tree must launch) at the lowest and highest stored n_kv of each kept entry."""
     out: list[tuple[Cell, str]] = []
     for r in rules:
         cov = sorted(
