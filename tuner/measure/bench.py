@@ -454,95 +454,6 @@ class _BenchPlan:
     """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
 
 
-def _check_bench_args(
-    bin_dir: Path,
-    model: Path,
-    *,
-    depths: Sequence[int],
-    pp: int,
-    tg: int,
-    reps: int | None,
-    target_ci: float | None,
-    max_reps: int,
-    env: Mapping[str, str],
-    extra_args: Sequence[str],
-    log_dir: Path,
-    label: str,
-    timeout: float,
-    era: str | None,
-    flash_attn: bool | None,
-    arch: str | None,
-    bandwidth: float | None,
-    confidence: float,
-    seed: int,
-    observe: bool,
-    cpus: Sequence[int] | None = None,
-) -> _BenchPlan:
-    """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
-    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
-    exe = find_exe(bin_dir, "llama-bench")
-    if not model.is_file():
-        raise UsageError(
-            f"Model file {model} does not exist. Pass a GGUF file "
-            "(`tuner model synth --like tiny` makes a small random-weight one)."
-        )
-    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
-    if not depths or len(set(depths)) != len(depths):
-        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
-    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
-    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
-    if pp == 0 and tg == 0:
-        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
-    max_reps = _check_int("max_reps", max_reps, 1, 10000)
-    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
-    want = min(want, max_reps)
-    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
-        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
-    if timeout <= 0:
-        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
-    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
-        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
-    env = check_env(env)
-    extra = _check_extra_args(extra_args)
-    if cpus:
-        parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
-    for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence
-        if a in ("-t", "--threads"):
-            check_threads(extra[i + 1], host_cpus(cpus))
-    pin = tuple(pin_command(cpus))
-    fa = _fa_args(exe, era, flash_attn)
-    label = label or bin_dir.parent.name or "bench"
-    if not re.match(r"^[\w.@+-]+$", label):
-        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
-    if arch is not None or bandwidth is not None:
-        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
-        for ph, n in (("pp", pp), ("tg", tg)):
-            if n > 0:
-                _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
-    return _BenchPlan(
-        exe=exe,
-        model=model,
-        log_dir=log_dir,
-        depths=depths,
-        pp=pp,
-        tg=tg,
-        want=want,
-        max_reps=max_reps,
-        target_ci=target_ci,
-        timeout=timeout,
-        env=env,
-        extra=extra,
-        fa=fa,
-        label=label,
-        arch=arch,
-        bandwidth=bandwidth,
-        confidence=confidence,
-        seed=seed,
-        observe=observe,
-        pin=pin,
-    )
-
-
 def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phase: str | None, call: _Call) -> set[tuple[str, int]]:
     """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
     depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
@@ -734,64 +645,75 @@ def run_bench(
     observe: bool = True,
     cpus: Sequence[int] | None = None,
 ) -> pd.DataFrame:
-    """Benchmark one build on one model: pp and tg at every depth.
-
-    Args:
-        bin_dir: Directory holding ``llama-bench`` (``Build.bin_dir``).
-        model: GGUF model file.
-        depths: KV depths (``-d``) to measure at.
-        pp: Prompt tokens of the pp test; 0 skips pp.
-        tg: Generated tokens of the tg test; 0 skips tg.
-        reps: Kept samples per (test, depth) in the first batch (default 5). One more repetition
-            is run and discarded per llama-bench call.
-        target_ci: Stop adding batches once the bootstrap CI half-width of the median is within
-            this many percent of the median (None: one batch).
-        max_reps: Upper bound on kept samples per (test, depth) when ``target_ci`` is set.
-        env: Environment overrides for llama-bench (e.g. ``GGML_TUNER_FA_RULES``).
-        extra_args: Extra llama-bench flags (``-ngl 99``, ``-ctk q8_0``...).
-        log_dir: Where the per-call logs go.
-        label: Variant name stored in every row (default: the bin dir's parent name).
-        timeout: Seconds per llama-bench call.
-        era: ``mma`` (``-fa on``) or ``rocwmma`` (``-fa 1``); None detects from ``--help``.
-        flash_attn: True/False for ``-fa``; None leaves llama-bench's default.
-        arch: Arch name for the roofline columns.
-        bandwidth: Memory bandwidth in GB/s for the roofline (overrides the arch's).
-        confidence: Coverage of the CI columns.
-        seed: Bootstrap seed.
-        observe: Sample CPU/GPU utilization during each call.
-        cpus: Pin every llama-bench call to these CPUs (``taskset -c``; the host-paced scenario).
-
-    Returns:
-        A DataFrame with the module docstring's schema; ``df.attrs`` holds ``log_file`` (the
-        last log) and ``errors``.
-
-    Raises:
-        UsageError: Bad arguments or a missing llama-bench/model (before anything runs).
-    """
+    """Benchmark one build on one model: pp and tg at every depth; a DataFrame of :data:`COLUMNS` whose
+    ``attrs`` hold ``log_file`` (the last log) and ``errors``; UsageError for bad arguments or a missing
+    llama-bench/model, before anything runs. ``reps``: kept samples per (test, depth) in the first batch
+    (default 5; one more per call is discarded); ``label`` defaults to the bin dir's parent name; ``timeout``
+    is seconds per call; ``era`` (``mma``: ``-fa on``, ``rocwmma``: ``-fa 1``) None detects it; ``flash_attn`` None
+    leaves ``-fa`` out; ``bandwidth`` (GB/s) overrides the arch's roofline; ``cpus`` pins calls (``taskset -c``)."""
     import pandas as pd
 
-    plan = _check_bench_args(
-        bin_dir,
-        model,
+    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
+    exe = find_exe(bin_dir, "llama-bench")
+    if not model.is_file():
+        raise UsageError(
+            f"Model file {model} does not exist. Pass a GGUF file "
+            "(`tuner model synth --like tiny` makes a small random-weight one)."
+        )
+    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
+    if not depths or len(set(depths)) != len(depths):
+        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
+    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
+    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
+    if pp == 0 and tg == 0:
+        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
+    max_reps = _check_int("max_reps", max_reps, 1, 10000)
+    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
+    want = min(want, max_reps)
+    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
+        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
+    if timeout <= 0:
+        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
+    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
+        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
+    env = check_env(env)
+    extra = _check_extra_args(extra_args)
+    if cpus:
+        parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
+    for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence
+        if a in ("-t", "--threads"):
+            check_threads(extra[i + 1], host_cpus(cpus))
+    pin = tuple(pin_command(cpus))
+    fa = _fa_args(exe, era, flash_attn)
+    label = label or bin_dir.parent.name or "bench"
+    if not re.match(r"^[\w.@+-]+$", label):
+        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
+    if arch is not None or bandwidth is not None:
+        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
+        for ph, n in (("pp", pp), ("tg", tg)):
+            if n > 0:
+                _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
+    plan = _BenchPlan(
+        exe=exe,
+        model=model,
+        log_dir=log_dir,
         depths=depths,
         pp=pp,
         tg=tg,
-        reps=reps,
-        target_ci=target_ci,
+        want=want,
         max_reps=max_reps,
-        env=env,
-        extra_args=extra_args,
-        log_dir=log_dir,
-        label=label,
+        target_ci=target_ci,
         timeout=timeout,
-        era=era,
-        flash_attn=flash_attn,
+        env=env,
+        extra=extra,
+        fa=fa,
+        label=label,
         arch=arch,
         bandwidth=bandwidth,
         confidence=confidence,
         seed=seed,
         observe=observe,
-        cpus=cpus,
+        pin=pin,
     )
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
