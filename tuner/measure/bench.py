@@ -93,7 +93,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import re
 import shlex
 import time
@@ -105,7 +104,7 @@ import numpy as np
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
@@ -398,26 +397,21 @@ def _run_call(plan: _BenchPlan, cmd: list[str], log_file: Path) -> _Call:
         elif obs is not None and line.startswith(_PROGRESS):  # "llama-bench: benchmark 1/2: generation run 3/6"
             obs.mark(line.split(": ", 2)[-1].strip())
 
-    error = ""
-    full_env = dict(os.environ)
-    full_env.update(plan.env)
     t0 = time.monotonic()
     if obs is not None:
         obs.start()
     try:
-        res = _run.run(
-            cmd, env=full_env, log_file=log_file, timeout=plan.timeout, check=False, on_line=on_line, what="llama-bench"
+        rc, error = run_tool(
+            cmd, plan.env, log_file=log_file, timeout=plan.timeout, on_line=on_line, what="llama-bench"
         )
-        if res.returncode != 0:
-            error = (
-                f"llama-bench exited with code {res.returncode}; see {log_file}. "
-                f"Last lines: {_run.tail(log_file, 5)}{crash_hint(res.returncode, cmd)}"
-            )
-    except TunerError as err:  # timeout or missing executable: data, not a crash
-        error = str(err)
     finally:
         if obs is not None:
             obs.stop()
+    if not error and rc != 0:
+        error = (
+            f"llama-bench exited with code {rc}; see {log_file}. "
+            f"Last lines: {_run.tail(log_file, 5)}{crash_hint(rc, cmd)}"
+        )
     return _Call(cmd=cmd, log_file=log_file, records=records, obs=obs, error=error, t0=t0)
 
 

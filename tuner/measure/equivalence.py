@@ -51,18 +51,17 @@ __all__ = [
 import dataclasses
 import hashlib
 import math
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import _run, log
+from tuner import log
 from tuner._hash import file_sha256
-from tuner.errors import TunerError, UsageError
+from tuner.errors import UsageError
 from tuner.measure.bench import check_passthrough_args
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.plan.fa_rules import FaRule, Phase
 
 MODES = ("prefill", "decode")
@@ -463,20 +462,16 @@ def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) ->
     """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
-    try:
-        res = _run.run(
-            [side.exe, *base, *side.args],
-            env={**os.environ, **side.env},
-            log_file=log_file,
-            timeout=timeout,
-            check=False,
-            on_line=lines.append,
-            what=PERPLEXITY,
-        )
-        rc = res.returncode
-    except TunerError as err:  # timeout, or the binary would not start
+    rc, err = run_tool(
+        [side.exe, *base, *side.args],
+        side.env,
+        log_file=log_file,
+        timeout=timeout,
+        on_line=lines.append,
+        what=PERPLEXITY,
+    )
+    if err:  # timeout, or the binary would not start
         lines.append(f"error: {err}")
-        rc = -1
     return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
 
 

@@ -29,15 +29,14 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError, close_matches
-from tuner.measure.exe import check_env, find_exe
+from tuner import log
+from tuner.errors import UsageError, close_matches
+from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
 
 KERNELS = ("VEC", "TILE", "MMA")
@@ -261,12 +260,8 @@ def _check_op(
     """
     cmd = [str(exe), "test", "-o", op, "-b", backend, *flags]
     lines: list[str] = []
-    try:
-        res = _run.run(
-            cmd, env=env, log_file=log_file, timeout=timeout, check=False, on_line=lines.append, what="test-backend-ops"
-        )
-        rc = res.returncode
-    except TunerError as err:  # timeout: a result, not a crash
+    rc, err = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="test-backend-ops")
+    if err:  # timeout: a result, not a crash
         return CheckResult(
             passed=False,
             n_ok=0,
@@ -347,16 +342,12 @@ def run_check(
     _validate(ops, backend, params, jobs)
     env = check_env(env)
     log_file = Path(log_dir) / f"{label}.log"
-    full_env = dict(os.environ)
-    full_env.update(env)
     parts: list[CheckResult] = []
     start = time.monotonic()
     rc_max = 0
     flags = (["-p", params] if params is not None else []) + (["-j", str(jobs)] if jobs is not None else [])
     for op in ops:
-        part = _check_op(
-            exe, op, flags, backend=backend, env=full_env, log_file=log_file, timeout=timeout, bin_dir=bin_dir
-        )
+        part = _check_op(exe, op, flags, backend=backend, env=env, log_file=log_file, timeout=timeout, bin_dir=bin_dir)
         parts.append(part)
         rc_max = part.returncode if part.returncode != 0 else rc_max
     return _aggregate(parts, log_file=log_file, rc_max=rc_max, start=start)

@@ -37,15 +37,14 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env, find_exe
+from tuner import log
+from tuner.errors import UsageError
+from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.measure.falog import parse_fa_log
 from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
 
@@ -347,20 +346,11 @@ def run_candidates(
         log_file = log_dir / f"{log_prefix}-{lbl}.log"
         log_file.unlink(missing_ok=True)
         log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} ({tool})")
-        error = ""
-        try:
-            res = _run.run(
-                list(cmd),
-                env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                what=what,
-            )
-            if res.returncode != 0:
-                error = f"{tool} exited with code {res.returncode}; see {log_file}."
-        except TunerError as err:  # a timeout: data, like a failed llama-bench call
-            error = str(err)
+        rc, error = run_tool(
+            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what
+        )
+        if not error and rc != 0:
+            error = f"{tool} exited with code {rc}; see {log_file}."
         text = log_file.read_text(errors="replace") if log_file.is_file() else ""
         cases = parse(text)
         fa = parse_fa_log(text)

@@ -36,8 +36,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run
-from tuner.errors import TunerError, UsageError
+from tuner.errors import UsageError
+from tuner.measure.exe import run_tool
 from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, build_bench, parse_bench_output
 
 SOURCE = "mm_bench.cpp"
@@ -164,18 +164,14 @@ def run_cases(
         if threads is not None:
             cmd += ["-t", str(threads)]
         log_file.unlink(missing_ok=True)
-        error = ""
         base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
         if not cuda_graphs:
             base[GRAPHS_ENV] = "1"
-        try:
-            res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-            if res.returncode == 124:
-                error = f"mm-bench: the case ran longer than {CASE_TIMEOUT_S} s (-T) and was abandoned; see {log_file}"
-            elif res.returncode != 0:
-                error = f"mm-bench exited with code {res.returncode}; see {log_file}"
-        except TunerError as err:  # a timeout: data, as a crash is
-            error = str(err)
+        rc, error = run_tool(cmd, env, base=base, log_file=log_file, timeout=timeout, what=EXE)
+        if not error and rc == 124:
+            error = f"mm-bench: the case ran longer than {CASE_TIMEOUT_S} s (-T) and was abandoned; see {log_file}"
+        elif not error and rc != 0:
+            error = f"mm-bench exited with code {rc}; see {log_file}"
         got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
         n = len(shapes) - first
         printed = 0
@@ -225,8 +221,6 @@ def mmq_hook_present(
     cases_file.write_text(mm_bench_cases([MmShape(type="q8_0", m=64, k=64, ne11=16)]))
     base = {k: v for k, v in os.environ.items() if k != ENV}
     cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", "1", "-c", "0"]
-    try:
-        _run.run(cmd, env={**base, ENV: "tuner-probe"}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-    except TunerError:
+    if run_tool(cmd, {ENV: "tuner-probe"}, base=base, log_file=log_file, timeout=timeout, what=EXE)[1]:
         return False
     return _HOOK_ABORT in (log_file.read_text(errors="replace") if log_file.is_file() else "")

@@ -39,16 +39,15 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError
+from tuner import log
+from tuner.errors import UsageError
 from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import bench_exit_error, find_exe, run_tool
 from tuner.targets.models import load_gguf_tensors
 
 DEFAULT_MAX_SPLITS = 2
@@ -298,44 +297,17 @@ def run_residency(
     for name, v in (("pp", pp), ("tg", tg)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")
-    cmd: list[str | os.PathLike[str]] = [
-        exe,
-        "-m",
-        str(model),
-        "-p",
-        "0",
-        "-n",
-        "0",
-        "-pg",
-        f"{pp},{tg}",
-        "-r",
-        "1",
-        "--no-warmup",
-        "-v",
-        "-o",
-        "jsonl",
-        *_check_args(args),
-    ]
+    cmd = [str(exe), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{pp},{tg}", "-r", "1", "--no-warmup", "-v"]
+    cmd += ["-o", "jsonl", *_check_args(args)]
     log_file = Path(log_dir) / "residency.log"
     log_file.unlink(missing_ok=True)
     lines: list[str] = []
-    err = ""
     with log.step(f"residency: llama-bench -v -pg {pp},{tg}"):
-        try:
-            rc = _run.run(
-                cmd,
-                env={**os.environ, **check_env(env)},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                on_line=lines.append,
-                what="llama-bench (residency)",
-            ).returncode
-            if rc != 0:
-                first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
-                err = f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
-        except TunerError as e:  # timeout, or the binary would not start: a failed check, not a crash
-            err = str(e)
+        rc, err = run_tool(
+            cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="llama-bench (residency)"
+        )
+        if not err and rc != 0:
+            err = bench_exit_error(rc, lines, log_file)
     res = parse_residency("\n".join(lines))
     if not err and res.splits_tg is None and not res.model_buffers:
         err = f"llama-bench printed no loader or scheduler lines; log {log_file}"

@@ -63,7 +63,7 @@ import psutil
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args, parse_bench_jsonl
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import bench_exit_error, find_exe, run_tool
 from tuner.measure.stats import median
 from tuner.paths import tuner_home
 
@@ -322,29 +322,6 @@ class _Sampler:
         )
 
 
-def _run_bench(
-    cmd: Sequence[str | os.PathLike[str]], env: Mapping[str, str], log_file: Path, timeout: float, sampler: _Sampler
-) -> str:
-    """Run the soak's one llama-bench process, ``sampler`` reading its output as it comes; what went
-    wrong, or "" when it exited 0."""
-    try:
-        rc = _run.run(
-            cmd,
-            env={**os.environ, **check_env(env)},
-            log_file=log_file,
-            timeout=timeout,
-            check=False,
-            on_line=sampler,
-            what="llama-bench (soak)",
-        ).returncode
-    except TunerError as e:  # timeout or a binary that will not start: a failed soak, not a crash
-        return str(e)
-    if rc != 0:
-        first = next((ln.strip() for ln in sampler.lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
-        return f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
-    return ""
-
-
 def run_soak(
     bin_dir: Path,
     model: Path,
@@ -383,21 +360,8 @@ def run_soak(
             f"Model {model} does not exist. Pass a GGUF file with --model "
             "(`tuner model synth --like tiny -o FILE` makes one)."
         )
-    cmd: list[str | os.PathLike[str]] = [
-        exe,
-        "-m",
-        str(model),
-        "-p",
-        "0",
-        "-n",
-        str(c),
-        "-r",
-        str(reps),
-        "--progress",
-        "-o",
-        "jsonl",
-        *_check_args(args),
-    ]
+    cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl"]
+    cmd += _check_args(args)
     if log_dir is None:
         log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
     log_file = Path(log_dir) / "soak.log"
@@ -406,7 +370,9 @@ def run_soak(
     t0 = time.monotonic()
     sampler = _Sampler(exe, t0)
     with log.step(f"soak: {reps} x tg{c} = {reps * c} tokens in one llama-bench process"):
-        err = _run_bench(cmd, env, log_file, timeout, sampler)
+        rc, err = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=sampler, what="llama-bench (soak)")
+    if not err and rc != 0:
+        err = bench_exit_error(rc, sampler.lines, log_file)
     recs = parse_bench_jsonl("\n".join(sampler.lines))
     if not err and len(recs) != 1:
         err = (
