@@ -27,6 +27,7 @@ __all__ = [
     "MAX_TARGET_MS",
     "TARGET_MS",
     "BenchCase",
+    "bench_cmd",
     "build_bench",
     "build_fa_bench",
     "cached_bench",
@@ -148,14 +149,21 @@ def build_bench(
 
 
 def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
-    """fa-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the hash of its source and the shared header), then reused.
-
-    Raises:
-        UsageError: No shared ggml libraries, headers or compiler.
-        TunerError: The compiler failed (the message names its log).
-    """
+    """fa-bench for the build in ``bin_dir`` (:func:`build_bench`)."""
     return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
+
+
+def bench_cmd(
+    exe: Path, backend: str, cases_file: Path, *, iters: int, cache_mb: int, target_ms: int, threads: int | None
+) -> list[str]:
+    """The command line of fa-bench or mm-bench (``tuner/data/bench_common.h`` reads both)."""
+    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+    cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
+    if target_ms:
+        cmd += ["-m", str(target_ms)]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    return cmd
 
 
 def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
@@ -226,19 +234,12 @@ def run_round_fast(
     threads: int | None = None,
     target_ms: int = 0,
 ) -> list[KernelTime]:
-    """:func:`tuner.measure.kernel_bench.run_round` on fa-bench: a process per candidate over every shape.
+    """:func:`tuner.measure.kernel_bench.run_round` on fa-bench (compiled beside ``bin_dir`` on first use): a
+    process per candidate over every shape; ``runs`` of each :class:`KernelTime` is the ops timed.
 
-    Args:
-        bin_dir: A build's bin directory with its ``libggml*.so`` (fa-bench is compiled there on first use).
-        shapes, candidates, log_dir, backend, ggml_h, timeout: As for ``run_round``.
-        iters: Ops timed per shape (at least one per copy of the inputs).
-        cache_mb: The inputs' copies together exceed this many MiB, so every op reads cold K/V.
-        threads: CPU backend threads (default: half the cores, as test-backend-ops).
-        target_ms: Time at least this many ms of ops per shape, more than ``iters`` where its ops are
-            short (fa-bench's calibration, :data:`TARGET_MS`); 0: ``iters`` ops.
-
-    Returns:
-        One :class:`KernelTime` per (candidate, shape), candidates in order; ``runs`` is the ops timed.
+    ``iters`` ops are timed per shape (at least one per copy of the inputs, whose copies together exceed
+    ``cache_mb`` MiB, so every op reads cold K/V), more where ``target_ms`` (fa-bench's calibration,
+    :data:`TARGET_MS`) asks; ``threads``: CPU backend threads (default half the cores, as test-backend-ops).
     """
     envs = check_candidates(shapes, candidates, backend, "a ggml backend name")
     if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
@@ -250,12 +251,7 @@ def run_round_fast(
     log_dir.mkdir(parents=True, exist_ok=True)
     cases_file = log_dir / "fa-bench-cases.txt"
     cases_file.write_text(fa_bench_cases(shapes))
-    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
-    cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
-    if target_ms:
-        cmd += ["-m", str(target_ms)]
-    if threads is not None:
-        cmd += ["-t", str(threads)]
+    cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
 
     def parse(text: str) -> dict[int, tuple[int, float | None, str]]:
         return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_fa_bench_output(text).items()}

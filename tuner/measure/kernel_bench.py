@@ -175,6 +175,14 @@ def _row(kv_type: str, n: int) -> int:
     return n // blk * size
 
 
+def _kv_src(
+    type_id: int, kv_type: str, d: int, n_kv: int, n_head_kv: int
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """A K or V source of head size ``d``: a view of the KV cache, a row of all KV heads as ``nb1``."""
+    strides = (_BLOCK[kv_type][1], _row(kv_type, d * n_head_kv), _row(kv_type, d), _row(kv_type, d * n_head_kv) * n_kv)
+    return type_id, (d, n_kv, n_head_kv, 1), strides
+
+
 def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
     """The ``--test-file`` lines for ``shapes`` (module docstring); case ``i`` is named ``kb<i>_<key>``."""
     op, tid = ggml_enums(ggml_h)
@@ -184,17 +192,7 @@ def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
             raise UsageError(f"{ggml_h} has no GGML_TYPE for {s.kv_type}.")
         d, dv, h, hk, n, b = s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv, s.n_kv, s.n_batch
         q = (tid["f32"], (d, b, h, 1), (4, 4 * d * h, 4 * d, 4 * d * h * b))
-        ts = _BLOCK[s.kv_type][1]
-        k = (
-            tid[s.kv_type],
-            (d, n, hk, 1),
-            (ts, _row(s.kv_type, d * hk), _row(s.kv_type, d), _row(s.kv_type, d * hk) * n),
-        )
-        v = (
-            tid[s.kv_type],
-            (dv, n, hk, 1),
-            (ts, _row(s.kv_type, dv * hk), _row(s.kv_type, dv), _row(s.kv_type, dv * hk) * n),
-        )
+        k, v = (_kv_src(tid[s.kv_type], s.kv_type, size, n, hk) for size in (d, dv))
         m = (tid["f16"], (n, b, 1, 1), (2, 2 * n, 2 * n * b, 2 * n * b))
         params = (_f32_bits(1.0 / d**0.5), 0, 0, _GGML_PREC_F32, 0)
         srcs = " ".join(f"{t} {' '.join(map(str, ne))} {' '.join(map(str, nb))}" for t, ne, nb in (q, k, v, m))
@@ -267,20 +265,12 @@ def run_round(
     ggml_h: Path | None = None,
     timeout: float = 600.0,
 ) -> list[KernelTime]:
-    """One round: a ``test-backend-ops perf`` call per candidate (in the given order) over every shape.
+    """One round: a ``test-backend-ops perf`` call per candidate (in the given order) over every shape, one
+    :class:`KernelTime` per (candidate, shape).
 
-    Args:
-        bin_dir: A build's bin directory holding ``test-backend-ops`` (tuner builds it by default).
-        shapes: The FA calls to time (:func:`shape_for_model`).
-        candidates: label -> environment overrides (:func:`force_kernel_env`, or a rule set's
-            ``GGML_TUNER_FA_RULES``); ``{}`` is upstream's choice.
-        log_dir: Where the test file and one log per candidate go.
-        backend: test-backend-ops backend name: ``CUDA0`` on an NVIDIA build, ``CPU`` here.
-        ggml_h: The tree's ``ggml.h`` (default: the one beside a tuner build's ``build/bin``).
-        timeout: Seconds per call; a timeout or crash is data (every shape of the call carries it).
-
-    Returns:
-        One :class:`KernelTime` per (candidate, shape), candidates in order.
+    ``candidates``: label -> environment overrides (:func:`force_kernel_env`, or a rule set's
+    ``GGML_TUNER_FA_RULES``); ``{}`` is upstream's choice. ``ggml_h`` defaults to the one beside a tuner
+    build's ``build/bin``. A timeout or crash is data (every shape of the call carries it).
     """
     exe = find_exe(Path(bin_dir), "test-backend-ops")
     envs = check_candidates(shapes, candidates, backend, "a test-backend-ops backend name")

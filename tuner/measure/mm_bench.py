@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tuner.errors import UsageError
 from tuner.measure.exe import run_tool
-from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, build_bench, parse_bench_output
+from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, bench_cmd, build_bench, parse_bench_output
 
 SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
@@ -77,13 +77,7 @@ MmBenchCase = BenchCase
 
 
 def build_mm_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
-    """mm-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the hash of its source and the shared header, in ``<bin>/../mm-bench/``), then reused.
-
-    Raises:
-        UsageError: No shared ggml libraries, headers or compiler.
-        TunerError: The compiler failed (the message names its log).
-    """
+    """mm-bench for the build in ``bin_dir`` (:func:`tuner.measure.fa_bench.build_bench`)."""
     return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
 
 
@@ -157,12 +151,7 @@ def run_cases(
         part = f"-{attempt}" if attempt > 1 else ""
         cases_file, log_file = log_dir / f"mm-bench-cases{part}.txt", log_dir / f"mm-bench{part}.log"
         cases_file.write_text(mm_bench_cases(shapes[first:]))
-        cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
-        cmd += ["-T", str(CASE_TIMEOUT_S)]
-        if target_ms:
-            cmd += ["-m", str(target_ms)]
-        if threads is not None:
-            cmd += ["-t", str(threads)]
+        cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
         log_file.unlink(missing_ok=True)
         base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
         if not cuda_graphs:
@@ -181,21 +170,21 @@ def run_cases(
             out[first + i] = _checked_case(got[i], log_file)
         if not error:
             for i in range(printed, n):
-                out[first + i] = BenchCase(
-                    ops=0, us_per_op=None, copies=0, copy_bytes=0, error=f"no result for case {i}; see {log_file}"
-                )
+                out[first + i] = _not_timed(f"no result for case {i}; see {log_file}")
             break
         if printed < n:  # the case it died in
-            out[first + printed] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
+            out[first + printed] = _not_timed(error)
         first += printed + 1
         if attempt > MAX_RESTARTS:
             why = f"not run: mm-bench failed {attempt} times in this call (last: {error})"
             for i in range(first, len(shapes)):
-                out[i] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=why)
+                out[i] = _not_timed(why)
             break
-    return [
-        c if c is not None else BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error="not run") for c in out
-    ]
+    return [c if c is not None else _not_timed("not run") for c in out]
+
+
+def _not_timed(error: str) -> BenchCase:
+    return BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
 
 
 def _checked_case(c: BenchCase, log_file: Path) -> BenchCase:
