@@ -1,23 +1,13 @@
 """Benchmarks you can trust: llama-bench across context depths, with noise control.
 
-:func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) as
-separate llama-bench tests at every depth (``-d``), reads ``-o jsonl`` by field name (both eras'
-field sets: ``tools/llama-bench/llama-bench.cpp``), and returns one row per ``(label, test, depth)``.
-
-Noise control (identical llama-bench runs drift apart, and the first prompt repetition after
-llama-bench's own warm-up is often slow):
-
-- llama-bench's warm-up run is kept on, and additionally the first repetition of every llama-bench
-  call is discarded (``warmup_discarded`` counts them);
-- with ``target_ci``, repetitions are added in batches (``-r k``, samples pooled) until the
-  bootstrap CI of the median is within ``target_ci`` percent of the median (half-width) or
-  ``max_reps`` kept samples are reached;
-- :func:`tuner.measure.interleave.run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
-  reports anchor drift, and rescales candidates by the local anchor ratio when drift exceeds the
-  noise (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``).
-
-A failed llama-bench call is data: its rows carry ``status="failed"``, ``n=0``, NaN statistics and
-the error text; nothing is invented.
+:func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) at every
+depth (``-d``), reads ``-o jsonl`` by field name (both eras' field sets: ``tools/llama-bench/llama-bench.cpp``)
+and returns one row per ``(label, test, depth)``. Identical runs drift apart and the first repetition after
+llama-bench's own warm-up is often slow, so the first repetition of every call is discarded too
+(``warmup_discarded``), and with ``target_ci`` batches (``-r k``, samples pooled) are added until the
+bootstrap CI half-width of the median is within ``target_ci`` percent or ``max_reps`` samples are kept
+(anchors between candidates: :mod:`tuner.measure.interleave`). A failed call is data: its rows carry
+``status="failed"``, ``n=0``, NaN statistics and the error text; nothing is invented.
 
 DataFrame schema (one row per (label, test, depth))
 ----------------------------------------------------
@@ -105,7 +95,7 @@ import numpy as np
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.exe import check_env, find_exe, run_tool
-from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results
+from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline
@@ -163,6 +153,9 @@ COLUMNS: tuple[str, ...] = (
     "timestamp",
 )
 
+_META_COLUMNS = COLUMNS[COLUMNS.index("build_commit") : COLUMNS.index("env")]
+"""What llama-bench says about the build, the model and the settings (build_commit to flash_attn)."""
+
 DEFAULT_REPS = 5
 """Kept samples per (test, depth) when neither ``reps`` nor ``target_ci`` says otherwise."""
 
@@ -186,19 +179,9 @@ _MIN_TIMED_S = 0.2
 
 
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
-    """Parse llama-bench ``-o jsonl`` output (either era) by field name.
-
-    Lines that are not JSON objects (log lines mixed into the stream) are skipped. ``flash_attn``
-    is returned as an int (era ``rocwmma`` prints a bool); ``samples_ts`` is derived from
-    ``samples_ns`` when missing.
-
-    Args:
-        text: llama-bench stdout (possibly with stderr lines interleaved).
-
-    Returns:
-        One dict per test with keys ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` and the
-        metadata fields of the schema (absent fields are None).
-    """
+    """Parse llama-bench ``-o jsonl`` output (either era, log lines mixed in are skipped) by field name: one dict
+    per test with ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` (from ``samples_ns`` when missing) and
+    the schema's metadata fields (None when absent; ``flash_attn`` an int: era ``rocwmma`` prints a bool)."""
     out: list[dict[str, Any]] = []
     for rec in json_lines(text):
         if "n_prompt" not in rec or "n_gen" not in rec:
@@ -219,32 +202,12 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     if samples is None and rec.get("samples_ns") is not None:
         samples = [1e9 * (n_prompt + n_gen) / float(ns) for ns in rec["samples_ns"] if float(ns) > 0]
     samples = [float(x) for x in (samples or [])]
-    if n_gen == 0:
-        test, phase = f"pp{n_prompt}", "pp"
-    elif n_prompt == 0:
-        test, phase = f"tg{n_gen}", "tg"
-    else:
-        test, phase = f"pp{n_prompt}+tg{n_gen}", "pg"
+    test, phase = test_phase(n_prompt, n_gen)
+    out = {"test": test, "phase": phase, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth}
+    out |= {"samples_ts": samples, "avg_ts": rec.get("avg_ts"), "stddev_ts": rec.get("stddev_ts")}
+    out |= {k: rec.get(k) for k in _META_COLUMNS}
     fa = rec.get("flash_attn")
-    return {
-        "test": test,
-        "phase": phase,
-        "n_prompt": n_prompt,
-        "n_gen": n_gen,
-        "n_depth": n_depth,
-        "samples_ts": samples,
-        "avg_ts": rec.get("avg_ts"),
-        "stddev_ts": rec.get("stddev_ts"),
-        "build_commit": rec.get("build_commit"),
-        "backends": rec.get("backends"),
-        "gpu_info": rec.get("gpu_info"),
-        "model_filename": rec.get("model_filename"),
-        "model_size": rec.get("model_size"),
-        "n_params": rec.get("model_n_params"),
-        "n_ubatch": rec.get("n_ubatch"),
-        "type_k": rec.get("type_k"),
-        "flash_attn": None if fa is None else int(fa),
-    }
+    return out | {"n_params": rec.get("model_n_params"), "flash_attn": None if fa is None else int(fa)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,12 +276,9 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
 def _roofline(
     phase: str, arch: str | None, bandwidth: float | None, model: Path, *, depth: int, ntok: int, kv_type: str | None
 ) -> tuple[float, float, str]:
-    """(bytes_per_token, roofline t/s, note) for one row; NaNs and a note when unavailable.
-
-    Uses tuner.targets.roofline.estimate (tg: bandwidth / bytes per token at the run's mean depth; pp:
-    FP16/INT8 compute peak). With only a bandwidth (no arch) the tg bound is computed from
-    ``bytes_per_token`` directly and pp stays NaN. Raises UsageError for a bad arch/bandwidth.
-    """
+    """(bytes_per_token, roofline t/s, note) for one row from tuner.targets.roofline.estimate (tg: bandwidth /
+    bytes per token at the run's mean depth; pp: compute peak); NaNs and a note when unavailable (pp without
+    an arch). Raises UsageError for a bad arch/bandwidth."""
     nan = math.nan
     if arch is None and bandwidth is None:
         return nan, nan, "no --arch or --bandwidth given"
@@ -587,15 +547,8 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
         "warmup_discarded": acc.discarded,
         "status": "ok" if st["n"] > 0 else "failed",
         "error": acc.error,
-        "build_commit": meta.get("build_commit"),
-        "backends": meta.get("backends"),
-        "gpu_info": meta.get("gpu_info"),
+        **{k: meta.get(k) for k in _META_COLUMNS},
         "model_filename": meta.get("model_filename", str(plan.model)),
-        "model_size": meta.get("model_size"),
-        "n_params": meta.get("n_params"),
-        "n_ubatch": meta.get("n_ubatch"),
-        "type_k": meta.get("type_k"),
-        "flash_attn": meta.get("flash_attn"),
         "env": json.dumps(plan.env, sort_keys=True),
         "cmd": acc.cmd,
         "log_file": acc.log_file,

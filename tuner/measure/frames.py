@@ -21,6 +21,7 @@ __all__ = [
     "render_table",
     "same_build",
     "save_results",
+    "test_phase",
 ]
 
 import csv
@@ -555,6 +556,15 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def test_phase(n_prompt: int, n_gen: int) -> tuple[str, str]:
+    """llama-bench's test name (``pp512``, ``tg128``, ``pp512+tg128``) and tuner's phase (``pp``, ``tg``, ``pg``)."""
+    if n_gen == 0:
+        return f"pp{n_prompt}", "pp"
+    if n_prompt == 0:
+        return f"tg{n_gen}", "tg"
+    return f"pp{n_prompt}+tg{n_gen}", "pg"
+
+
 def _row_avg_ts(r: dict[str, Any]) -> float:
     """llama-bench's avg_ts of one record (the mean of its samples_ts), as recorded, else from the samples."""
     avg: object = r.get("avg_ts")
@@ -584,9 +594,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
     recs = [_checked_llama_bench(where, r) for where, r in records]
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in recs:
-        n_prompt, n_gen = r["n_prompt"], r["n_gen"]
-        test = f"pp{n_prompt}" if n_gen == 0 else (f"tg{n_gen}" if n_prompt == 0 else f"pp{n_prompt}+tg{n_gen}")
-        groups.setdefault((_model_name(r), test, r["n_depth"]), []).append(r)
+        groups.setdefault((_model_name(r), test_phase(r["n_prompt"], r["n_gen"])[0], r["n_depth"]), []).append(r)
     rows = []
     for (model, test, depth), rs in groups.items():
         settings = {json.dumps({k: str(r.get(k)) for k in SETTING_FIELDS if k in r}, sort_keys=True) for r in rs}
@@ -615,9 +623,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 "label": path.stem,
                 "model": model,
                 "test": test,
-                "phase": "pp"
-                if test.startswith("pp") and "+" not in test
-                else ("tg" if test.startswith("tg") else "pg"),
+                "phase": test_phase(rs[0]["n_prompt"], rs[0]["n_gen"])[1],
                 "depth": depth,
                 **stats,
                 "avg_ts": sum(avgs) / len(avgs) if avgs else math.nan,
