@@ -9,51 +9,7 @@ bootstrap CI half-width of the median is within ``target_ci`` percent or ``max_r
 (anchors between candidates: :mod:`tuner.measure.interleave`). A failed call is data: its rows carry
 ``status="failed"``, ``n=0``, NaN statistics and the error text; nothing is invented.
 
-DataFrame schema (one row per (label, test, depth))
-----------------------------------------------------
-=================  ==========================================================================
-label              variant name given by the caller
-test               llama-bench test name: ``pp512`` (prompt) or ``tg128`` (generation)
-phase              ``pp`` or ``tg``
-depth              KV-cache depth ``-d`` (tokens, prefilled untimed)
-n                  kept samples (repetitions after discarding warm-ups)
-median_ts          median tokens/s of the kept samples
-mean_ts            mean tokens/s
-stddev_ts          sample standard deviation (ddof=1; NaN for n<2)
-ci_low, ci_high    seeded percentile-bootstrap CI of the median (``confidence``, default 95%)
-ci_pct             CI half-width as % of the median
-min_ts, max_ts     extremes of the kept samples
-samples            list of kept tokens/s samples, in measurement order
-n_batches          llama-bench calls pooled into this row
-warmup_discarded   repetitions discarded (one per call)
-status             ``ok`` or ``failed``
-error              error text for failed (or partly failed) rows, else ''
-build_commit       from llama-bench (``llama_commit()``)
-backends           registered non-CPU backends, e.g. ``CUDA`` (``CPU`` on a CPU build)
-gpu_info           GPU description(s)
-model_filename     model path as llama-bench saw it
-model_size         model weight bytes
-n_params           model parameters
-n_ubatch           micro-batch size
-type_k             K-cache type
-flash_attn         -1/0/1 (era ``rocwmma`` bools are mapped to 0/1)
-env                JSON object of the environment overrides given to this run
-cmd                command line of the last llama-bench call for this row
-log_file           log of that call (stdout+stderr)
-cpu_util_mean      CPU use of the llama-bench process tree during the test's timed repetitions, % of one core
-cpu_util_max       peak of the 100 ms samples of the same
-cpu_core_max       CPU use of its busiest thread (the busiest core; observe.py says why a thread), % of one core
-gpu_util_mean      mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
-gpu_util_max       peak of the same
-gpu_mem_mb         peak device memory above the level before the call, MiB (NaN without GPU)
-bytes_per_token    model estimate of bytes read per token at the test's mean depth (tuner.targets.roofline)
-roofline_tps       model estimate: tg = bandwidth / bytes per token; pp = compute peak bound
-roofline_pct       100 * median_ts / roofline_tps
-roofline_note      how the roofline was obtained, or why it is missing
-anchor_ratio       run_interleaved: reference / local anchor median (applied only if drift_corrected)
-drift_corrected    run_interleaved: True when samples were rescaled by ``anchor_ratio``
-timestamp          UTC time (ISO 8601) the row was finished
-=================  ==========================================================================
+The frame has one row per (label, test, depth), its columns :data:`COLUMNS`.
 
 Observer columns cover the timed repetitions of each test (prefill and decode separately;
 docs/design.md): llama-bench runs with ``--progress``, whose line before each timed repetition and the
@@ -108,49 +64,49 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COLUMNS: tuple[str, ...] = (
-    "label",
-    "test",
-    "phase",
-    "depth",
-    "n",
-    "median_ts",
-    "mean_ts",
-    "stddev_ts",
-    "ci_low",
-    "ci_high",
-    "ci_pct",
-    "min_ts",
-    "max_ts",
-    "samples",
-    "n_batches",
-    "warmup_discarded",
-    "status",
-    "error",
-    "build_commit",
-    "backends",
-    "gpu_info",
-    "model_filename",
-    "model_size",
-    "n_params",
-    "n_ubatch",
-    "type_k",
-    "flash_attn",
-    "env",
-    "cmd",
-    "log_file",
-    "cpu_util_mean",
-    "cpu_util_max",
-    "cpu_core_max",
-    "gpu_util_mean",
-    "gpu_util_max",
-    "gpu_mem_mb",
-    "bytes_per_token",
-    "roofline_tps",
-    "roofline_pct",
-    "roofline_note",
-    "anchor_ratio",
-    "drift_corrected",
-    "timestamp",
+    "label",  # variant name given by the caller
+    "test",  # llama-bench test name: pp512 (prompt) or tg128 (generation)
+    "phase",  # pp or tg
+    "depth",  # KV-cache depth -d (tokens, prefilled untimed)
+    "n",  # kept samples (repetitions after discarding warm-ups)
+    "median_ts",  # median tokens/s of the kept samples
+    "mean_ts",  # mean tokens/s
+    "stddev_ts",  # sample standard deviation (ddof=1; NaN for n<2)
+    "ci_low",  # low end of the seeded percentile-bootstrap CI of the median (confidence, default 95%)
+    "ci_high",  # its high end
+    "ci_pct",  # CI half-width as % of the median
+    "min_ts",  # lowest of the kept samples
+    "max_ts",  # highest of the kept samples
+    "samples",  # list of kept tokens/s samples, in measurement order
+    "n_batches",  # llama-bench calls pooled into this row
+    "warmup_discarded",  # repetitions discarded (one per call)
+    "status",  # ok or failed
+    "error",  # error text for failed (or partly failed) rows, else ''
+    "build_commit",  # from llama-bench (llama_commit())
+    "backends",  # registered non-CPU backends, e.g. CUDA (CPU on a CPU build)
+    "gpu_info",  # GPU description(s)
+    "model_filename",  # model path as llama-bench saw it
+    "model_size",  # model weight bytes
+    "n_params",  # model parameters
+    "n_ubatch",  # micro-batch size
+    "type_k",  # K-cache type
+    "flash_attn",  # -1/0/1 (era rocwmma bools are mapped to 0/1)
+    "env",  # JSON object of the environment overrides given to this run
+    "cmd",  # command line of the last llama-bench call for this row
+    "log_file",  # log of that call (stdout+stderr)
+    "cpu_util_mean",  # CPU use of the llama-bench process tree during the test's timed repetitions, % of one core
+    "cpu_util_max",  # peak of the 100 ms samples of the same
+    "cpu_core_max",  # CPU use of its busiest thread (the busiest core; observe.py says why a thread), % of one core
+    "gpu_util_mean",  # mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
+    "gpu_util_max",  # peak of the same
+    "gpu_mem_mb",  # peak device memory above the level before the call, MiB (NaN without GPU)
+    "bytes_per_token",  # model estimate of bytes read per token at the test's mean depth (tuner.targets.roofline)
+    "roofline_tps",  # model estimate: tg = bandwidth / bytes per token; pp = compute peak bound
+    "roofline_pct",  # 100 * median_ts / roofline_tps
+    "roofline_note",  # how the roofline was obtained, or why it is missing
+    "anchor_ratio",  # run_interleaved: reference / local anchor median (applied only if drift_corrected)
+    "drift_corrected",  # run_interleaved: True when samples were rescaled by anchor_ratio
+    "timestamp",  # UTC time (ISO 8601) the row was finished
 )
 
 _META_COLUMNS = COLUMNS[COLUMNS.index("build_commit") : COLUMNS.index("env")]
@@ -527,7 +483,7 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
 
 
 def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any]:
-    """One output row (module docstring's schema) from a (phase, depth) accumulator."""
+    """One output row (:data:`COLUMNS`) from a (phase, depth) accumulator."""
     st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
     ntok = plan.pp if phase == "pp" else plan.tg
     meta = acc.meta

@@ -49,11 +49,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, **kw: Any) -> pd.DataFrame:
 
 
 def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
-    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports).
-
-    Returns:
-        The files written.
-    """
+    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports); returns the files written."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_suffix(".jsonl")]
@@ -632,14 +628,8 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 "status": "ok",
                 "error": "",
                 "per_rep": any(r["samples_ts"] for r in rs),
-                "build_commit": first.get("build_commit"),
-                "build_number": first.get("build_number"),
-                "backends": first.get("backends"),
-                "gpu_info": first.get("gpu_info"),
-                "cpu_info": first.get("cpu_info"),
-                "model_filename": first.get("model_filename"),
-                "model_type": first.get("model_type"),
-                "model_size": first.get("model_size"),
+                **{k: first.get(k) for k in ("build_commit", "build_number", "backends", "gpu_info", "cpu_info")},
+                **{k: first.get(k) for k in ("model_filename", "model_type", "model_size")},
                 "n_params": first.get("model_n_params"),
                 "settings": next(iter(settings)),
                 "source_format": "llama-bench",
