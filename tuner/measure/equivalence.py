@@ -513,19 +513,8 @@ def _checked_inputs(
 
 def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
     """Upstream's log-prob file, keyed by everything that shapes it and reused across candidates; (file, error)."""
-    ukey = hashlib.sha256(
-        repr(
-            (
-                str(up.exe),
-                up.exe.stat().st_mtime_ns,
-                g.common,
-                list(up.args),
-                sorted(up.env.items()),
-                model.stat().st_size,
-                model.stat().st_mtime_ns,
-            )
-        ).encode()
-    ).hexdigest()[:16]
+    side = (str(up.exe), up.exe.stat().st_mtime_ns, g.common, list(up.args), sorted(up.env.items()))
+    ukey = hashlib.sha256(repr((*side, model.stat().st_size, model.stat().st_mtime_ns)).encode()).hexdigest()[:16]
     up_file = g.work_dir / f"upstream-{g.mode}-{ukey}.kld"
     stamp = g.work_dir / f"upstream-{g.mode}-{ukey}.sha256"
     g.logs["upstream"] = g.work_dir / f"upstream-{g.mode}-{ukey}.log"

@@ -1,22 +1,17 @@
 """``fa-bench``: ``FLASH_ATTN_EXT`` timed at exact shapes on cold K/V, in a fraction of test-backend-ops' time.
 
-``test-backend-ops perf`` (:func:`tuner.measure.kernel_bench.run_round`) repeats each case for at least
-one second (``tests/test-backend-ops.cpp``, ``while (total_time_us < 1000*1000)``) on one set of inputs,
-so K/V that fit the GPU's L2 stay there from one op to the next. ``tuner/data/fa_bench.cpp`` is a small
-program on ggml's public API that builds the same op (the tensor layout of llama.cpp's graph, as
-:func:`tuner.measure.kernel_bench.fa_test_file` describes it), allocates enough copies of its inputs that
-together they exceed a cache size (``cache_mb``, 128 MB by default: more than an H100's 50 MB L2) and
-times one graph of ``iters`` ops (at least one per copy; more with ``target_ms``, :data:`TARGET_MS`)
-that cycles through the copies, after two warm-up runs of that graph (the second is where ggml's CUDA
-backend captures it as a CUDA graph, so the timed run replays it, as a model's repeated graph is
-replayed; ``tuner/data/bench_common.h``).
+``test-backend-ops perf`` (:func:`tuner.measure.kernel_bench.run_round`) repeats each case for at least one
+second (``tests/test-backend-ops.cpp``) on one set of inputs, so K/V that fit the GPU's L2 stay there.
+``tuner/data/fa_bench.cpp`` builds the same op on ggml's public API (llama.cpp's tensor layout,
+:func:`tuner.measure.kernel_bench.fa_test_file`), allocates copies of its inputs that together exceed
+``cache_mb`` (128 MB by default: more than an H100's 50 MB L2) and times one graph of ``iters`` ops cycling
+through them, after two warm-up runs (the second is where ggml's CUDA backend captures the CUDA graph the
+timed run replays, as a model's graph is; ``tuner/data/bench_common.h``).
 
-:func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
-against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in
-``<bin>/../fa-bench/<source hash>/`` (:func:`build_bench`, shared with mm-bench, :mod:`tuner.measure.mm_bench`). :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round`
-on it: same arguments, same :class:`~tuner.measure.kernel_bench.KernelTime` records, the kernel read back
-from the FA log (``GGML_TUNER_FA_LOG=1``; the environment that forces a kernel is read by the CUDA
-backend, so it works here unchanged).
+:func:`build_bench` compiles it (and mm-bench, :mod:`tuner.measure.mm_bench`) once per build with ``$CXX``
+(else ``c++``) against the build's ``ggml/include`` and ``libggml*.so``, into ``<bin>/../fa-bench/<source
+hash>/``. :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round` on it, the kernel read back
+from the FA log (``GGML_TUNER_FA_LOG=1``; the variable that forces a kernel works here unchanged).
 """
 
 from __future__ import annotations
@@ -71,11 +66,9 @@ own jitter (``ggml_time_us`` around a synchronized graph: microseconds, tens of 
 synchronization) under 0.2% of a run. Each case costs about three runs of it (two warm-ups, one timed),
 so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`).
 
-Why a calibration in the program, not an op count from Python: an op's time depends on the GPU, the
-build and the kernel forced (VEC, TILE and MMA differ by up to 2x at the same shape), which a cost model
-would have to know for every cell; the program measures the op it is about to time, on the GPU it runs
-on. The price is an op count chosen per process: two processes of a paired comparison may time counts
-one step of the series apart, which changes how many ops are averaged, not their mean.
+Why a calibration in the program, not an op count from Python: an op's time depends on the GPU, the build
+and the kernel forced (up to 2x between kernels), which a cost model would have to know for every cell. The
+price: two processes of a paired comparison may time op counts one step apart (not a different mean).
 
 0 (the sweep's value on the CPU backend, where the tests run) times ``iters`` ops as before."""
 MAX_TARGET_MS = 60_000
@@ -108,9 +101,8 @@ def _compiler(exe_name: str = EXE) -> str:
 
 
 def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
-    """Where :func:`build_bench` keeps ``exe_name`` for the build in ``bin_dir``:
-    ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of ``tuner/data/<source_name>`` and the shared header
-    (a change to either is a new program)."""
+    """Where :func:`build_bench` keeps ``exe_name``: ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of
+    ``tuner/data/<source_name>`` and the shared header (a change to either is a new program)."""
     digest = hashlib.sha256(package_data(source_name).read_bytes() + package_data(COMMON_HEADER).read_bytes())
     return Path(bin_dir).resolve().parent / exe_name / digest.hexdigest()[:16] / exe_name
 
@@ -118,8 +110,8 @@ def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
 def build_bench(
     bin_dir: Path, source_name: str, exe_name: str, *, ggml_h: Path | None = None, timeout: float = 300.0
 ) -> Path:
-    """The program ``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and
-    ``libggml*.so`` are in ``bin_dir``: on first use (at :func:`cached_bench`), then reused.
+    """``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and ``libggml*.so``
+    are in ``bin_dir``, on first use (at :func:`cached_bench`).
 
     Raises:
         UsageError: No shared ggml libraries, headers or compiler.

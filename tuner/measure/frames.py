@@ -691,19 +691,7 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 def render_table(df: pd.DataFrame) -> str:
     """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
-    headers = [
-        "label",
-        "test",
-        "depth",
-        "t/s (median)",
-        "±CI %",
-        "n",
-        "min–max",
-        "cpu %",
-        "gpu %",
-        "roofline %",
-        "status",
-    ]
+    head = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %", "roofline %", "status"]
     rows = []
     for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
         rows.append(
@@ -721,4 +709,4 @@ def render_table(df: pd.DataFrame) -> str:
                 r["status"],
             ]
         )
-    return log.table(headers, rows)
+    return log.table(head, rows)

@@ -1,23 +1,19 @@
 """Kernel-level FlashAttention screen: ``FLASH_ATTN_EXT`` alone, at a model's exact shapes, in seconds.
 
-llama-bench times a kernel choice end to end and pays a context fill per depth per call
-(docs/llama-bench-cost.md); this times the op itself. No upstream change is needed:
-``test-backend-ops perf --test-file FILE`` (``tests/test-backend-ops.cpp`` ``make_test_cases_from_file``,
-the format ``tests/test-export-graph-ops.cpp`` writes) builds one ``test_generic_op`` per line from the
-op, output type and shape, op params and each source's type, shape and strides, so the file gives
-the exact tensors llama.cpp's graph hands the op (``src/llama-graph.cpp`` ``build_attn_mha``):
+llama-bench pays a context fill per depth per call (docs/llama-bench-cost.md); this times the op itself,
+with no upstream change: ``test-backend-ops perf --test-file FILE`` (``make_test_cases_from_file``, the
+format ``tests/test-export-graph-ops.cpp`` writes) builds one ``test_generic_op`` per line from the op's
+types, shapes, strides and params, so the file gives the exact tensors of ``build_attn_mha``:
 
 - Q: F32 ``[D, n_batch, n_head, 1]``, the permuted view of ``[D, n_head, n_batch]``;
 - K, V: views of the KV cache, ``[D, n_kv, n_head_kv, 1]`` with a row of all KV heads as ``nb1``;
 - mask: F16 ``[n_kv, n_batch, 1, 1]``; op params: scale ``1/sqrt(D)``, no ALiBi or softcap,
   F32 accumulation (``ggml_prec_set_acc``), no sparse ``n_kv_max``.
 
-Each candidate runs in its own process with its environment (``GGML_TUNER_FA_RULES`` forces a kernel;
-the hook reads it once per process), over every shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that
-ran is read back (:mod:`tuner.measure.falog`; the CPU backend prints none). Perf mode adds the op to
-one graph up to 8192 times (memory target 8 GB on CPU, 32 GB on a GPU) and repeats the graph for at
-least one second, then prints ``N runs - T us/run`` per case. :func:`run_round` is one round over
-the candidates; paired A/B/A rounds and their statistics are the caller's.
+Each candidate runs in its own process (the hook reads ``GGML_TUNER_FA_RULES`` once per process) over every
+shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:mod:`tuner.measure.falog`; the CPU
+backend prints none). Perf mode adds the op to one graph up to 8192 times and repeats the graph for at least
+a second, then prints ``N runs - T us/run`` per case. Paired rounds and their statistics are the caller's.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """``mm-bench``: a quantized ``MUL_MAT`` timed on cold weights; the live MMQ-vs-cuBLAS timer.
 
-``tuner/data/mm_bench.cpp`` is fa-bench's sibling (:mod:`tuner.measure.fa_bench`): a small program on
-ggml's public API that times ``ggml_mul_mat(W, X)`` as llama.cpp's graph makes it for a dense
-projection (quantized weights ``W`` [k, m] as src0, F32 activations ``X`` [k, ne11] as src1, ``ne11``
-the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), two warm-up runs of
-the graph (as fa-bench's), then one timed run of ``iters`` ops (at least one per copy).
-
-The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
-(:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, which :func:`run_cases`
-passes to one process over many cases (``tuner sweep mmq`` forces cuBLAS with ``TYPE:0..=BLAS`` for
-every swept type, :func:`tuner.sweep.mmq.blas_env`, or leaves it unset for upstream's choice).
+``tuner/data/mm_bench.cpp``, fa-bench's sibling (:mod:`tuner.measure.fa_bench`), times ``ggml_mul_mat(W, X)``
+as llama.cpp's graph makes it for a dense projection (quantized ``W`` [k, m] as src0, F32 ``X`` [k, ne11] as
+src1, ``ne11`` the batch size) over copies of ``W`` exceeding ``cache_mb``, after two warm-up runs. It does
+not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook (:func:`tuner.sweep.mmq.patched_mmq_hook`) reads
+``GGML_TUNER_MMQ_CHOICES`` (``tuner sweep mmq`` forces cuBLAS with :func:`tuner.sweep.mmq.blas_env`, or
+leaves it unset for upstream's choice).
 """
 
 from __future__ import annotations
@@ -121,15 +117,12 @@ def run_cases(
     target_ms: int = 0,
 ) -> list[BenchCase]:
     """One mm-bench process over every shape, ``env`` (:data:`ENV` with the hook's entries, or empty for
-    upstream's choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
-    ``cuda_graphs`` False sets :data:`GRAPHS_ENV`, so a CUDA backend runs each graph directly; True
-    removes it from the environment, so an inherited value cannot turn graphs off unrecorded.
-    ``target_ms`` above 0: enough ops a case for the timed graph to last that long (mm-bench's ``-m``), so a
-    microsecond op is not timed over a fraction of a millisecond.
-
-    Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
-    log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
-    the reason, and a new process (``mm-bench-2.log``...) runs the rest, at most :data:`MAX_RESTARTS` times.
+    upstream's choice) added to an environment without :data:`ENV`; one :class:`BenchCase` per shape, in order.
+    ``cuda_graphs`` False sets :data:`GRAPHS_ENV` (each graph run directly); True removes it, so an inherited
+    value cannot turn graphs off unrecorded. ``target_ms`` above 0 (mm-bench's ``-m``): enough ops a case for
+    the timed graph to last that long. A case without a time carries its reason and the log's path. A
+    process that dies (a CUDA error in one case) or times out keeps the cases it printed; the case it was in
+    fails, and a new process (``mm-bench-2.log``...) runs the rest, at most :data:`MAX_RESTARTS` times.
 
     Raises:
         UsageError: A bad backend name, shape, environment, ``iters`` or ``cache_mb`` (checked before
@@ -143,9 +136,6 @@ def run_cases(
     log_dir.mkdir(parents=True, exist_ok=True)
     out: list[BenchCase | None] = [None] * len(shapes)
     first, attempt = 0, 0
-    # A process that dies mid-file (a CUDA error in one case) keeps the cases it printed: each was timed
-    # on its own before the failure. The case it died in fails with the reason; a new process takes the
-    # rest, up to MAX_RESTARTS times.
     while first < len(shapes):
         attempt += 1
         part = f"-{attempt}" if attempt > 1 else ""
