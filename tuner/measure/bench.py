@@ -50,7 +50,7 @@ import numpy as np
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env, find_exe, run_tool
+from tuner.measure.exe import check_env, check_model, find_exe, run_tool
 from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
@@ -558,11 +558,7 @@ def run_bench(
 
     bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
     exe = find_exe(bin_dir, "llama-bench")
-    if not model.is_file():
-        raise UsageError(
-            f"Model file {model} does not exist. Pass a GGUF file "
-            "(`tuner model synth --like tiny` makes a small random-weight one)."
-        )
+    check_model(model)
     depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
     if not depths or len(set(depths)) != len(depths):
         raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")

@@ -61,7 +61,7 @@ from tuner import log
 from tuner._hash import file_sha256
 from tuner.errors import UsageError
 from tuner.measure.bench import check_passthrough_args
-from tuner.measure.exe import check_env, find_exe, run_tool
+from tuner.measure.exe import check_env, check_model, find_exe, run_tool
 from tuner.plan.fa_rules import FaRule, Phase
 
 MODES = ("prefill", "decode")
@@ -503,11 +503,7 @@ def _checked_inputs(
             "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
             f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx."
         )
-    model = Path(model)
-    if not model.is_file():
-        raise UsageError(
-            f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one)."
-        )
+    model = check_model(model)
     return find_exe(Path(candidate_bin), PERPLEXITY), find_exe(Path(upstream_bin), PERPLEXITY), model
 
 

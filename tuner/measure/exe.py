@@ -4,7 +4,7 @@ equivalence)."""
 
 from __future__ import annotations
 
-__all__ = ["bench_exit_error", "check_env", "find_bin_dir", "find_exe", "run_tool"]
+__all__ = ["bench_exit_error", "check_env", "check_model", "find_bin_dir", "find_exe", "run_tool"]
 
 import os
 import re
@@ -38,6 +38,17 @@ def find_exe(bin_dir: Path, name: str) -> Path:
             f"contain {name}; `tuner build` builds it), or build llama.cpp with that target."
         )
     return exe
+
+
+def check_model(model: Path) -> Path:
+    """``model`` as a Path when it is a file, else a UsageError saying how to make one."""
+    model = Path(model)
+    if not model.is_file():
+        raise UsageError(
+            f"Model {model} does not exist. Pass a GGUF file "
+            "(`tuner model synth --like tiny -o FILE` makes a small random-weight one)."
+        )
+    return model
 
 
 def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:

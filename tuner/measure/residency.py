@@ -42,7 +42,7 @@ from typing import Any
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
-from tuner.measure.exe import bench_exit_error, find_exe, run_tool
+from tuner.measure.exe import bench_exit_error, check_model, find_exe, run_tool
 from tuner.targets.models import load_gguf_tensors
 
 DEFAULT_MAX_SPLITS = 2
@@ -274,8 +274,7 @@ def run_residency(
         UsageError: No llama-bench in ``bin_dir``, no model, a bad argument.
     """
     exe = find_exe(Path(bin_dir), "llama-bench")
-    if not Path(model).is_file():
-        raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE`).")
+    check_model(model)
     for name, v in (("pp", pp), ("tg", tg)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")

@@ -52,7 +52,7 @@ import psutil
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args, parse_bench_jsonl
-from tuner.measure.exe import bench_exit_error, find_exe, run_tool
+from tuner.measure.exe import bench_exit_error, check_model, find_exe, run_tool
 from tuner.measure.stats import median
 from tuner.paths import tuner_home
 
@@ -327,11 +327,7 @@ def run_soak(
     """
     c, reps = plan_chunks(n_tokens, chunk)
     exe = find_exe(Path(bin_dir), "llama-bench")
-    if not Path(model).is_file():
-        raise UsageError(
-            f"Model {model} does not exist. Pass a GGUF file with --model "
-            "(`tuner model synth --like tiny -o FILE` makes one)."
-        )
+    check_model(model)
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl"]
     cmd += _check_args(args)
     if log_dir is None:
