@@ -350,18 +350,9 @@ def judge(
     strict: bool = False,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[bool, tuple[str, ...]]:
-    """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers.
-
-    A candidate passes only if two runs of it gave identical logits, its KLD statistics against
-    upstream were printed, mean and 99th-percentile KLD are at most the thresholds, its "Same top p"
-    is at least the threshold, and (``strict``) its logits equal upstream's byte for byte.
-
-    Example:
-        >>> s = KldStats(mean_kld=0.0, mean_kld_unc=0.0, p99_kld=1e-6, max_kld=1e-6, median_kld=0.0,
-        ...              same_top_pct=100.0, same_top_unc=0.0, ppl_q=1.0, ppl_base=1.0)
-        >>> judge(stats=s, deterministic=True)
-        (True, ())
-    """
+    """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers. A candidate passes
+    only if two runs of it gave identical logits, its KLD statistics were printed and are within the
+    thresholds, and (``strict``) its logits equal upstream's byte for byte."""
     t = thresholds
     why: list[str] = []
     if deterministic is False:
@@ -384,12 +375,8 @@ def judge(
 
 
 def write_gate_text(path: Path, n_words: int = 3000) -> Path:
-    """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG.
-
-    The text is meaningless (so are the random-weight models' predictions); what matters is that it
-    is the same on every machine and every run, tokenizes to many distinct tokens, and needs no
-    network. About 1.05 tokens per word with the llama-bpe vocabulary.
-    """
+    """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG (meaningless,
+    but the same on every machine and run, many distinct tokens, no network; ~1.05 tokens per word)."""
     x = 12345
     out = []
     for _ in range(n_words):
@@ -403,12 +390,8 @@ def write_gate_text(path: Path, n_words: int = 3000) -> Path:
 
 
 def widened_rules(rules: Sequence[FaRule]) -> dict[Phase, list[FaRule]]:
-    """Rules grouped by phase with every interval widened to ``0-``, one rule per (phase, keys, kernel).
-
-    A deep-context rule (``decode:32768-=MMA``) does not fire at the gate's context of a few hundred
-    tokens; widening it forces that kernel for the model's shape at the gate's depth, so its numerics
-    are checked. Returns ``{Phase.DECODE: [...], Phase.PREFILL: [...]}``.
-    """
+    """Rules grouped by phase with every interval widened to ``0-`` (module docstring), one rule per (phase,
+    keys, kernel)."""
     out: dict[Phase, list[FaRule]] = {p: [] for p in Phase}
     for r in rules:
         w = r.widened()
