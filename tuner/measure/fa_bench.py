@@ -50,27 +50,20 @@ COMMON_HEADER = "bench_common.h"
 """What fa-bench and mm-bench share (command line, backend, timed run), included from beside their source."""
 EXE = "fa-bench"
 CASE_TIMEOUT_S = 120
-"""fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124. Their
-largest cases take seconds (setup and upload included); a case that hangs (a stuck kernel or library
-call) costs this much, not the whole call's timeout."""
+"""fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124 (their largest
+take seconds), so a hung case costs this much, not the whole call's timeout."""
 TARGET_MS = 20
-"""fa-bench's ``-m`` for the sweep on a GPU: each case times at least this many milliseconds of ops.
+"""fa-bench's ``-m`` for the sweep on a GPU: each case times at least this many milliseconds of ops (0, the
+CPU backend's value: ``iters`` ops).
 
-fa-bench calibrates (``tuner/data/bench_common.h`` ``time_case``): it times the case's graph of ``iters``
-ops (at least one per copy of the inputs) after its warm-ups and, where that run was shorter than the
-target, times a graph of enough ops to last it (rounded up to 2^k or 3 * 2^k ops, at most 16384). Why
-20 ms: on the H100 the first sweep's A/A pairs strayed ±19-42% where 50 decode ops of 15-22 µs made
-a timed graph of about 1 ms (n_kv ≤ 4096), and ±3-9% where it lasted 1.4-13 ms (n_kv 8192 and up;
-docs/sweep.md); 20 ms puts every case above the longest graphs measured then, and keeps the timer's
-own jitter (``ggml_time_us`` around a synchronized graph: microseconds, tens of them for launch and
-synchronization) under 0.2% of a run. Each case costs about three runs of it (two warm-ups, one timed),
-so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`).
-
-Why a calibration in the program, not an op count from Python: an op's time depends on the GPU, the build
-and the kernel forced (up to 2x between kernels), which a cost model would have to know for every cell. The
-price: two processes of a paired comparison may time op counts one step apart (not a different mean).
-
-0 (the sweep's value on the CPU backend, where the tests run) times ``iters`` ops as before."""
+fa-bench calibrates (``tuner/data/bench_common.h`` ``time_case``): where the timed graph of ``iters`` ops
+was shorter than the target, it times one of enough ops to last it (2^k or 3 * 2^k ops, at most 16384).
+Why 20 ms: the H100's first sweep's A/A pairs strayed ±19-42% where a timed graph lasted about 1 ms
+(n_kv ≤ 4096) and ±3-9% at 1.4-13 ms (docs/sweep.md); 20 ms is above every graph measured then and keeps
+the timer's jitter (tens of µs) under 0.2% of a run. Each case costs about three runs of it (two warm-ups),
+so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`). Why in the program,
+not an op count from Python: an op's time depends on the GPU, build and forced kernel (up to 2x), which a
+cost model would need for every cell; the price is that two processes may time op counts one step apart."""
 MAX_TARGET_MS = 60_000
 """The largest ``-m`` fa-bench and mm-bench take."""
 
@@ -193,8 +186,7 @@ def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCa
     out: dict[int, BenchCase] = {}
     walls: dict[int, float] = {}
     for line in text.splitlines():
-        m = case_re.match(line.strip())
-        if not m:
+        if not (m := case_re.match(line.strip())):
             if w := WALL_RE.match(line.strip()):
                 walls[int(w["case"])] = float(w["ms"])
             continue

@@ -98,7 +98,6 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     summary_counts: list[tuple[int, int]] = []
     devices: list[str] = []
     ran: set[str] = set()
-    statuses: dict[str, str] = {}
     in_failing = False
     open_case = ""
     lines = _ANSI.sub("", text).splitlines()
@@ -113,36 +112,24 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
         if line.strip() == "Failing tests:":
             in_failing = True
             continue
-        m = _BACKEND_INIT.match(line)
-        if m:
+        if m := _BACKEND_INIT.match(line):
             devices.append(m.group(3))
             nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
             if not nxt.startswith("Skipping"):
                 ran.add(m.group(3))
-            continue
-        m = _BACKEND_STATUS.match(line)
-        if m:
-            statuses[m.group(1)] = m.group(2)
-            continue
-        m = _SUMMARY.match(line)
-        if m:
+        elif m := _SUMMARY.match(line):
             summary_counts.append((int(m.group(1)), int(m.group(2))))
-            continue
-        m = _CASE.search(line)
-        if m:
-            rest = m.group("rest").rstrip()
-            case = m.group("case")
+        elif not _BACKEND_STATUS.match(line) and (m := _CASE.search(line)):  # "Backend X: OK" is no case
+            rest, case = m.group("rest").rstrip(), m.group("case")
+            open_case = ""
             if rest.startswith("not supported") or rest.startswith("skipping"):
                 n_ns += 1
-                open_case = ""
             elif rest.endswith("FAIL"):
                 n_fail += 1
                 if case not in failing:
                     failing.append(case)
-                open_case = ""
             elif rest.endswith("OK"):
                 n_ok += 1
-                open_case = ""
             else:
                 open_case = case  # printed, status pending (or the process died here)
     if summary_counts:

@@ -208,8 +208,7 @@ def parse_perf_output(text: str) -> dict[int, tuple[int, float | None, str]]:
     ``(0, None, 'not supported')``."""
     out: dict[int, tuple[int, float | None, str]] = {}
     for raw in text.splitlines():
-        m = _CASE.match(_ANSI.sub("", raw))
-        if not m:
+        if not (m := _CASE.match(_ANSI.sub("", raw))):
             continue
         rest = m.group(2).strip()
         t = _TIME.search(rest)
