@@ -299,10 +299,15 @@ class _Call:
     t0: float
 
 
-def _run_call(plan: _BenchPlan, cmd: list[str], log_file: Path) -> _Call:
-    """One llama-bench call of ``plan`` (its env, timeout and observer setting)."""
+def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Sequence[int], reps: int) -> _Call:
+    """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
+    log.progress(f"  {plan.label}: {test_phase(p, n)[0]} d={','.join(map(str, depths))} -r {reps}")
+    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
+    progress = ["--progress"] if plan.observe else []
+    ds = ",".join(str(d) for d in depths)
+    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps)]
+    cmd += ["-o", "jsonl", *plan.fa, *progress, *plan.extra]
     records: list[tuple[float, dict[str, Any]]] = []
-
     obs = Observer() if plan.observe else None
 
     def on_line(line: str) -> None:
@@ -429,20 +434,6 @@ def _still_pending(
     return next_pending
 
 
-def _bench_cmd(plan: _BenchPlan, *, p: int, n: int, depths: Sequence[int], reps: int) -> list[str]:
-    """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
-    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
-    progress = ["--progress"] if plan.observe else []
-    ds = ",".join(str(d) for d in depths)
-    return [
-        *plan.pin,
-        *[str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps), "-o", "jsonl"],
-        *plan.fa,
-        *progress,
-        *plan.extra,
-    ]
-
-
 def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
     """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
     pending = list(plan.depths)
@@ -452,9 +443,7 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
         accs[(phase, d)] = _Acc()
     while pending:
         p, n = (ntok, 0) if phase == "pp" else (0, ntok)
-        cmd = _bench_cmd(plan, p=p, n=n, depths=pending, reps=k + 1)
-        log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
-        call = _run_call(plan, cmd, log_file)
+        call = _run_call(plan, log_file, p=p, n=n, depths=pending, reps=k + 1)
         seen = {d for _, d in _absorb_records(accs, phase, call)}
         pending = _still_pending(plan, accs, phase, pending, seen, call)
         if pending:
@@ -473,9 +462,7 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     for ph in ("pp", "tg"):
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
-    cmd = _bench_cmd(plan, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
-    log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
-    call = _run_call(plan, cmd, log_file)
+    call = _run_call(plan, log_file, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
     seen = _absorb_records(accs, None, call)
     for ph in ("pp", "tg"):
         _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, call)
