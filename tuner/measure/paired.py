@@ -40,6 +40,7 @@ __all__ = [
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard
 
 from scipy import stats as _stats
 
@@ -97,15 +98,9 @@ def _t_interval(xs: Sequence[float], confidence: float) -> tuple[float, float]:
 def paired_effect(
     candidate: Sequence[float | None], reference: Sequence[float | None], *, confidence: float = 0.95
 ) -> Effect:
-    """Effect of ``candidate`` over ``reference``, paired by index (one entry per round).
-
-    Rounds where either side is missing or not positive are skipped.
-    """
-    logs = [
-        math.log(c / r)
-        for c, r in zip(candidate, reference)
-        if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)
-    ]
+    """Effect of ``candidate`` over ``reference``, paired by index (one entry per round); rounds where either
+    side is missing or not a positive finite value are skipped."""
+    logs = [math.log(c / r) for c, r in zip(candidate, reference) if _ok(c) and _ok(r)]
     if not logs:
         return Effect(n=0, ratio=math.nan, ci_low=math.nan, ci_high=math.nan)
     mean, half = _t_interval(logs, confidence)
@@ -173,7 +168,7 @@ def residual(y: Sequence[Sequence[float]]) -> tuple[float, int]:
     return ss, (r - 1) * (c - 1)
 
 
-def _ok(x: float | None) -> bool:
+def _ok(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x) and x > 0
 
 
