@@ -1,69 +1,15 @@
 """Benchmarks you can trust: llama-bench across context depths, with noise control.
 
-:func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) as
-separate llama-bench tests at every depth (``-d``), reads ``-o jsonl`` by field name (both eras'
-field sets: ``tools/llama-bench/llama-bench.cpp``), and returns one row per ``(label, test, depth)``.
+:func:`run_bench` runs prompt processing (``-p PP -n 0``) and token generation (``-p 0 -n TG``) at every
+depth (``-d``), reads ``-o jsonl`` by field name (both eras' field sets: ``tools/llama-bench/llama-bench.cpp``)
+and returns one row per ``(label, test, depth)``. Identical runs drift apart and the first repetition after
+llama-bench's own warm-up is often slow, so the first repetition of every call is discarded too
+(``warmup_discarded``), and with ``target_ci`` batches (``-r k``, samples pooled) are added until the
+bootstrap CI half-width of the median is within ``target_ci`` percent or ``max_reps`` samples are kept
+(anchors between candidates: :mod:`tuner.measure.interleave`). A failed call is data: its rows carry
+``status="failed"``, ``n=0``, NaN statistics and the error text; nothing is invented.
 
-Noise control (identical llama-bench runs drift apart, and the first prompt repetition after
-llama-bench's own warm-up is often slow):
-
-- llama-bench's warm-up run is kept on, and additionally the first repetition of every llama-bench
-  call is discarded (``warmup_discarded`` counts them);
-- with ``target_ci``, repetitions are added in batches (``-r k``, samples pooled) until the
-  bootstrap CI of the median is within ``target_ci`` percent of the median (half-width) or
-  ``max_reps`` kept samples are reached;
-- :func:`tuner.measure.interleave.run_interleaved` measures a baseline as an anchor between candidates (A B A C A ...),
-  reports anchor drift, and rescales candidates by the local anchor ratio when drift exceeds the
-  noise (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``).
-
-A failed llama-bench call is data: its rows carry ``status="failed"``, ``n=0``, NaN statistics and
-the error text; nothing is invented.
-
-DataFrame schema (one row per (label, test, depth))
-----------------------------------------------------
-=================  ==========================================================================
-label              variant name given by the caller
-test               llama-bench test name: ``pp512`` (prompt) or ``tg128`` (generation)
-phase              ``pp`` or ``tg``
-depth              KV-cache depth ``-d`` (tokens, prefilled untimed)
-n                  kept samples (repetitions after discarding warm-ups)
-median_ts          median tokens/s of the kept samples
-mean_ts            mean tokens/s
-stddev_ts          sample standard deviation (ddof=1; NaN for n<2)
-ci_low, ci_high    seeded percentile-bootstrap CI of the median (``confidence``, default 95%)
-ci_pct             CI half-width as % of the median
-min_ts, max_ts     extremes of the kept samples
-samples            list of kept tokens/s samples, in measurement order
-n_batches          llama-bench calls pooled into this row
-warmup_discarded   repetitions discarded (one per call)
-status             ``ok`` or ``failed``
-error              error text for failed (or partly failed) rows, else ''
-build_commit       from llama-bench (``llama_commit()``)
-backends           registered non-CPU backends, e.g. ``CUDA`` (``CPU`` on a CPU build)
-gpu_info           GPU description(s)
-model_filename     model path as llama-bench saw it
-model_size         model weight bytes
-n_params           model parameters
-n_ubatch           micro-batch size
-type_k             K-cache type
-flash_attn         -1/0/1 (era ``rocwmma`` bools are mapped to 0/1)
-env                JSON object of the environment overrides given to this run
-cmd                command line of the last llama-bench call for this row
-log_file           log of that call (stdout+stderr)
-cpu_util_mean      CPU use of the llama-bench process tree during the test's timed repetitions, % of one core
-cpu_util_max       peak of the 100 ms samples of the same
-cpu_core_max       CPU use of its busiest thread (the busiest core; observe.py says why a thread), % of one core
-gpu_util_mean      mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
-gpu_util_max       peak of the same
-gpu_mem_mb         peak device memory above the level before the call, MiB (NaN without GPU)
-bytes_per_token    model estimate of bytes read per token at the test's mean depth (tuner.targets.roofline)
-roofline_tps       model estimate: tg = bandwidth / bytes per token; pp = compute peak bound
-roofline_pct       100 * median_ts / roofline_tps
-roofline_note      how the roofline was obtained, or why it is missing
-anchor_ratio       run_interleaved: reference / local anchor median (applied only if drift_corrected)
-drift_corrected    run_interleaved: True when samples were rescaled by ``anchor_ratio``
-timestamp          UTC time (ISO 8601) the row was finished
-=================  ==========================================================================
+The frame has one row per (label, test, depth), its columns :data:`COLUMNS`.
 
 Observer columns cover the timed repetitions of each test (prefill and decode separately;
 docs/design.md): llama-bench runs with ``--progress``, whose line before each timed repetition and the
@@ -93,7 +39,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import re
 import shlex
 import time
@@ -105,8 +50,8 @@ import numpy as np
 
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env, find_exe
-from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results
+from tuner.measure.exe import check_env, check_model, find_exe, run_tool
+from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline
@@ -119,50 +64,53 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COLUMNS: tuple[str, ...] = (
-    "label",
-    "test",
-    "phase",
-    "depth",
-    "n",
-    "median_ts",
-    "mean_ts",
-    "stddev_ts",
-    "ci_low",
-    "ci_high",
-    "ci_pct",
-    "min_ts",
-    "max_ts",
-    "samples",
-    "n_batches",
-    "warmup_discarded",
-    "status",
-    "error",
-    "build_commit",
-    "backends",
-    "gpu_info",
-    "model_filename",
-    "model_size",
-    "n_params",
-    "n_ubatch",
-    "type_k",
-    "flash_attn",
-    "env",
-    "cmd",
-    "log_file",
-    "cpu_util_mean",
-    "cpu_util_max",
-    "cpu_core_max",
-    "gpu_util_mean",
-    "gpu_util_max",
-    "gpu_mem_mb",
-    "bytes_per_token",
-    "roofline_tps",
-    "roofline_pct",
-    "roofline_note",
-    "anchor_ratio",
-    "drift_corrected",
-    "timestamp",
+    "label",  # variant name given by the caller
+    "test",  # llama-bench test name: pp512 (prompt) or tg128 (generation)
+    "phase",  # pp or tg
+    "depth",  # KV-cache depth -d (tokens, prefilled untimed)
+    "n",  # kept samples (repetitions after discarding warm-ups)
+    "median_ts",  # median tokens/s of the kept samples
+    "mean_ts",  # mean tokens/s
+    "stddev_ts",  # sample standard deviation (ddof=1; NaN for n<2)
+    "ci_low",  # low end of the seeded percentile-bootstrap CI of the median (confidence, default 95%)
+    "ci_high",  # its high end
+    "ci_pct",  # CI half-width as % of the median
+    "min_ts",  # lowest of the kept samples
+    "max_ts",  # highest of the kept samples
+    "samples",  # list of kept tokens/s samples, in measurement order
+    "n_batches",  # llama-bench calls pooled into this row
+    "warmup_discarded",  # repetitions discarded (one per call)
+    "status",  # ok or failed
+    "error",  # error text for failed (or partly failed) rows, else ''
+    "build_commit",  # from llama-bench (llama_commit())
+    "backends",  # registered non-CPU backends, e.g. CUDA (CPU on a CPU build)
+    "gpu_info",  # GPU description(s)
+    "model_filename",  # model path as llama-bench saw it
+    "model_size",  # model weight bytes
+    "n_params",  # model parameters
+    "n_ubatch",  # micro-batch size
+    "type_k",  # K-cache type
+    "flash_attn",  # -1/0/1 (era rocwmma bools are mapped to 0/1)
+    "env",  # JSON object of the environment overrides given to this run
+    "cmd",  # command line of the last llama-bench call for this row
+    "log_file",  # log of that call (stdout+stderr)
+    "cpu_util_mean",  # CPU use of the llama-bench process tree during the test's timed repetitions, % of one core
+    "cpu_util_max",  # peak of the 100 ms samples of the same
+    "cpu_core_max",  # CPU use of its busiest thread (the busiest core; observe.py says why a thread), % of one core
+    "gpu_util_mean",  # mean GPU utilization (NVML/AMD SMI), NaN without a GPU observer
+    "gpu_util_max",  # peak of the same
+    "gpu_mem_mb",  # peak device memory above the level before the call, MiB (NaN without GPU)
+    "bytes_per_token",  # model estimate of bytes read per token at the test's mean depth (tuner.targets.roofline)
+    "roofline_tps",  # model estimate: tg = bandwidth / bytes per token; pp = compute peak bound
+    "roofline_pct",  # 100 * median_ts / roofline_tps
+    "roofline_note",  # how the roofline was obtained, or why it is missing
+    "anchor_ratio",  # run_interleaved: reference / local anchor median (applied only if drift_corrected)
+    "drift_corrected",  # run_interleaved: True when samples were rescaled by anchor_ratio
+    "timestamp",  # UTC time (ISO 8601) the row was finished
 )
+
+_META_COLUMNS = COLUMNS[COLUMNS.index("build_commit") : COLUMNS.index("env")]
+"""What llama-bench says about the build, the model and the settings (build_commit to flash_attn)."""
 
 DEFAULT_REPS = 5
 """Kept samples per (test, depth) when neither ``reps`` nor ``target_ci`` says otherwise."""
@@ -187,19 +135,9 @@ _MIN_TIMED_S = 0.2
 
 
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
-    """Parse llama-bench ``-o jsonl`` output (either era) by field name.
-
-    Lines that are not JSON objects (log lines mixed into the stream) are skipped. ``flash_attn``
-    is returned as an int (era ``rocwmma`` prints a bool); ``samples_ts`` is derived from
-    ``samples_ns`` when missing.
-
-    Args:
-        text: llama-bench stdout (possibly with stderr lines interleaved).
-
-    Returns:
-        One dict per test with keys ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` and the
-        metadata fields of the schema (absent fields are None).
-    """
+    """Parse llama-bench ``-o jsonl`` output (either era, log lines mixed in are skipped) by field name: one dict
+    per test with ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` (from ``samples_ns`` when missing) and
+    the schema's metadata fields (None when absent; ``flash_attn`` an int: era ``rocwmma`` prints a bool)."""
     out: list[dict[str, Any]] = []
     for rec in json_lines(text):
         if "n_prompt" not in rec or "n_gen" not in rec:
@@ -220,32 +158,12 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     if samples is None and rec.get("samples_ns") is not None:
         samples = [1e9 * (n_prompt + n_gen) / float(ns) for ns in rec["samples_ns"] if float(ns) > 0]
     samples = [float(x) for x in (samples or [])]
-    if n_gen == 0:
-        test, phase = f"pp{n_prompt}", "pp"
-    elif n_prompt == 0:
-        test, phase = f"tg{n_gen}", "tg"
-    else:
-        test, phase = f"pp{n_prompt}+tg{n_gen}", "pg"
+    test, phase = test_phase(n_prompt, n_gen)
+    out = {"test": test, "phase": phase, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth}
+    out |= {"samples_ts": samples, "avg_ts": rec.get("avg_ts"), "stddev_ts": rec.get("stddev_ts")}
+    out |= {k: rec.get(k) for k in _META_COLUMNS}
     fa = rec.get("flash_attn")
-    return {
-        "test": test,
-        "phase": phase,
-        "n_prompt": n_prompt,
-        "n_gen": n_gen,
-        "n_depth": n_depth,
-        "samples_ts": samples,
-        "avg_ts": rec.get("avg_ts"),
-        "stddev_ts": rec.get("stddev_ts"),
-        "build_commit": rec.get("build_commit"),
-        "backends": rec.get("backends"),
-        "gpu_info": rec.get("gpu_info"),
-        "model_filename": rec.get("model_filename"),
-        "model_size": rec.get("model_size"),
-        "n_params": rec.get("model_n_params"),
-        "n_ubatch": rec.get("n_ubatch"),
-        "type_k": rec.get("type_k"),
-        "flash_attn": None if fa is None else int(fa),
-    }
+    return out | {"n_params": rec.get("model_n_params"), "flash_attn": None if fa is None else int(fa)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,12 +232,9 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
 def _roofline(
     phase: str, arch: str | None, bandwidth: float | None, model: Path, *, depth: int, ntok: int, kv_type: str | None
 ) -> tuple[float, float, str]:
-    """(bytes_per_token, roofline t/s, note) for one row; NaNs and a note when unavailable.
-
-    Uses tuner.targets.roofline.estimate (tg: bandwidth / bytes per token at the run's mean depth; pp:
-    FP16/INT8 compute peak). With only a bandwidth (no arch) the tg bound is computed from
-    ``bytes_per_token`` directly and pp stays NaN. Raises UsageError for a bad arch/bandwidth.
-    """
+    """(bytes_per_token, roofline t/s, note) for one row from tuner.targets.roofline.estimate (tg: bandwidth /
+    bytes per token at the run's mean depth; pp: compute peak); NaNs and a note when unavailable (pp without
+    an arch). Raises UsageError for a bad arch/bandwidth."""
     nan = math.nan
     if arch is None and bandwidth is None:
         return nan, nan, "no --arch or --bandwidth given"
@@ -384,10 +299,15 @@ class _Call:
     t0: float
 
 
-def _run_call(plan: _BenchPlan, cmd: list[str], log_file: Path) -> _Call:
-    """One llama-bench call of ``plan`` (its env, timeout and observer setting)."""
+def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Sequence[int], reps: int) -> _Call:
+    """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
+    log.progress(f"  {plan.label}: {test_phase(p, n)[0]} d={','.join(map(str, depths))} -r {reps}")
+    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
+    progress = ["--progress"] if plan.observe else []
+    ds = ",".join(str(d) for d in depths)
+    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps)]
+    cmd += ["-o", "jsonl", *plan.fa, *progress, *plan.extra]
     records: list[tuple[float, dict[str, Any]]] = []
-
     obs = Observer() if plan.observe else None
 
     def on_line(line: str) -> None:
@@ -398,26 +318,21 @@ def _run_call(plan: _BenchPlan, cmd: list[str], log_file: Path) -> _Call:
         elif obs is not None and line.startswith(_PROGRESS):  # "llama-bench: benchmark 1/2: generation run 3/6"
             obs.mark(line.split(": ", 2)[-1].strip())
 
-    error = ""
-    full_env = dict(os.environ)
-    full_env.update(plan.env)
     t0 = time.monotonic()
     if obs is not None:
         obs.start()
     try:
-        res = _run.run(
-            cmd, env=full_env, log_file=log_file, timeout=plan.timeout, check=False, on_line=on_line, what="llama-bench"
+        rc, error = run_tool(
+            cmd, plan.env, log_file=log_file, timeout=plan.timeout, on_line=on_line, what="llama-bench"
         )
-        if res.returncode != 0:
-            error = (
-                f"llama-bench exited with code {res.returncode}; see {log_file}. "
-                f"Last lines: {_run.tail(log_file, 5)}{crash_hint(res.returncode, cmd)}"
-            )
-    except TunerError as err:  # timeout or missing executable: data, not a crash
-        error = str(err)
     finally:
         if obs is not None:
             obs.stop()
+    if not error and rc != 0:
+        error = (
+            f"llama-bench exited with code {rc}; see {log_file}. "
+            f"Last lines: {_run.tail(log_file, 5)}{crash_hint(rc, cmd)}"
+        )
     return _Call(cmd=cmd, log_file=log_file, records=records, obs=obs, error=error, t0=t0)
 
 
@@ -452,95 +367,6 @@ class _BenchPlan:
     observe: bool
     pin: tuple[str, ...] = ()
     """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
-
-
-def _check_bench_args(
-    bin_dir: Path,
-    model: Path,
-    *,
-    depths: Sequence[int],
-    pp: int,
-    tg: int,
-    reps: int | None,
-    target_ci: float | None,
-    max_reps: int,
-    env: Mapping[str, str],
-    extra_args: Sequence[str],
-    log_dir: Path,
-    label: str,
-    timeout: float,
-    era: str | None,
-    flash_attn: bool | None,
-    arch: str | None,
-    bandwidth: float | None,
-    confidence: float,
-    seed: int,
-    observe: bool,
-    cpus: Sequence[int] | None = None,
-) -> _BenchPlan:
-    """Check run_bench's arguments before anything runs; raise UsageError naming the bad one."""
-    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
-    exe = find_exe(bin_dir, "llama-bench")
-    if not model.is_file():
-        raise UsageError(
-            f"Model file {model} does not exist. Pass a GGUF file "
-            "(`tuner model synth --like tiny` makes a small random-weight one)."
-        )
-    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
-    if not depths or len(set(depths)) != len(depths):
-        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
-    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
-    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
-    if pp == 0 and tg == 0:
-        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
-    max_reps = _check_int("max_reps", max_reps, 1, 10000)
-    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
-    want = min(want, max_reps)
-    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
-        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
-    if timeout <= 0:
-        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
-    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
-        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
-    env = check_env(env)
-    extra = _check_extra_args(extra_args)
-    if cpus:
-        parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
-    for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence
-        if a in ("-t", "--threads"):
-            check_threads(extra[i + 1], host_cpus(cpus))
-    pin = tuple(pin_command(cpus))
-    fa = _fa_args(exe, era, flash_attn)
-    label = label or bin_dir.parent.name or "bench"
-    if not re.match(r"^[\w.@+-]+$", label):
-        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
-    if arch is not None or bandwidth is not None:
-        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
-        for ph, n in (("pp", pp), ("tg", tg)):
-            if n > 0:
-                _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
-    return _BenchPlan(
-        exe=exe,
-        model=model,
-        log_dir=log_dir,
-        depths=depths,
-        pp=pp,
-        tg=tg,
-        want=want,
-        max_reps=max_reps,
-        target_ci=target_ci,
-        timeout=timeout,
-        env=env,
-        extra=extra,
-        fa=fa,
-        label=label,
-        arch=arch,
-        bandwidth=bandwidth,
-        confidence=confidence,
-        seed=seed,
-        observe=observe,
-        pin=pin,
-    )
 
 
 def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phase: str | None, call: _Call) -> set[tuple[str, int]]:
@@ -608,20 +434,6 @@ def _still_pending(
     return next_pending
 
 
-def _bench_cmd(plan: _BenchPlan, *, p: int, n: int, depths: Sequence[int], reps: int) -> list[str]:
-    """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
-    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
-    progress = ["--progress"] if plan.observe else []
-    ds = ",".join(str(d) for d in depths)
-    return [
-        *plan.pin,
-        *[str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps), "-o", "jsonl"],
-        *plan.fa,
-        *progress,
-        *plan.extra,
-    ]
-
-
 def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
     """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
     pending = list(plan.depths)
@@ -631,9 +443,7 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
         accs[(phase, d)] = _Acc()
     while pending:
         p, n = (ntok, 0) if phase == "pp" else (0, ntok)
-        cmd = _bench_cmd(plan, p=p, n=n, depths=pending, reps=k + 1)
-        log.progress(f"  {plan.label}: {phase}{ntok} d={','.join(map(str, pending))} -r {k + 1}")
-        call = _run_call(plan, cmd, log_file)
+        call = _run_call(plan, log_file, p=p, n=n, depths=pending, reps=k + 1)
         seen = {d for _, d in _absorb_records(accs, phase, call)}
         pending = _still_pending(plan, accs, phase, pending, seen, call)
         if pending:
@@ -652,9 +462,7 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     for ph in ("pp", "tg"):
         for d in plan.depths:
             accs[(ph, d)] = _Acc()
-    cmd = _bench_cmd(plan, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
-    log.progress(f"  {plan.label}: pp{plan.pp}+tg{plan.tg} d={','.join(map(str, plan.depths))} -r {plan.want + 1}")
-    call = _run_call(plan, cmd, log_file)
+    call = _run_call(plan, log_file, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
     seen = _absorb_records(accs, None, call)
     for ph in ("pp", "tg"):
         _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, call)
@@ -662,7 +470,7 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
 
 
 def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any]:
-    """One output row (module docstring's schema) from a (phase, depth) accumulator."""
+    """One output row (:data:`COLUMNS`) from a (phase, depth) accumulator."""
     st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
     ntok = plan.pp if phase == "pp" else plan.tg
     meta = acc.meta
@@ -682,15 +490,8 @@ def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any
         "warmup_discarded": acc.discarded,
         "status": "ok" if st["n"] > 0 else "failed",
         "error": acc.error,
-        "build_commit": meta.get("build_commit"),
-        "backends": meta.get("backends"),
-        "gpu_info": meta.get("gpu_info"),
+        **{k: meta.get(k) for k in _META_COLUMNS},
         "model_filename": meta.get("model_filename", str(plan.model)),
-        "model_size": meta.get("model_size"),
-        "n_params": meta.get("n_params"),
-        "n_ubatch": meta.get("n_ubatch"),
-        "type_k": meta.get("type_k"),
-        "flash_attn": meta.get("flash_attn"),
         "env": json.dumps(plan.env, sort_keys=True),
         "cmd": acc.cmd,
         "log_file": acc.log_file,
@@ -734,64 +535,71 @@ def run_bench(
     observe: bool = True,
     cpus: Sequence[int] | None = None,
 ) -> pd.DataFrame:
-    """Benchmark one build on one model: pp and tg at every depth.
-
-    Args:
-        bin_dir: Directory holding ``llama-bench`` (``Build.bin_dir``).
-        model: GGUF model file.
-        depths: KV depths (``-d``) to measure at.
-        pp: Prompt tokens of the pp test; 0 skips pp.
-        tg: Generated tokens of the tg test; 0 skips tg.
-        reps: Kept samples per (test, depth) in the first batch (default 5). One more repetition
-            is run and discarded per llama-bench call.
-        target_ci: Stop adding batches once the bootstrap CI half-width of the median is within
-            this many percent of the median (None: one batch).
-        max_reps: Upper bound on kept samples per (test, depth) when ``target_ci`` is set.
-        env: Environment overrides for llama-bench (e.g. ``GGML_TUNER_FA_RULES``).
-        extra_args: Extra llama-bench flags (``-ngl 99``, ``-ctk q8_0``...).
-        log_dir: Where the per-call logs go.
-        label: Variant name stored in every row (default: the bin dir's parent name).
-        timeout: Seconds per llama-bench call.
-        era: ``mma`` (``-fa on``) or ``rocwmma`` (``-fa 1``); None detects from ``--help``.
-        flash_attn: True/False for ``-fa``; None leaves llama-bench's default.
-        arch: Arch name for the roofline columns.
-        bandwidth: Memory bandwidth in GB/s for the roofline (overrides the arch's).
-        confidence: Coverage of the CI columns.
-        seed: Bootstrap seed.
-        observe: Sample CPU/GPU utilization during each call.
-        cpus: Pin every llama-bench call to these CPUs (``taskset -c``; the host-paced scenario).
-
-    Returns:
-        A DataFrame with the module docstring's schema; ``df.attrs`` holds ``log_file`` (the
-        last log) and ``errors``.
-
-    Raises:
-        UsageError: Bad arguments or a missing llama-bench/model (before anything runs).
-    """
+    """Benchmark one build on one model: pp and tg at every depth; a DataFrame of :data:`COLUMNS` whose
+    ``attrs`` hold ``log_file`` (the last log) and ``errors``; UsageError for bad arguments or a missing
+    llama-bench/model, before anything runs. ``reps``: kept samples per (test, depth) in the first batch
+    (default 5; one more per call is discarded); ``label`` defaults to the bin dir's parent name; ``timeout``
+    is seconds per call; ``era`` (``mma``: ``-fa on``, ``rocwmma``: ``-fa 1``) None detects it; ``flash_attn`` None
+    leaves ``-fa`` out; ``bandwidth`` (GB/s) overrides the arch's roofline; ``cpus`` pins calls (``taskset -c``)."""
     import pandas as pd
 
-    plan = _check_bench_args(
-        bin_dir,
-        model,
+    bin_dir, model, log_dir = Path(bin_dir), Path(model), Path(log_dir)
+    exe = find_exe(bin_dir, "llama-bench")
+    check_model(model)
+    depths = tuple(_check_int("depth", d, 0, _MAX_TOKENS) for d in depths)
+    if not depths or len(set(depths)) != len(depths):
+        raise UsageError(f"depths must be a non-empty list of distinct integers (got {depths!r}).")
+    pp = _check_int("pp", pp, 0, _MAX_TOKENS)
+    tg = _check_int("tg", tg, 0, _MAX_TOKENS)
+    if pp == 0 and tg == 0:
+        raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
+    max_reps = _check_int("max_reps", max_reps, 1, 10000)
+    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
+    want = min(want, max_reps)
+    if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
+        raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
+    if timeout <= 0:
+        raise UsageError(f"timeout must be positive seconds (got {timeout!r}).")
+    if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
+        raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
+    env = check_env(env)
+    extra = _check_extra_args(extra_args)
+    if cpus:
+        parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
+    for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence
+        if a in ("-t", "--threads"):
+            check_threads(extra[i + 1], host_cpus(cpus))
+    pin = tuple(pin_command(cpus))
+    fa = _fa_args(exe, era, flash_attn)
+    label = label or bin_dir.parent.name or "bench"
+    if not re.match(r"^[\w.@+-]+$", label):
+        raise UsageError(f"label {label!r} may only contain letters, digits and . _ @ + -.")
+    if arch is not None or bandwidth is not None:
+        # Surface an unknown arch or missing bandwidth before spending minutes benchmarking.
+        for ph, n in (("pp", pp), ("tg", tg)):
+            if n > 0:
+                _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
+    plan = _BenchPlan(
+        exe=exe,
+        model=model,
+        log_dir=log_dir,
         depths=depths,
         pp=pp,
         tg=tg,
-        reps=reps,
-        target_ci=target_ci,
+        want=want,
         max_reps=max_reps,
-        env=env,
-        extra_args=extra_args,
-        log_dir=log_dir,
-        label=label,
+        target_ci=target_ci,
         timeout=timeout,
-        era=era,
-        flash_attn=flash_attn,
+        env=env,
+        extra=extra,
+        fa=fa,
+        label=label,
         arch=arch,
         bandwidth=bandwidth,
         confidence=confidence,
         seed=seed,
         observe=observe,
-        cpus=cpus,
+        pin=pin,
     )
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""

@@ -1,47 +1,36 @@
 """The search's decision rule: A/A-controlled paired differences, Holm over cells, Bonferroni over looks.
 
-One *cell* is a candidate at one depth of one phase. In every round the candidate, upstream and the
-A/A twin (upstream again, or the forced kernel upstream picks anyway) are measured back to back. The
-cell's per-round statistic is
+One *cell* is a candidate at one depth of one phase. In every round the candidate, upstream and the A/A
+twin (upstream again, or the forced kernel upstream picks anyway) are measured back to back; the cell's
+per-round statistic is
 
     d_i = log(candidate_i / upstream_i) - log(twin_i / upstream_i)
 
-(which is ``log(candidate_i / twin_i)``): round-level drift cancels, and so does any bias the harness
-gives a forced candidate over upstream's own selection, since the twin carries it too. The A/A noise is
-inside the interval of ``mean(d)`` (its variance is that of two measurements), so the interval is not
-widened by a separate noise bar a second time, which is what the earlier rule did (a claim needed the
-whole 95% CI beyond the A/A interval's reach: effect > noise + half-width).
+(``log(candidate_i / twin_i)``): round-level drift cancels, and so does any bias the harness gives a forced
+candidate, since the twin carries it too. The A/A noise is inside the interval of ``mean(d)``, so the
+interval is not widened by a separate noise bar again (the earlier rule needed effect > noise + half-width).
+The variance is pooled over the configurations of each depth (the two-way residual mean square with
+(R-1)(C-1) degrees of freedom, as :func:`tuner.measure.paired.block_effects`), with ``pool="phase"`` over
+the phase's depths too; ``se = sqrt(2 s^2 / R)``, Student-t.
 
-The variance is pooled over the configurations of each depth (rounds as blocks: the two-way residual
-mean square with (R-1)(C-1) degrees of freedom, as :func:`tuner.measure.paired.block_effects`); with
-``pool="phase"`` it is pooled over the phase's depths as well. ``se = sqrt(2 s^2 / R)``, Student-t.
+Decision per *family* (the cells of one phase, each phase gets ``alpha / 2``). A cell whose candidate ran
+upstream's own kernel (:func:`tuner.rounds.compose.sequential_calls`) is A/A by construction: it is not
+tested and does not raise the others' Holm thresholds (which kernel ran decides it, not the measured t/s):
 
-Decision, per *family* (the cells of one phase; a search has two phases, each gets ``alpha / 2``). The
-family holds only the cells that can differ from upstream (:func:`tuner.rounds.compose.sequential_calls`):
-a candidate that ran upstream's own kernel at a depth (a confirm's final config where no rule covers the
-depth) runs the identical kernel path, so its cell is A/A by construction and no hypothesis; it is not
-tested and does not raise the other cells' Holm thresholds. Which kernel ran decides the family, not the
-measured t/s, so Holm's guarantee over the cells tested is unchanged (a cell with an unknown kernel stays):
-
-1. each cell's two-sided p-value of ``mean(d) = 0`` is divided by the alpha share of the round count
-   ``n`` it stopped at (weighted Bonferroni over the sequential looks, :func:`look_weight`: a cell can
-   stop after any count from ``min_rounds`` to ``max_rounds``; the last gets 0.8, the earlier ones share
-   the other 0.2, the shares sum to 1, so ``p / share`` is a valid p-value whatever the data-dependent
-   stopping; most undecided cells run to the maximum, so it gets the larger share);
+1. each p-value of ``mean(d) = 0`` is divided by the alpha share of the round count ``n`` it stopped at
+   (weighted Bonferroni over the sequential looks ``min_rounds..max_rounds``, :func:`look_weight`: the last
+   gets 0.8, where most undecided cells end, the earlier ones share 0.2; the shares sum to 1, so ``p /
+   share`` is valid whatever the data-dependent stopping);
 2. Holm's step-down over the family's adjusted p-values at the family's alpha;
-3. a rejected cell is ``faster`` when ``mean(d) >= log(1 + min_effect)`` (the practical minimum, 2%, is
-   a condition on the estimate: the family-wise guarantee comes from the test of zero, the minimum keeps
-   tiny real effects from being claimed), ``slower`` when ``mean(d) < 0`` (a proven slowdown of any
-   size counts, it only ever protects upstream);
-4. an unrejected cell is *settled* (``no difference``, no more rounds) when the one-sided 95% upper
-   bound of its effect is below the practical minimum (it cannot become a claim worth making); else it
-   is *open* and the search adds rounds to it (up to ``max_rounds``).
+3. a rejected cell is ``faster`` when ``mean(d) >= log(1 + min_effect)`` (2%: a condition on the estimate
+   that keeps tiny real effects from being claimed), ``slower`` when ``mean(d) < 0`` (any proven slowdown
+   counts: it only protects upstream);
+4. an unrejected cell is *settled* (``no difference``) when the one-sided 95% upper bound of its effect is
+   below the practical minimum; else it is *open* and gets more rounds (up to ``max_rounds``).
 
-Family-wise error: a false claim in a family needs, at some cell with no effect, ``p / share <= alpha /
-(cells left in Holm's step)`` at the round count the cell stopped at; by the union bound over the
-looks (shares summing to 1) and Holm's guarantee this happens with probability at most ``alpha`` under any dependence between
-cells and rounds. Futility stops and the minimum effect only remove claims. ``tools/power.py`` measures
-the rule on the recorded rounds (docs/decision-rule.md).
+By the union bound over the looks and Holm's guarantee, a false claim in a family has probability at most
+``alpha`` under any dependence between cells and rounds; futility stops and the minimum effect only remove
+claims. ``tools/power.py`` measures the rule on the recorded rounds (docs/decision-rule.md).
 """
 
 from __future__ import annotations
@@ -69,6 +58,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal, TypeVar
 
 from scipy import stats as _stats
+
+from tuner.measure.paired import residual
 
 ALPHA = 0.05
 """Family-wise error of a search: the chance that it claims anything where nothing differs."""
@@ -133,18 +124,6 @@ def _complete(values: Mapping[str, Sequence[float | None]], names: Sequence[str]
     return out
 
 
-def _residual(y: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """Two-way (round x config) residual sum of squares and its degrees of freedom."""
-    r, c = len(y), len(y[0]) if y else 0
-    if r < 2 or c < 2:
-        return 0.0, 0
-    row_m = [sum(v) / c for v in y]
-    col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
-    grand = sum(row_m) / r
-    ss = sum((y[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(r) for j in range(c))
-    return ss, (r - 1) * (c - 1)
-
-
 def _depth_parts(
     values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
 ) -> tuple[dict[str, tuple[int, float]], float, int]:
@@ -155,7 +134,7 @@ def _depth_parts(
         c: (len(y), sum((row[2 + j] - row[0]) - (row[1] - row[0]) for row in y) / len(y) if y else math.nan)
         for j, c in enumerate(candidates)
     }
-    ss, df = _residual(y)
+    ss, df = residual(y)
     return means, ss, df
 
 

@@ -1,51 +1,34 @@
-"""Output-equivalence gate: the real model, end to end, against upstream's config.
-
-test-backend-ops (:mod:`tuner.measure.gate`) checks single ops; this gate checks what a user gets,
-the logits of a whole model, with llama.cpp's own ``llama-perplexity``:
+"""Output-equivalence gate: the logits of a whole model, with llama.cpp's own ``llama-perplexity``, against
+upstream's config (test-backend-ops, :mod:`tuner.measure.gate`, checks single ops).
 
 1. **Upstream base.** Upstream's build and config score a fixed token text and save every scored
-   position's log-probabilities: ``llama-perplexity -m M -f TEXT -c N --chunks K -b B -ub U
-   --kl-divergence-base UP.kld``.
-2. **Determinism.** The candidate does the same twice (files ``A`` and ``B``); the two files must be
-   byte-identical. Why bytes of this file rather than greedy tokens or a KLD of exactly 0: the file
-   holds, per scored position, the exact float ``scale`` and ``min_log_prob`` (functions of the max,
-   the min and the log-sum-exp of *every* logit) plus every log-probability quantized to 16 bits of
-   the position's range, so any run-to-run change that moves a logit by more than ~1/65535 of the
-   range changes bytes. Greedy tokens only see a change that flips an argmax, and the KLD that
-   ``llama-perplexity`` prints has 6 decimals, below which a nondeterministic reduction hides.
-   It costs one extra run of the same tool and no second tool (llama-simple) to build.
-3. **Against upstream.** ``llama-perplexity ... --kl-divergence-base UP.kld --kl-divergence`` on the
-   candidate; its "KL divergence statistics" (mean, 99th percentile, maximum) and "Same top p" are
-   parsed and judged against :data:`DEFAULT_THRESHOLDS` (:func:`judge`).
+   position's log-probabilities (``--kl-divergence-base UP.kld``).
+2. **Determinism.** The candidate does the same twice; the two files must be byte-identical. The file
+   holds per position the exact float ``scale`` and ``min_log_prob`` (functions of every logit) plus each
+   log-probability quantized to 16 bits of the position's range, so any run-to-run change of a logit above
+   ~1/65535 of the range changes bytes; greedy tokens only see argmax flips, and the printed KLD has 6
+   decimals, below which a nondeterministic reduction hides. It costs one more run and no second tool.
+3. **Against upstream.** ``--kl-divergence-base UP.kld --kl-divergence`` on the candidate; its mean, 99th
+   percentile and maximum KLD and "Same top p" are judged against :data:`DEFAULT_THRESHOLDS` (:func:`judge`).
 
-``strict=True`` (for scheduling-only candidates: threads, CUDA graph knobs) additionally requires the
-candidate's file to be byte-identical to upstream's: such knobs must not change a single logit, and
-on the CPU backend ``-t 1`` vs ``-t 2`` indeed gives identical files.
+``strict=True`` (scheduling-only candidates: threads, CUDA graph knobs) also requires the candidate's file
+to equal upstream's byte for byte (on the CPU backend ``-t 1`` vs ``-t 2`` indeed gives identical files).
 
-**Phases.** Decode kernels (``GGML_TUNER_FA_RULES=decode:...``) act only when a micro-batch holds one
-token (Q->ne[1]==1). ``mode="decode"`` therefore runs every llama-perplexity call with ``-b 1 -ub 1``
-(each token its own batch, the decode path, upstream's base included), ``mode="prefill"`` with
-``-b N -ub N`` (one micro-batch per chunk of N tokens, the prefill path). A candidate's rules must be
-judged in the mode of their phase, against an upstream base made in the same mode (the modes differ
-from each other by float reordering, so a base of the other mode would mix that in). A rule that only
-covers deep KV ranges (``decode:32768-=MMA``) does not fire at the gate's short context; judge such a
-kernel with its interval widened (:func:`widened_rules`), which checks the kernel's numerics at the
-gate's depth.
+**Phases.** Decode kernels act only when a micro-batch holds one token (Q->ne[1]==1), so ``mode="decode"``
+runs every call with ``-b 1 -ub 1`` (upstream's base included) and ``mode="prefill"`` with ``-b N -ub N``.
+Rules are judged in the mode of their phase against a base of the same mode (the modes differ by float
+reordering). A rule covering only deep KV ranges (``decode:32768-=MMA``) does not fire at the gate's short
+context; :func:`widened_rules` widens it so the kernel's numerics are checked at the gate's depth.
 
-**Threshold** (:data:`CALIBRATION` has the measured numbers and the command). On the CPU backend with
-the ``tiny`` random-weight model (c=128, 2 chunks, 126 scored tokens), upstream vs itself and every
-kernel/schedule pair measured (FA on/off, ubatch 512/128/32/1, threads 1/2) gave mean KLD 0.000000,
-99th percentile <= 0.000001, maximum <= 0.000002 and "Same top p" 100%: the floor is the base
-file's 16-bit quantization. KV-cache types, a real and deliberate change of numerics, gave: q8_0
-mean 0.000002 (p99 0.000004, top 100%), q5_1 0.000099 (94.4%), iq4_nl 0.000357 (92.9%), q4_0
-0.000584 (83.3%). The defaults (mean <= 1e-5, p99 <= 1e-4, same top >= 98%) sit 10x above the
-floor at the tool's print resolution, admit q8_0-KV-sized differences, and reject q5_1-KV-sized
-ones. The random-weight models have nearly uniform logits (PPL ~123k of a 128k vocabulary; logit
-std ~0.3), so a given relative error gives a far smaller KLD than on a trained model (KLD scales
-with the logits' variance), and "Same top p" (argmax flips among near-equal logits) is the most
-sensitive of the three there. These fixed thresholds are the CPU backend's; on a GPU the search's gate
-derives its thresholds from the kernel band it measures on the model (upstream's own kernels forced vs
-its pick, :mod:`tuner.rounds.output_gate`; the H100 numbers are in docs/equivalence.md).
+**Threshold** (:data:`CALIBRATION` has the measured numbers and the command). On the CPU backend with the
+``tiny`` random-weight model, every kernel/schedule pair gave mean KLD 0, p99 <= 1e-6, max <= 2e-6 and
+"Same top p" 100% (the base file's 16-bit quantization is the floor); KV-cache types, a deliberate change,
+gave q8_0 mean 2e-6 (100%), q5_1 9.9e-5 (94.4%), iq4_nl 3.6e-4, q4_0 5.8e-4. The defaults (mean <= 1e-5,
+p99 <= 1e-4, same top >= 98%) sit 10x above the floor at the print resolution, admit q8_0-KV-sized
+differences and reject q5_1-KV-sized ones. Random-weight models have nearly uniform logits (PPL ~123k of a
+128k vocabulary), so a relative error gives a far smaller KLD than on a trained model, and "Same top p" is
+the most sensitive measure there. These are the CPU backend's thresholds; on a GPU the search's gate derives
+its own from the kernel band it measures (:mod:`tuner.rounds.output_gate`; H100 numbers in docs/equivalence.md).
 """
 
 from __future__ import annotations
@@ -68,18 +51,17 @@ __all__ = [
 import dataclasses
 import hashlib
 import math
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import _run, log
+from tuner import log
 from tuner._hash import file_sha256
-from tuner.errors import TunerError, UsageError
+from tuner.errors import UsageError
 from tuner.measure.bench import check_passthrough_args
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import check_env, check_model, find_exe, run_tool
 from tuner.plan.fa_rules import FaRule, Phase
 
 MODES = ("prefill", "decode")
@@ -323,15 +305,8 @@ def _num(text: str) -> float:
 
 
 def parse_kld_output(text: str) -> KldStats:
-    """Parse the console output of ``llama-perplexity --kl-divergence``.
-
-    Args:
-        text: Combined stdout/stderr of the run.
-
-    Returns:
-        KldStats; fields whose line is missing are NaN, so ``complete`` is False for a run that
-        stopped early (llama-perplexity reports a bad base file and still exits 0).
-    """
+    """Parse the console output of ``llama-perplexity --kl-divergence``; fields whose line is missing are NaN,
+    so ``complete`` is False for a run that stopped early (a bad base file still exits 0)."""
     got: dict[str, float] = {}
     for key, rx in _STAT_LINES.items():
         matches = rx.findall(text)
@@ -375,18 +350,9 @@ def judge(
     strict: bool = False,
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[bool, tuple[str, ...]]:
-    """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers.
-
-    A candidate passes only if two runs of it gave identical logits, its KLD statistics against
-    upstream were printed, mean and 99th-percentile KLD are at most the thresholds, its "Same top p"
-    is at least the threshold, and (``strict``) its logits equal upstream's byte for byte.
-
-    Example:
-        >>> s = KldStats(mean_kld=0.0, mean_kld_unc=0.0, p99_kld=1e-6, max_kld=1e-6, median_kld=0.0,
-        ...              same_top_pct=100.0, same_top_unc=0.0, ppl_q=1.0, ppl_base=1.0)
-        >>> judge(stats=s, deterministic=True)
-        (True, ())
-    """
+    """The decision rule: ``(passed, reasons)``; a pure function of the measured numbers. A candidate passes
+    only if two runs of it gave identical logits, its KLD statistics were printed and are within the
+    thresholds, and (``strict``) its logits equal upstream's byte for byte."""
     t = thresholds
     why: list[str] = []
     if deterministic is False:
@@ -409,12 +375,8 @@ def judge(
 
 
 def write_gate_text(path: Path, n_words: int = 3000) -> Path:
-    """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG.
-
-    The text is meaningless (so are the random-weight models' predictions); what matters is that it
-    is the same on every machine and every run, tokenizes to many distinct tokens, and needs no
-    network. About 1.05 tokens per word with the llama-bpe vocabulary.
-    """
+    """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG (meaningless,
+    but the same on every machine and run, many distinct tokens, no network; ~1.05 tokens per word)."""
     x = 12345
     out = []
     for _ in range(n_words):
@@ -428,12 +390,8 @@ def write_gate_text(path: Path, n_words: int = 3000) -> Path:
 
 
 def widened_rules(rules: Sequence[FaRule]) -> dict[Phase, list[FaRule]]:
-    """Rules grouped by phase with every interval widened to ``0-``, one rule per (phase, keys, kernel).
-
-    A deep-context rule (``decode:32768-=MMA``) does not fire at the gate's context of a few hundred
-    tokens; widening it forces that kernel for the model's shape at the gate's depth, so its numerics
-    are checked. Returns ``{Phase.DECODE: [...], Phase.PREFILL: [...]}``.
-    """
+    """Rules grouped by phase with every interval widened to ``0-`` (module docstring), one rule per (phase,
+    keys, kernel)."""
     out: dict[Phase, list[FaRule]] = {p: [] for p in Phase}
     for r in rules:
         w = r.widened()
@@ -487,20 +445,16 @@ def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) ->
     """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
-    try:
-        res = _run.run(
-            [side.exe, *base, *side.args],
-            env={**os.environ, **side.env},
-            log_file=log_file,
-            timeout=timeout,
-            check=False,
-            on_line=lines.append,
-            what=PERPLEXITY,
-        )
-        rc = res.returncode
-    except TunerError as err:  # timeout, or the binary would not start
+    rc, err = run_tool(
+        [side.exe, *base, *side.args],
+        side.env,
+        log_file=log_file,
+        timeout=timeout,
+        on_line=lines.append,
+        what=PERPLEXITY,
+    )
+    if err:  # timeout, or the binary would not start
         lines.append(f"error: {err}")
-        rc = -1
     return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
 
 
@@ -532,29 +486,14 @@ def _checked_inputs(
             "no KL divergence statistics under 100 (it scores ctx/2 - 1 tokens per chunk). Raise --chunks "
             f"to {-(-100 // (ctx - 1 - ctx // 2))} or --ctx."
         )
-    model = Path(model)
-    if not model.is_file():
-        raise UsageError(
-            f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE` makes one)."
-        )
+    model = check_model(model)
     return find_exe(Path(candidate_bin), PERPLEXITY), find_exe(Path(upstream_bin), PERPLEXITY), model
 
 
 def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
     """Upstream's log-prob file, keyed by everything that shapes it and reused across candidates; (file, error)."""
-    ukey = hashlib.sha256(
-        repr(
-            (
-                str(up.exe),
-                up.exe.stat().st_mtime_ns,
-                g.common,
-                list(up.args),
-                sorted(up.env.items()),
-                model.stat().st_size,
-                model.stat().st_mtime_ns,
-            )
-        ).encode()
-    ).hexdigest()[:16]
+    side = (str(up.exe), up.exe.stat().st_mtime_ns, g.common, list(up.args), sorted(up.env.items()))
+    ukey = hashlib.sha256(repr((*side, model.stat().st_size, model.stat().st_mtime_ns)).encode()).hexdigest()[:16]
     up_file = g.work_dir / f"upstream-{g.mode}-{ukey}.kld"
     stamp = g.work_dir / f"upstream-{g.mode}-{ukey}.sha256"
     g.logs["upstream"] = g.work_dir / f"upstream-{g.mode}-{ukey}.log"
@@ -583,7 +522,6 @@ def _candidate_runs(cand: _Side, g: _Gate) -> str:
     return ""
 
 
-# long: a 35-line docstring (every argument of the gate); the body is the four steps in order, about 50 lines.
 def run_equivalence(
     candidate_bin: Path,
     upstream_bin: Path,
@@ -604,25 +542,11 @@ def run_equivalence(
 ) -> EquivalenceResult:
     """Run the gate: upstream's base, the candidate twice (determinism), the candidate's KLD vs upstream.
 
-    Args:
-        candidate_bin: The candidate build's bin directory (holds ``llama-perplexity``).
-        upstream_bin: Upstream's build's bin directory (may be the same directory: env/args candidates).
-        model: GGUF model (a synthetic random-weight one is fine: the logits of the same weights compare).
-        mode: ``prefill`` (``-b ctx -ub ctx``) or ``decode`` (``-b 1 -ub 1``); see the module docstring.
-        candidate_env, candidate_args: The candidate's environment (e.g. ``GGML_TUNER_FA_RULES``) and extra
-            llama-perplexity arguments (``-t 1``, ``-fa on``, ``-ctk q8_0``).
-        upstream_env, upstream_args: The same for upstream's side (pinned knobs both sides share).
-        work_dir: Logs and the log-prob files go here (upstream's file is reused by later candidates).
-        ctx: Context per chunk (half of it is scored); at least 16.
-        chunks: Chunks scored; ``chunks * (ctx/2 - 1)`` tokens in all, at least 100 (llama-perplexity prints
-            no statistics below that).
-        strict: Scheduling-only candidate: also require byte-identical log-probs to upstream's.
-        thresholds: The decision rule's limits.
-        timeout: Seconds per llama-perplexity call.
-        keep_files: Keep the candidate's log-prob files (they are ``chunks * ctx/2 * n_vocab * 2`` bytes).
-
-    Returns:
-        An EquivalenceResult. A failed or crashed tool run is a failed gate naming its log, not an exception.
+    ``upstream_bin`` may be the candidate's own directory (env/args candidates); upstream's log-prob file in
+    ``work_dir`` is reused by later candidates. ``ctx`` is the context per chunk (half of it scored, at least
+    16); ``chunks * (ctx/2 - 1)`` scored tokens must be at least 100 (llama-perplexity prints no statistics
+    below that). ``keep_files`` keeps the candidate's log-prob files (``chunks * ctx/2 * n_vocab * 2`` bytes).
+    A failed or crashed tool run is a failed gate naming its log, not an exception.
 
     Raises:
         UsageError: A missing binary or model, a bad mode, context, chunk count or argument.

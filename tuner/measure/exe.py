@@ -1,16 +1,18 @@
-"""What every measuring stage checks before it runs a llama.cpp tool: the executable is in the build's
-bin directory, and the environment overrides are well-formed (bench, gate, soak, residency, equivalence)."""
+"""What every measuring stage checks before it runs a llama.cpp tool (the executable is in the build's bin
+directory, the environment overrides are well-formed), and how it runs one (bench, gate, soak, residency,
+equivalence)."""
 
 from __future__ import annotations
 
-__all__ = ["check_env", "find_bin_dir", "find_exe"]
+__all__ = ["bench_exit_error", "check_env", "check_model", "find_bin_dir", "find_exe", "run_tool"]
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tuner.errors import UsageError
+from tuner import _run
+from tuner.errors import TunerError, UsageError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -38,6 +40,17 @@ def find_exe(bin_dir: Path, name: str) -> Path:
     return exe
 
 
+def check_model(model: Path) -> Path:
+    """``model`` as a Path when it is a file, else a UsageError saying how to make one."""
+    model = Path(model)
+    if not model.is_file():
+        raise UsageError(
+            f"Model {model} does not exist. Pass a GGUF file "
+            "(`tuner model synth --like tiny -o FILE` makes a small random-weight one)."
+        )
+    return model
+
+
 def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:
     """The directory holding ``exe``: PATH itself, PATH/bin or PATH/build/bin (what --build may point at)."""
     for cand in (path, path / "bin", path / "build" / "bin"):
@@ -47,3 +60,37 @@ def find_bin_dir(path: Path, exe: str = "llama-bench") -> Path:
         f"No {exe} under {path} (looked in ., bin/ and build/bin/). Pass --build with a build "
         "directory or its bin directory (`tuner build` prints it)."
     )
+
+
+def run_tool(
+    cmd: Sequence[str | os.PathLike[str]],
+    env: Mapping[str, str],
+    *,
+    log_file: Path,
+    timeout: float,
+    what: str,
+    on_line: Callable[[str], None] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run a measuring tool with ``env`` (checked: :func:`check_env`) over ``base`` (default ours): ``(exit code,
+    "")``, or ``(-1, why)`` when ``env`` is bad, the tool timed out or would not start: a failed run is data."""
+    try:
+        res = _run.run(
+            cmd,
+            env={**(os.environ if base is None else base), **check_env(env)},
+            log_file=log_file,
+            timeout=timeout,
+            check=False,
+            on_line=on_line,
+            what=what,
+        )
+    except TunerError as err:
+        return -1, str(err)
+    return res.returncode, ""
+
+
+def bench_exit_error(rc: int, lines: Sequence[str], log_file: Path) -> str:
+    """Why a one-process llama-bench probe (soak, residency) exited ``rc``: its first line naming an error,
+    else its log's last two lines."""
+    first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
+    return f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"

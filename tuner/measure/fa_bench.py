@@ -1,22 +1,17 @@
 """``fa-bench``: ``FLASH_ATTN_EXT`` timed at exact shapes on cold K/V, in a fraction of test-backend-ops' time.
 
-``test-backend-ops perf`` (:func:`tuner.measure.kernel_bench.run_round`) repeats each case for at least
-one second (``tests/test-backend-ops.cpp``, ``while (total_time_us < 1000*1000)``) on one set of inputs,
-so K/V that fit the GPU's L2 stay there from one op to the next. ``tuner/data/fa_bench.cpp`` is a small
-program on ggml's public API that builds the same op (the tensor layout of llama.cpp's graph, as
-:func:`tuner.measure.kernel_bench.fa_test_file` describes it), allocates enough copies of its inputs that
-together they exceed a cache size (``cache_mb``, 128 MB by default: more than an H100's 50 MB L2) and
-times one graph of ``iters`` ops (at least one per copy; more with ``target_ms``, :data:`TARGET_MS`)
-that cycles through the copies, after two warm-up runs of that graph (the second is where ggml's CUDA
-backend captures it as a CUDA graph, so the timed run replays it, as a model's repeated graph is
-replayed; ``tuner/data/bench_common.h``).
+``test-backend-ops perf`` (:func:`tuner.measure.kernel_bench.run_round`) repeats each case for at least one
+second (``tests/test-backend-ops.cpp``) on one set of inputs, so K/V that fit the GPU's L2 stay there.
+``tuner/data/fa_bench.cpp`` builds the same op on ggml's public API (llama.cpp's tensor layout,
+:func:`tuner.measure.kernel_bench.fa_test_file`), allocates copies of its inputs that together exceed
+``cache_mb`` (128 MB by default: more than an H100's 50 MB L2) and times one graph of ``iters`` ops cycling
+through them, after two warm-up runs (the second is where ggml's CUDA backend captures the CUDA graph the
+timed run replays, as a model's graph is; ``tuner/data/bench_common.h``).
 
-:func:`build_fa_bench` compiles it once per build with the system C++ compiler (``$CXX``, else ``c++``)
-against the build's ``ggml/include`` and the ``libggml*.so`` beside its binaries; the program is kept in
-``<bin>/../fa-bench/<source hash>/`` (:func:`build_bench`, shared with mm-bench, :mod:`tuner.measure.mm_bench`). :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round`
-on it: same arguments, same :class:`~tuner.measure.kernel_bench.KernelTime` records, the kernel read back
-from the FA log (``GGML_TUNER_FA_LOG=1``; the environment that forces a kernel is read by the CUDA
-backend, so it works here unchanged).
+:func:`build_bench` compiles it (and mm-bench, :mod:`tuner.measure.mm_bench`) once per build with ``$CXX``
+(else ``c++``) against the build's ``ggml/include`` and ``libggml*.so``, into ``<bin>/../fa-bench/<source
+hash>/``. :func:`run_round_fast` is :func:`~tuner.measure.kernel_bench.run_round` on it, the kernel read back
+from the FA log (``GGML_TUNER_FA_LOG=1``; the variable that forces a kernel works here unchanged).
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ __all__ = [
     "MAX_TARGET_MS",
     "TARGET_MS",
     "BenchCase",
+    "bench_cmd",
     "build_bench",
     "build_fa_bench",
     "cached_bench",
@@ -54,29 +50,20 @@ COMMON_HEADER = "bench_common.h"
 """What fa-bench and mm-bench share (command line, backend, timed run), included from beside their source."""
 EXE = "fa-bench"
 CASE_TIMEOUT_S = 120
-"""fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124. Their
-largest cases take seconds (setup and upload included); a case that hangs (a stuck kernel or library
-call) costs this much, not the whole call's timeout."""
+"""fa-bench's and mm-bench's ``-T``: seconds one case may take before the program exits 124 (their largest
+take seconds), so a hung case costs this much, not the whole call's timeout."""
 TARGET_MS = 20
-"""fa-bench's ``-m`` for the sweep on a GPU: each case times at least this many milliseconds of ops.
+"""fa-bench's ``-m`` for the sweep on a GPU: each case times at least this many milliseconds of ops (0, the
+CPU backend's value: ``iters`` ops).
 
-fa-bench calibrates (``tuner/data/bench_common.h`` ``time_case``): it times the case's graph of ``iters``
-ops (at least one per copy of the inputs) after its warm-ups and, where that run was shorter than the
-target, times a graph of enough ops to last it (rounded up to 2^k or 3 * 2^k ops, at most 16384). Why
-20 ms: on the H100 the first sweep's A/A pairs strayed ±19-42% where 50 decode ops of 15-22 µs made
-a timed graph of about 1 ms (n_kv ≤ 4096), and ±3-9% where it lasted 1.4-13 ms (n_kv 8192 and up;
-docs/sweep.md); 20 ms puts every case above the longest graphs measured then, and keeps the timer's
-own jitter (``ggml_time_us`` around a synchronized graph: microseconds, tens of them for launch and
-synchronization) under 0.2% of a run. Each case costs about three runs of it (two warm-ups, one timed),
-so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`).
-
-Why a calibration in the program, not an op count from Python: an op's time depends on the GPU, the
-build and the kernel forced (VEC, TILE and MMA differ by up to 2x at the same shape), which a cost model
-would have to know for every cell; the program measures the op it is about to time, on the GPU it runs
-on. The price is an op count chosen per process: two processes of a paired comparison may time counts
-one step of the series apart, which changes how many ops are averaged, not their mean.
-
-0 (the sweep's value on the CPU backend, where the tests run) times ``iters`` ops as before."""
+fa-bench calibrates (``tuner/data/bench_common.h`` ``time_case``): where the timed graph of ``iters`` ops
+was shorter than the target, it times one of enough ops to last it (2^k or 3 * 2^k ops, at most 16384).
+Why 20 ms: the H100's first sweep's A/A pairs strayed ±19-42% where a timed graph lasted about 1 ms
+(n_kv ≤ 4096) and ±3-9% at 1.4-13 ms (docs/sweep.md); 20 ms is above every graph measured then and keeps
+the timer's jitter (tens of µs) under 0.2% of a run. Each case costs about three runs of it (two warm-ups),
+so the sweep's time grows linearly with it (:func:`tuner.sweep.live.fa_bench_case_s`). Why in the program,
+not an op count from Python: an op's time depends on the GPU, build and forced kernel (up to 2x), which a
+cost model would need for every cell; the price is that two processes may time op counts one step apart."""
 MAX_TARGET_MS = 60_000
 """The largest ``-m`` fa-bench and mm-bench take."""
 
@@ -107,9 +94,8 @@ def _compiler(exe_name: str = EXE) -> str:
 
 
 def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
-    """Where :func:`build_bench` keeps ``exe_name`` for the build in ``bin_dir``:
-    ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of ``tuner/data/<source_name>`` and the shared header
-    (a change to either is a new program)."""
+    """Where :func:`build_bench` keeps ``exe_name``: ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of
+    ``tuner/data/<source_name>`` and the shared header (a change to either is a new program)."""
     digest = hashlib.sha256(package_data(source_name).read_bytes() + package_data(COMMON_HEADER).read_bytes())
     return Path(bin_dir).resolve().parent / exe_name / digest.hexdigest()[:16] / exe_name
 
@@ -117,8 +103,8 @@ def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
 def build_bench(
     bin_dir: Path, source_name: str, exe_name: str, *, ggml_h: Path | None = None, timeout: float = 300.0
 ) -> Path:
-    """The program ``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and
-    ``libggml*.so`` are in ``bin_dir``: on first use (at :func:`cached_bench`), then reused.
+    """``tuner/data/<source_name>`` compiled as ``exe_name`` for the build whose binaries and ``libggml*.so``
+    are in ``bin_dir``, on first use (at :func:`cached_bench`).
 
     Raises:
         UsageError: No shared ggml libraries, headers or compiler.
@@ -148,14 +134,21 @@ def build_bench(
 
 
 def build_fa_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
-    """fa-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the hash of its source and the shared header), then reused.
-
-    Raises:
-        UsageError: No shared ggml libraries, headers or compiler.
-        TunerError: The compiler failed (the message names its log).
-    """
+    """fa-bench for the build in ``bin_dir`` (:func:`build_bench`)."""
     return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
+
+
+def bench_cmd(
+    exe: Path, backend: str, cases_file: Path, *, iters: int, cache_mb: int, target_ms: int, threads: int | None
+) -> list[str]:
+    """The command line of fa-bench or mm-bench (``tuner/data/bench_common.h`` reads both)."""
+    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
+    cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
+    if target_ms:
+        cmd += ["-m", str(target_ms)]
+    if threads is not None:
+        cmd += ["-t", str(threads)]
+    return cmd
 
 
 def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
@@ -193,8 +186,7 @@ def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCa
     out: dict[int, BenchCase] = {}
     walls: dict[int, float] = {}
     for line in text.splitlines():
-        m = case_re.match(line.strip())
-        if not m:
+        if not (m := case_re.match(line.strip())):
             if w := WALL_RE.match(line.strip()):
                 walls[int(w["case"])] = float(w["ms"])
             continue
@@ -226,19 +218,12 @@ def run_round_fast(
     threads: int | None = None,
     target_ms: int = 0,
 ) -> list[KernelTime]:
-    """:func:`tuner.measure.kernel_bench.run_round` on fa-bench: a process per candidate over every shape.
+    """:func:`tuner.measure.kernel_bench.run_round` on fa-bench (compiled beside ``bin_dir`` on first use): a
+    process per candidate over every shape; ``runs`` of each :class:`KernelTime` is the ops timed.
 
-    Args:
-        bin_dir: A build's bin directory with its ``libggml*.so`` (fa-bench is compiled there on first use).
-        shapes, candidates, log_dir, backend, ggml_h, timeout: As for ``run_round``.
-        iters: Ops timed per shape (at least one per copy of the inputs).
-        cache_mb: The inputs' copies together exceed this many MiB, so every op reads cold K/V.
-        threads: CPU backend threads (default: half the cores, as test-backend-ops).
-        target_ms: Time at least this many ms of ops per shape, more than ``iters`` where its ops are
-            short (fa-bench's calibration, :data:`TARGET_MS`); 0: ``iters`` ops.
-
-    Returns:
-        One :class:`KernelTime` per (candidate, shape), candidates in order; ``runs`` is the ops timed.
+    ``iters`` ops are timed per shape (at least one per copy of the inputs, whose copies together exceed
+    ``cache_mb`` MiB, so every op reads cold K/V), more where ``target_ms`` (fa-bench's calibration,
+    :data:`TARGET_MS`) asks; ``threads``: CPU backend threads (default half the cores, as test-backend-ops).
     """
     envs = check_candidates(shapes, candidates, backend, "a ggml backend name")
     if not 1 <= iters <= 1_000_000 or not 0 <= cache_mb <= 1 << 20:
@@ -250,12 +235,7 @@ def run_round_fast(
     log_dir.mkdir(parents=True, exist_ok=True)
     cases_file = log_dir / "fa-bench-cases.txt"
     cases_file.write_text(fa_bench_cases(shapes))
-    cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
-    cmd += ["-T", str(CASE_TIMEOUT_S)]  # a hung case ends the process in minutes, not at the call's timeout
-    if target_ms:
-        cmd += ["-m", str(target_ms)]
-    if threads is not None:
-        cmd += ["-t", str(threads)]
+    cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
 
     def parse(text: str) -> dict[int, tuple[int, float | None, str]]:
         return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_fa_bench_output(text).items()}

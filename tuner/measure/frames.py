@@ -21,6 +21,7 @@ __all__ = [
     "render_table",
     "same_build",
     "save_results",
+    "test_phase",
 ]
 
 import csv
@@ -48,11 +49,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, **kw: Any) -> pd.DataFrame:
 
 
 def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
-    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports).
-
-    Returns:
-        The files written.
-    """
+    """Write ``stem.jsonl`` (always) and ``stem.parquet`` (when pyarrow imports); returns the files written."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_suffix(".jsonl")]
@@ -555,6 +552,15 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def test_phase(n_prompt: int, n_gen: int) -> tuple[str, str]:
+    """llama-bench's test name (``pp512``, ``tg128``, ``pp512+tg128``) and tuner's phase (``pp``, ``tg``, ``pg``)."""
+    if n_gen == 0:
+        return f"pp{n_prompt}", "pp"
+    if n_prompt == 0:
+        return f"tg{n_gen}", "tg"
+    return f"pp{n_prompt}+tg{n_gen}", "pg"
+
+
 def _row_avg_ts(r: dict[str, Any]) -> float:
     """llama-bench's avg_ts of one record (the mean of its samples_ts), as recorded, else from the samples."""
     avg: object = r.get("avg_ts")
@@ -584,9 +590,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
     recs = [_checked_llama_bench(where, r) for where, r in records]
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for r in recs:
-        n_prompt, n_gen = r["n_prompt"], r["n_gen"]
-        test = f"pp{n_prompt}" if n_gen == 0 else (f"tg{n_gen}" if n_prompt == 0 else f"pp{n_prompt}+tg{n_gen}")
-        groups.setdefault((_model_name(r), test, r["n_depth"]), []).append(r)
+        groups.setdefault((_model_name(r), test_phase(r["n_prompt"], r["n_gen"])[0], r["n_depth"]), []).append(r)
     rows = []
     for (model, test, depth), rs in groups.items():
         settings = {json.dumps({k: str(r.get(k)) for k in SETTING_FIELDS if k in r}, sort_keys=True) for r in rs}
@@ -615,9 +619,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 "label": path.stem,
                 "model": model,
                 "test": test,
-                "phase": "pp"
-                if test.startswith("pp") and "+" not in test
-                else ("tg" if test.startswith("tg") else "pg"),
+                "phase": test_phase(rs[0]["n_prompt"], rs[0]["n_gen"])[1],
                 "depth": depth,
                 **stats,
                 "avg_ts": sum(avgs) / len(avgs) if avgs else math.nan,
@@ -626,14 +628,8 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 "status": "ok",
                 "error": "",
                 "per_rep": any(r["samples_ts"] for r in rs),
-                "build_commit": first.get("build_commit"),
-                "build_number": first.get("build_number"),
-                "backends": first.get("backends"),
-                "gpu_info": first.get("gpu_info"),
-                "cpu_info": first.get("cpu_info"),
-                "model_filename": first.get("model_filename"),
-                "model_type": first.get("model_type"),
-                "model_size": first.get("model_size"),
+                **{k: first.get(k) for k in ("build_commit", "build_number", "backends", "gpu_info", "cpu_info")},
+                **{k: first.get(k) for k in ("model_filename", "model_type", "model_size")},
                 "n_params": first.get("model_n_params"),
                 "settings": next(iter(settings)),
                 "source_format": "llama-bench",
@@ -695,19 +691,7 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 def render_table(df: pd.DataFrame) -> str:
     """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
-    headers = [
-        "label",
-        "test",
-        "depth",
-        "t/s (median)",
-        "±CI %",
-        "n",
-        "min–max",
-        "cpu %",
-        "gpu %",
-        "roofline %",
-        "status",
-    ]
+    head = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %", "roofline %", "status"]
     rows = []
     for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
         rows.append(
@@ -725,4 +709,4 @@ def render_table(df: pd.DataFrame) -> str:
                 r["status"],
             ]
         )
-    return log.table(headers, rows)
+    return log.table(head, rows)

@@ -29,16 +29,15 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError, close_matches
-from tuner.measure.exe import check_env, find_exe
-from tuner.plan.fa_rules import FaRule, Phase, rules_env
+from tuner import log
+from tuner.errors import UsageError, close_matches
+from tuner.measure.exe import check_env, find_exe, run_tool
+from tuner.measure.kernel_bench import force_kernel_env
 
 KERNELS = ("VEC", "TILE", "MMA")
 """Kernels the era-``mma`` runtime hook can force."""
@@ -92,21 +91,13 @@ class GateResult:
 
 
 def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
-    """Parse test-backend-ops console output (``test`` mode).
-
-    Args:
-        text: Combined stdout/stderr (ANSI colours are stripped).
-        backend: The ``-b`` device; when given, output where it was skipped counts as not run.
-
-    Returns:
-        A CheckResult with ``log_file=None`` and ``returncode=0`` (the caller fills those in).
-    """
+    """Parse test-backend-ops ``test`` console output (ANSI colours stripped) into a CheckResult with
+    ``log_file=None`` and ``returncode=0``; with ``backend``, output where it was skipped counts as not run."""
     n_ok = n_fail = n_ns = 0
     failing: list[str] = []
     summary_counts: list[tuple[int, int]] = []
     devices: list[str] = []
     ran: set[str] = set()
-    statuses: dict[str, str] = {}
     in_failing = False
     open_case = ""
     lines = _ANSI.sub("", text).splitlines()
@@ -121,36 +112,24 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
         if line.strip() == "Failing tests:":
             in_failing = True
             continue
-        m = _BACKEND_INIT.match(line)
-        if m:
+        if m := _BACKEND_INIT.match(line):
             devices.append(m.group(3))
             nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
             if not nxt.startswith("Skipping"):
                 ran.add(m.group(3))
-            continue
-        m = _BACKEND_STATUS.match(line)
-        if m:
-            statuses[m.group(1)] = m.group(2)
-            continue
-        m = _SUMMARY.match(line)
-        if m:
+        elif m := _SUMMARY.match(line):
             summary_counts.append((int(m.group(1)), int(m.group(2))))
-            continue
-        m = _CASE.search(line)
-        if m:
-            rest = m.group("rest").rstrip()
-            case = m.group("case")
+        elif not _BACKEND_STATUS.match(line) and (m := _CASE.search(line)):  # "Backend X: OK" is no case
+            rest, case = m.group("rest").rstrip(), m.group("case")
+            open_case = ""
             if rest.startswith("not supported") or rest.startswith("skipping"):
                 n_ns += 1
-                open_case = ""
             elif rest.endswith("FAIL"):
                 n_fail += 1
                 if case not in failing:
                     failing.append(case)
-                open_case = ""
             elif rest.endswith("OK"):
                 n_ok += 1
-                open_case = ""
             else:
                 open_case = case  # printed, status pending (or the process died here)
     if summary_counts:
@@ -181,15 +160,8 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
 
 
 def params_for_model(head_dim: int, kv_type: str | None = None, *, head_dim_v: int | None = None) -> str:
-    """A ``-p`` regex selecting FLASH_ATTN_EXT cases of a model's attention shape.
-
-    Args:
-        head_dim: K head size (``hsk``), e.g. 64 for Llama-3.2-1B.
-        kv_type: KV-cache type (``f16``, ``q8_0``...); None keeps every type.
-        head_dim_v: V head size (``hsv``); defaults to ``head_dim``.
-
-    Returns:
-        E.g. ``hsk=64,hsv=64,.*type_K=f16,type_V=f16``.
+    """A ``-p`` regex selecting FLASH_ATTN_EXT cases of a model's attention shape (K head size ``hsk``, V head
+    size ``hsv``, default the same; ``kv_type`` None keeps every KV type).
 
     Example:
         >>> params_for_model(64)
@@ -261,12 +233,8 @@ def _check_op(
     """
     cmd = [str(exe), "test", "-o", op, "-b", backend, *flags]
     lines: list[str] = []
-    try:
-        res = _run.run(
-            cmd, env=env, log_file=log_file, timeout=timeout, check=False, on_line=lines.append, what="test-backend-ops"
-        )
-        rc = res.returncode
-    except TunerError as err:  # timeout: a result, not a crash
+    rc, err = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="test-backend-ops")
+    if err:  # timeout: a result, not a crash
         return CheckResult(
             passed=False,
             n_ok=0,
@@ -324,21 +292,9 @@ def run_check(
     timeout: float = 3600.0,
     label: str = "check",
 ) -> CheckResult:
-    """Run ``test-backend-ops test`` for each op on one backend and aggregate.
-
-    Args:
-        bin_dir: Directory holding ``test-backend-ops``.
-        ops: Op names (exact) or regexes, one test-backend-ops call each.
-        backend: Device name, e.g. ``CUDA0``, ``ROCm0``, ``CPU``.
-        params: ``-p`` regex over case parameters (see :func:`params_for_model`).
-        env: Environment overrides (e.g. ``GGML_TUNER_FA_RULES``).
-        jobs: ``-j`` worker threads (era ``mma`` only).
-        log_dir: Where ``<label>.log`` goes (all ops appended).
-        timeout: Seconds per call.
-        label: Log file stem.
-
-    Returns:
-        A CheckResult; a failing or crashing case is data (``passed=False``), not an exception.
+    """Run ``test-backend-ops test`` for each op (name or regex, one call each) on one backend and aggregate;
+    ``params`` is the ``-p`` regex (:func:`params_for_model`), ``jobs`` ``-j`` (era ``mma`` only), every op's
+    output goes to ``log_dir/<label>.log``. A failing or crashing case is data (``passed=False``).
 
     Raises:
         UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
@@ -347,16 +303,12 @@ def run_check(
     _validate(ops, backend, params, jobs)
     env = check_env(env)
     log_file = Path(log_dir) / f"{label}.log"
-    full_env = dict(os.environ)
-    full_env.update(env)
     parts: list[CheckResult] = []
     start = time.monotonic()
     rc_max = 0
     flags = (["-p", params] if params is not None else []) + (["-j", str(jobs)] if jobs is not None else [])
     for op in ops:
-        part = _check_op(
-            exe, op, flags, backend=backend, env=full_env, log_file=log_file, timeout=timeout, bin_dir=bin_dir
-        )
+        part = _check_op(exe, op, flags, backend=backend, env=env, log_file=log_file, timeout=timeout, bin_dir=bin_dir)
         parts.append(part)
         rc_max = part.returncode if part.returncode != 0 else rc_max
     return _aggregate(parts, log_file=log_file, rc_max=rc_max, start=start)
@@ -374,17 +326,9 @@ def run_gate(
     log_dir: Path,
     timeout: float = 3600.0,
 ) -> GateResult:
-    """Check a candidate once per kernel it can select, forcing each through the runtime hook.
-
-    Args:
-        bin_dir: Candidate build's bin directory (era ``mma`` patched ``fattn.cu``).
-        kernels: Subset of ``VEC``, ``TILE``, ``MMA``.
-        ops, backend, params, env, jobs, log_dir, timeout: As in :func:`run_check`; ``env`` must
-            not set ``GGML_TUNER_FA_RULES`` itself.
-
-    Returns:
-        A GateResult; ``passed`` False (infeasible) names the kernel and case that failed.
-    """
+    """Check a candidate (era ``mma`` patched ``fattn.cu``) once per kernel it can select, forcing each through
+    the runtime hook (so ``env`` must not set ``GGML_TUNER_FA_RULES``); the rest as :func:`run_check`. A failed
+    GateResult (infeasible) names the kernel and case that failed."""
     ks = []
     for k in kernels:
         ku = str(k).upper()
@@ -398,8 +342,7 @@ def run_gate(
         raise UsageError("run_gate sets GGML_TUNER_FA_RULES itself (one forced kernel per run); drop it from env.")
     per: dict[str, CheckResult] = {}
     for k in ks:
-        kenv = dict(env)
-        kenv["GGML_TUNER_FA_RULES"] = rules_env(FaRule(phase=p, lo=0, hi=None, kernel=k) for p in Phase)
+        kenv = {**env, **force_kernel_env(k)}
         with log.step(f"test-backend-ops {','.join(ops)} on {backend}, kernel forced to {k}"):
             per[k] = run_check(
                 bin_dir,

@@ -86,14 +86,12 @@ def _row_dict(row: pd.Series) -> dict[str, Any]:
     return {str(k): v for k, v in row.items()}
 
 
-def _rescaled(row: pd.Series, factor: float, *, confidence: float, seed: int) -> dict[str, Any]:
-    """A bench row with its samples multiplied by ``factor`` and statistics recomputed."""
-    new = _row_dict(row)
-    new.update(_summarize([s * factor for s in row["samples"]], confidence=confidence, seed=seed))
-    new["anchor_ratio"], new["drift_corrected"] = factor, True
-    if math.isfinite(new.get("roofline_tps", math.nan)) and new["roofline_tps"]:
-        new["roofline_pct"] = 100.0 * new["median_ts"] / new["roofline_tps"]
-    return new
+def _restated(row: dict[str, Any], samples: Sequence[float], *, confidence: float, seed: int) -> dict[str, Any]:
+    """``row`` with the statistics of ``samples`` and its roofline percentage recomputed from them."""
+    row.update(_summarize(samples, confidence=confidence, seed=seed))
+    if math.isfinite(row.get("roofline_tps", math.nan)) and row["roofline_tps"]:
+        row["roofline_pct"] = 100.0 * row["median_ts"] / row["roofline_tps"]
+    return row
 
 
 def _corrected_candidate(
@@ -115,7 +113,9 @@ def _corrected_candidate(
         )
         factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
         if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-            rows.append(_rescaled(row, factor, confidence=confidence, seed=seed))
+            scaled = [s * factor for s in row["samples"]]
+            rows.append(_restated(_row_dict(row), scaled, confidence=confidence, seed=seed))
+            rows[-1].update(anchor_ratio=factor, drift_corrected=True)
         else:
             new = _row_dict(row)
             new["anchor_ratio"] = factor
@@ -134,8 +134,7 @@ def _pooled_baseline(
             grp["samples"],
             [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0 for _, a in grp.iterrows()],
         )
-        first = _row_dict(grp.iloc[-1])
-        first.update(_summarize(pooled, confidence=confidence, seed=seed))
+        first = _restated(_row_dict(grp.iloc[-1]), pooled, confidence=confidence, seed=seed)
         first.update(
             n_batches=int(grp["n_batches"].sum()),
             warmup_discarded=int(grp["warmup_discarded"].sum()),
@@ -143,8 +142,6 @@ def _pooled_baseline(
             anchor_ratio=math.nan,
             status="ok" if pooled else "failed",
         )
-        if math.isfinite(first.get("roofline_tps", math.nan)) and first["roofline_tps"]:
-            first["roofline_pct"] = 100.0 * first["median_ts"] / first["roofline_tps"]
         base_rows.append(first)
     return base_rows
 
@@ -158,24 +155,13 @@ def run_interleaved(
     drift_factor: float = 2.0,
     **bench_kwargs: Any,
 ) -> InterleavedResult:
-    """Measure candidates between baseline anchors: A B A C A ... A.
+    """Measure candidates between baseline anchors: A B A C A ... A (``bench_kwargs`` go to :func:`run_bench`).
 
     Drift of a (test, depth) is ``(max - min) / min`` of the anchor medians
-    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is
-    the largest anchor CI half-width (%). When drift exceeds ``drift_factor`` times the noise (the anchors' CIs cannot all overlap), each candidate's
-    samples are multiplied by ``reference / local`` where local is the geometric mean of the two
-    anchors around it, and the pooled baseline's anchors are rescaled to the reference alike.
-
-    Args:
-        candidates: Targets to measure, in order.
-        baseline: The anchor target.
-        model: GGUF model.
-        log_dir: Log directory.
-        drift_factor: Drift/noise ratio that triggers correction.
-        **bench_kwargs: Passed to :func:`run_bench` (depths, pp, tg, reps, target_ci, ...).
-
-    Returns:
-        An InterleavedResult.
+    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is the
+    largest anchor CI half-width (%). When drift exceeds ``drift_factor`` times the noise (the anchors' CIs
+    cannot all overlap), each candidate's samples are multiplied by ``reference / local``, local being the
+    geometric mean of the two anchors around it, and the pooled baseline's anchors are rescaled alike.
     """
     import pandas as pd
 

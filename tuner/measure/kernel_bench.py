@@ -1,23 +1,19 @@
 """Kernel-level FlashAttention screen: ``FLASH_ATTN_EXT`` alone, at a model's exact shapes, in seconds.
 
-llama-bench times a kernel choice end to end and pays a context fill per depth per call
-(docs/llama-bench-cost.md); this times the op itself. No upstream change is needed:
-``test-backend-ops perf --test-file FILE`` (``tests/test-backend-ops.cpp`` ``make_test_cases_from_file``,
-the format ``tests/test-export-graph-ops.cpp`` writes) builds one ``test_generic_op`` per line from the
-op, output type and shape, op params and each source's type, shape and strides, so the file gives
-the exact tensors llama.cpp's graph hands the op (``src/llama-graph.cpp`` ``build_attn_mha``):
+llama-bench pays a context fill per depth per call (docs/llama-bench-cost.md); this times the op itself,
+with no upstream change: ``test-backend-ops perf --test-file FILE`` (``make_test_cases_from_file``, the
+format ``tests/test-export-graph-ops.cpp`` writes) builds one ``test_generic_op`` per line from the op's
+types, shapes, strides and params, so the file gives the exact tensors of ``build_attn_mha``:
 
 - Q: F32 ``[D, n_batch, n_head, 1]``, the permuted view of ``[D, n_head, n_batch]``;
 - K, V: views of the KV cache, ``[D, n_kv, n_head_kv, 1]`` with a row of all KV heads as ``nb1``;
 - mask: F16 ``[n_kv, n_batch, 1, 1]``; op params: scale ``1/sqrt(D)``, no ALiBi or softcap,
   F32 accumulation (``ggml_prec_set_acc``), no sparse ``n_kv_max``.
 
-Each candidate runs in its own process with its environment (``GGML_TUNER_FA_RULES`` forces a kernel;
-the hook reads it once per process), over every shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that
-ran is read back (:mod:`tuner.measure.falog`; the CPU backend prints none). Perf mode adds the op to
-one graph up to 8192 times (memory target 8 GB on CPU, 32 GB on a GPU) and repeats the graph for at
-least one second, then prints ``N runs - T us/run`` per case. :func:`run_round` is one round over
-the candidates; paired A/B/A rounds and their statistics are the caller's.
+Each candidate runs in its own process (the hook reads ``GGML_TUNER_FA_RULES`` once per process) over every
+shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:mod:`tuner.measure.falog`; the CPU
+backend prints none). Perf mode adds the op to one graph up to 8192 times and repeats the graph for at least
+a second, then prints ``N runs - T us/run`` per case. Paired rounds and their statistics are the caller's.
 """
 
 from __future__ import annotations
@@ -37,15 +33,14 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError
-from tuner.measure.exe import check_env, find_exe
+from tuner import log
+from tuner.errors import UsageError
+from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.measure.falog import parse_fa_log
 from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
 
@@ -176,6 +171,14 @@ def _row(kv_type: str, n: int) -> int:
     return n // blk * size
 
 
+def _kv_src(
+    type_id: int, kv_type: str, d: int, n_kv: int, n_head_kv: int
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """A K or V source of head size ``d``: a view of the KV cache, a row of all KV heads as ``nb1``."""
+    strides = (_BLOCK[kv_type][1], _row(kv_type, d * n_head_kv), _row(kv_type, d), _row(kv_type, d * n_head_kv) * n_kv)
+    return type_id, (d, n_kv, n_head_kv, 1), strides
+
+
 def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
     """The ``--test-file`` lines for ``shapes`` (module docstring); case ``i`` is named ``kb<i>_<key>``."""
     op, tid = ggml_enums(ggml_h)
@@ -185,17 +188,7 @@ def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
             raise UsageError(f"{ggml_h} has no GGML_TYPE for {s.kv_type}.")
         d, dv, h, hk, n, b = s.head_dim, s.head_dim_v, s.n_head, s.n_head_kv, s.n_kv, s.n_batch
         q = (tid["f32"], (d, b, h, 1), (4, 4 * d * h, 4 * d, 4 * d * h * b))
-        ts = _BLOCK[s.kv_type][1]
-        k = (
-            tid[s.kv_type],
-            (d, n, hk, 1),
-            (ts, _row(s.kv_type, d * hk), _row(s.kv_type, d), _row(s.kv_type, d * hk) * n),
-        )
-        v = (
-            tid[s.kv_type],
-            (dv, n, hk, 1),
-            (ts, _row(s.kv_type, dv * hk), _row(s.kv_type, dv), _row(s.kv_type, dv * hk) * n),
-        )
+        k, v = (_kv_src(tid[s.kv_type], s.kv_type, size, n, hk) for size in (d, dv))
         m = (tid["f16"], (n, b, 1, 1), (2, 2 * n, 2 * n * b, 2 * n * b))
         params = (_f32_bits(1.0 / d**0.5), 0, 0, _GGML_PREC_F32, 0)
         srcs = " ".join(f"{t} {' '.join(map(str, ne))} {' '.join(map(str, nb))}" for t, ne, nb in (q, k, v, m))
@@ -215,8 +208,7 @@ def parse_perf_output(text: str) -> dict[int, tuple[int, float | None, str]]:
     ``(0, None, 'not supported')``."""
     out: dict[int, tuple[int, float | None, str]] = {}
     for raw in text.splitlines():
-        m = _CASE.match(_ANSI.sub("", raw))
-        if not m:
+        if not (m := _CASE.match(_ANSI.sub("", raw))):
             continue
         rest = m.group(2).strip()
         t = _TIME.search(rest)
@@ -268,20 +260,12 @@ def run_round(
     ggml_h: Path | None = None,
     timeout: float = 600.0,
 ) -> list[KernelTime]:
-    """One round: a ``test-backend-ops perf`` call per candidate (in the given order) over every shape.
+    """One round: a ``test-backend-ops perf`` call per candidate (in the given order) over every shape, one
+    :class:`KernelTime` per (candidate, shape).
 
-    Args:
-        bin_dir: A build's bin directory holding ``test-backend-ops`` (tuner builds it by default).
-        shapes: The FA calls to time (:func:`shape_for_model`).
-        candidates: label -> environment overrides (:func:`force_kernel_env`, or a rule set's
-            ``GGML_TUNER_FA_RULES``); ``{}`` is upstream's choice.
-        log_dir: Where the test file and one log per candidate go.
-        backend: test-backend-ops backend name: ``CUDA0`` on an NVIDIA build, ``CPU`` here.
-        ggml_h: The tree's ``ggml.h`` (default: the one beside a tuner build's ``build/bin``).
-        timeout: Seconds per call; a timeout or crash is data (every shape of the call carries it).
-
-    Returns:
-        One :class:`KernelTime` per (candidate, shape), candidates in order.
+    ``candidates``: label -> environment overrides (:func:`force_kernel_env`, or a rule set's
+    ``GGML_TUNER_FA_RULES``); ``{}`` is upstream's choice. ``ggml_h`` defaults to the one beside a tuner
+    build's ``build/bin``. A timeout or crash is data (every shape of the call carries it).
     """
     exe = find_exe(Path(bin_dir), "test-backend-ops")
     envs = check_candidates(shapes, candidates, backend, "a test-backend-ops backend name")
@@ -347,20 +331,11 @@ def run_candidates(
         log_file = log_dir / f"{log_prefix}-{lbl}.log"
         log_file.unlink(missing_ok=True)
         log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} ({tool})")
-        error = ""
-        try:
-            res = _run.run(
-                list(cmd),
-                env={**os.environ, **env, "GGML_TUNER_FA_LOG": "1"},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                what=what,
-            )
-            if res.returncode != 0:
-                error = f"{tool} exited with code {res.returncode}; see {log_file}."
-        except TunerError as err:  # a timeout: data, like a failed llama-bench call
-            error = str(err)
+        rc, error = run_tool(
+            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what
+        )
+        if not error and rc != 0:
+            error = f"{tool} exited with code {rc}; see {log_file}."
         text = log_file.read_text(errors="replace") if log_file.is_file() else ""
         cases = parse(text)
         fa = parse_fa_log(text)

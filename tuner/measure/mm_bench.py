@@ -1,15 +1,11 @@
 """``mm-bench``: a quantized ``MUL_MAT`` timed on cold weights; the live MMQ-vs-cuBLAS timer.
 
-``tuner/data/mm_bench.cpp`` is fa-bench's sibling (:mod:`tuner.measure.fa_bench`): a small program on
-ggml's public API that times ``ggml_mul_mat(W, X)`` as llama.cpp's graph makes it for a dense
-projection (quantized weights ``W`` [k, m] as src0, F32 activations ``X`` [k, ne11] as src1, ``ne11``
-the batch size), over enough copies of ``W`` to exceed a cache size (``cache_mb``), two warm-up runs of
-the graph (as fa-bench's), then one timed run of ``iters`` ops (at least one per copy).
-
-The program does not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook
-(:func:`tuner.sweep.mmq.patched_mmq_hook`) reads ``GGML_TUNER_MMQ_CHOICES``, which :func:`run_cases`
-passes to one process over many cases (``tuner sweep mmq`` forces cuBLAS with ``TYPE:0..=BLAS`` for
-every swept type, :func:`tuner.sweep.mmq.blas_env`, or leaves it unset for upstream's choice).
+``tuner/data/mm_bench.cpp``, fa-bench's sibling (:mod:`tuner.measure.fa_bench`), times ``ggml_mul_mat(W, X)``
+as llama.cpp's graph makes it for a dense projection (quantized ``W`` [k, m] as src0, F32 ``X`` [k, ne11] as
+src1, ``ne11`` the batch size) over copies of ``W`` exceeding ``cache_mb``, after two warm-up runs. It does
+not choose MMQ or cuBLAS: a CUDA build with tuner's MMQ hook (:func:`tuner.sweep.mmq.patched_mmq_hook`) reads
+``GGML_TUNER_MMQ_CHOICES`` (``tuner sweep mmq`` forces cuBLAS with :func:`tuner.sweep.mmq.blas_env`, or
+leaves it unset for upstream's choice).
 """
 
 from __future__ import annotations
@@ -36,9 +32,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner import _run
-from tuner.errors import TunerError, UsageError
-from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, build_bench, parse_bench_output
+from tuner.errors import UsageError
+from tuner.measure.exe import run_tool
+from tuner.measure.fa_bench import CASE_TIMEOUT_S, BenchCase, bench_cmd, build_bench, parse_bench_output
 
 SOURCE = "mm_bench.cpp"
 EXE = "mm-bench"
@@ -77,13 +73,7 @@ MmBenchCase = BenchCase
 
 
 def build_mm_bench(bin_dir: Path, *, ggml_h: Path | None = None, timeout: float = 300.0) -> Path:
-    """mm-bench for the build whose binaries and ``libggml*.so`` are in ``bin_dir``: compiled on first use
-    (keyed by the hash of its source and the shared header, in ``<bin>/../mm-bench/``), then reused.
-
-    Raises:
-        UsageError: No shared ggml libraries, headers or compiler.
-        TunerError: The compiler failed (the message names its log).
-    """
+    """mm-bench for the build in ``bin_dir`` (:func:`tuner.measure.fa_bench.build_bench`)."""
     return build_bench(bin_dir, SOURCE, EXE, ggml_h=ggml_h, timeout=timeout)
 
 
@@ -127,15 +117,12 @@ def run_cases(
     target_ms: int = 0,
 ) -> list[BenchCase]:
     """One mm-bench process over every shape, ``env`` (:data:`ENV` with the hook's entries, or empty for
-    upstream's choice) added to an environment without :data:`ENV`; the cases file and the log go to ``log_dir``.
-    ``cuda_graphs`` False sets :data:`GRAPHS_ENV`, so a CUDA backend runs each graph directly; True
-    removes it from the environment, so an inherited value cannot turn graphs off unrecorded.
-    ``target_ms`` above 0: enough ops a case for the timed graph to last that long (mm-bench's ``-m``), so a
-    microsecond op is not timed over a fraction of a millisecond.
-
-    Returns one :class:`BenchCase` per shape, in order. A case without a time carries its reason and the
-    log's path. A process that dies or times out keeps the cases it printed; the case it was in fails with
-    the reason, and a new process (``mm-bench-2.log``...) runs the rest, at most :data:`MAX_RESTARTS` times.
+    upstream's choice) added to an environment without :data:`ENV`; one :class:`BenchCase` per shape, in order.
+    ``cuda_graphs`` False sets :data:`GRAPHS_ENV` (each graph run directly); True removes it, so an inherited
+    value cannot turn graphs off unrecorded. ``target_ms`` above 0 (mm-bench's ``-m``): enough ops a case for
+    the timed graph to last that long. A case without a time carries its reason and the log's path. A
+    process that dies (a CUDA error in one case) or times out keeps the cases it printed; the case it was in
+    fails, and a new process (``mm-bench-2.log``...) runs the rest, at most :data:`MAX_RESTARTS` times.
 
     Raises:
         UsageError: A bad backend name, shape, environment, ``iters`` or ``cache_mb`` (checked before
@@ -149,33 +136,21 @@ def run_cases(
     log_dir.mkdir(parents=True, exist_ok=True)
     out: list[BenchCase | None] = [None] * len(shapes)
     first, attempt = 0, 0
-    # A process that dies mid-file (a CUDA error in one case) keeps the cases it printed: each was timed
-    # on its own before the failure. The case it died in fails with the reason; a new process takes the
-    # rest, up to MAX_RESTARTS times.
     while first < len(shapes):
         attempt += 1
         part = f"-{attempt}" if attempt > 1 else ""
         cases_file, log_file = log_dir / f"mm-bench-cases{part}.txt", log_dir / f"mm-bench{part}.log"
         cases_file.write_text(mm_bench_cases(shapes[first:]))
-        cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", str(iters), "-c", str(cache_mb)]
-        cmd += ["-T", str(CASE_TIMEOUT_S)]
-        if target_ms:
-            cmd += ["-m", str(target_ms)]
-        if threads is not None:
-            cmd += ["-t", str(threads)]
+        cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
         log_file.unlink(missing_ok=True)
-        error = ""
         base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
         if not cuda_graphs:
             base[GRAPHS_ENV] = "1"
-        try:
-            res = _run.run(cmd, env={**base, **env}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-            if res.returncode == 124:
-                error = f"mm-bench: the case ran longer than {CASE_TIMEOUT_S} s (-T) and was abandoned; see {log_file}"
-            elif res.returncode != 0:
-                error = f"mm-bench exited with code {res.returncode}; see {log_file}"
-        except TunerError as err:  # a timeout: data, as a crash is
-            error = str(err)
+        rc, error = run_tool(cmd, env, base=base, log_file=log_file, timeout=timeout, what=EXE)
+        if not error and rc == 124:
+            error = f"mm-bench: the case ran longer than {CASE_TIMEOUT_S} s (-T) and was abandoned; see {log_file}"
+        elif not error and rc != 0:
+            error = f"mm-bench exited with code {rc}; see {log_file}"
         got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
         n = len(shapes) - first
         printed = 0
@@ -185,21 +160,21 @@ def run_cases(
             out[first + i] = _checked_case(got[i], log_file)
         if not error:
             for i in range(printed, n):
-                out[first + i] = BenchCase(
-                    ops=0, us_per_op=None, copies=0, copy_bytes=0, error=f"no result for case {i}; see {log_file}"
-                )
+                out[first + i] = _not_timed(f"no result for case {i}; see {log_file}")
             break
         if printed < n:  # the case it died in
-            out[first + printed] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
+            out[first + printed] = _not_timed(error)
         first += printed + 1
         if attempt > MAX_RESTARTS:
             why = f"not run: mm-bench failed {attempt} times in this call (last: {error})"
             for i in range(first, len(shapes)):
-                out[i] = BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=why)
+                out[i] = _not_timed(why)
             break
-    return [
-        c if c is not None else BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error="not run") for c in out
-    ]
+    return [c if c is not None else _not_timed("not run") for c in out]
+
+
+def _not_timed(error: str) -> BenchCase:
+    return BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
 
 
 def _checked_case(c: BenchCase, log_file: Path) -> BenchCase:
@@ -225,8 +200,6 @@ def mmq_hook_present(
     cases_file.write_text(mm_bench_cases([MmShape(type="q8_0", m=64, k=64, ne11=16)]))
     base = {k: v for k, v in os.environ.items() if k != ENV}
     cmd = [str(exe), "-b", backend, "-f", str(cases_file), "-n", "1", "-c", "0"]
-    try:
-        _run.run(cmd, env={**base, ENV: "tuner-probe"}, log_file=log_file, timeout=timeout, check=False, what=EXE)
-    except TunerError:
+    if run_tool(cmd, {ENV: "tuner-probe"}, base=base, log_file=log_file, timeout=timeout, what=EXE)[1]:
         return False
     return _HOOK_ABORT in (log_file.read_text(errors="replace") if log_file.is_file() else "")

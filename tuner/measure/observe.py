@@ -1,24 +1,15 @@
-"""Observers that sample CPU and GPU utilization while a benchmark runs.
+"""Observers that sample CPU and GPU utilization while a benchmark runs (is decode host-bound: the CPU
+pegged while the GPU idles between tokens?).
 
-Seed 004's question is whether decode is host-bound: the CPU pegged at 100% while the GPU idles
-between tokens. Each llama-bench call runs under an :class:`Observer`, a daemon thread that every
-~100 ms records
-
-- CPU utilization of this process's child tree (llama-bench and anything it spawns), from psutil
-  CPU-time deltas, in percent of one core (``top`` style: 200 = two busy cores);
-- GPU utilization (percent, the busiest device) and device memory in use, through NVML
-  (``pynvml`` from nvidia-ml-py) or AMD SMI (``amdsmi``) when importable and a GPU is present.
-
-Without a GPU library or device the GPU fields are NaN; nothing fails. Samples are timestamped so a
-caller can split one llama-bench call into per-test windows (:meth:`Observer.summary`).
-
-A caller can also take a sample at an event it sees (:meth:`Observer.mark`, e.g. llama-bench's
-``--progress`` line that starts a timed repetition). A mark reads the tree's CPU time and the CPU time
-of every thread, so the CPU use *between two marks* is exact, not a 100 ms approximation:
-:meth:`Observer.timed_summary` sums it over the timed windows only (no model load, warm-up or depth
-fill), with the busiest thread beside the total.
-Memory is reported as the peak device memory used above the level seen when the observer started,
-so other processes' allocations are not counted (approximately: they may change meanwhile).
+An :class:`Observer` is a daemon thread that every ~100 ms records the CPU use of this process's child tree
+(psutil CPU-time deltas, percent of one core: 200 = two busy cores) and, through NVML (``pynvml``) or AMD
+SMI (``amdsmi``) when importable and a GPU is present, the busiest GPU's utilization and device memory in
+use (NaN otherwise; nothing fails). Samples are timestamped, so a caller can split one llama-bench call
+into per-test windows (:meth:`Observer.summary`). A caller can also take a sample at an event it sees
+(:meth:`Observer.mark`, e.g. llama-bench's ``--progress`` line): a mark reads the CPU time of the tree and
+of every thread, so the CPU use *between two marks* is exact, and :meth:`Observer.timed_summary` sums it
+over the timed windows only, the busiest thread beside the total. Memory is the peak above the level at
+the observer's start, so other processes' allocations are (approximately) not counted.
 """
 
 from __future__ import annotations
@@ -166,13 +157,7 @@ def find_gpu_probe() -> _GpuProbe | None:
 
 
 class Observer:
-    """Background sampler; use as a context manager around a subprocess call.
-
-    Example:
-        >>> with Observer() as obs:
-        ...     run_something()
-        >>> obs.summary().cpu_util_mean
-    """
+    """Background sampler; use as a context manager around a subprocess call."""
 
     def __init__(self, *, interval: float = INTERVAL_S, gpu: bool = True) -> None:
         self.interval = interval
@@ -294,12 +279,11 @@ class Observer:
     def timed_summary(self, windows: Sequence[tuple[Mark, Mark]]) -> Observation:
         """Summarize the time between each pair of marks (start, end), the windows pooled.
 
-        ``cpu_util_mean`` is the tree's CPU seconds inside the windows over their length, exactly (from
-        the marks' CPU times); ``cpu_core_max`` the same for the busiest single thread. The busiest
-        *thread* stands for the busiest core: a pegged thread is the host-bound symptom docs/knobs.md's host-paced scenario asks
-        about, and the scheduler migrates it between cores, so per-core counters would spread it out
-        (and count other tenants' processes on a shared machine). GPU figures and ``cpu_util_max``
-        come from the samples inside the windows. No windows: everything NaN.
+        ``cpu_util_mean`` is the tree's CPU seconds inside the windows over their length, exactly;
+        ``cpu_core_max`` the same for the busiest thread, which stands for the busiest core: a pegged thread
+        is the host-bound symptom (docs/knobs.md's host-paced scenario), and the scheduler migrates it
+        between cores, so per-core counters would spread it out (and count other tenants). GPU figures and
+        ``cpu_util_max`` come from the samples inside the windows. No windows: everything NaN.
         """
         span = sum(b.t - a.t for a, b in windows)
         if not windows or span <= 0:

@@ -1,24 +1,18 @@
 """Paired statistics over interleaved rounds.
 
-Within one round every config is measured once, back to back, in a rotated order; the effect of a
-candidate is the ratio candidate / upstream *within* a round, so machine drift between rounds cancels.
-Over rounds the log-ratios are summarized by their mean and a Student-t interval (rounds are few,
-3-8, so a normal or bootstrap interval would be too narrow).
+Within one round every config is measured once, back to back, in a rotated order; a candidate's effect is
+the ratio candidate / upstream *within* a round, so drift between rounds cancels. Over rounds the
+log-ratios get their mean and a Student-t interval (rounds are few, 3-8: a normal or bootstrap interval
+would be too narrow). With more than two configs, :func:`block_effects` reads the rounds as blocks of a
+randomized complete block design and pools the error variance over all configs: (R-1)(C-1) degrees of
+freedom instead of R-1 (6 instead of 2 on the H100's 3-round, 4-config screens: the t quantile falls from
+4.30 to 2.45; results/sm_90/llama-3.1-8b-q4_k_m/evidence). An *A/A pair* measures the noise of the whole
+procedure; a verdict needs the candidate's interval to clear it, not just 1.0.
 
-With more than two configs per round, :func:`block_effects` reads the rounds as blocks of a
-randomized complete block design (log t/s = round + config + error) and pools the error variance
-over all configs: the same effect estimates as the per-pair means, with (R-1)(C-1) degrees of freedom
-instead of R-1. On the H100's 3-round screens (4 configs) that is 6 instead of 2, and the t quantile
-alone falls from 4.30 to 2.45 (results/sm_90/llama-3.1-8b-q4_k_m/evidence).
-
-An *A/A pair* (upstream vs the same kernel forced, or upstream vs itself) measures the noise of the
-whole procedure; a verdict needs the candidate's interval to clear that noise, not just 1.0.
-
-CPU% (and GPU%) are paired the same way but as *differences in points* (:func:`paired_diff`), not
-ratios: a utilization is a share of a core, bounded and additive (+25 points is a quarter of a core
-whatever the baseline), and a ratio of utilizations explodes where the baseline is small (a GPU
-backend's host thread at a few percent) while saying nothing more. The A/A pair's difference is the
-CPU noise (:func:`noise_points`). :func:`rejects_cpu_cost` is the CPU% rule for decode (docs/design.md, "CPU% in decode decisions").
+CPU% (and GPU%) are paired as *differences in points* (:func:`paired_diff`), not ratios: a utilization is
+bounded and additive (+25 points is a quarter of a core whatever the baseline), and a ratio explodes where
+the baseline is small (a GPU backend's host thread). :func:`rejects_cpu_cost` is the CPU% rule for decode
+(docs/design.md, "CPU% in decode decisions").
 """
 
 from __future__ import annotations
@@ -37,6 +31,7 @@ __all__ = [
     "paired_diff",
     "paired_effect",
     "rejects_cpu_cost",
+    "residual",
     "rotated",
     "too_noisy",
     "verdict",
@@ -45,6 +40,7 @@ __all__ = [
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import TypeGuard
 
 from scipy import stats as _stats
 
@@ -102,15 +98,9 @@ def _t_interval(xs: Sequence[float], confidence: float) -> tuple[float, float]:
 def paired_effect(
     candidate: Sequence[float | None], reference: Sequence[float | None], *, confidence: float = 0.95
 ) -> Effect:
-    """Effect of ``candidate`` over ``reference``, paired by index (one entry per round).
-
-    Rounds where either side is missing or not positive are skipped.
-    """
-    logs = [
-        math.log(c / r)
-        for c, r in zip(candidate, reference)
-        if c is not None and r is not None and c > 0 and r > 0 and math.isfinite(c) and math.isfinite(r)
-    ]
+    """Effect of ``candidate`` over ``reference``, paired by index (one entry per round); rounds where either
+    side is missing or not a positive finite value are skipped."""
+    logs = [math.log(c / r) for c, r in zip(candidate, reference) if _ok(c) and _ok(r)]
     if not logs:
         return Effect(n=0, ratio=math.nan, ci_low=math.nan, ci_high=math.nan)
     mean, half = _t_interval(logs, confidence)
@@ -156,11 +146,8 @@ def block_effects(
     cols = [reference, *names]
     # Every value of these rows passed _ok; the None test only tells the type checker so.
     y = [[math.log(float(v)) for v in (values[n][i] for n in cols) if v is not None] for i in rows]
-    row_m = [sum(v) / c for v in y]
     col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
-    grand = sum(row_m) / r
-    ss = sum((y[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(r) for j in range(c))
-    df = (r - 1) * (c - 1)
+    ss, df = residual(y)
     half = float(_stats.t.ppf(0.5 + confidence / 2.0, df)) * math.sqrt(2.0 * ss / df / r)
     out = {}
     for j, n in enumerate(names, start=1):
@@ -169,7 +156,19 @@ def block_effects(
     return out
 
 
-def _ok(x: float | None) -> bool:
+def residual(y: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """Two-way (round x config) residual sum of squares of ``y[round][config]`` and its degrees of freedom."""
+    r, c = len(y), len(y[0]) if y else 0
+    if r < 2 or c < 2:
+        return 0.0, 0
+    row_m = [sum(v) / c for v in y]
+    col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
+    grand = sum(row_m) / r
+    ss = sum((y[i][j] - row_m[i] - col_m[j] + grand) ** 2 for i in range(r) for j in range(c))
+    return ss, (r - 1) * (c - 1)
+
+
+def _ok(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x) and x > 0
 
 
@@ -196,18 +195,12 @@ CPU_REJECTED = "rejected: CPU% up without a t/s gain"
 
 
 def rejects_cpu_cost(ts_low: float, ts_noise_pct: float, cpu_low: float, cpu_noise: float) -> bool:
-    """The CPU% rule for a decode change: reject it when its CPU% rises beyond the CPU noise while
-    its t/s gain does not clear the t/s noise (the goal is less CPU per token: a change that costs
-    host CPU must pay for it in speed; docs/design.md).
+    """The CPU% rule for a decode change: reject it when its CPU% rises beyond the CPU noise while its t/s gain
+    does not clear the t/s noise (a change that costs host CPU must pay for it in speed; docs/design.md).
 
-    Args:
-        ts_low: Lower end of the t/s ratio's interval (candidate / reference; the point estimate
-            where there is no interval, as in a one-round tune trial).
-        ts_noise_pct: The A/A noise of t/s, percent.
-        cpu_low: Lower end of the CPU% difference's interval, points (or the point estimate).
-        cpu_noise: The A/A noise of CPU%, points.
-
-    Unknown numbers (NaN, infinite noise) claim nothing: no CPU rise is established, so no rejection.
+    ``ts_low``/``cpu_low``: lower ends of the t/s ratio's interval and of the CPU% difference's (points; the
+    point estimates where there is no interval, as in a one-round tune trial); the noises are the A/A pair's
+    (percent, points). Unknown numbers (NaN, infinite noise) establish no CPU rise, so no rejection.
     """
     cpu_up = math.isfinite(cpu_low) and math.isfinite(cpu_noise) and cpu_low > cpu_noise
     ts_gain = math.isfinite(ts_low) and math.isfinite(ts_noise_pct) and ts_low > 1.0 + ts_noise_pct / 100.0

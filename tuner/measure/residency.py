@@ -13,17 +13,12 @@ in the pinned tree's format strings:
 - ``... layer %d is assigned to device %s but %s is assigned to device %s (usually due to missing
   support)``: a fused op the GPU backend cannot run, i.e. a decode op falling back to the CPU.
 
-:func:`parse_residency` turns that text into a :class:`Residency`; :func:`judge` is the rule: on a GPU
-backend with full offload, the weights' layers and the KV cache must be on the GPU, no fused op may
-fall back, and the decode graph may have at most ``max_splits`` splits. On the CPU backend everything
-is on the host by design; the numbers are reported and the check passes.
-
-Why 2 splits: llama.cpp always keeps the input layer (token embeddings) on the CPU
-(llama-model.cpp, "there is very little benefit to offloading the input layer"), so a fully offloaded
-decode graph is one host split (the embedding lookup) and one GPU split. Each further split is a
-hand-over between backends inside a token, i.e. some op ran elsewhere. The same reason makes a host
-weight buffer the size of the input embeddings legitimate: :func:`input_layer_mib` computes it from
-the GGUF, and :func:`judge` fails host weights beyond it.
+:func:`judge` is the rule: with full offload on a GPU backend, the layers and the KV cache must be on the
+GPU, no fused op may fall back, and the decode graph may have at most ``max_splits`` splits. Why 2:
+llama.cpp always keeps the input layer (token embeddings) on the CPU (llama-model.cpp, "there is very
+little benefit to offloading the input layer"), so a full offload is one host split (the embedding
+lookup) and one GPU split; each further split is a hand-over between backends inside a token. For the
+same reason host weights up to the input embeddings' size (:func:`input_layer_mib`) are legitimate.
 """
 
 from __future__ import annotations
@@ -39,16 +34,15 @@ __all__ = [
 ]
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner import _run, log
-from tuner.errors import TunerError, UsageError
+from tuner import log
+from tuner.errors import UsageError
 from tuner.measure.bench import PROBE_OWN_FLAGS, check_passthrough_args
-from tuner.measure.exe import check_env, find_exe
+from tuner.measure.exe import bench_exit_error, check_model, find_exe, run_tool
 from tuner.targets.models import load_gguf_tensors
 
 DEFAULT_MAX_SPLITS = 2
@@ -143,15 +137,9 @@ class Residency:
             if self.layers_total is not None
             else "no GPU offload reported"
         )
-        sp = (
-            "?"
-            if self.splits_tg is None
-            else (
-                str(self.splits_tg)
-                if self.splits_pp == self.splits_tg
-                else f"{self.splits_pp} prefill / {self.splits_tg} decode"
-            )
-        )
+        sp = f"{self.splits_pp} prefill / {self.splits_tg} decode"
+        if self.splits_tg is None or self.splits_pp == self.splits_tg:
+            sp = "?" if self.splits_tg is None else str(self.splits_tg)
         return f"graph splits {sp}; {off}; weights: {bufs(self.model_buffers)}; KV: {bufs(self.kv_buffers)}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -220,15 +208,9 @@ def judge(
 ) -> tuple[bool, tuple[str, ...]]:
     """The rule: ``(passed, reasons)``; a pure function of a parsed run.
 
-    Args:
-        res: A parsed run (:func:`parse_residency` / :func:`run_residency`).
-        full_offload: The config means every layer on the GPU (``-ngl`` at or above the layer count, no
-            ``-nkvo``); partial-offload configs are reported, not judged.
-        max_splits: Most decode-graph splits allowed (see the module docstring for why 2).
-        host_weights_mib: Host weight MiB allowed (:func:`input_layer_mib` of the model); None: not checked.
-
-    On the CPU backend (no GPU buffer, device or offload line) it passes: everything is on the host by
-    design, and the numbers are only reported.
+    Only a GPU run of a full-offload config (``-ngl`` at or above the layer count, no ``-nkvo``) is judged;
+    partial-offload configs and the CPU backend pass, their numbers only reported. ``host_weights_mib``:
+    host weight MiB allowed (:func:`input_layer_mib` of the model); None: not checked.
     """
     if res.error:
         return False, (f"The residency run failed: {res.error}",)
@@ -285,57 +267,28 @@ def run_residency(
 ) -> Residency:
     """Run ``llama-bench -v -pg PP,TG -r 1`` once with a config's env and arguments and parse its log.
 
-    One ``-pg`` test makes one context whose scheduler reserves both the prefill (``PP`` tokens) and the
-    decode (1 token) graph, so both split counts are printed. A failed run is a Residency with ``error``
-    set (and whatever was printed before the failure), never an exception.
+    One ``-pg`` test makes one context whose scheduler reserves both the prefill and the decode graph, so
+    both split counts are printed. A failed run is a Residency with ``error`` set, never an exception.
 
     Raises:
         UsageError: No llama-bench in ``bin_dir``, no model, a bad argument.
     """
     exe = find_exe(Path(bin_dir), "llama-bench")
-    if not Path(model).is_file():
-        raise UsageError(f"Model {model} does not exist. Pass a GGUF file (`tuner model synth --like tiny -o FILE`).")
+    check_model(model)
     for name, v in (("pp", pp), ("tg", tg)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")
-    cmd: list[str | os.PathLike[str]] = [
-        exe,
-        "-m",
-        str(model),
-        "-p",
-        "0",
-        "-n",
-        "0",
-        "-pg",
-        f"{pp},{tg}",
-        "-r",
-        "1",
-        "--no-warmup",
-        "-v",
-        "-o",
-        "jsonl",
-        *_check_args(args),
-    ]
+    cmd = [str(exe), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{pp},{tg}", "-r", "1", "--no-warmup", "-v"]
+    cmd += ["-o", "jsonl", *_check_args(args)]
     log_file = Path(log_dir) / "residency.log"
     log_file.unlink(missing_ok=True)
     lines: list[str] = []
-    err = ""
     with log.step(f"residency: llama-bench -v -pg {pp},{tg}"):
-        try:
-            rc = _run.run(
-                cmd,
-                env={**os.environ, **check_env(env)},
-                log_file=log_file,
-                timeout=timeout,
-                check=False,
-                on_line=lines.append,
-                what="llama-bench (residency)",
-            ).returncode
-            if rc != 0:
-                first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
-                err = f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
-        except TunerError as e:  # timeout, or the binary would not start: a failed check, not a crash
-            err = str(e)
+        rc, err = run_tool(
+            cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="llama-bench (residency)"
+        )
+        if not err and rc != 0:
+            err = bench_exit_error(rc, lines, log_file)
     res = parse_residency("\n".join(lines))
     if not err and res.splits_tg is None and not res.model_buffers:
         err = f"llama-bench printed no loader or scheduler lines; log {log_file}"

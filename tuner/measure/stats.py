@@ -103,17 +103,8 @@ def _check_confidence(confidence: float) -> None:
 def bootstrap_median_ci(
     samples: Sequence[float] | np.ndarray, *, confidence: float = 0.95, n_boot: int = N_BOOT, seed: int = 0
 ) -> tuple[float, float]:
-    """Percentile-bootstrap confidence interval of the median.
-
-    Args:
-        samples: Measurements (non-finite values are dropped).
-        confidence: Two-sided coverage, e.g. 0.95.
-        n_boot: Number of resamples.
-        seed: Seed of the resampling generator (same samples and seed -> same interval).
-
-    Returns:
-        ``(low, high)``; ``(nan, nan)`` without samples, ``(x, x)`` for a single sample.
-    """
+    """Seeded percentile-bootstrap confidence interval of the median (non-finite samples dropped): ``(low,
+    high)``; ``(nan, nan)`` without samples, ``(x, x)`` for a single sample."""
     _check_confidence(confidence)
     arr = _clean(samples)
     if arr.size == 0:
@@ -140,9 +131,8 @@ class Verdict:
     delta_pct: float
     """``100 * (median(B) / median(A) - 1)``: positive means B has more tokens/s."""
     ci_low: float
-    """Lower end of the bootstrap CI of ``delta_pct``."""
     ci_high: float
-    """Upper end of the bootstrap CI of ``delta_pct``."""
+    """The bootstrap CI of ``delta_pct``."""
     p_value: float
     """Two-sided Mann-Whitney U p-value (nan with fewer than 2 samples a side)."""
     verdict: Literal["faster", "slower", "no difference", "too few samples", "missing"]
@@ -162,19 +152,8 @@ def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int)
     """
     arr = np.asarray([s for s in samples if math.isfinite(s)], dtype=float)
     if arr.size == 0:
-        nan = math.nan
-        return dict(
-            n=0,
-            median_ts=nan,
-            mean_ts=nan,
-            stddev_ts=nan,
-            ci_low=nan,
-            ci_high=nan,
-            ci_pct=nan,
-            min_ts=nan,
-            max_ts=nan,
-            samples=[],
-        )
+        stats = ("median_ts", "mean_ts", "stddev_ts", "ci_low", "ci_high", "ci_pct", "min_ts", "max_ts")
+        return {"n": 0, **dict.fromkeys(stats, math.nan), "samples": []}
     med = float(np.median(arr))
     low, high = bootstrap_median_ci(arr, confidence=confidence, seed=seed)
     return dict(
@@ -191,6 +170,14 @@ def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int)
     )
 
 
+def _missing(confidence: float, n_a: int = 0, n_b: int = 0) -> Verdict:
+    """The verdict where a side has no measurement: nothing is compared."""
+    nan = math.nan
+    return Verdict(
+        delta_pct=nan, ci_low=nan, ci_high=nan, p_value=nan, verdict="missing", confidence=confidence, n_a=n_a, n_b=n_b
+    )
+
+
 def compare(
     a_samples: Sequence[float] | np.ndarray,
     b_samples: Sequence[float] | np.ndarray,
@@ -202,19 +189,8 @@ def compare(
 ) -> Verdict:
     """Compare candidate samples B against reference samples A (both tokens/s, higher is better).
 
-    Only finite positive rates count; a side with none is ``missing``, never ``no difference``.
-
-    Args:
-        a_samples: Reference (baseline) measurements.
-        b_samples: Candidate measurements.
-        confidence: Coverage of the CI; the rank test uses ``alpha = 1 - confidence``.
-        seed: Bootstrap seed.
-        n_boot: Bootstrap resamples.
-        min_effect_pct: A change must also exceed this many percent (CI entirely beyond it)
-            to count; 0 accepts any statistically clear change.
-
-    Returns:
-        A Verdict.
+    Only finite positive rates count; a side with none is ``missing``, never ``no difference``. The rank
+    test uses ``alpha = 1 - confidence``; a change must also have its CI entirely beyond ``min_effect_pct``.
 
     Example:
         >>> compare([100, 101, 99, 100, 102], [110, 111, 109, 112, 110]).verdict
@@ -225,16 +201,7 @@ def compare(
     _check_confidence(confidence)
     a, b = _rates(a_samples), _rates(b_samples)
     if a.size == 0 or b.size == 0:
-        return Verdict(
-            delta_pct=math.nan,
-            ci_low=math.nan,
-            ci_high=math.nan,
-            p_value=math.nan,
-            verdict="missing",
-            confidence=confidence,
-            n_a=int(a.size),
-            n_b=int(b.size),
-        )
+        return _missing(confidence, int(a.size), int(b.size))
     delta = 100.0 * (float(np.median(b)) / float(np.median(a)) - 1.0)
     rng = np.random.default_rng(seed)
     med_a = _boot_medians(rng, a, n_boot)
@@ -273,25 +240,14 @@ def compare(
     )
 
 
+_VERDICT_COLUMNS = ("n_a", "n_b", "delta_pct", "ci_low", "ci_high", "p_value", "verdict")
+
+
 def compare_frames(
     df_a: pd.DataFrame, df_b: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0, min_effect_pct: float = 0.0
 ) -> pd.DataFrame:
-    """Compare two bench frames (see tuner.measure.bench) per ``(test, depth)``.
-
-    Rows present in only one frame are kept with ``verdict = "missing"`` so nothing is silently
-    dropped.
-
-    Args:
-        df_a: Reference frame.
-        df_b: Candidate frame.
-        confidence: See :func:`compare`.
-        seed: Bootstrap seed.
-        min_effect_pct: See :func:`compare`.
-
-    Returns:
-        Columns ``test, phase, depth, median_a, median_b, n_a, n_b, delta_pct, ci_low, ci_high,
-        p_value, verdict``, sorted by phase, test and depth.
-    """
+    """Compare two bench frames (A the reference) per ``(test, depth)`` with :func:`compare`, sorted by phase,
+    test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
     import pandas as pd
 
     def by_key(df: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
@@ -306,15 +262,7 @@ def compare_frames(
         row["median_a"] = float(ra["median_ts"]) if ra is not None else math.nan
         row["median_b"] = float(rb["median_ts"]) if rb is not None else math.nan
         if ra is None or rb is None:
-            row.update(
-                n_a=0 if ra is None else int(ra["n"]),
-                n_b=0 if rb is None else int(rb["n"]),
-                delta_pct=math.nan,
-                ci_low=math.nan,
-                ci_high=math.nan,
-                p_value=math.nan,
-                verdict="missing",
-            )
+            v = _missing(confidence, 0 if ra is None else int(ra["n"]), 0 if rb is None else int(rb["n"]))
         else:
             v = compare(
                 list(ra["samples"]),
@@ -323,30 +271,9 @@ def compare_frames(
                 seed=seed,
                 min_effect_pct=min_effect_pct,
             )
-            row.update(
-                n_a=v.n_a,
-                n_b=v.n_b,
-                delta_pct=v.delta_pct,
-                ci_low=v.ci_low,
-                ci_high=v.ci_high,
-                p_value=v.p_value,
-                verdict=v.verdict,
-            )
+        row.update({c: getattr(v, c) for c in _VERDICT_COLUMNS})
         out.append(row)
-    cols = [
-        "test",
-        "phase",
-        "depth",
-        "median_a",
-        "median_b",
-        "n_a",
-        "n_b",
-        "delta_pct",
-        "ci_low",
-        "ci_high",
-        "p_value",
-        "verdict",
-    ]
+    cols = ["test", "phase", "depth", "median_a", "median_b", *_VERDICT_COLUMNS]
     frame: pd.DataFrame = pd.DataFrame(out, columns=cols)  # pandas-stubs leave the constructor untyped before 3.11
     return frame
 

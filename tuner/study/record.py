@@ -75,20 +75,13 @@ class StudyHeader:
     @classmethod
     def from_attrs(cls, name: str, a: Mapping[str, Any]) -> StudyHeader:
         mask = a.get(k.CPU_MASK)
+        # each header key is a field of the same name (as stored() reads them)
+        plain = {key: a.get(key) for key in k.HEADER_KEYS if key not in (k.SHAPE, k.DEPTHS, k.CPU_MASK)}
         return cls(
             name=name,
-            pipeline=a.get(k.PIPELINE),
-            arch=a.get(k.ARCH),
-            model=a.get(k.MODEL),
+            **plain,
             shape=dict(a.get(k.SHAPE) or {}),
             depths=tuple(a.get(k.DEPTHS) or ()),
-            pp=a.get(k.PP),
-            tg=a.get(k.TG),
-            source_spec=a.get(k.SOURCE_SPEC),
-            source_id=a.get(k.SOURCE_ID),
-            commit=a.get(k.COMMIT),
-            era=a.get(k.ERA),
-            profile=a.get(k.PROFILE),
             cpu_mask=None if mask is None else tuple(mask),
             device=a.get(k.DEVICE),
             toolchain=dict(a.get(k.TOOLCHAIN) or {}),
@@ -207,12 +200,8 @@ class SearchOutcome:
         return cls(
             header=header,
             rules=rules_from_texts(res.get("rules") or ()),
-            dropped={
-                r: str(why) for text, why in dict(res.get("dropped") or {}).items() for r in rules_from_texts([text])
-            },
-            narrowed={
-                r: str(why) for text, why in dict(res.get("narrowed") or {}).items() for r in rules_from_texts([text])
-            },
+            dropped=_rule_reasons(res.get("dropped")),
+            narrowed=_rule_reasons(res.get("narrowed")),
             tuned=TunedTrial(
                 trial=int(tuned["trial"]),
                 values=dict(tuned.get("values") or {}),
@@ -258,6 +247,11 @@ class SearchOutcome:
         if self.gate is not None:
             out["gate"] = dict(self.gate)
         return out
+
+
+def _rule_reasons(stored: Mapping[str, object] | None) -> dict[FaRule, str]:
+    """A stored ``{rule text: why}`` as rules."""
+    return {r: str(why) for text, why in dict(stored or {}).items() for r in rules_from_texts([text])}
 
 
 def _trial_summaries(trials: Iterable[FrozenTrial]) -> tuple[TrialSummary, ...]:
