@@ -109,14 +109,9 @@ class BuildTools:
 
 @functools.cache
 def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMAKE_SPEC) -> BuildTools:
-    """Find CMake and Ninja.
+    """Find CMake (``cmake_executable``: the HIP toolchain's cmake<4, else a search) and Ninja.
 
-    Args:
-        cmake_executable: Use this CMake (the HIP toolchain's cmake<4) instead of searching.
-        cmake_spec: Version requirement.
-
-    Raises:
-        TunerError: None found; the message says what to install.
+    Raises TunerError saying what to install when none is found.
     """
     env: Mapping[str, str] = dict(os.environ)
     if cmake_executable:
@@ -205,8 +200,12 @@ class _Toolchain:
     None: its objects are this CPU's code, so another CPU must not take them as built."""
 
     @property
+    def programs(self) -> dict[str, str | os.PathLike[str] | None]:
+        return {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
+
+    @property
     def identity(self) -> list[list[object]]:
-        items = {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
+        items = self.programs
         out: list[list[object]] = [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
         if self.host_isa is not None:  # absent otherwise: the ids of portable builds stay as they were
             out.append(["host_isa", self.host_isa])
@@ -242,8 +241,7 @@ def _version_line(path: str) -> str:
 
 
 def _tool_versions(tc: _Toolchain) -> dict[str, str]:
-    items = {"cmake": tc.tools.cmake.cmake_path, "ninja": tc.tools.ninja, **tc.compilers}
-    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(items.items())}
+    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(tc.programs.items())}
 
 
 # --------------------------------------------------------------------------- tree, headers
@@ -697,26 +695,18 @@ def build_variant(
     compile_only: bool = False,
     objects: Sequence[str] | None = None,
 ) -> Build:
-    """Configure and build one variant candidate; reuse finished artifacts.
+    """Configure and build one variant candidate (``jobs``: default the CPU count); reuse finished artifacts.
 
-    Args:
-        rv: The rendered variant (from :func:`tuner.plan.render.render_variant`).
-        targets: Executable targets to build and copy into the artifact's ``bin/``.
-        jobs: Parallel compile jobs; default the CPU count.
-        compile_only: Configure, then compile only ``objects`` (no link, no artifacts). For HIP the
-            objects' offload bundles must hold code for every GPU target.
-        objects: Source paths relative to the tree (``ggml/src/ggml-cuda/fattn.cu``) for
-            ``compile_only``; default :func:`default_check_objects`.
+    ``targets`` are built and copied into the artifact's ``bin/``. ``compile_only``: configure, then compile
+    only ``objects`` (paths relative to the tree, default :func:`default_check_objects`), no link, no
+    artifacts; for HIP the objects' offload bundles must hold code for every GPU target. The Build's
+    ``cached`` is True when the artifact already existed for this toolchain (no process is started then)
+    or, for compile-only, when Ninja had nothing to do.
 
-    Returns:
-        The Build. ``cached`` is True when the artifact already existed for this toolchain (no process
-        is started then) or, for compile-only, when Ninja had nothing to do.
-
-    Raises:
-        UsageError: Bad targets, jobs or objects.
-        TunerError: Configure or compile failed (names the variant, the log and its last lines);
-            the failure is also recorded in ``build.json``.
+    Raises UsageError for bad targets, jobs or objects; TunerError when configure or compile failed (naming
+    the variant, the log and its last lines), also recorded in ``build.json``.
     """
+
     start = time.monotonic()
     targets, jobs, objs = _check_build_args(rv, targets, jobs, compile_only, objects)
     tc = _find_toolchain(rv)
