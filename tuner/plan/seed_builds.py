@@ -97,11 +97,7 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
 
 
 def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
-    """The six builds, best claimed rank first.
-
-    Raises:
-        TunerError: The file is malformed (a packaging bug, not user input).
-    """
+    """The six builds, best claimed rank first; TunerError for a malformed file (a packaging bug)."""
     path = path or package_data("seed004_builds.toml")
     doc = tomllib.loads(path.read_text(encoding="utf-8"))
     builds = tuple(_build(path, i, raw) for i, raw in enumerate(doc.get("build", [])))
@@ -116,11 +112,7 @@ def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
 
 
 def seed_build(name: str) -> SeedBuild:
-    """Look a seed build up by name (``build_`` prefix optional, as the brief spells them).
-
-    Raises:
-        UsageError: Unknown name, listing the known ones.
-    """
+    """Look a seed build up by name (``build_`` prefix optional); UsageError lists the known ones."""
     builds = {b.name: b for b in load_seed_builds()}
     key = name.removeprefix("build_")
     if key not in builds:
@@ -134,9 +126,9 @@ def seed_build(name: str) -> SeedBuild:
 def seed_run(build: SeedBuild, space: SearchSpace, *, shape: Mapping[str, int] | None) -> SeedRun:
     """The env and llama-bench args of ``build`` for a model of ``shape`` (``tuner.targets.models.read_shape``).
 
-    Raises:
-        UsageError: A partial offload without the model's layer count, or a knob value the space refuses.
+    UsageError for a partial offload without the model's layer count, or a knob value the space refuses.
     """
+
     values: dict[str, int | str] = dict(build.runtime)
     if build.offload != "all":
         if build.offload == "half" and not (shape and shape.get("n_layers")):
