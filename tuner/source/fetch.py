@@ -1,13 +1,7 @@
-"""The ``source`` stage: get a llama.cpp tree, identify it, and describe what it can be tuned with.
+"""The ``source`` stage: get the llama.cpp tree a SPEC names (:mod:`tuner.source.spec`) and identify it.
 
-A SPEC names where the tree comes from:
-
-- ``pypi:llama-cpp-python==X`` -- the llama-cpp-python sdist, whose ``vendor/llama.cpp`` is the
-  tree (downloaded with pip, so pip's index configuration, proxy and cache apply);
-- ``git:URL@REF`` -- a clone of URL checked out at REF;
-- ``path:DIR`` -- a local llama.cpp checkout, used in place.
-
-Fetched trees are cached, content-addressed, under ``$TUNER_HOME/sources/<source_id>/`` (the tree
+Fetched trees
+ are cached, content-addressed, under ``$TUNER_HOME/sources/<source_id>/`` (the tree
 is ``llama.cpp/``, its record ``source.json``); ``$TUNER_HOME/sources/specs/<hash>.json`` maps a
 SPEC to its source_id so fetching the same SPEC again does no work at all.
 """
@@ -58,20 +52,14 @@ def _no_space_in(text: str, where: Path) -> TunerError | None:
 
 
 def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
-    """Get the llama.cpp tree a SPEC names, from the cache when it is there.
+    """Get the llama.cpp tree a SPEC names (default :data:`DEFAULT_SPEC`), from the cache when it is there.
 
-    Args:
-        spec: ``pypi:llama-cpp-python==X`` (default :data:`DEFAULT_SPEC`), ``git:URL@REF`` or
-            ``path:DIR``.
-        refresh: Ignore the SPEC index and resolve again (for a git branch that moved). The
-            content-addressed tree is still reused when the content turns out the same.
+    ``refresh``: ignore the SPEC index and resolve again (for a git branch that moved); the content-addressed
+    tree is still reused when the content turns out the same. The Source's ``cached`` is True when nothing
+    was downloaded, cloned or extracted.
 
-    Returns:
-        The Source; ``cached`` is True when nothing was downloaded, cloned or extracted.
-
-    Raises:
-        UsageError: a bad SPEC, a version pip cannot find, or an unsupported tree.
-        TunerError: pip or git failed for another reason (network, disk).
+    Raises UsageError for a bad SPEC, a version pip cannot find or an unsupported tree; TunerError when pip
+    or git failed for another reason (network, disk).
     """
     parsed = parse_spec(spec)
     norm = parsed.normalized
@@ -95,9 +83,7 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
 def cached_source(spec: str) -> Source | None:
     """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads,
     clones or reads a ``path:`` folder (for checks of files from others, which must not reach out).
-
-    Raises:
-        UsageError: a bad SPEC.
+    UsageError for a bad SPEC.
     """
     parsed = parse_spec(spec)
     return None if parsed.scheme == "path" else _indexed(parsed)
@@ -127,22 +113,9 @@ def run_pip_download(version: str, dest: Path) -> Path:
     on, and the whole download takes a few seconds.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--no-build-isolation",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "-d",
-        str(dest),
-        f"{PYPI_NAME}=={version}",
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
+    cmd += ["--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), f"{PYPI_NAME}=={version}"]
+
     log_file = dest / "pip-download.log"
     res = run(
         cmd,

@@ -84,16 +84,9 @@ def tree_digest(files: Iterable[tuple[str, Path]]) -> str:
 
 
 def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
-    """Write the tree as ``out`` (a tar.gz with one top folder ``llama.cpp/``) to carry elsewhere.
-
-    Args:
-        src: The source to pack.
-        out: The archive to write; written to a temporary name first, then renamed.
-        trim: Keep only what building llama-bench / test-backend-ops / llama-quantize with the
-            CPU, CUDA or HIP backend needs (about a tenth of the tree).
-
-    Returns:
-        ``out``.
+    """Write the tree as ``out`` (a tar.gz with one top folder ``llama.cpp/``, written to a temporary name
+    first, then renamed) to carry elsewhere; returns ``out``. ``trim``: keep only what building llama-bench /
+    test-backend-ops / llama-quantize with the CPU, CUDA or HIP backend needs (about a tenth of the tree).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,17 +182,10 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
             raise _BadPack(f"entry {name!r} appears twice")
         seen.add(name)
         if not (m.isfile() or m.isdir()):
-            kind = (
-                "a symlink"
-                if m.issym()
-                else "a hard link"
-                if m.islnk()
-                else "a FIFO"
-                if m.isfifo()
-                else "a device file"
-                if m.ischr() or m.isblk()
-                else "a special file"
-            )
+            kinds = [(m.issym(), "a symlink"), (m.islnk(), "a hard link"), (m.isfifo(), "a FIFO")]
+            kinds.append((m.ischr() or m.isblk(), "a device file"))
+
+            kind = next((k for hit, k in kinds if hit), "a special file")
             raise _BadPack(f"entry {name!r} is {kind}; a pack holds only files and folders")
         if name == "source.json":
             if not m.isfile():
@@ -291,16 +277,11 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
 
     Afterwards ``fetch_source(<the packed SPEC>)`` finds it without any network access (used to
     carry the pinned source to a GPU machine that cannot reach PyPI). Every entry and every field
-    of source.json is checked first; nothing is written outside ``$TUNER_HOME/sources/``.
+    of source.json is checked first; nothing is written outside ``$TUNER_HOME/sources/``. ``replace`` lets
+    the pack re-point a SPEC that already resolves to another tree here.
 
-    Args:
-        archive: The pack.
-        replace: Let the pack re-point a SPEC that already resolves to another tree here.
-
-    Raises:
-        UsageError: ``archive`` is missing or is not a valid tuner source pack (one paragraph
-            naming what is wrong), or it would re-point a SPEC without ``replace``.
-        TunerError: the disk is full (or another write failed) while unpacking.
+    Raises UsageError when ``archive`` is missing or not a valid tuner source pack (one paragraph naming
+    what is wrong) or would re-point a SPEC without ``replace``; TunerError when a write fails (disk full).
     """
     archive = Path(archive)
     if not archive.is_file():

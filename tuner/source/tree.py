@@ -57,11 +57,9 @@ class CMakeOption:
 
 
 def find_era(root: Path) -> str:
-    """``rocwmma`` or ``mma``, from the FlashAttention files and CMake options the tree has.
+    """``rocwmma`` or ``mma``, from the FlashAttention files and CMake options the tree has (UsageError for
+    neither layout)."""
 
-    Raises:
-        UsageError: the tree has neither layout.
-    """
     cuda = root / _CUDA_DIR
     has_wmma = any((cuda / f).is_file() for f in _WMMA_FILES)
     has_mma = (cuda / _MMA_FILE).is_file()
@@ -348,12 +346,8 @@ def source_info(src: Source) -> dict[str, Any]:
     root = src.root
     cuda = root / _CUDA_DIR
     names = sorted(p.name for p in cuda.glob("fattn*")) if cuda.is_dir() else []
-    kernels = {
-        "VEC": any(n.startswith("fattn-vec") for n in names),
-        "TILE": any(n.startswith("fattn-tile") for n in names),
-        "MMA": any(n.startswith("fattn-mma-f16") for n in names),
-        "WMMA": any(n.startswith("fattn-wmma-f16") for n in names),
-    }
+    prefixes = {"VEC": "fattn-vec", "TILE": "fattn-tile", "MMA": "fattn-mma-f16", "WMMA": "fattn-wmma-f16"}
+    kernels = {k: any(n.startswith(prefix) for n in names) for k, prefix in prefixes.items()}
     tables: dict[str, Any] = {}
     tile_text = _read(cuda / "fattn-tile.cuh")
     mma_text = _read(cuda / _MMA_FILE)
@@ -390,16 +384,8 @@ def source_info(src: Source) -> dict[str, Any]:
         "config_tables": tables,
         "fa_instances": instances,
         "tools": tools,
+        # every field but the name, in the dataclass's order
         "options": {
-            n: {
-                "default": o.default,
-                "resolved": o.resolved,
-                "help": o.help,
-                "kind": o.kind,
-                "file": o.file,
-                "line": o.line,
-                "conditional": o.conditional,
-            }
-            for n, o in sorted(opts.items())
+            n: {k: v for k, v in dataclasses.asdict(o).items() if k != "name"} for n, o in sorted(opts.items())
         },
     }
