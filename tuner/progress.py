@@ -46,6 +46,7 @@ def mode(stream: TextIO | None = None) -> Mode:
     forced = os.environ.get("TUNER_PROGRESS", "").strip().lower()
     if forced in ("bar", "plain", "off"):
         return "bar" if forced == "bar" else "plain" if forced == "plain" else "off"
+
     stream = stream or sys.stderr
     try:
         tty = stream.isatty()
@@ -184,18 +185,10 @@ def track(
     display: Mode | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Tracker]:
-    """Show progress of one phase while the block runs.
+    """Show progress of one phase (``description``, e.g. ``"building cpu"``, starts each line) while the block runs.
 
-    Args:
-        description: What is being done, e.g. ``"building cpu"``; starts each line.
-        total: The number of steps when known (else set it later with ``update(n, total=N)``).
-        unit: Word after the count (``"steps"``, ``"trials"``).
-        stream: Where to write (default: stderr).
-        display: ``"bar"``, ``"plain"`` or ``"off"``; default :func:`mode` of the stream.
-        clock: Seconds source (tests pass a fake one).
-
-    Yields:
-        A :class:`Tracker`.
+    ``total`` may be set later with ``update(n, total=N)``; ``unit`` is the word after the count; ``display``
+    defaults to :func:`mode` of ``stream`` (stderr); ``clock`` is the seconds source (tests pass a fake one).
     """
     stream = stream or sys.stderr
     tracker = Tracker(description, total=total, unit=unit, display=display or mode(stream), stream=stream, clock=clock)
