@@ -77,9 +77,8 @@ def mask_text(ids: Sequence[int]) -> str:
 def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tuple[int, ...]:
     """Parse a CPU list (``0-3``, ``0,2``, ``0-1,4``) and check every CPU is present here.
 
-    Raises:
-        UsageError: Malformed, empty, or naming CPUs this machine does not have (or this process may
-            not use), with the CPUs it has.
+    UsageError, naming the CPUs there are, for a malformed or empty list or one naming CPUs this machine does
+    not have (or this process may not use).
     """
     avail = tuple(available) if available is not None else _available()
     have = mask_text(avail)
@@ -141,11 +140,8 @@ def host_cpus(mask: Sequence[int] | None = None) -> Cpus:
 
 
 def check_threads(value: object, cpus: Cpus) -> int:
-    """A thread count for llama-bench ``-t``: an integer in 1..the CPUs the run may use.
-
-    Raises:
-        UsageError: Not an integer, <= 0, or more threads than CPUs (they would only wait on each other).
-    """
+    """A thread count for llama-bench ``-t``: an integer in 1..the CPUs the run may use, else UsageError
+    (more threads than CPUs would only wait on each other)."""
     where = f"--cpu-mask {mask_text(cpus.ids)}" if cpus.masked else "this machine"
     text = str(value).strip()
     if not re.fullmatch(r"-?\d{1,9}", text) or not 1 <= int(text) <= cpus.logical:
@@ -160,9 +156,9 @@ def check_threads(value: object, cpus: Cpus) -> int:
 def pin_command(mask: Sequence[int] | None) -> list[str]:
     """The argv prefix that pins a child to ``mask`` (``taskset -c 0-1``); ``[]`` without a mask.
 
-    Raises:
-        UsageError: A mask is given but ``taskset`` (util-linux) is not installed.
+    UsageError when a mask is given but ``taskset`` (util-linux) is not installed.
     """
+
     if not mask:
         return []
     exe = shutil.which("taskset")
