@@ -49,14 +49,8 @@ def _headers_dir(build: Build) -> Path:
 
 
 def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Path:
-    """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine.
-
-    Returns:
-        ``out``.
-
-    Raises:
-        UsageError: a compile-only build, or one whose artifact or headers are gone.
-    """
+    """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine; returns
+    ``out``. UsageError for a compile-only build, or one whose artifact or headers are gone."""
     if build.compile_only:
         raise UsageError("--pack needs a linked build; --compile-only builds have no binaries to carry.")
     bin_dir, inc = Path(build.bin_dir), _headers_dir(build)
@@ -182,11 +176,10 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     ``build.json`` that names the pack and the machine that built it (``carried``); a later
     ``build_variant(rv)`` takes it as cached whatever this machine's compilers are.
 
-    Raises:
-        UsageError: ``archive`` is missing, not a build pack, damaged, or not a build of ``rv`` for this
-            machine (one paragraph naming what differs).
-        TunerError: the disk is full (or another write failed) while unpacking.
+    Raises UsageError when ``archive`` is missing, not a build pack, damaged, or not a build of ``rv`` for this
+    machine (one paragraph naming what differs); TunerError when a write fails (disk full).
     """
+
     archive = Path(archive)
     if not archive.is_file():
         raise UsageError(

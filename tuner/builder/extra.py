@@ -36,19 +36,10 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
     with the libraries it needs that are not there yet; the candidate's own libraries are never
     replaced. ``build.json`` records each extra target under ``extra_targets`` (seconds, log, rebuilt
     objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds the
-    artifact cached.
+    artifact cached. Returns the Build with ``meta`` updated (the same object when every target was there).
 
-    Args:
-        build: A finished (not compile-only) Build from :func:`build_variant`.
-        targets: Executable CMake targets of the same configuration.
-        jobs: Parallel jobs; default the CPU count.
-
-    Returns:
-        The Build with ``meta`` updated (the same object when every target was already there).
-
-    Raises:
-        UsageError: A compile-only build, or a bad target name.
-        TunerError: The target failed to build (names the log and its last lines).
+    Raises UsageError for a compile-only build or a bad target name, TunerError (naming the log and its last
+    lines) when a target fails to build.
     """
     if build.compile_only:
         raise UsageError(f"{build.build_dir} is a compile-only check; build the variant first (`tuner build`).")
@@ -110,13 +101,10 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
                 tmp.rename(art / "bin" / t)
             extra = dict(rec.get("extra_targets", {}))
             secs = round(time.monotonic() - start, 3)
+            built = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             for t in missing:
-                extra[t] = {
-                    "seconds": secs,
-                    "log": str(log_file),
-                    "rebuilt": rebuilt,
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                }
+                extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
+
             rec["extra_targets"] = extra
             write_json(art / "build.json", rec)
     return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))
