@@ -1,10 +1,9 @@
 """The only place tuner starts processes. List arguments, never a shell.
 
-Every child runs in its own session (so its whole process group can be signalled) and, on Linux,
-with PR_SET_PDEATHSIG (so it dies with a tuner that was killed outright). The deadline holds whether
-or not the child prints; at the deadline, on Ctrl-C or on SIGTERM the group gets SIGTERM, then
-SIGKILL after a short grace. A grandchild that keeps the output pipe open after the child exited
-does not keep tuner waiting.
+Every child runs in its own session (so its whole process group can be signalled) and, on Linux, with PR_SET_PDEATHSIG
+(so it dies with a tuner that was killed outright). The deadline holds whether or not the child prints; at the deadline,
+on Ctrl-C or on SIGTERM the group gets SIGTERM, then SIGKILL after a short grace. A grandchild that keeps the output
+pipe open after the child exited does not keep tuner waiting.
 """
 
 from __future__ import annotations
@@ -320,11 +319,10 @@ def run(
 ) -> RunResult:
     """Run ``cmd``; stream its output to ``log_file`` (headed by the command line) and ``on_line``, or capture it.
 
-    ``env`` is the child's full environment (``None`` inherits ours; ``os.environ`` is never mutated). A
-    ``timeout`` (seconds, also while ``input`` is written) kills the child and is a TunerError; ``check``
-    raises TunerError on a non-zero exit, naming the log and its last lines, with ``what`` (e.g. "CMake
-    build") naming the step. ``input`` is what the child reads on stdin (text in the locale's encoding, as
-    its output is read); None gives an empty stdin.
+    ``env`` is the child's full environment (``None`` inherits ours; ``os.environ`` is never mutated). A ``timeout``
+    (seconds, also while ``input`` is written) kills the child and is a TunerError; ``check`` raises TunerError on a
+    non-zero exit, naming the log and its last lines, with ``what`` (e.g. "CMake build") naming the step. ``input`` is
+    what the child reads on stdin (text in the locale's encoding, as its output is read); None gives an empty stdin.
     """
 
     interrupts.check()  # a SIGTERM whose exception was dropped: start nothing more

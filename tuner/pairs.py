@@ -1,8 +1,7 @@
 """``NAME=VALUE`` pairs from the command line (``--set``, ``--env``): the one parser every command uses.
 
-What a value means is the caller's: an environment value stays a string, a compile-time knob
-(``tuner build --set``) is an integer, a search-space knob is checked against its space
-(:func:`tuner.plan.space.set_values`).
+What a value means is the caller's: an environment value stays a string, a compile-time knob (``tuner build --set``) is
+an integer, a search-space knob is checked against its space (:func:`tuner.plan.space.set_values`).
 """
 
 from __future__ import annotations

@@ -72,10 +72,9 @@ def package_data(name: str) -> Path:
 
 
 def write_into(folder: Path, name: str, data: str | bytes) -> Path:
-    """Write ``folder/name`` without following a link already there: the data goes to a temporary file in
-    ``folder``, renamed over the name (a rename replaces a link, it never writes where the link points). A
-    reader never sees half a file either. Returns the path written; UsageError where ``folder/name`` is a
-    folder (a rename would not replace it).
+    """Write ``folder/name`` without following a link already there: the data goes to a temporary file in ``folder``,
+    renamed over the name (a rename replaces a link, it never writes where the link points). A reader never sees half a
+    file either. Returns the path written; UsageError where ``folder/name`` is a folder (a rename would not replace it).
     """
     path = folder / name
     if path.is_dir() and not path.is_symlink():
@@ -108,11 +107,10 @@ def subfolder(folder: Path, name: str) -> Path:
 
 
 def refuse_links_inside(folder: Path, option: str = "-o") -> None:
-    """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their
-    logs, stores and reports into an existing ``-o`` open files by name; a link left there (by another user,
-    or copied in with someone's run) would send those writes wherever it points. ``folder`` itself may be a
-    link: the user named it. The UsageError names the first link found, where it points, and ``option``, the
-    flag that chose the folder.
+    """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their logs,
+    stores and reports into an existing ``-o`` open files by name; a link left there (by another user, or copied in with
+    someone's run) would send those writes wherever it points. ``folder`` itself may be a link: the user named it. The
+    UsageError names the first link found, where it points, and ``option``, the flag that chose the folder.
     """
     if not folder.is_dir():
         return

@@ -1,13 +1,12 @@
 """Carry a finished build to another machine: build where the compilers are, measure where the GPU is.
 
-A CUDA build of llama.cpp takes minutes of a GPU machine's time and needs no GPU; ``tuner build --pack
-FILE`` writes the artifact (its ``bin/``: executables and ``lib*.so``, linked with ``$ORIGIN`` rpaths) and
-the ggml headers tuner's own benchmarks compile against, and ``tuner build --from-pack FILE`` on the GPU
-machine installs it into the build cache under the same variant key, so every later command that asks for
-that variant (``tuner sweep run``, ``sweep mmq``, ``sweep confirm``) finds it built. The pack is input from
-elsewhere: its manifest must name the variant the unpacking machine renders from the same arguments and
-source (same key, same artifact key), each file is checked against the sha256 the manifest records, and
-nothing is written outside that variant's folder in ``$TUNER_HOME/builds``.
+A CUDA build of llama.cpp takes minutes of a GPU machine's time and needs no GPU; ``tuner build --pack FILE`` writes the
+artifact (its ``bin/``: executables and ``lib*.so``, linked with ``$ORIGIN`` rpaths) and the ggml headers tuner's own
+benchmarks compile against, and ``tuner build --from-pack FILE`` on the GPU machine installs it into the build cache
+under the same variant key, so every later command that asks for that variant (``tuner sweep run``, ``sweep mmq``,
+``sweep confirm``) finds it built. The pack is input from elsewhere: its manifest must name the variant the unpacking
+machine renders from the same arguments and source (same key, same artifact key), each file is checked against the
+sha256 the manifest records, and nothing is written outside that variant's folder in ``$TUNER_HOME/builds``.
 """
 
 from __future__ import annotations

@@ -143,10 +143,9 @@ def _hip_targets(defines: Mapping[str, str]) -> list[str]:
 def default_check_objects(rv: RenderedVariant) -> list[str]:
     """Translation units a ``--compile-only`` check compiles by default (paths relative to the tree).
 
-    The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC
-    hs64 instance (era ``rocwmma``), plus every TU the variant's compile-time knobs give a header.
-    Where the patch's CUDA hook splits the MMA instances per head size, the whole instance is not
-    compiled, so its D64 split TU stands in for it.
+    The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC hs64 instance (era
+    ``rocwmma``), plus every TU the variant's compile-time knobs give a header. Where the patch's CUDA hook splits the
+    MMA instances per head size, the whole instance is not compiled, so its D64 split TU stands in for it.
     """
     base = [_CUDA_DIR / "fattn.cu"]
     inst = _CUDA_DIR / "template-instances"
@@ -697,11 +696,10 @@ def build_variant(
 ) -> Build:
     """Configure and build one variant candidate (``jobs``: default the CPU count); reuse finished artifacts.
 
-    ``targets`` are built and copied into the artifact's ``bin/``. ``compile_only``: configure, then compile
-    only ``objects`` (paths relative to the tree, default :func:`default_check_objects`), no link, no
-    artifacts; for HIP the objects' offload bundles must hold code for every GPU target. The Build's
-    ``cached`` is True when the artifact already existed for this toolchain (no process is started then)
-    or, for compile-only, when Ninja had nothing to do.
+    ``targets`` are built and copied into the artifact's ``bin/``. ``compile_only``: configure, then compile only
+    ``objects`` (paths relative to the tree, default :func:`default_check_objects`), no link, no artifacts; for HIP the
+    objects' offload bundles must hold code for every GPU target. The Build's ``cached`` is True when the artifact
+    already existed for this toolchain (no process is started then) or, for compile-only, when Ninja had nothing to do.
 
     Raises UsageError for bad targets, jobs or objects; TunerError when configure or compile failed (naming
     the variant, the log and its last lines), also recorded in ``build.json``.

@@ -30,13 +30,12 @@ from tuner.plan.variant import Build
 def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = None) -> Build:
     """Add executable targets (``llama-perplexity``) to a finished build's artifact, keeping its build id.
 
-    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored
-    results and study databases key on them, so an extra tool is built on demand into the existing
-    build directory (its own translation units plus a link) and copied into the artifact's ``bin/``
-    with the libraries it needs that are not there yet; the candidate's own libraries are never
-    replaced. ``build.json`` records each extra target under ``extra_targets`` (seconds, log, rebuilt
-    objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds the
-    artifact cached. Returns the Build with ``meta`` updated (the same object when every target was there).
+    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored results and study
+    databases key on them, so an extra tool is built on demand into the existing build directory (its own translation
+    units plus a link) and copied into the artifact's ``bin/`` with the libraries it needs that are not there yet; the
+    candidate's own libraries are never replaced. ``build.json`` records each extra target under ``extra_targets``
+    (seconds, log, rebuilt objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds
+    the artifact cached. Returns the Build with ``meta`` updated (the same object when every target was there).
 
     Raises UsageError for a compile-only build or a bad target name, TunerError (naming the log and its last
     lines) when a target fails to build.

@@ -1,8 +1,7 @@
 """The AMD HIP compile-check toolchain: clang-19 plus Debian's ROCm 6.4 headers, no AMD GPU needed.
 
-Nothing built with it can run; it exists so a HIP variant's patched FlashAttention translation units
-are compiled for the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm.
-The recipe:
+Nothing built with it can run; it exists so a HIP variant's patched FlashAttention translation units are compiled for
+the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm. The recipe:
 
 1. ``clang-19 lld-19 clang-tools-19 libclang-rt-19-dev`` from Debian bookworm (``apt-get install``, root).
 2. HIP/hipBLAS/rocBLAS ``-dev`` packages from sid and ``rocm-device-libs-17`` from trixie, fetched with a
@@ -122,9 +121,8 @@ class HipToolchain:
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """A child environment with ``ROCM_PATH`` set and clang-19's tools first on PATH.
 
-        clang prints "Found HIP installation" from ``ROCM_PATH``, which CMake parses; ggml-hip's
-        CMakeLists reads it too. ``HIP_PLATFORM=amd`` keeps HIP headers off the nvcc path on machines
-        with a CUDA toolkit.
+        clang prints "Found HIP installation" from ``ROCM_PATH``, which CMake parses; ggml-hip's CMakeLists reads it
+        too. ``HIP_PLATFORM=amd`` keeps HIP headers off the nvcc path on machines with a CUDA toolkit.
         """
         env = dict(os.environ if base is None else base)
         env["ROCM_PATH"] = str(self.rocm_path)

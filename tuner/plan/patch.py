@@ -91,8 +91,7 @@ class PatchManifest:
 
 
 def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]:
-    """Every patch manifest of an era, sorted by name; TunerError for unknown keys, a bad mode or a missing
-    template."""
+    """Every patch manifest of an era, sorted by name; TunerError for unknown keys, a bad mode or a missing template."""
     root = (base or data_dir("templates")) / "patches"
     era_dir = root / era
     if not era_dir.is_dir():

@@ -1,9 +1,8 @@
 """The project brief's six reference builds as tuner runs: a variant to build plus the env and llama-bench args to run it.
 
-The mapping is data (``tuner/data/seed004_builds.toml``, explained in docs/seed004-builds.md). A
-build's runtime settings are knob values of the arch's search space, so they pass the same type and
-range checks as a search's (:func:`tuner.plan.space.render_runtime`); a partial offload is resolved
-against the model's layer count.
+The mapping is data (``tuner/data/seed004_builds.toml``, explained in docs/seed004-builds.md). A build's runtime
+settings are knob values of the arch's search space, so they pass the same type and range checks as a search's
+(:func:`tuner.plan.space.render_runtime`); a partial offload is resolved against the model's layer count.
 """
 
 from __future__ import annotations

@@ -38,10 +38,9 @@ def variant_family(variant: str) -> str:
 class RenderedVariant:
     """One build variant rendered for one source tree: CMake defines plus source edits.
 
-    ``key`` identifies the *build directory* (source, base patch, defines). Compile-time
-    candidates that only change ``tu_headers`` share that directory and rebuild only the
-    translation units whose pre-included header changed; ``artifact_key`` identifies one
-    candidate's binaries.
+    ``key`` identifies the *build directory* (source, base patch, defines). Compile-time candidates that only change
+    ``tu_headers`` share that directory and rebuild only the translation units whose pre-included header changed;
+    ``artifact_key`` identifies one candidate's binaries.
     """
 
     arch: str

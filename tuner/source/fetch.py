@@ -81,9 +81,8 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
 
 
 def cached_source(spec: str) -> Source | None:
-    """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads,
-    clones or reads a ``path:`` folder (for checks of files from others, which must not reach out).
-    UsageError for a bad SPEC.
+    """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads, clones or reads
+    a ``path:`` folder (for checks of files from others, which must not reach out). UsageError for a bad SPEC.
     """
     parsed = parse_spec(spec)
     return None if parsed.scheme == "path" else _indexed(parsed)
@@ -107,10 +106,9 @@ def _indexed(parsed: SourceSpec) -> Source | None:
 def run_pip_download(version: str, dest: Path) -> Path:
     """Download the llama-cpp-python ``version`` sdist into ``dest`` with pip; return its path.
 
-    ``--no-build-isolation`` matters: pip prepares the sdist's metadata, and with isolation it
-    would first build the backend's requirements (cmake!) from source because of
-    ``--no-binary :all:``. Without isolation it uses the scikit-build-core tuner already depends
-    on, and the whole download takes a few seconds.
+    ``--no-build-isolation`` matters: pip prepares the sdist's metadata, and with isolation it would first build the
+    backend's requirements (cmake!) from source because of ``--no-binary :all:``. Without isolation it uses the
+    scikit-build-core tuner already depends on, and the whole download takes a few seconds.
     """
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]

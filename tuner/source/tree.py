@@ -142,9 +142,8 @@ _STANDALONE_FACTS = {"LLAMA_STANDALONE": "ON", "GGML_STANDALONE": "OFF"}
 def parse_cmake_commands(text: str) -> Iterator[tuple[str, list[str], int, int]]:
     """Yield ``(command, args, line, if_depth)`` for each CMake command call in ``text``.
 
-    A small tokenizer, enough for option()/set(): handles comments, quoted arguments with
-    escapes, nested parentheses and calls spread over several lines. ``if_depth`` counts the
-    enclosing ``if()`` blocks.
+    A small tokenizer, enough for option()/set(): handles comments, quoted arguments with escapes, nested parentheses
+    and calls spread over several lines. ``if_depth`` counts the enclosing ``if()`` blocks.
     """
     text = _BRACKET_COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     i, n, line, depth = 0, len(text), 1, 0
@@ -239,16 +238,14 @@ def _cmake_files(root: Path) -> list[Path]:
 def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
     """Every ``option()`` and ``set(NAME value CACHE TYPE "help")`` the tree declares.
 
-    Scans the top-level CMakeLists.txt, ggml/CMakeLists.txt, ggml/cmake/*.cmake and every
-    CMakeLists.txt / *.cmake under ggml/src (not vendored code). The first declaration of a name
-    wins (the top-level one is what a llama.cpp build sees); a name declared again with another
-    default (if/else branches) gets ``resolved=None``. ``FORCE``d and ``INTERNAL`` cache
-    entries are overrides, not declarations, and are skipped.
+    Scans the top-level CMakeLists.txt, ggml/CMakeLists.txt, ggml/cmake/*.cmake and every CMakeLists.txt / *.cmake under
+    ggml/src (not vendored code). The first declaration of a name wins (the top-level one is what a llama.cpp build
+    sees); a name declared again with another default (if/else branches) gets ``resolved=None``. ``FORCE``d and
+    ``INTERNAL`` cache entries are overrides, not declarations, and are skipped.
 
-    ``resolved`` substitutes ``${VAR}`` when VAR is another declared option, a variable every
-    plain ``set(VAR value)`` in these files gives the same literal, or LLAMA_STANDALONE (ON) /
-    GGML_STANDALONE (OFF) -- llama.cpp is always the top-level project in a tuner build.
-    Otherwise it is None.
+    ``resolved`` substitutes ``${VAR}`` when VAR is another declared option, a variable every plain ``set(VAR value)``
+    in these files gives the same literal, or LLAMA_STANDALONE (ON) / GGML_STANDALONE (OFF) -- llama.cpp is always the
+    top-level project in a tuner build. Otherwise it is None.
     """
     found: dict[str, CMakeOption] = {}
     plain: dict[str, set[str]] = {}

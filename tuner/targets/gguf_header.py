@@ -38,12 +38,11 @@ _MAX_DIMS = 4  # GGML_MAX_DIMS
 def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
     """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
 
-    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the
-    llama-bpe vocab on 2 cores); this struct walk over an mmap of the header takes well under a
-    second and never reads tensor data. Every count is checked against the bytes left in the file
-    (and :data:`MAX_ARRAY_ITEMS`) before anything is read, so a hostile header costs no more memory
-    than the file's size allows. ValueError for a non-GGUF or a header that does not fit its file (naming
-    the key or tensor).
+    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the llama-bpe vocab on 2
+    cores); this struct walk over an mmap of the header takes well under a second and never reads tensor data. Every
+    count is checked against the bytes left in the file (and :data:`MAX_ARRAY_ITEMS`) before anything is read, so a
+    hostile header costs no more memory than the file's size allows. ValueError for a non-GGUF or a header that does not
+    fit its file (naming the key or tensor).
     """
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":

@@ -1,10 +1,9 @@
 """This machine's CPUs as a llama-bench run sees them, and CPU masks (``--cpu-mask 0-3``).
 
-A host-paced scenario (docs/knobs.md: the CPU, not the GPU, limits decode) is reproduced by
-pinning every llama-bench process to a few cores with ``taskset``: the command line then carries the
-pin, so a logged or exported command reproduces it exactly. The threads knob's legal values follow
-the CPUs a run may use: the mask's, else this process's affinity (a container's cpuset, or the
-whole machine).
+A host-paced scenario (docs/knobs.md: the CPU, not the GPU, limits decode) is reproduced by pinning every llama-bench
+process to a few cores with ``taskset``: the command line then carries the pin, so a logged or exported command
+reproduces it exactly. The threads knob's legal values follow the CPUs a run may use: the mask's, else this process's
+affinity (a container's cpuset, or the whole machine).
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ def _physical_cores(ids: Sequence[int]) -> int:
 
 
 def host_cpus(mask: Sequence[int] | None = None) -> Cpus:
-    """The CPUs a run may use: ``mask`` (already checked by :func:`parse_cpu_mask`), else this
-    process's affinity."""
+    """The CPUs a run may use: ``mask`` (already checked by :func:`parse_cpu_mask`), else this process's affinity."""
     ids = tuple(sorted(set(mask))) if mask else _available()
     return Cpus(ids=ids, physical=_physical_cores(ids), masked=bool(mask))
 

@@ -1,10 +1,9 @@
 """Model shapes and random-weight GGUF models with exactly those shapes.
 
-Random weights keep a dense model's speed (same tensors, types and sizes, so the same kernels and
-bytes moved), not its output quality. Shapes live in ``tuner/data/models.toml``; tensor names and
-ggml shapes follow llama.cpp's loaders (tree A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``,
-``src/llama-model.cpp``). Tokenizer fields are copied from the vocab-only GGUF in the llama.cpp tree's
-``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
+Random weights keep a dense model's speed (same tensors, types and sizes, so the same kernels and bytes moved), not its
+output quality. Shapes live in ``tuner/data/models.toml``; tensor names and ggml shapes follow llama.cpp's loaders (tree
+A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``, ``src/llama-model.cpp``). Tokenizer fields are copied from the
+vocab-only GGUF in the llama.cpp tree's ``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Roofline estimates: an upper bound on llama-bench t/s from an arch's peaks and a model's size.
 
-This is a MODEL ESTIMATE, not a measurement. The method is the roofline model (Williams, Waterman
-and Patterson, "Roofline", CACM 52(4), 2009) applied per token: decode (tg) is bound by memory bandwidth over the bytes read per token
-(all matmul weights once, plus the KV cache at that depth); prefill (pp) is bound by the math peak
-over the FLOPs per token (2 per matmul weight, plus 4 * n_layers * n_heads * head_dim * depth for
-QK^T and PV). Bytes come from the real GGUF tensor sizes when a file is given; the KV cache and the
-LM head are counted. How close measurements get, on the H100 at depth 0 with Q4_K_M: llama-3.2-1b
-decoded at 891 t/s against a 4177 t/s bound (21%; results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at
-270 against 724 (37%; results/sm_90/llama-3.1-8b-q4_k_m).
+This is a MODEL ESTIMATE, not a measurement. The method is the roofline model (Williams, Waterman and Patterson,
+"Roofline", CACM 52(4), 2009) applied per token: decode (tg) is bound by memory bandwidth over the bytes read per token
+(all matmul weights once, plus the KV cache at that depth); prefill (pp) is bound by the math peak over the FLOPs per
+token (2 per matmul weight, plus 4 * n_layers * n_heads * head_dim * depth for QK^T and PV). Bytes come from the real
+GGUF tensor sizes when a file is given; the KV cache and the LM head are counted. How close measurements get, on the
+H100 at depth 0 with Q4_K_M: llama-3.2-1b decoded at 891 t/s against a 4177 t/s bound (21%;
+results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at 270 against 724 (37%; results/sm_90/llama-3.1-8b-q4_k_m).
 """
 
 from __future__ import annotations
@@ -156,9 +155,8 @@ def flops_per_token(
 ) -> dict[str, Any]:
     """FLOPs one token costs at KV depth ``depth``.
 
-    ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded);
-    ``attention_flops`` = 4 * n_layers * n_heads * head_dim * depth (QK^T and PV). UsageError for a bad depth
-    or model.
+    ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded); ``attention_flops`` = 4 *
+    n_layers * n_heads * head_dim * depth (QK^T and PV). UsageError for a bad depth or model.
     """
     _check_depth(depth)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
@@ -213,9 +211,8 @@ def estimate(
     pp bound = pp / (matmul FLOPs / matmul peak + attention FLOPs / FP16 peak), at mean depth
     depth + pp/2; the matmul peak is INT8 for quantized weights on archs with an int8 path, else FP16.
 
-    One dict per (test, depth): test, depth, bound_tps, limit (what bounds it), bytes or FLOPs per token,
-    arch, product, and ``label`` saying it is an estimate. UsageError for a bad arch, model, depth, pp/tg
-    or unknown bandwidth.
+    One dict per (test, depth): test, depth, bound_tps, limit (what bounds it), bytes or FLOPs per token, arch, product,
+    and ``label`` saying it is an estimate. UsageError for a bad arch, model, depth, pp/tg or unknown bandwidth.
     """
     a = load_arch(arch) if isinstance(arch, str) else arch
     prod = a.product(product)
