@@ -626,20 +626,11 @@ def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *
     record["headers_changed"] = changed
 
 
-def _compile(
-    rv: RenderedVariant,
-    tc: _Toolchain,
-    record: dict[str, Any],
-    *,
-    build_dir: Path,
-    src: Path,
-    targets: Sequence[str],
-    objs: Sequence[str],
-    compile_only: bool,
-    jobs: int,
-    log_file: Path,
-) -> list[str]:
-    """Run the Ninja build of the targets (or the objects' targets); returns the rebuilt translation units."""
+def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], build_dir: Path, src: Path) -> list[str]:
+    """Run the Ninja build of the record's targets (or its objects' targets) with its jobs and log; returns the
+    rebuilt translation units."""
+    targets, objs, compile_only, jobs = record["targets"], record["objects"], record["compile_only"], record["jobs"]
+    log_file = Path(record["log"])
     before = ninja_log_lines(build_dir)
     log_file.unlink(missing_ok=True)
     build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
@@ -746,18 +737,8 @@ def build_variant(
             _prepare_tree(rv, tc, record, src=src, tu_dir=tu_dir)
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
-            rebuilt = _compile(
-                rv,
-                tc,
-                record,
-                build_dir=build_dir,
-                src=src,
-                targets=targets,
-                objs=objs,
-                compile_only=compile_only,
-                jobs=jobs,
-                log_file=log_file,
-            )
+            rebuilt = _compile(rv, tc, record, build_dir, src)
+
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
