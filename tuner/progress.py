@@ -8,14 +8,6 @@ two within 10 seconds (except the last). A CI log of a 7-minute build stays abou
 
     building cpu: 57/145 steps (39%), 1:02 elapsed, ETA 1:35
 
-Example:
-
-    from tuner import progress
-
-    with progress.track("building cpu", total=145, unit="steps") as bar:
-        for line in ninja_output:
-            bar.update(done)                # or bar.advance(); bar.update(done, total=new_total)
-
 ``TUNER_PROGRESS=bar|plain|off`` forces a mode (default: ``bar`` on a terminal, else ``plain``).
 """
 

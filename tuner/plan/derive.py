@@ -1,15 +1,8 @@
 """Derived knobs: legal values that come from the machine and the model, resolved at search time.
 
-A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` (docs/knobs.md)
-instead of listing values, because the right list differs per host and per model:
-
-- **threads** (``-t``): the physical cores and the logical CPUs a run may use (the --cpu-mask's,
-  else this process's affinity) and half the physical cores. The usual advice is to match threads to physical
-  cores, not logical: both are sampled, so the measurement decides. A pin may be any of 1..logical.
-- **ngl** (``-ngl``): llama-bench's default offloads every layer (n_layers + 1 with the output
-  layer). Partial-offload steps are sampled only when the weights plus the KV cache at the deepest
-  depth do not fit in the GPUs' free memory; with the free memory unknown, only full offload. A pin
-  may be any of 0..n_layers + 1.
+A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` instead of listing values, because the
+right list differs per host and per model; docs/knobs.md says what each samples. The usual advice is to match threads
+to physical cores, not logical: both are sampled, so the measurement decides.
 
 Every derived knob keeps ``default`` (no flag: llama-bench's own choice), so an untouched space still
 measures upstream. Under a CPU mask upstream's default is oversubscribed (llama-bench counts the

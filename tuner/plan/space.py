@@ -64,17 +64,9 @@ RULE_KINDS = ("rule",)
 _KERNELS = ("default", "VEC", "TILE", "MMA")
 _TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
 _MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")
-_TILE_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K")
-_MMA_FIELDS = (
-    "nthreads",
-    "occupancy",
-    "nbatch_fa",
-    "nbatch_K2",
-    "nbatch_V2",
-    "nbatch_combine",
-    "nstages_target",
-    "Q_in_reg",
-)
+# a row's tunable fields: those after its (dkq, dv, ncols) key
+_TILE_FIELDS = tuple(f.name for f in dataclasses.fields(TileRow))[3:]
+_MMA_FIELDS = tuple(f.name for f in dataclasses.fields(MmaRow))[3:]
 _WMMA_FIELDS = ("nwarps", "min_blocks", "kq_stride")
 _BENCH_FLAGS = ("-ub", "-b", "-t", "-fa", "-ctk", "-ctv", "-ngl", "-nkvo", "-sm", "-mg")
 _COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help", "phases")

@@ -35,24 +35,9 @@ from tuner.source.tree import ERAS, find_era
 
 # Top-level entries a CPU/CUDA/HIP build of llama-bench, test-backend-ops and llama-quantize
 # needs (examples/, pocs/ and app/ are add_subdirectory'd unconditionally: configure fails without).
-_PACK_KEEP = (
-    "CMakeLists.txt",
-    "CMakePresets.json",
-    "LICENSE",
-    "cmake",
-    "common",
-    "ggml",
-    "gguf-py",
-    "include",
-    "licenses",
-    "src",
-    "tests",
-    "tools",
-    "vendor",
-    "examples",
-    "pocs",
-    "app",
-)
+_PACK_FILES = ("CMakeLists.txt", "CMakePresets.json", "LICENSE")
+_PACK_DIRS = ("cmake", "common", "ggml", "gguf-py", "include", "licenses", "src", "tests", "tools", "vendor")
+_PACK_KEEP = (*_PACK_FILES, *_PACK_DIRS, "examples", "pocs", "app")
 _PACK_MODELS = ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf")
 # Backends under ggml/src worth carrying; the others (vulkan, sycl, metal, ...) are big and only
 # add_subdirectory'd when their option is ON.
