@@ -704,7 +704,7 @@ def build_variant(
     art = root / "artifacts" / rv.artifact_key
     build_dir, logs, src, tu_dir = root / "build", root / "logs", root / "src", root / "tu"
 
-    def _done(rec: Mapping[str, Any], cached: bool, folder: Path) -> Build:
+    def _done(rec: Mapping[str, Any], cached: bool, folder: Path, compile_only: bool = False) -> Build:
         return Build(
             build_id=build_id,
             build_dir=build_dir,
@@ -712,7 +712,7 @@ def build_variant(
             log_file=Path(rec.get("log", logs / "build.log")),
             cached=cached,
             seconds=time.monotonic() - start,
-            compile_only=False,
+            compile_only=compile_only,
             meta=dict(rec),
         )
 
@@ -750,15 +750,7 @@ def build_variant(
             raise failure from err
         write_json(root / "build.json", record)
     if compile_only:
-        return Build(
-            build_id=build_id,
-            build_dir=build_dir,
-            bin_dir=build_dir / "bin",
-            log_file=log_file,
-            cached=not rebuilt,
-            seconds=time.monotonic() - start,
-            compile_only=True,
-            meta=record,
-        )
+        return _done(record, not rebuilt, build_dir, compile_only=True)
+
     held = hold_artifact(art, lambda d: d)
     return _done(record, False, held[0] if held else folder)
