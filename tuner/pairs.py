@@ -16,9 +16,8 @@ from tuner.errors import UsageError
 def parse_pairs(items: Iterable[str], flag: str, example: str, *, what: str = "NAME") -> dict[str, str]:
     """``("K=V", ...)`` -> ``{"K": "V"}``, both sides stripped, split at the first ``=``; a later K wins.
 
-    Raises:
-        UsageError: an item without ``=`` or without a name, naming ``flag`` and an ``example`` (``what``
-            names the left side in the message: ``KNOB`` for --set).
+    UsageError for an item without ``=`` or without a name, naming ``flag`` and an ``example`` (``what`` names
+    the left side in the message: ``KNOB`` for --set).
     """
     out = {}
     for s in items:

@@ -150,17 +150,14 @@ class Knob:
         if self.choices is not None and self.low is not None:  # derived: sampled choices, any pin in range
             if v not in self.choices and not (isinstance(v, int) and self.low <= v <= int(self.high or 0)):
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}: {self.meta.get('legal', self.allowed())}.")
-        elif self.choices is not None:
-            if v not in self.choices:
-                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+            return v
+        if self.choices is not None:
+            ok = v in self.choices
         else:
             assert self.low is not None and self.high is not None
-            if (
-                not isinstance(v, int)
-                or not self.low <= v <= self.high
-                or (not self.log and (v - self.low) % self.step)
-            ):
-                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+            ok = isinstance(v, int) and self.low <= v <= self.high and (self.log or not (v - self.low) % self.step)
+        if not ok:
+            raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
         return v
 
 

@@ -17,14 +17,10 @@ COPY (no quantization) and the aliases Q3_K, Q4_K, Q5_K (spelled by the _M names
 
 
 def quant_type(name: str) -> str:
-    """``name`` as llama-quantize spells it (upper case), checked against :data:`QUANT_TYPES`.
-
-    Raises:
-        UsageError: not one of them (with the closest names).
-    """
+    """``name`` as llama-quantize spells it (upper case); UsageError with the closest names unless it is one
+    of :data:`QUANT_TYPES`."""
     q = name.upper()
     if q not in QUANT_TYPES:
-        raise UsageError(
-            f"Unknown quant type {name!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
-        )
+        msg = f"Unknown quant type {name!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
+        raise UsageError(msg)
     return q
