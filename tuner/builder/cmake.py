@@ -448,13 +448,9 @@ def _configure(
     log_file = logs / "configure.log"
     log_file.unlink(missing_ok=True)
     stamp_file.unlink(missing_ok=True)
-    _run.run(
-        [tc.tools.cmake.cmake_path, *args, "-GNinja"],
-        env=env,
-        log_file=log_file,
-        timeout=900,
-        what=f"CMake configure of {rv.short}",
-    )
+    argv: list[str | os.PathLike[str]] = [tc.tools.cmake.cmake_path, *args, "-GNinja"]
+    _run.run(argv, env=env, log_file=log_file, timeout=900, what=f"CMake configure of {rv.short}")
+
     write_json(stamp_file, stamp)
     return notes
 

@@ -265,13 +265,8 @@ def _install_clang(logs: Path) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600, what="apt-get update")
-        _run.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES],
-            env=env,
-            log_file=logs / "apt-system.log",
-            timeout=900,
-            what="apt-get install clang-19",
-        )
+        argv = ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES]
+        _run.run(argv, env=env, log_file=logs / "apt-system.log", timeout=900, what="apt-get install clang-19")
     except TunerError as err:
         msg = f"Installing clang-19 failed ({err}). {advice}"
         raise TunerError(msg) from err
@@ -325,11 +320,8 @@ def _unpack(prefix: Path, debs: Sequence[Path], logs: Path) -> None:
     libdir = tmp / "usr" / "lib" / "x86_64-linux-gnu"
     stub_c = prefix / "rocblas_stub.c"
     stub_c.write_text("/* empty: rocblas CMake targets only check that the library exists */\n")
-    _run.run(
-        ["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c],
-        log_file=logs / "unpack.log",
-        what="gcc (rocblas stub)",
-    )
+    argv: list[str | os.PathLike[str]] = ["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c]
+    _run.run(argv, log_file=logs / "unpack.log", what="gcc (rocblas stub)")
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
 

@@ -221,12 +221,8 @@ def _fetch_git(parsed: SourceSpec) -> Source:
     tree = staging / "llama.cpp"
     try:
         with log.step(f"Cloning {parsed.value} at {parsed.ref}"):
-            res = run(
-                ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
-                check=False,
-                timeout=3600,
-                what="git clone",
-            )
+            argv = ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)]
+            res = run(argv, check=False, timeout=3600, what="git clone")
             if res.returncode != 0:
                 full = _no_space_in(res.output, tree)
                 if full is not None:
@@ -236,12 +232,9 @@ def _fetch_git(parsed: SourceSpec) -> Source:
                     f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials."
                 )
                 raise TunerError(msg)
-            res = run(
-                ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref],
-                check=False,
-                what="git checkout",
-                timeout=600,
-            )
+            argv = ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref]
+            res = run(argv, check=False, what="git checkout", timeout=600)
+
             if res.returncode != 0:
                 msg = (
                     f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "
