@@ -181,9 +181,8 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
 
     archive = Path(archive)
     if not archive.is_file():
-        raise UsageError(
-            f"{archive} does not exist. Write one with `tuner build ... --pack FILE` where the compilers are."
-        )
+        msg = f"{archive} does not exist. Write one with `tuner build ... --pack FILE` where the compilers are."
+        raise UsageError(msg)
     root = tuner_home() / "builds" / rv.key
     art = root / "artifacts" / rv.artifact_key
     try:
@@ -227,15 +226,13 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
     except _BadPack as err:
-        raise UsageError(
-            f"{archive} is not a valid tuner build pack: {err}. Write it again with `tuner build ... --pack FILE`."
-        ) from None
+        msg = f"{archive} is not a valid tuner build pack: {err}. Write it again with `tuner build ... --pack FILE`."
+        raise UsageError(msg) from None
     except _READ_ERRORS as err:
         if isinstance(err, OSError) and err.errno is not None:  # a write failed (a corrupt gzip has no errno)
             raise TunerError(f"Unpacking {archive} into {art} failed: {err}") from err
-        raise UsageError(
-            f"{archive} could not be read as a build pack ({err}); it may be cut short. Copy it again."
-        ) from None
+        msg = f"{archive} could not be read as a build pack ({err}); it may be cut short. Copy it again."
+        raise UsageError(msg) from None
     return Build(
         build_id=str(record.get("build_id", "")),
         build_dir=root / "build",

@@ -81,9 +81,8 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             bin_src = Path(build.build_dir) / "bin"
             for t in missing:
                 if not (bin_src / t).is_file():
-                    raise TunerError(
-                        f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
-                    )
+                    msg = f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
+                    raise TunerError(msg)
             # New libraries only (the tool's own, e.g. libllama-perplexity-impl.so); the artifact's
             # existing libraries are the candidate's and stay as they are.
             for lib in sorted(bin_src.glob("lib*.so*")):

@@ -115,9 +115,8 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
             tpl = e["template"]
             rel = f"patches/{era}/{tpl}" if (era_dir / tpl).is_file() else f"patches/common/{tpl}"
             if not (root.parent / rel).is_file():
-                raise TunerError(
-                    f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}."
-                )
+                msg = f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}."
+                raise TunerError(msg)
             edits.append(Edit(file=e["file"], mode=e["mode"], anchor=e["anchor"], template=rel, vars=e.get("vars", {})))
         out.append(
             PatchManifest(
@@ -176,9 +175,8 @@ def _apply_edits(
         edits.sort(key=lambda t: (t[0], t[1]))
         for (_s0, e0, _, m0, _), (s1, _, _, m1, _) in itertools.pairwise(edits):
             if s1 < e0:
-                raise TunerError(
-                    f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
-                )
+                msg = f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
+                raise TunerError(msg)
         text = pristine[rel]
         for start, end, frag, _, _ in reversed(edits):
             text = text[:start] + frag + text[end:]

@@ -134,9 +134,8 @@ def render_defines(
     TunerError when a template sets an undeclared option or an unsafe value.
     """
     if variant not in VARIANTS:
-        raise UsageError(
-            f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}."
-        )
+        msg = f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}."
+        raise UsageError(msg)
     limits = constraints.load_arch_limits(arch)
     family = variant_family(variant)
     want_vendor = {"cpu": "cpu", "cuda": "nvidia", "hip": "amd"}[family]

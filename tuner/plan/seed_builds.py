@@ -68,9 +68,8 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
             f"missing {sorted(_KEYS - set(raw))})."
         )
     if raw["variant"] not in VARIANTS:
-        raise TunerError(
-            f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}"
-        )
+        msg = f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}"
+        raise TunerError(msg)
     if raw["offload"] not in OFFLOADS:
         raise TunerError(f"{where}: offload must be one of {', '.join(OFFLOADS)} (got {raw['offload']!r}).")
     rank = raw["seed_rank"]

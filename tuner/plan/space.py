@@ -346,9 +346,8 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
         if e not in ("mma", "rocwmma"):
             raise _err(path, f"[era.{e}]", f"unknown era.{close_matches(e, ['mma', 'rocwmma'])} Allowed: mma, rocwmma.")
     if era not in eras:
-        raise SpaceNotFound(
-            f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}."
-        )
+        msg = f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}."
+        raise SpaceNotFound(msg)
     sec = eras[era]
     _only_keys(sec, ("variants", "compile", "runtime"), path, f"[era.{era}]")
     variants = sec.get("variants", [])
@@ -385,9 +384,8 @@ def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
         path = folder / f"{arch}.toml"
         if not path.is_file():
             known = sorted(p.stem for p in folder.glob("*.toml"))
-            raise SpaceNotFound(
-                f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}."
-            )
+            msg = f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}."
+            raise SpaceNotFound(msg)
     try:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -504,9 +502,8 @@ def upstream_row(
     if table not in tables:
         raise UsageError(f"{rel} has no table {table!r}.{close_matches(table, tables)} Tables: {', '.join(tables)}.")
     if key not in tables[table]:
-        raise UsageError(
-            f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
-        )
+        msg = f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
+        raise UsageError(msg)
     return tables[table][key]
 
 

@@ -327,9 +327,10 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
     except OSError as err:
         if err.errno in cache.NO_SPACE:
             raise cache.no_space_error(err, staging or cache.sources_dir()) from err
-        raise TunerError(
+        msg = (
             f"Could not unpack {archive}: {err}. Check that it is readable and that {cache.sources_dir()} is writable."
-        ) from err
+        )
+        raise TunerError(msg) from err
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

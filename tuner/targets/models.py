@@ -243,9 +243,8 @@ def plan_tensors(shape: ModelShape, weight_type: str = "f16") -> list[TensorSpec
     estimates from a shape match the file llama-quantize would write. UsageError for an unknown ``weight_type``.
     """
     if weight_type not in WEIGHT_TYPES:
-        raise UsageError(
-            f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}."
-        )
+        msg = f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}."
+        raise UsageError(msg)
     d, kv = shape.d_model, shape.n_kv_heads * shape.head_dim
     q = shape.n_heads * shape.head_dim
     specs: list[TensorSpec] = []
@@ -349,14 +348,12 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape
     try:
         kv, _ = parse_gguf(vocab_path)
     except (OSError, ValueError, KeyError, struct.error) as err:
-        raise UsageError(
-            f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
-        ) from err
+        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        raise UsageError(msg) from err
     tokens = kv.get("tokenizer.ggml.tokens")
     if tokens is None:
-        raise UsageError(
-            f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
-        )
+        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
+        raise UsageError(msg)
     if len(tokens[2]) != shape.vocab_size:
         raise UsageError(
             f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
@@ -434,9 +431,8 @@ def _write_tensors(
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise TunerError(
-            f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB)."
-        ) from err
+        msg = f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB)."
+        raise TunerError(msg) from err
 
 
 def synth_model(
@@ -462,9 +458,8 @@ def synth_model(
     the file cannot be written.
     """
     if weight_type not in WEIGHT_TYPES:
-        raise UsageError(
-            f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
-        )
+        msg = f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
+        raise UsageError(msg)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"Seed must be an integer in [0, 2^63), got {seed!r}.")
     start = time.monotonic()
@@ -498,9 +493,8 @@ def run_quantize(
     q = quant_type(quant)
     exe = Path(quantize_bin)
     if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UsageError(
-            f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
-        )
+        msg = f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
+        raise UsageError(msg)
     cmd: list[str | os.PathLike[str]] = [exe, src, dst, q]
     if threads:
         cmd.append(str(threads))

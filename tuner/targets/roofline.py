@@ -26,16 +26,9 @@ from tuner.targets.models import ModelShape, TensorSpec, load_gguf_shape, load_g
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
-KV_TYPES = {
-    "f16": 2.0,
-    "bf16": 2.0,
-    "f32": 4.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-}
+_FLOAT_KV = {"f16": 2.0, "bf16": 2.0, "f32": 4.0}
+KV_TYPES = {**_FLOAT_KV, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+
 """KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -129,9 +122,8 @@ def bytes_per_token(
     """
     _check_depth(depth)
     if kv_type not in KV_TYPES:
-        raise UsageError(
-            f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}."
-        )
+        msg = f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}."
+        raise UsageError(msg)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
     weights = 0
     for t in tensors:
