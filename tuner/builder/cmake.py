@@ -613,9 +613,8 @@ def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *
     changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
     if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
         msg = (
-            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
-            "CMake hook, so they would be silently ignored. Render the variant with the "
-            "tile/MMA hook patch."
+            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so they would "
+            "be silently ignored. Render the variant with the tile/MMA hook patch."
         )
         raise UsageError(msg)
     record["toolchain"] = _tool_versions(tc)

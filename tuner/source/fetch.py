@@ -127,9 +127,8 @@ def run_pip_download(version: str, dest: Path) -> Path:
     if res.returncode != 0:
         if "No matching distribution" in text or "Could not find a version" in text:
             msg = (
-                f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against "
-                f"'{sys.executable} -m pip index versions {PYPI_NAME}' and pin one that exists, "
-                f"e.g. {DEFAULT_SPEC!r}."
+                f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against '{sys.executable} -m pip "
+                f"index versions {PYPI_NAME}' and pin one that exists, e.g. {DEFAULT_SPEC!r}."
             )
             raise UsageError(msg)
         full = _no_space_in(text, dest)

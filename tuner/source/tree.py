@@ -70,10 +70,9 @@ def find_era(root: Path) -> str:
         return "mma"
     found = "fattn-wmma-f16 without the option" if has_wmma else "neither kernel file"
     msg = (
-        f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) "
-        f"with the CMake option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} "
-        f"without rocWMMA (era 'mma'), and found {found}. Use a llama.cpp from 2025-06 or later "
-        f"(e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
+        f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) with the CMake "
+        f"option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} without rocWMMA (era 'mma'), and found "
+        f"{found}. Use a llama.cpp from 2025-06 or later (e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
     )
     raise UsageError(msg)
 

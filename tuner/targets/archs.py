@@ -142,9 +142,8 @@ class Arch:
 
 def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
     return TunerError(
-        f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, "
-        "family, wave_size, smem_static, smem_optin, source, [math], [kernel_paths.<era>] and "
-        "[[products]]); see the comment at its top."
+        f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, family, wave_size, "
+        "smem_static, smem_optin, source, [math], [kernel_paths.<era>] and [[products]]); see the comment at its top."
     )
 
 
