@@ -104,7 +104,6 @@ class BuildTools:
     cmake: CMake
     """CMake found by ``CMake.default_search`` (``$CMAKE_EXECUTABLE`` > PyPI wheel > PATH)."""
     ninja: Path
-    """Ninja found by scikit-build-core's ninja search."""
 
 
 @functools.cache

@@ -102,16 +102,13 @@ def synth(
         msg = f"--vocab {vocab_path} does not exist. Pass a vocab-only GGUF from llama.cpp's models/ folder."
         raise UsageError(msg)
 
+    def on_tensor(i: int, n: int, name: str) -> None:
+        if i % 16 == 0:
+            log.progress(f"    tensor {i + 1}/{n} {name}")
+
     target = out.with_name(out.name + ".f16.gguf") if quant else out
     with log.step(f"Writing random-weight {shape.name} ({weight_type}) to {target}"):
-        res = synth_model(
-            shape,
-            target,
-            vocab_path=vocab_path,
-            weight_type=weight_type,
-            seed=seed,
-            on_tensor=lambda i, n, name: log.progress(f"    tensor {i + 1}/{n} {name}") if i % 16 == 0 else None,
-        )
+        res = synth_model(shape, target, vocab_path=vocab_path, weight_type=weight_type, seed=seed, on_tensor=on_tensor)
     size = res.n_bytes
     if quant:
         assert quantize_with is not None

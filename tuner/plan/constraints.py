@@ -34,18 +34,16 @@ from tuner.targets.archs import load_arch
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArchLimits:
-    """The few facts about an arch the constraint rules need."""
+    """The few facts about an arch the constraint rules need (fields as in :class:`tuner.targets.archs.Arch`)."""
 
     name: str
     vendor: str
-    """``nvidia``, ``amd`` or ``cpu``."""
     wave_size: int = 32
     smem_static: int = 0
     """Static ``__shared__`` per block (NVIDIA 48 KiB ptxas limit; AMD 64 KiB LDS)."""
     smem_optin: int = 0
     """Dynamic shared memory per block after opt-in (NVIDIA), LDS on AMD."""
     cc: int = 0
-    """NVIDIA compute capability x100, e.g. 890."""
     gfx: str | None = None
     family: str = ""
     """The arch database's family: ``RDNA3.5``, ``CDNA3``... (AMD), ``Ada Lovelace``, ``Hopper``... (NVIDIA)."""

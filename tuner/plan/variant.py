@@ -48,9 +48,7 @@ class RenderedVariant:
     variant: str
     """Variant family name, e.g. ``cuda``, ``cuda-force-cublas``, ``hip-rocwmma``, ``cpu``."""
     era: str
-    """``mma`` or ``rocwmma`` (see tuner.source)."""
     source_id: str
-    """Content id of the llama.cpp tree."""
     source_root: Path
     """The pristine llama.cpp tree the patch applies to."""
     defines: Mapping[str, str]
