@@ -80,8 +80,7 @@ class Violation:
         return f"{self.message} [{self.rule}]"
 
 
-# --------------------------------------------------------------------------------------------------
-# Table rows
+# --------------------------------------------------------------------------- Table rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -173,8 +172,7 @@ def parse_mma_tables(text: str) -> dict[str, dict[tuple[int, int, int], MmaRow]]
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Rules
+# --------------------------------------------------------------------------- Rules
 
 _TILE_LOC = "fattn-tile.cuh"
 _MMA_LOC = "fattn-mma-f16.cuh"

@@ -69,8 +69,7 @@ _THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 214748
 _INT_MAX = 2147483647
 
 
-# --------------------------------------------------------------------------------------------------
-# CMake defines
+# --------------------------------------------------------------------------- CMake defines
 
 
 def _declared_options(root: Path) -> set[str]:
@@ -212,8 +211,7 @@ def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
     return json.dumps(render_preset(rv, name=name), indent=2) + "\n"
 
 
-# --------------------------------------------------------------------------------------------------
-# Compile-time knobs -> per-TU headers / baked rows
+# -------------------------------------------------------------------- Compile-time knobs -> per-TU headers / baked rows
 
 _TU_GLOBS = {
     "mma": (

@@ -474,8 +474,7 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
     return RuntimeSettings(env=env, bench_args=tuple(args), rules=tuple(rules))
 
 
-# --------------------------------------------------------------------------------------------------
-# Table rows: upstream (parsed from a tree) and the space's own defaults
+# ----------------------------------------------- Table rows: upstream (parsed from a tree) and the space's own defaults
 
 
 @functools.lru_cache(maxsize=16)

@@ -66,8 +66,7 @@ class Source:
     """The rest of source.json: sdist sha256, fetched_at, ..."""
 
 
-# --------------------------------------------------------------------------------------------
-# SPEC parsing
+# --------------------------------------------------------------------------- SPEC parsing
 
 
 def parse_spec(spec: str | None = None) -> SourceSpec:

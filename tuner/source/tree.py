@@ -52,8 +52,7 @@ class CMakeOption:
     """Declared inside an if() block, so it may not exist on every platform."""
 
 
-# --------------------------------------------------------------------------------------------
-# Era and commit
+# --------------------------------------------------------------------------- Era and commit
 
 
 def find_era(root: Path) -> str:
@@ -129,8 +128,7 @@ def git_head(root: Path) -> str | None:
     return head.strip() if head else None
 
 
-# --------------------------------------------------------------------------------------------
-# CMake options
+# --------------------------------------------------------------------------- CMake options
 
 _BRACKET_COMMENT = re.compile(r"#\[(=*)\[.*?\]\1\]", re.DOTALL)
 _CACHE_TYPES = ("BOOL", "STRING", "PATH", "FILEPATH")
@@ -310,8 +308,7 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
     return {n: dataclasses.replace(o, resolved=resolve(n, frozenset({n}))) for n, o in found.items()}
 
 
-# --------------------------------------------------------------------------------------------
-# Describing a tree
+# --------------------------------------------------------------------------- Describing a tree
 
 _TILE_TABLE_RE = re.compile(r"ggml_cuda_fattn_tile_get_config_(\w+)\s*\(const int DKQ")
 _MMA_TABLE_RE = re.compile(r"ggml_cuda_fattn_mma_get_config_(\w+)\s*\(const int DKQ")
