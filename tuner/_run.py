@@ -324,7 +324,6 @@ def run(
     non-zero exit, naming the log and its last lines, with ``what`` (e.g. "CMake build") naming the step. ``input`` is
     what the child reads on stdin (text in the locale's encoding, as its output is read); None gives an empty stdin.
     """
-
     interrupts.check()  # a SIGTERM whose exception was dropped: start nothing more
     args = [os.fspath(c) for c in cmd]
     cmdline = shlex.join(args)

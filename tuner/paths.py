@@ -132,7 +132,6 @@ def refuse_linked_folder(folder: Path, option: str) -> Path:
     would send those writes wherever the link points. Returns ``folder`` (it need not exist yet); the
     UsageError names ``option``, the flag.
     """
-
     if folder.is_symlink():
         raise UsageError(
             f"{option} {folder} is a symbolic link (to {os.readlink(folder)!r}). tuner writes the files of this "

@@ -38,7 +38,6 @@ def mode(stream: TextIO | None = None) -> Mode:
     forced = os.environ.get("TUNER_PROGRESS", "").strip().lower()
     if forced in ("bar", "plain", "off"):
         return "bar" if forced == "bar" else "plain" if forced == "plain" else "off"
-
     stream = stream or sys.stderr
     try:
         tty = stream.isatty()

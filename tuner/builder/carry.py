@@ -178,7 +178,6 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     Raises UsageError when ``archive`` is missing, not a build pack, damaged, or not a build of ``rv`` for this
     machine (one paragraph naming what differs); TunerError when a write fails (disk full).
     """
-
     archive = Path(archive)
     if not archive.is_file():
         msg = f"{archive} does not exist. Write one with `tuner build ... --pack FILE` where the compilers are."

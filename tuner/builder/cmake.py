@@ -449,7 +449,6 @@ def _configure(
     stamp_file.unlink(missing_ok=True)
     argv: list[str | os.PathLike[str]] = [tc.tools.cmake.cmake_path, *args, "-GNinja"]
     _run.run(argv, env=env, log_file=log_file, timeout=900, what=f"CMake configure of {rv.short}")
-
     write_json(stamp_file, stamp)
     return notes
 
@@ -574,17 +573,9 @@ def _check_build_args(
     return targets, jobs, objs
 
 
-def _new_record(
-    rv: RenderedVariant,
-    build_id: str,
-    *,
-    targets: Sequence[str],
-    objs: Sequence[str],
-    compile_only: bool,
-    jobs: int,
-    log_file: Path,
-) -> dict[str, Any]:
-    """The ``build.json`` record of an attempt, before anything runs."""
+def _new_record(rv: RenderedVariant, build_id: str, **attempt: object) -> dict[str, Any]:
+    """The ``build.json`` record of an attempt (``attempt``: targets, objects, compile_only, jobs, log), before
+    anything runs."""
     return {
         "build_id": build_id,
         "key": rv.key,
@@ -597,11 +588,7 @@ def _new_record(
         "patch_hash": stable_hash(rv.patch),
         "compile_values": dict(rv.compile_values),
         "tu_headers": sorted(k for k, v in rv.tu_headers.items() if v),
-        "targets": targets,
-        "objects": objs,
-        "compile_only": compile_only,
-        "jobs": jobs,
-        "log": str(log_file),
+        **attempt,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -689,7 +676,6 @@ def build_variant(
     Raises UsageError for bad targets, jobs or objects; TunerError when configure or compile failed (naming
     the variant, the log and its last lines), also recorded in ``build.json``.
     """
-
     start = time.monotonic()
     targets, jobs, objs = _check_build_args(rv, targets, jobs, compile_only, objects)
     tc = _find_toolchain(rv)
@@ -724,7 +710,7 @@ def build_variant(
             targets = _with_earlier_targets(art, targets)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(
-            rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs, log_file=log_file
+            rv, build_id, targets=targets, objects=objs, compile_only=compile_only, jobs=jobs, log=str(log_file)
         )
         rebuilt: list[str] = []
         try:
@@ -732,7 +718,6 @@ def build_variant(
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
             rebuilt = _compile(rv, tc, record, build_dir, src)
-
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
@@ -745,6 +730,5 @@ def build_variant(
         write_json(root / "build.json", record)
     if compile_only:
         return _done(record, not rebuilt, build_dir, compile_only=True)
-
     held = hold_artifact(art, lambda d: d)
     return _done(record, False, held[0] if held else folder)

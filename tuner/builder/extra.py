@@ -102,7 +102,6 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             built = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             for t in missing:
                 extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
-
             rec["extra_targets"] = extra
             write_json(art / "build.json", rec)
     return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))

@@ -421,7 +421,6 @@ def run_hip_check(tc: HipToolchain, archs: Sequence[str] = HIP_ARCHS) -> dict[st
 
     Returns arch -> ``"ok"`` or why it failed (missing device library, compile error, no code object).
     """
-
     out: dict[str, str] = {}
     work = tc.prefix / "check"
     work.mkdir(parents=True, exist_ok=True)

@@ -48,9 +48,7 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
         argv: list[str | os.PathLike[str]] = [exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)]
         _run.run(argv, log_file=log_file, cwd=build.bin_dir, what=f"llama-quantize {qtype}")
-
     tmp.replace(dst_gguf)
     record = {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key, "qtype": qtype}
     write_json(sidecar, {**record, "build_id": build.build_id, "log": str(log_file)})
-
     return dst_gguf

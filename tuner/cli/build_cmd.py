@@ -113,7 +113,6 @@ def build(
     if pack_out and pack_in:
         msg = "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
         raise UsageError(msg)
-
     values = parse_sets(sets)
     src = source.fetch_source(spec) if spec else source.fetch_source()
     # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.

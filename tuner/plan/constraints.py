@@ -403,7 +403,6 @@ def check_candidate(
     knob does not pin it). ``wmma``: rocWMMA fields when the candidate sets any; ``model_shape``
     (``{"head_dim", ...}``) restricts WMMA checks to the model's D.
     """
-
     out: list[Violation] = []
     for _kind, table, row, ncols2 in rows:
         if isinstance(row, TileRow):  # the kind names the row's class: tile_row or mma_row

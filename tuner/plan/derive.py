@@ -129,7 +129,6 @@ def space_for_run(
     """Resolve ``space`` for a run on this machine with ``model``, pinned to ``cpu_mask`` (``gpu``:
     whether to ask the GPU's free memory). UsageError when the model is unreadable.
     """
-
     if not any(k.meta.get("derive") for k in space.runtime_knobs):
         return space, {}
     shape = models.read_shape(model) if model is not None else None

@@ -203,7 +203,6 @@ def _at_most_max(rules: Sequence[FaRule]) -> tuple[FaRule, ...]:
     if len(rules) > FA_RULES_MAX:
         msg = f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges."
         raise UsageError(msg)
-
     return tuple(rules)
 
 

@@ -524,7 +524,6 @@ def render_variant(
         sp = space if space is not None else _find_space(arch, era)
     if compile_values:
         compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
-
     patch, opt_in = "", tuple(sorted(set(hooks)))
     files: Mapping[str, str] = {}
     tu_headers: Mapping[str, str] = {}

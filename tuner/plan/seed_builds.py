@@ -126,7 +126,6 @@ def seed_run(build: SeedBuild, space: SearchSpace, *, shape: Mapping[str, int] |
 
     UsageError for a partial offload without the model's layer count, or a knob value the space refuses.
     """
-
     values: dict[str, int | str] = dict(build.runtime)
     if build.offload != "all":
         if build.offload == "half" and not (shape and shape.get("n_layers")):

@@ -113,7 +113,6 @@ def run_pip_download(version: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
     cmd += ["--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), f"{PYPI_NAME}=={version}"]
-
     log_file = dest / "pip-download.log"
     res = run(
         cmd,
@@ -233,7 +232,6 @@ def _fetch_git(parsed: SourceSpec) -> Source:
                 raise TunerError(msg)
             argv = ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref]
             res = run(argv, check=False, what="git checkout", timeout=600)
-
             if res.returncode != 0:
                 msg = (
                     f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "

@@ -160,7 +160,6 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
         if not (m.isfile() or m.isdir()):
             kinds = [(m.issym(), "a symlink"), (m.islnk(), "a hard link"), (m.isfifo(), "a FIFO")]
             kinds.append((m.ischr() or m.isblk(), "a device file"))
-
             kind = next((k for hit, k in kinds if hit), "a special file")
             raise _BadPack(f"entry {name!r} is {kind}; a pack holds only files and folders")
         if name == "source.json":

@@ -447,7 +447,6 @@ def detect_local_archs() -> list[str]:
     the GPUs do not change under a running process). :func:`forget_local_archs` asks again next time.
     Canonical names, each once, in device order, including names not in the database (the caller says so).
     """
-
     return list(_local_archs())  # a new list each call: a caller's change never reaches the next one
 
 

@@ -156,7 +156,6 @@ def pin_command(mask: Sequence[int] | None) -> list[str]:
 
     UsageError when a mask is given but ``taskset`` (util-linux) is not installed.
     """
-
     if not mask:
         return []
     exe = shutil.which("taskset")

@@ -325,7 +325,6 @@ class _StreamedTensor:
         if self.direct and spec.ggml_type in BLOCK_LAYOUTS:
             write_random_blocks(fout, spec.ggml_type, spec.n_elements, self.rng, chunk_elems=_CHUNK_ELEMS)
             return
-
         ncols, nrows = spec.ne[0], math.prod(spec.ne[1:])
         rows = max(1, _CHUNK_ELEMS // ncols)
         for start in range(0, nrows, rows):

@@ -127,7 +127,6 @@ def write_random_blocks(
     Returns the number of bytes written; ValueError for a type without a layout here, or ``n_elements`` not a
     whole number of blocks.
     """
-
     lay = _layout(ggml_type)
     if n_elements % lay.elements:
         raise ValueError(f"{n_elements} values are not a whole number of {ggml_type} blocks of {lay.elements}")

@@ -238,7 +238,6 @@ def estimate(
                 "kv_bytes": b["kv_bytes"],
             }
             rows.append({**base, "test": f"tg{tg}", "bound_tps": bw * 1e9 / b["total_bytes"], "limit": limit, **sizes})
-
     return rows
 
 
@@ -250,7 +249,6 @@ def tg_roofline_tps(
     Used by bench rows to report "% of roofline". An estimate, not a measurement. UsageError for an unknown
     arch, unreadable model, or no bandwidth known and none given.
     """
-
     a = load_arch(arch) if isinstance(arch, str) else arch
     bw, _ = _bandwidth(a, a.product(), bandwidth)
     return bw * 1e9 / bytes_per_token(model_path, depth)["total_bytes"]

@@ -54,7 +54,6 @@ def resolve_target(
     UsageError when ``requested`` is not in the arch database, or names a GPU this machine does not have (and
     neither ``dry_run`` nor ``replay`` is set).
     """
-
     local = tuple(archs.detect_local_archs())
     default = local[0] if local else "cpu"
     arch = archs.load_arch(default if requested is None else requested)  # unknown -> UsageError with suggestions
