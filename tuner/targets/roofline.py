@@ -81,16 +81,11 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
     path = Path(path_str)
     shape = load_gguf_shape(path)
     tensors: list[_Tensor] = []
+    named = {"token_embd.weight": "embd", "output.weight": "output"}
     for t in load_gguf_tensors(path):
-        if t.name == "token_embd.weight":
-            kind = "embd"
-        elif t.name == "output.weight":
-            kind = "output"
-        elif len(t.ne) >= 2 and t.ne[1] > 1:
-            kind = "matmul"
-        else:
-            kind = "vector"
+        kind = named.get(t.name) or ("matmul" if len(t.ne) >= 2 and t.ne[1] > 1 else "vector")
         tensors.append(_tensor(t, kind))
+
     if not any(t["kind"] == "matmul" and t["n_bytes"] > 0 for t in tensors):
         # a vocab-only GGUF (models/ggml-vocab-*.gguf) has the metadata and no weights: its bound would be x/0
         raise UsageError(
