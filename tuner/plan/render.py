@@ -213,14 +213,9 @@ def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
 
 # -------------------------------------------------------------------- Compile-time knobs -> per-TU headers / baked rows
 
-_TU_GLOBS = {
-    "mma": (
-        "ggml/src/ggml-cuda/template-instances/fattn-tile*.cu",
-        "ggml/src/ggml-cuda/template-instances/fattn-mma*.cu",
-    ),
-    "rocwmma": ("ggml/src/ggml-cuda/fattn-wmma-f16.cu",),
-}
+_INSTANCES = "ggml/src/ggml-cuda/template-instances"
 _WMMA_TU = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"
+_TU_GLOBS = {"mma": (f"{_INSTANCES}/fattn-tile*.cu", tu_split.MMA_GLOB), "rocwmma": (_WMMA_TU,)}
 _WMMA_MACROS = {
     "nwarps": "GGML_TUNER_WMMA_NWARPS",
     "min_blocks": "GGML_TUNER_WMMA_MIN_BLOCKS",
@@ -255,11 +250,11 @@ def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[s
 
 
 def _tile_tu(dkq: int, dv: int) -> str:
-    return f"ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
+    return f"{_INSTANCES}/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
 
 
 def _mma_tu(ncols: int, ncols2: int) -> str:
-    return f"ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
+    return f"{_INSTANCES}/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
