@@ -1,10 +1,9 @@
 """The only place tuner starts processes. List arguments, never a shell.
 
-Every child runs in its own session (so its whole process group can be signalled) and, on Linux,
-with PR_SET_PDEATHSIG (so it dies with a tuner that was killed outright). The deadline holds whether
-or not the child prints; at the deadline, on Ctrl-C or on SIGTERM the group gets SIGTERM, then
-SIGKILL after a short grace. A grandchild that keeps the output pipe open after the child exited
-does not keep tuner waiting.
+Every child runs in its own session (so its whole process group can be signalled) and, on Linux, with PR_SET_PDEATHSIG
+(so it dies with a tuner that was killed outright). The deadline holds whether or not the child prints; at the deadline,
+on Ctrl-C or on SIGTERM the group gets SIGTERM, then SIGKILL after a short grace. A grandchild that keeps the output
+pipe open after the child exited does not keep tuner waiting.
 """
 
 from __future__ import annotations
@@ -286,11 +285,10 @@ def _check_outcome(
     rc: int,
     seconds: float,
     output: str,
-    *,
     timeout: float | None,
     check: bool,
     log_file: Path | None,
-    timed_out: bool = False,
+    timed_out: bool,
 ) -> None:
     """Raise TunerError for a timeout, or (with ``check``) a non-zero exit, naming the log and its last lines."""
     if timeout is not None and (timed_out or seconds > timeout):
@@ -319,21 +317,12 @@ def run(
     what: str | None = None,
     input: str | bytes | None = None,  # subprocess.run's name for it
 ) -> RunResult:
-    """Run ``cmd``; stream its output to ``log_file`` (and ``on_line``) or capture it.
+    """Run ``cmd``; stream its output to ``log_file`` (headed by the command line) and ``on_line``, or capture it.
 
-    Args:
-        cmd: The program and its arguments.
-        env: Full environment for the child; ``None`` inherits ours. Never mutates ``os.environ``.
-        log_file: Where stdout+stderr go. The file starts with the command line.
-        timeout: Seconds before the child is killed; a timeout is a ``TunerError``.
-        check: Raise ``TunerError`` on a non-zero exit, naming the log and its last lines.
-        on_line: Called with each output line (used for progress display).
-        what: Short description for error messages, e.g. "CMake build".
-        input: What the child reads on stdin (text in the locale's encoding, as its output is read); None:
-            an empty stdin. The timeout holds while it is written.
-
-    Returns:
-        A RunResult.
+    ``env`` is the child's full environment (``None`` inherits ours; ``os.environ`` is never mutated). A ``timeout``
+    (seconds, also while ``input`` is written) kills the child and is a TunerError; ``check`` raises TunerError on a
+    non-zero exit, naming the log and its last lines, with ``what`` (e.g. "CMake build") naming the step. ``input`` is
+    what the child reads on stdin (text in the locale's encoding, as its output is read); None gives an empty stdin.
     """
     interrupts.check()  # a SIGTERM whose exception was dropped: start nothing more
     args = [os.fspath(c) for c in cmd]
@@ -381,7 +370,5 @@ def run(
             fh.close()
     seconds = time.monotonic() - start
     output = "".join(out_chunks)
-    _check_outcome(
-        what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file, timed_out=timed_out
-    )
+    _check_outcome(what, cmdline, rc, seconds, output, timeout, check, log_file, timed_out)
     return RunResult(returncode=rc, output=output, seconds=seconds, log_file=log_file)

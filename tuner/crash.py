@@ -3,14 +3,8 @@
 :func:`report_crash` is called by :func:`tuner.cli.main` for any exception that is not a
 :class:`~tuner.errors.TunerError` or a click exception. It writes the traceback and the run's context
 (argv, versions, platform, ``TUNER_*``/``GGML_*`` environment) to ``$TUNER_HOME/logs/crash-*.log``
-(or the temp folder when TUNER_HOME is unusable) and prints the paragraph below; URL passwords (a
-``--storage postgresql://user:secret@...``) are replaced by ``***`` everywhere in both
-(:mod:`tuner.redact`)::
-
-    tuner: internal error while running `tuner search`: RuntimeError: boom. This is a bug in tuner,
-    not something you did. The traceback and the run's context are in /home/me/.cache/tuner/logs/
-    crash-20250101-120000-4242.log (attach it to a bug report). To print the traceback here, rerun
-    with `tuner --debug ...` or TUNER_DEBUG=1.
+(or the temp folder when TUNER_HOME is unusable) and prints one paragraph naming that file; URL passwords (a
+``--storage postgresql://user:secret@...``) are replaced by ``***`` everywhere in both (:mod:`tuner.redact`).
 """
 
 from __future__ import annotations

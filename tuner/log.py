@@ -53,16 +53,15 @@ def step(title: str) -> Iterator[None]:
     interrupts.check()  # a SIGTERM whose exception was dropped: start no new stage
     click.echo(_style("==> ", fg="blue", bold=True) + redact(title), err=True)
     start = time.monotonic()
+    ok = False
     try:
         yield
-    except BaseException:
+        ok = True
+    finally:
         if _TTY:
             click.echo("\r\033[K", err=True, nl=False)
-        click.echo(_style(f"    ✕ {time.monotonic() - start:.1f}s", fg="red"), err=True)
-        raise
-    if _TTY:
-        click.echo("\r\033[K", err=True, nl=False)
-    click.echo(_style(f"    ✓ {time.monotonic() - start:.1f}s", fg="green"), err=True)
+        mark, color = ("✓", "green") if ok else ("✕", "red")
+        click.echo(_style(f"    {mark} {time.monotonic() - start:.1f}s", fg=color), err=True)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

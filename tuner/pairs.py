@@ -1,8 +1,7 @@
 """``NAME=VALUE`` pairs from the command line (``--set``, ``--env``): the one parser every command uses.
 
-What a value means is the caller's: an environment value stays a string, a compile-time knob
-(``tuner build --set``) is an integer, a search-space knob is checked against its space
-(:func:`tuner.plan.space.set_values`).
+What a value means is the caller's: an environment value stays a string, a compile-time knob (``tuner build --set``) is
+an integer, a search-space knob is checked against its space (:func:`tuner.plan.space.set_values`).
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from tuner.errors import UsageError
 def parse_pairs(items: Iterable[str], flag: str, example: str, *, what: str = "NAME") -> dict[str, str]:
     """``("K=V", ...)`` -> ``{"K": "V"}``, both sides stripped, split at the first ``=``; a later K wins.
 
-    Raises:
-        UsageError: an item without ``=`` or without a name, naming ``flag`` and an ``example`` (``what``
-            names the left side in the message: ``KNOB`` for --set).
+    UsageError for an item without ``=`` or without a name, naming ``flag`` and an ``example`` (``what`` names
+    the left side in the message: ``KNOB`` for --set).
     """
     out = {}
     for s in items:

@@ -25,8 +25,7 @@ _PKG = Path(__file__).resolve().parent
 def tuner_home() -> Path:
     """``$TUNER_HOME``, else ``$XDG_CACHE_HOME/tuner``, else ``~/.cache/tuner``; created on first use.
 
-    Raises:
-        UsageError: The folder cannot be created or written (a file is in the way, no permission).
+    UsageError when the folder cannot be created or written (a file is in the way, no permission).
     """
     raw = os.environ.get("TUNER_HOME")
     # XDG base directory spec: a relative XDG_CACHE_HOME is invalid and must be ignored.
@@ -49,9 +48,10 @@ def tuner_home() -> Path:
             if raw
             else "Set TUNER_HOME (or XDG_CACHE_HOME) to a writable folder."
         )
-        raise UsageError(
+        msg = (
             f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, models and logs there. {fix}"
         )
+        raise UsageError(msg)
     return home
 
 
@@ -73,12 +73,9 @@ def package_data(name: str) -> Path:
 
 
 def write_into(folder: Path, name: str, data: str | bytes) -> Path:
-    """Write ``folder/name`` without following a link already there: the data goes to a temporary file in
-    ``folder``, renamed over the name (a rename replaces a link, it never writes where the link points). A
-    reader never sees half a file either. Returns the path written.
-
-    Raises:
-        UsageError: ``folder/name`` is a folder (a rename would not replace it).
+    """Write ``folder/name`` without following a link already there: the data goes to a temporary file in ``folder``,
+    renamed over the name (a rename replaces a link, it never writes where the link points). A reader never sees half a
+    file either. Returns the path written; UsageError where ``folder/name`` is a folder (a rename would not replace it).
     """
     path = folder / name
     if path.is_dir() and not path.is_symlink():
@@ -98,10 +95,7 @@ def write_into(folder: Path, name: str, data: str | bytes) -> Path:
 
 def subfolder(folder: Path, name: str) -> Path:
     """``folder/name``, made where missing, never through a link: a link there would send every file
-    written into it wherever it points.
-
-    Raises:
-        UsageError: ``folder/name`` is a link or not a folder.
+    written into it wherever it points. UsageError where ``folder/name`` is a link or not a folder.
     """
     path = folder / name
     if path.is_symlink() or (path.exists() and not path.is_dir()):
@@ -114,14 +108,10 @@ def subfolder(folder: Path, name: str) -> Path:
 
 
 def refuse_links_inside(folder: Path, option: str = "-o") -> None:
-    """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their
-    logs, stores and reports into an existing ``-o`` open files by name; a link left there (by another user,
-    or copied in with someone's run) would send those writes wherever it points. ``folder`` itself may be a
-    link: the user named it.
-
-    Raises:
-        UsageError: a link below ``folder`` (the first one found, and where it points); the paragraph names
-            ``option``, the flag that chose the folder.
+    """Refuse an output folder that already holds a symbolic link anywhere below it. Commands that write their logs,
+    stores and reports into an existing ``-o`` open files by name; a link left there (by another user, or copied in with
+    someone's run) would send those writes wherever it points. ``folder`` itself may be a link: the user named it. The
+    UsageError names the first link found, where it points, and ``option``, the flag that chose the folder.
     """
     if not folder.is_dir():
         return
@@ -139,10 +129,8 @@ def refuse_links_inside(folder: Path, option: str = "-o") -> None:
 def refuse_linked_folder(folder: Path, option: str) -> Path:
     """``folder``, a folder tuner keeps its own files in and writes in place (a search's run dir: the study
     database, its locks, logs and export), refused where it is a symbolic link or holds one below it: either
-    would send those writes wherever the link points. Returns ``folder`` (it need not exist yet).
-
-    Raises:
-        UsageError: ``folder`` is a link, or holds one (:func:`refuse_links_inside`); ``option`` names the flag.
+    would send those writes wherever the link points. Returns ``folder`` (it need not exist yet); the
+    UsageError names ``option``, the flag.
     """
     if folder.is_symlink():
         raise UsageError(

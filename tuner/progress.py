@@ -8,14 +8,6 @@ two within 10 seconds (except the last). A CI log of a 7-minute build stays abou
 
     building cpu: 57/145 steps (39%), 1:02 elapsed, ETA 1:35
 
-Example:
-
-    from tuner import progress
-
-    with progress.track("building cpu", total=145, unit="steps") as bar:
-        for line in ninja_output:
-            bar.update(done)                # or bar.advance(); bar.update(done, total=new_total)
-
 ``TUNER_PROGRESS=bar|plain|off`` forces a mode (default: ``bar`` on a terminal, else ``plain``).
 """
 
@@ -184,18 +176,10 @@ def track(
     display: Mode | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Tracker]:
-    """Show progress of one phase while the block runs.
+    """Show progress of one phase (``description``, e.g. ``"building cpu"``, starts each line) while the block runs.
 
-    Args:
-        description: What is being done, e.g. ``"building cpu"``; starts each line.
-        total: The number of steps when known (else set it later with ``update(n, total=N)``).
-        unit: Word after the count (``"steps"``, ``"trials"``).
-        stream: Where to write (default: stderr).
-        display: ``"bar"``, ``"plain"`` or ``"off"``; default :func:`mode` of the stream.
-        clock: Seconds source (tests pass a fake one).
-
-    Yields:
-        A :class:`Tracker`.
+    ``total`` may be set later with ``update(n, total=N)``; ``unit`` is the word after the count; ``display``
+    defaults to :func:`mode` of ``stream`` (stderr); ``clock`` is the seconds source (tests pass a fake one).
     """
     stream = stream or sys.stderr
     tracker = Tracker(description, total=total, unit=unit, display=display or mode(stream), stream=stream, clock=clock)

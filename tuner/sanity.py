@@ -37,11 +37,8 @@ def nonfinite(obj: object, keys: Iterable[str] = ("base_ts", "tuned_ts"), _path:
 
 
 def require_finite(result: object, what: str, keys: Iterable[str] = ("base_ts", "tuned_ts")) -> None:
-    """Raise when ``result`` holds a non-finite measured throughput (see :func:`nonfinite`).
-
-    Raises:
-        TunerError: naming ``what`` and the first places, so nothing measured as NaN is exported.
-    """
+    """TunerError naming ``what`` and the first places when ``result`` holds a non-finite measured throughput
+    (see :func:`nonfinite`), so nothing measured as NaN is exported."""
     bad = nonfinite(result, keys)
     if bad:
         raise TunerError(

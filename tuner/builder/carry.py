@@ -1,13 +1,12 @@
 """Carry a finished build to another machine: build where the compilers are, measure where the GPU is.
 
-A CUDA build of llama.cpp takes minutes of a GPU machine's time and needs no GPU; ``tuner build --pack
-FILE`` writes the artifact (its ``bin/``: executables and ``lib*.so``, linked with ``$ORIGIN`` rpaths) and
-the ggml headers tuner's own benchmarks compile against, and ``tuner build --from-pack FILE`` on the GPU
-machine installs it into the build cache under the same variant key, so every later command that asks for
-that variant (``tuner sweep run``, ``sweep mmq``, ``sweep confirm``) finds it built. The pack is input from
-elsewhere: its manifest must name the variant the unpacking machine renders from the same arguments and
-source (same key, same artifact key), each file is checked against the sha256 the manifest records, and
-nothing is written outside that variant's folder in ``$TUNER_HOME/builds``.
+A CUDA build of llama.cpp takes minutes of a GPU machine's time and needs no GPU; ``tuner build --pack FILE`` writes the
+artifact (its ``bin/``: executables and ``lib*.so``, linked with ``$ORIGIN`` rpaths) and the ggml headers tuner's own
+benchmarks compile against, and ``tuner build --from-pack FILE`` on the GPU machine installs it into the build cache
+under the same variant key, so every later command that asks for that variant (``tuner sweep run``, ``sweep mmq``,
+``sweep confirm``) finds it built. The pack is input from elsewhere: its manifest must name the variant the unpacking
+machine renders from the same arguments and source (same key, same artifact key), each file is checked against the
+sha256 the manifest records, and nothing is written outside that variant's folder in ``$TUNER_HOME/builds``.
 """
 
 from __future__ import annotations
@@ -49,14 +48,8 @@ def _headers_dir(build: Build) -> Path:
 
 
 def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Path:
-    """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine.
-
-    Returns:
-        ``out``.
-
-    Raises:
-        UsageError: a compile-only build, or one whose artifact or headers are gone.
-    """
+    """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine; returns
+    ``out``. UsageError for a compile-only build, or one whose artifact or headers are gone."""
     if build.compile_only:
         raise UsageError("--pack needs a linked build; --compile-only builds have no binaries to carry.")
     bin_dir, inc = Path(build.bin_dir), _headers_dir(build)
@@ -182,16 +175,13 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     ``build.json`` that names the pack and the machine that built it (``carried``); a later
     ``build_variant(rv)`` takes it as cached whatever this machine's compilers are.
 
-    Raises:
-        UsageError: ``archive`` is missing, not a build pack, damaged, or not a build of ``rv`` for this
-            machine (one paragraph naming what differs).
-        TunerError: the disk is full (or another write failed) while unpacking.
+    Raises UsageError when ``archive`` is missing, not a build pack, damaged, or not a build of ``rv`` for this
+    machine (one paragraph naming what differs); TunerError when a write fails (disk full).
     """
     archive = Path(archive)
     if not archive.is_file():
-        raise UsageError(
-            f"{archive} does not exist. Write one with `tuner build ... --pack FILE` where the compilers are."
-        )
+        msg = f"{archive} does not exist. Write one with `tuner build ... --pack FILE` where the compilers are."
+        raise UsageError(msg)
     root = tuner_home() / "builds" / rv.key
     art = root / "artifacts" / rv.artifact_key
     try:
@@ -235,15 +225,13 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
     except _BadPack as err:
-        raise UsageError(
-            f"{archive} is not a valid tuner build pack: {err}. Write it again with `tuner build ... --pack FILE`."
-        ) from None
+        msg = f"{archive} is not a valid tuner build pack: {err}. Write it again with `tuner build ... --pack FILE`."
+        raise UsageError(msg) from None
     except _READ_ERRORS as err:
         if isinstance(err, OSError) and err.errno is not None:  # a write failed (a corrupt gzip has no errno)
             raise TunerError(f"Unpacking {archive} into {art} failed: {err}") from err
-        raise UsageError(
-            f"{archive} could not be read as a build pack ({err}); it may be cut short. Copy it again."
-        ) from None
+        msg = f"{archive} could not be read as a build pack ({err}); it may be cut short. Copy it again."
+        raise UsageError(msg) from None
     return Build(
         build_id=str(record.get("build_id", "")),
         build_dir=root / "build",

@@ -104,19 +104,13 @@ class BuildTools:
     cmake: CMake
     """CMake found by ``CMake.default_search`` (``$CMAKE_EXECUTABLE`` > PyPI wheel > PATH)."""
     ninja: Path
-    """Ninja found by scikit-build-core's ninja search."""
 
 
 @functools.cache
 def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMAKE_SPEC) -> BuildTools:
-    """Find CMake and Ninja.
+    """Find CMake (``cmake_executable``: the HIP toolchain's cmake<4, else a search) and Ninja.
 
-    Args:
-        cmake_executable: Use this CMake (the HIP toolchain's cmake<4) instead of searching.
-        cmake_spec: Version requirement.
-
-    Raises:
-        TunerError: None found; the message says what to install.
+    Raises TunerError saying what to install when none is found.
     """
     env: Mapping[str, str] = dict(os.environ)
     if cmake_executable:
@@ -148,10 +142,9 @@ def _hip_targets(defines: Mapping[str, str]) -> list[str]:
 def default_check_objects(rv: RenderedVariant) -> list[str]:
     """Translation units a ``--compile-only`` check compiles by default (paths relative to the tree).
 
-    The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC
-    hs64 instance (era ``rocwmma``), plus every TU the variant's compile-time knobs give a header.
-    Where the patch's CUDA hook splits the MMA instances per head size, the whole instance is not
-    compiled, so its D64 split TU stands in for it.
+    The selector TU ``fattn.cu``, one tile and one MMA instance (era ``mma``) or the tile and a VEC hs64 instance (era
+    ``rocwmma``), plus every TU the variant's compile-time knobs give a header. Where the patch's CUDA hook splits the
+    MMA instances per head size, the whole instance is not compiled, so its D64 split TU stands in for it.
     """
     base = [_CUDA_DIR / "fattn.cu"]
     inst = _CUDA_DIR / "template-instances"
@@ -205,8 +198,12 @@ class _Toolchain:
     None: its objects are this CPU's code, so another CPU must not take them as built."""
 
     @property
+    def programs(self) -> dict[str, str | os.PathLike[str] | None]:
+        return {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
+
+    @property
     def identity(self) -> list[list[object]]:
-        items = {"cmake": self.tools.cmake.cmake_path, "ninja": self.tools.ninja, **self.compilers}
+        items = self.programs
         out: list[list[object]] = [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
         if self.host_isa is not None:  # absent otherwise: the ids of portable builds stay as they were
             out.append(["host_isa", self.host_isa])
@@ -242,8 +239,7 @@ def _version_line(path: str) -> str:
 
 
 def _tool_versions(tc: _Toolchain) -> dict[str, str]:
-    items = {"cmake": tc.tools.cmake.cmake_path, "ninja": tc.tools.ninja, **tc.compilers}
-    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(items.items())}
+    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(tc.programs.items())}
 
 
 # --------------------------------------------------------------------------- tree, headers
@@ -451,13 +447,8 @@ def _configure(
     log_file = logs / "configure.log"
     log_file.unlink(missing_ok=True)
     stamp_file.unlink(missing_ok=True)
-    _run.run(
-        [tc.tools.cmake.cmake_path, *args, "-GNinja"],
-        env=env,
-        log_file=log_file,
-        timeout=900,
-        what=f"CMake configure of {rv.short}",
-    )
+    argv: list[str | os.PathLike[str]] = [tc.tools.cmake.cmake_path, *args, "-GNinja"]
+    _run.run(argv, env=env, log_file=log_file, timeout=900, what=f"CMake configure of {rv.short}")
     write_json(stamp_file, stamp)
     return notes
 
@@ -582,17 +573,9 @@ def _check_build_args(
     return targets, jobs, objs
 
 
-def _new_record(
-    rv: RenderedVariant,
-    build_id: str,
-    *,
-    targets: Sequence[str],
-    objs: Sequence[str],
-    compile_only: bool,
-    jobs: int,
-    log_file: Path,
-) -> dict[str, Any]:
-    """The ``build.json`` record of an attempt, before anything runs."""
+def _new_record(rv: RenderedVariant, build_id: str, **attempt: object) -> dict[str, Any]:
+    """The ``build.json`` record of an attempt (``attempt``: targets, objects, compile_only, jobs, log), before
+    anything runs."""
     return {
         "build_id": build_id,
         "key": rv.key,
@@ -605,11 +588,7 @@ def _new_record(
         "patch_hash": stable_hash(rv.patch),
         "compile_values": dict(rv.compile_values),
         "tu_headers": sorted(k for k, v in rv.tu_headers.items() if v),
-        "targets": targets,
-        "objects": objs,
-        "compile_only": compile_only,
-        "jobs": jobs,
-        "log": str(log_file),
+        **attempt,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -620,29 +599,19 @@ def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *
     changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
     if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
         msg = (
-            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR "
-            "CMake hook, so they would be silently ignored. Render the variant with the "
-            "tile/MMA hook patch."
+            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so they would "
+            "be silently ignored. Render the variant with the tile/MMA hook patch."
         )
         raise UsageError(msg)
     record["toolchain"] = _tool_versions(tc)
     record["headers_changed"] = changed
 
 
-def _compile(
-    rv: RenderedVariant,
-    tc: _Toolchain,
-    record: dict[str, Any],
-    *,
-    build_dir: Path,
-    src: Path,
-    targets: Sequence[str],
-    objs: Sequence[str],
-    compile_only: bool,
-    jobs: int,
-    log_file: Path,
-) -> list[str]:
-    """Run the Ninja build of the targets (or the objects' targets); returns the rebuilt translation units."""
+def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], build_dir: Path, src: Path) -> list[str]:
+    """Run the Ninja build of the record's targets (or its objects' targets) with its jobs and log; returns the
+    rebuilt translation units."""
+    targets, objs, compile_only, jobs = record["targets"], record["objects"], record["compile_only"], record["jobs"]
+    log_file = Path(record["log"])
     before = ninja_log_lines(build_dir)
     log_file.unlink(missing_ok=True)
     build_targets = _object_targets(build_dir, src, objs) if compile_only else targets
@@ -697,25 +666,15 @@ def build_variant(
     compile_only: bool = False,
     objects: Sequence[str] | None = None,
 ) -> Build:
-    """Configure and build one variant candidate; reuse finished artifacts.
+    """Configure and build one variant candidate (``jobs``: default the CPU count); reuse finished artifacts.
 
-    Args:
-        rv: The rendered variant (from :func:`tuner.plan.render.render_variant`).
-        targets: Executable targets to build and copy into the artifact's ``bin/``.
-        jobs: Parallel compile jobs; default the CPU count.
-        compile_only: Configure, then compile only ``objects`` (no link, no artifacts). For HIP the
-            objects' offload bundles must hold code for every GPU target.
-        objects: Source paths relative to the tree (``ggml/src/ggml-cuda/fattn.cu``) for
-            ``compile_only``; default :func:`default_check_objects`.
+    ``targets`` are built and copied into the artifact's ``bin/``. ``compile_only``: configure, then compile only
+    ``objects`` (paths relative to the tree, default :func:`default_check_objects`), no link, no artifacts; for HIP the
+    objects' offload bundles must hold code for every GPU target. The Build's ``cached`` is True when the artifact
+    already existed for this toolchain (no process is started then) or, for compile-only, when Ninja had nothing to do.
 
-    Returns:
-        The Build. ``cached`` is True when the artifact already existed for this toolchain (no process
-        is started then) or, for compile-only, when Ninja had nothing to do.
-
-    Raises:
-        UsageError: Bad targets, jobs or objects.
-        TunerError: Configure or compile failed (names the variant, the log and its last lines);
-            the failure is also recorded in ``build.json``.
+    Raises UsageError for bad targets, jobs or objects; TunerError when configure or compile failed (naming
+    the variant, the log and its last lines), also recorded in ``build.json``.
     """
     start = time.monotonic()
     targets, jobs, objs = _check_build_args(rv, targets, jobs, compile_only, objects)
@@ -725,7 +684,7 @@ def build_variant(
     art = root / "artifacts" / rv.artifact_key
     build_dir, logs, src, tu_dir = root / "build", root / "logs", root / "src", root / "tu"
 
-    def _done(rec: Mapping[str, Any], cached: bool, folder: Path) -> Build:
+    def _done(rec: Mapping[str, Any], cached: bool, folder: Path, compile_only: bool = False) -> Build:
         return Build(
             build_id=build_id,
             build_dir=build_dir,
@@ -733,7 +692,7 @@ def build_variant(
             log_file=Path(rec.get("log", logs / "build.log")),
             cached=cached,
             seconds=time.monotonic() - start,
-            compile_only=False,
+            compile_only=compile_only,
             meta=dict(rec),
         )
 
@@ -751,25 +710,14 @@ def build_variant(
             targets = _with_earlier_targets(art, targets)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(
-            rv, build_id, targets=targets, objs=objs, compile_only=compile_only, jobs=jobs, log_file=log_file
+            rv, build_id, targets=targets, objects=objs, compile_only=compile_only, jobs=jobs, log=str(log_file)
         )
         rebuilt: list[str] = []
         try:
             _prepare_tree(rv, tc, record, src=src, tu_dir=tu_dir)
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
-            rebuilt = _compile(
-                rv,
-                tc,
-                record,
-                build_dir=build_dir,
-                src=src,
-                targets=targets,
-                objs=objs,
-                compile_only=compile_only,
-                jobs=jobs,
-                log_file=log_file,
-            )
+            rebuilt = _compile(rv, tc, record, build_dir, src)
             record["seconds"] = round(time.monotonic() - start, 3)
             record["status"] = "ok"
             if not compile_only:
@@ -781,15 +729,6 @@ def build_variant(
             raise failure from err
         write_json(root / "build.json", record)
     if compile_only:
-        return Build(
-            build_id=build_id,
-            build_dir=build_dir,
-            bin_dir=build_dir / "bin",
-            log_file=log_file,
-            cached=not rebuilt,
-            seconds=time.monotonic() - start,
-            compile_only=True,
-            meta=record,
-        )
+        return _done(record, not rebuilt, build_dir, compile_only=True)
     held = hold_artifact(art, lambda d: d)
     return _done(record, False, held[0] if held else folder)

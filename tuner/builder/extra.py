@@ -30,25 +30,15 @@ from tuner.plan.variant import Build
 def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = None) -> Build:
     """Add executable targets (``llama-perplexity``) to a finished build's artifact, keeping its build id.
 
-    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored
-    results and study databases key on them, so an extra tool is built on demand into the existing
-    build directory (its own translation units plus a link) and copied into the artifact's ``bin/``
-    with the libraries it needs that are not there yet; the candidate's own libraries are never
-    replaced. ``build.json`` records each extra target under ``extra_targets`` (seconds, log, rebuilt
-    objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds the
-    artifact cached.
+    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored results and study
+    databases key on them, so an extra tool is built on demand into the existing build directory (its own translation
+    units plus a link) and copied into the artifact's ``bin/`` with the libraries it needs that are not there yet; the
+    candidate's own libraries are never replaced. ``build.json`` records each extra target under ``extra_targets``
+    (seconds, log, rebuilt objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds
+    the artifact cached. Returns the Build with ``meta`` updated (the same object when every target was there).
 
-    Args:
-        build: A finished (not compile-only) Build from :func:`build_variant`.
-        targets: Executable CMake targets of the same configuration.
-        jobs: Parallel jobs; default the CPU count.
-
-    Returns:
-        The Build with ``meta`` updated (the same object when every target was already there).
-
-    Raises:
-        UsageError: A compile-only build, or a bad target name.
-        TunerError: The target failed to build (names the log and its last lines).
+    Raises UsageError for a compile-only build or a bad target name, TunerError (naming the log and its last
+    lines) when a target fails to build.
     """
     if build.compile_only:
         raise UsageError(f"{build.build_dir} is a compile-only check; build the variant first (`tuner build`).")
@@ -91,9 +81,8 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
             bin_src = Path(build.build_dir) / "bin"
             for t in missing:
                 if not (bin_src / t).is_file():
-                    raise TunerError(
-                        f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
-                    )
+                    msg = f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
+                    raise TunerError(msg)
             # New libraries only (the tool's own, e.g. libllama-perplexity-impl.so); the artifact's
             # existing libraries are the candidate's and stay as they are.
             for lib in sorted(bin_src.glob("lib*.so*")):
@@ -110,13 +99,9 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
                 tmp.rename(art / "bin" / t)
             extra = dict(rec.get("extra_targets", {}))
             secs = round(time.monotonic() - start, 3)
+            built = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             for t in missing:
-                extra[t] = {
-                    "seconds": secs,
-                    "log": str(log_file),
-                    "rebuilt": rebuilt,
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                }
+                extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
             rec["extra_targets"] = extra
             write_json(art / "build.json", rec)
     return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))

@@ -1,8 +1,7 @@
 """The AMD HIP compile-check toolchain: clang-19 plus Debian's ROCm 6.4 headers, no AMD GPU needed.
 
-Nothing built with it can run; it exists so a HIP variant's patched FlashAttention translation units
-are compiled for the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm.
-The recipe:
+Nothing built with it can run; it exists so a HIP variant's patched FlashAttention translation units are compiled for
+the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm. The recipe:
 
 1. ``clang-19 lld-19 clang-tools-19 libclang-rt-19-dev`` from Debian bookworm (``apt-get install``, root).
 2. HIP/hipBLAS/rocBLAS ``-dev`` packages from sid and ``rocm-device-libs-17`` from trixie, fetched with a
@@ -87,7 +86,6 @@ class HipToolchain:
     rocm_path: Path
     """``PREFIX/root/usr``: HIP headers, CMake configs and libraries (what ``ROCM_PATH`` points at)."""
     clang: Path
-    """clang-19 C compiler."""
     clangxx: Path
     """clang-19 C++ and HIP compiler."""
     bundler: Path
@@ -123,9 +121,8 @@ class HipToolchain:
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """A child environment with ``ROCM_PATH`` set and clang-19's tools first on PATH.
 
-        clang prints "Found HIP installation" from ``ROCM_PATH``, which CMake parses; ggml-hip's
-        CMakeLists reads it too. ``HIP_PLATFORM=amd`` keeps HIP headers off the nvcc path on machines
-        with a CUDA toolkit.
+        clang prints "Found HIP installation" from ``ROCM_PATH``, which CMake parses; ggml-hip's CMakeLists reads it
+        too. ``HIP_PLATFORM=amd`` keeps HIP headers off the nvcc path on machines with a CUDA toolkit.
         """
         env = dict(os.environ if base is None else base)
         env["ROCM_PATH"] = str(self.rocm_path)
@@ -146,22 +143,13 @@ class HipToolchain:
 
 
 def _clang_ok() -> bool:
-    needed = [
-        _LLVM / "bin" / "clang",
-        _LLVM / "bin" / "clang++",
-        _LLVM / "bin" / "clang-offload-bundler",
-        _LLVM / "bin" / "ld.lld",
-    ]
+    needed = [_LLVM / "bin" / name for name in ("clang", "clang++", "clang-offload-bundler", "ld.lld")]
     rt = list((_LLVM / "lib" / "clang").glob("19*/lib/linux/libclang_rt.builtins-x86_64.a"))
     return all(p.exists() for p in needed) and bool(rt)
 
 
 def _device_archs(bitcode: Path) -> tuple[str, ...]:
-    found = []
-    for arch in HIP_ARCHS:
-        if (bitcode / f"oclc_isa_version_{arch[3:]}.bc").is_file():
-            found.append(arch)
-    return tuple(found)
+    return tuple(arch for arch in HIP_ARCHS if (bitcode / f"oclc_isa_version_{arch[3:]}.bc").is_file())
 
 
 def _hip_version(rocm: Path) -> str:
@@ -191,13 +179,9 @@ def _toolchain_from(prefix: Path) -> HipToolchain:
 
 
 def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
-    """The toolchain set up by :func:`run_hip_setup` in ``prefix``, or None when it is incomplete.
+    """The toolchain :func:`run_hip_setup` set up in ``prefix`` (default :func:`default_prefix`).
 
-    Args:
-        prefix: Toolchain prefix; default ``$TUNER_HOME/toolchains/hip``.
-
-    Returns:
-        The toolchain, or None when the prefix was never (or only partly) set up, or clang-19 is gone.
+    None when the prefix was never (or only partly) set up, or clang-19 is gone.
     """
     prefix = Path(prefix) if prefix is not None else default_prefix()
     try:
@@ -221,13 +205,7 @@ def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
 def require_hip_toolchain(prefix: Path | None = None, *, arch: str | None = None) -> HipToolchain:
     """Like :func:`find_hip_toolchain`, but a missing toolchain is a TunerError saying how to get it.
 
-    Args:
-        prefix: Toolchain prefix; default ``$TUNER_HOME/toolchains/hip``.
-        arch: When given, also require device libraries for this gfx target.
-
-    Raises:
-        TunerError: No usable toolchain in ``prefix``.
-        UsageError: ``arch`` cannot be compiled with it.
+    With ``arch``, also a UsageError unless it has device libraries for that gfx target.
     """
     tc = find_hip_toolchain(prefix)
     if tc is None:
@@ -287,13 +265,8 @@ def _install_clang(logs: Path) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600, what="apt-get update")
-        _run.run(
-            ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES],
-            env=env,
-            log_file=logs / "apt-system.log",
-            timeout=900,
-            what="apt-get install clang-19",
-        )
+        argv = ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES]
+        _run.run(argv, env=env, log_file=logs / "apt-system.log", timeout=900, what="apt-get install clang-19")
     except TunerError as err:
         msg = f"Installing clang-19 failed ({err}). {advice}"
         raise TunerError(msg) from err
@@ -310,36 +283,20 @@ def _download_debs(prefix: Path, logs: Path) -> list[Path]:
     conf = _write_apt_config(prefix / "apt")
     env = {**os.environ, "APT_CONFIG": str(conf)}
     log_file = logs / "apt-private.log"
-    _run.run(
-        ["apt-get", "update"],
-        env=env,
-        log_file=log_file,
-        timeout=600,
-        what="apt-get update (private trixie+sid config)",
-    )
+
+    def apt_get(args: Sequence[str], what: str, cwd: Path | None = None) -> None:
+        _run.run(["apt-get", *args], env=env, cwd=cwd, log_file=log_file, timeout=600, what=f"apt-get {what}")
+
+    apt_get(["update"], "update (private trixie+sid config)")
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
     try:
-        _run.run(
-            ["apt-get", "download", *_DEB_PACKAGES],
-            env=env,
-            cwd=debs,
-            log_file=log_file,
-            timeout=600,
-            what="apt-get download (pinned ROCm 6.4 debs)",
-        )
+        apt_get(["download", *_DEB_PACKAGES], "download (pinned ROCm 6.4 debs)", debs)
     except TunerError:
         # sid drops superseded versions from its pool; the research found newer ROCm headers work too.
         names = [p.split("=")[0] for p in _DEB_PACKAGES]
         log.warning("the pinned sid ROCm versions are gone from the mirror; taking sid's current ones")
-        _run.run(
-            ["apt-get", "download", *names],
-            env=env,
-            cwd=debs,
-            log_file=log_file,
-            timeout=600,
-            what="apt-get download (unpinned ROCm debs)",
-        )
+        apt_get(["download", *names], "download (unpinned ROCm debs)", debs)
     found = sorted(debs.glob("*.deb"))
     if len(found) < len(_DEB_PACKAGES):
         msg = (
@@ -363,11 +320,8 @@ def _unpack(prefix: Path, debs: Sequence[Path], logs: Path) -> None:
     libdir = tmp / "usr" / "lib" / "x86_64-linux-gnu"
     stub_c = prefix / "rocblas_stub.c"
     stub_c.write_text("/* empty: rocblas CMake targets only check that the library exists */\n")
-    _run.run(
-        ["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c],
-        log_file=logs / "unpack.log",
-        what="gcc (rocblas stub)",
-    )
+    argv: list[str | os.PathLike[str]] = ["gcc", "-shared", "-fPIC", "-o", libdir / "librocblas.so.4.4", stub_c]
+    _run.run(argv, log_file=logs / "unpack.log", what="gcc (rocblas stub)")
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
 
@@ -406,16 +360,9 @@ def _write_env_sh(tc: HipToolchain) -> None:
 
 
 def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
-    """Set up the HIP compile-check toolchain in ``prefix`` (idempotent).
+    """Set up the HIP compile-check toolchain in ``prefix`` (idempotent): ``(toolchain, did_work)``.
 
-    Args:
-        prefix: Where to put it; default ``$TUNER_HOME/toolchains/hip``.
-
-    Returns:
-        ``(toolchain, did_work)``; ``did_work`` is False when it was already complete.
-
-    Raises:
-        TunerError: apt-get needs root (the message says what to run), or a download failed.
+    Raises TunerError when apt-get needs root (the message says what to run) or a download failed.
     """
     prefix = Path(prefix) if prefix is not None else default_prefix()
     tc = find_hip_toolchain(prefix)
@@ -437,12 +384,8 @@ def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
         msg = f"No gfx device libraries were found in {tc.device_lib_path}; see {logs}. Rerun `tuner toolchain hip`."
         raise TunerError(msg)
     _write_env_sh(tc)
-    stamp = {
-        "recipe": _RECIPE,
-        "hip_version": tc.hip_version,
-        "device_archs": list(tc.device_archs),
-        "debs": [p.name for p in debs],
-    }
+    archs, names = list(tc.device_archs), [p.name for p in debs]
+    stamp = {"recipe": _RECIPE, "hip_version": tc.hip_version, "device_archs": archs, "debs": names}
     (prefix / "toolchain.json").write_text(json.dumps(stamp, indent=2) + "\n")
     found = find_hip_toolchain(prefix)
     assert found is not None, "setup finished but the toolchain is incomplete"
@@ -453,14 +396,8 @@ _TARGET_RE = re.compile(rb"amdgcn-amd-amdhsa-[a-z]*-(gfx[0-9a-z]+)")
 
 
 def parse_offload_targets(data: bytes) -> list[str]:
-    """gfx targets named by the HIP offload bundle entries (``hipv4-amdgcn-amd-amdhsa--gfx1151``) in an object.
-
-    Args:
-        data: Bytes of a compiled object (its ``.hip_fatbin`` section holds the bundle).
-
-    Returns:
-        Sorted distinct gfx names.
-    """
+    """Sorted gfx targets named by the HIP offload bundle entries (``hipv4-amdgcn-amd-amdhsa--gfx1151``) in the
+    bytes of a compiled object (its ``.hip_fatbin`` section holds the bundle)."""
     return sorted({m.group(1).decode() for m in _TARGET_RE.finditer(data)})
 
 
@@ -482,12 +419,7 @@ __global__ void k(float *x, const __half *h) {
 def run_hip_check(tc: HipToolchain, archs: Sequence[str] = HIP_ARCHS) -> dict[str, str]:
     """Compile a small kernel (hip_runtime.h, hip_fp16.h, ocml's expf, a shuffle) for each arch.
 
-    Args:
-        tc: The toolchain.
-        archs: gfx targets to try.
-
-    Returns:
-        arch -> ``"ok"`` or the reason it failed (missing device library, compile error, no code object).
+    Returns arch -> ``"ok"`` or why it failed (missing device library, compile error, no code object).
     """
     out: dict[str, str] = {}
     work = tc.prefix / "check"

@@ -16,20 +16,12 @@ from tuner.targets.quant_types import quant_type
 
 
 def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q4_K_M") -> Path:
-    """Quantize a GGUF with the build's ``llama-quantize``; cached by output path and input hash.
+    """Quantize an F32/F16/BF16 GGUF to ``qtype`` (a :data:`tuner.targets.quant_types.QUANT_TYPES` name, any
+    case) with the build's ``llama-quantize``; returns ``dst_gguf``, written atomically with a ``.tuner.json``
+    sidecar recording the input hash, by which (and the output path) the result is cached.
 
-    Args:
-        build: A build that includes the ``llama-quantize`` target.
-        src_gguf: Input model (F32/F16/BF16 GGUF).
-        dst_gguf: Output path; written atomically, with a ``.tuner.json`` sidecar recording the input hash.
-        qtype: a :data:`tuner.targets.quant_types.QUANT_TYPES` name, e.g. ``Q4_K_M``, ``Q8_0`` (any case).
-
-    Returns:
-        ``dst_gguf``.
-
-    Raises:
-        UsageError: Unknown qtype, missing input, or the build lacks llama-quantize.
-        TunerError: llama-quantize failed (log path and last lines).
+    Raises UsageError for an unknown qtype, a missing input or a build without llama-quantize; TunerError
+    (log path and last lines) when llama-quantize fails.
     """
     qtype = quant_type(qtype)
     src_gguf, dst_gguf = Path(src_gguf), Path(dst_gguf)
@@ -54,22 +46,9 @@ def quantize_model(build: Build, src_gguf: Path, dst_gguf: Path, qtype: str = "Q
     log_file = dst_gguf.with_name(dst_gguf.name + ".quantize.log")
     log_file.unlink(missing_ok=True)
     with log.step(f"Quantizing {src_gguf.name} -> {dst_gguf.name} ({qtype})"):
-        _run.run(
-            [exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)],
-            log_file=log_file,
-            cwd=build.bin_dir,
-            what=f"llama-quantize {qtype}",
-        )
+        argv: list[str | os.PathLike[str]] = [exe, src_gguf, tmp, qtype, str(os.cpu_count() or 1)]
+        _run.run(argv, log_file=log_file, cwd=build.bin_dir, what=f"llama-quantize {qtype}")
     tmp.replace(dst_gguf)
-    write_json(
-        sidecar,
-        {
-            "input": str(src_gguf),
-            "input_sha256": in_hash,
-            "input_stat": stat_key,
-            "qtype": qtype,
-            "build_id": build.build_id,
-            "log": str(log_file),
-        },
-    )
+    record = {"input": str(src_gguf), "input_sha256": in_hash, "input_stat": stat_key, "qtype": qtype}
+    write_json(sidecar, {**record, "build_id": build.build_id, "log": str(log_file)})
     return dst_gguf

@@ -1,13 +1,12 @@
 """Build records, build locks and artifact folders: ``build.json`` files, the cache lookup, and the
 versions of an artifact that running commands hold.
 
-An artifact ``artifacts/<artifact_key>`` is a symbolic link to its current folder
-``artifacts/<artifact_key>.v<N>``. A build that changes it (more targets, another toolchain) installs a
-new folder and moves the link with one ``os.replace``; it never writes over a folder in use. A command
-that uses a build holds a shared ``flock`` on its folder's ``.users`` file for the rest of its life
-(:func:`hold_artifact`), so an older folder is removed only once no process holds it (the kernel drops
-the lock of a process however it ends). A running search therefore keeps the binaries it started with
-while ``tuner build`` adds ``llama-perplexity`` to the same variant.
+An artifact ``artifacts/<artifact_key>`` is a symbolic link to its current folder ``artifacts/<artifact_key>.v<N>``. A
+build that changes it (more targets, another toolchain) installs a new folder and moves the link with one
+``os.replace``; it never writes over a folder in use. A command that uses a build holds a shared ``flock`` on its
+folder's ``.users`` file for the rest of its life (:func:`hold_artifact`), so an older folder is removed only once no
+process holds it (the kernel drops the lock of a process however it ends). A running search therefore keeps the binaries
+it started with while ``tuner build`` adds ``llama-perplexity`` to the same variant.
 """
 
 from __future__ import annotations

@@ -111,9 +111,8 @@ def build(
     if compile_only and (pack_out or pack_in):
         raise UsageError("--pack and --from-pack carry linked builds; drop --compile-only.")
     if pack_out and pack_in:
-        raise UsageError(
-            "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
-        )
+        msg = "--pack and --from-pack are the two ends of one carry: pack on one machine, unpack on the other."
+        raise UsageError(msg)
     values = parse_sets(sets)
     src = source.fetch_source(spec) if spec else source.fetch_source()
     # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.
@@ -138,23 +137,14 @@ def build(
                 rv, targets=tlist, jobs=jobs, compile_only=compile_only, objects=list(objects) or None
             )
     carried = b.meta.get("carried")
-    rows = [
-        ("variant", rv.short),
-        ("build dir", b.build_dir),
-        ("bin dir", "(compile-only: no binaries)" if b.compile_only else b.bin_dir),
-        (
-            "cached",
-            f"carried ({carried['pack']}, built on {carried['built_on']})" if carried else "yes" if b.cached else "no",
-        ),
-        ("seconds", f"{b.seconds:.1f}"),
-        (
-            "rebuilt TUs",
-            f"0 here ({b.meta.get('rebuilt_count', '?')} where it was built)"
-            if carried
-            else b.meta.get("rebuilt_count", 0),
-        ),
-        ("log", b.log_file),
-    ]
+    cached: object = "yes" if b.cached else "no"
+    rebuilt = b.meta.get("rebuilt_count", 0)
+    if carried:
+        cached = f"carried ({carried['pack']}, built on {carried['built_on']})"
+        rebuilt = f"0 here ({b.meta.get('rebuilt_count', '?')} where it was built)"
+    rows = [("variant", rv.short), ("build dir", b.build_dir)]
+    rows += [("bin dir", "(compile-only: no binaries)" if b.compile_only else b.bin_dir), ("cached", cached)]
+    rows += [("seconds", f"{b.seconds:.1f}"), ("rebuilt TUs", rebuilt), ("log", b.log_file)]
     if b.compile_only:
         for obj, archs in (b.meta.get("offload_targets") or {}).items():
             rows.append((f"code objects in {Path(obj).name}", ", ".join(archs)))

@@ -76,9 +76,8 @@ def synth(
 
     shape = load_model_shape(like)
     if weight_type not in ("f16", "q8_0"):
-        raise UsageError(
-            f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH, or --quant Q4_K_M --direct."
-        )
+        msg = f"--type must be f16 or q8_0, got {weight_type!r}. For K-quants use --quant Q4_K_M --quantize-with PATH, or --quant Q4_K_M --direct."
+        raise UsageError(msg)
     direct_type = (quant or "").upper()
     if direct:
         if direct_type not in DIRECT_QUANTS or quantize_with is not None or weight_type != "f16":
@@ -97,24 +96,19 @@ def synth(
         root = fetch_source(spec or DEFAULT_SPEC).root
         vocab_path = find_vocab(root, shape.vocab)
         if vocab_path is None:
-            raise TunerError(
-                f"{root}/models has no ggml-vocab-{shape.vocab}.gguf. Use a llama.cpp source that ships it, or pass --vocab."
-            )
+            msg = f"{root}/models has no ggml-vocab-{shape.vocab}.gguf. Use a llama.cpp source that ships it, or pass --vocab."
+            raise TunerError(msg)
     elif not vocab_path.is_file():
-        raise UsageError(
-            f"--vocab {vocab_path} does not exist. Pass a vocab-only GGUF from llama.cpp's models/ folder."
-        )
+        msg = f"--vocab {vocab_path} does not exist. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        raise UsageError(msg)
+
+    def on_tensor(i: int, n: int, name: str) -> None:
+        if i % 16 == 0:
+            log.progress(f"    tensor {i + 1}/{n} {name}")
 
     target = out.with_name(out.name + ".f16.gguf") if quant else out
     with log.step(f"Writing random-weight {shape.name} ({weight_type}) to {target}"):
-        res = synth_model(
-            shape,
-            target,
-            vocab_path=vocab_path,
-            weight_type=weight_type,
-            seed=seed,
-            on_tensor=lambda i, n, name: log.progress(f"    tensor {i + 1}/{n} {name}") if i % 16 == 0 else None,
-        )
+        res = synth_model(shape, target, vocab_path=vocab_path, weight_type=weight_type, seed=seed, on_tensor=on_tensor)
     size = res.n_bytes
     if quant:
         assert quantize_with is not None

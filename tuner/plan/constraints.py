@@ -34,30 +34,25 @@ from tuner.targets.archs import load_arch
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArchLimits:
-    """The few facts about an arch the constraint rules need."""
+    """The few facts about an arch the constraint rules need (fields as in :class:`tuner.targets.archs.Arch`)."""
 
     name: str
     vendor: str
-    """``nvidia``, ``amd`` or ``cpu``."""
     wave_size: int = 32
     smem_static: int = 0
     """Static ``__shared__`` per block (NVIDIA 48 KiB ptxas limit; AMD 64 KiB LDS)."""
     smem_optin: int = 0
     """Dynamic shared memory per block after opt-in (NVIDIA), LDS on AMD."""
     cc: int = 0
-    """NVIDIA compute capability x100, e.g. 890."""
     gfx: str | None = None
     family: str = ""
     """The arch database's family: ``RDNA3.5``, ``CDNA3``... (AMD), ``Ada Lovelace``, ``Hopper``... (NVIDIA)."""
 
 
 def load_arch_limits(name: str) -> ArchLimits:
-    """The limits of an arch of the arch database (``tuner/data/archs.toml``, :func:`tuner.targets.archs.load_arch`).
+    """The limits of an arch of the arch database (:func:`tuner.targets.archs.load_arch`; UsageError if unknown).
 
     This is the one place arch facts enter the constraint rules.
-
-    Raises:
-        UsageError: Unknown arch name (with suggestions).
     """
     a = load_arch(name)
     return ArchLimits(
@@ -85,8 +80,7 @@ class Violation:
         return f"{self.message} [{self.rule}]"
 
 
-# --------------------------------------------------------------------------------------------------
-# Table rows
+# --------------------------------------------------------------------------- Table rows
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -171,28 +165,14 @@ def parse_mma_tables(text: str) -> dict[str, dict[tuple[int, int, int], MmaRow]]
             parts = [x.strip() for x in args.split(",")]
             if any(p.startswith(("DKQ", "DV")) for p in parts):
                 continue  # the macro definition itself
-            v = [int(x) for x in parts[:10]]
-            q = 1 if parts[10] == "true" else 0
-            row = MmaRow(
-                dkq=v[0],
-                dv=v[1],
-                ncols=v[2],
-                nthreads=v[3],
-                occupancy=v[4],
-                nbatch_fa=v[5],
-                nbatch_K2=v[6],
-                nbatch_V2=v[7],
-                nbatch_combine=v[8],
-                nstages_target=v[9],
-                Q_in_reg=q,
-            )
+            v = [int(x) for x in parts[:10]] + [1 if parts[10] == "true" else 0]
+            row = MmaRow(**dict(zip((f.name for f in dataclasses.fields(MmaRow)), v)))
             rows.setdefault((row.dkq, row.dv, row.ncols), row)
         out[name] = rows
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Rules
+# --------------------------------------------------------------------------- Rules
 
 _TILE_LOC = "fattn-tile.cuh"
 _MMA_LOC = "fattn-mma-f16.cuh"
@@ -219,9 +199,8 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
     nwarps = r.nthreads // warp
     ncols = r.ncols
     if (ncols > nwarps and ncols % nwarps) or (nwarps > ncols and nwarps % ncols):
-        out.append(
-            _v("tile.cpw_np", f"{tag}: ncols {ncols} and nwarps {nwarps} must divide each other ({_TILE_LOC} L873)")
-        )
+        msg = f"{tag}: ncols {ncols} and nwarps {nwarps} must divide each other ({_TILE_LOC} L873)"
+        out.append(_v("tile.cpw_np", msg))
         return out
     cpw = ncols // nwarps if ncols > nwarps else 1
     np_ = nwarps // ncols if nwarps > ncols else 1
@@ -239,29 +218,17 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
     if r.dv > r.dkq:
         out.append(_v("tile.DV", f"{tag}: DV > DKQ ({_TILE_LOC} L713)"))
     if not (r.dv % r.nbatch_K == 0 or (r.nbatch_K % 3 == 0 and r.dv % (r.nbatch_K * 2 // 3) == 0)):
-        out.append(
-            _v(
-                "tile.nbatch_K_DV",
-                f"{tag}: DV {r.dv} not divisible by nbatch_K {r.nbatch_K} (or 2/3 of it) ({_TILE_LOC} L714-715)",
-            )
-        )
+        msg = f"{tag}: DV {r.dv} not divisible by nbatch_K {r.nbatch_K} (or 2/3 of it) ({_TILE_LOC} L714-715)"
+        out.append(_v("tile.nbatch_K_DV", msg))
     else:
         nbatch_v = (r.nbatch_K if r.dv % r.nbatch_K == 0 else r.nbatch_K * 2 // 3) * r.nbatch_fa // r.dv
         if nbatch_v <= 0 or r.nbatch_fa % nbatch_v or nbatch_v % np_:
-            out.append(
-                _v(
-                    "tile.nbatch_V",
-                    f"{tag}: nbatch_V {nbatch_v} must divide nbatch_fa {r.nbatch_fa} and be a multiple of np {np_} ({_TILE_LOC} L716-718)",
-                )
-            )
+            msg = f"{tag}: nbatch_V {nbatch_v} must divide nbatch_fa {r.nbatch_fa} and be a multiple of np {np_} ({_TILE_LOC} L716-718)"
+            out.append(_v("tile.nbatch_V", msg))
     dvp = (r.dv + 63) // 64 * 64
     if np_ > 1 and r.nbatch_fa * r.nbatch_K < nwarps * dvp:
-        out.append(
-            _v(
-                "tile.combine",
-                f"{tag}: nbatch_fa*nbatch_K {r.nbatch_fa * r.nbatch_K} < nwarps*DVp {nwarps * dvp} ({_TILE_LOC} L988)",
-            )
-        )
+        msg = f"{tag}: nbatch_fa*nbatch_K {r.nbatch_fa * r.nbatch_K} < nwarps*DVp {nwarps * dvp} ({_TILE_LOC} L988)"
+        out.append(_v("tile.combine", msg))
     if fp16:
         smem = ncols * r.dkq * 2 + (r.nbatch_fa * (r.nbatch_K // 2 + cpy_ne) + dvp - r.dv) * 4 + ncols * r.nbatch_fa * 2
     else:
@@ -270,9 +237,8 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
         smem += nwarps * 4
     limit, what = (arch.smem_static, "static smem") if arch.vendor == "nvidia" else (arch.smem_optin, "LDS")
     if limit and smem > limit:
-        out.append(
-            _v("tile.smem", f"{tag}: tile smem {smem} B > {limit} B {what} on {arch.name} ({_TILE_LOC} L884-894)")
-        )
+        msg = f"{tag}: tile smem {smem} B > {limit} B {what} on {arch.name} ({_TILE_LOC} L884-894)"
+        out.append(_v("tile.smem", msg))
     return out
 
 
@@ -299,8 +265,7 @@ def mma_smem_bytes(arch: ArchLimits, row: MmaRow, ncols2: int) -> int:
 def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | None = None) -> list[Violation]:
     """Rules of the MMA kernel for one row (fattn-mma-f16.cuh L25-36, L640, L1010, L1251, L1517).
 
-    Args:
-        ncols2: The instance's ncols2 (GQA packing); ``None`` checks every ncols2 that divides ncols.
+    ``ncols2``: the instance's ncols2 (GQA packing); ``None`` checks every ncols2 that divides ncols.
     """
     out: list[Violation] = []
     r = row
@@ -314,12 +279,10 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     ):
         val = getattr(r, field)
         if val <= 0 or val % mult or val > hi:
-            out.append(
-                _v(
-                    f"mma.{field}",
-                    f"{tag}: {field}={val} must be a positive multiple of {mult} <= {hi} ({_MMA_LOC} L{line} static_assert)",
-                )
+            msg = (
+                f"{tag}: {field}={val} must be a positive multiple of {mult} <= {hi} ({_MMA_LOC} L{line} static_assert)"
             )
+            out.append(_v(f"mma.{field}", msg))
     if not 1 <= r.occupancy <= 8:
         out.append(_v("mma.occupancy", f"{tag}: occupancy={r.occupancy} outside 1..8 ({_MMA_LOC} L29)"))
     if not 1 <= r.nstages_target <= 2:
@@ -329,21 +292,13 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     if out:
         return out
     if r.nstages_target == 2 and r.nbatch_K2 != r.dkq // 2:
-        out.append(
-            _v(
-                "mma.nstages_K2",
-                f"{tag}: nstages 2 needs nbatch_K2 == DKQ/2 = {r.dkq // 2}, got {r.nbatch_K2} ({_MMA_LOC} L640, L1346)",
-            )
-        )
+        msg = f"{tag}: nstages 2 needs nbatch_K2 == DKQ/2 = {r.dkq // 2}, got {r.nbatch_K2} ({_MMA_LOC} L640, L1346)"
+        out.append(_v("mma.nstages_K2", msg))
     if r.dkq != 576 and r.dv % (2 * r.nbatch_V2):
         out.append(_v("mma.nbatch_V2", f"{tag}: DV {r.dv} % (2*nbatch_V2 {2 * r.nbatch_V2}) != 0 ({_MMA_LOC} L1010)"))
     if (r.dv // 2) % r.nbatch_combine:
-        out.append(
-            _v(
-                "mma.nbatch_combine",
-                f"{tag}: (DV/2) {r.dv // 2} % nbatch_combine {r.nbatch_combine} != 0 ({_MMA_LOC} L1517)",
-            )
-        )
+        msg = f"{tag}: (DV/2) {r.dv // 2} % nbatch_combine {r.nbatch_combine} != 0 ({_MMA_LOC} L1517)"
+        out.append(_v("mma.nbatch_combine", msg))
     nwarps = r.nthreads // (arch.wave_size or 32)
     if nwarps < 1:
         out.append(_v("mma.nwarps", f"{tag}: nthreads {r.nthreads} is less than one wave of {arch.wave_size}"))
@@ -354,23 +309,17 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
         # nbatch_fa must be a multiple of it (else KQ_C has zero size and the loop's static_assert fails)
         np_ = nwarps if cols_per_warp > r.ncols else nwarps * cols_per_warp // r.ncols
         if r.nbatch_fa % (np_ * 16):
-            out.append(
-                _v(
-                    "mma.nbatch_fa",
-                    f"{tag}: nbatch_fa {r.nbatch_fa} % (np {np_} * 16) != 0, np = nwarps {nwarps} * cols_per_warp "
-                    f"{cols_per_warp} / ncols {r.ncols} ({_MMA_LOC} L645, L780)",
-                )
+            msg = (
+                f"{tag}: nbatch_fa {r.nbatch_fa} % (np {np_} * 16) != 0, np = nwarps {nwarps} * cols_per_warp "
+                f"{cols_per_warp} / ncols {r.ncols} ({_MMA_LOC} L645, L780)"
             )
+            out.append(_v("mma.nbatch_fa", msg))
     candidates = [ncols2] if ncols2 else [c for c in (1, 2, 4, 8, 16, 32) if r.ncols % c == 0]
     for c2 in candidates:
         ncols1 = r.ncols // c2
         if c2 <= cols_per_warp and (nwarps * (cols_per_warp // c2)) % ncols1:
-            out.append(
-                _v(
-                    "mma.nwarps",
-                    f"{tag}: nwarps {nwarps} * (cols_per_warp {cols_per_warp} / ncols2 {c2}) % ncols1 {ncols1} != 0 ({_MMA_LOC} L1251)",
-                )
-            )
+            msg = f"{tag}: nwarps {nwarps} * (cols_per_warp {cols_per_warp} / ncols2 {c2}) % ncols1 {ncols1} != 0 ({_MMA_LOC} L1251)"
+            out.append(_v("mma.nwarps", msg))
             break
     # AMD WMMA device code is compiled out for DKQ > 256 (L1870), so those rows never launch there.
     if arch.vendor == "amd" and r.dkq > 256:
@@ -381,9 +330,8 @@ def check_mma_row(arch: ArchLimits, table: str, row: MmaRow, *, ncols2: int | No
     smem = max(mma_smem_bytes(arch, r, c2) for c2 in candidates)
     limit, what = (arch.smem_optin, "opt-in smem") if arch.vendor == "nvidia" else (arch.smem_optin, "LDS")
     if limit and smem > limit:
-        out.append(
-            _v("mma.smem", f"{tag}: MMA smem {smem} B > {limit} B {what} on {arch.name} ({_MMA_LOC} L2030-2051)")
-        )
+        msg = f"{tag}: MMA smem {smem} B > {limit} B {what} on {arch.name} ({_MMA_LOC} L2030-2051)"
+        out.append(_v("mma.smem", msg))
     return out
 
 
@@ -398,28 +346,19 @@ def check_wmma(
         out.append(_v("wmma.nwarps", f"wmma: nwarps={nwarps} must be a power of two <= 16 ({loc} L516)"))
         return out
     if nwarps * wave > 1024:
-        out.append(
-            _v("wmma.threads", f"wmma: nwarps {nwarps} * wave {wave} = {nwarps * wave} threads > 1024 ({loc} L25)")
-        )
+        msg = f"wmma: nwarps {nwarps} * wave {wave} = {nwarps * wave} threads > 1024 ({loc} L25)"
+        out.append(_v("wmma.threads", msg))
     if not 1 <= min_blocks <= 8:
         out.append(_v("wmma.min_blocks", f"wmma: launch-bounds min blocks {min_blocks} outside 1..8 ({loc} L25)"))
     if kq_stride not in (64, 128, 256):
-        out.append(
-            _v(
-                "wmma.kq_stride",
-                f"wmma: KQ stride {kq_stride} must divide FATTN_KQ_STRIDE=256 (64, 128 or 256) (fattn-common.cuh)",
-            )
-        )
+        msg = f"wmma: KQ stride {kq_stride} must divide FATTN_KQ_STRIDE=256 (64, 128 or 256) (fattn-common.cuh)"
+        out.append(_v("wmma.kq_stride", msg))
         return out
     # frag_m is 32 only for the CUDA half-accumulation ncols=8 instance (Volta); 16 otherwise.
     frag_m = 32 if arch.vendor == "nvidia" else 16
     if kq_stride < 256 and kq_stride % (nwarps * frag_m):
-        out.append(
-            _v(
-                "wmma.kq_stride_tc",
-                f"wmma: KQ stride {kq_stride} % (nwarps {nwarps} * frag_m {frag_m}) != 0 for D <= 128 ({loc} L174, tuner static_assert)",
-            )
-        )
+        msg = f"wmma: KQ stride {kq_stride} % (nwarps {nwarps} * frag_m {frag_m}) != 0 for D <= 128 ({loc} L174, tuner static_assert)"
+        out.append(_v("wmma.kq_stride_tc", msg))
     for d in head_dims:
         stride = kq_stride if d <= 128 else 256
         if d > stride:
@@ -429,19 +368,11 @@ def check_wmma(
         for ncols in (16, 32) if d <= 128 else (16,):
             lds = wmma_smem_bytes(d, ncols, nwarps=nwarps, kq_stride=stride)
             if arch.vendor == "amd" and lds > arch.smem_optin:
-                out.append(
-                    _v(
-                        "wmma.lds",
-                        f"wmma: D {d} ncols {ncols}: LDS {lds} B > {arch.smem_optin} B on {arch.name} ({loc} L104-128)",
-                    )
-                )
+                msg = f"wmma: D {d} ncols {ncols}: LDS {lds} B > {arch.smem_optin} B on {arch.name} ({loc} L104-128)"
+                out.append(_v("wmma.lds", msg))
             if arch.vendor == "nvidia" and lds > arch.smem_static:
-                out.append(
-                    _v(
-                        "wmma.smem",
-                        f"wmma: D {d} ncols {ncols}: static smem {lds} B > {arch.smem_static} B on {arch.name} ({loc} L104-128)",
-                    )
-                )
+                msg = f"wmma: D {d} ncols {ncols}: static smem {lds} B > {arch.smem_static} B on {arch.name} ({loc} L104-128)"
+                out.append(_v("wmma.smem", msg))
     return out
 
 
@@ -465,19 +396,12 @@ def check_candidate(
     wmma: Mapping[str, int] | None = None,
     model_shape: Mapping[str, int] | None = None,
 ) -> list[Violation]:
-    """Check one compile-time candidate, given as data, before any compile.
+    """Every violation of one compile-time candidate, given as data, before any compile (empty: legal).
 
-    :func:`tuner.plan.space.check_constraints` turns a search space's knob values into these rows.
-
-    Args:
-        limits: The arch's limits (:func:`load_arch_limits`).
-        rows: ``(kind, table, row, ncols2)`` per tuned kernel-config row; ``kind`` is ``tile_row`` or
-            ``mma_row``, ``ncols2`` 0 when the knob does not pin it.
-        wmma: rocWMMA fields (``nwarps``, ``min_blocks``, ``kq_stride``) when the candidate sets any.
-        model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}``; restricts WMMA checks to the model's D.
-
-    Returns:
-        Every violation, empty when the candidate is legal.
+    :func:`tuner.plan.space.check_constraints` turns a search space's knob values into the ``rows``:
+    ``(kind, table, row, ncols2)`` per tuned row (``kind`` ``tile_row`` or ``mma_row``, ``ncols2`` 0 when the
+    knob does not pin it). ``wmma``: rocWMMA fields when the candidate sets any; ``model_shape``
+    (``{"head_dim", ...}``) restricts WMMA checks to the model's D.
     """
     out: list[Violation] = []
     for _kind, table, row, ncols2 in rows:

@@ -1,15 +1,8 @@
 """Derived knobs: legal values that come from the machine and the model, resolved at search time.
 
-A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` (docs/knobs.md)
-instead of listing values, because the right list differs per host and per model:
-
-- **threads** (``-t``): the physical cores and the logical CPUs a run may use (the --cpu-mask's,
-  else this process's affinity) and half the physical cores. The usual advice is to match threads to physical
-  cores, not logical: both are sampled, so the measurement decides. A pin may be any of 1..logical.
-- **ngl** (``-ngl``): llama-bench's default offloads every layer (n_layers + 1 with the output
-  layer). Partial-offload steps are sampled only when the weights plus the KV cache at the deepest
-  depth do not fit in the GPUs' free memory; with the free memory unknown, only full offload. A pin
-  may be any of 0..n_layers + 1.
+A space file marks such a knob ``derive = "threads"`` or ``derive = "ngl"`` instead of listing values, because the
+right list differs per host and per model; docs/knobs.md says what each samples. The usual advice is to match threads
+to physical cores, not logical: both are sampled, so the measurement decides.
 
 Every derived knob keeps ``default`` (no flag: llama-bench's own choice), so an untouched space still
 measures upstream. Under a CPU mask upstream's default is oversubscribed (llama-bench counts the
@@ -62,34 +55,29 @@ def _kv_bytes(shape: Mapping[str, int], tokens: int) -> int:
     return 2 * 2 * shape["n_layers"] * shape["n_kv_heads"] * shape["head_dim"] * tokens
 
 
+def _full_offload(high: int, why: str) -> Legal:
+    """Only llama-bench's default (every layer offloaded) is sampled; a pin may be 0..``high``."""
+    return Legal(choices=(BENCH_DEFAULT,), low=0, high=high, why=why)
+
+
 def _ngl(shape: Mapping[str, int] | None, model_bytes: int | None, gpu_free: int | None, tokens: int) -> Legal:
     if not shape or not shape.get("n_layers"):
-        return Legal(
-            choices=(BENCH_DEFAULT,),
-            low=0,
-            high=1 << 20,
-            why="-ngl: the model's layer count is unknown here, so only full offload (default) is sampled",
+        return _full_offload(
+            1 << 20, "-ngl: the model's layer count is unknown here, so only full offload (default) is sampled"
         )
     n = int(shape["n_layers"])
     top = n + 1  # the output layer counts as one more (llama.cpp: n_layer + 1 offloads everything)
     head = f"-ngl must be 0..{top} for this model ({n} layers + the output layer; default offloads all)"
     if gpu_free is None or model_bytes is None:
-        return Legal(
-            choices=(BENCH_DEFAULT,),
-            low=0,
-            high=top,
-            why=f"{head}; GPU free memory unknown, so only full offload is sampled",
-        )
+        return _full_offload(top, f"{head}; GPU free memory unknown, so only full offload is sampled")
     need = model_bytes + _kv_bytes(shape, tokens)
     budget = int(gpu_free * _FIT_MARGIN)
     gib = 1 << 30
     if need <= budget:
-        return Legal(
-            choices=(BENCH_DEFAULT,),
-            low=0,
-            high=top,
-            why=f"{head}; it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free), so only full offload is sampled",
+        why = (
+            f"{head}; it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free), so only full offload is sampled"
         )
+        return _full_offload(top, why)
     fit = min(n, budget * top // need)  # layers that fit, each carrying its share of weights and KV
     steps = sorted({s for s in (fit, fit * 3 // 4, fit // 2) if s > 0})
     return Legal(
@@ -139,10 +127,7 @@ def space_for_run(
     space: SearchSpace, *, cpu_mask: Sequence[int] | None, model: Path | None, gpu: bool, tokens: int = 0
 ) -> tuple[SearchSpace, dict[str, Legal]]:
     """Resolve ``space`` for a run on this machine with ``model``, pinned to ``cpu_mask`` (``gpu``:
-    whether to ask the GPU's free memory).
-
-    Raises:
-        UsageError: The model is unreadable (via :func:`tuner.targets.models.read_shape`).
+    whether to ask the GPU's free memory). UsageError when the model is unreadable.
     """
     if not any(k.meta.get("derive") for k in space.runtime_knobs):
         return space, {}

@@ -93,13 +93,8 @@ class FaRule:
     @property
     def key(self) -> str:
         """The shape keys as written in a rule (``/D64/gqa4/kvf16``; '' for an unkeyed rule)."""
-        parts = [
-            f"/D{self.D}" if self.D is not None else "",
-            f"/gqa{self.gqa}" if self.gqa is not None else "",
-            f"/kv{self.kv}" if self.kv is not None else "",
-            f"/nb{self.nb}" if self.nb is not None else "",
-        ]
-        return "".join(parts)
+        keys = (("D", self.D), ("gqa", self.gqa), ("kv", self.kv), ("nb", self.nb))
+        return "".join(f"/{name}{v}" for name, v in keys if v is not None)
 
     @property
     def text(self) -> str:
@@ -154,9 +149,8 @@ def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
             )
         name = m.group(1) or "kv"
         if name in out:
-            raise UsageError(
-                f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv, nb at most once."
-            )
+            msg = f"FA rule {item!r}: shape key {name} is given twice; give each of D, gqa, kv, nb at most once."
+            raise UsageError(msg)
         if name == "kv":
             if m.group(3) not in FA_RULE_KV_TYPES:
                 raise UsageError(
@@ -168,9 +162,8 @@ def _parse_rule_keys(item: str, keys: str) -> dict[str, Any]:
             lo, hi = FA_RULE_KEY_RANGES[name]
             v = int(m.group(2))
             if not lo <= v <= hi:
-                raise UsageError(
-                    f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}]."
-                )
+                msg = f"FA rule {item!r}: {name}{m.group(2)} is out of range; {name} must be in [{lo}, {hi}]."
+                raise UsageError(msg)
             out[name] = v
     return out
 
@@ -181,10 +174,8 @@ def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
     Grammar: comma-separated ``PHASE[/KEY...]:LO-HI=KERNEL`` with keys ``D<int>``, ``gqa<int>``,
     ``kv<type>`` and (prefill only) ``nb<int>`` in any order (``FaRule.text`` writes them as D, gqa, kv, nb),
     e.g. ``decode/D64/gqa4/kvf16:32768-=MMA``. The C++ parser accepts any ggml type name after ``kv``; this
-    one only the FlashAttention K/V types in :data:`FA_RULE_KV_TYPES`.
-
-    Raises:
-        UsageError: An entry that does not parse, a bad shape key or an out-of-range value.
+    one only the FlashAttention K/V types in :data:`FA_RULE_KV_TYPES`. UsageError for an entry that does
+    not parse, a bad shape key or an out-of-range value.
     """
     out = []
     for item in (s.strip() for s in text.split(",")):
@@ -210,9 +201,8 @@ def parse_fa_rules(text: str) -> tuple[FaRule, ...]:
 
 def _at_most_max(rules: Sequence[FaRule]) -> tuple[FaRule, ...]:
     if len(rules) > FA_RULES_MAX:
-        raise UsageError(
-            f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges."
-        )
+        msg = f"{len(rules)} FA rules; the llama.cpp hook holds at most {FA_RULES_MAX}. Merge adjacent ranges."
+        raise UsageError(msg)
     return tuple(rules)
 
 
@@ -264,16 +254,9 @@ def match_rules(
     the C++, a matched rule whose kernel is illegal for the shape is still the match (the hook then
     keeps the default, why="fallback"); legality is not modelled here.
 
-    Args:
-        rules: Parsed rules, in GGML_TUNER_FA_RULES order.
-        phase: ``decode`` (Q->ne[1] == 1) or ``prefill``.
-        n_kv: K->ne[1].
-        D: Head size of K (Q->ne[0]).
-        gqa: GQA ratio (Q->ne[2] / K->ne[2]).
-        kv: ggml type name of K (and of V unless ``kv_v`` is given).
-        kv_v: ggml type name of V where it differs from K's; a ``kv`` key needs both to equal it.
-        ne1: The query batch Q->ne[1] of a prefill call; an ``nb`` key needs it to equal it (None: a call
-            of unknown batch, which no ``nb`` key matches).
+    ``n_kv`` is K->ne[1], ``D`` Q->ne[0], ``gqa`` Q->ne[2] / K->ne[2]; ``kv`` the ggml type name of K (and
+    of V unless ``kv_v`` differs; a ``kv`` key needs both to equal it); ``ne1`` the query batch Q->ne[1] of
+    a prefill call, which an ``nb`` key must equal (None: unknown, matched by no ``nb`` key).
     """
     v_type = kv if kv_v is None else kv_v
     for r in rules:

@@ -30,6 +30,7 @@ from tuner.paths import data_dir
 
 _MODES = ("replace", "insert_before", "insert_after")
 _KEYS = ("description", "families", "opt_in", "edit")
+_EDIT_KEYS = ("file", "mode", "anchor", "template", "vars")
 
 
 @functools.lru_cache(maxsize=4)
@@ -90,11 +91,7 @@ class PatchManifest:
 
 
 def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]:
-    """Load every patch manifest of an era, sorted by name.
-
-    Raises:
-        TunerError: A manifest has unknown keys, a bad mode or a missing template.
-    """
+    """Every patch manifest of an era, sorted by name; TunerError for unknown keys, a bad mode or a missing template."""
     root = (base or data_dir("templates")) / "patches"
     era_dir = root / era
     if not era_dir.is_dir():
@@ -111,19 +108,15 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
         edits = []
         for i, e in enumerate(doc.get("edit", [])):
             for key in e:
-                if key not in ("file", "mode", "anchor", "template", "vars"):
-                    raise TunerError(
-                        f"Unknown key {key!r} in edit {i + 1} of {path}."
-                        f"{close_matches(key, ['file', 'mode', 'anchor', 'template', 'vars'])}"
-                    )
+                if key not in _EDIT_KEYS:
+                    raise TunerError(f"Unknown key {key!r} in edit {i + 1} of {path}.{close_matches(key, _EDIT_KEYS)}")
             if e.get("mode") not in _MODES:
                 raise TunerError(f"Edit {i + 1} of {path}: mode {e.get('mode')!r} is not one of {', '.join(_MODES)}.")
             tpl = e["template"]
             rel = f"patches/{era}/{tpl}" if (era_dir / tpl).is_file() else f"patches/common/{tpl}"
             if not (root.parent / rel).is_file():
-                raise TunerError(
-                    f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}."
-                )
+                msg = f"Edit {i + 1} of {path} names template {tpl!r}, found neither in {era_dir} nor in {root / 'common'}."
+                raise TunerError(msg)
             edits.append(Edit(file=e["file"], mode=e["mode"], anchor=e["anchor"], template=rel, vars=e.get("vars", {})))
         out.append(
             PatchManifest(
@@ -182,9 +175,8 @@ def _apply_edits(
         edits.sort(key=lambda t: (t[0], t[1]))
         for (_s0, e0, _, m0, _), (s1, _, _, m1, _) in itertools.pairwise(edits):
             if s1 < e0:
-                raise TunerError(
-                    f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
-                )
+                msg = f"Patch templates {m0.name!r} and {m1.name!r} (era {era}) edit overlapping text of {rel}."
+                raise TunerError(msg)
         text = pristine[rel]
         for start, end, frag, _, _ in reversed(edits):
             text = text[:start] + frag + text[end:]
@@ -195,19 +187,14 @@ def _apply_edits(
 
 def unified_diff(rel: str, old: str, new: str) -> str:
     """A ``git apply``-compatible unified diff of one file with ``a/`` and ``b/`` headers."""
-    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}"))
-    out = []
-    for line in lines:
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
+    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
 def patched_file(source_root: Path, era: str, manifest: str, rel: str, *, templates: Path | None = None) -> str:
     """The text of ``rel`` after the one manifest named ``manifest`` (its file stem) alone is applied to
-    the pristine tree; for a manifest whose templates need no variant context (an opt-in hook).
-
-    Raises:
-        TunerError: No such manifest, it does not change ``rel``, or an anchor does not match the tree.
+    the pristine tree; for a manifest whose templates need no variant context (an opt-in hook). TunerError
+    when there is no such manifest, it does not change ``rel``, or an anchor does not match the tree.
     """
     found = [m for m in load_manifests(era, base=templates) if m.name == manifest]
     if not found:
@@ -233,11 +220,8 @@ def render_patch(
     opt_in: Sequence[str] = (),
 ) -> tuple[str, dict[str, str]]:
     """Render the era's manifests for a variant family into ``(patch, files)``; an opt-in manifest only
-    where ``opt_in`` names its hook.
+    where ``opt_in`` names its hook (UsageError for a hook the era has no manifest of for this family)."""
 
-    Raises:
-        UsageError: ``opt_in`` names a hook the era has no manifest of for this family.
-    """
     known = opt_in_hooks(era, family, templates=templates)
     unknown = [h for h in opt_in if h not in known]
     if unknown:

@@ -69,8 +69,7 @@ _THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 214748
 _INT_MAX = 2147483647
 
 
-# --------------------------------------------------------------------------------------------------
-# CMake defines
+# --------------------------------------------------------------------------- CMake defines
 
 
 def _declared_options(root: Path) -> set[str]:
@@ -127,26 +126,15 @@ def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | 
 def render_defines(
     source_root: Path, arch: str, variant: str, era: str, *, local_archs: Sequence[str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
-    """Render ``templates/cmake/<variant>.j2`` into CMake cache entries, checked against the tree.
+    """Render ``templates/cmake/<variant>.j2`` into ``(defines, warnings)``, checked against the tree.
 
-    Args:
-        source_root: The llama.cpp tree (only options it declares may be set).
-        arch: Arch name (``sm_90``, ``gfx1151``, ``cpu``).
-        variant: A name from :data:`VARIANTS`.
-        era: ``mma`` or ``rocwmma``.
-        local_archs: Arch names of this machine's GPUs; decides ``89-real`` vs ``89-virtual``.
-
-    Returns:
-        ``(defines, warnings)``.
-
-    Raises:
-        UsageError: Unknown variant, or a variant that does not fit the arch or era.
-        TunerError: A template sets an option the tree does not declare, or an unsafe value.
+    Only options the tree declares may be set; ``local_archs`` (this machine's GPUs) decides ``89-real`` vs
+    ``89-virtual``. Raises UsageError for an unknown variant or one that does not fit the arch or era,
+    TunerError when a template sets an undeclared option or an unsafe value.
     """
     if variant not in VARIANTS:
-        raise UsageError(
-            f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}."
-        )
+        msg = f"Unknown variant {variant!r}.{close_matches(variant, VARIANTS)} Known: {', '.join(VARIANTS)}."
+        raise UsageError(msg)
     limits = constraints.load_arch_limits(arch)
     family = variant_family(variant)
     want_vendor = {"cpu": "cpu", "cuda": "nvidia", "hip": "amd"}[family]
@@ -169,17 +157,14 @@ def render_defines(
         cuda_arch, warnings = _cuda_arch_value(limits, local_archs)
     declared = _declared_options(source_root)
     template = f"cmake/{variant}.j2"
-    text = render_template(
-        template,
-        {
-            "arch": arch,
-            "era": era,
-            "cuda_arch": cuda_arch,
-            "gpu_target": limits.gfx or "",
-            "declared": sorted(declared),
-        },
-        what=f"CMake defines for variant {variant}",
-    )
+    context = {
+        "arch": arch,
+        "era": era,
+        "cuda_arch": cuda_arch,
+        "gpu_target": limits.gfx or "",
+        "declared": sorted(declared),
+    }
+    text = render_template(template, context, what=f"CMake defines for variant {variant}")
     defines = parse_define_lines(text, template=template)
     for name, value in defines.items():
         if name not in declared and name not in _CMAKE_BUILTINS:
@@ -226,17 +211,11 @@ def render_presets(rv: RenderedVariant, *, name: str | None = None) -> str:
     return json.dumps(render_preset(rv, name=name), indent=2) + "\n"
 
 
-# --------------------------------------------------------------------------------------------------
-# Compile-time knobs -> per-TU headers / baked rows
+# -------------------------------------------------------------------- Compile-time knobs -> per-TU headers / baked rows
 
-_TU_GLOBS = {
-    "mma": (
-        "ggml/src/ggml-cuda/template-instances/fattn-tile*.cu",
-        "ggml/src/ggml-cuda/template-instances/fattn-mma*.cu",
-    ),
-    "rocwmma": ("ggml/src/ggml-cuda/fattn-wmma-f16.cu",),
-}
+_INSTANCES = "ggml/src/ggml-cuda/template-instances"
 _WMMA_TU = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"
+_TU_GLOBS = {"mma": (f"{_INSTANCES}/fattn-tile*.cu", tu_split.MMA_GLOB), "rocwmma": (_WMMA_TU,)}
 _WMMA_MACROS = {
     "nwarps": "GGML_TUNER_WMMA_NWARPS",
     "min_blocks": "GGML_TUNER_WMMA_MIN_BLOCKS",
@@ -271,11 +250,11 @@ def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[s
 
 
 def _tile_tu(dkq: int, dv: int) -> str:
-    return f"ggml/src/ggml-cuda/template-instances/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
+    return f"{_INSTANCES}/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
 
 
 def _mma_tu(ncols: int, ncols2: int) -> str:
-    return f"ggml/src/ggml-cuda/template-instances/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
+    return f"{_INSTANCES}/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -429,17 +408,8 @@ def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
     if r.kv is not None and r.kv not in fa_rules.FA_RULE_KV_TYPES:
         raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(fa_rules.FA_RULE_KV_TYPES)}.")
     kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
-    return {
-        "phase": 0 if r.phase == "decode" else 1,
-        "lo": lo,
-        "hi": hi,
-        "kernel": _BAKED_KERNELS[r.kernel],
-        "D": keys["D"],
-        "gqa": keys["gqa"],
-        "kv": kv,
-        "nb": keys["nb"],
-        "text": r.text,
-    }
+    phase = 0 if r.phase == "decode" else 1
+    return {"phase": phase, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel], **keys, "kv": kv, "text": r.text}
 
 
 def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
@@ -457,19 +427,18 @@ def _checked_compile_values(
     arch: str,
     era: str,
     sp: SearchSpace | None,
-    compile_values: Mapping[str, int],
-    *,
-    model_shape: Mapping[str, int] | None,
-    checked: bool = False,
+    values: Mapping[str, int],
+    shape: Mapping[str, int] | None,
+    checked: bool,
 ) -> dict[str, int]:
     """Compile-time values range-checked against the space and (unless ``checked``: the caller did)
     constraint-checked; UsageError otherwise."""
     if sp is None:
         raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-    compile_values = space_mod.check_compile_values(sp, compile_values)
+    compile_values = space_mod.check_compile_values(sp, values)
     if checked:
         return dict(compile_values)
-    violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
+    violations = space_mod.check_constraints(arch, era, compile_values, shape, space=sp, source_root=root)
     if violations:
         raise UsageError(
             f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
@@ -488,20 +457,12 @@ def _patch_context(
     baked_runtime: Mapping[str, object] | None,
 ) -> dict[str, Any]:
     """Template context of the patch: the runtime hook's defaults, or (baked) values compiled in."""
-    baked = baked_runtime is not None
-    context: dict[str, Any] = {"baked": baked, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
-    if baked:
-        context.update(_baked_context(root, era, sp, compile_values, baked_runtime or {}))
+    context: dict[str, Any] = {"baked": baked_runtime is not None, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
+    if baked_runtime is not None:
+        context.update(_baked_context(root, era, sp, compile_values, baked_runtime))
     else:
         context.update(
-            {
-                "t": _THRESHOLD_DEFAULTS,
-                "rules": [],
-                "baked_rows": {},
-                "wmma": _WMMA_DEFAULTS,
-                "wmma_decode": 0,
-                "wmma_min_kv": 0,
-            }
+            t=_THRESHOLD_DEFAULTS, rules=[], baked_rows={}, wmma=_WMMA_DEFAULTS, wmma_decode=0, wmma_min_kv=0
         )
     return context
 
@@ -528,30 +489,17 @@ def render_variant(
 ) -> RenderedVariant:
     """Render one variant of one source tree: defines, base patch and per-TU override headers.
 
-    Args:
-        source: A ``tuner.source.Source`` (anything with ``root``, ``era`` and ``source_id``).
-        arch: Arch name (``sm_90``, ``sm_89``, ``gfx1151``, ``cpu``...).
-        variant: Variant name from :data:`VARIANTS`.
-        compile_values: Compile-time knob values by knob name (``search_spaces/<arch>.toml``). They are
-            range-checked against the space and constraint-checked before anything is rendered.
-        baked_runtime: ``None`` for the runtime hook (env read once). Otherwise the hook's env values
-            (``GGML_TUNER_FA_RULES``, ``GGML_TUNER_FA_T1``...) compiled in as constants, and compile
-            values written into the tables / WMMA defaults instead of per-TU headers (export mode).
-        local_archs: This machine's GPU arch names (``["sm_90"]``); ``None`` renders for the target.
-        model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}`` for shape-dependent constraints.
-        space: The arch's search space for this era, when the caller has it (default: loaded here).
-        checked: The caller constraint-checked ``compile_values`` against ``space`` already (the search
-            checks each trial once, with the model's shape); they are only range-checked here.
-        hooks: Opt-in hooks to add to the base patch (``opt_in`` of ``templates/patches/<era>/*.toml``), e.g.
-            ``("mmq",)`` for the MMQ-vs-cuBLAS hook the sweep's build carries; the patch, and so the build
-            directory, differs from the variant's without them.
+    ``compile_values`` (knob name -> value, ``search_spaces/<arch>.toml``) are range-checked against ``space``
+    (default: loaded here) and, unless ``checked`` (the search checks each trial once, with the model's shape),
+    constraint-checked with ``model_shape`` before anything is rendered. ``baked_runtime``: ``None`` for the
+    runtime hook (env read once), else the hook's env values (``GGML_TUNER_FA_RULES``, ``GGML_TUNER_FA_T1``...)
+    compiled in as constants, and compile values written into the tables / WMMA defaults instead of per-TU
+    headers (export mode). ``local_archs``: this machine's GPUs; ``None`` renders for the target. ``hooks``:
+    opt-in hooks (``opt_in`` of ``templates/patches/<era>/*.toml``), e.g. ``("mmq",)`` for the MMQ-vs-cuBLAS
+    hook the sweep's build carries; the patch, and so the build directory, differs without them.
 
-    Returns:
-        The RenderedVariant the build stage consumes.
-
-    Raises:
-        UsageError: Unknown knob, value out of range, or a candidate that breaks a constraint.
-        TunerError: A template does not match the tree.
+    Raises UsageError for an unknown knob, a value out of range or a candidate that breaks a constraint,
+    TunerError when a template does not match the tree.
 
     Example:
         >>> rv = render_variant(src, "sm_90", "cuda", compile_values={"mma.ampere.d64.c64.nthreads": 256})
@@ -570,9 +518,7 @@ def render_variant(
     if compile_values or family != "cpu":
         sp = space if space is not None else _find_space(arch, era)
     if compile_values:
-        compile_values = _checked_compile_values(
-            root, arch, era, sp, compile_values, model_shape=model_shape, checked=checked
-        )
+        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
     patch, opt_in = "", tuple(sorted(set(hooks)))
     files: Mapping[str, str] = {}
     tu_headers: Mapping[str, str] = {}

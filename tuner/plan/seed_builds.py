@@ -1,9 +1,8 @@
 """The project brief's six reference builds as tuner runs: a variant to build plus the env and llama-bench args to run it.
 
-The mapping is data (``tuner/data/seed004_builds.toml``, explained in docs/seed004-builds.md). A
-build's runtime settings are knob values of the arch's search space, so they pass the same type and
-range checks as a search's (:func:`tuner.plan.space.render_runtime`); a partial offload is resolved
-against the model's layer count.
+The mapping is data (``tuner/data/seed004_builds.toml``, explained in docs/seed004-builds.md). A build's runtime
+settings are knob values of the arch's search space, so they pass the same type and range checks as a search's
+(:func:`tuner.plan.space.render_runtime`); a partial offload is resolved against the model's layer count.
 """
 
 from __future__ import annotations
@@ -69,9 +68,8 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
             f"missing {sorted(_KEYS - set(raw))})."
         )
     if raw["variant"] not in VARIANTS:
-        raise TunerError(
-            f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}"
-        )
+        msg = f"{where}: variant {raw['variant']!r} is not one of tuner's.{close_matches(raw['variant'], VARIANTS)}"
+        raise TunerError(msg)
     if raw["offload"] not in OFFLOADS:
         raise TunerError(f"{where}: offload must be one of {', '.join(OFFLOADS)} (got {raw['offload']!r}).")
     rank = raw["seed_rank"]
@@ -97,11 +95,7 @@ def _build(path: Path, i: int, raw: Mapping[str, Any]) -> SeedBuild:
 
 
 def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
-    """The six builds, best claimed rank first.
-
-    Raises:
-        TunerError: The file is malformed (a packaging bug, not user input).
-    """
+    """The six builds, best claimed rank first; TunerError for a malformed file (a packaging bug)."""
     path = path or package_data("seed004_builds.toml")
     doc = tomllib.loads(path.read_text(encoding="utf-8"))
     builds = tuple(_build(path, i, raw) for i, raw in enumerate(doc.get("build", [])))
@@ -116,11 +110,7 @@ def load_seed_builds(path: Path | None = None) -> tuple[SeedBuild, ...]:
 
 
 def seed_build(name: str) -> SeedBuild:
-    """Look a seed build up by name (``build_`` prefix optional, as the brief spells them).
-
-    Raises:
-        UsageError: Unknown name, listing the known ones.
-    """
+    """Look a seed build up by name (``build_`` prefix optional); UsageError lists the known ones."""
     builds = {b.name: b for b in load_seed_builds()}
     key = name.removeprefix("build_")
     if key not in builds:
@@ -134,8 +124,7 @@ def seed_build(name: str) -> SeedBuild:
 def seed_run(build: SeedBuild, space: SearchSpace, *, shape: Mapping[str, int] | None) -> SeedRun:
     """The env and llama-bench args of ``build`` for a model of ``shape`` (``tuner.targets.models.read_shape``).
 
-    Raises:
-        UsageError: A partial offload without the model's layer count, or a knob value the space refuses.
+    UsageError for a partial offload without the model's layer count, or a knob value the space refuses.
     """
     values: dict[str, int | str] = dict(build.runtime)
     if build.offload != "all":

@@ -64,17 +64,9 @@ RULE_KINDS = ("rule",)
 _KERNELS = ("default", "VEC", "TILE", "MMA")
 _TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
 _MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")
-_TILE_FIELDS = ("nthreads", "occupancy", "nbatch_fa", "nbatch_K")
-_MMA_FIELDS = (
-    "nthreads",
-    "occupancy",
-    "nbatch_fa",
-    "nbatch_K2",
-    "nbatch_V2",
-    "nbatch_combine",
-    "nstages_target",
-    "Q_in_reg",
-)
+# a row's tunable fields: those after its (dkq, dv, ncols) key
+_TILE_FIELDS = tuple(f.name for f in dataclasses.fields(TileRow))[3:]
+_MMA_FIELDS = tuple(f.name for f in dataclasses.fields(MmaRow))[3:]
 _WMMA_FIELDS = ("nwarps", "min_blocks", "kq_stride")
 _BENCH_FLAGS = ("-ub", "-b", "-t", "-fa", "-ctk", "-ctv", "-ngl", "-nkvo", "-sm", "-mg")
 _COMMON_KEYS = ("name", "kind", "choices", "low", "high", "step", "log", "default", "help", "phases")
@@ -93,7 +85,6 @@ DERIVED_FLAGS = {"threads": "-t", "ngl": "-ngl"}
 time from the machine and the model (:mod:`tuner.plan.derive`), never a list typed into the file."""
 BENCH_DEFAULT = "default"
 """A bench_flag value that passes no flag: llama-bench's own default (upstream's behaviour)."""
-_THRESHOLD_DEFAULTS = {1: 4, 2: 256, 3: 8192, 4: 2, 5: 8, 6: 16, 7: 2, 8: 2147483647}
 
 
 class SpaceNotFound(UsageError):
@@ -135,11 +126,7 @@ class Knob:
         return f"integers {self.low}..{self.high}" + (f" in steps of {self.step}" if self.step != 1 else "")
 
     def coerce(self, value: object) -> int | str:
-        """Type- and range-check one value (strings from --set are converted).
-
-        Raises:
-            UsageError: Wrong type or not allowed, naming the allowed values.
-        """
+        """Type- and range-check one value (strings from --set are converted); UsageError names the allowed ones."""
         want_int = (self.choices is None) or all(isinstance(c, int) for c in self.choices)
         v: int | str
         text = str(value).strip()
@@ -156,25 +143,21 @@ class Knob:
             try:
                 v = int(str(value).strip())
             except ValueError:
-                raise UsageError(
-                    f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}."
-                ) from None
+                msg = f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}."
+                raise UsageError(msg) from None
         else:
             v = str(value).strip()
         if self.choices is not None and self.low is not None:  # derived: sampled choices, any pin in range
             if v not in self.choices and not (isinstance(v, int) and self.low <= v <= int(self.high or 0)):
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}: {self.meta.get('legal', self.allowed())}.")
-        elif self.choices is not None:
-            if v not in self.choices:
-                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+            return v
+        if self.choices is not None:
+            ok = v in self.choices
         else:
             assert self.low is not None and self.high is not None
-            if (
-                not isinstance(v, int)
-                or not self.low <= v <= self.high
-                or (not self.log and (v - self.low) % self.step)
-            ):
-                raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
+            ok = isinstance(v, int) and self.low <= v <= self.high and (self.log or not (v - self.low) % self.step)
+        if not ok:
+            raise UsageError(f"Knob {self.name!r} does not allow {v!r}. Allowed: {self.allowed()}.")
         return v
 
 
@@ -195,11 +178,7 @@ class SearchSpace:
         return self.compile_knobs + self.runtime_knobs
 
     def knob(self, name: str) -> Knob:
-        """Look a knob up by name.
-
-        Raises:
-            UsageError: Unknown name, with suggestions.
-        """
+        """Look a knob up by name; UsageError with suggestions for an unknown one."""
         for k in self.knobs:
             if k.name == name:
                 return k
@@ -219,6 +198,13 @@ def _err(path: Path, where: str, msg: str) -> UsageError:
     return UsageError(f"{path}: {where}: {msg}")
 
 
+def _only_keys(doc: Mapping[str, Any], allowed: Sequence[str], path: Path, where: str) -> None:
+    for key in doc:
+        if key not in allowed:
+            msg = f"unknown key {key!r}.{close_matches(key, list(allowed))} Allowed: {', '.join(allowed)}."
+            raise _err(path, where, msg)
+
+
 def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, Any]) -> Knob:
     where = f"[era.{era}] {section} knob #{i + 1}" + (f" ({raw['name']!r})" if "name" in raw else "")
     kinds = COMPILE_KINDS if section == "compile" else RUNTIME_KINDS
@@ -227,19 +213,13 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
             raise _err(path, where, f"missing key {req!r}.")
     kind = raw["kind"]
     if kind not in kinds:
-        raise _err(
-            path,
-            where,
-            f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}",
-        )
+        msg = f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}"
+        raise _err(path, where, msg)
     allowed_keys = _COMMON_KEYS + _KIND_KEYS[kind]
     for key in raw:
         if key not in allowed_keys:
-            raise _err(
-                path,
-                where,
-                f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}.",
-            )
+            msg = f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}."
+            raise _err(path, where, msg)
     meta = {k: raw[k] for k in _KIND_KEYS[kind] if k in raw}
     if "phases" in raw:  # the phases a knob can affect: the tune stage measures it only there
         ph = raw["phases"]
@@ -252,12 +232,11 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
     _check_meta(path, where, kind, meta)
     if "derive" in meta:
         if "choices" in raw or "low" in raw or "high" in raw or raw.get("default") != BENCH_DEFAULT:
-            raise _err(
-                path,
-                where,
+            msg = (
                 f"a derived knob (derive = {meta['derive']!r}) gets its legal values at search time: "
-                f"give no choices/low/high and default = {BENCH_DEFAULT!r} (llama-bench's own default).",
+                f"give no choices/low/high and default = {BENCH_DEFAULT!r} (llama-bench's own default)."
             )
+            raise _err(path, where, msg)
         raw = {**raw, "choices": [BENCH_DEFAULT]}  # until tuner.plan.derive resolves it for a machine and model
     choices = raw.get("choices")
     if choices is not None:
@@ -313,11 +292,8 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
 def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> None:
     def need(key: str, allowed: Sequence[object]) -> None:
         if meta[key] not in allowed:
-            raise _err(
-                path,
-                where,
-                f"{key} {meta[key]!r} is not one of {', '.join(map(str, allowed))}.{close_matches(str(meta[key]), map(str, allowed))}",
-            )
+            msg = f"{key} {meta[key]!r} is not one of {', '.join(map(str, allowed))}.{close_matches(str(meta[key]), map(str, allowed))}"
+            raise _err(path, where, msg)
 
     def pos_int(key: str) -> None:
         if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
@@ -353,27 +329,16 @@ def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> N
         if "derive" in meta:
             need("derive", tuple(DERIVED_FLAGS))
             if meta["flag"] != DERIVED_FLAGS[meta["derive"]]:
-                raise _err(
-                    path,
-                    where,
-                    f"derive = {meta['derive']!r} derives {DERIVED_FLAGS[meta['derive']]} values, not {meta['flag']}.",
-                )
+                msg = f"derive = {meta['derive']!r} derives {DERIVED_FLAGS[meta['derive']]} values, not {meta['flag']}."
+                raise _err(path, where, msg)
 
 
 def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> SearchSpace:
     """Validate one parsed search-space document and return the era's space.
 
-    Raises:
-        UsageError: Naming the file, the key and the allowed values.
-        SpaceNotFound: The file has no section for ``era``.
+    Raises UsageError naming the file, the key and the allowed values; SpaceNotFound without an ``era`` section.
     """
-    for key in doc:
-        if key not in ("arch", "description", "era"):
-            raise _err(
-                path,
-                "top level",
-                f"unknown key {key!r}.{close_matches(key, ['arch', 'description', 'era'])} Allowed: arch, description, era.",
-            )
+    _only_keys(doc, ("arch", "description", "era"), path, "top level")
     if doc.get("arch", arch) != arch:
         raise _err(path, "top level", f"arch = {doc['arch']!r} but the file is for {arch!r}.")
     eras = doc.get("era", {})
@@ -381,29 +346,17 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
         if e not in ("mma", "rocwmma"):
             raise _err(path, f"[era.{e}]", f"unknown era.{close_matches(e, ['mma', 'rocwmma'])} Allowed: mma, rocwmma.")
     if era not in eras:
-        raise SpaceNotFound(
-            f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}."
-        )
+        msg = f"{path} has no [era.{era}] section; {arch} is not tuned for era {era}. Eras in the file: {', '.join(eras) or 'none'}."
+        raise SpaceNotFound(msg)
     sec = eras[era]
-    for key in sec:
-        if key not in ("variants", "compile", "runtime"):
-            raise _err(
-                path,
-                f"[era.{era}]",
-                f"unknown key {key!r}.{close_matches(key, ['variants', 'compile', 'runtime'])} Allowed: variants, compile, runtime.",
-            )
+    _only_keys(sec, ("variants", "compile", "runtime"), path, f"[era.{era}]")
     variants = sec.get("variants", [])
+    where = f"[era.{era}] variants"
     if not variants or not all(isinstance(v, str) for v in variants):
-        raise _err(
-            path, f"[era.{era}] variants", "must be a non-empty list of variant names (first = upstream default)."
-        )
+        raise _err(path, where, "must be a non-empty list of variant names (first = upstream default).")
     for v in variants:
         if v not in VARIANTS:
-            raise _err(
-                path,
-                f"[era.{era}] variants",
-                f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.",
-            )
+            raise _err(path, where, f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.")
     compile_knobs = tuple(_parse_knob(path, era, "compile", i, k) for i, k in enumerate(sec.get("compile", [])))
     runtime_knobs = tuple(_parse_knob(path, era, "runtime", i, k) for i, k in enumerate(sec.get("runtime", [])))
     seen: set[str] = set()
@@ -424,18 +377,15 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
 def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
     """Load ``search_spaces/<arch>.toml`` (or ``path``) and return the space for ``era``.
 
-    Raises:
-        SpaceNotFound: No file for the arch, or no section for the era.
-        UsageError: The file breaks the schema.
+    Raises SpaceNotFound without a file for the arch or a section for the era, UsageError when it breaks the schema.
     """
     if path is None:
         folder = data_dir("search_spaces")
         path = folder / f"{arch}.toml"
         if not path.is_file():
             known = sorted(p.stem for p in folder.glob("*.toml"))
-            raise SpaceNotFound(
-                f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}."
-            )
+            msg = f"No search space for arch {arch!r} ({path}).{close_matches(arch, known)} Known: {', '.join(known)}."
+            raise SpaceNotFound(msg)
     try:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -444,11 +394,7 @@ def load_space(arch: str, era: str, *, path: Path | None = None) -> SearchSpace:
 
 
 def check_values(sp: SearchSpace, values: Mapping[str, object], *, section: str = "all") -> dict[str, int | str]:
-    """Validate knob values (names and ranges); returns them coerced to the knob types.
-
-    Raises:
-        UsageError: Unknown knob (with suggestions), wrong section, or a value not allowed.
-    """
+    """Knob values coerced to the knob types; UsageError for an unknown knob, wrong section or value not allowed."""
     out: dict[str, int | str] = {}
     for name, value in values.items():
         knob = sp.knob(name)
@@ -528,8 +474,7 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
     return RuntimeSettings(env=env, bench_args=tuple(args), rules=tuple(rules))
 
 
-# --------------------------------------------------------------------------------------------------
-# Table rows: upstream (parsed from a tree) and the space's own defaults
+# ----------------------------------------------- Table rows: upstream (parsed from a tree) and the space's own defaults
 
 
 @functools.lru_cache(maxsize=16)
@@ -543,11 +488,7 @@ def _tables(
 def upstream_row(
     source_root: Path | None, kind: str, table: str, key: tuple[int, int, int], *, space: SearchSpace | None = None
 ) -> TileRow | MmaRow:
-    """The tree's own row for (DKQ, DV, ncols) in a tile or MMA table.
-
-    Raises:
-        UsageError: The tree has no such table or row.
-    """
+    """The tree's own row for (DKQ, DV, ncols) in a tile or MMA table; UsageError if it has no such table or row."""
     if source_root is None:
         if space is None:
             raise UsageError("upstream_row needs a source tree or a search space.")
@@ -560,18 +501,13 @@ def upstream_row(
     if table not in tables:
         raise UsageError(f"{rel} has no table {table!r}.{close_matches(table, tables)} Tables: {', '.join(tables)}.")
     if key not in tables[table]:
-        raise UsageError(
-            f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
-        )
+        msg = f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
+        raise UsageError(msg)
     return tables[table][key]
 
 
 def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int]) -> TileRow | MmaRow:
-    """The row a space's defaults describe; the space must give every field of a row it tunes.
-
-    Raises:
-        UsageError: Some field of the row has no knob (give it ``choices = [upstream value]``).
-    """
+    """The row a space's defaults describe; UsageError unless the space gives every field of a row it tunes."""
     fields: dict[str, int] = {}
     for k in sp.compile_knobs:
         m = k.meta
@@ -596,10 +532,7 @@ def compile_values_of(space: SearchSpace, values: Mapping[str, Any]) -> dict[str
 
 
 def runtime_env_and_args(space: SearchSpace, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
-    """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`.
-
-    Knobs at their upstream default set nothing, so the baseline runs with a clean environment.
-    """
+    """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`."""
     names = {k.name for k in space.runtime_knobs}
     rt = render_runtime(space, {k: v for k, v in values.items() if k in names})
     return dict(rt.env), list(rt.bench_args)
@@ -614,21 +547,11 @@ def check_constraints(
     space: SearchSpace | None = None,
     source_root: Path | None = None,
 ) -> list[Violation]:
-    """Check a compile-time candidate of a search space before any compile.
+    """Every violation of a compile-time candidate of a search space, before any compile (empty: legal).
 
-    Resolves the space's knobs into kernel-config rows (untuned fields from the tree or the knobs'
-    defaults) and hands them, as data, to :func:`tuner.plan.constraints.check_candidate`.
-
-    Args:
-        arch: Arch name.
-        era: ``mma`` or ``rocwmma``.
-        compile_values: Knob name -> value (``search_spaces/<arch>.toml``, section compile).
-        model_shape: Optional ``{"head_dim", "head_dim_v", "gqa"}``; restricts WMMA checks to the model's D.
-        space: The search space (default: ``load_space(arch, era)``).
-        source_root: Tree whose tables give untuned fields (default: each knob's explicit default).
-
-    Returns:
-        Every violation, empty when the candidate is legal.
+    Resolves the space's knobs into kernel-config rows (untuned fields from ``source_root``'s tables or the
+    knobs' defaults) and hands them, as data, to :func:`tuner.plan.constraints.check_candidate`.
+    ``model_shape`` (``{"head_dim", "head_dim_v", "gqa"}``) restricts WMMA checks to the model's D.
     """
     limits = load_arch_limits(arch)
     sp = space or load_space(arch, era)

@@ -38,10 +38,9 @@ def variant_family(variant: str) -> str:
 class RenderedVariant:
     """One build variant rendered for one source tree: CMake defines plus source edits.
 
-    ``key`` identifies the *build directory* (source, base patch, defines). Compile-time
-    candidates that only change ``tu_headers`` share that directory and rebuild only the
-    translation units whose pre-included header changed; ``artifact_key`` identifies one
-    candidate's binaries.
+    ``key`` identifies the *build directory* (source, base patch, defines). Compile-time candidates that only change
+    ``tu_headers`` share that directory and rebuild only the translation units whose pre-included header changed;
+    ``artifact_key`` identifies one candidate's binaries.
     """
 
     arch: str
@@ -49,9 +48,7 @@ class RenderedVariant:
     variant: str
     """Variant family name, e.g. ``cuda``, ``cuda-force-cublas``, ``hip-rocwmma``, ``cpu``."""
     era: str
-    """``mma`` or ``rocwmma`` (see tuner.source)."""
     source_id: str
-    """Content id of the llama.cpp tree."""
     source_root: Path
     """The pristine llama.cpp tree the patch applies to."""
     defines: Mapping[str, str]

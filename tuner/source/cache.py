@@ -39,9 +39,8 @@ def no_space_error(err: OSError | None, where: Path, *, path: str | None = None)
     """The one-paragraph error for a full disk, naming the file being written when known."""
     path = path or (str(err.filename) if err is not None and err.filename else None) or str(where)
     return TunerError(
-        f"No space left on device while writing {path}. Free space on that disk, or set "
-        "TUNER_HOME (and TMPDIR, where pip unpacks) to a folder on a larger one, and run the "
-        "command again."
+        f"No space left on device while writing {path}. Free space on that disk, or set TUNER_HOME (and TMPDIR, where "
+        "pip unpacks) to a folder on a larger one, and run the command again."
     )
 
 

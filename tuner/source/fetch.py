@@ -1,13 +1,7 @@
-"""The ``source`` stage: get a llama.cpp tree, identify it, and describe what it can be tuned with.
+"""The ``source`` stage: get the llama.cpp tree a SPEC names (:mod:`tuner.source.spec`) and identify it.
 
-A SPEC names where the tree comes from:
-
-- ``pypi:llama-cpp-python==X`` -- the llama-cpp-python sdist, whose ``vendor/llama.cpp`` is the
-  tree (downloaded with pip, so pip's index configuration, proxy and cache apply);
-- ``git:URL@REF`` -- a clone of URL checked out at REF;
-- ``path:DIR`` -- a local llama.cpp checkout, used in place.
-
-Fetched trees are cached, content-addressed, under ``$TUNER_HOME/sources/<source_id>/`` (the tree
+Fetched trees
+ are cached, content-addressed, under ``$TUNER_HOME/sources/<source_id>/`` (the tree
 is ``llama.cpp/``, its record ``source.json``); ``$TUNER_HOME/sources/specs/<hash>.json`` maps a
 SPEC to its source_id so fetching the same SPEC again does no work at all.
 """
@@ -58,20 +52,14 @@ def _no_space_in(text: str, where: Path) -> TunerError | None:
 
 
 def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
-    """Get the llama.cpp tree a SPEC names, from the cache when it is there.
+    """Get the llama.cpp tree a SPEC names (default :data:`DEFAULT_SPEC`), from the cache when it is there.
 
-    Args:
-        spec: ``pypi:llama-cpp-python==X`` (default :data:`DEFAULT_SPEC`), ``git:URL@REF`` or
-            ``path:DIR``.
-        refresh: Ignore the SPEC index and resolve again (for a git branch that moved). The
-            content-addressed tree is still reused when the content turns out the same.
+    ``refresh``: ignore the SPEC index and resolve again (for a git branch that moved); the content-addressed
+    tree is still reused when the content turns out the same. The Source's ``cached`` is True when nothing
+    was downloaded, cloned or extracted.
 
-    Returns:
-        The Source; ``cached`` is True when nothing was downloaded, cloned or extracted.
-
-    Raises:
-        UsageError: a bad SPEC, a version pip cannot find, or an unsupported tree.
-        TunerError: pip or git failed for another reason (network, disk).
+    Raises UsageError for a bad SPEC, a version pip cannot find or an unsupported tree; TunerError when pip
+    or git failed for another reason (network, disk).
     """
     parsed = parse_spec(spec)
     norm = parsed.normalized
@@ -93,11 +81,8 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
 
 
 def cached_source(spec: str) -> Source | None:
-    """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads,
-    clones or reads a ``path:`` folder (for checks of files from others, which must not reach out).
-
-    Raises:
-        UsageError: a bad SPEC.
+    """The tree a pypi: or git: SPEC names where the cache already holds it, else None; never downloads, clones or reads
+    a ``path:`` folder (for checks of files from others, which must not reach out). UsageError for a bad SPEC.
     """
     parsed = parse_spec(spec)
     return None if parsed.scheme == "path" else _indexed(parsed)
@@ -121,28 +106,13 @@ def _indexed(parsed: SourceSpec) -> Source | None:
 def run_pip_download(version: str, dest: Path) -> Path:
     """Download the llama-cpp-python ``version`` sdist into ``dest`` with pip; return its path.
 
-    ``--no-build-isolation`` matters: pip prepares the sdist's metadata, and with isolation it
-    would first build the backend's requirements (cmake!) from source because of
-    ``--no-binary :all:``. Without isolation it uses the scikit-build-core tuner already depends
-    on, and the whole download takes a few seconds.
+    ``--no-build-isolation`` matters: pip prepares the sdist's metadata, and with isolation it would first build the
+    backend's requirements (cmake!) from source because of ``--no-binary :all:``. Without isolation it uses the
+    scikit-build-core tuner already depends on, and the whole download takes a few seconds.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--no-build-isolation",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "-d",
-        str(dest),
-        f"{PYPI_NAME}=={version}",
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
+    cmd += ["--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), f"{PYPI_NAME}=={version}"]
     log_file = dest / "pip-download.log"
     res = run(
         cmd,
@@ -156,9 +126,8 @@ def run_pip_download(version: str, dest: Path) -> Path:
     if res.returncode != 0:
         if "No matching distribution" in text or "Could not find a version" in text:
             msg = (
-                f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against "
-                f"'{sys.executable} -m pip index versions {PYPI_NAME}' and pin one that exists, "
-                f"e.g. {DEFAULT_SPEC!r}."
+                f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against '{sys.executable} -m pip "
+                f"index versions {PYPI_NAME}' and pin one that exists, e.g. {DEFAULT_SPEC!r}."
             )
             raise UsageError(msg)
         full = _no_space_in(text, dest)
@@ -250,12 +219,8 @@ def _fetch_git(parsed: SourceSpec) -> Source:
     tree = staging / "llama.cpp"
     try:
         with log.step(f"Cloning {parsed.value} at {parsed.ref}"):
-            res = run(
-                ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)],
-                check=False,
-                timeout=3600,
-                what="git clone",
-            )
+            argv = ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)]
+            res = run(argv, check=False, timeout=3600, what="git clone")
             if res.returncode != 0:
                 full = _no_space_in(res.output, tree)
                 if full is not None:
@@ -265,12 +230,8 @@ def _fetch_git(parsed: SourceSpec) -> Source:
                     f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials."
                 )
                 raise TunerError(msg)
-            res = run(
-                ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref],
-                check=False,
-                what="git checkout",
-                timeout=600,
-            )
+            argv = ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref]
+            res = run(argv, check=False, what="git checkout", timeout=600)
             if res.returncode != 0:
                 msg = (
                     f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "

@@ -20,39 +20,15 @@ from typing import Any
 
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.source.cache import (
-    NO_SPACE,
-    commit_entry,
-    index_file,
-    load_cached,
-    no_space_error,
-    sources_dir,
-    staging_dir,
-    write_json,
-)
+from tuner.source import cache
 from tuner.source.spec import Source, parse_spec
 from tuner.source.tree import ERAS, find_era
 
 # Top-level entries a CPU/CUDA/HIP build of llama-bench, test-backend-ops and llama-quantize
 # needs (examples/, pocs/ and app/ are add_subdirectory'd unconditionally: configure fails without).
-_PACK_KEEP = (
-    "CMakeLists.txt",
-    "CMakePresets.json",
-    "LICENSE",
-    "cmake",
-    "common",
-    "ggml",
-    "gguf-py",
-    "include",
-    "licenses",
-    "src",
-    "tests",
-    "tools",
-    "vendor",
-    "examples",
-    "pocs",
-    "app",
-)
+_PACK_FILES = ("CMakeLists.txt", "CMakePresets.json", "LICENSE")
+_PACK_DIRS = ("cmake", "common", "ggml", "gguf-py", "include", "licenses", "src", "tests", "tools", "vendor")
+_PACK_KEEP = (*_PACK_FILES, *_PACK_DIRS, "examples", "pocs", "app")
 _PACK_MODELS = ("ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf")
 # Backends under ggml/src worth carrying; the others (vulkan, sycl, metal, ...) are big and only
 # add_subdirectory'd when their option is ON.
@@ -84,16 +60,9 @@ def tree_digest(files: Iterable[tuple[str, Path]]) -> str:
 
 
 def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
-    """Write the tree as ``out`` (a tar.gz with one top folder ``llama.cpp/``) to carry elsewhere.
-
-    Args:
-        src: The source to pack.
-        out: The archive to write; written to a temporary name first, then renamed.
-        trim: Keep only what building llama-bench / test-backend-ops / llama-quantize with the
-            CPU, CUDA or HIP backend needs (about a tenth of the tree).
-
-    Returns:
-        ``out``.
+    """Write the tree as ``out`` (a tar.gz with one top folder ``llama.cpp/``, written to a temporary name
+    first, then renamed) to carry elsewhere; returns ``out``. ``trim``: keep only what building llama-bench /
+    test-backend-ops / llama-quantize with the CPU, CUDA or HIP backend needs (about a tenth of the tree).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,17 +158,9 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
             raise _BadPack(f"entry {name!r} appears twice")
         seen.add(name)
         if not (m.isfile() or m.isdir()):
-            kind = (
-                "a symlink"
-                if m.issym()
-                else "a hard link"
-                if m.islnk()
-                else "a FIFO"
-                if m.isfifo()
-                else "a device file"
-                if m.ischr() or m.isblk()
-                else "a special file"
-            )
+            kinds = [(m.issym(), "a symlink"), (m.islnk(), "a hard link"), (m.isfifo(), "a FIFO")]
+            kinds.append((m.ischr() or m.isblk(), "a device file"))
+            kind = next((k for hit, k in kinds if hit), "a special file")
             raise _BadPack(f"entry {name!r} is {kind}; a pack holds only files and folders")
         if name == "source.json":
             if not m.isfile():
@@ -271,10 +232,10 @@ def _check_meta(raw: bytes) -> tuple[str, str, str, dict[str, Any]]:
 def _current_id(norm: str) -> str | None:
     """The source id the SPEC resolves to on this machine now, or None (no index, or it is broken)."""
     try:
-        sid = json.loads(index_file(norm).read_text())["source_id"]
+        sid = json.loads(cache.index_file(norm).read_text())["source_id"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and load_cached(sid, norm) else None
+    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and cache.load_cached(sid, norm) else None
 
 
 def _tree_files(root: Path) -> list[tuple[str, Path]]:
@@ -291,16 +252,11 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
 
     Afterwards ``fetch_source(<the packed SPEC>)`` finds it without any network access (used to
     carry the pinned source to a GPU machine that cannot reach PyPI). Every entry and every field
-    of source.json is checked first; nothing is written outside ``$TUNER_HOME/sources/``.
+    of source.json is checked first; nothing is written outside ``$TUNER_HOME/sources/``. ``replace`` lets
+    the pack re-point a SPEC that already resolves to another tree here.
 
-    Args:
-        archive: The pack.
-        replace: Let the pack re-point a SPEC that already resolves to another tree here.
-
-    Raises:
-        UsageError: ``archive`` is missing or is not a valid tuner source pack (one paragraph
-            naming what is wrong), or it would re-point a SPEC without ``replace``.
-        TunerError: the disk is full (or another write failed) while unpacking.
+    Raises UsageError when ``archive`` is missing or not a valid tuner source pack (one paragraph naming
+    what is wrong) or would re-point a SPEC without ``replace``; TunerError when a write fails (disk full).
     """
     archive = Path(archive)
     if not archive.is_file():
@@ -322,7 +278,7 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                     "written from this machine's tree, or fetch the SPEC here."
                 )
                 raise UsageError(msg)
-            staging = staging_dir()
+            staging = cache.staging_dir()
             members = [m for m in tar.getmembers() if m.name != "source.json"]
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(staging, members=members, filter="data")
@@ -335,9 +291,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             raise _BadPack("the files in llama.cpp/ do not match the tree_sha256 recorded when it was packed")
         if find_era(tree) != era:
             raise _BadPack(f"source.json says era {era!r}, but the tree is of the other era")
-        entry = sources_dir() / sid
+        entry = cache.sources_dir() / sid
         if (entry / "llama.cpp" / "CMakeLists.txt").is_file():  # unpacked or fetched here before
-            src = load_cached(sid, norm)
+            src = cache.load_cached(sid, norm)
             if src is None:
                 raise TunerError(
                     f"The cached tree {entry} has no readable source.json. Delete that folder "
@@ -348,9 +304,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                 # One sdist is one release: the same id under another version is a forged record.
                 raise _BadPack(f"source {sid} is {had} on this machine, not {norm}")
         else:
-            src = commit_entry(staging, sid, norm, keep)
+            src = cache.commit_entry(staging, sid, norm, keep)
         if not norm.startswith("path:"):
-            write_json(index_file(norm), {"spec": norm, "source_id": sid})
+            cache.write_json(cache.index_file(norm), {"spec": norm, "source_id": sid})
         return src
     except _BadPack as err:
         raise UsageError(
@@ -368,11 +324,12 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             "Write it again with `tuner source pack SPEC -o FILE` and copy it whole."
         ) from None
     except OSError as err:
-        if err.errno in NO_SPACE:
-            raise no_space_error(err, staging or sources_dir()) from err
-        raise TunerError(
-            f"Could not unpack {archive}: {err}. Check that it is readable and that {sources_dir()} is writable."
-        ) from err
+        if err.errno in cache.NO_SPACE:
+            raise cache.no_space_error(err, staging or cache.sources_dir()) from err
+        msg = (
+            f"Could not unpack {archive}: {err}. Check that it is readable and that {cache.sources_dir()} is writable."
+        )
+        raise TunerError(msg) from err
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

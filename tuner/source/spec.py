@@ -66,26 +66,22 @@ class Source:
     """The rest of source.json: sdist sha256, fetched_at, ..."""
 
 
-# --------------------------------------------------------------------------------------------
-# SPEC parsing
+# --------------------------------------------------------------------------- SPEC parsing
 
 
 def parse_spec(spec: str | None = None) -> SourceSpec:
-    """Parse a SPEC string; see the module docstring for the forms.
+    """Parse a SPEC string (the forms: module docstring); UsageError for an unknown scheme, an unpinned or
+    malformed pypi requirement, another package, a git spec without ``@REF``, or a path that is missing or
+    not a llama.cpp tree."""
 
-    Raises:
-        UsageError: unknown scheme, unpinned or malformed pypi requirement, another package,
-            a git spec without ``@REF``, or a path that is missing or not a llama.cpp tree.
-    """
     spec = (spec or DEFAULT_SPEC).strip()
     scheme, sep, rest = spec.partition(":")
     if not sep or scheme not in _SCHEMES:
         hint = close_matches(scheme, _SCHEMES) if sep else ""
         msg = (
-            f"SPEC {spec!r} has no known scheme.{hint} Use one of "
-            f"'pypi:{PYPI_NAME}==VERSION' (e.g. {DEFAULT_SPEC!r}), 'git:URL@REF' "
-            "(e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129') or 'path:DIR' "
-            "(a local llama.cpp checkout)."
+            f"SPEC {spec!r} has no known scheme.{hint} Use one of 'pypi:{PYPI_NAME}==VERSION' (e.g. {DEFAULT_SPEC!r}), "
+            "'git:URL@REF' (e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129') or 'path:DIR' (a local llama.cpp "
+            "checkout)."
         )
         raise UsageError(msg)
     if scheme == "pypi":
@@ -96,9 +92,8 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
         # never contains ':' or '/'-less host parts, so require a non-empty URL and REF.
         if not at or not url or not ref or ":" in ref:
             msg = (
-                f"SPEC {spec!r} does not name a revision. Write 'git:URL@REF' with a branch, "
-                "tag or commit after the last '@', e.g. "
-                "'git:https://github.com/ggml-org/llama.cpp@b6129'."
+                f"SPEC {spec!r} does not name a revision. Write 'git:URL@REF' with a branch, tag or commit after the "
+                "last '@', e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'."
             )
             raise UsageError(msg)
         if url.startswith("-") or ref.startswith("-"):
@@ -148,16 +143,14 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
     bad_op = re.search(r"(>=|<=|~=|!=|===|>|<)", req)
     if not eq or bad_op or not name:
         msg = (
-            f"SPEC {spec!r} is not pinned. Only exact pins are allowed, because the tree must "
-            f"not change under a cached id: write 'pypi:{PYPI_NAME}==VERSION', "
-            f"e.g. {DEFAULT_SPEC!r}."
+            f"SPEC {spec!r} is not pinned. Only exact pins are allowed, because the tree must not change under a "
+            f"cached id: write 'pypi:{PYPI_NAME}==VERSION', e.g. {DEFAULT_SPEC!r}."
         )
         raise UsageError(msg)
     if re.sub(r"[-_.]+", "-", name).lower() != PYPI_NAME:
         msg = (
-            f"SPEC {spec!r} names package {name!r}; only {PYPI_NAME!r} vendors llama.cpp in its "
-            f"sdist. Write 'pypi:{PYPI_NAME}==VERSION', or use 'git:URL@REF' / 'path:DIR' for "
-            "other trees."
+            f"SPEC {spec!r} names package {name!r}; only {PYPI_NAME!r} vendors llama.cpp in its sdist. Write "
+            f"'pypi:{PYPI_NAME}==VERSION', or use 'git:URL@REF' / 'path:DIR' for other trees."
         )
         raise UsageError(msg)
     if not _VERSION_RE.fullmatch(version):

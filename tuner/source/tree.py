@@ -52,16 +52,13 @@ class CMakeOption:
     """Declared inside an if() block, so it may not exist on every platform."""
 
 
-# --------------------------------------------------------------------------------------------
-# Era and commit
+# --------------------------------------------------------------------------- Era and commit
 
 
 def find_era(root: Path) -> str:
-    """``rocwmma`` or ``mma``, from the FlashAttention files and CMake options the tree has.
+    """``rocwmma`` or ``mma``, from the FlashAttention files and CMake options the tree has (UsageError for
+    neither layout)."""
 
-    Raises:
-        UsageError: the tree has neither layout.
-    """
     cuda = root / _CUDA_DIR
     has_wmma = any((cuda / f).is_file() for f in _WMMA_FILES)
     has_mma = (cuda / _MMA_FILE).is_file()
@@ -72,10 +69,9 @@ def find_era(root: Path) -> str:
         return "mma"
     found = "fattn-wmma-f16 without the option" if has_wmma else "neither kernel file"
     msg = (
-        f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) "
-        f"with the CMake option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} "
-        f"without rocWMMA (era 'mma'), and found {found}. Use a llama.cpp from 2025-06 or later "
-        f"(e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
+        f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) with the CMake "
+        f"option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} without rocWMMA (era 'mma'), and found "
+        f"{found}. Use a llama.cpp from 2025-06 or later (e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
     )
     raise UsageError(msg)
 
@@ -132,8 +128,7 @@ def git_head(root: Path) -> str | None:
     return head.strip() if head else None
 
 
-# --------------------------------------------------------------------------------------------
-# CMake options
+# --------------------------------------------------------------------------- CMake options
 
 _BRACKET_COMMENT = re.compile(r"#\[(=*)\[.*?\]\1\]", re.DOTALL)
 _CACHE_TYPES = ("BOOL", "STRING", "PATH", "FILEPATH")
@@ -144,9 +139,8 @@ _STANDALONE_FACTS = {"LLAMA_STANDALONE": "ON", "GGML_STANDALONE": "OFF"}
 def parse_cmake_commands(text: str) -> Iterator[tuple[str, list[str], int, int]]:
     """Yield ``(command, args, line, if_depth)`` for each CMake command call in ``text``.
 
-    A small tokenizer, enough for option()/set(): handles comments, quoted arguments with
-    escapes, nested parentheses and calls spread over several lines. ``if_depth`` counts the
-    enclosing ``if()`` blocks.
+    A small tokenizer, enough for option()/set(): handles comments, quoted arguments with escapes, nested parentheses
+    and calls spread over several lines. ``if_depth`` counts the enclosing ``if()`` blocks.
     """
     text = _BRACKET_COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     i, n, line, depth = 0, len(text), 1, 0
@@ -241,16 +235,14 @@ def _cmake_files(root: Path) -> list[Path]:
 def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
     """Every ``option()`` and ``set(NAME value CACHE TYPE "help")`` the tree declares.
 
-    Scans the top-level CMakeLists.txt, ggml/CMakeLists.txt, ggml/cmake/*.cmake and every
-    CMakeLists.txt / *.cmake under ggml/src (not vendored code). The first declaration of a name
-    wins (the top-level one is what a llama.cpp build sees); a name declared again with another
-    default (if/else branches) gets ``resolved=None``. ``FORCE``d and ``INTERNAL`` cache
-    entries are overrides, not declarations, and are skipped.
+    Scans the top-level CMakeLists.txt, ggml/CMakeLists.txt, ggml/cmake/*.cmake and every CMakeLists.txt / *.cmake under
+    ggml/src (not vendored code). The first declaration of a name wins (the top-level one is what a llama.cpp build
+    sees); a name declared again with another default (if/else branches) gets ``resolved=None``. ``FORCE``d and
+    ``INTERNAL`` cache entries are overrides, not declarations, and are skipped.
 
-    ``resolved`` substitutes ``${VAR}`` when VAR is another declared option, a variable every
-    plain ``set(VAR value)`` in these files gives the same literal, or LLAMA_STANDALONE (ON) /
-    GGML_STANDALONE (OFF) -- llama.cpp is always the top-level project in a tuner build.
-    Otherwise it is None.
+    ``resolved`` substitutes ``${VAR}`` when VAR is another declared option, a variable every plain ``set(VAR value)``
+    in these files gives the same literal, or LLAMA_STANDALONE (ON) / GGML_STANDALONE (OFF) -- llama.cpp is always the
+    top-level project in a tuner build. Otherwise it is None.
     """
     found: dict[str, CMakeOption] = {}
     plain: dict[str, set[str]] = {}
@@ -316,8 +308,7 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
     return {n: dataclasses.replace(o, resolved=resolve(n, frozenset({n}))) for n, o in found.items()}
 
 
-# --------------------------------------------------------------------------------------------
-# Describing a tree
+# --------------------------------------------------------------------------- Describing a tree
 
 _TILE_TABLE_RE = re.compile(r"ggml_cuda_fattn_tile_get_config_(\w+)\s*\(const int DKQ")
 _MMA_TABLE_RE = re.compile(r"ggml_cuda_fattn_mma_get_config_(\w+)\s*\(const int DKQ")
@@ -348,12 +339,8 @@ def source_info(src: Source) -> dict[str, Any]:
     root = src.root
     cuda = root / _CUDA_DIR
     names = sorted(p.name for p in cuda.glob("fattn*")) if cuda.is_dir() else []
-    kernels = {
-        "VEC": any(n.startswith("fattn-vec") for n in names),
-        "TILE": any(n.startswith("fattn-tile") for n in names),
-        "MMA": any(n.startswith("fattn-mma-f16") for n in names),
-        "WMMA": any(n.startswith("fattn-wmma-f16") for n in names),
-    }
+    prefixes = {"VEC": "fattn-vec", "TILE": "fattn-tile", "MMA": "fattn-mma-f16", "WMMA": "fattn-wmma-f16"}
+    kernels = {k: any(n.startswith(prefix) for n in names) for k, prefix in prefixes.items()}
     tables: dict[str, Any] = {}
     tile_text = _read(cuda / "fattn-tile.cuh")
     mma_text = _read(cuda / _MMA_FILE)
@@ -390,16 +377,8 @@ def source_info(src: Source) -> dict[str, Any]:
         "config_tables": tables,
         "fa_instances": instances,
         "tools": tools,
+        # every field but the name, in the dataclass's order
         "options": {
-            n: {
-                "default": o.default,
-                "resolved": o.resolved,
-                "help": o.help,
-                "kind": o.kind,
-                "file": o.file,
-                "line": o.line,
-                "conditional": o.conditional,
-            }
-            for n, o in sorted(opts.items())
+            n: {k: v for k, v in dataclasses.asdict(o).items() if k != "name"} for n, o in sorted(opts.items())
         },
     }

@@ -116,11 +116,7 @@ class Arch:
         return {"nvidia": "CUDA", "amd": "ROCm"}.get(self.vendor, "CPU")
 
     def product(self, name: str | None = None) -> Product:
-        """The named product (case-insensitive substring), or the first one listed.
-
-        Raises:
-            UsageError: No product matches ``name``.
-        """
+        """The named product (case-insensitive substring), or the first one listed; UsageError if none matches."""
         if name is None:
             return self.products[0]
         want = name.lower()
@@ -146,9 +142,8 @@ class Arch:
 
 def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
     return TunerError(
-        f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, "
-        "family, wave_size, smem_static, smem_optin, source, [math], [kernel_paths.<era>] and "
-        "[[products]]); see the comment at its top."
+        f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, family, wave_size, "
+        "smem_static, smem_optin, source, [math], [kernel_paths.<era>] and [[products]]); see the comment at its top."
     )
 
 
@@ -249,16 +244,9 @@ def _parse_arch(name: str, raw: Mapping[str, Any], path: Path) -> Arch:
 
 
 def load_archs(path: Path | None = None) -> dict[str, Arch]:
-    """Load and validate the arch database.
+    """Canonical arch name -> Arch, in file order, from ``path`` (default the packaged ``archs.toml``).
 
-    Args:
-        path: A TOML file in the ``archs.toml`` format; default the packaged one.
-
-    Returns:
-        Canonical arch name -> Arch, in file order.
-
-    Raises:
-        TunerError: The file is unreadable or an arch lacks a key or has a bad value.
+    Raises TunerError when the file is unreadable or an arch lacks a key or has a bad value.
     """
     return dict(_load_cached(path or package_data("archs.toml")))
 
@@ -300,13 +288,9 @@ def normalize_arch_name(name: str) -> str:
 
 
 def load_arch(name: str) -> Arch:
-    """Look up one arch by name or alias (case-insensitive).
+    """One arch by name or alias, case-insensitive (``sm89``, ``8.9``, ``gfx1151``, ``strix-halo``, ``cpu``).
 
-    Args:
-        name: ``sm_89``, ``sm89``, ``8.9``, ``gfx1151``, an alias such as ``strix-halo``, or ``cpu``.
-
-    Raises:
-        UsageError: Unknown arch; the message lists the closest names.
+    Raises UsageError listing the closest names for an unknown arch.
     """
     archs = load_archs()
     key = normalize_arch_name(name)
@@ -461,10 +445,7 @@ def detect_local_archs() -> list[str]:
 
     Asked once per process (NVML start-up and rocminfo take a while, and a search asks again and again;
     the GPUs do not change under a running process). :func:`forget_local_archs` asks again next time.
-
-    Returns:
-        Canonical names, each once, in device order; ``[]`` when no GPU (or no tool) is found.
-        Names not in the database are returned too, so the caller can say so.
+    Canonical names, each once, in device order, including names not in the database (the caller says so).
     """
     return list(_local_archs())  # a new list each call: a caller's change never reaches the next one
 

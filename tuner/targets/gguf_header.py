@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,19 +26,6 @@ class GGUFTensor:
 
 
 _SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NP_DTYPE = {
-    0: "<u1",
-    1: "<i1",
-    2: "<u2",
-    3: "<i2",
-    4: "<u4",
-    5: "<i4",
-    6: "<f4",
-    7: "?",
-    10: "<u8",
-    11: "<i8",
-    12: "<f8",
-}
 
 
 MAX_ARRAY_ITEMS = 1 << 24
@@ -52,14 +38,11 @@ _MAX_DIMS = 4  # GGML_MAX_DIMS
 def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
     """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
 
-    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the
-    llama-bpe vocab on 2 cores); this struct walk over an mmap of the header takes well under a
-    second and never reads tensor data. Every count is checked against the bytes left in the file
-    (and :data:`MAX_ARRAY_ITEMS`) before anything is read, so a hostile header costs no more memory
-    than the file's size allows.
-
-    Raises:
-        ValueError: Not a GGUF, or a header that does not fit its file (naming the key or tensor).
+    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the llama-bpe vocab on 2
+    cores); this struct walk over an mmap of the header takes well under a second and never reads tensor data. Every
+    count is checked against the bytes left in the file (and :data:`MAX_ARRAY_ITEMS`) before anything is read, so a
+    hostile header costs no more memory than the file's size allows. ValueError for a non-GGUF or a header that does not
+    fit its file (naming the key or tensor).
     """
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
@@ -109,12 +92,13 @@ def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[in
                 items += n
                 if items > MAX_ARRAY_ITEMS:
                     raise ValueError(f"{where}: arrays of more than {MAX_ARRAY_ITEMS} entries in all")
-                if sub in _NP_DTYPE:
-                    dt = np.dtype(_NP_DTYPE[sub])
-                    fits(n, dt.itemsize, "an array")
+                if sub in _SCALAR_FMT:
+                    fmt = _SCALAR_FMT[sub]
+                    each = struct.calcsize(fmt)
+                    fits(n, each, "an array")
                     # struct (not np.frombuffer) so no buffer export outlives the mmap
-                    kv[key] = (t, sub, list(struct.unpack_from(f"<{n}{dt.char}", buf, off)) if n else [])
-                    off += n * dt.itemsize
+                    kv[key] = (t, sub, list(struct.unpack_from(f"<{n}{fmt[1:]}", buf, off)) if n else [])
+                    off += n * each
                 elif sub == 8:
                     fits(n, 8, "an array of strings")
                     kv[key] = (t, sub, [string() for _ in range(n)])
@@ -136,14 +120,9 @@ def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[in
                     qtype = gguf.GGMLQuantizationType(gtype)
                     block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
                     n_el = math.prod(ne)
+                    n_bytes = n_el // block * nbytes
                     infos.append(
-                        GGUFTensor(
-                            name=name,
-                            ne=tuple(ne),
-                            ggml_type=qtype.name,
-                            n_elements=n_el,
-                            n_bytes=n_el // block * nbytes,
-                        )
+                        GGUFTensor(name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_bytes)
                     )
         except (struct.error, KeyError) as err:  # truncated, or a type gguf does not know
             raise ValueError(f"{where}: {err}") from None

@@ -1,10 +1,9 @@
 """This machine's CPUs as a llama-bench run sees them, and CPU masks (``--cpu-mask 0-3``).
 
-A host-paced scenario (docs/knobs.md: the CPU, not the GPU, limits decode) is reproduced by
-pinning every llama-bench process to a few cores with ``taskset``: the command line then carries the
-pin, so a logged or exported command reproduces it exactly. The threads knob's legal values follow
-the CPUs a run may use: the mask's, else this process's affinity (a container's cpuset, or the
-whole machine).
+A host-paced scenario (docs/knobs.md: the CPU, not the GPU, limits decode) is reproduced by pinning every llama-bench
+process to a few cores with ``taskset``: the command line then carries the pin, so a logged or exported command
+reproduces it exactly. The threads knob's legal values follow the CPUs a run may use: the mask's, else this process's
+affinity (a container's cpuset, or the whole machine).
 """
 
 from __future__ import annotations
@@ -77,9 +76,8 @@ def mask_text(ids: Sequence[int]) -> str:
 def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tuple[int, ...]:
     """Parse a CPU list (``0-3``, ``0,2``, ``0-1,4``) and check every CPU is present here.
 
-    Raises:
-        UsageError: Malformed, empty, or naming CPUs this machine does not have (or this process may
-            not use), with the CPUs it has.
+    UsageError, naming the CPUs there are, for a malformed or empty list or one naming CPUs this machine does
+    not have (or this process may not use).
     """
     avail = tuple(available) if available is not None else _available()
     have = mask_text(avail)
@@ -134,18 +132,14 @@ def _physical_cores(ids: Sequence[int]) -> int:
 
 
 def host_cpus(mask: Sequence[int] | None = None) -> Cpus:
-    """The CPUs a run may use: ``mask`` (already checked by :func:`parse_cpu_mask`), else this
-    process's affinity."""
+    """The CPUs a run may use: ``mask`` (already checked by :func:`parse_cpu_mask`), else this process's affinity."""
     ids = tuple(sorted(set(mask))) if mask else _available()
     return Cpus(ids=ids, physical=_physical_cores(ids), masked=bool(mask))
 
 
 def check_threads(value: object, cpus: Cpus) -> int:
-    """A thread count for llama-bench ``-t``: an integer in 1..the CPUs the run may use.
-
-    Raises:
-        UsageError: Not an integer, <= 0, or more threads than CPUs (they would only wait on each other).
-    """
+    """A thread count for llama-bench ``-t``: an integer in 1..the CPUs the run may use, else UsageError
+    (more threads than CPUs would only wait on each other)."""
     where = f"--cpu-mask {mask_text(cpus.ids)}" if cpus.masked else "this machine"
     text = str(value).strip()
     if not re.fullmatch(r"-?\d{1,9}", text) or not 1 <= int(text) <= cpus.logical:
@@ -160,8 +154,7 @@ def check_threads(value: object, cpus: Cpus) -> int:
 def pin_command(mask: Sequence[int] | None) -> list[str]:
     """The argv prefix that pins a child to ``mask`` (``taskset -c 0-1``); ``[]`` without a mask.
 
-    Raises:
-        UsageError: A mask is given but ``taskset`` (util-linux) is not installed.
+    UsageError when a mask is given but ``taskset`` (util-linux) is not installed.
     """
     if not mask:
         return []

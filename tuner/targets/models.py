@@ -1,10 +1,9 @@
 """Model shapes and random-weight GGUF models with exactly those shapes.
 
-Random weights keep a dense model's speed (same tensors, types and sizes, so the same kernels and
-bytes moved), not its output quality. Shapes live in ``tuner/data/models.toml``; tensor names and
-ggml shapes follow llama.cpp's loaders (tree A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``,
-``src/llama-model.cpp``). Tokenizer fields are copied from the vocab-only GGUF in the llama.cpp tree's
-``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
+Random weights keep a dense model's speed (same tensors, types and sizes, so the same kernels and bytes moved), not its
+output quality. Shapes live in ``tuner/data/models.toml``; tensor names and ggml shapes follow llama.cpp's loaders (tree
+A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``, ``src/llama-model.cpp``). Tokenizer fields are copied from the
+vocab-only GGUF in the llama.cpp tree's ``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
 """
 
 from __future__ import annotations
@@ -179,23 +178,15 @@ def _load_cached(path: Path) -> tuple[tuple[str, ModelShape], ...]:
 
 
 def load_models(path: Path | None = None) -> dict[str, ModelShape]:
-    """Load and validate the model-shape database.
+    """Load and validate the model-shape database (default the packaged ``models.toml``).
 
-    Args:
-        path: A TOML file in the ``models.toml`` format; default the packaged one.
-
-    Raises:
-        TunerError: A model lacks a key or has a bad value (the message names file, model and key).
+    Raises TunerError naming file, model and key when a model lacks a key or has a bad value.
     """
     return dict(_load_cached(path or package_data("models.toml")))
 
 
 def load_model_shape(name: str) -> ModelShape:
-    """One model shape by name (case-insensitive).
-
-    Raises:
-        UsageError: Unknown name; the message suggests the closest ones.
-    """
+    """One model shape by name (case-insensitive); UsageError suggests the closest for an unknown one."""
     models = load_models()
     key = name.strip().lower()
     if key in models:
@@ -249,24 +240,18 @@ def plan_tensors(shape: ModelShape, weight_type: str = "f16") -> list[TensorSpec
     ``q4_k_m`` and ``q5_k_m`` follow llama-quantize's per-tensor rules (Q6_K for the tied/untied LM head and
     for attn_v/ffn_down on "more bits" layers, Q4_K/Q5_K elsewhere, with its fallbacks), ``iq4_xs`` its IQ4_XS
     rules without an imatrix (Q6_K LM head, Q5_K for attn_v at GQA >= 4 and the first eighth's ffn_down), so
-    estimates from a shape match the file llama-quantize would write.
-
-    Raises:
-        UsageError: Unknown ``weight_type``.
+    estimates from a shape match the file llama-quantize would write. UsageError for an unknown ``weight_type``.
     """
     if weight_type not in WEIGHT_TYPES:
-        raise UsageError(
-            f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}."
-        )
+        msg = f"Unknown weight type {weight_type!r}.{close_matches(weight_type, WEIGHT_TYPES)} Use one of {', '.join(WEIGHT_TYPES)}."
+        raise UsageError(msg)
     d, kv = shape.d_model, shape.n_kv_heads * shape.head_dim
     q = shape.n_heads * shape.head_dim
     specs: list[TensorSpec] = []
 
     def add(name: str, ne: tuple[int, ...], kind: str, layer: int = -1) -> None:
-        if kind in ("norm", "bias", "rope"):
-            gtype = "F32"
-        else:
-            gtype = _weight_type(kind, name, ne[0], layer, shape, weight_type)
+        f32 = kind in ("norm", "bias", "rope")
+        gtype = "F32" if f32 else _weight_type(kind, name, ne[0], layer, shape, weight_type)
         specs.append(TensorSpec(name=name, ne=ne, kind=kind, ggml_type=gtype))
 
     add("token_embd.weight", (d, shape.vocab_size), "embd")
@@ -316,10 +301,9 @@ def _llama3_rope_factors(shape: ModelShape) -> np.ndarray:
 
 
 class _StreamedTensor:
-    """Duck-typed stand-in for an ndarray that GGUFWriter.write_tensor_data writes in chunks.
+    """Duck-typed ndarray for GGUFWriter.write_tensor_data, which only reads ``.nbytes`` and calls ``.tofile``.
 
-    write_tensor_data only reads ``.nbytes`` and calls ``.tofile(fout)``; generating the values
-    chunk by chunk there keeps memory bounded (llama-3.1-8b's token_embd is 1 GB in F16).
+    Generating values chunk by chunk there bounds memory (llama-3.1-8b's token_embd is 1 GB in F16).
     ``direct``: quantized tensors are random blocks of their type (quant_blocks), not quantized values.
     """
 
@@ -363,14 +347,12 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape
     try:
         kv, _ = parse_gguf(vocab_path)
     except (OSError, ValueError, KeyError, struct.error) as err:
-        raise UsageError(
-            f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
-        ) from err
+        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        raise UsageError(msg) from err
     tokens = kv.get("tokenizer.ggml.tokens")
     if tokens is None:
-        raise UsageError(
-            f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
-        )
+        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
+        raise UsageError(msg)
     if len(tokens[2]) != shape.vocab_size:
         raise UsageError(
             f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
@@ -448,9 +430,8 @@ def _write_tensors(
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise TunerError(
-            f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB)."
-        ) from err
+        msg = f"Writing {out} failed: {err}. Check free disk space ({shape.name} needs about {sum(s.n_bytes for s in specs) / 1e9:.2f} GB)."
+        raise TunerError(msg) from err
 
 
 def synth_model(
@@ -462,33 +443,22 @@ def synth_model(
     seed: int = 0,
     on_tensor: Callable[[int, int, str], None] | None = None,
 ) -> SynthResult:
-    """Write a random-weight GGUF with ``shape``'s exact tensors and metadata.
+    """Write a random-weight GGUF with ``shape``'s exact tensors and metadata (tokenizer from ``vocab_path``).
 
     Weights are N(0, 0.02), norms 1, biases N(0, 0.02) in F32; values are a pure function of
     ``seed`` and the tensor's index. ``q4_k_m``, ``q5_k_m`` and ``iq4_xs`` write each weight in its planned
     type (plan_tensors: llama-quantize's choices) as random blocks whose scales give about the same spread
-    (tuner.targets.quant_blocks), with no f16 file and no llama-quantize; a different file from
-    quantizing the f16 one, with the same tensors, types and sizes. Tensors are generated and written one at a time (and big ones
-    in chunks), so memory stays far below the file size. The file appears under its final name
-    only when complete.
+    (tuner.targets.quant_blocks), with no f16 file and no llama-quantize: a different file from quantizing
+    the f16 one, with the same tensors, types and sizes (other quants: quantize the f16 file with run_quantize).
+    Tensors are written one at a time (big ones in chunks), so memory stays far below the file size; the file
+    appears under its final name only when complete. ``on_tensor(index, count, name)`` reports progress.
 
-    Args:
-        shape: The model shape.
-        out: Output GGUF path.
-        vocab_path: Vocab-only GGUF whose ``tokenizer.*`` fields are copied.
-        weight_type: ``f16``, ``q8_0``, or ``q4_k_m``/``q5_k_m``/``iq4_xs`` (random blocks; other quants: quantize the f16
-            file with run_quantize).
-        seed: Random seed.
-        on_tensor: Progress callback ``(index, count, name)``.
-
-    Raises:
-        UsageError: Bad weight type or seed, or a vocab file that does not fit the shape.
-        TunerError: The file could not be written.
+    Raises UsageError for a bad weight type or seed or a vocab that does not fit the shape, TunerError when
+    the file cannot be written.
     """
     if weight_type not in WEIGHT_TYPES:
-        raise UsageError(
-            f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
-        )
+        msg = f"synth writes {', '.join(WEIGHT_TYPES)} weights, not {weight_type!r}. For other quants, synth f16 and quantize it with llama-quantize (--quant TYPE --quantize-with PATH)."
+        raise UsageError(msg)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise UsageError(f"Seed must be an integer in [0, 2^63), got {seed!r}.")
     start = time.monotonic()
@@ -515,18 +485,15 @@ def synth_model(
 def run_quantize(
     src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None, threads: int | None = None
 ) -> Path:
-    """Quantize ``src`` into ``dst`` with a llama.cpp ``llama-quantize`` binary.
+    """Quantize ``src`` into ``dst`` with a ``llama-quantize`` binary.
 
-    Raises:
-        UsageError: Unknown quant type or missing binary.
-        TunerError: llama-quantize failed (the message carries its last log lines).
+    Raises UsageError for an unknown quant type or missing binary, TunerError (with the log's tail) if it fails.
     """
     q = quant_type(quant)
     exe = Path(quantize_bin)
     if not exe.is_file() or not os.access(exe, os.X_OK):
-        raise UsageError(
-            f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
-        )
+        msg = f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
+        raise UsageError(msg)
     cmd: list[str | os.PathLike[str]] = [exe, src, dst, q]
     if threads:
         cmd.append(str(threads))
@@ -548,20 +515,12 @@ def read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[
 
 
 def load_gguf_tensors(path: Path) -> list[GGUFTensor]:
-    """Every tensor of a GGUF file with its real stored size (read from the header only).
-
-    Raises:
-        UsageError: Missing or unreadable file.
-    """
+    """Every tensor of a GGUF file with its stored size (header only); UsageError if missing or unreadable."""
     return read_gguf(path)[1]
 
 
 def load_gguf_shape(path: Path) -> ModelShape:
-    """The ModelShape of a llama.cpp GGUF (dense llama-style archs), read from its metadata.
-
-    Raises:
-        UsageError: Missing/unreadable file or metadata this estimate cannot use.
-    """
+    """The ModelShape of a dense llama-style GGUF from its metadata; UsageError if unreadable or unusable."""
     kv, tensors = read_gguf(path)
 
     def get(key: str, default: Any = None) -> Any:
@@ -683,17 +642,13 @@ def synth_cached(
     ``<shape>-<quant>-direct-s<seed>-<source>.gguf``: a different file from the quantized one, so
     it has its own name and studies that named the quantized file keep their model.
 
-    Raises:
-        UsageError: unknown model name, ``quant`` without a ``quantize_bin``, or ``direct`` with a
-            quant it cannot write.
+    Raises UsageError for an unknown model, ``quant`` without ``quantize_bin``, or ``direct`` with another quant.
     """
     shape = load_model_shape(like)
     if direct and (quant or "").upper() not in DIRECT_QUANTS:
         raise UsageError(f"direct synthesis writes {', '.join(DIRECT_QUANTS)} only, not {quant!r}.")
-    if weight_type not in (
-        "f16",
-        "q8_0",
-    ):  # block types only as direct=True: their own file name, never the quantized one's
+    # block types only as direct=True: their own file name, never the quantized one's
+    if weight_type not in ("f16", "q8_0"):
         raise UsageError(
             f"synth_cached's weight_type is f16 or q8_0, not {weight_type!r}; for {', '.join(DIRECT_QUANTS)} blocks "
             "pass direct=True."

@@ -105,17 +105,13 @@ def _layout(ggml_type: str) -> BlockLayout:
     try:
         return BLOCK_LAYOUTS[ggml_type]
     except KeyError:
-        raise ValueError(
-            f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}"
-        ) from None
+        msg = f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}"
+        raise ValueError(msg) from None
 
 
 def random_blocks(ggml_type: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """``n_blocks`` random blocks of ``ggml_type`` as a ``(n_blocks, block bytes)`` uint8 array.
-
-    Raises:
-        ValueError: A type without a layout here.
-    """
+    """``n_blocks`` random blocks of ``ggml_type`` as a ``(n_blocks, block bytes)`` uint8 array (ValueError for
+    a type without a layout here)."""
     lay = _layout(ggml_type)
     out = np.frombuffer(bytearray(rng.bytes(n_blocks * lay.nbytes)), dtype=np.uint8).reshape(n_blocks, lay.nbytes)
     for offset, value in lay.halves:
@@ -128,10 +124,8 @@ def write_random_blocks(
 ) -> int:
     """Write ``n_elements`` values of random ``ggml_type`` blocks to ``fout``, ``chunk_elems`` at a time.
 
-    Returns the number of bytes written.
-
-    Raises:
-        ValueError: A type without a layout here, or ``n_elements`` not a whole number of blocks.
+    Returns the number of bytes written; ValueError for a type without a layout here, or ``n_elements`` not a
+    whole number of blocks.
     """
     lay = _layout(ggml_type)
     if n_elements % lay.elements:

@@ -6,28 +6,9 @@ __all__ = ["QUANT_TYPES", "quant_type"]
 
 from tuner.errors import UsageError, close_matches
 
-QUANT_TYPES = (
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q8_0",
-    "Q2_K",
-    "Q3_K_S",
-    "Q3_K_M",
-    "Q3_K_L",
-    "Q4_K_S",
-    "Q4_K_M",
-    "Q5_K_S",
-    "Q5_K_M",
-    "Q6_K",
-    "IQ4_NL",
-    "IQ4_XS",
-    "MXFP4_MOE",
-    "F16",
-    "BF16",
-    "F32",
-)
+_LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+_K_QUANTS = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
+QUANT_TYPES = (*_LEGACY, *_K_QUANTS, "IQ4_NL", "IQ4_XS", "MXFP4_MOE", "F16", "BF16", "F32")
 """llama-quantize type names (``tools/quantize/quantize.cpp`` QUANT_OPTIONS of llama-cpp-python 0.3.36's
 tree) that make a file from a random-weight model with no importance matrix. Left out: the types that
 ``src/llama-quant.cpp`` ``tensor_requires_imatrix`` refuses without one (IQ1_*, IQ2_*, IQ3_XXS, and Q2_K_S,
@@ -36,14 +17,10 @@ COPY (no quantization) and the aliases Q3_K, Q4_K, Q5_K (spelled by the _M names
 
 
 def quant_type(name: str) -> str:
-    """``name`` as llama-quantize spells it (upper case), checked against :data:`QUANT_TYPES`.
-
-    Raises:
-        UsageError: not one of them (with the closest names).
-    """
+    """``name`` as llama-quantize spells it (upper case); UsageError with the closest names unless it is one
+    of :data:`QUANT_TYPES`."""
     q = name.upper()
     if q not in QUANT_TYPES:
-        raise UsageError(
-            f"Unknown quant type {name!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
-        )
+        msg = f"Unknown quant type {name!r}.{close_matches(q, QUANT_TYPES)} Use one of {', '.join(QUANT_TYPES)}."
+        raise UsageError(msg)
     return q

@@ -1,13 +1,12 @@
 """Roofline estimates: an upper bound on llama-bench t/s from an arch's peaks and a model's size.
 
-This is a MODEL ESTIMATE, not a measurement. The method is the roofline model (Williams, Waterman
-and Patterson, "Roofline", CACM 52(4), 2009) applied per token: decode (tg) is bound by memory bandwidth over the bytes read per token
-(all matmul weights once, plus the KV cache at that depth); prefill (pp) is bound by the math peak
-over the FLOPs per token (2 per matmul weight, plus 4 * n_layers * n_heads * head_dim * depth for
-QK^T and PV). Bytes come from the real GGUF tensor sizes when a file is given; the KV cache and the
-LM head are counted. How close measurements get, on the H100 at depth 0 with Q4_K_M: llama-3.2-1b
-decoded at 891 t/s against a 4177 t/s bound (21%; results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at
-270 against 724 (37%; results/sm_90/llama-3.1-8b-q4_k_m).
+This is a MODEL ESTIMATE, not a measurement. The method is the roofline model (Williams, Waterman and Patterson,
+"Roofline", CACM 52(4), 2009) applied per token: decode (tg) is bound by memory bandwidth over the bytes read per token
+(all matmul weights once, plus the KV cache at that depth); prefill (pp) is bound by the math peak over the FLOPs per
+token (2 per matmul weight, plus 4 * n_layers * n_heads * head_dim * depth for QK^T and PV). Bytes come from the real
+GGUF tensor sizes when a file is given; the KV cache and the LM head are counted. How close measurements get, on the
+H100 at depth 0 with Q4_K_M: llama-3.2-1b decoded at 891 t/s against a 4177 t/s bound (21%;
+results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at 270 against 724 (37%; results/sm_90/llama-3.1-8b-q4_k_m).
 """
 
 from __future__ import annotations
@@ -27,16 +26,9 @@ from tuner.targets.models import ModelShape, TensorSpec, load_gguf_shape, load_g
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
-KV_TYPES = {
-    "f16": 2.0,
-    "bf16": 2.0,
-    "f32": 4.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-}
+_FLOAT_KV = {"f16": 2.0, "bf16": 2.0, "f32": 4.0}
+KV_TYPES = {**_FLOAT_KV, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+
 """KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -58,14 +50,12 @@ class _Tensor(TypedDict):
 
 
 def _tensor(t: TensorSpec | GGUFTensor, kind: str) -> _Tensor:
-    return {
-        "name": t.name,
-        "kind": kind,
-        "ne": t.ne,
-        "type": t.ggml_type,
-        "n_elements": t.n_elements,
-        "n_bytes": t.n_bytes,
-    }
+    return _Tensor(name=t.name, kind=kind, ne=t.ne, type=t.ggml_type, n_elements=t.n_elements, n_bytes=t.n_bytes)
+
+
+def _is_matmul(t: _Tensor, shape: ModelShape) -> bool:
+    """A matmul weight of a token's forward pass: the LM head included (``token_embd`` when tied)."""
+    return t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
 
 
 def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, list[_Tensor], str]:
@@ -91,16 +81,11 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
     path = Path(path_str)
     shape = load_gguf_shape(path)
     tensors: list[_Tensor] = []
+    named = {"token_embd.weight": "embd", "output.weight": "output"}
     for t in load_gguf_tensors(path):
-        if t.name == "token_embd.weight":
-            kind = "embd"
-        elif t.name == "output.weight":
-            kind = "output"
-        elif len(t.ne) >= 2 and t.ne[1] > 1:
-            kind = "matmul"
-        else:
-            kind = "vector"
+        kind = named.get(t.name) or ("matmul" if len(t.ne) >= 2 and t.ne[1] > 1 else "vector")
         tensors.append(_tensor(t, kind))
+
     if not any(t["kind"] == "matmul" and t["n_bytes"] > 0 for t in tensors):
         # a vocab-only GGUF (models/ggml-vocab-*.gguf) has the metadata and no weights: its bound would be x/0
         raise UsageError(
@@ -127,25 +112,13 @@ def bytes_per_token(
 
     Weights: every matmul weight once; the LM head once (``token_embd`` when tied, else
     ``output.weight``); one row of ``token_embd`` for the lookup; every 1-D tensor. KV:
-    ``2 * n_layers * n_kv_heads * head_dim * depth * bytes_per_elem``.
-
-    Args:
-        shape_or_gguf: A ModelShape, or a GGUF path (real per-tensor sizes are used).
-        depth: Tokens already in the KV cache.
-        kv_type: KV-cache type (``f16``, ``q8_0``, ``q4_0``, ...).
-        weight_type: Weight type for a ModelShape (``f16``, ``q8_0``, ``q4_k_m``); ignored for a GGUF.
-
-    Returns:
-        ``weights_bytes``, ``kv_bytes``, ``total_bytes``, ``weights_source``, ``quantized``.
-
-    Raises:
-        UsageError: Bad depth, KV type or model.
+    ``2 * n_layers * n_kv_heads * head_dim * depth * bytes_per_elem``. A GGUF path gives real per-tensor
+    sizes; ``weight_type`` applies to a ModelShape only. UsageError for a bad depth, KV type or model.
     """
     _check_depth(depth)
     if kv_type not in KV_TYPES:
-        raise UsageError(
-            f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}."
-        )
+        msg = f"Unknown KV type {kv_type!r}.{close_matches(kv_type, KV_TYPES)} Use one of {', '.join(KV_TYPES)}."
+        raise UsageError(msg)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
     weights = 0
     for t in tensors:
@@ -157,18 +130,11 @@ def bytes_per_token(
         else:
             weights += t["n_bytes"]
     kv = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * depth * KV_TYPES[kv_type]
-    quantized = any(
-        t["type"] not in _FLOAT_TYPES
-        for t in tensors
-        if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
+    quantized = any(t["type"] not in _FLOAT_TYPES for t in tensors if _is_matmul(t, shape))
+    total = round(weights + kv)
+    return TokenBytes(
+        weights_bytes=int(weights), kv_bytes=round(kv), total_bytes=total, weights_source=where, quantized=quantized
     )
-    return {
-        "weights_bytes": int(weights),
-        "kv_bytes": round(kv),
-        "total_bytes": round(weights + kv),
-        "weights_source": where,
-        "quantized": quantized,
-    }
 
 
 def flops_per_token(
@@ -176,19 +142,12 @@ def flops_per_token(
 ) -> dict[str, Any]:
     """FLOPs one token costs at KV depth ``depth``.
 
-    ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded);
-    ``attention_flops`` = 4 * n_layers * n_heads * head_dim * depth (QK^T and PV).
-
-    Raises:
-        UsageError: Bad depth or model.
+    ``matmul_flops`` = 2 * matmul weights (LM head included, embedding lookup excluded); ``attention_flops`` = 4 *
+    n_layers * n_heads * head_dim * depth (QK^T and PV). UsageError for a bad depth or model.
     """
     _check_depth(depth)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
-    params = sum(
-        t["n_elements"]
-        for t in tensors
-        if t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
-    )
+    params = sum(t["n_elements"] for t in tensors if _is_matmul(t, shape))
     attn = 4 * shape.n_layers * shape.n_heads * shape.head_dim * depth
     return {"matmul_flops": 2 * params, "attention_flops": attn, "total_flops": 2 * params + attn, "source": where}
 
@@ -239,12 +198,8 @@ def estimate(
     pp bound = pp / (matmul FLOPs / matmul peak + attention FLOPs / FP16 peak), at mean depth
     depth + pp/2; the matmul peak is INT8 for quantized weights on archs with an int8 path, else FP16.
 
-    Returns:
-        One dict per (test, depth): test, depth, bound_tps, limit (what bounds it), peak, bytes or
-        FLOPs per token, arch, product, and ``label`` saying it is an estimate.
-
-    Raises:
-        UsageError: Bad arch, model, depth, pp/tg or unknown bandwidth.
+    One dict per (test, depth): test, depth, bound_tps, limit (what bounds it), bytes or FLOPs per token, arch, product,
+    and ``label`` saying it is an estimate. UsageError for a bad arch, model, depth, pp/tg or unknown bandwidth.
     """
     a = load_arch(arch) if isinstance(arch, str) else arch
     prod = a.product(product)
@@ -261,40 +216,23 @@ def estimate(
             f = flops_per_token(model, mid, weight_type=weight_type)
             q = bytes_per_token(model, mid, kv_type, weight_type=weight_type)["quantized"]
             mm_peak, mm_label, fp_peak, fp_label = _peaks(a, prod, q)
-            if mm_peak is None or fp_peak is None:
-                rows.append(
-                    {
-                        **base,
-                        "test": f"pp{pp}",
-                        "bound_tps": None,
-                        "limit": "compute (peak unknown for this product)",
-                        "flops_per_token": f["total_flops"],
-                    }
-                )
-            else:
-                sec = f["matmul_flops"] / (mm_peak * 1e12) + f["attention_flops"] / (fp_peak * 1e12)
-                rows.append(
-                    {
-                        **base,
-                        "test": f"pp{pp}",
-                        "bound_tps": 1.0 / sec,
-                        "limit": f"compute: matmuls at {mm_peak:g} {mm_label}, attention at {fp_peak:g} {fp_label} TFLOPS",
-                        "flops_per_token": f["total_flops"],
-                    }
-                )
+            bound: float | None = None
+            limit = "compute (peak unknown for this product)"
+            if mm_peak is not None and fp_peak is not None:
+                bound = 1.0 / (f["matmul_flops"] / (mm_peak * 1e12) + f["attention_flops"] / (fp_peak * 1e12))
+                limit = f"compute: matmuls at {mm_peak:g} {mm_label}, attention at {fp_peak:g} {fp_label} TFLOPS"
+            rows.append(
+                {**base, "test": f"pp{pp}", "bound_tps": bound, "limit": limit, "flops_per_token": f["total_flops"]}
+            )
         if tg > 0:
             b = bytes_per_token(model, depth + tg // 2, kv_type, weight_type=weight_type)
-            rows.append(
-                {
-                    **base,
-                    "test": f"tg{tg}",
-                    "bound_tps": bw * 1e9 / b["total_bytes"],
-                    "limit": f"memory: {bw:g} GB/s ({bw_src})",
-                    "bytes_per_token": b["total_bytes"],
-                    "weights_bytes": b["weights_bytes"],
-                    "kv_bytes": b["kv_bytes"],
-                }
-            )
+            limit = f"memory: {bw:g} GB/s ({bw_src})"
+            sizes = {
+                "bytes_per_token": b["total_bytes"],
+                "weights_bytes": b["weights_bytes"],
+                "kv_bytes": b["kv_bytes"],
+            }
+            rows.append({**base, "test": f"tg{tg}", "bound_tps": bw * 1e9 / b["total_bytes"], "limit": limit, **sizes})
     return rows
 
 
@@ -303,10 +241,8 @@ def tg_roofline_tps(
 ) -> float:
     """Decode roofline (tokens/s) of a GGUF at KV depth ``depth``: bandwidth / bytes per token.
 
-    Used by bench rows to report "% of roofline". An estimate, not a measurement.
-
-    Raises:
-        UsageError: Unknown arch, unreadable model, or no bandwidth known and none given.
+    Used by bench rows to report "% of roofline". An estimate, not a measurement. UsageError for an unknown
+    arch, unreadable model, or no bandwidth known and none given.
     """
     a = load_arch(arch) if isinstance(arch, str) else arch
     bw, _ = _bandwidth(a, a.product(), bandwidth)

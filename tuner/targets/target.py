@@ -51,9 +51,8 @@ def resolve_target(
     local GPU's, and every report names the GPU that was measured. ``instead``: what to do without the GPU, in
     the refusal's words (default: ``tuner search``'s dry run).
 
-    Raises:
-        UsageError: ``requested`` is not in the arch database, or names a GPU this machine does not
-            have (and neither ``dry_run`` nor ``replay`` is set).
+    UsageError when ``requested`` is not in the arch database, or names a GPU this machine does not have (and
+    neither ``dry_run`` nor ``replay`` is set).
     """
     local = tuple(archs.detect_local_archs())
     default = local[0] if local else "cpu"
