@@ -9,9 +9,7 @@ FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each cov
     GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
 
 A config is the forced kernel per phase (``default``: upstream's selection); its objective is the
-profile-weighted geometric mean of its speed ratio to ``default`` over all points, as in the live search.
-Sample efficiency: the distinct configurations a sampler evaluates before one is within ``within`` (2%) of the
-exhaustive grid's best.
+profile-weighted geometric mean of its speed ratio to ``default`` over all points.
 """
 
 from __future__ import annotations
@@ -46,6 +44,15 @@ from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
+_SCREEN_COLUMNS = (
+    "mode",
+    "point",
+    "grid winner (median of all samples)",
+    "screen pick",
+    "Δ",
+    "A/A noise",
+    "reproduced",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,8 +63,7 @@ class ReplayGrid:
     files: tuple[str, ...]
 
     def kernels(self, phase: str) -> list[str]:
-        ks = sorted({k for (ph, k) in self.samples if ph == phase}, key=lambda k: (k != "default", k))
-        return ks
+        return sorted({k for (ph, k) in self.samples if ph == phase}, key=lambda k: (k != "default", k))
 
     def depths(self, phase: str) -> list[int]:
         return sorted(self.samples[(phase, "default")])
@@ -159,11 +165,10 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
     grid = load_grid(files)
     log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
     weights = PROFILES[profile]
-    rows = []
-    for c in _configs(grid):
-        rows.append(
-            [f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"]
-        )
+    rows = [
+        [f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"]
+        for c in _configs(grid)
+    ]
     rows.sort(key=lambda r: -float(r[2]))
     log.info(log.table(["mode", "config (forced kernel per phase)", f"objective ({profile})"], rows))
 
@@ -191,18 +196,9 @@ def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 
     return {"selection": sel, "efficiency": eff}
 
 
-# ------------------------------------------------------------------------------------------------
-# screen -> compose on recorded grids
-
-
 class GridMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample; ``calls["n"]``
-    counts the measurements served, for the efficiency line.
-
-    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads the default
-    recording one sample later (the recordings carry no kernel log, so upstream's pick is unknown and the A/A
-    pair is upstream against its own later repetition).
-    """
+    """A measure that serves round ``i`` from the i-th recorded sample; ``calls["n"]`` counts the measurements
+    served. The A/A twin reads the default recording one sample later (upstream's pick is unknown)."""
 
     def __init__(self, grid: ReplayGrid) -> None:
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
@@ -237,13 +233,9 @@ class GridMeasure:
 def replay_screen(
     files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0, as_json: bool = False
 ) -> dict[str, Any]:
-    """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner.
-
-    The grid's winner at a depth is the kernel with the highest median over all its recorded samples
-    (``default`` = upstream). Prints the tables (or, ``as_json``, the returned data as JSON) on stdout,
-    labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
-    winners and the counts of measurements used against the exhaustive grid.
-    """
+    """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner (the
+    kernel with the highest median over all its samples). Prints the tables (or JSON) on stdout and returns
+    per phase the decisions, the grid's winners and the measurements used against the exhaustive grid."""
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
     measure = GridMeasure(grid)
@@ -276,8 +268,7 @@ def replay_screen(
             meds = {k: median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
             best = max(meds, key=lambda k: meds[k])
             gain = 100 * (meds[best] / meds["default"] - 1)
-            # The grid's winner counts as reproduced when the screen picked it, or kept upstream where the
-            # grid's best beats upstream by less than the screen's noise.
+            # reproduced: the screen picked it, or kept upstream where the best gains less than the noise
             ok = (dec.winner == best) or (dec.winner is None and (best == "default" or gain <= dec.noise_pct))
             agree += ok
             winners[dec.depth] = best
@@ -294,20 +285,7 @@ def replay_screen(
             )
         used = measure.calls["n"] - before
         if not as_json:
-            click.echo(
-                log.table(
-                    [
-                        "mode",
-                        "point",
-                        "grid winner (median of all samples)",
-                        "screen pick",
-                        "Δ",
-                        "A/A noise",
-                        "reproduced",
-                    ],
-                    rows,
-                )
-            )
+            click.echo(log.table(_SCREEN_COLUMNS, rows))
             click.echo(
                 f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
                 f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid."
