@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = ["FINAL", "confirm_depths", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -270,11 +271,18 @@ def _confirm_attempt(
     def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Mapping[int, Point]:
         return (m_fin if c.name == FINAL else m_up)(c, phase, ds, label)
 
-    def persist(r: Mapping[str, Any]) -> None:
-        st.append_confirm_round(ckey, r)
-
-    # tuned process knobs act at every depth; rules alone only where a rule changes the kernel
-    settle = None if process_changed else open_depths
+    # the rounds' settings, shared and one-phase alike; tuned process knobs act at every depth, rules alone only
+    # where a rule changes the kernel
+    how: dict[str, Any] = {
+        "min_rounds": cfg.min_rounds,
+        "max_rounds": cfg.max_rounds,
+        "target_ci": cfg.ci_target,
+        "budget": run.budget,
+        "on_round": functools.partial(st.append_confirm_round, ckey),
+        "tag": "confirm",
+        "prior": st.screen_rounds,
+        "settle": None if process_changed else open_depths,
+    }
     family: Family = "all" if process_changed else "changed"
     rows: list[dict[str, Any]] = []
     todo = [p for p in phases if not st.confirm_done(ckey, p)]
@@ -283,21 +291,7 @@ def _confirm_attempt(
             f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
             f"at depths {list(depths)}"
         ):
-            run_joint_rounds(
-                shared,
-                {p: [up, aa, final] for p in todo},
-                list(depths),
-                recs,
-                pp_tokens=cfg.pp,
-                min_rounds=cfg.min_rounds,
-                max_rounds=cfg.max_rounds,
-                target_ci=cfg.ci_target,
-                budget=run.budget,
-                on_round=persist,
-                tag="confirm",
-                prior=st.screen_rounds,
-                settle=settle,
-            )
+            run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp, **how)
     for phase in phases:
         if st.confirm_done(ckey, phase):
             mine = [r for r in recs if r["phase"] == phase]
@@ -306,21 +300,7 @@ def _confirm_attempt(
         with log.step(
             f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
         ):
-            mine = run_phase_rounds(
-                measure,
-                phase,
-                [up, aa, final],
-                list(depths),
-                recs,
-                min_rounds=cfg.min_rounds,
-                max_rounds=cfg.max_rounds,
-                target_ci=cfg.ci_target,
-                budget=run.budget,
-                on_round=persist,
-                tag="confirm",
-                prior=st.screen_rounds,
-                settle=settle,
-            )
+            mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, **how)
         run.budget.check(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
         rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)

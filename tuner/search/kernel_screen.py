@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure"]
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,24 +54,19 @@ def kernel_shape(
 _DEVICE = re.compile(r"Device description:\s*(.+)")
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)  # a measure is itself, not its settings
 class _KernelMeasure:
     """A screen measure (one phase per call) with ``joint`` (several phases per process) and ``info``."""
 
-    def __init__(
-        self,
-        bin_dir: Path,
-        shape: Mapping[str, int],
-        *,
-        pp: int,
-        tg: int,
-        kv_type: str,
-        ubatch: int,
-        log_dir: Path,
-        backend: str,
-    ) -> None:
-        self.bin_dir, self.shape, self.pp, self.tg = Path(bin_dir), dict(shape), pp, tg
-        self.kv_type, self.ubatch, self.log_dir, self.backend = kv_type, ubatch, Path(log_dir), backend
-        self.info: dict[str, str] = {}
+    bin_dir: Path
+    shape: dict[str, int]
+    pp: int
+    tg: int
+    kv_type: str
+    ubatch: int
+    log_dir: Path
+    backend: str
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def joint(
         self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
@@ -128,5 +124,12 @@ def make_kernel_measure(
 ) -> _KernelMeasure:
     """The screen measure for the build in ``bin_dir``; the pinned ``bench_args``' ``-ub`` sets the prefill rows."""
     return _KernelMeasure(
-        bin_dir, shape, pp=pp, tg=tg, kv_type=kv_type, ubatch=_ubatch(bench_args), log_dir=log_dir, backend=backend
+        bin_dir=Path(bin_dir),
+        shape=dict(shape),
+        pp=pp,
+        tg=tg,
+        kv_type=kv_type,
+        ubatch=_ubatch(bench_args),
+        log_dir=Path(log_dir),
+        backend=backend,
     )
