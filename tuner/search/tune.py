@@ -268,18 +268,26 @@ def interrupt_trial(
     """Fail an interrupted trial of this process and queue its parameters again; best effort, so that a second
     error never hides the interruption."""
     with contextlib.suppress(Exception):
-        storage = study._storage
-        write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
-        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-            _requeue(study, trial.params, trial.number)
+        _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
 
 
-def _requeue(study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
-    if not params:
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+def _fail_and_requeue(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial_id: int,
+    params: Mapping[str, Any],
+    number: int,
+    why: str,
+) -> bool:
+    """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already."""
+    write_trial_in_storage(storage, trial_id, status=INTERRUPTED, reason=why)
+    if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+        return False
+    if params:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+    return True
 
 
 def _pid_dead_here(worker: str) -> bool:
@@ -316,15 +324,9 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")) and not _orphan(t):
             continue
+        why = f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured"
         try:
-            write_trial_in_storage(
-                storage,
-                t._trial_id,
-                status=INTERRUPTED,
-                reason=f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured",
-            )
-            if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                _requeue(study, t.params, t.number)
+            if _fail_and_requeue(study, storage, t._trial_id, t.params, t.number, why):
                 out.append(t.number)
         except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
             continue
