@@ -665,6 +665,7 @@ def run_dry_run(
         rows, legal, total = count_space(a.name, source.era, space)
     checks = _compile_checks(source, target, rows, vstatus) if compile_check else []
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
+    renderable = [v for v, s in vstatus.items() if s == "ok"]
     plan = plan_stages(
         space,
         kernels=kernels,
@@ -672,13 +673,11 @@ def run_dry_run(
         context_length=shape.context_length,
         d_model=shape.d_model,
         rebuild_s=timed[0] if timed else None,
-        n_variants=sum(1 for s in vstatus.values() if s == "ok"),
+        n_variants=len(renderable),
         pinned=tuple(sets or {}),
         screen_method=method,
         head_dim=shape.head_dim,
-        here=None
-        if planned is None
-        else here_for(target, source, inputs, shape, [v for v in vstatus if vstatus[v] == "ok"]),
+        here=None if planned is None else here_for(target, source, inputs, shape, renderable),
     )
     keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
     plan = {"model": inputs.like, "model_shape": {k: getattr(shape, k) for k in keys}, "screen_method": method, **plan}

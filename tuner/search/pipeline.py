@@ -40,6 +40,7 @@ from tuner.search.device_guard import device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.host_probe import repack_probe
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
+from tuner.search.request import check_depths
 from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
@@ -438,13 +439,7 @@ def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.Search
 
 
 def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
-    ctx = shape.context_length
-    too_deep = [d for d in depths if ctx and d > ctx]
-    if too_deep:
-        raise UsageError(
-            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-            f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if ctx and d <= ctx)}."
-        )
+    check_depths(depths, shape.context_length)
 
 
 def _record_attrs(

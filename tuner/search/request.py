@@ -12,6 +12,7 @@ __all__ = [
     "Defaults",
     "PlannedSearch",
     "SearchRequest",
+    "check_depths",
     "check_variants",
     "intro",
     "plan_search",
@@ -237,12 +238,7 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
     else:
         ctx = _context_length(Path(str(request.model)))
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
-    too_deep = [x for x in depths if ctx and x > ctx]
-    if too_deep:
-        raise UsageError(
-            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-            f"Use depths up to {ctx}, e.g. --depths {','.join(str(x) for x in depths if x <= (ctx or 0))}."
-        )
+    check_depths(depths, ctx)
     if request.tune_depths and ctx and max(request.tune_depths) > ctx:
         raise UsageError(
             f"--tune-depths {list(request.tune_depths)} go past the model's context length {ctx} (n_ctx_train in the "
@@ -269,6 +265,16 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
         tune_knobs=request.tune_knobs,
         tune_depths=request.tune_depths,
     )
+
+
+def check_depths(depths: Sequence[int], ctx: int | None) -> None:
+    """UsageError for ``--depths`` past the model's context length ``ctx`` (None or 0: unknown)."""
+    too_deep = [x for x in depths if ctx and x > ctx]
+    if too_deep:
+        raise UsageError(
+            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
+            f"Use depths up to {ctx}, e.g. --depths {','.join(str(x) for x in depths if x <= (ctx or 0))}."
+        )
 
 
 def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None, arch: str, era: str) -> list[str]:
