@@ -14,7 +14,7 @@ profile-weighted geometric mean of its speed ratio to ``default`` over all point
 
 from __future__ import annotations
 
-__all__ = ["ReplayGrid", "load_grid", "run_replay", "sample_efficiency"]
+__all__ = ["ReplayGrid", "load_grid", "sample_efficiency"]
 
 import dataclasses
 import itertools
@@ -39,7 +39,6 @@ from tuner.rounds import compose as comp
 from tuner.rounds.joint import Candidate, Point
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search.screen import candidates_for, run_phase_rounds
-from tuner.search.select import Measurement, select_winners
 from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
@@ -158,42 +157,6 @@ def sample_efficiency(
             "runs": needed,
         }
     return out
-
-
-def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
-    """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
-    grid = load_grid(files)
-    log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
-    weights = PROFILES[profile]
-    rows = [
-        [f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"]
-        for c in _configs(grid)
-    ]
-    rows.sort(key=lambda r: -float(r[2]))
-    log.info(log.table(["mode", "config (forced kernel per phase)", f"objective ({profile})"], rows))
-
-    results: dict[str, dict[tuple[str, int], Measurement]] = {}
-    for (phase, kernel), per_depth in grid.samples.items():
-        cfg = "baseline" if kernel == "default" else f"{phase}={kernel}"
-        for d, s in per_depth.items():
-            results.setdefault(cfg, {})[(phase, d)] = Measurement(samples=s)
-    sel = select_winners(results, "baseline", seed=seed)
-    sel_rows = []
-    for b in sel.buckets:
-        for d in b.depths:
-            p = b.per_point[d]
-            sel_rows.append([TAG, f"{b.phase} d{d}", b.config, f"{p['delta_pct']:+.1f}%", str(p["verdict"])])
-    log.info(log.table(["mode", "point", "pick", "Δ vs default", "verdict"], sel_rows))
-    eff = sample_efficiency(grid, profile=profile)
-    log.info(
-        f"{TAG}: exhaustive grid of {eff['grid_size']} configs, best objective {eff['best']:.4f}; evaluations to "
-        f"get within 2%: "
-        + "; ".join(
-            f"{k} median {v['median']}, mean {v['mean']:.1f}, max {v['max']} over {len(v['runs'])} seeds"
-            for k, v in eff["samplers"].items()
-        )
-    )
-    return {"selection": sel, "efficiency": eff}
 
 
 class GridMeasure:

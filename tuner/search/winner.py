@@ -7,7 +7,7 @@ sharing G's build and process-wide settings, so the buckets combine into one bin
 
 from __future__ import annotations
 
-__all__ = ["FinishedStudy", "Winner", "choose_winner", "describe", "load_finished_study"]
+__all__ = ["FinishedStudy", "Winner", "choose_winner", "load_finished_study"]
 
 import dataclasses
 import math
@@ -16,7 +16,6 @@ from typing import Any
 
 import optuna
 
-from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.stats import compare
 from tuner.plan.fa_rules import FaRule, Phase
@@ -125,28 +124,6 @@ def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
 def _clean(d: Mapping[str, object]) -> dict[str, object]:
     """``d`` with its floats rounded, a non-finite one as text (stored data is finite)."""
     return {k: (round(v, 4) if math.isfinite(v) else str(v)) if isinstance(v, float) else v for k, v in d.items()}
-
-
-def describe(study: optuna.Study, space: SearchSpace) -> str:
-    """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
-    results, base = study_results(study)
-    if not results.get(base):
-        return "no measurements yet"
-    w = choose_winner(study, space)
-    rows = [
-        [
-            f"{b['phase']} d{d}",
-            f"{p['base_median']:.1f}",
-            f"{p['pick_median']:.1f}",
-            f"{p['delta_pct']:+.1f}%",
-            f"{p['verdict']} (p={p['p_value']:.3f}, floor {p['noise_floor_pct']:.1f}%)",
-            b["config"],
-        ]
-        for b in w.buckets
-        for d, p in b["evidence"].items()
-    ]
-    head = f"Global pick: {w.global_config}; FA rules: {', '.join(map(str, w.rules)) or 'upstream selection'}\n"
-    return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
