@@ -237,7 +237,6 @@ def search(
 
 
 def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
-    """--dry-run: the plan of the request the real run gets, resolved and refused as it resolves it."""
     from tuner.search.dryrun import run_dry_run
 
     run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
@@ -278,46 +277,50 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
 
     return SearchRequest(
         target=target,
-        source_spec=kw["source_spec"],
-        model=kw["model"],
-        like=kw["like"],
-        quant=kw["quant"],
-        depths=kw["depths"],
-        pp=kw["pp"],
-        tg=kw["tg"],
-        trials=kw["trials"],
-        time_budget=kw["time_budget"],
         started=kw.get("started"),
-        storage=kw["storage"],
-        study=kw["study"],
         run_dir=_run_dir(kw["run_dir"]),
-        jobs=kw["jobs"],
         variants=tuple(kw["variants"]),
         sets=_sets(kw["sets"]),
         gate=not kw["no_gate"],
-        seed=kw["seed"],
-        min_rounds=kw["min_rounds"],
-        max_rounds=kw["max_rounds"],
-        ci_target=kw["ci_target"],
-        reps_pp=kw["reps_pp"],
-        reps_tg=kw["reps_tg"],
-        screen=kw["screen"],
-        confirm_extra=kw["confirm_extra"],
-        refine=kw["refine"],
-        cpu_mask=kw["cpu_mask"],
         tune_knobs=_globs(kw["tune_knobs"]),
-        tune_depths=kw["tune_depths"],
+        **{name: kw[name] for name in _AS_GIVEN},
     )
 
 
+# the flags a SearchRequest takes as click parsed them (its fields of the same names)
+_AS_GIVEN = [
+    "source_spec",
+    "model",
+    "like",
+    "quant",
+    "depths",
+    "pp",
+    "tg",
+    "trials",
+    "time_budget",
+    "storage",
+    "study",
+    "jobs",
+    "seed",
+    "min_rounds",
+    "max_rounds",
+    "ci_target",
+    "reps_pp",
+    "reps_tg",
+    "screen",
+    "confirm_extra",
+    "refine",
+    "cpu_mask",
+    "tune_depths",
+]
+
+
 def _run_dir(path: Path | None) -> Path | None:
-    """``--run-dir``, refused before anything is fetched or built where it is a symbolic link or holds one: the
-    study database, its locks and logs are written into it by name (:func:`tuner.paths.refuse_linked_folder`)."""
+    """``--run-dir``, refused before anything is fetched or built where it is or holds a symbolic link."""
     from tuner.paths import refuse_linked_folder
 
     return None if path is None else refuse_linked_folder(path, "--run-dir")
 
 
 def _globs(value: str | None) -> tuple[str, ...]:
-    """``--tune-knobs``: comma-separated globs."""
     return tuple(x.strip() for x in (value or "").split(",") if x.strip())

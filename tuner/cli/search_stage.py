@@ -1,9 +1,5 @@
-"""The stage ``tuner search`` and ``tuner worker`` call (no click command here): resolve the request
-(:func:`tuner.search.request.resolve_search`), run the search (:mod:`tuner.search.pipeline`) and export
-its result (:func:`tuner.cli.export_cmd.export_study`, which reaches :mod:`tuner.result`).
-
-It lives in the command-line layer because it joins two stages the layers keep apart: ``search/``
-and ``result/`` may not import each other (``lint-imports``).
+"""The stage ``tuner search`` and ``tuner worker`` call: resolve the request, run the search and export its
+result. It lives in the command-line layer because ``search/`` and ``result/`` may not import each other.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ from tuner.study.record import SearchOutcome
 
 
 def _announce(cfg: SearchConfig, request: SearchRequest) -> str:
-    """The storage URL as shown (a password in --storage never reaches the screen or a log), after
-    logging what the search runs on."""
+    """Log what the search runs on; returns the storage URL as shown (a password never reaches a log)."""
     shown = redact(cfg.storage_url)
     log.info(
         f"tuner search: arch {cfg.arch}, source {request.source_spec or DEFAULT_SPEC} (era {cfg.source.era}), model {cfg.model.name}, "
@@ -48,11 +43,7 @@ def _resolved(request: SearchRequest, *, worker: bool = False) -> SearchConfig:
 
 def search_and_export(request: SearchRequest, out: Path | None = None) -> SearchOutcome:
     """Run (or resume) the search ``request`` asks for and export its result into ``out`` (default
-    ``<run dir>/export``); an interruption says how to go on. Returns the outcome.
-
-    Raises:
-        BudgetReached: the time budget stopped the search (its message says what is stored and how to go on).
-    """
+    ``<run dir>/export``); returns the outcome. BudgetReached where the time budget stopped it."""
     from tuner.cli.export_cmd import export_study
     from tuner.result.pipeline_export import summary_line
     from tuner.search.pipeline import run_pipeline
@@ -88,12 +79,8 @@ def search_and_export(request: SearchRequest, out: Path | None = None) -> Search
 
 
 def tune_worker(request: SearchRequest) -> int:
-    """``tuner worker``: add tune trials to the study ``request`` names. Returns the trials it holds
-    afterwards.
-
-    Raises:
-        BudgetReached: the time budget stopped the worker.
-    """
+    """``tuner worker``: add tune trials to the study ``request`` names; returns the trials it holds afterwards.
+    BudgetReached where the time budget stopped it."""
     from tuner.search.pipeline import run_tune_worker
 
     cfg = _resolved(request, worker=True)
@@ -110,8 +97,7 @@ def tune_worker(request: SearchRequest) -> int:
 
 
 def dashboard_hint(storage_url: str) -> str:
-    """How to watch the study live: the command when optuna-dashboard is installed, else how to get it.
-    The command carries no password (PGPASSWORD or ~/.pgpass supplies it)."""
+    """How to watch the study live (the command carries no password: PGPASSWORD or ~/.pgpass supplies it)."""
     import importlib.util
 
     from tuner.result.report import dashboard_command

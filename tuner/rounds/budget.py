@@ -1,13 +1,7 @@
-"""The time budget (``--time-budget`` of ``tuner search``, ``tuner worker``, ``tuner sweep run``, ``mmq`` and
-``confirm``): one policy, :class:`Budget`. Nothing starts that would end past its deadline, so a call that a
-machine's time limit ends stops between units of work instead of losing the one in flight. A unit is what is
-stored whole: a build, a model's synthesis, a test-backend-ops gate, a round (the paired calls of a screen's or
-a confirm's round; the timer processes of one chunk's round in the kernel sweeps, where
-:meth:`tuner.rounds.store.SampleStore.whole_round` measures a round cut off by an earlier call again whole), a tune trial,
-an output-equivalence check, a residency probe. What was measured is stored; the same command resumes.
-
-A budget stop is :class:`BudgetReached`, a :class:`~tuner.errors.TunerError` with exit status 3
-(:data:`tuner.errors.EXIT_TIME_BUDGET`), mapped once by ``tuner.cli.main``."""
+"""The time budget (``--time-budget``): nothing starts that would end past its deadline, so a call that a
+machine's time limit ends stops between units of work (a build, a model, a gate, a round, a trial, a check)
+instead of losing the one in flight; the same command resumes. A budget stop is :class:`BudgetReached`, exit
+status 3 (:data:`tuner.errors.EXIT_TIME_BUDGET`)."""
 
 from __future__ import annotations
 
@@ -27,8 +21,8 @@ class BudgetReached(TunerError):
 
 
 def budget_deadline(started: float | None, seconds: float | None) -> float | None:
-    """The ``time.monotonic()`` deadline of a ``--time-budget`` of ``seconds`` counted from ``started`` (the
-    command's start: its build and model count too; None: from now); None without a budget."""
+    """The ``time.monotonic()`` deadline of ``seconds`` from ``started`` (the command's start: its build and
+    model count too; None: now); None without a budget."""
     if not seconds:
         return None
     return (time.monotonic() if started is None else started) + seconds
@@ -42,7 +36,6 @@ class Budget:
 
     @classmethod
     def counted_from(cls, started: float | None, seconds: float | None) -> Budget:
-        """The budget of ``seconds`` from ``started`` (the command's start; None: from now); none without seconds."""
         return cls(budget_deadline(started, seconds))
 
     def remaining(self) -> float:
@@ -55,9 +48,8 @@ class Budget:
             raise BudgetReached(what)
 
     def fits(self, seconds: float, what: str, *, worded: bool = False) -> None:
-        """BudgetReached where ``what``, priced at ``seconds``, would end past the deadline, so it is not started
-        to be cut off; the message says the price and what is left (``worded``: ``what`` alone, as the sweeps
-        word their stops, a price named there where they name one)."""
+        """BudgetReached where ``what``, priced at ``seconds``, would end past the deadline; the message says the
+        price and what is left (``worded``: ``what`` alone)."""
         if self.deadline is not None and time.monotonic() + seconds > self.deadline:
             raise BudgetReached(what if worded else f"{what} (about {seconds:.0f} s, {self.remaining():.0f} s left)")
 

@@ -1,22 +1,11 @@
 """Compose FlashAttention rules from a kernel screen.
 
-Per phase, each screened depth gets a winner: the fastest forced kernel whose paired interval clears
-the A/A noise (``faster``), else upstream's own choice. Consecutive depths with the same non-upstream
-winner form one interval and one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``:
-
-* ``lo`` is the interval's first screened depth (0 when that is the shallowest depth), ``hi`` the
-  next screened depth where the winner differs (open-ended when the interval reaches the deepest
-  depth), so every screened depth inside a rule was measured faster, and no depth where upstream
-  won is covered;
-* where two neighbouring depths disagree by more than the noise, :func:`bisect_depths` proposes
-  the depth halfway between them for another screen round (the boundary then moves there);
-* rules carry the model's shape (head size, GQA ratio, K/V type): a rule found on one model never
-  changes the kernel of a differently shaped model run with the same build.
-
-Faster and slower are the decision rule's (:mod:`tuner.measure.decide`, :func:`sequential_calls`): Holm's
-family of a phase is the cells that can differ from upstream; a candidate that ran upstream's own kernel
-at a depth (a confirm's final config where no rule covers it) is A/A there by construction and no
-hypothesis of the family.
+Per phase, each screened depth gets a winner: the fastest forced kernel the decision rule calls ``faster``
+(:func:`sequential_calls`), else upstream's own choice. Consecutive depths with the same non-upstream winner form
+one rule ``phase/D../gqa../kv..:lo-hi=KERNEL``: ``lo`` the interval's first screened depth (0 for the
+shallowest), ``hi`` the next screened depth where the winner differs (open-ended at the deepest), so no depth
+where upstream won is covered. Rules carry the model's shape, so they never change the kernel of a differently
+shaped model run with the same build.
 """
 
 from __future__ import annotations
@@ -54,8 +43,7 @@ from tuner.rounds.stats import UPSTREAM, CellStats
 
 Family = Literal["changed", "all"]
 FAMILIES = ("changed", "all")
-"""Holm's family of a phase (:func:`sequential_calls`): ``changed`` leaves out the cells where a candidate ran
-upstream's own kernel (the search's), ``all`` tests every cell (a config that differs beyond the kernel)."""
+"""Holm's family of a phase (:func:`sequential_calls`)."""
 
 RULES = ("sequential", "aa-bar")
 """The decision rules: ``sequential`` (:mod:`tuner.measure.decide`, the search's) and ``aa-bar`` (the
@@ -73,7 +61,7 @@ class Shape:
     kv: str | None = "f16"
 
     def key(self) -> str:
-        """The shape as a rule's keys spell it (``/D64/gqa4/kvf16``), as the study records it."""
+        """The shape as a rule's keys spell it (``/D64/gqa4/kvf16``)."""
         return self.rule(Phase.DECODE, 0, None, "VEC").key
 
     def rule(self, phase: Phase, lo: int, hi: int | None, kernel: str) -> FaRule:
@@ -103,17 +91,15 @@ class Decision:
 
 
 def phase_noise(cells: Mapping[int, CellStats]) -> float:
-    """The phase's noise floor: the median A/A noise over its depths (a single lucky A/A cell with
-    three near-identical rounds must not make every small effect look real). Where the depths have
-    different round counts, use :func:`noise_floor`, which rescales it to one depth's rounds."""
+    """The phase's noise floor: the median A/A noise over its depths (one lucky A/A cell must not make every
+    small effect look real)."""
     vals = [c.noise_pct for c in cells.values() if math.isfinite(c.noise_pct)]
     return statistics.median(vals) if vals else math.inf
 
 
 def _width(c: CellStats) -> float:
-    """How wide a cell's A/A interval is for its rounds ``n`` and configs ``k`` per unit of round-to-round
-    noise: ``t((n-1)(k-1)) * sqrt(2/n)`` as in :func:`tuner.measure.paired.block_effects` (``t(n-1)``
-    for a lone pair, whose differences carry the factor 2 themselves)."""
+    """A cell's A/A interval width per unit of noise: ``t((n-1)(k-1)) * sqrt(2/n)`` as in
+    :func:`tuner.measure.paired.block_effects` (``t(n-1)`` for a lone pair)."""
     e = c.effects.get(c.aa) if c.aa else None
     n, k = (e.n if e else 0), len(c.effects) + 1
     df = (n - 1) * (k - 1) if k >= 3 else n - 1
@@ -123,10 +109,8 @@ def _width(c: CellStats) -> float:
 
 
 def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
-    """The phase's noise floor at ``depth``: every depth's A/A noise rescaled to this depth's rounds,
-    then their median. With equal rounds everywhere this is :func:`phase_noise`; once the settle rule
-    has given one depth more rounds than the others, its floor narrows with its own rounds instead of
-    staying at the median of intervals measured over fewer."""
+    """The phase's noise floor at ``depth``: every depth's A/A noise rescaled to this depth's rounds, then their
+    median (:func:`phase_noise` where rounds are equal)."""
     w = _width(cells[depth])
     vals = [
         c.noise_pct / _width(c) * w for c in cells.values() if math.isfinite(c.noise_pct) and math.isfinite(_width(c))
@@ -137,26 +121,23 @@ def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
 
 
 def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
-    """The phase's CPU% noise floor in points: the median A/A CPU noise over its depths (as :func:`phase_noise`)."""
+    """The phase's CPU% noise floor in points: the median A/A CPU noise over its depths."""
     vals = [c.cpu_noise for c in cells.values() if math.isfinite(c.cpu_noise)]
     return statistics.median(vals) if vals else math.inf
 
 
 def _unchanged(c: CellStats, name: str) -> bool:
-    """The candidate ran upstream's own kernel here (both kernels known and the same): its cell is A/A."""
     k = c.kernels.get(name)
     return k is not None and k == c.upstream_kernel
 
 
 def sequential_calls(cells: Mapping[int, CellStats], *, family: Family = "changed") -> dict[tuple[int, str], Call]:
     """:func:`tuner.measure.decide.decide` over one phase's cells: every candidate but the A/A twin, at every
-    depth that has an A/A twin (without one nothing is tested or claimed).
+    depth that has an A/A twin.
 
     ``family="changed"`` (the search's): a candidate that ran upstream's own kernel at a depth is A/A by
-    construction, so it is not tested and does not raise the others' Holm thresholds; the report still gets
-    a ``no difference`` call (settled, ``p_adjusted`` 1). A candidate whose kernel is unknown stays in the
-    family. A config that differs from upstream beyond the kernel it forces (process knobs, another build)
-    can differ at every depth: its caller passes ``family="all"`` (every cell tested)."""
+    construction, so it is not tested (nor raises the others' Holm thresholds) and gets a settled ``no
+    difference``. A config that differs beyond the kernel it forces passes ``family="all"``."""
     tests = phase_tests(
         {
             d: (c.series, UPSTREAM, c.aa, [n for n in c.effects if n != c.aa])
@@ -182,18 +163,12 @@ def open_depths(
     phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
 ) -> set[int]:
     """The depths whose decision more rounds could still change: the screen's and the confirm's settle rule.
-    Only a candidate that ran another kernel than upstream's there can change a decision.
 
-    ``sequential`` (the search's rule, :func:`sequential_calls`, ``family`` its): a depth is open while such
-    a candidate is neither claimed nor settled by futility (one-sided 95% upper bound below the practical
-    minimum), or has no A/A twin yet. ``aa-bar`` (the earlier rule): settled once one such candidate is
-    faster beyond the noise bar (:func:`compose_phase`'s: the A/A noise, at least :func:`noise_floor`), or
-    while every such candidate's interval ends at or below it; open while no noise is known yet.
-    """
+    ``sequential``: open while a candidate that ran another kernel than upstream's is neither claimed nor
+    settled by futility, or has no A/A twin yet. ``aa-bar`` (the earlier rule): settled once one is faster
+    beyond the noise bar, or every one's interval ends at or below it."""
     if too_noisy([c.noise_pct for c in cells.values()]):
-        # Above the ceiling the phase claims nothing, so rounds can still change that: the A/A CI narrows with
-        # them (on a 2-core VM 3 rounds reach 30-50% where 6 reach 13-20%). Without this an A/A-only screen
-        # (the CPU backend's: no kernel to choose) stopped at --min-rounds however noisy it was.
+        # above the ceiling more rounds can still narrow the A/A CI (an A/A-only CPU screen needs them)
         return set(cells)
     if rule == "sequential":
         calls = sequential_calls(cells, family=family)
@@ -215,12 +190,9 @@ def open_depths(
 def judge_phase(
     phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential", family: Family = "changed"
 ) -> dict[int, CellStats]:
-    """The cells with every verdict judged against the bar the search decides by: the larger of the cell's
-    A/A noise and the phase's noise floor at its rounds (:func:`noise_floor`; one lucky A/A cell must not let
-    a candidate through), as ``bar_pct`` and ``cpu_bar``. The verdicts, the CPU rejection of decode changes
-    (docs/design.md) included, are recomputed by it: what the report calls ``faster`` is what compose and
-    confirm act on. ``rule``: ``sequential`` (:func:`sequential_calls`, ``family`` its Holm family) decides
-    the t/s verdicts, the bar then serving the CPU% rule and the report; ``aa-bar``: the whole CI beyond it."""
+    """The cells with every verdict judged against the bar the search decides by (``bar_pct``, ``cpu_bar``: the
+    larger of the cell's A/A noise and the phase's noise floor at its rounds), the CPU rejection of decode
+    changes included, so what the report calls ``faster`` is what compose and confirm act on."""
     if rule not in RULES:
         raise ValueError(f"unknown decision rule {rule!r}")
     cpu_floor = phase_cpu_noise(cells)
@@ -252,12 +224,8 @@ def judge_phase(
 
 
 def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> list[Decision]:
-    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts.
-
-    A decode kernel whose CPU% rises beyond the noise without a t/s gain beyond it is never composed
-    (docs/design.md, "CPU% in decode decisions"); the decision's reason names it. Only a kernel faster beyond the noise can win,
-    so the rule removes no winner here: it says why a CPU-hungry kernel that is not faster is out.
-    ``rule``: :func:`judge_phase`'s."""
+    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts; the reason names a
+    decode kernel rejected for its CPU cost (docs/design.md, "CPU% in decode decisions")."""
     out = []
     judged = judge_phase(phase, cells, rule=rule)
     by = "by the decision rule (A/A-controlled, Holm over the phase's points)" if rule == "sequential" else ""
@@ -294,32 +262,25 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             if TOO_NOISY in c.verdicts.values():
                 why = f"the phase's A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling: too noisy to claim anything"
-            out.append(
-                Decision(
-                    phase=phase,
-                    depth=d,
-                    upstream_kernel=c.upstream_kernel,
-                    winner=None,
-                    effect_pct=0.0,
-                    ci=(math.nan, math.nan),
-                    noise_pct=noise,
-                    reason=why,
-                )
-            )
+            effect, ci = 0.0, (math.nan, math.nan)
         else:
-            out.append(
-                Decision(
-                    phase=phase,
-                    depth=d,
-                    upstream_kernel=c.upstream_kernel,
-                    winner=best,
-                    effect_pct=best_e.pct,
-                    ci=(best_e.ci_low, best_e.ci_high),
-                    noise_pct=noise,
-                    reason=f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) "
-                    + (f"is faster than upstream {by}" if by else f"clears the A/A noise ±{noise:.1f}%"),
-                )
+            effect, ci = best_e.pct, (best_e.ci_low, best_e.ci_high)
+            why = (
+                f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) "
+                + (f"is faster than upstream {by}" if by else f"clears the A/A noise ±{noise:.1f}%")
             )
+        out.append(
+            Decision(
+                phase=phase,
+                depth=d,
+                upstream_kernel=c.upstream_kernel,
+                winner=best,
+                effect_pct=effect,
+                ci=ci,
+                noise_pct=noise,
+                reason=why,
+            )
+        )
     return out
 
 
@@ -343,11 +304,9 @@ def rules_from(decisions: Sequence[Decision], shape: Shape) -> tuple[FaRule, ...
 
 
 def bisect_depths(decisions: Sequence[Decision], screened: Sequence[int]) -> list[int]:
-    """Depths halfway between neighbours whose winners differ by more than the noise.
-
-    Only where a non-upstream kernel is involved (a boundary of some rule) and the two effects are
-    further apart than the noise; rounded to llama.cpp's n_kv stride, never a depth already screened.
-    """
+    """Depths halfway between neighbours whose winners differ (a boundary of some rule) and whose effects are
+    further apart than the noise: the boundary then moves there. Rounded to llama.cpp's n_kv stride, never a
+    depth already screened."""
     ds = sorted(decisions, key=lambda x: x.depth)
     out = []
     for a, b in itertools.pairwise(ds):

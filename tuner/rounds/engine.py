@@ -6,30 +6,22 @@ points one Holm correction runs over: a shape's n_kv points, a quant type and si
 which configs its rounds time: upstream's own choice (:data:`DEFAULT`, the reference of every effect), the
 same again (:data:`AA`, the noise of the whole procedure) and each forced alternative.
 
-**Rounds** (:func:`run_rounds`). The points are packed, whole groups at a time, into chunks; per chunk
-and round one timer process runs per config over the chunk's points that get the round and time that
-config, configs in an order rotated from round to round (:func:`tuner.measure.paired.rotated`). Each
-process's samples go into a :class:`tuner.rounds.store.SampleStore` as it ends; a rerun skips the
-rounds whose samples are recorded and measures a round an earlier call left partly recorded again whole
-(:meth:`tuner.rounds.store.SampleStore.whole_round`). With a budget, no round starts that would end past
-its deadline (:class:`tuner.rounds.budget.Budget`), each priced at its estimate times the most any finished
-round of the call overran its own: a slower machine or a longer case than recorded stops the call earlier, never later.
+**Rounds** (:func:`run_rounds`). The points are packed, whole groups at a time, into chunks; per chunk and round
+one timer process runs per config, configs in an order rotated from round to round. Samples go into a
+:class:`tuner.rounds.store.SampleStore` as each process ends; a rerun skips recorded rounds and measures a
+partly recorded one again whole. With a budget, no round starts that would end past its deadline, each priced
+at its estimate times the most any finished round of the call overran its own.
 
-**Sequential rounds, the search's settle rule** (:func:`open_points`). Every point gets ``min_rounds``
-rounds; after that a round goes only to the points whose decision is still *open*
-(:func:`tuner.rounds.compose.open_depths` over the family): a forced config neither claimed (faster or
-slower) nor settled by futility (its one-sided 95% upper bound below the practical minimum effect). The
-open points of round r are decided from the stored rounds before r only, so a resumed run takes the same
-decisions; a settled point, or one that stopped, gets no more rounds. A point's p-value is divided by the
-share of alpha of the round count it stopped at (:func:`tuner.measure.decide.look_weight` over
-``limits``), then Holm over its family, which keeps the family-wise error of fixed rounds;
-``min_rounds == max_rounds`` is the fixed-round run (one look).
+**Sequential rounds** (:func:`open_points`). Every point gets ``min_rounds`` rounds; after that a round goes only
+to the points whose decision is still open (:func:`tuner.rounds.compose.open_depths` over the family), decided
+from the stored rounds before it only, so a resumed run takes the same decisions. A point's p-value is divided by
+the share of alpha of the round count it stopped at, then Holm over its family, which keeps the family-wise error
+of fixed rounds.
 
-**Verdicts** (:func:`judge`). A point's value per config and round is its throughput, ``1 / us``; a point
-has a verdict when every config has a good sample in each of its (leading, complete) rounds and it has
-at least ``min_rounds`` of them; the others are listed with the first reason and stand in their family's
-decisions as points without a winner, so no interval composed from them spans a point that was not
-measured. :func:`decide` is the one call of the decision rule.
+**Verdicts** (:func:`judge`). A point's value per config and round is its throughput, ``1 / us``; a point has a
+verdict when every config has a good sample in each of its leading complete rounds and it has at least
+``min_rounds`` of them; the others stand in their family's decisions as points without a winner, so no interval
+composed from them spans a point that was not measured.
 """
 
 from __future__ import annotations
@@ -41,7 +33,6 @@ __all__ = [
     "Verdicts",
     "cell_stats",
     "check_limits",
-    "decide",
     "gap_decision",
     "judge",
     "open_points",
@@ -90,11 +81,9 @@ Measure = Callable[[Sequence[P], str, int, Path], list[Sample[K]]]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Spec(Generic[P, K, F]):
-    """What the engine needs of one kind of point (module doc). ``configs``: every config in its base order
-    (the rotation's); ``configs_of``: the ones a point's round times, in its order; ``labels``: a config's
-    process and log folder name; ``reason_names``: a config's name in a missing verdict's reason where it is
-    not the config itself; ``open_share``: the share of points assumed open after ``min_rounds`` (the log's
-    estimate)."""
+    """What the engine needs of one kind of point (module doc). ``configs``: every config in its base order;
+    ``configs_of``: the ones a point's round times; ``labels``: a config's process and log folder name;
+    ``open_share``: the share of points assumed open after ``min_rounds`` (the log's estimate)."""
 
     name: str
     noun: str
@@ -115,7 +104,7 @@ class Spec(Generic[P, K, F]):
 
 
 def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
-    """``limits`` (min_rounds, max_rounds) as given, or a TunerError where no paired verdict can come of them."""
+    """``limits`` (min_rounds, max_rounds) as given; TunerError where no paired verdict can come of them."""
     lo, hi = limits
     if lo < 2 or hi < lo:
         raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
@@ -123,7 +112,6 @@ def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
 
 
 def rounds_text(limits: tuple[int, int], noun: str = "cell") -> str:
-    """The round limits in words (the reports', the log's and the patch notes')."""
     lo, hi = limits
     if lo == hi:
         return f"{lo} rounds"
@@ -131,8 +119,8 @@ def rounds_text(limits: tuple[int, int], noun: str = "cell") -> str:
 
 
 def pack_groups(items: Sequence[T], key: Callable[[T], Hashable], size: int) -> list[list[T]]:
-    """``items`` packed into chunks of at most ``size``, whole groups (equal ``key``, in first-seen order)
-    at a time; a group larger than ``size`` is a chunk of its own, and everything fits one chunk when it can."""
+    """``items`` packed into chunks of at most ``size``, whole groups (equal ``key``) at a time; a group larger
+    than ``size`` is a chunk of its own."""
     groups: dict[Hashable, list[T]] = {}
     for x in items:
         groups.setdefault(key(x), []).append(x)
@@ -158,9 +146,7 @@ def cell_stats(
     x: int, upstream: str, values: Mapping[str, Sequence[float]], limits: tuple[int, int] | None = None
 ) -> CellStats:
     """The screen's per-point summary of one point's rounds (``values``: throughput per config and round).
-
-    ``limits``: the (min, max) round counts the point could stop at, the looks the decision rule spends its
-    alpha over; None: a fixed number of rounds, the ones in ``values`` (one look)."""
+    ``limits``: the (min, max) round counts it could stop at (None: the rounds in ``values``, one look)."""
     effects = block_effects(values, DEFAULT)
     kernels: dict[str, str | None] = {DEFAULT: upstream, AA: upstream}
     kernels.update({n: n for n in values if n not in (DEFAULT, AA)})
@@ -174,27 +160,16 @@ def cell_stats(
         verdicts={},
         fallback=(),
         kernels=kernels,
-        # the looks: a fixed number of rounds is one look, so the decision rule spends all its alpha on it
         limits=limits or (len(values[DEFAULT]), len(values[DEFAULT])),
-        # the per-round throughputs the decision rule pairs (it names upstream as the screen does)
         series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
     )
-
-
-def decide(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
-    """The verdict per point of one family (``phase`` ``tg`` or ``pp``; ``cells`` by point): the engine's
-    only call of the decision rule (module doc)."""
-    return compose_phase(phase, cells)
 
 
 def _values(
     spec: Spec[P, K, F], p: P, got: Mapping[tuple[K, str, int], Sample[K]], max_rounds: int
 ) -> tuple[dict[str, list[float]], str]:
-    """One point's throughput per config over its complete rounds, and why it has no verdict ("" if none).
-
-    The point's rounds are the leading rounds ``0 .. n-1`` (``n <= max_rounds``) in which every config has a
-    sample: a point that stopped early (settled) has fewer than the others. A failed sample among them
-    leaves the point without a verdict, with the first such reason."""
+    """One point's throughput per config over its leading complete rounds, and why it has no verdict ("" if
+    none: a failed sample among them is the reason)."""
     key, cfgs = spec.key(p), spec.configs_of(p)
     n = 0
     while n < max_rounds and all((key, cfg, n) in got for cfg in cfgs):
@@ -219,9 +194,8 @@ def point_verdicts(
     limits: tuple[int, int],
     below: int | None = None,
 ) -> tuple[dict[F, dict[int, CellStats]], dict[F, dict[int, str]]]:
-    """(stats of the points with enough rounds for a verdict, by family and point; the others and why), from
-    the samples of rounds ``< below`` (default ``max_rounds``). A point needs ``min_rounds`` complete rounds;
-    its looks are ``limits`` (:func:`cell_stats`)."""
+    """(stats of the points with a verdict, by family and point; the others and why), from the samples of
+    rounds ``< below`` (default ``max_rounds``)."""
     lo, hi = limits
     top = hi if below is None else min(below, hi)
     got = {(s.key, s.config, s.round): s for s in samples if s.round < top}
@@ -243,11 +217,9 @@ def point_verdicts(
 def open_points(
     spec: Spec[P, K, F], chunk: Sequence[P], samples: Iterable[Sample[K]], r: int, limits: tuple[int, int]
 ) -> list[P]:
-    """The points of ``chunk`` that get round ``r`` (0-based), in the chunk's order: every point below
-    ``min_rounds``, none from ``max_rounds``; in between, the points with all ``r`` rounds (none failed) that
-    are open by :func:`tuner.rounds.compose.open_depths` over their family (the whole Holm family, stopped
-    points included), judged on the samples of rounds ``< r`` only, so that a resumed run takes the same
-    decisions."""
+    """The points of ``chunk`` that get round ``r`` (0-based): every point below ``min_rounds``, none from
+    ``max_rounds``; in between, those with all ``r`` rounds that are open over their whole family, judged on
+    the samples of rounds ``< r`` only."""
     lo, hi = limits
     if r >= hi:
         return []
@@ -273,14 +245,11 @@ def run_rounds(
     forced_reason: str = "",
     budget: Budget | None = None,
 ) -> tuple[int, int]:
-    """Measure what ``store`` does not hold yet: per chunk, sequential rounds (:func:`open_points`), one
-    ``measure`` process per config and round (log folder ``log_dir/chunkNNNN/rR/LABEL``); with ``budget``,
-    none that would end past its deadline. Returns (processes run, processes already recorded).
+    """Measure what ``store`` does not hold yet, one ``measure`` process per config and round (log folder
+    ``log_dir/chunkNNNN/rR/LABEL``). Returns (processes run, processes already recorded).
 
-    ``limits``: (min_rounds, max_rounds), recorded in ``store``. ``cost``: (seconds a process, seconds a
-    case), the budget's and the log's estimate. ``forced_reason``: why no forced config can run (a build
-    without the tuner's hook): its samples are stored failed with it, no process started.
-    """
+    ``cost``: (seconds a process, seconds a case), the estimate. ``forced_reason``: why no forced config can
+    run (a build without the tuner's hook): its samples are stored failed with it, no process started."""
     lo, hi = check_limits(limits)
     store.set_limits(limits)
     chunks = pack_groups(points, spec.group, chunk_size)
@@ -361,8 +330,7 @@ def gap_decision(phase: str, x: int, upstream: str, why: str) -> Decision:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdicts(Generic[F]):
-    """Per family: its points' stats where they have a verdict, the points without one and why, and every
-    point's decision (n ascending; a point without a verdict has no winner)."""
+    """Per family: its points' stats, the points without a verdict and why, and every point's decision."""
 
     stats: Mapping[F, Mapping[int, CellStats]]
     no_verdict: Mapping[F, Mapping[int, str]]
@@ -370,7 +338,6 @@ class Verdicts(Generic[F]):
 
     @property
     def n_gaps(self) -> int:
-        """The points without a verdict."""
         return sum(len(v) for v in self.no_verdict.values())
 
 
@@ -382,7 +349,7 @@ def judge(
     upstream = {(spec.family(p), spec.x(p)): spec.upstream(p) for p in points}
     decisions: dict[F, list[Decision]] = {}
     for f in sorted(set(stats) | set(gaps)):
-        ds = decide(spec.phase(f), stats[f]) if f in stats else []
+        ds = compose_phase(spec.phase(f), stats[f]) if f in stats else []
         ds += [gap_decision(spec.phase(f), x, upstream[(f, x)], why) for x, why in gaps.get(f, {}).items()]
         decisions[f] = sorted(ds, key=lambda d: d.depth)
     return Verdicts(stats=stats, no_verdict=gaps, decisions=decisions)

@@ -1,22 +1,14 @@
 """Paired rounds: every candidate measured once per round, back to back, in an order rotated each round.
 
-A candidate's effect at a point is its paired ratio to upstream within each round (see
-:mod:`tuner.measure.paired`). Rounds are added until every cell's CI half-width is at most
-``target_ci`` percent, or ``max_rounds``, or the deadline; with a settle rule (the search passes
-:func:`tuner.rounds.compose.open_depths`), a depth whose decision is settled gets no rounds past the
-minimum, so the rounds go where a decision is still open (a long-context cell on the 1B needed ~12). Prefill and decode are judged
-separately: what one phase measures never stops the other. Where the measure can run both phases in
-one llama-bench call (:func:`run_joint_rounds`), a round pairs a prefill candidate with a decode
-candidate per call, so the two phases share every depth fill, the larger part of a long-context call.
+Rounds are added until every cell's CI half-width is at most ``target_ci`` percent, or ``max_rounds``, or the
+deadline; with a settle rule (:func:`tuner.rounds.compose.open_depths`) a settled depth gets no rounds past the
+minimum, so the rounds go where a decision is still open. Prefill and decode are judged separately. Where the
+measure can run both phases in one llama-bench call (:func:`run_joint_rounds`), they share every depth fill, the
+larger part of a long-context call.
 
-The decisions (claim, keep upstream, more rounds) are :mod:`tuner.measure.decide`'s, through
-:func:`tuner.rounds.compose.judge_phase` and :func:`tuner.rounds.compose.open_depths`: each round records
-its stop rule's limits (``limits``), the looks that rule accounts for.
-
-The round records are plain JSON (stored in the study, so a resumed search adds rounds instead of
-starting over). Next to t/s (``values``) they keep what the measure observed in the timed window:
-CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
-older studies lack them, and everything derived from them is then NaN (:mod:`tuner.rounds.stats`).
+The round records are plain JSON stored in the study, so a resumed search adds rounds. Next to t/s (``values``)
+they keep CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
+older studies lack them (derived values are then NaN), and each records its stop rule's limits (``limits``).
 """
 
 from __future__ import annotations
@@ -54,9 +46,8 @@ from tuner.rounds.stats import OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
 
 
 class AllCallsFailed(TunerError):
-    """Every llama-bench call of a stage's rounds so far failed (a model that does not load, a build that
-    crashes): nothing can be compared, so the search stops (exit 1) instead of composing from no data.
-    The failed round is not stored; rerunning after the fix measures it again."""
+    """Every llama-bench call of a stage's rounds so far failed: the search stops (exit 1) instead of composing
+    from no data. The failed round is not stored."""
 
     def __init__(self, tag: str, calls: int, errors: Sequence[str]) -> None:
         self.tag, self.calls, self.errors = tag, calls, list(errors)
@@ -73,7 +64,7 @@ _KILLED = "llama-bench was killed by"
 
 
 def _bench_said(error: str) -> tuple[str, str]:
-    """llama-bench's own last lines for a failed call's error text (read from the log it names), and the log."""
+    """llama-bench's own last lines for a failed call's error text (from the log it names), and the log."""
     m = re.search(r"see (\S+\.log)", error)
     log_file = m[1] if m else ""
     try:
@@ -104,53 +95,44 @@ class Candidate:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     args: tuple[str, ...] = ()
     kernel: str | None = None
-    """The kernel this candidate forces (None: upstream's own choice)."""
+    """The kernel this candidate forces (None: upstream's choice)."""
 
 
 Point = Mapping[str, Any]
 """What a measure returns per depth: ``{"ts": float|None, "kernel": str|None, "why": str|None, "error": str,
 optional "cpu"/"core"/"gpu": float|None}``."""
 
-# joint(candidate, phases, depths, label) -> {phase: {depth: Point}}: one llama-bench call measuring several
-# phases at the same depths, so they share each depth's fill (llama-bench keeps the context state of the last
-# depth it filled and restores it for the next test at that depth).
+# joint(candidate, phases, depths, label) -> {phase: {depth: Point}}: one llama-bench call, several phases
 JointMeasure = Callable[[Candidate, Sequence[str], Sequence[int], str], Mapping[str, Mapping[int, Point]]]
 
 
 class Measure(Protocol):
-    """``measure(candidate, phase, depths, label) -> {depth: Point}``: one call of one phase (a plain function
-    will do)."""
+    """``measure(candidate, phase, depths, label) -> {depth: Point}``: one call of one phase."""
 
     def __call__(self, cand: Candidate, phase: str, depths: Sequence[int], label: str, /) -> Mapping[int, Point]: ...
 
 
 @runtime_checkable
 class SharedMeasure(Measure, Protocol):
-    """A :class:`Measure` that also runs several phases in one call (``joint``), which then share each depth's
-    fill: the live llama-bench's and the op level's (:func:`run_joint_rounds` pairs the phases' candidates)."""
+    """A :class:`Measure` that also runs several phases in one call (``joint``), sharing each depth's fill."""
 
     joint: JointMeasure
 
 
 # settle(phase, cells) -> the depths whose decision more rounds could still change
-# (tuner.rounds.compose.open_depths); the others get no more rounds once they have the minimum.
 Settle = Callable[[str, "PhaseScreen"], Set[int]]
 
 
 def _phase_rules(cand: Candidate, phase: str) -> list[FaRule]:
-    """The candidate's FA rules that act on ``phase`` (read back from the env its llama-bench gets)."""
     want = Phase.from_bench(phase)
     return [r for r in parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", "")) if r.phase is want]
 
 
 def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_tokens: int) -> Candidate | None:
-    """One candidate that runs each phase's candidate in one process, or None where they cannot share one.
+    """One candidate that runs each phase's candidate in one process, or None where env or args differ.
 
-    Kernel rules act per phase, so a prefill candidate and a decode candidate combine; anything else
-    (process env, bench args) must be equal. A forced prefill kernel is narrowed to the timed tests'
-    n_kv windows ``(d, d + pp + 256]`` so the untimed depth fill runs upstream's prefill kernel
-    whichever candidate is measured (a slow forced kernel would otherwise slow every fill).
-    """
+    A forced prefill kernel is narrowed to the timed tests' n_kv windows ``(d, d + pp + 256]`` so the untimed
+    depth fill runs upstream's prefill kernel whichever candidate is measured."""
     cands = list(by_phase.values())
     rest = [({k: v for k, v in c.env.items() if k != "GGML_TUNER_FA_RULES"}, c.args) for c in cands]
     if any(r != rest[0] for r in rest[1:]):
@@ -183,12 +165,8 @@ def run_joint_rounds(
     settle: Settle | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Paired rounds of several phases at once, call ``j`` of a round running the ``j``-th candidate of each
-    phase's rotated order in one process, at the union of the depths the active phases still need.
-
-    Records stay per phase, so each phase's stop rule, summary and resume are its own. ``prior``: an earlier
-    stage's rounds, pricing only this loop's first round against the budget. ``settle``: see
-    :func:`depths_to_measure`.
-    """
+    phase's rotated order in one process. Records stay per phase. ``prior``: an earlier stage's rounds, pricing
+    only this loop's first round against the budget."""
     want = set(depths)
     mine = {p: [r for r in rounds if r["phase"] == p and want & {int(d) for d in r["depths"]}] for p in cands}
     calls = max(len(c) for c in cands.values()) * max(0, max_rounds - min(len(m) for m in mine.values()))
@@ -216,9 +194,8 @@ def run_joint_rounds(
                 )
                 raise
             recs = _joint_round(joint, {p: cands[p] for p in active}, ds, mine, bar, pp_tokens=pp_tokens, tag=tag)
-            # A round without one number, in a stage that has none yet (``rounds`` holds every phase's
-            # records): the model or the build does not run at all. A phase failing beside one that
-            # measures is data (a prefill crash never stops decode), and is kept as such.
+            # no number in a stage that has none yet: the model or build does not run at all (a phase failing
+            # beside one that measures is data, and kept)
             if not _any_value(recs.values()) and not _any_value(rounds):
                 raise AllCallsFailed(
                     tag,
@@ -245,9 +222,7 @@ def run_joint_rounds(
 
 
 def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, target_ci: float) -> str:
-    """A round's progress note: the widest CI so far and what stops the rounds. One round has no CI (inf),
-    and a target of 0 means the rounds are counted, not sized to a CI: "over ±100% (target ±0%)" there
-    read as a failed measurement."""
+    """A round's progress note: the widest CI so far and what stops the rounds (a target of 0: counted rounds)."""
     if n_rounds < 2:
         wide = "widest 95% CI after round 2"
     else:
@@ -267,15 +242,11 @@ def _round_estimate(
     n_calls: int = 1,
     depths: Sequence[int] = (0,),
 ) -> float:
-    """The next round's seconds, judged by the longest round so far (a killed call loses its round in flight;
-    stopping before it keeps the budget's promise). Before this loop's first round, the slowest call of
-    ``prior`` rounds is scaled to this round's calls and depths (a confirm stage started with too little time
-    left would be killed mid-round; a fresh study's screen passes its price, :func:`tuner.search.cost.priced_screen_call`);
-    0 without either."""
+    """The next round's seconds: the longest round so far, or before the first the slowest call of the latest
+    ``prior`` rounds scaled to this round's calls and depths; 0 without either."""
     est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
     if not done:
-        # The latest rounds only: an older one may have run another way (an H100 confirm, results/sm_90/llama-3.1-8b-q4_k_m/evidence, was
-        # held back by a 337 s round of an earlier version, when the screen's last rounds took 240 s).
+        # the latest rounds only: an older one may have run another way
         recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
         rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
         est = max(rates, default=0.0) * n_calls * _call_weight(depths)
@@ -297,17 +268,12 @@ def depths_to_measure(
     *,
     settle: Settle | None = None,
 ) -> list[int]:
-    """The depths of ``depths`` the next round of ``phase`` measures (empty: the phase is done).
+    """The depths the next round of ``phase`` measures (empty: the phase is done).
 
-    Each depth gets rounds (counted per depth) until it has ``min_rounds``; after that until its widest CI is
-    within ``target_ci``, or it has ``max_rounds``, or (with ``settle``) its decision is settled.
-
-    A depth with a changed kernel that ``settle`` calls settled after :data:`EARLY_SETTLE_ROUNDS` rounds stops
-    there, before ``min_rounds``: below the minimum nothing can be claimed, so only futility can settle it
-    (e.g. TILE forced for prefill on an H100 at a tenth of MMA's speed), and stopping only gives up claims.
-    A depth with no changed kernel (a confirm's point outside every rule) keeps ``min_rounds``: its A/A rounds
-    are the noise the report shows.
-    """
+    Each depth gets rounds until it has ``min_rounds``; after that until its widest CI is within ``target_ci``,
+    or it has ``max_rounds``, or its decision is settled. A depth with a changed kernel that ``settle`` calls
+    settled after :data:`EARLY_SETTLE_ROUNDS` stops before ``min_rounds``: only futility can settle it there.
+    A depth with no changed kernel keeps ``min_rounds``: its A/A rounds are the noise the report shows."""
     st = summarize_phase(phase, mine, depths)
     n = {d: sum(1 for r in mine if str(d) in r["values"].get(UPSTREAM, {})) for d in depths}
     open_ = settle(phase, st) if settle is not None else set(depths)
@@ -346,7 +312,6 @@ def _joint_round(
     pp_tokens: int,
     tag: str,
 ) -> dict[str, dict[str, Any]]:
-    """One round of every active phase; returns its record per phase."""
     orders = {p: rotated([c.name for c in cs], len(mine[p])) for p, cs in cands.items()}
     recs: dict[str, dict[str, Any]] = {
         p: {
@@ -382,7 +347,6 @@ def _joint_round(
 
 
 def _any_value(records: Any) -> bool:
-    """True when some round record holds a measured t/s (a call that ran)."""
     return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
 
 
@@ -410,6 +374,6 @@ def _num(x: float | str | None) -> float | None:
 
 
 def _util(x: float | str | None) -> float | None:
-    """A utilization in percent as stored (0 is a real value, unlike a t/s of 0); None when unknown."""
+    """A utilization in percent (0 is a real value, unlike a t/s of 0); None when unknown."""
     v = _float(x)
     return round(v, 2) if v is not None and math.isfinite(v) and v >= 0 else None

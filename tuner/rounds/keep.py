@@ -1,8 +1,5 @@
-"""The one keep-or-not rule after a confirmation, the search's (:func:`tuner.search.confirm.judge`) and the
-sweep's (:func:`tuner.sweep.confirm.decide_rules`): a change is kept where some point it acts on is faster
-beyond the A/A noise and none is slower beyond it, costs CPU% beyond the noise without a t/s gain, or was too
-noisy to judge (its A/A noise above the ceiling: no claim stands there, "not slower" included). Each caller
-words why from the :class:`Fate`."""
+"""The one keep-or-not rule after a confirmation, the search's and the sweep's: a change is kept where some
+point it acts on is faster beyond the A/A noise and none is slower, CPU-rejected or too noisy to judge."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ _AGAINST: tuple[tuple[Reason, str], ...] = (("slower", "slower"), ("cpu", CPU_RE
 
 @dataclasses.dataclass(frozen=True)
 class Fate(Generic[P]):
-    """Kept or not, the ``reason`` and the points it names (every point for ``no gain``, none for ``none`` and
-    ``gate``)."""
+    """Kept or not, the ``reason`` and the points it names."""
 
     kept: bool
     reason: Reason

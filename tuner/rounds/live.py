@@ -1,18 +1,10 @@
-"""The live measure function: one llama-bench call per candidate over a list of depths, for one
-phase or (``measure.joint``) both, which then share each depth's fill.
+"""The live measure function: one llama-bench call per candidate over a list of depths, for one phase or
+(``measure.joint``) both, which then share each depth's fill.
 
-Every call runs with ``GGML_TUNER_FA_LOG=1``; the patched build prints one line per distinct
-shape and kernel (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (default)``), from which
-the kernel that actually ran at each depth is read: upstream's pick for the upstream candidate,
-``rule`` or ``fallback`` (illegal here, upstream's choice kept) for a forced one. Builds without the
-hook (the CPU backend) print nothing and the kernel stays unknown.
-
-Each depth also carries what the observer saw in the test's timed repetitions (prefill and decode separately;
-docs/design.md):
-``cpu`` (the llama-bench process tree, percent of one core), ``core`` (its busiest thread) and ``gpu``
-(NVML/AMD SMI utilization; None without them). The observer costs one psutil walk of the process
-tree per 100 ms and one per llama-bench ``--progress`` line, a few milliseconds each in this process
-(about 3% of one core on the 2-core CI box), not in llama-bench.
+Every call runs with ``GGML_TUNER_FA_LOG=1``; the patched build's log says which kernel ran at each depth
+(upstream's pick, or ``rule``/``fallback`` for a forced one; unknown without the hook). Each depth also carries
+the observer's ``cpu`` (process tree, percent of one core), ``core`` (busiest thread) and ``gpu`` utilization
+over the timed repetitions (docs/design.md).
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ from tuner.measure.bench import run_bench
 from tuner.measure.falog import kernel_at, parse_fa_log
 from tuner.rounds.joint import Candidate, JointMeasure, Point, SharedMeasure
 
-_OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}
-"""Record keys (:data:`tuner.rounds.stats.OBSERVED`) and the bench columns they come from."""
+_OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}  # record key -> bench column
 
 
 def _finite(x: float | str) -> float | None:
@@ -52,8 +43,7 @@ def make_live_measure(
     arch: str | None,
     cpus: Sequence[int] | None = None,
 ) -> SharedMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` running the real llama-bench of ``bin_dir`` (pinned to
-    ``cpus`` when given: the host-paced scenario)."""
+    """A measure running the real llama-bench of ``bin_dir`` (pinned to ``cpus`` when given)."""
     info: dict[str, str] = {}
 
     def joint(cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str) -> dict[str, dict[int, Point]]:
@@ -115,9 +105,7 @@ def make_live_measure(
 
 
 class _LiveMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` (one phase per call) that also has ``joint`` (both phases
-    in one call: :func:`tuner.rounds.joint.run_joint_rounds`) and ``info`` (the device llama-bench
-    reported, for the report)."""
+    """A measure (one phase per call) with ``joint`` (both phases in one call) and ``info`` (the device)."""
 
     def __init__(self, joint: JointMeasure, info: dict[str, str]) -> None:
         self.joint = joint

@@ -1,29 +1,14 @@
 """The output-equivalence gate as the search's last stage: the confirmed final config vs upstream.
 
-What to run follows ``docs/equivalence.md``: each phase whose config changed is judged in its own
-mode (``decode`` rules and decode-affecting knobs with ``-b 1 -ub 1``, ``prefill`` ones with one
-micro-batch per chunk); each kernel of the kept rules once, its interval widened to ``0-`` so it fires
-at the gate's short context (:func:`tuner.measure.equivalence.widened_rules`); ``strict`` (logits
-byte-identical to upstream's) where only scheduling knobs changed (threads, CUDA graph env) on the
-same build. No change at all: the gate is not needed, and nothing runs.
+What to run follows ``docs/equivalence.md``: each phase whose config changed is judged in its own mode; each
+kernel of the kept rules once, its interval widened to ``0-`` so it fires at the gate's short context;
+``strict`` (byte-identical logits) where only scheduling knobs changed on the same build; nothing when nothing
+changed. Where the search has kernels to force, a non-strict check passes within :data:`BAND_FACTOR` times the
+kernel band, the spread of upstream's own kernels measured on the model at hand (:func:`plan_band`, see
+docs/equivalence.md for the H100 numbers).
 
-**The kernel band (GPU backends).** Upstream's own FlashAttention kernels differ from each other by
-float reordering far beyond the CPU floor: on the H100 (docs/equivalence.md, tests/data/equivalence/h100-calib) forcing TILE
-or MMA for decode instead of upstream's VEC gave mean KLD 8e-4..1e-3 on the 1B shape and 7e-3..8e-3
-on the 8B (same top p 81-87%), ``-fa off`` 8e-4, while a KV cache in q4_0 gave 0.049 and 0.44. So
-where the search has kernels to force, the gate first measures that spread on the model at hand:
-each legal kernel forced on upstream's build against upstream's own pick, per mode
-(:func:`plan_band`). A non-strict check then passes within :data:`BAND_FACTOR` times the band (mean
-and 99% KLD at most twice the band's largest, top-token flips at most twice its most), never tighter
-than the CPU-calibrated defaults (:func:`band_thresholds`). A kernel rule that picks one of
-upstream's kernels thus changes numerics only as much as upstream's own kernel choice does; a
-change an order of magnitude beyond (the q4_0 KV cache: 50x the band) fails. The band's records
-and the thresholds each check was judged by are stored, so ``tuner validate`` re-judges them.
-
-A final config with any failing check is infeasible. The search then keeps upstream's selection
-(:func:`gated_result`): the confirmed speedups belong to the whole final config, so a part of it
-would be a config nobody confirmed; the rejected config and the gate's numbers stay in the result
-for the report.
+A final config with any failing check is infeasible and upstream's selection is kept (:func:`gated_result`): the
+confirmed speedups belong to the whole final config, so a part of it would be a config nobody confirmed.
 """
 
 from __future__ import annotations
@@ -62,10 +47,8 @@ SCHEDULING_FLAGS = frozenset({"-t"})
 SCHEDULING_ENV = frozenset({"GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_GRAPHS"})
 """Environment knobs that only change how kernels are launched (CUDA graphs)."""
 _BATCH_FLAGS = frozenset({"-ub", "-b"})  # the gate's mode sets the micro-batch (one token, or one chunk)
-# llama-bench spells these switches with a 0/1 value, llama-perplexity (common/arg.cpp) as bare flags:
-# `-nkvo 1` there is "error: invalid argument: 1" (on the H100 the gate "failed" a -nkvo 1 config that way,
-# results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3/evidence).
-# flag -> (perplexity spelling for 1, for 0); None: that value is llama.cpp's default, nothing to pass.
+# llama-bench spells these switches with a 0/1 value, llama-perplexity as bare flags (`-nkvo 1` is an error
+# there): flag -> (perplexity spelling for 1, for 0); None: llama.cpp's default, nothing to pass.
 _SWITCHES: dict[str, tuple[str | None, str | None]] = {
     "-nkvo": ("-nkvo", None),
     "--no-kv-offload": ("-nkvo", None),
@@ -91,7 +74,6 @@ class GateCheck:
     upstream_env: Mapping[str, str]
     upstream_args: tuple[str, ...]
     why: str
-    """What changed in this phase (for the report)."""
     not_applied: tuple[str, ...] = ()
     """Final-config flags the gate cannot apply (the micro-batch is its mode's)."""
 
@@ -116,11 +98,8 @@ def _pairs(args: Sequence[str]) -> dict[str, str]:
 
 
 def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], list[str]]:
-    """llama-bench knob args -> (llama-perplexity args, flags left out); FlashAttention on unless a knob says off.
-
-    The search measures with FlashAttention on, so both sides of the gate run it too: era ``mma``
-    spells ``-fa on|off``, the 2025-08 ``rocwmma`` tree has a bare ``-fa`` switch (off by default).
-    """
+    """llama-bench knob args -> (llama-perplexity args, flags left out); FlashAttention on unless a knob says off
+    (era ``mma`` spells ``-fa on|off``, era ``rocwmma`` a bare ``-fa`` switch)."""
     out: list[str] = []
     left: list[str] = []
     fa = True
@@ -141,7 +120,6 @@ def perplexity_args(bench_args: Sequence[str], era: str) -> tuple[list[str], lis
     return ["-fa", "on" if fa else "off"] + out, left
 
 
-# long: the decision table of docs/equivalence.md in one place, about 40 lines.
 def plan_checks(
     *,
     rules: Sequence[FaRule],
@@ -153,17 +131,9 @@ def plan_checks(
     build_changed: bool,
     era: str,
 ) -> list[GateCheck]:
-    """The gate runs a final config needs; empty when nothing differs from upstream (gate not needed).
-
-    Args:
-        rules: The kept FlashAttention rules.
-        base_env, base_args: Upstream's side: the pinned runtime knobs (env, llama-bench args).
-        final_env, final_args: The final config's runtime knobs (rules not included).
-        changed: Each process knob that differs from upstream, by what it sets (its llama-bench flag or
-            environment variable), -> the phases (``pp``/``tg``) it can affect.
-        build_changed: The final config runs another build (variant or compile-time values).
-        era: The tree's era (llama-perplexity's ``-fa`` spelling).
-    """
+    """The gate runs a final config needs (the decision table of docs/equivalence.md); empty when nothing
+    differs from upstream. ``changed``: each process knob that differs, by its flag or env variable, -> the
+    phases it can affect; ``final_env``/``final_args`` exclude the rules."""
     up_args, _ = perplexity_args(base_args, era)
     cand_args, left = perplexity_args(final_args, era)
     left = [x for flag, val in zip(left[::2], left[1::2]) if flag in changed for x in (flag, val)]
@@ -208,8 +178,8 @@ def plan_checks(
 
 
 def plan_band(checks: Sequence[GateCheck], kernels: Mapping[str, Sequence[str]]) -> list[GateCheck]:
-    """The kernel band's runs: in each mode of a non-strict check, each kernel of ``kernels[mode]``
-    forced on upstream's side against upstream's own pick (both on upstream's build)."""
+    """The kernel band's runs: in each mode of a non-strict check, each kernel of ``kernels[mode]`` forced on
+    upstream's build against upstream's own pick."""
     out = []
     for mode in dict.fromkeys(c.mode for c in checks if not c.strict):
         ref = next(c for c in checks if c.mode == mode)
@@ -282,15 +252,10 @@ def run_checks(
     band: Sequence[GateCheck] = (),
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Run each check not in ``done`` (``name -> record``, resumed from the study); a record per check.
-    ``quiet``: no progress lines (a validator re-judging stored checks runs nothing to report).
+    """Run each check not in ``done`` (``name -> record``, resumed from the study); returns the gate record.
 
-    ``run_one(check)`` returns :meth:`EquivalenceResult.as_dict` (or a fake's equivalent); ``on_check``
-    persists each record as soon as it exists. ``band`` (:func:`plan_band`) runs first; each mode's
-    non-strict checks are then judged by that mode's :func:`band_thresholds`. Returns the gate record:
-    ``verdict`` (``pass``, ``fail`` or ``not needed``), ``checks`` (each with ``name``, ``mode``,
-    ``strict``, ``why``) and ``band`` (its records).
-    """
+    ``on_check`` persists each record as soon as it exists. ``band`` runs first; each mode's non-strict checks
+    are then judged by that mode's :func:`band_thresholds`. ``quiet``: no progress lines."""
     if not checks:
         return {
             "verdict": "not needed",
@@ -300,8 +265,7 @@ def run_checks(
 
     def one(c: GateCheck) -> dict[str, Any]:
         rec = done.get(c.name)
-        # A stored check whose run did not complete measured nothing (on the H100: a flag llama-perplexity
-        # refused, since fixed): a resumed search runs it again instead of carrying the failure forward.
+        # a stored check whose run did not complete measured nothing: run it again, don't carry the failure
         if rec is None or not rec.get("stats"):
             rec = {**run_one(c), "name": c.name, "why": c.why, "not_applied": list(c.not_applied)}
             on_check(c.name, rec)
@@ -347,10 +311,8 @@ def run_gate_check(
     run_dir: Path,
     jobs: int | None = None,
 ) -> dict[str, Any]:
-    """One check with the real llama-perplexity of both builds (built on demand, build ids kept).
-
-    A failed tool build is a failed check with its reason, never a crash. Logs are recorded relative
-    to ``run_dir``: the study and the export must not name this machine's paths."""
+    """One check with the real llama-perplexity of both builds (built on demand); a failed tool build is a failed
+    check. Logs are recorded relative to ``run_dir``: the study and the export must not name this machine's paths."""
     try:
         up, fin = (ensure_targets(b, ["llama-perplexity"], jobs=jobs) for b in (up_build, fin_build))
     except TunerError as err:
@@ -379,12 +341,8 @@ def run_gate_check(
 
 
 def gated_result(result: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
-    """The result to export: unchanged with its gate record when it passed, upstream's selection when it failed.
-
-    A failed final config is infeasible: its rules and knobs are dropped as a whole (see the module
-    docstring), its confirmed rows go with it (they measured the rejected config), and the rejected
-    config with the failing numbers is kept under ``gate.rejected`` for the report.
-    """
+    """The result to export: unchanged with its gate record when it passed, else upstream's selection, with the
+    rejected config and its failing numbers under ``gate.rejected``."""
     if gate["verdict"] != "fail":
         return {**result, "gate": dict(gate)}
     failing = [c for c in gate["checks"] if not c.get("passed")]

@@ -1,12 +1,8 @@
 """Per-point statistics of paired rounds: upstream's kernel, the A/A noise and each candidate's effect.
 
-Upstream's own pick per point is read from the patched build's ``GGML_TUNER_FA_LOG`` lines, so the
-forced candidate equal to it is a built-in A/A pair that measures the noise. Where no kernel can be
-forced (the CPU backend), an explicit second upstream candidate (:data:`AA_NAME`) is the A/A pair.
-
-Decode cells apply the CPU% rule (docs/design.md, "CPU% in decode decisions"; :func:`tuner.measure.paired.rejects_cpu_cost`): a candidate whose
-CPU% rises beyond the A/A pair's CPU noise without a t/s gain beyond the t/s noise gets the verdict
-``rejected: CPU% up without a t/s gain``.
+Upstream's own pick per point is read from the patched build's ``GGML_TUNER_FA_LOG`` lines, so the forced
+candidate equal to it is a built-in A/A pair; where no kernel can be forced (the CPU backend), a second upstream
+candidate (:data:`AA_NAME`) is. Decode cells apply the CPU% rule (docs/design.md, "CPU% in decode decisions").
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ class CellStats:
     depth: int
     upstream_kernel: str | None
     aa: str | None
-    """The candidate used as the A/A pair here."""
     noise_pct: float
     upstream_ts: float
     effects: Mapping[str, Effect]
@@ -57,22 +52,17 @@ class CellStats:
     cpu: Mapping[str, Diff] = dataclasses.field(default_factory=dict)
     """CPU% of each candidate in ``effects`` minus upstream's, paired by round (points)."""
     cpu_noise: float = math.inf
-    """The A/A pair's CPU% noise (points; infinite when unknown)."""
     levels: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     """Per candidate (upstream included): median ``ts``, ``cpu``, ``core`` and ``gpu`` over the rounds."""
     kernels: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
-    """Per candidate (upstream included): the kernel it ran most often here (None where unknown)."""
+    """Per candidate (upstream included): the kernel it ran most often here."""
     bar_pct: float = math.nan
-    """The t/s bar the verdicts were judged against: the A/A noise, at least the phase's noise floor
-    (:func:`tuner.rounds.compose.judge_phase`); NaN while only this cell's own noise judged them."""
+    """The t/s bar the verdicts were judged against (:func:`tuner.rounds.compose.judge_phase`; NaN: not yet)."""
     cpu_bar: float = math.nan
-    """The CPU% bar likewise (points)."""
     series: Mapping[str, tuple[float | None, ...]] = dataclasses.field(default_factory=dict)
-    """Per candidate (upstream included; fallbacks left out): its t/s in each round, aligned by round
-    (what :mod:`tuner.measure.decide` tests; not stored, the rounds are)."""
+    """Per candidate (fallbacks left out): its t/s in each round (what :mod:`tuner.measure.decide` tests)."""
     limits: tuple[int, int] = DEFAULT_LIMITS
-    """The rounds' stop rule (min_rounds, max_rounds): the round counts a cell could stop at (records
-    without it: the default limits, the maximum widened to the rounds measured)."""
+    """The rounds' stop rule (min_rounds, max_rounds): the round counts a cell could stop at."""
 
     @property
     def max_halfwidth(self) -> float:
@@ -176,8 +166,8 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
 
 
 def _limits(recs: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """The (min, max) rounds of the stop rule the records were measured under (a resumed search with a raised
-    cap: the widest); records before it was stored: the default limits, the maximum widened to the rounds."""
+    """The widest (min, max) rounds the records were measured under; records before it was stored: the
+    default limits, the maximum widened to the rounds."""
     recorded = [(int(r["limits"][0]), int(r["limits"][1])) for r in recs if r.get("limits")]
     if recorded:
         return min(x[0] for x in recorded), max(x[1] for x in recorded)
@@ -185,7 +175,6 @@ def _limits(recs: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
 
 
 def _series(recs: Sequence[Mapping[str, Any]], key: str, name: str, depth: str) -> list[float | None]:
-    """One candidate's per-round values at a depth: ``ts`` (from ``values``) or an OBSERVED key
-    (None in rounds, or whole records of older studies, that lack it)."""
+    """One candidate's per-round values at a depth: ``ts`` or an OBSERVED key (None where a record lacks it)."""
     field = "values" if key == "ts" else key
     return [r.get(field, {}).get(name, {}).get(depth) for r in recs]

@@ -1,11 +1,8 @@
 """The SQLite file a run of paired rounds keeps its samples in, with the identity of the run they belong to.
 
-One :class:`SampleStore` serves any point key; a :class:`Table` says how a key is stored (the
-FlashAttention sweep's shape and n_kv, the MMQ sweep's type, size and batch size). The identity (arch,
-backend, build, timer...) is written by the first run into a ``meta`` table; a later run with another
-identity is refused, so one file never mixes two builds' timings. Each sample, one (point, config, round),
-is written as its process ends, so an interrupted run resumes where it stopped
-(:meth:`SampleStore.whole_round`).
+A :class:`Table` says how a point key is stored. The identity (arch, backend, build, timer...) is written by the
+first run into a ``meta`` table; a later run with another identity is refused, so one file never mixes two
+builds' timings. Each sample is written as its process ends, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ from tuner.errors import UsageError
 from tuner.measure import device
 
 DEVICE = "device"
-"""The identity key of the device a store's samples were measured on (``llama-bench --list-devices``'s
-description); compared where the file records one, recorded where it does not."""
+"""The identity key of the device a store's samples were measured on; compared where the file records one."""
 
 K = TypeVar("K", bound=Hashable)
 
@@ -56,17 +52,11 @@ def open_store(
     strict: bool,
     legacy: Mapping[str, str] | None = None,
 ) -> sqlite3.Connection:
-    """``path`` opened (made if new) with its samples table (``table_sql``, a ``CREATE TABLE IF NOT EXISTS``)
-    and ``identity`` checked against the one recorded, then recorded where it was not.
+    """``path`` opened (made if new) with its samples table and ``identity`` checked against the one recorded,
+    then recorded where it was not; UsageError for a file this cannot use or one with another identity.
 
-    ``strict``: a recorded identity must have every key of this one (another kind of sweep lacks this kind's
-    keys); else only its recorded keys are compared (older files still resume). ``legacy``: keys added later,
-    with the value older files were measured with (they resume where that value is asked for). ``what`` names
-    the storage and ``fix`` ends the refusal.
-
-    Raises:
-        UsageError: Not a SQLite file this can use, or one with another identity.
-    """
+    ``strict``: a recorded identity must have every key of this one; else only its recorded keys are compared
+    (older files still resume). ``legacy``: keys added later, with the value older files were measured with."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -106,16 +96,13 @@ def open_store(
 
 
 def write_limits(db: sqlite3.Connection, limits: tuple[int, int]) -> None:
-    """Record a run's round limits (min_rounds, max_rounds: the looks its verdicts spend alpha over) in
-    ``meta``; a later run may change them (more rounds for the points still open), so they are no part of
-    the identity."""
+    """Record a run's round limits in ``meta``; a later run may change them, so they are no part of the identity."""
     with db:
         db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
 
 
 def read_limits(db: sqlite3.Connection, table: str) -> tuple[int, int]:
-    """The round limits of the last run; a file made before they were recorded was measured with a fixed
-    number of rounds, every round its samples ``table`` holds (one look)."""
+    """The round limits of the last run; (n, n) for a file made before they were recorded (fixed rounds)."""
     row = db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
     if row is not None:
         lo, hi = (int(x) for x in str(row[0]).split(","))
@@ -126,8 +113,7 @@ def read_limits(db: sqlite3.Connection, table: str) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sample(Generic[K]):
-    """One (point, config, round): microseconds per op, or None with the reason it failed; ``kernel``: the
-    kernel the timer's log names, where it names one."""
+    """One (point, config, round): microseconds per op, or None with the reason it failed."""
 
     key: K
     config: str
@@ -142,16 +128,12 @@ class Sample(Generic[K]):
 
 
 Column = str | int
-"""A point column's SQL value."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Table(Generic[K]):
-    """How one kind of point is stored. ``create``: the samples table ``name``'s ``CREATE TABLE IF NOT
-    EXISTS``; ``columns``: a point's columns, its key's ``n_key`` first (the primary key's before config and
-    round); ``encode`` and ``decode`` map a key to them and back; ``value``: the time column; ``kernel``:
-    whether the table keeps the kernel column. ``identity``: what every file of the kind records; ``what``,
-    ``fix``, ``strict`` and ``legacy``: :func:`open_store`'s."""
+    """How one kind of point is stored. ``columns``: a point's columns, its key's ``n_key`` first; ``encode`` and
+    ``decode`` map a key to them and back; ``value``: the time column; ``identity``: what every file records."""
 
     name: str
     create: str
@@ -169,8 +151,7 @@ class Table(Generic[K]):
 
 
 class SampleStore(Generic[K]):
-    """Samples in a SQLite file (one row per point, config and round) and the identity of their run
-    (:func:`open_store`: a later run with another identity is refused)."""
+    """Samples in a SQLite file (one row per point, config and round) and the identity of their run."""
 
     def __init__(self, table: Table[K], path: Path, identity: Mapping[str, str]) -> None:
         self.table = table
@@ -190,12 +171,9 @@ class SampleStore(Generic[K]):
         self.db.close()
 
     def set_limits(self, limits: tuple[int, int]) -> None:
-        """Record the round limits of this run (:func:`write_limits`)."""
         write_limits(self.db, limits)
 
     def limits(self) -> tuple[int, int]:
-        """The round limits of the last run; (n, n) for a file made before they were recorded (fixed rounds:
-        every one of its n rounds, one look)."""
         return read_limits(self.db, self.table.name)
 
     def recorded(self, config: str, round_index: int) -> set[K]:
@@ -206,7 +184,7 @@ class SampleStore(Generic[K]):
         return {self.table.decode(row) for row in rows}
 
     def forget(self, round_index: int, keys: Iterable[K]) -> None:
-        """Delete every config's sample of round ``round_index`` at the points ``keys`` (a round to measure again)."""
+        """Delete every config's sample of round ``round_index`` at the points ``keys``."""
         t = self.table
         where = " AND ".join(f"{c} = ?" for c in t.columns[: t.n_key])
         with self.db:
@@ -228,8 +206,8 @@ class SampleStore(Generic[K]):
             )
 
     def samples(self, among: Iterable[K] | None = None) -> list[Sample[K]]:
-        """Every stored sample, ordered by key, config and round; with ``among``, of the points that share
-        their first column with one of those keys (a chunk's shapes) only."""
+        """Every stored sample, ordered by key, config and round; with ``among``, only of the points that share
+        their first column with one of those keys."""
         t = self.table
         firsts = None if among is None else list(dict.fromkeys(t.encode(k)[0] for k in among))
         where = "" if firsts is None else f" WHERE {t.columns[0]} IN ({', '.join('?' * len(firsts))})"
@@ -253,13 +231,8 @@ class SampleStore(Generic[K]):
         ]
 
     def whole_round(self, want: Mapping[str, Collection[K]], r: int, what: str) -> list[tuple[str, set[K]]]:
-        """(config, its keys still to measure) of round ``r`` (0-based), in ``want``'s order (config -> the keys
-        its process times in the round).
-
-        A round is paired: its configs' ratios are taken within it, so they must run back to back on one
-        machine. A round partly stored (one config's samples there, another's missing) was cut off by an
-        earlier call, which may have run on another machine hours before; it is forgotten and measured again
-        whole."""
+        """(config, its keys still to measure) of round ``r``, in ``want``'s order. A round is paired, so one
+        partly stored (cut off by an earlier call, maybe on another machine) is forgotten and measured again whole."""
         have = {cfg: self.recorded(cfg, r) & set(ks) for cfg, ks in want.items()}
         missing = {cfg: set(ks) - have[cfg] for cfg, ks in want.items()}
         if any(have.values()) and any(missing.values()):
@@ -270,7 +243,7 @@ class SampleStore(Generic[K]):
 
 
 def read_store(table: Table[K], path: Path) -> tuple[list[Sample[K]], tuple[int, int]]:
-    """A storage's samples and round limits, the file closed after (what a recomposition reads)."""
+    """A storage's samples and round limits, the file closed after."""
     store = SampleStore(table, path, {})
     try:
         return store.samples(), store.limits()

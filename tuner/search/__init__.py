@@ -1,17 +1,8 @@
-"""The ``search`` stage.
-
-``tuner search`` runs :func:`~tuner.search.pipeline.run_pipeline`: screen -> compose -> tune -> confirm.
-
-* ``screen`` measures upstream's kernel choice and every legal forced kernel per phase and depth in paired,
-  interleaved rounds (runtime only, zero rebuilds);
-* ``compose`` turns it into FlashAttention rules keyed by the model's shape, a kernel per depth interval, only
-  where a kernel beats upstream by the decision rule (:mod:`tuner.measure.decide`);
-* ``tune`` runs Optuna only over what really is a joint search (compile-time rows, process-wide knobs);
-* ``confirm`` re-measures the final config against upstream at every depth plus depths the screen did not
-  use; only what confirms is exported.
-
-``study`` holds the configuration; studies of the earlier one-TPE search (the stored H100 results) are read
-back by ``record`` and exported through ``select``/``winner``. The public names are re-exported here.
+"""The ``search`` stage: :func:`~tuner.search.pipeline.run_pipeline` screens upstream's kernel choice against every
+legal forced kernel per phase and depth (runtime only), composes FlashAttention rules where a kernel beats
+upstream by the decision rule, tunes compile-time rows and process-wide knobs with Optuna, and confirms the final
+config against upstream; only what confirms is exported. Studies of the earlier one-TPE search (the stored H100
+results) are read back by ``record`` and exported through ``select``/``winner``.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ __all__ = [
 
 # The pipeline is imported on call: it pulls in Optuna and every stage, which `import tuner.search` should not.
 def run_search(cfg: SearchConfig) -> SearchOutcome:
-    """Run (or resume) ``tuner search``'s pipeline (screen -> compose -> tune -> confirm) for ``cfg``;
-    returns its outcome, the confirmed result among it (see :func:`tuner.search.pipeline.run_pipeline`)."""
+    """Run (or resume) ``tuner search``'s pipeline for ``cfg``; returns its outcome."""
     from tuner.search.pipeline import run_pipeline
 
     return run_pipeline(cfg)

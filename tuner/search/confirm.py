@@ -1,19 +1,13 @@
 """Confirm: the final config against upstream, paired and interleaved, at every point.
 
-Three candidates per round (rotated): upstream, upstream again (the A/A pair: this procedure's noise) and the
-final config, at the screen's ladder plus depths it did not use (halfway between deeper neighbours, e.g. 12288
-and 49152), so a rule's boundary is checked where it was not measured. Phases whose config is upstream's are
-not measured, and reported so.
+Three candidates per round (rotated): upstream, upstream again (the A/A pair) and the final config, at the
+screen's ladder plus depths it did not use, so a rule's boundary is checked where it was not measured.
 
 A rule with a point slower than upstream inside its interval, or with none faster, is dropped; so is a
 process-wide knob that makes any point slower. A kept rule whose shallowest points are not faster is narrowed
-to start at its first confirmed-faster depth; the points it no longer covers are relabelled as upstream's
-kernel, their measurements kept aside. Faster and slower are the decision rule's (:mod:`tuner.measure.decide`
-through :func:`tuner.rounds.compose.judge_phase`: per-round differences to the A/A pair, Holm over the phase's
-points, Bonferroni over the round counts a point may stop at; confirming rules alone, points no rule covers
-leave that family). A decode point whose CPU% rises beyond the A/A CPU noise without a t/s gain beyond the t/s
-noise (docs/design.md, "CPU% in decode decisions") counts as slower (``rejected: CPU% up without a t/s gain``).
-The export claims only the points that confirmed.
+to start at its first confirmed-faster depth. Faster and slower are the decision rule's
+(:func:`tuner.rounds.compose.judge_phase`); a decode point rejected for its CPU cost counts as slower. The export
+claims only the points that confirmed.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from __future__ import annotations
 __all__ = ["FINAL", "confirm_depths", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -48,7 +43,6 @@ class Judgement(TypedDict):
     kept: tuple[FaRule, ...]
     dropped: dict[FaRule, str]
     narrowed: dict[FaRule, str]
-    """Kept rule (narrowed) -> why."""
     rows: list[dict[str, Any]]
     """The point rows, relabelled where a rule no longer covers a point."""
     process_ok: bool
@@ -56,10 +50,9 @@ class Judgement(TypedDict):
 
 
 def extra_depths(ladder: Sequence[int], *, limit: int = 1, max_depth: int | None = None) -> list[int]:
-    """Depths the screen did not use: halfway between consecutive ladder depths from 8192 up (where
-    rule boundaries live), at most ``limit`` of them: the shallowest, then the deepest, then the rest
-    from the shallow end. The shallow ones come first because they are cheap (a call fills every depth
-    it measures) and sit where measured boundaries are (docs/llama-bench-cost.md)."""
+    """Depths the screen did not use: halfway between consecutive ladder depths from 8192 up (where rule
+    boundaries live), at most ``limit``: the shallowest (cheap, and where measured boundaries are), the
+    deepest, then the rest from the shallow end."""
     ds = sorted(set(ladder))
     mids = [(a + b) // 2 // 256 * 256 for a, b in itertools.pairwise(ds) if a >= 8192]
     mids = [m for m in mids if m not in ds and (max_depth is None or m <= max_depth)]
@@ -72,12 +65,9 @@ def extra_depths(ladder: Sequence[int], *, limit: int = 1, max_depth: int | None
 def point_rows(
     phase: str, cells: Mapping[int, CellStats], records: Sequence[Mapping[str, Any]], *, family: Family = "changed"
 ) -> list[dict[str, Any]]:
-    """One row per confirmed point: kernels on both sides, t/s, Δ% with its paired CI, noise, verdict;
-    and CPU% (total, busiest core) and GPU% on both sides with the paired CPU% difference and the A/A
-    CPU noise (NaN where the records carry no utilizations). ``family``: the decision rule's Holm family
-    (:func:`tuner.rounds.compose.sequential_calls`): ``"changed"`` where the final config is upstream's
-    plus kernel rules (a point no rule covers runs upstream's kernel: it is not tested), ``"all"`` where it
-    changes process knobs or the build too (every point can differ)."""
+    """One row per confirmed point: kernels, t/s, Δ% with its paired CI, noise, verdict and utilizations on
+    both sides (NaN where unknown). ``family``: the Holm family (``"all"`` where process knobs or the build
+    changed too)."""
     out = []
     judged = judge_phase(phase, cells, family=family)  # the same bar and verdicts as the screen's decisions
     for d in sorted(judged):
@@ -135,14 +125,9 @@ def _majority_kernel(records: Sequence[Mapping[str, Any]], name: str, d: int) ->
 def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process_changed: bool) -> Judgement:
     """Which rules (and whether the process-wide knobs) survive the confirmation.
 
-    A kept rule whose inside points below its shallowest ``faster`` one are not faster is narrowed to
-    start there (:func:`narrowed_rule`): a kernel change that does not show end to end beyond the noise is
-    reported, not exported. Only where the rules were confirmed alone (``process_changed`` False): with
-    tuned knobs the points measured knobs and kernel together, and upstream's kernel with the knobs alone
-    was never measured, so such a rule is kept whole. The points it no longer covers (and no other kept
-    rule does) are relabelled (:func:`relabel_rows`), and so are a dropped rule's points where the rules
-    were confirmed alone.
-    """
+    A kept rule is narrowed (:func:`narrowed_rule`) only where the rules were confirmed alone: with tuned knobs
+    upstream's kernel with the knobs alone was never measured, so the rule is kept whole. The points it no
+    longer covers are relabelled, and so are a dropped rule's points where the rules were confirmed alone."""
     kept: list[FaRule] = []
     dropped: dict[FaRule, str] = {}
     narrowed: dict[FaRule, tuple[FaRule, str]] = {}
@@ -188,9 +173,8 @@ def judge(rules: Sequence[FaRule], rows: Sequence[Mapping[str, Any]], *, process
 
 
 def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[FaRule, str] | None:
-    """``(rule from its shallowest confirmed-faster depth on, why)`` where points of ``inside`` (its
-    confirmed points) lie below that depth, none of them faster; None where its shallowest point is faster
-    (or none is)."""
+    """``(rule from its shallowest confirmed-faster depth on, why)`` where points of ``inside`` lie below that
+    depth; None where its shallowest point is faster (or none is)."""
     faster = [int(x["depth"]) for x in inside if x["verdict"] == "faster"]
     if not faster:
         return None
@@ -203,11 +187,8 @@ def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[Fa
 
 
 def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
-    """The confirm stage: the final config (the ``proposal``'s rules and tuned trial) against upstream (the run's
-    runtime) in every phase it changes, at the screen's depths plus :func:`extra_depths`.
-
-    Rounds are stored as they finish (keyed by what is confirmed), so a resumed search goes on from
-    them. Tuned process knobs that make a point slower are dropped and the rules confirmed alone."""
+    """The confirm stage: the ``proposal`` against upstream in every phase it changes (resumable). Tuned process
+    knobs that make a point slower are dropped and the rules confirmed alone."""
     attempt = 0
     knobs_dropped: dict[str, object] | None = None
     depths = confirm_depths(run)
@@ -216,7 +197,6 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
         if j["process_ok"] or attempt > 0:
             break
         log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
-        # What was measured of them stays in the result: the report shows the rounds that ran, not "nothing".
         tuned = proposal.tuned
         knobs_dropped = {
             "trial": tuned.trial if tuned else None,
@@ -227,7 +207,6 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
         }
         proposal = dataclasses.replace(proposal, tuned=None)
         attempt += 1
-    # The loop ends with process_ok (a second attempt confirms the rules alone, so it cannot fail on knobs).
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
     for r, why in j["narrowed"].items():
@@ -248,23 +227,21 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
 
 
 def confirm_depths(run: SearchRun) -> list[int]:
-    """The depths the confirm measures: the screen's and :func:`extra_depths` (``--confirm-extra``) up to the
-    model's context length."""
+    """The screen's depths and :func:`extra_depths` up to the model's context length."""
     cfg = run.cfg
     extra = extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=run.shape.context_length)
     return sorted(set(cfg.depths) | set(extra))
 
 
 def _finite_rows(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    """``rows`` without their non-finite numbers (a too-noisy point's CI can be infinite): stored as they are
-    measured, and a result is stored only finite."""
+    """``rows`` without their non-finite numbers: a result is stored only finite."""
     return [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in rows]
 
 
 def _confirm_attempt(
     run: SearchRun, proposal: Proposal, depths: Sequence[int]
 ) -> tuple[list[dict[str, Any]], Judgement, list[str]]:
-    """One confirm of one final config: its rows, the judgement and the phases measured (stored)."""
+    """One confirm of one final config: its rows, the judgement and the phases measured."""
     cfg, st, space, builds = run.cfg, run.st, run.space, run.builds
     rules, tuned = proposal.rules, proposal.tuned
     variant = str((tuned.values if tuned else {}).get("variant", run.base_variant))
@@ -277,8 +254,7 @@ def _confirm_attempt(
     build, fb = builds.get(run.base_variant, {}), builds.get(variant, compile_values)
     process_changed = bool(tuned)
     rule_phases = {r.phase.bench for r in rules}
-    # One build on both sides: both phases share each call, so the phase without a change is
-    # measured too (nearly free: it shares the depth fills) and the report shows it did not move.
+    # one build on both sides: the phase without a change shares each call, nearly free
     factory = confirm_factory(run, proposal)
     m_up, m_fin = factory(build), factory(fb)
     shared = m_up.joint if fb is build and isinstance(m_up, SharedMeasure) else None
@@ -295,13 +271,18 @@ def _confirm_attempt(
     def measure(c: Candidate, phase: str, ds: Sequence[int], label: str) -> Mapping[int, Point]:
         return (m_fin if c.name == FINAL else m_up)(c, phase, ds, label)
 
-    def persist(r: Mapping[str, Any]) -> None:
-        st.append_confirm_round(ckey, r)
-
-    # Rules alone: rounds past the minimum go to the depths where a rule changes the kernel and its
-    # verdict is still open; tuned process knobs act everywhere, so every depth gets them.
-    settle = None if process_changed else open_depths
-    # Rules alone: a point no rule covers runs upstream's kernel (A/A by construction) and leaves Holm's family.
+    # the rounds' settings, shared and one-phase alike; tuned process knobs act at every depth, rules alone only
+    # where a rule changes the kernel
+    how: dict[str, Any] = {
+        "min_rounds": cfg.min_rounds,
+        "max_rounds": cfg.max_rounds,
+        "target_ci": cfg.ci_target,
+        "budget": run.budget,
+        "on_round": functools.partial(st.append_confirm_round, ckey),
+        "tag": "confirm",
+        "prior": st.screen_rounds,
+        "settle": None if process_changed else open_depths,
+    }
     family: Family = "all" if process_changed else "changed"
     rows: list[dict[str, Any]] = []
     todo = [p for p in phases if not st.confirm_done(ckey, p)]
@@ -310,21 +291,7 @@ def _confirm_attempt(
             f"Confirm {' and '.join(todo)} in shared calls: the final config vs upstream (and upstream vs itself) "
             f"at depths {list(depths)}"
         ):
-            run_joint_rounds(
-                shared,
-                {p: [up, aa, final] for p in todo},
-                list(depths),
-                recs,
-                pp_tokens=cfg.pp,
-                min_rounds=cfg.min_rounds,
-                max_rounds=cfg.max_rounds,
-                target_ci=cfg.ci_target,
-                budget=run.budget,
-                on_round=persist,
-                tag="confirm",
-                prior=st.screen_rounds,
-                settle=settle,
-            )
+            run_joint_rounds(shared, {p: [up, aa, final] for p in todo}, list(depths), recs, pp_tokens=cfg.pp, **how)
     for phase in phases:
         if st.confirm_done(ckey, phase):
             mine = [r for r in recs if r["phase"] == phase]
@@ -333,21 +300,7 @@ def _confirm_attempt(
         with log.step(
             f"Confirm {phase}: the final config vs upstream (and upstream vs itself) at depths {list(depths)}"
         ):
-            mine = run_phase_rounds(
-                measure,
-                phase,
-                [up, aa, final],
-                list(depths),
-                recs,
-                min_rounds=cfg.min_rounds,
-                max_rounds=cfg.max_rounds,
-                target_ci=cfg.ci_target,
-                budget=run.budget,
-                on_round=persist,
-                tag="confirm",
-                prior=st.screen_rounds,
-                settle=settle,
-            )
+            mine = run_phase_rounds(measure, phase, [up, aa, final], list(depths), recs, **how)
         run.budget.check(f"confirm {phase}")
         st.set_confirm_done(ckey, phase)
         rows += point_rows(phase, summarize_phase(phase, mine, depths), mine, family=family)

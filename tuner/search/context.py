@@ -1,11 +1,6 @@
-"""One search run as its stages see it: :class:`SearchRun`, resolved once before the first stage (the config, the
-study, the space resolved for this machine and model, the pins, the model's shape, upstream's runtime, the
-builds, the budget, the measures), and the records the stages hand on (:class:`GateResult`,
-:class:`Proposal`; the confirm and the gates hand on :class:`~tuner.study.record.SearchOutcome`). Each stage of
-:mod:`tuner.search.pipeline` is ``stage(run, previous) -> record``.
-
-Here too: the run's builds (:class:`Builds`), the test-backend-ops gate of a build (:func:`gate`) and the measures
-(llama-bench's, :func:`live_measure`; the op level's, :func:`kernel_factory`; the confirm's, :func:`confirm_factory`).
+"""One search run as its stages see it: :class:`SearchRun`, resolved once before the first stage, and the
+records the stages hand on; each stage of :mod:`tuner.search.pipeline` is ``stage(run, previous) -> record``.
+Here too: the run's builds, the test-backend-ops gate of a build and the measures.
 """
 
 from __future__ import annotations
@@ -62,20 +57,17 @@ ALL_KERNELS = ("VEC", "TILE", "MMA")
 """The FlashAttention kernels a gate forces (as test-backend-ops names them)."""
 
 MeasureFactory = Callable[[Build], Measure]
-"""build -> the measure that runs it (llama-bench's by default; a test's or the replay's fake)."""
 
 
 class Equivalence(Protocol):
-    """``equivalence(check, upstream_build, final_build, work_dir) -> record``: replaces the output-equivalence
-    gate's llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`)."""
+    """Replaces the output gate's llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`)."""
 
     def __call__(self, check: GateCheck, upstream: Build, final: Build, work_dir: Path, /) -> Mapping[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GateResult:
-    """test-backend-ops FLASH_ATTN_EXT on one build with ``kernels`` forced, as the study stores it (``gates``, by
-    build id): ``status`` ``pass``, ``fail`` or ``skipped`` (``why``)."""
+    """test-backend-ops FLASH_ATTN_EXT on one build with ``kernels`` forced: ``pass``, ``fail`` or ``skipped``."""
 
     status: str
     why: str = ""
@@ -117,21 +109,19 @@ class Proposal:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchRun:
-    """Everything the stages of one search (or ``tuner worker``) share, resolved once (module docstring)."""
+    """Everything the stages of one search (or ``tuner worker``) share, resolved once."""
 
     cfg: SearchConfig
     study: optuna.Study
     storage: optuna.storages.RDBStorage
     st: StudyState
     header: StudyHeader
-    """What the study records it measured (its shape: the model's, as stored)."""
     space: SearchSpace
-    """The space with this machine's threads/-ngl values (:func:`tuner.plan.derive.space_for_run`)."""
+    """The space with this machine's threads/-ngl values."""
     legal: Mapping[str, Legal]
     variants: tuple[str, ...]
     """The variants searched, upstream's first."""
     fixed: Mapping[str, object]
-    """The ``--set`` pins, coerced by the space."""
     shape: ModelShape
     base_env: Mapping[str, str]
     base_args: tuple[str, ...]
@@ -148,17 +138,14 @@ class SearchRun:
 
     @property
     def base_variant(self) -> str:
-        """Upstream's variant: the pinned one, else the space's first."""
         return str(self.fixed.get("variant", self.variants[0]))
 
     @property
     def kernels(self) -> dict[str, list[str]]:
-        """Forced kernels the space allows per phase (:func:`kernels_for`)."""
         return {p: kernels_for(self.space, p) for p in PHASES}
 
     def price(self, key: str) -> float:
-        """A per-step cost recorded for the model size nearest this one (``gate_s``, ``residency_s``,
-        ``equivalence_check_s`` of ``tuner/data/step_costs.toml``): what the budget checks before such a step."""
+        """A per-step cost (``tuner/data/step_costs.toml``) recorded for the model size nearest this one."""
         return float(nearest_recording(load_step_costs(), self.shape.d_model)[key])
 
 
@@ -174,9 +161,8 @@ def kernels_for(space: SearchSpace, phase: str) -> list[str]:
 
 class Builds:
     """The builds of one process, looked up once per (variant, compile values): a cached build still costs a
-    render and a no-op ninja run, which the tune and confirm stages must not pay per trial. Compile values
-    reach it from tune trials, whose constraint check already passed: the render does not check them again.
-    A build that is not cached starts only where its price fits the ``budget`` (one cut off is lost whole)."""
+    render and a no-op ninja run. Compile values come checked (tune trials). A build that is not cached starts
+    only where its price fits the ``budget``."""
 
     def __init__(self, cfg: SearchConfig, space: SearchSpace | None, budget: Budget) -> None:
         self.cfg, self.space, self.budget = cfg, space, budget
@@ -202,9 +188,8 @@ class Builds:
 
 
 def gate(run: SearchRun, build: Build, kernels: Sequence[str] = ALL_KERNELS) -> GateResult:
-    """test-backend-ops FLASH_ATTN_EXT with each of ``kernels`` forced, once per build (recorded in the study
-    with the kernels it forced; a tune trial forces only those its rows change,
-    :func:`tuner.search.tune.gate_kernels`); started only where its price fits the budget."""
+    """test-backend-ops FLASH_ATTN_EXT with each of ``kernels`` forced, once per build (recorded in the study);
+    started only where its price fits the budget."""
     st, cfg, arch = run.st, run.cfg, run.cfg.target.arch
     gates = st.gates
     if build.build_id in gates:
@@ -252,7 +237,7 @@ def kv_type(bench_args: Sequence[str]) -> str:
 
 
 def live_measure(cfg: SearchConfig, build: Build) -> Measure:
-    """The real llama-bench of ``build`` (:mod:`tuner.rounds.live`), with ``cfg``'s tokens and repetitions."""
+    """The real llama-bench of ``build`` with ``cfg``'s tokens and repetitions."""
     return live_bench.make_live_measure(
         build.bin_dir,
         cfg.model,
@@ -267,8 +252,7 @@ def live_measure(cfg: SearchConfig, build: Build) -> Measure:
 
 
 def kernel_factory(run: SearchRun) -> MeasureFactory:
-    """build -> the op-level measure (test-backend-ops FLASH_ATTN_EXT at the model's shape), held to the
-    study's device: the screen's, and the tune's where its trials run at the op level."""
+    """build -> the op-level measure (FLASH_ATTN_EXT at the model's shape), held to the study's device."""
     cfg = run.cfg
 
     def make(b: Build) -> Measure:
@@ -286,9 +270,8 @@ def kernel_factory(run: SearchRun) -> MeasureFactory:
 
 
 def confirm_factory(run: SearchRun, proposal: Proposal) -> MeasureFactory:
-    """The confirm stage's measure factory. Prefill rides along in the confirm's shared calls only to show it
-    did not move where nothing changes it: it then gets decode's repetitions, not the -r its own claims would
-    need (a call's -r is the larger of its phases')."""
+    """The confirm stage's measure factory. Prefill that rides along in shared calls only to show it did not
+    move gets decode's repetitions (a call's -r is the larger of its phases')."""
     if run.custom is not None or proposal.tuned or any(r.phase is Phase.PREFILL for r in proposal.rules):
         return run.factory
     ride = dataclasses.replace(run.cfg, reps_pp=min(run.cfg.reps_pp, run.cfg.reps_tg))

@@ -36,8 +36,8 @@ from tuner.targets.models import ModelShape, plan_tensors
 
 
 def counted(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
-    """``factory`` whose measures count each llama-bench call they make in the study (config.toml's
-    ``[cost] llama_bench_calls``): one per ``measure`` or ``joint`` call, as the live measure runs one."""
+    """``factory`` whose measures count each ``measure`` or ``joint`` call in the study (``[cost]
+    llama_bench_calls``)."""
 
     def make(build: Build) -> Observed:
         return Observed(factory(build), before=lambda: st.add_llama_bench_calls(1))
@@ -58,20 +58,13 @@ def _same_shape(doc: Mapping[str, Any], shape: Mapping[str, object]) -> bool:
 def past_cost(
     arch: str, results: Path = Path("results"), *, trials: int | None = None, shape: Mapping[str, object] | None = None
 ) -> tuple[Path, dict[str, object], bool] | None:
-    """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``, from the current
-    directory) and whether its model has ``shape``: one of that model shape if there is one; among those,
-    with ``trials`` given, one that ran tune trials where the plan does and none where it does not, if
-    there is such a result; then the one with the most recorded fields (then the first by path); None
-    when none has one."""
-    found = []
-    for f in sorted((results / arch).glob("*/config.toml")):
-        try:
-            doc = tomllib.loads(f.read_text())
-        except (OSError, ValueError):  # an unreadable stored result only loses the plan its figures
-            continue
-        cost = doc.get("cost")
-        if isinstance(cost, Mapping) and cost:
-            found.append((f, dict(cost), bool(shape) and _same_shape(doc, shape or {})))
+    """The ``[cost]`` of a stored result of ``arch`` (``results/<arch>/*/config.toml``) and whether its model has
+    ``shape``: preferring that shape, then (``trials`` given) tune trials run or not as the plan, then the most
+    recorded fields; None when none has one."""
+    found = [
+        (f, dict(doc["cost"]), bool(shape) and _same_shape(doc, shape or {}))
+        for f, doc in _cost_docs(sorted((results / arch).glob("*/config.toml")))
+    ]
     found = [fc for fc in found if fc[2]] or found  # a 1B's minutes do not price an 8B
     if trials is not None:  # a search without trials is not priced by one that spent minutes on them
         alike = [fc for fc in found if bool(fc[1].get("tune_trials")) == bool(trials)]
@@ -96,8 +89,7 @@ def past_cost_line(
 
 
 def full_build_seconds(costs: Mapping[str, Any] | None = None) -> float:
-    """One full build's price (``[full_build]``): what the plan counts per build, and what a ``--time-budget``
-    checks before starting one that is not cached."""
+    """One full build's price (``[full_build]``)."""
     return float((costs or load_step_costs())["full_build"]["seconds"])
 
 
@@ -108,18 +100,15 @@ def nearest_recording(costs: Mapping[str, Any], d_model: int) -> Mapping[str, An
 
 def screen_round_seconds(rec: Mapping[str, Any], n_calls: int, n_depths: int, *, kernel: bool = False) -> float:
     """One screen round's price from the recording ``rec``: ``n_calls`` shared llama-bench calls at ``n_depths``
-    depths (``screen_call_depth_s`` per call and depth, else ``bench_call_depth_s``), or with ``kernel``
-    ``n_calls`` test-backend-ops calls of a prefill and a decode case per depth (``kernel_case_s`` a case).
-    What the dry run counts per round, and what a fresh study's first round is judged by against a budget."""
+    depths, or with ``kernel`` test-backend-ops calls of a prefill and a decode case per depth."""
     if kernel:
         return n_calls * 2 * n_depths * float(rec["kernel_case_s"])
     return n_calls * n_depths * float(rec.get("screen_call_depth_s", rec["bench_call_depth_s"]))
 
 
 def priced_screen_call(d_model: int | None, depths: Sequence[int], *, kernel: bool = False) -> dict[str, object]:
-    """One screen call at ``depths`` priced by :func:`screen_round_seconds`, as the round record the round loops
-    scale to a round's calls and depths (``prior`` of :func:`tuner.rounds.joint.run_joint_rounds`): a study
-    without a measured round starts none that its price says would end past ``--time-budget``."""
+    """One screen call at ``depths`` priced by :func:`screen_round_seconds`, as a round record the round loops
+    scale (``prior``), so a study without a measured round starts none its price says would overrun."""
     rec = nearest_recording(load_step_costs(), d_model or 0)
     kernel = kernel and "kernel_case_s" in rec  # the dry run prices a screen without the figure as llama-bench's
     return {"seconds": screen_round_seconds(rec, 1, len(depths), kernel=kernel), "depths": list(depths), "order": [""]}
@@ -131,9 +120,8 @@ class Price:
 
     seconds: float
     source: str
-    """Where the figure comes from: a file of this machine's searches, or another machine's recording."""
     here: bool
-    """Recorded on this machine (the same device and core count), not on another one."""
+    """Recorded on this machine (the same device and core count)."""
 
 
 def this_cpu_device() -> str:
@@ -143,16 +131,23 @@ def this_cpu_device() -> str:
 
 def _local_docs(arch: str, device: str, results: Path, runs: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Stored results of ``arch`` and run dirs' exports measured on ``device``, with a ``[cost]``."""
+    files = [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]
+    return [
+        (f, doc)
+        for f, doc in _cost_docs(files)
+        if isinstance(t := doc.get("target"), Mapping) and t.get("arch") == arch and t.get("measured_on") == device
+    ]
+
+
+def _cost_docs(files: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """The records of ``files`` that have a ``[cost]``; an unreadable one only loses the plan its figures."""
     out = []
-    for f in [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]:
+    for f in files:
         try:
             doc = tomllib.loads(f.read_text())
-        except (OSError, ValueError, UnicodeDecodeError):  # an unreadable record only loses the plan its figures
+        except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
             continue
-        target, cost = doc.get("target"), doc.get("cost")
-        if not isinstance(target, Mapping) or not isinstance(cost, Mapping) or not cost:
-            continue
-        if target.get("arch") == arch and target.get("measured_on") == device:
+        if isinstance(doc.get("cost"), Mapping) and doc["cost"]:
             out.append((f, doc))
     return out
 
@@ -168,15 +163,12 @@ def local_prices(
     runs: Path | None = None,
 ) -> dict[str, Price]:
     """Per-step costs that searches of ``arch`` recorded on this machine (``device``: its ``measured_on``):
-    ``full_build`` (the longest upstream build over a minute of a search of the same model shape, else of any:
-    a resumed run's cached build counts seconds),
-    ``model`` (the synthesis of the same model shape) and ``call_depth`` (a llama-bench call per depth, from a
-    search of the same shape and pp/tg that counted its calls). Keys are left out where nothing recorded them."""
+    ``full_build`` (the longest build over a minute, of the same model shape if any: a resumed run's cached build
+    counts seconds), ``model`` (the synthesis of the same shape) and ``call_depth`` (a llama-bench call per depth,
+    of the same shape and pp/tg). Keys are left out where nothing recorded them."""
     docs = _local_docs(arch, device, results, runs if runs is not None else default_run_dir("x").parent)
     out: dict[str, Price] = {}
     same = [(f, d) for f, d in docs if _same_shape(d, shape)]
-    # a search of the same model built what this one builds (the CPU default: llama-bench alone), so its build
-    # is the price; else the longest of this machine's builds
     builds = [(float(d["cost"]["build_s"]), f) for f, d in same or docs if float(d["cost"].get("build_s", 0)) > 60]
     if builds:
         s, f = max(builds)
@@ -201,8 +193,7 @@ def local_prices(
 def synth_price(
     shape: ModelShape, quant: str | None, costs: Mapping[str, Any] | None = None
 ) -> tuple[Price, Price | None]:
-    """The recorded cost of synthesizing a ``shape`` model in f16 and, with ``quant``, of llama-quantize making it
-    (``[model_synth]``: seconds per billion parameters, recorded on another machine)."""
+    """The recorded cost of synthesizing a ``shape`` model in f16 and, with ``quant``, of llama-quantize making it."""
     rec = (costs or load_step_costs())["model_synth"]
     gparams = sum(math.prod(t.ne) for t in plan_tensors(shape)) / 1e9
     where = f"recorded on {rec['machine']}: {rec['source']}"

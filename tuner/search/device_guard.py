@@ -1,7 +1,5 @@
-"""One study, one device: a study's rounds are only comparable when every one was measured on the same GPU
-(or CPU) model, and its result says which (config.toml's ``measured_on``). A study resumed on another
-machine is held to the device its first measurement reported: the first call that reports a different
-one stops the search before anything it measured is stored."""
+"""One study, one device: a study's rounds are only comparable when measured on the same GPU (or CPU) model, so
+a study resumed on another machine stops at the first call that reports another device, before it is stored."""
 
 from __future__ import annotations
 
@@ -17,13 +15,11 @@ from tuner.study.state import StudyState
 
 
 class OtherDevice(UsageError):
-    """A study's measurement came from another device than the one its rounds were measured on. Not a failed
-    trial (a tune trial lets it through): the process must stop, so the trial is queued for a matching one."""
+    """A measurement came from another device than the study's: not a failed trial, the process must stop."""
 
 
 def check_device(st: StudyState, measure: Measure) -> None:
-    """Record the device ``measure`` reported (llama-bench's gpu_info, test-backend-ops' device description)
-    in a study that has none; UsageError when the study recorded another one."""
+    """Record the device ``measure`` reported in a study that has none; OtherDevice when it recorded another."""
     device = (getattr(measure, "info", None) or {}).get("device")
     if not device:
         return

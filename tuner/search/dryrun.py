@@ -1,14 +1,11 @@
 """``tuner search --dry-run``: everything short of timing, for a GPU that is not here.
 
-For the target arch and the source's era it renders every variant (an unsupported one, e.g. ``hip-rocwmma``
-on a tree without rocWMMA FlashAttention, is reported with the reason); constraint-checks the compile-time
-space per kernel-config row (rows are independent, so the legal count is the product of the rows', exact
-without enumerating); compile-checks the upstream row plus the first legal non-default candidate of each row
-(HIP's compile-check toolchain for AMD, nvcc for NVIDIA); and prints the stages
+Renders every variant (an unsupported one is reported with the reason); constraint-checks the compile-time space
+per kernel-config row (rows are independent, so the legal count is the product of the rows'); compile-checks the
+upstream row plus the first legal non-default candidate of each row; and prints the stages
 :func:`tuner.search.pipeline.run_pipeline` runs on the target with their counts and an *estimated* time from
-per-step costs recorded on another machine (``tuner/data/step_costs.toml``).
-
-The report goes to stdout (Markdown, or JSON with ``--json``), progress to stderr. Nothing is benchmarked.
+recorded per-step costs (``tuner/data/step_costs.toml``). The report goes to stdout (Markdown, or JSON with
+``--json``), progress to stderr.
 """
 
 from __future__ import annotations
@@ -91,7 +88,7 @@ class DryRunReport:
         return all(c["status"] in ("ok", "skipped", "not applicable") for c in self.compile_checks)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for ``--json`` (every value is JSON-serializable)."""
+        """Plain data for ``--json``."""
         return {
             "arch": self.arch,
             "era": self.era,
@@ -119,8 +116,7 @@ def _choices(k: Knob) -> list[Any]:
 
 
 def count_space(arch: str, era: str, space: SearchSpace) -> tuple[list[SpaceRow], int, int]:
-    """Constraint-check every candidate of every kernel-config row: ``(rows, legal, total)``, per row its
-    candidate and legal counts and the broken rules with how often; ``legal``/``total`` for the whole space."""
+    """Constraint-check every candidate of every kernel-config row: ``(rows, legal, total)``."""
     groups: dict[tuple[object, ...], list[Knob]] = collections.defaultdict(list)
     for k in space.compile_knobs:
         groups[_row_key(k)].append(k)
@@ -175,20 +171,13 @@ class PlanInputs:
     refine: int = 1
     confirm_extra: int = 1
     tune_knobs: tuple[str, ...] = ()
-    """``--tune-knobs`` globs (empty: every tunable knob)."""
     tune_depths: tuple[int, ...] | None = None
-    """``--tune-depths`` (None: the depths)."""
     screen: str = "auto"
-    """``--screen``: ``auto``, ``kernel`` (FLASH_ATTN_EXT alone) or ``llama-bench``; the search's own rule
-    (:func:`tuner.search.screen_choice.screen_method`) resolves it."""
     cpu_mask: tuple[int, ...] | None = None
-    """``--cpu-mask`` (the host then paces a step: ``auto`` screens with llama-bench)."""
     pp: int = 512
     tg: int = 128
     quant: str | None = None
-    """The llama-quantize type the synthesized model is made in (None: f16)."""
     direct: bool = False
-    """``quant``'s blocks written by the synthesis itself (no llama-quantize)."""
 
     @classmethod
     def of(cls, p: PlannedSearch, cpu_mask: tuple[int, ...] | None) -> PlanInputs:
@@ -227,8 +216,7 @@ def _builds_stage(
     trial_gate_share: float = 1.0,
     here: Here | None = None,
 ) -> Stage:
-    """Builds and their test-backend-ops gate: the upstream build, other variants and compile-time rebuilds
-    (``trial_gate_share``: the share of the kernels a trial's gate forces, :func:`tuner.search.tune.gate_kernels`)."""
+    """Builds and their gate (``trial_gate_share``: the share of the kernels a trial's gate forces)."""
     here = here or Here()
     price = here.prices.get("full_build")
     full = price.seconds if price is not None else full_build_seconds(costs)
@@ -277,9 +265,8 @@ def _screen_stages(
     rounds: tuple[int, int],
     kernel: bool = False,
 ) -> list[Stage]:
-    """The plan's screen, refine and compose stages, priced from the recording ``rec`` (a round as
-    :func:`tuner.search.cost.screen_round_seconds` prices it): with ``kernel`` a test-backend-ops call per
-    candidate and round, one case per phase and depth; else llama-bench calls both phases share."""
+    """The plan's screen, refine and compose stages, priced from the recording ``rec``: with ``kernel`` a
+    test-backend-ops call per candidate and round, else llama-bench calls both phases share."""
     rmin, rmax = rounds
     nd = len(depths)
     # upstream + each forcible kernel per phase (or an A/A twin where none can be forced): a round is as many
@@ -337,27 +324,22 @@ def _screen_stages(
 
 
 def _gate_stages(kernels: Mapping[str, Sequence[str]], rec: Mapping[str, Any]) -> list[Stage]:
-    """The plan's output-gate and residency stages."""
-    stages = []
     n_band = sum(len(kernels[p]) for p in ("tg", "pp"))
-    stages.append(
+    return [
         _stage(
             "output gate",
             f"llama-perplexity: the final config's log-probs vs upstream's, one check per changed mode plus "
             f"{n_band} band check(s) (each forcible kernel vs upstream's pick); none when the final config is upstream's",
             seconds=(0.0, (2 + n_band) * float(rec["equivalence_check_s"])),
             cost=f"{rec['equivalence_check_s']:g} s a check",
-        )
-    )
-    stages.append(
+        ),
         _stage(
             "residency",
             "one verbose llama-bench probe of upstream's config and one of the final config",
             seconds=(float(rec["residency_s"]) / 2, float(rec["residency_s"])),
             cost=f"{rec['residency_s']:g} s for both probes",
-        )
-    )
-    return stages
+        ),
+    ]
 
 
 def _tune_stage(
@@ -400,12 +382,8 @@ def plan_stages(
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
     space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
-    ``kernels``: phase (``tg``/``pp``) -> the kernels the space lets the screen force.
-    ``pinned``: knobs fixed with ``--set`` (the tune stage does not sample them).
-    ``screen_method``: the screen's tool, ``kernel`` or ``llama-bench`` (:func:`tuner.search.screen_choice.screen_method`).
-    ``rebuild_s``: a compile-time candidate's rebuild, from this dry run's own compile check (None: not
-    measured here, so tune builds are left out of the time).
-    ``here``: the machine's own recorded costs and caches (:class:`Here`; None: the recorded machine's, nothing cached).
+    ``rebuild_s``: a compile-time candidate's rebuild from this dry run's compile check (None: tune builds are
+    left out of the time). ``here``: this machine's recorded costs and caches (None: nothing cached).
     """
     costs = load_step_costs()
     rec = nearest_recording(costs, d_model)
@@ -530,7 +508,6 @@ def _compile_sample(
 def _compile_checks(
     source: Source, target: Target, rows: Sequence[SpaceRow], vstatus: Mapping[str, str]
 ) -> list[CompileCheck]:
-    """The compile check of each renderable variant (:func:`_compile_sample`)."""
     a = target.arch
     checks: list[CompileCheck] = []
     samples: dict[str, Any] = {}
@@ -574,7 +551,6 @@ def _skip_reason(vendor: str) -> str | None:
 
 
 def _cublas_header(nvcc: Path) -> Path | None:
-    """``cublas_v2.h`` of the toolkit ``nvcc`` belongs to (its include dirs, then /usr/local/cuda's)."""
     root = nvcc.resolve().parent.parent
     for inc in [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]:
         if (inc / "cublas_v2.h").is_file():
@@ -584,8 +560,7 @@ def _cublas_header(nvcc: Path) -> Path | None:
 
 def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
     """``space`` with its derived knobs' pin ranges for the planned model on a target that is not here: ``-ngl``
-    0..n_layers + 1, as the search allows (the GPU's free memory is unknown, so only full offload is sampled),
-    and any thread count (the target's CPUs are unknown)."""
+    0..n_layers + 1 and any thread count (its memory and CPUs are unknown)."""
     legal = legal_values(space, cpus=host_cpus(), shape={"n_layers": n_layers})
     for k in space.runtime_knobs:
         if k.meta.get("derive") == "threads":
@@ -595,8 +570,7 @@ def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
 
 
 def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]) -> None:
-    """The ``--set`` pins checked as the search checks them: knob values in range (a pinned ``-ngl`` within the
-    planned model's layers), a variant of the space, compile-time values the constraint check accepts."""
+    """UsageError for ``--set`` pins the search refuses: out of range, no variant of the space, illegal values."""
     if not sets:
         return
     compile_pins, _ = set_values(space, {k: v for k, v in sets.items() if k != "variant"})  # a build, no knob
@@ -608,12 +582,8 @@ def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]
     bad = check_constraints(arch, era, compile_pins, space=space)
     if bad:
         raise UsageError(
-            "the pinned values are illegal for "
-            + arch
-            + ": "
-            + "; ".join(map(str, bad))
-            + ". Nothing was compiled. Pick values the constraint check accepts (see the rows below "
-            "with `tuner search --arch " + arch + " --dry-run`)."
+            f"the pinned values are illegal for {arch}: {'; '.join(map(str, bad))}. Nothing was compiled. Pick values "
+            f"the constraint check accepts (see the rows below with `tuner search --arch {arch} --dry-run`)."
         )
 
 
@@ -625,8 +595,7 @@ def _plan_screen(
     inputs: PlanInputs,
     kernels: Mapping[str, Sequence[str]],
 ) -> str:
-    """The screen's tool the search would pick (:func:`tuner.search.screen_choice.screen_method`, the search's
-    rule) from the pinned runtime knobs; UsageError for ``--screen kernel`` where the search refuses it."""
+    """The screen's tool the search would pick; UsageError for ``--screen kernel`` where the search refuses it."""
     fixed = coerce_pins(space, sets)
     _, base_args = pinned_runtime(space, fixed)
     method = screen_method(
@@ -658,10 +627,10 @@ def run_dry_run(
     as_json: bool = False,
     request: SearchRequest | None = None,
 ) -> DryRunReport:
-    """Render, constraint-check and compile-check the ``target`` arch's space; print the plan on stdout (progress on
-    stderr). Times nothing. ``request`` (replacing the other arguments): the search it runs, resolved and refused by
-    :func:`tuner.search.request.plan_search` as the real run does, priced with this machine's recorded costs.
-    Raises UsageError where the real run refuses, TunerError where a compile check failed (after the report)."""
+    """Render, constraint-check and compile-check the ``target`` arch's space; print the plan on stdout.
+    ``request`` (replacing the other arguments): the search it runs, resolved and refused as the real run does,
+    priced with this machine's recorded costs. Raises UsageError where the real run refuses, TunerError where a
+    compile check failed (after the report)."""
     planned = None
     if request is not None:
         planned = plan_search(request)  # the real run's settings, and its refusals
@@ -696,6 +665,7 @@ def run_dry_run(
         rows, legal, total = count_space(a.name, source.era, space)
     checks = _compile_checks(source, target, rows, vstatus) if compile_check else []
     timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
+    renderable = [v for v, s in vstatus.items() if s == "ok"]
     plan = plan_stages(
         space,
         kernels=kernels,
@@ -703,13 +673,11 @@ def run_dry_run(
         context_length=shape.context_length,
         d_model=shape.d_model,
         rebuild_s=timed[0] if timed else None,
-        n_variants=sum(1 for s in vstatus.values() if s == "ok"),
+        n_variants=len(renderable),
         pinned=tuple(sets or {}),
         screen_method=method,
         head_dim=shape.head_dim,
-        here=None
-        if planned is None
-        else here_for(target, source, inputs, shape, [v for v in vstatus if vstatus[v] == "ok"]),
+        here=None if planned is None else here_for(target, source, inputs, shape, renderable),
     )
     keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
     plan = {"model": inputs.like, "model_shape": {k: getattr(shape, k) for k in keys}, "screen_method": method, **plan}
@@ -736,7 +704,6 @@ def run_dry_run(
 
 
 def _detail(c: CompileCheck) -> str:
-    """A compile check's outcome in words (never a dict repr)."""
     if c.get("why"):
         return " ".join(str(c["why"]).split())[:200]
     targets = c.get("offload") or {}
@@ -759,7 +726,7 @@ def _detail(c: CompileCheck) -> str:
 
 
 def render(rep: DryRunReport) -> str:
-    """The dry run's report as Markdown (what `tuner search --dry-run > plan.md` captures)."""
+    """The dry run's report as Markdown."""
     out = [f"# Dry run: {rep.arch}, era {rep.era} (nothing was benchmarked)", "", "## Variants", ""]
     out.append(log.table(["variant", "status"], [[v, s.splitlines()[0][:140]] for v, s in rep.variants.items()]))
     out += ["", f"## Compile-time space: {rep.legal} legal of {rep.total} candidates", ""]

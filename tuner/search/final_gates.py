@@ -1,13 +1,14 @@
-"""The gates the confirmed final config passes before it is exported: the residency gate (graph splits
-and buffers, :mod:`tuner.search.residency_gate`) and the output-equivalence gate (llama-perplexity,
-:mod:`tuner.rounds.output_gate`). Each stores its record per final config, so a resumed search does
-not run it again; a failing final config becomes upstream's selection."""
+"""The gates the confirmed final config passes before it is exported: residency
+(:mod:`tuner.search.residency_gate`) and output equivalence (:mod:`tuner.rounds.output_gate`). Each stores its
+record per final config, so a resumed search does not run it again; a failing final config becomes upstream's
+selection."""
 
 from __future__ import annotations
 
 __all__ = ["config_key", "final_of", "run_output_gate", "run_residency_gate"]
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,12 +28,12 @@ from tuner.search.context import SearchRun
 from tuner.study.record import SearchOutcome
 
 Probe = Callable[[Build, Mapping[str, str], Sequence[str], Path], Residency]
-"""probe(build, env, args, log_dir) -> one verbose llama-bench probe (:func:`tuner.measure.residency.run_residency`)."""
+"""probe(build, env, args, log_dir) -> one verbose llama-bench probe."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Final:
-    """The confirmed final config: upstream's variant, its variant, compile values, tuned values, env and args."""
+    """The confirmed final config."""
 
     base_variant: str
     variant: str
@@ -59,18 +60,16 @@ def final_of(run: SearchRun, outcome: SearchOutcome) -> _Final:
 
 
 def config_key(rules: Sequence[FaRule], vals: Mapping[str, object]) -> str:
-    """The final config's key for records stored per final config (the gates' checks)."""
     return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 
 
 def _gated(outcome: SearchOutcome, then: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> SearchOutcome:
-    """``outcome`` through a gate's verdict on its stored form (the record is what the study stores)."""
+    """``outcome`` through a gate's verdict on its stored form."""
     return SearchOutcome.from_result(outcome.header, as_stored(then(outcome.result_json())))
 
 
 def run_residency_gate(run: SearchRun, outcome: SearchOutcome, probe: Probe | None = None) -> SearchOutcome:
-    """The residency gate (:mod:`tuner.search.residency_gate`): one verbose llama-bench probe of upstream's config
-    and one of the final config; stored per final config, so a resumed search does not probe again."""
+    """The residency gate: one verbose llama-bench probe of upstream's config and one of the final config."""
     cfg, st = run.cfg, run.st
     fin = final_of(run, outcome)
     rules = outcome.rules
@@ -129,12 +128,9 @@ def run_residency_gate(run: SearchRun, outcome: SearchOutcome, probe: Probe | No
 
 
 def run_output_gate(run: SearchRun, outcome: SearchOutcome) -> SearchOutcome:
-    """The output-equivalence gate on the confirmed final config vs upstream (:mod:`tuner.rounds.output_gate`),
-    its thresholds from the kernel band where kernels (per mode) can be forced.
-
-    Each check's record is stored as soon as it exists (``equivalence_<key>``, keyed by the final
-    config), so a resumed search does not run it again; none starts that would end past the budget. A failing
-    final config becomes upstream's selection; nothing confirmed: the gate is not needed and nothing runs."""
+    """The output-equivalence gate on the confirmed final config vs upstream, its thresholds from the kernel band
+    where kernels can be forced. Each check's record is stored as soon as it exists; none starts that would end
+    past the budget."""
     cfg, space, st = run.cfg, run.space, run.st
     fin = final_of(run, outcome)
     vals = fin.values
@@ -168,9 +164,6 @@ def run_output_gate(run: SearchRun, outcome: SearchOutcome) -> SearchOutcome:
             c, up, up if c.name.startswith(og.BAND) else run.builds.get(fin.variant, fin.compile_values), wd
         )
 
-    def persist(name: str, rec: Mapping[str, Any]) -> None:
-        st.set_equivalence_check(ckey, name, rec)
-
     kernels = run.kernels
     with log.step(
         f"Output-equivalence gate: {len(checks)} llama-perplexity check(s) of the final config vs upstream"
@@ -181,7 +174,7 @@ def run_output_gate(run: SearchRun, outcome: SearchOutcome) -> SearchOutcome:
             checks,
             done=st.equivalence_checks(ckey),
             run_one=run_one,
-            on_check=persist,
+            on_check=functools.partial(st.set_equivalence_check, ckey),
             band=og.plan_band(checks, {p.value: kernels[p.bench] for p in Phase}),
         )
     return _gated(outcome, lambda res: og.gated_result(res, gate))

@@ -1,11 +1,8 @@
 """Whether upstream's own llama-bench runs on this host, before any round is spent on it.
 
-On a CPU with AMX, a native CPU build repacks quantized weights for llama.cpp's AMX kernels
-(``ggml-cpu/amx``), and on some hosts (virtual machines among them) those kernels die in the worker threads:
-SIGILL at ``tileloadd``, or SIGSEGV (llama.cpp issue 20824). There llama.cpp as shipped does not run the
-model at all, and ``--repack 0`` (the weights left as they are) is how it runs. One short llama-bench call
-finds out; where upstream dies of such a signal and ``--repack 0`` runs, every config of the study (upstream
-included) is measured with it, the study records it, and the export's commands carry it.
+On some AMX hosts (virtual machines among them) llama.cpp's AMX kernels die of SIGILL or SIGSEGV (llama.cpp
+issue 20824) and only ``--repack 0`` runs the model. One short llama-bench call finds out; where upstream dies
+and ``--repack 0`` runs, every config of the study is measured with it, and the export's commands carry it.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def _runs(bin_dir: Path, model: Path, args: list[str], env: Mapping[str, str], l
 
 
 def repack_probe(run: SearchRun, build: Build) -> SearchRun:
-    """``run`` with ``--repack 0`` in every config's arguments where upstream's llama-bench dies of SIGILL or
-    SIGSEGV on this AMX host and runs with it (module doc); decided once per study (stored), else unchanged."""
+    """``run`` with ``--repack 0`` in every config's arguments where needed (module doc); decided once per study."""
     if run.cfg.target.arch.name != "cpu" or run.custom is not None or "--repack" in run.base_args or not host_has_amx():
         return run
     if not (Path(build.bin_dir) / "llama-bench").is_file():

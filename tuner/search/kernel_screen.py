@@ -1,25 +1,19 @@
 """The kernel-level screen measure: ``FLASH_ATTN_EXT`` alone at the model's shape, one case per depth.
 
-Why: a llama-bench screen call pays a context fill per depth (about 8.7 s of a 1B call's 24.6 s on an H100 at
-six depths, docs/llama-bench-cost.md). The kernel choice is a property of the attention op, so the screen times
-the op with ``test-backend-ops perf`` (:mod:`tuner.measure.kernel_bench`) at the tensors llama.cpp's graph hands
-it: the model's head size, head counts and K/V type, at the cache cells a depth reads.
+A llama-bench screen call pays a context fill per depth (docs/llama-bench-cost.md); the kernel choice is a
+property of the attention op, so this times the op with ``test-backend-ops perf`` at the tensors llama.cpp's
+graph hands it. A drop-in measure: values are op runs per second (10^6 / µs per run), **not** tokens per second,
+and an op-level gain exceeds the end-to-end one, so the confirm (llama-bench) is the judge.
 
-A drop-in :data:`tuner.rounds.joint.Measure` (and ``joint``): each candidate is one process over every (phase,
-depth) case, so rotation, the A/A twin, the decision rule and composition apply unchanged. Values are op runs
-per second (10^6 / µs per run), **not** tokens per second. The op's share of a decode step grows with depth, so
-an op-level gain exceeds the end-to-end one (1B at 16k: MMA +9.3% at the op, +2.8% end to end); the confirm,
-llama-bench end to end, is the judge.
-
-Cache cells (``n_kv``): llama.cpp pads them to 256 (``src/llama-kv-cache.cpp``). Decode at depth ``d`` reads
-``pad256(d + tg)`` cells with one query row; prefill runs ``pp`` tokens in micro-batches of ``-ub`` (default
-512), the last reading ``pad256(d + pp)`` cells with ``min(pp, ub)`` query rows.
+Cache cells (``n_kv``) are padded to 256: decode at depth ``d`` reads ``pad256(d + tg)`` cells with one query
+row; prefill's last micro-batch reads ``pad256(d + pp)`` cells with ``min(pp, ub)`` query rows.
 """
 
 from __future__ import annotations
 
 __all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure"]
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,9 +22,7 @@ from tuner.measure.kernel_bench import FaShape, KernelTime, process_timeout, run
 from tuner.rounds.joint import Candidate, Point
 
 METHOD_KERNEL = "kernel"
-"""Screen with test-backend-ops FLASH_ATTN_EXT (this module)."""
 METHOD_BENCH = "llama-bench"
-"""Screen end to end with llama-bench (:mod:`tuner.rounds.live`)."""
 
 _PAD = 256
 _UB_DEFAULT = 512  # llama-bench's default -ub (n_ubatch)
@@ -51,8 +43,7 @@ def _ubatch(bench_args: Sequence[str]) -> int:
 def kernel_shape(
     shape: Mapping[str, int], phase: str, depth: int, *, pp: int, tg: int, kv_type: str, ubatch: int = _UB_DEFAULT
 ) -> FaShape:
-    """The FA call a llama-bench ``phase`` test (``tg`` decode, ``pp`` prefill) makes at ``depth`` (module
-    docstring), for a model ``shape`` (``head_dim``, ``n_heads``, ``n_kv_heads``)."""
+    """The FA call a llama-bench ``phase`` test makes at ``depth`` for a model ``shape`` (module docstring)."""
     d = int(shape["head_dim"])
     common = {"head_dim": d, "head_dim_v": d, "n_head": int(shape["n_heads"]), "n_head_kv": int(shape["n_kv_heads"])}
     if phase == "tg":
@@ -63,24 +54,19 @@ def kernel_shape(
 _DEVICE = re.compile(r"Device description:\s*(.+)")
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)  # a measure is itself, not its settings
 class _KernelMeasure:
     """A screen measure (one phase per call) with ``joint`` (several phases per process) and ``info``."""
 
-    def __init__(
-        self,
-        bin_dir: Path,
-        shape: Mapping[str, int],
-        *,
-        pp: int,
-        tg: int,
-        kv_type: str,
-        ubatch: int,
-        log_dir: Path,
-        backend: str,
-    ) -> None:
-        self.bin_dir, self.shape, self.pp, self.tg = Path(bin_dir), dict(shape), pp, tg
-        self.kv_type, self.ubatch, self.log_dir, self.backend = kv_type, ubatch, Path(log_dir), backend
-        self.info: dict[str, str] = {}
+    bin_dir: Path
+    shape: dict[str, int]
+    pp: int
+    tg: int
+    kv_type: str
+    ubatch: int
+    log_dir: Path
+    backend: str
+    info: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def joint(
         self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
@@ -136,9 +122,14 @@ def make_kernel_measure(
     log_dir: Path,
     backend: str = "CUDA0",
 ) -> _KernelMeasure:
-    """The screen measure of this module for the build in ``bin_dir`` (it needs ``test-backend-ops``,
-    which tuner's builds include). ``bench_args``: the pinned llama-bench args (their ``-ub`` sets the
-    prefill rows)."""
+    """The screen measure for the build in ``bin_dir``; the pinned ``bench_args``' ``-ub`` sets the prefill rows."""
     return _KernelMeasure(
-        bin_dir, shape, pp=pp, tg=tg, kv_type=kv_type, ubatch=_ubatch(bench_args), log_dir=log_dir, backend=backend
+        bin_dir=Path(bin_dir),
+        shape=dict(shape),
+        pp=pp,
+        tg=tg,
+        kv_type=kv_type,
+        ubatch=_ubatch(bench_args),
+        log_dir=Path(log_dir),
+        backend=backend,
     )

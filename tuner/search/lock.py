@@ -1,16 +1,11 @@
 """One ``tuner search`` per run dir and per study: lock files that name their owner.
 
-Two searches on one run dir would measure and store every round twice, count each other's running trial as
-done and export into one folder. :func:`run_dir_lock` holds an exclusive ``fcntl.flock`` on
-``<run dir>/search.lock`` for the search's life, with the owner (PID, host, start time, command, passwords
-redacted) written into it. The kernel drops a flock however its process dies, so a killed search's lock is
-taken over (and said so), never mistaken for a live one. ``tuner worker`` takes no lock (workers share a study).
-
-:func:`study_lock` stops two searches on one study from different run dirs: for SQLite a flock on a file beside
-the database (``<db>.study-<hash of the name>.lock``); for PostgreSQL a session advisory lock keyed by a hash of
-the study name, on a connection of its own whose ``application_name`` names the owner (a PostgreSQL study is
-meant for several hosts, which a file in ``$TUNER_HOME`` would not see; the server drops the lock with the
-connection).
+:func:`run_dir_lock` holds an exclusive ``fcntl.flock`` on ``<run dir>/search.lock`` for the search's life, with
+the owner written into it; the kernel drops a flock however its process dies, so a killed search's lock is taken
+over, never mistaken for a live one. :func:`study_lock` stops two searches on one study from different run dirs:
+for SQLite a flock on a file beside the database; for PostgreSQL (meant for several hosts) a session advisory
+lock keyed by a hash of the study name, whose connection's ``application_name`` names the owner. ``tuner
+worker`` takes no lock (workers share a study).
 """
 
 from __future__ import annotations
@@ -60,7 +55,6 @@ def read_owner(run_dir: Path) -> dict[str, object]:
 
 
 def _busy(run_dir: Path) -> RunDirBusy:
-    """The refusal for a run dir whose lock a live process holds, naming that process and what to do."""
     owner = read_owner(run_dir)
     return RunDirBusy(
         f"another `tuner search` is running on the run dir {run_dir} ({describe_owner(owner) if owner else 'owner unknown'}). "
@@ -85,11 +79,8 @@ def _study_busy(storage_url: str, study: str, holder: str, pid: object, host: ob
 def _owned_flock(
     path: Path, argv: Sequence[str] | None, busy: Callable[[], TunerError], what: str, name: str
 ) -> Iterator[dict[str, object]]:
-    """An exclusive flock on ``path`` for the block, its owner record written into the file.
-
-    ``busy()`` is raised when a live process holds it; a record left by a process that died is taken over
-    with a note naming it. A file system without locks warns that ``what`` is not prevented and goes on.
-    """
+    """An exclusive flock on ``path`` for the block, its owner record written into the file; ``busy()`` is
+    raised when a live process holds it. A file system without locks warns that ``what`` is not prevented."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         try:
@@ -132,8 +123,7 @@ def _owned_flock(
 
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path, argv: Sequence[str] | None = None) -> Iterator[dict[str, object]]:
-    """Hold the run dir's lock for the block; yields the owner record written into it. RunDirBusy where another
-    live process holds it (the message names it and what to do)."""
+    """Hold the run dir's lock for the block; yields the owner record. RunDirBusy where a live process holds it."""
     run_dir = Path(run_dir)
     with _owned_flock(
         run_dir / LOCK_NAME, argv, lambda: _busy(run_dir), "a second search on this run dir", "the run dir's lock"
@@ -151,15 +141,13 @@ def _sqlite_path(storage_url: str) -> Path:
 
 
 def study_lock_path(storage_url: str, study: str) -> Path:
-    """The lock file of a SQLite study: beside its database, keyed by the study name."""
     db = _sqlite_path(storage_url)
     return db.with_name(f"{db.name}.study-{_study_key(study)}.lock")
 
 
 @contextlib.contextmanager
 def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) -> Iterator[None]:
-    """Hold the lock of ``study`` in ``storage_url`` for the block (see the module docstring). StudyBusy where
-    another live search holds it (the message names it and what to do)."""
+    """Hold the lock of ``study`` in ``storage_url`` for the block. StudyBusy where a live search holds it."""
     dialect = storage_url.split("://", 1)[0].split("+", 1)[0].lower()
     if dialect == "sqlite":
         path = study_lock_path(storage_url, study)
@@ -184,7 +172,6 @@ def study_lock(storage_url: str, study: str, argv: Sequence[str] | None = None) 
 
 @contextlib.contextmanager
 def _pg_study_lock(storage_url: str, study: str) -> Iterator[None]:
-    """A session advisory lock on the study's database, on a connection held for the block."""
     key = int.from_bytes(bytes.fromhex(_study_key(study)), "big", signed=True)
     hi, lo = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF  # how pg_locks shows a bigint key
     host = re.sub(r"[^A-Za-z0-9._-]", "", socket.gethostname())

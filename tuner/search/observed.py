@@ -1,5 +1,4 @@
-"""A measure with something done around each of its calls (counting it, checking its device), that still
-looks like the measure to its callers."""
+"""A measure with something done around each of its calls (counting it, checking its device)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ T = TypeVar("T")
 
 class Observed:
     """The measure ``m`` with ``before()`` run ahead of each call and ``after(m)`` once it returned (``joint``
-    calls too). What callers read off a measure (info, calls...) is copied from ``m``; ``joint`` is there
-    only when ``m`` has one."""
+    too, only when ``m`` has one); its attributes (info, calls...) are copied from ``m``."""
 
     joint: JointMeasure
 

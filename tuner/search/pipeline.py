@@ -1,10 +1,7 @@
-"""``tuner search``: screen -> compose -> tune -> confirm on one build, resumable.
+"""``tuner search``: gate -> screen -> compose -> tune -> confirm -> residency and output gates, on one build.
 
-Every stage writes what it measured into the Optuna study, so rerunning the same command continues where a
-call stopped (a time budget, a lost machine), and ``tuner export`` works from the study database alone. The
-stages take the run (:class:`tuner.search.context.SearchRun`) and what the stage before handed on: gate ->
-screen -> compose -> tune (:func:`tuner.search.tune.tune_stage`) -> confirm (:func:`tuner.search.confirm.run_confirm`)
--> residency and output gates (:mod:`tuner.search.final_gates`).
+Every stage writes what it measured into the Optuna study, so rerunning the same command resumes where a call
+stopped (a time budget, a lost machine), and ``tuner export`` works from the study database alone.
 """
 
 from __future__ import annotations
@@ -30,9 +27,6 @@ from tuner.plan.fa_rules import FaRule, rules_from_texts
 from tuner.plan.variant import Build
 from tuner.redact import redact
 from tuner.rounds import compose as comp
-
-# BudgetReached: the time budget ran out inside a stage; what was measured is in the study, and the
-# same command resumes from there (raised by the round loops too, before a round that would overrun).
 from tuner.rounds.budget import Budget, BudgetReached
 from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, phase_stops, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
@@ -46,6 +40,7 @@ from tuner.search.device_guard import device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.host_probe import repack_probe
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
+from tuner.search.request import check_depths
 from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
@@ -66,8 +61,7 @@ def _timed(st: StudyState, stage: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        # unwinding an interrupt, a budget stop or an error: a storage busy meanwhile (SQLite "database is
-        # locked" while another process reads the study) must not replace it with a crash
+        # a storage busy meanwhile (SQLite "database is locked") must not replace the error being unwound
         with contextlib.suppress(Exception):
             st.add_seconds(stage, time.monotonic() - t0)
         raise
@@ -124,8 +118,7 @@ def _open_study(cfg: SearchConfig) -> tuple[optuna.Study, optuna.storages.RDBSto
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Checked:
-    """What :func:`run_pipeline` checks before the run dir appears: the space resolved for this machine and
-    model (and its derived values), the variants searched, the pins and the model's shape."""
+    """What :func:`run_pipeline` checks before the run dir appears."""
 
     space: sp.SearchSpace
     legal: Mapping[str, Legal]
@@ -159,10 +152,8 @@ def run_pipeline(
     """Run (or resume) the whole pipeline; returns its outcome as the study records it (:func:`tuner.study.load_outcome`).
 
     The run dir's and the study's locks (:mod:`tuner.search.lock`) are held throughout and through ``then(result)`` (the
-    CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench (tests, replay); by default the live
-    measure of :mod:`tuner.rounds.live` runs the build's real llama-bench. ``equivalence(check,
-    upstream_build, final_build, work_dir) -> record`` replaces the output-equivalence gate's
-    llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`).
+    CLI's export). ``measure_factory(build) -> Measure`` replaces llama-bench and ``equivalence`` the output gate's
+    llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`), for tests and replay.
     """
     budget = cfg.budget  # counted from the command's start: the build and the model made before count too
     checked = _checked(cfg)
@@ -202,10 +193,6 @@ def _search_run(
     st = StudyState(study)
     header = _record_attrs(st, cfg, cfg.source, shape_ints(checked.shape), checked.legal)
     base_env, base_args = pinned_runtime(checked.space, checked.fixed)
-
-    def live(b: Build) -> Measure:
-        return cx.live_measure(cfg, b)
-
     return SearchRun(
         cfg=cfg,
         study=study,
@@ -221,7 +208,7 @@ def _search_run(
         base_args=tuple(base_args),
         builds=cx.Builds(cfg, checked.space, budget),
         budget=budget,
-        factory=counted(st, device_checked(st, measure_factory or live)),
+        factory=counted(st, device_checked(st, measure_factory or functools.partial(cx.live_measure, cfg))),
         custom=measure_factory,
         equivalence=equivalence,
     )
@@ -237,19 +224,17 @@ def _run_locked(
     """:func:`run_pipeline` past its checks, with the run dir's lock held."""
     run = _search_run(cfg, checked, budget, measure_factory=measure_factory, equivalence=equivalence)
     st = run.st
-    if cfg.model_seconds:  # the CLI synthesized/quantized the model before the study opened
-        st.add_seconds("model", cfg.model_seconds)
-        st.add_seconds("total", cfg.model_seconds)
-    if cfg.prebuild_seconds:  # ... after building upstream's variant for llama-quantize: the search's build
-        st.add_seconds("build", cfg.prebuild_seconds)
-        st.add_seconds("total", cfg.prebuild_seconds)
+    # the CLI made the model (and built upstream's variant for llama-quantize) before the study opened
+    for stage, seconds in (("model", cfg.model_seconds), ("build", cfg.prebuild_seconds)):
+        if seconds:
+            st.add_seconds(stage, seconds)
+            st.add_seconds("total", seconds)
     with _timed(st, "total"):
         return _run_stages(run)
 
 
 def _run_stages(run: SearchRun) -> SearchOutcome:
     cfg, st = run.cfg, run.st
-    # -- the upstream build, gated once ------------------------------------------------------------
     with _timed(st, "build"):
         build = run.builds.get(run.base_variant, {})
     upstream_gate(run, build)
@@ -287,8 +272,7 @@ def _run_stages(run: SearchRun) -> SearchOutcome:
 
 
 def upstream_gate(run: SearchRun, build: Build) -> GateResult:
-    """The gate stage: test-backend-ops on upstream's build (:func:`tuner.search.context.gate`); a failure stops
-    the search before anything is measured."""
+    """The gate stage: test-backend-ops on upstream's build; a failure stops the search before anything is measured."""
     res = gate(run, build)
     if res.status == "fail":
         raise TunerError(
@@ -300,8 +284,7 @@ def upstream_gate(run: SearchRun, build: Build) -> GateResult:
 
 @dataclasses.dataclass(frozen=True)
 class Screener:
-    """What times the screen: ``method`` (``kernel`` or ``llama-bench``, :func:`_screen_method`) and its measure
-    of upstream's build."""
+    """What times the screen: ``method`` (:func:`_screen_method`) and its measure of upstream's build."""
 
     method: str
     measure: Measure
@@ -337,13 +320,11 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
 
 
 def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Decision]]:
-    """The screen and compose of each phase (resumable: finished phases are marked done), with boundaries refined
-    (llama-bench screen only, :func:`_refine_steps`); returns each phase's decisions.
+    """The screen and compose of each phase (resumable), with boundaries refined (:func:`_refine_steps`).
 
-    Phases not yet done are first screened together in shared llama-bench calls where the measure
-    can (the ladder depths); each phase then refines its own boundaries alone. A round that would end past
-    the budget is not started: judged by the study's measured rounds, or without one by the price of a screen
-    call (:func:`tuner.search.cost.priced_screen_call`)."""
+    Phases not yet done are first screened together in shared llama-bench calls where the measure can; each
+    phase then refines its own boundaries alone. A round that would end past the budget is not started, judged
+    by the measured rounds or else by a screen call's price (:func:`tuner.search.cost.priced_screen_call`)."""
     cfg, st, budget, measure = run.cfg, run.st, run.budget, screener.measure
     rounds = (cfg.min_rounds, cfg.max_rounds)
     priced = priced_screen_call(run.shape.d_model, cfg.depths, kernel=screener.method == METHOD_KERNEL)
@@ -426,9 +407,8 @@ def compose_stage(run: SearchRun, decisions: Mapping[str, Sequence[comp.Decision
 
 
 def run_tune_worker(cfg: SearchConfig) -> int:
-    """``tuner worker``: join a study that ``tuner search`` screened and composed, and add tune trials
-    (several hosts on one PostgreSQL study share the expensive part: builds of compile-time rows).
-    Returns the number of trials the study holds afterwards."""
+    """``tuner worker``: add tune trials to a study that ``tuner search`` screened and composed (several hosts on
+    one PostgreSQL study share the builds of compile-time rows); returns the study's trial count afterwards."""
     budget = cfg.budget
     refuse_linked_folder(cfg.run_dir, "--run-dir").mkdir(parents=True, exist_ok=True)
     opened = _open_study(cfg)
@@ -445,8 +425,7 @@ def run_tune_worker(cfg: SearchConfig) -> int:
 
 
 def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.SearchSpace, dict[str, Legal]]:
-    """The space with threads/-ngl legal values for this machine, the --cpu-mask and the model
-    (and those values, which the study records so the export resolves the same space)."""
+    """The space with threads/-ngl legal values for this machine, --cpu-mask and the model, and those values."""
     tokens = max(cfg.depths) + max(cfg.pp, cfg.tg)
     resolved, legal = space_for_run(
         space, cpu_mask=cfg.cpu_mask, model=Path(cfg.model), gpu=not cfg.target.is_cpu, tokens=tokens
@@ -460,13 +439,7 @@ def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.Search
 
 
 def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
-    ctx = shape.context_length
-    too_deep = [d for d in depths if ctx and d > ctx]
-    if too_deep:
-        raise UsageError(
-            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-            f"Use depths up to {ctx}, e.g. --depths {','.join(str(d) for d in depths if ctx and d <= ctx)}."
-        )
+    check_depths(depths, shape.context_length)
 
 
 def _record_attrs(
@@ -499,7 +472,7 @@ def _record_attrs(
                 )
     # a study seeded from another one (results/sm_90/llama-3.2-1b-q4_k_m/evidence) lacks some, e.g. the model
     st.record_header(mine)
-    # threads/-ngl legal values on this machine: the export resolves the same space from them
+    # the export resolves the same space from this machine's threads/-ngl legal values
     st.set_derived_knobs({k: dataclasses.asdict(v) for k, v in legal.items()})
     return header
 
@@ -507,9 +480,8 @@ def _record_attrs(
 def _refine_steps(cfg: SearchConfig, method: str) -> int:
     """Bisection steps for the screen: ``--refine`` with llama-bench, none at the op level.
 
-    The op level places a rule's boundary several times too shallow (docs/llama-bench-cost.md: MMA beat
-    VEC at the op from d6144 on the 1B, end to end only from d32768), so a bisection there buys a boundary
-    the confirm moves anyway (:func:`tuner.search.confirm.narrowed_rule`); its rounds cost about a minute."""
+    The op level places a rule's boundary several times too shallow (docs/llama-bench-cost.md), so a bisection
+    there buys a boundary the confirm moves anyway (:func:`tuner.search.confirm.narrowed_rule`)."""
     if method == METHOD_BENCH or cfg.refine == 0:
         return cfg.refine
     log.info(
@@ -528,8 +500,8 @@ def _screen_method(
     custom_measure: bool,
     n_layers: int | None = None,
 ) -> str:
-    """The screen's measuring tool (``--screen``; docs/llama-bench-cost.md): the one the study was screened
-    with if it holds rounds, else :func:`tuner.search.screen_choice.screen_method`'s (the dry run's rule)."""
+    """The screen's tool: the one the study was screened with if it holds rounds, else
+    :func:`tuner.search.screen_choice.screen_method`'s (the dry run's rule)."""
     asked = cfg.screen_method
     recorded = st.screen_method
     if recorded is None and st.screen_rounds:

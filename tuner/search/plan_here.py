@@ -1,7 +1,5 @@
-"""What the machine a search will run on changes in ``tuner search --dry-run``'s plan: the per-step costs tuner
-recorded on it (its stored results and run dirs, :func:`tuner.search.cost.local_prices`), whether upstream's
-build and the model are cached, the model step's price (synthesis and llama-quantize), and which translation
-units a compile check of the variant can compile."""
+"""What the machine a search will run on changes in ``tuner search --dry-run``'s plan: its recorded per-step
+costs, whether upstream's build and the model are cached, the model step's price, and the compile check's TUs."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ from tuner.targets.target import Target
 
 
 class Stage(TypedDict):
-    """One stage of the dry run's plan: what it runs, its calls and seconds (low, high), its per-step cost."""
+    """One stage of the dry run's plan: calls and seconds are (low, high)."""
 
     stage: str
     what: str
@@ -33,7 +31,7 @@ class Stage(TypedDict):
 
 
 class ModelInputs(Protocol):
-    """The model settings of a search or its plan (:class:`tuner.search.request.PlannedSearch`, ``PlanInputs``)."""
+    """The model settings of a search or its plan."""
 
     @property
     def model(self) -> Path | None: ...
@@ -44,7 +42,7 @@ class ModelInputs(Protocol):
 
 
 class RunInputs(ModelInputs, Protocol):
-    """A plan's model settings and tokens (:class:`tuner.search.dryrun.PlanInputs`)."""
+    """A plan's model settings and tokens."""
 
     @property
     def pp(self) -> int: ...
@@ -58,9 +56,8 @@ CPU_CHECK_OBJECTS = ("ggml/src/ggml-cpu/ops.cpp",)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Here:
-    """The plan's machine: the per-step costs recorded on it (``full_build``, ``call_depth``, ``model``), whether
-    upstream's build is cached, whether the test-backend-ops gate runs (not on the CPU backend: it is the
-    reference), and the model step's stage."""
+    """The plan's machine: its recorded per-step costs, whether upstream's build is cached, whether the gate runs
+    (not on the CPU backend: it is the reference), and the model step's stage."""
 
     prices: Mapping[str, Price] = dataclasses.field(default_factory=dict)
     built: bool = False
@@ -69,8 +66,7 @@ class Here:
 
 
 def check_objects(rv: RenderedVariant, root: Path, *, cpu: bool) -> list[str] | None:
-    """The TUs a compile check of ``rv`` compiles: the CPU backend's for a CPU variant (None: the tree has none of
-    them, so the check does not apply), else :func:`tuner.builder.cmake.default_check_objects`."""
+    """The TUs a compile check of ``rv`` compiles (None: a CPU variant's tree has none of them)."""
     if not cpu:
         return cmake.default_check_objects(rv)
     objs = [o for o in CPU_CHECK_OBJECTS if (root / o).is_file()]
@@ -78,8 +74,8 @@ def check_objects(rv: RenderedVariant, root: Path, *, cpu: bool) -> list[str] | 
 
 
 def model_stage(inputs: ModelInputs, shape: ModelShape, source: Source, prices: Mapping[str, Price]) -> Stage:
-    """The model step before the study opens (:func:`tuner.search.request.resolve_search`): nothing for --model, a
-    cached synthesized file, or its synthesis (and llama-quantize for --quant), priced."""
+    """The model step before the study opens: nothing for --model, a cached file, or its synthesis (and
+    llama-quantize for --quant), priced."""
 
     def stage(what: str, seconds: float, cost: str) -> Stage:
         return {"stage": "model", "what": what, "llama_bench_calls": [0, 0], "seconds": [seconds] * 2, "cost": cost}
@@ -108,8 +104,7 @@ def model_stage(inputs: ModelInputs, shape: ModelShape, source: Source, prices: 
 
 
 def here_for(target: Target, source: Source, inputs: RunInputs, shape: ModelShape, variants: Sequence[str]) -> Here:
-    """The plan's machine when the search runs here: its recorded costs, upstream's build (the first of
-    ``variants``, rendered as the search renders it, with this machine's GPU archs) cached or not, the model step."""
+    """The plan's machine when the search runs here (upstream's build: the first of ``variants``)."""
     # a target that is not this machine's builds elsewhere: nothing of this machine's cache applies
     here = bool(variants) and (target.is_cpu or target.arch.name in target.local_archs)
     rv = render_variant(source, target.arch.name, variants[0], local_archs=list(target.local_archs)) if here else None

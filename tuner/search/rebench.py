@@ -1,10 +1,8 @@
 """``tuner validate --bench``: do a stored result's claims still hold on this machine?
 
-Every point the result claims (verdict "faster" in ``config.toml``) is measured again the way the
-search confirmed it: the tuner build of the result's variant (rules given at run time), upstream's
-selection, its A/A twin (upstream's kernel forced) and the result's configuration, in paired,
-interleaved rounds with the order rotated. A claim holds when it is still "faster" beyond the A/A
-noise; points the result left at upstream are not re-measured.
+Every point the result claims (verdict "faster") is measured again the way the search confirmed it: upstream,
+its A/A twin and the result's configuration in paired rounds on the result's variant. A claim holds when it is
+still "faster".
 """
 
 from __future__ import annotations
@@ -29,11 +27,7 @@ from tuner.source import Source
 def rebench(
     cfg: Mapping[str, Any], *, source: Source, model: Path | None, rounds: int = 3, log_dir: Path | None = None
 ) -> tuple[bool, str]:
-    """(holds, detail): each claimed point re-measured against upstream (``rounds`` paired rounds).
-
-    ``tuner validate --bench`` passes this to :func:`tuner.result.validate.validate_paths` (the result
-    stage does not import the search stage).
-    """
+    """(holds, detail): each claimed point re-measured against upstream (``rounds`` paired rounds)."""
     claims = [p for p in cfg.get("points", []) if p.get("verdict") == "faster"]
     if not claims:
         return True, "nothing to re-measure: the result claims no point over upstream"

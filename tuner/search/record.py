@@ -32,11 +32,8 @@ def parse_point_key(key: str) -> tuple[str, int]:
 
 
 def study_results(study: optuna.Study) -> tuple[dict[str, dict[tuple[str, int], Measurement]], str]:
-    """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id.
-
-    The baseline's samples are the pooled anchors; each COMPLETE (or pruned, for the points it
-    reached) trial is a config ``"trial<N>"``.
-    """
+    """Measurements per config id for :func:`tuner.search.select.select_winners`, plus the baseline id: the
+    baseline's samples are the pooled anchors; each COMPLETE or pruned trial is a config ``"trial<N>"``."""
     import optuna  # lazy: `import tuner.search` (which reads point keys) does not load Optuna
 
     results: dict[str, dict[tuple[str, int], Measurement]] = {}
@@ -61,10 +58,7 @@ def study_results(study: optuna.Study) -> tuple[dict[str, dict[tuple[str, int], 
 
 
 def baseline_repeats(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Finished trials that measured the upstream default itself (the enqueued trial 0 and repeats).
-
-    They are more anchors, not candidates: pooled into the baseline and counted in its drift.
-    """
+    """Finished trials that measured the upstream default itself: more anchors, pooled into the baseline."""
     import optuna  # lazy, as above
 
     trials = study.get_trials(deepcopy=False)
@@ -82,7 +76,6 @@ def baseline_repeats(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]) -> dict[str, list[Any]]:
-    """Per point key, each anchor's samples: the study's recorded anchors, then the baseline repeats."""
     out: dict[str, list[Any]] = {}
     for a in legacy.study_attr(study, "anchors", []):
         for k, v in a["samples"].items():
@@ -94,8 +87,7 @@ def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]
 
 
 def anchor_drift(study: optuna.Study) -> dict[tuple[str, int], float]:
-    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise;
-    :func:`tuner.measure.anchors.drift_pct`)."""
+    """Per point, the spread of the baseline anchors' medians in percent (the run-to-run noise)."""
     out = {}
     for k, anchors in _anchor_samples(study, baseline_repeats(study)).items():
         d = drift_pct([median(v) for v in anchors if v])

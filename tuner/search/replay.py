@@ -9,14 +9,12 @@ FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each cov
     GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
 
 A config is the forced kernel per phase (``default``: upstream's selection); its objective is the
-profile-weighted geometric mean of its speed ratio to ``default`` over all points, as in the live search.
-Sample efficiency: the distinct configurations a sampler evaluates before one is within ``within`` (2%) of the
-exhaustive grid's best.
+profile-weighted geometric mean of its speed ratio to ``default`` over all points.
 """
 
 from __future__ import annotations
 
-__all__ = ["ReplayGrid", "load_grid", "run_replay", "sample_efficiency"]
+__all__ = ["ReplayGrid", "load_grid", "sample_efficiency"]
 
 import dataclasses
 import itertools
@@ -41,11 +39,19 @@ from tuner.rounds import compose as comp
 from tuner.rounds.joint import Candidate, Point
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search.screen import candidates_for, run_phase_rounds
-from tuner.search.select import Measurement, select_winners
 from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
+_SCREEN_COLUMNS = (
+    "mode",
+    "point",
+    "grid winner (median of all samples)",
+    "screen pick",
+    "Δ",
+    "A/A noise",
+    "reproduced",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,8 +62,7 @@ class ReplayGrid:
     files: tuple[str, ...]
 
     def kernels(self, phase: str) -> list[str]:
-        ks = sorted({k for (ph, k) in self.samples if ph == phase}, key=lambda k: (k != "default", k))
-        return ks
+        return sorted({k for (ph, k) in self.samples if ph == phase}, key=lambda k: (k != "default", k))
 
     def depths(self, phase: str) -> list[int]:
         return sorted(self.samples[(phase, "default")])
@@ -154,55 +159,9 @@ def sample_efficiency(
     return out
 
 
-def run_replay(files: Sequence[Path], *, profile: str = "balanced", seed: int = 0) -> dict[str, Any]:
-    """Replay the recorded grid: per-bucket selection plus sampler efficiency. Prints, labelled REPLAY."""
-    grid = load_grid(files)
-    log.info(f"{TAG}: search logic on {len(files)} recorded llama-bench files; nothing is measured now.")
-    weights = PROFILES[profile]
-    rows = []
-    for c in _configs(grid):
-        rows.append(
-            [f"{TAG}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())), f"{objective(grid, c, weights):.4f}"]
-        )
-    rows.sort(key=lambda r: -float(r[2]))
-    log.info(log.table(["mode", "config (forced kernel per phase)", f"objective ({profile})"], rows))
-
-    results: dict[str, dict[tuple[str, int], Measurement]] = {}
-    for (phase, kernel), per_depth in grid.samples.items():
-        cfg = "baseline" if kernel == "default" else f"{phase}={kernel}"
-        for d, s in per_depth.items():
-            results.setdefault(cfg, {})[(phase, d)] = Measurement(samples=s)
-    sel = select_winners(results, "baseline", seed=seed)
-    sel_rows = []
-    for b in sel.buckets:
-        for d in b.depths:
-            p = b.per_point[d]
-            sel_rows.append([TAG, f"{b.phase} d{d}", b.config, f"{p['delta_pct']:+.1f}%", str(p["verdict"])])
-    log.info(log.table(["mode", "point", "pick", "Δ vs default", "verdict"], sel_rows))
-    eff = sample_efficiency(grid, profile=profile)
-    log.info(
-        f"{TAG}: exhaustive grid of {eff['grid_size']} configs, best objective {eff['best']:.4f}; evaluations to "
-        f"get within 2%: "
-        + "; ".join(
-            f"{k} median {v['median']}, mean {v['mean']:.1f}, max {v['max']} over {len(v['runs'])} seeds"
-            for k, v in eff["samplers"].items()
-        )
-    )
-    return {"selection": sel, "efficiency": eff}
-
-
-# ------------------------------------------------------------------------------------------------
-# screen -> compose on recorded grids
-
-
 class GridMeasure:
-    """A :data:`~tuner.rounds.joint.Measure` that serves round ``i`` from the i-th recorded sample; ``calls["n"]``
-    counts the measurements served, for the efficiency line.
-
-    ``upstream`` reads ``<phase>-default``, a forced candidate its kernel's file; the A/A twin reads the default
-    recording one sample later (the recordings carry no kernel log, so upstream's pick is unknown and the A/A
-    pair is upstream against its own later repetition).
-    """
+    """A measure that serves round ``i`` from the i-th recorded sample; ``calls["n"]`` counts the measurements
+    served. The A/A twin reads the default recording one sample later (upstream's pick is unknown)."""
 
     def __init__(self, grid: ReplayGrid) -> None:
         self.grid, self.aa_name, self.upstream = grid, AA_NAME, UPSTREAM
@@ -237,13 +196,9 @@ class GridMeasure:
 def replay_screen(
     files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0, as_json: bool = False
 ) -> dict[str, Any]:
-    """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner.
-
-    The grid's winner at a depth is the kernel with the highest median over all its recorded samples
-    (``default`` = upstream). Prints the tables (or, ``as_json``, the returned data as JSON) on stdout,
-    labelled REPLAY, and progress on stderr; returns per phase the decisions, the grid's
-    winners and the counts of measurements used against the exhaustive grid.
-    """
+    """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner (the
+    kernel with the highest median over all its samples). Prints the tables (or JSON) on stdout and returns
+    per phase the decisions, the grid's winners and the measurements used against the exhaustive grid."""
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
     measure = GridMeasure(grid)
@@ -276,8 +231,7 @@ def replay_screen(
             meds = {k: median(grid.samples[(phase, k)][dec.depth]) for k in grid.kernels(phase)}
             best = max(meds, key=lambda k: meds[k])
             gain = 100 * (meds[best] / meds["default"] - 1)
-            # The grid's winner counts as reproduced when the screen picked it, or kept upstream where the
-            # grid's best beats upstream by less than the screen's noise.
+            # reproduced: the screen picked it, or kept upstream where the best gains less than the noise
             ok = (dec.winner == best) or (dec.winner is None and (best == "default" or gain <= dec.noise_pct))
             agree += ok
             winners[dec.depth] = best
@@ -294,20 +248,7 @@ def replay_screen(
             )
         used = measure.calls["n"] - before
         if not as_json:
-            click.echo(
-                log.table(
-                    [
-                        "mode",
-                        "point",
-                        "grid winner (median of all samples)",
-                        "screen pick",
-                        "Δ",
-                        "A/A noise",
-                        "reproduced",
-                    ],
-                    rows,
-                )
-            )
+            click.echo(log.table(_SCREEN_COLUMNS, rows))
             click.echo(
                 f"{TAG}: {phase}: {agree}/{len(decisions)} depth winners reproduced; the screen used {used} measurements "
                 f"({len(recs)} rounds x {len(cands)} candidates x {len(depths)} depths) against {exhaustive} in the exhaustive grid."

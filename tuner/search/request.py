@@ -1,11 +1,7 @@
-"""What ``tuner search`` and ``tuner worker`` were asked (:class:`SearchRequest`: the flags as given, with
-the target resolved and the ``--set`` pins parsed) and the stage that turns it into the frozen
-:class:`~tuner.search.study.SearchConfig` a search runs on (:func:`resolve_search`): the storage URL
-checked, the source fetched, the model found or synthesized, the default depths cut at its context
-length and the pins checked, before anything is built, measured or stored.
-
-The command line maps its flags into a :class:`SearchRequest`; :mod:`tuner.cli.search_stage` resolves it
-here, runs the search and exports its result.
+"""What ``tuner search`` and ``tuner worker`` were asked (:class:`SearchRequest`) and :func:`resolve_search`,
+which turns it into the frozen :class:`~tuner.search.study.SearchConfig` a search runs on: storage URL checked,
+source fetched, model found or synthesized, depths cut at its context length and pins checked, before anything
+is built, measured or stored.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ __all__ = [
     "Defaults",
     "PlannedSearch",
     "SearchRequest",
+    "check_depths",
     "check_variants",
     "intro",
     "plan_search",
@@ -67,21 +64,16 @@ class Defaults:
     quant: str | None = None
     """The synthesized model's weight type when --quant is not given (None: f16, as synthesized)."""
     direct: bool = False
-    """Write ``quant``'s blocks straight away when synth can (:data:`tuner.targets.models.DIRECT_QUANTS`): the
-    same tensors, types and sizes as llama-quantize's file, with no build before the model."""
+    """Write ``quant``'s blocks directly when synth can (:data:`tuner.targets.models.DIRECT_QUANTS`): llama-quantize's
+    tensors, with no build before the model."""
 
 
-# The embedded default: what `tuner search` does with no arguments on a machine without a GPU, sized
-# to finish cold in about 10 minutes on 2 cores with A/A noise under the ceiling. The SmolLM2-135M
-# shape in Q4_K_M (what CPU users run) makes a repetition last a few tenths of a second (the 2-layer
-# `tiny` shape's tg32 lasted 0.1 s). On a 2-core VM two llama-bench calls of one build differ by about
-# 12% (their ratio's sd, idle: docs/noise-floors.md), whatever a call's length, so the noise is beaten
-# with rounds, not repetitions: 7 paired rounds of short calls (one kept repetition a test) put the
-# A/A CI's reach near 13%, where 3 rounds of long calls reached 30%; 2 tune trials keep the cold run,
-# a confirm of 7 rounds included, within 10 minutes. Depth 512 is where FlashAttention
-# on/off shows on a CPU at a fill of about a second. The model is written quantized, so the one build
-# is llama-bench's. One build variant (a second costs ~5 more minutes on 2 cores); --variant cpu
-# --variant cpu-no-native searches both.
+# Without a GPU: sized to finish cold in about 10 minutes on 2 cores with A/A noise under the ceiling.
+# SmolLM2-135M in Q4_K_M (what CPU users run), written quantized so the one build is llama-bench's. Two
+# llama-bench calls of one build differ by about 12% on a 2-core VM whatever their length
+# (docs/noise-floors.md), so the noise is beaten with rounds of short calls, not repetitions: 7 rounds put
+# the A/A CI's reach near 13%. Depth 512 is where FlashAttention on/off shows on a CPU. One variant: a
+# second costs ~5 more minutes (--variant cpu --variant cpu-no-native searches both).
 CPU_DEFAULTS = Defaults(
     like="smollm2-135m",
     depths=(0, 512),
@@ -97,11 +89,9 @@ CPU_DEFAULTS = Defaults(
     reps_tg=1,
     confirm_extra=1,
 )
-# On a GPU: the llama-3.2-1b shape quantized to Q4_K_M (the weight type users run; an f16 model
-# measures another decode balance), over the context depths users compare with llama-bench -d, capped
-# by the model's context length. No compile-time trials by default: each one is a rebuild plus a
-# measurement (about a minute on an H100) and the kernel rules come from the screen, not the tune;
-# --trials N adds them.
+# On a GPU: llama-3.2-1b in Q4_K_M (an f16 model measures another decode balance) at the depths users
+# compare with llama-bench -d. No compile-time trials by default: each is a rebuild plus a measurement
+# (about a minute on an H100), and the kernel rules come from the screen; --trials N adds them.
 GPU_DEFAULTS = Defaults(
     like="llama-3.2-1b",
     depths=(0, 4096, 8192, 16384, 32768, 65536),
@@ -157,17 +147,14 @@ class SearchRequest:
 
     @property
     def defaults(self) -> Defaults:
-        """The CPU backend's defaults or a GPU's."""
         return CPU_DEFAULTS if self.target.is_cpu else GPU_DEFAULTS
 
 
 def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchConfig:
     """The frozen configuration of the search ``request`` asks for (``worker``: for ``tuner worker``).
 
-    Raises:
-        UsageError: what :func:`plan_search` refuses (before anything is fetched or built), a --variant the
-            space does not have (before the model is made), or a --set pin the space resolved for this machine refuses.
-    """
+    UsageError for what :func:`plan_search` refuses (before anything is fetched or built), a --variant the space
+    does not have (before the model is made), or a --set pin the space resolved for this machine refuses."""
     planned = plan_search(request)  # every refusal that needs no source or model file, before either is made
     if not worker:
         log.info(intro(request))
@@ -183,38 +170,23 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
     _check_pins(request.target, source, model, request.sets, request.cpu_mask, request.tune_knobs)
     return SearchConfig(
-        target=request.target,
         source=source,
         model=model.resolve(),
-        depths=planned.depths,
-        pp=planned.pp,
-        tg=planned.tg,
-        trials=planned.trials,
-        time_budget=request.time_budget,
         started=started,
-        storage=request.storage,
         study=study,
         run_dir=request.run_dir or default_run_dir(study),
-        jobs=request.jobs,
-        seed=request.seed,
-        gate=request.gate,
-        variants=planned.variants,
         fixed=dict(request.sets),
         worker=worker,
-        min_rounds=planned.min_rounds,
-        max_rounds=planned.max_rounds,
-        ci_target=request.ci_target,
-        refine=planned.refine,
-        cpu_mask=request.cpu_mask,
         model_seconds=model_seconds,
         prebuild_seconds=build_seconds or None,
-        reps_pp=planned.reps_pp,
-        reps_tg=planned.reps_tg,
-        confirm_extra=planned.confirm_extra,
-        screen_method=planned.screen_method,
-        tune_knobs=planned.tune_knobs,
-        tune_depths=planned.tune_depths,
+        **{f: getattr(request, f) for f in _ASKED},
+        **{f.name: getattr(planned, f.name) for f in dataclasses.fields(planned) if f.name not in _MODEL_ONLY},
     )
+
+
+# resolve_search's SearchConfig fields copied from the request, and the PlannedSearch fields it does not copy
+_ASKED = ("target", "time_budget", "storage", "jobs", "seed", "gate", "ci_target", "cpu_mask")
+_MODEL_ONLY = ("like", "model", "quant", "direct", "context_length")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -226,9 +198,8 @@ class PlannedSearch:
     """The synthesized model's shape (None with --model)."""
     model: Path | None
     quant: str | None
-    """The llama-quantize type the synthesized model is made in (None: f16, as synthesized)."""
+    """The llama-quantize type the synthesized model is made in (None: f16)."""
     direct: bool
-    """``quant``'s blocks written directly by the synthesis, with no llama-quantize (:func:`_direct`)."""
     context_length: int | None
     depths: tuple[int, ...]
     pp: int
@@ -248,13 +219,9 @@ class PlannedSearch:
 
 
 def plan_search(request: SearchRequest) -> PlannedSearch:
-    """The settings of the search ``request`` asks for, with every refusal that needs neither the source nor a
-    model file made: a bad --storage URL, both --model and --like, a --model that does not exist, an unknown
-    --like shape or --quant type, --depths or --tune-depths past the model's context length.
-
-    Raises:
-        UsageError: one of those.
-    """
+    """The settings of the search ``request`` asks for. UsageError for every refusal that needs neither the
+    source nor a model file: a bad --storage URL, both --model and --like, a --model that does not exist, an
+    unknown --like shape or --quant type, --depths or --tune-depths past the model's context length."""
     d = request.defaults
     if request.storage is not None:  # refused before anything is fetched, built or created
         check_storage_url(request.storage)
@@ -271,12 +238,7 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
     else:
         ctx = _context_length(Path(str(request.model)))
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
-    too_deep = [x for x in depths if ctx and x > ctx]
-    if too_deep:
-        raise UsageError(
-            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
-            f"Use depths up to {ctx}, e.g. --depths {','.join(str(x) for x in depths if x <= (ctx or 0))}."
-        )
+    check_depths(depths, ctx)
     if request.tune_depths and ctx and max(request.tune_depths) > ctx:
         raise UsageError(
             f"--tune-depths {list(request.tune_depths)} go past the model's context length {ctx} (n_ctx_train in the "
@@ -305,9 +267,18 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
     )
 
 
+def check_depths(depths: Sequence[int], ctx: int | None) -> None:
+    """UsageError for ``--depths`` past the model's context length ``ctx`` (None or 0: unknown)."""
+    too_deep = [x for x in depths if ctx and x > ctx]
+    if too_deep:
+        raise UsageError(
+            f"--depths {too_deep} exceed the model's context length {ctx} (n_ctx_train in the GGUF). "
+            f"Use depths up to {ctx}, e.g. --depths {','.join(str(x) for x in depths if x <= (ctx or 0))}."
+        )
+
+
 def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None, arch: str, era: str) -> list[str]:
-    """The variants a search builds: ``variants`` (None: every one) of the space's, in the space's order;
-    UsageError where none of them is in the space."""
+    """``variants`` (None: every one) of the space's, in its order; UsageError where none of them is in it."""
     kept = [v for v in space_variants if variants is None or v in variants]
     if not kept:
         raise UsageError(
@@ -318,8 +289,7 @@ def check_variants(space_variants: Sequence[str], variants: Sequence[str] | None
 
 
 def _baseline_build(target: Target, source: Source, budget: Budget) -> Path:
-    """The upstream-default variant's ``llama-quantize`` (a build cached like every build); a build that is not
-    cached starts only where its price (the dry run's) fits the ``budget``."""
+    """The upstream-default variant's ``llama-quantize``; a build not cached starts only where its price fits."""
     space = sp.load_space(target.name, source.era)
     rv = render.render_variant(
         source, target.name, space.variants[0], local_archs=list(target.local_archs), space=space
@@ -330,9 +300,8 @@ def _baseline_build(target: Target, source: Source, budget: Budget) -> Path:
 
 
 def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budget: Budget) -> tuple[Path, float]:
-    """--model as given, or a synthesized (and optionally quantized) model of --like's shape, made only where its
-    price fits the ``budget``; and the seconds spent building upstream's variant for llama-quantize (0.0 where
-    none was built here)."""
+    """--model, or a synthesized (maybe quantized) model of --like's shape made only where its price fits the
+    ``budget``; and the seconds spent building upstream's variant for llama-quantize (0.0: none built here)."""
     if planned.like is None:
         return Path(str(planned.model)), 0.0
     t0 = time.monotonic()
@@ -347,13 +316,11 @@ def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budge
 
 
 def _direct(request: SearchRequest, quant: str | None) -> bool:
-    """Whether the model step writes ``quant``'s blocks directly (no llama-quantize, no build before the model)."""
     return bool(quant) and request.defaults.direct and str(quant).upper() in models.DIRECT_QUANTS
 
 
 def _quant(value: str | None) -> str | None:
-    """The llama-quantize type to make, or None for the synthesized f16 model (``--quant f16``); UsageError for
-    a type llama-quantize does not make (refused here, not after the build it needs)."""
+    """The llama-quantize type to make (None: f16); UsageError, before the build it needs, for an unknown type."""
     if value is None or value.lower() in ("f16", "none"):
         return None
     if value.upper() not in QUANT_TYPES:
@@ -379,9 +346,8 @@ def _check_pins(
     cpu_mask: tuple[int, ...] | None,
     tune_knobs: Sequence[str] = (),
 ) -> None:
-    """--set values checked against the space resolved for this machine, mask and model (threads within
-    the CPUs, -ngl within the layers), and the --tune-knobs globs against its knobs, so a bad pin or glob
-    is refused before any build or measurement."""
+    """--set values and --tune-knobs globs checked against the space resolved for this machine, mask and model,
+    so a bad pin or glob is refused before any build or measurement."""
     space, _ = space_for_run(sp.load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
     check_patterns(space, tune_knobs)
     sp.set_values(space, {k: v for k, v in sets.items() if k != "variant"})
@@ -394,9 +360,8 @@ def _check_pins(
 
 
 def intro(request: SearchRequest) -> str:
-    """What the run will do and roughly how long, before anything starts (measured on this project's
-    machines: the CPU default's llama-bench build 280 s on an idle 2-core VM, its measuring 2-4 minutes
-    there; an sm_90 build ~4.5 min on 16 cores)."""
+    """What the run will do and roughly how long (measured: the CPU default's build 280 s and its measuring
+    2-4 minutes on an idle 2-core VM; an sm_90 build ~4.5 min on 16 cores)."""
     cpu = request.target.is_cpu
     trials = request.trials if request.trials is not None else request.defaults.trials
     what = "llama.cpp's CPU backend (no GPU found)" if cpu else f"{request.target.name}"

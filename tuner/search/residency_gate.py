@@ -1,16 +1,11 @@
 """The residency gate (docs/soak.md): the final config keeps the graph and the memory where upstream's does.
 
-After the confirm, one verbose llama-bench probe each of upstream's and the final config
-(:func:`tuner.measure.residency.run_residency`) is read for graph splits, offloaded layers, weight and KV buffers
-and fused-op fallbacks, and judged (:func:`tuner.measure.residency.judge`). A final config that fails where
-upstream's passes, or has more decode-graph splits, is infeasible like an output-gate failure: upstream's
-selection is exported. Where upstream fails the same way, the check cannot tell them apart and says so.
-
-Upstream's config (the user's pins, e.g. ``--set ngl=8``) sets the scenario: under full offload the final config
-must offload everything too (a tuned ``-nkvo 1`` fails); where upstream keeps layers or the KV cache on the host,
-residency is what the scenario trades, so both probes are reported, not judged (on the H100 ``-ngl 8 -nkvo 1``
-had 16 decode splits to upstream's 2: results/sm_90/llama-3.2-1b-q4_k_m-ngl8-cpus0-3). On the CPU backend
-everything is on the host by design: reported, and the check passes.
+One verbose llama-bench probe each of upstream's and the final config is read for graph splits, offloaded
+layers, buffers and fused-op fallbacks, and judged. A final config that fails where upstream's passes, or has
+more decode-graph splits, is infeasible: upstream's selection is exported. Upstream's config sets the scenario:
+under full offload the final config must offload everything too; where upstream keeps layers or the KV cache on
+the host, both probes are reported, not judged (on the H100 ``-ngl 8 -nkvo 1`` had 16 decode splits to
+upstream's 2); on the CPU backend the check passes.
 """
 
 from __future__ import annotations
@@ -44,7 +39,6 @@ def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
 
 
 def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
-    """One probe as plain data for the study, ``config.toml`` and the report."""
     return {
         "summary": res.summary,
         "passed": bool(passed),
@@ -65,13 +59,8 @@ def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[st
 
 
 def decide(up: Residency, final: Residency | None, *, full: bool, host_weights_mib: float | None) -> dict[str, Any]:
-    """The record of the residency gate from the two parsed probes (``final`` None: the final config is upstream's).
-
-    ``full`` is whether upstream's config offloads everything (:func:`full_offload` of its arguments).
-    Returns ``{"verdict": "pass"|"fail"|"not judged", "full_offload", "reasons", "upstream", "final"}``;
-    ``fail`` only under full offload, when the final config fails where upstream's does not, or splits
-    its decode graph more.
-    """
+    """The residency gate's record from the two parsed probes (``final`` None: the final config is upstream's);
+    ``verdict`` ``pass``, ``fail`` or ``not judged``."""
     ok_up, why_up = judge(up, full_offload=full, host_weights_mib=host_weights_mib)
     rec: dict[str, Any] = {"full_offload": full, "upstream": summary_row(up, ok_up, why_up), "final": None}
     if final is None:
@@ -109,9 +98,8 @@ def decide(up: Residency, final: Residency | None, *, full: bool, host_weights_m
 
 
 def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | None) -> dict[str, Any] | None:
-    """A stored record decided again from its probes' logs by today's rule (a resumed search after the rule
-    changed, as the partial-offload fix did on the H100); None where a log is gone or a probe had failed (the
-    stored record stands: it cannot be re-read)."""
+    """A stored record decided again from its probes' logs by today's rule; None where a log is gone or a probe
+    had failed (the stored record stands)."""
 
     def load(p: Mapping[str, Any] | None) -> Residency | None:
         if not p or p.get("error") or not p.get("log") or not Path(p["log"]).is_file():

@@ -1,10 +1,6 @@
-"""Which tool times the kernel screen (``--screen``; docs/llama-bench-cost.md): one rule for the search and its dry run.
-
-The kernel level (test-backend-ops ``FLASH_ATTN_EXT``, :mod:`tuner.search.kernel_screen`) stands for what
-llama-bench would time only where the whole model runs on an NVIDIA GPU with kernels to force (every layer and
-the KV cache offloaded by the pinned arguments, :func:`tuner.search.residency_gate.full_offload`; no
-``--cpu-mask``, where the host paces a step) and the live llama-bench measures (not a test's or replay's fake).
-The search and ``tuner search --dry-run`` both decide with :func:`screen_method`, so the plan names its tool.
+"""Which tool times the kernel screen (``--screen``; docs/llama-bench-cost.md): one rule for the search and its
+dry run. The kernel level stands for what llama-bench would time only where the whole model runs on an NVIDIA
+GPU with kernels to force (no ``--cpu-mask``, where the host paces a step) and the live llama-bench measures.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ def coerce_pins(space: SearchSpace, pins: Mapping[str, object]) -> dict[str, obj
 
 
 def pinned_runtime(space: SearchSpace, fixed: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
-    """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs; ``fixed`` holds values
-    already coerced by ``space`` (resolved for the model, so a pinned ``-ngl`` is checked against its layers)."""
+    """The env vars and llama-bench arguments of the pinned (``--set``) runtime knobs, ``fixed`` coerced already."""
     names = {k.name for k in space.runtime_knobs}
     return runtime_env_and_args(space, {k: v for k, v in fixed.items() if k in names})
 
@@ -43,15 +38,8 @@ def screen_method(
     cpu_mask: Sequence[int] | None,
     custom_measure: bool = False,
 ) -> str:
-    """The screen's tool for a new study: ``asked`` (``--screen kernel|llama-bench``; None or ``auto``: the rule).
-
-    ``gpu``: the target is a GPU (not the CPU backend); ``has_kernels``: the space has kernels to force in some
-    phase; ``base_args``: the pinned runtime knobs' llama-bench arguments (:func:`pinned_runtime`); ``n_layers``:
-    the model's; ``custom_measure``: a test's or replay's measure replaces llama-bench.
-
-    Raises:
-        UsageError: ``--screen kernel`` where no kernel can be forced on an NVIDIA GPU.
-    """
+    """The screen's tool for a new study: ``asked`` (None or ``auto``: the rule); UsageError for ``--screen
+    kernel`` where no kernel can be forced on an NVIDIA GPU. ``custom_measure``: a test's or replay's measure."""
     nvidia_gpu = vendor == "nvidia" and gpu
     if asked == METHOD_KERNEL and not (nvidia_gpu and has_kernels):
         raise UsageError(

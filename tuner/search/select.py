@@ -1,17 +1,10 @@
 """Pick winners from measured configurations: no-harm rule, then min-max regret per context bucket.
 
-This mirrors llama.cpp's Metal FA-vec tuner (``tools/tuning`` in llama.cpp 0c1e570):
-
-* a *point* is one (phase, depth) measurement, e.g. ``("tg", 16384)``;
-* a config may represent a bucket of points only if it is *admissible* there: not slower than the
-  baseline beyond noise at any point of the bucket (the no-harm rule);
-* among admissible configs the one with the smallest worst-case regret ``best(p) / speed(c, p)``
-  over the bucket wins (min-max regret);
-* a phase's depths are split into contiguous buckets only when the split lowers the worst regret by
-  more than ``tau``; otherwise one config serves the whole phase.
-
-A bucket whose pick is not significantly faster than the baseline at any of its points stays at the
-baseline: "no difference beyond noise" is a valid result and is reported as such.
+This mirrors llama.cpp's Metal FA-vec tuner (``tools/tuning`` in llama.cpp 0c1e570): a config may represent a
+bucket of (phase, depth) points only if it is not slower than the baseline beyond noise at any of them; among
+those the one with the smallest worst-case regret ``best(p) / speed(c, p)`` wins; a phase's depths are split
+into contiguous buckets only when that lowers the worst regret by more than ``tau``. A bucket whose pick is not
+faster than the baseline beyond noise anywhere stays at the baseline.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ from tuner.measure.stats import compare
 PHASES = ("pp", "tg")
 
 Point = tuple[str, int]
-"""(phase, depth): ``("pp", 0)``, ``("tg", 32768)``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,11 +40,8 @@ class BucketPick:
     phase: str
     depths: tuple[int, ...]
     config: str
-    """Config id of the pick (the baseline id when nothing beats it)."""
     worst_regret: float
-    """max over the bucket's points of best(p)/speed(pick, p); 1.0 = best everywhere."""
     per_point: Mapping[int, Mapping[str, object]]
-    """depth -> {delta_pct, ci_low, ci_high, p_value, verdict, base_median, pick_median, n_base, n_pick}."""
     reason: str
 
 
@@ -61,7 +50,6 @@ class Selection:
     baseline: str
     buckets: tuple[BucketPick, ...]
     rejected: Mapping[str, str]
-    """config id -> why it could not represent any bucket (first failing point)."""
 
     def pick_for(self, phase: str, depth: int) -> BucketPick:
         for b in self.buckets:
@@ -71,7 +59,7 @@ class Selection:
 
 
 def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
-    """All ways to cut a sorted depth list into contiguous segments (n <= ~8, so 2^(n-1) is fine)."""
+    """All ways to cut a sorted depth list into contiguous segments (n <= ~8, so 2^(n-1))."""
     n = len(depths)
     out = []
     for cuts in itertools.product((False, True), repeat=max(0, n - 1)):
@@ -95,7 +83,6 @@ def _verdicts(
     confidence: float,
     seed: int,
 ) -> dict[tuple[str, Point], dict[str, object]]:
-    """Every (config, point) measured where the baseline was: its verdict against the baseline."""
     verdicts: dict[tuple[str, Point], dict[str, object]] = {}
     for cfg, pts in results.items():
         for p, m in pts.items():
@@ -120,7 +107,7 @@ def _verdicts(
 
 @dataclasses.dataclass(kw_only=True)
 class _Phase:
-    """One phase's admissibility and regret over the configs (records why configs are rejected)."""
+    """One phase's admissibility and regret over the configs."""
 
     phase: str
     results: Mapping[str, Mapping[Point, Measurement]]
@@ -128,7 +115,6 @@ class _Phase:
     eligible: Callable[[str, str], bool] | None
     rejected: dict[str, str]
     keep: str
-    """The config a bucket keeps when nothing beats the baseline (the fallback, else the baseline)."""
     best: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def ok(self, cfg: str, seg: tuple[int, ...]) -> bool:
@@ -145,7 +131,6 @@ class _Phase:
         return True
 
     def set_best(self, depths: Sequence[int]) -> None:
-        """The best admissible median at each depth (the regret reference)."""
         phase, results = self.phase, self.results
         self.best = {
             d: max(m[(phase, d)].median for c, m in results.items() if (phase, d) in m and self.ok(c, (d,)))
@@ -153,11 +138,9 @@ class _Phase:
         }
 
     def regret(self, cfg: str, seg: tuple[int, ...]) -> float:
-        """Worst best(p) / speed(cfg, p) over the segment."""
         return max(self.best[d] / self.results[cfg][(self.phase, d)].median for d in seg)
 
     def pick(self, seg: tuple[int, ...]) -> tuple[str, float]:
-        """The admissible config with the smallest worst regret over the segment, and that regret."""
         cands = [c for c in self.results if self.ok(c, seg)]
         if not cands:
             raise ValueError(f"no eligible config was measured at every {self.phase} depth of {seg}")
@@ -167,7 +150,6 @@ class _Phase:
 
 
 def _best_partition(ph: _Phase, depths: list[int], tau: float) -> list[tuple[int, ...]]:
-    """The bucket split of a phase's depths: one bucket unless a split lowers the worst regret by > tau."""
     one = [tuple(depths)]
     best_parts, best_worst = one, ph.pick(one[0])[1]
     for parts in _partitions(depths):
@@ -181,7 +163,6 @@ def _best_partition(ph: _Phase, depths: list[int], tau: float) -> list[tuple[int
 
 
 def _bucket(ph: _Phase, seg: tuple[int, ...]) -> BucketPick:
-    """The segment's pick; it falls back to ``keep`` unless it is faster beyond noise somewhere."""
     cfg, worst = ph.pick(seg)
     pts = {d: ph.verdicts[(cfg, (ph.phase, d))] for d in seg}
     faster = [d for d in seg if pts[d]["verdict"] == "faster"]
@@ -217,17 +198,12 @@ def select_winners(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> Selection:
-    """Choose one config per context bucket of each phase; the Selection has per-point evidence for each bucket.
+    """Choose one config per context bucket of each phase, with per-point evidence.
 
-    ``results``: config id -> point -> measurement; the baseline covers every point, other configs are
-    considered only where they were measured (pruned trials). ``eligible(config, phase)``: an optional filter
-    (e.g. "shares the winning build"); the baseline stays the no-harm rule's reference even when not eligible.
-    ``fallback``: what a bucket keeps when no eligible config beats the baseline beyond noise (default: the
-    baseline). ``noise_floor``: per point, the drift (percent) between baseline anchors a verdict must exceed
-    (identical H100 runs minutes apart differed by up to 14% at pp d0), else ``min_effect_pct``. ``tau``: a
-    phase gets more buckets only where that lowers the worst regret by more than this fraction. ``seed``: the
-    bootstrap's, so verdicts are reproducible.
-    """
+    ``results``: config id -> point -> measurement; other configs than the baseline count only where measured.
+    ``fallback``: what a bucket keeps when no eligible config beats the baseline (default: the baseline).
+    ``noise_floor``: per point, the drift (percent) between baseline anchors a verdict must exceed (identical
+    H100 runs minutes apart differed by up to 14%), else ``min_effect_pct``."""
     base = results[baseline]
     verdicts = _verdicts(
         results, base, noise_floor=noise_floor, min_effect_pct=min_effect_pct, confidence=confidence, seed=seed

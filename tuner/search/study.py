@@ -1,10 +1,6 @@
-"""What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`),
-and where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several
-hosts). :mod:`tuner.search.pipeline` runs the search on it; builds live in ``$TUNER_HOME/builds``.
-
-Studies made by the earlier one-TPE search (trials with anchors, the stored H100 results) keep their
-read-back in :mod:`tuner.search.record` and their selection in :mod:`tuner.search.select` and
-:mod:`tuner.search.winner`; ``PROFILES`` weighs the phases for those and for the sampler replay.
+"""What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`), and
+where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several hosts).
+``PROFILES`` weighs the phases for studies of the earlier one-TPE search and for the sampler replay.
 """
 
 from __future__ import annotations
@@ -32,13 +28,10 @@ PROFILES: dict[str, dict[str, float]] = {
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchConfig:
     """A search as it runs: every setting resolved (:func:`tuner.search.request.resolve_search` chooses the
-    defaults, the CPU's or a GPU's: :data:`tuner.search.request.CPU_DEFAULTS`); a field with a default here
-    is one that may be absent (no budget, no pin, no mask), never a second choice of a setting."""
+    defaults); a field with a default here is one that may be absent, never a second choice of a setting."""
 
     target: Target
-    """Target arch (already resolved: detected or explicitly given and present)."""
     source: Source
-    """The llama.cpp tree, fetched once."""
     model: Path
     depths: tuple[int, ...]
     pp: int
@@ -55,8 +48,7 @@ class SearchConfig:
     refine: int
     """Bisection steps at kernel boundaries."""
     confirm_extra: int
-    """Depths the confirm stage adds between ladder depths (the shallowest midpoints from 8192: where a
-    rule's boundary is checked cheaply; a deep midpoint costs a long depth fill in every call)."""
+    """Depths the confirm stage adds between ladder depths (:func:`tuner.search.confirm.extra_depths`)."""
     reps_pp: int
     reps_tg: int
     """llama-bench repetitions per call (the median is the round's value; the first is discarded)."""
@@ -67,32 +59,24 @@ class SearchConfig:
     storage: str | None = None
     jobs: int | None = None
     variants: tuple[str, ...] | None = None
-    """Restrict the space's variants (None = all the space declares)."""
     fixed: Mapping[str, object] = dataclasses.field(default_factory=dict)
-    """Knob values pinned by the user (``--set``)."""
     worker: bool = False
     tune_knobs: tuple[str, ...] = ()
-    """``--tune-knobs`` globs: the tune samples only the knobs they match (empty: every tunable knob)."""
     tune_depths: tuple[int, ...] | None = None
-    """``--tune-depths``: the depths a tune trial measures (None: ``depths``)."""
     cpu_mask: tuple[int, ...] | None = None
-    """CPUs every llama-bench call is pinned to (``--cpu-mask``; None: not pinned)."""
     model_seconds: float | None = None
-    """Seconds the CLI spent synthesizing/quantizing the model before the search (config.toml's ``[cost] model_s``)."""
+    """Seconds the CLI spent making the model before the search (``[cost] model_s``)."""
     prebuild_seconds: float | None = None
     """Seconds the CLI spent building upstream's variant for llama-quantize before the search (``build_s``)."""
     screen_method: str | None = None
-    """``kernel`` (test-backend-ops FLASH_ATTN_EXT), ``llama-bench``, or None: chosen per target and study
-    (:func:`tuner.search.pipeline._screen_method`)."""
+    """``kernel``, ``llama-bench``, or None: chosen per target and study."""
 
     @property
     def arch(self) -> str:
-        """The target arch's name."""
         return self.target.name
 
     @property
     def budget(self) -> Budget:
-        """``--time-budget`` counted from the command's start (``started``; None: from now)."""
         return Budget.counted_from(self.started, self.time_budget)
 
     @property
@@ -100,23 +84,9 @@ class SearchConfig:
         return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
 
 
-# --------------------------------------------------------------------------------------------
-# arch resolution
-# --------------------------------------------------------------------------------------------
-
-
 def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool = False, ptx_jit: bool = False) -> str:
     """The name of :func:`tuner.targets.target.resolve_target`'s target (which raises what this raises)."""
     return resolve_target(requested, dry_run=dry_run, replay=replay, ptx_jit=ptx_jit).name
-
-
-# --------------------------------------------------------------------------------------------
-# the study
-# --------------------------------------------------------------------------------------------
-
-
-# The storage (make_storage, check_storage_url) is tuner.study.storage's, below search and result
-# which both open studies; its names stay importable from here.
 
 
 def default_run_dir(study: str) -> Path:

@@ -1,19 +1,12 @@
 """Tune: Optuna only for what really is a joint search (compile-time rows, process-wide knobs), with the
-composed rules fixed; kernel rules and selector thresholds are the screen's job. A candidate the constraint
-check rejects is recorded infeasible (``constraints_func``), never built.
+composed rules fixed; kernel rules are the screen's job. A candidate the constraint check rejects is recorded
+infeasible, never built.
 
 A trial measures only the phases its knobs declare (``phases = ["pp"]`` in the space file; both by default),
-each against the composed reference in one paired round (order alternating between trials), and reports one
-objective per phase (geometric mean of the per-depth ratios; 1.0 for a phase it cannot change). No pruning
-across phases. The best trial is only a proposal: confirm decides.
-
-The CPU% rule (docs/design.md, "CPU% in decode decisions"): a trial whose decode CPU% rises beyond the
-screen's A/A CPU noise without a decode t/s gain beyond its t/s noise is infeasible (``cpu_cost``, ``rejected``);
-one paired round has no interval, so its point estimates are held against the noise.
-
-Where the screen ran at the op level and every sampled knob is a tile/MMA config row, trials are timed at the
-op level too (:func:`trial_method`): seconds per trial where two deep llama-bench calls spend most of a minute
-refilling the context. A trial's gate forces only the kernels whose rows it changed (:func:`gate_kernels`).
+each against the composed reference in one paired round, one objective per phase. The best trial is only a
+proposal: confirm decides. A trial whose decode CPU% rises beyond the screen's A/A CPU noise without a decode
+t/s gain beyond its noise is infeasible (docs/design.md, "CPU% in decode decisions"); one paired round has no
+interval, so its point estimates are held against the noise.
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ __all__ = [
     "pick",
     "screen_noise",
     "trial_factory",
-    "trial_heartbeat",
     "trial_method",
     "tunable_knobs",
     "tune_focus",
@@ -81,11 +73,10 @@ ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
 def trial_method(knobs: Sequence[Knob], *, screen_method: str | None, recorded: str | None) -> str:
     """What times the tune's trials: ``kernel`` (the FA op alone) or ``llama-bench``.
 
-    The op level where the screen ran there (an NVIDIA GPU, the whole model offloaded: the op is what
-    llama-bench's step waits on) and every sampled knob is a tile/MMA config row, which changes that op
-    alone. A process knob (threads, CUDA graphs, -ub) or a build variant changes the whole step, so
-    llama-bench times those. A study that already has trials keeps its ``recorded`` method: two methods'
-    ratios are not one objective."""
+    The op level where the screen ran there and every sampled knob is a tile/MMA config row, which changes that
+    op alone (seconds a trial, where two deep llama-bench calls spend most of a minute refilling the context); a
+    process knob or a build variant changes the whole step. A study with trials keeps its ``recorded`` method:
+    two methods' ratios are not one objective."""
     if recorded is not None:
         return recorded
     if screen_method == METHOD_KERNEL and knobs and all(k.kind in ROW_KERNELS for k in knobs):
@@ -96,8 +87,7 @@ def trial_method(knobs: Sequence[Knob], *, screen_method: str | None, recorded: 
 def trial_factory(
     st: StudyState, study: optuna.Study, knobs: Sequence[Knob], bench: MeasureFactory, op: Callable[[], MeasureFactory]
 ) -> MeasureFactory:
-    """The trials' measure factory: ``bench`` (llama-bench's) or ``op()`` (the op level's), as
-    :func:`trial_method` picks; the method is recorded in the study (``st``) before its first trial."""
+    """``bench`` or ``op()``, as :func:`trial_method` picks; the method is recorded before the first trial."""
     # trials measured before the method was recorded were llama-bench's
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     recorded = st.tune_method or (METHOD_BENCH if done else None)
@@ -114,10 +104,8 @@ def trial_factory(
 
 
 def gate_kernels(changed: Sequence[Knob | str]) -> list[str]:
-    """The kernels a trial's test-backend-ops gate forces: those whose config rows the trial changed.
-
-    Another kernel's code is the base build's, which passed the gate with every kernel forced; a
-    variant or process knob (``"variant"`` or a non-row knob) can change any kernel, so all are forced."""
+    """The kernels a trial's test-backend-ops gate forces: those whose config rows the trial changed (the
+    others are the base build's, gated already); a variant or process knob can change any, so all are forced."""
     kernels = {None if isinstance(k, str) else ROW_KERNELS.get(k.kind) for k in changed}
     if not changed or None in kernels:
         return list(ALL_KERNELS)
@@ -127,11 +115,9 @@ def gate_kernels(changed: Sequence[Knob | str]) -> list[str]:
 def tunable_knobs(
     space: SearchSpace, fixed: Mapping[str, object], *, head_dim: int | None = None, patterns: Sequence[str] = ()
 ) -> list[Knob]:
-    """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set.
-
-    ``head_dim``: the model's head size; a tile or MMA row of another head size is left out (the model never
-    runs it, so a trial changing it would rebuild a TU and measure nothing). ``patterns``: ``--tune-knobs``
-    globs; when given, only the knobs a glob matches."""
+    """Knobs the tune stage samples: compile-time rows and process-wide knobs not pinned by --set, matching
+    ``patterns`` (``--tune-knobs`` globs). A row of another head size than ``head_dim`` is left out: the model
+    never runs it."""
     out = []
     for k in (*space.compile_knobs, *space.runtime_knobs):
         if k.kind not in TUNE_KINDS or k.name in fixed:
@@ -146,12 +132,11 @@ def tunable_knobs(
 
 
 def wanted(name: str, patterns: Sequence[str]) -> bool:
-    """``name`` matches one of the ``--tune-knobs`` globs (every name when there are none)."""
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def check_patterns(space: SearchSpace, patterns: Sequence[str]) -> None:
-    """Refuse a ``--tune-knobs`` glob that matches no tunable knob (nor ``variant``) of ``space``."""
+    """UsageError for a ``--tune-knobs`` glob that matches no tunable knob (nor ``variant``) of ``space``."""
     names = [k.name for k in tunable_knobs(space, {})] + ["variant"]
     bad = [p for p in patterns if not any(wanted(n, (p,)) for n in names)]
     if bad:
@@ -174,9 +159,8 @@ def geomean(xs: Sequence[float]) -> float:
 def pick(
     trials: Sequence[optuna.trial.FrozenTrial], *, min_gain: float = 1.02, floor: float = 0.99
 ) -> optuna.trial.FrozenTrial | None:
-    """The trial worth confirming: not rejected for its CPU cost, no phase objective below ``floor`` and
-    the product of the objectives at least ``min_gain``; the best such by that product. None when no
-    trial qualifies."""
+    """The trial worth confirming, the best by the product of its objectives: not rejected for its CPU cost, no
+    objective below ``floor``, the product at least ``min_gain``. None when no trial qualifies."""
     best, best_v = None, min_gain
     for t in trials:
         if trial_attr(t, "rejected"):
@@ -203,14 +187,10 @@ def paired_objectives(
     label: str,
     flip: bool,
 ) -> tuple[list[float], dict[str, float], dict[str, float]]:
-    """One paired round per phase the trial can change: reference and candidate back to back (order
-    flipped on alternate trials). Returns the per-phase objectives ``[pp, tg]`` (geometric mean of the
-    per-depth ratios; 1.0 for a phase the trial cannot change, which is not measured), the ratios and
-    the CPU% differences candidate - reference (points, where both sides report CPU%), keyed ``tg@4096``.
-
-    Raises:
-        TunerError: llama-bench gave no result for a measured phase (the trial fails with the reason).
-    """
+    """One paired round per phase the trial can change, reference and candidate back to back (order flipped on
+    alternate trials). Returns the objectives ``[pp, tg]`` (geometric mean of the per-depth ratios; 1.0 for a
+    phase not measured), the ratios and the CPU% differences candidate - reference, keyed ``tg@4096``.
+    TunerError where llama-bench gave no result for a measured phase."""
     objs: list[float] = []
     ratios: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -238,8 +218,8 @@ def paired_objectives(
 
 
 def screen_noise(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
-    """(t/s noise %, CPU% noise points) of a phase's stored screen cells (``CellStats.as_dict`` by
-    depth): the medians over depths, as compose's floors; infinite where unknown (older studies)."""
+    """(t/s noise %, CPU% noise points) of a phase's stored screen cells: the medians over depths, as compose's
+    floors; infinite where unknown (older studies)."""
 
     def med(key: str) -> float:
         vals = sorted(float(c[key]) for c in cells.values() if c.get(key) is not None and math.isfinite(float(c[key])))
@@ -249,9 +229,8 @@ def screen_noise(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
 
 
 def cpu_rejection(objs: Sequence[float], cpu: Mapping[str, float], ts_noise_pct: float, cpu_noise: float) -> str:
-    """Why a trial is rejected for its decode CPU cost (docs/design.md, "CPU% in decode decisions"), or '' when it is not.
-
-    ``objs`` are :func:`paired_objectives`' ``[pp, tg]``, ``cpu`` its CPU% differences."""
+    """Why a trial is rejected for its decode CPU cost, or '' when it is not (``objs``, ``cpu``:
+    :func:`paired_objectives`')."""
     rises = [v for k, v in cpu.items() if k.startswith("tg@")]
     if not rises:
         return ""
@@ -264,9 +243,7 @@ def cpu_rejection(objs: Sequence[float], cpu: Mapping[str, float], ts_noise_pct:
     )
 
 
-# ------------------------------------------------------------------------------------------------
 # trials cut off by an interruption (Ctrl-C, SIGTERM, kill -9, a lost machine)
-
 INTERRUPTED = "interrupted"
 """``status`` of a trial that was cut off: it measured nothing, does not count and is queued again."""
 _COUNTED = ("ok", "failed", "infeasible")
@@ -274,10 +251,8 @@ _COUNTED = ("ok", "failed", "infeasible")
 
 
 def count_done(study: optuna.Study) -> int:
-    """Trials that count toward ``--trials``: measured (COMPLETE, PRUNED) or failed with a reason.
-
-    RUNNING trials (this search's or another worker's) and trials cut off by an interruption do not
-    count: a resumed search runs them again, so the study reaches the number asked for."""
+    """Trials that count toward ``--trials``: measured or failed with a reason; RUNNING and interrupted
+    trials do not (a resumed search runs them again)."""
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
         if t.state != TrialState.FAIL or trial_attr(t, "status") in _COUNTED:
@@ -290,22 +265,29 @@ def interrupt_trial(
     trial: optuna.Trial,
     why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured",
 ) -> None:
-    """Fail a trial that this process was running when it was interrupted, and queue its parameters again.
-
-    Best effort: an interruption must never be hidden by a second error while it is recorded."""
+    """Fail an interrupted trial of this process and queue its parameters again; best effort, so that a second
+    error never hides the interruption."""
     with contextlib.suppress(Exception):
-        storage = study._storage
-        write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
-        if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-            _requeue(study, trial.params, trial.number)
+        _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
 
 
-def _requeue(study: optuna.Study, params: Mapping[str, Any], number: int) -> None:
-    if not params:
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+def _fail_and_requeue(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    trial_id: int,
+    params: Mapping[str, Any],
+    number: int,
+    why: str,
+) -> bool:
+    """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already."""
+    write_trial_in_storage(storage, trial_id, status=INTERRUPTED, reason=why)
+    if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+        return False
+    if params:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+    return True
 
 
 def _pid_dead_here(worker: str) -> bool:
@@ -333,9 +315,8 @@ def _orphan(t: optuna.trial.FrozenTrial) -> bool:
 def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -> list[int]:
     """Fail the RUNNING trials whose process is gone, queue them again; returns their numbers.
 
-    A trial is gone when its ``worker`` (``host:pid``) is this host and that PID no longer exists
-    (at once), or when its heartbeat (:func:`trial_heartbeat`) is older than the storage's grace
-    period (another host's worker that died). A live worker's trial is left running."""
+    Gone: its ``worker`` (``host:pid``) is a dead PID of this host, or its heartbeat is older than the
+    storage's grace period (another host's worker that died)."""
     stale: set[int] = set()
     if is_heartbeat_enabled(storage):
         stale = set(storage._get_stale_trial_ids(study._study_id))
@@ -343,15 +324,9 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")) and not _orphan(t):
             continue
+        why = f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured"
         try:
-            write_trial_in_storage(
-                storage,
-                t._trial_id,
-                status=INTERRUPTED,
-                reason=f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured",
-            )
-            if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                _requeue(study, t.params, t.number)
+            if _fail_and_requeue(study, storage, t._trial_id, t.params, t.number, why):
                 out.append(t.number)
         except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
             continue
@@ -364,21 +339,18 @@ def asked_trial(
     storage: optuna.storages.BaseStorage,
     dists: Mapping[str, optuna.distributions.BaseDistribution],
 ) -> Iterator[optuna.Trial]:
-    """A new (or queued) trial with its heartbeat; a block cut off by Ctrl-C, SIGTERM or an error
-    fails it and queues it again (:func:`interrupt_trial`).
-
-    ``study.ask`` stores the trial RUNNING before it returns it, so SIGTERM is held until the trial is
-    bound here: one in between left it RUNNING with nothing to mark it (seen on a loaded CI box)."""
+    """A new (or queued) trial with its heartbeat; a block cut off by Ctrl-C, SIGTERM or an error fails it and
+    queues it again. SIGTERM is held until the trial is bound: ``study.ask`` stores it RUNNING before it returns."""
     trial = None
     try:
         with warnings.catch_warnings(), interrupts.held():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # Heartbeats are recorded for optimize() only; trial_heartbeat records them for this ask/tell trial.
+            # Optuna records heartbeats in optimize() only; sto.trial_heartbeat does for this ask/tell trial
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
             trial = study.ask(dict(dists))
             # who runs it, at once: a storage lost before this write leaves a trial no one can tell is dead
             write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
-        with trial_heartbeat(study, storage, trial):
+        with sto.trial_heartbeat(storage, trial._trial_id):
             yield trial
     except BaseException:
         if trial is not None:
@@ -386,21 +358,11 @@ def asked_trial(
         raise
 
 
-@contextlib.contextmanager
-def trial_heartbeat(study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.Trial) -> Iterator[None]:
-    """Record the trial's heartbeat while it runs (Optuna does so only inside ``optimize()``), so a
-    trial whose process dies is found stale by :func:`fail_interrupted` on any host; a lost database
-    is reported once by the main thread, not by a traceback from the heartbeat's."""
-    with sto.trial_heartbeat(storage, trial._trial_id):
-        yield
-
-
 def tune_focus(cfg: SearchConfig, st: StudyState, study: optuna.Study) -> SearchConfig:
     """``cfg`` with the tune focus (``--tune-knobs``, ``--tune-depths``) its study's trials were asked with.
 
-    The first run that samples records its focus. A ``tuner worker`` without those flags takes the recorded
-    one; a run asking another focus of a study that already has trials is refused: its trials would mix
-    two spaces (and two sets of depths) in one sampler and one importance table."""
+    The first run that samples records its focus; a ``tuner worker`` without those flags takes it. Another
+    focus of a study with trials is refused: its trials would mix two spaces in one sampler."""
     if not cfg.trials and not cfg.worker:  # this run samples nothing (e.g. a rerun that only exports)
         return cfg
     mine: dict[str, list[Any]] = {"knobs": list(cfg.tune_knobs), "depths": list(cfg.tune_depths or [])}
@@ -430,14 +392,9 @@ def tune_focus(cfg: SearchConfig, st: StudyState, study: optuna.Study) -> Search
     return cfg
 
 
-# ------------------------------------------------------------------------------------------------
-# the stage
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Trials:
-    """What every trial of one tune stage shares: the knobs it samples (their distributions ``dists``), the
-    composed rules' env, the reference candidate and the trials' measure factory."""
+    """What every trial of one tune stage shares."""
 
     knobs: tuple[Knob, ...]
     dists: Mapping[str, optuna.distributions.BaseDistribution]
@@ -447,8 +404,7 @@ class _Trials:
 
 
 def tune_stage(run: SearchRun, rules: Sequence[FaRule]) -> Proposal:
-    """Optuna trials over compile-time rows and process knobs, paired with the composed ``rules``; returns the
-    proposal to confirm (the rules, with the best trial where one qualifies, :func:`pick`)."""
+    """Optuna trials paired with the composed ``rules``; returns the rules with the best trial (:func:`pick`)."""
     study, st = run.study, run.st
     run = dataclasses.replace(run, cfg=tune_focus(run.cfg, st, study))
     cfg = run.cfg
@@ -493,7 +449,7 @@ def tune_stage(run: SearchRun, rules: Sequence[FaRule]) -> Proposal:
 
 
 def _run_trial(run: SearchRun, trials: _Trials, trial: optuna.Trial) -> None:
-    """One tune trial, told to the study however it ends (an interruption is recorded by :func:`asked_trial`)."""
+    """One tune trial, told to the study however it ends."""
     cfg, study, space, fixed = run.cfg, run.study, run.space, run.fixed
     write_trial(trial, worker=f"{platform.node()}:{os.getpid()}")
     vals = {**{k.name: k.default for k in trials.knobs}, **fixed, **trial.params}
@@ -503,8 +459,7 @@ def _run_trial(run: SearchRun, trials: _Trials, trial: optuna.Trial) -> None:
     changed += [] if variant == run.variants[0] else ["variant"]
     phases = sorted({p for k in changed for p in (("pp", "tg") if isinstance(k, str) else knob_phases(k))})
     write_trial(trial, values={k: vals[k] for k in sorted(vals)}, phases=phases)
-    # The trial's one constraint check: the tree's rows with the sampled fields, at the model's shape
-    # (the build renders these values as checked).
+    # the one constraint check, at the model's shape (the build renders these values as checked)
     viol = check_constraints(
         cfg.arch,
         cfg.source.era,

@@ -1,18 +1,13 @@
-"""The winner of a finished study, and what the search hands to the result stage.
+"""The winner of a finished study of the earlier one-TPE search, and what the search hands to the result stage.
 
-Choice of the winner (see :mod:`tuner.search.select`): the *global* pick G is the complete, gate-passing
-trial with the best objective that is not slower than the baseline beyond noise at any point (else the
-baseline); per phase, the depths are split into buckets and each takes the min-max-regret config among
-trials sharing G's build and process-wide settings (they differ only in the per-phase FlashAttention rule),
-so the buckets combine into one binary and one command line.
-
-:func:`load_finished_study` returns a :class:`FinishedStudy`: all :mod:`tuner.result.export` needs, so the
-result stage never imports the study machinery.
+The *global* pick G is the complete trial with the best objective that is not slower than the baseline beyond
+noise at any point (else the baseline); per phase, each bucket takes the min-max-regret config among trials
+sharing G's build and process-wide settings, so the buckets combine into one binary and one command line.
 """
 
 from __future__ import annotations
 
-__all__ = ["FinishedStudy", "Winner", "choose_winner", "describe", "load_finished_study"]
+__all__ = ["FinishedStudy", "Winner", "choose_winner", "load_finished_study"]
 
 import dataclasses
 import math
@@ -21,7 +16,6 @@ from typing import Any
 
 import optuna
 
-from tuner import log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.stats import compare
 from tuner.plan.fa_rules import FaRule, Phase
@@ -39,11 +33,8 @@ class Winner:
     global_config: str
     """``baseline`` or ``trial<N>``."""
     values: Mapping[str, Any]
-    """All knob values of G (variant, compile-time, runtime)."""
     rules: tuple[FaRule, ...]
-    """The FlashAttention rules of the buckets' picks."""
     buckets: tuple[Mapping[str, Any], ...]
-    """Per bucket: phase, depths, config, rule, evidence per depth, reason."""
     rejected: Mapping[str, str]
 
 
@@ -57,7 +48,7 @@ def _trial_values(study: optuna.Study, cfg: str) -> dict[str, Any]:
 
 
 def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
-    """Apply the global pick + per-bucket selection described in the module docstring."""
+    """The global pick and per-bucket selection (module docstring)."""
     results, base = study_results(study)
     if not results.get(base):
         raise TunerError(
@@ -85,7 +76,7 @@ def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
         if cfg in results and t.value is not None and math.isfinite(t.value) and admissible_everywhere(cfg):
             cands.append((t.value, -t.number, cfg))
     g = max(cands)[2] if cands else base
-    g_vals = _trial_values(study, g) if g != base else _trial_values(study, base)
+    g_vals = _trial_values(study, g)
 
     def family(cfg: str, phase: str) -> bool:
         if cfg == g:
@@ -126,7 +117,7 @@ def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
                 "evidence": {str(d): _clean(v) for d, v in b.per_point.items()},
             }
         )
-    rt = render_runtime(space, {n: v for n, v in rule_vals.items()})
+    rt = render_runtime(space, rule_vals)
     return Winner(global_config=g, values=g_vals, rules=rt.rules, buckets=tuple(buckets), rejected=dict(sel.rejected))
 
 
@@ -135,55 +126,24 @@ def _clean(d: Mapping[str, object]) -> dict[str, object]:
     return {k: (round(v, 4) if math.isfinite(v) else str(v)) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def describe(study: optuna.Study, space: SearchSpace) -> str:
-    """Human summary: per bucket, baseline vs the exported pick, delta and verdict."""
-    results, base = study_results(study)
-    if not results.get(base):
-        return "no measurements yet"
-    w = choose_winner(study, space)
-    rows = []
-    for b in w.buckets:
-        for d, p in b["evidence"].items():
-            rows.append(
-                [
-                    f"{b['phase']} d{d}",
-                    f"{p['base_median']:.1f}",
-                    f"{p['pick_median']:.1f}",
-                    f"{p['delta_pct']:+.1f}%",
-                    f"{p['verdict']} (p={p['p_value']:.3f}, floor {p['noise_floor_pct']:.1f}%)",
-                    b["config"],
-                ]
-            )
-    head = f"Global pick: {w.global_config}; FA rules: {', '.join(map(str, w.rules)) or 'upstream selection'}\n"
-    return head + log.table(["bucket", "baseline t/s", "pick t/s", "Δ", "verdict", "pick"], rows)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FinishedStudy:
-    """A finished study with its winner chosen: the value :mod:`tuner.search` hands to :mod:`tuner.result`."""
+    """A finished study with its winner chosen: all :mod:`tuner.result.export` needs, so the result stage never
+    imports the study machinery."""
 
     study: optuna.Study
-    """Read only (its user attrs and trials are the evidence)."""
     source: Source
     """The tree the numbers came from (checked against the study's source id)."""
     space: SearchSpace
-    """The space of the study's arch and era."""
     winner: Winner
     results: Mapping[str, Mapping[tuple[str, int], Measurement]]
-    """Measurements per config id (``baseline``, ``trial<N>``); see :func:`tuner.search.record.study_results`."""
     base: str
-    """The baseline's config id in ``results``."""
     baseline_trial: optuna.trial.FrozenTrial | None
-    """The enqueued upstream-default trial, or None."""
 
 
 def load_finished_study(study_name: str, *, storage: str) -> FinishedStudy:
-    """Load ``study_name``, check that its source still resolves to the same tree, choose its winner.
-
-    Raises:
-        UsageError: the study does not exist in ``storage``.
-        TunerError: the source now resolves to another tree, or the study has no baseline measurement yet.
-    """
+    """Load ``study_name``, check that its source still resolves to the same tree, choose its winner. UsageError
+    where no such study exists; TunerError where the source resolves to another tree or no baseline was measured."""
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError as err:
