@@ -5,11 +5,12 @@ from __future__ import annotations
 
 __all__ = ["candidates_for", "run_phase_rounds"]
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner.plan.fa_rules import FaRule, Phase, rules_env
-from tuner.rounds.joint import Candidate, Measure, Point, run_joint_rounds
+from tuner.rounds.budget import UNBOUNDED, Budget
+from tuner.rounds.joint import Candidate, Measure, Point, Settle, run_joint_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM
 
 
@@ -36,13 +37,35 @@ def run_phase_rounds(
     candidates: Sequence[Candidate],
     depths: Sequence[int],
     rounds: list[dict[str, Any]],
-    **kw: Any,
+    *,
+    min_rounds: int = 3,
+    max_rounds: int = 6,
+    target_ci: float = 1.0,
+    budget: Budget = UNBOUNDED,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    tag: str = "screen",
+    prior: Sequence[Mapping[str, Any]] = (),
+    settle: Settle | None = None,
 ) -> list[dict[str, Any]]:
     """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until the stop rule
-    holds; returns the records for these depths. The one-phase form of :func:`tuner.rounds.joint.run_joint_rounds`,
-    whose keyword arguments (``min_rounds``, ``on_round``, ``settle``...) ``kw`` are."""
+    holds; returns the records for these depths. The one-phase form of :func:`tuner.rounds.joint.run_joint_rounds`;
+    ``on_round`` persists each record."""
 
     def one(c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str) -> dict[str, Mapping[int, Point]]:
         return {phases[0]: measure(c, phases[0], ds, label)}
 
-    return run_joint_rounds(one, {phase: candidates}, depths, rounds, pp_tokens=0, **kw)[phase]
+    return run_joint_rounds(
+        one,
+        {phase: candidates},
+        depths,
+        rounds,
+        pp_tokens=0,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        target_ci=target_ci,
+        budget=budget,
+        on_round=on_round,
+        tag=tag,
+        prior=prior,
+        settle=settle,
+    )[phase]
