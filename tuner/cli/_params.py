@@ -4,6 +4,10 @@ from __future__ import annotations
 
 __all__ = [
     "DEPRECATED",
+    "DIR",
+    "EXISTING_DIR",
+    "EXISTING_FILE",
+    "FILE",
     "AliasOption",
     "F",
     "SuggestingGroup",
@@ -31,6 +35,12 @@ from tuner.measure.exe import find_bin_dir  # where --build points: re-exported 
 
 F = TypeVar("F", bound=Callable[..., object])
 """A click command function that an option decorator returns as it was given."""
+
+# The path types the commands' options take (click's types hold no state, so options share them).
+DIR = click.Path(file_okay=False, path_type=Path)
+FILE = click.Path(dir_okay=False, path_type=Path)
+EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 class SuggestingGroup(click.Group):

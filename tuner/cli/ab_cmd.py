@@ -10,7 +10,17 @@ from typing import Any
 import click
 
 from tuner import log
-from tuner.cli._params import depths_option, find_bin_dir, output_option, round_limits, rounds_option, stamped_run_dir
+from tuner.cli._params import (
+    DIR,
+    EXISTING_DIR,
+    EXISTING_FILE,
+    depths_option,
+    find_bin_dir,
+    output_option,
+    round_limits,
+    rounds_option,
+    stamped_run_dir,
+)
 from tuner.errors import UsageError
 
 
@@ -30,12 +40,10 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
     "--build",
     "build_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).",
 )
-@click.option(
-    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
-)
+@click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option(
     "--rules",
     "rules",
@@ -56,7 +64,6 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
 @click.option(
     "--max-rounds",
     type=click.IntRange(2, 100),
-    default=None,
     help="Further rounds, up to this many, go only to the depths where a paired 95% CI is still wider than "
     "±1% (the search's --ci-target). Default: --min-rounds (fixed).",
 )
@@ -71,11 +78,7 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
     help="The FA rules hook exists in the era-mma tree only.",
 )
 @output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).",
-    in_place=True,
+    "out_dir", type=DIR, help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).", in_place=True
 )
 def ab(
     build_dir: Path,

@@ -137,7 +137,6 @@ def _assumed_product(arch_name: str) -> str | None:
     "weight_type",
     cls=AliasOption,
     hidden_aliases=("--type",),
-    default=None,
     type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
     help=f"Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m). Default: {DEFAULT_QUANT}, "
     "the search's.",

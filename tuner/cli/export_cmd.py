@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import output_option
+from tuner.cli._params import DIR, FILE, output_option
 
 
 def export_study(
@@ -39,21 +39,16 @@ def export_study(
 
 @click.command()
 @click.option("--study", required=True, help="Study name (as printed by tuner search).")
-@click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run directory of the study (default ./tuner-runs/<study>).",
-)
+@click.option("--storage", help="Optuna storage URL (default: SQLite in --run-dir).")
+@click.option("--run-dir", type=DIR, help="Run directory of the study (default ./tuner-runs/<study>).")
 @output_option(
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     required=True,
     help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).",
 )
-@click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
-@click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
+@click.option("--like", help="Model shape for the roofline when the GGUF is not on this machine.")
+@click.option("--weight-type", help="Weight type for --like (f16, q8_0, q4_k_m).")
 def export(
     study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None, weight_type: str | None
 ) -> None:
@@ -98,7 +93,6 @@ def export(
     "--soak",
     "soak",
     type=int,
-    default=None,
     metavar="N",
     help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.",
 )
@@ -111,33 +105,24 @@ def export(
 )
 @click.option(
     "--upstream-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).",
 )
 @click.option(
     "--tuned-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).",
 )
-@click.option(
-    "--log-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="With --gpu: where the runs' logs go (default: a temporary directory).",
-)
+@click.option("--log-dir", type=DIR, help="With --gpu: where the runs' logs go (default: a temporary directory).")
 @click.option(
     "--pack",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="With --gpu, one sweep table: also write its patched build to FILE (an xz tar), so a GPU machine "
     "without compilers or cores to spare runs the tests with --from-pack FILE. Builds without the GPU.",
 )
 @click.option(
     "--from-pack",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="With --gpu, one sweep table: install the patched build from FILE (written by --pack) instead of building.",
 )
 def validate(

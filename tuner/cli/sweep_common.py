@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import F
+from tuner.cli._params import EXISTING_DIR, FILE, F
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -27,13 +27,7 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
     def wrap(f: F) -> F:
         for opt in reversed(
             (
-                click.option(
-                    "--build",
-                    "build_dir",
-                    type=click.Path(exists=True, file_okay=False, path_type=Path),
-                    default=None,
-                    help=build_help,
-                ),
+                click.option("--build", "build_dir", type=EXISTING_DIR, default=None, help=build_help),
                 click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
                 click.option(
                     "--source",
@@ -43,7 +37,7 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
                 ),
                 click.option(
                     "--storage",
-                    type=click.Path(dir_okay=False, path_type=Path),
+                    type=FILE,
                     default=None,
                     help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
                 ),
