@@ -6,17 +6,8 @@ __all__ = ["COST_FIELDS", "cost_line"]
 
 from tuner.study.record import SearchOutcome
 
-COST_FIELDS = (
-    "build_s",
-    "model_s",
-    "gate_s",
-    "screen_s",
-    "tune_s",
-    "confirm_s",
-    "gates_s",
-    "total_s",
-    "llama_bench_calls",
-    "tune_trials",
+COST_FIELDS = tuple(
+    "build_s model_s gate_s screen_s tune_s confirm_s gates_s total_s llama_bench_calls tune_trials".split()
 )
 
 

@@ -261,22 +261,11 @@ def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
 def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     s = c.get("stats") or {}
     keep = (
-        "name",
-        "mode",
-        "strict",
-        "verdict",
-        "why",
-        "deterministic",
-        "identical_to_upstream",
-        "reasons",
-        "not_applied",
-        "logs",
-        "seconds",
-        "thresholds",
+        "name mode strict verdict why deterministic identical_to_upstream reasons not_applied logs seconds thresholds"
     )
     settings = c.get("settings") or {}
     return {
-        **{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
+        **{k: c[k] for k in keep.split() if c.get(k) not in (None, [], {})},
         **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
         **{
             k: settings.get(k)

@@ -238,19 +238,7 @@ def gate_section(gate: Mapping[str, Any]) -> str:
 def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
-    keys = (
-        "phase",
-        "depth",
-        "base_ts",
-        "tuned_ts",
-        "speedup",
-        "ci_low",
-        "ci_high",
-        "aa_noise_pct",
-        "verdict",
-        "base_cpu",
-        "tuned_cpu",
-    )
+    keys = "phase depth base_ts tuned_ts speedup ci_low ci_high aa_noise_pct verdict base_cpu tuned_cpu".split()
     return [
         {k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))}
         for r in rows

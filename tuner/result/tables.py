@@ -1,8 +1,7 @@
 """The one comparison table (``tuner compare``, ``tuner report``, report.md, PR.md): llama.cpp's
-``scripts/compare-llama-bench.py`` shape (``Model | Test | t/s A | t/s B | Speedup``, tests ``pp512``,
-``tg128@d32768``) plus the 95% CI, the noise reference, the verdict and, where kernels were chosen, ``Kernel``.
-Speedup is always t/s B / t/s A of the row's two numbers (:func:`method_paragraph` says where the CI is of another
-estimate); no faster/slower without a noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
+``scripts/compare-llama-bench.py`` shape plus the 95% CI, the noise reference, the verdict and, where kernels
+were chosen, ``Kernel``. Speedup is always t/s B / t/s A of the row's two numbers; no faster/slower without a
+noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
 """
 
 from __future__ import annotations
@@ -135,10 +134,10 @@ def compare_records(
     points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> list[CompareRecord]:
     """The rows of :func:`compare_table` as plain records (None where a number is missing). ``points``: dicts
-    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts`` (the t/s
-    shown), optionally ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high``
-    (ratios B/A), ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given),
-    ``verdict``, optionally ``model``, ``upstream_kernel``, ``kernel``."""
+    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts``, optionally
+    ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high`` (ratios B/A),
+    ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given), ``verdict``, ``model``,
+    ``upstream_kernel``, ``kernel``."""
     out: list[CompareRecord] = []
     for p in _sorted(points):
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
@@ -198,16 +197,12 @@ def compare_table(
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
     show_median = any(r["median_a"] is not None or r["median_b"] is not None for r in recs)
-    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup"]
-    right = [False, False, True, True, True]
+    cols = [("Model", False), ("Test", False), (f"t/s {name_a}", True), (f"t/s {name_b}", True), ("Speedup", True)]
     if show_median:
-        headers.append("Median ratio")
-        right.append(True)
-    headers += ["95% CI", "Noise", "Verdict"]
-    right += [True, True, False]
+        cols.append(("Median ratio", True))
+    cols += [("95% CI", True), ("Noise", True), ("Verdict", False)]
     if show_kernel:
-        headers.append("Kernel")
-        right.append(False)
+        cols.append(("Kernel", False))
     rows = []
     for r in recs:
         ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
@@ -228,7 +223,7 @@ def compare_table(
             k, u = r["kernel"], r["upstream_kernel"]
             row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
         rows.append(row)
-    return pipe_table(headers, rows, right)
+    return pipe_table([h for h, _ in cols], rows, [right for _, right in cols])
 
 
 def format_compare(
