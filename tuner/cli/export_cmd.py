@@ -144,13 +144,11 @@ def validate(
     A folder is data: no code from it is compiled or run unless it is what tuner renders from the folder's
     own values, nothing it names is fetched (see --fetch), and only its regular files are read."""
     from tuner.errors import UsageError
+    from tuner.result.upstream_check import check_gpu_args
     from tuner.result.validate import validate_paths
 
     gpu = None
     if do_gpu:
-        from tuner.result.upstream_check import check_gpu_args
-
-        check_gpu_args(models, upstream_bin, tuned_bin)
         gpu = {"upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
     elif upstream_bin or tuned_bin or log_dir or pack or from_pack:
         raise UsageError(
@@ -160,10 +158,7 @@ def validate(
         raise UsageError(
             "--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it."
         )
-    else:
-        from tuner.result.upstream_check import check_gpu_args
-
-        check_gpu_args(models, None, None)
+    check_gpu_args(models, upstream_bin, tuned_bin)  # both None without --gpu
     from tuner.search.rebench import rebench
     from tuner.sweep.table_check import find_tables, validate_table
 

@@ -1,8 +1,6 @@
-"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else. Writes
-``config.toml``, ``tuned.patch`` (omitted when the kernels are upstream's), ``CMakeUserPresets.json``,
-``run.env``, ``report.md`` (per point: kernels, Δ% with its paired 95% CI, A/A noise, verdict, CPU%/core/GPU%
-of both sides; the screen; the tune trials; stage times), ``speedup.png`` and, where CPU% was measured,
-``pareto_decode.png``. Studies from before CPU% was measured show "—" there and get no Pareto plot.
+"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else (the files of
+:mod:`tuner.result.export`, plus ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png``; studies
+from before CPU% was measured show "—" there and get no Pareto plot).
 """
 
 from __future__ import annotations
@@ -260,12 +258,11 @@ def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
 
 def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     s = c.get("stats") or {}
-    keep = (
-        "name mode strict verdict why deterministic identical_to_upstream reasons not_applied logs seconds thresholds"
-    )
+    keep = ["name", "mode", "strict", "verdict", "why", "deterministic", "identical_to_upstream", "reasons"]
+    keep += ["not_applied", "logs", "seconds", "thresholds"]
     settings = c.get("settings") or {}
     return {
-        **{k: c[k] for k in keep.split() if c.get(k) not in (None, [], {})},
+        **{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
         **{k: s.get(k) for k in ("mean_kld", "p99_kld", "max_kld", "same_top_pct")},
         **{
             k: settings.get(k)
@@ -292,9 +289,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
                 "ctx": settings.get("ctx"),
                 "chunks": settings.get("chunks"),
                 "thresholds": first.get("thresholds"),
-                "mean_kld": max((c["mean_kld"] for c in nums), default=None),
-                "p99_kld": max((c["p99_kld"] for c in nums), default=None),
-                "max_kld": max((c["max_kld"] for c in nums), default=None),
+                **{k: max((c[k] for c in nums), default=None) for k in ("mean_kld", "p99_kld", "max_kld")},
                 "same_top_pct": min((c["same_top_pct"] for c in nums), default=None),
                 "deterministic": all(c.get("deterministic") for c in checks),
                 "checks": checks,

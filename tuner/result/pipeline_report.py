@@ -123,8 +123,9 @@ def knobs_dropped_section(outcome: SearchOutcome) -> str:
         f"({phases or 'no phase'}, {rounds} paired round(s) with the A/A pair) and dropped them: {kd.get('why')}.** "
         "The export is upstream's config for those knobs; what the confirm measured:\n\n"
     )
+    heads = ["Test", "t/s upstream", "t/s trial", "Speedup", "95% CI", "A/A noise", "rounds", "verdict"]
     table = log.table(
-        ["Test", "t/s upstream", "t/s trial", "Speedup", "95% CI", "A/A noise", "rounds", "verdict"],
+        heads,
         [
             [
                 f"{r['phase']}@d{r['depth']}",
@@ -159,18 +160,8 @@ def _f6(x: object) -> str:
 def gate_section(gate: Mapping[str, Any]) -> str:
     """report.md's section on the output-equivalence gate (``gate`` as :func:`gate_table` writes it)."""
     out = ["## Output-equivalence gate (llama-perplexity, final config vs upstream)\n\n"]
-    heads = [
-        "check",
-        "mode",
-        "strict",
-        "mean KLD",
-        "99% KLD",
-        "max KLD",
-        "same top p",
-        "deterministic",
-        "identical to upstream",
-        "verdict",
-    ]
+    heads = ["check", "mode", "strict", "mean KLD", "99% KLD", "max KLD", "same top p", "deterministic"]
+    heads += ["identical to upstream", "verdict"]
 
     def rows(checks: Sequence[Mapping[str, object]]) -> list[list[object]]:
         return [
@@ -238,7 +229,8 @@ def gate_section(gate: Mapping[str, Any]) -> str:
 def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
-    keys = "phase depth base_ts tuned_ts speedup ci_low ci_high aa_noise_pct verdict base_cpu tuned_cpu".split()
+    keys = ["phase", "depth", "base_ts", "tuned_ts", "speedup", "ci_low", "ci_high", "aa_noise_pct", "verdict"]
+    keys += ["base_cpu", "tuned_cpu"]
     return [
         {k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))}
         for r in rows
@@ -278,15 +270,8 @@ def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
 
 def residency_section(rec: Mapping[str, Any]) -> str:
     """report.md's section on graph splits and residency (``rec`` as :func:`residency_table` writes it)."""
-    heads = [
-        "config",
-        "graph splits (prefill / decode)",
-        "layers on GPU",
-        "weights GPU / host MiB",
-        "KV buffers MiB",
-        "fused-op fallbacks",
-        "verdict",
-    ]
+    heads = ["config", "graph splits (prefill / decode)", "layers on GPU", "weights GPU / host MiB", "KV buffers MiB"]
+    heads += ["fused-op fallbacks", "verdict"]
 
     def row(name: str, p: Mapping[str, Any]) -> list[object]:
         layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
@@ -461,66 +446,35 @@ def report_text(
 
 def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int, dropped: bool = False) -> str:
     """report.md's confirmed points: the speedup table and the per-point table with CPU% and GPU%."""
-    tab = []
-    for r in rows:
-        n_tok = pp if r["phase"] == "pp" else tg
-        tab.append(
-            [
-                model,
-                f"{r['phase']}{n_tok}@d{r['depth']}",
-                r.get("upstream_kernel") or "-",
-                r.get("kernel") or "-",
-                f"{r['base_ts']:.2f}",
-                f"{r['tuned_ts']:.2f}",
-                f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
-                _ci(r["ci_low"], r["ci_high"]),
-                f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
-                str(r.get("rounds", "")),
-                r["verdict"],
-            ]
-        )
+    table = [
+        [
+            f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}",
+            r["depth"],
+            r.get("upstream_kernel") or "-",
+            r.get("kernel") or "-",
+            f"{r['base_ts']:.2f} → {r['tuned_ts']:.2f}",
+            _cpu_cell(r),
+            _pair(r.get("base_core"), r.get("tuned_core")),
+            _pair(r.get("base_gpu"), r.get("tuned_gpu")),
+            _ci(r["ci_low"], r["ci_high"]),
+            f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
+            str(r.get("rounds", "")),
+            r["verdict"],
+        ]
+        for r in rows
+    ]
+    heads = ["Test", "depth", "upstream kernel", "kernel", "t/s upstream → tuned", "CPU% upstream → tuned"]
+    heads += ["busiest core %", "GPU%", "Speedup 95% CI", "A/A noise", "rounds", "verdict"]
     return (
         compare_table(confirmed_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
         + "\n\n"
-        + log.table(
-            [
-                "Test",
-                "depth",
-                "upstream kernel",
-                "kernel",
-                "t/s upstream → tuned",
-                "CPU% upstream → tuned",
-                "busiest core %",
-                "GPU%",
-                "Speedup 95% CI",
-                "A/A noise",
-                "rounds",
-                "verdict",
-            ],
-            [
-                [
-                    t[1],
-                    r["depth"],
-                    t[2],
-                    t[3],
-                    f"{t[4]} → {t[5]}",
-                    _cpu_cell(r),
-                    _pair(r.get("base_core"), r.get("tuned_core")),
-                    _pair(r.get("base_gpu"), r.get("tuned_gpu")),
-                    t[7],
-                    t[8],
-                    t[9],
-                    t[10],
-                ]
-                for t, r in zip(tab, rows)
-            ],
-        )
+        + log.table(heads, table)
         + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
         "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
         "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
         "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
         f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
-        if tab
+        if rows
         else "(the final config is upstream's, so no point of it was confirmed"
         + ("; the dropped trial's rounds are above)" if dropped else ")")
     )
@@ -571,23 +525,10 @@ def _screen_section(outcome: SearchOutcome) -> str:
                 ]
             )
         if srows:
-            out.append(
-                log.table(
-                    [
-                        "point",
-                        "upstream kernel",
-                        "op runs/s upstream" if op_level else "t/s upstream",
-                        "CPU% upstream",
-                        "busiest core %",
-                        "GPU% upstream",
-                        "A/A noise (pair; phase floor; CPU points)",
-                        "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
-                        "fell back",
-                    ],
-                    srows,
-                )
-                + "\n\n"
-            )
+            heads = ["point", "upstream kernel", "op runs/s upstream" if op_level else "t/s upstream", "CPU% upstream"]
+            heads += ["busiest core %", "GPU% upstream", "A/A noise (pair; phase floor; CPU points)"]
+            heads += ["forced kernels: Δ [95% CI] verdict (CPU Δ points)", "fell back"]
+            out.append(log.table(heads, srows) + "\n\n")
     return "".join(out)
 
 

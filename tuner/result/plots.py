@@ -176,6 +176,9 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     return out
 
 
+_SPAN_LABEL: dict[str, Any] = {"ha": "left", "va": "top", "fontsize": 9, "fontweight": "bold", "color": "#333333"}
+
+
 def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor: Mapping[str, str]) -> bool:
     """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
     for sp in spans:
@@ -183,17 +186,8 @@ def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor
         for a in (ax, ax2):
             a.axvspan(x0, x1, color=kcolor[str(sp["kernel"])], alpha=0.55, lw=0, zorder=0)
         label = f"{sp['kernel']} from d{_depth_label(int(sp['x0']))}" if sp.get("rule") else str(sp["kernel"])
-        ax.text(
-            x0,
-            0.97,
-            " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else ""),
-            transform=ax.get_xaxis_transform(),
-            ha="left",
-            va="top",
-            fontsize=9,
-            fontweight="bold",
-            color="#333333",
-        )
+        label = " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else "")
+        ax.text(x0, 0.97, label, transform=ax.get_xaxis_transform(), **_SPAN_LABEL)
     return bool(spans)
 
 
@@ -287,19 +281,11 @@ def _speedup_panel(
         lw=1.6,
         zorder=4,
     )
+    box = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7}
     for xx, v in zip(x, sp):
         if math.isfinite(v):
-            ax.annotate(
-                f"{v:+.1f}%",
-                (xx, v),
-                textcoords="offset points",
-                xytext=(0, 8),
-                fontsize=8,
-                color=color,
-                ha="center",
-                fontweight="bold",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
-            )
+            kw: dict[str, Any] = {"fontsize": 8, "color": color, "ha": "center", "fontweight": "bold", "bbox": box}
+            ax.annotate(f"{v:+.1f}%", (xx, v), textcoords="offset points", xytext=(0, 8), **kw)
     head = f"{_PHASE_TITLES.get(phase, phase)} ({', '.join(tests)})"
     if ups:
         head += f" — upstream kernel {'/'.join(ups)}"
@@ -450,15 +436,8 @@ def plot_pareto(points: Sequence[ParetoPoint], png_path: Path, *, title: str = "
         color = cmap(i / max(1, len(depths) - 1) * 0.9)
         sub = [p for p in pts if int(p["depth"]) == d]
         front = pareto_front(sub)
-        ax.plot(
-            [float(p["cpu"]) for p in front],
-            [float(p["ts"]) for p in front],
-            "--",
-            color=color,
-            lw=1.3,
-            label=f"d{_depth_label(d)} front",
-            zorder=2,
-        )
+        xs, ys = [float(p["cpu"]) for p in front], [float(p["ts"]) for p in front]
+        ax.plot(xs, ys, "--", color=color, lw=1.3, label=f"d{_depth_label(d)} front", zorder=2)
         for p in sub:
             filled = p.get("stage", "confirm") == "confirm"
             ax.scatter(
