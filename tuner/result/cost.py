@@ -18,18 +18,10 @@ def cost_line(outcome: SearchOutcome) -> str:
     missing = [k for k in COST_FIELDS if k not in cost]
     # A study without a call count was recorded by an older tuner, which timed stages only in some of its
     # runs (a resumed run with a cached build adds seconds, the first run's real build may be missing).
-    older = "llama_bench_calls" not in cost
-    return (
-        f"**Cost** (resumed runs summed): {have}."
-        + (
-            f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}."
-            if missing
-            else ""
-        )
-        + (
-            " Recorded by an older tuner: its stage times cover only the runs it timed, so they can be far below"
-            " what the search cost (a cached build counts its few seconds)."
-            if older
-            else ""
-        )
-    )
+    line = f"**Cost** (resumed runs summed): {have}."
+    if missing:
+        line += f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}."
+    if "llama_bench_calls" not in cost:
+        line += " Recorded by an older tuner: its stage times cover only the runs it timed, so they can be far below"
+        line += " what the search cost (a cached build counts its few seconds)."
+    return line

@@ -387,17 +387,13 @@ def write_run_env(
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
     server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
-    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
-    (out_dir / "run.env").write_text(
-        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
-        + (
-            f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}"
-            if rules
-            else ""
-        )
-        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
-    )
+    text = "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+    text += "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+    if rules:
+        text += "# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n"
+        text += f"# GGML_TUNER_FA_RULES={rules_env(rules)}\n"
+    text += f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    (out_dir / "run.env").write_text(text)
 
 
 def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[str, str]:

@@ -413,17 +413,12 @@ def _write_upstream(
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = device_name(h, "unknown GPU")
     model_file = Path(need(h.model, "model")).name
-    note = (
-        f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
-        + (
-            f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
-            f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
-            f"A/A noise {best['aa_noise_pct']:.1f}%)"
-            if best
-            else ""
-        )
-        + "."
-    )
+    note = f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
+    if best:
+        note += f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
+        note += f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
+        note += f"A/A noise {best['aa_noise_pct']:.1f}%)"
+    note += "."
     patch = render_upstream_patch(source, rules, arch, note=note)
     if patch is None:
         return

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 from tuner import log
 from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
-from tuner.plan.fa_rules import Phase
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.redact import redact
 from tuner.result.cost import cost_line
 from tuner.result.report import compare_table, dashboard_command, importances_section
@@ -377,14 +377,11 @@ def report_text(
             "in llama.cpp's AMX kernels (the weights repacked for AMX tiles) and ran with it.\n"
         )
     if outcome.dropped:
-        out.append(
-            "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"
-        )
+        out.append("Dropped after confirm: " + _why_rules(outcome.dropped) + ".\n")
     if outcome.narrowed:
+        why = _why_rules(outcome.narrowed)
         out.append(
-            "Narrowed after confirm (upstream's kernel kept where the forced kernel was not faster end to end): "
-            + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.narrowed.items())
-            + ".\n"
+            f"Narrowed after confirm (upstream's kernel kept where the forced kernel was not faster end to end): {why}.\n"
         )
     if noise := noise_line(outcome):
         out.append(noise)
@@ -414,19 +411,13 @@ def report_text(
     if residency:
         out.append("\n\n" + residency_section(residency))
     out.append(_screen_section(outcome))
-    comp = outcome.compose
-    if comp.get("decisions"):
-        out.append(
-            "## Composed (before confirm)\n\n"
-            + log.table(
-                ["phase", "depth", "upstream", "winner", "why"],
-                [
-                    [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
-                    for d in comp["decisions"]
-                ],
-            )
-            + "\n\n"
-        )
+    if decisions := outcome.compose.get("decisions"):
+        cells = [
+            [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
+            for d in decisions
+        ]
+        table = log.table(["phase", "depth", "upstream", "winner", "why"], cells)
+        out.append("## Composed (before confirm)\n\n" + table + "\n\n")
     out.append(_trials(outcome.trials, outcome.tune_method))
     if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
@@ -434,14 +425,15 @@ def report_text(
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
     out.append("\n" + cost_line(outcome) + "\n")
-    secs = outcome.stage_seconds
-    if secs:
-        out.append(
-            "\n## Wall time per stage\n\n"
-            + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
-            + "\n"
-        )
+    if secs := outcome.stage_seconds:
+        table = log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
+        out.append("\n## Wall time per stage\n\n" + table + "\n")
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+def _why_rules(rules: Mapping[FaRule, str]) -> str:
+    """Rules with why each was dropped or narrowed."""
+    return "; ".join(f"`{r.text}` ({w})" for r, w in rules.items())
 
 
 def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int, dropped: bool = False) -> str:

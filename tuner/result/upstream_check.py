@@ -1,12 +1,8 @@
 """``tuner validate --gpu``: on a GPU of the result's arch, ``upstream.patch`` (1) builds on the pristine tree
 with the result's defines, (2) passes ``test-backend-ops -o FLASH_ATTN_EXT``, and (3) launches, at the depths
-that decide each rule, the decode kernel the tuned build selects there.
-
-The tuned build logs its choice (``GGML_TUNER_FA_LOG=1``, :func:`tuner.measure.falog.parse_fa_log`); the
-patched build has no hook (a pull request must not add one), so Nsight Compute reads its launches (``ncu`` on
-the FlashAttention kernel functions, one cheap metric): the last ``n_gen x n_layers`` launches of
-``llama-bench -p 0 -n n_gen -d D`` are the decode steps. Without a tuned build the tuned side is the kernel
-recorded in ``config.toml``'s points (the same log, from the confirm rounds).
+that decide each rule, the decode kernel the tuned build selects there (its ``GGML_TUNER_FA_LOG=1`` line, or
+else the kernel ``config.toml``'s points record). The patched build has no hook, so Nsight Compute reads its
+launches: the last ``n_gen x n_layers`` FlashAttention launches of ``llama-bench -p 0 -n n_gen -d D``.
 """
 
 from __future__ import annotations
@@ -54,13 +50,8 @@ _N_GEN = 4
 
 def gpu_skip(arch: str, local: Sequence[str]) -> list[Finding]:
     """The finding of a GPU check skipped because this machine has no ``arch`` GPU (``local``: the ones it has)."""
-    return [
-        Finding(
-            check="upstream.patch on the GPU",
-            ok=True,
-            detail=f"skipped: needs a {arch} GPU, this machine has {', '.join(local) or 'none'}",
-        )
-    ]
+    why = f"skipped: needs a {arch} GPU, this machine has {', '.join(local) or 'none'}"
+    return [Finding(check="upstream.patch on the GPU", ok=True, detail=why)]
 
 
 def find_ncu() -> Path | None:

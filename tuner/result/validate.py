@@ -194,22 +194,14 @@ def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
     if verdict == "fail":
         rules = list(r.get("rejected_rules", []))
         ok = "rejected_rules" in r and not cfg["choice"]["fa_rules"]
-        return Finding(
-            check="residency",
-            ok=ok,
-            detail=(
-                f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
-                if ok
-                else f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"
-            ),
-        )
+        done = f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
+        why = f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"
+        return Finding(check="residency", ok=ok, detail=done if ok else why)
     p = r.get("final") or r.get("upstream") or {}
-    return Finding(
-        check="residency",
-        ok=verdict in ("pass", "not judged"),
-        detail=f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
-        + (f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU" if "layers_total" in p else ""),
-    )
+    detail = f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
+    if "layers_total" in p:
+        detail += f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU"
+    return Finding(check="residency", ok=verdict in ("pass", "not judged"), detail=detail)
 
 
 def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
@@ -222,18 +214,10 @@ def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
     if cfg["schema"] < 3:
         local = archs.detect_local_archs()
         if arch != "cpu" and arch not in local:
-            return Finding(
-                check=check,
-                ok=True,
-                detail=f"gate not run: needs a {arch} GPU (this machine has "
-                f"{', '.join(local) or 'none'}); the result was exported before the gate existed",
-            )
-        return Finding(
-            check=check,
-            ok=False,
-            detail="exported before the output-equivalence gate existed (config.toml "
-            "schema < 3): rerun `tuner search` with its study and `tuner export` it again",
-        )
+            why = f"gate not run: needs a {arch} GPU (this machine has {', '.join(local) or 'none'}); the result was "
+            return Finding(check=check, ok=True, detail=why + "exported before the gate existed")
+        why = "exported before the output-equivalence gate existed (config.toml schema < 3): rerun `tuner search` "
+        return Finding(check=check, ok=False, detail=why + "with its study and `tuner export` it again")
     g = cfg["gate"]
     if g.get("verdict") == "not needed":
         choice = cfg["choice"]
@@ -242,12 +226,8 @@ def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
         why = "[gate] says 'not needed' but the choice has rules, compile values or a tune trial"
         return Finding(check=check, ok=upstream, detail=done if upstream else why)
     if g.get("verdict") != "pass" or not g.get("checks"):
-        return Finding(
-            check=check,
-            ok=False,
-            detail=f"[gate] verdict is {g.get('verdict')!r} with "
-            f"{len(g.get('checks', []))} check(s); only a passing gate may be exported",
-        )
+        why = f"[gate] verdict is {g.get('verdict')!r} with {len(g.get('checks', []))} check(s); only a passing gate "
+        return Finding(check=check, ok=False, detail=why + "may be exported")
     return _rejudged(g, check)
 
 
@@ -385,12 +365,8 @@ def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
 
 def leftover_finding(folder: Path) -> Finding:
     """A folder an interrupted export left beside its ``-o`` (never renamed into place)."""
-    return Finding(
-        check="leftover",
-        ok=False,
-        detail=f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into "
-        "place); it is not a result: remove it, or run the export again",
-    )
+    why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into place); "
+    return Finding(check="leftover", ok=False, detail=why + "it is not a result: remove it, or run the export again")
 
 
 def contents_finding(folder: Path) -> Finding:
