@@ -46,7 +46,6 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
 @click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option(
     "--rules",
-    "rules",
     multiple=True,
     required=True,
     help="GGML_TUNER_FA_RULES of one candidate, e.g. 'decode:16384-=TILE' (repeatable: one candidate each).",

@@ -120,7 +120,6 @@ def _assumed_product(arch_name: str) -> str | None:
 )
 @click.option(
     "--like",
-    "like",
     help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape, tiny).",
 )
 @click.option(

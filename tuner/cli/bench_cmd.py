@@ -354,9 +354,7 @@ def report(
     "--build", "build_dir", required=True, type=EXISTING_DIR, help="Build (or bin) directory holding test-backend-ops."
 )
 @click.option("--backend", default="CUDA0", show_default=True, help="Device name: CUDA0, ROCm0, CPU...")
-@click.option(
-    "--ops", "ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable)."
-)
+@click.option("--ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable).")
 @click.option("--params", help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")
 @click.option("--head-dim", type=click.IntRange(1, 1024), help="Build --params for this head size.")
 @click.option("--kv-type", help="With --head-dim: KV type to select (f16, q8_0...).")

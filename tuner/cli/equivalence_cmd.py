@@ -56,7 +56,7 @@ def _split(text: str | None, flag: str) -> list[str]:
     metavar="NAME=VALUE",
     help="Candidate environment (repeatable), e.g. GGML_TUNER_FA_RULES=decode:0-=MMA.",
 )
-@click.option("--args", "args", help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'.")
+@click.option("--args", help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'.")
 @click.option(
     "--upstream-env", "up_envs", multiple=True, metavar="NAME=VALUE", help="Upstream environment (repeatable)."
 )

@@ -91,7 +91,6 @@ def export(
 )
 @click.option(
     "--soak",
-    "soak",
     type=int,
     metavar="N",
     help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.",

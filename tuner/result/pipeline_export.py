@@ -353,12 +353,10 @@ class ModelOrigin(TypedDict):
 
 
 def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> ModelOrigin:
-    """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown).
-
-    In order: the GGUF itself when it is on this machine (``tuner model synth`` names its models
-    ``tuner-random-<shape>``); ``like`` given to the export (the study's model was ``tuner model synth
-    --like LIKE``); the name ``synth_cached`` gives its files; else only the shape is matched against
-    ``tuner/data/models.toml`` and whether the weights were random is unknown."""
+    """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown). In order: the
+    GGUF itself when it is on this machine (``tuner model synth`` names its models ``tuner-random-<shape>``);
+    ``like`` given to the export (the model was ``tuner model synth --like LIKE``); the name ``synth_cached``
+    gives its files; else only the shape is matched against ``tuner/data/models.toml``."""
     path = Path(str(h.model if h.model is not None else ""))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
@@ -435,8 +433,7 @@ def pr_body(
     like: str | None = None,
     weight_type: str | None = None,
 ) -> str:
-    """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
-    confirmed rows as :func:`confirmed_points` makes them."""
+    """``PR.md`` of a pipeline result (``points``: the confirmed rows as :func:`confirmed_points` makes them)."""
     arch = load_arch(need(h.arch, "arch"))
     model_file = Path(need(h.model, "model")).name
     origin = model_origin(h, like, weight_type)

@@ -42,6 +42,7 @@ from tuner.result.tables import (
     ESTIMATORS,
     MARKS,
     CompareRecord,
+    Points,
     bench_test_name,
     compare_records,
     compare_table,
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 
     Row = pd.Series[Any]
     """One bench row (a frame's row)."""
+    Frames = Mapping[str, pd.DataFrame]
+    """Bench frames by variant label."""
+    AAPair = tuple[pd.DataFrame, pd.DataFrame]
+    """Two runs of one build (``--aa``): their difference is the noise a change must clear."""
 
 
 Point = tuple[str, str, int]
@@ -103,7 +108,7 @@ def compare_points(
     df_a: pd.DataFrame,
     df_b: pd.DataFrame,
     *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    aa: AAPair | None = None,
     confidence: float = 0.95,
     min_effect_pct: float = 0.0,
     seed: int = 0,
@@ -162,7 +167,7 @@ def compare_points(
     return pts
 
 
-def noise_line(points: Sequence[Mapping[str, object]]) -> str:
+def noise_line(points: Points) -> str:
     """One sentence on the noise references ``points`` were judged against (for stderr and the method)."""
     srcs = sorted({str(p.get("noise_source")) for p in points if p.get("noise_source")})
     kinds = {p.get("noise_kind") for p in points}
@@ -194,7 +199,7 @@ def aa_warning(df_a: pd.DataFrame, df_b: pd.DataFrame) -> str:
     )
 
 
-def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
+def _intro(frames: Frames, labels: Sequence[str], baseline: str) -> list[str]:
     """Model, backend and GPU of the baseline's first row, and the variants with their commits."""
     base_df = frames[baseline]
     if not len(base_df):
@@ -223,7 +228,7 @@ def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: 
     return out
 
 
-def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list[str]:
+def _roofline(frames: Frames, labels: Sequence[str]) -> list[str]:
     """Measured t/s as a share of the roofline model estimate, where the frames carry one."""
     has = [
         k
@@ -251,12 +256,7 @@ def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list
 
 
 def _pairs(
-    frames: Mapping[str, pd.DataFrame],
-    baseline: str,
-    *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None,
-    confidence: float,
-    seed: int,
+    frames: Frames, baseline: str, *, aa: AAPair | None, confidence: float, seed: int
 ) -> list[tuple[str, list[dict[str, object]]]]:
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
@@ -272,10 +272,10 @@ def _pairs(
 
 
 def render_report(
-    frames: Mapping[str, pd.DataFrame],
+    frames: Frames,
     baseline: str,
     *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    aa: AAPair | None = None,
     confidence: float = 0.95,
     seed: int = 0,
     title: str = "llama-bench results",
@@ -303,12 +303,7 @@ def render_report(
 
 
 def report_records(
-    frames: Mapping[str, pd.DataFrame],
-    baseline: str,
-    *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
-    confidence: float = 0.95,
-    seed: int = 0,
+    frames: Frames, baseline: str, *, aa: AAPair | None = None, confidence: float = 0.95, seed: int = 0
 ) -> list[CompareRecord]:
     """``tuner report --json``: the records of every table of :func:`render_report`."""
     return [

@@ -11,6 +11,7 @@ __all__ = [
     "ESTIMATORS",
     "MARKS",
     "CompareRecord",
+    "Points",
     "bench_test_name",
     "compare_records",
     "compare_table",
@@ -33,6 +34,9 @@ from tuner.measure.paired import UPSTREAM_KEPT
 from tuner.measure.paired import method_text as paired_text
 from tuner.measure.stats import method_text
 from tuner.plan.fa_rules import Phase
+
+Points = Sequence[Mapping[str, object]]
+"""Compared points, one dict per (model, test, depth): :func:`compare_records` says which keys are read."""
 
 MARKS = {
     "faster": "✓",
@@ -114,7 +118,7 @@ def _phase(p: Mapping[str, object]) -> str:
     return Phase(ph).bench if ph in {p.value for p in Phase} else ph
 
 
-def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
+def _sorted(points: Points) -> list[Mapping[str, Any]]:
     # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
     def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
         test = str(p.get("test", ""))
@@ -131,7 +135,7 @@ def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
 
 
 def compare_records(
-    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+    points: Points, *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> list[CompareRecord]:
     """The rows of :func:`compare_table` as plain records (None where a number is missing). ``points``: dicts
     with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts``, optionally
@@ -188,9 +192,7 @@ def _f2(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def compare_table(
-    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> str:
+def compare_table(points: Points, *, name_a: str = "upstream", name_b: str = "tuned", model: str = "") -> str:
     """The Markdown table: ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel``
     too where a kernel differs from upstream's; a ``Median ratio`` before the CI, the estimate it is of, where
     the points carry medians: :data:`ESTIMATORS`). Speedup at two decimals, as the script prints it."""
@@ -227,12 +229,7 @@ def compare_table(
 
 
 def format_compare(
-    points: Sequence[Mapping[str, object]],
-    fmt: str = "md",
-    *,
-    name_a: str = "upstream",
-    name_b: str = "tuned",
-    model: str = "",
+    points: Points, fmt: str = "md", *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> str:
     """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
     if fmt == "md":

@@ -184,10 +184,8 @@ def _overlap(a: FaRule, b: FaRule) -> bool:
 
 
 def rule_condition(rule: FaRule, arch: Arch) -> list[str]:
-    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality.
-
-    The one place a rule becomes a C++ condition in upstream's own selection function (``upstream.patch``);
-    the tuner hook of ``tuned.patch`` reads rules as data instead (``tuner.plan.render``)."""
+    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality. The one place a rule
+    becomes C++ in upstream's own selection function; ``tuned.patch``'s hook reads rules as data instead."""
     D, gqa, kv = rule.D, rule.gqa, rule.kv
     if rule.phase is Phase.DECODE:
         parts = ["Q->ne[1] == 1"]
@@ -247,10 +245,8 @@ def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: in
     out.append(f"{pad}if ({cond}) {{")
     for r in rules:
         out += _if_lines(rule_condition(r, arch), indent + 4)
-        out.append(f"{pad}        return {KERNEL_ENUMS[r.kernel]};")
-        out.append(f"{pad}    }}")
-    out.append(f"{pad}}}")
-    out.append("")
+        out += [f"{pad}        return {KERNEL_ENUMS[r.kernel]};", f"{pad}    }}"]
+    out += [f"{pad}}}", ""]
     return [ln + "\n" if ln else "\n" for ln in out]
 
 

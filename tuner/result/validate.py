@@ -206,9 +206,8 @@ def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
 
 def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
     """The output-equivalence gate: recorded as passed (its numbers re-judged), or not needed for upstream's config.
-
-    A result exported before the gate (schema < 3) fails where this machine can run its arch (re-export
-    it) and is reported as not run where it cannot: its numbers are never made up."""
+    A result exported before the gate (schema < 3) fails where this machine can run its arch (re-export it) and
+    is reported as not run where it cannot: its numbers are never made up."""
     check = "output-equivalence gate"
     arch = cfg["target"]["arch"]
     if cfg["schema"] < 3:
