@@ -171,16 +171,12 @@ def validate(
             "table's folder (the one with its table.toml), e.g. results/sm_90/hopper-table."
         )
 
+    roots = paths or (Path("results"),)
     checks = validate_paths(
-        paths or (Path("results"),),
-        compile=do_compile,
-        bench=rebench if do_bench else None,
-        gpu=gpu,
-        models=list(models),
-        fetch=fetch,
+        roots, compile=do_compile, bench=rebench if do_bench else None, gpu=gpu, models=list(models), fetch=fetch
     )
     # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
-    tables = find_tables(paths or (Path("results"),))
+    tables = find_tables(roots)
     tgpu = {"log_dir": log_dir, "pack": pack, "from_pack": from_pack}
     checks += [validate_table(t, gpu=tgpu if do_gpu else None, fetch=fetch) for t in tables]
     if not checks:
@@ -199,6 +195,6 @@ def validate(
     if soak is not None:
         from tuner.result.soak_check import soak_results
 
-        bad += soak_results(paths or (Path("results"),), soak, model=models[0] if models else None, echo=click.echo)
+        bad += soak_results(roots, soak, model=models[0] if models else None, echo=click.echo)
     if bad:
         sys.exit(1)

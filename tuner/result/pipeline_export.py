@@ -378,15 +378,8 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
             "synthetic": True,
         }
     shape = h.shape
-    match = [
-        n
-        for n, sh in load_models().items()
-        if shape
-        and sh.head_dim == shape.get("head_dim")
-        and sh.n_layers == shape.get("n_layers")
-        and sh.n_kv_heads == shape.get("n_kv_heads")
-        and sh.n_heads == shape.get("n_heads")
-    ]
+    dims = ("head_dim", "n_layers", "n_kv_heads", "n_heads")
+    match = [n for n, sh in load_models().items() if shape and all(getattr(sh, k) == shape.get(k) for k in dims)]
     return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
 
 
