@@ -171,7 +171,6 @@ def rounds_option(what: str = "every depth") -> Callable[[F], F]:
     return click.option(
         "--rounds",
         type=click.IntRange(2, 100),
-        default=None,
         help=f"N paired rounds for {what}, fixed: --min-rounds N --max-rounds N (an explicit --max-rounds M "
         "still lets the ones still open go on to M).",
     )
@@ -185,10 +184,8 @@ def round_limits(
     None where neither sets it (the command's own default applies)."""
 
     def given(name: str) -> bool:
-        return ctx.get_parameter_source(name) in (
-            click.core.ParameterSource.COMMANDLINE,
-            click.core.ParameterSource.ENVIRONMENT,
-        )
+        source = click.core.ParameterSource
+        return ctx.get_parameter_source(name) in (source.COMMANDLINE, source.ENVIRONMENT)
 
     if rounds is not None:
         if given("min_rounds") and min_rounds != rounds:

@@ -27,18 +27,14 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
     def wrap(f: F) -> F:
         for opt in reversed(
             (
-                click.option("--build", "build_dir", type=EXISTING_DIR, default=None, help=build_help),
+                click.option("--build", "build_dir", type=EXISTING_DIR, help=build_help),
                 click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
                 click.option(
-                    "--source",
-                    "spec",
-                    default=None,
-                    help="llama.cpp source SPEC to build and patch (default: the pinned tree).",
+                    "--source", "spec", help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
                 ),
                 click.option(
                     "--storage",
                     type=FILE,
-                    default=None,
                     help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
                 ),
             )
@@ -54,7 +50,6 @@ def time_budget_option(unit: str) -> Callable[[F], F]:
     return click.option(
         "--time-budget",
         type=click.FloatRange(1),
-        default=None,
         help=f"Seconds from now: no {unit} starts that would end past this. What was measured is stored and the "
         "same command goes on from there; exit status 3 where the budget stopped it.",
     )

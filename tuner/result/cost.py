@@ -11,8 +11,7 @@ COST_FIELDS += ("llama_bench_calls", "tune_trials")  # the counts, after the sec
 
 
 def cost_line(outcome: SearchOutcome) -> str:
-    """report.md's one line of the search's cost (config.toml's ``[cost]``), saying which fields an older
-    study did not record."""
+    """report.md's one line of the search's cost (config.toml's ``[cost]``), naming fields an older study lacks."""
     cost = outcome.cost
     have = ", ".join(f"{k} {v}" for k, v in cost.items()) or "none recorded"
     missing = [k for k in COST_FIELDS if k not in cost]

@@ -558,8 +558,7 @@ def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | 
 
 
 def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
-    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried;
-    ``base`` is the enqueued upstream-default trial."""
+    """Every trial's status, score and what it changed from upstream (``base``: the enqueued upstream-default trial)."""
     ref = dict(base.params) if base else {}
     rows = []
     for t in study.trials:
@@ -587,8 +586,7 @@ def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
 def _row(
     label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader, bound: float | None
 ) -> dict[str, object]:
-    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), with its roofline % where
-    ``bound`` (the roofline t/s) is known."""
+    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), roofline % where ``bound`` is known."""
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)

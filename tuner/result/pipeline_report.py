@@ -355,9 +355,8 @@ def report_text(
     gate: Mapping[str, object] | None = None,
     residency: Mapping[str, object] | None = None,
 ) -> str:
-    """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
-    ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
-    parameter importances (left out: no importances)."""
+    """The Markdown report of a pipeline study; ``gate``/``residency``: config.toml's ``[gate]``/``[residency]`` (their
+    sections follow the points); ``study``: the Optuna study, for the tune trials' parameter importances (optional)."""
     h = outcome.header
     pp, tg = need(h.pp, "pp"), need(h.tg, "tg")
     model = Path(need(h.model, "model")).name
@@ -379,10 +378,8 @@ def report_text(
     if outcome.dropped:
         out.append("Dropped after confirm: " + _why_rules(outcome.dropped) + ".\n")
     if outcome.narrowed:
-        why = _why_rules(outcome.narrowed)
-        out.append(
-            f"Narrowed after confirm (upstream's kernel kept where the forced kernel was not faster end to end): {why}.\n"
-        )
+        kept = "upstream's kernel kept where the forced kernel was not faster end to end"
+        out.append(f"Narrowed after confirm ({kept}): {_why_rules(outcome.narrowed)}.\n")
     if noise := noise_line(outcome):
         out.append(noise)
     tuned = outcome.tuned

@@ -76,8 +76,7 @@ def _phase_of(p: Mapping[str, object]) -> str:
 
 
 def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
-    """Plot tokens/s against depth, one line per variant (error bars: the bootstrap CI of the median), pp and
-    tg panels side by side; returns ``png_path``."""
+    """Tokens/s against depth, one line per variant (error bars: the median's bootstrap CI), pp and tg side by side."""
     plt = pyplot()
     if not frames:
         raise UsageError("No bench results to plot.")

@@ -350,8 +350,9 @@ def importances_section(
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    skip = "Parameter importances: not computed ({})."
     if len(study.directions) != 1 and objective is None:
-        return "Parameter importances: not computed (multi-objective study)."
+        return skip.format("multi-objective study")
     target = None
     if objective is not None:
         # PED-ANOVA ranks by "lower is better" whenever a target is given, whatever the study's
@@ -359,10 +360,7 @@ def importances_section(
         sign = -1.0 if study.directions[objective] == optuna.study.StudyDirection.MAXIMIZE else 1.0
         target = lambda t: sign * t.values[objective]  # noqa: E731
     if len(done) < min_trials:
-        return (
-            f"Parameter importances: not computed ({len(done)} complete trial"
-            f"{'' if len(done) == 1 else 's'}; need at least {min_trials})."
-        )
+        return skip.format(f"{len(done)} complete trial{'' if len(done) == 1 else 's'}; need at least {min_trials}")
     if objective is not None and len({t.values[objective] for t in done}) < 2:
         # e.g. the prefill objective of a decode-only tune: every trial reports 1.0 (the phase was not
         # measured), so any ranking of parameters would be noise from ties
@@ -373,10 +371,7 @@ def importances_section(
     names = list(params) if params is not None else sorted({k for t in done for k in t.params})
     varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
     if not varied:
-        return (
-            f"Parameter importances: not computed (no parameter took 2 or more values over the "
-            f"{len(done)} complete trials)."
-        )
+        return skip.format(f"no parameter took 2 or more values over the {len(done)} complete trials")
     # Optuna's default evaluator (PED-ANOVA since Optuna 4; fANOVA would need scikit-learn).
     ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
     evaluator = ev_cls() if ev_cls is not None else None
@@ -386,9 +381,9 @@ def importances_section(
             warnings.simplefilter("always")
             imp = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied, target=target)
     except (ValueError, RuntimeError) as e:  # e.g. no parameter common to the complete trials
-        return f"Parameter importances: not computed ({str(e).splitlines()[0]})."
+        return skip.format(str(e).splitlines()[0])
     if not imp:
-        return "Parameter importances: not computed (no parameter shared by the complete trials)."
+        return skip.format("no parameter shared by the complete trials")
     rows = [[name, f"{val:.3f}", "█" * max(0, round(val * 20))] for name, val in imp.items()]
     notes = sorted(
         {

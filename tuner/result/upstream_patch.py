@@ -40,6 +40,7 @@ __all__ = [
 
 import difflib
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -261,13 +262,12 @@ def patched_fattn(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, not
         arch_condition(arch, "")  # raises: no CUDA/HIP selection to change
     for r in rules:
         _check_rule(r, arch)
-    for i, a in enumerate(rules):
-        for b in rules[i + 1 :]:
-            if _overlap(a, b):
-                raise TunerError(
-                    f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
-                    "equals the tuner hook's first-match semantics only for disjoint rules. Merge or split them."
-                )
+    for a, b in itertools.combinations(rules, 2):
+        if _overlap(a, b):
+            raise TunerError(
+                f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
+                "equals the tuner hook's first-match semantics only for disjoint rules. Merge or split them."
+            )
     path, common = root / FATTN, root / COMMON
     if not path.is_file() or not common.is_file():
         raise TunerError(f"{root} has no {FATTN} and {COMMON}; upstream.patch needs the pristine llama.cpp tree.")
@@ -309,9 +309,8 @@ def _blob(text: str) -> str:
 
 
 def render_upstream_patch(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
-    """``upstream.patch``: a git-format diff of the pristine tree's fattn.cu adding ``rules`` (in order) for
-    ``arch``, ``note`` (GPU, model, how measured) as a comment above them; None for no rules. TunerError: as
-    :func:`patched_fattn`."""
+    """``upstream.patch``: a git-format diff of the pristine tree's fattn.cu adding ``rules`` (in order) for ``arch``,
+    ``note`` (GPU, model, how measured) as a comment above them; None for no rules; TunerError as ``patched_fattn``."""
     new = patched_fattn(source_root, rules, arch, note=note)
     if new is None:
         return None
@@ -352,9 +351,7 @@ def whitespace_only_hunks(patch: str) -> list[str]:
             header, minus, plus = None, [], []
             continue
         if ln.startswith("+++ "):
-            file = ln[4:].strip()
-            if file.startswith("b/"):
-                file = file[2:]
+            file = ln[4:].strip().removeprefix("b/")
             continue
         if ln.startswith("@@"):
             flush()

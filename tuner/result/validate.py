@@ -416,8 +416,8 @@ def _validate_result(
     # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
     patch = read_text_in(folder, patch_file.name) if patch_file.is_file() else ""
     if patch_file.is_file() and not patch:
-        why = f"{patch_file} is empty (`git apply` rejects it); re-export: an export with nothing to patch has no tuned.patch"
-        f.append(Finding(check="patch present", ok=False, detail=why))
+        why = f"{patch_file} is empty (`git apply` rejects it); re-export: an export with nothing to patch has "
+        f.append(Finding(check="patch present", ok=False, detail=why + "no tuned.patch"))
         return ResultCheck(path=folder, findings=tuple(f))
     f += _files_findings(folder)
 
