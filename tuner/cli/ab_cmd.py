@@ -26,10 +26,8 @@ from tuner.errors import UsageError
 
 def _has_fa_hook(bin_dir: Path) -> bool:
     """Whether the build's GPU backend carries tuner's FA rules hook (the env name is in its binary)."""
-    for lib in list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*")):
-        if lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes():
-            return True
-    return False
+    libs = list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*"))
+    return any(lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes() for lib in libs)
 
 
 _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule of the rounds past --min-rounds

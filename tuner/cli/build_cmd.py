@@ -127,22 +127,17 @@ def build(
             b = build_stage.build_variant(
                 rv, targets=tlist, jobs=jobs, compile_only=compile_only, objects=list(objects) or None
             )
-    carried = b.meta.get("carried")
+    cached, rebuilt = ("yes" if b.cached else "no"), b.meta.get("rebuilt_count", 0)
+    if carried := b.meta.get("carried"):
+        cached = f"carried ({carried['pack']}, built on {carried['built_on']})"
+        rebuilt = f"0 here ({b.meta.get('rebuilt_count', '?')} where it was built)"
     rows = [
         ("variant", rv.short),
         ("build dir", b.build_dir),
         ("bin dir", "(compile-only: no binaries)" if b.compile_only else b.bin_dir),
-        (
-            "cached",
-            f"carried ({carried['pack']}, built on {carried['built_on']})" if carried else "yes" if b.cached else "no",
-        ),
+        ("cached", cached),
         ("seconds", f"{b.seconds:.1f}"),
-        (
-            "rebuilt TUs",
-            f"0 here ({b.meta.get('rebuilt_count', '?')} where it was built)"
-            if carried
-            else b.meta.get("rebuilt_count", 0),
-        ),
+        ("rebuilt TUs", rebuilt),
         ("log", b.log_file),
     ]
     if b.compile_only:

@@ -246,12 +246,7 @@ def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> t
             if src.is_file() and not src.is_symlink():
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, tree / rel)
-        res = _run.run(
-            ["git", "apply", *(["--check"] if check else []), "--verbose", str(pfile)],
-            cwd=tree,
-            check=False,
-            timeout=120,
-            what="git apply --check" if check else "git apply",
-        )
+        args = ["git", "apply", *(["--check"] if check else []), "--verbose", str(pfile)]
+        res = _run.run(args, cwd=tree, check=False, timeout=120, what="git apply --check" if check else "git apply")
         new = {} if check or res.returncode != 0 else {rel: (tree / rel).read_text() for rel in rels}
         return res, new

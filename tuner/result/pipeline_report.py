@@ -212,17 +212,13 @@ def gate_section(gate: Mapping[str, Any]) -> str:
             + log.table(heads[:8], [r[:8] for r in rows(gate["band"])])
             + "\n\n"
         )
-    out += [
-        f"- {c['name']}: {c.get('why', '')}"
-        + (
-            f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
-            if c.get("not_applied")
-            else ""
-        )
-        + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "")
-        + "\n"
-        for c in gate["checks"]
-    ]
+    for c in gate["checks"]:
+        line = f"- {c['name']}: {c.get('why', '')}"
+        if c.get("not_applied"):
+            line += f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
+        if c.get("logs"):
+            line += f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}"
+        out.append(line + "\n")
     return "".join(out)
 
 
@@ -529,11 +525,9 @@ def _judged_cell(c: Mapping[str, Any], bar: object) -> Mapping[str, Any]:
         return c
 
     def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does
-        return (
-            CPU_REJECTED
-            if e.get("verdict") == CPU_REJECTED
-            else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
-        )
+        if e.get("verdict") == CPU_REJECTED:
+            return CPU_REJECTED
+        return verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
 
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 
