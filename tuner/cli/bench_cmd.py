@@ -279,8 +279,7 @@ def compare(
     la, lb = _label(da, a), _label(db, b)
     if la == lb:
         la, lb = a.stem, b.stem
-    warn = aa_warning(da, db)
-    if warn:
+    if warn := aa_warning(da, db):
         log.warning(warn)
     log.info("noise reference: " + noise_line(points))
     if fmt == "md" and not as_json:
@@ -291,9 +290,8 @@ def compare(
     click.echo(text.rstrip("\n"))
     if plot_path is not None:
         model = next((str(p["model"]) for p in points if p.get("model")), "")
-        png = plot_speedup(
-            points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else "")
-        )
+        title = f"{lb} vs {la}" + (f" ({model})" if model else "")
+        png = plot_speedup(points, plot_path, name_a=la, name_b=lb, title=title)
         log.info(f"wrote {png}")
 
 

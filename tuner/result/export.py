@@ -343,8 +343,7 @@ def _write_result(
             "arch": h.arch,
             "measured_on": _device_name(study),
             "measured_arch": measured[0],
-            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None)
-            or dict(load_header(study).toolchain),
+            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or dict(h.toolchain),
         },
         "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
         "choice": {
@@ -362,14 +361,8 @@ def _write_result(
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
-    _write_report(
-        finished,
-        out_dir,
-        measured,
-        like=like or legacy.study_attr(study, "like"),
-        weight_type=weight_type or legacy.study_attr(study, "weight_type"),
-        no_patch=not rv.patch,
-    )
+    like, weight_type = like or legacy.study_attr(study, "like"), weight_type or legacy.study_attr(study, "weight_type")
+    _write_report(finished, out_dir, measured, like=like, weight_type=weight_type, no_patch=not rv.patch)
 
 
 def write_run_env(

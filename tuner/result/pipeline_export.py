@@ -218,9 +218,8 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
         out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=e.like, weight_type=e.weight_type
     )
     if points:
-        plot_speedup(
-            points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)", rules=rules
-        )
+        title = f"{h.arch} {model.name}: final vs upstream (confirm)"
+        plot_speedup(points, out_dir / "speedup.png", title=title, rules=rules)
     _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
     report = report_text(
         outcome, study=e.study, storage=e.storage, gate=config["gate"], residency=config.get("residency")
