@@ -219,13 +219,8 @@ def _intro(frames: Frames, labels: Sequence[str], baseline: str) -> list[str]:
         k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) if "build_commit" in frames[k] else []
         for k in labels
     }
-    out += [
-        "Variants: "
-        + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "") for k, c in commits.items())
-        + f". Baseline: **{baseline}**.",
-        "",
-    ]
-    return out
+    variants = "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "") for k, c in commits.items())
+    return [*out, f"Variants: {variants}. Baseline: **{baseline}**.", ""]
 
 
 def _roofline(frames: Frames, labels: Sequence[str]) -> list[str]:
