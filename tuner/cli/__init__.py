@@ -184,7 +184,7 @@ def main() -> None:
         else:  # a storage password in any message stays off the screen
             click.echo(f"tuner: error: {redact(str(err))}", err=True)
         sys.exit(err.exit_code)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("tuner: aborted", err=True)
         sys.exit(130)
     except click.exceptions.ClickException as err:
@@ -192,9 +192,6 @@ def main() -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        click.echo("tuner: aborted", err=True)
-        sys.exit(130)
     except OSError as err:
         msg = os_error_message(err)
         if msg is None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 __all__ = [
     "DEPRECATED",
+    "DIR",
+    "EXISTING_DIR",
+    "EXISTING_FILE",
+    "FILE",
     "AliasOption",
     "F",
     "SuggestingGroup",
@@ -31,6 +35,12 @@ from tuner.measure.exe import find_bin_dir  # where --build points: re-exported 
 
 F = TypeVar("F", bound=Callable[..., object])
 """A click command function that an option decorator returns as it was given."""
+
+# The path types the commands' options take (click's types hold no state, so options share them).
+DIR = click.Path(file_okay=False, path_type=Path)
+FILE = click.Path(dir_okay=False, path_type=Path)
+EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 class SuggestingGroup(click.Group):
@@ -161,7 +171,6 @@ def rounds_option(what: str = "every depth") -> Callable[[F], F]:
     return click.option(
         "--rounds",
         type=click.IntRange(2, 100),
-        default=None,
         help=f"N paired rounds for {what}, fixed: --min-rounds N --max-rounds N (an explicit --max-rounds M "
         "still lets the ones still open go on to M).",
     )
@@ -175,10 +184,8 @@ def round_limits(
     None where neither sets it (the command's own default applies)."""
 
     def given(name: str) -> bool:
-        return ctx.get_parameter_source(name) in (
-            click.core.ParameterSource.COMMANDLINE,
-            click.core.ParameterSource.ENVIRONMENT,
-        )
+        source = click.core.ParameterSource
+        return ctx.get_parameter_source(name) in (source.COMMANDLINE, source.ENVIRONMENT)
 
     if rounds is not None:
         if given("min_rounds") and min_rounds != rounds:

@@ -10,16 +10,24 @@ from typing import Any
 import click
 
 from tuner import log
-from tuner.cli._params import depths_option, find_bin_dir, output_option, round_limits, rounds_option, stamped_run_dir
+from tuner.cli._params import (
+    DIR,
+    EXISTING_DIR,
+    EXISTING_FILE,
+    depths_option,
+    find_bin_dir,
+    output_option,
+    round_limits,
+    rounds_option,
+    stamped_run_dir,
+)
 from tuner.errors import UsageError
 
 
 def _has_fa_hook(bin_dir: Path) -> bool:
     """Whether the build's GPU backend carries tuner's FA rules hook (the env name is in its binary)."""
-    for lib in list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*")):
-        if lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes():
-            return True
-    return False
+    libs = list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*"))
+    return any(lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes() for lib in libs)
 
 
 _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule of the rounds past --min-rounds
@@ -30,15 +38,12 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
     "--build",
     "build_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).",
 )
-@click.option(
-    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
-)
+@click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option(
     "--rules",
-    "rules",
     multiple=True,
     required=True,
     help="GGML_TUNER_FA_RULES of one candidate, e.g. 'decode:16384-=TILE' (repeatable: one candidate each).",
@@ -56,7 +61,6 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
 @click.option(
     "--max-rounds",
     type=click.IntRange(2, 100),
-    default=None,
     help="Further rounds, up to this many, go only to the depths where a paired 95% CI is still wider than "
     "±1% (the search's --ci-target). Default: --min-rounds (fixed).",
 )
@@ -71,11 +75,7 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
     help="The FA rules hook exists in the era-mma tree only.",
 )
 @output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).",
-    in_place=True,
+    "out_dir", type=DIR, help="Run directory for the logs (default $TUNER_HOME/runs/ab-<time>).", in_place=True
 )
 def ab(
     build_dir: Path,

@@ -120,7 +120,6 @@ def _assumed_product(arch_name: str) -> str | None:
 )
 @click.option(
     "--like",
-    "like",
     help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape, tiny).",
 )
 @click.option(
@@ -137,7 +136,6 @@ def _assumed_product(arch_name: str) -> str | None:
     "weight_type",
     cls=AliasOption,
     hidden_aliases=("--type",),
-    default=None,
     type=click.Choice(["f16", "q8_0", "q4_k_m"], case_sensitive=False),
     help=f"Weight type for --like, as `tuner search --quant` spells it (Q4_K_M or q4_k_m). Default: {DEFAULT_QUANT}, "
     "the search's.",

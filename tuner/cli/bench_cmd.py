@@ -12,6 +12,10 @@ import click
 from tuner import log
 from tuner.cli._params import (
     CPU_MASK_HELP,
+    DIR,
+    EXISTING_DIR,
+    EXISTING_FILE,
+    FILE,
     cpu_mask_option,
     depths_option,
     find_bin_dir,
@@ -70,13 +74,11 @@ def _seed_runs(
     "builds",
     multiple=True,
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="Build (or bin) directory; repeat to interleave variants with the first as baseline anchor.",
 )
 @click.option("--label", "labels", multiple=True, help="Variant name per --build (default: directory name).")
-@click.option(
-    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
-)
+@click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=depths_option, help="KV depths.")
 @click.option(
     "--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp)."
@@ -84,21 +86,16 @@ def _seed_runs(
 @click.option(
     "--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg)."
 )
-@click.option("--reps", type=click.IntRange(1, 10000), default=None, help="Kept repetitions per test (default 5).")
+@click.option("--reps", type=click.IntRange(1, 10000), help="Kept repetitions per test (default 5).")
 @click.option(
-    "--target-ci",
-    type=click.FloatRange(0.01, 99.99),
-    default=None,
-    help="Repeat until the median's CI half-width is within PCT %.",
+    "--target-ci", type=click.FloatRange(0.01, 99.99), help="Repeat until the median's CI half-width is within PCT %."
 )
 @click.option("--max-reps", type=click.IntRange(1, 10000), default=20, show_default=True)
 @click.option("--env", "envs", multiple=True, help="NAME=VALUE for llama-bench (repeatable).")
-@click.option("--era", type=click.Choice(["mma", "rocwmma"]), default=None, help="-fa spelling (default: detect).")
+@click.option("--era", type=click.Choice(["mma", "rocwmma"]), help="-fa spelling (default: detect).")
 @click.option("--no-fa", is_flag=True, help="Run with -fa off.")
-@click.option("--arch", default=None, help="Arch for the roofline columns (see `tuner archs`).")
-@click.option(
-    "--bandwidth", type=click.FloatRange(0.001, 1e6), default=None, help="Memory bandwidth GB/s for the roofline."
-)
+@click.option("--arch", help="Arch for the roofline columns (see `tuner archs`).")
+@click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), help="Memory bandwidth GB/s for the roofline.")
 @click.option(
     "--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call."
 )
@@ -111,13 +108,7 @@ def _seed_runs(
     help="One of the six reference builds per --build (cuda_mmq_moe, cpu_hybrid...): adds its -ngl/-nkvo; needs --arch. "
     "Build each with `tuner build --variant` as docs/seed004-builds.md maps it.",
 )
-@output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run directory (default $TUNER_HOME/runs/bench-<time>).",
-    in_place=True,
-)
+@output_option("out_dir", type=DIR, help="Run directory (default $TUNER_HOME/runs/bench-<time>).", in_place=True)
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def bench(
     builds: tuple[Path, ...],
@@ -241,8 +232,8 @@ def _label(df: object, path: Path) -> str:
 
 
 @click.command()
-@click.argument("a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("a", type=EXISTING_FILE)
+@click.argument("b", type=EXISTING_FILE)
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option(
     "--min-effect",
@@ -251,15 +242,7 @@ def _label(df: object, path: Path) -> str:
     show_default=True,
     help="A change must also exceed this many percent to count.",
 )
-@click.option(
-    "--aa",
-    "aa_files",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    nargs=2,
-    default=None,
-    metavar="A1 A2",
-    help=_AA_HELP,
-)
+@click.option("--aa", "aa_files", type=EXISTING_FILE, nargs=2, default=None, metavar="A1 A2", help=_AA_HELP)
 @click.option(
     "--format",
     "fmt",
@@ -269,13 +252,7 @@ def _label(df: object, path: Path) -> str:
     help="md: compare-llama-bench.py-shaped table; csv/json: the same rows as records.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write the speedup-vs-depth plot (PNG) here.",
-)
+@click.option("--plot", "plot_path", type=FILE, help="Also write the speedup-vs-depth plot (PNG) here.")
 def compare(
     a: Path,
     b: Path,
@@ -302,8 +279,7 @@ def compare(
     la, lb = _label(da, a), _label(db, b)
     if la == lb:
         la, lb = a.stem, b.stem
-    warn = aa_warning(da, db)
-    if warn:
+    if warn := aa_warning(da, db):
         log.warning(warn)
     log.info("noise reference: " + noise_line(points))
     if fmt == "md" and not as_json:
@@ -314,30 +290,16 @@ def compare(
     click.echo(text.rstrip("\n"))
     if plot_path is not None:
         model = next((str(p["model"]) for p in points if p.get("model")), "")
-        png = plot_speedup(
-            points, plot_path, name_a=la, name_b=lb, title=f"{lb} vs {la}" + (f" ({model})" if model else "")
-        )
+        title = f"{lb} vs {la}" + (f" ({model})" if model else "")
+        png = plot_speedup(points, plot_path, name_a=la, name_b=lb, title=title)
         log.info(f"wrote {png}")
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--baseline", default=None, help="Baseline variant label (default: the first file's).")
-@click.option(
-    "--aa",
-    "aa_files",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    nargs=2,
-    default=None,
-    metavar="A1 A2",
-    help=_AA_HELP,
-)
-@output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write report.md and depth.png here.",
-)
+@click.argument("files", nargs=-1, required=True, type=EXISTING_FILE)
+@click.option("--baseline", help="Baseline variant label (default: the first file's).")
+@click.option("--aa", "aa_files", type=EXISTING_FILE, nargs=2, default=None, metavar="A1 A2", help=_AA_HELP)
+@output_option("out_dir", type=DIR, help="Write report.md and depth.png here.")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the tables' rows as JSON records instead of Markdown.")
 def report(
@@ -387,26 +349,19 @@ def report(
 
 @click.command()
 @click.option(
-    "--build",
-    "build_dir",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Build (or bin) directory holding test-backend-ops.",
+    "--build", "build_dir", required=True, type=EXISTING_DIR, help="Build (or bin) directory holding test-backend-ops."
 )
 @click.option("--backend", default="CUDA0", show_default=True, help="Device name: CUDA0, ROCm0, CPU...")
-@click.option(
-    "--ops", "ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable)."
-)
-@click.option("--params", default=None, help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")
-@click.option("--head-dim", type=click.IntRange(1, 1024), default=None, help="Build --params for this head size.")
-@click.option("--kv-type", default=None, help="With --head-dim: KV type to select (f16, q8_0...).")
-@click.option("--kernels", default=None, help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=None, help="test-backend-ops -j.")
+@click.option("--ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable).")
+@click.option("--params", help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")
+@click.option("--head-dim", type=click.IntRange(1, 1024), help="Build --params for this head size.")
+@click.option("--kv-type", help="With --head-dim: KV type to select (f16, q8_0...).")
+@click.option("--kernels", help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), help="test-backend-ops -j.")
 @click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
 @output_option(
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="Folder for the test-backend-ops logs (default $TUNER_HOME/runs/check-<time>).",
     in_place=True,
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import SuggestingGroup
+from tuner.cli._params import DIR, FILE, SuggestingGroup
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 
@@ -34,10 +34,8 @@ def _default_variant(arch: str) -> str:
 
 @click.command("build")
 @click.option("--arch", required=True, help="Target from the arch database: cpu, sm_89, sm_90, gfx1151, ...")
-@click.option(
-    "--source", "spec", default=None, help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist)."
-)
-@click.option("--variant", default=None, help="Variant family (default: cpu / cuda / hip by arch).")
+@click.option("--source", "spec", help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist).")
+@click.option("--variant", help="Variant family (default: cpu / cuda / hip by arch).")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Compile-time knob value (repeatable).")
 @click.option(
     "--hook",
@@ -47,14 +45,8 @@ def _default_variant(arch: str) -> str:
     help="Opt-in hook to add to the patch (repeatable): mmq (MMQ or cuBLAS per type and batch from "
     "GGML_TUNER_MMQ_CHOICES; the build `tuner sweep` makes).",
 )
-@click.option(
-    "--targets",
-    default=None,
-    help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].",
-)
-@click.option(
-    "--jobs", "-j", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs [default: CPU count]."
-)
+@click.option("--targets", help="Comma-separated CMake targets [default: llama-bench,test-backend-ops,llama-quantize].")
+@click.option("--jobs", "-j", type=click.IntRange(1, 1024), help="Parallel compile jobs [default: CPU count].")
 @click.option(
     "--compile-only",
     is_flag=True,
@@ -70,16 +62,14 @@ def _default_variant(arch: str) -> str:
 @click.option(
     "--pack",
     "pack_out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="Also write the finished build as FILE (an xz tar: binaries, libraries, ggml headers) to carry to "
     "another machine of the same OS and CPU architecture.",
 )
 @click.option(
     "--from-pack",
     "pack_in",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="Install FILE (written by --pack with the same source and arguments) as this variant's build "
     "instead of compiling: build where the compilers are, measure where the GPU is.",
 )
@@ -165,12 +155,7 @@ def toolchain() -> None:
 
 
 @toolchain.command("hip")
-@click.option(
-    "--prefix",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where to put it [default: $TUNER_HOME/toolchains/hip].",
-)
+@click.option("--prefix", type=DIR, help="Where to put it [default: $TUNER_HOME/toolchains/hip].")
 @click.option("--check", is_flag=True, help="Also compile a small HIP kernel for gfx1151, gfx1100, gfx1201 and gfx942.")
 def toolchain_hip(prefix: Path | None, check: bool) -> None:
     """clang-19 + Debian's ROCm 6.4 headers, to compile-check HIP variants without an AMD GPU.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import find_bin_dir, output_option, stamped_run_dir
+from tuner.cli._params import DIR, EXISTING_DIR, EXISTING_FILE, find_bin_dir, output_option, stamped_run_dir
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 
@@ -32,19 +32,16 @@ def _split(text: str | None, flag: str) -> list[str]:
     "--build",
     "build_dir",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="The candidate's build (or bin) directory holding llama-perplexity.",
 )
 @click.option(
     "--upstream",
     "upstream_dir",
-    default=None,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="Upstream's build (or bin) directory [default: --build, for env/argument candidates].",
 )
-@click.option(
-    "--model", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="GGUF model."
-)
+@click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option(
     "--mode",
     type=click.Choice(["prefill", "decode"]),
@@ -59,13 +56,11 @@ def _split(text: str | None, flag: str) -> list[str]:
     metavar="NAME=VALUE",
     help="Candidate environment (repeatable), e.g. GGML_TUNER_FA_RULES=decode:0-=MMA.",
 )
-@click.option(
-    "--args", "args", default=None, help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'."
-)
+@click.option("--args", help="Candidate llama-perplexity arguments as one string, e.g. '-t 1 -fa on'.")
 @click.option(
     "--upstream-env", "up_envs", multiple=True, metavar="NAME=VALUE", help="Upstream environment (repeatable)."
 )
-@click.option("--upstream-args", "up_args", default=None, help="Upstream llama-perplexity arguments as one string.")
+@click.option("--upstream-args", "up_args", help="Upstream llama-perplexity arguments as one string.")
 @click.option(
     "--ctx",
     type=click.IntRange(16, 1 << 20),
@@ -77,22 +72,15 @@ def _split(text: str | None, flag: str) -> list[str]:
 @click.option(
     "--strict", is_flag=True, help="Scheduling-only candidate: require log-probs byte-identical to upstream's."
 )
-@click.option(
-    "--max-mean-kld", type=click.FloatRange(0), default=None, help="Mean KLD threshold [default: calibrated 1e-5]."
-)
-@click.option(
-    "--max-p99-kld", type=click.FloatRange(0), default=None, help="99% KLD threshold [default: calibrated 1e-4]."
-)
-@click.option(
-    "--min-same-top", type=click.FloatRange(0, 100), default=None, help="Same top p threshold in % [default: 98]."
-)
+@click.option("--max-mean-kld", type=click.FloatRange(0), help="Mean KLD threshold [default: calibrated 1e-5].")
+@click.option("--max-p99-kld", type=click.FloatRange(0), help="99% KLD threshold [default: calibrated 1e-4].")
+@click.option("--min-same-top", type=click.FloatRange(0, 100), help="Same top p threshold in % [default: 98].")
 @click.option(
     "--timeout", type=click.FloatRange(1), default=1800.0, show_default=True, help="Seconds per llama-perplexity call."
 )
 @output_option(
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="Run directory for logs and log-prob files (default $TUNER_HOME/runs/equivalence-<time>).",
     in_place=True,
 )

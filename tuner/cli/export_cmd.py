@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import output_option
+from tuner.cli._params import DIR, FILE, output_option
 
 
 def export_study(
@@ -39,21 +39,16 @@ def export_study(
 
 @click.command()
 @click.option("--study", required=True, help="Study name (as printed by tuner search).")
-@click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in --run-dir).")
-@click.option(
-    "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run directory of the study (default ./tuner-runs/<study>).",
-)
+@click.option("--storage", help="Optuna storage URL (default: SQLite in --run-dir).")
+@click.option("--run-dir", type=DIR, help="Run directory of the study (default ./tuner-runs/<study>).")
 @output_option(
     "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     required=True,
     help="Result folder, e.g. results/<arch>/<model>/ (replaced whole; never a llama.cpp checkout).",
 )
-@click.option("--like", default=None, help="Model shape for the roofline when the GGUF is not on this machine.")
-@click.option("--weight-type", default=None, help="Weight type for --like (f16, q8_0, q4_k_m).")
+@click.option("--like", help="Model shape for the roofline when the GGUF is not on this machine.")
+@click.option("--weight-type", help="Weight type for --like (f16, q8_0, q4_k_m).")
 def export(
     study: str, storage: str | None, run_dir: Path | None, out_dir: Path, like: str | None, weight_type: str | None
 ) -> None:
@@ -96,9 +91,7 @@ def export(
 )
 @click.option(
     "--soak",
-    "soak",
     type=int,
-    default=None,
     metavar="N",
     help="Also generate >= N tokens with each result's config (docs/soak.md uses 10000) and fail on t/s drift or a leak.",
 )
@@ -111,33 +104,24 @@ def export(
 )
 @click.option(
     "--upstream-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="With --gpu: an existing build of the pristine tree + upstream.patch (default: build it).",
 )
 @click.option(
     "--tuned-bin",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    type=DIR,
     help="With --gpu: a tuner build to read the tuned kernels from live (default: config.toml's points).",
 )
-@click.option(
-    "--log-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="With --gpu: where the runs' logs go (default: a temporary directory).",
-)
+@click.option("--log-dir", type=DIR, help="With --gpu: where the runs' logs go (default: a temporary directory).")
 @click.option(
     "--pack",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="With --gpu, one sweep table: also write its patched build to FILE (an xz tar), so a GPU machine "
     "without compilers or cores to spare runs the tests with --from-pack FILE. Builds without the GPU.",
 )
 @click.option(
     "--from-pack",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    type=FILE,
     help="With --gpu, one sweep table: install the patched build from FILE (written by --pack) instead of building.",
 )
 def validate(
@@ -159,13 +143,11 @@ def validate(
     A folder is data: no code from it is compiled or run unless it is what tuner renders from the folder's
     own values, nothing it names is fetched (see --fetch), and only its regular files are read."""
     from tuner.errors import UsageError
+    from tuner.result.upstream_check import check_gpu_args
     from tuner.result.validate import validate_paths
 
     gpu = None
     if do_gpu:
-        from tuner.result.upstream_check import check_gpu_args
-
-        check_gpu_args(models, upstream_bin, tuned_bin)
         gpu = {"upstream_bin": upstream_bin, "tuned_bin": tuned_bin, "log_dir": log_dir}
     elif upstream_bin or tuned_bin or log_dir or pack or from_pack:
         raise UsageError(
@@ -175,10 +157,7 @@ def validate(
         raise UsageError(
             "--model belongs to --gpu, --bench or --soak (the checks that run a model); add one or drop it."
         )
-    else:
-        from tuner.result.upstream_check import check_gpu_args
-
-        check_gpu_args(models, None, None)
+    check_gpu_args(models, upstream_bin, tuned_bin)  # both None without --gpu
     from tuner.search.rebench import rebench
     from tuner.sweep.table_check import find_tables, validate_table
 
@@ -192,16 +171,12 @@ def validate(
             "table's folder (the one with its table.toml), e.g. results/sm_90/hopper-table."
         )
 
+    roots = paths or (Path("results"),)
     checks = validate_paths(
-        paths or (Path("results"),),
-        compile=do_compile,
-        bench=rebench if do_bench else None,
-        gpu=gpu,
-        models=list(models),
-        fetch=fetch,
+        roots, compile=do_compile, bench=rebench if do_bench else None, gpu=gpu, models=list(models), fetch=fetch
     )
     # sweep tables (table.toml): their own checks; --gpu builds and tests their upstream.patch
-    tables = find_tables(paths or (Path("results"),))
+    tables = find_tables(roots)
     tgpu = {"log_dir": log_dir, "pack": pack, "from_pack": from_pack}
     checks += [validate_table(t, gpu=tgpu if do_gpu else None, fetch=fetch) for t in tables]
     if not checks:
@@ -220,6 +195,6 @@ def validate(
     if soak is not None:
         from tuner.result.soak_check import soak_results
 
-        bad += soak_results(paths or (Path("results"),), soak, model=models[0] if models else None, echo=click.echo)
+        bad += soak_results(roots, soak, model=models[0] if models else None, echo=click.echo)
     if bad:
         sys.exit(1)

@@ -38,7 +38,6 @@ def model() -> None:
 @click.option(
     "--source",
     "spec",
-    default=None,
     help="llama.cpp source SPEC whose models/ vocab GGUF is copied (default: tuner's default source).",
 )
 @click.option(

@@ -27,7 +27,7 @@ def _load_source(spec: str) -> Source:
 @click.option(
     "--source", "spec", default=DEFAULT_SPEC, show_default=True, help="llama.cpp source SPEC (see `tuner source`)."
 )
-@click.option("--variant", default=None, help="Build variant; default: the first of the arch's search space.")
+@click.option("--variant", help="Build variant; default: the first of the arch's search space.")
 @click.option(
     "--set", "sets", multiple=True, metavar="KNOB=VALUE", help="A knob value (repeatable); checked against the space."
 )
@@ -42,11 +42,7 @@ def _load_source(spec: str) -> Source:
     help="This machine's GPU arch (decides 89-real vs 89-virtual).",
 )
 @click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Directory to write into (default ./render-ARCH-VARIANT).",
+    "-o", "--output", type=click.Path(path_type=Path), help="Directory to write into (default ./render-ARCH-VARIANT)."
 )
 @click.option("--dry-run", is_flag=True, help="Print everything to stdout and write nothing.")
 def render(

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import SuggestingGroup
+from tuner.cli._params import FILE, SuggestingGroup
 from tuner.source import DEFAULT_SPEC, fetch_source, pack_source, source_info
 
 
@@ -87,14 +87,7 @@ def info(spec: str, as_json: bool) -> None:
 
 @source.command()
 @click.argument("spec", required=False, default=DEFAULT_SPEC)
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The .tar.gz to write.",
-)
+@click.option("-o", "--output", "out", type=FILE, required=True, help="The .tar.gz to write.")
 @click.option("--no-trim", is_flag=True, help="Pack the whole tree, not just what a build needs.")
 def pack(spec: str, out: Path, no_trim: bool) -> None:
     """Write SPEC's tree as a tar.gz to carry to another machine.
@@ -110,7 +103,7 @@ def pack(spec: str, out: Path, no_trim: bool) -> None:
 
 
 @source.command()
-@click.argument("archive", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("archive", type=FILE)
 @click.option(
     "--replace",
     is_flag=True,

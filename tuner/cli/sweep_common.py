@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import F
+from tuner.cli._params import EXISTING_DIR, FILE, F
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -27,24 +27,14 @@ def measure_options(*, build_help: str, backend_help: str, storage: str) -> Call
     def wrap(f: F) -> F:
         for opt in reversed(
             (
-                click.option(
-                    "--build",
-                    "build_dir",
-                    type=click.Path(exists=True, file_okay=False, path_type=Path),
-                    default=None,
-                    help=build_help,
-                ),
+                click.option("--build", "build_dir", type=EXISTING_DIR, help=build_help),
                 click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
                 click.option(
-                    "--source",
-                    "spec",
-                    default=None,
-                    help="llama.cpp source SPEC to build and patch (default: the pinned tree).",
+                    "--source", "spec", help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
                 ),
                 click.option(
                     "--storage",
-                    type=click.Path(dir_okay=False, path_type=Path),
-                    default=None,
+                    type=FILE,
                     help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
                 ),
             )
@@ -60,7 +50,6 @@ def time_budget_option(unit: str) -> Callable[[F], F]:
     return click.option(
         "--time-budget",
         type=click.FloatRange(1),
-        default=None,
         help=f"Seconds from now: no {unit} starts that would end past this. What was measured is stored and the "
         "same command goes on from there; exit status 3 where the budget stopped it.",
     )

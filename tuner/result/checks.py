@@ -97,18 +97,16 @@ def folder_problems(folder: Path) -> list[str]:
     return bad
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
 def _kind(mode: int) -> str:
-    return (
-        "a FIFO"
-        if stat.S_ISFIFO(mode)
-        else "a character device"
-        if stat.S_ISCHR(mode)
-        else "a block device"
-        if stat.S_ISBLK(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "a special file"
-    )
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 def present_in(folder: Path, rel: str) -> bool:
@@ -214,13 +212,7 @@ def unsafe_patch_paths(text: str) -> list[str]:
                     continue
                 rel = p[2:]
             parts = PurePosixPath(rel).parts
-            if (
-                not parts
-                or rel.startswith("/")
-                or ".." in parts
-                or any(c in rel for c in "\\\0")
-                or parts[0] in (".git",)
-            ):
+            if not parts or rel.startswith("/") or ".." in parts or any(c in rel for c in "\\\0") or parts[0] == ".git":
                 bad.append(p)
     return list(dict.fromkeys(bad))
 
@@ -254,12 +246,7 @@ def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> t
             if src.is_file() and not src.is_symlink():
                 (tree / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, tree / rel)
-        res = _run.run(
-            ["git", "apply", *(["--check"] if check else []), "--verbose", str(pfile)],
-            cwd=tree,
-            check=False,
-            timeout=120,
-            what="git apply --check" if check else "git apply",
-        )
+        args = ["git", "apply", *(["--check"] if check else []), "--verbose", str(pfile)]
+        res = _run.run(args, cwd=tree, check=False, timeout=120, what="git apply --check" if check else "git apply")
         new = {} if check or res.returncode != 0 else {rel: (tree / rel).read_text() for rel in rels}
         return res, new

@@ -1,8 +1,6 @@
-"""``tuner export``: a finished study as a reviewable, reproducible result folder: ``config.toml`` (the choice
-and its evidence), ``tuned.patch`` (the values baked in; omitted when the kernels are upstream's),
-``CMakeUserPresets.json`` (inheriting llama.cpp's ``CMakePresets.json``), ``run.env``, ``report.md`` and
-``depth.png``. Written into a staging folder and renamed into place (:func:`staged_export`), so a failure part-way
-leaves the previous export whole. The winner arrives chosen (:class:`tuner.search.winner.FinishedStudy`).
+"""``tuner export``: a finished study (:class:`tuner.search.winner.FinishedStudy`) as a reviewable, reproducible
+result folder (``config.toml``, ``tuned.patch`` unless the kernels are upstream's, ``CMakeUserPresets.json``,
+``run.env``, ``report.md``, ``depth.png``), renamed into place whole (:func:`staged_export`).
 """
 
 from __future__ import annotations
@@ -113,19 +111,8 @@ PRESETS_FILE = "CMakeUserPresets.json"
 must not replace: the tuned preset inherits that file's ``base``/``release``)."""
 
 EXPORT_FILES = frozenset(
-    {
-        "config.toml",
-        "tuned.patch",
-        PRESETS_FILE,
-        "run.env",
-        "report.md",
-        "PR.md",
-        "upstream.patch",
-        "speedup.png",
-        "pareto_decode.png",
-        "depth.png",
-        "CMakePresets.json",
-    }
+    ["config.toml", "tuned.patch", PRESETS_FILE, "run.env", "report.md", "PR.md", "upstream.patch", "speedup.png"]
+    + ["pareto_decode.png", "depth.png", "CMakePresets.json"]
 )  # the last: what exports wrote before CMakeUserPresets.json
 """Every file an export writes (or wrote): an existing folder holding only these is a previous export."""
 
@@ -140,10 +127,8 @@ def _is_llama_tree(d: Path) -> bool:
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """UsageError unless ``out_dir`` is missing, empty or a previous export (only files an export writes).
-
-    An export replaces the whole folder, so anything else in it would be lost; a llama.cpp checkout is
-    named as such, since dropping the files into one is the likely intent."""
+    """UsageError unless ``out_dir`` is missing, empty or a previous export (only files an export writes): an
+    export replaces the whole folder. A llama.cpp checkout is named as such (the likely intent)."""
     if _is_llama_tree(out_dir):
         raise UsageError(
             f"{out_dir} is a llama.cpp source tree (it has ggml/ and CMakeLists.txt). `tuner export -o` writes a "
@@ -277,7 +262,6 @@ class Choice:
     def of(
         cls, space: SearchSpace, values: Mapping[str, object], *, runtime: Mapping[str, object] | None = None
     ) -> Choice:
-        """``runtime``: the values the environment and args are rendered from (default ``values``)."""
         env, args = runtime_env_and_args(space, values if runtime is None else runtime)
         return cls(
             variant=str(values.get("variant") or space.variants[0]),
@@ -289,7 +273,6 @@ class Choice:
 
 
 def source_table(source: Source) -> dict[str, str]:
-    """config.toml's ``[source]``."""
     return {"spec": source.spec, "source_id": source.source_id, "commit": source.commit or "", "era": source.era}
 
 
@@ -360,7 +343,7 @@ def _write_result(
             "arch": h.arch,
             "measured_on": _device_name(study),
             "measured_arch": measured[0],
-            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or _toolchain_of(study),
+            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or dict(h.toolchain),
         },
         "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
         "choice": {
@@ -378,14 +361,8 @@ def _write_result(
         "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
     }
     (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
-    _write_report(
-        finished,
-        out_dir,
-        measured,
-        like=like or legacy.study_attr(study, "like"),
-        weight_type=weight_type or legacy.study_attr(study, "weight_type"),
-        no_patch=not rv.patch,
-    )
+    like, weight_type = like or legacy.study_attr(study, "like"), weight_type or legacy.study_attr(study, "weight_type")
+    _write_report(finished, out_dir, measured, like=like, weight_type=weight_type, no_patch=not rv.patch)
 
 
 def write_run_env(
@@ -403,17 +380,13 @@ def write_run_env(
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
     bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
     server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
-    env_rules = f"GGML_TUNER_FA_RULES={rules_env(rules)}\n" if rules else ""
-    (out_dir / "run.env").write_text(
-        "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-        + "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
-        + (
-            f"# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n# {env_rules}"
-            if rules
-            else ""
-        )
-        + f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
-    )
+    text = "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
+    text += "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+    if rules:
+        text += "# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n"
+        text += f"# GGML_TUNER_FA_RULES={rules_env(rules)}\n"
+    text += f"# llama-bench: {' '.join(bench_cmd)}\n# llama-server: {' '.join(server_cmd)}\n"
+    (out_dir / "run.env").write_text(text)
 
 
 def baked_runtime(rules: Sequence[FaRule], fa_env: Mapping[str, str]) -> dict[str, str]:
@@ -454,16 +427,9 @@ def server_args(args: list[str]) -> list[str]:
 
 
 def _device_name(study: optuna.Study) -> str:
-    for t in study.trials:
-        d = legacy.trial_attr(t, "device")
-        if d:
-            return str(d)
-    d = load_header(study).device
+    devices = (legacy.trial_attr(t, "device") for t in study.trials)
+    d = next((d for d in devices if d), None) or load_header(study).device
     return str(d) if d is not None else "unknown"
-
-
-def _toolchain_of(study: optuna.Study) -> dict[str, str]:
-    return dict(load_header(study).toolchain)
 
 
 def tomlable(x: object) -> Any:
@@ -585,8 +551,7 @@ def _ptx_jit_note(h: StudyHeader, measured: tuple[str, str | None], like: str | 
 
 
 def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
-    """Every trial: status, score and what it changed from upstream, so a reader sees what was tried;
-    ``base`` is the enqueued upstream-default trial."""
+    """Every trial's status, score and what it changed from upstream (``base``: the enqueued upstream-default trial)."""
     ref = dict(base.params) if base else {}
     rows = []
     for t in study.trials:
@@ -614,26 +579,12 @@ def _trials_section(study: optuna.Study, base: FrozenTrial | None) -> str:
 def _row(
     label: str, phase: str, depth: int, samples: tuple[float, ...], h: StudyHeader, bound: float | None
 ) -> dict[str, object]:
-    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), with its roofline % where
-    ``bound`` (the roofline t/s) is known."""
+    """One report row as a bench frame's (:data:`tuner.measure.bench.COLUMNS`), roofline % where ``bound`` is known."""
     s = sorted(samples)
     med = float(statistics.median(s))
     lo, hi = bootstrap_median_ci(samples)
     n_tok = h.pp if phase == "pp" else h.tg
-    row: dict[str, object] = {c: math.nan for c in COLUMNS}
-    row.update(
-        {
-            "build_commit": h.commit or "",
-            "backends": load_arch(h.required(h.arch, "arch")).backend,
-            "gpu_info": "",
-            "status": "ok",
-            "model_filename": Path(h.required(h.model, "model")).name,
-            "error": "",
-            "env": "{}",
-            "cmd": "",
-            "log_file": "",
-        }
-    )
+    row: dict[str, object] = {c: math.nan for c in COLUMNS}  # the keys below are all COLUMNS: their order holds
     row |= {
         "label": label,
         "test": f"{phase}{n_tok}",
@@ -646,6 +597,15 @@ def _row(
         "min_ts": s[0],
         "max_ts": s[-1],
         "samples": list(samples),
+        "status": "ok",
+        "error": "",
+        "build_commit": h.commit or "",
+        "backends": load_arch(h.required(h.arch, "arch")).backend,
+        "gpu_info": "",
+        "model_filename": Path(h.required(h.model, "model")).name,
+        "env": "{}",
+        "cmd": "",
+        "log_file": "",
     }
     if bound:
         row |= {"roofline_tps": float(bound), "roofline_pct": 100.0 * med / float(bound)}

@@ -1,8 +1,6 @@
-"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else. Writes
-``config.toml``, ``tuned.patch`` (omitted when the kernels are upstream's), ``CMakeUserPresets.json``,
-``run.env``, ``report.md`` (per point: kernels, Δ% with its paired 95% CI, A/A noise, verdict, CPU%/core/GPU%
-of both sides; the screen; the tune trials; stage times), ``speedup.png`` and, where CPU% was measured,
-``pareto_decode.png``. Studies from before CPU% was measured show "—" there and get no Pareto plot.
+"""Export a screen -> compose -> tune -> confirm study: what confirmed, and nothing else (the files of
+:mod:`tuner.result.export`, plus ``speedup.png`` and, where CPU% was measured, ``pareto_decode.png``; studies
+from before CPU% was measured show "—" there and get no Pareto plot).
 """
 
 from __future__ import annotations
@@ -220,9 +218,8 @@ def _write_pipeline(out_dir: Path, e: _Export) -> None:
         out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=e.like, weight_type=e.weight_type
     )
     if points:
-        plot_speedup(
-            points, out_dir / "speedup.png", title=f"{h.arch} {model.name}: final vs upstream (confirm)", rules=rules
-        )
+        title = f"{h.arch} {model.name}: final vs upstream (confirm)"
+        plot_speedup(points, out_dir / "speedup.png", title=title, rules=rules)
     _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
     report = report_text(
         outcome, study=e.study, storage=e.storage, gate=config["gate"], residency=config.get("residency")
@@ -260,20 +257,8 @@ def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
 
 def _gate_check_row(c: Mapping[str, Any]) -> dict[str, Any]:
     s = c.get("stats") or {}
-    keep = (
-        "name",
-        "mode",
-        "strict",
-        "verdict",
-        "why",
-        "deterministic",
-        "identical_to_upstream",
-        "reasons",
-        "not_applied",
-        "logs",
-        "seconds",
-        "thresholds",
-    )
+    keep = ["name", "mode", "strict", "verdict", "why", "deterministic", "identical_to_upstream", "reasons"]
+    keep += ["not_applied", "logs", "seconds", "thresholds"]
     settings = c.get("settings") or {}
     return {
         **{k: c[k] for k in keep if c.get(k) not in (None, [], {})},
@@ -303,9 +288,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
                 "ctx": settings.get("ctx"),
                 "chunks": settings.get("chunks"),
                 "thresholds": first.get("thresholds"),
-                "mean_kld": max((c["mean_kld"] for c in nums), default=None),
-                "p99_kld": max((c["p99_kld"] for c in nums), default=None),
-                "max_kld": max((c["max_kld"] for c in nums), default=None),
+                **{k: max((c[k] for c in nums), default=None) for k in ("mean_kld", "p99_kld", "max_kld")},
                 "same_top_pct": min((c["same_top_pct"] for c in nums), default=None),
                 "deterministic": all(c.get("deterministic") for c in checks),
                 "checks": checks,
@@ -369,12 +352,10 @@ class ModelOrigin(TypedDict):
 
 
 def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | None = None) -> ModelOrigin:
-    """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown).
-
-    In order: the GGUF itself when it is on this machine (``tuner model synth`` names its models
-    ``tuner-random-<shape>``); ``like`` given to the export (the study's model was ``tuner model synth
-    --like LIKE``); the name ``synth_cached`` gives its files; else only the shape is matched against
-    ``tuner/data/models.toml`` and whether the weights were random is unknown."""
+    """Where the study's model came from: ``{"like", "quant", "synthetic"}`` (None where unknown). In order: the
+    GGUF itself when it is on this machine (``tuner model synth`` names its models ``tuner-random-<shape>``);
+    ``like`` given to the export (the model was ``tuner model synth --like LIKE``); the name ``synth_cached``
+    gives its files; else only the shape is matched against ``tuner/data/models.toml``."""
     path = Path(str(h.model if h.model is not None else ""))
     quant = weight_type.upper() if weight_type else None
     if path.is_file():
@@ -396,15 +377,8 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
             "synthetic": True,
         }
     shape = h.shape
-    match = [
-        n
-        for n, sh in load_models().items()
-        if shape
-        and sh.head_dim == shape.get("head_dim")
-        and sh.n_layers == shape.get("n_layers")
-        and sh.n_kv_heads == shape.get("n_kv_heads")
-        and sh.n_heads == shape.get("n_heads")
-    ]
+    dims = ("head_dim", "n_layers", "n_kv_heads", "n_heads")
+    match = [n for n, sh in load_models().items() if shape and all(getattr(sh, k) == shape.get(k) for k in dims)]
     return {"like": match[0] if len(match) == 1 else None, "quant": quant, "synthetic": None}
 
 
@@ -429,17 +403,12 @@ def _write_upstream(
     best = max(faster, key=lambda p: p["speedup"]) if faster else None
     gpu = device_name(h, "unknown GPU")
     model_file = Path(need(h.model, "model")).name
-    note = (
-        f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
-        + (
-            f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
-            f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
-            f"A/A noise {best['aa_noise_pct']:.1f}%)"
-            if best
-            else ""
-        )
-        + "."
-    )
+    note = f"{gpu}: {model_file}, llama-bench in paired interleaved rounds"
+    if best:
+        note += f"; best {best['test']}@d{best['depth']} {100 * (best['speedup'] - 1):+.1f}% "
+        note += f"(95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%, "
+        note += f"A/A noise {best['aa_noise_pct']:.1f}%)"
+    note += "."
     patch = render_upstream_patch(source, rules, arch, note=note)
     if patch is None:
         return
@@ -456,8 +425,7 @@ def pr_body(
     like: str | None = None,
     weight_type: str | None = None,
 ) -> str:
-    """``PR.md`` of a pipeline result: ``h`` the study's header, ``rules`` the confirmed ones, ``points`` the
-    confirmed rows as :func:`confirmed_points` makes them."""
+    """``PR.md`` of a pipeline result (``points``: the confirmed rows as :func:`confirmed_points` makes them)."""
     arch = load_arch(need(h.arch, "arch"))
     model_file = Path(need(h.model, "model")).name
     origin = model_origin(h, like, weight_type)

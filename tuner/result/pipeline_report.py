@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 from tuner import log
 from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
-from tuner.plan.fa_rules import Phase
+from tuner.plan.fa_rules import FaRule, Phase
 from tuner.redact import redact
 from tuner.result.cost import cost_line
 from tuner.result.report import compare_table, dashboard_command, importances_section
@@ -123,8 +123,9 @@ def knobs_dropped_section(outcome: SearchOutcome) -> str:
         f"({phases or 'no phase'}, {rounds} paired round(s) with the A/A pair) and dropped them: {kd.get('why')}.** "
         "The export is upstream's config for those knobs; what the confirm measured:\n\n"
     )
+    heads = ["Test", "t/s upstream", "t/s trial", "Speedup", "95% CI", "A/A noise", "rounds", "verdict"]
     table = log.table(
-        ["Test", "t/s upstream", "t/s trial", "Speedup", "95% CI", "A/A noise", "rounds", "verdict"],
+        heads,
         [
             [
                 f"{r['phase']}@d{r['depth']}",
@@ -159,18 +160,8 @@ def _f6(x: object) -> str:
 def gate_section(gate: Mapping[str, Any]) -> str:
     """report.md's section on the output-equivalence gate (``gate`` as :func:`gate_table` writes it)."""
     out = ["## Output-equivalence gate (llama-perplexity, final config vs upstream)\n\n"]
-    heads = [
-        "check",
-        "mode",
-        "strict",
-        "mean KLD",
-        "99% KLD",
-        "max KLD",
-        "same top p",
-        "deterministic",
-        "identical to upstream",
-        "verdict",
-    ]
+    heads = ["check", "mode", "strict", "mean KLD", "99% KLD", "max KLD", "same top p", "deterministic"]
+    heads += ["identical to upstream", "verdict"]
 
     def rows(checks: Sequence[Mapping[str, object]]) -> list[list[object]]:
         return [
@@ -221,36 +212,21 @@ def gate_section(gate: Mapping[str, Any]) -> str:
             + log.table(heads[:8], [r[:8] for r in rows(gate["band"])])
             + "\n\n"
         )
-    out += [
-        f"- {c['name']}: {c.get('why', '')}"
-        + (
-            f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
-            if c.get("not_applied")
-            else ""
-        )
-        + (f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}" if c.get("logs") else "")
-        + "\n"
-        for c in gate["checks"]
-    ]
+    for c in gate["checks"]:
+        line = f"- {c['name']}: {c.get('why', '')}"
+        if c.get("not_applied"):
+            line += f" (not applied: {' '.join(c['not_applied'])}: the gate's mode sets the micro-batch)"
+        if c.get("logs"):
+            line += f"; logs (in the search's run directory): {', '.join(sorted(c['logs'].values()))}"
+        out.append(line + "\n")
     return "".join(out)
 
 
 def rejected_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """What the confirm measured of a config a gate then rejected (None-free for TOML): the report shows it,
     so a rejected speedup is visible rather than silently replaced by upstream's selection."""
-    keys = (
-        "phase",
-        "depth",
-        "base_ts",
-        "tuned_ts",
-        "speedup",
-        "ci_low",
-        "ci_high",
-        "aa_noise_pct",
-        "verdict",
-        "base_cpu",
-        "tuned_cpu",
-    )
+    keys = ["phase", "depth", "base_ts", "tuned_ts", "speedup", "ci_low", "ci_high", "aa_noise_pct", "verdict"]
+    keys += ["base_cpu", "tuned_cpu"]
     return [
         {k: r[k] for k in keys if r.get(k) is not None and (not isinstance(r[k], float) or math.isfinite(r[k]))}
         for r in rows
@@ -290,15 +266,8 @@ def _rejected_table(points: Sequence[Mapping[str, Any]]) -> str:
 
 def residency_section(rec: Mapping[str, Any]) -> str:
     """report.md's section on graph splits and residency (``rec`` as :func:`residency_table` writes it)."""
-    heads = [
-        "config",
-        "graph splits (prefill / decode)",
-        "layers on GPU",
-        "weights GPU / host MiB",
-        "KV buffers MiB",
-        "fused-op fallbacks",
-        "verdict",
-    ]
+    heads = ["config", "graph splits (prefill / decode)", "layers on GPU", "weights GPU / host MiB", "KV buffers MiB"]
+    heads += ["fused-op fallbacks", "verdict"]
 
     def row(name: str, p: Mapping[str, Any]) -> list[object]:
         layers = f"{p['layers_offloaded']}/{p['layers_total']}" if "layers_total" in p else "— (no GPU offload)"
@@ -382,9 +351,8 @@ def report_text(
     gate: Mapping[str, object] | None = None,
     residency: Mapping[str, object] | None = None,
 ) -> str:
-    """The Markdown report of a pipeline study; ``gate`` and ``residency``: config.toml's ``[gate]`` and
-    ``[residency]`` (their sections follow the points); ``study``: the Optuna study, for the tune trials'
-    parameter importances (left out: no importances)."""
+    """The Markdown report of a pipeline study; ``gate``/``residency``: config.toml's ``[gate]``/``[residency]`` (their
+    sections follow the points); ``study``: the Optuna study, for the tune trials' parameter importances (optional)."""
     h = outcome.header
     pp, tg = need(h.pp, "pp"), need(h.tg, "tg")
     model = Path(need(h.model, "model")).name
@@ -404,15 +372,10 @@ def report_text(
             "in llama.cpp's AMX kernels (the weights repacked for AMX tiles) and ran with it.\n"
         )
     if outcome.dropped:
-        out.append(
-            "Dropped after confirm: " + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.dropped.items()) + ".\n"
-        )
+        out.append("Dropped after confirm: " + _why_rules(outcome.dropped) + ".\n")
     if outcome.narrowed:
-        out.append(
-            "Narrowed after confirm (upstream's kernel kept where the forced kernel was not faster end to end): "
-            + "; ".join(f"`{r.text}` ({w})" for r, w in outcome.narrowed.items())
-            + ".\n"
-        )
+        kept = "upstream's kernel kept where the forced kernel was not faster end to end"
+        out.append(f"Narrowed after confirm ({kept}): {_why_rules(outcome.narrowed)}.\n")
     if noise := noise_line(outcome):
         out.append(noise)
     tuned = outcome.tuned
@@ -441,19 +404,13 @@ def report_text(
     if residency:
         out.append("\n\n" + residency_section(residency))
     out.append(_screen_section(outcome))
-    comp = outcome.compose
-    if comp.get("decisions"):
-        out.append(
-            "## Composed (before confirm)\n\n"
-            + log.table(
-                ["phase", "depth", "upstream", "winner", "why"],
-                [
-                    [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
-                    for d in comp["decisions"]
-                ],
-            )
-            + "\n\n"
-        )
+    if decisions := outcome.compose.get("decisions"):
+        cells = [
+            [d["phase"], d["depth"], d["upstream_kernel"] or "-", d["winner"] or "upstream", d["reason"]]
+            for d in decisions
+        ]
+        table = log.table(["phase", "depth", "upstream", "winner", "why"], cells)
+        out.append("## Composed (before confirm)\n\n" + table + "\n\n")
     out.append(_trials(outcome.trials, outcome.tune_method))
     if outcome.trials and study is not None:  # the tune stage's two objectives, one table each
         for i, name in enumerate(("the prefill objective", "the decode objective")):
@@ -461,78 +418,48 @@ def report_text(
     if storage and not storage.startswith("sqlite:"):  # a local path would be this machine's, not the reader's
         out.append(f"\nOpen the study in Optuna's dashboard: `{dashboard_command(redact(storage))}`\n")
     out.append("\n" + cost_line(outcome) + "\n")
-    secs = outcome.stage_seconds
-    if secs:
-        out.append(
-            "\n## Wall time per stage\n\n"
-            + log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
-            + "\n"
-        )
+    if secs := outcome.stage_seconds:
+        table = log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
+        out.append("\n## Wall time per stage\n\n" + table + "\n")
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+def _why_rules(rules: Mapping[FaRule, str]) -> str:
+    """Rules with why each was dropped or narrowed."""
+    return "; ".join(f"`{r.text}` ({w})" for r, w in rules.items())
 
 
 def _confirmed_table(rows: Sequence[Mapping[str, Any]], model: str, pp: int, tg: int, dropped: bool = False) -> str:
     """report.md's confirmed points: the speedup table and the per-point table with CPU% and GPU%."""
-    tab = []
-    for r in rows:
-        n_tok = pp if r["phase"] == "pp" else tg
-        tab.append(
-            [
-                model,
-                f"{r['phase']}{n_tok}@d{r['depth']}",
-                r.get("upstream_kernel") or "-",
-                r.get("kernel") or "-",
-                f"{r['base_ts']:.2f}",
-                f"{r['tuned_ts']:.2f}",
-                f"{r['speedup']:.3f}" if math.isfinite(r["speedup"]) else "-",
-                _ci(r["ci_low"], r["ci_high"]),
-                f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
-                str(r.get("rounds", "")),
-                r["verdict"],
-            ]
-        )
+    table = [
+        [
+            f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}",
+            r["depth"],
+            r.get("upstream_kernel") or "-",
+            r.get("kernel") or "-",
+            f"{r['base_ts']:.2f} → {r['tuned_ts']:.2f}",
+            _cpu_cell(r),
+            _pair(r.get("base_core"), r.get("tuned_core")),
+            _pair(r.get("base_gpu"), r.get("tuned_gpu")),
+            _ci(r["ci_low"], r["ci_high"]),
+            f"±{r['aa_noise_pct']:.1f}%" if math.isfinite(r["aa_noise_pct"]) else "-",
+            str(r.get("rounds", "")),
+            r["verdict"],
+        ]
+        for r in rows
+    ]
+    heads = ["Test", "depth", "upstream kernel", "kernel", "t/s upstream → tuned", "CPU% upstream → tuned"]
+    heads += ["busiest core %", "GPU%", "Speedup 95% CI", "A/A noise", "rounds", "verdict"]
     return (
         compare_table(confirmed_points(rows, pp, tg), name_a="upstream", name_b="tuned", model=model)
         + "\n\n"
-        + log.table(
-            [
-                "Test",
-                "depth",
-                "upstream kernel",
-                "kernel",
-                "t/s upstream → tuned",
-                "CPU% upstream → tuned",
-                "busiest core %",
-                "GPU%",
-                "Speedup 95% CI",
-                "A/A noise",
-                "rounds",
-                "verdict",
-            ],
-            [
-                [
-                    t[1],
-                    r["depth"],
-                    t[2],
-                    t[3],
-                    f"{t[4]} → {t[5]}",
-                    _cpu_cell(r),
-                    _pair(r.get("base_core"), r.get("tuned_core")),
-                    _pair(r.get("base_gpu"), r.get("tuned_gpu")),
-                    t[7],
-                    t[8],
-                    t[9],
-                    t[10],
-                ]
-                for t, r in zip(tab, rows)
-            ],
-        )
+        + log.table(heads, table)
         + "\n\nCPU%: the llama-bench process tree during the timed repetitions, percent of one core (200 = two busy "
         "cores); Δ is the paired per-round difference in points with its 95% CI and the A/A pair's CPU noise; "
         "busiest core: its busiest thread; GPU%: NVML/AMD SMI utilization; — where not measured (no GPU "
         "library, or a study recorded before CPU% was). A decode point whose CPU% rises beyond the noise without "
         f"a t/s gain beyond it is {CPU_REJECTED!r} (docs/design.md) and is not claimed."
-        if tab
+        if rows
         else "(the final config is upstream's, so no point of it was confirmed"
         + ("; the dropped trial's rounds are above)" if dropped else ")")
     )
@@ -583,23 +510,10 @@ def _screen_section(outcome: SearchOutcome) -> str:
                 ]
             )
         if srows:
-            out.append(
-                log.table(
-                    [
-                        "point",
-                        "upstream kernel",
-                        "op runs/s upstream" if op_level else "t/s upstream",
-                        "CPU% upstream",
-                        "busiest core %",
-                        "GPU% upstream",
-                        "A/A noise (pair; phase floor; CPU points)",
-                        "forced kernels: Δ [95% CI] verdict (CPU Δ points)",
-                        "fell back",
-                    ],
-                    srows,
-                )
-                + "\n\n"
-            )
+            heads = ["point", "upstream kernel", "op runs/s upstream" if op_level else "t/s upstream", "CPU% upstream"]
+            heads += ["busiest core %", "GPU% upstream", "A/A noise (pair; phase floor; CPU points)"]
+            heads += ["forced kernels: Δ [95% CI] verdict (CPU Δ points)", "fell back"]
+            out.append(log.table(heads, srows) + "\n\n")
     return "".join(out)
 
 
@@ -611,11 +525,9 @@ def _judged_cell(c: Mapping[str, Any], bar: object) -> Mapping[str, Any]:
         return c
 
     def v(e: Mapping[str, Any]) -> str:  # the stored effect judged by paired.verdict, as judge_phase does
-        return (
-            CPU_REJECTED
-            if e.get("verdict") == CPU_REJECTED
-            else verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
-        )
+        if e.get("verdict") == CPU_REJECTED:
+            return CPU_REJECTED
+        return verdict(Effect(**{k: e[k] for k in _EFFECT_KEYS}), bar)
 
     return {**c, "bar_pct": bar, "effects": {k: {**e, "verdict": v(e)} for k, e in c["effects"].items()}}
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from tuner.errors import UsageError
 from tuner.paths import write_into
 from tuner.plan.fa_rules import FaRule
+from tuner.result.tables import Points
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,8 +76,7 @@ def _phase_of(p: Mapping[str, object]) -> str:
 
 
 def plot_depth(frames: Mapping[str, pd.DataFrame], png_path: Path) -> Path:
-    """Plot tokens/s against depth, one line per variant (error bars: the bootstrap CI of the median), pp and
-    tg panels side by side; returns ``png_path``."""
+    """Tokens/s against depth, one line per variant (error bars: the median's bootstrap CI), pp and tg side by side."""
     plt = pyplot()
     if not frames:
         raise UsageError("No bench results to plot.")
@@ -176,6 +176,9 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     return out
 
 
+_SPAN_LABEL: dict[str, Any] = {"ha": "left", "va": "top", "fontsize": 9, "fontweight": "bold", "color": "#333333"}
+
+
 def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor: Mapping[str, str]) -> bool:
     """Shade and label each span (:func:`speedup_spans`) on both panels of a phase; True if any."""
     for sp in spans:
@@ -183,17 +186,8 @@ def _draw_spans(ax: Axes, ax2: Axes, spans: Sequence[Span], right: float, kcolor
         for a in (ax, ax2):
             a.axvspan(x0, x1, color=kcolor[str(sp["kernel"])], alpha=0.55, lw=0, zorder=0)
         label = f"{sp['kernel']} from d{_depth_label(int(sp['x0']))}" if sp.get("rule") else str(sp["kernel"])
-        ax.text(
-            x0,
-            0.97,
-            " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else ""),
-            transform=ax.get_xaxis_transform(),
-            ha="left",
-            va="top",
-            fontsize=9,
-            fontweight="bold",
-            color="#333333",
-        )
+        label = " " + label + (f"\n (upstream {sp['upstream']})" if sp.get("upstream") else "")
+        ax.text(x0, 0.97, label, transform=ax.get_xaxis_transform(), **_SPAN_LABEL)
     return bool(spans)
 
 
@@ -235,15 +229,7 @@ def _speedup_ylim(
 
 
 def _speedup_panel(
-    ax: Axes,
-    sub: Sequence[Mapping[str, object]],
-    x: Sequence[int],
-    *,
-    phase: str,
-    color: str,
-    has_span: bool,
-    name_a: str,
-    name_b: str,
+    ax: Axes, sub: Points, x: Sequence[int], *, phase: str, color: str, has_span: bool, name_a: str, name_b: str
 ) -> None:
     """Top panel of a phase: speedup % with its CI band, the A/A noise band and significance markers."""
     sp = [100 * (as_float(p.get("speedup")) - 1) for p in sub]
@@ -259,15 +245,9 @@ def _speedup_panel(
     y0, y1 = _speedup_ylim(sp, lo, hi, nz)
     ok = [all(math.isfinite(v) for v in t) for t in zip(lo, hi)]
     if any(ok):
-        ax.fill_between(
-            [xx for xx, o in zip(x, ok) if o],
-            [max(v, y0) for v, o in zip(lo, ok) if o],
-            [min(v, y1) for v, o in zip(hi, ok) if o],
-            color=color,
-            alpha=0.22,
-            lw=0,
-            zorder=2,
-        )
+        xs = [xx for xx, o in zip(x, ok) if o]
+        lows, highs = [max(v, y0) for v, o in zip(lo, ok) if o], [min(v, y1) for v, o in zip(hi, ok) if o]
+        ax.fill_between(xs, lows, highs, color=color, alpha=0.22, lw=0, zorder=2)
     for xx, a, b in zip(x, lo, hi):  # a CI end beyond the y range is written at the edge
         for end, y, up in ((b, y1, True), (a, y0, False)):
             if math.isfinite(end) and (end > y if up else end < y):
@@ -278,28 +258,13 @@ def _speedup_panel(
     ax.plot(x, sp, color=color, lw=1.8, zorder=3)
     sig = [str(p.get("verdict", "")) in ("faster", "slower") for p in sub]
     ax.scatter([xx for xx, s in zip(x, sig) if s], [v for v, s in zip(sp, sig) if s], color=color, s=42, zorder=4)
-    ax.scatter(
-        [xx for xx, s in zip(x, sig) if not s],
-        [v for v, s in zip(sp, sig) if not s],
-        facecolor="white",
-        edgecolor=color,
-        s=42,
-        lw=1.6,
-        zorder=4,
-    )
+    hollow_x, hollow_y = [xx for xx, s in zip(x, sig) if not s], [v for v, s in zip(sp, sig) if not s]
+    ax.scatter(hollow_x, hollow_y, facecolor="white", edgecolor=color, s=42, lw=1.6, zorder=4)
+    box = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7}
     for xx, v in zip(x, sp):
         if math.isfinite(v):
-            ax.annotate(
-                f"{v:+.1f}%",
-                (xx, v),
-                textcoords="offset points",
-                xytext=(0, 8),
-                fontsize=8,
-                color=color,
-                ha="center",
-                fontweight="bold",
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
-            )
+            kw: dict[str, Any] = {"fontsize": 8, "color": color, "ha": "center", "fontweight": "bold", "bbox": box}
+            ax.annotate(f"{v:+.1f}%", (xx, v), textcoords="offset points", xytext=(0, 8), **kw)
     head = f"{_PHASE_TITLES.get(phase, phase)} ({', '.join(tests)})"
     if ups:
         head += f" — upstream kernel {'/'.join(ups)}"
@@ -312,14 +277,7 @@ def _speedup_panel(
 
 
 def _ts_panel(
-    ax2: Axes,
-    sub: Sequence[Mapping[str, object]],
-    x: Sequence[int],
-    axis: DepthAxis,
-    *,
-    color: str,
-    name_a: str,
-    name_b: str,
+    ax2: Axes, sub: Points, x: Sequence[int], axis: DepthAxis, *, color: str, name_a: str, name_b: str
 ) -> None:
     """Bottom panel of a phase: absolute t/s of both sides against the depth categories."""
     ya = [as_float(p.get("base_ts")) for p in sub]
@@ -338,13 +296,7 @@ def _ts_panel(
 
 
 def _speedup_legend(
-    fig: Figure,
-    pts: Sequence[Mapping[str, object]],
-    kernels: Sequence[str],
-    kcolor: Mapping[str, str],
-    *,
-    title: str,
-    ncol: int,
+    fig: Figure, pts: Points, kernels: Sequence[str], kcolor: Mapping[str, str], *, title: str, ncol: int
 ) -> None:
     """The figure legend (noise band only when measured, one patch per chosen kernel), title and layout."""
     from matplotlib.lines import Line2D  # matplotlib is heavy: imported when a plot is drawn (pyplot())
@@ -360,14 +312,8 @@ def _speedup_legend(
         handles = handles[1:]
     handles += [Patch(color=kcolor[k], alpha=0.55, label=f"depths where {k} is chosen") for k in kernels]
     top = 0.925 if title else 0.95
-    fig.legend(
-        handles=handles,
-        loc="upper center",
-        ncol=min(len(handles), 3 if ncol == 1 else 6),
-        fontsize=8.5,
-        frameon=False,
-        bbox_to_anchor=(0.5, top + 0.02),
-    )
+    cols, anchor = min(len(handles), 3 if ncol == 1 else 6), (0.5, top + 0.02)
+    fig.legend(handles=handles, loc="upper center", ncol=cols, fontsize=8.5, frameon=False, bbox_to_anchor=anchor)
     if title:
         fig.suptitle(title, fontsize=11.5, y=0.985)
     fig.tight_layout(rect=(0, 0, 1, top - (0.04 if ncol == 1 and len(handles) > 3 else 0.0)))
@@ -450,28 +396,15 @@ def plot_pareto(points: Sequence[ParetoPoint], png_path: Path, *, title: str = "
         color = cmap(i / max(1, len(depths) - 1) * 0.9)
         sub = [p for p in pts if int(p["depth"]) == d]
         front = pareto_front(sub)
-        ax.plot(
-            [float(p["cpu"]) for p in front],
-            [float(p["ts"]) for p in front],
-            "--",
-            color=color,
-            lw=1.3,
-            label=f"d{_depth_label(d)} front",
-            zorder=2,
-        )
+        xs, ys = [float(p["cpu"]) for p in front], [float(p["ts"]) for p in front]
+        ax.plot(xs, ys, "--", color=color, lw=1.3, label=f"d{_depth_label(d)} front", zorder=2)
         for p in sub:
-            filled = p.get("stage", "confirm") == "confirm"
-            ax.scatter(
-                float(p["cpu"]), float(p["ts"]), s=46, color=color if filled else "none", edgecolors=color, zorder=3
-            )
+            xy, filled = (float(p["cpu"]), float(p["ts"])), p.get("stage", "confirm") == "confirm"
+            ax.scatter(*xy, s=46, color=color if filled else "none", edgecolors=color, zorder=3)
             # Dominated points are labelled too, in grey: they are the configs the CPU cost rules out.
+            label_color = color if p in front else "dimgrey"
             ax.annotate(
-                str(p["config"]),
-                (float(p["cpu"]), float(p["ts"])),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7.5,
-                color=color if p in front else "dimgrey",
+                str(p["config"]), xy, textcoords="offset points", xytext=(5, 4), fontsize=7.5, color=label_color
             )
     ax.set_xlabel("CPU% of the llama-bench process tree (timed decode repetitions; 100 = one core)")
     ax.set_ylabel("decode tokens/s (median over rounds)")

@@ -42,6 +42,7 @@ from tuner.result.tables import (
     ESTIMATORS,
     MARKS,
     CompareRecord,
+    Points,
     bench_test_name,
     compare_records,
     compare_table,
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 
     Row = pd.Series[Any]
     """One bench row (a frame's row)."""
+    Frames = Mapping[str, pd.DataFrame]
+    """Bench frames by variant label."""
+    AAPair = tuple[pd.DataFrame, pd.DataFrame]
+    """Two runs of one build (``--aa``): their difference is the noise a change must clear."""
 
 
 Point = tuple[str, str, int]
@@ -103,7 +108,7 @@ def compare_points(
     df_a: pd.DataFrame,
     df_b: pd.DataFrame,
     *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    aa: AAPair | None = None,
     confidence: float = 0.95,
     min_effect_pct: float = 0.0,
     seed: int = 0,
@@ -162,7 +167,7 @@ def compare_points(
     return pts
 
 
-def noise_line(points: Sequence[Mapping[str, object]]) -> str:
+def noise_line(points: Points) -> str:
     """One sentence on the noise references ``points`` were judged against (for stderr and the method)."""
     srcs = sorted({str(p.get("noise_source")) for p in points if p.get("noise_source")})
     kinds = {p.get("noise_kind") for p in points}
@@ -194,7 +199,7 @@ def aa_warning(df_a: pd.DataFrame, df_b: pd.DataFrame) -> str:
     )
 
 
-def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: str) -> list[str]:
+def _intro(frames: Frames, labels: Sequence[str], baseline: str) -> list[str]:
     """Model, backend and GPU of the baseline's first row, and the variants with their commits."""
     base_df = frames[baseline]
     if not len(base_df):
@@ -214,16 +219,11 @@ def _intro(frames: Mapping[str, pd.DataFrame], labels: Sequence[str], baseline: 
         k: sorted({str(c) for c in frames[k]["build_commit"].dropna()}) if "build_commit" in frames[k] else []
         for k in labels
     }
-    out += [
-        "Variants: "
-        + "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "") for k, c in commits.items())
-        + f". Baseline: **{baseline}**.",
-        "",
-    ]
-    return out
+    variants = "; ".join(f"**{k}**" + (f" (llama.cpp {', '.join(c)})" if c else "") for k, c in commits.items())
+    return [*out, f"Variants: {variants}. Baseline: **{baseline}**.", ""]
 
 
-def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list[str]:
+def _roofline(frames: Frames, labels: Sequence[str]) -> list[str]:
     """Measured t/s as a share of the roofline model estimate, where the frames carry one."""
     has = [
         k
@@ -251,12 +251,7 @@ def _roofline(frames: Mapping[str, pd.DataFrame], labels: Sequence[str]) -> list
 
 
 def _pairs(
-    frames: Mapping[str, pd.DataFrame],
-    baseline: str,
-    *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None,
-    confidence: float,
-    seed: int,
+    frames: Frames, baseline: str, *, aa: AAPair | None, confidence: float, seed: int
 ) -> list[tuple[str, list[dict[str, object]]]]:
     if not frames:
         raise UsageError("No bench results to report; pass at least one results file.")
@@ -272,10 +267,10 @@ def _pairs(
 
 
 def render_report(
-    frames: Mapping[str, pd.DataFrame],
+    frames: Frames,
     baseline: str,
     *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    aa: AAPair | None = None,
     confidence: float = 0.95,
     seed: int = 0,
     title: str = "llama-bench results",
@@ -303,12 +298,7 @@ def render_report(
 
 
 def report_records(
-    frames: Mapping[str, pd.DataFrame],
-    baseline: str,
-    *,
-    aa: tuple[pd.DataFrame, pd.DataFrame] | None = None,
-    confidence: float = 0.95,
-    seed: int = 0,
+    frames: Frames, baseline: str, *, aa: AAPair | None = None, confidence: float = 0.95, seed: int = 0
 ) -> list[CompareRecord]:
     """``tuner report --json``: the records of every table of :func:`render_report`."""
     return [
@@ -355,8 +345,9 @@ def importances_section(
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    skip = "Parameter importances: not computed ({})."
     if len(study.directions) != 1 and objective is None:
-        return "Parameter importances: not computed (multi-objective study)."
+        return skip.format("multi-objective study")
     target = None
     if objective is not None:
         # PED-ANOVA ranks by "lower is better" whenever a target is given, whatever the study's
@@ -364,10 +355,7 @@ def importances_section(
         sign = -1.0 if study.directions[objective] == optuna.study.StudyDirection.MAXIMIZE else 1.0
         target = lambda t: sign * t.values[objective]  # noqa: E731
     if len(done) < min_trials:
-        return (
-            f"Parameter importances: not computed ({len(done)} complete trial"
-            f"{'' if len(done) == 1 else 's'}; need at least {min_trials})."
-        )
+        return skip.format(f"{len(done)} complete trial{'' if len(done) == 1 else 's'}; need at least {min_trials}")
     if objective is not None and len({t.values[objective] for t in done}) < 2:
         # e.g. the prefill objective of a decode-only tune: every trial reports 1.0 (the phase was not
         # measured), so any ranking of parameters would be noise from ties
@@ -378,10 +366,7 @@ def importances_section(
     names = list(params) if params is not None else sorted({k for t in done for k in t.params})
     varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
     if not varied:
-        return (
-            f"Parameter importances: not computed (no parameter took 2 or more values over the "
-            f"{len(done)} complete trials)."
-        )
+        return skip.format(f"no parameter took 2 or more values over the {len(done)} complete trials")
     # Optuna's default evaluator (PED-ANOVA since Optuna 4; fANOVA would need scikit-learn).
     ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
     evaluator = ev_cls() if ev_cls is not None else None
@@ -391,9 +376,9 @@ def importances_section(
             warnings.simplefilter("always")
             imp = optuna.importance.get_param_importances(study, evaluator=evaluator, params=varied, target=target)
     except (ValueError, RuntimeError) as e:  # e.g. no parameter common to the complete trials
-        return f"Parameter importances: not computed ({str(e).splitlines()[0]})."
+        return skip.format(str(e).splitlines()[0])
     if not imp:
-        return "Parameter importances: not computed (no parameter shared by the complete trials)."
+        return skip.format("no parameter shared by the complete trials")
     rows = [[name, f"{val:.3f}", "█" * max(0, round(val * 20))] for name, val in imp.items()]
     notes = sorted(
         {

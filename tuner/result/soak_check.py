@@ -1,9 +1,6 @@
-"""``tuner validate --soak N``: the long-run stability test (:mod:`tuner.measure.soak`) on stored results.
-
-Each result folder's config is rebuilt exactly as ``tuner validate`` re-renders it (source, variant,
-compile values, baked FlashAttention rules; the build is cached by content) and soaked with its runtime
-env and llama-bench arguments. Results for a device this machine lacks are skipped with a note, as
-``--bench`` does.
+"""``tuner validate --soak N``: the long-run stability test (:mod:`tuner.measure.soak`) on stored results, each
+built as ``tuner validate`` re-renders it and soaked with its runtime env and llama-bench arguments; results for a
+device this machine lacks are skipped with a note, as ``--bench`` does.
 """
 
 from __future__ import annotations
@@ -50,20 +47,15 @@ def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> 
 def soak_results(
     paths: Iterable[Path], n_tokens: int, *, model: Path | None = None, echo: Callable[[str], None] = print
 ) -> int:
-    """Soak every result under ``paths`` that this machine can run; returns how many failed.
-
-    Raises:
-        UsageError: ``n_tokens`` <= 0, a ``--model`` that does not exist, or a result whose model is
-            not on this machine and no ``--model`` was given (checked before anything runs).
-    """
+    """Soak every result under ``paths`` that this machine can run; returns how many failed. UsageError, before
+    anything runs: ``n_tokens`` <= 0, a ``--model`` that does not exist, or a result whose model is not here."""
     plan_chunks(n_tokens)
     if model is not None and not Path(model).is_file():
         raise UsageError(
             f"--model {model} does not exist. Pass the GGUF the result was measured with "
             "(`tuner model synth --like tiny -o tiny.gguf` makes the CPU result's tiny model)."
         )
-    local = None
-    todo: list[tuple[Path, dict[str, object], Path]] = []
+    local, todo = None, []
     for folder in find_results(paths):
         cfg = load_config(folder)
         arch = cfg["target"]["arch"]

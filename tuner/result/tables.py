@@ -1,8 +1,7 @@
 """The one comparison table (``tuner compare``, ``tuner report``, report.md, PR.md): llama.cpp's
-``scripts/compare-llama-bench.py`` shape (``Model | Test | t/s A | t/s B | Speedup``, tests ``pp512``,
-``tg128@d32768``) plus the 95% CI, the noise reference, the verdict and, where kernels were chosen, ``Kernel``.
-Speedup is always t/s B / t/s A of the row's two numbers (:func:`method_paragraph` says where the CI is of another
-estimate); no faster/slower without a noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
+``scripts/compare-llama-bench.py`` shape plus the 95% CI, the noise reference, the verdict and, where kernels
+were chosen, ``Kernel``. Speedup is always t/s B / t/s A of the row's two numbers; no faster/slower without a
+noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ __all__ = [
     "ESTIMATORS",
     "MARKS",
     "CompareRecord",
+    "Points",
     "bench_test_name",
     "compare_records",
     "compare_table",
@@ -35,6 +35,9 @@ from tuner.measure.paired import method_text as paired_text
 from tuner.measure.stats import method_text
 from tuner.plan.fa_rules import Phase
 
+Points = Sequence[Mapping[str, object]]
+"""Compared points, one dict per (model, test, depth): :func:`compare_records` says which keys are read."""
+
 MARKS = {
     "faster": "✓",
     "slower": "✗",
@@ -47,15 +50,10 @@ MARKS = {
 }
 
 _VERDICT_WORDS = {
-    "faster": "faster",
-    "slower": "slower",
-    "no difference": "no difference",
     "too few samples": "too few samples to decide",
-    "within noise": "within noise",
-    "no noise reference": "no noise reference",
-    "missing": "missing",
     "too noisy": "too noisy (A/A noise above the ceiling)",
 }
+"""The verdicts a table spells out longer (every other verdict is shown as it is)."""
 
 
 class CompareRecord(TypedDict):
@@ -115,7 +113,7 @@ def _phase(p: Mapping[str, object]) -> str:
     return Phase(ph).bench if ph in {p.value for p in Phase} else ph
 
 
-def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
+def _sorted(points: Points) -> list[Mapping[str, Any]]:
     # compare-llama-bench.py orders by n_gen, n_prompt, n_depth: pp rows (n_gen 0) first.
     def key(p: Mapping[str, Any]) -> tuple[str, int, int, str, int]:
         test = str(p.get("test", ""))
@@ -132,13 +130,13 @@ def _sorted(points: Sequence[Mapping[str, object]]) -> list[Mapping[str, Any]]:
 
 
 def compare_records(
-    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
+    points: Points, *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> list[CompareRecord]:
     """The rows of :func:`compare_table` as plain records (None where a number is missing). ``points``: dicts
-    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts`` (the t/s
-    shown), optionally ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high``
-    (ratios B/A), ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given),
-    ``verdict``, optionally ``model``, ``upstream_kernel``, ``kernel``."""
+    with ``phase``, ``depth``, ``test`` (``tg128``; the depth is added here), ``base_ts``/``tuned_ts``, optionally
+    ``base_median_ts``/``tuned_median_ts`` (the medians the CI is of), ``ci_low``/``ci_high`` (ratios B/A),
+    ``aa_noise_pct`` (percent), ``noise_kind`` (default ``A/A`` where a noise is given), ``verdict``, ``model``,
+    ``upstream_kernel``, ``kernel``."""
     out: list[CompareRecord] = []
     for p in _sorted(points):
         a, b = _num(p.get("base_ts")), _num(p.get("tuned_ts"))
@@ -189,25 +187,19 @@ def _f2(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def compare_table(
-    points: Sequence[Mapping[str, object]], *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
-) -> str:
+def compare_table(points: Points, *, name_a: str = "upstream", name_b: str = "tuned", model: str = "") -> str:
     """The Markdown table: ``Model | Test | t/s <A> | t/s <B> | Speedup | 95% CI | Noise | Verdict`` (``Kernel``
     too where a kernel differs from upstream's; a ``Median ratio`` before the CI, the estimate it is of, where
     the points carry medians: :data:`ESTIMATORS`). Speedup at two decimals, as the script prints it."""
     recs = compare_records(points, name_a=name_a, name_b=name_b, model=model)
     show_kernel = any(r["kernel"] and r["kernel"] != r["upstream_kernel"] for r in recs)
     show_median = any(r["median_a"] is not None or r["median_b"] is not None for r in recs)
-    headers = ["Model", "Test", f"t/s {name_a}", f"t/s {name_b}", "Speedup"]
-    right = [False, False, True, True, True]
+    cols = [("Model", False), ("Test", False), (f"t/s {name_a}", True), (f"t/s {name_b}", True), ("Speedup", True)]
     if show_median:
-        headers.append("Median ratio")
-        right.append(True)
-    headers += ["95% CI", "Noise", "Verdict"]
-    right += [True, True, False]
+        cols.append(("Median ratio", True))
+    cols += [("95% CI", True), ("Noise", True), ("Verdict", False)]
     if show_kernel:
-        headers.append("Kernel")
-        right.append(False)
+        cols.append(("Kernel", False))
     rows = []
     for r in recs:
         ci = "-" if r["ci_low"] is None or r["ci_high"] is None else f"{r['ci_low']:.3f}–{r['ci_high']:.3f}"
@@ -228,16 +220,11 @@ def compare_table(
             k, u = r["kernel"], r["upstream_kernel"]
             row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
         rows.append(row)
-    return pipe_table(headers, rows, right)
+    return pipe_table([h for h, _ in cols], rows, [right for _, right in cols])
 
 
 def format_compare(
-    points: Sequence[Mapping[str, object]],
-    fmt: str = "md",
-    *,
-    name_a: str = "upstream",
-    name_b: str = "tuned",
-    model: str = "",
+    points: Points, fmt: str = "md", *, name_a: str = "upstream", name_b: str = "tuned", model: str = ""
 ) -> str:
     """:func:`compare_table` as ``md``, or its records (:data:`COMPARE_FIELDS`) as ``csv`` or ``json``."""
     if fmt == "md":

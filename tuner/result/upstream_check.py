@@ -1,12 +1,8 @@
 """``tuner validate --gpu``: on a GPU of the result's arch, ``upstream.patch`` (1) builds on the pristine tree
 with the result's defines, (2) passes ``test-backend-ops -o FLASH_ATTN_EXT``, and (3) launches, at the depths
-that decide each rule, the decode kernel the tuned build selects there.
-
-The tuned build logs its choice (``GGML_TUNER_FA_LOG=1``, :func:`tuner.measure.falog.parse_fa_log`); the
-patched build has no hook (a pull request must not add one), so Nsight Compute reads its launches (``ncu`` on
-the FlashAttention kernel functions, one cheap metric): the last ``n_gen x n_layers`` launches of
-``llama-bench -p 0 -n n_gen -d D`` are the decode steps. Without a tuned build the tuned side is the kernel
-recorded in ``config.toml``'s points (the same log, from the confirm rounds).
+that decide each rule, the decode kernel the tuned build selects there (its ``GGML_TUNER_FA_LOG=1`` line, or
+else the kernel ``config.toml``'s points record). The patched build has no hook, so Nsight Compute reads its
+launches: the last ``n_gen x n_layers`` FlashAttention launches of ``llama-bench -p 0 -n n_gen -d D``.
 """
 
 from __future__ import annotations
@@ -54,13 +50,8 @@ _N_GEN = 4
 
 def gpu_skip(arch: str, local: Sequence[str]) -> list[Finding]:
     """The finding of a GPU check skipped because this machine has no ``arch`` GPU (``local``: the ones it has)."""
-    return [
-        Finding(
-            check="upstream.patch on the GPU",
-            ok=True,
-            detail=f"skipped: needs a {arch} GPU, this machine has {', '.join(local) or 'none'}",
-        )
-    ]
+    why = f"skipped: needs a {arch} GPU, this machine has {', '.join(local) or 'none'}"
+    return [Finding(check="upstream.patch on the GPU", ok=True, detail=why)]
 
 
 def find_ncu() -> Path | None:
@@ -125,50 +116,17 @@ def decode_family(names: Sequence[str], n_layers: int, n_gen: int = _N_GEN) -> t
 
 def _probe(bin_dir: Path, model: Path, depth: int) -> list[str | Path]:
     """The llama-bench run both sides are read from: ``n_gen`` decode steps after one fill to ``depth``."""
-    return [
-        bin_dir / "llama-bench",
-        "-m",
-        model,
-        "-fa",
-        "1",
-        "-p",
-        "0",
-        "-n",
-        str(_N_GEN),
-        "-d",
-        str(depth),
-        "-r",
-        "1",
-        "--no-warmup",
-        "-b",
-        str(_FILL_UBATCH),
-        "-ub",
-        str(_FILL_UBATCH),
-    ]
+    fill = str(_FILL_UBATCH)
+    args = ["-fa", "1", "-p", "0", "-n", str(_N_GEN), "-d", str(depth), "-r", "1", "--no-warmup"]
+    return [bin_dir / "llama-bench", "-m", model, *args, "-b", fill, "-ub", fill]
 
 
 def _ncu_decode_kernel(
     ncu: Path, bin_dir: Path, model: Path, depth: int, n_layers: int, log: Path
 ) -> tuple[str | None, str]:
-    cmd = [
-        ncu,
-        "--clock-control",
-        "none",
-        "--cache-control",
-        "none",
-        "--kernel-name",
-        _NCU_FILTER,
-        "--metrics",
-        "gpu__time_duration.sum",
-        "--csv",
-        "--page",
-        "raw",
-        "--print-kernel-base",
-        "function",
-        *_probe(bin_dir, model, depth),
-        "-o",
-        "csv",
-    ]
+    opts = ["--clock-control", "none", "--cache-control", "none", "--kernel-name", _NCU_FILTER]
+    opts += ["--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--print-kernel-base", "function"]
+    cmd = [ncu, *opts, *_probe(bin_dir, model, depth), "-o", "csv"]
     # Graph replay is not what is checked, and one launch per kernel keeps the count exact.
     env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
     res = _run.run(cmd, env=env, check=False, timeout=900, what="ncu llama-bench")
@@ -231,22 +189,14 @@ def upstream_gpu_findings(
         return gpu_skip(arch.name, local)
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="tuner-validate-gpu-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    out: list[Finding] = []
+    how = "given"
     if upstream_bin is None:
         try:
             b = _build_upstream(folder, cfg, source)
         except TunerError as err:
             return [Finding(check="upstream.patch builds", ok=False, detail=str(err)[:1500])]
-        upstream_bin = b.bin_dir
-        out.append(
-            Finding(
-                check="upstream.patch builds",
-                ok=True,
-                detail=f"{'cached' if b.cached else f'built in {b.seconds:.0f} s'}: {upstream_bin}",
-            )
-        )
-    else:
-        out.append(Finding(check="upstream.patch builds", ok=True, detail=f"given: {upstream_bin}"))
+        upstream_bin, how = b.bin_dir, "cached" if b.cached else f"built in {b.seconds:.0f} s"
+    out = [Finding(check="upstream.patch builds", ok=True, detail=f"{how}: {upstream_bin}")]
 
     # The cases of the result's head size (as the search's gate): the patch changes only their selection,
     # and all FLASH_ATTN_EXT cases against the CPU reference take many minutes.
@@ -259,13 +209,8 @@ def upstream_gpu_findings(
         params=params_for_model(head, "f16") if head else None,
         label="upstream-test-backend-ops",
     )
-    out.append(
-        Finding(
-            check="upstream.patch test-backend-ops FLASH_ATTN_EXT",
-            ok=chk.passed,
-            detail=f"{chk.summary} (log {chk.log_file})",
-        )
-    )
+    check = "upstream.patch test-backend-ops FLASH_ATTN_EXT"
+    out.append(Finding(check=check, ok=chk.passed, detail=f"{chk.summary} (log {chk.log_file})"))
 
     rules = rules_from_texts(cfg["choice"]["fa_rules"])
     depths = decision_depths(rules, cfg.get("points", []))

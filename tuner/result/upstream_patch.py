@@ -40,6 +40,7 @@ __all__ = [
 
 import difflib
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -68,27 +69,19 @@ KERNEL_ENUMS: dict[str, str] = {
 }
 """The ``best_fattn_kernel`` enumerator (fattn.cu) of each kernel name a rule may force."""
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
-_KV_TYPES = {
-    "f32": "F32",
-    "f16": "F16",
-    "bf16": "BF16",
-    "q4_0": "Q4_0",
-    "q4_1": "Q4_1",
-    "q5_0": "Q5_0",
-    "q5_1": "Q5_1",
-    "q8_0": "Q8_0",
-}
+_KV_TYPES = {t: t.upper() for t in ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
 
 
 def kv_type_enum(kv: str) -> str:
-    """The ``GGML_TYPE_*`` enumerator of a FlashAttention K/V type name (``f16`` -> ``GGML_TYPE_F16``).
-
-    Raises:
-        TunerError: A type upstream's FlashAttention does not support.
-    """
+    """The ``GGML_TYPE_*`` enumerator of a FlashAttention K/V type name (``f16`` -> ``GGML_TYPE_F16``); TunerError
+    for a type upstream's FlashAttention does not support."""
     if kv.lower() not in _KV_TYPES:
-        raise TunerError(f"K/V type {kv!r} has no FlashAttention support upstream (supported: {', '.join(_KV_TYPES)}).")
+        raise TunerError(_unsupported_kv(kv))
     return f"GGML_TYPE_{_KV_TYPES[kv.lower()]}"
+
+
+def _unsupported_kv(kv: str) -> str:
+    return f"K/V type {kv!r} has no FlashAttention support upstream (supported: {', '.join(_KV_TYPES)})."
 
 
 # Anchors in the pristine function (fattn.cu L541-720 of llama.cpp 0c1e570, docs/selector.md).
@@ -121,11 +114,8 @@ def _cc_constants(common_text: str) -> tuple[dict[int, str], dict[int, str]]:
 
 
 def arch_condition(arch: Arch, common_text: str) -> str:
-    """The C++ condition on ``cc`` that selects exactly the arch a rule was measured on (module doc).
-
-    Raises:
-        TunerError: A CPU arch, or an arch without a cc / gfx id.
-    """
+    """The C++ condition on ``cc`` that selects exactly the arch a rule was measured on (module doc); TunerError
+    for a CPU arch, or an arch without a cc / gfx id."""
     nv, amd = _cc_constants(common_text)
     if arch.vendor == "nvidia" and arch.cc:
         return f"cc == {nv.get(arch.cc, str(arch.cc))}"
@@ -166,9 +156,7 @@ def _check_rule(rule: FaRule, arch: Arch) -> None:
     if rule.lo < 0 or (rule.hi is not None and rule.hi <= rule.lo):
         raise TunerError(f"{where}: n_kv range must satisfy 0 <= lo < hi.")
     if kv is not None and kv.lower() not in _KV_TYPES:
-        raise TunerError(
-            f"{where}: K/V type {kv!r} has no FlashAttention support upstream (supported: {', '.join(_KV_TYPES)})."
-        )
+        raise TunerError(f"{where}: {_unsupported_kv(kv)}")
     if gqa is not None and gqa < 1:
         raise TunerError(f"{where}: the GQA ratio must be >= 1.")
     if rule.nb is not None and (type(rule.nb) is not int or rule.nb < 2):
@@ -197,10 +185,8 @@ def _overlap(a: FaRule, b: FaRule) -> bool:
 
 
 def rule_condition(rule: FaRule, arch: Arch) -> list[str]:
-    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality.
-
-    The one place a rule becomes a C++ condition in upstream's own selection function (``upstream.patch``);
-    the tuner hook of ``tuned.patch`` reads rules as data instead (``tuner.plan.render``)."""
+    """The C++ conjuncts of one rule, in reading order: phase, shape, n_kv range, legality. The one place a rule
+    becomes C++ in upstream's own selection function; ``tuned.patch``'s hook reads rules as data instead."""
     D, gqa, kv = rule.D, rule.gqa, rule.kv
     if rule.phase is Phase.DECODE:
         parts = ["Q->ne[1] == 1"]
@@ -260,20 +246,14 @@ def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: in
     out.append(f"{pad}if ({cond}) {{")
     for r in rules:
         out += _if_lines(rule_condition(r, arch), indent + 4)
-        out.append(f"{pad}        return {KERNEL_ENUMS[r.kernel]};")
-        out.append(f"{pad}    }}")
-    out.append(f"{pad}}}")
-    out.append("")
+        out += [f"{pad}        return {KERNEL_ENUMS[r.kernel]};", f"{pad}    }}"]
+    out += [f"{pad}}}", ""]
     return [ln + "\n" if ln else "\n" for ln in out]
 
 
 def patched_fattn(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
-    """fattn.cu of the pristine tree with the rules added to its selection function; None for no rules.
-
-    Raises:
-        TunerError: The tree's selection function does not have the structure this was written for,
-            or a rule cannot be expressed legally (see the module doc).
-    """
+    """fattn.cu of the pristine tree with the rules added to its selection function; None for no rules. TunerError
+    where the tree's selection function has another structure, or a rule cannot be expressed legally (module doc)."""
     rules = list(rules)
     if not rules:
         return None
@@ -282,13 +262,12 @@ def patched_fattn(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, not
         arch_condition(arch, "")  # raises: no CUDA/HIP selection to change
     for r in rules:
         _check_rule(r, arch)
-    for i, a in enumerate(rules):
-        for b in rules[i + 1 :]:
-            if _overlap(a, b):
-                raise TunerError(
-                    f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
-                    "equals the tuner hook's first-match semantics only for disjoint rules. Merge or split them."
-                )
+    for a, b in itertools.combinations(rules, 2):
+        if _overlap(a, b):
+            raise TunerError(
+                f"Rules {a!r} and {b!r} overlap; upstream.patch encodes each rule as its own condition, which "
+                "equals the tuner hook's first-match semantics only for disjoint rules. Merge or split them."
+            )
     path, common = root / FATTN, root / COMMON
     if not path.is_file() or not common.is_file():
         raise TunerError(f"{root} has no {FATTN} and {COMMON}; upstream.patch needs the pristine llama.cpp tree.")
@@ -330,9 +309,8 @@ def _blob(text: str) -> str:
 
 
 def render_upstream_patch(source_root: Tree, rules: Sequence[FaRule], arch: Arch, *, note: str = "") -> str | None:
-    """``upstream.patch``: a git-format diff of the pristine tree's fattn.cu adding ``rules`` (in order) for
-    ``arch``, ``note`` (GPU, model, how measured) as a comment above them; None for no rules. TunerError: as
-    :func:`patched_fattn`."""
+    """``upstream.patch``: a git-format diff of the pristine tree's fattn.cu adding ``rules`` (in order) for ``arch``,
+    ``note`` (GPU, model, how measured) as a comment above them; None for no rules; TunerError as ``patched_fattn``."""
     new = patched_fattn(source_root, rules, arch, note=note)
     if new is None:
         return None
@@ -373,9 +351,7 @@ def whitespace_only_hunks(patch: str) -> list[str]:
             header, minus, plus = None, [], []
             continue
         if ln.startswith("+++ "):
-            file = ln[4:].strip()
-            if file.startswith("b/"):
-                file = file[2:]
+            file = ln[4:].strip().removeprefix("b/")
             continue
         if ln.startswith("@@"):
             flush()
@@ -545,22 +521,18 @@ def render_pr_body(
         if len(kernels) != 1
         else f"CUDA: use the {kernels[0]} FlashAttention kernel on {gpu} ({name}) where it is faster"
     )
-    out = [f"# {title}", ""]
-    out += ["## What changes", ""]
-    out.append(
+    what = (
         f"`ggml_cuda_get_best_fattn_kernel` (`{FATTN}`) gets {len(rules)} condition(s) for {name} "
         f"(`{'cc == ' + str(arch.cc) if arch.cc else arch.gfx}`) only; every other GPU keeps upstream's "
         "choice. The conditions sit after the head-size, K/V-type and mask checks and use upstream's own "
         "legality checks, so they never pick a kernel that has no code for the shape."
     )
-    out.append("")
+    out = [f"# {title}", "", "## What changes", "", what, ""]
     for i, r in enumerate(rules):
         was = "/".join(sorted(up.get(i, ()))) or "upstream's default"
         out.append(f"- {r.phase}, {_shape(r)}, {_range(r)}: **{r.kernel}** (upstream: {was})")
-    out.append("")
-    out += ["## Performance", ""]
-    out.append(f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else ""))
-    out.append("")
+    gpu_line = f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else "")
+    out += ["", "## Performance", "", gpu_line, ""]
     out += [compare_table(points, name_a="upstream", name_b="patched", model=model), ""]
     rs = [rounds] if isinstance(rounds, int) else list(rounds or [int(p.get("rounds") or 0) for p in points])
     noise = [float(p["aa_noise_pct"]) for p in points if p.get("aa_noise_pct") is not None]

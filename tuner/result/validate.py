@@ -1,13 +1,8 @@
-"""``tuner validate``: check stored winners (``results/<arch>/<model>/``) still hold.
-
-Always: ``config.toml``'s schema; its ``[gate]`` (schema 3) passed, re-judged from its numbers; the pinned
-source resolves to the same content id; re-rendering reproduces ``tuned.patch`` (absent where the kernels are
-upstream's) and the recorded hashes; the patch applies to the pristine tree; the presets are a
-``CMakeUserPresets.json``; no file names a local absolute path; compile values pass the arch's constraints;
-``upstream.patch``, where present, applies and has no whitespace-only hunks; ``report.md`` is there. A folder
+"""``tuner validate``: check stored winners (``results/<arch>/<model>/``) still hold: schema, gate (re-judged
+from its numbers), source id, byte-exact re-render of ``tuned.patch``/``upstream.patch`` and hashes, patches
+apply, no local paths, constraints, presets and ``report.md``; optionally ``--compile`` and ``--bench``. A folder
 from others is data (:mod:`tuner.result.checks`): only bounded regular files are read, nothing is fetched
-unless ``fetch``, and a check stopped by something unexpected fails that folder only. Optional: ``--compile``
-(the touched translation units, for the target) and ``--bench`` (re-measure on matching hardware).
+unless ``fetch``, and a check stopped by something unexpected fails that folder only.
 """
 
 from __future__ import annotations
@@ -172,30 +167,24 @@ def _narrowed_errors(choice: object) -> list[str]:
     return [f"choice.narrowed_rules names {t!r}, which is not one of choice.fa_rules" for t in nr if t not in exported]
 
 
+def _failed_why(check: str, ok: bool, why: str) -> Finding:
+    """A finding whose detail is ``why`` only where the check failed."""
+    return Finding(check=check, ok=ok, detail="" if ok else why)
+
+
 def _patch_hash_finding(patch: str, cfg: Mapping[str, Any]) -> Finding:
     """tuned.patch hashes to what config.toml records."""
-    ok = text_sha256(patch) == cfg["hashes"]["patch_sha256"]
-    return Finding(
-        check="patch hash",
-        ok=ok,
-        detail=""
-        if ok
-        else f"sha256(tuned.patch)={text_sha256(patch)[:12]}… but config.toml records "
-        f"{cfg['hashes']['patch_sha256'][:12]}… (stale hash or edited patch)",
-    )
+    got, want = text_sha256(patch), cfg["hashes"]["patch_sha256"]
+    why = f"sha256(tuned.patch)={got[:12]}… but config.toml records {want[:12]}… (stale hash or edited patch)"
+    return _failed_why("patch hash", got == want, why)
 
 
 def _source_finding(source: Source, src_cfg: Mapping[str, object]) -> Finding:
     """The fetched source is the one (id and era) config.toml names."""
     ok = source.source_id == src_cfg["source_id"] and source.era == src_cfg["era"]
-    return Finding(
-        check="source",
-        ok=ok,
-        detail=""
-        if ok
-        else f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
-        f"{src_cfg['source_id']} era {src_cfg['era']}",
-    )
+    why = f"{src_cfg['spec']} is {source.source_id} era {source.era}; config.toml says "
+    why += f"{src_cfg['source_id']} era {src_cfg['era']}"
+    return _failed_why("source", ok, why)
 
 
 def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
@@ -205,64 +194,39 @@ def _residency_finding(cfg: Mapping[str, Any]) -> Finding:
     if verdict == "fail":
         rules = list(r.get("rejected_rules", []))
         ok = "rejected_rules" in r and not cfg["choice"]["fa_rules"]
-        return Finding(
-            check="residency",
-            ok=ok,
-            detail=(
-                f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
-                if ok
-                else f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"
-            ),
-        )
+        done = f"the final config failed the residency check and upstream's selection was exported (rejected rules: {rules or 'none'})"
+        why = f"[residency] says the exported config failed: {' '.join(r.get('reasons', []))}"
+        return Finding(check="residency", ok=ok, detail=done if ok else why)
     p = r.get("final") or r.get("upstream") or {}
-    return Finding(
-        check="residency",
-        ok=verdict in ("pass", "not judged"),
-        detail=f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
-        + (f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU" if "layers_total" in p else ""),
-    )
+    detail = f"{verdict}: decode graph splits {p.get('splits_tg', '?')}"
+    if "layers_total" in p:
+        detail += f", {p['layers_offloaded']}/{p['layers_total']} layers on the GPU"
+    return Finding(check="residency", ok=verdict in ("pass", "not judged"), detail=detail)
 
 
 def _gate_finding(cfg: Mapping[str, Any]) -> Finding:
     """The output-equivalence gate: recorded as passed (its numbers re-judged), or not needed for upstream's config.
-
-    A result exported before the gate (schema < 3) fails where this machine can run its arch (re-export
-    it) and is reported as not run where it cannot: its numbers are never made up."""
+    A result exported before the gate (schema < 3) fails where this machine can run its arch (re-export it) and
+    is reported as not run where it cannot: its numbers are never made up."""
     check = "output-equivalence gate"
     arch = cfg["target"]["arch"]
     if cfg["schema"] < 3:
         local = archs.detect_local_archs()
         if arch != "cpu" and arch not in local:
-            return Finding(
-                check=check,
-                ok=True,
-                detail=f"gate not run: needs a {arch} GPU (this machine has "
-                f"{', '.join(local) or 'none'}); the result was exported before the gate existed",
-            )
-        return Finding(
-            check=check,
-            ok=False,
-            detail="exported before the output-equivalence gate existed (config.toml "
-            "schema < 3): rerun `tuner search` with its study and `tuner export` it again",
-        )
+            why = f"gate not run: needs a {arch} GPU (this machine has {', '.join(local) or 'none'}); the result was "
+            return Finding(check=check, ok=True, detail=why + "exported before the gate existed")
+        why = "exported before the output-equivalence gate existed (config.toml schema < 3): rerun `tuner search` "
+        return Finding(check=check, ok=False, detail=why + "with its study and `tuner export` it again")
     g = cfg["gate"]
     if g.get("verdict") == "not needed":
         choice = cfg["choice"]
         upstream = not choice.get("fa_rules") and not choice.get("compile") and choice.get("tune_trial") is None
-        return Finding(
-            check=check,
-            ok=upstream,
-            detail="not needed: the exported config is upstream's"
-            if upstream
-            else "[gate] says 'not needed' but the choice has rules, compile values or a tune trial",
-        )
+        done = "not needed: the exported config is upstream's"
+        why = "[gate] says 'not needed' but the choice has rules, compile values or a tune trial"
+        return Finding(check=check, ok=upstream, detail=done if upstream else why)
     if g.get("verdict") != "pass" or not g.get("checks"):
-        return Finding(
-            check=check,
-            ok=False,
-            detail=f"[gate] verdict is {g.get('verdict')!r} with "
-            f"{len(g.get('checks', []))} check(s); only a passing gate may be exported",
-        )
+        why = f"[gate] verdict is {g.get('verdict')!r} with {len(g.get('checks', []))} check(s); only a passing gate "
+        return Finding(check=check, ok=False, detail=why + "may be exported")
     return _rejudged(g, check)
 
 
@@ -311,11 +275,12 @@ def _rendered_findings(rv: RenderedVariant, patch: str, cfg: Mapping[str, Any]) 
         if not rv.patch
         else "re-rendering config.toml does not reproduce tuned.patch byte for byte (a value in config.toml or the patch was edited)"
     )
-    f = [Finding(check="re-render", ok=same, detail="" if same else why)]
     dsha = text_sha256(json.dumps(dict(rv.defines), sort_keys=True))
     ok = dsha == cfg["hashes"]["defines_sha256"] and dict(rv.defines) == dict(cfg["defines"])
-    f.append(Finding(check="defines", ok=ok, detail="" if ok else "rendered CMake defines differ from config.toml"))
-    return f
+    return [
+        _failed_why("re-render", same, why),
+        _failed_why("defines", ok, "rendered CMake defines differ from config.toml"),
+    ]
 
 
 _LOCAL_PATH = re.compile(
@@ -329,42 +294,28 @@ def _files_findings(folder: Path) -> list[Finding]:
     on other machines)."""
     out = []
     user, old = folder / PRESETS_FILE, folder / "CMakePresets.json"
-    ok = user.is_file() and not old.is_file()
     if not (folder / "report.md").is_file():
-        out.append(
-            Finding(
-                check="report",
-                ok=False,
-                detail="report.md is missing: an incomplete export (rerun `tuner export`, which writes it)",
-            )
-        )
-    out.append(
-        Finding(
-            check="presets",
-            ok=ok,
-            detail=""
-            if ok
-            else (
-                f"{old.name} would replace llama.cpp's own preset file (whose base/release presets the tuned preset inherits); "
-                f"re-export to get {PRESETS_FILE}"
-                if old.is_file()
-                else f"{PRESETS_FILE} is missing"
-            ),
-        )
+        why = "report.md is missing: an incomplete export (rerun `tuner export`, which writes it)"
+        out.append(Finding(check="report", ok=False, detail=why))
+    why = (
+        f"{old.name} would replace llama.cpp's own preset file (whose base/release presets the tuned preset inherits); "
+        f"re-export to get {PRESETS_FILE}"
+        if old.is_file()
+        else f"{PRESETS_FILE} is missing"
     )
+    out.append(_failed_why("presets", user.is_file() and not old.is_file(), why))
     hits = []
     for f in sorted(folder.iterdir()):
         if f.is_file() and f.suffix in (".toml", ".md", ".env", ".patch", ".json"):
             text = read_bytes_in(folder, f.name).decode(errors="replace")
             hits += [f"{f.name}: {m}" for m in _LOCAL_PATH.findall(text)]
-    out.append(
-        Finding(
-            check="no local paths",
-            ok=not hits,
-            detail="; ".join(hits[:3]) + (f" (and {len(hits) - 3} more)" if len(hits) > 3 else ""),
-        )
-    )
+    out.append(Finding(check="no local paths", ok=not hits, detail=_first(hits, 3)))
     return out
+
+
+def _first(items: Sequence[str], n: int) -> str:
+    """The first ``n`` of ``items``, with how many more there are."""
+    return "; ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
 
 
 def _applies_finding(patch: str, root: Path) -> Finding:
@@ -375,11 +326,8 @@ def _applies_finding(patch: str, root: Path) -> Finding:
         res, _ = git_apply_to_copy(patch, root)
     except TunerError as err:
         return Finding(check="patch applies", ok=False, detail=str(err))
-    return Finding(
-        check="patch applies",
-        ok=res.returncode == 0,
-        detail="" if res.returncode == 0 else res.output.strip().splitlines()[-1] if res.output else "",
-    )
+    why = res.output.strip().splitlines()[-1] if res.output and res.returncode != 0 else ""
+    return _failed_why("patch applies", res.returncode == 0, why)
 
 
 def validate_result(
@@ -410,39 +358,21 @@ def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
     except Exception as err:  # data from others may break any check in a way not foreseen
         logger.debug("checks of %s stopped", folder, exc_info=True)
         what = str(err) if isinstance(err, TunerError) else f"{type(err).__name__}: {err}"
-        return ResultCheck(
-            path=folder,
-            findings=(
-                Finding(
-                    check="readable",
-                    ok=False,
-                    detail=f"the checks of {folder} stopped: {what[:600]} (a value of the wrong type or shape?)",
-                ),
-            ),
-        )
+        why = f"the checks of {folder} stopped: {what[:600]} (a value of the wrong type or shape?)"
+        return ResultCheck(path=folder, findings=(Finding(check="readable", ok=False, detail=why),))
 
 
 def leftover_finding(folder: Path) -> Finding:
     """A folder an interrupted export left beside its ``-o`` (never renamed into place)."""
-    return Finding(
-        check="leftover",
-        ok=False,
-        detail=f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into "
-        "place); it is not a result: remove it, or run the export again",
-    )
+    why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into place); "
+    return Finding(check="leftover", ok=False, detail=why + "it is not a result: remove it, or run the export again")
 
 
 def contents_finding(folder: Path) -> Finding:
     """The folder holds only folders and regular files of bounded size (nothing else is read)."""
     bad = folder_problems(folder)
-    return Finding(
-        check="folder contents",
-        ok=not bad,
-        detail=f"a result folder holds only folders and regular files; found {'; '.join(bad[:5])}"
-        + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
-        if bad
-        else "",
-    )
+    why = f"a result folder holds only folders and regular files; found {_first(bad, 5)}"
+    return _failed_why("folder contents", not bad, why)
 
 
 def cached_or_fetched(spec: str, fetch: bool) -> Source:
@@ -486,14 +416,8 @@ def _validate_result(
     # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
     patch = read_text_in(folder, patch_file.name) if patch_file.is_file() else ""
     if patch_file.is_file() and not patch:
-        f.append(
-            Finding(
-                check="patch present",
-                ok=False,
-                detail=f"{patch_file} is empty (`git apply` rejects it); "
-                "re-export: an export with nothing to patch has no tuned.patch",
-            )
-        )
+        why = f"{patch_file} is empty (`git apply` rejects it); re-export: an export with nothing to patch has "
+        f.append(Finding(check="patch present", ok=False, detail=why + "no tuned.patch"))
         return ResultCheck(path=folder, findings=tuple(f))
     f += _files_findings(folder)
 
@@ -546,14 +470,9 @@ def _gpu_checks(
     renders from config.toml (:func:`_upstream_rerender_finding`)."""
     rerender = next((x for x in static if x.check == "upstream.patch re-render"), None)
     if (folder / "upstream.patch").is_file() and (rerender is None or not rerender.ok):
-        return [
-            Finding(
-                check="upstream.patch on the GPU",
-                ok=False,
-                detail="not built: upstream.patch is not what tuner renders from config.toml, and validate "
-                "compiles no code from a folder that tuner did not render",
-            )
-        ]
+        why = "not built: upstream.patch is not what tuner renders from config.toml, and validate compiles no code "
+        why += "from a folder that tuner did not render"
+        return [Finding(check="upstream.patch on the GPU", ok=False, detail=why)]
     try:
         return list(upstream_check.upstream_gpu_findings(folder, cfg, source, models=models, **gpu))
     except TunerError as err:  # a failed build or run is a failed check, not a crash
@@ -570,17 +489,10 @@ def _upstream_patch_checks(patch_file: Path, root: Path) -> list[Finding]:
         res, why = None, str(err)
     applies = res is not None and res.returncode == 0
     ws = whitespace_only_hunks(text)
+    why = f"git apply --check of {patch_file.name} against the pristine tree: {why}"
     return [
-        Finding(
-            check="upstream.patch applies",
-            ok=applies,
-            detail="" if applies else f"git apply --check of {patch_file.name} against the pristine tree: {why}",
-        ),
-        Finding(
-            check="upstream.patch whitespace",
-            ok=not ws,
-            detail="" if not ws else f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}",
-        ),
+        _failed_why("upstream.patch applies", applies, why),
+        _failed_why("upstream.patch whitespace", not ws, f"{len(ws)} whitespace-only hunk(s): {'; '.join(ws)}"),
     ]
 
 
@@ -609,16 +521,14 @@ def _upstream_rerender_finding(text: str, cfg: Mapping[str, Any], source: Source
         )
     except TunerError as err:
         return Finding(check=check, ok=False, detail=str(err))
-    same = want == text
     why = "upstream.patch is not what tuner renders from config.toml's rules (an edited patch or value)"
-    return Finding(check=check, ok=same, detail="" if same else why)
+    return _failed_why(check, want == text, why)
 
 
 def _compile_check(rv: RenderedVariant) -> Finding:
     tus = [p for p in rv.files if p.endswith((".cu", ".cpp"))] + list(rv.tu_headers)
-    if not tus:
-        # header-only changes: compile the FA TUs that include them
-        tus = [p for p in rv.files]
+    if not tus:  # header-only changes: compile the FA TUs that include them
+        tus = list(rv.files)
     try:
         b = cmake.build_variant(rv, compile_only=True, objects=tus or None)
     except TunerError as err:
@@ -632,11 +542,8 @@ def _bench_check(
     arch = cfg["target"]["arch"]
     local = archs.detect_local_archs()
     if arch != "cpu" and arch not in local:
-        return Finding(
-            check="bench",
-            ok=True,
-            detail=f"skipped: needs a {arch} device, this machine has {local or 'none'} (static checks only)",
-        )
+        why = f"skipped: needs a {arch} device, this machine has {local or 'none'} (static checks only)"
+        return Finding(check="bench", ok=True, detail=why)
     try:
         ok, detail = rebench(cfg, source=source, model=model_for(cfg, models))
         return Finding(check="bench", ok=ok, detail=detail)
