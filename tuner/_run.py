@@ -285,6 +285,7 @@ def _check_outcome(
     rc: int,
     seconds: float,
     output: str,
+    *,
     timeout: float | None,
     check: bool,
     log_file: Path | None,
@@ -370,5 +371,7 @@ def run(
             fh.close()
     seconds = time.monotonic() - start
     output = "".join(out_chunks)
-    _check_outcome(what, cmdline, rc, seconds, output, timeout, check, log_file, timed_out)
+    _check_outcome(
+        what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file, timed_out=timed_out
+    )
     return RunResult(returncode=rc, output=output, seconds=seconds, log_file=log_file)

@@ -428,6 +428,7 @@ def _checked_compile_values(
     era: str,
     sp: SearchSpace | None,
     values: Mapping[str, int],
+    *,
     shape: Mapping[str, int] | None,
     checked: bool,
 ) -> dict[str, int]:
@@ -518,7 +519,9 @@ def render_variant(
     if compile_values or family != "cpu":
         sp = space if space is not None else _find_space(arch, era)
     if compile_values:
-        compile_values = _checked_compile_values(root, arch, era, sp, compile_values, model_shape, checked)
+        compile_values = _checked_compile_values(
+            root, arch, era, sp, compile_values, shape=model_shape, checked=checked
+        )
     patch, opt_in = "", tuple(sorted(set(hooks)))
     files: Mapping[str, str] = {}
     tu_headers: Mapping[str, str] = {}
