@@ -170,23 +170,38 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
     _check_pins(request.target, source, model, request.sets, request.cpu_mask, request.tune_knobs)
     return SearchConfig(
+        target=request.target,
         source=source,
         model=model.resolve(),
+        depths=planned.depths,
+        pp=planned.pp,
+        tg=planned.tg,
+        trials=planned.trials,
+        time_budget=request.time_budget,
         started=started,
+        storage=request.storage,
         study=study,
         run_dir=request.run_dir or default_run_dir(study),
+        jobs=request.jobs,
+        seed=request.seed,
+        gate=request.gate,
+        variants=planned.variants,
         fixed=dict(request.sets),
         worker=worker,
+        min_rounds=planned.min_rounds,
+        max_rounds=planned.max_rounds,
+        ci_target=request.ci_target,
+        refine=planned.refine,
+        cpu_mask=request.cpu_mask,
         model_seconds=model_seconds,
         prebuild_seconds=build_seconds or None,
-        **{f: getattr(request, f) for f in _ASKED},
-        **{f.name: getattr(planned, f.name) for f in dataclasses.fields(planned) if f.name not in _MODEL_ONLY},
+        reps_pp=planned.reps_pp,
+        reps_tg=planned.reps_tg,
+        confirm_extra=planned.confirm_extra,
+        screen_method=planned.screen_method,
+        tune_knobs=planned.tune_knobs,
+        tune_depths=planned.tune_depths,
     )
-
-
-# resolve_search's SearchConfig fields copied from the request, and the PlannedSearch fields it does not copy
-_ASKED = ("target", "time_budget", "storage", "jobs", "seed", "gate", "ci_target", "cpu_mask")
-_MODEL_ONLY = ("like", "model", "quant", "direct", "context_length")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
