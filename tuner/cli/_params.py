@@ -8,9 +8,11 @@ __all__ = [
     "EXISTING_DIR",
     "EXISTING_FILE",
     "FILE",
+    "PATH",
     "AliasOption",
     "F",
     "SuggestingGroup",
+    "build_option",
     "cpu_mask_option",
     "deprecated_option",
     "depths_option",
@@ -18,6 +20,7 @@ __all__ = [
     "output_option",
     "round_limits",
     "rounds_option",
+    "stacked",
     "stamped_run_dir",
     "warn_deprecated",
 ]
@@ -41,6 +44,23 @@ DIR = click.Path(file_okay=False, path_type=Path)
 FILE = click.Path(dir_okay=False, path_type=Path)
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+PATH = click.Path(path_type=Path)
+
+
+def stacked(*opts: Callable[[F], F]) -> Callable[[F], F]:
+    """The options as one decorator, in the order given (as if listed top to bottom above a command)."""
+
+    def wrap(f: F) -> F:
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return wrap
+
+
+def build_option(help_text: str, *, required: bool = False) -> Callable[[F], F]:
+    """``--build``: an existing build (or bin) directory, read as ``build_dir``."""
+    return click.option("--build", "build_dir", required=required, type=EXISTING_DIR, help=help_text)
 
 
 class SuggestingGroup(click.Group):

@@ -10,16 +10,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from tuner.cli._params import (
-    F,
-    SuggestingGroup,
-    depths_option,
-    output_option,
-    round_limits,
-    rounds_option,
-    stamped_run_dir,
-)
-from tuner.cli.sweep_common import budget_stop, measure_options, time_budget_option
+from tuner.cli._params import SuggestingGroup, depths_option, round_limits, rounds_option, stacked, stamped_run_dir
+from tuner.cli.sweep_common import budget_stop, measure_options, run_options
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 
 if TYPE_CHECKING:
@@ -38,18 +30,7 @@ def sweep() -> None:
     """
 
 
-def _stacked(*opts: Callable[[F], F]) -> Callable[[F], F]:
-    """The options as one decorator, in the order given (as if listed top to bottom above a command)."""
-
-    def wrap(f: F) -> F:
-        for opt in reversed(opts):
-            f = opt(f)
-        return f
-
-    return wrap
-
-
-_grid_options = _stacked(
+_grid_options = stacked(
     click.option("--arch", default="sm_90", show_default=True, help="Target arch (see `tuner archs`)."),
     click.option(
         "--head-size",
@@ -78,7 +59,7 @@ _grid_options = _stacked(
         "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
     ),
 )
-_round_options = _stacked(
+_round_options = stacked(
     rounds_option("every cell (MMQ: point)"),
     click.option(
         "--min-rounds",
@@ -193,14 +174,10 @@ def plan_cmd(
     help="fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
     "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
-@time_budget_option("round of a chunk (its configs' timer processes, priced at the H100 sweep's rates)")
-@click.option("--dry-run", is_flag=True, help="Print the grid, the timer calls and the estimated time, and stop.")
-@output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-<time>).",
-    in_place=True,
+@run_options(
+    "round of a chunk (its configs' timer processes, priced at the H100 sweep's rates)",
+    "Print the grid, the timer calls and the estimated time, and stop.",
+    "Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-<time>).",
 )
 def run_cmd(
     rounds: int | None, min_rounds: int, max_rounds: int, dry_run: bool, out_dir: Path | None, **opts: Any
@@ -284,14 +261,10 @@ def run_cmd(
     "repeats (llama-bench's prompt tests included); --no-cuda-graphs runs every config with "
     "GGML_CUDA_DISABLE_GRAPHS=1. Recorded in the storage and report.md.",
 )
-@time_budget_option("round (its configs' mm-bench processes, priced at the H100 sweep's rates)")
-@click.option("--dry-run", is_flag=True, help="Print the points, the mm-bench calls and the estimated time, and stop.")
-@output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-mmq-<time>).",
-    in_place=True,
+@run_options(
+    "round (its configs' mm-bench processes, priced at the H100 sweep's rates)",
+    "Print the points, the mm-bench calls and the estimated time, and stop.",
+    "Where the logs, report.md and upstream.patch go (default $TUNER_HOME/runs/sweep-mmq-<time>).",
 )
 def mmq_cmd(
     rounds: int | None, min_rounds: int, max_rounds: int, dry_run: bool, out_dir: Path | None, **opts: Any

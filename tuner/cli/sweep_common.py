@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["budget_stop", "default_build", "measure_options", "time_budget_option"]
+__all__ = ["budget_stop", "default_build", "measure_options", "run_options"]
 
 import contextlib
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import EXISTING_DIR, FILE, F
+from tuner.cli._params import DIR, FILE, F, build_option, output_option, stacked
 
 
 def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
@@ -23,35 +23,30 @@ def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> P
 
 def measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[F], F]:
     """--build, --backend, --source and --storage, as `sweep run`, `sweep mmq` and `sweep confirm` take them."""
-
-    def wrap(f: F) -> F:
-        for opt in reversed(
-            (
-                click.option("--build", "build_dir", type=EXISTING_DIR, help=build_help),
-                click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
-                click.option(
-                    "--source", "spec", help="llama.cpp source SPEC to build and patch (default: the pinned tree)."
-                ),
-                click.option(
-                    "--storage",
-                    type=FILE,
-                    help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
-                ),
-            )
-        ):
-            f = opt(f)
-        return f
-
-    return wrap
+    return stacked(
+        build_option(build_help),
+        click.option("--backend", default="CUDA0", show_default=True, help=backend_help),
+        click.option("--source", "spec", help="llama.cpp source SPEC to build and patch (default: the pinned tree)."),
+        click.option(
+            "--storage",
+            type=FILE,
+            help=f"SQLite file of the samples; a rerun with the same file resumes (default: OUTPUT/{storage}).",
+        ),
+    )
 
 
-def time_budget_option(unit: str) -> Callable[[F], F]:
-    """--time-budget, as `sweep run`, `sweep mmq` and `sweep confirm` take it (``unit``: what does not start)."""
-    return click.option(
-        "--time-budget",
-        type=click.FloatRange(1),
-        help=f"Seconds from now: no {unit} starts that would end past this. What was measured is stored and the "
-        "same command goes on from there; exit status 3 where the budget stopped it.",
+def run_options(unit: str, dry_help: str, out_help: str) -> Callable[[F], F]:
+    """--time-budget (``unit``: what does not start), --dry-run and -o (written in place), as `sweep run`,
+    `sweep mmq` and `sweep confirm` take them."""
+    return stacked(
+        click.option(
+            "--time-budget",
+            type=click.FloatRange(1),
+            help=f"Seconds from now: no {unit} starts that would end past this. What was measured is stored and the "
+            "same command goes on from there; exit status 3 where the budget stopped it.",
+        ),
+        click.option("--dry-run", is_flag=True, help=dry_help),
+        output_option("out_dir", type=DIR, default=None, help=out_help, in_place=True),
     )
 
 

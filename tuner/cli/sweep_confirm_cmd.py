@@ -12,17 +12,17 @@ from typing import Any
 
 import click
 
-from tuner.cli._params import depths_option, output_option, round_limits, rounds_option
-from tuner.cli.sweep_common import budget_stop, measure_options, time_budget_option
+from tuner.cli._params import EXISTING_DIR, PATH, depths_option, output_option, round_limits, rounds_option
+from tuner.cli.sweep_common import budget_stop, measure_options, run_options
 from tuner.targets.defaults import DEFAULT_QUANT
 
 
 @click.command("confirm")
-@click.argument("sweep_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("sweep_dir", type=EXISTING_DIR)
 @click.option(
     "--mmq",
     "mmq_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     default=None,
     help="Output directory of `tuner sweep mmq`: its MMQ choices are confirmed too (GGML_TUNER_MMQ_CHOICES).",
 )
@@ -79,17 +79,11 @@ from tuner.targets.defaults import DEFAULT_QUANT
     backend_help="Backend test-backend-ops checks the kept table on.",
     storage="confirm.sqlite3",
 )
-@time_budget_option(
+@run_options(
     "model is made, no round (a model's first priced as --dry-run prices it, later ones by its longest so far), "
-    "no output-equivalence check and no test-backend-ops run (priced at recorded runs)"
-)
-@click.option("--dry-run", is_flag=True, help="Print the plan (models, calls, estimated GPU time) and stop.")
-@output_option(
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
-    in_place=True,
+    "no output-equivalence check and no test-backend-ops run (priced at recorded runs)",
+    "Print the plan (models, calls, estimated GPU time) and stop.",
+    "Where e2e.md, PR.md, upstream.patch, the logs and the storage go (default: SWEEP_DIR/confirm).",
 )
 def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry_run: bool, **opts: Any) -> None:
     """Confirm the sweep's table end to end with llama-bench on model shapes, and write PR.md (resumable).
@@ -115,18 +109,18 @@ def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry
 
 
 @click.command("export")
-@click.argument("confirm_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("confirm_dir", type=EXISTING_DIR)
 @click.option(
     "--sweep",
     "sweep_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     default=None,
     help="Output directory of `tuner sweep run` the confirmation was run on (default: CONFIRM_DIR's parent).",
 )
 @click.option(
     "--mmq",
     "mmq_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     default=None,
     help="Output directory of `tuner sweep mmq`, where the confirmation was run with --mmq.",
 )
@@ -136,7 +130,7 @@ def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry
 @click.option("--measured-on", default=None, help="The device the sweeps ran on, e.g. 'NVIDIA H100 80GB HBM3'.")
 @output_option(
     "out_dir",
-    type=click.Path(path_type=Path),
+    type=PATH,
     required=True,
     help="Result folder, e.g. results/sm_90/fattn-mmq-table (new, empty or an earlier export; replaced whole).",
 )
@@ -172,7 +166,7 @@ def _echo_kept(m: Mapping[str, Any], out_dir: Path, head: str = "") -> None:
 
 
 @click.command("merge")
-@click.argument("tables", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("tables", nargs=-1, required=True, type=EXISTING_DIR)
 @click.option(
     "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: the tables')."
 )
@@ -180,13 +174,13 @@ def _echo_kept(m: Mapping[str, Any], out_dir: Path, head: str = "") -> None:
     "--gpu",
     "gpu_dirs",
     multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    type=EXISTING_DIR,
     help="The -o folder of a `tuner sweep confirm` of one of the tables run on another GPU model of the arch "
     "(repeatable): kept as gpus/<model>/<name>/, and every entry decided over all models.",
 )
 @output_option(
     "out_dir",
-    type=click.Path(path_type=Path),
+    type=PATH,
     required=True,
     help="Result folder, e.g. results/sm_90/hopper-table (new, empty or an earlier merge; replaced whole).",
 )
