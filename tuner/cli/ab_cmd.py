@@ -12,8 +12,8 @@ import click
 from tuner import log
 from tuner.cli._params import (
     DIR,
-    EXISTING_DIR,
     EXISTING_FILE,
+    build_option,
     depths_option,
     find_bin_dir,
     output_option,
@@ -34,13 +34,7 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
 
 
 @click.command()
-@click.option(
-    "--build",
-    "build_dir",
-    required=True,
-    type=EXISTING_DIR,
-    help="Build (or bin) directory of a tuner-patched build (`tuner build` prints it).",
-)
+@build_option("Build (or bin) directory of a tuner-patched build (`tuner build` prints it).", required=True)
 @click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option(
     "--rules",

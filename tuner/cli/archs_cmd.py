@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from tuner import log
-from tuner.cli._params import AliasOption, SuggestingGroup, deprecated_option, depths_option
+from tuner.cli._params import PATH, AliasOption, SuggestingGroup, deprecated_option, depths_option
 from tuner.targets.defaults import DEFAULT_QUANT
 
 
@@ -115,9 +115,7 @@ def _assumed_product(arch_name: str) -> str | None:
 
 @click.command()
 @click.option("--arch", "arch_name", required=True, help="Arch name (tuner archs lists them).")
-@click.option(
-    "--model", "model_path", type=click.Path(path_type=Path), help="A GGUF model: its real tensor sizes are used."
-)
+@click.option("--model", "model_path", type=PATH, help="A GGUF model: its real tensor sizes are used.")
 @click.option(
     "--like",
     help="A known model shape instead of a file (tuner/data/models.toml: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, gemma-3-4b-shape, gemma-3-12b-shape, tiny).",

@@ -16,6 +16,7 @@ from tuner.cli._params import (
     EXISTING_DIR,
     EXISTING_FILE,
     FILE,
+    build_option,
     cpu_mask_option,
     depths_option,
     find_bin_dir,
@@ -348,9 +349,7 @@ def report(
 
 
 @click.command()
-@click.option(
-    "--build", "build_dir", required=True, type=EXISTING_DIR, help="Build (or bin) directory holding test-backend-ops."
-)
+@build_option("Build (or bin) directory holding test-backend-ops.", required=True)
 @click.option("--backend", default="CUDA0", show_default=True, help="Device name: CUDA0, ROCm0, CPU...")
 @click.option("--ops", multiple=True, default=("FLASH_ATTN_EXT",), show_default=True, help="Ops to test (repeatable).")
 @click.option("--params", help="Regex over case parameters, e.g. 'hsk=64,hsv=64,'.")

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import click
 
-from tuner.cli._params import DIR, EXISTING_DIR, EXISTING_FILE, find_bin_dir, output_option, stamped_run_dir
+from tuner.cli._params import (
+    DIR,
+    EXISTING_DIR,
+    EXISTING_FILE,
+    build_option,
+    find_bin_dir,
+    output_option,
+    stamped_run_dir,
+)
 from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 
@@ -28,13 +36,7 @@ def _split(text: str | None, flag: str) -> list[str]:
 
 
 @click.command()
-@click.option(
-    "--build",
-    "build_dir",
-    required=True,
-    type=EXISTING_DIR,
-    help="The candidate's build (or bin) directory holding llama-perplexity.",
-)
+@build_option("The candidate's build (or bin) directory holding llama-perplexity.", required=True)
 @click.option(
     "--upstream",
     "upstream_dir",

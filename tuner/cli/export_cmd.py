@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import DIR, FILE, output_option
+from tuner.cli._params import DIR, FILE, PATH, output_option
 
 
 def export_study(
@@ -73,7 +73,7 @@ def export(
 
 
 @click.command()
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=PATH)
 @click.option("--compile", "do_compile", is_flag=True, help="Also compile the touched TUs for the target.")
 @click.option("--bench", "do_bench", is_flag=True, help="Also re-measure on matching hardware.")
 @click.option(
@@ -99,7 +99,7 @@ def export(
     "--model",
     "models",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=PATH,
     help="With --gpu, --bench or --soak: the GGUF a result was measured on (matched by file name; repeatable).",
 )
 @click.option(

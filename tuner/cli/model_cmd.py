@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuner import log
-from tuner.cli._params import SuggestingGroup
+from tuner.cli._params import PATH, SuggestingGroup
 
 
 @click.group(cls=SuggestingGroup)
@@ -28,7 +28,7 @@ def model() -> None:
     "--type", "weight_type", default="f16", show_default=True, help="Weight type written directly: f16 or q8_0."
 )
 @click.option("--quant", help="Then quantize with llama-quantize to this type (e.g. Q4_K_M); needs --quantize-with.")
-@click.option("--quantize-with", type=click.Path(path_type=Path), help="Path to a llama-quantize binary (for --quant).")
+@click.option("--quantize-with", type=PATH, help="Path to a llama-quantize binary (for --quant).")
 @click.option(
     "--direct",
     is_flag=True,
@@ -40,13 +40,8 @@ def model() -> None:
     "spec",
     help="llama.cpp source SPEC whose models/ vocab GGUF is copied (default: tuner's default source).",
 )
-@click.option(
-    "--vocab",
-    "vocab_path",
-    type=click.Path(path_type=Path),
-    help="Use this vocab-only GGUF instead of fetching --source.",
-)
-@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path), help="Output .gguf file.")
+@click.option("--vocab", "vocab_path", type=PATH, help="Use this vocab-only GGUF instead of fetching --source.")
+@click.option("-o", "--output", "out", required=True, type=PATH, help="Output .gguf file.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same file).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def synth(

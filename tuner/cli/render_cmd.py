@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from tuner import log
+from tuner.cli._params import PATH
 from tuner.errors import UsageError
 from tuner.source.spec import DEFAULT_SPEC, Source
 
@@ -41,9 +42,7 @@ def _load_source(spec: str) -> Source:
     metavar="ARCH",
     help="This machine's GPU arch (decides 89-real vs 89-virtual).",
 )
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path), help="Directory to write into (default ./render-ARCH-VARIANT)."
-)
+@click.option("-o", "--output", type=PATH, help="Directory to write into (default ./render-ARCH-VARIANT).")
 @click.option("--dry-run", is_flag=True, help="Print everything to stdout and write nothing.")
 def render(
     arch: str,
