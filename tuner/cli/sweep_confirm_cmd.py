@@ -6,25 +6,33 @@ from __future__ import annotations
 
 __all__ = ["confirm_cmd", "export_cmd", "merge_cmd"]
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from tuner.cli._params import EXISTING_DIR, PATH, depths_option, output_option, round_limits, rounds_option
+from tuner.cli._params import EXISTING_DIR, PATH, F, depths_option, output_option, round_limits, rounds_option
 from tuner.cli.sweep_common import budget_stop, measure_options, run_options
 from tuner.targets.defaults import DEFAULT_QUANT
 
 
+def _output_of(name: str, dest: str, help_text: str) -> Callable[[F], F]:
+    """An optional existing folder another sweep command wrote."""
+    return click.option(name, dest, type=EXISTING_DIR, default=None, help=help_text)
+
+
+def _result_folder(help_text: str) -> Callable[[F], F]:
+    """-o of `sweep export` and `sweep merge`: the result folder written (replaced whole)."""
+    return output_option("out_dir", type=PATH, required=True, help=help_text)
+
+
 @click.command("confirm")
 @click.argument("sweep_dir", type=EXISTING_DIR)
-@click.option(
+@_output_of(
     "--mmq",
     "mmq_dir",
-    type=EXISTING_DIR,
-    default=None,
-    help="Output directory of `tuner sweep mmq`: its MMQ choices are confirmed too (GGML_TUNER_MMQ_CHOICES).",
+    "Output directory of `tuner sweep mmq`: its MMQ choices are confirmed too (GGML_TUNER_MMQ_CHOICES).",
 )
 @click.option(
     "--like",
@@ -110,30 +118,17 @@ def confirm_cmd(rounds: int | None, min_rounds: int, max_rounds: int | None, dry
 
 @click.command("export")
 @click.argument("confirm_dir", type=EXISTING_DIR)
-@click.option(
+@_output_of(
     "--sweep",
     "sweep_dir",
-    type=EXISTING_DIR,
-    default=None,
-    help="Output directory of `tuner sweep run` the confirmation was run on (default: CONFIRM_DIR's parent).",
+    "Output directory of `tuner sweep run` the confirmation was run on (default: CONFIRM_DIR's parent).",
 )
-@click.option(
-    "--mmq",
-    "mmq_dir",
-    type=EXISTING_DIR,
-    default=None,
-    help="Output directory of `tuner sweep mmq`, where the confirmation was run with --mmq.",
-)
+@_output_of("--mmq", "mmq_dir", "Output directory of `tuner sweep mmq`, where the confirmation was run with --mmq.")
 @click.option(
     "--source", "spec", default=None, help="llama.cpp source SPEC the patch is rendered on (default: pinned)."
 )
 @click.option("--measured-on", default=None, help="The device the sweeps ran on, e.g. 'NVIDIA H100 80GB HBM3'.")
-@output_option(
-    "out_dir",
-    type=PATH,
-    required=True,
-    help="Result folder, e.g. results/sm_90/fattn-mmq-table (new, empty or an earlier export; replaced whole).",
-)
+@_result_folder("Result folder, e.g. results/sm_90/fattn-mmq-table (new, empty or an earlier export; replaced whole).")
 def export_cmd(
     confirm_dir: Path,
     sweep_dir: Path | None,
@@ -178,12 +173,7 @@ def _echo_kept(m: Mapping[str, Any], out_dir: Path, head: str = "") -> None:
     help="The -o folder of a `tuner sweep confirm` of one of the tables run on another GPU model of the arch "
     "(repeatable): kept as gpus/<model>/<name>/, and every entry decided over all models.",
 )
-@output_option(
-    "out_dir",
-    type=PATH,
-    required=True,
-    help="Result folder, e.g. results/sm_90/hopper-table (new, empty or an earlier merge; replaced whole).",
-)
+@_result_folder("Result folder, e.g. results/sm_90/hopper-table (new, empty or an earlier merge; replaced whole).")
 def merge_cmd(tables: tuple[Path, ...], spec: str | None, gpu_dirs: tuple[Path, ...], out_dir: Path) -> None:
     """Merge exported sweep tables into one result folder with one upstream.patch.
 
