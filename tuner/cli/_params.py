@@ -17,6 +17,7 @@ __all__ = [
     "deprecated_option",
     "depths_option",
     "find_bin_dir",
+    "number_option",
     "output_option",
     "round_limits",
     "rounds_option",
@@ -184,6 +185,14 @@ def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F],
         return value
 
     return click.option(old, dest, hidden=True, callback=note, **kw)
+
+
+def number_option(
+    name: str, bounds: click.IntRange | click.FloatRange, help_text: str | None = None, *, default: float | None = None
+) -> Callable[[F], F]:
+    """An option taking a number within ``bounds``; its default is shown in --help where it has one."""
+    shown = True if default is not None else None
+    return click.option(name, type=bounds, default=default, show_default=shown, help=help_text)
 
 
 def rounds_option(what: str = "every depth") -> Callable[[F], F]:

@@ -16,6 +16,7 @@ from tuner.cli._params import (
     build_option,
     depths_option,
     find_bin_dir,
+    number_option,
     output_option,
     round_limits,
     rounds_option,
@@ -46,21 +47,17 @@ _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule
 @click.option(
     "--phase", type=click.Choice(["tg", "pp"]), default="tg", show_default=True, help="Decode (tg) or prefill (pp)."
 )
-@click.option("--pp", type=click.IntRange(1, 1 << 16), default=512, show_default=True)
-@click.option("--tg", type=click.IntRange(1, 1 << 16), default=128, show_default=True)
+@number_option("--pp", click.IntRange(1, 1 << 16), default=512)
+@number_option("--tg", click.IntRange(1, 1 << 16), default=128)
 @rounds_option()
-@click.option(
-    "--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired interleaved rounds."
-)
+@number_option("--min-rounds", click.IntRange(2, 100), "Paired interleaved rounds.", default=3)
 @click.option(
     "--max-rounds",
     type=click.IntRange(2, 100),
     help="Further rounds, up to this many, go only to the depths where a paired 95% CI is still wider than "
     "±1% (the search's --ci-target). Default: --min-rounds (fixed).",
 )
-@click.option(
-    "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
-)
+@number_option("--reps", click.IntRange(1, 1000), "llama-bench repetitions per call.", default=3)
 @click.option(
     "--era",
     type=click.Choice(["mma"]),

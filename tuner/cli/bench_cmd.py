@@ -20,6 +20,7 @@ from tuner.cli._params import (
     cpu_mask_option,
     depths_option,
     find_bin_dir,
+    number_option,
     output_option,
     stamped_run_dir,
 )
@@ -81,25 +82,19 @@ def _seed_runs(
 @click.option("--label", "labels", multiple=True, help="Variant name per --build (default: directory name).")
 @click.option("--model", required=True, type=EXISTING_FILE, help="GGUF model.")
 @click.option("--depths", default="0,4096,16384,32768", show_default=True, callback=depths_option, help="KV depths.")
-@click.option(
-    "--pp", type=click.IntRange(0, 1 << 20), default=512, show_default=True, help="Prompt tokens (0: skip pp)."
-)
-@click.option(
-    "--tg", type=click.IntRange(0, 1 << 20), default=128, show_default=True, help="Generated tokens (0: skip tg)."
-)
+@number_option("--pp", click.IntRange(0, 1 << 20), "Prompt tokens (0: skip pp).", default=512)
+@number_option("--tg", click.IntRange(0, 1 << 20), "Generated tokens (0: skip tg).", default=128)
 @click.option("--reps", type=click.IntRange(1, 10000), help="Kept repetitions per test (default 5).")
 @click.option(
     "--target-ci", type=click.FloatRange(0.01, 99.99), help="Repeat until the median's CI half-width is within PCT %."
 )
-@click.option("--max-reps", type=click.IntRange(1, 10000), default=20, show_default=True)
+@number_option("--max-reps", click.IntRange(1, 10000), default=20)
 @click.option("--env", "envs", multiple=True, help="NAME=VALUE for llama-bench (repeatable).")
 @click.option("--era", type=click.Choice(["mma", "rocwmma"]), help="-fa spelling (default: detect).")
 @click.option("--no-fa", is_flag=True, help="Run with -fa off.")
 @click.option("--arch", help="Arch for the roofline columns (see `tuner archs`).")
 @click.option("--bandwidth", type=click.FloatRange(0.001, 1e6), help="Memory bandwidth GB/s for the roofline.")
-@click.option(
-    "--timeout", type=click.FloatRange(1), default=900.0, show_default=True, help="Seconds per llama-bench call."
-)
+@number_option("--timeout", click.FloatRange(1), "Seconds per llama-bench call.", default=900.0)
 @click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP)
 @click.option(
     "--seed-build",
@@ -235,13 +230,9 @@ def _label(df: object, path: Path) -> str:
 @click.command()
 @click.argument("a", type=EXISTING_FILE)
 @click.argument("b", type=EXISTING_FILE)
-@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
-@click.option(
-    "--min-effect",
-    type=click.FloatRange(0, 100),
-    default=0.0,
-    show_default=True,
-    help="A change must also exceed this many percent to count.",
+@number_option("--confidence", click.FloatRange(0.5, 0.999), default=0.95)
+@number_option(
+    "--min-effect", click.FloatRange(0, 100), "A change must also exceed this many percent to count.", default=0.0
 )
 @click.option("--aa", "aa_files", type=EXISTING_FILE, nargs=2, default=None, metavar="A1 A2", help=_AA_HELP)
 @click.option(
@@ -301,7 +292,7 @@ def compare(
 @click.option("--baseline", help="Baseline variant label (default: the first file's).")
 @click.option("--aa", "aa_files", type=EXISTING_FILE, nargs=2, default=None, metavar="A1 A2", help=_AA_HELP)
 @output_option("out_dir", type=DIR, help="Write report.md and depth.png here.")
-@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+@number_option("--confidence", click.FloatRange(0.5, 0.999), default=0.95)
 @click.option("--json", "as_json", is_flag=True, help="Print the tables' rows as JSON records instead of Markdown.")
 def report(
     files: tuple[Path, ...],
@@ -357,7 +348,7 @@ def report(
 @click.option("--kv-type", help="With --head-dim: KV type to select (f16, q8_0...).")
 @click.option("--kernels", help="Gate mode: force each of these FA kernels, e.g. VEC,TILE,MMA.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 256), help="test-backend-ops -j.")
-@click.option("--timeout", type=click.FloatRange(1), default=3600.0, show_default=True)
+@number_option("--timeout", click.FloatRange(1), default=3600.0)
 @output_option(
     "out_dir",
     type=DIR,

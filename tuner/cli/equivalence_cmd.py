@@ -16,6 +16,7 @@ from tuner.cli._params import (
     EXISTING_FILE,
     build_option,
     find_bin_dir,
+    number_option,
     output_option,
     stamped_run_dir,
 )
@@ -63,23 +64,15 @@ def _split(text: str | None, flag: str) -> list[str]:
     "--upstream-env", "up_envs", multiple=True, metavar="NAME=VALUE", help="Upstream environment (repeatable)."
 )
 @click.option("--upstream-args", "up_args", help="Upstream llama-perplexity arguments as one string.")
-@click.option(
-    "--ctx",
-    type=click.IntRange(16, 1 << 20),
-    default=128,
-    show_default=True,
-    help="Context per chunk (half is scored).",
-)
-@click.option("--chunks", type=click.IntRange(1, 10000), default=2, show_default=True, help="Chunks scored.")
+@number_option("--ctx", click.IntRange(16, 1 << 20), "Context per chunk (half is scored).", default=128)
+@number_option("--chunks", click.IntRange(1, 10000), "Chunks scored.", default=2)
 @click.option(
     "--strict", is_flag=True, help="Scheduling-only candidate: require log-probs byte-identical to upstream's."
 )
 @click.option("--max-mean-kld", type=click.FloatRange(0), help="Mean KLD threshold [default: calibrated 1e-5].")
 @click.option("--max-p99-kld", type=click.FloatRange(0), help="99% KLD threshold [default: calibrated 1e-4].")
 @click.option("--min-same-top", type=click.FloatRange(0, 100), help="Same top p threshold in % [default: 98].")
-@click.option(
-    "--timeout", type=click.FloatRange(1), default=1800.0, show_default=True, help="Seconds per llama-perplexity call."
-)
+@number_option("--timeout", click.FloatRange(1), "Seconds per llama-perplexity call.", default=1800.0)
 @output_option(
     "out_dir",
     type=DIR,

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tuner.cli._params import CPU_MASK_HELP, cpu_mask_option, depths_option, output_option, round_limits, rounds_option
+from tuner.cli._params import (
+    CPU_MASK_HELP,
+    cpu_mask_option,
+    depths_option,
+    number_option,
+    output_option,
+    round_limits,
+    rounds_option,
+)
 from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
 from tuner.source.spec import DEFAULT_SPEC
@@ -39,8 +47,8 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "default is written directly, others by the built llama-quantize); f16: the synthesized model as it is.",
         ),
         click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
-        click.option("--pp", type=click.IntRange(1, 16384), default=None, help="Prompt tokens per pp test."),
-        click.option("--tg", type=click.IntRange(1, 4096), default=None, help="Generated tokens per tg test."),
+        number_option("--pp", click.IntRange(1, 16384), "Prompt tokens per pp test."),
+        number_option("--tg", click.IntRange(1, 4096), "Generated tokens per tg test."),
         click.option(
             "--trials",
             type=click.IntRange(0, 100000),
@@ -49,11 +57,10 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             show_envvar=True,
             help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget).",
         ),
-        click.option(
+        number_option(
             "--time-budget",
-            type=click.FloatRange(1),
-            default=None,
-            help="Seconds from the command's start (the build and the model count); no build, round or trial starts "
+            click.FloatRange(1),
+            "Seconds from the command's start (the build and the model count); no build, round or trial starts "
             "that would end past it. The same command resumes from the study; exit 3 where it stopped.",
         ),
         click.option(
@@ -68,42 +75,33 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             default=None,
             help="Default ./tuner-runs/<study>.",
         ),
-        click.option("--jobs", type=click.IntRange(1, 1024), default=None, help="Parallel compile jobs."),
+        number_option("--jobs", click.IntRange(1, 1024), "Parallel compile jobs."),
         click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
         click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option(
+        number_option(
             "--min-rounds",
-            type=click.IntRange(2, 100),
+            click.IntRange(2, 100),
+            "Paired, interleaved rounds at least (screen and confirm).",
             default=3,
-            show_default=True,
-            help="Paired, interleaved rounds at least (screen and confirm).",
         ),
-        click.option(
-            "--max-rounds",
-            type=click.IntRange(2, 100),
-            default=None,
-            help="Rounds at most (default 6 on a GPU, 7 on the CPU).",
-        ),
-        click.option(
+        number_option("--max-rounds", click.IntRange(2, 100), "Rounds at most (default 6 on a GPU, 7 on the CPU)."),
+        number_option(
             "--ci-target",
-            type=click.FloatRange(0.1, 50),
+            click.FloatRange(0.1, 50),
+            "Stop adding rounds when every paired 95% CI half-width is within this many percent.",
             default=1.0,
-            show_default=True,
-            help="Stop adding rounds when every paired 95% CI half-width is within this many percent.",
         ),
-        click.option(
+        number_option(
             "--reps-pp",
-            type=click.IntRange(1, 100),
-            default=None,
-            help="Kept repetitions of a prefill test per call (default 8 on a GPU, 1 on the CPU; a discarded one is added). Calls shared by both phases use the larger.",
+            click.IntRange(1, 100),
+            "Kept repetitions of a prefill test per call (default 8 on a GPU, 1 on the CPU; a discarded one is added). Calls shared by both phases use the larger.",
         ),
-        click.option(
+        number_option(
             "--reps-tg",
-            type=click.IntRange(1, 100),
-            default=None,
-            help="Kept repetitions of a decode test per call (default 3 on a GPU, 1 on the CPU).",
+            click.IntRange(1, 100),
+            "Kept repetitions of a decode test per call (default 3 on a GPU, 1 on the CPU).",
         ),
         click.option(
             "--screen",
@@ -114,17 +112,15 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             "(seconds a round; auto picks it on an NVIDIA GPU with the whole model offloaded), llama-bench = end to end. "
             "The confirm stage always uses llama-bench.",
         ),
-        click.option(
+        number_option(
             "--confirm-extra",
-            type=click.IntRange(0, 8),
-            default=None,
-            help="Depths the confirm stage adds between the ladder's, shallowest first from 8192 (default 1; each costs a depth fill per call).",
+            click.IntRange(0, 8),
+            "Depths the confirm stage adds between the ladder's, shallowest first from 8192 (default 1; each costs a depth fill per call).",
         ),
-        click.option(
+        number_option(
             "--refine",
-            type=click.IntRange(0, 10),
-            default=None,
-            help="Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU; llama-bench screen only: the op-level screen does not refine, the confirm places boundaries).",
+            click.IntRange(0, 10),
+            "Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU; llama-bench screen only: the op-level screen does not refine, the confirm places boundaries).",
         ),
         click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
         click.option(
@@ -141,11 +137,10 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
 # the spellings ab, bench and sweep take for their rounds and repetitions (folded in by _shorthands)
 _SHORTHANDS = [
     rounds_option("the screen and the confirm"),
-    click.option(
+    number_option(
         "--reps",
-        type=click.IntRange(1, 100),
-        default=None,
-        help="llama-bench repetitions per call for both phases, as `tuner bench`/`ab` take it; --reps-pp and "
+        click.IntRange(1, 100),
+        "llama-bench repetitions per call for both phases, as `tuner bench`/`ab` take it; --reps-pp and "
         "--reps-tg set one phase's.",
     ),
 ]

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from tuner.cli._params import SuggestingGroup, depths_option, round_limits, rounds_option, stacked, stamped_run_dir
+from tuner.cli._params import (
+    SuggestingGroup,
+    depths_option,
+    number_option,
+    round_limits,
+    rounds_option,
+    stacked,
+    stamped_run_dir,
+)
 from tuner.cli.sweep_common import budget_stop, measure_options, run_options
 from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
 
@@ -61,20 +69,14 @@ _grid_options = stacked(
 )
 _round_options = stacked(
     rounds_option("every cell (MMQ: point)"),
-    click.option(
-        "--min-rounds",
-        type=click.IntRange(2, 100),
-        default=3,  # tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
-        show_default=True,
-        help="Paired rounds every cell (MMQ: point) gets.",
-    ),
-    click.option(
+    # default 3: tuner.measure.decide.DEFAULT_LIMITS (the search's; not imported: scipy)
+    number_option("--min-rounds", click.IntRange(2, 100), "Paired rounds every cell (MMQ: point) gets.", default=3),
+    number_option(
         "--max-rounds",
-        type=click.IntRange(2, 100),
-        default=6,
-        show_default=True,
-        help="Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
+        click.IntRange(2, 100),
+        "Further rounds, up to this many, go only to the cells (MMQ: points) whose verdict is still "
         "open; a rerun with a higher value adds rounds to the ones still open.",
+        default=6,
     ),
 )
 """--rounds (fixed), --min-rounds and --max-rounds (sequential: the search's screen's stop rule)."""
@@ -102,19 +104,17 @@ def _dry_or_run(request: _Req, dry_run: bool, dry: Callable[[_Req], str], run: C
 @sweep.command("plan")
 @_grid_options
 @_round_options
-@click.option(
+@number_option(
     "--per-call-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Also print the time at this many seconds per timer call (one config of one cell in one round): "
+    click.FloatRange(min=0, min_open=True),
+    "Also print the time at this many seconds per timer call (one config of one cell in one round): "
     "a what-if; the `sweep run` line's estimate is the one from recorded costs.",
 )
-@click.option(
+@number_option(
     "--target-ms",
-    type=click.IntRange(0, 60_000),
+    click.IntRange(0, 60_000),
+    "fa-bench's --target-ms that the `sweep run` estimate assumes (its value on a GPU backend).",
     default=20,
-    show_default=True,
-    help="fa-bench's --target-ms that the `sweep run` estimate assumes (its value on a GPU backend).",
 )
 def plan_cmd(
     arch: str,
@@ -152,12 +152,11 @@ def plan_cmd(
     backend_help="test-backend-ops backend (CPU times upstream's kernel only: it has no tuner hook to force one).",
     storage="sweep.sqlite3",
 )
-@click.option(
+@number_option(
     "--chunk-cells",
-    type=click.IntRange(1, 100000),
+    click.IntRange(1, 100000),
+    "Cells per test-backend-ops process (whole shapes at a time).",
     default=72,
-    show_default=True,
-    help="Cells per test-backend-ops process (whole shapes at a time).",
 )
 @click.option(
     "--timer",
@@ -167,11 +166,10 @@ def plan_cmd(
     "at least 50 ops a case, see --target-ms) or test-backend-ops perf (at least 1 s a case, one K/V buffer). "
     "Default: fa-bench, or test-backend-ops where fa-bench does not compile.",
 )
-@click.option(
+@number_option(
     "--target-ms",
-    type=click.IntRange(0, 60_000),
-    default=None,
-    help="fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
+    click.IntRange(0, 60_000),
+    "fa-bench: time at least this many ms of ops per case; a case of short ops times more than 50 "
     "(fa-bench calibrates per case). 0: 50 ops a case. Default: 20 on a GPU backend, 0 on CPU.",
 )
 @run_options(
@@ -231,25 +229,19 @@ def run_cmd(
     backend_help="ggml backend to time on (CPU has no MMQ/cuBLAS choice: both configs time the same code there, and nothing is composed).",
     storage="mmq.sqlite3",
 )
-@click.option(
-    "--iters",
-    type=click.IntRange(1, 1_000_000),
-    default=50,
-    show_default=True,
-    help="Ops timed per case (at least one per copy of the weights).",
+@number_option(
+    "--iters", click.IntRange(1, 1_000_000), "Ops timed per case (at least one per copy of the weights).", default=50
 )
-@click.option(
+@number_option(
     "--cache-mb",
-    type=click.IntRange(0, 1 << 20),
+    click.IntRange(0, 1 << 20),
+    "The weights' copies together exceed this many MiB, so every op reads cold weights.",
     default=128,
-    show_default=True,
-    help="The weights' copies together exceed this many MiB, so every op reads cold weights.",
 )
-@click.option(
+@number_option(
     "--target-ms",
-    type=click.IntRange(0, 60_000),
-    default=None,
-    help="Time at least this many ms of ops a case (mm-bench's -m; default 20 on a GPU backend, 0 on the CPU: "
+    click.IntRange(0, 60_000),
+    "Time at least this many ms of ops a case (mm-bench's -m; default 20 on a GPU backend, 0 on the CPU: "
     "--iters ops). Without it a microsecond op is timed over a fraction of a millisecond, and its A/A noise "
     "(over 20% on the H100) leaves its type and size without a verdict.",
 )

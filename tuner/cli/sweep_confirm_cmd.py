@@ -12,7 +12,16 @@ from typing import Any
 
 import click
 
-from tuner.cli._params import EXISTING_DIR, PATH, F, depths_option, output_option, round_limits, rounds_option
+from tuner.cli._params import (
+    EXISTING_DIR,
+    PATH,
+    F,
+    depths_option,
+    number_option,
+    output_option,
+    round_limits,
+    rounds_option,
+)
 from tuner.cli.sweep_common import budget_stop, measure_options, run_options
 from tuner.targets.defaults import DEFAULT_QUANT
 
@@ -67,20 +76,15 @@ def _result_folder(help_text: str) -> Callable[[F], F]:
     "one micro-batch at the choice's lowest batch size, at depth 0. 'none': no passes.",
 )
 @rounds_option()
-@click.option(
-    "--min-rounds", type=click.IntRange(2, 100), default=3, show_default=True, help="Paired rounds every depth gets."
-)
-@click.option(
+@number_option("--min-rounds", click.IntRange(2, 100), "Paired rounds every depth gets.", default=3)
+@number_option(
     "--max-rounds",
-    type=click.IntRange(2, 100),
-    default=None,
-    help="Further rounds, up to this many, go only to the depths still open: a decode rule changes the kernel "
+    click.IntRange(2, 100),
+    "Further rounds, up to this many, go only to the depths still open: a decode rule changes the kernel "
     "there and its verdict is neither claimed nor settled (the search confirm's rule); an MMQ pass's one depth "
     "takes them all. Default: --min-rounds (fixed). A rerun with a higher value adds rounds to what is still open.",
 )
-@click.option(
-    "--reps", type=click.IntRange(1, 1000), default=3, show_default=True, help="llama-bench repetitions per call."
-)
+@number_option("--reps", click.IntRange(1, 1000), "llama-bench repetitions per call.", default=3)
 @measure_options(
     build_help="Build (or bin) directory of a tuner build with the FA rules hook (and the MMQ hook for --mmq). "
     "Default: the sweeps' default build of the sweep's arch.",
