@@ -13,12 +13,16 @@ import click
 
 from tuner.cli._params import (
     CPU_MASK_HELP,
+    DIR,
+    EXISTING_FILE,
+    FILE,
     cpu_mask_option,
     depths_option,
     number_option,
     output_option,
     round_limits,
     rounds_option,
+    stacked,
 )
 from tuner.errors import UsageError
 from tuner.pairs import parse_pairs
@@ -38,7 +42,7 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
     opts = [
         click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
         click.option("--source", "source_spec", default=None, help=f"llama.cpp SPEC (default {DEFAULT_SPEC})."),
-        click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="GGUF model to benchmark."),
+        click.option("--model", type=FILE, help="GGUF model to benchmark."),
         click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
         click.option(
             "--quant",
@@ -69,12 +73,7 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study.",
         ),
         click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
-        click.option(
-            "--run-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="Default ./tuner-runs/<study>.",
-        ),
+        click.option("--run-dir", type=DIR, default=None, help="Default ./tuner-runs/<study>."),
         number_option("--jobs", click.IntRange(1, 1024), "Parallel compile jobs."),
         click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
         click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
@@ -129,9 +128,7 @@ def _common(f: Callable[..., None]) -> Callable[..., None]:
             help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
         ),
     ]
-    for o in reversed([*opts, *_SHORTHANDS, *_TUNE_OPTIONS]):
-        f = o(f)
-    return f
+    return stacked(*opts, *_SHORTHANDS, *_TUNE_OPTIONS)(f)
 
 
 # the spellings ab, bench and sweep take for their rounds and repetitions (folded in by _shorthands)
@@ -173,11 +170,11 @@ _TUNE_OPTIONS = [
     is_flag=True,
     help="Run the search logic on recorded llama-bench results (FILES: <pp|tg>-<KERNEL>.jsonl) instead of live runs.",
 )
-@click.argument("replay", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("replay", nargs=-1, type=EXISTING_FILE)
 @output_option(
     "export_dir",
     old=("--export",),
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DIR,
     default=None,
     help="Folder to export the winner into (default: <run-dir>/export).",
 )
