@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "current_umask",
     "data_dir",
     "package_data",
     "refuse_linked_folder",
@@ -84,7 +85,7 @@ def write_into(folder: Path, name: str, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; an output file gets the usual mode
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600; an output file gets the usual mode
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -142,7 +143,8 @@ def refuse_linked_folder(folder: Path, option: str) -> Path:
     return folder
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it and back)."""
     cur = os.umask(0)
     os.umask(cur)
     return cur

@@ -32,6 +32,7 @@ from tuner.builder.records import hold_artifact, install_artifact, load_build_re
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
 from tuner.plan.variant import Build, RenderedVariant
+from tuner.source.pack import anonymous_owner
 
 PACK_FORMAT = "tuner-build-pack/1"
 _MANIFEST = "build-pack.json"
@@ -76,12 +77,6 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-
-    def plain(ti: tarfile.TarInfo) -> tarfile.TarInfo:
-        ti.uid = ti.gid = 0
-        ti.uname = ti.gname = ""
-        return ti
-
     try:
         with tarfile.open(tmp, "w:xz", preset=6) as tar:
             blob = json.dumps(manifest, indent=2, sort_keys=True).encode()
@@ -89,7 +84,7 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
             for name, p in entries:
-                tar.add(p, arcname=name, recursive=False, filter=plain)
+                tar.add(p, arcname=name, recursive=False, filter=anonymous_owner)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

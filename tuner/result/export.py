@@ -45,6 +45,7 @@ from tuner._hash import text_sha256
 from tuner.errors import TunerError, UsageError
 from tuner.measure.bench import COLUMNS
 from tuner.measure.stats import bootstrap_median_ci
+from tuner.paths import current_umask
 from tuner.plan import render
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.render import render_presets
@@ -218,7 +219,7 @@ def staged_export(out_dir: Path, *, check: Callable[[Path], None] = check_out_di
     held = [fd for fd in [_own(tmp)] if fd is not None]
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; an export folder gets the usual mode
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; an export folder gets the usual mode
         old = None
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
@@ -239,12 +240,6 @@ def staged_export(out_dir: Path, *, check: Callable[[Path], None] = check_out_di
     finally:
         for fd in held:
             os.close(fd)
-
-
-def _umask() -> int:
-    cur = os.umask(0)
-    os.umask(cur)
-    return cur
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

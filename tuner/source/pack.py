@@ -3,7 +3,7 @@ registers it in that machine's cache under the same SPEC and content id."""
 
 from __future__ import annotations
 
-__all__ = ["pack_source", "tree_digest", "unpack_source"]
+__all__ = ["anonymous_owner", "pack_source", "tree_digest", "unpack_source"]
 
 import gzip
 import hashlib
@@ -59,6 +59,13 @@ def tree_digest(files: Iterable[tuple[str, Path]]) -> str:
     return h.hexdigest()
 
 
+def anonymous_owner(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A tar member owned by uid/gid 0 with no user or group name (no packing machine's account travels)."""
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
 def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
     """Write the tree as ``out`` (a tar.gz with one top folder ``llama.cpp/``, written to a temporary name
     first, then renamed) to carry elsewhere; returns ``out``. ``trim``: keep only what building llama-bench /
@@ -67,12 +74,6 @@ def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     root = src.root
-
-    def tar_filter(ti: tarfile.TarInfo) -> tarfile.TarInfo:
-        ti.uid = ti.gid = 0
-        ti.uname = ti.gname = ""
-        return ti
-
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     files: list[tuple[str, Path]] = []
     try:
@@ -92,7 +93,7 @@ def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
                     full = Path(dirpath) / f
                     if full.is_symlink() or not full.is_file():
                         continue
-                    tar.add(full, arcname=f"llama.cpp/{rel}", recursive=False, filter=tar_filter)
+                    tar.add(full, arcname=f"llama.cpp/{rel}", recursive=False, filter=anonymous_owner)
                     files.append((rel, full))
             # Identity travels with the tree, so `unpack_source` on another machine registers it
             # under the same SPEC and content id (a study's numbers stay tied to the pinned source);

@@ -225,17 +225,8 @@ def _gates_lines(conf: Confirmed, backend_ops: Sequence[Mapping[str, object]]) -
 
 def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str, object]], patch: bool) -> str:
     """``PR.md``: method, coverage, the end-to-end table, the gates, kept and reported entries, the patch."""
-    kept = [f for f in conf.fates if f.kept]
-    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in conf.fates) else "")
     lines = [
-        f"# CUDA: {what} selection for {table.arch.name}, measured",
-        "",
-        f"{len(kept)} of {len(conf.fates)} kernel-level entries are kept after the end-to-end confirmation"
-        + (" and go into the patch." if patch else "; the patch is empty."),
-        "",
-        "## Method",
-        "",
-        *_method(table),
+        *_head_lines(table, conf.fates, patch=patch),
         "",
         "## Coverage",
         "",
@@ -249,6 +240,22 @@ def pr_text(table: Table, conf: Confirmed, *, backend_ops: Sequence[Mapping[str,
         *_gates_lines(conf, backend_ops),
     ]
     return "\n".join([*lines, "", *_closing_lines(conf.fates, patch=patch, adds="the kept entries")])
+
+
+def _head_lines(table: Table, fates: Sequence[RuleFate], *, patch: bool, more: str = "") -> list[str]:
+    """PR.md's title, the count of kept entries (``more`` appended to it) and the method (:func:`_method`)."""
+    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in fates) else "")
+    return [
+        f"# CUDA: {what} selection for {table.arch.name}, measured",
+        "",
+        f"{sum(f.kept for f in fates)} of {len(fates)} kernel-level entries are kept after the end-to-end confirmation"
+        + (" and go into the patch." if patch else "; the patch is empty.")
+        + more,
+        "",
+        "## Method",
+        "",
+        *_method(table),
+    ]
 
 
 def _closing_lines(fates: Sequence[RuleFate], *, patch: bool, adds: str) -> list[str]:
@@ -269,23 +276,14 @@ def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
     tables = [p.evidence.table for p in parts]
     confs = [p.evidence.confirmed for p in parts]
     fates = [f for c in confs for f in c.fates]
-    kept = [f for f in fates if f.kept]
     mmq_id: Mapping[str, str] = next((t.mmq_identity for t in tables if t.mmq_identity), {})
     union = dataclasses.replace(tables[0], rules=tuple(r for t in tables for r in t.rules), mmq_identity=mmq_id)
-    what = "FlashAttention kernel" + (" and MMQ-vs-cuBLAS" if any(f.choice is not None for f in fates) else "")
     names = ", ".join(f"`{p.name}`" for p in parts)
-    lines = [
-        f"# CUDA: {what} selection for {union.arch.name}, measured",
-        "",
-        f"{len(kept)} of {len(fates)} kernel-level entries are kept after the end-to-end confirmation"
-        + (" and go into the patch." if patch else "; the patch is empty.")
-        + f" The table joins {len(parts)} sweeps over disjoint cells ({names}), each confirmed end to end on its "
-        "own; its sections below are named after them, and `parts/<name>/` holds each one's evidence and report.",
-        "",
-        "## Method",
-        "",
-        *_method(union),
-    ]
+    joins = (
+        f" The table joins {len(parts)} sweeps over disjoint cells ({names}), each confirmed end to end on its "
+        "own; its sections below are named after them, and `parts/<name>/` holds each one's evidence and report."
+    )
+    lines = _head_lines(union, fates, patch=patch, more=joins)
     sections: list[tuple[str, list[list[str]]]] = [
         ("Coverage", [coverage_lines(p.evidence.table) for p in parts]),
         ("End to end", [_e2e_lines(p.evidence.confirmed) for p in parts]),
