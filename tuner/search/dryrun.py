@@ -512,20 +512,16 @@ def _compile_checks(
     checks: list[CompileCheck] = []
     samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
     skip = _skip_reason(a.vendor)
-    first = True
-    for v, st in vstatus.items():
-        if st != "ok":
-            continue
+    for i, v in enumerate(v for v, st in vstatus.items() if st == "ok"):
         # The first variant compiles the sample candidates' TUs too; the others differ only in
         # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
-        what = "upstream + one legal candidate per row" if first else "the patched selector TU"
+        what = "upstream + one legal candidate per row" if i == 0 else "the patched selector TU"
         if target.is_cpu:
             what = "the CPU backend's FLASH_ATTN_EXT TU"
-        sample = samples if first else {}
+        sample = {} if i else samples
         checks.append(
-            _compile_sample(source, a.name, v, sample, only_selector=not first, skip=skip, cpu=target.is_cpu, what=what)
+            _compile_sample(source, a.name, v, sample, only_selector=i > 0, skip=skip, cpu=target.is_cpu, what=what)
         )
-        first = False
     return checks
 
 
