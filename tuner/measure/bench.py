@@ -191,15 +191,6 @@ def check_passthrough_args(
     return out
 
 
-def _check_extra_args(extra_args: Sequence[str]) -> tuple[str, ...]:
-    return check_passthrough_args(
-        extra_args,
-        _OWN_FLAGS,
-        sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
-        instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead",
-    )
-
-
 @functools.lru_cache(maxsize=32)
 def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
     """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
@@ -563,7 +554,12 @@ def run_bench(
     if bandwidth is not None and not (isinstance(bandwidth, (int, float)) and 0 < bandwidth < 1e6):
         raise UsageError(f"bandwidth is in GB/s and must be in (0, 1e6) (got {bandwidth!r}).")
     env = check_env(env)
-    extra = _check_extra_args(extra_args)
+    extra = check_passthrough_args(
+        extra_args,
+        _OWN_FLAGS,
+        sets="tuner bench itself (model, -p/-n/-d/-r, -o, -fa)",
+        instead="use the matching option (--pp, --tg, --depths, --reps, --no-fa) instead",
+    )
     if cpus:
         parse_cpu_mask(mask_text(cpus))  # present here, or one paragraph naming the CPUs that are
     for i, a in enumerate(extra[:-1]):  # both spellings llama-bench reads, every occurrence

@@ -329,13 +329,10 @@ def run_gate(
     """Check a candidate (era ``mma`` patched ``fattn.cu``) once per kernel it can select, forcing each through
     the runtime hook (so ``env`` must not set ``GGML_TUNER_FA_RULES``); the rest as :func:`run_check`. A failed
     GateResult (infeasible) names the kernel and case that failed."""
-    ks = []
     for k in kernels:
-        ku = str(k).upper()
-        if ku not in KERNELS:
+        if (ku := str(k).upper()) not in KERNELS:
             raise UsageError(f"Unknown kernel {k!r}; use {', '.join(KERNELS)}." + close_matches(ku, KERNELS))
-        if ku not in ks:
-            ks.append(ku)
+    ks = list(dict.fromkeys(str(k).upper() for k in kernels))
     if not ks:
         raise UsageError("No kernels given; use e.g. --kernels VEC,TILE,MMA.")
     if "GGML_TUNER_FA_RULES" in env:

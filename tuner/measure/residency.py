@@ -250,10 +250,6 @@ def judge(
     return not why, tuple(why)
 
 
-def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    return check_passthrough_args(args, PROBE_OWN_FLAGS, sets="the residency check itself (model, -pg, -r, -o, -v)")
-
-
 def run_residency(
     bin_dir: Path,
     model: Path,
@@ -279,7 +275,8 @@ def run_residency(
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20:
             raise UsageError(f"{name} must be a positive integer (got {v!r}).")
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", "0", "-pg", f"{pp},{tg}", "-r", "1", "--no-warmup", "-v"]
-    cmd += ["-o", "jsonl", *_check_args(args)]
+    own = "the residency check itself (model, -pg, -r, -o, -v)"
+    cmd += ["-o", "jsonl", *check_passthrough_args(args, PROBE_OWN_FLAGS, sets=own)]
     log_file = Path(log_dir) / "residency.log"
     log_file.unlink(missing_ok=True)
     lines: list[str] = []

@@ -235,15 +235,6 @@ def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
     return c, max(MIN_REPS, -(-n_tokens // c))
 
 
-def _check_args(args: Sequence[str]) -> tuple[str, ...]:
-    return check_passthrough_args(
-        args,
-        PROBE_OWN_FLAGS,
-        sets="the soak itself (model, -p/-n/-r, -o, --progress)",
-        instead="give the length as the token count",
-    )
-
-
 def _device_sample() -> tuple[float, float]:
     """(memory used MiB summed over GPUs, busiest GPU's utilization %) from nvidia-smi; NaNs when it fails."""
     exe = shutil.which("nvidia-smi")
@@ -329,7 +320,12 @@ def run_soak(
     exe = find_exe(Path(bin_dir), "llama-bench")
     check_model(model)
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl"]
-    cmd += _check_args(args)
+    cmd += check_passthrough_args(
+        args,
+        PROBE_OWN_FLAGS,
+        sets="the soak itself (model, -p/-n/-r, -o, --progress)",
+        instead="give the length as the token count",
+    )
     if log_dir is None:
         log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
     log_file = Path(log_dir) / "soak.log"

@@ -25,7 +25,6 @@ __all__ = [
     "ci_note",
     "depths_to_measure",
     "merge_call",
-    "phase_stops",
     "run_joint_rounds",
 ]
 
@@ -287,19 +286,6 @@ def depths_to_measure(
         ):
             out.append(d)
     return out
-
-
-def phase_stops(
-    phase: str,
-    mine: Sequence[Mapping[str, Any]],
-    depths: Sequence[int],
-    min_rounds: int,
-    max_rounds: int,
-    target_ci: float,
-    *,
-    settle: Settle | None = None,
-) -> bool:
-    return not depths_to_measure(phase, mine, depths, min_rounds, max_rounds, target_ci, settle=settle)
 
 
 def _joint_round(

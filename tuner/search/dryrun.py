@@ -510,25 +510,18 @@ def _compile_checks(
 ) -> list[CompileCheck]:
     a = target.arch
     checks: list[CompileCheck] = []
-    samples: dict[str, Any] = {}
-    for r in rows:
-        if r["sample_legal"]:
-            samples.update(r["sample_legal"])
+    samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
     skip = _skip_reason(a.vendor)
-    first = True
-    for v, st in vstatus.items():
-        if st != "ok":
-            continue
+    for i, v in enumerate(v for v, st in vstatus.items() if st == "ok"):
         # The first variant compiles the sample candidates' TUs too; the others differ only in
         # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
-        what = "upstream + one legal candidate per row" if first else "the patched selector TU"
+        what = "upstream + one legal candidate per row" if i == 0 else "the patched selector TU"
         if target.is_cpu:
             what = "the CPU backend's FLASH_ATTN_EXT TU"
-        sample = samples if first else {}
+        sample = {} if i else samples
         checks.append(
-            _compile_sample(source, a.name, v, sample, only_selector=not first, skip=skip, cpu=target.is_cpu, what=what)
+            _compile_sample(source, a.name, v, sample, only_selector=i > 0, skip=skip, cpu=target.is_cpu, what=what)
         )
-        first = False
     return checks
 
 
@@ -714,15 +707,20 @@ def _detail(c: CompileCheck) -> str:
         for what, n in sorted(per.items())
     )
     vals = c.get("values") or {}
-    return (
-        f"{c.get('seconds')} s"
-        + (f"; {code}" if code else "")
-        + (
-            f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)"
-            if vals
-            else ""
-        )
-    )
+    listed = f"; with one legal non-default candidate per row ({len(vals)} knob values, listed by --json)"
+    return f"{c.get('seconds')} s" + (f"; {code}" if code else "") + (listed if vals else "")
+
+
+def _secs(s: Stage) -> str:
+    if s["seconds"] is None:
+        return "not estimated"
+    a, b = s["seconds"]
+    return f"{a:g}" if a == b else f"{a:g}-{b:g}"
+
+
+def _calls(s: Stage) -> str:
+    n = s["llama_bench_calls"]
+    return "-" if n == [0, 0] else "-".join(str(x) for x in dict.fromkeys(n))
 
 
 def render(rep: DryRunReport) -> str:
@@ -730,55 +728,19 @@ def render(rep: DryRunReport) -> str:
     out = [f"# Dry run: {rep.arch}, era {rep.era} (nothing was benchmarked)", "", "## Variants", ""]
     out.append(log.table(["variant", "status"], [[v, s.splitlines()[0][:140]] for v, s in rep.variants.items()]))
     out += ["", f"## Compile-time space: {rep.legal} legal of {rep.total} candidates", ""]
-    out.append(
-        log.table(
-            ["row", "candidates", "legal", "why the others are illegal"],
-            [
-                [
-                    r["row"],
-                    r["candidates"],
-                    r["legal"],
-                    "; ".join(f"{k} ×{n}" for k, n in r["illegal_rules"].items())[:160] or "-",
-                ]
-                for r in rep.rows
-            ],
-        )
-    )
+    why = ["; ".join(f"{k} ×{n}" for k, n in r["illegal_rules"].items())[:160] or "-" for r in rep.rows]
+    rows = [[r["row"], r["candidates"], r["legal"], w] for r, w in zip(rep.rows, why)]
+    out.append(log.table(["row", "candidates", "legal", "why the others are illegal"], rows))
     if rep.compile_checks:
         out += ["", "## Compile checks (object files only; nothing runs)", ""]
-        out.append(
-            log.table(
-                ["variant", "status", "TUs", "detail"],
-                [[c["variant"], c["status"], len(c["objects"]) or "-", _detail(c)] for c in rep.compile_checks],
-            )
-        )
+        checks = [[c["variant"], c["status"], len(c["objects"]) or "-", _detail(c)] for c in rep.compile_checks]
+        out.append(log.table(["variant", "status", "TUs", "detail"], checks))
     p = rep.plan
     lo, hi = p["estimated_minutes"]
     out += ["", f"## Plan on the target ({p['model']}): the stages `tuner search --arch {rep.arch}` runs", ""]
-
-    def secs(s: Stage) -> str:
-        if s["seconds"] is None:
-            return "not estimated"
-        a, b = s["seconds"]
-        return f"{a:g}" if a == b else f"{a:g}-{b:g}"
-
-    out.append(
-        log.table(
-            ["stage", "what it runs", "calls (llama-bench or test-backend-ops)", "seconds (estimate)", "per-step cost"],
-            [
-                [
-                    s["stage"],
-                    s["what"],
-                    "-"
-                    if s["llama_bench_calls"] == [0, 0]
-                    else "-".join(str(x) for x in dict.fromkeys(s["llama_bench_calls"])),
-                    secs(s),
-                    s["cost"] or "-",
-                ]
-                for s in p["stages"]
-            ],
-        )
-    )
+    head = ["stage", "what it runs", "calls (llama-bench or test-backend-ops)", "seconds (estimate)", "per-step cost"]
+    stages = [[s["stage"], s["what"], _calls(s), _secs(s), s["cost"] or "-"] for s in p["stages"]]
+    out.append(log.table(head, stages))
     out += [
         "",
         f"Estimated total: about {lo:g}-{hi:g} min (fewest rounds .. round cap on every stage). {p['note']}.",

@@ -28,7 +28,7 @@ from tuner.plan.variant import Build
 from tuner.redact import redact
 from tuner.rounds import compose as comp
 from tuner.rounds.budget import Budget, BudgetReached
-from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, phase_stops, run_joint_rounds
+from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, depths_to_measure, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
 from tuner.search import context as cx
@@ -309,7 +309,7 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
         if not st.screen_done(p):
             continue
         mine = [r for r in recs if r["phase"] == p and set(depths) & {int(d) for d in r["depths"]}]
-        if not phase_stops(p, mine, depths, rounds[0], rounds[1], target_ci, settle=comp.open_depths):
+        if depths_to_measure(p, mine, depths, rounds[0], rounds[1], target_ci, settle=comp.open_depths):
             log.info(
                 f"Screen {p}: {len(mine)} round(s) recorded, CI wider than ±{target_ci:g}%, and this run allows "
                 f"{rounds[1]}: screening on"

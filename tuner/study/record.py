@@ -254,20 +254,6 @@ def _rule_reasons(stored: Mapping[str, object] | None) -> dict[FaRule, str]:
     return {r: str(why) for text, why in dict(stored or {}).items() for r in rules_from_texts([text])}
 
 
-def _trial_summaries(trials: Iterable[FrozenTrial]) -> tuple[TrialSummary, ...]:
-    return tuple(
-        TrialSummary(
-            number=t.number,
-            status=str(k.trial_attr(t, "status") or t.state.name.lower()),
-            objectives=tuple(t.values or ()),
-            params=dict(t.params),
-            phases=tuple(k.trial_attr(t, "phases", []) or ()),
-            reason=k.trial_attr(t, "reason"),
-        )
-        for t in trials
-    )
-
-
 def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable[FrozenTrial] = ()) -> SearchOutcome:
     """The outcome of a study whose attributes are ``a`` (its ``result`` may be missing: an empty outcome)."""
     return SearchOutcome.from_result(
@@ -280,7 +266,17 @@ def outcome_from_attrs(a: Mapping[str, Any], *, name: str = "", trials: Iterable
         compose=dict(a.get(k.COMPOSE) or {}),
         stage_seconds=dict(a.get(k.STAGE_SECONDS) or {}),
         llama_bench_calls=None if a.get(k.LLAMA_BENCH_CALLS) is None else int(a[k.LLAMA_BENCH_CALLS]),
-        trials=_trial_summaries(trials),
+        trials=tuple(
+            TrialSummary(
+                number=t.number,
+                status=str(k.trial_attr(t, "status") or t.state.name.lower()),
+                objectives=tuple(t.values or ()),
+                params=dict(t.params),
+                phases=tuple(k.trial_attr(t, "phases", []) or ()),
+                reason=k.trial_attr(t, "reason"),
+            )
+            for t in trials
+        ),
     )
 
 
