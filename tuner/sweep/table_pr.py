@@ -107,15 +107,16 @@ def _caption(device: str) -> str:
     )
 
 
+def _op_text(r: Mapping[str, object]) -> str:
+    """One stored test-backend-ops run; a FLASH_ATTN_EXT run names the head sizes its case filter selected (a run
+    stored before an entry of another head size was kept does not cover that entry)."""
+    heads = sorted({int(h) for h in re.findall(r"hsk=(\d+)", str(r.get("params") or ""))})
+    cover = f"; head sizes {', '.join(map(str, heads))}" if heads else ""
+    return f"{r.get('op')} {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')}{cover})"
+
+
 def _ops_line(device: str, confs: Sequence[Confirmation]) -> str:
-    each = [
-        f"{c.part}: "
-        + ", ".join(
-            f"{r.get('op')} {'PASS' if r.get('passed') else 'FAIL'} ({r.get('summary', '')})" for r in c.backend_ops
-        )
-        for c in confs
-        if c.backend_ops
-    ]
+    each = [f"{c.part}: " + ", ".join(_op_text(r) for r in c.backend_ops) for c in confs if c.backend_ops]
     if not each:
         return f"- test-backend-ops on {device}: not run (no entry kept there)"
     return (

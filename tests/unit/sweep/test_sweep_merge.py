@@ -20,6 +20,7 @@ from tuner.cli.sweep_cmd import sweep
 from tuner.errors import TunerError
 from tuner.sweep import confirm
 from tuner.sweep.table_check import find_tables, validate_table
+from tuner.sweep.table_pr import _op_text
 
 DECODE = "D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"
 BATCH = "D64 gqa4 f16 ne1 4, n_kv in [16384, inf) -> VEC"
@@ -286,3 +287,12 @@ def test_a_merge_whose_writing_fails_leaves_the_previous_merge_intact(
     assert after == before and sorted(p.name for p in out.parent.iterdir()) == sorted(
         ["merged", *(f.name for f in two)]
     )
+
+
+def test_the_merged_pr_names_the_head_sizes_a_stored_test_backend_ops_run_covered() -> None:
+    # A run stored before a D256 entry was kept covers only 64 and 128: PR.md must not let it stand for 256.
+    fa = {"op": "FLASH_ATTN_EXT", "passed": True, "summary": "769/769 tests passed"}
+    fa["params"] = "(hsk=64,hsv=64,.*type_K=f16,type_V=f16,)|(hsk=128,hsv=128,.*type_K=f16,type_V=f16,)"
+    assert _op_text(fa) == "FLASH_ATTN_EXT PASS (769/769 tests passed; head sizes 64, 128)"
+    mm = {"op": "MUL_MAT", "passed": False, "summary": "3/4 tests passed", "params": None}
+    assert _op_text(mm) == "MUL_MAT FAIL (3/4 tests passed)"
