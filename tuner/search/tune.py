@@ -279,14 +279,16 @@ def _fail_and_requeue(
     number: int,
     why: str,
 ) -> bool:
-    """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already."""
+    """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already.
+
+    A trial cut inside ``ask`` holds only the values sampled before the cut, perhaps none: its retry is queued
+    all the same, repeating those and sampling the rest, so every cut-off trial has one retry that names it."""
     write_trial_in_storage(storage, trial_id, status=INTERRUPTED, reason=why)
     if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
         return False
-    if params:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
     return True
 
 

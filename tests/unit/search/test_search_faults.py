@@ -498,3 +498,24 @@ def test_a_trial_asked_but_never_claimed_is_reaped_after_the_grace_period(tmp_pa
     with tn.asked_trial(study, storage, dist) as t:  # a trial asked through tuner names its worker at once
         assert t.user_attrs["worker"].endswith(f":{os.getpid()}")
         study.tell(t, 1.0)
+
+
+def test_a_trial_cut_before_any_value_was_sampled_is_queued_again(tmp_path: Path) -> None:
+    """A trial whose process died inside ``ask``, before it sampled a value, is failed and queued again like any
+    other: its retry names it and samples every value."""
+    import optuna
+
+    from tuner.search import tune as tn
+    from tuner.study.state import write_trial
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}")
+    study = optuna.create_study(study_name="cut", storage=storage)
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    cut = study.ask()  # no distributions: no params
+    write_trial(cut, worker=f"{platform.node()}:{dead.pid}")
+    assert tn.fail_interrupted(study, storage) == [cut.number]
+    dist = {"x": optuna.distributions.IntDistribution(0, 9)}
+    retry = study.ask(dist)
+    assert retry.user_attrs["retry_of"] == cut.number and "x" in retry.params
+    assert [t.state.name for t in study.get_trials(deepcopy=False)] == ["FAIL", "RUNNING"]
