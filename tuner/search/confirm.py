@@ -23,14 +23,14 @@ from typing import Any, TypedDict
 
 from tuner import log
 from tuner._hash import stable_hash
-from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Diff
+from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
-from tuner.plan.space import compile_values_of, runtime_env_and_args
 from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, Point, SharedMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
 from tuner.search.context import PHASES, Proposal, SearchRun, confirm_factory
+from tuner.search.final_gates import final_of
 from tuner.search.screen import run_phase_rounds
 from tuner.study.record import SearchOutcome, relabel_rows
 
@@ -73,34 +73,30 @@ def point_rows(
     for d in sorted(judged):
         c = judged[d]
         e = c.effects.get(FINAL)
-        noise, cpu, cpu_noise = c.bar_pct, c.cpu.get(FINAL), c.cpu_bar
-        v = c.verdicts[FINAL] if e else "not measured"
-        fin_k = _majority_kernel(records, FINAL, d)
-        fin_vals = [r["values"].get(FINAL, {}).get(str(d)) for r in records if str(d) in r["values"].get(FINAL, {})]
-        fin_vals = sorted(v for v in fin_vals if v)
+        fin_vals = sorted(v for r in records if (v := r["values"].get(FINAL, {}).get(str(d))))
         out.append(
             {
                 "phase": phase,
                 "depth": d,
                 "upstream_kernel": c.upstream_kernel,
-                "kernel": fin_k,
+                "kernel": _majority_kernel(records, FINAL, d),
                 "base_ts": c.upstream_ts,
                 "tuned_ts": fin_vals[len(fin_vals) // 2] if fin_vals else math.nan,
                 "speedup": e.ratio if e else math.nan,
                 "ci_low": e.ci_low if e else math.nan,
                 "ci_high": e.ci_high if e else math.nan,
                 "rounds": e.n if e else 0,
-                "aa_noise_pct": noise,
-                "verdict": v,
+                "aa_noise_pct": c.bar_pct,
+                "verdict": c.verdicts[FINAL] if e else "not measured",
                 "rule": "sequential",  # the decision rule that gave the verdict (tuner/measure/decide.py)
-                **_utilizations(c, cpu, cpu_noise),
+                **_utilizations(c),
             }
         )
     return out
 
 
-def _utilizations(c: CellStats, cpu: Diff | None, cpu_noise: float) -> dict[str, float]:
-    nan = math.nan
+def _utilizations(c: CellStats) -> dict[str, float]:
+    nan, cpu = math.nan, c.cpu.get(FINAL)
     up, fin = c.levels.get(UPSTREAM, {}), c.levels.get(FINAL, {})
     return {
         "base_cpu": up.get("cpu", nan),
@@ -108,7 +104,7 @@ def _utilizations(c: CellStats, cpu: Diff | None, cpu_noise: float) -> dict[str,
         "cpu_delta": cpu.mean if cpu else nan,
         "cpu_ci_low": cpu.ci_low if cpu else nan,
         "cpu_ci_high": cpu.ci_high if cpu else nan,
-        "cpu_noise": cpu_noise,
+        "cpu_noise": c.cpu_bar,
         "base_core": up.get("core", nan),
         "tuned_core": fin.get("core", nan),
         "base_gpu": up.get("gpu", nan),
@@ -189,13 +185,10 @@ def narrowed_rule(rule: FaRule, inside: Sequence[Mapping[str, Any]]) -> tuple[Fa
 def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
     """The confirm stage: the ``proposal`` against upstream in every phase it changes (resumable). Tuned process
     knobs that make a point slower are dropped and the rules confirmed alone."""
-    attempt = 0
     knobs_dropped: dict[str, object] | None = None
     depths = confirm_depths(run)
-    while True:
-        rows, j, phases = _confirm_attempt(run, proposal, depths)
-        if j["process_ok"] or attempt > 0:
-            break
+    rows, j, phases = _confirm_attempt(run, proposal, depths)
+    if not j["process_ok"]:
         log.warning(f"confirm: the tuned process knobs are dropped ({j['process_why']}); confirming the rules alone")
         tuned = proposal.tuned
         knobs_dropped = {
@@ -206,7 +199,7 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
             "rows": _finite_rows(rows),
         }
         proposal = dataclasses.replace(proposal, tuned=None)
-        attempt += 1
+        rows, j, phases = _confirm_attempt(run, proposal, depths)
     for r, why in j["dropped"].items():
         log.info(f"  dropped {r}: {why}")
     for r, why in j["narrowed"].items():
@@ -218,7 +211,7 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
         narrowed=dict(j["narrowed"]),
         tuned=proposal.tuned,
         rows=tuple(rows),
-        attempt=attempt,
+        attempt=0 if knobs_dropped is None else 1,
         knobs_dropped=knobs_dropped,
         upstream_phases=tuple(p for p in PHASES if p not in phases),
         confirm_depths=tuple(depths),
@@ -242,16 +235,9 @@ def _confirm_attempt(
     run: SearchRun, proposal: Proposal, depths: Sequence[int]
 ) -> tuple[list[dict[str, Any]], Judgement, list[str]]:
     """One confirm of one final config: its rows, the judgement and the phases measured."""
-    cfg, st, space, builds = run.cfg, run.st, run.space, run.builds
-    rules, tuned = proposal.rules, proposal.tuned
-    variant = str((tuned.values if tuned else {}).get("variant", run.base_variant))
-    compile_values: dict[str, Any] = {}
-    env, args = dict(run.base_env), list(run.base_args)
-    if tuned:
-        compile_values = compile_values_of(space, tuned.values)
-        env, args = runtime_env_and_args(space, tuned.values)
-        args += run.host_args
-    build, fb = builds.get(run.base_variant, {}), builds.get(variant, compile_values)
+    cfg, st = run.cfg, run.st
+    rules, tuned, fin = proposal.rules, proposal.tuned, final_of(run, proposal)
+    build, fb = run.builds.get(run.base_variant, {}), run.builds.get(fin.variant, fin.compile_values)
     process_changed = bool(tuned)
     rule_phases = {r.phase.bench for r in rules}
     # one build on both sides: the phase without a change shares each call, nearly free
@@ -260,7 +246,7 @@ def _confirm_attempt(
     shared = m_up.joint if fb is build and isinstance(m_up, SharedMeasure) else None
     phases = [p for p in PHASES if process_changed or p in rule_phases or (shared and (rules or process_changed))]
     final = Candidate(
-        name=FINAL, env={**env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=tuple(args)
+        name=FINAL, env={**fin.env, **({"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {})}, args=fin.args
     )
     up = Candidate(name=UPSTREAM, env=dict(run.base_env), args=run.base_args)
     aa = Candidate(name=AA_NAME, env=dict(run.base_env), args=run.base_args)

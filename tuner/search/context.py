@@ -151,12 +151,9 @@ class SearchRun:
 
 def kernels_for(space: SearchSpace, phase: str) -> list[str]:
     """Forced kernels the space allows for a phase (its rule knobs' choices; none on the CPU)."""
-    want = Phase.from_bench(phase)
-    ks: list[str] = []
-    for k in space.runtime_knobs:
-        if k.kind == "rule" and k.meta.get("phase") == want.value:
-            ks += [str(c) for c in (k.choices or ()) if c != "default" and str(c) not in ks]
-    return ks
+    want = Phase.from_bench(phase).value
+    rules = [k for k in space.runtime_knobs if k.kind == "rule" and k.meta.get("phase") == want]
+    return list(dict.fromkeys(str(c) for k in rules for c in (k.choices or ()) if c != "default"))
 
 
 class Builds:

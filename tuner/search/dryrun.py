@@ -124,36 +124,24 @@ def count_space(arch: str, era: str, space: SearchSpace) -> tuple[list[SpaceRow]
     legal_total, total = 1, 1
     for key, knobs in groups.items():
         names = [k.name for k in knobs]
-        n = n_ok = 0
-        reasons: collections.Counter[str] = collections.Counter()
-        first_legal: dict[str, Any] | None = None
-        first_illegal: dict[str, object] | None = None
-        for combo in itertools.product(*(_choices(k) for k in knobs)):
-            vals = dict(zip(names, combo))
-            n += 1
-            v = check_constraints(arch, era, vals, space=space)
-            if v:
-                for x in v:
-                    reasons[getattr(x, "rule", str(x))] += 1
-                if first_illegal is None:
-                    first_illegal = {"values": vals, "why": "; ".join(map(str, v))}
-            else:
-                n_ok += 1
-                if first_legal is None and any(vals[k.name] != k.default for k in knobs):
-                    first_legal = vals
+        combos = [dict(zip(names, combo)) for combo in itertools.product(*(_choices(k) for k in knobs))]
+        checked = [(vals, check_constraints(arch, era, vals, space=space)) for vals in combos]
+        ok = [vals for vals, v in checked if not v]
+        bad = [(vals, v) for vals, v in checked if v]
+        reasons = collections.Counter(getattr(x, "rule", str(x)) for _, v in bad for x in v)
         rows.append(
             {
                 "row": "/".join(str(x) for x in key),
                 "knobs": names,
-                "candidates": n,
-                "legal": n_ok,
+                "candidates": len(combos),
+                "legal": len(ok),
                 "illegal_rules": dict(reasons.most_common()),
-                "sample_legal": first_legal,
-                "example_illegal": first_illegal,
+                "sample_legal": next((x for x in ok if any(x[k.name] != k.default for k in knobs)), None),
+                "example_illegal": {"values": bad[0][0], "why": "; ".join(map(str, bad[0][1]))} if bad else None,
             }
         )
-        legal_total *= n_ok
-        total *= n
+        legal_total *= len(ok)
+        total *= len(combos)
     return rows, legal_total, total
 
 
@@ -506,23 +494,26 @@ def _compile_sample(
 
 
 def _compile_checks(
-    source: Source, target: Target, rows: Sequence[SpaceRow], vstatus: Mapping[str, str]
+    source: Source, target: Target, rows: Sequence[SpaceRow], renderable: Sequence[str]
 ) -> list[CompileCheck]:
-    a = target.arch
-    checks: list[CompileCheck] = []
     samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
-    skip = _skip_reason(a.vendor)
-    for i, v in enumerate(v for v, st in vstatus.items() if st == "ok"):
-        # The first variant compiles the sample candidates' TUs too; the others differ only in
-        # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
-        what = "upstream + one legal candidate per row" if i == 0 else "the patched selector TU"
-        if target.is_cpu:
-            what = "the CPU backend's FLASH_ATTN_EXT TU"
-        sample = {} if i else samples
-        checks.append(
-            _compile_sample(source, a.name, v, sample, only_selector=i > 0, skip=skip, cpu=target.is_cpu, what=what)
+    skip = _skip_reason(target.arch.vendor)
+    # The first variant compiles the sample candidates' TUs too; the others differ only in
+    # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
+    whats = ("upstream + one legal candidate per row", "the patched selector TU")
+    return [
+        _compile_sample(
+            source,
+            target.arch.name,
+            v,
+            {} if i else samples,
+            only_selector=i > 0,
+            skip=skip,
+            cpu=target.is_cpu,
+            what="the CPU backend's FLASH_ATTN_EXT TU" if target.is_cpu else whats[min(i, 1)],
         )
-    return checks
+        for i, v in enumerate(renderable)
+    ]
 
 
 def _skip_reason(vendor: str) -> str | None:
@@ -534,7 +525,7 @@ def _skip_reason(vendor: str) -> str | None:
         nvcc = shutil.which("nvcc")
         if nvcc is None:
             return "nvcc not on PATH"
-        if _cublas_header(Path(nvcc)) is None:
+        if not _has_cublas(Path(nvcc)):
             # ggml-cuda links CUDA::cublas: CMake's configure fails without it, before anything compiles
             return (
                 f"the CUDA toolkit of {nvcc} has no cuBLAS headers (cublas_v2.h), which ggml-cuda needs; install "
@@ -543,12 +534,10 @@ def _skip_reason(vendor: str) -> str | None:
     return None
 
 
-def _cublas_header(nvcc: Path) -> Path | None:
+def _has_cublas(nvcc: Path) -> bool:
     root = nvcc.resolve().parent.parent
-    for inc in [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]:
-        if (inc / "cublas_v2.h").is_file():
-            return inc / "cublas_v2.h"
-    return None
+    incs = [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]
+    return any((inc / "cublas_v2.h").is_file() for inc in incs)
 
 
 def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
@@ -656,16 +645,15 @@ def run_dry_run(
             vstatus[v] = f"not renderable: {err}"
     with log.step(f"Constraint-checking the compile-time space ({len(space.compile_knobs)} knobs)"):
         rows, legal, total = count_space(a.name, source.era, space)
-    checks = _compile_checks(source, target, rows, vstatus) if compile_check else []
-    timed = [c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")]
     renderable = [v for v, s in vstatus.items() if s == "ok"]
+    checks = _compile_checks(source, target, rows, renderable) if compile_check else []
     plan = plan_stages(
         space,
         kernels=kernels,
         inputs=inputs,
         context_length=shape.context_length,
         d_model=shape.d_model,
-        rebuild_s=timed[0] if timed else None,
+        rebuild_s=next((c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")), None),
         n_variants=len(renderable),
         pinned=tuple(sets or {}),
         screen_method=method,

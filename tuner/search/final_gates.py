@@ -24,7 +24,7 @@ from tuner.plan.variant import Build
 from tuner.rounds import output_gate as og
 from tuner.search import residency_gate as rg
 from tuner.search import tune as tn
-from tuner.search.context import SearchRun
+from tuner.search.context import Proposal, SearchRun
 from tuner.study.record import SearchOutcome
 
 Probe = Callable[[Build, Mapping[str, str], Sequence[str], Path], Residency]
@@ -43,8 +43,9 @@ class _Final:
     args: tuple[str, ...]
 
 
-def final_of(run: SearchRun, outcome: SearchOutcome) -> _Final:
-    """The confirmed final config of ``outcome`` (upstream's runtime where no trial was kept)."""
+def final_of(run: SearchRun, outcome: SearchOutcome | Proposal) -> _Final:
+    """The final config of ``outcome`` or of the proposal the confirm measures (upstream's runtime where no trial
+    was kept)."""
     tuned = outcome.tuned
     vals = dict(tuned.values if tuned else {})
     env, args = runtime_env_and_args(run.space, vals) if tuned else (dict(run.base_env), list(run.base_args))

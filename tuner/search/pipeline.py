@@ -328,19 +328,18 @@ def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Deci
     cfg, st, budget, measure = run.cfg, run.st, run.budget, screener.measure
     rounds = (cfg.min_rounds, cfg.max_rounds)
     priced = priced_screen_call(run.shape.d_model, cfg.depths, kernel=screener.method == METHOD_KERNEL)
-    kernels, base_env, base_args = run.kernels, run.base_env, run.base_args
+    cands = {p: candidates_for(p, ks, base_env=run.base_env, base_args=run.base_args) for p, ks in run.kernels.items()}
     decisions: dict[str, list[comp.Decision]] = {}
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
     refine = _refine_steps(cfg, screener.method)
     todo = [p for p in PHASES if not st.screen_done(p)]
     if isinstance(measure, SharedMeasure) and len(todo) > 1:
-        joint_cands = {p: candidates_for(p, kernels[p], base_env=base_env, base_args=base_args) for p in todo}
         with log.step(
             f"Screen {' and '.join(todo)} in shared calls (one depth fill per depth and call) at depths {list(cfg.depths)}"
         ):
             run_joint_rounds(
                 measure.joint,
-                joint_cands,
+                {p: cands[p] for p in todo},
                 list(cfg.depths),
                 st.screen_rounds,
                 pp_tokens=cfg.pp,
@@ -354,16 +353,16 @@ def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Deci
             )
         budget.check("screen")
     for phase in PHASES:
-        cands = candidates_for(phase, kernels[phase], base_env=base_env, base_args=base_args)
         recs = st.screen_rounds
         depths = sorted(set(cfg.depths) | {int(d) for d in st.refined(phase)})
         if not st.screen_done(phase):
-            with log.step(f"Screen {phase}: upstream vs {', '.join(c.name for c in cands[1:])} at depths {depths}"):
+            names = ", ".join(c.name for c in cands[phase][1:])
+            with log.step(f"Screen {phase}: upstream vs {names} at depths {depths}"):
                 screen = functools.partial(
                     run_phase_rounds,
                     measure,
                     phase,
-                    cands,
+                    cands[phase],
                     min_rounds=rounds[0],
                     max_rounds=rounds[1],
                     target_ci=cfg.ci_target,

@@ -77,11 +77,9 @@ def baseline_repeats(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for a in legacy.study_attr(study, "anchors", []):
-        for k, v in a["samples"].items():
-            out.setdefault(k, []).append(v)
-    for t in repeats:
-        for k, v in (legacy.trial_attr(t, "samples") or {}).items():
+    anchors = [a["samples"] for a in legacy.study_attr(study, "anchors", [])]
+    for samples in anchors + [legacy.trial_attr(t, "samples") or {} for t in repeats]:
+        for k, v in samples.items():
             out.setdefault(k, []).append(v)
     return out
 

@@ -248,10 +248,8 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
         )
     like = None if request.model is not None else request.like or d.like
     quant = None if like is None else _quant(request.quant if request.quant is not None else d.quant)
-    if like is not None:
-        ctx: int | None = int(models.load_model_shape(like).context_length)  # the synthesized GGUF's n_ctx_train
-    else:
-        ctx = _context_length(Path(str(request.model)))
+    # with --like, the synthesized GGUF's n_ctx_train
+    ctx = int(models.load_model_shape(like).context_length) if like else _context_length(Path(str(request.model)))
     depths = request.depths or tuple(x for x in d.depths if not ctx or x <= ctx)
     check_depths(depths, ctx)
     if request.tune_depths and ctx and max(request.tune_depths) > ctx:
@@ -263,7 +261,7 @@ def plan_search(request: SearchRequest) -> PlannedSearch:
         like=like,
         model=request.model,
         quant=quant,
-        direct=_direct(request, quant),
+        direct=bool(quant) and d.direct and str(quant).upper() in models.DIRECT_QUANTS,
         context_length=ctx,
         depths=tuple(depths),
         pp=request.pp or d.pp,
@@ -330,10 +328,6 @@ def _model(request: SearchRequest, planned: PlannedSearch, source: Source, budge
     return Path(model), built
 
 
-def _direct(request: SearchRequest, quant: str | None) -> bool:
-    return bool(quant) and request.defaults.direct and str(quant).upper() in models.DIRECT_QUANTS
-
-
 def _quant(value: str | None) -> str | None:
     """The llama-quantize type to make (None: f16); UsageError, before the build it needs, for an unknown type."""
     if value is None or value.lower() in ("f16", "none"):
@@ -382,17 +376,14 @@ def intro(request: SearchRequest) -> str:
     what = "llama.cpp's CPU backend (no GPU found)" if cpu else f"{request.target.name}"
     tune = f"tune {trials} Optuna trial(s)" if trials else "no compile-time trials (--trials N adds them)"
     build = "about 5 minutes on 2 idle cores" if cpu else "about 5 minutes on 16 cores for one CUDA arch"
-    if cpu:  # the H100 figure says nothing about a CPU run
-        measure = (
-            "2-4 minutes on 2 idle cores"
-            if not request.model
-            else "a time that grows with the model's size and the depths; the ETAs after the first round say"
-        )
-    else:
-        measure = (
-            "a time that grows with the model and the depths; `--dry-run` estimates it stage by stage, and ETAs "
-            "follow the first round"
-        )
+    measure = (  # on a CPU: the H100 figure says nothing about a CPU run
+        "a time that grows with the model and the depths; `--dry-run` estimates it stage by stage, and ETAs "
+        "follow the first round"
+        if not cpu
+        else "2-4 minutes on 2 idle cores"
+        if not request.model
+        else "a time that grows with the model's size and the depths; the ETAs after the first round say"
+    )
     screen = (
         "measure upstream against itself (the noise)"
         if cpu

@@ -61,17 +61,9 @@ class Selection:
 def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
     """All ways to cut a sorted depth list into contiguous segments (n <= ~8, so 2^(n-1))."""
     n = len(depths)
-    out = []
-    for cuts in itertools.product((False, True), repeat=max(0, n - 1)):
-        segs, cur = [], [depths[0]]
-        for i, cut in enumerate(cuts, start=1):
-            if cut:
-                segs.append(tuple(cur))
-                cur = []
-            cur.append(depths[i])
-        segs.append(tuple(cur))
-        out.append(segs)
-    return out
+    cuts = itertools.product((False, True), repeat=max(0, n - 1))
+    bounds = ([0, *(i for i, cut in enumerate(c, start=1) if cut), n] for c in cuts)
+    return [[tuple(depths[a:b]) for a, b in itertools.pairwise(bs)] for bs in bounds]
 
 
 def _verdicts(
@@ -223,6 +215,5 @@ def select_winners(
             keep=fallback or baseline,
         )
         ph.set_best(depths)
-        for seg in _best_partition(ph, depths, tau):
-            buckets.append(_bucket(ph, seg))
+        buckets += [_bucket(ph, seg) for seg in _best_partition(ph, depths, tau)]
     return Selection(baseline=baseline, buckets=tuple(buckets), rejected=rejected)

@@ -172,10 +172,8 @@ class SearchOutcome:
         field the study did not measure is absent, never 0. ``gates_s``: residency and output-equivalence
         together; ``build_s``: the upstream build (the tune's builds are in ``tune_s``)."""
         secs = self.stage_seconds
-        out: dict[str, float | int] = {}
-        for f in ("build", "model", "gate", "screen", "tune", "confirm"):
-            if f in secs:
-                out[f"{f}_s"] = round(float(secs[f]), 1)
+        stages = ("build", "model", "gate", "screen", "tune", "confirm")
+        out: dict[str, float | int] = {f"{f}_s": round(float(secs[f]), 1) for f in stages if f in secs}
         if "residency" in secs or "equivalence" in secs:
             out["gates_s"] = round(float(secs.get("residency", 0.0)) + float(secs.get("equivalence", 0.0)), 1)
         if "total" in secs:
