@@ -67,10 +67,8 @@ def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tu
     try:
         st = path.stat()
     except OSError:
-        st = None
-    if st is None:
         load_gguf_shape(path)  # raises the UsageError naming the missing file
-    assert st is not None
+        raise
     shape, cached = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
     return shape, [t.copy() for t in cached], f"GGUF tensor sizes of {path}"
 
