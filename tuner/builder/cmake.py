@@ -359,10 +359,7 @@ class _Progress:
 def _configure(
     rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path, logs: Path, *, compile_only: bool
 ) -> dict[str, str]:
-    defines: dict[str, str | os.PathLike[str] | bool] = {}
-    if tc.hip is not None:
-        defines.update(tc.hip.defines())
-    defines.update(rv.defines)
+    defines: dict[str, str | os.PathLike[str] | bool] = {**(tc.hip.defines() if tc.hip else {}), **rv.defines}
     defines.setdefault("CMAKE_BUILD_RPATH_USE_ORIGIN", "ON")  # artifacts must run from any directory
     # A compile-time trial changes FA TUs of libggml-cuda only: without this, Ninja relinks every library
     # and executable that links it (libggml, libllama, libllama-common, the tools); with it, only the library

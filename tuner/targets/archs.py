@@ -167,9 +167,7 @@ def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Pro
     if unknown:
         raise _bad(path, arch, f"{where}.{sorted(unknown)[0]}", "unknown key")
     figures: dict[str, Any] = {}
-    for key in PRODUCT_FIGURES:
-        if key not in raw:
-            continue
+    for key in [k for k in PRODUCT_FIGURES if k in raw]:
         val = raw[key]
         if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
             raise _bad(path, arch, f"{where}.{key}", f"expected a positive number, got {val!r}")
