@@ -68,7 +68,8 @@ def resolve_target(
         return Target(arch=arch, local_archs=local, ptx_jit=True)
     found = ", ".join(local) if local else "no GPU (only the CPU backend)"
     instead = instead or (
-        f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check the whole space here"
+        f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check the whole "
+        "space here"
     )
     msg = (
         f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "
