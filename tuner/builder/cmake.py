@@ -203,8 +203,7 @@ class _Toolchain:
 
     @property
     def identity(self) -> list[list[object]]:
-        items = self.programs
-        out: list[list[object]] = [[k, _fingerprint(_resolve(v) if v else None)] for k, v in sorted(items.items())]
+        out: list[list[object]] = [[k, _fingerprint(_resolve(v))] for k, v in sorted(self.programs.items())]
         if self.host_isa is not None:  # absent otherwise: the ids of portable builds stay as they were
             out.append(["host_isa", self.host_isa])
         return out
@@ -213,9 +212,8 @@ class _Toolchain:
 def _find_toolchain(rv: RenderedVariant) -> _Toolchain:
     d = rv.defines
     if is_on(d.get("GGML_HIP")):
-        targets = _hip_targets(d)
         tc = hip.require_hip_toolchain()
-        for t in targets:
+        for t in _hip_targets(d):
             tc.require_arch(t)
         tools = find_build_tools(str(tc.cmake), HIP_CMAKE_SPEC)
         return _Toolchain(tools=tools, hip=tc, compilers={"cc": tc.clang, "cxx": tc.clangxx, "hip": tc.clangxx})
@@ -238,18 +236,7 @@ def _version_line(path: str) -> str:
     return (release or lines or ["unknown"])[0]
 
 
-def _tool_versions(tc: _Toolchain) -> dict[str, str]:
-    return {k: (_version_line(str(v)) if v else "not found") for k, v in sorted(tc.programs.items())}
-
-
 # --------------------------------------------------------------------------- tree, headers
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or links not allowed
-        shutil.copy2(src, dst)
 
 
 def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
@@ -272,8 +259,11 @@ def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
             s = Path(dirpath) / name
             if s.is_symlink():
                 os.symlink(os.readlink(s), tmp / rel / name)
-            else:
-                _link_or_copy(s, tmp / rel / name)
+                continue
+            try:
+                os.link(s, tmp / rel / name)
+            except OSError:  # another filesystem, or links not allowed
+                shutil.copy2(s, tmp / rel / name)
     for name, text in rv.files.items():
         target = tmp / name
         if not target.resolve().is_relative_to(tmp.resolve()):
@@ -307,11 +297,9 @@ def _write_tu_headers(rv: RenderedVariant, src: Path, tu_dir: Path) -> list[str]
     for rel in sorted(known):
         header = tu_dir / f"{Path(rel).stem}.h"
         text = rv.tu_headers.get(rel, "")
-        try:
+        with contextlib.suppress(OSError):
             if header.read_text() == text:
                 continue
-        except OSError:
-            pass
         tmp = header.with_suffix(".h.tmp")
         tmp.write_text(text)
         tmp.replace(header)
@@ -330,33 +318,27 @@ def parse_ninja_progress(line: str) -> tuple[int, int] | None:
 
 def parse_ninja_log(text: str) -> list[tuple[str, str]]:
     """Entries of a ``.ninja_log`` (v5..v7): ``(output, full line)`` pairs, header skipped."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split("\t")
-        if len(parts) >= 5:
-            out.append((parts[3], line))
-    return out
+    rows = [(line.split("\t"), line) for line in text.splitlines() if line and not line.startswith("#")]
+    return [(parts[3], line) for parts, line in rows if len(parts) >= 5]
+
+
+def _ninja_entries(build_dir: Path) -> list[tuple[str, str]]:
+    try:
+        return parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))
+    except OSError:
+        return []
 
 
 def ninja_log_lines(build_dir: Path) -> set[str]:
     """The lines of the build's ``.ninja_log`` (a snapshot before a build, for :func:`rebuilt_objects`)."""
-    try:
-        return {ln for _, ln in parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))}
-    except OSError:
-        return set()
+    return {ln for _, ln in _ninja_entries(build_dir)}
 
 
 def rebuilt_objects(build_dir: Path, before: set[str]) -> list[str]:
     """Object files the build wrote since the ``before`` snapshot of :func:`ninja_log_lines`."""
     # New lines since the snapshot = outputs built by this run. A set difference (rather than a byte
     # offset or timestamps) survives Ninja recompacting the log.
-    try:
-        entries = parse_ninja_log((build_dir / ".ninja_log").read_text(errors="replace"))
-    except OSError:
-        return []
-    return sorted({o for o, ln in entries if ln not in before and o.endswith((".o", ".obj"))})
+    return sorted({o for o, ln in _ninja_entries(build_dir) if ln not in before and o.endswith((".o", ".obj"))})
 
 
 class _Progress:
@@ -377,10 +359,7 @@ class _Progress:
 def _configure(
     rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path, logs: Path, *, compile_only: bool
 ) -> dict[str, str]:
-    defines: dict[str, str | os.PathLike[str] | bool] = {}
-    if tc.hip is not None:
-        defines.update(tc.hip.defines())
-    defines.update(rv.defines)
+    defines: dict[str, str | os.PathLike[str] | bool] = {**(tc.hip.defines() if tc.hip else {}), **rv.defines}
     defines.setdefault("CMAKE_BUILD_RPATH_USE_ORIGIN", "ON")  # artifacts must run from any directory
     # A compile-time trial changes FA TUs of libggml-cuda only: without this, Ninja relinks every library
     # and executable that links it (libggml, libllama, libllama-common, the tools); with it, only the library
@@ -455,10 +434,8 @@ def _configure(
 
 def _isa_of(stamp: Mapping[str, Any]) -> object:
     """The ``host_isa`` entry of a configure stamp's toolchain identity, or None."""
-    for entry in stamp.get("toolchain") or []:
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == "host_isa":
-            return entry[1]
-    return None
+    found = [e[1] for e in stamp.get("toolchain") or [] if isinstance(e, list) and len(e) == 2 and e[0] == "host_isa"]
+    return found[0] if found else None
 
 
 def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[str]:
@@ -473,7 +450,6 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
             rel = os.path.relpath(os.path.normpath(f), src)
             out = e.get("output") or ""
             by_file[Path(rel).as_posix()] = os.path.relpath(os.path.normpath(Path(e["directory"], out)), build_dir)
-    targets = []
     for obj in objects:
         if obj not in by_file:
             msg = (
@@ -481,8 +457,7 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
                 f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree."
             )
             raise UsageError(msg)
-        targets.append(by_file[obj])
-    return targets
+    return [by_file[obj] for obj in objects]
 
 
 def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> Path:
@@ -593,20 +568,6 @@ def _new_record(rv: RenderedVariant, build_id: str, **attempt: object) -> dict[s
     }
 
 
-def _prepare_tree(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], *, src: Path, tu_dir: Path) -> None:
-    """Private source copy and per-TU headers; refuses TU headers that the patch's CMake hook would ignore."""
-    _prepare_src(rv, src)
-    changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
-    if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
-        msg = (
-            f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so they would "
-            "be silently ignored. Render the variant with the tile/MMA hook patch."
-        )
-        raise UsageError(msg)
-    record["toolchain"] = _tool_versions(tc)
-    record["headers_changed"] = changed
-
-
 def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], build_dir: Path, src: Path) -> list[str]:
     """Run the Ninja build of the record's targets (or its objects' targets) with its jobs and log; returns the
     rebuilt translation units."""
@@ -626,26 +587,10 @@ def _compile(rv: RenderedVariant, tc: _Toolchain, record: dict[str, Any], build_
             what=f"Build of {rv.short} ({rv.variant} for {rv.arch})",
         )
     rebuilt = rebuilt_objects(build_dir, before)
-    record["rebuilt_tus"] = rebuilt
-    record["rebuilt_count"] = len(rebuilt)
+    record.update(rebuilt_tus=rebuilt, rebuilt_count=len(rebuilt))
     if compile_only and tc.hip is not None:
         record["offload_targets"] = _check_offload(build_dir, build_targets, _hip_targets(rv.defines))
     return rebuilt
-
-
-def _record_failure(
-    rv: RenderedVariant, root: Path, record: dict[str, Any], err: TunerError, start: float
-) -> TunerError:
-    """Write the failed attempt to ``build.json``; returns the error to raise (UsageError as is)."""
-    record["status"] = "failed"
-    record["error"] = str(err)
-    record["seconds"] = round(time.monotonic() - start, 3)
-    if root.is_dir():
-        write_json(root / "build.json", record)
-    if isinstance(err, UsageError):
-        return err
-    msg = str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}"
-    return TunerError(msg)
 
 
 def is_built(rv: RenderedVariant, targets: Sequence[str] = DEFAULT_TARGETS) -> bool:
@@ -714,7 +659,17 @@ def build_variant(
         )
         rebuilt: list[str] = []
         try:
-            _prepare_tree(rv, tc, record, src=src, tu_dir=tu_dir)
+            _prepare_src(rv, src)  # a private source copy, then the per-TU headers
+            changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
+            if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
+                msg = (
+                    f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so "
+                    "they would be silently ignored. Render the variant with the tile/MMA hook patch."
+                )
+                raise UsageError(msg)
+            programs = sorted(tc.programs.items())
+            record["toolchain"] = {k: (_version_line(str(v)) if v else "not found") for k, v in programs}
+            record["headers_changed"] = changed
             logs.mkdir(parents=True, exist_ok=True)
             record["notes"] = _configure(rv, tc, src, build_dir, tu_dir, logs, compile_only=compile_only)
             rebuilt = _compile(rv, tc, record, build_dir, src)
@@ -722,11 +677,13 @@ def build_variant(
             record["status"] = "ok"
             if not compile_only:
                 folder = _copy_artifacts(build_dir, art, targets, record)
-        except TunerError as err:
-            failure = _record_failure(rv, root, record, err, start)
-            if failure is err:
+        except TunerError as err:  # the failed attempt goes to build.json; a UsageError is raised as is
+            record.update(status="failed", error=str(err), seconds=round(time.monotonic() - start, 3))
+            if root.is_dir():
+                write_json(root / "build.json", record)
+            if isinstance(err, UsageError):
                 raise
-            raise failure from err
+            raise TunerError(str(err) if rv.short in str(err) else f"Build of {rv.short} failed: {err}") from err
         write_json(root / "build.json", record)
     if compile_only:
         return _done(record, not rebuilt, build_dir, compile_only=True)

@@ -45,7 +45,7 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
     check_target_names(targets)
     jobs = jobs or os.cpu_count() or 1
     art = Path(build.bin_dir).parent
-    if not [t for t in targets if not (art / "bin" / t).is_file()]:
+    if all((art / "bin" / t).is_file() for t in targets):
         return build
     root = Path(build.build_dir).parent
     with locked(root):
@@ -97,12 +97,9 @@ def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = N
                 tmp = art / "bin" / f".{t}.partial-{os.getpid()}"
                 shutil.copy2(bin_src / t, tmp)
                 tmp.rename(art / "bin" / t)
-            extra = dict(rec.get("extra_targets", {}))
-            secs = round(time.monotonic() - start, 3)
-            built = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            for t in missing:
-                extra[t] = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
-            rec["extra_targets"] = extra
+            secs, built = round(time.monotonic() - start, 3), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            entry = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
+            rec["extra_targets"] = {**rec.get("extra_targets", {}), **{t: dict(entry) for t in missing}}
             write_json(art / "build.json", rec)
     return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))
 

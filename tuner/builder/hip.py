@@ -125,9 +125,7 @@ class HipToolchain:
         too. ``HIP_PLATFORM=amd`` keeps HIP headers off the nvcc path on machines with a CUDA toolkit.
         """
         env = dict(os.environ if base is None else base)
-        env["ROCM_PATH"] = str(self.rocm_path)
-        env["HIP_PATH"] = str(self.rocm_path)
-        env["HIP_PLATFORM"] = "amd"
+        env.update(ROCM_PATH=str(self.rocm_path), HIP_PATH=str(self.rocm_path), HIP_PLATFORM="amd")
         env["PATH"] = os.pathsep.join([str(self.clang.parent), env.get("PATH", "")])
         return env
 
@@ -342,21 +340,16 @@ def _make_venv(prefix: Path, logs: Path) -> None:
 
 
 def _write_env_sh(tc: HipToolchain) -> None:
-    d = tc.defines()
-    text = "\n".join(
-        [
-            "# Source this to use tuner's HIP compile-check toolchain by hand.",
-            f"export ROCM_PATH={tc.rocm_path}",
-            "export HIP_PLATFORM=amd",
-            f"export HIP_CLANG={tc.clangxx}",
-            f"export HIP_CMAKE={tc.cmake}",
-            f'export HIP_COMPILE_FLAGS="{tc.compile_flags}"',
-            f'export HIP_CMAKE_HIP_FLAGS="{d["CMAKE_HIP_FLAGS"]}"',
-            f"export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}",
-            "",
-        ]
-    )
-    (tc.prefix / "env.sh").write_text(text)
+    (tc.prefix / "env.sh").write_text(f"""\
+# Source this to use tuner's HIP compile-check toolchain by hand.
+export ROCM_PATH={tc.rocm_path}
+export HIP_PLATFORM=amd
+export HIP_CLANG={tc.clangxx}
+export HIP_CMAKE={tc.cmake}
+export HIP_COMPILE_FLAGS="{tc.compile_flags}"
+export HIP_CMAKE_HIP_FLAGS="{tc.defines()["CMAKE_HIP_FLAGS"]}"
+export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}
+""")
 
 
 def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:

@@ -286,9 +286,7 @@ def prune_artifacts(art: Path) -> list[Path]:
             gone.append(d)
             continue
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _try_exclusive(fd):
                 continue  # a running command uses it
             # .users first: a folder without it is never taken, even if the rest cannot be removed
             (d / _USERS).unlink(missing_ok=True)

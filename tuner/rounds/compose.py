@@ -201,24 +201,16 @@ def judge_phase(
     out = {}
     for d, c in cells.items():
         bar, cpu_bar = max(c.noise_pct, noise_floor(cells, d)), max(c.cpu_noise, cpu_floor)
-        verdicts = {
-            n: TOO_NOISY
-            if noisy
-            else (
-                (calls[(d, n)].verdict if (d, n) in calls else "no difference")
-                if rule == "sequential"
-                else verdict(e, bar)
-            )
-            for n, e in c.effects.items()
-        }
+        if noisy:
+            verdicts = dict.fromkeys(c.effects, TOO_NOISY)
+        elif rule == "sequential":
+            verdicts = {n: calls[(d, n)].verdict if (d, n) in calls else "no difference" for n in c.effects}
+        else:
+            verdicts = {n: verdict(e, bar) for n, e in c.effects.items()}
         if phase == "tg" and not noisy:
-            verdicts.update(
-                {
-                    n: CPU_REJECTED
-                    for n, e in c.effects.items()
-                    if n != c.aa and n in c.cpu and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar)
-                }
-            )
+            for n, e in c.effects.items():
+                if n != c.aa and n in c.cpu and rejects_cpu_cost(e.ci_low, bar, c.cpu[n].ci_low, cpu_bar):
+                    verdicts[n] = CPU_REJECTED
         out[d] = dataclasses.replace(c, verdicts=verdicts, bar_pct=bar, cpu_bar=cpu_bar)
     return out
 
@@ -244,15 +236,12 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
             elif v != "faster" and not by and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
                 near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
-            why = (
-                (
-                    f"no forced kernel was faster than upstream {by}"
-                    if by
-                    else "no forced kernel beat upstream beyond the A/A noise"
-                )
-                if math.isfinite(noise)
-                else "no A/A noise measured"
-            )
+            if not math.isfinite(noise):
+                why = "no A/A noise measured"
+            elif by:
+                why = f"no forced kernel was faster than upstream {by}"
+            else:
+                why = "no forced kernel beat upstream beyond the A/A noise"
             if near:  # the screen table's own A/A column would have let it through: say why it did not
                 why += (
                     f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
@@ -288,18 +277,13 @@ def rules_from(decisions: Sequence[Decision], shape: Shape) -> tuple[FaRule, ...
     """Rules for the non-upstream intervals of one phase's decisions (see the module docstring)."""
     ds = sorted(decisions, key=lambda x: x.depth)
     rules: list[FaRule] = []
-    i = 0
-    while i < len(ds):
-        if ds[i].winner is None:
-            i += 1
-            continue
-        j = i
-        while j + 1 < len(ds) and ds[j + 1].winner == ds[i].winner:
-            j += 1
-        lo = 0 if i == 0 else ds[i].depth
-        hi = ds[j + 1].depth if j + 1 < len(ds) else None
-        rules.append(shape.rule(Phase.from_bench(ds[i].phase), lo, hi, str(ds[i].winner)))
-        i = j + 1
+    i = 0  # the run's first decision
+    for winner, run in itertools.groupby(ds, key=lambda x: x.winner):
+        n = len(list(run))
+        if winner is not None:
+            hi = ds[i + n].depth if i + n < len(ds) else None
+            rules.append(shape.rule(Phase.from_bench(ds[i].phase), 0 if i == 0 else ds[i].depth, hi, str(winner)))
+        i += n
     return tuple(rules)
 
 

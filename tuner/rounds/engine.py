@@ -125,14 +125,11 @@ def pack_groups(items: Sequence[T], key: Callable[[T], Hashable], size: int) -> 
     for x in items:
         groups.setdefault(key(x), []).append(x)
     out: list[list[T]] = []
-    cur: list[T] = []
     for group in groups.values():
-        if cur and len(cur) + len(group) > size:
-            out.append(cur)
-            cur = []
-        cur = cur + group
-    if cur:
-        out.append(cur)
+        if out and len(out[-1]) + len(group) <= size:
+            out[-1] += group
+        else:
+            out.append(group)
     return out
 
 

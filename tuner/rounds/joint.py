@@ -73,11 +73,7 @@ def _bench_said(error: str) -> tuple[str, str]:
     if not lines:
         lines = error.split("Last lines:", 1)[-1].splitlines()
     # the command line (first line of a log) and progress lines say nothing about the failure
-    keep = [
-        ln.strip()
-        for ln in lines
-        if ln.strip() and not ln.startswith("$ ") and not ln.startswith("llama-bench: benchmark")
-    ]
+    keep = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(("$ ", "llama-bench: benchmark"))]
     keep = list(dict.fromkeys(keep))  # a retried call repeats its error
     return (" | ".join(keep[-3:]) or error[:300] or "no error text"), log_file
 
@@ -196,11 +192,7 @@ def run_joint_rounds(
             # no number in a stage that has none yet: the model or build does not run at all (a phase failing
             # beside one that measures is data, and kept)
             if not _any_value(recs.values()) and not _any_value(rounds):
-                raise AllCallsFailed(
-                    tag,
-                    max(len(cands[p]) for p in active),
-                    sorted({e for r in recs.values() for e in r["errors"].values()}),
-                )
+                raise AllCallsFailed(tag, n_calls, sorted({e for r in recs.values() for e in r["errors"].values()}))
             for p, rec in recs.items():
                 rec["limits"] = [min_rounds, max_rounds]  # the looks the decision rule accounts for
                 mine[p].append(rec)
@@ -236,20 +228,16 @@ def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, targe
 
 
 def _round_estimate(
-    done: Sequence[Mapping[str, Any]],
-    prior: Sequence[Mapping[str, Any]] = (),
-    n_calls: int = 1,
-    depths: Sequence[int] = (0,),
+    done: Sequence[Mapping[str, Any]], prior: Sequence[Mapping[str, Any]], n_calls: int, depths: Sequence[int]
 ) -> float:
     """The next round's seconds: the longest round so far, or before the first the slowest call of the latest
     ``prior`` rounds scaled to this round's calls and depths; 0 without either."""
-    est = max((float(r.get("seconds") or 0) for r in done), default=0.0)
-    if not done:
-        # the latest rounds only: an older one may have run another way
-        recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
-        rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
-        est = max(rates, default=0.0) * n_calls * _call_weight(depths)
-    return est
+    if done:
+        return max(float(r.get("seconds") or 0) for r in done)
+    # the latest rounds only: an older one may have run another way
+    recent = [r for r in prior if r.get("seconds") and r.get("depths")][-4:]
+    rates = [float(r["seconds"]) / (max(1, len(r.get("order") or ())) * _call_weight(r["depths"])) for r in recent]
+    return max(rates, default=0.0) * n_calls * _call_weight(depths)
 
 
 def _call_weight(depths: Sequence[int]) -> float:
@@ -305,10 +293,7 @@ def _joint_round(
             "depths": [int(d) for d in depths],
             "round": len(mine[p]),
             "order": orders[p],
-            "values": {},
-            "kernels": {},
-            "why": {},
-            "errors": {},
+            **{k: {} for k in ("values", "kernels", "why", "errors")},
             "t": time.time(),
             "shared": False,
         }
@@ -347,19 +332,19 @@ def _store(rec: dict[str, Any], name: str, res: Mapping[int, Point], depths: Seq
         rec["errors"][name] = "; ".join(errs)[:500]
 
 
-def _float(x: float | str | None) -> float | None:
+def _float(x: float | str | None) -> float:
     try:
-        return None if x is None else float(x)
+        return math.nan if x is None else float(x)
     except (TypeError, ValueError):
-        return None
+        return math.nan
 
 
 def _num(x: float | str | None) -> float | None:
     v = _float(x)
-    return v if v is not None and math.isfinite(v) and v > 0 else None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 def _util(x: float | str | None) -> float | None:
     """A utilization in percent (0 is a real value, unlike a t/s of 0); None when unknown."""
     v = _float(x)
-    return round(v, 2) if v is not None and math.isfinite(v) and v >= 0 else None
+    return round(v, 2) if math.isfinite(v) and v >= 0 else None

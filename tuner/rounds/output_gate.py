@@ -33,7 +33,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from tuner import log
 from tuner.builder.extra import ensure_targets
@@ -76,16 +76,6 @@ class GateCheck:
     why: str
     not_applied: tuple[str, ...] = ()
     """Final-config flags the gate cannot apply (the micro-batch is its mode's)."""
-
-
-class _Shared(TypedDict):
-    """The GateCheck fields every check of one mode shares."""
-
-    mode: str
-    args: tuple[str, ...]
-    upstream_env: Mapping[str, str]
-    upstream_args: tuple[str, ...]
-    not_applied: tuple[str, ...]
 
 
 def _pairs(args: Sequence[str]) -> dict[str, str]:
@@ -145,35 +135,31 @@ def plan_checks(
     for p in Phase:
         mode, phase = p.value, p.bench
         process_here = build_changed or any(phase in ph for ph in changed.values())
-        common = _Shared(
+        process = GateCheck(
+            name=f"{mode} process",
             mode=mode,
+            strict=scheduling_only,
+            env={**final_env, **all_rules},
             args=tuple(cand_args),
             upstream_env=dict(base_env),
             upstream_args=tuple(up_args),
+            why=f"{', '.join(what)} changed",
             not_applied=tuple(left) if mode == "prefill" else (),
         )
         knobs = f"; with {', '.join(what)} changed" if process_here else ""
-        for rule in widened[p]:
-            checks.append(
-                GateCheck(
-                    name=f"{mode} {rule.text}",
-                    strict=False,
-                    env={**final_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
-                    why=f"kept rule kernel {rule.kernel} (interval widened to 0-){knobs}",
-                    **common,
-                )
+        checks += [
+            dataclasses.replace(
+                process,
+                name=f"{mode} {rule.text}",
+                strict=False,
+                env={**final_env, "GGML_TUNER_FA_RULES": rules_env([rule])},
+                why=f"kept rule kernel {rule.kernel} (interval widened to 0-){knobs}",
             )
+            for rule in widened[p]
+        ]
         if process_here and not widened[p]:
             # The other phase's rules, if any, cannot fire in this mode, so strict still holds.
-            checks.append(
-                GateCheck(
-                    name=f"{mode} process",
-                    strict=scheduling_only,
-                    env={**final_env, **all_rules},
-                    why=f"{', '.join(what)} changed",
-                    **common,
-                )
-            )
+            checks.append(process)
     return checks
 
 

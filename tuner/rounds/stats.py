@@ -133,13 +133,9 @@ def summarize_phase(phase: str, records: Sequence[Mapping[str, Any]], depths: Se
         cpu_noise = noise_points(cpu[aa]) if aa else math.inf
         verdicts = {n: verdict(e, noise) for n, e in effects.items()}
         if phase == "tg":  # decode changes are judged by their CPU cost too (docs/design.md)
-            verdicts.update(
-                {
-                    n: CPU_REJECTED
-                    for n in effects
-                    if n != aa and rejects_cpu_cost(effects[n].ci_low, noise, cpu[n].ci_low, cpu_noise)
-                }
-            )
+            for n, e in effects.items():
+                if n != aa and rejects_cpu_cost(e.ci_low, noise, cpu[n].ci_low, cpu_noise):
+                    verdicts[n] = CPU_REJECTED
         out[d] = CellStats(
             depth=d,
             upstream_kernel=up_kernel,

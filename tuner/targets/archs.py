@@ -167,9 +167,7 @@ def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Pro
     if unknown:
         raise _bad(path, arch, f"{where}.{sorted(unknown)[0]}", "unknown key")
     figures: dict[str, Any] = {}
-    for key in PRODUCT_FIGURES:
-        if key not in raw:
-            continue
+    for key in [k for k in PRODUCT_FIGURES if k in raw]:
         val = raw[key]
         if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
             raise _bad(path, arch, f"{where}.{key}", f"expected a positive number, got {val!r}")
@@ -382,12 +380,6 @@ def _tool_output(name: str, *args: str) -> str:
     return res.output if res.returncode == 0 else ""
 
 
-def _detect_nvidia_smi() -> list[str]:
-    """``nvidia-smi --query-gpu=compute_cap``: the driver ships it, so it works without pynvml."""
-    out = _tool_output("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
-    return [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
-
-
 _T = TypeVar("_T")
 
 
@@ -423,7 +415,10 @@ def _detect_nvidia() -> list[str]:
         return f"sm_{major}{minor}"
 
     found = _nvml_each(cc)
-    return _detect_nvidia_smi() if found is None else found
+    if found is None:  # nvidia-smi: the driver ships it, so it works without pynvml
+        out = _tool_output("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
+        found = [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
+    return found
 
 
 def gpu_free_bytes() -> int | None:
@@ -434,10 +429,6 @@ def gpu_free_bytes() -> int | None:
         out = _tool_output("nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits")
         free = [int(m.group(1)) << 20 for m in re.finditer(r"^\s*(\d+)\s*$", out, re.M)]
     return sum(free) if free else None
-
-
-def _detect_amd() -> list[str]:
-    return _GFX_RE.findall(_tool_output("rocminfo"))
 
 
 def detect_local_archs() -> list[str]:
@@ -457,9 +448,5 @@ def forget_local_archs() -> None:
 
 @functools.cache
 def _local_archs() -> tuple[str, ...]:
-    out: list[str] = []
-    for name in _detect_nvidia() + _detect_amd():
-        name = normalize_arch_name(name)
-        if name not in out:
-            out.append(name)
-    return tuple(out)
+    found = _detect_nvidia() + _GFX_RE.findall(_tool_output("rocminfo"))
+    return tuple(dict.fromkeys(normalize_arch_name(name) for name in found))

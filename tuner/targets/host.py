@@ -61,16 +61,13 @@ def _available() -> tuple[int, ...]:
 
 def mask_text(ids: Sequence[int]) -> str:
     """``0-3,6``: the shortest taskset -c list for ``ids``."""
-    out: list[str] = []
-    s = sorted(set(ids))
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
-        i = j + 1
-    return ",".join(out)
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive ids
+    for c in sorted(set(ids)):
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tuple[int, ...]:

@@ -315,26 +315,22 @@ class _StreamedTensor:
         spec = self.spec
         if spec.kind == "norm":
             np.ones(spec.ne, dtype=np.float32).tofile(fout)
-            return
-        if spec.kind == "rope":
+        elif spec.kind == "rope":
             _llama3_rope_factors(self.shape).tofile(fout)
-            return
-        if spec.kind == "bias":
+        elif spec.kind == "bias":
             (self.rng.standard_normal(spec.n_elements, dtype=np.float32) * 0.02).tofile(fout)
-            return
-        if self.direct and spec.ggml_type in BLOCK_LAYOUTS:
+        elif self.direct and spec.ggml_type in BLOCK_LAYOUTS:
             write_random_blocks(fout, spec.ggml_type, spec.n_elements, self.rng, chunk_elems=_CHUNK_ELEMS)
-            return
-        ncols, nrows = spec.ne[0], math.prod(spec.ne[1:])
-        rows = max(1, _CHUNK_ELEMS // ncols)
-        for start in range(0, nrows, rows):
-            n = min(rows, nrows - start)
-            block = self.rng.standard_normal((n, ncols), dtype=np.float32)
-            block *= 0.02
-            if spec.ggml_type == "F16":
-                block.astype(np.float16).tofile(fout)
-            else:
-                gguf.quants.quantize(block, gguf.GGMLQuantizationType[spec.ggml_type]).tofile(fout)
+        else:
+            ncols, nrows = spec.ne[0], math.prod(spec.ne[1:])
+            rows = max(1, _CHUNK_ELEMS // ncols)
+            for start in range(0, nrows, rows):
+                block = self.rng.standard_normal((min(rows, nrows - start), ncols), dtype=np.float32)
+                block *= 0.02
+                if spec.ggml_type == "F16":
+                    block.astype(np.float16).tofile(fout)
+                else:
+                    gguf.quants.quantize(block, gguf.GGMLQuantizationType[spec.ggml_type]).tofile(fout)
 
 
 def find_vocab(source_root: Path, name: str) -> Path | None:
@@ -359,12 +355,9 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape
             f"Use models/ggml-vocab-{shape.vocab}.gguf."
         )
     for key, (vtype, sub, val) in kv.items():
-        if not key.startswith("tokenizer."):
-            continue
-        if sub is None:
-            writer.add_key_value(key, val, gguf.GGUFValueType(vtype))
-        else:
-            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=gguf.GGUFValueType(sub))
+        if key.startswith("tokenizer."):
+            sub_type = None if sub is None else gguf.GGUFValueType(sub)
+            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
 
 
 def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:

@@ -62,20 +62,10 @@ class BlockLayout:
     halves: tuple[tuple[int, float], ...]
 
 
-def _q4_k() -> BlockLayout:
-    d = _RMS / math.sqrt((31.5**2 + 341.25) * (7.5**2 + 21.25) - (31.5 * 7.5) ** 2 + 7.5**2 * 341.25)
-    return BlockLayout(256, 144, ((0, d), (2, 7.5 * d)))  # d, dmin; then scales[12], qs[128]
-
-
-def _q5_1() -> BlockLayout:
-    d = _RMS / math.sqrt(85.25)
-    return BlockLayout(32, 24, ((0, d), (2, -15.5 * d)))  # d, m; then qh[4], qs[16]
-
-
-def _q5_k() -> BlockLayout:
-    # as Q4_K with 5-bit quants (0..31: mean 15.5, variance 85.25); dmin = 15.5 d centres the values
-    d = _RMS / math.sqrt((31.5**2 + 341.25) * (15.5**2 + 85.25) - (31.5 * 15.5) ** 2 + 15.5**2 * 341.25)
-    return BlockLayout(256, 176, ((0, d), (2, 15.5 * d)))  # d, dmin; then scales[12], qh[32], qs[128]
+def _d_m(elements: int, nbytes: int, var: float, m: float) -> BlockLayout:
+    """A block led by fp16 ``d`` and its minimum (``dmin`` or ``m``) ``m * d``; ``var``: the values' variance / d^2."""
+    d = _RMS / math.sqrt(var)
+    return BlockLayout(elements, nbytes, ((0, d), (2, m * d)))
 
 
 # ggml-common.h kvalues_iq4nl: the 16 non-uniform levels both IQ4 types index
@@ -83,19 +73,16 @@ _IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 1
 _IQ4NL_SQ = sum(k * k for k in _IQ4NL) / 16
 
 
-def _iq4_xs() -> BlockLayout:
-    # d * (ls - 32) * level, with ls a random 6-bit scale (E[(ls - 32)^2] = 341.5)
-    return BlockLayout(256, 136, ((0, _RMS / math.sqrt(341.5 * _IQ4NL_SQ)),))  # d; scales_h, scales_l[4], qs[128]
-
-
 BLOCK_LAYOUTS: dict[str, BlockLayout] = {
-    "Q4_K": _q4_k(),
-    "Q5_K": _q5_k(),
-    "IQ4_XS": _iq4_xs(),
+    "Q4_K": _d_m(256, 144, (31.5**2 + 341.25) * (7.5**2 + 21.25) - (31.5 * 7.5) ** 2 + 7.5**2 * 341.25, 7.5),
+    # as Q4_K with 5-bit quants (0..31: mean 15.5, variance 85.25); dmin = 15.5 d centres the values
+    "Q5_K": _d_m(256, 176, (31.5**2 + 341.25) * (15.5**2 + 85.25) - (31.5 * 15.5) ** 2 + 15.5**2 * 341.25, 15.5),
+    # d * (ls - 32) * level, with ls a random 6-bit scale (E[(ls - 32)^2] = 341.5); then scales_h, scales_l[4], qs[128]
+    "IQ4_XS": BlockLayout(256, 136, ((0, _RMS / math.sqrt(341.5 * _IQ4NL_SQ)),)),
     "IQ4_NL": BlockLayout(32, 18, ((0, _RMS / math.sqrt(_IQ4NL_SQ)),)),  # d; then qs[16]
     "Q6_K": BlockLayout(256, 210, ((208, _RMS / math.sqrt(5461.5 * 341.5)),)),  # ql, qh, scales; d last
     "Q5_0": BlockLayout(32, 22, ((0, _RMS / math.sqrt(85.5)),)),  # d; then qh[4], qs[16]
-    "Q5_1": _q5_1(),
+    "Q5_1": _d_m(32, 24, 85.25, -15.5),  # d, m; then qh[4], qs[16]
     "Q8_0": BlockLayout(32, 34, ((0, _RMS / math.sqrt(5461.5)),)),  # d; then qs[32]
 }
 """The ggml types the direct Q4_K_M, Q5_K_M and IQ4_XS paths write (plan_tensors' types and fallbacks)."""

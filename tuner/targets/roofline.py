@@ -40,39 +40,28 @@ def _check_depth(depth: int) -> None:
         raise UsageError(f"Depth must be an integer between 0 and {_MAX_DEPTH}, got {depth!r}.")
 
 
-class _Tensor(TypedDict):
-    name: str
-    kind: str
-    ne: tuple[int, ...]
-    type: str
-    n_elements: int
-    n_bytes: int
+_Tensor = tuple[str, TensorSpec | GGUFTensor]
+"""A tensor and its kind (``embd``, ``output``, ``matmul``, ``vector`` or :class:`TensorSpec`'s)."""
 
 
-def _tensor(t: TensorSpec | GGUFTensor, kind: str) -> _Tensor:
-    return _Tensor(name=t.name, kind=kind, ne=t.ne, type=t.ggml_type, n_elements=t.n_elements, n_bytes=t.n_bytes)
-
-
-def _is_matmul(t: _Tensor, shape: ModelShape) -> bool:
+def _is_matmul(kind: str, shape: ModelShape) -> bool:
     """A matmul weight of a token's forward pass: the LM head included (``token_embd`` when tied)."""
-    return t["kind"] in ("matmul", "output") or (t["kind"] == "embd" and shape.tied_output)
+    return kind in ("matmul", "output") or (kind == "embd" and shape.tied_output)
 
 
-def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, list[_Tensor], str]:
-    """(shape, tensors as dicts with name/kind/ne/type/n_elements/n_bytes, where the sizes come from)."""
+def _resolve(model: ModelShape | str | os.PathLike[str], weight_type: str) -> tuple[ModelShape, Sequence[_Tensor], str]:
+    """(shape, its tensors with their kinds, where the sizes come from)."""
     if isinstance(model, ModelShape):
-        tensors = [_tensor(t, t.kind) for t in plan_tensors(model, weight_type)]
+        tensors = [(t.kind, t) for t in plan_tensors(model, weight_type)]
         return model, tensors, f"shape {model.name} with {weight_type} weights (llama-quantize type rules)"
     path = Path(model)
     try:
         st = path.stat()
     except OSError:
-        st = None
-    if st is None:
         load_gguf_shape(path)  # raises the UsageError naming the missing file
-    assert st is not None
+        raise
     shape, cached = _resolve_gguf(str(path), st.st_mtime_ns, st.st_size)
-    return shape, [t.copy() for t in cached], f"GGUF tensor sizes of {path}"
+    return shape, cached, f"GGUF tensor sizes of {path}"
 
 
 @functools.lru_cache(maxsize=16)
@@ -80,13 +69,12 @@ def _resolve_gguf(path_str: str, _mtime_ns: int, _size: int) -> tuple[ModelShape
     # Keyed on mtime and size so a rewritten file is read again; one header parse per estimate.
     path = Path(path_str)
     shape = load_gguf_shape(path)
-    tensors: list[_Tensor] = []
     named = {"token_embd.weight": "embd", "output.weight": "output"}
-    for t in load_gguf_tensors(path):
-        kind = named.get(t.name) or ("matmul" if len(t.ne) >= 2 and t.ne[1] > 1 else "vector")
-        tensors.append(_tensor(t, kind))
-
-    if not any(t["kind"] == "matmul" and t["n_bytes"] > 0 for t in tensors):
+    tensors = [
+        (named.get(t.name) or ("matmul" if len(t.ne) >= 2 and t.ne[1] > 1 else "vector"), t)
+        for t in load_gguf_tensors(path)
+    ]
+    if not any(kind == "matmul" and t.n_bytes > 0 for kind, t in tensors):
         # a vocab-only GGUF (models/ggml-vocab-*.gguf) has the metadata and no weights: its bound would be x/0
         raise UsageError(
             f"{path} has no weight tensors (a vocab-only GGUF?); a roofline needs the model's weights. "
@@ -121,16 +109,15 @@ def bytes_per_token(
         raise UsageError(msg)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
     weights = 0
-    for t in tensors:
-        if t["kind"] == "embd":
-            rows = t["ne"][1] if len(t["ne"]) > 1 else 1
-            row = t["n_bytes"] // rows
+    for kind, t in tensors:
+        if kind == "embd":
+            row = t.n_bytes // (t.ne[1] if len(t.ne) > 1 else 1)
             # Tied: the LM head matmul reads the whole matrix; the lookup reads one row either way.
-            weights += t["n_bytes"] + row if shape.tied_output else row
+            weights += t.n_bytes + row if shape.tied_output else row
         else:
-            weights += t["n_bytes"]
+            weights += t.n_bytes
     kv = 2 * shape.n_layers * shape.n_kv_heads * shape.head_dim * depth * KV_TYPES[kv_type]
-    quantized = any(t["type"] not in _FLOAT_TYPES for t in tensors if _is_matmul(t, shape))
+    quantized = any(t.ggml_type not in _FLOAT_TYPES for kind, t in tensors if _is_matmul(kind, shape))
     total = round(weights + kv)
     return TokenBytes(
         weights_bytes=int(weights), kv_bytes=round(kv), total_bytes=total, weights_source=where, quantized=quantized
@@ -147,7 +134,7 @@ def flops_per_token(
     """
     _check_depth(depth)
     shape, tensors, where = _resolve(shape_or_gguf, weight_type)
-    params = sum(t["n_elements"] for t in tensors if _is_matmul(t, shape))
+    params = sum(t.n_elements for kind, t in tensors if _is_matmul(kind, shape))
     attn = 4 * shape.n_layers * shape.n_heads * shape.head_dim * depth
     return {"matmul_flops": 2 * params, "attention_flops": attn, "total_flops": 2 * params + attn, "source": where}
 

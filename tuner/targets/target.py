@@ -67,20 +67,18 @@ def resolve_target(
         )
         return Target(arch=arch, local_archs=local, ptx_jit=True)
     found = ", ".join(local) if local else "no GPU (only the CPU backend)"
-    hint = (
-        f" To run {arch.name}'s kernels on this newer GPU anyway (PTX JIT, measured speed is this GPU's), "
-        "add --ptx-jit."
-        if newer
-        else ""
+    instead = instead or (
+        f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check the whole "
+        "space here"
     )
     msg = (
         f"--arch {arch.name} asks for a {arch.vendor.upper()} {arch.family} GPU, but this machine has "
-        f"{found}. tuner never benchmarks one device and reports it as another. Use "
-        + (
-            instead
-            or f"`tuner search --arch {arch.name} --dry-run` to render, constraint-check and compile-check the whole "
-            "space here"
-        )
-        + f", or run the same command on a machine with that GPU.{hint}"
+        f"{found}. tuner never benchmarks one device and reports it as another. Use {instead}, or run the same "
+        "command on a machine with that GPU."
     )
+    if newer:
+        msg += (
+            f" To run {arch.name}'s kernels on this newer GPU anyway (PTX JIT, measured speed is this GPU's), "
+            "add --ptx-jit."
+        )
     raise UsageError(msg)
