@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from tuner.targets.target import Target
 
 
-def _sets(values: tuple[str, ...]) -> dict[str, str]:
-    return parse_pairs(values, "--set", "variant=cuda-no-graphs", what="KNOB")
-
-
 def _common(f: Callable[..., None]) -> Callable[..., None]:
     opts = [
         click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
@@ -189,9 +185,7 @@ def search(
     """
     from tuner.targets.target import resolve_target
 
-    kw["started"] = time.monotonic()  # --time-budget counts from here: detection, build and model included
     _shorthands(kw)
-
     if bool(replay) != replay_mode:
         raise UsageError(
             "--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ..."
@@ -220,18 +214,14 @@ def search(
     if kw["storage"] is not None:  # the shared storage check, before minutes of fetching and building (or a plan)
         check_storage(kw["storage"])
     if dry_run:
-        _dry_run(target, kw, as_json)
+        from tuner.search.dryrun import run_dry_run
+
+        run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
         return
     from tuner.cli.search_stage import search_and_export
 
     with storage_guard(kw["storage"]):  # a --time-budget stop exits 3 (tuner.cli.main): not a finished search
         search_and_export(_request(target, kw), export_dir)
-
-
-def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
-    from tuner.search.dryrun import run_dry_run
-
-    run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
 
 
 @click.command()
@@ -243,9 +233,7 @@ def worker(**kw: Any) -> None:
     from tuner.study.storage import check_storage, storage_guard
     from tuner.targets.target import resolve_target
 
-    kw["started"] = time.monotonic()  # --time-budget counts from here, as `tuner search`'s
     _shorthands(kw)
-
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
     target = resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"])
@@ -255,7 +243,9 @@ def worker(**kw: Any) -> None:
 
 
 def _shorthands(kw: dict[str, Any]) -> None:
-    """--rounds N (--min-rounds N --max-rounds N) and --reps N (both phases' reps), as every command reads them."""
+    """--rounds N (--min-rounds N --max-rounds N) and --reps N (both phases' reps), as every command reads them;
+    the start of the --time-budget clock: detection, build and model included."""
+    kw["started"] = time.monotonic()
     ctx = click.get_current_context()
     kw["min_rounds"], kw["max_rounds"] = round_limits(ctx, kw.pop("rounds"), kw["min_rounds"], kw["max_rounds"])
     reps = kw.pop("reps")
@@ -264,17 +254,19 @@ def _shorthands(kw: dict[str, Any]) -> None:
 
 
 def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
-    """The flags of a search (click has checked each one's type and range) as a :class:`SearchRequest`."""
+    """The flags of a search (click has checked each one's type and range) as a :class:`SearchRequest`;
+    ``--run-dir`` is refused before anything is fetched or built where it is or holds a symbolic link."""
+    from tuner.paths import refuse_linked_folder
     from tuner.search.request import SearchRequest
 
     return SearchRequest(
         target=target,
         started=kw.get("started"),
-        run_dir=_run_dir(kw["run_dir"]),
+        run_dir=None if kw["run_dir"] is None else refuse_linked_folder(kw["run_dir"], "--run-dir"),
         variants=tuple(kw["variants"]),
-        sets=_sets(kw["sets"]),
+        sets=parse_pairs(kw["sets"], "--set", "variant=cuda-no-graphs", what="KNOB"),
         gate=not kw["no_gate"],
-        tune_knobs=_globs(kw["tune_knobs"]),
+        tune_knobs=tuple(x.strip() for x in (kw["tune_knobs"] or "").split(",") if x.strip()),
         **{name: kw[name] for name in _AS_GIVEN},
     )
 
@@ -305,14 +297,3 @@ _AS_GIVEN = [
     "cpu_mask",
     "tune_depths",
 ]
-
-
-def _run_dir(path: Path | None) -> Path | None:
-    """``--run-dir``, refused before anything is fetched or built where it is or holds a symbolic link."""
-    from tuner.paths import refuse_linked_folder
-
-    return None if path is None else refuse_linked_folder(path, "--run-dir")
-
-
-def _globs(value: str | None) -> tuple[str, ...]:
-    return tuple(x.strip() for x in (value or "").split(",") if x.strip())
