@@ -348,11 +348,9 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
             raise _err(path, where, f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.")
     compile_knobs = tuple(_parse_knob(path, era, "compile", i, k) for i, k in enumerate(sec.get("compile", [])))
     runtime_knobs = tuple(_parse_knob(path, era, "runtime", i, k) for i, k in enumerate(sec.get("runtime", [])))
-    seen: set[str] = set()
-    for k in compile_knobs + runtime_knobs:
-        if k.name in seen:
-            raise _err(path, f"[era.{era}]", f"knob name {k.name!r} is used twice.")
-        seen.add(k.name)
+    names = [k.name for k in compile_knobs + runtime_knobs]
+    if (twice := next((n for i, n in enumerate(names) if n in names[:i]), None)) is not None:
+        raise _err(path, f"[era.{era}]", f"knob name {twice!r} is used twice.")
     return SearchSpace(
         arch=arch,
         era=era,
@@ -450,12 +448,8 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
                 rules.append(
                     FaRule(phase=Phase(m["phase"]), lo=int(m["lo"]), hi=None if hi is None else int(hi), kernel=str(v))
                 )
-        elif knob.kind == "threshold":
-            if v != knob.default:
-                env[f"GGML_TUNER_FA_T{m['id']}"] = str(v)
-        elif knob.kind == "env":
-            if v != knob.default:
-                env[str(m["env"])] = str(v)
+        elif knob.kind in ("threshold", "env") and v != knob.default:
+            env[f"GGML_TUNER_FA_T{m['id']}" if knob.kind == "threshold" else str(m["env"])] = str(v)
         elif knob.kind == "bench_flag" and v != BENCH_DEFAULT:
             args += [str(m["flag"]), str(v)]
     if rules:
