@@ -288,17 +288,13 @@ def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> N
         if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
             raise _err(path, where, f"{key} must be a positive integer, got {meta.get(key)!r}.")
 
-    if kind == "tile_row":
-        need("table", _TILE_TABLES)
-        need("field", _TILE_FIELDS)
-        for k in ("dkq", "dv", "ncols"):
+    if kind in ("tile_row", "mma_row"):
+        tile = kind == "tile_row"
+        need("table", _TILE_TABLES if tile else _MMA_TABLES)
+        need("field", _TILE_FIELDS if tile else _MMA_FIELDS)
+        for k in _KIND_KEYS[kind][1:-1]:  # dkq, dv, ncols (and an MMA row's ncols2)
             pos_int(k)
-    elif kind == "mma_row":
-        need("table", _MMA_TABLES)
-        need("field", _MMA_FIELDS)
-        for k in ("dkq", "dv", "ncols", "ncols2"):
-            pos_int(k)
-        if meta["ncols"] % meta["ncols2"]:
+        if not tile and meta["ncols"] % meta["ncols2"]:
             raise _err(path, where, f"ncols {meta['ncols']} is not a multiple of ncols2 {meta['ncols2']}.")
     elif kind == "wmma":
         need("field", _WMMA_FIELDS)
