@@ -227,8 +227,7 @@ def tu_header_name(tu: str) -> str:
 
     The CMake hook computes the same name with ``get_filename_component(... NAME_WE)``.
     """
-    name = Path(tu).name
-    return name.split(".", 1)[0] + ".h"
+    return Path(tu).name.split(".", 1)[0] + ".h"
 
 
 def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[str]:
