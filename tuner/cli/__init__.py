@@ -68,10 +68,7 @@ def _epilog() -> str:
     return "\b\nExit status:\n" + "\n".join(rows) + "\n"
 
 
-_EPILOG = _epilog()
-
-
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_EPILOG)
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_epilog())
 @click.version_option(__version__, prog_name="tuner")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv: debug).")
 @click.option(
@@ -94,24 +91,10 @@ def cli(verbose: int) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING if verbose < 2 else level))
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())[:200]
-
-
-def _blocker(path: str) -> str:
-    """The first existing ancestor of ``path`` that is not a folder (the file in the way), else ``path``."""
-    p = Path(path)
-    for a in [*reversed(p.parents), p]:
-        if a.exists() and not a.is_dir():
-            return str(a)
-    return path
-
-
 def os_error_message(err: OSError) -> str | None:
     """One paragraph for an OSError the user can fix (where, what is wrong, the fix): the OS names a path, or
     the disk is full; None (a bug) otherwise."""
-    path = err.filename if isinstance(err.filename, (str, bytes, os.PathLike)) else None
-    path = os.fsdecode(path) if path is not None else None
+    path = os.fsdecode(err.filename) if isinstance(err.filename, (str, bytes, os.PathLike)) else None
     where = f" ({path})" if path else ""
     code = err.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
@@ -140,7 +123,9 @@ def os_error_message(err: OSError) -> str | None:
             f"`chmod u+w {folder}`) or choose another -o / --run-dir / TUNER_HOME."
         )
     if code in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-        blocker = _blocker(path)
+        # the first existing ancestor of path that is not a folder (the file in the way), else path
+        p = Path(path)
+        blocker = next((str(a) for a in [*reversed(p.parents), p] if a.exists() and not a.is_dir()), path)
         kind = "a folder" if code == errno.EISDIR else "a file"
         return (
             f"{kind} is in the way at {blocker} ({err.strerror}: {path}). Remove or rename {blocker}, or choose "
@@ -155,15 +140,6 @@ def os_error_message(err: OSError) -> str | None:
 
 
 _SQLITE_FULL = "database or disk is full"  # SQLITE_FULL's message (sqlite3, sqlalchemy and Optuna pass it on)
-
-
-def _full_disk_in_chain(err: BaseException) -> bool:
-    """Whether ``err`` or an exception it came from is a full disk without a path: a study's SQLite write
-    (``sqlite3.OperationalError``, wrapped by SQLAlchemy/Optuna) fails so during a search."""
-    return any(
-        (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or _SQLITE_FULL in str(e)
-        for e in error_chain(err)
-    )
 
 
 def main() -> None:
@@ -207,10 +183,15 @@ def main() -> None:
         if usage is not None:
             click.echo(f"tuner: error: {usage}", err=True)
             sys.exit(usage.exit_code)
-        if _full_disk_in_chain(err):
+        # a full disk without a path, in err or an exception it came from: a study's SQLite write
+        # (sqlite3.OperationalError, wrapped by SQLAlchemy/Optuna) fails so during a search
+        if any(
+            (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or _SQLITE_FULL in str(e)
+            for e in error_chain(err)
+        ):
             click.echo(
                 f"tuner: error: {os_error_message(OSError(errno.ENOSPC, 'No space left on device'))} "
-                f"(the study database reported: {_one_line(err)})",
+                f"(the study database reported: {' '.join(str(err).split())[:200]})",
                 err=True,
             )
             sys.exit(1)

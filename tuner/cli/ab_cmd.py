@@ -24,13 +24,6 @@ from tuner.cli._params import (
 )
 from tuner.errors import UsageError
 
-
-def _has_fa_hook(bin_dir: Path) -> bool:
-    """Whether the build's GPU backend carries tuner's FA rules hook (the env name is in its binary)."""
-    libs = list(bin_dir.glob("libggml-cuda.so*")) + list(bin_dir.glob("libggml-hip.so*"))
-    return any(lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes() for lib in libs)
-
-
 _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule of the rounds past --min-rounds
 
 
@@ -104,7 +97,9 @@ def ab(
     # Bad syntax or a kernel other than VEC/TILE/MMA: one paragraph, exit 2. The hook gets the parsed
     # rules written back canonically: the C++ side does not strip the spaces the parser tolerates.
     rules = tuple(rules_env(parse_fa_rules(r)) for r in rules)
-    if not _has_fa_hook(bin_dir):
+    # the build's GPU backend carries tuner's FA rules hook where the env name is in its binary
+    libs = [*bin_dir.glob("libggml-cuda.so*"), *bin_dir.glob("libggml-hip.so*")]
+    if not any(lib.is_file() and b"GGML_TUNER_FA_RULES" in lib.read_bytes() for lib in libs):
         raise UsageError(
             f"{bin_dir} has no tuner FA rules hook (a CPU build, an unpatched llama.cpp or the 2025 rocWMMA "
             "tree), so a rule cannot change its kernel and nothing was measured. Build one with "

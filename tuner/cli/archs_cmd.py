@@ -179,10 +179,9 @@ def estimate(
         raise UsageError(one)
     if model_path is not None and weight_type is not None:
         raise UsageError("--quant applies to --like only; with --model the GGUF's own tensor types are used.")
-    if old_depths and click.get_current_context().get_parameter_source("depths") is ParameterSource.DEFAULT:
-        depths = tuple(sorted(set(old_depths)))
-    elif old_depths:
-        depths = tuple(sorted({*depths, *old_depths}))
+    if old_depths:  # they replace the default --depths, or join the ones given
+        given = click.get_current_context().get_parameter_source("depths") is not ParameterSource.DEFAULT
+        depths = tuple(sorted({*old_depths, *(depths if given else ())}))
     weight_type = (weight_type or DEFAULT_QUANT).lower()
     model: ModelShape | Path
     if like is not None:

@@ -33,10 +33,6 @@ if TYPE_CHECKING:
     from tuner.plan.seed_builds import SeedRun
 
 
-def _env(values: tuple[str, ...]) -> dict[str, str]:
-    return parse_pairs(values, "--env", "GGML_CUDA_DISABLE_GRAPHS=1")
-
-
 def _seed_runs(
     names: tuple[str, ...], n_builds: int, arch: str | None, era: str | None, model: Path, extra: tuple[str, ...]
 ) -> list[SeedRun]:
@@ -161,7 +157,7 @@ def bench(
         bandwidth=bandwidth,
         cpus=cpu_mask,
     )
-    env = _env(envs)
+    env = parse_pairs(envs, "--env", "GGML_CUDA_DISABLE_GRAPHS=1")
     envs_of = [{**r.env, **env} for r in runs] or [env] * len(bins)
     extra_of = [(*r.bench_args, *extra) for r in runs] or [tuple(extra)] * len(bins)
     frames = {}
@@ -179,9 +175,7 @@ def bench(
             frames = {t.label: res.frames[t.label] for t in targets}
             save_results(res.anchors, out / "anchors")
             save_results(res.drift, out / "drift")
-    written = []
-    for name, df in frames.items():
-        written += save_results(df, out / name)
+    written = [p for name, df in frames.items() for p in save_results(df, out / name)]
     import pandas as pd
 
     click.echo(render_table(pd.concat(frames.values(), ignore_index=True)))
@@ -220,10 +214,7 @@ def _load_aa(aa: tuple[Path, Path] | None) -> tuple[pd.DataFrame, pd.DataFrame] 
     return load_results(a1), load_results(a2)
 
 
-def _label(df: object, path: Path) -> str:
-    import pandas as pd
-
-    assert isinstance(df, pd.DataFrame)
+def _label(df: pd.DataFrame, path: Path) -> str:
     return str(df["label"].iloc[0]) if len(df) and "label" in df.columns else path.stem
 
 
@@ -327,8 +318,7 @@ def report(
 
         click.echo(json.dumps(report_records(frames, base, aa=aa, confidence=confidence), indent=1, ensure_ascii=False))
     else:
-        text = render_report(frames, base, aa=aa, confidence=confidence)
-        click.echo(text)
+        click.echo(render_report(frames, base, aa=aa, confidence=confidence))
     if out_dir is not None:
         text = render_report(frames, base, aa=aa, confidence=confidence)
         from tuner.paths import write_into

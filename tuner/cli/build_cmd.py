@@ -26,12 +26,6 @@ def parse_sets(items: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def _default_variant(arch: str) -> str:
-    if arch == "cpu":
-        return "cpu"
-    return "hip" if arch.startswith("gfx") else "cuda"
-
-
 @click.command("build")
 @click.option("--arch", required=True, help="Target from the arch database: cpu, sm_89, sm_90, gfx1151, ...")
 @click.option("--source", "spec", help="llama.cpp source SPEC (default: the pinned llama-cpp-python sdist).")
@@ -107,9 +101,8 @@ def build(
     src = source.fetch_source(spec) if spec else source.fetch_source()
     # Same key as `tuner search` makes: an sm_89 build on a newer GPU is 89-virtual so it runs here.
     local = [] if compile_only else detect_local_archs()
-    rv = render.render_variant(
-        src, arch, variant or _default_variant(arch), compile_values=values, local_archs=local, hooks=hooks
-    )
+    variant = variant or ("cpu" if arch == "cpu" else "hip" if arch.startswith("gfx") else "cuda")
+    rv = render.render_variant(src, arch, variant, compile_values=values, local_archs=local, hooks=hooks)
     for w in rv.warnings:
         log.warning(w)
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)

@@ -76,15 +76,10 @@ def render(
             raise UsageError(f"No search space for {arch!r}; pass --variant ({', '.join(VARIANTS)}).")
         variant = sp.variants[0]
     compile_values: dict[str, int] = {}
-    runtime_values: dict[str, int | str] = {}
-    if sets:
-        assert sp is not None
+    runtime = space_mod.RuntimeSettings(env={}, bench_args=())
+    if sp is not None:  # without a space there are no --set values (refused above)
         compile_values, runtime_values = space_mod.parse_set_values(sp, sets)
-    runtime = (
-        space_mod.render_runtime(sp, runtime_values)
-        if sp is not None
-        else space_mod.RuntimeSettings(env={}, bench_args=())
-    )
+        runtime = space_mod.render_runtime(sp, runtime_values)
     baked_runtime = {k: v for k, v in runtime.env.items() if k.startswith("GGML_TUNER_")} if baked else None
     rv = render_mod.render_variant(
         src,

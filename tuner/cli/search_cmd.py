@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["search", "worker"]
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,105 +34,93 @@ if TYPE_CHECKING:
     from tuner.targets.target import Target
 
 
-def _sets(values: tuple[str, ...]) -> dict[str, str]:
-    return parse_pairs(values, "--set", "variant=cuda-no-graphs", what="KNOB")
-
-
-def _common(f: Callable[..., None]) -> Callable[..., None]:
-    opts = [
-        click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
-        click.option("--source", "source_spec", default=None, help=f"llama.cpp SPEC (default {DEFAULT_SPEC})."),
-        click.option("--model", type=FILE, help="GGUF model to benchmark."),
-        click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
-        click.option(
-            "--quant",
-            default=None,
-            help=f"Weight type of the synthesized model (default {DEFAULT_QUANT}, as `tuner estimate` assumes; the CPU's "
-            "default is written directly, others by the built llama-quantize); f16: the synthesized model as it is.",
-        ),
-        click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
-        number_option("--pp", click.IntRange(1, 16384), "Prompt tokens per pp test."),
-        number_option("--tg", click.IntRange(1, 4096), "Generated tokens per tg test."),
-        click.option(
-            "--trials",
-            type=click.IntRange(0, 100000),
-            default=None,
-            envvar="TUNER_TRIALS",
-            show_envvar=True,
-            help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget).",
-        ),
-        number_option(
-            "--time-budget",
-            click.FloatRange(1),
-            "Seconds from the command's start (the build and the model count); no build, round or trial starts "
-            "that would end past it. The same command resumes from the study; exit 3 where it stopped.",
-        ),
-        click.option(
-            "--storage",
-            default=None,
-            help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study.",
-        ),
-        click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
-        click.option("--run-dir", type=DIR, default=None, help="Default ./tuner-runs/<study>."),
-        number_option("--jobs", click.IntRange(1, 1024), "Parallel compile jobs."),
-        click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
-        click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
-        click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
-        click.option("--seed", type=int, default=0, show_default=True),
-        number_option(
-            "--min-rounds",
-            click.IntRange(2, 100),
-            "Paired, interleaved rounds at least (screen and confirm).",
-            default=3,
-        ),
-        number_option("--max-rounds", click.IntRange(2, 100), "Rounds at most (default 6 on a GPU, 7 on the CPU)."),
-        number_option(
-            "--ci-target",
-            click.FloatRange(0.1, 50),
-            "Stop adding rounds when every paired 95% CI half-width is within this many percent.",
-            default=1.0,
-        ),
-        number_option(
-            "--reps-pp",
-            click.IntRange(1, 100),
-            "Kept repetitions of a prefill test per call (default 8 on a GPU, 1 on the CPU; a discarded one is added). Calls shared by both phases use the larger.",
-        ),
-        number_option(
-            "--reps-tg",
-            click.IntRange(1, 100),
-            "Kept repetitions of a decode test per call (default 3 on a GPU, 1 on the CPU).",
-        ),
-        click.option(
-            "--screen",
-            type=click.Choice(["auto", "kernel", "llama-bench"]),
-            default="auto",
-            show_default=True,
-            help="What times the kernel screen: kernel = test-backend-ops FLASH_ATTN_EXT at the model's shape "
-            "(seconds a round; auto picks it on an NVIDIA GPU with the whole model offloaded), llama-bench = end to end. "
-            "The confirm stage always uses llama-bench.",
-        ),
-        number_option(
-            "--confirm-extra",
-            click.IntRange(0, 8),
-            "Depths the confirm stage adds between the ladder's, shallowest first from 8192 (default 1; each costs a depth fill per call).",
-        ),
-        number_option(
-            "--refine",
-            click.IntRange(0, 10),
-            "Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU; llama-bench screen only: the op-level screen does not refine, the confirm places boundaries).",
-        ),
-        click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
-        click.option(
-            "--ptx-jit",
-            is_flag=True,
-            help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
-        ),
-    ]
-    return stacked(*opts, *_SHORTHANDS, *_TUNE_OPTIONS)(f)
-
-
-# the spellings ab, bench and sweep take for their rounds and repetitions (folded in by _shorthands)
-_SHORTHANDS = [
+# the options `tuner search` and `tuner worker` share
+_COMMON_OPTIONS = [
+    click.option("--arch", help="Target arch (default: the local GPU, else cpu). See `tuner archs`."),
+    click.option("--source", "source_spec", default=None, help=f"llama.cpp SPEC (default {DEFAULT_SPEC})."),
+    click.option("--model", type=FILE, help="GGUF model to benchmark."),
+    click.option("--like", help="Synthesize a random-weight model of this shape (see `tuner model synth`)."),
+    click.option(
+        "--quant",
+        default=None,
+        help=f"Weight type of the synthesized model (default {DEFAULT_QUANT}, as `tuner estimate` assumes; the CPU's "
+        "default is written directly, others by the built llama-quantize); f16: the synthesized model as it is.",
+    ),
+    click.option("--depths", callback=depths_option, help="Comma-separated KV depths, e.g. 0,4096,16384,32768."),
+    number_option("--pp", click.IntRange(1, 16384), "Prompt tokens per pp test."),
+    number_option("--tg", click.IntRange(1, 4096), "Generated tokens per tg test."),
+    click.option(
+        "--trials",
+        type=click.IntRange(0, 100000),
+        default=None,
+        envvar="TUNER_TRIALS",
+        show_envvar=True,
+        help="Tune trials the study should reach (0 skips the tune stage; CI sets TUNER_TRIALS for a small budget).",
+    ),
+    number_option(
+        "--time-budget",
+        click.FloatRange(1),
+        "Seconds from the command's start (the build and the model count); no build, round or trial starts "
+        "that would end past it. The same command resumes from the study; exit 3 where it stopped.",
+    ),
+    click.option(
+        "--storage",
+        default=None,
+        help="Optuna storage URL (default: SQLite in the run dir); postgresql://... to share a study.",
+    ),
+    click.option("--study", default=None, help="Study name (default: <arch>-<model>-<era>)."),
+    click.option("--run-dir", type=DIR, default=None, help="Default ./tuner-runs/<study>."),
+    number_option("--jobs", click.IntRange(1, 1024), "Parallel compile jobs."),
+    click.option("--variant", "variants", multiple=True, help="Restrict to these variants (repeatable)."),
+    click.option("--set", "sets", multiple=True, help="Pin a knob: --set KNOB=VALUE (repeatable)."),
+    click.option("--no-gate", is_flag=True, help="Skip the test-backend-ops correctness gate (not recommended)."),
+    click.option("--seed", type=int, default=0, show_default=True),
+    number_option(
+        "--min-rounds", click.IntRange(2, 100), "Paired, interleaved rounds at least (screen and confirm).", default=3
+    ),
+    number_option("--max-rounds", click.IntRange(2, 100), "Rounds at most (default 6 on a GPU, 7 on the CPU)."),
+    number_option(
+        "--ci-target",
+        click.FloatRange(0.1, 50),
+        "Stop adding rounds when every paired 95% CI half-width is within this many percent.",
+        default=1.0,
+    ),
+    number_option(
+        "--reps-pp",
+        click.IntRange(1, 100),
+        "Kept repetitions of a prefill test per call (default 8 on a GPU, 1 on the CPU; a discarded one is added). Calls shared by both phases use the larger.",
+    ),
+    number_option(
+        "--reps-tg",
+        click.IntRange(1, 100),
+        "Kept repetitions of a decode test per call (default 3 on a GPU, 1 on the CPU).",
+    ),
+    click.option(
+        "--screen",
+        type=click.Choice(["auto", "kernel", "llama-bench"]),
+        default="auto",
+        show_default=True,
+        help="What times the kernel screen: kernel = test-backend-ops FLASH_ATTN_EXT at the model's shape "
+        "(seconds a round; auto picks it on an NVIDIA GPU with the whole model offloaded), llama-bench = end to end. "
+        "The confirm stage always uses llama-bench.",
+    ),
+    number_option(
+        "--confirm-extra",
+        click.IntRange(0, 8),
+        "Depths the confirm stage adds between the ladder's, shallowest first from 8192 (default 1; each costs a depth fill per call).",
+    ),
+    number_option(
+        "--refine",
+        click.IntRange(0, 10),
+        "Bisection steps where the winning kernel changes between depths (default 1 on a GPU, 0 on the CPU; llama-bench screen only: the op-level screen does not refine, the confirm places boundaries).",
+    ),
+    click.option("--cpu-mask", callback=cpu_mask_option, help=CPU_MASK_HELP),
+    click.option(
+        "--ptx-jit",
+        is_flag=True,
+        help="Run an older NVIDIA target's kernels on this newer NVIDIA GPU (e.g. sm_89 as 89-virtual on an H100).",
+    ),
+    # the spellings ab, bench and sweep take for their rounds and repetitions (folded in by _shorthands)
     rounds_option("the screen and the confirm"),
     number_option(
         "--reps",
@@ -140,8 +128,6 @@ _SHORTHANDS = [
         "llama-bench repetitions per call for both phases, as `tuner bench`/`ab` take it; --reps-pp and "
         "--reps-tg set one phase's.",
     ),
-]
-_TUNE_OPTIONS = [
     click.option(
         "--tune-knobs",
         default=None,
@@ -160,7 +146,7 @@ _TUNE_OPTIONS = [
 
 
 @click.command()
-@_common
+@stacked(*_COMMON_OPTIONS)
 @click.option(
     "--dry-run", is_flag=True, help="Render, constraint-check and compile-check the space; benchmark nothing."
 )
@@ -189,9 +175,7 @@ def search(
     """
     from tuner.targets.target import resolve_target
 
-    kw["started"] = time.monotonic()  # --time-budget counts from here: detection, build and model included
     _shorthands(kw)
-
     if bool(replay) != replay_mode:
         raise UsageError(
             "--replay takes the recorded files as arguments: tuner search --replay pp-default.jsonl tg-default.jsonl ..."
@@ -220,7 +204,9 @@ def search(
     if kw["storage"] is not None:  # the shared storage check, before minutes of fetching and building (or a plan)
         check_storage(kw["storage"])
     if dry_run:
-        _dry_run(target, kw, as_json)
+        from tuner.search.dryrun import run_dry_run
+
+        run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
         return
     from tuner.cli.search_stage import search_and_export
 
@@ -228,14 +214,8 @@ def search(
         search_and_export(_request(target, kw), export_dir)
 
 
-def _dry_run(target: Target, kw: Mapping[str, Any], as_json: bool) -> None:
-    from tuner.search.dryrun import run_dry_run
-
-    run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
-
-
 @click.command()
-@_common
+@stacked(*_COMMON_OPTIONS)
 def worker(**kw: Any) -> None:
     """Join a study that `tuner search` screened and composed (``--storage postgresql://... --study NAME``)
     and add tune trials until --trials or the budget; `tuner search` again confirms and exports."""
@@ -243,9 +223,7 @@ def worker(**kw: Any) -> None:
     from tuner.study.storage import check_storage, storage_guard
     from tuner.targets.target import resolve_target
 
-    kw["started"] = time.monotonic()  # --time-budget counts from here, as `tuner search`'s
     _shorthands(kw)
-
     if not kw["storage"] or not kw["study"]:
         raise UsageError("tuner worker needs --storage URL and --study NAME of a study that `tuner search` created.")
     target = resolve_target(kw["arch"], ptx_jit=kw["ptx_jit"])
@@ -255,7 +233,9 @@ def worker(**kw: Any) -> None:
 
 
 def _shorthands(kw: dict[str, Any]) -> None:
-    """--rounds N (--min-rounds N --max-rounds N) and --reps N (both phases' reps), as every command reads them."""
+    """--rounds N (--min-rounds N --max-rounds N) and --reps N (both phases' reps), as every command reads them;
+    the start of the --time-budget clock: detection, build and model included."""
+    kw["started"] = time.monotonic()
     ctx = click.get_current_context()
     kw["min_rounds"], kw["max_rounds"] = round_limits(ctx, kw.pop("rounds"), kw["min_rounds"], kw["max_rounds"])
     reps = kw.pop("reps")
@@ -264,17 +244,19 @@ def _shorthands(kw: dict[str, Any]) -> None:
 
 
 def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
-    """The flags of a search (click has checked each one's type and range) as a :class:`SearchRequest`."""
+    """The flags of a search (click has checked each one's type and range) as a :class:`SearchRequest`;
+    ``--run-dir`` is refused before anything is fetched or built where it is or holds a symbolic link."""
+    from tuner.paths import refuse_linked_folder
     from tuner.search.request import SearchRequest
 
     return SearchRequest(
         target=target,
         started=kw.get("started"),
-        run_dir=_run_dir(kw["run_dir"]),
+        run_dir=None if kw["run_dir"] is None else refuse_linked_folder(kw["run_dir"], "--run-dir"),
         variants=tuple(kw["variants"]),
-        sets=_sets(kw["sets"]),
+        sets=parse_pairs(kw["sets"], "--set", "variant=cuda-no-graphs", what="KNOB"),
         gate=not kw["no_gate"],
-        tune_knobs=_globs(kw["tune_knobs"]),
+        tune_knobs=tuple(x.strip() for x in (kw["tune_knobs"] or "").split(",") if x.strip()),
         **{name: kw[name] for name in _AS_GIVEN},
     )
 
@@ -305,14 +287,3 @@ _AS_GIVEN = [
     "cpu_mask",
     "tune_depths",
 ]
-
-
-def _run_dir(path: Path | None) -> Path | None:
-    """``--run-dir``, refused before anything is fetched or built where it is or holds a symbolic link."""
-    from tuner.paths import refuse_linked_folder
-
-    return None if path is None else refuse_linked_folder(path, "--run-dir")
-
-
-def _globs(value: str | None) -> tuple[str, ...]:
-    return tuple(x.strip() for x in (value or "").split(",") if x.strip())

@@ -61,7 +61,6 @@ _grid_options = stacked(
     ),
     click.option(
         "--n-kv",
-        "n_kv",
         callback=depths_option,
         help="Comma-separated n_kv points, multiples of 256 (default: octaves 256..131072; half-octaves "
         "add 768,1536,...,98304 for boundaries within a factor of 1.5).",
@@ -212,7 +211,6 @@ def run_cmd(
 )
 @click.option(
     "--like",
-    "like",
     multiple=True,
     help="Models whose dense projection sizes (m x k) are timed, repeatable (default: llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b).",
 )

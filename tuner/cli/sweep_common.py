@@ -1,8 +1,8 @@
-"""Options and the default build shared by the ``tuner sweep`` commands (sweep_cmd, sweep_confirm_cmd)."""
+"""Options shared by the ``tuner sweep`` commands (sweep_cmd, sweep_confirm_cmd)."""
 
 from __future__ import annotations
 
-__all__ = ["budget_stop", "default_build", "measure_options", "run_options"]
+__all__ = ["budget_stop", "measure_options", "run_options"]
 
 import contextlib
 import sys
@@ -12,13 +12,6 @@ from pathlib import Path
 import click
 
 from tuner.cli._params import DIR, FILE, F, build_option, output_option, stacked
-
-
-def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
-    """:func:`tuner.sweep.build.default_build` (imported when a command runs: it loads the builder)."""
-    from tuner.sweep.build import default_build as build
-
-    return build(arch, spec, extra)
 
 
 def measure_options(*, build_help: str, backend_help: str, storage: str) -> Callable[[F], F]:

@@ -50,11 +50,6 @@ def _threads(cpus: Cpus) -> Legal:
     return Legal(choices=(BENCH_DEFAULT, *values), low=1, high=cpus.logical, why=why)
 
 
-def _kv_bytes(shape: Mapping[str, int], tokens: int) -> int:
-    """f16 K and V for ``tokens`` positions (llama-bench's default cache type)."""
-    return 2 * 2 * shape["n_layers"] * shape["n_kv_heads"] * shape["head_dim"] * tokens
-
-
 def _full_offload(high: int, why: str) -> Legal:
     """Only llama-bench's default (every layer offloaded) is sampled; a pin may be 0..``high``."""
     return Legal(choices=(BENCH_DEFAULT,), low=0, high=high, why=why)
@@ -70,14 +65,13 @@ def _ngl(shape: Mapping[str, int] | None, model_bytes: int | None, gpu_free: int
     head = f"-ngl must be 0..{top} for this model ({n} layers + the output layer; default offloads all)"
     if gpu_free is None or model_bytes is None:
         return _full_offload(top, f"{head}; GPU free memory unknown, so only full offload is sampled")
-    need = model_bytes + _kv_bytes(shape, tokens)
+    # the weights and f16 K and V for tokens positions (llama-bench's default cache type)
+    need = model_bytes + 2 * 2 * shape["n_layers"] * shape["n_kv_heads"] * shape["head_dim"] * tokens
     budget = int(gpu_free * _FIT_MARGIN)
     gib = 1 << 30
     if need <= budget:
-        why = (
-            f"{head}; it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free), so only full offload is sampled"
-        )
-        return _full_offload(top, why)
+        fits = f"it fits ({need / gib:.1f} GiB of {gpu_free / gib:.1f} GiB free)"
+        return _full_offload(top, f"{head}; {fits}, so only full offload is sampled")
     fit = min(n, budget * top // need)  # layers that fit, each carrying its share of weights and KV
     steps = sorted({s for s in (fit, fit * 3 // 4, fit // 2) if s > 0})
     return Legal(

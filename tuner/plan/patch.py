@@ -44,15 +44,10 @@ def _env_for(folder: str) -> jinja2.Environment:
     )
 
 
-def _env() -> jinja2.Environment:
-    """The environment over the package's ``templates/``."""
-    return _env_for(str(data_dir("templates")))
-
-
 def render_template(template: str, context: Mapping[str, Any], *, what: str) -> str:
     """Render one template; TunerError names it (and ``what`` it is for) when it is missing or fails."""
     try:
-        return _env().get_template(template).render(**context)
+        return _env_for(str(data_dir("templates"))).get_template(template).render(**context)
     except jinja2.TemplateNotFound as err:
         raise TunerError(f"Template {template!r} ({what}) was not found under {data_dir('templates')}.") from err
     except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as err:

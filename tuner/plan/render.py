@@ -26,6 +26,7 @@ __all__ = [
     "variant_family",
 ]
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -151,10 +152,7 @@ def render_defines(
             f"--source pypi:llama-cpp-python==0.3.16 (a 2025-08 llama.cpp that still has GGML_HIP_ROCWMMA_FATTN), "
             f"or pick variant 'hip'."
         )
-    warnings: list[str] = []
-    cuda_arch = ""
-    if limits.vendor == "nvidia":
-        cuda_arch, warnings = _cuda_arch_value(limits, local_archs)
+    cuda_arch, warnings = _cuda_arch_value(limits, local_archs) if limits.vendor == "nvidia" else ("", [])
     declared = _declared_options(source_root)
     template = f"cmake/{variant}.j2"
     context = {
@@ -229,8 +227,7 @@ def tu_header_name(tu: str) -> str:
 
     The CMake hook computes the same name with ``get_filename_component(... NAME_WE)``.
     """
-    name = Path(tu).name
-    return name.split(".", 1)[0] + ".h"
+    return Path(tu).name.split(".", 1)[0] + ".h"
 
 
 def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[str]:
@@ -249,19 +246,10 @@ def find_hooked_tus(source_root: Path, era: str, family: str = "cuda") -> list[s
     return sorted(out)
 
 
-def _tile_tu(dkq: int, dv: int) -> str:
-    return f"{_INSTANCES}/fattn-tile-instance-dkq{dkq}-dv{dv}.cu"
-
-
-def _mma_tu(ncols: int, ncols2: int) -> str:
-    return f"{_INSTANCES}/fattn-mma-f16-instance-ncols1_{ncols // ncols2}-ncols2_{ncols2}.cu"
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _RowOverride:
     kind: str  # tile | mma
     table: str
-    key: tuple[int, int, int]
     row: constraints.TileRow | constraints.MmaRow
     tu: str
 
@@ -294,7 +282,11 @@ def _row_overrides(
         row = constraints.with_fields(upstream, fields)
         if row == upstream:
             continue  # identical to upstream: no override, so identical candidates share binaries
-        tu = _tile_tu(key[0], key[1]) if kind == "tile_row" else _mma_tu(key[2], ncols2)
+        tu = (
+            f"{_INSTANCES}/fattn-tile-instance-dkq{key[0]}-dv{key[1]}.cu"
+            if kind == "tile_row"
+            else f"{_INSTANCES}/fattn-mma-f16-instance-ncols1_{key[2] // ncols2}-ncols2_{ncols2}.cu"
+        )
         if not (source_root / tu).is_file():
             raise UsageError(
                 f"Knobs for {kind} {table} {key} target {tu}, which this tree lacks; check the knob's ncols2 "
@@ -307,7 +299,7 @@ def _row_overrides(
                     f"Knobs for {kind} {table} {key} target head size {key[0]} of {whole}, which instantiates no "
                     f"DECL_FATTN_MMA_F16_CASE({key[0]}, ...) in this tree; pick a head size that instance compiles."
                 )
-        out.append(_RowOverride(kind="tile" if kind == "tile_row" else "mma", table=table, key=key, row=row, tu=tu))
+        out.append(_RowOverride(kind="tile" if kind == "tile_row" else "mma", table=table, row=row, tu=tu))
     return out, wmma
 
 
@@ -348,8 +340,7 @@ def _baked_context(
         if m:
             t[int(m.group(1))] = _int_value(key, raw, 0, _INT_MAX)
         elif key == "GGML_TUNER_FA_RULES":
-            for r in fa_rules.parse_fa_rules(str(raw)):
-                rules.append(_baked_rule(r))
+            rules += [_baked_rule(r) for r in fa_rules.parse_fa_rules(str(raw))]
         elif key == "GGML_TUNER_WMMA_DECODE":
             wmma_decode = _int_value(key, raw, 0, 1)
         elif key == "GGML_TUNER_WMMA_DECODE_MIN_KV":
@@ -422,52 +413,6 @@ def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
     return v
 
 
-def _checked_compile_values(
-    root: Path,
-    arch: str,
-    era: str,
-    sp: SearchSpace | None,
-    values: Mapping[str, int],
-    *,
-    shape: Mapping[str, int] | None,
-    checked: bool,
-) -> dict[str, int]:
-    """Compile-time values range-checked against the space and (unless ``checked``: the caller did)
-    constraint-checked; UsageError otherwise."""
-    if sp is None:
-        raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-    compile_values = space_mod.check_compile_values(sp, values)
-    if checked:
-        return dict(compile_values)
-    violations = space_mod.check_constraints(arch, era, compile_values, shape, space=sp, source_root=root)
-    if violations:
-        raise UsageError(
-            f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
-            + "; ".join(v.message for v in violations)
-            + ". Pick values that satisfy these rules (nothing was compiled)."
-        )
-    return compile_values
-
-
-def _patch_context(
-    root: Path,
-    arch: str,
-    era: str,
-    sp: SearchSpace | None,
-    compile_values: Mapping[str, int],
-    baked_runtime: Mapping[str, object] | None,
-) -> dict[str, Any]:
-    """Template context of the patch: the runtime hook's defaults, or (baked) values compiled in."""
-    context: dict[str, Any] = {"baked": baked_runtime is not None, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
-    if baked_runtime is not None:
-        context.update(_baked_context(root, era, sp, compile_values, baked_runtime))
-    else:
-        context.update(
-            t=_THRESHOLD_DEFAULTS, rules=[], baked_rows={}, wmma=_WMMA_DEFAULTS, wmma_decode=0, wmma_min_kv=0
-        )
-    return context
-
-
 class SourceTree(models.SourceTree, Protocol):
     """What a render reads of a :class:`tuner.source.Source`: its tree, id and era."""
 
@@ -515,20 +460,36 @@ def render_variant(
     compile_values = dict(compile_values or {})
     defines, warnings = render_defines(root, arch, variant, era, local_archs=local_archs)
     family = variant_family(variant)
-    sp = None
-    if compile_values or family != "cpu":
-        sp = space if space is not None else _find_space(arch, era)
-    if compile_values:
-        compile_values = _checked_compile_values(
-            root, arch, era, sp, compile_values, shape=model_shape, checked=checked
-        )
+    sp = space  # a CPU build without compile-time values needs none
+    if sp is None and (compile_values or family != "cpu"):
+        with contextlib.suppress(space_mod.SpaceNotFound):
+            sp = space_mod.load_space(arch, era)
+    if compile_values:  # range-checked against the space and, unless the caller did (checked), constraint-checked
+        if sp is None:
+            raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
+        compile_values = space_mod.check_compile_values(sp, compile_values)
+        if not checked:
+            violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
+            if violations:
+                raise UsageError(
+                    f"Candidate {dict(compile_values)} is illegal on {arch} (era {era}): "
+                    + "; ".join(v.message for v in violations)
+                    + ". Pick values that satisfy these rules (nothing was compiled)."
+                )
     patch, opt_in = "", tuple(sorted(set(hooks)))
     files: Mapping[str, str] = {}
     tu_headers: Mapping[str, str] = {}
     if family == "cpu" and hooks:
         raise UsageError(f"A CPU build has no opt-in hooks ({', '.join(hooks)}): they patch GPU sources.")
     if family != "cpu":
-        context = _patch_context(root, arch, era, sp, compile_values, baked_runtime)
+        # the patch's template context: the runtime hook's defaults, or (baked) values compiled in
+        context: dict[str, Any] = {"baked": baked_runtime is not None, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
+        if baked_runtime is not None:
+            context.update(_baked_context(root, era, sp, compile_values, baked_runtime))
+        else:
+            context.update(
+                t=_THRESHOLD_DEFAULTS, rules=[], baked_rows={}, wmma=_WMMA_DEFAULTS, wmma_decode=0, wmma_min_kv=0
+            )
         patch, files = render_patch(root, era, family, context, opt_in=opt_in)
         if baked_runtime is None:
             tu_headers = (
@@ -550,10 +511,3 @@ def render_variant(
         warnings=tuple(warnings),
         hooks=opt_in,
     )
-
-
-def _find_space(arch: str, era: str) -> SearchSpace | None:
-    try:
-        return space_mod.load_space(arch, era)
-    except space_mod.SpaceNotFound:
-        return None

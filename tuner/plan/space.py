@@ -127,26 +127,19 @@ class Knob:
 
     def coerce(self, value: object) -> int | str:
         """Type- and range-check one value (strings from --set are converted); UsageError names the allowed ones."""
-        want_int = (self.choices is None) or all(isinstance(c, int) for c in self.choices)
-        v: int | str
         text = str(value).strip()
+        v: int | str = text
         if (
-            not want_int
-            and self.choices is not None  # always so when not want_int; tells the type checker
-            and re.fullmatch(r"-?\d+", text)
-            and (self.low is not None or int(text) in self.choices)
+            self.choices is None
+            or all(isinstance(c, int) for c in self.choices)
+            # a number for a knob mixing "default" and integers (threads, -ngl)
+            or (re.fullmatch(r"-?\d+", text) and (self.low is not None or int(text) in self.choices))
         ):
-            want_int = True  # a number for a knob mixing "default" and integers (threads, -ngl)
-        if want_int:
-            if isinstance(value, bool):
-                value = int(value)
             try:
-                v = int(str(value).strip())
+                v = int(value) if isinstance(value, bool) else int(text)
             except ValueError:
                 msg = f"Knob {self.name!r} takes an integer, got {value!r}. Allowed: {self.allowed()}."
                 raise UsageError(msg) from None
-        else:
-            v = str(value).strip()
         if self.choices is not None and self.low is not None:  # derived: sampled choices, any pin in range
             if v not in self.choices and not (isinstance(v, int) and self.low <= v <= int(self.high or 0)):
                 raise UsageError(f"Knob {self.name!r} does not allow {v!r}: {self.meta.get('legal', self.allowed())}.")
@@ -198,10 +191,10 @@ def _err(path: Path, where: str, msg: str) -> UsageError:
     return UsageError(f"{path}: {where}: {msg}")
 
 
-def _only_keys(doc: Mapping[str, Any], allowed: Sequence[str], path: Path, where: str) -> None:
+def _only_keys(doc: Mapping[str, Any], allowed: Sequence[str], path: Path, where: str, label: str = "Allowed") -> None:
     for key in doc:
         if key not in allowed:
-            msg = f"unknown key {key!r}.{close_matches(key, list(allowed))} Allowed: {', '.join(allowed)}."
+            msg = f"unknown key {key!r}.{close_matches(key, list(allowed))} {label}: {', '.join(allowed)}."
             raise _err(path, where, msg)
 
 
@@ -215,11 +208,7 @@ def _parse_knob(path: Path, era: str, section: str, i: int, raw: Mapping[str, An
     if kind not in kinds:
         msg = f"kind {kind!r} is not allowed in [{section}]; allowed: {', '.join(kinds)}.{close_matches(str(kind), kinds)}"
         raise _err(path, where, msg)
-    allowed_keys = _COMMON_KEYS + _KIND_KEYS[kind]
-    for key in raw:
-        if key not in allowed_keys:
-            msg = f"unknown key {key!r}.{close_matches(key, allowed_keys)} Allowed keys for kind {kind}: {', '.join(allowed_keys)}."
-            raise _err(path, where, msg)
+    _only_keys(raw, _COMMON_KEYS + _KIND_KEYS[kind], path, where, f"Allowed keys for kind {kind}")
     meta = {k: raw[k] for k in _KIND_KEYS[kind] if k in raw}
     if "phases" in raw:  # the phases a knob can affect: the tune stage measures it only there
         ph = raw["phases"]
@@ -299,17 +288,13 @@ def _check_meta(path: Path, where: str, kind: str, meta: Mapping[str, Any]) -> N
         if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
             raise _err(path, where, f"{key} must be a positive integer, got {meta.get(key)!r}.")
 
-    if kind == "tile_row":
-        need("table", _TILE_TABLES)
-        need("field", _TILE_FIELDS)
-        for k in ("dkq", "dv", "ncols"):
+    if kind in ("tile_row", "mma_row"):
+        tile = kind == "tile_row"
+        need("table", _TILE_TABLES if tile else _MMA_TABLES)
+        need("field", _TILE_FIELDS if tile else _MMA_FIELDS)
+        for k in _KIND_KEYS[kind][1:-1]:  # dkq, dv, ncols (and an MMA row's ncols2)
             pos_int(k)
-    elif kind == "mma_row":
-        need("table", _MMA_TABLES)
-        need("field", _MMA_FIELDS)
-        for k in ("dkq", "dv", "ncols", "ncols2"):
-            pos_int(k)
-        if meta["ncols"] % meta["ncols2"]:
+        if not tile and meta["ncols"] % meta["ncols2"]:
             raise _err(path, where, f"ncols {meta['ncols']} is not a multiple of ncols2 {meta['ncols2']}.")
     elif kind == "wmma":
         need("field", _WMMA_FIELDS)
@@ -359,11 +344,9 @@ def parse_space(doc: Mapping[str, Any], *, path: Path, arch: str, era: str) -> S
             raise _err(path, where, f"unknown variant {v!r}.{close_matches(v, VARIANTS)} Known: {', '.join(VARIANTS)}.")
     compile_knobs = tuple(_parse_knob(path, era, "compile", i, k) for i, k in enumerate(sec.get("compile", [])))
     runtime_knobs = tuple(_parse_knob(path, era, "runtime", i, k) for i, k in enumerate(sec.get("runtime", [])))
-    seen: set[str] = set()
-    for k in compile_knobs + runtime_knobs:
-        if k.name in seen:
-            raise _err(path, f"[era.{era}]", f"knob name {k.name!r} is used twice.")
-        seen.add(k.name)
+    names = [k.name for k in compile_knobs + runtime_knobs]
+    if (twice := next((n for i, n in enumerate(names) if n in names[:i]), None)) is not None:
+        raise _err(path, f"[era.{era}]", f"knob name {twice!r} is used twice.")
     return SearchSpace(
         arch=arch,
         era=era,
@@ -461,12 +444,8 @@ def render_runtime(sp: SearchSpace, values: Mapping[str, object]) -> RuntimeSett
                 rules.append(
                     FaRule(phase=Phase(m["phase"]), lo=int(m["lo"]), hi=None if hi is None else int(hi), kernel=str(v))
                 )
-        elif knob.kind == "threshold":
-            if v != knob.default:
-                env[f"GGML_TUNER_FA_T{m['id']}"] = str(v)
-        elif knob.kind == "env":
-            if v != knob.default:
-                env[str(m["env"])] = str(v)
+        elif knob.kind in ("threshold", "env") and v != knob.default:
+            env[f"GGML_TUNER_FA_T{m['id']}" if knob.kind == "threshold" else str(m["env"])] = str(v)
         elif knob.kind == "bench_flag" and v != BENCH_DEFAULT:
             args += [str(m["flag"]), str(v)]
     if rules:
@@ -571,8 +550,6 @@ def check_constraints(
     for (kind, table, key, ncols2), fields in groups.items():
         if not fields:
             continue
-        base = (
-            upstream_row(source_root, kind, table, key, space=sp) if source_root else default_row(sp, kind, table, key)
-        )
+        base = upstream_row(source_root, kind, table, key, space=sp)  # without a tree: the space's defaults
         rows.append((kind, table, with_fields(base, fields), ncols2))
     return check_candidate(limits, rows, wmma=wmma, model_shape=model_shape)
