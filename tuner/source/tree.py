@@ -68,12 +68,11 @@ def find_era(root: Path) -> str:
     if has_mma and not has_wmma:
         return "mma"
     found = "fattn-wmma-f16 without the option" if has_wmma else "neither kernel file"
-    msg = (
+    raise UsageError(
         f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) with the CMake "
         f"option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} without rocWMMA (era 'mma'), and found "
         f"{found}. Use a llama.cpp from 2025-06 or later (e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
     )
-    raise UsageError(msg)
 
 
 def find_commit(root: Path, *, changelog: str | None = None) -> str | None:
