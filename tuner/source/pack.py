@@ -131,12 +131,16 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 _MAX_META_BYTES = 1 << 20
 _MAX_MEMBERS = 500_000
 _MAX_BYTES = 4 << 30  # unpacked; a whole llama.cpp tree is well under 1 GB
-_FILTER_ERRORS = getattr(tarfile, "FilterError", ()) or ()  # Python >= 3.11.4
+_FILTER_ERRORS = (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()  # Python >= 3.11.4
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
 
 class _BadPack(Exception):
     """One reason a pack is refused (becomes the UsageError of :func:`unpack_source`)."""
+
+
+# tarfile's own filter (Python >= 3.11.4) refuses the same packs; the checks should leave it nothing to refuse
+_REFUSED: tuple[type[Exception], ...] = (_BadPack, *_FILTER_ERRORS)
 
 
 def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
@@ -301,12 +305,7 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
         if not norm.startswith("path:"):
             cache.write_json(cache.index_file(norm), {"spec": norm, "source_id": sid})
         return src
-    except _BadPack as err:
-        raise UsageError(
-            f"{archive} is not a valid tuner source pack: {err}. Write it again with "
-            "`tuner source pack SPEC -o FILE` on the machine that has the tree."
-        ) from None
-    except _FILTER_ERRORS as err:  # the checks above should leave tarfile's own filter nothing to refuse
+    except _REFUSED as err:
         raise UsageError(
             f"{archive} is not a valid tuner source pack: {err}. Write it again with "
             "`tuner source pack SPEC -o FILE` on the machine that has the tree."

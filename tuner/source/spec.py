@@ -73,7 +73,6 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
     """Parse a SPEC string (the forms: module docstring); UsageError for an unknown scheme, an unpinned or
     malformed pypi requirement, another package, a git spec without ``@REF``, or a path that is missing or
     not a llama.cpp tree."""
-
     spec = (spec or DEFAULT_SPEC).strip()
     scheme, sep, rest = spec.partition(":")
     if not sep or scheme not in _SCHEMES:
