@@ -131,10 +131,9 @@ def read_bytes_in(folder: Path, rel: str, *, limit: int = MAX_FILE_BYTES) -> byt
             st = os.lstat(cur)
         except OSError as err:
             raise FolderError(f"{cur} cannot be read ({err.strerror})") from err
-        last = i == len(parts) - 1
         if stat.S_ISLNK(st.st_mode):
             raise FolderError(f"{cur} is a symbolic link; a result folder is read without following links")
-        if not last and not stat.S_ISDIR(st.st_mode):
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
             raise FolderError(f"{cur} is not a folder")
     try:  # O_NONBLOCK: a FIFO swapped in after the lstat above does not hang the open
         fd = os.open(cur, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))

@@ -539,13 +539,12 @@ _ABS_PATH = re.compile(r"(?<![\w.])/[^\s:;,)]+")
 def _trials(trials: Sequence[TrialSummary], method: str = "llama-bench") -> str:
     rows = []
     for t in trials:
-        status = t.status
         vals = t.objectives
         score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
         note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        if status != "ok" and t.reason:
+        if t.status != "ok" and t.reason:
             note += f" ({_ABS_PATH.sub(lambda m: Path(m.group()).name, str(t.reason))[:90]})"
-        rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
+        rows.append([f"trial{t.number}", t.status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
     timer = (
