@@ -125,8 +125,7 @@ def run_pip_download(version: str, dest: Path) -> Path:
                 f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against '{sys.executable} -m pip "
                 f"index versions {PYPI_NAME}' and pin one that exists, e.g. {DEFAULT_SPEC!r}."
             )
-        full = _no_space_in(text, dest)
-        if full is not None:
+        if (full := _no_space_in(text, dest)) is not None:
             raise full
         last = "\n".join(text.splitlines()[-15:])
         raise TunerError(
@@ -149,8 +148,7 @@ def _fetch_pypi(parsed: SourceSpec) -> Source:
             sdist = run_pip_download(parsed.value, staging / "download")
         digest = file_sha256(sdist)
         sid = digest[:16]
-        hit = load_cached(sid, norm)
-        if hit is not None:  # same bytes under another spec spelling / a lost index
+        if (hit := load_cached(sid, norm)) is not None:  # same bytes under another spec spelling / a lost index
             return hit
         with log.step(f"Extracting vendor/llama.cpp from {sdist.name}"):
             changelog = _extract_vendor_tree(sdist, staging / "llama.cpp")
@@ -212,8 +210,7 @@ def _fetch_git(parsed: SourceSpec) -> Source:
             argv = ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)]
             res = run(argv, check=False, timeout=3600, what="git clone")
             if res.returncode != 0:
-                full = _no_space_in(res.output, tree)
-                if full is not None:
+                if (full := _no_space_in(res.output, tree)) is not None:
                     raise full
                 raise TunerError(
                     f"git clone of {parsed.value} failed (exit {res.returncode}: "
@@ -228,8 +225,7 @@ def _fetch_git(parsed: SourceSpec) -> Source:
                 )
             commit = run(["git", "-C", str(tree), "rev-parse", "HEAD"], what="git rev-parse").output.strip()
         sid = commit[:16]
-        hit = load_cached(sid, norm)
-        if hit is not None:
+        if (hit := load_cached(sid, norm)) is not None:
             return hit
         require_tree(tree, norm)
         # The cache is a plain tree; the commit is recorded in source.json.

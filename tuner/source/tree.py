@@ -82,8 +82,7 @@ def find_commit(root: Path, *, changelog: str | None = None) -> str | None:
     """
     if changelog is not None:
         return _commit_from_changelog(changelog)
-    head = git_head(root)
-    if head:
+    if head := git_head(root):
         return head
     parent = root.parent.parent
     if root.parent.name == "vendor" and (parent / "CHANGELOG.md").is_file():
@@ -340,11 +339,9 @@ def source_info(src: Source) -> dict[str, Any]:
         tables["tile"] = {"file": f"{_CUDA_DIR}/fattn-tile.cuh", "rows": tile}
     if mma:
         tables["mma"] = {"file": f"{_CUDA_DIR}/{_MMA_FILE}", "rows": mma}
-    specs = [f"{a}x{b}" for a, b in _B_MMA_SPEC_RE.findall(mma_text)]
-    if specs:
+    if specs := [f"{a}x{b}" for a, b in _B_MMA_SPEC_RE.findall(mma_text)]:
         tables["mma_f16_config"] = {"file": f"{_CUDA_DIR}/{_MMA_FILE}", "specializations": specs}
-    wmma = [f"{_CUDA_DIR}/{f}" for f in _WMMA_FILES if (cuda / f).is_file()]
-    if wmma:
+    if wmma := [f"{_CUDA_DIR}/{f}" for f in _WMMA_FILES if (cuda / f).is_file()]:
         tables["wmma"] = {"files": wmma}
     fams = (re.sub(r"-instance.*$", "", p.stem) for p in sorted((cuda / "template-instances").glob("fattn-*.cu")))
     instances = dict(collections.Counter(fams))
