@@ -229,8 +229,7 @@ def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> t
     submodule, and inside a git work tree git applies paths relative to its root ("Skipped patch"). FolderError,
     with nothing copied, where the patch names a path outside the tree."""
     text = patch if isinstance(patch, str) else read_text_in(patch.parent, patch.name)
-    bad = unsafe_patch_paths(text)
-    if bad:
+    if bad := unsafe_patch_paths(text):
         raise FolderError(
             f"the patch names {len(bad)} path(s) that are not plain relative paths inside the tree "
             f"({', '.join(repr(b) for b in bad[:3])}); nothing was copied or applied"

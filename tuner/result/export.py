@@ -143,8 +143,7 @@ def check_out_dir(out_dir: Path) -> None:
             "move the file away."
         )
     if out_dir.is_dir():
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
-        if foreign:
+        if foreign := sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES):
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise UsageError(
                 f"{out_dir} exists and holds files an export does not write ({shown}). An export replaces its folder "

@@ -265,8 +265,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
             {k: v for k, v in _gate_check_row(b).items() if k not in ("verdict", "reasons", "thresholds")}
             for b in gate["band"]
         ]
-    rej = gate.get("rejected")
-    if rej:
+    if rej := gate.get("rejected"):
         out["rejected"] = {
             "rules": list(rej.get("rules") or []),
             "tuned": _sampled(rej.get("tuned")),
@@ -331,8 +330,7 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
         return {"like": like, "quant": quant, "synthetic": False}
     if like:
         return {"like": like, "quant": quant, "synthetic": True}
-    m = _SYNTH_NAME.match(path.stem)
-    if m:
+    if m := _SYNTH_NAME.match(path.stem):
         wt = m.group("wt")
         return {
             "like": m.group("like"),

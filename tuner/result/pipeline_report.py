@@ -381,8 +381,7 @@ def report_text(
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
     measured = set((outcome.knobs_dropped or {}).get("phases") or ())
-    left = [p for p in outcome.upstream_phases if p not in measured]
-    if left:
+    if left := [p for p in outcome.upstream_phases if p not in measured]:
         out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(left)}.\n")
     if outcome.knobs_dropped:
         out.append("\n" + knobs_dropped_section(outcome))

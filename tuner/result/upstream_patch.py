@@ -325,8 +325,7 @@ def git_diff(path: str, old: str, new: str) -> str:
     a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
     out = [f"diff --git a/{path} b/{path}\n", f"index {_blob(old)[:7]}..{_blob(new)[:7]} 100644\n"]
     for ln in difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=3):
-        m = re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln)
-        if m:
+        if m := re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln):
             fn = _funcname(a, int(m.group(1)) - 1)
             ln = ln.rstrip("\n") + (f" {fn}" if fn else "") + "\n"
         out.append(ln)
