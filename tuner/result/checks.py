@@ -216,12 +216,6 @@ def unsafe_patch_paths(text: str) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-def _touched(text: str) -> list[str]:
-    """Tree-relative paths of the files a (checked) diff changes."""
-    rels = {p[2:] for ln in text.splitlines() if ln.startswith("--- ") for p, _ in _path_names(ln)}
-    return sorted(rels)
-
-
 def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> tuple[_run.RunResult, dict[str, str]]:
     """``git apply`` (``--check`` by default) of ``patch`` (its text, or a result folder's file) against
     pristine copies of the files it touches: the run's result and, when applied (``check=False``, exit 0), each
@@ -234,7 +228,7 @@ def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> t
             f"the patch names {len(bad)} path(s) that are not plain relative paths inside the tree "
             f"({', '.join(repr(b) for b in bad[:3])}); nothing was copied or applied"
         )
-    rels = _touched(text)
+    rels = sorted({p[2:] for ln in text.splitlines() if ln.startswith("--- ") for p, _ in _path_names(ln)})
     with tempfile.TemporaryDirectory(prefix="tuner-apply-") as scratch:
         tree, pfile = Path(scratch) / "tree", Path(scratch) / "patch.diff"
         tree.mkdir()
