@@ -96,16 +96,13 @@ def summary_line(outcome: SearchOutcome) -> str:
             else "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection."
         )
     best = max(faster, key=lambda r: r["speedup"])
+    test = f"{best['phase']}{512 if best['phase'] == 'pp' else 128}@d{best['depth']}"
     return (
         f"Result: {len(faster)} point(s) faster than upstream {by}, best "
-        f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
+        f"{test} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
         f"rules: {', '.join(outcome.rule_texts) or 'none'}"
         + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else ".")
     )
-
-
-def _test(r: Mapping[str, object], pp: int = 512, tg: int = 128) -> str:
-    return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
 
 
 def export_pipeline(
