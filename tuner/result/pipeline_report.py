@@ -424,7 +424,6 @@ def report_text(
 
 
 def _why_rules(rules: Mapping[FaRule, str]) -> str:
-    """Rules with why each was dropped or narrowed."""
     return "; ".join(f"`{r.text}` ({w})" for r, w in rules.items())
 
 

@@ -72,7 +72,6 @@ def as_float(x: Any) -> float:
 
 
 def _phase_of(p: Mapping[str, object]) -> str:
-    """A point's phase (``pp``/``tg``), from ``phase`` or the test name."""
     return str(p.get("phase") or str(p.get("test", ""))[:2])
 
 

@@ -167,7 +167,6 @@ def _narrowed_errors(choice: object) -> list[str]:
 
 
 def _failed_why(check: str, ok: bool, why: str) -> Finding:
-    """A finding whose detail is ``why`` only where the check failed."""
     return Finding(check=check, ok=ok, detail="" if ok else why)
 
 
@@ -313,7 +312,6 @@ def _files_findings(folder: Path) -> list[Finding]:
 
 
 def _first(items: Sequence[str], n: int) -> str:
-    """The first ``n`` of ``items``, with how many more there are."""
     return "; ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
 
 

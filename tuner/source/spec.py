@@ -107,7 +107,6 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
 
 
 def _parse_path(spec: str, rest: str) -> Path:
-    """The resolved llama.cpp tree a ``path:`` SPEC names."""
     missing = (
         f"SPEC {spec!r}: directory {rest!r} does not exist. Give the path of a llama.cpp "
         "checkout (the folder holding CMakeLists.txt and ggml/), e.g. 'path:~/src/llama.cpp'."
