@@ -131,10 +131,9 @@ def read_bytes_in(folder: Path, rel: str, *, limit: int = MAX_FILE_BYTES) -> byt
             st = os.lstat(cur)
         except OSError as err:
             raise FolderError(f"{cur} cannot be read ({err.strerror})") from err
-        last = i == len(parts) - 1
         if stat.S_ISLNK(st.st_mode):
             raise FolderError(f"{cur} is a symbolic link; a result folder is read without following links")
-        if not last and not stat.S_ISDIR(st.st_mode):
+        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
             raise FolderError(f"{cur} is not a folder")
     try:  # O_NONBLOCK: a FIFO swapped in after the lstat above does not hang the open
         fd = os.open(cur, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -217,12 +216,6 @@ def unsafe_patch_paths(text: str) -> list[str]:
     return list(dict.fromkeys(bad))
 
 
-def _touched(text: str) -> list[str]:
-    """Tree-relative paths of the files a (checked) diff changes."""
-    rels = {p[2:] for ln in text.splitlines() if ln.startswith("--- ") for p, _ in _path_names(ln)}
-    return sorted(rels)
-
-
 def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> tuple[_run.RunResult, dict[str, str]]:
     """``git apply`` (``--check`` by default) of ``patch`` (its text, or a result folder's file) against
     pristine copies of the files it touches: the run's result and, when applied (``check=False``, exit 0), each
@@ -230,13 +223,12 @@ def git_apply_to_copy(patch: Path | str, root: Path, *, check: bool = True) -> t
     submodule, and inside a git work tree git applies paths relative to its root ("Skipped patch"). FolderError,
     with nothing copied, where the patch names a path outside the tree."""
     text = patch if isinstance(patch, str) else read_text_in(patch.parent, patch.name)
-    bad = unsafe_patch_paths(text)
-    if bad:
+    if bad := unsafe_patch_paths(text):
         raise FolderError(
             f"the patch names {len(bad)} path(s) that are not plain relative paths inside the tree "
             f"({', '.join(repr(b) for b in bad[:3])}); nothing was copied or applied"
         )
-    rels = _touched(text)
+    rels = sorted({p[2:] for ln in text.splitlines() if ln.startswith("--- ") for p, _ in _path_names(ln)})
     with tempfile.TemporaryDirectory(prefix="tuner-apply-") as scratch:
         tree, pfile = Path(scratch) / "tree", Path(scratch) / "patch.diff"
         tree.mkdir()

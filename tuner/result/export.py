@@ -143,8 +143,7 @@ def check_out_dir(out_dir: Path) -> None:
             "move the file away."
         )
     if out_dir.is_dir():
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
-        if foreign:
+        if foreign := sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES):
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
             raise UsageError(
                 f"{out_dir} exists and holds files an export does not write ({shown}). An export replaces its folder "
@@ -303,61 +302,50 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
     """Write the result folder of a finished study; returns ``out_dir``. ``like``/``weight_type``: the model
     shape for the roofline when the GGUF is not here (default: the study's)."""
     study, source, space, w = finished.study, finished.source, finished.space, finished.winner
-    study_name = study.study_name
     h = load_header(study)
     vals = dict(w.values)
     rule_knobs = {x.name for x in space.runtime_knobs if x.kind in RULE_KINDS}
     choice = Choice.of(space, vals, runtime={k: v for k, v in vals.items() if k not in rule_knobs})
     baked = baked_runtime(w.rules, choice.fa_env)
-    rv = export_render(
-        source, h.required(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked
-    )
+    arch = h.required(h.arch, "arch")
+    rv = export_render(source, arch, choice.variant, compile_values=choice.compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        _write_result(finished, tmp, rv, choice, like=like, weight_type=weight_type)
-    log.info(f"exported {study_name} -> {out_dir}")
+        write_build_files(tmp, rv, preset_name=f"tuned-{arch.replace('_', '')}")
+        model = Path(h.required(h.model, "model"))
+        depths = ",".join(map(str, h.depths))
+        write_run_env(tmp, choice.run_env, (), model=model.name, depths=depths, args=choice.args)
+        trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
+        g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
+        measured = _measured(study)
+        config = {
+            "schema": SCHEMA_VERSION,
+            "source": source_table(source),
+            "hashes": hashes_table(rv),
+            "target": {
+                "arch": h.arch,
+                "measured_on": _device_name(study),
+                "measured_arch": measured[0],
+                "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or dict(h.toolchain),
+            },
+            "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
+            "choice": {
+                "variant": choice.variant,
+                "global_config": w.global_config,
+                "compile": choice.compile_values,
+                "runtime_env": choice.run_env,
+                "fa_env": choice.fa_env,
+                "bench_args": choice.args,
+                "fa_rules": rules_texts(w.rules),
+            },
+            "defines": dict(rv.defines),
+            "buckets": list(w.buckets),
+            "gate": (legacy.trial_attr(g_trial, "gate") if g_trial else None) or {"status": "unknown"},
+            "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
+        }
+        (tmp / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
+        _write_report(finished, tmp, measured, like=like, weight_type=weight_type, no_patch=not rv.patch)
+    log.info(f"exported {study.study_name} -> {out_dir}")
     return out_dir
-
-
-def _write_result(
-    finished: Finished, out_dir: Path, rv: RenderedVariant, choice: Choice, *, like: str | None, weight_type: str | None
-) -> None:
-    study, source, w = finished.study, finished.source, finished.winner
-    h = load_header(study)
-    write_build_files(out_dir, rv, preset_name=f"tuned-{h.required(h.arch, 'arch').replace('_', '')}")
-    model = Path(h.required(h.model, "model"))
-    depths = ",".join(map(str, h.depths))
-    write_run_env(out_dir, choice.run_env, (), model=model.name, depths=depths, args=choice.args)
-    trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
-    g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
-    measured = _measured(study)
-    config = {
-        "schema": SCHEMA_VERSION,
-        "source": source_table(source),
-        "hashes": hashes_table(rv),
-        "target": {
-            "arch": h.arch,
-            "measured_on": _device_name(study),
-            "measured_arch": measured[0],
-            "toolchain": (legacy.trial_attr(g_trial, "toolchain") if g_trial else None) or dict(h.toolchain),
-        },
-        "model": {"file": model.name, "depths": h.depths, "pp": h.pp, "tg": h.tg},
-        "choice": {
-            "variant": choice.variant,
-            "global_config": w.global_config,
-            "compile": choice.compile_values,
-            "runtime_env": choice.run_env,
-            "fa_env": choice.fa_env,
-            "bench_args": choice.args,
-            "fa_rules": rules_texts(w.rules),
-        },
-        "defines": dict(rv.defines),
-        "buckets": list(w.buckets),
-        "gate": (legacy.trial_attr(g_trial, "gate") if g_trial else None) or {"status": "unknown"},
-        "study": {"name": study.study_name, "n_trials": len(study.trials), "profile": h.profile},
-    }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study.study_name))))
-    like, weight_type = like or legacy.study_attr(study, "like"), weight_type or legacy.study_attr(study, "weight_type")
-    _write_report(finished, out_dir, measured, like=like, weight_type=weight_type, no_patch=not rv.patch)
 
 
 def write_run_env(
@@ -479,6 +467,7 @@ def _write_report(
 
     study, w = finished.study, finished.winner
     results, base = finished.results, finished.base
+    like, weight_type = like or legacy.study_attr(study, "like"), weight_type or legacy.study_attr(study, "weight_type")
     h = load_header(study)
     roof = _roofline_for(h, like, weight_type, measured) or {}
     rows: dict[str, list[dict[str, object]]] = {"baseline": [], "tuned": []}

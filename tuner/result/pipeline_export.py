@@ -58,7 +58,6 @@ from tuner.targets.host import mask_text
 from tuner.targets.models import load_models, read_gguf
 
 if TYPE_CHECKING:
-    from tuner.plan.variant import RenderedVariant
     from tuner.source.spec import Source
 
 SCHEMA_VERSION = 3
@@ -97,32 +96,13 @@ def summary_line(outcome: SearchOutcome) -> str:
             else "Result: no forced kernel or knob beat upstream in the screen and tune; the export is upstream's selection."
         )
     best = max(faster, key=lambda r: r["speedup"])
+    test = f"{best['phase']}{512 if best['phase'] == 'pp' else 128}@d{best['depth']}"
     return (
         f"Result: {len(faster)} point(s) faster than upstream {by}, best "
-        f"{_test(best)} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
+        f"{test} {100 * (best['speedup'] - 1):+.1f}% (95% CI {100 * (best['ci_low'] - 1):+.1f}..{100 * (best['ci_high'] - 1):+.1f}%); "
         f"rules: {', '.join(outcome.rule_texts) or 'none'}"
         + (f"; output-equivalence gate: {gate['verdict']} ({len(gate.get('checks', []))} check(s))." if gate else ".")
     )
-
-
-def _test(r: Mapping[str, object], pp: int = 512, tg: int = 128) -> str:
-    return f"{r['phase']}{pp if r['phase'] == 'pp' else tg}@d{r['depth']}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Export:
-    """What a pipeline export writes from; ``study`` (the Optuna study) and ``storage`` only for the report's
-    parameter importances and dashboard line, ``like``/``weight_type`` for PR.md's model note."""
-
-    outcome: SearchOutcome
-    study: optuna.Study
-    storage: str
-    source: Source
-    rv: RenderedVariant
-    gate: Mapping[str, object]
-    choice: Choice
-    like: str | None = None
-    weight_type: str | None = None
 
 
 def export_pipeline(
@@ -151,80 +131,60 @@ def export_pipeline(
     choice = dataclasses.replace(choice, args=[*choice.args, *(StudyState(study).host_args or [])])
     baked = baked_runtime(outcome.rules, choice.fa_env)
     rv = export_render(source, need(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked)
-    e = _Export(
-        outcome=outcome,
-        study=study,
-        storage=storage,
-        source=source,
-        rv=rv,
-        gate=gate,
-        choice=choice,
-        like=like,
-        weight_type=weight_type,
-    )
     with staged_export(out_dir) as tmp:
-        _write_pipeline(tmp, e)
+        write_build_files(tmp, rv, preset_name=f"tuned-{need(h.arch, 'arch').replace('_', '')}")
+        model = Path(need(h.model, "model"))
+        ds = ",".join(map(str, outcome.confirm_depths or h.depths))
+        mask = mask_text(h.cpu_mask or [])
+        write_run_env(tmp, choice.run_env, outcome.rules, model=model.name, depths=ds, args=choice.args, mask=mask)
+        config: dict[str, Any] = {
+            "schema": SCHEMA_VERSION,
+            "source": source_table(source),
+            "hashes": hashes_table(rv),
+            "target": {
+                "arch": h.arch,
+                "measured_on": device_name(h, "unknown"),
+                "toolchain": dict(h.toolchain),
+                "cpu_mask": mask or None,
+            },
+            "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
+            "choice": {
+                "variant": choice.variant,
+                "compile": choice.compile_values,
+                "runtime_env": choice.run_env,
+                "fa_env": choice.fa_env,
+                "bench_args": choice.args,
+                "fa_rules": rules_texts(outcome.rules),
+                "dropped_rules": as_stored(dict(outcome.dropped)),
+                "narrowed_rules": as_stored(dict(outcome.narrowed)),
+                "tune_trial": outcome.tuned.trial if outcome.tuned else None,
+            },
+            "defines": dict(rv.defines),
+            "points": [
+                {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
+                for r in outcome.rows
+            ],
+            "gate": gate_table(gate),
+            **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
+            "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
+            "study": {"name": h.name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
+            **({"cost": outcome.cost} if outcome.cost else {}),
+        }
+        (tmp / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, h.name))))
+        points = confirmed_points(outcome.rows, need(h.pp, "pp"), need(h.tg, "tg"))
+        _write_upstream(
+            tmp, source, h, outcome.rules, points, defines=dict(rv.defines), like=like, weight_type=weight_type
+        )
+        if points:
+            title = f"{h.arch} {model.name}: final vs upstream (confirm)"
+            plot_speedup(points, tmp / "speedup.png", title=title, rules=outcome.rules)
+        _write_pareto(tmp / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
+        report = report_text(
+            outcome, study=study, storage=storage, gate=config["gate"], residency=config.get("residency")
+        )
+        (tmp / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir
-
-
-def _write_pipeline(out_dir: Path, e: _Export) -> None:
-    """Every file of the export, into ``out_dir`` (the staging folder of :func:`export_pipeline`)."""
-    outcome, source, rv, choice = e.outcome, e.source, e.rv, e.choice
-    h = outcome.header
-    study_name = h.name
-    rules = outcome.rules
-    write_build_files(out_dir, rv, preset_name=f"tuned-{need(h.arch, 'arch').replace('_', '')}")
-    model = Path(need(h.model, "model"))
-    ds = ",".join(map(str, outcome.confirm_depths or h.depths))
-    mask = mask_text(h.cpu_mask or [])
-    write_run_env(out_dir, choice.run_env, rules, model=model.name, depths=ds, args=choice.args, mask=mask)
-    config: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "source": source_table(source),
-        "hashes": hashes_table(rv),
-        "target": {
-            "arch": h.arch,
-            "measured_on": device_name(h, "unknown"),
-            "toolchain": dict(h.toolchain),
-            "cpu_mask": mask or None,
-        },
-        "model": {"file": model.name, "shape": dict(h.shape), "depths": list(h.depths), "pp": h.pp, "tg": h.tg},
-        "choice": {
-            "variant": choice.variant,
-            "compile": choice.compile_values,
-            "runtime_env": choice.run_env,
-            "fa_env": choice.fa_env,
-            "bench_args": choice.args,
-            "fa_rules": rules_texts(rules),
-            "dropped_rules": as_stored(dict(outcome.dropped)),
-            "narrowed_rules": as_stored(dict(outcome.narrowed)),
-            "tune_trial": outcome.tuned.trial if outcome.tuned else None,
-        },
-        "defines": dict(rv.defines),
-        "points": [
-            {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
-            for r in outcome.rows
-        ],
-        "gate": gate_table(e.gate),
-        **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
-        "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
-        "study": {"name": study_name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
-        **({"cost": outcome.cost} if outcome.cost else {}),
-    }
-    (out_dir / "config.toml").write_text(tomli_w.dumps(tomlable(portable_paths(config, study_name))))
-    points = confirmed_points(outcome.rows, need(h.pp, "pp"), need(h.tg, "tg"))
-    _write_upstream(
-        out_dir, source, h, outcome.rules, points, defines=dict(rv.defines), like=e.like, weight_type=e.weight_type
-    )
-    if points:
-        title = f"{h.arch} {model.name}: final vs upstream (confirm)"
-        plot_speedup(points, out_dir / "speedup.png", title=title, rules=rules)
-    _write_pareto(out_dir / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
-    report = report_text(
-        outcome, study=e.study, storage=e.storage, gate=config["gate"], residency=config.get("residency")
-    )
-    (out_dir / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
 
 
 def _checked_gate(study_name: str, outcome: SearchOutcome) -> dict[str, object]:
@@ -302,8 +262,7 @@ def gate_table(gate: Mapping[str, Any]) -> dict[str, object]:
             {k: v for k, v in _gate_check_row(b).items() if k not in ("verdict", "reasons", "thresholds")}
             for b in gate["band"]
         ]
-    rej = gate.get("rejected")
-    if rej:
+    if rej := gate.get("rejected"):
         out["rejected"] = {
             "rules": list(rej.get("rules") or []),
             "tuned": _sampled(rej.get("tuned")),
@@ -368,8 +327,7 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
         return {"like": like, "quant": quant, "synthetic": False}
     if like:
         return {"like": like, "quant": quant, "synthetic": True}
-    m = _SYNTH_NAME.match(path.stem)
-    if m:
+    if m := _SYNTH_NAME.match(path.stem):
         wt = m.group("wt")
         return {
             "like": m.group("like"),

@@ -381,8 +381,7 @@ def report_text(
     tuned = outcome.tuned
     out.append(f"Process-wide / compile-time knobs: {dict(tuned.params) if tuned else 'upstream defaults'}.\n")
     measured = set((outcome.knobs_dropped or {}).get("phases") or ())
-    left = [p for p in outcome.upstream_phases if p not in measured]
-    if left:
+    if left := [p for p in outcome.upstream_phases if p not in measured]:
         out.append(f"Phases left exactly as upstream (identical config, not re-measured): {', '.join(left)}.\n")
     if outcome.knobs_dropped:
         out.append("\n" + knobs_dropped_section(outcome))
@@ -425,7 +424,6 @@ def report_text(
 
 
 def _why_rules(rules: Mapping[FaRule, str]) -> str:
-    """Rules with why each was dropped or narrowed."""
     return "; ".join(f"`{r.text}` ({w})" for r, w in rules.items())
 
 
@@ -539,13 +537,12 @@ _ABS_PATH = re.compile(r"(?<![\w.])/[^\s:;,)]+")
 def _trials(trials: Sequence[TrialSummary], method: str = "llama-bench") -> str:
     rows = []
     for t in trials:
-        status = t.status
         vals = t.objectives
         score = f"pp x{vals[0]:.3f}, tg x{vals[1]:.3f}" if len(vals) == 2 else "-"
         note = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        if status != "ok" and t.reason:
+        if t.status != "ok" and t.reason:
             note += f" ({_ABS_PATH.sub(lambda m: Path(m.group()).name, str(t.reason))[:90]})"
-        rows.append([f"trial{t.number}", status, score, ", ".join(t.phases) or "-", note or "-"])
+        rows.append([f"trial{t.number}", t.status, score, ", ".join(t.phases) or "-", note or "-"])
     if not rows:
         return "## Tune\n\nNo Optuna trials (nothing left to sample, or --trials 0).\n"
     timer = (

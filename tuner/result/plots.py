@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 import io
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -71,7 +72,6 @@ def as_float(x: Any) -> float:
 
 
 def _phase_of(p: Mapping[str, object]) -> str:
-    """A point's phase (``pp``/``tg``), from ``phase`` or the test name."""
     return str(p.get("phase") or str(p.get("test", ""))[:2])
 
 
@@ -154,25 +154,17 @@ def speedup_spans(points: Sequence[Mapping[str, Any]], rules: Sequence[FaRule] =
     for ph in {_phase_of(p) for p in points}:
         sub = sorted((p for p in points if _phase_of(p) == ph), key=lambda p: int(p["depth"]))
         ds = [int(p["depth"]) for p in sub]
-        i = 0
-        while i < len(sub):
-            k = sub[i].get("kernel")
-            if not k or k == sub[i].get("upstream_kernel"):
-                i += 1
+        chosen = [p.get("kernel") if p.get("kernel") != p.get("upstream_kernel") else None for p in sub]
+        for k, run in itertools.groupby(range(len(sub)), key=chosen.__getitem__):
+            if not k:
                 continue
-            j = i
-            while (
-                j + 1 < len(sub)
-                and sub[j + 1].get("kernel") == k
-                and sub[j + 1].get("kernel") != sub[j + 1].get("upstream_kernel")
-            ):
-                j += 1
+            i, *rest = run
+            j = rest[-1] if rest else i
             x0 = (ds[i - 1] + ds[i]) / 2 if i > 0 else ds[i]
             x1 = (ds[j] + ds[j + 1]) / 2 if j + 1 < len(ds) else None
             out.setdefault(ph, []).append(
                 {"x0": x0, "x1": x1, "kernel": str(k), "upstream": str(sub[i].get("upstream_kernel") or "")}
             )
-            i = j + 1
     return out
 
 

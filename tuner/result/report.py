@@ -282,16 +282,14 @@ def render_report(
     out = [f"# {title}", ""] + _intro(frames, labels, baseline)
     for k, pts in pairs:
         out += [f"## {k} vs {baseline}", ""]
-        warn = aa_warning(frames[baseline], frames[k])
-        if warn:
+        if warn := aa_warning(frames[baseline], frames[k]):
             out += [f"**Note: {warn}**", ""]
         out += [compare_table(pts, name_a=baseline, name_b=k), "", ESTIMATORS, ""]
     if not pairs:
         out += ["Only one variant: nothing to compare.", ""]
     all_pts = [p for _, pts in pairs for p in pts]
     out += ["## Method", "", method_paragraph("separate runs", confidence=confidence, noise=noise_line(all_pts)), ""]
-    drifted = [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]
-    if drifted:
+    if drifted := [k for k in labels if "drift_corrected" in frames[k] and frames[k]["drift_corrected"].eq(True).any()]:
         out += ["Drift-corrected by the interleaved baseline anchor: " + ", ".join(drifted) + ".", ""]
     out += _roofline(frames, labels)
     return "\n".join(out)

@@ -56,8 +56,7 @@ def gpu_skip(arch: str, local: Sequence[str]) -> list[Finding]:
 
 def find_ncu() -> Path | None:
     """Nsight Compute's command line: on PATH, in the CUDA toolkit, or a standalone install."""
-    found = shutil.which("ncu")
-    if found:
+    if found := shutil.which("ncu"):
         return Path(found)
     cands = [
         Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin/ncu",

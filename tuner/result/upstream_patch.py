@@ -325,8 +325,7 @@ def git_diff(path: str, old: str, new: str) -> str:
     a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
     out = [f"diff --git a/{path} b/{path}\n", f"index {_blob(old)[:7]}..{_blob(new)[:7]} 100644\n"]
     for ln in difflib.unified_diff(a, b, f"a/{path}", f"b/{path}", n=3):
-        m = re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln)
-        if m:
+        if m := re.match(r"@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", ln):
             fn = _funcname(a, int(m.group(1)) - 1)
             ln = ln.rstrip("\n") + (f" {fn}" if fn else "") + "\n"
         out.append(ln)
@@ -381,18 +380,6 @@ def _range(rule: FaRule) -> str:
     if rule.hi is None:
         return f"n_kv >= {rule.lo}" if rule.lo else "any n_kv"
     return f"{rule.lo} <= n_kv < {rule.hi}" if rule.lo else f"n_kv < {rule.hi}"
-
-
-def _upstream_kernels(rules: Sequence[FaRule], points: Sequence[Mapping[str, Any]]) -> dict[int, set[str]]:
-    """Rule index -> the upstream kernels of the measured points it covers."""
-    up: dict[int, set[str]] = {}
-    for i, r in enumerate(rules):
-        for p in points:
-            d = int(p.get("depth", -1))
-            if str(p.get("phase")) in (r.phase.bench, r.phase.value) and r.covers(d):
-                if p.get("upstream_kernel"):
-                    up.setdefault(i, set()).add(str(p["upstream_kernel"]))
-    return up
 
 
 def models_note(*, model_file: str, shape: Mapping[str, object], like: str | None, synthetic: bool | None) -> str:
@@ -514,7 +501,6 @@ def render_pr_body(
     paired rounds per point (default: the points' ``rounds``); ``note``: an extra paragraph, verbatim;
     ``models``: :func:`models_note`; ``noise_ceiling_pct``: the A/A noise above which a phase claims nothing."""
     name = arch.name
-    up = _upstream_kernels(rules, points)
     kernels = sorted({r.kernel for r in rules})
     title = (
         f"CUDA: FlashAttention kernel selection for {gpu} ({name})"
@@ -528,8 +514,12 @@ def render_pr_body(
         "legality checks, so they never pick a kernel that has no code for the shape."
     )
     out = [f"# {title}", "", "## What changes", "", what, ""]
-    for i, r in enumerate(rules):
-        was = "/".join(sorted(up.get(i, ()))) or "upstream's default"
+    for r in rules:
+        covered = [p for p in points if str(p.get("phase")) in (r.phase.bench, r.phase.value)]
+        ups = {
+            str(p["upstream_kernel"]) for p in covered if r.covers(int(p.get("depth", -1))) and p.get("upstream_kernel")
+        }
+        was = "/".join(sorted(ups)) or "upstream's default"
         out.append(f"- {r.phase}, {_shape(r)}, {_range(r)}: **{r.kernel}** (upstream: {was})")
     gpu_line = f"GPU: {gpu} ({name}). Model: {model}." + (f" Against {source}." if source else "")
     out += ["", "## Performance", "", gpu_line, ""]

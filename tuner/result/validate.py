@@ -136,18 +136,17 @@ def _schema(cfg: Mapping[str, Any]) -> list[str]:
         required["points"] = list
     if cfg.get("schema") == 3:  # [gate] became the output-equivalence gate; test-backend-ops moved to [op_check]
         required["op_check"] = dict
-    for k, t in required.items():
-        if k not in cfg:
-            errs.append(f"missing key {k!r}")
-        elif not isinstance(cfg[k], t):
-            errs.append(f"{k!r} should be a {t.__name__}, not {type(cfg[k]).__name__}")
+    # TOML has no null: a key that is None here is missing
+    fields = [(repr(k), cfg.get(k), t) for k, t in required.items()]
     for sec, keys in REQUIRED_SUB.items():
-        for k, t in keys.items():
-            v = cfg.get(sec, {}).get(k) if isinstance(cfg.get(sec), dict) else None
-            if v is None:
-                errs.append(f"missing key {sec}.{k}")
-            elif not isinstance(v, t):
-                errs.append(f"{sec}.{k} should be a {t.__name__}, not {type(v).__name__}")
+        fields += [
+            (f"{sec}.{k}", cfg[sec].get(k) if isinstance(cfg.get(sec), dict) else None, t) for k, t in keys.items()
+        ]
+    for name, v, t in fields:
+        if v is None:
+            errs.append(f"missing key {name}")
+        elif not isinstance(v, t):
+            errs.append(f"{name} should be a {t.__name__}, not {type(v).__name__}")
     errs += _narrowed_errors(cfg.get("choice"))
     src = cfg.get("source")
     if isinstance(src, dict) and src.get("era") not in (None, "mma", "rocwmma"):
@@ -168,7 +167,6 @@ def _narrowed_errors(choice: object) -> list[str]:
 
 
 def _failed_why(check: str, ok: bool, why: str) -> Finding:
-    """A finding whose detail is ``why`` only where the check failed."""
     return Finding(check=check, ok=ok, detail="" if ok else why)
 
 
@@ -314,7 +312,6 @@ def _files_findings(folder: Path) -> list[Finding]:
 
 
 def _first(items: Sequence[str], n: int) -> str:
-    """The first ``n`` of ``items``, with how many more there are."""
     return "; ".join(items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
 
 

@@ -67,11 +67,15 @@ def load_cached(source_id: str, spec: str) -> Source | None:
         meta = json.loads((entry / "source.json").read_text())
     except (OSError, ValueError):
         return None
-    root = entry / "llama.cpp"
-    if not (root / "CMakeLists.txt").is_file():
+    if not (entry / "llama.cpp" / "CMakeLists.txt").is_file():
         return None
+    return _entry_source(source_id, spec, meta, cached=True)
+
+
+def _entry_source(source_id: str, spec: str, meta: dict[str, Any], *, cached: bool) -> Source:
+    root = sources_dir() / source_id / "llama.cpp"
     return Source(
-        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"), era=meta["era"], cached=True, meta=meta
+        spec=spec, source_id=source_id, root=root, commit=meta.get("commit"), era=meta["era"], cached=cached, meta=meta
     )
 
 
@@ -83,18 +87,16 @@ def staging_dir() -> Path:
 
 def commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any]) -> Source:
     """Atomically turn a staging folder holding ``llama.cpp/`` into ``sources/<source_id>``."""
-    era = find_era(staging / "llama.cpp")
     meta = {
         **meta,
         "spec": spec,
         "source_id": source_id,
-        "era": era,
+        "era": find_era(staging / "llama.cpp"),
         "fetched_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     write_json(staging / "source.json", meta)
-    final = sources_dir() / source_id
     try:
-        os.rename(staging, final)
+        os.rename(staging, sources_dir() / source_id)
     except OSError:
         # Someone else (another process, an earlier lost index) already has this content.
         shutil.rmtree(staging, ignore_errors=True)
@@ -102,12 +104,4 @@ def commit_entry(staging: Path, source_id: str, spec: str, meta: dict[str, Any])
         if hit is None:
             raise
         return dataclasses.replace(hit, cached=False)
-    return Source(
-        spec=spec,
-        source_id=source_id,
-        root=final / "llama.cpp",
-        commit=meta.get("commit"),
-        era=era,
-        cached=False,
-        meta=meta,
-    )
+    return _entry_source(source_id, spec, meta, cached=False)

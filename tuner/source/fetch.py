@@ -62,17 +62,13 @@ def fetch_source(spec: str | None = None, *, refresh: bool = False) -> Source:
     or git failed for another reason (network, disk).
     """
     parsed = parse_spec(spec)
-    norm = parsed.normalized
     if parsed.scheme == "path":
         return _path_source(parsed)
-    index = index_file(norm)
-    if not refresh:
-        hit = _indexed(parsed)
-        if hit is not None:
-            return hit
+    if not refresh and (hit := _indexed(parsed)) is not None:
+        return hit
     try:
         src = _fetch_pypi(parsed) if parsed.scheme == "pypi" else _fetch_git(parsed)
-        write_json(index, {"spec": norm, "source_id": src.source_id})
+        write_json(index_file(parsed.normalized), {"spec": parsed.normalized, "source_id": src.source_id})
     except OSError as err:
         if err.errno in NO_SPACE:
             raise no_space_error(err, sources_dir()) from err
@@ -125,24 +121,22 @@ def run_pip_download(version: str, dest: Path) -> Path:
     text = log_file.read_text(errors="replace") if log_file.is_file() else res.output
     if res.returncode != 0:
         if "No matching distribution" in text or "Could not find a version" in text:
-            msg = (
+            raise UsageError(
                 f"pip found no sdist of {PYPI_NAME}=={version}. Check the version against '{sys.executable} -m pip "
                 f"index versions {PYPI_NAME}' and pin one that exists, e.g. {DEFAULT_SPEC!r}."
             )
-            raise UsageError(msg)
-        full = _no_space_in(text, dest)
-        if full is not None:
+        if (full := _no_space_in(text, dest)) is not None:
             raise full
         last = "\n".join(text.splitlines()[-15:])
-        msg = (
+        raise TunerError(
             f"pip download of {PYPI_NAME}=={version} failed (exit {res.returncode}); check the "
             f"network or pip's index configuration. Last lines:\n{last}"
         )
-        raise TunerError(msg)
     sdists = sorted(dest.glob("*.tar.gz"))
     if len(sdists) != 1:
-        msg = f"pip download of {PYPI_NAME}=={version} left {len(sdists)} .tar.gz files in {dest}, expected 1."
-        raise TunerError(msg)
+        raise TunerError(
+            f"pip download of {PYPI_NAME}=={version} left {len(sdists)} .tar.gz files in {dest}, expected 1."
+        )
     return sdists[0]
 
 
@@ -154,8 +148,7 @@ def _fetch_pypi(parsed: SourceSpec) -> Source:
             sdist = run_pip_download(parsed.value, staging / "download")
         digest = file_sha256(sdist)
         sid = digest[:16]
-        hit = load_cached(sid, norm)
-        if hit is not None:  # same bytes under another spec spelling / a lost index
+        if (hit := load_cached(sid, norm)) is not None:  # same bytes under another spec spelling / a lost index
             return hit
         with log.step(f"Extracting vendor/llama.cpp from {sdist.name}"):
             changelog = _extract_vendor_tree(sdist, staging / "llama.cpp")
@@ -179,18 +172,15 @@ def _extract_vendor_tree(sdist: Path, dest: Path) -> str | None:
     try:
         tar = tarfile.open(sdist, "r:*")
     except (OSError, tarfile.TarError) as err:
-        msg = f"{sdist} is not a readable sdist tarball ({err}). Delete it and fetch again."
-        raise TunerError(msg) from err
+        raise TunerError(f"{sdist} is not a readable sdist tarball ({err}). Delete it and fetch again.") from err
     with tar:
         members = []
-        count = 0
         for m in tar:
             parts = m.name.split("/")
             if top is None:
                 top = parts[0]
             if m.name.startswith("/") or ".." in parts or parts[0] != top:
-                msg = f"{sdist} has an unsafe member path {m.name!r}; refusing to extract it."
-                raise TunerError(msg)
+                raise TunerError(f"{sdist} has an unsafe member path {m.name!r}; refusing to extract it.")
             if len(parts) == 2 and parts[1] == "CHANGELOG.md" and m.isfile():
                 fh = tar.extractfile(m)
                 changelog = fh.read().decode("utf-8", "replace") if fh else None
@@ -198,12 +188,10 @@ def _extract_vendor_tree(sdist: Path, dest: Path) -> str | None:
                 if m.issym() or m.islnk():
                     continue  # none in real sdists; links are how extraction escapes a folder
                 members.append(m)
-                count += 1
-                if count % 2000 == 0:
-                    log.progress(f"    {count} files")
+                if len(members) % 2000 == 0:
+                    log.progress(f"    {len(members)} files")
         if not members:
-            msg = f"{sdist} has no vendor/llama.cpp/ folder; it is not a llama-cpp-python sdist."
-            raise UsageError(msg)
+            raise UsageError(f"{sdist} has no vendor/llama.cpp/ folder; it is not a llama-cpp-python sdist.")
         if hasattr(tarfile, "data_filter"):
             tar.extractall(raw, members=members, filter="data")
         else:  # Python < 3.11.4: paths were checked above and links skipped
@@ -222,26 +210,22 @@ def _fetch_git(parsed: SourceSpec) -> Source:
             argv = ["git", "clone", "--quiet", "--no-checkout", "--", parsed.value, str(tree)]
             res = run(argv, check=False, timeout=3600, what="git clone")
             if res.returncode != 0:
-                full = _no_space_in(res.output, tree)
-                if full is not None:
+                if (full := _no_space_in(res.output, tree)) is not None:
                     raise full
-                msg = (
+                raise TunerError(
                     f"git clone of {parsed.value} failed (exit {res.returncode}: "
                     f"{res.output.strip()[-2000:]}). Check the URL, the network and your git credentials."
                 )
-                raise TunerError(msg)
             argv = ["git", "-C", str(tree), "checkout", "--quiet", "--detach", parsed.ref]
             res = run(argv, check=False, what="git checkout", timeout=600)
             if res.returncode != 0:
-                msg = (
+                raise UsageError(
                     f"git: {parsed.value} has no revision {parsed.ref!r} ({res.output.strip()}). "
                     "Give a branch, tag or commit that exists in that repository."
                 )
-                raise UsageError(msg)
             commit = run(["git", "-C", str(tree), "rev-parse", "HEAD"], what="git rev-parse").output.strip()
         sid = commit[:16]
-        hit = load_cached(sid, norm)
-        if hit is not None:
+        if (hit := load_cached(sid, norm)) is not None:
             return hit
         require_tree(tree, norm)
         # The cache is a plain tree; the commit is recorded in source.json.

@@ -82,10 +82,7 @@ def pack_source(src: Source, out: Path, *, trim: bool = True) -> Path:
                 dirnames.sort()
                 rel_dir = Path(dirpath).relative_to(root).as_posix()
                 rel_dir = "" if rel_dir == "." else rel_dir + "/"
-                if trim:
-                    dirnames[:] = [d for d in dirnames if _pack_keep(rel_dir + d, True)]
-                else:
-                    dirnames[:] = [d for d in dirnames if d != ".git"]
+                dirnames[:] = [d for d in dirnames if (_pack_keep(rel_dir + d, True) if trim else d != ".git")]
                 for f in sorted(filenames):
                     rel = rel_dir + f
                     if trim and not _pack_keep(rel, False):
@@ -134,12 +131,16 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
 _MAX_META_BYTES = 1 << 20
 _MAX_MEMBERS = 500_000
 _MAX_BYTES = 4 << 30  # unpacked; a whole llama.cpp tree is well under 1 GB
-_FILTER_ERRORS = getattr(tarfile, "FilterError", ()) or ()  # Python >= 3.11.4
+_FILTER_ERRORS = (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()  # Python >= 3.11.4
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
 
 class _BadPack(Exception):
     """One reason a pack is refused (becomes the UsageError of :func:`unpack_source`)."""
+
+
+# tarfile's own filter (Python >= 3.11.4) refuses the same packs; the checks should leave it nothing to refuse
+_REFUSED: tuple[type[Exception], ...] = (_BadPack, *_FILTER_ERRORS)
 
 
 def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
@@ -240,12 +241,8 @@ def _current_id(norm: str) -> str | None:
 
 
 def _tree_files(root: Path) -> list[tuple[str, Path]]:
-    files = []
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for f in filenames:
-            full = Path(dirpath) / f
-            files.append((full.relative_to(root).as_posix(), full))
-    return files
+    walk = ((Path(d) / f) for d, _, names in os.walk(root) for f in names)
+    return [(full.relative_to(root).as_posix(), full) for full in walk]
 
 
 def unpack_source(archive: Path, *, replace: bool = False) -> Source:
@@ -272,13 +269,12 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             norm, sid, era, keep = _check_meta(fh.read())
             current = None if norm.startswith("path:") else _current_id(norm)
             if current is not None and current != sid and not replace:
-                msg = (
+                raise UsageError(
                     f"{archive} would re-point {norm} from source {current}, which it resolves to on this "
                     f"machine, to {sid}, so every later build of that SPEC would use the packed tree. If "
                     "that is intended, run `tuner source unpack --replace ARCHIVE`; otherwise carry a pack "
                     "written from this machine's tree, or fetch the SPEC here."
                 )
-                raise UsageError(msg)
             staging = cache.staging_dir()
             members = [m for m in tar.getmembers() if m.name != "source.json"]
             if hasattr(tarfile, "data_filter"):
@@ -309,12 +305,7 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
         if not norm.startswith("path:"):
             cache.write_json(cache.index_file(norm), {"spec": norm, "source_id": sid})
         return src
-    except _BadPack as err:
-        raise UsageError(
-            f"{archive} is not a valid tuner source pack: {err}. Write it again with "
-            "`tuner source pack SPEC -o FILE` on the machine that has the tree."
-        ) from None
-    except _FILTER_ERRORS as err:  # the checks above should leave tarfile's own filter nothing to refuse
+    except _REFUSED as err:
         raise UsageError(
             f"{archive} is not a valid tuner source pack: {err}. Write it again with "
             "`tuner source pack SPEC -o FILE` on the machine that has the tree."
@@ -327,10 +318,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
     except OSError as err:
         if err.errno in cache.NO_SPACE:
             raise cache.no_space_error(err, staging or cache.sources_dir()) from err
-        msg = (
+        raise TunerError(
             f"Could not unpack {archive}: {err}. Check that it is readable and that {cache.sources_dir()} is writable."
-        )
-        raise TunerError(msg) from err
+        ) from err
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -73,17 +73,15 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
     """Parse a SPEC string (the forms: module docstring); UsageError for an unknown scheme, an unpinned or
     malformed pypi requirement, another package, a git spec without ``@REF``, or a path that is missing or
     not a llama.cpp tree."""
-
     spec = (spec or DEFAULT_SPEC).strip()
     scheme, sep, rest = spec.partition(":")
     if not sep or scheme not in _SCHEMES:
         hint = close_matches(scheme, _SCHEMES) if sep else ""
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r} has no known scheme.{hint} Use one of 'pypi:{PYPI_NAME}==VERSION' (e.g. {DEFAULT_SPEC!r}), "
             "'git:URL@REF' (e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129') or 'path:DIR' (a local llama.cpp "
             "checkout)."
         )
-        raise UsageError(msg)
     if scheme == "pypi":
         return _parse_pypi(spec, rest)
     if scheme == "git":
@@ -91,28 +89,24 @@ def parse_spec(spec: str | None = None) -> SourceSpec:
         # "git@host:repo" has an '@' in the URL itself; the REF is after the last '@' and
         # never contains ':' or '/'-less host parts, so require a non-empty URL and REF.
         if not at or not url or not ref or ":" in ref:
-            msg = (
+            raise UsageError(
                 f"SPEC {spec!r} does not name a revision. Write 'git:URL@REF' with a branch, tag or commit after the "
                 "last '@', e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'."
             )
-            raise UsageError(msg)
         if url.startswith("-") or ref.startswith("-"):
-            msg = f"SPEC {spec!r}: a git URL or REF may not start with '-' (it would read as a git option)."
-            raise UsageError(msg)
+            raise UsageError(f"SPEC {spec!r}: a git URL or REF may not start with '-' (it would read as a git option).")
         if _BAD_GIT_CHAR.search(rest):
             # Both go to git as arguments: a NUL cannot be passed at all, and no URL or ref
             # (git check-ref-format) holds a space or control character.
-            msg = (
+            raise UsageError(
                 f"SPEC {spec!r}: the git URL or REF holds a space or control character. Write "
                 "'git:URL@REF' with neither, e.g. 'git:https://github.com/ggml-org/llama.cpp@b6129'."
             )
-            raise UsageError(msg)
         return SourceSpec(scheme="git", value=url, ref=ref)
     return SourceSpec(scheme="path", value=str(_parse_path(spec, rest)))
 
 
 def _parse_path(spec: str, rest: str) -> Path:
-    """The resolved llama.cpp tree a ``path:`` SPEC names."""
     missing = (
         f"SPEC {spec!r}: directory {rest!r} does not exist. Give the path of a llama.cpp "
         "checkout (the folder holding CMakeLists.txt and ggml/), e.g. 'path:~/src/llama.cpp'."
@@ -128,11 +122,10 @@ def _parse_path(spec: str, rest: str) -> Path:
         raise UsageError(f"{missing} ({err})") from err
     if str(path) != str(path).strip():
         # A SPEC is stripped when parsed, so its normalized form could not name this folder again.
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r}: directory {str(path)!r} ends in whitespace, which a SPEC cannot carry. "
             "Rename the folder or point at it through a link without the trailing space."
         )
-        raise UsageError(msg)
     require_tree(path, spec)
     return path
 
@@ -142,23 +135,20 @@ def _parse_pypi(spec: str, req: str) -> SourceSpec:
     name, version = name.strip(), version.strip()
     bad_op = re.search(r"(>=|<=|~=|!=|===|>|<)", req)
     if not eq or bad_op or not name:
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r} is not pinned. Only exact pins are allowed, because the tree must not change under a "
             f"cached id: write 'pypi:{PYPI_NAME}==VERSION', e.g. {DEFAULT_SPEC!r}."
         )
-        raise UsageError(msg)
     if re.sub(r"[-_.]+", "-", name).lower() != PYPI_NAME:
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r} names package {name!r}; only {PYPI_NAME!r} vendors llama.cpp in its sdist. Write "
             f"'pypi:{PYPI_NAME}==VERSION', or use 'git:URL@REF' / 'path:DIR' for other trees."
         )
-        raise UsageError(msg)
     if not _VERSION_RE.fullmatch(version):
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r}: {version!r} is not a release version. Write a version such as "
             "'0.3.36' (see https://pypi.org/project/llama-cpp-python/#history)."
         )
-        raise UsageError(msg)
     return SourceSpec(scheme="pypi", value=version)
 
 
@@ -169,9 +159,8 @@ def require_tree(root: Path, spec: str) -> None:
     except OSError as err:  # unreadable folder
         missing = [f"CMakeLists.txt ({err})"]
     if missing:
-        msg = (
+        raise UsageError(
             f"SPEC {spec!r}: {root} is not a llama.cpp tree ({' and '.join(missing)} missing). "
             "Point at the top of a llama.cpp checkout, the folder holding CMakeLists.txt and ggml/ "
             "(in a llama-cpp-python checkout that is vendor/llama.cpp)."
         )
-        raise UsageError(msg)

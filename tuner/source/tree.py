@@ -15,6 +15,7 @@ __all__ = [
     "source_info",
 ]
 
+import collections
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -58,22 +59,18 @@ class CMakeOption:
 def find_era(root: Path) -> str:
     """``rocwmma`` or ``mma``, from the FlashAttention files and CMake options the tree has (UsageError for
     neither layout)."""
-
     cuda = root / _CUDA_DIR
     has_wmma = any((cuda / f).is_file() for f in _WMMA_FILES)
-    has_mma = (cuda / _MMA_FILE).is_file()
-    declares_rocwmma = _ROCWMMA_OPTION in load_cmake_options(root) if has_wmma else False
-    if has_wmma and declares_rocwmma:
+    if has_wmma and _ROCWMMA_OPTION in load_cmake_options(root):
         return "rocwmma"
-    if has_mma and not has_wmma:
+    if not has_wmma and (cuda / _MMA_FILE).is_file():
         return "mma"
     found = "fattn-wmma-f16 without the option" if has_wmma else "neither kernel file"
-    msg = (
+    raise UsageError(
         f"The llama.cpp tree at {root} is not supported: looked for {_CUDA_DIR}/{_WMMA_FILES[0]}(h) with the CMake "
         f"option {_ROCWMMA_OPTION} (era 'rocwmma') or {_CUDA_DIR}/{_MMA_FILE} without rocWMMA (era 'mma'), and found "
         f"{found}. Use a llama.cpp from 2025-06 or later (e.g. {DEFAULT_SPEC!r} or 'pypi:llama-cpp-python==0.3.16')."
     )
-    raise UsageError(msg)
 
 
 def find_commit(root: Path, *, changelog: str | None = None) -> str | None:
@@ -85,8 +82,7 @@ def find_commit(root: Path, *, changelog: str | None = None) -> str | None:
     """
     if changelog is not None:
         return _commit_from_changelog(changelog)
-    head = git_head(root)
-    if head:
+    if head := git_head(root):
         return head
     parent = root.parent.parent
     if root.parent.name == "vendor" and (parent / "CHANGELOG.md").is_file():
@@ -283,24 +279,18 @@ def load_cmake_options(root: Path) -> dict[str, CMakeOption]:
                 line=line,
                 conditional=depth > 0,
             )
-    facts = {k: next(iter(v)) for k, v in plain.items() if len(v) == 1}
-    facts.update(_STANDALONE_FACTS)
+    facts = {k: next(iter(v)) for k, v in plain.items() if len(v) == 1} | _STANDALONE_FACTS
     resolved: dict[str, str | None] = {}
 
     def resolve(name: str, seen: frozenset[str]) -> str | None:
-        if name in resolved:
-            return resolved[name]
-        if name in ambiguous:
-            resolved[name] = None
-            return None
-        raw = found[name].default
-        out: str | None = raw
-        for var in re.findall(r"\$\{([A-Za-z0-9_]+)\}", raw):
+        if name in resolved or name in ambiguous:
+            return resolved.get(name)
+        out = found[name].default
+        for var in re.findall(r"\$\{([A-Za-z0-9_]+)\}", out):
             val = resolve(var, seen | {var}) if var in found and var not in seen else facts.get(var)
             if val is None or "${" in val:
-                out = None
-                break
-            assert out is not None
+                resolved[name] = None
+                return None
             out = out.replace("${" + var + "}", val)
         resolved[name] = out
         return out
@@ -342,24 +332,19 @@ def source_info(src: Source) -> dict[str, Any]:
     prefixes = {"VEC": "fattn-vec", "TILE": "fattn-tile", "MMA": "fattn-mma-f16", "WMMA": "fattn-wmma-f16"}
     kernels = {k: any(n.startswith(prefix) for n in names) for k, prefix in prefixes.items()}
     tables: dict[str, Any] = {}
-    tile_text = _read(cuda / "fattn-tile.cuh")
     mma_text = _read(cuda / _MMA_FILE)
-    tile = _table_rows(tile_text, _TILE_TABLE_RE, "GGML_CUDA_FATTN_TILE_CONFIG_CASE")
+    tile = _table_rows(_read(cuda / "fattn-tile.cuh"), _TILE_TABLE_RE, "GGML_CUDA_FATTN_TILE_CONFIG_CASE")
     mma = _table_rows(mma_text, _MMA_TABLE_RE, "GGML_CUDA_FATTN_MMA_CONFIG_CASE")
     if tile:
         tables["tile"] = {"file": f"{_CUDA_DIR}/fattn-tile.cuh", "rows": tile}
     if mma:
         tables["mma"] = {"file": f"{_CUDA_DIR}/{_MMA_FILE}", "rows": mma}
-    specs = [f"{a}x{b}" for a, b in _B_MMA_SPEC_RE.findall(mma_text)]
-    if specs:
+    if specs := [f"{a}x{b}" for a, b in _B_MMA_SPEC_RE.findall(mma_text)]:
         tables["mma_f16_config"] = {"file": f"{_CUDA_DIR}/{_MMA_FILE}", "specializations": specs}
-    wmma = [f"{_CUDA_DIR}/{f}" for f in _WMMA_FILES if (cuda / f).is_file()]
-    if wmma:
+    if wmma := [f"{_CUDA_DIR}/{f}" for f in _WMMA_FILES if (cuda / f).is_file()]:
         tables["wmma"] = {"files": wmma}
-    instances: dict[str, int] = {}
-    for p in sorted((cuda / "template-instances").glob("fattn-*.cu")):
-        fam = re.sub(r"-instance.*$", "", p.stem)
-        instances[fam] = instances.get(fam, 0) + 1
+    fams = (re.sub(r"-instance.*$", "", p.stem) for p in sorted((cuda / "template-instances").glob("fattn-*.cu")))
+    instances = dict(collections.Counter(fams))
     tools = {
         "llama-bench": (root / "tools/llama-bench/llama-bench.cpp").is_file(),
         "test-backend-ops": (root / "tests/test-backend-ops.cpp").is_file(),
