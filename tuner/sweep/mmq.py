@@ -59,9 +59,9 @@ __all__ = [
 import dataclasses
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.measure import mm_bench
@@ -480,11 +480,6 @@ def mmq_plan_text(arch: Arch, *, limits: tuple[int, int], per_call_s: float | No
     )
 
 
-def _decode(row: Sequence[Any]) -> MmqKey:
-    t, m, k, n = row
-    return (str(t), int(m), int(k), int(n))
-
-
 MMQ_TABLE = Table[MmqKey](
     name="mm_samples",
     create="CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, "
@@ -493,7 +488,7 @@ MMQ_TABLE = Table[MmqKey](
     columns=("type", "m", "k", "ne11"),
     n_key=4,
     encode=lambda key: key,
-    decode=_decode,
+    decode=lambda row: (str(row[0]), int(row[1]), int(row[2]), int(row[3])),
     value="us_per_op",
     identity={"schema": "1", "sweep": "mmq"},
     what="an MMQ sweep storage",
@@ -673,11 +668,7 @@ def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
     """The report's count of points per number of rounds they got (sequential rounds only)."""
     if limits[1] == limits[0]:
         return []
-    by_n: dict[int, int] = {}
-    for st in outcome.stats.values():
-        for c in st.values():
-            n = len(c.series[UPSTREAM])
-            by_n[n] = by_n.get(n, 0) + 1
+    by_n = Counter(len(c.series[UPSTREAM]) for st in outcome.stats.values() for c in st.values())
     return ["- rounds a point with a verdict got: " + ", ".join(f"{n}: {k} points" for n, k in sorted(by_n.items()))]
 
 
