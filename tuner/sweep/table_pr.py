@@ -86,17 +86,6 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
     return out
 
 
-def _unique(points: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    seen: set[tuple[object, ...]] = set()
-    unique = []
-    for p in points:
-        key = (p["model"], p["test"], p["depth"])
-        if key not in seen:
-            seen.add(key)
-            unique.append(p)
-    return unique
-
-
 def _caption(device: str) -> str:
     spec = gpu_specs().get(device)
     if spec is None:
@@ -190,7 +179,10 @@ def table_pr_text(
             rows += got
             if j.fate.choice is not None and not any(", -ub 512" in str(p["model"]) for p in got):
                 unmeasured.append(f"- `{j.fate.text}` at the default `-ub 512`: not measured on {d}.")
-        rows = _unique(rows)
+        unique: dict[tuple[object, ...], dict[str, object]] = {}
+        for p in rows:
+            unique.setdefault((p["model"], p["test"], p["depth"]), p)
+        rows = list(unique.values())
         lines += ["", _caption(d), ""]
         lines.append(
             compare_table(rows, name_a="upstream", name_b="table") if rows else "No point of a patched entry measured."
@@ -205,11 +197,7 @@ def table_pr_text(
             + (f"; xz -dc $E/mmq.sqlite3.xz > {part}/mmq/mmq.sqlite3" if mmq else ""),
         ]
     for c in confirmations:
-        out = (
-            f"{c.part}/confirm"
-            if c.device == devices[0]
-            else f"{c.part}/{c.folder.split('/')[-1]}-{c.folder.split('/')[-2]}"
-        )
+        out = f"{c.part}/confirm" if c.device == devices[0] else f"{c.part}/{c.name}-{c.folder.split('/')[-2]}"
         lines += [f"# on {c.device}", confirm_command(c, has_mmq=bool(has_mmq.get(c.part)), out=out)]
     lines += [
         "```",
@@ -243,7 +231,4 @@ def table_pr_text(
 
 def _part_of(j: Joined, confs: Sequence[Confirmation]) -> str:
     """The part whose confirmations decided ``j`` (its fate is one of theirs)."""
-    for c in confs:
-        if any(f.text == j.fate.text for f in c.confirmed.fates):
-            return c.part
-    return ""
+    return next((c.part for c in confs if any(f.text == j.fate.text for f in c.confirmed.fates)), "")
