@@ -11,6 +11,7 @@ __all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", 
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Literal
 
@@ -141,13 +142,10 @@ def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: st
     table = tables[part]
     if meta.get("arch") != table.arch.name:
         raise UsageError(f"{store_path} was confirmed for {meta.get('arch')}, the table is {table.arch.name}.")
-    store = ConfirmStore(store_path, {})
-    try:
+    with closing(ConfirmStore(store_path, {})) as store:
         conf = recompose(table, store)
         models = tuple(store.models())
         ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
-    finally:
-        store.close()
     folder = f"gpus/{slug(device)}/{name}"
     return Confirmation(
         device=device, part=part, folder=folder, identity=meta, confirmed=conf, models=models, backend_ops=ops
