@@ -81,9 +81,7 @@ class Joined:
         if len(self.verdicts) == 1:  # one GPU model: its confirmation's words, as before models were joined
             return self.verdicts[0].why
         each = "; ".join(f"{v.device}: {v.why}" for v in self.verdicts)
-        if self.action == "dropped":
-            return f"GPU models disagree ({each})"
-        return each
+        return f"GPU models disagree ({each})" if self.action == "dropped" else each
 
 
 def slug(device: str) -> str:
