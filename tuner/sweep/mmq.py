@@ -345,9 +345,9 @@ def mmq_dry_run_text(
         f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
         f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes)"
     )
-    first = f"{duration_text(procs * START_S + total * per_case)} for the first {lo} rounds; " if hi > lo else ""
-    tail = ""
+    first = tail = ""
     if hi > lo:
+        first = f"{duration_text(procs * START_S + total * per_case)} for the first {lo} rounds; "
         fixed = (procs + more_procs) * START_S + cases * n_configs * hi * per_case
         head += (
             f"; {lo} rounds for every point, up to {hi} for the points whose verdict is still open: {procs} "
@@ -685,6 +685,7 @@ def mmq_report_text(
     n_gap = outcome.n_gaps
     types = sorted({p.type for p in points})
     sizes = sorted({p.size for p in points})
+    not_swept = ", ".join(f"{t} {m}x{k}" for t, m, k in skipped)
     lines = [
         "# MMQ vs cuBLAS sweep",
         "",
@@ -694,11 +695,7 @@ def mmq_report_text(
         f"paired rounds: {rounds_text(limits, 'point')}",
         f"- points with a verdict: {len(points) - n_gap}; without one: {n_gap}",
         *_rounds_line(outcome, limits),
-        *(
-            [f"- not swept (k not a multiple of the type's block): {', '.join(f'{t} {m}x{k}' for t, m, k in skipped)}"]
-            if skipped
-            else []
-        ),
+        *([f"- not swept (k not a multiple of the type's block): {not_swept}"] if skipped else []),
         "",
         "Per round, one mm-bench process per config over every point that gets the round: upstream's choice (MMQ), "
         "the same again (the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from "
