@@ -32,7 +32,7 @@ def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
         args.append(f"--quant {quant}")
     if tuple(depths) != confirm.DEFAULT_DEPTHS:
         args.append(f"--depths {','.join(map(str, depths))}")
-    if c.confirmed.fates and any(f.choice is not None for f in c.confirmed.fates):  # the table has MMQ choices
+    if any(f.choice is not None for f in c.confirmed.fates):  # the table has MMQ choices
         mmq_like = str(passes[0]["like"]) if passes else "none"
         if mmq_like != "llama-3.1-8b":
             args.append(f"--mmq-like {mmq_like}")
@@ -71,10 +71,9 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
     """The rows of one patched entry on one GPU model (for an MMQ choice also its weights below its batch)."""
     out: list[dict[str, object]] = []
     for c in confs:
-        f = c.confirmed.fates[entry]
         quant = _quant(c)
         label = "" if quant == DEFAULT_QUANT.upper() else f" {quant}"
-        out += [{**p, "model": f"{p['model']}{label}"} for p in f.touched]
+        out += [{**p, "model": f"{p['model']}{label}"} for p in c.confirmed.fates[entry].touched]
         ch = fate.choice
         if ch is None:
             continue
