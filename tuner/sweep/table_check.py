@@ -370,8 +370,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
     if not isinstance(parts, list) or len(parts) < 2:
         errs.append("parts should list two or more tables")
     elif not all(
-        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("manifest_sha256"), str)
-        for p in parts
+        isinstance(p, dict) and all(isinstance(p.get(k), str) for k in ("name", "manifest_sha256")) for p in parts
     ):
         errs.append("each [[parts]] needs a name and a manifest_sha256 (strings)")
     elif any(not merge.NAME.fullmatch(p["name"]) or p["name"] in (".", "..") for p in parts):
