@@ -45,6 +45,7 @@ import json
 import math
 import os
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypedDict
@@ -130,25 +131,19 @@ def load_table(sweep_dir: Path, mmq_dir: Path | None = None) -> Table:
         raise UsageError(f"{path} records no arch; it is not the storage of `tuner sweep run`.")
     arch = load_arch(meta["arch"])
     samples, limits = read_store(live.TABLE, path)
-    keys = sorted({s.key for s in samples})
     cells = tuple(
         Cell(shape=sh, n_kv=n, upstream=upstream_kernel(arch, sh, n), legal=legal_kernels(arch, sh.D, n, sh.gqa))
-        for sh, n in keys
+        for sh, n in sorted({s.key for s in samples})
     )
-    rounds = max((s.round for s in samples), default=0) + 1
-    per_cell: dict[live.FaKey, set[int]] = {}
-    for s in samples:
-        per_cell.setdefault(s.key, set()).add(s.round)
-    fewest = min((len(v) for v in per_cell.values()), default=0)
+    rounds_per_cell = Counter(key for key, _ in {(s.key, s.round) for s in samples})
     outcome = live.compose(cells, samples, limits=limits)
-    n_gap = sum(len(v) for v in outcome.no_verdict.values())
     table = Table(
         rules=outcome.rules,
         identity=meta,
-        rounds=rounds,
-        min_rounds=fewest,
+        rounds=max((s.round for s in samples), default=0) + 1,
+        min_rounds=min(rounds_per_cell.values(), default=0),
         cells=cells,
-        with_verdict=len(cells) - n_gap,
+        with_verdict=len(cells) - outcome.n_gaps,
         arch=arch,
     )
     if mmq_dir is None:
@@ -243,15 +238,12 @@ MMQ_QUANT = {"q4_0": "Q4_0", "q8_0": "Q8_0", "q4_K": "Q4_K_M", "q5_K": "Q5_K_M",
 
 def mmq_passes(table: Table, plans: Sequence[ModelPlan], like: str) -> list[ModelPlan]:
     """An MMQ pass per choice no planned test exercises: ``like`` quantized to its type, one micro-batch, depth 0."""
-    out = []
-    for c in table.mmq:
-        if c.covers(PP) and any(c in p.mmq for p in plans):
-            continue
-        quant = MMQ_QUANT.get(c.type)
-        if quant is None:
-            continue  # reported: no confirmed model has its weights
-        out.append(pass_plan(table, c, like, quant=quant, pp=PP if c.covers(PP) else max(c.lo, 1)))
-    return out
+    return [
+        pass_plan(table, c, like, quant=MMQ_QUANT[c.type], pp=PP if c.covers(PP) else max(c.lo, 1))
+        for c in table.mmq
+        # a type no quantization has is reported: no confirmed model has its weights
+        if c.type in MMQ_QUANT and not (c.covers(PP) and any(c in p.mmq for p in plans))
+    ]
 
 
 def pass_plan(
@@ -272,9 +264,7 @@ def quant_mode(quant: str) -> str:
 def planned_weight_types(like: str, quant: str) -> list[str] | None:
     """The ggml types ``like`` will have at ``quant`` where known before it is made, else None."""
     wt = {"f16": "f16", "direct": quant.lower()}.get(quant_mode(quant))
-    if wt is None:
-        return None
-    return sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})
+    return None if wt is None else sorted({t.ggml_type for t in plan_tensors(load_model_shape(like), wt)})
 
 
 def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
@@ -305,11 +295,8 @@ def measure_model(
     hi = max(rounds, max_rounds or rounds)
     settle = None if hi == rounds or plan.mmq else open_depths
     args = plan.bench_args
-    cands = [
-        Candidate(name=UPSTREAM, args=args),
-        Candidate(name=AA_NAME, args=args),
-        Candidate(name=TABLE, env=plan.env, args=args),
-    ]
+    cands = [Candidate(name=UPSTREAM, args=args), Candidate(name=AA_NAME, args=args)]
+    cands.append(Candidate(name=TABLE, env=plan.env, args=args))
     recs, first_s = store.records(plan.like), round_s(plan, depths) if budget and round_s else 0.0
     return run_joint_rounds(
         joint,
@@ -400,23 +387,24 @@ class RuleFate:
 
 
 def _fate(
-    text: str, touched: Sequence[E2ePoint], failed_gate: Sequence[str], none_why: str, kernel: str | None = None
-) -> tuple[bool, str, str]:
-    """(kept, reason, why) by :func:`tuner.rounds.keep.keep`; a FA rule's gains count only where its ``kernel`` ran."""
-    fate = keep(touched, gate_failed=bool(failed_gate), kernel=kernel)
+    text: str, touched: list[E2ePoint], failed_gate: list[str], none_why: str, entry: TableRule | mmq.MmqChoice
+) -> RuleFate:
+    """``entry``'s fate by :func:`tuner.rounds.keep.keep`; a FA rule's gains count only where its kernel ran."""
+    rule = entry if isinstance(entry, TableRule) else None
+    fate = keep(touched, gate_failed=bool(failed_gate), kernel=None if rule is None else rule.kernel)
     at = ", ".join(f"{p['model']} {p['test']}@d{p['depth']}" for p in fate.points)
-    return (
-        fate.kept,
-        fate.reason,
-        {
-            "none": none_why,
-            "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
-            "slower": f"slower end to end beyond noise at {at}",
-            "cpu": f"CPU% up beyond the noise without a t/s gain at {at}",
-            "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling at {at}",
-            "faster": f"faster end to end beyond noise at {at}",
-            "no gain": f"no end-to-end gain beyond noise at {at} (a kernel-level gain only)",
-        }[fate.reason],
+    why = {
+        "none": none_why,
+        "gate": f"the output-equivalence gate failed on {', '.join(failed_gate)}",
+        "slower": f"slower end to end beyond noise at {at}",
+        "cpu": f"CPU% up beyond the noise without a t/s gain at {at}",
+        "noisy": f"the A/A noise is above the {NOISE_CEILING_PCT:g}% ceiling at {at}",
+        "faster": f"faster end to end beyond noise at {at}",
+        "no gain": f"no end-to-end gain beyond noise at {at} (a kernel-level gain only)",
+    }[fate.reason]
+    choice = entry if isinstance(entry, mmq.MmqChoice) else None
+    return RuleFate(
+        text=text, kept=fate.kept, why=why, rule=rule, choice=choice, reason=fate.reason, touched=tuple(touched)
     )
 
 
@@ -448,8 +436,7 @@ def decide_rules(
             if not shaped
             else f"no measured {test} depth of {', '.join(p.like for p in shaped)} reaches its n_kv range"
         )
-        kept, reason, why = _fate(r.text, touched, [m for m in models if m in failed], none, kernel=r.kernel)
-        out.append(RuleFate(text=r.text, kept=kept, why=why, rule=r, reason=reason, touched=tuple(touched)))
+        out.append(_fate(r.text, touched, [m for m in models if m in failed], none, r))
     for c in table.mmq:
         # a model whose weights have the type and whose env had the choice (an MMQ pass has its own only)
         models = [
@@ -466,8 +453,7 @@ def decide_rules(
             if not models
             else "no measured pp or tg test multiplies in its batch range"
         )
-        kept, reason, why = _fate(c.text, touched, [m for m in models if m in failed], none)
-        out.append(RuleFate(text=f"MMQ {c.text}", kept=kept, why=why, choice=c, reason=reason, touched=tuple(touched)))
+        out.append(_fate(f"MMQ {c.text}", touched, [m for m in models if m in failed], none, c))
     return out
 
 
@@ -632,10 +618,6 @@ def confirm_models(
         cells = judge_model(recs, ds, mmq_changed=mmq_changed, phases=one.phases)
         points[one.like], gates[one.like] = model_points(one.like, cells, pp=one.pp), gate(one, path)
 
-    def measure_pass(one: ModelPlan, ds: tuple[int, ...]) -> list[str]:  # on its base model's file
-        measure(one, ds, False, path := model_for(one.base))
-        return sorted({str(t) for t in weight_types_of(path)})
-
     def stored(plan: ModelPlan, ds: tuple[int, ...]) -> bool:
         try:  # judged from the storage alone where every round and check is there (no model made)
             verdict = _stored_verdict(table, store, plan, ds, rounds=rounds, max_rounds=max_rounds, era=era)
@@ -674,10 +656,17 @@ def confirm_models(
         )
         if path is not None:
             measure(plan, ds, bool(plan.mmq), path)
-    for one, ds, row in _batch_rounds(plans, depths, known, {"kv": kv, **limits, "era": era}, stored, measure_pass):
-        rows.append(row)
+    for one, ds in batch_passes(plans, depths):  # judged from the store where whole, else measured
+        row = {"kv": kv, **limits, "era": era, "like": one.base, "depths": list(ds), "batch": one.batch}
+        types = known.get(_row_key(row))
+        log.info(f"small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} "
+                 f"at depths {list(ds)}" + ("" if types is None else "; stored"))  # fmt: skip
+        if types is None or not stored(one, ds):
+            measure(one, ds, False, path := model_for(one.base))  # on its base model's file
+            types = sorted({str(t) for t in weight_types_of(path)})
+        rows.append(row | {"weight_types": list(types)})
         plans.append(one)
-        dmap[one.like], wtypes[one.like] = ds, tuple(row["weight_types"])
+        dmap[one.like], wtypes[one.like] = ds, tuple(types)
     for one in mmq_passes(table, plans, mmq_like) if mmq_like else []:
         if quantized_for is None:  # nothing to make the pass's model with
             break
@@ -708,27 +697,6 @@ def confirm_models(
     return Confirmed(
         plans=tuple(plans), depths=dmap, points=points, gates=gates, weight_types=wtypes, fates=tuple(fates)
     )
-
-
-def _batch_rounds(
-    plans: Sequence[ModelPlan],
-    depths: Sequence[int],
-    known: Mapping[str, list[str] | None],
-    row: Mapping[str, Any],
-    stored: Callable[[ModelPlan, tuple[int, ...]], bool],
-    measure: Callable[[ModelPlan, tuple[int, ...]], list[str]],
-) -> list[tuple[ModelPlan, tuple[int, ...], dict[str, Any]]]:
-    """The small-batch passes of ``plans``, judged from the store where whole, else measured; with their rows."""
-    out = []
-    for one, ds in batch_passes(plans, depths):
-        mine = {**row, "like": one.base, "depths": list(ds), "batch": one.batch}
-        types = known.get(_row_key(mine))
-        log.info(f"small-batch pass {one.like}: {len(one.fa_rules)} entry(ies) at Q->ne[1] = {one.batch}, pp{one.pp} "
-                 f"at depths {list(ds)}" + ("" if types is None else "; stored"))  # fmt: skip
-        if types is None or not stored(one, ds):
-            types = measure(one, ds)
-        out.append((one, ds, mine | {"weight_types": list(types)}))
-    return out
 
 
 def table_id(table: Table) -> str:

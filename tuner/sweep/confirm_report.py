@@ -18,6 +18,7 @@ __all__ = [
 ]
 
 import dataclasses
+import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,6 @@ from tuner.result.tables import compare_table
 from tuner.rounds.costs import load_step_costs
 from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, quant_mode
 from tuner.sweep.confirm_batch import batch_passes
-from tuner.sweep.grid import FaShape
 from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [
@@ -65,14 +65,12 @@ def _identity_lines(identity: Mapping[str, str], *, model_rounds: bool = True) -
     if "reps" in identity:
         reps = int(identity["reps"])
         tests = str(identity.get("tests", f"pp{PP},tg{TG}")).replace(",", " and ")
+        only = (
+            "" if model_rounds else f"; no model's {tests} rounds ran, every entry measured here is a small-batch one"
+        )
         out.append(
             f"- llama-bench {tests if model_rounds else '(each pass names its test)'}, -r {reps + 1} a call: "
-            f"{reps} timed repetitions after one discarded as warm-up"
-            + (
-                ""
-                if model_rounds
-                else f"; no model's {tests} rounds ran, every entry measured here is a small-batch one"
-            )
+            f"{reps} timed repetitions after one discarded as warm-up{only}"
         )
     if "table" in identity:
         out.append(f"- table id: {identity['table']} (a hash of the composed entries and MMQ choices)")
@@ -120,9 +118,6 @@ def _cell_rounds(table: Table) -> str:
 def coverage_lines(table: Table) -> list[str]:
     """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
     shapes = table.shapes
-    by_d: dict[int, list[FaShape]] = {}
-    for s in shapes:
-        by_d.setdefault(s.D, []).append(s)
     lines = [
         f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {_cell_rounds(table)}; "
         f"{table.with_verdict} cells with a verdict",
@@ -132,11 +127,11 @@ def coverage_lines(table: Table) -> list[str]:
         "|---:|---|---|---|---:|",
     ]
     per_head = Counter(r.D for r in table.rules)
-    for head, ss in sorted(by_d.items()):
-        n = per_head[head]
+    for head, group in itertools.groupby(shapes, key=lambda s: s.D):  # shapes sort by head size first
+        ss = list(group)
         lines.append(
             f"| {head} | {', '.join(map(str, sorted({s.gqa for s in ss})))} | {', '.join(sorted({s.kv for s in ss}))} "
-            f"| {', '.join(map(str, sorted({s.ne1 for s in ss})))} | {n} |"
+            f"| {', '.join(map(str, sorted({s.ne1 for s in ss})))} | {per_head[head]} |"
         )
     if table.mmq_identity:
         lines += ["", f"- MMQ vs cuBLAS: {table.mmq_points} points (quant type x weight size x batch size)"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 __all__ = ["ConfirmOutcome", "ConfirmPlan", "ConfirmRequest", "outcome_text", "plan_confirm", "run_confirm"]
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ from tuner.rounds.budget import Budget
 from tuner.rounds.joint import JointMeasure
 from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
-from tuner.source import Source
 from tuner.sweep import confirm, mmq
 from tuner.sweep.build import default_build, gpu_backend, require_gpu
 from tuner.sweep.confirm import Confirmed, ModelPlan, Table
@@ -201,7 +201,6 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
         **_confirm_identity(table, bin_dir, quant=r.quant, reps=r.reps),
         **_same_device(table, bin_dir, r.backend),
     }
-    store = ConfirmStore(r.storage_path, identity)
     qbin = bin_dir / "llama-quantize"
     mode = confirm.quant_mode(r.quant)
     qtype = None if mode == "f16" else r.quant  # f16: the synthesized model as written
@@ -222,7 +221,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
         return confirm.gate_model(one, path, bin_dir, arch=table.arch, era=src.era, store=store,
                                   work_dir=out / "equivalence", before=_check_budget(budget, one))  # fmt: skip
 
-    try:
+    with closing(ConfirmStore(r.storage_path, identity)) as store:
         conf = confirm.confirm_models(
             table,
             plan.likes,
@@ -242,9 +241,14 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
             round_s=lambda p, ds: round_seconds(p, ds, reps=r.reps),
         )
         ops = _backend_ops(conf, bin_dir, backend=r.backend, store=store, log_dir=out / "logs", budget=budget)
-    finally:
-        store.close()
-    patch = _write(table, conf, ops, src, out=out, identity=identity, rounds=r.rounds)
+    # e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree)
+    patch = confirm.kept_patch(src.root, conf, table.arch)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "upstream.patch").unlink(missing_ok=True)
+    if patch:
+        (out / "upstream.patch").write_text(patch)
+    (out / "e2e.md").write_text(e2e_text(conf, identity=identity, rounds=r.rounds))
+    (out / "PR.md").write_text(pr_text(table, conf, backend_ops=ops, patch=bool(patch)))
     return ConfirmOutcome(conf=conf, backend_ops=tuple(ops), patch=bool(patch), out=out)
 
 
@@ -267,17 +271,17 @@ def _backend_ops(
     layers = widened_layers(conf.kept_rules)
     choices = [dataclasses.replace(c, lo=0, hi=None) for c in conf.kept_mmq]
     mmq_env = {mmq.ENV: mmq.mmq_env(dict.fromkeys(choices))} if choices else {}
-    fa_envs = [{"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))} for ly in layers]
     # the cases of the kept entries' head sizes and K/V types (as `tuner validate --gpu`): elsewhere the hook
     # matches nothing and every case runs upstream's selection (on an H100 all 3982 took 129-141 s, the 540 of
     # head size 128 and f16 K/V 17-19 s)
     runs: list[tuple[str, str, dict[str, str], str | None, int | None]] = []
-    for i, (env, ly) in enumerate(zip(fa_envs, layers)):
-        name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(fa_envs)})' if len(fa_envs) > 1 else ''}"
+    for i, ly in enumerate(layers):
+        name = f"FLASH_ATTN_EXT{f' ({i + 1} of {len(layers)})' if len(layers) > 1 else ''}"
         pairs = {(r.D, r.kv) for r in ly}
         p = params_for_shapes(pairs)
+        env = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(ly))}
         runs.append((name, "FLASH_ATTN_EXT", env, p, len(pairs) if p else None))
-    if fa_envs or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
+    if layers or mmq_env:  # every widened rule in, as before layers existed, so a stored record still matches
         every = [r for ly in layers for r in ly]
         fa_all = {"GGML_TUNER_FA_RULES": rules_env(dict.fromkeys(every))} if every else {}
         runs.append(("MUL_MAT", "MUL_MAT", fa_all | mmq_env, None, None))  # an MMQ choice acts at every shape
@@ -294,27 +298,6 @@ def _backend_ops(
             store.add_gate("test-backend-ops", name, rec)
         out.append(rec)
     return out
-
-
-def _write(
-    table: Table,
-    conf: Confirmed,
-    ops: Sequence[Mapping[str, object]],
-    src: Source,
-    *,
-    out: Path,
-    identity: Mapping[str, str],
-    rounds: int,
-) -> str:
-    """e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree) in ``out``; the patch."""
-    patch = confirm.kept_patch(src.root, conf, table.arch)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "upstream.patch").unlink(missing_ok=True)
-    if patch:
-        (out / "upstream.patch").write_text(patch)
-    (out / "e2e.md").write_text(e2e_text(conf, identity=identity, rounds=rounds))
-    (out / "PR.md").write_text(pr_text(table, conf, backend_ops=ops, patch=bool(patch)))
-    return patch
 
 
 def outcome_text(outcome: ConfirmOutcome) -> str:

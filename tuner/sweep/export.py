@@ -32,6 +32,7 @@ import re
 import sqlite3
 import tempfile
 from collections.abc import Mapping
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +93,9 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
             f"({confirm.table_id(table)}): pass the sweep directory the confirmation was run on and, where it "
             "had MMQ choices, its --mmq directory."
         )
-    store = confirm.ConfirmStore(cpath, {})
-    try:
+    with closing(confirm.ConfirmStore(cpath, {})) as store:
         conf = confirm.recompose(table, store)
         models = tuple(store.models())
-    finally:
-        store.close()
     fa = tuple(read_store(live.TABLE, sweep_dir / EVIDENCE["sweep"])[0])
     mdir = dirs.get("mmq")
     mm = () if mdir is None else tuple(read_store(mmq.MMQ_TABLE, mdir / EVIDENCE["mmq"])[0])
@@ -109,7 +107,6 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
 
     Raises:
         UsageError: A file that is not xz, not a regular file, or decompresses past the limit."""
-    cap = MAX_EVIDENCE_BYTES if limit is None else limit
     out: dict[str, Path | None] = {}
     for role, name in EVIDENCE.items():
         rel = f"evidence/{name}.xz"
@@ -117,18 +114,15 @@ def decompress_evidence(folder: Path, into: Path, *, limit: int | None = None) -
             out[role] = None
             continue
         (into / role).mkdir(parents=True, exist_ok=True)
-        _decompress_capped(folder, rel, into / role / name, cap)
+        decompress_file(folder, rel, into / role / name, limit=limit)
         out[role] = into / role
     return out
 
 
-def decompress_file(folder: Path, rel: str, dest: Path) -> None:
-    """One xz file of a result folder into ``dest``, capped as the evidence is."""
-    _decompress_capped(folder, rel, dest, MAX_EVIDENCE_BYTES)
-
-
-def _decompress_capped(folder: Path, rel: str, dest: Path, cap: int) -> None:
-    """``folder/rel`` (xz) into ``dest`` in chunks, never more than ``cap`` bytes; UsageError for a bad file."""
+def decompress_file(folder: Path, rel: str, dest: Path, *, limit: int | None = None) -> None:
+    """One xz file of a result folder into ``dest`` in chunks, never more than ``limit`` bytes (None:
+    :data:`MAX_EVIDENCE_BYTES`, as the evidence); UsageError for a bad file."""
+    cap = MAX_EVIDENCE_BYTES if limit is None else limit
     xz = folder / rel
     try:
         data = read_bytes_in(folder, rel)
@@ -229,13 +223,12 @@ def _report(dirs: Mapping[str, Path | None]) -> str:
         ("End to end (`tuner sweep confirm`)", "confirm", "e2e.md"),
     ):
         d = dirs.get(role)
-        f = d / name if d is not None else None
-        if f is not None and f.is_file():
-            body = demoted(f.read_text())
-        elif d is not None:  # the sweep is part of the table: its samples are in evidence/, its report was not there
-            body = f"The sweep's directory held no {name} at export; its samples are in `evidence/`."
-        else:
+        if d is None:
             body = "Not part of this table."
+        elif (d / name).is_file():
+            body = demoted((d / name).read_text())
+        else:  # the sweep is part of the table: its samples are in evidence/, its report was not there
+            body = f"The sweep's directory held no {name} at export; its samples are in `evidence/`."
         parts += [f"## {title}", "", body.rstrip(), ""]
     return "\n".join(parts)
 
@@ -297,9 +290,7 @@ def _write(
     (stage / "plots").mkdir()
     t = ev.table
     plots = plot_fa(t.cells, ev.fa_samples, t.rules, stage / "plots")
-    by_type: dict[str, list[mmq.MmqChoice]] = {}
-    for ch in t.mmq:
-        by_type.setdefault(ch.type, []).append(ch)
+    by_type = {ch.type: [c for c in t.mmq if c.type == ch.type] for ch in t.mmq}
     mplot = plot_mmq(ev.mmq_samples, by_type, stage / "plots" / "mmq.png") if ev.mmq_samples else None
     plots += [mplot] if mplot else []
     evidence = sorted((stage / "evidence").iterdir())

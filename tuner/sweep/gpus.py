@@ -11,6 +11,7 @@ __all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", 
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Literal
 
@@ -80,9 +81,7 @@ class Joined:
         if len(self.verdicts) == 1:  # one GPU model: its confirmation's words, as before models were joined
             return self.verdicts[0].why
         each = "; ".join(f"{v.device}: {v.why}" for v in self.verdicts)
-        if self.action == "dropped":
-            return f"GPU models disagree ({each})"
-        return each
+        return f"GPU models disagree ({each})" if self.action == "dropped" else each
 
 
 def slug(device: str) -> str:
@@ -141,13 +140,10 @@ def load_confirmation(store_path: Path, tables: Mapping[str, Table], *, name: st
     table = tables[part]
     if meta.get("arch") != table.arch.name:
         raise UsageError(f"{store_path} was confirmed for {meta.get('arch')}, the table is {table.arch.name}.")
-    store = ConfirmStore(store_path, {})
-    try:
+    with closing(ConfirmStore(store_path, {})) as store:
         conf = recompose(table, store)
         models = tuple(store.models())
         ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
-    finally:
-        store.close()
     folder = f"gpus/{slug(device)}/{name}"
     return Confirmation(
         device=device, part=part, folder=folder, identity=meta, confirmed=conf, models=models, backend_ops=ops

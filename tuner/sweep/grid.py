@@ -34,6 +34,7 @@ __all__ = [
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from tuner.errors import UsageError
@@ -64,14 +65,8 @@ _ADA = 890
 
 def nkv_grid(lo: int = STRIDE, hi: int = 131072) -> tuple[int, ...]:
     """Half-octave n_kv points in ``[lo, hi]``: each power of two and 1.5 times it, multiples of 256 only."""
-    out: set[int] = set()
-    p = 1
-    while p <= hi:
-        for x in (p, p * 3 // 2):
-            if lo <= x <= hi and x % STRIDE == 0:
-                out.add(x)
-        p *= 2
-    return tuple(sorted(out))
+    powers = [1 << i for i in range(hi.bit_length())]  # every power of two up to hi
+    return tuple(sorted({x for p in powers for x in (p, p * 3 // 2) if lo <= x <= hi and x % STRIDE == 0}))
 
 
 N_KV = nkv_grid()
@@ -254,9 +249,7 @@ def dry_run_text(
     """What a sweep of ``cells`` would run: shapes, cells, timer calls (``per_call_s``: a what-if)."""
     shapes = sorted({c.shape for c in cells})
     per_round = sum(len(c.configs) for c in cells)
-    by_kernels: dict[tuple[str, ...], int] = {}
-    for c in cells:
-        by_kernels[c.legal] = by_kernels.get(c.legal, 0) + 1
+    by_kernels = Counter(c.legal for c in cells)
     changes = sum(len(c.candidates) for c in cells)
     lines = [
         f"FlashAttention sweep: {len(shapes)} shapes x {len(sorted({c.n_kv for c in cells}))} n_kv points "

@@ -329,7 +329,6 @@ def report_text(
     lines += _cell_tables(outcome)
     if n_gap:
         lines += ["", "## Cells without a verdict", ""]
-        for shape in sorted(outcome.no_verdict):
-            for n, why in sorted(outcome.no_verdict[shape].items()):
-                lines.append(f"- {shape.key} n_kv {n}: {why}")
+        gaps = sorted(outcome.no_verdict.items())
+        lines += [f"- {shape.key} n_kv {n}: {why}" for shape, xs in gaps for n, why in sorted(xs.items())]
     return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +119,8 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
         ev = export.load_evidence(dirs)
         cdir = dirs["confirm"]
         assert cdir is not None  # load_evidence needs it
-        store = confirm.ConfirmStore(cdir / export.EVIDENCE["confirm"], {})
-        try:
+        with closing(confirm.ConfirmStore(cdir / export.EVIDENCE["confirm"], {})) as store:
             ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
-        finally:
-            store.close()
         out.append(Part(name=f.resolve().name, folder=f, manifest=m, evidence=ev, backend_ops=ops))
     return out
 
@@ -170,11 +168,7 @@ def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> M
         for ch in p.evidence.table.mmq:
             if mtypes.setdefault(ch.type, p.name) != p.name:
                 raise UsageError(f"{mtypes[ch.type]} and {p.name} both have MMQ choices for {ch.type}.")
-    return joined_view(parts, others)
-
-
-def joined_view(parts: Sequence[Part], others: Sequence[Confirmation]) -> Merged:
-    """The parts' entries decided over the first GPU model and every other one that confirmed a part."""
+    # the parts' entries decided over the first GPU model and every other one that confirmed a part
     first = parts[0].manifest["target"]["measured_on"]
     joined: list[tuple[int, Joined]] = []
     for p in parts:
@@ -223,16 +217,14 @@ def load_gpu_confirmations(stores: Sequence[tuple[str, Path]], parts: Sequence[P
 
 def confirmations(merged: Merged) -> list[Confirmation]:
     """Every confirm store behind the merged table, the first GPU model's first, as PR.md reads them."""
-    out = [
+    return [
         Confirmation(
             device=merged.devices[0], part=p.name, folder=f"{PARTS}/{p.name}/evidence",
             identity=p.evidence.confirm_identity, confirmed=p.evidence.confirmed, models=p.evidence.models,
             backend_ops=p.backend_ops,
         )
         for p in merged.parts
-    ]  # fmt: skip
-    out += merged.gpus
-    return out
+    ] + list(merged.gpus)  # fmt: skip
 
 
 def _store_in(folder: Path) -> Path:
@@ -347,11 +339,8 @@ def merge_tables(
             dest.mkdir(parents=True)
             (dest / f"{STORE}.xz").write_bytes(lzma.compress(copy.read_bytes(), preset=9))
             rounds = max((int(str(m.get("rounds", 3))) for m in g.models), default=3)
-            (dest / "e2e.md").write_text(
-                export.without_local_paths(
-                    e2e_text(g.confirmed, identity=export.clean_identity(g.identity), rounds=rounds)
-                )
-            )
+            e2e = e2e_text(g.confirmed, identity=export.clean_identity(g.identity), rounds=rounds)
+            (dest / "e2e.md").write_text(export.without_local_paths(e2e))
             gpu_records.append({"device": g.device, "part": g.part, "name": g.name,
                                 "confirm_sha256": file_sha256(dest / f"{STORE}.xz")})  # fmt: skip
         if patch:

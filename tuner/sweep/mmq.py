@@ -59,9 +59,9 @@ __all__ = [
 import dataclasses
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.measure import mm_bench
@@ -345,9 +345,9 @@ def mmq_dry_run_text(
         f"sweep mmq: {n_configs * chunks} processes a round ({n_configs} configs: upstream, its A/A twin, cuBLAS "
         f"forced; {chunks} chunk{'s' if chunks != 1 else ''} of sizes)"
     )
-    first = f"{duration_text(procs * START_S + total * per_case)} for the first {lo} rounds; " if hi > lo else ""
-    tail = ""
+    first = tail = ""
     if hi > lo:
+        first = f"{duration_text(procs * START_S + total * per_case)} for the first {lo} rounds; "
         fixed = (procs + more_procs) * START_S + cases * n_configs * hi * per_case
         head += (
             f"; {lo} rounds for every point, up to {hi} for the points whose verdict is still open: {procs} "
@@ -480,11 +480,6 @@ def mmq_plan_text(arch: Arch, *, limits: tuple[int, int], per_call_s: float | No
     )
 
 
-def _decode(row: Sequence[Any]) -> MmqKey:
-    t, m, k, n = row
-    return (str(t), int(m), int(k), int(n))
-
-
 MMQ_TABLE = Table[MmqKey](
     name="mm_samples",
     create="CREATE TABLE IF NOT EXISTS mm_samples (type TEXT NOT NULL, m INTEGER NOT NULL, "
@@ -493,7 +488,7 @@ MMQ_TABLE = Table[MmqKey](
     columns=("type", "m", "k", "ne11"),
     n_key=4,
     encode=lambda key: key,
-    decode=_decode,
+    decode=lambda row: (str(row[0]), int(row[1]), int(row[2]), int(row[3])),
     value="us_per_op",
     identity={"schema": "1", "sweep": "mmq"},
     what="an MMQ sweep storage",
@@ -673,11 +668,7 @@ def _rounds_line(outcome: MmqOutcome, limits: tuple[int, int]) -> list[str]:
     """The report's count of points per number of rounds they got (sequential rounds only)."""
     if limits[1] == limits[0]:
         return []
-    by_n: dict[int, int] = {}
-    for st in outcome.stats.values():
-        for c in st.values():
-            n = len(c.series[UPSTREAM])
-            by_n[n] = by_n.get(n, 0) + 1
+    by_n = Counter(len(c.series[UPSTREAM]) for st in outcome.stats.values() for c in st.values())
     return ["- rounds a point with a verdict got: " + ", ".join(f"{n}: {k} points" for n, k in sorted(by_n.items()))]
 
 
@@ -694,6 +685,7 @@ def mmq_report_text(
     n_gap = outcome.n_gaps
     types = sorted({p.type for p in points})
     sizes = sorted({p.size for p in points})
+    not_swept = ", ".join(f"{t} {m}x{k}" for t, m, k in skipped)
     lines = [
         "# MMQ vs cuBLAS sweep",
         "",
@@ -703,11 +695,7 @@ def mmq_report_text(
         f"paired rounds: {rounds_text(limits, 'point')}",
         f"- points with a verdict: {len(points) - n_gap}; without one: {n_gap}",
         *_rounds_line(outcome, limits),
-        *(
-            [f"- not swept (k not a multiple of the type's block): {', '.join(f'{t} {m}x{k}' for t, m, k in skipped)}"]
-            if skipped
-            else []
-        ),
+        *([f"- not swept (k not a multiple of the type's block): {not_swept}"] if skipped else []),
         "",
         "Per round, one mm-bench process per config over every point that gets the round: upstream's choice (MMQ), "
         "the same again (the A/A pair) and cuBLAS forced through `GGML_TUNER_MMQ_CHOICES`, in an order rotated from "

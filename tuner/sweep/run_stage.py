@@ -20,6 +20,7 @@ __all__ = [
 
 import dataclasses
 import functools
+from contextlib import closing
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -90,11 +91,9 @@ class _Request:
 
     def bin_dir(self) -> Path:
         """``--build``'s bin dir, or the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
-        return (
-            find_bin_dir(self.build_dir, self.EXE)
-            if self.build_dir is not None
-            else default_build(self.arch, self.spec)
-        )
+        if self.build_dir is None:
+            return default_build(self.arch, self.spec)
+        return find_bin_dir(self.build_dir, self.EXE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -197,8 +196,7 @@ def run_fa(req: FaRequest) -> str:
     fa = timer == "fa-bench"
     if fa:
         identity["target_ms"] = str(target_ms)
-    store = SampleStore(live.TABLE, req.storage_path, identity)
-    try:
+    with closing(SampleStore(live.TABLE, req.storage_path, identity)) as store:
         live.run_sweep(
             cells, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
             log_dir=req.out / "logs", chunk_size=req.chunk_cells, run_round=run_round,
@@ -207,8 +205,6 @@ def run_fa(req: FaRequest) -> str:
             expect_log=not req.backend.upper().startswith("CPU"), budget=budget,
         )  # fmt: skip
         outcome = live.compose(cells, store.samples(), limits=req.limits)
-    finally:
-        store.close()
     patch = None
     if outcome.rules:
         note = (
@@ -274,8 +270,7 @@ def run_mmq(req: MmqRequest) -> str:
         "iters": str(req.iters), "target_ms": str(req.target), "cache_mb": str(req.cache_mb),
         "cuda_graphs": "on" if req.cuda_graphs else "off", **device_identity(bin_dir, req.backend),
     }  # fmt: skip
-    store = SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)
-    try:
+    with closing(SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)) as store:
         forced_reason = mmq_hook_reason(bin_dir, req.backend, req.out / "logs" / "hook-probe") if cuda else ""
         mmq.run_mmq(
             points, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
@@ -286,8 +281,6 @@ def run_mmq(req: MmqRequest) -> str:
             "" if cuda else f"the {req.backend} backend has no MMQ-vs-cuBLAS choice (both configs ran the same code)"
         )
         outcome = mmq.compose_mmq(points, store.samples(), limits=req.limits, withhold=withhold)
-    finally:
-        store.close()
     patch = None
     if outcome.choices:
         note = (

@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -124,13 +125,10 @@ def _check(rules: Sequence[TableRule]) -> None:
         kv_type_enum(r.kv)  # raises for a type without FlashAttention support
         if r.kernel == "VEC" and not (r.D <= 256 and r.D % 64 == 0 and r.D != 192):
             raise TunerError(f"Table entry {r.text}: no vector kernel exists for head size {r.D}.")
-    for i, a in enumerate(rules):
-        for b in rules[i + 1 :]:
-            same = (a.D, a.gqa, a.kv, a.ne1) == (b.D, b.gqa, b.kv, b.ne1)
-            if same and a.lo < (math.inf if b.hi is None else b.hi) and b.lo < (math.inf if a.hi is None else a.hi):
-                raise TunerError(
-                    f"Table entries {a.text} and {b.text} overlap; one shape's n_kv ranges must be disjoint."
-                )
+    for a, b in itertools.combinations(rules, 2):
+        same = (a.D, a.gqa, a.kv, a.ne1) == (b.D, b.gqa, b.kv, b.ne1)
+        if same and a.lo < (math.inf if b.hi is None else b.hi) and b.lo < (math.inf if a.hi is None else a.hi):
+            raise TunerError(f"Table entries {a.text} and {b.text} overlap; one shape's n_kv ranges must be disjoint.")
 
 
 def _suffix(arch: Arch) -> str:

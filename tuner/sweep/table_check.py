@@ -55,14 +55,9 @@ GpuArg = str | Path | None
 REQUIRED: dict[str, dict[str, type[object]]] = {
     "source": {"spec": str, "source_id": str, "commit": str, "era": str},
     "target": {"arch": str, "measured_on": str},
-    "table": {
-        "fa_rules": list,
-        "mmq_choices": list,
-        "reported": list,
-        "composed_fa_rules": list,
-        "composed_mmq_choices": list,
-        "models": list,
-    },
+    "table": dict.fromkeys(
+        ("fa_rules", "mmq_choices", "reported", "composed_fa_rules", "composed_mmq_choices", "models"), list
+    ),
     "coverage": dict.fromkeys(
         (
             "shapes",
@@ -217,11 +212,11 @@ def _lookup(patched: str, ev: Kept) -> Finding:
             check="table lookup", ok=True, detail="skipped: g++ not on PATH (host-only compile of the lookup)"
         )
     kvs = sorted({c.shape.kv for c in ev.table.cells} | {r.kv for r in ev.confirmed.kept_rules})
-    queries = []
-    for c in ev.table.cells:
-        s = c.shape
-        for opt in (True, False):
-            queries.append((s.D, s.gqa, s.kv, s.ne1, c.n_kv, "VEC" in c.legal, opt))
+    queries = [
+        (c.shape.D, c.shape.gqa, c.shape.kv, c.shape.ne1, c.n_kv, "VEC" in c.legal, opt)
+        for c in ev.table.cells
+        for opt in (True, False)
+    ]
     with tempfile.TemporaryDirectory(prefix="tuner-lookup-") as tmp:
         src, exe = Path(tmp) / "lookup.cpp", Path(tmp) / "lookup"
         try:
@@ -245,8 +240,7 @@ def _lookup(patched: str, ev: Kept) -> Finding:
             return _fail("table lookup", f"the lookup did not answer: {err}")
     rules = ev.confirmed.kept_rules
     bad = []
-    for q, g in zip(queries, got + ["?"] * (len(queries) - len(got))):
-        D, gqa, kv, ne1, n, vec, opt = q
+    for (D, gqa, kv, ne1, n, vec, opt), g in zip(queries, got + ["?"] * (len(queries) - len(got))):
         want = match_table(
             rules, D=D, gqa=gqa, type_k=kv, type_v=kv, ne1=ne1, n_kv=n, can_use_vector_kernel=vec, gqa_opt_applies=opt
         )
@@ -327,8 +321,7 @@ def _table_findings(
     if errs:
         return f, None
     f += _files(folder, m)
-    pfile = folder / "upstream.patch"
-    patch = read_text_in(folder, pfile.name) if pfile.is_file() else None
+    patch = read_text_in(folder, "upstream.patch") if (folder / "upstream.patch").is_file() else None
     f.append(_patch_hash(patch, m))
     source, found = _source(m, fetch)
     f.append(found)
@@ -367,12 +360,7 @@ def _gpu_checked(
 
 
 def _merged_schema(m: Mapping[str, Any]) -> list[str]:
-    req: dict[str, Mapping[str, type[object]]] = {
-        "source": REQUIRED["source"],
-        "target": REQUIRED["target"],
-        "hashes": {"patch_sha256": str},
-    }
-    errs = _schema(m, req)
+    errs = _schema(m, {"source": REQUIRED["source"], "target": REQUIRED["target"], "hashes": {"patch_sha256": str}})
     table = m.get("table")
     for k in ("fa_rules", "mmq_choices", "reported", "models"):
         v = table.get(k) if isinstance(table, dict) else None
@@ -382,8 +370,7 @@ def _merged_schema(m: Mapping[str, Any]) -> list[str]:
     if not isinstance(parts, list) or len(parts) < 2:
         errs.append("parts should list two or more tables")
     elif not all(
-        isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("manifest_sha256"), str)
-        for p in parts
+        isinstance(p, dict) and all(isinstance(p.get(k), str) for k in ("name", "manifest_sha256")) for p in parts
     ):
         errs.append("each [[parts]] needs a name and a manifest_sha256 (strings)")
     elif any(not merge.NAME.fullmatch(p["name"]) or p["name"] in (".", "..") for p in parts):
@@ -464,17 +451,12 @@ def validate_merged(folder: Path, *, gpu: Mapping[str, GpuArg] | None = None, fe
     diffs = [f"table.{k}: table.toml has {m['table'].get(k)!r}, the parts give {v!r}" for k, v in got_t.items()
              if m["table"].get(k) != v]  # fmt: skip
     diffs += [f"{k} differs from the parts'" for k in ("source", "target") if m[k] != parts[0].manifest[k]]
-    f.append(
-        Finding(
-            check="recomposed from the parts",
-            ok=not diffs,
-            detail="; ".join(diffs[:4])
-            or f"{len(got_t['fa_rules'])} FlashAttention entr(ies) and {len(got_t['mmq_choices'])} MMQ choice(s) "
-            f"kept from {len(parts)} tables",
-        )
+    detail = "; ".join(diffs[:4]) or (
+        f"{len(got_t['fa_rules'])} FlashAttention entr(ies) and {len(got_t['mmq_choices'])} MMQ choice(s) "
+        f"kept from {len(parts)} tables"
     )
-    pfile = folder / "upstream.patch"
-    patch = read_text_in(folder, pfile.name) if pfile.is_file() else None
+    f.append(Finding(check="recomposed from the parts", ok=not diffs, detail=detail))
+    patch = read_text_in(folder, "upstream.patch") if (folder / "upstream.patch").is_file() else None
     f.append(_patch_hash(patch, m))
     if source is not None:
         f += _patch_findings(folder, patch, merged, source)

@@ -32,7 +32,7 @@ def confirm_command(c: Confirmation, *, has_mmq: bool, out: str) -> str:
         args.append(f"--quant {quant}")
     if tuple(depths) != confirm.DEFAULT_DEPTHS:
         args.append(f"--depths {','.join(map(str, depths))}")
-    if c.confirmed.fates and any(f.choice is not None for f in c.confirmed.fates):  # the table has MMQ choices
+    if any(f.choice is not None for f in c.confirmed.fates):  # the table has MMQ choices
         mmq_like = str(passes[0]["like"]) if passes else "none"
         if mmq_like != "llama-3.1-8b":
             args.append(f"--mmq-like {mmq_like}")
@@ -71,10 +71,9 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
     """The rows of one patched entry on one GPU model (for an MMQ choice also its weights below its batch)."""
     out: list[dict[str, object]] = []
     for c in confs:
-        f = c.confirmed.fates[entry]
         quant = _quant(c)
         label = "" if quant == DEFAULT_QUANT.upper() else f" {quant}"
-        out += [{**p, "model": f"{p['model']}{label}"} for p in f.touched]
+        out += [{**p, "model": f"{p['model']}{label}"} for p in c.confirmed.fates[entry].touched]
         ch = fate.choice
         if ch is None:
             continue
@@ -84,17 +83,6 @@ def _points(entry: int, confs: Sequence[Confirmation], fate: RuleFate) -> list[d
                 below = [p for p in c.confirmed.points.get(like, ()) if not ch.covers(int(str(p.get("ne11", 1))))]
                 out += [{**p, "model": f"{p['model']}{label}, -ub 512"} for p in below]
     return out
-
-
-def _unique(points: Sequence[dict[str, object]]) -> list[dict[str, object]]:
-    seen: set[tuple[object, ...]] = set()
-    unique = []
-    for p in points:
-        key = (p["model"], p["test"], p["depth"])
-        if key not in seen:
-            seen.add(key)
-            unique.append(p)
-    return unique
 
 
 def _caption(device: str) -> str:
@@ -190,7 +178,10 @@ def table_pr_text(
             rows += got
             if j.fate.choice is not None and not any(", -ub 512" in str(p["model"]) for p in got):
                 unmeasured.append(f"- `{j.fate.text}` at the default `-ub 512`: not measured on {d}.")
-        rows = _unique(rows)
+        unique: dict[tuple[object, ...], dict[str, object]] = {}
+        for p in rows:
+            unique.setdefault((p["model"], p["test"], p["depth"]), p)
+        rows = list(unique.values())
         lines += ["", _caption(d), ""]
         lines.append(
             compare_table(rows, name_a="upstream", name_b="table") if rows else "No point of a patched entry measured."
@@ -205,11 +196,7 @@ def table_pr_text(
             + (f"; xz -dc $E/mmq.sqlite3.xz > {part}/mmq/mmq.sqlite3" if mmq else ""),
         ]
     for c in confirmations:
-        out = (
-            f"{c.part}/confirm"
-            if c.device == devices[0]
-            else f"{c.part}/{c.folder.split('/')[-1]}-{c.folder.split('/')[-2]}"
-        )
+        out = f"{c.part}/confirm" if c.device == devices[0] else f"{c.part}/{c.name}-{c.folder.split('/')[-2]}"
         lines += [f"# on {c.device}", confirm_command(c, has_mmq=bool(has_mmq.get(c.part)), out=out)]
     lines += [
         "```",
@@ -243,7 +230,4 @@ def table_pr_text(
 
 def _part_of(j: Joined, confs: Sequence[Confirmation]) -> str:
     """The part whose confirmations decided ``j`` (its fate is one of theirs)."""
-    for c in confs:
-        if any(f.text == j.fate.text for f in c.confirmed.fates):
-            return c.part
-    return ""
+    return next((c.part for c in confs if any(f.text == j.fate.text for f in c.confirmed.fates)), "")
