@@ -278,9 +278,7 @@ def compare_frames(
     return frame
 
 
-# ---------------------------------------------------------------------------------------------
-# The one verdict rule: no faster/slower without a noise reference
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------- The one verdict rule: no faster/slower without a noise reference
 
 FLOORS_DOC = "docs/noise-floors.md"
 
