@@ -250,5 +250,4 @@ def run_round_fast(
         backend=backend,
         timeout=timeout,
         tool="fa-bench",
-        what="fa-bench",
     )
