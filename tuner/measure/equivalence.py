@@ -414,19 +414,6 @@ def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
     return up_file, ""
 
 
-def _candidate_runs(cand: _Side, g: _Gate) -> str:
-    """The candidate's two base-mode runs (files ``candidate-a/b.kld``); '' or why one failed."""
-    for tag in ("a", "b"):
-        name = f"candidate-{tag}"
-        g.logs[name] = g.work_dir / f"{name}.log"
-        with log.step(f"equivalence gate ({g.mode}): candidate run {tag.upper()}"):
-            st, err = _base_step(cand, g, g.work_dir / f"{name}.kld", log_file=g.logs[name])
-        if err:
-            return f"The candidate's run {tag.upper()} failed: {err}"
-        g.digests[name] = st.digest
-    return ""
-
-
 def run_equivalence(
     candidate_bin: Path,
     upstream_bin: Path,
@@ -512,9 +499,14 @@ def run_equivalence(
     up_file, err = _upstream_base(up, model, g)
     if err:
         return done([f"Upstream's run failed, so nothing could be compared: {err}"])
-    err = _candidate_runs(cand, g)
-    if err:
-        return done([err])
+    for tag in ("a", "b"):  # the candidate's two base-mode runs
+        name = f"candidate-{tag}"
+        g.logs[name] = work_dir / f"{name}.log"
+        with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
+            st, err = _base_step(cand, g, work_dir / f"{name}.kld", log_file=g.logs[name])
+        if err:
+            return done([f"The candidate's run {tag.upper()} failed: {err}"])
+        g.digests[name] = st.digest
     det = g.digests["candidate-a"] == g.digests["candidate-b"]
     ident = g.digests["candidate-a"] == g.digests["upstream"]
 
