@@ -188,9 +188,7 @@ def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
     """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
     res = _run.run([exe, "--help"], check=False, timeout=60, what="llama-bench --help")
     m = re.search(r"--flash-attn\s+<([^>]*)>", res.output)
-    if m and "on" in m.group(1).split("|"):
-        return ("on", "off")
-    return ("1", "0")
+    return ("on", "off") if m and "on" in m.group(1).split("|") else ("1", "0")
 
 
 def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:

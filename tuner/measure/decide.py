@@ -192,10 +192,8 @@ def decide(
     """The rule (module docstring) over one family of cells; ``limits``: the rounds' (min, max)."""
     if not (1 <= limits[0] <= limits[1] and 0.0 < final_share <= 1.0):
         raise ValueError(f"bad round limits {limits} or final share {final_share}")
-    adj = {}
-    for k, t in tests.items():
-        w = look_weight(t.n, limits, final_share)
-        adj[k] = min(1.0, t.p_two / w) if w > 0 else 1.0
+    weight = {k: look_weight(t.n, limits, final_share) for k, t in tests.items()}
+    adj = {k: min(1.0, t.p_two / weight[k]) if weight[k] > 0 else 1.0 for k, t in tests.items()}
     rejected = holm(adj, alpha)
     floor = math.log1p(min_effect_pct / 100.0)
     out: dict[K, Call] = {}

@@ -257,13 +257,8 @@ def compare_frames(
         if ra is None or rb is None:
             v = _missing(confidence, 0 if ra is None else int(ra["n"]), 0 if rb is None else int(rb["n"]))
         else:
-            v = compare(
-                list(ra["samples"]),
-                list(rb["samples"]),
-                confidence=confidence,
-                seed=seed,
-                min_effect_pct=min_effect_pct,
-            )
+            a, b = list(ra["samples"]), list(rb["samples"])
+            v = compare(a, b, confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
         row.update({c: getattr(v, c) for c in _VERDICT_COLUMNS})
         out.append(row)
     cols = ["test", "phase", "depth", "median_a", "median_b", *_VERDICT_COLUMNS]
