@@ -198,23 +198,6 @@ def params_for_shapes(shapes: Iterable[tuple[int | None, str | None]]) -> str | 
     return "|".join(f"({params_for_model(D, kv)})" for D, kv in sorted(sized, key=lambda s: (s[0], s[1] or "")))
 
 
-def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | None) -> None:
-    if not ops:
-        raise UsageError("No ops given; pass at least one, e.g. --ops FLASH_ATTN_EXT.")
-    for op in ops:
-        if not isinstance(op, str) or not op or "," in op or "\0" in op:
-            raise UsageError(f"Op {op!r} is invalid; give op names like FLASH_ATTN_EXT, one per --ops.")
-    if not _NAME.match(backend):
-        raise UsageError(f"Backend {backend!r} is invalid; use a device name like CUDA0, ROCm0 or CPU.")
-    if params is not None:
-        try:
-            re.compile(params)
-        except re.error as err:
-            raise UsageError(f"--params {params!r} is not a valid regex ({err}).") from err
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256):
-        raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
-
-
 def _check_op(
     exe: Path,
     op: str,
@@ -281,7 +264,20 @@ def run_check(
         UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
     """
     exe = find_exe(Path(bin_dir), "test-backend-ops")
-    _validate(ops, backend, params, jobs)
+    if not ops:
+        raise UsageError("No ops given; pass at least one, e.g. --ops FLASH_ATTN_EXT.")
+    for op in ops:
+        if not isinstance(op, str) or not op or "," in op or "\0" in op:
+            raise UsageError(f"Op {op!r} is invalid; give op names like FLASH_ATTN_EXT, one per --ops.")
+    if not _NAME.match(backend):
+        raise UsageError(f"Backend {backend!r} is invalid; use a device name like CUDA0, ROCm0 or CPU.")
+    if params is not None:
+        try:
+            re.compile(params)
+        except re.error as err:
+            raise UsageError(f"--params {params!r} is not a valid regex ({err}).") from err
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256):
+        raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
     env = check_env(env)
     log_file = Path(log_dir) / f"{label}.log"
     start = time.monotonic()
