@@ -665,21 +665,20 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 def render_table(df: pd.DataFrame) -> str:
     """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
     head = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %", "roofline %", "status"]
-    rows = []
-    for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
-        rows.append(
-            [
-                r["label"],
-                r["test"],
-                int(r["depth"]),
-                _fmt(r["median_ts"]),
-                _fmt(r["ci_pct"], ".1f"),
-                int(r["n"]),
-                f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}",
-                _fmt(r["cpu_util_mean"], ".0f"),
-                _fmt(r["gpu_util_mean"], ".0f"),
-                _fmt(r["roofline_pct"], ".1f"),
-                r["status"],
-            ]
-        )
+    rows = [
+        [
+            r["label"],
+            r["test"],
+            int(r["depth"]),
+            _fmt(r["median_ts"]),
+            _fmt(r["ci_pct"], ".1f"),
+            int(r["n"]),
+            f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}",
+            _fmt(r["cpu_util_mean"], ".0f"),
+            _fmt(r["gpu_util_mean"], ".0f"),
+            _fmt(r["roofline_pct"], ".1f"),
+            r["status"],
+        ]
+        for _, r in df.sort_values(["label", "phase", "depth"]).iterrows()
+    ]
     return log.table(head, rows)

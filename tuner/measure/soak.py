@@ -191,9 +191,8 @@ class SoakResult:
     @property
     def summary(self) -> str:
         j = self.judgement
-        head = (
-            f"{'PASS' if self.passed else 'FAIL'}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
-        )
+        verdict = "PASS" if self.passed else "FAIL"
+        head = f"{verdict}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
         if j is None or not math.isfinite(j.first_ts):
             return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
         dev = "n/a" if not math.isfinite(j.device_growth_mib) else f"{j.device_growth_mib:+.1f} MiB"
