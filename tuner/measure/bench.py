@@ -32,6 +32,7 @@ __all__ = [
     "save_results",
 ]
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import functools
@@ -129,22 +130,15 @@ _MAX_TOKENS = 1 << 20
 _MIN_TIMED_S = 0.2
 
 
-# ---------------------------------------------------------------------------------------------
-# parsing
-# ---------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------------- parsing
 
 
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
     """Parse llama-bench ``-o jsonl`` output (either era, log lines mixed in are skipped) by field name: one dict
     per test with ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` (from ``samples_ns`` when missing) and
     the schema's metadata fields (None when absent; ``flash_attn`` an int: era ``rocwmma`` prints a bool)."""
-    out: list[dict[str, Any]] = []
-    for rec in json_lines(text):
-        if "n_prompt" not in rec or "n_gen" not in rec:
-            continue
-        if (parsed := _normalize_record(rec)) is not None:
-            out.append(parsed)
-    return out
+    recs = (_normalize_record(r) for r in json_lines(text) if "n_prompt" in r and "n_gen" in r)
+    return [r for r in recs if r is not None]
 
 
 def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -166,9 +160,7 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     return out | {"n_params": rec.get("model_n_params"), "flash_attn": None if fa is None else int(fa)}
 
 
-# ---------------------------------------------------------------------------------------------
-# validation
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------- validation
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> int:
@@ -196,9 +188,7 @@ def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
     """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
     res = _run.run([exe, "--help"], check=False, timeout=60, what="llama-bench --help")
     m = re.search(r"--flash-attn\s+<([^>]*)>", res.output)
-    if m and "on" in m.group(1).split("|"):
-        return ("on", "off")
-    return ("1", "0")
+    return ("on", "off") if m and "on" in m.group(1).split("|") else ("1", "0")
 
 
 def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
@@ -215,9 +205,7 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
     return ["-fa", on if flash_attn else off]
 
 
-# ---------------------------------------------------------------------------------------------
-# roofline (tuner.targets.roofline)
-# ---------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------ roofline (tuner.targets.roofline)
 
 
 def _roofline(
@@ -239,15 +227,8 @@ def _roofline(
         return bpt, bandwidth * 1e9 / bpt, f"model estimate: {bandwidth:g} GB/s (given) / bytes per token"
     load_arch(arch)  # an unknown arch is the user's error, not a missing roofline
     try:
-        rows = roofline.estimate(
-            arch,
-            model,
-            (depth,),
-            pp=ntok if phase == "pp" else 0,
-            tg=ntok if phase == "tg" else 0,
-            kv_type=kv,
-            bandwidth=bandwidth,
-        )
+        pp, tg = (ntok, 0) if phase == "pp" else (0, ntok)
+        rows = roofline.estimate(arch, model, (depth,), pp=pp, tg=tg, kv_type=kv, bandwidth=bandwidth)
     except UsageError as err:
         if bandwidth is not None:
             raise
@@ -258,9 +239,7 @@ def _roofline(
     return bpt, float(bound) if bound else nan, note
 
 
-# ---------------------------------------------------------------------------------------------
-# running
-# ---------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------------- running
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -310,15 +289,10 @@ def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Seque
             obs.mark(line.split(": ", 2)[-1].strip())
 
     t0 = time.monotonic()
-    if obs is not None:
-        obs.start()
-    try:
+    with obs if obs is not None else contextlib.nullcontext():
         rc, error = run_tool(
             cmd, plan.env, log_file=log_file, timeout=plan.timeout, on_line=on_line, what="llama-bench"
         )
-    finally:
-        if obs is not None:
-            obs.stop()
     if not error and rc != 0:
         error = (
             f"llama-bench exited with code {rc}; see {log_file}. "
@@ -398,19 +372,11 @@ def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation
     return obs.timed_summary([(next((m for m in obs.marks if m.t == t_prev), marks[0]), marks[-1])])
 
 
-def _still_pending(
-    plan: _BenchPlan,
-    accs: Mapping[tuple[str, int], _Acc],
-    phase: str,
-    pending: Sequence[int],
-    seen: set[int],
-    call: _Call,
-) -> list[int]:
-    """Record errors for depths ``call`` missed (not in ``seen``); return the depths whose CI is still above
-    target_ci."""
+def _still_pending(plan: _BenchPlan, accs: Mapping[int, _Acc], seen: set[int], call: _Call) -> list[int]:
+    """Record errors for the depths of ``accs`` (one phase's pending ones) ``call`` missed (not in ``seen``);
+    return the depths whose CI is still above target_ci."""
     next_pending = []
-    for d in pending:
-        acc = accs[(phase, d)]
+    for d, acc in accs.items():
         if d not in seen:
             acc.error = call.error or f"llama-bench printed no result for depth {d}; see {call.log_file}."
             acc.cmd, acc.log_file = shlex.join(call.cmd), str(call.log_file)
@@ -430,13 +396,12 @@ def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str
     pending = list(plan.depths)
     k = plan.want
     log_file = plan.log_dir / f"{plan.label}-{phase}.log"
-    for d in plan.depths:
-        accs[(phase, d)] = _Acc()
+    accs |= {(phase, d): _Acc() for d in plan.depths}
     while pending:
         p, n = (ntok, 0) if phase == "pp" else (0, ntok)
         call = _run_call(plan, log_file, p=p, n=n, depths=pending, reps=k + 1)
         seen = {d for _, d in _absorb_records(accs, phase, call)}
-        pending = _still_pending(plan, accs, phase, pending, seen, call)
+        pending = _still_pending(plan, {d: accs[(phase, d)] for d in pending}, seen, call)
         if pending:
             room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
             k = max(2, min(plan.want, room))
@@ -450,13 +415,11 @@ def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
     test at that depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill
     costs more than the tests. One batch only (no adaptive repetitions). Returns the log file."""
     log_file = plan.log_dir / f"{plan.label}-pp+tg.log"
-    for ph in ("pp", "tg"):
-        for d in plan.depths:
-            accs[(ph, d)] = _Acc()
+    accs |= {(ph, d): _Acc() for ph in ("pp", "tg") for d in plan.depths}
     call = _run_call(plan, log_file, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
     seen = _absorb_records(accs, None, call)
     for ph in ("pp", "tg"):
-        _still_pending(plan, accs, ph, plan.depths, {d for p, d in seen if p == ph}, call)
+        _still_pending(plan, {d: accs[(ph, d)] for d in plan.depths}, {d for p, d in seen if p == ph}, call)
     return str(log_file)
 
 
@@ -545,8 +508,7 @@ def run_bench(
     if pp == 0 and tg == 0:
         raise UsageError("pp and tg are both 0, so there is nothing to measure; set --pp or --tg.")
     max_reps = _check_int("max_reps", max_reps, 1, 10000)
-    want = DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000)
-    want = min(want, max_reps)
+    want = min(DEFAULT_REPS if reps is None else _check_int("reps", reps, 1, 10000), max_reps)
     if target_ci is not None and not (isinstance(target_ci, (int, float)) and 0 < target_ci < 100):
         raise UsageError(f"target_ci is a percentage in (0, 100) (got {target_ci!r}); e.g. 2 for ±2%.")
     if timeout <= 0:

@@ -59,7 +59,7 @@ from typing import Literal, TypeVar
 
 from scipy import stats as _stats
 
-from tuner.measure.paired import residual
+from tuner.measure.paired import complete_logs, residual
 
 ALPHA = 0.05
 """Family-wise error of a search: the chance that it claims anything where nothing differs."""
@@ -113,23 +113,12 @@ class Call:
     """``100 * (exp(mean(d)) - 1)``, NaN when unknown."""
 
 
-def _complete(values: Mapping[str, Sequence[float | None]], names: Sequence[str]) -> list[list[float]]:
-    """Log t/s of ``names`` in the rounds where every one of them has a positive finite value."""
-    n = min(len(values[x]) for x in names)
-    out = []
-    for i in range(n):
-        row = [v for v in (values[x][i] for x in names) if v is not None and math.isfinite(v) and v > 0]
-        if len(row) == len(names):
-            out.append([math.log(v) for v in row])
-    return out
-
-
 def _depth_parts(
     values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
 ) -> tuple[dict[str, tuple[int, float]], float, int]:
     """Per candidate (rounds, mean d) and the depth's residual (SS, df)."""
     names = [reference, twin, *candidates]
-    y = _complete(values, names)
+    y = complete_logs(values, names)
     means = {
         c: (len(y), sum((row[2 + j] - row[0]) - (row[1] - row[0]) for row in y) / len(y) if y else math.nan)
         for j, c in enumerate(candidates)
@@ -203,10 +192,8 @@ def decide(
     """The rule (module docstring) over one family of cells; ``limits``: the rounds' (min, max)."""
     if not (1 <= limits[0] <= limits[1] and 0.0 < final_share <= 1.0):
         raise ValueError(f"bad round limits {limits} or final share {final_share}")
-    adj = {}
-    for k, t in tests.items():
-        w = look_weight(t.n, limits, final_share)
-        adj[k] = min(1.0, t.p_two / w) if w > 0 else 1.0
+    weight = {k: look_weight(t.n, limits, final_share) for k, t in tests.items()}
+    adj = {k: min(1.0, t.p_two / weight[k]) if weight[k] > 0 else 1.0 for k, t in tests.items()}
     rejected = holm(adj, alpha)
     floor = math.log1p(min_effect_pct / 100.0)
     out: dict[K, Call] = {}

@@ -19,11 +19,8 @@ _DEV_RE = re.compile(r"^\s*(?P<name>[A-Za-z][\w-]*): (?P<desc>.+?)(?: \(\d+ MiB,
 def parse_list_devices(text: str) -> dict[str, str]:
     """``llama-bench --list-devices`` output -> {backend device name: description}, e.g.
     ``{"CUDA0": "NVIDIA H100 80GB HBM3"}`` (the memory figures dropped: free memory changes between calls)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if m := _DEV_RE.match(line):  # not the "Available devices:" header or "(none)": neither is "NAME: ..."
-            out[m["name"]] = m["desc"]
-    return out
+    # not the "Available devices:" header or "(none)": neither is "NAME: ..."
+    return {m["name"]: m["desc"] for line in text.splitlines() if (m := _DEV_RE.match(line))}
 
 
 def _cpu_model() -> str:

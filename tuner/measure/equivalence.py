@@ -71,25 +71,8 @@ PERPLEXITY = "llama-perplexity"
 
 # Flags the gate sets itself; a candidate's args must not override them.
 _OWN_FLAGS = frozenset(
-    {
-        "-m",
-        "--model",
-        "-f",
-        "--file",
-        "-c",
-        "--ctx-size",
-        "--chunks",
-        "-b",
-        "--batch-size",
-        "-ub",
-        "--ubatch-size",
-        "--kl-divergence-base",
-        "--kl-divergence",
-        "-p",
-        "--prompt",
-        "-o",
-        "--output",
-    }
+    {"-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks", "-b", "--batch-size", "-ub", "--ubatch-size"}
+    | {"--kl-divergence-base", "--kl-divergence", "-p", "--prompt", "-o", "--output"}
 )
 _NUM = r"(-?(?:\d+(?:\.\d*)?|nan|-nan|inf)|-?nan)"
 _STAT_LINES = {
@@ -102,73 +85,12 @@ _STAT_LINES = {
     "ppl_base": re.compile(rf"^Mean PPL\(base\)\s+:\s+{_NUM}", re.M),
 }
 _FINAL = re.compile(rf"Final estimate: PPL = {_NUM} \+/- {_NUM}")
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "that",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "his",
-    "her",
-    "they",
-    "are",
-    "this",
-    "be",
-    "an",
-    "which",
-    "or",
-    "had",
-    "not",
-    "but",
-    "were",
-    "their",
-    "one",
-    "all",
-    "has",
-    "have",
-    "its",
-    "been",
-    "more",
-    "two",
-    "first",
-    "new",
-    "other",
-    "who",
-    "after",
-    "also",
-    "when",
-    "into",
-    "time",
-    "only",
-    "some",
-    "would",
-    "these",
-    "years",
-    "may",
-    "over",
-    "most",
-    "such",
-    "where",
-    "many",
-    "them",
-    "those",
-    "than",
-    "so",
-    "people",
-    "up",
-    "about",
-    "out",
-]
+# The gate text's words, in the order write_gate_text's LCG indexes them.
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they are this be an which or had not but were "
+    "their one all has have its been more two first new other who after also when into time only some would these "
+    "years may over most such where many them those than so people up about out"
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -309,20 +231,10 @@ def parse_kld_output(text: str) -> KldStats:
     so ``complete`` is False for a run that stopped early (a bad base file still exits 0)."""
     got: dict[str, float] = {}
     for key, rx in _STAT_LINES.items():
-        matches = rx.findall(text)
-        if not matches:
-            continue
-        m = matches[-1]
-        if isinstance(m, tuple):
-            got[key] = _num(m[0])
-            if key == "mean_kld":
-                got["mean_kld_unc"] = _num(m[1])
-            elif key == "same_top_pct":
-                got["same_top_unc"] = _num(m[1])
-        else:
-            got[key] = _num(m)
-    fields = [f.name for f in dataclasses.fields(KldStats)]
-    return KldStats(**{f: got.get(f, float("nan")) for f in fields})
+        if matches := rx.findall(text):  # a line with a ± has two groups: the value and its uncertainty
+            nums = matches[-1] if isinstance(matches[-1], tuple) else (matches[-1],)
+            got |= zip((key, key.removesuffix("_pct") + "_unc"), map(_num, nums))
+    return KldStats(**{f.name: got.get(f.name, math.nan) for f in dataclasses.fields(KldStats)})
 
 
 def parse_base_output(text: str) -> float | None:
@@ -377,11 +289,10 @@ def judge(
 def write_gate_text(path: Path, n_words: int = 3000) -> Path:
     """Write the gate's fixed prompt text: ``n_words`` common English words drawn by a fixed LCG (meaningless,
     but the same on every machine and run, many distinct tokens, no network; ~1.05 tokens per word)."""
-    x = 12345
-    out = []
+    x, words, out = 12345, _WORDS.split(), []
     for _ in range(n_words):
         x = (1103515245 * x + 12345) % (1 << 31)
-        out.append(_WORDS[(x >> 16) % len(_WORDS)])
+        out.append(words[(x >> 16) % len(words)])
     text = " ".join(out) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_text() != text:
@@ -445,14 +356,8 @@ def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) ->
     """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
-    rc, err = run_tool(
-        [side.exe, *base, *side.args],
-        side.env,
-        log_file=log_file,
-        timeout=timeout,
-        on_line=lines.append,
-        what=PERPLEXITY,
-    )
+    cmd: list[str | Path] = [side.exe, *base, *side.args]
+    rc, err = run_tool(cmd, side.env, log_file=log_file, timeout=timeout, on_line=lines.append, what=PERPLEXITY)
     if err:  # timeout, or the binary would not start
         lines.append(f"error: {err}")
     return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
@@ -507,19 +412,6 @@ def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
     g.digests["upstream"] = st.digest
     stamp.write_text(st.digest + "\n")
     return up_file, ""
-
-
-def _candidate_runs(cand: _Side, g: _Gate) -> str:
-    """The candidate's two base-mode runs (files ``candidate-a/b.kld``); '' or why one failed."""
-    for tag in ("a", "b"):
-        name = f"candidate-{tag}"
-        g.logs[name] = g.work_dir / f"{name}.log"
-        with log.step(f"equivalence gate ({g.mode}): candidate run {tag.upper()}"):
-            st, err = _base_step(cand, g, g.work_dir / f"{name}.kld", log_file=g.logs[name])
-        if err:
-            return f"The candidate's run {tag.upper()} failed: {err}"
-        g.digests[name] = st.digest
-    return ""
 
 
 def run_equivalence(
@@ -607,20 +499,21 @@ def run_equivalence(
     up_file, err = _upstream_base(up, model, g)
     if err:
         return done([f"Upstream's run failed, so nothing could be compared: {err}"])
-    err = _candidate_runs(cand, g)
-    if err:
-        return done([err])
+    for tag in ("a", "b"):  # the candidate's two base-mode runs
+        name = f"candidate-{tag}"
+        g.logs[name] = work_dir / f"{name}.log"
+        with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
+            st, err = _base_step(cand, g, work_dir / f"{name}.kld", log_file=g.logs[name])
+        if err:
+            return done([f"The candidate's run {tag.upper()} failed: {err}"])
+        g.digests[name] = st.digest
     det = g.digests["candidate-a"] == g.digests["candidate-b"]
     ident = g.digests["candidate-a"] == g.digests["upstream"]
 
     g.logs["kld"] = work_dir / "kld.log"
     with log.step(f"equivalence gate ({mode}): candidate's KL divergence vs upstream"):
-        st = _run_ppl(
-            cand,
-            [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"],
-            log_file=g.logs["kld"],
-            timeout=timeout,
-        )
+        kld = [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"]
+        st = _run_ppl(cand, kld, log_file=g.logs["kld"], timeout=timeout)
     stats = parse_kld_output(st.text)
     reasons = []
     if st.rc != 0 or not stats.complete:

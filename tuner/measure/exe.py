@@ -75,15 +75,8 @@ def run_tool(
     """Run a measuring tool with ``env`` (checked: :func:`check_env`) over ``base`` (default ours): ``(exit code,
     "")``, or ``(-1, why)`` when ``env`` is bad, the tool timed out or would not start: a failed run is data."""
     try:
-        res = _run.run(
-            cmd,
-            env={**(os.environ if base is None else base), **check_env(env)},
-            log_file=log_file,
-            timeout=timeout,
-            check=False,
-            on_line=on_line,
-            what=what,
-        )
+        full_env = {**(os.environ if base is None else base), **check_env(env)}
+        res = _run.run(cmd, env=full_env, log_file=log_file, timeout=timeout, check=False, on_line=on_line, what=what)
     except TunerError as err:
         return -1, str(err)
     return res.returncode, ""

@@ -85,14 +85,6 @@ def _lib_dir(bin_dir: Path, exe_name: str = EXE) -> Path:
     )
 
 
-def _compiler(exe_name: str = EXE) -> str:
-    cxx = os.environ.get("CXX") or "c++"
-    path = shutil.which(cxx)
-    if path is None:
-        raise UsageError(f"No C++ compiler {cxx!r} on PATH to build {exe_name}; install one or set CXX.")
-    return path
-
-
 def cached_bench(bin_dir: Path, source_name: str, exe_name: str) -> Path:
     """Where :func:`build_bench` keeps ``exe_name``: ``<bin>/../<exe_name>/<hash>/<exe_name>``, the hash of
     ``tuner/data/<source_name>`` and the shared header (a change to either is a new program)."""
@@ -122,7 +114,10 @@ def build_bench(
         return exe
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{exe_name}.{os.getpid()}"
-    cmd = [_compiler(exe_name), "-O2", "-std=c++17", f"-I{inc}", str(src), f"-L{lib}", "-lggml", "-lggml-base"]
+    cxx = os.environ.get("CXX") or "c++"
+    if (compiler := shutil.which(cxx)) is None:
+        raise UsageError(f"No C++ compiler {cxx!r} on PATH to build {exe_name}; install one or set CXX.")
+    cmd = [compiler, "-O2", "-std=c++17", f"-I{inc}", str(src), f"-L{lib}", "-lggml", "-lggml-base"]
     cmd += [f"-Wl,-rpath,{lib}", "-o", str(tmp)]
     with log.step(f"Compiling {exe_name} against {lib}"):
         try:
@@ -250,5 +245,4 @@ def run_round_fast(
         backend=backend,
         timeout=timeout,
         tool="fa-bench",
-        what="fa-bench",
     )

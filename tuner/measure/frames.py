@@ -43,9 +43,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, **kw: Any) -> pd.DataFrame:
-    """Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
-    return compare_frames(a, b, **kw)
+compare = compare_frames
+"""Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
 
 
 def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
@@ -140,36 +139,14 @@ def load_results(path: Path) -> pd.DataFrame:
 
 
 SETTING_FIELDS: tuple[str, ...] = (
-    "backends",
-    "n_gpu_layers",
-    "n_cpu_moe",
-    "tensor_buft_overrides",
-    "n_batch",
-    "n_ubatch",
-    "embeddings",
-    "cpu_mask",
-    "cpu_strict",
-    "poll",
-    "n_threads",
-    "type_k",
-    "type_v",
-    "load_mode",
-    "no_kv_offload",
-    "split_mode",
-    "main_gpu",
-    "tensor_split",
-    "flash_attn",
-    "fit_target",
-    "fit_min_ctx",
+    ("backends", "n_gpu_layers", "n_cpu_moe", "tensor_buft_overrides", "n_batch", "n_ubatch", "embeddings")
+    + ("cpu_mask", "cpu_strict", "poll", "n_threads", "type_k", "type_v", "load_mode", "no_kv_offload")
+    + ("split_mode", "main_gpu", "tensor_split", "flash_attn", "fit_target", "fit_min_ctx")
 )
 """llama-bench fields that make two rows of one model, test and depth different measurements: the key
 properties of compare-llama-bench.py other than the model, the devices and the test itself."""
 
-_META_FIELDS = (
-    "build_commit",
-    "build_number",
-    "gpu_info",
-    "cpu_info",
+_META_FIELDS = ("build_commit", "build_number", "gpu_info", "cpu_info") + (
     "model_filename",
     "model_type",
     "model_size",
@@ -642,14 +619,10 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
 def _commands(df: pd.DataFrame) -> set[tuple[str, ...]]:
     """The llama-bench command lines of a `tuner bench` frame without what only sets which points ran
     and how often (``-d``, ``-r``: extra batches of a ``--target-ci`` run differ in those)."""
-    out = set()
-    for cmd in df["cmd"].dropna():
-        words = str(cmd).split()
-        keep = [
-            w for i, w in enumerate(words) if w not in ("-d", "-r") and (i == 0 or words[i - 1] not in ("-d", "-r"))
-        ]
-        out.add(tuple(keep))
-    return out
+    return {
+        tuple(w for i, w in enumerate(ws) if w not in ("-d", "-r") and (i == 0 or ws[i - 1] not in ("-d", "-r")))
+        for ws in (str(cmd).split() for cmd in df["cmd"].dropna())
+    }
 
 
 def same_build(a: pd.DataFrame, b: pd.DataFrame) -> str:
@@ -692,21 +665,20 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 def render_table(df: pd.DataFrame) -> str:
     """Markdown summary: one line per row with median ± CI, n, utilization and roofline."""
     head = ["label", "test", "depth", "t/s (median)", "±CI %", "n", "min–max", "cpu %", "gpu %", "roofline %", "status"]
-    rows = []
-    for _, r in df.sort_values(["label", "phase", "depth"]).iterrows():
-        rows.append(
-            [
-                r["label"],
-                r["test"],
-                int(r["depth"]),
-                _fmt(r["median_ts"]),
-                _fmt(r["ci_pct"], ".1f"),
-                int(r["n"]),
-                f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}",
-                _fmt(r["cpu_util_mean"], ".0f"),
-                _fmt(r["gpu_util_mean"], ".0f"),
-                _fmt(r["roofline_pct"], ".1f"),
-                r["status"],
-            ]
-        )
+    rows = [
+        [
+            r["label"],
+            r["test"],
+            int(r["depth"]),
+            _fmt(r["median_ts"]),
+            _fmt(r["ci_pct"], ".1f"),
+            int(r["n"]),
+            f"{_fmt(r['min_ts'])}–{_fmt(r['max_ts'])}",
+            _fmt(r["cpu_util_mean"], ".0f"),
+            _fmt(r["gpu_util_mean"], ".0f"),
+            _fmt(r["roofline_pct"], ".1f"),
+            r["status"],
+        ]
+        for _, r in df.sort_values(["label", "phase", "depth"]).iterrows()
+    ]
     return log.table(head, rows)

@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -197,23 +198,6 @@ def params_for_shapes(shapes: Iterable[tuple[int | None, str | None]]) -> str | 
     return "|".join(f"({params_for_model(D, kv)})" for D, kv in sorted(sized, key=lambda s: (s[0], s[1] or "")))
 
 
-def _validate(ops: Sequence[str], backend: str, params: str | None, jobs: int | None) -> None:
-    if not ops:
-        raise UsageError("No ops given; pass at least one, e.g. --ops FLASH_ATTN_EXT.")
-    for op in ops:
-        if not isinstance(op, str) or not op or "," in op or "\0" in op:
-            raise UsageError(f"Op {op!r} is invalid; give op names like FLASH_ATTN_EXT, one per --ops.")
-    if not _NAME.match(backend):
-        raise UsageError(f"Backend {backend!r} is invalid; use a device name like CUDA0, ROCm0 or CPU.")
-    if params is not None:
-        try:
-            re.compile(params)
-        except re.error as err:
-            raise UsageError(f"--params {params!r} is not a valid regex ({err}).") from err
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256):
-        raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
-
-
 def _check_op(
     exe: Path,
     op: str,
@@ -260,26 +244,6 @@ def _check_op(
     return dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc, log_file=log_file)
 
 
-def _aggregate(parts: Sequence[CheckResult], *, log_file: Path, rc_max: int, start: float) -> CheckResult:
-    """One CheckResult over every op's call: passes only if all passed; failing cases de-duplicated."""
-    failing: list[str] = []
-    for p in parts:
-        failing.extend(f for f in p.failing if f not in failing)
-    return CheckResult(
-        passed=all(p.passed for p in parts),
-        n_ok=sum(p.n_ok for p in parts),
-        n_fail=sum(p.n_fail for p in parts),
-        n_not_supported=sum(p.n_not_supported for p in parts),
-        failing=tuple(failing),
-        log_file=log_file,
-        summary="; ".join(p.summary for p in parts),
-        backend_ran=True,
-        returncode=rc_max,
-        seconds=time.monotonic() - start,
-        crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
-    )
-
-
 def run_check(
     bin_dir: Path,
     *,
@@ -300,18 +264,42 @@ def run_check(
         UsageError: Bad arguments, a missing binary, or a backend the binary does not have.
     """
     exe = find_exe(Path(bin_dir), "test-backend-ops")
-    _validate(ops, backend, params, jobs)
+    if not ops:
+        raise UsageError("No ops given; pass at least one, e.g. --ops FLASH_ATTN_EXT.")
+    for op in ops:
+        if not isinstance(op, str) or not op or "," in op or "\0" in op:
+            raise UsageError(f"Op {op!r} is invalid; give op names like FLASH_ATTN_EXT, one per --ops.")
+    if not _NAME.match(backend):
+        raise UsageError(f"Backend {backend!r} is invalid; use a device name like CUDA0, ROCm0 or CPU.")
+    if params is not None:
+        try:
+            re.compile(params)
+        except re.error as err:
+            raise UsageError(f"--params {params!r} is not a valid regex ({err}).") from err
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256):
+        raise UsageError(f"jobs must be an integer in [1, 256] (got {jobs!r}).")
     env = check_env(env)
     log_file = Path(log_dir) / f"{label}.log"
-    parts: list[CheckResult] = []
     start = time.monotonic()
-    rc_max = 0
     flags = (["-p", params] if params is not None else []) + (["-j", str(jobs)] if jobs is not None else [])
-    for op in ops:
-        part = _check_op(exe, op, flags, backend=backend, env=env, log_file=log_file, timeout=timeout, bin_dir=bin_dir)
-        parts.append(part)
-        rc_max = part.returncode if part.returncode != 0 else rc_max
-    return _aggregate(parts, log_file=log_file, rc_max=rc_max, start=start)
+    parts = [
+        _check_op(exe, op, flags, backend=backend, env=env, log_file=log_file, timeout=timeout, bin_dir=bin_dir)
+        for op in ops
+    ]
+    # passes only if every op's call passed; failing cases de-duplicated; the exit code is the last non-zero one
+    return CheckResult(
+        passed=all(p.passed for p in parts),
+        n_ok=sum(p.n_ok for p in parts),
+        n_fail=sum(p.n_fail for p in parts),
+        n_not_supported=sum(p.n_not_supported for p in parts),
+        failing=tuple(dict.fromkeys(f for p in parts for f in p.failing)),
+        log_file=log_file,
+        summary="; ".join(p.summary for p in parts),
+        backend_ran=True,
+        returncode=next((p.returncode for p in reversed(parts) if p.returncode), 0),
+        seconds=time.monotonic() - start,
+        crashed=next((p.crashed for p in parts if p.crashed and p.returncode), ""),
+    )
 
 
 def run_gate(
@@ -337,21 +325,13 @@ def run_gate(
         raise UsageError("No kernels given; use e.g. --kernels VEC,TILE,MMA.")
     if "GGML_TUNER_FA_RULES" in env:
         raise UsageError("run_gate sets GGML_TUNER_FA_RULES itself (one forced kernel per run); drop it from env.")
+    check = functools.partial(
+        run_check, bin_dir, ops=ops, backend=backend, params=params, jobs=jobs, log_dir=log_dir, timeout=timeout
+    )
     per: dict[str, CheckResult] = {}
     for k in ks:
-        kenv = {**env, **force_kernel_env(k)}
         with log.step(f"test-backend-ops {','.join(ops)} on {backend}, kernel forced to {k}"):
-            per[k] = run_check(
-                bin_dir,
-                ops=ops,
-                backend=backend,
-                params=params,
-                env=kenv,
-                jobs=jobs,
-                log_dir=log_dir,
-                timeout=timeout,
-                label=f"check-{k}",
-            )
+            per[k] = check(env={**env, **force_kernel_env(k)}, label=f"check-{k}")
     failing = tuple(f"{k}: {c}" for k, r in per.items() for c in r.failing)
     bad = [k for k, r in per.items() if not r.passed]
     if bad:

@@ -117,9 +117,7 @@ def _corrected_candidate(
             rows.append(_restated(_row_dict(row), scaled, confidence=confidence, seed=seed))
             rows[-1].update(anchor_ratio=factor, drift_corrected=True)
         else:
-            new = _row_dict(row)
-            new["anchor_ratio"] = factor
-            rows.append(new)
+            rows.append(_row_dict(row) | {"anchor_ratio": factor})
     return rows
 
 
@@ -183,9 +181,7 @@ def run_interleaved(
     for c in candidates:
         cands.append(bench(c))
         anchors.append(bench(baseline))
-    for i, a in enumerate(anchors):
-        a["anchor_index"] = i
-    anchor_df = pd.concat(anchors, ignore_index=True)
+    anchor_df = pd.concat([a.assign(anchor_index=i) for i, a in enumerate(anchors)], ignore_index=True)
 
     drift_rows = _drift_rows(anchor_df, drift_factor)
     drift_df = pd.DataFrame(drift_rows)

@@ -126,15 +126,8 @@ def shape_for_model(model: object, *, n_kv: int, n_batch: int = 1, kv_type: str 
     """The FA shape of a :class:`tuner.targets.models.ModelShape` (or any object with ``head_dim``,
     ``n_heads`` and ``n_kv_heads``) at ``n_kv`` cache cells and ``n_batch`` query tokens."""
     d = int(getattr(model, "head_dim"))  # noqa: B009  (duck-typed on purpose: no import of targets here)
-    return FaShape(
-        head_dim=d,
-        head_dim_v=d,
-        n_head=int(getattr(model, "n_heads")),  # noqa: B009
-        n_head_kv=int(getattr(model, "n_kv_heads")),  # noqa: B009
-        n_kv=n_kv,
-        n_batch=n_batch,
-        kv_type=kv_type,
-    )
+    h, hkv = int(getattr(model, "n_heads")), int(getattr(model, "n_kv_heads"))  # noqa: B009
+    return FaShape(head_dim=d, head_dim_v=d, n_head=h, n_head_kv=hkv, n_kv=n_kv, n_batch=n_batch, kv_type=kv_type)
 
 
 def force_kernel_env(kernel: str) -> dict[str, str]:
@@ -230,16 +223,11 @@ def fa_log_hit(fa: Sequence[Mapping[str, object]], shape: FaShape) -> Mapping[st
     """The FA log line (:func:`tuner.measure.falog.parse_fa_log`) of ``shape``, or None: matched on D,
     the batch, the GQA ratio and n_kv, and the K/V type where the line names it (f16 and q8_0 calls of
     one size pick different kernels)."""
-    s = shape
-    return next(
-        (
-            x
-            for x in fa
-            if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == (s.head_dim, s.n_batch, s.gqa, s.n_kv)
-            and x.get("type_k") in (None, s.kv_type)
-        ),
-        None,
+    key = (shape.head_dim, shape.n_batch, shape.gqa, shape.n_kv)
+    hits = (
+        x for x in fa if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == key and x.get("type_k") in (None, shape.kv_type)
     )
+    return next(hits, None)
 
 
 def process_timeout(n_shapes: int) -> float:
@@ -321,18 +309,19 @@ def run_candidates(
     backend: str,
     timeout: float,
     tool: str,
-    what: str,
+    what: str = "",
 ) -> list[KernelTime]:
     """``cmd`` once per candidate (its env added, the FA log on), in order: one :class:`KernelTime` per
     (candidate, shape), the kernel that ran from the FA log. ``parse``: the tool's output -> case index ->
-    (runs, µs per run or None, why not). A crash or timeout is data: every shape of the call carries it."""
+    (runs, µs per run or None, why not); ``what`` names the run in messages (default ``tool``). A crash or
+    timeout is data: every shape of the call carries it."""
     out: list[KernelTime] = []
     for lbl, env in envs.items():
         log_file = log_dir / f"{log_prefix}-{lbl}.log"
         log_file.unlink(missing_ok=True)
         log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} ({tool})")
         rc, error = run_tool(
-            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what
+            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what or tool
         )
         if not error and rc != 0:
             error = f"{tool} exited with code {rc}; see {log_file}."

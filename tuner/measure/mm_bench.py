@@ -153,11 +153,8 @@ def run_cases(
             error = f"mm-bench exited with code {rc}; see {log_file}"
         got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
         n = len(shapes) - first
-        printed = 0
-        while printed < n and printed in got:
-            printed += 1
-        for i in range(printed):
-            out[first + i] = _checked_case(got[i], log_file)
+        printed = next((i for i in range(n) if i not in got), n)
+        out[first : first + printed] = [_checked_case(got[i], log_file) for i in range(printed)]
         if not error:
             for i in range(printed, n):
                 out[first + i] = _not_timed(f"no result for case {i}; see {log_file}")

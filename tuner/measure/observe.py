@@ -162,6 +162,8 @@ class Observer:
     def __init__(self, *, interval: float = INTERVAL_S, gpu: bool = True) -> None:
         self.interval = interval
         self._gpu = find_gpu_probe() if gpu else None
+        self.gpu_source = self._gpu.name if self._gpu is not None else ""
+        """``nvml``, ``amdsmi`` or '' (no GPU observer)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # (monotonic time, cpu percent or nan, gpu util or nan, gpu mem MiB or nan)
@@ -199,14 +201,7 @@ class Observer:
         self._sample()
         if self._gpu is not None:
             self._gpu.close()
-            self._gpu_name = self._gpu.name
             self._gpu = None
-
-    @property
-    def gpu_source(self) -> str:
-        if self._gpu is not None:
-            return self._gpu.name
-        return getattr(self, "_gpu_name", "")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

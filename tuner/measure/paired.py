@@ -25,6 +25,7 @@ __all__ = [
     "Diff",
     "Effect",
     "block_effects",
+    "complete_logs",
     "method_text",
     "noise_pct",
     "noise_points",
@@ -43,6 +44,8 @@ from collections.abc import Mapping, Sequence
 from typing import TypeGuard
 
 from scipy import stats as _stats
+
+from tuner.measure.stats import median
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,17 +138,10 @@ def block_effects(
     Assumes the configs are equally noisy, as repeated runs of one llama-bench command are.
     """
     names = [n for n in values if n != reference]
-    rows = [
-        i
-        for i in range(len(values[reference]))
-        if all(_ok(values[n][i] if i < len(values[n]) else None) for n in [reference, *names])
-    ]
-    r, c = len(rows), len(names) + 1
+    y = complete_logs(values, [reference, *names])
+    r, c = len(y), len(names) + 1
     if r < 2 or c < 3:
         return {n: paired_effect(values[n], values[reference], confidence=confidence) for n in names}
-    cols = [reference, *names]
-    # Every value of these rows passed _ok; the None test only tells the type checker so.
-    y = [[math.log(float(v)) for v in (values[n][i] for n in cols) if v is not None] for i in rows]
     col_m = [sum(y[i][j] for i in range(r)) / r for j in range(c)]
     ss, df = residual(y)
     half = float(_stats.t.ppf(0.5 + confidence / 2.0, df)) * math.sqrt(2.0 * ss / df / r)
@@ -154,6 +150,13 @@ def block_effects(
         m = col_m[j] - col_m[0]
         out[n] = Effect(n=r, ratio=math.exp(m), ci_low=math.exp(m - half), ci_high=math.exp(m + half))
     return out
+
+
+def complete_logs(values: Mapping[str, Sequence[float | None]], names: Sequence[str]) -> list[list[float]]:
+    """Log t/s of ``names`` (``values[name][round]``) in the rounds where every one of them has a positive
+    finite value (complete blocks), one row per round."""
+    rows = zip(*(values[x] for x in names))
+    return [[math.log(v) for v in row if _ok(v)] for row in rows if all(_ok(v) for v in row)]
 
 
 def residual(y: Sequence[Sequence[float]]) -> tuple[float, int]:
@@ -226,12 +229,8 @@ def too_noisy(noises: Sequence[float]) -> bool:
     """Whether a phase's A/A noise (percent, one per depth) is above :data:`NOISE_CEILING_PCT`: the median
     of the measured ones. A depth without an A/A pair (infinite noise) knows no noise, which :func:`verdict`
     already treats as "no difference"; with none measured the phase is not called noisy."""
-    vals = sorted(x for x in noises if math.isfinite(x))
-    if not vals:
-        return False
-    mid = len(vals) // 2
-    med = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-    return not med <= NOISE_CEILING_PCT
+    med = median(noises)
+    return math.isfinite(med) and med > NOISE_CEILING_PCT
 
 
 def verdict(effect: Effect, noise: float) -> str:

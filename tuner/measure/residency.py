@@ -132,11 +132,9 @@ class Residency:
         def bufs(d: Mapping[str, float]) -> str:
             return ", ".join(f"{k} {v:.2f} MiB" for k, v in d.items()) or "none"
 
-        off = (
-            f"offloaded {self.layers_offloaded}/{self.layers_total} layers"
-            if self.layers_total is not None
-            else "no GPU offload reported"
-        )
+        off = "no GPU offload reported"
+        if self.layers_total is not None:
+            off = f"offloaded {self.layers_offloaded}/{self.layers_total} layers"
         sp = f"{self.splits_pp} prefill / {self.splits_tg} decode"
         if self.splits_tg is None or self.splits_pp == self.splits_tg:
             sp = "?" if self.splits_tg is None else str(self.splits_tg)

@@ -127,39 +127,29 @@ def judge_soak(
     from scipy.stats import theilslopes
 
     ts = [float(x) for x in samples_ts]
-    t = tolerances
+    t, nan = tolerances, math.nan
     why: list[str] = []
-    if len(ts) < MIN_REPS or not all(math.isfinite(x) and x > 0 for x in ts):
+    # Too few samples: the numbers stay NaN and that is the only reason (memory growth is not judged either).
+    w, first, last, drop, slope, lo, hi, scale = 0, nan, nan, nan, nan, nan, nan, 1.0
+    usable = len(ts) >= MIN_REPS and all(math.isfinite(x) and x > 0 for x in ts)
+    if not usable:
         why.append(f"{len(ts)} usable t/s samples; at least {MIN_REPS} positive ones are needed to judge drift.")
-        nan = math.nan
-        return SoakJudgement(
-            passed=False,
-            reasons=tuple(why),
-            window=0,
-            first_ts=nan,
-            last_ts=nan,
-            drop_pct=nan,
-            slope_pct_per_1k=nan,
-            slope_ci_pct_per_1k=(nan, nan),
-            host_growth_mib=_growth(host_mib),
-            device_growth_mib=_growth(device_mib),
-        )
-    w = max(3, len(ts) // 4)
-    first, last = median(ts[:w]), median(ts[-w:])
-    drop = 100.0 * (1.0 - last / first)
-    x = [(i + 1) * tokens_per_sample for i in range(len(ts))]
-    slope, _, lo, hi = theilslopes(ts, x, alpha=0.95)
-    scale = 100.0 * 1000.0 / first
-    if drop > t.max_drop_pct and hi < 0:
-        why.append(
-            f"t/s fell {drop:.1f}% from the first {w} repetitions ({first:.2f}) to the last {w} ({last:.2f}), "
-            f"more than the {t.max_drop_pct:g}% tolerance, with a steady downward trend "
-            f"({slope * scale:+.2f}%/1k tokens, 95% CI {lo * scale:+.2f}..{hi * scale:+.2f})."
-        )
+    else:
+        w = max(3, len(ts) // 4)
+        first, last = median(ts[:w]), median(ts[-w:])
+        drop = 100.0 * (1.0 - last / first)
+        slope, _, lo, hi = theilslopes(ts, [(i + 1) * tokens_per_sample for i in range(len(ts))], alpha=0.95)
+        scale = 100.0 * 1000.0 / first
+        if drop > t.max_drop_pct and hi < 0:
+            why.append(
+                f"t/s fell {drop:.1f}% from the first {w} repetitions ({first:.2f}) to the last {w} ({last:.2f}), "
+                f"more than the {t.max_drop_pct:g}% tolerance, with a steady downward trend "
+                f"({slope * scale:+.2f}%/1k tokens, 95% CI {lo * scale:+.2f}..{hi * scale:+.2f})."
+            )
     host, dev = _growth(host_mib), _growth(device_mib)
-    if host > t.max_host_growth_mib:
+    if usable and host > t.max_host_growth_mib:
         why.append(f"Host memory grew {host:.1f} MiB over the run (tolerance {t.max_host_growth_mib:g} MiB): a leak.")
-    if dev > t.max_device_growth_mib:
+    if usable and dev > t.max_device_growth_mib:
         why.append(
             f"Device memory grew {dev:.1f} MiB over the run (tolerance {t.max_device_growth_mib:g} MiB): a leak."
         )
@@ -201,9 +191,8 @@ class SoakResult:
     @property
     def summary(self) -> str:
         j = self.judgement
-        head = (
-            f"{'PASS' if self.passed else 'FAIL'}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
-        )
+        verdict = "PASS" if self.passed else "FAIL"
+        head = f"{verdict}: {self.generated} tokens in {len(self.samples_ts)} x tg{self.chunk}"
         if j is None or not math.isfinite(j.first_ts):
             return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
         dev = "n/a" if not math.isfinite(j.device_growth_mib) else f"{j.device_growth_mib:+.1f} MiB"
@@ -241,12 +230,8 @@ def _device_sample() -> tuple[float, float]:
     if exe is None:
         return math.nan, math.nan
     try:
-        res = _run.run(
-            [exe, "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"],
-            check=False,
-            timeout=20,
-            what="nvidia-smi",
-        )
+        query = [exe, "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits"]
+        res = _run.run(query, check=False, timeout=20, what="nvidia-smi")
         rows = [[float(v) for v in ln.split(",")] for ln in res.output.splitlines() if ln.strip()]
         return sum(r[0] for r in rows), max(r[1] for r in rows)
     except (TunerError, ValueError, IndexError):  # a missing driver or odd output: no device numbers
@@ -285,14 +270,9 @@ class _Sampler:
         except psutil.Error:
             rss = math.nan
         dev, util = _device_sample() if self.device else (math.nan, math.nan)
+        t = time.monotonic() - self.t0
         self.samples.append(
-            MemSample(
-                seconds=time.monotonic() - self.t0,
-                rep=int(m.group(1)) - 1,
-                host_rss_mib=rss,
-                device_mib=dev,
-                gpu_util_pct=util,
-            )
+            MemSample(seconds=t, rep=int(m.group(1)) - 1, host_rss_mib=rss, device_mib=dev, gpu_util_pct=util)
         )
 
 
@@ -320,12 +300,8 @@ def run_soak(
     exe = find_exe(Path(bin_dir), "llama-bench")
     check_model(model)
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl"]
-    cmd += check_passthrough_args(
-        args,
-        PROBE_OWN_FLAGS,
-        sets="the soak itself (model, -p/-n/-r, -o, --progress)",
-        instead="give the length as the token count",
-    )
+    own = "the soak itself (model, -p/-n/-r, -o, --progress)"
+    cmd += check_passthrough_args(args, PROBE_OWN_FLAGS, sets=own, instead="give the length as the token count")
     if log_dir is None:
         log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
     log_file = Path(log_dir) / "soak.log"

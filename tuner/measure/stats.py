@@ -72,13 +72,6 @@ def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
     return finite
 
 
-def _rates(samples: Sequence[float] | np.ndarray) -> np.ndarray:
-    """The tokens/s values that are measurements: finite and positive (a zero or negative rate is none)."""
-    arr = _clean(samples)
-    pos: np.ndarray = arr[arr > 0]
-    return pos
-
-
 def _boot_medians(rng: np.random.Generator, arr: np.ndarray, n_boot: int) -> np.ndarray:
     """Medians of ``n_boot`` resamples of ``arr``, drawn BOOT_CHUNK values at a time (the same draws as one
     ``(n_boot, n)`` call while that fits in one chunk)."""
@@ -199,14 +192,14 @@ def compare(
     from scipy import stats as sps
 
     _check_confidence(confidence)
-    a, b = _rates(a_samples), _rates(b_samples)
+    a, b = _clean(a_samples), _clean(b_samples)
+    a, b = a[a > 0], b[b > 0]  # the tokens/s values that are measurements (a zero or negative rate is none)
     if a.size == 0 or b.size == 0:
         return _missing(confidence, int(a.size), int(b.size))
     delta = 100.0 * (float(np.median(b)) / float(np.median(a)) - 1.0)
     rng = np.random.default_rng(seed)
-    med_a = _boot_medians(rng, a, n_boot)
-    med_b = _boot_medians(rng, b, n_boot)
-    ratios = 100.0 * (med_b / med_a - 1.0)
+    med_a = _boot_medians(rng, a, n_boot)  # drawn first: the seed's draws go to A, then to B
+    ratios = 100.0 * (_boot_medians(rng, b, n_boot) / med_a - 1.0)
     alpha = 1.0 - confidence
     low, high = (float(x) for x in np.quantile(ratios, [alpha / 2, 1 - alpha / 2]))
     p = math.nan
@@ -264,13 +257,8 @@ def compare_frames(
         if ra is None or rb is None:
             v = _missing(confidence, 0 if ra is None else int(ra["n"]), 0 if rb is None else int(rb["n"]))
         else:
-            v = compare(
-                list(ra["samples"]),
-                list(rb["samples"]),
-                confidence=confidence,
-                seed=seed,
-                min_effect_pct=min_effect_pct,
-            )
+            a, b = list(ra["samples"]), list(rb["samples"])
+            v = compare(a, b, confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
         row.update({c: getattr(v, c) for c in _VERDICT_COLUMNS})
         out.append(row)
     cols = ["test", "phase", "depth", "median_a", "median_b", *_VERDICT_COLUMNS]
@@ -278,9 +266,7 @@ def compare_frames(
     return frame
 
 
-# ---------------------------------------------------------------------------------------------
-# The one verdict rule: no faster/slower without a noise reference
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------- The one verdict rule: no faster/slower without a noise reference
 
 FLOORS_DOC = "docs/noise-floors.md"
 
@@ -306,10 +292,6 @@ def aa_noise(v: Verdict) -> float:
     return max(abs(v.ci_low), abs(v.ci_high), abs(v.delta_pct) if math.isfinite(v.delta_pct) else 0.0)
 
 
-def _floors() -> dict[str, Any]:
-    return tomllib.loads(package_data("aa_floors.toml").read_text(encoding="utf-8"))
-
-
 def run_floor(backend: str | None, phase: str) -> NoiseRef:
     """The recorded run-to-run floor for ``backend`` (llama-bench's ``backends`` field) and ``phase``.
 
@@ -318,7 +300,7 @@ def run_floor(backend: str | None, phase: str) -> NoiseRef:
     (``CUDA,RPC``) takes the largest floor among its members; a backend with no recorded A/A data has
     no floor (``kind="none"``), so nothing is claimed without ``--aa``.
     """
-    table = _floors()
+    table = tomllib.loads(package_data("aa_floors.toml").read_text(encoding="utf-8"))
     names = [b.strip() for b in str(backend or "").split(",") if b.strip()]
     found = [(b, table[b][phase]) for b in names if b in table and phase in table[b]]
     if not found:
