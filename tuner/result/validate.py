@@ -15,7 +15,6 @@ __all__ = [
     "find_results",
     "git_apply_to_copy",
     "guarded",
-    "leftover_finding",
     "load_config",
     "render_result",
     "validate_paths",
@@ -344,7 +343,9 @@ def validate_result(
     def run() -> ResultCheck:
         f: list[Finding] = []
         if is_leftover(folder.name):
-            return ResultCheck(path=folder, findings=(leftover_finding(folder),))
+            why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into "
+            why += "place); it is not a result: remove it, or run the export again"
+            return ResultCheck(path=folder, findings=(Finding(check="leftover", ok=False, detail=why),))
         f.append(contents_finding(folder))
         if not f[-1].ok:
             return ResultCheck(path=folder, findings=tuple(f))
@@ -416,12 +417,6 @@ def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
         what = str(err) if isinstance(err, TunerError) else f"{type(err).__name__}: {err}"
         why = f"the checks of {folder} stopped: {what[:600]} (a value of the wrong type or shape?)"
         return ResultCheck(path=folder, findings=(Finding(check="readable", ok=False, detail=why),))
-
-
-def leftover_finding(folder: Path) -> Finding:
-    """A folder an interrupted export left beside its ``-o`` (never renamed into place)."""
-    why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into place); "
-    return Finding(check="leftover", ok=False, detail=why + "it is not a result: remove it, or run the export again")
 
 
 def contents_finding(folder: Path) -> Finding:
