@@ -21,7 +21,6 @@ __all__ = [
     "tomlable",
     "write_build_files",
     "write_result",
-    "write_run_env",
 ]
 
 import contextlib
@@ -291,13 +290,6 @@ def export_render(
     return rv
 
 
-def write_build_files(out_dir: Path, rv: RenderedVariant, *, preset_name: str) -> None:
-    """``tuned.patch`` (only when it changes something) and ``CMakeUserPresets.json``."""
-    if rv.patch:
-        (out_dir / "tuned.patch").write_text(rv.patch)
-    (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=preset_name))
-
-
 def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
     """Write the result folder of a finished study; returns ``out_dir``. ``like``/``weight_type``: the model
     shape for the roofline when the GGUF is not here (default: the study's)."""
@@ -310,10 +302,8 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
     arch = h.required(h.arch, "arch")
     rv = export_render(source, arch, choice.variant, compile_values=choice.compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        write_build_files(tmp, rv, preset_name=f"tuned-{arch.replace('_', '')}")
         model = Path(h.required(h.model, "model"))
-        depths = ",".join(map(str, h.depths))
-        write_run_env(tmp, choice.run_env, (), model=model.name, depths=depths, args=choice.args)
+        write_build_files(tmp, rv, choice, (), model=model.name, depths=",".join(map(str, h.depths)))
         trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
         g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
         measured = _measured(study)
@@ -348,23 +338,27 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
     return out_dir
 
 
-def write_run_env(
+def write_build_files(
     out_dir: Path,
-    run_env: Mapping[str, str],
+    rv: RenderedVariant,
+    choice: Choice,
     rules: Sequence[FaRule],
     *,
     model: str,
     depths: str,
-    args: Sequence[str],
     mask: str = "",
 ) -> None:
-    """``run.env``: the runtime environment, the FA rules (when the export has any) and the llama-bench and
+    """``tuned.patch`` (only when it changes something), ``CMakeUserPresets.json`` (preset ``tuned-<arch>``) and
+    ``run.env``: the runtime environment, the FA rules (when the export has any) and the llama-bench and
     llama-server command lines (under ``taskset -c mask`` when measured pinned)."""
+    if rv.patch:
+        (out_dir / "tuned.patch").write_text(rv.patch)
+    (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=f"tuned-{rv.arch.replace('_', '')}"))
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
-    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
+    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *choice.args]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(choice.args))]
     text = "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-    text += "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+    text += "".join(f"{k}={v}\n" for k, v in sorted(choice.run_env.items()))
     if rules:
         text += "# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n"
         text += f"# GGML_TUNER_FA_RULES={rules_env(rules)}\n"
