@@ -122,14 +122,11 @@ NO_PATCH_NOTE = (
 )
 
 
-def _is_llama_tree(d: Path) -> bool:
-    return (d / "ggml").is_dir() and ((d / "CMakeLists.txt").is_file() or (d / "CMakePresets.json").is_file())
-
-
 def check_out_dir(out_dir: Path) -> None:
     """UsageError unless ``out_dir`` is missing, empty or a previous export (only files an export writes): an
     export replaces the whole folder. A llama.cpp checkout is named as such (the likely intent)."""
-    if _is_llama_tree(out_dir):
+    tree_files = (out_dir / "CMakeLists.txt").is_file() or (out_dir / "CMakePresets.json").is_file()
+    if (out_dir / "ggml").is_dir() and tree_files:
         raise UsageError(
             f"{out_dir} is a llama.cpp source tree (it has ggml/ and CMakeLists.txt). `tuner export -o` writes a "
             f"result folder and replaces it whole, so it will not write into a checkout. Export to a folder of its own "
@@ -306,7 +303,9 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
         write_build_files(tmp, rv, choice, (), model=model.name, depths=",".join(map(str, h.depths)))
         trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
         g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
-        measured = _measured(study)
+        # (arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the target's
+        # when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)
+        measured = find_product(_device_name(study)) or (str(h.arch), None)
         config = {
             "schema": SCHEMA_VERSION,
             "source": source_table(source),
@@ -420,15 +419,8 @@ def tomlable(x: object) -> Any:
     return x
 
 
-def _measured(study: optuna.Study) -> tuple[str, str | None]:
-    """(arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the
-    target's when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)."""
-    found = find_product(_device_name(study))
-    return found if found else (str(load_header(study).arch), None)
-
-
 def _roofline_for(
-    h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None] | None = None
+    h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None]
 ) -> dict[tuple[str, int], float | None] | None:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
     model: Path | ModelShape = Path(h.required(h.model, "model"))
@@ -439,7 +431,7 @@ def _roofline_for(
         model = models.load_model_shape(like)
         wt = weight_type or "f16"
     try:
-        arch, product = measured or (h.required(h.arch, "arch"), None)
+        arch, product = measured
         pp, tg = h.required(h.pp, "pp"), h.required(h.tg, "tg")
         rows = estimate(arch, model, tuple(h.depths), pp=pp, tg=tg, product=product, weight_type=wt)
     except TunerError:
