@@ -325,12 +325,8 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
     if like:
         return {"like": like, "quant": quant, "synthetic": True}
     if m := _SYNTH_NAME.match(path.stem):
-        wt = m.group("wt")
-        return {
-            "like": m.group("like"),
-            "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
-            "synthetic": True,
-        }
+        wt = m.group("wt").upper() if m.group("wt") not in ("f16", "q8_0") else None
+        return {"like": m.group("like"), "quant": quant or wt, "synthetic": True}
     shape = h.shape
     dims = ("head_dim", "n_layers", "n_kv_heads", "n_heads")
     match = [n for n, sh in load_models().items() if shape and all(getattr(sh, k) == shape.get(k) for k in dims)]
