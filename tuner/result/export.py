@@ -21,7 +21,6 @@ __all__ = [
     "tomlable",
     "write_build_files",
     "write_result",
-    "write_run_env",
 ]
 
 import contextlib
@@ -123,14 +122,11 @@ NO_PATCH_NOTE = (
 )
 
 
-def _is_llama_tree(d: Path) -> bool:
-    return (d / "ggml").is_dir() and ((d / "CMakeLists.txt").is_file() or (d / "CMakePresets.json").is_file())
-
-
 def check_out_dir(out_dir: Path) -> None:
     """UsageError unless ``out_dir`` is missing, empty or a previous export (only files an export writes): an
     export replaces the whole folder. A llama.cpp checkout is named as such (the likely intent)."""
-    if _is_llama_tree(out_dir):
+    tree_files = (out_dir / "CMakeLists.txt").is_file() or (out_dir / "CMakePresets.json").is_file()
+    if (out_dir / "ggml").is_dir() and tree_files:
         raise UsageError(
             f"{out_dir} is a llama.cpp source tree (it has ggml/ and CMakeLists.txt). `tuner export -o` writes a "
             f"result folder and replaces it whole, so it will not write into a checkout. Export to a folder of its own "
@@ -291,13 +287,6 @@ def export_render(
     return rv
 
 
-def write_build_files(out_dir: Path, rv: RenderedVariant, *, preset_name: str) -> None:
-    """``tuned.patch`` (only when it changes something) and ``CMakeUserPresets.json``."""
-    if rv.patch:
-        (out_dir / "tuned.patch").write_text(rv.patch)
-    (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=preset_name))
-
-
 def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, weight_type: str | None = None) -> Path:
     """Write the result folder of a finished study; returns ``out_dir``. ``like``/``weight_type``: the model
     shape for the roofline when the GGUF is not here (default: the study's)."""
@@ -310,13 +299,13 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
     arch = h.required(h.arch, "arch")
     rv = export_render(source, arch, choice.variant, compile_values=choice.compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        write_build_files(tmp, rv, preset_name=f"tuned-{arch.replace('_', '')}")
         model = Path(h.required(h.model, "model"))
-        depths = ",".join(map(str, h.depths))
-        write_run_env(tmp, choice.run_env, (), model=model.name, depths=depths, args=choice.args)
+        write_build_files(tmp, rv, choice, (), model=model.name, depths=",".join(map(str, h.depths)))
         trial0 = next((t for t in study.trials if legacy.trial_attr(t, "build_id")), None)
         g_trial = study.trials[int(w.global_config.removeprefix("trial"))] if w.global_config != "baseline" else trial0
-        measured = _measured(study)
+        # (arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the target's
+        # when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)
+        measured = find_product(_device_name(study)) or (str(h.arch), None)
         config = {
             "schema": SCHEMA_VERSION,
             "source": source_table(source),
@@ -348,23 +337,27 @@ def write_result(finished: Finished, out_dir: Path, *, like: str | None = None, 
     return out_dir
 
 
-def write_run_env(
+def write_build_files(
     out_dir: Path,
-    run_env: Mapping[str, str],
+    rv: RenderedVariant,
+    choice: Choice,
     rules: Sequence[FaRule],
     *,
     model: str,
     depths: str,
-    args: Sequence[str],
     mask: str = "",
 ) -> None:
-    """``run.env``: the runtime environment, the FA rules (when the export has any) and the llama-bench and
+    """``tuned.patch`` (only when it changes something), ``CMakeUserPresets.json`` (preset ``tuned-<arch>``) and
+    ``run.env``: the runtime environment, the FA rules (when the export has any) and the llama-bench and
     llama-server command lines (under ``taskset -c mask`` when measured pinned)."""
+    if rv.patch:
+        (out_dir / "tuned.patch").write_text(rv.patch)
+    (out_dir / PRESETS_FILE).write_text(render_presets(rv, name=f"tuned-{rv.arch.replace('_', '')}"))
     pin = ["taskset", "-c", mask] if mask else []  # measured pinned (--cpu-mask): the numbers hold only so
-    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *args]
-    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(args))]
+    bench_cmd = [*pin, "llama-bench", "-m", model, "-fa", "1", "-d", depths, *choice.args]
+    server_cmd = [*pin, "llama-server", "-m", model, "-fa", "on", *server_args(list(choice.args))]
     text = "# Runtime settings chosen by tuner; `set -a; . ./run.env; set +a` before running llama.cpp.\n"
-    text += "".join(f"{k}={v}\n" for k, v in sorted(run_env.items()))
+    text += "".join(f"{k}={v}\n" for k, v in sorted(choice.run_env.items()))
     if rules:
         text += "# The FA rules are baked into tuned.patch; on a tuner build (env hook) the same rules are:\n"
         text += f"# GGML_TUNER_FA_RULES={rules_env(rules)}\n"
@@ -426,15 +419,8 @@ def tomlable(x: object) -> Any:
     return x
 
 
-def _measured(study: optuna.Study) -> tuple[str, str | None]:
-    """(arch, product) of the GPU the study ran on: the roofline is that GPU's, which is not the
-    target's when a newer GPU ran older code (``--ptx-jit``, e.g. sm_89 as 89-virtual on an H100)."""
-    found = find_product(_device_name(study))
-    return found if found else (str(load_header(study).arch), None)
-
-
 def _roofline_for(
-    h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None] | None = None
+    h: StudyHeader, like: str | None, weight_type: str | None, measured: tuple[str, str | None]
 ) -> dict[tuple[str, int], float | None] | None:
     """(phase, depth) -> roofline t/s: from the GGUF when it is here, else from its named shape."""
     model: Path | ModelShape = Path(h.required(h.model, "model"))
@@ -445,7 +431,7 @@ def _roofline_for(
         model = models.load_model_shape(like)
         wt = weight_type or "f16"
     try:
-        arch, product = measured or (h.required(h.arch, "arch"), None)
+        arch, product = measured
         pp, tg = h.required(h.pp, "pp"), h.required(h.tg, "tg")
         rows = estimate(arch, model, tuple(h.depths), pp=pp, tg=tg, product=product, weight_type=wt)
     except TunerError:

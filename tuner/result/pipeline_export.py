@@ -44,7 +44,6 @@ from tuner.result.export import (
     staged_export,
     tomlable,
     write_build_files,
-    write_run_env,
 )
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
 from tuner.result.plots import ParetoPoint, plot_pareto
@@ -132,11 +131,9 @@ def export_pipeline(
     baked = baked_runtime(outcome.rules, choice.fa_env)
     rv = export_render(source, need(h.arch, "arch"), choice.variant, compile_values=choice.compile_values, baked=baked)
     with staged_export(out_dir) as tmp:
-        write_build_files(tmp, rv, preset_name=f"tuned-{need(h.arch, 'arch').replace('_', '')}")
-        model = Path(need(h.model, "model"))
+        model, mask = Path(need(h.model, "model")), mask_text(h.cpu_mask or [])
         ds = ",".join(map(str, outcome.confirm_depths or h.depths))
-        mask = mask_text(h.cpu_mask or [])
-        write_run_env(tmp, choice.run_env, outcome.rules, model=model.name, depths=ds, args=choice.args, mask=mask)
+        write_build_files(tmp, rv, choice, outcome.rules, model=model.name, depths=ds, mask=mask)
         config: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "source": source_table(source),
@@ -328,12 +325,8 @@ def model_origin(h: StudyHeader, like: str | None = None, weight_type: str | Non
     if like:
         return {"like": like, "quant": quant, "synthetic": True}
     if m := _SYNTH_NAME.match(path.stem):
-        wt = m.group("wt")
-        return {
-            "like": m.group("like"),
-            "quant": quant or (wt.upper() if wt not in ("f16", "q8_0") else None),
-            "synthetic": True,
-        }
+        wt = m.group("wt").upper() if m.group("wt") not in ("f16", "q8_0") else None
+        return {"like": m.group("like"), "quant": quant or wt, "synthetic": True}
     shape = h.shape
     dims = ("head_dim", "n_layers", "n_kv_heads", "n_heads")
     match = [n for n, sh in load_models().items() if shape and all(getattr(sh, k) == shape.get(k) for k in dims)]

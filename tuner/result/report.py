@@ -7,12 +7,8 @@ else the recorded run-to-run floor of the backend and phase (docs/noise-floors.m
 from __future__ import annotations
 
 __all__ = [
-    "COMPARE_FIELDS",
-    "MARKS",
     "aa_warning",
-    "bench_test_name",
     "compare_points",
-    "compare_records",
     "compare_table",
     "dashboard_command",
     "format_compare",
@@ -38,9 +34,7 @@ from tuner.measure.frames import same_build
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
 from tuner.result.plots import as_float, plot_depth, plot_speedup
 from tuner.result.tables import (
-    COMPARE_FIELDS,
     ESTIMATORS,
-    MARKS,
     CompareRecord,
     Points,
     bench_test_name,

@@ -5,7 +5,7 @@ device this machine lacks are skipped with a note, as ``--bench`` does.
 
 from __future__ import annotations
 
-__all__ = ["find_model", "soak_results"]
+__all__ = ["soak_results"]
 
 import datetime as _dt
 from collections.abc import Callable, Iterable
@@ -19,17 +19,6 @@ from tuner.measure.soak import SoakResult, plan_chunks, run_soak
 from tuner.paths import tuner_home
 from tuner.result.validate import find_results, load_config, render_result
 from tuner.targets import archs
-
-
-def find_model(cfg: dict[str, Any], folder: Path) -> Path | None:
-    """The result's model file (``[model] file``) in the result folder, ``$TUNER_HOME/models`` or the current directory."""
-    name = str(cfg.get("model", {}).get("file", ""))
-    if not name or Path(name).name != name:
-        return None
-    for d in (folder, tuner_home() / "models", Path.cwd()):
-        if (d / name).is_file():
-            return d / name
-    return None
 
 
 def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> SoakResult:
@@ -64,7 +53,10 @@ def soak_results(
             if arch not in local:
                 echo(f"skip {folder}: soak needs a {arch} device, this machine has {local or 'none'}")
                 continue
-        m = Path(model) if model is not None else find_model(cfg, folder)
+        m = Path(model) if model is not None else None
+        name = str(cfg.get("model", {}).get("file", ""))  # else the result's model file: in the result folder,
+        if m is None and name and Path(name).name == name:  # $TUNER_HOME/models or the current directory
+            m = next((d / name for d in (folder, tuner_home() / "models", Path.cwd()) if (d / name).is_file()), None)
         if m is None:
             raise UsageError(
                 f"{folder} was measured with {cfg.get('model', {}).get('file', 'an unnamed model')}, which is "

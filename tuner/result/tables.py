@@ -17,7 +17,6 @@ __all__ = [
     "compare_table",
     "format_compare",
     "method_paragraph",
-    "pipe_table",
 ]
 
 import csv
@@ -169,20 +168,6 @@ def compare_records(
     return out
 
 
-def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
-    """A GitHub pipe table laid out like tabulate's ``pipe`` format (compare-llama-bench.py's default)."""
-    cells = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-
-    def line(r: Sequence[str]) -> str:
-        return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
-
-    rule = (
-        "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1)) for w, rt in zip(widths, right)) + "|"
-    )
-    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
-
-
 def _f2(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -220,7 +205,17 @@ def compare_table(points: Points, *, name_a: str = "upstream", name_b: str = "tu
             k, u = r["kernel"], r["upstream_kernel"]
             row.append(f"{u or '?'} → {k}" if k and k != u else (f"{k} (upstream)" if k else ""))
         rows.append(row)
-    return pipe_table([h for h, _ in cols], rows, [right for _, right in cols])
+    # laid out like tabulate's ``pipe`` format (compare-llama-bench.py's default)
+    cells, right = [[h for h, _ in cols], *rows], [rt for _, rt in cols]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+
+    def line(r: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) if rt else c.ljust(w) for c, w, rt in zip(r, widths, right)) + " |"
+
+    rule = (
+        "|" + "|".join((("-" * (w + 1)) + ":") if rt else (":" + "-" * (w + 1)) for w, rt in zip(widths, right)) + "|"
+    )
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
 
 def format_compare(

@@ -491,15 +491,14 @@ def render_pr_body(
     commands: Sequence[str],
     source: str = "",
     rounds: Sequence[int] | int | None = None,
-    note: str = "",
     models: str = "",
     noise_ceiling_pct: float | None = None,
 ) -> str:
     """``PR.md``: a pull-request body for ``upstream.patch``. ``points``: one dict per measured point, as
     :func:`tuner.result.tables.compare_records` reads them (a ``rule`` of ``sequential`` puts the search's
     decision rule in the method paragraph); ``commands``: :func:`reproduce_commands`, verbatim; ``rounds``:
-    paired rounds per point (default: the points' ``rounds``); ``note``: an extra paragraph, verbatim;
-    ``models``: :func:`models_note`; ``noise_ceiling_pct``: the A/A noise above which a phase claims nothing."""
+    paired rounds per point (default: the points' ``rounds``); ``models``: :func:`models_note`;
+    ``noise_ceiling_pct``: the A/A noise above which a phase claims nothing."""
     name = arch.name
     kernels = sorted({r.kernel for r in rules})
     title = (
@@ -543,7 +542,5 @@ def render_pr_body(
     ]
     if models.strip():
         out += ["## Models", "", models.strip(), ""]
-    if note.strip():
-        out += [note.strip(), ""]
     out += ["## Reproduce", "", "```sh", *commands, "```", ""]
     return "\n".join(out)

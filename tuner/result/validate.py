@@ -15,7 +15,6 @@ __all__ = [
     "find_results",
     "git_apply_to_copy",
     "guarded",
-    "leftover_finding",
     "load_config",
     "render_result",
     "validate_paths",
@@ -340,9 +339,70 @@ def validate_result(
     re-measurement (:func:`tuner.search.rebench.rebench`, passed in: result does not import search); ``gpu``: the
     keyword arguments of :func:`tuner.result.upstream_check.upstream_gpu_findings`; None skips either. ``models``:
     the GGUFs they run, matched by file name. ``fetch``: get a source the cache lacks (else a failed check)."""
-    return guarded(
-        folder, lambda: _validate_result(folder, compile=compile, bench=bench, gpu=gpu, models=models, fetch=fetch)
-    )
+
+    def run() -> ResultCheck:
+        f: list[Finding] = []
+        if is_leftover(folder.name):
+            why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into "
+            why += "place); it is not a result: remove it, or run the export again"
+            return ResultCheck(path=folder, findings=(Finding(check="leftover", ok=False, detail=why),))
+        f.append(contents_finding(folder))
+        if not f[-1].ok:
+            return ResultCheck(path=folder, findings=tuple(f))
+        try:
+            cfg = load_config(folder)
+        except TunerError as err:
+            return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
+        errs = _schema(cfg)
+        f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs)))
+        if errs:
+            return ResultCheck(path=folder, findings=tuple(f))
+        patch_file = folder / "tuned.patch"
+        # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
+        patch = read_text_in(folder, patch_file.name) if patch_file.is_file() else ""
+        if patch_file.is_file() and not patch:
+            why = f"{patch_file} is empty (`git apply` rejects it); re-export: an export with nothing to patch has "
+            f.append(Finding(check="patch present", ok=False, detail=why + "no tuned.patch"))
+            return ResultCheck(path=folder, findings=tuple(f))
+        f += _files_findings(folder)
+
+        src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
+        f.append(_gate_finding(cfg))
+        if "residency" in cfg:
+            f.append(_residency_finding(cfg))
+        f.append(_patch_hash_finding(patch, cfg))
+        try:
+            source = cached_or_fetched(src_cfg["spec"], fetch)
+        except TunerError as err:
+            f.append(Finding(check="source", ok=False, detail=str(err)))
+            return ResultCheck(path=folder, findings=tuple(f))
+        f.append(_source_finding(source, src_cfg))
+
+        violations = check_constraints(arch, source.era, dict(choice["compile"]))
+        f.append(Finding(check="constraints", ok=not violations, detail="; ".join(map(str, violations))))
+
+        if (folder / "upstream.patch").is_file():
+            f += _upstream_patch_checks(folder / "upstream.patch", source.root)
+            f.append(_upstream_rerender_finding(read_text_in(folder, "upstream.patch"), cfg, source))
+
+        try:
+            rv = render_result(source, cfg)
+        except TunerError as err:
+            f.append(Finding(check="re-render", ok=False, detail=str(err)))
+            return ResultCheck(path=folder, findings=tuple(f))
+        f += _rendered_findings(rv, patch, cfg)
+
+        f.append(_applies_finding(patch, source.root))
+
+        if compile:  # tuner's own render (rv), never the folder's tuned.patch
+            f.append(_compile_check(rv))
+        if bench:
+            f.append(_bench_check(cfg, source, models, bench))
+        if gpu is not None:
+            f += _gpu_checks(folder, cfg, source, f, models, gpu)
+        return ResultCheck(path=folder, findings=tuple(f))
+
+    return guarded(folder, run)
 
 
 def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
@@ -357,12 +417,6 @@ def guarded(folder: Path, run: Callable[[], ResultCheck]) -> ResultCheck:
         what = str(err) if isinstance(err, TunerError) else f"{type(err).__name__}: {err}"
         why = f"the checks of {folder} stopped: {what[:600]} (a value of the wrong type or shape?)"
         return ResultCheck(path=folder, findings=(Finding(check="readable", ok=False, detail=why),))
-
-
-def leftover_finding(folder: Path) -> Finding:
-    """A folder an interrupted export left beside its ``-o`` (never renamed into place)."""
-    why = f"{folder.name} is a leftover of an interrupted export (its staging folder, never renamed into place); "
-    return Finding(check="leftover", ok=False, detail=why + "it is not a result: remove it, or run the export again")
 
 
 def contents_finding(folder: Path) -> Finding:
@@ -384,75 +438,6 @@ def cached_or_fetched(spec: str, fetch: bool) -> Source:
             f"`tuner source fetch '{spec}'` if you trust that source, or pass --fetch"
         )
     return hit
-
-
-def _validate_result(
-    folder: Path,
-    *,
-    compile: bool,
-    bench: Callable[..., tuple[bool, str]] | None,
-    gpu: Mapping[str, Path | None] | None,
-    models: Sequence[Path],
-    fetch: bool,
-) -> ResultCheck:
-    f: list[Finding] = []
-    if is_leftover(folder.name):
-        return ResultCheck(path=folder, findings=(leftover_finding(folder),))
-    f.append(contents_finding(folder))
-    if not f[-1].ok:
-        return ResultCheck(path=folder, findings=tuple(f))
-    try:
-        cfg = load_config(folder)
-    except TunerError as err:
-        return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
-    errs = _schema(cfg)
-    f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs)))
-    if errs:
-        return ResultCheck(path=folder, findings=tuple(f))
-    patch_file = folder / "tuned.patch"
-    # No tuned.patch is the export of a config whose kernels are upstream's; the re-render below must agree.
-    patch = read_text_in(folder, patch_file.name) if patch_file.is_file() else ""
-    if patch_file.is_file() and not patch:
-        why = f"{patch_file} is empty (`git apply` rejects it); re-export: an export with nothing to patch has "
-        f.append(Finding(check="patch present", ok=False, detail=why + "no tuned.patch"))
-        return ResultCheck(path=folder, findings=tuple(f))
-    f += _files_findings(folder)
-
-    src_cfg, choice, arch = cfg["source"], cfg["choice"], cfg["target"]["arch"]
-    f.append(_gate_finding(cfg))
-    if "residency" in cfg:
-        f.append(_residency_finding(cfg))
-    f.append(_patch_hash_finding(patch, cfg))
-    try:
-        source = cached_or_fetched(src_cfg["spec"], fetch)
-    except TunerError as err:
-        f.append(Finding(check="source", ok=False, detail=str(err)))
-        return ResultCheck(path=folder, findings=tuple(f))
-    f.append(_source_finding(source, src_cfg))
-
-    violations = check_constraints(arch, source.era, dict(choice["compile"]))
-    f.append(Finding(check="constraints", ok=not violations, detail="; ".join(map(str, violations))))
-
-    if (folder / "upstream.patch").is_file():
-        f += _upstream_patch_checks(folder / "upstream.patch", source.root)
-        f.append(_upstream_rerender_finding(read_text_in(folder, "upstream.patch"), cfg, source))
-
-    try:
-        rv = render_result(source, cfg)
-    except TunerError as err:
-        f.append(Finding(check="re-render", ok=False, detail=str(err)))
-        return ResultCheck(path=folder, findings=tuple(f))
-    f += _rendered_findings(rv, patch, cfg)
-
-    f.append(_applies_finding(patch, source.root))
-
-    if compile:  # tuner's own render (rv), never the folder's tuned.patch
-        f.append(_compile_check(rv))
-    if bench:
-        f.append(_bench_check(cfg, source, models, bench))
-    if gpu is not None:
-        f += _gpu_checks(folder, cfg, source, f, models, gpu)
-    return ResultCheck(path=folder, findings=tuple(f))
 
 
 def _gpu_checks(

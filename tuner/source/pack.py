@@ -240,11 +240,6 @@ def _current_id(norm: str) -> str | None:
     return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and cache.load_cached(sid, norm) else None
 
 
-def _tree_files(root: Path) -> list[tuple[str, Path]]:
-    walk = ((Path(d) / f) for d, _, names in os.walk(root) for f in names)
-    return [(full.relative_to(root).as_posix(), full) for full in walk]
-
-
 def unpack_source(archive: Path, *, replace: bool = False) -> Source:
     """Register a tree written by :func:`pack_source` in this machine's cache.
 
@@ -284,7 +279,8 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
         tree = staging / "llama.cpp"
         if not (tree / "CMakeLists.txt").is_file() or not (tree / "ggml" / "CMakeLists.txt").is_file():
             raise _BadPack("llama.cpp/ is not a llama.cpp tree (CMakeLists.txt or ggml/CMakeLists.txt missing)")
-        if tree_digest(_tree_files(tree)) != keep["tree_sha256"]:
+        walk = ((Path(d) / f) for d, _, names in os.walk(tree) for f in names)
+        if tree_digest((full.relative_to(tree).as_posix(), full) for full in walk) != keep["tree_sha256"]:
             raise _BadPack("the files in llama.cpp/ do not match the tree_sha256 recorded when it was packed")
         if find_era(tree) != era:
             raise _BadPack(f"source.json says era {era!r}, but the tree is of the other era")

@@ -198,22 +198,14 @@ def _parse_args(text: str, i: int, line: int) -> tuple[list[str], int, int]:
                 args.append("".join(cur))
                 cur, have = [], False
             i += 1
-        elif c == "(":
-            level += 1
+        elif c == ")" and level == 0:
+            if have:
+                args.append("".join(cur))
+            return args, i + 1, line
+        else:  # a nested ")" is kept as text but does not by itself start an argument
+            level += {"(": 1, ")": -1}.get(c, 0)
             cur.append(c)
-            have = True
-            i += 1
-        elif c == ")":
-            if level == 0:
-                if have:
-                    args.append("".join(cur))
-                return args, i + 1, line
-            level -= 1
-            cur.append(c)
-            i += 1
-        else:
-            cur.append(c)
-            have = True
+            have = have or c != ")"
             i += 1
     return args, i, line
 

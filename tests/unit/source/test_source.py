@@ -85,7 +85,7 @@ def test_parse_cmake_commands_handles_comments_quotes_and_lines() -> None:
         '#[[ option(HIDDEN "no" ON) ]]\n'
         'set(Y\n  "v(1)"\n  CACHE STRING "h")\n'
     )
-    cmds = [(c, a, line, d) for c, a, line, d in S.parse_cmake_commands(text) if c in ("option", "set")]
+    cmds = [(c, a, line, d) for c, a, line, d in T.parse_cmake_commands(text) if c in ("option", "set")]
     assert cmds == [
         ("option", ["X", 'a "quoted" help', "ON"], 2, 1),
         ("set", ["Y", "v(1)", "CACHE", "STRING", "h"], 5, 0),
@@ -122,32 +122,32 @@ def test_load_cmake_options_fixture() -> None:
 
 
 def test_find_era() -> None:
-    assert S.find_era(MMA) == "mma"
-    assert S.find_era(ROCWMMA) == "rocwmma"
+    assert T.find_era(MMA) == "mma"
+    assert T.find_era(ROCWMMA) == "rocwmma"
     for tree in ("tree_old", "tree_wmma_no_option"):
         with pytest.raises(UsageError) as err:
-            S.find_era(DATA / tree)
+            T.find_era(DATA / tree)
         msg = str(err.value)
         assert "not supported" in msg and "fattn-wmma-f16.cu" in msg and "GGML_HIP_ROCWMMA_FATTN" in msg
         assert "fattn-mma-f16.cuh" in msg
 
 
 def test_commit_from_changelog() -> None:
-    assert S.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.36.md").read_text()) == "0c1e57098"
+    assert T.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.36.md").read_text()) == "0c1e57098"
     # the [Unreleased] section is skipped; full 40-hex hashes are kept whole
     assert (
-        S.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.16.md").read_text())
+        T.find_commit(MMA, changelog=(DATA / "CHANGELOG-0.3.16.md").read_text())
         == "4227c9be4268ac844921b90f31595f81236bd317"
     )
-    assert S.find_commit(MMA, changelog="## [0.1.0]\n- nothing\n") is None
+    assert T.find_commit(MMA, changelog="## [0.1.0]\n- nothing\n") is None
 
 
 def test_commit_of_vendor_tree_next_to_sdist_changelog(tmp_path: Path, no_git: None) -> None:
     tree = tmp_path / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
     shutil.copytree(MMA, tree)
     shutil.copy(DATA / "CHANGELOG-0.3.36.md", tree.parent.parent / "CHANGELOG.md")
-    assert S.find_commit(tree) == "0c1e57098"
-    assert S.find_commit(MMA) is None
+    assert T.find_commit(tree) == "0c1e57098"
+    assert T.find_commit(MMA) is None
 
 
 # ---------------------------------------------------------------- pypi fetch with a fake sdist
@@ -280,7 +280,7 @@ def test_run_pip_download_command_and_errors(tmp_path: Path, monkeypatch: pytest
 
     for mod in (F, T):
         monkeypatch.setattr(mod, "run", fake_run)
-    out = S.run_pip_download("0.3.36", tmp_path / "a")
+    out = F.run_pip_download("0.3.36", tmp_path / "a")
     assert out == tmp_path / "a" / "llama_cpp_python-0.3.36.tar.gz"
     cmd = seen[0]
     assert cmd[:4] == [sys.executable, "-m", "pip", "download"]
@@ -288,9 +288,9 @@ def test_run_pip_download_command_and_errors(tmp_path: Path, monkeypatch: pytest
         assert flag in cmd
     assert cmd[cmd.index("--no-binary") + 1] == ":all:" and cmd[-1] == "llama-cpp-python==0.3.36"
     with pytest.raises(UsageError, match="no sdist of llama-cpp-python==9.9.9"):
-        S.run_pip_download("9.9.9", tmp_path / "b")
+        F.run_pip_download("9.9.9", tmp_path / "b")
     with pytest.raises(TunerError, match="network is unreachable") as err:
-        S.run_pip_download("0.0.1", tmp_path / "c")
+        F.run_pip_download("0.0.1", tmp_path / "c")
     assert not isinstance(err.value, UsageError)
 
 
