@@ -45,7 +45,6 @@ __all__ = [
     "CellTest",
     "Pool",
     "decide",
-    "depth_tests",
     "holm",
     "look_weight",
     "method_text",
@@ -127,20 +126,13 @@ def _depth_parts(
     return means, ss, df
 
 
-def depth_tests(
-    values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
-) -> dict[str, CellTest]:
-    """Each candidate's :class:`CellTest` at one depth: ``values[name][i]`` is its t/s in round ``i``.
-
-    Only rounds where the reference, the twin and every candidate have a value count (complete blocks).
-    The variance is the depth's two-way residual mean square over those configurations."""
-    return phase_tests({0: (values, reference, twin, candidates)}, pool="depth")[0]
-
-
 def phase_tests(
     depths: Mapping[int, tuple[Mapping[str, Sequence[float | None]], str, str, Sequence[str]]], *, pool: Pool = "depth"
 ) -> dict[int, dict[str, CellTest]]:
-    """:func:`depth_tests` for every depth of a phase; ``pool="phase"`` pools the variance over depths."""
+    """Each candidate's :class:`CellTest` at every depth of a phase: ``depths[d]`` is (values, reference, twin,
+    candidates), ``values[name][i]`` a config's t/s in round ``i``. Only rounds where the reference, the twin and
+    every candidate have a value count (complete blocks). The variance is the depth's two-way residual mean
+    square over those configurations; ``pool="phase"`` pools it over the phase's depths."""
     parts = {d: _depth_parts(*args) for d, args in depths.items()}
     tot_ss, tot_df = sum(p[1] for p in parts.values()), sum(p[2] for p in parts.values())
     out: dict[int, dict[str, CellTest]] = {}

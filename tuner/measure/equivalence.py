@@ -165,9 +165,9 @@ class KldStats:
 class EquivalenceResult:
     """Outcome of :func:`run_equivalence`; ``passed`` False means infeasible: never exported."""
 
-    passed: bool
     verdict: str
     """``pass`` or ``fail``."""
+    passed: bool
     reasons: tuple[str, ...]
     """Why it failed, one sentence each (empty when it passed)."""
     mode: str
@@ -204,21 +204,12 @@ class EquivalenceResult:
         return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able form for study attributes and reports."""
-        return {
-            "verdict": self.verdict,
-            "passed": self.passed,
+        """JSON-able form for study attributes and reports (the fields in order, ``verdict`` first)."""
+        return dataclasses.asdict(self) | {
             "reasons": list(self.reasons),
-            "mode": self.mode,
-            "deterministic": self.deterministic,
-            "identical_to_upstream": self.identical_to_upstream,
             "stats": self.stats.as_dict() if self.stats else None,
-            "thresholds": dataclasses.asdict(self.thresholds),
-            "strict": self.strict,
             "logs": {k: str(v) for k, v in self.logs.items()},
-            "digests": dict(self.digests),
             "seconds": round(self.seconds, 3),
-            "settings": dict(self.settings),
         }
 
 

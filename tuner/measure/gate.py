@@ -60,10 +60,10 @@ class CheckResult:
 
     passed: bool
     """True only if the backend ran, at least one case ran, and none failed or crashed."""
-    n_ok: int
-    n_fail: int
-    n_not_supported: int
-    failing: tuple[str, ...]
+    n_ok: int = 0
+    n_fail: int = 0
+    n_not_supported: int = 0
+    failing: tuple[str, ...] = ()
     """Names of failed cases, ``OP(params)``; a crash adds the case being printed when it died."""
     log_file: Path | None
     summary: str
@@ -219,16 +219,7 @@ def _check_op(
     lines: list[str] = []
     rc, err = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="test-backend-ops")
     if err:  # timeout: a result, not a crash
-        return CheckResult(
-            passed=False,
-            n_ok=0,
-            n_fail=0,
-            n_not_supported=0,
-            failing=(),
-            log_file=log_file,
-            summary=f"{op}: {err}",
-            returncode=-1,
-        )
+        return CheckResult(passed=False, log_file=log_file, summary=f"{op}: {err}", returncode=-1)
     part = parse_check_output("\n".join(lines), backend=backend)
     if not part.backend_ran:
         raise UsageError(

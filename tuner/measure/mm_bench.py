@@ -157,21 +157,17 @@ def run_cases(
         out[first : first + printed] = [_checked_case(got[i], log_file) for i in range(printed)]
         if not error:
             for i in range(printed, n):
-                out[first + i] = _not_timed(f"no result for case {i}; see {log_file}")
+                out[first + i] = BenchCase(error=f"no result for case {i}; see {log_file}")
             break
         if printed < n:  # the case it died in
-            out[first + printed] = _not_timed(error)
+            out[first + printed] = BenchCase(error=error)
         first += printed + 1
         if attempt > MAX_RESTARTS:
             why = f"not run: mm-bench failed {attempt} times in this call (last: {error})"
             for i in range(first, len(shapes)):
-                out[i] = _not_timed(why)
+                out[i] = BenchCase(error=why)
             break
-    return [c if c is not None else _not_timed("not run") for c in out]
-
-
-def _not_timed(error: str) -> BenchCase:
-    return BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
+    return [c if c is not None else BenchCase(error="not run") for c in out]
 
 
 def _checked_case(c: BenchCase, log_file: Path) -> BenchCase:
