@@ -229,14 +229,4 @@ def run_round_fast(
     def parse(text: str) -> dict[int, tuple[int, float | None, str]]:
         return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_bench_output(text, CASE_RE).items()}
 
-    return run_candidates(
-        cmd,
-        envs,
-        shapes,
-        parse,
-        log_dir=log_dir,
-        log_prefix="fabench",
-        backend=backend,
-        timeout=timeout,
-        tool="fa-bench",
-    )
+    return run_candidates(cmd, envs, shapes, parse, log_dir=log_dir, backend=backend, timeout=timeout, tool="fa-bench")
