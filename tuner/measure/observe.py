@@ -24,9 +24,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Protocol
 
 import psutil
 
@@ -70,60 +69,54 @@ class Mark:
     """CPU seconds of every live thread of the tree, by (pid, thread id)."""
 
 
-class _GpuProbe(Protocol):
+@dataclasses.dataclass(frozen=True)
+class _GpuProbe:
+    """One GPU library's devices (NVML, AMD SMI) and how to read one: its utilization percent and memory used
+    in MiB."""
+
     name: str
+    handles: Sequence[object]
+    util: Callable[[object], float]
+    mem_mib: Callable[[object], float]
+    shutdown: Callable[[], object]
 
     def read(self) -> tuple[float, float]:
         """(utilization percent of the busiest device, total memory used MiB)."""
-
-    def close(self) -> None: ...
-
-
-class _NvmlProbe:
-    name = "nvml"
-
-    def __init__(self, nvml: ModuleType) -> None:
-        self._nvml = nvml
-        nvml.nvmlInit()
-        count = nvml.nvmlDeviceGetCount()
-        if count == 0:
-            nvml.nvmlShutdown()
-            raise RuntimeError("no NVIDIA device")
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-
-    def read(self) -> tuple[float, float]:
-        util = max(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles)
-        mem = sum(float(self._nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles) / 2**20
-        return util, mem
+        return max(self.util(h) for h in self.handles), sum(self.mem_mib(h) for h in self.handles)
 
     def close(self) -> None:
         try:
-            self._nvml.nvmlShutdown()
+            self.shutdown()
         except Exception:
             pass
 
 
-class _AmdSmiProbe:
-    name = "amdsmi"
+def _nvml_probe(nvml: ModuleType) -> _GpuProbe:
+    nvml.nvmlInit()
+    if (count := nvml.nvmlDeviceGetCount()) == 0:
+        nvml.nvmlShutdown()
+        raise RuntimeError("no NVIDIA device")
+    return _GpuProbe(
+        "nvml",
+        [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)],
+        lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+        lambda h: float(nvml.nvmlDeviceGetMemoryInfo(h).used) / 2**20,
+        lambda: nvml.nvmlShutdown(),
+    )
 
-    def __init__(self, amdsmi: ModuleType) -> None:
-        self._smi = amdsmi
-        amdsmi.amdsmi_init()
-        self._handles = list(amdsmi.amdsmi_get_processor_handles())
-        if not self._handles:
-            amdsmi.amdsmi_shut_down()
-            raise RuntimeError("no AMD device")
 
-    def read(self) -> tuple[float, float]:
-        util = max(float(self._smi.amdsmi_get_gpu_activity(h)["gfx_activity"]) for h in self._handles)
-        mem = sum(float(self._smi.amdsmi_get_gpu_vram_usage(h)["vram_used"]) for h in self._handles)
-        return util, mem
-
-    def close(self) -> None:
-        try:
-            self._smi.amdsmi_shut_down()
-        except Exception:
-            pass
+def _amdsmi_probe(amdsmi: ModuleType) -> _GpuProbe:
+    amdsmi.amdsmi_init()
+    if not (handles := list(amdsmi.amdsmi_get_processor_handles())):
+        amdsmi.amdsmi_shut_down()
+        raise RuntimeError("no AMD device")
+    return _GpuProbe(
+        "amdsmi",
+        handles,
+        lambda h: float(amdsmi.amdsmi_get_gpu_activity(h)["gfx_activity"]),
+        lambda h: float(amdsmi.amdsmi_get_gpu_vram_usage(h)["vram_used"]),
+        lambda: amdsmi.amdsmi_shut_down(),
+    )
 
 
 @functools.cache  # once per process
@@ -141,7 +134,7 @@ def find_gpu_probe() -> _GpuProbe | None:
     try:
         import pynvml
 
-        return _NvmlProbe(pynvml)
+        return _nvml_probe(pynvml)
     except ImportError as err:
         logger.debug("NVML observer unavailable: %s", err)
         _warn_nvml_missing()
@@ -150,7 +143,7 @@ def find_gpu_probe() -> _GpuProbe | None:
     try:
         import amdsmi
 
-        return _AmdSmiProbe(amdsmi)
+        return _amdsmi_probe(amdsmi)
     except Exception as err:
         logger.debug("AMD SMI observer unavailable: %s", err)
     return None
