@@ -24,7 +24,6 @@ from __future__ import annotations
 __all__ = [
     "COLUMNS",
     "check_passthrough_args",
-    "compare",
     "load_results",
     "parse_bench_jsonl",
     "render_table",
@@ -52,7 +51,7 @@ import numpy as np
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.exe import check_env, check_model, find_exe, run_tool
-from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results, test_phase
+from tuner.measure.frames import json_lines, load_results, render_table, save_results, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline

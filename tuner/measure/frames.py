@@ -1,5 +1,5 @@
 """Bench frames (the DataFrames :func:`tuner.measure.bench.run_bench` returns) on disk and as tables:
-``.jsonl``/``.parquet`` files, a markdown summary, and A/B comparison.
+``.jsonl``/``.parquet`` files and a markdown summary (A/B comparison: :func:`tuner.measure.stats.compare_frames`).
 
 :func:`load_results` also reads what llama-bench itself writes (``-o jsonl``, ``-o json``, ``-o csv``,
 ``-o sql``), grouped as llama.cpp's ``scripts/compare-llama-bench.py`` groups it: one row per model,
@@ -14,7 +14,6 @@ from __future__ import annotations
 __all__ = [
     "MAX_SAMPLES",
     "SETTING_FIELDS",
-    "compare",
     "json_lines",
     "load_results",
     "read_llama_bench",
@@ -37,14 +36,10 @@ import numpy as np
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure.stats import compare_frames, summarize_samples
+from tuner.measure.stats import summarize_samples
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-compare = compare_frames
-"""Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
 
 
 def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:

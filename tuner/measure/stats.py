@@ -239,8 +239,8 @@ _VERDICT_COLUMNS = ("n_a", "n_b", "delta_pct", "ci_low", "ci_high", "p_value", "
 def compare_frames(
     df_a: pd.DataFrame, df_b: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0, min_effect_pct: float = 0.0
 ) -> pd.DataFrame:
-    """Compare two bench frames (A the reference) per ``(test, depth)`` with :func:`compare`, sorted by phase,
-    test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
+    """Compare two bench frames (A the reference) per ``(test, depth)`` (design.md contract) with :func:`compare`,
+    sorted by phase, test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
     import pandas as pd
 
     def by_key(df: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
