@@ -333,15 +333,15 @@ class _BenchPlan:
     """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
 
 
-def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phase: str | None, call: _Call) -> set[tuple[str, int]]:
-    """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
-    depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
+def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phases: tuple[str, ...], call: _Call) -> set[tuple[str, int]]:
+    """Pool one call's records of ``phases`` into the accumulators (first repetition dropped); returns the (phase,
+    depth) pairs seen."""
     seen: set[tuple[str, int]] = set()
     obs, t_prev = call.obs, call.t0
     for t_rec, rec in call.records:
         d, ph = rec["n_depth"], rec["phase"]
         acc = accs.get((ph, d))
-        if acc is None or (ph, d) in seen or (phase is not None and ph != phase):
+        if acc is None or (ph, d) in seen or ph not in phases:
             continue
         seen.add((ph, d))
         # The first repetition of each call is discarded (warm-up: often slow).
@@ -390,35 +390,28 @@ def _still_pending(plan: _BenchPlan, accs: Mapping[int, _Acc], seen: set[int], c
     return next_pending
 
 
-def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
-    """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
+def _measure(plan: _BenchPlan, phases: tuple[str, ...], accs: dict[tuple[str, int], _Acc]) -> str:
+    """llama-bench calls for ``phases`` at every depth, in batches until every depth is done; returns the log file.
+
+    Both phases (``-p 512 -n 128 -d ...``, as a user runs it; no ``target_ci``, so one batch) share one call:
+    llama-bench keeps the context state of the last depth it filled and restores it for the next test at that
+    depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill costs more than the tests."""
     pending = list(plan.depths)
     k = plan.want
-    log_file = plan.log_dir / f"{plan.label}-{phase}.log"
-    accs |= {(phase, d): _Acc() for d in plan.depths}
+    log_file = plan.log_dir / f"{plan.label}-{'+'.join(phases)}.log"
+    accs |= {(ph, d): _Acc() for ph in phases for d in plan.depths}
     while pending:
-        p, n = (ntok, 0) if phase == "pp" else (0, ntok)
+        p, n = (plan.pp if "pp" in phases else 0), (plan.tg if "tg" in phases else 0)
         call = _run_call(plan, log_file, p=p, n=n, depths=pending, reps=k + 1)
-        seen = {d for _, d in _absorb_records(accs, phase, call)}
-        pending = _still_pending(plan, {d: accs[(phase, d)] for d in pending}, seen, call)
+        seen = _absorb_records(accs, phases, call)
+        still = [
+            _still_pending(plan, {d: accs[(ph, d)] for d in pending}, {d for q, d in seen if q == ph}, call)
+            for ph in phases
+        ]
+        pending = [d for d in pending if any(d in s for s in still)]
         if pending:
-            room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
+            room = min(plan.max_reps - len(accs[(ph, d)].samples) for ph in phases for d in pending)
             k = max(2, min(plan.want, room))
-    return str(log_file)
-
-
-def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
-    """pp and tg at every depth in one llama-bench call, as a user runs it (``-p 512 -n 128 -d ...``).
-
-    llama-bench keeps the context state of the last depth it filled and restores it for the next
-    test at that depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill
-    costs more than the tests. One batch only (no adaptive repetitions). Returns the log file."""
-    log_file = plan.log_dir / f"{plan.label}-pp+tg.log"
-    accs |= {(ph, d): _Acc() for ph in ("pp", "tg") for d in plan.depths}
-    call = _run_call(plan, log_file, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
-    seen = _absorb_records(accs, None, call)
-    for ph in ("pp", "tg"):
-        _still_pending(plan, {d: accs[(ph, d)] for d in plan.depths}, {d for p, d in seen if p == ph}, call)
     return str(log_file)
 
 
@@ -561,10 +554,10 @@ def run_bench(
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
     if plan.pp > 0 and plan.tg > 0 and plan.target_ci is None:  # one call: both tests share each depth fill
-        last_log = _measure_both(plan, accs)
+        last_log = _measure(plan, ("pp", "tg"), accs)
     else:
-        for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
-            last_log = _measure_phase(plan, phase, ntok, accs)
+        for phase in (ph for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
+            last_log = _measure(plan, (phase,), accs)
     rows = [_bench_row(plan, phase, d, acc) for (phase, d), acc in accs.items()]
     df: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))  # the constructor is untyped before 3.11
     df.attrs["log_file"] = last_log
