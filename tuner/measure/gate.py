@@ -95,7 +95,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     """Parse test-backend-ops ``test`` console output (ANSI colours stripped) into a CheckResult with
     ``log_file=None`` and ``returncode=0``; with ``backend``, output where it was skipped counts as not run."""
     n_ok = n_fail = n_ns = 0
-    failing: list[str] = []
+    failing: dict[str, None] = {}  # ordered, each case once
     summary_counts: list[tuple[int, int]] = []
     devices: list[str] = []
     ran: set[str] = set()
@@ -105,9 +105,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     for i, line in enumerate(lines):
         if in_failing:
             if line.startswith("  ") and "(" in line:
-                name = line.strip()
-                if name not in failing:
-                    failing.append(name)
+                failing[line.strip()] = None
                 continue
             in_failing = False
         if line.strip() == "Failing tests:":
@@ -127,8 +125,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
                 n_ns += 1
             elif rest.endswith("FAIL"):
                 n_fail += 1
-                if case not in failing:
-                    failing.append(case)
+                failing[case] = None
             elif rest.endswith("OK"):
                 n_ok += 1
             else:
