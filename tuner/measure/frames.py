@@ -477,11 +477,8 @@ def _text(where: str, field: str, x: object) -> str | None:
 def _checked_llama_bench(where: str, r: dict[str, Any]) -> dict[str, Any]:
     """A llama-bench record with every field tuner reads checked (and n_* as ints, rates as floats)."""
     out = dict(r)
-    for k in ("n_prompt", "n_gen", "n_depth"):
-        out[k] = _as_int(where, k, r.get(k, 0))
-    for k in (*SETTING_FIELDS, *_META_FIELDS):
-        if k in r:
-            out[k] = _scalar(where, k, r[k])
+    out |= {k: _as_int(where, k, r.get(k, 0)) for k in ("n_prompt", "n_gen", "n_depth")}
+    out |= {k: _scalar(where, k, r[k]) for k in (*SETTING_FIELDS, *_META_FIELDS) if k in r}
     for k in ("model_type", "model_filename", "build_commit"):
         if k in r and r[k] is not None and not isinstance(r[k], str):
             raise _bad(where, k, r[k], "text")
@@ -505,9 +502,7 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
     status = r.get("status", "ok")
     if not isinstance(status, str):
         raise _bad(where, "status", status, "text (ok or failed)")
-    for k in ("model", "model_filename"):
-        if k in r:
-            out[k] = _text(where, k, r[k])
+    out |= {k: _text(where, k, r[k]) for k in ("model", "model_filename") if k in r}
     for k in ("backends", "build_commit", "build_number", "settings", "cmd", "env"):
         if k in r:
             out[k] = _scalar(where, k, r[k])
