@@ -182,25 +182,24 @@ def check_passthrough_args(
     return out
 
 
+_FA_SPELLING = {"mma": ("on", "off"), "rocwmma": ("1", "0")}
+"""(on, off) spelling of ``-fa`` per era: era mma takes on/off, era rocwmma takes 1/0."""
+
+
 @functools.lru_cache(maxsize=32)
 def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
-    """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
+    """The ``-fa`` spelling of the llama-bench at ``exe``, read from its ``--help``."""
     res = _run.run([exe, "--help"], check=False, timeout=60, what="llama-bench --help")
     m = re.search(r"--flash-attn\s+<([^>]*)>", res.output)
-    return ("on", "off") if m and "on" in m.group(1).split("|") else ("1", "0")
+    return _FA_SPELLING["mma" if m and "on" in m.group(1).split("|") else "rocwmma"]
 
 
 def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
     if flash_attn is None:
         return []
-    if era is None:
-        on, off = _fa_values(str(exe), exe.stat().st_mtime)
-    elif era == "mma":
-        on, off = "on", "off"
-    elif era == "rocwmma":
-        on, off = "1", "0"
-    else:
+    if era is not None and era not in _FA_SPELLING:
         raise UsageError(f"Unknown era {era!r}; use 'mma' or 'rocwmma' (or leave it out to detect).")
+    on, off = _fa_values(str(exe), exe.stat().st_mtime) if era is None else _FA_SPELLING[era]
     return ["-fa", on if flash_attn else off]
 
 
