@@ -270,11 +270,8 @@ class _Call:
 def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Sequence[int], reps: int) -> _Call:
     """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
     log.progress(f"  {plan.label}: {test_phase(p, n)[0]} d={','.join(map(str, depths))} -r {reps}")
-    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
-    progress = ["--progress"] if plan.observe else []
     ds = ",".join(str(d) for d in depths)
-    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps)]
-    cmd += ["-o", "jsonl", *plan.fa, *progress, *plan.extra]
+    cmd = [*plan.head, "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps), "-o", "jsonl", *plan.tail]
     records: list[tuple[float, dict[str, Any]]] = []
     obs = Observer() if plan.observe else None
 
@@ -309,7 +306,10 @@ def _finite(vals: Sequence[float], how: str) -> float:
 class _BenchPlan:
     """run_bench's arguments after checking: what each llama-bench call is built from."""
 
-    exe: Path
+    head: list[str]
+    """``taskset -c LIST`` under a CPU mask (in every logged command), llama-bench, ``-m`` and the model."""
+    tail: list[str]
+    """What follows ``-o jsonl``: ``-fa``, ``--progress`` (when observing) and the passthrough arguments."""
     model: Path
     log_dir: Path
     depths: tuple[int, ...]
@@ -320,16 +320,12 @@ class _BenchPlan:
     target_ci: float | None
     timeout: float
     env: dict[str, str]
-    extra: tuple[str, ...]
-    fa: list[str]
     label: str
     arch: str | None
     bandwidth: float | None
     confidence: float
     seed: int
     observe: bool
-    pin: tuple[str, ...] = ()
-    """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
 
 
 def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phases: tuple[str, ...], call: _Call) -> set[tuple[str, int]]:
@@ -529,7 +525,9 @@ def run_bench(
             if n > 0:
                 _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
     plan = _BenchPlan(
-        exe=exe,
+        head=[*pin, str(exe), "-m", str(model)],
+        # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
+        tail=[*fa, *(["--progress"] if observe else []), *extra],
         model=model,
         log_dir=log_dir,
         depths=depths,
@@ -540,15 +538,12 @@ def run_bench(
         target_ci=target_ci,
         timeout=timeout,
         env=env,
-        extra=extra,
-        fa=fa,
         label=label,
         arch=arch,
         bandwidth=bandwidth,
         confidence=confidence,
         seed=seed,
         observe=observe,
-        pin=pin,
     )
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
