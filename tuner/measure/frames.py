@@ -23,6 +23,7 @@ __all__ = [
     "test_phase",
 ]
 
+import contextlib
 import csv
 import json
 import math
@@ -48,14 +49,12 @@ def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_suffix(".jsonl")]
     df.to_json(out[0], orient="records", lines=True, force_ascii=False)
-    try:
+    with contextlib.suppress(ImportError):
         import pyarrow  # noqa: F401
 
         pq = stem.with_suffix(".parquet")
         df.to_parquet(pq, index=False)
         out.append(pq)
-    except ImportError:
-        pass
     return out
 
 
@@ -292,10 +291,8 @@ def _sql_value(kind: str, tok: str, col_type: str) -> int | float | str | None:
     val = tok[1:-1].replace("''", "'") if kind == "str" else tok
     convs: tuple[type[int] | type[float], ...] = {"INTEGER": (int, float), "REAL": (float,)}.get(col_type, ())
     for conv in convs:
-        try:
+        with contextlib.suppress(ValueError):
             return conv(val)
-        except ValueError:
-            pass
     return val
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 __all__ = ["Mark", "Observation", "Observer", "find_gpu_probe"]
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -85,10 +86,8 @@ class _GpuProbe:
         return max(self.util(h) for h in self.handles), sum(self.mem_mib(h) for h in self.handles)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.shutdown()
-        except Exception:
-            pass
 
 
 def _nvml_probe(nvml: ModuleType) -> _GpuProbe:
@@ -210,10 +209,8 @@ class Observer:
             children = []
         for proc in children:
             if threads is not None:
-                try:
+                with contextlib.suppress(psutil.Error):
                     threads.update({(proc.pid, th.id): th.user_time + th.system_time for th in proc.threads()})
-                except psutil.Error:
-                    pass
             try:
                 with proc.oneshot():
                     # (pid, create_time) survives pid reuse.
@@ -222,9 +219,8 @@ class Observer:
             except psutil.Error:
                 continue
             total = times.user + times.system
-            prev = self._cpu_seen.get(key)
             # A process first seen now: count the CPU time it used since it started.
-            delta += total - (prev if prev is not None else 0.0)
+            delta += total - self._cpu_seen.get(key, 0.0)
             self._cpu_seen[key] = total
         return delta
 
