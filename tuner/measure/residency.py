@@ -141,10 +141,7 @@ class Residency:
         return f"graph splits {sp}; {off}; weights: {bufs(self.model_buffers)}; KV: {bufs(self.kv_buffers)}"
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["log_file"] = str(self.log_file) if self.log_file else None
-        d["gpu"] = self.gpu
-        return d
+        return dataclasses.asdict(self) | {"log_file": str(self.log_file) if self.log_file else None, "gpu": self.gpu}
 
 
 def parse_residency(text: str) -> Residency:

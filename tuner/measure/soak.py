@@ -202,10 +202,7 @@ class SoakResult:
         return text + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["log_file"] = str(self.log_file)
-        d["summary"] = self.summary
-        return d
+        return dataclasses.asdict(self) | {"log_file": str(self.log_file), "summary": self.summary}
 
 
 def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
