@@ -170,13 +170,6 @@ class Observer:
         self._lock = threading.RLock()
 
     def __enter__(self) -> Observer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
         if self._gpu is not None:
             try:
                 self._mem0 = self._gpu.read()[1]
@@ -185,8 +178,9 @@ class Observer:
         self._sample()  # baseline for CPU-time deltas
         self._thread = threading.Thread(target=self._loop, name="tuner-observer", daemon=True)
         self._thread.start()
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
