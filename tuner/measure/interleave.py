@@ -87,9 +87,8 @@ def _corrected_candidate(
         )
         factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
         if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-            scaled = [s * factor for s in row["samples"]]
-            rows.append(_restated(_row_dict(row), scaled, confidence=confidence, seed=seed))
-            rows[-1].update(anchor_ratio=factor, drift_corrected=True)
+            scaled = _restated(_row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed)
+            rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
         else:
             rows.append(_row_dict(row) | {"anchor_ratio": factor})
     return rows
