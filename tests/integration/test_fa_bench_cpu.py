@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.measure.fa_bench import build_fa_bench, fa_bench_cases, parse_fa_bench_output, run_round_fast
+from tuner.measure.fa_bench import CASE_RE, build_fa_bench, fa_bench_cases, parse_bench_output, run_round_fast
 from tuner.measure.kernel_bench import shape_for_model
 from tuner.targets.models import load_models
 
@@ -32,7 +32,7 @@ def test_fa_bench_on_cpu_build(cpu_shared_bin: Path, tmp_path: Path) -> None:
     copies = {}
     for mb in (0, 4):
         res = _run.run([exe, "-b", "CPU", "-f", cases, "-n", "4", "-c", str(mb), "-t", "1"], timeout=300)
-        got = parse_fa_bench_output(res.output)
+        got = parse_bench_output(res.output, CASE_RE)
         assert sorted(got) == [0, 1]
         # two warm-up runs by default: on a CUDA build with graphs the timed run replays the captured graph
         assert " warmup=2" in res.output.splitlines()[0], res.output
@@ -62,12 +62,12 @@ def test_a_target_adds_ops_to_short_cases_only(cpu_shared_bin: Path, tmp_path: P
     cases = tmp_path / "cases.txt"
     cases.write_text(fa_bench_cases([shape_for_model(tiny, n_kv=256), shape_for_model(tiny, n_kv=4096)]))
     base = [exe, "-b", "CPU", "-f", cases, "-n", "4", "-c", "0", "-t", "1"]
-    plain = parse_fa_bench_output(_run.run(base, timeout=120).output)
+    plain = parse_bench_output(_run.run(base, timeout=120).output, CASE_RE)
     assert [plain[i].ops for i in (0, 1)] == [4, 4]
     target_ms = 15
     res = _run.run([*base, "-m", str(target_ms)], timeout=120)
     assert " target_ms=15" in res.output.splitlines()[0], res.output
-    got = parse_fa_bench_output(res.output)
+    got = parse_bench_output(res.output, CASE_RE)
     for c in got.values():
         assert c.error == "" and c.us_per_op is not None and c.us_per_op > 0
         if c.ops > 4:  # calibrated: on the series, and about the target (timing noise: within a factor 3)

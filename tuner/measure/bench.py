@@ -24,7 +24,6 @@ from __future__ import annotations
 __all__ = [
     "COLUMNS",
     "check_passthrough_args",
-    "compare",
     "load_results",
     "parse_bench_jsonl",
     "render_table",
@@ -52,7 +51,7 @@ import numpy as np
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.exe import check_env, check_model, find_exe, run_tool
-from tuner.measure.frames import compare, json_lines, load_results, render_table, save_results, test_phase
+from tuner.measure.frames import json_lines, load_results, render_table, save_results, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline
@@ -183,25 +182,24 @@ def check_passthrough_args(
     return out
 
 
+_FA_SPELLING = {"mma": ("on", "off"), "rocwmma": ("1", "0")}
+"""(on, off) spelling of ``-fa`` per era: era mma takes on/off, era rocwmma takes 1/0."""
+
+
 @functools.lru_cache(maxsize=32)
 def _fa_values(exe: str, mtime: float) -> tuple[str, str]:
-    """(on, off) spelling of ``-fa``: era mma takes on/off, era rocwmma takes 1/0."""
+    """The ``-fa`` spelling of the llama-bench at ``exe``, read from its ``--help``."""
     res = _run.run([exe, "--help"], check=False, timeout=60, what="llama-bench --help")
     m = re.search(r"--flash-attn\s+<([^>]*)>", res.output)
-    return ("on", "off") if m and "on" in m.group(1).split("|") else ("1", "0")
+    return _FA_SPELLING["mma" if m and "on" in m.group(1).split("|") else "rocwmma"]
 
 
 def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
     if flash_attn is None:
         return []
-    if era is None:
-        on, off = _fa_values(str(exe), exe.stat().st_mtime)
-    elif era == "mma":
-        on, off = "on", "off"
-    elif era == "rocwmma":
-        on, off = "1", "0"
-    else:
+    if era is not None and era not in _FA_SPELLING:
         raise UsageError(f"Unknown era {era!r}; use 'mma' or 'rocwmma' (or leave it out to detect).")
+    on, off = _fa_values(str(exe), exe.stat().st_mtime) if era is None else _FA_SPELLING[era]
     return ["-fa", on if flash_attn else off]
 
 
@@ -272,11 +270,8 @@ class _Call:
 def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Sequence[int], reps: int) -> _Call:
     """One llama-bench call of ``plan``: ``-p p -n n`` at ``depths``, ``reps`` repetitions (the first is dropped)."""
     log.progress(f"  {plan.label}: {test_phase(p, n)[0]} d={','.join(map(str, depths))} -r {reps}")
-    # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
-    progress = ["--progress"] if plan.observe else []
     ds = ",".join(str(d) for d in depths)
-    cmd = [*plan.pin, str(plan.exe), "-m", str(plan.model), "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps)]
-    cmd += ["-o", "jsonl", *plan.fa, *progress, *plan.extra]
+    cmd = [*plan.head, "-p", str(p), "-n", str(n), "-d", ds, "-r", str(reps), "-o", "jsonl", *plan.tail]
     records: list[tuple[float, dict[str, Any]]] = []
     obs = Observer() if plan.observe else None
 
@@ -311,7 +306,10 @@ def _finite(vals: Sequence[float], how: str) -> float:
 class _BenchPlan:
     """run_bench's arguments after checking: what each llama-bench call is built from."""
 
-    exe: Path
+    head: list[str]
+    """``taskset -c LIST`` under a CPU mask (in every logged command), llama-bench, ``-m`` and the model."""
+    tail: list[str]
+    """What follows ``-o jsonl``: ``-fa``, ``--progress`` (when observing) and the passthrough arguments."""
     model: Path
     log_dir: Path
     depths: tuple[int, ...]
@@ -322,27 +320,23 @@ class _BenchPlan:
     target_ci: float | None
     timeout: float
     env: dict[str, str]
-    extra: tuple[str, ...]
-    fa: list[str]
     label: str
     arch: str | None
     bandwidth: float | None
     confidence: float
     seed: int
     observe: bool
-    pin: tuple[str, ...] = ()
-    """``taskset -c LIST`` before llama-bench under a CPU mask (in every logged command)."""
 
 
-def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phase: str | None, call: _Call) -> set[tuple[str, int]]:
-    """Pool one call's records into the accumulators (first repetition dropped); returns the (phase,
-    depth) pairs seen. ``phase`` None takes every phase's records (a call that ran both tests)."""
+def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phases: tuple[str, ...], call: _Call) -> set[tuple[str, int]]:
+    """Pool one call's records of ``phases`` into the accumulators (first repetition dropped); returns the (phase,
+    depth) pairs seen."""
     seen: set[tuple[str, int]] = set()
     obs, t_prev = call.obs, call.t0
     for t_rec, rec in call.records:
         d, ph = rec["n_depth"], rec["phase"]
         acc = accs.get((ph, d))
-        if acc is None or (ph, d) in seen or (phase is not None and ph != phase):
+        if acc is None or (ph, d) in seen or ph not in phases:
             continue
         seen.add((ph, d))
         # The first repetition of each call is discarded (warm-up: often slow).
@@ -391,35 +385,28 @@ def _still_pending(plan: _BenchPlan, accs: Mapping[int, _Acc], seen: set[int], c
     return next_pending
 
 
-def _measure_phase(plan: _BenchPlan, phase: str, ntok: int, accs: dict[tuple[str, int], _Acc]) -> str:
-    """llama-bench calls for one phase, in batches until every depth is done; returns the log file."""
+def _measure(plan: _BenchPlan, phases: tuple[str, ...], accs: dict[tuple[str, int], _Acc]) -> str:
+    """llama-bench calls for ``phases`` at every depth, in batches until every depth is done; returns the log file.
+
+    Both phases (``-p 512 -n 128 -d ...``, as a user runs it; no ``target_ci``, so one batch) share one call:
+    llama-bench keeps the context state of the last depth it filled and restores it for the next test at that
+    depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill costs more than the tests."""
     pending = list(plan.depths)
     k = plan.want
-    log_file = plan.log_dir / f"{plan.label}-{phase}.log"
-    accs |= {(phase, d): _Acc() for d in plan.depths}
+    log_file = plan.log_dir / f"{plan.label}-{'+'.join(phases)}.log"
+    accs |= {(ph, d): _Acc() for ph in phases for d in plan.depths}
     while pending:
-        p, n = (ntok, 0) if phase == "pp" else (0, ntok)
+        p, n = (plan.pp if "pp" in phases else 0), (plan.tg if "tg" in phases else 0)
         call = _run_call(plan, log_file, p=p, n=n, depths=pending, reps=k + 1)
-        seen = {d for _, d in _absorb_records(accs, phase, call)}
-        pending = _still_pending(plan, {d: accs[(phase, d)] for d in pending}, seen, call)
+        seen = _absorb_records(accs, phases, call)
+        still = [
+            _still_pending(plan, {d: accs[(ph, d)] for d in pending}, {d for q, d in seen if q == ph}, call)
+            for ph in phases
+        ]
+        pending = [d for d in pending if any(d in s for s in still)]
         if pending:
-            room = min(plan.max_reps - len(accs[(phase, d)].samples) for d in pending)
+            room = min(plan.max_reps - len(accs[(ph, d)].samples) for ph in phases for d in pending)
             k = max(2, min(plan.want, room))
-    return str(log_file)
-
-
-def _measure_both(plan: _BenchPlan, accs: dict[tuple[str, int], _Acc]) -> str:
-    """pp and tg at every depth in one llama-bench call, as a user runs it (``-p 512 -n 128 -d ...``).
-
-    llama-bench keeps the context state of the last depth it filled and restores it for the next
-    test at that depth, so both tests share one fill per depth: at 8B and 65536 tokens the fill
-    costs more than the tests. One batch only (no adaptive repetitions). Returns the log file."""
-    log_file = plan.log_dir / f"{plan.label}-pp+tg.log"
-    accs |= {(ph, d): _Acc() for ph in ("pp", "tg") for d in plan.depths}
-    call = _run_call(plan, log_file, p=plan.pp, n=plan.tg, depths=plan.depths, reps=plan.want + 1)
-    seen = _absorb_records(accs, None, call)
-    for ph in ("pp", "tg"):
-        _still_pending(plan, {d: accs[(ph, d)] for d in plan.depths}, {d for p, d in seen if p == ph}, call)
     return str(log_file)
 
 
@@ -538,7 +525,9 @@ def run_bench(
             if n > 0:
                 _roofline(ph, arch, bandwidth, model, depth=depths[0], ntok=n, kv_type=None)
     plan = _BenchPlan(
-        exe=exe,
+        head=[*pin, str(exe), "-m", str(model)],
+        # --progress: the observer's marks, one stderr line per repetition (a few microseconds inside the timed part)
+        tail=[*fa, *(["--progress"] if observe else []), *extra],
         model=model,
         log_dir=log_dir,
         depths=depths,
@@ -549,23 +538,20 @@ def run_bench(
         target_ci=target_ci,
         timeout=timeout,
         env=env,
-        extra=extra,
-        fa=fa,
         label=label,
         arch=arch,
         bandwidth=bandwidth,
         confidence=confidence,
         seed=seed,
         observe=observe,
-        pin=pin,
     )
     accs: dict[tuple[str, int], _Acc] = {}
     last_log = ""
     if plan.pp > 0 and plan.tg > 0 and plan.target_ci is None:  # one call: both tests share each depth fill
-        last_log = _measure_both(plan, accs)
+        last_log = _measure(plan, ("pp", "tg"), accs)
     else:
-        for phase, ntok in ((ph, n) for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
-            last_log = _measure_phase(plan, phase, ntok, accs)
+        for phase in (ph for ph, n in (("pp", plan.pp), ("tg", plan.tg)) if n > 0):
+            last_log = _measure(plan, (phase,), accs)
     rows = [_bench_row(plan, phase, d, acc) for (phase, d), acc in accs.items()]
     df: pd.DataFrame = pd.DataFrame(rows, columns=list(COLUMNS))  # the constructor is untyped before 3.11
     df.attrs["log_file"] = last_log

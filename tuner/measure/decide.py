@@ -45,7 +45,6 @@ __all__ = [
     "CellTest",
     "Pool",
     "decide",
-    "depth_tests",
     "holm",
     "look_weight",
     "method_text",
@@ -113,44 +112,30 @@ class Call:
     """``100 * (exp(mean(d)) - 1)``, NaN when unknown."""
 
 
-def _depth_parts(
-    values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
-) -> tuple[dict[str, tuple[int, float]], float, int]:
-    """Per candidate (rounds, mean d) and the depth's residual (SS, df)."""
-    names = [reference, twin, *candidates]
-    y = complete_logs(values, names)
-    means = {
-        c: (len(y), sum((row[2 + j] - row[0]) - (row[1] - row[0]) for row in y) / len(y) if y else math.nan)
-        for j, c in enumerate(candidates)
-    }
-    ss, df = residual(y)
-    return means, ss, df
-
-
-def depth_tests(
-    values: Mapping[str, Sequence[float | None]], reference: str, twin: str, candidates: Sequence[str]
-) -> dict[str, CellTest]:
-    """Each candidate's :class:`CellTest` at one depth: ``values[name][i]`` is its t/s in round ``i``.
-
-    Only rounds where the reference, the twin and every candidate have a value count (complete blocks).
-    The variance is the depth's two-way residual mean square over those configurations."""
-    return phase_tests({0: (values, reference, twin, candidates)}, pool="depth")[0]
-
-
 def phase_tests(
     depths: Mapping[int, tuple[Mapping[str, Sequence[float | None]], str, str, Sequence[str]]], *, pool: Pool = "depth"
 ) -> dict[int, dict[str, CellTest]]:
-    """:func:`depth_tests` for every depth of a phase; ``pool="phase"`` pools the variance over depths."""
-    parts = {d: _depth_parts(*args) for d, args in depths.items()}
-    tot_ss, tot_df = sum(p[1] for p in parts.values()), sum(p[2] for p in parts.values())
+    """Each candidate's :class:`CellTest` at every depth of a phase: ``depths[d]`` is (values, reference, twin,
+    candidates), ``values[name][i]`` a config's t/s in round ``i``. Only rounds where the reference, the twin and
+    every candidate have a value count (complete blocks). The variance is the depth's two-way residual mean
+    square over those configurations; ``pool="phase"`` pools it over the phase's depths."""
+    ys = {d: complete_logs(v, [ref, twin, *cands]) for d, (v, ref, twin, cands) in depths.items()}
+    res = {d: residual(y) for d, y in ys.items()}  # each depth's (SS, df)
+    tot_ss, tot_df = sum(r[0] for r in res.values()), sum(r[1] for r in res.values())
     out: dict[int, dict[str, CellTest]] = {}
-    for d, (means, ss, df) in parts.items():
-        if pool == "phase":
-            ss, df = tot_ss, tot_df
+    for d, y in ys.items():
+        ss, df = (tot_ss, tot_df) if pool == "phase" else res[d]
         s2 = ss / df if df > 0 else math.nan
+        se = math.sqrt(2.0 * s2 / len(y)) if y and df > 0 else math.inf
+        # the mean of d_i = log(candidate_i / upstream_i) - log(twin_i / upstream_i) over the rounds
         out[d] = {
-            c: CellTest(n=n, mean=m, se=math.sqrt(2.0 * s2 / n) if n > 0 and df > 0 else math.inf, df=df)
-            for c, (n, m) in means.items()
+            c: CellTest(
+                n=len(y),
+                mean=sum((r[2 + j] - r[0]) - (r[1] - r[0]) for r in y) / len(y) if y else math.nan,
+                se=se,
+                df=df,
+            )
+            for j, c in enumerate(depths[d][3])
         }
     return out
 

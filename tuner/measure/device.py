@@ -5,6 +5,7 @@ from __future__ import annotations
 
 __all__ = ["backend_device", "parse_list_devices"]
 
+import contextlib
 import os
 import platform
 import re
@@ -24,12 +25,10 @@ def parse_list_devices(text: str) -> dict[str, str]:
 
 
 def _cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

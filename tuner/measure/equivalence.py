@@ -165,9 +165,9 @@ class KldStats:
 class EquivalenceResult:
     """Outcome of :func:`run_equivalence`; ``passed`` False means infeasible: never exported."""
 
-    passed: bool
     verdict: str
     """``pass`` or ``fail``."""
+    passed: bool
     reasons: tuple[str, ...]
     """Why it failed, one sentence each (empty when it passed)."""
     mode: str
@@ -204,21 +204,12 @@ class EquivalenceResult:
         return head + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able form for study attributes and reports."""
-        return {
-            "verdict": self.verdict,
-            "passed": self.passed,
+        """JSON-able form for study attributes and reports (the fields in order, ``verdict`` first)."""
+        return dataclasses.asdict(self) | {
             "reasons": list(self.reasons),
-            "mode": self.mode,
-            "deterministic": self.deterministic,
-            "identical_to_upstream": self.identical_to_upstream,
             "stats": self.stats.as_dict() if self.stats else None,
-            "thresholds": dataclasses.asdict(self.thresholds),
-            "strict": self.strict,
             "logs": {k: str(v) for k, v in self.logs.items()},
-            "digests": dict(self.digests),
             "seconds": round(self.seconds, 3),
-            "settings": dict(self.settings),
         }
 
 
@@ -323,14 +314,6 @@ def _check_args(args: Sequence[str], side: str) -> list[str]:
     )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Step:
-    rc: int
-    text: str
-    log_file: Path
-    digest: str = ""
-
-
 @dataclasses.dataclass(frozen=True)
 class _Side:
     """One side of the gate, checked: its llama-perplexity, extra arguments and environment."""
@@ -352,25 +335,26 @@ class _Gate:
     digests: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) -> _Step:
-    """One llama-perplexity call; a failure or timeout is a step with rc != 0, never an exception."""
+def _run_ppl(side: _Side, base: list[str], *, log_file: Path, timeout: float) -> tuple[int, str]:
+    """One llama-perplexity call: (exit code, output); a failure or timeout is an exit code != 0, never an
+    exception."""
     lines: list[str] = []
     log_file.unlink(missing_ok=True)
     cmd: list[str | Path] = [side.exe, *base, *side.args]
     rc, err = run_tool(cmd, side.env, log_file=log_file, timeout=timeout, on_line=lines.append, what=PERPLEXITY)
     if err:  # timeout, or the binary would not start
         lines.append(f"error: {err}")
-    return _Step(rc=rc, text="\n".join(lines), log_file=log_file)
+    return rc, "\n".join(lines)
 
 
-def _base_step(side: _Side, g: _Gate, out: Path, *, log_file: Path) -> tuple[_Step, str]:
-    """A base-mode run writing ``out``; returns the step and '' or why it failed."""
+def _base_step(side: _Side, g: _Gate, out: Path, *, log_file: Path) -> tuple[str, str]:
+    """A base-mode run writing ``out``: (the file's sha256, '') or ('', why it failed)."""
     out.unlink(missing_ok=True)
-    st = _run_ppl(side, [*g.common, "--kl-divergence-base", str(out)], log_file=log_file, timeout=g.timeout)
-    if st.rc != 0 or parse_base_output(st.text) is None or not out.is_file():
-        err = _tool_error(st.text) or "no final perplexity estimate"
-        return st, f"llama-perplexity failed (exit {st.rc}): {err}. Log: {log_file}."
-    return dataclasses.replace(st, digest=file_sha256(out)), ""
+    rc, text = _run_ppl(side, [*g.common, "--kl-divergence-base", str(out)], log_file=log_file, timeout=g.timeout)
+    if rc != 0 or parse_base_output(text) is None or not out.is_file():
+        err = _tool_error(text) or "no final perplexity estimate"
+        return "", f"llama-perplexity failed (exit {rc}): {err}. Log: {log_file}."
+    return file_sha256(out), ""
 
 
 def _checked_inputs(
@@ -406,11 +390,11 @@ def _upstream_base(up: _Side, model: Path, g: _Gate) -> tuple[Path, str]:
         g.digests["upstream"] = stamp.read_text().strip()
         return up_file, ""
     with log.step(f"equivalence gate ({g.mode}): upstream's log-probabilities"):
-        st, err = _base_step(up, g, up_file, log_file=g.logs["upstream"])
+        digest, err = _base_step(up, g, up_file, log_file=g.logs["upstream"])
     if err:
         return up_file, err
-    g.digests["upstream"] = st.digest
-    stamp.write_text(st.digest + "\n")
+    g.digests["upstream"] = digest
+    stamp.write_text(digest + "\n")
     return up_file, ""
 
 
@@ -503,20 +487,20 @@ def run_equivalence(
         name = f"candidate-{tag}"
         g.logs[name] = work_dir / f"{name}.log"
         with log.step(f"equivalence gate ({mode}): candidate run {tag.upper()}"):
-            st, err = _base_step(cand, g, work_dir / f"{name}.kld", log_file=g.logs[name])
+            digest, err = _base_step(cand, g, work_dir / f"{name}.kld", log_file=g.logs[name])
         if err:
             return done([f"The candidate's run {tag.upper()} failed: {err}"])
-        g.digests[name] = st.digest
+        g.digests[name] = digest
     det = g.digests["candidate-a"] == g.digests["candidate-b"]
     ident = g.digests["candidate-a"] == g.digests["upstream"]
 
     g.logs["kld"] = work_dir / "kld.log"
     with log.step(f"equivalence gate ({mode}): candidate's KL divergence vs upstream"):
         kld = [*common, "--kl-divergence-base", str(up_file), "--kl-divergence"]
-        st = _run_ppl(cand, kld, log_file=g.logs["kld"], timeout=timeout)
-    stats = parse_kld_output(st.text)
+        rc, output = _run_ppl(cand, kld, log_file=g.logs["kld"], timeout=timeout)
+    stats = parse_kld_output(output)
     reasons = []
-    if st.rc != 0 or not stats.complete:
-        err = _tool_error(st.text) or "no KL divergence statistics"
-        reasons.append(f"The candidate's KL divergence run failed (exit {st.rc}): {err}. Log: {g.logs['kld']}.")
+    if rc != 0 or not stats.complete:
+        err = _tool_error(output) or "no KL divergence statistics"
+        reasons.append(f"The candidate's KL divergence run failed (exit {rc}): {err}. Log: {g.logs['kld']}.")
     return done(reasons, det=det, ident=ident, stats=stats)

@@ -28,7 +28,6 @@ __all__ = [
     "cached_bench",
     "fa_bench_cases",
     "parse_bench_output",
-    "parse_fa_bench_output",
     "run_round_fast",
 ]
 
@@ -157,12 +156,12 @@ def fa_bench_cases(shapes: Sequence[FaShape]) -> str:
 class BenchCase:
     """One case line of a bench program's output (fa-bench, mm-bench)."""
 
-    ops: int
+    ops: int = 0
     """Ops timed (0 where the case did not run)."""
-    us_per_op: float | None
-    copies: int
+    us_per_op: float | None = None
+    copies: int = 0
     """Copies of the inputs the ops cycled through (0 where the line does not say)."""
-    copy_bytes: int
+    copy_bytes: int = 0
     """Bytes of one copy (fa-bench: Q, K, V and the mask; mm-bench: the weights)."""
     error: str = ""
     wall_ms: float | None = None
@@ -190,13 +189,8 @@ def parse_bench_output(text: str, case_re: re.Pattern[str]) -> dict[int, BenchCa
             out[int(m["case"])] = BenchCase(ops=int(m["ops"]), us_per_op=float(m["us"]), copies=copies, copy_bytes=size)
         else:
             err = m["error"].strip() or "failed"
-            out[int(m["case"])] = BenchCase(ops=0, us_per_op=None, copies=copies, copy_bytes=size, error=err)
+            out[int(m["case"])] = BenchCase(copies=copies, copy_bytes=size, error=err)
     return {i: dataclasses.replace(c, wall_ms=walls.get(i)) for i, c in out.items()}
-
-
-def parse_fa_bench_output(text: str) -> dict[int, BenchCase]:
-    """:func:`parse_bench_output` of fa-bench's lines (:data:`CASE_RE`)."""
-    return parse_bench_output(text, CASE_RE)
 
 
 def run_round_fast(
@@ -233,16 +227,6 @@ def run_round_fast(
     cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
 
     def parse(text: str) -> dict[int, tuple[int, float | None, str]]:
-        return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_fa_bench_output(text).items()}
+        return {i: (c.ops, c.us_per_op, c.error) for i, c in parse_bench_output(text, CASE_RE).items()}
 
-    return run_candidates(
-        cmd,
-        envs,
-        shapes,
-        parse,
-        log_dir=log_dir,
-        log_prefix="fabench",
-        backend=backend,
-        timeout=timeout,
-        tool="fa-bench",
-    )
+    return run_candidates(cmd, envs, shapes, parse, log_dir=log_dir, backend=backend, timeout=timeout, tool="fa-bench")

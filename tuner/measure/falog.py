@@ -25,19 +25,9 @@ def parse_fa_log(text: str) -> list[dict[str, Any]]:
     out = []
     for m in _FA_LINE.finditer(text):
         extra = dict(_FIELD.findall(m.group(6)))
-        out.append(
-            {
-                "D": int(m.group(1)),
-                "DV": int(m.group(2)),
-                "ne1": int(m.group(3)),
-                "gqa": int(m.group(4)),
-                "n_kv": int(m.group(5)),
-                "type_k": extra.get("type_k"),
-                "type_v": extra.get("type_v"),
-                "kernel": m.group(7),
-                "why": m.group(8),
-            }
-        )
+        sizes = dict(zip(("D", "DV", "ne1", "gqa", "n_kv"), map(int, m.groups()[:5])))
+        types = {"type_k": extra.get("type_k"), "type_v": extra.get("type_v")}
+        out.append(sizes | types | {"kernel": m.group(7), "why": m.group(8)})
     return out
 
 

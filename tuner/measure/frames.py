@@ -1,5 +1,5 @@
 """Bench frames (the DataFrames :func:`tuner.measure.bench.run_bench` returns) on disk and as tables:
-``.jsonl``/``.parquet`` files, a markdown summary, and A/B comparison.
+``.jsonl``/``.parquet`` files and a markdown summary (A/B comparison: :func:`tuner.measure.stats.compare_frames`).
 
 :func:`load_results` also reads what llama-bench itself writes (``-o jsonl``, ``-o json``, ``-o csv``,
 ``-o sql``), grouped as llama.cpp's ``scripts/compare-llama-bench.py`` groups it: one row per model,
@@ -14,7 +14,6 @@ from __future__ import annotations
 __all__ = [
     "MAX_SAMPLES",
     "SETTING_FIELDS",
-    "compare",
     "json_lines",
     "load_results",
     "read_llama_bench",
@@ -24,6 +23,7 @@ __all__ = [
     "test_phase",
 ]
 
+import contextlib
 import csv
 import json
 import math
@@ -37,14 +37,10 @@ import numpy as np
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure.stats import compare_frames, summarize_samples
+from tuner.measure.stats import summarize_samples
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-compare = compare_frames
-"""Per (test, depth) comparison of two bench frames (design.md contract); see tuner.measure.stats."""
 
 
 def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
@@ -53,14 +49,12 @@ def save_results(df: pd.DataFrame, stem: Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_suffix(".jsonl")]
     df.to_json(out[0], orient="records", lines=True, force_ascii=False)
-    try:
+    with contextlib.suppress(ImportError):
         import pyarrow  # noqa: F401
 
         pq = stem.with_suffix(".parquet")
         df.to_parquet(pq, index=False)
         out.append(pq)
-    except ImportError:
-        pass
     return out
 
 
@@ -297,10 +291,8 @@ def _sql_value(kind: str, tok: str, col_type: str) -> int | float | str | None:
     val = tok[1:-1].replace("''", "'") if kind == "str" else tok
     convs: tuple[type[int] | type[float], ...] = {"INTEGER": (int, float), "REAL": (float,)}.get(col_type, ())
     for conv in convs:
-        try:
+        with contextlib.suppress(ValueError):
             return conv(val)
-        except ValueError:
-            pass
     return val
 
 
@@ -482,11 +474,8 @@ def _text(where: str, field: str, x: object) -> str | None:
 def _checked_llama_bench(where: str, r: dict[str, Any]) -> dict[str, Any]:
     """A llama-bench record with every field tuner reads checked (and n_* as ints, rates as floats)."""
     out = dict(r)
-    for k in ("n_prompt", "n_gen", "n_depth"):
-        out[k] = _as_int(where, k, r.get(k, 0))
-    for k in (*SETTING_FIELDS, *_META_FIELDS):
-        if k in r:
-            out[k] = _scalar(where, k, r[k])
+    out |= {k: _as_int(where, k, r.get(k, 0)) for k in ("n_prompt", "n_gen", "n_depth")}
+    out |= {k: _scalar(where, k, r[k]) for k in (*SETTING_FIELDS, *_META_FIELDS) if k in r}
     for k in ("model_type", "model_filename", "build_commit"):
         if k in r and r[k] is not None and not isinstance(r[k], str):
             raise _bad(where, k, r[k], "text")
@@ -510,9 +499,7 @@ def _tuner_row(where: str, r: dict[str, Any]) -> dict[str, Any]:
     status = r.get("status", "ok")
     if not isinstance(status, str):
         raise _bad(where, "status", status, "text (ok or failed)")
-    for k in ("model", "model_filename"):
-        if k in r:
-            out[k] = _text(where, k, r[k])
+    out |= {k: _text(where, k, r[k]) for k in ("model", "model_filename") if k in r}
     for k in ("backends", "build_commit", "build_number", "settings", "cmd", "env"):
         if k in r:
             out[k] = _scalar(where, k, r[k])

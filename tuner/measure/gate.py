@@ -60,10 +60,10 @@ class CheckResult:
 
     passed: bool
     """True only if the backend ran, at least one case ran, and none failed or crashed."""
-    n_ok: int
-    n_fail: int
-    n_not_supported: int
-    failing: tuple[str, ...]
+    n_ok: int = 0
+    n_fail: int = 0
+    n_not_supported: int = 0
+    failing: tuple[str, ...] = ()
     """Names of failed cases, ``OP(params)``; a crash adds the case being printed when it died."""
     log_file: Path | None
     summary: str
@@ -95,7 +95,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     """Parse test-backend-ops ``test`` console output (ANSI colours stripped) into a CheckResult with
     ``log_file=None`` and ``returncode=0``; with ``backend``, output where it was skipped counts as not run."""
     n_ok = n_fail = n_ns = 0
-    failing: list[str] = []
+    failing: dict[str, None] = {}  # ordered, each case once
     summary_counts: list[tuple[int, int]] = []
     devices: list[str] = []
     ran: set[str] = set()
@@ -105,9 +105,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     for i, line in enumerate(lines):
         if in_failing:
             if line.startswith("  ") and "(" in line:
-                name = line.strip()
-                if name not in failing:
-                    failing.append(name)
+                failing[line.strip()] = None
                 continue
             in_failing = False
         if line.strip() == "Failing tests:":
@@ -127,8 +125,7 @@ def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
                 n_ns += 1
             elif rest.endswith("FAIL"):
                 n_fail += 1
-                if case not in failing:
-                    failing.append(case)
+                failing[case] = None
             elif rest.endswith("OK"):
                 n_ok += 1
             else:
@@ -198,52 +195,6 @@ def params_for_shapes(shapes: Iterable[tuple[int | None, str | None]]) -> str | 
     return "|".join(f"({params_for_model(D, kv)})" for D, kv in sorted(sized, key=lambda s: (s[0], s[1] or "")))
 
 
-def _check_op(
-    exe: Path,
-    op: str,
-    flags: Sequence[str],
-    *,
-    backend: str,
-    env: Mapping[str, str],
-    log_file: Path,
-    timeout: float,
-    bin_dir: Path,
-) -> CheckResult:
-    """One ``test-backend-ops test -o OP -b BACKEND FLAGS...`` call as a CheckResult (a timeout is a failed
-    result, returncode -1).
-
-    Raises:
-        UsageError: The binary has no such backend device.
-    """
-    cmd = [str(exe), "test", "-o", op, "-b", backend, *flags]
-    lines: list[str] = []
-    rc, err = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="test-backend-ops")
-    if err:  # timeout: a result, not a crash
-        return CheckResult(
-            passed=False,
-            n_ok=0,
-            n_fail=0,
-            n_not_supported=0,
-            failing=(),
-            log_file=log_file,
-            summary=f"{op}: {err}",
-            returncode=-1,
-        )
-    part = parse_check_output("\n".join(lines), backend=backend)
-    if not part.backend_ran:
-        raise UsageError(
-            f"test-backend-ops in {bin_dir} has no device {backend!r}: {part.summary}. "
-            "Pass --backend with one of those devices, or check the build has that backend."
-        )
-    if rc != 0 and part.passed:
-        part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
-    if rc != 0 and part.crashed and part.crashed not in part.failing:
-        part = dataclasses.replace(
-            part, failing=part.failing + (part.crashed,), summary=part.summary + f"; died during {part.crashed}"
-        )
-    return dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc, log_file=log_file)
-
-
 def run_check(
     bin_dir: Path,
     *,
@@ -282,10 +233,27 @@ def run_check(
     log_file = Path(log_dir) / f"{label}.log"
     start = time.monotonic()
     flags = (["-p", params] if params is not None else []) + (["-j", str(jobs)] if jobs is not None else [])
-    parts = [
-        _check_op(exe, op, flags, backend=backend, env=env, log_file=log_file, timeout=timeout, bin_dir=bin_dir)
-        for op in ops
-    ]
+    parts: list[CheckResult] = []
+    for op in ops:  # one `test-backend-ops test -o OP -b BACKEND FLAGS...` call each
+        cmd = [str(exe), "test", "-o", op, "-b", backend, *flags]
+        lines: list[str] = []
+        rc, why = run_tool(cmd, env, log_file=log_file, timeout=timeout, on_line=lines.append, what="test-backend-ops")
+        if why:  # timeout: a failed result (returncode -1), not a crash
+            parts.append(CheckResult(passed=False, log_file=log_file, summary=f"{op}: {why}", returncode=-1))
+            continue
+        part = parse_check_output("\n".join(lines), backend=backend)
+        if not part.backend_ran:
+            raise UsageError(
+                f"test-backend-ops in {bin_dir} has no device {backend!r}: {part.summary}. "
+                "Pass --backend with one of those devices, or check the build has that backend."
+            )
+        if rc != 0 and part.passed:
+            part = dataclasses.replace(part, passed=False, summary=part.summary + f", exit code {rc}")
+        if rc != 0 and part.crashed and part.crashed not in part.failing:
+            part = dataclasses.replace(
+                part, failing=part.failing + (part.crashed,), summary=part.summary + f"; died during {part.crashed}"
+            )
+        parts.append(dataclasses.replace(part, summary=f"{op}: {part.summary}", returncode=rc, log_file=log_file))
     # passes only if every op's call passed; failing cases de-duplicated; the exit code is the last non-zero one
     return CheckResult(
         passed=all(p.passed for p in parts),

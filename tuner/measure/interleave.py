@@ -55,32 +55,6 @@ def _anchor_median(df: pd.DataFrame, test: str, depth: int) -> float:
     return float(r["median_ts"].iloc[0]) if len(r) else math.nan
 
 
-def _drift_rows(anchor_df: pd.DataFrame, drift_factor: float) -> list[dict[str, Any]]:
-    """Per (test, depth): reference (median of anchor medians), drift % (:func:`tuner.measure.anchors.drift_pct`),
-    noise % and whether flagged."""
-    drift_rows = []
-    for (test, _depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
-        meds = grp["median_ts"].to_numpy(dtype=float)
-        ok = meds[np.isfinite(meds)]
-        ref = float(np.median(ok)) if ok.size else math.nan
-        drift = drift_pct(ok)
-        noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
-        flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
-        drift_rows.append(
-            {
-                "test": test,
-                "phase": grp["phase"].iloc[0],
-                "depth": int(grp["depth"].iloc[0]),  # the group's key; pandas types keys as Hashable
-                "n_anchors": int(ok.size),
-                "reference_ts": ref,
-                "drift_pct": drift,
-                "noise_pct": noise,
-                "flagged": flagged,
-            }
-        )
-    return drift_rows
-
-
 def _row_dict(row: pd.Series) -> dict[str, Any]:
     """A bench row as a dict keyed by column name."""
     return {str(k): v for k, v in row.items()}
@@ -98,7 +72,7 @@ def _corrected_candidate(
     df: pd.DataFrame,
     before: pd.DataFrame,
     after: pd.DataFrame,
-    drift_rows: Sequence[Mapping[str, Any]],
+    drift_rows: Mapping[tuple[str, int], Mapping[str, Any]],
     *,
     confidence: float,
     seed: int,
@@ -107,41 +81,57 @@ def _corrected_candidate(
     around it) where its (test, depth) is flagged; ``anchor_ratio`` is recorded either way."""
     rows = []
     for _, row in df.iterrows():
-        dr = next((r for r in drift_rows if r["test"] == row["test"] and r["depth"] == row["depth"]), None)
+        dr = drift_rows.get((row["test"], row["depth"]))
         local = math.sqrt(
             _anchor_median(before, row["test"], row["depth"]) * _anchor_median(after, row["test"], row["depth"])
         )
         factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
         if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-            scaled = [s * factor for s in row["samples"]]
-            rows.append(_restated(_row_dict(row), scaled, confidence=confidence, seed=seed))
-            rows[-1].update(anchor_ratio=factor, drift_corrected=True)
+            scaled = _restated(_row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed)
+            rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
         else:
             rows.append(_row_dict(row) | {"anchor_ratio": factor})
     return rows
 
 
-def _pooled_baseline(
-    anchor_df: pd.DataFrame, drift_rows: Sequence[Mapping[str, Any]], *, confidence: float, seed: int
-) -> list[dict[str, Any]]:
-    """The baseline's rows: every anchor's samples pooled, each rescaled to the reference when flagged."""
-    base_rows = []
-    for (test, depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
-        dr = next(r for r in drift_rows if r["test"] == test and r["depth"] == depth)
+def _anchor_rows(
+    anchor_df: pd.DataFrame, drift_factor: float, *, confidence: float, seed: int
+) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
+    """Per (test, depth) of the anchors: the drift row (reference: median of anchor medians, drift %
+    (:func:`tuner.measure.anchors.drift_pct`), noise % and whether flagged) and the baseline's row (every
+    anchor's samples pooled, each rescaled to the reference when flagged)."""
+    drift_rows, base_rows = {}, []
+    for (test, _depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
+        meds = grp["median_ts"].to_numpy(dtype=float)
+        ok = meds[np.isfinite(meds)]
+        ref = float(np.median(ok)) if ok.size else math.nan
+        drift = drift_pct(ok)
+        noise = float(np.nanmax(grp["ci_pct"].to_numpy(dtype=float))) if ok.size else math.nan
+        flagged = bool(math.isfinite(drift) and math.isfinite(noise) and drift > drift_factor * noise)
+        depth = int(grp["depth"].iloc[0])  # the group's key; pandas types keys as Hashable
+        drift_rows[(str(test), depth)] = {
+            "test": test,
+            "phase": grp["phase"].iloc[0],
+            "depth": depth,
+            "n_anchors": int(ok.size),
+            "reference_ts": ref,
+            "drift_pct": drift,
+            "noise_pct": noise,
+            "flagged": flagged,
+        }
         pooled = pool(
-            grp["samples"],
-            [dr["reference_ts"] / a["median_ts"] if dr["flagged"] and a["n"] > 0 else 1.0 for _, a in grp.iterrows()],
+            grp["samples"], [ref / a["median_ts"] if flagged and a["n"] > 0 else 1.0 for _, a in grp.iterrows()]
         )
         first = _restated(_row_dict(grp.iloc[-1]), pooled, confidence=confidence, seed=seed)
         first.update(
             n_batches=int(grp["n_batches"].sum()),
             warmup_discarded=int(grp["warmup_discarded"].sum()),
-            drift_corrected=dr["flagged"],
+            drift_corrected=flagged,
             anchor_ratio=math.nan,
             status="ok" if pooled else "failed",
         )
         base_rows.append(first)
-    return base_rows
+    return drift_rows, base_rows
 
 
 def run_interleaved(
@@ -183,9 +173,9 @@ def run_interleaved(
         anchors.append(bench(baseline))
     anchor_df = pd.concat([a.assign(anchor_index=i) for i, a in enumerate(anchors)], ignore_index=True)
 
-    drift_rows = _drift_rows(anchor_df, drift_factor)
-    drift_df = pd.DataFrame(drift_rows)
-    for r in drift_rows:
+    drift_rows, base_rows = _anchor_rows(anchor_df, drift_factor, confidence=confidence, seed=seed)
+    drift_df = pd.DataFrame(list(drift_rows.values()))
+    for r in drift_rows.values():
         if r["flagged"]:
             log.warning(
                 f"anchor drift {r['drift_pct']:.1f}% > {drift_factor:g}x noise "
@@ -196,6 +186,5 @@ def run_interleaved(
     for i, (c, df) in enumerate(zip(candidates, cands)):
         rows = _corrected_candidate(df, anchors[i], anchors[i + 1], drift_rows, confidence=confidence, seed=seed)
         frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
-    base_rows = _pooled_baseline(anchor_df, drift_rows, confidence=confidence, seed=seed)
     frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
     return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)

@@ -263,16 +263,7 @@ def run_round(
     test_file.write_text(fa_test_file(shapes, ggml_h or ggml_h_above(bin_dir)))
     cmd = [str(exe), "perf", "-b", backend, "-o", "FLASH_ATTN_EXT", "--test-file", str(test_file)]
     return run_candidates(
-        cmd,
-        envs,
-        shapes,
-        parse_perf_output,
-        log_dir=log_dir,
-        log_prefix="kbench",
-        backend=backend,
-        timeout=timeout,
-        tool="test-backend-ops",
-        what="test-backend-ops perf",
+        cmd, envs, shapes, parse_perf_output, log_dir=log_dir, backend=backend, timeout=timeout, tool="test-backend-ops"
     )
 
 
@@ -298,6 +289,10 @@ def check_candidates(
     return envs
 
 
+_TOOLS = {"test-backend-ops": ("kbench", "test-backend-ops perf"), "fa-bench": ("fabench", "fa-bench")}
+"""What times a round -> (its logs' prefix, ``<prefix>-<label>.log``; its name in messages)."""
+
+
 def run_candidates(
     cmd: Sequence[str],
     envs: Mapping[str, Mapping[str, str]],
@@ -305,23 +300,22 @@ def run_candidates(
     parse: Callable[[str], Mapping[int, tuple[int, float | None, str]]],
     *,
     log_dir: Path,
-    log_prefix: str,
     backend: str,
     timeout: float,
     tool: str,
-    what: str = "",
 ) -> list[KernelTime]:
-    """``cmd`` once per candidate (its env added, the FA log on), in order: one :class:`KernelTime` per
-    (candidate, shape), the kernel that ran from the FA log. ``parse``: the tool's output -> case index ->
-    (runs, µs per run or None, why not); ``what`` names the run in messages (default ``tool``). A crash or
-    timeout is data: every shape of the call carries it."""
+    """``cmd`` of ``tool`` (a key of :data:`_TOOLS`) once per candidate (its env added, the FA log on), in order:
+    one :class:`KernelTime` per (candidate, shape), the kernel that ran from the FA log. ``parse``: the tool's
+    output -> case index -> (runs, µs per run or None, why not). A crash or timeout is data: every shape of the
+    call carries it."""
+    log_prefix, what = _TOOLS[tool]
     out: list[KernelTime] = []
     for lbl, env in envs.items():
         log_file = log_dir / f"{log_prefix}-{lbl}.log"
         log_file.unlink(missing_ok=True)
         log.progress(f"  {lbl}: FLASH_ATTN_EXT x{len(shapes)} on {backend} ({tool})")
         rc, error = run_tool(
-            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what or tool
+            list(cmd), {**env, "GGML_TUNER_FA_LOG": "1"}, log_file=log_file, timeout=timeout, what=what
         )
         if not error and rc != 0:
             error = f"{tool} exited with code {rc}; see {log_file}."

@@ -134,13 +134,13 @@ def run_cases(
     exe = build_mm_bench(bin_dir, ggml_h=ggml_h)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    out: list[BenchCase | None] = [None] * len(shapes)
-    first, attempt = 0, 0
-    while first < len(shapes):
+    out: list[BenchCase] = []  # the cases in order, each process's after the one its predecessor died in
+    attempt = 0
+    while len(out) < len(shapes):
         attempt += 1
         part = f"-{attempt}" if attempt > 1 else ""
         cases_file, log_file = log_dir / f"mm-bench-cases{part}.txt", log_dir / f"mm-bench{part}.log"
-        cases_file.write_text(mm_bench_cases(shapes[first:]))
+        cases_file.write_text(mm_bench_cases(shapes[len(out) :]))
         cmd = bench_cmd(exe, backend, cases_file, iters=iters, cache_mb=cache_mb, target_ms=target_ms, threads=threads)
         log_file.unlink(missing_ok=True)
         base = {k: v for k, v in os.environ.items() if k not in (ENV, GRAPHS_ENV)}
@@ -152,26 +152,19 @@ def run_cases(
         elif not error and rc != 0:
             error = f"mm-bench exited with code {rc}; see {log_file}"
         got = parse_mm_bench_output(log_file.read_text(errors="replace") if log_file.is_file() else "")
-        n = len(shapes) - first
+        n = len(shapes) - len(out)
         printed = next((i for i in range(n) if i not in got), n)
-        out[first : first + printed] = [_checked_case(got[i], log_file) for i in range(printed)]
+        out += [_checked_case(got[i], log_file) for i in range(printed)]
         if not error:
-            for i in range(printed, n):
-                out[first + i] = _not_timed(f"no result for case {i}; see {log_file}")
+            out += [BenchCase(error=f"no result for case {i}; see {log_file}") for i in range(printed, n)]
             break
         if printed < n:  # the case it died in
-            out[first + printed] = _not_timed(error)
-        first += printed + 1
+            out.append(BenchCase(error=error))
         if attempt > MAX_RESTARTS:
             why = f"not run: mm-bench failed {attempt} times in this call (last: {error})"
-            for i in range(first, len(shapes)):
-                out[i] = _not_timed(why)
+            out += [BenchCase(error=why) for _ in range(len(out), len(shapes))]
             break
-    return [c if c is not None else _not_timed("not run") for c in out]
-
-
-def _not_timed(error: str) -> BenchCase:
-    return BenchCase(ops=0, us_per_op=None, copies=0, copy_bytes=0, error=error)
+    return out
 
 
 def _checked_case(c: BenchCase, log_file: Path) -> BenchCase:

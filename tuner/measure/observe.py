@@ -16,6 +16,7 @@ from __future__ import annotations
 
 __all__ = ["Mark", "Observation", "Observer", "find_gpu_probe"]
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -24,9 +25,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Protocol
 
 import psutil
 
@@ -70,60 +70,52 @@ class Mark:
     """CPU seconds of every live thread of the tree, by (pid, thread id)."""
 
 
-class _GpuProbe(Protocol):
+@dataclasses.dataclass(frozen=True)
+class _GpuProbe:
+    """One GPU library's devices (NVML, AMD SMI) and how to read one: its utilization percent and memory used
+    in MiB."""
+
     name: str
+    handles: Sequence[object]
+    util: Callable[[object], float]
+    mem_mib: Callable[[object], float]
+    shutdown: Callable[[], object]
 
     def read(self) -> tuple[float, float]:
         """(utilization percent of the busiest device, total memory used MiB)."""
-
-    def close(self) -> None: ...
-
-
-class _NvmlProbe:
-    name = "nvml"
-
-    def __init__(self, nvml: ModuleType) -> None:
-        self._nvml = nvml
-        nvml.nvmlInit()
-        count = nvml.nvmlDeviceGetCount()
-        if count == 0:
-            nvml.nvmlShutdown()
-            raise RuntimeError("no NVIDIA device")
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-
-    def read(self) -> tuple[float, float]:
-        util = max(float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles)
-        mem = sum(float(self._nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles) / 2**20
-        return util, mem
+        return max(self.util(h) for h in self.handles), sum(self.mem_mib(h) for h in self.handles)
 
     def close(self) -> None:
-        try:
-            self._nvml.nvmlShutdown()
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            self.shutdown()
 
 
-class _AmdSmiProbe:
-    name = "amdsmi"
+def _nvml_probe(nvml: ModuleType) -> _GpuProbe:
+    nvml.nvmlInit()
+    if (count := nvml.nvmlDeviceGetCount()) == 0:
+        nvml.nvmlShutdown()
+        raise RuntimeError("no NVIDIA device")
+    return _GpuProbe(
+        "nvml",
+        [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)],
+        lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+        lambda h: float(nvml.nvmlDeviceGetMemoryInfo(h).used) / 2**20,
+        lambda: nvml.nvmlShutdown(),
+    )
 
-    def __init__(self, amdsmi: ModuleType) -> None:
-        self._smi = amdsmi
-        amdsmi.amdsmi_init()
-        self._handles = list(amdsmi.amdsmi_get_processor_handles())
-        if not self._handles:
-            amdsmi.amdsmi_shut_down()
-            raise RuntimeError("no AMD device")
 
-    def read(self) -> tuple[float, float]:
-        util = max(float(self._smi.amdsmi_get_gpu_activity(h)["gfx_activity"]) for h in self._handles)
-        mem = sum(float(self._smi.amdsmi_get_gpu_vram_usage(h)["vram_used"]) for h in self._handles)
-        return util, mem
-
-    def close(self) -> None:
-        try:
-            self._smi.amdsmi_shut_down()
-        except Exception:
-            pass
+def _amdsmi_probe(amdsmi: ModuleType) -> _GpuProbe:
+    amdsmi.amdsmi_init()
+    if not (handles := list(amdsmi.amdsmi_get_processor_handles())):
+        amdsmi.amdsmi_shut_down()
+        raise RuntimeError("no AMD device")
+    return _GpuProbe(
+        "amdsmi",
+        handles,
+        lambda h: float(amdsmi.amdsmi_get_gpu_activity(h)["gfx_activity"]),
+        lambda h: float(amdsmi.amdsmi_get_gpu_vram_usage(h)["vram_used"]),
+        lambda: amdsmi.amdsmi_shut_down(),
+    )
 
 
 @functools.cache  # once per process
@@ -141,7 +133,7 @@ def find_gpu_probe() -> _GpuProbe | None:
     try:
         import pynvml
 
-        return _NvmlProbe(pynvml)
+        return _nvml_probe(pynvml)
     except ImportError as err:
         logger.debug("NVML observer unavailable: %s", err)
         _warn_nvml_missing()
@@ -150,7 +142,7 @@ def find_gpu_probe() -> _GpuProbe | None:
     try:
         import amdsmi
 
-        return _AmdSmiProbe(amdsmi)
+        return _amdsmi_probe(amdsmi)
     except Exception as err:
         logger.debug("AMD SMI observer unavailable: %s", err)
     return None
@@ -178,13 +170,6 @@ class Observer:
         self._lock = threading.RLock()
 
     def __enter__(self) -> Observer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
         if self._gpu is not None:
             try:
                 self._mem0 = self._gpu.read()[1]
@@ -193,8 +178,9 @@ class Observer:
         self._sample()  # baseline for CPU-time deltas
         self._thread = threading.Thread(target=self._loop, name="tuner-observer", daemon=True)
         self._thread.start()
+        return self
 
-    def stop(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -217,10 +203,8 @@ class Observer:
             children = []
         for proc in children:
             if threads is not None:
-                try:
+                with contextlib.suppress(psutil.Error):
                     threads.update({(proc.pid, th.id): th.user_time + th.system_time for th in proc.threads()})
-                except psutil.Error:
-                    pass
             try:
                 with proc.oneshot():
                     # (pid, create_time) survives pid reuse.
@@ -229,9 +213,8 @@ class Observer:
             except psutil.Error:
                 continue
             total = times.user + times.system
-            prev = self._cpu_seen.get(key)
             # A process first seen now: count the CPU time it used since it started.
-            delta += total - (prev if prev is not None else 0.0)
+            delta += total - self._cpu_seen.get(key, 0.0)
             self._cpu_seen[key] = total
         return delta
 

@@ -141,10 +141,7 @@ class Residency:
         return f"graph splits {sp}; {off}; weights: {bufs(self.model_buffers)}; KV: {bufs(self.kv_buffers)}"
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["log_file"] = str(self.log_file) if self.log_file else None
-        d["gpu"] = self.gpu
-        return d
+        return dataclasses.asdict(self) | {"log_file": str(self.log_file) if self.log_file else None, "gpu": self.gpu}
 
 
 def parse_residency(text: str) -> Residency:
@@ -224,8 +221,7 @@ def judge(
         )
     if res.layers_total is not None and (res.layers_offloaded or 0) < res.layers_total:
         why.append(f"Only {res.layers_offloaded}/{res.layers_total} layers were offloaded to the GPU.")
-    host_layers = sorted(i for i, d in res.layer_devices.items() if is_host_buffer(d))
-    if host_layers:
+    if host_layers := sorted(i for i, d in res.layer_devices.items() if is_host_buffer(d)):
         why.append(f"Layers {host_layers} are assigned to the CPU.")
     if not res.device_weights_mib > 0:
         why.append("No model weights are in a GPU buffer.")

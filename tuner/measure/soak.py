@@ -147,12 +147,9 @@ def judge_soak(
                 f"({slope * scale:+.2f}%/1k tokens, 95% CI {lo * scale:+.2f}..{hi * scale:+.2f})."
             )
     host, dev = _growth(host_mib), _growth(device_mib)
-    if usable and host > t.max_host_growth_mib:
-        why.append(f"Host memory grew {host:.1f} MiB over the run (tolerance {t.max_host_growth_mib:g} MiB): a leak.")
-    if usable and dev > t.max_device_growth_mib:
-        why.append(
-            f"Device memory grew {dev:.1f} MiB over the run (tolerance {t.max_device_growth_mib:g} MiB): a leak."
-        )
+    for what, grown, tol in (("Host", host, t.max_host_growth_mib), ("Device", dev, t.max_device_growth_mib)):
+        if usable and grown > tol:
+            why.append(f"{what} memory grew {grown:.1f} MiB over the run (tolerance {tol:g} MiB): a leak.")
     return SoakJudgement(
         passed=not why,
         reasons=tuple(why),
@@ -205,10 +202,7 @@ class SoakResult:
         return text + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["log_file"] = str(self.log_file)
-        d["summary"] = self.summary
-        return d
+        return dataclasses.asdict(self) | {"log_file": str(self.log_file), "summary": self.summary}
 
 
 def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:

@@ -239,8 +239,8 @@ _VERDICT_COLUMNS = ("n_a", "n_b", "delta_pct", "ci_low", "ci_high", "p_value", "
 def compare_frames(
     df_a: pd.DataFrame, df_b: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0, min_effect_pct: float = 0.0
 ) -> pd.DataFrame:
-    """Compare two bench frames (A the reference) per ``(test, depth)`` with :func:`compare`, sorted by phase,
-    test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
+    """Compare two bench frames (A the reference) per ``(test, depth)`` (design.md contract) with :func:`compare`,
+    sorted by phase, test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
     import pandas as pd
 
     def by_key(df: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
@@ -303,21 +303,17 @@ def run_floor(backend: str | None, phase: str) -> NoiseRef:
     table = tomllib.loads(package_data("aa_floors.toml").read_text(encoding="utf-8"))
     names = [b.strip() for b in str(backend or "").split(",") if b.strip()]
     found = [(b, table[b][phase]) for b in names if b in table and phase in table[b]]
-    if not found:
-        return NoiseRef(
-            pct=math.inf,
-            kind="none",
-            source=f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})",
-        )
     thin = [(b, f) for b, f in found if "floor_pct" not in f]
-    if thin:  # too few recorded pairs for a floor (their 95th percentile would be one outlier's value)
+    if not found:
+        why = f"no recorded run-to-run floor for backend {backend or '?'} {phase} ({FLOORS_DOC})"
+    elif thin:  # too few recorded pairs for a floor (their 95th percentile would be one outlier's value)
         b, f = thin[0]
-        return NoiseRef(
-            pct=math.inf,
-            kind="none",
-            source=f"no run-to-run floor for backend {b} {phase}: only {f['pairs']} recorded A/A pairs, "
-            f"fewer than the {table.get('min_pairs', 30)} a floor needs ({FLOORS_DOC})",
+        why = (
+            f"no run-to-run floor for backend {b} {phase}: only {f['pairs']} recorded A/A pairs, "
+            f"fewer than the {table.get('min_pairs', 30)} a floor needs ({FLOORS_DOC})"
         )
+    if not found or thin:
+        return NoiseRef(pct=math.inf, kind="none", source=why)
     b, f = max(found, key=lambda x: x[1]["floor_pct"])
     return NoiseRef(
         pct=float(f["floor_pct"]),

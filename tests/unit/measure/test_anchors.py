@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tuner.measure.anchors import drift_pct, pool
-from tuner.measure.interleave import _drift_rows, _pooled_baseline
+from tuner.measure.interleave import _anchor_rows
 from tuner.measure.stats import median
 from tuner.search.record import anchor_drift, study_results
 
@@ -54,12 +54,13 @@ def test_the_search_record_and_bench_interleave_agree() -> None:
             for a in ANCHORS
         ]
     )
-    rows = _drift_rows(frame, drift_factor=2.0)
+    rows = list(_anchor_rows(frame, drift_factor=2.0, confidence=0.95, seed=0)[0].values())
     assert anchor_drift(_study(ANCHORS)) == {("tg", 0): pytest.approx(rows[0]["drift_pct"])}
     assert rows[0]["drift_pct"] == pytest.approx(9.0) and rows[0]["reference_ts"] == 104.0
     results, base = study_results(_study(ANCHORS))
-    unflagged = [{**rows[0], "flagged": False}]
-    pooled = _pooled_baseline(frame, unflagged, confidence=0.95, seed=0)[0]
+    # a drift factor the 9% drift stays under: the baseline's anchors pooled as measured
+    unflagged, (pooled,) = _anchor_rows(frame, drift_factor=100.0, confidence=0.95, seed=0)
+    assert not unflagged["tg8", 0]["flagged"]
     assert (
         list(results[base][("tg", 0)].samples) == pool(ANCHORS) == pytest.approx([x for a in ANCHORS for x in a])
         and pooled["n"] == 9

@@ -6,16 +6,7 @@ import math
 
 import numpy as np
 
-from tuner.measure.decide import (
-    MIN_EFFECT_PCT,
-    PHASE_ALPHA,
-    CellTest,
-    decide,
-    depth_tests,
-    holm,
-    look_weight,
-    phase_tests,
-)
+from tuner.measure.decide import MIN_EFFECT_PCT, PHASE_ALPHA, CellTest, decide, holm, look_weight, phase_tests
 
 NAMES = ("upstream", "twin", "A", "B")
 
@@ -28,13 +19,13 @@ def _rounds(rng: np.random.Generator, n: int, effects: dict[str, float], sd: flo
 
 def test_the_statistic_is_the_log_ratio_to_the_twin_and_drift_cancels() -> None:
     vals = {"upstream": [100.0, 200.0, 50.0], "twin": [101.0, 198.0, 50.5], "A": [105.0, 212.0, 52.0]}
-    t = depth_tests(vals, "upstream", "twin", ["A"])["A"]
+    t = phase_tests({0: (vals, "upstream", "twin", ["A"])})[0]["A"]
     want = [math.log(a / u) - math.log(w / u) for a, u, w in zip(vals["A"], vals["upstream"], vals["twin"])]
     assert t.n == 3 and math.isclose(t.mean, sum(want) / 3)
     assert t.df == 2 * 2  # (R-1)(C-1) with three configurations
     # a round-level factor (drift) leaves the statistic as it is
     scaled = {k: [v * f for v, f in zip(vs, (1.0, 3.0, 0.2))] for k, vs in vals.items()}
-    t2 = depth_tests(scaled, "upstream", "twin", ["A"])["A"]
+    t2 = phase_tests({0: (scaled, "upstream", "twin", ["A"])})[0]["A"]
     assert math.isclose(t.mean, t2.mean) and math.isclose(t.se, t2.se)
 
 
@@ -44,9 +35,9 @@ def test_incomplete_rounds_are_left_out_and_too_few_rounds_decide_nothing() -> N
         "twin": [100.0, 100.0, 98.0],
         "A": [110.0, 111.0, 109.0],
     }
-    t = depth_tests(vals, "upstream", "twin", ["A"])["A"]
+    t = phase_tests({0: (vals, "upstream", "twin", ["A"])})[0]["A"]
     assert t.n == 2
-    one = depth_tests({"upstream": [100.0], "twin": [100.0], "A": [150.0]}, "upstream", "twin", ["A"])["A"]
+    one = phase_tests({0: ({"upstream": [100.0], "twin": [100.0], "A": [150.0]}, "upstream", "twin", ["A"])})[0]["A"]
     assert one.p_two == 1.0 and decide({"x": one})["x"].verdict == "no difference"
 
 
@@ -60,12 +51,12 @@ def test_holm_steps_down() -> None:
 def test_a_clear_effect_is_faster_a_small_one_is_not_claimed_and_a_slowdown_is_slower() -> None:
     rng = np.random.default_rng(1)
     vals = _rounds(rng, 6, {"A": 0.08, "B": -0.08}, sd=0.005)
-    tests = depth_tests(vals, "upstream", "twin", ["A", "B"])
+    tests = phase_tests({0: (vals, "upstream", "twin", ["A", "B"])})[0]
     calls = decide(tests)
     assert calls["A"].verdict == "faster" and calls["A"].settled
     assert calls["B"].verdict == "slower"
     # a real but tiny effect, measured very precisely, is below the practical minimum: never claimed
-    tiny = depth_tests(_rounds(rng, 6, {"A": MIN_EFFECT_PCT / 200.0}, sd=0.0005), "upstream", "twin", ["A"])
+    tiny = phase_tests({0: (_rounds(rng, 6, {"A": MIN_EFFECT_PCT / 200.0}, sd=0.0005), "upstream", "twin", ["A"])})[0]
     assert decide(tiny)["A"].verdict == "no difference" and decide(tiny)["A"].settled
 
 

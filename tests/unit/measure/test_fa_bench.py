@@ -9,13 +9,14 @@ import pytest
 
 from tuner.errors import UsageError
 from tuner.measure.fa_bench import (
+    CASE_RE,
     EXE,
     MAX_TARGET_MS,
     SOURCE,
     build_fa_bench,
     cached_bench,
     fa_bench_cases,
-    parse_fa_bench_output,
+    parse_bench_output,
     run_round_fast,
 )
 from tuner.measure.kernel_bench import FaShape, shape_for_model
@@ -41,7 +42,7 @@ def _copy_bytes(s: FaShape) -> int:
 
 
 def test_parse_recorded_cpu_output() -> None:
-    got = parse_fa_bench_output(REC.read_text())
+    got = parse_bench_output(REC.read_text(), CASE_RE)
     assert sorted(got) == list(range(len(SHAPES)))
     for i, s in enumerate(SHAPES):
         c = got[i]
@@ -55,7 +56,7 @@ def test_parse_recorded_cpu_output() -> None:
 def test_parse_errors_and_noise() -> None:
     head = "case=3 hsk=64 hsv=64 nh=8 nhkv=2 nkv=256 nb=1 type=f16"
     text = f"noise\n{head} error=not supported\n{head.replace('=3', '=4', 1)} copies=2 copy_bytes=9 error=graph compute failed\n"
-    got = parse_fa_bench_output(text)
+    got = parse_bench_output(text, CASE_RE)
     assert sorted(got) == [3, 4]
     assert got[3].us_per_op is None and got[3].error == "not supported" and got[3].copies == 0
     assert got[4].us_per_op is None and got[4].error == "graph compute failed" and got[4].copies == 2
@@ -65,7 +66,7 @@ def test_parse_errors_and_noise() -> None:
 def test_each_case_carries_its_wall_time() -> None:
     head = "case=0 hsk=64 hsv=64 nh=8 nhkv=2 nkv=256 nb=1 type=f16"
     text = f"{head} copies=4 copy_bytes=9 ops=64 us_per_op=20.000\nwall case=0 ms=31.5\nwall case=7 ms=1.0\n"
-    got = parse_fa_bench_output(text)
+    got = parse_bench_output(text, CASE_RE)
     assert sorted(got) == [0] and got[0].wall_ms == 31.5  # a wall line of a case without its line is ignored
 
 
@@ -110,7 +111,7 @@ def test_run_round_fast_maps_cases_kernels_and_failures(tmp_path: Path) -> None:
         bin_dir, SHAPES, {"vec": {"K": "VEC"}, "bad": {"K": "crash"}}, log_dir=tmp_path / "logs", timeout=30
     )
     assert [(k.label, k.shape) for k in out] == [(lbl, s) for lbl in ("vec", "bad") for s in SHAPES]
-    want = parse_fa_bench_output(REC.read_text())
+    want = parse_bench_output(REC.read_text(), CASE_RE)
     vec, bad = out[: len(SHAPES)], out[len(SHAPES) :]
     assert [(k.us_per_run, k.runs) for k in vec] == [(want[i].us_per_op, want[i].ops) for i in range(len(SHAPES))]
     assert [k.kernel for k in vec] == ["VEC", None, None]  # the log line names f16 decode at n_kv 256 only
