@@ -32,7 +32,6 @@ __all__ = [
     "Spec",
     "Verdicts",
     "cell_stats",
-    "check_limits",
     "gap_decision",
     "judge",
     "open_points",
@@ -101,14 +100,6 @@ class Spec(Generic[P, K, F]):
 
     def reason_name(self, config: str) -> str:
         return self.reason_names.get(config, config)
-
-
-def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
-    """``limits`` (min_rounds, max_rounds) as given; TunerError where no paired verdict can come of them."""
-    lo, hi = limits
-    if lo < 2 or hi < lo:
-        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
-    return lo, hi
 
 
 def rounds_text(limits: tuple[int, int], noun: str = "cell") -> str:
@@ -247,7 +238,9 @@ def run_rounds(
 
     ``cost``: (seconds a process, seconds a case), the estimate. ``forced_reason``: why no forced config can
     run (a build without the tuner's hook): its samples are stored failed with it, no process started."""
-    lo, hi = check_limits(limits)
+    lo, hi = limits
+    if lo < 2 or hi < lo:
+        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
     store.set_limits(limits)
     chunks = pack_groups(points, spec.group, chunk_size)
     process_s, case_s = cost
