@@ -20,7 +20,6 @@ __all__ = [
     "judge_phase",
     "noise_floor",
     "open_depths",
-    "phase_cpu_noise",
     "phase_noise",
     "rules_from",
     "sequential_calls",
@@ -90,10 +89,10 @@ class Decision:
         return dataclasses.asdict(self)
 
 
-def phase_noise(cells: Mapping[int, CellStats]) -> float:
+def phase_noise(cells: Mapping[int, CellStats], *, cpu: bool = False) -> float:
     """The phase's noise floor: the median A/A noise over its depths (one lucky A/A cell must not make every
-    small effect look real)."""
-    vals = [c.noise_pct for c in cells.values() if math.isfinite(c.noise_pct)]
+    small effect look real); ``cpu``: its CPU% noise floor in points, the median A/A CPU noise."""
+    vals = [v for c in cells.values() if math.isfinite(v := c.cpu_noise if cpu else c.noise_pct)]
     return statistics.median(vals) if vals else math.inf
 
 
@@ -118,12 +117,6 @@ def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
     if not vals or not math.isfinite(w):
         return phase_noise(cells)
     return statistics.median(vals)
-
-
-def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
-    """The phase's CPU% noise floor in points: the median A/A CPU noise over its depths."""
-    vals = [c.cpu_noise for c in cells.values() if math.isfinite(c.cpu_noise)]
-    return statistics.median(vals) if vals else math.inf
 
 
 def _unchanged(c: CellStats, name: str) -> bool:
@@ -195,7 +188,7 @@ def judge_phase(
     changes included, so what the report calls ``faster`` is what compose and confirm act on."""
     if rule not in RULES:
         raise ValueError(f"unknown decision rule {rule!r}")
-    cpu_floor = phase_cpu_noise(cells)
+    cpu_floor = phase_noise(cells, cpu=True)
     noisy = too_noisy([c.noise_pct for c in cells.values()])  # beyond the ceiling the phase claims nothing
     calls = sequential_calls(cells, family=family) if rule == "sequential" else {}
     out = {}
