@@ -19,7 +19,6 @@ __all__ = [
     "HipToolchain",
     "default_prefix",
     "find_hip_toolchain",
-    "load_offload_targets",
     "parse_offload_targets",
     "require_hip_toolchain",
     "run_hip_check",
@@ -394,11 +393,6 @@ def parse_offload_targets(data: bytes) -> list[str]:
     return sorted({m.group(1).decode() for m in _TARGET_RE.finditer(data)})
 
 
-def load_offload_targets(obj: Path) -> list[str]:
-    """:func:`parse_offload_targets` of a file."""
-    return parse_offload_targets(Path(obj).read_bytes())
-
-
 _CHECK_SRC = """\
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
@@ -437,7 +431,7 @@ def run_hip_check(tc: HipToolchain, archs: Sequence[str] = HIP_ARCHS) -> dict[st
         )
         if res.returncode != 0:
             out[arch] = f"compile failed (exit {res.returncode}); see {work / f'check-{arch}.log'}"
-        elif arch not in load_offload_targets(obj):
+        elif arch not in parse_offload_targets(obj.read_bytes()):
             out[arch] = f"compiled, but {obj} holds no {arch} code object"
         else:
             out[arch] = "ok"
