@@ -208,16 +208,16 @@ def judge_phase(
     return out
 
 
-def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> list[Decision]:
-    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts; the reason names a
-    decode kernel rejected for its CPU cost (docs/design.md, "CPU% in decode decisions")."""
+def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
+    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts under the sequential
+    rule; the reason names a decode kernel rejected for its CPU cost (docs/design.md, "CPU% in decode decisions")."""
     out = []
-    judged = judge_phase(phase, cells, rule=rule)
-    by = "by the decision rule (A/A-controlled, Holm over the phase's points)" if rule == "sequential" else ""
+    judged = judge_phase(phase, cells)
+    by = "by the decision rule (A/A-controlled, Holm over the phase's points)"
     for d in sorted(judged):
         c = judged[d]
         noise = c.bar_pct
-        best, best_e, costly, near = None, None, [], []
+        best, best_e, costly = None, None, []
         for name, e in c.effects.items():
             if name == c.aa or name == c.upstream_kernel:
                 continue  # forcing upstream's own kernel changes nothing
@@ -226,20 +226,8 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
                 costly.append(f"{name} (CPU% {c.cpu[name].mean:+.0f} points)")
             elif v == "faster" and (best_e is None or e.ratio > best_e.ratio):
                 best, best_e = name, e
-            elif v != "faster" and not by and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
-                near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
-            if not math.isfinite(noise):
-                why = "no A/A noise measured"
-            elif by:
-                why = f"no forced kernel was faster than upstream {by}"
-            else:
-                why = "no forced kernel beat upstream beyond the A/A noise"
-            if near:  # the screen table's own A/A column would have let it through: say why it did not
-                why += (
-                    f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
-                    f"floor ±{noise:.1f}% at these rounds"
-                )
+            why = f"no forced kernel was faster than upstream {by}" if math.isfinite(noise) else "no A/A noise measured"
             if costly:
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             if TOO_NOISY in c.verdicts.values():
@@ -249,7 +237,7 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
             effect, ci = best_e.pct, (best_e.ci_low, best_e.ci_high)
             why = (
                 f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) "
-                + (f"is faster than upstream {by}" if by else f"clears the A/A noise ±{noise:.1f}%")
+                f"is faster than upstream {by}"
             )
         out.append(
             Decision(
