@@ -199,11 +199,8 @@ def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
     return tc
 
 
-def require_hip_toolchain(prefix: Path | None = None, *, arch: str | None = None) -> HipToolchain:
-    """Like :func:`find_hip_toolchain`, but a missing toolchain is a TunerError saying how to get it.
-
-    With ``arch``, also a UsageError unless it has device libraries for that gfx target.
-    """
+def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:
+    """Like :func:`find_hip_toolchain`, but a missing toolchain is a TunerError saying how to get it."""
     tc = find_hip_toolchain(prefix)
     if tc is None:
         where = prefix if prefix is not None else default_prefix()
@@ -214,8 +211,6 @@ def require_hip_toolchain(prefix: Path | None = None, *, arch: str | None = None
             "for apt-get, about a minute and 600 MB), then rerun."
         )
         raise TunerError(msg)
-    if arch is not None:
-        tc.require_arch(arch)
     return tc
 
 
