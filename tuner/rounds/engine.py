@@ -31,7 +31,6 @@ __all__ = [
     "DEFAULT",
     "Spec",
     "Verdicts",
-    "cell_stats",
     "gap_decision",
     "judge",
     "open_points",
@@ -130,29 +129,6 @@ def round_processes(spec: Spec[P, K, F], chunk: Sequence[P], round_index: int) -
     return [(cfg, [p for p in chunk if cfg in spec.configs_of(p)]) for cfg in rotated(base, round_index)]
 
 
-def cell_stats(
-    x: int, upstream: str, values: Mapping[str, Sequence[float]], limits: tuple[int, int] | None = None
-) -> CellStats:
-    """The screen's per-point summary of one point's rounds (``values``: throughput per config and round).
-    ``limits``: the (min, max) round counts it could stop at (None: the rounds in ``values``, one look)."""
-    effects = block_effects(values, DEFAULT)
-    kernels: dict[str, str | None] = {DEFAULT: upstream, AA: upstream}
-    kernels.update({n: n for n in values if n not in (DEFAULT, AA)})
-    return CellStats(
-        depth=x,
-        upstream_kernel=upstream,
-        aa=AA,
-        noise_pct=noise_pct(effects[AA]) if AA in effects else math.inf,
-        upstream_ts=statistics.median(values[DEFAULT]),
-        effects=effects,
-        verdicts={},
-        fallback=(),
-        kernels=kernels,
-        limits=limits or (len(values[DEFAULT]), len(values[DEFAULT])),
-        series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
-    )
-
-
 def _values(
     spec: Spec[P, K, F], p: P, got: Mapping[tuple[K, str, int], Sample[K]], max_rounds: int
 ) -> tuple[dict[str, list[float]], str]:
@@ -197,8 +173,23 @@ def point_verdicts(
             why = f"{spec.reason_name(cfg)} round {n + 1}: not measured"
         if why:
             gaps.setdefault(spec.family(p), {})[spec.x(p)] = why
-        else:
-            stats.setdefault(spec.family(p), {})[spec.x(p)] = cell_stats(spec.x(p), spec.upstream(p), values, limits)
+            continue
+        # the screen's per-point summary of the point's rounds
+        effects, up = block_effects(values, DEFAULT), spec.upstream(p)
+        kernels: dict[str, str | None] = {DEFAULT: up, AA: up, **{c: c for c in values if c not in (DEFAULT, AA)}}
+        stats.setdefault(spec.family(p), {})[spec.x(p)] = CellStats(
+            depth=spec.x(p),
+            upstream_kernel=up,
+            aa=AA,
+            noise_pct=noise_pct(effects[AA]) if AA in effects else math.inf,
+            upstream_ts=statistics.median(values[DEFAULT]),
+            effects=effects,
+            verdicts={},
+            fallback=(),
+            kernels=kernels,
+            limits=limits,
+            series={(UPSTREAM if c == DEFAULT else c): tuple(v) for c, v in values.items()},
+        )
     return stats, gaps
 
 
