@@ -87,8 +87,6 @@ class HipToolchain:
     clang: Path
     clangxx: Path
     """clang-19 C++ and HIP compiler."""
-    bundler: Path
-    """``clang-offload-bundler`` (clang-tools-19); clang needs it on its program path."""
     cmake: Path
     """CMake 3.28..3.x from the private venv; use it instead of the default CMake for HIP trees."""
     device_lib_path: Path
@@ -140,6 +138,7 @@ class HipToolchain:
 
 
 def _clang_ok() -> bool:
+    # clang-offload-bundler (clang-tools-19): clang needs it on its program path
     needed = [_LLVM / "bin" / name for name in ("clang", "clang++", "clang-offload-bundler", "ld.lld")]
     rt = list((_LLVM / "lib" / "clang").glob("19*/lib/linux/libclang_rt.builtins-x86_64.a"))
     return all(p.exists() for p in needed) and bool(rt)
@@ -167,7 +166,6 @@ def _toolchain_from(prefix: Path) -> HipToolchain:
         rocm_path=rocm,
         clang=_LLVM / "bin" / "clang",
         clangxx=_LLVM / "bin" / "clang++",
-        bundler=_LLVM / "bin" / "clang-offload-bundler",
         cmake=prefix / "venv" / "bin" / "cmake",
         device_lib_path=bitcode,
         hip_version=_hip_version(rocm),
