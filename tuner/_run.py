@@ -279,33 +279,6 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> threading.Thread:
     return writer
 
 
-def _check_outcome(
-    what: str,
-    cmdline: str,
-    rc: int,
-    seconds: float,
-    output: str,
-    *,
-    timeout: float | None,
-    check: bool,
-    log_file: Path | None,
-    timed_out: bool,
-) -> None:
-    """Raise TunerError for a timeout, or (with ``check``) a non-zero exit, naming the log and its last lines."""
-    if timeout is not None and (timed_out or seconds > timeout):
-        where = f" Log: {log_file}." if log_file else ""
-        msg = f"{what} timed out after {timeout:.0f}s: {cmdline}.{where} Raise the timeout or shrink the job."
-        raise TunerError(msg)
-    if check and rc != 0:
-        if log_file is not None:
-            last = tail(log_file)
-            msg = f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{last}"
-        else:
-            last = "\n".join(output.splitlines()[-40:])
-            msg = f"{what} failed with exit code {rc}: {cmdline}\n{last}"
-        raise TunerError(msg)
-
-
 def run(
     cmd: Sequence[str | os.PathLike[str]],
     *,
@@ -371,7 +344,15 @@ def run(
             fh.close()
     seconds = time.monotonic() - start
     output = "".join(out_chunks)
-    _check_outcome(
-        what, cmdline, rc, seconds, output, timeout=timeout, check=check, log_file=log_file, timed_out=timed_out
-    )
+    if timeout is not None and (timed_out or seconds > timeout):
+        where = f" Log: {log_file}." if log_file else ""
+        msg = f"{what} timed out after {timeout:.0f}s: {cmdline}.{where} Raise the timeout or shrink the job."
+        raise TunerError(msg)
+    if check and rc != 0:
+        if log_file is not None:
+            msg = f"{what} failed with exit code {rc}. Full log: {log_file}. Last lines:\n{tail(log_file)}"
+        else:
+            last = "\n".join(output.splitlines()[-40:])
+            msg = f"{what} failed with exit code {rc}: {cmdline}\n{last}"
+        raise TunerError(msg)
     return RunResult(returncode=rc, output=output, seconds=seconds, log_file=log_file)

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERNAL", "crash_log_dir", "debug_requested", "report_crash", "write_crash_log"]
+__all__ = ["EXIT_INTERNAL", "debug_requested", "report_crash", "write_crash_log"]
 
 import datetime
 import importlib.metadata
@@ -47,20 +47,6 @@ def debug_requested(argv: Sequence[str] | None = None) -> bool:
     return False
 
 
-def crash_log_dir() -> Path:
-    """``$TUNER_HOME/logs`` when that is a writable folder, else ``<tmp>/tuner-logs``."""
-    try:
-        d = tuner_home() / "logs"
-        d.mkdir(parents=True, exist_ok=True)
-        if os.access(d, os.W_OK | os.X_OK):
-            return d
-    except Exception:
-        pass
-    d = Path(tempfile.gettempdir()) / "tuner-logs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def _context(argv: Sequence[str]) -> list[str]:
     argv = redact_argv(argv)
     lines = [
@@ -86,10 +72,20 @@ def _context(argv: Sequence[str]) -> list[str]:
 
 
 def write_crash_log(err: BaseException, argv: Sequence[str]) -> Path:
-    """Write the traceback and the run's context to a new file in :func:`crash_log_dir`; return its path."""
+    """Write the traceback and the run's context to a new file in ``$TUNER_HOME/logs`` when that is a writable
+    folder, else in ``<tmp>/tuner-logs``; return its path."""
     remember_argv(argv)  # a --storage value's password, hidden in the traceback's messages too
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = crash_log_dir() / f"crash-{stamp}-{os.getpid()}.log"
+    try:
+        d = tuner_home() / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        usable = os.access(d, os.W_OK | os.X_OK)
+    except Exception:
+        usable = False
+    if not usable:
+        d = Path(tempfile.gettempdir()) / "tuner-logs"
+        d.mkdir(parents=True, exist_ok=True)
+    path = d / f"crash-{stamp}-{os.getpid()}.log"
     tb = redact("".join(traceback.format_exception(type(err), err, err.__traceback__)))  # messages and locals' reprs
     path.write_text("\n".join(["tuner internal error", *_context(argv), "", tb]), encoding="utf-8")
     return path

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tuner.builder.cmake import build_variant, default_check_objects
-from tuner.builder.hip import find_hip_toolchain, load_offload_targets
+from tuner.builder.hip import find_hip_toolchain, parse_offload_targets
 from tuner.plan.variant import RenderedVariant
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -47,7 +47,7 @@ def test_tree_a_fa_tus_compile_for_gfx1151(hip_ready: None, tree_a) -> None:
     objs = b.meta["offload_targets"]
     assert [Path(o).name for o in objs] == ["fattn.cu.o"]
     for obj in objs:
-        assert load_offload_targets(b.build_dir / obj) == ["gfx1151"]  # real gfx1151 code objects
+        assert parse_offload_targets((b.build_dir / obj).read_bytes()) == ["gfx1151"]  # real gfx1151 code objects
     print(f"compile-check seconds: {b.seconds:.1f} (rebuilt {b.meta['rebuilt_count']} TUs)")
 
 

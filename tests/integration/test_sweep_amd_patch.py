@@ -14,7 +14,7 @@ import pytest
 
 from tuner._run import run
 from tuner.builder.cmake import build_variant
-from tuner.builder.hip import find_hip_toolchain, load_offload_targets
+from tuner.builder.hip import find_hip_toolchain, parse_offload_targets
 from tuner.plan.variant import RenderedVariant
 from tuner.result.upstream_patch import FATTN, whitespace_only_hunks
 from tuner.rounds.engine import AA, DEFAULT
@@ -103,7 +103,7 @@ def test_the_amd_patch_compiles_for_gfx1151(hip_toolchain, tree_a) -> None:
     assert b.compile_only and b.meta["status"] == "ok"
     objs = {Path(o).name: o for o in b.meta["offload_targets"]}
     assert set(objs) == {"fattn.cu.o", "mmq.cu.o"}
-    got = {name: load_offload_targets(b.build_dir / obj) for name, obj in objs.items()}
+    got = {name: parse_offload_targets((b.build_dir / obj).read_bytes()) for name, obj in objs.items()}
     # fattn.cu holds gfx1151 device code; mmq.cu's condition is host code (its kernels are in template instances)
     assert got["fattn.cu.o"] == ["gfx1151"] and got["mmq.cu.o"] in ([], ["gfx1151"]), got
 
@@ -118,7 +118,7 @@ def test_the_sweeps_default_build_for_gfx1151_has_both_hooks_and_they_compile(hi
     assert "GGML_TUNER_FA_RULES" in rv.files[FATTN] and "GGML_TUNER_MMQ_CHOICES" in rv.files[MMQ_FILE]
     b = build_variant(rv, compile_only=True, objects=[FATTN, MMQ_FILE], jobs=os.cpu_count())
     assert b.meta["status"] == "ok"
-    got = {Path(o).name: load_offload_targets(b.build_dir / o) for o in b.meta["offload_targets"]}
+    got = {Path(o).name: parse_offload_targets((b.build_dir / o).read_bytes()) for o in b.meta["offload_targets"]}
     assert got["fattn.cu.o"] == ["gfx1151"] and "mmq.cu.o" in got, got
 
 

@@ -505,8 +505,9 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
     found: dict[str, list[str]] = {}
     for t in obj_targets:
         path = build_dir / t
-        got = hip.load_offload_targets(path)
-        has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in path.read_bytes()
+        data = path.read_bytes()
+        got = hip.parse_offload_targets(data)
+        has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in data
         missing = [a for a in archs if a not in got]
         if has_bundle and missing:
             msg = (

@@ -19,7 +19,6 @@ __all__ = [
     "HipToolchain",
     "default_prefix",
     "find_hip_toolchain",
-    "load_offload_targets",
     "parse_offload_targets",
     "require_hip_toolchain",
     "run_hip_check",
@@ -88,8 +87,6 @@ class HipToolchain:
     clang: Path
     clangxx: Path
     """clang-19 C++ and HIP compiler."""
-    bundler: Path
-    """``clang-offload-bundler`` (clang-tools-19); clang needs it on its program path."""
     cmake: Path
     """CMake 3.28..3.x from the private venv; use it instead of the default CMake for HIP trees."""
     device_lib_path: Path
@@ -141,6 +138,7 @@ class HipToolchain:
 
 
 def _clang_ok() -> bool:
+    # clang-offload-bundler (clang-tools-19): clang needs it on its program path
     needed = [_LLVM / "bin" / name for name in ("clang", "clang++", "clang-offload-bundler", "ld.lld")]
     rt = list((_LLVM / "lib" / "clang").glob("19*/lib/linux/libclang_rt.builtins-x86_64.a"))
     return all(p.exists() for p in needed) and bool(rt)
@@ -168,7 +166,6 @@ def _toolchain_from(prefix: Path) -> HipToolchain:
         rocm_path=rocm,
         clang=_LLVM / "bin" / "clang",
         clangxx=_LLVM / "bin" / "clang++",
-        bundler=_LLVM / "bin" / "clang-offload-bundler",
         cmake=prefix / "venv" / "bin" / "cmake",
         device_lib_path=bitcode,
         hip_version=_hip_version(rocm),
@@ -200,11 +197,8 @@ def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
     return tc
 
 
-def require_hip_toolchain(prefix: Path | None = None, *, arch: str | None = None) -> HipToolchain:
-    """Like :func:`find_hip_toolchain`, but a missing toolchain is a TunerError saying how to get it.
-
-    With ``arch``, also a UsageError unless it has device libraries for that gfx target.
-    """
+def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:
+    """Like :func:`find_hip_toolchain`, but a missing toolchain is a TunerError saying how to get it."""
     tc = find_hip_toolchain(prefix)
     if tc is None:
         where = prefix if prefix is not None else default_prefix()
@@ -215,8 +209,6 @@ def require_hip_toolchain(prefix: Path | None = None, *, arch: str | None = None
             "for apt-get, about a minute and 600 MB), then rerun."
         )
         raise TunerError(msg)
-    if arch is not None:
-        tc.require_arch(arch)
     return tc
 
 
@@ -394,11 +386,6 @@ def parse_offload_targets(data: bytes) -> list[str]:
     return sorted({m.group(1).decode() for m in _TARGET_RE.finditer(data)})
 
 
-def load_offload_targets(obj: Path) -> list[str]:
-    """:func:`parse_offload_targets` of a file."""
-    return parse_offload_targets(Path(obj).read_bytes())
-
-
 _CHECK_SRC = """\
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
@@ -437,7 +424,7 @@ def run_hip_check(tc: HipToolchain, archs: Sequence[str] = HIP_ARCHS) -> dict[st
         )
         if res.returncode != 0:
             out[arch] = f"compile failed (exit {res.returncode}); see {work / f'check-{arch}.log'}"
-        elif arch not in load_offload_targets(obj):
+        elif arch not in parse_offload_targets(obj.read_bytes()):
             out[arch] = f"compiled, but {obj} holds no {arch} code object"
         else:
             out[arch] = "ok"

@@ -272,10 +272,9 @@ def install_artifact(staging: Path, art: Path) -> Path:
     return dest
 
 
-def prune_artifacts(art: Path) -> list[Path]:
-    """Remove the artifact's old folders that no process holds; returns those removed."""
+def prune_artifacts(art: Path) -> None:
+    """Remove the artifact's old folders that no process holds."""
     cur = current_artifact(art)
-    gone = []
     for d in sorted(art.parent.glob(art.name + ".v*")):
         if (cur is not None and d.name == cur.name) or d.is_symlink() or not d.is_dir():
             continue
@@ -283,7 +282,6 @@ def prune_artifacts(art: Path) -> list[Path]:
             fd = os.open(d / _USERS, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # half removed before: no one can hold it
             shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
             continue
         try:
             if not _try_exclusive(fd):
@@ -291,10 +289,8 @@ def prune_artifacts(art: Path) -> list[Path]:
             # .users first: a folder without it is never taken, even if the rest cannot be removed
             (d / _USERS).unlink(missing_ok=True)
             shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
         finally:
             os.close(fd)
-    return gone
 
 
 def is_on(value: object) -> bool:

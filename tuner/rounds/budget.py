@@ -5,7 +5,7 @@ status 3 (:data:`tuner.errors.EXIT_TIME_BUDGET`)."""
 
 from __future__ import annotations
 
-__all__ = ["UNBOUNDED", "Budget", "BudgetReached", "budget_deadline"]
+__all__ = ["UNBOUNDED", "Budget", "BudgetReached"]
 
 import dataclasses
 import math
@@ -20,14 +20,6 @@ class BudgetReached(TunerError):
     exit_code = EXIT_TIME_BUDGET
 
 
-def budget_deadline(started: float | None, seconds: float | None) -> float | None:
-    """The ``time.monotonic()`` deadline of ``seconds`` from ``started`` (the command's start: its build and
-    model count too; None: now); None without a budget."""
-    if not seconds:
-        return None
-    return (time.monotonic() if started is None else started) + seconds
-
-
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """A command's time budget: ``deadline`` in ``time.monotonic()`` seconds (None: no budget, nothing stops)."""
@@ -36,7 +28,9 @@ class Budget:
 
     @classmethod
     def counted_from(cls, started: float | None, seconds: float | None) -> Budget:
-        return cls(budget_deadline(started, seconds))
+        """The budget of ``seconds`` from ``started`` (the command's start: its build and model count too; None:
+        now); no budget without ``seconds``."""
+        return cls((time.monotonic() if started is None else started) + seconds if seconds else None)
 
     def remaining(self) -> float:
         """Seconds left (infinite without a budget)."""

@@ -20,7 +20,6 @@ __all__ = [
     "judge_phase",
     "noise_floor",
     "open_depths",
-    "phase_cpu_noise",
     "phase_noise",
     "rules_from",
     "sequential_calls",
@@ -90,10 +89,10 @@ class Decision:
         return dataclasses.asdict(self)
 
 
-def phase_noise(cells: Mapping[int, CellStats]) -> float:
+def phase_noise(cells: Mapping[int, CellStats], *, cpu: bool = False) -> float:
     """The phase's noise floor: the median A/A noise over its depths (one lucky A/A cell must not make every
-    small effect look real)."""
-    vals = [c.noise_pct for c in cells.values() if math.isfinite(c.noise_pct)]
+    small effect look real); ``cpu``: its CPU% noise floor in points, the median A/A CPU noise."""
+    vals = [v for c in cells.values() if math.isfinite(v := c.cpu_noise if cpu else c.noise_pct)]
     return statistics.median(vals) if vals else math.inf
 
 
@@ -118,12 +117,6 @@ def noise_floor(cells: Mapping[int, CellStats], depth: int) -> float:
     if not vals or not math.isfinite(w):
         return phase_noise(cells)
     return statistics.median(vals)
-
-
-def phase_cpu_noise(cells: Mapping[int, CellStats]) -> float:
-    """The phase's CPU% noise floor in points: the median A/A CPU noise over its depths."""
-    vals = [c.cpu_noise for c in cells.values() if math.isfinite(c.cpu_noise)]
-    return statistics.median(vals) if vals else math.inf
 
 
 def _unchanged(c: CellStats, name: str) -> bool:
@@ -195,7 +188,7 @@ def judge_phase(
     changes included, so what the report calls ``faster`` is what compose and confirm act on."""
     if rule not in RULES:
         raise ValueError(f"unknown decision rule {rule!r}")
-    cpu_floor = phase_cpu_noise(cells)
+    cpu_floor = phase_noise(cells, cpu=True)
     noisy = too_noisy([c.noise_pct for c in cells.values()])  # beyond the ceiling the phase claims nothing
     calls = sequential_calls(cells, family=family) if rule == "sequential" else {}
     out = {}
@@ -215,16 +208,16 @@ def judge_phase(
     return out
 
 
-def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "sequential") -> list[Decision]:
-    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts; the reason names a
-    decode kernel rejected for its CPU cost (docs/design.md, "CPU% in decode decisions")."""
+def compose_phase(phase: str, cells: Mapping[int, CellStats]) -> list[Decision]:
+    """A decision per screened depth (sorted by depth), by :func:`judge_phase`'s verdicts under the sequential
+    rule; the reason names a decode kernel rejected for its CPU cost (docs/design.md, "CPU% in decode decisions")."""
     out = []
-    judged = judge_phase(phase, cells, rule=rule)
-    by = "by the decision rule (A/A-controlled, Holm over the phase's points)" if rule == "sequential" else ""
+    judged = judge_phase(phase, cells)
+    by = "by the decision rule (A/A-controlled, Holm over the phase's points)"
     for d in sorted(judged):
         c = judged[d]
         noise = c.bar_pct
-        best, best_e, costly, near = None, None, [], []
+        best, best_e, costly = None, None, []
         for name, e in c.effects.items():
             if name == c.aa or name == c.upstream_kernel:
                 continue  # forcing upstream's own kernel changes nothing
@@ -233,20 +226,8 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
                 costly.append(f"{name} (CPU% {c.cpu[name].mean:+.0f} points)")
             elif v == "faster" and (best_e is None or e.ratio > best_e.ratio):
                 best, best_e = name, e
-            elif v != "faster" and not by and math.isfinite(e.ci_low) and e.ci_low > 1.0 + c.noise_pct / 100.0:
-                near.append(f"{name} {e.pct:+.1f}% (lower bound {100 * (e.ci_low - 1):+.1f}%)")
         if best_e is None:
-            if not math.isfinite(noise):
-                why = "no A/A noise measured"
-            elif by:
-                why = f"no forced kernel was faster than upstream {by}"
-            else:
-                why = "no forced kernel beat upstream beyond the A/A noise"
-            if near:  # the screen table's own A/A column would have let it through: say why it did not
-                why += (
-                    f"; {', '.join(near)} clears this depth's A/A ±{c.noise_pct:.1f}% but not the phase's noise "
-                    f"floor ±{noise:.1f}% at these rounds"
-                )
+            why = f"no forced kernel was faster than upstream {by}" if math.isfinite(noise) else "no A/A noise measured"
             if costly:
                 why += f"; {CPU_REJECTED}: {', '.join(costly)}"
             if TOO_NOISY in c.verdicts.values():
@@ -256,7 +237,7 @@ def compose_phase(phase: str, cells: Mapping[int, CellStats], *, rule: str = "se
             effect, ci = best_e.pct, (best_e.ci_low, best_e.ci_high)
             why = (
                 f"{best} {best_e.pct:+.1f}% (95% CI {100 * (best_e.ci_low - 1):+.1f}..{100 * (best_e.ci_high - 1):+.1f}%) "
-                + (f"is faster than upstream {by}" if by else f"clears the A/A noise ±{noise:.1f}%")
+                f"is faster than upstream {by}"
             )
         out.append(
             Decision(

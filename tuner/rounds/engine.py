@@ -31,8 +31,6 @@ __all__ = [
     "DEFAULT",
     "Spec",
     "Verdicts",
-    "cell_stats",
-    "check_limits",
     "gap_decision",
     "judge",
     "open_points",
@@ -103,14 +101,6 @@ class Spec(Generic[P, K, F]):
         return self.reason_names.get(config, config)
 
 
-def check_limits(limits: tuple[int, int]) -> tuple[int, int]:
-    """``limits`` (min_rounds, max_rounds) as given; TunerError where no paired verdict can come of them."""
-    lo, hi = limits
-    if lo < 2 or hi < lo:
-        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
-    return lo, hi
-
-
 def rounds_text(limits: tuple[int, int], noun: str = "cell") -> str:
     lo, hi = limits
     if lo == hi:
@@ -137,29 +127,6 @@ def round_processes(spec: Spec[P, K, F], chunk: Sequence[P], round_index: int) -
     """One round of a chunk: (config, the points it times) per process, configs in the round's rotated order."""
     base = [cfg for cfg in spec.configs if any(cfg in spec.configs_of(p) for p in chunk)]
     return [(cfg, [p for p in chunk if cfg in spec.configs_of(p)]) for cfg in rotated(base, round_index)]
-
-
-def cell_stats(
-    x: int, upstream: str, values: Mapping[str, Sequence[float]], limits: tuple[int, int] | None = None
-) -> CellStats:
-    """The screen's per-point summary of one point's rounds (``values``: throughput per config and round).
-    ``limits``: the (min, max) round counts it could stop at (None: the rounds in ``values``, one look)."""
-    effects = block_effects(values, DEFAULT)
-    kernels: dict[str, str | None] = {DEFAULT: upstream, AA: upstream}
-    kernels.update({n: n for n in values if n not in (DEFAULT, AA)})
-    return CellStats(
-        depth=x,
-        upstream_kernel=upstream,
-        aa=AA,
-        noise_pct=noise_pct(effects[AA]) if AA in effects else math.inf,
-        upstream_ts=statistics.median(values[DEFAULT]),
-        effects=effects,
-        verdicts={},
-        fallback=(),
-        kernels=kernels,
-        limits=limits or (len(values[DEFAULT]), len(values[DEFAULT])),
-        series={(UPSTREAM if n == DEFAULT else n): tuple(v) for n, v in values.items()},
-    )
 
 
 def _values(
@@ -206,8 +173,23 @@ def point_verdicts(
             why = f"{spec.reason_name(cfg)} round {n + 1}: not measured"
         if why:
             gaps.setdefault(spec.family(p), {})[spec.x(p)] = why
-        else:
-            stats.setdefault(spec.family(p), {})[spec.x(p)] = cell_stats(spec.x(p), spec.upstream(p), values, limits)
+            continue
+        # the screen's per-point summary of the point's rounds
+        effects, up = block_effects(values, DEFAULT), spec.upstream(p)
+        kernels: dict[str, str | None] = {DEFAULT: up, AA: up, **{c: c for c in values if c not in (DEFAULT, AA)}}
+        stats.setdefault(spec.family(p), {})[spec.x(p)] = CellStats(
+            depth=spec.x(p),
+            upstream_kernel=up,
+            aa=AA,
+            noise_pct=noise_pct(effects[AA]) if AA in effects else math.inf,
+            upstream_ts=statistics.median(values[DEFAULT]),
+            effects=effects,
+            verdicts={},
+            fallback=(),
+            kernels=kernels,
+            limits=limits,
+            series={(UPSTREAM if c == DEFAULT else c): tuple(v) for c, v in values.items()},
+        )
     return stats, gaps
 
 
@@ -247,7 +229,9 @@ def run_rounds(
 
     ``cost``: (seconds a process, seconds a case), the estimate. ``forced_reason``: why no forced config can
     run (a build without the tuner's hook): its samples are stored failed with it, no process started."""
-    lo, hi = check_limits(limits)
+    lo, hi = limits
+    if lo < 2 or hi < lo:
+        raise TunerError(f"Round limits {lo}..{hi}: a paired verdict needs at least 2 rounds, and max >= min.")
     store.set_limits(limits)
     chunks = pack_groups(points, spec.group, chunk_size)
     process_s, case_s = cost

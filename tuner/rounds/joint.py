@@ -324,7 +324,7 @@ def _any_value(records: Any) -> bool:
 def _store(rec: dict[str, Any], name: str, res: Mapping[int, Point], depths: Sequence[int]) -> None:
     rec["values"][name] = {str(d): _num(res.get(d, {}).get("ts")) for d in depths}
     for key in OBSERVED:
-        rec.setdefault(key, {})[name] = {str(d): _util(res.get(d, {}).get(key)) for d in depths}
+        rec.setdefault(key, {})[name] = {str(d): _num(res.get(d, {}).get(key), util=True) for d in depths}
     rec["kernels"][name] = {str(d): res.get(d, {}).get("kernel") for d in depths}
     rec["why"][name] = {str(d): res.get(d, {}).get("why") for d in depths}
     errs = sorted({str(res[d]["error"]) for d in res if res[d].get("error")})
@@ -332,19 +332,13 @@ def _store(rec: dict[str, Any], name: str, res: Mapping[int, Point], depths: Seq
         rec["errors"][name] = "; ".join(errs)[:500]
 
 
-def _float(x: float | str | None) -> float:
+def _num(x: float | str | None, *, util: bool = False) -> float | None:
+    """A t/s above 0, or (``util``) a utilization in percent rounded to 0.01, where 0 is a real value, unlike a t/s
+    of 0; None when unknown."""
     try:
-        return math.nan if x is None else float(x)
+        v = math.nan if x is None else float(x)
     except (TypeError, ValueError):
-        return math.nan
-
-
-def _num(x: float | str | None) -> float | None:
-    v = _float(x)
-    return v if math.isfinite(v) and v > 0 else None
-
-
-def _util(x: float | str | None) -> float | None:
-    """A utilization in percent (0 is a real value, unlike a t/s of 0); None when unknown."""
-    v = _float(x)
-    return round(v, 2) if math.isfinite(v) and v >= 0 else None
+        return None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not util):
+        return None
+    return round(v, 2) if util else v

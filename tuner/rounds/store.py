@@ -7,17 +7,7 @@ builds' timings. Each sample is written as its process ends, so an interrupted r
 
 from __future__ import annotations
 
-__all__ = [
-    "DEVICE",
-    "Sample",
-    "SampleStore",
-    "Table",
-    "device_identity",
-    "open_store",
-    "read_limits",
-    "read_store",
-    "write_limits",
-]
+__all__ = ["DEVICE", "Sample", "SampleStore", "Table", "device_identity", "open_store", "read_store"]
 
 import dataclasses
 import sqlite3
@@ -95,22 +85,6 @@ def open_store(
     return db
 
 
-def write_limits(db: sqlite3.Connection, limits: tuple[int, int]) -> None:
-    """Record a run's round limits in ``meta``; a later run may change them, so they are no part of the identity."""
-    with db:
-        db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
-
-
-def read_limits(db: sqlite3.Connection, table: str) -> tuple[int, int]:
-    """The round limits of the last run; (n, n) for a file made before they were recorded (fixed rounds)."""
-    row = db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
-    if row is not None:
-        lo, hi = (int(x) for x in str(row[0]).split(","))
-        return lo, hi
-    n = int(db.execute(f"SELECT coalesce(max(round), -1) + 1 FROM {table}").fetchone()[0])
-    return n, n
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sample(Generic[K]):
     """One (point, config, round): microseconds per op, or None with the reason it failed."""
@@ -171,10 +145,18 @@ class SampleStore(Generic[K]):
         self.db.close()
 
     def set_limits(self, limits: tuple[int, int]) -> None:
-        write_limits(self.db, limits)
+        """Record a run's round limits in ``meta``; a later run may change them, so they are no part of the identity."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('limits', ?)", (f"{limits[0]},{limits[1]}",))
 
     def limits(self) -> tuple[int, int]:
-        return read_limits(self.db, self.table.name)
+        """The round limits of the last run; (n, n) for a file made before they were recorded (fixed rounds)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
+        if row is not None:
+            lo, hi = (int(x) for x in str(row[0]).split(","))
+            return lo, hi
+        n = int(self.db.execute(f"SELECT coalesce(max(round), -1) + 1 FROM {self.table.name}").fetchone()[0])
+        return n, n
 
     def recorded(self, config: str, round_index: int) -> set[K]:
         """The key of every sample of ``config`` in round ``round_index``, failed ones included."""

@@ -328,11 +328,8 @@ def local_gpu_names() -> list[str]:
         raw = nvml.nvmlDeviceGetName(handle)
         return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
-    found = _nvml_each(name)
-    if found is None:
-        out = _tool_output("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
-        found = [ln.strip() for ln in out.splitlines() if ln.strip()]
-    return found
+    smi = ("--query-gpu=name", "--format=csv,noheader")
+    return _nvml_each(name, smi, lambda out: [ln.strip() for ln in out.splitlines() if ln.strip()])
 
 
 def local_product(arch: str) -> tuple[str, str] | None:
@@ -383,13 +380,15 @@ def _tool_output(name: str, *args: str) -> str:
 _T = TypeVar("_T")
 
 
-def _nvml_each(query: Callable[[ModuleType, object], _T]) -> list[_T] | None:
-    """``query(pynvml, handle)`` for every NVIDIA device; None when pynvml is not importable (use
-    nvidia-smi then), ``[]`` when NVML finds no usable device."""
+def _nvml_each(
+    query: Callable[[ModuleType, object], _T], smi: Sequence[str], parse: Callable[[str], list[_T]]
+) -> list[_T]:
+    """``query(pynvml, handle)`` for every NVIDIA device, ``[]`` when NVML finds no usable device; where pynvml is
+    not importable, ``parse`` of ``nvidia-smi SMI...`` (the driver ships it, so it works without pynvml)."""
     try:
         import pynvml  # from nvidia-ml-py (optional extra)
     except ImportError:
-        return None
+        return parse(_tool_output("nvidia-smi", *smi))
     try:
         pynvml.nvmlInit()
     except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVIDIA GPU here
@@ -414,20 +413,18 @@ def _detect_nvidia() -> list[str]:
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
         return f"sm_{major}{minor}"
 
-    found = _nvml_each(cc)
-    if found is None:  # nvidia-smi: the driver ships it, so it works without pynvml
-        out = _tool_output("nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader")
-        found = [f"sm_{m.group(1)}{m.group(2)}" for m in re.finditer(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)]
-    return found
+    smi = ("--query-gpu=compute_cap", "--format=csv,noheader")
+    return _nvml_each(cc, smi, lambda out: [f"sm_{a}{b}" for a, b in re.findall(r"^\s*(\d+)\.(\d+)\s*$", out, re.M)])
 
 
 def gpu_free_bytes() -> int | None:
     """Free memory summed over the NVIDIA GPUs (llama.cpp splits offloaded layers across them):
     NVML, else nvidia-smi; None when unknown (no NVIDIA GPU, or an AMD one: not queried here)."""
-    free = _nvml_each(lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).free))
-    if free is None:
-        out = _tool_output("nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits")
-        free = [int(m.group(1)) << 20 for m in re.finditer(r"^\s*(\d+)\s*$", out, re.M)]
+    free = _nvml_each(
+        lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).free),
+        ("--query-gpu=memory.free", "--format=csv,noheader,nounits"),
+        lambda out: [int(m) << 20 for m in re.findall(r"^\s*(\d+)\s*$", out, re.M)],
+    )
     return sum(free) if free else None
 
 

@@ -475,9 +475,7 @@ def synth_model(
     )
 
 
-def run_quantize(
-    src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None, threads: int | None = None
-) -> Path:
+def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_file: Path | None = None) -> Path:
     """Quantize ``src`` into ``dst`` with a ``llama-quantize`` binary.
 
     Raises UsageError for an unknown quant type or missing binary, TunerError (with the log's tail) if it fails.
@@ -487,10 +485,7 @@ def run_quantize(
     if not exe.is_file() or not os.access(exe, os.X_OK):
         msg = f"llama-quantize not found or not executable at {exe}. Build it (tuner build) and pass its path to --quantize-with."
         raise UsageError(msg)
-    cmd: list[str | os.PathLike[str]] = [exe, src, dst, q]
-    if threads:
-        cmd.append(str(threads))
-    _run.run(cmd, log_file=log_file, timeout=3600, what="llama-quantize")
+    _run.run([exe, src, dst, q], log_file=log_file, timeout=3600, what="llama-quantize")
     return Path(dst)
 
 

@@ -42,7 +42,7 @@ dequantization as in llama.cpp's ``ggml/src/ggml-quants.c`` ``dequantize_row_*``
 
 from __future__ import annotations
 
-__all__ = ["BLOCK_LAYOUTS", "BlockLayout", "random_blocks", "write_random_blocks"]
+__all__ = ["BLOCK_LAYOUTS", "BlockLayout", "write_random_blocks"]
 
 import dataclasses
 import math
@@ -88,40 +88,28 @@ BLOCK_LAYOUTS: dict[str, BlockLayout] = {
 """The ggml types the direct Q4_K_M, Q5_K_M and IQ4_XS paths write (plan_tensors' types and fallbacks)."""
 
 
-def _layout(ggml_type: str) -> BlockLayout:
-    try:
-        return BLOCK_LAYOUTS[ggml_type]
-    except KeyError:
-        msg = f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}"
-        raise ValueError(msg) from None
-
-
-def random_blocks(ggml_type: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """``n_blocks`` random blocks of ``ggml_type`` as a ``(n_blocks, block bytes)`` uint8 array (ValueError for
-    a type without a layout here)."""
-    lay = _layout(ggml_type)
-    out = np.frombuffer(bytearray(rng.bytes(n_blocks * lay.nbytes)), dtype=np.uint8).reshape(n_blocks, lay.nbytes)
-    for offset, value in lay.halves:
-        out[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
-    return out
-
-
 def write_random_blocks(
     fout: IO[bytes], ggml_type: str, n_elements: int, rng: np.random.Generator, *, chunk_elems: int = 1 << 23
 ) -> int:
-    """Write ``n_elements`` values of random ``ggml_type`` blocks to ``fout``, ``chunk_elems`` at a time.
+    """Write ``n_elements`` values of random ``ggml_type`` blocks to ``fout``, ``chunk_elems`` at a time (each chunk a
+    ``(blocks, block bytes)`` uint8 array: random bytes with the type's fp16 scale fields set).
 
     Returns the number of bytes written; ValueError for a type without a layout here, or ``n_elements`` not a
     whole number of blocks.
     """
-    lay = _layout(ggml_type)
+    if ggml_type not in BLOCK_LAYOUTS:
+        raise ValueError(f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}")
+    lay = BLOCK_LAYOUTS[ggml_type]
     if n_elements % lay.elements:
         raise ValueError(f"{n_elements} values are not a whole number of {ggml_type} blocks of {lay.elements}")
     total = n_elements // lay.elements
     per_chunk = max(1, chunk_elems // lay.elements)
     written = 0
     for start in range(0, total, per_chunk):
-        blocks = random_blocks(ggml_type, min(per_chunk, total - start), rng)
+        n = min(per_chunk, total - start)
+        blocks = np.frombuffer(bytearray(rng.bytes(n * lay.nbytes)), dtype=np.uint8).reshape(n, lay.nbytes)
+        for offset, value in lay.halves:
+            blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
         fout.write(blocks.data)  # no copy; works for files and BytesIO alike
         written += blocks.nbytes
     return written

@@ -11,7 +11,7 @@ results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at 270 against 724 (37%; result
 
 from __future__ import annotations
 
-__all__ = ["ESTIMATE_LABEL", "KV_TYPES", "bytes_per_token", "estimate", "flops_per_token", "tg_roofline_tps"]
+__all__ = ["ESTIMATE_LABEL", "KV_TYPES", "bytes_per_token", "estimate", "flops_per_token"]
 
 import functools
 import os
@@ -221,16 +221,3 @@ def estimate(
             }
             rows.append({**base, "test": f"tg{tg}", "bound_tps": bw * 1e9 / b["total_bytes"], "limit": limit, **sizes})
     return rows
-
-
-def tg_roofline_tps(
-    arch: Arch | str, model_path: str | os.PathLike[str], depth: int, bandwidth: float | None = None
-) -> float:
-    """Decode roofline (tokens/s) of a GGUF at KV depth ``depth``: bandwidth / bytes per token.
-
-    Used by bench rows to report "% of roofline". An estimate, not a measurement. UsageError for an unknown
-    arch, unreadable model, or no bandwidth known and none given.
-    """
-    a = load_arch(arch) if isinstance(arch, str) else arch
-    bw, _ = _bandwidth(a, a.product(), bandwidth)
-    return bw * 1e9 / bytes_per_token(model_path, depth)["total_bytes"]

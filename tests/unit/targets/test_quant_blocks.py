@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tuner.targets.quant_blocks import BLOCK_LAYOUTS, random_blocks, write_random_blocks
+from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
 
 # sizeof() of each block in llama.cpp's ggml/src/ggml-common.h (QK_K = 256)
 HEADER_SIZES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
@@ -16,6 +16,13 @@ HEADER_SIZES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22), "Q5_1"
 # where the fp16 scale fields sit in each struct
 HEADER_HALVES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q5_K": (0, 2),
                  "IQ4_XS": (0,), "IQ4_NL": (0,)}  # fmt: skip
+
+
+def random_blocks(name: str, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_blocks`` blocks of ``name`` as write_random_blocks writes them (one chunk), one row per block."""
+    buf, lay = io.BytesIO(), BLOCK_LAYOUTS.get(name)
+    write_random_blocks(buf, name, n_blocks * (lay.elements if lay else 1), rng)
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8).reshape(n_blocks, -1)
 
 
 @pytest.mark.parametrize("name", sorted(HEADER_SIZES))

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.errors import UsageError
 from tuner.targets.models import load_model_shape, load_models, synth_model
-from tuner.targets.roofline import ESTIMATE_LABEL, bytes_per_token, estimate, flops_per_token, tg_roofline_tps
+from tuner.targets.roofline import ESTIMATE_LABEL, bytes_per_token, estimate, flops_per_token
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "models"
 
@@ -98,13 +98,14 @@ def test_estimate_fp32_on_p40_and_cpu_bandwidth() -> None:
 
 
 def test_tg_roofline_tps(tmp_path: Path) -> None:
+    # the decode bound of a GGUF at depth d: tg=1 puts the run's mean depth at d itself
     shape = load_models(DATA / "micro_models.toml")["micro"]
     res = synth_model(shape, tmp_path / "m.gguf", vocab_path=DATA / "vocab-micro.gguf")
-    tps = tg_roofline_tps("sm_89", res.path, 0)
+    tps = estimate("sm_89", res.path, [0], pp=0, tg=1)[0]["bound_tps"]
     assert tps == pytest.approx(288e9 / bytes_per_token(res.path, 0)["total_bytes"])
-    assert tg_roofline_tps("cpu", res.path, 0, bandwidth=10) < tps
+    assert estimate("cpu", res.path, [0], pp=0, tg=1, bandwidth=10)[0]["bound_tps"] < tps
     with pytest.raises(UsageError, match="does not exist"):
-        tg_roofline_tps("sm_89", tmp_path / "nope.gguf", 0)
+        estimate("sm_89", tmp_path / "nope.gguf", [0], pp=0, tg=1)
 
 
 def test_cli_estimate() -> None:
