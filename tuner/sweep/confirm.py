@@ -190,11 +190,6 @@ class ModelPlan:
         return ("pp",) if self.base else ("pp", "tg")
 
     @property
-    def hook_rules(self) -> tuple[FaRule, ...]:
-        """The entries as the hook's rules: decode rules, or a small-batch pass's ``prefill/../nbN`` rules."""
-        return tuple(r.hook_rule() for r in self.fa_rules)
-
-    @property
     def gate_rules(self) -> tuple[FaRule, ...]:
         """The rules the output gate forces (a batch pass's without their batch key: perplexity runs whole batches)."""
         return tuple(r.hook_rule(widened=True) if self.batch else r.hook_rule() for r in self.fa_rules)
@@ -202,7 +197,8 @@ class ModelPlan:
     @property
     def env(self) -> dict[str, str]:
         """The table's runtime env for this model (empty: the table does not change it)."""
-        out = {"GGML_TUNER_FA_RULES": rules_env(self.hook_rules)} if self.fa_rules else {}
+        # the entries as the hook's rules: decode rules, or a small-batch pass's prefill/../nbN rules
+        out = {"GGML_TUNER_FA_RULES": rules_env(r.hook_rule() for r in self.fa_rules)} if self.fa_rules else {}
         return out | ({mmq.ENV: mmq.mmq_env(self.mmq)} if self.mmq else {})
 
     @property
