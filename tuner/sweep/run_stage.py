@@ -5,17 +5,7 @@ A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of 
 
 from __future__ import annotations
 
-__all__ = [
-    "FaRequest",
-    "Grid",
-    "MmqRequest",
-    "dry_run_fa",
-    "dry_run_mmq",
-    "mmq_hook_reason",
-    "pick_timer",
-    "run_fa",
-    "run_mmq",
-]
+__all__ = ["FaRequest", "Grid", "MmqRequest", "dry_run_fa", "dry_run_mmq", "pick_timer", "run_fa", "run_mmq"]
 
 import dataclasses
 import functools
@@ -222,18 +212,6 @@ def run_fa(req: FaRequest) -> str:
     return "\n".join([*lines, paths])
 
 
-def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
-    """Empty where the build reads GGML_TUNER_MMQ_CHOICES; else why the forced config cannot run."""
-    if mm_bench.mmq_hook_present(bin_dir, log_dir=log_dir, backend=backend):
-        return ""
-    log.warning(
-        f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {backend} (no MMQ hook in its mmq.cu; "
-        f"probe log in {log_dir}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and no "
-        "point gets a verdict. Build a variant with the hook and pass it to --build."
-    )
-    return "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
-
-
 def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
     """The request's points and the type/size pairs left out; UsageError for bad input or no point."""
     cells = mmq.plan_mmq(arch, req.types or mmq.MMQ_TYPES, req.batches or mmq.MMQ_BATCHES)
@@ -269,7 +247,16 @@ def run_mmq(req: MmqRequest) -> str:
         "cuda_graphs": "on" if req.cuda_graphs else "off", **device_identity(bin_dir, req.backend),
     }  # fmt: skip
     with closing(SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)) as store:
-        forced_reason = mmq_hook_reason(bin_dir, req.backend, req.out / "logs" / "hook-probe") if cuda else ""
+        forced_reason, probe = "", req.out / "logs" / "hook-probe"  # why the forced config cannot run, if it cannot
+        if cuda and not mm_bench.mmq_hook_present(bin_dir, log_dir=probe, backend=req.backend):
+            log.warning(
+                f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {req.backend} (no MMQ hook in its mmq.cu; "
+                f"probe log in {probe}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and "
+                "no point gets a verdict. Build a variant with the hook and pass it to --build."
+            )
+            forced_reason = (
+                "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
+            )
         mmq.run_mmq(
             points, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
             log_dir=req.out / "logs", iters=req.iters, cache_mb=req.cache_mb, forced_reason=forced_reason,
