@@ -26,7 +26,6 @@ __all__ = [
     "decide_rules",
     "gate_model",
     "judge_model",
-    "kept_patch",
     "load_table",
     "measure_model",
     "model_points",
@@ -701,13 +700,8 @@ def table_id(table: Table) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
-    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
-    return render_kept(root, conf.kept_rules, conf.kept_mmq, arch)
-
-
 def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
-    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none)."""
+    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)

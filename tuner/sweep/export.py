@@ -340,7 +340,7 @@ def export_table(
             raise UsageError(
                 f"The confirmation ran on a tree of era {', '.join(sorted(eras))}; {src.spec} is {src.era}."
             )
-        patch = confirm.kept_patch(src.root, ev.confirmed, ev.table.arch)
+        patch = confirm.render_kept(src.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
         old = cdir / "upstream.patch"
         if (old.read_text() if old.is_file() else "") != patch:
             raise UsageError(
