@@ -26,7 +26,6 @@ __all__ = [
     "decide_rules",
     "gate_model",
     "judge_model",
-    "kept_patch",
     "load_table",
     "measure_model",
     "model_points",
@@ -190,11 +189,6 @@ class ModelPlan:
         return ("pp",) if self.base else ("pp", "tg")
 
     @property
-    def hook_rules(self) -> tuple[FaRule, ...]:
-        """The entries as the hook's rules: decode rules, or a small-batch pass's ``prefill/../nbN`` rules."""
-        return tuple(r.hook_rule() for r in self.fa_rules)
-
-    @property
     def gate_rules(self) -> tuple[FaRule, ...]:
         """The rules the output gate forces (a batch pass's without their batch key: perplexity runs whole batches)."""
         return tuple(r.hook_rule(widened=True) if self.batch else r.hook_rule() for r in self.fa_rules)
@@ -202,7 +196,8 @@ class ModelPlan:
     @property
     def env(self) -> dict[str, str]:
         """The table's runtime env for this model (empty: the table does not change it)."""
-        out = {"GGML_TUNER_FA_RULES": rules_env(self.hook_rules)} if self.fa_rules else {}
+        # the entries as the hook's rules: decode rules, or a small-batch pass's prefill/../nbN rules
+        out = {"GGML_TUNER_FA_RULES": rules_env(r.hook_rule() for r in self.fa_rules)} if self.fa_rules else {}
         return out | ({mmq.ENV: mmq.mmq_env(self.mmq)} if self.mmq else {})
 
     @property
@@ -705,13 +700,8 @@ def table_id(table: Table) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def kept_patch(root: Path, conf: Confirmed, arch: Arch) -> str:
-    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
-    return render_kept(root, conf.kept_rules, conf.kept_mmq, arch)
-
-
 def render_kept(root: Path, rules: Sequence[TableRule], choices: Sequence[mmq.MmqChoice], arch: Arch) -> str:
-    """Kept entries as a patch on the pristine tree at ``root`` ('' where there are none)."""
+    """``upstream.patch`` of the kept entries on the pristine tree at ``root`` ('' where none is kept)."""
     note = f"Kernel choices measured on {arch.name} and confirmed end to end with llama-bench on model shapes."
     parts = [render_table_patch(root, rules, arch, note=note), mmq.render_mmq_patch(root, choices, arch, note=note)]
     return "".join(p for p in parts if p)

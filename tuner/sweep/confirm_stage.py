@@ -242,7 +242,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
         )
         ops = _backend_ops(conf, bin_dir, backend=r.backend, store=store, log_dir=out / "logs", budget=budget)
     # e2e.md, PR.md and upstream.patch (the kept entries only, on the pristine tree)
-    patch = confirm.kept_patch(src.root, conf, table.arch)
+    patch = confirm.render_kept(src.root, conf.kept_rules, conf.kept_mmq, table.arch)
     out.mkdir(parents=True, exist_ok=True)
     (out / "upstream.patch").unlink(missing_ok=True)
     if patch:

@@ -20,7 +20,6 @@ __all__ = [
     "decompress_file",
     "demoted",
     "export_table",
-    "is_export",
     "load_evidence",
     "manifest_kind",
     "manifest_table",
@@ -157,11 +156,6 @@ def manifest_kind(folder: Path) -> str | None:
     except (OSError, tomllib.TOMLDecodeError):
         return None
     return kind if isinstance(kind, str) else None
-
-
-def is_export(folder: Path) -> bool:
-    """``folder`` holds the manifest of a sweep table export."""
-    return manifest_kind(folder) == KIND
 
 
 def check_out(out: Path, *, kind: str = KIND, what: str = "sweep table export", verb: str = "export") -> None:
@@ -346,7 +340,7 @@ def export_table(
             raise UsageError(
                 f"The confirmation ran on a tree of era {', '.join(sorted(eras))}; {src.spec} is {src.era}."
             )
-        patch = confirm.kept_patch(src.root, ev.confirmed, ev.table.arch)
+        patch = confirm.render_kept(src.root, ev.confirmed.kept_rules, ev.confirmed.kept_mmq, ev.table.arch)
         old = cdir / "upstream.patch"
         if (old.read_text() if old.is_file() else "") != patch:
             raise UsageError(

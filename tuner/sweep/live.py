@@ -18,7 +18,6 @@ __all__ = [
     "Outcome",
     "bench_shape",
     "compose",
-    "estimate_seconds",
     "estimate_text",
     "fa_bench_case_s",
     "judge_sample",
@@ -161,11 +160,6 @@ def fa_bench_case_s(target_ms: int) -> float:
     return FA_BENCH_SETUP_S + FA_BENCH_TARGET_RUNS * target_ms / 1000
 
 
-def estimate_seconds(n_processes: int, n_cases: int, case_s: float = CASE_S, process_s: float = PROCESS_S) -> float:
-    """The estimated time of ``n_processes`` timer processes over ``n_cases`` cases in all."""
-    return n_processes * process_s + n_cases * case_s
-
-
 def estimate_text(
     cells: Sequence[Cell],
     *,
@@ -183,15 +177,16 @@ def estimate_text(
     more_procs = sum(len(round_processes(FA, ch, r)) for ch in chunks for r in range(lo, hi))
     more_cases = round((hi - lo) * open_share * per_round)
     case_s = fa_bench_case_s(target_ms)
-    fa = estimate_seconds(procs + more_procs, cases + more_cases, case_s, FA_BENCH_PROCESS_S)
-    tbo = estimate_seconds(procs + more_procs, cases + more_cases)
+    every = procs + more_procs  # the estimates: processes at their cost, plus cases at theirs
+    fa = every * FA_BENCH_PROCESS_S + (cases + more_cases) * case_s
+    tbo = every * PROCESS_S + (cases + more_cases) * CASE_S
     head = f"sweep run: {len(chunks)} chunks of up to {chunk_size} cells; {rounds_text(limits)}: "
     if hi > lo:
         head += (
             f"{procs} processes and {cases} cases for the first {lo} rounds, then about {more_procs} processes and "
             f"{more_cases} cases (assumed: {open_share:.0%} of the cells still open after {lo} rounds, each to "
             f"{hi}); fixed {hi} rounds would be {hi * per_round} cases, "
-            f"{duration_text(estimate_seconds(procs + more_procs, hi * per_round, case_s, FA_BENCH_PROCESS_S))} with fa-bench"
+            f"{duration_text(every * FA_BENCH_PROCESS_S + hi * per_round * case_s)} with fa-bench"
         )
     else:
         head += f"{procs} processes, {cases} cases"

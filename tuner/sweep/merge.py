@@ -6,18 +6,7 @@ adds other GPU models' confirmations (:func:`tuner.sweep.gpus.join`). See docs/s
 
 from __future__ import annotations
 
-__all__ = [
-    "KIND",
-    "Merged",
-    "Part",
-    "is_merged",
-    "load_parts",
-    "manifest_table",
-    "merge_tables",
-    "merged_patch",
-    "merged_view",
-    "part_dirs",
-]
+__all__ = ["KIND", "Merged", "Part", "load_parts", "manifest_table", "merge_tables", "merged_view", "part_dirs"]
 
 import dataclasses
 import lzma
@@ -96,11 +85,6 @@ class Merged:
         return list(dict.fromkeys([self.parts[0].manifest["target"]["measured_on"], *(g.device for g in self.gpus)]))
 
 
-def is_merged(folder: Path) -> bool:
-    """``folder`` holds the manifest of a merged sweep table."""
-    return export.manifest_kind(folder) == KIND
-
-
 def part_dirs(folder: Path, manifest: dict[str, Any]) -> list[Path]:
     return [folder / PARTS / str(p["name"]) for p in manifest.get("parts", []) if isinstance(p, dict)]
 
@@ -109,7 +93,7 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
     """Each exported table's manifest and evidence (under ``tmp``); UsageError for a folder that is not one."""
     out = []
     for i, f in enumerate(folders):
-        if not export.is_export(f):
+        if export.manifest_kind(f) != export.KIND:
             raise UsageError(
                 f"{f} is not an exported sweep table (no {export.MANIFEST} of kind {export.KIND!r}): pass folders "
                 "written by `tuner sweep export`."
@@ -188,14 +172,6 @@ def merged_view(parts: Sequence[Part], others: Sequence[Confirmation] = ()) -> M
         joined=tuple(joined),
         gpus=tuple(others),
     )
-
-
-def merged_patch(root: Path, merged: Merged) -> str:
-    """Every part's kept entries on the pristine tree at ``root`` ('' where no part kept one)."""
-    try:
-        return confirm.render_kept(root, merged.confirmed.kept_rules, merged.confirmed.kept_mmq, merged.table.arch)
-    except TunerError as err:  # entries of two parts that overlap (the renderer checks)
-        raise UsageError(f"The parts' kept entries cannot form one table: {err}") from err
 
 
 def manifest_table(merged: Merged) -> dict[str, list[str]]:
@@ -330,7 +306,11 @@ def merge_tables(
                 f"{src.spec} is source {src.source_id}; the tables were measured on {first['source_id']} "
                 f"({first['spec']}). Pass --source with that tree."
             )
-        patch = merged_patch(src.root, merged)
+        try:  # every part's kept entries on the pristine tree ('' where no part kept one)
+            kept = merged.confirmed
+            patch = confirm.render_kept(src.root, kept.kept_rules, kept.kept_mmq, merged.table.arch)
+        except TunerError as err:  # entries of two parts that overlap (the renderer checks)
+            raise UsageError(f"The parts' kept entries cannot form one table: {err}") from err
         for p in merged.parts:
             _copy_part(p.folder, stage / PARTS / p.name)
         gpu_records = []

@@ -35,7 +35,6 @@ __all__ = [
     "blas_env",
     "block_size",
     "compose_mmq",
-    "hook_block",
     "like_sizes",
     "match_mmq",
     "mmq_dry_run_text",
@@ -162,11 +161,6 @@ _HOOK_MANIFEST = "mmq-hook"
 _HOOK_TEMPLATE = "patches/mma/mmq-hook.cu.j2"
 
 
-def hook_block() -> str:
-    """The hook's C++ (parser, table and lookup) as :func:`patched_mmq_hook` puts it before the function."""
-    return render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook")
-
-
 def _function(root: Path) -> tuple[str, int, int]:
     path = root / MMQ_FILE
     if not path.is_file():
@@ -233,7 +227,8 @@ def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, no
 
 def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
     """A host-only C++ program around a patched mmq.cu's hook, to compare it with :func:`match_mmq`."""
-    start = patched.find(hook_block().splitlines()[0])
+    # the hook's C++ (parser, table and lookup) as patched_mmq_hook puts it before the function
+    start = patched.find(render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook").splitlines()[0])
     fn = patched.find("static int ggml_tuner_mmq_choose(", start)
     end = patched.find("\n}\n", fn)
     if start < 0 or fn < 0 or end < 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["fa_speedups", "mmq_speedups", "plot_fa", "plot_mmq"]
+__all__ = ["plot_fa", "plot_mmq"]
 
 import math
 import statistics
@@ -31,24 +31,6 @@ def _medians(samples: Iterable[Sample[K]]) -> dict[tuple[K, str], float]:
     return {k: statistics.median(v) for k, v in by.items()}
 
 
-def fa_speedups(
-    cells: Sequence[Cell], samples: Iterable[Sample[FaKey]], rules: Sequence[TableRule]
-) -> dict[FaKey, tuple[str, float]]:
-    """Per cell: the table's kernel and its speedup over upstream's (NaN where either was not measured)."""
-    med = _medians(samples)
-    out = {}
-    for c in cells:
-        s = c.shape
-        rule = next(
-            (r for r in rules if (r.D, r.gqa, r.kv, r.ne1) == (s.D, s.gqa, s.kv, s.ne1) and r.covers(c.n_kv)), None
-        )
-        kernel = rule.kernel if rule else c.upstream
-        base = med.get(((s, c.n_kv), DEFAULT), math.nan)
-        mine = base if rule is None or kernel == c.upstream else med.get(((s, c.n_kv), kernel), math.nan)
-        out[(s, c.n_kv)] = (kernel, base / mine if mine else math.nan)
-    return out
-
-
 def plot_fa(
     cells: Sequence[Cell], samples: Sequence[Sample[FaKey]], rules: Sequence[TableRule], out_dir: Path
 ) -> list[Path]:
@@ -56,7 +38,17 @@ def plot_fa(
     plt = pyplot()
     from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
 
-    sp = fa_speedups(cells, samples, rules)
+    med = _medians(samples)
+    sp: dict[FaKey, tuple[str, float]] = {}  # per cell: the table's kernel, its speedup over upstream's (or NaN)
+    for c in cells:
+        s = c.shape
+        rule = next(
+            (r for r in rules if (r.D, r.gqa, r.kv, r.ne1) == (s.D, s.gqa, s.kv, s.ne1) and r.covers(c.n_kv)), None
+        )
+        kernel = rule.kernel if rule else c.upstream
+        base = med.get(((s, c.n_kv), DEFAULT), math.nan)
+        tuned = base if rule is None or kernel == c.upstream else med.get(((s, c.n_kv), kernel), math.nan)
+        sp[(s, c.n_kv)] = (kernel, base / tuned if tuned else math.nan)
     out = []
     for D, ne1 in sorted({(c.shape.D, c.shape.ne1) for c in cells}, key=lambda k: (k[1] != 1, k)):
         kvs = sorted({c.shape.kv for c in cells if (c.shape.D, c.shape.ne1) == (D, ne1)})
@@ -84,8 +76,8 @@ def plot_fa(
     return out
 
 
-def mmq_speedups(samples: Iterable[Sample[MmqKey]]) -> dict[tuple[str, int], float]:
-    """(type, batch size) -> cuBLAS's speedup over MMQ: geometric mean over sizes of median ratios."""
+def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[MmqChoice]], path: Path) -> Path | None:
+    """``mmq.png``: cuBLAS over MMQ per type and batch size, composed choices marked; None without data."""
     med = _medians(samples)
     logs: dict[tuple[str, int], list[float]] = defaultdict(list)
     for (key, cfg), base in med.items():
@@ -93,12 +85,8 @@ def mmq_speedups(samples: Iterable[Sample[MmqKey]]) -> dict[tuple[str, int], flo
         blas = med.get((key, "BLAS"))
         if cfg == DEFAULT and blas:
             logs[(t, n)].append(math.log(base / blas))
-    return {k: math.exp(statistics.fmean(v)) for k, v in logs.items()}
-
-
-def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[MmqChoice]], path: Path) -> Path | None:
-    """``mmq.png``: cuBLAS over MMQ per type and batch size, composed choices marked; None without data."""
-    sp = mmq_speedups(samples)
+    # (type, batch size) -> cuBLAS's speedup over MMQ: geometric mean over sizes of median ratios
+    sp = {k: math.exp(statistics.fmean(v)) for k, v in logs.items()}
     if not sp:
         return None
     plt = pyplot()

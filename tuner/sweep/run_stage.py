@@ -5,24 +5,13 @@ A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of 
 
 from __future__ import annotations
 
-__all__ = [
-    "FaRequest",
-    "Grid",
-    "MmqRequest",
-    "dry_run_fa",
-    "dry_run_mmq",
-    "for_arch",
-    "mmq_hook_reason",
-    "pick_timer",
-    "run_fa",
-    "run_mmq",
-]
+__all__ = ["FaRequest", "Grid", "MmqRequest", "dry_run_fa", "dry_run_mmq", "pick_timer", "run_fa", "run_mmq"]
 
 import dataclasses
 import functools
 from contextlib import closing
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 from tuner import log, source
 from tuner.errors import TunerError, UsageError
@@ -122,14 +111,6 @@ class MmqRequest(_Request):
     cuda_graphs: bool
 
 
-_R = TypeVar("_R", "FaRequest", "MmqRequest")
-
-
-def for_arch(req: _R, arch: Arch) -> _R:
-    """``req`` with its backend as ggml names it on ``arch`` (:func:`tuner.sweep.build.gpu_backend`)."""
-    return dataclasses.replace(req, backend=gpu_backend(arch, req.backend))
-
-
 def dry_run_fa(req: FaRequest) -> str:
     """What ``tuner sweep run`` would time for ``req``, with its estimate; nothing built or run."""
     arch = load_arch(req.arch)
@@ -180,11 +161,22 @@ def _write(out: Path, patch: str | None, report: str) -> str:
     return f"report: {out / 'report.md'}" + (f"\npatch: {out / 'upstream.patch'}" if patch else "")
 
 
+def _summary(title: str, entries: list[str], none: str, n: int, n_gap: int, *, fa: bool) -> list[str]:
+    """The summary's entries (or why there are none) and its counts of cells (``fa``) or points with a verdict."""
+    noun, bad = ("cell", "mismatched") if fa else ("point", "missing")
+    lines = [f"{title} ({len(entries)}):", *(f"  {e}" for e in entries)]
+    lines += [] if entries else [f"  none: {none}"]
+    lines.append(f"{noun}s with a verdict: {n - n_gap} of {n}")
+    if n_gap:
+        lines.append(f"{noun}s without a verdict: {n_gap} (a failed or {bad} sample; report.md lists each and why)")
+    return lines
+
+
 def run_fa(req: FaRequest) -> str:
     """``tuner sweep run``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
-    req = for_arch(req, arch)
+    req = dataclasses.replace(req, backend=gpu_backend(arch, req.backend))  # as ggml names it on arch
     cells = req.grid.cells(arch)
     require_gpu(arch, req.backend, f"tuner sweep run --arch {arch.name} --dry-run")
     bin_dir, target_ms = req.bin_dir(), req.target
@@ -215,25 +207,9 @@ def run_fa(req: FaRequest) -> str:
     paths = _write(
         req.out, patch, live.report_text(outcome, cells, limits=req.limits, identity=identity, patch=bool(patch))
     )
-    n, n_gap = len(cells), outcome.n_gaps
-    lines = [f"rules ({len(outcome.rules)}):", *(f"  {r.text}" for r in outcome.rules)]
-    lines += [] if outcome.rules else [f"  none: {live.no_rules_text(outcome)}"]
-    lines.append(f"cells with a verdict: {n - n_gap} of {n}")
-    if n_gap:
-        lines.append(f"cells without a verdict: {n_gap} (a failed or mismatched sample; report.md lists each and why)")
+    rules = [r.text for r in outcome.rules]
+    lines = _summary("rules", rules, live.no_rules_text(outcome), len(cells), outcome.n_gaps, fa=True)
     return "\n".join([*lines, paths])
-
-
-def mmq_hook_reason(bin_dir: Path, backend: str, log_dir: Path) -> str:
-    """Empty where the build reads GGML_TUNER_MMQ_CHOICES; else why the forced config cannot run."""
-    if mm_bench.mmq_hook_present(bin_dir, log_dir=log_dir, backend=backend):
-        return ""
-    log.warning(
-        f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {backend} (no MMQ hook in its mmq.cu; "
-        f"probe log in {log_dir}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and no "
-        "point gets a verdict. Build a variant with the hook and pass it to --build."
-    )
-    return "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
 
 
 def _mmq_points(req: MmqRequest, arch: Arch) -> tuple[list[mmq.MmqPoint], list[tuple[str, int, int]]]:
@@ -261,7 +237,7 @@ def run_mmq(req: MmqRequest) -> str:
     """``tuner sweep mmq``'s stage (module doc); UsageError (nothing measured) for bad input."""
     budget = Budget.counted_from(None, req.time_budget)  # the clock starts first
     arch = load_arch(req.arch)
-    req = for_arch(req, arch)
+    req = dataclasses.replace(req, backend=gpu_backend(arch, req.backend))  # as ggml names it on arch
     points, skipped = _mmq_points(req, arch)
     require_gpu(arch, req.backend, f"tuner sweep mmq --arch {arch.name} --dry-run")
     bin_dir, cuda = req.bin_dir(), req.backend.upper().startswith(("CUDA", "ROCM"))  # a GPU backend: a choice
@@ -271,7 +247,16 @@ def run_mmq(req: MmqRequest) -> str:
         "cuda_graphs": "on" if req.cuda_graphs else "off", **device_identity(bin_dir, req.backend),
     }  # fmt: skip
     with closing(SampleStore(mmq.MMQ_TABLE, req.storage_path, identity)) as store:
-        forced_reason = mmq_hook_reason(bin_dir, req.backend, req.out / "logs" / "hook-probe") if cuda else ""
+        forced_reason, probe = "", req.out / "logs" / "hook-probe"  # why the forced config cannot run, if it cannot
+        if cuda and not mm_bench.mmq_hook_present(bin_dir, log_dir=probe, backend=req.backend):
+            log.warning(
+                f"The build in {bin_dir} ignores GGML_TUNER_MMQ_CHOICES on {req.backend} (no MMQ hook in its mmq.cu; "
+                f"probe log in {probe}): cuBLAS cannot be forced, so only upstream's config and its A/A twin run and "
+                "no point gets a verdict. Build a variant with the hook and pass it to --build."
+            )
+            forced_reason = (
+                "not run: the build has no MMQ hook (GGML_TUNER_MMQ_CHOICES is ignored), so cuBLAS cannot be forced"
+            )
         mmq.run_mmq(
             points, limits=req.limits, store=store, bin_dir=bin_dir, backend=req.backend,
             log_dir=req.out / "logs", iters=req.iters, cache_mb=req.cache_mb, forced_reason=forced_reason,
@@ -292,12 +277,8 @@ def run_mmq(req: MmqRequest) -> str:
         outcome, points, limits=req.limits, identity=identity, skipped=skipped, patch=bool(patch)
     )
     paths = _write(req.out, patch, report)
-    n, n_gap = len(points), outcome.n_gaps
-    lines = [f"choices ({len(outcome.choices)}):", *(f"  {c.text}" for c in outcome.choices)]
-    lines += [] if outcome.choices else [f"  none: {mmq.no_choice_text(outcome)}"]
-    lines.append(f"points with a verdict: {n - n_gap} of {n}")
-    if n_gap:
-        lines.append(f"points without a verdict: {n_gap} (a failed or missing sample; report.md lists each and why)")
+    choices = [c.text for c in outcome.choices]
+    lines = _summary("choices", choices, mmq.no_choice_text(outcome), len(points), outcome.n_gaps, fa=False)
     if skipped:
         lines.append(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
     return "\n".join([*lines, paths])

@@ -70,10 +70,8 @@ class TableRule:
         """The entry as the runtime hook's rule: decode at ``Q->ne[1] = 1``, else prefill keyed to its batch
         (``nb``). ``widened``: every n_kv and, for a batch entry, every batch (test-backend-ops, the gate)."""
         lo, hi = (0, None) if widened else (self.lo, self.hi)
-        if self.ne1 == 1:
-            return FaRule(phase=Phase.DECODE, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv)
-        nb = None if widened else self.ne1
-        return FaRule(phase=Phase.PREFILL, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv, nb=nb)
+        phase, nb = (Phase.DECODE, None) if self.ne1 == 1 else (Phase.PREFILL, None if widened else self.ne1)
+        return FaRule(phase=phase, lo=lo, hi=hi, kernel=self.kernel, D=self.D, gqa=self.gqa, kv=self.kv, nb=nb)
 
 
 def match_table(

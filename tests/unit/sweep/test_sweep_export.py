@@ -115,7 +115,8 @@ def _confirmed(
         store.close()
     import tuner.source
 
-    patch = confirm.kept_patch(tuner.source.fetch_source().root, conf, table.arch)  # the arch the sweep recorded
+    root = tuner.source.fetch_source().root
+    patch = confirm.render_kept(root, conf.kept_rules, conf.kept_mmq, table.arch)  # the arch the sweep recorded
     if patch:
         (out / "upstream.patch").write_text(patch)
     (out / "e2e.md").write_text(e2e_text(conf, identity={"build": "b"}, rounds=4))
