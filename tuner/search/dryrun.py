@@ -40,7 +40,7 @@ from tuner.search.request import PlannedSearch, SearchRequest, check_variants, p
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.source import DEFAULT_SPEC, Source
 from tuner.targets.host import host_cpus
-from tuner.targets.models import load_gguf_shape, load_model_shape
+from tuner.targets.models import ModelShape, load_gguf_shape, load_model_shape
 from tuner.targets.target import Target
 
 
@@ -86,19 +86,6 @@ class DryRunReport:
     @property
     def ok(self) -> bool:
         return all(c["status"] in ("ok", "skipped", "not applicable") for c in self.compile_checks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for ``--json``."""
-        return {
-            "arch": self.arch,
-            "era": self.era,
-            "variants": dict(self.variants),
-            "rows": [dict(r) for r in self.rows],
-            "legal": self.legal,
-            "total": self.total,
-            "compile_checks": [dict(c) for c in self.compile_checks],
-            "plan": dict(self.plan),
-        }
 
 
 def _row_key(k: Knob) -> tuple[object, ...]:
@@ -358,28 +345,27 @@ def plan_stages(
     *,
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
-    context_length: int | None,
-    d_model: int,
+    shape: ModelShape,
     rebuild_s: float | None,
     n_variants: int,
     pinned: Sequence[str] = (),
     screen_method: str = "llama-bench",
-    head_dim: int | None = None,
     here: Here | None = None,
 ) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
-    space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
+    space, ``inputs`` and the model's ``shape``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
     ``rebuild_s``: a compile-time candidate's rebuild from this dry run's compile check (None: tune builds are
     left out of the time). ``here``: this machine's recorded costs and caches (None: nothing cached).
     """
     costs = load_step_costs()
-    rec = nearest_recording(costs, d_model)
+    rec = nearest_recording(costs, shape.d_model)
     here = here or Here()
     if (local := here.prices.get("call_depth")) is not None:  # this machine's own figure replaces the recording's
         rec = {**rec, "bench_call_depth_s": local.seconds, "screen_call_depth_s": local.seconds}
         rec |= {"bench_source": local.source, "screen_source": local.source}
     per_depth = float(rec["bench_call_depth_s"])
+    context_length = shape.context_length
     depths = [d for d in inputs.depths if not context_length or d <= context_length]
     if len(depths) < len(inputs.depths):
         log.warning(
@@ -394,7 +380,7 @@ def plan_stages(
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
     stages = [here.model_stage.copy()] if here.model_stage else []
     stages += _screen_stages(kernels, inputs, depths, rec, (rmin, rmax), use_kernel)
-    knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
+    knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=shape.head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
     stages.append(_tune_stage(knobs, trials, n_compile, len(inputs.tune_depths or depths), per_depth, case_s))
@@ -651,13 +637,11 @@ def run_dry_run(
         space,
         kernels=kernels,
         inputs=inputs,
-        context_length=shape.context_length,
-        d_model=shape.d_model,
+        shape=shape,
         rebuild_s=next((c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")), None),
         n_variants=len(renderable),
         pinned=tuple(sets or {}),
         screen_method=method,
-        head_dim=shape.head_dim,
         here=None if planned is None else here_for(target, source, inputs, shape, renderable),
     )
     keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
@@ -674,7 +658,7 @@ def run_dry_run(
         compile_checks=tuple(checks),
         plan=plan,
     )
-    click.echo(json.dumps(rep.to_dict(), indent=2) if as_json else render(rep))
+    click.echo(json.dumps(dataclasses.asdict(rep), indent=2) if as_json else render(rep))
     if not rep.ok:  # the real run's build would fail the same way: a plan that cannot run is not exit 0
         bad = [c["variant"] for c in rep.compile_checks if c["status"] == "failed"]
         raise TunerError(
