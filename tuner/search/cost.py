@@ -170,13 +170,11 @@ def local_prices(
     out: dict[str, Price] = {}
     same = [(f, d) for f, d in docs if _same_shape(d, shape)]
     builds = [(float(d["cost"]["build_s"]), f) for f, d in same or docs if float(d["cost"].get("build_s", 0)) > 60]
-    if builds:
-        s, f = max(builds)
-        out["full_build"] = Price(s, f"{f}: [cost] build_s (on this machine, {device})", True)
     models = [(float(d["cost"]["model_s"]), f) for f, d in same if d["cost"].get("model_s")]
-    if models:
-        s, f = max(models)
-        out["model"] = Price(s, f"{f}: [cost] model_s (on this machine, {device})", True)
+    for key, field, found in (("full_build", "build_s", builds), ("model", "model_s", models)):
+        if found:
+            s, f = max(found)
+            out[key] = Price(s, f"{f}: [cost] {field} (on this machine, {device})", True)
     for f, d in same:
         c, m = d["cost"], d.get("model") or {}
         depths: Sequence[int] = m.get("depths") or ()

@@ -89,15 +89,12 @@ def run_residency_gate(run: SearchRun, outcome: SearchOutcome, probe: Probe | No
             st.set_residency(ckey, rec)
     if rec is None:
 
-        def live(b: Build, e: Mapping[str, str], a: Sequence[str], d: Path) -> Residency:
-            d.mkdir(parents=True, exist_ok=True)
-            return probes.run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
-
-        given = probe or live
-
         def counted(b: Build, e: Mapping[str, str], a: Sequence[str], d: Path) -> Residency:
             st.add_llama_bench_calls(1)  # each probe is one llama-bench call
-            return given(b, e, a, d)
+            if probe is not None:
+                return probe(b, e, a, d)
+            d.mkdir(parents=True, exist_ok=True)
+            return probes.run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
 
         same = (
             not rules

@@ -292,22 +292,19 @@ def _fail_and_requeue(
     return True
 
 
-def _pid_dead_here(worker: str) -> bool:
-    host, _, pid = str(worker).rpartition(":")
-    if host != platform.node() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # EPERM: it exists as another user
-        return False
-    return False
-
-
 def _orphan(t: optuna.trial.FrozenTrial) -> bool:
-    """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
-    the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
+    """A RUNNING trial whose ``worker`` is a dead PID of this host, or that names no worker and started longer ago
+    than the heartbeat's grace period: its asker lost the storage between asking and recording itself (no
+    heartbeat either), so nothing else would ever fail it."""
+    host, _, pid = str(trial_attr(t, "worker", "")).rpartition(":")
+    if host == platform.node() and pid.isdigit() and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # EPERM: it exists as another user
+            return False
+        return False
     start = getattr(t, "datetime_start", None)
     if trial_attr(t, "worker") or start is None:
         return False
@@ -324,7 +321,7 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -
         stale = set(storage._get_stale_trial_ids(study._study_id))
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")) and not _orphan(t):
+        if t._trial_id not in stale and not _orphan(t):
             continue
         why = f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured"
         try:
