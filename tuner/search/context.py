@@ -43,7 +43,7 @@ from tuner.rounds.joint import Measure
 from tuner.rounds.output_gate import GateCheck
 from tuner.search.cost import counted, full_build_seconds, nearest_recording
 from tuner.search.device_guard import device_checked
-from tuner.search.kernel_screen import make_kernel_measure
+from tuner.search.kernel_screen import KernelMeasure
 from tuner.search.study import SearchConfig
 from tuner.study.record import StudyHeader, TunedTrial
 from tuner.study.state import StudyState
@@ -253,7 +253,7 @@ def kernel_factory(run: SearchRun) -> MeasureFactory:
     cfg = run.cfg
 
     def make(b: Build) -> Measure:
-        return make_kernel_measure(
+        return KernelMeasure(
             b.bin_dir,
             run.header.shape,
             pp=cfg.pp,
