@@ -555,35 +555,6 @@ def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]
         )
 
 
-def _plan_screen(
-    target: Target,
-    space: SearchSpace,
-    sets: Mapping[str, str],
-    n_layers: int,
-    inputs: PlanInputs,
-    kernels: Mapping[str, Sequence[str]],
-) -> str:
-    """The screen's tool the search would pick; UsageError for ``--screen kernel`` where the search refuses it."""
-    fixed = coerce_pins(space, sets)
-    _, base_args = pinned_runtime(space, fixed)
-    method = screen_method(
-        inputs.screen,
-        arch=target.arch.name,
-        vendor=target.arch.vendor,
-        gpu=not target.is_cpu,
-        has_kernels=any(kernels.values()),
-        base_args=base_args,
-        n_layers=n_layers,
-        cpu_mask=inputs.cpu_mask,
-    )
-    log.info(
-        f"Screen: {method}"
-        + (f" (pinned llama-bench arguments: {' '.join(base_args)})" if base_args else "")
-        + (f", --cpu-mask {','.join(map(str, inputs.cpu_mask))}" if inputs.cpu_mask is not None else "")
-    )
-    return method
-
-
 def run_dry_run(
     *,
     target: Target,
@@ -620,7 +591,23 @@ def run_dry_run(
         check_variants(space.variants, planned.variants, a.name, source.era)
     tn.check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
     kernels = {p: kernels_for(space, p) for p in PHASES}
-    method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
+    # the screen's tool the search would pick; UsageError for `--screen kernel` where the search refuses it
+    _, base_args = pinned_runtime(space, coerce_pins(space, sets or {}))
+    method = screen_method(
+        inputs.screen,
+        arch=a.name,
+        vendor=a.vendor,
+        gpu=not target.is_cpu,
+        has_kernels=any(kernels.values()),
+        base_args=base_args,
+        n_layers=shape.n_layers,
+        cpu_mask=inputs.cpu_mask,
+    )
+    log.info(
+        f"Screen: {method}"
+        + (f" (pinned llama-bench arguments: {' '.join(base_args)})" if base_args else "")
+        + (f", --cpu-mask {','.join(map(str, inputs.cpu_mask))}" if inputs.cpu_mask is not None else "")
+    )
     wanted = [v for v in space.variants if not variants or v in variants]
     vstatus: dict[str, str] = {}
     for v in wanted:
