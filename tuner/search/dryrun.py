@@ -595,9 +595,7 @@ def run_dry_run(
     _, base_args = pinned_runtime(space, coerce_pins(space, sets or {}))
     method = screen_method(
         inputs.screen,
-        arch=a.name,
-        vendor=a.vendor,
-        gpu=not target.is_cpu,
+        target=target,
         has_kernels=any(kernels.values()),
         base_args=base_args,
         n_layers=shape.n_layers,

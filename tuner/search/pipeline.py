@@ -499,9 +499,7 @@ def _screen_method(
         return recorded
     asked = screen_method(
         asked,
-        arch=cfg.arch,
-        vendor=cfg.target.arch.vendor,
-        gpu=not cfg.target.is_cpu,
+        target=cfg.target,
         has_kernels=any(kernels.values()),
         base_args=base_args,
         n_layers=n_layers,

@@ -120,6 +120,7 @@ class _Arch:
 class _Target:
     arch: _Arch
     is_cpu: bool = False
+    name: str = "sm_90"
 
 
 @dataclasses.dataclass
@@ -152,7 +153,7 @@ def test_auto_picks_the_kernel_level_only_where_it_stands_for_llama_bench() -> N
         (_Cfg(GPU, cpu_mask=(0, 1)), (), False),
         (_Cfg(GPU), (), True),  # a test's or replay's measure
         (_Cfg(_Target(_Arch("amd"))), (), False),
-        (_Cfg(_Target(_Arch("cpu"), is_cpu=True)), (), False),
+        (_Cfg(_Target(_Arch("cpu"), is_cpu=True, name="cpu")), (), False),
     ):
         assert _pick(StudyState(_Study()), cfg, args, custom=custom) == METHOD_BENCH
 
@@ -162,7 +163,7 @@ def test_a_study_keeps_its_screen_tool_and_bad_asks_are_refused() -> None:
     assert _pick(old, _Cfg(GPU)) == METHOD_BENCH
     with pytest.raises(UsageError, match="--screen llama-bench"):
         _pick(old, _Cfg(GPU, screen_method=METHOD_KERNEL))
-    cpu = _Cfg(_Target(_Arch("cpu"), is_cpu=True), screen_method=METHOD_KERNEL, arch="cpu")
+    cpu = _Cfg(_Target(_Arch("cpu"), is_cpu=True, name="cpu"), screen_method=METHOD_KERNEL, arch="cpu")
     with pytest.raises(UsageError, match="--screen llama-bench"):
         _pick(StudyState(_Study()), cpu, kernels={"tg": [], "pp": []})
 
