@@ -229,48 +229,43 @@ def _run_locked(
             st.add_seconds(stage, seconds)
             st.add_seconds("total", seconds)
     with _timed(st, "total"):
-        return _run_stages(run)
-
-
-def _run_stages(run: SearchRun) -> SearchOutcome:
-    cfg, st = run.cfg, run.st
-    with _timed(st, "build"):
-        build = run.builds.get(run.base_variant, {})
-    upstream_gate(run, build)
-    run = repack_probe(run, build)  # upstream dies of llama.cpp's AMX kernels on some hosts: --repack 0 there
-    method = _screen_method(
-        run.st, cfg, run.kernels, run.base_args, custom_measure=run.custom is not None, n_layers=run.shape.n_layers
-    )
-    measure = run.factory(build) if method == METHOD_BENCH else cx.kernel_factory(run)(build)
-    log.info(
-        plan_text(
-            phases=PHASES,
-            depths=cfg.depths,
-            n_cands={p: len(ks) + 1 + (0 if ks else 1) for p, ks in run.kernels.items()},
-            rounds=(cfg.min_rounds, cfg.max_rounds),
-            trials=cfg.trials,
-            confirm_depths=len(confirm_depths(run)),
-            shared=isinstance(measure, SharedMeasure),
-            method=method,
+        with _timed(st, "build"):
+            build = run.builds.get(run.base_variant, {})
+        upstream_gate(run, build)
+        run = repack_probe(run, build)  # upstream dies of llama.cpp's AMX kernels on some hosts: --repack 0 there
+        method = _screen_method(
+            run.st, cfg, run.kernels, run.base_args, custom_measure=run.custom is not None, n_layers=run.shape.n_layers
         )
-    )
-    if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=run.header.shape)) is not None:
-        log.info(past)
-    with _timed(st, "screen"):
-        decisions = screen_stage(run, method, measure)
-    rules = compose_stage(run, decisions)
-    with _timed(st, "tune"):
-        proposal = tune_stage(run, rules)
-    with _timed(st, "confirm"):
-        outcome = run_confirm(run, proposal)
-    with _timed(st, "residency"):
-        outcome = run_residency_gate(run, outcome)
-    with _timed(st, "equivalence"):
-        outcome = run_output_gate(run, outcome)
-    result = outcome.result_json()
-    require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
-    st.set_result(result)
-    return load_outcome(run.study)
+        measure = run.factory(build) if method == METHOD_BENCH else cx.kernel_factory(run)(build)
+        log.info(
+            plan_text(
+                phases=PHASES,
+                depths=cfg.depths,
+                n_cands={p: len(ks) + 1 + (0 if ks else 1) for p, ks in run.kernels.items()},
+                rounds=(cfg.min_rounds, cfg.max_rounds),
+                trials=cfg.trials,
+                confirm_depths=len(confirm_depths(run)),
+                shared=isinstance(measure, SharedMeasure),
+                method=method,
+            )
+        )
+        if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=run.header.shape)) is not None:
+            log.info(past)
+        with _timed(st, "screen"):
+            decisions = screen_stage(run, method, measure)
+        rules = compose_stage(run, decisions)
+        with _timed(st, "tune"):
+            proposal = tune_stage(run, rules)
+        with _timed(st, "confirm"):
+            outcome = run_confirm(run, proposal)
+        with _timed(st, "residency"):
+            outcome = run_residency_gate(run, outcome)
+        with _timed(st, "equivalence"):
+            outcome = run_output_gate(run, outcome)
+        result = outcome.result_json()
+        require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
+        st.set_result(result)
+        return load_outcome(run.study)
 
 
 def upstream_gate(run: SearchRun, build: Build) -> GateResult:
