@@ -20,7 +20,6 @@ __all__ = [
     "cpu_rejection",
     "fail_interrupted",
     "gate_kernels",
-    "interrupt_trial",
     "knob_phases",
     "paired_objectives",
     "pick",
@@ -260,17 +259,6 @@ def count_done(study: optuna.Study) -> int:
     return n
 
 
-def interrupt_trial(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured",
-) -> None:
-    """Fail an interrupted trial of this process and queue its parameters again; best effort, so that a second
-    error never hides the interruption."""
-    with contextlib.suppress(Exception):
-        _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
-
-
 def _fail_and_requeue(
     study: optuna.Study,
     storage: optuna.storages.BaseStorage,
@@ -352,8 +340,11 @@ def asked_trial(
         with sto.trial_heartbeat(storage, trial._trial_id):
             yield trial
     except BaseException:
-        if trial is not None:
-            interrupt_trial(study, trial)
+        # fail it and queue its parameters again; best effort, so that a second error never hides the interruption
+        with contextlib.suppress(Exception):
+            if trial is not None:
+                why = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
+                _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
         raise
 
 
