@@ -63,7 +63,7 @@ class _Checked(TypedDict):
 
 
 class CompileCheck(_Checked, total=False):
-    """One variant's compile check (:func:`_compile_sample`): ``why`` where it did not pass, else its time."""
+    """One variant's compile check (:func:`_compile_checks`): ``why`` where it did not pass, else its time."""
 
     why: str
     seconds: float
@@ -440,66 +440,49 @@ def plan_stages(
     }
 
 
-def _compile_sample(
-    source: Source,
-    arch: str,
-    variant: str,
-    sample: Mapping[str, Any],
-    *,
-    only_selector: bool = False,
-    skip: str | None = None,
-    cpu: bool = False,
-    what: str = "",
-) -> CompileCheck:
-    rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
-    objs = check_objects(rv, source.root, cpu=cpu)
-    if objs is None:  # a check that cannot apply is not a failure
-        why = f"this tree has none of the CPU backend's TUs {', '.join(CPU_CHECK_OBJECTS)}"
-        log.info(f"Compile check of {variant}: not applicable: {why}")
-        return {"variant": variant, "status": "not applicable", "objects": [], "why": why}
-    if only_selector and not cpu:
-        # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
-        # check proves something was compiled for the target.
-        objs = objs[:1] if rv.era == "mma" else objs[:2]
-    if skip is not None:  # say skipped: a ✓ would claim a check that did not run
-        log.info(f"Compile check of {variant} ({what}): skipped: {skip}")
-        return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
-    try:
-        with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
-            b = cmake.build_variant(rv, compile_only=True, objects=objs)
-    except TunerError as err:
-        return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
-    return {
-        "variant": variant,
-        "status": "ok",
-        "objects": objs,
-        "seconds": round(b.seconds, 1),
-        "values": dict(sample),
-        "offload": dict(b.meta.get("offload_targets", {})),
-    }
-
-
 def _compile_checks(
     source: Source, target: Target, rows: Sequence[SpaceRow], renderable: Sequence[str]
 ) -> list[CompileCheck]:
     samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
-    skip = _skip_reason(target.arch.vendor)
+    skip, cpu = _skip_reason(target.arch.vendor), target.is_cpu
     # The first variant compiles the sample candidates' TUs too; the others differ only in
     # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
     whats = ("upstream + one legal candidate per row", "the patched selector TU")
-    return [
-        _compile_sample(
-            source,
-            target.arch.name,
-            v,
-            {} if i else samples,
-            only_selector=i > 0,
-            skip=skip,
-            cpu=target.is_cpu,
-            what="the CPU backend's FLASH_ATTN_EXT TU" if target.is_cpu else whats[min(i, 1)],
+    out: list[CompileCheck] = []
+    for i, variant in enumerate(renderable):
+        sample, what = {} if i else samples, "the CPU backend's FLASH_ATTN_EXT TU" if cpu else whats[min(i, 1)]
+        rv = render_variant(source, target.arch.name, variant, compile_values=dict(sample), local_archs=[])
+        objs = check_objects(rv, source.root, cpu=cpu)
+        if objs is None:  # a check that cannot apply is not a failure
+            why = f"this tree has none of the CPU backend's TUs {', '.join(CPU_CHECK_OBJECTS)}"
+            log.info(f"Compile check of {variant}: not applicable: {why}")
+            out.append({"variant": variant, "status": "not applicable", "objects": [], "why": why})
+            continue
+        if i > 0 and not cpu:
+            # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
+            # check proves something was compiled for the target.
+            objs = objs[:1] if rv.era == "mma" else objs[:2]
+        if skip is not None:  # say skipped: a ✓ would claim a check that did not run
+            log.info(f"Compile check of {variant} ({what}): skipped: {skip}")
+            out.append({"variant": variant, "status": "skipped", "objects": objs, "why": skip})
+            continue
+        try:
+            with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
+                b = cmake.build_variant(rv, compile_only=True, objects=objs)
+        except TunerError as err:
+            out.append({"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]})
+            continue
+        out.append(
+            {
+                "variant": variant,
+                "status": "ok",
+                "objects": objs,
+                "seconds": round(b.seconds, 1),
+                "values": dict(sample),
+                "offload": dict(b.meta.get("offload_targets", {})),
+            }
         )
-        for i, v in enumerate(renderable)
-    ]
+    return out
 
 
 def _skip_reason(vendor: str) -> str | None:
