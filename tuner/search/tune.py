@@ -260,23 +260,18 @@ def count_done(study: optuna.Study) -> int:
 
 
 def _fail_and_requeue(
-    study: optuna.Study,
-    storage: optuna.storages.BaseStorage,
-    trial_id: int,
-    params: Mapping[str, Any],
-    number: int,
-    why: str,
+    study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.Trial | optuna.trial.FrozenTrial, why: str
 ) -> bool:
     """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already.
 
     A trial cut inside ``ask`` holds only the values sampled before the cut, perhaps none: its retry is queued
     all the same, repeating those and sampling the rest, so every cut-off trial has one retry that names it."""
-    write_trial_in_storage(storage, trial_id, status=INTERRUPTED, reason=why)
-    if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+    write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
+    if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+        study.enqueue_trial(dict(trial.params), user_attrs=retry_attrs(trial.number))
     return True
 
 
@@ -313,7 +308,7 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -
             continue
         why = f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured"
         try:
-            if _fail_and_requeue(study, storage, t._trial_id, t.params, t.number, why):
+            if _fail_and_requeue(study, storage, t, why):
                 out.append(t.number)
         except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
             continue
@@ -344,7 +339,7 @@ def asked_trial(
         with contextlib.suppress(Exception):
             if trial is not None:
                 why = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
-                _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
+                _fail_and_requeue(study, study._storage, trial, why)
         raise
 
 
