@@ -32,7 +32,6 @@ from tuner._hash import stable_hash
 from tuner.builder import cmake
 from tuner.measure import gate as tbo
 from tuner.plan import render
-from tuner.plan.derive import Legal
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import SearchSpace
 from tuner.plan.variant import Build
@@ -118,7 +117,6 @@ class SearchRun:
     header: StudyHeader
     space: SearchSpace
     """The space with this machine's threads/-ngl values."""
-    legal: Mapping[str, Legal]
     variants: tuple[str, ...]
     """The variants searched, upstream's first."""
     fixed: Mapping[str, object]

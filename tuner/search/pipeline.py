@@ -199,7 +199,6 @@ def _search_run(
         st=st,
         header=header,
         space=checked.space,
-        legal=checked.legal,
         variants=checked.variants,
         fixed=checked.fixed,
         shape=checked.shape,

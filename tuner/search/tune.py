@@ -382,7 +382,6 @@ class _Trials:
     """What every trial of one tune stage shares."""
 
     knobs: tuple[Knob, ...]
-    dists: Mapping[str, optuna.distributions.BaseDistribution]
     rule_env: Mapping[str, str]
     ref: Candidate
     factory: MeasureFactory
@@ -404,7 +403,6 @@ def tune_stage(run: SearchRun, rules: Sequence[FaRule]) -> Proposal:
     rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
     trials = _Trials(
         knobs=tuple(knobs),
-        dists=dists,
         rule_env=rule_env,
         ref=Candidate(name="composed", env={**run.base_env, **rule_env}, args=run.base_args),
         factory=trial_factory(
