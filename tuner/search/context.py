@@ -32,7 +32,6 @@ from tuner._hash import stable_hash
 from tuner.builder import cmake
 from tuner.measure import gate as tbo
 from tuner.plan import render
-from tuner.plan.derive import Legal
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import SearchSpace
 from tuner.plan.variant import Build
@@ -43,7 +42,7 @@ from tuner.rounds.joint import Measure
 from tuner.rounds.output_gate import GateCheck
 from tuner.search.cost import counted, full_build_seconds, nearest_recording
 from tuner.search.device_guard import device_checked
-from tuner.search.kernel_screen import make_kernel_measure
+from tuner.search.kernel_screen import KernelMeasure
 from tuner.search.study import SearchConfig
 from tuner.study.record import StudyHeader, TunedTrial
 from tuner.study.state import StudyState
@@ -118,7 +117,6 @@ class SearchRun:
     header: StudyHeader
     space: SearchSpace
     """The space with this machine's threads/-ngl values."""
-    legal: Mapping[str, Legal]
     variants: tuple[str, ...]
     """The variants searched, upstream's first."""
     fixed: Mapping[str, object]
@@ -253,7 +251,7 @@ def kernel_factory(run: SearchRun) -> MeasureFactory:
     cfg = run.cfg
 
     def make(b: Build) -> Measure:
-        return make_kernel_measure(
+        return KernelMeasure(
             b.bin_dir,
             run.header.shape,
             pp=cfg.pp,

@@ -129,16 +129,6 @@ def this_cpu_device() -> str:
     return f"CPU backend ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
 
 
-def _local_docs(arch: str, device: str, results: Path, runs: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Stored results of ``arch`` and run dirs' exports measured on ``device``, with a ``[cost]``."""
-    files = [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]
-    return [
-        (f, doc)
-        for f, doc in _cost_docs(files)
-        if isinstance(t := doc.get("target"), Mapping) and t.get("arch") == arch and t.get("measured_on") == device
-    ]
-
-
 def _cost_docs(files: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
     """The records of ``files`` that have a ``[cost]``; an unreadable one only loses the plan its figures."""
     out = []
@@ -166,17 +156,22 @@ def local_prices(
     ``full_build`` (the longest build over a minute, of the same model shape if any: a resumed run's cached build
     counts seconds), ``model`` (the synthesis of the same shape) and ``call_depth`` (a llama-bench call per depth,
     of the same shape and pp/tg). Keys are left out where nothing recorded them."""
-    docs = _local_docs(arch, device, results, runs if runs is not None else default_run_dir("x").parent)
+    runs = runs if runs is not None else default_run_dir("x").parent
+    # stored results of arch and run dirs' exports measured on device, with a [cost]
+    files = [*sorted((results / arch).glob("*/config.toml")), *sorted(runs.glob("*/export/config.toml"))]
+    docs = [
+        (f, doc)
+        for f, doc in _cost_docs(files)
+        if isinstance(t := doc.get("target"), Mapping) and t.get("arch") == arch and t.get("measured_on") == device
+    ]
     out: dict[str, Price] = {}
     same = [(f, d) for f, d in docs if _same_shape(d, shape)]
     builds = [(float(d["cost"]["build_s"]), f) for f, d in same or docs if float(d["cost"].get("build_s", 0)) > 60]
-    if builds:
-        s, f = max(builds)
-        out["full_build"] = Price(s, f"{f}: [cost] build_s (on this machine, {device})", True)
     models = [(float(d["cost"]["model_s"]), f) for f, d in same if d["cost"].get("model_s")]
-    if models:
-        s, f = max(models)
-        out["model"] = Price(s, f"{f}: [cost] model_s (on this machine, {device})", True)
+    for key, field, found in (("full_build", "build_s", builds), ("model", "model_s", models)):
+        if found:
+            s, f = max(found)
+            out[key] = Price(s, f"{f}: [cost] {field} (on this machine, {device})", True)
     for f, d in same:
         c, m = d["cost"], d.get("model") or {}
         depths: Sequence[int] = m.get("depths") or ()

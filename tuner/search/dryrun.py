@@ -40,7 +40,7 @@ from tuner.search.request import PlannedSearch, SearchRequest, check_variants, p
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.source import DEFAULT_SPEC, Source
 from tuner.targets.host import host_cpus
-from tuner.targets.models import load_gguf_shape, load_model_shape
+from tuner.targets.models import ModelShape, load_gguf_shape, load_model_shape
 from tuner.targets.target import Target
 
 
@@ -63,7 +63,7 @@ class _Checked(TypedDict):
 
 
 class CompileCheck(_Checked, total=False):
-    """One variant's compile check (:func:`_compile_sample`): ``why`` where it did not pass, else its time."""
+    """One variant's compile check (:func:`_compile_checks`): ``why`` where it did not pass, else its time."""
 
     why: str
     seconds: float
@@ -86,19 +86,6 @@ class DryRunReport:
     @property
     def ok(self) -> bool:
         return all(c["status"] in ("ok", "skipped", "not applicable") for c in self.compile_checks)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for ``--json``."""
-        return {
-            "arch": self.arch,
-            "era": self.era,
-            "variants": dict(self.variants),
-            "rows": [dict(r) for r in self.rows],
-            "legal": self.legal,
-            "total": self.total,
-            "compile_checks": [dict(c) for c in self.compile_checks],
-            "plan": dict(self.plan),
-        }
 
 
 def _row_key(k: Knob) -> tuple[object, ...]:
@@ -358,28 +345,27 @@ def plan_stages(
     *,
     kernels: Mapping[str, Sequence[str]],
     inputs: PlanInputs,
-    context_length: int | None,
-    d_model: int,
+    shape: ModelShape,
     rebuild_s: float | None,
     n_variants: int,
     pinned: Sequence[str] = (),
     screen_method: str = "llama-bench",
-    head_dim: int | None = None,
     here: Here | None = None,
 ) -> dict[str, Any]:
     """The stages :func:`tuner.search.pipeline.run_pipeline` runs on the target, with counts from the
-    space and ``inputs``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
+    space, ``inputs`` and the model's ``shape``, and a time range (fewest rounds .. most rounds) from the recorded step costs.
 
     ``rebuild_s``: a compile-time candidate's rebuild from this dry run's compile check (None: tune builds are
     left out of the time). ``here``: this machine's recorded costs and caches (None: nothing cached).
     """
     costs = load_step_costs()
-    rec = nearest_recording(costs, d_model)
+    rec = nearest_recording(costs, shape.d_model)
     here = here or Here()
     if (local := here.prices.get("call_depth")) is not None:  # this machine's own figure replaces the recording's
         rec = {**rec, "bench_call_depth_s": local.seconds, "screen_call_depth_s": local.seconds}
         rec |= {"bench_source": local.source, "screen_source": local.source}
     per_depth = float(rec["bench_call_depth_s"])
+    context_length = shape.context_length
     depths = [d for d in inputs.depths if not context_length or d <= context_length]
     if len(depths) < len(inputs.depths):
         log.warning(
@@ -394,7 +380,7 @@ def plan_stages(
     case_s = float(rec["kernel_case_s"]) if use_kernel else None
     stages = [here.model_stage.copy()] if here.model_stage else []
     stages += _screen_stages(kernels, inputs, depths, rec, (rmin, rmax), use_kernel)
-    knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=head_dim, patterns=inputs.tune_knobs)
+    knobs = tn.tunable_knobs(space, {k: True for k in pinned}, head_dim=shape.head_dim, patterns=inputs.tune_knobs)
     n_compile = sum(1 for k in knobs if k in space.compile_knobs)
     trials = inputs.trials if knobs else 0
     stages.append(_tune_stage(knobs, trials, n_compile, len(inputs.tune_depths or depths), per_depth, case_s))
@@ -454,66 +440,49 @@ def plan_stages(
     }
 
 
-def _compile_sample(
-    source: Source,
-    arch: str,
-    variant: str,
-    sample: Mapping[str, Any],
-    *,
-    only_selector: bool = False,
-    skip: str | None = None,
-    cpu: bool = False,
-    what: str = "",
-) -> CompileCheck:
-    rv = render_variant(source, arch, variant, compile_values=dict(sample), local_archs=[])
-    objs = check_objects(rv, source.root, cpu=cpu)
-    if objs is None:  # a check that cannot apply is not a failure
-        why = f"this tree has none of the CPU backend's TUs {', '.join(CPU_CHECK_OBJECTS)}"
-        log.info(f"Compile check of {variant}: not applicable: {why}")
-        return {"variant": variant, "status": "not applicable", "objects": [], "why": why}
-    if only_selector and not cpu:
-        # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
-        # check proves something was compiled for the target.
-        objs = objs[:1] if rv.era == "mma" else objs[:2]
-    if skip is not None:  # say skipped: a ✓ would claim a check that did not run
-        log.info(f"Compile check of {variant} ({what}): skipped: {skip}")
-        return {"variant": variant, "status": "skipped", "objects": objs, "why": skip}
-    try:
-        with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
-            b = cmake.build_variant(rv, compile_only=True, objects=objs)
-    except TunerError as err:
-        return {"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]}
-    return {
-        "variant": variant,
-        "status": "ok",
-        "objects": objs,
-        "seconds": round(b.seconds, 1),
-        "values": dict(sample),
-        "offload": dict(b.meta.get("offload_targets", {})),
-    }
-
-
 def _compile_checks(
     source: Source, target: Target, rows: Sequence[SpaceRow], renderable: Sequence[str]
 ) -> list[CompileCheck]:
     samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
-    skip = _skip_reason(target.arch.vendor)
+    skip, cpu = _skip_reason(target.arch.vendor), target.is_cpu
     # The first variant compiles the sample candidates' TUs too; the others differ only in
     # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
     whats = ("upstream + one legal candidate per row", "the patched selector TU")
-    return [
-        _compile_sample(
-            source,
-            target.arch.name,
-            v,
-            {} if i else samples,
-            only_selector=i > 0,
-            skip=skip,
-            cpu=target.is_cpu,
-            what="the CPU backend's FLASH_ATTN_EXT TU" if target.is_cpu else whats[min(i, 1)],
+    out: list[CompileCheck] = []
+    for i, variant in enumerate(renderable):
+        sample, what = {} if i else samples, "the CPU backend's FLASH_ATTN_EXT TU" if cpu else whats[min(i, 1)]
+        rv = render_variant(source, target.arch.name, variant, compile_values=dict(sample), local_archs=[])
+        objs = check_objects(rv, source.root, cpu=cpu)
+        if objs is None:  # a check that cannot apply is not a failure
+            why = f"this tree has none of the CPU backend's TUs {', '.join(CPU_CHECK_OBJECTS)}"
+            log.info(f"Compile check of {variant}: not applicable: {why}")
+            out.append({"variant": variant, "status": "not applicable", "objects": [], "why": why})
+            continue
+        if i > 0 and not cpu:
+            # era rocwmma's fattn.cu is host code only; add the first TU with device code so the
+            # check proves something was compiled for the target.
+            objs = objs[:1] if rv.era == "mma" else objs[:2]
+        if skip is not None:  # say skipped: a ✓ would claim a check that did not run
+            log.info(f"Compile check of {variant} ({what}): skipped: {skip}")
+            out.append({"variant": variant, "status": "skipped", "objects": objs, "why": skip})
+            continue
+        try:
+            with log.step(f"Compile-checking {variant} ({what})"):  # a failure shows ✕, never ✓
+                b = cmake.build_variant(rv, compile_only=True, objects=objs)
+        except TunerError as err:
+            out.append({"variant": variant, "status": "failed", "objects": objs, "why": str(err)[:1500]})
+            continue
+        out.append(
+            {
+                "variant": variant,
+                "status": "ok",
+                "objects": objs,
+                "seconds": round(b.seconds, 1),
+                "values": dict(sample),
+                "offload": dict(b.meta.get("offload_targets", {})),
+            }
         )
-        for i, v in enumerate(renderable)
-    ]
+    return out
 
 
 def _skip_reason(vendor: str) -> str | None:
@@ -569,35 +538,6 @@ def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]
         )
 
 
-def _plan_screen(
-    target: Target,
-    space: SearchSpace,
-    sets: Mapping[str, str],
-    n_layers: int,
-    inputs: PlanInputs,
-    kernels: Mapping[str, Sequence[str]],
-) -> str:
-    """The screen's tool the search would pick; UsageError for ``--screen kernel`` where the search refuses it."""
-    fixed = coerce_pins(space, sets)
-    _, base_args = pinned_runtime(space, fixed)
-    method = screen_method(
-        inputs.screen,
-        arch=target.arch.name,
-        vendor=target.arch.vendor,
-        gpu=not target.is_cpu,
-        has_kernels=any(kernels.values()),
-        base_args=base_args,
-        n_layers=n_layers,
-        cpu_mask=inputs.cpu_mask,
-    )
-    log.info(
-        f"Screen: {method}"
-        + (f" (pinned llama-bench arguments: {' '.join(base_args)})" if base_args else "")
-        + (f", --cpu-mask {','.join(map(str, inputs.cpu_mask))}" if inputs.cpu_mask is not None else "")
-    )
-    return method
-
-
 def run_dry_run(
     *,
     target: Target,
@@ -634,7 +574,21 @@ def run_dry_run(
         check_variants(space.variants, planned.variants, a.name, source.era)
     tn.check_patterns(space, inputs.tune_knobs)  # the search refuses a glob that matches nothing; so does its plan
     kernels = {p: kernels_for(space, p) for p in PHASES}
-    method = _plan_screen(target, space, sets or {}, shape.n_layers, inputs, kernels)
+    # the screen's tool the search would pick; UsageError for `--screen kernel` where the search refuses it
+    _, base_args = pinned_runtime(space, coerce_pins(space, sets or {}))
+    method = screen_method(
+        inputs.screen,
+        target=target,
+        has_kernels=any(kernels.values()),
+        base_args=base_args,
+        n_layers=shape.n_layers,
+        cpu_mask=inputs.cpu_mask,
+    )
+    log.info(
+        f"Screen: {method}"
+        + (f" (pinned llama-bench arguments: {' '.join(base_args)})" if base_args else "")
+        + (f", --cpu-mask {','.join(map(str, inputs.cpu_mask))}" if inputs.cpu_mask is not None else "")
+    )
     wanted = [v for v in space.variants if not variants or v in variants]
     vstatus: dict[str, str] = {}
     for v in wanted:
@@ -651,13 +605,11 @@ def run_dry_run(
         space,
         kernels=kernels,
         inputs=inputs,
-        context_length=shape.context_length,
-        d_model=shape.d_model,
+        shape=shape,
         rebuild_s=next((c["seconds"] for c in checks if c["status"] == "ok" and c.get("values")), None),
         n_variants=len(renderable),
         pinned=tuple(sets or {}),
         screen_method=method,
-        head_dim=shape.head_dim,
         here=None if planned is None else here_for(target, source, inputs, shape, renderable),
     )
     keys = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
@@ -674,7 +626,7 @@ def run_dry_run(
         compile_checks=tuple(checks),
         plan=plan,
     )
-    click.echo(json.dumps(rep.to_dict(), indent=2) if as_json else render(rep))
+    click.echo(json.dumps(dataclasses.asdict(rep), indent=2) if as_json else render(rep))
     if not rep.ok:  # the real run's build would fail the same way: a plan that cannot run is not exit 0
         bad = [c["variant"] for c in rep.compile_checks if c["status"] == "failed"]
         raise TunerError(

@@ -89,15 +89,12 @@ def run_residency_gate(run: SearchRun, outcome: SearchOutcome, probe: Probe | No
             st.set_residency(ckey, rec)
     if rec is None:
 
-        def live(b: Build, e: Mapping[str, str], a: Sequence[str], d: Path) -> Residency:
-            d.mkdir(parents=True, exist_ok=True)
-            return probes.run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
-
-        given = probe or live
-
         def counted(b: Build, e: Mapping[str, str], a: Sequence[str], d: Path) -> Residency:
             st.add_llama_bench_calls(1)  # each probe is one llama-bench call
-            return given(b, e, a, d)
+            if probe is not None:
+                return probe(b, e, a, d)
+            d.mkdir(parents=True, exist_ok=True)
+            return probes.run_residency(b.bin_dir, cfg.model, env=e, args=a, log_dir=d)
 
         same = (
             not rules
@@ -151,19 +148,16 @@ def run_output_gate(run: SearchRun, outcome: SearchOutcome) -> SearchOutcome:
     )
     ckey = config_key(rules, vals)
 
-    def real(c: og.GateCheck, ub: Build, fb: Build, wd: Path) -> Mapping[str, Any]:
-        return og.run_gate_check(c, ub, fb, wd, model=cfg.model, run_dir=cfg.run_dir, jobs=cfg.jobs)
-
-    check_one = run.equivalence or real
     check_s = run.price("equivalence_check_s")
 
     def run_one(c: og.GateCheck) -> Mapping[str, Any]:
         run.budget.fits(check_s, f"the output-equivalence check {c.name}")
         wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
         up = run.builds.get(fin.base_variant, {})
-        return check_one(
-            c, up, up if c.name.startswith(og.BAND) else run.builds.get(fin.variant, fin.compile_values), wd
-        )
+        fb = up if c.name.startswith(og.BAND) else run.builds.get(fin.variant, fin.compile_values)
+        if run.equivalence is not None:  # a test's or the replay's stand-in for llama-perplexity
+            return run.equivalence(c, up, fb, wd)
+        return og.run_gate_check(c, up, fb, wd, model=cfg.model, run_dir=cfg.run_dir, jobs=cfg.jobs)
 
     kernels = run.kernels
     with log.step(

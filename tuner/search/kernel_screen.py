@@ -11,7 +11,7 @@ row; prefill's last micro-batch reads ``pad256(d + pp)`` cells with ``min(pp, ub
 
 from __future__ import annotations
 
-__all__ = ["METHOD_BENCH", "METHOD_KERNEL", "kernel_shape", "make_kernel_measure"]
+__all__ = ["METHOD_BENCH", "METHOD_KERNEL", "KernelMeasure", "kernel_shape"]
 
 import dataclasses
 import re
@@ -54,19 +54,24 @@ def kernel_shape(
 _DEVICE = re.compile(r"Device description:\s*(.+)")
 
 
-@dataclasses.dataclass(kw_only=True, eq=False)  # a measure is itself, not its settings
-class _KernelMeasure:
-    """A screen measure (one phase per call) with ``joint`` (several phases per process) and ``info``."""
+@dataclasses.dataclass(eq=False)  # a measure is itself, not its settings
+class KernelMeasure:
+    """The screen measure for the build in ``bin_dir`` (one phase per call) with ``joint`` (several phases per
+    process) and ``info``; the pinned ``bench_args``' ``-ub`` sets the prefill rows."""
 
     bin_dir: Path
-    shape: dict[str, int]
+    shape: Mapping[str, int]
+    _: dataclasses.KW_ONLY
     pp: int
     tg: int
     kv_type: str
-    ubatch: int
+    bench_args: Sequence[str] = ()
     log_dir: Path
-    backend: str
+    backend: str = "CUDA0"
     info: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ubatch = _ubatch(self.bench_args)
 
     def joint(
         self, cand: Candidate, phases: Sequence[str], depths: Sequence[int], label: str
@@ -109,27 +114,3 @@ class _KernelMeasure:
             return
         if m:
             self.info["device"] = m.group(1).strip()
-
-
-def make_kernel_measure(
-    bin_dir: Path,
-    shape: Mapping[str, int],
-    *,
-    pp: int,
-    tg: int,
-    kv_type: str,
-    bench_args: Sequence[str] = (),
-    log_dir: Path,
-    backend: str = "CUDA0",
-) -> _KernelMeasure:
-    """The screen measure for the build in ``bin_dir``; the pinned ``bench_args``' ``-ub`` sets the prefill rows."""
-    return _KernelMeasure(
-        bin_dir=Path(bin_dir),
-        shape=dict(shape),
-        pp=pp,
-        tg=tg,
-        kv_type=kv_type,
-        ubatch=_ubatch(bench_args),
-        log_dir=Path(log_dir),
-        backend=backend,
-    )

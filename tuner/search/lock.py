@@ -135,13 +135,9 @@ def _study_key(study: str) -> str:
     return hashlib.sha256(b"tuner search\0" + study.encode()).hexdigest()[:16]
 
 
-def _sqlite_path(storage_url: str) -> Path:
-    # sqlite:////abs/x.db and sqlite:///rel.db (check_storage_url has refused in-memory and bad forms)
-    return Path(os.path.realpath(storage_url.partition("?")[0].split("://", 1)[1][1:]))
-
-
 def study_lock_path(storage_url: str, study: str) -> Path:
-    db = _sqlite_path(storage_url)
+    # sqlite:////abs/x.db and sqlite:///rel.db (check_storage_url has refused in-memory and bad forms)
+    db = Path(os.path.realpath(storage_url.partition("?")[0].split("://", 1)[1][1:]))
     return db.with_name(f"{db.name}.study-{_study_key(study)}.lock")
 
 

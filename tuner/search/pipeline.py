@@ -45,7 +45,6 @@ from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
-from tuner.source import Source
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
 from tuner.study.state import RESUME_CHECKED, StudyState
 from tuner.study.storage import make_storage
@@ -138,7 +137,7 @@ def _checked(cfg: SearchConfig) -> _Checked:
         )
     fixed = coerce_pins(space, cfg.fixed)
     shape = load_gguf_shape(Path(cfg.model))  # an unreadable or non-llama GGUF is a UsageError there
-    _check_depths(cfg.depths, shape)
+    check_depths(cfg.depths, shape.context_length)
     return _Checked(space=space, legal=legal, variants=variants, fixed=fixed, shape=shape)
 
 
@@ -191,7 +190,7 @@ def _search_run(
     study's), and every value the stages share resolved once."""
     study, storage = opened or _open_study(cfg)
     st = StudyState(study)
-    header = _record_attrs(st, cfg, cfg.source, shape_ints(checked.shape), checked.legal)
+    header = _record_attrs(st, cfg, shape_ints(checked.shape), checked.legal)
     base_env, base_args = pinned_runtime(checked.space, checked.fixed)
     return SearchRun(
         cfg=cfg,
@@ -200,7 +199,6 @@ def _search_run(
         st=st,
         header=header,
         space=checked.space,
-        legal=checked.legal,
         variants=checked.variants,
         fixed=checked.fixed,
         shape=checked.shape,
@@ -230,45 +228,43 @@ def _run_locked(
             st.add_seconds(stage, seconds)
             st.add_seconds("total", seconds)
     with _timed(st, "total"):
-        return _run_stages(run)
-
-
-def _run_stages(run: SearchRun) -> SearchOutcome:
-    cfg, st = run.cfg, run.st
-    with _timed(st, "build"):
-        build = run.builds.get(run.base_variant, {})
-    upstream_gate(run, build)
-    run = repack_probe(run, build)  # upstream dies of llama.cpp's AMX kernels on some hosts: --repack 0 there
-    screener = _screener(run, build)
-    log.info(
-        plan_text(
-            phases=PHASES,
-            depths=cfg.depths,
-            n_cands={p: len(ks) + 1 + (0 if ks else 1) for p, ks in run.kernels.items()},
-            rounds=(cfg.min_rounds, cfg.max_rounds),
-            trials=cfg.trials,
-            confirm_depths=len(confirm_depths(run)),
-            shared=isinstance(screener.measure, SharedMeasure),
-            method=screener.method,
+        with _timed(st, "build"):
+            build = run.builds.get(run.base_variant, {})
+        upstream_gate(run, build)
+        run = repack_probe(run, build)  # upstream dies of llama.cpp's AMX kernels on some hosts: --repack 0 there
+        method = _screen_method(
+            run.st, cfg, run.kernels, run.base_args, custom_measure=run.custom is not None, n_layers=run.shape.n_layers
         )
-    )
-    if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=run.header.shape)) is not None:
-        log.info(past)
-    with _timed(st, "screen"):
-        decisions = screen_stage(run, screener)
-    rules = compose_stage(run, decisions)
-    with _timed(st, "tune"):
-        proposal = tune_stage(run, rules)
-    with _timed(st, "confirm"):
-        outcome = run_confirm(run, proposal)
-    with _timed(st, "residency"):
-        outcome = run_residency_gate(run, outcome)
-    with _timed(st, "equivalence"):
-        outcome = run_output_gate(run, outcome)
-    result = outcome.result_json()
-    require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
-    st.set_result(result)
-    return load_outcome(run.study)
+        measure = run.factory(build) if method == METHOD_BENCH else cx.kernel_factory(run)(build)
+        log.info(
+            plan_text(
+                phases=PHASES,
+                depths=cfg.depths,
+                n_cands={p: len(ks) + 1 + (0 if ks else 1) for p, ks in run.kernels.items()},
+                rounds=(cfg.min_rounds, cfg.max_rounds),
+                trials=cfg.trials,
+                confirm_depths=len(confirm_depths(run)),
+                shared=isinstance(measure, SharedMeasure),
+                method=method,
+            )
+        )
+        if (past := past_cost_line(cfg.arch, trials=cfg.trials, shape=run.header.shape)) is not None:
+            log.info(past)
+        with _timed(st, "screen"):
+            decisions = screen_stage(run, method, measure)
+        rules = compose_stage(run, decisions)
+        with _timed(st, "tune"):
+            proposal = tune_stage(run, rules)
+        with _timed(st, "confirm"):
+            outcome = run_confirm(run, proposal)
+        with _timed(st, "residency"):
+            outcome = run_residency_gate(run, outcome)
+        with _timed(st, "equivalence"):
+            outcome = run_output_gate(run, outcome)
+        result = outcome.result_json()
+        require_finite(result, f"the search's result for {cfg.model}")  # never store (or export) a NaN t/s
+        st.set_result(result)
+        return load_outcome(run.study)
 
 
 def upstream_gate(run: SearchRun, build: Build) -> GateResult:
@@ -280,21 +276,6 @@ def upstream_gate(run: SearchRun, build: Build) -> GateResult:
             f"log: {res.log}. Nothing was measured."
         )
     return res
-
-
-@dataclasses.dataclass(frozen=True)
-class Screener:
-    """What times the screen: ``method`` (:func:`_screen_method`) and its measure of upstream's build."""
-
-    method: str
-    measure: Measure
-
-
-def _screener(run: SearchRun, build: Build) -> Screener:
-    method = _screen_method(
-        run.st, run.cfg, run.kernels, run.base_args, custom_measure=run.custom is not None, n_layers=run.shape.n_layers
-    )
-    return Screener(method, run.factory(build) if method == METHOD_BENCH else cx.kernel_factory(run)(build))
 
 
 def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int, int], target_ci: float) -> list[str]:
@@ -319,19 +300,20 @@ def reopen_raised_caps(st: StudyState, depths: Sequence[int], rounds: tuple[int,
     return reopened
 
 
-def screen_stage(run: SearchRun, screener: Screener) -> dict[str, list[comp.Decision]]:
-    """The screen and compose of each phase (resumable), with boundaries refined (:func:`_refine_steps`).
+def screen_stage(run: SearchRun, method: str, measure: Measure) -> dict[str, list[comp.Decision]]:
+    """The screen and compose of each phase (resumable), with boundaries refined (:func:`_refine_steps`):
+    ``measure`` times upstream's build by ``method`` (:func:`_screen_method`).
 
     Phases not yet done are first screened together in shared llama-bench calls where the measure can; each
     phase then refines its own boundaries alone. A round that would end past the budget is not started, judged
     by the measured rounds or else by a screen call's price (:func:`tuner.search.cost.priced_screen_call`)."""
-    cfg, st, budget, measure = run.cfg, run.st, run.budget, screener.measure
+    cfg, st, budget = run.cfg, run.st, run.budget
     rounds = (cfg.min_rounds, cfg.max_rounds)
-    priced = priced_screen_call(run.shape.d_model, cfg.depths, kernel=screener.method == METHOD_KERNEL)
+    priced = priced_screen_call(run.shape.d_model, cfg.depths, kernel=method == METHOD_KERNEL)
     cands = {p: candidates_for(p, ks, base_env=run.base_env, base_args=run.base_args) for p, ks in run.kernels.items()}
     decisions: dict[str, list[comp.Decision]] = {}
     reopen_raised_caps(st, cfg.depths, rounds, cfg.ci_target)
-    refine = _refine_steps(cfg, screener.method)
+    refine = _refine_steps(cfg, method)
     todo = [p for p in PHASES if not st.screen_done(p)]
     if isinstance(measure, SharedMeasure) and len(todo) > 1:
         with log.step(
@@ -437,14 +419,11 @@ def _resolved_space(cfg: SearchConfig, space: sp.SearchSpace) -> tuple[sp.Search
     return resolved, legal
 
 
-def _check_depths(depths: Sequence[int], shape: ModelShape) -> None:
-    check_depths(depths, shape.context_length)
-
-
 def _record_attrs(
-    st: StudyState, cfg: SearchConfig, source: Source, shape: Mapping[str, int], legal: Mapping[str, Legal]
+    st: StudyState, cfg: SearchConfig, shape: Mapping[str, int], legal: Mapping[str, Legal]
 ) -> StudyHeader:
     """The study's header for this run, recorded (a resumed study's checked against it, :data:`RESUME_CHECKED`)."""
+    source = cfg.source
     header = StudyHeader(
         name=cfg.study,
         pipeline=PIPELINE_VERSION,
@@ -514,9 +493,7 @@ def _screen_method(
         return recorded
     asked = screen_method(
         asked,
-        arch=cfg.arch,
-        vendor=cfg.target.arch.vendor,
-        gpu=not cfg.target.is_cpu,
+        target=cfg.target,
         has_kernels=any(kernels.values()),
         base_args=base_args,
         n_layers=n_layers,

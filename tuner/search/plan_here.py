@@ -30,8 +30,8 @@ class Stage(TypedDict):
     cost: str
 
 
-class ModelInputs(Protocol):
-    """The model settings of a search or its plan."""
+class RunInputs(Protocol):
+    """The model settings and tokens of a search or its plan."""
 
     @property
     def model(self) -> Path | None: ...
@@ -39,11 +39,6 @@ class ModelInputs(Protocol):
     def quant(self) -> str | None: ...
     @property
     def direct(self) -> bool: ...
-
-
-class RunInputs(ModelInputs, Protocol):
-    """A plan's model settings and tokens."""
-
     @property
     def pp(self) -> int: ...
     @property
@@ -73,7 +68,7 @@ def check_objects(rv: RenderedVariant, root: Path, *, cpu: bool) -> list[str] | 
     return objs or None
 
 
-def model_stage(inputs: ModelInputs, shape: ModelShape, source: Source, prices: Mapping[str, Price]) -> Stage:
+def model_stage(inputs: RunInputs, shape: ModelShape, source: Source, prices: Mapping[str, Price]) -> Stage:
     """The model step before the study opens: nothing for --model, a cached file, or its synthesis (and
     llama-quantize for --quant), priced."""
 

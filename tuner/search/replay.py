@@ -101,11 +101,6 @@ def objective(grid: ReplayGrid, config: Mapping[str, str], weights: Mapping[str,
     return math.exp(num / den)
 
 
-def _configs(grid: ReplayGrid) -> list[dict[str, str]]:
-    phases = [p for p in ("pp", "tg") if (p, "default") in grid.samples]
-    return [dict(zip(phases, combo)) for combo in itertools.product(*(grid.kernels(p) for p in phases))]
-
-
 def sample_efficiency(
     grid: ReplayGrid,
     *,
@@ -116,11 +111,11 @@ def sample_efficiency(
 ) -> dict[str, Any]:
     """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
     weights = PROFILES[profile]
-    grid_configs = _configs(grid)
+    phases = [p for p in ("pp", "tg") if (p, "default") in grid.samples]
+    grid_configs = [dict(zip(phases, combo)) for combo in itertools.product(*(grid.kernels(p) for p in phases))]
     values = {tuple(sorted(c.items())): objective(grid, c, weights) for c in grid_configs}
     best = max(values.values())
     target = best * (1.0 - within)
-    phases = sorted(grid_configs[0])
     out: dict[str, Any] = {"grid_size": len(values), "best": best, "target": target, "samplers": {}}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for name in samplers:

@@ -168,7 +168,7 @@ def resolve_search(request: SearchRequest, *, worker: bool = False) -> SearchCon
     # --like: synthesized (cached) here; the quantizing build it may need first is the search's build, not the model's
     model_seconds = time.monotonic() - t_model - build_seconds if request.model is None else None
     study = request.study or f"{request.target.name}-{model.stem}-{source.era}"
-    _check_pins(request.target, source, model, request.sets, request.cpu_mask, request.tune_knobs)
+    _check_pins(request, source, model)
     return SearchConfig(
         target=request.target,
         source=source,
@@ -347,18 +347,12 @@ def _context_length(model: Path) -> int | None:
         return None
 
 
-def _check_pins(
-    target: Target,
-    source: Source,
-    model: Path,
-    sets: Mapping[str, str],
-    cpu_mask: tuple[int, ...] | None,
-    tune_knobs: Sequence[str] = (),
-) -> None:
-    """--set values and --tune-knobs globs checked against the space resolved for this machine, mask and model,
-    so a bad pin or glob is refused before any build or measurement."""
-    space, _ = space_for_run(sp.load_space(target.name, source.era), cpu_mask=cpu_mask, model=model, gpu=False)
-    check_patterns(space, tune_knobs)
+def _check_pins(request: SearchRequest, source: Source, model: Path) -> None:
+    """The request's --set values and --tune-knobs globs checked against the space resolved for this machine, mask
+    and model, so a bad pin or glob is refused before any build or measurement."""
+    target, sets = request.target, request.sets
+    space, _ = space_for_run(sp.load_space(target.name, source.era), cpu_mask=request.cpu_mask, model=model, gpu=False)
+    check_patterns(space, request.tune_knobs)
     sp.set_values(space, {k: v for k, v in sets.items() if k != "variant"})
     if "variant" in sets and sets["variant"] not in space.variants:
         raise UsageError(

@@ -13,6 +13,7 @@ from tuner.errors import UsageError
 from tuner.plan.space import SearchSpace, runtime_env_and_args
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.residency_gate import full_offload
+from tuner.targets.target import Target
 
 
 def coerce_pins(space: SearchSpace, pins: Mapping[str, object]) -> dict[str, object]:
@@ -29,9 +30,7 @@ def pinned_runtime(space: SearchSpace, fixed: Mapping[str, object]) -> tuple[dic
 def screen_method(
     asked: str | None,
     *,
-    arch: str,
-    vendor: str,
-    gpu: bool,
+    target: Target,
     has_kernels: bool,
     base_args: Sequence[str],
     n_layers: int | None,
@@ -40,10 +39,11 @@ def screen_method(
 ) -> str:
     """The screen's tool for a new study: ``asked`` (None or ``auto``: the rule); UsageError for ``--screen
     kernel`` where no kernel can be forced on an NVIDIA GPU. ``custom_measure``: a test's or replay's measure."""
-    nvidia_gpu = vendor == "nvidia" and gpu
+    vendor = target.arch.vendor
+    nvidia_gpu = vendor == "nvidia" and not target.is_cpu
     if asked == METHOD_KERNEL and not (nvidia_gpu and has_kernels):
         raise UsageError(
-            f"--screen kernel times the FlashAttention kernels tuner can force on an NVIDIA GPU; {arch} "
+            f"--screen kernel times the FlashAttention kernels tuner can force on an NVIDIA GPU; {target.name} "
             f"({'no kernel to force' if nvidia_gpu else vendor}) has none. "
             "Use --screen llama-bench (or auto)."
         )

@@ -66,37 +66,6 @@ def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
     return [[tuple(depths[a:b]) for a, b in itertools.pairwise(bs)] for bs in bounds]
 
 
-def _verdicts(
-    results: Mapping[str, Mapping[Point, Measurement]],
-    base: Mapping[Point, Measurement],
-    *,
-    noise_floor: Mapping[Point, float] | None,
-    min_effect_pct: float,
-    confidence: float,
-    seed: int,
-) -> dict[tuple[str, Point], dict[str, object]]:
-    verdicts: dict[tuple[str, Point], dict[str, object]] = {}
-    for cfg, pts in results.items():
-        for p, m in pts.items():
-            if p not in base:
-                continue
-            floor = max(min_effect_pct, (noise_floor or {}).get(p, 0.0))
-            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed, min_effect_pct=floor)
-            verdicts[(cfg, p)] = {
-                "delta_pct": v.delta_pct,
-                "ci_low": v.ci_low,
-                "ci_high": v.ci_high,
-                "p_value": v.p_value,
-                "verdict": v.verdict,
-                "base_median": base[p].median,
-                "pick_median": m.median,
-                "n_base": len(base[p].samples),
-                "n_pick": len(m.samples),
-                "noise_floor_pct": floor,
-            }
-    return verdicts
-
-
 @dataclasses.dataclass(kw_only=True)
 class _Phase:
     """One phase's admissibility and regret over the configs."""
@@ -197,9 +166,25 @@ def select_winners(
     ``noise_floor``: per point, the drift (percent) between baseline anchors a verdict must exceed (identical
     H100 runs minutes apart differed by up to 14%), else ``min_effect_pct``."""
     base = results[baseline]
-    verdicts = _verdicts(
-        results, base, noise_floor=noise_floor, min_effect_pct=min_effect_pct, confidence=confidence, seed=seed
-    )
+    verdicts: dict[tuple[str, Point], dict[str, object]] = {}
+    for cfg, pts in results.items():
+        for p, m in pts.items():
+            if p not in base:
+                continue
+            floor = max(min_effect_pct, (noise_floor or {}).get(p, 0.0))
+            v = compare(base[p].samples, m.samples, confidence=confidence, seed=seed, min_effect_pct=floor)
+            verdicts[(cfg, p)] = {
+                "delta_pct": v.delta_pct,
+                "ci_low": v.ci_low,
+                "ci_high": v.ci_high,
+                "p_value": v.p_value,
+                "verdict": v.verdict,
+                "base_median": base[p].median,
+                "pick_median": m.median,
+                "n_base": len(base[p].samples),
+                "n_pick": len(m.samples),
+                "noise_floor_pct": floor,
+            }
     rejected: dict[str, str] = {}
     buckets: list[BucketPick] = []
     for phase in PHASES:

@@ -20,7 +20,6 @@ __all__ = [
     "cpu_rejection",
     "fail_interrupted",
     "gate_kernels",
-    "interrupt_trial",
     "knob_phases",
     "paired_objectives",
     "pick",
@@ -260,54 +259,35 @@ def count_done(study: optuna.Study) -> int:
     return n
 
 
-def interrupt_trial(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    why: str = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured",
-) -> None:
-    """Fail an interrupted trial of this process and queue its parameters again; best effort, so that a second
-    error never hides the interruption."""
-    with contextlib.suppress(Exception):
-        _fail_and_requeue(study, study._storage, trial._trial_id, trial.params, trial.number, why)
-
-
 def _fail_and_requeue(
-    study: optuna.Study,
-    storage: optuna.storages.BaseStorage,
-    trial_id: int,
-    params: Mapping[str, Any],
-    number: int,
-    why: str,
+    study: optuna.Study, storage: optuna.storages.BaseStorage, trial: optuna.Trial | optuna.trial.FrozenTrial, why: str
 ) -> bool:
     """Record a trial interrupted and FAIL it, and queue its parameters again; False where it had ended already.
 
     A trial cut inside ``ask`` holds only the values sampled before the cut, perhaps none: its retry is queued
     all the same, repeating those and sampling the rest, so every cut-off trial has one retry that names it."""
-    write_trial_in_storage(storage, trial_id, status=INTERRUPTED, reason=why)
-    if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+    write_trial_in_storage(storage, trial._trial_id, status=INTERRUPTED, reason=why)
+    if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
         return False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.enqueue_trial(dict(params), user_attrs=retry_attrs(number))
+        study.enqueue_trial(dict(trial.params), user_attrs=retry_attrs(trial.number))
     return True
 
 
-def _pid_dead_here(worker: str) -> bool:
-    host, _, pid = str(worker).rpartition(":")
-    if host != platform.node() or not pid.isdigit() or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # EPERM: it exists as another user
-        return False
-    return False
-
-
 def _orphan(t: optuna.trial.FrozenTrial) -> bool:
-    """A RUNNING trial that names no worker, started longer ago than the heartbeat's grace period: its asker lost
-    the storage between asking and recording itself (no heartbeat either), so nothing else would ever fail it."""
+    """A RUNNING trial whose ``worker`` is a dead PID of this host, or that names no worker and started longer ago
+    than the heartbeat's grace period: its asker lost the storage between asking and recording itself (no
+    heartbeat either), so nothing else would ever fail it."""
+    host, _, pid = str(trial_attr(t, "worker", "")).rpartition(":")
+    if host == platform.node() and pid.isdigit() and int(pid) != os.getpid():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # EPERM: it exists as another user
+            return False
+        return False
     start = getattr(t, "datetime_start", None)
     if trial_attr(t, "worker") or start is None:
         return False
@@ -324,11 +304,11 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.RDBStorage) -
         stale = set(storage._get_stale_trial_ids(study._study_id))
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id not in stale and not _pid_dead_here(trial_attr(t, "worker", "")) and not _orphan(t):
+        if t._trial_id not in stale and not _orphan(t):
             continue
         why = f"its process ({trial_attr(t, 'worker', 'unknown')}) stopped before the trial was measured"
         try:
-            if _fail_and_requeue(study, storage, t._trial_id, t.params, t.number, why):
+            if _fail_and_requeue(study, storage, t, why):
                 out.append(t.number)
         except UpdateFinishedTrialError:  # another process finished or failed it meanwhile
             continue
@@ -355,8 +335,11 @@ def asked_trial(
         with sto.trial_heartbeat(storage, trial._trial_id):
             yield trial
     except BaseException:
-        if trial is not None:
-            interrupt_trial(study, trial)
+        # fail it and queue its parameters again; best effort, so that a second error never hides the interruption
+        with contextlib.suppress(Exception):
+            if trial is not None:
+                why = "interrupted (Ctrl-C, SIGTERM or an error) before it was measured"
+                _fail_and_requeue(study, study._storage, trial, why)
         raise
 
 
@@ -399,7 +382,6 @@ class _Trials:
     """What every trial of one tune stage shares."""
 
     knobs: tuple[Knob, ...]
-    dists: Mapping[str, optuna.distributions.BaseDistribution]
     rule_env: Mapping[str, str]
     ref: Candidate
     factory: MeasureFactory
@@ -421,7 +403,6 @@ def tune_stage(run: SearchRun, rules: Sequence[FaRule]) -> Proposal:
     rule_env = {"GGML_TUNER_FA_RULES": rules_env(rules)} if rules else {}
     trials = _Trials(
         knobs=tuple(knobs),
-        dists=dists,
         rule_env=rule_env,
         ref=Candidate(name="composed", env={**run.base_env, **rule_env}, args=run.base_args),
         factory=trial_factory(

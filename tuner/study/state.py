@@ -106,10 +106,6 @@ def confirm_done_key(ckey: str, phase: str) -> str:
     return f"confirm_done_{ckey}_{_phase(phase)}"
 
 
-def confirm_key(ckey: str) -> str:
-    return f"confirm_{ckey}"
-
-
 def residency_key(ckey: str) -> str:
     return f"residency_{ckey}"
 
@@ -312,7 +308,7 @@ class StudyState:
         self._set(confirm_done_key(ckey, phase), True)
 
     def set_confirm(self, ckey: str, rec: Mapping[str, object]) -> None:
-        self._set(confirm_key(ckey), dict(rec))
+        self._set(f"confirm_{ckey}", dict(rec))
 
     def residency(self, ckey: str) -> dict[str, Any] | None:
         rec = self._get(residency_key(ckey))

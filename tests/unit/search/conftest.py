@@ -23,7 +23,6 @@ def search_run(cfg: Any, study: Any, **given: Any) -> SearchRun:
         "st": StudyState(study),
         "header": StudyHeader(name=str(getattr(cfg, "study", "s"))),
         "space": None,
-        "legal": {},
         "variants": tuple(getattr(cfg, "variants", None) or ("cpu",)),
         "fixed": {},
         "shape": shape,

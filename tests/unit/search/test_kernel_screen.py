@@ -17,7 +17,7 @@ from tuner.plan.fa_rules import FaRule, Phase
 from tuner.rounds import compose as comp
 from tuner.rounds.joint import run_joint_rounds
 from tuner.rounds.stats import summarize_phase
-from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, kernel_shape, make_kernel_measure
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, KernelMeasure, kernel_shape
 from tuner.search.pipeline import _screen_method
 from tuner.search.screen import candidates_for
 from tuner.study.state import StudyState
@@ -70,7 +70,7 @@ def test_depth_maps_to_the_cells_and_rows_llama_bench_times() -> None:
 
 
 def test_joint_call_reads_times_kernels_and_device(tmp_path: Path) -> None:
-    m = make_kernel_measure(
+    m = KernelMeasure(
         _fake_build(tmp_path), SHAPE_1B, pp=512, tg=128, kv_type="f16", bench_args=("-ub", "256"), log_dir=tmp_path
     )
     (up,) = candidates_for("tg", [])[:1]
@@ -86,7 +86,7 @@ def test_joint_call_reads_times_kernels_and_device(tmp_path: Path) -> None:
 
 def test_screen_with_the_kernel_measure_composes_the_known_truth(tmp_path: Path) -> None:
     """Rotated rounds over the fake: decode TILE from 16384 on (the truth), nothing for prefill."""
-    m = make_kernel_measure(_fake_build(tmp_path), SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
+    m = KernelMeasure(_fake_build(tmp_path), SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
     cands = {"tg": candidates_for("tg", ["VEC", "TILE", "MMA"]), "pp": candidates_for("pp", ["TILE", "MMA"])}
     recs: list[dict[str, Any]] = []
     run_joint_rounds(
@@ -120,6 +120,7 @@ class _Arch:
 class _Target:
     arch: _Arch
     is_cpu: bool = False
+    name: str = "sm_90"
 
 
 @dataclasses.dataclass
@@ -152,7 +153,7 @@ def test_auto_picks_the_kernel_level_only_where_it_stands_for_llama_bench() -> N
         (_Cfg(GPU, cpu_mask=(0, 1)), (), False),
         (_Cfg(GPU), (), True),  # a test's or replay's measure
         (_Cfg(_Target(_Arch("amd"))), (), False),
-        (_Cfg(_Target(_Arch("cpu"), is_cpu=True)), (), False),
+        (_Cfg(_Target(_Arch("cpu"), is_cpu=True, name="cpu")), (), False),
     ):
         assert _pick(StudyState(_Study()), cfg, args, custom=custom) == METHOD_BENCH
 
@@ -162,7 +163,7 @@ def test_a_study_keeps_its_screen_tool_and_bad_asks_are_refused() -> None:
     assert _pick(old, _Cfg(GPU)) == METHOD_BENCH
     with pytest.raises(UsageError, match="--screen llama-bench"):
         _pick(old, _Cfg(GPU, screen_method=METHOD_KERNEL))
-    cpu = _Cfg(_Target(_Arch("cpu"), is_cpu=True), screen_method=METHOD_KERNEL, arch="cpu")
+    cpu = _Cfg(_Target(_Arch("cpu"), is_cpu=True, name="cpu"), screen_method=METHOD_KERNEL, arch="cpu")
     with pytest.raises(UsageError, match="--screen llama-bench"):
         _pick(StudyState(_Study()), cpu, kernels={"tg": [], "pp": []})
 
@@ -208,7 +209,7 @@ def test_a_hung_test_backend_ops_costs_minutes_not_ten(monkeypatch: pytest.Monke
         return []
 
     monkeypatch.setattr(ks, "run_round", fake_round)
-    m = make_kernel_measure(tmp_path, SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
+    m = KernelMeasure(tmp_path, SHAPE_1B, pp=512, tg=128, kv_type="f16", log_dir=tmp_path)
     from tuner.rounds.joint import Candidate
 
     with pytest.raises(ValueError):  # the fake returns no times: zip(strict=True) refuses

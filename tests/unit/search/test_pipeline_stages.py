@@ -317,13 +317,13 @@ def test_tune_measures_only_the_phases_a_knob_can_change() -> None:
 
 def test_depths_beyond_the_models_context_are_refused_before_anything_runs() -> None:
     from tuner.errors import UsageError
-    from tuner.search.pipeline import _check_depths
+    from tuner.search.request import check_depths
     from tuner.targets.models import load_model_shape
 
     shape = dataclasses.replace(load_model_shape("llama-3.1-8b"), context_length=131072)
-    _check_depths([0, 65536], shape)
+    check_depths([0, 65536], shape.context_length)
     with pytest.raises(UsageError) as e:
-        _check_depths([0, 4096, 200000], shape)
+        check_depths([0, 4096, 200000], shape.context_length)
     assert e.value.exit_code == 2 and "200000" in str(e.value) and "--depths 0,4096" in str(e.value)
 
 
@@ -598,6 +598,7 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
         user_attrs={"arch": "sm_90", "source_id": "s", "depths": [0, 4096], "pp": 512, "tg": 128}
     )
     study.set_user_attr = lambda k, v: study.user_attrs.__setitem__(k, v)
+    source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
     cfg = types.SimpleNamespace(
         arch="sm_90",
         model="/m/l1b.gguf",
@@ -607,9 +608,9 @@ def test_a_seeded_study_gets_the_attributes_it_lacks() -> None:
         study="x",
         storage_url="sqlite://",
         cpu_mask=None,
+        source=source,
     )
-    source = types.SimpleNamespace(spec="pypi:x", source_id="s", commit="c", era="mma")
-    _record_attrs(StudyState(study), cfg, source, {"head_dim": 64}, {})
+    _record_attrs(StudyState(study), cfg, {"head_dim": 64}, {})
     assert study.user_attrs["model"] == "/m/l1b.gguf" and study.user_attrs["shape"] == {"head_dim": 64}
     assert study.user_attrs["arch"] == "sm_90"  # what was there stays
 

@@ -127,7 +127,9 @@ def test_dry_run_and_search_pick_the_same_screen_tool(
 
 
 def test_the_rule_alone() -> None:
-    kw: dict[str, Any] = {"arch": "sm_90", "vendor": "nvidia", "gpu": True, "has_kernels": True, "n_layers": 16}
+    from tuner.targets.target import resolve_target
+
+    kw: dict[str, Any] = {"target": resolve_target("sm_90", dry_run=True), "has_kernels": True, "n_layers": 16}
     assert screen_method(None, base_args=[], cpu_mask=None, **kw) == METHOD_KERNEL
     assert screen_method("auto", base_args=["-ngl", "17", "-nkvo", "0"], cpu_mask=None, **kw) == METHOD_KERNEL
     assert screen_method(None, base_args=["-ngl", "99"], cpu_mask=None, **kw) == METHOD_KERNEL  # >= n_layers + 1
@@ -139,7 +141,9 @@ def test_the_rule_alone() -> None:
     with pytest.raises(UsageError, match="no kernel to force"):
         screen_method(METHOD_KERNEL, base_args=[], cpu_mask=None, **{**kw, "has_kernels": False})
     with pytest.raises(UsageError, match=r"gfx1151 \(amd\)"):
-        screen_method(METHOD_KERNEL, base_args=[], cpu_mask=None, **{**kw, "arch": "gfx1151", "vendor": "amd"})
+        screen_method(
+            METHOD_KERNEL, base_args=[], cpu_mask=None, **{**kw, "target": resolve_target("gfx1151", dry_run=True)}
+        )
 
 
 def test_the_plan_refines_only_with_the_llama_bench_screen(dry_tree: None) -> None:
