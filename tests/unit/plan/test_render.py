@@ -391,9 +391,9 @@ def test_anchors_match_real_tree_b(tree_b) -> None:
 
 @pytest.fixture()
 def cli_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.cli import render_cmd
+    import tuner.source
 
-    monkeypatch.setattr(render_cmd, "_load_source", lambda spec: src(TREE_A, "mma"))
+    monkeypatch.setattr(tuner.source, "fetch_source", lambda spec: src(TREE_A, "mma"))
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
