@@ -14,7 +14,6 @@ __all__ = [
     "PatchManifest",
     "find_hooked_tus",
     "load_manifests",
-    "parse_define_lines",
     "render_defines",
     "render_patch",
     "render_preset",
@@ -91,23 +90,6 @@ def _declared_options_cached(root_s: str, stamp: int) -> frozenset[str]:
     return frozenset(names)
 
 
-def parse_define_lines(text: str, *, template: str) -> dict[str, str]:
-    """Parse the ``NAME=VALUE`` lines a CMake template renders (``#`` comments and blanks ignored)."""
-    out: dict[str, str] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
-            raise TunerError(f"Template {template!r} line {n} renders {raw!r}, not NAME=VALUE. Fix the template.")
-        if name in out and out[name] != value:
-            raise TunerError(f"Template {template!r} sets {name} twice ({out[name]!r}, {value!r}). Fix the template.")
-        out[name] = value
-    return out
-
-
 def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | None) -> tuple[str, list[str]]:
     """``90-real``; a non-local Ada/Hopper target on a newer local GPU becomes ``-virtual`` (PTX JIT)."""
     major = str(arch.cc // 10)
@@ -163,7 +145,19 @@ def render_defines(
         "declared": sorted(declared),
     }
     text = render_template(template, context, what=f"CMake defines for variant {variant}")
-    defines = parse_define_lines(text, template=template)
+    defines: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):  # NAME=VALUE lines; '#' comments and blanks ignored
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise TunerError(f"Template {template!r} line {n} renders {raw!r}, not NAME=VALUE. Fix the template.")
+        if name in defines and defines[name] != value:
+            msg = f"Template {template!r} sets {name} twice ({defines[name]!r}, {value!r}). Fix the template."
+            raise TunerError(msg)
+        defines[name] = value
     for name, value in defines.items():
         if name not in declared and name not in _CMAKE_BUILTINS:
             raise TunerError(
@@ -467,7 +461,7 @@ def render_variant(
     if compile_values:  # range-checked against the space and, unless the caller did (checked), constraint-checked
         if sp is None:
             raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-        compile_values = space_mod.check_compile_values(sp, compile_values)
+        compile_values = {n: int(v) for n, v in space_mod.check_values(sp, compile_values, section="compile").items()}
         if not checked:
             violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
             if violations:
