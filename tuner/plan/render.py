@@ -10,10 +10,7 @@ mode (``tuner export``) the same values are written into the sources instead and
 from __future__ import annotations
 
 __all__ = [
-    "Edit",
-    "PatchManifest",
     "find_hooked_tus",
-    "load_manifests",
     "render_defines",
     "render_patch",
     "render_preset",
@@ -21,7 +18,6 @@ __all__ = [
     "render_tu_headers",
     "render_variant",
     "tu_header_name",
-    "unified_diff",
     "variant_family",
 ]
 
@@ -38,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan import constraints, fa_rules, tu_split
 from tuner.plan import space as space_mod
-from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
+from tuner.plan.patch import render_patch, render_template
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
 from tuner.targets import models
