@@ -23,7 +23,6 @@ __all__ = [
     "rounds_option",
     "stacked",
     "stamped_run_dir",
-    "warn_deprecated",
 ]
 
 import datetime as _dt
@@ -123,10 +122,6 @@ DEPRECATED = "tuner: {old} is deprecated, use {new}; the old spelling goes in th
 """The one line an old spelling prints on stderr (it still works for one release)."""
 
 
-def warn_deprecated(old: str, new: str) -> None:
-    click.echo(DEPRECATED.format(old=old, new=new), err=True)
-
-
 class AliasOption(click.Option):
     """An option that still accepts old spellings (``hidden_aliases``) but shows only its current names in
     --help, so every command documents one spelling while old scripts keep working; an old spelling prints
@@ -168,7 +163,7 @@ class AliasOption(click.Option):
 
 def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Callable[[Any, Any], None]:
     def wrapped(value: object, state: object) -> None:
-        warn_deprecated(old, new)
+        click.echo(DEPRECATED.format(old=old, new=new), err=True)
         process(value, state)
 
     return wrapped
@@ -181,7 +176,7 @@ def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F],
 
     def note(ctx: click.Context, param: click.Parameter, value: Any) -> object:
         if param.name and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
-            warn_deprecated(old, new)
+            click.echo(DEPRECATED.format(old=old, new=new), err=True)
         return value
 
     return click.option(old, dest, hidden=True, callback=note, **kw)

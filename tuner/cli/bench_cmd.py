@@ -24,7 +24,7 @@ from tuner.cli._params import (
     output_option,
     stamped_run_dir,
 )
-from tuner.errors import UsageError
+from tuner.errors import TunerError, UsageError
 from tuner.pairs import parse_pairs
 
 if TYPE_CHECKING:
@@ -382,8 +382,6 @@ def check(
     for name in failing[:50]:
         click.echo(f"  failing: {name}")
     if not ok:
-        from tuner.errors import TunerError
-
         raise TunerError(
             f"Correctness check failed: {summary}. Inspect the log above; a failing candidate is infeasible."
         )

@@ -11,6 +11,7 @@ import click
 
 from tuner import log
 from tuner.cli._params import DIR, FILE, PATH, output_option
+from tuner.errors import UsageError
 
 
 def export_study(
@@ -57,7 +58,6 @@ def export(
     -o is written whole and atomically: an existing export there is replaced only once the new one is
     complete. Copy CMakeUserPresets.json into a llama.cpp checkout (beside its CMakePresets.json) and
     `git apply` tuned.patch there; an export whose kernels are upstream's has no tuned.patch."""
-    from tuner.errors import UsageError
     from tuner.search.study import default_run_dir
     from tuner.study.storage import check_storage, storage_guard
 
@@ -142,7 +142,6 @@ def validate(
 
     A folder is data: no code from it is compiled or run unless it is what tuner renders from the folder's
     own values, nothing it names is fetched (see --fetch), and only its regular files are read."""
-    from tuner.errors import UsageError
     from tuner.result.upstream_check import check_gpu_args
     from tuner.result.validate import validate_paths
 

@@ -13,14 +13,7 @@ import click
 from tuner import log
 from tuner.cli._params import PATH
 from tuner.errors import UsageError
-from tuner.source.spec import DEFAULT_SPEC, Source
-
-
-def _load_source(spec: str) -> Source:
-    """Fetch (or reuse) the llama.cpp tree for SPEC through tuner.source."""
-    from tuner.source import fetch_source
-
-    return fetch_source(spec)
+from tuner.source.spec import DEFAULT_SPEC
 
 
 @click.command("render")
@@ -63,8 +56,9 @@ def render(
     from tuner.plan import render as render_mod
     from tuner.plan import space as space_mod
     from tuner.plan.variant import VARIANTS
+    from tuner.source import fetch_source
 
-    src = _load_source(spec)
+    src = fetch_source(spec)  # the llama.cpp tree for SPEC, fetched or reused
     sp = None
     try:
         sp = space_mod.load_space(arch, src.era)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = ["search", "worker"]
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -249,6 +250,8 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
     from tuner.paths import refuse_linked_folder
     from tuner.search.request import SearchRequest
 
+    # every other flag as click parsed it, by the name of the SearchRequest field it fills
+    as_given = {f.name for f in dataclasses.fields(SearchRequest)} & kw.keys()
     return SearchRequest(
         target=target,
         started=kw.get("started"),
@@ -257,33 +260,5 @@ def _request(target: Target, kw: Mapping[str, Any]) -> SearchRequest:
         sets=parse_pairs(kw["sets"], "--set", "variant=cuda-no-graphs", what="KNOB"),
         gate=not kw["no_gate"],
         tune_knobs=tuple(x.strip() for x in (kw["tune_knobs"] or "").split(",") if x.strip()),
-        **{name: kw[name] for name in _AS_GIVEN},
+        **{name: kw[name] for name in as_given - {"started", "run_dir", "variants", "sets", "tune_knobs"}},
     )
-
-
-# the flags a SearchRequest takes as click parsed them (its fields of the same names)
-_AS_GIVEN = [
-    "source_spec",
-    "model",
-    "like",
-    "quant",
-    "depths",
-    "pp",
-    "tg",
-    "trials",
-    "time_budget",
-    "storage",
-    "study",
-    "jobs",
-    "seed",
-    "min_rounds",
-    "max_rounds",
-    "ci_target",
-    "reps_pp",
-    "reps_tg",
-    "screen",
-    "confirm_extra",
-    "refine",
-    "cpu_mask",
-    "tune_depths",
-]

@@ -19,8 +19,7 @@ from tuner.cli._params import (
     stacked,
     stamped_run_dir,
 )
-from tuner.cli.sweep_common import budget_stop, measure_options, run_options
-from tuner.cli.sweep_confirm_cmd import confirm_cmd, export_cmd, merge_cmd
+from tuner.cli.sweep_confirm_cmd import budget_stop, confirm_cmd, export_cmd, measure_options, merge_cmd, run_options
 
 if TYPE_CHECKING:
     from tuner.sweep.run_stage import FaRequest, MmqRequest

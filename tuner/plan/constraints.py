@@ -208,10 +208,10 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
         out.append(_v("tile.nbatch_fa", f"{tag}: nbatch_fa {r.nbatch_fa} % (np {np_} * 32) != 0 ({_TILE_LOC} L874)"))
     fp16 = table != "nvidia_fp32"
     cpy_ne = 4 if (arch.vendor == "amd" or arch.cc >= 700) else 2
-    if fp16 and (r.nbatch_K // 2) % cpy_ne:
-        out.append(_v("tile.nbatch_K", f"{tag}: (nbatch_K/2) % {cpy_ne} != 0 ({_TILE_LOC} L506)"))
-    if not fp16 and r.nbatch_K % cpy_ne:
-        out.append(_v("tile.nbatch_K", f"{tag}: nbatch_K % {cpy_ne} != 0 ({_TILE_LOC} L512)"))
+    # an fp16 table holds K as half2 (nbatch_K/2 a row) and Q, KQ as half (2 B); an fp32 one all as float (4 B)
+    k_row, k_name, line, size = (r.nbatch_K // 2, "(nbatch_K/2)", 506, 2) if fp16 else (r.nbatch_K, "nbatch_K", 512, 4)
+    if k_row % cpy_ne:
+        out.append(_v("tile.nbatch_K", f"{tag}: {k_name} % {cpy_ne} != 0 ({_TILE_LOC} L{line})"))
     kq_cs = min(cpw, (2 if fp16 else 1) * cpy_ne)
     if cpw % kq_cs:
         out.append(_v("tile.KQ_cs", f"{tag}: columns per warp {cpw} % KQ_cs {kq_cs} != 0 ({_TILE_LOC} L595)"))
@@ -229,10 +229,7 @@ def check_tile_row(arch: ArchLimits, table: str, row: TileRow) -> list[Violation
     if np_ > 1 and r.nbatch_fa * r.nbatch_K < nwarps * dvp:
         msg = f"{tag}: nbatch_fa*nbatch_K {r.nbatch_fa * r.nbatch_K} < nwarps*DVp {nwarps * dvp} ({_TILE_LOC} L988)"
         out.append(_v("tile.combine", msg))
-    if fp16:
-        smem = ncols * r.dkq * 2 + (r.nbatch_fa * (r.nbatch_K // 2 + cpy_ne) + dvp - r.dv) * 4 + ncols * r.nbatch_fa * 2
-    else:
-        smem = ncols * r.dkq * 4 + (r.nbatch_fa * (r.nbatch_K + cpy_ne) + dvp - r.dv) * 4 + ncols * r.nbatch_fa * 4
+    smem = ncols * r.dkq * size + (r.nbatch_fa * (k_row + cpy_ne) + dvp - r.dv) * 4 + ncols * r.nbatch_fa * size
     if np_ > 1:
         smem += nwarps * 4
     limit, what = (arch.smem_static, "static smem") if arch.vendor == "nvidia" else (arch.smem_optin, "LDS")
@@ -356,6 +353,8 @@ def check_wmma(
         return out
     # frag_m is 32 only for the CUDA half-accumulation ncols=8 instance (Volta); 16 otherwise.
     frag_m = 32 if arch.vendor == "nvidia" else 16
+    amd = arch.vendor == "amd"
+    rule, what, limit = ("wmma.lds", "LDS", arch.smem_optin) if amd else ("wmma.smem", "static smem", arch.smem_static)
     if kq_stride < 256 and kq_stride % (nwarps * frag_m):
         msg = f"wmma: KQ stride {kq_stride} % (nwarps {nwarps} * frag_m {frag_m}) != 0 for D <= 128 ({loc} L174, tuner static_assert)"
         out.append(_v("wmma.kq_stride_tc", msg))
@@ -367,12 +366,9 @@ def check_wmma(
         # prec F32 (what llama uses): cols_per_block 16, and 32 only for D <= 128 (fattn-wmma-f16.cu L545)
         for ncols in (16, 32) if d <= 128 else (16,):
             lds = wmma_smem_bytes(d, ncols, nwarps=nwarps, kq_stride=stride)
-            if arch.vendor == "amd" and lds > arch.smem_optin:
-                msg = f"wmma: D {d} ncols {ncols}: LDS {lds} B > {arch.smem_optin} B on {arch.name} ({loc} L104-128)"
-                out.append(_v("wmma.lds", msg))
-            if arch.vendor == "nvidia" and lds > arch.smem_static:
-                msg = f"wmma: D {d} ncols {ncols}: static smem {lds} B > {arch.smem_static} B on {arch.name} ({loc} L104-128)"
-                out.append(_v("wmma.smem", msg))
+            if arch.vendor in ("amd", "nvidia") and lds > limit:
+                msg = f"wmma: D {d} ncols {ncols}: {what} {lds} B > {limit} B on {arch.name} ({loc} L104-128)"
+                out.append(_v(rule, msg))
     return out
 
 

@@ -3,16 +3,7 @@ pristine tree rendered from Jinja fragments, and the unified diff ``git apply`` 
 
 from __future__ import annotations
 
-__all__ = [
-    "Edit",
-    "PatchManifest",
-    "load_manifests",
-    "opt_in_hooks",
-    "patched_file",
-    "render_patch",
-    "render_template",
-    "unified_diff",
-]
+__all__ = ["Edit", "PatchManifest", "load_manifests", "patched_file", "render_patch", "render_template", "unified_diff"]
 
 import dataclasses
 import difflib
@@ -200,11 +191,6 @@ def patched_file(source_root: Path, era: str, manifest: str, rel: str, *, templa
     return files[rel]
 
 
-def opt_in_hooks(era: str, family: str, *, templates: Path | None = None) -> list[str]:
-    """The names of the era's opt-in hooks for a variant family (``PatchManifest.opt_in``), sorted."""
-    return sorted({m.opt_in for m in load_manifests(era, base=templates) if m.opt_in and family in m.families})
-
-
 def render_patch(
     source_root: Path,
     era: str,
@@ -216,17 +202,15 @@ def render_patch(
 ) -> tuple[str, dict[str, str]]:
     """Render the era's manifests for a variant family into ``(patch, files)``; an opt-in manifest only
     where ``opt_in`` names its hook (UsageError for a hook the era has no manifest of for this family)."""
-
-    known = opt_in_hooks(era, family, templates=templates)
+    manifests = [m for m in load_manifests(era, base=templates) if family in m.families]
+    known = sorted({m.opt_in for m in manifests if m.opt_in})  # the era's opt-in hooks for the family
     unknown = [h for h in opt_in if h not in known]
     if unknown:
         raise UsageError(
             f"No opt-in hook {unknown[0]!r} for {family} builds of era {era}; the hooks there are: "
             f"{', '.join(known) or 'none'}.{close_matches(unknown[0], known)}"
         )
-    manifests = [
-        m for m in load_manifests(era, base=templates) if family in m.families and (not m.opt_in or m.opt_in in opt_in)
-    ]
+    manifests = [m for m in manifests if not m.opt_in or m.opt_in in opt_in]
     files = _apply_edits(source_root, era, manifests, {"era": era, "family": family, **context})
     patch = "".join(unified_diff(rel, (source_root / rel).read_text(), files[rel]) for rel in sorted(files))
     return patch, files

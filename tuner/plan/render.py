@@ -10,11 +10,7 @@ mode (``tuner export``) the same values are written into the sources instead and
 from __future__ import annotations
 
 __all__ = [
-    "Edit",
-    "PatchManifest",
     "find_hooked_tus",
-    "load_manifests",
-    "parse_define_lines",
     "render_defines",
     "render_patch",
     "render_preset",
@@ -22,7 +18,6 @@ __all__ = [
     "render_tu_headers",
     "render_variant",
     "tu_header_name",
-    "unified_diff",
     "variant_family",
 ]
 
@@ -39,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan import constraints, fa_rules, tu_split
 from tuner.plan import space as space_mod
-from tuner.plan.patch import Edit, PatchManifest, load_manifests, render_patch, render_template, unified_diff
+from tuner.plan.patch import render_patch, render_template
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
 from tuner.targets import models
@@ -89,23 +84,6 @@ def _declared_options_cached(root_s: str, stamp: int) -> frozenset[str]:
         text = hip.read_text(errors="replace")
         names.update(v for v in _HIP_TARGET_VARS if re.search(rf"\b{v}\b", text))
     return frozenset(names)
-
-
-def parse_define_lines(text: str, *, template: str) -> dict[str, str]:
-    """Parse the ``NAME=VALUE`` lines a CMake template renders (``#`` comments and blanks ignored)."""
-    out: dict[str, str] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
-            raise TunerError(f"Template {template!r} line {n} renders {raw!r}, not NAME=VALUE. Fix the template.")
-        if name in out and out[name] != value:
-            raise TunerError(f"Template {template!r} sets {name} twice ({out[name]!r}, {value!r}). Fix the template.")
-        out[name] = value
-    return out
 
 
 def _cuda_arch_value(arch: constraints.ArchLimits, local_archs: Sequence[str] | None) -> tuple[str, list[str]]:
@@ -163,7 +141,19 @@ def render_defines(
         "declared": sorted(declared),
     }
     text = render_template(template, context, what=f"CMake defines for variant {variant}")
-    defines = parse_define_lines(text, template=template)
+    defines: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):  # NAME=VALUE lines; '#' comments and blanks ignored
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise TunerError(f"Template {template!r} line {n} renders {raw!r}, not NAME=VALUE. Fix the template.")
+        if name in defines and defines[name] != value:
+            msg = f"Template {template!r} sets {name} twice ({defines[name]!r}, {value!r}). Fix the template."
+            raise TunerError(msg)
+        defines[name] = value
     for name, value in defines.items():
         if name not in declared and name not in _CMAKE_BUILTINS:
             raise TunerError(
@@ -467,7 +457,7 @@ def render_variant(
     if compile_values:  # range-checked against the space and, unless the caller did (checked), constraint-checked
         if sp is None:
             raise UsageError(f"Compile-time values were given but there is no search space for {arch!r} (era {era}).")
-        compile_values = space_mod.check_compile_values(sp, compile_values)
+        compile_values = {n: int(v) for n, v in space_mod.check_values(sp, compile_values, section="compile").items()}
         if not checked:
             violations = space_mod.check_constraints(arch, era, compile_values, model_shape, space=sp, source_root=root)
             if violations:

@@ -21,7 +21,6 @@ __all__ = [
     "check_constraints",
     "check_values",
     "compile_values_of",
-    "default_row",
     "load_space",
     "parse_set_values",
     "parse_space",
@@ -389,11 +388,6 @@ def check_values(sp: SearchSpace, values: Mapping[str, object], *, section: str 
     return out
 
 
-def check_compile_values(sp: SearchSpace, values: Mapping[str, object]) -> dict[str, int]:
-    """:func:`check_values` of compile-time knobs only, whose values are integers (kernel-config fields)."""
-    return {name: int(v) for name, v in check_values(sp, values, section="compile").items()}
-
-
 def parse_set_values(sp: SearchSpace, items: Sequence[str]) -> tuple[dict[str, int], dict[str, int | str]]:
     """:func:`set_values` of ``KNOB=VALUE`` strings (:func:`tuner.pairs.parse_pairs`); UsageError for a malformed one."""
     return set_values(sp, parse_pairs(items, "--set", "T3=4096", what="KNOB"))
@@ -467,11 +461,25 @@ def _tables(
 def upstream_row(
     source_root: Path | None, kind: str, table: str, key: tuple[int, int, int], *, space: SearchSpace | None = None
 ) -> TileRow | MmaRow:
-    """The tree's own row for (DKQ, DV, ncols) in a tile or MMA table; UsageError if it has no such table or row."""
+    """The tree's own row for (DKQ, DV, ncols) in a tile or MMA table; UsageError if it has no such table or row.
+    Without a tree: the row ``space``'s defaults describe; UsageError unless it gives every field of a row it tunes."""
     if source_root is None:
         if space is None:
             raise UsageError("upstream_row needs a source tree or a search space.")
-        return default_row(space, kind, table, key)
+        fields: dict[str, int] = {}
+        for k in space.compile_knobs:
+            m = k.meta
+            if k.kind == kind and m.get("table") == table and (m.get("dkq"), m.get("dv"), m.get("ncols")) == key:
+                if k.default == "upstream":
+                    raise UsageError(f"Knob {k.name!r} has default 'upstream'; pass the source tree to resolve it.")
+                fields[str(m["field"])] = int(k.default)
+        missing = [f for f in (_TILE_FIELDS if kind == "tile_row" else _MMA_FIELDS) if f not in fields]
+        if missing:
+            raise UsageError(
+                f"{space.path}: {kind} {table} {key} has no knob for {', '.join(missing)}; give every field of a "
+                f"tuned row (a fixed field is choices = [upstream value]) or pass the source tree."
+            )
+        return (TileRow if kind == "tile_row" else MmaRow)(dkq=key[0], dv=key[1], ncols=key[2], **fields)
     rel = "ggml/src/ggml-cuda/" + ("fattn-tile.cuh" if kind == "tile_row" else "fattn-mma-f16.cuh")
     path = Path(source_root) / rel
     if not path.is_file():
@@ -483,26 +491,6 @@ def upstream_row(
         msg = f"{rel} table {table!r} has no row for (DKQ, DV, ncols) = {key}; only existing rows can be tuned."
         raise UsageError(msg)
     return tables[table][key]
-
-
-def default_row(sp: SearchSpace, kind: str, table: str, key: tuple[int, int, int]) -> TileRow | MmaRow:
-    """The row a space's defaults describe; UsageError unless the space gives every field of a row it tunes."""
-    fields: dict[str, int] = {}
-    for k in sp.compile_knobs:
-        m = k.meta
-        if k.kind == kind and m.get("table") == table and (m.get("dkq"), m.get("dv"), m.get("ncols")) == key:
-            if k.default == "upstream":
-                raise UsageError(f"Knob {k.name!r} has default 'upstream'; pass the source tree to resolve it.")
-            fields[str(m["field"])] = int(k.default)
-    names = _TILE_FIELDS if kind == "tile_row" else _MMA_FIELDS
-    missing = [f for f in names if f not in fields]
-    if missing:
-        raise UsageError(
-            f"{sp.path}: {kind} {table} {key} has no knob for {', '.join(missing)}; give every field of a tuned row "
-            f"(a fixed field is choices = [upstream value]) or pass the source tree."
-        )
-    cls = TileRow if kind == "tile_row" else MmaRow
-    return cls(dkq=key[0], dv=key[1], ncols=key[2], **fields)
 
 
 def compile_values_of(space: SearchSpace, values: Mapping[str, Any]) -> dict[str, Any]:

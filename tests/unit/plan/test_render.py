@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import tuner._run
 from tuner.errors import TunerError, UsageError
-from tuner.plan import fa_rules, render, tu_split
+from tuner.plan import fa_rules, patch, render, tu_split
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "render"
 TREE_A = DATA / "treeA"
@@ -344,11 +344,11 @@ def test_manifest_unknown_key(tmp_path: Path) -> None:
     p = base / "patches" / "mma" / "broken.toml"
     p.write_text(p.read_text().replace("mode =", "mdoe = 1\nmode ="))
     with pytest.raises(TunerError, match="Did you mean 'mode'"):
-        render.load_manifests("mma", base=base)
+        patch.load_manifests("mma", base=base)
 
 
 def test_unified_diff_handles_missing_final_newline() -> None:
-    d = render.unified_diff("f.txt", "a\nb", "a\nc")
+    d = patch.unified_diff("f.txt", "a\nb", "a\nc")
     assert d.endswith("+c\n\\ No newline at end of file\n")
 
 
@@ -391,9 +391,9 @@ def test_anchors_match_real_tree_b(tree_b) -> None:
 
 @pytest.fixture()
 def cli_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.cli import render_cmd
+    import tuner.source
 
-    monkeypatch.setattr(render_cmd, "_load_source", lambda spec: src(TREE_A, "mma"))
+    monkeypatch.setattr(tuner.source, "fetch_source", lambda spec: src(TREE_A, "mma"))
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
