@@ -293,7 +293,10 @@ def _joint_round(
             "depths": [int(d) for d in depths],
             "round": len(mine[p]),
             "order": orders[p],
-            **{k: {} for k in ("values", "kernels", "why", "errors")},
+            "values": {},
+            "kernels": {},
+            "why": {},
+            "errors": {},
             "t": time.time(),
             "shared": False,
         }
