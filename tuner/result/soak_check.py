@@ -33,6 +33,15 @@ def _soak_one(folder: Path, cfg: dict[str, Any], n_tokens: int, model: Path) -> 
     return run_soak(build.bin_dir, model, n_tokens, dict(choice["runtime_env"]), args, log_dir)
 
 
+def _find_model(cfg: dict[str, Any], folder: Path) -> Path | None:
+    """The result's model file (``[model] file``, a bare file name) in the result folder, ``$TUNER_HOME/models``
+    or the current directory."""
+    name = str(cfg.get("model", {}).get("file", ""))
+    if not name or Path(name).name != name:
+        return None
+    return next((d / name for d in (folder, tuner_home() / "models", Path.cwd()) if (d / name).is_file()), None)
+
+
 def soak_results(
     paths: Iterable[Path], n_tokens: int, *, model: Path | None = None, echo: Callable[[str], None] = print
 ) -> int:
@@ -53,10 +62,7 @@ def soak_results(
             if arch not in local:
                 echo(f"skip {folder}: soak needs a {arch} device, this machine has {local or 'none'}")
                 continue
-        m = Path(model) if model is not None else None
-        name = str(cfg.get("model", {}).get("file", ""))  # else the result's model file: in the result folder,
-        if m is None and name and Path(name).name == name:  # $TUNER_HOME/models or the current directory
-            m = next((d / name for d in (folder, tuner_home() / "models", Path.cwd()) if (d / name).is_file()), None)
+        m = Path(model) if model is not None else _find_model(cfg, folder)
         if m is None:
             raise UsageError(
                 f"{folder} was measured with {cfg.get('model', {}).get('file', 'an unnamed model')}, which is "
