@@ -445,12 +445,15 @@ def _compile_checks(
 ) -> list[CompileCheck]:
     samples = {k: x for r in rows for k, x in (r["sample_legal"] or {}).items()}
     skip, cpu = _skip_reason(target.arch.vendor), target.is_cpu
-    # The first variant compiles the sample candidates' TUs too; the others differ only in
-    # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
-    whats = ("upstream + one legal candidate per row", "the patched selector TU")
     out: list[CompileCheck] = []
     for i, variant in enumerate(renderable):
-        sample, what = {} if i else samples, "the CPU backend's FLASH_ATTN_EXT TU" if cpu else whats[min(i, 1)]
+        # The first variant compiles the sample candidates' TUs too; the others differ only in
+        # global defines, so their selector TU (fattn.cu, which holds the hook) is the sample.
+        sample = samples if i == 0 else {}
+        if cpu:
+            what = "the CPU backend's FLASH_ATTN_EXT TU"
+        else:
+            what = "upstream + one legal candidate per row" if i == 0 else "the patched selector TU"
         rv = render_variant(source, target.arch.name, variant, compile_values=dict(sample), local_archs=[])
         objs = check_objects(rv, source.root, cpu=cpu)
         if objs is None:  # a check that cannot apply is not a failure
