@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "FaShape",
+    "HeadCounts",
     "KernelTime",
     "fa_log_hit",
     "fa_test_file",
@@ -37,6 +38,7 @@ import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from tuner import log
 from tuner.errors import UsageError
@@ -122,11 +124,21 @@ class KernelTime:
     log_file: str = ""
 
 
-def shape_for_model(model: object, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
-    """The FA shape of a :class:`tuner.targets.models.ModelShape` (or any object with ``head_dim``,
-    ``n_heads`` and ``n_kv_heads``) at ``n_kv`` cache cells and ``n_batch`` query tokens."""
-    d = int(getattr(model, "head_dim"))  # noqa: B009  (duck-typed on purpose: no import of targets here)
-    h, hkv = int(getattr(model, "n_heads")), int(getattr(model, "n_kv_heads"))  # noqa: B009
+class HeadCounts(Protocol):
+    """What :func:`shape_for_model` reads of a model: :class:`tuner.targets.models.ModelShape` has it (a protocol,
+    so measure/ does not import targets/)."""
+
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+
+
+def shape_for_model(model: HeadCounts, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
+    """The FA shape of ``model`` at ``n_kv`` cache cells and ``n_batch`` query tokens."""
+    d, h, hkv = int(model.head_dim), int(model.n_heads), int(model.n_kv_heads)
     return FaShape(head_dim=d, head_dim_v=d, n_head=h, n_head_kv=hkv, n_kv=n_kv, n_batch=n_batch, kv_type=kv_type)
 
 
