@@ -17,7 +17,7 @@ import tuner.source
 from tuner.errors import UsageError
 from tuner.measure.soak import SoakResult, plan_chunks, run_soak
 from tuner.paths import tuner_home
-from tuner.result.validate import find_results, load_config, render_result
+from tuner.result.validate import find_results, load_config, render_result, schema_errors
 from tuner.targets import archs
 
 
@@ -46,7 +46,8 @@ def soak_results(
     paths: Iterable[Path], n_tokens: int, *, model: Path | None = None, echo: Callable[[str], None] = print
 ) -> int:
     """Soak every result under ``paths`` that this machine can run; returns how many failed. UsageError, before
-    anything runs: ``n_tokens`` <= 0, a ``--model`` that does not exist, or a result whose model is not here."""
+    anything runs: ``n_tokens`` <= 0, a ``--model`` that does not exist, a config.toml that fails its schema, or a
+    result whose model is not here."""
     plan_chunks(n_tokens)
     if model is not None and not Path(model).is_file():
         raise UsageError(
@@ -56,6 +57,11 @@ def soak_results(
     local, todo = None, []
     for folder in find_results(paths):
         cfg = load_config(folder)
+        if errs := schema_errors(cfg):  # a folder someone else wrote: nothing of it is read before this check
+            raise UsageError(
+                f"{folder}/config.toml is not a result tuner can soak ({'; '.join(errs[:3])}); "
+                f"`tuner validate {folder}` lists what is wrong with it."
+            )
         arch = cfg["target"]["arch"]
         if arch != "cpu":
             local = archs.detect_local_archs() if local is None else local

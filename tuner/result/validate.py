@@ -17,6 +17,7 @@ __all__ = [
     "guarded",
     "load_config",
     "render_result",
+    "schema_errors",
     "validate_paths",
     "validate_result",
 ]
@@ -127,7 +128,8 @@ def render_result(source: Source, cfg: Mapping[str, Any]) -> RenderedVariant:
     )
 
 
-def _schema(cfg: Mapping[str, Any]) -> list[str]:
+def schema_errors(cfg: Mapping[str, Any]) -> list[str]:
+    """What ``config.toml``'s ``cfg`` lacks or has of the wrong type for its schema version (empty: none)."""
     errs = []
     required = dict(REQUIRED)
     if cfg.get("schema") in (2, 3):  # screen -> compose -> tune -> confirm: confirmed points instead of buckets
@@ -353,7 +355,7 @@ def validate_result(
             cfg = load_config(folder)
         except TunerError as err:
             return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
-        errs = _schema(cfg)
+        errs = schema_errors(cfg)
         f.append(Finding(check="schema", ok=not errs, detail="; ".join(errs)))
         if errs:
             return ResultCheck(path=folder, findings=tuple(f))

@@ -359,3 +359,20 @@ def test_gpu_builds_only_tuners_render_of_upstream_patch(
     assert built == [good]
     assert not found["upstream.patch re-render"].ok and found["upstream.patch applies"].ok
     assert "not built" in found["upstream.patch on the GPU"].detail
+
+
+@pytest.mark.parametrize(
+    "toml",
+    ['schema = 3\nmodel = "x"\n[target]\narch = "cpu"\n', "schema = 3\n"],
+    ids=["model-not-a-table", "no-target"],
+)
+def test_soak_refuses_a_config_that_fails_its_schema_before_reading_it(tmp_path: Path, toml: str) -> None:
+    """`tuner validate --soak` reads each folder's config.toml: one that fails the schema is a UsageError naming
+    it (exit 2), not an AttributeError or KeyError from the fields it lacks."""
+    from tuner.errors import UsageError
+    from tuner.result.soak_check import soak_results
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.toml").write_text(toml)
+    with pytest.raises(UsageError, match=r"r/config\.toml is not a result tuner can soak \(missing key"):
+        soak_results([tmp_path / "r"], 100)
