@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["file_sha256", "stable_hash", "text_sha256"]
-
 import hashlib
 import json
 from pathlib import Path

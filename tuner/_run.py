@@ -8,8 +8,6 @@ pipe open after the child exited does not keep tuner waiting.
 
 from __future__ import annotations
 
-__all__ = ["RunResult", "run", "tail"]
-
 import codecs
 import contextlib
 import ctypes

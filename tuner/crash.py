@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_INTERNAL", "debug_requested", "report_crash", "write_crash_log"]
-
 import datetime
 import importlib.metadata
 import os

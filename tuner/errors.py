@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["EXIT_STATUSES", "EXIT_TIME_BUDGET", "TunerError", "UsageError", "close_matches", "error_chain"]
-
 import difflib
 from collections.abc import Iterable, Iterator
 

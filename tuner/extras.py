@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["OPTIONAL_MODULES", "install_command", "missing_module_error"]
-
 from pathlib import Path
 
 from tuner.errors import UsageError

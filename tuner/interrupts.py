@@ -9,8 +9,6 @@ where tuner starts a process or a stage, raises :class:`Terminated` for a mark n
 
 from __future__ import annotations
 
-__all__ = ["Terminated", "check", "held", "mark", "sigterm_interrupts"]
-
 import contextlib
 import signal
 from collections.abc import Iterator

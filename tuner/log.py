@@ -7,8 +7,6 @@ stage echoes, a driver's error text) never reaches the screen or a captured log.
 
 from __future__ import annotations
 
-__all__ = ["info", "notice", "progress", "step", "table", "warning"]
-
 import contextlib
 import sys
 import time

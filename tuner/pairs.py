@@ -6,8 +6,6 @@ an integer, a search-space knob is checked against its space (:func:`tuner.plan.
 
 from __future__ import annotations
 
-__all__ = ["parse_pairs"]
-
 from collections.abc import Iterable
 
 from tuner.errors import UsageError

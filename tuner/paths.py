@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "current_umask",
-    "data_dir",
-    "package_data",
-    "refuse_linked_folder",
-    "refuse_links_inside",
-    "subfolder",
-    "tuner_home",
-    "write_into",
-]
-
 import contextlib
 import os
 import tempfile

@@ -13,8 +13,6 @@ two within 10 seconds (except the last). A CI log of a 7-minute build stays abou
 
 from __future__ import annotations
 
-__all__ = ["Tracker", "format_seconds", "mode", "track"]
-
 import contextlib
 import os
 import sys

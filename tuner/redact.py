@@ -16,8 +16,6 @@ is only found where the whole value is known: :func:`redact_value` (one argument
 
 from __future__ import annotations
 
-__all__ = ["MASK", "redact", "redact_argv", "redact_value", "remember", "remember_argv"]
-
 import json
 import re
 from collections.abc import Iterable, Iterator

@@ -8,8 +8,6 @@ failed can never end in a report of ``nan`` t/s.
 
 from __future__ import annotations
 
-__all__ = ["nonfinite", "require_finite"]
-
 import math
 from collections.abc import Iterable, Mapping
 

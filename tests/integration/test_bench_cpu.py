@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tuner.measure.bench import COLUMNS, load_results, run_bench
+from tuner.measure.bench import COLUMNS, run_bench
+from tuner.measure.frames import load_results
 from tuner.measure.gate import params_for_model, run_check, run_gate
 from tuner.measure.stats import compare_frames
-from tuner.result.report import plot_depth, render_report
+from tuner.result.plots import plot_depth
+from tuner.result.report import render_report
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +90,7 @@ def test_run_bench_real_schema_and_stats(run_a) -> None:
 
 def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_path: Path) -> None:
     from tuner.cli.bench_cmd import bench
-    from tuner.measure.bench import save_results
+    from tuner.measure.frames import save_results
 
     df_a, _ = run_a
     save_results(df_a, tmp_path / "A")

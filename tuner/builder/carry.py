@@ -11,8 +11,6 @@ sha256 the manifest records, and nothing is written outside that variant's folde
 
 from __future__ import annotations
 
-__all__ = ["PACK_FORMAT", "pack_build", "unpack_build"]
-
 import hashlib
 import io
 import json

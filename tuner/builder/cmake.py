@@ -17,25 +17,6 @@ stable; one place to fix on upgrade).
 
 from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_TARGETS",
-    "HIP_CMAKE_SPEC",
-    "BuildTools",
-    "build_variant",
-    "check_target_names",
-    "default_check_objects",
-    "find_build_tools",
-    "is_built",
-    "is_on",
-    "load_build_record",
-    "ninja_log_lines",
-    "parse_ninja_log",
-    "parse_ninja_progress",
-    "quantize_model",
-    "rebuilt_objects",
-    "search_targets",
-]
-
 import contextlib
 import dataclasses
 import functools
@@ -59,7 +40,6 @@ from tuner import _run, log, progress
 from tuner._hash import file_sha256, stable_hash
 from tuner.builder import hip
 from tuner.builder.hip import HipToolchain
-from tuner.builder.quantize import quantize_model
 from tuner.builder.records import (
     adopt_old_layout,
     cached_record,

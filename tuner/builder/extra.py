@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["ensure_targets"]
-
 import dataclasses
 import os
 import re
@@ -14,15 +12,8 @@ from pathlib import Path
 
 from tuner import _run, log
 from tuner.builder import hip
-from tuner.builder.cmake import (
-    HIP_CMAKE_SPEC,
-    check_target_names,
-    find_build_tools,
-    is_on,
-    ninja_log_lines,
-    rebuilt_objects,
-)
-from tuner.builder.records import hold_artifact, load_build_record, locked, write_json
+from tuner.builder.cmake import HIP_CMAKE_SPEC, check_target_names, find_build_tools, ninja_log_lines, rebuilt_objects
+from tuner.builder.records import hold_artifact, is_on, load_build_record, locked, write_json
 from tuner.errors import TunerError, UsageError
 from tuner.plan.variant import Build
 

@@ -14,17 +14,6 @@ the real target (gfx1151, gfx1100, gfx1201, gfx942) on a machine without ROCm. T
 
 from __future__ import annotations
 
-__all__ = [
-    "HIP_ARCHS",
-    "HipToolchain",
-    "default_prefix",
-    "find_hip_toolchain",
-    "parse_offload_targets",
-    "require_hip_toolchain",
-    "run_hip_check",
-    "run_hip_setup",
-]
-
 import dataclasses
 import json
 import logging

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["quantize_model"]
-
 import os
 from pathlib import Path
 

@@ -11,24 +11,6 @@ it started with while ``tuner build`` adds ``llama-perplexity`` to the same vari
 
 from __future__ import annotations
 
-__all__ = [
-    "WAIT_NOTE_S",
-    "adopt_old_layout",
-    "cached_record",
-    "current_artifact",
-    "describe_owner",
-    "hold_artifact",
-    "install_artifact",
-    "is_on",
-    "load_build_record",
-    "locked",
-    "native_isa",
-    "owner_record",
-    "pid_alive",
-    "prune_artifacts",
-    "write_json",
-]
-
 import contextlib
 import datetime
 import errno

@@ -2,29 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "DEPRECATED",
-    "DIR",
-    "EXISTING_DIR",
-    "EXISTING_FILE",
-    "FILE",
-    "PATH",
-    "AliasOption",
-    "F",
-    "SuggestingGroup",
-    "build_option",
-    "cpu_mask_option",
-    "deprecated_option",
-    "depths_option",
-    "find_bin_dir",
-    "number_option",
-    "output_option",
-    "round_limits",
-    "rounds_option",
-    "stacked",
-    "stamped_run_dir",
-]
-
 import datetime as _dt
 import re
 from collections.abc import Callable
@@ -34,7 +11,6 @@ from typing import Any, TypeVar
 import click
 
 from tuner.errors import UsageError, close_matches
-from tuner.measure.exe import find_bin_dir  # where --build points: re-exported for the commands
 
 F = TypeVar("F", bound=Callable[..., object])
 """A click command function that an option decorator returns as it was given."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["ab"]
-
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,6 @@ from tuner.cli._params import (
     EXISTING_FILE,
     build_option,
     depths_option,
-    find_bin_dir,
     number_option,
     output_option,
     round_limits,
@@ -23,6 +20,7 @@ from tuner.cli._params import (
     stamped_run_dir,
 )
 from tuner.errors import UsageError
+from tuner.measure.exe import find_bin_dir
 
 _CI_TARGET = 1.0  # percent: `tuner search --ci-target`'s default, the stop rule of the rounds past --min-rounds
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["archs", "estimate"]
-
 import json
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["bench", "check", "compare", "report"]
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +17,12 @@ from tuner.cli._params import (
     build_option,
     cpu_mask_option,
     depths_option,
-    find_bin_dir,
     number_option,
     output_option,
     stamped_run_dir,
 )
 from tuner.errors import TunerError, UsageError
+from tuner.measure.exe import find_bin_dir
 from tuner.pairs import parse_pairs
 
 if TYPE_CHECKING:
@@ -128,7 +126,8 @@ def bench(
     Extra llama-bench flags go after `--`, e.g. `tuner bench --build B --model M -- -ngl 99`.
     Results go to OUT/<label>.jsonl (and .parquet); logs to OUT/logs.
     """
-    from tuner.measure.bench import render_table, run_bench, save_results
+    from tuner.measure.bench import run_bench
+    from tuner.measure.frames import render_table, save_results
     from tuner.measure.interleave import BenchTarget, run_interleaved
 
     if labels and len(labels) != len(builds):
@@ -180,7 +179,8 @@ def bench(
 
     click.echo(render_table(pd.concat(frames.values(), ignore_index=True)))
     if len(frames) > 1:  # each build against the first, by compare's table and verdict rule
-        from tuner.result.report import compare_points, compare_table, noise_line
+        from tuner.result.report import compare_points, noise_line
+        from tuner.result.tables import compare_table
 
         first, pts_all = names[0], []
         for name in list(frames)[1:]:
@@ -199,7 +199,7 @@ _AA_HELP = (
 
 
 def _load_aa(aa: tuple[Path, Path] | None) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    from tuner.measure.bench import load_results
+    from tuner.measure.frames import load_results
 
     if not aa:
         return None
@@ -254,8 +254,10 @@ def compare(
     CI, the noise reference and the verdict. Faster/slower needs the whole CI beyond the noise: an A/A
     pair (--aa) or the recorded run-to-run floor. The table goes to stdout, notes to stderr.
     """
-    from tuner.measure.bench import load_results
-    from tuner.result.report import aa_warning, compare_points, format_compare, noise_line, plot_speedup
+    from tuner.measure.frames import load_results
+    from tuner.result.plots import plot_speedup
+    from tuner.result.report import aa_warning, compare_points, noise_line
+    from tuner.result.tables import format_compare
 
     da, db = load_results(a), load_results(b)
     points = compare_points(da, db, aa=_load_aa(aa_files), confidence=confidence, min_effect_pct=min_effect)
@@ -297,8 +299,9 @@ def report(
 
     FILES are files `tuner bench` wrote or llama-bench's own output (-o jsonl, json, csv or sql).
     """
-    from tuner.measure.bench import load_results
-    from tuner.result.report import aa_warning, plot_depth, render_report, report_records
+    from tuner.measure.frames import load_results
+    from tuner.result.plots import plot_depth
+    from tuner.result.report import aa_warning, render_report, report_records
 
     frames = {}
     for p in files:

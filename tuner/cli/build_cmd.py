@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["build", "parse_sets", "toolchain"]
-
 from collections.abc import Sequence
 from pathlib import Path
 

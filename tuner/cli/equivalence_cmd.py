@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["equivalence"]
-
 import json
 import shlex
 from pathlib import Path
@@ -15,12 +13,12 @@ from tuner.cli._params import (
     EXISTING_DIR,
     EXISTING_FILE,
     build_option,
-    find_bin_dir,
     number_option,
     output_option,
     stamped_run_dir,
 )
 from tuner.errors import TunerError, UsageError
+from tuner.measure.exe import find_bin_dir
 from tuner.pairs import parse_pairs
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["export", "export_study", "validate"]
-
 import sys
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["model"]
-
 import json
 from pathlib import Path
 

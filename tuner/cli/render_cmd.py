@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["render"]
-
 import json
 import shlex
 from pathlib import Path

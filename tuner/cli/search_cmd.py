@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["search", "worker"]
-
 import dataclasses
 import time
 from collections.abc import Mapping

@@ -4,8 +4,6 @@ result. It lives in the command-line layer because ``search/`` and ``result/`` m
 
 from __future__ import annotations
 
-__all__ = ["dashboard_hint", "search_and_export", "tune_worker"]
-
 import time
 from pathlib import Path
 

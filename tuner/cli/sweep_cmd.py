@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["sweep"]
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar

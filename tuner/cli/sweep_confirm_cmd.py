@@ -4,8 +4,6 @@ Registered on the ``sweep`` group by sweep_cmd, with the options the sweep comma
 
 from __future__ import annotations
 
-__all__ = ["budget_stop", "confirm_cmd", "export_cmd", "measure_options", "merge_cmd", "run_options"]
-
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping

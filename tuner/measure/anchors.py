@@ -11,8 +11,6 @@ instead would understate it (two anchors 10% apart: 9.5%).
 
 from __future__ import annotations
 
-__all__ = ["drift_pct", "pool"]
-
 import math
 from collections.abc import Iterable, Sequence
 

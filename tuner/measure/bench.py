@@ -21,16 +21,6 @@ test inside the call (warm-up, depth fill and, for the first test, model load in
 
 from __future__ import annotations
 
-__all__ = [
-    "COLUMNS",
-    "check_passthrough_args",
-    "load_results",
-    "parse_bench_jsonl",
-    "render_table",
-    "run_bench",
-    "save_results",
-]
-
 import contextlib
 import dataclasses
 import datetime as _dt
@@ -51,7 +41,7 @@ import numpy as np
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.measure.exe import check_env, check_model, find_exe, run_tool
-from tuner.measure.frames import json_lines, load_results, render_table, save_results, test_phase
+from tuner.measure.frames import json_lines, test_phase
 from tuner.measure.observe import Observation, Observer
 from tuner.measure.stats import summarize_samples as _summarize
 from tuner.targets import roofline

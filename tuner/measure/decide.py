@@ -35,22 +35,6 @@ claims. ``tools/power.py`` measures the rule on the recorded rounds (docs/decisi
 
 from __future__ import annotations
 
-__all__ = [
-    "ALPHA",
-    "DEFAULT_LIMITS",
-    "FINAL_SHARE",
-    "MIN_EFFECT_PCT",
-    "RULE_NAME",
-    "Call",
-    "CellTest",
-    "Pool",
-    "decide",
-    "holm",
-    "look_weight",
-    "method_text",
-    "phase_tests",
-]
-
 import dataclasses
 import math
 from collections.abc import Hashable, Mapping, Sequence

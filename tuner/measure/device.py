@@ -3,8 +3,6 @@ samples from two GPU models (an H100 and an H200 lent for one session, say) neve
 
 from __future__ import annotations
 
-__all__ = ["backend_device", "parse_list_devices"]
-
 import contextlib
 import os
 import platform

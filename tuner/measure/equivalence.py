@@ -33,21 +33,6 @@ its own from the kernel band it measures (:mod:`tuner.rounds.output_gate`; H100 
 
 from __future__ import annotations
 
-__all__ = [
-    "CALIBRATION",
-    "DEFAULT_THRESHOLDS",
-    "MODES",
-    "EquivalenceResult",
-    "KldStats",
-    "Thresholds",
-    "judge",
-    "parse_base_output",
-    "parse_kld_output",
-    "run_equivalence",
-    "widened_rules",
-    "write_gate_text",
-]
-
 import dataclasses
 import hashlib
 import math

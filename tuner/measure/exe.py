@@ -4,8 +4,6 @@ equivalence)."""
 
 from __future__ import annotations
 
-__all__ = ["bench_exit_error", "check_env", "check_model", "find_bin_dir", "find_exe", "run_tool"]
-
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence

@@ -16,21 +16,6 @@ from the FA log (``GGML_TUNER_FA_LOG=1``; the variable that forces a kernel work
 
 from __future__ import annotations
 
-__all__ = [
-    "CASE_RE",
-    "CASE_TIMEOUT_S",
-    "MAX_TARGET_MS",
-    "TARGET_MS",
-    "BenchCase",
-    "bench_cmd",
-    "build_bench",
-    "build_fa_bench",
-    "cached_bench",
-    "fa_bench_cases",
-    "parse_bench_output",
-    "run_round_fast",
-]
-
 import dataclasses
 import hashlib
 import os

@@ -6,8 +6,6 @@ build print one line per distinct shape and kernel
 
 from __future__ import annotations
 
-__all__ = ["kernel_at", "parse_fa_log"]
-
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any

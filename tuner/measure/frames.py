@@ -11,18 +11,6 @@ is the script's t/s: the mean over a group's rows of their ``avg_ts``.
 
 from __future__ import annotations
 
-__all__ = [
-    "MAX_SAMPLES",
-    "SETTING_FIELDS",
-    "json_lines",
-    "load_results",
-    "read_llama_bench",
-    "render_table",
-    "same_build",
-    "save_results",
-    "test_phase",
-]
-
 import contextlib
 import csv
 import json

@@ -17,17 +17,6 @@ tile config of a kernel the default heuristics would not pick for the test shape
 
 from __future__ import annotations
 
-__all__ = [
-    "KERNELS",
-    "CheckResult",
-    "GateResult",
-    "params_for_model",
-    "params_for_shapes",
-    "parse_check_output",
-    "run_check",
-    "run_gate",
-]
-
 import dataclasses
 import functools
 import re

@@ -7,8 +7,6 @@ run is :func:`tuner.measure.bench.run_bench`; the frames returned have its schem
 
 from __future__ import annotations
 
-__all__ = ["BenchTarget", "InterleavedResult", "run_interleaved"]
-
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence

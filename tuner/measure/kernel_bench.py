@@ -18,21 +18,6 @@ a second, then prints ``N runs - T us/run`` per case. Paired rounds and their st
 
 from __future__ import annotations
 
-__all__ = [
-    "FaShape",
-    "HeadCounts",
-    "KernelTime",
-    "fa_log_hit",
-    "fa_test_file",
-    "force_kernel_env",
-    "ggml_enums",
-    "ggml_h_above",
-    "parse_perf_output",
-    "run_candidates",
-    "run_round",
-    "shape_for_model",
-]
-
 import dataclasses
 import re
 import struct

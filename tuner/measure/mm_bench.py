@@ -10,21 +10,6 @@ leaves it unset for upstream's choice).
 
 from __future__ import annotations
 
-__all__ = [
-    "CASE_RE",
-    "ENV",
-    "EXE",
-    "GRAPHS_ENV",
-    "SOURCE",
-    "MmBenchCase",
-    "MmShape",
-    "build_mm_bench",
-    "mm_bench_cases",
-    "mmq_hook_present",
-    "parse_mm_bench_output",
-    "run_cases",
-]
-
 import dataclasses
 import math
 import os

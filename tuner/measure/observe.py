@@ -14,8 +14,6 @@ the observer's start, so other processes' allocations are (approximately) not co
 
 from __future__ import annotations
 
-__all__ = ["Mark", "Observation", "Observer", "find_gpu_probe"]
-
 import contextlib
 import dataclasses
 import functools

@@ -17,27 +17,6 @@ the baseline is small (a GPU backend's host thread). :func:`rejects_cpu_cost` is
 
 from __future__ import annotations
 
-__all__ = [
-    "CPU_REJECTED",
-    "NOISE_CEILING_PCT",
-    "TOO_NOISY",
-    "UPSTREAM_KEPT",
-    "Diff",
-    "Effect",
-    "block_effects",
-    "complete_logs",
-    "method_text",
-    "noise_pct",
-    "noise_points",
-    "paired_diff",
-    "paired_effect",
-    "rejects_cpu_cost",
-    "residual",
-    "rotated",
-    "too_noisy",
-    "verdict",
-]
-
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence

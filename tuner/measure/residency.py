@@ -23,16 +23,6 @@ same reason host weights up to the input embeddings' size (:func:`input_layer_mi
 
 from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_MAX_SPLITS",
-    "Residency",
-    "input_layer_mib",
-    "is_host_buffer",
-    "judge",
-    "parse_residency",
-    "run_residency",
-]
-
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence

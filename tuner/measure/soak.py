@@ -24,19 +24,6 @@ at the same moments (device totals: per-process numbers are often empty in conta
 
 from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_CHUNK",
-    "DEFAULT_TOLERANCES",
-    "MIN_REPS",
-    "MemSample",
-    "SoakJudgement",
-    "SoakResult",
-    "Tolerances",
-    "judge_soak",
-    "plan_chunks",
-    "run_soak",
-]
-
 import dataclasses
 import math
 import os

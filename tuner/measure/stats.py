@@ -10,21 +10,6 @@ U test cannot reach p < 0.05, which is the point: three reps do not decide a 5% 
 
 from __future__ import annotations
 
-__all__ = [
-    "NoiseRef",
-    "Verdict",
-    "aa_noise",
-    "bootstrap_median_ci",
-    "ci_halfwidth_pct",
-    "compare",
-    "compare_frames",
-    "judge",
-    "median",
-    "method_text",
-    "run_floor",
-    "summarize_samples",
-]
-
 import dataclasses
 import math
 import warnings

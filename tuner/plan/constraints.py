@@ -9,22 +9,6 @@ upstream rows that untuned fields default to.
 
 from __future__ import annotations
 
-__all__ = [
-    "ArchLimits",
-    "MmaRow",
-    "TileRow",
-    "Violation",
-    "check_candidate",
-    "check_mma_row",
-    "check_tile_row",
-    "check_wmma",
-    "load_arch_limits",
-    "mma_smem_bytes",
-    "parse_mma_tables",
-    "parse_tile_tables",
-    "wmma_smem_bytes",
-]
-
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping

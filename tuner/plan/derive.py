@@ -11,8 +11,6 @@ machine's physical cores, not the mask's): exactly the gap a host-paced search s
 
 from __future__ import annotations
 
-__all__ = ["Legal", "legal_values", "resolve_space", "space_for_run"]
-
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path

@@ -14,20 +14,6 @@ The C++ condition of a rule in upstream's own selection function is
 
 from __future__ import annotations
 
-__all__ = [
-    "FA_RULES_MAX",
-    "FA_RULE_KEY_RANGES",
-    "FA_RULE_KV_TYPES",
-    "FaRule",
-    "Phase",
-    "as_stored",
-    "match_rules",
-    "parse_fa_rules",
-    "rules_env",
-    "rules_from_texts",
-    "rules_texts",
-]
-
 import dataclasses
 import enum
 import re

@@ -3,8 +3,6 @@ pristine tree rendered from Jinja fragments, and the unified diff ``git apply`` 
 
 from __future__ import annotations
 
-__all__ = ["Edit", "PatchManifest", "load_manifests", "patched_file", "render_patch", "render_template", "unified_diff"]
-
 import dataclasses
 import difflib
 import functools

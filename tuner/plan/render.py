@@ -9,18 +9,6 @@ mode (``tuner export``) the same values are written into the sources instead and
 
 from __future__ import annotations
 
-__all__ = [
-    "find_hooked_tus",
-    "render_defines",
-    "render_patch",
-    "render_preset",
-    "render_presets",
-    "render_tu_headers",
-    "render_variant",
-    "tu_header_name",
-    "variant_family",
-]
-
 import contextlib
 import dataclasses
 import functools

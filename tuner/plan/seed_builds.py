@@ -7,8 +7,6 @@ settings are knob values of the arch's search space, so they pass the same type 
 
 from __future__ import annotations
 
-__all__ = ["OFFLOADS", "SeedBuild", "SeedRun", "load_seed_builds", "seed_build", "seed_run"]
-
 import dataclasses
 import re
 from collections.abc import Mapping

@@ -8,28 +8,6 @@ carries its upstream default, so a study can always enqueue the baseline first.
 
 from __future__ import annotations
 
-__all__ = [
-    "BENCH_DEFAULT",
-    "COMPILE_KINDS",
-    "DERIVED_FLAGS",
-    "RULE_KINDS",
-    "RUNTIME_KINDS",
-    "Knob",
-    "RuntimeSettings",
-    "SearchSpace",
-    "SpaceNotFound",
-    "check_constraints",
-    "check_values",
-    "compile_values_of",
-    "load_space",
-    "parse_set_values",
-    "parse_space",
-    "render_runtime",
-    "runtime_env_and_args",
-    "set_values",
-    "upstream_row",
-]
-
 import dataclasses
 import functools
 import re

@@ -10,8 +10,6 @@ source copy after configure; this module names them from the pristine tree the s
 
 from __future__ import annotations
 
-__all__ = ["DECL_RE", "MMA_GLOB", "SPLIT_DIR", "has_mma_split", "split_tu", "split_tu_of", "split_tus", "splits_mma"]
-
 import re
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath

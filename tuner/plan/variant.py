@@ -5,8 +5,6 @@ Kept in one small module so each stage can be written and tested against the sam
 
 from __future__ import annotations
 
-__all__ = ["VARIANTS", "Build", "RenderedVariant", "variant_family"]
-
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path

@@ -7,22 +7,6 @@ and no file a patch names is touched before every such name is a plain relative 
 
 from __future__ import annotations
 
-__all__ = [
-    "MAX_FILE_BYTES",
-    "MAX_FOLDER_ENTRIES",
-    "ArgumentError",
-    "Finding",
-    "FolderError",
-    "folder_problems",
-    "git_apply_to_copy",
-    "is_leftover",
-    "load_toml_in",
-    "present_in",
-    "read_bytes_in",
-    "read_text_in",
-    "unsafe_patch_paths",
-]
-
 import dataclasses
 import errno
 import os

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["COST_FIELDS", "cost_line"]
-
 from tuner.study.record import SearchOutcome
 
 COST_FIELDS: tuple[str, ...] = ("build_s", "model_s", "gate_s", "screen_s", "tune_s", "confirm_s", "gates_s", "total_s")

@@ -5,24 +5,6 @@ result folder (``config.toml``, ``tuned.patch`` unless the kernels are upstream'
 
 from __future__ import annotations
 
-__all__ = [
-    "EXPORT_FILES",
-    "NO_PATCH_NOTE",
-    "PRESETS_FILE",
-    "Choice",
-    "baked_runtime",
-    "check_out_dir",
-    "clean_leftovers",
-    "export_render",
-    "hashes_table",
-    "server_args",
-    "source_table",
-    "staged_export",
-    "tomlable",
-    "write_build_files",
-    "write_result",
-]
-
 import contextlib
 import dataclasses
 import fcntl
@@ -50,7 +32,8 @@ from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.plan.render import render_presets
 from tuner.plan.space import RULE_KINDS, SearchSpace, compile_values_of, runtime_env_and_args
 from tuner.plan.variant import RenderedVariant
-from tuner.result.report import plot_depth, render_report
+from tuner.result.plots import plot_depth
+from tuner.result.report import render_report
 from tuner.study import legacy
 from tuner.study.record import StudyHeader, load_header
 from tuner.targets import models

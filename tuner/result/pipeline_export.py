@@ -5,16 +5,6 @@ from before CPU% was measured show "—" there and get no Pareto plot).
 
 from __future__ import annotations
 
-__all__ = [
-    "export_pipeline",
-    "gate_table",
-    "model_origin",
-    "pareto_differs",
-    "pareto_points",
-    "pr_body",
-    "summary_line",
-]
-
 import dataclasses
 import math
 import re
@@ -46,8 +36,7 @@ from tuner.result.export import (
     write_build_files,
 )
 from tuner.result.pipeline_report import confirmed_points, device_name, finite, need, rejected_points, report_text
-from tuner.result.plots import ParetoPoint, plot_pareto
-from tuner.result.report import plot_speedup
+from tuner.result.plots import ParetoPoint, plot_pareto, plot_speedup
 from tuner.result.upstream_patch import models_note, render_pr_body, render_upstream_patch, reproduce_commands
 from tuner.sanity import require_finite
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome

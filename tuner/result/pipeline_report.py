@@ -4,18 +4,6 @@ output-equivalence gate, graph splits and residency, the kernel screen and the t
 
 from __future__ import annotations
 
-__all__ = [
-    "fresh_study_advice",
-    "gate_section",
-    "knobs_dropped_section",
-    "need",
-    "noise_line",
-    "noisy_line",
-    "noisy_phases",
-    "report_text",
-    "residency_section",
-]
-
 import math
 import re
 import statistics
@@ -29,8 +17,8 @@ from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Eff
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.redact import redact
 from tuner.result.cost import cost_line
-from tuner.result.report import compare_table, dashboard_command, importances_section
-from tuner.result.tables import method_paragraph
+from tuner.result.report import dashboard_command, importances_section
+from tuner.result.tables import compare_table, method_paragraph
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
 from tuner.study.state import StudyState
 

@@ -5,20 +5,6 @@ matplotlib's Agg backend; nothing is shown."""
 
 from __future__ import annotations
 
-__all__ = [
-    "ParetoPoint",
-    "Span",
-    "as_float",
-    "depth_axis",
-    "pareto_front",
-    "plot_depth",
-    "plot_pareto",
-    "plot_speedup",
-    "pyplot",
-    "save_png",
-    "speedup_spans",
-]
-
 import io
 import itertools
 import math

@@ -6,20 +6,6 @@ else the recorded run-to-run floor of the backend and phase (docs/noise-floors.m
 
 from __future__ import annotations
 
-__all__ = [
-    "aa_warning",
-    "compare_points",
-    "compare_table",
-    "dashboard_command",
-    "format_compare",
-    "importances_section",
-    "noise_line",
-    "plot_depth",
-    "plot_speedup",
-    "render_report",
-    "report_records",
-]
-
 import math
 import shlex
 import warnings
@@ -32,7 +18,7 @@ from tuner import log
 from tuner.errors import UsageError, close_matches
 from tuner.measure.frames import same_build
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
-from tuner.result.plots import as_float, plot_depth, plot_speedup
+from tuner.result.plots import as_float
 from tuner.result.tables import (
     ESTIMATORS,
     CompareRecord,
@@ -40,7 +26,6 @@ from tuner.result.tables import (
     bench_test_name,
     compare_records,
     compare_table,
-    format_compare,
     method_paragraph,
 )
 

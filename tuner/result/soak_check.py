@@ -5,8 +5,6 @@ device this machine lacks are skipped with a note, as ``--bench`` does.
 
 from __future__ import annotations
 
-__all__ = ["soak_results"]
-
 import datetime as _dt
 from collections.abc import Callable, Iterable
 from pathlib import Path

@@ -6,19 +6,6 @@ noise reference (``A/A``, ``floor``: docs/noise-floors.md, or ``none``).
 
 from __future__ import annotations
 
-__all__ = [
-    "COMPARE_FIELDS",
-    "ESTIMATORS",
-    "MARKS",
-    "CompareRecord",
-    "Points",
-    "bench_test_name",
-    "compare_records",
-    "compare_table",
-    "format_compare",
-    "method_paragraph",
-]
-
 import csv
 import io
 import json

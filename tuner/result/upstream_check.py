@@ -7,18 +7,6 @@ launches: the last ``n_gen x n_layers`` FlashAttention launches of ``llama-bench
 
 from __future__ import annotations
 
-__all__ = [
-    "KERNEL_FUNCTIONS",
-    "decision_depths",
-    "decode_family",
-    "find_ncu",
-    "gpu_skip",
-    "model_for",
-    "parse_ncu_csv",
-    "patched_tree_text",
-    "upstream_gpu_findings",
-]
-
 import csv
 import io
 import os

@@ -23,21 +23,6 @@ The diff is git's format from :mod:`difflib`, hunk headers naming the enclosing 
 
 from __future__ import annotations
 
-__all__ = [
-    "FATTN",
-    "KERNEL_ENUMS",
-    "arch_condition",
-    "git_diff",
-    "kv_type_enum",
-    "models_note",
-    "patched_fattn",
-    "render_pr_body",
-    "render_upstream_patch",
-    "reproduce_commands",
-    "rule_condition",
-    "whitespace_only_hunks",
-]
-
 import difflib
 import hashlib
 import itertools

@@ -7,21 +7,6 @@ unless ``fetch``, and a check stopped by something unexpected fails that folder 
 
 from __future__ import annotations
 
-__all__ = [
-    "Finding",
-    "ResultCheck",
-    "cached_or_fetched",
-    "contents_finding",
-    "find_results",
-    "git_apply_to_copy",
-    "guarded",
-    "load_config",
-    "render_result",
-    "schema_errors",
-    "validate_paths",
-    "validate_result",
-]
-
 import dataclasses
 import json
 import logging

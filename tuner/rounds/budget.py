@@ -5,8 +5,6 @@ status 3 (:data:`tuner.errors.EXIT_TIME_BUDGET`)."""
 
 from __future__ import annotations
 
-__all__ = ["UNBOUNDED", "Budget", "BudgetReached"]
-
 import dataclasses
 import math
 import time

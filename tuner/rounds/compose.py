@@ -10,22 +10,6 @@ shaped model run with the same build.
 
 from __future__ import annotations
 
-__all__ = [
-    "FAMILIES",
-    "Decision",
-    "Family",
-    "Shape",
-    "bisect_depths",
-    "compose_phase",
-    "judge_phase",
-    "noise_floor",
-    "open_depths",
-    "phase_noise",
-    "rules_from",
-    "sequential_calls",
-]
-
-
 import dataclasses
 import itertools
 import math

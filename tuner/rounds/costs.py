@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["load_step_costs"]
-
 from typing import Any
 
 from tuner._compat import tomllib

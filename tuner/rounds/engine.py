@@ -26,21 +26,6 @@ composed from them spans a point that was not measured.
 
 from __future__ import annotations
 
-__all__ = [
-    "AA",
-    "DEFAULT",
-    "Spec",
-    "Verdicts",
-    "gap_decision",
-    "judge",
-    "open_points",
-    "pack_groups",
-    "point_verdicts",
-    "round_processes",
-    "rounds_text",
-    "run_rounds",
-]
-
 import dataclasses
 import math
 import statistics

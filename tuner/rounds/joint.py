@@ -13,21 +13,6 @@ older studies lack them (derived values are then NaN), and each records its stop
 
 from __future__ import annotations
 
-__all__ = [
-    "EARLY_SETTLE_ROUNDS",
-    "AllCallsFailed",
-    "Candidate",
-    "JointMeasure",
-    "Measure",
-    "Point",
-    "Settle",
-    "SharedMeasure",
-    "ci_note",
-    "depths_to_measure",
-    "merge_call",
-    "run_joint_rounds",
-]
-
 import dataclasses
 import math
 import re

@@ -3,8 +3,6 @@ point it acts on is faster beyond the A/A noise and none is slower, CPU-rejected
 
 from __future__ import annotations
 
-__all__ = ["Fate", "keep"]
-
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Generic, Literal, TypeVar

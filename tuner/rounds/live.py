@@ -9,8 +9,6 @@ over the timed repetitions (docs/design.md).
 
 from __future__ import annotations
 
-__all__ = ["kernel_at", "make_live_measure", "parse_fa_log"]
-
 import math
 import os
 import platform

@@ -13,21 +13,6 @@ confirmed speedups belong to the whole final config, so a part of it would be a 
 
 from __future__ import annotations
 
-__all__ = [
-    "BAND_FACTOR",
-    "SCHEDULING_ENV",
-    "SCHEDULING_FLAGS",
-    "GateCheck",
-    "band_thresholds",
-    "gated_result",
-    "perplexity_args",
-    "plan_band",
-    "plan_checks",
-    "run_checks",
-    "run_gate_check",
-    "upstream_instead",
-]
-
 import dataclasses
 import math
 import os

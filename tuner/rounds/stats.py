@@ -7,8 +7,6 @@ candidate (:data:`AA_NAME`) is. Decode cells apply the CPU% rule (docs/design.md
 
 from __future__ import annotations
 
-__all__ = ["AA_NAME", "OBSERVED", "UPSTREAM", "CellStats", "PhaseScreen", "summarize_phase"]
-
 import dataclasses
 import math
 from collections import Counter

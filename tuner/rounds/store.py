@@ -7,8 +7,6 @@ builds' timings. Each sample is written as its process ends, so an interrupted r
 
 from __future__ import annotations
 
-__all__ = ["DEVICE", "Sample", "SampleStore", "Table", "device_identity", "open_store", "read_store"]
-
 import dataclasses
 import sqlite3
 import time

@@ -12,8 +12,6 @@ claims only the points that confirmed.
 
 from __future__ import annotations
 
-__all__ = ["FINAL", "confirm_depths", "extra_depths", "judge", "narrowed_rule", "point_rows", "run_confirm"]
-
 import dataclasses
 import functools
 import itertools

@@ -5,22 +5,6 @@ Here too: the run's builds, the test-backend-ops gate of a build and the measure
 
 from __future__ import annotations
 
-__all__ = [
-    "PHASES",
-    "Builds",
-    "Equivalence",
-    "GateResult",
-    "MeasureFactory",
-    "Proposal",
-    "SearchRun",
-    "confirm_factory",
-    "gate",
-    "kernel_factory",
-    "kernels_for",
-    "kv_type",
-    "live_measure",
-]
-
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence

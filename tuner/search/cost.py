@@ -3,20 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "Price",
-    "counted",
-    "full_build_seconds",
-    "local_prices",
-    "nearest_recording",
-    "past_cost",
-    "past_cost_line",
-    "priced_screen_call",
-    "screen_round_seconds",
-    "synth_price",
-    "this_cpu_device",
-]
-
 import dataclasses
 import math
 import os

@@ -3,8 +3,6 @@ a study resumed on another machine stops at the first call that reports another 
 
 from __future__ import annotations
 
-__all__ = ["OtherDevice", "check_device", "device_checked"]
-
 from collections.abc import Callable
 
 from tuner.errors import UsageError

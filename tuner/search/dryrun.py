@@ -10,8 +10,6 @@ recorded per-step costs (``tuner/data/step_costs.toml``). The report goes to std
 
 from __future__ import annotations
 
-__all__ = ["DryRunReport", "PlanInputs", "count_space", "full_build_seconds", "plan_stages", "render", "run_dry_run"]
-
 import collections
 import dataclasses
 import itertools
@@ -33,8 +31,8 @@ from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints
 from tuner.rounds.costs import load_step_costs
 from tuner.search import tune as tn
 from tuner.search.confirm import extra_depths
+from tuner.search.context import ALL_KERNELS, PHASES, kernels_for
 from tuner.search.cost import full_build_seconds, nearest_recording, past_cost_line, screen_round_seconds
-from tuner.search.pipeline import PHASES, kernels_for
 from tuner.search.plan_here import CPU_CHECK_OBJECTS, Here, Stage, check_objects, here_for
 from tuner.search.request import PlannedSearch, SearchRequest, check_variants, plan_search
 from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
@@ -404,7 +402,7 @@ def plan_stages(
             n_compile=n_compile,
             n_variants=1 if "variant" in pinned else n_variants,
             rebuild_s=rebuild_s,
-            trial_gate_share=len(tn.gate_kernels(knobs)) / len(tn.ALL_KERNELS),
+            trial_gate_share=len(tn.gate_kernels(knobs)) / len(ALL_KERNELS),
             here=here,
         )
     )

@@ -5,8 +5,6 @@ selection."""
 
 from __future__ import annotations
 
-__all__ = ["config_key", "final_of", "run_output_gate", "run_residency_gate"]
-
 import dataclasses
 import functools
 import re

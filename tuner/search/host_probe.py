@@ -7,8 +7,6 @@ and ``--repack 0`` runs, every config of the study is measured with it, and the 
 
 from __future__ import annotations
 
-__all__ = ["repack_probe"]
-
 import dataclasses
 import os
 from collections.abc import Mapping

@@ -11,8 +11,6 @@ row; prefill's last micro-batch reads ``pad256(d + pp)`` cells with ``min(pp, ub
 
 from __future__ import annotations
 
-__all__ = ["METHOD_BENCH", "METHOD_KERNEL", "KernelMeasure", "kernel_shape"]
-
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence

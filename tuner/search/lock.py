@@ -10,8 +10,6 @@ worker`` takes no lock (workers share a study).
 
 from __future__ import annotations
 
-__all__ = ["LOCK_NAME", "RunDirBusy", "StudyBusy", "pid_alive", "read_owner", "run_dir_lock", "study_lock"]
-
 import contextlib
 import errno
 import fcntl

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["Observed"]
-
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 

@@ -6,8 +6,6 @@ stopped (a time budget, a lost machine), and ``tuner export`` works from the stu
 
 from __future__ import annotations
 
-__all__ = ["PHASES", "PIPELINE_VERSION", "BudgetReached", "kernels_for", "plan_text", "run_pipeline", "run_tune_worker"]
-
 import contextlib
 import dataclasses
 import functools
@@ -27,14 +25,14 @@ from tuner.plan.fa_rules import FaRule, rules_from_texts
 from tuner.plan.variant import Build
 from tuner.redact import redact
 from tuner.rounds import compose as comp
-from tuner.rounds.budget import Budget, BudgetReached
+from tuner.rounds.budget import Budget
 from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, depths_to_measure, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
 from tuner.search import context as cx
 from tuner.search import lock
 from tuner.search.confirm import confirm_depths, run_confirm
-from tuner.search.context import PHASES, GateResult, SearchRun, gate, kernels_for
+from tuner.search.context import PHASES, GateResult, SearchRun, gate
 from tuner.search.cost import counted, past_cost_line, priced_screen_call
 from tuner.search.device_guard import device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate

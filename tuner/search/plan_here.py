@@ -3,8 +3,6 @@ costs, whether upstream's build and the model are cached, the model step's price
 
 from __future__ import annotations
 
-__all__ = ["CPU_CHECK_OBJECTS", "Here", "Stage", "check_objects", "here_for", "model_stage"]
-
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path

@@ -7,8 +7,6 @@ still "faster".
 
 from __future__ import annotations
 
-__all__ = ["rebench"]
-
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path

@@ -7,8 +7,6 @@ measurements :func:`tuner.search.select.select_winners` compares.
 
 from __future__ import annotations
 
-__all__ = ["BASELINE_PARAMS_ATTR", "anchor_drift", "baseline_repeats", "parse_point_key", "point_key", "study_results"]
-
 import math
 from typing import TYPE_CHECKING, Any
 

@@ -14,8 +14,6 @@ profile-weighted geometric mean of its speed ratio to ``default`` over all point
 
 from __future__ import annotations
 
-__all__ = ["ReplayGrid", "load_grid", "sample_efficiency"]
-
 import dataclasses
 import itertools
 import json

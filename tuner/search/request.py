@@ -6,19 +6,6 @@ is built, measured or stored.
 
 from __future__ import annotations
 
-__all__ = [
-    "CPU_DEFAULTS",
-    "GPU_DEFAULTS",
-    "Defaults",
-    "PlannedSearch",
-    "SearchRequest",
-    "check_depths",
-    "check_variants",
-    "intro",
-    "plan_search",
-    "resolve_search",
-]
-
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -34,12 +21,13 @@ from tuner.plan.derive import space_for_run
 from tuner.rounds.budget import Budget
 from tuner.search.cost import full_build_seconds
 from tuner.search.plan_here import model_stage
-from tuner.search.study import SearchConfig, check_storage_url, default_run_dir
+from tuner.search.study import SearchConfig, default_run_dir
 from tuner.search.tune import check_patterns
 from tuner.source.spec import DEFAULT_SPEC, Source
+from tuner.study.storage import check_storage_url
 from tuner.targets import models
 from tuner.targets.defaults import DEFAULT_QUANT
-from tuner.targets.models import QUANT_TYPES
+from tuner.targets.quant_types import QUANT_TYPES
 from tuner.targets.target import Target
 
 

@@ -10,8 +10,6 @@ upstream's 2); on the CPU backend the check passes.
 
 from __future__ import annotations
 
-__all__ = ["decide", "full_offload", "redecide", "residency_result", "summary_row"]
-
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = ["candidates_for", "run_phase_rounds"]
-
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 

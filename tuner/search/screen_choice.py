@@ -5,8 +5,6 @@ GPU with kernels to force (no ``--cpu-mask``, where the host paces a step) and t
 
 from __future__ import annotations
 
-__all__ = ["coerce_pins", "pinned_runtime", "screen_method"]
-
 from collections.abc import Mapping, Sequence
 
 from tuner.errors import UsageError

@@ -9,8 +9,6 @@ faster than the baseline beyond noise anywhere stays at the baseline.
 
 from __future__ import annotations
 
-__all__ = ["PHASES", "BucketPick", "Measurement", "Point", "Selection", "select_winners"]
-
 import dataclasses
 import itertools
 import math

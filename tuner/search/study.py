@@ -5,8 +5,6 @@ where its study lives (SQLite in the run directory by default, or PostgreSQL sha
 
 from __future__ import annotations
 
-__all__ = ["PROFILES", "SearchConfig", "check_storage_url", "make_storage", "resolve_arch"]
-
 import dataclasses
 import os
 from collections.abc import Mapping

@@ -11,27 +11,6 @@ interval, so its point estimates are held against the noise.
 
 from __future__ import annotations
 
-__all__ = [
-    "ALL_KERNELS",
-    "TUNE_KINDS",
-    "asked_trial",
-    "check_patterns",
-    "count_done",
-    "cpu_rejection",
-    "fail_interrupted",
-    "gate_kernels",
-    "knob_phases",
-    "paired_objectives",
-    "pick",
-    "screen_noise",
-    "trial_factory",
-    "trial_method",
-    "tunable_knobs",
-    "tune_focus",
-    "tune_stage",
-    "wanted",
-]
-
 import contextlib
 import dataclasses
 import datetime

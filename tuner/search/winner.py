@@ -7,8 +7,6 @@ sharing G's build and process-wide settings, so the buckets combine into one bin
 
 from __future__ import annotations
 
-__all__ = ["FinishedStudy", "Winner", "choose_winner", "load_finished_study"]
-
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -21,10 +19,11 @@ from tuner.measure.stats import compare
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import RULE_KINDS, SearchSpace, load_space, render_runtime
 from tuner.redact import redact
-from tuner.search.record import BASELINE_PARAMS_ATTR, anchor_drift, study_results
+from tuner.search.record import anchor_drift, study_results
 from tuner.search.select import Measurement, select_winners
 from tuner.source import Source, fetch_source
 from tuner.study import legacy
+from tuner.study.legacy import BASELINE_PARAMS_ATTR
 from tuner.study.record import load_header
 
 

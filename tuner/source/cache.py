@@ -4,17 +4,6 @@ Shared by :mod:`tuner.source.fetch` (trees it downloads) and :mod:`tuner.source.
 
 from __future__ import annotations
 
-__all__ = [
-    "NO_SPACE",
-    "commit_entry",
-    "index_file",
-    "load_cached",
-    "no_space_error",
-    "sources_dir",
-    "staging_dir",
-    "write_json",
-]
-
 import dataclasses
 import datetime
 import errno

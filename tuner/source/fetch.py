@@ -8,8 +8,6 @@ SPEC to its source_id so fetching the same SPEC again does no work at all.
 
 from __future__ import annotations
 
-__all__ = ["cached_source", "fetch_source", "run_pip_download"]
-
 import hashlib
 import json
 import logging

@@ -3,8 +3,6 @@ registers it in that machine's cache under the same SPEC and content id."""
 
 from __future__ import annotations
 
-__all__ = ["anonymous_owner", "pack_source", "tree_digest", "unpack_source"]
-
 import gzip
 import hashlib
 import io

@@ -10,8 +10,6 @@ A SPEC names where the tree comes from:
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_SPEC", "PYPI_NAME", "Source", "SourceSpec", "parse_spec", "require_tree"]
-
 import dataclasses
 import re
 from pathlib import Path

@@ -3,18 +3,6 @@ FlashAttention kernels and config tables it has."""
 
 from __future__ import annotations
 
-__all__ = [
-    "ERAS",
-    "CMakeOption",
-    "find_commit",
-    "find_era",
-    "git_head",
-    "git_output",
-    "load_cmake_options",
-    "parse_cmake_commands",
-    "source_info",
-]
-
 import collections
 import dataclasses
 import re

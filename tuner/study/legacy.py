@@ -4,8 +4,6 @@ and its kind): ``tuner export`` still reads them back, no code writes them any m
 
 from __future__ import annotations
 
-__all__ = ["BASELINE_PARAMS_ATTR", "STUDY_KEYS", "TRIAL_KEYS", "study_attr", "trial_attr", "trial_has"]
-
 from typing import Any
 
 from tuner.study.state import UserAttrs

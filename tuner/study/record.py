@@ -7,17 +7,6 @@ the export reads it back here. Like cibuildwheel's resolved options, everything 
 
 from __future__ import annotations
 
-__all__ = [
-    "SearchOutcome",
-    "StudyHeader",
-    "TrialSummary",
-    "TunedTrial",
-    "load_header",
-    "load_outcome",
-    "outcome_from_attrs",
-    "relabel_rows",
-]
-
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence

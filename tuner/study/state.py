@@ -8,19 +8,6 @@ Optuna's samplers keep their study keys the same way (``optuna/samplers/_tpe/sam
 
 from __future__ import annotations
 
-__all__ = [
-    "HEADER_KEYS",
-    "RESUME_CHECKED",
-    "TRIAL_KEYS",
-    "StudyState",
-    "TuneFocus",
-    "UserAttrs",
-    "retry_attrs",
-    "trial_attr",
-    "write_trial",
-    "write_trial_in_storage",
-]
-
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 

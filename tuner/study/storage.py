@@ -3,18 +3,6 @@ directory by default, or PostgreSQL shared by several hosts), and the check of a
 
 from __future__ import annotations
 
-__all__ = [
-    "GRACE_S",
-    "HEARTBEAT_S",
-    "STORAGE_DIALECTS",
-    "StorageLost",
-    "check_storage",
-    "check_storage_url",
-    "make_storage",
-    "storage_guard",
-    "trial_heartbeat",
-]
-
 import contextlib
 import logging
 import re

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["default_build", "gpu_backend", "require_gpu"]
-
 from pathlib import Path
 
 from tuner import log, source

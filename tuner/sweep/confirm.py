@@ -9,35 +9,6 @@ output-equivalence gate. A model the table does not change is not measured. See 
 
 from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_DEPTHS",
-    "DEFAULT_LIKE",
-    "PP",
-    "TABLE",
-    "TG",
-    "ConfirmStore",
-    "Confirmed",
-    "E2ePoint",
-    "ModelPlan",
-    "RuleFate",
-    "Table",
-    "backend_ops_check",
-    "confirm_models",
-    "decide_rules",
-    "gate_model",
-    "judge_model",
-    "load_table",
-    "measure_model",
-    "model_points",
-    "plan_model",
-    "quant_mode",
-    "recompose",
-    "store_meta",
-    "table_id",
-    "tg_window",
-    "unexplained_slower",
-]
-
 import dataclasses
 import hashlib
 import json

@@ -6,8 +6,6 @@ entry at batch N is confirmed by a ``ppN`` pass with the entries as ``prefill/..
 
 from __future__ import annotations
 
-__all__ = ["batch_passes", "batch_plan", "batch_touches"]
-
 import dataclasses
 from collections.abc import Sequence
 from typing import Any

@@ -6,17 +6,6 @@ cannot open anything else.
 
 from __future__ import annotations
 
-__all__ = [
-    "backend_ops_seconds",
-    "check_seconds",
-    "coverage_lines",
-    "e2e_text",
-    "merged_pr_text",
-    "plan_text",
-    "pr_text",
-    "round_seconds",
-]
-
 import dataclasses
 import itertools
 import math

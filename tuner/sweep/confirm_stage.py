@@ -4,8 +4,6 @@ planned, dry-run text) and :func:`run_confirm` (build, storage, measurements, ga
 
 from __future__ import annotations
 
-__all__ = ["ConfirmOutcome", "ConfirmPlan", "ConfirmRequest", "outcome_text", "plan_confirm", "run_confirm"]
-
 import dataclasses
 from collections.abc import Callable
 from contextlib import closing

@@ -4,8 +4,6 @@ between machines; :mod:`tuner.sweep.confirm` measures and decides.
 
 from __future__ import annotations
 
-__all__ = ["ConfirmStore"]
-
 import json
 import time
 from collections.abc import Mapping, Sequence

@@ -6,8 +6,6 @@ entry faster on some model and worse on none, drops it where models disagree. Se
 
 from __future__ import annotations
 
-__all__ = ["Confirmation", "Joined", "Verdict", "differs", "gpu_specs", "join", "load_confirmation", "slug"]
-
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence

@@ -8,30 +8,6 @@ cache. See docs/sweep.md ("The grid").
 
 from __future__ import annotations
 
-__all__ = [
-    "AA",
-    "DEFAULT",
-    "DEFAULT_N_KV",
-    "DEFAULT_QUERY_BATCHES",
-    "GQA_RATIOS",
-    "HEAD_SIZES",
-    "KV_TYPES",
-    "N_KV",
-    "OFFSET_AMD",
-    "QUERY_BATCHES",
-    "STRIDE",
-    "Cell",
-    "FaShape",
-    "cc_of",
-    "dry_run_text",
-    "duration_text",
-    "legal_kernels",
-    "nkv_grid",
-    "pad_kv",
-    "plan",
-    "upstream_kernel",
-]
-
 import dataclasses
 import itertools
 from collections import Counter

@@ -8,24 +8,6 @@ small n_kv. See docs/sweep.md ("Running it: `tuner sweep run`").
 
 from __future__ import annotations
 
-__all__ = [
-    "FA",
-    "LABELS",
-    "N_HEAD_KV",
-    "OPEN_SHARE",
-    "TABLE",
-    "FaKey",
-    "Outcome",
-    "bench_shape",
-    "compose",
-    "estimate_text",
-    "fa_bench_case_s",
-    "judge_sample",
-    "no_rules_text",
-    "report_text",
-    "run_sweep",
-]
-
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence

@@ -9,52 +9,6 @@ batch size goes to cuBLAS for a type only where cuBLAS won at *every* swept size
 
 from __future__ import annotations
 
-__all__ = [
-    "BACKENDS",
-    "CONFIGS",
-    "DEFAULT_LIKE",
-    "ENV",
-    "LABELS",
-    "MAX_CASES",
-    "MMQ",
-    "MMQ_BATCHES",
-    "MMQ_FILE",
-    "MMQ_SUPPORTED",
-    "MMQ_TABLE",
-    "MMQ_TYPES",
-    "OPEN_SHARE",
-    "PROCESS_CASES",
-    "PROCESS_S",
-    "START_S",
-    "MmqCell",
-    "MmqChoice",
-    "MmqFamily",
-    "MmqKey",
-    "MmqOutcome",
-    "MmqPoint",
-    "blas_env",
-    "block_size",
-    "compose_mmq",
-    "like_sizes",
-    "match_mmq",
-    "mmq_dry_run_text",
-    "mmq_env",
-    "mmq_harness_source",
-    "mmq_plan_text",
-    "mmq_report_text",
-    "no_choice_text",
-    "parse_mmq_choices",
-    "parse_size",
-    "patched_mmq_condition",
-    "patched_mmq_hook",
-    "plan_mmq",
-    "plan_points",
-    "projection_sizes",
-    "render_mmq_patch",
-    "run_mmq",
-    "stored_points",
-]
-
 import dataclasses
 import math
 import re

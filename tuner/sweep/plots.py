@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["plot_fa", "plot_mmq"]
-
 import math
 import statistics
 from collections import defaultdict

@@ -5,8 +5,6 @@ A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of 
 
 from __future__ import annotations
 
-__all__ = ["FaRequest", "Grid", "MmqRequest", "dry_run_fa", "dry_run_mmq", "pick_timer", "run_fa", "run_mmq"]
-
 import dataclasses
 import functools
 from contextlib import closing

@@ -7,18 +7,6 @@ entry applies only where it was measured legal. :func:`match_table` is the looku
 
 from __future__ import annotations
 
-__all__ = [
-    "LOOKUP_PREFIX",
-    "TableRule",
-    "amd_family_condition",
-    "harness_source",
-    "match_table",
-    "patched_fattn_table",
-    "render_table_patch",
-    "table_block",
-    "widened_layers",
-]
-
 import dataclasses
 import itertools
 import math

@@ -8,8 +8,6 @@ only once it hashes to its record, and only tuner's own re-render is ever compil
 
 from __future__ import annotations
 
-__all__ = ["REQUIRED", "find_tables", "validate_merged", "validate_table"]
-
 import os
 import shutil
 import tempfile

@@ -5,8 +5,6 @@ everything else is in ``report.md``.
 
 from __future__ import annotations
 
-__all__ = ["confirm_command", "table_pr_text"]
-
 import re
 from collections.abc import Mapping, Sequence
 

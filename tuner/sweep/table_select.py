@@ -6,8 +6,6 @@ launched kernels must be the table's (:func:`tuner.sweep.table.match_table`); sk
 
 from __future__ import annotations
 
-__all__ = ["probes", "selected_kernels"]
-
 import os
 from collections.abc import Sequence
 from pathlib import Path

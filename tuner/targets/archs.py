@@ -7,23 +7,6 @@ the arch and the key) and resolves user spellings such as ``sm89``, ``8.9`` or `
 
 from __future__ import annotations
 
-__all__ = [
-    "MATH_KEYS",
-    "PRODUCT_FIGURES",
-    "Arch",
-    "Product",
-    "detect_local_archs",
-    "find_product",
-    "forget_local_archs",
-    "gpu_free_bytes",
-    "load_arch",
-    "load_archs",
-    "local_gpu_names",
-    "local_product",
-    "newer_nvidia",
-    "normalize_arch_name",
-]
-
 import dataclasses
 import functools
 import logging

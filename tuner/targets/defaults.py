@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_QUANT"]
-
 DEFAULT_QUANT = "Q4_K_M"
 """A synthesized ``--like`` model's weight type when ``--quant`` is not given: what ``tuner search`` measures
 (on a GPU and on the CPU), what ``tuner estimate`` bounds and what ``tuner sweep confirm`` confirms on; the

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["GGUFTensor", "parse_gguf"]
-
 import dataclasses
 import math
 import mmap

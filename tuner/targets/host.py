@@ -8,18 +8,6 @@ affinity (a container's cpuset, or the whole machine).
 
 from __future__ import annotations
 
-__all__ = [
-    "Cpus",
-    "check_threads",
-    "crash_hint",
-    "host_cpus",
-    "host_has_amx",
-    "host_isa",
-    "mask_text",
-    "parse_cpu_mask",
-    "pin_command",
-]
-
 import dataclasses
 import functools
 import hashlib

@@ -8,28 +8,6 @@ vocab-only GGUF in the llama.cpp tree's ``models/`` folder, so llama.cpp loads t
 
 from __future__ import annotations
 
-__all__ = [
-    "DIRECT_QUANTS",
-    "QUANT_TYPES",
-    "WEIGHT_TYPES",
-    "GGUFTensor",
-    "ModelShape",
-    "SynthResult",
-    "TensorSpec",
-    "find_vocab",
-    "load_gguf_shape",
-    "load_gguf_tensors",
-    "load_model_shape",
-    "load_models",
-    "plan_tensors",
-    "read_gguf",
-    "read_shape",
-    "run_quantize",
-    "shape_ints",
-    "synth_cached",
-    "synth_model",
-]
-
 import dataclasses
 import functools
 import math
@@ -49,7 +27,7 @@ from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data, tuner_home
 from tuner.targets.gguf_header import GGUFTensor, parse_gguf
 from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
-from tuner.targets.quant_types import QUANT_TYPES, quant_type
+from tuner.targets.quant_types import quant_type
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m", "iq4_xs")
 """Weight types plan_tensors and synth_model know. f16 and q8_0 are N(0, 0.02) values (q8_0 quantized from

@@ -42,8 +42,6 @@ dequantization as in llama.cpp's ``ggml/src/ggml-quants.c`` ``dequantize_row_*``
 
 from __future__ import annotations
 
-__all__ = ["BLOCK_LAYOUTS", "BlockLayout", "write_random_blocks"]
-
 import dataclasses
 import math
 from typing import IO

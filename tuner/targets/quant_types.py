@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["QUANT_TYPES", "quant_type"]
-
 from tuner.errors import UsageError, close_matches
 
 _LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")

@@ -11,8 +11,6 @@ results/sm_90/llama-3.2-1b-q4_k_m), llama-3.1-8b at 270 against 724 (37%; result
 
 from __future__ import annotations
 
-__all__ = ["ESTIMATE_LABEL", "KV_TYPES", "bytes_per_token", "estimate", "flops_per_token"]
-
 import functools
 import os
 from collections.abc import Sequence

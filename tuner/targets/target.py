@@ -4,8 +4,6 @@ this machine has (detected once) and whether the target's code runs here through
 
 from __future__ import annotations
 
-__all__ = ["Target", "resolve_target"]
-
 import dataclasses
 
 from tuner import log

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.unit.result.test_report import _frame
-from tuner.measure.bench import save_results
+from tuner.measure.frames import save_results
 
 
 def test_report_o_replaces_links_in_the_folder_and_leaves_their_targets(tmp_path: Path) -> None:

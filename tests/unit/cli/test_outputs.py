@@ -71,7 +71,7 @@ def test_gfx1151_dry_run_plan_is_the_real_search_on_stdout(dry_tree: None) -> No
     ]
     # the kernels the gfx1151 space lets the screen force per phase (its rule knobs' choices)
     from tuner.plan.space import load_space
-    from tuner.search.pipeline import kernels_for
+    from tuner.search.context import kernels_for
 
     space = load_space("gfx1151", "mma")
     assert f"decode: upstream vs {', '.join(kernels_for(space, 'tg'))}" in plan

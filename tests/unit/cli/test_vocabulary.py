@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from tests.unit.result.test_report import _frame
 from tuner.cli import cli
-from tuner.measure.bench import save_results
+from tuner.measure.frames import save_results
 
 REPO = Path(__file__).resolve().parents[3]
 DEPRECATED = "tuner: {old} is deprecated, use {new}; the old spelling goes in the next release"

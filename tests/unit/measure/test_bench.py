@@ -15,7 +15,8 @@ import pytest
 import tuner._run
 from tuner._run import RunResult
 from tuner.errors import TunerError, UsageError
-from tuner.measure.bench import COLUMNS, load_results, parse_bench_jsonl, render_table, run_bench, save_results
+from tuner.measure.bench import COLUMNS, parse_bench_jsonl, run_bench
+from tuner.measure.frames import load_results, render_table, save_results
 from tuner.measure.interleave import BenchTarget, run_interleaved
 from tuner.measure.observe import Observer, find_gpu_probe
 

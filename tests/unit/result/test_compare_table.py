@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from tuner.measure.bench import COLUMNS, save_results
+from tuner.measure.bench import COLUMNS
+from tuner.measure.frames import save_results
 from tuner.measure.stats import compare
-from tuner.result.report import compare_table, format_compare
-from tuner.result.tables import COMPARE_FIELDS, bench_test_name
+from tuner.result.tables import COMPARE_FIELDS, bench_test_name, compare_table, format_compare
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SCRIPT = DATA / "compare" / "compare-llama-bench.py"

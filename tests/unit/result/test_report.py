@@ -8,8 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.errors import UsageError
-from tuner.measure.bench import COLUMNS, save_results
-from tuner.result.report import plot_depth, render_report
+from tuner.measure.bench import COLUMNS
+from tuner.measure.frames import save_results
+from tuner.result.plots import plot_depth
+from tuner.result.report import render_report
 
 
 def _frame(label: str, scale: dict[str, float], *, roof: float = float("nan"), seed: int = 0) -> pd.DataFrame:

@@ -11,7 +11,8 @@ import optuna
 import pytest
 
 from tuner.errors import UsageError
-from tuner.result.report import dashboard_command, importances_section, plot_speedup
+from tuner.result.plots import plot_speedup
+from tuner.result.report import dashboard_command, importances_section
 
 REPO = Path(__file__).resolve().parents[3]
 STUDY_DB = REPO / "tests" / "data" / "studies" / "sm90-study.db.xz"

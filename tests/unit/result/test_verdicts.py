@@ -14,7 +14,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tuner.measure.bench import load_results
+from tuner.measure.frames import load_results
 from tuner.measure.stats import NoiseRef, Verdict, judge, run_floor
 from tuner.result.report import aa_warning, compare_points
 

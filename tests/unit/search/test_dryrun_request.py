@@ -143,7 +143,7 @@ def test_the_dry_run_refuses_what_the_real_run_refuses(tree: None, args: list[st
 def test_quant_names_are_checked_before_anything_runs(tree: None) -> None:
     from tuner.errors import UsageError
     from tuner.search.request import SearchRequest, plan_search
-    from tuner.targets.models import QUANT_TYPES
+    from tuner.targets.quant_types import QUANT_TYPES
     from tuner.targets.target import resolve_target
 
     target = resolve_target("cpu", dry_run=True)

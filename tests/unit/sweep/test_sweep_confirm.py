@@ -635,7 +635,7 @@ def test_max_rounds_go_only_to_the_open_depths_where_a_rule_acts(tmp_path: Path)
 def test_every_mmq_pass_quantization_is_a_type_synth_accepts() -> None:
     """An MMQ pass quantizes with synth_cached(quant=MMQ_QUANT[type]); a name it refuses stops the confirm
     (on the H100, IQ4_XS did, after the f16 synthesis)."""
-    from tuner.targets.models import QUANT_TYPES
+    from tuner.targets.quant_types import QUANT_TYPES
 
     assert set(confirm.MMQ_QUANT.values()) <= set(QUANT_TYPES)
 
