@@ -292,7 +292,7 @@ def residency_section(rec: Mapping[str, Any]) -> str:
 
 
 def confirmed_points(rows: Sequence[Mapping[str, object]], pp: int, tg: int) -> list[dict[str, object]]:
-    """Confirmed rows as the points of :func:`tuner.result.report.compare_table` and ``plot_speedup``."""
+    """Confirmed rows as the points of :func:`tuner.result.tables.compare_table` and ``plot_speedup``."""
     return [{**r, "test": f"{r['phase']}{pp if r['phase'] == 'pp' else tg}"} for r in rows]
 
 

@@ -17,6 +17,7 @@ from scikit_build_core.cmake import CMake
 
 from tuner import _run
 from tuner.builder import cmake as B
+from tuner.builder.quantize import quantize_model
 from tuner.cli import cli
 from tuner.cli.build_cmd import parse_sets
 from tuner.errors import TunerError, UsageError
@@ -324,7 +325,7 @@ def test_quantize_model_validates_and_caches(tmp_path: Path, monkeypatch: pytest
     src.write_bytes(b"GGUF" + b"\0" * 64)
     dst = tmp_path / "out" / "m-q4.gguf"
     with pytest.raises(UsageError, match="Did you mean.*'Q4_K_M'"):
-        B.quantize_model(build, src, dst, "Q4_K_MM")
+        quantize_model(build, src, dst, "Q4_K_MM")
     calls = []
 
     def fake(cmd, **kw):
@@ -333,13 +334,13 @@ def test_quantize_model_validates_and_caches(tmp_path: Path, monkeypatch: pytest
         return _run.RunResult(returncode=0, output="", seconds=0.0)
 
     monkeypatch.setattr(_run, "run", fake)
-    assert B.quantize_model(build, src, dst, "q4_k_m") == dst
+    assert quantize_model(build, src, dst, "q4_k_m") == dst
     assert calls[0][1:4] == [str(src), str(dst) + ".partial", "Q4_K_M"] and dst.read_bytes() == b"quantized"
     monkeypatch.setattr(_run, "run", fail_on_call)
-    assert B.quantize_model(build, src, dst, "Q4_K_M") == dst  # cached
+    assert quantize_model(build, src, dst, "Q4_K_M") == dst  # cached
     monkeypatch.setattr(_run, "run", fake)
     src.write_bytes(b"GGUF" + b"\1" * 64)  # new input -> redone
-    B.quantize_model(build, src, dst, "Q4_K_M")
+    quantize_model(build, src, dst, "Q4_K_M")
     assert len(calls) == 2
 
 

@@ -53,6 +53,7 @@ def _search(arch: str, sets: dict[str, str], cpu_mask: str | None, screen: str, 
     import tuner.targets.models
     from tests.unit.search.test_kernel_screen import _Study
     from tuner.plan.space import load_space
+    from tuner.search import context
     from tuner.search import pipeline as pl
     from tuner.search.screen_choice import pinned_runtime
     from tuner.study.state import StudyState
@@ -82,7 +83,7 @@ def _search(arch: str, sets: dict[str, str], cpu_mask: str | None, screen: str, 
         space, _ = pl._resolved_space(cfg, load_space(cfg.arch, "mma"))
         fixed = {k: (v if k == "variant" else space.knob(k).coerce(v)) for k, v in cfg.fixed.items()}
         _, base_args = pinned_runtime(space, fixed)
-        kernels = {p: pl.kernels_for(space, p) for p in pl.PHASES}
+        kernels = {p: context.kernels_for(space, p) for p in context.PHASES}
         return pl._screen_method(
             StudyState(_Study()), cfg, kernels, base_args, custom_measure=False, n_layers=shape["n_layers"]
         )
