@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -305,7 +305,7 @@ def _joint_round(
     return recs
 
 
-def _any_value(records: Any) -> bool:
+def _any_value(records: Iterable[Mapping[str, Mapping[str, Mapping[str, object]]]]) -> bool:
     return any(v is not None for r in records for vals in r["values"].values() for v in vals.values())
 
 

@@ -218,7 +218,7 @@ def run_checks(
     checks: Sequence[GateCheck],
     *,
     done: Mapping[str, Any],
-    run_one: Callable[[GateCheck], Mapping[str, Any]],
+    run_one: Callable[[GateCheck], Mapping[str, object]],
     on_check: Callable[[str, Mapping[str, object]], None],
     band: Sequence[GateCheck] = (),
     quiet: bool = False,

@@ -45,7 +45,7 @@ MeasureFactory = Callable[[Build], Measure]
 class Equivalence(Protocol):
     """Replaces the output gate's llama-perplexity runs (:func:`tuner.rounds.output_gate.run_gate_check`)."""
 
-    def __call__(self, check: GateCheck, upstream: Build, final: Build, work_dir: Path, /) -> Mapping[str, Any]: ...
+    def __call__(self, check: GateCheck, upstream: Build, final: Build, work_dir: Path, /) -> Mapping[str, object]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -148,7 +148,7 @@ def run_output_gate(run: SearchRun, outcome: SearchOutcome) -> SearchOutcome:
 
     check_s = run.price("equivalence_check_s")
 
-    def run_one(c: og.GateCheck) -> Mapping[str, Any]:
+    def run_one(c: og.GateCheck) -> Mapping[str, object]:
         run.budget.fits(check_s, f"the output-equivalence check {c.name}")
         wd = cfg.run_dir / "equivalence" / ckey / re.sub(r"[^A-Za-z0-9.-]+", "_", c.name)
         up = run.builds.get(fin.base_variant, {})

@@ -8,7 +8,8 @@ measurements :func:`tuner.search.select.select_winners` compares.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tuner.measure.anchors import drift_pct, pool
 from tuner.measure.stats import median
@@ -73,8 +74,8 @@ def baseline_repeats(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ]
 
 
-def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
+def _anchor_samples(study: optuna.Study, repeats: list[optuna.trial.FrozenTrial]) -> dict[str, list[Sequence[float]]]:
+    out: dict[str, list[Sequence[float]]] = {}
     anchors = [a["samples"] for a in legacy.study_attr(study, "anchors", [])]
     for samples in anchors + [legacy.trial_attr(t, "samples") or {} for t in repeats]:
         for k, v in samples.items():

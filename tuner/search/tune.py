@@ -21,7 +21,6 @@ import platform
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -41,7 +40,7 @@ from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
 from tuner.search.study import SearchConfig
 from tuner.study import storage as sto
 from tuner.study.record import TunedTrial
-from tuner.study.state import StudyState, retry_attrs, trial_attr, write_trial, write_trial_in_storage
+from tuner.study.state import StudyState, TuneFocus, retry_attrs, trial_attr, write_trial, write_trial_in_storage
 
 TUNE_KINDS = ("tile_row", "mma_row", "wmma", "env", "bench_flag")
 ROW_KERNELS = {"tile_row": "TILE", "mma_row": "MMA"}
@@ -195,12 +194,12 @@ def paired_objectives(
     return objs, ratios, cpu
 
 
-def screen_noise(cells: Mapping[str, Mapping[str, Any]]) -> tuple[float, float]:
+def screen_noise(cells: Mapping[str, Mapping[str, float | None]]) -> tuple[float, float]:
     """(t/s noise %, CPU% noise points) of a phase's stored screen cells: the medians over depths, as compose's
     floors; infinite where unknown (older studies)."""
 
     def med(key: str) -> float:
-        vals = sorted(float(c[key]) for c in cells.values() if c.get(key) is not None and math.isfinite(float(c[key])))
+        vals = sorted(float(v) for c in cells.values() if (v := c.get(key)) is not None and math.isfinite(float(v)))
         return vals[len(vals) // 2] if vals else math.inf
 
     return med("noise_pct"), med("cpu_noise")
@@ -329,7 +328,7 @@ def tune_focus(cfg: SearchConfig, st: StudyState, study: optuna.Study) -> Search
     focus of a study with trials is refused: its trials would mix two spaces in one sampler."""
     if not cfg.trials and not cfg.worker:  # this run samples nothing (e.g. a rerun that only exports)
         return cfg
-    mine: dict[str, list[Any]] = {"knobs": list(cfg.tune_knobs), "depths": list(cfg.tune_depths or [])}
+    mine: TuneFocus = {"knobs": list(cfg.tune_knobs), "depths": list(cfg.tune_depths or [])}
     recorded = st.tune_focus
     if recorded is None:
         st.set_tune_focus(mine["knobs"], mine["depths"])
@@ -339,7 +338,7 @@ def tune_focus(cfg: SearchConfig, st: StudyState, study: optuna.Study) -> Search
         return dataclasses.replace(cfg, tune_knobs=knobs, tune_depths=depths)
     if mine != recorded and study.get_trials(deepcopy=False):
 
-        def flags(f: Mapping[str, Any]) -> str:
+        def flags(f: TuneFocus) -> str:
             return (
                 " ".join(
                     [f"--tune-knobs {','.join(f['knobs'])}"] * bool(f["knobs"])

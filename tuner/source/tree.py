@@ -311,7 +311,7 @@ def source_info(src: Source) -> dict[str, Any]:
     names = sorted(p.name for p in cuda.glob("fattn*")) if cuda.is_dir() else []
     prefixes = {"VEC": "fattn-vec", "TILE": "fattn-tile", "MMA": "fattn-mma-f16", "WMMA": "fattn-wmma-f16"}
     kernels = {k: any(n.startswith(prefix) for n in names) for k, prefix in prefixes.items()}
-    tables: dict[str, Any] = {}
+    tables: dict[str, object] = {}
     mma_text = _read(cuda / _MMA_FILE)
     tile = _table_rows(_read(cuda / "fattn-tile.cuh"), _TILE_TABLE_RE, "GGML_CUDA_FATTN_TILE_CONFIG_CASE")
     mma = _table_rows(mma_text, _MMA_TABLE_RE, "GGML_CUDA_FATTN_MMA_CONFIG_CASE")
