@@ -24,8 +24,8 @@ from tuner.rounds.budget import Budget
 from tuner.rounds.costs import load_step_costs
 from tuner.rounds.joint import Measure
 from tuner.rounds.output_gate import GateCheck
-from tuner.search.cost import counted, full_build_seconds, nearest_recording
-from tuner.search.device_guard import device_checked
+from tuner.search.cost import full_build_seconds, nearest_recording
+from tuner.search.device_guard import counted, device_checked
 from tuner.search.kernel_screen import KernelMeasure
 from tuner.search.study import SearchConfig
 from tuner.study.record import StudyHeader, TunedTrial

@@ -1,5 +1,5 @@
-"""The search's cost as it runs: llama-bench calls counted in the study (config.toml's ``[cost]``, written by
-:func:`tuner.study.record.SearchOutcome.cost`), and the cost of a past search of the same arch for the plan."""
+"""The search's cost: the recorded per-step prices its plan and budget use, and the cost of a past search of the
+same arch for the plan (its llama-bench calls are counted by :func:`tuner.search.device_guard.counted`)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,14 @@ import dataclasses
 import math
 import os
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
-from tuner.plan.variant import Build
 from tuner.rounds.costs import load_step_costs
-from tuner.rounds.joint import Measure
-from tuner.search.observed import Observed
 from tuner.search.study import default_run_dir
-from tuner.study.state import StudyState
 from tuner.targets.models import ModelShape, plan_tensors
-
-
-def counted(st: StudyState, factory: Callable[[Build], Measure]) -> Callable[[Build], Measure]:
-    """``factory`` whose measures count each ``measure`` or ``joint`` call in the study (``[cost]
-    llama_bench_calls``)."""
-
-    def make(build: Build) -> Observed:
-        return Observed(factory(build), before=lambda: st.add_llama_bench_calls(1))
-
-    return make
-
 
 _SHAPE_KEYS = ("head_dim", "n_layers", "d_model", "n_heads", "n_kv_heads")
 """What makes two models cost alike in a search: attention and layer sizes (``[model.shape]``)."""

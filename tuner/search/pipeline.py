@@ -33,8 +33,8 @@ from tuner.search import context as cx
 from tuner.search import lock
 from tuner.search.confirm import confirm_depths, run_confirm
 from tuner.search.context import PHASES, GateResult, SearchRun, gate
-from tuner.search.cost import counted, past_cost_line, priced_screen_call
-from tuner.search.device_guard import device_checked
+from tuner.search.cost import past_cost_line, priced_screen_call
+from tuner.search.device_guard import counted, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.host_probe import repack_probe
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL

@@ -11,8 +11,7 @@ import pytest
 
 from tuner.errors import UsageError
 from tuner.rounds.joint import run_joint_rounds
-from tuner.search.cost import counted
-from tuner.search.device_guard import check_device, device_checked
+from tuner.search.device_guard import check_device, counted, device_checked
 from tuner.search.screen import candidates_for
 from tuner.study.state import StudyState
 
