@@ -1,15 +1,19 @@
 """The time budget (``--time-budget``): nothing starts that would end past its deadline, so a call that a
 machine's time limit ends stops between units of work (a build, a model, a gate, a round, a trial, a check)
 instead of losing the one in flight; the same command resumes. A budget stop is :class:`BudgetReached`, exit
-status 3 (:data:`tuner.errors.EXIT_TIME_BUDGET`)."""
+status 3 (:data:`tuner.errors.EXIT_TIME_BUDGET`). The recorded per-step costs that the search's and the sweeps'
+budgets price their work with: :func:`load_step_costs`."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+from typing import Any
 
+from tuner._compat import tomllib
 from tuner.errors import EXIT_TIME_BUDGET, TunerError
+from tuner.paths import package_data
 
 
 class BudgetReached(TunerError):
@@ -48,3 +52,9 @@ class Budget:
 
 UNBOUNDED = Budget()
 """No budget: nothing stops (the round loops' default)."""
+
+
+def load_step_costs() -> dict[str, Any]:
+    """``tuner/data/step_costs.toml``: recorded per-step costs (machine, figures and their sources)."""
+    with open(package_data("step_costs.toml"), "rb") as f:
+        return tomllib.load(f)

@@ -20,8 +20,7 @@ from tuner.plan.fa_rules import FaRule, Phase
 from tuner.plan.space import SearchSpace
 from tuner.plan.variant import Build
 from tuner.rounds import live as live_bench
-from tuner.rounds.budget import Budget
-from tuner.rounds.costs import load_step_costs
+from tuner.rounds.budget import Budget, load_step_costs
 from tuner.rounds.joint import Measure
 from tuner.rounds.output_gate import GateCheck
 from tuner.search.cost import full_build_seconds, nearest_recording

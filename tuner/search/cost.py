@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner._compat import tomllib
-from tuner.rounds.costs import load_step_costs
+from tuner.rounds.budget import load_step_costs
 from tuner.search.study import default_run_dir
 from tuner.targets.models import ModelShape, plan_tensors
 

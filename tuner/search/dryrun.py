@@ -28,7 +28,7 @@ from tuner.errors import TunerError, UsageError
 from tuner.plan.derive import Legal, legal_values, resolve_space
 from tuner.plan.render import render_variant
 from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints, load_space, set_values
-from tuner.rounds.costs import load_step_costs
+from tuner.rounds.budget import load_step_costs
 from tuner.search import tune as tn
 from tuner.search.confirm import extra_depths
 from tuner.search.context import ALL_KERNELS, PHASES, kernels_for

@@ -103,7 +103,7 @@ def test_dry_run_json_parses_and_totals_add_up(dry_tree: None) -> None:
 
 
 def test_step_costs_cite_files_in_the_repo() -> None:
-    from tuner.rounds.costs import load_step_costs
+    from tuner.rounds.budget import load_step_costs
 
     costs = load_step_costs()
     srcs = [costs["full_build"]["source"]] + [

@@ -131,7 +131,7 @@ def test_a_fresh_studys_first_screen_round_is_priced_and_not_started_past_the_bu
     # a screen round, from the recorded per-step costs.
     from tests.conftest import use_render_tree
     from tests.unit.search.test_knob_cli import DATA, run_main
-    from tuner.rounds.costs import load_step_costs
+    from tuner.rounds.budget import load_step_costs
     from tuner.search.cost import nearest_recording, screen_round_seconds
     from tuner.targets.models import load_models, synth_model
 

@@ -448,7 +448,7 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
     figure, with -r 3 counted as the -r 4 llama-bench runs (the warm-up run included)."""
     import re
 
-    from tuner.rounds.costs import load_step_costs
+    from tuner.rounds.budget import load_step_costs
 
     extra = (FaShape(D=256, gqa=2, kv="f16", ne1=1),)
     res = CliRunner().invoke(
@@ -466,7 +466,7 @@ def test_the_plan_uses_the_confirms_own_recording_where_there_is_one(tmp_path: P
 def test_the_plan_prices_small_batch_passes_from_their_recording(tmp_path: Path) -> None:
     """A small-batch pass is priced at its model's recorded per-call cost ([confirm_batch]) plus its gate: one
     check and, on a model's first pass, its prefill band of three kernels."""
-    from tuner.rounds.costs import load_step_costs
+    from tuner.rounds.budget import load_step_costs
     from tuner.sweep.confirm_report import _batch_pass_s
 
     res = CliRunner().invoke(sweep, ["confirm", str(_sweep_dir(tmp_path, [NE4])), "--dry-run", "--rounds", "3"])
