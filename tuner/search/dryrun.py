@@ -33,9 +33,9 @@ from tuner.search import tune as tn
 from tuner.search.confirm import extra_depths
 from tuner.search.context import ALL_KERNELS, PHASES, kernels_for
 from tuner.search.cost import full_build_seconds, nearest_recording, past_cost_line, screen_round_seconds
+from tuner.search.kernel_screen import coerce_pins, pinned_runtime, screen_method
 from tuner.search.plan_here import CPU_CHECK_OBJECTS, Here, Stage, check_objects, here_for
 from tuner.search.request import PlannedSearch, SearchRequest, check_variants, plan_search
-from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.source import DEFAULT_SPEC, Source
 from tuner.targets.host import host_cpus
 from tuner.targets.models import ModelShape, load_gguf_shape, load_model_shape

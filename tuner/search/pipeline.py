@@ -37,10 +37,9 @@ from tuner.search.cost import past_cost_line, priced_screen_call
 from tuner.search.device_guard import counted, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.host_probe import repack_probe
-from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, coerce_pins, pinned_runtime, screen_method
 from tuner.search.request import check_depths
 from tuner.search.screen import candidates_for, run_phase_rounds
-from tuner.search.screen_choice import coerce_pins, pinned_runtime, screen_method
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
@@ -477,7 +476,7 @@ def _screen_method(
     n_layers: int | None = None,
 ) -> str:
     """The screen's tool: the one the study was screened with if it holds rounds, else
-    :func:`tuner.search.screen_choice.screen_method`'s (the dry run's rule)."""
+    :func:`tuner.search.kernel_screen.screen_method`'s (the dry run's rule)."""
     asked = cfg.screen_method
     recorded = st.screen_method
     if recorded is None and st.screen_rounds:

@@ -1,4 +1,4 @@
-"""One rule picks the screen's tool (tuner.search.screen_choice): ``tuner search --dry-run`` plans with the tool
+"""One rule picks the screen's tool (tuner.search.kernel_screen.screen_method): ``tuner search --dry-run`` plans with the tool
 the search's ``_screen_method`` picks for the same flags, from the pinned runtime knobs rendered the same way."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from tests.conftest import use_render_tree
 from tuner.cli import cli
 from tuner.errors import TunerError, UsageError
-from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL
-from tuner.search.screen_choice import screen_method
+from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, screen_method
 
 REPO = Path(__file__).resolve().parents[3]
 LIKE = "llama-3.2-1b"  # 16 layers: -ngl 17 offloads everything
@@ -55,7 +54,7 @@ def _search(arch: str, sets: dict[str, str], cpu_mask: str | None, screen: str, 
     from tuner.plan.space import load_space
     from tuner.search import context
     from tuner.search import pipeline as pl
-    from tuner.search.screen_choice import pinned_runtime
+    from tuner.search.kernel_screen import pinned_runtime
     from tuner.study.state import StudyState
     from tuner.targets.host import parse_cpu_mask
     from tuner.targets.models import load_model_shape
