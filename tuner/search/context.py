@@ -108,7 +108,7 @@ class SearchRun:
     base_args: tuple[str, ...]
     """Upstream's runtime: the pinned runtime knobs' env and llama-bench arguments (with ``host_args``)."""
     host_args: tuple[str, ...] = ()
-    """What every config runs with because of this host (:func:`tuner.search.host_probe.repack_probe`)."""
+    """What every config runs with because of this host (:func:`tuner.search.pipeline.repack_probe`)."""
     builds: Builds
     budget: Budget
     factory: MeasureFactory

@@ -1,4 +1,4 @@
-"""Upstream's llama-bench probed once per study on an AMX host (tuner/search/host_probe.py): where it dies in
+"""Upstream's llama-bench probed once per study on an AMX host (search/pipeline.repack_probe): where it dies in
 llama.cpp's AMX kernels (SIGILL, as on the CI's VM, or SIGSEGV) and runs with --repack 0, every config of the
 study is measured with --repack 0, the study records it (a resume does not probe again), and the export's
 commands carry it; elsewhere nothing changes. llama-bench is faked; the real run is the README's main job."""
@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.search.conftest import search_run
 from tuner.result.export import server_args
-from tuner.search import host_probe
+from tuner.search import pipeline
 
 
 class FakeStudy:
@@ -40,8 +40,8 @@ def amx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(args)
         return 0 if "--repack" in args else -4  # SIGILL in the AMX kernels unless the weights stay as they are
 
-    monkeypatch.setattr(host_probe, "host_has_amx", lambda: True)
-    monkeypatch.setattr(host_probe, "_runs", runs)
+    monkeypatch.setattr(pipeline, "host_has_amx", lambda: True)
+    monkeypatch.setattr(pipeline, "_runs", runs)
     return calls
 
 
@@ -50,11 +50,11 @@ def test_upstream_dying_in_the_amx_kernels_is_measured_with_repack_0_once_per_st
 ) -> None:
     study = FakeStudy()
     build = types.SimpleNamespace(bin_dir=tmp_path)
-    run = host_probe.repack_probe(_run(tmp_path, study), build)
+    run = pipeline.repack_probe(_run(tmp_path, study), build)
     assert run.base_args == ("-t", "2", "--repack", "0") and run.host_args == ("--repack", "0")
     assert amx == [["-t", "2"], ["-t", "2", "--repack", "0"]] and "died of SIGILL" in capsys.readouterr().err
     # the study records it: a resumed search measures the same way without probing again
-    again = host_probe.repack_probe(_run(tmp_path, study), build)
+    again = pipeline.repack_probe(_run(tmp_path, study), build)
     assert again.base_args == run.base_args and len(amx) == 2
     # and the export's llama-server command says it as the server spells it
     assert server_args(["-t", "2", "--repack", "0"]) == ["-t", "2", "--no-repack"]
@@ -65,13 +65,13 @@ def test_a_host_where_upstream_runs_or_without_amx_or_not_the_cpu_is_left_as_it_
 ) -> None:
     build = types.SimpleNamespace(bin_dir=tmp_path)
     for arch in ("sm_90",):
-        assert host_probe.repack_probe(_run(tmp_path, FakeStudy(), arch), build).host_args == ()
-    monkeypatch.setattr(host_probe, "_runs", lambda *a: 0)
+        assert pipeline.repack_probe(_run(tmp_path, FakeStudy(), arch), build).host_args == ()
+    monkeypatch.setattr(pipeline, "_runs", lambda *a: 0)
     study = FakeStudy()
-    run = host_probe.repack_probe(_run(tmp_path, study), build)
+    run = pipeline.repack_probe(_run(tmp_path, study), build)
     assert run.base_args == ("-t", "2") and study.user_attrs["host_args"] == []
-    monkeypatch.setattr(host_probe, "host_has_amx", lambda: False)
-    assert host_probe.repack_probe(_run(tmp_path, FakeStudy()), build).host_args == ()
+    monkeypatch.setattr(pipeline, "host_has_amx", lambda: False)
+    assert pipeline.repack_probe(_run(tmp_path, FakeStudy()), build).host_args == ()
 
 
 def test_a_study_recording_other_host_args_is_refused(tmp_path: Path, amx: list[list[str]]) -> None:
@@ -81,5 +81,5 @@ def test_a_study_recording_other_host_args_is_refused(tmp_path: Path, amx: list[
     study = FakeStudy()
     study.user_attrs["host_args"] = ["-o", "/etc/passwd"]
     with pytest.raises(UsageError, match="which tuner never writes"):
-        host_probe.repack_probe(_run(tmp_path, study), types.SimpleNamespace(bin_dir=tmp_path))
+        pipeline.repack_probe(_run(tmp_path, study), types.SimpleNamespace(bin_dir=tmp_path))
     assert amx == []
