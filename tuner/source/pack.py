@@ -18,7 +18,7 @@ from typing import Any
 
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
-from tuner.source import cache
+from tuner.source import fetch
 from tuner.source.spec import Source, parse_spec
 from tuner.source.tree import ERAS, find_era
 
@@ -232,10 +232,10 @@ def _check_meta(raw: bytes) -> tuple[str, str, str, dict[str, Any]]:
 def _current_id(norm: str) -> str | None:
     """The source id the SPEC resolves to on this machine now, or None (no index, or it is broken)."""
     try:
-        sid = json.loads(cache.index_file(norm).read_text())["source_id"]
+        sid = json.loads(fetch.index_file(norm).read_text())["source_id"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and cache.load_cached(sid, norm) else None
+    return sid if isinstance(sid, str) and _ID_RE.fullmatch(sid) and fetch.load_cached(sid, norm) else None
 
 
 def unpack_source(archive: Path, *, replace: bool = False) -> Source:
@@ -268,7 +268,7 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                     "that is intended, run `tuner source unpack --replace ARCHIVE`; otherwise carry a pack "
                     "written from this machine's tree, or fetch the SPEC here."
                 )
-            staging = cache.staging_dir()
+            staging = fetch.staging_dir()
             members = [m for m in tar.getmembers() if m.name != "source.json"]
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(staging, members=members, filter="data")
@@ -282,9 +282,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             raise _BadPack("the files in llama.cpp/ do not match the tree_sha256 recorded when it was packed")
         if find_era(tree) != era:
             raise _BadPack(f"source.json says era {era!r}, but the tree is of the other era")
-        entry = cache.sources_dir() / sid
+        entry = fetch.sources_dir() / sid
         if (entry / "llama.cpp" / "CMakeLists.txt").is_file():  # unpacked or fetched here before
-            src = cache.load_cached(sid, norm)
+            src = fetch.load_cached(sid, norm)
             if src is None:
                 raise TunerError(
                     f"The cached tree {entry} has no readable source.json. Delete that folder "
@@ -295,9 +295,9 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
                 # One sdist is one release: the same id under another version is a forged record.
                 raise _BadPack(f"source {sid} is {had} on this machine, not {norm}")
         else:
-            src = cache.commit_entry(staging, sid, norm, keep)
+            src = fetch.commit_entry(staging, sid, norm, keep)
         if not norm.startswith("path:"):
-            cache.write_json(cache.index_file(norm), {"spec": norm, "source_id": sid})
+            fetch.write_json(fetch.index_file(norm), {"spec": norm, "source_id": sid})
         return src
     except _REFUSED as err:
         raise UsageError(
@@ -310,10 +310,10 @@ def unpack_source(archive: Path, *, replace: bool = False) -> Source:
             "Write it again with `tuner source pack SPEC -o FILE` and copy it whole."
         ) from None
     except OSError as err:
-        if err.errno in cache.NO_SPACE:
-            raise cache.no_space_error(err, staging or cache.sources_dir()) from err
+        if err.errno in fetch.NO_SPACE:
+            raise fetch.no_space_error(err, staging or fetch.sources_dir()) from err
         raise TunerError(
-            f"Could not unpack {archive}: {err}. Check that it is readable and that {cache.sources_dir()} is writable."
+            f"Could not unpack {archive}: {err}. Check that it is readable and that {fetch.sources_dir()} is writable."
         ) from err
     finally:
         if staging is not None and staging.exists():
