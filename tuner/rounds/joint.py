@@ -103,11 +103,6 @@ class SharedMeasure(Measure, Protocol):
 Settle = Callable[[str, "PhaseScreen"], Set[int]]
 
 
-def _phase_rules(cand: Candidate, phase: str) -> list[FaRule]:
-    want = Phase.from_bench(phase)
-    return [r for r in parse_fa_rules(cand.env.get("GGML_TUNER_FA_RULES", "")) if r.phase is want]
-
-
 def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_tokens: int) -> Candidate | None:
     """One candidate that runs each phase's candidate in one process, or None where env or args differ.
 
@@ -119,7 +114,10 @@ def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_t
         return None
     rules: list[FaRule] = []
     for phase, c in by_phase.items():
-        for r in _phase_rules(c, phase):
+        want = Phase.from_bench(phase)
+        for r in parse_fa_rules(c.env.get("GGML_TUNER_FA_RULES", "")):
+            if r.phase is not want:
+                continue
             if r == FaRule(phase=Phase.PREFILL, lo=0, hi=None, kernel=str(c.kernel)):  # a forced prefill kernel
                 rules += [dataclasses.replace(r, lo=d + 1, hi=d + pp_tokens + 257) for d in depths]
             else:

@@ -194,7 +194,8 @@ def run_confirm(run: SearchRun, proposal: Proposal) -> SearchOutcome:
             "params": dict((tuned.params or tuned.values) if tuned else {}),
             "why": j["process_why"],
             "phases": list(phases),
-            "rows": _finite_rows(rows),
+            # a result is stored only finite
+            "rows": [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in rows],
         }
         proposal = dataclasses.replace(proposal, tuned=None)
         rows, j, phases = _confirm_attempt(run, proposal, depths)
@@ -222,11 +223,6 @@ def confirm_depths(run: SearchRun) -> list[int]:
     cfg = run.cfg
     extra = extra_depths(cfg.depths, limit=cfg.confirm_extra, max_depth=run.shape.context_length)
     return sorted(set(cfg.depths) | set(extra))
-
-
-def _finite_rows(rows: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    """``rows`` without their non-finite numbers: a result is stored only finite."""
-    return [{k: v for k, v in r.items() if not (isinstance(v, float) and not math.isfinite(v))} for r in rows]
 
 
 def _confirm_attempt(

@@ -495,19 +495,15 @@ def _skip_reason(vendor: str) -> str | None:
         nvcc = shutil.which("nvcc")
         if nvcc is None:
             return "nvcc not on PATH"
-        if not _has_cublas(Path(nvcc)):
+        root = Path(nvcc).resolve().parent.parent
+        incs = [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]
+        if not any((inc / "cublas_v2.h").is_file() for inc in incs):
             # ggml-cuda links CUDA::cublas: CMake's configure fails without it, before anything compiles
             return (
                 f"the CUDA toolkit of {nvcc} has no cuBLAS headers (cublas_v2.h), which ggml-cuda needs; install "
                 "the toolkit's cuBLAS development files (e.g. Debian's libcublas-dev) to compile-check"
             )
     return None
-
-
-def _has_cublas(nvcc: Path) -> bool:
-    root = nvcc.resolve().parent.parent
-    incs = [root / "include", *sorted(root.glob("targets/*/include")), Path("/usr/local/cuda/include")]
-    return any((inc / "cublas_v2.h").is_file() for inc in incs)
 
 
 def _space_for_plan(space: SearchSpace, n_layers: int) -> SearchSpace:
