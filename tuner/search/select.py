@@ -49,12 +49,6 @@ class Selection:
     buckets: tuple[BucketPick, ...]
     rejected: Mapping[str, str]
 
-    def pick_for(self, phase: str, depth: int) -> BucketPick:
-        for b in self.buckets:
-            if b.phase == phase and depth in b.depths:
-                return b
-        raise KeyError((phase, depth))
-
 
 def _partitions(depths: Sequence[int]) -> list[list[tuple[int, ...]]]:
     """All ways to cut a sorted depth list into contiguous segments (n <= ~8, so 2^(n-1))."""

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tuner.search.select import Measurement, select_winners
+from tuner.search.select import BucketPick, Measurement, Selection, select_winners
 
 
 def m(center: float, n: int = 12, spread: float = 0.01, seed: int = 0) -> Measurement:
@@ -17,6 +17,11 @@ def results(**cfgs: dict[tuple[str, int], float]) -> dict:
 
 
 DEPTHS = (0, 4096, 16384, 32768)
+
+
+def pick_for(sel: Selection, phase: str, depth: int) -> BucketPick:
+    """The bucket of ``sel`` that holds ``depth`` of ``phase``."""
+    return next(b for b in sel.buckets if b.phase == phase and depth in b.depths)
 
 
 def flat(v: float, phase: str = "tg") -> dict[tuple[str, int], float]:
@@ -47,8 +52,8 @@ def test_no_harm_rule_rejects_config_slower_somewhere() -> None:
     r = results(baseline=flat(100.0), trial1=pts)
     sel = select_winners(r, "baseline")
     assert "trial1" in sel.rejected and "32768" in sel.rejected["trial1"]
-    short = sel.pick_for("tg", 0)
-    long = sel.pick_for("tg", 32768)
+    short = pick_for(sel, "tg", 0)
+    long = pick_for(sel, "tg", 32768)
     assert short.config == "trial1" and 32768 not in short.depths
     assert long.config == "baseline"
 
@@ -59,9 +64,9 @@ def test_per_bucket_winners_by_context() -> None:
     mma = {("tg", 0): 100.0, ("tg", 4096): 100.0, ("tg", 16384): 115.0, ("tg", 32768): 125.0}
     r = results(baseline=flat(100.0), vec=vec, mma=mma)
     sel = select_winners(r, "baseline")
-    assert sel.pick_for("tg", 0).config == "vec"
-    assert sel.pick_for("tg", 32768).config == "mma"
-    assert sel.pick_for("tg", 0).depths == (0, 4096)
+    assert pick_for(sel, "tg", 0).config == "vec"
+    assert pick_for(sel, "tg", 32768).config == "mma"
+    assert pick_for(sel, "tg", 0).depths == (0, 4096)
 
 
 def test_eligible_and_fallback() -> None:
