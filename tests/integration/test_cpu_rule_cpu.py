@@ -24,11 +24,10 @@ from tuner.measure.observe import find_gpu_probe
 from tuner.measure.paired import CPU_REJECTED
 from tuner.plan.fa_rules import parse_fa_rules
 from tuner.rounds import compose as comp
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, run_phase_rounds
 from tuner.rounds.live import make_live_measure
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search import confirm as conf
-from tuner.search.screen import run_phase_rounds
 
 pytestmark = pytest.mark.integration
 

@@ -84,10 +84,9 @@ def ab(
     from tuner.plan.fa_rules import parse_fa_rules, rules_env
     from tuner.result.tables import compare_table, method_paragraph
     from tuner.rounds.compose import judge_phase
-    from tuner.rounds.joint import Candidate
+    from tuner.rounds.joint import Candidate, run_phase_rounds
     from tuner.rounds.live import make_live_measure
     from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
-    from tuner.search.screen import run_phase_rounds
 
     low, high = round_limits(click.get_current_context(), rounds, min_rounds, max_rounds)
     high = high or low

@@ -4,7 +4,8 @@ Rounds are added until every cell's CI half-width is at most ``target_ci`` perce
 deadline; with a settle rule (:func:`tuner.rounds.compose.open_depths`) a settled depth gets no rounds past the
 minimum, so the rounds go where a decision is still open. Prefill and decode are judged separately. Where the
 measure can run both phases in one llama-bench call (:func:`run_joint_rounds`), they share every depth fill, the
-larger part of a long-context call.
+larger part of a long-context call. The kernel screen's candidates (:func:`candidates_for`: upstream's choice vs
+every legal forced kernel) run in the one-phase form, :func:`run_phase_rounds`.
 
 The round records are plain JSON stored in the study, so a resumed search adds rounds. Next to t/s (``values``)
 they keep CPU% of the process tree (``cpu``), of its busiest thread (``core``) and GPU% (``gpu``); records of
@@ -26,7 +27,7 @@ from tuner.errors import TunerError
 from tuner.measure.paired import rotated
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_env
 from tuner.rounds.budget import UNBOUNDED, Budget, BudgetReached
-from tuner.rounds.stats import OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
+from tuner.rounds.stats import AA_NAME, OBSERVED, UPSTREAM, PhaseScreen, summarize_phase
 
 
 class AllCallsFailed(TunerError):
@@ -126,6 +127,23 @@ def merge_call(by_phase: Mapping[str, Candidate], *, depths: Sequence[int], pp_t
     return Candidate(name="+".join(c.name for c in cands), env=env, args=rest[0][1])
 
 
+def candidates_for(
+    phase: str, kernels: Sequence[str], *, base_env: Mapping[str, str] | None = None, base_args: Sequence[str] = ()
+) -> list[Candidate]:
+    """Upstream plus one forced candidate per kernel (or the A/A twin when nothing can be forced), each with
+    ``base_env``/``base_args`` (the knobs pinned with --set)."""
+    env = dict(base_env or {})
+    out = [Candidate(name=UPSTREAM, env=env, args=tuple(base_args))]
+    if not kernels:
+        return out + [Candidate(name=AA_NAME, env=env, args=tuple(base_args))]
+    for k in kernels:
+        forced = FaRule(phase=Phase.from_bench(phase), lo=0, hi=None, kernel=k)
+        out.append(
+            Candidate(name=k, env={**env, "GGML_TUNER_FA_RULES": rules_env([forced])}, args=tuple(base_args), kernel=k)
+        )
+    return out
+
+
 def run_joint_rounds(
     joint: JointMeasure,
     cands: Mapping[str, Sequence[Candidate]],
@@ -193,6 +211,46 @@ def run_joint_rounds(
                     + (f"; errors: {rec['errors']}" if rec["errors"] else "")
                 )
     return mine
+
+
+def run_phase_rounds(
+    measure: Measure,
+    phase: str,
+    candidates: Sequence[Candidate],
+    depths: Sequence[int],
+    rounds: list[dict[str, Any]],
+    *,
+    min_rounds: int = 3,
+    max_rounds: int = 6,
+    target_ci: float = 1.0,
+    budget: Budget = UNBOUNDED,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    tag: str = "screen",
+    prior: Sequence[Mapping[str, Any]] = (),
+    settle: Settle | None = None,
+) -> list[dict[str, Any]]:
+    """Add rounds for ``phase`` at ``depths`` to ``rounds`` (records of earlier calls count) until the stop rule
+    holds; returns the records for these depths. The one-phase form of :func:`tuner.rounds.joint.run_joint_rounds`;
+    ``on_round`` persists each record."""
+
+    def one(c: Candidate, phases: Sequence[str], ds: Sequence[int], label: str) -> dict[str, Mapping[int, Point]]:
+        return {phases[0]: measure(c, phases[0], ds, label)}
+
+    return run_joint_rounds(
+        one,
+        {phase: candidates},
+        depths,
+        rounds,
+        pp_tokens=0,
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        target_ci=target_ci,
+        budget=budget,
+        on_round=on_round,
+        tag=tag,
+        prior=prior,
+        settle=settle,
+    )[phase]
 
 
 def ci_note(n_rounds: int, worst: float, min_rounds: int, max_rounds: int, target_ci: float) -> str:

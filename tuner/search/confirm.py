@@ -24,12 +24,11 @@ from tuner._hash import stable_hash
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY
 from tuner.plan.fa_rules import FaRule, rules_env, rules_texts
 from tuner.rounds.compose import Family, judge_phase, open_depths
-from tuner.rounds.joint import Candidate, Point, SharedMeasure, run_joint_rounds
+from tuner.rounds.joint import Candidate, Point, SharedMeasure, run_joint_rounds, run_phase_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
 from tuner.search.context import PHASES, Proposal, SearchRun, confirm_factory
 from tuner.search.final_gates import final_of
-from tuner.search.screen import run_phase_rounds
 from tuner.study.record import SearchOutcome, relabel_rows
 
 FINAL = "final"

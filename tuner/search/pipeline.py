@@ -33,7 +33,15 @@ from tuner.plan.variant import Build
 from tuner.redact import redact
 from tuner.rounds import compose as comp
 from tuner.rounds.budget import Budget
-from tuner.rounds.joint import AllCallsFailed, Measure, SharedMeasure, depths_to_measure, run_joint_rounds
+from tuner.rounds.joint import (
+    AllCallsFailed,
+    Measure,
+    SharedMeasure,
+    candidates_for,
+    depths_to_measure,
+    run_joint_rounds,
+    run_phase_rounds,
+)
 from tuner.rounds.stats import summarize_phase
 from tuner.sanity import require_finite
 from tuner.search import context as cx
@@ -45,7 +53,6 @@ from tuner.search.device_guard import counted, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, coerce_pins, pinned_runtime, screen_method
 from tuner.search.request import check_depths
-from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome

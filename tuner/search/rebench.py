@@ -16,9 +16,8 @@ from tuner.builder import cmake
 from tuner.plan import render
 from tuner.plan.fa_rules import rules_env, rules_from_texts
 from tuner.rounds import live
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, run_phase_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
-from tuner.search.screen import run_phase_rounds
 from tuner.source import Source
 
 

@@ -34,9 +34,8 @@ from tuner.measure.bench import parse_bench_jsonl
 from tuner.measure.stats import median
 from tuner.plan.fa_rules import rules_texts
 from tuner.rounds import compose as comp
-from tuner.rounds.joint import Candidate, Point
+from tuner.rounds.joint import Candidate, Point, candidates_for, run_phase_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
-from tuner.search.screen import candidates_for, run_phase_rounds
 from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")

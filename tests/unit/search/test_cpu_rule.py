@@ -10,11 +10,10 @@ import pytest
 from tuner.measure.paired import CPU_REJECTED, noise_points, paired_diff, rejects_cpu_cost
 from tuner.plan.fa_rules import parse_fa_rules
 from tuner.rounds import compose as comp
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, candidates_for, run_phase_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search import confirm as conf
 from tuner.search import tune as tn
-from tuner.search.screen import candidates_for, run_phase_rounds
 
 
 def fake(ts, cpu, *, seed: int = 0, jitter: float = 0.003, cpu_jitter: float = 1.0):

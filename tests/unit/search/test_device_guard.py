@@ -10,9 +10,8 @@ import optuna
 import pytest
 
 from tuner.errors import UsageError
-from tuner.rounds.joint import run_joint_rounds
+from tuner.rounds.joint import candidates_for, run_joint_rounds
 from tuner.search.device_guard import check_device, counted, device_checked
-from tuner.search.screen import candidates_for
 from tuner.study.state import StudyState
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

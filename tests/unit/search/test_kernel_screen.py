@@ -15,11 +15,10 @@ from tests.unit.measure.test_kernel_bench import _fake_tbo
 from tuner.errors import UsageError
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.rounds import compose as comp
-from tuner.rounds.joint import run_joint_rounds
+from tuner.rounds.joint import candidates_for, run_joint_rounds
 from tuner.rounds.stats import summarize_phase
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, KernelMeasure, kernel_shape
 from tuner.search.pipeline import _screen_method
-from tuner.search.screen import candidates_for
 from tuner.study.state import StudyState
 
 SHAPE_1B = {"head_dim": 64, "n_heads": 32, "n_kv_heads": 8, "gqa": 4}

@@ -120,8 +120,7 @@ def _aa_only_rounds(spread: float) -> list[dict[str, Any]]:
     llama-bench whose calls differ by up to ``spread`` (0.3: a busy 2-core VM)."""
     import random
 
-    from tuner.rounds.joint import run_joint_rounds
-    from tuner.search.screen import candidates_for
+    from tuner.rounds.joint import candidates_for, run_joint_rounds
 
     rng = random.Random(7)
 

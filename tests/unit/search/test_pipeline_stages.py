@@ -14,10 +14,9 @@ from tuner.measure.paired import noise_pct, paired_effect, rotated, verdict
 from tuner.plan.fa_rules import FaRule, Phase, parse_fa_rules, rules_texts
 from tuner.rounds import compose as comp
 from tuner.rounds.budget import Budget
-from tuner.rounds.joint import Candidate
+from tuner.rounds.joint import Candidate, candidates_for, run_phase_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
 from tuner.search import confirm as conf
-from tuner.search.screen import candidates_for, run_phase_rounds
 
 REPO = Path(__file__).resolve().parents[3]
 _SETTINGS = dict(

@@ -11,11 +11,10 @@ import pytest
 
 from tests.unit.sweep.conftest import Clock
 from tuner.rounds.budget import Budget, BudgetReached
-from tuner.rounds.joint import run_joint_rounds
+from tuner.rounds.joint import candidates_for, run_joint_rounds
 from tuner.search import context as cx
 from tuner.search import request as rq
 from tuner.search.dryrun import full_build_seconds
-from tuner.search.screen import candidates_for
 from tuner.targets.archs import load_arch
 from tuner.targets.target import Target
 

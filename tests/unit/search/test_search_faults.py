@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from tuner.errors import TunerError, UsageError
-from tuner.rounds.joint import AllCallsFailed, run_joint_rounds
+from tuner.rounds.joint import AllCallsFailed, candidates_for, run_joint_rounds, run_phase_rounds
 from tuner.sanity import nonfinite, require_finite
-from tuner.search.screen import candidates_for, run_phase_rounds
 
 REPO = Path(__file__).resolve().parents[3]
 
