@@ -15,7 +15,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from scipy import stats as _stats
 
@@ -69,7 +69,7 @@ class Decision:
     noise_pct: float
     reason: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 

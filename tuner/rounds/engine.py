@@ -32,7 +32,7 @@ import statistics
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from tuner import log
 from tuner.errors import TunerError
@@ -43,20 +43,19 @@ from tuner.rounds.compose import Decision, compose_phase, open_depths
 from tuner.rounds.stats import UPSTREAM, CellStats
 from tuner.rounds.store import Sample, SampleStore
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
 DEFAULT = "default"
 """The config that runs upstream's own choice (the reference of every paired effect); the stores' name."""
 AA = "A/A"
 """Upstream's choice once more: the A/A pair that measures the noise of the procedure."""
 
 
-class _Ordered(Protocol):
-    def __lt__(self, other: Any, /) -> bool: ...
-
-
 T = TypeVar("T")
 P = TypeVar("P")
 K = TypeVar("K", bound=Hashable)
-F = TypeVar("F", bound=_Ordered)
+F = TypeVar("F", bound="SupportsRichComparison")
 
 Measure = Callable[[Sequence[P], str, int, Path], list[Sample[K]]]
 """One timer process: (its points, config, round, its log folder) -> a sample per point."""

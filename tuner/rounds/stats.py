@@ -75,7 +75,7 @@ class CellStats:
             if n != self.aa and self.kernels.get(n) is not None and self.kernels.get(n) != self.upstream_kernel
         ]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "depth": self.depth,
             "upstream_kernel": self.upstream_kernel,

@@ -187,14 +187,14 @@ class GridMeasure:
 
 def replay_screen(
     files: Sequence[Path], *, min_rounds: int = 3, max_rounds: int = 5, ci_target: float = 1.0, as_json: bool = False
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Screen and compose on recorded grids; compare each depth's decision with the grid's own winner (the
     kernel with the highest median over all its samples). Prints the tables (or JSON) on stdout and returns
     per phase the decisions, the grid's winners and the measurements used against the exhaustive grid."""
     grid = load_grid(files)
     log.info(f"{TAG}: screen -> compose on {len(files)} recorded llama-bench files; nothing is measured now.")
     measure = GridMeasure(grid)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for phase in ("tg", "pp"):
         if (phase, "default") not in grid.samples:
             continue

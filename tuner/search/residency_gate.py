@@ -36,7 +36,7 @@ def full_offload(args: Sequence[str], n_layers: int | None) -> bool:
     return True
 
 
-def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[str, Any]:
+def summary_row(res: Residency, passed: bool, reasons: Sequence[str]) -> dict[str, object]:
     return {
         "summary": res.summary,
         "passed": bool(passed),

@@ -14,7 +14,6 @@ import tarfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from tuner._hash import file_sha256
 from tuner.errors import TunerError, UsageError
@@ -181,7 +180,7 @@ def _check_members(members: list[tarfile.TarInfo]) -> tarfile.TarInfo:
     return meta
 
 
-def _check_meta(raw: bytes) -> tuple[str, str, str, dict[str, Any]]:
+def _check_meta(raw: bytes) -> tuple[str, str, str, dict[str, object]]:
     """Validate source.json; return the normalized SPEC, the source id, the era and the record to keep."""
     try:
         meta = json.loads(raw.decode("utf-8"))
