@@ -10,7 +10,6 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner import log
 from tuner._hash import stable_hash
@@ -62,7 +61,7 @@ def config_key(rules: Sequence[FaRule], vals: Mapping[str, object]) -> str:
     return stable_hash({"rules": rules_texts(rules), "tuned": dict(vals) or None})[:12]
 
 
-def _gated(outcome: SearchOutcome, then: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> SearchOutcome:
+def _gated(outcome: SearchOutcome, then: Callable[[Mapping[str, object]], Mapping[str, object]]) -> SearchOutcome:
     """``outcome`` through a gate's verdict on its stored form."""
     return SearchOutcome.from_result(outcome.header, as_stored(then(outcome.result_json())))
 

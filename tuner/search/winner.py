@@ -31,13 +31,13 @@ from tuner.study.record import load_header
 class Winner:
     global_config: str
     """``baseline`` or ``trial<N>``."""
-    values: Mapping[str, Any]
+    values: Mapping[str, object]
     rules: tuple[FaRule, ...]
     buckets: tuple[Mapping[str, Any], ...]
     rejected: Mapping[str, str]
 
 
-def _trial_values(study: optuna.Study, cfg: str) -> dict[str, Any]:
+def _trial_values(study: optuna.Study, cfg: str) -> dict[str, object]:
     if cfg == "baseline":
         # the enqueued upstream-default trial carries the baseline's full knob values
         t = next((t for t in study.trials if legacy.trial_attr(t, BASELINE_PARAMS_ATTR)), None)
@@ -86,8 +86,8 @@ def choose_winner(study: optuna.Study, space: SearchSpace) -> Winner:
         return all(v.get(k) == g_vals.get(k) for k in set(v) | set(g_vals) if k not in rule_names)
 
     sel = select_winners(results, base, eligible=family, fallback=g, noise_floor=anchor_drift(study))
-    rule_vals: dict[str, Any] = {}
-    buckets: list[dict[str, Any]] = []
+    rule_vals: dict[str, object] = {}
+    buckets: list[dict[str, object]] = []
     for b in sel.buckets:
         vals = _trial_values(study, b.config) if b.config != base else g_vals
         same_phase = [x for x in sel.buckets if x.phase == b.phase]
