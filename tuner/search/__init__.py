@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tuner.plan.space import runtime_env_and_args
 from tuner.search.record import parse_point_key, point_key
-from tuner.search.study import PROFILES, SearchConfig, resolve_arch
+from tuner.search.study import PROFILES, SearchConfig
 from tuner.study.record import SearchOutcome
 
 __all__ = [
@@ -17,7 +17,6 @@ __all__ = [
     "SearchConfig",
     "parse_point_key",
     "point_key",
-    "resolve_arch",
     "run_search",
     "run_worker",
     "runtime_env_and_args",

@@ -1,5 +1,6 @@
-"""What a search is configured with (:class:`SearchConfig`), which arch it times (:func:`resolve_arch`), and
-where its study lives (SQLite in the run directory by default, or PostgreSQL shared by several hosts).
+"""What a search is configured with (:class:`SearchConfig`, its target resolved by
+:func:`tuner.targets.target.resolve_target`), and where its study lives (SQLite in the run directory by default,
+or PostgreSQL shared by several hosts).
 ``PROFILES`` weighs the phases for studies of the earlier one-TPE search and for the sampler replay.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from tuner.rounds.budget import Budget
 from tuner.source.spec import Source
 from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
-from tuner.targets.target import Target, resolve_target
+from tuner.targets.target import Target
 
 PROFILES: dict[str, dict[str, float]] = {
     # weight of each phase in the single objective Optuna sees (geometric mean of speed ratios)
@@ -80,11 +81,6 @@ class SearchConfig:
     @property
     def storage_url(self) -> str:
         return self.storage or f"sqlite:///{(self.run_dir / 'study.db').resolve()}"
-
-
-def resolve_arch(requested: str | None, *, dry_run: bool = False, replay: bool = False, ptx_jit: bool = False) -> str:
-    """The name of :func:`tuner.targets.target.resolve_target`'s target (which raises what this raises)."""
-    return resolve_target(requested, dry_run=dry_run, replay=replay, ptx_jit=ptx_jit).name
 
 
 def default_run_dir(study: str) -> Path:

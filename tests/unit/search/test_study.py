@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import UsageError
-from tuner.search.study import resolve_arch
 from tuner.targets import archs
+from tuner.targets.target import resolve_target
 
 
 @pytest.fixture
@@ -15,19 +15,19 @@ def on_h100(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_local_gpu_is_the_default(on_h100: None) -> None:
-    assert resolve_arch(None) == "sm_90"
-    assert resolve_arch("hopper") == "sm_90"
+    assert resolve_target(None).name == "sm_90"
+    assert resolve_target("hopper").name == "sm_90"
 
 
 def test_older_nvidia_target_needs_ptx_jit(on_h100: None) -> None:
     with pytest.raises(UsageError) as e:
-        resolve_arch("sm_89")
+        resolve_target("sm_89")
     assert "add --ptx-jit" in str(e.value) and "--dry-run" in str(e.value)
-    assert resolve_arch("sm_89", ptx_jit=True) == "sm_89"
+    assert resolve_target("sm_89", ptx_jit=True).name == "sm_89"
 
 
 def test_ptx_jit_cannot_run_amd_or_newer_targets(on_h100: None) -> None:
     for target in ("gfx1151", "sm_120"):
         with pytest.raises(UsageError) as e:
-            resolve_arch(target, ptx_jit=True)
+            resolve_target(target, ptx_jit=True)
         assert "tuner never benchmarks one device" in str(e.value) and "--ptx-jit" not in str(e.value)
