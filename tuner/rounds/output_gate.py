@@ -311,7 +311,7 @@ def run_gate_check(
     return res
 
 
-def gated_result(result: Mapping[str, Any], gate: Mapping[str, Any]) -> dict[str, Any]:
+def gated_result(result: Mapping[str, object], gate: Mapping[str, Any]) -> dict[str, Any]:
     """The result to export: unchanged with its gate record when it passed, else upstream's selection, with the
     rejected config and its failing numbers under ``gate.rejected``."""
     if gate["verdict"] != "fail":

@@ -115,7 +115,7 @@ def redecide(rec: Mapping[str, Any], *, full: bool, host_weights_mib: float | No
     return out
 
 
-def residency_result(result: Mapping[str, Any], rec: Mapping[str, Any]) -> dict[str, Any]:
+def residency_result(result: Mapping[str, object], rec: Mapping[str, Any]) -> dict[str, Any]:
     """The result with its residency record; upstream's selection when the final config failed (as the gate does)."""
     if rec["verdict"] != "fail":
         return {**result, "residency": dict(rec)}
