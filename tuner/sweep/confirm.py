@@ -2,9 +2,14 @@
 
 Kernel-level wins can overstate end-to-end gains, so an entry goes upstream only once a model shape shows it:
 the search's paired rounds (:func:`tuner.rounds.joint.run_joint_rounds`) per ``--like`` model, ``tg128``
-exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:mod:`tuner.sweep.confirm_batch`) and MMQ passes
+exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:func:`batch_passes`) and MMQ passes
 (:func:`mmq_passes`) the rest; :func:`decide_rules` keeps what is faster somewhere, slower nowhere and passed the
 output-equivalence gate. A model the table does not change is not measured. See docs/sweep.md.
+
+A ``ppN`` prompt after a depth attends at ``Q->ne[1] = N`` (the call of speculative and parallel decoding), so an
+entry at batch N is confirmed by a ``ppN`` pass with the entries as ``prefill/../nbN`` hook rules.
+:class:`ConfirmStore` (``confirm.sqlite3``) holds rounds, gate checks and recorded models: the unit that travels
+between machines.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import math
 import os
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,10 +37,8 @@ from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
-from tuner.rounds.store import read_store
+from tuner.rounds.store import open_store, read_store
 from tuner.sweep import live, mmq
-from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
-from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
 from tuner.sweep.table import TableRule, render_table_patch
 from tuner.targets.archs import Arch, load_arch
@@ -47,6 +51,60 @@ DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
 """0: short context; 4096: below upstream's VEC-to-MMA switch (8192); 16384, 32768: the Hopper decode rules."""
 TABLE = "table"  # the candidate that runs with the table's env
 PP, TG = 512, 128
+_SCHEMA = 1
+
+
+class ConfirmStore:
+    """The rounds' records (one row per model, phase and round, the search's record as JSON) and the gate's
+    checks, in SQLite; the identity (build, quant, the table's env per model...) is checked on reopening."""
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.db = open_store(
+            self.path,
+            {"schema": str(_SCHEMA), "sweep": "confirm", **identity},
+            table_sql="CREATE TABLE IF NOT EXISTS rounds (model TEXT NOT NULL, phase TEXT NOT NULL, "
+            "round INTEGER NOT NULL, record TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (model, phase, round))",
+            what="a sweep confirm storage",
+            fix="Pass another -o or --storage, or the same build, --quant, -r and sweep table.",
+            strict=True,
+        )
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS gate (model TEXT NOT NULL, name TEXT NOT NULL, record TEXT NOT NULL, "
+            "PRIMARY KEY (model, name))"
+        )
+        self.db.execute("CREATE TABLE IF NOT EXISTS models (ord INTEGER PRIMARY KEY, record TEXT NOT NULL)")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def records(self, model: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT record FROM rounds WHERE model = ? ORDER BY phase, round", (model,))
+        return [json.loads(r) for (r,) in rows]
+
+    def add(self, model: str, rec: Mapping[str, Any]) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
+                (model, rec["phase"], int(rec["round"]), json.dumps(rec), time.time()),
+            )
+
+    def gate(self, model: str) -> dict[str, Any]:
+        rows = self.db.execute("SELECT name, record FROM gate WHERE model = ?", (model,))
+        return {str(n): json.loads(r) for n, r in rows}
+
+    def add_gate(self, model: str, name: str, rec: Mapping[str, object]) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
+
+    def set_models(self, rows: Sequence[Mapping[str, object]]) -> None:
+        """The models of the last call with their ``weight_types``, so :func:`recompose` can decide again."""
+        with self.db:
+            self.db.execute("DELETE FROM models")
+            self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])
+
+    def models(self) -> list[dict[str, Any]]:
+        return [json.loads(r) for (r,) in self.db.execute("SELECT record FROM models ORDER BY ord")]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,7 +206,7 @@ class ModelPlan:
     """An MMQ pass (:func:`mmq_passes`): the model shape ``like`` names a quantization of; prefill only."""
     quant: str = ""
     batch: int = 0
-    """A small-batch pass (:mod:`tuner.sweep.confirm_batch`): the ``Q->ne[1]`` its ``pp`` test attends at."""
+    """A small-batch pass (:func:`batch_passes`): the ``Q->ne[1]`` its ``pp`` test attends at."""
 
     @property
     def bench_args(self) -> tuple[str, ...]:
@@ -241,6 +299,34 @@ def tg_window(depth: int, tg: int = TG) -> tuple[int, int]:
 def _touches(rule: TableRule, depth: int) -> bool:
     lo, hi = tg_window(depth)
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
+
+
+def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
+    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval (KV padded to 256)."""
+    return rule.covers(pad_kv(depth + batch))
+
+
+def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
+    """The pass of ``plan``'s model at ``Q->ne[1] = batch`` (``<shape>-pp<batch>``): its entries there, prefill."""
+    mine, like = tuple(r for r in plan.unexercised if r.ne1 == batch), f"{plan.like}-pp{batch}"
+    return dataclasses.replace(
+        plan, like=like, base=plan.like, pp=batch, batch=batch, fa_rules=mine, unexercised=(), mmq=()
+    )
+
+
+def batch_passes(plans: Sequence[ModelPlan], depths: Sequence[int]) -> list[tuple[ModelPlan, tuple[int, ...]]]:
+    """Per model and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths whose
+    ``pp<batch>`` reaches some entry's n_kv range; a batch no depth reaches gets no pass (reported)."""
+    out = []
+    for p in plans:
+        if p.base:
+            continue
+        for batch in sorted({r.ne1 for r in p.unexercised}):
+            one = batch_plan(p, batch)
+            ds = tuple(d for d in p.depths(depths) if any(batch_touches(r, d, batch) for r in one.fa_rules))
+            if ds:
+                out.append((one, ds))
+    return out
 
 
 def measure_model(

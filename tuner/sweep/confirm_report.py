@@ -15,8 +15,7 @@ from typing import Any
 
 from tuner.result.tables import compare_table
 from tuner.rounds.costs import load_step_costs
-from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, quant_mode
-from tuner.sweep.confirm_batch import batch_passes
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, batch_passes, quant_mode
 from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [

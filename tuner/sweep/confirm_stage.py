@@ -21,9 +21,8 @@ from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
 from tuner.sweep import confirm, mmq
 from tuner.sweep.build import default_build, gpu_backend, require_gpu
-from tuner.sweep.confirm import Confirmed, ModelPlan, Table
+from tuner.sweep.confirm import Confirmed, ConfirmStore, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
-from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.gpus import slug
 from tuner.sweep.table import widened_layers
 from tuner.targets.archs import detect_local_archs, local_gpu_names

@@ -26,7 +26,6 @@ from tuner.result.checks import FolderError, present_in, read_bytes_in
 from tuner.result.export import staged_export
 from tuner.rounds.store import Sample, read_store
 from tuner.sweep import confirm, live, mmq
-from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.plots import plot_fa, plot_mmq
 
 MANIFEST = "table.toml"
@@ -74,7 +73,7 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
             f"({confirm.table_id(table)}): pass the sweep directory the confirmation was run on and, where it "
             "had MMQ choices, its --mmq directory."
         )
-    with closing(ConfirmStore(cpath, {})) as store:
+    with closing(confirm.ConfirmStore(cpath, {})) as store:
         conf = confirm.recompose(table, store)
         models = tuple(store.models())
     fa = tuple(read_store(live.TABLE, sweep_dir / EVIDENCE["sweep"])[0])

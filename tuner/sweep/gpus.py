@@ -16,8 +16,7 @@ from typing import Literal
 from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import package_data
-from tuner.sweep.confirm import Confirmed, RuleFate, Table, recompose, store_meta, table_id
-from tuner.sweep.confirm_store import ConfirmStore
+from tuner.sweep.confirm import Confirmed, ConfirmStore, RuleFate, Table, recompose, store_meta, table_id
 
 Action = Literal["patched", "dropped", "reported"]
 

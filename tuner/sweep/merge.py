@@ -26,7 +26,6 @@ from tuner.errors import TunerError, UsageError
 from tuner.result.export import staged_export
 from tuner.sweep import confirm, export, gpus
 from tuner.sweep.confirm_report import e2e_text, merged_pr_text
-from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.gpus import Confirmation, Joined
 from tuner.sweep.grid import Cell
 from tuner.sweep.live import FaKey
@@ -102,7 +101,7 @@ def load_parts(folders: Sequence[Path], tmp: Path) -> list[Part]:
         ev = export.load_evidence(dirs)
         cdir = dirs["confirm"]
         assert cdir is not None  # load_evidence needs it
-        with closing(ConfirmStore(cdir / export.EVIDENCE["confirm"], {})) as store:
+        with closing(confirm.ConfirmStore(cdir / export.EVIDENCE["confirm"], {})) as store:
             ops = tuple(rec for _, rec in sorted(store.gate("test-backend-ops").items()))
         out.append(Part(name=f.resolve().name, folder=f, manifest=m, evidence=ev, backend_ops=ops))
     return out
