@@ -368,7 +368,7 @@ def measure_model(
 
 
 def judge_model(
-    recs: Mapping[str, Sequence[Mapping[str, Any]]],
+    recs: Mapping[str, Sequence[Mapping[str, object]]],
     depths: Sequence[int],
     *,
     mmq_changed: bool,
@@ -464,7 +464,7 @@ def decide_rules(
     table: Table,
     plans: Sequence[ModelPlan],
     points: Mapping[str, Sequence[E2ePoint]],
-    gates: Mapping[str, Mapping[str, Any]],
+    gates: Mapping[str, Mapping[str, object]],
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
 ) -> list[RuleFate]:
@@ -626,7 +626,7 @@ class Confirmed:
     plans: tuple[ModelPlan, ...]
     depths: Mapping[str, tuple[int, ...]]
     points: Mapping[str, list[E2ePoint]]
-    gates: Mapping[str, dict[str, Any]]
+    gates: Mapping[str, Mapping[str, object]]
     weight_types: Mapping[str, tuple[str, ...]]
     fates: tuple[RuleFate, ...]
 
@@ -660,7 +660,7 @@ def confirm_models(
 ) -> Confirmed:
     """Per model: make, plan, measure, judge, gate; then the batch and MMQ passes and every rule's decision."""
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
     known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
 
@@ -681,7 +681,7 @@ def confirm_models(
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
         ds = dmap[dry.like] = tuple(dry.depths(depths))
-        row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
+        row: dict[str, object] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
         rows.append(row | {"weight_types": None})
         if not dry.env:
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): " + (
