@@ -20,10 +20,10 @@ from tuner.rounds.joint import JointMeasure
 from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
 from tuner.sweep import confirm, mmq
-from tuner.sweep.build import default_build, gpu_backend, require_gpu
 from tuner.sweep.confirm import Confirmed, ConfirmStore, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
 from tuner.sweep.gpus import slug
+from tuner.sweep.run_stage import default_build, gpu_backend, require_gpu
 from tuner.sweep.table import widened_layers
 from tuner.targets.archs import detect_local_archs, local_gpu_names
 from tuner.targets.defaults import DEFAULT_QUANT
@@ -46,7 +46,7 @@ class ConfirmRequest:
     max_rounds: int | None = None
     reps: int = 3
     build_dir: Path | None = None
-    """A build or bin directory; None: the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
+    """A build or bin directory; None: the sweeps' default build (:func:`tuner.sweep.run_stage.default_build`)."""
     backend: str = "CUDA0"
     spec: str | None = None
     storage: Path | None = None
