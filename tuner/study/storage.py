@@ -61,13 +61,12 @@ def check_storage_url(url: str) -> str:
     rest = m["rest"]
     if dialect == "sqlite":
         path, _, query = rest.partition("?")
-        memory = (
+        if (
             not path.startswith("/")
             or path in ("/", "/:memory:")
             or ":memory:" in path
             or "mode=memory" in query.lower()
-        )
-        if memory:
+        ):
             raise UsageError(
                 f"--storage {shown!r} keeps the study in memory: nothing would be saved and a rerun could "
                 f"not resume. {fix}"
