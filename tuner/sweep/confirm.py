@@ -528,7 +528,7 @@ def gate_model(
     run_one: Callable[[og.GateCheck], Mapping[str, object]] | None = None,
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Mapping[str, object]:
     """The output-equivalence gate of the table's env on ``model``, as the search's final gate plans and judges it
     (:mod:`tuner.rounds.output_gate`), MMQ choices widened and judged against :func:`cublas_band`. Each check is
     stored as it ends, so a rerun runs only the missing ones; ``before(name)`` runs before each check."""
@@ -595,7 +595,7 @@ def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]
 def backend_ops_check(
     bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0,
     params: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, object]:  # fmt: skip
     """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env, as a record."""
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -648,7 +648,7 @@ def confirm_models(
     store: ConfirmStore,
     model_for: Callable[[str], Path],
     joint_for: Callable[[Path, ModelPlan], JointMeasure],
-    gate: Callable[[ModelPlan, Path], dict[str, Any]],
+    gate: Callable[[ModelPlan, Path], Mapping[str, object]],
     weight_types_of: Callable[[Path], Iterable[str]],
     kv: str = "f16",
     era: str = "",
@@ -786,7 +786,7 @@ def _stored_verdict(
     max_rounds: int | None,
     era: str,
     quiet: bool = False,
-) -> tuple[list[E2ePoint], dict[str, Any]]:
+) -> tuple[list[E2ePoint], Mapping[str, object]]:
     """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
     recs = measure_model(_stored_only, plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
     cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)

@@ -5,10 +5,9 @@ planned, dry-run text) and :func:`run_confirm` (build, storage, measurements, ga
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 from tuner import source
 from tuner.errors import UsageError
@@ -82,7 +81,7 @@ class ConfirmOutcome:
     """What :func:`run_confirm` measured, decided and wrote to ``out``."""
 
     conf: Confirmed
-    backend_ops: tuple[dict[str, Any], ...]
+    backend_ops: tuple[Mapping[str, object], ...]
     patch: bool
     """Whether ``upstream.patch`` was written (an entry was kept)."""
     out: Path
@@ -214,7 +213,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
             budget.check(f"making the {like}{f' {quant}' if quant else ''} model")
         return Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin, direct=direct))
 
-    def gate(one: ModelPlan, path: Path) -> dict[str, Any]:
+    def gate(one: ModelPlan, path: Path) -> Mapping[str, object]:
         return confirm.gate_model(one, path, bin_dir, arch=table.arch, era=src.era, store=store,
                                   work_dir=out / "equivalence", before=_check_budget(budget, one))  # fmt: skip
 
@@ -261,7 +260,7 @@ def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], Non
 
 def _backend_ops(
     conf: Confirmed, bin_dir: Path, *, backend: str, store: ConfirmStore, log_dir: Path, budget: Budget | None = None
-) -> list[dict[str, Any]]:
+) -> list[Mapping[str, object]]:
     """test-backend-ops FLASH_ATTN_EXT (the kept entries' shapes, once per layer of widened rules, as the hook's
     first matching rule wins) and MUL_MAT with the kept entries' env; stored, so a rerun with the same env and
     cases skips them. ``budget``: none starts that would end past it."""

@@ -53,7 +53,7 @@ class Evidence:
 
     table: confirm.Table
     confirmed: confirm.Confirmed
-    models: tuple[dict[str, Any], ...]
+    models: tuple[Mapping[str, object], ...]
     confirm_identity: Mapping[str, str]
     fa_samples: tuple[Sample[live.FaKey], ...]
     mmq_samples: tuple[Sample[mmq.MmqKey], ...]
@@ -260,7 +260,7 @@ def manifest_table(ev: Evidence) -> dict[str, Any]:
 
 def _write(
     stage: Path, ev: Evidence, src: source.Source, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
     if patch:
         (stage / "upstream.patch").write_text(patch)
@@ -305,7 +305,7 @@ def export_table(
     mmq_dir: Path | None = None,
     spec: str | None = None,
     measured_on: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Write the result folder ``out`` and return its manifest.
 
     Raises:

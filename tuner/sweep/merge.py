@@ -57,7 +57,7 @@ class Part:
     folder: Path
     manifest: dict[str, Any]
     evidence: export.Evidence
-    backend_ops: tuple[dict[str, Any], ...]
+    backend_ops: tuple[Mapping[str, object], ...]
     """The test-backend-ops records its confirmation stored (by name), as its own PR.md lists them."""
 
 
