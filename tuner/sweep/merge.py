@@ -386,8 +386,7 @@ def _ints(v: object) -> list[int]:
 
 
 def _verdict_cell(j: Joined, device: str) -> str:
-    v = next((v for v in j.verdicts if v.device == device), None)
-    return v.word if v else "not measured"
+    return next((v.word for v in j.verdicts if v.device == device), "not measured")
 
 
 def _entry_text(fate: RuleFate) -> str:
@@ -508,7 +507,9 @@ def table_pr_text(
         mine = [c for c in confirmations if c.device == d]
         rows, unmeasured = [], []
         for i, j in patched:
-            got = _points(i, [c for c in mine if c.part == _part_of(j, mine)], j.fate)
+            # the part whose confirmations decided j (its fate is one of theirs)
+            part = next((c.part for c in mine if any(f.text == j.fate.text for f in c.confirmed.fates)), "")
+            got = _points(i, [c for c in mine if c.part == part], j.fate)
             rows += got
             if j.fate.choice is not None and not any(", -ub 512" in str(p["model"]) for p in got):
                 unmeasured.append(f"- `{j.fate.text}` at the default `-ub 512`: not measured on {d}.")
@@ -560,8 +561,3 @@ def table_pr_text(
         "",
     ]
     return "\n".join(lines)
-
-
-def _part_of(j: Joined, confs: Sequence[Confirmation]) -> str:
-    """The part whose confirmations decided ``j`` (its fate is one of theirs)."""
-    return next((c.part for c in confs if any(f.text == j.fate.text for f in c.confirmed.fates)), "")
