@@ -152,19 +152,6 @@ def _bin_dir(plan: ConfirmPlan) -> Path:
     return Path(bin_dir)
 
 
-def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
-    """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
-    return {
-        "arch": table.arch.name,
-        "build": str(bin_dir.resolve()),
-        "quant": quant.upper(),
-        "models": confirm.quant_mode(quant),
-        "reps": str(reps),
-        "tests": f"pp{confirm.PP},tg{confirm.TG}",
-        "table": confirm.table_id(table),
-    }
-
-
 def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
     """``{"device": ...}`` for the confirm storage; UsageError where the device is not the sweeps' and not of the
     table's arch (the patch would not act on it)."""
@@ -193,8 +180,14 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
     out = r.out
     bin_dir = _bin_dir(dataclasses.replace(plan, request=r))
     src = source.fetch_source(r.spec) if r.spec else source.fetch_source()
-    identity = {
-        **_confirm_identity(table, bin_dir, quant=r.quant, reps=r.reps),
+    identity = {  # what the storage's rounds belong to: the build, the models' type, -r, the table, the device
+        "arch": table.arch.name,
+        "build": str(bin_dir.resolve()),
+        "quant": r.quant.upper(),
+        "models": confirm.quant_mode(r.quant),
+        "reps": str(r.reps),
+        "tests": f"pp{confirm.PP},tg{confirm.TG}",
+        "table": confirm.table_id(table),
         **_same_device(table, bin_dir, r.backend),
     }
     qbin = bin_dir / "llama-quantize"
