@@ -434,7 +434,7 @@ class RuleFate:
     why: str
     rule: TableRule | None = None
     choice: mmq.MmqChoice | None = None
-    reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.gpus joins GPU models by
+    reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.merge.join joins GPU models by
     touched: tuple[E2ePoint, ...] = ()  # the model points the entry acts on
 
 

@@ -21,7 +21,7 @@ from tuner.rounds.store import DEVICE, device_identity
 from tuner.sweep import confirm, mmq
 from tuner.sweep.confirm import Confirmed, ConfirmStore, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
-from tuner.sweep.gpus import slug
+from tuner.sweep.merge import slug
 from tuner.sweep.run_stage import default_build, gpu_backend, require_gpu
 from tuner.sweep.table import widened_layers
 from tuner.targets.archs import detect_local_archs, local_gpu_names

@@ -44,7 +44,7 @@ from tuner.result.upstream_check import KERNEL_FUNCTIONS, gpu_skip, parse_ncu_cs
 from tuner.result.upstream_patch import whitespace_only_hunks
 from tuner.result.validate import ResultCheck, cached_or_fetched, contents_finding, guarded
 from tuner.source import Source
-from tuner.sweep import export, gpus, merge
+from tuner.sweep import export, merge
 from tuner.sweep.confirm import render_kept
 from tuner.sweep.grid import Cell
 from tuner.sweep.live import bench_shape
@@ -394,7 +394,7 @@ def _gpu_stores(folder: Path, m: Mapping[str, Any], into: Path) -> tuple[list[tu
     """A merged table's other GPU models' stores, each hashed, then decompressed (capped) under ``into``."""
     stores, found = [], []
     for i, g in enumerate(m.get("gpus", [])):
-        rel = f"{merge.GPUS}/{gpus.slug(g['device'])}/{g['name']}/{merge.STORE}.xz"
+        rel = f"{merge.GPUS}/{merge.slug(g['device'])}/{g['name']}/{merge.STORE}.xz"
         try:
             got = file_sha256(folder / rel) if present_in(folder, rel) else "missing"
         except FolderError as err:
