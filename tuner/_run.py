@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Literal, TextIO
 
 from tuner import interrupts
 from tuner.errors import TunerError
@@ -151,9 +151,8 @@ class _Signalled(BaseException):
 def _signals_stop_child() -> Iterator[None]:
     """While a child runs, SIGTERM raises :class:`_Signalled` (Ctrl-C already raises KeyboardInterrupt);
     afterwards the previous handler gets the signal, so tuner still ends as it would have."""
-    old: Any = None
-    if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-        old = signal.getsignal(signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    old = signal.getsignal(signal.SIGTERM) if main else None
     if old is None or old == signal.SIG_IGN:
         # Off the main thread, SIGTERM ignored, or a handler set outside Python (None: it could not
         # be put back): leave SIGTERM alone. Ctrl-C and errors still stop the child in ``run``.

@@ -66,8 +66,5 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Render a plain Markdown table (pastes into a pull request as is)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
-    out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in cells[1:]:
-        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
-    return "\n".join(out)
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
+    return "\n".join([lines[0], "|" + "|".join("-" * (w + 2) for w in widths) + "|", *lines[1:]])

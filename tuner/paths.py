@@ -38,10 +38,9 @@ def tuner_home() -> Path:
             if raw
             else "Set TUNER_HOME (or XDG_CACHE_HOME) to a writable folder."
         )
-        msg = (
+        raise UsageError(
             f"{what} is not usable: {why}. tuner keeps fetched llama.cpp sources, builds, models and logs there. {fix}"
         )
-        raise UsageError(msg)
     return home
 
 

@@ -135,26 +135,19 @@ class Tracker:
 
     def _open_bar(self) -> None:
         # only a terminal draws a bar, and rich takes a tenth of a second to import
+        from rich import progress as rp
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
         columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(self.unit),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            rp.TextColumn("{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn(self.unit),
+            rp.TimeElapsedColumn(),
+            rp.TextColumn("ETA"),
+            rp.TimeRemainingColumn(),
         )
-        bar = Progress(*columns, console=Console(file=self._stream), transient=True)
+        bar = rp.Progress(*columns, console=Console(file=self._stream), transient=True)
         bar.start()
         self._bar = (bar, bar.add_task(self.description, total=self.total, completed=self.completed))
 

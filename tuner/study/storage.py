@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from tuner.errors import TunerError, UsageError, error_chain
@@ -19,7 +19,7 @@ from tuner.extras import missing_module_error
 from tuner.redact import redact, redact_value, remember
 
 if TYPE_CHECKING:
-    from optuna.storages import RDBStorage
+    from optuna.storages import BaseStorage, RDBStorage
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +61,12 @@ def check_storage_url(url: str) -> str:
     rest = m["rest"]
     if dialect == "sqlite":
         path, _, query = rest.partition("?")
-        memory = (
+        if (
             not path.startswith("/")
             or path in ("/", "/:memory:")
             or ":memory:" in path
             or "mode=memory" in query.lower()
-        )
-        if memory:
+        ):
             raise UsageError(
                 f"--storage {shown!r} keeps the study in memory: nothing would be saved and a rerun could "
                 f"not resume. {fix}"
@@ -233,23 +232,23 @@ def storage_guard(url: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trial_heartbeat(storage: Any, trial_id: int) -> Iterator[None]:
+def trial_heartbeat(storage: BaseStorage, trial_id: int) -> Iterator[None]:
     """Record a running trial's heartbeat every :data:`HEARTBEAT_S` while the block runs (Optuna does only inside
     ``optimize()``), so a trial whose process dies is found stale on any host. Unlike Optuna's thread (a
     traceback at the first failed write) this one logs a failure and keeps beating; the main thread's next
     write meets a lost database and reports it once (:func:`storage_guard`)."""
-    from optuna.storages._heartbeat import is_heartbeat_enabled  # optuna is heavy: imported where a trial runs
+    from optuna.storages._heartbeat import BaseHeartbeat  # optuna is heavy: imported where a trial runs
 
-    if not is_heartbeat_enabled(storage):
-        yield
+    if not isinstance(storage, BaseHeartbeat) or (interval := storage.get_heartbeat_interval()) is None:
+        yield  # heartbeats off: optuna's is_heartbeat_enabled
         return
-    interval = float(storage.get_heartbeat_interval())
+    record = storage.record_heartbeat
     stop = threading.Event()
 
     def beat() -> None:
         while True:
             try:
-                storage.record_heartbeat(trial_id)
+                record(trial_id)
             except Exception as err:  # any failure: the main thread meets the loss and reports it
                 logger.debug("heartbeat of trial %s not recorded: %s", trial_id, redact(_first_line(err)))
             if stop.wait(interval):

@@ -2,9 +2,14 @@
 
 Kernel-level wins can overstate end-to-end gains, so an entry goes upstream only once a model shape shows it:
 the search's paired rounds (:func:`tuner.rounds.joint.run_joint_rounds`) per ``--like`` model, ``tg128``
-exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:mod:`tuner.sweep.confirm_batch`) and MMQ passes
+exercising the ``Q->ne[1] = 1`` entries, small-batch passes (:func:`batch_passes`) and MMQ passes
 (:func:`mmq_passes`) the rest; :func:`decide_rules` keeps what is faster somewhere, slower nowhere and passed the
 output-equivalence gate. A model the table does not change is not measured. See docs/sweep.md.
+
+A ``ppN`` prompt after a depth attends at ``Q->ne[1] = N`` (the call of speculative and parallel decoding), so an
+entry at batch N is confirmed by a ``ppN`` pass with the entries as ``prefill/../nbN`` hook rules.
+:class:`ConfirmStore` (``confirm.sqlite3``) holds rounds, gate checks and recorded models: the unit that travels
+between machines.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import math
 import os
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,10 +37,8 @@ from tuner.rounds.compose import Family, judge_phase, open_depths
 from tuner.rounds.joint import Candidate, JointMeasure, run_joint_rounds
 from tuner.rounds.keep import keep
 from tuner.rounds.stats import AA_NAME, UPSTREAM, CellStats, summarize_phase
-from tuner.rounds.store import read_store
+from tuner.rounds.store import open_store, read_store
 from tuner.sweep import live, mmq
-from tuner.sweep.confirm_batch import batch_passes, batch_plan, batch_touches
-from tuner.sweep.confirm_store import ConfirmStore
 from tuner.sweep.grid import STRIDE, Cell, FaShape, legal_kernels, pad_kv, upstream_kernel
 from tuner.sweep.table import TableRule, render_table_patch
 from tuner.targets.archs import Arch, load_arch
@@ -47,6 +51,60 @@ DEFAULT_DEPTHS = (0, 4096, 16384, 32768, 65536)
 """0: short context; 4096: below upstream's VEC-to-MMA switch (8192); 16384, 32768: the Hopper decode rules."""
 TABLE = "table"  # the candidate that runs with the table's env
 PP, TG = 512, 128
+_SCHEMA = 1
+
+
+class ConfirmStore:
+    """The rounds' records (one row per model, phase and round, the search's record as JSON) and the gate's
+    checks, in SQLite; the identity (build, quant, the table's env per model...) is checked on reopening."""
+
+    def __init__(self, path: Path, identity: Mapping[str, str]) -> None:
+        self.path = Path(path)
+        self.db = open_store(
+            self.path,
+            {"schema": str(_SCHEMA), "sweep": "confirm", **identity},
+            table_sql="CREATE TABLE IF NOT EXISTS rounds (model TEXT NOT NULL, phase TEXT NOT NULL, "
+            "round INTEGER NOT NULL, record TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (model, phase, round))",
+            what="a sweep confirm storage",
+            fix="Pass another -o or --storage, or the same build, --quant, -r and sweep table.",
+            strict=True,
+        )
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS gate (model TEXT NOT NULL, name TEXT NOT NULL, record TEXT NOT NULL, "
+            "PRIMARY KEY (model, name))"
+        )
+        self.db.execute("CREATE TABLE IF NOT EXISTS models (ord INTEGER PRIMARY KEY, record TEXT NOT NULL)")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def records(self, model: str) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT record FROM rounds WHERE model = ? ORDER BY phase, round", (model,))
+        return [json.loads(r) for (r,) in rows]
+
+    def add(self, model: str, rec: Mapping[str, Any]) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?)",
+                (model, rec["phase"], int(rec["round"]), json.dumps(rec), time.time()),
+            )
+
+    def gate(self, model: str) -> dict[str, Any]:
+        rows = self.db.execute("SELECT name, record FROM gate WHERE model = ?", (model,))
+        return {str(n): json.loads(r) for n, r in rows}
+
+    def add_gate(self, model: str, name: str, rec: Mapping[str, object]) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO gate VALUES (?, ?, ?)", (model, name, json.dumps(rec)))
+
+    def set_models(self, rows: Sequence[Mapping[str, object]]) -> None:
+        """The models of the last call with their ``weight_types``, so :func:`recompose` can decide again."""
+        with self.db:
+            self.db.execute("DELETE FROM models")
+            self.db.executemany("INSERT INTO models VALUES (?, ?)", [(i, json.dumps(r)) for i, r in enumerate(rows)])
+
+    def models(self) -> list[dict[str, Any]]:
+        return [json.loads(r) for (r,) in self.db.execute("SELECT record FROM models ORDER BY ord")]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,7 +206,7 @@ class ModelPlan:
     """An MMQ pass (:func:`mmq_passes`): the model shape ``like`` names a quantization of; prefill only."""
     quant: str = ""
     batch: int = 0
-    """A small-batch pass (:mod:`tuner.sweep.confirm_batch`): the ``Q->ne[1]`` its ``pp`` test attends at."""
+    """A small-batch pass (:func:`batch_passes`): the ``Q->ne[1]`` its ``pp`` test attends at."""
 
     @property
     def bench_args(self) -> tuple[str, ...]:
@@ -243,6 +301,34 @@ def _touches(rule: TableRule, depth: int) -> bool:
     return rule.lo <= hi and (rule.hi is None or rule.hi > lo)
 
 
+def batch_touches(rule: TableRule, depth: int, batch: int) -> bool:
+    """Whether a ``pp<batch>`` test at ``depth`` attends at an n_kv in ``rule``'s interval (KV padded to 256)."""
+    return rule.covers(pad_kv(depth + batch))
+
+
+def batch_plan(plan: ModelPlan, batch: int) -> ModelPlan:
+    """The pass of ``plan``'s model at ``Q->ne[1] = batch`` (``<shape>-pp<batch>``): its entries there, prefill."""
+    mine, like = tuple(r for r in plan.unexercised if r.ne1 == batch), f"{plan.like}-pp{batch}"
+    return dataclasses.replace(
+        plan, like=like, base=plan.like, pp=batch, batch=batch, fa_rules=mine, unexercised=(), mmq=()
+    )
+
+
+def batch_passes(plans: Sequence[ModelPlan], depths: Sequence[int]) -> list[tuple[ModelPlan, tuple[int, ...]]]:
+    """Per model and batch of its shape's entries at ``Q->ne[1] > 1``: the pass and the depths whose
+    ``pp<batch>`` reaches some entry's n_kv range; a batch no depth reaches gets no pass (reported)."""
+    out = []
+    for p in plans:
+        if p.base:
+            continue
+        for batch in sorted({r.ne1 for r in p.unexercised}):
+            one = batch_plan(p, batch)
+            ds = tuple(d for d in p.depths(depths) if any(batch_touches(r, d, batch) for r in one.fa_rules))
+            if ds:
+                out.append((one, ds))
+    return out
+
+
 def measure_model(
     joint: JointMeasure,
     plan: ModelPlan,
@@ -282,7 +368,7 @@ def measure_model(
 
 
 def judge_model(
-    recs: Mapping[str, Sequence[Mapping[str, Any]]],
+    recs: Mapping[str, Sequence[Mapping[str, object]]],
     depths: Sequence[int],
     *,
     mmq_changed: bool,
@@ -348,7 +434,7 @@ class RuleFate:
     why: str
     rule: TableRule | None = None
     choice: mmq.MmqChoice | None = None
-    reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.gpus joins GPU models by
+    reason: str = ""  # keep()'s reason (faster, slower, none...): what sweep.merge.join joins GPU models by
     touched: tuple[E2ePoint, ...] = ()  # the model points the entry acts on
 
 
@@ -378,7 +464,7 @@ def decide_rules(
     table: Table,
     plans: Sequence[ModelPlan],
     points: Mapping[str, Sequence[E2ePoint]],
-    gates: Mapping[str, Mapping[str, Any]],
+    gates: Mapping[str, Mapping[str, object]],
     *,
     weight_types: Mapping[str, Iterable[str]] = {},
 ) -> list[RuleFate]:
@@ -442,7 +528,7 @@ def gate_model(
     run_one: Callable[[og.GateCheck], Mapping[str, object]] | None = None,
     quiet: bool = False,
     before: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Mapping[str, object]:
     """The output-equivalence gate of the table's env on ``model``, as the search's final gate plans and judges it
     (:mod:`tuner.rounds.output_gate`), MMQ choices widened and judged against :func:`cublas_band`. Each check is
     stored as it ends, so a rerun runs only the missing ones; ``before(name)`` runs before each check."""
@@ -509,7 +595,7 @@ def cublas_band(checks: Sequence[og.GateCheck], choices: Sequence[mmq.MmqChoice]
 def backend_ops_check(
     bin_dir: Path, op: str, env: Mapping[str, str], log_file: Path, *, backend: str, timeout: float = 1800.0,
     params: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, object]:  # fmt: skip
     """``test-backend-ops test -o OP -b BACKEND [-p PARAMS]`` with the kept table's env, as a record."""
     exe = Path(bin_dir) / "test-backend-ops"
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -540,7 +626,7 @@ class Confirmed:
     plans: tuple[ModelPlan, ...]
     depths: Mapping[str, tuple[int, ...]]
     points: Mapping[str, list[E2ePoint]]
-    gates: Mapping[str, dict[str, Any]]
+    gates: Mapping[str, Mapping[str, object]]
     weight_types: Mapping[str, tuple[str, ...]]
     fates: tuple[RuleFate, ...]
 
@@ -562,7 +648,7 @@ def confirm_models(
     store: ConfirmStore,
     model_for: Callable[[str], Path],
     joint_for: Callable[[Path, ModelPlan], JointMeasure],
-    gate: Callable[[ModelPlan, Path], dict[str, Any]],
+    gate: Callable[[ModelPlan, Path], Mapping[str, object]],
     weight_types_of: Callable[[Path], Iterable[str]],
     kv: str = "f16",
     era: str = "",
@@ -574,7 +660,7 @@ def confirm_models(
 ) -> Confirmed:
     """Per model: make, plan, measure, judge, gate; then the batch and MMQ passes and every rule's decision."""
     plans, points, gates, wtypes, dmap = [], {}, {}, {}, {}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     limits = {"rounds": rounds} | ({"max_rounds": max_rounds} if (max_rounds or 0) > rounds else {})  # recompose's
     known = {_row_key(r): r.get("weight_types") for r in store.models()}  # an earlier call's made models
 
@@ -595,7 +681,7 @@ def confirm_models(
     for i, like in enumerate(likes):
         dry = plan_model(table, like, kv=kv)
         ds = dmap[dry.like] = tuple(dry.depths(depths))
-        row: dict[str, Any] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
+        row: dict[str, object] = {"like": like, "kv": kv, "depths": list(ds), **limits, "era": era}
         rows.append(row | {"weight_types": None})
         if not dry.env:
             log.info(f"[{i + 1}/{len(likes)}] {dry.like} ({dry.shape_text}): " + (
@@ -700,7 +786,7 @@ def _stored_verdict(
     max_rounds: int | None,
     era: str,
     quiet: bool = False,
-) -> tuple[list[E2ePoint], dict[str, Any]]:
+) -> tuple[list[E2ePoint], Mapping[str, object]]:
     """``plan``'s points and gate judged from ``store`` alone; UsageError where a round or check is missing."""
     recs = measure_model(_stored_only, plan, ds, rounds=rounds, store=store, max_rounds=max_rounds)
     cells = judge_model(recs, ds, mmq_changed=bool(plan.mmq), phases=plan.phases)

@@ -15,8 +15,7 @@ from typing import Any
 
 from tuner.result.tables import compare_table
 from tuner.rounds.budget import load_step_costs
-from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, quant_mode
-from tuner.sweep.confirm_batch import batch_passes
+from tuner.sweep.confirm import PP, TG, Confirmed, ModelPlan, RuleFate, Table, batch_passes, quant_mode
 from tuner.targets.models import load_model_shape, plan_tensors
 
 _REFS = [
@@ -97,19 +96,13 @@ def e2e_text(conf: Confirmed, *, identity: Mapping[str, str], rounds: int) -> st
     return "\n".join(lines) + "\n"
 
 
-def _cell_rounds(table: Table) -> str:
-    lo = table.min_rounds or table.rounds
-    if lo == table.rounds:
-        return f"{lo} paired rounds each"
-    return f"{lo} paired rounds each, up to {table.rounds} where a cell's verdict was still open"
-
-
 def coverage_lines(table: Table) -> list[str]:
     """What the sweep covered: shapes x n_kv, per head size, and the cells with a verdict."""
-    shapes = table.shapes
+    shapes, lo = table.shapes, table.min_rounds or table.rounds
+    more = "" if lo == table.rounds else f", up to {table.rounds} where a cell's verdict was still open"
     lines = [
-        f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {_cell_rounds(table)}; "
-        f"{table.with_verdict} cells with a verdict",
+        f"- {len(shapes)} shapes x {len(table.n_kv)} n_kv points = {len(table.cells)} cells, {lo} paired rounds each"
+        f"{more}; {table.with_verdict} cells with a verdict",
         f"- n_kv: {', '.join(map(str, table.n_kv)) or '-'} (llama pads n_kv to a multiple of 256)",
         "",
         "| head size | GQA ratios | K/V types | Q->ne[1] | rules |",
@@ -287,12 +280,6 @@ def merged_pr_text(parts: Sequence[Any], *, patch: bool) -> str:
     return "\n".join(lines)
 
 
-def _rounds_text(table: Table) -> str:
-    """``3-6 round(s)``: every cell got the fewest, the open ones up to the most."""
-    lo = table.min_rounds or table.rounds
-    return f"{lo}-{table.rounds} round(s)" if lo != table.rounds else f"{table.rounds} round(s)"
-
-
 def _params(like: str) -> int:
     return sum(t.n_elements for t in plan_tensors(load_model_shape(like)))
 
@@ -362,9 +349,10 @@ def plan_text(
     passes: Sequence[ModelPlan] = (),
 ) -> str:
     """The dry run: per model, what the table changes, the llama-bench calls and the estimated GPU time."""
-    costs = load_step_costs()
+    costs, lo = load_step_costs(), table.min_rounds or table.rounds
+    span = str(lo) if lo == table.rounds else f"{lo}-{table.rounds}"  # every cell got lo, the open ones up to rounds
     lines = [
-        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {_rounds_text(table)} over "
+        f"sweep confirm: {len(table.rules)} FlashAttention rule(s) from {span} round(s) over "
         f"{len(table.cells)} cells"
         + (f", {len(table.mmq)} MMQ choice(s)" if table.mmq_identity else "")
         + f"; {len(plans)} model(s) at {quant}, depths {list(depths)}, {rounds} rounds, -r {reps}"

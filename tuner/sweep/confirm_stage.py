@@ -5,10 +5,9 @@ planned, dry-run text) and :func:`run_confirm` (build, storage, measurements, ga
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 from tuner import source
 from tuner.errors import UsageError
@@ -20,11 +19,10 @@ from tuner.rounds.joint import JointMeasure
 from tuner.rounds.live import make_live_measure
 from tuner.rounds.store import DEVICE, device_identity
 from tuner.sweep import confirm, mmq
-from tuner.sweep.build import default_build, gpu_backend, require_gpu
-from tuner.sweep.confirm import Confirmed, ModelPlan, Table
+from tuner.sweep.confirm import Confirmed, ConfirmStore, ModelPlan, Table
 from tuner.sweep.confirm_report import backend_ops_seconds, check_seconds, e2e_text, plan_text, pr_text, round_seconds
-from tuner.sweep.confirm_store import ConfirmStore
-from tuner.sweep.gpus import slug
+from tuner.sweep.merge import slug
+from tuner.sweep.run_stage import default_build, gpu_backend, require_gpu
 from tuner.sweep.table import widened_layers
 from tuner.targets.archs import detect_local_archs, local_gpu_names
 from tuner.targets.defaults import DEFAULT_QUANT
@@ -47,7 +45,7 @@ class ConfirmRequest:
     max_rounds: int | None = None
     reps: int = 3
     build_dir: Path | None = None
-    """A build or bin directory; None: the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
+    """A build or bin directory; None: the sweeps' default build (:func:`tuner.sweep.run_stage.default_build`)."""
     backend: str = "CUDA0"
     spec: str | None = None
     storage: Path | None = None
@@ -83,7 +81,7 @@ class ConfirmOutcome:
     """What :func:`run_confirm` measured, decided and wrote to ``out``."""
 
     conf: Confirmed
-    backend_ops: tuple[dict[str, Any], ...]
+    backend_ops: tuple[Mapping[str, object], ...]
     patch: bool
     """Whether ``upstream.patch`` was written (an entry was kept)."""
     out: Path
@@ -154,19 +152,6 @@ def _bin_dir(plan: ConfirmPlan) -> Path:
     return Path(bin_dir)
 
 
-def _confirm_identity(table: Table, bin_dir: Path, *, quant: str, reps: int) -> dict[str, str]:
-    """What one confirm storage's rounds belong to: the build, the models' type, -r and the table itself."""
-    return {
-        "arch": table.arch.name,
-        "build": str(bin_dir.resolve()),
-        "quant": quant.upper(),
-        "models": confirm.quant_mode(quant),
-        "reps": str(reps),
-        "tests": f"pp{confirm.PP},tg{confirm.TG}",
-        "table": confirm.table_id(table),
-    }
-
-
 def _same_device(table: Table, bin_dir: Path, backend: str) -> dict[str, str]:
     """``{"device": ...}`` for the confirm storage; UsageError where the device is not the sweeps' and not of the
     table's arch (the patch would not act on it)."""
@@ -195,8 +180,14 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
     out = r.out
     bin_dir = _bin_dir(dataclasses.replace(plan, request=r))
     src = source.fetch_source(r.spec) if r.spec else source.fetch_source()
-    identity = {
-        **_confirm_identity(table, bin_dir, quant=r.quant, reps=r.reps),
+    identity = {  # what the storage's rounds belong to: the build, the models' type, -r, the table, the device
+        "arch": table.arch.name,
+        "build": str(bin_dir.resolve()),
+        "quant": r.quant.upper(),
+        "models": confirm.quant_mode(r.quant),
+        "reps": str(r.reps),
+        "tests": f"pp{confirm.PP},tg{confirm.TG}",
+        "table": confirm.table_id(table),
         **_same_device(table, bin_dir, r.backend),
     }
     qbin = bin_dir / "llama-quantize"
@@ -215,7 +206,7 @@ def run_confirm(plan: ConfirmPlan) -> ConfirmOutcome:
             budget.check(f"making the {like}{f' {quant}' if quant else ''} model")
         return Path(synth_cached(like, source=src, quant=quant, quantize_bin=qbin, direct=direct))
 
-    def gate(one: ModelPlan, path: Path) -> dict[str, Any]:
+    def gate(one: ModelPlan, path: Path) -> Mapping[str, object]:
         return confirm.gate_model(one, path, bin_dir, arch=table.arch, era=src.era, store=store,
                                   work_dir=out / "equivalence", before=_check_budget(budget, one))  # fmt: skip
 
@@ -262,7 +253,7 @@ def _check_budget(budget: Budget | None, plan: ModelPlan) -> Callable[[str], Non
 
 def _backend_ops(
     conf: Confirmed, bin_dir: Path, *, backend: str, store: ConfirmStore, log_dir: Path, budget: Budget | None = None
-) -> list[dict[str, Any]]:
+) -> list[Mapping[str, object]]:
     """test-backend-ops FLASH_ATTN_EXT (the kept entries' shapes, once per layer of widened rules, as the hook's
     first matching rule wins) and MUL_MAT with the kept entries' env; stored, so a rerun with the same env and
     cases skips them. ``budget``: none starts that would end past it."""

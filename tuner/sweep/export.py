@@ -2,19 +2,23 @@
 
 The manifest's table is recomposed from the stored evidence by the commands' own code (:func:`load_evidence`), as
 ``tuner validate`` does again; nothing is written outside ``-o``. See docs/sweep.md ("The result folder").
+Its plots are drawn from the stored samples (matplotlib Agg).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import lzma
+import math
 import re
 import sqlite3
+import statistics
 import tempfile
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tomli_w
 
@@ -24,10 +28,14 @@ from tuner._hash import file_sha256, text_sha256
 from tuner.errors import UsageError
 from tuner.result.checks import FolderError, present_in, read_bytes_in
 from tuner.result.export import staged_export
+from tuner.result.plots import pyplot, save_png
+from tuner.rounds.engine import DEFAULT
 from tuner.rounds.store import Sample, read_store
 from tuner.sweep import confirm, live, mmq
-from tuner.sweep.confirm_store import ConfirmStore
-from tuner.sweep.plots import plot_fa, plot_mmq
+from tuner.sweep.grid import Cell
+from tuner.sweep.live import FaKey
+from tuner.sweep.mmq import MmqChoice, MmqKey
+from tuner.sweep.table import TableRule
 
 MANIFEST = "table.toml"
 SCHEMA = 1
@@ -45,7 +53,7 @@ class Evidence:
 
     table: confirm.Table
     confirmed: confirm.Confirmed
-    models: tuple[dict[str, Any], ...]
+    models: tuple[Mapping[str, object], ...]
     confirm_identity: Mapping[str, str]
     fa_samples: tuple[Sample[live.FaKey], ...]
     mmq_samples: tuple[Sample[mmq.MmqKey], ...]
@@ -74,7 +82,7 @@ def load_evidence(dirs: Mapping[str, Path | None]) -> Evidence:
             f"({confirm.table_id(table)}): pass the sweep directory the confirmation was run on and, where it "
             "had MMQ choices, its --mmq directory."
         )
-    with closing(ConfirmStore(cpath, {})) as store:
+    with closing(confirm.ConfirmStore(cpath, {})) as store:
         conf = confirm.recompose(table, store)
         models = tuple(store.models())
     fa = tuple(read_store(live.TABLE, sweep_dir / EVIDENCE["sweep"])[0])
@@ -252,7 +260,7 @@ def manifest_table(ev: Evidence) -> dict[str, Any]:
 
 def _write(
     stage: Path, ev: Evidence, src: source.Source, dirs: Mapping[str, Path | None], *, patch: str, measured_on: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Every file but the evidence into ``stage``; the manifest returned (written by the caller)."""
     if patch:
         (stage / "upstream.patch").write_text(patch)
@@ -297,7 +305,7 @@ def export_table(
     mmq_dir: Path | None = None,
     spec: str | None = None,
     measured_on: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Write the result folder ``out`` and return its manifest.
 
     Raises:
@@ -335,3 +343,94 @@ def export_table(
         manifest = _write(stage, ev, src, dirs, patch=patch, measured_on=device)
         (stage / MANIFEST).write_text(tomli_w.dumps(manifest))
     return manifest
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _medians(samples: Iterable[Sample[K]]) -> dict[tuple[K, str], float]:
+    """(key, config) -> the median of its good samples' times."""
+    by: dict[tuple[K, str], list[float]] = defaultdict(list)
+    for s in samples:
+        if s.ok and s.us:
+            by[(s.key, s.config)].append(s.us)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def plot_fa(
+    cells: Sequence[Cell], samples: Sequence[Sample[FaKey]], rules: Sequence[TableRule], out_dir: Path
+) -> list[Path]:
+    """One ``fa-D<head size>.png`` per head size at ``Q->ne[1] = 1``, one ``...-ne1-<N>.png`` per batch N > 1."""
+    plt = pyplot()
+    from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
+
+    med = _medians(samples)
+    sp: dict[FaKey, tuple[str, float]] = {}  # per cell: the table's kernel, its speedup over upstream's (or NaN)
+    for c in cells:
+        s = c.shape
+        rule = next(
+            (r for r in rules if (r.D, r.gqa, r.kv, r.ne1) == (s.D, s.gqa, s.kv, s.ne1) and r.covers(c.n_kv)), None
+        )
+        kernel = rule.kernel if rule else c.upstream
+        base = med.get(((s, c.n_kv), DEFAULT), math.nan)
+        tuned = base if rule is None or kernel == c.upstream else med.get(((s, c.n_kv), kernel), math.nan)
+        sp[(s, c.n_kv)] = (kernel, base / tuned if tuned else math.nan)
+    out = []
+    for D, ne1 in sorted({(c.shape.D, c.shape.ne1) for c in cells}, key=lambda k: (k[1] != 1, k)):
+        kvs = sorted({c.shape.kv for c in cells if (c.shape.D, c.shape.ne1) == (D, ne1)})
+        fig, axes = plt.subplots(len(kvs), 1, figsize=(12, 1.2 + 1.6 * len(kvs) * 1.4), squeeze=False)
+        for ax, kv in zip(axes[:, 0], kvs):
+            mine = [c for c in cells if (c.shape.D, c.shape.kv, c.shape.ne1) == (D, kv, ne1)]
+            gqas, nkvs = sorted({c.shape.gqa for c in mine}), sorted({c.n_kv for c in mine})
+            grid = [[math.nan] * len(nkvs) for _ in gqas]
+            for c in mine:
+                kernel, x = sp[(c.shape, c.n_kv)]
+                i, j = gqas.index(c.shape.gqa), nkvs.index(c.n_kv)
+                grid[i][j] = x
+                label = kernel + ("" if math.isnan(x) else f"\n{x:.2f}x")
+                ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
+            ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.5, vmax=1.5), aspect="auto")
+            ax.set_xticks(range(len(nkvs)), [str(n) for n in nkvs], rotation=60, fontsize=7)
+            ax.set_yticks(range(len(gqas)), [str(g) for g in gqas])
+            ax.set_ylabel("GQA ratio")
+            ax.set_title(
+                f"head size {D}, K/V {kv}, Q->ne[1] = {ne1}: chosen kernel and speedup vs upstream", fontsize=9
+            )
+        axes[-1, 0].set_xlabel("n_kv")
+        fig.tight_layout()
+        out.append(save_png(plt, fig, out_dir / (f"fa-D{D}.png" if ne1 == 1 else f"fa-D{D}-ne1-{ne1}.png")))
+    return out
+
+
+def plot_mmq(samples: Sequence[Sample[MmqKey]], choices: Mapping[str, Sequence[MmqChoice]], path: Path) -> Path | None:
+    """``mmq.png``: cuBLAS over MMQ per type and batch size, composed choices marked; None without data."""
+    med = _medians(samples)
+    logs: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (key, cfg), base in med.items():
+        t, _, _, n = key
+        blas = med.get((key, "BLAS"))
+        if cfg == DEFAULT and blas:
+            logs[(t, n)].append(math.log(base / blas))
+    # (type, batch size) -> cuBLAS's speedup over MMQ: geometric mean over sizes of median ratios
+    sp = {k: math.exp(statistics.fmean(v)) for k, v in logs.items()}
+    if not sp:
+        return None
+    plt = pyplot()
+    from matplotlib.colors import TwoSlopeNorm  # lazy, as pyplot(): matplotlib loads only to draw
+
+    types, batches = sorted({t for t, _ in sp}), sorted({n for _, n in sp})
+    grid = [[sp.get((t, n), math.nan) for n in batches] for t in types]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(batches), 1.0 + 0.6 * len(types)))
+    ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(vcenter=1.0, vmin=0.25, vmax=4.0), aspect="auto")
+    for i, t in enumerate(types):
+        for j, n in enumerate(batches):
+            x = grid[i][j]
+            chosen = any(c.covers(n) and c.backend == "BLAS" for c in choices.get(t, ()))
+            if not math.isnan(x):
+                ax.text(j, i, f"{x:.2f}x" + ("\nBLAS" if chosen else ""), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(batches)), [str(n) for n in batches])
+    ax.set_yticks(range(len(types)), types)
+    ax.set_xlabel("batch size (ne11)")
+    ax.set_title("cuBLAS speedup over MMQ (geometric mean over weight sizes); BLAS: the composed choice", fontsize=9)
+    fig.tight_layout()
+    return save_png(plt, fig, path)

@@ -1,6 +1,8 @@
 """The stages of ``tuner sweep run`` (:func:`run_fa`) and ``tuner sweep mmq`` (:func:`run_mmq`).
 
 A ``--time-budget`` stop is a :class:`tuner.rounds.budget.BudgetReached` out of the rounds, every sample stored.
+:func:`default_build` is the sweeps' default build: the one ``tuner sweep run``, ``mmq`` and ``confirm`` use without
+``--build``.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from pathlib import Path
 from typing import ClassVar
 
 from tuner import log, source
+from tuner.builder.cmake import build_variant
+from tuner.builder.extra import ensure_targets
 from tuner.errors import TunerError, UsageError
 from tuner.measure import fa_bench, mm_bench
 from tuner.measure import kernel_bench as kb
 from tuner.measure.exe import find_bin_dir
+from tuner.plan.render import render_variant
 from tuner.rounds.budget import Budget
 from tuner.rounds.engine import pack_groups, rounds_text
 from tuner.rounds.store import SampleStore, device_identity
 from tuner.sweep import grid, live, mmq
-from tuner.sweep.build import default_build, gpu_backend, require_gpu
 from tuner.sweep.grid import Cell
 from tuner.sweep.table import render_table_patch
-from tuner.targets.archs import Arch, load_arch
+from tuner.targets.archs import Arch, detect_local_archs, load_arch
+from tuner.targets.target import resolve_target
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,7 +82,7 @@ class _Request:
         return 0 if self.backend.upper().startswith("CPU") else fa_bench.TARGET_MS
 
     def bin_dir(self) -> Path:
-        """``--build``'s bin dir, or the sweeps' default build (:func:`tuner.sweep.build.default_build`)."""
+        """``--build``'s bin dir, or the sweeps' default build (:func:`default_build`)."""
         if self.build_dir is None:
             return default_build(self.arch, self.spec)
         return find_bin_dir(self.build_dir, self.EXE)
@@ -280,3 +285,30 @@ def run_mmq(req: MmqRequest) -> str:
     if skipped:
         lines.append(f"type/size pairs not swept (k not a multiple of the type's block): {len(skipped)}")
     return "\n".join([*lines, paths])
+
+
+def default_build(arch: str, spec: str | None, extra: tuple[str, ...] = ()) -> Path:
+    """The bin dir of the arch's default variant of ``spec`` with the opt-in MMQ hook (one build for both sweeps)."""
+    src = source.fetch_source(spec) if spec else source.fetch_source()
+    variant = "hip" if load_arch(arch).vendor == "amd" else "cuda"
+    rv = render_variant(src, arch, variant, local_archs=detect_local_archs(), hooks=("mmq",))
+    with log.step(f"Building {rv.short} from {src.spec}"):
+        b = build_variant(rv)
+    if extra:
+        b = ensure_targets(b, list(extra))
+    return Path(b.bin_dir)
+
+
+def gpu_backend(arch: Arch, backend: str) -> str:
+    """``backend`` as ggml names it on ``arch``: the default ``CUDA0`` means ``ROCm0`` on an AMD arch."""
+    return "ROCm0" if arch.vendor == "amd" and backend == "CUDA0" else backend
+
+
+def require_gpu(arch: Arch, backend: str, dry_run: str) -> None:
+    """An AMD sweep needs that GPU here, else the search's refusal (exit 2) naming ``dry_run``; CPU runs anywhere."""
+    if arch.vendor != "amd" or backend.upper().startswith("CPU"):
+        return
+    resolve_target(
+        arch.name,
+        instead=f"`{dry_run}` to print what it would run and an estimate of its time (README, 'Tuning a Strix Halo')",
+    )

@@ -124,12 +124,10 @@ def _suffix(arch: Arch) -> str:
 def table_block(rules: Sequence[TableRule], arch: Arch, *, note: str = "") -> str:
     """The static table and its lookup function (C++ lines ending in a newline), for ``arch``."""
     suffix = _suffix(arch)
-    rows = []
-    for r in sorted(rules):
-        hi = -1 if r.hi is None else r.hi
-        rows.append(
-            f"    {{{r.D:4d}, {r.gqa}, {kv_type_enum(r.kv) + ',':15s} {r.ne1}, {r.lo:6d}, {hi:6d}, {KERNEL_ENUMS[r.kernel]}}},"
-        )
+    rows = [
+        f"    {{{r.D:4d}, {r.gqa}, {kv_type_enum(r.kv) + ',':15s} {r.ne1}, {r.lo:6d}, {-1 if r.hi is None else r.hi:6d}, {KERNEL_ENUMS[r.kernel]}}},"
+        for r in sorted(rules)
+    ]
     head = note.strip() or f"Kernel choices measured on {arch.name}."
     return "\n".join(
         [

@@ -1,4 +1,4 @@
-"""One sweep table confirmed on two GPU models of its arch (tuner/sweep/gpus.py), on fake llama-bench timings of
+"""One sweep table confirmed on two GPU models of its arch (tuner/sweep/merge.py), on fake llama-bench timings of
 known truth run through the real confirmation: models that agree keep an entry on the compute capability
 alone, models that disagree drop it and name what differs, and no store pairs rounds of two models."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.sweep.test_sweep_confirm import DEPTHS, SM90, FakeBench, _sweep_dir, passing_check
 from tuner.errors import UsageError
-from tuner.sweep import confirm, gpus
+from tuner.sweep import confirm, merge
 from tuner.sweep.grid import FaShape
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -21,7 +21,7 @@ def _confirm(tmp_path: Path, device: str, gain: float) -> tuple[confirm.Table, P
     """The planted table confirmed end to end on ``device``, the table's candidate ``gain`` x upstream's t/s
     where its rule acts; the store's identity names the device, as `tuner sweep confirm` records it."""
     table = confirm.load_table(_sweep_dir(tmp_path))
-    path = tmp_path / gpus.slug(device) / "confirm.sqlite3"
+    path = tmp_path / merge.slug(device) / "confirm.sqlite3"
     ident = {"build": "/b", "device": device, "arch": "sm_90", "table": confirm.table_id(table)}
     store = confirm.ConfirmStore(path, ident)
     bench = FakeBench(gain=gain)
@@ -44,10 +44,10 @@ def _confirm(tmp_path: Path, device: str, gain: float) -> tuple[confirm.Table, P
     return table, path, conf
 
 
-def _joined(tmp_path: Path, gain_h100: float, gain_h200: float) -> gpus.Joined:
+def _joined(tmp_path: Path, gain_h100: float, gain_h200: float) -> merge.Joined:
     _, _, a = _confirm(tmp_path / "a", H100, gain_h100)
     _, _, b = _confirm(tmp_path / "b", H200, gain_h200)
-    (j,) = [j for j in gpus.join([(H100, a.fates), (H200, b.fates)]) if j.fate.text == RULE]
+    (j,) = [j for j in merge.join([(H100, a.fates), (H200, b.fates)]) if j.fate.text == RULE]
     return j
 
 
@@ -62,8 +62,8 @@ def test_two_gpu_models_that_disagree_drop_the_entry_and_name_what_differs(tmp_p
     assert j.action == "dropped" and not j.kept
     assert [v.word for v in j.verdicts] == ["faster", "slower"] and j.why.startswith("GPU models disagree")
     # their datasheets differ first in memory bandwidth (same SM count and clock): the key a patch would need
-    assert gpus.differs([H100, H200]) == "memory bandwidth (3.35 TB/s vs 4.8 TB/s)"
-    assert gpus.differs([H100, "NVIDIA GeForce RTX 9999"]) == ""  # no datasheet: nothing claimed
+    assert merge.differs([H100, H200]) == "memory bandwidth (3.35 TB/s vs 4.8 TB/s)"
+    assert merge.differs([H100, "NVIDIA GeForce RTX 9999"]) == ""  # no datasheet: nothing claimed
 
 
 def test_faster_on_one_gpu_model_and_open_on_the_other_is_patched_with_both_verdicts(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_a_slower_confirmation_of_one_model_outweighs_its_faster_one(tmp_path: P
     _, _, a = _confirm(tmp_path / "a", H100, 1.10)
     _, _, b1 = _confirm(tmp_path / "b", H200, 1.10)
     _, _, b2 = _confirm(tmp_path / "c", H200, 0.85)
-    (j,) = [j for j in gpus.join([(H100, a.fates), (H200, b1.fates), (H200, b2.fates)]) if j.fate.text == RULE]
+    (j,) = [j for j in merge.join([(H100, a.fates), (H200, b1.fates), (H200, b2.fates)]) if j.fate.text == RULE]
     assert j.action == "dropped" and [v.word for v in j.verdicts] == ["faster", "slower"]
 
 
@@ -93,11 +93,11 @@ def test_another_models_store_is_recomposed_against_its_table_and_the_first_mode
     tmp_path: Path,
 ) -> None:
     table, path, conf = _confirm(tmp_path, H200, 1.10)
-    got = gpus.load_confirmation(path, {"part-a": table}, name="confirm", first_device=H100)
+    got = merge.load_confirmation(path, {"part-a": table}, name="confirm", first_device=H100)
     assert got.device == H200 and got.part == "part-a"
     assert [(f.text, f.kept, f.why) for f in got.confirmed.fates] == [(f.text, f.kept, f.why) for f in conf.fates]
     with pytest.raises(UsageError, match="the GPU model the table's own evidence is of"):
-        gpus.load_confirmation(path, {"part-a": table}, name="confirm", first_device=H200)
+        merge.load_confirmation(path, {"part-a": table}, name="confirm", first_device=H200)
     other = confirm.load_table(_sweep_dir(tmp_path, name="other", only=[FaShape(D=128, gqa=4, kv="f16", ne1=1)]))
     with pytest.raises(UsageError, match="which is none of the tables merged"):
-        gpus.load_confirmation(path, {"part-b": other}, name="confirm", first_device=H100)
+        merge.load_confirmation(path, {"part-b": other}, name="confirm", first_device=H100)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.sweep.test_sweep_merge import _invoke
 from tuner.errors import UsageError
-from tuner.sweep import build, confirm, confirm_stage, run_stage
+from tuner.sweep import confirm, confirm_stage, run_stage
 from tuner.targets.archs import load_arch
 
 
@@ -19,9 +19,9 @@ from tuner.targets.archs import load_arch
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.targets import archs
 
-    monkeypatch.setattr(build, "detect_local_archs", lambda: [])
+    monkeypatch.setattr(run_stage, "detect_local_archs", lambda: [])
     monkeypatch.setattr(archs, "detect_local_archs", lambda: [])  # what the refusal (targets.target) asks
-    for mod in (build, run_stage, confirm_stage):
+    for mod in (run_stage, confirm_stage):
         monkeypatch.setattr(mod, "default_build", lambda *a, **k: pytest.fail("built without a GPU"))
 
 
@@ -41,8 +41,8 @@ def test_run_and_mmq_without_the_gpu_stop_before_building_and_name_the_dry_run(t
         assert code == 2 and f"`tuner sweep {cmd} --arch gfx1151 --dry-run`" in text and "Strix Halo" in text
         assert not (tmp_path / cmd / f"{'sweep' if cmd == 'run' else 'mmq'}.sqlite3").exists()
     # the CPU backend (the tests' builds) times anywhere; an NVIDIA arch is not held to this rule
-    build.require_gpu(load_arch("gfx1151"), "CPU", "x")
-    build.require_gpu(load_arch("sm_90"), "CUDA0", "x")
+    run_stage.require_gpu(load_arch("gfx1151"), "CPU", "x")
+    run_stage.require_gpu(load_arch("sm_90"), "CUDA0", "x")
 
 
 def test_confirm_without_the_gpu_stops_and_names_its_dry_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,9 +57,9 @@ def test_confirm_without_the_gpu_stops_and_names_its_dry_run(tmp_path: Path, mon
 
 
 def test_the_backend_is_ggmls_hip_name_and_the_default_build_the_hip_variant(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert build.gpu_backend(load_arch("gfx1151"), "CUDA0") == "ROCm0"
-    assert build.gpu_backend(load_arch("gfx1151"), "CPU") == "CPU"
-    assert build.gpu_backend(load_arch("sm_90"), "CUDA0") == "CUDA0"
+    assert run_stage.gpu_backend(load_arch("gfx1151"), "CUDA0") == "ROCm0"
+    assert run_stage.gpu_backend(load_arch("gfx1151"), "CPU") == "CPU"
+    assert run_stage.gpu_backend(load_arch("sm_90"), "CUDA0") == "CUDA0"
     seen = {}
 
     def render(src, arch, variant, **kw):
@@ -67,11 +67,11 @@ def test_the_backend_is_ggmls_hip_name_and_the_default_build_the_hip_variant(mon
         raise UsageError("stop here")
 
     monkeypatch.undo()
-    monkeypatch.setattr(build.source, "fetch_source", lambda *a: object())
-    monkeypatch.setattr(build, "render_variant", render)
-    monkeypatch.setattr(build, "detect_local_archs", lambda: [])
+    monkeypatch.setattr(run_stage.source, "fetch_source", lambda *a: object())
+    monkeypatch.setattr(run_stage, "render_variant", render)
+    monkeypatch.setattr(run_stage, "detect_local_archs", lambda: [])
     with pytest.raises(UsageError, match="stop here"):
-        build.default_build("gfx1151", None)
+        run_stage.default_build("gfx1151", None)
     assert seen == {"arch": "gfx1151", "variant": "hip", "hooks": ("mmq",)}
 
 

@@ -225,7 +225,7 @@ def test_a_small_batch_entry_without_an_end_to_end_gain_is_reported(tmp_path: Pa
 
 
 def test_a_small_batch_entry_no_model_reaches_is_reported_with_why(tmp_path: Path) -> None:
-    from tuner.sweep.confirm_batch import batch_passes, batch_touches
+    from tuner.sweep.confirm import batch_passes, batch_touches
 
     table = confirm.load_table(_sweep_dir(tmp_path, extra=[NE4]))
     plans = [confirm.plan_model(table, "llama-3.2-1b")]
@@ -370,7 +370,7 @@ def test_mmq_choices_are_judged_against_upstreams_cublas_band(tmp_path: Path, ch
 def test_a_models_small_batch_passes_share_one_prefill_band(tmp_path: Path) -> None:
     """Each pass's gate forces its entries' kernels in prefill with the batch key dropped, judged within the prefill
     kernel band; the band (upstream's own kernels forced on the same model) runs once for all of a model's passes."""
-    from tuner.sweep.confirm_batch import batch_plan
+    from tuner.sweep.confirm import batch_plan
     from tuner.sweep.table import TableRule
 
     entries = tuple(TableRule(D=64, gqa=4, kv="f16", ne1=n, lo=0, hi=4096, kernel="TILE") for n in (2, 4))

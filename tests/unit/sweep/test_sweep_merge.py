@@ -19,8 +19,8 @@ from tuner.cli.export_cmd import validate
 from tuner.cli.sweep_cmd import sweep
 from tuner.errors import TunerError
 from tuner.sweep import confirm
+from tuner.sweep.merge import _op_text
 from tuner.sweep.table_check import find_tables, validate_table
-from tuner.sweep.table_pr import _op_text
 
 DECODE = "D64 gqa4 f16 ne1 1, n_kv in [16384, inf) -> MMA"
 BATCH = "D64 gqa4 f16 ne1 4, n_kv in [16384, inf) -> VEC"
