@@ -18,11 +18,11 @@ from tuner import log
 from tuner.errors import UsageError, close_matches
 from tuner.measure.frames import same_build
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
-from tuner.result.plots import as_float
 from tuner.result.tables import (
     ESTIMATORS,
     CompareRecord,
     Points,
+    as_float,
     bench_test_name,
     compare_records,
     compare_table,

@@ -86,11 +86,16 @@ def bench_test_name(test: str, depth: int) -> str:
     return test if depth == 0 or "@d" in test else f"{test}@d{depth}"
 
 
-def _num(x: Any) -> float | None:
+def as_float(x: Any) -> float:
+    """``float(x)``, NaN where that fails (also used by the report's tables and the plots)."""
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
-        return None
+        return math.nan
+
+
+def _num(x: object) -> float | None:
+    v = as_float(x)
     return v if math.isfinite(v) else None
 
 
