@@ -476,7 +476,7 @@ def compile_values_of(space: SearchSpace, values: Mapping[str, Any]) -> dict[str
     return {k.name: values[k.name] for k in space.compile_knobs if k.name in values and values[k.name] != k.default}
 
 
-def runtime_env_and_args(space: SearchSpace, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def runtime_env_and_args(space: SearchSpace, values: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`."""
     names = {k.name for k in space.runtime_knobs}
     rt = render_runtime(space, {k: v for k, v in values.items() if k in names})
