@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan import constraints, fa_rules, tu_split
 from tuner.plan import space as space_mod
+from tuner.plan.fa_rules import KERNEL_ENUMS
 from tuner.plan.patch import render_patch, render_template
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
@@ -351,16 +352,13 @@ def _baked_context(
     }
 
 
-_BAKED_KERNELS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
-
-
 def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
     """One ``ggml_tuner_fa_rule`` initializer (fattn-knobs.cu.j2) for a parsed rule; -1 = any / unbounded.
 
     Every value is re-checked here (type, range, allow-list) so nothing unchecked reaches the C++ text,
     whoever built the FaRule.
     """
-    if r.phase not in ("decode", "prefill") or r.kernel not in _BAKED_KERNELS:
+    if r.phase not in ("decode", "prefill") or r.kernel not in KERNEL_ENUMS:
         raise UsageError(f"FA rule {r.text!r}: phase must be decode|prefill and kernel VEC|TILE|MMA.")
 
     def num(name: str, v: object, lo: int, hi: int) -> int:
@@ -378,7 +376,7 @@ def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
         raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(fa_rules.FA_RULE_KV_TYPES)}.")
     kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
     phase = 0 if r.phase == "decode" else 1
-    return {"phase": phase, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel], **keys, "kv": kv, "text": r.text}
+    return {"phase": phase, "lo": lo, "hi": hi, "kernel": KERNEL_ENUMS[r.kernel], **keys, "kv": kv, "text": r.text}
 
 
 def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
