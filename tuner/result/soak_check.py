@@ -15,7 +15,8 @@ import tuner.source
 from tuner.errors import UsageError
 from tuner.measure.soak import SoakResult, plan_chunks, run_soak
 from tuner.paths import tuner_home
-from tuner.result.validate import find_results, load_config, render_result, schema_errors
+from tuner.result.checks import load_toml_in
+from tuner.result.validate import find_results, render_result, schema_errors
 from tuner.targets import archs
 
 
@@ -54,7 +55,7 @@ def soak_results(
         )
     local, todo = None, []
     for folder in find_results(paths):
-        cfg = load_config(folder)
+        cfg = load_toml_in(folder, "config.toml")
         if errs := schema_errors(cfg):  # a folder someone else wrote: nothing of it is read before this check
             raise UsageError(
                 f"{folder}/config.toml is not a result tuner can soak ({'; '.join(errs[:3])}); "

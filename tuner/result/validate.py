@@ -95,11 +95,6 @@ def find_results(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def load_config(folder: Path) -> dict[str, Any]:
-    """``folder/config.toml`` (a regular file of bounded size, UTF-8 TOML); FolderError where it cannot be read."""
-    return load_toml_in(folder, "config.toml")
-
-
 def render_result(source: Source, cfg: Mapping[str, Any]) -> RenderedVariant:
     """The result's config rendered on ``source`` as it was exported (variant, compile values, baked FA rules;
     an empty patch where that changes nothing from upstream)."""
@@ -337,7 +332,7 @@ def validate_result(
         if not f[-1].ok:
             return ResultCheck(path=folder, findings=tuple(f))
         try:
-            cfg = load_config(folder)
+            cfg = load_toml_in(folder, "config.toml")
         except TunerError as err:
             return ResultCheck(path=folder, findings=(Finding(check="schema", ok=False, detail=str(err)),))
         errs = schema_errors(cfg)
