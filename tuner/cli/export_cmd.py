@@ -190,7 +190,7 @@ def validate(
         bad += not c.ok
     click.echo(f"{len(checks) - bad} passed, {bad} failed")
     if soak is not None:
-        from tuner.result.soak_check import soak_results
+        from tuner.result.validate import soak_results
 
         bad += soak_results(roots, soak, model=models[0] if models else None, echo=click.echo)
     if bad:
