@@ -208,15 +208,10 @@ def _if_lines(parts: Sequence[str], indent: int) -> list[str]:
 
 
 def _comment(note: str, indent: int) -> list[str]:
-    pad = " " * indent
-    out = []
-    for para in note.strip().splitlines() or [""]:
-        para = para.strip()
-        if not para:
-            out.append(f"{pad}//")
-            continue
-        out += [f"{pad}// {ln}" for ln in textwrap.wrap(para, _WIDTH - indent - 3, break_on_hyphens=False)]
-    return out
+    pad, width = " " * indent, _WIDTH - indent - 3
+    paras = [p.strip() for p in note.strip().splitlines() or [""]]  # an empty paragraph is a bare "//"
+    lines = [ln for p in paras for ln in textwrap.wrap(p, width, break_on_hyphens=False) or [""]]
+    return [f"{pad}// {ln}" if ln else f"{pad}//" for ln in lines]
 
 
 def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: int) -> list[str]:

@@ -53,17 +53,8 @@ from tuner.targets.archs import load_arch
 
 logger = logging.getLogger(__name__)
 
-REQUIRED = {
-    "schema": int,
-    "source": dict,
-    "hashes": dict,
-    "target": dict,
-    "model": dict,
-    "choice": dict,
-    "defines": dict,
-    "buckets": list,
-    "gate": dict,
-}
+REQUIRED: dict[str, type] = {"schema": int, **dict.fromkeys(("source", "hashes", "target", "model", "choice"), dict)}
+REQUIRED |= {"defines": dict, "buckets": list, "gate": dict}
 REQUIRED_SUB: dict[str, dict[str, type]] = {
     "source": {"spec": str, "source_id": str, "era": str},
     "hashes": {"patch_sha256": str, "defines_sha256": str},
