@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,7 @@ def _err(path: Path, where: str, msg: str) -> UsageError:
     return UsageError(f"{path}: {where}: {msg}")
 
 
-def _only_keys(doc: Mapping[str, Any], allowed: Sequence[str], path: Path, where: str, label: str = "Allowed") -> None:
+def _only_keys(doc: Iterable[str], allowed: Sequence[str], path: Path, where: str, label: str = "Allowed") -> None:
     for key in doc:
         if key not in allowed:
             msg = f"unknown key {key!r}.{close_matches(key, list(allowed))} {label}: {', '.join(allowed)}."

@@ -223,8 +223,7 @@ def format_compare(
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
         w.writeheader()
-        for r in recs:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in recs)
         return buf.getvalue()
     raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
 
