@@ -145,17 +145,17 @@ def _warn_then(process: Callable[[Any, Any], None], old: str, new: str) -> Calla
     return wrapped
 
 
-def deprecated_option(old: str, dest: str, new: str, **kw: Any) -> Callable[[F], F]:
+def deprecated_option(old: str, dest: str, new: str, **kw: object) -> Callable[[F], F]:
     """A hidden option for an old spelling whose value has another shape than the new one's (``--depth D``,
     repeated, for ``--depths D,...``): the command folds ``dest`` into the new option; given, it prints the
     :data:`DEPRECATED` line."""
 
-    def note(ctx: click.Context, param: click.Parameter, value: Any) -> object:
+    def note(ctx: click.Context, param: click.Parameter, value: object) -> object:
         if param.name and ctx.get_parameter_source(param.name) is click.core.ParameterSource.COMMANDLINE:
             click.echo(DEPRECATED.format(old=old, new=new), err=True)
         return value
 
-    return click.option(old, dest, hidden=True, callback=note, **kw)
+    return click.option(old, dest, cls=click.Option, hidden=True, callback=note, **kw)
 
 
 def number_option(

@@ -207,7 +207,7 @@ def search(
 
         run_dry_run(target=target, source_spec=kw["source_spec"], request=_request(target, kw), as_json=as_json)
         return
-    from tuner.cli.search_stage import search_and_export
+    from tuner.cli.export_cmd import search_and_export
 
     with storage_guard(kw["storage"]):  # a --time-budget stop exits 3 (tuner.cli.main): not a finished search
         search_and_export(_request(target, kw), export_dir)
@@ -218,7 +218,7 @@ def search(
 def worker(**kw: Any) -> None:
     """Join a study that `tuner search` screened and composed (``--storage postgresql://... --study NAME``)
     and add tune trials until --trials or the budget; `tuner search` again confirms and exports."""
-    from tuner.cli.search_stage import tune_worker
+    from tuner.cli.export_cmd import tune_worker
     from tuner.study.storage import check_storage, storage_guard
     from tuner.targets.target import resolve_target
 

@@ -115,6 +115,9 @@ FA_RULE_KV_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0
 
 FA_RULE_KEY_RANGES: dict[str, tuple[int, int]] = {"D": (1, 4096), "gqa": (1, 256), "nb": (2, 65536)}
 
+KERNEL_ENUMS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
+"""The ``best_fattn_kernel`` enumerator (fattn.cu) of each kernel name a rule may force."""
+
 _RULE_GRAMMAR = (
     "PHASE[/KEY...]:LO-HI=KERNEL (PHASE decode|prefill; optional shape keys D<head size> (1..4096), "
     "gqa<GQA ratio> (1..256), kv<K/V type> (" + "|".join(FA_RULE_KV_TYPES) + "), nb<query batch Q->ne[1]> "

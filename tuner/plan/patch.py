@@ -9,7 +9,6 @@ import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import jinja2
 
@@ -33,7 +32,7 @@ def _env_for(folder: str) -> jinja2.Environment:
     )
 
 
-def render_template(template: str, context: Mapping[str, Any], *, what: str) -> str:
+def render_template(template: str, context: Mapping[str, object], *, what: str) -> str:
     """Render one template; TunerError names it (and ``what`` it is for) when it is missing or fails."""
     try:
         return _env_for(str(data_dir("templates"))).get_template(template).render(**context)
@@ -55,7 +54,7 @@ class Edit:
     """Exact text that must occur exactly once in the pristine file."""
     template: str
     """Jinja fragment, relative to ``templates/``."""
-    vars: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    vars: Mapping[str, object] = dataclasses.field(default_factory=dict)
     """Extra template variables for this edit."""
 
 
@@ -117,7 +116,7 @@ def load_manifests(era: str, *, base: Path | None = None) -> list[PatchManifest]
 
 
 def _apply_edits(
-    root: Path, era: str, manifests: Sequence[PatchManifest], context: Mapping[str, Any]
+    root: Path, era: str, manifests: Sequence[PatchManifest], context: Mapping[str, object]
 ) -> dict[str, str]:
     """Apply every edit in memory to pristine text; return relpath -> new text of changed files."""
     by_file: dict[str, list[tuple[int, int, str, PatchManifest, Edit]]] = {}
@@ -193,7 +192,7 @@ def render_patch(
     source_root: Path,
     era: str,
     family: str,
-    context: Mapping[str, Any],
+    context: Mapping[str, object],
     *,
     templates: Path | None = None,
     opt_in: Sequence[str] = (),

@@ -17,11 +17,12 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.plan import constraints, fa_rules, tu_split
 from tuner.plan import space as space_mod
+from tuner.plan.fa_rules import KERNEL_ENUMS
 from tuner.plan.patch import render_patch, render_template
 from tuner.plan.variant import VARIANTS, RenderedVariant, variant_family
 from tuner.source.tree import load_cmake_options
@@ -153,7 +154,9 @@ def render_defines(
     return defines, warnings
 
 
-def render_preset(rv: RenderedVariant, *, name: str | None = None, tree_presets: Path | None = None) -> dict[str, Any]:
+def render_preset(
+    rv: RenderedVariant, *, name: str | None = None, tree_presets: Path | None = None
+) -> dict[str, object]:
     """A ``CMakeUserPresets.json`` document with one configure preset for ``rv``.
 
     The schema version follows the tree's ``CMakePresets.json``, and the preset inherits the tree's
@@ -169,7 +172,7 @@ def render_preset(rv: RenderedVariant, *, name: str | None = None, tree_presets:
         version = int(doc.get("version", 4))
         names = {p.get("name") for p in doc.get("configurePresets", [])}
         inherits = [n for n in ("base", "release") if n in names]
-    preset: dict[str, Any] = {
+    preset: dict[str, object] = {
         "name": name or f"tuner-{rv.arch}-{rv.variant}",
         "displayName": f"tuner {rv.arch} {rv.variant} ({rv.era})",
         "cacheVariables": dict(rv.defines),
@@ -309,9 +312,9 @@ def render_tu_headers(
 
 def _baked_context(
     source_root: Path, era: str, sp: SearchSpace | None, values: Mapping[str, int], baked_runtime: Mapping[str, object]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     t = dict(_THRESHOLD_DEFAULTS)
-    rules: list[dict[str, Any]] = []
+    rules: list[dict[str, object]] = []
     wmma_decode, wmma_min_kv = 0, 0
     for key, raw in baked_runtime.items():
         m = re.fullmatch(r"GGML_TUNER_FA_T([1-8])", key)
@@ -351,16 +354,13 @@ def _baked_context(
     }
 
 
-_BAKED_KERNELS = {"VEC": "BEST_FATTN_KERNEL_VEC", "TILE": "BEST_FATTN_KERNEL_TILE", "MMA": "BEST_FATTN_KERNEL_MMA_F16"}
-
-
-def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
+def _baked_rule(r: fa_rules.FaRule) -> dict[str, object]:
     """One ``ggml_tuner_fa_rule`` initializer (fattn-knobs.cu.j2) for a parsed rule; -1 = any / unbounded.
 
     Every value is re-checked here (type, range, allow-list) so nothing unchecked reaches the C++ text,
     whoever built the FaRule.
     """
-    if r.phase not in ("decode", "prefill") or r.kernel not in _BAKED_KERNELS:
+    if r.phase not in ("decode", "prefill") or r.kernel not in KERNEL_ENUMS:
         raise UsageError(f"FA rule {r.text!r}: phase must be decode|prefill and kernel VEC|TILE|MMA.")
 
     def num(name: str, v: object, lo: int, hi: int) -> int:
@@ -378,7 +378,7 @@ def _baked_rule(r: fa_rules.FaRule) -> dict[str, Any]:
         raise UsageError(f"FA rule {r.text!r}: K/V type {r.kv!r} is not one of {', '.join(fa_rules.FA_RULE_KV_TYPES)}.")
     kv = -1 if r.kv is None else f"GGML_TYPE_{r.kv.upper()}"
     phase = 0 if r.phase == "decode" else 1
-    return {"phase": phase, "lo": lo, "hi": hi, "kernel": _BAKED_KERNELS[r.kernel], **keys, "kv": kv, "text": r.text}
+    return {"phase": phase, "lo": lo, "hi": hi, "kernel": KERNEL_ENUMS[r.kernel], **keys, "kv": kv, "text": r.text}
 
 
 def _int_value(key: str, raw: object, lo: int, hi: int) -> int:
@@ -461,7 +461,7 @@ def render_variant(
         raise UsageError(f"A CPU build has no opt-in hooks ({', '.join(hooks)}): they patch GPU sources.")
     if family != "cpu":
         # the patch's template context: the runtime hook's defaults, or (baked) values compiled in
-        context: dict[str, Any] = {"baked": baked_runtime is not None, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
+        context: dict[str, object] = {"baked": baked_runtime is not None, "arch": arch, "defaults": _THRESHOLD_DEFAULTS}
         if baked_runtime is not None:
             context.update(_baked_context(root, era, sp, compile_values, baked_runtime))
         else:

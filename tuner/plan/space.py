@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,7 @@ def _err(path: Path, where: str, msg: str) -> UsageError:
     return UsageError(f"{path}: {where}: {msg}")
 
 
-def _only_keys(doc: Mapping[str, Any], allowed: Sequence[str], path: Path, where: str, label: str = "Allowed") -> None:
+def _only_keys(doc: Iterable[str], allowed: Sequence[str], path: Path, where: str, label: str = "Allowed") -> None:
     for key in doc:
         if key not in allowed:
             msg = f"unknown key {key!r}.{close_matches(key, list(allowed))} {label}: {', '.join(allowed)}."
@@ -476,7 +476,7 @@ def compile_values_of(space: SearchSpace, values: Mapping[str, Any]) -> dict[str
     return {k.name: values[k.name] for k in space.compile_knobs if k.name in values and values[k.name] != k.default}
 
 
-def runtime_env_and_args(space: SearchSpace, values: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+def runtime_env_and_args(space: SearchSpace, values: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
     """Runtime knob values -> (env vars, llama-bench args); see :func:`render_runtime`."""
     names = {k.name for k in space.runtime_knobs}
     rt = render_runtime(space, {k: v for k, v in values.items() if k in names})

@@ -226,7 +226,7 @@ class Choice:
     knobs' environment (``run_env``, the hook's ``GGML_TUNER_*`` apart as ``fa_env``) and llama-bench args."""
 
     variant: str
-    compile_values: dict[str, Any]
+    compile_values: dict[str, int]
     run_env: dict[str, str]
     fa_env: dict[str, str]
     args: list[str]

@@ -123,7 +123,9 @@ def export_pipeline(
         model, mask = Path(need(h.model, "model")), mask_text(h.cpu_mask or [])
         ds = ",".join(map(str, outcome.confirm_depths or h.depths))
         write_build_files(tmp, rv, choice, outcome.rules, model=model.name, depths=ds, mask=mask)
-        config: dict[str, Any] = {
+        gate_t = gate_table(gate)
+        residency = residency_table(outcome.residency) if outcome.residency else None
+        config: dict[str, object] = {
             "schema": SCHEMA_VERSION,
             "source": source_table(source),
             "hashes": hashes_table(rv),
@@ -150,8 +152,8 @@ def export_pipeline(
                 {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v) for k, v in r.items()}
                 for r in outcome.rows
             ],
-            "gate": gate_table(gate),
-            **({"residency": residency_table(outcome.residency)} if outcome.residency else {}),
+            "gate": gate_t,
+            **({"residency": residency} if residency else {}),
             "op_check": dict(next(iter(outcome.op_checks.values()))) if outcome.op_checks else {"status": "unknown"},
             "study": {"name": h.name, "pipeline": h.pipeline, "stage_seconds": dict(outcome.stage_seconds)},
             **({"cost": outcome.cost} if outcome.cost else {}),
@@ -165,9 +167,7 @@ def export_pipeline(
             title = f"{h.arch} {model.name}: final vs upstream (confirm)"
             plot_speedup(points, tmp / "speedup.png", title=title, rules=outcome.rules)
         _write_pareto(tmp / "pareto_decode.png", outcome, title=f"{h.arch} {model.name}: decode t/s vs CPU%")
-        report = report_text(
-            outcome, study=study, storage=storage, gate=config["gate"], residency=config.get("residency")
-        )
+        report = report_text(outcome, study=study, storage=storage, gate=gate_t, residency=residency)
         (tmp / "report.md").write_text(report + ("" if rv.patch else f"\n## Build\n\n{NO_PATCH_NOTE}\n"))
     log.info(f"exported {study_name} -> {out_dir}")
     return out_dir

@@ -1,5 +1,6 @@
 """report.md of a pipeline study (:func:`report_text`) and its sections: the confirmed points, the
-output-equivalence gate, graph splits and residency, the kernel screen and the tune trials.
+output-equivalence gate, graph splits and residency, the kernel screen, the tune trials and the search's cost
+(config.toml's ``[cost]``, :attr:`tuner.study.record.SearchOutcome.cost`).
 :mod:`tuner.result.pipeline_export` writes it beside config.toml."""
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from tuner.errors import TunerError
 from tuner.measure.paired import CPU_REJECTED, NOISE_CEILING_PCT, TOO_NOISY, Effect, too_noisy, verdict
 from tuner.plan.fa_rules import FaRule, Phase
 from tuner.redact import redact
-from tuner.result.cost import cost_line
 from tuner.result.report import dashboard_command, importances_section
 from tuner.result.tables import compare_table, method_paragraph
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
@@ -409,6 +409,26 @@ def report_text(
         table = log.table(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in secs.items()])
         out.append("\n## Wall time per stage\n\n" + table + "\n")
     return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+COST_FIELDS: tuple[str, ...] = ("build_s", "model_s", "gate_s", "screen_s", "tune_s", "confirm_s", "gates_s", "total_s")
+COST_FIELDS += ("llama_bench_calls", "tune_trials")  # the counts, after the seconds
+
+
+def cost_line(outcome: SearchOutcome) -> str:
+    """report.md's one line of the search's cost (config.toml's ``[cost]``), naming fields an older study lacks."""
+    cost = outcome.cost
+    have = ", ".join(f"{k} {v}" for k, v in cost.items()) or "none recorded"
+    missing = [k for k in COST_FIELDS if k not in cost]
+    # A study without a call count was recorded by an older tuner, which timed stages only in some of its
+    # runs (a resumed run with a cached build adds seconds, the first run's real build may be missing).
+    line = f"**Cost** (resumed runs summed): {have}."
+    if missing:
+        line += f" Not in this study (a stage it did not run, or a figure older tuner versions did not record): {', '.join(missing)}."
+    if "llama_bench_calls" not in cost:
+        line += " Recorded by an older tuner: its stage times cover only the runs it timed, so they can be far below"
+        line += " what the search cost (a cached build counts its few seconds)."
+    return line
 
 
 def _why_rules(rules: Mapping[FaRule, str]) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from tuner.errors import UsageError
 from tuner.paths import write_into
 from tuner.plan.fa_rules import FaRule
-from tuner.result.tables import Points
+from tuner.result.tables import Points, as_float
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,14 +47,6 @@ def save_png(plt: ModuleType, fig: Figure, png_path: str | Path) -> Path:
         plt.close(fig)
     # renamed over the name: a link already at png_path is replaced, never written through
     return write_into(png_path.parent, png_path.name, buf.getvalue())
-
-
-def as_float(x: Any) -> float:
-    """``float(x)``, NaN where that fails (also used by the report's tables)."""
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _phase_of(p: Mapping[str, object]) -> str:

@@ -18,11 +18,11 @@ from tuner import log
 from tuner.errors import UsageError, close_matches
 from tuner.measure.frames import same_build
 from tuner.measure.stats import NoiseRef, Verdict, aa_noise, compare, judge, run_floor
-from tuner.result.plots import as_float
 from tuner.result.tables import (
     ESTIMATORS,
     CompareRecord,
     Points,
+    as_float,
     bench_test_name,
     compare_records,
     compare_table,
@@ -344,10 +344,8 @@ def importances_section(
     varied = [n for n in names if len({repr(t.params[n]) for t in done if n in t.params}) >= 2]
     if not varied:
         return skip.format(f"no parameter took 2 or more values over the {len(done)} complete trials")
-    # Optuna's default evaluator (PED-ANOVA since Optuna 4; fANOVA would need scikit-learn).
-    ev_cls = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
-    evaluator = ev_cls() if ev_cls is not None else None
-    ev_name = "PED-ANOVA" if ev_cls is not None else "default evaluator"
+    # Optuna's default evaluator since Optuna 4 (fANOVA would need scikit-learn).
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -367,7 +365,7 @@ def importances_section(
     )  # handled by the sign above
     return "\n".join(
         [
-            f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna {ev_name} over {len(done)} "
+            f"Parameter importances{' for ' + target_name if target_name else ''} (Optuna PED-ANOVA over {len(done)} "
             "complete trials; normalized to sum to 1; how much each parameter matters for reaching the best trials):",
             "",
             log.table(["parameter", "importance", ""], rows),

@@ -86,11 +86,16 @@ def bench_test_name(test: str, depth: int) -> str:
     return test if depth == 0 or "@d" in test else f"{test}@d{depth}"
 
 
-def _num(x: Any) -> float | None:
+def as_float(x: Any) -> float:
+    """``float(x)``, NaN where that fails (also used by the report's tables and the plots)."""
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
-        return None
+        return math.nan
+
+
+def _num(x: object) -> float | None:
+    v = as_float(x)
     return v if math.isfinite(v) else None
 
 
@@ -218,8 +223,7 @@ def format_compare(
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(COMPARE_FIELDS), lineterminator="\n")
         w.writeheader()
-        for r in recs:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in recs)
         return buf.getvalue()
     raise UsageError(f"Unknown format {fmt!r}; use md, csv or json.")
 

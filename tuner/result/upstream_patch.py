@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.plan.fa_rules import FaRule, Phase
+from tuner.plan.fa_rules import KERNEL_ENUMS, FaRule, Phase
 from tuner.result.tables import compare_table, method_paragraph
 from tuner.source.spec import Source
 from tuner.targets.archs import Arch
@@ -47,12 +47,6 @@ FATTN = "ggml/src/ggml-cuda/fattn.cu"
 COMMON = "ggml/src/ggml-cuda/common.cuh"
 FUNCTION = "ggml_cuda_get_best_fattn_kernel"
 
-KERNEL_ENUMS: dict[str, str] = {
-    "VEC": "BEST_FATTN_KERNEL_VEC",
-    "TILE": "BEST_FATTN_KERNEL_TILE",
-    "MMA": "BEST_FATTN_KERNEL_MMA_F16",
-}
-"""The ``best_fattn_kernel`` enumerator (fattn.cu) of each kernel name a rule may force."""
 # ggml_cuda_fattn_kv_type_supported() in fattn.cu; any other type is BEST_FATTN_KERNEL_NONE upstream.
 _KV_TYPES = {t: t.upper() for t in ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
 
@@ -214,15 +208,10 @@ def _if_lines(parts: Sequence[str], indent: int) -> list[str]:
 
 
 def _comment(note: str, indent: int) -> list[str]:
-    pad = " " * indent
-    out = []
-    for para in note.strip().splitlines() or [""]:
-        para = para.strip()
-        if not para:
-            out.append(f"{pad}//")
-            continue
-        out += [f"{pad}// {ln}" for ln in textwrap.wrap(para, _WIDTH - indent - 3, break_on_hyphens=False)]
-    return out
+    pad, width = " " * indent, _WIDTH - indent - 3
+    paras = [p.strip() for p in note.strip().splitlines() or [""]]  # an empty paragraph is a bare "//"
+    lines = [ln for p in paras for ln in textwrap.wrap(p, width, break_on_hyphens=False) or [""]]
+    return [f"{pad}// {ln}" if ln else f"{pad}//" for ln in lines]
 
 
 def _block(rules: Sequence[FaRule], arch: Arch, cond: str, note: str, indent: int) -> list[str]:

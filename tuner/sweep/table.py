@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.errors import TunerError
-from tuner.plan.fa_rules import FaRule, Phase
-from tuner.result.upstream_patch import COMMON, FATTN, KERNEL_ENUMS, arch_condition, git_diff, kv_type_enum
+from tuner.plan.fa_rules import KERNEL_ENUMS, FaRule, Phase
+from tuner.result.upstream_patch import COMMON, FATTN, arch_condition, git_diff, kv_type_enum
 from tuner.targets.archs import Arch
 
 LOOKUP_PREFIX = "ggml_cuda_fattn_tuned_kernel_"

@@ -213,18 +213,18 @@ def test_xdg_cache_home_is_honoured_and_tuner_home_wins(tmp_path: Path, monkeypa
 def test_dashboard_hint_names_the_extra_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from tuner.cli import search_stage
+    from tuner.cli import export_cmd
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "optuna_dashboard" else real(n, *a))
-    hint = search_stage.dashboard_hint("sqlite:///x.db")
+    hint = export_cmd.dashboard_hint("sqlite:///x.db")
     assert "pip install -e '.[dashboard]'" in hint and "open it live" not in hint
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
     from tuner.result.report import dashboard_command
 
-    assert search_stage.dashboard_hint("sqlite:///x.db") == f"open it live with: {dashboard_command('sqlite:///x.db')}"
+    assert export_cmd.dashboard_hint("sqlite:///x.db") == f"open it live with: {dashboard_command('sqlite:///x.db')}"
     # a password never reaches the hint (PGPASSWORD or ~/.pgpass supplies it)
-    assert "secret" not in search_stage.dashboard_hint("postgresql://u:secret@h/db")
+    assert "secret" not in export_cmd.dashboard_hint("postgresql://u:secret@h/db")
 
 
 def test_dry_run_with_compile_checks_reads_as_text_and_uses_the_measured_rebuild(

@@ -221,7 +221,7 @@ def test_search_rounds_and_reps_mean_both(monkeypatch: pytest.MonkeyPatch) -> No
         seen.append(request)
         return object()
 
-    monkeypatch.setattr("tuner.cli.search_stage.search_and_export", fake)
+    monkeypatch.setattr("tuner.cli.export_cmd.search_and_export", fake)
     r = _run(["search", "--arch", "cpu", "--rounds", "4", "--reps", "5", "--reps-tg", "2"])
     assert r.exit_code == 0, r.output
     req = seen[-1]

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tuner.cli import cli
 from tuner.plan.fa_rules import parse_fa_rules
 from tuner.result import upstream_check as uc
-from tuner.result.validate import load_config
+from tuner.result.checks import load_toml_in
 
 SM90 = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
 
@@ -64,7 +64,7 @@ def test_decode_family_is_the_tail_after_the_depth_fill() -> None:
 
 def test_no_gpu_of_the_arch_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tuner.targets.archs.detect_local_archs", lambda: ["sm_89"])
-    [f] = uc.upstream_gpu_findings(SM90, load_config(SM90), source=None)
+    [f] = uc.upstream_gpu_findings(SM90, load_toml_in(SM90, "config.toml"), source=None)
     assert f.ok and "needs a sm_90 GPU, this machine has sm_89" in f.detail
 
 
@@ -101,7 +101,7 @@ def _run(tmp_path: Path, **kw: object) -> dict[str, tuple[bool, str]]:
     (tmp_path / "bin").mkdir(exist_ok=True)
     fs = uc.upstream_gpu_findings(
         SM90,
-        load_config(SM90),
+        load_toml_in(SM90, "config.toml"),
         source=None,
         models=[model],
         upstream_bin=tmp_path / "bin",

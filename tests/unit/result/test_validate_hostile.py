@@ -370,7 +370,7 @@ def test_soak_refuses_a_config_that_fails_its_schema_before_reading_it(tmp_path:
     """`tuner validate --soak` reads each folder's config.toml: one that fails the schema is a UsageError naming
     it (exit 2), not an AttributeError or KeyError from the fields it lacks."""
     from tuner.errors import UsageError
-    from tuner.result.soak_check import soak_results
+    from tuner.result.validate import soak_results
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.toml").write_text(toml)

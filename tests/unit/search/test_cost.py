@@ -7,7 +7,7 @@ import dataclasses
 
 import optuna
 
-from tuner.result.cost import COST_FIELDS, cost_line
+from tuner.result.pipeline_report import COST_FIELDS, cost_line
 from tuner.search.device_guard import counted as _counted
 from tuner.search.pipeline import _timed
 from tuner.study.record import outcome_from_attrs

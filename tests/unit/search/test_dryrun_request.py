@@ -52,7 +52,7 @@ def _dry(args: list[str]) -> Any:
 def _resolved(args: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """The SearchConfig the real `tuner search ARGS` resolves (its model step faked: a file of the planned shape's
     name, the shape's context length), captured before the pipeline starts."""
-    import tuner.cli.search_stage
+    import tuner.cli.export_cmd
     import tuner.search.request as rq
 
     got: dict[str, Any] = {}
@@ -70,7 +70,7 @@ def _resolved(args: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         got["request"] = request
         return object()
 
-    monkeypatch.setattr(tuner.cli.search_stage, "search_and_export", capture)
+    monkeypatch.setattr(tuner.cli.export_cmd, "search_and_export", capture)
     res = CliRunner().invoke(cli, ["search", *args])
     assert res.exit_code == 0, (res.output, res.exception)
     return got

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tuner.result.validate import load_config
+from tuner.result.checks import load_toml_in
 from tuner.search.rebench import rebench
 
 SM90 = Path(__file__).resolve().parents[3] / "results" / "sm_90" / "llama-3.2-1b-q4_k_m"
@@ -40,7 +40,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def _rebench(tmp_path: Path):
     model = tmp_path / "l1b-q4km.gguf"
     model.write_bytes(b"GGUF")
-    return rebench(load_config(SM90), source=SimpleNamespace(era="mma"), model=model, log_dir=tmp_path)
+    return rebench(load_toml_in(SM90, "config.toml"), source=SimpleNamespace(era="mma"), model=model, log_dir=tmp_path)
 
 
 def test_a_claim_that_still_holds_passes(fake_gpu: dict, tmp_path: Path) -> None:
@@ -57,5 +57,5 @@ def test_a_claim_that_no_longer_holds_fails(fake_gpu: dict, tmp_path: Path) -> N
 
 
 def test_no_model_is_a_failed_check_that_says_so(tmp_path: Path) -> None:
-    ok, detail = rebench(load_config(SM90), source=SimpleNamespace(era="mma"), model=None)
+    ok, detail = rebench(load_toml_in(SM90, "config.toml"), source=SimpleNamespace(era="mma"), model=None)
     assert not ok and "pass --model" in detail
