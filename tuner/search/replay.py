@@ -1,7 +1,7 @@
 """``tuner search --replay FILE...``: the search logic on recorded llama-bench results.
 
-Nothing is measured, and every line printed says REPLAY. Uses: CI of the search logic, comparing samplers,
-results shared by users.
+Nothing is measured, and every line printed says REPLAY. Uses: CI of the search logic, results shared by
+users.
 
 Recording convention (``tests/data/replay/``, recorded on the H100): one llama-bench JSONL per (phase, forced
 FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each covering the same depths, e.g.::
@@ -15,18 +15,14 @@ profile-weighted geometric mean of its speed ratio to ``default`` over all point
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import re
-import statistics
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
-import optuna
 
 from tuner import log
 from tuner.errors import UsageError
@@ -36,7 +32,6 @@ from tuner.plan.fa_rules import rules_texts
 from tuner.rounds import compose as comp
 from tuner.rounds.joint import Candidate, Point, candidates_for, run_phase_rounds
 from tuner.rounds.stats import AA_NAME, UPSTREAM, summarize_phase
-from tuner.search.study import PROFILES
 
 _NAME = re.compile(r"^(pp|tg)-(default|VEC|TILE|MMA)\.jsonl$")
 TAG = "REPLAY"
@@ -96,59 +91,6 @@ def objective(grid: ReplayGrid, config: Mapping[str, str], weights: Mapping[str,
             num += weights[phase] * math.log(r)
             den += weights[phase]
     return math.exp(num / den)
-
-
-def sample_efficiency(
-    grid: ReplayGrid,
-    *,
-    profile: str = "balanced",
-    within: float = 0.02,
-    seeds: int = 20,
-    samplers: Sequence[str] = ("random", "tpe"),
-) -> dict[str, Any]:
-    """Evaluations each sampler needs to get within ``within`` of the exhaustive grid's best."""
-    weights = PROFILES[profile]
-    phases = [p for p in ("pp", "tg") if (p, "default") in grid.samples]
-    grid_configs = [dict(zip(phases, combo)) for combo in itertools.product(*(grid.kernels(p) for p in phases))]
-    values = {tuple(sorted(c.items())): objective(grid, c, weights) for c in grid_configs}
-    best = max(values.values())
-    target = best * (1.0 - within)
-    out: dict[str, Any] = {"grid_size": len(values), "best": best, "target": target, "samplers": {}}
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for name in samplers:
-        needed = []
-        for seed in range(seeds):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                sampler = (
-                    optuna.samplers.RandomSampler(seed=seed)
-                    if name == "random"
-                    else optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
-                )
-            study = optuna.create_study(direction="maximize", sampler=sampler)
-            dists: dict[str, optuna.distributions.BaseDistribution] = {
-                p: optuna.distributions.CategoricalDistribution(grid.kernels(p)) for p in phases
-            }
-            seen: set[tuple[tuple[str, str], ...]] = set()
-            n = 0
-            for _ in range(200):  # bounded: a sampler stuck on repeats still ends
-                t = study.ask(dists)
-                key = tuple(sorted(t.params.items()))
-                if key not in seen:  # repeated suggestions are served from the cache, not re-measured
-                    seen.add(key)
-                    n += 1
-                v = values[key]
-                study.tell(t, v)
-                if v >= target:
-                    break
-            needed.append(n)
-        out["samplers"][name] = {
-            "median": statistics.median(needed),
-            "mean": statistics.fmean(needed),
-            "max": max(needed),
-            "runs": needed,
-        }
-    return out
 
 
 class GridMeasure:

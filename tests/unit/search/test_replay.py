@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.errors import UsageError
-from tuner.search.replay import load_grid, objective, sample_efficiency
+from tuner.search.replay import load_grid, objective
 
 GRID = sorted((Path(__file__).resolve().parents[2] / "data" / "replay").glob("*.jsonl"))
 
@@ -21,13 +21,6 @@ def test_grid_loads_and_objective_is_relative_to_default() -> None:
     assert objective(g, {"pp": "default", "tg": "default"}, w) == pytest.approx(1.0)
     # forcing TILE for prefill on the H100 halves pp at depth (recorded): a clearly worse config
     assert objective(g, {"pp": "TILE", "tg": "default"}, w) < 0.8
-
-
-def test_sample_efficiency_counts_distinct_evaluations() -> None:
-    eff = sample_efficiency(load_grid(GRID), seeds=5)
-    assert eff["grid_size"] == 12
-    for s in eff["samplers"].values():
-        assert 1 <= s["median"] <= s["max"] <= 12 and len(s["runs"]) == 5
 
 
 def test_bad_file_name_is_usage_error(tmp_path: Path) -> None:
