@@ -140,7 +140,7 @@ def _check_manifest(raw: bytes) -> dict[str, Any]:
     return man
 
 
-def _mismatch(man: Mapping[str, Any], rv: RenderedVariant) -> str | None:
+def _mismatch(man: Mapping[str, object], rv: RenderedVariant) -> str | None:
     """Why the pack is not a build of ``rv`` for this machine, in words; None when it is."""
     if (man["system"], man["machine"]) != (platform.system(), platform.machine()):
         return f"it was built for {man['system']} {man['machine']}, this machine is {platform.system()} {platform.machine()}"
@@ -236,7 +236,7 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     )
 
 
-def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], digests: Mapping[str, Any], dest: Path) -> None:
+def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], digests: Mapping[str, object], dest: Path) -> None:
     """Write the pack's files under ``dest`` (``bin/``, ``include/``), each checked against its sha256."""
     for sub in ("bin", "include"):
         (dest / sub).mkdir(parents=True, exist_ok=True)

@@ -440,7 +440,7 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
     return [by_file[obj] for obj in objects]
 
 
-def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> Path:
+def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, object]) -> Path:
     """Copy the targets' executables and all shared libraries into a new folder and make it the artifact's
     current one (:func:`tuner.builder.records.install_artifact`); returns that folder."""
     bin_src = build_dir / "bin"

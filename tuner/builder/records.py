@@ -48,7 +48,7 @@ def load_build_record(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """Write ``data`` as JSON atomically (temporary file, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
@@ -79,7 +79,7 @@ def owner_record(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
 
 
-def describe_owner(owner: Mapping[str, Any]) -> str:
+def describe_owner(owner: Mapping[str, object]) -> str:
     """``PID 12 on host h, started T: `tuner ...``` for an :func:`owner_record`."""
     return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}" + (
         f": `{owner['command']}`" if owner.get("command") else ""
