@@ -32,7 +32,6 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -187,9 +186,6 @@ class SoakResult:
             f"device {dev}"
         )
         return text + (f". {' '.join(self.reasons)}" if self.reasons else "")
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"log_file": str(self.log_file), "summary": self.summary}
 
 
 def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
