@@ -113,7 +113,7 @@ class Arch:
         )
         raise UsageError(msg)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-able dict (what ``tuner archs show --json`` prints)."""
         d = dataclasses.asdict(self)
         d["math"] = dict(self.math)
@@ -130,7 +130,7 @@ def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
     )
 
 
-def _need(tbl: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: Path, arch: str) -> Any:
+def _need(tbl: Mapping[str, object], key: str, typ: type | tuple[type, ...], path: Path, arch: str) -> Any:
     if key not in tbl:
         raise _bad(path, arch, key, "missing")
     val = tbl[key]
@@ -140,7 +140,7 @@ def _need(tbl: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: 
     return val
 
 
-def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Product:
+def _parse_product(raw: Mapping[str, object], path: Path, arch: str, i: int) -> Product:
     where = f"products[{i}]"
     name = _need(raw, "name", str, path, arch)
     sources = raw.get("sources", {})
@@ -160,7 +160,7 @@ def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Pro
     return Product(name=name, sources=dict(sources), **figures)
 
 
-def _parse_arch(name: str, raw: Mapping[str, Any], path: Path) -> Arch:
+def _parse_arch(name: str, raw: Mapping[str, object], path: Path) -> Arch:
     unknown = set(raw) - _ARCH_KEYS
     if unknown:
         key = sorted(unknown)[0]
