@@ -41,17 +41,13 @@ _MAX_MEMBERS = 10_000
 _READ_ERRORS = (tarfile.TarError, EOFError, lzma.LZMAError, OSError, UnicodeDecodeError, ValueError)
 
 
-def _headers_dir(build: Build) -> Path:
-    # <key>/artifacts/<candidate>/bin -> <key>/src/ggml/include (the tree the build compiled)
-    return Path(build.bin_dir).parents[2] / "src" / "ggml" / "include"
-
-
 def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Path:
     """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine; returns
     ``out``. UsageError for a compile-only build, or one whose artifact or headers are gone."""
     if build.compile_only:
         raise UsageError("--pack needs a linked build; --compile-only builds have no binaries to carry.")
-    bin_dir, inc = Path(build.bin_dir), _headers_dir(build)
+    bin_dir = Path(build.bin_dir)
+    inc = bin_dir.parents[2] / "src" / "ggml" / "include"  # <key>/artifacts/<candidate>/bin -> the tree it compiled
     record = load_build_record(bin_dir.parent / "build.json")
     if record is None or not bin_dir.is_dir():
         raise UsageError(f"{bin_dir} is not a finished tuner build; run `tuner build` again.")

@@ -372,7 +372,10 @@ def _configure(
     old = load_build_record(stamp_file)
     if old == stamp and (build_dir / "build.ninja").is_file():
         return notes
-    if old and _isa_of(old) != tc.host_isa:
+    isa = [
+        e[1] for e in (old or {}).get("toolchain") or [] if isinstance(e, list) and len(e) == 2 and e[0] == "host_isa"
+    ]
+    if old and next(iter(isa), None) != tc.host_isa:  # the old stamp's host_isa (None: a portable build)
         # Another CPU's -march=native objects: their compile commands are the same text, so Ninja would
         # keep them. Only a new build folder recompiles them.
         shutil.rmtree(build_dir, ignore_errors=True)
@@ -410,12 +413,6 @@ def _configure(
     _run.run(argv, env=env, log_file=log_file, timeout=900, what=f"CMake configure of {rv.short}")
     write_json(stamp_file, stamp)
     return notes
-
-
-def _isa_of(stamp: Mapping[str, Any]) -> object:
-    """The ``host_isa`` entry of a configure stamp's toolchain identity, or None."""
-    found = [e[1] for e in stamp.get("toolchain") or [] if isinstance(e, list) and len(e) == 2 and e[0] == "host_isa"]
-    return found[0] if found else None
 
 
 def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[str]:

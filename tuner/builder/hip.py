@@ -133,10 +133,6 @@ def _clang_ok() -> bool:
     return all(p.exists() for p in needed) and bool(rt)
 
 
-def _device_archs(bitcode: Path) -> tuple[str, ...]:
-    return tuple(arch for arch in HIP_ARCHS if (bitcode / f"oclc_isa_version_{arch[3:]}.bc").is_file())
-
-
 def _hip_version(rocm: Path) -> str:
     hdr = rocm / "include" / "hip" / "hip_version.h"
     try:
@@ -158,7 +154,7 @@ def _toolchain_from(prefix: Path) -> HipToolchain:
         cmake=prefix / "venv" / "bin" / "cmake",
         device_lib_path=bitcode,
         hip_version=_hip_version(rocm),
-        device_archs=_device_archs(bitcode),
+        device_archs=tuple(a for a in HIP_ARCHS if (bitcode / f"oclc_isa_version_{a[3:]}.bc").is_file()),
     )
 
 

@@ -152,10 +152,6 @@ def ggml_enums(ggml_h: Path) -> tuple[int, dict[str, int]]:
     return names.index("GGML_OP_FLASH_ATTN_EXT"), type_ids
 
 
-def _f32_bits(x: float) -> int:
-    return int(struct.unpack("<i", struct.pack("<f", x))[0])
-
-
 def _row(kv_type: str, n: int) -> int:
     blk, size = _BLOCK[kv_type]
     return n // blk * size
@@ -180,7 +176,8 @@ def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
         q = (tid["f32"], (d, b, h, 1), (4, 4 * d * h, 4 * d, 4 * d * h * b))
         k, v = (_kv_src(tid[s.kv_type], s.kv_type, size, n, hk) for size in (d, dv))
         m = (tid["f16"], (n, b, 1, 1), (2, 2 * n, 2 * n * b, 2 * n * b))
-        params = (_f32_bits(1.0 / d**0.5), 0, 0, _GGML_PREC_F32, 0)
+        scale = int(struct.unpack("<i", struct.pack("<f", 1.0 / d**0.5))[0])  # the float's bits, as an int32 param
+        params = (scale, 0, 0, _GGML_PREC_F32, 0)
         srcs = " ".join(f"{t} {' '.join(map(str, ne))} {' '.join(map(str, nb))}" for t, ne, nb in (q, k, v, m))
         name = f"kb{i}_" + s.key.replace("/", "_")
         lines.append(f"{op} {tid['f32']} {dv} {h} {b} 1 {len(params)} {' '.join(map(str, params))} 4 {srcs} {name}")

@@ -179,11 +179,6 @@ def load_model_shape(name: str) -> ModelShape:
 # ----------------------------------------------------------------------------- tensors
 
 
-def _use_more_bits(i: int, n: int) -> bool:
-    # llama-quant.cpp use_more_bits(): first and last eighth plus every third layer between.
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
 def _fallback(qtype: str, ncols: int) -> str:
     # llama-quant.cpp tensor_type_fallback(): 256-wide types on rows not divisible by 256.
     if qtype in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS") and ncols % 256:
@@ -206,7 +201,9 @@ def _weight_type(spec_kind: str, name: str, ncols: int, layer: int, shape: Model
         if name.endswith("ffn_down.weight") and layer < shape.n_layers // 8:
             return _fallback("Q5_K", ncols)
         return _fallback("IQ4_XS", ncols)
-    if name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, shape.n_layers):
+    n = shape.n_layers  # llama-quant.cpp use_more_bits(): first and last eighth plus every third layer between
+    more_bits = layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits:
         return _fallback("Q6_K", ncols)
     return _fallback("Q4_K" if weight_type == "q4_k_m" else "Q5_K", ncols)
 
