@@ -508,7 +508,6 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
 def _check_build_args(
     rv: RenderedVariant, targets: Sequence[str], jobs: int | None, compile_only: bool, objects: Sequence[str] | None
 ) -> tuple[list[str], int, list[str]]:
-    """Checked (targets, jobs, objects) of a build_variant call; UsageError names the bad one."""
     targets = list(targets)
     check_target_names(targets)
     if not targets and not compile_only:

@@ -287,7 +287,6 @@ def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Seque
 
 
 def _finite(vals: Sequence[float], how: str) -> float:
-    """Mean (``how="mean"``) or max of the finite values; NaN when there are none."""
     vals = [v for v in vals if math.isfinite(v)]
     return (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else math.nan
 
@@ -401,7 +400,6 @@ def _measure(plan: _BenchPlan, phases: tuple[str, ...], accs: dict[tuple[str, in
 
 
 def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any]:
-    """One output row (:data:`COLUMNS`) from a (phase, depth) accumulator."""
     st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
     ntok = plan.pp if phase == "pp" else plan.tg
     meta = acc.meta

@@ -216,7 +216,6 @@ def parse_base_output(text: str) -> float | None:
 
 
 def _tool_error(text: str) -> str:
-    """The first error line llama-perplexity printed, or ''."""
     for line in text.splitlines():
         s = line.strip()
         if re.match(r"^\d+\.\d+\.\d+\.\d+ E ", s) or s.startswith("error:"):

@@ -48,13 +48,11 @@ class InterleavedResult:
 
 
 def _anchor_median(df: pd.DataFrame, test: str, depth: int) -> float:
-    """Median t/s of one (test, depth) in one anchor frame (NaN when absent)."""
     r = df[(df["test"] == test) & (df["depth"] == depth)]
     return float(r["median_ts"].iloc[0]) if len(r) else math.nan
 
 
 def _row_dict(row: pd.Series) -> dict[str, Any]:
-    """A bench row as a dict keyed by column name."""
     return {str(k): v for k, v in row.items()}
 
 

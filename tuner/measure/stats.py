@@ -149,7 +149,6 @@ def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int)
 
 
 def _missing(confidence: float, n_a: int = 0, n_b: int = 0) -> Verdict:
-    """The verdict where a side has no measurement: nothing is compared."""
     nan = math.nan
     return Verdict(
         delta_pct=nan, ci_low=nan, ci_high=nan, p_value=nan, verdict="missing", confidence=confidence, n_a=n_a, n_b=n_b

@@ -336,7 +336,6 @@ def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape
 
 
 def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
-    """The GGUF's key/values: name, the shape's hyperparameters, file type and the copied tokenizer."""
     a = shape.arch
     writer.add_name(f"tuner-random-{shape.name}")
     writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
@@ -360,7 +359,6 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, 
 
 
 def _add_tensor_infos(writer: gguf.GGUFWriter, specs: Sequence[TensorSpec]) -> None:
-    """One tensor-info entry per planned tensor (F32/F16 as arrays, quantized as raw bytes)."""
     for spec in specs:
         gtype = gguf.GGMLQuantizationType[spec.ggml_type]
         np_shape = tuple(reversed(spec.ne))

@@ -26,7 +26,6 @@ ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), n
 
 _FLOAT_KV = {"f16": 2.0, "bf16": 2.0, "f32": 4.0}
 KV_TYPES = {**_FLOAT_KV, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
-
 """KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
