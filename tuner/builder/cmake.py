@@ -140,9 +140,6 @@ def default_check_objects(rv: RenderedVariant) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------- toolchain identity
-
-
 def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
     if not prog:
         return None
@@ -216,9 +213,6 @@ def _version_line(path: str) -> str:
     return (release or lines or ["unknown"])[0]
 
 
-# --------------------------------------------------------------------------- tree, headers
-
-
 def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
     """Private copy of the pristine tree with the variant's files, written atomically."""
     if (dest / ".tuner-src.json").exists():
@@ -287,9 +281,6 @@ def _write_tu_headers(rv: RenderedVariant, src: Path, tu_dir: Path) -> list[str]
     return changed
 
 
-# --------------------------------------------------------------------------- ninja helpers
-
-
 def parse_ninja_progress(line: str) -> tuple[int, int] | None:
     """``(done, total)`` from a Ninja status line such as ``[57/145] Building CXX object ...``."""
     m = _PROGRESS_RE.match(line)
@@ -331,9 +322,6 @@ class _Progress:
         got = parse_ninja_progress(line)
         if got is not None:
             self.tracker.update(got[0], total=got[1])
-
-
-# --------------------------------------------------------------------------- configure / build
 
 
 def _configure(

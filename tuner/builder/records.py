@@ -55,9 +55,6 @@ def write_json(path: Path, data: Mapping[str, object]) -> None:
     tmp.replace(path)
 
 
-# --------------------------------------------------------------------------- lock owners
-
-
 def pid_alive(pid: int) -> bool:
     """True when a process ``pid`` exists on this host (signal 0; EPERM means it exists, as another user)."""
     if pid <= 0:
@@ -155,9 +152,6 @@ def locked(root: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------- artifact folders
 
 
 def current_artifact(art: Path) -> Path | None:

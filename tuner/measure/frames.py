@@ -386,9 +386,6 @@ def _read_sql(text: str, path: Path) -> list[_Record]:
         ) from None
 
 
-# ----------------------------------------------------------------------------- field checks
-
-
 def _bad(where: str, field: str, value: object, want: str) -> UsageError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."

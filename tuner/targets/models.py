@@ -104,9 +104,6 @@ class SynthResult:
     seconds: float
 
 
-# ----------------------------------------------------------------------------- shapes
-
-
 def _model_error(path: Path, name: str, key: str, why: str) -> TunerError:
     return TunerError(f"{path}: model {name!r}, key {key!r}: {why}. Fix the data file.")
 
@@ -174,9 +171,6 @@ def load_model_shape(name: str) -> ModelShape:
         "Pass one of them to --like."
     )
     raise UsageError(msg)
-
-
-# ----------------------------------------------------------------------------- tensors
 
 
 def _fallback(qtype: str, ncols: int) -> str:
@@ -460,9 +454,6 @@ def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_fi
         raise UsageError(msg)
     _run.run([exe, src, dst, q], log_file=log_file, timeout=3600, what="llama-quantize")
     return Path(dst)
-
-
-# ----------------------------------------------------------------------------- reading GGUF
 
 
 def read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
