@@ -19,8 +19,7 @@ from typing import Any, TypedDict
 
 from tuner.errors import UsageError, close_matches
 from tuner.targets.archs import Arch, Product, load_arch
-from tuner.targets.gguf_header import GGUFTensor
-from tuner.targets.models import ModelShape, TensorSpec, load_gguf_shape, load_gguf_tensors, plan_tensors
+from tuner.targets.models import GGUFTensor, ModelShape, TensorSpec, load_gguf_shape, load_gguf_tensors, plan_tensors
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
