@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner import log, source
-from tuner.builder.cmake import build_variant
-from tuner.builder.extra import ensure_targets
+from tuner.builder.cmake import build_variant, ensure_targets
 from tuner.plan.render import render_variant
 from tuner.targets.archs import Arch, detect_local_archs, load_arch
 from tuner.targets.target import resolve_target
