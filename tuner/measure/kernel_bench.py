@@ -11,7 +11,7 @@ types, shapes, strides and params, so the file gives the exact tensors of ``buil
   F32 accumulation (``ggml_prec_set_acc``), no sparse ``n_kv_max``.
 
 Each candidate runs in its own process (the hook reads ``GGML_TUNER_FA_RULES`` once per process) over every
-shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:mod:`tuner.measure.falog`; the CPU
+shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:func:`parse_fa_log`; the CPU
 backend prints none). Perf mode adds the op to one graph up to 8192 times and repeats the graph for at least
 a second, then prints ``N runs - T us/run`` per case. Paired rounds and their statistics are the caller's.
 """
@@ -23,12 +23,11 @@ import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.exe import check_env, find_exe, run_tool
-from tuner.measure.falog import parse_fa_log
 from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
 
 _BLOCK = {  # ggml type -> (block size, bytes per block): ggml/src/ggml.c type_traits
@@ -103,7 +102,7 @@ class KernelTime:
     kernel: str | None
     """Kernel the FA log names for this shape (None without the log: the CPU backend)."""
     why: str | None
-    """``default``, ``rule`` or ``fallback`` (:mod:`tuner.measure.falog`)."""
+    """``default``, ``rule`` or ``fallback`` (:func:`parse_fa_log`)."""
     backend: str
     error: str = ""
     log_file: str = ""
@@ -213,10 +212,46 @@ def ggml_h_above(bin_dir: Path) -> Path:
     raise UsageError(f"No ggml/include/ggml.h above {bin_dir}; pass ggml_h= (the build's llama.cpp tree).")
 
 
+# The hook may print more fields between n_kv and kernel (type_k=f16 type_v=f16 since rules carry the K/V type).
+_FA_LINE = re.compile(
+    r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)((?: [a-z_]+=\S+)*?) kernel=(\w+) \((\w+)\)"
+)
+_FIELD = re.compile(r" ([a-z_]+)=(\S+)")
+
+
+def parse_fa_log(text: str) -> list[dict[str, Any]]:
+    """The ``tuner-fa:`` lines of a llama-bench log, the tuner build's own record of its FlashAttention choice:
+    ``GGML_TUNER_FA_LOG=1`` makes the patched build print one line per distinct shape and kernel
+    (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (default)``): ``default`` is upstream's pick,
+    ``rule`` a forced one, ``fallback`` a forced kernel that is illegal there (upstream's choice kept).
+    ``type_k`` and ``type_v`` are None where the line has none (a build from before the hook printed them)."""
+    out = []
+    for m in _FA_LINE.finditer(text):
+        extra = dict(_FIELD.findall(m.group(6)))
+        sizes = dict(zip(("D", "DV", "ne1", "gqa", "n_kv"), map(int, m.groups()[:5])))
+        types = {"type_k": extra.get("type_k"), "type_v": extra.get("type_v")}
+        out.append(sizes | types | {"kernel": m.group(7), "why": m.group(8)})
+    return out
+
+
+def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: int) -> tuple[str | None, str | None]:
+    """(kernel, why) of the test at ``depth``: entries of the phase's batch shape whose n_kv lies in
+    (depth, depth + ntok + 256] (llama.cpp pads n_kv to 256; the untimed depth fill stays at or below
+    ``depth``). A prompt shorter than the micro-batch (``pp2`` after a depth) attends at ``Q->ne[1] = ntok``,
+    but the scheduler's graph reservation at the full micro-batch logs a line at the same n_kv: where a line
+    has the test's own batch, only those count."""
+    hits = [x for x in lines if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
+    own = [x for x in hits if phase == "pp" and x["ne1"] == ntok]
+    hits = own or hits
+    if not hits:
+        return None, None
+    best = max(hits, key=lambda x: x["n_kv"])
+    return str(best["kernel"]), str(best["why"])
+
+
 def fa_log_hit(fa: Sequence[Mapping[str, object]], shape: FaShape) -> Mapping[str, object] | None:
-    """The FA log line (:func:`tuner.measure.falog.parse_fa_log`) of ``shape``, or None: matched on D,
-    the batch, the GQA ratio and n_kv, and the K/V type where the line names it (f16 and q8_0 calls of
-    one size pick different kernels)."""
+    """The FA log line (:func:`parse_fa_log`) of ``shape``, or None: matched on D, the batch, the GQA ratio and
+    n_kv, and the K/V type where the line names it (f16 and q8_0 calls of one size pick different kernels)."""
     key = (shape.head_dim, shape.n_batch, shape.gqa, shape.n_kv)
     hits = (
         x for x in fa if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == key and x.get("type_k") in (None, shape.kv_type)
