@@ -99,12 +99,10 @@ def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMA
     try:
         cmake = CMake.default_search(version=SpecifierSet(cmake_spec), env=env)
     except CMakeNotFoundError as err:
-        msg = f"{err}. Install it with `pip install 'cmake{cmake_spec}'` or set CMAKE_EXECUTABLE."
-        raise TunerError(msg) from err
+        raise TunerError(f"{err}. Install it with `pip install 'cmake{cmake_spec}'` or set CMAKE_EXECUTABLE.") from err
     ninja = best_program(get_ninja_programs(), version=SpecifierSet(_NINJA_SPEC))
     if ninja is None:
-        msg = f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`."
-        raise TunerError(msg)
+        raise TunerError(f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`.")
     return BuildTools(cmake=cmake, ninja=ninja.path)
 
 
@@ -220,10 +218,9 @@ def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
         return
     pristine = Path(rv.source_root)
     if not (pristine / "CMakeLists.txt").is_file():
-        msg = (
+        raise TunerError(
             f"{pristine} is not a llama.cpp source tree (no CMakeLists.txt). Fetch it again with `tuner source fetch`."
         )
-        raise TunerError(msg)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # an interrupted copy is redone from scratch
     for dirpath, dirnames, filenames in os.walk(pristine):
@@ -418,11 +415,10 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
             by_file[Path(rel).as_posix()] = os.path.relpath(os.path.normpath(Path(e["directory"], out)), build_dir)
     for obj in objects:
         if obj not in by_file:
-            msg = (
+            raise UsageError(
                 f"{obj!r} is not compiled by this configuration (not in {build_dir}/compile_commands.json)."
                 f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree."
             )
-            raise UsageError(msg)
     return [by_file[obj] for obj in objects]
 
 
@@ -476,21 +472,19 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
         has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in data
         missing = [a for a in archs if a not in got]
         if has_bundle and missing:
-            msg = (
+            raise TunerError(
                 f"{path} compiled, but its HIP offload bundle has no code object for {', '.join(missing)} "
                 f"(found: {', '.join(got) or 'none'}). The HIP flags did not reach this TU; check "
                 "GPU_TARGETS and the configure log."
             )
-            raise TunerError(msg)
         found[t] = got
     for a in archs:
         if not any(a in got for got in found.values()):
-            msg = (
+            raise TunerError(
                 f"None of the compiled objects ({', '.join(Path(t).name for t in obj_targets)}) holds a {a} "
                 f"code object, so nothing was really compiled for {a}. Add a TU with device code "
                 "(e.g. a fattn-tile or fattn-vec instance) or check GPU_TARGETS in the configure log."
             )
-            raise TunerError(msg)
     return found
 
 
@@ -628,11 +622,10 @@ def build_variant(
             _prepare_src(rv, src)  # a private source copy, then the per-TU headers
             changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
             if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
-                msg = (
+                raise UsageError(
                     f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so "
                     "they would be silently ignored. Render the variant with the tile/MMA hook patch."
                 )
-                raise UsageError(msg)
             programs = sorted(tc.programs.items())
             record["toolchain"] = {k: (_version_line(str(v)) if v else "not found") for k, v in programs}
             record["headers_changed"] = changed

@@ -118,12 +118,11 @@ class HipToolchain:
     def require_arch(self, arch: str) -> None:
         """Raise UsageError when ``arch`` has no device library in this toolchain."""
         if arch not in self.device_archs:
-            msg = (
+            raise UsageError(
                 f"The HIP compile-check toolchain in {self.prefix} has no device library for {arch} "
                 f"(no oclc_isa_version_{arch[3:]}.bc in {self.device_lib_path}), so clang cannot "
                 f"compile for it. Compilable targets here: {', '.join(self.device_archs) or 'none'}."
             )
-            raise UsageError(msg)
 
 
 def _clang_ok() -> bool:
@@ -188,12 +187,11 @@ def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:
     if tc is None:
         where = prefix if prefix is not None else default_prefix()
         opt = f" --prefix {where}" if prefix is not None else ""
-        msg = (
+        raise TunerError(
             f"No HIP compile-check toolchain in {where}. HIP variants are compiled with clang-19 and "
             f"Debian's ROCm 6.4 headers; set them up once with `tuner toolchain hip{opt}` (needs root "
             "for apt-get, about a minute and 600 MB), then rerun."
         )
-        raise TunerError(msg)
     return tc
 
 
@@ -235,16 +233,14 @@ def _install_clang(logs: Path) -> None:
         msg = f"The HIP toolchain needs clang-19 from Debian's own archive, and installing it needs root. {advice}"
         raise TunerError(msg)
     if shutil.which("apt-get") is None:
-        msg = f"apt-get was not found; this recipe needs Debian 12 (bookworm). {advice}"
-        raise TunerError(msg)
+        raise TunerError(f"apt-get was not found; this recipe needs Debian 12 (bookworm). {advice}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600, what="apt-get update")
         argv = ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES]
         _run.run(argv, env=env, log_file=logs / "apt-system.log", timeout=900, what="apt-get install clang-19")
     except TunerError as err:
-        msg = f"Installing clang-19 failed ({err}). {advice}"
-        raise TunerError(msg) from err
+        raise TunerError(f"Installing clang-19 failed ({err}). {advice}") from err
     if not _clang_ok():
         msg = f"apt-get finished but {_LLVM}/bin/clang, clang-offload-bundler or ld.lld is missing. {advice}"
         raise TunerError(msg)
@@ -274,11 +270,10 @@ def _download_debs(prefix: Path, logs: Path) -> list[Path]:
         apt_get(["download", *names], "download (unpinned ROCm debs)", debs)
     found = sorted(debs.glob("*.deb"))
     if len(found) < len(_DEB_PACKAGES):
-        msg = (
+        raise TunerError(
             f"apt-get download fetched {len(found)} of {len(_DEB_PACKAGES)} packages into {debs}; "
             f"see {log_file}. Rerun `tuner toolchain hip`."
         )
-        raise TunerError(msg)
     done.touch()
     return found
 

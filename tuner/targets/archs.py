@@ -107,11 +107,10 @@ class Arch:
             if want == p.name.lower() or want in p.name.lower():
                 return p
         names = [p.name for p in self.products]
-        msg = (
+        raise UsageError(
             f"Arch {self.name} has no product matching {name!r}.{close_matches(name, names)} "
             f"Known products: {', '.join(names)}."
         )
-        raise UsageError(msg)
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able dict (what ``tuner archs show --json`` prints)."""
@@ -281,11 +280,10 @@ def load_arch(name: str) -> Arch:
         if key in arch.aliases:
             return arch
     choices = list(archs) + [a for arch in archs.values() for a in arch.aliases]
-    msg = (
+    raise UsageError(
         f"Unknown arch {name!r}.{close_matches(key, choices)} Known archs: {', '.join(archs)}. "
         "Run `tuner archs` for the table."
     )
-    raise UsageError(msg)
 
 
 def find_product(device: str) -> tuple[str, str] | None:

@@ -167,11 +167,10 @@ def load_model_shape(name: str) -> ModelShape:
     key = name.strip().lower()
     if key in models:
         return models[key]
-    msg = (
+    raise UsageError(
         f"Unknown model {name!r}.{close_matches(key, models)} Known models: {', '.join(models)}. "
         "Pass one of them to --like."
     )
-    raise UsageError(msg)
 
 
 def _fallback(qtype: str, ncols: int) -> str:
