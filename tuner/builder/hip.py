@@ -176,9 +176,7 @@ def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
         tc.rocm_path / "lib" / "x86_64-linux-gnu" / "librocblas.so.4.4",
         tc.rocm_path / "bin",
     ]
-    if not all(p.exists() for p in needed) or not tc.device_archs:
-        return None
-    return tc
+    return tc if all(p.exists() for p in needed) and tc.device_archs else None
 
 
 def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:

@@ -166,9 +166,7 @@ def current_artifact(art: Path) -> Path | None:
             return art if art.is_dir() else None
         raise
     # tuner writes a sibling's plain name; anything else is not its link
-    if "/" in target or target in ("", ".", ".."):
-        return None
-    return art.parent / target
+    return None if "/" in target or target in ("", ".", "..") else art.parent / target
 
 
 def _hold(folder: Path) -> bool:
@@ -291,6 +289,4 @@ def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str,
     # it stands for this variant here until it is replaced.
     if rec.get("build_id") != build_id and not rec.get("carried"):
         return None
-    if not all((art / "bin" / t).is_file() for t in targets):
-        return None
-    return rec
+    return rec if all((art / "bin" / t).is_file() for t in targets) else None

@@ -28,6 +28,4 @@ def pool(anchors: Iterable[Sequence[float]], factors: Iterable[float] | None = N
 def drift_pct(medians: Iterable[float]) -> float:
     """``100 * (max - min) / min`` of the finite anchor medians; NaN with fewer than two or a minimum <= 0."""
     ok = [m for m in medians if math.isfinite(m)]
-    if len(ok) < 2 or min(ok) <= 0:
-        return math.nan
-    return 100.0 * (max(ok) - min(ok)) / min(ok)
+    return 100.0 * (max(ok) - min(ok)) / min(ok) if len(ok) >= 2 and min(ok) > 0 else math.nan

@@ -46,9 +46,7 @@ def median(xs: Iterable[float | None], *, upper: bool = False) -> float:
     n = len(vals)
     if not n:
         return math.nan
-    if upper or n % 2:
-        return vals[n // 2]
-    return (vals[n // 2 - 1] + vals[n // 2]) / 2
+    return vals[n // 2] if upper or n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
 def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
