@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from tuner.measure.anchors import drift_pct, pool
+from tuner.measure.interleave import drift_pct, pool
 from tuner.measure.stats import median
 from tuner.search.select import Measurement
 from tuner.study import legacy
