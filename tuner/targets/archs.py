@@ -33,20 +33,6 @@ PRODUCT_FIGURES = ("bandwidth_gbps", "fp16_tflops", "int8_tops", "fp32_tflops", 
 
 _VENDORS = ("nvidia", "amd", "cpu")
 _ERA_KEYS = ("quant_matmul", "fa_decode", "fa_prefill", "source")
-_ARCH_KEYS = {
-    "vendor",
-    "family",
-    "cc",
-    "gfx",
-    "wave_size",
-    "smem_static",
-    "smem_optin",
-    "aliases",
-    "source",
-    "math",
-    "kernel_paths",
-    "products",
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +106,9 @@ class Arch:
         d["products"] = [{**dataclasses.asdict(p), "sources": dict(p.sources)} for p in self.products]
         d["aliases"] = list(self.aliases)
         return d
+
+
+_ARCH_KEYS = {f.name for f in dataclasses.fields(Arch)} - {"name"}
 
 
 def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
