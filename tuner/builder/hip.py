@@ -309,19 +309,6 @@ def _make_venv(prefix: Path, logs: Path) -> None:
     )
 
 
-def _write_env_sh(tc: HipToolchain) -> None:
-    (tc.prefix / "env.sh").write_text(f"""\
-# Source this to use tuner's HIP compile-check toolchain by hand.
-export ROCM_PATH={tc.rocm_path}
-export HIP_PLATFORM=amd
-export HIP_CLANG={tc.clangxx}
-export HIP_CMAKE={tc.cmake}
-export HIP_COMPILE_FLAGS="{tc.compile_flags}"
-export HIP_CMAKE_HIP_FLAGS="{tc.defines()["CMAKE_HIP_FLAGS"]}"
-export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}
-""")
-
-
 def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
     """Set up the HIP compile-check toolchain in ``prefix`` (idempotent): ``(toolchain, did_work)``.
 
@@ -346,7 +333,16 @@ def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
     if not tc.device_archs:
         msg = f"No gfx device libraries were found in {tc.device_lib_path}; see {logs}. Rerun `tuner toolchain hip`."
         raise TunerError(msg)
-    _write_env_sh(tc)
+    (tc.prefix / "env.sh").write_text(f"""\
+# Source this to use tuner's HIP compile-check toolchain by hand.
+export ROCM_PATH={tc.rocm_path}
+export HIP_PLATFORM=amd
+export HIP_CLANG={tc.clangxx}
+export HIP_CMAKE={tc.cmake}
+export HIP_COMPILE_FLAGS="{tc.compile_flags}"
+export HIP_CMAKE_HIP_FLAGS="{tc.defines()["CMAKE_HIP_FLAGS"]}"
+export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}
+""")
     archs, names = list(tc.device_archs), [p.name for p in debs]
     stamp = {"recipe": _RECIPE, "hip_version": tc.hip_version, "device_archs": archs, "debs": names}
     (prefix / "toolchain.json").write_text(json.dumps(stamp, indent=2) + "\n")
