@@ -66,7 +66,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def owner_record(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def owner_record(argv: Sequence[str] | None = None) -> dict[str, object]:
     """What a lock file says about the process holding it: PID, host, start time, command (passwords redacted)."""
     return {
         "pid": os.getpid(),
@@ -83,7 +83,7 @@ def describe_owner(owner: Mapping[str, object]) -> str:
     )
 
 
-def _read_owner(fd: int) -> dict[str, Any]:
+def _read_owner(fd: int) -> dict[str, object]:
     try:
         data = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
     except (OSError, ValueError):

@@ -592,17 +592,17 @@ def load_gguf_shape(path: Path) -> ModelShape:
     """The ModelShape of a dense llama-style GGUF from its metadata; UsageError if unreadable or unusable."""
     kv, tensors = read_gguf(path)
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: object = None) -> Any:
         return kv[key][2] if key in kv else default
 
-    def bad(key: str, val: Any, want: str) -> UsageError:
+    def bad(key: str, val: object, want: str) -> UsageError:
         shown = repr(val) if len(repr(val)) <= 60 else repr(val)[:57] + "..."
         return UsageError(
             f"{path}: metadata {key} = {shown} is not {want}; tuner estimates dense llama-style models only, "
             "from metadata as llama.cpp's convert_hf_to_gguf.py writes it. Pass such a GGUF (or --like NAME)."
         )
 
-    def count(key: str, default: Any = None) -> int:
+    def count(key: str, default: int | None = None) -> int:
         """A positive integer key; per-layer arrays (some archs) give their first layer's value."""
         v = get(key, default)
         if isinstance(v, list):
