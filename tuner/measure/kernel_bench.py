@@ -23,12 +23,15 @@ import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.exe import check_env, find_exe, run_tool
 from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
+
+if TYPE_CHECKING:
+    from tuner.targets.models import ModelShape
 
 _BLOCK = {  # ggml type -> (block size, bytes per block): ggml/src/ggml.c type_traits
     "f32": (1, 4),
@@ -108,19 +111,7 @@ class KernelTime:
     log_file: str = ""
 
 
-class HeadCounts(Protocol):
-    """What :func:`shape_for_model` reads of a model: :class:`tuner.targets.models.ModelShape` has it (a protocol,
-    so measure/ does not import targets/)."""
-
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def n_heads(self) -> int: ...
-    @property
-    def n_kv_heads(self) -> int: ...
-
-
-def shape_for_model(model: HeadCounts, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
+def shape_for_model(model: ModelShape, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
     """The FA shape of ``model`` at ``n_kv`` cache cells and ``n_batch`` query tokens."""
     d, h, hkv = int(model.head_dim), int(model.n_heads), int(model.n_kv_heads)
     return FaShape(head_dim=d, head_dim_v=d, n_head=h, n_head_kv=hkv, n_kv=n_kv, n_batch=n_batch, kv_type=kv_type)
