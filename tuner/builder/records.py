@@ -83,22 +83,17 @@ def describe_owner(owner: Mapping[str, object]) -> str:
     )
 
 
-def _read_owner(fd: int) -> dict[str, object]:
-    try:
-        data = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    pid = data.get("pid")
-    if data.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
-        return {}  # left by a process that died; whoever holds the lock now did not say
-    return data
-
-
 def _holder(fd: int) -> str:
-    owner = _read_owner(fd)
-    return describe_owner(owner) if owner else "a process that does not say which (an older tuner?)"
+    try:
+        owner = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict) and owner:
+        pid = owner.get("pid")
+        # a record left by a process that died: whoever holds the lock now did not say
+        if not (owner.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)):
+            return describe_owner(owner)
+    return "a process that does not say which (an older tuner?)"
 
 
 def _try_exclusive(fd: int) -> bool:
