@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import logging
 import os
 import re
 import shutil
@@ -57,8 +56,6 @@ from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import tuner_home
 from tuner.plan import tu_split
 from tuner.plan.variant import Build, RenderedVariant, variant_family
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_TARGETS = ("llama-bench", "test-backend-ops", "llama-quantize")
 

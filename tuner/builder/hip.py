@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import shutil
@@ -27,8 +26,6 @@ from pathlib import Path
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
-
-logger = logging.getLogger(__name__)
 
 HIP_ARCHS = ("gfx1151", "gfx1100", "gfx1201", "gfx942")
 """Targets the compile-check is meant for (RDNA3.5, RDNA3, RDNA4, CDNA3)."""
