@@ -90,9 +90,7 @@ def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMA
 
     Raises TunerError saying what to install when none is found.
     """
-    env: Mapping[str, str] = dict(os.environ)
-    if cmake_executable:
-        env = {**env, "CMAKE_EXECUTABLE": cmake_executable}
+    env = {**os.environ, **({"CMAKE_EXECUTABLE": cmake_executable} if cmake_executable else {})}
     try:
         cmake = CMake.default_search(version=SpecifierSet(cmake_spec), env=env)
     except CMakeNotFoundError as err:
