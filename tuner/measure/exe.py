@@ -99,19 +99,15 @@ def parse_list_devices(text: str) -> dict[str, str]:
     return {m["name"]: m["desc"] for line in text.splitlines() if (m := _DEV_RE.match(line))}
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def backend_device(bin_dir: Path, backend: str) -> str | None:
     """The device ``backend`` (``CUDA0``, ``CPU``) of the build in ``bin_dir`` runs on, in words; None where the
     build cannot say (no llama-bench in it, or the backend is not listed)."""
-    if backend.upper().startswith("CPU"):
-        return f"CPU {_cpu_model()}"
+    if backend.upper().startswith("CPU"):  # the CPU's model name
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                if line.startswith("model name"):
+                    return f"CPU {line.split(':', 1)[1].strip()}"
+        return f"CPU {platform.processor() or platform.machine()}"
     exe = Path(bin_dir) / "llama-bench"
     if not (exe.is_file() and os.access(exe, os.X_OK)):
         return None
