@@ -202,27 +202,25 @@ def hold_artifact(art: Path, accept: Callable[[Path], _T | None]) -> tuple[Path,
     return None
 
 
-def _next_folder(art: Path) -> Path:
+def _install(folder: Path, art: Path) -> Path:
+    """Rename ``folder`` to the artifact's next version ``<art>.v<N>`` and move the link ``art`` to it in one rename
+    (a reader sees the old folder or the new one); returns the new folder."""
+    (folder / _USERS).touch()
     nums = [int(tail) for d in art.parent.glob(art.name + ".v*") if (tail := d.name[len(art.name) + 2 :]).isdigit()]
-    return art.with_name(f"{art.name}.v{max(nums, default=0) + 1}")
-
-
-def _point(art: Path, folder: Path) -> None:
-    """Move the link ``art`` to ``folder`` in one rename (a reader sees the old folder or the new one)."""
+    dest = art.with_name(f"{art.name}.v{max(nums, default=0) + 1}")
+    folder.rename(dest)
     tmp = art.with_name(f".{art.name}.link-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    os.symlink(folder.name, tmp)
+    os.symlink(dest.name, tmp)
     os.replace(tmp, art)
+    return dest
 
 
 def adopt_old_layout(art: Path) -> None:
     """Turn a real artifact folder of an older tuner into the versioned layout (caller holds the build lock)."""
     if art.is_symlink() or not art.is_dir():
         return
-    (art / _USERS).touch()
-    dest = _next_folder(art)
-    art.rename(dest)
-    _point(art, dest)
+    _install(art, art)
 
 
 def install_artifact(staging: Path, art: Path) -> Path:
@@ -233,10 +231,7 @@ def install_artifact(staging: Path, art: Path) -> Path:
     """
     art.parent.mkdir(parents=True, exist_ok=True)
     adopt_old_layout(art)
-    (staging / _USERS).touch()
-    dest = _next_folder(art)
-    staging.rename(dest)
-    _point(art, dest)
+    dest = _install(staging, art)
     prune_artifacts(art)
     return dest
 
