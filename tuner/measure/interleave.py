@@ -87,32 +87,6 @@ def _restated(row: dict[str, Any], samples: Sequence[float], *, confidence: floa
     return row
 
 
-def _corrected_candidate(
-    df: pd.DataFrame,
-    before: pd.DataFrame,
-    after: pd.DataFrame,
-    drift_rows: Mapping[tuple[str, int], Mapping[str, Any]],
-    *,
-    confidence: float,
-    seed: int,
-) -> list[dict[str, Any]]:
-    """A candidate's rows, rescaled by reference / local anchor (geometric mean of the two anchors
-    around it) where its (test, depth) is flagged; ``anchor_ratio`` is recorded either way."""
-    rows = []
-    for _, row in df.iterrows():
-        dr = drift_rows.get((row["test"], row["depth"]))
-        local = math.sqrt(
-            _anchor_median(before, row["test"], row["depth"]) * _anchor_median(after, row["test"], row["depth"])
-        )
-        factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
-        if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-            scaled = _restated(_row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed)
-            rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
-        else:
-            rows.append(_row_dict(row) | {"anchor_ratio": factor})
-    return rows
-
-
 def _anchor_rows(
     anchor_df: pd.DataFrame, drift_factor: float, *, confidence: float, seed: int
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
@@ -203,7 +177,21 @@ def run_interleaved(
 
     frames: dict[str, pd.DataFrame] = {}
     for i, (c, df) in enumerate(zip(candidates, cands)):
-        rows = _corrected_candidate(df, anchors[i], anchors[i + 1], drift_rows, confidence=confidence, seed=seed)
+        # rescaled by reference / local anchor (the geometric mean of the two anchors around it) where its (test,
+        # depth) is flagged; anchor_ratio is recorded either way
+        rows = []
+        for _, row in df.iterrows():
+            t, d = row["test"], row["depth"]
+            dr = drift_rows.get((t, d))
+            local = math.sqrt(_anchor_median(anchors[i], t, d) * _anchor_median(anchors[i + 1], t, d))
+            factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
+            if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
+                scaled = _restated(
+                    _row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed
+                )
+                rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
+            else:
+                rows.append(_row_dict(row) | {"anchor_ratio": factor})
         frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
     frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
     return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)
