@@ -414,27 +414,6 @@ def find_vocab(source_root: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape) -> None:
-    try:
-        kv, _ = parse_gguf(vocab_path)
-    except (OSError, ValueError, KeyError, struct.error) as err:
-        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
-        raise UsageError(msg) from err
-    tokens = kv.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
-        raise UsageError(msg)
-    if len(tokens[2]) != shape.vocab_size:
-        raise UsageError(
-            f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
-            f"Use models/ggml-vocab-{shape.vocab}.gguf."
-        )
-    for key, (vtype, sub, val) in kv.items():
-        if key.startswith("tokenizer."):
-            sub_type = None if sub is None else gguf.GGUFValueType(sub)
-            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
-
-
 def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
     a = shape.arch
     writer.add_name(f"tuner-random-{shape.name}")
@@ -455,7 +434,24 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, 
              "iq4_xs": "MOSTLY_IQ4_XS"}[weight_type]  # fmt: skip
     writer.add_file_type(int(gguf.LlamaFileType[ftype]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _copy_tokenizer(writer, vocab_path, shape)
+    try:
+        kv, _ = parse_gguf(vocab_path)
+    except (OSError, ValueError, KeyError, struct.error) as err:
+        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        raise UsageError(msg) from err
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
+        raise UsageError(msg)
+    if len(tokens[2]) != shape.vocab_size:
+        raise UsageError(
+            f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
+            f"Use models/ggml-vocab-{shape.vocab}.gguf."
+        )
+    for key, (vtype, sub, val) in kv.items():
+        if key.startswith("tokenizer."):
+            sub_type = None if sub is None else gguf.GGUFValueType(sub)
+            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
 
 
 def _add_tensor_infos(writer: gguf.GGUFWriter, specs: Sequence[TensorSpec]) -> None:
