@@ -454,19 +454,6 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, 
             writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
 
 
-def _add_tensor_infos(writer: gguf.GGUFWriter, specs: Sequence[TensorSpec]) -> None:
-    for spec in specs:
-        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
-        np_shape = tuple(reversed(spec.ne))
-        if spec.ggml_type in ("F32", "F16"):
-            writer.add_tensor_info(
-                spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes
-            )
-        else:
-            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
-            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
-
-
 def _write_tensors(
     writer: Any,  # a GGUFWriter, handed a _StreamedTensor where its types say ndarray
     specs: Sequence[TensorSpec],
@@ -530,7 +517,17 @@ def synth_model(
     tmp = out.with_name(out.name + ".part")
     writer = gguf.GGUFWriter(tmp, shape.arch)
     _add_metadata(writer, shape, weight_type, vocab_path)
-    _add_tensor_infos(writer, specs)
+    # one tensor-info entry per planned tensor: F32/F16 as arrays, quantized as raw bytes
+    for spec in specs:
+        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
+        np_shape = tuple(reversed(spec.ne))
+        if spec.ggml_type in ("F32", "F16"):
+            writer.add_tensor_info(
+                spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes
+            )
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
+            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
     direct = weight_type in DIRECT_WEIGHT_TYPES
     _write_tensors(writer, specs, shape, seed=seed, direct=direct, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
