@@ -768,13 +768,7 @@ def read_shape(path: Path) -> dict[str, int]:
 def shape_ints(s: ModelShape) -> dict[str, int]:
     """Head size, GQA ratio and sizes of ``s`` as plain ints: what a study's header records (``shape``)."""
     return {
-        "head_dim": s.head_dim,
-        "gqa": s.gqa,
-        "n_layers": s.n_layers,
-        "n_heads": s.n_heads,
-        "n_kv_heads": s.n_kv_heads,
-        "d_model": s.d_model,
-        "context_length": s.context_length,
+        k: getattr(s, k) for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads", "d_model", "context_length")
     }
 
 
