@@ -55,11 +55,8 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
     entries += [(f"include/{p.name}", p) for p in sorted(inc.glob("*.h"))]  # for fa-bench and mm-bench
     manifest = {
         "format": PACK_FORMAT,
-        "key": rv.key,
-        "artifact_key": rv.artifact_key,
+        **{k: getattr(rv, k) for k in ("key", "artifact_key", "arch", "source_id")},
         "variant": rv.short,
-        "arch": rv.arch,
-        "source_id": rv.source_id,
         "spec": spec,
         "machine": platform.machine(),
         "system": platform.system(),

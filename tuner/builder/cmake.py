@@ -508,12 +508,7 @@ def _new_record(rv: RenderedVariant, build_id: str, **attempt: object) -> dict[s
     anything runs."""
     return {
         "build_id": build_id,
-        "key": rv.key,
-        "artifact_key": rv.artifact_key,
-        "arch": rv.arch,
-        "variant": rv.variant,
-        "era": rv.era,
-        "source_id": rv.source_id,
+        **{k: getattr(rv, k) for k in ("key", "artifact_key", "arch", "variant", "era", "source_id")},
         "defines": dict(rv.defines),
         "patch_hash": stable_hash(rv.patch),
         "compile_values": dict(rv.compile_values),
