@@ -490,8 +490,7 @@ def _check_build_args(
     check_target_names(targets)
     if not targets and not compile_only:
         raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
-    if jobs is None:
-        jobs = os.cpu_count() or 1
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 1024:
         raise UsageError(f"--jobs must be an integer from 1 to 1024, not {jobs!r}.")
     if objects is not None and not compile_only:

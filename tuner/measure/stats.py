@@ -190,8 +190,7 @@ def compare(
             # All-equal samples make the normal approximation degenerate; p is then 1.
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-        if not math.isfinite(p):
-            p = 1.0
+        p = p if math.isfinite(p) else 1.0
     significant = math.isfinite(p) and p < alpha
     # The smallest two-sided Mann-Whitney p for these sizes (complete separation, no ties).
     # (compared as comb > 2 / alpha: an int against a float, exact however large the comb)
