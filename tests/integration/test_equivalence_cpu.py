@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.builder.cmake import build_variant
-from tuner.builder.extra import ensure_targets
+from tuner.builder.cmake import build_variant, ensure_targets
 from tuner.measure.equivalence import run_equivalence
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner import _run
-from tuner.builder.extra import ensure_targets
+from tuner.builder.cmake import ensure_targets
 from tuner.cli import cli
 from tuner.targets.host import host_has_amx
 from tuner.targets.models import (

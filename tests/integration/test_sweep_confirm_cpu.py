@@ -44,7 +44,7 @@ def _planted_sweep(out: Path) -> None:
 
 
 def test_confirm_on_cpu_build_reports_the_rule_and_resumes(cpu_build, tmp_path: Path) -> None:
-    from tuner.builder.extra import ensure_targets
+    from tuner.builder.cmake import ensure_targets
 
     bin_dir = Path(ensure_targets(cpu_build, ["llama-perplexity"]).bin_dir)
     sweep_dir, out = tmp_path / "sweep", tmp_path / "out"

@@ -41,17 +41,13 @@ _MAX_MEMBERS = 10_000
 _READ_ERRORS = (tarfile.TarError, EOFError, lzma.LZMAError, OSError, UnicodeDecodeError, ValueError)
 
 
-def _headers_dir(build: Build) -> Path:
-    # <key>/artifacts/<candidate>/bin -> <key>/src/ggml/include (the tree the build compiled)
-    return Path(build.bin_dir).parents[2] / "src" / "ggml" / "include"
-
-
 def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Path:
     """Write ``build`` (a finished build of ``rv``) as ``out``, an xz tar to carry to another machine; returns
     ``out``. UsageError for a compile-only build, or one whose artifact or headers are gone."""
     if build.compile_only:
         raise UsageError("--pack needs a linked build; --compile-only builds have no binaries to carry.")
-    bin_dir, inc = Path(build.bin_dir), _headers_dir(build)
+    bin_dir = Path(build.bin_dir)
+    inc = bin_dir.parents[2] / "src" / "ggml" / "include"  # <key>/artifacts/<candidate>/bin -> the tree it compiled
     record = load_build_record(bin_dir.parent / "build.json")
     if record is None or not bin_dir.is_dir():
         raise UsageError(f"{bin_dir} is not a finished tuner build; run `tuner build` again.")
@@ -59,11 +55,8 @@ def pack_build(build: Build, rv: RenderedVariant, out: Path, *, spec: str) -> Pa
     entries += [(f"include/{p.name}", p) for p in sorted(inc.glob("*.h"))]  # for fa-bench and mm-bench
     manifest = {
         "format": PACK_FORMAT,
-        "key": rv.key,
-        "artifact_key": rv.artifact_key,
+        **{k: getattr(rv, k) for k in ("key", "artifact_key", "arch", "source_id")},
         "variant": rv.short,
-        "arch": rv.arch,
-        "source_id": rv.source_id,
         "spec": spec,
         "machine": platform.machine(),
         "system": platform.system(),
@@ -140,7 +133,7 @@ def _check_manifest(raw: bytes) -> dict[str, Any]:
     return man
 
 
-def _mismatch(man: Mapping[str, Any], rv: RenderedVariant) -> str | None:
+def _mismatch(man: Mapping[str, object], rv: RenderedVariant) -> str | None:
     """Why the pack is not a build of ``rv`` for this machine, in words; None when it is."""
     if (man["system"], man["machine"]) != (platform.system(), platform.machine()):
         return f"it was built for {man['system']} {man['machine']}, this machine is {platform.system()} {platform.machine()}"
@@ -236,7 +229,7 @@ def unpack_build(archive: Path, rv: RenderedVariant) -> Build:
     )
 
 
-def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], digests: Mapping[str, Any], dest: Path) -> None:
+def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], digests: Mapping[str, object], dest: Path) -> None:
     """Write the pack's files under ``dest`` (``bin/``, ``include/``), each checked against its sha256."""
     for sub in ("bin", "include"):
         (dest / sub).mkdir(parents=True, exist_ok=True)

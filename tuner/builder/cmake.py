@@ -12,7 +12,8 @@ Layout under ``$TUNER_HOME/builds/<rv.key>/`` (one directory per source + patch 
     build.json                record of the latest attempt (ok or failed)
 
 Every scikit-build-core import of tuner lives in this module (its CMake API is not documented as
-stable; one place to fix on upgrade).
+stable; one place to fix on upgrade). Extra executables are built on demand into a finished build, without
+touching its build id (:func:`ensure_targets`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import logging
 import os
 import re
 import shutil
@@ -57,15 +57,13 @@ from tuner.paths import tuner_home
 from tuner.plan import tu_split
 from tuner.plan.variant import Build, RenderedVariant, variant_family
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_TARGETS = ("llama-bench", "test-backend-ops", "llama-quantize")
 
 
 def search_targets(cpu: bool) -> tuple[str, ...]:
     """What ``tuner search`` builds: llama-bench alone on the CPU backend (test-backend-ops' reference: no gate, no
     kernel screen; its default model is written quantized), a third less compiling on 2 cores; the default targets
-    on a GPU. llama-perplexity is added when the output gate needs it (:mod:`tuner.builder.extra`)."""
+    on a GPU. llama-perplexity is added when the output gate needs it (:func:`ensure_targets`)."""
     return ("llama-bench",) if cpu else DEFAULT_TARGETS
 
 
@@ -92,18 +90,14 @@ def find_build_tools(cmake_executable: str | None = None, cmake_spec: str = _CMA
 
     Raises TunerError saying what to install when none is found.
     """
-    env: Mapping[str, str] = dict(os.environ)
-    if cmake_executable:
-        env = {**env, "CMAKE_EXECUTABLE": cmake_executable}
+    env = {**os.environ, **({"CMAKE_EXECUTABLE": cmake_executable} if cmake_executable else {})}
     try:
         cmake = CMake.default_search(version=SpecifierSet(cmake_spec), env=env)
     except CMakeNotFoundError as err:
-        msg = f"{err}. Install it with `pip install 'cmake{cmake_spec}'` or set CMAKE_EXECUTABLE."
-        raise TunerError(msg) from err
+        raise TunerError(f"{err}. Install it with `pip install 'cmake{cmake_spec}'` or set CMAKE_EXECUTABLE.") from err
     ninja = best_program(get_ninja_programs(), version=SpecifierSet(_NINJA_SPEC))
     if ninja is None:
-        msg = f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`."
-        raise TunerError(msg)
+        raise TunerError(f"No ninja{_NINJA_SPEC} found. Install it with `pip install ninja`.")
     return BuildTools(cmake=cmake, ninja=ninja.path)
 
 
@@ -138,9 +132,6 @@ def default_check_objects(rv: RenderedVariant) -> list[str]:
     out = [p.as_posix() for p in base]
     out += [k for k, v in sorted(rv.tu_headers.items()) if v.strip() and k not in out]
     return out
-
-
-# --------------------------------------------------------------------------- toolchain identity
 
 
 def _resolve(prog: str | os.PathLike[str] | None) -> Path | None:
@@ -216,19 +207,15 @@ def _version_line(path: str) -> str:
     return (release or lines or ["unknown"])[0]
 
 
-# --------------------------------------------------------------------------- tree, headers
-
-
 def _prepare_src(rv: RenderedVariant, dest: Path) -> None:
     """Private copy of the pristine tree with the variant's files, written atomically."""
     if (dest / ".tuner-src.json").exists():
         return
     pristine = Path(rv.source_root)
     if not (pristine / "CMakeLists.txt").is_file():
-        msg = (
+        raise TunerError(
             f"{pristine} is not a llama.cpp source tree (no CMakeLists.txt). Fetch it again with `tuner source fetch`."
         )
-        raise TunerError(msg)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # an interrupted copy is redone from scratch
     for dirpath, dirnames, filenames in os.walk(pristine):
@@ -287,9 +274,6 @@ def _write_tu_headers(rv: RenderedVariant, src: Path, tu_dir: Path) -> list[str]
     return changed
 
 
-# --------------------------------------------------------------------------- ninja helpers
-
-
 def parse_ninja_progress(line: str) -> tuple[int, int] | None:
     """``(done, total)`` from a Ninja status line such as ``[57/145] Building CXX object ...``."""
     m = _PROGRESS_RE.match(line)
@@ -333,9 +317,6 @@ class _Progress:
             self.tracker.update(got[0], total=got[1])
 
 
-# --------------------------------------------------------------------------- configure / build
-
-
 def _configure(
     rv: RenderedVariant, tc: _Toolchain, src: Path, build_dir: Path, tu_dir: Path, logs: Path, *, compile_only: bool
 ) -> dict[str, str]:
@@ -372,7 +353,10 @@ def _configure(
     old = load_build_record(stamp_file)
     if old == stamp and (build_dir / "build.ninja").is_file():
         return notes
-    if old and _isa_of(old) != tc.host_isa:
+    isa = [
+        e[1] for e in (old or {}).get("toolchain") or [] if isinstance(e, list) and len(e) == 2 and e[0] == "host_isa"
+    ]
+    if old and next(iter(isa), None) != tc.host_isa:  # the old stamp's host_isa (None: a portable build)
         # Another CPU's -march=native objects: their compile commands are the same text, so Ninja would
         # keep them. Only a new build folder recompiles them.
         shutil.rmtree(build_dir, ignore_errors=True)
@@ -412,12 +396,6 @@ def _configure(
     return notes
 
 
-def _isa_of(stamp: Mapping[str, Any]) -> object:
-    """The ``host_isa`` entry of a configure stamp's toolchain identity, or None."""
-    found = [e[1] for e in stamp.get("toolchain") or [] if isinstance(e, list) and len(e) == 2 and e[0] == "host_isa"]
-    return found[0] if found else None
-
-
 def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[str]:
     try:
         entries = json.loads((build_dir / "compile_commands.json").read_text())
@@ -432,15 +410,14 @@ def _object_targets(build_dir: Path, src: Path, objects: Sequence[str]) -> list[
             by_file[Path(rel).as_posix()] = os.path.relpath(os.path.normpath(Path(e["directory"], out)), build_dir)
     for obj in objects:
         if obj not in by_file:
-            msg = (
+            raise UsageError(
                 f"{obj!r} is not compiled by this configuration (not in {build_dir}/compile_commands.json)."
                 f"{close_matches(obj, by_file)} Pass a .cu/.cpp path relative to the llama.cpp tree."
             )
-            raise UsageError(msg)
     return [by_file[obj] for obj in objects]
 
 
-def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, Any]) -> Path:
+def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: Mapping[str, object]) -> Path:
     """Copy the targets' executables and all shared libraries into a new folder and make it the artifact's
     current one (:func:`tuner.builder.records.install_artifact`); returns that folder."""
     bin_src = build_dir / "bin"
@@ -464,17 +441,6 @@ def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: 
     return install_artifact(tmp, art)
 
 
-def _with_earlier_targets(art: Path, targets: Sequence[str]) -> list[str]:
-    """``targets`` and those the artifact's current folder already has (its own and extra ones), so a
-    build that adds one tool installs a folder that still has the others."""
-    cur = current_artifact(art)
-    rec = load_build_record(cur / "build.json") if cur is not None else None
-    if not rec or rec.get("status") != "ok":
-        return list(targets)
-    earlier = [*rec.get("targets", []), *rec.get("extra_targets", {})]
-    return [*targets, *(t for t in earlier if isinstance(t, str) and t not in targets)]
-
-
 def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[str]) -> dict[str, list[str]]:
     """gfx targets in each object's offload bundle; fail unless the requested ones are really there.
 
@@ -490,34 +456,30 @@ def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[
         has_bundle = b"__CLANG_OFFLOAD_BUNDLE__" in data
         missing = [a for a in archs if a not in got]
         if has_bundle and missing:
-            msg = (
+            raise TunerError(
                 f"{path} compiled, but its HIP offload bundle has no code object for {', '.join(missing)} "
                 f"(found: {', '.join(got) or 'none'}). The HIP flags did not reach this TU; check "
                 "GPU_TARGETS and the configure log."
             )
-            raise TunerError(msg)
         found[t] = got
     for a in archs:
         if not any(a in got for got in found.values()):
-            msg = (
+            raise TunerError(
                 f"None of the compiled objects ({', '.join(Path(t).name for t in obj_targets)}) holds a {a} "
                 f"code object, so nothing was really compiled for {a}. Add a TU with device code "
                 "(e.g. a fattn-tile or fattn-vec instance) or check GPU_TARGETS in the configure log."
             )
-            raise TunerError(msg)
     return found
 
 
 def _check_build_args(
     rv: RenderedVariant, targets: Sequence[str], jobs: int | None, compile_only: bool, objects: Sequence[str] | None
 ) -> tuple[list[str], int, list[str]]:
-    """Checked (targets, jobs, objects) of a build_variant call; UsageError names the bad one."""
     targets = list(targets)
     check_target_names(targets)
     if not targets and not compile_only:
         raise UsageError("No build targets given. Name at least one, e.g. llama-bench.")
-    if jobs is None:
-        jobs = os.cpu_count() or 1
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if not isinstance(jobs, int) or isinstance(jobs, bool) or not 1 <= jobs <= 1024:
         raise UsageError(f"--jobs must be an integer from 1 to 1024, not {jobs!r}.")
     if objects is not None and not compile_only:
@@ -534,12 +496,7 @@ def _new_record(rv: RenderedVariant, build_id: str, **attempt: object) -> dict[s
     anything runs."""
     return {
         "build_id": build_id,
-        "key": rv.key,
-        "artifact_key": rv.artifact_key,
-        "arch": rv.arch,
-        "variant": rv.variant,
-        "era": rv.era,
-        "source_id": rv.source_id,
+        **{k: getattr(rv, k) for k in ("key", "artifact_key", "arch", "variant", "era", "source_id")},
         "defines": dict(rv.defines),
         "patch_hash": stable_hash(rv.patch),
         "compile_values": dict(rv.compile_values),
@@ -633,7 +590,13 @@ def build_variant(
             adopt_old_layout(art)
             if got := _cached():  # another worker built it
                 return _done(got[1], True, got[0])
-            targets = _with_earlier_targets(art, targets)
+            # and the targets the current folder already has (its own and extra ones), so a build that adds one
+            # tool installs a folder that still has the others
+            cur = current_artifact(art)
+            rec = load_build_record(cur / "build.json") if cur is not None else None
+            if rec and rec.get("status") == "ok":
+                earlier = [*rec.get("targets", []), *rec.get("extra_targets", {})]
+                targets = [*targets, *(t for t in earlier if isinstance(t, str) and t not in targets)]
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(
             rv, build_id, targets=targets, objects=objs, compile_only=compile_only, jobs=jobs, log=str(log_file)
@@ -643,11 +606,10 @@ def build_variant(
             _prepare_src(rv, src)  # a private source copy, then the per-TU headers
             changed = _write_tu_headers(rv, src, tu_dir) if (rv.tu_headers or _has_tu_hook(rv)) else []
             if any(v.strip() for v in rv.tu_headers.values()) and not _has_tu_hook(rv):
-                msg = (
+                raise UsageError(
                     f"{rv.short} has per-TU override headers but its patch has no GGML_TUNER_TU_DIR CMake hook, so "
                     "they would be silently ignored. Render the variant with the tile/MMA hook patch."
                 )
-                raise UsageError(msg)
             programs = sorted(tc.programs.items())
             record["toolchain"] = {k: (_version_line(str(v)) if v else "not found") for k, v in programs}
             record["headers_changed"] = changed
@@ -670,3 +632,91 @@ def build_variant(
         return _done(record, not rebuilt, build_dir, compile_only=True)
     held = hold_artifact(art, lambda d: d)
     return _done(record, False, held[0] if held else folder)
+
+
+def ensure_targets(build: Build, targets: Sequence[str], *, jobs: int | None = None) -> Build:
+    """Add executable targets (``llama-perplexity``) to a finished build's artifact, keeping its build id.
+
+    Build ids (``stable_hash(artifact_key, toolchain)``) do not depend on the targets, and stored results and study
+    databases key on them, so an extra tool is built on demand into the existing build directory (its own translation
+    units plus a link) and copied into the artifact's ``bin/`` with the libraries it needs that are not there yet; the
+    candidate's own libraries are never replaced. ``build.json`` records each extra target under ``extra_targets``
+    (seconds, log, rebuilt objects); ``targets`` and ``build_id`` are unchanged, so :func:`build_variant` still finds
+    the artifact cached. Returns the Build with ``meta`` updated (the same object when every target was there).
+
+    Raises UsageError for a compile-only build or a bad target name, TunerError (naming the log and its last
+    lines) when a target fails to build.
+    """
+    if build.compile_only:
+        raise UsageError(f"{build.build_dir} is a compile-only check; build the variant first (`tuner build`).")
+    check_target_names(targets)
+    jobs = jobs or os.cpu_count() or 1
+    art = Path(build.bin_dir).parent
+    if all((art / "bin" / t).is_file() for t in targets):
+        return build
+    root = Path(build.build_dir).parent
+    with locked(root):
+        art = _current(art, build.build_id)
+        missing = [t for t in targets if not (art / "bin" / t).is_file()]
+        rec = load_build_record(art / "build.json") or dict(build.meta)
+        if missing and rec.get("carried"):
+            # a carried build has no build directory here to add a target to
+            raise UsageError(
+                f"The build in {art} was carried from another machine (`tuner build --from-pack`) and has no "
+                f"{', '.join(missing)}. On the machine that built it, pack it again with those targets "
+                f"(`tuner build ... --targets {','.join([*rec.get('targets', []), *missing])} --pack FILE`), or build "
+                "here without --from-pack."
+            )
+        if missing:
+            defines = dict(rec.get("defines", {}))
+            if is_on(defines.get("GGML_HIP")):
+                tc_hip = hip.require_hip_toolchain()
+                tools, env = find_build_tools(str(tc_hip.cmake), HIP_CMAKE_SPEC), tc_hip.env()
+            else:
+                tools, env = find_build_tools(), None
+            log_file = root / "logs" / f"extra-{art.name}.log"
+            start = time.monotonic()
+            before = ninja_log_lines(build.build_dir)
+            with log.step(f"Building {', '.join(missing)} into {art}"):
+                _run.run(
+                    [tools.cmake.cmake_path, "--build", build.build_dir, "--target", *missing, "--parallel", str(jobs)],
+                    env=env,
+                    log_file=log_file,
+                    what=f"Build of {', '.join(missing)} in {build.build_dir}",
+                )
+            rebuilt = rebuilt_objects(build.build_dir, before)
+            bin_src = Path(build.build_dir) / "bin"
+            for t in missing:
+                if not (bin_src / t).is_file():
+                    msg = f"The build finished but {bin_src / t} does not exist; is {t!r} an executable target?"
+                    raise TunerError(msg)
+            # New libraries only (the tool's own, e.g. libllama-perplexity-impl.so); the artifact's
+            # existing libraries are the candidate's and stay as they are.
+            for lib in sorted(bin_src.glob("lib*.so*")):
+                dst = art / "bin" / lib.name
+                if dst.exists() or dst.is_symlink():
+                    continue
+                if lib.is_symlink():
+                    os.symlink(os.readlink(lib), dst)
+                else:
+                    shutil.copy2(lib, dst)
+            for t in missing:
+                tmp = art / "bin" / f".{t}.partial-{os.getpid()}"
+                shutil.copy2(bin_src / t, tmp)
+                tmp.rename(art / "bin" / t)
+            secs, built = round(time.monotonic() - start, 3), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            entry = {"seconds": secs, "log": str(log_file), "rebuilt": rebuilt, "built": built}
+            rec["extra_targets"] = {**rec.get("extra_targets", {}), **{t: dict(entry) for t in missing}}
+            write_json(art / "build.json", rec)
+    return dataclasses.replace(build, bin_dir=art / "bin", meta=dict(rec))
+
+
+def _current(folder: Path, build_id: str) -> Path:
+    """The artifact's current folder where a later build of the same id installed one after ``folder`` (another
+    command added a target meanwhile, records.py): the extra target goes there, or the next cached lookup
+    would not see it. ``folder`` itself otherwise (an older layout, or another build id)."""
+    link = folder.parent / re.sub(r"\.v\d+$", "", folder.name)
+    got = hold_artifact(
+        link, lambda f: f if (load_build_record(f / "build.json") or {}).get("build_id") == build_id else None
+    )
+    return got[0] if got is not None else folder

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import shutil
@@ -27,8 +26,6 @@ from pathlib import Path
 from tuner import _run, log
 from tuner.errors import TunerError, UsageError
 from tuner.paths import tuner_home
-
-logger = logging.getLogger(__name__)
 
 HIP_ARCHS = ("gfx1151", "gfx1100", "gfx1201", "gfx942")
 """Targets the compile-check is meant for (RDNA3.5, RDNA3, RDNA4, CDNA3)."""
@@ -118,12 +115,11 @@ class HipToolchain:
     def require_arch(self, arch: str) -> None:
         """Raise UsageError when ``arch`` has no device library in this toolchain."""
         if arch not in self.device_archs:
-            msg = (
+            raise UsageError(
                 f"The HIP compile-check toolchain in {self.prefix} has no device library for {arch} "
                 f"(no oclc_isa_version_{arch[3:]}.bc in {self.device_lib_path}), so clang cannot "
                 f"compile for it. Compilable targets here: {', '.join(self.device_archs) or 'none'}."
             )
-            raise UsageError(msg)
 
 
 def _clang_ok() -> bool:
@@ -131,10 +127,6 @@ def _clang_ok() -> bool:
     needed = [_LLVM / "bin" / name for name in ("clang", "clang++", "clang-offload-bundler", "ld.lld")]
     rt = list((_LLVM / "lib" / "clang").glob("19*/lib/linux/libclang_rt.builtins-x86_64.a"))
     return all(p.exists() for p in needed) and bool(rt)
-
-
-def _device_archs(bitcode: Path) -> tuple[str, ...]:
-    return tuple(arch for arch in HIP_ARCHS if (bitcode / f"oclc_isa_version_{arch[3:]}.bc").is_file())
 
 
 def _hip_version(rocm: Path) -> str:
@@ -158,7 +150,7 @@ def _toolchain_from(prefix: Path) -> HipToolchain:
         cmake=prefix / "venv" / "bin" / "cmake",
         device_lib_path=bitcode,
         hip_version=_hip_version(rocm),
-        device_archs=_device_archs(bitcode),
+        device_archs=tuple(a for a in HIP_ARCHS if (bitcode / f"oclc_isa_version_{a[3:]}.bc").is_file()),
     )
 
 
@@ -181,9 +173,7 @@ def find_hip_toolchain(prefix: Path | None = None) -> HipToolchain | None:
         tc.rocm_path / "lib" / "x86_64-linux-gnu" / "librocblas.so.4.4",
         tc.rocm_path / "bin",
     ]
-    if not all(p.exists() for p in needed) or not tc.device_archs:
-        return None
-    return tc
+    return tc if all(p.exists() for p in needed) and tc.device_archs else None
 
 
 def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:
@@ -192,12 +182,11 @@ def require_hip_toolchain(prefix: Path | None = None) -> HipToolchain:
     if tc is None:
         where = prefix if prefix is not None else default_prefix()
         opt = f" --prefix {where}" if prefix is not None else ""
-        msg = (
+        raise TunerError(
             f"No HIP compile-check toolchain in {where}. HIP variants are compiled with clang-19 and "
             f"Debian's ROCm 6.4 headers; set them up once with `tuner toolchain hip{opt}` (needs root "
             "for apt-get, about a minute and 600 MB), then rerun."
         )
-        raise TunerError(msg)
     return tc
 
 
@@ -239,16 +228,14 @@ def _install_clang(logs: Path) -> None:
         msg = f"The HIP toolchain needs clang-19 from Debian's own archive, and installing it needs root. {advice}"
         raise TunerError(msg)
     if shutil.which("apt-get") is None:
-        msg = f"apt-get was not found; this recipe needs Debian 12 (bookworm). {advice}"
-        raise TunerError(msg)
+        raise TunerError(f"apt-get was not found; this recipe needs Debian 12 (bookworm). {advice}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         _run.run(["apt-get", "update"], env=env, log_file=logs / "apt-system.log", timeout=600, what="apt-get update")
         argv = ["apt-get", "install", "-y", "--no-install-recommends", *_SYSTEM_PACKAGES]
         _run.run(argv, env=env, log_file=logs / "apt-system.log", timeout=900, what="apt-get install clang-19")
     except TunerError as err:
-        msg = f"Installing clang-19 failed ({err}). {advice}"
-        raise TunerError(msg) from err
+        raise TunerError(f"Installing clang-19 failed ({err}). {advice}") from err
     if not _clang_ok():
         msg = f"apt-get finished but {_LLVM}/bin/clang, clang-offload-bundler or ld.lld is missing. {advice}"
         raise TunerError(msg)
@@ -278,11 +265,10 @@ def _download_debs(prefix: Path, logs: Path) -> list[Path]:
         apt_get(["download", *names], "download (unpinned ROCm debs)", debs)
     found = sorted(debs.glob("*.deb"))
     if len(found) < len(_DEB_PACKAGES):
-        msg = (
+        raise TunerError(
             f"apt-get download fetched {len(found)} of {len(_DEB_PACKAGES)} packages into {debs}; "
             f"see {log_file}. Rerun `tuner toolchain hip`."
         )
-        raise TunerError(msg)
     done.touch()
     return found
 
@@ -320,19 +306,6 @@ def _make_venv(prefix: Path, logs: Path) -> None:
     )
 
 
-def _write_env_sh(tc: HipToolchain) -> None:
-    (tc.prefix / "env.sh").write_text(f"""\
-# Source this to use tuner's HIP compile-check toolchain by hand.
-export ROCM_PATH={tc.rocm_path}
-export HIP_PLATFORM=amd
-export HIP_CLANG={tc.clangxx}
-export HIP_CMAKE={tc.cmake}
-export HIP_COMPILE_FLAGS="{tc.compile_flags}"
-export HIP_CMAKE_HIP_FLAGS="{tc.defines()["CMAKE_HIP_FLAGS"]}"
-export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}
-""")
-
-
 def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
     """Set up the HIP compile-check toolchain in ``prefix`` (idempotent): ``(toolchain, did_work)``.
 
@@ -357,7 +330,16 @@ def run_hip_setup(prefix: Path | None = None) -> tuple[HipToolchain, bool]:
     if not tc.device_archs:
         msg = f"No gfx device libraries were found in {tc.device_lib_path}; see {logs}. Rerun `tuner toolchain hip`."
         raise TunerError(msg)
-    _write_env_sh(tc)
+    (tc.prefix / "env.sh").write_text(f"""\
+# Source this to use tuner's HIP compile-check toolchain by hand.
+export ROCM_PATH={tc.rocm_path}
+export HIP_PLATFORM=amd
+export HIP_CLANG={tc.clangxx}
+export HIP_CMAKE={tc.cmake}
+export HIP_COMPILE_FLAGS="{tc.compile_flags}"
+export HIP_CMAKE_HIP_FLAGS="{tc.defines()["CMAKE_HIP_FLAGS"]}"
+export HIP_CMAKE_PREFIX_PATH={tc.rocm_path}
+""")
     archs, names = list(tc.device_archs), [p.name for p in debs]
     stamp = {"recipe": _RECIPE, "hip_version": tc.hip_version, "device_archs": archs, "debs": names}
     (prefix / "toolchain.json").write_text(json.dumps(stamp, indent=2) + "\n")

@@ -48,14 +48,11 @@ def load_build_record(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """Write ``data`` as JSON atomically (temporary file, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     tmp.replace(path)
-
-
-# --------------------------------------------------------------------------- lock owners
 
 
 def pid_alive(pid: int) -> bool:
@@ -69,7 +66,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def owner_record(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def owner_record(argv: Sequence[str] | None = None) -> dict[str, object]:
     """What a lock file says about the process holding it: PID, host, start time, command (passwords redacted)."""
     return {
         "pid": os.getpid(),
@@ -79,29 +76,24 @@ def owner_record(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
 
 
-def describe_owner(owner: Mapping[str, Any]) -> str:
+def describe_owner(owner: Mapping[str, object]) -> str:
     """``PID 12 on host h, started T: `tuner ...``` for an :func:`owner_record`."""
     return f"PID {owner.get('pid', '?')} on host {owner.get('host', '?')}, started {owner.get('started', '?')}" + (
         f": `{owner['command']}`" if owner.get("command") else ""
     )
 
 
-def _read_owner(fd: int) -> dict[str, Any]:
-    try:
-        data = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    pid = data.get("pid")
-    if data.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
-        return {}  # left by a process that died; whoever holds the lock now did not say
-    return data
-
-
 def _holder(fd: int) -> str:
-    owner = _read_owner(fd)
-    return describe_owner(owner) if owner else "a process that does not say which (an older tuner?)"
+    try:
+        owner = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict) and owner:
+        pid = owner.get("pid")
+        # a record left by a process that died: whoever holds the lock now did not say
+        if not (owner.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)):
+            return describe_owner(owner)
+    return "a process that does not say which (an older tuner?)"
 
 
 def _try_exclusive(fd: int) -> bool:
@@ -157,9 +149,6 @@ def locked(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-# --------------------------------------------------------------------------- artifact folders
-
-
 def current_artifact(art: Path) -> Path | None:
     """The folder the artifact link ``art`` points at; ``art`` itself for a real folder (the layout of an
     older tuner); None when there is neither."""
@@ -172,9 +161,7 @@ def current_artifact(art: Path) -> Path | None:
             return art if art.is_dir() else None
         raise
     # tuner writes a sibling's plain name; anything else is not its link
-    if "/" in target or target in ("", ".", ".."):
-        return None
-    return art.parent / target
+    return None if "/" in target or target in ("", ".", "..") else art.parent / target
 
 
 def _hold(folder: Path) -> bool:
@@ -215,27 +202,25 @@ def hold_artifact(art: Path, accept: Callable[[Path], _T | None]) -> tuple[Path,
     return None
 
 
-def _next_folder(art: Path) -> Path:
+def _install(folder: Path, art: Path) -> Path:
+    """Rename ``folder`` to the artifact's next version ``<art>.v<N>`` and move the link ``art`` to it in one rename
+    (a reader sees the old folder or the new one); returns the new folder."""
+    (folder / _USERS).touch()
     nums = [int(tail) for d in art.parent.glob(art.name + ".v*") if (tail := d.name[len(art.name) + 2 :]).isdigit()]
-    return art.with_name(f"{art.name}.v{max(nums, default=0) + 1}")
-
-
-def _point(art: Path, folder: Path) -> None:
-    """Move the link ``art`` to ``folder`` in one rename (a reader sees the old folder or the new one)."""
+    dest = art.with_name(f"{art.name}.v{max(nums, default=0) + 1}")
+    folder.rename(dest)
     tmp = art.with_name(f".{art.name}.link-{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    os.symlink(folder.name, tmp)
+    os.symlink(dest.name, tmp)
     os.replace(tmp, art)
+    return dest
 
 
 def adopt_old_layout(art: Path) -> None:
     """Turn a real artifact folder of an older tuner into the versioned layout (caller holds the build lock)."""
     if art.is_symlink() or not art.is_dir():
         return
-    (art / _USERS).touch()
-    dest = _next_folder(art)
-    art.rename(dest)
-    _point(art, dest)
+    _install(art, art)
 
 
 def install_artifact(staging: Path, art: Path) -> Path:
@@ -246,10 +231,7 @@ def install_artifact(staging: Path, art: Path) -> Path:
     """
     art.parent.mkdir(parents=True, exist_ok=True)
     adopt_old_layout(art)
-    (staging / _USERS).touch()
-    dest = _next_folder(art)
-    staging.rename(dest)
-    _point(art, dest)
+    dest = _install(staging, art)
     prune_artifacts(art)
     return dest
 
@@ -297,6 +279,4 @@ def cached_record(art: Path, build_id: str, targets: Sequence[str]) -> dict[str,
     # it stands for this variant here until it is replaced.
     if rec.get("build_id") != build_id and not rec.get("carried"):
         return None
-    if not all((art / "bin" / t).is_file() for t in targets):
-        return None
-    return rec
+    return rec if all((art / "bin" / t).is_file() for t in targets) else None

@@ -106,7 +106,7 @@ def build(
     tlist = [t.strip() for t in targets.split(",") if t.strip()] if targets else list(build_stage.DEFAULT_TARGETS)
     if pack_in:
         from tuner.builder.carry import unpack_build
-        from tuner.builder.extra import ensure_targets
+        from tuner.builder.cmake import ensure_targets
 
         with log.step(f"Installing {rv.short} from {pack_in}"):
             b = unpack_build(pack_in, rv)

@@ -119,9 +119,6 @@ _MAX_TOKENS = 1 << 20
 _MIN_TIMED_S = 0.2
 
 
-# -------------------------------------------------------------------------------------------------------------- parsing
-
-
 def parse_bench_jsonl(text: str) -> list[dict[str, Any]]:
     """Parse llama-bench ``-o jsonl`` output (either era, log lines mixed in are skipped) by field name: one dict
     per test with ``test, phase, n_prompt, n_gen, n_depth, samples_ts`` (from ``samples_ns`` when missing) and
@@ -147,9 +144,6 @@ def _normalize_record(rec: Mapping[str, Any]) -> dict[str, Any] | None:
     out |= {k: rec.get(k) for k in _META_COLUMNS}
     fa = rec.get("flash_attn")
     return out | {"n_params": rec.get("model_n_params"), "flash_attn": None if fa is None else int(fa)}
-
-
-# ----------------------------------------------------------------------------------------------------------- validation
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> int:
@@ -193,9 +187,6 @@ def _fa_args(exe: Path, era: str | None, flash_attn: bool | None) -> list[str]:
     return ["-fa", on if flash_attn else off]
 
 
-# ------------------------------------------------------------------------------------ roofline (tuner.targets.roofline)
-
-
 def _roofline(
     phase: str, arch: str | None, bandwidth: float | None, model: Path, *, depth: int, ntok: int, kv_type: str | None
 ) -> tuple[float, float, str]:
@@ -225,9 +216,6 @@ def _roofline(
     bound = rows[0].get("bound_tps") if rows else None
     note = f"model estimate: {rows[0].get('limit', '')}" if rows else "model estimate unavailable"
     return bpt, float(bound) if bound else nan, note
-
-
-# -------------------------------------------------------------------------------------------------------------- running
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -287,7 +275,6 @@ def _run_call(plan: _BenchPlan, log_file: Path, *, p: int, n: int, depths: Seque
 
 
 def _finite(vals: Sequence[float], how: str) -> float:
-    """Mean (``how="mean"``) or max of the finite values; NaN when there are none."""
     vals = [v for v in vals if math.isfinite(v)]
     return (max(vals) if how == "max" else sum(vals) / len(vals)) if vals else math.nan
 
@@ -401,7 +388,6 @@ def _measure(plan: _BenchPlan, phases: tuple[str, ...], accs: dict[tuple[str, in
 
 
 def _bench_row(plan: _BenchPlan, phase: str, d: int, acc: _Acc) -> dict[str, Any]:
-    """One output row (:data:`COLUMNS`) from a (phase, depth) accumulator."""
     st = _summarize(acc.samples, confidence=plan.confidence, seed=plan.seed)
     ntok = plan.pp if phase == "pp" else plan.tg
     meta = acc.meta

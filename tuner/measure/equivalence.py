@@ -92,7 +92,7 @@ class Thresholds:
 
 DEFAULT_THRESHOLDS = Thresholds()
 
-CALIBRATION: Mapping[str, Any] = {
+CALIBRATION: Mapping[str, object] = {
     "machine": "2-core x86-64 (AVX2), CPU backend, llama.cpp 0c1e570 (llama-cpp-python==0.3.36), tuner's `tiny` "
     "random-weight model (tiny-f16-s0-832db069.gguf), c=128, 2 chunks (126 scored tokens)",
     "command": "llama-perplexity -m tiny.gguf -c 128 --chunks 2 --kl-divergence-base UP.kld --kl-divergence [CANDIDATE ARGS]"
@@ -168,12 +168,8 @@ class EquivalenceResult:
     digests: Mapping[str, str]
     """Step -> sha256 of the log-prob file it wrote."""
     seconds: float
-    settings: Mapping[str, Any]
+    settings: Mapping[str, object]
     """ctx, chunks, batch sizes, text digest, args/env on both sides (for the study and the report)."""
-
-    @property
-    def feasible(self) -> bool:
-        return self.passed
 
     @property
     def summary(self) -> str:
@@ -220,7 +216,6 @@ def parse_base_output(text: str) -> float | None:
 
 
 def _tool_error(text: str) -> str:
-    """The first error line llama-perplexity printed, or ''."""
     for line in text.splitlines():
         s = line.strip()
         if re.match(r"^\d+\.\d+\.\d+\.\d+ E ", s) or s.startswith("error:"):

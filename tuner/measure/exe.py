@@ -1,10 +1,14 @@
 """What every measuring stage checks before it runs a llama.cpp tool (the executable is in the build's bin
 directory, the environment overrides are well-formed), and how it runs one (bench, gate, soak, residency,
-equivalence)."""
+equivalence). Which device a build's backend measures on is asked of the build itself (:func:`backend_device`): a
+sweep's stores record it, so samples from two GPU models (an H100 and an H200 lent for one session, say) never mix
+in one file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,6 +17,7 @@ from tuner import _run
 from tuner.errors import TunerError, UsageError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEV_RE = re.compile(r"^\s*(?P<name>[A-Za-z][\w-]*): (?P<desc>.+?)(?: \(\d+ MiB, \d+ MiB free\))?\s*$")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -85,3 +90,29 @@ def bench_exit_error(rc: int, lines: Sequence[str], log_file: Path) -> str:
     else its log's last two lines."""
     first = next((ln.strip() for ln in lines if "error" in ln.lower()), "") or _run.tail(log_file, 2)
     return f"llama-bench exited with code {rc}: {first[:300]} (log {log_file})"
+
+
+def parse_list_devices(text: str) -> dict[str, str]:
+    """``llama-bench --list-devices`` output -> {backend device name: description}, e.g.
+    ``{"CUDA0": "NVIDIA H100 80GB HBM3"}`` (the memory figures dropped: free memory changes between calls)."""
+    # not the "Available devices:" header or "(none)": neither is "NAME: ..."
+    return {m["name"]: m["desc"] for line in text.splitlines() if (m := _DEV_RE.match(line))}
+
+
+def backend_device(bin_dir: Path, backend: str) -> str | None:
+    """The device ``backend`` (``CUDA0``, ``CPU``) of the build in ``bin_dir`` runs on, in words; None where the
+    build cannot say (no llama-bench in it, or the backend is not listed)."""
+    if backend.upper().startswith("CPU"):  # the CPU's model name
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+                if line.startswith("model name"):
+                    return f"CPU {line.split(':', 1)[1].strip()}"
+        return f"CPU {platform.processor() or platform.machine()}"
+    exe = Path(bin_dir) / "llama-bench"
+    if not (exe.is_file() and os.access(exe, os.X_OK)):
+        return None
+    try:
+        res = _run.run([exe, "--list-devices"], timeout=120, check=False, what="llama-bench --list-devices")
+    except TunerError:
+        return None
+    return parse_list_devices(res.output).get(backend)

@@ -386,9 +386,6 @@ def _read_sql(text: str, path: Path) -> list[_Record]:
         ) from None
 
 
-# ----------------------------------------------------------------------------- field checks
-
-
 def _bad(where: str, field: str, value: object, want: str) -> UsageError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
@@ -404,10 +401,8 @@ def _is_num(x: object) -> TypeGuard[numbers.Real]:
 
 def _as_int(where: str, field: str, x: object, lo: int = 0, hi: int = _MAX_TOKENS) -> int:
     val: object = x
-    if isinstance(x, str) and re.fullmatch(r"\s*[-+]?\d{1,19}\s*", x):
-        val = int(x)
-    elif isinstance(x, str) and re.fullmatch(r"\s*[-+]?\d{1,19}\.0*\s*", x):
-        val = int(float(x))
+    if isinstance(x, str) and re.fullmatch(r"\s*[-+]?\d{1,19}(?:\.0*)?\s*", x):
+        val = int(float(x))  # inexact only above 2**53, which every bound here refuses anyway
     elif _is_num(x) and math.isfinite(float(x)) and float(x).is_integer():
         val = int(float(x))  # an integral float: exact below 2**53, far beyond every bound here
     if not isinstance(val, int) or isinstance(val, bool) or not lo <= val <= hi:
@@ -554,9 +549,7 @@ def _raw_frame(records: list[_Record], path: Path) -> pd.DataFrame:
                 f"settings ({diff}); tuner compares one setting per side. Split the file, one setting each "
                 "(or run llama-bench once per setting)."
             )
-        samples: list[float] = []
-        for r in rs:
-            samples += r["samples_ts"] or ([r["avg_ts"]] if r.get("avg_ts") is not None else [])
+        samples = [x for r in rs for x in r["samples_ts"] or ([r["avg_ts"]] if r.get("avg_ts") is not None else [])]
         if len(samples) > MAX_SAMPLES:
             raise UsageError(
                 f"{path} pools {len(samples)} repetitions for {model} {test} at depth {depth}; tuner compares at "

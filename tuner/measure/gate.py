@@ -75,10 +75,6 @@ class GateResult:
     summary: str
     log_file: Path | None
 
-    @property
-    def feasible(self) -> bool:
-        return self.passed
-
 
 def parse_check_output(text: str, *, backend: str | None = None) -> CheckResult:
     """Parse test-backend-ops ``test`` console output (ANSI colours stripped) into a CheckResult with

@@ -3,13 +3,21 @@
 :func:`run_interleaved` reports anchor drift per (test, depth) and, when drift exceeds the noise,
 rescales candidates by the local anchor ratio (the anchor rule of llama.cpp's Metal tuner, ``tools/tuning``). Each bench
 run is :func:`tuner.measure.bench.run_bench`; the frames returned have its schema.
+
+The anchors of a baseline are pooled into one baseline (:func:`pool`), and how far its repeats drift apart is
+:func:`drift_pct`: one pooling and one drift formula for both places that use anchors, ``tuner bench`` with several
+builds and the studies of the earlier one-TPE search (:mod:`tuner.search.record`). Drift is ``(max - min) / min`` of
+the anchors' medians, in percent: the largest speedup the baseline showed over itself, so it reads in the unit of a
+candidate's speedup over the baseline (the noise floor such a speedup has to clear;
+:func:`tuner.search.select.select_winners`). Dividing by the median instead would understate it (two anchors 10%
+apart: 9.5%).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,12 +25,27 @@ import numpy as np
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure.anchors import drift_pct, pool
 from tuner.measure.bench import COLUMNS, run_bench
 from tuner.measure.stats import summarize_samples as _summarize
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+def pool(anchors: Iterable[Sequence[float]], factors: Iterable[float] | None = None) -> list[float]:
+    """The baseline's samples: every anchor's samples in measurement order, each anchor's multiplied by
+    its factor (a rescale to the reference where drift was corrected; None: as measured)."""
+    anchors = list(anchors)
+    scale = [1.0] * len(anchors) if factors is None else list(factors)
+    if len(scale) != len(anchors):
+        raise ValueError(f"{len(scale)} factors for {len(anchors)} anchors")
+    return [x * f if f != 1.0 else x for a, f in zip(anchors, scale) for x in a]
+
+
+def drift_pct(medians: Iterable[float]) -> float:
+    """``100 * (max - min) / min`` of the finite anchor medians; NaN with fewer than two or a minimum <= 0."""
+    ok = [m for m in medians if math.isfinite(m)]
+    return 100.0 * (max(ok) - min(ok)) / min(ok) if len(ok) >= 2 and min(ok) > 0 else math.nan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,13 +71,11 @@ class InterleavedResult:
 
 
 def _anchor_median(df: pd.DataFrame, test: str, depth: int) -> float:
-    """Median t/s of one (test, depth) in one anchor frame (NaN when absent)."""
     r = df[(df["test"] == test) & (df["depth"] == depth)]
     return float(r["median_ts"].iloc[0]) if len(r) else math.nan
 
 
 def _row_dict(row: pd.Series) -> dict[str, Any]:
-    """A bench row as a dict keyed by column name."""
     return {str(k): v for k, v in row.items()}
 
 
@@ -66,37 +87,11 @@ def _restated(row: dict[str, Any], samples: Sequence[float], *, confidence: floa
     return row
 
 
-def _corrected_candidate(
-    df: pd.DataFrame,
-    before: pd.DataFrame,
-    after: pd.DataFrame,
-    drift_rows: Mapping[tuple[str, int], Mapping[str, Any]],
-    *,
-    confidence: float,
-    seed: int,
-) -> list[dict[str, Any]]:
-    """A candidate's rows, rescaled by reference / local anchor (geometric mean of the two anchors
-    around it) where its (test, depth) is flagged; ``anchor_ratio`` is recorded either way."""
-    rows = []
-    for _, row in df.iterrows():
-        dr = drift_rows.get((row["test"], row["depth"]))
-        local = math.sqrt(
-            _anchor_median(before, row["test"], row["depth"]) * _anchor_median(after, row["test"], row["depth"])
-        )
-        factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
-        if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
-            scaled = _restated(_row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed)
-            rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
-        else:
-            rows.append(_row_dict(row) | {"anchor_ratio": factor})
-    return rows
-
-
 def _anchor_rows(
     anchor_df: pd.DataFrame, drift_factor: float, *, confidence: float, seed: int
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[dict[str, Any]]]:
     """Per (test, depth) of the anchors: the drift row (reference: median of anchor medians, drift %
-    (:func:`tuner.measure.anchors.drift_pct`), noise % and whether flagged) and the baseline's row (every
+    (:func:`drift_pct`), noise % and whether flagged) and the baseline's row (every
     anchor's samples pooled, each rescaled to the reference when flagged)."""
     drift_rows, base_rows = {}, []
     for (test, _depth), grp in anchor_df.groupby(["test", "depth"], sort=False):
@@ -144,7 +139,7 @@ def run_interleaved(
     """Measure candidates between baseline anchors: A B A C A ... A (``bench_kwargs`` go to :func:`run_bench`).
 
     Drift of a (test, depth) is ``(max - min) / min`` of the anchor medians
-    (:func:`tuner.measure.anchors.drift_pct`); the reference is the median of anchor medians; noise is the
+    (:func:`drift_pct`); the reference is the median of anchor medians; noise is the
     largest anchor CI half-width (%). When drift exceeds ``drift_factor`` times the noise (the anchors' CIs
     cannot all overlap), each candidate's samples are multiplied by ``reference / local``, local being the
     geometric mean of the two anchors around it, and the pooled baseline's anchors are rescaled alike.
@@ -182,7 +177,21 @@ def run_interleaved(
 
     frames: dict[str, pd.DataFrame] = {}
     for i, (c, df) in enumerate(zip(candidates, cands)):
-        rows = _corrected_candidate(df, anchors[i], anchors[i + 1], drift_rows, confidence=confidence, seed=seed)
+        # rescaled by reference / local anchor (the geometric mean of the two anchors around it) where its (test,
+        # depth) is flagged; anchor_ratio is recorded either way
+        rows = []
+        for _, row in df.iterrows():
+            t, d = row["test"], row["depth"]
+            dr = drift_rows.get((t, d))
+            local = math.sqrt(_anchor_median(anchors[i], t, d) * _anchor_median(anchors[i + 1], t, d))
+            factor = dr["reference_ts"] / local if dr and local > 0 else math.nan
+            if dr and dr["flagged"] and math.isfinite(factor) and row["n"] > 0:
+                scaled = _restated(
+                    _row_dict(row), [s * factor for s in row["samples"]], confidence=confidence, seed=seed
+                )
+                rows.append(scaled | {"anchor_ratio": factor, "drift_corrected": True})
+            else:
+                rows.append(_row_dict(row) | {"anchor_ratio": factor})
         frames[c.label] = pd.DataFrame(rows, columns=list(COLUMNS))
     frames[baseline.label] = pd.DataFrame(base_rows, columns=list(COLUMNS))
     return InterleavedResult(frames=frames, anchors=anchor_df, drift=drift_df)

@@ -11,7 +11,7 @@ types, shapes, strides and params, so the file gives the exact tensors of ``buil
   F32 accumulation (``ggml_prec_set_acc``), no sparse ``n_kv_max``.
 
 Each candidate runs in its own process (the hook reads ``GGML_TUNER_FA_RULES`` once per process) over every
-shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:mod:`tuner.measure.falog`; the CPU
+shape, with ``GGML_TUNER_FA_LOG=1`` so the kernel that ran is read back (:func:`parse_fa_log`; the CPU
 backend prints none). Perf mode adds the op to one graph up to 8192 times and repeats the graph for at least
 a second, then prints ``N runs - T us/run`` per case. Paired rounds and their statistics are the caller's.
 """
@@ -23,13 +23,15 @@ import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any
 
 from tuner import log
 from tuner.errors import UsageError
 from tuner.measure.exe import check_env, find_exe, run_tool
-from tuner.measure.falog import parse_fa_log
 from tuner.plan.fa_rules import FA_RULE_KV_TYPES, FaRule, Phase, rules_env
+
+if TYPE_CHECKING:
+    from tuner.targets.models import ModelShape
 
 _BLOCK = {  # ggml type -> (block size, bytes per block): ggml/src/ggml.c type_traits
     "f32": (1, 4),
@@ -103,25 +105,13 @@ class KernelTime:
     kernel: str | None
     """Kernel the FA log names for this shape (None without the log: the CPU backend)."""
     why: str | None
-    """``default``, ``rule`` or ``fallback`` (:mod:`tuner.measure.falog`)."""
+    """``default``, ``rule`` or ``fallback`` (:func:`parse_fa_log`)."""
     backend: str
     error: str = ""
     log_file: str = ""
 
 
-class HeadCounts(Protocol):
-    """What :func:`shape_for_model` reads of a model: :class:`tuner.targets.models.ModelShape` has it (a protocol,
-    so measure/ does not import targets/)."""
-
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def n_heads(self) -> int: ...
-    @property
-    def n_kv_heads(self) -> int: ...
-
-
-def shape_for_model(model: HeadCounts, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
+def shape_for_model(model: ModelShape, *, n_kv: int, n_batch: int = 1, kv_type: str = "f16") -> FaShape:
     """The FA shape of ``model`` at ``n_kv`` cache cells and ``n_batch`` query tokens."""
     d, h, hkv = int(model.head_dim), int(model.n_heads), int(model.n_kv_heads)
     return FaShape(head_dim=d, head_dim_v=d, n_head=h, n_head_kv=hkv, n_kv=n_kv, n_batch=n_batch, kv_type=kv_type)
@@ -152,10 +142,6 @@ def ggml_enums(ggml_h: Path) -> tuple[int, dict[str, int]]:
     return names.index("GGML_OP_FLASH_ATTN_EXT"), type_ids
 
 
-def _f32_bits(x: float) -> int:
-    return int(struct.unpack("<i", struct.pack("<f", x))[0])
-
-
 def _row(kv_type: str, n: int) -> int:
     blk, size = _BLOCK[kv_type]
     return n // blk * size
@@ -180,7 +166,8 @@ def fa_test_file(shapes: Sequence[FaShape], ggml_h: Path) -> str:
         q = (tid["f32"], (d, b, h, 1), (4, 4 * d * h, 4 * d, 4 * d * h * b))
         k, v = (_kv_src(tid[s.kv_type], s.kv_type, size, n, hk) for size in (d, dv))
         m = (tid["f16"], (n, b, 1, 1), (2, 2 * n, 2 * n * b, 2 * n * b))
-        params = (_f32_bits(1.0 / d**0.5), 0, 0, _GGML_PREC_F32, 0)
+        scale = int(struct.unpack("<i", struct.pack("<f", 1.0 / d**0.5))[0])  # the float's bits, as an int32 param
+        params = (scale, 0, 0, _GGML_PREC_F32, 0)
         srcs = " ".join(f"{t} {' '.join(map(str, ne))} {' '.join(map(str, nb))}" for t, ne, nb in (q, k, v, m))
         name = f"kb{i}_" + s.key.replace("/", "_")
         lines.append(f"{op} {tid['f32']} {dv} {h} {b} 1 {len(params)} {' '.join(map(str, params))} 4 {srcs} {name}")
@@ -216,10 +203,46 @@ def ggml_h_above(bin_dir: Path) -> Path:
     raise UsageError(f"No ggml/include/ggml.h above {bin_dir}; pass ggml_h= (the build's llama.cpp tree).")
 
 
+# The hook may print more fields between n_kv and kernel (type_k=f16 type_v=f16 since rules carry the K/V type).
+_FA_LINE = re.compile(
+    r"tuner-fa: D=(\d+) DV=(\d+) ne1=(\d+) gqa=(\d+) n_kv=(\d+)((?: [a-z_]+=\S+)*?) kernel=(\w+) \((\w+)\)"
+)
+_FIELD = re.compile(r" ([a-z_]+)=(\S+)")
+
+
+def parse_fa_log(text: str) -> list[dict[str, Any]]:
+    """The ``tuner-fa:`` lines of a llama-bench log, the tuner build's own record of its FlashAttention choice:
+    ``GGML_TUNER_FA_LOG=1`` makes the patched build print one line per distinct shape and kernel
+    (``tuner-fa: D=64 DV=64 ne1=1 gqa=4 n_kv=33024 kernel=VEC (default)``): ``default`` is upstream's pick,
+    ``rule`` a forced one, ``fallback`` a forced kernel that is illegal there (upstream's choice kept).
+    ``type_k`` and ``type_v`` are None where the line has none (a build from before the hook printed them)."""
+    out = []
+    for m in _FA_LINE.finditer(text):
+        extra = dict(_FIELD.findall(m.group(6)))
+        sizes = dict(zip(("D", "DV", "ne1", "gqa", "n_kv"), map(int, m.groups()[:5])))
+        types = {"type_k": extra.get("type_k"), "type_v": extra.get("type_v")}
+        out.append(sizes | types | {"kernel": m.group(7), "why": m.group(8)})
+    return out
+
+
+def kernel_at(lines: Sequence[Mapping[str, Any]], phase: str, depth: int, ntok: int) -> tuple[str | None, str | None]:
+    """(kernel, why) of the test at ``depth``: entries of the phase's batch shape whose n_kv lies in
+    (depth, depth + ntok + 256] (llama.cpp pads n_kv to 256; the untimed depth fill stays at or below
+    ``depth``). A prompt shorter than the micro-batch (``pp2`` after a depth) attends at ``Q->ne[1] = ntok``,
+    but the scheduler's graph reservation at the full micro-batch logs a line at the same n_kv: where a line
+    has the test's own batch, only those count."""
+    hits = [x for x in lines if (x["ne1"] == 1) == (phase == "tg") and depth < x["n_kv"] <= depth + ntok + 256]
+    own = [x for x in hits if phase == "pp" and x["ne1"] == ntok]
+    hits = own or hits
+    if not hits:
+        return None, None
+    best = max(hits, key=lambda x: x["n_kv"])
+    return str(best["kernel"]), str(best["why"])
+
+
 def fa_log_hit(fa: Sequence[Mapping[str, object]], shape: FaShape) -> Mapping[str, object] | None:
-    """The FA log line (:func:`tuner.measure.falog.parse_fa_log`) of ``shape``, or None: matched on D,
-    the batch, the GQA ratio and n_kv, and the K/V type where the line names it (f16 and q8_0 calls of
-    one size pick different kernels)."""
+    """The FA log line (:func:`parse_fa_log`) of ``shape``, or None: matched on D, the batch, the GQA ratio and
+    n_kv, and the K/V type where the line names it (f16 and q8_0 calls of one size pick different kernels)."""
     key = (shape.head_dim, shape.n_batch, shape.gqa, shape.n_kv)
     hits = (
         x for x in fa if (x["D"], x["ne1"], x["gqa"], x["n_kv"]) == key and x.get("type_k") in (None, shape.kv_type)

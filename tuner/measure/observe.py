@@ -152,8 +152,7 @@ class Observer:
     def __init__(self, *, interval: float = INTERVAL_S, gpu: bool = True) -> None:
         self.interval = interval
         self._gpu = find_gpu_probe() if gpu else None
-        self.gpu_source = self._gpu.name if self._gpu is not None else ""
-        """``nvml``, ``amdsmi`` or '' (no GPU observer)."""
+        self.gpu_source = self._gpu.name if self._gpu is not None else ""  # as Observation.gpu_source
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # (monotonic time, cpu percent or nan, gpu util or nan, gpu mem MiB or nan)

@@ -68,7 +68,6 @@ class Diff:
 
 
 def _t_interval(xs: Sequence[float], confidence: float) -> tuple[float, float]:
-    """(mean, Student-t half-width) of ``xs``; the half-width is NaN below two values."""
     n = len(xs)
     mean = sum(xs) / n
     if n < 2:

@@ -27,7 +27,6 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from tuner import log
 from tuner.errors import UsageError
@@ -129,9 +128,6 @@ class Residency:
         if self.splits_tg is None or self.splits_pp == self.splits_tg:
             sp = "?" if self.splits_tg is None else str(self.splits_tg)
         return f"graph splits {sp}; {off}; weights: {bufs(self.model_buffers)}; KV: {bufs(self.kv_buffers)}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"log_file": str(self.log_file) if self.log_file else None, "gpu": self.gpu}
 
 
 def parse_residency(text: str) -> Residency:

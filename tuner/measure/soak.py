@@ -32,7 +32,6 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -188,9 +187,6 @@ class SoakResult:
         )
         return text + (f". {' '.join(self.reasons)}" if self.reasons else "")
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"log_file": str(self.log_file), "summary": self.summary}
-
 
 def plan_chunks(n_tokens: int, chunk: int = DEFAULT_CHUNK) -> tuple[int, int]:
     """``(chunk, reps)`` with ``chunk * reps >= n_tokens`` and at least :data:`MIN_REPS` repetitions."""
@@ -283,8 +279,7 @@ def run_soak(
     cmd = [str(exe), "-m", str(model), "-p", "0", "-n", str(c), "-r", str(reps), "--progress", "-o", "jsonl"]
     own = "the soak itself (model, -p/-n/-r, -o, --progress)"
     cmd += check_passthrough_args(args, PROBE_OWN_FLAGS, sets=own, instead="give the length as the token count")
-    if log_dir is None:
-        log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")
+    log_dir = tuner_home() / "runs" / time.strftime("soak-%Y%m%d-%H%M%S") if log_dir is None else log_dir
     log_file = Path(log_dir) / "soak.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.unlink(missing_ok=True)

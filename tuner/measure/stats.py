@@ -46,9 +46,7 @@ def median(xs: Iterable[float | None], *, upper: bool = False) -> float:
     n = len(vals)
     if not n:
         return math.nan
-    if upper or n % 2:
-        return vals[n // 2]
-    return (vals[n // 2 - 1] + vals[n // 2]) / 2
+    return vals[n // 2] if upper or n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
 def _clean(samples: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -149,7 +147,6 @@ def summarize_samples(samples: Sequence[float], *, confidence: float, seed: int)
 
 
 def _missing(confidence: float, n_a: int = 0, n_b: int = 0) -> Verdict:
-    """The verdict where a side has no measurement: nothing is compared."""
     nan = math.nan
     return Verdict(
         delta_pct=nan, ci_low=nan, ci_high=nan, p_value=nan, verdict="missing", confidence=confidence, n_a=n_a, n_b=n_b
@@ -193,8 +190,7 @@ def compare(
             # All-equal samples make the normal approximation degenerate; p is then 1.
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(sps.mannwhitneyu(b, a, alternative="two-sided").pvalue)
-        if not math.isfinite(p):
-            p = 1.0
+        p = p if math.isfinite(p) else 1.0
     significant = math.isfinite(p) and p < alpha
     # The smallest two-sided Mann-Whitney p for these sizes (complete separation, no ties).
     # (compared as comb > 2 / alpha: an int against a float, exact however large the comb)

@@ -20,8 +20,8 @@ from tuner import _run
 from tuner.builder import cmake
 from tuner.errors import TunerError, UsageError
 from tuner.measure import gate
-from tuner.measure.falog import kernel_at, parse_fa_log
 from tuner.measure.gate import params_for_model
+from tuner.measure.kernel_bench import kernel_at, parse_fa_log
 from tuner.plan.fa_rules import FaRule, Phase, rules_env, rules_from_texts
 from tuner.plan.variant import Build, RenderedVariant
 from tuner.result.checks import Finding, git_apply_to_copy

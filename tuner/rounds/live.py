@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.measure.bench import run_bench
-from tuner.measure.falog import kernel_at, parse_fa_log
+from tuner.measure.kernel_bench import kernel_at, parse_fa_log
 from tuner.rounds.joint import Candidate, JointMeasure, Point, SharedMeasure
 
 _OBSERVED = {"cpu": "cpu_util_mean", "core": "cpu_core_max", "gpu": "gpu_util_mean"}  # record key -> bench column

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import log
-from tuner.builder.extra import ensure_targets
+from tuner.builder.cmake import ensure_targets
 from tuner.errors import TunerError, UsageError
 from tuner.measure.equivalence import DEFAULT_THRESHOLDS, KldStats, Thresholds, judge, run_equivalence, widened_rules
 from tuner.plan.fa_rules import FaRule, Phase, rules_env

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from tuner import log
 from tuner.errors import UsageError
-from tuner.measure import device
+from tuner.measure import exe
 
 DEVICE = "device"
 """The identity key of the device a store's samples were measured on; compared where the file records one."""
@@ -26,7 +26,7 @@ K = TypeVar("K", bound=Hashable)
 
 def device_identity(bin_dir: Path, backend: str) -> dict[str, str]:
     """``{DEVICE: ...}`` for a store's identity where the build names its backend's device, else nothing."""
-    dev = device.backend_device(Path(bin_dir), backend)
+    dev = exe.backend_device(Path(bin_dir), backend)
     return {DEVICE: dev} if dev else {}
 
 

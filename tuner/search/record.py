@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tuner.measure.anchors import drift_pct, pool
+from tuner.measure.interleave import drift_pct, pool
 from tuner.measure.stats import median
 from tuner.search.select import Measurement
 from tuner.study import legacy

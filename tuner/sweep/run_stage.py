@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tuner import log, source
-from tuner.builder.cmake import build_variant
-from tuner.builder.extra import ensure_targets
-from tuner.errors import TunerError, UsageError
+from tuner.builder.cmake import build_variant, ensure_targets
 from tuner.measure import fa_bench, mm_bench
 from tuner.measure import kernel_bench as kb
 from tuner.measure.exe import find_bin_dir

@@ -33,20 +33,6 @@ PRODUCT_FIGURES = ("bandwidth_gbps", "fp16_tflops", "int8_tops", "fp32_tflops", 
 
 _VENDORS = ("nvidia", "amd", "cpu")
 _ERA_KEYS = ("quant_matmul", "fa_decode", "fa_prefill", "source")
-_ARCH_KEYS = {
-    "vendor",
-    "family",
-    "cc",
-    "gfx",
-    "wave_size",
-    "smem_static",
-    "smem_optin",
-    "aliases",
-    "source",
-    "math",
-    "kernel_paths",
-    "products",
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -107,13 +93,12 @@ class Arch:
             if want == p.name.lower() or want in p.name.lower():
                 return p
         names = [p.name for p in self.products]
-        msg = (
+        raise UsageError(
             f"Arch {self.name} has no product matching {name!r}.{close_matches(name, names)} "
             f"Known products: {', '.join(names)}."
         )
-        raise UsageError(msg)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-able dict (what ``tuner archs show --json`` prints)."""
         d = dataclasses.asdict(self)
         d["math"] = dict(self.math)
@@ -123,6 +108,9 @@ class Arch:
         return d
 
 
+_ARCH_KEYS = {f.name for f in dataclasses.fields(Arch)} - {"name"}
+
+
 def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
     return TunerError(
         f"{path}: arch {arch!r}, key {key!r}: {why}. Fix the data file (every arch needs vendor, family, wave_size, "
@@ -130,7 +118,7 @@ def _bad(path: Path, arch: str, key: str, why: str) -> TunerError:
     )
 
 
-def _need(tbl: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: Path, arch: str) -> Any:
+def _need(tbl: Mapping[str, object], key: str, typ: type | tuple[type, ...], path: Path, arch: str) -> Any:
     if key not in tbl:
         raise _bad(path, arch, key, "missing")
     val = tbl[key]
@@ -140,7 +128,7 @@ def _need(tbl: Mapping[str, Any], key: str, typ: type | tuple[type, ...], path: 
     return val
 
 
-def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Product:
+def _parse_product(raw: Mapping[str, object], path: Path, arch: str, i: int) -> Product:
     where = f"products[{i}]"
     name = _need(raw, "name", str, path, arch)
     sources = raw.get("sources", {})
@@ -160,7 +148,7 @@ def _parse_product(raw: Mapping[str, Any], path: Path, arch: str, i: int) -> Pro
     return Product(name=name, sources=dict(sources), **figures)
 
 
-def _parse_arch(name: str, raw: Mapping[str, Any], path: Path) -> Arch:
+def _parse_arch(name: str, raw: Mapping[str, object], path: Path) -> Arch:
     unknown = set(raw) - _ARCH_KEYS
     if unknown:
         key = sorted(unknown)[0]
@@ -281,11 +269,10 @@ def load_arch(name: str) -> Arch:
         if key in arch.aliases:
             return arch
     choices = list(archs) + [a for arch in archs.values() for a in arch.aliases]
-    msg = (
+    raise UsageError(
         f"Unknown arch {name!r}.{close_matches(key, choices)} Known archs: {', '.join(archs)}. "
         "Run `tuner archs` for the table."
     )
-    raise UsageError(msg)
 
 
 def find_product(device: str) -> tuple[str, str] | None:

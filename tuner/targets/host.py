@@ -98,7 +98,6 @@ def parse_cpu_mask(text: str, *, available: Sequence[int] | None = None) -> tupl
 
 
 def _core_key(cpu: int) -> tuple[str, str] | None:
-    """(package, core) of one CPU from sysfs; None where the kernel does not say."""
     topo = _SYS_CPU / f"cpu{cpu}" / "topology"
     try:
         return ((topo / "physical_package_id").read_text().strip(), (topo / "core_id").read_text().strip())

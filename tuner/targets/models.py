@@ -4,6 +4,7 @@ Random weights keep a dense model's speed (same tensors, types and sizes, so the
 output quality. Shapes live in ``tuner/data/models.toml``; tensor names and ggml shapes follow llama.cpp's loaders (tree
 A ``src/models/llama.cpp``, ``src/models/qwen2.cpp``, ``src/llama-model.cpp``). Tokenizer fields are copied from the
 vocab-only GGUF in the llama.cpp tree's ``models/`` folder, so llama.cpp loads the file like a converted checkpoint.
+A GGUF is read by a fast reader of its header (:func:`parse_gguf`: key/values and tensor infos, never tensor data).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import mmap
 import os
 import struct
 import time
@@ -25,14 +27,12 @@ from tuner import _run, log
 from tuner._compat import tomllib
 from tuner.errors import TunerError, UsageError, close_matches
 from tuner.paths import package_data, tuner_home
-from tuner.targets.gguf_header import GGUFTensor, parse_gguf
-from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
 from tuner.targets.quant_types import quant_type
 
 WEIGHT_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m", "iq4_xs")
 """Weight types plan_tensors and synth_model know. f16 and q8_0 are N(0, 0.02) values (q8_0 quantized from
 them); q4_k_m, q5_k_m and iq4_xs write random blocks of each tensor's planned type directly
-(tuner.targets.quant_blocks), not the blocks llama-quantize would make from the f16 file."""
+(:func:`write_random_blocks`), not the blocks llama-quantize would make from the f16 file."""
 
 _INT_KEYS = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "context_length")
 _CHUNK_ELEMS = 1 << 23  # 8M values per write: bounded memory even for a 1 GB token_embd
@@ -104,9 +104,6 @@ class SynthResult:
     seconds: float
 
 
-# ----------------------------------------------------------------------------- shapes
-
-
 def _model_error(path: Path, name: str, key: str, why: str) -> TunerError:
     return TunerError(f"{path}: model {name!r}, key {key!r}: {why}. Fix the data file.")
 
@@ -169,19 +166,10 @@ def load_model_shape(name: str) -> ModelShape:
     key = name.strip().lower()
     if key in models:
         return models[key]
-    msg = (
+    raise UsageError(
         f"Unknown model {name!r}.{close_matches(key, models)} Known models: {', '.join(models)}. "
         "Pass one of them to --like."
     )
-    raise UsageError(msg)
-
-
-# ----------------------------------------------------------------------------- tensors
-
-
-def _use_more_bits(i: int, n: int) -> bool:
-    # llama-quant.cpp use_more_bits(): first and last eighth plus every third layer between.
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def _fallback(qtype: str, ncols: int) -> str:
@@ -206,7 +194,9 @@ def _weight_type(spec_kind: str, name: str, ncols: int, layer: int, shape: Model
         if name.endswith("ffn_down.weight") and layer < shape.n_layers // 8:
             return _fallback("Q5_K", ncols)
         return _fallback("IQ4_XS", ncols)
-    if name.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(layer, shape.n_layers):
+    n = shape.n_layers  # llama-quant.cpp use_more_bits(): first and last eighth plus every third layer between
+    more_bits = layer < n // 8 or layer >= 7 * n // 8 or (layer - n // 8) % 3 == 2
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits:
         return _fallback("Q6_K", ncols)
     return _fallback("Q4_K" if weight_type == "q4_k_m" else "Q5_K", ncols)
 
@@ -278,11 +268,118 @@ def _llama3_rope_factors(shape: ModelShape) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+_RMS = 0.02  # the f16 path's N(0, 0.02)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+    """One ggml block type: elements and bytes per block, and its fp16 scale fields (byte offset, value).
+
+    Random ggml quantized blocks, written directly (no f16 file, no llama-quantize).
+
+    A synthetic model is timed, not read, so a quantized tensor only needs the right type, size and
+    finite values: random payload bytes (quants, sub-block scales) with each block's fp16 scale fields
+    set to a constant chosen so the dequantized weights have about the spread of the f16 path's N(0, 0.02).
+    Layouts follow llama.cpp's ``ggml/src/ggml-common.h`` (``QK_K`` = 256):
+
+    =======  ======================================================  ==========  =====
+    type     struct                                                  elements    bytes
+    =======  ======================================================  ==========  =====
+    Q4_K     ``half d, dmin; uint8 scales[12]; uint8 qs[128]``       256         144
+    Q5_K     ``half d, dmin; uint8 scales[12], qh[32], qs[128]``     256         176
+    IQ4_XS   ``half d; uint16 scales_h; uint8 scales_l[4], qs[128]``  256         136
+    IQ4_NL   ``half d; uint8 qs[16]``                                32          18
+    Q6_K     ``uint8 ql[128], qh[64]; int8 scales[16]; half d``      256         210
+    Q5_0     ``half d; uint8 qh[4]; uint8 qs[16]``                   32          22
+    Q5_1     ``half d, m; uint8 qh[4]; uint8 qs[16]``                32          24
+    Q8_0     ``half d; int8 qs[32]``                                 32          34
+    =======  ======================================================  ==========  =====
+
+    Spread arithmetic (target rms 0.02; q, sc, m uniform over their bit widths, as random bytes make them;
+    dequantization as in llama.cpp's ``ggml/src/ggml-quants.c`` ``dequantize_row_*``):
+
+    - Q4_K: y = d*sc*q - dmin*m with q in 0..15 (mean 7.5, var 21.25) and 6-bit sc, m in 0..63 (mean 31.5,
+      var 341.25). dmin = 7.5*d centres it (E[y] = 7.5*d*31.5 - 7.5*d*31.5 = 0). Var(sc*q) =
+      E[sc^2]E[q^2] - (E[sc]E[q])^2 = 1333.5*77.5 - 236.25^2 = 47532; Var(7.5*m) = 56.25*341.25 = 19195;
+      rms = d*sqrt(66727) = 258.3*d, so d = 0.02/258.3 = 7.74e-5 and dmin = 5.81e-4 (both normal fp16).
+    - Q5_K: as Q4_K with q in 0..31 (mean 15.5, var 85.25) and dmin = 15.5*d: Var(sc*q) = 1333.5*325.5 -
+      488.25^2 = 195666; Var(15.5*m) = 81985; rms = d*sqrt(277652) = 526.9*d, so d = 3.80e-5 (fp16 subnormal)
+      and dmin = 5.88e-4.
+    - IQ4_XS: y = d*(ls - 32)*k[q] with a 6-bit ls (E[(ls-32)^2] = 341.5) and k the 16 levels of
+      ``kvalues_iq4nl`` (E[k^2] = 4548, mean -5.9): rms = d*sqrt(341.5*4548) = 1246.3*d, d = 1.60e-5 (subnormal).
+    - IQ4_NL: y = d*k[q]: rms = 67.4*d, d = 2.97e-4.
+    - Q6_K: y = d*s*(q - 32) with q in 0..63 (E[(q-32)^2] = 341.5) and int8 s (E[s^2] = 5461.5):
+      rms = d*sqrt(5461.5*341.5) = 1365.7*d, so d = 1.46e-5 (an fp16 subnormal, as llama-quantize's own
+      Q6_K scales of N(0, 0.02) weights are; finite, and every kernel widens it to fp32).
+    - Q5_0: y = d*(q - 16) with q in 0..31 (E[(q-16)^2] = 85.5): rms = 9.25*d, d = 2.16e-3.
+    - Q5_1: y = d*q + m with q in 0..31 (mean 15.5, var 85.25): m = -15.5*d centres it, rms = 9.23*d,
+      d = 2.17e-3, m = -3.36e-2.
+    - Q8_0: y = d*q with int8 q (E[q^2] = 5461.5): rms = 73.9*d, d = 2.71e-4.
+    """
+
+    elements: int
+    nbytes: int
+    halves: tuple[tuple[int, float], ...]
+
+
+def _d_m(elements: int, nbytes: int, var: float, m: float) -> BlockLayout:
+    """A block led by fp16 ``d`` and its minimum (``dmin`` or ``m``) ``m * d``; ``var``: the values' variance / d^2."""
+    d = _RMS / math.sqrt(var)
+    return BlockLayout(elements, nbytes, ((0, d), (2, m * d)))
+
+
+# ggml-common.h kvalues_iq4nl: the 16 non-uniform levels both IQ4 types index
+_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_IQ4NL_SQ = sum(k * k for k in _IQ4NL) / 16
+
+
+BLOCK_LAYOUTS: dict[str, BlockLayout] = {
+    "Q4_K": _d_m(256, 144, (31.5**2 + 341.25) * (7.5**2 + 21.25) - (31.5 * 7.5) ** 2 + 7.5**2 * 341.25, 7.5),
+    # as Q4_K with 5-bit quants (0..31: mean 15.5, variance 85.25); dmin = 15.5 d centres the values
+    "Q5_K": _d_m(256, 176, (31.5**2 + 341.25) * (15.5**2 + 85.25) - (31.5 * 15.5) ** 2 + 15.5**2 * 341.25, 15.5),
+    # d * (ls - 32) * level, with ls a random 6-bit scale (E[(ls - 32)^2] = 341.5); then scales_h, scales_l[4], qs[128]
+    "IQ4_XS": BlockLayout(256, 136, ((0, _RMS / math.sqrt(341.5 * _IQ4NL_SQ)),)),
+    "IQ4_NL": BlockLayout(32, 18, ((0, _RMS / math.sqrt(_IQ4NL_SQ)),)),  # d; then qs[16]
+    "Q6_K": BlockLayout(256, 210, ((208, _RMS / math.sqrt(5461.5 * 341.5)),)),  # ql, qh, scales; d last
+    "Q5_0": BlockLayout(32, 22, ((0, _RMS / math.sqrt(85.5)),)),  # d; then qh[4], qs[16]
+    "Q5_1": _d_m(32, 24, 85.25, -15.5),  # d, m; then qh[4], qs[16]
+    "Q8_0": BlockLayout(32, 34, ((0, _RMS / math.sqrt(5461.5)),)),  # d; then qs[32]
+}
+"""The ggml types the direct Q4_K_M, Q5_K_M and IQ4_XS paths write (plan_tensors' types and fallbacks)."""
+
+
+def write_random_blocks(
+    fout: IO[bytes], ggml_type: str, n_elements: int, rng: np.random.Generator, *, chunk_elems: int = 1 << 23
+) -> int:
+    """Write ``n_elements`` values of random ``ggml_type`` blocks to ``fout``, ``chunk_elems`` at a time (each chunk a
+    ``(blocks, block bytes)`` uint8 array: random bytes with the type's fp16 scale fields set).
+
+    Returns the number of bytes written; ValueError for a type without a layout here, or ``n_elements`` not a
+    whole number of blocks.
+    """
+    if ggml_type not in BLOCK_LAYOUTS:
+        raise ValueError(f"no random-block writer for ggml type {ggml_type}; known: {', '.join(BLOCK_LAYOUTS)}")
+    lay = BLOCK_LAYOUTS[ggml_type]
+    if n_elements % lay.elements:
+        raise ValueError(f"{n_elements} values are not a whole number of {ggml_type} blocks of {lay.elements}")
+    total = n_elements // lay.elements
+    per_chunk = max(1, chunk_elems // lay.elements)
+    written = 0
+    for start in range(0, total, per_chunk):
+        n = min(per_chunk, total - start)
+        blocks = np.frombuffer(bytearray(rng.bytes(n * lay.nbytes)), dtype=np.uint8).reshape(n, lay.nbytes)
+        for offset, value in lay.halves:
+            blocks[:, offset : offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+        fout.write(blocks.data)  # no copy; works for files and BytesIO alike
+        written += blocks.nbytes
+    return written
+
+
 class _StreamedTensor:
     """Duck-typed ndarray for GGUFWriter.write_tensor_data, which only reads ``.nbytes`` and calls ``.tofile``.
 
     Generating values chunk by chunk there bounds memory (llama-3.1-8b's token_embd is 1 GB in F16).
-    ``direct``: quantized tensors are random blocks of their type (quant_blocks), not quantized values.
+    ``direct``: quantized tensors are random blocks of their type (:func:`write_random_blocks`), not quantized values.
     """
 
     def __init__(self, spec: TensorSpec, rng: np.random.Generator, shape: ModelShape, *, direct: bool = False) -> None:
@@ -317,29 +414,7 @@ def find_vocab(source_root: Path, name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path, shape: ModelShape) -> None:
-    try:
-        kv, _ = parse_gguf(vocab_path)
-    except (OSError, ValueError, KeyError, struct.error) as err:
-        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
-        raise UsageError(msg) from err
-    tokens = kv.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
-        raise UsageError(msg)
-    if len(tokens[2]) != shape.vocab_size:
-        raise UsageError(
-            f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
-            f"Use models/ggml-vocab-{shape.vocab}.gguf."
-        )
-    for key, (vtype, sub, val) in kv.items():
-        if key.startswith("tokenizer."):
-            sub_type = None if sub is None else gguf.GGUFValueType(sub)
-            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
-
-
 def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, vocab_path: Path) -> None:
-    """The GGUF's key/values: name, the shape's hyperparameters, file type and the copied tokenizer."""
     a = shape.arch
     writer.add_name(f"tuner-random-{shape.name}")
     writer.add_description("random weights (tuner model synth): same speed as the dense model, no output quality")
@@ -359,21 +434,24 @@ def _add_metadata(writer: gguf.GGUFWriter, shape: ModelShape, weight_type: str, 
              "iq4_xs": "MOSTLY_IQ4_XS"}[weight_type]  # fmt: skip
     writer.add_file_type(int(gguf.LlamaFileType[ftype]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _copy_tokenizer(writer, vocab_path, shape)
-
-
-def _add_tensor_infos(writer: gguf.GGUFWriter, specs: Sequence[TensorSpec]) -> None:
-    """One tensor-info entry per planned tensor (F32/F16 as arrays, quantized as raw bytes)."""
-    for spec in specs:
-        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
-        np_shape = tuple(reversed(spec.ne))
-        if spec.ggml_type in ("F32", "F16"):
-            writer.add_tensor_info(
-                spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes
-            )
-        else:
-            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
-            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
+    try:
+        kv, _ = parse_gguf(vocab_path)
+    except (OSError, ValueError, KeyError, struct.error) as err:
+        msg = f"Cannot read the vocab GGUF {vocab_path}: {err}. Pass a vocab-only GGUF from llama.cpp's models/ folder."
+        raise UsageError(msg) from err
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        msg = f"{vocab_path} has no tokenizer.ggml.tokens; it is not a vocab GGUF. Use models/ggml-vocab-{shape.vocab}.gguf."
+        raise UsageError(msg)
+    if len(tokens[2]) != shape.vocab_size:
+        raise UsageError(
+            f"{vocab_path} has {len(tokens[2])} tokens but {shape.name} needs vocab_size {shape.vocab_size}. "
+            f"Use models/ggml-vocab-{shape.vocab}.gguf."
+        )
+    for key, (vtype, sub, val) in kv.items():
+        if key.startswith("tokenizer."):
+            sub_type = None if sub is None else gguf.GGUFValueType(sub)
+            writer.add_key_value(key, val, gguf.GGUFValueType(vtype), sub_type=sub_type)
 
 
 def _write_tensors(
@@ -419,7 +497,7 @@ def synth_model(
     Weights are N(0, 0.02), norms 1, biases N(0, 0.02) in F32; values are a pure function of
     ``seed`` and the tensor's index. ``q4_k_m``, ``q5_k_m`` and ``iq4_xs`` write each weight in its planned
     type (plan_tensors: llama-quantize's choices) as random blocks whose scales give about the same spread
-    (tuner.targets.quant_blocks), with no f16 file and no llama-quantize: a different file from quantizing
+    (:func:`write_random_blocks`), with no f16 file and no llama-quantize: a different file from quantizing
     the f16 one, with the same tensors, types and sizes (other quants: quantize the f16 file with run_quantize).
     Tensors are written one at a time (big ones in chunks), so memory stays far below the file size; the file
     appears under its final name only when complete. ``on_tensor(index, count, name)`` reports progress.
@@ -439,7 +517,17 @@ def synth_model(
     tmp = out.with_name(out.name + ".part")
     writer = gguf.GGUFWriter(tmp, shape.arch)
     _add_metadata(writer, shape, weight_type, vocab_path)
-    _add_tensor_infos(writer, specs)
+    # one tensor-info entry per planned tensor: F32/F16 as arrays, quantized as raw bytes
+    for spec in specs:
+        gtype = gguf.GGMLQuantizationType[spec.ggml_type]
+        np_shape = tuple(reversed(spec.ne))
+        if spec.ggml_type in ("F32", "F16"):
+            writer.add_tensor_info(
+                spec.name, np_shape, np.dtype(np.float32 if spec.ggml_type == "F32" else np.float16), spec.n_bytes
+            )
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(np_shape, gtype)
+            writer.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), spec.n_bytes, raw_dtype=gtype)
     direct = weight_type in DIRECT_WEIGHT_TYPES
     _write_tensors(writer, specs, shape, seed=seed, direct=direct, on_tensor=on_tensor, tmp=tmp, out=out)
     return SynthResult(
@@ -467,7 +555,121 @@ def run_quantize(src: Path, dst: Path, quant: str, *, quantize_bin: Path, log_fi
     return Path(dst)
 
 
-# ----------------------------------------------------------------------------- reading GGUF
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GGUFTensor:
+    """A tensor read from a GGUF file."""
+
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: str
+    n_elements: int
+    n_bytes: int
+
+
+_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+MAX_ARRAY_ITEMS = 1 << 24
+"""Most array entries a header may hold in all (the largest vocabularies have about 262k tokens, each with
+a score and a type): a hostile header that claims more is refused before its entries are read into lists."""
+
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def parse_gguf(path: Path, *, tensors: bool = False) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
+    """The KV section of a GGUF (v2/v3) as ``key -> (type, array subtype, value)``, and its tensor infos.
+
+    gguf.GGUFReader builds a numpy memmap view per string (about 40 s for the 408k strings of the llama-bpe vocab on 2
+    cores); this struct walk over an mmap of the header takes well under a second and never reads tensor data. Every
+    count is checked against the bytes left in the file (and :data:`MAX_ARRAY_ITEMS`) before anything is read, so a
+    hostile header costs no more memory than the file's size allows. ValueError for a non-GGUF or a header that does not
+    fit its file (naming the key or tensor).
+    """
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("bad magic (not a GGUF file)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        off, size, items = 24, len(buf), 0
+        where = "the header"
+
+        def fits(n: int, each: int, what: str) -> None:
+            if n * each > size - off:
+                raise ValueError(f"{where}: {what} of {n} entries does not fit the {size - off} bytes left in the file")
+
+        def string() -> str:
+            nonlocal off
+            (n,) = struct.unpack_from("<Q", buf, off)
+            fits(n, 1, "a string")
+            s = buf[off + 8 : off + 8 + n].decode("utf-8", errors="surrogateescape")
+            off += 8 + n
+            return s
+
+        def scalar(t: int) -> Any:
+            nonlocal off
+            if t == 8:
+                return string()
+            if t not in _SCALAR_FMT:
+                raise ValueError(f"{where}: unknown value type {t}")
+            fmt = _SCALAR_FMT[t]
+            (v,) = struct.unpack_from(fmt, buf, off)
+            off += struct.calcsize(fmt)
+            return v
+
+        kv: dict[str, tuple[int, int | None, Any]] = {}
+        fits(n_kv, 12, "a key/value section")  # a key's length and a type at least
+        try:
+            for _ in range(n_kv):
+                key = string()
+                where = f"key {key!r}"
+                (t,) = struct.unpack_from("<I", buf, off)
+                off += 4
+                if t != 9:
+                    kv[key] = (t, None, scalar(t))
+                    continue
+                sub, n = struct.unpack_from("<IQ", buf, off)
+                off += 12
+                items += n
+                if items > MAX_ARRAY_ITEMS:
+                    raise ValueError(f"{where}: arrays of more than {MAX_ARRAY_ITEMS} entries in all")
+                if sub in _SCALAR_FMT:
+                    fmt = _SCALAR_FMT[sub]
+                    each = struct.calcsize(fmt)
+                    fits(n, each, "an array")
+                    # struct (not np.frombuffer) so no buffer export outlives the mmap
+                    kv[key] = (t, sub, list(struct.unpack_from(f"<{n}{fmt[1:]}", buf, off)) if n else [])
+                    off += n * each
+                elif sub == 8:
+                    fits(n, 8, "an array of strings")
+                    kv[key] = (t, sub, [string() for _ in range(n)])
+                else:
+                    raise ValueError(f"{where}: nested arrays are not supported")
+            infos: list[GGUFTensor] = []
+            if tensors:
+                where = "the tensor infos"
+                fits(n_tensors, 24, "a tensor list")  # a name's length, n_dims, type and offset at least
+                for _ in range(n_tensors):
+                    name = string()
+                    where = f"tensor {name!r}"
+                    (n_dims,) = struct.unpack_from("<I", buf, off)
+                    if n_dims > _MAX_DIMS:
+                        raise ValueError(f"{where}: {n_dims} dimensions (ggml has at most {_MAX_DIMS})")
+                    ne = struct.unpack_from(f"<{n_dims}Q", buf, off + 4)
+                    gtype, _offset = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
+                    off += 4 + 8 * n_dims + 12
+                    qtype = gguf.GGMLQuantizationType(gtype)
+                    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                    n_el = math.prod(ne)
+                    n_bytes = n_el // block * nbytes
+                    infos.append(
+                        GGUFTensor(name=name, ne=tuple(ne), ggml_type=qtype.name, n_elements=n_el, n_bytes=n_bytes)
+                    )
+        except (struct.error, KeyError) as err:  # truncated, or a type gguf does not know
+            raise ValueError(f"{where}: {err}") from None
+        except ValueError as err:
+            raise ValueError(str(err) if str(err).startswith(where) else f"{where}: {err}") from None
+    return kv, infos
 
 
 def read_gguf(path: Path) -> tuple[dict[str, tuple[int, int | None, Any]], list[GGUFTensor]]:
@@ -489,17 +691,17 @@ def load_gguf_shape(path: Path) -> ModelShape:
     """The ModelShape of a dense llama-style GGUF from its metadata; UsageError if unreadable or unusable."""
     kv, tensors = read_gguf(path)
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: object = None) -> Any:
         return kv[key][2] if key in kv else default
 
-    def bad(key: str, val: Any, want: str) -> UsageError:
+    def bad(key: str, val: object, want: str) -> UsageError:
         shown = repr(val) if len(repr(val)) <= 60 else repr(val)[:57] + "..."
         return UsageError(
             f"{path}: metadata {key} = {shown} is not {want}; tuner estimates dense llama-style models only, "
             "from metadata as llama.cpp's convert_hf_to_gguf.py writes it. Pass such a GGUF (or --like NAME)."
         )
 
-    def count(key: str, default: Any = None) -> int:
+    def count(key: str, default: int | None = None) -> int:
         """A positive integer key; per-layer arrays (some archs) give their first layer's value."""
         v = get(key, default)
         if isinstance(v, list):
@@ -566,13 +768,7 @@ def read_shape(path: Path) -> dict[str, int]:
 def shape_ints(s: ModelShape) -> dict[str, int]:
     """Head size, GQA ratio and sizes of ``s`` as plain ints: what a study's header records (``shape``)."""
     return {
-        "head_dim": s.head_dim,
-        "gqa": s.gqa,
-        "n_layers": s.n_layers,
-        "n_heads": s.n_heads,
-        "n_kv_heads": s.n_kv_heads,
-        "d_model": s.d_model,
-        "context_length": s.context_length,
+        k: getattr(s, k) for k in ("head_dim", "gqa", "n_layers", "n_heads", "n_kv_heads", "d_model", "context_length")
     }
 
 

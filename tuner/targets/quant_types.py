@@ -1,4 +1,4 @@
-"""The llama-quantize types tuner offers: one list for ``model synth``, ``search --quant`` and the builder."""
+"""The llama-quantize types tuner offers: one list for every command that names one (``model synth``, ``search --quant``)."""
 
 from __future__ import annotations
 

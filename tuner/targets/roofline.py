@@ -19,14 +19,12 @@ from typing import Any, TypedDict
 
 from tuner.errors import UsageError, close_matches
 from tuner.targets.archs import Arch, Product, load_arch
-from tuner.targets.gguf_header import GGUFTensor
-from tuner.targets.models import ModelShape, TensorSpec, load_gguf_shape, load_gguf_tensors, plan_tensors
+from tuner.targets.models import GGUFTensor, ModelShape, TensorSpec, load_gguf_shape, load_gguf_tensors, plan_tensors
 
 ESTIMATE_LABEL = "roofline model estimate (upper bound from spec-sheet peaks), not a measurement"
 
 _FLOAT_KV = {"f16": 2.0, "bf16": 2.0, "f32": 4.0}
 KV_TYPES = {**_FLOAT_KV, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
-
 """KV-cache element types llama-bench accepts (-ctk/-ctv) -> bytes per element (block size / 32)."""
 
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}

@@ -17,7 +17,6 @@ from scikit_build_core.cmake import CMake
 
 from tuner import _run
 from tuner.builder import cmake as B
-from tuner.builder.quantize import quantize_model
 from tuner.cli import cli
 from tuner.cli.build_cmd import parse_sets
 from tuner.errors import TunerError, UsageError
@@ -314,34 +313,6 @@ def test_headers_without_hook_rejected(fake_tools: Path, monkeypatch: pytest.Mon
     )
     with pytest.raises(UsageError, match="no GGML_TUNER_TU_DIR"):
         B.build_variant(rv, targets=["llama-bench"])
-
-
-def test_quantize_model_validates_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "llama-quantize").write_text("")
-    build = B.Build(build_id="x", build_dir=tmp_path, bin_dir=bin_dir, log_file=tmp_path / "l", cached=True, seconds=0)
-    src = tmp_path / "m-f16.gguf"
-    src.write_bytes(b"GGUF" + b"\0" * 64)
-    dst = tmp_path / "out" / "m-q4.gguf"
-    with pytest.raises(UsageError, match="Did you mean.*'Q4_K_M'"):
-        quantize_model(build, src, dst, "Q4_K_MM")
-    calls = []
-
-    def fake(cmd, **kw):
-        calls.append([os.fspath(c) for c in cmd])
-        Path(cmd[2]).write_bytes(b"quantized")
-        return _run.RunResult(returncode=0, output="", seconds=0.0)
-
-    monkeypatch.setattr(_run, "run", fake)
-    assert quantize_model(build, src, dst, "q4_k_m") == dst
-    assert calls[0][1:4] == [str(src), str(dst) + ".partial", "Q4_K_M"] and dst.read_bytes() == b"quantized"
-    monkeypatch.setattr(_run, "run", fail_on_call)
-    assert quantize_model(build, src, dst, "Q4_K_M") == dst  # cached
-    monkeypatch.setattr(_run, "run", fake)
-    src.write_bytes(b"GGUF" + b"\1" * 64)  # new input -> redone
-    quantize_model(build, src, dst, "Q4_K_M")
-    assert len(calls) == 2
 
 
 def test_parse_sets() -> None:

@@ -154,7 +154,7 @@ def test_an_extra_target_goes_into_the_current_folder_where_a_later_build_moved_
     """A session's Build names the folder of its first build; another command then added a target (a new
     folder). An extra tool added through the older Build must land in the current folder, or the next cached
     lookup (which reads the current one) finds it missing: the last CI run's cold cache hit exactly this."""
-    from tuner.builder.extra import ensure_targets
+    from tuner.builder.cmake import ensure_targets
 
     monkeypatch.setattr(_run, "run", FakeRun())
     rv = make_rv()

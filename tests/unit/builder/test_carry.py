@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tuner.builder import carry
-from tuner.builder.extra import ensure_targets
+from tuner.builder.cmake import ensure_targets
 from tuner.builder.records import cached_record
 from tuner.errors import UsageError
 from tuner.plan.variant import Build, RenderedVariant

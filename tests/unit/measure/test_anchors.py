@@ -9,8 +9,7 @@ import types
 import pandas as pd
 import pytest
 
-from tuner.measure.anchors import drift_pct, pool
-from tuner.measure.interleave import _anchor_rows
+from tuner.measure.interleave import _anchor_rows, drift_pct, pool
 from tuner.measure.stats import median
 from tuner.search.record import anchor_drift, study_results
 

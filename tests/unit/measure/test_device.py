@@ -1,11 +1,11 @@
-"""tuner.measure.device: the device a build's backend measures on, from ``llama-bench --list-devices``."""
+"""tuner.measure.exe.backend_device: the device a build's backend measures on, from ``llama-bench --list-devices``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tuner.measure.device import backend_device, parse_list_devices
+from tuner.measure.exe import backend_device, parse_list_devices
 
 # common/arg.cpp: "  %s: %s (%zu MiB, %zu MiB free)" per device, "  (none)" without one
 H100 = "Available devices:\n  CUDA0: NVIDIA H100 80GB HBM3 (81559 MiB, 80991 MiB free)\n"

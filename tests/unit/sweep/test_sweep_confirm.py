@@ -660,7 +660,7 @@ def test_backend_ops_runs_each_kept_kernel_of_a_shape() -> None:
 
 
 def test_a_table_swept_on_one_gpu_model_is_confirmed_on_another_of_its_arch_apart(tmp_path: Path, monkeypatch) -> None:
-    from tuner.measure import device
+    from tuner.measure import exe
     from tuner.sweep import confirm_stage
 
     sweep_dir = _sweep_dir(tmp_path)
@@ -668,7 +668,7 @@ def test_a_table_swept_on_one_gpu_model_is_confirmed_on_another_of_its_arch_apar
         c.execute("INSERT INTO meta VALUES ('device', 'NVIDIA H100 80GB HBM3')")
     table = confirm.load_table(sweep_dir, None)
     # another model of the arch: measured, into a store whose identity names it (so never paired with the H100's)
-    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA H200")
+    monkeypatch.setattr(exe, "backend_device", lambda bin_dir, backend: "NVIDIA H200")
     monkeypatch.setattr(confirm_stage, "detect_local_archs", lambda: ["sm_90"])
     assert confirm_stage._same_device(table, tmp_path, "CUDA0") == {"device": "NVIDIA H200"}
     # and its default output goes beside the first model's confirmation, not over it
@@ -680,7 +680,7 @@ def test_a_table_swept_on_one_gpu_model_is_confirmed_on_another_of_its_arch_apar
     plan = confirm_stage.plan_confirm(confirm_stage.ConfirmRequest(sweep_dir=sweep_dir, likes=("llama-3.2-1b",)))
     assert plan.request.out == sweep_dir / "confirm" and "another model" not in plan.text
     # a GPU of another arch: the table's patch would not act there
-    monkeypatch.setattr(device, "backend_device", lambda bin_dir, backend: "NVIDIA GeForce RTX 4060 Ti")
+    monkeypatch.setattr(exe, "backend_device", lambda bin_dir, backend: "NVIDIA GeForce RTX 4060 Ti")
     monkeypatch.setattr(confirm_stage, "detect_local_archs", lambda: ["sm_89"])
     with pytest.raises(UsageError, match=r"measured on NVIDIA H100 80GB HBM3 \(sm_90\), but this machine measures"):
         confirm_stage._same_device(table, tmp_path, "CUDA0")

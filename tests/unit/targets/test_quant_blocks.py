@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tuner.targets.quant_blocks import BLOCK_LAYOUTS, write_random_blocks
+from tuner.targets.models import BLOCK_LAYOUTS, write_random_blocks
 
 # sizeof() of each block in llama.cpp's ggml/src/ggml-common.h (QK_K = 256)
 HEADER_SIZES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),

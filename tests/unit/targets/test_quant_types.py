@@ -1,4 +1,4 @@
-"""One quant-type list: the builder's quantize_model and synth's run_quantize accept and refuse the same names."""
+"""One quant-type list: synth's run_quantize accepts and refuses the names of quant_types.QUANT_TYPES."""
 
 from __future__ import annotations
 
@@ -8,20 +8,18 @@ from pathlib import Path
 import pytest
 
 from tuner import _run
-from tuner.builder import quantize as builder_quantize
 from tuner.errors import UsageError
-from tuner.plan.variant import Build
 from tuner.targets import models
 from tuner.targets.quant_types import QUANT_TYPES, quant_type
 
 
-def test_the_builder_and_synth_check_names_against_the_one_list() -> None:
+def test_synth_checks_names_against_the_one_list() -> None:
     assert not hasattr(models, "QUANT_TYPES")  # no second list beside quant_types.QUANT_TYPES
-    assert builder_quantize.quant_type is quant_type is models.quant_type
+    assert quant_type is models.quant_type
 
 
-def _accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[str | None, str | None]:
-    """What each former user passes to llama-quantize for ``name`` (None: refused as unknown)."""
+def _accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str | None:
+    """What run_quantize passes to llama-quantize for ``name`` (None: refused as unknown)."""
     exe = tmp_path / "bin" / "llama-quantize"
     exe.parent.mkdir(exist_ok=True)
     exe.write_text("")
@@ -36,27 +34,18 @@ def _accepts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> tupl
         return _run.RunResult(returncode=0, output="", seconds=0.0)
 
     monkeypatch.setattr(_run, "run", fake)
-    build = Build(build_id="x", build_dir=tmp_path, bin_dir=exe.parent, log_file=tmp_path / "l", cached=True, seconds=0)
-    got: list[str | None] = []
-    for call in (
-        lambda: builder_quantize.quantize_model(build, src, tmp_path / f"b-{name}.gguf", name),
-        lambda: models.run_quantize(src, tmp_path / f"s-{name}.gguf", name, quantize_bin=exe),
-    ):
-        seen.clear()
-        try:
-            call()
-        except UsageError as e:
-            assert "Unknown quant type" in str(e)
-            got.append(None)
-        else:
-            got.append(seen[0])
-    return got[0], got[1]
+    try:
+        models.run_quantize(src, tmp_path / f"s-{name}.gguf", name, quantize_bin=exe)
+    except UsageError as e:
+        assert "Unknown quant type" in str(e)
+        return None
+    return seen[0]
 
 
 @pytest.mark.parametrize("name", [*QUANT_TYPES, "q4_k_m", "iq4_xs", "f16", "Q2_K_S", "Q4_K_MM", "IQ2_XXS"])
-def test_quantize_model_and_run_quantize_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def test_run_quantize_takes_the_one_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     want = name.upper() if name.upper() in QUANT_TYPES else None
-    assert _accepts(tmp_path, monkeypatch, name) == (want, want)
+    assert _accepts(tmp_path, monkeypatch, name) == want
 
 
 def test_every_spelling_either_list_took_that_makes_a_file_is_kept() -> None:
