@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from tuner import log, source
 from tuner.builder.cmake import build_variant, ensure_targets
+from tuner.errors import TunerError, UsageError
 from tuner.measure import fa_bench, mm_bench
 from tuner.measure import kernel_bench as kb
 from tuner.measure.exe import find_bin_dir
