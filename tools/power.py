@@ -13,7 +13,7 @@ means are removed (what is left is the noise of one measurement in one round; re
   standardized by their own table's noise and scaled to the depth's (a table of 3 rounds alone would
   repeat its rounds and fake agreement); configurations are shuffled within the round;
 * a known multiplicative effect is injected into one candidate at one depth (``--effects``, percent);
-* rounds are added as the search adds them (``screen.depths_to_measure`` with the rule's settle
+* rounds are added as the search adds them (``rounds.joint.depths_to_measure`` with the rule's settle
   function, the same minimum and maximum rounds and CI target as a GPU search's defaults), and the phase is
   judged by ``compose.judge_phase`` with that rule: the very functions the live search calls.
 
