@@ -301,6 +301,8 @@ def repack_probe(run: SearchRun, build: Build) -> SearchRun:
         return run  # no llama-bench to probe (a test's fake build): the rounds say what is wrong
     extra = run.st.host_args
     if extra is None:
+        # priced as the residency check's two probes: short llama-bench runs, model load included
+        run.budget.fits(run.price("residency_s"), "the llama-bench probe of llama.cpp's AMX kernels")
         logs, bin_dir, env = run.cfg.run_dir / "logs", Path(build.bin_dir), run.base_env  # upstream's runtime
         rc = _runs(bin_dir, run.cfg.model, list(run.base_args), env, logs / "probe-upstream.log")
         extra = []

@@ -5,6 +5,7 @@ commands carry it; elsewhere nothing changes. llama-bench is faked; the real run
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.unit.search.conftest import search_run
 from tuner.result.export import server_args
+from tuner.rounds.budget import Budget, BudgetReached
 from tuner.search import pipeline
 
 
@@ -83,3 +85,13 @@ def test_a_study_recording_other_host_args_is_refused(tmp_path: Path, amx: list[
     with pytest.raises(UsageError, match="which tuner never writes"):
         pipeline.repack_probe(_run(tmp_path, study), types.SimpleNamespace(bin_dir=tmp_path))
     assert amx == []
+
+
+def test_the_probe_starts_only_where_its_price_fits_the_time_budget(tmp_path: Path, amx: list[list[str]]) -> None:
+    """--time-budget: nothing starts that would end past it; a rerun with time left probes as usual."""
+    study, build = FakeStudy(), types.SimpleNamespace(bin_dir=tmp_path)
+    spent = dataclasses.replace(_run(tmp_path, study), budget=Budget.counted_from(None, 0.5))
+    with pytest.raises(BudgetReached, match="the llama-bench probe of llama.cpp's AMX kernels"):
+        pipeline.repack_probe(spent, build)
+    assert amx == [] and "host_args" not in study.user_attrs
+    assert pipeline.repack_probe(_run(tmp_path, study), build).host_args == ("--repack", "0")
