@@ -441,6 +441,17 @@ def _copy_artifacts(build_dir: Path, art: Path, targets: Sequence[str], record: 
     return install_artifact(tmp, art)
 
 
+def _with_earlier_targets(art: Path, targets: Sequence[str]) -> list[str]:
+    """``targets`` and those the artifact's current folder already has (its own and extra ones), so a
+    build that adds one tool installs a folder that still has the others."""
+    cur = current_artifact(art)
+    rec = load_build_record(cur / "build.json") if cur is not None else None
+    if not rec or rec.get("status") != "ok":
+        return list(targets)
+    earlier = [*rec.get("targets", []), *rec.get("extra_targets", {})]
+    return [*targets, *(t for t in earlier if isinstance(t, str) and t not in targets)]
+
+
 def _check_offload(build_dir: Path, obj_targets: Sequence[str], archs: Sequence[str]) -> dict[str, list[str]]:
     """gfx targets in each object's offload bundle; fail unless the requested ones are really there.
 
@@ -590,13 +601,7 @@ def build_variant(
             adopt_old_layout(art)
             if got := _cached():  # another worker built it
                 return _done(got[1], True, got[0])
-            # and the targets the current folder already has (its own and extra ones), so a build that adds one
-            # tool installs a folder that still has the others
-            cur = current_artifact(art)
-            rec = load_build_record(cur / "build.json") if cur is not None else None
-            if rec and rec.get("status") == "ok":
-                earlier = [*rec.get("targets", []), *rec.get("extra_targets", {})]
-                targets = [*targets, *(t for t in earlier if isinstance(t, str) and t not in targets)]
+            targets = _with_earlier_targets(art, targets)
         log_file = logs / (f"check-{rv.artifact_key}.log" if compile_only else f"build-{rv.artifact_key}.log")
         record = _new_record(
             rv, build_id, targets=targets, objects=objs, compile_only=compile_only, jobs=jobs, log=str(log_file)
