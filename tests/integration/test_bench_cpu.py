@@ -17,7 +17,6 @@ from click.testing import CliRunner
 from tuner.measure.bench import COLUMNS, run_bench
 from tuner.measure.frames import load_results
 from tuner.measure.gate import params_for_model, run_check, run_gate
-from tuner.measure.stats import compare_frames
 from tuner.result.plots import plot_depth
 from tuner.result.report import render_report
 
@@ -122,10 +121,6 @@ def test_cli_bench_compare_report(run_a, bin_dir: Path, tiny_model: Path, tmp_pa
     df_b = load_results(tmp_path / "runB" / "B.jsonl")
     assert (tmp_path / "runB" / "B.parquet").is_file()
     assert (df_b["n"] == 3).all()
-
-    cmp = compare_frames(df_a, df_b)
-    assert len(cmp) == 4 and set(cmp["verdict"]) <= {"faster", "slower", "no difference", "too few samples"}
-    assert cmp["delta_pct"].notna().all()
 
     md = render_report({"A": df_a, "B": df_b}, "A")
     assert "## B vs A" in md and "| pp64@d256 " in md and "no run-to-run floor for backend CPU pp" in md

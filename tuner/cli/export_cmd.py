@@ -18,6 +18,9 @@ from tuner.errors import UsageError
 from tuner.redact import redact
 from tuner.rounds.budget import BudgetReached
 
+LAST_ONE_TPE_EXPORT = "0c12e6a"
+"""The last commit whose ``tuner export`` reads studies of the one-TPE search."""
+
 if TYPE_CHECKING:
     from tuner.search.request import SearchRequest
     from tuner.search.study import SearchConfig
@@ -27,25 +30,28 @@ if TYPE_CHECKING:
 def export_study(
     study_name: str, *, storage: str, out_dir: Path, like: str | None = None, weight_type: str | None = None
 ) -> Path:
-    """Choose the winner of ``study_name`` (search stage) and write its result folder (result stage, through
-    :func:`tuner.result.export.staged_export`). UsageError: no such study, or an ``out_dir`` an export may not
-    replace; TunerError: no baseline measurement yet."""
+    """Write the result folder of the search study ``study_name`` (result stage, through
+    :func:`tuner.result.export.staged_export`). UsageError: no such study, a study of the one-TPE search that
+    came before the pipeline, or an ``out_dir`` an export may not replace; TunerError: nothing confirmed yet."""
     import optuna
 
-    from tuner.result.export import check_out_dir, write_result
+    from tuner.result.export import check_out_dir
     from tuner.result.pipeline_export import export_pipeline
-    from tuner.search.winner import load_finished_study
     from tuner.study.state import StudyState
 
     check_out_dir(out_dir)  # before any work: refusing after minutes of rendering would waste them
     try:
-        pipeline = StudyState(optuna.load_study(study_name=study_name, storage=storage)).pipeline
-    except KeyError:
-        pipeline = None  # load_finished_study names the studies that exist
-    if pipeline:  # screen -> compose -> tune -> confirm: the confirmed result is in the study itself
-        return export_pipeline(study_name, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
-    finished = load_finished_study(study_name, storage=storage)
-    return write_result(finished, out_dir, like=like, weight_type=weight_type)
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError as err:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
+    if not StudyState(study).pipeline:
+        raise UsageError(
+            f"study {study_name!r} was made by the one-TPE search that came before the pipeline; "
+            f"this tuner exports pipeline studies only. Its results in results/ stay as they were exported; to "
+            f"export another such study, use tuner at commit {LAST_ONE_TPE_EXPORT}, the last that reads them."
+        )
+    return export_pipeline(study_name, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
 
 
 def _announce(cfg: SearchConfig, request: SearchRequest) -> str:

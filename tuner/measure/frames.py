@@ -1,5 +1,5 @@
 """Bench frames (the DataFrames :func:`tuner.measure.bench.run_bench` returns) on disk and as tables:
-``.jsonl``/``.parquet`` files and a markdown summary (A/B comparison: :func:`tuner.measure.stats.compare_frames`).
+``.jsonl``/``.parquet`` files and a markdown summary (comparisons: :mod:`tuner.result.tables`).
 
 :func:`load_results` also reads what llama-bench itself writes (``-o jsonl``, ``-o json``, ``-o csv``,
 ``-o sql``), grouped as llama.cpp's ``scripts/compare-llama-bench.py`` groups it: one row per model,

@@ -5,12 +5,9 @@ rescales candidates by the local anchor ratio (the anchor rule of llama.cpp's Me
 run is :func:`tuner.measure.bench.run_bench`; the frames returned have its schema.
 
 The anchors of a baseline are pooled into one baseline (:func:`pool`), and how far its repeats drift apart is
-:func:`drift_pct`: one pooling and one drift formula for both places that use anchors, ``tuner bench`` with several
-builds and the studies of the earlier one-TPE search (:mod:`tuner.search.record`). Drift is ``(max - min) / min`` of
-the anchors' medians, in percent: the largest speedup the baseline showed over itself, so it reads in the unit of a
-candidate's speedup over the baseline (the noise floor such a speedup has to clear;
-:func:`tuner.search.select.select_winners`). Dividing by the median instead would understate it (two anchors 10%
-apart: 9.5%).
+:func:`drift_pct`: ``(max - min) / min`` of the anchors' medians, in percent: the largest speedup the baseline
+showed over itself, so it reads in the unit of a candidate's speedup over the baseline (the noise floor such a
+speedup has to clear). Dividing by the median instead would understate it (two anchors 10% apart: 9.5%).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from tuner.errors import UsageError
 from tuner.paths import package_data
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 N_BOOT = 4000
 """Bootstrap resamples; 4000 keeps the 2.5%/97.5% percentiles stable to ~1% of the CI width."""
@@ -212,39 +212,6 @@ def compare(
         n_a=int(a.size),
         n_b=int(b.size),
     )
-
-
-_VERDICT_COLUMNS = ("n_a", "n_b", "delta_pct", "ci_low", "ci_high", "p_value", "verdict")
-
-
-def compare_frames(
-    df_a: pd.DataFrame, df_b: pd.DataFrame, *, confidence: float = 0.95, seed: int = 0, min_effect_pct: float = 0.0
-) -> pd.DataFrame:
-    """Compare two bench frames (A the reference) per ``(test, depth)`` (design.md contract) with :func:`compare`,
-    sorted by phase, test and depth; rows present in only one frame are kept with ``verdict = "missing"``."""
-    import pandas as pd
-
-    def by_key(df: pd.DataFrame) -> dict[tuple[str, int], pd.Series]:
-        return {(str(r["test"]), int(r["depth"])): r for _, r in df.iterrows()}
-
-    rows_a, rows_b = by_key(df_a), by_key(df_b)
-    out = []
-    for key in sorted(set(rows_a) | set(rows_b), key=lambda k: (k[0][:2], k[0], k[1])):
-        ra, rb = rows_a.get(key), rows_b.get(key)
-        row: dict[str, object] = {"test": key[0], "depth": key[1]}
-        row["phase"] = (ra if ra is not None else rows_b[key])["phase"]  # the key came from one of the two
-        row["median_a"] = float(ra["median_ts"]) if ra is not None else math.nan
-        row["median_b"] = float(rb["median_ts"]) if rb is not None else math.nan
-        if ra is None or rb is None:
-            v = _missing(confidence, 0 if ra is None else int(ra["n"]), 0 if rb is None else int(rb["n"]))
-        else:
-            a, b = list(ra["samples"]), list(rb["samples"])
-            v = compare(a, b, confidence=confidence, seed=seed, min_effect_pct=min_effect_pct)
-        row.update({c: getattr(v, c) for c in _VERDICT_COLUMNS})
-        out.append(row)
-    cols = ["test", "phase", "depth", "median_a", "median_b", *_VERDICT_COLUMNS]
-    frame: pd.DataFrame = pd.DataFrame(out, columns=cols)  # pandas-stubs leave the constructor untyped before 3.11
-    return frame
 
 
 # ----------------------------------------------------- The one verdict rule: no faster/slower without a noise reference

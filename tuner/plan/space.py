@@ -36,8 +36,6 @@ from tuner.plan.variant import VARIANTS
 
 COMPILE_KINDS = ("tile_row", "mma_row", "wmma")
 RUNTIME_KINDS = ("rule", "threshold", "env", "bench_flag")
-RULE_KINDS = ("rule",)
-"""Runtime kinds that are per-phase FlashAttention rules (chosen per depth bucket, baked into the export)."""
 _KERNELS = ("default", "VEC", "TILE", "MMA")
 _TILE_TABLES = ("nvidia_fp16", "nvidia_fp32", "amd", "amd_rdna")
 _MMA_TABLES = ("ampere", "turing", "volta", "rdna", "cdna")

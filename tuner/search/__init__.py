@@ -1,26 +1,16 @@
 """The ``search`` stage: :func:`~tuner.search.pipeline.run_pipeline` screens upstream's kernel choice against every
 legal forced kernel per phase and depth (runtime only), composes FlashAttention rules where a kernel beats
 upstream by the decision rule, tunes compile-time rows and process-wide knobs with Optuna, and confirms the final
-config against upstream; only what confirms is exported. Studies of the earlier one-TPE search (the stored H100
-results) are read back by ``record`` and exported through ``select``/``winner``.
+config against upstream; only what confirms is exported.
 """
 
 from __future__ import annotations
 
 from tuner.plan.space import runtime_env_and_args
-from tuner.search.record import parse_point_key, point_key
-from tuner.search.study import PROFILES, SearchConfig
+from tuner.search.study import SearchConfig
 from tuner.study.record import SearchOutcome
 
-__all__ = [
-    "PROFILES",
-    "SearchConfig",
-    "parse_point_key",
-    "point_key",
-    "run_search",
-    "run_worker",
-    "runtime_env_and_args",
-]
+__all__ = ["SearchConfig", "run_search", "run_worker", "runtime_env_and_args"]
 
 
 # The pipeline is imported on call: it pulls in Optuna and every stage, which `import tuner.search` should not.

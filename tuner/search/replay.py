@@ -8,15 +8,12 @@ FlashAttention kernel), named ``<pp|tg>-<default|VEC|TILE|MMA>.jsonl``, each cov
 
     GGML_TUNER_FA_RULES=decode:0-=VEC llama-bench -m M -fa 1 -p 0 -n 128 -d 0,4096,16384,32768 -r 6 -o jsonl > tg-VEC.jsonl
 
-A config is the forced kernel per phase (``default``: upstream's selection); its objective is the
-profile-weighted geometric mean of its speed ratio to ``default`` over all points.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -79,18 +76,6 @@ def load_grid(files: Sequence[Path]) -> ReplayGrid:
         if (phase, "default") not in out:
             raise UsageError(f"replay needs {phase}-default.jsonl (the upstream selection) as the baseline.")
     return ReplayGrid(samples=out, files=tuple(str(f) for f in files))
-
-
-def objective(grid: ReplayGrid, config: Mapping[str, str], weights: Mapping[str, float]) -> float:
-    num = den = 0.0
-    for phase in ("pp", "tg"):
-        if (phase, "default") not in grid.samples:
-            continue
-        for d in grid.depths(phase):
-            r = median(grid.samples[(phase, config[phase])][d]) / median(grid.samples[(phase, "default")][d])
-            num += weights[phase] * math.log(r)
-            den += weights[phase]
-    return math.exp(num / den)
 
 
 class GridMeasure:

@@ -1,7 +1,6 @@
 """What a search is configured with (:class:`SearchConfig`, its target resolved by
 :func:`tuner.targets.target.resolve_target`), and where its study lives (SQLite in the run directory by default,
 or PostgreSQL shared by several hosts).
-``PROFILES`` weighs the phases for studies of the earlier one-TPE search and for the sampler replay.
 """
 
 from __future__ import annotations
@@ -13,15 +12,7 @@ from pathlib import Path
 
 from tuner.rounds.budget import Budget
 from tuner.source.spec import Source
-from tuner.study.storage import GRACE_S, HEARTBEAT_S, STORAGE_DIALECTS, check_storage_url, make_storage  # noqa: F401 - re-exported
 from tuner.targets.target import Target
-
-PROFILES: dict[str, dict[str, float]] = {
-    # weight of each phase in the single objective Optuna sees (geometric mean of speed ratios)
-    "decode": {"pp": 0.2, "tg": 0.8},
-    "prefill": {"pp": 0.8, "tg": 0.2},
-    "balanced": {"pp": 0.5, "tg": 0.5},
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

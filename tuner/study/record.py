@@ -278,11 +278,6 @@ def load_outcome(study: Study) -> SearchOutcome:
     return outcome_from_attrs(st.attrs, name=study.study_name, trials=study.get_trials(deepcopy=False))
 
 
-def load_header(study: Study) -> StudyHeader:
-    """What ``study`` measured (any study, finished or not, pipeline or one-TPE)."""
-    return StudyHeader.from_attrs(study.study_name, StudyState(study).attrs)
-
-
 _MEASURED = (
     "kernel",
     "verdict",

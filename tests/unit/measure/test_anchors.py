@@ -1,17 +1,15 @@
-"""One pooling, one drift formula and one median for every place that pools baseline anchors."""
+"""One pooling, one drift formula and one median for the baseline anchors of `tuner bench`."""
 
 from __future__ import annotations
 
 import math
 import statistics
-import types
 
 import pandas as pd
 import pytest
 
 from tuner.measure.interleave import _anchor_rows, drift_pct, pool
 from tuner.measure.stats import median
-from tuner.search.record import anchor_drift, study_results
 
 ANCHORS = [[100.0, 101.0, 99.0], [108.0, 110.0, 109.0], [104.0, 103.0, 105.0]]  # medians 100, 109, 104
 
@@ -29,14 +27,8 @@ def test_pool_keeps_order_and_scales_per_anchor() -> None:
         pool([[1.0]], [1.0, 2.0])
 
 
-def _study(anchors: list[list[float]]) -> object:
-    return types.SimpleNamespace(
-        user_attrs={"anchors": [{"samples": {"tg@0": a}} for a in anchors]}, get_trials=lambda deepcopy=False: []
-    )
-
-
-def test_the_search_record_and_bench_interleave_agree() -> None:
-    """The same anchors give the same drift and the same pooled baseline through both readers."""
+def test_the_anchor_rows_use_the_one_drift_and_pooling() -> None:
+    """A bench frame's anchors give drift_pct of their medians and, unflagged, pool() of their samples."""
     frame = pd.DataFrame(
         [
             {
@@ -54,16 +46,12 @@ def test_the_search_record_and_bench_interleave_agree() -> None:
         ]
     )
     rows = list(_anchor_rows(frame, drift_factor=2.0, confidence=0.95, seed=0)[0].values())
-    assert anchor_drift(_study(ANCHORS)) == {("tg", 0): pytest.approx(rows[0]["drift_pct"])}
+    assert rows[0]["drift_pct"] == pytest.approx(drift_pct([statistics.median(a) for a in ANCHORS]))
     assert rows[0]["drift_pct"] == pytest.approx(9.0) and rows[0]["reference_ts"] == 104.0
-    results, base = study_results(_study(ANCHORS))
     # a drift factor the 9% drift stays under: the baseline's anchors pooled as measured
     unflagged, (pooled,) = _anchor_rows(frame, drift_factor=100.0, confidence=0.95, seed=0)
     assert not unflagged["tg8", 0]["flagged"]
-    assert (
-        list(results[base][("tg", 0)].samples) == pool(ANCHORS) == pytest.approx([x for a in ANCHORS for x in a])
-        and pooled["n"] == 9
-    )
+    assert pooled["samples"] == pool(ANCHORS) == pytest.approx([x for a in ANCHORS for x in a]) and pooled["n"] == 9
 
 
 @pytest.mark.parametrize("xs", [[3.0, 1.0, 2.0], [4.0, 1.0, 3.0, 2.0], [5.0]])

@@ -3,11 +3,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tuner.errors import UsageError
-from tuner.measure.stats import bootstrap_median_ci, ci_halfwidth_pct, compare, compare_frames
+from tuner.measure.stats import bootstrap_median_ci, ci_halfwidth_pct, compare
 
 
 def test_bootstrap_ci_contains_median_and_is_seeded() -> None:
@@ -67,37 +66,3 @@ def test_min_effect_and_degenerate_inputs() -> None:
     assert compare(a, b, min_effect_pct=5.0).verdict == "no difference"
     assert compare([], b).verdict == "missing"  # no measurement on one side: nothing to judge
     assert compare([5.0] * 4, [5.0] * 4).verdict == "no difference"
-
-
-def _frame(label: str, data: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
-    rows = [
-        {
-            "label": label,
-            "test": t,
-            "phase": t[:2],
-            "depth": d,
-            "n": len(s),
-            "median_ts": float(np.median(s)),
-            "samples": s,
-        }
-        for (t, d), s in data.items()
-    ]
-    return pd.DataFrame(rows)
-
-
-def test_compare_frames_per_test_and_depth() -> None:
-    a = _frame(
-        "a",
-        {
-            ("pp512", 0): [100, 101, 99, 100, 100],
-            ("tg128", 0): [50, 51, 49, 50, 50],
-            ("tg128", 4096): [40, 40, 41, 39, 40],
-        },
-    )
-    b = _frame("b", {("pp512", 0): [120, 121, 119, 120, 120], ("tg128", 0): [50, 51, 49, 50, 50.5]})
-    res = compare_frames(a, b)
-    by = {(r.test, r.depth): r for r in res.itertuples()}
-    assert by[("pp512", 0)].verdict == "faster"
-    assert by[("tg128", 0)].verdict == "no difference"
-    assert by[("tg128", 4096)].verdict == "missing" and by[("tg128", 4096)].n_b == 0
-    assert list(res.columns)[:3] == ["test", "phase", "depth"]

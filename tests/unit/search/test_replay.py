@@ -8,19 +8,15 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.errors import UsageError
-from tuner.search.replay import load_grid, objective
+from tuner.search.replay import load_grid
 
 GRID = sorted((Path(__file__).resolve().parents[2] / "data" / "replay").glob("*.jsonl"))
 
 
-def test_grid_loads_and_objective_is_relative_to_default() -> None:
+def test_grid_loads_every_kernel_and_depth_recorded() -> None:
     g = load_grid(GRID)
     assert g.kernels("tg") == ["default", "MMA", "TILE", "VEC"] and g.kernels("pp") == ["default", "MMA", "TILE"]
     assert g.depths("tg") == [0, 4096, 16384, 32768]
-    w = {"pp": 0.5, "tg": 0.5}
-    assert objective(g, {"pp": "default", "tg": "default"}, w) == pytest.approx(1.0)
-    # forcing TILE for prefill on the H100 halves pp at depth (recorded): a clearly worse config
-    assert objective(g, {"pp": "TILE", "tg": "default"}, w) < 0.8
 
 
 def test_bad_file_name_is_usage_error(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
 """Only tuner/study/ touches Optuna user attributes: search writes and result reads them through
-StudyState, the record (load_outcome) and, for the one-TPE studies before the pipeline, tuner.study.legacy,
-so every key is named in one place and search and result cannot drift apart on one."""
+StudyState and the record (load_outcome), so every key is named in one place and search and result cannot drift apart on one."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ def _offenders() -> dict[str, list[str]]:
 
 def test_no_module_outside_tuner_study_touches_user_attributes() -> None:
     bad = {k: v for k, v in _offenders().items() if k not in ALLOWED}
-    assert not bad, (
-        "read or write them through tuner.study (StudyState, load_outcome, tuner.study.legacy):\n"
-        + "\n".join(h for v in bad.values() for h in v)
+    assert not bad, "read or write them through tuner.study (StudyState, load_outcome):\n" + "\n".join(
+        h for v in bad.values() for h in v
     )
     stale = set(ALLOWED) - set(_offenders())
     assert not stale, f"no longer touch attributes; drop them from ALLOWED: {sorted(stale)}"
