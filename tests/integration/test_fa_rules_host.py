@@ -1,4 +1,4 @@
-"""The rendered FA-rule parser and matcher (C++) agree with tuner.fa_rules.match_rules, compiled for the host.
+"""The rendered FA-rule parser and matcher (C++) agree with tests.oracles.match_rules, compiled for the host.
 
 The knob block (fattn-knobs.cu.j2) and the selection wrapper (fattn-tail.cu.j2) are cut out of a rendered
 fattn.cu and compiled with g++ against a small stub of the ggml types they use; upstream's own choice is
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.oracles import match_rules
 from tuner.errors import UsageError
 from tuner.plan import fa_rules, render
 
@@ -150,7 +151,7 @@ SHAPES = [
 def _expected(rules: list[fa_rules.FaRule], shape: tuple) -> str:
     phase, n_kv, D, gqa, kt, vt = shape
     ne1 = 1 if phase == "decode" else 512 if phase == "prefill" else int(phase[7:])
-    r = fa_rules.match_rules(rules, phase[:7] if ne1 > 1 else phase, n_kv, D, gqa, kt, kv_v=vt, ne1=ne1)
+    r = match_rules(rules, phase[:7] if ne1 > 1 else phase, n_kv, D, gqa, kt, kv_v=vt, ne1=ne1)
     if r is None or (r.kernel == "MMA" and D == 72):  # no rule, or an illegal forced kernel (fallback)
         return "UPSTREAM"
     return r.kernel

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.oracles import match_mmq, mmq_harness_source, parse_mmq_choices
 from tuner._run import run
 from tuner.errors import UsageError
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff, whitespace_only_hunks
@@ -19,9 +20,6 @@ from tuner.sweep.mmq import (
     MMQ_SUPPORTED,
     MMQ_TYPES,
     MmqChoice,
-    match_mmq,
-    mmq_harness_source,
-    parse_mmq_choices,
     patched_mmq_condition,
     patched_mmq_hook,
     render_mmq_patch,

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.oracles import parse_mmq_choices
 from tuner._run import run
 from tuner.result.upstream_patch import COMMON, FATTN, arch_condition, whitespace_only_hunks
 from tuner.sweep.grid import KV_TYPES, N_KV, STRIDE, plan
-from tuner.sweep.mmq import parse_mmq_choices, patched_mmq_condition, patched_mmq_hook
+from tuner.sweep.mmq import patched_mmq_condition, patched_mmq_hook
 from tuner.sweep.table import TableRule, harness_source, match_table, patched_fattn_table, render_table_patch
 from tuner.targets.archs import load_arch
 

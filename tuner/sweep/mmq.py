@@ -4,7 +4,7 @@
 with Turing tensor cores. :func:`patched_mmq_hook` adds a table read from :data:`ENV` (``TYPE:LO..HI=MMQ|BLAS``,
 the first covering entry decides) before the arch branches; the sweep (:data:`MMQ`) forces cuBLAS through it, and a
 batch size goes to cuBLAS for a type only where cuBLAS won at *every* swept size (:func:`compose_mmq`).
-:func:`patched_mmq_condition` is the upstream form, :func:`match_mmq` its lookup in Python. See docs/sweep.md.
+:func:`patched_mmq_condition` is the upstream form. See docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tuner.errors import TunerError, UsageError, close_matches
+from tuner.errors import TunerError, UsageError
 from tuner.measure import mm_bench
 from tuner.measure.paired import NOISE_CEILING_PCT, TOO_NOISY
-from tuner.plan.patch import patched_file, render_template
+from tuner.plan.patch import patched_file
 from tuner.result.upstream_patch import COMMON, arch_condition, git_diff
 from tuner.rounds.budget import Budget
 from tuner.rounds.compose import Decision, Shape, rules_from
@@ -55,8 +55,6 @@ as the only MMQ rounds on record (docs/data/h100-mmq-probe/) cover one size."""
 
 _FUNCTION = "bool ggml_cuda_should_use_mmq(enum ggml_type type, int cc, int64_t ne11, int64_t n_experts) {"
 _TURING = "    if (turing_mma_available(cc)) {\n        return true;\n    }\n"
-_ENTRY = re.compile(r"([A-Za-z0-9_]+):([0-9]{1,18})\.\.([0-9]{0,18})=(MMQ|BLAS)")
-_GRAMMAR = "TYPE:LO..HI=MMQ|BLAS (ne11 in [LO, HI), HI empty = unbounded; e.g. q4_K:1024..=BLAS)"
 
 
 @dataclasses.dataclass(frozen=True, order=True, kw_only=True)
@@ -77,35 +75,9 @@ class MmqChoice:
         return self.lo <= ne11 and (self.hi is None or ne11 < self.hi)
 
 
-def parse_mmq_choices(text: str) -> tuple[MmqChoice, ...]:
-    """``GGML_TUNER_MMQ_CHOICES`` as the hook reads it; UsageError where the hook aborts or a type is not MMQ's."""
-    out = []
-    for item in text.split(","):
-        if not item:
-            continue
-        m = _ENTRY.fullmatch(item)
-        if not m:
-            raise UsageError(f"{ENV} entry {item!r} is not {_GRAMMAR}.")
-        if m.group(1) not in MMQ_SUPPORTED:
-            raise UsageError(
-                f"{ENV} entry {item!r}: {m.group(1)!r} is no type MMQ supports ({', '.join(MMQ_SUPPORTED)})."
-                f"{close_matches(m.group(1), MMQ_SUPPORTED)}"
-            )
-        lo, hi = int(m.group(2)), int(m.group(3)) if m.group(3) else None
-        if hi is not None and hi <= lo:
-            raise UsageError(f"{ENV} entry {item!r}: HI {hi} must be greater than LO {lo}.")
-        out.append(MmqChoice(type=m.group(1), lo=lo, hi=hi, backend=m.group(4)))
-    return tuple(out)
-
-
 def mmq_env(choices: Iterable[MmqChoice]) -> str:
     """The ``GGML_TUNER_MMQ_CHOICES`` value of ``choices`` (comma-joined, no spaces)."""
     return ",".join(c.text for c in choices)
-
-
-def match_mmq(choices: Sequence[MmqChoice], type_name: str, ne11: int) -> str | None:
-    """The backend the first covering entry names, or None where upstream's choice stays."""
-    return next((c.backend for c in choices if c.type == type_name and c.covers(ne11)), None)
 
 
 # ------------------------------------------------------------------------------------------------- C++
@@ -177,41 +149,6 @@ def render_mmq_patch(root: Path, choices: Sequence[MmqChoice], arch: Arch, *, no
     cond = amd_family_condition(arch) if arch.vendor == "amd" else arch_condition(arch, common.read_text())
     new = patched_mmq_condition(root, choices, arch, cond, note=note)
     return None if new is None else git_diff(MMQ_FILE, (root / MMQ_FILE).read_text(), new)
-
-
-def mmq_harness_source(patched: str, type_names: Sequence[str]) -> str:
-    """A host-only C++ program around a patched mmq.cu's hook, to compare it with :func:`match_mmq`."""
-    # the hook's C++ (parser, table and lookup) as patched_mmq_hook puts it before the function
-    start = patched.find(render_template(_HOOK_TEMPLATE, {}, what="the MMQ hook").splitlines()[0])
-    fn = patched.find("static int ggml_tuner_mmq_choose(", start)
-    end = patched.find("\n}\n", fn)
-    if start < 0 or fn < 0 or end < 0:
-        raise TunerError("The patched mmq.cu has no GGML_TUNER_MMQ_CHOICES hook to extract.")
-    enum = ", ".join(f"GGML_TYPE_{t.upper()} = {i}" for i, t in enumerate(type_names))
-    names = ", ".join(f'"{t}"' for t in type_names)
-    return "\n".join(
-        [
-            "#include <cstdint>",
-            "#include <cstdio>",
-            "#include <cstdlib>",
-            "#include <string>",
-            "#include <vector>",
-            f"enum ggml_type {{ {enum}, GGML_TYPE_COUNT }};",
-            f"static const char * ggml_type_name(ggml_type t) {{ static const char * n[] = {{{names}}}; return n[t]; }}",
-            "#define GGML_ABORT(...) (std::fprintf(stderr, __VA_ARGS__), std::fputc('\\n', stderr), std::exit(3))",
-            patched[start : end + 3],
-            "int main() {",
-            "    int t;",
-            "    long long ne11;",
-            '    while (std::scanf("%d %lld", &t, &ne11) == 2) {',
-            "        const int r = ggml_tuner_mmq_choose((ggml_type) t, ne11);",
-            '        std::puts(r == 1 ? "MMQ" : r == 0 ? "BLAS" : "NONE");',
-            "    }",
-            "    return 0;",
-            "}",
-            "",
-        ]
-    )
 
 
 # ----------------------------------------------------------------------------------------------- sweep

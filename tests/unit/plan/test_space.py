@@ -7,6 +7,7 @@ from pathlib import Path
 import optuna.distributions as od
 import pytest
 
+from tests.oracles import match_rules
 from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import data_dir
@@ -222,22 +223,22 @@ def test_match_rules_unmatched_shape_gets_upstream() -> None:
     """A rule found on one model shape (1B: D64, GQA 4, f16 KV) never changes another shape's kernel."""
     rules = fa_rules.parse_fa_rules("decode/D64/gqa4/kvf16:32768-=MMA,decode/D128/gqa4:16384-65536=TILE,prefill:0-=MMA")
     one_b = dict(D=64, gqa=4, kv="f16")
-    assert fa_rules.match_rules(rules, "decode", 32768, **one_b) is rules[0]
-    assert fa_rules.match_rules(rules, "decode", 1 << 20, **one_b) is rules[0]  # hi empty: unbounded
-    assert fa_rules.match_rules(rules, "decode", 32767, **one_b) is None  # below lo: upstream's choice
-    assert fa_rules.match_rules(rules, "decode", 32768, D=128, gqa=8, kv="f16") is None  # other model: upstream
-    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=8, kv="f16") is None
-    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="q8_0") is None
-    assert fa_rules.match_rules(rules, "decode", 32768, D=64, gqa=4, kv="f16", kv_v="q8_0") is None  # K and V both
+    assert match_rules(rules, "decode", 32768, **one_b) is rules[0]
+    assert match_rules(rules, "decode", 1 << 20, **one_b) is rules[0]  # hi empty: unbounded
+    assert match_rules(rules, "decode", 32767, **one_b) is None  # below lo: upstream's choice
+    assert match_rules(rules, "decode", 32768, D=128, gqa=8, kv="f16") is None  # other model: upstream
+    assert match_rules(rules, "decode", 32768, D=64, gqa=8, kv="f16") is None
+    assert match_rules(rules, "decode", 32768, D=64, gqa=4, kv="q8_0") is None
+    assert match_rules(rules, "decode", 32768, D=64, gqa=4, kv="f16", kv_v="q8_0") is None  # K and V both
     # a missing key matches any value: rule 1 has no kv key, rule 2 no key at all
-    assert fa_rules.match_rules(rules, "decode", 16384, D=128, gqa=4, kv="q8_0") is rules[1]
-    assert fa_rules.match_rules(rules, "decode", 65536, D=128, gqa=4, kv="q8_0") is None  # hi is exclusive
-    assert fa_rules.match_rules(rules, "prefill", 0, D=256, gqa=1, kv="bf16") is rules[2]
-    assert fa_rules.match_rules([], "decode", 0, **one_b) is None
+    assert match_rules(rules, "decode", 16384, D=128, gqa=4, kv="q8_0") is rules[1]
+    assert match_rules(rules, "decode", 65536, D=128, gqa=4, kv="q8_0") is None  # hi is exclusive
+    assert match_rules(rules, "prefill", 0, D=256, gqa=1, kv="bf16") is rules[2]
+    assert match_rules([], "decode", 0, **one_b) is None
     # first match wins, as in fattn-tail.cu.j2
     both = fa_rules.parse_fa_rules("decode/gqa4:0-=TILE,decode:0-=VEC")
-    assert fa_rules.match_rules(both, "decode", 100, **one_b) is both[0]
-    assert fa_rules.match_rules(both, "decode", 100, D=64, gqa=8, kv="f16") is both[1]
+    assert match_rules(both, "decode", 100, **one_b) is both[0]
+    assert match_rules(both, "decode", 100, D=64, gqa=8, kv="f16") is both[1]
 
 
 def test_compile_value_must_be_compile_knob() -> None:

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.oracles import match_mmq, parse_mmq_choices
 from tuner.errors import TunerError, UsageError
-from tuner.sweep.mmq import (
-    MMQ_BATCHES,
-    MMQ_TYPES,
-    MmqChoice,
-    match_mmq,
-    mmq_dry_run_text,
-    mmq_env,
-    parse_mmq_choices,
-    plan_mmq,
-)
+from tuner.sweep.mmq import MMQ_BATCHES, MMQ_TYPES, MmqChoice, mmq_dry_run_text, mmq_env, plan_mmq
 from tuner.targets.archs import load_arch
 
 SM90 = load_arch("sm_90")

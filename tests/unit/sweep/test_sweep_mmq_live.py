@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.oracles import parse_mmq_choices
 from tuner.errors import UsageError
 from tuner.measure import mm_bench
 from tuner.measure.fa_bench import BenchCase
 from tuner.rounds.engine import AA, DEFAULT, pack_groups, round_processes
 from tuner.rounds.store import SampleStore
 from tuner.sweep import mmq
-from tuner.sweep.mmq import MmqChoice, block_size, parse_mmq_choices, plan_mmq
+from tuner.sweep.mmq import MmqChoice, block_size, plan_mmq
 from tuner.targets.archs import load_arch
 from tuner.targets.models import load_model_shape
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.oracles import parse_mmq_choices
 from tests.unit.sweep.test_sweep_mmq_live import FROM, IDENT, SM90, A, B, FakeRunCases, _bin
 from tuner.measure import mm_bench
 from tuner.measure.decide import DEFAULT_LIMITS
@@ -22,7 +23,7 @@ from tuner.measure.fa_bench import BenchCase
 from tuner.rounds.engine import DEFAULT, open_points, round_processes
 from tuner.rounds.store import SampleStore
 from tuner.sweep import mmq
-from tuner.sweep.mmq import MmqChoice, mmq_dry_run_text, parse_mmq_choices, plan_mmq
+from tuner.sweep.mmq import MmqChoice, mmq_dry_run_text, plan_mmq
 
 BATCHES = (16, 64, 256, 1024, 4096)
 NOISY = "q6_K"  # cuBLAS at MMQ's speed under 20% noise a case: its points stay open to the maximum
