@@ -47,9 +47,9 @@ def export_study(
         raise UsageError(f"no study {study_name!r} in {redact(storage)}; it has {names}. Pass --study NAME.") from err
     if not StudyState(study).pipeline:
         raise UsageError(
-            f"study {study_name!r} was made by the one-TPE search that came before the pipeline; "
-            f"this tuner exports pipeline studies only. Its results in results/ stay as they were exported; to "
-            f"export another such study, use tuner at commit {LAST_ONE_TPE_EXPORT}, the last that reads them."
+            f"study {study_name!r} was made by the one-TPE search that came before the pipeline; this tuner "
+            f"exports pipeline studies only. Export it with tuner at commit {LAST_ONE_TPE_EXPORT}, the last that "
+            "reads such studies, or run `tuner search` again for a result this tuner can export and validate."
         )
     return export_pipeline(study_name, storage=storage, out_dir=out_dir, like=like, weight_type=weight_type)
 
