@@ -21,6 +21,7 @@ from tuner.result.report import dashboard_command, importances_section
 from tuner.result.tables import compare_table, method_paragraph
 from tuner.study.record import SearchOutcome, StudyHeader, TrialSummary
 from tuner.study.state import StudyState
+from tuner.targets.archs import find_product
 
 if TYPE_CHECKING:
     import optuna
@@ -354,6 +355,12 @@ def report_text(
         f"GQA {shape.get('gqa')}, {shape.get('n_layers')} layers.\n",
         f"FlashAttention rules (confirmed): {', '.join(outcome.rule_texts) or 'none: upstream selection'}.\n",
     ]
+    if (ran := find_product(device_name(h, ""))) and ran[0] != h.arch:  # `tuner search --ptx-jit`
+        out.append(
+            f"**{h.arch} code, measured on the {ran[0]} GPU named above** ({ran[1]}; built as PTX, JIT-compiled by "
+            f"the driver): kernel legality and device code are {h.arch}'s, speeds are that GPU's, and host code took "
+            f"its {ran[0]} branches. Which config wins can differ on a real {h.arch} card; search again there.\n"
+        )
     if host := (StudyState(study).host_args if study is not None else None):
         out.append(
             f"Every config, upstream included, ran with `{' '.join(host)}`: upstream's llama-bench died on this host "
