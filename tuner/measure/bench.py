@@ -330,17 +330,24 @@ def _absorb_records(accs: Mapping[tuple[str, int], _Acc], phases: tuple[str, ...
 
 def _test_observation(obs: Observer, t_prev: float, t_rec: float) -> Observation:
     """One test's observation: its timed repetitions where progress marks show them (the first left out when
-    there are more, as its sample is), else its first to last mark, else the window's samples, else its marks."""
+    there are more, as its sample is), else its first to last mark, else the window's samples, else its marks.
+    The window opens at the previous test's result mark; a call's first test has none, and its window opens
+    at its own first mark: before it llama-bench was starting and loading the model, often off the CPU."""
     marks = [m for m in obs.marks if t_prev < m.t <= t_rec]
     reps = [(int(r.group(1)), a, b) for a, b in itertools.pairwise(marks) if (r := _TIMED_REP.match(a.tag))]
     # CPU times tick every 10 ms: windows under ~20 ticks in all (tiny pp64: ~8 ms) read 0% or 200%
     for w in ([(a, b) for i, a, b in reps if i > 1 or len(reps) == 1], [(marks[0], marks[-1])] if marks else []):
         if w and sum(b.t - a.t for a, b in w) >= _MIN_TIMED_S:
             return obs.timed_summary(w)
-    if math.isfinite((out := obs.summary(t_prev, t_rec)).cpu_util_mean) or not marks:
+    if not marks:  # no progress marks (an old binary): the window's samples
+        return obs.summary(t_prev, t_rec)
+    prev = next((m for m in obs.marks if m.t == t_prev), marks[0])
+    if math.isfinite((out := obs.summary(prev.t, t_rec)).cpu_util_mean):
         return out
-    # too short for the sampler as well (CI's tg8@d0, idle): the marks' exact CPU since t_prev's mark, tick-coarse
-    return obs.timed_summary([(next((m for m in obs.marks if m.t == t_prev), marks[0]), marks[-1])])
+    # too short for the sampler as well (CI's tg8@d0, idle): the marks' exact CPU since t_prev's mark, tick-coarse;
+    # not one tick in it reads 0% of a process that ran: unknown, not idle
+    out = obs.timed_summary([(prev, marks[-1])])
+    return out if out.cpu_util_mean > 0 else dataclasses.replace(out, cpu_util_mean=math.nan, cpu_core_max=math.nan)
 
 
 def _still_pending(plan: _BenchPlan, accs: Mapping[int, _Acc], seen: set[int], call: _Call) -> list[int]:

@@ -545,16 +545,18 @@ def test_timed_windows_are_the_repetitions_after_the_first() -> None:
     single = Observer(gpu=False)
     _marks(single, [(1.0, "prompt run 1/1", 0.0, {}), (3.0, "result", 1.0, {})])
     assert math.isclose(_test_observation(single, 0.0, 3.0).cpu_util_mean, 50.0)  # -r 1: its only repetition counts
-    obs.samples = [(1.5, 80.0, math.nan, math.nan)]
-    none = _test_observation(obs, 1.2, 2.5)  # no progress marks (an old binary): the whole window's samples
+    old = Observer(gpu=False)
+    old.samples = [(1.5, 80.0, math.nan, math.nan)]
+    none = _test_observation(old, 1.2, 2.5)  # no progress marks (an old binary): the whole window's samples
     assert none.cpu_util_mean == 80.0 and math.isnan(none.cpu_core_max)
     assert math.isnan(obs.timed_summary([]).cpu_util_mean)
     # timed repetitions of 8 ms in all (CI's pp64@d256 read 0.0%): below the CPU clock's resolution,
-    # so the whole test's window (its samples) stands instead
+    # so the whole test's window (its samples since the previous test's result) stands instead
     short = Observer(gpu=False)
     _marks(
         short,
         [
+            (0.5, "result", 0.0, {}),
             (1.0, "prompt run 1/3", 0.0, {}),
             (1.004, "prompt run 2/3", 0.0, {}),
             (1.008, "prompt run 3/3", 0.0, {}),
@@ -563,6 +565,15 @@ def test_timed_windows_are_the_repetitions_after_the_first() -> None:
     )
     short.samples = [(0.9, 95.0, math.nan, math.nan)]
     assert _test_observation(short, 0.5, 1.012).cpu_util_mean == 95.0
+    # a call's first test: before its first mark llama-bench was loading the model (a cold page cache: 0% of a
+    # CPU); that is not the test's CPU use, and where its own 12 ms saw no CPU-clock tick it is unknown, not 0.0
+    first = Observer(gpu=False)
+    _marks(first, [(m.t, m.tag, 0.0, {}) for m in short.marks[1:]])
+    first.samples = [(0.9, 0.0, math.nan, math.nan)]
+    unknown = _test_observation(first, 0.5, 1.012)
+    assert math.isnan(unknown.cpu_util_mean) and math.isnan(unknown.cpu_core_max)
+    _marks(first, [(m.t, m.tag, 0.01 * (m.tag == "result"), {}) for m in short.marks[1:]])  # one tick: 10 ms in 12
+    assert math.isclose(_test_observation(first, 0.5, 1.012).cpu_util_mean, 100.0 * 0.01 / 0.012)
     # ... and where the sampler saw nothing inside the test either (CI's tg8@d0 on an idle box: "—" in the
     # report), the marks' exact CPU times over the whole test stand, from the previous test's result on
     tiny = Observer(gpu=False)
