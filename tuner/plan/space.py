@@ -384,6 +384,17 @@ def set_values(sp: SearchSpace, pairs: Mapping[str, object]) -> tuple[dict[str, 
     return compile_values, runtime_values
 
 
+def set_pins(sp: SearchSpace, sets: Mapping[str, str]) -> tuple[dict[str, int], dict[str, int | str]]:
+    """``--set`` pins checked against the space: ``variant`` one of its variants, the rest as :func:`set_values`."""
+    if "variant" in sets and sets["variant"] not in sp.variants:
+        raise UsageError(
+            f"--set variant={sets['variant']} is not a variant of the {sp.arch} space; it has "
+            f"{', '.join(sp.variants)}.{close_matches(sets['variant'], sp.variants)} Pin one of those, "
+            "or leave variant unpinned."
+        )
+    return set_values(sp, {k: v for k, v in sets.items() if k != "variant"})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RuntimeSettings:
     """What runtime knob values turn into: environment variables and llama-bench arguments."""

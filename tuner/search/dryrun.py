@@ -27,7 +27,7 @@ from tuner.builder import cmake, hip
 from tuner.errors import TunerError, UsageError
 from tuner.plan.derive import Legal, legal_values, resolve_space
 from tuner.plan.render import render_variant
-from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints, load_space, set_values
+from tuner.plan.space import BENCH_DEFAULT, Knob, SearchSpace, check_constraints, load_space, set_pins
 from tuner.rounds.budget import load_step_costs
 from tuner.search import tune as tn
 from tuner.search.confirm import extra_depths
@@ -521,12 +521,7 @@ def _check_pins(arch: str, era: str, space: SearchSpace, sets: Mapping[str, str]
     """UsageError for ``--set`` pins the search refuses: out of range, no variant of the space, illegal values."""
     if not sets:
         return
-    compile_pins, _ = set_values(space, {k: v for k, v in sets.items() if k != "variant"})  # a build, no knob
-    if "variant" in sets and sets["variant"] not in space.variants:
-        raise UsageError(
-            f"--set variant={sets['variant']} is not a variant of the {arch} space; it has "
-            f"{', '.join(space.variants)}. Pin one of those, or leave variant unpinned."
-        )
+    compile_pins, _ = set_pins(space, sets)
     bad = check_constraints(arch, era, compile_pins, space=space)
     if bad:
         raise UsageError(

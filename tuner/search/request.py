@@ -341,13 +341,7 @@ def _check_pins(request: SearchRequest, source: Source, model: Path) -> None:
     target, sets = request.target, request.sets
     space, _ = space_for_run(sp.load_space(target.name, source.era), cpu_mask=request.cpu_mask, model=model, gpu=False)
     check_patterns(space, request.tune_knobs)
-    sp.set_values(space, {k: v for k, v in sets.items() if k != "variant"})
-    if "variant" in sets and sets["variant"] not in space.variants:
-        raise UsageError(
-            f"--set variant={sets['variant']} is not a variant of the {target.name} space; it has "
-            f"{', '.join(space.variants)}.{close_matches(sets['variant'], space.variants)} Pin one of those, "
-            "or leave variant unpinned."
-        )
+    sp.set_pins(space, sets)
 
 
 def intro(request: SearchRequest) -> str:

@@ -250,3 +250,12 @@ def test_compile_value_must_be_compile_knob() -> None:
 def test_shipped_files_parse_as_toml() -> None:
     for p in data_dir("search_spaces").glob("*.toml"):
         assert tomllib.loads(p.read_text())["arch"] == p.stem
+
+
+def test_set_pins_checks_the_variant_as_search_and_its_dry_run_both_do() -> None:
+    sp = space.load_space("sm_90", "mma")
+    assert space.set_pins(sp, {"variant": sp.variants[0]}) == ({}, {})  # the variant is a build, no knob
+    with pytest.raises(
+        UsageError, match=r"variant=cudaa is not a variant of the sm_90 space.*Did you mean one of 'cuda'"
+    ):
+        space.set_pins(sp, {"variant": "cudaa"})
