@@ -52,7 +52,7 @@ from tuner.search.cost import past_cost_line, priced_screen_call
 from tuner.search.device_guard import counted, device_checked
 from tuner.search.final_gates import run_output_gate, run_residency_gate
 from tuner.search.kernel_screen import METHOD_BENCH, METHOD_KERNEL, coerce_pins, pinned_runtime, screen_method
-from tuner.search.request import check_depths
+from tuner.search.request import check_depths, check_variants
 from tuner.search.study import SearchConfig
 from tuner.search.tune import tune_stage
 from tuner.study.record import SearchOutcome, StudyHeader, load_outcome
@@ -140,12 +140,7 @@ class _Checked:
 def _checked(cfg: SearchConfig) -> _Checked:
     source = cfg.source
     space, legal = _resolved_space(cfg, sp.load_space(cfg.arch, source.era))
-    variants = tuple(v for v in space.variants if cfg.variants is None or v in cfg.variants)
-    if not variants:
-        raise UsageError(
-            f"none of the requested variants {list(cfg.variants or [])} is in the {cfg.arch} space "
-            f"for era {source.era}; it has {space.variants}."
-        )
+    variants = tuple(check_variants(space.variants, cfg.variants, cfg.arch, source.era))
     fixed = coerce_pins(space, cfg.fixed)
     shape = load_gguf_shape(Path(cfg.model))  # an unreadable or non-llama GGUF is a UsageError there
     check_depths(cfg.depths, shape.context_length)
