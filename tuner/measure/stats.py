@@ -14,16 +14,13 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from tuner._compat import tomllib
 from tuner.errors import UsageError
 from tuner.paths import package_data
-
-if TYPE_CHECKING:
-    pass
 
 N_BOOT = 4000
 """Bootstrap resamples; 4000 keeps the 2.5%/97.5% percentiles stable to ~1% of the CI width."""
